@@ -1,0 +1,58 @@
+package flightlock
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+var (
+	// ErrBusy means another owner holds the key: at once in reject mode, or after the wait
+	// budget was spent in wait mode. When the caller's context ended the wait, the error is
+	// errors.Join(ErrBusy, ctx.Err()). RetryAfter tells how long the holder has left.
+	ErrBusy = errors.New("flightlock: lock busy")
+	// ErrNotHeld is returned by Release and Refresh of a lock that is not held by the lease:
+	// released already, expired, or taken over. Nothing of the other owner was touched.
+	ErrNotHeld = lockstore.ErrNotHeld
+	// ErrLost is the cause with which a lease's context is cancelled when the lock can no
+	// longer be trusted: a renewal was refused, or the lease ran out before it could be renewed.
+	ErrLost = errors.New("flightlock: lock lost")
+	// ErrInvalidKey means the lock request is malformed: an empty key, a key longer than
+	// MaxKeyLen (prefix included), or a TTL that is not positive. Nothing was sent to Redis.
+	ErrInvalidKey = errors.New("flightlock: invalid lock key")
+)
+
+// MaxKeyLen is the longest Redis key, prefix included, that a Locker accepts. Longer keys are
+// refused with ErrInvalidKey: they cost Redis memory and bandwidth on every call and almost
+// always mean a template took in a whole request body.
+const MaxKeyLen = 1024
+
+// busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.
+type busyError struct {
+	retryAfter time.Duration
+}
+
+func (e *busyError) Error() string {
+	if e.retryAfter > 0 {
+		return fmt.Sprintf("%s (held for %v more)", ErrBusy.Error(), e.retryAfter.Round(time.Millisecond))
+	}
+	return ErrBusy.Error()
+}
+
+func (e *busyError) Is(target error) bool { return target == ErrBusy }
+
+// RetryAfter returns how long the holder of a busy key still had when err was made, if err is
+// an ErrBusy that knows it.
+func RetryAfter(err error) (time.Duration, bool) {
+	var be *busyError
+	if errors.As(err, &be) && be.retryAfter > 0 {
+		return be.retryAfter, true
+	}
+	return 0, false
+}
+
+func invalidKey(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidKey}, args...)...)
+}

@@ -1,0 +1,156 @@
+// Package redistest starts a real redis-server for integration tests, on a free loopback port,
+// and ends it by pid when the test ends.
+//
+// When the redis-server binary is missing the test is skipped with a message, except under
+// CI=true, where a missing server is a failure: CI must run the integration tests.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process owned by one test.
+type Server struct {
+	tb   testing.TB
+	bin  string
+	Addr string // 127.0.0.1:port
+
+	mu  sync.Mutex
+	cmd *exec.Cmd // guarded by mu; nil while stopped
+}
+
+// Binary returns the path of redis-server, skipping tb when it is missing outside CI and
+// failing it under CI=true.
+func Binary(tb testing.TB) string {
+	tb.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("redis-server is required under CI=true but was not found: %v", err)
+		}
+		tb.Skipf("redis-server not installed (apt-get install redis-server); skipping integration test")
+	}
+	return bin
+}
+
+// Start runs a fresh redis-server on a free loopback port and stops it when tb ends.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb)}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+func freeAddr(tb testing.TB) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("find a free port: %v", err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
+
+func (s *Server) start() {
+	s.tb.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	cmd := exec.Command(s.bin,
+		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		s.tb.Fatalf("start redis-server: %v", err)
+	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
+
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Pid returns the server's process id, or 0 while stopped.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// Stop kills the server (the process this test started, by pid) and waits for it. Data is lost.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+// Restart starts the server again on the same address after Stop.
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Stop()
+	s.start()
+}
+
+// Client returns a go-redis client for the server, closed when tb ends. Client identity is
+// off (Debian's Redis 7.0 rejects CLIENT SETINFO) and context deadlines bound socket I/O.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(s.Options())
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Options returns client options for the server.
+func (s *Server) Options() *redis.Options {
+	return &redis.Options{Addr: s.Addr, DisableIdentity: true, ContextTimeoutEnabled: true}
+}
+
+// CommandCount returns the total number of commands the server has processed (INFO stats
+// total_commands_processed), for tests that count Redis traffic.
+func (s *Server) CommandCount(ctx context.Context, c *redis.Client) int64 {
+	s.tb.Helper()
+	info, err := c.InfoMap(ctx, "stats").Result()
+	if err != nil {
+		s.tb.Fatalf("INFO stats: %v", err)
+	}
+	n, err := strconv.ParseInt(info["Stats"]["total_commands_processed"], 10, 64)
+	if err != nil {
+		s.tb.Fatalf("parse total_commands_processed: %v (%v)", err, info["Stats"])
+	}
+	return n
+}
+
+// String describes the server.
+func (s *Server) String() string { return fmt.Sprintf("redis-server %s (pid %d)", s.Addr, s.Pid()) }

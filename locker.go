@@ -1,0 +1,327 @@
+package flightlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Locker takes locks on a Store. Build it once with New and share it: it is safe for concurrent
+// use, and its per-process gate only collapses contention among callers of the same Locker (or
+// of Lockers derived from it with With).
+type Locker struct {
+	store lockstore.Store
+	gate  *gate // shared with every Locker derived by With
+	cfg   config
+}
+
+// New returns a Locker on store. Without options it waits up to 2s for busy keys (Wait mode),
+// holds locks with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with
+// "lock:".
+//
+// A go-redis client behind the store should have ContextTimeoutEnabled set (NewFromConf and
+// NewEmbedded do), or an unreachable Redis blocks calls past their context's deadline.
+func New(store lockstore.Store, opts ...Option) (*Locker, error) {
+	if store == nil {
+		return nil, errors.New("flightlock: nil store")
+	}
+	cfg := defaultConfig()
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Locker{store: store, gate: newGate(), cfg: cfg}, nil
+}
+
+// MustNew is New that panics on a bad option, for start-up code.
+func MustNew(store lockstore.Store, opts ...Option) *Locker {
+	l, err := New(store, opts...)
+	if err != nil {
+		panic(err)
+	}
+	return l
+}
+
+// With returns a Locker with other options on the same store and the same per-process gate,
+// so a key is single-flighted across both. Use it for per-route settings.
+func (l *Locker) With(opts ...Option) (*Locker, error) {
+	cfg := l.cfg
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Locker{store: l.store, gate: l.gate, cfg: cfg}, nil
+}
+
+// Store returns the store the Locker runs on.
+func (l *Locker) Store() lockstore.Store { return l.store }
+
+// Mode returns what Lock does with a busy key.
+func (l *Locker) Mode() Mode { return l.cfg.mode }
+
+// TTL returns the lease TTL.
+func (l *Locker) TTL() time.Duration { return l.cfg.ttl }
+
+// Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
+// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
+// A ctx that already holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err()
+// when ctx ended before the call, or the store's error when Redis cannot be reached.
+func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
+	return l.lock(ctx, key, l.cfg.mode == Wait)
+}
+
+// TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
+// process costs no Redis command.
+func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
+	return l.lock(ctx, key, false)
+}
+
+// Do runs fn under the lock of key and releases it when fn returns or panics (the panic goes
+// on). fn gets the lease's context. Do returns fn's error; ErrLost if fn succeeded but the lock
+// was lost while it ran; or the release's error if that failed.
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
+	lease, err := l.Lock(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		rerr := lease.Release(ctx)
+		if err == nil {
+			err = rerr
+		}
+	}()
+	err = fn(lease.Context())
+	if err == nil && context.Cause(lease.Context()) == ErrLost {
+		err = ErrLost
+	}
+	return err
+}
+
+// LockAll takes several keys, all or nothing. Keys are locked in sorted order, so two callers
+// that need overlapping sets cannot deadlock; duplicates are locked once. On failure every key
+// already taken is released and the error of the failing key returned.
+func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
+	if len(keys) == 0 {
+		return nil, invalidKey("no keys")
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	g := &Group{leases: make([]*Lease, 0, len(sorted))}
+	cur := ctx
+	for _, k := range sorted {
+		lease, err := l.Lock(cur, k)
+		if err != nil {
+			_ = g.Release(ctx)
+			return nil, err
+		}
+		g.leases = append(g.leases, lease)
+		cur = lease.Context()
+	}
+	return g, nil
+}
+
+func (l *Locker) redisKey(key string) (string, error) {
+	if key == "" {
+		return "", invalidKey("empty key")
+	}
+	if n := len(l.cfg.prefix) + len(key); n > MaxKeyLen {
+		return "", invalidKey("key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
+	}
+	return l.cfg.prefix + key, nil
+}
+
+func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
+	rkey, err := l.redisKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if lease := findLease(ctx, l.gate, rkey); lease != nil && lease.reenter() {
+		return lease, nil
+	}
+	owner, handed := handedOverOwner(ctx, rkey)
+	if handed {
+		// The owner that called us may be this very process: join its hold rather than wait
+		// for ourselves.
+		if h := l.gate.lookupHold(rkey); h != nil && h.owner == owner {
+			return l.newLease(ctx, h, nil), nil
+		}
+	}
+
+	waitCtx := ctx
+	if wait {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeout(ctx, l.cfg.wait)
+		defer cancel()
+	}
+	e, h, err := l.gate.enter(waitCtx, rkey, wait)
+	if err != nil {
+		return nil, l.busy(ctx, err)
+	}
+	if waitCtx.Err() != nil {
+		// The slot was granted just as the wait ended: pass it on and give up.
+		_ = l.exit(ctx, e, h, rkey)
+		return nil, l.busy(ctx, &busyError{})
+	}
+	if h == nil {
+		if !handed {
+			owner = newOwnerToken()
+		}
+		h, err = l.acquire(ctx, waitCtx, rkey, owner, wait, handed, l.gate.yielding(e))
+		if err != nil {
+			l.gate.leave(rkey, e, false)
+			return nil, err
+		}
+		l.gate.setHold(e, h)
+	}
+	return l.newLease(ctx, h, e), nil
+}
+
+// acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
+// the retry strategy, each sleep cut short by the holder's release notification and never
+// longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
+// first, because waiters elsewhere were just woken by this process's release.
+func (l *Locker) acquire(ctx, waitCtx context.Context, key, owner string, wait, handed, yield bool) (*hold, error) {
+	var meta string
+	if l.cfg.metadata != nil {
+		meta = l.cfg.metadata(ctx)
+	}
+	var (
+		watch   *lockstore.Watch
+		timer   *time.Timer
+		attempt int
+	)
+	defer func() {
+		watch.Close()
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	if yield && wait {
+		watch, _ = l.store.Watch(waitCtx, key) // without it, the retry delay still bounds the sleep
+		d, _ := l.cfg.retry(1)
+		if !sleep(waitCtx, watch, &timer, d) {
+			return nil, l.busy(ctx, &busyError{})
+		}
+	}
+	for {
+		callCtx, cancel := l.bound(waitCtx)
+		sent := time.Now()
+		res, err := l.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
+		cancel()
+		if err != nil {
+			if !handed && isTimeout(err) {
+				l.releaseOrphan(ctx, key, owner)
+			}
+			if wait && waitCtx.Err() != nil {
+				return nil, l.busy(ctx, &busyError{})
+			}
+			return nil, err
+		}
+		if res.Acquired {
+			return newHold(l, key, owner, res.Fence, handed && res.Reentered, sent), nil
+		}
+		attempt++
+		delay, ok := l.cfg.retry(attempt)
+		if !wait || !ok {
+			return nil, &busyError{retryAfter: res.HolderTTL}
+		}
+		if res.HolderTTL > 0 {
+			delay = min(delay, res.HolderTTL)
+		}
+		if watch == nil {
+			// Subscribing can fail (Redis down, cluster quirks): then we poll.
+			watch, _ = l.store.Watch(waitCtx, key)
+		}
+		if !sleep(waitCtx, watch, &timer, delay) {
+			return nil, l.busy(ctx, &busyError{retryAfter: res.HolderTTL})
+		}
+	}
+}
+
+// exit ends the gate ownership of key: hands the hold to the next local waiter when allowed,
+// or releases it in Redis and frees the slot.
+func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) error {
+	if l.gate.handoff(key, e, h, l.cfg.handoff) {
+		return nil
+	}
+	var (
+		notified int
+		err      error
+	)
+	if h != nil && !h.borrowed {
+		h.stop()
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ttl)
+		notified, err = l.store.Release(rctx, key, h.owner)
+		cancel()
+	}
+	l.gate.leave(key, e, notified > 0)
+	return err
+}
+
+// releaseOrphan deletes a lock that an acquire whose reply was lost may have taken: go-redis
+// re-sends a command after a read timeout, so the call may have succeeded unseen.
+func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
+	defer cancel()
+	_, _ = l.store.Release(rctx, key, owner) // ErrNotHeld is the usual, harmless answer
+}
+
+// bound gives a store call a deadline when ctx has none: no call outlives one TTL.
+func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.cfg.ttl)
+}
+
+// busy joins a busy error with the caller's context error when that context ended.
+func (l *Locker) busy(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	return err
+}
+
+func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration) bool {
+	if *timer == nil {
+		*timer = time.NewTimer(d)
+	} else {
+		(*timer).Reset(d)
+	}
+	select {
+	case <-watch.C():
+	case <-(*timer).C:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// newOwnerToken returns 128 random bits from crypto/rand, hex encoded.
+func newOwnerToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// gateLen is the number of keys in the per-process gate, for tests.
+func (l *Locker) gateLen() int { return l.gate.len() }

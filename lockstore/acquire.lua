@@ -1,0 +1,37 @@
+-- acquire.lua: take a lock, or re-enter it for the same owner, and mint a fencing token.
+--
+-- KEYS[1]  lock key; its value is the owner token, optionally followed by " " and metadata
+-- KEYS[2]  fence key in the same hash slot; holds the last fence minted for KEYS[1]
+-- ARGV[1]  owner token (never contains a space)
+-- ARGV[2]  lease TTL in milliseconds (> 0)
+-- ARGV[3]  value to store: the owner token, or "<token> <metadata>"
+-- ARGV[4]  how long the fence key outlives the lock, in milliseconds
+--
+-- Replies (a two-element array):
+--   {1, fence}       acquired: the key was free and now belongs to ARGV[1]
+--   {2, fence}       re-entered: ARGV[1] already held it; its TTL was reset, fence unchanged
+--   {0, pttl}        busy: another owner holds it for pttl more milliseconds
+--
+-- The fence never decreases for a key: it is max(last fence + 1, server time in microseconds).
+-- The fence key expires ARGV[4] ms after the lock, and from then on server time alone is larger
+-- than every fence minted before, because a key cannot change hands more than once a microsecond.
+local owner = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local current = redis.call('GET', KEYS[1])
+if current then
+  if current == owner or string.sub(current, 1, #owner + 1) == owner .. ' ' then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('PEXPIRE', KEYS[2], ttl + tonumber(ARGV[4]))
+    return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local now = redis.call('TIME')
+local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last >= fence then
+  fence = last + 1
+end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
+redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ttl + tonumber(ARGV[4]))
+return {1, fence}

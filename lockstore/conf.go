@@ -1,0 +1,70 @@
+package lockstore
+
+import (
+	"crypto/tls"
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+)
+
+// NewFromConf builds a store and its go-redis client from go-zero's RedisConf: Type "node"
+// (Host is one address) or "cluster" (Host lists seed addresses, comma separated), with User,
+// Pass, Tls and Protocol honoured. For Sentinel, build a redis.NewFailoverClient and use New.
+//
+// The client is built for locking: CLIENT SETINFO is never sent (Redis 7.0 rejects it), and a
+// call's context deadline bounds its socket I/O, so an unreachable Redis fails a request within
+// its deadline instead of after go-redis's read timeouts and retries. Close the store to close
+// the client.
+func NewFromConf(conf zeroredis.RedisConf, opts ...Option) (*RedisStore, error) {
+	if strings.TrimSpace(conf.Host) == "" {
+		return nil, errors.New("flightlock: Redis.Host is empty (use NewEmbedded for an in-memory store)")
+	}
+	var tlsConfig *tls.Config
+	if conf.Tls {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	protocol := conf.Protocol
+	if protocol == 0 {
+		protocol = 3
+	}
+	var client redis.UniversalClient
+	switch conf.Type {
+	case "", zeroredis.NodeType:
+		client = redis.NewClient(&redis.Options{
+			Addr:                  conf.Host,
+			Username:              conf.User,
+			Password:              conf.Pass,
+			TLSConfig:             tlsConfig,
+			Protocol:              protocol,
+			DisableIdentity:       true,
+			ContextTimeoutEnabled: true,
+		})
+	case zeroredis.ClusterType:
+		client = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 splitHosts(conf.Host),
+			Username:              conf.User,
+			Password:              conf.Pass,
+			TLSConfig:             tlsConfig,
+			Protocol:              protocol,
+			DisableIdentity:       true,
+			ContextTimeoutEnabled: true,
+		})
+	default:
+		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
+	}
+	s := New(client, opts...)
+	s.closers = append(s.closers, client.Close)
+	return s, nil
+}
+
+func splitHosts(hosts string) []string {
+	var out []string
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}

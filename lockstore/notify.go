@@ -1,0 +1,139 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// notifier multiplexes release notifications of many keys over one pub/sub connection. A
+// channel is subscribed while someone watches it, plus a short linger, so that a key waited on
+// over and over costs one SUBSCRIBE rather than one per wait.
+type notifier struct {
+	client Client
+	linger time.Duration
+
+	mu       sync.Mutex
+	ps       *redis.PubSub            // guarded by mu; nil until the first watch
+	channels map[string]*channelState // guarded by mu
+	closed   bool                     // guarded by mu
+	reader   sync.WaitGroup           // the goroutine reading ps
+}
+
+// channelState is one subscribed channel. All fields are guarded by notifier.mu.
+type channelState struct {
+	watchers map[chan struct{}]struct{}
+	linger   *time.Timer // pending unsubscribe once nobody watches; nil while watched
+}
+
+func newNotifier(client Client) *notifier {
+	return &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState)}
+}
+
+var errStoreClosed = errors.New("flightlock: store closed")
+
+func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
+	c := make(chan struct{}, 1)
+
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil, errStoreClosed
+	}
+	if n.ps == nil {
+		n.ps = n.client.Subscribe(ctx)
+		msgs := n.ps.Channel()
+		n.reader.Add(1)
+		go n.read(msgs)
+	}
+	st := n.channels[channel]
+	if st == nil {
+		// SUBSCRIBE is sent under mu so that it cannot overtake the UNSUBSCRIBE of a linger
+		// timer for the same channel.
+		if err := n.ps.Subscribe(ctx, channel); err != nil {
+			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
+		}
+		st = &channelState{watchers: make(map[chan struct{}]struct{})}
+		n.channels[channel] = st
+	}
+	if st.linger != nil {
+		st.linger.Stop()
+		st.linger = nil
+	}
+	st.watchers[c] = struct{}{}
+
+	var once sync.Once
+	return &Watch{c: c, close: func() { once.Do(func() { n.unwatch(channel, c) }) }}, nil
+}
+
+func (n *notifier) unwatch(channel string, c chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.channels[channel]
+	if st == nil {
+		return
+	}
+	delete(st.watchers, c)
+	if len(st.watchers) > 0 || n.closed {
+		return
+	}
+	st.linger = time.AfterFunc(n.linger, func() { n.expire(channel, st) })
+}
+
+// expire unsubscribes a channel whose linger ran out, unless someone started watching again.
+func (n *notifier) expire(channel string, st *channelState) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed || n.channels[channel] != st || len(st.watchers) > 0 {
+		return
+	}
+	delete(n.channels, channel)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	// A failed UNSUBSCRIBE only leaves an idle subscription; messages for it are dropped.
+	_ = n.ps.Unsubscribe(ctx, channel)
+}
+
+func (n *notifier) read(msgs <-chan *redis.Message) {
+	defer n.reader.Done()
+	for msg := range msgs {
+		n.mu.Lock()
+		if st := n.channels[msg.Channel]; st != nil {
+			for c := range st.watchers {
+				select {
+				case c <- struct{}{}:
+				default: // already signalled; one pending wake-up is enough
+				}
+			}
+		}
+		n.mu.Unlock()
+	}
+}
+
+func (n *notifier) close() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	for _, st := range n.channels {
+		if st.linger != nil {
+			st.linger.Stop()
+		}
+	}
+	n.channels = nil
+	ps := n.ps
+	n.mu.Unlock()
+
+	var err error
+	if ps != nil {
+		err = ps.Close() // closes the message channel, which ends read
+	}
+	n.reader.Wait()
+	return err
+}

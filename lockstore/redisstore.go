@@ -1,0 +1,240 @@
+package lockstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed refresh.lua
+	refreshLua string
+	//go:embed release.lua
+	releaseLua string
+
+	// Each script is wrapped once; Run sends EVALSHA and falls back to EVAL only on NOSCRIPT.
+	acquireScript = redis.NewScript(acquireLua)
+	refreshScript = redis.NewScript(refreshLua)
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+// Reply codes of acquire.lua.
+const (
+	acquireBusy      = 0
+	acquireTaken     = 1
+	acquireReentered = 2
+)
+
+// releaseNotHeld is release.lua's reply when the owner does not hold the key.
+const releaseNotHeld = -1
+
+// DefaultFenceLinger is how long a key's fence counter outlives its lock. Past it, server time
+// alone keeps fences rising, so the counter does not have to live forever.
+const DefaultFenceLinger = 5 * time.Second
+
+// DefaultChannelPrefix is put before a lock key to name its release notification channel.
+const DefaultChannelPrefix = "flightlock:released:"
+
+// Client is the part of go-redis that RedisStore uses. redis.UniversalClient (and so
+// *redis.Client, *redis.ClusterClient and the Sentinel failover client) satisfies it; tests
+// can wrap one to inject faults.
+type Client interface {
+	redis.Scripter
+	PTTL(ctx context.Context, key string) *redis.DurationCmd
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// Option configures a RedisStore.
+type Option func(*RedisStore)
+
+// WithFenceLinger sets how long the fence counter outlives its lock (default
+// DefaultFenceLinger). Longer survives larger backward steps of the Redis server's clock.
+func WithFenceLinger(d time.Duration) Option {
+	return func(s *RedisStore) {
+		if d > 0 {
+			s.fenceLingerMs = d.Milliseconds()
+		}
+	}
+}
+
+// WithChannelPrefix sets the prefix of release notification channels (default
+// DefaultChannelPrefix). All processes that share locks must use the same prefix.
+func WithChannelPrefix(p string) Option {
+	return func(s *RedisStore) { s.channelPrefix = p }
+}
+
+// WithWatchLinger sets how long a notification subscription is kept after its last watcher
+// left (default one second), so a key that is waited on again and again is not re-subscribed
+// for every wait.
+func WithWatchLinger(d time.Duration) Option {
+	return func(s *RedisStore) {
+		if d >= 0 {
+			s.notify.linger = d
+		}
+	}
+}
+
+// RedisStore is the Store on Redis. Create it with New, NewFromConf or NewEmbedded; it is safe
+// for concurrent use. Close it to stop its notification subscriber.
+type RedisStore struct {
+	client        Client
+	fenceLingerMs int64
+	channelPrefix string
+	notify        *notifier
+	closers       []func() error // run by Close, last first
+}
+
+// New returns a store on an existing go-redis client. Closing the store does not close client.
+func New(client Client, opts ...Option) *RedisStore {
+	s := &RedisStore{
+		client:        client,
+		fenceLingerMs: DefaultFenceLinger.Milliseconds(),
+		channelPrefix: DefaultChannelPrefix,
+		notify:        newNotifier(client),
+	}
+	for _, opt := range opts {
+		opt(s)
+	}
+	return s
+}
+
+// Client returns the go-redis client the store runs its commands on.
+func (s *RedisStore) Client() Client { return s.client }
+
+// Preload loads the scripts into the server's script cache, so that the first calls do not pay
+// for a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional: the
+// scripts fall back to EVAL on their own.
+func (s *RedisStore) Preload(ctx context.Context) error {
+	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript} {
+		if err := script.Load(ctx, s.client).Err(); err != nil {
+			return fmt.Errorf("flightlock: load scripts: %w", err)
+		}
+	}
+	return nil
+}
+
+// Acquire implements Store.
+func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return Acquisition{}, err
+	}
+	value := owner
+	if meta != "" {
+		value = owner + " " + meta
+	}
+	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
+		owner, ttlMillis(ttl), value, s.fenceLingerMs).Slice()
+	if err != nil {
+		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	if len(reply) != 2 {
+		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply %v", key, reply)
+	}
+	code, ok1 := reply[0].(int64)
+	n, ok2 := reply[1].(int64)
+	if !ok1 || !ok2 {
+		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply types %T, %T", key, reply[0], reply[1])
+	}
+	switch code {
+	case acquireTaken:
+		return Acquisition{Acquired: true, Fence: n}, nil
+	case acquireReentered:
+		return Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
+	case acquireBusy:
+		// PTTL is -1 for a key without expiry (never written by us) and -2 if it vanished
+		// between the two calls inside the script (it cannot); report both as "unknown".
+		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
+	default:
+		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", key, code)
+	}
+}
+
+// Refresh implements Store.
+func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return err
+	}
+	n, err := refreshScript.Run(ctx, s.client, []string{key, fenceKey(key)},
+		owner, ttlMillis(ttl), s.fenceLingerMs).Int64()
+	if err != nil {
+		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
+	}
+	if n != 1 {
+		return ErrNotHeld
+	}
+	return nil
+}
+
+// Release implements Store.
+func (s *RedisStore) Release(ctx context.Context, key, owner string) (int, error) {
+	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+		return 0, err
+	}
+	n, err := releaseScript.Run(ctx, s.client, []string{key}, owner, s.channelPrefix+key).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+	}
+	if n == releaseNotHeld {
+		return 0, ErrNotHeld
+	}
+	return int(n), nil
+}
+
+// TTL implements Store.
+func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error) {
+	d, err := s.client.PTTL(ctx, key).Result()
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
+	}
+	// go-redis reports PTTL's -2 (no key) and -1 (no expiry) as those numbers of nanoseconds.
+	if d == -2 {
+		return 0, ErrNotHeld
+	}
+	if d < 0 {
+		return 0, nil
+	}
+	return d, nil
+}
+
+// Watch implements Store.
+func (s *RedisStore) Watch(ctx context.Context, key string) (*Watch, error) {
+	return s.notify.watch(ctx, s.channelPrefix+key)
+}
+
+// Close stops the notification subscriber and, for stores that built their own client (or
+// their own embedded server), closes those too.
+func (s *RedisStore) Close() error {
+	err := s.notify.close()
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		err = errors.Join(err, s.closers[i]())
+	}
+	s.closers = nil
+	return err
+}
+
+// checkArgs refuses requests that Redis would accept but that make no lock: an empty key, an
+// owner that cannot be told apart from metadata, or a lock that never expires.
+func checkArgs(key, owner string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return errors.New("flightlock: empty lock key")
+	case owner == "" || strings.ContainsAny(owner, " "):
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
+	case ttl <= 0:
+		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+	}
+	return nil
+}
+
+// ttlMillis rounds ttl up to whole milliseconds, so a sub-millisecond TTL is never 0 (which
+// Redis rejects) and never shorter than asked.
+func ttlMillis(ttl time.Duration) int64 {
+	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
+}

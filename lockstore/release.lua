@@ -1,0 +1,16 @@
+-- release.lua: delete a lock, only for its owner, and tell waiters it is free.
+--
+-- KEYS[1]  lock key
+-- ARGV[1]  owner token
+-- ARGV[2]  release notification channel
+--
+-- Replies: -1 not held by ARGV[1] (nothing deleted, nothing published);
+--          n >= 0 released, and n subscribers (waiters in other processes) were notified.
+-- The fence key is left to expire on its own so the next owner's fence stays above this one.
+local owner = ARGV[1]
+local current = redis.call('GET', KEYS[1])
+if current and (current == owner or string.sub(current, 1, #owner + 1) == owner .. ' ') then
+  redis.call('DEL', KEYS[1])
+  return redis.call('PUBLISH', ARGV[2], '1')
+end
+return -1

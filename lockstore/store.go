@@ -1,0 +1,77 @@
+// Package lockstore keeps flightlock's locks in Redis.
+//
+// A Store does the four things a distributed lock needs from its backend, each in one round
+// trip: acquire (re-entrant for the same owner, minting a fencing token), refresh, release
+// (owner-checked, with a notification to waiters) and reading a lock's remaining TTL. It also
+// lets a waiter listen for the release notification of one key instead of polling.
+//
+// RedisStore is the implementation on go-redis v9's UniversalClient (single node, Sentinel
+// failover or Cluster); NewEmbedded runs the same store on an in-process miniredis for
+// development and tests. The package knows nothing about requests or transports.
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotHeld is returned by Refresh and Release when the lock is not held by the given owner:
+// it expired, was never taken, or belongs to someone else. Nothing was changed.
+var ErrNotHeld = errors.New("flightlock: lock not held")
+
+// Acquisition is the outcome of one Acquire call.
+type Acquisition struct {
+	// Acquired reports whether the caller holds the lock now.
+	Acquired bool
+	// Reentered is true when the owner already held the lock and Acquire only reset its TTL.
+	Reentered bool
+	// Fence is the fencing token of the holding: it only grows between successive owners of a
+	// key. Zero when not acquired.
+	Fence int64
+	// HolderTTL is how long the current holder's lock has left when not acquired.
+	HolderTTL time.Duration
+}
+
+// Store is what flightlock needs from a lock backend. Implementations are safe for concurrent
+// use. Keys are full backend keys (prefix included); owners are opaque tokens without spaces.
+type Store interface {
+	// Acquire takes key for owner for ttl, or re-enters it if owner holds it already. meta is
+	// optional text kept with the lock for operators (who holds it); it may be empty.
+	// Acquiring again with the same owner is idempotent, so a request that a client re-sent
+	// after a timeout does no harm.
+	Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (Acquisition, error)
+	// Refresh resets the TTL of key if owner holds it, and returns ErrNotHeld otherwise.
+	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
+	// Release deletes key if owner holds it and notifies waiters; it returns how many waiters
+	// elsewhere were told. It returns ErrNotHeld, and deletes nothing, otherwise.
+	Release(ctx context.Context, key, owner string) (notified int, err error)
+	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
+	TTL(ctx context.Context, key string) (time.Duration, error)
+	// Watch starts listening for releases of key. The returned Watch must be closed.
+	Watch(ctx context.Context, key string) (*Watch, error)
+}
+
+// Watch delivers release notifications of one key. C receives a value after each release
+// (coalesced: a waiter only needs to know that it should try again). Close stops it.
+type Watch struct {
+	c     chan struct{}
+	close func()
+}
+
+// C returns the channel that is signalled when the watched key is released. A nil Watch has
+// a nil channel, which never delivers.
+func (w *Watch) C() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.c
+}
+
+// Close stops the watch. It is safe to call more than once, and on a nil Watch.
+func (w *Watch) Close() {
+	if w != nil && w.close != nil {
+		w.close()
+		w.close = nil
+	}
+}

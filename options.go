@@ -1,0 +1,123 @@
+package flightlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Mode says what Lock does when the key is busy.
+type Mode int
+
+const (
+	// Wait queues for the key, in FIFO order within the process, until the wait budget or
+	// the context ends. It is the default.
+	Wait Mode = iota
+	// Reject fails at once with ErrBusy. A key held by another goroutine of this process is
+	// refused without any Redis command.
+	Reject
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Wait:
+		return "wait"
+	case Reject:
+		return "reject"
+	default:
+		return fmt.Sprintf("Mode(%d)", int(m))
+	}
+}
+
+// Defaults of a Locker's options.
+const (
+	DefaultTTL     = 10 * time.Second
+	DefaultWait    = 2 * time.Second
+	DefaultMaxHold = time.Minute
+	DefaultPrefix  = "lock:"
+	DefaultHandoff = 16
+)
+
+// DefaultRetry is the retry strategy of a Locker built without WithRetry.
+var DefaultRetry = ExponentialRetry(5*time.Millisecond, 200*time.Millisecond)
+
+type config struct {
+	ttl      time.Duration
+	wait     time.Duration
+	maxHold  time.Duration
+	retry    Retry
+	mode     Mode
+	prefix   string
+	handoff  int
+	metadata func(context.Context) string
+}
+
+func defaultConfig() config {
+	return config{
+		ttl:     DefaultTTL,
+		wait:    DefaultWait,
+		maxHold: DefaultMaxHold,
+		retry:   DefaultRetry,
+		mode:    Wait,
+		prefix:  DefaultPrefix,
+		handoff: DefaultHandoff,
+	}
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.ttl <= 0:
+		return invalidKey("TTL must be positive, got %v", c.ttl)
+	case c.wait < 0:
+		return fmt.Errorf("flightlock: wait budget must not be negative, got %v", c.wait)
+	case c.maxHold <= 0:
+		return fmt.Errorf("flightlock: MaxHold must be positive, got %v", c.maxHold)
+	case c.retry == nil:
+		return fmt.Errorf("flightlock: retry strategy is nil")
+	case c.mode != Wait && c.mode != Reject:
+		return fmt.Errorf("flightlock: unknown mode %v", c.mode)
+	case c.handoff < 0:
+		return fmt.Errorf("flightlock: handoff bound must not be negative, got %d", c.handoff)
+	case len(c.prefix) >= MaxKeyLen:
+		return invalidKey("prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
+	}
+	return nil
+}
+
+// Option configures a Locker.
+type Option func(*config)
+
+// WithTTL sets the lease TTL (default 10s): how long the lock outlives a holder that died.
+// A watchdog renews it every TTL/3 while the holder runs. It must be positive.
+func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
+
+// WithWait sets the wait budget of wait mode (default 2s): the longest a Lock waits for a busy
+// key, locally and for other processes, before it returns ErrBusy. The context's deadline
+// shortens it.
+func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithMaxHold bounds how long one holder keeps a lock (default 1m): the watchdog stops
+// renewing after it, and the lease is lost one TTL later.
+func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = d } }
+
+// WithRetry sets the retry strategy of waits for a lock held by another process (default
+// DefaultRetry).
+func WithRetry(r Retry) Option { return func(c *config) { c.retry = r } }
+
+// WithMode sets what Lock does with a busy key (default Wait). TryLock always rejects.
+func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
+
+// WithPrefix sets the prefix of every Redis key (default "lock:").
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithHandoff bounds how many times in a row a lock is handed from one goroutine of this
+// process to the next queued one without a Redis round trip (default 16). Past it the lock is
+// released in Redis, so waiters in other processes get their turn. 0 disables handoff.
+func WithHandoff(n int) Option { return func(c *config) { c.handoff = n } }
+
+// WithMetadata sets a function whose result is stored beside the owner token in Redis, so an
+// operator can see who holds a lock (host, pid, request id). By default nothing is stored.
+// It must not contain newlines; it is called once per Redis acquisition.
+func WithMetadata(fn func(ctx context.Context) string) Option {
+	return func(c *config) { c.metadata = fn }
+}

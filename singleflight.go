@@ -1,0 +1,189 @@
+package flightlock
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// gate is the per-process single flight for each key: at most one goroutine of the process
+// owns a key at a time, from the start of its Redis acquisition to the end of its release.
+// Everyone else is rejected without a Redis command, or queues in FIFO order.
+//
+// The gate replaces golang.org/x/sync/singleflight, which the design first named: singleflight
+// shares one result among concurrent callers, but a lock can be held by one caller only, so the
+// others would still have to queue somewhere and would each talk to Redis again. The gate
+// queues them itself, and hands a held lock to the next in line without a Redis round trip.
+type gate struct {
+	mu      sync.Mutex
+	entries map[string]*gateEntry // guarded by mu
+}
+
+// gateEntry is one key's slot. All fields are guarded by gate.mu.
+type gateEntry struct {
+	taken    bool          // a goroutine owns the key: acquiring, holding, or releasing
+	queue    []*gateWaiter // FIFO of goroutines waiting for the slot
+	refs     int           // the owner plus queued waiters; the entry is deleted at zero
+	hold     *hold         // the owner's Redis lock once acquired; survives handoffs
+	handoffs int           // consecutive handoffs of hold without a Redis round trip
+	yield    bool          // the last release woke other processes: let them go first
+}
+
+// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it; from then
+// on it owns the slot (and any hold handed with it) and must pass it on.
+type gateWaiter struct {
+	ready chan struct{}
+}
+
+func newGate() *gate {
+	return &gate{entries: make(map[string]*gateEntry)}
+}
+
+// enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
+// a busy error and costs no Redis command. With wait the caller queues until the slot is
+// granted or ctx ends. It returns the entry and the hold handed over by the previous owner,
+// if any.
+func (g *gate) enter(ctx context.Context, key string, wait bool) (*gateEntry, *hold, error) {
+	g.mu.Lock()
+	e := g.entries[key]
+	if e == nil {
+		e = &gateEntry{}
+		g.entries[key] = e
+	}
+	if !e.taken {
+		e.taken = true
+		e.refs++
+		g.mu.Unlock()
+		return e, nil, nil
+	}
+	if !wait {
+		var retryAfter time.Duration
+		if e.hold != nil {
+			retryAfter = e.hold.remaining()
+		}
+		g.mu.Unlock()
+		return nil, nil, &busyError{retryAfter: retryAfter}
+	}
+	w := &gateWaiter{ready: make(chan struct{})}
+	e.queue = append(e.queue, w)
+	e.refs++
+	g.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return e, g.takeHold(e), nil
+	case <-ctx.Done():
+	}
+
+	g.mu.Lock()
+	for i, q := range e.queue {
+		if q == w {
+			e.queue = append(e.queue[:i], e.queue[i+1:]...)
+			g.dropLocked(key, e)
+			var retryAfter time.Duration
+			if e.hold != nil {
+				retryAfter = e.hold.remaining()
+			}
+			g.mu.Unlock()
+			return nil, nil, &busyError{retryAfter: retryAfter}
+		}
+	}
+	g.mu.Unlock()
+	// The slot was granted while ctx ended: we own it and must pass it on. Report ready so
+	// the caller hands it back through exit; it sees ctx ended and gives up.
+	return e, g.takeHold(e), nil
+}
+
+func (g *gate) takeHold(e *gateEntry) *hold {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return e.hold
+}
+
+// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
+func (g *gate) setHold(e *gateEntry, h *hold) {
+	g.mu.Lock()
+	e.hold = h
+	g.mu.Unlock()
+}
+
+// handoff passes h and the slot straight to the next queued waiter, if there is one, the
+// fairness bound allows it, and h has enough time left. It reports whether it did.
+func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int) bool {
+	if h == nil || h.borrowed || !h.handable() {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(e.queue) == 0 || e.handoffs >= bound {
+		return false
+	}
+	e.handoffs++
+	e.hold = h
+	g.grantLocked(e)
+	g.dropLocked(key, e)
+	return true
+}
+
+// leave gives up the slot after its Redis lock (if any) was released; released tells whether
+// waiters in other processes were notified, in which case the next local owner yields to them.
+func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e.hold = nil
+	e.handoffs = 0
+	e.yield = notifiedOthers
+	if len(e.queue) > 0 {
+		g.grantLocked(e)
+	} else {
+		e.taken = false
+		e.yield = false
+	}
+	g.dropLocked(key, e)
+}
+
+// yielding reports, once, whether the new owner should let other processes go first.
+func (g *gate) yielding(e *gateEntry) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	y := e.yield
+	e.yield = false
+	return y
+}
+
+// lookupHold returns the hold of key's current owner, if any.
+func (g *gate) lookupHold(key string) *hold {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e := g.entries[key]; e != nil {
+		return e.hold
+	}
+	return nil
+}
+
+// grantLocked passes the slot to the first waiter; taken stays true. g.mu must be held.
+func (g *gate) grantLocked(e *gateEntry) {
+	w := e.queue[0]
+	e.queue[0] = nil
+	e.queue = e.queue[1:]
+	if len(e.queue) == 0 {
+		e.queue = nil // let the backing array go
+	}
+	close(w.ready)
+}
+
+// dropLocked removes one reference and deletes the entry when nobody uses it, so that any
+// number of distinct keys leaves no memory behind. g.mu must be held.
+func (g *gate) dropLocked(key string, e *gateEntry) {
+	e.refs--
+	if e.refs == 0 {
+		delete(g.entries, key)
+	}
+}
+
+// len returns the number of keys with an entry, for tests.
+func (g *gate) len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.entries)
+}
