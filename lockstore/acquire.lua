@@ -9,7 +9,8 @@
 --
 -- Replies (a two-element array):
 --   {1, fence}       acquired: the key was free and now belongs to ARGV[1]
---   {2, fence}       re-entered: ARGV[1] already held it; its TTL was reset, fence unchanged
+--   {2, fence}       re-entered: ARGV[1] already held it; fence unchanged, and its TTL raised
+--                    to ARGV[2] if it had less (a re-entry never shortens the holder's lock)
 --   {0, pttl}        busy: another owner holds it for pttl more milliseconds
 --
 -- The fence never decreases for a key: it is max(last fence + 1, server time in microseconds).
@@ -20,8 +21,10 @@ local ttl = tonumber(ARGV[2])
 local current = redis.call('GET', KEYS[1])
 if current then
   if current == owner or string.sub(current, 1, #owner + 1) == owner .. ' ' then
-    redis.call('PEXPIRE', KEYS[1], ttl)
-    redis.call('PEXPIRE', KEYS[2], ttl + tonumber(ARGV[4]))
+    if redis.call('PTTL', KEYS[1]) < ttl then
+      redis.call('PEXPIRE', KEYS[1], ttl)
+      redis.call('PEXPIRE', KEYS[2], ttl + tonumber(ARGV[4]))
+    end
     return {2, tonumber(redis.call('GET', KEYS[2]) or '0')}
   end
   return {0, redis.call('PTTL', KEYS[1])}

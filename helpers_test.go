@@ -1,0 +1,145 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// miniStore returns a store on a fresh miniredis; RESP2 so pub/sub notifications arrive.
+func miniStore(t testing.TB) (*lockstore.RedisStore, *miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	s := lockstore.New(c, lockstore.WithWatchLinger(0))
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	return s, mr, c
+}
+
+// realStore returns a store on a redis-server that the test started.
+func realStore(t testing.TB) (*lockstore.RedisStore, *redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := lockstore.New(c, lockstore.WithWatchLinger(0))
+	t.Cleanup(func() { _ = s.Close() })
+	return s, srv, c
+}
+
+func mustLocker(t testing.TB, s lockstore.Store, opts ...Option) *Locker {
+	t.Helper()
+	l, err := New(s, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// faultStore wraps a Store and lets a test make calls fail and count them.
+type faultStore struct {
+	lockstore.Store
+	failRefresh atomic.Pointer[error]
+	acquires    atomic.Int64
+	refreshes   atomic.Int64
+	releases    atomic.Int64
+}
+
+func (f *faultStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	f.acquires.Add(1)
+	return f.Store.Acquire(ctx, key, owner, ttl, meta)
+}
+
+func (f *faultStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	f.refreshes.Add(1)
+	if err := f.failRefresh.Load(); err != nil {
+		return *err
+	}
+	return f.Store.Refresh(ctx, key, owner, ttl)
+}
+
+func (f *faultStore) Release(ctx context.Context, key, owner string) (int, error) {
+	f.releases.Add(1)
+	return f.Store.Release(ctx, key, owner)
+}
+
+// memStore is an in-memory Store without expiry or notifications, fast enough to push a
+// million keys through the gate.
+type memStore struct {
+	mu    sync.Mutex
+	locks map[string]string // guarded by mu: key -> owner
+	fence int64             // guarded by mu
+}
+
+func newMemStore() *memStore { return &memStore{locks: make(map[string]string)} }
+
+func (m *memStore) Acquire(_ context.Context, key, owner string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur, ok := m.locks[key]; ok {
+		if cur == owner {
+			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: m.fence}, nil
+		}
+		return lockstore.Acquisition{HolderTTL: time.Second}, nil
+	}
+	m.locks[key] = owner
+	m.fence++
+	return lockstore.Acquisition{Acquired: true, Fence: m.fence}, nil
+}
+
+func (m *memStore) Refresh(_ context.Context, key, owner string, _ time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.locks[key] != owner {
+		return lockstore.ErrNotHeld
+	}
+	return nil
+}
+
+func (m *memStore) Release(_ context.Context, key, owner string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.locks[key] != owner {
+		return 0, lockstore.ErrNotHeld
+	}
+	delete(m.locks, key)
+	return 0, nil
+}
+
+func (m *memStore) TTL(_ context.Context, key string) (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.locks[key]; !ok {
+		return 0, lockstore.ErrNotHeld
+	}
+	return time.Second, nil
+}
+
+func (m *memStore) Watch(context.Context, string) (*lockstore.Watch, error) {
+	return nil, errors.New("memstore: no release notifications")
+}
+
+func (m *memStore) size() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.locks)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -1,0 +1,608 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"go.uber.org/goleak"
+)
+
+func TestReentryByContext(t *testing.T) {
+	s, _, c := miniStore(t)
+	l := mustLocker(t, s)
+	ctx := context.Background()
+	outer, err := l.Lock(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.Lock(outer.Context(), "r")
+	if err != nil || inner != outer {
+		t.Fatalf("nested Lock = %p, %v; want the outer lease %p", inner, err, outer)
+	}
+	if FromContext(outer.Context()) != outer {
+		t.Fatal("FromContext does not return the lease")
+	}
+	if err := inner.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, "lock:r").Val(); n != 1 {
+		t.Fatal("inner Release freed the key")
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, "lock:r").Val(); n != 0 {
+		t.Fatal("outermost Release did not free the key")
+	}
+	if err := outer.Release(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("extra Release: %v, want ErrNotHeld", err)
+	}
+	if context.Cause(outer.Context()) == ErrLost {
+		t.Fatal("a released lease reports ErrLost")
+	}
+}
+
+func TestStaleAndDoubleReleaseKeepNextOwner(t *testing.T) {
+	s, mr, c := miniStore(t)
+	ctx := context.Background()
+	// Two lockers on one store stand for two processes.
+	p1 := mustLocker(t, s, WithTTL(time.Minute))
+	p2 := mustLocker(t, s, WithTTL(time.Minute))
+	a, err := p1.Lock(ctx, "stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.h.stop() // the holder stalls: no renewal
+	mr.FastForward(2 * time.Minute)
+	b, err := p2.Lock(ctx, "stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Fence() <= a.Fence() {
+		t.Fatalf("next owner's fence %d not above the stale one %d", b.Fence(), a.Fence())
+	}
+	if err := a.Release(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("stale Release: %v, want ErrNotHeld", err)
+	}
+	if err := a.Release(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("double Release: %v, want ErrNotHeld", err)
+	}
+	if err := a.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("stale Refresh: %v, want ErrNotHeld", err)
+	}
+	if v := c.Get(ctx, "lock:stale").Val(); v != b.Owner() {
+		t.Fatalf("next owner's lock was touched: value %q, want %q", v, b.Owner())
+	}
+}
+
+func TestFencesOfSuccessiveOwnersIncrease(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	lockers := []*Locker{mustLocker(t, s), mustLocker(t, s), mustLocker(t, s)}
+	var last int64
+	for i := 0; i < 30; i++ {
+		lease, err := lockers[i%3].Lock(ctx, "fenced")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lease.Fence() <= last {
+			t.Fatalf("owner %d got fence %d after %d", i, lease.Fence(), last)
+		}
+		last = lease.Fence()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestHandoffSkipsRedisAndKeepsFence(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	fs := &faultStore{Store: ms}
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(2))
+	ctx := context.Background()
+	first, err := l.Lock(ctx, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 4
+	got := make(chan *Lease, waiters)
+	for i := 0; i < waiters; i++ {
+		go func() {
+			lease, err := l.Lock(ctx, "h")
+			if err != nil {
+				t.Error(err)
+				got <- nil
+				return
+			}
+			got <- lease
+		}()
+	}
+	waitFor(t, 2*time.Second, "waiters to queue", func() bool {
+		l.gate.mu.Lock()
+		defer l.gate.mu.Unlock()
+		return len(l.gate.entries["lock:h"].queue) == waiters
+	})
+	fences := []int64{first.Fence()}
+	cur := first
+	for i := 0; i < waiters; i++ {
+		if err := cur.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cur = <-got
+		if cur == nil {
+			t.FailNow()
+		}
+		if cur.Fence() < fences[len(fences)-1] {
+			t.Fatalf("fence went down: %d after %d", cur.Fence(), fences[len(fences)-1])
+		}
+		fences = append(fences, cur.Fence())
+	}
+	if err := cur.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Handoff bound 2: holders 2 and 3 get the lock by handoff; then it is released in Redis,
+	// holder 4 acquires afresh and hands it to holder 5.
+	if a := fs.acquires.Load(); a != 2 {
+		t.Fatalf("%d Redis acquisitions for 5 holders with handoff bound 2, want 2 (fences %v)", a, fences)
+	}
+	if !(fences[0] == fences[1] && fences[1] == fences[2] && fences[3] > fences[2] && fences[4] == fences[3]) {
+		t.Fatalf("fences %v: handoffs must share the fence, fresh acquisitions must raise it", fences)
+	}
+	if n := l.gateLen(); n != 0 {
+		t.Fatalf("gate keeps %d entries", n)
+	}
+}
+
+func TestRenewalFailureCancelsBeforeTTL(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+
+	t.Run("refused", func(t *testing.T) {
+		fs := &faultStore{Store: ms}
+		l := mustLocker(t, fs, WithTTL(ttl))
+		lease, err := l.Lock(ctx, "refused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := lockstore.ErrNotHeld
+		fs.failRefresh.Store(&refused)
+		select {
+		case <-lease.Context().Done():
+		case <-time.After(2 * ttl):
+			t.Fatal("lease context not cancelled after a refused renewal")
+		}
+		if cause := context.Cause(lease.Context()); cause != ErrLost {
+			t.Fatalf("cause %v, want ErrLost", cause)
+		}
+		if err := lease.Release(ctx); !errors.Is(err, ErrNotHeld) && err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("unreachable", func(t *testing.T) {
+		fs := &faultStore{Store: ms}
+		l := mustLocker(t, fs, WithTTL(ttl))
+		acquired := time.Now()
+		lease, err := l.Lock(ctx, "unreachable")
+		if err != nil {
+			t.Fatal(err)
+		}
+		down := errors.New("connection refused")
+		fs.failRefresh.Store(&down)
+		<-lease.Context().Done()
+		lostAt := time.Now()
+		if cause := context.Cause(lease.Context()); cause != ErrLost {
+			t.Fatalf("cause %v, want ErrLost", cause)
+		}
+		if lostAt.After(acquired.Add(ttl)) {
+			t.Fatalf("lease declared lost %v after acquisition, after its %v TTL ran out", lostAt.Sub(acquired), ttl)
+		}
+		if fs.refreshes.Load() < 2 {
+			t.Fatalf("only %d renewal attempts before giving up", fs.refreshes.Load())
+		}
+		_ = lease.Release(ctx)
+	})
+}
+
+func TestWatchdogKeepsLockAndStopsAtMaxHold(t *testing.T) {
+	s, _, c := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithTTL(90*time.Millisecond), WithMaxHold(250*time.Millisecond))
+	lease, err := l.Lock(ctx, "wd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// miniredis's clock does not move here, so only renewals (PEXPIRE) change the TTL; a lost
+	// lease shows as a cancelled context.
+	select {
+	case <-lease.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("lease outlived MaxHold + TTL")
+	}
+	if context.Cause(lease.Context()) != ErrLost {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(lease.Context()))
+	}
+	if c.Exists(ctx, "lock:wd").Val() != 1 {
+		t.Fatal("the watchdog deleted the key instead of letting it expire")
+	}
+	_ = lease.Release(ctx)
+}
+
+func TestWaitModeBudgetAndContext(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	other := mustLocker(t, s, WithTTL(time.Minute))
+	held, err := other.Lock(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+
+	l := mustLocker(t, s, WithWait(60*time.Millisecond))
+	_, err = l.Lock(ctx, "w")
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("wait budget spent: %v, want ErrBusy", err)
+	}
+	if ra, ok := RetryAfter(err); !ok || ra <= 0 || ra > time.Minute {
+		t.Fatalf("RetryAfter = %v, %v; want the holder's TTL", ra, ok)
+	}
+
+	l = mustLocker(t, s, WithWait(time.Minute))
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = l.Lock(cctx, "w")
+	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("context ended the wait: %v, want ErrBusy joined with DeadlineExceeded", err)
+	}
+	if n := l.gateLen(); n != 0 {
+		t.Fatalf("gate keeps %d entries", n)
+	}
+}
+
+func TestWaiterWakesOnRelease(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	other := mustLocker(t, s, WithTTL(time.Minute))
+	held, err := other.Lock(ctx, "wake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A retry delay far longer than the test: only the release notification can wake it.
+	l := mustLocker(t, s, WithWait(time.Minute), WithRetry(LinearRetry(time.Hour)))
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "wake")
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		done <- err
+	}()
+	// Release repeatedly until the waiter (whose subscription is asynchronous) gets it.
+	deadline := time.After(10 * time.Second)
+	for {
+		time.Sleep(20 * time.Millisecond)
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		case <-time.After(200 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("waiter never woke on a release notification")
+		}
+		if held, err = other.Lock(ctx, "wake"); err != nil {
+			// The waiter took it between our release and this lock: fine, it will finish.
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+func TestHandedOverOwnerReenters(t *testing.T) {
+	s, _, c := miniStore(t)
+	ctx := context.Background()
+	upstream := mustLocker(t, s, WithMode(Reject))
+	downstream := mustLocker(t, s, WithMode(Reject)) // another process
+	lease, err := upstream.Lock(ctx, "acct:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Without the owner the downstream is refused: it would deadlock waiting for its caller.
+	if _, err := downstream.Lock(ctx, "acct:1"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("downstream without owner: %v, want ErrBusy", err)
+	}
+	dctx := WithOwner(ctx, lease.Key(), lease.Owner())
+	inner, err := downstream.Lock(dctx, "acct:1")
+	if err != nil {
+		t.Fatalf("downstream with the handed-over owner: %v", err)
+	}
+	if inner.Fence() != lease.Fence() {
+		t.Fatalf("re-entered fence %d, holder's %d", inner.Fence(), lease.Fence())
+	}
+	if err := inner.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Exists(ctx, "lock:acct:1").Val() != 1 {
+		t.Fatal("releasing the re-entered lease deleted the upstream's lock")
+	}
+	// The same process joins its own hold instead of waiting for itself.
+	joined, err := upstream.Lock(WithOwner(ctx, lease.Key(), lease.Owner()), "acct:1")
+	if err != nil {
+		t.Fatalf("same-process handover: %v", err)
+	}
+	if err := joined.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Exists(ctx, "lock:acct:1").Val() != 1 {
+		t.Fatal("releasing the joined lease deleted the lock")
+	}
+	// A forged owner is just another owner.
+	if _, err := downstream.Lock(WithOwner(ctx, lease.Key(), "forged"), "acct:1"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("forged owner: %v, want ErrBusy", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDoReleasesOnPanicAndError(t *testing.T) {
+	s, _, c := miniStore(t)
+	l := mustLocker(t, s)
+	ctx := context.Background()
+	func() {
+		defer func() {
+			if recover() != "boom" {
+				t.Fatal("panic not re-raised")
+			}
+		}()
+		_ = l.Do(ctx, "p", func(context.Context) error { panic("boom") })
+	}()
+	if c.Exists(ctx, "lock:p").Val() != 0 || l.gateLen() != 0 {
+		t.Fatal("lock kept after a panic")
+	}
+	want := errors.New("handler failed")
+	if err := l.Do(ctx, "p", func(context.Context) error { return want }); err != want {
+		t.Fatalf("Do returned %v, want the handler's error", err)
+	}
+	if c.Exists(ctx, "lock:p").Val() != 0 {
+		t.Fatal("lock kept after an error")
+	}
+}
+
+func TestLockAllIsAllOrNothing(t *testing.T) {
+	s, _, c := miniStore(t)
+	ctx := context.Background()
+	other := mustLocker(t, s)
+	held, err := other.Lock(ctx, "acct:b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustLocker(t, s, WithMode(Reject))
+	if _, err := l.LockAll(ctx, "acct:b", "acct:a"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("LockAll with one key busy: %v, want ErrBusy", err)
+	}
+	if c.Exists(ctx, "lock:acct:a").Val() != 0 {
+		t.Fatal("LockAll kept acct:a after failing on acct:b")
+	}
+	_ = held.Release(ctx)
+	g, err := l.LockAll(ctx, "acct:b", "acct:a", "acct:b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Leases()) != 2 || g.Leases()[0].Key() != "lock:acct:a" {
+		t.Fatalf("leases %v: want two, in sorted order", g.Leases())
+	}
+	if got := len(AllFromContext(g.Context())); got != 2 {
+		t.Fatalf("group context carries %d leases", got)
+	}
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.Exists(ctx, "lock:acct:a", "lock:acct:b").Val() != 0 {
+		t.Fatal("group release left keys")
+	}
+}
+
+func TestConcurrentTransfersDoNotDeadlock(t *testing.T) {
+	s, _, _ := miniStore(t)
+	l := mustLocker(t, s, WithWait(20*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			from, to := fmt.Sprintf("acct:%d", i%3), fmt.Sprintf("acct:%d", (i+1)%3)
+			g, err := l.LockAll(ctx, from, to)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = g.Release(ctx)
+		}()
+	}
+	wg.Wait()
+}
+
+func TestBadInput(t *testing.T) {
+	s, mr, c := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithMode(Reject))
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+
+	for _, tc := range []struct {
+		name    string
+		ctx     context.Context
+		key     string
+		wantErr error // nil: a correct lock
+	}{
+		{"empty", ctx, "", ErrInvalidKey},
+		{"1MB", ctx, strings.Repeat("x", 1<<20), ErrInvalidKey},
+		{"just over the bound", ctx, strings.Repeat("x", MaxKeyLen-len(DefaultPrefix)+1), ErrInvalidKey},
+		{"at the bound", ctx, strings.Repeat("x", MaxKeyLen-len(DefaultPrefix)), nil},
+		{"binary", ctx, "\x00\x01\xfe\xff", nil},
+		{"newline", ctx, "order:\n42\r\n", nil},
+		{"unicode", ctx, "заказ:🔒:42", nil},
+		{"braces", ctx, "a}b{", nil},
+		{"cancelled context", cancelled, "ok", context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := mr.CommandCount()
+			lease, err := l.Lock(tc.ctx, tc.key)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err %v, want %v", err, tc.wantErr)
+				}
+				if mr.CommandCount() != before {
+					t.Fatal("a refused request reached Redis")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("err %v, want a lock", err)
+			}
+			if ttl := c.PTTL(ctx, lease.Key()).Val(); ttl <= 0 || ttl > DefaultTTL {
+				t.Fatalf("lock written with PTTL %v: must expire", ttl)
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if c.Exists(ctx, lease.Key()).Val() != 0 {
+				t.Fatal("not released")
+			}
+		})
+	}
+
+	for _, ttl := range []time.Duration{0, -time.Second} {
+		if _, err := New(s, WithTTL(ttl)); !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("TTL %v: %v, want ErrInvalidKey", ttl, err)
+		}
+		if _, err := l.With(WithTTL(ttl)); !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("With TTL %v: %v, want ErrInvalidKey", ttl, err)
+		}
+	}
+	for name, opt := range map[string]Option{
+		"negative wait": WithWait(-1), "zero max hold": WithMaxHold(0), "nil retry": WithRetry(nil),
+		"bad mode": WithMode(Mode(7)), "negative handoff": WithHandoff(-1),
+		"huge prefix": WithPrefix(strings.Repeat("p", MaxKeyLen)),
+	} {
+		if _, err := New(s, opt); err == nil {
+			t.Fatalf("%s accepted", name)
+		}
+	}
+	if _, err := New(nil); err == nil {
+		t.Fatal("nil store accepted")
+	}
+}
+
+func TestMillionKeysLeaveGateEmpty(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a million keys: skipped in -short")
+	}
+	s := newMemStore()
+	l := mustLocker(t, s, WithMode(Reject), WithTTL(time.Minute))
+	ctx := context.Background()
+	const workers, perWorker = 8, 125_000
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 0, 32)
+			for i := 0; i < perWorker; i++ {
+				buf = fmt.Appendf(buf[:0], "k:%d:%d", w, i)
+				lease, err := l.Lock(ctx, string(buf))
+				if err == nil {
+					err = lease.Release(ctx)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := l.gateLen(); n != 0 {
+		t.Fatalf("gate keeps %d entries after 1,000,000 keys", n)
+	}
+	if n := s.size(); n != 0 {
+		t.Fatalf("store keeps %d locks", n)
+	}
+}
+
+func TestRedisRestart(t *testing.T) {
+	defer goleak.VerifyNone(t, append(goZeroDaemons, goleak.IgnoreCurrent())...)
+	s, srv, c := realStore(t)
+	ctx := context.Background()
+	const ttl = 600 * time.Millisecond
+	l := mustLocker(t, s, WithTTL(ttl), WithWait(200*time.Millisecond))
+	held, err := l.Lock(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+
+	// Calls fail within their deadline: no hang on a dead Redis.
+	for _, mode := range []Mode{Reject, Wait} {
+		lm, _ := l.With(WithMode(mode))
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		start := time.Now()
+		_, err := lm.Lock(cctx, "r2")
+		cancel()
+		if err == nil {
+			t.Fatalf("%v: Lock on a stopped Redis succeeded", mode)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("%v: Lock took %v on a stopped Redis with a 300ms deadline", mode, d)
+		}
+	}
+	// The holder learns that its lock can no longer be trusted.
+	select {
+	case <-held.Context().Done():
+		if context.Cause(held.Context()) != ErrLost {
+			t.Fatalf("cause %v, want ErrLost", context.Cause(held.Context()))
+		}
+	case <-time.After(3 * ttl):
+		t.Fatal("holder not told while Redis was down")
+	}
+	_ = held.Release(ctx) // fails: Redis is down; must not hang or panic
+
+	srv.Restart()
+	waitFor(t, 5*time.Second, "locking to work again", func() bool {
+		lease, err := l.Lock(ctx, "r3")
+		if err != nil {
+			return false
+		}
+		return lease.Release(ctx) == nil
+	})
+	_ = c
+	if n := l.gateLen(); n != 0 {
+		t.Fatalf("gate keeps %d entries", n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+}

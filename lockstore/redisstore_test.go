@@ -1,0 +1,386 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// backend is a Redis the store suite runs against: miniredis (fast, clock under the test's
+// control) or a real redis-server.
+type backend struct {
+	store   *RedisStore
+	client  *redis.Client
+	advance func(time.Duration) // moves time forward by at least d
+}
+
+func miniBackend(t *testing.T) backend {
+	mr := miniredis.RunT(t)
+	// RESP2: miniredis delivers pub/sub messages with it (DESIGN.md, known pitfalls).
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	s := New(c, WithFenceLinger(testFenceLinger))
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	return backend{store: s, client: c, advance: mr.FastForward}
+}
+
+func realBackend(t *testing.T) backend {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	s := New(c, WithFenceLinger(testFenceLinger))
+	t.Cleanup(func() { _ = s.Close() })
+	return backend{store: s, client: c, advance: func(d time.Duration) { time.Sleep(d + 5*time.Millisecond) }}
+}
+
+var backends = []struct {
+	name string
+	make func(*testing.T) backend
+}{
+	{"miniredis", miniBackend},
+	{"redis-server", realBackend},
+}
+
+func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) { fn(t, be.make(t)) })
+	}
+}
+
+// testFenceLinger keeps the real server's fence-expiry test short.
+const testFenceLinger = 300 * time.Millisecond
+
+const (
+	ownerA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	ownerB = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+func TestAcquireReentryAndBusy(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		got, err := b.store.Acquire(ctx, "lock:k", ownerA, time.Second, "host=h pid=1")
+		if err != nil || !got.Acquired || got.Reentered || got.Fence <= 0 {
+			t.Fatalf("first acquire = %+v, %v; want acquired with a fence", got, err)
+		}
+		// The value carries the owner and the metadata for operators.
+		if v := b.client.Get(ctx, "lock:k").Val(); v != ownerA+" host=h pid=1" {
+			t.Fatalf("stored value %q", v)
+		}
+		again, err := b.store.Acquire(ctx, "lock:k", ownerA, 5*time.Second, "")
+		if err != nil || !again.Acquired || !again.Reentered || again.Fence != got.Fence {
+			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, got.Fence)
+		}
+		if ttl := b.client.PTTL(ctx, "lock:k").Val(); ttl <= time.Second {
+			t.Fatalf("re-entry with a longer TTL left PTTL %v", ttl)
+		}
+		// Re-entry never shortens a lock.
+		if _, err := b.store.Acquire(ctx, "lock:k", ownerA, 100*time.Millisecond, ""); err != nil {
+			t.Fatal(err)
+		}
+		if ttl := b.client.PTTL(ctx, "lock:k").Val(); ttl <= time.Second {
+			t.Fatalf("re-entry with a shorter TTL shortened PTTL to %v", ttl)
+		}
+		busy, err := b.store.Acquire(ctx, "lock:k", ownerB, time.Second, "")
+		if err != nil || busy.Acquired || busy.HolderTTL <= time.Second || busy.HolderTTL > 5*time.Second {
+			t.Fatalf("other owner = %+v, %v; want busy with the holder's TTL", busy, err)
+		}
+		// An owner that is a prefix of the holder's value must not pass the owner check.
+		if res, _ := b.store.Acquire(ctx, "lock:k", ownerA[:8], time.Second, ""); res.Acquired {
+			t.Fatal("prefix of the owner token re-entered the lock")
+		}
+	})
+}
+
+func TestFencesStrictlyIncrease(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		var last int64
+		for i := 0; i < 50; i++ {
+			owner := ownerA
+			if i%2 == 1 {
+				owner = ownerB
+			}
+			got, err := b.store.Acquire(ctx, "lock:f", owner, time.Second, "")
+			if err != nil || !got.Acquired {
+				t.Fatalf("acquire %d: %+v %v", i, got, err)
+			}
+			if got.Fence <= last {
+				t.Fatalf("fence %d after %d: not increasing", got.Fence, last)
+			}
+			last = got.Fence
+			if _, err := b.store.Release(ctx, "lock:f", owner); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// After the fence counter itself expired, server time keeps fences above the old ones.
+		b.advance(time.Second + testFenceLinger + 100*time.Millisecond)
+		if n := b.client.Exists(ctx, fenceKey("lock:f")).Val(); n != 0 {
+			t.Fatalf("fence key still exists after its linger")
+		}
+		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
+		if err != nil || got.Fence <= last {
+			t.Fatalf("fence after counter expiry = %d (%v), last was %d", got.Fence, err, last)
+		}
+	})
+}
+
+func TestLockAndFenceKeysExpire(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		if _, err := b.store.Acquire(ctx, "lock:e", ownerA, 200*time.Millisecond, ""); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"lock:e", fenceKey("lock:e")} {
+			if ttl := b.client.PTTL(ctx, k).Val(); ttl <= 0 {
+				t.Fatalf("%s has no expiry (PTTL %v): a lock must never be immortal", k, ttl)
+			}
+		}
+		b.advance(300 * time.Millisecond)
+		got, err := b.store.Acquire(ctx, "lock:e", ownerB, time.Second, "")
+		if err != nil || !got.Acquired {
+			t.Fatalf("expired lock not free: %+v %v", got, err)
+		}
+	})
+}
+
+func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		if _, err := b.store.Acquire(ctx, "lock:o", ownerA, time.Second, "meta"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.store.Refresh(ctx, "lock:o", ownerB, time.Minute); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("refresh by another owner: %v, want ErrNotHeld", err)
+		}
+		if _, err := b.store.Release(ctx, "lock:o", ownerB); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("release by another owner: %v, want ErrNotHeld", err)
+		}
+		if b.client.Get(ctx, "lock:o").Val() != ownerA+" meta" {
+			t.Fatal("another owner's refresh or release changed the lock")
+		}
+		if err := b.store.Refresh(ctx, "lock:o", ownerA, time.Minute); err != nil {
+			t.Fatalf("refresh by the owner: %v", err)
+		}
+		if ttl, err := b.store.TTL(ctx, "lock:o"); err != nil || ttl <= time.Second {
+			t.Fatalf("TTL after refresh = %v, %v", ttl, err)
+		}
+		if _, err := b.store.Release(ctx, "lock:o", ownerA); err != nil {
+			t.Fatalf("release by the owner: %v", err)
+		}
+		// A stale second release must not free the next owner's lock.
+		if _, err := b.store.Acquire(ctx, "lock:o", ownerB, time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.Release(ctx, "lock:o", ownerA); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("stale release: %v, want ErrNotHeld", err)
+		}
+		if v := b.client.Get(ctx, "lock:o").Val(); v != ownerB {
+			t.Fatalf("stale release touched the next owner's lock: value %q", v)
+		}
+		if _, err := b.store.TTL(ctx, "lock:none"); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("TTL of a free key: %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+func TestReleaseNotifiesWatchers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		w, err := b.store.Watch(ctx, "lock:n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		// The subscription is asynchronous: release until the watcher hears one, boundedly.
+		for i := 0; ; i++ {
+			n, err := b.store.Release(ctx, "lock:n", ownerA)
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				t.Fatal(err)
+			}
+			select {
+			case <-w.C():
+				if n < 1 && i == 0 {
+					t.Fatalf("release reported %d listeners yet delivered", n)
+				}
+				return
+			case <-time.After(50 * time.Millisecond):
+			case <-ctx.Done():
+				t.Fatal("no release notification within 5s")
+			}
+			if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func TestWatchLingerAndClose(t *testing.T) {
+	b := miniBackend(t)
+	ctx := context.Background()
+	s := New(b.client, WithWatchLinger(10*time.Millisecond))
+	w1, err := s.Watch(ctx, "lock:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := s.Watch(ctx, "lock:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1.Close()
+	w1.Close() // idempotent
+	w2.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.notify.mu.Lock()
+		n := len(s.notify.channels)
+		s.notify.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d channels still subscribed after the linger", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Watch(ctx, "lock:x"); err == nil {
+		t.Fatal("Watch on a closed store succeeded")
+	}
+	var nilWatch *Watch
+	nilWatch.Close()
+	if nilWatch.C() != nil {
+		t.Fatal("nil Watch has a channel")
+	}
+}
+
+func TestBadArguments(t *testing.T) {
+	b := miniBackend(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, key, owner string
+		ttl              time.Duration
+	}{
+		{"empty key", "", ownerA, time.Second},
+		{"empty owner", "k", "", time.Second},
+		{"owner with space", "k", "a b", time.Second},
+		{"zero ttl", "k", ownerA, 0},
+		{"negative ttl", "k", ownerA, -time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := b.store.Acquire(ctx, tc.key, tc.owner, tc.ttl, ""); err == nil {
+				t.Fatal("Acquire accepted it")
+			}
+			if err := b.store.Refresh(ctx, tc.key, tc.owner, tc.ttl); err == nil {
+				t.Fatal("Refresh accepted it")
+			}
+		})
+	}
+	if n := b.client.DBSize(ctx).Val(); n != 0 {
+		t.Fatalf("bad arguments wrote %d keys", n)
+	}
+}
+
+func TestOddKeys(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a}b", "{tag}x", "{}", strings.Repeat("k", 4096)} {
+			got, err := b.store.Acquire(ctx, key, ownerA, time.Second, "")
+			if err != nil || !got.Acquired {
+				t.Fatalf("acquire %q: %+v %v", key, got, err)
+			}
+			if ttl := b.client.PTTL(ctx, key).Val(); ttl <= 0 {
+				t.Fatalf("%q written without expiry", key)
+			}
+			if _, err := b.store.Release(ctx, key, ownerA); err != nil {
+				t.Fatalf("release %q: %v", key, err)
+			}
+		}
+	})
+}
+
+func TestStoreDown(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true, MaxRetries: -1})
+	s := New(c)
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	mr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := s.Acquire(ctx, "lock:d", ownerA, time.Second, ""); err == nil || errors.Is(err, ErrNotHeld) {
+		t.Fatalf("acquire on a stopped Redis: %v, want a store error", err)
+	}
+	if _, err := s.Release(ctx, "lock:d", ownerA); err == nil || errors.Is(err, ErrNotHeld) {
+		t.Fatalf("release on a stopped Redis: %v, want a store error", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatal("calls outlived their context deadline")
+	}
+	if err := mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Acquire(context.Background(), "lock:d", ownerA, time.Second, ""); err != nil || !got.Acquired {
+		t.Fatalf("after restart: %+v %v", got, err)
+	}
+}
+
+func TestEmbeddedClockMoves(t *testing.T) {
+	s, err := NewEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Acquire(ctx, "lock:m", ownerA, 50*time.Millisecond, ""); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got, err := s.Acquire(ctx, "lock:m", ownerB, time.Second, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Acquired {
+			return // the embedded server expired the first lock on its own
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("embedded store never expired a 50ms lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestFenceKeySameSlot(t *testing.T) {
+	if crc16("123456789") != 0x31c3 {
+		t.Fatalf("crc16 check value = %#x, want 0x31c3", crc16("123456789"))
+	}
+	if keySlot("foo") != 12182 || keySlot("{user1000}.following") != keySlot("user1000") {
+		t.Fatal("keySlot disagrees with Redis Cluster's specification examples")
+	}
+	for _, k := range []string{"lock:a", "lock:{u1}:x", "a}b", "}{", "{}x}", "x{}y}", "\xff}", "{a"} {
+		if fk := fenceKey(k); keySlot(fk) != keySlot(k) || fk == k {
+			t.Errorf("fenceKey(%q) = %q in slot %d, lock in slot %d", k, fk, keySlot(fk), keySlot(k))
+		}
+	}
+}
+
+func FuzzFenceKeySameSlot(f *testing.F) {
+	for _, s := range []string{"a", "}", "{a}b", "a}{b}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, k string) {
+		if keySlot(fenceKey(k)) != keySlot(k) {
+			t.Fatalf("fenceKey(%q) in another slot", k)
+		}
+	})
+}
