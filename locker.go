@@ -161,17 +161,16 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		}
 	}
 
-	waitCtx := ctx
+	b := budget{parent: ctx}
 	if wait {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, l.cfg.wait)
-		defer cancel()
+		b.deadline = time.Now().Add(l.cfg.wait)
 	}
-	e, h, err := l.gate.enter(waitCtx, rkey, wait)
+	defer b.stop()
+	e, h, err := l.gate.enter(&b, rkey, wait)
 	if err != nil {
 		return nil, l.busy(ctx, err)
 	}
-	if waitCtx.Err() != nil {
+	if b.spent() {
 		// The slot was granted just as the wait ended: pass it on and give up.
 		_ = l.exit(ctx, e, h, rkey)
 		return nil, l.busy(ctx, &busyError{})
@@ -180,7 +179,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		if !handed {
 			owner = newOwnerToken()
 		}
-		h, err = l.acquire(ctx, waitCtx, rkey, owner, wait, handed, l.gate.yielding(e))
+		h, err = l.acquire(ctx, &b, rkey, owner, wait, handed, l.gate.yielding(e))
 		if err != nil {
 			l.gate.leave(rkey, e, false)
 			return nil, err
@@ -194,7 +193,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 // the retry strategy, each sleep cut short by the holder's release notification and never
 // longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
 // first, because waiters elsewhere were just woken by this process's release.
-func (l *Locker) acquire(ctx, waitCtx context.Context, key, owner string, wait, handed, yield bool) (*hold, error) {
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait, handed, yield bool) (*hold, error) {
 	var meta string
 	if l.cfg.metadata != nil {
 		meta = l.cfg.metadata(ctx)
@@ -211,14 +210,14 @@ func (l *Locker) acquire(ctx, waitCtx context.Context, key, owner string, wait, 
 		}
 	}()
 	if yield && wait {
-		watch, _ = l.store.Watch(waitCtx, key) // without it, the retry delay still bounds the sleep
+		watch, _ = l.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !sleep(waitCtx, watch, &timer, d) {
+		if !sleep(b.context(), watch, &timer, d) {
 			return nil, l.busy(ctx, &busyError{})
 		}
 	}
 	for {
-		callCtx, cancel := l.bound(waitCtx)
+		callCtx, cancel := l.callContext(ctx, b, wait)
 		sent := time.Now()
 		res, err := l.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
@@ -226,7 +225,7 @@ func (l *Locker) acquire(ctx, waitCtx context.Context, key, owner string, wait, 
 			if !handed && isTimeout(err) {
 				l.releaseOrphan(ctx, key, owner)
 			}
-			if wait && waitCtx.Err() != nil {
+			if wait && b.spent() {
 				return nil, l.busy(ctx, &busyError{})
 			}
 			return nil, err
@@ -244,9 +243,9 @@ func (l *Locker) acquire(ctx, waitCtx context.Context, key, owner string, wait, 
 		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
-			watch, _ = l.store.Watch(waitCtx, key)
+			watch, _ = l.store.Watch(b.context(), key)
 		}
-		if !sleep(waitCtx, watch, &timer, delay) {
+		if !sleep(b.context(), watch, &timer, delay) {
 			return nil, l.busy(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
@@ -278,6 +277,52 @@ func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
 	defer cancel()
 	_, _ = l.store.Release(rctx, key, owner) // ErrNotHeld is the usual, harmless answer
+}
+
+// callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
+// always, unless the caller's own deadline is sooner (then ctx is used as is, allocation-free).
+func (l *Locker) callContext(ctx context.Context, b *budget, wait bool) (context.Context, context.CancelFunc) {
+	limit := time.Now().Add(l.cfg.ttl)
+	if wait && b.deadline.Before(limit) {
+		limit = b.deadline
+	}
+	if d, ok := ctx.Deadline(); ok && !d.After(limit) {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, limit)
+}
+
+// budget is the wait of one Lock call: a deadline fixed when the call starts, made into a
+// context only when the call really has to wait, so an uncontended Lock allocates none.
+type budget struct {
+	parent   context.Context
+	deadline time.Time // zero without a wait budget (reject mode)
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+func (b *budget) context() context.Context {
+	if b.ctx == nil {
+		if b.deadline.IsZero() {
+			return b.parent
+		}
+		b.ctx, b.cancel = context.WithDeadline(b.parent, b.deadline)
+	}
+	return b.ctx
+}
+
+// spent reports whether the wait is over: budget used up or the caller's context ended.
+func (b *budget) spent() bool {
+	if b.parent.Err() != nil {
+		return true
+	}
+	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
+}
+
+func (b *budget) stop() {
+	if b.cancel != nil {
+		b.cancel()
+	}
 }
 
 // bound gives a store call a deadline when ctx has none: no call outlives one TTL.

@@ -1,7 +1,6 @@
 package flightlock
 
 import (
-	"context"
 	"sync"
 	"time"
 )
@@ -41,9 +40,9 @@ func newGate() *gate {
 
 // enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
 // a busy error and costs no Redis command. With wait the caller queues until the slot is
-// granted or ctx ends. It returns the entry and the hold handed over by the previous owner,
-// if any.
-func (g *gate) enter(ctx context.Context, key string, wait bool) (*gateEntry, *hold, error) {
+// granted or its budget ends. It returns the entry and the hold handed over by the previous
+// owner, if any.
+func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error) {
 	g.mu.Lock()
 	e := g.entries[key]
 	if e == nil {
@@ -72,7 +71,7 @@ func (g *gate) enter(ctx context.Context, key string, wait bool) (*gateEntry, *h
 	select {
 	case <-w.ready:
 		return e, g.takeHold(e), nil
-	case <-ctx.Done():
+	case <-b.context().Done():
 	}
 
 	g.mu.Lock()
