@@ -66,8 +66,7 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	}
 	st.watchers[c] = struct{}{}
 
-	var once sync.Once
-	return &Watch{c: c, close: func() { once.Do(func() { n.unwatch(channel, c) }) }}, nil
+	return NewWatch(c, func() { n.unwatch(channel, c) }), nil
 }
 
 func (n *notifier) unwatch(channel string, c chan struct{}) {

@@ -13,6 +13,7 @@ package lockstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -59,6 +60,13 @@ type Watch struct {
 	close func()
 }
 
+// NewWatch returns a Watch for Store implementations: c is signalled on each release (never
+// closed), and stop is called once by Close.
+func NewWatch(c chan struct{}, stop func()) *Watch {
+	var once sync.Once
+	return &Watch{c: c, close: func() { once.Do(stop) }}
+}
+
 // C returns the channel that is signalled when the watched key is released. A nil Watch has
 // a nil channel, which never delivers.
 func (w *Watch) C() <-chan struct{} {
@@ -71,7 +79,6 @@ func (w *Watch) C() <-chan struct{} {
 // Close stops the watch. It is safe to call more than once, and on a nil Watch.
 func (w *Watch) Close() {
 	if w != nil && w.close != nil {
-		w.close()
-		w.close = nil
+		w.close() // runs its stop function once
 	}
 }
