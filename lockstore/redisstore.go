@@ -126,7 +126,8 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 		return Acquisition{}, err
 	}
 	value := owner
-	if meta != "" {
+	// " ~" at the end of the value is the waiters mark of acquire.lua; metadata cannot fake it.
+	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		value = owner + " " + meta
 	}
 	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},

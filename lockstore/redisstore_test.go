@@ -116,12 +116,26 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// After the fence counter itself expired, server time keeps fences above the old ones.
+		// A counter ahead of server time (a clock stepped back) is counted on, not undercut.
+		ahead := last + int64(time.Hour/time.Microsecond)
+		b.client.Set(ctx, fenceKey("lock:f"), ahead, time.Minute)
+		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
+		if err != nil || got.Fence != ahead+1 {
+			t.Fatalf("fence after a clock step back = %d (%v), want %d", got.Fence, err, ahead+1)
+		}
+		last = got.Fence
+		if _, err := b.store.Release(ctx, "lock:f", ownerA); err != nil {
+			t.Fatal(err)
+		}
+		b.client.PExpire(ctx, fenceKey("lock:f"), testFenceLinger)
+		// After the fence counter itself expired, server time keeps fences above the old ones
+		// (here: above the last one seeded from real time).
+		last = ahead - int64(time.Hour/time.Microsecond)
 		b.advance(time.Second + testFenceLinger + 100*time.Millisecond)
 		if n := b.client.Exists(ctx, fenceKey("lock:f")).Val(); n != 0 {
 			t.Fatalf("fence key still exists after its linger")
 		}
-		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
+		got, err = b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
 		if err != nil || got.Fence <= last {
 			t.Fatalf("fence after counter expiry = %d (%v), last was %d", got.Fence, err, last)
 		}
@@ -191,23 +205,44 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
-			t.Fatal(err)
-		}
 		w, err := b.store.Watch(ctx, "lock:n")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		// The subscription is asynchronous: release until the watcher hears one, boundedly.
-		for i := 0; ; i++ {
+
+		// An uncontended release publishes nothing.
+		if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.store.Release(ctx, "lock:n", ownerA); err != nil || n != 0 {
+			t.Fatalf("uncontended release = %d, %v; want 0 notified", n, err)
+		}
+
+		// A refused acquirer marks the lock; its release then notifies. The subscription is
+		// asynchronous: repeat, boundedly, until the watcher hears one.
+		for {
+			if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, "host=h"); err != nil {
+				t.Fatal(err)
+			}
+			busy, err := b.store.Acquire(ctx, "lock:n", ownerB, time.Second, "")
+			if err != nil || busy.Acquired {
+				t.Fatalf("second owner: %+v %v", busy, err)
+			}
+			if v := b.client.Get(ctx, "lock:n").Val(); v != ownerA+" host=h ~" {
+				t.Fatalf("value after a refused acquire = %q, want the waiters mark", v)
+			}
+			// The mark changes neither the owner check nor the TTL.
+			if err := b.store.Refresh(ctx, "lock:n", ownerA, time.Second); err != nil {
+				t.Fatal(err)
+			}
 			n, err := b.store.Release(ctx, "lock:n", ownerA)
-			if err != nil && !errors.Is(err, ErrNotHeld) {
+			if err != nil {
 				t.Fatal(err)
 			}
 			select {
 			case <-w.C():
-				if n < 1 && i == 0 {
+				if n < 1 {
 					t.Fatalf("release reported %d listeners yet delivered", n)
 				}
 				return
@@ -215,11 +250,22 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 			case <-ctx.Done():
 				t.Fatal("no release notification within 5s")
 			}
-			if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
-				t.Fatal(err)
-			}
 		}
 	})
+}
+
+func TestMetadataCannotFakeTheWaitersMark(t *testing.T) {
+	b := miniBackend(t)
+	ctx := context.Background()
+	if _, err := b.store.Acquire(ctx, "lock:m", ownerA, time.Second, "req=1 ~"); err != nil {
+		t.Fatal(err)
+	}
+	if v := b.client.Get(ctx, "lock:m").Val(); v != ownerA+" req=1" {
+		t.Fatalf("stored %q", v)
+	}
+	if n, err := b.store.Release(ctx, "lock:m", ownerA); err != nil || n != 0 {
+		t.Fatalf("release = %d, %v", n, err)
+	}
 }
 
 func TestWatchLingerAndClose(t *testing.T) {

@@ -6,11 +6,16 @@
 --
 -- Replies: -1 not held by ARGV[1] (nothing deleted, nothing published);
 --          n >= 0 released, and n subscribers (waiters in other processes) were notified.
--- The fence key is left to expire on its own so the next owner's fence stays above this one.
+-- A notification is published only when acquire.lua marked the lock (" ~" at the end of its
+-- value) because someone was refused while it was held; an uncontended release costs no
+-- PUBLISH. The fence key is left to expire on its own so the next fence stays above this one.
 local owner = ARGV[1]
 local current = redis.call('GET', KEYS[1])
 if current and (current == owner or string.sub(current, 1, #owner + 1) == owner .. ' ') then
   redis.call('DEL', KEYS[1])
-  return redis.call('PUBLISH', ARGV[2], '1')
+  if string.sub(current, -2) == ' ~' then
+    return redis.call('PUBLISH', ARGV[2], '1')
+  end
+  return 0
 end
 return -1
