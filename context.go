@@ -19,12 +19,14 @@ func FromContext(ctx context.Context) *Lease {
 	return nil
 }
 
-// AllFromContext returns every lease held by ctx, innermost first, for propagation to a
-// downstream service.
+// AllFromContext returns every lease that ctx holds and that is not released yet, innermost
+// first, for propagation to a downstream service.
 func AllFromContext(ctx context.Context) []*Lease {
 	var out []*Lease
 	for n, _ := ctx.Value(leaseNodeKey{}).(*leaseNode); n != nil; n = n.next {
-		out = append(out, n.lease)
+		if n.lease.active() {
+			out = append(out, n.lease)
+		}
 	}
 	return out
 }

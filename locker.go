@@ -225,7 +225,10 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 			if !handed && isTimeout(err) {
 				l.releaseOrphan(ctx, key, owner)
 			}
-			if wait && b.spent() {
+			if wait && attempt > 0 && b.spent() {
+				// The wait ran out during a retry of a key we saw held: busy. A first attempt
+				// that fails is a store error even when it hit the deadline (a hung Redis must
+				// answer 503, not 409).
 				return nil, l.busy(ctx, &busyError{})
 			}
 			return nil, err

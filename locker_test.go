@@ -606,3 +606,47 @@ func TestRedisRestart(t *testing.T) {
 	}
 	_ = c.Close()
 }
+
+func TestHungRedisIsAStoreErrorNotBusy(t *testing.T) {
+	s, _, _ := miniStore(t)
+	hung := &hangingStore{Store: s}
+	l := mustLocker(t, hung, WithWait(50*time.Millisecond))
+	_, err := l.Lock(context.Background(), "hung")
+	if err == nil || errors.Is(err, ErrBusy) {
+		t.Fatalf("Lock on a Redis that never answers: %v, want a store error, not ErrBusy", err)
+	}
+	if l.gateLen() != 0 {
+		t.Fatal("gate entry left behind")
+	}
+}
+
+// hangingStore's Acquire blocks until its context ends, like a Redis that accepted the
+// connection and never answers.
+type hangingStore struct{ lockstore.Store }
+
+func (h *hangingStore) Acquire(ctx context.Context, _, _ string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+	<-ctx.Done()
+	return lockstore.Acquisition{}, fmt.Errorf("acquire: %w", ctx.Err())
+}
+
+func TestAllFromContextSkipsReleasedLeases(t *testing.T) {
+	s, _, _ := miniStore(t)
+	l := mustLocker(t, s)
+	ctx := context.Background()
+	a, err := l.Lock(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Lock(a.Context(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(AllFromContext(b.Context())); n != 2 {
+		t.Fatalf("%d leases, want 2", n)
+	}
+	_ = b.Release(ctx)
+	if got := AllFromContext(b.Context()); len(got) != 1 || got[0] != a {
+		t.Fatalf("after releasing b: %v, want only a", got)
+	}
+	_ = a.Release(ctx)
+}

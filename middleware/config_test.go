@@ -1,0 +1,184 @@
+package middleware
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zeromicro/go-zero/core/conf"
+	_ "google.golang.org/grpc/reflection/grpc_reflection_v1" // registers a service for field checks
+)
+
+func TestValidateNamesTheField(t *testing.T) {
+	ok := Rule{Method: http.MethodPost, Path: "/api/order/:uid", Key: "order:{uid}", OnBusy: "reject"}
+	tests := []struct {
+		name  string
+		edit  func(c *LockConf)
+		field string // "" means valid
+	}{
+		{"valid", func(*LockConf) {}, ""},
+		{"valid rpc", func(c *LockConf) { c.Rules = append(c.Rules, Rule{RPC: "/pkg.Svc/Do", Key: "x:{id}"}) }, ""},
+		{"negative TTL", func(c *LockConf) { c.TTL = -time.Second }, "Lock.TTL:"},
+		{"negative Wait", func(c *LockConf) { c.Wait = -1 }, "Lock.Wait:"},
+		{"bad OnStoreError", func(c *LockConf) { c.OnStoreError = "maybe" }, "Lock.OnStoreError:"},
+		{"bad backoff", func(c *LockConf) { c.Retry.Backoff = "fibonacci" }, "Lock.Retry.Backoff:"},
+		{"bad redis type", func(c *LockConf) { c.Redis.Type = "sentinel" }, "Lock.Redis.Type:"},
+		{"unknown OnBusy", func(c *LockConf) { c.Rules[0].OnBusy = "queue" }, "Lock.Rules[0].OnBusy:"},
+		{"negative rule TTL", func(c *LockConf) { c.Rules[0].TTL = -1 }, "Lock.Rules[0].TTL:"},
+		{"negative rule Wait", func(c *LockConf) { c.Rules[0].Wait = -1 }, "Lock.Rules[0].Wait:"},
+		{"empty key", func(c *LockConf) { c.Rules[0].Key = "" }, "Lock.Rules[0].Key:"},
+		{"unknown source", func(c *LockConf) { c.Rules[0].Key = "order:{foo.bar}" }, "Lock.Rules[0].Key:"},
+		{"missing path var", func(c *LockConf) { c.Rules[0].Key = "order:{path.id}" }, "Lock.Rules[0].Key:"},
+		{"unclosed brace", func(c *LockConf) { c.Rules[0].Key = "order:{uid" }, "Lock.Rules[0].Key:"},
+		{"no route", func(c *LockConf) { c.Rules[0].Path = ""; c.Rules[0].Method = "" }, "Lock.Rules[0]:"},
+		{"bad route", func(c *LockConf) { c.Rules[0].Path = "api/order" }, "Lock.Rules[0].Path:"},
+		{"double slash", func(c *LockConf) { c.Rules[0].Path = "//api" }, "Lock.Rules[0].Path:"},
+		{"bad method", func(c *LockConf) { c.Rules[0].Method = "FETCH" }, "Lock.Rules[0].Method:"},
+		{"bad rpc", func(c *LockConf) { c.Rules[0].RPC = "pkg.Svc.Do" }, "Lock.Rules[0].RPC:"},
+		{"duplicate route", func(c *LockConf) { c.Rules = append(c.Rules, ok) }, "Lock.Rules[1].Path:"},
+		{"second rule", func(c *LockConf) { c.Rules = append(c.Rules, Rule{Path: "/x", Key: "x:{a}", OnBusy: "later"}) }, "Lock.Rules[1].OnBusy:"},
+		{"registered rpc field", func(c *LockConf) {
+			c.Rules = append(c.Rules, Rule{RPC: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Key: "h:{host}"})
+		}, ""},
+		{"unknown rpc field", func(c *LockConf) {
+			c.Rules = append(c.Rules, Rule{RPC: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Key: "h:{hots}"})
+		}, "Lock.Rules[1].Key:"},
+		{"rpc message field", func(c *LockConf) {
+			c.Rules = append(c.Rules, Rule{RPC: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", Key: "h:{file_containing_extension}"})
+		}, "Lock.Rules[1].Key:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := LockConf{Rules: []Rule{ok}}
+			tt.edit(&c)
+			err := c.Validate()
+			switch {
+			case tt.field == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tt.field != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.field)):
+				t.Fatalf("Validate = %v, want an error naming %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestLoadYAML(t *testing.T) {
+	type config struct {
+		Name string
+		Lock LockConf
+	}
+	const good = `
+Name: order-api
+Lock:
+  Rules:
+    - Method: POST
+      Path: /api/order/create
+      Key: "order:{uid}"
+    - RPC: /inventory.Inventory/Deduct
+      Key: "sku:{sku}"
+      OnBusy: wait
+      Wait: 500ms
+`
+	var c config
+	if err := conf.LoadFromYamlBytes([]byte(good), &c); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	// go-zero leaves an absent optional section (Redis, Retry) at its zero value, which New
+	// reads as the defaults.
+	l := c.Lock
+	switch {
+	case l.Redis.Host != "":
+		t.Errorf("Redis = %+v, want no host", l.Redis)
+	case l.Prefix != "lock:" || l.TTL != 10*time.Second || l.MaxHold != time.Minute || l.Wait != 2*time.Second:
+		t.Errorf("defaults not filled: %+v", l)
+	case l.OnStoreError != "closed":
+		t.Errorf("defaults not filled: %+v", l)
+	case l.Rules[0].OnBusy != "reject" || l.Rules[1].OnBusy != "wait" || l.Rules[1].Wait != 500*time.Millisecond:
+		t.Errorf("rules = %+v", l.Rules)
+	}
+	if err := l.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+
+	// The embedded store runs when no host is set.
+	m, err := New(l)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer m.Close()
+	lease, err := m.Locker().TryLock(context.Background(), "probe")
+	if err != nil {
+		t.Fatalf("lock on the embedded store: %v", err)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+
+	var r RedisConf
+	if err := conf.LoadFromYamlBytes([]byte("Host: 127.0.0.1:6379\n"), &r); err != nil || r.Type != "node" || r.Protocol != 3 {
+		t.Errorf("RedisConf defaults: %+v, %v", r, err)
+	}
+	var rc RetryConf
+	if err := conf.LoadFromYamlBytes([]byte("Attempts: 3\n"), &rc); err != nil ||
+		rc.Backoff != "exponential" || rc.Min != 5*time.Millisecond || rc.Max != 200*time.Millisecond {
+		t.Errorf("RetryConf defaults: %+v, %v", rc, err)
+	}
+
+	// go-zero's loader refuses values outside the options= tags itself; its message names
+	// the bad value and the allowed ones (not the field: go-zero v1.10's wording).
+	bad := []struct {
+		yaml, value string
+	}{
+		{"Lock:\n  Rules:\n    - Path: /a\n      Key: \"a:{x}\"\n      OnBusy: maybe\n", "maybe"},
+		{"Lock:\n  OnStoreError: sometimes\n", "sometimes"},
+		{"Lock:\n  TTL: ten\n", "ten"},
+		{"Lock:\n  Redis:\n    Host: 127.0.0.1:1\n    Type: ring\n", "ring"},
+		{"Lock:\n  Retry:\n    Backoff: random\n", "random"},
+	}
+	for _, tt := range bad {
+		var c config
+		err := conf.LoadFromYamlBytes([]byte("Name: x\n"+tt.yaml), &c)
+		if err == nil || !strings.Contains(err.Error(), tt.value) {
+			t.Errorf("load %q: %v, want an error naming %q", tt.yaml, err, tt.value)
+		}
+	}
+
+	// go-zero runs Validate on the top-level config only: a LockConf loaded on its own is
+	// checked at load time, one inside a service's config by New (or the service's Validate).
+	// Either way the message names the field.
+	const negative = "Rules:\n  - Path: /a\n    Key: \"a:{x}\"\n    TTL: -1s\n"
+	var lc LockConf
+	if err := conf.LoadFromYamlBytes([]byte(negative), &lc); err == nil || !strings.HasPrefix(err.Error(), "Lock.Rules[0].TTL") {
+		t.Errorf("load negative TTL: %v, want an error naming Lock.Rules[0].TTL", err)
+	}
+	var sc config
+	if err := conf.LoadFromYamlBytes([]byte("Name: x\nLock:\n  "+strings.ReplaceAll(negative, "\n", "\n  ")), &sc); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if _, err := New(sc.Lock); err == nil || !strings.HasPrefix(err.Error(), "Lock.Rules[0].TTL") {
+		t.Errorf("New with a negative TTL: %v, want an error naming Lock.Rules[0].TTL", err)
+	}
+}
+
+func TestRetryStrategy(t *testing.T) {
+	tests := []struct {
+		conf     RetryConf
+		attempt  int
+		min, max time.Duration
+		ok       bool
+	}{
+		{RetryConf{Backoff: "none"}, 1, 0, 0, false},
+		{RetryConf{Backoff: "linear", Min: 10 * time.Millisecond, Max: 25 * time.Millisecond}, 2, 20 * time.Millisecond, 20 * time.Millisecond, true},
+		{RetryConf{Backoff: "linear", Min: 10 * time.Millisecond, Max: 25 * time.Millisecond}, 5, 25 * time.Millisecond, 25 * time.Millisecond, true},
+		{RetryConf{Backoff: "exponential", Min: 8 * time.Millisecond, Max: 100 * time.Millisecond}, 2, 8 * time.Millisecond, 16 * time.Millisecond, true},
+		{RetryConf{Min: 8 * time.Millisecond, Max: 100 * time.Millisecond, Attempts: 3}, 3, 0, 0, false},
+	}
+	for _, tt := range tests {
+		d, ok := tt.conf.strategy()(tt.attempt)
+		if ok != tt.ok || (ok && (d < tt.min || d > tt.max)) {
+			t.Errorf("%+v attempt %d = %v, %v; want [%v, %v], %v", tt.conf, tt.attempt, d, ok, tt.min, tt.max, tt.ok)
+		}
+	}
+}

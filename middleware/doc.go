@@ -1,0 +1,45 @@
+// Package middleware wires flightlock into go-zero services: a REST middleware, zrpc server
+// and client interceptors, and the LockConf section of a service's YAML config that drives
+// them.
+//
+// Each Rule names a REST route (Method and Path, a go-zero route pattern) or a zrpc method
+// (RPC), and a key template such as "order:{uid}" that is filled from the request: path
+// variable, query, form, JSON body, header, JWT claim or gRPC request field. Templates are
+// compiled once, when New builds the Middleware; values are escaped so that different
+// requests never render the same key. A request is then answered per the design's error
+// table:
+//
+//	key busy (reject, or wait budget spent)  409 + Retry-After   codes.Aborted
+//	key cannot be built                      400                 codes.InvalidArgument
+//	store unreachable, OnStoreError closed   503                 codes.Unavailable
+//	store unreachable, OnStoreError open     handler runs WITHOUT the lock; counted and logged
+//
+// Contention never answers 5xx, so go-zero's breakers do not count it. REST errors go through
+// httpx.ErrorCtx, so a service's own httpx.SetErrorHandlerCtx shapes the body. With
+// OnStoreError "open", a request whose lock cannot be taken because Redis is unreachable runs
+// unprotected: the middleware logs it with logc and counts it in the Prometheus counter
+// flightlock_middleware_fail_open_total; choose it only for routes where a duplicate is
+// cheaper than an outage.
+//
+// The handler runs with the lease's context, so flightlock.FromContext works in it, and the
+// lock is released when it returns or panics, on a context that go-zero's timeout handler
+// has not cancelled.
+//
+// Wiring, for a REST service:
+//
+//	lock := middleware.MustNew(c.Lock)
+//	server.Use(lock.Handle)
+//
+// for a route group or a goctl @server(middleware: OrderLock) block:
+//
+//	orderLock, err := lock.Route(middleware.Rule{Key: "order:{uid}"})
+//
+// and for a zrpc service, with its client's interceptor so that a downstream service whose
+// config sets TrustOwner re-enters the caller's locks instead of deadlocking on them:
+//
+//	s.AddUnaryInterceptors(lock.UnaryServerInterceptor())
+//	s.AddStreamInterceptors(lock.StreamServerInterceptor())
+//	zrpc.MustNewClient(c.InventoryRpc, zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()))
+//
+// This is the only flightlock package that logs; the layers below return errors.
+package middleware

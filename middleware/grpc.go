@@ -1,0 +1,178 @@
+package middleware
+
+import (
+	"context"
+	"sync"
+
+	"github.com/flightlock/flightlock"
+	"google.golang.org/grpc"
+)
+
+// UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for
+// zrpc's server.AddUnaryInterceptors. A busy key answers codes.Aborted, a key that cannot be
+// built InvalidArgument, and an unreachable store Unavailable (unless OnStoreError is
+// "open"). The handler gets the lease's context; the lock is released when it returns or
+// panics. With TrustOwner, lock owners propagated by UnaryClientInterceptor are honoured on
+// every method, so that locks the handler takes itself re-enter them too.
+func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx = m.withIncomingOwners(ctx)
+		rl := m.rpc[info.FullMethod]
+		if rl == nil {
+			return handler(ctx, req)
+		}
+		keys, err := rl.rpcKeys(ctx, req)
+		if err != nil {
+			return nil, grpcStatus(err).Err()
+		}
+		g, err := m.lock(ctx, rl, keys)
+		if err != nil {
+			return nil, grpcStatus(err).Err()
+		}
+		if g == nil { // failing open
+			return handler(ctx, req)
+		}
+		defer m.release(ctx, rl, g)
+		return handler(g.Context(), req)
+	}
+}
+
+// StreamServerInterceptor is UnaryServerInterceptor for streaming methods. A key that only
+// reads metadata ({header.x}) is locked before the handler runs. A key that reads the request
+// message is locked when the handler receives the first message: that RecvMsg returns the
+// lock's error as a status, and the stream's Context carries the lease from then on.
+func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx := m.withIncomingOwners(ss.Context())
+		rl := m.rpc[info.FullMethod]
+		if rl == nil {
+			if ctx != ss.Context() {
+				ss = &lockedStream{ServerStream: ss, ctx: ctx, done: true}
+			}
+			return handler(srv, ss)
+		}
+		if rl.fromMessage {
+			ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl}
+			defer ls.release()
+			err := handler(srv, ls)
+			if lerr := ls.lockError(); lerr != nil {
+				return lerr // even if the handler went on regardless
+			}
+			return err
+		}
+		keys, err := rl.rpcKeys(ctx, nil)
+		if err != nil {
+			return grpcStatus(err).Err()
+		}
+		g, err := m.lock(ctx, rl, keys)
+		if err != nil {
+			return grpcStatus(err).Err()
+		}
+		if g != nil {
+			defer m.release(ctx, rl, g)
+			ctx = g.Context()
+		}
+		return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
+	}
+}
+
+// lockedStream is a server stream whose Context carries the call's lease and handed-over
+// owners. Unless done, it takes the lock on the first message received; if that fails, every
+// later RecvMsg and SendMsg fails the same way, so the handler cannot go on without the lock.
+type lockedStream struct {
+	grpc.ServerStream
+	m  *Middleware
+	rl *rule
+
+	mu    sync.Mutex
+	ctx   context.Context   // guarded by mu
+	done  bool              // guarded by mu: the lock was attempted (or is not needed)
+	group *flightlock.Group // guarded by mu: the lock held, if any
+	err   error             // guarded by mu: the status error of a failed lock
+}
+
+func (s *lockedStream) lockError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *lockedStream) SendMsg(msg any) error {
+	if err := s.lockError(); err != nil {
+		return err
+	}
+	return s.ServerStream.SendMsg(msg)
+}
+
+func (s *lockedStream) Context() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ctx
+}
+
+func (s *lockedStream) RecvMsg(msg any) error {
+	if err := s.lockError(); err != nil {
+		return err
+	}
+	if err := s.ServerStream.RecvMsg(msg); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.done {
+		s.mu.Unlock()
+		return nil
+	}
+	s.done = true
+	ctx := s.ctx
+	s.mu.Unlock()
+
+	g, err := s.lockFirst(ctx, msg)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.err = grpcStatus(err).Err()
+		return s.err
+	}
+	if g != nil {
+		s.group, s.ctx = g, g.Context()
+	}
+	return nil
+}
+
+func (s *lockedStream) lockFirst(ctx context.Context, msg any) (*flightlock.Group, error) {
+	keys, err := s.rl.rpcKeys(ctx, msg)
+	if err != nil {
+		return nil, err
+	}
+	return s.m.lock(ctx, s.rl, keys)
+}
+
+// release releases the lock taken on the first message, after the handler returned.
+func (s *lockedStream) release() {
+	s.mu.Lock()
+	g := s.group
+	s.group = nil
+	s.mu.Unlock()
+	if g != nil {
+		s.m.release(s.ServerStream.Context(), s.rl, g)
+	}
+}
+
+// UnaryClientInterceptor propagates the locks held by the calling request's context
+// (flightlock.AllFromContext) in the call's metadata, as Redis key and owner pairs, for
+// zrpc.WithUnaryClientInterceptor. A downstream service whose LockConf sets TrustOwner then
+// re-enters those locks instead of waiting for them. Calls made outside a lock are unchanged.
+func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return invoker(withOutgoingOwners(ctx), method, req, reply, cc, opts...)
+	}
+}
+
+// StreamClientInterceptor is UnaryClientInterceptor for streaming calls.
+func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		return streamer(withOutgoingOwners(ctx), desc, cc, method, opts...)
+	}
+}

@@ -1,0 +1,143 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9"
+	"github.com/zeromicro/go-zero/core/conf"
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/rest"
+)
+
+func TestMain(m *testing.M) {
+	logx.Disable() // the tests assert codes and counters, not log lines
+	os.Exit(m.Run())
+}
+
+// testRedis is a miniredis with a store and client on it, closed when the test ends.
+type testRedis struct {
+	mr    *miniredis.Miniredis
+	store *lockstore.RedisStore
+}
+
+func newTestRedis(t *testing.T) *testRedis {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{
+		Addr:                  mr.Addr(),
+		Protocol:              2, // miniredis delivers pub/sub on RESP2 only
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            -1, // a stopped server fails at once
+	})
+	store := lockstore.New(client)
+	t.Cleanup(func() {
+		_ = store.Close()
+		_ = client.Close()
+	})
+	return &testRedis{mr: mr, store: store}
+}
+
+// locker returns a new Locker on the test Redis: another "process" with its own gate.
+func (tr *testRedis) locker(t *testing.T, opts ...flightlock.Option) *flightlock.Locker {
+	t.Helper()
+	l, err := flightlock.New(tr.store, append([]flightlock.Option{flightlock.WithTTL(5 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// newMiddleware builds a Middleware on a Locker of tr.
+func newMiddleware(t *testing.T, tr *testRedis, c LockConf) *Middleware {
+	t.Helper()
+	m, err := New(c, WithLocker(tr.locker(t)))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// restConf is a go-zero RestConf with its defaults (timeout, recover, max bytes...).
+func restConf(t *testing.T, timeout time.Duration) rest.RestConf {
+	t.Helper()
+	var c rest.RestConf
+	if err := conf.LoadFromYamlBytes([]byte("Name: flightlock-test\nHost: 127.0.0.1\nPort: 0\n"), &c); err != nil {
+		t.Fatal(err)
+	}
+	c.Timeout = timeout.Milliseconds()
+	c.Middlewares.Prometheus = false
+	c.Middlewares.Metrics = false
+	c.Middlewares.Trace = false
+	c.Middlewares.Log = false
+	return c
+}
+
+// serverless builds go-zero's whole REST chain around routes, with m.Handle applied by
+// server.Use when use is set.
+func serverless(t *testing.T, c rest.RestConf, m *Middleware, routes []rest.Route, opts ...rest.RouteOption) *rest.Serverless {
+	t.Helper()
+	srv, err := rest.NewServer(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m != nil {
+		srv.Use(m.Handle)
+	}
+	srv.AddRoutes(routes, opts...)
+	s, err := rest.NewServerless(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func serve(s *rest.Serverless, r *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	s.Serve(w, r)
+	return w
+}
+
+// holdKey takes key (without prefix) through another Locker, as another process would.
+func holdKey(t *testing.T, tr *testRedis, key string) *flightlock.Lease {
+	t.Helper()
+	lease, err := tr.locker(t).TryLock(context.Background(), key)
+	if err != nil {
+		t.Fatalf("hold %q: %v", key, err)
+	}
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	return lease
+}
+
+// waitFree polls until key (without prefix) can be taken, for up to two seconds.
+func waitFree(t *testing.T, tr *testRedis, key string) {
+	t.Helper()
+	l := tr.locker(t)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		lease, err := l.TryLock(context.Background(), key)
+		if err == nil {
+			_ = lease.Release(context.Background())
+			return
+		}
+		if !errors.Is(err, flightlock.ErrBusy) || time.Now().After(deadline) {
+			t.Fatalf("key %q still not free: %v", key, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// isFree reports whether key (without prefix) is free in Redis right now.
+func (tr *testRedis) isFree(key string) bool {
+	return !tr.mr.Exists(flightlock.DefaultPrefix + key)
+}

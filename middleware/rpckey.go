@@ -1,0 +1,187 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/flightlock/flightlock"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// RPCKeyFunc computes the lock key of a zrpc call in Go, for WithRPCRule. req is the
+// request message (the first message of a client stream). An error or an empty key answers
+// InvalidArgument without running the handler. The key is used as is: escape user input so
+// that different requests cannot forge each other's key.
+type RPCKeyFunc func(ctx context.Context, req any) (string, error)
+
+// rpcSource is one call as seen by the key getters.
+type rpcSource struct {
+	ctx context.Context
+	req any
+}
+
+// bindRPC binds a template reference to its zrpc getter: {header.x} reads the incoming
+// metadata, anything else is a field path of the request message. input, when the method's
+// descriptor is registered, lets field paths be checked at start-up.
+func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcSource], error) {
+	return func(ref string) (getter[rpcSource], error) {
+		if name, ok := strings.CutPrefix(ref, "header."); ok {
+			name = strings.ToLower(name)
+			return func(s rpcSource) (string, bool, error) {
+				md, _ := metadata.FromIncomingContext(s.ctx)
+				if vs := md.Get(name); len(vs) > 0 && vs[0] != "" {
+					return vs[0], true, nil
+				}
+				return "", false, nil
+			}, nil
+		}
+		path := strings.Split(ref, ".")
+		if input != nil {
+			if err := checkFieldPath(input, path); err != nil {
+				return nil, fmt.Errorf("{%s}: %v", ref, err)
+			}
+		}
+		return func(s rpcSource) (string, bool, error) {
+			msg, ok := s.req.(proto.Message)
+			if !ok || msg == nil {
+				return "", false, nil
+			}
+			v, ok := fieldValue(msg.ProtoReflect(), path)
+			return v, ok, nil
+		}, nil
+	}
+}
+
+// usesMessage reports whether a template reads the request message.
+func usesMessage(keys []keyTemplate) bool {
+	for _, k := range keys {
+		for _, s := range k.segs {
+			if s.ref != "" && !strings.HasPrefix(s.ref, "header.") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// methodInput returns the request message descriptor of a full method name when its proto
+// file is registered (generated code registers itself when the service package is linked).
+func methodInput(fullMethod string) protoreflect.MessageDescriptor {
+	svc, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	md := sd.Methods().ByName(protoreflect.Name(method))
+	if md == nil {
+		return nil
+	}
+	return md.Input()
+}
+
+// checkFieldPath makes sure path names singular message fields down to a singular scalar.
+func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
+	for i, name := range path {
+		fd := md.Fields().ByName(protoreflect.Name(name))
+		if fd == nil {
+			return fmt.Errorf("%s has no field %q", md.FullName(), name)
+		}
+		if fd.IsList() || fd.IsMap() {
+			return fmt.Errorf("%s.%s is repeated: a key needs a single value", md.FullName(), name)
+		}
+		last := i == len(path)-1
+		isMsg := fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind
+		switch {
+		case last && isMsg:
+			return fmt.Errorf("%s.%s is a message: name one of its fields", md.FullName(), name)
+		case !last && !isMsg:
+			return fmt.Errorf("%s.%s is not a message", md.FullName(), name)
+		case !last:
+			md = fd.Message()
+		}
+	}
+	return nil
+}
+
+// fieldValue reads a field path of m. A field that is not set (in proto3 without presence:
+// one at its zero value) is missing, so that requests that lack it are not all serialised
+// on one key such as "order:0".
+func fieldValue(m protoreflect.Message, path []string) (string, bool) {
+	for i, name := range path {
+		fd := m.Descriptor().Fields().ByName(protoreflect.Name(name))
+		if fd == nil || fd.IsList() || fd.IsMap() || !m.Has(fd) {
+			return "", false
+		}
+		v := m.Get(fd)
+		if i < len(path)-1 {
+			if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
+				return "", false
+			}
+			m = v.Message()
+			continue
+		}
+		return scalarField(fd, v)
+	}
+	return "", false
+}
+
+func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string, bool) {
+	switch fd.Kind() {
+	case protoreflect.StringKind:
+		return v.String(), true
+	case protoreflect.BytesKind:
+		return string(v.Bytes()), true
+	case protoreflect.BoolKind:
+		return strconv.FormatBool(v.Bool()), true
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return strconv.FormatInt(v.Int(), 10), true
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return strconv.FormatUint(v.Uint(), 10), true
+	case protoreflect.FloatKind:
+		return strconv.FormatFloat(v.Float(), 'g', -1, 32), true
+	case protoreflect.DoubleKind:
+		return strconv.FormatFloat(v.Float(), 'g', -1, 64), true
+	case protoreflect.EnumKind:
+		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
+			return string(ev.Name()), true
+		}
+		return strconv.Itoa(int(v.Enum())), true
+	}
+	return "", false
+}
+
+// rpcKeys computes the keys of one call for a rule.
+type rpcKeys func(ctx context.Context, req any) ([]string, error)
+
+func templateRPCKeys(plan keyPlan[rpcSource]) rpcKeys {
+	return func(ctx context.Context, req any) ([]string, error) {
+		return plan.render(rpcSource{ctx: ctx, req: req})
+	}
+}
+
+func funcRPCKeys(fn RPCKeyFunc) rpcKeys {
+	return func(ctx context.Context, req any) ([]string, error) {
+		key, err := fn(ctx, req)
+		if err != nil {
+			if !errors.Is(err, flightlock.ErrInvalidKey) {
+				err = fmt.Errorf("%w: %w", flightlock.ErrInvalidKey, err)
+			}
+			return nil, err
+		}
+		if key == "" {
+			return nil, fmt.Errorf("%w: empty key", flightlock.ErrInvalidKey)
+		}
+		return []string{key}, nil
+	}
+}

@@ -1,0 +1,213 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/flightlock/flightlock"
+)
+
+// A key template ("acct:{from}+acct:{to}") is parsed once, at start-up, into keyTemplates,
+// one per "+"-joined key. Each transport then binds every reference to a getter and renders
+// keys per request with render.
+
+// segment is literal text, or a reference when ref is not empty.
+type segment struct {
+	lit string
+	ref string // as written between the braces: "uid", "path.sku", "body.a.b"
+}
+
+// keyTemplate is one key of a template.
+type keyTemplate struct {
+	text string // as written, for messages
+	segs []segment
+}
+
+// parseTemplate splits s into its "+"-joined keys and parses each. It checks the syntax only;
+// the transports decide which references they can resolve.
+func parseTemplate(s string) ([]keyTemplate, error) {
+	if s == "" {
+		return nil, errors.New("is empty")
+	}
+	var (
+		out  []keyTemplate
+		cur  keyTemplate
+		lit  strings.Builder
+		from int // start of the current key in s
+	)
+	flushLit := func() {
+		if lit.Len() > 0 {
+			cur.segs = append(cur.segs, segment{lit: lit.String()})
+			lit.Reset()
+		}
+	}
+	endKey := func(end int) error {
+		flushLit()
+		cur.text = s[from:end]
+		if len(cur.segs) == 0 {
+			return fmt.Errorf("has an empty key at offset %d (%q)", from, s)
+		}
+		if err := cur.checkSeparators(); err != nil {
+			return err
+		}
+		out = append(out, cur)
+		cur = keyTemplate{}
+		return nil
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '{':
+			end := strings.IndexByte(s[i+1:], '}')
+			if end < 0 {
+				return nil, fmt.Errorf("has an unclosed '{' at offset %d", i)
+			}
+			name := s[i+1 : i+1+end]
+			if err := checkRefName(name); err != nil {
+				return nil, fmt.Errorf("{%s}: %v", name, err)
+			}
+			flushLit()
+			cur.segs = append(cur.segs, segment{ref: name})
+			i += end + 1
+		case c == '}':
+			return nil, fmt.Errorf("has an unopened '}' at offset %d", i)
+		case c == '+':
+			if err := endKey(i); err != nil {
+				return nil, err
+			}
+			from = i + 1
+		case c < 0x20 || c == 0x7f:
+			return nil, fmt.Errorf("has a control byte %#02x at offset %d", c, i)
+		default:
+			lit.WriteByte(c)
+		}
+	}
+	if err := endKey(len(s)); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkSeparators makes sure that the literal text between two references contains a ':'.
+// Rendered values never contain a bare ':' (escape encodes it), so the ':'s of the literal
+// text mark where each value ends, and two different sets of values cannot render the same
+// key: with "{a}-{b}" the values ("x-y", "z") and ("x", "y-z") would both give "x-y-z".
+func (t keyTemplate) checkSeparators() error {
+	prevRef := ""
+	sepSeen := true
+	for _, s := range t.segs {
+		if s.ref == "" {
+			sepSeen = sepSeen || strings.Contains(s.lit, ":")
+			continue
+		}
+		if !sepSeen {
+			return fmt.Errorf("{%s} and {%s} in %q must be separated by text containing ':' so that different values cannot render the same key", prevRef, s.ref, t.text)
+		}
+		prevRef, sepSeen = s.ref, false
+	}
+	return nil
+}
+
+// checkRefName accepts dotted names of letters, digits, '_' and '-'.
+func checkRefName(name string) error {
+	if name == "" {
+		return errors.New("empty reference")
+	}
+	for part := range strings.SplitSeq(name, ".") {
+		if part == "" {
+			return errors.New("empty name between dots")
+		}
+		for _, c := range []byte(part) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+				return fmt.Errorf("character %q is not allowed in a reference", c)
+			}
+		}
+	}
+	return nil
+}
+
+// getter resolves one reference for a request of a transport (S). ok is false when the value
+// is missing; err is for failures such as an oversized body, and must wrap ErrInvalidKey.
+type getter[S any] func(src S) (value string, ok bool, err error)
+
+// piece is a bound segment: literal text, or a reference with its getter.
+type piece[S any] struct {
+	lit string
+	ref string
+	get getter[S]
+}
+
+// keyPlan is a key template bound to one transport: one piece list per key.
+type keyPlan[S any] [][]piece[S]
+
+// bindPlan binds every reference of keys with bind.
+func bindPlan[S any](keys []keyTemplate, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
+	plan := make(keyPlan[S], 0, len(keys))
+	for _, k := range keys {
+		pieces := make([]piece[S], 0, len(k.segs))
+		for _, s := range k.segs {
+			if s.ref == "" {
+				pieces = append(pieces, piece[S]{lit: s.lit})
+				continue
+			}
+			get, err := bind(s.ref)
+			if err != nil {
+				return nil, err
+			}
+			pieces = append(pieces, piece[S]{ref: s.ref, get: get})
+		}
+		plan = append(plan, pieces)
+	}
+	return plan, nil
+}
+
+// render renders every key of the plan for src, escaping the values. A missing or empty value
+// is an ErrInvalidKey.
+func (p keyPlan[S]) render(src S) ([]string, error) {
+	keys := make([]string, 0, len(p))
+	var b strings.Builder
+	for _, pieces := range p {
+		b.Reset()
+		for _, pc := range pieces {
+			if pc.get == nil {
+				b.WriteString(pc.lit)
+				continue
+			}
+			v, ok, err := pc.get(src)
+			if err != nil {
+				return nil, err
+			}
+			if !ok || v == "" {
+				return nil, fmt.Errorf("%w: no value for {%s}", flightlock.ErrInvalidKey, pc.ref)
+			}
+			escape(&b, v)
+		}
+		keys = append(keys, b.String())
+	}
+	return keys, nil
+}
+
+// escape writes v to b with '%', ':', '+', '{', '}', control bytes and DEL percent-encoded,
+// so that a value cannot forge a key separator, a multi-key join or a Redis Cluster hash tag.
+// Escaping '%' itself keeps the encoding reversible: different values stay different.
+func escape(b *strings.Builder, v string) {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if needsEscape(c) {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+			continue
+		}
+		b.WriteByte(c)
+	}
+}
+
+func needsEscape(c byte) bool {
+	switch c {
+	case '%', ':', '+', '{', '}':
+		return true
+	}
+	return c < 0x20 || c == 0x7f
+}

@@ -1,0 +1,190 @@
+package middleware
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/flightlock/flightlock"
+)
+
+func TestParseTemplate(t *testing.T) {
+	tests := []struct {
+		tmpl string
+		keys int // 0: must fail
+	}{
+		{"order:{uid}", 1},
+		{"acct:{from}+acct:{to}", 2},
+		{"sku:{path.sku}:{header.X-Tenant}", 1},
+		{"report:daily", 1},
+		{"{uid}", 1},
+		{"a:{body.order.id}", 1},
+		{"", 0},
+		{"order:{uid", 0},
+		{"order:uid}", 0},
+		{"order:{}", 0},
+		{"order:{a..b}", 0},
+		{"order:{a b}", 0},
+		{"acct:{from}+", 0},
+		{"+acct:{to}", 0},
+		{"{a}{b}", 0},
+		{"{a}-{b}", 0},
+		{"{a}:{b}", 1},
+		{"{a}x:y{b}", 1},
+		{"line\n{a}", 0},
+	}
+	for _, tt := range tests {
+		keys, err := parseTemplate(tt.tmpl)
+		if tt.keys == 0 {
+			if err == nil {
+				t.Errorf("parseTemplate(%q) = %v, want an error", tt.tmpl, keys)
+			}
+			continue
+		}
+		if err != nil || len(keys) != tt.keys {
+			t.Errorf("parseTemplate(%q) = %d keys, %v; want %d keys", tt.tmpl, len(keys), err, tt.keys)
+		}
+	}
+}
+
+// renderWith renders tmpl with the values of refs in order.
+func renderWith(t testing.TB, tmpl string, values []string) ([]string, error) {
+	keys, err := parseTemplate(tmpl)
+	if err != nil {
+		t.Fatalf("parseTemplate(%q): %v", tmpl, err)
+	}
+	i := 0
+	plan, err := bindPlan(keys, func(string) (getter[[]string], error) {
+		n := i
+		i++
+		return func(vs []string) (string, bool, error) {
+			if n >= len(vs) {
+				return "", false, nil
+			}
+			return vs[n], true, nil
+		}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan.render(values)
+}
+
+func TestRenderEscapes(t *testing.T) {
+	tests := []struct {
+		tmpl   string
+		values []string
+		want   string
+	}{
+		{"order:{uid}", []string{"42"}, "order:42"},
+		{"order:{uid}", []string{"a:b"}, "order:a%3Ab"},
+		{"order:{uid}", []string{"50%"}, "order:50%25"},
+		{"order:{uid}", []string{"{tag}+x"}, "order:%7Btag%7D%2Bx"},
+		{"order:{uid}", []string{"a\nb\x00\x7f"}, "order:a%0Ab%00%7F"},
+		{"order:{uid}", []string{"Zoë ok/é"}, "order:Zoë ok/é"},
+	}
+	for _, tt := range tests {
+		got, err := renderWith(t, tt.tmpl, tt.values)
+		if err != nil || len(got) != 1 || got[0] != tt.want {
+			t.Errorf("render(%q, %q) = %q, %v; want %q", tt.tmpl, tt.values, got, err, tt.want)
+		}
+	}
+}
+
+func TestRenderMissingValue(t *testing.T) {
+	for _, values := range [][]string{nil, {""}, {"x"}} {
+		_, err := renderWith(t, "acct:{from}+acct:{to}", values)
+		if !errors.Is(err, flightlock.ErrInvalidKey) {
+			t.Errorf("render with %q: err %v, want ErrInvalidKey", values, err)
+		}
+	}
+}
+
+// TestRenderNoCollision checks pairs of different inputs that would collide without escaping
+// or without the separator rule.
+func TestRenderNoCollision(t *testing.T) {
+	tests := []struct {
+		tmpl string
+		a, b []string
+	}{
+		{"{x}:{y}", []string{"a:b", "c"}, []string{"a", "b:c"}},
+		{"o:{x}", []string{"1%3A2"}, []string{"1:2"}},
+		{"o:{x}", []string{"%25"}, []string{"%"}},
+		{"{x}:{y}:z", []string{"a", "b:z"}, []string{"a:b", "z"}},
+		{"{x}+{y}", []string{"a+b", "c"}, []string{"a", "b+c"}},
+		{"t:{x}:{y}", []string{"1", ":2"}, []string{"1:", "2"}},
+	}
+	for _, tt := range tests {
+		ka, errA := renderWith(t, tt.tmpl, tt.a)
+		kb, errB := renderWith(t, tt.tmpl, tt.b)
+		if errA != nil || errB != nil {
+			t.Fatalf("%q: %v, %v", tt.tmpl, errA, errB)
+		}
+		if strings.Join(ka, "\x00") == strings.Join(kb, "\x00") {
+			t.Errorf("%q: %q and %q both render %q", tt.tmpl, tt.a, tt.b, ka)
+		}
+	}
+}
+
+// FuzzTemplate parses arbitrary templates and renders the valid ones with two sets of
+// values: the parser must not panic, and two different sets must never give the same keys.
+func FuzzTemplate(f *testing.F) {
+	f.Add("order:{uid}", "42", "43")
+	f.Add("acct:{from}+acct:{to}", "1|2", "1|2:")
+	f.Add("{a}:{b}", "x:|y", "x|:y")
+	f.Add("k:{a}:{b}:{c}", "%|:|+", "%25|%3A|%2B")
+	f.Add("{a}x:y{b}", "1x|y2", "1|x:y2")
+	f.Fuzz(func(t *testing.T, tmpl, x, y string) {
+		keys, err := parseTemplate(tmpl)
+		if err != nil {
+			return
+		}
+		refs := 0
+		for _, k := range keys {
+			if k.text == "" || len(k.segs) == 0 {
+				t.Fatalf("parseTemplate(%q) gave an empty key", tmpl)
+			}
+			for _, s := range k.segs {
+				if s.ref != "" {
+					refs++
+				}
+			}
+		}
+		a, b := splitValues(x, refs), splitValues(y, refs)
+		ka, errA := renderWith(t, tmpl, a)
+		kb, errB := renderWith(t, tmpl, b)
+		if errA != nil || errB != nil {
+			t.Fatalf("render(%q): %v, %v", tmpl, errA, errB)
+		}
+		for _, k := range ka {
+			if k == "" {
+				t.Fatalf("render(%q, %q) gave an empty key", tmpl, a)
+			}
+		}
+		if strings.Join(ka, "\x00") == strings.Join(kb, "\x00") && strings.Join(a, "\x00") != strings.Join(b, "\x00") {
+			t.Fatalf("template %q: values %q and %q both render %q", tmpl, a, b, ka)
+		}
+		// Each rendered value decodes back to the input: the escaping loses nothing.
+		for _, v := range a {
+			var sb strings.Builder
+			escape(&sb, v)
+			if got, err := url.PathUnescape(sb.String()); err != nil || got != v {
+				t.Fatalf("escape(%q) = %q, decodes to %q, %v", v, sb.String(), got, err)
+			}
+		}
+	})
+}
+
+// splitValues cuts s on '|' into n non-empty values.
+func splitValues(s string, n int) []string {
+	parts := strings.SplitN(s, "|", max(n, 1))
+	out := make([]string, n)
+	for i := range out {
+		out[i] = "v"
+		if i < len(parts) && parts[i] != "" {
+			out[i] = parts[i]
+		}
+	}
+	return out
+}
