@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/flightlock/flightlock"
@@ -12,6 +15,7 @@ import (
 	"github.com/zeromicro/go-zero/core/logc"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/metric"
+	"github.com/zeromicro/go-zero/core/trace"
 )
 
 // failOpenTotal counts requests served without their lock because Redis could not be reached
@@ -53,7 +57,16 @@ type Option func(*options)
 
 type options struct {
 	locker *flightlock.Locker
-	rules  []spec // rules built in Go
+	store  lockstore.Store // WithStore: build the Locker from the LockConf on this store
+	rules  []spec          // rules built in Go
+}
+
+// WithStore makes the Middleware build its Locker from the LockConf (Prefix, TTL, MaxHold,
+// Wait, Retry) on store instead of on a store of its own, so that several services of one
+// process share one store (one connection pool, one embedded Redis). Each Middleware still
+// has its own per-process gate, as separate processes would. Close leaves store open.
+func WithStore(store lockstore.Store) Option {
+	return func(o *options) { o.store = store }
 }
 
 // WithLocker makes the Middleware lock with l instead of a Locker and store of its own: the
@@ -98,7 +111,13 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		trustOwner: c.TrustOwner,
 		rpc:        make(map[string]*rule),
 	}
-	if m.locker == nil {
+	switch {
+	case m.locker != nil:
+	case o.store != nil:
+		if m.locker, err = lockerOn(o.store, c); err != nil {
+			return nil, err
+		}
+	default:
 		if m.locker, m.closeStore, err = newLocker(c); err != nil {
 			return nil, err
 		}
@@ -156,18 +175,36 @@ func newLocker(c LockConf) (*flightlock.Locker, func() error, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)
 	}
+	l, err := lockerOn(store, c)
+	if err != nil {
+		_ = store.Close()
+		return nil, nil, err
+	}
+	return l, store.Close, nil
+}
+
+// lockerOn builds the Locker that c describes on store. Locks carry the host, pid and go-zero
+// trace id of their holder beside the owner token, for operators (GET lock:order:42).
+func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
+	host, _ := os.Hostname()
+	holder := "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
 	l, err := flightlock.New(store,
 		flightlock.WithPrefix(cmp.Or(c.Prefix, flightlock.DefaultPrefix)),
 		flightlock.WithTTL(cmp.Or(c.TTL, flightlock.DefaultTTL)),
 		flightlock.WithMaxHold(cmp.Or(c.MaxHold, flightlock.DefaultMaxHold)),
 		flightlock.WithWait(cmp.Or(c.Wait, flightlock.DefaultWait)),
 		flightlock.WithRetry(c.Retry.strategy()),
+		flightlock.WithMetadata(func(ctx context.Context) string {
+			if id := trace.TraceIDFromContext(ctx); id != "" {
+				return holder + " trace=" + id
+			}
+			return holder
+		}),
 	)
 	if err != nil {
-		_ = store.Close()
-		return nil, nil, fmt.Errorf("Lock: %w", err)
+		return nil, fmt.Errorf("Lock: %w", err)
 	}
-	return l, store.Close, nil
+	return l, nil
 }
 
 // ruleLocker derives the Locker of one rule: same store and gate, the rule's mode and

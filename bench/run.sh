@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# bench/run.sh: the side-by-side lock benchmark of issue 4, end to end.
+#
+# Installs redis-server and hey with apt when missing, builds bench/cmd/lockbench (its own Go
+# module, so the library never depends on its competitors), runs the library's Go benchmarks
+# and every scenario against a redis-server that lockbench starts on a free loopback port, and
+# writes docs/benchmarks.md, docs/benchmarks.png and docs/benchmarks.json.
+#
+# About 6 minutes on 2 cores. Pass lockbench flags through, e.g.:
+#   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
+#   LOCKBENCH_GOBENCH=0 bench/run.sh       # skip the Go benchmarks
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+docs="$root/docs"
+mkdir -p "$docs"
+
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v hey >/dev/null 2>&1 || need+=(hey)
+if ((${#need[@]})); then
+  echo "run.sh: installing ${need[*]} with apt" >&2
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "run.sh: building" >&2
+(cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench)
+
+gobench=()
+if [[ "${LOCKBENCH_GOBENCH:-1}" != "0" ]]; then
+  echo "run.sh: go test -bench in the root package" >&2
+  if (cd "$root" && go test -run '^$' -bench . -benchmem -benchtime 1s . >"$work/gobench.txt" 2>&1); then
+    grep -E '^(goos|goarch|pkg|cpu|Benchmark)' "$work/gobench.txt" >"$work/gobench.clean" || true
+    gobench=(-gobench "$work/gobench.clean")
+  else
+    echo "run.sh: go test -bench failed:" >&2
+    cat "$work/gobench.txt" >&2
+    exit 1
+  fi
+fi
+
+notes=()
+[[ -f "$here/analysis.md" ]] && notes=(-notes "$here/analysis.md")
+example=()
+[[ -d "$root/example" ]] && example=(-example "$root/example")
+
+echo "run.sh: running scenarios" >&2
+(cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
+  -json "$docs/benchmarks.json" "${gobench[@]}" "${notes[@]}" "${example[@]}" "$@")
+echo "run.sh: wrote docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks.json" >&2

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/proc"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+	"github.com/zeromicro/go-zero/core/threading"
+	"github.com/zeromicro/go-zero/rest"
+	"github.com/zeromicro/go-zero/zrpc"
+	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/example/internal/balance"
+	"github.com/flightlock/flightlock/example/internal/config"
+	"github.com/flightlock/flightlock/example/internal/inventory"
+	"github.com/flightlock/flightlock/example/internal/order"
+	"github.com/flightlock/flightlock/example/internal/state"
+	balancepb "github.com/flightlock/flightlock/example/pb/balance"
+	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/middleware"
+)
+
+// Demo data created at start-up when absent (Seed: true).
+var (
+	demoStock    = map[string]int64{"apple": 100, "pear": 50, "plum": 20}
+	demoBalances = map[string]int64{"alice": 100_000, "bob": 100_000, "carol": 50_000} // cents
+)
+
+// seedTimeout bounds the start-up writes of the demo data.
+const seedTimeout = 5 * time.Second
+
+// system is the three services of the example on one lock store, in one process. In
+// production each would be a process of its own with the same Lock config; here each still
+// gets a Locker of its own (its own per-process gate), as separate processes would.
+type system struct {
+	store     *lockstore.RedisStore
+	state     *state.Store
+	order     *rest.Server
+	inventory *zrpc.RpcServer
+	balance   *zrpc.RpcServer
+	conns     []*grpc.ClientConn
+	mws       []*middleware.Middleware
+}
+
+// newSystem builds the store, the state, the middlewares and the three servers from c. Close
+// it when done.
+func newSystem(c config.Config) (_ *system, err error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	s := &system{}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+
+	if s.store, err = newStore(c.Redis); err != nil {
+		return nil, err
+	}
+	// The example keeps its state next to the locks, on the store's own client. Both clients
+	// the store builds (*redis.Client, *redis.ClusterClient) have the hash commands state
+	// needs; lockstore.Client only declares what locks need.
+	rdb, ok := s.store.Client().(state.Client)
+	if !ok {
+		return nil, fmt.Errorf("the lock store's client %T cannot run the example's state commands", s.store.Client())
+	}
+	s.state = state.New(rdb, c.StatePrefix)
+	if c.Seed {
+		ctx, cancel := context.WithTimeout(context.Background(), seedTimeout)
+		err := s.state.Seed(ctx, demoStock, demoBalances)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("seed demo data: %w", err)
+		}
+	}
+
+	if err := s.newInventory(c.Inventory); err != nil {
+		return nil, err
+	}
+	if err := s.newBalance(c.Balance); err != nil {
+		return nil, err
+	}
+	if err := s.newOrder(c.Order); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// newStore returns the shared lock store: an embedded in-memory Redis without a host.
+func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
+	if c.Host == "" {
+		logx.Info("flightlock example: Redis.Host is not set; locks and state live in an embedded in-memory Redis (development only)")
+		store, err := lockstore.NewEmbedded()
+		if err != nil {
+			return nil, fmt.Errorf("Redis: %w", err)
+		}
+		return store, nil
+	}
+	store, err := lockstore.NewFromConf(zeroredis.RedisConf{
+		Host:     c.Host,
+		Type:     cmp.Or(c.Type, zeroredis.NodeType),
+		User:     c.User,
+		Pass:     c.Pass,
+		Tls:      c.Tls,
+		Protocol: cmp.Or(c.Protocol, 3),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("Redis: %w", err)
+	}
+	return store, nil
+}
+
+// newMiddleware builds the middleware of one service on the shared store. WithLocker makes the
+// middleware ignore the LockConf's store settings (Redis, Prefix, TTL, MaxHold, Wait, Retry),
+// so the Locker is built from them here. It returns the lock key prefix too, with which the
+// service finds the lease that fences a write.
+func (s *system) newMiddleware(name string, c middleware.LockConf) (*middleware.Middleware, string, error) {
+	prefix := cmp.Or(c.Prefix, flightlock.DefaultPrefix)
+	host, _ := os.Hostname()
+	meta := fmt.Sprintf("%s@%s/%d", name, host, os.Getpid())
+	locker, err := flightlock.New(s.store,
+		flightlock.WithPrefix(prefix),
+		flightlock.WithTTL(cmp.Or(c.TTL, flightlock.DefaultTTL)),
+		flightlock.WithMaxHold(cmp.Or(c.MaxHold, flightlock.DefaultMaxHold)),
+		flightlock.WithWait(cmp.Or(c.Wait, flightlock.DefaultWait)),
+		flightlock.WithRetry(retryStrategy(c.Retry)),
+		flightlock.WithMetadata(func(context.Context) string { return meta }),
+	)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s.Lock: %w", name, err)
+	}
+	mw, err := middleware.New(c, middleware.WithLocker(locker))
+	if err != nil {
+		return nil, "", fmt.Errorf("%s.%w", name, err)
+	}
+	s.mws = append(s.mws, mw)
+	return mw, prefix, nil
+}
+
+// retryStrategy is the strategy a RetryConf describes, as the middleware builds it for a
+// store of its own.
+func retryStrategy(c middleware.RetryConf) flightlock.Retry {
+	lo := cmp.Or(c.Min, 5*time.Millisecond)
+	hi := cmp.Or(c.Max, 200*time.Millisecond)
+	var r flightlock.Retry
+	switch c.Backoff {
+	case "none":
+		return flightlock.NoRetry()
+	case "linear":
+		linear := flightlock.LinearRetry(lo)
+		r = func(attempt int) (time.Duration, bool) {
+			d, ok := linear(attempt)
+			return min(d, hi), ok
+		}
+	default:
+		r = flightlock.ExponentialRetry(lo, hi)
+	}
+	if c.Attempts > 0 {
+		r = flightlock.LimitRetry(r, c.Attempts)
+	}
+	return r
+}
+
+func (s *system) newInventory(c config.RpcConf) error {
+	mw, prefix, err := s.newMiddleware("Inventory", c.Lock)
+	if err != nil {
+		return err
+	}
+	svcCtx := inventory.NewServiceContext(c, s.state, prefix)
+	s.inventory, err = zrpc.NewServer(c.RpcServerConf, func(g *grpc.Server) {
+		inventorypb.RegisterInventoryServer(g, inventory.NewServer(svcCtx))
+	})
+	if err != nil {
+		return fmt.Errorf("Inventory: %w", err)
+	}
+	s.inventory.AddUnaryInterceptors(mw.UnaryServerInterceptor())
+	s.inventory.AddStreamInterceptors(mw.StreamServerInterceptor())
+	return nil
+}
+
+func (s *system) newBalance(c config.RpcConf) error {
+	mw, prefix, err := s.newMiddleware("Balance", c.Lock)
+	if err != nil {
+		return err
+	}
+	svcCtx := balance.NewServiceContext(c, s.state, prefix)
+	s.balance, err = zrpc.NewServer(c.RpcServerConf, func(g *grpc.Server) {
+		balancepb.RegisterBalanceServer(g, balance.NewServer(svcCtx))
+	})
+	if err != nil {
+		return fmt.Errorf("Balance: %w", err)
+	}
+	s.balance.AddUnaryInterceptors(mw.UnaryServerInterceptor())
+	s.balance.AddStreamInterceptors(mw.StreamServerInterceptor())
+	return nil
+}
+
+func (s *system) newOrder(c config.OrderConf) error {
+	mw, prefix, err := s.newMiddleware("Order", c.Lock)
+	if err != nil {
+		return err
+	}
+	// The client interceptor sends the owners of the locks this request holds to the
+	// services it calls; a service with TrustOwner re-enters them.
+	propagate := zrpc.WithUnaryClientInterceptor(mw.UnaryClientInterceptor())
+	// The three services start together: a call made before a server listens waits for it
+	// (up to the client's Timeout) instead of failing at once with Unavailable.
+	waitReady := zrpc.WithDialOption(grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	inv, err := zrpc.NewClient(c.Inventory, propagate, waitReady)
+	if err != nil {
+		return fmt.Errorf("Order.Inventory: %w", err)
+	}
+	s.conns = append(s.conns, inv.Conn())
+	bal, err := zrpc.NewClient(c.Balance, propagate, waitReady)
+	if err != nil {
+		return fmt.Errorf("Order.Balance: %w", err)
+	}
+	s.conns = append(s.conns, bal.Conn())
+
+	s.order, err = rest.NewServer(c.RestConf)
+	if err != nil {
+		return fmt.Errorf("Order: %w", err)
+	}
+	s.order.Use(mw.Handle)
+	order.RegisterHandlers(s.order, &order.ServiceContext{
+		Config:     c,
+		State:      s.state,
+		Inventory:  inventorypb.NewInventoryClient(inv.Conn()),
+		Balance:    balancepb.NewBalanceClient(bal.Conn()),
+		LockPrefix: prefix,
+	})
+	return nil
+}
+
+// Start runs the three servers until the process shuts down (SIGTERM, SIGINT, or Stop).
+func (s *system) Start() {
+	group := threading.NewRoutineGroup()
+	group.Run(s.inventory.Start)
+	group.Run(s.balance.Start)
+	group.Run(s.order.Start)
+	group.Wait()
+}
+
+// Stop shuts the servers down gracefully. go-zero's servers stop through the process's
+// shutdown listeners (their Stop methods only close the logs), so this stops every go-zero
+// server of the process: fine for main and for tests that run one system at a time.
+func (s *system) Stop() { proc.Shutdown() }
+
+// Close closes the zrpc clients, the middlewares and the store, after Start returned.
+func (s *system) Close() error {
+	var err error
+	for _, conn := range s.conns {
+		err = errors.Join(err, conn.Close())
+	}
+	for _, mw := range s.mws {
+		err = errors.Join(err, mw.Close())
+	}
+	if s.store != nil {
+		err = errors.Join(err, s.store.Close())
+	}
+	return err
+}
