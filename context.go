@@ -2,30 +2,38 @@ package flightlock
 
 import "context"
 
-type leaseNodeKey struct{}
+type leaseKey struct{}
 
-// leaseNode links the leases held by a context chain, innermost first. Nodes are immutable.
-type leaseNode struct {
+// leaseContext is a lease's context: its cancellation comes from the embedded context, and it
+// answers the lease key itself, so a lease needs no extra context.WithValue. It lives inside
+// the Lease (no allocation of its own). The leases of a context chain are linked by
+// Lease.outer, innermost first.
+type leaseContext struct {
+	context.Context
 	lease *Lease
-	next  *leaseNode
+}
+
+func (c *leaseContext) Value(key any) any {
+	if key == (leaseKey{}) {
+		return c.lease
+	}
+	return c.Context.Value(key)
 }
 
 // FromContext returns the innermost lease held by ctx (a lease's Context, or a context derived
 // from it), or nil.
 func FromContext(ctx context.Context) *Lease {
-	if n, _ := ctx.Value(leaseNodeKey{}).(*leaseNode); n != nil {
-		return n.lease
-	}
-	return nil
+	lease, _ := ctx.Value(leaseKey{}).(*Lease)
+	return lease
 }
 
 // AllFromContext returns every lease that ctx holds and that is not released yet, innermost
 // first, for propagation to a downstream service.
 func AllFromContext(ctx context.Context) []*Lease {
 	var out []*Lease
-	for n, _ := ctx.Value(leaseNodeKey{}).(*leaseNode); n != nil; n = n.next {
-		if n.lease.active() {
-			out = append(out, n.lease)
+	for x := FromContext(ctx); x != nil; x = x.outer {
+		if x.active() {
+			out = append(out, x)
 		}
 	}
 	return out
@@ -33,10 +41,9 @@ func AllFromContext(ctx context.Context) []*Lease {
 
 // findLease returns the live lease of key taken through gate g in ctx, if any.
 func findLease(ctx context.Context, g *gate, key string) *Lease {
-	n, _ := ctx.Value(leaseNodeKey{}).(*leaseNode)
-	for ; n != nil; n = n.next {
-		if n.lease.l.gate == g && n.lease.h.key == key && n.lease.active() {
-			return n.lease
+	for x := FromContext(ctx); x != nil; x = x.outer {
+		if x.l.gate == g && x.h.key == key && x.active() {
+			return x
 		}
 	}
 	return nil

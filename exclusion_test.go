@@ -67,7 +67,7 @@ func TestMutualExclusionInProcess(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, handoff := range []int{0, DefaultHandoff} {
-				l := mustLocker(t, tc.store(t), WithWait(30*time.Second), WithHandoff(handoff))
+				l := mustLocker(t, tc.store(t), WithWait(30*time.Second), WithHandoff(handoff, time.Minute))
 				var counter int
 				var violations atomic.Int64
 				const goroutines, sections = 64, 5

@@ -15,19 +15,20 @@ type hold struct {
 	key      string // full Redis key
 	owner    string
 	fence    int64
-	borrowed bool // re-entered a lock that a handed-over owner holds: never renewed or released here
+	borrowed bool      // re-entered a lock that a handed-over owner holds: never renewed or released here
+	acquired time.Time // when the Redis acquisition was sent, for the handoff window
 
 	mu         sync.Mutex
-	validUntil time.Time                          // guarded by mu: the Redis lock lives at least until then
-	renewUntil time.Time                          // guarded by mu: no renewal after this (MaxHold)
-	timer      *time.Timer                        // guarded by mu: next renewal or expiry
-	stopped    bool                               // guarded by mu: released; the watchdog is off
-	lost       bool                               // guarded by mu: the lock can no longer be trusted
-	holders    map[*Lease]context.CancelCauseFunc // guarded by mu: leases to cancel on loss
+	validUntil time.Time   // guarded by mu: the Redis lock lives at least until then
+	renewUntil time.Time   // guarded by mu: no renewal after this (MaxHold)
+	timer      *time.Timer // guarded by mu: next renewal or expiry
+	stopped    bool        // guarded by mu: released; the watchdog is off
+	lost       bool        // guarded by mu: the lock can no longer be trusted
+	holders    []holder    // guarded by mu: leases to cancel on loss
 }
 
 func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time.Time) *hold {
-	h := &hold{l: l, key: key, owner: owner, fence: fence, borrowed: borrowed}
+	h := &hold{l: l, key: key, owner: owner, fence: fence, borrowed: borrowed, acquired: sent}
 	h.validUntil = sent.Add(l.cfg.ttl)
 	h.renewUntil = time.Now().Add(l.cfg.maxHold)
 	if !borrowed {
@@ -36,6 +37,12 @@ func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time
 		h.mu.Unlock()
 	}
 	return h
+}
+
+// holder is a lease attached to a hold: the current gate owner, or leases that joined it.
+type holder struct {
+	lease  *Lease
+	cancel context.CancelCauseFunc
 }
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
@@ -61,10 +68,7 @@ func (h *hold) handable() bool {
 func (h *hold) attach(lease *Lease, cancel context.CancelCauseFunc) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.holders == nil {
-		h.holders = make(map[*Lease]context.CancelCauseFunc, 1)
-	}
-	h.holders[lease] = cancel
+	h.holders = append(h.holders, holder{lease: lease, cancel: cancel})
 	h.renewUntil = time.Now().Add(h.l.cfg.maxHold)
 	if h.lost {
 		cancel(ErrLost)
@@ -73,7 +77,12 @@ func (h *hold) attach(lease *Lease, cancel context.CancelCauseFunc) {
 
 func (h *hold) detach(lease *Lease) {
 	h.mu.Lock()
-	delete(h.holders, lease)
+	for i, x := range h.holders {
+		if x.lease == lease {
+			h.holders = append(h.holders[:i], h.holders[i+1:]...)
+			break
+		}
+	}
 	h.mu.Unlock()
 }
 
@@ -137,8 +146,8 @@ func (h *hold) renew() {
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
 func (h *hold) loseLocked() {
 	h.lost = true
-	for _, cancel := range h.holders {
-		cancel(ErrLost)
+	for _, x := range h.holders {
+		x.cancel(ErrLost)
 	}
 }
 

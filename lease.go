@@ -13,7 +13,8 @@ type Lease struct {
 	l      *Locker
 	h      *hold
 	e      *gateEntry // the gate slot this lease owns; nil when it joined another lease's hold
-	ctx    context.Context
+	outer  *Lease     // the lease the parent context held, if any
+	ctx    leaseContext
 	cancel context.CancelCauseFunc
 
 	mu    sync.Mutex
@@ -21,10 +22,9 @@ type Lease struct {
 }
 
 func (l *Locker) newLease(parent context.Context, h *hold, e *gateEntry) *Lease {
-	lease := &Lease{l: l, h: h, e: e, count: 1}
+	lease := &Lease{l: l, h: h, e: e, outer: FromContext(parent), count: 1}
 	cctx, cancel := context.WithCancelCause(parent)
-	prev, _ := parent.Value(leaseNodeKey{}).(*leaseNode)
-	lease.ctx = context.WithValue(cctx, leaseNodeKey{}, &leaseNode{lease: lease, next: prev})
+	lease.ctx = leaseContext{Context: cctx, lease: lease}
 	lease.cancel = cancel
 	h.attach(lease, cancel)
 	return lease
@@ -45,7 +45,7 @@ func (x *Lease) Fence() int64 { return x.h.fence }
 // Context returns a context derived from the one Lock was called with. It carries the lease
 // (FromContext) and is cancelled with cause ErrLost as soon as the lock can no longer be
 // trusted, and when the lease is released.
-func (x *Lease) Context() context.Context { return x.ctx }
+func (x *Lease) Context() context.Context { return &x.ctx }
 
 // TTL returns the lock's remaining TTL in Redis, or ErrNotHeld once it is gone.
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
@@ -101,7 +101,7 @@ func (x *Lease) Release(ctx context.Context) error {
 	if x.e == nil {
 		return nil // joined: the lease we joined still holds the lock
 	}
-	return x.l.exit(context.WithoutCancel(ctx), x.e, x.h, x.h.key)
+	return x.l.exit(ctx, x.e, x.h, x.h.key)
 }
 
 // active reports whether the lease has not been released.

@@ -257,7 +257,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 // exit ends the gate ownership of key: hands the hold to the next local waiter when allowed,
 // or releases it in Redis and frees the slot.
 func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) error {
-	if l.gate.handoff(key, e, h, l.cfg.handoff) {
+	if l.gate.handoff(key, e, h, l.cfg.handoff, l.cfg.window) {
 		return nil
 	}
 	var (
@@ -266,7 +266,12 @@ func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) er
 	)
 	if h != nil && !h.borrowed {
 		h.stop()
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ttl)
+		// Release even when the caller's context has ended (go-zero's timeout handler cancels
+		// it while the handler still runs), bounded by one TTL.
+		if ctx.Done() != nil {
+			ctx = context.WithoutCancel(ctx)
+		}
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.ttl)
 		notified, err = l.store.Release(rctx, key, h.owner)
 		cancel()
 	}
@@ -368,7 +373,9 @@ func isTimeout(err error) bool {
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	return hex.EncodeToString(b[:])
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }
 
 // gateLen is the number of keys in the per-process gate, for tests.

@@ -105,7 +105,7 @@ func TestFencesOfSuccessiveOwnersIncrease(t *testing.T) {
 func TestHandoffSkipsRedisAndKeepsFence(t *testing.T) {
 	ms, _, _ := miniStore(t)
 	fs := &faultStore{Store: ms}
-	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(2))
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(2, time.Minute))
 	ctx := context.Background()
 	first, err := l.Lock(ctx, "h")
 	if err != nil {
@@ -499,7 +499,7 @@ func TestBadInput(t *testing.T) {
 	}
 	for name, opt := range map[string]Option{
 		"negative wait": WithWait(-1), "zero max hold": WithMaxHold(0), "nil retry": WithRetry(nil),
-		"bad mode": WithMode(Mode(7)), "negative handoff": WithHandoff(-1),
+		"bad mode": WithMode(Mode(7)), "negative handoff": WithHandoff(-1, 0),
 		"huge prefix": WithPrefix(strings.Repeat("p", MaxKeyLen)),
 	} {
 		if _, err := New(s, opt); err == nil {
@@ -649,4 +649,42 @@ func TestAllFromContextSkipsReleasedLeases(t *testing.T) {
 		t.Fatalf("after releasing b: %v, want only a", got)
 	}
 	_ = a.Release(ctx)
+}
+
+// Past the handoff window a lock goes back to Redis even when the count would allow more.
+func TestHandoffWindowEndsHandoff(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	fs := &faultStore{Store: ms}
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(100, 30*time.Millisecond))
+	ctx := context.Background()
+	first, err := l.Lock(ctx, "win")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lease, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "win")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	waitFor(t, 2*time.Second, "a waiter", func() bool {
+		l.gate.mu.Lock()
+		defer l.gate.mu.Unlock()
+		return len(l.gate.entries["lock:win"].queue) == 1
+	})
+	time.Sleep(40 * time.Millisecond) // past the window
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := <-got
+	if second == nil {
+		t.FailNow()
+	}
+	defer second.Release(ctx)
+	if fs.acquires.Load() != 2 || second.Fence() <= first.Fence() {
+		t.Fatalf("%d acquisitions, fences %d then %d: want a fresh Redis acquisition past the window",
+			fs.acquires.Load(), first.Fence(), second.Fence())
+	}
 }

@@ -35,7 +35,10 @@ const (
 	DefaultWait    = 2 * time.Second
 	DefaultMaxHold = time.Minute
 	DefaultPrefix  = "lock:"
-	DefaultHandoff = 16
+	// DefaultHandoff and DefaultHandoffWindow bound how long a process keeps a lock by handing
+	// it from one of its goroutines to the next (see WithHandoff).
+	DefaultHandoff       = 64
+	DefaultHandoffWindow = 20 * time.Millisecond
 )
 
 // DefaultRetry is the retry strategy of a Locker built without WithRetry.
@@ -49,6 +52,7 @@ type config struct {
 	mode     Mode
 	prefix   string
 	handoff  int
+	window   time.Duration
 	metadata func(context.Context) string
 }
 
@@ -61,6 +65,7 @@ func defaultConfig() config {
 		mode:    Wait,
 		prefix:  DefaultPrefix,
 		handoff: DefaultHandoff,
+		window:  DefaultHandoffWindow,
 	}
 }
 
@@ -76,8 +81,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("flightlock: retry strategy is nil")
 	case c.mode != Wait && c.mode != Reject:
 		return fmt.Errorf("flightlock: unknown mode %v", c.mode)
-	case c.handoff < 0:
-		return fmt.Errorf("flightlock: handoff bound must not be negative, got %d", c.handoff)
+	case c.handoff < 0 || c.window < 0:
+		return fmt.Errorf("flightlock: handoff bounds must not be negative, got %d and %v", c.handoff, c.window)
 	case len(c.prefix) >= MaxKeyLen:
 		return invalidKey("prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
 	}
@@ -110,10 +115,15 @@ func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 // WithPrefix sets the prefix of every Redis key (default "lock:").
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithHandoff bounds how many times in a row a lock is handed from one goroutine of this
-// process to the next queued one without a Redis round trip (default 16). Past it the lock is
-// released in Redis, so waiters in other processes get their turn. 0 disables handoff.
-func WithHandoff(n int) Option { return func(c *config) { c.handoff = n } }
+// WithHandoff bounds the direct handoff of a lock between goroutines of this process. When a
+// holder releases while other goroutines of the process wait for the key, the lock goes to the
+// first of them without a Redis round trip, as long as it was handed over fewer than n times in
+// a row and was acquired in Redis less than within ago (defaults 64 and 20ms). Past either
+// bound it is released in Redis, so waiters in other processes get their turn: the bounds trade
+// throughput on a hot key for fairness between processes. n = 0 disables handoff.
+func WithHandoff(n int, within time.Duration) Option {
+	return func(c *config) { c.handoff, c.window = n, within }
+}
 
 // WithMetadata sets a function whose result is stored beside the owner token in Redis, so an
 // operator can see who holds a lock (host, pid, request id). By default nothing is stored.

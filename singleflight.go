@@ -107,9 +107,10 @@ func (g *gate) setHold(e *gateEntry, h *hold) {
 }
 
 // handoff passes h and the slot straight to the next queued waiter, if there is one, the
-// fairness bound allows it, and h has enough time left. It reports whether it did.
-func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int) bool {
-	if h == nil || h.borrowed || !h.handable() {
+// fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
+// window ago), and h has enough time left. It reports whether it did.
+func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time.Duration) bool {
+	if h == nil || h.borrowed || time.Since(h.acquired) >= window || !h.handable() {
 		return false
 	}
 	g.mu.Lock()
