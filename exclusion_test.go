@@ -64,6 +64,7 @@ func TestMutualExclusionInProcess(t *testing.T) {
 	}{
 		{"miniredis", func(t *testing.T) lockstore.Store { s, _, _ := miniStore(t); return s }},
 		{"redis-server", func(t *testing.T) lockstore.Store { s, _, _ := realStore(t); return s }},
+		{"redis-cluster", clusterStore},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, handoff := range []int{0, DefaultHandoff} {

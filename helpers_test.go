@@ -3,6 +3,7 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
 // miniStore returns a store on a fresh miniredis; RESP2 so pub/sub notifications arrive.
@@ -32,6 +34,21 @@ func realStore(t testing.TB) (*lockstore.RedisStore, *redistest.Server, *redis.C
 	s := lockstore.New(c, lockstore.WithWatchLinger(0))
 	t.Cleanup(func() { _ = s.Close() })
 	return s, srv, c
+}
+
+// clusterStore returns a store on a three-node Redis Cluster that the test started.
+func clusterStore(t *testing.T) lockstore.Store {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	c := redistest.StartCluster(t, 3)
+	s, err := lockstore.NewFromConf(zeroredis.RedisConf{Host: strings.Join(c.Addrs, ","), Type: zeroredis.ClusterType})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 func mustLocker(t testing.TB, s lockstore.Store, opts ...Option) *Locker {

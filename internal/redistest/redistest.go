@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,9 +22,11 @@ import (
 
 // Server is a redis-server process owned by one test.
 type Server struct {
-	tb   testing.TB
-	bin  string
-	Addr string // 127.0.0.1:port
+	tb    testing.TB
+	bin   string
+	Addr  string   // 127.0.0.1:port
+	dir   string   // working directory (cluster node files), or "" for the current one
+	extra []string // more server arguments
 
 	mu  sync.Mutex
 	cmd *exec.Cmd // guarded by mu; nil while stopped
@@ -68,6 +71,8 @@ func (s *Server) start() {
 	cmd := exec.Command(s.bin,
 		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
+	cmd.Args = append(cmd.Args, s.extra...)
+	cmd.Dir = s.dir
 	// Output is discarded: the server logs only warnings, and a start failure shows as no PING.
 	if err := cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)
@@ -154,3 +159,57 @@ func (s *Server) CommandCount(ctx context.Context, c *redis.Client) int64 {
 
 // String describes the server.
 func (s *Server) String() string { return fmt.Sprintf("redis-server %s (pid %d)", s.Addr, s.Pid()) }
+
+// Cluster is a Redis Cluster of masters (no replicas) that one test started on free loopback
+// ports. Its servers end when the test ends.
+type Cluster struct {
+	Addrs   []string
+	servers []*Server
+}
+
+// StartCluster starts n cluster-enabled redis-servers, joins them with redis-cli --cluster
+// create, and waits until the cluster reports cluster_state:ok.
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	bin := Binary(tb)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("redis-cli is required under CI=true but was not found: %v", err)
+		}
+		tb.Skipf("redis-cli not installed; skipping cluster test")
+	}
+	dir := tb.TempDir()
+	c := &Cluster{}
+	for i := 0; i < n; i++ {
+		s := &Server{tb: tb, bin: bin, Addr: freeAddr(tb), dir: dir}
+		s.extra = []string{"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i),
+			"--cluster-node-timeout", "2000"}
+		s.start()
+		tb.Cleanup(s.Stop)
+		c.servers = append(c.servers, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.servers {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+		for {
+			info, _ := rc.ClusterInfo(context.Background()).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = rc.Close()
+				tb.Fatalf("cluster not ok after 20s: %s", info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		_ = rc.Close()
+	}
+	return c
+}
