@@ -17,6 +17,7 @@ type hold struct {
 	fence    int64
 	borrowed bool      // re-entered a lock that a handed-over owner holds: never renewed or released here
 	acquired time.Time // when the Redis acquisition was sent, for the handoff window
+	local    bool      // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
 
 	mu         sync.Mutex
 	validUntil time.Time   // guarded by mu: the Redis lock lives at least until then
@@ -37,6 +38,13 @@ func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time
 		h.mu.Unlock()
 	}
 	return h
+}
+
+// newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
+func newLocalHold(l *Locker, key, owner string) *hold {
+	now := time.Now()
+	return &hold{l: l, key: key, owner: owner, local: true, acquired: now,
+		validUntil: now.Add(l.cfg.ttl), renewUntil: now.Add(l.cfg.maxHold)}
 }
 
 // holder is a lease attached to a hold: the current gate owner, or leases that joined it.

@@ -47,9 +47,14 @@ func (x *Lease) Fence() int64 { return x.h.fence }
 // trusted, and when the lease is released.
 func (x *Lease) Context() context.Context { return &x.ctx }
 
-// TTL returns the lock's remaining TTL in Redis, or ErrNotHeld once it is gone.
+// Degraded reports whether the lease holds only the per-process gate because Redis could not
+// be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
+func (x *Lease) Degraded() bool { return x.h.local }
+
+// TTL returns the lock's remaining TTL in Redis, or ErrNotHeld once it is gone (and for a
+// degraded lease, which has no Redis lock).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
-	if !x.active() {
+	if !x.active() || x.h.local {
 		return 0, ErrNotHeld
 	}
 	ctx, cancel := x.l.bound(ctx)
@@ -60,7 +65,7 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 // Refresh resets the lock's TTL now, in addition to the watchdog. It returns ErrNotHeld, and
 // cancels the lease's context with ErrLost, when Redis no longer has the lock for this owner.
 func (x *Lease) Refresh(ctx context.Context) error {
-	if !x.active() {
+	if !x.active() || x.h.local {
 		return ErrNotHeld
 	}
 	ctx, cancel := x.l.bound(ctx)

@@ -180,6 +180,10 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 			owner = newOwnerToken()
 		}
 		h, err = l.acquire(ctx, &b, rkey, owner, wait, handed, l.gate.yielding(e))
+		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
+			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
+			h, err = newLocalHold(l, rkey, owner), nil
+		}
 		if err != nil {
 			l.gate.leave(rkey, e, false)
 			return nil, err
@@ -264,7 +268,7 @@ func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) er
 		notified int
 		err      error
 	)
-	if h != nil && !h.borrowed {
+	if h != nil && !h.borrowed && !h.local {
 		h.stop()
 		// Release even when the caller's context has ended (go-zero's timeout handler cancels
 		// it while the handler still runs), bounded by one TTL.

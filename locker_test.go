@@ -688,3 +688,40 @@ func TestHandoffWindowEndsHandoff(t *testing.T) {
 			fs.acquires.Load(), first.Fence(), second.Fence())
 	}
 }
+
+// With WithFailOpen an unreachable Redis yields degraded leases that still exclude the
+// goroutines of this process; without it, the store error.
+func TestFailOpenKeepsTheLocalGate(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	mr.Close()
+	closed := mustLocker(t, s, WithMode(Reject), WithTTL(time.Second))
+	if _, err := closed.Lock(ctx, "down"); err == nil || errors.Is(err, ErrBusy) {
+		t.Fatalf("fail closed: %v, want the store error", err)
+	}
+	open := mustLocker(t, s, WithMode(Reject), WithTTL(time.Second), WithFailOpen(true))
+	lease, err := open.Lock(ctx, "down")
+	if err != nil || !lease.Degraded() || lease.Fence() != 0 {
+		t.Fatalf("fail open: %v, degraded %v, fence %d", err, lease != nil && lease.Degraded(), lease.Fence())
+	}
+	if _, err := open.TryLock(ctx, "down"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second local holder: %v, want ErrBusy from the gate", err)
+	}
+	if err := lease.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("Refresh of a degraded lease: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release of a degraded lease: %v", err)
+	}
+	if err := mr.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	lease, err = open.Lock(ctx, "down")
+	if err != nil || lease.Degraded() || lease.Fence() == 0 {
+		t.Fatalf("after Redis is back: %v, degraded %v", err, lease.Degraded())
+	}
+	_ = lease.Release(ctx)
+	if open.gateLen() != 0 {
+		t.Fatal("gate entry left behind")
+	}
+}

@@ -53,6 +53,7 @@ type config struct {
 	prefix   string
 	handoff  int
 	window   time.Duration
+	failOpen bool
 	metadata func(context.Context) string
 }
 
@@ -124,6 +125,14 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }
+
+// WithFailOpen makes Lock fall back to the per-process gate when Redis cannot be reached:
+// instead of the store's error it returns a degraded lease (Lease.Degraded), which excludes
+// the goroutines of this process that lock the key through this Locker (or one derived with
+// With), but not other processes. Its Fence is 0, so writes fenced by larger fences refuse it.
+// Off by default: Lock returns the store error. Busy keys, bad keys and ended contexts are
+// never turned into degraded leases.
+func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token in Redis, so an
 // operator can see who holds a lock (host, pid, request id). By default nothing is stored.

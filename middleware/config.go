@@ -39,7 +39,8 @@ type LockConf struct {
 	// Retry is how a waiter polls a key held by another process between release notifications.
 	Retry RetryConf `json:",optional"`
 	// OnStoreError says what a locked route does when Redis cannot be reached: "closed"
-	// (default) answers 503 / Unavailable; "open" runs the handler without the lock, and counts
+	// (default) answers 503 / Unavailable; "open" runs the handler under this process's lock
+	// only (a degraded lease: other processes are not excluded, Fence is 0), and counts
 	// and logs it.
 	OnStoreError string `json:",default=closed,options=closed|open"`
 	// TrustOwner makes the zrpc server interceptors honour lock owners that an upstream

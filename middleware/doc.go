@@ -12,14 +12,15 @@
 //	key busy (reject, or wait budget spent)  409 + Retry-After   codes.Aborted
 //	key cannot be built                      400                 codes.InvalidArgument
 //	store unreachable, OnStoreError closed   503                 codes.Unavailable
-//	store unreachable, OnStoreError open     handler runs WITHOUT the lock; counted and logged
+//	store unreachable, OnStoreError open     handler runs under this process's lock only; counted and logged
 //
 // Contention never answers 5xx, so go-zero's breakers do not count it. REST errors go through
 // httpx.ErrorCtx, so a service's own httpx.SetErrorHandlerCtx shapes the body. With
 // OnStoreError "open", a request whose lock cannot be taken because Redis is unreachable runs
-// unprotected: the middleware logs it with logc and counts it in the Prometheus counter
-// flightlock_middleware_fail_open_total; choose it only for routes where a duplicate is
-// cheaper than an outage.
+// under a degraded lease (flightlock.WithFailOpen) that excludes the other requests of this
+// process but not those of other processes: the middleware logs it with logc and counts it in
+// the Prometheus counter flightlock_middleware_fail_open_total; choose it only for routes where
+// a duplicate across pods is cheaper than an outage.
 //
 // The handler runs with the lease's context, so flightlock.FromContext works in it, and the
 // lock is released when it returns or panics, on a context that go-zero's timeout handler

@@ -258,8 +258,8 @@ func TestGRPCErrors(t *testing.T) {
 					t.Fatalf("code %v, ran %v; want Unavailable without the handler", status.Code(err), ran.Load())
 				}
 			case "open":
-				if err != nil || !ran.Load() || got != "" || m.failOpens.Load() != 1 {
-					t.Fatalf("err %v, ran %v, keys %q, counted %d; want the handler run without a lock, counted",
+				if err != nil || !ran.Load() || got != "lock:h:x" || m.failOpens.Load() != 1 {
+					t.Fatalf("err %v, ran %v, keys %q, counted %d; want the handler run under a degraded (local) lease, counted",
 						err, ran.Load(), got, m.failOpens.Load())
 				}
 			}

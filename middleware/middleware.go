@@ -210,7 +210,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 // ruleLocker derives the Locker of one rule: same store and gate, the rule's mode and
 // overrides.
 func (m *Middleware) ruleLocker(r Rule) (*flightlock.Locker, error) {
-	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject)}
+	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen)}
 	if r.OnBusy == onBusyWait {
 		opts[0] = flightlock.WithMode(flightlock.Wait)
 	}
@@ -327,21 +327,25 @@ func compileRPC(s spec) (*rule, error) {
 	return rl, nil
 }
 
-// lock takes the keys of one request. It returns a nil group and no error when the store
-// failed and the Middleware fails open: the caller then runs the handler without the lock.
+// lock takes the keys of one request. With OnStoreError "open" the Locker turns an
+// unreachable store into degraded leases that hold the per-process gate only: the handler
+// then runs excluded from the other requests of this process but not of other processes, and
+// the request is counted and logged.
 func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (*flightlock.Group, error) {
 	g, err := rl.locker.LockAll(ctx, keys...)
 	if err == nil {
+		for _, lease := range g.Leases() {
+			if lease.Degraded() {
+				m.failOpens.Add(1)
+				failOpenTotal.Inc(rl.name)
+				logc.Errorf(ctx, "flightlock: %s: lock store unreachable, running under this process's lock only (OnStoreError: open)", rl.name)
+				break
+			}
+		}
 		return g, nil
 	}
 	if !storeFailure(ctx, err) {
 		return nil, err
-	}
-	if m.failOpen {
-		m.failOpens.Add(1)
-		failOpenTotal.Inc(rl.name)
-		logc.Errorf(ctx, "flightlock: %s: lock store unreachable, running WITHOUT the lock (OnStoreError: open): %v", rl.name, err)
-		return nil, nil
 	}
 	logc.Errorf(ctx, "flightlock: %s: lock store unreachable, refusing the request (OnStoreError: closed): %v", rl.name, err)
 	return nil, fmt.Errorf("%w: %w", errStore, err)
