@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # bench/run.sh: the side-by-side lock benchmark of issue 4, end to end.
 #
-# Installs redis-server and hey with apt when missing, builds bench/cmd/lockbench (its own Go
+# Installs redis-server and wrk with apt when missing, builds bench/cmd/lockbench (its own Go
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
-# writes docs/benchmarks.md, docs/benchmarks.png and docs/benchmarks.json.
+# writes docs/benchmarks.md, docs/benchmarks.png and docs/benchmarks.json. Scenario 6 runs the
+# example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
+# loads it with wrk.
 #
-# About 6 minutes on 2 cores. Pass lockbench flags through, e.g.:
+# About 8 minutes on 2 cores. Pass lockbench flags through, e.g.:
 #   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
 #   LOCKBENCH_GOBENCH=0 bench/run.sh       # skip the Go benchmarks
 set -euo pipefail
@@ -18,7 +20,7 @@ mkdir -p "$docs"
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-command -v hey >/dev/null 2>&1 || need+=(hey)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
 if ((${#need[@]})); then
   echo "run.sh: installing ${need[*]} with apt" >&2
   sudo=""
@@ -48,8 +50,7 @@ fi
 
 notes=()
 [[ -f "$here/analysis.md" ]] && notes=(-notes "$here/analysis.md")
-example=()
-[[ -d "$root/example" ]] && example=(-example "$root/example")
+example=(-example-config "$root/etc/flightlock-example-redis.yaml")
 
 echo "run.sh: running scenarios" >&2
 (cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \

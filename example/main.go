@@ -1,5 +1,6 @@
 // Command example runs the flightlock example: an order REST API and the inventory and
 // balance zrpc services it calls, in one process, locked by flightlock's go-zero middleware.
+// Package app assembles the services; this is only flags, config and start.
 //
 //	go run ./example                                   # embedded in-memory Redis
 //	go run ./example -f etc/flightlock-example-redis.yaml  # a real Redis on 127.0.0.1:6379
@@ -11,10 +12,9 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/core/logx"
 
-	"github.com/flightlock/flightlock/example/internal/config"
+	"github.com/flightlock/flightlock/example/app"
 )
 
 var configFile = flag.String("f", "etc/flightlock-example.yaml", "the config file")
@@ -22,9 +22,9 @@ var configFile = flag.String("f", "etc/flightlock-example.yaml", "the config fil
 func main() {
 	flag.Parse()
 
-	c, err := loadConfig(*configFile)
+	c, err := app.LoadConfig(*configFile)
 	logx.Must(err)
-	sys, err := newSystem(c)
+	sys, err := app.New(c)
 	logx.Must(err)
 	defer func() {
 		if err := sys.Close(); err != nil {
@@ -35,17 +35,4 @@ func main() {
 	fmt.Printf("order API on http://%s:%d, inventory zrpc on %s, balance zrpc on %s\n",
 		c.Order.Host, c.Order.Port, c.Inventory.ListenOn, c.Balance.ListenOn)
 	sys.Start()
-}
-
-// loadConfig reads a config file (YAML, or JSON or TOML by extension) with go-zero's conf:
-// defaults, options and ranges from the tags; then checks what the tags cannot.
-func loadConfig(path string) (config.Config, error) {
-	var c config.Config
-	if err := conf.Load(path, &c); err != nil {
-		return config.Config{}, err
-	}
-	if err := c.Validate(); err != nil {
-		return config.Config{}, fmt.Errorf("config file %s: %w", path, err)
-	}
-	return c, nil
 }

@@ -1,5 +1,5 @@
 // Package config is the configuration of the flightlock example: one YAML file (etc/) for the
-// order REST API and the inventory and balance zrpc services, which main runs in one process.
+// order REST API and the inventory and balance zrpc services, which package app runs in one process.
 package config
 
 import (
@@ -15,7 +15,7 @@ import (
 // Config is the whole example.
 type Config struct {
 	// Redis holds the locks of all three services and the state they change (stock, balances,
-	// orders). Without a Host, main starts one embedded in-memory Redis and shares it.
+	// orders). Without a Host, app starts one embedded in-memory Redis and shares it.
 	// Host, Type node|cluster, User, Pass, Tls as in go-zero's redis.RedisConf.
 	Redis middleware.RedisConf `json:",optional"`
 	// StatePrefix prefixes the Redis keys of the example's state.
@@ -32,7 +32,7 @@ type Config struct {
 type OrderConf struct {
 	rest.RestConf
 	// Lock holds the REST rules: create-order per uid, withdraw per account. Its Redis is not
-	// used: main gives the middleware a locker on the shared store.
+	// used: app builds the middleware on the shared store (middleware.WithStore).
 	Lock middleware.LockConf
 	// Inventory and Balance are the zrpc clients of the other two services.
 	Inventory zrpc.RpcClientConf
@@ -49,8 +49,8 @@ type OrderConf struct {
 // RpcConf is one zrpc service with its lock rules.
 type RpcConf struct {
 	zrpc.RpcServerConf
-	// Lock holds the service's RPC rules. Its Redis is not used: main gives the interceptors
-	// a locker on the shared store.
+	// Lock holds the service's RPC rules. Its Redis is not used: app builds the interceptors
+	// on the shared store (middleware.WithStore).
 	Lock middleware.LockConf
 }
 

@@ -47,7 +47,7 @@ func (l *CreateOrderLogic) CreateOrder(req *CreateOrderReq) (*CreateOrderReply, 
 	if req.DelayMs < 0 {
 		return nil, rpcstatus.InvalidArgument("delay_ms must not be negative")
 	}
-	fence, err := state.LeaseFence(l.ctx, l.svcCtx.orderLock(req.UID))
+	fence, err := l.svcCtx.orderFence(l.ctx, req.UID)
 	if err != nil {
 		return nil, rpcstatus.FromError(l.ctx, err)
 	}

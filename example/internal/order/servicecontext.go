@@ -6,6 +6,9 @@
 package order
 
 import (
+	"context"
+	"errors"
+
 	"github.com/flightlock/flightlock/example/internal/config"
 	"github.com/flightlock/flightlock/example/internal/state"
 	"github.com/flightlock/flightlock/example/pb/balance"
@@ -21,7 +24,21 @@ type ServiceContext struct {
 	// LockPrefix is the prefix of the service's lock keys, to find the lease whose fence
 	// guards a write.
 	LockPrefix string
+	// Unfenced says that the order API's lock is not flightlock's (app.WithOrderLock,
+	// app.WithoutOrderLock): without a lease in the request, orders are written with fence 0,
+	// which an order book that a fenced write reached refuses.
+	Unfenced bool
 }
 
 // orderLock is the Redis key of the lock "order:{uid}" that guards uid's orders.
 func (s *ServiceContext) orderLock(uid string) string { return s.LockPrefix + "order:" + uid }
+
+// orderFence is the fence that guards the writes of uid's order book: that of the request's
+// lease on the order lock, or 0 when the Unfenced API holds none.
+func (s *ServiceContext) orderFence(ctx context.Context, uid string) (int64, error) {
+	fence, err := state.LeaseFence(ctx, s.orderLock(uid))
+	if errors.Is(err, state.ErrNoLease) && s.Unfenced {
+		return 0, nil
+	}
+	return fence, err
+}

@@ -71,6 +71,7 @@ type Client interface {
 	HGet(ctx context.Context, key, field string) *redis.StringCmd
 	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
 	HSetNX(ctx context.Context, key, field string, value any) *redis.BoolCmd
+	Pipeline() redis.Pipeliner
 }
 
 // Store reads and writes the example's entities. It is safe for concurrent use.
@@ -109,18 +110,39 @@ func (s *Store) skuKey(sku string) string         { return s.prefix + "sku:" + s
 func (s *Store) accountKey(account string) string { return s.prefix + "{acct}:" + account }
 func (s *Store) ordersKey(uid string) string      { return s.prefix + "orders:" + uid }
 
+// seedBatch is how many HSETNX one pipeline of Seed sends.
+const seedBatch = 1000
+
 // Seed creates the SKUs and accounts that do not exist yet with the given stock and balances;
-// existing ones keep their values.
+// existing ones keep their values. It pipelines the writes, seedBatch to a round trip.
 func (s *Store) Seed(ctx context.Context, stock, balances map[string]int64) error {
+	pipe := s.rdb.Pipeline()
+	flush := func() error {
+		if pipe.Len() == 0 {
+			return nil
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	add := func(key, field string, n int64) error {
+		pipe.HSetNX(ctx, key, field, n)
+		if pipe.Len() < seedBatch {
+			return nil
+		}
+		return flush()
+	}
 	for sku, n := range stock {
-		if err := s.rdb.HSetNX(ctx, s.skuKey(sku), "stock", n).Err(); err != nil {
-			return fmt.Errorf("seed stock of %s: %w", sku, err)
+		if err := add(s.skuKey(sku), "stock", n); err != nil {
+			return fmt.Errorf("seed stock: %w", err)
 		}
 	}
 	for account, n := range balances {
-		if err := s.rdb.HSetNX(ctx, s.accountKey(account), "balance", n).Err(); err != nil {
-			return fmt.Errorf("seed balance of %s: %w", account, err)
+		if err := add(s.accountKey(account), "balance", n); err != nil {
+			return fmt.Errorf("seed balances: %w", err)
 		}
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("seed: %w", err)
 	}
 	return nil
 }

@@ -1,11 +1,18 @@
-package main
+// Package app assembles the flightlock example: the order REST API and the inventory and
+// balance zrpc services, on one lock store, in one process. example/main.go runs it; tests and
+// the benchmark module (bench/, scenario 6) build it with options of their own.
+//
+//	c, err := app.LoadConfig("etc/flightlock-example.yaml")
+//	sys, err := app.New(c)
+//	defer sys.Close()
+//	sys.Start() // until SIGTERM, SIGINT or sys.Stop()
+package app
 
 import (
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -37,10 +44,10 @@ var (
 // seedTimeout bounds the start-up writes of the demo data.
 const seedTimeout = 5 * time.Second
 
-// system is the three services of the example on one lock store, in one process. In
+// System is the three services of the example on one lock store, in one process. In
 // production each would be a process of its own with the same Lock config; here each still
 // gets a Locker of its own (its own per-process gate), as separate processes would.
-type system struct {
+type System struct {
 	store     *lockstore.RedisStore
 	state     *state.Store
 	order     *rest.Server
@@ -50,13 +57,17 @@ type system struct {
 	mws       []*middleware.Middleware
 }
 
-// newSystem builds the store, the state, the middlewares and the three servers from c. Close
-// it when done.
-func newSystem(c config.Config) (_ *system, err error) {
+// New builds the store, the state, the middlewares and the three servers from c, once. Start
+// runs them; Close releases what New built.
+func New(c Config, opts ...Option) (_ *System, err error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	s := &system{}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	s := &System{}
 	defer func() {
 		if err != nil {
 			_ = s.Close()
@@ -89,7 +100,7 @@ func newSystem(c config.Config) (_ *system, err error) {
 	if err := s.newBalance(c.Balance); err != nil {
 		return nil, err
 	}
-	if err := s.newOrder(c.Order); err != nil {
+	if err := s.newOrder(c.Order, o); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -119,58 +130,21 @@ func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 	return store, nil
 }
 
-// newMiddleware builds the middleware of one service on the shared store. WithLocker makes the
-// middleware ignore the LockConf's store settings (Redis, Prefix, TTL, MaxHold, Wait, Retry),
-// so the Locker is built from them here. It returns the lock key prefix too, with which the
-// service finds the lease that fences a write.
-func (s *system) newMiddleware(name string, c middleware.LockConf) (*middleware.Middleware, string, error) {
-	prefix := cmp.Or(c.Prefix, flightlock.DefaultPrefix)
-	host, _ := os.Hostname()
-	meta := fmt.Sprintf("%s@%s/%d", name, host, os.Getpid())
-	locker, err := flightlock.New(s.store,
-		flightlock.WithPrefix(prefix),
-		flightlock.WithTTL(cmp.Or(c.TTL, flightlock.DefaultTTL)),
-		flightlock.WithMaxHold(cmp.Or(c.MaxHold, flightlock.DefaultMaxHold)),
-		flightlock.WithWait(cmp.Or(c.Wait, flightlock.DefaultWait)),
-		flightlock.WithRetry(retryStrategy(c.Retry)),
-		flightlock.WithMetadata(func(context.Context) string { return meta }),
-	)
-	if err != nil {
-		return nil, "", fmt.Errorf("%s.Lock: %w", name, err)
-	}
-	mw, err := middleware.New(c, middleware.WithLocker(locker))
+// newMiddleware builds the middleware of one service on the shared store: WithStore builds
+// its Locker from the service's own LockConf (Prefix, TTL, MaxHold, Wait, Retry) and leaves
+// the store open on Close. It returns the lock key prefix too, with which the service finds
+// the lease that fences a write.
+func (s *System) newMiddleware(name string, c middleware.LockConf) (*middleware.Middleware, string, error) {
+	mw, err := middleware.New(c, middleware.WithStore(s.store))
 	if err != nil {
 		return nil, "", fmt.Errorf("%s.%w", name, err)
 	}
 	s.mws = append(s.mws, mw)
-	return mw, prefix, nil
+	// The Locker's prefix: the LockConf's, or the Locker's default when built in Go.
+	return mw, cmp.Or(c.Prefix, flightlock.DefaultPrefix), nil
 }
 
-// retryStrategy is the strategy a RetryConf describes, as the middleware builds it for a
-// store of its own.
-func retryStrategy(c middleware.RetryConf) flightlock.Retry {
-	lo := cmp.Or(c.Min, 5*time.Millisecond)
-	hi := cmp.Or(c.Max, 200*time.Millisecond)
-	var r flightlock.Retry
-	switch c.Backoff {
-	case "none":
-		return flightlock.NoRetry()
-	case "linear":
-		linear := flightlock.LinearRetry(lo)
-		r = func(attempt int) (time.Duration, bool) {
-			d, ok := linear(attempt)
-			return min(d, hi), ok
-		}
-	default:
-		r = flightlock.ExponentialRetry(lo, hi)
-	}
-	if c.Attempts > 0 {
-		r = flightlock.LimitRetry(r, c.Attempts)
-	}
-	return r
-}
-
-func (s *system) newInventory(c config.RpcConf) error {
+func (s *System) newInventory(c config.RpcConf) error {
 	mw, prefix, err := s.newMiddleware("Inventory", c.Lock)
 	if err != nil {
 		return err
@@ -187,7 +161,7 @@ func (s *system) newInventory(c config.RpcConf) error {
 	return nil
 }
 
-func (s *system) newBalance(c config.RpcConf) error {
+func (s *System) newBalance(c config.RpcConf) error {
 	mw, prefix, err := s.newMiddleware("Balance", c.Lock)
 	if err != nil {
 		return err
@@ -204,45 +178,59 @@ func (s *system) newBalance(c config.RpcConf) error {
 	return nil
 }
 
-func (s *system) newOrder(c config.OrderConf) error {
-	mw, prefix, err := s.newMiddleware("Order", c.Lock)
-	if err != nil {
-		return err
-	}
-	// The client interceptor sends the owners of the locks this request holds to the
-	// services it calls; a service with TrustOwner re-enters them.
-	propagate := zrpc.WithUnaryClientInterceptor(mw.UnaryClientInterceptor())
+func (s *System) newOrder(c config.OrderConf, o options) error {
+	svcCtx := &order.ServiceContext{Config: c, State: s.state}
 	// The three services start together: a call made before a server listens waits for it
 	// (up to the client's Timeout) instead of failing at once with Unavailable.
-	waitReady := zrpc.WithDialOption(grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
-	inv, err := zrpc.NewClient(c.Inventory, propagate, waitReady)
+	clientOpts := []zrpc.ClientOption{zrpc.WithDialOption(grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))}
+	var lock rest.Middleware
+	if o.replaceOrderLock {
+		// No flightlock lease fences the order book: see WithOrderLock.
+		lock, svcCtx.Unfenced = o.orderLock, true
+	} else {
+		mw, prefix, err := s.newMiddleware("Order", c.Lock)
+		if err != nil {
+			return err
+		}
+		lock, svcCtx.LockPrefix = mw.Handle, prefix
+		// The client interceptor sends the owners of the locks this request holds to the
+		// services it calls; a service with TrustOwner re-enters them.
+		clientOpts = append(clientOpts, zrpc.WithUnaryClientInterceptor(mw.UnaryClientInterceptor()))
+	}
+
+	inv, err := zrpc.NewClient(c.Inventory, clientOpts...)
 	if err != nil {
 		return fmt.Errorf("Order.Inventory: %w", err)
 	}
 	s.conns = append(s.conns, inv.Conn())
-	bal, err := zrpc.NewClient(c.Balance, propagate, waitReady)
+	bal, err := zrpc.NewClient(c.Balance, clientOpts...)
 	if err != nil {
 		return fmt.Errorf("Order.Balance: %w", err)
 	}
 	s.conns = append(s.conns, bal.Conn())
+	svcCtx.Inventory = inventorypb.NewInventoryClient(inv.Conn())
+	svcCtx.Balance = balancepb.NewBalanceClient(bal.Conn())
 
 	s.order, err = rest.NewServer(c.RestConf)
 	if err != nil {
 		return fmt.Errorf("Order: %w", err)
 	}
-	s.order.Use(mw.Handle)
-	order.RegisterHandlers(s.order, &order.ServiceContext{
-		Config:     c,
-		State:      s.state,
-		Inventory:  inventorypb.NewInventoryClient(inv.Conn()),
-		Balance:    balancepb.NewBalanceClient(bal.Conn()),
-		LockPrefix: prefix,
-	})
+	if lock != nil {
+		s.order.Use(lock)
+	}
+	order.RegisterHandlers(s.order, svcCtx)
 	return nil
 }
 
+// Seed creates the SKUs (with their stock) and the accounts (with their balances, in cents)
+// that do not exist yet; existing ones keep their values. The writes are pipelined, so that a
+// load test can create a hundred thousand accounts in a second or so.
+func (s *System) Seed(ctx context.Context, stock, balances map[string]int64) error {
+	return s.state.Seed(ctx, stock, balances)
+}
+
 // Start runs the three servers until the process shuts down (SIGTERM, SIGINT, or Stop).
-func (s *system) Start() {
+func (s *System) Start() {
 	group := threading.NewRoutineGroup()
 	group.Run(s.inventory.Start)
 	group.Run(s.balance.Start)
@@ -252,11 +240,11 @@ func (s *system) Start() {
 
 // Stop shuts the servers down gracefully. go-zero's servers stop through the process's
 // shutdown listeners (their Stop methods only close the logs), so this stops every go-zero
-// server of the process: fine for main and for tests that run one system at a time.
-func (s *system) Stop() { proc.Shutdown() }
+// server of the process, those of other Systems included: call it once, when all are done.
+func (s *System) Stop() { proc.Shutdown() }
 
 // Close closes the zrpc clients, the middlewares and the store, after Start returned.
-func (s *system) Close() error {
+func (s *System) Close() error {
 	var err error
 	for _, conn := range s.conns {
 		err = errors.Join(err, conn.Close())

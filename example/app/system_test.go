@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -85,16 +85,16 @@ Balance:
 
 // harness is a running example system and clients for it.
 type harness struct {
-	sys       *system
+	sys       *System
 	base      string // http://127.0.0.1:port
 	http      *http.Client
 	inventory inventorypb.InventoryClient
 	balance   balancepb.BalanceClient
 }
 
-// startSystem runs the whole example on redisHost (empty: embedded) on free loopback ports and
-// stops it when t ends.
-func startSystem(t *testing.T, redisHost string) *harness {
+// startSystem runs the whole example on redisHost (empty: embedded) on free loopback ports, built
+// with opts, and stops it when t ends.
+func startSystem(t *testing.T, redisHost string, opts ...Option) *harness {
 	t.Helper()
 	ports := freePorts(t, 3)
 	path := filepath.Join(t.TempDir(), "example.yaml")
@@ -102,13 +102,13 @@ func startSystem(t *testing.T, redisHost string) *harness {
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := loadConfig(path)
+	c, err := LoadConfig(path)
 	if err != nil {
 		t.Fatalf("load config: %v", err)
 	}
-	sys, err := newSystem(c)
+	sys, err := New(c, opts...)
 	if err != nil {
-		t.Fatalf("newSystem: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	done := make(chan struct{})
 	go func() {
@@ -570,7 +570,7 @@ func TestExampleEmbedded(t *testing.T) {
 func TestConfigFiles(t *testing.T) {
 	for _, name := range []string{"flightlock-example.yaml", "flightlock-example-redis.yaml"} {
 		t.Run(name, func(t *testing.T) {
-			c, err := loadConfig(filepath.Join("..", "etc", name))
+			c, err := LoadConfig(filepath.Join("..", "..", "etc", name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -589,5 +589,83 @@ func TestConfigFiles(t *testing.T) {
 				t.Errorf("Balance must trust owners propagated by Order, with the same lock prefix")
 			}
 		})
+	}
+}
+
+// TestWithoutOrderLock: the order API runs with no lock; orders are written unfenced, and
+// Seed creates many accounts at once.
+func TestWithoutOrderLock(t *testing.T) {
+	h := startSystem(t, "", WithoutOrderLock())
+
+	const users = 2_000
+	names := make(map[string]int64, users)
+	for i := range users {
+		names[fmt.Sprintf("u%d", i)] = 1_000_000
+	}
+	if err := h.sys.Seed(context.Background(), names, names); err != nil {
+		t.Fatal(err)
+	}
+	for _, uid := range []string{"u0", "u1999"} {
+		if got := h.accountBalance(t, uid); got != 1_000_000 {
+			t.Fatalf("balance of %s = %d, want 1000000", uid, got)
+		}
+	}
+
+	// Two orders of one user in flight at once both go through: nothing rejects the second.
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for range 2 {
+		wg.Go(func() {
+			codes <- h.post(t, "/api/order/create", order.CreateOrderReq{UID: "u7", SKU: "u7", Qty: 1, DelayMs: 300}, nil)
+		})
+	}
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != http.StatusOK {
+			t.Fatalf("order without a lock: status %d, want 200", code)
+		}
+	}
+	var orders order.OrdersReply
+	h.get(t, "/api/orders/u7", &orders)
+	if len(orders.Orders) != 2 || orders.Orders[0].Fence != 0 {
+		t.Fatalf("orders of u7 = %+v, want two unfenced orders", orders.Orders)
+	}
+
+	// An order book that a fenced write reached refuses unfenced writes.
+	if _, err := h.sys.state.AddOrder(context.Background(), state.Order{UID: "u8", SKU: "u8", Qty: 1, Fence: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.post(t, "/api/order/create", order.CreateOrderReq{UID: "u8", SKU: "u8", Qty: 1}, nil); code != http.StatusConflict {
+		t.Errorf("unfenced order on a fenced order book: status %d, want 409", code)
+	}
+}
+
+// TestWithOrderLock: the order API's lock is replaced by another middleware, which sees
+// every route.
+func TestWithOrderLock(t *testing.T) {
+	var calls atomic.Int64
+	counting := func(next http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			next(w, r)
+		}
+	}
+	h := startSystem(t, "", WithOrderLock(counting))
+
+	var r order.CreateOrderReply
+	if code := h.post(t, "/api/order/create", order.CreateOrderReq{UID: "alice", SKU: "apple", Qty: 1}, &r); code != http.StatusOK {
+		t.Fatalf("create order: status %d, want 200", code)
+	}
+	if r.Order.Fence != 0 || r.Stock != demoStock["apple"]-1 {
+		t.Errorf("order = %+v, want fence 0 and stock %d", r, demoStock["apple"]-1)
+	}
+	h.stock(t, "apple")
+	if got := calls.Load(); got != 2 {
+		t.Errorf("the middleware ran %d times, want 2 (create order, stock)", got)
+	}
+	// The downstream services keep their own locks: a withdrawal still debits.
+	if code := h.post(t, "/api/account/bob/withdraw", map[string]int64{"amount": 100}, nil); code != http.StatusOK {
+		t.Errorf("withdraw: status %d, want 200", code)
 	}
 }

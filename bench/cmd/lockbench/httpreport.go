@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// s6Goals are scenario 6's goals of issue 4: at low load the lock adds at most 2.5 round trips
+// (PING medians of the same run) to the no-lock row's median latency; at saturation flightlock
+// serves at least the requests/s of bsm/redislock. A row with errors misses its goal.
+func (r *report) s6Goals() []goal {
+	s := r.s6
+	if s == nil || s.Ping == nil {
+		return nil
+	}
+	var gs []goal
+	none, fl, rl := find(s.Low, "none"), find(s.Low, "flightlock"), find(s.Low, "redislock")
+	if added, rts, ok := s.added(fl); ok && none != nil {
+		measure := fmt.Sprintf("+%s over no lock (p50 %s vs %s) = %.2f round trips (PING p50 %s)",
+			dur(added), dur(fl.med("p50")), dur(none.med("p50")), rts, dur(s.Ping.med("p50")))
+		if _, rrts, ok := s.added(rl); ok {
+			measure += fmt.Sprintf("; bsm/redislock +%.2f", rrts)
+		}
+		if _, frts, ok := s.added(find(s.Low, "setdel")); ok {
+			measure += fmt.Sprintf(", SET PX + DEL floor +%.2f", frts)
+		}
+		measure += errNote(fl)
+		gs = append(gs, goal{fmt.Sprintf("6: HTTP, low load (wrk -c %d)", s6LowConns), "lock adds ≤ 2.5 round trips to median latency",
+			measure, rts <= 2.5 && fl.worst("errors") == 0})
+	}
+	fl, rl = find(s.Sat, "flightlock"), find(s.Sat, "redislock")
+	if ratio, ok := pairedRatio(fl, rl, "rps"); ok {
+		gs = append(gs, goal{fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", s6SatConns), "flightlock req/s ≥ bsm/redislock's, and where the CPU goes",
+			fmt.Sprintf("%.2fx (median of the repetitions' ratios; medians %s vs %s req/s); CPU of %d cores: service %.0f %%, Redis %.0f %%, wrk %.0f %%, other processes %.0f %%%s",
+				ratio, fmtInt(fl.med("rps")), fmtInt(rl.med("rps")), runtime.NumCPU(),
+				100*fl.med("svc_share"), 100*fl.med("redis_share"), 100*fl.med("wrk_share"), 100*fl.med("other_share"), errNote(fl)),
+			ratio >= 1 && fl.worst("errors") == 0})
+	}
+	return gs
+}
+
+// added is how much row x adds to the no-lock row's median latency at low load: the median
+// over the rounds of x's p50 minus the no-lock p50 of the same round, and of that difference
+// divided by the round's PING p50.
+func (s *s6Results) added(x *result) (ns, rts float64, ok bool) {
+	none := find(s.Low, "none")
+	if x == nil || none == nil || s.Ping == nil {
+		return 0, 0, false
+	}
+	base, ping := map[float64]float64{}, map[float64]float64{}
+	for _, m := range none.Reps {
+		base[m["round"]] = m["p50"]
+	}
+	for _, m := range s.Ping.Reps {
+		ping[m["round"]] = m["p50"]
+	}
+	var diffs, ratios []float64
+	for _, m := range x.Reps {
+		b, okb := base[m["round"]]
+		p, okp := ping[m["round"]]
+		if !okb || !okp || p <= 0 {
+			continue
+		}
+		diffs = append(diffs, m["p50"]-b)
+		ratios = append(ratios, (m["p50"]-b)/p)
+	}
+	if len(diffs) == 0 {
+		return 0, 0, false
+	}
+	return median(diffs), median(ratios), true
+}
+
+// pairedRatio is the median over the repetitions of x's metric over y's in the same
+// repetition: rows run one after the other, so a repetition disturbed by the machine moves
+// both, and the ratio less than either.
+func pairedRatio(x, y *result, metric string) (float64, bool) {
+	if x == nil || y == nil {
+		return 0, false
+	}
+	by := map[float64]float64{}
+	for _, m := range y.Reps {
+		by[m["rep"]] = m[metric]
+	}
+	var ratios []float64
+	for _, m := range x.Reps {
+		if v, ok := by[m["rep"]]; ok && v > 0 {
+			ratios = append(ratios, m[metric]/v)
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	return median(ratios), true
+}
+
+func errNote(x *result) string {
+	if e := x.worst("errors"); e > 0 {
+		return fmt.Sprintf("; %s failed requests in a repetition", fmtInt(e))
+	}
+	return ""
+}
+
+func (r *report) s6Section(w func(string, ...any)) {
+	s := r.s6
+	if s.Note != "" {
+		w("%s\n\n", s.Note)
+		return
+	}
+	conf := s.Conf
+	if wd, err := os.Getwd(); err == nil {
+		if rel, err := filepath.Rel(wd, conf); err == nil && !strings.HasPrefix(rel, "..") {
+			conf = rel
+		}
+	}
+	w("The example (`example/app`, config `%s` with its Redis replaced by the benchmark's and free ports) runs in the\n", conf)
+	w("benchmark process, three times: one system per row, started once, all on the benchmark's `redis-server`. `wrk` (one\n")
+	w("thread, `bench/cmd/lockbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU\n")
+	w("of the same name, both seeded before the run: no two requests share a lock key, so the figures are the cost of locking,\n")
+	w("not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory service and\n")
+	w("`Debit` on the balance service over zrpc (each under its own flightlock interceptor, in every row), and the fenced order\n")
+	w("write. Rows: **no lock** (`app.WithoutOrderLock()`); **flightlock**, the example as shipped (middleware from\n")
+	w("`Order.Lock`, reject mode, owner propagation to the zrpc calls); **bsm/redislock** in a plain go-zero middleware\n")
+	w("(`app.WithOrderLock`): uid from the JSON body (restored), `Obtain` of the same key with the same TTL and no retry (409\n")
+	w("when taken), the handler, `Release`; **floor**: the same middleware with a plain `SET PX` and `DEL` of the key, the two\n")
+	w("round trips any Redis lock needs and nothing else (not a lock). Without flightlock's lease the order is written\n")
+	w("unfenced. go-zero's REST and zrpc chains are the example's (tracing, logging at level `severe`, breakers, timeouts);\n")
+	w("load shedding is off.\n\n")
+	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", s6LowConns)
+	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", dur(s.Ping.med("p50")), s6SatConns, wholeSeconds(r.cfg.d6))
+	w("process's own `getrusage` (the service), `/proc/<pid>/stat` of `redis-server` and wrk's rusage as a child, over the\n")
+	w("run; shares are of %d cores × the run's wall time. Redis commands per request are `INFO commandstats` deltas (scripts'\n", runtime.NumCPU())
+	w("inner commands included). With every system up and no load, the benchmark process used %.1f %% of a core: that\n", 100*s.IdleCPU)
+	w("much of each run's service CPU is the idle systems' background.\n\n")
+
+	w("### Low load (wrk -c %d)\n\n", s6LowConns)
+	w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), wholeSeconds(r.cfg.d6low), s6Rounds)
+	w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")
+	w("| row | p50 latency | added over no lock | in round trips (PING p50) | p90 | p99 | req/s | Redis cmds/req | service CPU µs/req | errors |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range s.Low {
+		added, rts := "", ""
+		if d, rt, ok := s.added(x); ok && x.Row != "none" {
+			added, rts = signedDur(d), fmt.Sprintf("%.2f", rt)
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, dur(x.med("p50")), added, rts, dur(x.med("p90")),
+			dur(x.med("p99")), fmtInt(x.med("rps")), fmtFloat(x.med("cmds")), fmtFloat(x.med("svc_cpu")), fmtInt(x.worst("errors")))
+	}
+	w("\n### Saturation (wrk -c %d)\n\n", s6SatConns)
+	nsat := find(s.Sat, "none")
+	w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", r.cfg.reps)
+	w("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.\n\n", runtime.NumCPU())
+	w("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | Redis cmds/req | CPU µs/req: service / Redis / wrk | CPU share: service / Redis / wrk / other / idle | errors |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range s.Sat {
+		ratio := ""
+		if v, ok := pairedRatio(x, nsat, "rps"); ok {
+			ratio = fmt.Sprintf("%.2f", v)
+		}
+		idle := 1 - x.med("svc_share") - x.med("redis_share") - x.med("wrk_share") - x.med("other_share")
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %s |\n", x.Label, fmtInt(x.med("rps")),
+			ratio, dur(x.med("p50")), dur(x.med("p90")), dur(x.med("p99")), dur(x.med("p999")), dur(x.med("max")),
+			fmtFloat(x.med("cmds")), fmtFloat(x.med("svc_cpu")), fmtFloat(x.med("redis_cpu")), fmtFloat(x.med("wrk_cpu")),
+			100*x.med("svc_share"), 100*x.med("redis_share"), 100*x.med("wrk_share"), 100*x.med("other_share"), 100*max(idle, 0), fmtInt(x.worst("errors")))
+	}
+	w("\nRedis command mix per request at saturation (last repetition):\n\n")
+	for _, x := range s.Sat {
+		w("- %s: %s\n", x.Label, x.Mix)
+	}
+	var wrapped float64
+	for _, rs := range [][]*result{s.Low, s.Sat} {
+		for _, x := range rs {
+			for _, m := range x.Reps {
+				wrapped += m["wrapped"]
+			}
+		}
+	}
+	if wrapped > 0 {
+		w("\n%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n", int(wrapped))
+	}
+	w("\n")
+}
+
+func signedDur(ns float64) string {
+	if ns < 0 {
+		return "-" + dur(-ns)
+	}
+	return "+" + dur(ns)
+}

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/go-redsync/redsync/v4"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+	"github.com/zeromicro/go-zero/core/logx"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+)
+
+// lockTTL is the lease TTL every library gets; no critical section comes near it.
+const lockTTL = 10 * time.Second
+
+// waitBudget bounds one blocking acquisition for every library; a Lock that runs out of it is
+// counted as an error in the tables.
+const waitBudget = 30 * time.Second
+
+// errBusy is what a single failed attempt (TryLock) returns, whatever the library says.
+var errBusy = errors.New("busy")
+
+// impl is one row of a table: a library with one waiting strategy, or a floor.
+type impl interface {
+	// key maps a benchmark key to the key the row passes to its library, computed outside the
+	// measured loops so that the row's own allocations are all the library's.
+	key(base string) string
+	// lock takes the key, waiting (by the library's own means or our polling loop) until it
+	// is held or ctx ends.
+	lock(ctx context.Context, key string) (any, error)
+	// tryLock makes one attempt.
+	tryLock(ctx context.Context, key string) (any, error)
+	unlock(ctx context.Context, key string, h any) error
+	// roundTrips counts the client-side round trips so far (go-redis hook).
+	roundTrips() int64
+	close()
+}
+
+// rowSpec names a row and builds it on a server address.
+type rowSpec struct {
+	id    string // stable identifier, used on the worker command line
+	lib   string // library
+	wait  string // how it waits for a busy key
+	floor bool   // not a lock: a lower bound on cost
+	build func(addr string) (impl, error)
+}
+
+func (r rowSpec) label() string {
+	if r.wait == "" {
+		return r.lib
+	}
+	return r.lib + " (" + r.wait + ")"
+}
+
+// idiomatic polling intervals, from each library's own documentation.
+const (
+	redislockPoll = 100 * time.Millisecond // bsm/redislock's example: LinearBackoff(100ms)
+	gozeroPoll    = 100 * time.Millisecond // go-zero RedisLock has no waiting; same as redislock's example
+)
+
+func allRows() []rowSpec {
+	return []rowSpec{
+		{id: "flightlock", lib: "flightlock", wait: "gate + release notification", build: newFlightlock},
+		{id: "redislock", lib: "bsm/redislock", wait: "LinearBackoff 100ms", build: func(a string) (impl, error) { return newRedislock(a, redislockPoll) }},
+		{id: "redislock-1ms", lib: "bsm/redislock", wait: "LinearBackoff 1ms", build: func(a string) (impl, error) { return newRedislock(a, time.Millisecond) }},
+		{id: "redsync", lib: "redsync", wait: "built-in retry, 50-250ms random", build: func(a string) (impl, error) { return newRedsync(a, 0) }},
+		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string) (impl, error) { return newRedsync(a, time.Millisecond) }},
+		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string) (impl, error) { return newGozero(a, gozeroPoll) }},
+		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string) (impl, error) { return newGozero(a, time.Millisecond) }},
+		{id: "ping", lib: "floor: PING", floor: true, build: func(a string) (impl, error) { return newFloor(a, true) }},
+		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string) (impl, error) { return newFloor(a, false) }},
+	}
+}
+
+func rowByID(id string) (rowSpec, bool) {
+	for _, r := range allRows() {
+		if r.id == id {
+			return r, true
+		}
+	}
+	return rowSpec{}, false
+}
+
+// newClient is the go-redis client we build for a row: one pool per row, with the identity
+// handshake off (Debian's Redis 7.0 rejects CLIENT SETINFO) and context deadlines on socket I/O.
+func newClient(addr string) (*redis.Client, *rtCounter) {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, ContextTimeoutEnabled: true})
+	h := &rtCounter{}
+	c.AddHook(h)
+	return c, h
+}
+
+// --- flightlock
+
+type flightlockImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	store  *lockstore.RedisStore
+	locker *flightlock.Locker
+	reject *flightlock.Locker
+}
+
+func newFlightlock(addr string) (impl, error) {
+	c, h := newClient(addr)
+	store := lockstore.New(c)
+	l, err := flightlock.New(store, flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget), flightlock.WithPrefix("fl:"))
+	if err != nil {
+		return nil, err
+	}
+	r, err := l.With(flightlock.WithMode(flightlock.Reject))
+	if err != nil {
+		return nil, err
+	}
+	return &flightlockImpl{client: c, rt: h, store: store, locker: l, reject: r}, nil
+}
+
+func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
+
+func (f *flightlockImpl) lock(ctx context.Context, key string) (any, error) {
+	return f.locker.Lock(ctx, key)
+}
+
+func (f *flightlockImpl) tryLock(ctx context.Context, key string) (any, error) {
+	l, err := f.reject.TryLock(ctx, key)
+	if errors.Is(err, flightlock.ErrBusy) {
+		return nil, errBusy
+	}
+	return l, err
+}
+
+func (f *flightlockImpl) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*flightlock.Lease).Release(ctx)
+}
+
+func (f *flightlockImpl) roundTrips() int64 { return f.rt.load() }
+func (f *flightlockImpl) close()            { _ = f.store.Close(); _ = f.client.Close() }
+
+// --- bsm/redislock
+
+type redislockImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	lc     *redislock.Client
+	poll   time.Duration
+}
+
+func newRedislock(addr string, poll time.Duration) (impl, error) {
+	c, h := newClient(addr)
+	return &redislockImpl{client: c, rt: h, lc: redislock.New(c), poll: poll}, nil
+}
+
+func (r *redislockImpl) key(base string) string { return "rl:" + base }
+
+func (r *redislockImpl) lock(ctx context.Context, key string) (any, error) {
+	// redislock's retry strategies keep state, so each Obtain gets its own (as its docs show).
+	return r.lc.Obtain(ctx, key, lockTTL, &redislock.Options{RetryStrategy: redislock.LinearBackoff(r.poll)})
+}
+
+func (r *redislockImpl) tryLock(ctx context.Context, key string) (any, error) {
+	l, err := r.lc.Obtain(ctx, key, lockTTL, nil)
+	if errors.Is(err, redislock.ErrNotObtained) {
+		return nil, errBusy
+	}
+	return l, err
+}
+
+func (r *redislockImpl) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*redislock.Lock).Release(ctx)
+}
+
+func (r *redislockImpl) roundTrips() int64 { return r.rt.load() }
+func (r *redislockImpl) close()            { _ = r.client.Close() }
+
+// --- redsync
+
+type redsyncImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	rs     *redsync.Redsync
+	opts   []redsync.Option
+}
+
+func newRedsync(addr string, delay time.Duration) (impl, error) {
+	c, h := newClient(addr)
+	opts := []redsync.Option{redsync.WithExpiry(lockTTL), redsync.WithTries(math.MaxInt32)}
+	if delay > 0 {
+		opts = append(opts, redsync.WithRetryDelay(delay))
+	}
+	return &redsyncImpl{client: c, rt: h, rs: redsync.New(redsyncgoredis.NewPool(c)), opts: opts}, nil
+}
+
+func (r *redsyncImpl) key(base string) string { return "rs:" + base }
+
+func (r *redsyncImpl) lock(ctx context.Context, key string) (any, error) {
+	m := r.rs.NewMutex(key, r.opts...)
+	if err := m.LockContext(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (r *redsyncImpl) tryLock(ctx context.Context, key string) (any, error) {
+	m := r.rs.NewMutex(key, r.opts...)
+	if err := m.TryLockContext(ctx); err != nil {
+		var taken redsync.ErrTaken
+		var nodeTaken redsync.ErrNodeTaken
+		if errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken) {
+			return nil, errBusy
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+func (r *redsyncImpl) unlock(ctx context.Context, _ string, h any) error {
+	ok, err := h.(*redsync.Mutex).UnlockContext(ctx)
+	if err == nil && !ok {
+		err = errors.New("redsync: unlock refused")
+	}
+	return err
+}
+
+func (r *redsyncImpl) roundTrips() int64 { return r.rt.load() }
+func (r *redsyncImpl) close()            { _ = r.client.Close() }
+
+// --- go-zero RedisLock
+
+type gozeroImpl struct {
+	store *zeroredis.Redis
+	rt    *rtCounter
+	poll  time.Duration
+}
+
+// gozeroClients: go-zero keeps one client per address in a process-wide manager, so the hook
+// passed to the first Redis built for an address counts every later one too.
+var gozeroRT = map[string]*rtCounter{}
+
+func newGozero(addr string, poll time.Duration) (impl, error) {
+	logx.Disable()
+	h := gozeroRT[addr]
+	if h == nil {
+		h = &rtCounter{}
+		gozeroRT[addr] = h
+	}
+	// DisableIdentity (go-zero's WithIdentity option) keeps go-redis from sending CLIENT
+	// SETINFO, which Redis 7.0 rejects and go-zero's breaker would count as a failure.
+	store, err := zeroredis.NewRedis(zeroredis.RedisConf{Host: addr, Type: zeroredis.NodeType, DisableIdentity: true, NonBlock: true},
+		zeroredis.WithHook(h))
+	if err != nil {
+		return nil, err
+	}
+	return &gozeroImpl{store: store, rt: h, poll: poll}, nil
+}
+
+func (g *gozeroImpl) key(base string) string { return "gz:" + base }
+
+func (g *gozeroImpl) lock(ctx context.Context, key string) (any, error) {
+	rl := zeroredis.NewRedisLock(g.store, key)
+	rl.SetExpire(int(lockTTL / time.Second))
+	var timer *time.Timer
+	for {
+		ok, err := rl.AcquireCtx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			if timer != nil {
+				timer.Stop()
+			}
+			return rl, nil
+		}
+		if timer == nil {
+			timer = time.NewTimer(g.poll)
+		} else {
+			timer.Reset(g.poll)
+		}
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+func (g *gozeroImpl) tryLock(ctx context.Context, key string) (any, error) {
+	rl := zeroredis.NewRedisLock(g.store, key)
+	rl.SetExpire(int(lockTTL / time.Second))
+	ok, err := rl.AcquireCtx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, errBusy
+	}
+	return rl, nil
+}
+
+func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
+	ok, err := h.(*zeroredis.RedisLock).ReleaseCtx(ctx)
+	if err == nil && !ok {
+		err = errors.New("go-zero: release refused")
+	}
+	return err
+}
+
+func (g *gozeroImpl) roundTrips() int64 { return g.rt.load() }
+func (g *gozeroImpl) close()            {} // the client belongs to go-zero's process-wide manager
+
+// --- floors
+
+type floorImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	ping   bool
+}
+
+func newFloor(addr string, ping bool) (impl, error) {
+	c, h := newClient(addr)
+	return &floorImpl{client: c, rt: h, ping: ping}, nil
+}
+
+func (f *floorImpl) key(base string) string { return "floor:" + base }
+
+func (f *floorImpl) lock(ctx context.Context, key string) (any, error) {
+	if f.ping {
+		return nil, f.client.Ping(ctx).Err()
+	}
+	return nil, f.client.Set(ctx, key, "1", lockTTL).Err()
+}
+
+func (f *floorImpl) tryLock(ctx context.Context, key string) (any, error) { return f.lock(ctx, key) }
+
+func (f *floorImpl) unlock(ctx context.Context, key string, _ any) error {
+	if f.ping {
+		return nil
+	}
+	return f.client.Del(ctx, key).Err()
+}
+
+func (f *floorImpl) roundTrips() int64 { return f.rt.load() }
+func (f *floorImpl) close()            { _ = f.client.Close() }

@@ -1,0 +1,187 @@
+// Command lockbench measures flightlock against bsm/redislock, redsync and go-zero's RedisLock
+// on one redis-server that it starts itself, with the rows of each scenario interleaved so that
+// machine noise hits all of them alike, and writes docs/benchmarks.md and a chart.
+//
+// Run it through bench/run.sh; see docs/benchmarks.md for what each scenario measures.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	scenarios   map[int]bool
+	reps        int
+	d1          time.Duration
+	d2          time.Duration
+	d2small     time.Duration
+	d3          time.Duration
+	d4          time.Duration
+	d5          time.Duration
+	d6          time.Duration
+	d6low       time.Duration
+	out         string
+	chart       string
+	jsonOut     string
+	goBench     string
+	notes       string
+	exampleConf string
+}
+
+// workers tracks the worker processes this run started, so they are ended (by pid) if the
+// run is interrupted.
+var workers = &procSet{m: map[*exec.Cmd]bool{}}
+
+type procSet struct {
+	mu sync.Mutex
+	m  map[*exec.Cmd]bool
+}
+
+func (p *procSet) add(c *exec.Cmd)    { p.mu.Lock(); p.m[c] = true; p.mu.Unlock() }
+func (p *procSet) remove(c *exec.Cmd) { p.mu.Lock(); delete(p.m, c); p.mu.Unlock() }
+func (p *procSet) killAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.m {
+		if c.Process != nil {
+			_ = c.Process.Kill()
+		}
+	}
+}
+
+var (
+	srv       *server
+	cleanupMu sync.Mutex
+)
+
+func cleanup() {
+	cleanupMu.Lock()
+	defer cleanupMu.Unlock()
+	workers.killAll()
+	srv.stop()
+	srv = nil
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "-worker" {
+		workerMain(os.Args[2:])
+		return
+	}
+	var (
+		cfg        config
+		scen       string
+		cpuprofile string
+	)
+	flag.StringVar(&scen, "scenario", "1,2,3,4,5,6", "comma-separated scenarios to run (6 needs wrk and the example's config)")
+	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each row; tables show medians")
+	flag.DurationVar(&cfg.d1, "d1", 1500*time.Millisecond, "scenario 1: duration per row and repetition")
+	flag.DurationVar(&cfg.d2, "d2", 2*time.Second, "scenario 2: duration per row and repetition at 16 and 64 goroutines")
+	flag.DurationVar(&cfg.d2small, "d2small", time.Second, "scenario 2: duration at 1 and 4 goroutines")
+	flag.DurationVar(&cfg.d3, "d3", 2500*time.Millisecond, "scenario 3: target duration per row and repetition")
+	flag.DurationVar(&cfg.d4, "d4", 2*time.Second, "scenario 4: duration per row and repetition")
+	flag.DurationVar(&cfg.d5, "d5", 500*time.Millisecond, "scenario 5: duration per row and repetition")
+	flag.DurationVar(&cfg.d6, "d6", 3*time.Second, "scenario 6: duration of each wrk run at saturation (whole seconds)")
+	flag.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
+	flag.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout)")
+	flag.StringVar(&cfg.chart, "chart", "", "PNG chart of scenario 2 to write")
+	flag.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON")
+	flag.StringVar(&cfg.goBench, "gobench", "", "output of go test -bench to include in the report")
+	flag.StringVar(&cfg.notes, "notes", "", "Markdown analysis to append to the report")
+	flag.StringVar(&cfg.exampleConf, "example-config", "etc/flightlock-example-redis.yaml", "scenario 6: the example's config file (its Redis and ports are replaced)")
+	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
+	rows := flag.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
+	flag.Parse()
+	if *rows != "" {
+		onlyRows = map[string]bool{}
+		for _, id := range strings.Split(*rows, ",") {
+			onlyRows[strings.TrimSpace(id)] = true
+		}
+	}
+	cfg.scenarios = map[int]bool{}
+	for _, s := range strings.Split(scen, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err == nil {
+			cfg.scenarios[n] = true
+		}
+	}
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		cleanup()
+		os.Exit(130)
+	}()
+
+	var err error
+	srv, err = startServer()
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer cleanup()
+	progress("redis-server pid %d on %s", srv.cmd.Process.Pid, srv.addr)
+
+	if cpuprofile != "" {
+		f, err := os.Create(cpuprofile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+
+	b := &bench{addr: srv.addr, adm: newAdmin(srv.addr), cfg: cfg, impls: map[string]impl{}}
+	rep := &report{cfg: cfg, machine: machineInfo(b.adm.version(context.Background())), started: time.Now()}
+	if cfg.scenarios[1] {
+		rep.s1 = b.scenario1()
+	}
+	if cfg.scenarios[2] {
+		rep.s2 = b.scenario2()
+	}
+	if cfg.scenarios[3] {
+		rep.s3 = b.scenario3()
+	}
+	if cfg.scenarios[4] {
+		rep.s4 = b.scenario4()
+	}
+	if cfg.scenarios[5] {
+		rep.s5 = b.scenario5()
+	}
+	if cfg.scenarios[6] {
+		rep.s6 = b.scenario6()
+	}
+	rep.elapsed = time.Since(rep.started)
+	for _, im := range b.impls {
+		im.close()
+	}
+
+	if cfg.jsonOut != "" {
+		raw, _ := json.MarshalIndent(rep.raw(), "", " ")
+		if err := os.WriteFile(cfg.jsonOut, raw, 0o644); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	md := rep.markdown()
+	if cfg.out == "" {
+		fmt.Print(md)
+	} else if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
+		fatalf("%v", err)
+	}
+	if cfg.chart != "" && rep.s2 != nil {
+		if err := rep.chart(cfg.chart); err != nil {
+			fatalf("chart: %v", err)
+		}
+	}
+	progress("done in %v", rep.elapsed.Round(time.Second))
+}

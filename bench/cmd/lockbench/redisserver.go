@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// server is the redis-server process this benchmark started and owns. It is ended by its pid,
+// never by name.
+type server struct {
+	addr string
+	cmd  *exec.Cmd
+}
+
+// startServer runs redis-server on a free loopback port, without persistence, and waits until it
+// answers PING.
+func startServer() (*server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
+	// The server's own log (start-up banner, overcommit warning) goes to a file, not our output.
+	logf, err := os.CreateTemp("", "lockbench-redis-*.log")
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	s := &server{addr: addr, cmd: cmd}
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop kills the server this process started (by pid) and reaps it.
+func (s *server) stop() {
+	if s == nil || s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// admin is a connection used only for measurement (INFO); its own commands are subtracted.
+type admin struct {
+	c *redis.Client
+}
+
+func newAdmin(addr string) *admin {
+	return &admin{c: redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, PoolSize: 1})}
+}
+
+// commandStats returns the calls per command from INFO commandstats. Commands run by Lua
+// scripts (redis.call) are counted too, next to the EVALSHA that ran them.
+func (a *admin) commandStats(ctx context.Context) (map[string]int64, error) {
+	s, err := a.c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int64)
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				out[strings.TrimPrefix(name, "cmdstat_")] = n
+			}
+		}
+	}
+	return out, nil
+}
+
+// cmdDelta is the difference of two commandstats snapshots, without the INFO calls of the
+// measurement itself.
+type cmdDelta map[string]int64
+
+func diffStats(before, after map[string]int64) cmdDelta {
+	d := make(cmdDelta)
+	for k, v := range after {
+		if k == "info" {
+			continue
+		}
+		if n := v - before[k]; n > 0 {
+			d[k] = n
+		}
+	}
+	return d
+}
+
+func (d cmdDelta) total() int64 {
+	var t int64
+	for _, v := range d {
+		t += v
+	}
+	return t
+}
+
+// version returns the server's redis_version.
+func (a *admin) version(ctx context.Context) string {
+	m, err := a.c.InfoMap(ctx, "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	return m["Server"]["redis_version"]
+}
+
+// cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu).
+func (a *admin) cpuSeconds(ctx context.Context) float64 {
+	m, err := a.c.InfoMap(ctx, "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	sys, _ := strconv.ParseFloat(m["CPU"]["used_cpu_sys"], 64)
+	user, _ := strconv.ParseFloat(m["CPU"]["used_cpu_user"], 64)
+	return sys + user
+}

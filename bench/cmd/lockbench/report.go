@@ -1,0 +1,376 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+type machine struct {
+	CPUs   int    `json:"cpus"`
+	CPU    string `json:"cpu"`
+	Redis  string `json:"redis"`
+	Go     string `json:"go"`
+	OS     string `json:"os"`
+	Kernel string `json:"kernel"`
+	Load   string `json:"load"` // /proc/loadavg at the start
+}
+
+func machineInfo(redisVersion string) machine {
+	m := machine{CPUs: runtime.NumCPU(), Redis: redisVersion, Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("nproc").Output(); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
+			m.CPUs = n
+		}
+	}
+	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.Load = strings.Join(strings.Fields(string(raw))[:3], " ")
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		m.Kernel = strings.TrimSpace(string(out))
+	}
+	return m
+}
+
+type report struct {
+	cfg     config
+	machine machine
+	started time.Time
+	elapsed time.Duration
+	s1      []*result
+	s2      map[int][]*result
+	s3      []*result
+	s4      []*result
+	s5      []*result
+	s6      *s6Results
+}
+
+func (r *report) raw() map[string]any {
+	s2 := map[string][]*result{}
+	for g, v := range r.s2 {
+		s2[strconv.Itoa(g)] = v
+	}
+	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
+		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6}
+}
+
+func find(rs []*result, id string) *result {
+	for _, x := range rs {
+		if x.Row == id {
+			return x
+		}
+	}
+	return nil
+}
+
+// bestCompetitor is the non-flightlock, non-floor row with the highest median of metric.
+func bestCompetitor(rs []*result, metric string) *result {
+	var best *result
+	for _, x := range rs {
+		if x.Row == "flightlock" || x.Row == "ping" || x.Row == "setdel" {
+			continue
+		}
+		if best == nil || x.med(metric) > best.med(metric) {
+			best = x
+		}
+	}
+	return best
+}
+
+type goal struct {
+	name    string
+	target  string
+	measure string
+	met     bool
+}
+
+func (r *report) goals() []goal {
+	var gs []goal
+	if fl, fl0, ping := find(r.s1, "flightlock"), find(r.s1, "setdel"), find(r.s1, "ping"); fl != nil && fl0 != nil && ping != nil {
+		ratio := fl.med("p50") / fl0.med("p50")
+		gs = append(gs, goal{"1: uncontended latency", "≤ 1.05x SET PX + DEL floor, ≤ 2 round trips",
+			fmt.Sprintf("%.2fx floor (%s vs %s; %.2fx PING), %.2f round trips", ratio, dur(fl.med("p50")), dur(fl0.med("p50")), fl.med("p50")/ping.med("p50"), fl.med("rt")),
+			ratio <= 1.05 && fl.med("rt") <= 2})
+	}
+	if fl, best := find(r.s2[64], "flightlock"), bestCompetitor(r.s2[64], "csps"); fl != nil && best != nil {
+		ratio := fl.med("csps") / best.med("csps")
+		p99 := fl.med("p99") / best.med("p99")
+		gs = append(gs, goal{"2: one process, 64 goroutines", "≥ 3x best competitor CS/s, ≤ 2 RT/CS, p99 wait ≤ 1/3 of its",
+			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, p99 %s vs %s (%.2fx), %d violations", ratio, best.Label,
+				fmtInt(fl.med("csps")), fmtInt(best.med("csps")), fl.med("rt"), dur(fl.med("p99")), dur(best.med("p99")), p99, int(fl.worst("violations"))),
+			ratio >= 3 && fl.med("rt") <= 2 && p99 <= 1.0/3 && fl.worst("violations") == 0})
+	}
+	if fl, best := find(r.s3, "flightlock"), bestCompetitor(r.s3, "csps"); fl != nil && best != nil {
+		ratio := fl.med("csps") / best.med("csps")
+		gs = append(gs, goal{"3: 4 processes x 16 goroutines", "≥ 2x best competitor CS/s, ≤ 2.5 RT/CS, each process within 1.5x of the first",
+			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, slowest process %.2fx the first (worst repetition), %d violations", ratio, best.Label,
+				fmtInt(fl.med("csps")), fmtInt(best.med("csps")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
+			ratio >= 2 && fl.med("rt") <= 2.5 && fl.worst("fair") <= 1.5 && fl.worst("violations") == 0 && fl.worst("unfinished") == 0})
+	}
+	if fl, fl0 := find(r.s4, "flightlock"), find(r.s4, "setdel"); fl != nil && fl0 != nil {
+		ratio := fl.med("opsps") / fl0.med("opsps")
+		gs = append(gs, goal{"4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor",
+			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, fmtInt(fl.med("opsps")), fmtInt(fl0.med("opsps"))), ratio >= 0.95})
+	}
+	if fl := find(r.s5, "flightlock"); fl != nil {
+		gs = append(gs, goal{"5: reject mode duplicates", "0 Redis commands, < 1 µs, ≤ 2 allocs per call",
+			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", fmtFloat(fl.worst("cmds")), dur(fl.med("ns")), fl.med("allocs")),
+			// MemStats counts every allocation of the process during the loop; a few from go-redis's
+			// background goroutines over millions of calls show in the third decimal.
+			fl.worst("cmds") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
+	}
+	gs = append(gs, r.s6Goals()...)
+	return gs
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Benchmarks: flightlock against other Redis locks\n\n")
+	w("Generated by `bench/run.sh` (issue 4) on %s in %v. Every figure is the **median of %d repetitions**; in each\n",
+		r.started.UTC().Format("2006-01-02 15:04 MST"), r.elapsed.Round(time.Second), r.cfg.reps)
+	w("repetition the rows of a scenario run one after the other, in an order rotated per repetition, so machine noise\n")
+	w("hits them alike. All rows use one `redis-server` that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`).\n")
+	w("Rerun with `bench/run.sh` (the scenarios took %v of this run; the Go benchmarks come before them); raw repetitions are\n", r.elapsed.Round(time.Second))
+	w("in `docs/benchmarks.json`.\n\n")
+	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
+		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, loadNow())
+	w("The benchmark process (all in-process rows), the worker processes of scenario 3, `redis-server` and, in scenario 6, the\n")
+	w("service and `wrk` share these cores. Latencies are on loopback, so one round trip is mostly CPU (syscalls, scheduling), not wire.\n\n")
+
+	w("## Rows\n\n| row | waiting for a busy key |\n|---|---|\n")
+	for _, s := range allRows() {
+		wait := s.wait
+		if s.floor {
+			wait = "not a lock: a lower bound (no mutual exclusion)"
+		}
+		w("| %s | %s |\n", s.lib, wait)
+	}
+	w("\nbsm/redislock and go-zero's RedisLock have no notification: they poll (redislock with its own `LinearBackoff`, go-zero\n")
+	w("with a loop of ours, since it has no waiting at all), at the interval of redislock's documented example (100 ms) and\n")
+	w("at 1 ms. redsync retries on its own, by default every 50-250 ms at random; the 1 ms row sets `WithRetryDelay(1ms)`.\n")
+	w("Every library gets a %v TTL; a blocking acquisition gives up after %v (counted as an error). Each library has its own\n", lockTTL, waitBudget)
+	w("go-redis v9 client (default pool, `DisableIdentity`, `ContextTimeoutEnabled`); go-zero builds its own, with\n")
+	w("`DisableIdentity: true` in its `RedisConf` (so its breaker never sees the CLIENT SETINFO error of Redis 7.0).\n\n")
+	w("**Round trips (RT)** are counted with a go-redis `Hook` on every client, go-zero's included (`redis.WithHook`); pub/sub\n")
+	w("connections bypass go-redis hooks, so flightlock's SUBSCRIBE/UNSUBSCRIBE are not in RT. **Server commands** are `INFO\n")
+	w("commandstats` deltas: they include the commands a Lua script runs (`redis.call`), next to the EVALSHA itself, and\n")
+	w("everything else the clients sent (HELLO on new connections, SUBSCRIBE, ...). The command mix shows the split.\n")
+	w("**Redis CPU** is the server's `used_cpu_user + used_cpu_sys` delta (INFO cpu) per operation; **client CPU** is the\n")
+	w("benchmark process's own user + system time (getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
+
+	if gs := r.goals(); len(gs) > 0 {
+		w("## Goals of issue 4\n\n| scenario | goal | measured | |\n|---|---|---|---|\n")
+		for _, g := range gs {
+			v := "**missed**"
+			if g.met {
+				v = "met"
+			}
+			w("| %s | %s | %s | %s |\n", g.name, g.target, g.measure, v)
+		}
+		w("\n")
+	}
+
+	if r.s1 != nil {
+		ping, fl0 := find(r.s1, "ping"), find(r.s1, "setdel")
+		w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
+		w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
+		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
+		w("keys are built before). %v per row and repetition.\n\n", r.cfg.d1)
+		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, x := range r.s1 {
+			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, dur(x.med("p50")),
+				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), dur(x.med("p99")), fmtInt(x.med("opsps")),
+				fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")), fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")),
+				fmtFloat(x.med("allocs")), fmtInt(x.med("bytes")), x.Mix)
+		}
+		w("\n")
+	}
+	if r.s2 != nil {
+		w("## 2. One key, one process\n\n")
+		w("g goroutines loop: lock the one key, run the critical section (an atomic \"inside\" counter that must read 1, and a\n")
+		w("read-modify-write of a plain counter that must end equal to the number of critical sections), release. Wait = time\n")
+		w("from the call to holding the lock. %v per row and repetition (%v at 1 and 4 goroutines).\n\n", r.cfg.d2, r.cfg.d2small)
+		for _, g := range []int{16, 64} {
+			rs := r.s2[g]
+			if rs == nil {
+				continue
+			}
+			w("### %d goroutines\n\n", g)
+			contendTable(w, rs, false)
+		}
+		w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
+		for _, g := range s2Goroutines {
+			w(" %d |", g)
+		}
+		w("\n|---|")
+		for range s2Goroutines {
+			w("---|")
+		}
+		w("\n")
+		for i, x := range r.s2[s2Goroutines[0]] {
+			w("| %s |", x.Label)
+			for _, g := range s2Goroutines {
+				w(" %s |", fmtInt(r.s2[g][i].med("csps")))
+			}
+			w("\n")
+		}
+		w("\n")
+	}
+	if r.s3 != nil {
+		w("## 3. One key, %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
+		w("The binary re-executes itself as %d workers that start together (the parent sends a common start time). A 1 s pilot\n", s3Procs)
+		w("per row sets the work so a repetition lasts about %v: every process runs the same number of critical sections, and\n", r.cfg.d3)
+		w("`fair` is the last process's finish time over the first's (starvation shows as a large ratio). The guard counters\n")
+		w("live in a file all workers map, so mutual exclusion is checked across processes. CS/s = all critical sections over\n")
+		w("the last finish time.\n\n")
+		contendTable(w, r.s3, true)
+	}
+	if r.s4 != nil {
+		fl0 := find(r.s4, "setdel")
+		w("## 4. 64 goroutines over 1,000 keys\n\n")
+		w("Each operation locks a key drawn uniformly from 1,000, runs the critical section of that key, releases. %v per row\n", r.cfg.d4)
+		w("and repetition.\n\n| row | ops/s | x floor | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | violations | errors | server command mix per op |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, x := range r.s4 {
+			w("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("opsps")), x.med("opsps")/fl0.med("opsps"),
+				fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")), fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")), viol(x), fmtInt(x.worst("errors")), x.Mix)
+		}
+		w("\n")
+	}
+	if r.s5 != nil {
+		w("## 5. Reject mode: duplicates of a key held in this process\n\n")
+		w("The key is held; then one goroutine tries it again and again (flightlock: `TryLock` on a `Reject` Locker; the others:\n")
+		w("one attempt without retry, which costs them a round trip). \"64 goroutines\" is the same with 64 goroutines at once\n")
+		w("(wall time per call over all of them). %v per row and repetition.\n\n", r.cfg.d5)
+		w("| row | ns/call | allocs/call | B/call | server cmds/call | RT/call | 64 goroutines: ns/call | calls/s |\n|---|---|---|---|---|---|---|---|\n")
+		for _, x := range r.s5 {
+			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("ns")), fmtFloat(x.med("allocs")), fmtInt(x.med("bytes")),
+				fmtFloat(x.worst("cmds")), fmtFloat(x.med("rt")), fmtInt(x.med("par_ns")), fmtInt(x.med("par_ops")))
+		}
+		w("\n")
+	}
+	w("## 6. HTTP end to end\n\n")
+	if r.s6 != nil {
+		r.s6Section(w)
+	} else {
+		w("Not run (`-scenario` without 6).\n\n")
+	}
+	if r.cfg.goBench != "" {
+		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {
+			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem` in the root package (`bench_test.go`), on a real redis-server:\n\n```\n%s```\n\n", string(raw))
+		}
+	}
+	if r.cfg.notes != "" {
+		if raw, err := os.ReadFile(r.cfg.notes); err == nil {
+			w("%s", string(raw))
+		}
+	}
+	return b.String()
+}
+
+func viol(x *result) string {
+	if x.Row == "setdel" || x.Row == "ping" {
+		return "n/a"
+	}
+	return fmtInt(x.worst("violations"))
+}
+
+func contendTable(w func(string, ...any), rs []*result, procs bool) {
+	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | violations | errors |")
+	if procs {
+		w(" fair (median / worst) | CS per process |")
+	}
+	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|")
+	if procs {
+		w("---|---|")
+	}
+	w("---|\n")
+	for _, x := range rs {
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, fmtInt(x.med("csps")), fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")),
+			fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")), dur(x.med("p50")), dur(x.med("p99")), dur(x.med("max")), viol(x), fmtInt(x.worst("errors")))
+		if procs {
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), fmtInt(x.med("quota")))
+		}
+		w(" %s |\n", x.Mix)
+	}
+	w("\n")
+}
+
+// chart draws scenario 2's critical sections per second against goroutines, one line per row.
+func (r *report) chart(path string) error {
+	p := plot.New()
+	p.Title.Text = "One key, one process: critical sections per second (median)"
+	p.X.Label.Text = "goroutines"
+	p.Y.Label.Text = "critical sections / s (log)"
+	p.X.Scale = plot.LogScale{}
+	p.Y.Scale = plot.LogScale{}
+	var xt []plot.Tick
+	for _, g := range s2Goroutines {
+		xt = append(xt, plot.Tick{Value: float64(g), Label: strconv.Itoa(g)})
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(xt)
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = false
+	p.Legend.Left = true
+	p.Legend.YOffs = vg.Points(10)
+	p.Add(plotter.NewGrid())
+	colors := []color.RGBA{{214, 39, 40, 255}, {31, 119, 180, 255}, {31, 119, 180, 255}, {44, 160, 44, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {148, 103, 189, 255}}
+	lo, hi := math.Inf(1), 0.0
+	for i, x := range r.s2[s2Goroutines[0]] {
+		pts := make(plotter.XYs, 0, len(s2Goroutines))
+		for _, g := range s2Goroutines {
+			v := r.s2[g][i].med("csps")
+			if v <= 0 {
+				continue
+			}
+			lo, hi = math.Min(lo, v), math.Max(hi, v)
+			pts = append(pts, plotter.XY{X: float64(g), Y: v})
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return err
+		}
+		c := colors[i%len(colors)]
+		line.Color, points.Color = c, c
+		line.Width = vg.Points(1.5)
+		if x.Row == "flightlock" {
+			line.Width = vg.Points(3)
+		}
+		if strings.HasSuffix(x.Row, "-1ms") {
+			line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+			points.Shape = draw.TriangleGlyph{}
+		}
+		p.Add(line, points)
+		p.Legend.Add(x.Label, line, points)
+	}
+	p.Y.Min, p.Y.Max = lo/2, hi*2
+	return p.Save(9*vg.Inch, 6*vg.Inch, path)
+}
+
+func loadNow() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(raw))[:3], " ")
+}

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// bench holds what every scenario shares: the server, the admin connection and the settings.
+type bench struct {
+	addr  string
+	adm   *admin
+	cfg   config
+	impls map[string]impl // built once per row and reused across scenarios and repetitions
+}
+
+func (b *bench) impl(r rowSpec) impl {
+	if im, ok := b.impls[r.id]; ok {
+		return im
+	}
+	im, err := r.build(b.addr)
+	if err != nil {
+		fatalf("build %s: %v", r.id, err)
+	}
+	b.impls[r.id] = im
+	return im
+}
+
+// snap is the state before a measurement: server command counts and CPU, our own CPU.
+type snap struct {
+	cmds map[string]int64
+	scpu float64
+	ccpu time.Duration
+}
+
+func (b *bench) snap() snap {
+	return snap{cmds: b.stats(), scpu: b.adm.cpuSeconds(context.Background()), ccpu: processCPU()}
+}
+
+// cpu adds server and client CPU microseconds per op since s to m.
+func (b *bench) cpu(m metrics, s snap, ops int64, client bool) {
+	ops = max(ops, 1)
+	m["scpu"] = (b.adm.cpuSeconds(context.Background()) - s.scpu) * 1e6 / float64(ops)
+	if client {
+		m["ccpu"] = float64((processCPU() - s.ccpu).Microseconds()) / float64(ops)
+	}
+}
+
+func (b *bench) stats() map[string]int64 {
+	s, err := b.adm.commandStats(context.Background())
+	if err != nil {
+		fatalf("INFO commandstats: %v", err)
+	}
+	return s
+}
+
+// order rotates the rows by repetition, so that no row always runs first or last.
+func order(rows []rowSpec, rep int) []rowSpec {
+	out := make([]rowSpec, 0, len(rows))
+	for i := range rows {
+		out = append(out, rows[(i+rep)%len(rows)])
+	}
+	return out
+}
+
+// onlyRows, when set (-rows), keeps only these rows, for profiling one library.
+var onlyRows map[string]bool
+
+func pick(ids ...string) []rowSpec {
+	var out []rowSpec
+	for _, id := range ids {
+		if onlyRows != nil && !onlyRows[id] {
+			continue
+		}
+		r, ok := rowByID(id)
+		if !ok {
+			fatalf("unknown row %q", id)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// lockRows are the rows that lock, each waiting strategy once.
+func lockRows() []rowSpec {
+	return pick("flightlock", "redislock", "redislock-1ms", "redsync", "redsync-1ms", "gozero", "gozero-1ms")
+}
+
+// warm runs a few uncontended operations on each row so scripts are loaded and pools filled
+// before anything is measured.
+func (b *bench) warm(rows []rowSpec) {
+	for _, r := range rows {
+		im := b.impl(r)
+		for i := 0; i < 200; i++ {
+			k := im.key(fmt.Sprintf("warm:%d", i))
+			h, err := im.lock(context.Background(), k)
+			if err != nil {
+				fatalf("warm-up %s: %v", r.id, err)
+			}
+			_ = im.unlock(context.Background(), k, h)
+		}
+	}
+}
+
+func newResults(rows []rowSpec) map[string]*result {
+	m := make(map[string]*result)
+	for _, r := range rows {
+		m[r.id] = &result{Row: r.id, Label: r.label()}
+	}
+	return m
+}
+
+func ordered(rows []rowSpec, m map[string]*result) []*result {
+	var out []*result
+	for _, r := range rows {
+		out = append(out, m[r.id])
+	}
+	return out
+}
+
+// --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
+
+func (b *bench) scenario1() []*result {
+	rows := pick("flightlock", "redislock", "redsync", "gozero", "ping", "setdel")
+	b.warm(rows)
+	res := newResults(rows)
+	const maxOps = 200000
+	lat := make([]int64, maxOps)
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range order(rows, rep) {
+			im := b.impl(r)
+			keys := make([]string, maxOps)
+			for i := range keys {
+				keys[i] = im.key(fmt.Sprintf("s1:%d:%d", rep, i))
+			}
+			ctx := context.Background()
+			runtime.GC()
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			s0, rt0 := b.snap(), im.roundTrips()
+			var errs int64
+			start := time.Now()
+			deadline := start.Add(b.cfg.d1)
+			n := 0
+			for ; n < maxOps; n++ {
+				if n%64 == 0 && time.Now().After(deadline) {
+					break
+				}
+				t0 := time.Now()
+				h, err := im.lock(ctx, keys[n])
+				if err == nil {
+					err = im.unlock(ctx, keys[n], h)
+				}
+				lat[n] = int64(time.Since(t0))
+				if err != nil {
+					errs++
+				}
+			}
+			elapsed := time.Since(start)
+			runtime.ReadMemStats(&m1)
+			d := diffStats(s0.cmds, b.stats())
+			rts := im.roundTrips() - rt0
+			l := append([]int64(nil), lat[:n]...)
+			sortInts(l)
+			m := metrics{
+				"ops":    float64(n),
+				"opsps":  float64(n) / elapsed.Seconds(),
+				"p50":    percentile(l, 0.50),
+				"p99":    percentile(l, 0.99),
+				"rt":     float64(rts) / float64(n),
+				"cmds":   float64(d.total()) / float64(n),
+				"allocs": float64(m1.Mallocs-m0.Mallocs) / float64(n),
+				"bytes":  float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
+				"errors": float64(errs),
+			}
+			b.cpu(m, s0, int64(n), true)
+			res[r.id].Reps = append(res[r.id].Reps, m)
+			res[r.id].Mix = mixString(d, int64(n))
+			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, float64(n)/elapsed.Seconds(), dur(percentile(l, 0.5)))
+		}
+	}
+	return ordered(rows, res)
+}
+
+// --- scenario 2: one key, one process, g goroutines.
+
+// s2Goroutines are the goroutine counts of scenario 2; the chart uses all, the table 16 and 64.
+var s2Goroutines = []int{1, 4, 16, 64}
+
+func (b *bench) scenario2() map[int][]*result {
+	rows := lockRows()
+	b.warm(rows)
+	out := make(map[int][]*result)
+	all := make(map[int]map[string]*result)
+	for _, g := range s2Goroutines {
+		all[g] = newResults(rows)
+	}
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, g := range s2Goroutines {
+			d := b.cfg.d2
+			if g < 16 {
+				d = b.cfg.d2small
+			}
+			for _, r := range order(rows, rep) {
+				im := b.impl(r)
+				key := im.key(fmt.Sprintf("s2:%d:%d", g, rep))
+				gd := newGuard()
+				s0 := b.snap()
+				start := time.Now().Add(20 * time.Millisecond)
+				stop := make(chan struct{})
+				t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
+				cr := contend(im, key, g, gd, start, stop, 0, start.Add(d+waitBudget))
+				t.Stop()
+				delta := diffStats(s0.cmds, b.stats())
+				m := contendMetrics(cr, delta, *gd.plain, *gd.violations)
+				b.cpu(m, s0, cr.Ops, true)
+				all[g][r.id].Reps = append(all[g][r.id].Reps, m)
+				all[g][r.id].Mix = mixString(delta, cr.Ops)
+				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
+			}
+		}
+	}
+	for _, g := range s2Goroutines {
+		out[g] = ordered(rows, all[g])
+	}
+	return out
+}
+
+func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
+	sortInts(cr.Waits)
+	ops := max(cr.Ops, 1)
+	lost := cr.Ops - plain
+	return metrics{
+		"ops":        float64(cr.Ops),
+		"csps":       float64(cr.Ops) / (float64(cr.Elapsed) / 1e9),
+		"rt":         float64(cr.RT) / float64(ops),
+		"cmds":       float64(d.total()) / float64(ops),
+		"p50":        percentile(cr.Waits, 0.50),
+		"p99":        percentile(cr.Waits, 0.99),
+		"max":        percentile(cr.Waits, 1),
+		"violations": float64(violations + max(lost, 0)),
+		"errors":     float64(cr.Errors),
+	}
+}
+
+// --- scenario 4: 64 goroutines over 1,000 keys.
+
+func (b *bench) scenario4() []*result {
+	rows := append(lockRows(), pick("setdel")...)
+	b.warm(rows)
+	res := newResults(rows)
+	const nkeys, g = 1000, 64
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range order(rows, rep) {
+			im := b.impl(r)
+			keys := make([]string, nkeys)
+			guards := make([]guard, nkeys)
+			for i := range keys {
+				keys[i] = im.key(fmt.Sprintf("s4:%d:%d", rep, i))
+				guards[i] = newGuard()
+			}
+			s0, rt0 := b.snap(), im.roundTrips()
+			var ops, errs atomic.Int64
+			var firstErr string
+			var errMu sync.Mutex
+			start := time.Now()
+			deadline := start.Add(b.cfg.d4)
+			ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(waitBudget))
+			var wg sync.WaitGroup
+			for w := 0; w < g; w++ {
+				wg.Add(1)
+				go func(seed uint64) {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(seed, uint64(rep)))
+					n := 0
+					for {
+						if n%16 == 0 && time.Now().After(deadline) {
+							break
+						}
+						n++
+						i := rng.IntN(nkeys)
+						h, err := im.lock(ctx, keys[i])
+						if err != nil {
+							errs.Add(1)
+							setErr(&errMu, &firstErr, err)
+							if ctx.Err() != nil {
+								return
+							}
+							continue
+						}
+						if !r.floor {
+							guards[i].critical()
+						}
+						if err := im.unlock(context.Background(), keys[i], h); err != nil {
+							errs.Add(1)
+							setErr(&errMu, &firstErr, err)
+						}
+						ops.Add(1)
+					}
+				}(uint64(w))
+			}
+			wg.Wait()
+			cancel()
+			elapsed := time.Since(start)
+			delta := diffStats(s0.cmds, b.stats())
+			var viol, plain int64
+			for _, gd := range guards {
+				viol += *gd.violations
+				plain += *gd.plain
+			}
+			if !r.floor {
+				viol += max(ops.Load()-plain, 0)
+			}
+			n := max(ops.Load(), 1)
+			m := metrics{
+				"ops":        float64(ops.Load()),
+				"opsps":      float64(ops.Load()) / elapsed.Seconds(),
+				"rt":         float64(im.roundTrips()-rt0) / float64(n),
+				"cmds":       float64(delta.total()) / float64(n),
+				"violations": float64(viol),
+				"errors":     float64(errs.Load()),
+			}
+			b.cpu(m, s0, n, true)
+			res[r.id].Reps = append(res[r.id].Reps, m)
+			res[r.id].Mix = mixString(delta, n)
+			progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], errs.Load(), firstErr)
+		}
+	}
+	return ordered(rows, res)
+}
+
+// --- scenario 5: reject mode, duplicates of a key held in this process.
+
+func (b *bench) scenario5() []*result {
+	rows := pick("flightlock", "redislock", "redsync", "gozero")
+	b.warm(rows)
+	res := newResults(rows)
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range order(rows, rep) {
+			im := b.impl(r)
+			key := im.key(fmt.Sprintf("s5:%d", rep))
+			ctx := context.Background()
+			held, err := im.lock(ctx, key)
+			if err != nil {
+				fatalf("s5 %s: hold: %v", r.id, err)
+			}
+			// Serial: one goroutine retries the held key.
+			runtime.GC()
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			s0, rt0 := b.snap(), im.roundTrips()
+			var n, wrong int64
+			start := time.Now()
+			deadline := start.Add(b.cfg.d5)
+			for ; ; n++ {
+				if n%256 == 0 && time.Now().After(deadline) {
+					break
+				}
+				h, err := im.tryLock(ctx, key)
+				if !errors.Is(err, errBusy) {
+					wrong++
+					if err == nil {
+						_ = im.unlock(ctx, key, h)
+					}
+				}
+			}
+			elapsed := time.Since(start)
+			runtime.ReadMemStats(&m1)
+			d := diffStats(s0.cmds, b.stats())
+			rts := im.roundTrips() - rt0
+
+			// Parallel: 64 goroutines at once, as a burst of double clicks would.
+			var pn atomic.Int64
+			pdeadline := time.Now().Add(b.cfg.d5)
+			pstart := time.Now()
+			var wg sync.WaitGroup
+			for w := 0; w < 64; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var c int64
+					for ; ; c++ {
+						if c%64 == 0 && time.Now().After(pdeadline) {
+							break
+						}
+						if h, err := im.tryLock(ctx, key); err == nil {
+							_ = im.unlock(ctx, key, h)
+						}
+					}
+					pn.Add(c)
+				}()
+			}
+			wg.Wait()
+			pelapsed := time.Since(pstart)
+			_ = im.unlock(ctx, key, held)
+
+			res[r.id].Reps = append(res[r.id].Reps, metrics{
+				"ns":      float64(elapsed.Nanoseconds()) / float64(n),
+				"allocs":  float64(m1.Mallocs-m0.Mallocs) / float64(n),
+				"bytes":   float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
+				"cmds":    float64(d.total()) / float64(n),
+				"rt":      float64(rts) / float64(n),
+				"wrong":   float64(wrong),
+				"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn.Load()),
+				"par_ops": float64(pn.Load()) / pelapsed.Seconds(),
+			})
+			progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, dur(float64(elapsed.Nanoseconds())/float64(n)), float64(m1.Mallocs-m0.Mallocs)/float64(n), float64(d.total())/float64(n))
+		}
+	}
+	return ordered(rows, res)
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
+	cleanup()
+	os.Exit(1)
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// metrics is one repetition of one row: named figures, all float64.
+type metrics map[string]float64
+
+// result collects every repetition of a row in one scenario configuration.
+type result struct {
+	Row   string            `json:"row"`   // row id
+	Label string            `json:"label"` // row label
+	Reps  []metrics         `json:"reps"`
+	Mix   string            `json:"mix,omitempty"` // server command mix of the last repetition, per op
+	Notes map[string]string `json:"notes,omitempty"`
+}
+
+// med is the median of one figure over the repetitions.
+func (r *result) med(name string) float64 {
+	if r == nil {
+		return 0
+	}
+	var v []float64
+	for _, m := range r.Reps {
+		if x, ok := m[name]; ok {
+			v = append(v, x)
+		}
+	}
+	return median(v)
+}
+
+// worst is the maximum of one figure over the repetitions.
+func (r *result) worst(name string) float64 {
+	if r == nil {
+		return 0
+	}
+	var w float64
+	for _, m := range r.Reps {
+		w = max(w, m[name])
+	}
+	return w
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// percentile of sorted durations (nanoseconds), nearest rank.
+func percentile(sorted []int64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	return float64(sorted[i])
+}
+
+func sortInts(v []int64) { slices.Sort(v) }
+
+// mixString formats a command delta divided by ops, biggest first: "evalsha 1, get 1, set 2".
+func mixString(d cmdDelta, ops int64) string {
+	if ops <= 0 {
+		return ""
+	}
+	type kv struct {
+		k string
+		v int64
+	}
+	var all []kv
+	for k, v := range d {
+		all = append(all, kv{k, v})
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].v != all[j].v {
+			return all[i].v > all[j].v
+		}
+		return all[i].k < all[j].k
+	})
+	var parts []string
+	for _, e := range all {
+		per := float64(e.v) / float64(ops)
+		if per < 0.005 {
+			continue
+		}
+		parts = append(parts, strings.ToUpper(e.k)+" "+fmtFloat(per))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func dur(ns float64) string {
+	d := time.Duration(ns)
+	switch {
+	case ns == 0:
+		return "0"
+	case d < time.Microsecond:
+		return fmtFloat(ns) + " ns"
+	case d < time.Millisecond:
+		return fmtFloat(ns/1e3) + " µs"
+	case d < time.Second:
+		return fmtFloat(ns/1e6) + " ms"
+	default:
+		return fmtFloat(ns/1e9) + " s"
+	}
+}
