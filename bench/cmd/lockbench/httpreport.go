@@ -116,7 +116,7 @@ func (r *report) s6Section(w func(string, ...any)) {
 		}
 	}
 	w("The example (`example/app`, config `%s` with its Redis replaced by the benchmark's and free ports) runs in the\n", conf)
-	w("benchmark process, three times: one system per row, started once, all on the benchmark's `redis-server`. `wrk` (one\n")
+	w("benchmark process, once per row (%d systems, each started once), all on the benchmark's `redis-server`. `wrk` (one\n", len(s.Sat))
 	w("thread, `bench/cmd/lockbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU\n")
 	w("of the same name, both seeded before the run: no two requests share a lock key, so the figures are the cost of locking,\n")
 	w("not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory service and\n")
