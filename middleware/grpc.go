@@ -29,9 +29,6 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, grpcStatus(err).Err()
 		}
-		if g == nil { // failing open
-			return handler(ctx, req)
-		}
 		defer m.release(ctx, rl, g)
 		return handler(g.Context(), req)
 	}
@@ -68,11 +65,8 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if err != nil {
 			return grpcStatus(err).Err()
 		}
-		if g != nil {
-			defer m.release(ctx, rl, g)
-			ctx = g.Context()
-		}
-		return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
+		defer m.release(ctx, rl, g)
+		return handler(srv, &lockedStream{ServerStream: ss, ctx: g.Context(), done: true})
 	}
 }
 
@@ -133,9 +127,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 		s.err = grpcStatus(err).Err()
 		return s.err
 	}
-	if g != nil {
-		s.group, s.ctx = g, g.Context()
-	}
+	s.group, s.ctx = g, g.Context()
 	return nil
 }
 

@@ -355,9 +355,6 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (*flight
 // but not its cancellation: go-zero's timeout handler cancels the request context while the
 // handler may still run, and the lock must be released all the same.
 func (m *Middleware) release(ctx context.Context, rl *rule, g *flightlock.Group) {
-	if g == nil {
-		return
-	}
 	ctx = context.WithoutCancel(ctx)
 	if err := g.Release(ctx); err != nil {
 		// The lock expires with its TTL; nothing of another owner was touched.

@@ -82,10 +82,6 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		writeHTTPError(w, r, err)
 		return
 	}
-	if g == nil { // failing open
-		next(w, r)
-		return
-	}
 	defer m.release(ctx, rl, g)
 	next(w, r.WithContext(g.Context()))
 }
