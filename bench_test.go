@@ -59,14 +59,18 @@ func benchLocker(b *testing.B, store lockstore.Store, opts ...flightlock.Option)
 	return l
 }
 
-// reportCommands adds a "cmds/op" metric: server commands per operation, not counting the
-// INFO commands of the measurement.
-func reportCommands(b *testing.B, count func() int64, before int64) {
+// countCommands starts counting server commands and returns the function that adds the
+// "cmds/op" metric when the timed loop is done, not counting the INFO commands of the
+// measurement. It does nothing on miniredis (count is nil).
+func countCommands(b *testing.B, count func() int64) (report func()) {
 	if count == nil {
-		return
+		return func() {}
 	}
-	after := count() - 1 // the INFO that read "after" was not counted yet; the one for before was
-	b.ReportMetric(float64(after-before)/float64(b.N), "cmds/op")
+	before := count()
+	return func() {
+		after := count() - 1 // the INFO that read "after" was not counted yet; the one for before was
+		b.ReportMetric(float64(after-before)/float64(b.N), "cmds/op")
+	}
 }
 
 // BenchmarkLockRelease is an uncontended Lock + Release in wait mode (the default), cycling
@@ -79,10 +83,7 @@ func BenchmarkLockRelease(b *testing.B) {
 		keys[i] = "bench:uncontended:" + strconv.Itoa(i)
 	}
 	ctx := context.Background()
-	var before int64
-	if count != nil {
-		before = count()
-	}
+	report := countCommands(b, count)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -95,7 +96,7 @@ func BenchmarkLockRelease(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportCommands(b, count, before)
+	report()
 }
 
 // BenchmarkTryLockHeld is a reject-mode TryLock of a key that another goroutine of this
@@ -109,10 +110,7 @@ func BenchmarkTryLockHeld(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = held.Release(ctx) }()
-	var before int64
-	if count != nil {
-		before = count()
-	}
+	report := countCommands(b, count)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -121,7 +119,7 @@ func BenchmarkTryLockHeld(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	reportCommands(b, count, before)
+	report()
 }
 
 // BenchmarkTryLockHeldParallel is BenchmarkTryLockHeld from GOMAXPROCS goroutines at once.
@@ -157,10 +155,7 @@ func BenchmarkContendedHandoff(b *testing.B) {
 		mu      sync.Mutex
 		counter int
 	)
-	var before int64
-	if count != nil {
-		before = count()
-	}
+	report := countCommands(b, count)
 	b.ReportAllocs()
 	b.SetParallelism(64 / max(1, runtimeProcs()))
 	b.ResetTimer()
@@ -181,7 +176,7 @@ func BenchmarkContendedHandoff(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	reportCommands(b, count, before)
+	report()
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -212,24 +211,5 @@ func TestRejectCostsNoRedisCommands(t *testing.T) {
 		a := srv.CommandCount(ctx, c)
 		probe := srv.CommandCount(ctx, c) - a
 		check(t, s, func() int64 { return srv.CommandCount(ctx, c) }, probe)
-	})
-}
-
-func BenchmarkRejectHeldKey(b *testing.B) {
-	s := newMemStore()
-	l := mustLocker(b, s, WithMode(Reject))
-	ctx := context.Background()
-	lease, err := l.Lock(ctx, "hot")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lease.Release(ctx)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := l.TryLock(ctx, "hot"); !errors.Is(err, ErrBusy) {
-				b.Fatal("not busy: " + strconv.Quote(fmt.Sprint(err)))
-			}
-		}
 	})
 }
