@@ -77,8 +77,8 @@ func TestStaleAndDoubleReleaseKeepNextOwner(t *testing.T) {
 	if err := a.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("stale Refresh: %v, want ErrNotHeld", err)
 	}
-	if v := c.Get(ctx, "lock:stale").Val(); v != b.Owner() {
-		t.Fatalf("next owner's lock was touched: value %q, want %q", v, b.Owner())
+	if v, want := c.Get(ctx, "lock:stale").Val(), fmt.Sprintf("%s %d", b.Owner(), b.Fence()); v != want {
+		t.Fatalf("next owner's lock was touched: value %q, want %q", v, want)
 	}
 }
 

@@ -4,34 +4,30 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
-// fenceKey names the key that keeps the last fence of lock key k. Both keys must live in one
-// Redis Cluster hash slot, since one script touches both:
-//   - k has a hash tag ("{user:7}:order"): the fence key reuses it, k + ":fence";
-//   - k has no '}' at all: wrapping k whole as the tag gives the slot of k, "{k}:fence";
-//   - otherwise (a '}' without a valid tag, e.g. binary keys) the tag is a short string that
-//     is known to hash to k's slot, from a table built once.
+// FenceKeyPrefix starts the names of the fence counters, one per Redis Cluster hash slot in
+// use: "flightlock:fence:{<tag>}", where the tag hashes to the slot.
+const FenceKeyPrefix = "flightlock:fence:"
+
+// fenceKey names the fence counter of lock key k. acquire.lua touches both keys, so the counter
+// must live in k's Redis Cluster hash slot; one counter per slot (rather than per lock key)
+// keeps the number of counters bounded, so they can live forever and need no expiry of their
+// own. On a single node the slot is only a way to spread the counters.
 func fenceKey(k string) string {
-	if hasHashTag(k) {
-		return k + ":fence"
+	slot := keySlot(k)
+	if p := fenceKeys[slot].Load(); p != nil {
+		return *p
 	}
-	if !strings.Contains(k, "}") {
-		return "{" + k + "}:fence"
-	}
-	return "{" + slotTag(keySlot(k)) + "}:fence:" + k
+	key := FenceKeyPrefix + "{" + strconv.FormatUint(uint64(slotTag(slot)), 10) + "}"
+	fenceKeys[slot].Store(&key) // racing stores write equal strings
+	return key
 }
 
-// hasHashTag reports whether k has a non-empty {...} section that Redis Cluster hashes instead
-// of the whole key.
-func hasHashTag(k string) bool {
-	open := strings.IndexByte(k, '{')
-	if open < 0 {
-		return false
-	}
-	end := strings.IndexByte(k[open+1:], '}')
-	return end > 0
-}
+// fenceKeys caches the counter name of each slot once it was used, so that acquiring does not
+// build it again.
+var fenceKeys [16384]atomic.Pointer[string]
 
 // keySlot is Redis Cluster's slot of k: CRC16/XMODEM of the key (or its hash tag) mod 16384.
 func keySlot(k string) uint16 {
@@ -60,18 +56,20 @@ func crc16(s string) uint16 {
 
 var (
 	slotTagsOnce sync.Once
-	slotTags     []string // slotTags[s] hashes to slot s; filled once, read-only afterwards
+	slotTags     []uint32 // the decimal string of slotTags[s] hashes to slot s; read-only once filled
 )
 
-// slotTag returns a short decimal string whose CRC16 falls in slot s.
-func slotTag(s uint16) string {
+// slotTag returns a number whose decimal string has its CRC16 in slot s.
+func slotTag(s uint16) uint32 {
 	slotTagsOnce.Do(func() {
-		slotTags = make([]string, 16384)
-		left := len(slotTags)
-		for i := 0; left > 0; i++ {
-			tag := strconv.Itoa(i)
-			if slot := crc16(tag) % 16384; slotTags[slot] == "" {
-				slotTags[slot] = tag
+		slotTags = make([]uint32, 16384)
+		seen := make([]bool, 16384)
+		var buf []byte
+		for i, left := uint32(0), len(slotTags); left > 0; i++ {
+			buf = strconv.AppendUint(buf[:0], uint64(i), 10)
+			if slot := crc16(string(buf)) % 16384; !seen[slot] {
+				seen[slot] = true
+				slotTags[slot] = i
 				left--
 			}
 		}

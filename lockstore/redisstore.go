@@ -35,10 +35,6 @@ const (
 // releaseNotHeld is release.lua's reply when the owner does not hold the key.
 const releaseNotHeld = -1
 
-// DefaultFenceLinger is how long a key's fence counter outlives its lock. Past it, server time
-// alone keeps fences rising, so the counter does not have to live forever.
-const DefaultFenceLinger = 5 * time.Second
-
 // DefaultChannelPrefix is put before a lock key to name its release notification channel.
 const DefaultChannelPrefix = "flightlock:released:"
 
@@ -53,16 +49,6 @@ type Client interface {
 
 // Option configures a RedisStore.
 type Option func(*RedisStore)
-
-// WithFenceLinger sets how long the fence counter outlives its lock (default
-// DefaultFenceLinger). Longer survives larger backward steps of the Redis server's clock.
-func WithFenceLinger(d time.Duration) Option {
-	return func(s *RedisStore) {
-		if d > 0 {
-			s.fenceLingerMs = d.Milliseconds()
-		}
-	}
-}
 
 // WithChannelPrefix sets the prefix of release notification channels (default
 // DefaultChannelPrefix). All processes that share locks must use the same prefix.
@@ -85,7 +71,6 @@ func WithWatchLinger(d time.Duration) Option {
 // for concurrent use. Close it to stop its notification subscriber.
 type RedisStore struct {
 	client        Client
-	fenceLingerMs int64
 	channelPrefix string
 	notify        *notifier
 	closers       []func() error // run by Close, last first
@@ -95,7 +80,6 @@ type RedisStore struct {
 func New(client Client, opts ...Option) *RedisStore {
 	s := &RedisStore{
 		client:        client,
-		fenceLingerMs: DefaultFenceLinger.Milliseconds(),
 		channelPrefix: DefaultChannelPrefix,
 		notify:        newNotifier(client),
 	}
@@ -125,13 +109,12 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return Acquisition{}, err
 	}
-	value := owner
 	// " ~" at the end of the value is the waiters mark of acquire.lua; metadata cannot fake it.
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
-		value = owner + " " + meta
+		meta = " " + meta
 	}
 	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
-		owner, ttlMillis(ttl), value, s.fenceLingerMs).Slice()
+		owner, ttlMillis(ttl), meta).Slice()
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
@@ -162,8 +145,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	n, err := refreshScript.Run(ctx, s.client, []string{key, fenceKey(key)},
-		owner, ttlMillis(ttl), s.fenceLingerMs).Int64()
+	n, err := refreshScript.Run(ctx, s.client, []string{key}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}

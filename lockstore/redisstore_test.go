@@ -3,6 +3,7 @@ package lockstore
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func miniBackend(t *testing.T) backend {
 	mr := miniredis.RunT(t)
 	// RESP2: miniredis delivers pub/sub messages with it (DESIGN.md, known pitfalls).
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	s := New(c, WithFenceLinger(testFenceLinger))
+	s := New(c)
 	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
 	return backend{store: s, client: c, advance: mr.FastForward}
 }
@@ -32,7 +33,7 @@ func miniBackend(t *testing.T) backend {
 func realBackend(t *testing.T) backend {
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := New(c, WithFenceLinger(testFenceLinger))
+	s := New(c)
 	t.Cleanup(func() { _ = s.Close() })
 	return backend{store: s, client: c, advance: func(d time.Duration) { time.Sleep(d + 5*time.Millisecond) }}
 }
@@ -51,9 +52,6 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, b backend)) {
 	}
 }
 
-// testFenceLinger keeps the real server's fence-expiry test short.
-const testFenceLinger = 300 * time.Millisecond
-
 const (
 	ownerA = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 	ownerB = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -66,8 +64,8 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 		if err != nil || !got.Acquired || got.Reentered || got.Fence <= 0 {
 			t.Fatalf("first acquire = %+v, %v; want acquired with a fence", got, err)
 		}
-		// The value carries the owner and the metadata for operators.
-		if v := b.client.Get(ctx, "lock:k").Val(); v != ownerA+" host=h pid=1" {
+		// The value carries the owner, the fence and the metadata for operators.
+		if v := b.client.Get(ctx, "lock:k").Val(); v != ownerA+" "+strconv.FormatInt(got.Fence, 10)+" host=h pid=1" {
 			t.Fatalf("stored value %q", v)
 		}
 		again, err := b.store.Acquire(ctx, "lock:k", ownerA, 5*time.Second, "")
@@ -116,47 +114,77 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// A counter ahead of server time (a clock stepped back) is counted on, not undercut.
+		// The counter is counted on, not undercut, even far ahead of server time (a clock
+		// that stepped back).
 		ahead := last + int64(time.Hour/time.Microsecond)
-		b.client.Set(ctx, fenceKey("lock:f"), ahead, time.Minute)
+		b.client.Set(ctx, fenceKey("lock:f"), ahead, 0)
 		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
 		if err != nil || got.Fence != ahead+1 {
 			t.Fatalf("fence after a clock step back = %d (%v), want %d", got.Fence, err, ahead+1)
 		}
-		last = got.Fence
+		// Re-entry reports the fence of the holding, although the counter moved on.
+		b.client.Set(ctx, fenceKey("lock:f"), ahead+100, 0)
+		if again, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, ""); err != nil || !again.Reentered || again.Fence != got.Fence {
+			t.Fatalf("re-entry = %+v, %v; want fence %d", again, err, got.Fence)
+		}
 		if _, err := b.store.Release(ctx, "lock:f", ownerA); err != nil {
 			t.Fatal(err)
 		}
-		b.client.PExpire(ctx, fenceKey("lock:f"), testFenceLinger)
-		// After the fence counter itself expired, server time keeps fences above the old ones
-		// (here: above the last one seeded from real time).
-		last = ahead - int64(time.Hour/time.Microsecond)
-		b.advance(time.Second + testFenceLinger + 100*time.Millisecond)
-		if n := b.client.Exists(ctx, fenceKey("lock:f")).Val(); n != 0 {
-			t.Fatalf("fence key still exists after its linger")
+		// A counter that was lost (eviction, FLUSHDB) restarts from server time, which is above
+		// every fence counted from an earlier seed.
+		before, err := b.store.Acquire(ctx, "lock:g", ownerA, time.Second, "")
+		if err != nil || !before.Acquired {
+			t.Fatalf("acquire: %+v %v", before, err)
 		}
-		got, err = b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
-		if err != nil || got.Fence <= last {
-			t.Fatalf("fence after counter expiry = %d (%v), last was %d", got.Fence, err, last)
+		if _, err := b.store.Release(ctx, "lock:g", ownerA); err != nil {
+			t.Fatal(err)
+		}
+		b.client.Del(ctx, fenceKey("lock:g"))
+		after, err := b.store.Acquire(ctx, "lock:g", ownerB, time.Second, "")
+		if err != nil || after.Fence <= before.Fence {
+			t.Fatalf("fence after the counter was lost = %d (%v), the one before was %d", after.Fence, err, before.Fence)
 		}
 	})
 }
 
-func TestLockAndFenceKeysExpire(t *testing.T) {
+// Locks expire; fence counters do not, but there is one per hash slot in use, so locking any
+// number of distinct keys leaves at most 16,384 of them behind.
+func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		if _, err := b.store.Acquire(ctx, "lock:e", ownerA, 200*time.Millisecond, ""); err != nil {
 			t.Fatal(err)
 		}
-		for _, k := range []string{"lock:e", fenceKey("lock:e")} {
-			if ttl := b.client.PTTL(ctx, k).Val(); ttl <= 0 {
-				t.Fatalf("%s has no expiry (PTTL %v): a lock must never be immortal", k, ttl)
-			}
+		if ttl := b.client.PTTL(ctx, "lock:e").Val(); ttl <= 0 {
+			t.Fatalf("lock has no expiry (PTTL %v): a lock must never be immortal", ttl)
 		}
 		b.advance(300 * time.Millisecond)
 		got, err := b.store.Acquire(ctx, "lock:e", ownerB, time.Second, "")
 		if err != nil || !got.Acquired {
 			t.Fatalf("expired lock not free: %+v %v", got, err)
+		}
+		if _, err := b.store.Release(ctx, "lock:e", ownerB); err != nil {
+			t.Fatal(err)
+		}
+		slots := map[uint16]bool{keySlot("lock:e"): true}
+		for i := range 3000 {
+			k := "lock:many:" + strconv.Itoa(i)
+			slots[keySlot(k)] = true
+			if _, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.store.Release(ctx, k, ownerA); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys := b.client.Keys(ctx, "*").Val()
+		if len(keys) != len(slots) {
+			t.Fatalf("%d keys left after 3001 distinct locks, want one fence counter per slot (%d)", len(keys), len(slots))
+		}
+		for _, k := range keys {
+			if !strings.HasPrefix(k, FenceKeyPrefix) {
+				t.Fatalf("key %q left behind", k)
+			}
 		}
 	})
 }
@@ -173,7 +201,7 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:o", ownerB); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("release by another owner: %v, want ErrNotHeld", err)
 		}
-		if b.client.Get(ctx, "lock:o").Val() != ownerA+" meta" {
+		if !strings.HasPrefix(b.client.Get(ctx, "lock:o").Val(), ownerA+" ") {
 			t.Fatal("another owner's refresh or release changed the lock")
 		}
 		if err := b.store.Refresh(ctx, "lock:o", ownerA, time.Minute); err != nil {
@@ -192,7 +220,7 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:o", ownerA); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("stale release: %v, want ErrNotHeld", err)
 		}
-		if v := b.client.Get(ctx, "lock:o").Val(); v != ownerB {
+		if v := b.client.Get(ctx, "lock:o").Val(); !strings.HasPrefix(v, ownerB+" ") {
 			t.Fatalf("stale release touched the next owner's lock: value %q", v)
 		}
 		if _, err := b.store.TTL(ctx, "lock:none"); !errors.Is(err, ErrNotHeld) {
@@ -222,14 +250,15 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 		// A refused acquirer marks the lock; its release then notifies. The subscription is
 		// asynchronous: repeat, boundedly, until the watcher hears one.
 		for {
-			if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, "host=h"); err != nil {
+			held, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, "host=h")
+			if err != nil {
 				t.Fatal(err)
 			}
 			busy, err := b.store.Acquire(ctx, "lock:n", ownerB, time.Second, "")
 			if err != nil || busy.Acquired {
 				t.Fatalf("second owner: %+v %v", busy, err)
 			}
-			if v := b.client.Get(ctx, "lock:n").Val(); v != ownerA+" host=h ~" {
+			if v := b.client.Get(ctx, "lock:n").Val(); v != ownerA+" "+strconv.FormatInt(held.Fence, 10)+" host=h ~" {
 				t.Fatalf("value after a refused acquire = %q, want the waiters mark", v)
 			}
 			// The mark changes neither the owner check nor the TTL.
@@ -257,10 +286,11 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 func TestMetadataCannotFakeTheWaitersMark(t *testing.T) {
 	b := miniBackend(t)
 	ctx := context.Background()
-	if _, err := b.store.Acquire(ctx, "lock:m", ownerA, time.Second, "req=1 ~"); err != nil {
+	got, err := b.store.Acquire(ctx, "lock:m", ownerA, time.Second, "req=1 ~")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if v := b.client.Get(ctx, "lock:m").Val(); v != ownerA+" req=1" {
+	if v := b.client.Get(ctx, "lock:m").Val(); v != ownerA+" "+strconv.FormatInt(got.Fence, 10)+" req=1" {
 		t.Fatalf("stored %q", v)
 	}
 	if n, err := b.store.Release(ctx, "lock:m", ownerA); err != nil || n != 0 {

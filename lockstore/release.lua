@@ -8,10 +8,10 @@
 --          n >= 0 released, and n subscribers (waiters in other processes) were notified.
 -- A notification is published only when acquire.lua marked the lock (" ~" at the end of its
 -- value) because someone was refused while it was held; an uncontended release costs no
--- PUBLISH. The fence key is left to expire on its own so the next fence stays above this one.
+-- PUBLISH. The slot's fence counter is left alone: the next holder counts on from it.
 local owner = ARGV[1]
 local current = redis.call('GET', KEYS[1])
-if current and (current == owner or string.sub(current, 1, #owner + 1) == owner .. ' ') then
+if current and string.sub(current, 1, #owner + 1) == owner .. ' ' then
   redis.call('DEL', KEYS[1])
   if string.sub(current, -2) == ' ~' then
     return redis.call('PUBLISH', ARGV[2], '1')
