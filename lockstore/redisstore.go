@@ -67,11 +67,25 @@ func WithWatchLinger(d time.Duration) Option {
 	}
 }
 
+// WithLanes sets how many script calls go to Redis at once, each as its own round trip, before
+// further calls are batched into one pipeline per lane (default DefaultLanes). 0 turns
+// batching off: every call then takes a pooled connection of its own, as with a plain go-redis
+// client.
+func WithLanes(n int) Option {
+	return func(s *RedisStore) {
+		if n >= 0 {
+			s.lanes = n
+		}
+	}
+}
+
 // RedisStore is the Store on Redis. Create it with New, NewFromConf or NewEmbedded; it is safe
 // for concurrent use. Close it to stop its notification subscriber.
 type RedisStore struct {
 	client        Client
 	channelPrefix string
+	lanes         int
+	batch         *batcher // nil: every script call goes straight to the client
 	notify        *notifier
 	closers       []func() error // run by Close, last first
 }
@@ -81,11 +95,13 @@ func New(client Client, opts ...Option) *RedisStore {
 	s := &RedisStore{
 		client:        client,
 		channelPrefix: DefaultChannelPrefix,
+		lanes:         DefaultLanes,
 		notify:        newNotifier(client),
 	}
 	for _, opt := range opts {
 		opt(s)
 	}
+	s.batch = newBatcher(client, s.lanes)
 	return s
 }
 
@@ -113,7 +129,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		meta = " " + meta
 	}
-	reply, err := acquireScript.Run(ctx, s.client, []string{key, fenceKey(key)},
+	reply, err := s.batch.run(ctx, s.client, acquireScript, []string{key, fenceKey(key)},
 		owner, ttlMillis(ttl), meta).Slice()
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
@@ -145,7 +161,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	n, err := refreshScript.Run(ctx, s.client, []string{key}, owner, ttlMillis(ttl)).Int64()
+	n, err := s.batch.run(ctx, s.client, refreshScript, []string{key}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
@@ -160,7 +176,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) (int, error
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	n, err := releaseScript.Run(ctx, s.client, []string{key}, owner, s.channelPrefix+key).Int64()
+	n, err := s.batch.run(ctx, s.client, releaseScript, []string{key}, owner, s.channelPrefix+key).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}

@@ -1,0 +1,171 @@
+package lockstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultLanes is how many script calls a RedisStore keeps on the wire at once before it
+// starts batching (WithLanes).
+const DefaultLanes = 4
+
+// pipeliner is what batching needs from the client; redis.Cmdable (every go-redis client)
+// has it.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// batcher sends the scripts of concurrent callers (acquire, refresh, release) to Redis.
+//
+// Up to lanes calls go out at once, each on its own pooled connection with its caller's
+// context, as plain go-redis calls: at low concurrency nothing changes. A call that finds every
+// lane busy queues; when a lane's call or batch returns, the lane takes the whole queue and
+// sends it as one pipeline. Under load this turns N round trips into one on both sides (one
+// write and one read system call for the client and for Redis), which is where a lock spends
+// its CPU: the scripts themselves cost Redis microseconds, the system calls tens of them.
+//
+// go-redis has an automatic pipeliner of its own (Client.AutoPipeline, v9.23, experimental),
+// but a call waits for its batch however short its context: against a hung server a call
+// with a 200 ms deadline returned after 35 s, which breaks "a hung Redis fails the request
+// within its deadline". Here every caller waits on its own context, and a call whose context
+// ends before its batch is sent is dropped, not sent late.
+type batcher struct {
+	client   pipeliner
+	scripter redis.Scripter // the same client, for EVAL after NOSCRIPT
+	lanes    int
+
+	mu    sync.Mutex
+	busy  int           // guarded by mu: lanes with a call or a batch on the wire
+	queue []*queuedCall // guarded by mu: calls waiting for a lane, oldest first
+}
+
+// Lifecycle of a queued call: queued -> sent (a lane took it) or queued -> abandoned (its
+// caller left first). The CAS decides the race between the lane and the caller.
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+type queuedCall struct {
+	ctx    context.Context
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd    // EVALSHA; written by the lane, read by the caller after done
+	done   chan struct{} // closed by the lane once cmd has its reply
+	state  atomic.Int32
+}
+
+func newBatcher(client Client, lanes int) *batcher {
+	p, ok := client.(pipeliner)
+	if !ok || lanes <= 0 {
+		return nil // calls go straight to the client
+	}
+	return &batcher{client: p, scripter: client, lanes: lanes}
+}
+
+// run runs script with keys and args, through a free lane or in the next batch.
+func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if b == nil {
+		return script.Run(ctx, client, keys, args...)
+	}
+	b.mu.Lock()
+	if b.busy < b.lanes {
+		b.busy++
+		b.mu.Unlock()
+		cmd := script.Run(ctx, client, keys, args...)
+		b.laneDone()
+		return cmd
+	}
+	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args,
+		cmd: evalShaCmd(ctx, script, keys, args), done: make(chan struct{})}
+	b.queue = append(b.queue, q)
+	b.mu.Unlock()
+
+	select {
+	case <-q.done:
+		return q.cmd
+	case <-ctx.Done():
+		// Not sent yet: it never will be. Sent: the reply is lost to us, as after a timeout
+		// (the Locker treats a timed-out acquire as possibly taken and releases it).
+		q.state.CompareAndSwap(callQueued, callAbandoned)
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(context.Cause(ctx))
+		return cmd
+	}
+}
+
+// laneDone frees a lane, or hands it the queued calls as one batch.
+func (b *batcher) laneDone() {
+	b.mu.Lock()
+	if len(b.queue) == 0 {
+		b.busy--
+		b.mu.Unlock()
+		return
+	}
+	batch := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+	go b.send(batch) // the lane stays busy until the batch returns
+}
+
+// send pipelines the calls of batch whose callers still wait, then frees its lane.
+func (b *batcher) send(batch []*queuedCall) {
+	defer b.laneDone()
+	live := batch[:0]
+	for _, q := range batch {
+		if q.state.CompareAndSwap(callQueued, callSent) {
+			live = append(live, q)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := batchContext(live)
+	defer cancel()
+	pipe := b.client.Pipeline()
+	for _, q := range live {
+		_ = pipe.Process(ctx, q.cmd)
+	}
+	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
+	for _, q := range live {
+		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") {
+			// The server lost its script cache (restart, SCRIPT FLUSH): EVAL loads it again.
+			q.cmd = q.script.Eval(q.ctx, b.scripter, q.keys, q.args...)
+		}
+		close(q.done)
+	}
+}
+
+// batchContext bounds a batch by the latest deadline among its callers, so that no caller is
+// cut short by another's; a caller with an earlier deadline stops waiting on its own. Values
+// (tracing) come from the first caller.
+func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, q := range live {
+		d, ok := q.ctx.Deadline()
+		if !ok {
+			return context.WithoutCancel(live[0].ctx), func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
+}
+
+// evalShaCmd builds the EVALSHA command that script.Run would send.
+func evalShaCmd(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	return redis.NewCmd(ctx, cmdArgs...)
+}

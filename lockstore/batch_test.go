@@ -1,0 +1,223 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// gateHook holds the first single command sent while armed until release is closed, so a test
+// can keep a lane busy; it counts pipelines and the commands in them.
+type gateHook struct {
+	armed     atomic.Bool
+	entered   chan struct{}
+	release   chan struct{}
+	pipelines atomic.Int64
+	piped     atomic.Int64
+}
+
+func newGateHook() *gateHook {
+	return &gateHook{entered: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
+func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.armed.CompareAndSwap(true, false) {
+			h.entered <- struct{}{}
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipelines.Add(1)
+		h.piped.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// oneLaneStore is a store on miniredis with a single lane, and the hook that can block it.
+func oneLaneStore(t *testing.T) (*RedisStore, *redis.Client, *gateHook) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	h := newGateHook()
+	c.AddHook(h)
+	s := New(c, WithLanes(1))
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	if err := s.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s, c, h
+}
+
+// occupyLane starts a release of a free key that blocks in the hook until h.release is
+// closed, and returns once it holds the store's only lane.
+func occupyLane(t *testing.T, s *RedisStore, h *gateHook) <-chan struct{} {
+	t.Helper()
+	h.armed.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = s.Release(context.Background(), "lock:lane", ownerA)
+	}()
+	<-h.entered
+	return done
+}
+
+func queued(s *RedisStore) int {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	return len(s.batch.queue)
+}
+
+func waitQueued(t *testing.T, s *RedisStore, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for queued(s) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", queued(s), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Calls that find every lane busy go out together, as one pipeline, and each gets its own reply.
+func TestBusyLanesBatchCalls(t *testing.T) {
+	s, c, h := oneLaneStore(t)
+	ctx := context.Background()
+	laneFree := occupyLane(t, s, h)
+
+	const n = 20
+	results := make([]Acquisition, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Half the callers fight over one key: exactly one of them may win.
+			key := "lock:b" + strconv.Itoa(i)
+			if i%2 == 1 {
+				key = "lock:shared"
+			}
+			results[i], errs[i] = s.Acquire(ctx, key, "owner"+strconv.Itoa(i), time.Minute, "")
+		}()
+	}
+	waitQueued(t, s, n)
+	close(h.release)
+	wg.Wait()
+	<-laneFree
+
+	if got := h.pipelines.Load(); got != 1 || h.piped.Load() != n {
+		t.Fatalf("%d pipelines with %d commands, want 1 with %d", got, h.piped.Load(), n)
+	}
+	winners := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("call %d: %v", i, errs[i])
+		}
+		if i%2 == 0 && !results[i].Acquired {
+			t.Fatalf("call %d on a free key: %+v", i, results[i])
+		}
+		if i%2 == 1 && results[i].Acquired {
+			winners++
+			// The losers marked the lock (" ~") after the winner took it.
+			if v := c.Get(ctx, "lock:shared").Val(); v != "owner"+strconv.Itoa(i)+" "+strconv.FormatInt(results[i].Fence, 10)+" ~" {
+				t.Fatalf("shared key holds %q, the winner was call %d", v, i)
+			}
+		}
+	}
+	if winners != 1 {
+		t.Fatalf("%d callers won the shared key in one batch, want 1", winners)
+	}
+	if queued(s) != 0 || s.batch.busy != 0 {
+		t.Fatalf("after the batch: %d queued, %d lanes busy", queued(s), s.batch.busy)
+	}
+}
+
+// A queued call whose context ends before a lane takes it returns at its deadline and is never
+// sent: a late acquire would take a lock that nobody releases.
+func TestAbandonedCallIsNeverSent(t *testing.T) {
+	s, c, h := oneLaneStore(t)
+	laneFree := occupyLane(t, s, h)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Acquire(ctx, "lock:late", ownerB, time.Minute, "")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued acquire past its deadline: %v, want DeadlineExceeded", err)
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Fatalf("queued acquire returned after %v, its deadline was 50ms", waited)
+	}
+	close(h.release)
+	<-laneFree
+	// The lane took the queue when its call returned, found only the abandoned call, and sent
+	// nothing.
+	got, err := s.Acquire(context.Background(), "lock:probe", ownerA, time.Minute, "")
+	if err != nil || !got.Acquired {
+		t.Fatalf("store unusable after an abandoned call: %+v %v", got, err)
+	}
+	if n := c.Exists(context.Background(), "lock:late").Val(); n != 0 {
+		t.Fatal("the abandoned acquire was sent after its caller left")
+	}
+}
+
+// A batch that meets NOSCRIPT (the server's script cache was flushed) falls back to EVAL.
+func TestBatchAfterScriptFlush(t *testing.T) {
+	s, c, h := oneLaneStore(t)
+	ctx := context.Background()
+	laneFree := occupyLane(t, s, h)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := s.Acquire(ctx, "lock:nf"+strconv.Itoa(i), ownerA, time.Minute, "")
+			if err == nil && !res.Acquired {
+				err = errors.New("not acquired")
+			}
+			errs[i] = err
+		}()
+	}
+	waitQueued(t, s, 3)
+	admin := redis.NewClient(&redis.Options{Addr: c.Options().Addr, Protocol: 2, DisableIdentity: true})
+	defer admin.Close()
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	close(h.release)
+	wg.Wait()
+	<-laneFree
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("batched acquire %d after SCRIPT FLUSH: %v", i, err)
+		}
+	}
+}
+
+// A store on a client without pipelines (a test double, say) sends every call directly.
+func TestNoBatchingWithoutPipelines(t *testing.T) {
+	if newBatcher(scripterOnly{}, 4) != nil {
+		t.Fatal("batcher built on a client that cannot pipeline")
+	}
+	s, _, _ := oneLaneStore(t)
+	if newBatcher(s.client, 0) != nil {
+		t.Fatal("WithLanes(0) still batches")
+	}
+}
+
+type scripterOnly struct{ Client }
