@@ -28,11 +28,16 @@ type pipeliner interface {
 // write and one read system call for the client and for Redis), which is where a lock spends
 // its CPU: the scripts themselves cost Redis microseconds, the system calls tens of them.
 //
+// A call waits for its reply once it is on the wire, as a plain go-redis call does: returning
+// early would leave a command running unseen (an acquire whose lock nobody would release, or
+// whose orphan release could overtake it). A call whose context ends while it is still queued
+// is dropped and never sent. A batch is bounded by the earliest deadline among its callers, so
+// nobody waits past their own deadline, even on a hung Redis.
+//
 // go-redis has an automatic pipeliner of its own (Client.AutoPipeline, v9.23, experimental),
-// but a call waits for its batch however short its context: against a hung server a call
-// with a 200 ms deadline returned after 35 s, which breaks "a hung Redis fails the request
-// within its deadline". Here every caller waits on its own context, and a call whose context
-// ends before its batch is sent is dropped, not sent late.
+// but there a call waits for its batch however short its context: against a stopped server a
+// call with a 200 ms deadline returned after 35 s, which breaks "a hung Redis fails the
+// request within its deadline".
 type batcher struct {
 	client   pipeliner
 	scripter redis.Scripter // the same client, for EVAL after NOSCRIPT
@@ -91,12 +96,13 @@ func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, 
 	case <-q.done:
 		return q.cmd
 	case <-ctx.Done():
-		// Not sent yet: it never will be. Sent: the reply is lost to us, as after a timeout
-		// (the Locker treats a timed-out acquire as possibly taken and releases it).
-		q.state.CompareAndSwap(callQueued, callAbandoned)
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(context.Cause(ctx))
-		return cmd
+		if q.state.CompareAndSwap(callQueued, callAbandoned) {
+			cmd := redis.NewCmd(ctx) // never sent: nothing ran
+			cmd.SetErr(context.Cause(ctx))
+			return cmd
+		}
+		<-q.done // on the wire: its batch ends by this caller's deadline at the latest
+		return q.cmd
 	}
 }
 
@@ -142,21 +148,21 @@ func (b *batcher) send(batch []*queuedCall) {
 	}
 }
 
-// batchContext bounds a batch by the latest deadline among its callers, so that no caller is
-// cut short by another's; a caller with an earlier deadline stops waiting on its own. Values
-// (tracing) come from the first caller.
+// batchContext bounds a batch by the earliest deadline among its callers (none if no caller
+// has one). Values (tracing) come from the first caller; cancellation comes from none, since
+// a command on the wire is waited for.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
-	var latest time.Time
+	var earliest time.Time
 	for _, q := range live {
-		d, ok := q.ctx.Deadline()
-		if !ok {
-			return context.WithoutCancel(live[0].ctx), func() {}
-		}
-		if d.After(latest) {
-			latest = d
+		if d, ok := q.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
+			earliest = d
 		}
 	}
-	return context.WithDeadline(context.WithoutCancel(live[0].ctx), latest)
+	ctx := context.WithoutCancel(live[0].ctx)
+	if earliest.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, earliest)
 }
 
 // evalShaCmd builds the EVALSHA command that script.Run would send.

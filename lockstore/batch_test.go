@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,12 +20,16 @@ type gateHook struct {
 	armed     atomic.Bool
 	entered   chan struct{}
 	release   chan struct{}
+	pipeArmed atomic.Bool   // hold the next pipeline, after it was counted, until pipeGo
+	pipeIn    chan struct{} // receives when a held pipeline arrives
+	pipeGo    chan struct{}
 	pipelines atomic.Int64
 	piped     atomic.Int64
 }
 
 func newGateHook() *gateHook {
-	return &gateHook{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	return &gateHook{entered: make(chan struct{}, 1), release: make(chan struct{}),
+		pipeIn: make(chan struct{}, 1), pipeGo: make(chan struct{})}
 }
 
 func (h *gateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -43,6 +48,10 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		h.pipelines.Add(1)
 		h.piped.Add(int64(len(cmds)))
+		if h.pipeArmed.CompareAndSwap(true, false) {
+			h.pipeIn <- struct{}{}
+			<-h.pipeGo
+		}
 		return next(ctx, cmds)
 	}
 }
@@ -221,3 +230,82 @@ func TestNoBatchingWithoutPipelines(t *testing.T) {
 }
 
 type scripterOnly struct{ Client }
+
+// Under a storm of concurrent calls, some of whose contexts end early, every lane comes back
+// and the queue drains: a leaked lane would leave calls queued until their deadlines.
+func TestLanesComeBackAfterAStorm(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		var wg sync.WaitGroup
+		stop := time.Now().Add(500 * time.Millisecond)
+		for g := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; time.Now().Before(stop); i++ {
+					d := time.Second
+					if i%7 == 0 {
+						d = time.Duration(g%5) * 100 * time.Microsecond // some end while queued
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), d)
+					key := "lock:storm" + strconv.Itoa((g*31+i)%50)
+					owner := "o" + strconv.Itoa(g)
+					if res, err := b.store.Acquire(ctx, key, owner, time.Minute, ""); err == nil && res.Acquired {
+						_, _ = b.store.Release(context.Background(), key, owner)
+					}
+					cancel()
+				}
+			}()
+		}
+		wg.Wait()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			b.store.batch.mu.Lock()
+			busy, queue := b.store.batch.busy, len(b.store.batch.queue)
+			b.store.batch.mu.Unlock()
+			if busy == 0 && queue == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the storm: %d lanes busy, %d calls queued", busy, queue)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+}
+
+// A caller whose context is cancelled once its call is on the wire still gets the reply: had it
+// left, the lock its acquire took would stay held until the TTL with nobody to release it.
+func TestSentCallWaitsForItsReply(t *testing.T) {
+	s, c, h := oneLaneStore(t)
+	laneFree := occupyLane(t, s, h)
+	h.pipeArmed.Store(true)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		res Acquisition
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		res, err := s.Acquire(ctx, "lock:sent", ownerB, time.Minute, "")
+		out <- result{res, err}
+	}()
+	waitQueued(t, s, 1)
+	close(h.release) // the lane frees and sends the queue as a batch, which the hook holds
+	<-h.pipeIn
+	cancel()
+	select {
+	case r := <-out:
+		t.Fatalf("caller left while its acquire was on the wire: %+v, %v", r.res, r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(h.pipeGo)
+	r := <-out
+	<-laneFree
+	if r.err != nil || !r.res.Acquired {
+		t.Fatalf("acquire on the wire when its caller was cancelled = %+v, %v; want its reply", r.res, r.err)
+	}
+	if v := c.Get(context.Background(), "lock:sent").Val(); !strings.HasPrefix(v, ownerB+" ") {
+		t.Fatalf("lock:sent holds %q", v)
+	}
+}
