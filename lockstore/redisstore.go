@@ -176,7 +176,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) (int, error
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	n, err := s.batch.run(ctx, s.client, releaseScript, []string{key}, owner, s.channelPrefix+key).Int64()
+	n, err := s.batch.run(ctx, s.client, releaseScript, []string{key}, owner, s.channelPrefix).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/flightlock/flightlock/lockstore"
 	"image/color"
 	"math"
 	"os"
@@ -170,8 +171,11 @@ func (r *report) markdown() string {
 	w("at 1 ms. redsync retries on its own, by default every 50-250 ms at random; the 1 ms row sets `WithRetryDelay(1ms)`.\n")
 	w("Every library gets a %v TTL; a blocking acquisition gives up after %v (counted as an error). Each library has its own\n", lockTTL, waitBudget)
 	w("go-redis v9 client (default pool, `DisableIdentity`, `ContextTimeoutEnabled`); go-zero builds its own, with\n")
-	w("`DisableIdentity: true` in its `RedisConf` (so its breaker never sees the CLIENT SETINFO error of Redis 7.0).\n\n")
-	w("**Round trips (RT)** are counted with a go-redis `Hook` on every client, go-zero's included (`redis.WithHook`); pub/sub\n")
+	w("`DisableIdentity: true` in its `RedisConf` (so its breaker never sees the CLIENT SETINFO error of Redis 7.0).\n")
+	w("flightlock runs with its defaults: its store sends up to %d script calls at once, each on a pooled connection of its own,\n", lockstore.DefaultLanes)
+	w("and batches further concurrent calls into one pipeline per lane (`lockstore.WithLanes`), on the same go-redis client.\n\n")
+	w("**Round trips (RT)** are counted with a go-redis `Hook` on every client, go-zero's included (`redis.WithHook`); a\n")
+	w("pipeline is one round trip, whatever it carries. Pub/sub\n")
 	w("connections bypass go-redis hooks, so flightlock's SUBSCRIBE/UNSUBSCRIBE are not in RT. **Server commands** are `INFO\n")
 	w("commandstats` deltas: they include the commands a Lua script runs (`redis.call`), next to the EVALSHA itself, and\n")
 	w("everything else the clients sent (HELLO on new connections, SUBSCRIBE, ...). The command mix shows the split.\n")
