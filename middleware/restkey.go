@@ -38,7 +38,7 @@ type httpSource struct {
 	bodyRead bool
 	form     url.Values
 	formDone bool
-	json     any
+	json     map[string]json.RawMessage // the body's top-level fields, undecoded; nil if not an object
 	jsonDone bool
 }
 
@@ -116,7 +116,9 @@ func (s *httpSource) multipartValues(b []byte) url.Values {
 	return url.Values(form.Value)
 }
 
-// bodyValue follows a dotted path into a JSON body object.
+// bodyValue follows a dotted path into a JSON body object. Only the objects on the path are
+// split into fields, and only the value at its end is decoded: a large body costs a scan, not a
+// tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	if !s.jsonDone {
 		s.jsonDone = true
@@ -127,24 +129,30 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 			if err != nil {
 				return "", false, err
 			}
-			if len(b) > 0 {
-				d := json.NewDecoder(bytes.NewReader(b))
-				d.UseNumber()
-				if d.Decode(&s.json) != nil {
-					s.json = nil // not JSON: every body field is missing
-				}
+			if len(b) > 0 && json.Unmarshal(b, &s.json) != nil {
+				s.json = nil // not a JSON object: every body field is missing
 			}
 		}
 	}
-	v := s.json
-	for _, p := range path {
-		obj, ok := v.(map[string]any)
-		if !ok {
+	obj := s.json
+	var raw json.RawMessage
+	for i, p := range path {
+		var ok bool
+		if raw, ok = obj[p]; !ok {
 			return "", false, nil
 		}
-		if v, ok = obj[p]; !ok {
-			return "", false, nil
+		if i < len(path)-1 {
+			obj = nil
+			if json.Unmarshal(raw, &obj) != nil {
+				return "", false, nil // a scalar or an array where the path goes on
+			}
 		}
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) != nil {
+		return "", false, nil
 	}
 	str, ok := scalar(v)
 	return str, ok, nil
