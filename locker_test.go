@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -605,6 +607,70 @@ func TestRedisRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = c.Close()
+}
+
+// A redis-server that hangs (SIGSTOP: connections stay open, nothing answers) must fail every
+// Lock within its caller's deadline, also when 64 callers at once push the store past its
+// lanes into batches, and locking works again once the server resumes.
+func TestFrozenRedisFailsWithinDeadlines(t *testing.T) {
+	s, srv, _ := realStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithTTL(2*time.Second), WithWait(100*time.Millisecond))
+	if err := s.Preload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(srv.Pid(), syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+
+	const callers = 64
+	const deadline = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	slowest := make([]time.Duration, callers)
+	errs := make([]error, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			start := time.Now()
+			lease, err := l.Lock(cctx, "frozen:"+strconv.Itoa(i))
+			slowest[i] = time.Since(start)
+			if err == nil {
+				err = errors.New("Lock on a frozen Redis succeeded")
+				_ = lease.Release(ctx)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i := range callers {
+		if errs[i] == nil || errors.Is(errs[i], ErrBusy) {
+			t.Fatalf("caller %d: %v, want a store error", i, errs[i])
+		}
+		// Generous slack for a loaded CI machine; go-redis's own pipeliner took 35 s here.
+		if slowest[i] > deadline+2*time.Second {
+			t.Fatalf("caller %d returned after %v with a %v deadline", i, slowest[i], deadline)
+		}
+	}
+
+	resume()
+	waitFor(t, 10*time.Second, "locking to work again after the server resumed", func() bool {
+		lease, err := l.Lock(ctx, "after-freeze")
+		if err != nil {
+			return false
+		}
+		return lease.Release(ctx) == nil
+	})
 }
 
 func TestHungRedisIsAStoreErrorNotBusy(t *testing.T) {
