@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/flightlock/flightlock"
@@ -25,13 +26,13 @@ import (
 
 // benchStore returns a store for b and a function that counts the commands the server has
 // processed so far (nil on miniredis, which does not count them).
-func benchStore(b *testing.B) (*lockstore.RedisStore, func() int64) {
+func benchStore(b *testing.B, opts ...lockstore.Option) (*lockstore.RedisStore, func() int64) {
 	b.Helper()
 	if _, err := exec.LookPath("redis-server"); err == nil && os.Getenv("FLIGHTLOCK_BENCH_STORE") != "embedded" {
 		srv := redistest.Start(b)
 		client := srv.Client()
 		admin := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, PoolSize: 1})
-		store := lockstore.New(client)
+		store := lockstore.New(client, opts...)
 		b.Cleanup(func() {
 			_ = store.Close()
 			_ = admin.Close()
@@ -42,7 +43,7 @@ func benchStore(b *testing.B) (*lockstore.RedisStore, func() int64) {
 		// Each count costs the INFO command that reads it: subtract it.
 		return store, func() int64 { return srv.CommandCount(context.Background(), admin) }
 	}
-	store, err := lockstore.NewEmbedded()
+	store, err := lockstore.NewEmbedded(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -177,6 +178,53 @@ func BenchmarkContendedHandoff(b *testing.B) {
 	})
 	b.StopTimer()
 	report()
+}
+
+// BenchmarkManyKeysParallel is 64 goroutines locking keys drawn from 1,000 (bench scenario 4):
+// no contention to speak of, so every Lock and Release is a Redis call. "batched" is the
+// store's default, where calls beyond its 4 lanes share pipelines; "unbatched" sends each call
+// on a pooled connection of its own (WithLanes(0)). cmds/op counts server commands, including
+// those the scripts run.
+func BenchmarkManyKeysParallel(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		opts []lockstore.Option
+	}{
+		{"batched", nil},
+		{"unbatched", []lockstore.Option{lockstore.WithLanes(0)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			store, count := benchStore(b, bc.opts...)
+			l := benchLocker(b, store)
+			keys := make([]string, 1000)
+			for i := range keys {
+				keys[i] = "bench:many:" + strconv.Itoa(i)
+			}
+			ctx := context.Background()
+			var next atomic.Int64
+			report := countCommands(b, count)
+			b.ReportAllocs()
+			b.SetParallelism(64 / max(1, runtimeProcs()))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					// A stride through the keys: neighbours in time rarely share one.
+					key := keys[int(next.Add(7919)%int64(len(keys)))]
+					lease, err := l.Lock(ctx, key)
+					if err != nil {
+						b.Errorf("Lock: %v", err)
+						return
+					}
+					if err := lease.Release(ctx); err != nil {
+						b.Errorf("Release: %v", err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			report()
+		})
+	}
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
