@@ -105,6 +105,16 @@ func New(client Client, opts ...Option) *RedisStore {
 	return s
 }
 
+// Lanes returns how many script calls the store sends at once before it batches further
+// concurrent calls into pipelines; 0 when it never batches (WithLanes(0), or a client without
+// pipelines).
+func (s *RedisStore) Lanes() int {
+	if s.batch == nil {
+		return 0
+	}
+	return s.batch.lanes
+}
+
 // Client returns the go-redis client the store runs its commands on.
 func (s *RedisStore) Client() Client { return s.client }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
@@ -54,6 +55,10 @@ type LockConf struct {
 
 // RedisConf mirrors go-zero's redis.RedisConf with an optional Host: no Host means the
 // embedded store. Type is "node" (default) or "cluster" (Host lists seeds, comma separated).
+//
+// Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
+// further concurrent calls wait for the next free lane and share one pipeline. 0 means the
+// default (lockstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
 type RedisConf struct {
 	Host     string `json:",optional"`
 	Type     string `json:",default=node,options=node|cluster"`
@@ -61,6 +66,18 @@ type RedisConf struct {
 	Pass     string `json:",optional"`
 	Tls      bool   `json:",optional"`
 	Protocol int    `json:",default=3,options=2|3"`
+	Lanes    int    `json:",optional"`
+}
+
+// storeOptions are the lockstore options that r sets.
+func (r RedisConf) storeOptions() []lockstore.Option {
+	switch {
+	case r.Lanes < 0:
+		return []lockstore.Option{lockstore.WithLanes(0)}
+	case r.Lanes > 0:
+		return []lockstore.Option{lockstore.WithLanes(r.Lanes)}
+	}
+	return nil
 }
 
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
@@ -143,6 +160,9 @@ func (c LockConf) check() error {
 	case "", zeroredis.NodeType, zeroredis.ClusterType:
 	default:
 		return fieldError("Lock.Redis.Type", `must be "node" or "cluster", got %q`, c.Redis.Type)
+	}
+	if c.Redis.Lanes < -1 {
+		return fieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes)
 	}
 	switch c.Redis.Protocol {
 	case 0, 2, 3:

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/zeromicro/go-zero/core/conf"
 	_ "google.golang.org/grpc/reflection/grpc_reflection_v1" // registers a service for field checks
 )
@@ -180,5 +181,39 @@ func TestRetryStrategy(t *testing.T) {
 		if ok != tt.ok || (ok && (d < tt.min || d > tt.max)) {
 			t.Errorf("%+v attempt %d = %v, %v; want [%v, %v], %v", tt.conf, tt.attempt, d, ok, tt.min, tt.max, tt.ok)
 		}
+	}
+}
+
+// Lock.Redis.Lanes reaches the store: unset is the default, -1 turns batching off, and
+// anything below -1 is refused with the field's name.
+func TestRedisLanes(t *testing.T) {
+	for _, tt := range []struct {
+		yaml  string
+		lanes int
+	}{
+		{"Lock:\n  Prefix: \"l:\"\n", lockstore.DefaultLanes},
+		{"Lock:\n  Redis:\n    Lanes: -1\n", 0},
+		{"Lock:\n  Redis:\n    Lanes: 8\n", 8},
+	} {
+		var c struct{ Lock LockConf }
+		if err := conf.LoadFromYamlBytes([]byte(tt.yaml), &c); err != nil {
+			t.Fatalf("%q: %v", tt.yaml, err)
+		}
+		m, err := New(c.Lock)
+		if err != nil {
+			t.Fatalf("%q: New: %v", tt.yaml, err)
+		}
+		store, ok := m.Locker().Store().(*lockstore.RedisStore)
+		if !ok {
+			t.Fatalf("%q: store is %T", tt.yaml, m.Locker().Store())
+		}
+		if got := store.Lanes(); got != tt.lanes {
+			t.Errorf("%q: store has %d lanes, want %d", tt.yaml, got, tt.lanes)
+		}
+		_ = m.Close()
+	}
+	_, err := New(LockConf{Redis: RedisConf{Lanes: -2}})
+	if err == nil || !strings.Contains(err.Error(), "Lock.Redis.Lanes") {
+		t.Fatalf("Lanes -2: %v, want an error that names Lock.Redis.Lanes", err)
 	}
 }

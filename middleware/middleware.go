@@ -168,9 +168,9 @@ func newLocker(c LockConf) (*flightlock.Locker, func() error, error) {
 	)
 	if c.Redis.Host == "" {
 		logx.Info("flightlock: WARNING: Lock.Redis.Host is not set; locks live in an embedded in-memory Redis that no other process shares (development only)")
-		store, err = lockstore.NewEmbedded()
+		store, err = lockstore.NewEmbedded(c.Redis.storeOptions()...)
 	} else {
-		store, err = lockstore.NewFromConf(c.Redis.zero())
+		store, err = lockstore.NewFromConf(c.Redis.zero(), c.Redis.storeOptions()...)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)
