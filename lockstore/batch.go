@@ -89,6 +89,9 @@ func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, 
 	}
 	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args,
 		cmd: evalShaCmd(ctx, script, keys, args), done: make(chan struct{})}
+	if n := len(b.queue); n >= compactAt && n&(n-1) == 0 {
+		b.compactLocked()
+	}
 	b.queue = append(b.queue, q)
 	b.mu.Unlock()
 
@@ -104,6 +107,23 @@ func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, 
 		<-q.done // on the wire: its batch ends by this caller's deadline at the latest
 		return q.cmd
 	}
+}
+
+// compactAt is the queue length from which calls that gave up are dropped from the queue
+// (checked at every power of two, so the work is amortised): on a hung Redis the lanes do not
+// come back before their deadlines, and callers that left must not pile up meanwhile.
+const compactAt = 1024
+
+// compactLocked drops the calls whose callers gave up. b.mu must be held.
+func (b *batcher) compactLocked() {
+	kept := b.queue[:0]
+	for _, q := range b.queue {
+		if q.state.Load() != callAbandoned {
+			kept = append(kept, q)
+		}
+	}
+	clear(b.queue[len(kept):]) // let the dropped calls be collected
+	b.queue = kept
 }
 
 // laneDone frees a lane, or hands it the queued calls as one batch.

@@ -309,3 +309,21 @@ func TestSentCallWaitsForItsReply(t *testing.T) {
 		t.Fatalf("lock:sent holds %q", v)
 	}
 }
+
+// While every lane hangs, callers that give up do not pile up in the queue.
+func TestAbandonedCallsDoNotPileUp(t *testing.T) {
+	s, _, h := oneLaneStore(t)
+	laneFree := occupyLane(t, s, h)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 10 * compactAt {
+		if _, err := s.Acquire(done, "lock:gone"+strconv.Itoa(i), ownerA, time.Minute, ""); err == nil {
+			t.Fatal("acquire with a cancelled context succeeded while the lane hung")
+		}
+	}
+	if n := queued(s); n > 2*compactAt {
+		t.Fatalf("%d calls queued after %d callers gave up, want at most %d", n, 10*compactAt, 2*compactAt)
+	}
+	close(h.release)
+	<-laneFree
+}
