@@ -39,20 +39,31 @@ func keySlot(k string) uint16 {
 	return crc16(k) % 16384
 }
 
+// crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), the checksum
+// Redis Cluster hashes keys with, a byte at a time through crc16Table.
 func crc16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for b := 0; b < 8; b++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^s[i]]
+	}
+	return crc
+}
+
+// crc16Table[b] is the CRC16/XMODEM register after shifting the byte b through it.
+var crc16Table = func() (t [256]uint16) {
+	for b := range t {
+		crc := uint16(b) << 8
+		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
 			} else {
 				crc <<= 1
 			}
 		}
+		t[b] = crc
 	}
-	return crc
-}
+	return t
+}()
 
 var (
 	slotTagsOnce sync.Once
