@@ -61,7 +61,7 @@ type queuedCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd    // EVALSHA; written by the lane, read by the caller after done
+	cmd    *redis.Cmd    // its reply; written by the lane, read by the caller after done
 	done   chan struct{} // closed by the lane once cmd has its reply
 	state  atomic.Int32
 }
@@ -87,8 +87,7 @@ func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, 
 		b.laneDone()
 		return cmd
 	}
-	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args,
-		cmd: evalShaCmd(ctx, script, keys, args), done: make(chan struct{})}
+	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	if n := len(b.queue); n >= compactAt && n&(n-1) == 0 {
 		b.compactLocked()
 	}
@@ -156,7 +155,7 @@ func (b *batcher) send(batch []*queuedCall) {
 	defer cancel()
 	pipe := b.client.Pipeline()
 	for _, q := range live {
-		_ = pipe.Process(ctx, q.cmd)
+		q.cmd = q.script.EvalSha(ctx, pipe, q.keys, q.args...) // queued; answered by Exec
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
 	for _, q := range live {
@@ -183,15 +182,4 @@ func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
 		return ctx, func() {}
 	}
 	return context.WithDeadline(ctx, earliest)
-}
-
-// evalShaCmd builds the EVALSHA command that script.Run would send.
-func evalShaCmd(ctx context.Context, script *redis.Script, keys []string, args []any) *redis.Cmd {
-	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
-	for _, k := range keys {
-		cmdArgs = append(cmdArgs, k)
-	}
-	cmdArgs = append(cmdArgs, args...)
-	return redis.NewCmd(ctx, cmdArgs...)
 }
