@@ -3,7 +3,6 @@ package middleware
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -251,16 +250,6 @@ func templateHTTPKeys(plan keyPlan[*httpSource]) httpKeys {
 
 func funcHTTPKeys(fn KeyFunc) httpKeys {
 	return func(r *http.Request) ([]string, error) {
-		key, err := fn(r)
-		if err != nil {
-			if !errors.Is(err, flightlock.ErrInvalidKey) {
-				err = fmt.Errorf("%w: %w", flightlock.ErrInvalidKey, err)
-			}
-			return nil, err
-		}
-		if key == "" {
-			return nil, fmt.Errorf("%w: empty key", flightlock.ErrInvalidKey)
-		}
-		return []string{key}, nil
+		return userKey(fn(r))
 	}
 }

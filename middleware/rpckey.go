@@ -172,16 +172,21 @@ func templateRPCKeys(plan keyPlan[rpcSource]) rpcKeys {
 
 func funcRPCKeys(fn RPCKeyFunc) rpcKeys {
 	return func(ctx context.Context, req any) ([]string, error) {
-		key, err := fn(ctx, req)
-		if err != nil {
-			if !errors.Is(err, flightlock.ErrInvalidKey) {
-				err = fmt.Errorf("%w: %w", flightlock.ErrInvalidKey, err)
-			}
-			return nil, err
-		}
-		if key == "" {
-			return nil, fmt.Errorf("%w: empty key", flightlock.ErrInvalidKey)
-		}
-		return []string{key}, nil
+		return userKey(fn(ctx, req))
 	}
+}
+
+// userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad
+// input (ErrInvalidKey), whatever the function returned.
+func userKey(key string, err error) ([]string, error) {
+	if err != nil {
+		if !errors.Is(err, flightlock.ErrInvalidKey) {
+			err = fmt.Errorf("%w: %w", flightlock.ErrInvalidKey, err)
+		}
+		return nil, err
+	}
+	if key == "" {
+		return nil, fmt.Errorf("%w: empty key", flightlock.ErrInvalidKey)
+	}
+	return []string{key}, nil
 }
