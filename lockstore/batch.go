@@ -40,7 +40,7 @@ type pipeliner interface {
 // request within its deadline".
 type batcher struct {
 	client   pipeliner
-	scripter redis.Scripter // the same client, for EVAL after NOSCRIPT
+	scripter redis.Scripter // the same client, for calls on a free lane and EVAL after NOSCRIPT
 	lanes    int
 
 	mu    sync.Mutex
@@ -75,15 +75,12 @@ func newBatcher(client Client, lanes int) *batcher {
 }
 
 // run runs script with keys and args, through a free lane or in the next batch.
-func (b *batcher) run(ctx context.Context, client Client, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if b == nil {
-		return script.Run(ctx, client, keys, args...)
-	}
+func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
 		b.busy++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, client, keys, args...)
+		cmd := script.Run(ctx, b.scripter, keys, args...)
 		b.laneDone()
 		return cmd
 	}

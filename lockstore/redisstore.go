@@ -115,6 +115,14 @@ func (s *RedisStore) Lanes() int {
 	return s.batch.lanes
 }
 
+// run runs script through the batcher, or straight on the client when the store does not batch.
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.batch == nil {
+		return script.Run(ctx, s.client, keys, args...)
+	}
+	return s.batch.run(ctx, script, keys, args...)
+}
+
 // Client returns the go-redis client the store runs its commands on.
 func (s *RedisStore) Client() Client { return s.client }
 
@@ -139,7 +147,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		meta = " " + meta
 	}
-	reply, err := s.batch.run(ctx, s.client, acquireScript, []string{key, fenceKey(key)},
+	reply, err := s.run(ctx, acquireScript, []string{key, fenceKey(key)},
 		owner, ttlMillis(ttl), meta).Slice()
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
@@ -171,7 +179,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	n, err := s.batch.run(ctx, s.client, refreshScript, []string{key}, owner, ttlMillis(ttl)).Int64()
+	n, err := s.run(ctx, refreshScript, []string{key}, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
@@ -186,7 +194,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner string) (int, error
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	n, err := s.batch.run(ctx, s.client, releaseScript, []string{key}, owner, s.channelPrefix).Int64()
+	n, err := s.run(ctx, releaseScript, []string{key}, owner, s.channelPrefix).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
