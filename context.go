@@ -54,25 +54,35 @@ type handoverKey struct{}
 // handover is an owner token received for one Redis key. Nodes are immutable.
 type handover struct {
 	key, owner string
+	fence      int64
 	next       *handover
 }
 
-// WithOwner returns a context in which a Lock of the Redis key (prefix included) uses owner as
-// its token. When owner already holds the key, in this process or another, the Lock re-enters
-// it instead of waiting for itself; releasing that lease leaves the owner's lock in place.
+// WithOwner returns a context in which a Lock of the Redis key (prefix included) re-enters
+// the lock that owner holds, in this process or another, instead of waiting for itself: the
+// lease counts as one more hold of owner's lock, which stays held until every hold of it is
+// released. A token that does not hold the key grants nothing: the Lock then takes the key as
+// a new owner of its own, or waits for it, as without WithOwner.
 //
 // Use it only with owners from a trusted source, such as the metadata of an internal zrpc call
-// made under the lease: anyone who knows a token can re-enter its lock.
+// made under the lease: anyone who knows a token can re-enter its lock while it is held.
 func WithOwner(ctx context.Context, key, owner string) context.Context {
-	prev, _ := ctx.Value(handoverKey{}).(*handover)
-	return context.WithValue(ctx, handoverKey{}, &handover{key: key, owner: owner, next: prev})
+	return WithOwnerFence(ctx, key, owner, 0)
 }
 
-func handedOverOwner(ctx context.Context, key string) (string, bool) {
+// WithOwnerFence is WithOwner for a caller that also passes on its lease's fence, so that the
+// re-entered lease carries the fence of the grant it re-enters (Lease.Fence) rather than that
+// of the lock's Redis acquisition, which may be smaller after handoffs.
+func WithOwnerFence(ctx context.Context, key, owner string, fence int64) context.Context {
+	prev, _ := ctx.Value(handoverKey{}).(*handover)
+	return context.WithValue(ctx, handoverKey{}, &handover{key: key, owner: owner, fence: fence, next: prev})
+}
+
+func handedOverOwner(ctx context.Context, key string) (owner string, fence int64, ok bool) {
 	for h, _ := ctx.Value(handoverKey{}).(*handover); h != nil; h = h.next {
 		if h.key == key {
-			return h.owner, true
+			return h.owner, h.fence, true
 		}
 	}
-	return "", false
+	return "", 0, false
 }

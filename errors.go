@@ -24,6 +24,13 @@ var (
 	ErrInvalidKey = errors.New("flightlock: invalid lock key")
 )
 
+// errLateReply is the store error of an acquisition whose reply came back so late that its lock
+// could expire before a holder could use it; the lock was given back.
+var errLateReply = errors.New("flightlock: the lock store replied too late to hold the lock safely")
+
+// errGrantEnded tells a re-entry that the lease it found ended meanwhile.
+var errGrantEnded = errors.New("flightlock: grant ended")
+
 // MaxKeyLen is the longest Redis key, prefix included, that a Locker accepts. Longer keys are
 // refused with ErrInvalidKey: they cost Redis memory and bandwidth on every call and almost
 // always mean a template took in a whole request body.

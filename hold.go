@@ -9,45 +9,70 @@ import (
 
 // hold is one Redis lock held by this process: from the acquisition to the release, across
 // handoffs between local goroutines. Its watchdog renews it every TTL/3 while a holder runs and
-// cancels the holders' contexts with ErrLost once it can no longer be trusted.
+// cancels the holders' contexts with ErrLost before Redis may expire it.
+//
+// A grant is one turn of the hold: the lease that acquired it, or received it by handoff, and
+// every lease that re-entered or joined that one. The grant ends when the last of them is
+// released (live reaches 0); only then does the lock go to the next local waiter or back to
+// Redis, so no lease of a grant outlives it (issue 8, finding 8).
 type hold struct {
 	l        *Locker
 	key      string // full Redis key
 	owner    string
-	fence    int64
-	borrowed bool      // re-entered a lock that a handed-over owner holds: never renewed or released here
-	acquired time.Time // when the Redis acquisition was sent, for the handoff window
-	local    bool      // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
+	borrowed bool       // re-entered the lock of an owner in another process (Store.Reenter): one hold of its count
+	acquired time.Time  // when the Redis acquisition was sent, for the handoff window
+	local    bool       // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
+	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
 
 	mu         sync.Mutex
+	fence      int64       // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
 	validUntil time.Time   // guarded by mu: the Redis lock lives at least until then
 	renewUntil time.Time   // guarded by mu: no renewal after this (MaxHold)
 	timer      *time.Timer // guarded by mu: next renewal or expiry
 	stopped    bool        // guarded by mu: released; the watchdog is off
 	lost       bool        // guarded by mu: the lock can no longer be trusted
+	shared     bool        // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
+	live       int         // guarded by mu: unreleased leases of the current grant
 	holders    []holder    // guarded by mu: leases to cancel on loss
+	slot       reentrySlot // guarded by mu: who is inside re-entered leases of the grant
+}
+
+// reentrySlot makes the re-entries of one grant exclude each other. A re-entry by goroutine g
+// takes the slot when it is free, or enters at once when g already has it (down one call
+// chain, whatever context the chain passes on); any other goroutine queues, or is refused in
+// Reject mode. Go has no goroutine identity in its API, so g is read from the stack header
+// (goid); it is only read on re-entry.
+type reentrySlot struct {
+	g     int64            // goroutine inside re-entered leases; 0 when free
+	depth int              // re-entries of g not yet released
+	queue []*reentryWaiter // FIFO of goroutines waiting for the slot
+}
+
+type reentryWaiter struct {
+	g     int64
+	ready chan struct{} // closed when the slot is granted to g (which then counts one live lease)
 }
 
 func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time.Time) *hold {
-	h := &hold{l: l, key: key, owner: owner, fence: fence, borrowed: borrowed, acquired: sent}
+	h := &hold{l: l, key: key, owner: owner, fence: fence, borrowed: borrowed, acquired: sent, live: 1}
 	h.validUntil = sent.Add(l.cfg.ttl)
 	h.renewUntil = time.Now().Add(l.cfg.maxHold)
-	if !borrowed {
-		h.mu.Lock() // the timer may fire before AfterFunc returns
-		h.timer = time.AfterFunc(l.cfg.ttl/3, h.renew)
-		h.mu.Unlock()
-	}
+	h.mu.Lock() // the timer may fire before AfterFunc returns
+	// The first renewal is due TTL/3 after the send, not after the reply: a late reply leaves
+	// less of the TTL, and the watchdog must not count time it does not have (finding 5).
+	h.timer = time.AfterFunc(max(time.Until(sent.Add(l.cfg.ttl/3)), 0), h.renew)
+	h.mu.Unlock()
 	return h
 }
 
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
 func newLocalHold(l *Locker, key, owner string) *hold {
 	now := time.Now()
-	return &hold{l: l, key: key, owner: owner, local: true, acquired: now,
+	return &hold{l: l, key: key, owner: owner, local: true, acquired: now, live: 1,
 		validUntil: now.Add(l.cfg.ttl), renewUntil: now.Add(l.cfg.maxHold)}
 }
 
-// holder is a lease attached to a hold: the current gate owner, or leases that joined it.
+// holder is a lease attached to a hold.
 type holder struct {
 	lease  *Lease
 	cancel context.CancelCauseFunc
@@ -55,7 +80,7 @@ type holder struct {
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
 // its holder must stop before Redis can hand the key to someone else.
-func (h *hold) safety() time.Duration { return h.l.cfg.ttl / 10 }
+func (h *hold) safety() time.Duration { return h.l.safety() }
 
 // remaining is how long the lock is known to live, for Retry-After.
 func (h *hold) remaining() time.Duration {
@@ -64,12 +89,116 @@ func (h *hold) remaining() time.Duration {
 	return max(time.Until(h.validUntil), 0)
 }
 
-// handable reports whether the lock can go to another local holder: not lost, and with more
-// than a third of its TTL left.
+// handable reports whether the lock can go to another local holder: not lost, never shared
+// with another process, with more than a third of its TTL left.
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lost && !h.stopped && time.Until(h.validUntil) > h.l.cfg.ttl/3
+	return !h.lost && !h.stopped && !h.shared && time.Until(h.validUntil) > h.l.cfg.ttl/3
+}
+
+// nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
+// next fence, above every earlier grant of the key. The fences handed out here are reported to
+// Redis on release, so later acquisitions count on above them.
+func (h *hold) nextGrant() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fence++
+	h.live = 1
+	h.slot = reentrySlot{}
+}
+
+// currentFence returns the fence of the current grant.
+func (h *hold) currentFence() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fence
+}
+
+// join counts one more live lease of the current grant (a lease that joins the hold through a
+// handed-over owner), unless the grant has ended.
+func (h *hold) join() (fence int64, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.live == 0 || h.stopped {
+		return 0, false
+	}
+	h.live++
+	return h.fence, true
+}
+
+// enterSlot makes goroutine g the one inside re-entered leases of the grant, waiting for the
+// slot in wait mode. It fails with a busy error when the slot is taken and wait is false, and
+// when b ends first; with errGrantEnded when the grant ended before it came.
+func (h *hold) enterSlot(g int64, wait bool, b *budget) error {
+	h.mu.Lock()
+	switch {
+	case h.live == 0:
+		h.mu.Unlock()
+		return errGrantEnded
+	case h.slot.g == 0 || h.slot.g == g:
+		h.slot.g = g
+		h.slot.depth++
+		h.live++
+		h.mu.Unlock()
+		return nil
+	case !wait:
+		retryAfter := max(time.Until(h.validUntil), 0)
+		h.mu.Unlock()
+		return &busyError{retryAfter: retryAfter}
+	}
+	w := &reentryWaiter{g: g, ready: make(chan struct{})}
+	h.slot.queue = append(h.slot.queue, w)
+	h.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return nil
+	case <-b.context().Done():
+	}
+	h.mu.Lock()
+	for i, q := range h.slot.queue {
+		if q == w {
+			h.slot.queue = append(h.slot.queue[:i], h.slot.queue[i+1:]...)
+			h.mu.Unlock()
+			return &busyError{retryAfter: h.remaining()}
+		}
+	}
+	h.mu.Unlock()
+	// Granted just as the wait ended: hand the slot on. The caller sees its wait ended.
+	if h.leaveSlot() {
+		h.l.endGrant(context.Background(), h)
+	}
+	return &busyError{}
+}
+
+// leaveSlot ends one re-entry of the slot's goroutine and counts the lease released; it
+// reports whether that was the last live lease of the grant.
+func (h *hold) leaveSlot() (last bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.slot.depth--
+	if h.slot.depth == 0 {
+		h.slot.g = 0
+		if len(h.slot.queue) > 0 {
+			w := h.slot.queue[0]
+			h.slot.queue[0] = nil
+			h.slot.queue = h.slot.queue[1:]
+			h.slot.g, h.slot.depth = w.g, 1
+			h.live++ // the waiter's lease, counted before it wakes so the grant cannot end
+			close(w.ready)
+		}
+	}
+	h.live--
+	return h.live == 0
+}
+
+// done counts one lease of the grant released; it reports whether it was the last.
+func (h *hold) done() (last bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.live--
+	return h.live == 0
 }
 
 // attach registers a lease to cancel on loss and restarts the MaxHold clock for it.
@@ -94,14 +223,24 @@ func (h *hold) detach(lease *Lease) {
 	h.mu.Unlock()
 }
 
-// stop turns the watchdog off before the lock is released.
-func (h *hold) stop() {
+// share marks the owner token as given out: from now on the lock is released through Redis,
+// where re-entries of other processes are counted, and never handed to a local waiter.
+func (h *hold) share() {
+	h.mu.Lock()
+	h.shared = true
+	h.mu.Unlock()
+}
+
+// stop turns the watchdog off before the lock is released; it returns the largest fence
+// handed out under the hold.
+func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stopped = true
 	if h.timer != nil {
 		h.timer.Stop()
 	}
+	return h.fence
 }
 
 // renew runs on the watchdog timer.
@@ -125,8 +264,20 @@ func (h *hold) renew() {
 	h.mu.Unlock()
 
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	// A store that does not return by the deadline must not keep the leases live past it:
+	// they are cancelled at the deadline even while the call hangs.
+	stopLoss := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			h.mu.Lock()
+			if !h.stopped && !h.lost && !time.Now().Before(h.validUntil.Add(-h.safety())) {
+				h.loseLocked()
+			}
+			h.mu.Unlock()
+		}
+	})
 	sent := time.Now()
 	err := h.l.store.Refresh(ctx, h.key, h.owner, h.l.cfg.ttl)
+	stopLoss()
 	cancel()
 
 	h.mu.Lock()
@@ -136,8 +287,10 @@ func (h *hold) renew() {
 	}
 	switch {
 	case err == nil:
-		h.validUntil = sent.Add(h.l.cfg.ttl)
-		h.timer.Reset(h.l.cfg.ttl / 3)
+		// The lock lives at least a TTL from the send (a refresh never shortens it), and the
+		// next renewal is due a third of it from the send.
+		h.validUntil = maxTime(h.validUntil, sent.Add(h.l.cfg.ttl))
+		h.timer.Reset(max(time.Until(sent.Add(h.l.cfg.ttl/3)), 0))
 	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
 	default:
@@ -159,12 +312,12 @@ func (h *hold) loseLocked() {
 	}
 }
 
-// extend records a successful explicit Refresh.
+// extend records a successful explicit Refresh sent at sent.
 func (h *hold) extend(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.lost {
-		h.validUntil = sent.Add(h.l.cfg.ttl)
+		h.validUntil = maxTime(h.validUntil, sent.Add(h.l.cfg.ttl))
 	}
 }
 
@@ -175,4 +328,18 @@ func (h *hold) markLost() {
 	if !h.lost {
 		h.loseLocked()
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// isLost reports whether the lock can no longer be trusted.
+func (h *hold) isLost() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost
 }

@@ -7,22 +7,33 @@ import (
 	"time"
 )
 
-// Lease is a held lock. Its methods are safe for concurrent use. Release it when done; a lease
-// that is never released expires after its TTL once its watchdog stops (MaxHold).
+// leaseKind says how a lease came to hold its lock.
+type leaseKind uint8
+
+const (
+	grantLease    leaseKind = iota // acquired in Redis, or received by handoff: owns the gate slot
+	reentryLease                   // re-entered a lease of its context: holds the grant's re-entry slot
+	joinedLease                    // joined this process's hold through a handed-over owner
+	borrowedLease                  // re-entered another process's lock through a handed-over owner
+)
+
+// Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
+// a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
 type Lease struct {
 	l      *Locker
 	h      *hold
-	e      *gateEntry // the gate slot this lease owns; nil when it joined another lease's hold
-	outer  *Lease     // the lease the parent context held, if any
+	kind   leaseKind
+	fence  int64
+	outer  *Lease // the lease the parent context held, if any
 	ctx    leaseContext
 	cancel context.CancelCauseFunc
 
-	mu    sync.Mutex
-	count int // guarded by mu: holds through re-entry; 0 once released
+	mu       sync.Mutex
+	released bool // guarded by mu
 }
 
-func (l *Locker) newLease(parent context.Context, h *hold, e *gateEntry) *Lease {
-	lease := &Lease{l: l, h: h, e: e, outer: FromContext(parent), count: 1}
+func (l *Locker) newLease(parent context.Context, h *hold, kind leaseKind, fence int64) *Lease {
+	lease := &Lease{l: l, h: h, kind: kind, fence: fence, outer: FromContext(parent)}
 	cctx, cancel := context.WithCancelCause(parent)
 	lease.ctx = leaseContext{Context: cctx, lease: lease}
 	lease.cancel = cancel
@@ -34,17 +45,24 @@ func (l *Locker) newLease(parent context.Context, h *hold, e *gateEntry) *Lease 
 func (x *Lease) Key() string { return x.h.key }
 
 // Owner returns the owner token: 128 random bits, hex encoded, or a handed-over owner's token.
-func (x *Lease) Owner() string { return x.h.owner }
+// Anyone who has it can re-enter the lock from another process while it is held (WithOwner),
+// so calling Owner marks the lock as shared: it is then released through Redis, where such
+// re-entries are counted, and never handed straight to the next goroutine of this process.
+func (x *Lease) Owner() string {
+	x.h.share()
+	return x.h.owner
+}
 
-// Fence returns the fencing token. Successive owners of a key get strictly larger fences;
-// goroutines of one process that receive the lock by handoff share the fence of the Redis
-// acquisition. A store that remembers the largest fence it saw and refuses writes with a
-// smaller one cannot be corrupted by a holder that stalled past its TTL.
-func (x *Lease) Fence() int64 { return x.h.fence }
+// Fence returns the fencing token of the grant: every grant of a key, through Redis or by
+// handoff between goroutines of this process, has a fence strictly larger than every earlier
+// grant of that key; a re-entry keeps the fence of the lease it re-entered. A store that
+// remembers the largest fence it saw and refuses writes with a smaller one cannot be corrupted
+// by a holder that stalled past its TTL.
+func (x *Lease) Fence() int64 { return x.fence }
 
 // Context returns a context derived from the one Lock was called with. It carries the lease
-// (FromContext) and is cancelled with cause ErrLost as soon as the lock can no longer be
-// trusted, and when the lease is released.
+// (FromContext) and is cancelled with cause ErrLost before the earliest moment Redis may
+// expire the lock, and when the lease is released.
 func (x *Lease) Context() context.Context { return &x.ctx }
 
 // Degraded reports whether the lease holds only the per-process gate because Redis could not
@@ -62,8 +80,9 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	return x.l.store.TTL(ctx, x.h.key)
 }
 
-// Refresh resets the lock's TTL now, in addition to the watchdog. It returns ErrNotHeld, and
-// cancels the lease's context with ErrLost, when Redis no longer has the lock for this owner.
+// Refresh makes the lock live at least a TTL more now, in addition to the watchdog; it never
+// shortens it. It returns ErrNotHeld, and cancels the lease's context with ErrLost, when Redis
+// no longer has the lock for this owner.
 func (x *Lease) Refresh(ctx context.Context) error {
 	if !x.active() || x.h.local {
 		return ErrNotHeld
@@ -81,50 +100,53 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	return err
 }
 
-// Release gives up one hold of the lease. The outermost Release frees the key: it is handed to
-// the next goroutine of this process that waits for it, or deleted in Redis with an
-// owner-checked script that also wakes waiters elsewhere. Releasing more often than the lease
-// was taken returns ErrNotHeld and changes nothing.
+// Release gives up the lease. When it was the last lease of its grant (the one that acquired
+// the lock, and every re-entry of it), the key is handed to the next goroutine of this process
+// that waits for it, or released in Redis with an owner-checked script that also wakes waiters
+// elsewhere. A second Release returns ErrNotHeld and changes nothing; so does the Release of a
+// lease whose lock was lost and taken by another owner meanwhile.
 //
 // ctx's values are used but not its cancellation: a request whose context has already ended
 // still releases its lock (bounded by the TTL).
 func (x *Lease) Release(ctx context.Context) error {
 	x.mu.Lock()
-	if x.count == 0 {
+	if x.released {
 		x.mu.Unlock()
 		return ErrNotHeld
 	}
-	x.count--
-	if x.count > 0 {
-		x.mu.Unlock()
-		return nil
-	}
+	x.released = true
 	x.mu.Unlock()
 
 	x.h.detach(x)
 	x.cancel(nil)
-	if x.e == nil {
-		return nil // joined: the lease we joined still holds the lock
+	var last bool
+	switch x.kind {
+	case borrowedLease:
+		// One hold of another process's lock: count it down in Redis.
+		x.h.stop()
+		rctx, cancel := x.l.releaseContext(ctx)
+		defer cancel()
+		_, err := x.l.store.Release(rctx, x.h.key, x.h.owner, 0)
+		return err
+	case reentryLease:
+		last = x.h.leaveSlot()
+	default:
+		last = x.h.done()
 	}
-	return x.l.exit(ctx, x.e, x.h, x.h.key)
+	if !last {
+		if x.h.isLost() {
+			return ErrNotHeld
+		}
+		return nil
+	}
+	return x.l.endGrant(ctx, x.h)
 }
 
 // active reports whether the lease has not been released.
 func (x *Lease) active() bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	return x.count > 0
-}
-
-// reenter counts one more hold; it fails if the lease was released meanwhile.
-func (x *Lease) reenter() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.count == 0 {
-		return false
-	}
-	x.count++
-	return true
+	return !x.released
 }
 
 // Group is a set of leases taken together by LockAll.

@@ -149,37 +149,42 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if lease := findLease(ctx, l.gate, rkey); lease != nil && lease.reenter() {
-		return lease, nil
-	}
-	owner, handed := handedOverOwner(ctx, rkey)
-	if handed {
-		// The owner that called us may be this very process: join its hold rather than wait
-		// for ourselves.
-		if h := l.gate.lookupHold(rkey); h != nil && h.owner == owner {
-			return l.newLease(ctx, h, nil), nil
-		}
-	}
-
 	b := budget{parent: ctx}
 	if wait {
 		b.deadline = time.Now().Add(l.cfg.wait)
 	}
 	defer b.stop()
+
+	if parent := findLease(ctx, l.gate, rkey); parent != nil {
+		lease, err := l.reenter(ctx, &b, parent, wait)
+		if !errors.Is(err, errGrantEnded) {
+			return lease, err
+		}
+		// The grant ended while we looked: lock as a new owner.
+	}
+	if owner, fence, ok := handedOverOwner(ctx, rkey); ok {
+		if lease, err, done := l.lockHanded(ctx, rkey, owner, fence); done {
+			return lease, err
+		}
+		// The token holds nothing: it grants nothing, and we lock as a new owner.
+	}
+
 	e, h, err := l.gate.enter(&b, rkey, wait)
 	if err != nil {
 		return nil, l.busy(ctx, err)
 	}
 	if b.spent() {
 		// The slot was granted just as the wait ended: pass it on and give up.
-		_ = l.exit(ctx, e, h, rkey)
+		if h != nil {
+			_ = l.endGrant(ctx, h)
+		} else {
+			l.gate.leave(rkey, e, false)
+		}
 		return nil, l.busy(ctx, &busyError{})
 	}
 	if h == nil {
-		if !handed {
-			owner = newOwnerToken()
-		}
-		h, err = l.acquire(ctx, &b, rkey, owner, wait, handed, l.gate.yielding(e))
+		owner := newOwnerToken()
+		h, err = l.acquire(ctx, &b, rkey, owner, wait, l.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l, rkey, owner), nil
@@ -188,16 +193,60 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 			l.gate.leave(rkey, e, false)
 			return nil, err
 		}
+		h.entry = e
 		l.gate.setHold(e, h)
 	}
-	return l.newLease(ctx, h, e), nil
+	return l.newLease(ctx, h, grantLease, h.currentFence()), nil
+}
+
+// reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once when
+// the goroutine is already inside a re-entry of the grant (down one call chain), otherwise once
+// no other goroutine is (issue 8, finding 3).
+func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait bool) (*Lease, error) {
+	if err := parent.h.enterSlot(goid(), wait, b); err != nil {
+		if errors.Is(err, errGrantEnded) {
+			return nil, err
+		}
+		return nil, l.busy(ctx, err)
+	}
+	return l.newLease(ctx, parent.h, reentryLease, parent.fence), nil
+}
+
+// lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
+// by joining this process's hold when it is owner's, or by one more hold of the lock in Redis.
+// done is false when owner holds nothing: a handed-over token never takes a free key (issue 8,
+// finding 2).
+func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
+	if h := l.gate.lookupHold(rkey); h != nil && h.owner == owner && !h.local {
+		if f, ok := h.join(); ok {
+			return l.newLease(ctx, h, joinedLease, max(f, fence)), nil, true
+		}
+	}
+	callCtx, cancel := l.bound(ctx)
+	sent := time.Now()
+	res, err := l.store.Reenter(callCtx, rkey, owner, l.cfg.ttl)
+	cancel()
+	switch {
+	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
+		return nil, nil, false // the new-owner path degrades to the local gate
+	case err != nil:
+		return nil, err, true
+	case !res.Acquired:
+		return nil, nil, false
+	}
+	if l.tooLate(sent) {
+		l.giveBack(ctx, rkey, owner)
+		return nil, errLateReply, true
+	}
+	h := newHold(l, rkey, owner, max(res.Fence, fence), true, sent)
+	return l.newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
 // the retry strategy, each sleep cut short by the holder's release notification and never
 // longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
 // first, because waiters elsewhere were just woken by this process's release.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait, handed, yield bool) (*hold, error) {
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait, yield bool) (*hold, error) {
 	var meta string
 	if l.cfg.metadata != nil {
 		meta = l.cfg.metadata(ctx)
@@ -226,7 +275,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 		res, err := l.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
 		if err != nil {
-			if !handed && isTimeout(err) {
+			if isTimeout(err) {
 				l.releaseOrphan(ctx, key, owner)
 			}
 			if wait && attempt > 0 && b.spent() {
@@ -238,7 +287,13 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 			return nil, err
 		}
 		if res.Acquired {
-			return newHold(l, key, owner, res.Fence, handed && res.Reentered, sent), nil
+			if l.tooLate(sent) {
+				// The lock's TTL counts from the send: too little of it is left to hold it
+				// safely (issue 8, finding 5). Give it back.
+				l.giveBack(ctx, key, owner)
+				return nil, errLateReply
+			}
+			return newHold(l, key, owner, res.Fence, false, sent), nil
 		}
 		attempt++
 		delay, ok := l.cfg.retry(attempt)
@@ -258,29 +313,52 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 	}
 }
 
-// exit ends the gate ownership of key: hands the hold to the next local waiter when allowed,
-// or releases it in Redis and frees the slot.
-func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) error {
-	if l.gate.handoff(key, e, h, l.cfg.handoff, l.cfg.window) {
+// safety is how long before a lock may expire in Redis its leases are cancelled: the holder
+// must have stopped by then.
+func (l *Locker) safety() time.Duration { return l.cfg.ttl / 10 }
+
+// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held:
+// its leases would have to be cancelled at once.
+func (l *Locker) tooLate(sent time.Time) bool {
+	return time.Since(sent) >= l.cfg.ttl-l.safety()
+}
+
+// giveBack releases a hold that was acquired but is not used.
+func (l *Locker) giveBack(ctx context.Context, key, owner string) {
+	rctx, cancel := l.releaseContext(ctx)
+	defer cancel()
+	_, _ = l.store.Release(rctx, key, owner, 0)
+}
+
+// endGrant ends the grant of a gate hold whose last lease was released: hands the hold to the
+// next local waiter when allowed, or releases it in Redis and frees the gate slot.
+func (l *Locker) endGrant(ctx context.Context, h *hold) error {
+	e := h.entry
+	if l.gate.handoff(h.key, e, h, l.cfg.handoff, l.cfg.window) {
 		return nil
 	}
 	var (
 		notified int
 		err      error
 	)
-	if h != nil && !h.borrowed && !h.local {
-		h.stop()
-		// Release even when the caller's context has ended (go-zero's timeout handler cancels
-		// it while the handler still runs), bounded by one TTL.
-		if ctx.Done() != nil {
-			ctx = context.WithoutCancel(ctx)
-		}
-		rctx, cancel := context.WithTimeout(ctx, l.cfg.ttl)
-		notified, err = l.store.Release(rctx, key, h.owner)
+	if !h.local {
+		last := h.stop()
+		rctx, cancel := l.releaseContext(ctx)
+		notified, err = l.store.Release(rctx, h.key, h.owner, last)
 		cancel()
 	}
-	l.gate.leave(key, e, notified > 0)
+	l.gate.leave(h.key, e, notified > 0)
 	return err
+}
+
+// releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
+// timeout handler cancels the request context while the handler still runs), bounded by one
+// TTL.
+func (l *Locker) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, l.cfg.ttl)
 }
 
 // releaseOrphan deletes a lock that an acquire whose reply was lost may have taken: go-redis
@@ -288,7 +366,7 @@ func (l *Locker) exit(ctx context.Context, e *gateEntry, h *hold, key string) er
 func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
 	defer cancel()
-	_, _ = l.store.Release(rctx, key, owner) // ErrNotHeld is the usual, harmless answer
+	_, _ = l.store.Release(rctx, key, owner, 0) // ErrNotHeld is the usual, harmless answer
 }
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL

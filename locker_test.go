@@ -24,10 +24,10 @@ func TestReentryByContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner, err := l.Lock(outer.Context(), "r")
-	if err != nil || inner != outer {
-		t.Fatalf("nested Lock = %p, %v; want the outer lease %p", inner, err, outer)
+	if err != nil || inner == outer || inner.Fence() != outer.Fence() || inner.Owner() != outer.Owner() {
+		t.Fatalf("nested Lock = %p, %v; want a lease of its own on the outer lease's lock", inner, err)
 	}
-	if FromContext(outer.Context()) != outer {
+	if FromContext(outer.Context()) != outer || FromContext(inner.Context()) != inner {
 		t.Fatal("FromContext does not return the lease")
 	}
 	if err := inner.Release(ctx); err != nil {
@@ -44,6 +44,9 @@ func TestReentryByContext(t *testing.T) {
 	}
 	if err := outer.Release(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("extra Release: %v, want ErrNotHeld", err)
+	}
+	if err := inner.Release(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("extra Release of the re-entry: %v, want ErrNotHeld", err)
 	}
 	if context.Cause(outer.Context()) == ErrLost {
 		t.Fatal("a released lease reports ErrLost")
@@ -79,7 +82,7 @@ func TestStaleAndDoubleReleaseKeepNextOwner(t *testing.T) {
 	if err := a.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("stale Refresh: %v, want ErrNotHeld", err)
 	}
-	if v, want := c.Get(ctx, "lock:stale").Val(), fmt.Sprintf("%s %d", b.Owner(), b.Fence()); v != want {
+	if v, want := c.Get(ctx, "lock:stale").Val(), fmt.Sprintf("%s %d 1", b.Owner(), b.Fence()); v != want {
 		t.Fatalf("next owner's lock was touched: value %q, want %q", v, want)
 	}
 }
@@ -104,7 +107,7 @@ func TestFencesOfSuccessiveOwnersIncrease(t *testing.T) {
 	}
 }
 
-func TestHandoffSkipsRedisAndKeepsFence(t *testing.T) {
+func TestHandoffSkipsRedisAndRaisesFence(t *testing.T) {
 	ms, _, _ := miniStore(t)
 	fs := &faultStore{Store: ms}
 	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(2, time.Minute))
@@ -141,8 +144,8 @@ func TestHandoffSkipsRedisAndKeepsFence(t *testing.T) {
 		if cur == nil {
 			t.FailNow()
 		}
-		if cur.Fence() < fences[len(fences)-1] {
-			t.Fatalf("fence went down: %d after %d", cur.Fence(), fences[len(fences)-1])
+		if cur.Fence() <= fences[len(fences)-1] {
+			t.Fatalf("fence did not go up: %d after %d", cur.Fence(), fences[len(fences)-1])
 		}
 		fences = append(fences, cur.Fence())
 	}
@@ -154,8 +157,8 @@ func TestHandoffSkipsRedisAndKeepsFence(t *testing.T) {
 	if a := fs.acquires.Load(); a != 2 {
 		t.Fatalf("%d Redis acquisitions for 5 holders with handoff bound 2, want 2 (fences %v)", a, fences)
 	}
-	if !(fences[0] == fences[1] && fences[1] == fences[2] && fences[3] > fences[2] && fences[4] == fences[3]) {
-		t.Fatalf("fences %v: handoffs must share the fence, fresh acquisitions must raise it", fences)
+	if !(fences[1] == fences[0]+1 && fences[2] == fences[1]+1 && fences[3] > fences[2] && fences[4] == fences[3]+1) {
+		t.Fatalf("fences %v: each handoff takes the next fence, a fresh acquisition counts on above them", fences)
 	}
 	if n := l.gateLen(); n != 0 {
 		t.Fatalf("gate keeps %d entries", n)

@@ -28,11 +28,25 @@ type pipeliner interface {
 // write and one read system call for the client and for Redis), which is where a lock spends
 // its CPU: the scripts themselves cost Redis microseconds, the system calls tens of them.
 //
-// A call waits for its reply once it is on the wire, as a plain go-redis call does: returning
-// early would leave a command running unseen (an acquire whose lock nobody would release, or
-// whose orphan release could overtake it). A call whose context ends while it is still queued
-// is dropped and never sent. A batch is bounded by the earliest deadline among its callers, so
-// nobody waits past their own deadline, even on a hung Redis.
+// A call fails on its own deadline only, and nobody waits past their own deadline, even on a
+// hung Redis. A batch is bounded by the latest deadline among its callers (none if one of them
+// has none): it used to end at the earliest, and a call with 5 s left then failed after 151 ms
+// because a neighbour in its batch had 150 ms left, against a Redis answering in 400 ms, which
+// under load meant spurious 503s, failed releases and degraded leases (issue 8, finding 9). So
+// each caller leaves on its own context instead of waiting for the batch:
+//   - a call whose context ends while it is queued is dropped and never sent;
+//   - a call whose context ends while it is on the wire returns at once with its context's
+//     error (context.Cause). The command still runs, and the batch's other callers still get
+//     their replies. When its reply arrives (or the batch fails), the lane hands the reply to
+//     the call's late hook, in a goroutine of its own so that a slow clean-up never holds the
+//     lane. An acquire needs one (RedisStore.releaseIfTaken): a lock it took that nobody
+//     learns about would stay held until its TTL, and a release sent after the caller gave up
+//     could overtake it. Refresh and release need none: a late refresh extends a lock that
+//     its holder still releases, and a late release did what its caller asked.
+//
+// A call on a free lane runs on its caller's own context, as a plain go-redis call does, and
+// never needs its hook: it ends by its caller's deadline, and a reply go-redis gave up on is
+// gone.
 //
 // go-redis has an automatic pipeliner of its own (Client.AutoPipeline, v9.23, experimental),
 // but there a call waits for its batch however short its context: against a stopped server a
@@ -40,7 +54,7 @@ type pipeliner interface {
 // request within its deadline".
 type batcher struct {
 	client   pipeliner
-	scripter redis.Scripter // the same client, for calls on a free lane and EVAL after NOSCRIPT
+	scripter redis.Scripter // the same client, for calls on a free lane
 	lanes    int
 
 	mu    sync.Mutex
@@ -48,12 +62,16 @@ type batcher struct {
 	queue []*queuedCall // guarded by mu: calls waiting for a lane, oldest first
 }
 
-// Lifecycle of a queued call: queued -> sent (a lane took it) or queued -> abandoned (its
-// caller left first). The CAS decides the race between the lane and the caller.
+// Lifecycle of a queued call: queued -> abandoned (its caller left before a lane took it; never
+// sent), or queued -> sent (a lane took it), then sent -> answered (the lane hands the reply to
+// the caller) or sent -> left (the caller left first; the lane hands the reply to late). Each
+// step is a CAS, which decides the race between the lane and the caller.
 const (
 	callQueued int32 = iota
-	callSent
 	callAbandoned
+	callSent
+	callAnswered
+	callLeft
 )
 
 type queuedCall struct {
@@ -61,8 +79,9 @@ type queuedCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd    // its reply; written by the lane, read by the caller after done
-	done   chan struct{} // closed by the lane once cmd has its reply
+	late   func(*redis.Cmd) // nil, or the clean-up of a reply that arrives after the caller left
+	cmd    *redis.Cmd       // its reply; written by the lane, read by the caller after done
+	done   chan struct{}    // closed by the lane once cmd has its reply and the caller waits
 	state  atomic.Int32
 }
 
@@ -74,17 +93,20 @@ func newBatcher(client Client, lanes int) *batcher {
 	return &batcher{client: p, scripter: client, lanes: lanes}
 }
 
-// run runs script with keys and args, through a free lane or in the next batch.
-func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// run runs script with keys and args, through a free lane or in the next batch. late, if not
+// nil, gets the reply of a batched call whose caller's context ended while it was on the wire
+// (the caller itself returns at once with context.Cause); it runs in a goroutine of its own,
+// also when the reply is an error, and must bound its own work.
+func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
 		b.busy++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, b.scripter, keys, args...)
+		cmd := script.Run(ctx, b.scripter, keys, args...) // the caller's context: late is not needed
 		b.laneDone()
 		return cmd
 	}
-	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args, late: late, done: make(chan struct{})}
 	if n := len(b.queue); n >= compactAt && n&(n-1) == 0 {
 		b.compactLocked()
 	}
@@ -95,12 +117,13 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	case <-q.done:
 		return q.cmd
 	case <-ctx.Done():
-		if q.state.CompareAndSwap(callQueued, callAbandoned) {
-			cmd := redis.NewCmd(ctx) // never sent: nothing ran
+		// Queued: never sent, nothing ran. On the wire: the lane hands the reply to late.
+		if q.state.CompareAndSwap(callQueued, callAbandoned) || q.state.CompareAndSwap(callSent, callLeft) {
+			cmd := redis.NewCmd(ctx)
 			cmd.SetErr(context.Cause(ctx))
 			return cmd
 		}
-		<-q.done // on the wire: its batch ends by this caller's deadline at the latest
+		<-q.done // answered: the lane is closing done
 		return q.cmd
 	}
 }
@@ -155,28 +178,49 @@ func (b *batcher) send(batch []*queuedCall) {
 		q.cmd = q.script.EvalSha(ctx, pipe, q.keys, q.args...) // queued; answered by Exec
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
+
+	// The server lost its script cache (restart, SCRIPT FLUSH): EVAL loads the scripts again,
+	// in one more pipeline. A call whose caller left is not run again (nothing ran), and its
+	// hook sees the NOSCRIPT error.
+	var again []*queuedCall
 	for _, q := range live {
-		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") {
-			// The server lost its script cache (restart, SCRIPT FLUSH): EVAL loads it again.
-			q.cmd = q.script.Eval(q.ctx, b.scripter, q.keys, q.args...)
+		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") && q.state.Load() == callSent {
+			again = append(again, q)
 		}
-		close(q.done)
+	}
+	if len(again) > 0 {
+		pipe := b.client.Pipeline()
+		for _, q := range again {
+			q.cmd = q.script.Eval(ctx, pipe, q.keys, q.args...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+
+	for _, q := range live {
+		if q.state.CompareAndSwap(callSent, callAnswered) {
+			close(q.done)
+		} else if q.late != nil {
+			go q.late(q.cmd) // its caller left while it was on the wire; never on the lane
+		}
 	}
 }
 
-// batchContext bounds a batch by the earliest deadline among its callers (none if no caller
-// has one). Values (tracing) come from the first caller; cancellation comes from none, since
-// a command on the wire is waited for.
+// batchContext bounds a batch by the latest deadline among its callers, or by none if one of
+// them has none: each caller leaves on its own context, so the earliest deadline would only
+// fail the others early (issue 8, finding 9), and a reply that comes after a caller left still
+// serves its late hook. Values (tracing) come from the first caller; cancellation comes from
+// none.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
-	var earliest time.Time
+	ctx := context.WithoutCancel(live[0].ctx)
+	var latest time.Time
 	for _, q := range live {
-		if d, ok := q.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
-			earliest = d
+		d, ok := q.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(latest) {
+			latest = d
 		}
 	}
-	ctx := context.WithoutCancel(live[0].ctx)
-	if earliest.IsZero() {
-		return ctx, func() {}
-	}
-	return context.WithDeadline(ctx, earliest)
+	return context.WithDeadline(ctx, latest)
 }

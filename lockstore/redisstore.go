@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,11 +19,14 @@ var (
 	refreshLua string
 	//go:embed release.lua
 	releaseLua string
+	//go:embed reenter.lua
+	reenterLua string
 
 	// Each script is wrapped once; Run sends EVALSHA and falls back to EVAL only on NOSCRIPT.
 	acquireScript = redis.NewScript(acquireLua)
 	refreshScript = redis.NewScript(refreshLua)
 	releaseScript = redis.NewScript(releaseLua)
+	reenterScript = redis.NewScript(reenterLua)
 )
 
 // Reply codes of acquire.lua.
@@ -30,10 +34,14 @@ const (
 	acquireBusy      = 0
 	acquireTaken     = 1
 	acquireReentered = 2
+	reenterFree      = 3 // reenter.lua: the key is free, nothing was taken
 )
 
-// releaseNotHeld is release.lua's reply when the owner does not hold the key.
-const releaseNotHeld = -1
+// Replies of release.lua other than a count of notified waiters.
+const (
+	releaseNotHeld   = -1
+	releaseHoldsLeft = -2 // one hold given up; re-entries of other processes keep the key
+)
 
 // DefaultChannelPrefix is put before a lock key to name its release notification channel.
 const DefaultChannelPrefix = "flightlock:released:"
@@ -116,11 +124,13 @@ func (s *RedisStore) Lanes() int {
 }
 
 // run runs script through the batcher, or straight on the client when the store does not batch.
-func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// late, when not nil, gets the reply of a batched call whose caller left while it was on the
+// wire (batcher.run).
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	if s.batch == nil {
 		return script.Run(ctx, s.client, keys, args...)
 	}
-	return s.batch.run(ctx, script, keys, args...)
+	return s.batch.run(ctx, script, keys, late, args...)
 }
 
 // Client returns the go-redis client the store runs its commands on.
@@ -130,7 +140,7 @@ func (s *RedisStore) Client() Client { return s.client }
 // for a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional: the
 // scripts fall back to EVAL on their own.
 func (s *RedisStore) Preload(ctx context.Context) error {
-	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript} {
+	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript, reenterScript} {
 		if err := script.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("flightlock: load scripts: %w", err)
 		}
@@ -147,18 +157,10 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		meta = " " + meta
 	}
-	reply, err := s.run(ctx, acquireScript, []string{key, fenceKey(key)},
-		owner, ttlMillis(ttl), meta).Slice()
+	code, n, err := pair(s.run(ctx, acquireScript, []string{key, fenceKey(key)}, s.releaseIfTaken(key, owner),
+		owner, ttlMillis(ttl), meta))
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	if len(reply) != 2 {
-		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply %v", key, reply)
-	}
-	code, ok1 := reply[0].(int64)
-	n, ok2 := reply[1].(int64)
-	if !ok1 || !ok2 {
-		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply types %T, %T", key, reply[0], reply[1])
 	}
 	switch code {
 	case acquireTaken:
@@ -174,12 +176,50 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	}
 }
 
+// Reenter implements Store.
+func (s *RedisStore) Reenter(ctx context.Context, key, owner string, ttl time.Duration) (Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return Acquisition{}, err
+	}
+	code, n, err := pair(s.run(ctx, reenterScript, []string{key}, s.releaseOnReply(key, owner, acquireReentered), owner, ttlMillis(ttl)))
+	if err != nil {
+		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+	}
+	switch code {
+	case acquireReentered:
+		return Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
+	case acquireBusy:
+		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
+	case reenterFree:
+		return Acquisition{}, nil
+	default:
+		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
+	}
+}
+
+// pair reads a two-integer script reply.
+func pair(cmd *redis.Cmd) (int64, int64, error) {
+	reply, err := cmd.Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(reply) != 2 {
+		return 0, 0, fmt.Errorf("unexpected reply %v", reply)
+	}
+	code, ok1 := reply[0].(int64)
+	n, ok2 := reply[1].(int64)
+	if !ok1 || !ok2 {
+		return 0, 0, fmt.Errorf("unexpected reply types %T, %T", reply[0], reply[1])
+	}
+	return code, n, nil
+}
+
 // Refresh implements Store.
 func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	n, err := s.run(ctx, refreshScript, []string{key}, owner, ttlMillis(ttl)).Int64()
+	n, err := s.run(ctx, refreshScript, []string{key}, nil, owner, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
@@ -190,16 +230,20 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 }
 
 // Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, key, owner string) (int, error) {
+func (s *RedisStore) Release(ctx context.Context, key, owner string, lastFence int64) (int, error) {
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	n, err := s.run(ctx, releaseScript, []string{key}, owner, s.channelPrefix).Int64()
+	n, err := s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
+		strconv.FormatInt(max(lastFence, 0), 10)).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
-	if n == releaseNotHeld {
+	switch n {
+	case releaseNotHeld:
 		return 0, ErrNotHeld
+	case releaseHoldsLeft:
+		return 0, nil
 	}
 	return int(n), nil
 }

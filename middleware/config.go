@@ -46,9 +46,18 @@ type LockConf struct {
 	OnStoreError string `json:",default=closed,options=closed|open"`
 	// TrustOwner makes the zrpc server interceptors honour lock owners that an upstream
 	// service propagated in the call's metadata (UnaryClientInterceptor), so a downstream lock
-	// of the same key re-enters instead of deadlocking. Off by default: enable it only on
-	// services that untrusted clients cannot call, since an owner token grants its lock.
+	// of the same key re-enters instead of deadlocking. A handed-over owner only re-enters a
+	// lock it holds, never a free key. Off by default: enable it only on services that
+	// untrusted clients cannot call, and set OwnerSecret on both sides.
 	TrustOwner bool `json:",optional"`
+	// PropagateTo names the downstream zrpc methods that receive the owners of the locks a
+	// request holds (UnaryClientInterceptor): full methods ("/balance.Balance/Debit") or whole
+	// services ("/balance.Balance/"). Empty (the default): owners go nowhere.
+	PropagateTo []string `json:",optional"`
+	// OwnerSecret, when set, signs the owners sent downstream (HMAC-SHA256 of key, owner and
+	// fence) and makes TrustOwner accept only owners signed with the same secret, so that only
+	// services that share it can hand a lock over. Every service of a call chain sets the same.
+	OwnerSecret string `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
 }
@@ -94,16 +103,22 @@ type RetryConf struct {
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
 // that Key renders from each request.
 //
-// Key is a template: literal text with {name} references, for example "order:{uid}". A bare
-// {name} is looked up as a path variable, then a query parameter, a form field, and a
-// top-level field of a JSON body. An explicit source picks one: {path.x}, {query.x},
-// {form.x}, {body.a.b} (a dotted path into a JSON body), {header.X-Name} and {jwt.claim} (a
-// custom claim that go-zero's JWT handler put in the context). For zrpc a reference names a
-// field of the request message by its proto name ({sku}, nested {order.uid}), and
-// {header.x} reads the call's metadata. "+" joins keys that are locked together, all or
-// nothing, in a canonical order: "acct:{from}+acct:{to}". Two references in one key must be
-// separated by literal text containing ':', so that different values never render the same
-// key. A reference that is missing or empty fails the request with 400 / InvalidArgument.
+// Key is a template: literal text with {name} references, for example "order:{body.uid}". For
+// REST a reference names its source: {path.x}, {query.x}, {form.x} (an urlencoded or multipart
+// body), {body.a.b} (a dotted path into a JSON body), {header.X-Name} and {jwt.claim} (a custom
+// claim that go-zero's JWT handler put in the context). Each source is read only when, and as,
+// go-zero's httpx.Parse reads it, so that the key is built from the value the handler binds: a
+// JSON body only with a Content-Length above 0 and a Content-Type containing application/json,
+// and {query.x} and {form.x} are refused when the query and the form body, which go-zero binds
+// as one form, hold more than one distinct value of x. A bare {name} is looked up in every
+// source Parse could bind it from, in Parse's order: path variable, form (query and body),
+// header, top-level JSON body field; it is refused as ambiguous when they give different
+// values, so prefer the explicit form. For zrpc a reference names a field of the request
+// message by its proto name ({sku}, nested {order.uid}), and {header.x} reads the call's
+// metadata. "+" joins keys that are locked together, all or nothing, in a canonical order:
+// "acct:{from}+acct:{to}". Two references in one key must be separated by literal text
+// containing ':', so that different values never render the same key. A reference that is
+// missing, empty or ambiguous fails the request with 400 / InvalidArgument.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
@@ -160,6 +175,9 @@ func (c LockConf) check() error {
 	case "", zeroredis.NodeType, zeroredis.ClusterType:
 	default:
 		return fieldError("Lock.Redis.Type", `must be "node" or "cluster", got %q`, c.Redis.Type)
+	}
+	if err := checkPropagateTo(c.PropagateTo); err != nil {
+		return err
 	}
 	if c.Redis.Lanes < -1 {
 		return fieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes)

@@ -16,7 +16,7 @@ import (
 // every method, so that locks the handler takes itself re-enter them too.
 func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx = m.withIncomingOwners(ctx)
+		ctx = m.owners.withIncomingOwners(ctx)
 		rl := m.rpc[info.FullMethod]
 		if rl == nil {
 			return handler(ctx, req)
@@ -40,7 +40,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // lock's error as a status, and the stream's Context carries the lease from then on.
 func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		ctx := m.withIncomingOwners(ss.Context())
+		ctx := m.owners.withIncomingOwners(ss.Context())
 		rl := m.rpc[info.FullMethod]
 		if rl == nil {
 			if ctx != ss.Context() {
@@ -151,13 +151,15 @@ func (s *lockedStream) release() {
 }
 
 // UnaryClientInterceptor propagates the locks held by the calling request's context
-// (flightlock.AllFromContext) in the call's metadata, as Redis key and owner pairs, for
+// (flightlock.AllFromContext) in the metadata of calls to the methods that LockConf.PropagateTo
+// names, as Redis key, owner and fence (signed with OwnerSecret when set), for
 // zrpc.WithUnaryClientInterceptor. A downstream service whose LockConf sets TrustOwner then
-// re-enters those locks instead of waiting for them. Calls made outside a lock are unchanged.
+// re-enters those locks instead of waiting for them. Calls to other methods, and calls made
+// outside a lock, are unchanged: an owner token lets its bearer into the lock.
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		return invoker(withOutgoingOwners(ctx), method, req, reply, cc, opts...)
+		return invoker(m.owners.withOutgoingOwners(ctx, method), method, req, reply, cc, opts...)
 	}
 }
 
@@ -165,6 +167,6 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return streamer(withOutgoingOwners(ctx), desc, cc, method, opts...)
+		return streamer(m.owners.withOutgoingOwners(ctx, method), desc, cc, method, opts...)
 	}
 }

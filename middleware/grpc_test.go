@@ -340,7 +340,8 @@ func TestOwnerPropagation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tr := newTestRedis(t)
 			restLocker := tr.locker(t)
-			mREST, err := New(LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/order/:uid", Key: "order:{uid}"}}}, WithLocker(restLocker))
+			mREST, err := New(LockConf{PropagateTo: []string{"/" + testService + "/"},
+				Rules: []Rule{{Method: http.MethodPost, Path: "/order/:uid", Key: "order:{uid}"}}}, WithLocker(restLocker))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -395,24 +396,94 @@ func TestOwnerPropagation(t *testing.T) {
 
 func TestOwnerMetadata(t *testing.T) {
 	key, owner := "lock:\x00bin:key", "0123456789abcdef0123456789abcdef"
-	if k, o, ok := decodeOwner(encodeOwner(key, owner)); !ok || k != key || o != owner {
-		t.Fatalf("round trip: %q %q %v", k, o, ok)
-	}
-	for _, bad := range []string{"", "\x05abc", encodeOwner("", owner), encodeOwner(key, ""), encodeOwner(key, "a b"),
-		encodeOwner(key, strings.Repeat("a", maxOwnerLen+1)), encodeOwner(strings.Repeat("k", flightlock.MaxKeyLen+1), owner)} {
-		if _, _, ok := decodeOwner(bad); ok {
-			t.Errorf("decodeOwner(%q) accepted", bad)
+	plain := &ownerPolicy{trust: true}
+	signed := &ownerPolicy{trust: true, secret: []byte("s3cret")}
+	for _, p := range []*ownerPolicy{plain, signed} {
+		if k, o, f, ok := p.decode(p.encode(key, owner, 42)); !ok || k != key || o != owner || f != 42 {
+			t.Fatalf("round trip: %q %q %d %v", k, o, f, ok)
+		}
+		for _, bad := range []string{"", "\x05abc", p.encode("", owner, 1), p.encode(key, "", 1), p.encode(key, "a b", 1),
+			p.encode(key, strings.Repeat("a", maxOwnerLen+1), 1), p.encode(strings.Repeat("k", flightlock.MaxKeyLen+1), owner, 1),
+			p.encode(key, owner, 1) + "x"} {
+			if _, _, _, ok := p.decode(bad); ok {
+				t.Errorf("decode(%q) accepted", bad)
+			}
 		}
 	}
+	// With a secret, unsigned owners and owners signed with another secret are refused.
+	other := &ownerPolicy{secret: []byte("other")}
+	for _, v := range []string{plain.encode(key, owner, 1), other.encode(key, owner, 1)} {
+		if _, _, _, ok := signed.decode(v); ok {
+			t.Errorf("signed policy accepted %q", v)
+		}
+	}
+	// A signature covers the fence: another fence under the same signature is refused.
+	v := signed.encode(key, owner, 7)
+	forged := plain.encode(key, owner, 8) + v[len(v)-ownerMACLen:]
+	if _, _, _, ok := signed.decode(forged); ok {
+		t.Error("a signature accepted for another fence")
+	}
 	// Without TrustOwner, inbound metadata changes nothing.
-	md := metadata.Pairs(ownerMetadataKey, encodeOwner(key, owner))
+	md := metadata.Pairs(ownerMetadataKey, plain.encode(key, owner, 1))
 	ctx := metadata.NewIncomingContext(context.Background(), md)
-	m := &Middleware{}
-	if got := m.withIncomingOwners(ctx); got != ctx {
+	if got := (&ownerPolicy{}).withIncomingOwners(ctx); got != ctx {
 		t.Error("owners honoured without TrustOwner")
 	}
-	m.trustOwner = true
-	if got := m.withIncomingOwners(ctx); got == ctx {
+	if got := plain.withIncomingOwners(ctx); got == ctx {
 		t.Error("owners ignored with TrustOwner")
+	}
+	if got := signed.withIncomingOwners(ctx); got != ctx {
+		t.Error("unsigned owners honoured with an OwnerSecret")
+	}
+}
+
+// Issue 8, finding 2: owner tokens go only to the downstream methods the config names. Before
+// the fix the client interceptor sent every held token to any method it was called for.
+func TestOwnersGoOnlyToNamedMethods(t *testing.T) {
+	tr := newTestRedis(t)
+	l := tr.locker(t)
+	ctx := context.Background()
+	lease, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	sent := func(m *Middleware, method string) bool {
+		var got []string
+		err := m.UnaryClientInterceptor()(lease.Context(), method, nil, nil, nil,
+			func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+				md, _ := metadata.FromOutgoingContext(ctx)
+				got = md.Get(ownerMetadataKey)
+				return nil
+			})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got) > 0
+	}
+	none, err := New(LockConf{}, WithLocker(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent(none, "/third.Party/Charge") {
+		t.Fatal("owners sent to a method no config names")
+	}
+	named, err := New(LockConf{PropagateTo: []string{"/balance.Balance/", "/inventory.Inventory/Reserve"}}, WithLocker(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for method, want := range map[string]bool{
+		"/balance.Balance/Debit":       true,
+		"/inventory.Inventory/Reserve": true,
+		"/inventory.Inventory/Stock":   false,
+		"/third.Party/Charge":          false,
+		"/balance.BalanceAdmin/Reset":  false,
+	} {
+		if got := sent(named, method); got != want {
+			t.Errorf("owners sent to %s: %v, want %v", method, got, want)
+		}
+	}
+	if _, err := New(LockConf{PropagateTo: []string{"balance.Balance"}}); err == nil || !strings.Contains(err.Error(), "Lock.PropagateTo[0]") {
+		t.Fatalf("a bad PropagateTo entry: %v", err)
 	}
 }

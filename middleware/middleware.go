@@ -34,7 +34,7 @@ type Middleware struct {
 	locker     *flightlock.Locker
 	closeStore func() error // nil when the store was injected
 	failOpen   bool
-	trustOwner bool
+	owners     ownerPolicy
 	http       httpRoutes
 	rpc        map[string]*rule
 	failOpens  atomic.Int64 // requests served without a lock (OnStoreError: open)
@@ -106,10 +106,13 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{
-		locker:     o.locker,
-		failOpen:   c.OnStoreError == storeErrorsOpen,
-		trustOwner: c.TrustOwner,
-		rpc:        make(map[string]*rule),
+		locker:   o.locker,
+		failOpen: c.OnStoreError == storeErrorsOpen,
+		owners:   ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
+		rpc:      make(map[string]*rule),
+	}
+	if c.OwnerSecret != "" {
+		m.owners.secret = []byte(c.OwnerSecret)
 	}
 	switch {
 	case m.locker != nil:

@@ -2,24 +2,67 @@ package middleware
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
+	"strings"
 
 	"github.com/flightlock/flightlock"
 	"google.golang.org/grpc/metadata"
 )
 
-// ownerMetadataKey carries one held lock per value: uvarint(len(key)) + key + owner. The -bin
-// suffix makes gRPC base64 the value, since Redis keys may hold any byte.
+// ownerMetadataKey carries one held lock per value: uvarint(len(key)) + key +
+// uvarint(len(owner)) + owner + uvarint(fence), then a 16-byte HMAC when the services share an
+// OwnerSecret. The -bin suffix makes gRPC base64 the value, since Redis keys may hold any byte.
 const ownerMetadataKey = "flightlock-owner-bin"
 
 // Bounds on what an inbound call may hand over.
 const (
 	maxHandedOwners = 64
 	maxOwnerLen     = 128
+	ownerMACLen     = 16 // truncated HMAC-SHA256: 128 bits, as strong as the token itself
 )
 
-// withOutgoingOwners adds every lease that ctx holds to the outgoing metadata of a call.
-func withOutgoingOwners(ctx context.Context) context.Context {
+// ownerPolicy says where owner tokens may go and which ones are believed (issue 8, finding 2).
+// A token lets its bearer re-enter a held lock, so it is sent only to the downstream methods the
+// config names (PropagateTo), accepted only by a service that says so (TrustOwner), and, with
+// an OwnerSecret, only with a signature of the key, owner and fence made with that secret.
+type ownerPolicy struct {
+	trust  bool
+	to     []string // full methods, or services ending in '/'
+	secret []byte   // nil: unsigned
+}
+
+// propagates reports whether the owners of held locks go to method.
+func (p *ownerPolicy) propagates(method string) bool {
+	for _, t := range p.to {
+		if method == t || strings.HasSuffix(t, "/") && strings.HasPrefix(method, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".
+func checkPropagateTo(to []string) error {
+	for i, t := range to {
+		if svc, ok := strings.CutSuffix(t, "/"); ok && strings.Count(svc, "/") == 1 && strings.HasPrefix(svc, "/") && len(svc) > 1 {
+			continue
+		}
+		if err := checkFullMethod(t); err != nil {
+			return fieldError(fmt.Sprintf("Lock.PropagateTo[%d]", i), "%q is neither /package.Service/ nor /package.Service/Method", t)
+		}
+	}
+	return nil
+}
+
+// withOutgoingOwners adds the locks that ctx holds to the outgoing metadata of a call to
+// method, when the policy sends owners there.
+func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) context.Context {
+	if !p.propagates(method) {
+		return ctx
+	}
 	leases := flightlock.AllFromContext(ctx)
 	if len(leases) == 0 {
 		return ctx
@@ -31,40 +74,68 @@ func withOutgoingOwners(ctx context.Context) context.Context {
 			continue // re-entered: the innermost lease of a key says it all
 		}
 		seen[l.Key()] = true
-		kv = append(kv, ownerMetadataKey, encodeOwner(l.Key(), l.Owner()))
+		kv = append(kv, ownerMetadataKey, p.encode(l.Key(), l.Owner(), l.Fence()))
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
-func encodeOwner(key, owner string) string {
-	b := binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64+len(key)+len(owner)), uint64(len(key)))
+func (p *ownerPolicy) encode(key, owner string, fence int64) string {
+	b := make([]byte, 0, 3*binary.MaxVarintLen64+len(key)+len(owner)+ownerMACLen)
+	b = binary.AppendUvarint(b, uint64(len(key)))
 	b = append(b, key...)
+	b = binary.AppendUvarint(b, uint64(len(owner)))
 	b = append(b, owner...)
+	b = binary.AppendUvarint(b, uint64(max(fence, 0)))
+	if p.secret != nil {
+		b = append(b, p.mac(b)...)
+	}
 	return string(b)
 }
 
-func decodeOwner(v string) (key, owner string, ok bool) {
-	n, size := binary.Uvarint([]byte(v))
-	if size <= 0 || n == 0 || n > flightlock.MaxKeyLen || uint64(len(v)-size) <= n {
-		return "", "", false
+func (p *ownerPolicy) mac(signed []byte) []byte {
+	m := hmac.New(sha256.New, p.secret)
+	m.Write(signed)
+	return m.Sum(nil)[:ownerMACLen]
+}
+
+func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool) {
+	b := []byte(v)
+	n, size := binary.Uvarint(b)
+	if size <= 0 || n == 0 || n > flightlock.MaxKeyLen || uint64(len(b)-size) < n {
+		return "", "", 0, false
 	}
-	key, owner = v[size:size+int(n)], v[size+int(n):]
-	if len(owner) > maxOwnerLen {
-		return "", "", false
+	key, b = string(b[size:size+int(n)]), b[size+int(n):]
+	n, size = binary.Uvarint(b)
+	if size <= 0 || n == 0 || n > maxOwnerLen || uint64(len(b)-size) < n {
+		return "", "", 0, false
+	}
+	owner, b = string(b[size:size+int(n)]), b[size+int(n):]
+	f, size := binary.Uvarint(b)
+	if size <= 0 || f > 1<<62 {
+		return "", "", 0, false
+	}
+	signed, rest := len(v)-len(b)+size, b[size:]
+	if p.secret != nil {
+		if len(rest) != ownerMACLen || !hmac.Equal(rest, p.mac([]byte(v[:signed]))) {
+			return "", "", 0, false
+		}
+	} else if len(rest) != 0 && len(rest) != ownerMACLen {
+		return "", "", 0, false
 	}
 	for i := 0; i < len(owner); i++ {
 		if c := owner[i]; c <= ' ' || c == 0x7f {
-			return "", "", false // the store keeps owners as space-free text
+			return "", "", 0, false // the store keeps owners as space-free text
 		}
 	}
-	return key, owner, true
+	return key, owner, int64(f), true
 }
 
 // withIncomingOwners hands the owners of an inbound call's metadata to the locks of ctx
-// (flightlock.WithOwner), when the Middleware trusts them; otherwise ctx is returned as is.
-// Malformed values are skipped.
-func (m *Middleware) withIncomingOwners(ctx context.Context) context.Context {
-	if !m.trustOwner {
+// (flightlock.WithOwnerFence), when the policy trusts them; otherwise ctx is returned as is.
+// Malformed or badly signed values are skipped. A handed-over owner only re-enters a lock it
+// holds; it never takes a free key.
+func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
+	if !p.trust {
 		return ctx
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -73,8 +144,8 @@ func (m *Middleware) withIncomingOwners(ctx context.Context) context.Context {
 		if i == maxHandedOwners {
 			break
 		}
-		if key, owner, ok := decodeOwner(v); ok {
-			ctx = flightlock.WithOwner(ctx, key, owner)
+		if key, owner, fence, ok := p.decode(v); ok {
+			ctx = flightlock.WithOwnerFence(ctx, key, owner, fence)
 		}
 	}
 	return ctx

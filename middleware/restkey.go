@@ -3,12 +3,13 @@ package middleware
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
-	"mime/multipart"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,18 +27,39 @@ type KeyFunc func(r *http.Request) (string, error)
 // a larger body answers 400 (before go-zero's MaxBytes, which is 1 MiB by default, too).
 const maxBodyBytes = 1 << 20
 
-// httpSource is one request as seen by the key getters. The body, query, form and JSON are
-// read once, on first use.
+// The key must be built from the value that the handler binds with go-zero's httpx.Parse
+// (issue 8, security finding 1), so every getter reads a source exactly when, and as, Parse
+// would (go-zero v1.10.3, rest/httpx/requests.go and util.go):
+//   - ParsePath binds the route's path variables (pathvar.Vars);
+//   - ParseForm binds r.Form after r.ParseForm and r.ParseMultipartForm (GetFormValues): the URL
+//     query, plus an urlencoded body of POST, PUT and PATCH, plus the text fields of a
+//     multipart/form-data body. Empty values are dropped, "name[]" binds as "name", and a
+//     scalar field takes the first of several values;
+//   - ParseHeaders binds the header's values (a field tagged header:"uid" reads the header Uid);
+//   - ParseJsonBody decodes the first JSON value of the body only when ContentLength > 0 and
+//     the Content-Type contains "application/json" (withJsonBody); a chunked body, one of
+//     unknown length or a JSON body sent as text/plain is not read.
+// Parse binds them in that order, each over the fields its tag names, so which value a field
+// ends with depends on the handler's struct. A name that two sources, or two values of one
+// source, give differently is therefore refused rather than guessed.
+
+// httpSource is one request as seen by the key getters. The body, the form and the JSON
+// object are read once, on first use.
 type httpSource struct {
 	r *http.Request
 
-	query    url.Values
 	body     []byte
 	bodyErr  error
 	bodyRead bool
-	form     url.Values
+
+	query    url.Values // the URL query
+	form     url.Values // r.Form as ParseForm and ParseMultipartForm leave it: query and body
+	postForm url.Values // the body's part of form
+	formErr  error
 	formDone bool
+
 	json     map[string]json.RawMessage // the body's top-level fields, undecoded; nil if not an object
+	jsonErr  error
 	jsonDone bool
 }
 
@@ -65,75 +87,158 @@ func (s *httpSource) readBody() ([]byte, error) {
 	return s.body, s.bodyErr
 }
 
-func (s *httpSource) mediaType() string {
-	mt, _, _ := mime.ParseMediaType(s.r.Header.Get("Content-Type"))
-	return mt
-}
-
-func (s *httpSource) queryValue(name string) (string, bool, error) {
-	if s.query == nil {
-		s.query = s.r.URL.Query()
+// formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body:
+// net/http reads an urlencoded body of POST, PUT and PATCH only (parsePostForm, which also
+// reads it when a media type parameter is malformed), and a multipart/form-data body of any
+// method (multipartReader), each once.
+func formReadsBody(r *http.Request) bool {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	switch {
+	case mt == "application/x-www-form-urlencoded":
+		return r.PostForm == nil && (r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch)
+	case mt == "multipart/form-data" && err == nil:
+		return r.MultipartForm == nil
 	}
-	v := s.query.Get(name)
-	return v, v != "", nil
+	return false
 }
 
-func (s *httpSource) formValue(name string) (string, bool, error) {
-	if !s.formDone {
-		s.formDone = true
-		switch s.mediaType() {
-		case "application/x-www-form-urlencoded":
+// readsJSONBody reports whether httpx.ParseJsonBody decodes r's body: go-zero's withJsonBody
+// test, and a body that ParseForm, which runs first, has not consumed.
+func readsJSONBody(r *http.Request) bool {
+	return r.ContentLength > 0 && strings.Contains(r.Header.Get("Content-Type"), "application/json") &&
+		!formReadsBody(r)
+}
+
+// parseForm fills s.form as httpx.GetFormValues sees r.Form, by running net/http's own
+// ParseForm and ParseMultipartForm on a copy of the request that reads the buffered body; r
+// keeps its body and its unparsed form for the handler. An error is one that makes Parse
+// fail too.
+func (s *httpSource) parseForm() error {
+	if s.formDone {
+		return s.formErr
+	}
+	s.formDone = true
+	r := s.r
+	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
+	c.Form, c.PostForm = cloneValues(r.Form), cloneValues(r.PostForm)
+	if r.Body != nil { // a nil body is "missing form body" for net/http, as for the handler
+		c.Body = http.NoBody
+		if formReadsBody(r) {
 			b, err := s.readBody()
 			if err != nil {
-				return "", false, err
+				s.formErr = err
+				return err
 			}
-			// A malformed pair leaves the others readable, as in net/http.
-			s.form, _ = url.ParseQuery(string(b))
-		case "multipart/form-data":
-			b, err := s.readBody()
-			if err != nil {
-				return "", false, err
-			}
-			s.form = s.multipartValues(b)
+			c.Body = io.NopCloser(bytes.NewReader(b))
 		}
 	}
-	v := s.form.Get(name)
-	return v, v != "", nil
+	err := c.ParseForm()
+	if err == nil {
+		// Up to maxBodyBytes of file parts stay in memory: the body is no larger.
+		if err = c.ParseMultipartForm(maxBodyBytes); errors.Is(err, http.ErrNotMultipart) {
+			err = nil
+		}
+	}
+	if c.MultipartForm != nil && c.MultipartForm != r.MultipartForm {
+		_ = c.MultipartForm.RemoveAll()
+	}
+	if err != nil {
+		s.formErr = fmt.Errorf("%w: form: %v", flightlock.ErrInvalidKey, err)
+		return s.formErr
+	}
+	s.form, s.postForm = c.Form, c.PostForm
+	s.query, _ = url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
+	return nil
 }
 
-// multipartValues returns the text fields of a multipart body; files are skipped.
-func (s *httpSource) multipartValues(b []byte) url.Values {
-	_, params, err := mime.ParseMediaType(s.r.Header.Get("Content-Type"))
-	if err != nil || params["boundary"] == "" {
+func cloneValues(v url.Values) url.Values {
+	if v == nil {
 		return nil
 	}
-	form, err := multipart.NewReader(bytes.NewReader(b), params["boundary"]).ReadForm(maxBodyBytes)
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = slices.Clone(vs)
+	}
+	return out
+}
+
+// formField returns the values of name that go-zero's form binding sees, "name[]" included and
+// empty values dropped as GetFormValues does, with the sources that hold them.
+func (s *httpSource) formField(name string) (vals []string, inQuery, inBody bool, err error) {
+	if err := s.parseForm(); err != nil {
+		return nil, false, false, err
+	}
+	has := func(v url.Values) bool {
+		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
+	}
+	for _, k := range [2]string{name, name + "[]"} {
+		for _, v := range s.form[k] {
+			if v != "" {
+				vals = append(vals, v)
+			}
+		}
+	}
+	return vals, has(s.query), has(s.postForm), nil
+}
+
+func nonEmpty(v string) bool { return v != "" }
+
+// formSources names the parts of the form that hold a value, for messages.
+func formSources(inQuery, inBody bool) []string {
+	switch {
+	case inQuery && inBody:
+		return []string{"the query", "the form body"}
+	case inQuery:
+		return []string{"the query"}
+	case inBody:
+		return []string{"the form body"}
+	}
+	return []string{"the form"}
+}
+
+// formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part of the
+// request, and go-zero's form binding, which merges the query with the form body, must see no
+// other value.
+func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, error) {
+	vals, inQuery, inBody, err := s.formField(name)
+	if err != nil || (fromQuery && !inQuery) || (!fromQuery && !inBody) {
+		return "", false, err
+	}
+	var c candidates
+	c.addFrom(formSources(inQuery, inBody), vals)
+	return c.one(ref, "send one value")
+}
+
+// jsonObject decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
+// would read the body at all.
+func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
+	if s.jsonDone {
+		return s.json, s.jsonErr
+	}
+	s.jsonDone = true
+	if !readsJSONBody(s.r) {
+		return nil, nil
+	}
+	b, err := s.readBody()
 	if err != nil {
-		return nil
+		s.jsonErr = err
+		return nil, err
 	}
-	defer func() { _ = form.RemoveAll() }()
-	return url.Values(form.Value)
+	// Trailing data after the first value is ignored, as go-zero's decoder ignores it.
+	if len(b) > 0 && json.NewDecoder(bytes.NewReader(b)).Decode(&s.json) != nil {
+		s.json = nil // not a JSON object: every body field is missing
+	}
+	return s.json, nil
 }
 
 // bodyValue follows a dotted path into a JSON body object. Only the objects on the path are
 // split into fields, and only the value at its end is decoded: a large body costs a scan, not a
 // tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
-	if !s.jsonDone {
-		s.jsonDone = true
-		switch s.mediaType() {
-		case "application/x-www-form-urlencoded", "multipart/form-data":
-		default:
-			b, err := s.readBody()
-			if err != nil {
-				return "", false, err
-			}
-			if len(b) > 0 && json.Unmarshal(b, &s.json) != nil {
-				s.json = nil // not a JSON object: every body field is missing
-			}
-		}
+	obj, err := s.jsonObject()
+	if err != nil {
+		return "", false, err
 	}
-	obj := s.json
 	var raw json.RawMessage
 	for i, p := range path {
 		var ok bool
@@ -155,6 +260,52 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	}
 	str, ok := scalar(v)
 	return str, ok, nil
+}
+
+// headerValue resolves {header.X}. go-zero binds headers too, and a repeated header with
+// different values has no single value to lock.
+func (s *httpSource) headerValue(ref, name string) (string, bool, error) {
+	var c candidates
+	c.add("the header", s.r.Header.Values(name)...)
+	return c.one(ref, "send one value")
+}
+
+// candidates gathers the distinct values that the sources of one reference give.
+type candidates struct {
+	vals    []string // distinct, in the order seen
+	sources []string // the sources that gave a value, in the order seen
+}
+
+func (c *candidates) add(source string, vals ...string) {
+	c.addFrom([]string{source}, vals)
+}
+
+func (c *candidates) addFrom(sources, vals []string) {
+	if len(vals) == 0 {
+		return
+	}
+	c.sources = append(c.sources, sources...)
+	for _, v := range vals {
+		if !slices.Contains(c.vals, v) {
+			c.vals = append(c.vals, v)
+		}
+	}
+}
+
+// one returns the single value of the reference, or an ErrInvalidKey naming the sources that
+// disagree (never their values: the message goes back to the client), with hint.
+func (c *candidates) one(ref, hint string) (string, bool, error) {
+	switch len(c.vals) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return c.vals[0], true, nil
+	}
+	what := c.sources[0] + " has several values"
+	if n := len(c.sources); n > 1 {
+		what = strings.Join(c.sources[:n-1], ", ") + " and " + c.sources[n-1] + " give different values"
+	}
+	return "", false, fmt.Errorf("%w: {%s} is ambiguous: %s; %s", flightlock.ErrInvalidKey, ref, what, hint)
 }
 
 // scalar renders a JSON or JWT claim value: strings, numbers and booleans. Objects, arrays
@@ -195,17 +346,14 @@ func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error)
 				return v, v != "", nil
 			}, nil
 		case "query":
-			return func(s *httpSource) (string, bool, error) { return s.queryValue(name) }, nil
+			return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, true) }, nil
 		case "form":
-			return func(s *httpSource) (string, bool, error) { return s.formValue(name) }, nil
+			return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, false) }, nil
 		case "body":
 			path := strings.Split(name, ".")
 			return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
 		case "header":
-			return func(s *httpSource) (string, bool, error) {
-				v := s.r.Header.Get(name)
-				return v, v != "", nil
-			}, nil
+			return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
 		case "jwt":
 			// go-zero's JWT handler stores each custom claim under its name as a plain
 			// string context key (rest/handler/authhandler.go); standard claims are not kept.
@@ -218,24 +366,33 @@ func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error)
 	}
 }
 
-// defaultGetter looks a bare name up as a path variable, a query parameter, a form field and a
-// top-level JSON body field, in that order.
+// defaultGetter resolves a bare name from every source that httpx.Parse could bind a field of
+// that name from, in the order Parse binds them: the path variable, the form (the query and
+// an urlencoded or multipart body), the header of that name, and a top-level field of a JSON
+// body that Parse decodes. One value, however many sources give it, is the key; different
+// values are refused, since the handler's struct decides which of them it ends with.
 func defaultGetter(name string) getter[*httpSource] {
 	path := []string{name}
+	hint := fmt.Sprintf("send one value, or name the source the handler binds, such as {path.%[1]s}, {query.%[1]s}, {form.%[1]s}, {header.%[1]s} or {body.%[1]s}", name)
 	return func(s *httpSource) (string, bool, error) {
+		var c candidates
 		if v := pathvar.Vars(s.r)[name]; v != "" {
-			return v, true, nil
+			c.add("the path variable", v)
 		}
-		if v, ok, _ := s.queryValue(name); ok {
-			return v, true, nil
+		vals, inQuery, inBody, err := s.formField(name)
+		if err != nil {
+			return "", false, err
 		}
-		if s.r.Body == nil || s.r.Body == http.NoBody {
-			return "", false, nil
+		c.addFrom(formSources(inQuery, inBody), vals)
+		c.add("the header", s.r.Header.Values(name)...)
+		v, ok, err := s.bodyValue(path)
+		if err != nil {
+			return "", false, err
 		}
-		if v, ok, err := s.formValue(name); ok || err != nil {
-			return v, ok, err
+		if ok {
+			c.add("the JSON body", v) // "" too: Parse binds it over the form's value
 		}
-		return s.bodyValue(path)
+		return c.one(name, hint)
 	}
 }
 

@@ -53,8 +53,8 @@ Order:
   Balance: {Endpoints: ["127.0.0.1:%[4]d"], Timeout: 30000}
   Lock:
     Rules:
-      - {Method: POST, Path: /api/order/create, Key: "order:{uid}", OnBusy: reject}
-      - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{account}", OnBusy: reject}
+      - {Method: POST, Path: /api/order/create, Key: "order:{body.uid}", OnBusy: reject}
+      - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{path.account}", OnBusy: reject}
 Inventory:
   Name: inventory.rpc
   ListenOn: 127.0.0.1:%[3]d

@@ -55,6 +55,17 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// StartIn is Start with dir as the server's working directory, where an explicit SAVE writes
+// its RDB snapshot and from which Restart loads it again: for tests of what survives a restart
+// from a snapshot.
+func StartIn(tb testing.TB, dir string) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb), dir: dir}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
 func freeAddr(tb testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

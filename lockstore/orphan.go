@@ -1,0 +1,43 @@
+package lockstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// orphanReleaseTimeout bounds the release of a lock that an acquire took after its caller left.
+// A release that does not finish in time leaves the lock to its TTL, as a failed release does.
+const orphanReleaseTimeout = time.Second
+
+// releaseIfTaken returns the late hook of an acquire of key by owner (see batcher.run): when
+// the acquire's reply arrives after its caller left and says the key was taken for owner,
+// nobody knows of that lock, so the hook releases it rather than leave it held until its TTL
+// (issue 8, finding 9: a batched call no longer waits for its reply past its own deadline).
+// Other replies leave the key alone: busy took nothing, and re-entered means owner already held
+// the key for a hold that is still counted on. An error reply says nothing about what ran, so
+// it is left too (the root package's Locker releases after an acquire that timed out).
+func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
+	return s.releaseOnReply(key, owner, acquireTaken)
+}
+
+// releaseOnReply returns a late hook that gives up one hold of key for owner when a two-integer
+// script reply (acquire.lua, reenter.lua) starts with code, the code of a reply that counted a
+// hold for this very call. The release goes straight to the client, not through the batcher:
+// it runs in the hook's own goroutine, after its caller left, and must not wait for a lane.
+func (s *RedisStore) releaseOnReply(key, owner string, code int64) func(*redis.Cmd) {
+	return func(cmd *redis.Cmd) {
+		reply, err := cmd.Slice()
+		if err != nil || len(reply) != 2 {
+			return
+		}
+		if got, ok := reply[0].(int64); !ok || got != code {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+		defer cancel()
+		// The orphan handed out no fence beyond the one it was granted: "0" (release.lua).
+		_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0").Err()
+	}
+}
