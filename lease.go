@@ -120,17 +120,9 @@ func (x *Lease) Release(ctx context.Context) error {
 	x.h.detach(x)
 	x.cancel(nil)
 	var last bool
-	switch x.kind {
-	case borrowedLease:
-		// One hold of another process's lock: count it down in Redis.
-		x.h.stop()
-		rctx, cancel := x.l.releaseContext(ctx)
-		defer cancel()
-		_, err := x.l.store.Release(rctx, x.h.key, x.h.owner, 0)
-		return err
-	case reentryLease:
+	if x.kind == reentryLease {
 		last = x.h.leaveSlot()
-	default:
+	} else {
 		last = x.h.done()
 	}
 	if !last {

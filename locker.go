@@ -330,9 +330,18 @@ func (l *Locker) giveBack(ctx context.Context, key, owner string) {
 	_, _ = l.store.Release(rctx, key, owner, 0)
 }
 
-// endGrant ends the grant of a gate hold whose last lease was released: hands the hold to the
-// next local waiter when allowed, or releases it in Redis and frees the gate slot.
+// endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
+// next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
+// one hold of a borrowed lock.
 func (l *Locker) endGrant(ctx context.Context, h *hold) error {
+	if h.borrowed {
+		// One hold of another process's lock: count it down in Redis.
+		h.stop()
+		rctx, cancel := l.releaseContext(ctx)
+		defer cancel()
+		_, err := l.store.Release(rctx, h.key, h.owner, 0)
+		return err
+	}
 	e := h.entry
 	if l.gate.handoff(h.key, e, h, l.cfg.handoff, l.cfg.window) {
 		return nil

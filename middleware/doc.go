@@ -3,8 +3,9 @@
 // them.
 //
 // Each Rule names a REST route (Method and Path, a go-zero route pattern) or a zrpc method
-// (RPC), and a key template such as "order:{uid}" that is filled from the request: path
-// variable, query, form, JSON body, header, JWT claim or gRPC request field. Templates are
+// (RPC), and a key template such as "order:{body.uid}" that is filled from the request: path
+// variable, query, form, JSON body, header, JWT claim or gRPC request field, each read exactly
+// as go-zero's httpx.Parse reads it for the handler. Templates are
 // compiled once, when New builds the Middleware; values are escaped so that different
 // requests never render the same key. A request is then answered per the design's error
 // table:
@@ -33,10 +34,11 @@
 //
 // for a route group or a goctl @server(middleware: OrderLock) block:
 //
-//	orderLock, err := lock.Route(middleware.Rule{Key: "order:{uid}"})
+//	orderLock, err := lock.Route(middleware.Rule{Key: "order:{body.uid}"})
 //
-// and for a zrpc service, with its client's interceptor so that a downstream service whose
-// config sets TrustOwner re-enters the caller's locks instead of deadlocking on them:
+// and for a zrpc service, with its client's interceptor so that a downstream method that
+// PropagateTo names, on a service whose config sets TrustOwner, re-enters the caller's locks
+// instead of deadlocking on them:
 //
 //	s.AddUnaryInterceptors(lock.UnaryServerInterceptor())
 //	s.AddStreamInterceptors(lock.StreamServerInterceptor())

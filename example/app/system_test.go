@@ -55,6 +55,8 @@ Order:
     Rules:
       - {Method: POST, Path: /api/order/create, Key: "order:{body.uid}", OnBusy: reject}
       - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{path.account}", OnBusy: reject}
+    PropagateTo: ["/balance.Balance/"]
+    OwnerSecret: test-secret
 Inventory:
   Name: inventory.rpc
   ListenOn: 127.0.0.1:%[3]d
@@ -77,6 +79,7 @@ Balance:
   Lock:
     Wait: 20s
     TrustOwner: true
+    OwnerSecret: test-secret
     Rules:
       - {RPC: /balance.Balance/Debit, Key: "acct:{account}", OnBusy: wait}
       - {RPC: /balance.Balance/Credit, Key: "acct:{account}", OnBusy: wait}
