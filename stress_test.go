@@ -1,0 +1,983 @@
+package flightlock
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// TestStressExclusionAndFences (issue 8, "Exclusion that holds on every path") runs worker
+// processes (the test binary re-executed, as in TestMutualExclusionAcrossProcesses), each with
+// goroutines that lock a few hot keys through a fault proxy of their own (delayed replies,
+// stalled and cut connections, on a seeded random schedule), and a checker that decides on a
+// direct connection to Redis, one Lua script per step, whether every critical section was
+// entered as the library promises:
+//
+//   - a new grant (Lock on a context that did not hold the key) finds the key free, and its
+//     fence is strictly larger than every fence recorded for the key before;
+//   - a re-entry (Lock on a context that holds the key: down the call chain, or from
+//     goroutines the holder started) carries the holder's fence, and re-entries of one hold
+//     are inside one at a time (a re-entry down a re-entry's own chain nests in it);
+//   - the lease's Locker holds the key in Redis when a section starts (each Locker stores a tag
+//     of its own as lock metadata; a Locker's gate lets one grant at a time hold the lock),
+//     unless the worker itself took longer than the lease's safety margin (TTL/10) between
+//     seeing the lease's context alive and the checker's step: then the step is "late" and
+//     judges nothing, but the lease's context must still end within two TTLs (and a second).
+//
+// The checker never calls Lease.Owner: giving the owner token out marks a lock as shared,
+// which turns off the in-process handoff this test exercises.
+//
+// Holders leave at once when the lease's context ends. The library cancels it at least TTL/10
+// before Redis may expire the key, which is the slack the checker relies on: TTLs stay at or
+// above 300ms so that the scheduling of a 2-core machine under -race fits in it.
+//
+// Size: FLIGHTLOCK_STRESS_DURATION (default 45s, 8s with -short), FLIGHTLOCK_STRESS_PROCS (3),
+// FLIGHTLOCK_STRESS_GOROUTINES (12, 8 with -short). FLIGHTLOCK_STRESS_SEED replays a schedule:
+// the choices each goroutine and each fault schedule makes come from it (the interleaving
+// does not).
+func TestStressExclusionAndFences(t *testing.T) {
+	set := stressSettings(t)
+	t.Logf("seed %d: %d processes x %d goroutines for %v (replay with %s=%d)",
+		set.seed, set.procs, set.goroutines, set.duration, stressSeedEnv, set.seed)
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+
+	type worker struct {
+		stdout, stderr bytes.Buffer
+		err            error
+	}
+	workers := make([]*worker, set.procs)
+	runCtx, cancel := context.WithTimeout(ctx, set.duration+2*time.Minute)
+	defer cancel()
+	started := time.Now()
+	var wg sync.WaitGroup
+	for p := range workers {
+		w := &worker{}
+		workers[p] = w
+		cfg, _ := json.Marshal(stressConfig{Proc: p, Addr: srv.Addr, Seed: set.seed, Duration: set.duration, Goroutines: set.goroutines})
+		cmd := exec.CommandContext(runCtx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), stressWorkerEnv+"="+string(cfg))
+		cmd.Stdout, cmd.Stderr = &w.stdout, &w.stderr
+		cmd.WaitDelay = 5 * time.Second
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.err = cmd.Run()
+		}()
+	}
+	wg.Wait()
+	t.Logf("workers ran for %v", time.Since(started).Round(time.Millisecond))
+
+	// Locks left behind (a release lost to a cut connection) must expire within their TTL.
+	leftover, err := c.Keys(ctx, DefaultPrefix+"stress:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range leftover {
+		if d := c.PTTL(ctx, k).Val(); d > stressMaxTTL || d == -1*time.Nanosecond {
+			t.Errorf("%s left with PTTL %v, more than the longest TTL %v", k, d, stressMaxTTL)
+		}
+	}
+
+	var total stressResult
+	for p, w := range workers {
+		if s := strings.TrimSpace(w.stderr.String()); s != "" {
+			if len(s) > 4000 {
+				s = s[:4000] + "\n..."
+			}
+			t.Logf("p%d stderr:\n%s", p, s)
+		}
+		if w.err != nil {
+			t.Errorf("p%d: worker failed: %v\n%s", p, w.err, w.stdout.String())
+			continue
+		}
+		res, ok := parseStressResult(w.stdout.Bytes())
+		if !ok {
+			t.Errorf("p%d: no result line in the worker's output:\n%s", p, w.stdout.String())
+			continue
+		}
+		t.Logf("p%d: %s", p, res)
+		if res.Counts[stressCounterNames[cGrants]] == 0 {
+			t.Errorf("p%d: no lock granted in %v", p, set.duration)
+		}
+		if n := res.Counts[stressCounterNames[cCheckerErrors]]; n > 0 {
+			t.Errorf("p%d: %d checker calls failed on the direct connection: the run proves nothing", p, n)
+		}
+		total.add(res)
+	}
+	t.Logf("all: %s", total)
+	// A grant's steps are a chain re-entry three times in ten, a fan-out twice: over 50
+	// grants, both happen.
+	if grants := total.Counts[stressCounterNames[cGrants]]; grants > 50 {
+		if total.Counts[stressCounterNames[cChain]] == 0 {
+			t.Errorf("no re-entry down a call chain succeeded in %d grants", grants)
+		}
+		if total.Counts[stressCounterNames[cFanout]]+total.Counts[stressCounterNames[cFanoutBusy]] == 0 {
+			t.Errorf("no re-entry from another goroutine was tried in %d grants", grants)
+		}
+	}
+
+	// Every section was left: nothing is occupied in the checker.
+	for _, key := range stressKeys {
+		st := c.HGetAll(ctx, stressStateKey(key)).Val()
+		if st["occ"] == "1" || st["reocc"] != "" {
+			t.Errorf("%s: section still occupied after every worker ended: %v", key, st)
+		}
+	}
+
+	kinds := c.HGetAll(ctx, stressKindsKey).Val()
+	if len(kinds) > 0 {
+		details := c.LRange(ctx, stressViolationsKey, 0, 59).Val()
+		t.Errorf("violations by kind: %v; the first %d:\n%s", kinds, len(details), strings.Join(details, "\n"))
+	}
+
+	if len(leftover) > 0 {
+		time.Sleep(stressMaxTTL + 250*time.Millisecond)
+		if left := c.Keys(ctx, DefaultPrefix+"stress:*").Val(); len(left) > 0 {
+			t.Errorf("locks still in Redis one TTL after every worker ended: %v", left)
+		}
+	}
+}
+
+// TestStressCheckerCatchesViolations drives the checker's scripts by hand through every kind
+// of violation they know, so that a clean stress run means something.
+func TestStressCheckerCatchesViolations(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	ctx := context.Background()
+	const (
+		key    = "stress:a"
+		safety = 50 * time.Millisecond
+	)
+	lockKey := DefaultPrefix + key
+	lock := func(tag string, fence int64) {
+		// The value as acquire.lua writes it: owner, fence, holds, metadata.
+		c.Set(ctx, lockKey, fmt.Sprintf("%032d %d 1 %s", fence, fence, tag), time.Minute)
+	}
+	enter := func(wantState, wantKinds, token string, fence int64, tag string, ago time.Duration, holder, parent string) {
+		t.Helper()
+		state, kinds, err := stressEnter(c, key, lockKey, token, fence, tag, time.Now().Add(-ago), safety, holder, parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if state != wantState || kinds != wantKinds {
+			t.Fatalf("%s: checker answered %q %q, want %q %q", token, state, kinds, wantState, wantKinds)
+		}
+	}
+	exit := func(kind, token, parent string) {
+		t.Helper()
+		if err := stressExit(c, key, kind, token, parent); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	lock("tagA", 10)
+	enter("entered", "", "a", 10, "tagA", 0, "", "")
+	enter("entered", "", "a.r1", 10, "tagA", 0, "a", "")       // a re-entry
+	enter("entered", "", "a.r1.c", 10, "tagA", 0, "a", "a.r1") // down its chain
+	exit("reentry", "a.r1.c", "a.r1")
+	enter("entered", "reentry-overlap", "a.r2", 10, "tagA", 0, "a", "") // a sibling while a.r1 is inside
+	exit("reentry", "a.r2", "")
+	exit("reentry", "a.r1", "") // replaced by a.r2: changes nothing
+	enter("entered", "reentry-fence", "a.r3", 11, "tagA", 0, "a", "")
+	exit("reentry", "a.r3", "")
+	enter("gone", "", "x.r", 10, "tagA", 0, "x", "") // x is not inside
+	lock("tagB", 20)                                 // a's lock expired and B took it; a is still inside
+	enter("entered", "overlap", "b", 20, "tagB", 0, "", "")
+	exit("grant", "a", "") // replaced by b: changes nothing
+	exit("grant", "b", "")
+	enter("entered", "fence-kept-by-handoff", "b2", 20, "tagB", 0, "", "")
+	exit("grant", "b2", "")
+	enter("handoff", "", "b3", 21, "tagB", 0, "", "") // a handoff with a fence of its own
+	exit("grant", "b3", "")
+	enter("handoff", "fence-not-increasing", "b4", 19, "tagB", 0, "", "")
+	exit("grant", "b4", "")
+	enter("entered", "entered-unheld", "c", 30, "tagC", 0, "", "") // B holds the lock, not C
+	exit("grant", "c", "")
+	enter("late", "", "d", 40, "tagC", time.Second, "", "") // too slow to blame the library
+	lock("tagE", 50)
+	enter("entered", "", "e", 50, "tagE", 0, "", "")
+	enter("entered", "", "e.r", 50, "tagE", 0, "e", "")
+	exit("grant", "e", "") // leaves while its re-entry is inside (after a loss)
+	lock("tagF", 60)
+	enter("entered", "reentry-left-inside", "f", 60, "tagF", 0, "", "")
+	exit("grant", "f", "")
+
+	got := c.HGetAll(ctx, stressKindsKey).Val()
+	want := []string{"reentry-overlap", "reentry-fence", "overlap", "fence-kept-by-handoff",
+		"fence-not-increasing", "entered-unheld", "reentry-left-inside"}
+	for _, k := range want {
+		if got[k] != "1" {
+			t.Errorf("violation count of %s is %q, want 1 (all: %v)", k, got[k], got)
+		}
+	}
+	if n := c.LLen(ctx, stressViolationsKey).Val(); n != int64(len(want)) {
+		t.Errorf("%d violations listed, want %d", n, len(want))
+	}
+	if st := c.HGetAll(ctx, stressStateKey(key)).Val(); st["occ"] != "0" || st["last"] != "60" {
+		t.Errorf("final state %v, want occ 0 and last fence 60", st)
+	}
+}
+
+const (
+	stressWorkerEnv     = "FLIGHTLOCK_STRESS_WORKER" // JSON stressConfig: run as a worker
+	stressDurationEnv   = "FLIGHTLOCK_STRESS_DURATION"
+	stressProcsEnv      = "FLIGHTLOCK_STRESS_PROCS"
+	stressGoroutinesEnv = "FLIGHTLOCK_STRESS_GOROUTINES"
+	stressSeedEnv       = "FLIGHTLOCK_STRESS_SEED"
+	stressResultPrefix  = "flightlock-stress-result "
+
+	stressMinTTL = 300 * time.Millisecond
+	stressMaxTTL = time.Second
+
+	stressViolationsKey = "stresscheck:violations" // list of descriptions, the first 500
+	stressKindsKey      = "stresscheck:kinds"      // hash: violation kind -> count
+)
+
+// stressKeys are the hot keys; the first is picked most often.
+var stressKeys = []string{"stress:a", "stress:b", "stress:c"}
+
+func stressStateKey(key string) string { return "stresscheck:state:" + key }
+
+type stressSetup struct {
+	duration          time.Duration
+	procs, goroutines int
+	seed              uint64
+}
+
+func stressSettings(t *testing.T) stressSetup {
+	s := stressSetup{duration: 45 * time.Second, procs: 3, goroutines: 12, seed: uint64(time.Now().UnixNano())}
+	if testing.Short() {
+		s.duration, s.goroutines = 8*time.Second, 8
+	}
+	if v := os.Getenv(stressDurationEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("%s=%q: want a positive duration", stressDurationEnv, v)
+		}
+		s.duration = d
+	}
+	for _, x := range []struct {
+		env string
+		n   *int
+	}{{stressProcsEnv, &s.procs}, {stressGoroutinesEnv, &s.goroutines}} {
+		if v := os.Getenv(x.env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				t.Fatalf("%s=%q: want a positive number", x.env, v)
+			}
+			*x.n = n
+		}
+	}
+	if v := os.Getenv(stressSeedEnv); v != "" {
+		seed, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", stressSeedEnv, v, err)
+		}
+		s.seed = seed
+	}
+	return s
+}
+
+// stressConfig is what the parent tells a worker, as JSON in stressWorkerEnv.
+type stressConfig struct {
+	Proc       int
+	Addr       string // redis-server; the worker puts its own proxy in front of it
+	Seed       uint64
+	Duration   time.Duration
+	Goroutines int
+}
+
+// The worker's counters. Names are in stressCounterNames.
+const (
+	cGrants          = iota // sections entered as new grants
+	cHandoffs               // ... of which by handoff (a fence other than the Redis acquisition's)
+	cChain                  // re-entries down the call chain, entered
+	cFanout                 // re-entries from goroutines the holder started, entered
+	cFanoutBusy             // such re-entries refused with ErrBusy
+	cSlowChain              // chain re-entries that took more than 50ms to return
+	cBusy                   // Lock/TryLock refused with ErrBusy
+	cStoreErrors            // Lock/TryLock failed otherwise (Redis unreachable through the proxy)
+	cReentryErrors          // re-entries from goroutines that failed otherwise, holder still alive
+	cLost                   // holders that left their section because the context ended with ErrLost
+	cEndedOther             // ... ended with another cause
+	cCancelledBefore        // leases whose context had ended before the section began
+	cLate                   // steps the checker did not judge: the worker was slower than TTL/10
+	cReleaseNotHeld         // Release answered ErrNotHeld (expired meanwhile)
+	cReleaseErrors          // Release failed otherwise
+	cViolations             // violations found (also listed in Redis)
+	cCheckerErrors          // checker calls that failed on the direct connection
+	cDelays                 // fault schedule: phases of delayed replies
+	cStalls                 // fault schedule: stalled connections (one or all)
+	cCuts                   // fault schedule: every connection cut
+	nStressCounters
+)
+
+var stressCounterNames = [nStressCounters]string{
+	"grants", "handoffs", "chain", "fanout", "fanoutBusy", "slowChain", "busy", "storeErrors", "reentryErrors",
+	"lost", "endedOther", "cancelledBefore", "late", "releaseNotHeld", "releaseErrors",
+	"violations", "checkerErrors", "delays", "stalls", "cuts",
+}
+
+// stressResult is a worker's report, one JSON line on stdout after stressResultPrefix.
+type stressResult struct {
+	TTLs            []time.Duration
+	Counts          map[string]int64
+	MaxChain        time.Duration // longest chain re-entry
+	FirstStoreErr   string
+	FirstReentryErr string
+}
+
+func (r *stressResult) add(o stressResult) {
+	if r.Counts == nil {
+		r.Counts = make(map[string]int64)
+	}
+	for k, v := range o.Counts {
+		r.Counts[k] += v
+	}
+	r.MaxChain = max(r.MaxChain, o.MaxChain)
+}
+
+func (r stressResult) String() string {
+	var b strings.Builder
+	if len(r.TTLs) > 0 {
+		fmt.Fprintf(&b, "TTLs %v; ", r.TTLs)
+	}
+	for _, name := range stressCounterNames {
+		fmt.Fprintf(&b, "%s %d, ", name, r.Counts[name])
+	}
+	fmt.Fprintf(&b, "max chain re-entry %v", r.MaxChain)
+	if r.FirstStoreErr != "" {
+		fmt.Fprintf(&b, "; first store error: %s", r.FirstStoreErr)
+	}
+	if r.FirstReentryErr != "" {
+		fmt.Fprintf(&b, "; first re-entry error: %s", r.FirstReentryErr)
+	}
+	return b.String()
+}
+
+func parseStressResult(out []byte) (stressResult, bool) {
+	var res stressResult
+	found := false
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), stressResultPrefix); ok {
+			found = json.Unmarshal([]byte(line), &res) == nil
+		}
+	}
+	return res, found
+}
+
+// The checker's scripts. The state of a key (stressStateKey) is a hash:
+//
+//	occ        "1" while a holder is inside its section (a new grant), "0" after
+//	token      that holder's section token; fence, owner: its lease's; since: entry, µs
+//	last       the largest fence any grant of the key entered with; lastBy, lastOwner: whose
+//	reocc      token of the re-entry inside the holder's hold now, "" when none
+//
+// Fences are compared with tonumber (exact: they stay below 2^53) and stored as the strings
+// they came in. A lock's value in Redis is "<owner> <fence> ... <tag> ...": the tag is the
+// metadata of the Locker that acquired it.
+const stressEnterHead = `
+-- KEYS[1] the key's checker state; KEYS[2] violation list; KEYS[3] violation counts by kind
+-- KEYS[4] the lock's Redis key
+-- ARGV[1] this section's token (unique); ARGV[2] lease fence; ARGV[3] the lease's Locker's tag
+-- ARGV[4] µs (Unix) when the worker saw the lease's context alive, just before this call
+-- ARGV[5] the lease's safety margin (TTL/10), µs
+-- Replies {state, kinds}: state "entered", or "late" (not judged, not entered: the worker was
+-- slower than the margin); kinds: the violations found, comma-separated, or "".
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local token, fence, tag = ARGV[1], ARGV[2], ARGV[3]
+local gap = now - tonumber(ARGV[4])
+local lock = redis.call('GET', KEYS[4])
+local function tagged(v, x)
+  if not v then return false end
+  local i = string.find(v, ' ' .. x, 1, true)
+  if not i then return false end
+  local after = string.sub(v, i + 1 + #x, i + 1 + #x)
+  return after == '' or after == ' '
+end
+local held = tagged(lock, tag)
+if not held and gap >= tonumber(ARGV[5]) then
+  return {'late', ''}
+end
+local state = 'entered'
+local found = {}
+local function violation(kind, detail)
+  redis.call('HINCRBY', KEYS[3], kind, 1)
+  if redis.call('LLEN', KEYS[2]) < 500 then
+    redis.call('RPUSH', KEYS[2], kind .. ' on ' .. KEYS[4] .. ': ' .. detail)
+  end
+  found[#found + 1] = kind
+end
+local me = string.format('%s (fence %s, context seen alive %dus before, lock %s)',
+  token, fence, gap, held and 'held' or ('NOT held: ' .. tostring(lock)))
+local s = redis.call('HMGET', KEYS[1], 'occ', 'token', 'fence', 'tag', 'since', 'last', 'lastBy', 'lastTag', 'reocc')
+`
+
+var stressEnterGrant = redis.NewScript(stressEnterHead + `
+-- State "handoff" (entered): a grant whose fence is not the one its lock was acquired with in
+-- Redis, so it came by handoff.
+if held and string.match(lock, '^%S+ (%d+)') ~= fence then state = 'handoff' end
+if not held then violation('entered-unheld', me) end
+if s[1] == '1' then
+  local prevHeld = tagged(lock, s[4])
+  violation('overlap', string.format('%s entered while %s (fence %s) was inside for %dus, its lock %s',
+    me, s[2], s[3], now - tonumber(s[5]), prevHeld and 'held' or 'not held'))
+end
+if s[9] and s[9] ~= '' then
+  violation('reentry-left-inside', me .. ' entered while re-entry ' .. s[9] .. ' was still inside')
+end
+if s[6] and tonumber(fence) <= tonumber(s[6]) then
+  local kind = 'fence-not-increasing'
+  if fence == s[6] and tag == s[8] then kind = 'fence-kept-by-handoff' end
+  violation(kind, string.format('%s after %s entered with fence %s', me, s[7], s[6]))
+end
+if not s[6] or tonumber(fence) > tonumber(s[6]) then
+  redis.call('HSET', KEYS[1], 'last', fence, 'lastBy', token, 'lastTag', tag)
+end
+redis.call('HSET', KEYS[1], 'occ', '1', 'token', token, 'fence', fence, 'tag', tag,
+  'since', string.format('%d', now), 'reocc', '')
+return {state, table.concat(found, ',')}
+`)
+
+var stressEnterReentry = redis.NewScript(stressEnterHead + `
+-- ARGV[6] the holder's section token; ARGV[7] the enclosing re-entry's token, or "" for none
+-- State "gone" (not entered): the holder has left its section.
+if s[1] ~= '1' or s[2] ~= ARGV[6] then
+  return {'gone', ''}
+end
+if not held then violation('entered-unheld', me) end
+if s[3] ~= fence then
+  violation('reentry-fence', string.format('%s re-entered the hold of %s, whose fence is %s', me, s[2], s[3]))
+end
+if (s[9] or '') ~= ARGV[7] then
+  local function name(x) if not x or x == '' then return 'none' end return x end
+  violation('reentry-overlap', string.format('%s entered while re-entry %s was inside (expected %s)', me, name(s[9]), name(ARGV[7])))
+end
+redis.call('HSET', KEYS[1], 'reocc', token)
+return {state, table.concat(found, ',')}
+`)
+
+// stressLeave ends a section, if it is still the one the state records (an overlapping entry
+// replaced it and was counted then).
+var stressLeave = redis.NewScript(`
+-- KEYS[1] the key's checker state
+-- ARGV[1] "grant" or "reentry"; ARGV[2] the section's token; ARGV[3] (re-entry) the token of
+-- the enclosing re-entry to restore, or ""
+if ARGV[1] == 'grant' then
+  if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then
+    redis.call('HSET', KEYS[1], 'occ', '0')
+  end
+elseif redis.call('HGET', KEYS[1], 'reocc') == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'reocc', ARGV[3])
+end
+return 1
+`)
+
+// stressReport records a violation that the worker saw itself.
+var stressReport = redis.NewScript(`
+-- KEYS[1] violation list; KEYS[2] counts by kind; ARGV[1] kind; ARGV[2] description
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+if redis.call('LLEN', KEYS[1]) < 500 then
+  redis.call('RPUSH', KEYS[1], ARGV[1] .. ': ' .. ARGV[2])
+end
+return 1
+`)
+
+// stressLocker is one Locker of a worker with its own client, through the worker's proxy.
+type stressLocker struct {
+	l      *Locker
+	ttl    time.Duration
+	mode   Mode
+	tag    string // lock metadata in Redis: which Locker holds the lock
+	client *redis.Client
+	store  *lockstore.RedisStore
+}
+
+type stressWorker struct {
+	cfg     stressConfig
+	proxy   *redistest.Proxy
+	direct  *redis.Client // to redis-server, not through the proxy: the checker's
+	lockers []*stressLocker
+
+	counts   [nStressCounters]atomic.Int64
+	maxChain atomic.Int64 // ns
+	ids      atomic.Int64
+	printed  atomic.Int64 // violations written to stderr
+
+	mu            sync.Mutex
+	firstStoreErr string // guarded by mu
+	firstReentry  string // guarded by mu
+}
+
+// runStressWorker is a worker process of TestStressExclusionAndFences; TestMain runs it when
+// stressWorkerEnv is set. It exits 0 after printing its result, also when it found
+// violations (they are in Redis for the parent); non-zero when it could not run or left a
+// goroutine behind.
+func runStressWorker() int {
+	var cfg stressConfig
+	if err := json.Unmarshal([]byte(os.Getenv(stressWorkerEnv)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "stress worker: bad config:", err)
+		return 2
+	}
+	w := &stressWorker{cfg: cfg}
+	proxy, err := redistest.NewProxy(cfg.Addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "stress worker:", err)
+		return 2
+	}
+	w.proxy = proxy
+	w.direct = redis.NewClient(&redis.Options{Addr: cfg.Addr, DisableIdentity: true, ContextTimeoutEnabled: true, PoolSize: 64})
+	// Two Lockers (two gates, two clients) per process: one in wait mode, one in reject mode,
+	// with TTLs between stressMinTTL and stressMaxTTL.
+	setup := rand.New(rand.NewPCG(cfg.Seed, uint64(cfg.Proc)<<16|0xffff))
+	for i, mode := range []Mode{Wait, Reject} {
+		ttl := stressMinTTL + time.Duration(setup.Int64N(int64(stressMaxTTL-stressMinTTL)/int64(10*time.Millisecond)+1))*10*time.Millisecond
+		tag := fmt.Sprintf("stress-p%d-l%d", cfg.Proc, i)
+		client := redis.NewClient(&redis.Options{Addr: proxy.Addr, DisableIdentity: true, ContextTimeoutEnabled: true})
+		store := lockstore.New(client)
+		l, err := New(store, WithTTL(ttl), WithWait(2*ttl), WithMode(mode),
+			WithMetadata(func(context.Context) string { return tag }))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "stress worker:", err)
+			return 2
+		}
+		w.lockers = append(w.lockers, &stressLocker{l: l, ttl: ttl, mode: mode, tag: tag, client: client, store: store})
+	}
+
+	stop := make(chan struct{})
+	var faults sync.WaitGroup
+	faults.Add(1)
+	go func() {
+		defer faults.Done()
+		w.faults(setup, stop)
+	}()
+	deadline := time.Now().Add(cfg.Duration)
+	var wg sync.WaitGroup
+	for g := range cfg.Goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.loop(g, deadline)
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	faults.Wait()
+
+	res := stressResult{Counts: make(map[string]int64), MaxChain: time.Duration(w.maxChain.Load())}
+	for i, name := range stressCounterNames {
+		res.Counts[name] = w.counts[i].Load()
+	}
+	for _, sl := range w.lockers {
+		res.TTLs = append(res.TTLs, sl.ttl)
+		_ = sl.store.Close()
+		_ = sl.client.Close()
+	}
+	res.FirstStoreErr, res.FirstReentryErr = w.firstStoreErr, w.firstReentry
+	_ = proxy.Close()
+	_ = w.direct.Close()
+	line, _ := json.Marshal(res)
+	fmt.Printf("%s%s\n", stressResultPrefix, line)
+	if err := goleak.Find(goZeroDaemons...); err != nil {
+		fmt.Fprintln(os.Stderr, "stress worker: goroutines left behind:", err)
+		return 1
+	}
+	return 0
+}
+
+// faults drives the proxy: calm phases between phases of delayed replies (up to the longest
+// TTL of the process), stalls of one or all connections, and cuts of every connection.
+func (w *stressWorker) faults(rng *rand.Rand, stop <-chan struct{}) {
+	ref := w.lockers[0].ttl
+	for _, sl := range w.lockers {
+		ref = max(ref, sl.ttl)
+	}
+	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
+	sleep := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return true
+		case <-stop:
+			return false
+		}
+	}
+	for {
+		var d time.Duration
+		switch r := rng.IntN(100); {
+		case r < 45:
+			d = between(100*time.Millisecond, 500*time.Millisecond)
+		case r < 67:
+			w.proxy.SetDelay(between(0, ref))
+			w.counts[cDelays].Add(1)
+			ok := sleep(between(100*time.Millisecond, 400*time.Millisecond))
+			w.proxy.SetDelay(0)
+			if !ok {
+				return
+			}
+			continue
+		case r < 82:
+			if w.proxy.StallConn(rng.IntN(1024), between(ref/2, ref*3/2)) {
+				w.counts[cStalls].Add(1)
+			}
+			d = between(50*time.Millisecond, 300*time.Millisecond)
+		case r < 93:
+			d = between(ref/4, ref)
+			w.proxy.Stall(d)
+			w.counts[cStalls].Add(1)
+		default:
+			w.proxy.Cut()
+			w.counts[cCuts].Add(1)
+			d = between(50*time.Millisecond, 300*time.Millisecond)
+		}
+		if !sleep(d) {
+			return
+		}
+	}
+}
+
+// loop is one goroutine: lock a hot key, run a held section, release, until the deadline.
+// Even goroutines use the wait-mode Locker, odd ones the reject-mode one, so each Locker's
+// gate sees several goroutines on one key (in-process handoff).
+func (w *stressWorker) loop(g int, deadline time.Time) {
+	rng := rand.New(rand.NewPCG(w.cfg.Seed, uint64(w.cfg.Proc)<<16|uint64(g)))
+	sl := w.lockers[g%len(w.lockers)]
+	for i := 0; time.Now().Before(deadline); i++ {
+		key := stressKeys[0]
+		if r := rng.IntN(10); r >= 5 {
+			key = stressKeys[1+r%2]
+		}
+		var (
+			lease *Lease
+			err   error
+		)
+		if sl.mode == Reject || rng.IntN(4) == 0 {
+			lease, err = sl.l.TryLock(context.Background(), key)
+		} else {
+			lease, err = sl.l.Lock(context.Background(), key)
+		}
+		if err != nil {
+			if errors.Is(err, ErrBusy) {
+				w.counts[cBusy].Add(1)
+			} else {
+				w.counts[cStoreErrors].Add(1)
+				w.noteFirst(&w.firstStoreErr, err)
+			}
+			time.Sleep(2*time.Millisecond + time.Duration(rng.Int64N(int64(18*time.Millisecond))))
+			continue
+		}
+		w.hold(rng, sl, key, lease, fmt.Sprintf("p%d.g%d.%d", w.cfg.Proc, g, i))
+		if rng.IntN(4) == 0 {
+			time.Sleep(time.Duration(rng.Int64N(int64(2 * time.Millisecond))))
+		}
+	}
+}
+
+// hold runs the section of a new grant: one to three steps of work, re-entry down the chain,
+// or re-entries from goroutines it starts; it leaves at once when the lease's context ends,
+// then waits for its goroutines and releases.
+func (w *stressWorker) hold(rng *rand.Rand, sl *stressLocker, key string, lease *Lease, token string) {
+	var kids sync.WaitGroup
+	defer w.release(lease)
+	defer kids.Wait()
+	if !w.enter(sl, key, lease, token, "", "") {
+		return
+	}
+	w.counts[cGrants].Add(1)
+	defer w.leave(key, "grant", token, "")
+	ctx := lease.Context()
+	for range 1 + rng.IntN(3) {
+		switch r := rng.IntN(10); {
+		case r < 5:
+			w.work(ctx, rng, sl.ttl, true)
+		case r < 8:
+			w.chain(rng, sl, key, lease, token, "", 0)
+		default:
+			w.fanOut(rng, sl, key, lease, token, &kids)
+		}
+		if ctx.Err() != nil {
+			if context.Cause(ctx) == ErrLost {
+				w.counts[cLost].Add(1)
+			} else {
+				w.counts[cEndedOther].Add(1)
+			}
+			return
+		}
+	}
+}
+
+// work sleeps inside a section until a random time passes or ctx ends: mostly a few
+// milliseconds, sometimes (long) past the TTL, so that the watchdog must renew.
+func (w *stressWorker) work(ctx context.Context, rng *rand.Rand, ttl time.Duration, long bool) {
+	var d time.Duration
+	switch r := rng.IntN(40); {
+	case long && r < 2:
+		d = ttl/2 + time.Duration(rng.Int64N(int64(ttl)))
+	case r < 8:
+		d = 3*time.Millisecond + time.Duration(rng.Int64N(int64(30*time.Millisecond)))
+	default:
+		d = time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// chain re-enters key down the call chain of outer (a holder's or a re-entry's lease): it
+// must succeed at once, with TryLock as well as Lock.
+func (w *stressWorker) chain(rng *rand.Rand, sl *stressLocker, key string, outer *Lease, holder, parent string, depth int) {
+	octx := outer.Context()
+	start := time.Now()
+	var (
+		inner *Lease
+		err   error
+	)
+	if rng.IntN(2) == 0 {
+		inner, err = sl.l.TryLock(octx, key)
+	} else {
+		inner, err = sl.l.Lock(octx, key)
+	}
+	took := time.Since(start)
+	if err != nil {
+		if octx.Err() == nil {
+			w.violation("chain-reentry-failed", fmt.Sprintf("%s: Lock(%s) on its own lease's context failed after %v: %v", holder, key, took, err))
+		}
+		return
+	}
+	defer w.release(inner)
+	for {
+		cur := w.maxChain.Load()
+		if int64(took) <= cur || w.maxChain.CompareAndSwap(cur, int64(took)) {
+			break
+		}
+	}
+	if took > 50*time.Millisecond {
+		w.counts[cSlowChain].Add(1)
+	}
+	id := fmt.Sprintf("%s.c%d", holder, w.ids.Add(1))
+	if !w.enter(sl, key, inner, id, holder, parent) {
+		return
+	}
+	w.counts[cChain].Add(1)
+	defer w.leave(key, "reentry", id, parent)
+	ictx := inner.Context()
+	w.work(ictx, rng, sl.ttl, false)
+	if depth < 1 && ictx.Err() == nil && rng.IntN(3) == 0 {
+		w.chain(rng, sl, key, inner, holder, id, depth+1)
+	}
+}
+
+// fanOut starts two or three goroutines that re-enter key with the holder's context, and
+// waits for them, or for the holder's context to end (the holder then leaves at once, and
+// waits for them before it releases).
+func (w *stressWorker) fanOut(rng *rand.Rand, sl *stressLocker, key string, lease *Lease, holder string, kids *sync.WaitGroup) {
+	n := 2 + rng.IntN(2)
+	finished := make(chan struct{}, n)
+	for range n {
+		crng := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64()))
+		kids.Add(1)
+		go func() {
+			defer kids.Done()
+			defer func() { finished <- struct{}{} }()
+			w.child(crng, sl, key, lease, holder)
+		}()
+	}
+	ctx := lease.Context()
+	for range n {
+		select {
+		case <-finished:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// child is a goroutine of the holder: it re-enters key with the holder's context (queueing in
+// wait mode, ErrBusy in reject mode while a sibling is inside), works, maybe re-enters down
+// its own chain.
+func (w *stressWorker) child(rng *rand.Rand, sl *stressLocker, key string, holderLease *Lease, holder string) {
+	hctx := holderLease.Context()
+	var (
+		lease *Lease
+		err   error
+	)
+	if rng.IntN(2) == 0 {
+		lease, err = sl.l.TryLock(hctx, key)
+	} else {
+		lease, err = sl.l.Lock(hctx, key)
+	}
+	if err != nil {
+		switch {
+		case hctx.Err() != nil:
+		case errors.Is(err, ErrBusy):
+			w.counts[cFanoutBusy].Add(1)
+		default:
+			w.counts[cReentryErrors].Add(1)
+			w.noteFirst(&w.firstReentry, err)
+		}
+		return
+	}
+	defer w.release(lease)
+	id := fmt.Sprintf("%s.f%d", holder, w.ids.Add(1))
+	if !w.enter(sl, key, lease, id, holder, "") {
+		return
+	}
+	w.counts[cFanout].Add(1)
+	defer w.leave(key, "reentry", id, "")
+	ctx := lease.Context()
+	w.work(ctx, rng, sl.ttl, false)
+	if ctx.Err() == nil && rng.IntN(3) == 0 {
+		w.chain(rng, sl, key, lease, holder, id, 1)
+	}
+}
+
+// enter asks the checker to let a section begin: a new grant when holder is "", else a
+// re-entry of holder's hold inside the re-entry parent ("" for none). It reports whether the
+// section began (with or without violations).
+func (w *stressWorker) enter(sl *stressLocker, key string, lease *Lease, token, holder, parent string) bool {
+	checked := time.Now()
+	if lease.Context().Err() != nil {
+		w.counts[cCancelledBefore].Add(1)
+		return false
+	}
+	state, kinds, err := stressEnter(w.direct, key, lease.Key(), token, lease.Fence(), sl.tag, checked, sl.ttl/10, holder, parent)
+	if err != nil {
+		w.counts[cCheckerErrors].Add(1)
+		fmt.Fprintf(os.Stderr, "checker: enter %s: %v\n", token, err)
+		return false
+	}
+	if state == "handoff" {
+		w.counts[cHandoffs].Add(1)
+	}
+	switch {
+	case state == "late":
+		// Redis no longer has the lock; we were too slow to blame the library for entering,
+		// but the lease must find out and end its context within two TTLs.
+		w.counts[cLate].Add(1)
+		w.awaitEnd(lease, 2*sl.ttl+time.Second, "unheld-lease-not-cancelled",
+			fmt.Sprintf("%s: Redis no longer held %s for %s", token, lease.Key(), sl.tag))
+		return false
+	case state == "gone":
+		// The holder left its section because its context ended; this re-entry's context
+		// comes from it and must have ended too.
+		w.counts[cCancelledBefore].Add(1)
+		w.awaitEnd(lease, time.Second, "reentry-outlived-holder",
+			fmt.Sprintf("%s: the holder %s left its section, this re-entry's context stayed alive", token, holder))
+		return false
+	case kinds != "":
+		w.counts[cViolations].Add(int64(strings.Count(kinds, ",") + 1))
+		if w.printed.Add(1) <= 10 {
+			fmt.Fprintf(os.Stderr, "p%d violation %s: %s (fence %d)\n", w.cfg.Proc, kinds, token, lease.Fence())
+		}
+	}
+	return true
+}
+
+// awaitEnd waits up to within for lease's context to end, and records a violation if it
+// does not.
+func (w *stressWorker) awaitEnd(lease *Lease, within time.Duration, kind, detail string) {
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case <-lease.Context().Done():
+	case <-t.C:
+		w.violation(kind, fmt.Sprintf("%s (after %v)", detail, within))
+	}
+}
+
+// stressEnter runs the checker's step for a section that begins: a new grant when holder is
+// "", else a re-entry of holder's section inside the re-entry parent ("" for none). lockKey is
+// the lock's Redis key, tag the metadata of the lease's Locker, checked when the lease's
+// context was last seen alive, safety the lease's TTL/10. It returns the reply's state and
+// violation kinds (see stressEnterHead).
+func stressEnter(c *redis.Client, key, lockKey, token string, fence int64, tag string, checked time.Time, safety time.Duration, holder, parent string) (state, kinds string, err error) {
+	keys := []string{stressStateKey(key), stressViolationsKey, stressKindsKey, lockKey}
+	args := []any{token, strconv.FormatInt(fence, 10), tag, checked.UnixMicro(), safety.Microseconds()}
+	script := stressEnterGrant
+	if holder != "" {
+		script, args = stressEnterReentry, append(args, holder, parent)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	reply, err := script.Run(ctx, c, keys, args...).StringSlice()
+	if err == nil && len(reply) != 2 {
+		err = fmt.Errorf("unexpected reply %q", reply)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return reply[0], reply[1], nil
+}
+
+// stressExit runs the checker's step for a section that ends: kind "grant" or "reentry";
+// parent is the enclosing re-entry of a re-entry ("" for none).
+func stressExit(c *redis.Client, key, kind, token, parent string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return stressLeave.Run(ctx, c, []string{stressStateKey(key)}, kind, token, parent).Err()
+}
+
+func (w *stressWorker) leave(key, kind, token, parent string) {
+	if err := stressExit(w.direct, key, kind, token, parent); err != nil {
+		w.counts[cCheckerErrors].Add(1)
+		fmt.Fprintf(os.Stderr, "checker: leave %s: %v\n", token, err)
+	}
+}
+
+func (w *stressWorker) violation(kind, detail string) {
+	w.counts[cViolations].Add(1)
+	detail = fmt.Sprintf("p%d %s", w.cfg.Proc, detail)
+	if w.printed.Add(1) <= 10 {
+		fmt.Fprintf(os.Stderr, "violation %s: %s\n", kind, detail)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := stressReport.Run(ctx, w.direct, []string{stressViolationsKey, stressKindsKey}, kind, detail).Err(); err != nil {
+		w.counts[cCheckerErrors].Add(1)
+		fmt.Fprintf(os.Stderr, "checker: report %s: %v\n", kind, err)
+	}
+}
+
+func (w *stressWorker) release(lease *Lease) {
+	switch err := lease.Release(context.Background()); {
+	case err == nil:
+	case errors.Is(err, ErrNotHeld):
+		w.counts[cReleaseNotHeld].Add(1)
+	default:
+		w.counts[cReleaseErrors].Add(1)
+	}
+}
+
+func (w *stressWorker) noteFirst(dst *string, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if *dst == "" {
+		*dst = err.Error()
+	}
+}
