@@ -7,7 +7,7 @@ import "runtime"
 // needs it in one place only: to tell a re-entry down one call chain, which must enter at once
 // whatever context the chain passed on, from a re-entry by another goroutine that carries the
 // holder's context, which must wait its turn (issue 8, finding 3). It costs about a
-// microsecond and runs only on re-entry.
+// microsecond and runs only on re-entry. Goroutine ids are never reused.
 func goid() int64 {
 	var buf [64]byte
 	n := runtime.Stack(buf[:], false)
@@ -18,6 +18,10 @@ func goid() int64 {
 			break
 		}
 		id = id*10 + int64(c-'0')
+	}
+	if id == 0 {
+		// 0 would read as "no goroutine" and let every re-entry through: never guess.
+		panic("flightlock: cannot read the goroutine id from " + string(buf[:n]))
 	}
 	return id
 }

@@ -82,9 +82,9 @@ func (f *faultStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	return f.Store.Refresh(ctx, key, owner, ttl)
 }
 
-func (f *faultStore) Release(ctx context.Context, key, owner string, lastFence int64) (int, error) {
+func (f *faultStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	f.releases.Add(1)
-	return f.Store.Release(ctx, key, owner, lastFence)
+	return f.Store.Release(ctx, key, owner, hold, lastFence)
 }
 
 // memStore is an in-memory Store without expiry or notifications, fast enough to push a
@@ -120,7 +120,7 @@ func (m *memStore) Refresh(_ context.Context, key, owner string, _ time.Duration
 	return nil
 }
 
-func (m *memStore) Reenter(_ context.Context, key, owner string, _ time.Duration) (lockstore.Acquisition, error) {
+func (m *memStore) Reenter(_ context.Context, key, owner, _ string, _ time.Duration) (lockstore.Acquisition, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.locks[key] != owner {
@@ -129,7 +129,7 @@ func (m *memStore) Reenter(_ context.Context, key, owner string, _ time.Duration
 	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: m.fence}, nil
 }
 
-func (m *memStore) Release(_ context.Context, key, owner string, _ int64) (int, error) {
+func (m *memStore) Release(_ context.Context, key, owner, _ string, _ int64) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.locks[key] != owner {

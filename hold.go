@@ -19,10 +19,12 @@ type hold struct {
 	l        *Locker
 	key      string // full Redis key
 	owner    string
-	borrowed bool       // re-entered the lock of an owner in another process (Store.Reenter): one hold of its count
+	borrowed bool       // re-entered the lock of an owner in another process (Store.Reenter)
+	borrow   string     // the name of that re-entry's hold in the lock's value
 	acquired time.Time  // when the Redis acquisition was sent, for the handoff window
 	local    bool       // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
+	base     int64      // fence of the Redis acquisition
 
 	mu         sync.Mutex
 	fence      int64       // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
@@ -31,20 +33,23 @@ type hold struct {
 	timer      *time.Timer // guarded by mu: next renewal or expiry
 	stopped    bool        // guarded by mu: released; the watchdog is off
 	lost       bool        // guarded by mu: the lock can no longer be trusted
+	abandoned  bool        // guarded by mu: lost and past its expiry: the grant was ended without its leases
 	shared     bool        // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
 	live       int         // guarded by mu: unreleased leases of the current grant
 	holders    []holder    // guarded by mu: leases to cancel on loss
-	slot       reentrySlot // guarded by mu: who is inside re-entered leases of the grant
 }
 
-// reentrySlot makes the re-entries of one grant exclude each other. A re-entry by goroutine g
-// takes the slot when it is free, or enters at once when g already has it (down one call
-// chain, whatever context the chain passes on); any other goroutine queues, or is refused in
-// Reject mode. Go has no goroutine identity in its API, so g is read from the stack header
-// (goid); it is only read on re-entry.
+// reentrySlot makes the re-entries of one lease by different goroutines exclude each other
+// (issue 8, finding 3). It lives in the lease that is re-entered, guarded by that lease's mu.
+// A goroutine takes the slot when it is free, or enters again at once when it has it already
+// (down one call chain, whatever context the chain passed on); any other goroutine queues, or
+// is refused in Reject mode. A re-entry by the goroutine that made the re-entered lease takes
+// no slot: it is that goroutine's own call chain, and goroutines it starts must not wait for it
+// (they take the re-entered lease's slot instead, so they still exclude each other). Go has no
+// goroutine identity in its API, so it is read from the stack header (goid), on re-entry only.
 type reentrySlot struct {
-	g     int64            // goroutine inside re-entered leases; 0 when free
-	depth int              // re-entries of g not yet released
+	g     int64            // goroutine inside re-entries through the slot; 0 when free
+	depth int              // its re-entries not yet released
 	queue []*reentryWaiter // FIFO of goroutines waiting for the slot
 }
 
@@ -54,7 +59,7 @@ type reentryWaiter struct {
 }
 
 func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time.Time) *hold {
-	h := &hold{l: l, key: key, owner: owner, fence: fence, borrowed: borrowed, acquired: sent, live: 1}
+	h := &hold{l: l, key: key, owner: owner, fence: fence, base: fence, borrowed: borrowed, acquired: sent, live: 1}
 	h.validUntil = sent.Add(l.cfg.ttl)
 	h.renewUntil = time.Now().Add(l.cfg.maxHold)
 	h.mu.Lock() // the timer may fire before AfterFunc returns
@@ -105,7 +110,6 @@ func (h *hold) nextGrant() {
 	defer h.mu.Unlock()
 	h.fence++
 	h.live = 1
-	h.slot = reentrySlot{}
 }
 
 // currentFence returns the fence of the current grant.
@@ -127,76 +131,24 @@ func (h *hold) join() (fence int64, ok bool) {
 	return h.fence, true
 }
 
-// enterSlot makes goroutine g the one inside re-entered leases of the grant, waiting for the
-// slot in wait mode. It fails with a busy error when the slot is taken and wait is false, and
-// when b ends first; with errGrantEnded when the grant ended before it came.
-func (h *hold) enterSlot(g int64, wait bool, b *budget) error {
+// addLive counts one more live lease of the current grant. The caller holds the mu of a live
+// lease of the grant, so the grant cannot end meanwhile.
+func (h *hold) addLive() {
 	h.mu.Lock()
-	switch {
-	case h.live == 0:
-		h.mu.Unlock()
-		return errGrantEnded
-	case h.slot.g == 0 || h.slot.g == g:
-		h.slot.g = g
-		h.slot.depth++
+	if !h.abandoned {
 		h.live++
-		h.mu.Unlock()
-		return nil
-	case !wait:
-		retryAfter := max(time.Until(h.validUntil), 0)
-		h.mu.Unlock()
-		return &busyError{retryAfter: retryAfter}
-	}
-	w := &reentryWaiter{g: g, ready: make(chan struct{})}
-	h.slot.queue = append(h.slot.queue, w)
-	h.mu.Unlock()
-
-	select {
-	case <-w.ready:
-		return nil
-	case <-b.context().Done():
-	}
-	h.mu.Lock()
-	for i, q := range h.slot.queue {
-		if q == w {
-			h.slot.queue = append(h.slot.queue[:i], h.slot.queue[i+1:]...)
-			h.mu.Unlock()
-			return &busyError{retryAfter: h.remaining()}
-		}
 	}
 	h.mu.Unlock()
-	// Granted just as the wait ended: hand the slot on. The caller sees its wait ended.
-	if h.leaveSlot() {
-		h.l.endGrant(context.Background(), h)
-	}
-	return &busyError{}
 }
 
-// leaveSlot ends one re-entry of the slot's goroutine and counts the lease released; it
-// reports whether that was the last live lease of the grant.
-func (h *hold) leaveSlot() (last bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.slot.depth--
-	if h.slot.depth == 0 {
-		h.slot.g = 0
-		if len(h.slot.queue) > 0 {
-			w := h.slot.queue[0]
-			h.slot.queue[0] = nil
-			h.slot.queue = h.slot.queue[1:]
-			h.slot.g, h.slot.depth = w.g, 1
-			h.live++ // the waiter's lease, counted before it wakes so the grant cannot end
-			close(w.ready)
-		}
-	}
-	h.live--
-	return h.live == 0
-}
-
-// done counts one lease of the grant released; it reports whether it was the last.
+// done counts one lease of the grant released; it reports whether it was the last. After the
+// grant was abandoned it counts nothing.
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.abandoned {
+		return false
+	}
 	h.live--
 	return h.live == 0
 }
@@ -232,7 +184,8 @@ func (h *hold) share() {
 }
 
 // stop turns the watchdog off before the lock is released; it returns the largest fence
-// handed out under the hold.
+// handed out by handoff under the hold, or 0 when there was no handoff (the release then does
+// not touch the fence counter).
 func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -240,14 +193,21 @@ func (h *hold) stop() int64 {
 	if h.timer != nil {
 		h.timer.Stop()
 	}
+	if h.fence == h.base {
+		return 0
+	}
 	return h.fence
 }
 
 // renew runs on the watchdog timer.
 func (h *hold) renew() {
 	h.mu.Lock()
-	if h.stopped || h.lost {
+	if h.stopped {
 		h.mu.Unlock()
+		return
+	}
+	if h.lost {
+		h.abandonLocked()
 		return
 	}
 	now := time.Now()
@@ -310,6 +270,32 @@ func (h *hold) loseLocked() {
 	for _, x := range h.holders {
 		x.cancel(ErrLost)
 	}
+	if h.timer != nil {
+		// Wake up once Redis may have expired the key, to end a grant whose leases are never
+		// released (abandonLocked).
+		h.timer.Reset(max(time.Until(h.validUntil), 0))
+	}
+}
+
+// abandonLocked runs on the watchdog timer of a lost hold. Once Redis may have expired the key,
+// a grant whose leases were told (ErrLost) but not all released is ended here, so that a
+// forgotten Release does not keep the key from the other goroutines of this process forever;
+// Redis lets other processes in at that moment anyway. Leases released later count nothing.
+// h.mu must be held; abandonLocked unlocks it.
+func (h *hold) abandonLocked() {
+	if h.abandoned || h.live == 0 {
+		h.mu.Unlock()
+		return
+	}
+	if left := time.Until(h.validUntil); left > 0 {
+		h.timer.Reset(left)
+		h.mu.Unlock()
+		return
+	}
+	h.abandoned = true
+	h.live = 0
+	h.mu.Unlock()
+	_ = h.l.endGrant(context.Background(), h) // ErrNotHeld is the usual answer: the key expired
 }
 
 // extend records a successful explicit Refresh sent at sent.

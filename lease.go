@@ -25,11 +25,16 @@ type Lease struct {
 	kind   leaseKind
 	fence  int64
 	outer  *Lease // the lease the parent context held, if any
+	parent *Lease // reentryLease: the lease it re-entered
+	g      int64  // reentryLease: the goroutine that made it
+	inSlot bool   // reentryLease: it holds parent's re-entry slot
 	ctx    leaseContext
 	cancel context.CancelCauseFunc
 
+	// Lock order: a lease's mu before its hold's mu.
 	mu       sync.Mutex
-	released bool // guarded by mu
+	released bool        // guarded by mu
+	slot     reentrySlot // guarded by mu: re-entries of this lease by other goroutines
 }
 
 func (l *Locker) newLease(parent context.Context, h *hold, kind leaseKind, fence int64) *Lease {
@@ -47,10 +52,24 @@ func (x *Lease) Key() string { return x.h.key }
 // Owner returns the owner token: 128 random bits, hex encoded, or a handed-over owner's token.
 // Anyone who has it can re-enter the lock from another process while it is held (WithOwner),
 // so calling Owner marks the lock as shared: it is then released through Redis, where such
-// re-entries are counted, and never handed straight to the next goroutine of this process.
+// re-entries are listed, and never handed straight to the next goroutine of this process.
 func (x *Lease) Owner() string {
 	x.h.share()
 	return x.h.owner
+}
+
+// Handover returns what a downstream service needs to re-enter the lock (WithOwnerFence): the
+// owner token and the lease's fence, and marks the lock as shared (see Owner). ok is false once
+// the lease was released: its lock may already be another request's, whose owner must not
+// leave the process on this lease's behalf.
+func (x *Lease) Handover() (owner string, fence int64, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.released {
+		return "", 0, false
+	}
+	x.h.share() // while x is live, its grant is current: it cannot have been handed off
+	return x.h.owner, x.fence, true
 }
 
 // Fence returns the fencing token of the grant: every grant of a key, through Redis or by
@@ -119,12 +138,10 @@ func (x *Lease) Release(ctx context.Context) error {
 
 	x.h.detach(x)
 	x.cancel(nil)
-	var last bool
-	if x.kind == reentryLease {
-		last = x.h.leaveSlot()
-	} else {
-		last = x.h.done()
+	if x.inSlot {
+		x.parent.leaveSlot()
 	}
+	last := x.h.done()
 	if !last {
 		if x.h.isLost() {
 			return ErrNotHeld
@@ -132,6 +149,77 @@ func (x *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	return x.l.endGrant(ctx, x.h)
+}
+
+// enterReentry admits goroutine g to a re-entry of x (see reentrySlot), waiting for the slot in
+// wait mode within b. It counts the new lease live in the grant before it returns. It fails
+// with errGrantEnded when x was released meanwhile (the caller then locks as a new owner: x's
+// lock may already be the next request's), and with a busy error when the slot stays taken.
+func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err error) {
+	x.mu.Lock()
+	switch {
+	case x.released:
+		x.mu.Unlock()
+		return false, errGrantEnded
+	case x.kind == reentryLease && x.g == g:
+		x.h.addLive()
+		x.mu.Unlock()
+		return false, nil
+	case x.slot.g == 0 || x.slot.g == g:
+		x.slot.g = g
+		x.slot.depth++
+		x.h.addLive()
+		x.mu.Unlock()
+		return true, nil
+	case !wait:
+		x.mu.Unlock()
+		return false, &busyError{retryAfter: x.h.remaining()}
+	}
+	w := &reentryWaiter{g: g, ready: make(chan struct{})}
+	x.slot.queue = append(x.slot.queue, w)
+	x.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return true, nil
+	case <-b.context().Done():
+	}
+	x.mu.Lock()
+	for i, q := range x.slot.queue {
+		if q == w {
+			x.slot.queue = append(x.slot.queue[:i], x.slot.queue[i+1:]...)
+			x.mu.Unlock()
+			return false, &busyError{retryAfter: x.h.remaining()}
+		}
+	}
+	x.mu.Unlock()
+	// Granted just as the wait ended: hand the slot on and give up the lease it counted.
+	x.leaveSlot()
+	if x.h.done() {
+		_ = x.l.endGrant(context.Background(), x.h)
+	}
+	return false, &busyError{}
+}
+
+// leaveSlot ends one re-entry through x's slot, and grants the slot to the next waiting
+// goroutine when it is free; that goroutine's lease is counted live before the caller counts
+// its own released, so the grant cannot end in between.
+func (x *Lease) leaveSlot() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.slot.depth--
+	if x.slot.depth > 0 {
+		return
+	}
+	x.slot.g = 0
+	if len(x.slot.queue) > 0 {
+		w := x.slot.queue[0]
+		x.slot.queue[0] = nil
+		x.slot.queue = x.slot.queue[1:]
+		x.slot.g, x.slot.depth = w.g, 1
+		x.h.addLive()
+		close(w.ready)
+	}
 }
 
 // active reports whether the lease has not been released.

@@ -199,17 +199,21 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	return l.newLease(ctx, h, grantLease, h.currentFence()), nil
 }
 
-// reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once when
-// the goroutine is already inside a re-entry of the grant (down one call chain), otherwise once
-// no other goroutine is (issue 8, finding 3).
+// reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once down
+// one call chain, otherwise once no other goroutine is inside a re-entry of parent (issue 8,
+// finding 3; see reentrySlot).
 func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait bool) (*Lease, error) {
-	if err := parent.h.enterSlot(goid(), wait, b); err != nil {
+	g := goid()
+	inSlot, err := parent.enterReentry(g, wait, b)
+	if err != nil {
 		if errors.Is(err, errGrantEnded) {
 			return nil, err
 		}
 		return nil, l.busy(ctx, err)
 	}
-	return l.newLease(ctx, parent.h, reentryLease, parent.fence), nil
+	lease := l.newLease(ctx, parent.h, reentryLease, parent.fence)
+	lease.parent, lease.g, lease.inSlot = parent, g, inSlot
+	return lease, nil
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
@@ -222,10 +226,15 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 			return l.newLease(ctx, h, joinedLease, max(f, fence)), nil, true
 		}
 	}
+	borrow := newOwnerToken()[:16] // names this hold in the lock's value
 	callCtx, cancel := l.bound(ctx)
 	sent := time.Now()
-	res, err := l.store.Reenter(callCtx, rkey, owner, l.cfg.ttl)
+	res, err := l.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
+	if err != nil && isTimeout(err) {
+		// The call may have run unseen: give up the hold it would have added (only ours).
+		l.giveBack(ctx, rkey, owner, borrow)
+	}
 	switch {
 	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
 		return nil, nil, false // the new-owner path degrades to the local gate
@@ -235,10 +244,11 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, nil, false
 	}
 	if l.tooLate(sent) {
-		l.giveBack(ctx, rkey, owner)
+		l.giveBack(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
 	h := newHold(l, rkey, owner, max(res.Fence, fence), true, sent)
+	h.borrow = borrow
 	return l.newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
 }
 
@@ -290,7 +300,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 			if l.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
 				// safely (issue 8, finding 5). Give it back.
-				l.giveBack(ctx, key, owner)
+				l.giveBack(ctx, key, owner, "")
 				return nil, errLateReply
 			}
 			return newHold(l, key, owner, res.Fence, false, sent), nil
@@ -323,11 +333,12 @@ func (l *Locker) tooLate(sent time.Time) bool {
 	return time.Since(sent) >= l.cfg.ttl-l.safety()
 }
 
-// giveBack releases a hold that was acquired but is not used.
-func (l *Locker) giveBack(ctx context.Context, key, owner string) {
+// giveBack releases a hold that was acquired but is not used: the acquisition's own when
+// borrow is "", else the named re-entry.
+func (l *Locker) giveBack(ctx context.Context, key, owner, borrow string) {
 	rctx, cancel := l.releaseContext(ctx)
 	defer cancel()
-	_, _ = l.store.Release(rctx, key, owner, 0)
+	_, _ = l.store.Release(rctx, key, owner, borrow, 0)
 }
 
 // endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
@@ -339,7 +350,7 @@ func (l *Locker) endGrant(ctx context.Context, h *hold) error {
 		h.stop()
 		rctx, cancel := l.releaseContext(ctx)
 		defer cancel()
-		_, err := l.store.Release(rctx, h.key, h.owner, 0)
+		_, err := l.store.Release(rctx, h.key, h.owner, h.borrow, 0)
 		return err
 	}
 	e := h.entry
@@ -353,7 +364,7 @@ func (l *Locker) endGrant(ctx context.Context, h *hold) error {
 	if !h.local {
 		last := h.stop()
 		rctx, cancel := l.releaseContext(ctx)
-		notified, err = l.store.Release(rctx, h.key, h.owner, last)
+		notified, err = l.store.Release(rctx, h.key, h.owner, "", last)
 		cancel()
 	}
 	l.gate.leave(h.key, e, notified > 0)
@@ -375,7 +386,7 @@ func (l *Locker) releaseContext(ctx context.Context) (context.Context, context.C
 func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
 	defer cancel()
-	_, _ = l.store.Release(rctx, key, owner, 0) // ErrNotHeld is the usual, harmless answer
+	_, _ = l.store.Release(rctx, key, owner, "", 0) // ErrNotHeld is the usual, harmless answer
 }
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL

@@ -1,9 +1,11 @@
 -- acquire.lua: take a lock, or re-enter it for the same owner, and mint a fencing token.
 --
 -- KEYS[1]  lock key; its value is "<owner> <fence> <holds>", then " <metadata>" when there is
---          some, then the waiters mark " ~" once someone was refused (see below). holds counts
---          the holds of the owner token: 1 for the acquisition, plus one per re-entry from
---          another process (reenter.lua); release.lua deletes the key when it reaches 0.
+--          some, then the waiters mark " ~" once someone was refused (see below). holds lists
+--          the holds of the owner token: "1" (the acquisition's, "0" once released), then
+--          ",<id>" for each re-entry from another process (reenter.lua); release.lua deletes the
+--          key when none is left. Holds are named, not counted, so that a command re-sent by
+--          the client (go-redis retries after a lost reply) cannot count one twice.
 -- KEYS[2]  fence counter of KEYS[1]'s hash slot (shared by every lock key of that slot): the
 --          last fence handed out in the slot
 -- ARGV[1]  owner token (never contains a space)
@@ -30,7 +32,11 @@
 local owner = ARGV[1]
 local now = redis.call('TIME')
 local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if not last or last ~= last or last >= 9007199254740992 then
+  -- Beyond 2^53 a Lua number no longer counts by one: refuse rather than repeat a fence.
+  return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ' is not a number below 2^53')
+end
 if fence <= last then
   fence = last + 1
 end

@@ -105,7 +105,7 @@ func occupyLane(t *testing.T, s *RedisStore, h *gateHook) <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = s.Release(context.Background(), "lock:lane", ownerA, 0)
+		_, _ = s.Release(context.Background(), "lock:lane", ownerA, "", 0)
 	}()
 	<-h.entered
 	return done
@@ -278,7 +278,7 @@ func TestLanesComeBackAfterAStorm(t *testing.T) {
 					key := "lock:storm" + strconv.Itoa((g*31+i)%50)
 					owner := "o" + strconv.Itoa(g)
 					if res, err := b.store.Acquire(ctx, key, owner, time.Minute, ""); err == nil && res.Acquired {
-						_, _ = b.store.Release(context.Background(), key, owner, 0)
+						_, _ = b.store.Release(context.Background(), key, owner, "", 0)
 					}
 					cancel()
 				}

@@ -41,14 +41,14 @@ func TestCluster(t *testing.T) {
 		if err := s.Refresh(ctx, key, ownerA, time.Second); err != nil {
 			t.Fatalf("refresh %q: %v", key, err)
 		}
-		if _, err := s.Release(ctx, key, ownerA, 0); err != nil {
+		if _, err := s.Release(ctx, key, ownerA, "", 0); err != nil {
 			t.Fatalf("release %q: %v", key, err)
 		}
 		second, err := s.Acquire(ctx, key, ownerB, time.Second, "")
 		if err != nil || second.Fence <= first.Fence {
 			t.Fatalf("fence %q: %d after %d (%v)", key, second.Fence, first.Fence, err)
 		}
-		if _, err := s.Release(ctx, key, ownerB, 0); err != nil {
+		if _, err := s.Release(ctx, key, ownerB, "", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -66,7 +66,7 @@ func TestCluster(t *testing.T) {
 		if _, err := s.Acquire(ctx, "lock:watched", ownerB, time.Second, ""); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Release(ctx, "lock:watched", ownerA, 0); err != nil {
+		if _, err := s.Release(ctx, "lock:watched", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		select {

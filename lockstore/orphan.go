@@ -19,14 +19,14 @@ const orphanReleaseTimeout = time.Second
 // the key for a hold that is still counted on. An error reply says nothing about what ran, so
 // it is left too (the root package's Locker releases after an acquire that timed out).
 func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
-	return s.releaseOnReply(key, owner, acquireTaken)
+	return s.releaseOnReply(key, owner, "", acquireTaken)
 }
 
 // releaseOnReply returns a late hook that gives up one hold of key for owner when a two-integer
 // script reply (acquire.lua, reenter.lua) starts with code, the code of a reply that counted a
 // hold for this very call. The release goes straight to the client, not through the batcher:
 // it runs in the hook's own goroutine, after its caller left, and must not wait for a lane.
-func (s *RedisStore) releaseOnReply(key, owner string, code int64) func(*redis.Cmd) {
+func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
 		reply, err := cmd.Slice()
 		if err != nil || len(reply) != 2 {
@@ -38,6 +38,6 @@ func (s *RedisStore) releaseOnReply(key, owner string, code int64) func(*redis.C
 		ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 		defer cancel()
 		// The orphan handed out no fence beyond the one it was granted: "0" (release.lua).
-		_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0").Err()
+		_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold).Err()
 	}
 }

@@ -177,11 +177,15 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 }
 
 // Reenter implements Store.
-func (s *RedisStore) Reenter(ctx context.Context, key, owner string, ttl time.Duration) (Acquisition, error) {
+func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return Acquisition{}, err
 	}
-	code, n, err := pair(s.run(ctx, reenterScript, []string{key}, s.releaseOnReply(key, owner, acquireReentered), owner, ttlMillis(ttl)))
+	if err := checkHold(hold, false); err != nil {
+		return Acquisition{}, err
+	}
+	code, n, err := pair(s.run(ctx, reenterScript, []string{key}, s.releaseOnReply(key, owner, hold, acquireReentered),
+		owner, ttlMillis(ttl), hold))
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 	}
@@ -230,12 +234,15 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 }
 
 // Release implements Store.
-func (s *RedisStore) Release(ctx context.Context, key, owner string, lastFence int64) (int, error) {
+func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
+	if err := checkHold(hold, true); err != nil {
+		return 0, err
+	}
 	n, err := s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
-		strconv.FormatInt(max(lastFence, 0), 10)).Int64()
+		strconv.FormatInt(max(lastFence, 0), 10), hold).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
@@ -290,6 +297,15 @@ func checkArgs(key, owner string, ttl time.Duration) error {
 		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	case ttl <= 0:
 		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+	}
+	return nil
+}
+
+// checkHold refuses hold names that the lock value cannot list: empty (unless it names the
+// acquisition's own hold), or with a space or comma.
+func checkHold(hold string, ownAllowed bool) error {
+	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
+		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
 	}
 	return nil
 }

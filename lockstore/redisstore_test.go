@@ -110,7 +110,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 				t.Fatalf("fence %d after %d: not increasing", got.Fence, last)
 			}
 			last = got.Fence
-			if _, err := b.store.Release(ctx, "lock:f", owner, 0); err != nil {
+			if _, err := b.store.Release(ctx, "lock:f", owner, "", 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -127,7 +127,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		if again, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, ""); err != nil || !again.Reentered || again.Fence != got.Fence {
 			t.Fatalf("re-entry = %+v, %v; want fence %d", again, err, got.Fence)
 		}
-		if _, err := b.store.Release(ctx, "lock:f", ownerA, 0); err != nil {
+		if _, err := b.store.Release(ctx, "lock:f", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		// A counter that was lost (eviction, FLUSHDB) restarts from server time, which is above
@@ -136,7 +136,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		if err != nil || !before.Acquired {
 			t.Fatalf("acquire: %+v %v", before, err)
 		}
-		if _, err := b.store.Release(ctx, "lock:g", ownerA, 0); err != nil {
+		if _, err := b.store.Release(ctx, "lock:g", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		b.client.Del(ctx, fenceKey("lock:g"))
@@ -163,7 +163,7 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 		if err != nil || !got.Acquired {
 			t.Fatalf("expired lock not free: %+v %v", got, err)
 		}
-		if _, err := b.store.Release(ctx, "lock:e", ownerB, 0); err != nil {
+		if _, err := b.store.Release(ctx, "lock:e", ownerB, "", 0); err != nil {
 			t.Fatal(err)
 		}
 		slots := map[uint16]bool{keySlot("lock:e"): true}
@@ -173,7 +173,7 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 			if _, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := b.store.Release(ctx, k, ownerA, 0); err != nil {
+			if _, err := b.store.Release(ctx, k, ownerA, "", 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -198,7 +198,7 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if err := b.store.Refresh(ctx, "lock:o", ownerB, time.Minute); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("refresh by another owner: %v, want ErrNotHeld", err)
 		}
-		if _, err := b.store.Release(ctx, "lock:o", ownerB, 0); !errors.Is(err, ErrNotHeld) {
+		if _, err := b.store.Release(ctx, "lock:o", ownerB, "", 0); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("release by another owner: %v, want ErrNotHeld", err)
 		}
 		if !strings.HasPrefix(b.client.Get(ctx, "lock:o").Val(), ownerA+" ") {
@@ -210,14 +210,14 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if ttl, err := b.store.TTL(ctx, "lock:o"); err != nil || ttl <= time.Second {
 			t.Fatalf("TTL after refresh = %v, %v", ttl, err)
 		}
-		if _, err := b.store.Release(ctx, "lock:o", ownerA, 0); err != nil {
+		if _, err := b.store.Release(ctx, "lock:o", ownerA, "", 0); err != nil {
 			t.Fatalf("release by the owner: %v", err)
 		}
 		// A stale second release must not free the next owner's lock.
 		if _, err := b.store.Acquire(ctx, "lock:o", ownerB, time.Second, ""); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.store.Release(ctx, "lock:o", ownerA, 0); !errors.Is(err, ErrNotHeld) {
+		if _, err := b.store.Release(ctx, "lock:o", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
 			t.Fatalf("stale release: %v, want ErrNotHeld", err)
 		}
 		if v := b.client.Get(ctx, "lock:o").Val(); !strings.HasPrefix(v, ownerB+" ") {
@@ -243,7 +243,7 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 		if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := b.store.Release(ctx, "lock:n", ownerA, 0); err != nil || n != 0 {
+		if n, err := b.store.Release(ctx, "lock:n", ownerA, "", 0); err != nil || n != 0 {
 			t.Fatalf("uncontended release = %d, %v; want 0 notified", n, err)
 		}
 
@@ -265,7 +265,7 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 			if err := b.store.Refresh(ctx, "lock:n", ownerA, time.Second); err != nil {
 				t.Fatal(err)
 			}
-			n, err := b.store.Release(ctx, "lock:n", ownerA, 0)
+			n, err := b.store.Release(ctx, "lock:n", ownerA, "", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -293,7 +293,7 @@ func TestMetadataCannotFakeTheWaitersMark(t *testing.T) {
 	if v := b.client.Get(ctx, "lock:m").Val(); v != ownerA+" "+strconv.FormatInt(got.Fence, 10)+" 1 req=1" {
 		t.Fatalf("stored %q", v)
 	}
-	if n, err := b.store.Release(ctx, "lock:m", ownerA, 0); err != nil || n != 0 {
+	if n, err := b.store.Release(ctx, "lock:m", ownerA, "", 0); err != nil || n != 0 {
 		t.Fatalf("release = %d, %v", n, err)
 	}
 }
@@ -377,7 +377,7 @@ func TestOddKeys(t *testing.T) {
 			if ttl := b.client.PTTL(ctx, key).Val(); ttl <= 0 {
 				t.Fatalf("%q written without expiry", key)
 			}
-			if _, err := b.store.Release(ctx, key, ownerA, 0); err != nil {
+			if _, err := b.store.Release(ctx, key, ownerA, "", 0); err != nil {
 				t.Fatalf("release %q: %v", key, err)
 			}
 		}
@@ -396,7 +396,7 @@ func TestStoreDown(t *testing.T) {
 	if _, err := s.Acquire(ctx, "lock:d", ownerA, time.Second, ""); err == nil || errors.Is(err, ErrNotHeld) {
 		t.Fatalf("acquire on a stopped Redis: %v, want a store error", err)
 	}
-	if _, err := s.Release(ctx, "lock:d", ownerA, 0); err == nil || errors.Is(err, ErrNotHeld) {
+	if _, err := s.Release(ctx, "lock:d", ownerA, "", 0); err == nil || errors.Is(err, ErrNotHeld) {
 		t.Fatalf("release on a stopped Redis: %v, want a store error", err)
 	}
 	if time.Since(start) > time.Second {

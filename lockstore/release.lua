@@ -1,5 +1,5 @@
--- release.lua: give up one hold of a lock, only for its owner; delete it and tell waiters it is
--- free when that was the last hold.
+-- release.lua: give up one hold of a lock, only for its owner; delete the lock and tell waiters
+-- it is free when that was the last hold.
 --
 -- KEYS[1]  lock key (value as in acquire.lua: "<owner> <fence> <holds>[ <metadata>][ ~]")
 -- KEYS[2]  fence counter of KEYS[1]'s hash slot
@@ -7,9 +7,12 @@
 -- ARGV[2]  prefix of the release notification channel; the channel is ARGV[2] .. KEYS[1]
 -- ARGV[3]  the largest fence the releasing holder handed out under this lock (its process hands
 --          the lock from goroutine to goroutine with fences above the acquisition's), or "0"
+-- ARGV[4]  the hold to give up: "" for the acquisition's own, or the id of a re-entry from
+--          another process (reenter.lua)
 --
--- Replies: -1 not held by ARGV[1] (nothing changed, nothing published);
---          -2 released one hold; others remain (re-entries from other processes), the key stays;
+-- Replies: -1 not held by ARGV[1], or that hold was given up already (a re-sent call): nothing
+--             changed, nothing published;
+--          -2 released that hold; others remain (re-entries from other processes), the key stays;
 --          n >= 0 deleted, and n subscribers (waiters in other processes) were notified.
 -- A notification is published only when acquire.lua marked the lock (" ~" at the end of its
 -- value) because someone was refused while it was held; an uncontended release costs no
@@ -20,16 +23,34 @@ local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #owner + 1) ~= owner .. ' ' then
   return -1
 end
+local o, fence, holds, rest = string.match(current, '^(%S+) (%d+) (%S+)(.*)$')
+local own, borrows = string.match(holds or '', '^([01])(.*)$')
+if not own then
+  own, borrows = '1', '' -- a value this script cannot read: one hold, the owner's
+end
+if ARGV[4] == '' then
+  if own == '0' then
+    return -1
+  end
+  own = '0'
+else
+  local list = borrows .. ','
+  local first, last = string.find(list, ',' .. ARGV[4] .. ',', 1, true)
+  if not first then
+    return -1
+  end
+  list = string.sub(list, 1, first - 1) .. string.sub(list, last)
+  borrows = string.sub(list, 1, -2)
+end
 local used = tonumber(ARGV[3])
 if used > 0 then
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-  if used > last then
+  local counted = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+  if used > counted then
     redis.call('SET', KEYS[2], ARGV[3])
   end
 end
-local o, fence, holds, rest = string.match(current, '^(%S+) (%d+) (%d+)(.*)$')
-if holds and tonumber(holds) > 1 then
-  redis.call('SET', KEYS[1], o .. ' ' .. fence .. ' ' .. string.format('%d', tonumber(holds) - 1) .. rest, 'KEEPTTL')
+if own == '1' or borrows ~= '' then
+  redis.call('SET', KEYS[1], o .. ' ' .. fence .. ' ' .. own .. borrows .. rest, 'KEEPTTL')
   return -2
 end
 redis.call('DEL', KEYS[1])

@@ -15,7 +15,7 @@ import (
 func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if got, err := b.store.Reenter(ctx, "lock:r", ownerA, time.Second); err != nil || got.Acquired {
+		if got, err := b.store.Reenter(ctx, "lock:r", ownerA, "h1", time.Second); err != nil || got.Acquired {
 			t.Fatalf("re-enter of a free key = %+v, %v; want nothing taken", got, err)
 		}
 		if n := b.client.Exists(ctx, "lock:r").Val(); n != 0 {
@@ -25,19 +25,27 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 		if err != nil || !held.Acquired {
 			t.Fatal(held, err)
 		}
-		if got, err := b.store.Reenter(ctx, "lock:r", ownerB, time.Second); err != nil || got.Acquired || got.HolderTTL <= 0 {
+		if got, err := b.store.Reenter(ctx, "lock:r", ownerB, "h1", time.Second); err != nil || got.Acquired || got.HolderTTL <= 0 {
 			t.Fatalf("re-enter by another owner = %+v, %v; want busy", got, err)
 		}
-		in, err := b.store.Reenter(ctx, "lock:r", ownerA, time.Second)
+		in, err := b.store.Reenter(ctx, "lock:r", ownerA, "h1", time.Second)
 		if err != nil || !in.Acquired || !in.Reentered || in.Fence != held.Fence {
 			t.Fatalf("re-enter by the owner = %+v, %v; want re-entered with fence %d", in, err, held.Fence)
 		}
 		if ttl := b.client.PTTL(ctx, "lock:r").Val(); ttl < 50*time.Second {
 			t.Fatalf("re-enter with a shorter TTL cut the lock to %v", ttl)
 		}
-		// The first release gives up one hold: the key stays for the other.
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, 0); err != nil {
+		// A re-sent re-entry (go-redis retries after a lost reply) lists its hold once.
+		if again, err := b.store.Reenter(ctx, "lock:r", ownerA, "h1", time.Second); err != nil || !again.Reentered {
+			t.Fatalf("re-sent re-enter = %+v, %v", again, err)
+		}
+		// The acquisition's release gives up its own hold: the key stays for the re-entry.
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "", 0); err != nil {
 			t.Fatal(err)
+		}
+		// A re-sent release of that hold changes nothing.
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("re-sent release of the acquisition's hold: %v, want ErrNotHeld", err)
 		}
 		if v := b.client.Get(ctx, "lock:r").Val(); !strings.HasPrefix(v, ownerA+" ") {
 			t.Fatalf("first of two releases freed the key: %q", v)
@@ -45,14 +53,17 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 		if ttl := b.client.PTTL(ctx, "lock:r").Val(); ttl < 50*time.Second {
 			t.Fatalf("a release of one hold changed the TTL to %v", ttl)
 		}
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, 0); err != nil {
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h2", 0); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("release of a hold never taken: %v, want ErrNotHeld", err)
+		}
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h1", 0); err != nil {
 			t.Fatal(err)
 		}
 		if n := b.client.Exists(ctx, "lock:r").Val(); n != 0 {
 			t.Fatal("the last release left the key")
 		}
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("a third release: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h1", 0); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("a re-sent last release: %v, want ErrNotHeld", err)
 		}
 	})
 }
@@ -67,7 +78,7 @@ func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 			t.Fatal(got, err)
 		}
 		handed := got.Fence + int64(time.Hour/time.Microsecond) // far above server time
-		if _, err := b.store.Release(ctx, "lock:h", ownerA, handed); err != nil {
+		if _, err := b.store.Release(ctx, "lock:h", ownerA, "", handed); err != nil {
 			t.Fatal(err)
 		}
 		next, err := b.store.Acquire(ctx, "lock:h", ownerB, time.Second, "")
@@ -75,7 +86,7 @@ func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 			t.Fatalf("fence after handoffs up to %d = %d (%v)", handed, next.Fence, err)
 		}
 		// A release by a stale owner changes no counter.
-		if _, err := b.store.Release(ctx, "lock:h", ownerA, next.Fence+1000); !errors.Is(err, ErrNotHeld) {
+		if _, err := b.store.Release(ctx, "lock:h", ownerA, "", next.Fence+1000); !errors.Is(err, ErrNotHeld) {
 			t.Fatal(err)
 		}
 		if v, _ := b.client.Get(ctx, fenceKey("lock:h")).Int64(); v != next.Fence {
@@ -103,7 +114,7 @@ func TestFencesIncreaseAfterARestartFromASnapshot(t *testing.T) {
 			t.Fatalf("fence %d after %d", got.Fence, last)
 		}
 		last = got.Fence
-		if _, err := s.Release(ctx, "lock:snap", ownerA, 0); err != nil {
+		if _, err := s.Release(ctx, "lock:snap", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -43,18 +43,20 @@ type Store interface {
 	// after a timeout does no harm.
 	Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (Acquisition, error)
 	// Reenter re-enters key for owner, a token handed over by another process, only when owner
-	// holds key now: it counts one more hold (Release counts it down) and raises the TTL to ttl
-	// if the lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
-	Reenter(ctx context.Context, key, owner string, ttl time.Duration) (Acquisition, error)
+	// holds key now: it adds the hold named hold (Release with that name gives it up; naming
+	// it twice adds it once, so a re-sent call does no harm) and raises the TTL to ttl if the
+	// lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
+	Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error)
 	// Refresh makes key live at least ttl more if owner holds it (it never shortens a lock),
 	// and returns ErrNotHeld otherwise.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
-	// Release gives up one hold of key if owner holds it; the last hold deletes key and
-	// notifies waiters, and Release returns how many waiters elsewhere were told. lastFence is
-	// the largest fence the caller handed out under the lock (0 if none beyond the acquired
-	// one): later acquisitions get larger fences. It returns ErrNotHeld, and changes nothing,
-	// when owner does not hold key.
-	Release(ctx context.Context, key, owner string, lastFence int64) (notified int, err error)
+	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
+	// "", or the re-entry named hold. The last hold deletes key and notifies waiters, and
+	// Release returns how many waiters elsewhere were told. lastFence is the largest fence the
+	// caller handed out under the lock (0 if none beyond the acquired one): later acquisitions
+	// get larger fences. It returns ErrNotHeld, and changes nothing, when owner does not hold
+	// key or that hold was given up already.
+	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
 	// Watch starts listening for releases of key. The returned Watch must be closed.

@@ -74,7 +74,14 @@ func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) con
 			continue // re-entered: the innermost lease of a key says it all
 		}
 		seen[l.Key()] = true
-		kv = append(kv, ownerMetadataKey, p.encode(l.Key(), l.Owner(), l.Fence()))
+		// Handover refuses a lease released since AllFromContext saw it: its lock may be the
+		// next request's by now.
+		if owner, fence, ok := l.Handover(); ok {
+			kv = append(kv, ownerMetadataKey, p.encode(l.Key(), owner, fence))
+		}
+	}
+	if len(kv) == 0 {
+		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
