@@ -110,6 +110,7 @@ func (h *hold) nextGrant() {
 	defer h.mu.Unlock()
 	h.fence++
 	h.live = 1
+	h.renewUntil = time.Now().Add(h.l.cfg.maxHold) // MaxHold counts per grant
 }
 
 // currentFence returns the fence of the current grant.
@@ -153,12 +154,12 @@ func (h *hold) done() (last bool) {
 	return h.live == 0
 }
 
-// attach registers a lease to cancel on loss and restarts the MaxHold clock for it.
+// attach registers a lease to cancel on loss. MaxHold bounds a grant, so a re-entry does not
+// restart its clock (a handler that re-enters over and over must not hold the lock forever).
 func (h *hold) attach(lease *Lease, cancel context.CancelCauseFunc) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.holders = append(h.holders, holder{lease: lease, cancel: cancel})
-	h.renewUntil = time.Now().Add(h.l.cfg.maxHold)
 	if h.lost {
 		cancel(ErrLost)
 	}

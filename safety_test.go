@@ -394,3 +394,34 @@ func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 		t.Fatalf("release of a borrowed lease whose lock is another owner's: %v, want ErrNotHeld", err)
 	}
 }
+
+// MaxHold bounds a grant: re-entering over and over does not keep the lock past it (found by
+// the review of the issue 8 fixes: every re-entry restarted the MaxHold clock).
+func TestReentriesDoNotExtendMaxHold(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithTTL(90*time.Millisecond), WithMaxHold(200*time.Millisecond))
+	lease, err := l.Lock(ctx, "mh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	deadline := time.After(2 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-lease.Context().Done():
+			if context.Cause(lease.Context()) != ErrLost {
+				t.Fatalf("cause %v, want ErrLost", context.Cause(lease.Context()))
+			}
+			return
+		case <-deadline:
+			t.Fatal("re-entries kept the lock past MaxHold + TTL")
+		case <-tick.C:
+			if in, err := l.Lock(lease.Context(), "mh"); err == nil {
+				_ = in.Release(ctx)
+			}
+		}
+	}
+}
