@@ -21,6 +21,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -43,7 +44,7 @@ func benchStore(b *testing.B, opts ...lockstore.Option) (*lockstore.RedisStore, 
 		// Each count costs the INFO command that reads it: subtract it.
 		return store, func() int64 { return srv.CommandCount(context.Background(), admin) }
 	}
-	store, err := lockstore.NewEmbedded(opts...)
+	store, err := embedded.New(opts...)
 	if err != nil {
 		b.Fatal(err)
 	}

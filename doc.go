@@ -1,7 +1,9 @@
 // Package flightlock is a distributed lock for go-zero services that collapses contention
 // inside each process before it reaches Redis.
 //
-// A Locker takes locks on a lockstore.Store (Redis, or an embedded miniredis for development).
+// A Locker takes locks on a lockstore.Store (Redis, or an embedded miniredis for development,
+// package lockstore/embedded). The package and lockstore import go-redis and the standard
+// library only: a plain net/http or gin service can use the Locker without go-zero.
 // Per process and key, at most one goroutine talks to Redis: the others are turned away at once
 // (reject mode, no Redis command at all) or queue in FIFO order (wait mode), and a lock that a
 // goroutine releases while others of its process wait is handed straight to the next one,

@@ -19,9 +19,13 @@ var (
 	// ErrLost is the cause with which a lease's context is cancelled when the lock can no
 	// longer be trusted: a renewal was refused, or the lease ran out before it could be renewed.
 	ErrLost = errors.New("flightlock: lock lost")
-	// ErrInvalidKey means the lock request is malformed: an empty key, a key longer than
-	// MaxKeyLen (prefix included), or a TTL that is not positive. Nothing was sent to Redis.
+	// ErrInvalidKey means the lock request is malformed: an empty key, or a key longer than
+	// MaxKeyLen (prefix included). Nothing was sent to Redis.
 	ErrInvalidKey = errors.New("flightlock: invalid lock key")
+	// ErrConfig means a Locker's options (New, With) or a middleware's configuration are
+	// invalid: a TTL that is not positive, a prefix that leaves no room for a key, an unknown
+	// value. It is a start-up error, unlike ErrInvalidKey, which is the request's fault.
+	ErrConfig = errors.New("flightlock: invalid configuration")
 )
 
 // errLateReply is the store error of an acquisition whose reply came back so late that its lock
@@ -62,4 +66,9 @@ func RetryAfter(err error) (time.Duration, bool) {
 
 func invalidKey(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidKey}, args...)...)
+}
+
+// configError wraps ErrConfig; format names the option first ("WithTTL: must be positive").
+func configError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
 }

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 )
 
 func Example() {
-	store, err := lockstore.NewEmbedded() // in-memory Redis; use lockstore.NewFromConf in production
+	store, err := embedded.New() // in-memory Redis; lockstore.New(redisClient) in production
 	if err != nil {
 		panic(err)
 	}

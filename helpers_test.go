@@ -3,7 +3,6 @@ package flightlock
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
-	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
 // miniStore returns a store on a fresh miniredis; RESP2 so pub/sub notifications arrive.
@@ -43,11 +41,13 @@ func clusterStore(t *testing.T) lockstore.Store {
 		t.Skip("starts a three-node Redis Cluster")
 	}
 	c := redistest.StartCluster(t, 3)
-	s, err := lockstore.NewFromConf(zeroredis.RedisConf{Host: strings.Join(c.Addrs, ","), Type: zeroredis.ClusterType})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Close() })
+	client := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 c.Addrs,
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
+	})
+	s := lockstore.New(client)
+	t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
 	return s
 }
 

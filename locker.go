@@ -25,8 +25,8 @@ type Locker struct {
 // holds locks with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with
 // "lock:".
 //
-// A go-redis client behind the store should have ContextTimeoutEnabled set (NewFromConf and
-// NewEmbedded do), or an unreachable Redis blocks calls past their context's deadline.
+// A go-redis client behind the store should have ContextTimeoutEnabled set (embedded.New and
+// middleware.NewStore do), or an unreachable Redis blocks calls past their context's deadline.
 func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if store == nil {
 		return nil, errors.New("flightlock: nil store")

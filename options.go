@@ -73,24 +73,25 @@ func defaultConfig() config {
 func (c *config) validate() error {
 	switch {
 	case c.ttl <= 0:
-		return invalidKey("TTL must be positive, got %v", c.ttl)
+		return configError("WithTTL: must be positive, got %v", c.ttl)
 	case c.wait < 0:
-		return fmt.Errorf("flightlock: wait budget must not be negative, got %v", c.wait)
+		return configError("WithWait: must not be negative, got %v", c.wait)
 	case c.maxHold <= 0:
-		return fmt.Errorf("flightlock: MaxHold must be positive, got %v", c.maxHold)
+		return configError("WithMaxHold: must be positive, got %v", c.maxHold)
 	case c.retry == nil:
-		return fmt.Errorf("flightlock: retry strategy is nil")
+		return configError("WithRetry: the retry strategy is nil")
 	case c.mode != Wait && c.mode != Reject:
-		return fmt.Errorf("flightlock: unknown mode %v", c.mode)
+		return configError("WithMode: unknown mode %v, want Wait or Reject", c.mode)
 	case c.handoff < 0 || c.window < 0:
-		return fmt.Errorf("flightlock: handoff bounds must not be negative, got %d and %v", c.handoff, c.window)
+		return configError("WithHandoff: bounds must not be negative, got %d and %v", c.handoff, c.window)
 	case len(c.prefix) >= MaxKeyLen:
-		return invalidKey("prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
+		return configError("WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
 	}
 	return nil
 }
 
-// Option configures a Locker.
+// Option configures a Locker. New and With refuse a bad option with an error that wraps
+// ErrConfig and names the option.
 type Option func(*config)
 
 // WithTTL sets the lease TTL (default 10s): how long the lock outlives a holder that died.

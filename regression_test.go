@@ -233,7 +233,7 @@ func newDropProxy(t *testing.T, addr string) *dropProxy {
 
 // Process A holds k and hands its owner to service B (zrpc metadata). B's borrowed hold is
 // released, Redis runs release.lua (holds 2 -> 1), the connection drops before the reply, and
-// go-redis (default MaxRetries 3, as NewFromConf builds it) sends release.lua again: holds
+// go-redis (default MaxRetries 3, as middleware.NewStore builds it) sends release.lua again: holds
 // 1 -> 0, the key is deleted while A still holds it. Process C then takes it.
 func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
 	mr := miniredis.RunT(t)

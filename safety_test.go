@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 )
 
 // Finding 2: a handed-over owner that holds nothing must not take a free key, and two callers
@@ -177,7 +178,7 @@ func (s *slowAcquireStore) Acquire(ctx context.Context, key, owner string, ttl t
 
 // Finding 5: a reply that comes back late must not give a lease that outlives its key.
 func TestLateAcquireReplyNeverOutlivesTheKey(t *testing.T) {
-	s, err := lockstore.NewEmbedded() // a clock that moves in real time
+	s, err := embedded.New() // a clock that moves in real time
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -600,7 +600,7 @@ func runStressWorker() int {
 	_ = w.direct.Close()
 	line, _ := json.Marshal(res)
 	fmt.Printf("%s%s\n", stressResultPrefix, line)
-	if err := goleak.Find(goZeroDaemons...); err != nil {
+	if err := goleak.Find(); err != nil {
 		fmt.Fprintln(os.Stderr, "stress worker: goroutines left behind:", err)
 		return 1
 	}

@@ -2,12 +2,11 @@ package lockstore
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/redistest"
-	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+	"github.com/redis/go-redis/v9"
 )
 
 // On a real Redis Cluster every script must keep its keys in one slot (no CROSSSLOT error,
@@ -18,10 +17,12 @@ func TestCluster(t *testing.T) {
 		t.Skip("starts a three-node Redis Cluster")
 	}
 	cluster := redistest.StartCluster(t, 3)
-	s, err := NewFromConf(zeroredis.RedisConf{Host: strings.Join(cluster.Addrs, ","), Type: zeroredis.ClusterType})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 cluster.Addrs,
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
+	})
+	s := New(client, WithOnClose(client.Close))
 	t.Cleanup(func() { _ = s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

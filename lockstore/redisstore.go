@@ -87,8 +87,20 @@ func WithLanes(n int) Option {
 	}
 }
 
-// RedisStore is the Store on Redis. Create it with New, NewFromConf or NewEmbedded; it is safe
-// for concurrent use. Close it to stop its notification subscriber.
+// WithOnClose adds fn to what Close does after it stops the notification subscriber: a
+// constructor that builds its own client or server closes them with it. Close runs them once,
+// last added first, and joins their errors. Without it, Close leaves the client open (New).
+func WithOnClose(fn func() error) Option {
+	return func(s *RedisStore) {
+		if fn != nil {
+			s.closers = append(s.closers, fn)
+		}
+	}
+}
+
+// RedisStore is the Store on Redis. Create it with New (or, in the packages above this one,
+// embedded.New for an in-process server and middleware.NewStore for go-zero's RedisConf); it
+// is safe for concurrent use. Close it to stop its notification subscriber.
 type RedisStore struct {
 	client        Client
 	channelPrefix string
@@ -276,8 +288,9 @@ func (s *RedisStore) Watch(ctx context.Context, key string) (*Watch, error) {
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
 
-// Close stops the notification subscriber and, for stores that built their own client (or
-// their own embedded server), closes those too.
+// Close stops the notification subscriber, then runs the functions given with WithOnClose,
+// last added first: stores that built their own client (or their own embedded server) close
+// those too.
 func (s *RedisStore) Close() error {
 	err := s.notify.close()
 	for i := len(s.closers) - 1; i >= 0; i-- {

@@ -410,29 +410,26 @@ func TestStoreDown(t *testing.T) {
 	}
 }
 
-func TestEmbeddedClockMoves(t *testing.T) {
-	s, err := NewEmbedded()
-	if err != nil {
-		t.Fatal(err)
+// Close runs the WithOnClose functions once, last added first, and joins their errors; a nil
+// function is ignored.
+func TestWithOnClose(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	var order []string
+	errFirst := errors.New("first")
+	s := New(c,
+		WithOnClose(func() error { order = append(order, "first"); return errFirst }),
+		WithOnClose(nil),
+		WithOnClose(func() error { order = append(order, "second"); return c.Close() }),
+	)
+	if err := s.Close(); !errors.Is(err, errFirst) {
+		t.Fatalf("Close: %v, want the first closer's error joined", err)
 	}
-	defer s.Close()
-	ctx := context.Background()
-	if _, err := s.Acquire(ctx, "lock:m", ownerA, 50*time.Millisecond, ""); err != nil {
-		t.Fatal(err)
+	if got := strings.Join(order, ","); got != "second,first" {
+		t.Fatalf("closers ran in order %q, want second,first", got)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		got, err := s.Acquire(ctx, "lock:m", ownerB, time.Second, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Acquired {
-			return // the embedded server expired the first lock on its own
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("embedded store never expired a 50ms lock")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := s.Close(); err != nil || len(order) != 2 {
+		t.Fatalf("second Close: %v, closers ran %d times in all, want 2", err, len(order))
 	}
 }
 

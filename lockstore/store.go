@@ -6,8 +6,10 @@
 // lets a waiter listen for the release notification of one key instead of polling.
 //
 // RedisStore is the implementation on go-redis v9's UniversalClient (single node, Sentinel
-// failover or Cluster); NewEmbedded runs the same store on an in-process miniredis for
-// development and tests. The package knows nothing about requests or transports.
+// failover or Cluster). The package imports go-redis and the standard library only; the
+// same store on an in-process miniredis, for development and tests, is in package embedded
+// (lockstore/embedded), and the constructor from go-zero's RedisConf is middleware.NewStore.
+// The package knows nothing about requests or transports.
 package lockstore
 
 import (

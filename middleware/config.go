@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,17 +13,33 @@ import (
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
-// Values of Rule.OnBusy and LockConf.OnStoreError.
+// Values of Rule.OnBusy, LockConf.OnStoreError and RetryConf.Backoff, as normalized (lower
+// case).
 const (
-	onBusyReject      = "reject"
-	onBusyWait        = "wait"
-	storeErrorsClosed = "closed"
-	storeErrorsOpen   = "open"
+	onBusyReject       = "reject"
+	onBusyWait         = "wait"
+	storeErrorsClosed  = "closed"
+	storeErrorsOpen    = "open"
+	backoffNone        = "none"
+	backoffLinear      = "linear"
+	backoffExponential = "exponential"
 )
+
+// httpMethods are the values of Rule.Method, as normalized (upper case).
+var httpMethods = []string{
+	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
+}
 
 // LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`.
 // go-zero's conf loader fills the defaults in the tags; a LockConf built in Go gets the same
 // defaults for its zero fields (an empty Prefix means "lock:", a zero TTL 10s, and so on).
+//
+// The words of OnStoreError, Redis.Type, Retry.Backoff and a rule's OnBusy and Method are
+// matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
+// have no options= on purpose: go-zero's loader would refuse a bad value before Validate runs,
+// case-sensitively and without naming the field (issue 9); Validate names it and lists the
+// values it accepts.
 type LockConf struct {
 	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
 	// that only this process sees: for development and tests, never for production.
@@ -43,7 +60,7 @@ type LockConf struct {
 	// (default) answers 503 / Unavailable; "open" runs the handler under this process's lock
 	// only (a degraded lease: other processes are not excluded, Fence is 0), and counts
 	// and logs it.
-	OnStoreError string `json:",default=closed,options=closed|open"`
+	OnStoreError string `json:",default=closed"`
 	// TrustOwner makes the zrpc server interceptors honour lock owners that an upstream
 	// service propagated in the call's metadata (UnaryClientInterceptor), so a downstream lock
 	// of the same key re-enters instead of deadlocking. A handed-over owner only re-enters a
@@ -70,11 +87,11 @@ type LockConf struct {
 // default (lockstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
 type RedisConf struct {
 	Host     string `json:",optional"`
-	Type     string `json:",default=node,options=node|cluster"`
+	Type     string `json:",default=node"`
 	User     string `json:",optional"`
 	Pass     string `json:",optional"`
 	Tls      bool   `json:",optional"`
-	Protocol int    `json:",default=3,options=2|3"`
+	Protocol int    `json:",default=3"`
 	Lanes    int    `json:",optional"`
 }
 
@@ -94,7 +111,7 @@ func (r RedisConf) storeOptions() []lockstore.Option {
 // or "none" (one attempt). Attempts caps the attempts per acquisition; 0 means until the wait
 // budget ends.
 type RetryConf struct {
-	Backoff  string        `json:",default=exponential,options=none|linear|exponential"`
+	Backoff  string        `json:",default=exponential"`
 	Min      time.Duration `json:",default=5ms"`
 	Max      time.Duration `json:",default=200ms"`
 	Attempts int           `json:",optional"`
@@ -122,7 +139,8 @@ type RetryConf struct {
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
-	// Method is the REST route's HTTP method; empty matches any method.
+	// Method is the REST route's HTTP method, in any case (post is POST); empty matches any
+	// method.
 	Method string `json:",optional"`
 	// Path is the REST route's go-zero pattern, such as /api/sku/:sku/deduct.
 	Path string `json:",optional"`
@@ -132,7 +150,7 @@ type Rule struct {
 	Key string `json:",optional"`
 	// OnBusy is what a request does when another holds the key: "reject" (default) answers
 	// 409 / Aborted at once, "wait" queues up to the Wait budget first.
-	OnBusy string `json:",default=reject,options=reject|wait"`
+	OnBusy string `json:",default=reject"`
 	// TTL and Wait override LockConf's for this rule when positive.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
@@ -148,10 +166,38 @@ type spec struct {
 }
 
 // Validate reports the first bad field of c, named as in the YAML file
-// (Lock.Rules[1].Key: ...). New calls it.
+// (Lock.Rules[1].Key: ...), in an error that wraps flightlock.ErrConfig. New calls it. go-zero's
+// conf loader calls it too when LockConf is the config it loads, but not for a LockConf inside a
+// service's config: there New reports a bad field at start-up.
 func (c LockConf) Validate() error {
-	_, err := compileRules(c, nil)
+	_, err := compileRules(c.normalized(), nil)
 	return err
+}
+
+// normalized returns c with the words matched in any case spelled as the checks and the
+// Middleware compare them: OnStoreError, Redis.Type, Retry.Backoff and rule OnBusy in lower
+// case, rule Method in upper case. c's Rules are copied, not changed. New and Validate call it
+// once, before anything reads c.
+func (c LockConf) normalized() LockConf {
+	c.OnStoreError = strings.ToLower(c.OnStoreError)
+	c.Redis.Type = strings.ToLower(c.Redis.Type)
+	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
+	if c.Rules != nil {
+		rules := make([]Rule, len(c.Rules))
+		for i, r := range c.Rules {
+			rules[i] = r.normalized()
+		}
+		c.Rules = rules
+	}
+	return c
+}
+
+// normalized returns r with OnBusy in lower case and Method in upper case, for rules built in
+// Go (WithHTTPRule, WithRPCRule, Route) as for those of a LockConf.
+func (r Rule) normalized() Rule {
+	r.Method = strings.ToUpper(r.Method)
+	r.OnBusy = strings.ToLower(r.OnBusy)
+	return r
 }
 
 // check validates the scalar settings of c.
@@ -166,15 +212,11 @@ func (c LockConf) check() error {
 	case len(c.Prefix) >= flightlock.MaxKeyLen:
 		return fieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen)
 	}
-	switch c.OnStoreError {
-	case "", storeErrorsClosed, storeErrorsOpen:
-	default:
-		return fieldError("Lock.OnStoreError", `must be "closed" or "open", got %q`, c.OnStoreError)
+	if err := oneOf("Lock.OnStoreError", c.OnStoreError, storeErrorsClosed, storeErrorsOpen); err != nil {
+		return err
 	}
-	switch c.Redis.Type {
-	case "", zeroredis.NodeType, zeroredis.ClusterType:
-	default:
-		return fieldError("Lock.Redis.Type", `must be "node" or "cluster", got %q`, c.Redis.Type)
+	if err := oneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType); err != nil {
+		return err
 	}
 	if err := checkPropagateTo(c.PropagateTo); err != nil {
 		return err
@@ -185,16 +227,14 @@ func (c LockConf) check() error {
 	switch c.Redis.Protocol {
 	case 0, 2, 3:
 	default:
-		return fieldError("Lock.Redis.Protocol", "must be 2 or 3, got %d", c.Redis.Protocol)
+		return fieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol)
 	}
 	return c.Retry.check()
 }
 
 func (r RetryConf) check() error {
-	switch r.Backoff {
-	case "", "none", "linear", "exponential":
-	default:
-		return fieldError("Lock.Retry.Backoff", `must be "none", "linear" or "exponential", got %q`, r.Backoff)
+	if err := oneOf("Lock.Retry.Backoff", r.Backoff, backoffNone, backoffLinear, backoffExponential); err != nil {
+		return err
 	}
 	switch {
 	case r.Min < 0:
@@ -215,9 +255,9 @@ func (r RetryConf) strategy() flightlock.Retry {
 	hi := cmp.Or(r.Max, 200*time.Millisecond)
 	var s flightlock.Retry
 	switch r.Backoff {
-	case "none":
+	case backoffNone:
 		return flightlock.NoRetry()
-	case "linear":
+	case backoffLinear:
 		linear := flightlock.LinearRetry(lo)
 		s = func(attempt int) (time.Duration, bool) {
 			d, ok := linear(attempt)
@@ -232,7 +272,7 @@ func (r RetryConf) strategy() flightlock.Retry {
 	return s
 }
 
-// zero returns go-zero's RedisConf for lockstore.NewFromConf.
+// zero returns go-zero's RedisConf for NewStore.
 func (r RedisConf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
 		Host:     r.Host,
@@ -251,10 +291,11 @@ func checkRule(r spec) error {
 		return fieldError(r.name, "names neither a Path nor an RPC method")
 	case r.Key == "" && (r.Path != "" && r.httpKey == nil || r.RPC != "" && r.rpcKey == nil):
 		return fieldError(r.name+".Key", "is empty")
-	case r.Method != "" && !validMethod(r.Method):
-		return fieldError(r.name+".Method", "unknown HTTP method %q", r.Method)
 	case r.Method != "" && r.Path == "":
 		return fieldError(r.name+".Path", "is empty but Method is %q", r.Method)
+	}
+	if err := oneOf(r.name+".Method", r.Method, httpMethods...); err != nil {
+		return err
 	}
 	if r.RPC != "" {
 		if err := checkFullMethod(r.RPC); err != nil {
@@ -272,12 +313,7 @@ func checkLockSettings(name string, r Rule) error {
 	case r.Wait < 0:
 		return fieldError(name+".Wait", "must not be negative, got %v", r.Wait)
 	}
-	switch r.OnBusy {
-	case "", onBusyReject, onBusyWait:
-		return nil
-	default:
-		return fieldError(name+".OnBusy", `must be "reject" or "wait", got %q`, r.OnBusy)
-	}
+	return oneOf(name+".OnBusy", r.OnBusy, onBusyReject, onBusyWait)
 }
 
 // checkFullMethod accepts gRPC full method names: /package.Service/Method.
@@ -293,16 +329,31 @@ func checkFullMethod(m string) error {
 	return nil
 }
 
-func validMethod(m string) bool {
-	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
-		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
-		return true
+// validMethod reports whether m is an HTTP method, as normalized (upper case).
+func validMethod(m string) bool { return slices.Contains(httpMethods, m) }
+
+// oneOf checks that v, normalized, is empty (the default) or one of allowed, and otherwise
+// names the field and the values it accepts: Lock.Rules[0].OnBusy: must be one of reject,
+// wait; got "bogus".
+func oneOf(field, v string, allowed ...string) error {
+	if v == "" || slices.Contains(allowed, v) {
+		return nil
 	}
-	return false
+	return fieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// fieldError names the bad field first, as go-zero's conf loader does.
+// fieldError names the bad field first, as go-zero's conf loader does, in an error that wraps
+// flightlock.ErrConfig.
 func fieldError(field, format string, args ...any) error {
-	return fmt.Errorf("%s: "+format, append([]any{field}, args...)...)
+	return &configError{field: field, err: fmt.Errorf(format, args...)}
 }
+
+// configError is a bad setting: Error names the field first ("Lock.Rules[1].OnBusy: ..."),
+// and errors.Is matches flightlock.ErrConfig as well as what err wraps.
+type configError struct {
+	field string
+	err   error
+}
+
+func (e *configError) Error() string   { return e.field + ": " + e.err.Error() }
+func (e *configError) Unwrap() []error { return []error{flightlock.ErrConfig, e.err} }

@@ -2,11 +2,13 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/zeromicro/go-zero/core/conf"
 	_ "google.golang.org/grpc/reflection/grpc_reflection_v1" // registers a service for field checks
@@ -21,6 +23,10 @@ func TestValidateNamesTheField(t *testing.T) {
 	}{
 		{"valid", func(*LockConf) {}, ""},
 		{"valid rpc", func(c *LockConf) { c.Rules = append(c.Rules, Rule{RPC: "/pkg.Svc/Do", Key: "x:{id}"}) }, ""},
+		{"words in any case", func(c *LockConf) {
+			c.OnStoreError, c.Redis.Type, c.Retry.Backoff = "Open", "CLUSTER", "Linear"
+			c.Rules[0].Method, c.Rules[0].OnBusy = "post", "Wait"
+		}, ""},
 		{"negative TTL", func(c *LockConf) { c.TTL = -time.Second }, "Lock.TTL:"},
 		{"negative Wait", func(c *LockConf) { c.Wait = -1 }, "Lock.Wait:"},
 		{"bad OnStoreError", func(c *LockConf) { c.OnStoreError = "maybe" }, "Lock.OnStoreError:"},
@@ -60,6 +66,8 @@ func TestValidateNamesTheField(t *testing.T) {
 				t.Fatalf("Validate: %v", err)
 			case tt.field != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.field)):
 				t.Fatalf("Validate = %v, want an error naming %s", err, tt.field)
+			case tt.field != "" && (!errors.Is(err, flightlock.ErrConfig) || errors.Is(err, flightlock.ErrInvalidKey)):
+				t.Fatalf("Validate = %v, want an ErrConfig", err)
 			}
 		})
 	}
@@ -127,22 +135,33 @@ Lock:
 		t.Errorf("RetryConf defaults: %+v, %v", rc, err)
 	}
 
-	// go-zero's loader refuses values outside the options= tags itself; its message names
-	// the bad value and the allowed ones (not the field: go-zero v1.10's wording).
+	// A value go-zero cannot parse fails at load, naming the value.
+	if err := conf.LoadFromYamlBytes([]byte("Name: x\nLock:\n  TTL: ten\n"), &config{}); err == nil || !strings.Contains(err.Error(), "ten") {
+		t.Errorf("load TTL: ten: %v, want an error naming %q", err, "ten")
+	}
+	// A word outside the allowed ones loads (the tags have no options=, whose check named no
+	// field and was case-sensitive) and is refused by Validate, naming the field, the value and
+	// the allowed values.
 	bad := []struct {
-		yaml, value string
+		yaml, field, value, allowed string
 	}{
-		{"Lock:\n  Rules:\n    - Path: /a\n      Key: \"a:{x}\"\n      OnBusy: maybe\n", "maybe"},
-		{"Lock:\n  OnStoreError: sometimes\n", "sometimes"},
-		{"Lock:\n  TTL: ten\n", "ten"},
-		{"Lock:\n  Redis:\n    Host: 127.0.0.1:1\n    Type: ring\n", "ring"},
-		{"Lock:\n  Retry:\n    Backoff: random\n", "random"},
+		{"Lock:\n  Rules:\n    - Path: /a\n      Key: \"a:{x}\"\n      OnBusy: maybe\n", "Lock.Rules[0].OnBusy: ", "maybe", "reject, wait"},
+		{"Lock:\n  Rules:\n    - Method: fetch\n      Path: /a\n      Key: \"a:{x}\"\n", "Lock.Rules[0].Method: ", "FETCH", "GET, HEAD, POST"},
+		{"Lock:\n  OnStoreError: sometimes\n", "Lock.OnStoreError: ", "sometimes", "closed, open"},
+		{"Lock:\n  Redis:\n    Host: 127.0.0.1:1\n    Type: ring\n", "Lock.Redis.Type: ", "ring", "node, cluster"},
+		{"Lock:\n  Redis:\n    Host: 127.0.0.1:1\n    Protocol: 1\n", "Lock.Redis.Protocol: ", "1", "2, 3"},
+		{"Lock:\n  Retry:\n    Backoff: random\n", "Lock.Retry.Backoff: ", "random", "none, linear, exponential"},
 	}
 	for _, tt := range bad {
 		var c config
-		err := conf.LoadFromYamlBytes([]byte("Name: x\n"+tt.yaml), &c)
-		if err == nil || !strings.Contains(err.Error(), tt.value) {
-			t.Errorf("load %q: %v, want an error naming %q", tt.yaml, err, tt.value)
+		if err := conf.LoadFromYamlBytes([]byte("Name: x\n"+tt.yaml), &c); err != nil {
+			t.Errorf("load %q: %v", tt.yaml, err)
+			continue
+		}
+		err := c.Lock.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), tt.field) || !strings.Contains(err.Error(), tt.value) ||
+			!strings.Contains(err.Error(), tt.allowed) || !errors.Is(err, flightlock.ErrConfig) {
+			t.Errorf("Validate of %q: %v, want an ErrConfig naming %s, %q and %s", tt.yaml, err, tt.field, tt.value, tt.allowed)
 		}
 	}
 
@@ -215,5 +234,50 @@ func TestRedisLanes(t *testing.T) {
 	_, err := New(LockConf{Redis: RedisConf{Lanes: -2}})
 	if err == nil || !strings.Contains(err.Error(), "Lock.Redis.Lanes") {
 		t.Fatalf("Lanes -2: %v, want an error that names Lock.Redis.Lanes", err)
+	}
+}
+
+// TestLoadYAMLWords loads YAML through go-zero's own loader: a bad word fails naming the
+// field and what it accepts (go-zero runs Validate when LockConf is the config it loads; New
+// runs it for a LockConf inside a service's config), and the words are taken in any case, as
+// goctl's .api files spell methods (post).
+func TestLoadYAMLWords(t *testing.T) {
+	const bogus = "Rules:\n  - Method: POST\n    Path: /api/order/:uid\n    Key: \"order:{uid}\"\n    OnBusy: bogus\n"
+	var lc LockConf
+	err := conf.LoadFromYamlBytes([]byte(bogus), &lc)
+	if err == nil || !strings.HasPrefix(err.Error(), "Lock.Rules[0].OnBusy: ") || !strings.Contains(err.Error(), `"bogus"`) ||
+		!strings.Contains(err.Error(), "reject, wait") || !errors.Is(err, flightlock.ErrConfig) {
+		t.Errorf("load OnBusy: bogus: %v, want an ErrConfig naming Lock.Rules[0].OnBusy, the value and reject, wait", err)
+	}
+	var sc struct{ Lock LockConf }
+	if err := conf.LoadFromYamlBytes([]byte("Lock:\n  "+strings.ReplaceAll(bogus, "\n", "\n  ")), &sc); err != nil {
+		t.Fatalf("load inside a service config: %v", err)
+	}
+	if _, err := New(sc.Lock); err == nil || !strings.HasPrefix(err.Error(), "Lock.Rules[0].OnBusy: ") || !errors.Is(err, flightlock.ErrConfig) {
+		t.Errorf("New with OnBusy: bogus: %v, want an ErrConfig naming Lock.Rules[0].OnBusy", err)
+	}
+
+	const anyCase = `OnStoreError: Open
+Redis:
+  Type: Node
+Retry:
+  Backoff: Linear
+Rules:
+  - Method: post
+    Path: /api/order/:uid
+    Key: "order:{uid}"
+    OnBusy: Wait
+`
+	lc = LockConf{}
+	if err := conf.LoadFromYamlBytes([]byte(anyCase), &lc); err != nil {
+		t.Fatalf("load words in any case: %v", err)
+	}
+	n := lc.normalized()
+	if n.OnStoreError != "open" || n.Redis.Type != "node" || n.Retry.Backoff != "linear" ||
+		n.Rules[0].Method != http.MethodPost || n.Rules[0].OnBusy != "wait" {
+		t.Errorf("normalized: %+v", n)
+	}
+	if lc.Rules[0].Method != "post" {
+		t.Error("normalized changed the config it was given")
 	}
 }

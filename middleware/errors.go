@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -18,41 +19,106 @@ import (
 // statusClientClosedRequest is nginx's code for a client that went away, as go-zero logs it.
 const statusClientClosedRequest = 499
 
-// Public messages: the causes (Redis addresses, scripts) stay in the logs.
+// Public messages: the causes (Redis addresses, scripts, settings) stay in the logs.
 const (
 	msgBusy        = "flightlock: lock busy"
 	msgUnavailable = "flightlock: lock store unavailable"
 	msgEnded       = "flightlock: request ended before the lock was taken"
+	msgConfig      = "flightlock: lock misconfigured"
 )
 
 // errStore marks an error of the store (Redis unreachable), as opposed to the request's own
 // context ending, even when the store's error wraps a context error of its own.
 var errStore = errors.New(msgUnavailable)
 
-// httpStatus maps a lock error to its REST status, per the design's error table. Contention
-// is always below 500, so that go-zero's breakers do not count it as a failure.
-func httpStatus(err error) int {
+// HTTPStatus returns the REST status that the middleware answers for err, per the error table
+// of the package documentation, or 0 when err is none of the errors below. It is for a
+// service that shapes its error replies itself (httpx.SetErrorHandlerCtx), which would
+// otherwise answer a lock error with its own status:
+//
+//	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
+//	wraps flightlock.ErrInvalidKey                                400 Bad Request
+//	wraps flightlock.ErrConfig                                    500 Internal Server Error
+//	the middleware's "lock store unavailable"                     503 Service Unavailable
+//	wraps context.Canceled (the client went away)                 499
+//	wraps context.DeadlineExceeded (the request timed out)        503 Service Unavailable
+//
+// Contention is below 500, so that go-zero's breakers do not count it as a failure. The
+// middleware sets Retry-After on a busy reply before the error handler runs, so the header
+// stays whatever the handler returns.
+func HTTPStatus(err error) int {
 	switch {
 	case errors.Is(err, flightlock.ErrBusy):
 		return http.StatusConflict
 	case errors.Is(err, flightlock.ErrInvalidKey):
 		return http.StatusBadRequest
+	case errors.Is(err, flightlock.ErrConfig):
+		return http.StatusInternalServerError
 	case errors.Is(err, errStore):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
 		return statusClientClosedRequest
-	default: // the store is unreachable, or the request timed out before the lock
+	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
+	default:
+		return 0
 	}
 }
 
+// GRPCStatus returns the gRPC status that the interceptors answer for err, per the error table
+// of the package documentation: Aborted for flightlock.ErrBusy (with a RetryInfo detail holding
+// the holder's remaining TTL when it is known), InvalidArgument for ErrInvalidKey, Internal for
+// ErrConfig, Unavailable for the middleware's "lock store unavailable", Canceled and
+// DeadlineExceeded for the context errors. Any other error gets the status gRPC would send for
+// it (status.Convert: its own status, or Unknown), so GRPCStatus(err).Err() is never nil for a
+// non-nil err.
+func GRPCStatus(err error) *status.Status {
+	switch {
+	case errors.Is(err, flightlock.ErrBusy):
+		st := status.New(codes.Aborted, msgBusy)
+		if d, ok := flightlock.RetryAfter(err); ok {
+			if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
+				st = withInfo
+			}
+		}
+		return st
+	case errors.Is(err, flightlock.ErrInvalidKey):
+		return status.New(codes.InvalidArgument, err.Error())
+	case errors.Is(err, flightlock.ErrConfig):
+		return status.New(codes.Internal, msgConfig)
+	case errors.Is(err, errStore):
+		return status.New(codes.Unavailable, msgUnavailable)
+	case errors.Is(err, context.Canceled):
+		return status.New(codes.Canceled, msgEnded)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.New(codes.DeadlineExceeded, msgEnded)
+	default:
+		return status.Convert(err)
+	}
+}
+
+// lockError returns err, an error of a request's lock, as HTTPStatus and GRPCStatus know it:
+// one they do not know came from the store (a store error that came back as the request
+// ended), and is marked as such.
+func lockError(err error) error {
+	if HTTPStatus(err) == 0 {
+		return fmt.Errorf("%w: %w", errStore, err)
+	}
+	return err
+}
+
+// grpcStatus is the status the interceptors answer for err, an error of a request's lock.
+func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
+
 // writeHTTPError answers a request whose lock could not be taken. It goes through
 // httpx.ErrorCtx, so an error handler set with httpx.SetErrorHandlerCtx shapes the reply (it
-// sees err, which wraps flightlock.ErrBusy or ErrInvalidKey); without one the reply is the
-// status of httpStatus with a short text body. A busy reply carries Retry-After in whole
-// seconds, rounded up, from the holder's remaining TTL (1 when unknown).
+// sees err, which wraps flightlock.ErrBusy or ErrInvalidKey, and HTTPStatus(err) tells the
+// status); without one the reply is the status of HTTPStatus with a short text body. A busy
+// reply carries Retry-After in whole seconds, rounded up, from the holder's remaining TTL (1
+// when unknown), set before the error handler runs.
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
-	code := httpStatus(err)
+	err = lockError(err)
+	code := HTTPStatus(err)
 	if code == http.StatusConflict {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
 	}
@@ -75,36 +141,13 @@ func publicMessage(err error) string {
 		return msgBusy
 	case errors.Is(err, flightlock.ErrInvalidKey):
 		return err.Error() // tells the client which value is missing
+	case errors.Is(err, flightlock.ErrConfig):
+		return msgConfig
 	case errors.Is(err, errStore):
 		return msgUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return msgEnded
 	default:
 		return msgUnavailable
-	}
-}
-
-// grpcStatus maps a lock error to its gRPC status, per the design's error table. A busy
-// status carries a RetryInfo detail with the holder's remaining TTL when it is known.
-func grpcStatus(err error) *status.Status {
-	switch {
-	case errors.Is(err, flightlock.ErrBusy):
-		st := status.New(codes.Aborted, msgBusy)
-		if d, ok := flightlock.RetryAfter(err); ok {
-			if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
-				st = withInfo
-			}
-		}
-		return st
-	case errors.Is(err, flightlock.ErrInvalidKey):
-		return status.New(codes.InvalidArgument, err.Error())
-	case errors.Is(err, errStore):
-		return status.New(codes.Unavailable, msgUnavailable)
-	case errors.Is(err, context.Canceled):
-		return status.New(codes.Canceled, msgEnded)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.New(codes.DeadlineExceeded, msgEnded)
-	default:
-		return status.New(codes.Unavailable, msgUnavailable)
 	}
 }

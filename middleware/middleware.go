@@ -12,6 +12,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/zeromicro/go-zero/core/logc"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/metric"
@@ -37,7 +38,9 @@ type Middleware struct {
 	owners     ownerPolicy
 	http       httpRoutes
 	rpc        map[string]*rule
-	failOpens  atomic.Int64 // requests served without a lock (OnStoreError: open)
+	rules      []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
+	routed     routedRules     // the rules of Route and RouteFunc, for CheckRoutes
+	failOpens  atomic.Int64    // requests served without a lock (OnStoreError: open)
 }
 
 // rule is a compiled Rule.
@@ -79,6 +82,7 @@ func WithLocker(l *flightlock.Locker) Option {
 // WithHTTPRule adds a REST rule built in Go: r names the route (Method and Path) and its
 // OnBusy, TTL and Wait; key computes the key instead of r.Key.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
+	r = r.normalized()
 	return func(o *options) {
 		o.rules = append(o.rules, spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
 			name: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), httpKey: key})
@@ -88,6 +92,7 @@ func WithHTTPRule(r Rule, key KeyFunc) Option {
 // WithRPCRule adds a zrpc rule built in Go: r names the method (RPC) and its OnBusy, TTL
 // and Wait; key computes the key instead of r.Key.
 func WithRPCRule(r Rule, key RPCKeyFunc) Option {
+	r = r.normalized()
 	return func(o *options) {
 		o.rules = append(o.rules, spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
 			name: fmt.Sprintf("WithRPCRule(%s)", r.RPC), rpcKey: key})
@@ -97,6 +102,7 @@ func WithRPCRule(r Rule, key RPCKeyFunc) Option {
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
 // Redis host the store is an embedded in-memory Redis (logged as a warning: development only).
 func New(c LockConf, opts ...Option) (*Middleware, error) {
+	c = c.normalized() // values in any case: "Wait", "post" (goctl's .api spelling)
 	var o options
 	for _, opt := range opts {
 		opt(&o)
@@ -110,6 +116,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		failOpen: c.OnStoreError == storeErrorsOpen,
 		owners:   ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
 		rpc:      make(map[string]*rule),
+		rules:    rules,
 	}
 	if c.OwnerSecret != "" {
 		m.owners.secret = []byte(c.OwnerSecret)
@@ -171,9 +178,9 @@ func newLocker(c LockConf) (*flightlock.Locker, func() error, error) {
 	)
 	if c.Redis.Host == "" {
 		logx.Info("flightlock: WARNING: Lock.Redis.Host is not set; locks live in an embedded in-memory Redis that no other process shares (development only)")
-		store, err = lockstore.NewEmbedded(c.Redis.storeOptions()...)
+		store, err = embedded.New(c.Redis.storeOptions()...)
 	} else {
-		store, err = lockstore.NewFromConf(c.Redis.zero(), c.Redis.storeOptions()...)
+		store, err = NewStore(c.Redis.zero(), c.Redis.storeOptions()...)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)

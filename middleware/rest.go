@@ -4,16 +4,19 @@ import (
 	"cmp"
 	"net/http"
 
+	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
 )
 
 // Handle is a rest.Middleware for server.Use: it locks the requests of every route that a
 // rule names by Method and Path, and passes the others through untouched.
 //
-// go-zero gives a server.Use middleware no route, so Handle finds it from the request: the
-// cleaned path must fit the rule's pattern and the path variables that go-zero's router set
-// must be exactly the pattern's, which tells /sku/:id from a static /sku/list as the router
-// does.
+// go-zero gives a server.Use middleware no route, so Handle finds it from the request as
+// go-zero's router found it: the rule patterns sit in go-zero's own search trees, per method
+// and per set of path variables, and the pattern found for the cleaned path must yield exactly
+// the path variables that the router set. That tells /sku/:id from a static /sku/list, with
+// the router's precedence (see httpRoutes). CheckRoutes tells at start-up whether each rule
+// names a route of the server at all.
 func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	if m.http.empty() {
 		return next
@@ -27,12 +30,23 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Route returns a rest.Middleware that locks every request it sees per rule, whatever the
-// route: for rest.WithMiddlewares on a route group, or the middleware of a goctl
-// @server(middleware: X) block. rule.Method and rule.RPC are ignored; rule.Path, when set,
-// only serves to check {path.x} references at start-up.
+// Route returns a rest.Middleware that locks the requests it sees per rule: for
+// rest.WithMiddlewares on a route group, or the middleware of a goctl @server(middleware: X)
+// block. A rule with a Method locks only requests of that method, and a rule with a Path only
+// requests of that route (matched as Handle matches), so one middleware on a goctl group can
+// lock its POST /api/stock/:sku/deduct and leave its GET /api/stock/:sku alone; the other
+// requests pass through untouched. Without Method and Path it locks every request of the
+// group. rule.RPC is ignored. CheckRoutes also checks the rules given to Route.
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route(spec{Rule: rule, name: "Rule"})
+}
+
+// MustRoute is Route for start-up code such as goctl's NewServiceContext, which returns no
+// error: it exits through logx.Must on a bad rule, as MustNew does.
+func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
+	mw, err := m.Route(rule)
+	logx.Must(err)
+	return mw
 }
 
 // RouteFunc is Route with a key computed in Go by key instead of rule.Key.
@@ -47,10 +61,14 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	if s.Key == "" && s.httpKey == nil {
 		return nil, fieldError(s.name+".Key", "is empty")
 	}
+	s.Rule = s.Rule.normalized()
+	if err := oneOf(s.name+".Method", s.Method, httpMethods...); err != nil {
+		return nil, err
+	}
 	if err := checkLockSettings(s.name, s.Rule); err != nil {
 		return nil, err
 	}
-	s.Method, s.RPC = "", ""
+	s.RPC = ""
 	rl, err := compileHTTP(s)
 	if err != nil {
 		return nil, err
@@ -59,8 +77,29 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	if rl.locker, err = m.ruleLocker(s.Rule); err != nil {
 		return nil, fieldError(s.name, "%v", err)
 	}
+	// applies reports whether r is a request of the rule's method and route.
+	applies := func(*http.Request) bool { return true }
+	switch {
+	case s.Path != "":
+		var only httpRoutes
+		only.add(rl)
+		applies = func(r *http.Request) bool { return only.match(r) != nil }
+	case s.Method != "":
+		applies = func(r *http.Request) bool { return r.Method == s.Method }
+	}
+	if s.Path != "" || s.Method != "" {
+		name := "Route"
+		if s.httpKey != nil {
+			name = "RouteFunc"
+		}
+		m.routed.add(&compiledRule{spec: spec{Rule: s.Rule, name: name}, http: rl})
+	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
+			if !applies(r) {
+				next(w, r)
+				return
+			}
 			m.serveHTTP(rl, w, r, next)
 		}
 	}, nil

@@ -3,8 +3,10 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/zeromicro/go-zero/core/search"
@@ -13,112 +15,133 @@ import (
 
 // routePattern is a go-zero route pattern such as /api/sku/:sku/deduct.
 type routePattern struct {
-	text   string
-	segs   []string // cleaned path split on '/'; ":name" for a variable
-	params []string // variable names
+	text   string   // cleaned with path.Clean, as go-zero's router registers it
+	params []string // variable names, in order
 }
 
-// parseRoute checks p the way go-zero's router does (it must start with '/', no empty
-// segments) and that its variable names are unique.
+// parseRoute checks p the way go-zero's search tree does (it must start with '/', no empty
+// segments), and that its variable names are named and unique, which the key templates need.
 func parseRoute(p string) (routePattern, error) {
 	if err := search.NewTree().Add(p, struct{}{}); err != nil {
 		return routePattern{}, err
 	}
-	clean := path.Clean(p)
-	rp := routePattern{text: clean, segs: strings.Split(clean[1:], "/")}
-	for _, s := range rp.segs {
-		if s == "" && clean != "/" {
-			return routePattern{}, errors.New("has an empty segment")
-		}
-		if name, ok := strings.CutPrefix(s, ":"); ok {
-			if name == "" {
-				return routePattern{}, errors.New("has a path variable without a name")
-			}
-			for _, prev := range rp.params {
-				if prev == name {
-					return routePattern{}, fmt.Errorf("has the path variable :%s twice", name)
-				}
-			}
+	rp := routePattern{text: path.Clean(p)}
+	if rp.text == "/" {
+		return rp, nil
+	}
+	for _, s := range strings.Split(rp.text[1:], "/") {
+		name, ok := strings.CutPrefix(s, ":")
+		switch {
+		case !ok:
+		case name == "":
+			return routePattern{}, errors.New("has a path variable without a name")
+		case slices.Contains(rp.params, name):
+			return routePattern{}, fmt.Errorf("has the path variable :%s twice", name)
+		default:
 			rp.params = append(rp.params, name)
 		}
 	}
 	return rp, nil
 }
 
-func (rp routePattern) has(param string) bool {
-	for _, p := range rp.params {
-		if p == param {
-			return true
-		}
-	}
-	return false
+func (rp routePattern) has(param string) bool { return slices.Contains(rp.params, param) }
+
+// routerMethods are the methods go-zero's router accepts (rest/router/patrouter.go,
+// validMethod): a rule without a Method stands in the tree of each.
+var routerMethods = [...]string{
+	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+	http.MethodPatch, http.MethodPost, http.MethodPut,
 }
 
-// matches reports whether go-zero routed the request at cleanPath with path variables vars to
-// this pattern. Comparing the variables as well as the path tells apart patterns that match
-// the same path (/sku/:id and /sku/list): go-zero prefers the static one, and then sets no
-// variable.
-func (rp routePattern) matches(cleanPath string, vars map[string]string) bool {
-	if len(vars) != len(rp.params) || cleanPath == "" || cleanPath[0] != '/' {
+// httpRoutes finds the rule that names the route go-zero's router dispatched a request to.
+//
+// The router (rest/router/patrouter.go) keeps one core/search.Tree of route patterns per
+// method, searches it for the cleaned path, and stores the variables of the route it found in
+// the request (pathvar.WithVars). A server.Use middleware runs inside that route's handler but
+// is not told which route it is: it sees the method, the path and those variables. So the
+// rule patterns sit in search.Trees too, one per method and per set of variable names. The
+// route the router chose declares exactly the variables it set, so only the tree of that
+// method and of those names can hold a rule naming it; within that tree, search.Tree's own
+// precedence (a static segment before a variable, backtracking when a branch fails) picks the
+// pattern that the router picks, and the pattern found must yield the very values the router
+// set. A rule /sku/:id thus never locks a request that the router sent to a static /sku/list
+// (no variables) or to /sku/:sku (other names), routes that no rule needs to name.
+//
+// What stays ambiguous is ambiguous for the router too: two patterns with the same variable
+// names that both match a path with the same values (/p/:x and /:x/p on /p/p). The router
+// takes the first in its precedence, and so does the tree; if only the later one is a rule's,
+// the rule locks a request the router sent to the other.
+type httpRoutes struct {
+	byMethod map[string][]routeTree // built by New, read-only after
+}
+
+// routeTree holds the rule patterns of one method that declare the same variable names.
+type routeTree struct {
+	params []string     // the variable names of every pattern in tree
+	tree   *search.Tree // cleaned pattern => *rule
+}
+
+// add puts a rule with a Path in the tree of its method, or of every method the router
+// accepts when it has none. compileRules has refused two rules on one pattern and method,
+// the only way a search.Tree refuses an item, so add cannot fail.
+func (h *httpRoutes) add(r *rule) {
+	if h.byMethod == nil {
+		h.byMethod = make(map[string][]routeTree)
+	}
+	methods := []string{r.method}
+	if r.method == "" {
+		methods = routerMethods[:]
+	}
+	for _, method := range methods {
+		if err := h.treeFor(method, r.route.params).Add(r.route.text, r); err != nil {
+			panic(fmt.Sprintf("flightlock: rule %s: %v", r.name, err))
+		}
+	}
+}
+
+// treeFor returns the tree of method and params, creating it.
+func (h *httpRoutes) treeFor(method string, params []string) *search.Tree {
+	for _, t := range h.byMethod[method] {
+		if len(t.params) == len(params) && !slices.ContainsFunc(params, func(p string) bool { return !slices.Contains(t.params, p) }) {
+			return t.tree
+		}
+	}
+	t := routeTree{params: params, tree: search.NewTree()}
+	h.byMethod[method] = append(h.byMethod[method], t)
+	return t.tree
+}
+
+func (h *httpRoutes) empty() bool { return len(h.byMethod) == 0 }
+
+// match returns the rule naming the route that go-zero's router dispatched r to, or nil.
+func (h *httpRoutes) match(r *http.Request) *rule {
+	trees := h.byMethod[r.Method]
+	if len(trees) == 0 {
+		return nil
+	}
+	vars := pathvar.Vars(r)
+	for _, t := range trees {
+		if !t.declares(vars) {
+			continue
+		}
+		found, ok := t.tree.Search(path.Clean(r.URL.Path)) // as the router searches
+		if !ok || !maps.Equal(found.Params, vars) {
+			return nil
+		}
+		return found.Item.(*rule)
+	}
+	return nil
+}
+
+// declares reports whether the patterns of t declare exactly the variables in vars.
+func (t *routeTree) declares(vars map[string]string) bool {
+	if len(t.params) != len(vars) {
 		return false
 	}
-	rest := cleanPath[1:]
-	for i, seg := range rp.segs {
-		var tok string
-		if i == len(rp.segs)-1 {
-			tok, rest = rest, ""
-			if strings.IndexByte(tok, '/') >= 0 {
-				return false
-			}
-		} else {
-			var ok bool
-			tok, rest, ok = strings.Cut(rest, "/")
-			if !ok {
-				return false
-			}
-		}
-		if name, ok := strings.CutPrefix(seg, ":"); ok {
-			if v, found := vars[name]; !found || v != tok {
-				return false
-			}
-		} else if seg != tok {
+	for _, p := range t.params {
+		if _, ok := vars[p]; !ok {
 			return false
 		}
 	}
 	return true
-}
-
-// httpRoutes finds the rule of a REST request by method and route pattern.
-type httpRoutes struct {
-	byMethod map[string][]*rule // rules with a Method
-	any      []*rule            // rules without a Method, tried after
-}
-
-func (h *httpRoutes) add(r *rule) {
-	if r.method == "" {
-		h.any = append(h.any, r)
-		return
-	}
-	if h.byMethod == nil {
-		h.byMethod = make(map[string][]*rule)
-	}
-	h.byMethod[r.method] = append(h.byMethod[r.method], r)
-}
-
-func (h *httpRoutes) empty() bool { return len(h.byMethod) == 0 && len(h.any) == 0 }
-
-func (h *httpRoutes) match(r *http.Request) *rule {
-	if h.empty() {
-		return nil
-	}
-	clean := path.Clean(r.URL.Path) // as go-zero's router does
-	vars := pathvar.Vars(r)
-	for _, list := range [][]*rule{h.byMethod[r.Method], h.any} {
-		for _, rl := range list {
-			if rl.route.matches(clean, vars) {
-				return rl
-			}
-		}
-	}
-	return nil
 }

@@ -2,6 +2,8 @@ package middleware
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/rest"
 )
 
@@ -38,5 +43,59 @@ func TestWithStoreUsesConfAndRecordsHolder(t *testing.T) {
 	// Close leaves a store given with WithStore open.
 	if _, err := tr.store.TTL(context.Background(), "svc:none"); err != nil && !strings.Contains(err.Error(), "not held") {
 		t.Fatalf("store closed by Middleware.Close: %v", err)
+	}
+}
+
+// NewStore builds the go-redis client that go-zero's RedisConf describes, with the options
+// locking needs, and the store's Close closes it.
+func TestNewStoreClient(t *testing.T) {
+	node, err := NewStore(zeroredis.RedisConf{Host: "127.0.0.1:1", User: "u", Pass: "p", Tls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := node.Client().(*redis.Client)
+	o := nc.Options()
+	if o.Addr != "127.0.0.1:1" || o.Username != "u" || o.Password != "p" || o.Protocol != 3 ||
+		o.TLSConfig == nil || o.TLSConfig.MinVersion != tls.VersionTLS12 ||
+		!o.DisableIdentity || !o.ContextTimeoutEnabled {
+		t.Fatalf("node client options: %+v", o)
+	}
+	if err := node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Ping(context.Background()).Err(); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("client after store Close: %v, want redis.ErrClosed", err)
+	}
+
+	cluster, err := NewStore(zeroredis.RedisConf{Host: " 127.0.0.1:1, 127.0.0.1:2 ,", Type: zeroredis.ClusterType, Protocol: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	co := cluster.Client().(*redis.ClusterClient).Options()
+	if strings.Join(co.Addrs, ",") != "127.0.0.1:1,127.0.0.1:2" || co.Protocol != 2 || co.TLSConfig != nil ||
+		!co.DisableIdentity || !co.ContextTimeoutEnabled {
+		t.Fatalf("cluster client options: %+v", co)
+	}
+
+	for _, c := range []zeroredis.RedisConf{{}, {Host: " "}, {Host: "127.0.0.1:1", Type: "sentinel"}} {
+		if s, err := NewStore(c); err == nil {
+			_ = s.Close()
+			t.Errorf("NewStore(%+v) succeeded, want an error", c)
+		}
+	}
+}
+
+// A store from NewStore takes locks on the Redis it names.
+func TestNewStoreLocks(t *testing.T) {
+	mr := miniredis.RunT(t)
+	s, err := NewStore(zeroredis.RedisConf{Host: mr.Addr(), Protocol: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Acquire(context.Background(), "lock:n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", time.Second, "")
+	if err != nil || !got.Acquired || !mr.Exists("lock:n") {
+		t.Fatalf("acquire: %+v %v", got, err)
 	}
 }

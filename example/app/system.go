@@ -32,6 +32,7 @@ import (
 	balancepb "github.com/flightlock/flightlock/example/pb/balance"
 	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/flightlock/flightlock/middleware"
 )
 
@@ -110,13 +111,13 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 	if c.Host == "" {
 		logx.Info("flightlock example: Redis.Host is not set; locks and state live in an embedded in-memory Redis (development only)")
-		store, err := lockstore.NewEmbedded()
+		store, err := embedded.New()
 		if err != nil {
 			return nil, fmt.Errorf("Redis: %w", err)
 		}
 		return store, nil
 	}
-	store, err := lockstore.NewFromConf(zeroredis.RedisConf{
+	store, err := middleware.NewStore(zeroredis.RedisConf{
 		Host:     c.Host,
 		Type:     cmp.Or(c.Type, zeroredis.NodeType),
 		User:     c.User,

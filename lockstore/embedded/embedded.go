@@ -1,0 +1,69 @@
+// Package embedded runs flightlock's Redis store on an in-process miniredis, for development
+// and tests when no shared Redis exists. Locks taken on it protect only the processes that use
+// the store: it is not for production.
+//
+// It is a package of its own so that the lock core (flightlock and lockstore) depends on
+// go-redis and the standard library only (issue 9).
+package embedded
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// tick is how often the embedded server's clock is moved forward. Lock TTLs on the embedded
+// store are accurate to about this much.
+const tick = 10 * time.Millisecond
+
+// New starts an in-process miniredis on a free loopback port and returns a store on it, with
+// opts applied. Close stops the server and closes the store's client.
+//
+// miniredis expires keys only when its clock is moved, so a goroutine advances it in real time
+// (every 10ms); TTLs then behave as on a real server. The client speaks RESP2, the protocol
+// with which miniredis delivers pub/sub messages.
+func New(opts ...lockstore.Option) (*lockstore.RedisStore, error) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+		return nil, fmt.Errorf("flightlock: start embedded redis: %w", err)
+	}
+	client := redis.NewClient(&redis.Options{
+		Addr:                  mr.Addr(),
+		Protocol:              2,
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
+	})
+	stop := make(chan struct{})
+	var ticker sync.WaitGroup
+	ticker.Add(1)
+	go func() {
+		defer ticker.Done()
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				mr.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+
+	// Close runs these last first: the client is closed, then the clock and the server stop.
+	all := make([]lockstore.Option, 0, len(opts)+2)
+	all = append(all, opts...)
+	all = append(all, lockstore.WithOnClose(func() error {
+		close(stop)
+		ticker.Wait()
+		mr.Close()
+		return nil
+	}), lockstore.WithOnClose(client.Close))
+	return lockstore.New(client, all...), nil
+}
