@@ -1,6 +1,11 @@
 package flightlock
 
-import "context"
+import (
+	"context"
+	"slices"
+
+	"github.com/flightlock/flightlock/internal/handover"
+)
 
 type leaseKey struct{}
 
@@ -49,40 +54,26 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 	return nil
 }
 
-type handoverKey struct{}
+func init() { handover.Held = heldOwners }
 
-// handover is an owner token received for one Redis key. Nodes are immutable.
-type handover struct {
-	key, owner string
-	fence      int64
-	next       *handover
-}
-
-// WithOwner returns a context in which a Lock of the Redis key (prefix included) re-enters
-// the lock that owner holds, in this process or another, instead of waiting for itself: the
-// lease counts as one more hold of owner's lock, which stays held until every hold of it is
-// released. A token that does not hold the key grants nothing: the Lock then takes the key as
-// a new owner of its own, or waits for it, as without WithOwner.
-//
-// Use it only with owners from a trusted source, such as the metadata of an internal zrpc call
-// made under the lease: anyone who knows a token can re-enter its lock while it is held.
-func WithOwner(ctx context.Context, key, owner string) context.Context {
-	return WithOwnerFence(ctx, key, owner, 0)
-}
-
-// WithOwnerFence is WithOwner for a caller that also passes on its lease's fence, so that the
-// re-entered lease carries the fence of the grant it re-enters (Lease.Fence) rather than that
-// of the lock's Redis acquisition, which may be smaller after handoffs.
-func WithOwnerFence(ctx context.Context, key, owner string, fence int64) context.Context {
-	prev, _ := ctx.Value(handoverKey{}).(*handover)
-	return context.WithValue(ctx, handoverKey{}, &handover{key: key, owner: owner, fence: fence, next: prev})
-}
-
-func handedOverOwner(ctx context.Context, key string) (owner string, fence int64, ok bool) {
-	for h, _ := ctx.Value(handoverKey{}).(*handover); h != nil; h = h.next {
-		if h.key == key {
-			return h.owner, h.fence, true
+// heldOwners is handover.Held: the owners of the live leases of ctx, one per key (the innermost
+// lease of a re-entered key says it all), for a transport that hands them to a downstream
+// service. A lease released since AllFromContext saw it is skipped: its lock may already be the
+// next request's, whose owner must not leave the process on this lease's behalf.
+func heldOwners(ctx context.Context) []handover.Owner {
+	var out []handover.Owner
+	for _, l := range AllFromContext(ctx) {
+		if slices.ContainsFunc(out, func(o handover.Owner) bool { return o.Key == l.h.key }) {
+			continue
+		}
+		if owner, fence, ok := l.handover(); ok {
+			out = append(out, handover.Owner{Key: l.h.key, Token: owner, Fence: fence})
 		}
 	}
-	return "", 0, false
+	return out
+}
+
+// withOwner is what the zrpc server interceptor does for a handed-over owner, for tests.
+func withOwner(ctx context.Context, key, owner string) context.Context {
+	return handover.With(ctx, handover.Owner{Key: key, Token: owner})
 }

@@ -50,7 +50,8 @@ func (l *Locker) newLease(parent context.Context, h *hold, kind leaseKind, fence
 func (x *Lease) Key() string { return x.h.key }
 
 // Owner returns the owner token: 128 random bits, hex encoded, or a handed-over owner's token.
-// Anyone who has it can re-enter the lock from another process while it is held (WithOwner),
+// Anyone who has it can re-enter the lock from another process while it is held (the zrpc
+// interceptors hand it over),
 // so calling Owner marks the lock as shared: it is then released through Redis, where such
 // re-entries are listed, and never handed straight to the next goroutine of this process.
 func (x *Lease) Owner() string {
@@ -58,11 +59,10 @@ func (x *Lease) Owner() string {
 	return x.h.owner
 }
 
-// Handover returns what a downstream service needs to re-enter the lock (WithOwnerFence): the
-// owner token and the lease's fence, and marks the lock as shared (see Owner). ok is false once
-// the lease was released: its lock may already be another request's, whose owner must not
-// leave the process on this lease's behalf.
-func (x *Lease) Handover() (owner string, fence int64, ok bool) {
+// handover returns what a downstream service needs to re-enter the lock: the owner token and
+// the lease's fence, and marks the lock as shared (see Owner). ok is false once the lease was
+// released: its lock may already be another request's.
+func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.released {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -65,12 +66,6 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 
 // Store returns the store the Locker runs on.
 func (l *Locker) Store() lockstore.Store { return l.store }
-
-// Mode returns what Lock does with a busy key.
-func (l *Locker) Mode() Mode { return l.cfg.mode }
-
-// TTL returns the lease TTL.
-func (l *Locker) TTL() time.Duration { return l.cfg.ttl }
 
 // Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
 // ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
@@ -162,8 +157,8 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		}
 		// The grant ended while we looked: lock as a new owner.
 	}
-	if owner, fence, ok := handedOverOwner(ctx, rkey); ok {
-		if lease, err, done := l.lockHanded(ctx, rkey, owner, fence); done {
+	if o, ok := handover.Lookup(ctx, rkey); ok {
+		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
 			return lease, err
 		}
 		// The token holds nothing: it grants nothing, and we lock as a new owner.

@@ -330,7 +330,7 @@ func TestHandedOverOwnerReenters(t *testing.T) {
 	if _, err := downstream.Lock(ctx, "acct:1"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("downstream without owner: %v, want ErrBusy", err)
 	}
-	dctx := WithOwner(ctx, lease.Key(), lease.Owner())
+	dctx := withOwner(ctx, lease.Key(), lease.Owner())
 	inner, err := downstream.Lock(dctx, "acct:1")
 	if err != nil {
 		t.Fatalf("downstream with the handed-over owner: %v", err)
@@ -345,7 +345,7 @@ func TestHandedOverOwnerReenters(t *testing.T) {
 		t.Fatal("releasing the re-entered lease deleted the upstream's lock")
 	}
 	// The same process joins its own hold instead of waiting for itself.
-	joined, err := upstream.Lock(WithOwner(ctx, lease.Key(), lease.Owner()), "acct:1")
+	joined, err := upstream.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "acct:1")
 	if err != nil {
 		t.Fatalf("same-process handover: %v", err)
 	}
@@ -356,7 +356,7 @@ func TestHandedOverOwnerReenters(t *testing.T) {
 		t.Fatal("releasing the joined lease deleted the lock")
 	}
 	// A forged owner is just another owner.
-	if _, err := downstream.Lock(WithOwner(ctx, lease.Key(), "forged"), "acct:1"); !errors.Is(err, ErrBusy) {
+	if _, err := downstream.Lock(withOwner(ctx, lease.Key(), "forged"), "acct:1"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("forged owner: %v, want ErrBusy", err)
 	}
 	if err := lease.Release(ctx); err != nil {

@@ -256,7 +256,7 @@ func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer la.Release(ctx)
-	lb, err := b.Lock(WithOwner(ctx, la.Key(), la.Owner()), "k")
+	lb, err := b.Lock(withOwner(ctx, la.Key(), la.Owner()), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestRetriedReenterListsOneHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.armed.Store(true)
-	lb, err := b.Lock(WithOwner(ctx, la.Key(), la.Owner()), "k")
+	lb, err := b.Lock(withOwner(ctx, la.Key(), la.Owner()), "k")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func TestHandedOverOwnerNeverTakesAFreeKey(t *testing.T) {
 	s, _, c := miniStore(t)
 	ctx := context.Background()
 	downstream := mustLocker(t, s, WithMode(Reject))
-	forged := WithOwner(ctx, "lock:free", "made-up-token")
+	forged := withOwner(ctx, "lock:free", "made-up-token")
 
 	first, err := downstream.Lock(forged, "free")
 	if err != nil {
@@ -144,7 +144,7 @@ func TestRefreshNeverShortensTheLock(t *testing.T) {
 	}
 	defer lease.Release(ctx)
 	downstream := mustLocker(t, s, WithTTL(200*time.Millisecond))
-	inner, err := downstream.Lock(WithOwner(ctx, lease.Key(), lease.Owner()), "ttl")
+	inner, err := downstream.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "ttl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +316,7 @@ func TestJoinedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	joined, err := l.Lock(WithOwner(ctx, lease.Key(), lease.Owner()), "j")
+	joined, err := l.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "j")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	borrowed, err := downstream.Lock(WithOwner(ctx, lease.Key(), lease.Owner()), "b")
+	borrowed, err := downstream.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "b")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +379,7 @@ func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer up2.Release(ctx)
-	b2, err := downstream.Lock(WithOwner(ctx, up2.Key(), up2.Owner()), "b2")
+	b2, err := downstream.Lock(withOwner(ctx, up2.Key(), up2.Owner()), "b2")
 	if err != nil {
 		t.Fatal(err)
 	}

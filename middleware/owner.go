@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/handover"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -63,25 +64,13 @@ func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) con
 	if !p.propagates(method) {
 		return ctx
 	}
-	leases := flightlock.AllFromContext(ctx)
-	if len(leases) == 0 {
+	owners := handover.Held(ctx) // live leases only, one per key, marked shared
+	if len(owners) == 0 {
 		return ctx
 	}
-	kv := make([]string, 0, 2*len(leases))
-	seen := make(map[string]bool, len(leases))
-	for _, l := range leases {
-		if seen[l.Key()] {
-			continue // re-entered: the innermost lease of a key says it all
-		}
-		seen[l.Key()] = true
-		// Handover refuses a lease released since AllFromContext saw it: its lock may be the
-		// next request's by now.
-		if owner, fence, ok := l.Handover(); ok {
-			kv = append(kv, ownerMetadataKey, p.encode(l.Key(), owner, fence))
-		}
-	}
-	if len(kv) == 0 {
-		return ctx
+	kv := make([]string, 0, 2*len(owners))
+	for _, o := range owners {
+		kv = append(kv, ownerMetadataKey, p.encode(o.Key, o.Token, o.Fence))
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
@@ -138,7 +127,7 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 }
 
 // withIncomingOwners hands the owners of an inbound call's metadata to the locks of ctx
-// (flightlock.WithOwnerFence), when the policy trusts them; otherwise ctx is returned as is.
+// (internal/handover), when the policy trusts them; otherwise ctx is returned as is.
 // Malformed or badly signed values are skipped. A handed-over owner only re-enters a lock it
 // holds; it never takes a free key.
 func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
@@ -152,7 +141,7 @@ func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
 			break
 		}
 		if key, owner, fence, ok := p.decode(v); ok {
-			ctx = flightlock.WithOwnerFence(ctx, key, owner, fence)
+			ctx = handover.With(ctx, handover.Owner{Key: key, Token: owner, Fence: fence})
 		}
 	}
 	return ctx

@@ -1,0 +1,46 @@
+// Package handover carries lock owners between the flightlock core and its transports: the
+// owners a request's context holds, to send to a downstream service, and the owners an upstream
+// service handed over, for the core to re-enter. It is internal because an owner token lets its
+// bearer into a held lock: only the zrpc interceptors of the middleware package move tokens,
+// and only to the services a config names (issue 8, finding 2; issue 9, a smaller API).
+package handover
+
+import "context"
+
+// Owner is the owner of one held lock: its full Redis key, the owner token and the fence of the
+// grant that sends it.
+type Owner struct {
+	Key, Token string
+	Fence      int64
+}
+
+type ctxKey struct{}
+
+// node is one handed-over owner in a context; nodes are immutable.
+type node struct {
+	Owner
+	next *node
+}
+
+// With returns a context in which a Lock of o.Key re-enters the lock that o.Token holds, in
+// this process or another; a token that holds nothing grants nothing.
+func With(ctx context.Context, o Owner) context.Context {
+	prev, _ := ctx.Value(ctxKey{}).(*node)
+	return context.WithValue(ctx, ctxKey{}, &node{Owner: o, next: prev})
+}
+
+// Lookup returns the owner handed over for key in ctx, the innermost if several.
+func Lookup(ctx context.Context, key string) (Owner, bool) {
+	for n, _ := ctx.Value(ctxKey{}).(*node); n != nil; n = n.next {
+		if n.Key == key {
+			return n.Owner, true
+		}
+	}
+	return Owner{}, false
+}
+
+// Held returns the owners of the locks that ctx holds and that are not released, innermost
+// first, each marked as shared (never handed to the next goroutine of the process). The
+// flightlock package sets it in its init; it is nil only in a binary without that package,
+// where no context holds a lock.
+var Held func(ctx context.Context) []Owner
