@@ -39,10 +39,14 @@ const (
 	// it from one of its goroutines to the next (see WithHandoff).
 	DefaultHandoff       = 64
 	DefaultHandoffWindow = 20 * time.Millisecond
+	// DefaultRetryMin and DefaultRetryMax are the first and the longest delay of DefaultRetry.
+	DefaultRetryMin = 5 * time.Millisecond
+	DefaultRetryMax = 200 * time.Millisecond
 )
 
-// DefaultRetry is the retry strategy of a Locker built without WithRetry.
-var DefaultRetry = ExponentialRetry(5*time.Millisecond, 200*time.Millisecond)
+// DefaultRetry is the retry strategy of a Locker built without WithRetry: ExponentialRetry
+// from DefaultRetryMin to DefaultRetryMax.
+var DefaultRetry = ExponentialRetry(DefaultRetryMin, DefaultRetryMax)
 
 type config struct {
 	ttl      time.Duration

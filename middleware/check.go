@@ -20,6 +20,10 @@ import (
 //
 //	logx.Must(mw.CheckRoutes(server.Routes()))
 //
+// A named rule is reported when no middleware of Named(Name) is on a route (it would lock
+// nothing either), and its Method and Path are checked like the others, named in the error
+// with its Name: "Lock.Rules[0] (StockLock): POST /stock/:sku/deduct matches no route ...".
+//
 // Rules that name only an RPC method are left to CheckMethods.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	clean := make([]rest.Route, 0, len(routes))
@@ -29,13 +33,18 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 	}
 	for _, cr := range slices.Concat(m.rules, m.routed.list()) {
-		rl := cr.http
-		if rl == nil {
-			continue
+		if err := m.checkNamed(cr.spec); err != nil {
+			return err
 		}
-		if rl.route.text == "" { // Route with a Method only
+		rl := cr.http
+		switch {
+		case rl == nil:
+			continue
+		case rl.route.text == "" && rl.method == "": // a named rule for a whole group
+			continue
+		case rl.route.text == "": // Route or a named rule with a Method only
 			if !slices.ContainsFunc(clean, func(rt rest.Route) bool { return rt.Method == rl.method }) {
-				return fieldError(cr.spec.name, "%s matches no route of the server", rl.method)
+				return fieldError(ruleLabel(cr.spec), "%s matches no route of the server", rl.method)
 			}
 			continue
 		}
@@ -46,9 +55,25 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 		what := strings.TrimPrefix(rl.method+" "+rl.route.text, " ")
 		if near, ok := nearRoute(rl, clean); ok {
-			return fieldError(cr.spec.name, "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
+			return fieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
 		}
-		return fieldError(cr.spec.name, "%s matches no route of the server", what)
+		return fieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
+	}
+	return nil
+}
+
+// checkNamed reports a named rule whose middleware is not on any route: Named never built it
+// (the ServiceContext field is not set with Named), or built it but no route was added with
+// it (the .api file's @server block lacks the middleware). Either way the rule locks nothing.
+func (m *Middleware) checkNamed(s spec) error {
+	if s.Name == "" {
+		return nil
+	}
+	switch built, handlers := m.routed.wired(s.Name); {
+	case !built:
+		return fieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
+	case handlers == 0:
+		return fieldError(ruleLabel(s), "locks nothing: the middleware of Named(%q) is on no route; add the routes with it (@server(middleware: %s), rest.WithMiddlewares) before CheckRoutes", s.Name, s.Name)
 	}
 	return nil
 }
@@ -121,11 +146,40 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	return nil
 }
 
-// routedRules are the rules given to Route and RouteFunc with a Method or a Path, for
-// CheckRoutes.
+// routedRules are the rules given to Route and RouteFunc with a Method or a Path, and the
+// middlewares that Named built, for CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
 	rules []*compiledRule // guarded by mu
+	named map[string]int  // guarded by mu; Rule.Name => handlers its Named middlewares wrap
+}
+
+// build records that Named built the middleware of the rule named name.
+func (r *routedRules) build(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.named == nil {
+		r.named = make(map[string]int)
+	}
+	if _, ok := r.named[name]; !ok {
+		r.named[name] = 0
+	}
+}
+
+// wrap records that a Named middleware of the rule named name was put on a handler.
+func (r *routedRules) wrap(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.named[name]++
+}
+
+// wired reports whether Named built the middleware of the rule named name, and on how many
+// handlers its middlewares were put.
+func (r *routedRules) wired(name string) (built bool, handlers int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	handlers, built = r.named[name]
+	return built, handlers
 }
 
 func (r *routedRules) add(cr *compiledRule) {

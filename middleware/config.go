@@ -1,15 +1,18 @@
 package middleware
 
 import (
-	"cmp"
 	"fmt"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/zeromicro/go-zero/core/conf"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
@@ -32,17 +35,23 @@ var httpMethods = []string{
 }
 
 // LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`.
-// go-zero's conf loader fills the defaults in the tags; a LockConf built in Go gets the same
-// defaults for its zero fields (an empty Prefix means "lock:", a zero TTL 10s, and so on).
+// The tags hold the defaults, and nothing else does: go-zero's conf loader fills them in a
+// loaded config, and New and Validate fill the same ones, taken from the tags by go-zero's
+// conf.FillDefault, in the zero fields of a LockConf built in Go (an empty Prefix means
+// "lock:", a zero TTL 10s, and so on). A bool is never filled: false is a value, so that
+// Redis.NonBlock: false in YAML keeps its meaning; in a LockConf built in Go, NonBlock is
+// therefore false unless set (see RedisConf).
 //
-// The words of OnStoreError, Redis.Type, Retry.Backoff and a rule's OnBusy and Method are
-// matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
+// The words of OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's
+// OnBusy and Method are matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
 // have no options= on purpose: go-zero's loader would refuse a bad value before Validate runs,
 // case-sensitively and without naming the field (issue 9); Validate names it and lists the
 // values it accepts.
 type LockConf struct {
-	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
-	// that only this process sees: for development and tests, never for production.
+	// Redis is the shared Redis, as go-zero's redis.RedisConf (see RedisConf). Without a Host
+	// the locks live in an embedded in-memory Redis that only this process sees, for
+	// development and tests: New logs it as an error, and refuses it in go-zero's pre and pro
+	// modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
 	// Prefix is put before every rendered key (default "lock:").
 	Prefix string `json:",default=lock:"`
@@ -79,20 +88,43 @@ type LockConf struct {
 	Rules []Rule `json:",optional"`
 }
 
-// RedisConf mirrors go-zero's redis.RedisConf with an optional Host: no Host means the
-// embedded store. Type is "node" (default) or "cluster" (Host lists seeds, comma separated).
+// RedisConf is go-zero's redis.RedisConf, field for field with go-zero's names, defaults and
+// meanings, so a service's Redis section can be copied under Lock: as it is, plus Lanes
+// (issue 9). Where it differs:
+//   - Host is optional: no Host means the embedded in-memory store (one process only).
+//   - The words of Type and MaintNotifications are taken in any case, and a bad one is
+//     refused by Validate naming the field, rather than by go-zero's options= check.
+//   - DisableIdentity is not a field: the store's client never sends CLIENT SETINFO (Redis 7.0
+//     rejects it), as go-zero's client does with DisableIdentity: true. The key is ignored.
+//
+// The fields, with go-zero's meanings:
+//   - Type is "node" (default; Host is one address) or "cluster" (Host lists seed addresses,
+//     comma separated). User and Pass authenticate.
+//   - Tls encrypts the connection without verifying the server's certificate, as go-zero's
+//     Redis client does (InsecureSkipVerify). To verify it, build a go-redis client with your
+//     tls.Config and pass lockstore.New(client) to New with WithStore.
+//   - NonBlock false makes New ping Redis and fail when it does not answer within PingTimeout
+//     (default 1s), as go-zero's redis.NewRedis does. NonBlock true (the default in YAML)
+//     starts without a round trip, and the first lock finds out. A LockConf built in Go has
+//     NonBlock false unless it sets it, so it pings, as a redis.RedisConf built in Go does.
+//   - Protocol is the RESP version, 2 or 3 (default).
+//   - MaintNotifications is go-redis's CLIENT MAINT_NOTIFICATIONS handshake: "disabled"
+//     (default; the command is never sent), "enabled" or "auto".
 //
 // Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
 // further concurrent calls wait for the next free lane and share one pipeline. 0 means the
 // default (lockstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
 type RedisConf struct {
-	Host     string `json:",optional"`
-	Type     string `json:",default=node"`
-	User     string `json:",optional"`
-	Pass     string `json:",optional"`
-	Tls      bool   `json:",optional"`
-	Protocol int    `json:",default=3"`
-	Lanes    int    `json:",optional"`
+	Host               string        `json:",optional"`
+	Type               string        `json:",default=node"`
+	User               string        `json:",optional"`
+	Pass               string        `json:",optional"`
+	Tls                bool          `json:",optional"`
+	NonBlock           bool          `json:",default=true"`
+	Protocol           int           `json:",default=3"`
+	MaintNotifications string        `json:",default=disabled"`
+	PingTimeout        time.Duration `json:",default=1s"`
+	Lanes              int           `json:",optional"`
 }
 
 // storeOptions are the lockstore options that r sets.
@@ -137,8 +169,20 @@ type RetryConf struct {
 // containing ':', so that different values never render the same key. A reference that is
 // missing, empty or ambiguous fails the request with 400 / InvalidArgument.
 //
+// A rule with a Name is the rule of a goctl middleware: Named(Name) returns the rest.Middleware
+// that @server(middleware: Name) puts on a route group, so the key stays in YAML.
+//
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
+	// Name, when set, gives the rule to the middleware that Named(Name) returns, for the
+	// route group of a goctl @server(middleware: Name) block; Handle leaves a named rule
+	// alone, so that a request is locked by one middleware, and a named rule that no Named
+	// call picks up is reported by CheckRoutes. A named rule may leave out Path (it then
+	// locks every request of its group) and Method; when set, they narrow the requests it
+	// locks, as with Route, and CheckRoutes checks them. A named rule has no RPC. Names are
+	// unique among the rules and matched exactly. Empty (the default): the rule is Handle's
+	// and the interceptors'.
+	Name string `json:",optional"`
 	// Method is the REST route's HTTP method, in any case (post is POST); empty matches any
 	// method.
 	Method string `json:",optional"`
@@ -174,13 +218,16 @@ func (c LockConf) Validate() error {
 	return err
 }
 
-// normalized returns c with the words matched in any case spelled as the checks and the
-// Middleware compare them: OnStoreError, Redis.Type, Retry.Backoff and rule OnBusy in lower
+// normalized returns c with the defaults of the tags in its zero fields (confDefaults) and the
+// words matched in any case spelled as the checks and the Middleware compare them:
+// OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and rule OnBusy in lower
 // case, rule Method in upper case. c's Rules are copied, not changed. New and Validate call it
 // once, before anything reads c.
 func (c LockConf) normalized() LockConf {
+	fillZero(reflect.ValueOf(&c).Elem(), reflect.ValueOf(confDefaults().lock))
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
+	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
 	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
 	if c.Rules != nil {
 		rules := make([]Rule, len(c.Rules))
@@ -192,12 +239,50 @@ func (c LockConf) normalized() LockConf {
 	return c
 }
 
-// normalized returns r with OnBusy in lower case and Method in upper case, for rules built in
-// Go (WithHTTPRule, WithRPCRule, Route) as for those of a LockConf.
+// normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "reject"),
+// OnBusy in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
+// WithRPCRule, Route) as for those of a LockConf.
 func (r Rule) normalized() Rule {
+	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
 	return r
+}
+
+// confDefaults returns a LockConf and a Rule that hold the defaults of their tags and nothing
+// else, filled once by go-zero's conf.FillDefault: the go-zero layer's one source of defaults
+// (issue 9), for configs built in Go. FillDefault fails only on a malformed tag, a bug that
+// every test would hit, hence the panic.
+var confDefaults = sync.OnceValue(func() (d struct {
+	lock LockConf
+	rule Rule
+}) {
+	if err := conf.FillDefault(&d.lock); err != nil {
+		panic("flightlock: the tags of LockConf: " + err.Error())
+	}
+	if err := conf.FillDefault(&d.rule); err != nil {
+		panic("flightlock: the tags of Rule: " + err.Error())
+	}
+	return d
+})
+
+// fillZero sets each zero field of the struct dst to the same field of def, recursing into
+// nested structs (Redis, Retry). conf.FillDefault cannot do it in place: it refuses a struct
+// with any field set. Bools are left alone, because false is a value, not an absence: a
+// loaded Redis.NonBlock: false must stay false. Slices are left alone too: the defaults have
+// none, and rules are filled one by one (Rule.normalized).
+func fillZero(dst, def reflect.Value) {
+	for i := range dst.NumField() {
+		f := dst.Field(i)
+		switch {
+		case !f.CanSet():
+		case f.Kind() == reflect.Struct:
+			fillZero(f, def.Field(i))
+		case f.Kind() == reflect.Bool, f.Kind() == reflect.Slice:
+		case f.IsZero():
+			f.Set(def.Field(i))
+		}
+	}
 }
 
 // check validates the scalar settings of c.
@@ -229,6 +314,13 @@ func (c LockConf) check() error {
 	default:
 		return fieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol)
 	}
+	if err := oneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
+		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)); err != nil {
+		return err
+	}
+	if c.Redis.PingTimeout < 0 {
+		return fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout)
+	}
 	return c.Retry.check()
 }
 
@@ -249,10 +341,10 @@ func (r RetryConf) check() error {
 	return nil
 }
 
-// strategy returns the flightlock retry strategy r describes.
+// strategy returns the flightlock retry strategy r describes, once normalized filled its
+// defaults (Min and Max from the tags, which equal flightlock.DefaultRetryMin and Max).
 func (r RetryConf) strategy() flightlock.Retry {
-	lo := cmp.Or(r.Min, 5*time.Millisecond)
-	hi := cmp.Or(r.Max, 200*time.Millisecond)
+	lo, hi := r.Min, r.Max
 	var s flightlock.Retry
 	switch r.Backoff {
 	case backoffNone:
@@ -272,26 +364,34 @@ func (r RetryConf) strategy() flightlock.Retry {
 	return s
 }
 
-// zero returns go-zero's RedisConf for NewStore.
+// zero returns r as go-zero's redis.RedisConf, for NewStore. DisableIdentity is true, which is
+// how the store's client behaves anyway.
 func (r RedisConf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
-		Host:     r.Host,
-		Type:     cmp.Or(r.Type, zeroredis.NodeType),
-		User:     r.User,
-		Pass:     r.Pass,
-		Tls:      r.Tls,
-		Protocol: cmp.Or(r.Protocol, 3),
+		Host:               r.Host,
+		Type:               r.Type,
+		User:               r.User,
+		Pass:               r.Pass,
+		Tls:                r.Tls,
+		NonBlock:           r.NonBlock,
+		DisableIdentity:    true,
+		Protocol:           r.Protocol,
+		MaintNotifications: r.MaintNotifications,
+		PingTimeout:        r.PingTimeout,
 	}
 }
 
 // checkRule validates the settings of a rule other than its key template.
 func checkRule(r spec) error {
 	switch {
-	case r.Path == "" && r.RPC == "":
-		return fieldError(r.name, "names neither a Path nor an RPC method")
-	case r.Key == "" && (r.Path != "" && r.httpKey == nil || r.RPC != "" && r.rpcKey == nil):
+	case r.Path == "" && r.RPC == "" && r.Name == "":
+		return fieldError(r.name, "names no Path, RPC method or Name: it would lock nothing")
+	case r.Name != "" && r.RPC != "":
+		// Named returns a REST middleware; zrpc methods are locked by the interceptors.
+		return fieldError(r.name+".RPC", "is set on the named rule %s, a REST middleware: lock %s in a rule without a Name", r.Name, r.RPC)
+	case r.Key == "" && ((r.Path != "" || r.Name != "") && r.httpKey == nil || r.RPC != "" && r.rpcKey == nil):
 		return fieldError(r.name+".Key", "is empty")
-	case r.Method != "" && r.Path == "":
+	case r.Method != "" && r.Path == "" && r.Name == "":
 		return fieldError(r.name+".Path", "is empty but Method is %q", r.Method)
 	}
 	if err := oneOf(r.name+".Method", r.Method, httpMethods...); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/zeromicro/go-zero/core/logc"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/metric"
+	"github.com/zeromicro/go-zero/core/service"
 	"github.com/zeromicro/go-zero/core/trace"
 )
 
@@ -62,6 +63,18 @@ type options struct {
 	locker *flightlock.Locker
 	store  lockstore.Store // WithStore: build the Locker from the LockConf on this store
 	rules  []spec          // rules built in Go
+	mode   string          // WithServiceMode: go-zero's service mode; "" when not given
+}
+
+// WithServiceMode tells New the mode of the go-zero service it runs in: c.Mode of the
+// service's RestConf or RpcServerConf (go-zero's ServiceConf.Mode: dev, test, rt, pre or pro,
+// and pro when the YAML leaves it out). In pre and pro, a LockConf without Redis.Host is
+// refused at start-up, naming Lock.Redis.Host, instead of falling back to the embedded
+// in-memory store, whose locks no other process sees (issue 9); to run such a service on
+// per-process locks on purpose, give it an embedded store with WithStore. In the other modes,
+// and without this option, the embedded store is used and logged at error level.
+func WithServiceMode(mode string) Option {
+	return func(o *options) { o.mode = mode }
 }
 
 // WithStore makes the Middleware build its Locker from the LockConf (Prefix, TTL, MaxHold,
@@ -100,12 +113,19 @@ func WithRPCRule(r Rule, key RPCKeyFunc) Option {
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
-// Redis host the store is an embedded in-memory Redis (logged as a warning: development only).
+// Redis host the store is an embedded in-memory Redis, logged as an error (development only),
+// and refused in go-zero's pre and pro modes (WithServiceMode). With Redis.NonBlock false, New
+// fails when Redis does not answer a ping within Redis.PingTimeout.
 func New(c LockConf, opts ...Option) (*Middleware, error) {
-	c = c.normalized() // values in any case: "Wait", "post" (goctl's .api spelling)
+	c = c.normalized() // the tags' defaults in zero fields; values in any case: "Wait", "post"
 	var o options
 	for _, opt := range opts {
 		opt(&o)
+	}
+	o.mode = strings.ToLower(o.mode)
+	if err := oneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
+		service.PreMode, service.ProMode); err != nil {
+		return nil, err
 	}
 	rules, err := compileRules(c, o.rules)
 	if err != nil {
@@ -128,7 +148,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 			return nil, err
 		}
 	default:
-		if m.locker, m.closeStore, err = newLocker(c); err != nil {
+		if m.locker, m.closeStore, err = newLocker(c, o.mode); err != nil {
 			return nil, err
 		}
 	}
@@ -140,7 +160,9 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		}
 		if cr.http != nil {
 			cr.http.locker = l
-			m.http.add(cr.http)
+			if cr.spec.Name == "" { // a named rule locks through its Named middleware only
+				m.http.add(cr.http)
+			}
 		}
 		if cr.rpc != nil {
 			cr.rpc.locker = l
@@ -171,13 +193,22 @@ func (m *Middleware) Close() error {
 	return closeStore()
 }
 
-func newLocker(c LockConf) (*flightlock.Locker, func() error, error) {
+// newLocker builds the store that c.Redis describes and the Locker on it, for a service in
+// go-zero mode mode ("" when unknown). Without a host the store is the embedded one, never
+// silently: refused in pre and pro, logged at error level otherwise (issue 9).
+func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
 	var (
 		store *lockstore.RedisStore
 		err   error
 	)
 	if c.Redis.Host == "" {
-		logx.Info("flightlock: WARNING: Lock.Redis.Host is not set; locks live in an embedded in-memory Redis that no other process shares (development only)")
+		if mode == service.PreMode || mode == service.ProMode {
+			return nil, nil, fieldError("Lock.Redis.Host", "is empty in %s mode: the embedded in-memory Redis would give "+
+				"each process locks of its own; set the shared Redis (for per-process locks on purpose, pass an embedded "+
+				"store with WithStore)", mode)
+		}
+		logx.Errorf("flightlock: Lock.Redis.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
+			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
 		store, err = embedded.New(c.Redis.storeOptions()...)
 	} else {
 		store, err = NewStore(c.Redis.zero(), c.Redis.storeOptions()...)
@@ -193,16 +224,17 @@ func newLocker(c LockConf) (*flightlock.Locker, func() error, error) {
 	return l, store.Close, nil
 }
 
-// lockerOn builds the Locker that c describes on store. Locks carry the host, pid and go-zero
-// trace id of their holder beside the owner token, for operators (GET lock:order:42).
+// lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
+// on store. Locks carry the host, pid and go-zero trace id of their holder beside the owner
+// token, for operators (GET lock:order:42).
 func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 	host, _ := os.Hostname()
 	holder := "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
 	l, err := flightlock.New(store,
-		flightlock.WithPrefix(cmp.Or(c.Prefix, flightlock.DefaultPrefix)),
-		flightlock.WithTTL(cmp.Or(c.TTL, flightlock.DefaultTTL)),
-		flightlock.WithMaxHold(cmp.Or(c.MaxHold, flightlock.DefaultMaxHold)),
-		flightlock.WithWait(cmp.Or(c.Wait, flightlock.DefaultWait)),
+		flightlock.WithPrefix(c.Prefix),
+		flightlock.WithTTL(c.TTL),
+		flightlock.WithMaxHold(c.MaxHold),
+		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.strategy()),
 		flightlock.WithMetadata(func(ctx context.Context) string {
 			if id := trace.TraceIDFromContext(ctx); id != "" {
@@ -218,7 +250,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 }
 
 // ruleLocker derives the Locker of one rule: same store and gate, the rule's mode and
-// overrides.
+// overrides. r is normalized, so OnBusy holds its tag's default when the rule left it out.
 func (m *Middleware) ruleLocker(r Rule) (*flightlock.Locker, error) {
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen)}
 	if r.OnBusy == onBusyWait {
@@ -254,18 +286,27 @@ func compileRules(c LockConf, extra []spec) ([]*compiledRule, error) {
 	specs = append(specs, extra...)
 	out := make([]*compiledRule, 0, len(specs))
 	seenRPC := make(map[string]string)
+	seenName := make(map[string]string) // Rule.Name => the rule's spec name
 	for _, s := range specs {
 		if err := checkRule(s); err != nil {
 			return nil, err
 		}
+		if s.Name != "" {
+			if prev, dup := seenName[s.Name]; dup {
+				return nil, fieldError(s.name+".Name", "%s is already the name of %s", s.Name, prev)
+			}
+			seenName[s.Name] = s.name
+		}
 		cr := &compiledRule{spec: s}
-		if s.Path != "" {
+		if s.Path != "" || s.Name != "" { // a named rule is a REST middleware, with or without a Path
 			rl, err := compileHTTP(s)
 			if err != nil {
 				return nil, err
 			}
+			rl.name = cmp.Or(rl.name, s.Name) // logs and metrics of a named rule without a Path
 			for _, prev := range out {
-				if p := prev.http; p != nil && p.route.text == rl.route.text &&
+				// A route is locked by one rule, named or not: two would lock it twice.
+				if p := prev.http; s.Path != "" && p != nil && p.route.text == rl.route.text &&
 					(p.method == "" || rl.method == "" || p.method == rl.method) {
 					return nil, fieldError(s.name+".Path", "%s %s is already locked by %s", s.Method, s.Path, prev.spec.name)
 				}

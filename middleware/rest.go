@@ -36,7 +36,8 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 // requests of that route (matched as Handle matches), so one middleware on a goctl group can
 // lock its POST /api/stock/:sku/deduct and leave its GET /api/stock/:sku alone; the other
 // requests pass through untouched. Without Method and Path it locks every request of the
-// group. rule.RPC is ignored. CheckRoutes also checks the rules given to Route.
+// group. rule.RPC and rule.Name are ignored: Named gives the middleware of a rule of the
+// LockConf. CheckRoutes also checks the rules given to Route.
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route(spec{Rule: rule, name: "Rule"})
 }
@@ -68,7 +69,7 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	if err := checkLockSettings(s.name, s.Rule); err != nil {
 		return nil, err
 	}
-	s.RPC = ""
+	s.RPC, s.Name = "", ""
 	rl, err := compileHTTP(s)
 	if err != nil {
 		return nil, err
@@ -77,16 +78,6 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	if rl.locker, err = m.ruleLocker(s.Rule); err != nil {
 		return nil, fieldError(s.name, "%v", err)
 	}
-	// applies reports whether r is a request of the rule's method and route.
-	applies := func(*http.Request) bool { return true }
-	switch {
-	case s.Path != "":
-		var only httpRoutes
-		only.add(rl)
-		applies = func(r *http.Request) bool { return only.match(r) != nil }
-	case s.Method != "":
-		applies = func(r *http.Request) bool { return r.Method == s.Method }
-	}
 	if s.Path != "" || s.Method != "" {
 		name := "Route"
 		if s.httpKey != nil {
@@ -94,7 +85,29 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 		}
 		m.routed.add(&compiledRule{spec: spec{Rule: s.Rule, name: name}, http: rl})
 	}
+	return m.groupMiddleware(rl, nil), nil
+}
+
+// groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
+// of rl's Method and Path (each when set) per rl, and passes the others through untouched.
+// wrapped, when not nil, is called each time the middleware is put on a handler (go-zero's
+// rest.WithMiddlewares does that as the routes are built), for CheckRoutes.
+func (m *Middleware) groupMiddleware(rl *rule, wrapped func()) rest.Middleware {
+	// applies reports whether r is a request of the rule's method and route.
+	applies := func(*http.Request) bool { return true }
+	switch {
+	case rl.route.text != "":
+		var only httpRoutes
+		only.add(rl)
+		applies = func(r *http.Request) bool { return only.match(r) != nil }
+	case rl.method != "":
+		method := rl.method
+		applies = func(r *http.Request) bool { return r.Method == method }
+	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
+		if wrapped != nil {
+			wrapped()
+		}
 		return func(w http.ResponseWriter, r *http.Request) {
 			if !applies(r) {
 				next(w, r)
@@ -102,7 +115,7 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 			}
 			m.serveHTTP(rl, w, r, next)
 		}
-	}, nil
+	}
 }
 
 // serveHTTP runs next under the lock of rl's keys for r. The handler gets the lease's context

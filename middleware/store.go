@@ -1,24 +1,34 @@
 package middleware
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"strings"
+	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
-// NewStore builds a lock store and its go-redis client from go-zero's RedisConf: Type "node"
-// (the default; Host is one address) or "cluster" (Host lists seed addresses, comma
-// separated), with User, Pass, Tls and Protocol (default 3) honoured. For Sentinel, build a
+// NewStore builds a lock store and its go-redis client from go-zero's RedisConf, with go-zero's
+// meanings: Type "node" (Host is one address; empty means node) or "cluster" (Host lists seed
+// addresses, comma separated); User and Pass; Tls, which encrypts without verifying the
+// server's certificate, as go-zero's own client does (InsecureSkipVerify; to verify, build the
+// go-redis client with your tls.Config and use lockstore.New); Protocol (0 means go-redis's
+// default, 3); MaintNotifications ("" means disabled, as in go-zero). With NonBlock false, as
+// in a RedisConf built in Go, NewStore pings Redis and fails when it does not answer within
+// PingTimeout (0 means 1s), as go-zero's redis.NewRedis does; go-zero's conf loader defaults
+// NonBlock to true, which starts without a round trip. For Sentinel, build a
 // redis.NewFailoverClient and use lockstore.New; for an in-memory store, lockstore/embedded.
 //
-// The client is built for locking: CLIENT SETINFO is never sent (Redis 7.0 rejects it), and a
-// call's context deadline bounds its socket I/O, so an unreachable Redis fails a request within
-// its deadline instead of after go-redis's read timeouts and retries. Close the store to close
-// the client.
+// The client is built for locking: CLIENT SETINFO is never sent, whatever DisableIdentity says
+// (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
+// unreachable Redis fails a request within its deadline instead of after go-redis's read
+// timeouts and retries. Close the store to close the client.
 //
 // It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
 // library only (issue 9).
@@ -28,41 +38,66 @@ func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.Re
 	}
 	var tlsConfig *tls.Config
 	if conf.Tls {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		// go-zero's meaning of Tls (core/stores/redis: redisclientmanager.go and
+		// redisclustermanager.go): encrypted, the certificate not verified. The same YAML
+		// must not fail here when it works for the service's other Redis clients (issue 9).
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 	}
-	protocol := conf.Protocol
-	if protocol == 0 {
-		protocol = 3
+	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
+	if maint.Mode == "" {
+		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
 	}
 	var client redis.UniversalClient
 	switch conf.Type {
 	case "", zeroredis.NodeType:
 		client = redis.NewClient(&redis.Options{
-			Addr:                  conf.Host,
-			Username:              conf.User,
-			Password:              conf.Pass,
-			TLSConfig:             tlsConfig,
-			Protocol:              protocol,
-			DisableIdentity:       true,
-			ContextTimeoutEnabled: true,
+			Addr:                     conf.Host,
+			Username:                 conf.User,
+			Password:                 conf.Pass,
+			TLSConfig:                tlsConfig,
+			Protocol:                 conf.Protocol,
+			MaintNotificationsConfig: maint,
+			DisableIdentity:          true,
+			ContextTimeoutEnabled:    true,
 		})
 	case zeroredis.ClusterType:
 		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 splitHosts(conf.Host),
-			Username:              conf.User,
-			Password:              conf.Pass,
-			TLSConfig:             tlsConfig,
-			Protocol:              protocol,
-			DisableIdentity:       true,
-			ContextTimeoutEnabled: true,
+			Addrs:                    splitHosts(conf.Host),
+			Username:                 conf.User,
+			Password:                 conf.Pass,
+			TLSConfig:                tlsConfig,
+			Protocol:                 conf.Protocol,
+			MaintNotificationsConfig: maint,
+			DisableIdentity:          true,
+			ContextTimeoutEnabled:    true,
 		})
 	default:
 		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
+	}
+	if !conf.NonBlock {
+		if err := ping(client, conf.PingTimeout); err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("flightlock: redis connect error, addr: %s: %w", conf.Host, err)
+		}
 	}
 	all := make([]lockstore.Option, 0, len(opts)+1)
 	all = append(all, opts...)
 	all = append(all, lockstore.WithOnClose(client.Close))
 	return lockstore.New(client, all...), nil
+}
+
+// defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
+// redis.NewRedis.
+const defaultPingTimeout = time.Second
+
+// ping checks that Redis answers within timeout (0: defaultPingTimeout), for NonBlock false.
+func ping(client redis.UniversalClient, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = defaultPingTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return client.Ping(ctx).Err()
 }
 
 // splitHosts returns the comma-separated addresses in hosts, trimmed, without empty ones.

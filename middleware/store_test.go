@@ -49,7 +49,8 @@ func TestWithStoreUsesConfAndRecordsHolder(t *testing.T) {
 // NewStore builds the go-redis client that go-zero's RedisConf describes, with the options
 // locking needs, and the store's Close closes it.
 func TestNewStoreClient(t *testing.T) {
-	node, err := NewStore(zeroredis.RedisConf{Host: "127.0.0.1:1", User: "u", Pass: "p", Tls: true})
+	// NonBlock: no start-up ping (go-zero's meaning), which no server here would answer.
+	node, err := NewStore(zeroredis.RedisConf{Host: "127.0.0.1:1", User: "u", Pass: "p", Tls: true, NonBlock: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestNewStoreClient(t *testing.T) {
 		t.Fatalf("client after store Close: %v, want redis.ErrClosed", err)
 	}
 
-	cluster, err := NewStore(zeroredis.RedisConf{Host: " 127.0.0.1:1, 127.0.0.1:2 ,", Type: zeroredis.ClusterType, Protocol: 2})
+	cluster, err := NewStore(zeroredis.RedisConf{Host: " 127.0.0.1:1, 127.0.0.1:2 ,", Type: zeroredis.ClusterType, Protocol: 2, NonBlock: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,9 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 	return s, nil
 }
 
-// newStore returns the shared lock store: an embedded in-memory Redis without a host.
+// newStore returns the shared lock store: an embedded in-memory Redis without a host. c has
+// go-zero's RedisConf fields and meanings (Tls without certificate checks; NonBlock false
+// pings at start-up), handed to middleware.NewStore as they are; Lanes is not used here.
 func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 	if c.Host == "" {
 		logx.Info("flightlock example: Redis.Host is not set; locks and state live in an embedded in-memory Redis (development only)")
@@ -118,12 +120,15 @@ func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 		return store, nil
 	}
 	store, err := middleware.NewStore(zeroredis.RedisConf{
-		Host:     c.Host,
-		Type:     cmp.Or(c.Type, zeroredis.NodeType),
-		User:     c.User,
-		Pass:     c.Pass,
-		Tls:      c.Tls,
-		Protocol: cmp.Or(c.Protocol, 3),
+		Host:               c.Host,
+		Type:               c.Type,
+		User:               c.User,
+		Pass:               c.Pass,
+		Tls:                c.Tls,
+		NonBlock:           c.NonBlock,
+		Protocol:           c.Protocol,
+		MaintNotifications: c.MaintNotifications,
+		PingTimeout:        c.PingTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("Redis: %w", err)
