@@ -12,15 +12,54 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/core/logx"
+	zeroprom "github.com/zeromicro/go-zero/core/prometheus"
 	"github.com/zeromicro/go-zero/rest"
 )
 
 func TestMain(m *testing.M) {
 	logx.Disable() // the tests assert codes and counters, not log lines
+	// go-zero's metrics count only while Prometheus is on, as in a service whose config has a
+	// Prometheus section; Enable turns counting on without starting the agent's HTTP server.
+	zeroprom.Enable()
 	os.Exit(m.Run())
+}
+
+// failOpenCount reads flightlock_middleware_fail_open_total{rule="<rule>"} from Prometheus's
+// default registry, where go-zero's metric package registers it: the figure a service's
+// /metrics endpoint shows. go-zero wraps the counter, so testutil.ToFloat64 cannot take it;
+// the registry is read as the exporter reads it. The counter is process-wide: tests compare
+// it before and after.
+func failOpenCount(t *testing.T, rule string) float64 {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "flightlock_middleware_fail_open_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			if labelValue(mt, "rule") == rule {
+				return mt.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0 // no request of rule failed open yet: the series does not exist
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 // testRedis is a miniredis with a store and client on it, closed when the test ends.

@@ -1,17 +1,25 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/service"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+	"github.com/zeromicro/go-zero/core/trace"
 )
 
 // NewStore builds a lock store and its go-redis client from go-zero's RedisConf, with go-zero's
@@ -109,4 +117,60 @@ func splitHosts(hosts string) []string {
 		}
 	}
 	return out
+}
+
+// newLocker builds the store that c.Redis describes and the Locker on it, for a service in
+// go-zero mode mode ("" when unknown). Without a host the store is the embedded one, never
+// silently: refused in pre and pro, logged at error level otherwise (issue 9).
+func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
+	var (
+		store *lockstore.RedisStore
+		err   error
+	)
+	if c.Redis.Host == "" {
+		if mode == service.PreMode || mode == service.ProMode {
+			return nil, nil, fieldError("Lock.Redis.Host", "is empty in %s mode: the embedded in-memory Redis would give "+
+				"each process locks of its own; set the shared Redis (for per-process locks on purpose, pass an embedded "+
+				"store with WithStore)", mode)
+		}
+		logx.Errorf("flightlock: Lock.Redis.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
+			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
+		store, err = embedded.New(c.Redis.storeOptions()...)
+	} else {
+		store, err = NewStore(c.Redis.zero(), c.Redis.storeOptions()...)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)
+	}
+	l, err := lockerOn(store, c)
+	if err != nil {
+		_ = store.Close()
+		return nil, nil, err
+	}
+	return l, store.Close, nil
+}
+
+// lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
+// on store. Locks carry the host, pid and go-zero trace id of their holder beside the owner
+// token, for operators (GET lock:order:42).
+func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
+	host, _ := os.Hostname()
+	holder := "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
+	l, err := flightlock.New(store,
+		flightlock.WithPrefix(c.Prefix),
+		flightlock.WithTTL(c.TTL),
+		flightlock.WithMaxHold(c.MaxHold),
+		flightlock.WithWait(c.Wait),
+		flightlock.WithRetry(c.Retry.strategy()),
+		flightlock.WithMetadata(func(ctx context.Context) string {
+			if id := trace.TraceIDFromContext(ctx); id != "" {
+				return holder + " trace=" + id
+			}
+			return holder
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("Lock: %w", err)
+	}
+	return l, nil
 }

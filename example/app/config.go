@@ -5,12 +5,38 @@ import (
 
 	"github.com/zeromicro/go-zero/core/conf"
 
-	"github.com/flightlock/flightlock/example/internal/config"
+	"github.com/flightlock/flightlock/example/balance"
+	"github.com/flightlock/flightlock/example/inventory"
+	"github.com/flightlock/flightlock/example/order"
+	flmw "github.com/flightlock/flightlock/middleware"
 )
 
 // Config is the whole example: Redis, StatePrefix, Seed, and the Order, Inventory and Balance
-// services, each with its Lock section (etc/flightlock-example.yaml shows every field).
-type Config = config.Config
+// services, each with its Lock section (etc/flightlock-example.yaml shows every field). Each
+// service's section is that service's own config (its internal/config), as it would be in a
+// YAML file of its own.
+type Config struct {
+	// Redis holds the locks of all three services and the state they change (stock, balances,
+	// orders). Without a Host, app starts one embedded in-memory Redis and shares it.
+	// Host, Type node|cluster, User, Pass, Tls as in go-zero's redis.RedisConf.
+	Redis flmw.RedisConf `json:",optional"`
+	// StatePrefix prefixes the Redis keys of the example's state.
+	StatePrefix string `json:",default=example:"`
+	// Seed creates the demo SKUs and accounts at start-up when they do not exist yet.
+	Seed bool `json:",default=true"`
+
+	Order     order.Config
+	Inventory inventory.Config
+	Balance   balance.Config
+}
+
+// Validate checks what the tags cannot.
+func (c Config) Validate() error {
+	if err := c.Order.Validate(); err != nil {
+		return fmt.Errorf("Order.%w", err)
+	}
+	return nil
+}
 
 // LoadConfig reads a config file (YAML, or JSON or TOML by extension) with go-zero's conf:
 // defaults, options and ranges from the tags; then checks what the tags cannot.

@@ -1,6 +1,8 @@
 // Package app assembles the flightlock example: the order REST API and the inventory and
 // balance zrpc services, on one lock store, in one process. example/main.go runs it; tests and
-// the benchmark module (bench/, scenario 6) build it with options of their own.
+// the benchmark module (bench/, scenario 6) build it with options of their own. Each service
+// is laid out as goctl lays one out (example/order, example/inventory, example/balance); app
+// does what their goctl main files would, for the three at once, on one shared store.
 //
 //	c, err := app.LoadConfig("etc/flightlock-example.yaml")
 //	sys, err := app.New(c)
@@ -9,7 +11,6 @@
 package app
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,21 +20,15 @@ import (
 	"github.com/zeromicro/go-zero/core/proc"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/core/threading"
-	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/zrpc"
-	"google.golang.org/grpc"
 
-	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/example/internal/balance"
-	"github.com/flightlock/flightlock/example/internal/config"
-	"github.com/flightlock/flightlock/example/internal/inventory"
-	"github.com/flightlock/flightlock/example/internal/order"
+	"github.com/flightlock/flightlock/example/balance"
 	"github.com/flightlock/flightlock/example/internal/state"
-	balancepb "github.com/flightlock/flightlock/example/pb/balance"
-	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
+	"github.com/flightlock/flightlock/example/inventory"
+	"github.com/flightlock/flightlock/example/order"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
-	"github.com/flightlock/flightlock/middleware"
+	flmw "github.com/flightlock/flightlock/middleware"
 )
 
 // Demo data created at start-up when absent (Seed: true).
@@ -51,11 +46,10 @@ const seedTimeout = 5 * time.Second
 type System struct {
 	store     *lockstore.RedisStore
 	state     *state.Store
-	order     *rest.Server
+	order     *order.Server
 	inventory *zrpc.RpcServer
 	balance   *zrpc.RpcServer
-	conns     []*grpc.ClientConn
-	mws       []*middleware.Middleware
+	mws       []*flmw.Middleware
 }
 
 // New builds the store, the state, the middlewares and the three servers from c, once. Start
@@ -109,8 +103,8 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 
 // newStore returns the shared lock store: an embedded in-memory Redis without a host. c has
 // go-zero's RedisConf fields and meanings (Tls without certificate checks; NonBlock false
-// pings at start-up), handed to middleware.NewStore as they are; Lanes is not used here.
-func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
+// pings at start-up), handed to flmw.NewStore as they are; Lanes is not used here.
+func newStore(c flmw.RedisConf) (*lockstore.RedisStore, error) {
 	if c.Host == "" {
 		logx.Info("flightlock example: Redis.Host is not set; locks and state live in an embedded in-memory Redis (development only)")
 		store, err := embedded.New()
@@ -119,7 +113,7 @@ func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 		}
 		return store, nil
 	}
-	store, err := middleware.NewStore(zeroredis.RedisConf{
+	store, err := flmw.NewStore(zeroredis.RedisConf{
 		Host:               c.Host,
 		Type:               c.Type,
 		User:               c.User,
@@ -138,93 +132,53 @@ func newStore(c middleware.RedisConf) (*lockstore.RedisStore, error) {
 
 // newMiddleware builds the middleware of one service on the shared store: WithStore builds
 // its Locker from the service's own LockConf (Prefix, TTL, MaxHold, Wait, Retry) and leaves
-// the store open on Close. It returns the lock key prefix too, with which the service finds
-// the lease that fences a write.
-func (s *System) newMiddleware(name string, c middleware.LockConf) (*middleware.Middleware, string, error) {
-	mw, err := middleware.New(c, middleware.WithStore(s.store))
+// the store open on Close.
+func (s *System) newMiddleware(name string, c flmw.LockConf) (*flmw.Middleware, error) {
+	mw, err := flmw.New(c, flmw.WithStore(s.store))
 	if err != nil {
-		return nil, "", fmt.Errorf("%s.%w", name, err)
+		return nil, fmt.Errorf("%s.%w", name, err)
 	}
 	s.mws = append(s.mws, mw)
-	// The Locker's prefix: the LockConf's, or the Locker's default when built in Go.
-	return mw, cmp.Or(c.Prefix, flightlock.DefaultPrefix), nil
+	return mw, nil
 }
 
-func (s *System) newInventory(c config.RpcConf) error {
-	mw, prefix, err := s.newMiddleware("Inventory", c.Lock)
+func (s *System) newInventory(c inventory.Config) error {
+	mw, err := s.newMiddleware("Inventory", c.Lock)
 	if err != nil {
 		return err
 	}
-	svcCtx := inventory.NewServiceContext(c, s.state, prefix)
-	s.inventory, err = zrpc.NewServer(c.RpcServerConf, func(g *grpc.Server) {
-		inventorypb.RegisterInventoryServer(g, inventory.NewServer(svcCtx))
-	})
-	if err != nil {
+	if s.inventory, err = inventory.NewServer(c, s.state, mw); err != nil {
 		return fmt.Errorf("Inventory: %w", err)
 	}
-	s.inventory.AddUnaryInterceptors(mw.UnaryServerInterceptor())
-	s.inventory.AddStreamInterceptors(mw.StreamServerInterceptor())
 	return nil
 }
 
-func (s *System) newBalance(c config.RpcConf) error {
-	mw, prefix, err := s.newMiddleware("Balance", c.Lock)
+func (s *System) newBalance(c balance.Config) error {
+	mw, err := s.newMiddleware("Balance", c.Lock)
 	if err != nil {
 		return err
 	}
-	svcCtx := balance.NewServiceContext(c, s.state, prefix)
-	s.balance, err = zrpc.NewServer(c.RpcServerConf, func(g *grpc.Server) {
-		balancepb.RegisterBalanceServer(g, balance.NewServer(svcCtx))
-	})
-	if err != nil {
+	if s.balance, err = balance.NewServer(c, s.state, mw); err != nil {
 		return fmt.Errorf("Balance: %w", err)
 	}
-	s.balance.AddUnaryInterceptors(mw.UnaryServerInterceptor())
-	s.balance.AddStreamInterceptors(mw.StreamServerInterceptor())
 	return nil
 }
 
-func (s *System) newOrder(c config.OrderConf, o options) error {
-	svcCtx := &order.ServiceContext{Config: c, State: s.state}
-	// The three services start together: a call made before a server listens waits for it
-	// (up to the client's Timeout) instead of failing at once with Unavailable.
-	clientOpts := []zrpc.ClientOption{zrpc.WithDialOption(grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))}
-	var lock rest.Middleware
+func (s *System) newOrder(c order.Config, o options) error {
+	var err error
 	if o.replaceOrderLock {
 		// No flightlock lease fences the order book: see WithOrderLock.
-		lock, svcCtx.Unfenced = o.orderLock, true
+		s.order, err = order.NewServerWithLock(c, s.state, o.orderLock)
 	} else {
-		mw, prefix, err := s.newMiddleware("Order", c.Lock)
-		if err != nil {
+		var mw *flmw.Middleware
+		if mw, err = s.newMiddleware("Order", c.Lock); err != nil {
 			return err
 		}
-		lock, svcCtx.LockPrefix = mw.Handle, prefix
-		// The client interceptor sends the owners of the locks this request holds to the
-		// services it calls; a service with TrustOwner re-enters them.
-		clientOpts = append(clientOpts, zrpc.WithUnaryClientInterceptor(mw.UnaryClientInterceptor()))
+		s.order, err = order.NewServer(c, s.state, mw)
 	}
-
-	inv, err := zrpc.NewClient(c.Inventory, clientOpts...)
-	if err != nil {
-		return fmt.Errorf("Order.Inventory: %w", err)
-	}
-	s.conns = append(s.conns, inv.Conn())
-	bal, err := zrpc.NewClient(c.Balance, clientOpts...)
-	if err != nil {
-		return fmt.Errorf("Order.Balance: %w", err)
-	}
-	s.conns = append(s.conns, bal.Conn())
-	svcCtx.Inventory = inventorypb.NewInventoryClient(inv.Conn())
-	svcCtx.Balance = balancepb.NewBalanceClient(bal.Conn())
-
-	s.order, err = rest.NewServer(c.RestConf)
 	if err != nil {
 		return fmt.Errorf("Order: %w", err)
 	}
-	if lock != nil {
-		s.order.Use(lock)
-	}
-	order.RegisterHandlers(s.order, svcCtx)
 	return nil
 }
 
@@ -252,8 +206,8 @@ func (s *System) Stop() { proc.Shutdown() }
 // Close closes the zrpc clients, the middlewares and the store, after Start returned.
 func (s *System) Close() error {
 	var err error
-	for _, conn := range s.conns {
-		err = errors.Join(err, conn.Close())
+	if s.order != nil {
+		err = errors.Join(err, s.order.Close())
 	}
 	for _, mw := range s.mws {
 		err = errors.Join(err, mw.Close())

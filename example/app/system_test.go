@@ -24,12 +24,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/example/internal/config"
-	"github.com/flightlock/flightlock/example/internal/order"
 	"github.com/flightlock/flightlock/example/internal/state"
 	balancepb "github.com/flightlock/flightlock/example/pb/balance"
 	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
 	"github.com/flightlock/flightlock/internal/redistest"
+	flmw "github.com/flightlock/flightlock/middleware"
 )
 
 // testConfigYAML is etc/flightlock-example.yaml with the ports and the Redis of one test, and
@@ -85,6 +84,33 @@ Balance:
       - {RPC: /balance.Balance/Credit, Key: "acct:{account}", OnBusy: wait}
       - {RPC: /balance.Balance/Transfer, Key: "acct:{from}+acct:{to}", OnBusy: wait}
 `
+
+// The order API's bodies as its clients see them: its own types are internal to it
+// (example/order/internal/types), where goctl puts them. The JSON names are the API's.
+type (
+	createOrderReq struct {
+		UID     string `json:"uid"`
+		SKU     string `json:"sku"`
+		Qty     int64  `json:"qty"`
+		DelayMs int64  `json:"delay_ms"`
+	}
+	createOrderReply struct {
+		Order   state.Order `json:"order"`
+		Stock   int64       `json:"stock"`
+		Balance int64       `json:"balance"`
+	}
+	balanceReply struct {
+		Account string `json:"account"`
+		Balance int64  `json:"balance"`
+	}
+	stockReply struct {
+		SKU   string `json:"sku"`
+		Stock int64  `json:"stock"`
+	}
+	ordersReply struct {
+		Orders []state.Order `json:"orders"`
+	}
+)
 
 // harness is a running example system and clients for it.
 type harness struct {
@@ -227,7 +253,7 @@ func decode(t *testing.T, resp *http.Response, out any) int {
 
 func (h *harness) stock(t *testing.T, sku string) int64 {
 	t.Helper()
-	var r order.StockReply
+	var r stockReply
 	if code := h.get(t, "/api/stock/"+sku, &r); code != http.StatusOK {
 		t.Fatalf("GET stock of %s: %d", sku, code)
 	}
@@ -236,7 +262,7 @@ func (h *harness) stock(t *testing.T, sku string) int64 {
 
 func (h *harness) accountBalance(t *testing.T, account string) int64 {
 	t.Helper()
-	var r order.BalanceReply
+	var r balanceReply
 	if code := h.get(t, "/api/account/"+account+"/balance", &r); code != http.StatusOK {
 		t.Fatalf("GET balance of %s: %d", account, code)
 	}
@@ -283,7 +309,7 @@ func testDuplicateOrders(t *testing.T, h *harness) {
 	for range n {
 		wg.Go(func() {
 			<-start
-			req := order.CreateOrderReq{UID: "dave", SKU: "widget", Qty: 2, DelayMs: 800}
+			req := createOrderReq{UID: "dave", SKU: "widget", Qty: 2, DelayMs: 800}
 			switch code := h.post(t, "/api/order/create", req, nil); code {
 			case http.StatusOK:
 				ok.Add(1)
@@ -301,7 +327,7 @@ func testDuplicateOrders(t *testing.T, h *harness) {
 	if ok.Load() != 1 || busy.Load() != n-1 || bad.Load() != 0 {
 		t.Fatalf("got %d OK, %d conflicts, %d others; want 1, %d, 0", ok.Load(), busy.Load(), bad.Load(), n-1)
 	}
-	var orders order.OrdersReply
+	var orders ordersReply
 	if code := h.get(t, "/api/orders/dave", &orders); code != http.StatusOK || len(orders.Orders) != 1 {
 		t.Fatalf("orders of dave: status %d, %+v; want one order", code, orders)
 	}
@@ -414,7 +440,7 @@ func testWithdrawReentry(t *testing.T, h *harness) {
 	h.seed(t, nil, map[string]int64{"erin": 5_000})
 
 	began := time.Now()
-	var r order.BalanceReply
+	var r balanceReply
 	if code := h.post(t, "/api/account/erin/withdraw", map[string]int64{"amount": 700}, &r); code != http.StatusOK {
 		t.Fatalf("withdraw: status %d, want 200", code)
 	}
@@ -495,7 +521,7 @@ func TestExampleEmbedded(t *testing.T) {
 	// A duplicate order while the first is in flight is answered 409.
 	first := make(chan int, 1)
 	go func() {
-		first <- h.post(t, "/api/order/create", order.CreateOrderReq{UID: "alice", SKU: "apple", Qty: 3, DelayMs: 800}, nil)
+		first <- h.post(t, "/api/order/create", createOrderReq{UID: "alice", SKU: "apple", Qty: 3, DelayMs: 800}, nil)
 	}()
 	// Wait until the first order holds its lock, then send the duplicate.
 	held := false
@@ -509,14 +535,14 @@ func TestExampleEmbedded(t *testing.T) {
 	if !held {
 		t.Fatalf("the first order never took its lock")
 	}
-	if code := h.post(t, "/api/order/create", order.CreateOrderReq{UID: "alice", SKU: "apple", Qty: 1}, nil); code != http.StatusConflict {
+	if code := h.post(t, "/api/order/create", createOrderReq{UID: "alice", SKU: "apple", Qty: 1}, nil); code != http.StatusConflict {
 		t.Fatalf("duplicate order while the first is in flight: status %d, want 409", code)
 	}
 	if code := <-first; code != http.StatusOK {
 		t.Fatalf("first order: status %d", code)
 	}
 
-	var orders order.OrdersReply
+	var orders ordersReply
 	h.get(t, "/api/orders/alice", &orders)
 	var qty int64
 	for _, o := range orders.Orders {
@@ -533,7 +559,7 @@ func TestExampleEmbedded(t *testing.T) {
 	}
 
 	// Withdraw re-enters the balance service's lock of the same account.
-	var r order.BalanceReply
+	var r balanceReply
 	if code := h.post(t, "/api/account/bob/withdraw", map[string]int64{"amount": 1_000}, &r); code != http.StatusOK || r.Balance != demoBalances["bob"]-1_000 {
 		t.Fatalf("withdraw: status %d, %+v", code, r)
 	}
@@ -546,11 +572,11 @@ func TestExampleEmbedded(t *testing.T) {
 		want int
 	}{
 		{"missing uid", map[string]any{"sku": "apple", "qty": 1}, http.StatusBadRequest},
-		{"bad uid", order.CreateOrderReq{UID: "a b", SKU: "apple", Qty: 1}, http.StatusBadRequest},
-		{"zero qty", order.CreateOrderReq{UID: "carol", SKU: "apple", Qty: 0}, http.StatusBadRequest},
-		{"unknown sku", order.CreateOrderReq{UID: "carol", SKU: "kiwi", Qty: 1}, http.StatusNotFound},
-		{"out of stock", order.CreateOrderReq{UID: "carol", SKU: "plum", Qty: 21}, http.StatusBadRequest},
-		{"insufficient funds", order.CreateOrderReq{UID: "carol", SKU: "bulk", Qty: 300}, http.StatusBadRequest},
+		{"bad uid", createOrderReq{UID: "a b", SKU: "apple", Qty: 1}, http.StatusBadRequest},
+		{"zero qty", createOrderReq{UID: "carol", SKU: "apple", Qty: 0}, http.StatusBadRequest},
+		{"unknown sku", createOrderReq{UID: "carol", SKU: "kiwi", Qty: 1}, http.StatusNotFound},
+		{"out of stock", createOrderReq{UID: "carol", SKU: "plum", Qty: 21}, http.StatusBadRequest},
+		{"insufficient funds", createOrderReq{UID: "carol", SKU: "bulk", Qty: 300}, http.StatusBadRequest},
 	} {
 		if code := h.post(t, "/api/order/create", tc.body, nil); code != tc.want {
 			t.Errorf("%s: status %d, want %d", tc.name, code, tc.want)
@@ -577,8 +603,8 @@ func TestConfigFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for svc, lc := range map[string]config.RpcConf{"Inventory": c.Inventory, "Balance": c.Balance} {
-				if err := lc.Lock.Validate(); err != nil {
+			for svc, lc := range map[string]flmw.LockConf{"Inventory": c.Inventory.Lock, "Balance": c.Balance.Lock} {
+				if err := lc.Validate(); err != nil {
 					t.Errorf("%s.%v", svc, err)
 				}
 			}
@@ -619,7 +645,7 @@ func TestWithoutOrderLock(t *testing.T) {
 	codes := make(chan int, 2)
 	for range 2 {
 		wg.Go(func() {
-			codes <- h.post(t, "/api/order/create", order.CreateOrderReq{UID: "u7", SKU: "u7", Qty: 1, DelayMs: 300}, nil)
+			codes <- h.post(t, "/api/order/create", createOrderReq{UID: "u7", SKU: "u7", Qty: 1, DelayMs: 300}, nil)
 		})
 	}
 	wg.Wait()
@@ -629,7 +655,7 @@ func TestWithoutOrderLock(t *testing.T) {
 			t.Fatalf("order without a lock: status %d, want 200", code)
 		}
 	}
-	var orders order.OrdersReply
+	var orders ordersReply
 	h.get(t, "/api/orders/u7", &orders)
 	if len(orders.Orders) != 2 || orders.Orders[0].Fence != 0 {
 		t.Fatalf("orders of u7 = %+v, want two unfenced orders", orders.Orders)
@@ -639,7 +665,7 @@ func TestWithoutOrderLock(t *testing.T) {
 	if _, err := h.sys.state.AddOrder(context.Background(), state.Order{UID: "u8", SKU: "u8", Qty: 1, Fence: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if code := h.post(t, "/api/order/create", order.CreateOrderReq{UID: "u8", SKU: "u8", Qty: 1}, nil); code != http.StatusConflict {
+	if code := h.post(t, "/api/order/create", createOrderReq{UID: "u8", SKU: "u8", Qty: 1}, nil); code != http.StatusConflict {
 		t.Errorf("unfenced order on a fenced order book: status %d, want 409", code)
 	}
 }
@@ -656,8 +682,8 @@ func TestWithOrderLock(t *testing.T) {
 	}
 	h := startSystem(t, "", WithOrderLock(counting))
 
-	var r order.CreateOrderReply
-	if code := h.post(t, "/api/order/create", order.CreateOrderReq{UID: "alice", SKU: "apple", Qty: 1}, &r); code != http.StatusOK {
+	var r createOrderReply
+	if code := h.post(t, "/api/order/create", createOrderReq{UID: "alice", SKU: "apple", Qty: 1}, &r); code != http.StatusOK {
 		t.Fatalf("create order: status %d, want 200", code)
 	}
 	if r.Order.Fence != 0 || r.Stock != demoStock["apple"]-1 {

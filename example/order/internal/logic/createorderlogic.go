@@ -1,4 +1,7 @@
-package order
+// Package logic is the order API's business logic, one file per route as `goctl api go`
+// generates it. A logic that writes finds the fence of its lock's lease in ctx and passes it
+// to every write of the entity the lock protects.
+package logic
 
 import (
 	"context"
@@ -8,6 +11,8 @@ import (
 
 	"github.com/flightlock/flightlock/example/internal/rpcstatus"
 	"github.com/flightlock/flightlock/example/internal/state"
+	"github.com/flightlock/flightlock/example/order/internal/svc"
+	"github.com/flightlock/flightlock/example/order/internal/types"
 	"github.com/flightlock/flightlock/example/pb/balance"
 	"github.com/flightlock/flightlock/example/pb/inventory"
 )
@@ -24,17 +29,17 @@ const undoTimeout = 5 * time.Second
 type CreateOrderLogic struct {
 	logx.Logger
 	ctx    context.Context
-	svcCtx *ServiceContext
+	svcCtx *svc.ServiceContext
 }
 
 // NewCreateOrderLogic returns the logic of one request.
-func NewCreateOrderLogic(ctx context.Context, svcCtx *ServiceContext) *CreateOrderLogic {
+func NewCreateOrderLogic(ctx context.Context, svcCtx *svc.ServiceContext) *CreateOrderLogic {
 	return &CreateOrderLogic{Logger: logx.WithContext(ctx), ctx: ctx, svcCtx: svcCtx}
 }
 
 // CreateOrder deducts the stock, debits the user's account (qty times Price) and records the
 // order, fenced by the order lock. A step that fails undoes the steps before it.
-func (l *CreateOrderLogic) CreateOrder(req *CreateOrderReq) (*CreateOrderReply, error) {
+func (l *CreateOrderLogic) CreateOrder(req *types.CreateOrderReq) (*types.CreateOrderReply, error) {
 	if err := state.CheckID("uid", req.UID); err != nil {
 		return nil, rpcstatus.FromError(l.ctx, err)
 	}
@@ -47,7 +52,7 @@ func (l *CreateOrderLogic) CreateOrder(req *CreateOrderReq) (*CreateOrderReply, 
 	if req.DelayMs < 0 {
 		return nil, rpcstatus.InvalidArgument("delay_ms must not be negative")
 	}
-	fence, err := l.svcCtx.orderFence(l.ctx, req.UID)
+	fence, err := l.svcCtx.OrderFence(l.ctx, req.UID)
 	if err != nil {
 		return nil, rpcstatus.FromError(l.ctx, err)
 	}
@@ -73,7 +78,7 @@ func (l *CreateOrderLogic) CreateOrder(req *CreateOrderReq) (*CreateOrderReply, 
 		l.restock(req.SKU, req.Qty)
 		return nil, rpcstatus.FromError(l.ctx, err)
 	}
-	return &CreateOrderReply{Order: order, Stock: stock.GetStock(), Balance: debited.GetBalance()}, nil
+	return &types.CreateOrderReply{Order: order, Stock: stock.GetStock(), Balance: debited.GetBalance()}, nil
 }
 
 // delay holds the lock for the configured OrderDelay plus the request's delay_ms, capped by

@@ -1,4 +1,6 @@
-package order
+// Package types holds the order API's request and reply bodies, as `goctl api go` generates
+// them from the .api file: path, JSON and optional tags that httpx.Parse reads.
+package types
 
 import "github.com/flightlock/flightlock/example/internal/state"
 

@@ -1,4 +1,4 @@
-package order
+package logic
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/flightlock/flightlock/example/internal/rpcstatus"
 	"github.com/flightlock/flightlock/example/internal/state"
+	"github.com/flightlock/flightlock/example/order/internal/svc"
+	"github.com/flightlock/flightlock/example/order/internal/types"
 	"github.com/flightlock/flightlock/example/pb/balance"
 )
 
@@ -17,16 +19,16 @@ import (
 type WithdrawLogic struct {
 	logx.Logger
 	ctx    context.Context
-	svcCtx *ServiceContext
+	svcCtx *svc.ServiceContext
 }
 
 // NewWithdrawLogic returns the logic of one request.
-func NewWithdrawLogic(ctx context.Context, svcCtx *ServiceContext) *WithdrawLogic {
+func NewWithdrawLogic(ctx context.Context, svcCtx *svc.ServiceContext) *WithdrawLogic {
 	return &WithdrawLogic{Logger: logx.WithContext(ctx), ctx: ctx, svcCtx: svcCtx}
 }
 
 // Withdraw debits req.Amount from req.Account.
-func (l *WithdrawLogic) Withdraw(req *WithdrawReq) (*BalanceReply, error) {
+func (l *WithdrawLogic) Withdraw(req *types.WithdrawReq) (*types.BalanceReply, error) {
 	if err := state.CheckID("account", req.Account); err != nil {
 		return nil, rpcstatus.FromError(l.ctx, err)
 	}
@@ -37,5 +39,5 @@ func (l *WithdrawLogic) Withdraw(req *WithdrawReq) (*BalanceReply, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &BalanceReply{Account: reply.GetAccount(), Balance: reply.GetBalance()}, nil
+	return &types.BalanceReply{Account: reply.GetAccount(), Balance: reply.GetBalance()}, nil
 }

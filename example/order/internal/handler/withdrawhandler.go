@@ -1,0 +1,30 @@
+package handler
+
+import (
+	"net/http"
+
+	"github.com/zeromicro/go-zero/rest/httpx"
+
+	"github.com/flightlock/flightlock/example/order/internal/logic"
+	"github.com/flightlock/flightlock/example/order/internal/svc"
+	"github.com/flightlock/flightlock/example/order/internal/types"
+)
+
+// WithdrawHandler serves POST /api/account/:account/withdraw.
+func WithdrawHandler(svcCtx *svc.ServiceContext) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req types.WithdrawReq
+		if err := httpx.Parse(r, &req); err != nil {
+			httpx.ErrorCtx(r.Context(), w, err)
+			return
+		}
+
+		l := logic.NewWithdrawLogic(r.Context(), svcCtx)
+		resp, err := l.Withdraw(&req)
+		if err != nil {
+			httpx.ErrorCtx(r.Context(), w, err)
+			return
+		}
+		httpx.OkJsonCtx(r.Context(), w, resp)
+	}
+}

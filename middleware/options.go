@@ -1,0 +1,64 @@
+package middleware
+
+import (
+	"fmt"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Option configures a Middleware.
+type Option func(*options)
+
+type options struct {
+	locker *flightlock.Locker
+	store  lockstore.Store // WithStore: build the Locker from the LockConf on this store
+	rules  []spec          // rules built in Go
+	mode   string          // WithServiceMode: go-zero's service mode; "" when not given
+}
+
+// WithServiceMode tells New the mode of the go-zero service it runs in: c.Mode of the
+// service's RestConf or RpcServerConf (go-zero's ServiceConf.Mode: dev, test, rt, pre or pro,
+// and pro when the YAML leaves it out). In pre and pro, a LockConf without Redis.Host is
+// refused at start-up, naming Lock.Redis.Host, instead of falling back to the embedded
+// in-memory store, whose locks no other process sees (issue 9); to run such a service on
+// per-process locks on purpose, give it an embedded store with WithStore. In the other modes,
+// and without this option, the embedded store is used and logged at error level.
+func WithServiceMode(mode string) Option {
+	return func(o *options) { o.mode = mode }
+}
+
+// WithStore makes the Middleware build its Locker from the LockConf (Prefix, TTL, MaxHold,
+// Wait, Retry) on store instead of on a store of its own, so that several services of one
+// process share one store (one connection pool, one embedded Redis). Each Middleware still
+// has its own per-process gate, as separate processes would. Close leaves store open.
+func WithStore(store lockstore.Store) Option {
+	return func(o *options) { o.store = store }
+}
+
+// WithLocker makes the Middleware lock with l instead of a Locker and store of its own: the
+// LockConf's Redis, Prefix, TTL, MaxHold, Wait and Retry are then ignored, while each rule's
+// OnBusy, TTL and Wait still apply (through l.With). Close leaves l's store open.
+func WithLocker(l *flightlock.Locker) Option {
+	return func(o *options) { o.locker = l }
+}
+
+// WithHTTPRule adds a REST rule built in Go: r names the route (Method and Path) and its
+// OnBusy, TTL and Wait; key computes the key instead of r.Key.
+func WithHTTPRule(r Rule, key KeyFunc) Option {
+	r = r.normalized()
+	return func(o *options) {
+		o.rules = append(o.rules, spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
+			name: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), httpKey: key})
+	}
+}
+
+// WithRPCRule adds a zrpc rule built in Go: r names the method (RPC) and its OnBusy, TTL
+// and Wait; key computes the key instead of r.Key.
+func WithRPCRule(r Rule, key RPCKeyFunc) Option {
+	r = r.normalized()
+	return func(o *options) {
+		o.rules = append(o.rules, spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
+			name: fmt.Sprintf("WithRPCRule(%s)", r.RPC), rpcKey: key})
+	}
+}
