@@ -34,6 +34,13 @@ func NewServer(c Config, st *state.Store, lock *flmw.Middleware) (*zrpc.RpcServe
 		return nil, errors.New("no lock middleware: build one from Config.Lock")
 	}
 	ctx := svc.NewServiceContext(c, st, lock)
+	// A rule whose RPC names no method of this service would lock nothing: check the methods
+	// the service registers before it serves (zrpc registers only inside Start).
+	probe := grpc.NewServer()
+	pb.RegisterInventoryServer(probe, server.NewInventoryServer(ctx))
+	if err := lock.CheckMethods(probe.GetServiceInfo()); err != nil {
+		return nil, err
+	}
 	s, err := zrpc.NewServer(c.RpcServerConf, func(g *grpc.Server) {
 		pb.RegisterInventoryServer(g, server.NewInventoryServer(ctx))
 	})

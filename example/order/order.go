@@ -67,6 +67,13 @@ func newServer(c Config, st *state.Store, lock *flmw.Middleware, other rest.Midd
 		server.Use(ctx.Lock)
 	}
 	handler.RegisterHandlers(server, ctx)
+	if lock != nil {
+		// A rule that names no route of this server would lock nothing: stop here, naming it.
+		if err := lock.CheckRoutes(server.Routes()); err != nil {
+			_ = ctx.Close()
+			return nil, err
+		}
+	}
 	return &Server{Server: server, svcCtx: ctx}, nil
 }
 
