@@ -24,6 +24,13 @@ import (
 // nothing either), and its Method and Path are checked like the others, named in the error
 // with its Name: "Lock.Rules[0] (StockLock): POST /stock/:sku/deduct matches no route ...".
 //
+// A middleware of Route or RouteFunc that is on no route is reported too.
+//
+// What CheckRoutes cannot see: whether server.Use(mw.Handle) was called (go-zero applies such
+// middlewares only at Start), and which route group a Route or Named middleware wraps (a rule
+// whose route exists, but in a group without the middleware, locks nothing). Keep a rule's
+// Path inside the group whose @server block names its middleware.
+//
 // Rules that name only an RPC method are left to CheckMethods.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	clean := make([]rest.Route, 0, len(routes))
@@ -58,6 +65,13 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 			return fieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
 		}
 		return fieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
+	}
+	for _, cr := range m.routed.list() {
+		if m.routed.routeWraps(cr) == 0 {
+			// Built, but on no handler: the goctl ServiceContext field is set while the .api
+			// file's @server block does not list the middleware. It would lock nothing.
+			return fieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
+		}
 	}
 	return nil
 }
@@ -150,8 +164,27 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 // middlewares that Named built, for CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
-	rules []*compiledRule // guarded by mu
-	named map[string]int  // guarded by mu; Rule.Name => handlers its Named middlewares wrap
+	rules []*compiledRule       // guarded by mu
+	named map[string]int        // guarded by mu; Rule.Name => handlers its Named middlewares wrap
+	wraps map[*compiledRule]int // guarded by mu; Route rule => handlers its middleware wraps
+}
+
+// wrapRoute records that the middleware of a Route rule was put on a handler (go-zero's
+// rest.WithMiddlewares wraps the handlers of a group when the routes are added).
+func (r *routedRules) wrapRoute(cr *compiledRule) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wraps == nil {
+		r.wraps = make(map[*compiledRule]int)
+	}
+	r.wraps[cr]++
+}
+
+// routeWraps returns on how many handlers the middleware of a Route rule was put.
+func (r *routedRules) routeWraps(cr *compiledRule) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.wraps[cr]
 }
 
 // build records that Named built the middleware of the rule named name.

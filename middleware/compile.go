@@ -22,9 +22,10 @@ type rule struct {
 // compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the
 // Locker but not the key plan.
 type compiledRule struct {
-	spec spec
-	http *rule // REST part, or nil
-	rpc  *rule // zrpc part, or nil
+	spec  spec
+	http  *rule  // REST part, or nil
+	rpc   *rule  // zrpc part, or nil
+	label string // Route and RouteFunc rules: "Route(POST /path)", for CheckRoutes
 }
 
 // compileRules checks c and compiles its rules, then those built in Go, without building any

@@ -2,7 +2,9 @@ package middleware
 
 import (
 	"cmp"
+	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
@@ -78,14 +80,24 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	if rl.locker, err = m.ruleLocker(s.Rule); err != nil {
 		return nil, fieldError(s.name, "%v", err)
 	}
-	if s.Path != "" || s.Method != "" {
-		name := "Route"
-		if s.httpKey != nil {
-			name = "RouteFunc"
-		}
-		m.routed.add(&compiledRule{spec: spec{Rule: s.Rule, name: name}, http: rl})
+	name := "Route"
+	if s.httpKey != nil {
+		name = "RouteFunc"
 	}
-	return m.groupMiddleware(rl, nil), nil
+	label := strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))
+	if s.Path != "" {
+		// One route is locked by one rule: a Route on a route that a rule of Handle locks
+		// would take its lock twice (and two keys in two orders can answer 409 for nothing).
+		for _, prev := range m.rules {
+			if p := prev.http; p != nil && prev.spec.Name == "" && p.route.text == rl.route.text &&
+				(p.method == "" || rl.method == "" || p.method == rl.method) {
+				return nil, fieldError(label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.name)
+			}
+		}
+	}
+	cr := &compiledRule{spec: spec{Rule: s.Rule, name: name}, http: rl, label: label}
+	m.routed.add(cr)
+	return m.groupMiddleware(rl, func() { m.routed.wrapRoute(cr) }), nil
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests

@@ -276,12 +276,13 @@ func TestCheckRoutes(t *testing.T) {
 		if err := m.CheckRoutes(routes); err != nil {
 			t.Fatalf("CheckRoutes: %v", err)
 		}
-		m.MustRoute(Rule{Key: "g:{uid}"}) // the whole group: nothing to check
-		m.MustRoute(Rule{Method: http.MethodDelete, Key: "g:{uid}"})
+		wire := func(mw rest.Middleware) { mw(func(http.ResponseWriter, *http.Request) {}) } // as rest.WithMiddlewares does
+		wire(m.MustRoute(Rule{Key: "g:{uid}"}))                                              // the whole group: nothing to check
+		wire(m.MustRoute(Rule{Method: http.MethodDelete, Key: "g:{uid}"}))
 		if err := m.CheckRoutes(routes); err != nil {
 			t.Fatalf("CheckRoutes: %v", err)
 		}
-		m.MustRoute(Rule{Method: http.MethodPatch, Key: "g:{uid}"})
+		wire(m.MustRoute(Rule{Method: http.MethodPatch, Key: "g:{uid}"}))
 		if err := m.CheckRoutes(routes); err == nil || err.Error() != "Route: PATCH matches no route of the server" {
 			t.Fatalf("CheckRoutes: %v, want the PATCH Route rule named", err)
 		}
@@ -289,8 +290,10 @@ func TestCheckRoutes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.RouteFunc(Rule{Path: "/api/order/:id"}, func(*http.Request) (string, error) { return "k", nil }); err != nil {
+		if mw, err := m.RouteFunc(Rule{Path: "/api/order/:id"}, func(*http.Request) (string, error) { return "k", nil }); err != nil {
 			t.Fatal(err)
+		} else {
+			wire(mw)
 		}
 		if err := m.CheckRoutes(routes); err == nil || !strings.HasPrefix(err.Error(), "RouteFunc: /api/order/:id matches no route") {
 			t.Fatalf("CheckRoutes: %v, want the RouteFunc rule named", err)
