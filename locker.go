@@ -179,7 +179,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	}
 	if h == nil {
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, wait, l.gate.yielding(e))
+		h, err = l.acquire(ctx, &b, rkey, owner, l.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l, rkey, owner), nil
@@ -251,7 +251,8 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 // the retry strategy, each sleep cut short by the holder's release notification and never
 // longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
 // first, because waiters elsewhere were just woken by this process's release.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait, yield bool) (*hold, error) {
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool) (*hold, error) {
+	wait := b.waits()
 	var meta string
 	if l.cfg.metadata != nil {
 		meta = l.cfg.metadata(ctx)
@@ -275,7 +276,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, wait
 		}
 	}
 	for {
-		callCtx, cancel := l.callContext(ctx, b, wait)
+		callCtx, cancel := l.callContext(ctx, b)
 		sent := time.Now()
 		res, err := l.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
@@ -386,9 +387,9 @@ func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
 // always, unless the caller's own deadline is sooner (then ctx is used as is, allocation-free).
-func (l *Locker) callContext(ctx context.Context, b *budget, wait bool) (context.Context, context.CancelFunc) {
+func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	limit := time.Now().Add(l.cfg.ttl)
-	if wait && b.deadline.Before(limit) {
+	if b.waits() && b.deadline.Before(limit) {
 		limit = b.deadline
 	}
 	if d, ok := ctx.Deadline(); ok && !d.After(limit) {
@@ -415,6 +416,9 @@ func (b *budget) context() context.Context {
 	}
 	return b.ctx
 }
+
+// waits reports whether the Lock call waits for a busy key (Wait mode).
+func (b *budget) waits() bool { return !b.deadline.IsZero() }
 
 // spent reports whether the wait is over: budget used up or the caller's context ended.
 func (b *budget) spent() bool {
