@@ -261,6 +261,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		watch   *lockstore.Watch
 		timer   *time.Timer
 		attempt int
+		holder  time.Time // when the holder's lock runs out, as last seen (for Retry-After)
 	)
 	defer func() {
 		watch.Close()
@@ -288,7 +289,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				// The wait ran out during a retry of a key we saw held: busy. A first attempt
 				// that fails is a store error even when it hit the deadline (a hung Redis must
 				// answer 503, not 409).
-				return nil, l.busy(ctx, &busyError{})
+				return nil, l.busy(ctx, &busyError{retryAfter: max(time.Until(holder), 0)})
 			}
 			return nil, err
 		}
@@ -302,6 +303,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			return newHold(l, key, owner, res.Fence, false, sent), nil
 		}
 		attempt++
+		holder = time.Now().Add(res.HolderTTL)
 		delay, ok := l.cfg.retry(attempt)
 		if !wait || !ok {
 			return nil, &busyError{retryAfter: res.HolderTTL}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -792,5 +793,37 @@ func TestFailOpenKeepsTheLocalGate(t *testing.T) {
 	_ = lease.Release(ctx)
 	if open.gateLen() != 0 {
 		t.Fatal("gate entry left behind")
+	}
+}
+
+// busyThenHangStore answers the first Acquire with a holder that has ttl left, then hangs each
+// later call until its context ends: a wait that runs out during a retry.
+type busyThenHangStore struct {
+	lockstore.Store
+	ttl   time.Duration
+	calls atomic.Int32
+}
+
+func (s *busyThenHangStore) Acquire(ctx context.Context, _, _ string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+	if s.calls.Add(1) == 1 {
+		return lockstore.Acquisition{HolderTTL: s.ttl}, nil
+	}
+	<-ctx.Done()
+	return lockstore.Acquisition{}, ctx.Err()
+}
+
+// A wait that runs out while a retry is on the wire still answers busy with the holder's
+// remaining TTL, so the 409 carries a Retry-After (it had none, and a loaded CI machine showed
+// TestWaitModeBudgetAndContext failing on it).
+func TestBusyDuringARetryKeepsRetryAfter(t *testing.T) {
+	s, _, _ := miniStore(t)
+	l := mustLocker(t, &busyThenHangStore{Store: s, ttl: 5 * time.Second},
+		WithWait(60*time.Millisecond), WithRetry(LinearRetry(time.Millisecond)))
+	_, err := l.Lock(context.Background(), "r")
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("Lock = %v, want ErrBusy", err)
+	}
+	if ra, ok := RetryAfter(err); !ok || ra < 4*time.Second || ra > 5*time.Second {
+		t.Fatalf("RetryAfter = %v, %v; want the holder's remaining TTL", ra, ok)
 	}
 }
