@@ -19,8 +19,7 @@ type hold struct {
 	l        *Locker
 	key      string // full Redis key
 	owner    string
-	borrowed bool       // re-entered the lock of an owner in another process (Store.Reenter)
-	borrow   string     // the name of that re-entry's hold in the lock's value
+	borrow   string     // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
 	acquired time.Time  // when the Redis acquisition was sent, for the handoff window
 	local    bool       // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
@@ -58,8 +57,10 @@ type reentryWaiter struct {
 	ready chan struct{} // closed when the slot is granted to g (which then counts one live lease)
 }
 
-func newHold(l *Locker, key, owner string, fence int64, borrowed bool, sent time.Time) *hold {
-	h := &hold{l: l, key: key, owner: owner, fence: fence, base: fence, borrowed: borrowed, acquired: sent, live: 1}
+// newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
+// another process's lock.
+func newHold(l *Locker, key, owner string, fence int64, borrow string, sent time.Time) *hold {
+	h := &hold{l: l, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: sent, live: 1}
 	h.validUntil = sent.Add(l.cfg.ttl)
 	h.renewUntil = time.Now().Add(l.cfg.maxHold)
 	h.mu.Lock() // the timer may fire before AfterFunc returns
@@ -76,6 +77,10 @@ func newLocalHold(l *Locker, key, owner string) *hold {
 	return &hold{l: l, key: key, owner: owner, local: true, acquired: now, live: 1,
 		validUntil: now.Add(l.cfg.ttl), renewUntil: now.Add(l.cfg.maxHold)}
 }
+
+// borrowed reports whether the hold re-entered the lock of an owner in another process: it is
+// released as one named hold, never through the gate.
+func (h *hold) borrowed() bool { return h.borrow != "" }
 
 // holder is a lease attached to a hold.
 type holder struct {

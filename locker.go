@@ -242,8 +242,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		l.giveBack(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
-	h := newHold(l, rkey, owner, max(res.Fence, fence), true, sent)
-	h.borrow = borrow
+	h := newHold(l, rkey, owner, max(res.Fence, fence), borrow, sent)
 	return l.newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
 }
 
@@ -283,7 +282,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		cancel()
 		if err != nil {
 			if isTimeout(err) {
-				l.releaseOrphan(ctx, key, owner)
+				l.giveBack(ctx, key, owner, "")
 			}
 			if wait && attempt > 0 && b.spent() {
 				// The wait ran out during a retry of a key we saw held: busy. A first attempt
@@ -300,7 +299,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				l.giveBack(ctx, key, owner, "")
 				return nil, errLateReply
 			}
-			return newHold(l, key, owner, res.Fence, false, sent), nil
+			return newHold(l, key, owner, res.Fence, "", sent), nil
 		}
 		attempt++
 		holder = time.Now().Add(res.HolderTTL)
@@ -331,10 +330,13 @@ func (l *Locker) tooLate(sent time.Time) bool {
 	return time.Since(sent) >= l.cfg.ttl-l.safety()
 }
 
-// giveBack releases a hold that was acquired but is not used: the acquisition's own when
-// borrow is "", else the named re-entry.
+// giveBack releases a hold that this call took but will not use: the acquisition's own when
+// borrow is "", else the named re-entry. It runs after a timed-out call (go-redis re-sends a
+// command after a read timeout, so the call may have run unseen) and after a reply that came
+// too late; ErrNotHeld is the usual, harmless answer. Redis was slow, so the cleanup is bounded
+// short: a hold it cannot give back runs out with its TTL.
 func (l *Locker) giveBack(ctx context.Context, key, owner, borrow string) {
-	rctx, cancel := l.releaseContext(ctx)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
 	defer cancel()
 	_, _ = l.store.Release(rctx, key, owner, borrow, 0)
 }
@@ -343,7 +345,7 @@ func (l *Locker) giveBack(ctx context.Context, key, owner, borrow string) {
 // next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
 // one hold of a borrowed lock.
 func (l *Locker) endGrant(ctx context.Context, h *hold) error {
-	if h.borrowed {
+	if h.borrowed() {
 		// One hold of another process's lock: count it down in Redis.
 		h.stop()
 		rctx, cancel := l.releaseContext(ctx)
@@ -377,14 +379,6 @@ func (l *Locker) releaseContext(ctx context.Context) (context.Context, context.C
 		ctx = context.WithoutCancel(ctx)
 	}
 	return context.WithTimeout(ctx, l.cfg.ttl)
-}
-
-// releaseOrphan deletes a lock that an acquire whose reply was lost may have taken: go-redis
-// re-sends a command after a read timeout, so the call may have succeeded unseen.
-func (l *Locker) releaseOrphan(ctx context.Context, key, owner string) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
-	defer cancel()
-	_, _ = l.store.Release(rctx, key, owner, "", 0) // ErrNotHeld is the usual, harmless answer
 }
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL

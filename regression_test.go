@@ -236,13 +236,7 @@ func newDropProxy(t *testing.T, addr string) *dropProxy {
 // go-redis (default MaxRetries 3, as middleware.NewStore builds it) sends release.lua again: holds
 // 1 -> 0, the key is deleted while A still holds it. Process C then takes it.
 func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
-	mr := miniredis.RunT(t)
-	direct := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	p := newDropProxy(t, mr.Addr())
-	viaProxy := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	sA := lockstore.New(direct, lockstore.WithWatchLinger(0))
-	sB := lockstore.New(viaProxy, lockstore.WithWatchLinger(0))
-	t.Cleanup(func() { sA.Close(); sB.Close(); direct.Close(); viaProxy.Close() })
+	mr, p, sA, sB := dropStores(t)
 	ctx := context.Background()
 	a := mustLocker(t, sA)
 	b := mustLocker(t, sB)
@@ -277,6 +271,20 @@ func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
 	}
 }
 
+// dropStores returns a miniredis, a store on it (A's), and a store on it through a dropProxy
+// (B's), closed when t ends.
+func dropStores(t *testing.T) (*miniredis.Miniredis, *dropProxy, *lockstore.RedisStore, *lockstore.RedisStore) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	direct := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	p := newDropProxy(t, mr.Addr())
+	viaProxy := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	sA := lockstore.New(direct, lockstore.WithWatchLinger(0))
+	sB := lockstore.New(viaProxy, lockstore.WithWatchLinger(0))
+	t.Cleanup(func() { sA.Close(); sB.Close(); direct.Close(); viaProxy.Close() })
+	return mr, p, sA, sB
+}
+
 func mustGet(mr *miniredis.Miniredis, k string) string {
 	v, _ := mr.Get(k)
 	return v
@@ -285,13 +293,7 @@ func mustGet(mr *miniredis.Miniredis, k string) string {
 // The same retry on reenter.lua counts two holds for one lease: after A and B both released,
 // the key stays held, by nobody, until its TTL.
 func TestRetriedReenterListsOneHold(t *testing.T) {
-	mr := miniredis.RunT(t)
-	direct := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	p := newDropProxy(t, mr.Addr())
-	viaProxy := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	sA := lockstore.New(direct, lockstore.WithWatchLinger(0))
-	sB := lockstore.New(viaProxy, lockstore.WithWatchLinger(0))
-	t.Cleanup(func() { sA.Close(); sB.Close(); direct.Close(); viaProxy.Close() })
+	mr, p, sA, sB := dropStores(t)
 	ctx := context.Background()
 	if err := sA.Preload(ctx); err != nil {
 		t.Fatal(err)
@@ -303,7 +305,7 @@ func TestRetriedReenterListsOneHold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := viaProxy.Ping(ctx).Err(); err != nil {
+	if err := sB.Client().(*redis.Client).Ping(ctx).Err(); err != nil { // a connection through the proxy, before it is armed
 		t.Fatal(err)
 	}
 	p.armed.Store(true)
