@@ -47,7 +47,7 @@ func AllFromContext(ctx context.Context) []*Lease {
 // findLease returns the live lease of key taken through gate g in ctx, if any.
 func findLease(ctx context.Context, g *gate, key string) *Lease {
 	for x := FromContext(ctx); x != nil; x = x.outer {
-		if x.l.gate == g && x.h.key == key && x.active() {
+		if x.h.k.gate == g && x.h.key == key && x.active() {
 			return x
 		}
 	}

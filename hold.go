@@ -16,7 +16,7 @@ import (
 // released (live reaches 0); only then does the lock go to the next local waiter or back to
 // Redis, so no lease of a grant outlives it (issue 8, finding 8).
 type hold struct {
-	l        *Locker
+	k        *keeper
 	key      string // full Redis key
 	owner    string
 	borrow   string     // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
@@ -26,16 +26,16 @@ type hold struct {
 	base     int64      // fence of the Redis acquisition
 
 	mu         sync.Mutex
-	fence      int64       // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil time.Time   // guarded by mu: the Redis lock lives at least until then
-	renewUntil time.Time   // guarded by mu: no renewal after this (MaxHold)
-	timer      *time.Timer // guarded by mu: next renewal or expiry
-	stopped    bool        // guarded by mu: released; the watchdog is off
-	lost       bool        // guarded by mu: the lock can no longer be trusted
-	abandoned  bool        // guarded by mu: lost and past its expiry: the grant was ended without its leases
-	shared     bool        // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
-	live       int         // guarded by mu: unreleased leases of the current grant
-	holders    []holder    // guarded by mu: leases to cancel on loss
+	fence      int64      // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
+	validUntil time.Time  // guarded by mu: the Redis lock lives at least until then
+	renewUntil time.Time  // guarded by mu: no renewal after this (MaxHold)
+	timer      clockTimer // guarded by mu: next renewal or expiry
+	stopped    bool       // guarded by mu: released; the watchdog is off
+	lost       bool       // guarded by mu: the lock can no longer be trusted
+	abandoned  bool       // guarded by mu: lost and past its expiry: the grant was ended without its leases
+	shared     bool       // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
+	live       int        // guarded by mu: unreleased leases of the current grant
+	holders    []holder   // guarded by mu: leases to cancel on loss
 }
 
 // reentrySlot makes the re-entries of one lease by different goroutines exclude each other
@@ -59,23 +59,23 @@ type reentryWaiter struct {
 
 // newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
 // another process's lock.
-func newHold(l *Locker, key, owner string, fence int64, borrow string, sent time.Time) *hold {
-	h := &hold{l: l, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: sent, live: 1}
-	h.validUntil = sent.Add(l.cfg.ttl)
-	h.renewUntil = time.Now().Add(l.cfg.maxHold)
+func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
+	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: sent, live: 1}
+	h.validUntil = sent.Add(k.ttl)
+	h.renewUntil = k.now().Add(k.maxHold)
 	h.mu.Lock() // the timer may fire before AfterFunc returns
 	// The first renewal is due TTL/3 after the send, not after the reply: a late reply leaves
 	// less of the TTL, and the watchdog must not count time it does not have (finding 5).
-	h.timer = time.AfterFunc(max(time.Until(sent.Add(l.cfg.ttl/3)), 0), h.renew)
+	h.timer = k.clock.AfterFunc(max(k.until(sent.Add(k.ttl/3)), 0), h.renew)
 	h.mu.Unlock()
 	return h
 }
 
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
-func newLocalHold(l *Locker, key, owner string) *hold {
-	now := time.Now()
-	return &hold{l: l, key: key, owner: owner, local: true, acquired: now, live: 1,
-		validUntil: now.Add(l.cfg.ttl), renewUntil: now.Add(l.cfg.maxHold)}
+func newLocalHold(k *keeper, key, owner string) *hold {
+	now := k.now()
+	return &hold{k: k, key: key, owner: owner, local: true, acquired: now, live: 1,
+		validUntil: now.Add(k.ttl), renewUntil: now.Add(k.maxHold)}
 }
 
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
@@ -90,13 +90,13 @@ type holder struct {
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
 // its holder must stop before Redis can hand the key to someone else.
-func (h *hold) safety() time.Duration { return h.l.safety() }
+func (h *hold) safety() time.Duration { return h.k.safety() }
 
 // remaining is how long the lock is known to live, for Retry-After.
 func (h *hold) remaining() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return max(time.Until(h.validUntil), 0)
+	return max(h.k.until(h.validUntil), 0)
 }
 
 // handable reports whether the lock can go to another local holder: not lost, never shared
@@ -104,7 +104,7 @@ func (h *hold) remaining() time.Duration {
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lost && !h.stopped && !h.shared && time.Until(h.validUntil) > h.l.cfg.ttl/3
+	return !h.lost && !h.stopped && !h.shared && h.k.until(h.validUntil) > h.k.ttl/3
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
@@ -115,7 +115,7 @@ func (h *hold) nextGrant() {
 	defer h.mu.Unlock()
 	h.fence++
 	h.live = 1
-	h.renewUntil = time.Now().Add(h.l.cfg.maxHold) // MaxHold counts per grant
+	h.renewUntil = h.k.now().Add(h.k.maxHold) // MaxHold counts per grant
 }
 
 // currentFence returns the fence of the current grant.
@@ -216,10 +216,10 @@ func (h *hold) renew() {
 		h.abandonLocked()
 		return
 	}
-	now := time.Now()
+	now := h.k.now()
 	if now.After(h.renewUntil) {
 		// MaxHold reached: stop renewing and let the lease run out.
-		h.timer.Reset(max(time.Until(h.validUntil)-h.safety(), 0))
+		h.timer.Reset(max(h.k.until(h.validUntil)-h.safety(), 0))
 		if !now.Before(h.validUntil.Add(-h.safety())) {
 			h.loseLocked()
 		}
@@ -229,20 +229,21 @@ func (h *hold) renew() {
 	deadline := h.validUntil.Add(-h.safety())
 	h.mu.Unlock()
 
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	// A timeout, not a deadline: deadline is on the keeper's clock, a context's on the system's.
+	ctx, cancel := context.WithTimeout(context.Background(), h.k.until(deadline))
 	// A store that does not return by the deadline must not keep the leases live past it:
 	// they are cancelled at the deadline even while the call hangs.
 	stopLoss := context.AfterFunc(ctx, func() {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			h.mu.Lock()
-			if !h.stopped && !h.lost && !time.Now().Before(h.validUntil.Add(-h.safety())) {
+			if !h.stopped && !h.lost && !h.k.now().Before(h.validUntil.Add(-h.safety())) {
 				h.loseLocked()
 			}
 			h.mu.Unlock()
 		}
 	})
-	sent := time.Now()
-	err := h.l.store.Refresh(ctx, h.key, h.owner, h.l.cfg.ttl)
+	sent := h.k.now()
+	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
 	stopLoss()
 	cancel()
 
@@ -255,18 +256,18 @@ func (h *hold) renew() {
 	case err == nil:
 		// The lock lives at least a TTL from the send (a refresh never shortens it), and the
 		// next renewal is due a third of it from the send.
-		h.validUntil = maxTime(h.validUntil, sent.Add(h.l.cfg.ttl))
-		h.timer.Reset(max(time.Until(sent.Add(h.l.cfg.ttl/3)), 0))
+		h.validUntil = maxTime(h.validUntil, sent.Add(h.k.ttl))
+		h.timer.Reset(max(h.k.until(sent.Add(h.k.ttl/3)), 0))
 	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
 	default:
 		// Redis did not answer: try again soon, and give up before the lock may expire.
-		left := time.Until(h.validUntil) - h.safety()
+		left := h.k.until(h.validUntil) - h.safety()
 		if left <= 0 {
 			h.loseLocked()
 			return
 		}
-		h.timer.Reset(min(left, max(h.l.cfg.ttl/10, time.Millisecond)))
+		h.timer.Reset(min(left, max(h.k.ttl/10, time.Millisecond)))
 	}
 }
 
@@ -279,7 +280,7 @@ func (h *hold) loseLocked() {
 	if h.timer != nil {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
 		// released (abandonLocked).
-		h.timer.Reset(max(time.Until(h.validUntil), 0))
+		h.timer.Reset(max(h.k.until(h.validUntil), 0))
 	}
 }
 
@@ -293,7 +294,7 @@ func (h *hold) abandonLocked() {
 		h.mu.Unlock()
 		return
 	}
-	if left := time.Until(h.validUntil); left > 0 {
+	if left := h.k.until(h.validUntil); left > 0 {
 		h.timer.Reset(left)
 		h.mu.Unlock()
 		return
@@ -301,7 +302,7 @@ func (h *hold) abandonLocked() {
 	h.abandoned = true
 	h.live = 0
 	h.mu.Unlock()
-	_ = h.l.endGrant(context.Background(), h) // ErrNotHeld is the usual answer: the key expired
+	_ = h.k.endGrant(context.Background(), h) // ErrNotHeld is the usual answer: the key expired
 }
 
 // extend records a successful explicit Refresh sent at sent.
@@ -309,7 +310,7 @@ func (h *hold) extend(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.lost {
-		h.validUntil = maxTime(h.validUntil, sent.Add(h.l.cfg.ttl))
+		h.validUntil = maxTime(h.validUntil, sent.Add(h.k.ttl))
 	}
 }
 

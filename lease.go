@@ -20,7 +20,6 @@ const (
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
 type Lease struct {
-	l      *Locker
 	h      *hold
 	kind   leaseKind
 	fence  int64
@@ -37,8 +36,8 @@ type Lease struct {
 	slot     reentrySlot // guarded by mu: re-entries of this lease by other goroutines
 }
 
-func (l *Locker) newLease(parent context.Context, h *hold, kind leaseKind, fence int64) *Lease {
-	lease := &Lease{l: l, h: h, kind: kind, fence: fence, outer: FromContext(parent)}
+func newLease(parent context.Context, h *hold, kind leaseKind, fence int64) *Lease {
+	lease := &Lease{h: h, kind: kind, fence: fence, outer: FromContext(parent)}
 	cctx, cancel := context.WithCancelCause(parent)
 	lease.ctx = leaseContext{Context: cctx, lease: lease}
 	lease.cancel = cancel
@@ -94,9 +93,9 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if !x.active() || x.h.local {
 		return 0, ErrNotHeld
 	}
-	ctx, cancel := x.l.bound(ctx)
+	ctx, cancel := x.h.k.bound(ctx)
 	defer cancel()
-	return x.l.store.TTL(ctx, x.h.key)
+	return x.h.k.store.TTL(ctx, x.h.key)
 }
 
 // Refresh makes the lock live at least a TTL more now, in addition to the watchdog; it never
@@ -106,10 +105,10 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	if !x.active() || x.h.local {
 		return ErrNotHeld
 	}
-	ctx, cancel := x.l.bound(ctx)
+	ctx, cancel := x.h.k.bound(ctx)
 	defer cancel()
-	sent := time.Now()
-	err := x.l.store.Refresh(ctx, x.h.key, x.h.owner, x.l.cfg.ttl)
+	sent := x.h.k.now()
+	err := x.h.k.store.Refresh(ctx, x.h.key, x.h.owner, x.h.k.ttl)
 	switch {
 	case err == nil:
 		x.h.extend(sent)
@@ -148,7 +147,7 @@ func (x *Lease) Release(ctx context.Context) error {
 		}
 		return nil
 	}
-	return x.l.endGrant(ctx, x.h)
+	return x.h.k.endGrant(ctx, x.h)
 }
 
 // enterReentry admits goroutine g to a re-entry of x (see reentrySlot), waiting for the slot in
@@ -196,7 +195,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	// Granted just as the wait ended: hand the slot on and give up the lease it counted.
 	x.leaveSlot()
 	if x.h.done() {
-		_ = x.l.endGrant(context.Background(), x.h)
+		_ = x.h.k.endGrant(context.Background(), x.h)
 	}
 	return false, &busyError{}
 }

@@ -17,9 +17,8 @@ import (
 // use, and its per-process gate only collapses contention among callers of the same Locker (or
 // of Lockers derived from it with With).
 type Locker struct {
-	store lockstore.Store
-	gate  *gate // shared with every Locker derived by With
-	cfg   config
+	k   *keeper // its store and gate are shared with every Locker derived by With
+	cfg config
 }
 
 // New returns a Locker on store. Without options it waits up to 2s for busy keys (Wait mode),
@@ -39,7 +38,7 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Locker{store: store, gate: newGate(), cfg: cfg}, nil
+	return &Locker{k: newKeeper(store, newGate(), &cfg), cfg: cfg}, nil
 }
 
 // MustNew is New that panics on a bad option, for start-up code.
@@ -61,11 +60,11 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Locker{store: l.store, gate: l.gate, cfg: cfg}, nil
+	return &Locker{k: newKeeper(l.k.store, l.k.gate, &cfg), cfg: cfg}, nil
 }
 
 // Store returns the store the Locker runs on.
-func (l *Locker) Store() lockstore.Store { return l.store }
+func (l *Locker) Store() lockstore.Store { return l.k.store }
 
 // Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
 // ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
@@ -150,7 +149,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	}
 	defer b.stop()
 
-	if parent := findLease(ctx, l.gate, rkey); parent != nil {
+	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
 		lease, err := l.reenter(ctx, &b, parent, wait)
 		if !errors.Is(err, errGrantEnded) {
 			return lease, err
@@ -164,34 +163,34 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		// The token holds nothing: it grants nothing, and we lock as a new owner.
 	}
 
-	e, h, err := l.gate.enter(&b, rkey, wait)
+	e, h, err := l.k.gate.enter(&b, rkey, wait)
 	if err != nil {
 		return nil, l.busy(ctx, err)
 	}
 	if b.spent() {
 		// The slot was granted just as the wait ended: pass it on and give up.
 		if h != nil {
-			_ = l.endGrant(ctx, h)
+			_ = l.k.endGrant(ctx, h)
 		} else {
-			l.gate.leave(rkey, e, false)
+			l.k.gate.leave(rkey, e, false)
 		}
 		return nil, l.busy(ctx, &busyError{})
 	}
 	if h == nil {
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, l.gate.yielding(e))
+		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
-			h, err = newLocalHold(l, rkey, owner), nil
+			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
 		if err != nil {
-			l.gate.leave(rkey, e, false)
+			l.k.gate.leave(rkey, e, false)
 			return nil, err
 		}
 		h.entry = e
-		l.gate.setHold(e, h)
+		l.k.gate.setHold(e, h)
 	}
-	return l.newLease(ctx, h, grantLease, h.currentFence()), nil
+	return newLease(ctx, h, grantLease, h.currentFence()), nil
 }
 
 // reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once down
@@ -206,7 +205,7 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 		}
 		return nil, l.busy(ctx, err)
 	}
-	lease := l.newLease(ctx, parent.h, reentryLease, parent.fence)
+	lease := newLease(ctx, parent.h, reentryLease, parent.fence)
 	lease.parent, lease.g, lease.inSlot = parent, g, inSlot
 	return lease, nil
 }
@@ -216,19 +215,19 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 // done is false when owner holds nothing: a handed-over token never takes a free key (issue 8,
 // finding 2).
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
-	if h := l.gate.lookupHold(rkey); h != nil && h.owner == owner && !h.local {
+	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner == owner && !h.local {
 		if f, ok := h.join(); ok {
-			return l.newLease(ctx, h, joinedLease, max(f, fence)), nil, true
+			return newLease(ctx, h, joinedLease, max(f, fence)), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
-	callCtx, cancel := l.bound(ctx)
-	sent := time.Now()
-	res, err := l.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
+	callCtx, cancel := l.k.bound(ctx)
+	sent := l.k.now()
+	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
 	if err != nil && isTimeout(err) {
 		// The call may have run unseen: give up the hold it would have added (only ours).
-		l.giveBack(ctx, rkey, owner, borrow)
+		l.k.giveBack(ctx, rkey, owner, borrow)
 	}
 	switch {
 	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
@@ -238,12 +237,12 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	case !res.Acquired:
 		return nil, nil, false
 	}
-	if l.tooLate(sent) {
-		l.giveBack(ctx, rkey, owner, borrow)
+	if l.k.tooLate(sent) {
+		l.k.giveBack(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
-	h := newHold(l, rkey, owner, max(res.Fence, fence), borrow, sent)
-	return l.newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
+	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
+	return newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
@@ -269,7 +268,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 	}()
 	if yield && wait {
-		watch, _ = l.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
+		watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
 		d, _ := l.cfg.retry(1)
 		if !sleep(b.context(), watch, &timer, d) {
 			return nil, l.busy(ctx, &busyError{})
@@ -277,12 +276,12 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 	for {
 		callCtx, cancel := l.callContext(ctx, b)
-		sent := time.Now()
-		res, err := l.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
+		sent := l.k.now()
+		res, err := l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
 		if err != nil {
 			if isTimeout(err) {
-				l.giveBack(ctx, key, owner, "")
+				l.k.giveBack(ctx, key, owner, "")
 			}
 			if wait && attempt > 0 && b.spent() {
 				// The wait ran out during a retry of a key we saw held: busy. A first attempt
@@ -293,13 +292,13 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			return nil, err
 		}
 		if res.Acquired {
-			if l.tooLate(sent) {
+			if l.k.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
 				// safely (issue 8, finding 5). Give it back.
-				l.giveBack(ctx, key, owner, "")
+				l.k.giveBack(ctx, key, owner, "")
 				return nil, errLateReply
 			}
-			return newHold(l, key, owner, res.Fence, "", sent), nil
+			return newHold(l.k, key, owner, res.Fence, "", sent), nil
 		}
 		attempt++
 		holder = time.Now().Add(res.HolderTTL)
@@ -312,73 +311,12 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
-			watch, _ = l.store.Watch(b.context(), key)
+			watch, _ = l.k.store.Watch(b.context(), key)
 		}
 		if !sleep(b.context(), watch, &timer, delay) {
 			return nil, l.busy(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
-}
-
-// safety is how long before a lock may expire in Redis its leases are cancelled: the holder
-// must have stopped by then.
-func (l *Locker) safety() time.Duration { return l.cfg.ttl / 10 }
-
-// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held:
-// its leases would have to be cancelled at once.
-func (l *Locker) tooLate(sent time.Time) bool {
-	return time.Since(sent) >= l.cfg.ttl-l.safety()
-}
-
-// giveBack releases a hold that this call took but will not use: the acquisition's own when
-// borrow is "", else the named re-entry. It runs after a timed-out call (go-redis re-sends a
-// command after a read timeout, so the call may have run unseen) and after a reply that came
-// too late; ErrNotHeld is the usual, harmless answer. Redis was slow, so the cleanup is bounded
-// short: a hold it cannot give back runs out with its TTL.
-func (l *Locker) giveBack(ctx context.Context, key, owner, borrow string) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.cfg.ttl, 500*time.Millisecond))
-	defer cancel()
-	_, _ = l.store.Release(rctx, key, owner, borrow, 0)
-}
-
-// endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
-// next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
-// one hold of a borrowed lock.
-func (l *Locker) endGrant(ctx context.Context, h *hold) error {
-	if h.borrowed() {
-		// One hold of another process's lock: count it down in Redis.
-		h.stop()
-		rctx, cancel := l.releaseContext(ctx)
-		defer cancel()
-		_, err := l.store.Release(rctx, h.key, h.owner, h.borrow, 0)
-		return err
-	}
-	e := h.entry
-	if l.gate.handoff(h.key, e, h, l.cfg.handoff, l.cfg.window) {
-		return nil
-	}
-	var (
-		notified int
-		err      error
-	)
-	if !h.local {
-		last := h.stop()
-		rctx, cancel := l.releaseContext(ctx)
-		notified, err = l.store.Release(rctx, h.key, h.owner, "", last)
-		cancel()
-	}
-	l.gate.leave(h.key, e, notified > 0)
-	return err
-}
-
-// releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
-// timeout handler cancels the request context while the handler still runs), bounded by one
-// TTL.
-func (l *Locker) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Done() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	return context.WithTimeout(ctx, l.cfg.ttl)
 }
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
@@ -430,14 +368,6 @@ func (b *budget) stop() {
 	}
 }
 
-// bound gives a store call a deadline when ctx has none: no call outlives one TTL.
-func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, l.cfg.ttl)
-}
-
 // busy joins a busy error with the caller's context error when that context ended.
 func (l *Locker) busy(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
@@ -476,4 +406,4 @@ func newOwnerToken() string {
 }
 
 // gateLen is the number of keys in the per-process gate, for tests.
-func (l *Locker) gateLen() int { return l.gate.len() }
+func (l *Locker) gateLen() int { return l.k.gate.len() }

@@ -131,9 +131,9 @@ func TestHandoffSkipsRedisAndRaisesFence(t *testing.T) {
 		}()
 	}
 	waitFor(t, 2*time.Second, "waiters to queue", func() bool {
-		l.gate.mu.Lock()
-		defer l.gate.mu.Unlock()
-		return len(l.gate.entries["lock:h"].queue) == waiters
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return len(l.k.gate.entries["lock:h"].queue) == waiters
 	})
 	fences := []int64{first.Fence()}
 	cur := first
@@ -167,26 +167,27 @@ func TestHandoffSkipsRedisAndRaisesFence(t *testing.T) {
 }
 
 func TestRenewalFailureCancelsBeforeTTL(t *testing.T) {
-	ms, _, _ := miniStore(t)
+	ms, mr, _ := miniStore(t)
 	ctx := context.Background()
 	const ttl = 300 * time.Millisecond
 
 	t.Run("refused", func(t *testing.T) {
+		clk := newManualClock()
 		fs := &faultStore{Store: ms}
-		l := mustLocker(t, fs, WithTTL(ttl))
+		l := mustLocker(t, fs, WithTTL(ttl), withClock(clk))
 		lease, err := l.Lock(ctx, "refused")
 		if err != nil {
 			t.Fatal(err)
 		}
 		refused := lockstore.ErrNotHeld
 		fs.failRefresh.Store(&refused)
-		select {
-		case <-lease.Context().Done():
-		case <-time.After(2 * ttl):
-			t.Fatal("lease context not cancelled after a refused renewal")
+		clk.Step(mr, ttl/3-time.Millisecond, time.Millisecond)
+		if err := lease.Context().Err(); err != nil {
+			t.Fatalf("lease ended before its first renewal was due: %v", context.Cause(lease.Context()))
 		}
+		clk.Step(mr, time.Millisecond, time.Millisecond)
 		if cause := context.Cause(lease.Context()); cause != ErrLost {
-			t.Fatalf("cause %v, want ErrLost", cause)
+			t.Fatalf("after the first renewal was refused, cause %v, want ErrLost", cause)
 		}
 		if err := lease.Release(ctx); !errors.Is(err, ErrNotHeld) && err != nil {
 			t.Fatal(err)
@@ -194,22 +195,27 @@ func TestRenewalFailureCancelsBeforeTTL(t *testing.T) {
 	})
 
 	t.Run("unreachable", func(t *testing.T) {
+		clk := newManualClock()
 		fs := &faultStore{Store: ms}
-		l := mustLocker(t, fs, WithTTL(ttl))
-		acquired := time.Now()
+		l := mustLocker(t, fs, WithTTL(ttl), withClock(clk))
+		acquired := clk.Now()
 		lease, err := l.Lock(ctx, "unreachable")
 		if err != nil {
 			t.Fatal(err)
 		}
 		down := errors.New("connection refused")
 		fs.failRefresh.Store(&down)
-		<-lease.Context().Done()
-		lostAt := time.Now()
+		// Lost exactly when the safety margin before the TTL begins, not a step later.
+		limit := ttl - ttl/10
+		for lease.Context().Err() == nil && clk.Now().Sub(acquired) < 2*ttl {
+			clk.Step(nil, time.Millisecond, time.Millisecond)
+		}
+		lostAt := clk.Now().Sub(acquired)
 		if cause := context.Cause(lease.Context()); cause != ErrLost {
 			t.Fatalf("cause %v, want ErrLost", cause)
 		}
-		if lostAt.After(acquired.Add(ttl)) {
-			t.Fatalf("lease declared lost %v after acquisition, after its %v TTL ran out", lostAt.Sub(acquired), ttl)
+		if lostAt > limit {
+			t.Fatalf("lease declared lost %v after acquisition, after the %v its holder may trust (TTL %v)", lostAt, limit, ttl)
 		}
 		if fs.refreshes.Load() < 2 {
 			t.Fatalf("only %d renewal attempts before giving up", fs.refreshes.Load())
@@ -219,25 +225,35 @@ func TestRenewalFailureCancelsBeforeTTL(t *testing.T) {
 }
 
 func TestWatchdogKeepsLockAndStopsAtMaxHold(t *testing.T) {
-	s, _, c := miniStore(t)
+	s, mr, c := miniStore(t)
+	clk := newManualClock()
 	ctx := context.Background()
-	l := mustLocker(t, s, WithTTL(90*time.Millisecond), WithMaxHold(250*time.Millisecond))
+	const ttl, maxHold = 90 * time.Millisecond, 250 * time.Millisecond
+	l := mustLocker(t, s, WithTTL(ttl), WithMaxHold(maxHold), withClock(clk))
 	lease, err := l.Lock(ctx, "wd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// miniredis's clock does not move here, so only renewals (PEXPIRE) change the TTL; a lost
-	// lease shows as a cancelled context.
-	select {
-	case <-lease.Context().Done():
-	case <-time.After(2 * time.Second):
-		t.Fatal("lease outlived MaxHold + TTL")
+	// Renewals every TTL/3 (30ms) keep the key through MaxHold: the last one, at 240ms, makes
+	// it live until 330ms, so the lease must stay valid until the safety margin before that
+	// (321ms) and end exactly there.
+	clk.Step(mr, 320*time.Millisecond, time.Millisecond)
+	if err := lease.Context().Err(); err != nil {
+		t.Fatalf("lease ended at 320ms: %v", context.Cause(lease.Context()))
 	}
+	if c.Exists(ctx, "lock:wd").Val() != 1 {
+		t.Fatal("key gone from Redis while the lease was still valid: renewals missed")
+	}
+	clk.Step(mr, time.Millisecond, time.Millisecond)
 	if context.Cause(lease.Context()) != ErrLost {
-		t.Fatalf("cause %v, want ErrLost", context.Cause(lease.Context()))
+		t.Fatalf("at 321ms (MaxHold %v, TTL %v): cause %v, want ErrLost", maxHold, ttl, context.Cause(lease.Context()))
 	}
 	if c.Exists(ctx, "lock:wd").Val() != 1 {
 		t.Fatal("the watchdog deleted the key instead of letting it expire")
+	}
+	clk.Step(mr, 10*time.Millisecond, time.Millisecond)
+	if c.Exists(ctx, "lock:wd").Val() != 0 {
+		t.Fatal("renewed past MaxHold: the key outlived its last renewal's TTL")
 	}
 	_ = lease.Release(ctx)
 }
@@ -725,7 +741,8 @@ func TestAllFromContextSkipsReleasedLeases(t *testing.T) {
 func TestHandoffWindowEndsHandoff(t *testing.T) {
 	ms, _, _ := miniStore(t)
 	fs := &faultStore{Store: ms}
-	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(100, 30*time.Millisecond))
+	clk := newManualClock()
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithHandoff(100, 30*time.Millisecond), withClock(clk))
 	ctx := context.Background()
 	first, err := l.Lock(ctx, "win")
 	if err != nil {
@@ -740,11 +757,11 @@ func TestHandoffWindowEndsHandoff(t *testing.T) {
 		got <- lease
 	}()
 	waitFor(t, 2*time.Second, "a waiter", func() bool {
-		l.gate.mu.Lock()
-		defer l.gate.mu.Unlock()
-		return len(l.gate.entries["lock:win"].queue) == 1
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return len(l.k.gate.entries["lock:win"].queue) == 1
 	})
-	time.Sleep(40 * time.Millisecond) // past the window
+	clk.Advance(40 * time.Millisecond) // past the window
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

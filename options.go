@@ -59,6 +59,7 @@ type config struct {
 	window   time.Duration
 	failOpen bool
 	metadata func(context.Context) string
+	clock    clock // systemClock outside tests (withClock)
 }
 
 func defaultConfig() config {
@@ -71,7 +72,16 @@ func defaultConfig() config {
 		prefix:  DefaultPrefix,
 		handoff: DefaultHandoff,
 		window:  DefaultHandoffWindow,
+		clock:   systemClock{},
 	}
+}
+
+// withClock replaces the system clock of the watchdog and of lease expiry, for tests that step
+// through a lock's life instead of sleeping through it. Unexported: a Locker on another clock
+// than the Redis server's is only meaningful against a Redis whose clock is moved in step
+// (miniredis's FastForward).
+func withClock(c clock) Option {
+	return func(cfg *config) { cfg.clock = c }
 }
 
 func (c *config) validate() error {

@@ -38,12 +38,12 @@ func TestStaleReentryNeverJoinsTheNextGrant(t *testing.T) {
 		wLease <- lease
 	}()
 	waitFor(t, 2*time.Second, "waiter queued", func() bool {
-		l.gate.mu.Lock()
-		defer l.gate.mu.Unlock()
-		return len(l.gate.entries["lock:k"].queue) == 1
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return len(l.k.gate.entries["lock:k"].queue) == 1
 	})
 	// X, a goroutine carrying g1's context (background job), is inside lock(): findLease found g1.
-	parent := findLease(g1.Context(), l.gate, "lock:k")
+	parent := findLease(g1.Context(), l.k.gate, "lock:k")
 	if parent != g1 {
 		t.Fatal("no parent")
 	}
@@ -326,13 +326,13 @@ func TestRetriedReenterListsOneHold(t *testing.T) {
 func TestLeakedLeaseDoesNotBlockTheKeyForever(t *testing.T) {
 	s, mr, _ := miniStore(t)
 	ctx := context.Background()
-	l := mustLocker(t, s, WithTTL(100*time.Millisecond), WithMaxHold(50*time.Millisecond), WithWait(50*time.Millisecond))
+	clk := newManualClock()
+	l := mustLocker(t, s, WithTTL(100*time.Millisecond), WithMaxHold(50*time.Millisecond), WithWait(50*time.Millisecond), withClock(clk))
 	leaked, err := l.Lock(ctx, "k")
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
-	mr.FastForward(time.Second)
+	clk.Step(mr, 400*time.Millisecond, 5*time.Millisecond)
 	t.Logf("leaked lease context: %v", context.Cause(leaked.Context()))
 	other := mustLocker(t, s)
 	if lo, err := other.Lock(ctx, "k"); err != nil {

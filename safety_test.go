@@ -284,9 +284,9 @@ func TestEveryHandoffGrantHasItsOwnFence(t *testing.T) {
 		}()
 	}
 	waitFor(t, 2*time.Second, "waiters to queue", func() bool {
-		l.gate.mu.Lock()
-		defer l.gate.mu.Unlock()
-		return len(l.gate.entries["lock:hf"].queue) == waiters
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return len(l.k.gate.entries["lock:hf"].queue) == waiters
 	})
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -399,30 +399,28 @@ func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 // MaxHold bounds a grant: re-entering over and over does not keep the lock past it (found by
 // the review of the issue 8 fixes: every re-entry restarted the MaxHold clock).
 func TestReentriesDoNotExtendMaxHold(t *testing.T) {
-	s, _, _ := miniStore(t)
+	s, mr, _ := miniStore(t)
+	clk := newManualClock()
 	ctx := context.Background()
-	l := mustLocker(t, s, WithTTL(90*time.Millisecond), WithMaxHold(200*time.Millisecond))
+	const ttl, maxHold = 90 * time.Millisecond, 200 * time.Millisecond
+	l := mustLocker(t, s, WithTTL(ttl), WithMaxHold(maxHold), withClock(clk))
 	lease, err := l.Lock(ctx, "mh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	deadline := time.After(2 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-lease.Context().Done():
-			if context.Cause(lease.Context()) != ErrLost {
-				t.Fatalf("cause %v, want ErrLost", context.Cause(lease.Context()))
-			}
-			return
-		case <-deadline:
-			t.Fatal("re-entries kept the lock past MaxHold + TTL")
-		case <-tick.C:
-			if in, err := l.Lock(lease.Context(), "mh"); err == nil {
-				_ = in.Release(ctx)
-			}
+	// Re-enter every 20ms. The grant's last renewal is at 180ms at the latest (TTL/3 steps
+	// within MaxHold), so the lease must be lost by 180ms + TTL - TTL/10 = 261ms.
+	for elapsed := time.Duration(0); elapsed <= maxHold+ttl; elapsed += 20 * time.Millisecond {
+		if lease.Context().Err() != nil {
+			break
 		}
+		if in, err := l.Lock(lease.Context(), "mh"); err == nil {
+			_ = in.Release(ctx)
+		}
+		clk.Step(mr, 20*time.Millisecond, time.Millisecond)
+	}
+	if context.Cause(lease.Context()) != ErrLost {
+		t.Fatalf("re-entries kept the lock past MaxHold + TTL: cause %v, want ErrLost", context.Cause(lease.Context()))
 	}
 }

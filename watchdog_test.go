@@ -11,9 +11,10 @@ import (
 // Locks with a short TTL, taken next to one with a long TTL through a derived Locker, are
 // renewed in time: each lock follows its own TTL.
 func TestWatchdogRenewsShortTTLBesideLongTTL(t *testing.T) {
-	s, _, c := realStore(t)
+	s, mr, c := miniStore(t)
+	clk := newManualClock()
 	ctx := context.Background()
-	long := mustLocker(t, s, WithTTL(10*time.Second))
+	long := mustLocker(t, s, WithTTL(10*time.Second), withClock(clk))
 	short, err := long.With(WithTTL(300 * time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +32,7 @@ func TestWatchdogRenewsShortTTLBesideLongTTL(t *testing.T) {
 		}
 		leases = append(leases, b)
 	}
-	time.Sleep(1200 * time.Millisecond) // four TTLs of the short locks
+	clk.Step(mr, 1200*time.Millisecond, 10*time.Millisecond) // four TTLs of the short locks
 	for _, b := range leases {
 		if err := context.Cause(b.Context()); err != nil {
 			t.Fatalf("%s: context ended with %v while its holder still held it", b.Key(), err)

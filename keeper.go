@@ -1,0 +1,106 @@
+package flightlock
+
+import (
+	"context"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// keeper is what a hold needs of the Locker that made it, and no more: the store to renew and
+// release it, the gate to hand it on, the clock, and the TTL, MaxHold and handoff bounds of
+// that Locker's configuration. A Locker has one; Lockers derived with With share the store and
+// the gate but have keepers of their own (their TTLs may differ). Holds and leases point here,
+// never at the Locker: acquiring (retry, wait budget, modes) is the Locker's concern, keeping
+// and ending a grant is this one's.
+type keeper struct {
+	store   lockstore.Store
+	gate    *gate
+	clock   clock
+	ttl     time.Duration
+	maxHold time.Duration
+	handoff int           // handoffs in a row before a release goes through Redis
+	window  time.Duration // no handoff once the Redis acquisition is older than this
+}
+
+func newKeeper(store lockstore.Store, g *gate, cfg *config) *keeper {
+	return &keeper{store: store, gate: g, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
+		handoff: cfg.handoff, window: cfg.window}
+}
+
+func (k *keeper) now() time.Time { return k.clock.Now() }
+
+// since is the time passed since t on the keeper's clock.
+func (k *keeper) since(t time.Time) time.Duration { return k.clock.Now().Sub(t) }
+
+// until is the time left until t on the keeper's clock.
+func (k *keeper) until(t time.Time) time.Duration { return t.Sub(k.clock.Now()) }
+
+// safety is how long before a lock may expire in Redis its leases are cancelled: the holder
+// must have stopped by then.
+func (k *keeper) safety() time.Duration { return k.ttl / 10 }
+
+// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held:
+// its leases would have to be cancelled at once.
+func (k *keeper) tooLate(sent time.Time) bool {
+	return k.since(sent) >= k.ttl-k.safety()
+}
+
+// giveBack releases a hold that this call took but will not use: the acquisition's own when
+// borrow is "", else the named re-entry. It runs after a timed-out call (go-redis re-sends a
+// command after a read timeout, so the call may have run unseen) and after a reply that came
+// too late; ErrNotHeld is the usual, harmless answer. Redis was slow, so the cleanup is bounded
+// short: a hold it cannot give back runs out with its TTL.
+func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
+	defer cancel()
+	_, _ = k.store.Release(rctx, key, owner, borrow, 0)
+}
+
+// endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
+// next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
+// one hold of a borrowed lock.
+func (k *keeper) endGrant(ctx context.Context, h *hold) error {
+	if h.borrowed() {
+		// One hold of another process's lock: count it down in Redis.
+		h.stop()
+		rctx, cancel := k.releaseContext(ctx)
+		defer cancel()
+		_, err := k.store.Release(rctx, h.key, h.owner, h.borrow, 0)
+		return err
+	}
+	e := h.entry
+	if k.gate.handoff(h.key, e, h, k.handoff, k.window) {
+		return nil
+	}
+	var (
+		notified int
+		err      error
+	)
+	if !h.local {
+		last := h.stop()
+		rctx, cancel := k.releaseContext(ctx)
+		notified, err = k.store.Release(rctx, h.key, h.owner, "", last)
+		cancel()
+	}
+	k.gate.leave(h.key, e, notified > 0)
+	return err
+}
+
+// releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
+// timeout handler cancels the request context while the handler still runs), bounded by one
+// TTL.
+func (k *keeper) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, k.ttl)
+}
+
+// bound gives a store call a deadline when ctx has none: no call outlives one TTL.
+func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, k.ttl)
+}
