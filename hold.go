@@ -246,6 +246,9 @@ func (h *hold) renew() {
 	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
 	stopLoss()
 	cancel()
+	if o := h.k.observe; o != nil && o.Renewed != nil {
+		o.Renewed(h.key, err)
+	}
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -274,6 +277,9 @@ func (h *hold) renew() {
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
 func (h *hold) loseLocked() {
 	h.lost = true
+	if o := h.k.observe; o != nil && o.Lost != nil {
+		o.Lost(h.key)
+	}
 	for _, x := range h.holders {
 		x.cancel(ErrLost)
 	}
@@ -335,4 +341,14 @@ func (h *hold) isLost() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lost
+}
+
+// interrupt cancels the contexts of the leases on the hold with cause (Drain), without
+// touching the lock: their holders are asked to stop and release.
+func (h *hold) interrupt(cause error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, x := range h.holders {
+		x.cancel(cause)
+	}
 }

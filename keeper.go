@@ -21,11 +21,12 @@ type keeper struct {
 	maxHold time.Duration
 	handoff int           // handoffs in a row before a release goes through Redis
 	window  time.Duration // no handoff once the Redis acquisition is older than this
+	observe *Observer     // nil without WithObserver
 }
 
 func newKeeper(store lockstore.Store, g *gate, cfg *config) *keeper {
 	return &keeper{store: store, gate: g, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
-		handoff: cfg.handoff, window: cfg.window}
+		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer}
 }
 
 func (k *keeper) now() time.Time { return k.clock.Now() }
@@ -67,6 +68,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 		rctx, cancel := k.releaseContext(ctx)
 		defer cancel()
 		_, err := k.store.Release(rctx, h.key, h.owner, h.borrow, 0)
+		k.gate.removeBorrowed(h)
 		return err
 	}
 	e := h.entry

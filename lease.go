@@ -7,26 +7,45 @@ import (
 	"time"
 )
 
-// leaseKind says how a lease came to hold its lock.
-type leaseKind uint8
+// Grant says how a lease came to hold its lock, for metrics and traces (Lease.Grant).
+type Grant uint8
 
 const (
-	grantLease    leaseKind = iota // acquired in Redis, or received by handoff: owns the gate slot
-	reentryLease                   // re-entered a lease of its context: holds the grant's re-entry slot
-	joinedLease                    // joined this process's hold through a handed-over owner
-	borrowedLease                  // re-entered another process's lock through a handed-over owner
+	// GrantRedis: acquired in Redis by this call. The lease owns the key's gate slot.
+	GrantRedis Grant = iota
+	// GrantHandoff: received from the previous holder in this process without a Redis
+	// command (WithHandoff), with a fence of its own. The lease owns the key's gate slot.
+	GrantHandoff
+	// GrantReentry: re-entered a lease that its context carried (a nested lock).
+	GrantReentry
+	// GrantJoined: joined this process's lock through an owner handed over by an upstream call.
+	GrantJoined
+	// GrantBorrowed: re-entered another process's lock through an owner handed over by an
+	// upstream call, as one more hold of that lock in Redis.
+	GrantBorrowed
 )
+
+var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed"}
+
+// String returns the grant's name as metrics and traces label it: redis, handoff, reentry,
+// joined or borrowed.
+func (g Grant) String() string {
+	if int(g) < len(grantNames) {
+		return grantNames[g]
+	}
+	return "unknown"
+}
 
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
 type Lease struct {
 	h      *hold
-	kind   leaseKind
+	kind   Grant
 	fence  int64
 	outer  *Lease // the lease the parent context held, if any
-	parent *Lease // reentryLease: the lease it re-entered
-	g      int64  // reentryLease: the goroutine that made it
-	inSlot bool   // reentryLease: it holds parent's re-entry slot
+	parent *Lease // GrantReentry: the lease it re-entered
+	g      int64  // GrantReentry: the goroutine that made it
+	inSlot bool   // GrantReentry: it holds parent's re-entry slot
 	ctx    leaseContext
 	cancel context.CancelCauseFunc
 
@@ -36,7 +55,7 @@ type Lease struct {
 	slot     reentrySlot // guarded by mu: re-entries of this lease by other goroutines
 }
 
-func newLease(parent context.Context, h *hold, kind leaseKind, fence int64) *Lease {
+func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, outer: FromContext(parent)}
 	cctx, cancel := context.WithCancelCause(parent)
 	lease.ctx = leaseContext{Context: cctx, lease: lease}
@@ -82,6 +101,10 @@ func (x *Lease) Fence() int64 { return x.fence }
 // (FromContext) and is cancelled with cause ErrLost before the earliest moment Redis may
 // expire the lock, and when the lease is released.
 func (x *Lease) Context() context.Context { return &x.ctx }
+
+// Grant tells how the lease came to hold its lock: through Redis, by handoff from the previous
+// holder in this process, or by re-entry.
+func (x *Lease) Grant() Grant { return x.kind }
 
 // Degraded reports whether the lease holds only the per-process gate because Redis could not
 // be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
@@ -160,7 +183,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	case x.released:
 		x.mu.Unlock()
 		return false, errGrantEnded
-	case x.kind == reentryLease && x.g == g:
+	case x.kind == GrantReentry && x.g == g:
 		x.h.addLive()
 		x.mu.Unlock()
 		return false, nil

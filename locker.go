@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"time"
@@ -61,6 +62,25 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 		return nil, err
 	}
 	return &Locker{k: newKeeper(l.k.store, l.k.gate, &cfg), cfg: cfg}, nil
+}
+
+// Drain stops this Locker, and every Locker that shares its gate (With), from taking new
+// locks, and waits until this process holds none: for a service that shuts down, so that its
+// peers get the keys as soon as its last holder is done instead of a TTL later. From the call
+// on, Lock and TryLock answer ErrClosed, also to callers queued for a key; re-entries of locks
+// held go on, so that their holders can finish.
+//
+// When ctx ends first, Drain cancels the contexts of the leases still held, with cause
+// ErrClosed, so that their holders stop, and returns an error that says how many locks remain.
+// They are released as their holders release them (call Drain again to wait for that), or
+// run out with their TTL once the process exits. Drain never releases a lock whose holder may
+// still run: a second holder would walk in while the first one writes.
+func (l *Locker) Drain(ctx context.Context) error {
+	if n := l.k.gate.drain(ctx); n > 0 {
+		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
+			n, context.Cause(ctx), ErrClosed)
+	}
+	return nil
 }
 
 // Store returns the store the Locker runs on.
@@ -165,18 +185,27 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 
 	e, h, err := l.k.gate.enter(&b, rkey, wait)
 	if err != nil {
+		if err == ErrClosed {
+			return nil, err
+		}
 		return nil, l.busy(ctx, err)
 	}
-	if b.spent() {
-		// The slot was granted just as the wait ended: pass it on and give up.
+	if closing := l.k.gate.closed.Load(); closing || b.spent() {
+		// The slot was granted just as the wait ended, or the Locker is draining: pass it on
+		// and give up.
 		if h != nil {
 			_ = l.k.endGrant(ctx, h)
 		} else {
 			l.k.gate.leave(rkey, e, false)
 		}
+		if closing {
+			return nil, ErrClosed
+		}
 		return nil, l.busy(ctx, &busyError{})
 	}
+	grant := GrantHandoff
 	if h == nil {
+		grant = GrantRedis
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
@@ -190,7 +219,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		h.entry = e
 		l.k.gate.setHold(e, h)
 	}
-	return newLease(ctx, h, grantLease, h.currentFence()), nil
+	return newLease(ctx, h, grant, h.currentFence()), nil
 }
 
 // reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once down
@@ -205,7 +234,7 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 		}
 		return nil, l.busy(ctx, err)
 	}
-	lease := newLease(ctx, parent.h, reentryLease, parent.fence)
+	lease := newLease(ctx, parent.h, GrantReentry, parent.fence)
 	lease.parent, lease.g, lease.inSlot = parent, g, inSlot
 	return lease, nil
 }
@@ -217,7 +246,7 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner == owner && !h.local {
 		if f, ok := h.join(); ok {
-			return newLease(ctx, h, joinedLease, max(f, fence)), nil, true
+			return newLease(ctx, h, GrantJoined, max(f, fence)), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -242,7 +271,8 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, errLateReply, true
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
-	return newLease(ctx, h, borrowedLease, h.currentFence()), nil, true
+	l.k.gate.addBorrowed(h)
+	return newLease(ctx, h, GrantBorrowed, h.currentFence()), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
@@ -308,6 +338,9 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		if res.HolderTTL > 0 {
 			delay = min(delay, res.HolderTTL)
+		}
+		if o := l.cfg.observer; o != nil && o.Retry != nil {
+			o.Retry(ctx, key, attempt, res.HolderTTL)
 		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.

@@ -60,6 +60,7 @@ type config struct {
 	failOpen bool
 	metadata func(context.Context) string
 	clock    clock // systemClock outside tests (withClock)
+	observer *Observer
 }
 
 func defaultConfig() config {
@@ -154,4 +155,25 @@ func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 // It must not contain newlines; it is called once per Redis acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata = fn }
+}
+
+// Observer is told what a Locker's locks do that its callers cannot see: retries while waiting
+// for a key held elsewhere, watchdog renewals, and losses. The go-zero layer turns it into
+// metrics, trace events and logs. Each func may be nil. They run synchronously, on the
+// goroutine of the event (the caller's for Retry, the watchdog's for Renewed and Lost, with
+// the lock's state locked), so they must be quick and must not call into the Locker.
+type Observer struct {
+	// Retry is called before a Lock in Wait mode sleeps to try a busy key again: attempt
+	// counts the failed attempts so far, holderTTL is what the holder had left.
+	Retry func(ctx context.Context, key string, attempt int, holderTTL time.Duration)
+	// Renewed is called after each watchdog renewal, with the store's error (nil on success).
+	Renewed func(key string, err error)
+	// Lost is called once when a lock can no longer be trusted: its leases' contexts are being
+	// cancelled with cause ErrLost.
+	Lost func(key string)
+}
+
+// WithObserver installs an Observer for the locks taken through the Locker.
+func WithObserver(o Observer) Option {
+	return func(c *config) { c.observer = &o }
 }

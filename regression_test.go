@@ -254,7 +254,7 @@ func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lb.kind != borrowedLease {
+	if lb.kind != GrantBorrowed {
 		t.Fatalf("kind %v", lb.kind)
 	}
 	t.Logf("before B's release: %q", mustGet(mr, "lock:k"))

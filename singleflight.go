@@ -1,7 +1,9 @@
 package flightlock
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,8 +16,13 @@ import (
 // others would still have to queue somewhere and would each talk to Redis again. The gate
 // queues them itself, and hands a held lock to the next in line without a Redis round trip.
 type gate struct {
-	mu      sync.Mutex
-	entries map[string]*gateEntry // guarded by mu
+	mu       sync.Mutex
+	entries  map[string]*gateEntry // guarded by mu
+	borrowed map[*hold]struct{}    // guarded by mu: live re-entries of other processes' locks
+	drained  chan struct{}         // guarded by mu: closed when the gate empties while closed
+	// closed is set (under mu) when the Locker drains: no new owner enters. Read without mu
+	// on the way in, so that a Lock pays an atomic load for it, not a lock.
+	closed atomic.Bool
 }
 
 // gateEntry is one key's slot. All fields are guarded by gate.mu.
@@ -43,6 +50,9 @@ func newGate() *gate {
 // granted or its budget ends. It returns the entry and the hold handed over by the previous
 // owner, if any.
 func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error) {
+	if g.closed.Load() {
+		return nil, nil, ErrClosed
+	}
 	g.mu.Lock()
 	e := g.entries[key]
 	if e == nil {
@@ -115,7 +125,7 @@ func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(e.queue) == 0 || e.handoffs >= bound {
+	if len(e.queue) == 0 || e.handoffs >= bound || g.closed.Load() {
 		return false
 	}
 	e.handoffs++
@@ -179,7 +189,72 @@ func (g *gate) dropLocked(key string, e *gateEntry) {
 	e.refs--
 	if e.refs == 0 {
 		delete(g.entries, key)
+		g.checkDrainedLocked()
 	}
+}
+
+// addBorrowed and removeBorrowed track the live re-entries of other processes' locks (they
+// have no gate entry), so that Drain waits for them too.
+func (g *gate) addBorrowed(h *hold) {
+	g.mu.Lock()
+	if g.borrowed == nil {
+		g.borrowed = make(map[*hold]struct{})
+	}
+	g.borrowed[h] = struct{}{}
+	g.mu.Unlock()
+}
+
+func (g *gate) removeBorrowed(h *hold) {
+	g.mu.Lock()
+	delete(g.borrowed, h)
+	g.checkDrainedLocked()
+	g.mu.Unlock()
+}
+
+// checkDrainedLocked tells a waiting drain that the process holds no lock any more. g.mu
+// must be held.
+func (g *gate) checkDrainedLocked() {
+	if g.drained != nil && len(g.entries) == 0 && len(g.borrowed) == 0 {
+		close(g.drained)
+		g.drained = nil
+	}
+}
+
+// drain closes the gate to new owners and waits until no key is held or ctx ends; then it
+// interrupts the leases still held and returns how many locks remain (see Locker.Drain).
+func (g *gate) drain(ctx context.Context) int {
+	g.mu.Lock()
+	g.closed.Store(true)
+	if len(g.entries) == 0 && len(g.borrowed) == 0 {
+		g.mu.Unlock()
+		return 0
+	}
+	if g.drained == nil {
+		g.drained = make(chan struct{})
+	}
+	done := g.drained
+	g.mu.Unlock()
+	select {
+	case <-done:
+		return 0
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	holds := make([]*hold, 0, len(g.entries)+len(g.borrowed))
+	for _, e := range g.entries {
+		if e.hold != nil {
+			holds = append(holds, e.hold)
+		}
+	}
+	for h := range g.borrowed {
+		holds = append(holds, h)
+	}
+	n := len(g.entries) + len(g.borrowed)
+	g.mu.Unlock()
+	for _, h := range holds {
+		h.interrupt(ErrClosed)
+	}
+	return n
 }
 
 // len returns the number of keys with an entry, for tests.
