@@ -17,6 +17,9 @@ type rule struct {
 	rpcKeys  rpcKeys  // nil for a REST-only rule
 	// fromMessage: the keys of a stream call come from its first message.
 	fromMessage bool
+	stats       *ruleStats // its labels in metrics, traces and logs
+	shadow      bool       // Rule.Shadow: counted, never enforced
+	onBusy      string     // Rule.OnBusy, normalized: what a shadow conflict would have been
 }
 
 // compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the
@@ -131,4 +134,22 @@ func compileRPC(s spec) (*rule, error) {
 	rl.rpcKeys = templateRPCKeys(plan)
 	rl.fromMessage = usesMessage(keys)
 	return rl, nil
+}
+
+// setStats gives the transports of cr their labels and shadow settings, and returns the
+// stats that the observer of cr's Locker reports under (its REST part's, else its zrpc's).
+func (cr *compiledRule) setStats() *ruleStats {
+	template := cmpTemplate(cr.spec)
+	var first *ruleStats
+	for _, rl := range []*rule{cr.http, cr.rpc} {
+		if rl == nil {
+			continue
+		}
+		rl.stats = newRuleStats(rl.name, template)
+		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
+		if first == nil {
+			first = rl.stats
+		}
+	}
+	return first
 }

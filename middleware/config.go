@@ -84,6 +84,18 @@ type LockConf struct {
 	// fence) and makes TrustOwner accept only owners signed with the same secret, so that only
 	// services that share it can hand a lock over. Every service of a call chain sets the same.
 	OwnerSecret string `json:",optional"`
+	// Drain is the grace period of a shutdown (default 3s). When go-zero's shutdown listeners
+	// run (SIGTERM), the Middleware takes no new lock (503 / Unavailable, Retry-After: 1) and
+	// gives the handlers that hold one up to Drain to finish; each lock is released as its
+	// handler returns, so peers get it at once instead of a TTL later. Past Drain the
+	// handlers' contexts are cancelled with cause flightlock.ErrClosed, and they get one more
+	// second to return. A lock whose handler still runs then is never released under it: it
+	// runs out with its TTL once the process exits. Keep Drain below go-zero's Shutdown.WaitTime
+	// (5.5s) minus its WrapUpTime (1s).
+	Drain time.Duration `json:",default=3s"`
+	// TraceKeys puts the rendered keys of a request in its lock span (attribute
+	// flightlock.keys). Off by default: keys hold user ids, account numbers and the like.
+	TraceKeys bool `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
 }
@@ -198,6 +210,14 @@ type Rule struct {
 	// TTL and Wait override LockConf's for this rule when positive.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
+	// Shadow runs the rule without enforcing it, to roll it out safely: no request is held
+	// back, queued or refused, and every request that enforcing the rule would have refused
+	// or queued (its key busy, a key that cannot be built, Redis unreachable) is counted in
+	// flightlock_shadow_conflicts_total, labelled by what OnBusy would have done. A shadow
+	// rule costs one Redis round trip per request at most (bounded at 50ms); its locks live
+	// under Prefix + "shadow:", apart from the enforced rules' locks. Delete the line to
+	// enforce the rule as written.
+	Shadow bool `json:",optional"`
 }
 
 // spec is a Rule to compile, with the Go key functions of rules built in Go (go-zero's conf

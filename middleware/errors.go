@@ -25,6 +25,7 @@ const (
 	msgUnavailable = "flightlock: lock store unavailable"
 	msgEnded       = "flightlock: request ended before the lock was taken"
 	msgConfig      = "flightlock: lock misconfigured"
+	msgDraining    = "flightlock: shutting down, try another instance"
 )
 
 // errStore marks an error of the store (Redis unreachable), as opposed to the request's own
@@ -39,6 +40,7 @@ var errStore = errors.New(msgUnavailable)
 //	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
 //	wraps flightlock.ErrInvalidKey                                400 Bad Request
 //	wraps flightlock.ErrConfig                                    500 Internal Server Error
+//	wraps flightlock.ErrClosed (the service is shutting down)     503 Service Unavailable
 //	the middleware's "lock store unavailable"                     503 Service Unavailable
 //	wraps context.Canceled (the client went away)                 499
 //	wraps context.DeadlineExceeded (the request timed out)        503 Service Unavailable
@@ -54,6 +56,8 @@ func HTTPStatus(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, flightlock.ErrConfig):
 		return http.StatusInternalServerError
+	case errors.Is(err, flightlock.ErrClosed):
+		return http.StatusServiceUnavailable
 	case errors.Is(err, errStore):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
@@ -68,7 +72,8 @@ func HTTPStatus(err error) int {
 // GRPCStatus returns the gRPC status that the interceptors answer for err, per the error table
 // of the package documentation: Aborted for flightlock.ErrBusy (with a RetryInfo detail holding
 // the holder's remaining TTL when it is known), InvalidArgument for ErrInvalidKey, Internal for
-// ErrConfig, Unavailable for the middleware's "lock store unavailable", Canceled and
+// ErrConfig, Unavailable for the middleware's "lock store unavailable" and for ErrClosed (a
+// drain), Canceled and
 // DeadlineExceeded for the context errors. Any other error gets the status gRPC would send for
 // it (status.Convert: its own status, or Unknown), so GRPCStatus(err).Err() is never nil for a
 // non-nil err.
@@ -86,6 +91,8 @@ func GRPCStatus(err error) *status.Status {
 		return status.New(codes.InvalidArgument, err.Error())
 	case errors.Is(err, flightlock.ErrConfig):
 		return status.New(codes.Internal, msgConfig)
+	case errors.Is(err, flightlock.ErrClosed):
+		return status.New(codes.Unavailable, msgDraining)
 	case errors.Is(err, errStore):
 		return status.New(codes.Unavailable, msgUnavailable)
 	case errors.Is(err, context.Canceled):
@@ -119,8 +126,11 @@ func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	err = lockError(err)
 	code := HTTPStatus(err)
-	if code == http.StatusConflict {
+	switch {
+	case code == http.StatusConflict:
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
+	case errors.Is(err, flightlock.ErrClosed):
+		w.Header().Set("Retry-After", "1") // another instance can serve it now
 	}
 	httpx.ErrorCtx(r.Context(), w, err, func(w http.ResponseWriter, err error) {
 		http.Error(w, publicMessage(err), code)
@@ -143,6 +153,8 @@ func publicMessage(err error) string {
 		return err.Error() // tells the client which value is missing
 	case errors.Is(err, flightlock.ErrConfig):
 		return msgConfig
+	case errors.Is(err, flightlock.ErrClosed):
+		return msgDraining
 	case errors.Is(err, errStore):
 		return msgUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

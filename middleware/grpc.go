@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/flightlock/flightlock"
 	"google.golang.org/grpc"
 )
 
@@ -23,14 +22,17 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		}
 		keys, err := rl.rpcKeys(ctx, req)
 		if err != nil {
+			if m.badKey(ctx, rl) {
+				return handler(ctx, req)
+			}
 			return nil, grpcStatus(err).Err()
 		}
-		g, err := m.lock(ctx, rl, keys)
+		h, err := m.lock(ctx, rl, keys)
 		if err != nil {
 			return nil, grpcStatus(err).Err()
 		}
-		defer m.release(ctx, rl, g)
-		return handler(g.Context(), req)
+		defer m.release(ctx, rl, h)
+		return handler(h.ctx, req)
 	}
 }
 
@@ -59,14 +61,17 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		}
 		keys, err := rl.rpcKeys(ctx, nil)
 		if err != nil {
+			if m.badKey(ctx, rl) {
+				return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
+			}
 			return grpcStatus(err).Err()
 		}
-		g, err := m.lock(ctx, rl, keys)
+		h, err := m.lock(ctx, rl, keys)
 		if err != nil {
 			return grpcStatus(err).Err()
 		}
-		defer m.release(ctx, rl, g)
-		return handler(srv, &lockedStream{ServerStream: ss, ctx: g.Context(), done: true})
+		defer m.release(ctx, rl, h)
+		return handler(srv, &lockedStream{ServerStream: ss, ctx: h.ctx, done: true})
 	}
 }
 
@@ -78,11 +83,11 @@ type lockedStream struct {
 	m  *Middleware
 	rl *rule
 
-	mu    sync.Mutex
-	ctx   context.Context   // guarded by mu
-	done  bool              // guarded by mu: the lock was attempted (or is not needed)
-	group *flightlock.Group // guarded by mu: the lock held, if any
-	err   error             // guarded by mu: the status error of a failed lock
+	mu   sync.Mutex
+	ctx  context.Context // guarded by mu
+	done bool            // guarded by mu: the lock was attempted (or is not needed)
+	held held            // guarded by mu: the lock held, if any
+	err  error           // guarded by mu: the status error of a failed lock
 }
 
 func (s *lockedStream) lockError() error {
@@ -120,21 +125,24 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	ctx := s.ctx
 	s.mu.Unlock()
 
-	g, err := s.lockFirst(ctx, msg)
+	h, err := s.lockFirst(ctx, msg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
 		s.err = grpcStatus(err).Err()
 		return s.err
 	}
-	s.group, s.ctx = g, g.Context()
+	s.held, s.ctx = h, h.ctx
 	return nil
 }
 
-func (s *lockedStream) lockFirst(ctx context.Context, msg any) (*flightlock.Group, error) {
+func (s *lockedStream) lockFirst(ctx context.Context, msg any) (held, error) {
 	keys, err := s.rl.rpcKeys(ctx, msg)
 	if err != nil {
-		return nil, err
+		if s.m.badKey(ctx, s.rl) {
+			return held{ctx: ctx}, nil
+		}
+		return held{}, err
 	}
 	return s.m.lock(ctx, s.rl, keys)
 }
@@ -142,11 +150,11 @@ func (s *lockedStream) lockFirst(ctx context.Context, msg any) (*flightlock.Grou
 // release releases the lock taken on the first message, after the handler returned.
 func (s *lockedStream) release() {
 	s.mu.Lock()
-	g := s.group
-	s.group = nil
+	h := s.held
+	s.held = held{}
 	s.mu.Unlock()
-	if g != nil {
-		s.m.release(s.ServerStream.Context(), s.rl, g)
+	if h.g != nil {
+		s.m.release(s.ServerStream.Context(), s.rl, h)
 	}
 }
 

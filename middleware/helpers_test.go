@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// failOpenCount reads flightlock_middleware_fail_open_total{rule="<rule>"} from Prometheus's
+// failOpenCount reads flightlock_fail_open_total{rule="<rule>"} from Prometheus's
 // default registry, where go-zero's metric package registers it: the figure a service's
 // /metrics endpoint shows. go-zero wraps the counter, so testutil.ToFloat64 cannot take it;
 // the registry is read as the exporter reads it. The counter is process-wide: tests compare
@@ -41,7 +41,7 @@ func failOpenCount(t *testing.T, rule string) float64 {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "flightlock_middleware_fail_open_total" {
+		if f.GetName() != "flightlock_fail_open_total" {
 			continue
 		}
 		for _, mt := range f.GetMetric() {

@@ -4,17 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/zeromicro/go-zero/core/logc"
+	"github.com/zeromicro/go-zero/core/logx"
+	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
-// ruleLocker derives the Locker of one rule: same store and gate, the rule's mode and
-// overrides. r is normalized, so OnBusy holds its tag's default when the rule left it out.
-func (m *Middleware) ruleLocker(r Rule) (*flightlock.Locker, error) {
-	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen)}
-	if r.OnBusy == onBusyWait {
+// ruleLocker derives the Locker of one rule: same store and gate, the rule's mode, overrides
+// and observer. r is normalized, so OnBusy holds its tag's default when the rule left it out.
+// A shadow rule's Locker never waits and keeps its locks apart from the enforced ones (see
+// shadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
+func (m *Middleware) ruleLocker(r Rule, stats *ruleStats) (*flightlock.Locker, error) {
+	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen),
+		flightlock.WithObserver(stats.observer(m.logs))}
+	if r.OnBusy == onBusyWait && !r.Shadow {
 		opts[0] = flightlock.WithMode(flightlock.Wait)
+	}
+	if r.Shadow {
+		opts = append(opts, flightlock.WithPrefix(m.prefix+shadowPrefix), flightlock.WithFailOpen(false))
 	}
 	if r.TTL > 0 {
 		opts = append(opts, flightlock.WithTTL(r.TTL))
@@ -25,42 +33,108 @@ func (m *Middleware) ruleLocker(r Rule) (*flightlock.Locker, error) {
 	return m.locker.With(opts...)
 }
 
-// lock takes the keys of one request. With OnStoreError "open" the Locker turns an
-// unreachable store into degraded leases that hold the per-process gate only: the handler
-// then runs excluded from the other requests of this process but not of other processes, and
-// the request is counted and logged.
-func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (*flightlock.Group, error) {
-	g, err := rl.locker.LockAll(ctx, keys...)
-	if err == nil {
-		for _, lease := range g.Leases() {
-			if lease.Degraded() {
-				failOpenTotal.Inc(rl.name)
-				logc.Errorf(ctx, "flightlock: %s: lock store unreachable, running under this process's lock only (OnStoreError: open)", rl.name)
-				break
-			}
+// held is one request's lock, from m.lock to m.release.
+type held struct {
+	g   *flightlock.Group // nil when a shadow rule ran the handler without its lock
+	ctx context.Context   // the handler's context: the lease's, or the request's for a shadow rule
+	at  time.Time         // when the lock was granted
+}
+
+// lock takes the keys of one request; see lockEnforced and lockShadow.
+func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, error) {
+	if rl.shadow {
+		return m.lockShadow(ctx, rl, keys), nil
+	}
+	return m.lockEnforced(ctx, rl, keys)
+}
+
+// lockEnforced takes the keys of one request, and measures, traces and logs it. With
+// OnStoreError "open" the Locker turns an unreachable store into degraded leases that hold
+// the per-process gate only: the handler then runs excluded from the other requests of this
+// process but not of other processes, and the request is counted and logged.
+func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) (held, error) {
+	st, metrics := rl.stats, metricsOn()
+	if metrics {
+		waitingGauge.Inc(st.name, st.template)
+	}
+	start := time.Now()
+	lctx, span := m.traceAcquire(ctx, rl, keys)
+	g, err := rl.locker.LockAll(lctx, keys...)
+	waited := time.Since(start)
+	outcome := outcomeOf(ctx, g, err)
+	endAcquireSpan(span, outcome, g, waited, err)
+	if metrics {
+		waitingGauge.Dec(st.name, st.template)
+		acquireDuration.ObserveFloat(ms(waited), st.name, st.template, outcome, grantOf(g))
+		m.countAcquire(st, outcome, g)
+	}
+	switch outcome {
+	case outcomeAcquired:
+		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
+	case outcomeDegraded:
+		m.logs.error(ctx, st, "lock store unreachable, running under this process's lock only (OnStoreError: open)",
+			errors.New("degraded lease"), logx.Field("waited", waited))
+		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
+	case outcomeStoreError:
+		m.logs.error(ctx, st, "lock store unreachable, request refused (OnStoreError: closed)", err,
+			logx.Field("waited", waited))
+		return held{}, fmt.Errorf("%w: %w", errStore, err)
+	}
+	return held{}, err
+}
+
+// countAcquire counts what an acquisition did, past the histogram. Only when metrics are on.
+func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.Group) {
+	switch outcome {
+	case outcomeBusy:
+		busyTotal.Inc(st.name, st.template)
+	case outcomeStoreError:
+		storeErrorTotal.Inc(st.name, st.template, "acquire")
+	case outcomeDegraded:
+		failOpenTotal.Inc(st.name, st.template)
+		storeErrorTotal.Inc(st.name, st.template, "acquire")
+	}
+	if g == nil {
+		return
+	}
+	heldGauge.Inc(st.name, st.template)
+	for _, l := range g.Leases() {
+		if l.Grant() == flightlock.GrantHandoff {
+			handoffTotal.Inc(st.name, st.template)
 		}
-		return g, nil
 	}
-	if !storeFailure(ctx, err) {
-		return nil, err
-	}
-	logc.Errorf(ctx, "flightlock: %s: lock store unreachable, refusing the request (OnStoreError: closed): %v", rl.name, err)
-	return nil, fmt.Errorf("%w: %w", errStore, err)
 }
 
-// release releases a group after the handler returned, on a context that keeps ctx's values
-// but not its cancellation: go-zero's timeout handler cancels the request context while the
-// handler may still run, and the lock must be released all the same.
-func (m *Middleware) release(ctx context.Context, rl *rule, g *flightlock.Group) {
+// release releases a request's lock after the handler returned, on a context that keeps ctx's
+// values but not its cancellation: go-zero's timeout handler cancels the request context while
+// the handler may still run, and the lock must be released all the same.
+func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
+	if h.g == nil {
+		return
+	}
+	if rl.shadow {
+		_ = h.g.Release(context.WithoutCancel(ctx)) // a failure is left to the TTL: it held nobody back
+		return
+	}
+	st := rl.stats
+	lost := context.Cause(h.g.Context()) == flightlock.ErrLost
+	if lost {
+		// The handler ran past the moment its lock could be trusted: say so on the request's
+		// span, and in the log (the counter was bumped when the watchdog found out).
+		oteltrace.SpanFromContext(ctx).AddEvent("flightlock.lost")
+		m.logs.error(ctx, st, "lock lost while the handler ran", flightlock.ErrLost,
+			logx.Field("fence", h.g.Leases()[0].Fence()))
+	}
+	if metricsOn() {
+		heldGauge.Dec(st.name, st.template)
+		holdDuration.ObserveFloat(ms(time.Since(h.at)), st.name, st.template)
+	}
 	ctx = context.WithoutCancel(ctx)
-	if err := g.Release(ctx); err != nil {
+	if err := h.g.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {
 		// The lock expires with its TTL; nothing of another owner was touched.
-		logc.Errorf(ctx, "flightlock: %s: release: %v", rl.name, err)
+		if !errors.Is(err, flightlock.ErrNotHeld) && metricsOn() {
+			storeErrorTotal.Inc(st.name, st.template, "release")
+		}
+		m.logs.error(ctx, st, "release failed", err)
 	}
-}
-
-// storeFailure reports whether err means the store could not be reached, as opposed to
-// contention, a bad key, or the request's own context ending.
-func storeFailure(ctx context.Context, err error) bool {
-	return !errors.Is(err, flightlock.ErrBusy) && !errors.Is(err, flightlock.ErrInvalidKey) && ctx.Err() == nil
 }

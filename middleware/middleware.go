@@ -19,6 +19,10 @@ type Middleware struct {
 	rpc        map[string]*rule
 	rules      []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
 	routed     routedRules     // the rules of Route and RouteFunc, for CheckRoutes
+	prefix     string          // LockConf.Prefix, for shadow rules' keys
+	traceKeys  bool            // LockConf.TraceKeys
+	logs       *logSummary
+	drain      drainer
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
@@ -41,11 +45,15 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		return nil, err
 	}
 	m := &Middleware{
-		locker:   o.locker,
-		failOpen: c.OnStoreError == storeErrorsOpen,
-		owners:   ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
-		rpc:      make(map[string]*rule),
-		rules:    rules,
+		locker:    o.locker,
+		failOpen:  c.OnStoreError == storeErrorsOpen,
+		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
+		rpc:       make(map[string]*rule),
+		rules:     rules,
+		prefix:    c.Prefix,
+		traceKeys: c.TraceKeys,
+		logs:      newLogSummary(),
+		drain:     drainer{grace: c.Drain},
 	}
 	if c.OwnerSecret != "" {
 		m.owners.secret = []byte(c.OwnerSecret)
@@ -62,7 +70,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		}
 	}
 	for _, cr := range rules {
-		l, err := m.ruleLocker(cr.spec.Rule)
+		l, err := m.ruleLocker(cr.spec.Rule, cr.setStats())
 		if err != nil {
 			_ = m.Close()
 			return nil, fieldError(cr.spec.name, "%v", err)
@@ -78,6 +86,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 			m.rpc[cr.spec.RPC] = cr.rpc
 		}
 	}
+	m.listen()
 	return m, nil
 }
 

@@ -77,7 +77,8 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 		return nil, err
 	}
 	rl.name = cmp.Or(rl.name, "route "+s.Key)
-	if rl.locker, err = m.ruleLocker(s.Rule); err != nil {
+	cr := &compiledRule{spec: spec{Rule: s.Rule, name: "Route", httpKey: s.httpKey}, http: rl}
+	if rl.locker, err = m.ruleLocker(s.Rule, cr.setStats()); err != nil {
 		return nil, fieldError(s.name, "%v", err)
 	}
 	name := "Route"
@@ -95,7 +96,7 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 			}
 		}
 	}
-	cr := &compiledRule{spec: spec{Rule: s.Rule, name: name}, http: rl, label: label}
+	cr.spec.name, cr.label = name, label
 	m.routed.add(cr)
 	return m.groupMiddleware(rl, func() { m.routed.wrapRoute(cr) }), nil
 }
@@ -135,17 +136,24 @@ func (m *Middleware) groupMiddleware(rl *rule, wrapped func()) rest.Middleware {
 // The lock is released when next returns or panics; the panic then goes on to go-zero's
 // recover handler.
 func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
+	ctx := r.Context()
 	keys, err := rl.httpKeys(r)
 	if err != nil {
+		if m.badKey(ctx, rl) {
+			next(w, r)
+			return
+		}
 		writeHTTPError(w, r, err)
 		return
 	}
-	ctx := r.Context()
-	g, err := m.lock(ctx, rl, keys)
+	h, err := m.lock(ctx, rl, keys)
 	if err != nil {
 		writeHTTPError(w, r, err)
 		return
 	}
-	defer m.release(ctx, rl, g)
-	next(w, r.WithContext(g.Context()))
+	defer m.release(ctx, rl, h)
+	if h.ctx != ctx {
+		r = r.WithContext(h.ctx)
+	}
+	next(w, r)
 }

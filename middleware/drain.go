@@ -1,0 +1,64 @@
+package middleware
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/proc"
+)
+
+// drainStragglers is how long handlers get to return once the grace period ended and their
+// contexts were cancelled: go-zero's default Shutdown.WaitTime leaves 5.5s - 1s wrap-up for
+// the shutdown listeners, and the default Drain takes 3s of it.
+const drainStragglers = time.Second
+
+// drainer runs a Middleware's drain once, from go-zero's shutdown listeners or Shutdown.
+type drainer struct {
+	grace time.Duration
+	once  sync.Once
+	err   error
+}
+
+// listen makes go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drain m. go-zero runs its
+// shutdown listeners together, so the drain runs beside the HTTP and gRPC servers' own
+// graceful stop, which stops accepting requests.
+func (m *Middleware) listen() {
+	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
+}
+
+// Shutdown drains the Middleware, once, and then closes the store it built: from the call on,
+// locked routes answer 503 / Unavailable with Retry-After: 1 (the request goes to another
+// instance on retry) and take no lock; the handlers that hold one get LockConf.Drain to
+// finish, each lock released in Redis as its handler returns, with the waiters of other
+// processes woken. Past Drain (or ctx's end, if sooner) their contexts are cancelled with
+// cause flightlock.ErrClosed and they get one more second to return. Locks still held after
+// that are not released: their handlers may still run, and a second holder must not walk in
+// (they run out with their TTL once the process exits).
+//
+// go-zero calls Shutdown from its shutdown listeners (New registers it): a goctl service needs
+// no code for it. Call it yourself where the service stops otherwise, as tests do.
+func (m *Middleware) Shutdown(ctx context.Context) error {
+	m.drain.once.Do(func() {
+		grace, cancel := context.WithTimeout(ctx, m.drain.grace)
+		err := m.locker.Drain(grace)
+		cancel()
+		if err != nil {
+			logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
+				logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
+			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainStragglers)
+			err = m.locker.Drain(last)
+			cancel()
+			if err != nil {
+				logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
+					logx.Field("error", err.Error()))
+			}
+		}
+		m.drain.err = err
+		if cerr := m.Close(); cerr != nil && m.drain.err == nil {
+			m.drain.err = cerr
+		}
+	})
+	return m.drain.err
+}

@@ -1,0 +1,301 @@
+package middleware
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/zeromicro/go-zero/core/logc"
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/metric"
+	"github.com/zeromicro/go-zero/core/prometheus"
+	ztrace "github.com/zeromicro/go-zero/core/trace"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	oteltrace "go.opentelemetry.io/otel/trace"
+)
+
+// The metrics go through go-zero's core/metric, so they appear on the service's own Prometheus
+// endpoint (DevServer or Prometheus in its config) next to go-zero's, and cost nothing when
+// that is off. They are labelled by rule: its name (the route, "POST /api/order", or the RPC,
+// "/pkg.Svc/Method") and its key template ("order:{body.uid}"), never by a rendered key,
+// which holds user ids and has no bound. Durations are in milliseconds, as go-zero's own
+// request histograms are.
+var (
+	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
+		Namespace: "flightlock", Name: "acquire_duration_ms",
+		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, handoff, reentry, joined, borrowed; none when not acquired).",
+		Labels:  []string{"rule", "key", "outcome", "grant"},
+		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
+	})
+	holdDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
+		Namespace: "flightlock", Name: "hold_duration_ms",
+		Help:    "How long a request held its lock: from the grant to the release.",
+		Labels:  []string{"rule", "key"},
+		Buckets: []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
+	})
+	busyTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "busy_total",
+		Help:   "Requests answered busy (409 Conflict / Aborted) because another holder had the key.",
+		Labels: []string{"rule", "key"},
+	})
+	lostTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "lost_total",
+		Help:   "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.",
+		Labels: []string{"rule", "key"},
+	})
+	handoffTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "handoffs_total",
+		Help:   "Locks handed from one request to the next in this process without a Redis round trip.",
+		Labels: []string{"rule", "key"},
+	})
+	renewalTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "renewals_total",
+		Help:   "Watchdog renewals of held locks, by result (ok, failed).",
+		Labels: []string{"rule", "key", "result"},
+	})
+	storeErrorTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "store_errors_total",
+		Help:   "Lock store (Redis) errors, by operation (acquire, release).",
+		Labels: []string{"rule", "key", "op"},
+	})
+	failOpenTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "fail_open_total",
+		Help:   "Requests served under this process's lock only because the lock store was unreachable (OnStoreError: open).",
+		Labels: []string{"rule", "key"},
+	})
+	shadowConflictTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "shadow_conflicts_total",
+		Help:   "Requests of a shadow rule that enforcing it would have held back, by what it would have done (reject, wait, invalid_key, store_error).",
+		Labels: []string{"rule", "key", "would"},
+	})
+	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
+		Namespace: "flightlock", Name: "held",
+		Help:   "Requests holding their lock now.",
+		Labels: []string{"rule", "key"},
+	})
+	waitingGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
+		Namespace: "flightlock", Name: "waiting",
+		Help:   "Requests taking their lock now: queued for a busy key, or waiting for Redis.",
+		Labels: []string{"rule", "key"},
+	})
+)
+
+// Outcomes of an acquisition, as labelled.
+const (
+	outcomeAcquired   = "acquired"
+	outcomeDegraded   = "degraded"
+	outcomeBusy       = "busy"
+	outcomeStoreError = "store_error"
+	outcomeInvalidKey = "invalid_key"
+	outcomeDraining   = "draining"
+	outcomeCanceled   = "canceled"
+)
+
+// ruleStats is what the metrics, traces and logs of one rule say about it.
+type ruleStats struct {
+	name     string // "POST /api/order", "/pkg.Svc/Method", or the name of a named rule
+	template string // the key template, or "func" for a key computed in Go
+	attrs    []attribute.KeyValue
+}
+
+func newRuleStats(name, template string) *ruleStats {
+	return &ruleStats{name: name, template: template, attrs: []attribute.KeyValue{
+		attribute.String("flightlock.rule", name),
+		attribute.String("flightlock.key_template", template),
+	}}
+}
+
+// observer is the Locker observer of a rule: renewals and losses, counted per rule, and
+// retries, as events of the acquisition's span.
+func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
+	return flightlock.Observer{
+		Retry: func(ctx context.Context, _ string, attempt int, holderTTL time.Duration) {
+			if span, ok := ctx.Value(acquireSpanKey{}).(oteltrace.Span); ok {
+				span.AddEvent("flightlock.retry", oteltrace.WithAttributes(
+					attribute.Int("flightlock.attempt", attempt),
+					attribute.Float64("flightlock.holder_ttl_ms", ms(holderTTL))))
+			}
+		},
+		Renewed: func(_ string, err error) {
+			if err == nil {
+				renewalTotal.Inc(s.name, s.template, "ok")
+				return
+			}
+			renewalTotal.Inc(s.name, s.template, "failed")
+			logs.error(context.Background(), s, "renewal failed", err)
+		},
+		Lost: func(string) {
+			lostTotal.Inc(s.name, s.template)
+		},
+	}
+}
+
+// acquireSpanKey carries the acquisition's span to the Retry observer. It is not the current
+// span of the context (trace.ContextWithSpan): the handler runs under the lease's context,
+// derived from this one, and its spans belong under the request's span, not under a span that
+// ended when the lock was taken.
+type acquireSpanKey struct{}
+
+// traceAcquire starts the span of one acquisition under the request's span. It returns ctx
+// unchanged and a nil span when the request is not traced (no sampled span, or tracing off),
+// so that an untraced request pays for no attribute.
+func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) (context.Context, oteltrace.Span) {
+	if !oteltrace.SpanFromContext(ctx).IsRecording() {
+		return ctx, nil
+	}
+	_, span := ztrace.TracerFromContext(ctx).Start(ctx, "flightlock.lock",
+		oteltrace.WithSpanKind(oteltrace.SpanKindInternal), oteltrace.WithAttributes(rl.stats.attrs...))
+	if m.traceKeys {
+		span.SetAttributes(attribute.StringSlice("flightlock.keys", keys))
+	}
+	return context.WithValue(ctx, acquireSpanKey{}, span), span
+}
+
+// endAcquireSpan records the outcome of an acquisition on its span and ends it.
+func endAcquireSpan(span oteltrace.Span, outcome string, g *flightlock.Group, waited time.Duration, err error) {
+	if span == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("flightlock.outcome", outcome),
+		attribute.Float64("flightlock.wait_ms", ms(waited)),
+	}
+	if g != nil {
+		leases := g.Leases()
+		fences := make([]int64, len(leases))
+		for i, l := range leases {
+			fences[i] = l.Fence()
+			if l.Grant() == flightlock.GrantHandoff {
+				span.AddEvent("flightlock.handoff", oteltrace.WithAttributes(attribute.Int64("flightlock.fence", l.Fence())))
+			}
+		}
+		attrs = append(attrs, attribute.String("flightlock.grant", leases[0].Grant().String()),
+			attribute.Int64("flightlock.fence", fences[0]))
+		if len(fences) > 1 {
+			attrs = append(attrs, attribute.Int64Slice("flightlock.fences", fences))
+		}
+	}
+	span.SetAttributes(attrs...)
+	if err != nil && outcome != outcomeBusy {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, outcome)
+	}
+	span.End()
+}
+
+// outcomeOf names the outcome of m.lock's call to LockAll.
+func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
+	switch {
+	case err == nil && degraded(g):
+		return outcomeDegraded
+	case err == nil:
+		return outcomeAcquired
+	case errors.Is(err, flightlock.ErrBusy):
+		return outcomeBusy
+	case errors.Is(err, flightlock.ErrInvalidKey):
+		return outcomeInvalidKey
+	case errors.Is(err, flightlock.ErrClosed):
+		return outcomeDraining
+	case ctx.Err() != nil:
+		return outcomeCanceled
+	default:
+		return outcomeStoreError
+	}
+}
+
+// grantOf is the grant label of an acquisition: that of its first lease (a multi-key rule's
+// leases are almost always granted alike), or "none".
+func grantOf(g *flightlock.Group) string {
+	if g == nil {
+		return "none"
+	}
+	return g.Leases()[0].Grant().String()
+}
+
+// degraded reports whether a lease of g holds this process's gate only (OnStoreError: open).
+func degraded(g *flightlock.Group) bool {
+	for _, l := range g.Leases() {
+		if l.Degraded() {
+			return true
+		}
+	}
+	return false
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// logSummary keeps the error log readable during an outage: for each rule and kind of error,
+// the first one of an interval is logged at once, with its fields, and the others are counted
+// and summed up in one line when the interval ends, instead of one line per request.
+type logSummary struct {
+	interval time.Duration
+	mu       sync.Mutex
+	open     map[summaryKey]*summaryWindow // guarded by mu: the kinds logged in this interval
+	// errorw writes a line; logc.Errorw, or a test's recorder.
+	errorw func(ctx context.Context, msg string, fields ...logx.LogField)
+}
+
+type summaryKey struct{ rule, what string }
+
+type summaryWindow struct {
+	more int    // events after the first one of the interval
+	last string // the last one's error
+}
+
+// defaultLogInterval is the interval of logSummary: often enough to see an outage go on, rare
+// enough that thousands of failing requests make a handful of lines.
+const defaultLogInterval = 10 * time.Second
+
+func newLogSummary() *logSummary {
+	return &logSummary{interval: defaultLogInterval, open: make(map[summaryKey]*summaryWindow), errorw: logc.Errorw}
+}
+
+// error logs (or counts) an error of a rule: what says what failed ("lock store unreachable,
+// request refused"), err is the cause.
+func (s *logSummary) error(ctx context.Context, rs *ruleStats, what string, err error, fields ...logx.LogField) {
+	k := summaryKey{rule: rs.name, what: what}
+	s.mu.Lock()
+	if w := s.open[k]; w != nil {
+		w.more++
+		w.last = err.Error()
+		s.mu.Unlock()
+		return
+	}
+	s.open[k] = &summaryWindow{}
+	s.mu.Unlock()
+	s.errorw(ctx, fmt.Sprintf("flightlock: %s: %s: %v", rs.name, what, err),
+		append(fields, logx.Field("rule", rs.name), logx.Field("key", rs.template), logx.Field("outcome", what))...)
+	time.AfterFunc(s.interval, func() { s.flush(k, rs) })
+}
+
+// flush ends the interval of one kind: one line for the events after the first, if any.
+func (s *logSummary) flush(k summaryKey, rs *ruleStats) {
+	s.mu.Lock()
+	w := s.open[k]
+	delete(s.open, k)
+	s.mu.Unlock()
+	if w == nil || w.more == 0 {
+		return
+	}
+	s.errorw(context.Background(),
+		fmt.Sprintf("flightlock: %s: %s: %d more in the last %v (last: %s)", rs.name, k.what, w.more, s.interval, w.last),
+		logx.Field("rule", rs.name), logx.Field("key", rs.template), logx.Field("outcome", k.what),
+		logx.Field("count", w.more))
+}
+
+// metricsOn reports whether go-zero exports metrics (its Prometheus agent or DevServer is on):
+// otherwise the request path skips building label lists go-zero would drop.
+func metricsOn() bool { return prometheus.Enabled() }
+
+// cmpTemplate is the template label of a spec: its key, or "func" for a key computed in Go.
+func cmpTemplate(s spec) string {
+	if s.httpKey != nil || s.rpcKey != nil {
+		return "func"
+	}
+	return cmp.Or(s.Key, "func")
+}

@@ -1,0 +1,73 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/flightlock/flightlock"
+)
+
+// shadowPrefix is put after LockConf.Prefix before the keys of shadow rules. Their locks live
+// apart from the enforced ones, so a shadow rule and an enforced rule on the same key never
+// hold each other back: a shadow rule sees the conflicts among its own requests, which is
+// what enforcing it would refuse or queue.
+const shadowPrefix = "shadow:"
+
+// shadowBound is the longest a shadow rule waits for Redis to answer its try-lock: a shadow
+// rule must not delay a request by more than a round trip, also when Redis is slow or down.
+const shadowBound = 50 * time.Millisecond
+
+// Values of the "would" label of shadow conflicts, besides the rule's OnBusy.
+const (
+	wouldInvalidKey = "invalid_key"
+	wouldStoreError = "store_error"
+)
+
+// lockShadow runs a shadow rule: it tries the lock (never waiting), counts a conflict when
+// enforcing the rule would have held the request back, and always lets the request through,
+// on its own context. A lock it got is released after the handler, so that concurrent
+// duplicates see it.
+func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string) held {
+	sctx, cancel := context.WithTimeout(ctx, shadowBound)
+	g, err := rl.locker.LockAll(sctx, keys...)
+	cancel()
+	switch {
+	case err == nil:
+		return held{g: g, ctx: ctx, at: time.Now()}
+	case errors.Is(err, flightlock.ErrBusy):
+		m.shadowConflict(ctx, rl, rl.onBusy, nil)
+	case errors.Is(err, flightlock.ErrInvalidKey):
+		m.shadowConflict(ctx, rl, wouldInvalidKey, nil)
+	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
+		// Draining, or the request is gone: nothing enforcing would have changed.
+	default:
+		m.shadowConflict(ctx, rl, wouldStoreError, err)
+	}
+	return held{ctx: ctx}
+}
+
+// shadowConflict counts (and, for a store error, logs in summary) a request of a shadow rule
+// that enforcing the rule would have answered otherwise.
+func (m *Middleware) shadowConflict(ctx context.Context, rl *rule, would string, err error) {
+	if metricsOn() {
+		shadowConflictTotal.Inc(rl.stats.name, rl.stats.template, would)
+	}
+	if err != nil {
+		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
+	}
+}
+
+// badKey records a request whose key could not be built, and reports whether it goes on
+// unlocked: a shadow rule counts it (enforcing would answer 400 / InvalidArgument) and lets it
+// through, an enforced rule refuses it.
+func (m *Middleware) badKey(ctx context.Context, rl *rule) (goOn bool) {
+	if rl.shadow {
+		m.shadowConflict(ctx, rl, wouldInvalidKey, nil)
+		return true
+	}
+	if metricsOn() {
+		acquireDuration.ObserveFloat(0, rl.stats.name, rl.stats.template, outcomeInvalidKey, "none")
+	}
+	return false
+}
