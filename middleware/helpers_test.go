@@ -29,28 +29,36 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// failOpenCount reads flightlock_fail_open_total{rule="<rule>"} from Prometheus's
-// default registry, where go-zero's metric package registers it: the figure a service's
-// /metrics endpoint shows. go-zero wraps the counter, so testutil.ToFloat64 cannot take it;
-// the registry is read as the exporter reads it. The counter is process-wide: tests compare
-// it before and after.
+// failOpenCount reads flightlock_fail_open_total{rule="<rule>"}; see metricValue.
 func failOpenCount(t *testing.T, rule string) float64 {
+	return metricValue(t, "flightlock_fail_open_total", rule)
+}
+
+// metricValue reads the counter or gauge name{rule="<rule>"} from Prometheus's default
+// registry, where go-zero's metric package registers it: the figure a service's /metrics
+// endpoint shows. go-zero wraps its metrics, so testutil.ToFloat64 cannot take them; the
+// registry is read as the exporter reads it. The metrics are process-wide: tests compare them
+// before and after, or use rules of their own.
+func metricValue(t *testing.T, name, rule string) float64 {
 	t.Helper()
 	families, err := prometheus.DefaultGatherer.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "flightlock_fail_open_total" {
+		if f.GetName() != name {
 			continue
 		}
 		for _, mt := range f.GetMetric() {
 			if labelValue(mt, "rule") == rule {
+				if g := mt.GetGauge(); g != nil {
+					return g.GetValue()
+				}
 				return mt.GetCounter().GetValue()
 			}
 		}
 	}
-	return 0 // no request of rule failed open yet: the series does not exist
+	return 0 // no such series yet
 }
 
 func labelValue(m *dto.Metric, name string) string {
@@ -179,4 +187,16 @@ func waitFree(t *testing.T, tr *testRedis, key string) {
 // isFree reports whether key (without prefix) is free in Redis right now.
 func (tr *testRedis) isFree(key string) bool {
 	return !tr.mr.Exists(flightlock.DefaultPrefix + key)
+}
+
+// waitFor polls cond until it holds, failing the test after within.
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
