@@ -61,6 +61,31 @@ func metricValue(t *testing.T, name, rule string) float64 {
 	return 0 // no such series yet
 }
 
+// withMetric calls fn with the labels and value of each series of the counter or gauge name.
+func withMetric(t *testing.T, name string, fn func(labels map[string]string, value float64)) {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			labels := make(map[string]string)
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			v := mt.GetCounter().GetValue()
+			if g := mt.GetGauge(); g != nil {
+				v = g.GetValue()
+			}
+			fn(labels, v)
+		}
+	}
+}
+
 func labelValue(m *dto.Metric, name string) string {
 	for _, l := range m.GetLabel() {
 		if l.GetName() == name {
