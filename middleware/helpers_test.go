@@ -22,6 +22,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(drainHolderEnv); addr != "" {
+		os.Exit(drainHolder(addr)) // this process is the holder of TestDrainOnSIGTERM
+	}
 	logx.Disable() // the tests assert codes and counters, not log lines
 	// go-zero's metrics count only while Prometheus is on, as in a service whose config has a
 	// Prometheus section; Enable turns counting on without starting the agent's HTTP server.
