@@ -11,6 +11,10 @@ import (
 // use: "flightlock:fence:{<tag>}", where the tag hashes to the slot.
 const FenceKeyPrefix = "flightlock:fence:"
 
+// FenceKey names the fence counter of lock key k: the last fence handed out in k's hash slot,
+// which the next grant of any key of that slot exceeds. For tools that inspect locks.
+func FenceKey(k string) string { return fenceKey(k) }
+
 // fenceKey names the fence counter of lock key k. acquire.lua touches both keys, so the counter
 // must live in k's Redis Cluster hash slot; one counter per slot (rather than per lock key)
 // keeps the number of counters bounded, so they can live forever and need no expiry of their

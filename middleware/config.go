@@ -384,9 +384,9 @@ func (r RetryConf) strategy() flightlock.Retry {
 	return s
 }
 
-// zero returns r as go-zero's redis.RedisConf, for NewStore. DisableIdentity is true, which is
-// how the store's client behaves anyway.
-func (r RedisConf) zero() zeroredis.RedisConf {
+// Zero is r as go-zero's redis.RedisConf, what NewStore and NewClient take. DisableIdentity is
+// true, which is how their client behaves anyway.
+func (r RedisConf) Zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
 		Host:               r.Host,
 		Type:               r.Type,

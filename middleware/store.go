@@ -41,6 +41,20 @@ import (
 // It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
 // library only (issue 9).
 func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.RedisStore, error) {
+	client, err := NewClient(conf)
+	if err != nil {
+		return nil, err
+	}
+	all := make([]lockstore.Option, 0, len(opts)+1)
+	all = append(all, opts...)
+	all = append(all, lockstore.WithOnClose(client.Close))
+	return lockstore.New(client, all...), nil
+}
+
+// NewClient is the go-redis client that NewStore builds for conf, with the same meanings and
+// the same checks (a ping unless NonBlock): for tools that read the locks (cmd/flightlock) and
+// for stores built with lockstore.New and options of their own. The caller closes it.
+func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
 		return nil, errors.New("flightlock: Redis.Host is empty (use embedded.New for an in-memory store)")
 	}
@@ -88,11 +102,9 @@ func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.Re
 			return nil, fmt.Errorf("flightlock: redis connect error, addr: %s: %w", conf.Host, err)
 		}
 	}
-	all := make([]lockstore.Option, 0, len(opts)+1)
-	all = append(all, opts...)
-	all = append(all, lockstore.WithOnClose(client.Close))
-	return lockstore.New(client, all...), nil
+	return client, nil
 }
+
 
 // defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
 // redis.NewRedis.
@@ -137,7 +149,7 @@ func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error
 			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
 		store, err = embedded.New(c.Redis.storeOptions()...)
 	} else {
-		store, err = NewStore(c.Redis.zero(), c.Redis.storeOptions()...)
+		store, err = NewStore(c.Redis.Zero(), c.Redis.storeOptions()...)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)

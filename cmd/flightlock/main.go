@@ -1,0 +1,211 @@
+// Command flightlock shows an operator the locks that flightlock services hold in Redis, and
+// removes a stuck one. It reads the service's own config file (its Lock: section: Redis and
+// Prefix) or takes a Redis address:
+//
+//	flightlock -f etc/order-api.yaml ls 'order:*'   # held locks: owner, fence, TTL, holder, waiters
+//	flightlock -f etc/order-api.yaml show order:42  # one lock in full
+//	flightlock -f etc/order-api.yaml unlock order:42  # force-release after confirmation (-yes)
+//	flightlock -addr 127.0.0.1:6379 watch           # live acquisitions, releases, contention
+//
+// Keys are written as the rules render them, without the Prefix. -o json prints JSON for
+// scripts. Install with
+//
+//	go install github.com/flightlock/flightlock/cmd/flightlock@latest
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	redis.SetLogger(silent{}) // failures reach the operator as errors, once, not as pool logs
+	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// silent drops go-redis's internal log lines.
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
+
+const usage = `usage: flightlock [flags] command [args]
+
+Commands:
+  ls [pattern]     held locks whose key matches pattern (Redis glob, default *)
+  show KEY         one lock in full
+  unlock KEY       force-release a lock after confirmation, waking its waiters
+  watch [pattern]  live view of acquisitions, releases and contention
+
+KEY and pattern are lock keys as the rules render them (order:42), without Prefix.
+
+Where the locks are (one of -f and -addr; flags override the file):
+`
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the command failed, or found nothing to show or remove
+	exitUsage = 2
+)
+
+// options are the command line's flags.
+type options struct {
+	file     string        // -f: the service's config file
+	section  string        // -lock: which Lock section of the file, when it has several
+	addr     string        // -addr: Redis host:port (node), or seed addresses (cluster)
+	typ      string        // -type: node or cluster
+	user     string        // -user
+	pass     string        // -pass
+	tls      bool          // -tls
+	prefix   string        // -prefix: the Lock section's Prefix
+	output   string        // -o: table or json
+	timeout  time.Duration // -timeout: bound of one command's Redis calls
+	yes      bool          // -yes: unlock without asking
+	shadow   bool          // -shadow: include the locks of shadow rules
+	limit    int           // -limit: at most this many locks listed
+	interval time.Duration // -interval: watch's refresh and polling period
+	duration time.Duration // -for: how long watch runs (0: until interrupted)
+}
+
+func (o *options) flags(stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("flightlock", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.file, "f", "", "the service's config `file` (YAML or JSON); its Lock section says where the locks are")
+	fs.StringVar(&o.section, "lock", "", "the Lock section to use when the file has several, by its `path` (Order.Lock)")
+	fs.StringVar(&o.addr, "addr", "", "Redis `host:port` (for -type cluster, comma-separated seed addresses)")
+	fs.StringVar(&o.typ, "type", "", "Redis type: node or cluster (default: the file's, else node)")
+	fs.StringVar(&o.user, "user", "", "Redis user")
+	fs.StringVar(&o.pass, "pass", "", "Redis password (or set FLIGHTLOCK_REDIS_PASS)")
+	fs.BoolVar(&o.tls, "tls", false, "connect with TLS, as go-zero's Tls (certificate not verified)")
+	fs.StringVar(&o.prefix, "prefix", "", `the Lock section's Prefix (default: the file's, else "lock:")`)
+	fs.StringVar(&o.output, "o", "table", "output: table or json")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of one command's Redis calls")
+	fs.BoolVar(&o.yes, "yes", false, "unlock: do not ask for confirmation (for scripts)")
+	fs.BoolVar(&o.shadow, "shadow", false, "ls and watch: include the locks of shadow rules (shadow:...)")
+	fs.IntVar(&o.limit, "limit", 0, "ls: list at most this many locks (0: all)")
+	fs.DurationVar(&o.interval, "interval", 500*time.Millisecond, "watch: refresh period, and polling period without keyspace notifications")
+	fs.DurationVar(&o.duration, "for", 0, "watch: stop after this long (0: until interrupted)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// errUsage marks errors that print the usage.
+var errUsage = errors.New("usage")
+
+// run is the command: it returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o options
+	fs := o.flags(stderr)
+	pos, err := parseInterspersed(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage // the flag package printed the error and the usage
+	}
+	if o.pass == "" {
+		o.pass = os.Getenv("FLIGHTLOCK_REDIS_PASS")
+	}
+	if err := o.check(pos); err != nil {
+		fmt.Fprintf(stderr, "flightlock: %v\n", err)
+		if errors.Is(err, errUsage) {
+			fs.Usage()
+		}
+		return exitUsage
+	}
+
+	t, err := resolveTarget(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "flightlock: %v\n", err)
+		return exitError
+	}
+	cli, err := connect(ctx, t, o.timeout)
+	if err != nil {
+		fmt.Fprintf(stderr, "flightlock: %v\n", err)
+		return exitError
+	}
+	defer cli.close()
+
+	out := &printer{w: stdout, json: o.output == "json"}
+	switch cmd, rest := pos[0], pos[1:]; cmd {
+	case "ls":
+		err = cmdList(ctx, cli, out, o, arg(rest, "*"))
+	case "show":
+		err = cmdShow(ctx, cli, out, o, rest[0])
+	case "unlock":
+		err = cmdUnlock(ctx, cli, out, o, rest[0], stdin, stderr)
+	case "watch":
+		err = cmdWatch(ctx, cli, out, o, arg(rest, "*"))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "flightlock: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// check refuses a command line that names no known command, has the wrong number of arguments
+// or bad flag values.
+func (o *options) check(pos []string) error {
+	if len(pos) == 0 {
+		return fmt.Errorf("%w: no command", errUsage)
+	}
+	want := map[string][2]int{"ls": {0, 1}, "show": {1, 1}, "unlock": {1, 1}, "watch": {0, 1}}
+	n, ok := want[pos[0]]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: unknown command %q", errUsage, pos[0])
+	case len(pos)-1 < n[0] || len(pos)-1 > n[1]:
+		return fmt.Errorf("%w: %s takes %s", errUsage, pos[0], map[[2]int]string{{0, 1}: "at most one pattern", {1, 1}: "one KEY"}[n])
+	case o.file == "" && o.addr == "":
+		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port", errUsage)
+	case o.output != "table" && o.output != "json":
+		return fmt.Errorf("%w: -o must be table or json, got %q", errUsage, o.output)
+	case o.timeout <= 0 || o.interval <= 0 || o.duration < 0 || o.limit < 0:
+		return fmt.Errorf("%w: -timeout and -interval must be positive, -for and -limit not negative", errUsage)
+	}
+	for _, a := range pos[1:] {
+		if a == "" {
+			return fmt.Errorf("%w: an empty key or pattern", errUsage)
+		}
+	}
+	return nil
+}
+
+// parseInterspersed parses flags anywhere on the command line (flightlock ls -o json 'order:*'),
+// returning the other arguments in order.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// arg is the first of rest, or def.
+func arg(rest []string, def string) string {
+	if len(rest) > 0 {
+		return rest[0]
+	}
+	return def
+}

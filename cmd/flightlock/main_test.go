@@ -1,0 +1,422 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/example/app"
+	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// exampleYAML is etc/flightlock-example.yaml on one test's Redis and ports, with the Redis
+// also under each Lock section, where the CLI reads it (the example itself uses the top-level
+// one).
+const exampleYAML = `
+Redis: {Host: "%[1]s"}
+StatePrefix: "example:"
+Seed: true
+Order:
+  Name: order-api
+  Host: 127.0.0.1
+  Port: %[2]d
+  Mode: dev
+  Timeout: 30000
+  Log: {Mode: console, Level: severe}
+  MaxOrderDelay: 20s
+  Inventory: {Endpoints: ["127.0.0.1:%[3]d"], Timeout: 30000}
+  Balance: {Endpoints: ["127.0.0.1:%[4]d"], Timeout: 30000}
+  Lock:
+    Redis: {Host: "%[1]s"}
+    Rules:
+      - {Method: POST, Path: /api/order/create, Key: "order:{body.uid}", OnBusy: reject}
+Inventory:
+  Name: inventory.rpc
+  ListenOn: 127.0.0.1:%[3]d
+  Mode: dev
+  Timeout: 30000
+  Log: {Mode: console, Level: severe}
+  Lock:
+    Redis: {Host: "%[1]s"}
+    Rules:
+      - {RPC: /inventory.Inventory/Deduct, Key: "sku:{sku}", OnBusy: wait}
+Balance:
+  Name: balance.rpc
+  ListenOn: 127.0.0.1:%[4]d
+  Mode: dev
+  Timeout: 30000
+  Log: {Mode: console, Level: severe}
+  Lock:
+    Redis: {Host: "%[1]s"}
+    Rules:
+      - {RPC: /balance.Balance/Debit, Key: "acct:{account}", OnBusy: wait}
+`
+
+// cli runs the command in-process and returns its exit code, stdout and stderr.
+func cli(t *testing.T, stdin io.Reader, args ...string) (int, string, string) {
+	t.Helper()
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, stdin, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// startExample runs the example system on srv with the config in exampleYAML, and returns the
+// config file's path and the order API's base URL.
+func startExample(t *testing.T, srv *redistest.Server) (string, string) {
+	t.Helper()
+	ports := make([]int, 3)
+	var ls []net.Listener
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		ls = append(ls, l) // held until all are chosen, so the three differ
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	path := filepath.Join(t.TempDir(), "example.yaml")
+	if err := os.WriteFile(path, fmt.Appendf(nil, exampleYAML, srv.Addr, ports[0], ports[1], ports[2]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, startSystem(t, path, ports)
+}
+
+func startSystem(t *testing.T, path string, ports []int) string {
+	t.Helper()
+	c, err := app.LoadConfig(path)
+	if err != nil {
+		t.Fatalf("load %s: %v", path, err)
+	}
+	sys, err := app.New(c)
+	if err != nil {
+		t.Fatalf("start the example: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); sys.Start() }()
+	t.Cleanup(func() {
+		sys.Stop()
+		<-done
+		_ = sys.Close()
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	waitFor(t, "the order API to listen", func() bool {
+		conn, err := net.DialTimeout("tcp", base[len("http://"):], 100*time.Millisecond)
+		if err == nil {
+			_ = conn.Close()
+		}
+		return err == nil
+	})
+	return base
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func postOrder(base, uid string, delayMs int) (int, error) {
+	body := fmt.Sprintf(`{"uid":%q,"sku":"sku-1","qty":1,"delay_ms":%d}`, uid, delayMs)
+	resp, err := http.Post(base+"/api/order/create", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// TestCommandsAgainstRunningExample drives ls, show and unlock against locks that a running
+// example service holds in a real redis-server, read from the service's own YAML.
+func TestCommandsAgainstRunningExample(t *testing.T) {
+	srv := redistest.Start(t)
+	file, base := startExample(t, srv)
+	rdb := srv.Client()
+	ctx := context.Background()
+
+	// An order that holds lock:order:alice while its handler sleeps (delay_ms).
+	orderDone := make(chan int, 1)
+	go func() {
+		code, err := postOrder(base, "alice", 15000)
+		if err != nil {
+			t.Errorf("order: %v", err)
+		}
+		orderDone <- code
+	}()
+	waitFor(t, "the order's lock", func() bool { return rdb.Exists(ctx, "lock:order:alice").Val() == 1 })
+	// A duplicate is refused (409), which marks the lock contended.
+	if code, err := postOrder(base, "alice", 0); err != nil || code != http.StatusConflict {
+		t.Fatalf("duplicate order: status %d, err %v; want 409", code, err)
+	}
+	// A waiter in "another process" (its own Locker and store on the same Redis).
+	store := lockstore.New(redis.NewClient(srv.Options()))
+	defer store.Close()
+	waiter, err := flightlock.New(store, flightlock.WithPrefix("lock:"), flightlock.WithWait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiterGot := make(chan *flightlock.Lease, 1)
+	go func() {
+		lease, err := waiter.Lock(ctx, "order:alice")
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		waiterGot <- lease
+	}()
+	waitFor(t, "the waiter's subscription", func() bool {
+		n := rdb.PubSubNumSub(ctx, lockstore.DefaultChannelPrefix+"lock:order:alice").Val()
+		return n[lockstore.DefaultChannelPrefix+"lock:order:alice"] == 1
+	})
+
+	// ls -o json: the lock with its owner, fence, TTL, holder and waiters.
+	code, out, errs := cli(t, nil, "-f", file, "ls", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("ls: exit %d: %s", code, errs)
+	}
+	var locks []lockInfo
+	if err := json.Unmarshal([]byte(out), &locks); err != nil {
+		t.Fatalf("ls -o json: %v\n%s", err, out)
+	}
+	if len(locks) != 1 {
+		t.Fatalf("ls: %d locks, want 1: %s", len(locks), out)
+	}
+	l := locks[0]
+	host, _ := os.Hostname()
+	switch {
+	case l.Key != "order:alice" || l.RedisKey != "lock:order:alice":
+		t.Errorf("key %q (%q), want order:alice (lock:order:alice)", l.Key, l.RedisKey)
+	case len(l.Owner) != 32 || l.Fence <= 0 || !l.Own || len(l.Reentries) != 0:
+		t.Errorf("owner %q fence %d own %v reentries %v: want a 32-character token, a fence, the own hold only", l.Owner, l.Fence, l.Own, l.Reentries)
+	case l.TTLMillis <= 0 || l.TTLMillis > 10_000:
+		t.Errorf("ttl %dms, want within the 10s TTL", l.TTLMillis)
+	case l.Host != host || l.Pid != strconv.Itoa(os.Getpid()):
+		t.Errorf("holder host=%q pid=%q, want %q %d (the example runs in this process)", l.Host, l.Pid, host, os.Getpid())
+	case !l.Contended || l.Waiters != 1:
+		t.Errorf("contended %v waiters %d, want true and 1", l.Contended, l.Waiters)
+	}
+	// The same as a table.
+	code, out, _ = cli(t, nil, "-f", file, "ls", "order:*")
+	if code != exitOK || !strings.Contains(out, "order:alice") || !strings.Contains(out, l.Owner[:8]) ||
+		!strings.Contains(out, "1 proc") || !strings.Contains(out, "pid="+strconv.Itoa(os.Getpid())) {
+		t.Errorf("ls table: exit %d:\n%s", code, out)
+	}
+	if code, out, _ = cli(t, nil, "-f", file, "ls", "acct:*"); code != exitOK || !strings.Contains(out, "no lock held") {
+		t.Errorf("ls of a pattern with no lock: exit %d: %s", code, out)
+	}
+
+	// show: one lock in full, with the fence counter of its slot.
+	code, out, errs = cli(t, nil, "-f", file, "show", "order:alice", "-o", "json")
+	var shown lockInfo
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
+		t.Fatalf("show: exit %d: %s %s", code, out, errs)
+	}
+	if shown.Owner != l.Owner || shown.FenceCounter == nil || *shown.FenceCounter < l.Fence || shown.FenceCounterKey != lockstore.FenceKey("lock:order:alice") {
+		t.Errorf("show: %+v; want the owner of ls and a fence counter at or above fence %d", shown, l.Fence)
+	}
+	code, out, _ = cli(t, nil, "-f", file, "show", "order:alice")
+	if code != exitOK || !strings.Contains(out, l.Owner) || !strings.Contains(out, "1 process(es) wait") {
+		t.Errorf("show table: exit %d:\n%s", code, out)
+	}
+	if code, _, errs = cli(t, nil, "-f", file, "show", "order:bob"); code != exitError || !strings.Contains(errs, "not held") {
+		t.Errorf("show of a free key: exit %d: %s", code, errs)
+	}
+
+	// unlock, not confirmed: nothing removed.
+	if code, _, errs = cli(t, strings.NewReader("n\n"), "-f", file, "unlock", "order:alice"); code != exitError ||
+		!strings.Contains(errs, "not confirmed") || rdb.Exists(ctx, "lock:order:alice").Val() != 1 {
+		t.Fatalf("unlock answered n: exit %d, key exists %d: %s", code, rdb.Exists(ctx, "lock:order:alice").Val(), errs)
+	}
+	// Confirmed: removed, with a release notification that reached the waiter's process (woke
+	// 1), and the waiter gets the key while the order, whose handler sleeps for 15s, still runs.
+	code, out, errs = cli(t, strings.NewReader("y\n"), "-f", file, "unlock", "order:alice")
+	if code != exitOK || !strings.Contains(out, "removed lock:order:alice: owner "+l.Owner) || !strings.Contains(out, "woke 1 waiting") {
+		t.Fatalf("unlock: exit %d:\n%s%s", code, out, errs)
+	}
+	if !strings.Contains(errs, "Force-release lock:order:alice?") {
+		t.Errorf("unlock asked nothing: %s", errs)
+	}
+	select {
+	case lease := <-waiterGot:
+		if lease == nil {
+			t.Fatal("the waiter got no lease")
+		}
+		if lease.Fence() <= l.Fence {
+			t.Errorf("the waiter's fence %d is not above the removed holder's %d", lease.Fence(), l.Fence)
+		}
+		select {
+		case <-orderDone:
+			t.Error("the order finished before the waiter got the lock: the unlock was not what let it in")
+		default:
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("waiter release: %v", err)
+		}
+	case code := <-orderDone:
+		t.Fatalf("the order finished (status %d) before the waiter got the unlocked key", code)
+	}
+	// The order's handler lost its lock; whatever it answers, it must end.
+	<-orderDone
+}
+
+// TestUnlockRemovesOnlyTheGrantItShowed: when the lock changes hands between the read and the
+// confirmation, unlock removes nothing (the operator agreed to remove one holder, not the next).
+func TestUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	store := lockstore.New(redis.NewClient(srv.Options()))
+	defer store.Close()
+	l, err := flightlock.New(store, flightlock.WithPrefix("lock:"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := l.Lock(ctx, "stock:7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var second *flightlock.Lease
+	// The operator reads, then (while the prompt waits) the first holder releases and a second
+	// one takes the key; then the operator says yes.
+	stdin := readerFunc(func(p []byte) (int, error) {
+		if second == nil {
+			if err := first.Release(ctx); err != nil {
+				t.Errorf("release: %v", err)
+			}
+			if second, err = l.Lock(ctx, "stock:7"); err != nil {
+				t.Errorf("second lock: %v", err)
+			}
+		}
+		return copy(p, "y\n"), io.EOF
+	})
+	code, _, errs := cli(t, stdin, "-addr", srv.Addr, "unlock", "stock:7")
+	if code != exitError || !strings.Contains(errs, "changed after it was read") || !strings.Contains(errs, "nothing removed") {
+		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Errorf("the second holder's lock was touched: %v", err)
+	}
+}
+
+type readerFunc func(p []byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// syncBuffer is a bytes.Buffer that watch writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWatch follows a lock through acquisition, contention and release, and a second one that
+// expires, with keyspace notifications and by polling.
+func TestWatch(t *testing.T) {
+	for _, mode := range []string{"keyspace", "polling"} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client()
+			ctx := context.Background()
+			if mode == "keyspace" {
+				if err := rdb.ConfigSet(ctx, "notify-keyspace-events", "K$gx").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var out syncBuffer
+			done := make(chan int, 1)
+			go func() {
+				done <- run(ctx, []string{"-addr", srv.Addr, "-o", "json", "-interval", "100ms", "-for", "4s", "watch", "order:*"},
+					strings.NewReader(""), &out, io.Discard)
+			}()
+			waitFor(t, "watch's subscription", func() bool { return rdb.PubSubNumPat(ctx).Val() == 1 })
+			time.Sleep(150 * time.Millisecond) // its first poll, which reports nothing
+
+			store := lockstore.New(redis.NewClient(srv.Options()))
+			defer store.Close()
+			holder, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))
+			other, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))
+			lease, err := holder.Lock(ctx, "order:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // a poll sees it held
+			if _, err := other.TryLock(ctx, "order:1"); err == nil {
+				t.Fatal("a second owner got a held lock")
+			}
+			time.Sleep(300 * time.Millisecond) // a poll sees it contended
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// A lock whose holder died: it expires.
+			if err := rdb.Set(ctx, "lock:order:2", "deadbeef 5 1 host=gone pid=1", 300*time.Millisecond).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Not matched by the pattern: never reported.
+			_ = rdb.Set(ctx, "lock:acct:1", "cafe 6 1", time.Second).Err()
+
+			want := map[string][]string{
+				"keyspace": {"acquired order:1", "contended order:1", "released order:1", "acquired order:2", "expired order:2"},
+				"polling":  {"acquired order:1", "contended order:1", "released order:1", "acquired order:2", "gone order:2"},
+			}[mode]
+			waitFor(t, "the events", func() bool { return len(events(t, out.String())) >= len(want) })
+			if code := <-done; code != exitOK {
+				t.Fatalf("watch: exit %d", code)
+			}
+			got := events(t, out.String())
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+}
+
+// events reads watch's JSON lines as "kind key".
+func events(t *testing.T, out string) []string {
+	var evs []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var e event
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("watch line %q: %v", line, err)
+		}
+		evs = append(evs, e.Kind+" "+e.Lock.Key)
+	}
+	return evs
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+)
+
+// printer writes tables for people or JSON for scripts.
+type printer struct {
+	w    io.Writer
+	json bool
+}
+
+func (p *printer) encode(v any) error {
+	enc := json.NewEncoder(p.w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// quoteIfOdd quotes s when it holds anything but printable, non-space characters. Keys and
+// metadata come from requests: a key with terminal escape sequences must not repaint the
+// operator's screen, and one with spaces must not shift the columns.
+func quoteIfOdd(s string) string {
+	for _, r := range s {
+		if !unicode.IsGraphic(r) || unicode.IsSpace(r) || r == '"' {
+			return strconv.Quote(s)
+		}
+	}
+	if s == "" {
+		return `""`
+	}
+	return s
+}
+
+// short is the first 8 characters of an owner token: enough to tell holders apart.
+func short(owner string) string {
+	if len(owner) > 8 {
+		return quoteIfOdd(owner[:8]) + "…"
+	}
+	return quoteIfOdd(owner)
+}
+
+func ttlString(ms int64) string {
+	if ms < 0 {
+		return "none"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
+}
+
+func holdsString(l lockInfo) string {
+	own := "0"
+	if l.Own {
+		own = "1"
+	}
+	if len(l.Reentries) == 0 {
+		return own
+	}
+	return own + "+" + strconv.Itoa(len(l.Reentries))
+}
+
+// waitingString says whether others wait: processes subscribed to its release now, or, without
+// any, that a request was refused while it was held.
+func waitingString(l lockInfo) string {
+	switch {
+	case l.Waiters > 0:
+		return strconv.FormatInt(l.Waiters, 10) + " proc"
+	case l.Contended:
+		return "refused"
+	}
+	return "-"
+}
+
+func holderString(l lockInfo) string {
+	var parts []string
+	for _, kv := range [][2]string{{"host", l.Host}, {"pid", l.Pid}, {"trace", l.Trace}} {
+		if kv[1] != "" {
+			parts = append(parts, kv[0]+"="+quoteIfOdd(kv[1]))
+		}
+	}
+	if l.Metadata != "" {
+		parts = append(parts, quoteIfOdd(l.Metadata))
+	}
+	return strings.Join(parts, " ")
+}
+
+// lockTable writes locks as a table.
+func lockTable(w io.Writer, locks []lockInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tOWNER\tFENCE\tTTL\tHOLDS\tWAITING\tHOLDER")
+	for _, l := range locks {
+		if l.Unrecognized != "" {
+			fmt.Fprintf(tw, "%s\t-\t-\t%s\t-\t-\tnot a flightlock lock: %s\n", quoteIfOdd(l.Key), ttlString(l.TTLMillis),
+				quoteIfOdd(truncate(l.Unrecognized, 60)))
+			continue
+		}
+		key := quoteIfOdd(l.Key)
+		if l.Shadow {
+			key += " (shadow)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", key, short(l.Owner), l.Fence, ttlString(l.TTLMillis),
+			holdsString(l), waitingString(l), holderString(l))
+	}
+	return tw.Flush()
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// lockDetail writes one lock in full, a field per line.
+func lockDetail(w io.Writer, l lockInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("key", quoteIfOdd(l.Key))
+	row("redis key", quoteIfOdd(l.RedisKey))
+	if l.Unrecognized != "" {
+		row("value", quoteIfOdd(l.Unrecognized)+" (not a flightlock lock)")
+		return tw.Flush()
+	}
+	if l.Shadow {
+		row("shadow", "yes: a shadow rule's lock, which holds no request back")
+	}
+	row("owner", quoteIfOdd(l.Owner))
+	row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
+	row("ttl", ttlString(l.TTLMillis))
+	holds := "the acquisition's own"
+	if !l.Own {
+		holds = "none of the acquisition's own (given up)"
+	}
+	if len(l.Reentries) > 0 {
+		q := make([]string, len(l.Reentries))
+		for i, r := range l.Reentries {
+			q[i] = quoteIfOdd(r)
+		}
+		holds += "; re-entries from other processes: " + strings.Join(q, ", ")
+	}
+	row("holds", holds)
+	row("host", cmpOr(quoteIfOdd(l.Host), "-"))
+	row("pid", cmpOr(quoteIfOdd(l.Pid), "-"))
+	row("trace", cmpOr(quoteIfOdd(l.Trace), "-"))
+	if l.Metadata != "" {
+		row("metadata", quoteIfOdd(l.Metadata))
+	}
+	switch {
+	case l.Waiters > 0:
+		row("waiting", fmt.Sprintf("%d process(es) wait for its release", l.Waiters))
+	case l.Contended:
+		row("waiting", "none now; a request was refused while it was held")
+	default:
+		row("waiting", "no")
+	}
+	if l.FenceCounterKey != "" {
+		counter := "unset"
+		if l.FenceCounter != nil {
+			counter = strconv.FormatInt(*l.FenceCounter, 10)
+		}
+		row("fence counter", l.FenceCounterKey+" = "+counter+" (the next grant in this slot is above it)")
+	}
+	return tw.Flush()
+}
+
+// cmdList is "ls [pattern]".
+func cmdList(ctx context.Context, c *client, out *printer, o options, pattern string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	keys, err := c.scanKeys(ctx, pattern, o.shadow)
+	if err != nil {
+		return err
+	}
+	more := 0
+	if o.limit > 0 && len(keys) > o.limit {
+		keys, more = keys[:o.limit], len(keys)-o.limit
+	}
+	locks, err := c.inspect(ctx, keys)
+	if err != nil {
+		return err
+	}
+	if out.json {
+		if locks == nil {
+			locks = []lockInfo{}
+		}
+		return out.encode(locks)
+	}
+	if len(locks) == 0 {
+		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.target.prefix+pattern), c.target.redis.Host)
+		return err
+	}
+	if err := lockTable(out.w, locks); err != nil {
+		return err
+	}
+	if more > 0 {
+		_, err = fmt.Fprintf(out.w, "... and %d more (-limit 0 lists all)\n", more)
+	}
+	return err
+}
+
+// cmdShow is "show KEY".
+func cmdShow(ctx context.Context, c *client, out *printer, _ options, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	l, err := c.lookup(ctx, key)
+	if err != nil {
+		return err
+	}
+	if out.json {
+		return out.encode(l)
+	}
+	return lockDetail(out.w, l)
+}

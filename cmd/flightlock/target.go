@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/zeromicro/go-zero/core/conf"
+	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/middleware"
+)
+
+// target is where the locks are: a Redis and the prefix of the lock keys.
+type target struct {
+	redis  middleware.RedisConf
+	prefix string
+	from   string // for messages: "etc/x.yaml (Order.Lock)" or "-addr"
+}
+
+// resolveTarget reads the Lock section of o.file, if any, and applies the flags over it.
+func resolveTarget(o options) (target, error) {
+	var t target
+	if o.file != "" {
+		lc, path, err := loadLockSection(o.file, o.section)
+		if err != nil {
+			return target{}, err
+		}
+		t = target{redis: lc.Redis, prefix: lc.Prefix, from: o.file + " (" + path + ")"}
+		if t.redis.Host == "" && o.addr == "" {
+			return target{}, fmt.Errorf("%s: %s.Redis has no Host: that service locks in an embedded in-memory Redis "+
+				"that only its own process sees, and there is nothing to inspect from outside.%s",
+				o.file, path, topLevelRedisHint(o.file))
+		}
+	} else {
+		var lc middleware.LockConf
+		if err := conf.FillDefault(&lc); err != nil {
+			return target{}, err
+		}
+		t = target{redis: lc.Redis, prefix: lc.Prefix, from: "-addr"}
+	}
+	if o.addr != "" {
+		t.redis.Host = o.addr
+	}
+	if o.typ != "" {
+		t.redis.Type = o.typ
+	}
+	if o.user != "" {
+		t.redis.User = o.user
+	}
+	if o.pass != "" {
+		t.redis.Pass = o.pass
+	}
+	if o.tls {
+		t.redis.Tls = true
+	}
+	if o.prefix != "" {
+		t.prefix = o.prefix
+	}
+	t.redis.Type = strings.ToLower(cmpOr(t.redis.Type, "node"))
+	if t.redis.Type != "node" && t.redis.Type != "cluster" {
+		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
+	}
+	return t, nil
+}
+
+func cmpOr(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// lockSection is a Lock mapping found in a config file, and its path ("Lock", "Order.Lock").
+type lockSection struct {
+	path string
+	raw  any
+}
+
+// loadLockSection reads the Lock section of a service's config file, filled with the defaults
+// the service itself gets (go-zero's conf loader on LockConf). A file with several (one per
+// service, as in the example) needs -lock unless they all name the same Redis and Prefix.
+func loadLockSection(file, want string) (middleware.LockConf, string, error) {
+	doc, err := readConfigFile(file)
+	if err != nil {
+		return middleware.LockConf{}, "", err
+	}
+	var found []lockSection
+	findLockSections(doc, "", &found)
+	if len(found) == 0 {
+		return middleware.LockConf{}, "", fmt.Errorf("%s has no Lock section: pass -addr (and -prefix) instead", file)
+	}
+	if want != "" {
+		i := slices.IndexFunc(found, func(s lockSection) bool { return strings.EqualFold(s.path, want) })
+		if i < 0 {
+			return middleware.LockConf{}, "", fmt.Errorf("%s has no Lock section %s; it has %s", file, want, sectionPaths(found))
+		}
+		found = found[i : i+1]
+	}
+	confs := make([]middleware.LockConf, len(found))
+	for i, s := range found {
+		b, err := json.Marshal(s.raw)
+		if err != nil {
+			return middleware.LockConf{}, "", fmt.Errorf("%s: %s: %w", file, s.path, err)
+		}
+		if err := conf.LoadFromJsonBytes(b, &confs[i]); err != nil {
+			return middleware.LockConf{}, "", fmt.Errorf("%s: %s: %w", file, s.path, err)
+		}
+	}
+	for _, c := range confs[1:] {
+		if c.Redis.Host != confs[0].Redis.Host || c.Prefix != confs[0].Prefix {
+			return middleware.LockConf{}, "", fmt.Errorf("%s has Lock sections on different Redis hosts or prefixes (%s): choose one with -lock",
+				file, sectionPaths(found))
+		}
+	}
+	return confs[0], found[0].path, nil
+}
+
+// readConfigFile parses a YAML or JSON config file, with ${VAR} expanded from the environment
+// as go-zero's conf.UseEnv does (a file without variables reads the same either way).
+func readConfigFile(file string) (any, error) {
+	content, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	content = []byte(os.ExpandEnv(string(content)))
+	var doc any
+	switch strings.ToLower(filepath.Ext(file)) {
+	case ".yaml", ".yml":
+		err = yaml.Unmarshal(content, &doc)
+		doc = stringKeys(doc)
+	case ".json":
+		err = json.Unmarshal(content, &doc)
+	default:
+		return nil, fmt.Errorf("%s: only YAML and JSON config files are read; pass -addr (and -prefix) instead", file)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return doc, nil
+}
+
+// stringKeys turns yaml.v2's map[interface{}]interface{} into map[string]any, all the way down.
+func stringKeys(v any) any {
+	switch v := v.(type) {
+	case map[any]any:
+		m := make(map[string]any, len(v))
+		for k, x := range v {
+			m[fmt.Sprint(k)] = stringKeys(x)
+		}
+		return m
+	case []any:
+		for i, x := range v {
+			v[i] = stringKeys(x)
+		}
+	}
+	return v
+}
+
+// findLockSections collects the mappings under a key "Lock" (in any case, as go-zero matches
+// keys), depth first in key order, without looking inside them.
+func findLockSections(v any, path string, out *[]lockSection) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		p := k
+		if path != "" {
+			p = path + "." + k
+		}
+		if _, isMap := m[k].(map[string]any); isMap && strings.EqualFold(k, "lock") {
+			*out = append(*out, lockSection{path: p, raw: m[k]})
+			continue
+		}
+		findLockSections(m[k], p, out)
+	}
+}
+
+func sectionPaths(s []lockSection) string {
+	paths := make([]string, len(s))
+	for i, x := range s {
+		paths[i] = x.path
+	}
+	return strings.Join(paths, ", ")
+}
+
+// topLevelRedisHint points at a top-level Redis section, which some services (the example)
+// hand to their Lock section in code.
+func topLevelRedisHint(file string) string {
+	doc, err := readConfigFile(file)
+	if err != nil {
+		return ""
+	}
+	m, _ := doc.(map[string]any)
+	for k, v := range m {
+		if r, ok := v.(map[string]any); ok && strings.EqualFold(k, "redis") {
+			for rk, host := range r {
+				if strings.EqualFold(rk, "host") {
+					return fmt.Sprintf(" If the service takes its lock Redis from the file's top-level Redis section in code, pass -addr %v.", host)
+				}
+			}
+		}
+	}
+	return " If it locks on a Redis set in code, pass -addr."
+}
+
+// client is a connection to the target's Redis.
+type client struct {
+	rdb     redis.UniversalClient
+	target  target
+	timeout time.Duration
+}
+
+// connect builds the client that the service's own store would build (middleware.NewClient),
+// and pings it, so that a wrong address fails here with the address in the message.
+func connect(ctx context.Context, t target, timeout time.Duration) (*client, error) {
+	rc := t.redis.Zero()
+	rc.NonBlock = true // pinged below, within -timeout and ctx
+	rdb, err := middleware.NewClient(rc)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.redis.Host, t.from, err)
+	}
+	return &client{rdb: rdb, target: t, timeout: timeout}, nil
+}
+
+func (c *client) close() { _ = c.rdb.Close() }
+
+// redisKey is the Redis key of lock key k.
+func (c *client) redisKey(k string) string { return c.target.prefix + k }
+
+// channel is the release notification channel of lock key k (lockstore's default prefix, which
+// the go-zero layer uses).
+func (c *client) channel(k string) string { return lockstore.DefaultChannelPrefix + c.redisKey(k) }
+
+// errNotHeld is the answer of show and unlock for a key that no one holds.
+var errNotHeld = errors.New("not held")

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// forceRelease deletes a lock only while it is still the grant the operator saw (same owner,
+// same fence), and wakes the waiters of other processes. Comparing the grant, not just the key,
+// means a lock that changed hands between "show" and the confirmation is never removed: the
+// operator agreed to remove one holder, not whoever holds the key now.
+//
+// KEYS[1] lock key; ARGV[1] "<owner> <fence> ", the start of the value of that grant;
+// ARGV[2] its release notification channel.
+// Replies {1, woken waiters} when deleted, {0, current value or ""} when not.
+var forceRelease = redis.NewScript(`
+local current = redis.call('GET', KEYS[1])
+if not current or string.sub(current, 1, #ARGV[1]) ~= ARGV[1] then
+  return {0, current or ''}
+end
+redis.call('DEL', KEYS[1])
+return {1, redis.call('PUBLISH', ARGV[2], '1')}
+`)
+
+// unlockResult is what "unlock -o json" prints.
+type unlockResult struct {
+	Removed lockInfo `json:"removed"`
+	Woken   int64    `json:"woken_processes"`
+}
+
+// cmdUnlock is "unlock KEY": show the lock, ask, remove exactly that grant, print what went.
+func cmdUnlock(ctx context.Context, c *client, out *printer, o options, key string, stdin io.Reader, stderr io.Writer) error {
+	rctx, cancel := context.WithTimeout(ctx, c.timeout)
+	l, err := c.lookup(rctx, key)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w; nothing removed", err)
+	}
+	if l.Unrecognized != "" {
+		return fmt.Errorf("%s is not a flightlock lock (value %s); nothing removed", quoteIfOdd(l.RedisKey), quoteIfOdd(l.Unrecognized))
+	}
+	if !o.yes {
+		if err := lockDetail(stderr, l); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "\nForce-release %s? Its holder may still be running, and the next request then "+
+			"runs beside it (it learns of the loss at its next renewal). [y/N] ", quoteIfOdd(l.RedisKey))
+		answer, _ := bufio.NewReader(stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			return fmt.Errorf("not confirmed; nothing removed")
+		}
+	}
+
+	rctx, cancel = context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	reply, err := forceRelease.Run(rctx, c.rdb, []string{l.RedisKey},
+		l.Owner+" "+strconv.FormatInt(l.Fence, 10)+" ", c.channel(key)).Slice()
+	if err != nil {
+		return fmt.Errorf("unlock %s: %w", quoteIfOdd(l.RedisKey), err)
+	}
+	if len(reply) != 2 {
+		return fmt.Errorf("unlock %s: unexpected reply %v", quoteIfOdd(l.RedisKey), reply)
+	}
+	if done, _ := reply[0].(int64); done != 1 {
+		now := "released since"
+		if v, _ := reply[1].(string); v != "" {
+			var cur lockInfo
+			parseLock(&cur, v)
+			now = "now held by " + short(cur.Owner) + " fence " + strconv.FormatInt(cur.Fence, 10)
+		}
+		return fmt.Errorf("%s changed after it was read (%s); nothing removed", quoteIfOdd(l.RedisKey), now)
+	}
+	woken, _ := reply[1].(int64)
+	if out.json {
+		return out.encode(unlockResult{Removed: l, Woken: woken})
+	}
+	_, err = fmt.Fprintf(out.w, "removed %s: owner %s fence %d holds %s ttl %s %s; woke %d waiting process(es)\n",
+		quoteIfOdd(l.RedisKey), quoteIfOdd(l.Owner), l.Fence, holdsString(l), ttlString(l.TTLMillis), holderString(l), woken)
+	return err
+}
