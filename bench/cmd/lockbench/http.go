@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,10 +23,13 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/logc"
+	"github.com/zeromicro/go-zero/core/prometheus"
+	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
 
 	"github.com/flightlock/flightlock/example/app"
+	flmw "github.com/flightlock/flightlock/middleware"
 )
 
 // Scenario 6 of issue 4: the example's create-order endpoint (example/app, on the benchmark's
@@ -45,16 +49,18 @@ import (
 //go:embed order.lua
 var orderLua []byte
 
-// s6Row is one lock of the order API.
+// s6Row is one lock of the order API. uid starts the uids of its requests, distinct per row.
 type s6Row struct {
-	id, label string
+	id, label, uid string
 }
 
 var s6Rows = []s6Row{
-	{"none", "no lock"},
-	{"flightlock", "flightlock (the example's middleware)"},
-	{"redislock", "bsm/redislock (plain go-zero middleware)"},
-	{"setdel", "floor: SET PX + DEL (plain middleware, not a lock)"},
+	{"none", "no lock", "n"},
+	{"flightlock", "flightlock (the example's middleware)", "f"},
+	{"redislock", "bsm/redislock (plain go-zero middleware)", "r"},
+	{"setdel", "floor: SET PX + DEL (plain middleware, not a lock)", "s"},
+	// Issue 10: what a rule in shadow mode costs a request (it only counts would-be conflicts).
+	{"shadow", "flightlock, the order rule in shadow mode (Shadow: true)", "h"},
 }
 
 // Scenario 6's load: one connection for latency, s6SatConns for saturation.
@@ -80,6 +86,8 @@ type s6Results struct {
 	// IdleCPU is the cores this process used with every system up and no load.
 	IdleCPU float64 `json:"idle_cpu"`
 	Conf    string  `json:"config"`
+	// Observe: go-zero's metrics and tracing were on in every row (-observe).
+	Observe bool `json:"observe,omitempty"`
 }
 
 // s6System is one row's running system.
@@ -94,7 +102,16 @@ type s6System struct {
 }
 
 func (b *bench) scenario6() *s6Results {
-	res := &s6Results{Conf: b.cfg.exampleConf}
+	res := &s6Results{Conf: b.cfg.exampleConf, Observe: b.cfg.observe}
+	if b.cfg.observe {
+		// What a service with Prometheus: and Telemetry: in its config runs: metrics recorded
+		// (go-zero's core/metric records nothing until Prometheus is enabled) and every request
+		// traced, spans batched and encoded by go-zero's file exporter (to /dev/null, so the
+		// figures do not include a collector).
+		prometheus.Enable()
+		trace.StartAgent(trace.Config{Name: "lockbench", Endpoint: os.DevNull, Batcher: "file", Sampler: 1})
+		defer trace.StopAgent()
+	}
 	if _, err := os.Stat(b.cfg.exampleConf); err != nil {
 		res.Note = fmt.Sprintf("Not run: the example's config `%s` is missing (`-example-config`).", b.cfg.exampleConf)
 		return res
@@ -238,6 +255,23 @@ func (b *bench) startSystem(r s6Row) *s6System {
 		client, _ := newClient(b.addr)
 		opts = append(opts, app.WithOrderLock(orderMiddleware(setDelLock(client), c.Order.Lock.Prefix, c.Order.Lock.TTL)))
 		s.close = func() { _ = client.Close() }
+	case "shadow":
+		// The example's order rules with create-order in shadow mode, in a middleware of its own
+		// (app.WithOrderLock): the example's order logic fences its writes with the lease of an
+		// enforced lock, which a shadow rule never gives it, so the writes go unfenced, as in the
+		// other replaced rows.
+		lc := c.Order.Lock
+		lc.Redis = flmw.RedisConf{Host: b.addr}
+		lc.Rules = slices.Clone(lc.Rules)
+		for i := range lc.Rules {
+			lc.Rules[i].Shadow = lc.Rules[i].Path == "/api/order/create"
+		}
+		mw, err := flmw.New(lc)
+		if err != nil {
+			fatalf("s6 shadow: %v", err)
+		}
+		opts = append(opts, app.WithOrderLock(mw.Handle))
+		s.close = func() { _ = mw.Close() }
 	}
 	if s.sys, err = app.New(c, opts...); err != nil {
 		fatalf("s6 %s: %v", r.id, err)
@@ -471,7 +505,7 @@ func (b *bench) wrkRunOnce(bin, script string, s *s6System, conns int, d time.Du
 	}, mix: mixString(delta, ws.Requests)}, true
 }
 
-func prefixOf(r s6Row) string       { return r.id[:1] } // n, f, r: distinct uids per row
+func prefixOf(r s6Row) string       { return r.uid }
 func uidOf(r s6Row, i int64) string { return prefixOf(r) + strconv.FormatInt(i, 10) }
 
 // pingMedian is the median latency of PING from a go-redis client of this process, over d:

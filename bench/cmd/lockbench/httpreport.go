@@ -127,7 +127,13 @@ func (r *report) s6Section(w func(string, ...any)) {
 	w("when taken), the handler, `Release`; **floor**: the same middleware with a plain `SET PX` and `DEL` of the key, the two\n")
 	w("round trips any Redis lock needs and nothing else (not a lock). Without flightlock's lease the order is written\n")
 	w("unfenced. go-zero's REST and zrpc chains are the example's (tracing, logging at level `severe`, breakers, timeouts);\n")
-	w("load shedding is off.\n\n")
+	w("load shedding is off. **flightlock, shadow** is the example with its order rule in shadow mode (`Shadow: true`): it\n")
+	w("never holds a request back and only counts the conflicts enforcement would have had (issue 10).\n\n")
+	if s.Observe {
+		w("**Metrics and tracing on** (`-observe`), in every row: go-zero's Prometheus metrics enabled (flightlock's and\n")
+		w("go-zero's own series recorded) and every request traced, spans batched and encoded by go-zero's `file` exporter to\n")
+		w("`/dev/null`. Compare with a run without `-observe` for what flightlock's metrics and spans add.\n\n")
+	}
 	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", s6LowConns)
 	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", dur(s.Ping.med("p50")), s6SatConns, wholeSeconds(r.cfg.d6))
 	w("process's own `getrusage` (the service), `/proc/<pid>/stat` of `redis-server` and wrk's rusage as a child, over the\n")

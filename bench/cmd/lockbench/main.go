@@ -37,6 +37,7 @@ type config struct {
 	goBench     string
 	notes       string
 	exampleConf string
+	observe     bool
 }
 
 // workers tracks the worker processes this run started, so they are ended (by pid) if the
@@ -98,6 +99,8 @@ func main() {
 	flag.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON")
 	flag.StringVar(&cfg.goBench, "gobench", "", "output of go test -bench to include in the report")
 	flag.StringVar(&cfg.notes, "notes", "", "Markdown analysis to append to the report")
+	flag.BoolVar(&cfg.observe, "observe", false, "scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
+		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
 	flag.StringVar(&cfg.exampleConf, "example-config", "etc/flightlock-example-redis.yaml", "scenario 6: the example's config file (its Redis and ports are replaced)")
 	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
 	rows := flag.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
