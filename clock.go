@@ -8,6 +8,11 @@ import "time"
 // bounds) stay on the system clock: a context cannot be driven by anything else.
 type clock interface {
 	Now() time.Time
+	// Since and Until are Now().Sub(t) and t.Sub(Now()); the system clock's read only the
+	// monotonic clock, half the cost of Now on the busy-key path (issue 10: TryLock on a held
+	// key measured 109 -> 141 ns when they were written with Now).
+	Since(t time.Time) time.Duration
+	Until(t time.Time) time.Duration
 	AfterFunc(d time.Duration, f func()) clockTimer
 }
 
@@ -20,5 +25,9 @@ type clockTimer interface {
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) Since(t time.Time) time.Duration { return time.Since(t) }
+
+func (systemClock) Until(t time.Time) time.Duration { return time.Until(t) }
 
 func (systemClock) AfterFunc(d time.Duration, f func()) clockTimer { return time.AfterFunc(d, f) }

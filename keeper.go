@@ -32,10 +32,10 @@ func newKeeper(store lockstore.Store, g *gate, cfg *config) *keeper {
 func (k *keeper) now() time.Time { return k.clock.Now() }
 
 // since is the time passed since t on the keeper's clock.
-func (k *keeper) since(t time.Time) time.Duration { return k.clock.Now().Sub(t) }
+func (k *keeper) since(t time.Time) time.Duration { return k.clock.Since(t) }
 
 // until is the time left until t on the keeper's clock.
-func (k *keeper) until(t time.Time) time.Duration { return t.Sub(k.clock.Now()) }
+func (k *keeper) until(t time.Time) time.Duration { return k.clock.Until(t) }
 
 // safety is how long before a lock may expire in Redis its leases are cancelled: the holder
 // must have stopped by then.
