@@ -105,7 +105,6 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	return client, nil
 }
 
-
 // defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
 // redis.NewRedis.
 const defaultPingTimeout = time.Second
