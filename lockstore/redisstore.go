@@ -108,6 +108,9 @@ type RedisStore struct {
 	batch         *batcher // nil: every script call goes straight to the client
 	notify        *notifier
 	closers       []func() error // run by Close, last first
+
+	replicas       int           // WithReplicas: acknowledgements a grant or refresh needs; 0: none
+	replicaTimeout time.Duration // WithReplicas: how long WAIT waits for them
 }
 
 // New returns a store on an existing go-redis client. Closing the store does not close client.
@@ -169,8 +172,16 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		meta = " " + meta
 	}
-	code, n, err := pair(s.run(ctx, acquireScript, []string{key, fenceKey(key)}, s.releaseIfTaken(key, owner),
-		owner, ttlMillis(ttl), meta))
+	keys, args := []string{key, fenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	var (
+		code, n int64
+		err     error
+	)
+	if s.replicas > 0 {
+		code, n, err = s.acked(ctx, acquireScript, keys, args, key, owner, "", acquireTaken, acquireReentered)
+	} else {
+		code, n, err = pair(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
+	}
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
@@ -196,8 +207,16 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	if err := checkHold(hold, false); err != nil {
 		return Acquisition{}, err
 	}
-	code, n, err := pair(s.run(ctx, reenterScript, []string{key}, s.releaseOnReply(key, owner, hold, acquireReentered),
-		owner, ttlMillis(ttl), hold))
+	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
+	var (
+		code, n int64
+		err     error
+	)
+	if s.replicas > 0 {
+		code, n, err = s.acked(ctx, reenterScript, keys, args, key, owner, hold, acquireReentered)
+	} else {
+		code, n, err = pair(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
+	}
 	if err != nil {
 		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 	}
@@ -211,6 +230,29 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	default:
 		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
 	}
+}
+
+// acked runs an acquiring script (acquire.lua, reenter.lua) with WAIT (runAcked) and reads its
+// reply. A reply whose code is one of granted counted a hold for owner (named hold); when too
+// few replicas acknowledged it, that hold is given up again and the call fails with
+// ErrNotReplicated.
+func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []string, args []any,
+	key, owner, hold string, granted ...int64) (int64, int64, error) {
+	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
+	if err != nil {
+		return 0, 0, err
+	}
+	code, n, err := pair(cmd)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, g := range granted {
+		if code == g && acked < int64(s.replicas) {
+			s.giveUpUnacked(key, owner, hold)
+			return 0, 0, s.notReplicated(acked)
+		}
+	}
+	return code, n, nil
 }
 
 // pair reads a two-integer script reply.
@@ -235,7 +277,21 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	n, err := s.run(ctx, refreshScript, []string{key}, nil, owner, ttlMillis(ttl)).Int64()
+	var (
+		n   int64
+		err error
+	)
+	if s.replicas > 0 {
+		var cmd *redis.Cmd
+		var acked int64
+		if cmd, acked, err = s.runAcked(ctx, refreshScript, []string{key}, owner, ttlMillis(ttl)); err == nil {
+			if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
+				err = s.notReplicated(acked)
+			}
+		}
+	} else {
+		n, err = s.run(ctx, refreshScript, []string{key}, nil, owner, ttlMillis(ttl)).Int64()
+	}
 	if err != nil {
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}

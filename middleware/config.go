@@ -126,6 +126,18 @@ type LockConf struct {
 // Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
 // further concurrent calls wait for the next free lane and share one pipeline. 0 means the
 // default (lockstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
+//
+// Sentinel, which go-zero's RedisConf does not have, finds the primary through Redis Sentinel
+// (go-redis's failover client; every lock command goes to the primary): set Sentinel.MasterName
+// and Sentinel.Addrs and leave Host empty. User and Pass authenticate to the Redis nodes,
+// Sentinel.User and Sentinel.Pass to the Sentinels.
+//
+// Replicas makes a lock count only once that many replicas acknowledged it (WAIT, in the same
+// round trip as the acquisition), within ReplicaTimeout (default 100ms): a failover that
+// promotes a replica can then not lose a granted lock to a second holder. An acquisition not
+// acknowledged in time is released and answered as a store error (OnStoreError); a renewal
+// not acknowledged does not extend the lease. 0 (the default) waits for none, as every Redis
+// lock library does; see the README's "Failover and fencing".
 type RedisConf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
@@ -137,17 +149,36 @@ type RedisConf struct {
 	MaintNotifications string        `json:",default=disabled"`
 	PingTimeout        time.Duration `json:",default=1s"`
 	Lanes              int           `json:",optional"`
+	Sentinel           SentinelConf  `json:",optional"`
+	Replicas           int           `json:",optional"`
+	ReplicaTimeout     time.Duration `json:",default=100ms"`
 }
+
+// SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
+// the Sentinels' addresses (host:port), and the credentials of the Sentinels themselves.
+type SentinelConf struct {
+	MasterName string   `json:",optional"`
+	Addrs      []string `json:",optional"`
+	User       string   `json:",optional"`
+	Pass       string   `json:",optional"`
+}
+
+// embedded reports whether r names no Redis at all: no Host and no Sentinel.
+func (r RedisConf) embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
 
 // storeOptions are the lockstore options that r sets.
 func (r RedisConf) storeOptions() []lockstore.Option {
+	var opts []lockstore.Option
 	switch {
 	case r.Lanes < 0:
-		return []lockstore.Option{lockstore.WithLanes(0)}
+		opts = append(opts, lockstore.WithLanes(0))
 	case r.Lanes > 0:
-		return []lockstore.Option{lockstore.WithLanes(r.Lanes)}
+		opts = append(opts, lockstore.WithLanes(r.Lanes))
 	}
-	return nil
+	if r.Replicas > 0 {
+		opts = append(opts, lockstore.WithReplicas(r.Replicas, r.ReplicaTimeout))
+	}
+	return opts
 }
 
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
@@ -341,7 +372,35 @@ func (c LockConf) check() error {
 	if c.Redis.PingTimeout < 0 {
 		return fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout)
 	}
+	if err := c.Redis.checkFailover(); err != nil {
+		return err
+	}
 	return c.Retry.check()
+}
+
+// checkFailover validates Sentinel and Replicas.
+func (r RedisConf) checkFailover() error {
+	sn := r.Sentinel
+	switch {
+	case sn.MasterName == "" && (len(sn.Addrs) > 0 || sn.User != "" || sn.Pass != ""):
+		return fieldError("Lock.Redis.Sentinel.MasterName", "is empty, but the Sentinel section sets other fields: name the master")
+	case sn.MasterName != "" && len(sn.Addrs) == 0:
+		return fieldError("Lock.Redis.Sentinel.Addrs", "is empty: list the Sentinels (host:port)")
+	case sn.MasterName != "" && r.Host != "":
+		return fieldError("Lock.Redis.Host", "is set together with Sentinel: the Sentinels name the primary; leave Host empty")
+	case sn.MasterName != "" && r.Type == zeroredis.ClusterType:
+		return fieldError("Lock.Redis.Type", "is cluster together with Sentinel: a Cluster fails over on its own")
+	case r.Replicas < 0:
+		return fieldError("Lock.Redis.Replicas", "must not be negative, got %d", r.Replicas)
+	case r.ReplicaTimeout < 0:
+		return fieldError("Lock.Redis.ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
+	}
+	for i, a := range sn.Addrs {
+		if strings.TrimSpace(a) == "" {
+			return fieldError(fmt.Sprintf("Lock.Redis.Sentinel.Addrs[%d]", i), "is empty")
+		}
+	}
+	return nil
 }
 
 func (r RetryConf) check() error {
@@ -384,9 +443,9 @@ func (r RetryConf) strategy() flightlock.Retry {
 	return s
 }
 
-// Zero is r as go-zero's redis.RedisConf, what NewStore and NewClient take. DisableIdentity is
-// true, which is how their client behaves anyway.
-func (r RedisConf) Zero() zeroredis.RedisConf {
+// zero is r as go-zero's redis.RedisConf, for newClient. DisableIdentity is true, which is how
+// the store's client behaves anyway.
+func (r RedisConf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
 		Host:               r.Host,
 		Type:               r.Type,

@@ -281,3 +281,42 @@ Rules:
 		t.Error("normalized changed the config it was given")
 	}
 }
+
+// Sentinel and Replicas load from YAML, reach the store's options, and bad combinations are
+// refused naming the field.
+func TestRedisFailoverConf(t *testing.T) {
+	const yaml = "Lock:\n  Redis:\n    Sentinel:\n      MasterName: main\n      Addrs: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]\n" +
+		"      Pass: s3cret\n    Replicas: 1\n"
+	var c struct{ Lock LockConf }
+	if err := conf.LoadFromYamlBytes([]byte(yaml), &c); err != nil {
+		t.Fatal(err)
+	}
+	r := c.Lock.Redis
+	if r.Sentinel.MasterName != "main" || len(r.Sentinel.Addrs) != 2 || r.Sentinel.Pass != "s3cret" || r.Replicas != 1 ||
+		r.ReplicaTimeout != 100*time.Millisecond || r.embedded() {
+		t.Errorf("loaded %+v", r)
+	}
+	if got := len(r.storeOptions()); got != 1 {
+		t.Errorf("%d store options, want WithReplicas", got)
+	}
+	if err := c.Lock.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	for _, tt := range []struct {
+		redis RedisConf
+		field string
+	}{
+		{RedisConf{Sentinel: SentinelConf{MasterName: "m"}}, "Lock.Redis.Sentinel.Addrs"},
+		{RedisConf{Sentinel: SentinelConf{Addrs: []string{"a:1"}}}, "Lock.Redis.Sentinel.MasterName"},
+		{RedisConf{Host: "h:1", Sentinel: SentinelConf{MasterName: "m", Addrs: []string{"a:1"}}}, "Lock.Redis.Host"},
+		{RedisConf{Type: "cluster", Sentinel: SentinelConf{MasterName: "m", Addrs: []string{"a:1"}}}, "Lock.Redis.Type"},
+		{RedisConf{Sentinel: SentinelConf{MasterName: "m", Addrs: []string{" "}}}, "Lock.Redis.Sentinel.Addrs[0]"},
+		{RedisConf{Host: "h:1", Replicas: -1}, "Lock.Redis.Replicas"},
+		{RedisConf{Host: "h:1", ReplicaTimeout: -time.Second}, "Lock.Redis.ReplicaTimeout"},
+	} {
+		err := LockConf{Redis: tt.redis}.Validate()
+		if !errors.Is(err, flightlock.ErrConfig) || !strings.Contains(err.Error(), tt.field+":") {
+			t.Errorf("%+v: %v, want an error naming %s", tt.redis, err, tt.field)
+		}
+	}
+}

@@ -136,7 +136,7 @@ func TestRedisConfIsGoZeros(t *testing.T) {
 			t.Fatalf("load %q as Lock.Redis: %v", yaml, err)
 		}
 		z.DisableIdentity = true
-		if got := (LockConf{Redis: o}).normalized().Redis.Zero(); got != z {
+		if got := (LockConf{Redis: o}).normalized().Redis.zero(); got != z {
 			t.Errorf("%q:\nNewStore gets %+v\ngo-zero's     %+v", yaml, got, z)
 		}
 	}

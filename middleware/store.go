@@ -41,7 +41,7 @@ import (
 // It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
 // library only (issue 9).
 func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.RedisStore, error) {
-	client, err := NewClient(conf)
+	client, err := newClient(conf)
 	if err != nil {
 		return nil, err
 	}
@@ -51,10 +51,8 @@ func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.Re
 	return lockstore.New(client, all...), nil
 }
 
-// NewClient is the go-redis client that NewStore builds for conf, with the same meanings and
-// the same checks (a ping unless NonBlock): for tools that read the locks (cmd/flightlock) and
-// for stores built with lockstore.New and options of their own. The caller closes it.
-func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
+// newClient is the go-redis client that NewStore builds for conf.
+func newClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
 		return nil, errors.New("flightlock: Redis.Host is empty (use embedded.New for an in-memory store)")
 	}
@@ -105,6 +103,41 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	return client, nil
 }
 
+// Client is the go-redis client that New builds for r: go-zero's meanings for Host, Type,
+// User, Pass, Tls, Protocol, MaintNotifications, NonBlock and PingTimeout (as NewStore), or,
+// with Sentinel set, go-redis's failover client on the primary that the Sentinels name. For
+// tools that read the locks (cmd/flightlock) and for stores built with lockstore.New and
+// options of their own. The caller closes it.
+func (r RedisConf) Client() (redis.UniversalClient, error) {
+	if r.Sentinel.MasterName == "" {
+		return newClient(r.zero())
+	}
+	var tlsConfig *tls.Config
+	if r.Tls {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
+	}
+	// go-redis's failover client has no maintenance notifications: MaintNotifications is not used.
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:               r.Sentinel.MasterName,
+		SentinelAddrs:            r.Sentinel.Addrs,
+		SentinelUsername:         r.Sentinel.User,
+		SentinelPassword:         r.Sentinel.Pass,
+		Username:                 r.User,
+		Password:                 r.Pass,
+		TLSConfig:                tlsConfig,
+		Protocol:                 r.Protocol,
+		DisableIdentity:          true,
+		ContextTimeoutEnabled:    true,
+	})
+	if !r.NonBlock {
+		if err := ping(client, r.PingTimeout); err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("flightlock: redis connect error, sentinel master %s at %v: %w", r.Sentinel.MasterName, r.Sentinel.Addrs, err)
+		}
+	}
+	return client, nil
+}
+
 // defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
 // redis.NewRedis.
 const defaultPingTimeout = time.Second
@@ -138,7 +171,7 @@ func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error
 		store *lockstore.RedisStore
 		err   error
 	)
-	if c.Redis.Host == "" {
+	if c.Redis.embedded() {
 		if mode == service.PreMode || mode == service.ProMode {
 			return nil, nil, fieldError("Lock.Redis.Host", "is empty in %s mode: the embedded in-memory Redis would give "+
 				"each process locks of its own; set the shared Redis (for per-process locks on purpose, pass an embedded "+
@@ -148,7 +181,10 @@ func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error
 			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
 		store, err = embedded.New(c.Redis.storeOptions()...)
 	} else {
-		store, err = NewStore(c.Redis.Zero(), c.Redis.storeOptions()...)
+		var client redis.UniversalClient
+		if client, err = c.Redis.Client(); err == nil {
+			store = lockstore.New(client, append(c.Redis.storeOptions(), lockstore.WithOnClose(client.Close))...)
+		}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("Lock.Redis: %w", err)

@@ -192,7 +192,7 @@ func cmdList(ctx context.Context, c *client, out *printer, o options, pattern st
 		return out.encode(locks)
 	}
 	if len(locks) == 0 {
-		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.target.prefix+pattern), c.target.redis.Host)
+		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.target.prefix+pattern), c.target.where())
 		return err
 	}
 	if err := lockTable(out.w, locks); err != nil {

@@ -35,7 +35,7 @@ func resolveTarget(o options) (target, error) {
 			return target{}, err
 		}
 		t = target{redis: lc.Redis, prefix: lc.Prefix, from: o.file + " (" + path + ")"}
-		if t.redis.Host == "" && o.addr == "" {
+		if t.redis.Host == "" && t.redis.Sentinel.MasterName == "" && o.addr == "" {
 			return target{}, fmt.Errorf("%s: %s.Redis has no Host: that service locks in an embedded in-memory Redis "+
 				"that only its own process sees, and there is nothing to inspect from outside.%s",
 				o.file, path, topLevelRedisHint(o.file))
@@ -48,7 +48,7 @@ func resolveTarget(o options) (target, error) {
 		t = target{redis: lc.Redis, prefix: lc.Prefix, from: "-addr"}
 	}
 	if o.addr != "" {
-		t.redis.Host = o.addr
+		t.redis.Host, t.redis.Sentinel = o.addr, middleware.SentinelConf{}
 	}
 	if o.typ != "" {
 		t.redis.Type = o.typ
@@ -70,6 +70,14 @@ func resolveTarget(o options) (target, error) {
 		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
 	}
 	return t, nil
+}
+
+// where names the Redis for messages: its Host, or the Sentinel master.
+func (t target) where() string {
+	if t.redis.Sentinel.MasterName != "" {
+		return fmt.Sprintf("sentinel master %s via %s", t.redis.Sentinel.MasterName, strings.Join(t.redis.Sentinel.Addrs, ","))
+	}
+	return t.redis.Host
 }
 
 func cmpOr(s, def string) string {
@@ -225,12 +233,12 @@ type client struct {
 	timeout time.Duration
 }
 
-// connect builds the client that the service's own store would build (middleware.NewClient),
-// and pings it, so that a wrong address fails here with the address in the message.
+// connect builds the client that the service's own store would build (RedisConf.Client), and
+// pings it, so that a wrong address fails here with the address in the message.
 func connect(ctx context.Context, t target, timeout time.Duration) (*client, error) {
-	rc := t.redis.Zero()
+	rc := t.redis
 	rc.NonBlock = true // pinged below, within -timeout and ctx
-	rdb, err := middleware.NewClient(rc)
+	rdb, err := rc.Client()
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +246,7 @@ func connect(ctx context.Context, t target, timeout time.Duration) (*client, err
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
-		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.redis.Host, t.from, err)
+		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.where(), t.from, err)
 	}
 	return &client{rdb: rdb, target: t, timeout: timeout}, nil
 }

@@ -102,7 +102,7 @@ func cmdWatch(ctx context.Context, c *client, out *printer, o options, pattern s
 		if !w.keyspace {
 			mode = "polling every " + o.interval.String()
 		}
-		fmt.Fprintf(out.w, "watching %s on %s (%s); %d held\n", quoteIfOdd(c.target.prefix+pattern), c.target.redis.Host, mode, len(w.held))
+		fmt.Fprintf(out.w, "watching %s on %s (%s); %d held\n", quoteIfOdd(c.target.prefix+pattern), c.target.where(), mode, len(w.held))
 	}
 	w.draw()
 	tick := time.NewTicker(o.interval)
@@ -272,7 +272,7 @@ func (w *watcher) draw() {
 		mode = "polling every " + w.o.interval.String()
 	}
 	fmt.Fprintf(&b, "flightlock watch %s on %s (%s)  %s\n\n", quoteIfOdd(w.c.target.prefix+w.pattern),
-		w.c.target.redis.Host, mode, time.Now().Format("15:04:05"))
+		w.c.target.where(), mode, time.Now().Format("15:04:05"))
 	locks := make([]lockInfo, 0, len(w.held))
 	for _, l := range w.held {
 		locks = append(locks, l)

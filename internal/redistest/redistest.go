@@ -27,6 +27,7 @@ type Server struct {
 	Addr  string   // 127.0.0.1:port
 	dir   string   // working directory (cluster node files), or "" for the current one
 	extra []string // more server arguments
+	conf  string   // a Sentinel's config file (it rewrites it); "" for a data node
 
 	mu  sync.Mutex
 	cmd *exec.Cmd // guarded by mu; nil while stopped
@@ -82,6 +83,10 @@ func (s *Server) start() {
 	cmd := exec.Command(s.bin,
 		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
+	if s.conf != "" {
+		cmd = exec.Command(s.bin, s.conf, "--sentinel", "--port", port, "--bind", "127.0.0.1",
+			"--daemonize", "no", "--loglevel", "warning")
+	}
 	cmd.Args = append(cmd.Args, s.extra...)
 	cmd.Dir = s.dir
 	// Output is discarded: the server logs only warnings, and a start failure shows as no PING.
@@ -108,6 +113,63 @@ func (s *Server) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// StartReplica runs a fresh redis-server that replicates from master (host:port: the master
+// itself, or a Proxy in front of it so that the test can stall or cut the replication link),
+// and waits until its link is up and the initial sync is done.
+func StartReplica(tb testing.TB, master string) *Server {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb), extra: []string{"--replicaof", host, port}}
+	s.start()
+	tb.Cleanup(s.Stop)
+	s.WaitLinkUp(10 * time.Second)
+	return s
+}
+
+// WaitLinkUp waits until the server, a replica, reports its master link up and not syncing.
+func (s *Server) WaitLinkUp(within time.Duration) {
+	s.tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(within)
+	for {
+		info, _ := c.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") && strings.Contains(info, "master_sync_in_progress:0") {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.tb.Fatalf("replica %s: link not up after %v:\n%s", s.Addr, within, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// StartSentinel runs a Redis Sentinel on a free loopback port that monitors master (host:port)
+// under name, with quorum 2 and a master considered down after downAfter without replies.
+func StartSentinel(tb testing.TB, name, master string, downAfter time.Duration) *Server {
+	tb.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := tb.TempDir()
+	conf := dir + "/sentinel.conf"
+	body := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 2\n"+
+		"sentinel down-after-milliseconds %[1]s %[4]d\n"+
+		"sentinel failover-timeout %[1]s %[5]d\n"+
+		"sentinel parallel-syncs %[1]s 1\n", name, host, port, downAfter.Milliseconds(), 4*downAfter.Milliseconds()+1000)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb), dir: dir, conf: conf}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
 }
 
 // Pid returns the server's process id, or 0 while stopped.
@@ -138,6 +200,20 @@ func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Stop()
 	s.start()
+}
+
+// RestartAsReplicaOf starts the server again, empty, as a replica of master (host:port), as an
+// operator brings a failed primary back after a failover, and waits for its link.
+func (s *Server) RestartAsReplicaOf(master string) {
+	s.tb.Helper()
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		s.tb.Fatal(err)
+	}
+	s.Stop()
+	s.extra = []string{"--replicaof", host, port}
+	s.start()
+	s.WaitLinkUp(10 * time.Second)
 }
 
 // Client returns a go-redis client for the server, closed when tb ends. Client identity is

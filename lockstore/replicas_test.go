@@ -1,0 +1,95 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/internal/redistest"
+)
+
+// WithReplicas: grants and refreshes count only with the replicas' acknowledgement; without
+// it an acquisition or re-entry is given up again and a refresh fails, and releases never
+// wait. The replica replicates through a proxy, so the test can take it away.
+func TestReplicaAcknowledgement(t *testing.T) {
+	primary := redistest.Start(t)
+	ctx := context.Background()
+	client := primary.Client()
+	s := New(client, WithReplicas(1, 50*time.Millisecond))
+	t.Cleanup(func() { _ = s.Close() })
+
+	// No replica at all: nothing is handed out, nothing is left.
+	_, err := s.Acquire(ctx, "lock:r", ownerA, 10*time.Second, "")
+	if !errors.Is(err, ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1 within 50ms") {
+		t.Fatalf("Acquire without a replica: %v, want ErrNotReplicated, 0 of 1", err)
+	}
+	if n := client.Exists(ctx, "lock:r").Val(); n != 0 {
+		t.Fatal("the unacknowledged acquisition was left in Redis")
+	}
+
+	proxy := redistest.StartProxy(t, primary.Addr)
+	redistest.StartReplica(t, proxy.Addr)
+	got, err := s.Acquire(ctx, "lock:r", ownerA, 10*time.Second, "")
+	if err != nil || !got.Acquired || got.Fence <= 0 {
+		t.Fatalf("Acquire with a replica: %+v %v", got, err)
+	}
+	if err := s.Refresh(ctx, "lock:r", ownerA, 10*time.Second); err != nil {
+		t.Fatalf("Refresh with a replica: %v", err)
+	}
+	if re, err := s.Reenter(ctx, "lock:r", ownerA, "h1", 10*time.Second); err != nil || !re.Reentered {
+		t.Fatalf("Reenter with a replica: %+v %v", re, err)
+	}
+	// Busy answers take nothing and need no acknowledgement.
+	if busy, err := s.Acquire(ctx, "lock:r", ownerB, 10*time.Second, ""); err != nil || busy.Acquired {
+		t.Fatalf("Acquire of a held key: %+v %v", busy, err)
+	}
+
+	// The replica stops receiving: a refresh does not count, a re-entry is given up again.
+	proxy.Stall(2 * time.Second)
+	if err := s.Refresh(ctx, "lock:r", ownerA, 20*time.Second); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Refresh while the replica receives nothing: %v, want ErrNotReplicated", err)
+	}
+	if _, err := s.Reenter(ctx, "lock:r", ownerA, "h2", 10*time.Second); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Reenter while the replica receives nothing: %v, want ErrNotReplicated", err)
+	}
+	v := client.Get(ctx, "lock:r").Val()
+	if !strings.Contains(v, " 1,h1") || strings.Contains(v, "h2") {
+		t.Errorf("lock value %q: want the acknowledged re-entry h1 kept and the unacknowledged h2 given up", v)
+	}
+	// Releases do not wait for replicas.
+	if _, err := s.Release(ctx, "lock:r", ownerA, "h1", 0); err != nil {
+		t.Errorf("Release of a re-entry: %v", err)
+	}
+	if _, err := s.Release(ctx, "lock:r", ownerA, "", 0); err != nil {
+		t.Errorf("Release while the replica receives nothing: %v", err)
+	}
+	if n := client.Exists(ctx, "lock:r").Val(); n != 0 {
+		t.Error("the released lock is still in Redis")
+	}
+}
+
+// On a Cluster the script and its WAIT go to the master of the key's slot: with no replicas
+// there, the answer is "0 of 1", not a MOVED error from another node.
+func TestReplicaAcknowledgementOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs, DisableIdentity: true, ContextTimeoutEnabled: true})
+	s := New(client, WithReplicas(1, 20*time.Millisecond), WithOnClose(client.Close))
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	for _, key := range []string{"lock:a", "lock:b", "lock:c", "lock:{x}1"} {
+		_, err := s.Acquire(ctx, key, ownerA, time.Second, "")
+		if !errors.Is(err, ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1") {
+			t.Errorf("Acquire %q on a cluster without replicas: %v, want ErrNotReplicated from the key's master", key, err)
+		}
+		if n := client.Exists(ctx, key).Val(); n != 0 {
+			t.Errorf("%q: the unacknowledged acquisition was left", key)
+		}
+	}
+}
