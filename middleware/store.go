@@ -118,16 +118,16 @@ func (r RedisConf) Client() (redis.UniversalClient, error) {
 	}
 	// go-redis's failover client has no maintenance notifications: MaintNotifications is not used.
 	client := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName:               r.Sentinel.MasterName,
-		SentinelAddrs:            r.Sentinel.Addrs,
-		SentinelUsername:         r.Sentinel.User,
-		SentinelPassword:         r.Sentinel.Pass,
-		Username:                 r.User,
-		Password:                 r.Pass,
-		TLSConfig:                tlsConfig,
-		Protocol:                 r.Protocol,
-		DisableIdentity:          true,
-		ContextTimeoutEnabled:    true,
+		MasterName:            r.Sentinel.MasterName,
+		SentinelAddrs:         r.Sentinel.Addrs,
+		SentinelUsername:      r.Sentinel.User,
+		SentinelPassword:      r.Sentinel.Pass,
+		Username:              r.User,
+		Password:              r.Pass,
+		TLSConfig:             tlsConfig,
+		Protocol:              r.Protocol,
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
 	})
 	if !r.NonBlock {
 		if err := ping(client, r.PingTimeout); err != nil {
