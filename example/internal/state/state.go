@@ -1,16 +1,18 @@
 // Package state keeps the example's stock, balances and orders in Redis, next to the locks.
 //
 // Every write is fenced: it names the fencing token of the lease that protects the entity
-// (flightlock.Lease.Fence) and a Lua script applies it only if that fence is at least the
-// largest one that wrote the entity before, storing it. A holder that stalled past its TTL,
+// (flightlock.Lease.Fence) and is applied only if that fence is at least the largest one that
+// wrote the entity before, storing it. Stock and balance changes are one call of flightlock's
+// fenced package (fenced.HIncrBy); a transfer (two accounts at once) and an order (appended to
+// the user's book) keep scripts of their own, written to the same layout (fenced.FieldFence). A holder that stalled past its TTL,
 // whose lock went to someone else meanwhile, carries a smaller fence than the new owner's
 // writes and is refused with ErrStaleFence, so it cannot undo them.
 //
 // Keys, after the configured prefix:
 //
-//	sku:<sku>         hash {stock, fence}           written under the lock "sku:<sku>"
-//	{acct}:<account>  hash {balance, fence}         written under the lock "acct:<account>"
-//	orders:<uid>      hash {seq, fence, <n>: JSON}  written under the lock "order:<uid>"
+//	sku:<sku>         hash {stock, lock_fence}           written under the lock "sku:<sku>"
+//	{acct}:<account>  hash {balance, lock_fence}         written under the lock "acct:<account>"
+//	orders:<uid>      hash {seq, lock_fence, <n>: JSON}  written under the lock "order:<uid>"
 //
 // Account keys share the hash tag {acct} so that a transfer's one script may touch two of them
 // on Redis Cluster.
@@ -28,12 +30,15 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/fenced"
 )
 
 var (
 	// ErrStaleFence means the write carried a fence smaller than one that already wrote the
 	// entity: the writer's lock was taken over, and its write would overwrite a newer one.
-	ErrStaleFence = errors.New("state: stale fence: the entity was written under a newer lock")
+	// It is fenced.ErrStaleFence, so callers may test for either.
+	ErrStaleFence = fenced.ErrStaleFence
 	// ErrNotFound means the SKU or account does not exist.
 	ErrNotFound = errors.New("state: not found")
 	// ErrInsufficient means the stock or balance is lower than the amount taken off it.
@@ -44,14 +49,11 @@ var (
 )
 
 var (
-	//go:embed adjust.lua
-	adjustLua string
 	//go:embed transfer.lua
 	transferLua string
 	//go:embed addorder.lua
 	addOrderLua string
 
-	adjustScript   = redis.NewScript(adjustLua)
 	transferScript = redis.NewScript(transferLua)
 	addOrderScript = redis.NewScript(addOrderLua)
 )
@@ -177,11 +179,7 @@ func (s *Store) counter(ctx context.Context, key, field string) (int64, error) {
 }
 
 func (s *Store) fence(ctx context.Context, key string) (int64, error) {
-	v, err := s.rdb.HGet(ctx, key, "fence").Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0, nil
-	}
-	return v, err
+	return fenced.Fence(ctx, s.rdb, key)
 }
 
 // AdjustStock adds delta (negative: takes off) to the stock of sku, fenced by fence, and
@@ -197,24 +195,14 @@ func (s *Store) AdjustBalance(ctx context.Context, account string, delta, fence 
 }
 
 func (s *Store) adjust(ctx context.Context, key, field string, delta, fence int64) (int64, error) {
-	reply, err := adjustScript.Run(ctx, s.rdb, []string{key}, field, delta, fence).Int64Slice()
-	if err != nil {
-		return 0, fmt.Errorf("adjust %s: %w", key, err)
-	}
-	if len(reply) != 2 {
-		return 0, fmt.Errorf("adjust %s: unexpected reply %v", key, reply)
-	}
-	switch reply[0] {
-	case replyApplied:
-		return reply[1], nil
-	case replyStale:
-		return 0, fmt.Errorf("%w: %s was written with fence %d, this write has %d", ErrStaleFence, key, reply[1], fence)
-	case replyInsufficient:
-		return reply[1], fmt.Errorf("%w: %s has %s %d, asked to add %d", ErrInsufficient, key, field, reply[1], delta)
-	case replyUnknown:
+	v, err := fenced.HIncrBy(ctx, s.rdb, key, field, delta, fence, fenced.AtLeast(0), fenced.Existing())
+	switch {
+	case errors.Is(err, fenced.ErrBelowFloor):
+		return v, fmt.Errorf("%w: %s has %s %d, asked to add %d", ErrInsufficient, key, field, v, delta)
+	case errors.Is(err, fenced.ErrMissing):
 		return 0, fmt.Errorf("%w: %s", ErrNotFound, key)
 	}
-	return 0, fmt.Errorf("adjust %s: unexpected reply %v", key, reply)
+	return v, err
 }
 
 // Transfer moves amount from one account to the other, all or nothing, each write fenced by
@@ -286,7 +274,7 @@ func (s *Store) Orders(ctx context.Context, uid string) ([]Order, error) {
 	for field, body := range fields {
 		n, err := strconv.ParseInt(field, 10, 64)
 		if err != nil {
-			continue // "seq" and "fence"
+			continue // "seq" and fenced.FieldFence
 		}
 		var o Order
 		if err := json.Unmarshal([]byte(body), &o); err != nil {

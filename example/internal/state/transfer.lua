@@ -1,7 +1,7 @@
 -- transfer.lua: move an amount between two account balances, both writes fenced.
 --
--- KEYS[1]  hash of the account debited: fields "balance" and "fence"
--- KEYS[2]  hash of the account credited: fields "balance" and "fence"
+-- KEYS[1]  hash of the account debited: fields "balance" and "lock_fence" (fenced.FieldFence)
+-- KEYS[2]  hash of the account credited: fields "balance" and "lock_fence" (fenced.FieldFence)
 --          (both keys carry the hash tag {acct}, so they share a cluster slot)
 -- ARGV[1]  amount, a positive integer
 -- ARGV[2]  fence of the writer's lease on KEYS[1]
@@ -18,7 +18,7 @@ for i = 1, 2 do
   if not balance then
     return {-2, i, 0}
   end
-  local stored = tonumber(redis.call('HGET', KEYS[i], 'fence') or '0')
+  local stored = tonumber(redis.call('HGET', KEYS[i], 'lock_fence') or '0')
   if tonumber(ARGV[i + 1]) < stored then
     return {0, i, stored}
   end
@@ -30,6 +30,6 @@ if balances[1] < amount then
 end
 local from = balances[1] - amount
 local to = balances[2] + amount
-redis.call('HSET', KEYS[1], 'balance', string.format('%d', from), 'fence', ARGV[2])
-redis.call('HSET', KEYS[2], 'balance', string.format('%d', to), 'fence', ARGV[3])
+redis.call('HSET', KEYS[1], 'balance', string.format('%d', from), 'lock_fence', ARGV[2])
+redis.call('HSET', KEYS[2], 'balance', string.format('%d', to), 'lock_fence', ARGV[3])
 return {1, from, to}
