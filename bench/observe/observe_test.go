@@ -12,13 +12,10 @@ package observe
 import (
 	"context"
 	"net/http"
-	"net"
 	"net/http/httptest"
-	"os/exec"
 	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/prometheus"
@@ -26,6 +23,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/flightlock/flightlock/bench/internal/redisproc"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
@@ -44,7 +42,7 @@ func (discard) ForceFlush(context.Context) error                { return nil }
 // and the same rule in shadow mode with both on.
 func BenchmarkHandle(b *testing.B) {
 	logx.Disable()
-	addr := startRedis(b)
+	addr := redisproc.Start(b)
 	tracing := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(discard{}))
 	defer tracing.Shutdown(context.Background())
 
@@ -100,37 +98,4 @@ func BenchmarkHandle(b *testing.B) {
 			})
 		})
 	}
-}
-
-// startRedis runs a redis-server on a free loopback port, without persistence, and ends it
-// (by pid) when b ends. Without the binary the benchmark is skipped.
-func startRedis(b *testing.B) string {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		b.Skip("redis-server not installed (apt-get install redis-server)")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := l.Addr().String()
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	_ = l.Close()
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	for range 200 {
-		if c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond); err == nil {
-			_ = c.Close()
-			return addr
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	b.Fatalf("redis-server did not listen on %s", addr)
-	return ""
 }

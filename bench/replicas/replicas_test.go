@@ -1,0 +1,74 @@
+// Package replicas measures what replica acknowledgement (Lock.Redis.Replicas: 1,
+// lockstore.WithReplicas) costs an acquisition, on a primary with one replica on loopback
+// (issue 11):
+//
+//	cd bench && go test -run '^$' -bench . -benchmem ./replicas
+package replicas
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/redisproc"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// BenchmarkLockRelease is one Lock and Release of a key of its own, one goroutine, without and
+// with the replica's acknowledgement of the acquisition (releases never wait).
+func BenchmarkLockRelease(b *testing.B) {
+	primary := redisproc.Start(b)
+	host, port, _ := net.SplitHostPort(primary)
+	replica := redisproc.Start(b, "--replicaof", host, port)
+	rc := redis.NewClient(&redis.Options{Addr: replica, DisableIdentity: true})
+	defer rc.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info, _ := rc.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("replica not in sync: %s", info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	for _, c := range []struct {
+		name string
+		opts []lockstore.Option
+	}{
+		{"replicas=0", nil},
+		{"replicas=1", []lockstore.Option{lockstore.WithReplicas(1, 100*time.Millisecond)}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			client := redis.NewClient(&redis.Options{Addr: primary, DisableIdentity: true})
+			store := lockstore.New(client, append(c.opts, lockstore.WithOnClose(client.Close))...)
+			defer store.Close()
+			if err := store.Preload(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			l, err := flightlock.New(store, flightlock.WithPrefix("bench:"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				lease, err := l.Lock(ctx, "k"+strconv.Itoa(i))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
