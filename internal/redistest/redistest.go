@@ -25,7 +25,7 @@ type Server struct {
 	tb    testing.TB
 	bin   string
 	Addr  string   // 127.0.0.1:port
-	dir   string   // working directory (cluster node files), or "" for the current one
+	dir   string   // working directory (cluster node files, snapshots); a temporary one when ""
 	extra []string // more server arguments
 	conf  string   // a Sentinel's config file (it rewrites it); "" for a data node
 
@@ -88,6 +88,11 @@ func (s *Server) start() {
 			"--daemonize", "no", "--loglevel", "warning")
 	}
 	cmd.Args = append(cmd.Args, s.extra...)
+	if s.dir == "" {
+		// A directory of its own: a primary writes an RDB file for a replica's full sync, and
+		// a server started later in the same directory would load it.
+		s.dir = s.tb.TempDir()
+	}
 	cmd.Dir = s.dir
 	// Output is discarded: the server logs only warnings, and a start failure shows as no PING.
 	if err := cmd.Start(); err != nil {

@@ -27,6 +27,7 @@ func Start(tb testing.TB, extra ...string) string {
 	_ = l.Close()
 	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no"}, extra...)
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = tb.TempDir() // a primary writes an RDB file for a replica's sync: not in the package
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
