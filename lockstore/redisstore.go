@@ -182,7 +182,18 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	} else {
 		code, n, err = pair(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
 	}
+	if isTryAgain(err) || isRedirect(err) {
+		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes; a
+		// redirect of an acknowledged call's pipeline): nothing was taken. Busy, with no
+		// holder's TTL to wait for: a waiting caller retries by its strategy, a rejecting one
+		// is answered busy rather than with a store error.
+		if isRedirect(err) {
+			s.reloadOnRedirect()
+		}
+		return Acquisition{}, nil
+	}
 	if err != nil {
+		s.reloadOnNetworkError(err)
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	switch code {
@@ -218,6 +229,7 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 		code, n, err = pair(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
 	}
 	if err != nil {
+		s.reloadOnNetworkError(err)
 		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 	}
 	switch code {
@@ -293,6 +305,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 		n, err = s.run(ctx, refreshScript, []string{key}, nil, owner, ttlMillis(ttl)).Int64()
 	}
 	if err != nil {
+		s.reloadOnNetworkError(err)
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
 	if n != 1 {
@@ -309,9 +322,26 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	if err := checkHold(hold, true); err != nil {
 		return 0, err
 	}
-	n, err := s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
-		strconv.FormatInt(max(lastFence, 0), 10), hold).Int64()
+	var (
+		n   int64
+		err error
+	)
+	for {
+		n, err = s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
+			strconv.FormatInt(max(lastFence, 0), 10), hold).Int64()
+		if !isTryAgain(err) {
+			break
+		}
+		// The slot migrates (see Acquire): nothing ran; send it again until the caller's
+		// deadline, so that a lock is not left to its TTL for a migration of milliseconds.
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("flightlock: release %q: %w (%w)", key, err, ctx.Err())
+		case <-time.After(tryAgainPause):
+		}
+	}
 	if err != nil {
+		s.reloadOnNetworkError(err)
 		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
 	switch n {

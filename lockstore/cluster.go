@@ -1,0 +1,59 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// isTryAgain reports a TRYAGAIN reply: a script's keys (a lock and its slot's fence counter)
+// are split between two nodes while their slot migrates. Nothing ran; the same call succeeds
+// once the migration moved both keys.
+func isTryAgain(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "TRYAGAIN")
+}
+
+// isRedirect reports a MOVED or ASK reply that reached the store: go-redis's Cluster client
+// follows them itself, but the pipeline of an acknowledged call (WithReplicas) goes to one
+// node's client, which does not. The slot moved or is moving; nothing ran.
+func isRedirect(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && (strings.HasPrefix(re.Error(), "MOVED ") || strings.HasPrefix(re.Error(), "ASK "))
+}
+
+// tryAgainPause is how long a release waits before it sends a call that got TRYAGAIN again.
+const tryAgainPause = 10 * time.Millisecond
+
+// reloadOnNetworkError makes a Cluster client reload its slot map after a call failed without
+// a reply from Redis (connection refused, reset, timed out): the master of the slot may have
+// died and a replica been promoted, which the client would otherwise learn only from a MOVED
+// reply or its periodic reload, a minute later. Renewals, releases and waiters then reach the
+// promoted replica as soon as the cluster has elected it. Redis error replies reload nothing
+// (go-redis follows MOVED and ASK itself), and a reload already under way is not repeated.
+func (s *RedisStore) reloadOnNetworkError(err error) {
+	if err == nil || isRedisReply(err) {
+		return
+	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// reloadOnRedirect makes a Cluster client reload its slot map after a redirect that it did
+// not follow itself (an acknowledged call's pipeline, sent to the node it believed the master).
+func (s *RedisStore) reloadOnRedirect() {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+}
+
+// isRedisReply reports an error that Redis itself replied (an error reply), as opposed to one
+// of the connection or of the caller's context.
+func isRedisReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.ErrClosed)
+}
