@@ -3,6 +3,7 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -198,4 +199,169 @@ func TestSlotMigrationIsInvisible(t *testing.T) {
 	if n := nodeOfSlot(t, m.to, m.slot); n != m.toID {
 		t.Errorf("slot %d is on %s after the migration, want %s", m.slot, n, m.toID)
 	}
+}
+
+// clusterLocker is a Locker of its own (its own Cluster client, as another process would
+// have) on c, with replica acknowledgement when replicas > 0.
+func clusterLocker(t *testing.T, c *redistest.ReplicatedCluster, replicas int) *Locker {
+	t.Helper()
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), DisableIdentity: true, ContextTimeoutEnabled: true})
+	var opts []lockstore.Option
+	if replicas > 0 {
+		opts = append(opts, lockstore.WithReplicas(replicas, 200*time.Millisecond))
+	}
+	s := lockstore.New(client, append(opts, lockstore.WithOnClose(client.Close))...)
+	t.Cleanup(func() { _ = s.Close() })
+	return mustLocker(t, s, WithTTL(30*time.Second))
+}
+
+// retryStoreErrors calls f until it returns nil, ErrBusy or ErrNotHeld (store errors are
+// expected while clients find the promoted replica), for up to 20s.
+func retryStoreErrors(t *testing.T, f func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := f()
+		if err == nil || errors.Is(err, ErrBusy) || errors.Is(err, ErrNotHeld) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Issue 19, the hole: on a real Cluster (3 masters, 3 replicas), a lock taken while its
+// master's replica receives nothing is lost when the master is killed and the replica
+// promoted, and a second holder is granted while the first still holds its lease. Asserting
+// the hole keeps the test below honest. The fence still increases (server-time clock).
+func TestClusterFailoverWithoutReplicaAckGrantsASecondHolder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node Redis Cluster")
+	}
+	c := redistest.StartReplicatedCluster(t, 3)
+	ctx := context.Background()
+	i := c.MasterOf("lock:acct:1")
+	if n := c.Proxies[i].Stall(time.Minute); n == 0 {
+		t.Fatalf("no replication link to stall through the proxy of master %d", i)
+	}
+	first := clusterLocker(t, c, 0) // its connections are new: not stalled
+	lease1, err := first.Lock(ctx, "acct:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Masters[i].Stop() // SIGKILL
+	c.WaitPromoted(i, 30*time.Second)
+
+	second := clusterLocker(t, c, 0)
+	var lease2 *Lease
+	if err := retryStoreErrors(t, func() (err error) { lease2, err = second.TryLock(ctx, "acct:1"); return err }); err != nil {
+		t.Fatalf("after the promotion the second locker got %v; the promoted replica was expected to have lost the grant", err)
+	}
+	if lease1.Context().Err() != nil {
+		t.Fatalf("the first holder already knew it lost its lock (%v): not a double grant", context.Cause(lease1.Context()))
+	}
+	t.Logf("double grant: first holder fence %d still valid, second holder fence %d", lease1.Fence(), lease2.Fence())
+	if lease2.Fence() <= lease1.Fence() {
+		t.Errorf("the second grant's fence %d is not above the first's %d", lease2.Fence(), lease1.Fence())
+	}
+	_ = lease2.Release(ctx)
+	_ = lease1.Release(ctx)
+}
+
+// Issue 19 with Replicas: 1 on a real Cluster: a lock its master's replica cannot receive is
+// refused; one it acknowledged survives the master's death: the other locker finds it held,
+// never granted; the holder's renewals reach the promoted replica (the store reloads the slot
+// map on connection errors) within a measured time; fences increase across the promotion; and a
+// lock over keys on all three masters is all or nothing.
+func TestClusterFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node Redis Cluster")
+	}
+	c := redistest.StartReplicatedCluster(t, 3)
+	ctx := context.Background()
+	i := c.MasterOf("lock:acct:1")
+	first, second := clusterLocker(t, c, 1), clusterLocker(t, c, 1)
+
+	c.Proxies[i].Stall(2 * time.Second)
+	if _, err := first.Lock(ctx, "acct:1"); !errors.Is(err, lockstore.ErrNotReplicated) {
+		t.Fatalf("Lock while the replica receives nothing: %v, want ErrNotReplicated", err)
+	}
+	var lease1 *Lease
+	if err := retryStoreErrors(t, func() (err error) { lease1, err = first.Lock(ctx, "acct:1"); return err }); err != nil {
+		t.Fatalf("Lock once the replica receives again: %v", err)
+	}
+
+	killed := time.Now()
+	c.Masters[i].Stop() // SIGKILL
+	promoted := c.WaitPromoted(i, 30*time.Second)
+	t.Logf("replica promoted %v after the master was killed", promoted.Sub(killed))
+	// The holder renews explicitly until a renewal reaches the promoted replica. It runs there
+	// but cannot be acknowledged (the new master has no replica yet), so it does not extend
+	// the lease: ErrNotReplicated is the answer that shows it arrived.
+	if err := retryStoreErrors(t, func() error {
+		if err := lease1.Refresh(ctx); !errors.Is(err, lockstore.ErrNotReplicated) {
+			return err
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the holder's renewal after the promotion: %v", err)
+	}
+	recovered := time.Since(promoted)
+	// The dead master comes back, empty, and the cluster makes it the new master's replica.
+	c.Masters[i].Restart()
+	c.WaitHealthy(30 * time.Second)
+	if err := retryStoreErrors(t, func() error { return lease1.Refresh(ctx) }); err != nil {
+		t.Fatalf("renewal once the new master has a replica again: %v", err)
+	}
+	t.Logf("renewal reached the promoted replica %v after the promotion (cluster-node-timeout %v)", recovered, c.NodeTimeout)
+	if recovered > 10*c.NodeTimeout {
+		t.Errorf("renewals took %v after the promotion to reach the new master: the slot map was not reloaded", recovered)
+	}
+	if err := retryStoreErrors(t, func() error {
+		lease2, err := second.TryLock(ctx, "acct:1")
+		if err == nil {
+			_ = lease2.Release(ctx)
+			t.Fatalf("a second holder (fence %d) while the first (fence %d) holds the lock", lease2.Fence(), lease1.Fence())
+		}
+		return err
+	}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second TryLock after the promotion: %v, want busy", err)
+	}
+	if lease1.Context().Err() != nil {
+		t.Fatalf("the first holder lost its lock in the failover: %v", context.Cause(lease1.Context()))
+	}
+	if err := retryStoreErrors(t, func() error { return lease1.Release(ctx) }); err != nil {
+		t.Fatalf("release on the promoted replica: %v", err)
+	}
+	var lease2 *Lease
+	if err := retryStoreErrors(t, func() (err error) { lease2, err = second.Lock(ctx, "acct:1"); return err }); err != nil {
+		t.Fatalf("second Lock after the release: %v", err)
+	}
+	if lease2.Fence() <= lease1.Fence() {
+		t.Errorf("fence %d after the promotion is not above %d before it", lease2.Fence(), lease1.Fence())
+	}
+	_ = lease2.Release(ctx)
+
+	// All or nothing across masters: keys on the three masters.
+	var keys []string
+	seen := map[string]bool{}
+	for n := 0; len(keys) < 3 && n < 1000; n++ {
+		k := "multi:" + strconv.Itoa(n)
+		if m := c.NodeOf("lock:" + k); !seen[m] {
+			seen[m] = true
+			keys = append(keys, k)
+		}
+	}
+	all, err := first.LockAll(ctx, keys[0], keys[1])
+	if err != nil {
+		t.Fatalf("LockAll over two masters: %v", err)
+	}
+	if _, err := second.LockAll(ctx, keys[1], keys[2]); !errors.Is(err, ErrBusy) {
+		t.Fatalf("LockAll with one key held: %v, want busy", err)
+	}
+	probe, err := second.TryLock(ctx, keys[2])
+	if err != nil {
+		t.Fatalf("the free key of a refused LockAll was left taken: %v", err)
+	}
+	_ = probe.Release(ctx)
+	_ = all.Release(ctx)
 }
