@@ -20,6 +20,8 @@ type rule struct {
 	stats       *ruleStats // its labels in metrics, traces and logs
 	shadow      bool       // Rule.Shadow: counted, never enforced
 	onBusy      string     // Rule.OnBusy, normalized: what a shadow conflict would have been
+	share       sharePolicy
+	shared      bool // OnBusy share
 }
 
 // compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the
@@ -147,6 +149,10 @@ func (cr *compiledRule) setStats() *ruleStats {
 		}
 		rl.stats = newRuleStats(rl.name, template)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
+		if rl.shared = cr.spec.OnBusy == onBusyShare; rl.shared {
+			classes, _ := parseReplayStatus("", cr.spec.ReplayStatus) // checked by checkLockSettings
+			rl.share = sharePolicy{classes: classes, maxBytes: cr.spec.ReplayMaxBytes, ttl: cr.spec.Replay}
+		}
 		if first == nil {
 			first = rl.stats
 		}

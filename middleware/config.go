@@ -21,6 +21,7 @@ import (
 const (
 	onBusyReject       = "reject"
 	onBusyWait         = "wait"
+	onBusyShare        = "share"
 	storeErrorsClosed  = "closed"
 	storeErrorsOpen    = "open"
 	backoffNone        = "none"
@@ -236,8 +237,19 @@ type Rule struct {
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
 	// OnBusy is what a request does when another holds the key: "reject" (default) answers
-	// 409 / Aborted at once, "wait" queues up to the Wait budget first.
+	// 409 / Aborted at once, "wait" queues up to the Wait budget first, "share" waits as
+	// "wait" and then answers with the holder's response instead of running the handler (see
+	// Replay).
 	OnBusy string `json:",default=reject"`
+	// Replay is how long a share rule keeps a response in Redis for duplicates that come
+	// later, in any process (default 10s). Only responses of the ReplayStatus classes (default
+	// 2xx) whose body is at most ReplayMaxBytes (default 64 KiB) are stored; the others are
+	// shared only with the duplicates that waited in the same process, and a retry runs the
+	// handler again. A duplicate with another payload (method, path, query and body; for zrpc
+	// the request message) under the same key is answered 422 / InvalidArgument.
+	Replay         time.Duration `json:",default=10s"`
+	ReplayStatus   string        `json:",default=2xx"`
+	ReplayMaxBytes int           `json:",default=65536"`
 	// TTL and Wait override LockConf's for this rule when positive.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
@@ -492,7 +504,22 @@ func checkLockSettings(name string, r Rule) error {
 	case r.Wait < 0:
 		return fieldError(name+".Wait", "must not be negative, got %v", r.Wait)
 	}
-	return oneOf(name+".OnBusy", r.OnBusy, onBusyReject, onBusyWait)
+	if err := oneOf(name+".OnBusy", r.OnBusy, onBusyReject, onBusyWait, onBusyShare); err != nil {
+		return err
+	}
+	if r.OnBusy != onBusyShare {
+		return nil
+	}
+	switch {
+	case r.Shadow:
+		return fieldError(name+".Shadow", "cannot be set with OnBusy share: a shared response is not a shadow's to give")
+	case r.Replay <= 0:
+		return fieldError(name+".Replay", "must be positive, got %v", r.Replay)
+	case r.ReplayMaxBytes < 0:
+		return fieldError(name+".ReplayMaxBytes", "must not be negative, got %d", r.ReplayMaxBytes)
+	}
+	_, err := parseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
+	return err
 }
 
 // checkFullMethod accepts gRPC full method names: /package.Service/Method.

@@ -27,6 +27,9 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			}
 			return nil, grpcStatus(err).Err()
 		}
+		if rl.shared {
+			return m.serveSharedRPC(ctx, rl, req, info, handler, keys)
+		}
 		h, err := m.lock(ctx, rl, keys)
 		if err != nil {
 			return nil, grpcStatus(err).Err()

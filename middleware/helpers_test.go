@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(drainHolderEnv); addr != "" {
 		os.Exit(drainHolder(addr)) // this process is the holder of TestDrainOnSIGTERM
 	}
+	if addr := os.Getenv(sharePodEnv); addr != "" {
+		os.Exit(sharePod(addr)) // this process is the second pod of TestShareDuplicatesAcrossProcesses
+	}
 	logx.Disable() // the tests assert codes and counters, not log lines
 	// go-zero's metrics count only while Prometheus is on, as in a service whose config has a
 	// Prometheus section; Enable turns counting on without starting the agent's HTTP server.

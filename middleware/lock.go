@@ -18,7 +18,7 @@ import (
 func (m *Middleware) ruleLocker(r Rule, stats *ruleStats) (*flightlock.Locker, error) {
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen),
 		flightlock.WithObserver(stats.observer(m.logs))}
-	if r.OnBusy == onBusyWait && !r.Shadow {
+	if (r.OnBusy == onBusyWait || r.OnBusy == onBusyShare) && !r.Shadow {
 		opts[0] = flightlock.WithMode(flightlock.Wait)
 	}
 	if r.Shadow {

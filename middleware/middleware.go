@@ -3,6 +3,8 @@ package middleware
 import (
 	"strings"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/flightlock/flightlock"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/service"
@@ -23,6 +25,8 @@ type Middleware struct {
 	traceKeys  bool            // LockConf.TraceKeys
 	logs       *logSummary
 	drain      drainer
+	flights    singleflight.Group // share rules: one run per key in this process
+	replays    *replayStore       // share rules: responses stored for duplicates; nil without share rules
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
@@ -70,6 +74,12 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		}
 	}
 	for _, cr := range rules {
+		if cr.spec.OnBusy == onBusyShare && m.replays == nil {
+			if m.replays, err = newReplayStore(m.locker.Store()); err != nil {
+				_ = m.Close()
+				return nil, fieldError(cr.spec.name+".OnBusy", "%v", err)
+			}
+		}
 		l, err := m.ruleLocker(cr.spec.Rule, cr.setStats())
 		if err != nil {
 			_ = m.Close()

@@ -73,6 +73,11 @@ var (
 		Help:   "Requests of a shadow rule that enforcing it would have held back, by what it would have done (reject, wait, invalid_key, store_error).",
 		Labels: []string{"rule", "key", "would"},
 	})
+	sharedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "shared_total",
+		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: Redis), and responses too large to store (too_large).",
+		Labels: []string{"rule", "key", "how"},
+	})
 	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
 		Namespace: "flightlock", Name: "held",
 		Help:   "Requests holding their lock now.",

@@ -146,6 +146,10 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		writeHTTPError(w, r, err)
 		return
 	}
+	if rl.shared {
+		m.serveShared(rl, w, r, next, keys)
+		return
+	}
 	h, err := m.lock(ctx, rl, keys)
 	if err != nil {
 		writeHTTPError(w, r, err)

@@ -1,0 +1,340 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/zeromicro/go-zero/core/logx"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// OnBusy "share": while a request holds the key, its duplicates wait (within the rule's Wait and
+// their own deadline) and then get its response instead of running the handler. In one process
+// the duplicates join the first request's flight (golang.org/x/sync/singleflight, in m.flights);
+// across processes they queue for the lock, and the holder stores its response in Redis under
+// Prefix + "replay:" + the key before it releases, for the rule's Replay time, so that a
+// duplicate that gets the lock next, or arrives later, replays it without running the handler.
+
+// replayPrefix is put after LockConf.Prefix before the keys of stored responses.
+const replayPrefix = "replay:"
+
+// ReplayedHeader marks a response that a duplicate received from the request that ran the
+// handler (in this process or another), as payment APIs mark idempotent replays.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// errPayloadMismatch answers a request whose key was used by a request with another payload
+// (an idempotency key reused for a different request): 422.
+var errPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
+
+// record is a response as shared and stored: for REST the status, headers and body; for zrpc
+// the reply message (type and bytes) or the error status. Fence is the fence of the run that
+// produced it; Print the fingerprint of that request's payload.
+type record struct {
+	Status int         `json:"s,omitempty"` // HTTP status
+	Header http.Header `json:"h,omitempty"`
+	Body   []byte      `json:"b,omitempty"` // HTTP body, or the zrpc reply's wire bytes
+	Type   string      `json:"t,omitempty"` // zrpc: the reply message's full name
+	Code   int         `json:"c,omitempty"` // zrpc: the status code of an error reply
+	Msg    string      `json:"m,omitempty"` // zrpc: its message
+	Fence  int64       `json:"f"`
+	Print  string      `json:"p"`
+
+	replayed bool        // not stored: the record came from another run than the caller's own
+	own      http.Header // not stored: every header of the leader's own response
+	reply    any         // not stored: the zrpc reply the leader's handler returned
+}
+
+// unshared headers belong to one response and are never replayed: a cookie is its client's,
+// and the others describe the transfer, not the content.
+var unshared = []string{"Set-Cookie", "Content-Length", "Date", "Connection", "Transfer-Encoding", "Trailer"}
+
+// shareable is h without the unshared headers.
+func shareable(h http.Header) http.Header {
+	c := h.Clone()
+	for _, k := range unshared {
+		c.Del(k)
+	}
+	return c
+}
+
+// sharePolicy is what a share rule stores: the status classes (2 for 2xx, ...) and the size
+// bound of a body, and for how long.
+type sharePolicy struct {
+	classes  [6]bool
+	maxBytes int
+	ttl      time.Duration
+}
+
+// parseReplayStatus reads Rule.ReplayStatus: status classes ("2xx", "4xx"), comma separated.
+func parseReplayStatus(field, s string) ([6]bool, error) {
+	var classes [6]bool
+	for _, c := range strings.Split(s, ",") {
+		c = strings.ToLower(strings.TrimSpace(c))
+		if len(c) != 3 || c[1:] != "xx" || c[0] < '1' || c[0] > '5' {
+			return classes, fieldError(field, "must list status classes such as 2xx,4xx; got %q", s)
+		}
+		classes[c[0]-'0'] = true
+	}
+	return classes, nil
+}
+
+func (p sharePolicy) storesHTTP(status int) bool {
+	return status >= 100 && status < 600 && p.classes[status/100]
+}
+
+// fingerprint identifies a request's payload: what a duplicate must repeat exactly.
+func fingerprint(parts ...[]byte) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(strconv.Itoa(len(p))))
+		h.Write([]byte{':'})
+		h.Write(p)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// Scripts on the store's own client (lockstore.Client is a Scripter: GET and SET through
+// one-line scripts work on every go-redis client, Cluster included; the key is the only key).
+var (
+	replayGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
+	replaySet = redis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
+)
+
+// replayStore is where share rules keep responses: the lock store's client.
+type replayStore struct {
+	client lockstore.Client
+}
+
+func newReplayStore(s lockstore.Store) (*replayStore, error) {
+	rs, ok := s.(*lockstore.RedisStore)
+	if !ok {
+		return nil, fmt.Errorf("OnBusy share stores responses in Redis: the lock store %T is not a lockstore.RedisStore", s)
+	}
+	return &replayStore{client: rs.Client()}, nil
+}
+
+// load returns the stored response of key, if any.
+func (s *replayStore) load(ctx context.Context, key string) (*record, error) {
+	v, err := replayGet.Run(ctx, s.client, []string{key}).Text()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal([]byte(v), &rec); err != nil {
+		return nil, fmt.Errorf("stored response of %q: %w", key, err)
+	}
+	rec.replayed = true
+	return &rec, nil
+}
+
+// save stores rec under key for ttl.
+func (s *replayStore) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return replaySet.Run(ctx, s.client, []string{key}, b, max(ttl.Milliseconds(), 1)).Err()
+}
+
+// panicError carries a handler's panic out of a shared flight: the request that ran it and its
+// duplicates all answer 500, none hangs.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value) }
+
+// share runs a share rule for one request: replay a stored response, or join (or lead) the
+// flight of its key in this process. run is the leader's work: take the lock, replay what a
+// previous holder stored, or run the handler and store its response; it returns the record.
+func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
+	run func() (*record, error)) (*record, error) {
+	if rec, err := m.replays.load(ctx, rkey); err != nil {
+		m.logs.error(ctx, rl.stats, "reading a stored response failed; running the request", err)
+	} else if rec != nil {
+		m.countShare(rl, "stored")
+		return rec, matchPrint(rec, print)
+	}
+	led := false
+	ch := m.flights.DoChan(rkey, func() (any, error) {
+		led = true // only the leader's closure runs; read after the result arrives
+		return run()
+	})
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		rec := *res.Val.(*record) // a copy: replayed differs per caller
+		if !led {
+			rec.replayed = true
+			m.countShare(rl, "inflight")
+		}
+		return &rec, matchPrint(&rec, print)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// matchPrint refuses a record produced by a request with another payload.
+func matchPrint(rec *record, print string) error {
+	if rec.Print != print {
+		return errPayloadMismatch
+	}
+	return nil
+}
+
+func (m *Middleware) countShare(rl *rule, how string) {
+	if metricsOn() {
+		sharedTotal.Inc(rl.stats.name, rl.stats.template, how)
+	}
+}
+
+// replayKey is the key of the stored response of a request locked on keys.
+func (m *Middleware) replayKey(keys []string) string {
+	return m.prefix + replayPrefix + strings.Join(keys, "+")
+}
+
+// serveShared is serveHTTP for a share rule.
+func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
+	ctx := r.Context()
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeHTTPError(w, r, fmt.Errorf("%w: read body: %w", flightlock.ErrInvalidKey, err))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
+	rkey := m.replayKey(keys)
+
+	rec, err := m.share(ctx, rl, rkey, print, func() (*record, error) {
+		return m.runHTTPShared(rl, r, body, next, keys, rkey, print)
+	})
+	var pe *panicError
+	switch {
+	case errors.As(err, &pe):
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+		return
+	case errors.Is(err, errPayloadMismatch):
+		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+		return
+	case err != nil:
+		writeHTTPError(w, r, err)
+		return
+	}
+	header := rec.Header
+	if !rec.replayed && rec.own != nil {
+		header = rec.own // the request that ran the handler answers with all of its headers
+	}
+	for k, vs := range header {
+		w.Header()[k] = vs
+	}
+	if rec.replayed {
+		w.Header().Set(ReplayedHeader, "true")
+	}
+	w.WriteHeader(rec.Status)
+	_, _ = w.Write(rec.Body)
+}
+
+// runHTTPShared is the leader's run of a REST share rule (see share).
+func (m *Middleware) runHTTPShared(rl *rule, r *http.Request, body []byte, next http.HandlerFunc,
+	keys []string, rkey, print string) (rec *record, err error) {
+	ctx := r.Context()
+	h, err := m.lock(ctx, rl, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer m.release(ctx, rl, h)
+	// A holder in another process may have stored its response just before releasing.
+	if stored, err := m.replays.load(ctx, rkey); err == nil && stored != nil {
+		m.countShare(rl, "stored")
+		return stored, nil
+	}
+	rr := &recorder{header: http.Header{}, status: http.StatusOK}
+	r = r.WithContext(h.ctx)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &panicError{value: v, stack: debug.Stack()}
+				// Once, as go-zero's recover handler would log it; every duplicate answers 500.
+				logx.WithContext(ctx).Errorf("%v\n%s", v, err.(*panicError).stack)
+			}
+		}()
+		next(rr, r)
+	}()
+	if err != nil {
+		return nil, err
+	}
+	rec = &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fenceOf(h),
+		Print: print, own: rr.header}
+	m.storeRecord(ctx, rl, rkey, rec, m.shareOf(rl).storesHTTP(rec.Status))
+	return rec, nil
+}
+
+// storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
+// and it fits the size bound, before the lock is released (the caller releases after).
+func (m *Middleware) storeRecord(ctx context.Context, rl *rule, rkey string, rec *record, stores bool) {
+	p := m.shareOf(rl)
+	switch {
+	case !stores:
+		return
+	case len(rec.Body) > p.maxBytes:
+		m.countShare(rl, "too_large")
+		m.logs.error(ctx, rl.stats, "response too large to share across processes",
+			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), p.maxBytes))
+		return
+	}
+	if err := m.replays.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
+		m.logs.error(ctx, rl.stats, "storing the response for duplicates failed", err)
+	}
+}
+
+// shareOf is the share policy of rl (set when the rule was compiled).
+func (m *Middleware) shareOf(rl *rule) sharePolicy { return rl.share }
+
+// fenceOf is the fence of a request's first lock, 0 without one.
+func fenceOf(h held) int64 {
+	if h.g == nil || len(h.g.Leases()) == 0 {
+		return 0
+	}
+	return h.g.Leases()[0].Fence()
+}
+
+// recorder captures a handler's response for sharing.
+type recorder struct {
+	header http.Header
+	status int
+	wrote  bool
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if !r.wrote {
+		r.status, r.wrote = status, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.body.Write(b)
+}
