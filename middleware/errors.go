@@ -39,6 +39,7 @@ var errStore = errors.New(msgUnavailable)
 //
 //	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
 //	wraps flightlock.ErrInvalidKey                                400 Bad Request
+//	ErrPayloadMismatch (OnBusy share: a key reused, other payload) 422 Unprocessable Entity
 //	wraps flightlock.ErrConfig                                    500 Internal Server Error
 //	wraps flightlock.ErrClosed (the service is shutting down)     503 Service Unavailable
 //	the middleware's "lock store unavailable"                     503 Service Unavailable
@@ -54,6 +55,8 @@ func HTTPStatus(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, flightlock.ErrInvalidKey):
 		return http.StatusBadRequest
+	case errors.Is(err, ErrPayloadMismatch):
+		return http.StatusUnprocessableEntity
 	case errors.Is(err, flightlock.ErrConfig):
 		return http.StatusInternalServerError
 	case errors.Is(err, flightlock.ErrClosed):
@@ -87,7 +90,7 @@ func GRPCStatus(err error) *status.Status {
 			}
 		}
 		return st
-	case errors.Is(err, flightlock.ErrInvalidKey):
+	case errors.Is(err, flightlock.ErrInvalidKey), errors.Is(err, ErrPayloadMismatch):
 		return status.New(codes.InvalidArgument, err.Error())
 	case errors.Is(err, flightlock.ErrConfig):
 		return status.New(codes.Internal, msgConfig)

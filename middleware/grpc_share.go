@@ -41,9 +41,7 @@ func (m *Middleware) serveSharedRPC(ctx context.Context, rl *rule, req any, info
 	switch {
 	case errors.As(err, &pe):
 		return nil, status.Error(codes.Internal, pe.Error())
-	case errors.Is(err, errPayloadMismatch):
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	case err != nil:
+	case err != nil: // ErrPayloadMismatch among them: InvalidArgument
 		return nil, grpcStatus(err).Err()
 	}
 	if rec.replayed {

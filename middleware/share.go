@@ -35,9 +35,10 @@ const replayPrefix = "replay:"
 // handler (in this process or another), as payment APIs mark idempotent replays.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// errPayloadMismatch answers a request whose key was used by a request with another payload
-// (an idempotency key reused for a different request): 422.
-var errPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
+// ErrPayloadMismatch answers a request of an OnBusy share rule whose key was used by a request
+// with another payload (an idempotency key reused for a different request): 422
+// Unprocessable Entity / InvalidArgument, as the IETF Idempotency-Key draft says.
+var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
 
 // record is a response as shared and stored: for REST the status, headers and body; for zrpc
 // the reply message (type and bytes) or the error status. Fence is the fence of the run that
@@ -196,7 +197,7 @@ func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 // matchPrint refuses a record produced by a request with another payload.
 func matchPrint(rec *record, print string) error {
 	if rec.Print != print {
-		return errPayloadMismatch
+		return ErrPayloadMismatch
 	}
 	return nil
 }
@@ -232,10 +233,7 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 	case errors.As(err, &pe):
 		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
 		return
-	case errors.Is(err, errPayloadMismatch):
-		http.Error(w, err.Error(), http.StatusUnprocessableEntity)
-		return
-	case err != nil:
+	case err != nil: // ErrPayloadMismatch among them: 422
 		writeHTTPError(w, r, err)
 		return
 	}

@@ -53,6 +53,7 @@ Order:
   Lock:
     Rules:
       - {Method: POST, Path: /api/order/create, Key: "order:{body.uid}", OnBusy: reject}
+      - {Method: POST, Path: /api/order/place, Key: "order:{body.uid}+idem:{body.uid}:{header.Idempotency-Key}", OnBusy: share, Replay: 10m}
       - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{path.account}", OnBusy: reject}
     PropagateTo: ["/balance.Balance/"]
     OwnerSecret: test-secret
@@ -282,10 +283,76 @@ func TestExampleOnRedis(t *testing.T) {
 	h := startSystem(t, srv.Addr)
 
 	t.Run("duplicate orders are rejected", func(t *testing.T) { testDuplicateOrders(t, h) })
+	t.Run("an order is placed once per idempotency key", func(t *testing.T) { testPlaceOnce(t, h) })
 	t.Run("stock is never oversold", func(t *testing.T) { testDeductions(t, h) })
 	t.Run("transfers keep the total", func(t *testing.T) { testTransfers(t, h) })
 	t.Run("withdraw re-enters downstream", func(t *testing.T) { testWithdrawReentry(t, h) })
 	t.Run("stale fence is refused", func(t *testing.T) { testStaleFence(t, h) })
+}
+
+// testPlaceOnce: duplicates of a placed order (same Idempotency-Key and body) all get the
+// response of the one that ran, and one order is written; the same key with another body gets
+// 422; another key places another order.
+func testPlaceOnce(t *testing.T, h *harness) {
+	place := func(key string, body createOrderReq) (int, string, string) {
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, h.base+"/api/order/place", bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := h.http.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, "", ""
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out), resp.Header.Get("Idempotent-Replayed")
+	}
+	order := createOrderReq{UID: "carol", SKU: "plum", Qty: 1, DelayMs: 200}
+	const n = 16
+	var wg sync.WaitGroup
+	codes, bodies, replays := make([]int, n), make([]string, n), make([]string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			codes[i], bodies[i], replays[i] = place("carol-1", order)
+		}()
+	}
+	wg.Wait()
+	replayed := 0
+	for i := range n {
+		if codes[i] != http.StatusOK || bodies[i] != bodies[0] {
+			t.Fatalf("duplicate %d: %d %s, want 200 and the body of the others %s", i, codes[i], bodies[i], bodies[0])
+		}
+		if replays[i] == "true" {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Errorf("%d responses marked Idempotent-Replayed, want %d", replayed, n-1)
+	}
+	var book ordersReply
+	if code := h.get(t, "/api/orders/carol", &book); code != http.StatusOK || len(book.Orders) != 1 {
+		t.Fatalf("orders of carol after %d duplicates: status %d, %d orders, want 1", n, code, len(book.Orders))
+	}
+	// A later retry with the same key and body: the same response, no new order.
+	if code, body, replay := place("carol-1", order); code != http.StatusOK || body != bodies[0] || replay != "true" {
+		t.Errorf("later retry: %d %s replayed=%q", code, body, replay)
+	}
+	// The same key with another body: refused.
+	other := order
+	other.Qty = 2
+	if code, _, _ := place("carol-1", other); code != http.StatusUnprocessableEntity {
+		t.Errorf("same key, another body: %d, want 422", code)
+	}
+	// Another key: another order.
+	if code, _, replay := place("carol-2", order); code != http.StatusOK || replay != "" {
+		t.Errorf("another key: %d replayed=%q, want a new order", code, replay)
+	}
+	if code := h.get(t, "/api/orders/carol", &book); code != http.StatusOK || len(book.Orders) != 2 {
+		t.Errorf("orders of carol: %d, want 2", len(book.Orders))
+	}
 }
 
 // testDuplicateOrders: 200 concurrent orders of one user give one order and 199 409s.

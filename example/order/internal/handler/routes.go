@@ -19,6 +19,9 @@ import (
 func RegisterHandlers(server *rest.Server, serverCtx *svc.ServiceContext) {
 	server.AddRoutes([]rest.Route{
 		{Method: http.MethodPost, Path: "/api/order/create", Handler: CreateOrderHandler(serverCtx)},
+		// The same order, placed once per Idempotency-Key: the rule shares the response with
+		// duplicates (OnBusy: share) instead of answering them 409.
+		{Method: http.MethodPost, Path: "/api/order/place", Handler: CreateOrderHandler(serverCtx)},
 		{Method: http.MethodGet, Path: "/api/orders/:uid", Handler: OrdersHandler(serverCtx)},
 		{Method: http.MethodPost, Path: "/api/account/:account/withdraw", Handler: WithdrawHandler(serverCtx)},
 		{Method: http.MethodGet, Path: "/api/account/:account/balance", Handler: BalanceHandler(serverCtx)},
