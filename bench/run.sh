@@ -8,7 +8,7 @@
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
-# About 8 minutes on 2 cores. Pass lockbench flags through, e.g.:
+# About 8 minutes on 2 cores (scenario 7, duplicates sharing one response, adds seconds). Pass lockbench flags through, e.g.:
 #   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
 #   LOCKBENCH_GOBENCH=0 bench/run.sh       # skip the Go benchmarks
 set -euo pipefail

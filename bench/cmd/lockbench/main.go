@@ -84,7 +84,7 @@ func main() {
 		scen       string
 		cpuprofile string
 	)
-	flag.StringVar(&scen, "scenario", "1,2,3,4,5,6", "comma-separated scenarios to run (6 needs wrk and the example's config)")
+	flag.StringVar(&scen, "scenario", "1,2,3,4,5,6,7", "comma-separated scenarios to run (6 needs wrk and the example's config)")
 	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each row; tables show medians")
 	flag.DurationVar(&cfg.d1, "d1", 1500*time.Millisecond, "scenario 1: duration per row and repetition")
 	flag.DurationVar(&cfg.d2, "d2", 2*time.Second, "scenario 2: duration per row and repetition at 16 and 64 goroutines")
@@ -163,6 +163,9 @@ func main() {
 	}
 	if cfg.scenarios[6] {
 		rep.s6 = b.scenario6()
+	}
+	if cfg.scenarios[7] {
+		rep.s7 = b.scenario7()
 	}
 	rep.elapsed = time.Since(rep.started)
 	for _, im := range b.impls {

@@ -63,6 +63,7 @@ type report struct {
 	s4      []*result
 	s5      []*result
 	s6      *s6Results
+	s7      []*result
 }
 
 func (r *report) raw() map[string]any {
@@ -71,7 +72,7 @@ func (r *report) raw() map[string]any {
 		s2[strconv.Itoa(g)] = v
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
-		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6}
+		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario7": r.s7}
 }
 
 func find(rs []*result, id string) *result {
@@ -278,6 +279,12 @@ func (r *report) markdown() string {
 		r.s6Section(w)
 	} else {
 		w("Not run (`-scenario` without 6).\n\n")
+	}
+	w("## 7. Duplicates of one request: shared response against 409\n\n")
+	if r.s7 != nil {
+		r.s7Section(w)
+	} else {
+		w("Not run (`-scenario` without 7).\n\n")
 	}
 	if r.cfg.goBench != "" {
 		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {
