@@ -14,18 +14,23 @@
 //	key cannot be built                      400                 codes.InvalidArgument
 //	store unreachable, OnStoreError closed   503                 codes.Unavailable
 //	store unreachable, OnStoreError open     handler runs under this process's lock only; counted and logged
+//	OnBusy share: a key reused, other payload 422                 codes.InvalidArgument
 //
 // Contention never answers 5xx, so go-zero's breakers do not count it. REST errors go through
 // httpx.ErrorCtx, so a service's own httpx.SetErrorHandlerCtx shapes the body. With
 // OnStoreError "open", a request whose lock cannot be taken because Redis is unreachable runs
 // under a degraded lease (flightlock.WithFailOpen) that excludes the other requests of this
 // process but not those of other processes: the middleware logs it with logc and counts it in
-// the Prometheus counter flightlock_middleware_fail_open_total; choose it only for routes where
+// the Prometheus counter flightlock_fail_open_total; choose it only for routes where
 // a duplicate across pods is cheaper than an outage.
 //
 // The handler runs with the lease's context, so flightlock.FromContext works in it, and the
 // lock is released when it returns or panics, on a context that go-zero's timeout handler
 // has not cancelled.
+//
+// A rule with OnBusy "share" runs the handler once for a request and its duplicates: those of
+// this process wait for its run, those of other processes for the response it stores in Redis
+// (Rule.Replay), and each gets that response, marked Idempotent-Replayed (see share.go).
 //
 // Wiring, for a REST service:
 //
