@@ -160,7 +160,9 @@ type panicError struct {
 	stack []byte
 }
 
-func (p *panicError) Error() string { return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value) }
+func (p *panicError) Error() string {
+	return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value)
+}
 
 // share runs a share rule for one request: replay a stored response, or join (or lead) the
 // flight of its key in this process. run is the leader's work: take the lock, replay what a
