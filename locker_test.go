@@ -281,8 +281,13 @@ func TestWaitModeBudgetAndContext(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	_, err = l.Lock(cctx, "w")
-	if !errors.Is(err, ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("context ended the wait: %v, want ErrBusy joined with DeadlineExceeded", err)
+	// Issue 18: the wait gives up a reserve before the caller's deadline, so that the busy
+	// answer reaches the caller in time: ErrBusy with the holder's TTL, before the deadline.
+	if !errors.Is(err, ErrBusy) || errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil {
+		t.Fatalf("a wait bounded by the caller's deadline: %v (context %v), want ErrBusy before the deadline", err, cctx.Err())
+	}
+	if _, ok := RetryAfter(err); !ok {
+		t.Errorf("the busy answer before the deadline has no RetryAfter: %v", err)
 	}
 	if n := l.gateLen(); n != 0 {
 		t.Fatalf("gate keeps %d entries", n)
@@ -842,5 +847,34 @@ func TestBusyDuringARetryKeepsRetryAfter(t *testing.T) {
 	}
 	if ra, ok := RetryAfter(err); !ok || ra < 4*time.Second || ra > 5*time.Second {
 		t.Fatalf("RetryAfter = %v, %v; want the holder's remaining TTL", ra, ok)
+	}
+}
+
+// Issue 18: the wait for a busy key ends a reserve before the caller's deadline.
+func TestWaitDeadlineLeavesAReserve(t *testing.T) {
+	now := time.Now()
+	bg := context.Background()
+	withDeadline := func(d time.Duration) context.Context {
+		ctx, cancel := context.WithDeadline(bg, now.Add(d))
+		t.Cleanup(cancel)
+		return ctx
+	}
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		wait time.Duration
+		want time.Duration // from now
+	}{
+		{"no deadline", bg, 2 * time.Second, 2 * time.Second},
+		{"deadline beyond the wait", withDeadline(10 * time.Second), 2 * time.Second, 2 * time.Second},
+		{"go-zero's 2s timeout, Wait 2s", withDeadline(2 * time.Second), 2 * time.Second, 1900 * time.Millisecond},
+		{"500ms left, Wait 2s", withDeadline(500 * time.Millisecond), 2 * time.Second, 450 * time.Millisecond},
+		{"deadline just after the wait", withDeadline(2010 * time.Millisecond), 2 * time.Second, 1910 * time.Millisecond},
+		{"too near for a reserve", withDeadline(500 * time.Microsecond), time.Second, time.Second},
+	} {
+		got := waitDeadline(c.ctx, now, c.wait).Sub(now)
+		if got != c.want {
+			t.Errorf("%s: the wait ends %v from now, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -115,7 +115,8 @@ func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } 
 
 // WithWait sets the wait budget of wait mode (default 2s): the longest a Lock waits for a busy
 // key, locally and for other processes, before it returns ErrBusy. The context's deadline
-// shortens it.
+// shortens it, less a reserve for the busy answer to reach the caller in time: a tenth of the
+// time left, at least 1ms and at most 100ms.
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 
 // WithMaxHold bounds how long one holder keeps a lock (default 1m): the watchdog stops

@@ -359,12 +359,12 @@ func TestShareDuplicatesAcrossProcesses(t *testing.T) {
 
 // startZrpc serves the test service through a real zrpc server (go-zero's interceptor chain:
 // recover, breaker, timeout...) with m's unary interceptor, and returns a connection to it.
-func startZrpc(t *testing.T, m *Middleware, unary handlerFunc) *grpc.ClientConn {
+func startZrpc(t *testing.T, m *Middleware, unary handlerFunc, timeout time.Duration) *grpc.ClientConn {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := zrpc.MustNewServer(zrpc.RpcServerConf{
 		ServiceConf: service.ServiceConf{Name: "share-test", Mode: service.TestMode, Log: logx.LogConf{Mode: "console", Level: "severe"}},
-		ListenOn:    addr, Timeout: 10000,
+		ListenOn:    addr, Timeout: timeout.Milliseconds(),
 	}, func(g *grpc.Server) { g.RegisterService(testServiceDesc(unary), nil) })
 	s.AddUnaryInterceptors(m.UnaryServerInterceptor())
 	go s.Start()
@@ -409,7 +409,7 @@ func TestShareZrpc(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = m.Close() })
-		conns = append(conns, startZrpc(t, m, handler))
+		conns = append(conns, startZrpc(t, m, handler, 10*time.Second))
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
