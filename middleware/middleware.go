@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"fmt"
+	"os"
 	"strings"
 
 	"golang.org/x/sync/singleflight"
@@ -100,11 +102,27 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	return m, nil
 }
 
-// MustNew is New for start-up code: it exits through logx.Must on a bad config.
+// MustNew is New for start-up code: on a bad config it logs the error, naming the field, and
+// exits with status 1 (as go-zero's logx.Must does, without its stack trace: the error says
+// what to fix, the stack says nothing more).
 func MustNew(c LockConf, opts ...Option) *Middleware {
 	m, err := New(c, opts...)
-	logx.Must(err)
+	mustStart(err)
 	return m
+}
+
+// exit ends the process; a variable so that a test can see that mustStart would exit.
+var exit = os.Exit
+
+// mustStart stops a service that cannot start: one line on stderr and in the service's log,
+// then exit status 1.
+func mustStart(err error) {
+	if err == nil {
+		return
+	}
+	fmt.Fprintln(os.Stderr, err)
+	logx.Error(err.Error())
+	exit(1)
 }
 
 // Locker returns the Locker the Middleware locks with, for handlers that lock more keys

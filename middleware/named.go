@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
 )
 
@@ -31,10 +30,10 @@ func (m *Middleware) Named(name string) (rest.Middleware, error) {
 }
 
 // MustNamed is Named for goctl's NewServiceContext, which returns no error: it exits through
-// logx.Must when no rule has the name, as MustNew does on a bad config.
+// mustStart (one line, exit status 1) when no rule has the name, as MustNew does on a bad config.
 func (m *Middleware) MustNamed(name string) rest.Middleware {
 	mw, err := m.Named(name)
-	logx.Must(err)
+	mustStart(err)
 	return mw
 }
 

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
 )
 
@@ -45,10 +44,10 @@ func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 }
 
 // MustRoute is Route for start-up code such as goctl's NewServiceContext, which returns no
-// error: it exits through logx.Must on a bad rule, as MustNew does.
+// error: it exits with the rule's error in one line on a bad rule, as MustNew does.
 func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	mw, err := m.Route(rule)
-	logx.Must(err)
+	mustStart(err)
 	return mw
 }
 

@@ -94,7 +94,7 @@ func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
 	for i, name := range path {
 		fd := md.Fields().ByName(protoreflect.Name(name))
 		if fd == nil {
-			return fmt.Errorf("%s has no field %q", md.FullName(), name)
+			return unknownField(md, name)
 		}
 		if fd.IsList() || fd.IsMap() {
 			return fmt.Errorf("%s.%s is repeated: a key needs a single value", md.FullName(), name)
@@ -112,6 +112,32 @@ func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
 	}
 	return nil
 }
+
+// unknownField is the error of a template that names a field md lacks: it names the fields md
+// has, by the proto names a template uses, and the one that was probably meant when the name
+// was written the Go way (AccountId) or the JSON way (accountId) (issue 18).
+func unknownField(md protoreflect.MessageDescriptor, name string) error {
+	fields := md.Fields()
+	names := make([]string, 0, fields.Len())
+	var near string
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		names = append(names, string(fd.Name()))
+		if fold(string(fd.Name())) == fold(name) || fd.JSONName() == name {
+			near = string(fd.Name())
+		}
+	}
+	hint := ""
+	if near != "" {
+		hint = fmt.Sprintf("did you mean {%s}? ", near)
+	}
+	return fmt.Errorf("%s has no field %q (%skey templates name fields by their proto names: %s)",
+		md.FullName(), name, hint, strings.Join(names, ", "))
+}
+
+// fold is a field name without case and underscores: AccountId, accountId and account_id fold
+// alike.
+func fold(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
 
 // fieldValue reads a field path of m. A field that is not set (in proto3 without presence:
 // one at its zero value) is missing, so that requests that lack it are not all serialised
