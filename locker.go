@@ -332,6 +332,11 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		attempt++
 		holder = time.Now().Add(res.HolderTTL)
+		if check := l.cfg.holders; check != nil && res.Holder != "" {
+			if cause := check(ctx, res.Holder); cause != nil {
+				return nil, &busyError{retryAfter: res.HolderTTL, cause: cause}
+			}
+		}
 		delay, ok := l.cfg.retry(attempt)
 		if !wait || !ok {
 			return nil, &busyError{retryAfter: res.HolderTTL}

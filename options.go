@@ -59,6 +59,7 @@ type config struct {
 	window   time.Duration
 	failOpen bool
 	metadata func(context.Context) string
+	holders  func(ctx context.Context, holder string) error
 	clock    clock // systemClock outside tests (withClock)
 	observer *Observer
 }
@@ -156,6 +157,15 @@ func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 // It must not contain newlines; it is called once per Redis acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata = fn }
+}
+
+// WithHolderCheck sets a function that a Lock calls when the key it wants is held in Redis by
+// another owner, with the holder's metadata (what the holder's WithMetadata stored; the call is
+// skipped when there is none). A non-nil error ends the Lock at once, as ErrBusy wrapping that
+// error, instead of waiting: the go-zero layer uses it to tell a nested call that would wait
+// for its own caller (the same trace id) from real contention.
+func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
+	return func(c *config) { c.holders = fn }
 }
 
 // Observer is told what a Locker's locks do that its callers cannot see: retries while waiting

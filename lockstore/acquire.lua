@@ -12,13 +12,15 @@
 -- ARGV[2]  lease TTL in whole milliseconds (> 0), as a decimal string
 -- ARGV[3]  "" or " <metadata>"
 --
--- Replies (a two-element array):
+-- Replies (an array):
 --   {1, fence}  acquired: the key was free and now belongs to ARGV[1]
 --   {2, fence}  re-entered: ARGV[1] already held it (a re-sent acquisition); the fence is the
 --               one minted when it was taken, the hold count is unchanged, and the TTL is raised
 --               to ARGV[2] if it had less (never shortened)
---   {0, pttl}   busy: another owner holds it for pttl more milliseconds; the lock is marked
---               so that its release publishes a notification (unmarked releases publish none)
+--   {0, pttl, value}  busy: another owner holds it for pttl more milliseconds (value is the
+--               lock's value, from which the store passes on the holder's metadata, never its
+--               owner token); the lock is marked so that its release publishes a notification
+--               (unmarked releases publish none)
 --
 -- Fences are a hybrid logical clock per hash slot: max(last fence + 1, server time in
 -- microseconds). The "+ 1" makes them strictly increase on one server whatever its clock does;
@@ -58,4 +60,4 @@ end
 if string.sub(current, -2) ~= ' ~' then
   redis.call('APPEND', KEYS[1], ' ~') -- APPEND keeps the TTL
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), current}

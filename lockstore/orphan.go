@@ -29,7 +29,7 @@ func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
 func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
 		reply, err := cmd.Slice()
-		if err != nil || len(reply) != 2 {
+		if err != nil || len(reply) < 2 {
 			return
 		}
 		if got, ok := reply[0].(int64); !ok || got != code {

@@ -175,12 +175,13 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	keys, args := []string{key, fenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
 	var (
 		code, n int64
+		value   string
 		err     error
 	)
 	if s.replicas > 0 {
-		code, n, err = s.acked(ctx, acquireScript, keys, args, key, owner, "", acquireTaken, acquireReentered)
+		code, n, value, err = s.acked(ctx, acquireScript, keys, args, key, owner, "", acquireTaken, acquireReentered)
 	} else {
-		code, n, err = pair(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
+		code, n, value, err = reply(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
 	}
 	if isTryAgain(err) || isRedirect(err) {
 		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes; a
@@ -204,7 +205,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	case acquireBusy:
 		// PTTL is -1 for a key without expiry (never written by us) and -2 if it vanished
 		// between the two calls inside the script (it cannot); report both as "unknown".
-		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
+		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
 	default:
 		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", key, code)
 	}
@@ -224,9 +225,9 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 		err     error
 	)
 	if s.replicas > 0 {
-		code, n, err = s.acked(ctx, reenterScript, keys, args, key, owner, hold, acquireReentered)
+		code, n, _, err = s.acked(ctx, reenterScript, keys, args, key, owner, hold, acquireReentered)
 	} else {
-		code, n, err = pair(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
+		code, n, _, err = reply(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
@@ -249,39 +250,57 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 // few replicas acknowledged it, that hold is given up again and the call fails with
 // ErrNotReplicated.
 func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []string, args []any,
-	key, owner, hold string, granted ...int64) (int64, int64, error) {
+	key, owner, hold string, granted ...int64) (int64, int64, string, error) {
 	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
-	code, n, err := pair(cmd)
+	code, n, value, err := reply(cmd)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	for _, g := range granted {
 		if code == g && acked < int64(s.replicas) {
 			s.giveUpUnacked(key, owner, hold)
-			return 0, 0, s.notReplicated(acked)
+			return 0, 0, "", s.notReplicated(acked)
 		}
 	}
-	return code, n, nil
+	return code, n, value, nil
 }
 
-// pair reads a two-integer script reply.
-func pair(cmd *redis.Cmd) (int64, int64, error) {
-	reply, err := cmd.Slice()
+// reply reads a script reply of two integers and, for a busy acquisition, the lock's value.
+func reply(cmd *redis.Cmd) (int64, int64, string, error) {
+	r, err := cmd.Slice()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
-	if len(reply) != 2 {
-		return 0, 0, fmt.Errorf("unexpected reply %v", reply)
+	if len(r) < 2 || len(r) > 3 {
+		return 0, 0, "", fmt.Errorf("unexpected reply %v", r)
 	}
-	code, ok1 := reply[0].(int64)
-	n, ok2 := reply[1].(int64)
+	code, ok1 := r[0].(int64)
+	n, ok2 := r[1].(int64)
 	if !ok1 || !ok2 {
-		return 0, 0, fmt.Errorf("unexpected reply types %T, %T", reply[0], reply[1])
+		return 0, 0, "", fmt.Errorf("unexpected reply types %T, %T", r[0], r[1])
 	}
-	return code, n, nil
+	var value string
+	if len(r) == 3 {
+		value, _ = r[2].(string)
+	}
+	return code, n, value, nil
+}
+
+// holderMetadata is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"):
+// what the holder said about itself, without its owner token, which must not leave the store.
+func holderMetadata(value string) string {
+	f := strings.SplitN(value, " ", 4)
+	if len(f) < 4 {
+		return ""
+	}
+	meta := f[3]
+	if meta == "~" {
+		return ""
+	}
+	return strings.TrimSuffix(meta, " ~")
 }
 
 // Refresh implements Store.
@@ -329,11 +348,15 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	for {
 		n, err = s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
 			strconv.FormatInt(max(lastFence, 0), 10), hold).Int64()
-		if !isTryAgain(err) {
+		if !isTryAgain(err) && !isRedirect(err) {
 			break
 		}
-		// The slot migrates (see Acquire): nothing ran; send it again until the caller's
-		// deadline, so that a lock is not left to its TTL for a migration of milliseconds.
+		// The slot migrates (see Acquire; an ASK or MOVED that a batched pipeline did not
+		// follow): nothing ran; send it again until the caller's deadline, so that a lock is
+		// not left to its TTL for a migration of milliseconds.
+		if isRedirect(err) {
+			s.reloadOnRedirect()
+		}
 		select {
 		case <-ctx.Done():
 			return 0, fmt.Errorf("flightlock: release %q: %w (%w)", key, err, ctx.Err())

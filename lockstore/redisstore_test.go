@@ -457,3 +457,29 @@ func FuzzFenceKeySameSlot(f *testing.F) {
 		}
 	})
 }
+
+// A busy acquisition tells who holds the key: the metadata its holder stored, never the
+// holder's owner token (a capability: it could release or re-enter the lock).
+func TestBusyAcquisitionNamesTheHolder(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		if _, err := b.store.Acquire(ctx, "lock:who", ownerA, time.Second, "host=h pid=1 trace=t1"); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // the second sees the waiters mark (" ~") too
+			busy, err := b.store.Acquire(ctx, "lock:who", ownerB, time.Second, "")
+			if err != nil || busy.Acquired || busy.Holder != "host=h pid=1 trace=t1" {
+				t.Fatalf("busy: %+v %v, want the holder's metadata", busy, err)
+			}
+			if strings.Contains(busy.Holder, ownerA) {
+				t.Fatal("the holder's owner token left the store")
+			}
+		}
+		if _, err := b.store.Acquire(ctx, "lock:bare", ownerA, time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		if busy, _ := b.store.Acquire(ctx, "lock:bare", ownerB, time.Second, ""); busy.Holder != "" {
+			t.Fatalf("a holder without metadata: Holder %q", busy.Holder)
+		}
+	})
+}

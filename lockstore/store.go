@@ -34,6 +34,10 @@ type Acquisition struct {
 	Fence int64
 	// HolderTTL is how long the current holder's lock has left when not acquired.
 	HolderTTL time.Duration
+	// Holder is the metadata the current holder stored with its lock (Acquire's meta) when
+	// not acquired, "" when it stored none: who holds it, for operators and for the caller's
+	// checks (the go-zero layer compares trace ids to tell a nested call of the same request).
+	Holder string
 }
 
 // Store is what flightlock needs from a lock backend. Implementations are safe for concurrent

@@ -32,6 +32,13 @@ const (
 // context ending, even when the store's error wraps a context error of its own.
 var errStore = errors.New(msgUnavailable)
 
+// ErrNestedLock (wrapped in flightlock.ErrBusy) answers a request that would wait for a key held
+// by a request of its own trace: a nested call that locks its caller's key. It names the fix.
+var ErrNestedLock = errors.New("the key is held by a caller of this request (the same trace): " +
+	"a nested call that locks its caller's key would wait for itself; pass the caller's lock owner on " +
+	"(UnaryClientInterceptor on the calling client, PropagateTo) and set TrustOwner, OwnerSecret and " +
+	"the same Prefix on this service")
+
 // HTTPStatus returns the REST status that the middleware answers for err, per the error table
 // of the package documentation, or 0 when err is none of the errors below. It is for a
 // service that shapes its error replies itself (httpx.SetErrorHandlerCtx), which would
@@ -82,6 +89,8 @@ func HTTPStatus(err error) int {
 // non-nil err.
 func GRPCStatus(err error) *status.Status {
 	switch {
+	case errors.Is(err, ErrNestedLock):
+		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
 	case errors.Is(err, flightlock.ErrBusy):
 		st := status.New(codes.Aborted, msgBusy)
 		if d, ok := flightlock.RetryAfter(err); ok {

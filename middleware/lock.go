@@ -68,6 +68,9 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 		acquireDuration.ObserveFloat(ms(waited), st.name, st.template, outcome, grantOf(g))
 		m.countAcquire(st, outcome, g)
 	}
+	if errors.Is(err, ErrNestedLock) {
+		m.logs.error(ctx, st, "nested call refused: its caller holds the key", err)
+	}
 	switch outcome {
 	case outcomeAcquired:
 		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil

@@ -17,8 +17,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/zeromicro/go-zero/core/logx"
-	"github.com/zeromicro/go-zero/core/service"
+	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/zrpc"
 	"google.golang.org/grpc"
@@ -377,10 +376,14 @@ func TestShareDuplicatesAcrossProcesses(t *testing.T) {
 func startZrpc(t *testing.T, m *Middleware, unary handlerFunc, timeout time.Duration) *grpc.ClientConn {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	s := zrpc.MustNewServer(zrpc.RpcServerConf{
-		ServiceConf: service.ServiceConf{Name: "share-test", Mode: service.TestMode, Log: logx.LogConf{Mode: "console", Level: "severe"}},
-		ListenOn:    addr, Timeout: timeout.Milliseconds(),
-	}, func(g *grpc.Server) { g.RegisterService(testServiceDesc(unary), nil) })
+	// From YAML, as a service loads it: go-zero's defaults (tracing, recover, breaker...) on.
+	var c zrpc.RpcServerConf
+	yaml := fmt.Sprintf("Name: share-test\nMode: test\nListenOn: %s\nTimeout: %d\nLog: {Mode: console, Level: severe}\n",
+		addr, timeout.Milliseconds())
+	if err := conf.LoadFromYamlBytes([]byte(yaml), &c); err != nil {
+		t.Fatal(err)
+	}
+	s := zrpc.MustNewServer(c, func(g *grpc.Server) { g.RegisterService(testServiceDesc(unary), nil) })
 	s.AddUnaryInterceptors(m.UnaryServerInterceptor())
 	go s.Start()
 	t.Cleanup(s.Stop)

@@ -215,9 +215,28 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 			}
 			return holder
 		}),
+		flightlock.WithHolderCheck(sameTrace),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("Lock: %w", err)
 	}
 	return l, nil
+}
+
+// sameTrace refuses to wait for a key whose holder belongs to the request's own trace: a
+// nested call (a zrpc method called while its caller holds the key, go-zero propagating the
+// trace) that locks its caller's key would wait for its own caller until a deadline. Different
+// traces, or a request without one, wait as usual. Calls of one trace that are not nested
+// (siblings that lock one key) are refused too: the check cannot tell them apart (issue 18).
+func sameTrace(ctx context.Context, holder string) error {
+	id := trace.TraceIDFromContext(ctx)
+	if id == "" {
+		return nil
+	}
+	for _, f := range strings.Fields(holder) {
+		if f == "trace="+id {
+			return ErrNestedLock
+		}
+	}
+	return nil
 }
