@@ -237,11 +237,12 @@ type Rule struct {
 	RPC string `json:",optional"`
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
-	// OnBusy is what a request does when another holds the key: "reject" (default) answers
-	// 409 / Aborted at once, "wait" queues up to the Wait budget first, "share" waits as
-	// "wait" and then answers with the holder's response instead of running the handler (see
-	// Replay).
-	OnBusy string `json:",default=reject"`
+	// OnBusy is what a request does when another holds the key: "wait" (default) queues, in
+	// FIFO order, up to the Wait budget (ending before the request's deadline), then answers
+	// 409 / Aborted; "reject" answers 409 / Aborted at once, for duplicate-submission rules
+	// (a double "create order"); "share" waits as "wait" and then answers with the holder's
+	// response instead of running the handler (see Replay).
+	OnBusy string `json:",default=wait"`
 	// Replay is how long a share rule keeps a response in Redis for duplicates that come
 	// later, in any process (default 10s). Only responses of the ReplayStatus classes (default
 	// 2xx) whose body is at most ReplayMaxBytes (default 64 KiB) are stored; the others are
@@ -303,7 +304,7 @@ func (c LockConf) normalized() LockConf {
 	return c
 }
 
-// normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "reject"),
+// normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "wait"),
 // OnBusy in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
 // WithRPCRule, Route) as for those of a LockConf.
 func (r Rule) normalized() Rule {

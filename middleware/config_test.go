@@ -104,7 +104,7 @@ Lock:
 		t.Errorf("defaults not filled: %+v", l)
 	case l.OnStoreError != "closed":
 		t.Errorf("defaults not filled: %+v", l)
-	case l.Rules[0].OnBusy != "reject" || l.Rules[1].OnBusy != "wait" || l.Rules[1].Wait != 500*time.Millisecond:
+	case l.Rules[0].OnBusy != "wait" || l.Rules[1].OnBusy != "wait" || l.Rules[1].Wait != 500*time.Millisecond:
 		t.Errorf("rules = %+v", l.Rules)
 	}
 	if err := l.Validate(); err != nil {

@@ -71,8 +71,8 @@ func TestDefaultsHaveOneSource(t *testing.T) {
 	}
 	loadedRule := withRule.Lock.normalized().Rules[0]
 	goRule := Rule{Path: "/a/:x", Key: "a:{x}"}.normalized()
-	if loadedRule.OnBusy != onBusyReject || goRule.OnBusy != onBusyReject {
-		t.Errorf("rule OnBusy defaults: loaded %q, built in Go %q; want %q", loadedRule.OnBusy, goRule.OnBusy, onBusyReject)
+	if loadedRule.OnBusy != onBusyWait || goRule.OnBusy != onBusyWait {
+		t.Errorf("rule OnBusy defaults: loaded %q, built in Go %q; want %q", loadedRule.OnBusy, goRule.OnBusy, onBusyWait)
 	}
 
 	// The Locker New builds gets them: a lock is "lock:" + key, with a 10s TTL, both ways.

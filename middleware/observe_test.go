@@ -137,10 +137,10 @@ func TestMetricsScrapedFromGoZeroServer(t *testing.T) {
 
 	// A handoff window wide enough for the test to queue a request while the lock is held.
 	up, err := New(LockConf{Rules: []Rule{
-		{Method: "POST", Path: "/m/order", Key: "order:{body.uid}"},
+		{Method: "POST", Path: "/m/order", Key: "order:{body.uid}", OnBusy: "reject"},
 		{Method: "POST", Path: "/m/wait", Key: "wait:{body.uid}", OnBusy: "wait", TTL: 300 * time.Millisecond, Wait: 5 * time.Second},
-		{Method: "POST", Path: "/m/lost", Key: "lost:{body.uid}", TTL: 300 * time.Millisecond},
-		{Method: "POST", Path: "/m/shadow", Key: "shadow:{body.uid}", Shadow: true},
+		{Method: "POST", Path: "/m/lost", Key: "lost:{body.uid}", OnBusy: "reject", TTL: 300 * time.Millisecond},
+		{Method: "POST", Path: "/m/shadow", Key: "shadow:{body.uid}", OnBusy: "reject", Shadow: true},
 	}}, WithLocker(tr.locker(t, flightlock.WithHandoff(64, time.Minute))))
 	if err != nil {
 		t.Fatal(err)

@@ -84,7 +84,7 @@ func TestShadowChangesNoResponse(t *testing.T) {
 func TestShadowCountsConflicts(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{
-		{Method: "POST", Path: "/s/count", Key: "count:{body.uid}", Shadow: true},
+		{Method: "POST", Path: "/s/count", Key: "count:{body.uid}", Shadow: true, OnBusy: "reject"},
 		{Method: "POST", Path: "/s/countwait", Key: "countwait:{body.uid}", Shadow: true, OnBusy: "wait"},
 	}})
 	for _, c := range []struct{ path, would string }{{"/s/count", "reject"}, {"/s/countwait", "wait"}} {
