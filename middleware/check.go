@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"fmt"
 	"path"
 	"slices"
 	"strings"
@@ -156,6 +157,43 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 			return fieldError(cr.spec.name, "%s matches no method of the server: it has no service %s", full, svc)
 		}
 		return fieldError(cr.spec.name, "%s matches no method of the server", full)
+	}
+	return nil
+}
+
+// Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's
+// second argument). When the server starts and has registered them, it stops the service, with
+// one line naming the rule, when a rule names an RPC the server does not serve (with the
+// nearest method: names match as gRPC matches them, case-sensitively, as full names), or when
+// the Middleware has RPC rules but its server interceptor was never installed (the rules would
+// lock nothing):
+//
+//	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
+//		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
+//	}))
+//	s.AddUnaryInterceptors(mw.UnaryServerInterceptor())
+func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
+	return func(gs *grpc.Server) {
+		register(gs)
+		mustStart(m.checkServer(gs.GetServiceInfo()))
+	}
+}
+
+// checkServer is Register's check of a server's services and interceptors.
+func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
+	if len(m.rpc) > 0 && !m.intercepting.Load() {
+		var first *compiledRule
+		for _, cr := range m.rules {
+			if cr.rpc != nil {
+				first = cr
+				break
+			}
+		}
+		return fieldError(first.spec.name, "%s is locked by no interceptor: the zrpc server was built without "+
+			"s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), so no RPC rule would lock anything", first.spec.RPC)
+	}
+	if err := m.CheckMethods(info); err != nil {
+		return fmt.Errorf("%w (gRPC matches full method names case-sensitively)", err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sync/singleflight"
 
@@ -28,7 +29,10 @@ type Middleware struct {
 	logs       *logSummary
 	drain      drainer
 	flights    singleflight.Group // share rules: one run per key in this process
-	replays    *replayStore       // share rules: responses stored for duplicates; nil without share rules
+	// intercepting is set once a server interceptor was built (UnaryServerInterceptor,
+	// StreamServerInterceptor), for Register's check that RPC rules lock anything.
+	intercepting atomic.Bool
+	replays      *replayStore // share rules: responses stored for duplicates; nil without share rules
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc"
 )
 
 // Issue 18: a key field spelled the Go way or the JSON way fails at start-up with the field the
@@ -46,5 +48,51 @@ func TestMustNewExitsWithOneLine(t *testing.T) {
 	}
 	if strings.Count(strings.TrimSpace(msg), "\n") != 0 || !strings.Contains(msg, "Lock.Rules[0].OnBusy") || strings.Contains(msg, "goroutine") {
 		t.Errorf("stderr %q, want one line naming Lock.Rules[0].OnBusy and no stack trace", msg)
+	}
+}
+
+// Register: a server with RPC rules but without the interceptor, or with a rule for a method it
+// does not serve, stops at start-up with one line naming the rule (and the nearest method); a
+// server wired right starts.
+func TestRegisterChecksTheServer(t *testing.T) {
+	code, msg := -1, ""
+	exit = func(c int) { code = c }
+	defer func() { exit = os.Exit }()
+	register := func(gs *grpc.Server) { gs.RegisterService(testServiceDesc(echoLeases), nil) }
+	start := func(m *Middleware) {
+		code = -1
+		r, w, _ := os.Pipe()
+		stderr := os.Stderr
+		os.Stderr = w
+		m.Register(register)(grpc.NewServer())
+		os.Stderr = stderr
+		_ = w.Close()
+		b, _ := io.ReadAll(r)
+		msg = string(b)
+	}
+	newMW := func(rpc string) *Middleware {
+		m, err := New(LockConf{Rules: []Rule{{RPC: rpc, Key: "h:{host}"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Close() })
+		return m
+	}
+
+	m := newMW(fullMethod("Host"))
+	start(m) // no interceptor built
+	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddUnaryInterceptors") {
+		t.Errorf("rules without the interceptor: exit %d, %q", code, msg)
+	}
+	_ = m.UnaryServerInterceptor()
+	start(m)
+	if code != -1 {
+		t.Errorf("a server wired right stopped: %q", msg)
+	}
+	m = newMW("/" + testService + "/host")
+	_ = m.UnaryServerInterceptor()
+	start(m)
+	if code != 1 || !strings.Contains(msg, "did you mean /"+testService+"/Host?") || !strings.Contains(msg, "case-sensitively") {
+		t.Errorf("a rule for a method in the wrong case: exit %d, %q", code, msg)
 	}
 }
