@@ -14,7 +14,6 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/core/logx"
-	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
 )
@@ -62,10 +61,10 @@ type serviceContext struct {
 }
 
 // newServiceContext is NewServiceContext: it returns no error, hence MustNew and MustNamed,
-// and it cannot defer Close, which would close the store before the first request.
+// and it cannot defer Close, which would close the store before the first request: New
+// registered the drain with go-zero's shutdown listeners.
 func newServiceContext(c goctlConfig) *serviceContext {
 	lock := flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode))
-	proc.AddShutdownListener(func() { _ = lock.Close() })
 	return &serviceContext{
 		Config:    c,
 		Lock:      lock,
