@@ -111,7 +111,13 @@ func fingerprint(parts ...[]byte) string {
 // one-line scripts work on every go-redis client, Cluster included; the key is the only key).
 var (
 	replayGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
-	replaySet = redis.NewScript(`return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
+	// replaySet never overwrites what is not a stored response (a record is JSON: '{'): a lock
+	// of another rule whose key renders as this one's replay key keeps its value and its owner.
+	replaySet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) ~= '{' then
+  return redis.error_reply('flightlock: ' .. KEYS[1] .. ' holds a lock, not a stored response')
+end
+return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
 )
 
 // replayStore is where share rules keep responses: the lock store's client.

@@ -475,3 +475,31 @@ func TestShareZrpc(t *testing.T) {
 		t.Errorf("retry after Unavailable: %q %v, want a run of its own (run 3)", got, err)
 	}
 }
+
+// A share rule whose replay key renders as the key of another rule's lock never overwrites
+// that lock: the stored response is refused (logged), the lock keeps its value and owner.
+func TestShareNeverOverwritesALock(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	m, err := New(LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: []Rule{
+		{Method: "POST", Path: "/pay", Key: "a:{header.X-Uid}", OnBusy: "share"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// Another rule's lock on the key "replay:a:u1": the share rule's replay key for u1.
+	release := holdKeyOn(t, srv, "replay:a:u1")
+	defer release()
+	before := rdb.Get(ctx, "lock:replay:a:u1").Val()
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{
+		{Method: http.MethodPost, Path: "/pay", Handler: payHandler(rdb, 0, http.StatusOK)},
+	})
+	if w := serve(s, payRequest("u1", "", `{}`)); w.Code != http.StatusOK {
+		t.Fatalf("request: %d", w.Code)
+	}
+	if after := rdb.Get(ctx, "lock:replay:a:u1").Val(); after != before {
+		t.Fatalf("the lock's value changed from %q to %q", before, after)
+	}
+}

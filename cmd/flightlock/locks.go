@@ -17,6 +17,10 @@ import (
 // shadowPrefix starts the keys of shadow rules (middleware: Prefix + "shadow:" + key).
 const shadowPrefix = "shadow:"
 
+// replayPrefix starts the keys of responses that share rules stored (Prefix + "replay:" +
+// key): not locks, never listed.
+const replayPrefix = "replay:"
+
 // lockInfo is one lock as Redis holds it. The value a lockstore script writes is
 // "<owner> <fence> <holds>[ <metadata>][ ~]" (lockstore/acquire.lua).
 type lockInfo struct {
@@ -105,7 +109,8 @@ func (c *client) scanKeys(ctx context.Context, pattern string, withShadow bool) 
 		iter := node.Scan(ctx, 0, match, 1000).Iterator()
 		for iter.Next(ctx) {
 			k := strings.TrimPrefix(iter.Val(), c.target.prefix)
-			if strings.HasPrefix(iter.Val(), lockstore.FenceKeyPrefix) || !withShadow && strings.HasPrefix(k, shadowPrefix) {
+			if strings.HasPrefix(iter.Val(), lockstore.FenceKeyPrefix) || strings.HasPrefix(k, replayPrefix) ||
+				!withShadow && strings.HasPrefix(k, shadowPrefix) {
 				continue
 			}
 			mu.Lock()
