@@ -47,23 +47,16 @@ const MaxKeyLen = 1024
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.
 type busyError struct {
 	retryAfter time.Duration
-	cause      error // WithHolderCheck's reason to give up at once, or nil
 }
 
 func (e *busyError) Error() string {
-	msg := ErrBusy.Error()
 	if e.retryAfter > 0 {
-		msg = fmt.Sprintf("%s (held for %v more)", msg, e.retryAfter.Round(time.Millisecond))
+		return fmt.Sprintf("%s (held for %v more)", ErrBusy.Error(), e.retryAfter.Round(time.Millisecond))
 	}
-	if e.cause != nil {
-		msg += ": " + e.cause.Error()
-	}
-	return msg
+	return ErrBusy.Error()
 }
 
 func (e *busyError) Is(target error) bool { return target == ErrBusy }
-
-func (e *busyError) Unwrap() error { return e.cause }
 
 // RetryAfter returns how long the holder of a busy key still had when err was made, if err is
 // an ErrBusy that knows it.

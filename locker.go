@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
@@ -152,7 +153,13 @@ func (l *Locker) redisKey(key string) (string, error) {
 	if n := len(l.cfg.prefix) + len(key); n > MaxKeyLen {
 		return "", invalidKey("key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
 	}
-	return l.cfg.prefix + key, nil
+	rkey := l.cfg.prefix + key
+	if strings.HasPrefix(rkey, lockstore.FenceKeyPrefix) {
+		// A lock under the fence counters' names would be overwritten by the next grant in
+		// its slot (acquire.lua writes the counter): refuse it rather than lose it.
+		return "", invalidKey("key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
+	}
+	return rkey, nil
 }
 
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
@@ -334,7 +341,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		holder = time.Now().Add(res.HolderTTL)
 		if check := l.cfg.holders; check != nil && res.Holder != "" {
 			if cause := check(ctx, res.Holder); cause != nil {
-				return nil, &busyError{retryAfter: res.HolderTTL, cause: cause}
+				// Busy (409 / Aborted, RetryAfter) and the caller's reason, for errors.Is.
+				return nil, fmt.Errorf("%w: %w", &busyError{retryAfter: res.HolderTTL}, cause)
 			}
 		}
 		delay, ok := l.cfg.retry(attempt)

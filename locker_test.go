@@ -878,3 +878,18 @@ func TestWaitDeadlineLeavesAReserve(t *testing.T) {
 		}
 	}
 }
+
+// A key that would fall among the fence counters (Prefix "flightlock:", key "fence:{1}") is
+// refused: the next grant in its slot would overwrite it.
+func TestKeyAmongTheFenceCountersIsRefused(t *testing.T) {
+	s, _, _ := miniStore(t)
+	l := mustLocker(t, s, WithPrefix("flightlock:"))
+	if _, err := l.TryLock(context.Background(), "fence:{1}"); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("a key among the fence counters: %v, want ErrInvalidKey", err)
+	}
+	if lease, err := l.TryLock(context.Background(), "order:1"); err != nil {
+		t.Fatal(err)
+	} else {
+		_ = lease.Release(context.Background())
+	}
+}
