@@ -23,7 +23,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		}
 		keys, err := rl.rpcKeys(ctx, req)
 		if err != nil {
-			if m.badKey(ctx, rl) {
+			if m.badKey(ctx, rl, err) {
 				return handler(ctx, req)
 			}
 			return nil, grpcStatus(err).Err()
@@ -66,7 +66,7 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		}
 		keys, err := rl.rpcKeys(ctx, nil)
 		if err != nil {
-			if m.badKey(ctx, rl) {
+			if m.badKey(ctx, rl, err) {
 				return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
 			}
 			return grpcStatus(err).Err()
@@ -144,7 +144,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 func (s *lockedStream) lockFirst(ctx context.Context, msg any) (held, error) {
 	keys, err := s.rl.rpcKeys(ctx, msg)
 	if err != nil {
-		if s.m.badKey(ctx, s.rl) {
+		if s.m.badKey(ctx, s.rl, err) {
 			return held{ctx: ctx}, nil
 		}
 		return held{}, err

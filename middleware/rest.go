@@ -138,7 +138,7 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 	ctx := r.Context()
 	keys, err := rl.httpKeys(r)
 	if err != nil {
-		if m.badKey(ctx, rl) {
+		if m.badKey(ctx, rl, err) {
 			next(w, r)
 			return
 		}

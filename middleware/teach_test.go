@@ -2,11 +2,16 @@ package middleware
 
 import (
 	"bytes"
+	"context"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/zeromicro/go-zero/core/logx"
 	"google.golang.org/grpc"
 )
 
@@ -94,5 +99,34 @@ func TestRegisterChecksTheServer(t *testing.T) {
 	start(m)
 	if code != 1 || !strings.Contains(msg, "did you mean /"+testService+"/Host?") || !strings.Contains(msg, "case-sensitively") {
 		t.Errorf("a rule for a method in the wrong case: exit %d, %q", code, msg)
+	}
+}
+
+// Issue 15: a request whose key cannot be built is refused with 400, and the service's log
+// says why (once per rule and interval, then counted), not only the access line.
+func TestBadKeyIsLogged(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{Method: "POST", Path: "/k", Key: "k:{body.userId}"}}})
+	var mu sync.Mutex
+	var lines []string
+	m.logs.errorw = func(_ context.Context, msg string, _ ...logx.LogField) {
+		mu.Lock()
+		defer mu.Unlock()
+		lines = append(lines, msg)
+	}
+	h := m.Handle(func(w http.ResponseWriter, r *http.Request) {})
+	for range 3 {
+		r := httptest.NewRequest(http.MethodPost, "/k", strings.NewReader(`{"uid":"u1"}`))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h(w, r)
+		if w.Code != http.StatusBadRequest {
+			t.Fatalf("status %d, want 400", w.Code)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 || !strings.Contains(lines[0], "lock key cannot be built") || !strings.Contains(lines[0], "userId") {
+		t.Errorf("log lines %q, want one naming the rule's missing value", lines)
 	}
 }
