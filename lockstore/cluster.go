@@ -38,14 +38,13 @@ func (s *RedisStore) reloadOnNetworkError(err error) {
 	if err == nil || isRedisReply(err) {
 		return
 	}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(context.Background())
-	}
+	s.reloadSlots()
 }
 
-// reloadOnRedirect makes a Cluster client reload its slot map after a redirect that it did
-// not follow itself (an acknowledged call's pipeline, sent to the node it believed the master).
-func (s *RedisStore) reloadOnRedirect() {
+// reloadSlots makes a Cluster client reload its slot map (lazily, one reload at a time): after
+// a call failed without a reply (reloadOnNetworkError), or met a redirect it did not follow
+// itself (an acknowledged call's pipeline, sent to the node it believed the master).
+func (s *RedisStore) reloadSlots() {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}

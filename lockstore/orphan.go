@@ -35,9 +35,16 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 		if got, ok := reply[0].(int64); !ok || got != code {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
-		defer cancel()
-		// The orphan handed out no fence beyond the one it was granted: "0" (release.lua).
-		_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold).Err()
+		s.giveUp(key, owner, hold)
 	}
+}
+
+// giveUp releases one hold that a call took but nobody will use (an orphan whose caller left,
+// a grant that replicas did not acknowledge). It goes straight to the client, not through the
+// batcher, and is bounded: a release that fails leaves the key to its TTL.
+func (s *RedisStore) giveUp(key, owner, hold string) {
+	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+	defer cancel()
+	// The hold handed out no fence beyond the one it was granted: "0" (release.lua).
+	_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold).Err()
 }

@@ -189,7 +189,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 		// holder's TTL to wait for: a waiting caller retries by its strategy, a rejecting one
 		// is answered busy rather than with a store error.
 		if isRedirect(err) {
-			s.reloadOnRedirect()
+			s.reloadSlots()
 		}
 		return Acquisition{}, nil
 	}
@@ -261,7 +261,7 @@ func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []str
 	}
 	for _, g := range granted {
 		if code == g && acked < int64(s.replicas) {
-			s.giveUpUnacked(key, owner, hold)
+			s.giveUp(key, owner, hold)
 			return 0, 0, "", s.notReplicated(acked)
 		}
 	}
@@ -355,7 +355,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 		// follow): nothing ran; send it again until the caller's deadline, so that a lock is
 		// not left to its TTL for a migration of milliseconds.
 		if isRedirect(err) {
-			s.reloadOnRedirect()
+			s.reloadSlots()
 		}
 		select {
 		case <-ctx.Done():

@@ -93,13 +93,3 @@ func (s *RedisStore) primaryFor(ctx context.Context, key string) (pipeliner, err
 func (s *RedisStore) notReplicated(acked int64) error {
 	return fmt.Errorf("%w: %d of %d within %v", ErrNotReplicated, acked, s.replicas, s.replicaTimeout)
 }
-
-// giveUpUnacked releases the hold that an acquisition or re-entry took without enough
-// acknowledgements, so that the lock a failover could lose is not left behind either. Like an
-// orphan's release it is bounded and best effort: a release that fails leaves the key to its
-// TTL.
-func (s *RedisStore) giveUpUnacked(key, owner, hold string) {
-	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
-	defer cancel()
-	_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold).Err()
-}

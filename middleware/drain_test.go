@@ -130,34 +130,7 @@ func drainHolder(redisAddr string) int {
 // of the holder is left in Redis.
 func TestDrainOnSIGTERM(t *testing.T) {
 	srv := redistest.Start(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), drainHolderEnv+"="+srv.Addr)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill() // our own child, by pid
-			<-exited
-		}
-	})
-	lines := bufio.NewScanner(out)
-	for lines.Scan() {
-		line := lines.Text()
-		if strings.HasPrefix(line, "error") {
-			t.Fatal(line)
-		}
-		if line == "ready" {
-			break
-		}
-	}
+	cmd, exited := startChild(t, drainHolderEnv, srv.Addr)
 	client := srv.Client()
 	ctx := context.Background()
 	// The REST server's port is chosen by the kernel (Port 0); the handler's lock is taken
@@ -222,6 +195,43 @@ func TestDrainOnSIGTERM(t *testing.T) {
 	if keys := client.Keys(ctx, "lock:*").Val(); len(keys) != 0 {
 		t.Fatalf("keys left in Redis after the holder exited: %v", keys)
 	}
+}
+
+// startChild re-executes the test binary as another process of the test, with env=value (its
+// TestMain runs the child's part), and returns once the child printed "ready" (failing the test
+// on a line starting with "error"). exited gets the child's exit; the child is killed, by pid,
+// when the test ends if it is still running.
+func startChild(t *testing.T, env, value string) (*exec.Cmd, <-chan error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+value)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill() // our own child, by pid
+			<-exited
+		}
+	})
+	lines := bufio.NewScanner(out)
+	for lines.Scan() {
+		line := lines.Text()
+		if strings.HasPrefix(line, "error") {
+			t.Fatal(line)
+		}
+		if line == "ready" {
+			break
+		}
+	}
+	return cmd, exited
 }
 
 // listeningPort finds the TCP port a process of ours listens on, from /proc/net/tcp and the

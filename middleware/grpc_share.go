@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 
-	"github.com/zeromicro/go-zero/core/logx"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -64,48 +62,28 @@ func (m *Middleware) serveSharedRPC(ctx context.Context, rl *rule, req any, info
 	return reply, nil
 }
 
-// runRPCShared is the leader's run of a zrpc share rule.
+// runRPCShared is the leader's run of a zrpc share rule (see share and lead).
 func (m *Middleware) runRPCShared(ctx context.Context, rl *rule, req any, handler grpc.UnaryHandler,
-	keys []string, rkey, print string) (rec *record, err error) {
-	h, err := m.lock(ctx, rl, keys)
-	if err != nil {
-		return nil, err
-	}
-	defer m.release(ctx, rl, h)
-	if stored, err := m.replays.load(ctx, rkey); err == nil && stored != nil {
-		m.countShare(rl, "stored")
-		return stored, nil
-	}
-	var resp any
-	var herr error
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				err = &panicError{value: v, stack: debug.Stack()}
-				logx.WithContext(ctx).Errorf("%v\n%s", v, err.(*panicError).stack)
-			}
-		}()
-		resp, herr = handler(h.ctx, req)
-	}()
-	if err != nil {
-		return nil, err
-	}
-	rec = &record{Fence: fenceOf(h), Print: print}
-	class := 2
-	if herr != nil {
-		st := status.Convert(herr)
-		rec.Code, rec.Msg, class = int(st.Code()), st.Message(), rpcClass(st.Code())
-	} else if msg, ok := resp.(proto.Message); ok {
-		b, merr := proto.Marshal(msg)
-		if merr != nil {
-			return nil, fmt.Errorf("flightlock: marshal the shared reply: %w", merr)
+	keys []string, rkey, print string) (*record, error) {
+	return m.lead(ctx, rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
+		resp, herr := handler(ctx, req)
+		rec := &record{Fence: fence, Print: print}
+		if herr != nil {
+			st := status.Convert(herr)
+			rec.Code, rec.Msg = int(st.Code()), st.Message()
+			return rec, rl.share.classes[rpcClass(st.Code())], nil
+		}
+		msg, ok := resp.(proto.Message)
+		if !ok {
+			return nil, false, fmt.Errorf("flightlock: the reply %T of a share rule is not a proto message", resp)
+		}
+		b, err := proto.Marshal(msg)
+		if err != nil {
+			return nil, false, fmt.Errorf("flightlock: marshal the shared reply: %w", err)
 		}
 		rec.Type, rec.Body, rec.reply = string(msg.ProtoReflect().Descriptor().FullName()), b, msg
-	} else {
-		return nil, fmt.Errorf("flightlock: the reply %T of a share rule is not a proto message", resp)
-	}
-	m.storeRecord(ctx, rl, rkey, rec, rl.share.classes[class])
-	return rec, nil
+		return rec, rl.share.classes[2], nil
+	})
 }
 
 // rpcClass is the HTTP status class a gRPC code answers for, as go-zero's gateway maps them:

@@ -259,46 +259,58 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 	_, _ = w.Write(rec.Body)
 }
 
-// runHTTPShared is the leader's run of a REST share rule (see share).
+// runHTTPShared is the leader's run of a REST share rule (see share and lead).
 func (m *Middleware) runHTTPShared(rl *rule, r *http.Request, body []byte, next http.HandlerFunc,
-	keys []string, rkey, print string) (rec *record, err error) {
-	ctx := r.Context()
+	keys []string, rkey, print string) (*record, error) {
+	return m.lead(r.Context(), rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
+		rr := &recorder{header: http.Header{}, status: http.StatusOK}
+		r = r.WithContext(ctx)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next(rr, r)
+		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
+			Print: print, own: rr.header}
+		return rec, rl.share.storesHTTP(rec.Status), nil
+	})
+}
+
+// lead is the leader's run of a share rule, for both transports: it takes the lock, replays
+// what a holder in another process stored just before releasing, or else runs the handler (run,
+// on the lease's context, with its fence) and stores the record when stores says the rule keeps
+// responses of its kind, before the lock is released. A panic in run becomes a panicError,
+// logged once, as go-zero's recover handler would log it: every duplicate answers 500.
+func (m *Middleware) lead(ctx context.Context, rl *rule, keys []string, rkey string,
+	run func(ctx context.Context, fence int64) (rec *record, stores bool, err error)) (rec *record, err error) {
 	h, err := m.lock(ctx, rl, keys)
 	if err != nil {
 		return nil, err
 	}
 	defer m.release(ctx, rl, h)
-	// A holder in another process may have stored its response just before releasing.
 	if stored, err := m.replays.load(ctx, rkey); err == nil && stored != nil {
 		m.countShare(rl, "stored")
 		return stored, nil
 	}
-	rr := &recorder{header: http.Header{}, status: http.StatusOK}
-	r = r.WithContext(h.ctx)
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	var stores bool
 	func() {
 		defer func() {
 			if v := recover(); v != nil {
-				err = &panicError{value: v, stack: debug.Stack()}
-				// Once, as go-zero's recover handler would log it; every duplicate answers 500.
-				logx.WithContext(ctx).Errorf("%v\n%s", v, err.(*panicError).stack)
+				pe := &panicError{value: v, stack: debug.Stack()}
+				logx.WithContext(ctx).Errorf("%v\n%s", v, pe.stack)
+				rec, err = nil, pe
 			}
 		}()
-		next(rr, r)
+		rec, stores, err = run(h.ctx, fenceOf(h))
 	}()
 	if err != nil {
 		return nil, err
 	}
-	rec = &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fenceOf(h),
-		Print: print, own: rr.header}
-	m.storeRecord(ctx, rl, rkey, rec, m.shareOf(rl).storesHTTP(rec.Status))
+	m.storeRecord(ctx, rl, rkey, rec, stores)
 	return rec, nil
 }
 
 // storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
 // and it fits the size bound, before the lock is released (the caller releases after).
 func (m *Middleware) storeRecord(ctx context.Context, rl *rule, rkey string, rec *record, stores bool) {
-	p := m.shareOf(rl)
+	p := rl.share
 	switch {
 	case !stores:
 		return
@@ -312,9 +324,6 @@ func (m *Middleware) storeRecord(ctx context.Context, rl *rule, rkey string, rec
 		m.logs.error(ctx, rl.stats, "storing the response for duplicates failed", err)
 	}
 }
-
-// shareOf is the share policy of rl (set when the rule was compiled).
-func (m *Middleware) shareOf(rl *rule) sharePolicy { return rl.share }
 
 // fenceOf is the fence of a request's first lock, 0 without one.
 func fenceOf(h held) int64 {

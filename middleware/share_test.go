@@ -1,15 +1,12 @@
 package middleware
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -296,28 +293,7 @@ func sharePod(redisAddr string) int {
 func TestShareDuplicatesAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), sharePodEnv+"="+srv.Addr)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill() // our own child, by pid
-		_ = cmd.Wait()
-	})
-	lines := bufio.NewScanner(out)
-	for lines.Scan() {
-		if l := lines.Text(); strings.HasPrefix(l, "error") {
-			t.Fatal(l)
-		} else if l == "ready" {
-			break
-		}
-	}
+	cmd, _ := startChild(t, sharePodEnv, srv.Addr)
 	port := listeningPort(t, cmd.Process.Pid)
 
 	m, err := New(LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: []Rule{shareRule()}})

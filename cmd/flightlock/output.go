@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -145,9 +146,9 @@ func lockDetail(w io.Writer, l lockInfo) error {
 		holds += "; re-entries from other processes: " + strings.Join(q, ", ")
 	}
 	row("holds", holds)
-	row("host", cmpOr(quoteIfOdd(l.Host), "-"))
-	row("pid", cmpOr(quoteIfOdd(l.Pid), "-"))
-	row("trace", cmpOr(quoteIfOdd(l.Trace), "-"))
+	row("host", cmp.Or(quoteIfOdd(l.Host), "-"))
+	row("pid", cmp.Or(quoteIfOdd(l.Pid), "-"))
+	row("trace", cmp.Or(quoteIfOdd(l.Trace), "-"))
 	if l.Metadata != "" {
 		row("metadata", quoteIfOdd(l.Metadata))
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -65,7 +66,7 @@ func resolveTarget(o options) (target, error) {
 	if o.prefix != "" {
 		t.prefix = o.prefix
 	}
-	t.redis.Type = strings.ToLower(cmpOr(t.redis.Type, "node"))
+	t.redis.Type = strings.ToLower(cmp.Or(t.redis.Type, "node"))
 	if t.redis.Type != "node" && t.redis.Type != "cluster" {
 		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
 	}
@@ -78,13 +79,6 @@ func (t target) where() string {
 		return fmt.Sprintf("sentinel master %s via %s", t.redis.Sentinel.MasterName, strings.Join(t.redis.Sentinel.Addrs, ","))
 	}
 	return t.redis.Host
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // lockSection is a Lock mapping found in a config file, and its path ("Lock", "Order.Lock").

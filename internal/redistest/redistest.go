@@ -47,6 +47,20 @@ func Binary(tb testing.TB) string {
 	return bin
 }
 
+// redisCLI returns the path of redis-cli, which joins cluster nodes, skipping tb when it is
+// missing outside CI and failing it under CI=true.
+func redisCLI(tb testing.TB) string {
+	tb.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatalf("redis-cli is required under CI=true but was not found: %v", err)
+		}
+		tb.Skipf("redis-cli not installed; skipping cluster test")
+	}
+	return cli
+}
+
 // Start runs a fresh redis-server on a free loopback port and stops it when tb ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
@@ -263,14 +277,7 @@ type Cluster struct {
 // create, and waits until the cluster reports cluster_state:ok.
 func StartCluster(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	bin := Binary(tb)
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("redis-cli is required under CI=true but was not found: %v", err)
-		}
-		tb.Skipf("redis-cli not installed; skipping cluster test")
-	}
+	bin, cli := Binary(tb), redisCLI(tb)
 	dir := tb.TempDir()
 	c := &Cluster{}
 	for i := 0; i < n; i++ {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -33,14 +32,7 @@ type ReplicatedCluster struct {
 // replica's link is up.
 func StartReplicatedCluster(tb testing.TB, n int) *ReplicatedCluster {
 	tb.Helper()
-	bin := Binary(tb)
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("redis-cli is required under CI=true but was not found: %v", err)
-		}
-		tb.Skipf("redis-cli not installed; skipping cluster test")
-	}
+	bin, cli := Binary(tb), redisCLI(tb)
 	c := &ReplicatedCluster{tb: tb, NodeTimeout: time.Second}
 	node := func(addr, announce string) *Server {
 		_, port, _ := net.SplitHostPort(addr)
