@@ -1,12 +1,15 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 	"path"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/grpc"
 )
@@ -263,4 +266,24 @@ func (r *routedRules) list() []*compiledRule {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.rules)
+}
+
+// logWaitsPastTimeout logs, at error level, each rule of rules that waits for a busy key (wait
+// and share, not in shadow) with a Wait not below timeout, go-zero's server timeout (0: none).
+// Such a rule is not refused: the wait still ends a reserve before the request's deadline, so
+// the busy answer arrives, but it arrives when the caller has no time left to retry.
+func logWaitsPastTimeout(c LockConf, rules []*compiledRule, timeout time.Duration) {
+	if timeout <= 0 {
+		return
+	}
+	for _, cr := range rules {
+		r := cr.spec.Rule
+		wait := cmp.Or(r.Wait, c.Wait)
+		if r.Shadow || r.OnBusy == onBusyReject || wait < timeout {
+			continue
+		}
+		logx.Errorf("%s: Wait %s is not below the server's Timeout %s: a busy key holds the request "+
+			"until its deadline, and the caller gets the busy answer with no time left to retry; "+
+			"set Wait (or Lock.Wait) below Timeout", ruleLabel(cr.spec), wait, timeout)
+	}
 }

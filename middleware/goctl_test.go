@@ -64,7 +64,7 @@ type serviceContext struct {
 // and it cannot defer Close, which would close the store before the first request: New
 // registered the drain with go-zero's shutdown listeners.
 func newServiceContext(c goctlConfig) *serviceContext {
-	lock := flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode))
+	lock := flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode), flmw.WithServerTimeout(c.Timeout))
 	return &serviceContext{
 		Config:    c,
 		Lock:      lock,

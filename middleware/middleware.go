@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/singleflight"
 
@@ -50,10 +51,14 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		service.PreMode, service.ProMode); err != nil {
 		return nil, err
 	}
+	if o.serverTimeout < 0 {
+		return nil, fieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
+	}
 	rules, err := compileRules(c, o.rules)
 	if err != nil {
 		return nil, err
 	}
+	logWaitsPastTimeout(c, rules, time.Duration(o.serverTimeout)*time.Millisecond)
 	m := &Middleware{
 		locker:    o.locker,
 		failOpen:  c.OnStoreError == storeErrorsOpen,

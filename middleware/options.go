@@ -15,6 +15,8 @@ type options struct {
 	store  lockstore.Store // WithStore: build the Locker from the LockConf on this store
 	rules  []spec          // rules built in Go
 	mode   string          // WithServiceMode: go-zero's service mode; "" when not given
+	// serverTimeout is WithServerTimeout's: go-zero's server Timeout in ms; 0 when not given.
+	serverTimeout int64
 }
 
 // WithServiceMode tells New the mode of the go-zero service it runs in: c.Mode of the
@@ -26,6 +28,16 @@ type options struct {
 // and without this option, the embedded store is used and logged at error level.
 func WithServiceMode(mode string) Option {
 	return func(o *options) { o.mode = mode }
+}
+
+// WithServerTimeout tells New the service's server timeout: c.Timeout of its RestConf or
+// RpcServerConf, in milliseconds as go-zero writes it (go-zero's defaults are 3000 for REST and
+// 2000 for zrpc; 0 means no timeout). New logs at error level, once, every waiting rule whose
+// Wait is not below it (issue 18): the wait is cut before the deadline, so the caller still
+// gets the busy answer, but only after spending its whole time waiting, with none left to
+// retry. flightlock check reports the same from the YAML.
+func WithServerTimeout(ms int64) Option {
+	return func(o *options) { o.serverTimeout = ms }
 }
 
 // WithStore makes the Middleware build its Locker from the LockConf (Prefix, TTL, MaxHold,

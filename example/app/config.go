@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/zeromicro/go-zero/core/conf"
 
@@ -30,10 +31,34 @@ type Config struct {
 	Balance   balance.Config
 }
 
-// Validate checks what the tags cannot.
+// Validate checks what the tags cannot. Each service's Lock section carries its own Redis, as a
+// service's file of its own would, so that the block can be copied into another service as it
+// is (issue 15); the example runs all three services on the one store of the top-level Redis,
+// so a Lock.Redis that names another Redis is refused rather than silently ignored.
 func (c Config) Validate() error {
 	if err := c.Order.Validate(); err != nil {
 		return fmt.Errorf("Order.%w", err)
+	}
+	for svc, lock := range map[string]flmw.LockConf{"Order": c.Order.Lock, "Inventory": c.Inventory.Lock, "Balance": c.Balance.Lock} {
+		if err := sameRedis(lock.Redis, c.Redis); err != nil {
+			return fmt.Errorf("%s.Lock.%w", svc, err)
+		}
+	}
+	return nil
+}
+
+// sameRedis reports a Lock.Redis that names a Redis other than the top-level one (Host, Type,
+// Sentinel). A Lock.Redis without Host and Sentinel is the top-level one by omission.
+func sameRedis(lock, top flmw.RedisConf) error {
+	switch {
+	case lock.Host == "" && lock.Sentinel.MasterName == "":
+		return nil
+	case lock.Sentinel.MasterName != "" || top.Sentinel.MasterName != "":
+		return fmt.Errorf("Redis.Sentinel: the example runs on the top-level Redis.Host only")
+	case lock.Host != top.Host:
+		return fmt.Errorf("Redis.Host: %q is not the top-level Redis.Host %q: the example runs all three services on that one Redis", lock.Host, top.Host)
+	case !strings.EqualFold(lock.Type, top.Type):
+		return fmt.Errorf("Redis.Type: %q is not the top-level Redis.Type %q", lock.Type, top.Type)
 	}
 	return nil
 }

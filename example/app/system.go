@@ -132,9 +132,10 @@ func newStore(c flmw.RedisConf) (*lockstore.RedisStore, error) {
 
 // newMiddleware builds the middleware of one service on the shared store: WithStore builds
 // its Locker from the service's own LockConf (Prefix, TTL, MaxHold, Wait, Retry) and leaves
-// the store open on Close.
-func (s *System) newMiddleware(name string, c flmw.LockConf) (*flmw.Middleware, error) {
-	mw, err := flmw.New(c, flmw.WithStore(s.store))
+// the store open on Close. timeout is the service's go-zero Timeout (ms): New logs a waiting
+// rule whose Wait is not below it.
+func (s *System) newMiddleware(name string, c flmw.LockConf, timeout int64) (*flmw.Middleware, error) {
+	mw, err := flmw.New(c, flmw.WithStore(s.store), flmw.WithServerTimeout(timeout))
 	if err != nil {
 		return nil, fmt.Errorf("%s.%w", name, err)
 	}
@@ -143,7 +144,7 @@ func (s *System) newMiddleware(name string, c flmw.LockConf) (*flmw.Middleware, 
 }
 
 func (s *System) newInventory(c inventory.Config) error {
-	mw, err := s.newMiddleware("Inventory", c.Lock)
+	mw, err := s.newMiddleware("Inventory", c.Lock, c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -154,7 +155,7 @@ func (s *System) newInventory(c inventory.Config) error {
 }
 
 func (s *System) newBalance(c balance.Config) error {
-	mw, err := s.newMiddleware("Balance", c.Lock)
+	mw, err := s.newMiddleware("Balance", c.Lock, c.Timeout)
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func (s *System) newOrder(c order.Config, o options) error {
 		s.order, err = order.NewServerWithLock(c, s.state, o.orderLock)
 	} else {
 		var mw *flmw.Middleware
-		if mw, err = s.newMiddleware("Order", c.Lock); err != nil {
+		if mw, err = s.newMiddleware("Order", c.Lock, c.Timeout); err != nil {
 			return err
 		}
 		s.order, err = order.NewServer(c, s.state, mw)

@@ -681,10 +681,45 @@ func TestConfigFiles(t *testing.T) {
 			if redis := strings.Contains(name, "redis"); redis != (c.Redis.Host != "") {
 				t.Errorf("Redis.Host = %q", c.Redis.Host)
 			}
+			// Each Lock block of the Redis file carries the file's Redis, so that a block
+			// pasted into another service's file locks on a real Redis, not on the embedded
+			// store (issue 15).
+			for svc, lc := range map[string]flmw.LockConf{"Order": c.Order.Lock, "Inventory": c.Inventory.Lock, "Balance": c.Balance.Lock} {
+				if lc.Redis.Host != c.Redis.Host {
+					t.Errorf("%s.Lock.Redis.Host = %q, want the file's Redis.Host %q", svc, lc.Redis.Host, c.Redis.Host)
+				}
+			}
 			if !c.Balance.Lock.TrustOwner || c.Order.Lock.Prefix != c.Balance.Lock.Prefix {
 				t.Errorf("Balance must trust owners propagated by Order, with the same lock prefix")
 			}
 		})
+	}
+}
+
+// A Lock.Redis that names another Redis than the top-level one is refused: the example would run
+// that service on the top-level store anyway, and the file would say otherwise.
+func TestLockRedisMustBeTheExamplesRedis(t *testing.T) {
+	c, err := LoadConfig(filepath.Join("..", "..", "etc", "flightlock-example-redis.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("the shipped file: %v", err)
+	}
+	other := c
+	other.Inventory.Lock.Redis.Host = "127.0.0.1:6380"
+	if err := other.Validate(); err == nil || !strings.Contains(err.Error(), "Inventory.Lock.Redis.Host") {
+		t.Errorf("another Redis under Inventory.Lock: %v, want an error naming Inventory.Lock.Redis.Host", err)
+	}
+	cluster := c
+	cluster.Balance.Lock.Redis.Type = "cluster"
+	if err := cluster.Validate(); err == nil || !strings.Contains(err.Error(), "Balance.Lock.Redis.Type") {
+		t.Errorf("another Redis type under Balance.Lock: %v, want an error naming Balance.Lock.Redis.Type", err)
+	}
+	omitted := c
+	omitted.Order.Lock.Redis = flmw.RedisConf{}
+	if err := omitted.Validate(); err != nil {
+		t.Errorf("a Lock without Redis (the top-level one by omission): %v", err)
 	}
 }
 

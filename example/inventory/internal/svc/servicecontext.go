@@ -26,7 +26,7 @@ type ServiceContext struct {
 // NewServiceContext returns the inventory service's context. goctl's takes only c; the
 // example runs three services in one process on one Redis, so the state and the flightlock
 // middleware (flmw.New(c.Lock, flmw.WithStore(shared))) come from example/app. In a service of
-// its own, build it here: flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode)).
+// its own, build it here: flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode), flmw.WithServerTimeout(c.Timeout)).
 func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) *ServiceContext {
 	return &ServiceContext{
 		Config: c,

@@ -43,7 +43,7 @@ type ServiceContext struct {
 // NewServiceContext builds the order API's context from c. goctl's takes only c; the example
 // runs three services in one process on one Redis, so the state and the flightlock middleware
 // (flmw.New(c.Lock, flmw.WithStore(shared))) come from example/app. In a service of its own,
-// build it here: flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode)).
+// build it here: flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode), flmw.WithServerTimeout(c.Timeout)).
 //
 // A nil lock leaves Lock nil and the API Unfenced (see the field).
 func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) (_ *ServiceContext, err error) {
