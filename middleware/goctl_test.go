@@ -60,6 +60,21 @@ type serviceContext struct {
 	stock *stockTable
 }
 
+// stockLockMiddleware is internal/middleware/stocklockmiddleware.go, the stub goctl writes
+// once for @server(middleware: StockLock) and never overwrites, made to delegate to the
+// YAML rule of that name (issue 15: the stub is kept, not left unused).
+type stockLockMiddleware struct {
+	lock rest.Middleware
+}
+
+func newStockLockMiddleware(lock *flmw.Middleware) *stockLockMiddleware {
+	return &stockLockMiddleware{lock: lock.MustNamed("StockLock")}
+}
+
+func (m *stockLockMiddleware) Handle(next http.HandlerFunc) http.HandlerFunc {
+	return m.lock(next)
+}
+
 // newServiceContext is NewServiceContext: it returns no error, hence MustNew and MustNamed,
 // and it cannot defer Close, which would close the store before the first request: New
 // registered the drain with go-zero's shutdown listeners.
@@ -68,7 +83,7 @@ func newServiceContext(c goctlConfig) *serviceContext {
 	return &serviceContext{
 		Config:    c,
 		Lock:      lock,
-		StockLock: lock.MustNamed("StockLock"),
+		StockLock: newStockLockMiddleware(lock).Handle, // goctl wrote middleware.NewStockLockMiddleware().Handle
 		stock:     newStockTable(),
 	}
 }
