@@ -283,6 +283,31 @@ func (c LockConf) Validate() error {
 	return err
 }
 
+// Problems reports every bad field of c, each a *ConfigError, where Validate stops at the
+// first: the scalar settings, then each rule in order, compiled after the good rules before it
+// (so a rule that repeats another's route or name is reported as Validate would report it).
+// The first problem is the one Validate returns; none means Validate returns nil. It is for
+// tools that list all the mistakes of a file at once (flightlock check).
+func (c LockConf) Problems() []error {
+	n := c.normalized()
+	ps := n.problems()
+	base := n
+	base.Rules = nil
+	if len(ps) > 0 {
+		base = LockConf{}.normalized() // compileRules checks the scalars first: give it good ones
+	}
+	var good []spec
+	for i, r := range n.Rules {
+		s := spec{Rule: r, name: fmt.Sprintf("Lock.Rules[%d]", i)}
+		if _, err := compileRules(base, append(good[:len(good):len(good)], s)); err != nil {
+			ps = append(ps, err)
+			continue
+		}
+		good = append(good, s)
+	}
+	return ps
+}
+
 // normalized returns c with the defaults of the tags in its zero fields (confDefaults) and the
 // words matched in any case spelled as the checks and the Middleware compare them:
 // OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and rule OnBusy in lower
@@ -350,46 +375,53 @@ func fillZero(dst, def reflect.Value) {
 	}
 }
 
-// check validates the scalar settings of c.
+// check validates the scalar settings of c: the first of its problems.
 func (c LockConf) check() error {
-	switch {
-	case c.TTL < 0:
-		return fieldError("Lock.TTL", "must not be negative, got %v", c.TTL)
-	case c.MaxHold < 0:
-		return fieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold)
-	case c.Wait < 0:
-		return fieldError("Lock.Wait", "must not be negative, got %v", c.Wait)
-	case len(c.Prefix) >= flightlock.MaxKeyLen:
-		return fieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen)
+	if ps := c.problems(); len(ps) > 0 {
+		return ps[0]
 	}
-	if err := oneOf("Lock.OnStoreError", c.OnStoreError, storeErrorsClosed, storeErrorsOpen); err != nil {
-		return err
+	return nil
+}
+
+// problems validates the scalar settings of c, in the order check reports them, and returns
+// every bad one.
+func (c LockConf) problems() []error {
+	var ps []error
+	add := func(err error) {
+		if err != nil {
+			ps = append(ps, err)
+		}
 	}
-	if err := oneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType); err != nil {
-		return err
+	if c.TTL < 0 {
+		add(fieldError("Lock.TTL", "must not be negative, got %v", c.TTL))
 	}
-	if err := checkPropagateTo(c.PropagateTo); err != nil {
-		return err
+	if c.MaxHold < 0 {
+		add(fieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold))
 	}
+	if c.Wait < 0 {
+		add(fieldError("Lock.Wait", "must not be negative, got %v", c.Wait))
+	}
+	if len(c.Prefix) >= flightlock.MaxKeyLen {
+		add(fieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
+	}
+	add(oneOf("Lock.OnStoreError", c.OnStoreError, storeErrorsClosed, storeErrorsOpen))
+	add(oneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType))
+	add(checkPropagateTo(c.PropagateTo))
 	if c.Redis.Lanes < -1 {
-		return fieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes)
+		add(fieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes))
 	}
 	switch c.Redis.Protocol {
 	case 0, 2, 3:
 	default:
-		return fieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol)
+		add(fieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol))
 	}
-	if err := oneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
-		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)); err != nil {
-		return err
-	}
+	add(oneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
+		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)))
 	if c.Redis.PingTimeout < 0 {
-		return fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout)
+		add(fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout))
 	}
-	if err := c.Redis.checkFailover(); err != nil {
-		return err
-	}
-	return c.Retry.check()
+	add(c.Redis.checkFailover())
+	return append(ps, c.Retry.problems()...)
 }
 
 // checkFailover validates Sentinel and Replicas.
@@ -417,21 +449,25 @@ func (r RedisConf) checkFailover() error {
 	return nil
 }
 
-func (r RetryConf) check() error {
+// problems validates the settings of r, one problem per field at most.
+func (r RetryConf) problems() []error {
+	var ps []error
 	if err := oneOf("Lock.Retry.Backoff", r.Backoff, backoffNone, backoffLinear, backoffExponential); err != nil {
-		return err
+		ps = append(ps, err)
+	}
+	if r.Min < 0 {
+		ps = append(ps, fieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min))
 	}
 	switch {
-	case r.Min < 0:
-		return fieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min)
 	case r.Max < 0:
-		return fieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max)
+		ps = append(ps, fieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max))
 	case r.Max > 0 && r.Max < r.Min:
-		return fieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min)
-	case r.Attempts < 0:
-		return fieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts)
+		ps = append(ps, fieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min))
 	}
-	return nil
+	if r.Attempts < 0 {
+		ps = append(ps, fieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts))
+	}
+	return ps
 }
 
 // strategy returns the flightlock retry strategy r describes, once normalized filled its
@@ -553,15 +589,17 @@ func oneOf(field, v string, allowed ...string) error {
 // fieldError names the bad field first, as go-zero's conf loader does, in an error that wraps
 // flightlock.ErrConfig.
 func fieldError(field, format string, args ...any) error {
-	return &configError{field: field, err: fmt.Errorf(format, args...)}
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
-// configError is a bad setting: Error names the field first ("Lock.Rules[1].OnBusy: ..."),
-// and errors.Is matches flightlock.ErrConfig as well as what err wraps.
-type configError struct {
-	field string
-	err   error
+// ConfigError is a bad setting, as Validate, Problems and New report it. Error names the field
+// first, by its path in the YAML file ("Lock.Rules[1].OnBusy: must be one of ..."), and
+// errors.Is matches flightlock.ErrConfig as well as what Err wraps. Field is that path, for
+// tools that point at the line (flightlock check).
+type ConfigError struct {
+	Field string // "Lock.Rules[1].OnBusy"
+	Err   error  // what is wrong with it
 }
 
-func (e *configError) Error() string   { return e.field + ": " + e.err.Error() }
-func (e *configError) Unwrap() []error { return []error{flightlock.ErrConfig, e.err} }
+func (e *ConfigError) Error() string   { return e.Field + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() []error { return []error{flightlock.ErrConfig, e.Err} }

@@ -88,6 +88,26 @@ func parseTemplate(s string) ([]keyTemplate, error) {
 	return out, nil
 }
 
+// TemplateRefs returns the references of the key template s as written between the braces
+// ("uid", "body.uid", "header.Idempotency-Key"), in order, or its syntax error as Validate
+// words it. It is for tools that check templates against an API definition (flightlock
+// check); which references a transport resolves is not checked here.
+func TemplateRefs(s string) ([]string, error) {
+	keys, err := parseTemplate(s)
+	if err != nil {
+		return nil, err
+	}
+	var refs []string
+	for _, k := range keys {
+		for _, sg := range k.segs {
+			if sg.ref != "" {
+				refs = append(refs, sg.ref)
+			}
+		}
+	}
+	return refs, nil
+}
+
 // checkSeparators makes sure that the literal text between two references contains a ':'.
 // Rendered values never contain a bare ':' (escape encodes it), so the ':'s of the literal
 // text mark where each value ends, and two different sets of values cannot render the same
