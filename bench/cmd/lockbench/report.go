@@ -173,6 +173,18 @@ func (r *report) markdown() string {
 	w("Every library gets a %v TTL; a blocking acquisition gives up after %v (counted as an error). Each library has its own\n", lockTTL, waitBudget)
 	w("go-redis v9 client (default pool, `DisableIdentity`, `ContextTimeoutEnabled`); go-zero builds its own, with\n")
 	w("`DisableIdentity: true` in its `RedisConf` (so its breaker never sees the CLIENT SETINFO error of Redis 7.0).\n")
+	w("**rueidislock** (`github.com/redis/rueidis/rueidislock`, %s) is the lock of the rueidis client, not go-redis: one\n", rueidisVersion())
+	w("connection per process on which rueidis writes the commands of all concurrent callers together (auto-pipelining). It\n")
+	w("runs at its strongest honest settings: `KeyMajority` 1 (one key per lock, a single Redis), `NoLoopTracking` true (Redis\n")
+	w("≥ 7.0.5), `KeyValidity` = the common TTL (%v, renewed every `KeyValidity`/2 by a goroutine per held lock), and the\n", lockTTL)
+	w("blocking `WithContext`. Each attempt is a script that runs `SET NX PXAT` and a `GET` of the key; the `GET` makes the\n")
+	w("server track the key for the connection (`CLIENT TRACKING OPTOUT NOLOOP`), so a change of the key by another process\n")
+	w("sends an invalidation that wakes one waiter of this process; a release in this process wakes one local waiter\n")
+	w("directly. There is no timer: a waiter that misses both waits until its context ends. Every acquisition of this row is\n")
+	w("therefore bounded to %v (a timer on a context of its own, since rueidislock releases the lock when the context it\n", rueidisWait)
+	w("was given ends) and a bound that runs out is counted as an error (\"no grant within %v\"). Its RT counts every call it\n", rueidisWait)
+	w("makes (`Do`, `DoMulti`, a `DoCache` that misses) through a client wrapped in `LockerOption.ClientBuilder`; since rueidis\n")
+	w("pipelines concurrent calls on its own, these are calls, not separate network round trips.\n\n")
 	w("flightlock runs with its defaults: its store sends up to %d script calls at once, each on a pooled connection of its own,\n", lockstore.DefaultLanes)
 	w("and batches further concurrent calls into one pipeline per lane (`lockstore.WithLanes`), on the same go-redis client.\n\n")
 	w("**Round trips (RT)** are counted with a go-redis `Hook` on every client, go-zero's included (`redis.WithHook`); a\n")
@@ -329,15 +341,40 @@ func contendTable(w func(string, ...any), rs []*result, procs bool) {
 
 // chart draws scenario 2's critical sections per second against goroutines, one line per row.
 func (r *report) chart(path string) error {
+	return drawLogChart(path, "One key, one process: critical sections per second (median)", "goroutines",
+		"critical sections / s (log)", s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
+}
+
+// rowColor gives every library one colour in every chart, whatever rows a run has.
+func rowColor(id string) color.RGBA {
+	switch strings.TrimSuffix(id, "-1ms") {
+	case "flightlock":
+		return color.RGBA{214, 39, 40, 255}
+	case "redislock":
+		return color.RGBA{31, 119, 180, 255}
+	case "redsync":
+		return color.RGBA{44, 160, 44, 255}
+	case "gozero":
+		return color.RGBA{148, 103, 189, 255}
+	case "rueidislock":
+		return color.RGBA{255, 127, 14, 255}
+	default:
+		return color.RGBA{127, 127, 127, 255}
+	}
+}
+
+// drawLogChart draws one metric's medians against xs on log-log axes, one line per row of
+// at(xs[0]) (rows are matched by id at the other points; a point without data is left out).
+func drawLogChart(path, title, xlabel, ylabel string, xs []int, at func(x int) []*result, metric string) error {
 	p := plot.New()
-	p.Title.Text = "One key, one process: critical sections per second (median)"
-	p.X.Label.Text = "goroutines"
-	p.Y.Label.Text = "critical sections / s (log)"
+	p.Title.Text = title
+	p.X.Label.Text = xlabel
+	p.Y.Label.Text = ylabel
 	p.X.Scale = plot.LogScale{}
 	p.Y.Scale = plot.LogScale{}
 	var xt []plot.Tick
-	for _, g := range s2Goroutines {
-		xt = append(xt, plot.Tick{Value: float64(g), Label: strconv.Itoa(g)})
+	for _, x := range xs {
+		xt = append(xt, plot.Tick{Value: float64(x), Label: fmtInt(float64(x))})
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(xt)
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -345,34 +382,39 @@ func (r *report) chart(path string) error {
 	p.Legend.Left = true
 	p.Legend.YOffs = vg.Points(10)
 	p.Add(plotter.NewGrid())
-	colors := []color.RGBA{{214, 39, 40, 255}, {31, 119, 180, 255}, {31, 119, 180, 255}, {44, 160, 44, 255}, {44, 160, 44, 255}, {148, 103, 189, 255}, {148, 103, 189, 255}}
 	lo, hi := math.Inf(1), 0.0
-	for i, x := range r.s2[s2Goroutines[0]] {
-		pts := make(plotter.XYs, 0, len(s2Goroutines))
-		for _, g := range s2Goroutines {
-			v := r.s2[g][i].med("csps")
+	for _, row := range at(xs[0]) {
+		pts := make(plotter.XYs, 0, len(xs))
+		for _, x := range xs {
+			v := find(at(x), row.Row).med(metric)
 			if v <= 0 {
 				continue
 			}
 			lo, hi = math.Min(lo, v), math.Max(hi, v)
-			pts = append(pts, plotter.XY{X: float64(g), Y: v})
+			pts = append(pts, plotter.XY{X: float64(x), Y: v})
+		}
+		if len(pts) == 0 {
+			continue
 		}
 		line, points, err := plotter.NewLinePoints(pts)
 		if err != nil {
 			return err
 		}
-		c := colors[i%len(colors)]
+		c := rowColor(row.Row)
 		line.Color, points.Color = c, c
 		line.Width = vg.Points(1.5)
-		if x.Row == "flightlock" {
+		if row.Row == "flightlock" {
 			line.Width = vg.Points(3)
 		}
-		if strings.HasSuffix(x.Row, "-1ms") {
+		if strings.HasSuffix(row.Row, "-1ms") {
 			line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
 			points.Shape = draw.TriangleGlyph{}
 		}
 		p.Add(line, points)
-		p.Legend.Add(x.Label, line, points)
+		p.Legend.Add(row.Label, line, points)
+	}
+	if hi == 0 {
+		return nil // nothing measured
 	}
 	p.Y.Min, p.Y.Max = lo/2, hi*2
 	return p.Save(9*vg.Inch, 6*vg.Inch, path)

@@ -89,7 +89,7 @@ func pick(ids ...string) []rowSpec {
 
 // lockRows are the rows that lock, each waiting strategy once.
 func lockRows() []rowSpec {
-	return pick("flightlock", "redislock", "redislock-1ms", "redsync", "redsync-1ms", "gozero", "gozero-1ms")
+	return pick("flightlock", "redislock", "redislock-1ms", "redsync", "redsync-1ms", "gozero", "gozero-1ms", "rueidislock")
 }
 
 // warm runs a few uncontended operations on each row so scripts are loaded and pools filled
@@ -127,7 +127,7 @@ func ordered(rows []rowSpec, m map[string]*result) []*result {
 // --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
 
 func (b *bench) scenario1() []*result {
-	rows := pick("flightlock", "redislock", "redsync", "gozero", "ping", "setdel")
+	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "ping", "setdel")
 	b.warm(rows)
 	res := newResults(rows)
 	const maxOps = 200000
@@ -338,7 +338,7 @@ func (b *bench) scenario4() []*result {
 // --- scenario 5: reject mode, duplicates of a key held in this process.
 
 func (b *bench) scenario5() []*result {
-	rows := pick("flightlock", "redislock", "redsync", "gozero")
+	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock")
 	b.warm(rows)
 	res := newResults(rows)
 	for rep := 0; rep < b.cfg.reps; rep++ {
