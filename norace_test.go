@@ -1,0 +1,7 @@
+//go:build !race
+
+package flightlock
+
+// raceEnabled reports whether the tests run under the race detector, which adds allocations
+// of its own to some paths (allocs_test.go).
+const raceEnabled = false
