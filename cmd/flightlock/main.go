@@ -8,7 +8,18 @@
 //	flightlock -addr 127.0.0.1:6379 watch           # live acquisitions, releases, contention
 //
 // Keys are written as the rules render them, without the Prefix. -o json prints JSON for
-// scripts. Install with
+// scripts.
+//
+// flightlock check catches lock mistakes before they ship (issue 15), without Redis: it reads
+// the Lock sections of a config file as go-zero and middleware.New read them, and checks the
+// rules against the service's own API definition, read with goctl's parser (.api) and a
+// protobuf parser (.proto):
+//
+//	flightlock check -f etc/order-api.yaml -api order.api     # REST rules
+//	flightlock check -f etc/inventory.yaml -proto inventory.proto  # zrpc rules
+//
+// It prints one finding per line as file:line: message (warnings as file:line: warning:
+// message) and exits with status 1 when any is an error, for CI and editors. Install with
 //
 //	go install github.com/flightlock/flightlock/cmd/flightlock@latest
 package main
@@ -42,6 +53,9 @@ func (silent) Printf(context.Context, string, ...any) {}
 const usage = `usage: flightlock [flags] command [args]
 
 Commands:
+  check            check the Lock sections of a config without Redis:
+                   flightlock check -f etc/x.yaml [-api x.api]... [-proto x.proto]...
+                   (flightlock check -h for its flags)
   ls [pattern]     held locks whose key matches pattern (Redis glob, default *)
   show KEY         one lock in full
   unlock KEY       force-release a lock after confirmation, waking its waiters
@@ -108,6 +122,9 @@ var errUsage = errors.New("usage")
 
 // run is the command: it returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "check" { // flags of its own, and no Redis
+		return runCheck(args[1:], stdout, stderr)
+	}
 	var o options
 	fs := o.flags(stderr)
 	pos, err := parseInterspersed(fs, args)
@@ -167,6 +184,8 @@ func (o *options) check(pos []string) error {
 	want := map[string][2]int{"ls": {0, 1}, "show": {1, 1}, "unlock": {1, 1}, "watch": {0, 1}}
 	n, ok := want[pos[0]]
 	switch {
+	case pos[0] == "check":
+		return fmt.Errorf("%w: check comes first, its flags after it: flightlock check -f etc/x.yaml", errUsage)
 	case !ok:
 		return fmt.Errorf("%w: unknown command %q", errUsage, pos[0])
 	case len(pos)-1 < n[0] || len(pos)-1 > n[1]:
