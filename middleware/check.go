@@ -20,9 +20,9 @@ import (
 // both are cleaned (path.Clean, as go-zero's router does), variable names included: a rule
 // /api/sku/:sku names no route /api/sku/:id. The rules given to Route and RouteFunc with a
 // Method or Path are checked too. Such a rule would lock nothing, silently; call CheckRoutes
-// at start-up, after the routes are added and before Start:
+// at start-up, after the routes are added and before Start, through MustCheckRoutes:
 //
-//	logx.Must(mw.CheckRoutes(server.Routes()))
+//	mw.MustCheckRoutes(server.Routes())
 //
 // A named rule is reported when no middleware of Named(Name) is on a route (it would lock
 // nothing either), and its Method and Path are checked like the others, named in the error
@@ -78,6 +78,16 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 	}
 	return nil
+}
+
+// MustCheckRoutes is CheckRoutes for start-up code: a rule that matches no route stops the
+// service with one line on stderr and in the log, naming the rule and the route it probably
+// meant, and exit status 1, as MustNew does (logx.Must would add a stack trace that says
+// nothing more). Call it after the routes are added and before Start:
+//
+//	ctx.Lock.MustCheckRoutes(server.Routes())
+func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
+	mustStart(m.CheckRoutes(routes))
 }
 
 // checkNamed reports a named rule whose middleware is not on any route: Named never built it

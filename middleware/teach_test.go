@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/grpc"
 )
 
@@ -128,5 +129,40 @@ func TestBadKeyIsLogged(t *testing.T) {
 	defer mu.Unlock()
 	if len(lines) != 1 || !strings.Contains(lines[0], "lock key cannot be built") || !strings.Contains(lines[0], "userId") {
 		t.Errorf("log lines %q, want one naming the rule's missing value", lines)
+	}
+}
+
+// MustCheckRoutes (issue 15): a rule that matches no route stops the service with one line on
+// stderr naming the rule and the route it probably meant, exit status 1, no stack trace (the
+// README's recipe used logx.Must, which prints one); a rule that matches starts.
+func TestMustCheckRoutesExitsWithOneLine(t *testing.T) {
+	code := -1
+	exit = func(c int) { code = c }
+	defer func() { exit = os.Exit }()
+	check := func(path string) string {
+		m, err := New(LockConf{Rules: []Rule{{Method: "POST", Path: path, Key: "w:{body.uid}"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stderr := os.Stderr
+		os.Stderr = w
+		m.MustCheckRoutes([]rest.Route{{Method: "POST", Path: "/api/wallet/withdraw"}})
+		os.Stderr = stderr
+		_ = w.Close()
+		out, _ := io.ReadAll(r)
+		return string(out)
+	}
+	if msg := check("/api/wallet/withdraw"); code != -1 || msg != "" {
+		t.Errorf("a rule that matches its route: exit %d, %q", code, msg)
+	}
+	msg := check("/wallet/withdraw")
+	if code != 1 || strings.Count(strings.TrimSpace(msg), "\n") != 0 || strings.Contains(msg, "goroutine") ||
+		!strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "did you mean POST /api/wallet/withdraw?") {
+		t.Errorf("a rule without the group prefix: exit %d, stderr %q, want one line naming the rule and the route", code, msg)
 	}
 }
