@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,10 +44,12 @@ type contendResult struct {
 	RT       int64   `json:"rt"`
 }
 
-// contend runs g goroutines that lock key, run the critical section, and unlock, until stop
-// is closed (quota 0) or until quota critical sections have been run in all. Goroutines that
-// are waiting when stop closes finish their critical section, so every counted one was real.
-func contend(im impl, key string, g int, gd guard, start time.Time, stop <-chan struct{}, quota int64, hardDeadline time.Time) contendResult {
+// contend runs g goroutines that lock a key, run its critical section, and unlock, until stop
+// is closed (quota 0) or until quota critical sections have been run in all. Each operation
+// takes a key drawn uniformly from keys (guarded by gds, one guard per key); with one key, all
+// fight over it. Goroutines that are waiting when stop closes finish their critical section, so
+// every counted one was real.
+func contend(im impl, keys []string, gds []guard, g int, start time.Time, stop <-chan struct{}, quota int64, hardDeadline time.Time) contendResult {
 	var (
 		tickets  atomic.Int64
 		ops      atomic.Int64
@@ -61,11 +64,16 @@ func contend(im impl, key string, g int, gd guard, start time.Time, stop <-chan 
 	rt0 := im.roundTrips()
 	ctx, cancel := context.WithDeadline(context.Background(), hardDeadline)
 	defer cancel()
+	capWaits := 4096
+	if g > 64 {
+		capWaits = 256
+	}
 	for i := 0; i < g; i++ {
 		wg.Add(1)
-		go func() {
+		go func(seed uint64) {
 			defer wg.Done()
-			local := make([]int64, 0, 4096)
+			rng := rand.New(rand.NewPCG(seed, uint64(start.UnixNano())))
+			local := make([]int64, 0, capWaits)
 			time.Sleep(time.Until(start))
 			for {
 				if quota > 0 {
@@ -78,8 +86,12 @@ func contend(im impl, key string, g int, gd guard, start time.Time, stop <-chan 
 				if ctx.Err() != nil {
 					break
 				}
+				k := 0
+				if len(keys) > 1 {
+					k = rng.IntN(len(keys))
+				}
 				t0 := time.Now()
-				h, err := im.lock(ctx, key)
+				h, err := im.lock(ctx, keys[k])
 				if err != nil {
 					errs.Add(1)
 					setErr(&errMu, &firstErr, err)
@@ -89,8 +101,8 @@ func contend(im impl, key string, g int, gd guard, start time.Time, stop <-chan 
 					continue
 				}
 				local = append(local, int64(time.Since(t0)))
-				gd.critical()
-				if err := im.unlock(context.Background(), key, h); err != nil {
+				gds[k].critical()
+				if err := im.unlock(context.Background(), keys[k], h); err != nil {
 					errs.Add(1)
 					setErr(&errMu, &firstErr, err)
 				}
@@ -99,7 +111,7 @@ func contend(im impl, key string, g int, gd guard, start time.Time, stop <-chan 
 			waitsMu.Lock()
 			waits = append(waits, local...)
 			waitsMu.Unlock()
-		}()
+		}(uint64(i))
 	}
 	wg.Wait()
 	res := contendResult{Ops: ops.Load(), Errors: errs.Load(), Waits: waits, Elapsed: int64(time.Since(start)), RT: im.roundTrips() - rt0}

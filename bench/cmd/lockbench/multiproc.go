@@ -106,15 +106,16 @@ func workerMain(args []string) {
 		time.AfterFunc(time.Until(start)+*d, func() { close(stop) })
 	}
 	cpu0 := processCPU()
-	cr := contend(im, k, *g, gd, start, stop, *quota, start.Add(*hard))
+	cr := contend(im, []string{k}, []guard{gd}, *g, start, stop, *quota, start.Add(*hard))
 	wr := workerResult{contendResult: cr, Finish: cr.Elapsed, CPU: int64(processCPU() - cpu0)}
 	out, _ := json.Marshal(wr)
 	fmt.Println(string(out))
 	im.close()
 }
 
-// runProcs runs one repetition of scenario 3 for a row and returns each worker's result.
-func (b *bench) runProcs(r rowSpec, key string, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard, func()) {
+// runProcs runs one repetition of a row in procs worker processes of g goroutines each (scenario
+// 3, and the process axis of scenario 8) and returns each worker's result.
+func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard, func()) {
 	shm := fmt.Sprintf("%s/lockbench-%d-%s.shm", os.TempDir(), os.Getpid(), r.id)
 	gd, unmap, err := mapGuard(shm, true)
 	if err != nil {
@@ -134,10 +135,10 @@ func (b *bench) runProcs(r rowSpec, key string, quota int64, d time.Duration) ([
 		}
 		out *bufio.Reader
 	}
-	procs := make([]proc, s3Procs)
-	for i := range procs {
+	ps := make([]proc, procs)
+	for i := range ps {
 		cmd := exec.Command(self, "-worker", "-row", r.id, "-addr", b.addr, "-key", key,
-			"-g", strconv.Itoa(s3Goroutines), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
+			"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
 			"-hard", hard.String(), "-shm", shm)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
@@ -152,9 +153,9 @@ func (b *bench) runProcs(r rowSpec, key string, quota int64, d time.Duration) ([
 			fatalf("s3: start worker: %v", err)
 		}
 		workers.add(cmd)
-		procs[i] = proc{cmd: cmd, stdin: in, out: bufio.NewReader(outp)}
+		ps[i] = proc{cmd: cmd, stdin: in, out: bufio.NewReader(outp)}
 	}
-	for i, p := range procs {
+	for i, p := range ps {
 		line, err := p.out.ReadString('\n')
 		if err != nil || strings.TrimSpace(line) != "READY" {
 			fatalf("s3: worker %d of %s did not get ready: %q %v", i, r.id, line, err)
@@ -162,12 +163,12 @@ func (b *bench) runProcs(r rowSpec, key string, quota int64, d time.Duration) ([
 	}
 	s0 := b.snap()
 	start := time.Now().Add(50 * time.Millisecond)
-	for _, p := range procs {
+	for _, p := range ps {
 		_, _ = fmt.Fprintf(p.stdin, "%d\n", start.UnixNano())
 		_ = p.stdin.Close()
 	}
-	results := make([]workerResult, len(procs))
-	for i, p := range procs {
+	results := make([]workerResult, len(ps))
+	for i, p := range ps {
 		line, err := p.out.ReadString('\n')
 		if err != nil {
 			fatalf("s3: worker %d of %s: %v", i, r.id, err)
@@ -199,7 +200,7 @@ func (b *bench) scenario3() []*result {
 	// sections, about d3 long in all, and the finish times show whether one was starved.
 	quotas := make(map[string]int64)
 	for _, r := range rows {
-		wr, _, _, unmap := b.runProcs(r, "s3:pilot", 0, time.Second)
+		wr, _, _, unmap := b.runProcs(r, "s3:pilot", s3Procs, s3Goroutines, 0, time.Second)
 		unmap()
 		var ops int64
 		var maxEl int64
@@ -213,7 +214,7 @@ func (b *bench) scenario3() []*result {
 	}
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range order(rows, rep) {
-			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s3:%d", rep), quotas[r.id], b.cfg.d3)
+			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
 			var all contendResult
 			var first, last int64 = 1 << 62, 0
 			finishes := make([]float64, 0, len(wr))

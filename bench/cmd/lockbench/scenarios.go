@@ -215,7 +215,7 @@ func (b *bench) scenario2() map[int][]*result {
 				start := time.Now().Add(20 * time.Millisecond)
 				stop := make(chan struct{})
 				t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-				cr := contend(im, key, g, gd, start, stop, 0, start.Add(d+waitBudget))
+				cr := contend(im, []string{key}, []guard{gd}, g, start, stop, 0, start.Add(d+waitBudget))
 				t.Stop()
 				delta := diffStats(s0.cmds, b.stats())
 				m := contendMetrics(cr, delta, *gd.plain, *gd.violations)
