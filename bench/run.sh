@@ -4,11 +4,15 @@
 # Installs redis-server and wrk with apt when missing, builds bench/cmd/lockbench (its own Go
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
-# writes docs/benchmarks.md, docs/benchmarks.png and docs/benchmarks.json. Scenario 6 runs the
+# writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
+# and docs/benchmarks.json. Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
-# About 8 minutes on 2 cores (scenario 7, duplicates sharing one response, adds seconds). Pass lockbench flags through, e.g.:
+# The full run takes about 23 minutes on 2 cores (scenario 8, scaling, about 11 of them; scenario 9,
+# memory, about 3). Pass lockbench flags through, e.g.:
+#   bench/run.sh -quick                    # every scenario, small sizes, one repetition: a few minutes;
+#                                          # writes bench/results/quick/ (git-ignored), not docs/
 #   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
 #   LOCKBENCH_GOBENCH=0 bench/run.sh       # skip the Go benchmarks
 set -euo pipefail
@@ -16,6 +20,16 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 docs="$root/docs"
+benchtime=1s
+quick=0
+for a in "$@"; do
+  if [[ "$a" == "-quick" || "$a" == "--quick" ]]; then
+    # A check that every scenario runs, not figures to publish: docs/ stays as it is.
+    docs="$here/results/quick"
+    benchtime=100ms
+    quick=1
+  fi
+done
 mkdir -p "$docs"
 
 need=()
@@ -38,7 +52,7 @@ echo "run.sh: building" >&2
 gobench=()
 if [[ "${LOCKBENCH_GOBENCH:-1}" != "0" ]]; then
   echo "run.sh: go test -bench in the root package" >&2
-  if (cd "$root" && go test -run '^$' -bench . -benchmem -benchtime 1s . >"$work/gobench.txt" 2>&1); then
+  if (cd "$root" && go test -run '^$' -bench . -benchmem -benchtime "$benchtime" . >"$work/gobench.txt" 2>&1); then
     grep -E '^(goos|goarch|pkg|cpu|Benchmark)' "$work/gobench.txt" >"$work/gobench.clean" || true
     gobench=(-gobench "$work/gobench.clean")
   else
@@ -49,10 +63,11 @@ if [[ "${LOCKBENCH_GOBENCH:-1}" != "0" ]]; then
 fi
 
 notes=()
-[[ -f "$here/analysis.md" ]] && notes=(-notes "$here/analysis.md")
+# The hand-written analysis describes a full run; a quick run's report goes without it.
+[[ -f "$here/analysis.md" && $quick == 0 ]] && notes=(-notes "$here/analysis.md")
 example=(-example-config "$root/etc/flightlock-example-redis.yaml")
 
 echo "run.sh: running scenarios" >&2
 (cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
   -json "$docs/benchmarks.json" "${gobench[@]}" "${notes[@]}" "${example[@]}" "$@")
-echo "run.sh: wrote docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks.json" >&2
+echo "run.sh: wrote ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png, benchmarks.json" >&2

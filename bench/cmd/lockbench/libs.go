@@ -73,7 +73,7 @@ func allRows() []rowSpec {
 		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string) (impl, error) { return newRedsync(a, time.Millisecond) }},
 		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string) (impl, error) { return newGozero(a, gozeroPoll) }},
 		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string) (impl, error) { return newGozero(a, time.Millisecond) }},
-		{id: "rueidislock", lib: "rueidislock", wait: "client-side caching invalidation, 5s bound", build: newRueidislock},
+		{id: "rueidislock", lib: "rueidislock", wait: "client-side caching invalidation", build: newRueidislock},
 		{id: "ping", lib: "floor: PING", floor: true, build: func(a string) (impl, error) { return newFloor(a, true) }},
 		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string) (impl, error) { return newFloor(a, false) }},
 	}

@@ -152,3 +152,13 @@ func (a *admin) cpuSeconds(ctx context.Context) float64 {
 	user, _ := strconv.ParseFloat(m["CPU"]["used_cpu_user"], 64)
 	return sys + user
 }
+
+// usedMemory returns the server's used_memory (INFO memory), in bytes.
+func (a *admin) usedMemory(ctx context.Context) int64 {
+	m, err := a.c.InfoMap(ctx, "memory").Result()
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(m["Memory"]["used_memory"], 10, 64)
+	return n
+}

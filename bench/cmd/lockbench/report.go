@@ -64,6 +64,8 @@ type report struct {
 	s5      []*result
 	s6      *s6Results
 	s7      []*result
+	s8      *s8Results
+	s9      *s9Results
 }
 
 func (r *report) raw() map[string]any {
@@ -72,7 +74,8 @@ func (r *report) raw() map[string]any {
 		s2[strconv.Itoa(g)] = v
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
-		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario7": r.s7}
+		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario7": r.s7,
+		"scenario8": r.s8, "scenario9": r.s9, "quick": r.cfg.quick}
 }
 
 func find(rs []*result, id string) *result {
@@ -153,7 +156,13 @@ func (r *report) markdown() string {
 	w("repetition the rows of a scenario run one after the other, in an order rotated per repetition, so machine noise\n")
 	w("hits them alike. All rows use one `redis-server` that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`).\n")
 	w("Rerun with `bench/run.sh` (the scenarios took %v of this run; the Go benchmarks come before them); raw repetitions are\n", r.elapsed.Round(time.Second))
-	w("in `docs/benchmarks.json`.\n\n")
+	w("in `docs/benchmarks.json`. `bench/run.sh -quick` runs every scenario with small sizes, short durations and one\n")
+	w("repetition in a few minutes and writes `bench/results/quick/` instead of `docs/`: that is the mode CI could run, as a\n")
+	w("check that every scenario still runs and finds no violation (CI runs neither today); its figures are not for quoting.\n\n")
+	if r.cfg.quick {
+		w("**This is a quick run (`-quick`)**: small sizes, short durations, one repetition. Its figures show that every\n")
+		w("scenario runs; they are not the benchmark's results.\n\n")
+	}
 	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
 		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, loadNow())
 	w("The benchmark process (all in-process rows), the worker processes of scenario 3, `redis-server` and, in scenario 6, the\n")
@@ -195,16 +204,13 @@ func (r *report) markdown() string {
 	w("**Redis CPU** is the server's `used_cpu_user + used_cpu_sys` delta (INFO cpu) per operation; **client CPU** is the\n")
 	w("benchmark process's own user + system time (getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
 
+	if gs := r.goals17(); len(gs) > 0 {
+		w("## Goals of issue 17\n\nComputed from this run's figures; a goal whose scenario did not run is left out.\n\n")
+		goalTable(w, gs)
+	}
 	if gs := r.goals(); len(gs) > 0 {
-		w("## Goals of issue 4\n\n| scenario | goal | measured | |\n|---|---|---|---|\n")
-		for _, g := range gs {
-			v := "**missed**"
-			if g.met {
-				v = "met"
-			}
-			w("| %s | %s | %s | %s |\n", g.name, g.target, g.measure, v)
-		}
-		w("\n")
+		w("## Goals of issue 4\n\n")
+		goalTable(w, gs)
 	}
 
 	if r.s1 != nil {
@@ -298,6 +304,18 @@ func (r *report) markdown() string {
 	} else {
 		w("Not run (`-scenario` without 7).\n\n")
 	}
+	w("## 8. Scaling: cost as the work grows\n\n")
+	if r.s8 != nil {
+		r.s8Section(w)
+	} else {
+		w("Not run (`-scenario` without 8).\n\n")
+	}
+	w("## 9. Memory: what a held lock and a waiter cost\n\n")
+	if r.s9 != nil {
+		r.s9Section(w)
+	} else {
+		w("Not run (`-scenario` without 9).\n\n")
+	}
 	if r.cfg.goBench != "" {
 		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem` in the root package (`bench_test.go`), on a real redis-server:\n\n```\n%s```\n\n", string(raw))
@@ -309,6 +327,18 @@ func (r *report) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+func goalTable(w func(string, ...any), gs []goal) {
+	w("| scenario | goal | measured | |\n|---|---|---|---|\n")
+	for _, g := range gs {
+		v := "**missed**"
+		if g.met {
+			v = "met"
+		}
+		w("| %s | %s | %s | %s |\n", g.name, g.target, g.measure, v)
+	}
+	w("\n")
 }
 
 func viol(x *result) string {

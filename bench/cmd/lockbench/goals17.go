@@ -1,0 +1,214 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// goals17 are the goals of issue 17, each computed from this run's figures: met or missed,
+// with the measured ratio. A goal whose scenario (or row) did not run is left out.
+func (r *report) goals17() []goal {
+	var gs []goal
+	add := func(name, target string, ratio float64, measure string, met bool) {
+		gs = append(gs, goal{name, target, measure, met && !math.IsNaN(ratio)})
+	}
+
+	// Uncontended lock + unlock (scenario 1).
+	if fl, rl, floor := find(r.s1, "flightlock"), find(r.s1, "redislock"), find(r.s1, "setdel"); fl != nil {
+		if rl != nil {
+			ratio := fl.med("p50") / rl.med("p50")
+			add("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", ratio,
+				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; %s vs %s server commands, %s vs %s RT)", ratio, dur(fl.med("p50")), dur(rl.med("p50")),
+					fmtFloat(fl.med("cmds")), fmtFloat(rl.med("cmds")), fmtFloat(fl.med("rt")), fmtFloat(rl.med("rt"))), ratio <= 1)
+		}
+		if floor != nil {
+			ratio := fl.med("p50") / floor.med("p50")
+			add("1: uncontended lock + unlock", "p50 ≤ 1.15x the SET PX + DEL floor", ratio,
+				fmt.Sprintf("%.2fx floor (%s vs %s)", ratio, dur(fl.med("p50")), dur(floor.med("p50"))), ratio <= 1.15)
+		}
+	}
+
+	// Many keys: scenario 4 (1,000 keys) and the largest point of scenario 8's key axis.
+	manyKeys := func(name string, rs []*result, metric string) {
+		fl, rd, floor := find(rs, "flightlock"), find(rs, "rueidislock"), find(rs, "setdel")
+		if fl == nil {
+			return
+		}
+		if rd != nil {
+			ratio := fl.med(metric) / rd.med(metric)
+			add(name, "≥ 1.2x rueidislock", ratio, fmt.Sprintf("%.2fx rueidislock (%s vs %s per second)", ratio, fmtInt(fl.med(metric)), fmtInt(rd.med(metric))), ratio >= 1.2)
+		}
+		if floor != nil {
+			ratio := fl.med(metric) / floor.med(metric)
+			add(name, "≥ 1.3x the SET PX + DEL floor", ratio, fmt.Sprintf("%.2fx floor (%s vs %s per second)", ratio, fmtInt(fl.med(metric)), fmtInt(floor.med(metric))), ratio >= 1.3)
+		}
+	}
+	manyKeys("4: 64 goroutines over 1,000 keys", r.s4, "opsps")
+	if ax := r.s8.keyAxis(); ax != nil {
+		n := ax.Points[len(ax.Points)-1]
+		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", fmtInt(float64(n))), ax.Res[n], "csps")
+	}
+
+	// HTTP (scenario 6).
+	if s := r.s6; s != nil && s.Ping != nil {
+		if ratio, ok := pairedRatio(find(s.Sat, "flightlock"), find(s.Sat, "redislock"), "rps"); ok {
+			add(fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", s6SatConns), "≥ 1.1x the bsm/redislock middleware", ratio,
+				fmt.Sprintf("%.2fx bsm/redislock (median of the repetitions' ratios)%s", ratio, errNote(find(s.Sat, "flightlock"))), ratio >= 1.1)
+		}
+		if _, rts, ok := s.added(find(s.Low, "flightlock")); ok {
+			add(fmt.Sprintf("6: HTTP, low load (wrk -c %d)", s6LowConns), "≤ +2.5 round trips over the bare handler", rts,
+				fmt.Sprintf("+%.2f round trips (PING p50)", rts), rts <= 2.5)
+		}
+	}
+
+	// Hot key: 64 goroutines (scenario 2), four processes (scenario 3).
+	lead := func(name string, rs []*result) {
+		fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
+		if fl == nil || best == nil {
+			return
+		}
+		ratio := fl.med("csps") / best.med("csps")
+		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, fmtInt(fl.med("csps")), fmtInt(best.med("csps"))), ratio >= 10)
+	}
+	lead("2: one hot key, 64 goroutines", r.s2[64])
+	lead(fmt.Sprintf("3: one hot key, %d processes x %d goroutines", s3Procs, s3Goroutines), r.s3)
+
+	// Scaling (scenario 8).
+	if s := r.s8; s != nil {
+		fallGoal := func(ax *s8Axis, x0, x1 int, what string) {
+			if !slices.Contains(ax.Points, x0) || !slices.Contains(ax.Points, x1) {
+				return
+			}
+			if f, ok := ax.fall(x0, x1); ok {
+				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f),
+					fmtInt(find(ax.Res[x0], "flightlock").med("csps")), fmtInt(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
+			}
+		}
+		if ax := s.Goroutines; ax != nil {
+			fallGoal(ax, 4, ax.Points[len(ax.Points)-1], fmt.Sprintf("4 → %s goroutines", fmtInt(float64(ax.Points[len(ax.Points)-1]))))
+		}
+		if ax := s.Procs; ax != nil {
+			fallGoal(ax, 1, ax.Points[len(ax.Points)-1], fmt.Sprintf("1 → %d processes of %d goroutines", ax.Points[len(ax.Points)-1], s8ProcGoroutines))
+		}
+		worst, where := math.Inf(1), ""
+		var behind []string
+		for _, ax := range s.axes() {
+			for _, x := range ax.Points {
+				ratio, best := ax.lead(x)
+				if best == nil {
+					continue
+				}
+				if ratio < worst {
+					worst, where = ratio, fmt.Sprintf("%s %s: %s", fmtInt(float64(x)), ax.Name, best.Label)
+				}
+				if ratio < 1 {
+					behind = append(behind, fmt.Sprintf("%s %s (%.2fx %s)", fmtInt(float64(x)), ax.Name, ratio, best.Label))
+				}
+			}
+		}
+		if where != "" {
+			measure := fmt.Sprintf("closest: %.2fx at %s", worst, where)
+			if len(behind) > 0 {
+				measure += "; behind at " + strings.Join(behind, ", ")
+			}
+			add("8: every axis, every point", "flightlock ahead of every peer row", worst, measure, worst > 1)
+		}
+	}
+
+	// Memory (scenario 9).
+	if s := r.s9; s != nil && len(s.Sizes) > 0 {
+		var worstHeap, worstAfter, afterGor float64
+		var heapAt, afterAt string
+		for _, n := range s.Sizes {
+			fl := find(s.Held[n], "flightlock")
+			if fl == nil {
+				continue
+			}
+			if v := fl.med("heap"); v >= worstHeap {
+				worstHeap, heapAt = v, fmtInt(float64(n))
+			}
+			if v := fl.med("after_heap"); v >= worstAfter || afterAt == "" {
+				worstAfter, afterAt = v, fmtInt(float64(n))
+			}
+			afterGor = max(afterGor, fl.worst("after_gor"))
+		}
+		if heapAt != "" {
+			var per []string
+			for _, n := range s.Sizes {
+				per = append(per, fmt.Sprintf("%s B at %s locks", fmtInt(find(s.Held[n], "flightlock").med("heap")), fmtInt(float64(n))))
+			}
+			add("9: held locks, watchdog on", "≤ 300 B of live heap per held lock", worstHeap/300,
+				fmt.Sprintf("%s (%.2fx the goal at %s)", strings.Join(per, ", "), worstHeap/300, heapAt), worstHeap <= 300)
+			add("9: after releasing them all", "≤ 16 B per lock still live, goroutines back to the baseline", worstAfter/16,
+				fmt.Sprintf("%s B per lock at %s locks, %s goroutines above the baseline", fmtFloat(worstAfter), afterAt, fmtInt(afterGor)),
+				worstAfter <= 16 && afterGor <= 0)
+		}
+		n := s.Sizes[len(s.Sizes)-1]
+		if fl := find(s.Held[n], "flightlock"); fl != nil {
+			perLock := fl.med("gor")
+			peak := fl.med("peak_gor") / float64(n)
+			add(fmt.Sprintf("9: holding %s locks", fmtInt(float64(n))), "no goroutine per held lock nor per renewal in flight (< 0.01 per lock, at rest and at the peak)", peak,
+				fmt.Sprintf("%s goroutines per lock at rest; peak %s above the baseline = %s per lock", fmtFloat(perLock), fmtInt(fl.med("peak_gor")), fmtFloat(peak)),
+				perLock < 0.01 && peak < 0.01)
+			if rd := find(s.Held[n], "rueidislock"); rd != nil {
+				ratio := fl.med("ccpu_ms") / rd.med("ccpu_ms")
+				add(fmt.Sprintf("9: holding %s locks", fmtInt(float64(n))), "client CPU < rueidislock's", ratio,
+					fmt.Sprintf("%.2fx rueidislock (%s vs %s ms of CPU per second)", ratio, fmtFloat(fl.med("ccpu_ms")), fmtFloat(rd.med("ccpu_ms"))), ratio < 1)
+			}
+		}
+	}
+	if s := r.s9; s != nil && len(s.Waiters) > 0 {
+		fl := find(s.Waiters, "flightlock")
+		for _, f := range []struct{ metric, what string }{
+			{"heap", "heap per waiter"}, {"gor", "goroutines per waiter"}, {"rt_s", "round trips while waiting"},
+			{"next", "release → next grant"}, {"all", "release → all served"},
+		} {
+			if fl == nil {
+				break
+			}
+			var best *result
+			for _, x := range s.Waiters {
+				if x.Row == "flightlock" || x.worst("errors") > 0 {
+					continue // a row that left waiters unserved has no fair time to compare
+				}
+				if best == nil || x.med(f.metric) < best.med(f.metric) {
+					best = x
+				}
+			}
+			if best == nil {
+				continue
+			}
+			show := func(x *result) string {
+				switch f.metric {
+				case "next", "all":
+					return dur(x.med(f.metric))
+				case "gor":
+					return fmtFloat(x.med(f.metric))
+				default:
+					return fmtInt(x.med(f.metric))
+				}
+			}
+			v, b := fl.med(f.metric), best.med(f.metric)
+			ratio := math.NaN()
+			if b > 0 {
+				ratio = v / b
+			}
+			measure := fmt.Sprintf("%s vs %s (%s)", show(fl), show(best), best.Label)
+			if b > 0 {
+				measure = fmt.Sprintf("%.2fx the best peer: ", ratio) + measure
+			}
+			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", fmtInt(float64(s.W))), f.what + ": the best of all rows", measure,
+				v <= b && fl.worst("errors") == 0})
+		}
+	}
+	return gs
+}
+
+func (s *s8Results) keyAxis() *s8Axis {
+	if s == nil || s.Keys == nil || len(s.Keys.Points) == 0 {
+		return nil
+	}
+	return s.Keys
+}

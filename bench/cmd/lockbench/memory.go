@@ -1,0 +1,379 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Scenario 9 of issue 17: what each held lock and each waiter costs.
+//
+// Holding: one process takes n locks on distinct keys (s9Acquirers goroutines at once), keeps
+// them for a while and releases them all. Measured: live heap (runtime.MemStats.HeapAlloc
+// after runtime.GC) and goroutines above the row's baseline while holding and after releasing,
+// the peak goroutine count while holding, Redis memory (INFO memory used_memory delta), and
+// the client CPU, server commands and round trips per second while holding. Rows that renew
+// (flightlock's watchdog, rueidislock's extend loop) hold for d9hold, long enough for every
+// lock to be renewed; rows that cannot renew hold for at most s9HoldNoRenew (their keys would
+// expire).
+//
+// Waiting: one key is held; w goroutines wait for it; after a settling time their heap and
+// goroutines are measured, then the round trips, commands and CPU of s9WaitWindow of waiting;
+// then the key is released, and each waiter, once granted, releases at once. Measured: time
+// from the release to the first grant and to the last.
+
+const (
+	s9Acquirers   = 32
+	s9HoldNoRenew = 2 * time.Second
+	s9Settle      = 500 * time.Millisecond
+	s9Arrive      = 250 * time.Millisecond // waiters arrive spread over this, within the settling
+	s9WaitWindow  = time.Second            // settle + window stay well inside rueidisWait
+	s9ServeBound  = 30 * time.Second
+)
+
+// renewing says whether a row keeps its locks alive while held.
+func renewing(id string) bool { return id == "flightlock" || id == "rueidislock" }
+
+// renews says how a row keeps its locks alive while held.
+var renews = map[string]string{
+	"flightlock":  "watchdog: every TTL/3, renewals due together pipelined",
+	"rueidislock": "a goroutine per lock, every KeyValidity/2",
+	"redislock":   "none (Refresh exists, called by hand; not run here)",
+	"redsync":     "none (Extend exists, called by hand; not run here)",
+	"gozero":      "none",
+}
+
+type s9Results struct {
+	Held    map[int][]*result `json:"held"`
+	Sizes   []int             `json:"sizes"`
+	Waiters []*result         `json:"waiters"`
+	W       int               `json:"w"`
+}
+
+func (b *bench) scenario9() *s9Results {
+	out := &s9Results{Held: map[int][]*result{}, Sizes: b.cfg.memLocks, W: b.cfg.memWaiters}
+	holdRows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock")
+	b.warm(holdRows)
+	for _, n := range b.cfg.memLocks {
+		res := newResults(holdRows)
+		for _, r := range holdRows {
+			m := b.s9Hold(r, n)
+			res[r.id].Reps = append(res[r.id].Reps, m)
+			progress("s9 hold %-7d %-12s %6.0f B/lock, %.3f goroutines/lock, peak +%.0f, redis %.0f B/lock, cpu %.0f ms/s, %.0f cmds/s; after release %.1f B/lock, %+.0f goroutines, err %d",
+				n, r.id, m["heap"], m["gor"], m["peak_gor"], m["redis"], m["ccpu_ms"], m["cmds_s"], m["after_heap"], m["after_gor"], int64(m["errors"]))
+		}
+		out.Held[n] = ordered(holdRows, res)
+	}
+	if b.cfg.memWaiters > 0 {
+		rows := lockRows()
+		res := newResults(rows)
+		for _, r := range rows {
+			m := b.s9Wait(r, b.cfg.memWaiters)
+			res[r.id].Reps = append(res[r.id].Reps, m)
+			progress("s9 wait %-14s %6.0f B/waiter, %.2f goroutines/waiter, %.0f RT/s, first grant %s, all %s, unserved %d",
+				r.id, m["heap"], m["gor"], m["rt_s"], dur(m["next"]), dur(m["all"]), int64(m["errors"]))
+		}
+		out.Waiters = ordered(rows, res)
+	}
+	return out
+}
+
+// liveState is what the process holds after a full collection.
+type liveState struct {
+	heap, stack float64 // bytes: live heap objects, goroutine stacks in use
+	gor         int
+}
+
+func live() liveState {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return liveState{heap: float64(ms.HeapAlloc), stack: float64(ms.StackInuse), gor: runtime.NumGoroutine()}
+}
+
+// settleGoroutines waits up to d for the goroutine count to come down to base (goroutines
+// that a release ends exit on their own schedule) and returns the last count.
+func settleGoroutines(base int, d time.Duration) int {
+	deadline := time.Now().Add(d)
+	for {
+		n := runtime.NumGoroutine()
+		if n <= base || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// parallel runs fn(i) for i in [0, n) on k goroutines and returns the errors and first error.
+func parallel(n, k int, fn func(i int) error) (int64, string) {
+	var (
+		next, errs atomic.Int64
+		mu         sync.Mutex
+		first      string
+		wg         sync.WaitGroup
+	)
+	for range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					errs.Add(1)
+					setErr(&mu, &first, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs.Load(), first
+}
+
+// peakSampler records the highest goroutine count until stopped.
+func peakSampler() (stop func() int) {
+	var peak atomic.Int64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if n := int64(runtime.NumGoroutine()); n > peak.Load() {
+				peak.Store(n)
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int {
+		close(done)
+		<-finished
+		return int(peak.Load()) - 1 // not the sampler itself
+	}
+}
+
+func (b *bench) s9Hold(r rowSpec, n int) metrics {
+	im := b.impl(r)
+	ctx := context.Background()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
+	}
+	hs := make([]any, n)
+	mem0 := b.adm.usedMemory(ctx)
+	l0 := live()
+
+	t0 := time.Now()
+	errs, firstErr := parallel(n, s9Acquirers, func(i int) (err error) {
+		hs[i], err = im.lock(ctx, keys[i])
+		return err
+	})
+	acquire := time.Since(t0)
+	settleGoroutines(l0.gor, time.Second) // the acquirers
+	l1 := live()
+	mem1 := b.adm.usedMemory(ctx)
+
+	window := b.cfg.d9hold
+	if !renewing(r.id) {
+		window = min(window, s9HoldNoRenew)
+	}
+	peak := peakSampler()
+	s0, rt0 := b.snap(), im.roundTrips()
+	time.Sleep(window)
+	ccpu := processCPU() - s0.ccpu
+	delta := diffStats(s0.cmds, b.stats())
+	rts := im.roundTrips() - rt0
+	peakGor := peak()
+
+	rerrs, rfirst := parallel(n, s9Acquirers, func(i int) error {
+		if hs[i] == nil {
+			return nil
+		}
+		err := im.unlock(ctx, keys[i], hs[i])
+		hs[i] = nil
+		return err
+	})
+	if firstErr == "" {
+		firstErr = rfirst
+	}
+	settleGoroutines(l0.gor, 2*time.Second)
+	l2 := live()
+	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
+	runtime.KeepAlive(hs)
+	if firstErr != "" {
+		progress("s9 hold %d %s: %s", n, r.id, firstErr)
+	}
+	fn := float64(n)
+	return metrics{
+		"n":          fn,
+		"acquire":    float64(acquire.Nanoseconds()),
+		"heap":       (l1.heap - l0.heap) / fn,
+		"stack":      (l1.stack - l0.stack) / fn,
+		"gor":        float64(l1.gor-l0.gor) / fn,
+		"peak_gor":   float64(peakGor - l0.gor),
+		"redis":      (float64(mem1) - float64(mem0)) / fn,
+		"window":     window.Seconds(),
+		"ccpu_ms":    float64(ccpu.Microseconds()) / 1e3 / window.Seconds(),
+		"cmds_s":     float64(delta.total()) / window.Seconds(),
+		"rt_s":       float64(rts) / window.Seconds(),
+		"after_heap": (l2.heap - l0.heap) / fn,
+		"after_gor":  float64(l2.gor - l0.gor),
+		"errors":     float64(errs + rerrs),
+	}
+}
+
+func (b *bench) s9Wait(r rowSpec, w int) metrics {
+	im := b.impl(r)
+	bg := context.Background()
+	key := im.key("s9w:" + strconv.Itoa(w))
+	held, err := im.lock(bg, key)
+	if err != nil {
+		fatalf("s9 %s: hold: %v", r.id, err)
+	}
+	l0 := live()
+
+	ctx, cancel := context.WithTimeout(bg, s9Settle+s9WaitWindow+s9ServeBound)
+	defer cancel()
+	var (
+		released            atomic.Bool
+		first, last, served atomic.Int64
+		early, errs         atomic.Int64
+		wg                  sync.WaitGroup
+		errMu               sync.Mutex
+		firstErr            string
+	)
+	first.Store(1 << 62)
+	for i := range w {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Arrivals spread over s9Arrive, as requests come: waiters that all start at
+			// once and poll at a fixed interval would retry in lockstep.
+			time.Sleep(time.Duration(i) * s9Arrive / time.Duration(w))
+			h, err := im.lock(ctx, key)
+			if err != nil {
+				errs.Add(1)
+				setErr(&errMu, &firstErr, err)
+				return
+			}
+			at := time.Now().UnixNano()
+			if !released.Load() {
+				early.Add(1) // a violation: granted while the key was held
+			}
+			for v := first.Load(); at < v && !first.CompareAndSwap(v, at); v = first.Load() {
+			}
+			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
+			}
+			served.Add(1)
+			if err := im.unlock(bg, key, h); err != nil {
+				errs.Add(1)
+				setErr(&errMu, &firstErr, err)
+			}
+		}()
+	}
+	time.Sleep(s9Settle)
+	l1 := live()
+	s0, rt0 := b.snap(), im.roundTrips()
+	time.Sleep(s9WaitWindow)
+	ccpu := processCPU() - s0.ccpu
+	delta := diffStats(s0.cmds, b.stats())
+	rts := im.roundTrips() - rt0
+
+	released.Store(true)
+	t0 := time.Now().UnixNano()
+	if err := im.unlock(bg, key, held); err != nil {
+		errs.Add(1)
+		setErr(&errMu, &firstErr, fmt.Errorf("release of the held key: %w", err))
+	}
+	wg.Wait()
+	if firstErr != "" {
+		progress("s9 wait %s: %s", r.id, firstErr)
+	}
+	m := metrics{
+		"w":       float64(w),
+		"heap":    (l1.heap - l0.heap) / float64(w),
+		"stack":   (l1.stack - l0.stack) / float64(w),
+		"gor":     float64(l1.gor-l0.gor) / float64(w),
+		"rt_s":    float64(rts) / s9WaitWindow.Seconds(),
+		"cmds_s":  float64(delta.total()) / s9WaitWindow.Seconds(),
+		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
+		"served":  float64(served.Load()),
+		"errors":  float64(int64(w) - served.Load()),
+		"early":   float64(early.Load()),
+	}
+	if served.Load() > 0 {
+		m["next"] = float64(first.Load() - t0)
+		m["all"] = float64(last.Load() - t0)
+	}
+	return m
+}
+
+func (r *report) s9Section(w func(string, ...any)) {
+	s := r.s9
+	w("What each held lock and each waiter costs the process and Redis. One repetition: these are counts, not timings\n")
+	w("(except the CPU and the grant times).\n\n")
+	if len(s.Sizes) > 0 {
+		w("**Holding.** The process takes n locks on distinct keys (%d goroutines at once), holds them, then releases them\n", s9Acquirers)
+		w("all. Heap is `runtime.MemStats.HeapAlloc` after two `runtime.GC()`, above the row's baseline taken just before (the\n")
+		w("keys and the slice of handles are built before the baseline); goroutine stacks (`StackInuse`) are a column of their\n")
+		w("own. Goroutines likewise (`runtime.NumGoroutine`, above the baseline, per lock); peak is\n")
+		w("the highest count above the baseline, sampled every 2 ms while holding. Redis memory is the `used_memory` delta (INFO\n")
+		w("memory). Rows that renew hold for %v (flightlock renews every TTL/3 = %v, rueidislock every KeyValidity/2 = %v)", r.cfg.d9hold, (lockTTL / 3).Round(time.Millisecond), lockTTL/2)
+		if whole(r.cfg.d9hold, lockTTL/3) && whole(r.cfg.d9hold, lockTTL/2) {
+			w(": a whole number of both\nperiods, so the window sees the same renewals of every lock whatever its phase")
+		}
+		w(";\nrows without renewal hold for %v, since their keys would run out. CPU is this\n", min(r.cfg.d9hold, s9HoldNoRenew))
+		w("process's user + system time per second of the window (the other rows' idle clients included, a few ms/s);\n")
+		w("commands per second are `INFO commandstats` deltas. After release: heap still live above the baseline per lock, and\n")
+		w("goroutines above the baseline (waited for up to 2 s to exit).\n\n")
+		w("| row | renewal | locks | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | Redis B/lock | client CPU ms/s | server cmds/s | RT/s | acquire all | after release: B/lock | after release: goroutines | errors |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, n := range s.Sizes {
+			for _, x := range s.Held[n] {
+				lib := x.Label // holding does not wait: the library's name says it
+				if spec, ok := rowByID(x.Row); ok {
+					lib = spec.lib
+				}
+				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", lib, renews[x.Row], fmtInt(float64(n)),
+					fmtInt(x.med("heap")), fmtInt(x.med("stack")), fmtFloat(x.med("gor")), fmtInt(x.med("peak_gor")), fmtInt(x.med("redis")),
+					fmtFloat(x.med("ccpu_ms")), fmtInt(x.med("cmds_s")), fmtInt(x.med("rt_s")), dur(x.med("acquire")),
+					fmtFloat(x.med("after_heap")), fmtInt(x.med("after_gor")), fmtInt(x.worst("errors")))
+			}
+		}
+		w("\n")
+	}
+	if len(s.Waiters) > 0 {
+		w("**Waiting.** One key is held in this process; %s goroutines wait for it (each `lock` in its row's waiting\n", fmtInt(float64(s.W)))
+		w("strategy, bounded to %v), arriving evenly over %v (started all at once, the fixed-interval pollers would retry in\n", s9Settle+s9WaitWindow+s9ServeBound, s9Arrive)
+		w("lockstep and serve a handful per interval). After %v of settling, heap and goroutines above the baseline taken before they started\n", s9Settle)
+		w("(per waiter; the waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU\n", s9WaitWindow)
+		w("per second, all waiters together. Then the key is released; every waiter, once granted, releases at once. Next grant\n")
+		w("and all served are times from the release call.\n\n")
+		w("| row | heap B/waiter | stack B/waiter | goroutines/waiter | RT/s while waiting | server cmds/s | client CPU ms/s | release → next grant | release → all served | unserved | granted while held |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, x := range s.Waiters {
+			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("heap")), fmtInt(x.med("stack")), fmtFloat(x.med("gor")),
+				fmtInt(x.med("rt_s")), fmtInt(x.med("cmds_s")), fmtFloat(x.med("ccpu_ms")), dur(x.med("next")), dur(x.med("all")),
+				fmtInt(x.worst("errors")), fmtInt(x.worst("early")))
+		}
+		w("\n")
+	}
+}
+
+// whole says whether d is a whole number of periods p (to the millisecond).
+func whole(d, p time.Duration) bool {
+	n := (d + p/2) / p
+	return n > 0 && (d-n*p).Abs() <= time.Millisecond
+}

@@ -1,0 +1,261 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Scenario 8 of issue 17: how the cost of a critical section grows as the work grows, along
+// three axes, every lock row at every point:
+//   - goroutines on one hot key in one process (contend, as scenario 2);
+//   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3,
+//     for a fixed time instead of a fixed quota);
+//   - distinct keys, 64 goroutines drawing a key uniformly (contend over many keys), with the
+//     SET PX + DEL floor beside the locks.
+// Each point runs d8 per row and repetition; the rows of a point are interleaved in the
+// rotated order of the other scenarios.
+
+const (
+	s8ProcGoroutines = 8
+	s8KeyGoroutines  = 64
+)
+
+// s8Axis is one axis: its points and, per point, the rows' results.
+type s8Axis struct {
+	Name   string            `json:"name"`
+	Points []int             `json:"points"`
+	Res    map[int][]*result `json:"results"`
+}
+
+type s8Results struct {
+	Goroutines *s8Axis `json:"goroutines,omitempty"`
+	Procs      *s8Axis `json:"processes,omitempty"`
+	Keys       *s8Axis `json:"keys,omitempty"`
+}
+
+func (a *s8Axis) at(x int) []*result { return a.Res[x] }
+
+func (b *bench) scenario8() *s8Results {
+	out := &s8Results{}
+	rows := lockRows()
+	b.warm(append(rows, pick("setdel")...))
+	if len(b.cfg.s8Goroutines) > 0 {
+		out.Goroutines = b.s8Run("goroutines", b.cfg.s8Goroutines, rows, func(r rowSpec, x, rep int) (metrics, string) {
+			im := b.impl(r)
+			key := im.key(fmt.Sprintf("s8g:%d:%d", x, rep))
+			return b.s8Contend(im, []string{key}, x)
+		})
+	}
+	if len(b.cfg.s8Procs) > 0 {
+		out.Procs = b.s8Run("processes", b.cfg.s8Procs, rows, func(r rowSpec, x, rep int) (metrics, string) {
+			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
+			defer unmap()
+			var all contendResult
+			for _, w := range wr {
+				all.Ops += w.Ops
+				all.Errors += w.Errors
+				all.RT += w.RT
+				all.Waits = append(all.Waits, w.Waits...)
+				all.Elapsed = max(all.Elapsed, w.Finish)
+				if all.FirstErr == "" {
+					all.FirstErr = w.FirstErr
+				}
+			}
+			m := contendMetrics(all, delta, *gd.plain, *gd.violations)
+			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
+			return m, all.FirstErr
+		})
+	}
+	if len(b.cfg.s8Keys) > 0 {
+		out.Keys = b.s8Run("keys", b.cfg.s8Keys, append(rows, pick("setdel")...), func(r rowSpec, x, rep int) (metrics, string) {
+			im := b.impl(r)
+			keys := make([]string, x)
+			for i := range keys {
+				keys[i] = im.key(fmt.Sprintf("s8k:%d:%d:%d", x, rep, i))
+			}
+			m, firstErr := b.s8Contend(im, keys, s8KeyGoroutines)
+			if r.floor {
+				m["violations"] = 0 // not a lock: nothing to check
+			}
+			return m, firstErr
+		})
+	}
+	return out
+}
+
+// s8Run measures every row at every point of one axis, reps times, and logs each measurement.
+func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) *s8Axis {
+	ax := &s8Axis{Name: name, Points: points, Res: map[int][]*result{}}
+	all := map[int]map[string]*result{}
+	for _, x := range points {
+		all[x] = newResults(rows)
+	}
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, x := range points {
+			for _, r := range order(rows, rep) {
+				m, firstErr := run(r, x, rep)
+				all[x][r.id].Reps = append(all[x][r.id].Reps, m)
+				progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
+					m["csps"], m["cmds"], dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
+			}
+		}
+	}
+	for _, x := range points {
+		ax.Res[x] = ordered(rows, all[x])
+	}
+	return ax
+}
+
+// s8Contend runs g goroutines over keys in this process for d8 and measures them.
+func (b *bench) s8Contend(im impl, keys []string, g int) (metrics, string) {
+	gds := make([]guard, len(keys))
+	for i := range gds {
+		gds[i] = newGuard()
+	}
+	s0 := b.snap()
+	start := time.Now().Add(20 * time.Millisecond)
+	stop := make(chan struct{})
+	t := time.AfterFunc(time.Until(start)+b.cfg.d8, func() { close(stop) })
+	cr := contend(im, keys, gds, g, start, stop, 0, start.Add(b.cfg.d8+waitBudget))
+	t.Stop()
+	delta := diffStats(s0.cmds, b.stats())
+	var plain, viol int64
+	for _, gd := range gds {
+		plain += *gd.plain
+		viol += *gd.violations
+	}
+	m := contendMetrics(cr, delta, plain, viol)
+	b.cpu(m, s0, cr.Ops, true)
+	return m, cr.FirstErr
+}
+
+// chartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
+func (r *report) s8ChartPath(axis string) string {
+	if r.cfg.chart == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(r.cfg.chart), "benchmarks-scaling-"+axis+".png")
+}
+
+func (r *report) s8Charts() error {
+	for _, ax := range r.s8.axes() {
+		path := r.s8ChartPath(ax.Name)
+		if path == "" {
+			continue
+		}
+		title := map[string]string{
+			"goroutines": "One hot key, one process: critical sections per second (median)",
+			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
+			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
+		}[ax.Name]
+		if err := drawLogChart(path, title, ax.Name+" (log)", "critical sections / s (log)", ax.Points, ax.at, "csps"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *s8Results) axes() []*s8Axis {
+	if s == nil {
+		return nil
+	}
+	var out []*s8Axis
+	for _, a := range []*s8Axis{s.Goroutines, s.Procs, s.Keys} {
+		if a != nil && len(a.Points) > 0 {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// fall is how many times flightlock's critical sections per second fall from point x0 to x1
+// of an axis (above 1: fewer at x1).
+func (a *s8Axis) fall(x0, x1 int) (float64, bool) {
+	if a == nil {
+		return 0, false
+	}
+	f0, f1 := find(a.Res[x0], "flightlock").med("csps"), find(a.Res[x1], "flightlock").med("csps")
+	if f0 <= 0 || f1 <= 0 {
+		return 0, false
+	}
+	return f0 / f1, true
+}
+
+// lead is flightlock's critical sections per second over the best peer's at point x (floors
+// are not peers), and that peer.
+func (a *s8Axis) lead(x int) (float64, *result) {
+	rs := a.Res[x]
+	fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
+	if fl == nil || best == nil || best.med("csps") <= 0 {
+		return 0, nil
+	}
+	return fl.med("csps") / best.med("csps"), best
+}
+
+func (r *report) s8Section(w func(string, ...any)) {
+	s := r.s8
+	w("How the cost of a critical section grows with the work, along three axes, every lock row at every point: goroutines\n")
+	w("on one hot key in one process; processes of %d goroutines on one hot key (the binary re-executed as workers, as in\n", s8ProcGoroutines)
+	w("scenario 3, started together, run for a fixed time); distinct keys, %d goroutines each drawing a key uniformly per\n", s8KeyGoroutines)
+	w("operation (with the SET PX + DEL floor). The critical section and its checks are scenario 2's. %v per row, point and\n", r.cfg.d8)
+	w("repetition; waiting goroutines finish their critical section after the time is up, and count. Each cell: critical\n")
+	w("sections per second; server commands per critical section (`INFO commandstats`, scripts' inner commands included) ·\n")
+	w("p99 wait (call to lock held). The last line is flightlock over the best peer row at that point.\n\n")
+	for _, ax := range s.axes() {
+		unit := map[string]string{"goroutines": "goroutines, one process, one key",
+			"processes": fmt.Sprintf("processes × %d goroutines, one key", s8ProcGoroutines),
+			"keys":      fmt.Sprintf("distinct keys, %d goroutines, one process", s8KeyGoroutines)}[ax.Name]
+		w("### %s\n\n", unit)
+		if p := r.s8ChartPath(ax.Name); p != "" {
+			w("![critical sections per second against %s](%s)\n\n", ax.Name, filepath.Base(p))
+		}
+		w("| row |")
+		for _, x := range ax.Points {
+			w(" %s |", fmtInt(float64(x)))
+		}
+		w("\n|---|%s\n", strings.Repeat("---|", len(ax.Points)))
+		for _, x0 := range ax.Res[ax.Points[0]] {
+			w("| %s |", x0.Label)
+			for _, x := range ax.Points {
+				c := find(ax.Res[x], x0.Row)
+				cell := fmt.Sprintf(" %s<br>%s · %s", fmtInt(c.med("csps")), fmtFloat(c.med("cmds")), dur(c.med("p99")))
+				if e := c.worst("errors"); e > 0 {
+					cell += "<br>" + fmtInt(e) + " errors"
+				}
+				if v := c.worst("violations"); v > 0 {
+					cell += "<br>**" + fmtInt(v) + " violations**"
+				}
+				w("%s |", cell)
+			}
+			w("\n")
+		}
+		w("| flightlock / best peer |")
+		for _, x := range ax.Points {
+			if ratio, best := ax.lead(x); best != nil {
+				w(" %.1fx %s |", ratio, best.Label)
+			} else {
+				w(" |")
+			}
+		}
+		w("\n\n")
+		if n := len(ax.Points); n > 1 {
+			first, last := ax.Points[0], ax.Points[n-1]
+			if ax.Name == "goroutines" && n > 2 {
+				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
+			}
+			if f, ok := ax.fall(first, last); ok {
+				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", fmtInt(float64(first)), fmtInt(float64(last)), ax.Name, fallWords(f))
+			}
+		}
+	}
+}
+
+func fallWords(f float64) string {
+	if f >= 1 {
+		return "fall " + strconv.FormatFloat(f, 'f', 2, 64) + "x"
+	}
+	return "grow " + strconv.FormatFloat(1/f, 'f', 2, 64) + "x"
+}
