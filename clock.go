@@ -16,7 +16,7 @@ type clock interface {
 	AfterFunc(d time.Duration, f func()) clockTimer
 }
 
-// clockTimer is the part of *time.Timer a hold uses.
+// clockTimer is the part of *time.Timer the watchdog uses.
 type clockTimer interface {
 	Reset(d time.Duration) bool
 	Stop() bool
@@ -31,3 +31,9 @@ func (systemClock) Since(t time.Time) time.Duration { return time.Since(t) }
 func (systemClock) Until(t time.Time) time.Duration { return time.Until(t) }
 
 func (systemClock) AfterFunc(d time.Duration, f func()) clockTimer { return time.AfterFunc(d, f) }
+
+// concurrentTimers marks a clock whose timers fire on goroutines of their own, as time.AfterFunc
+// does: the watchdog's timer callback then never waits for the renewals it starts. A clock
+// without it (the tests' manual clock fires timers inside Advance, on the test's goroutine)
+// has the callback wait for them, so that each step of a test sees their outcome.
+func (systemClock) concurrentTimers() {}

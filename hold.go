@@ -8,8 +8,8 @@ import (
 )
 
 // hold is one Redis lock held by this process: from the acquisition to the release, across
-// handoffs between local goroutines. Its watchdog renews it every TTL/3 while a holder runs and
-// cancels the holders' contexts with ErrLost before Redis may expire it.
+// handoffs between local goroutines. The Locker's watchdog (watchdog.go) renews it every TTL/3
+// while a holder runs and cancels the holders' contexts with ErrLost before Redis may expire it.
 //
 // A grant is one turn of the hold: the lease that acquired it, or received it by handoff, and
 // every lease that re-entered or joined that one. The grant ends when the last of them is
@@ -26,16 +26,21 @@ type hold struct {
 	base     int64      // fence of the Redis acquisition
 
 	mu         sync.Mutex
-	fence      int64      // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil time.Time  // guarded by mu: the Redis lock lives at least until then
-	renewUntil time.Time  // guarded by mu: no renewal after this (MaxHold)
-	timer      clockTimer // guarded by mu: next renewal or expiry
-	stopped    bool       // guarded by mu: released; the watchdog is off
-	lost       bool       // guarded by mu: the lock can no longer be trusted
-	abandoned  bool       // guarded by mu: lost and past its expiry: the grant was ended without its leases
-	shared     bool       // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
-	live       int        // guarded by mu: unreleased leases of the current grant
-	holders    []holder   // guarded by mu: leases to cancel on loss
+	fence      int64     // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
+	validUntil time.Time // guarded by mu: the Redis lock lives at least until then
+	renewUntil time.Time // guarded by mu: no renewal after this (MaxHold)
+	renewAt    time.Time // guarded by mu: when the next renewal is due
+	renewing   bool      // guarded by mu: a renewal is queued for a renewer or on the wire
+	stopped    bool      // guarded by mu: released; the watchdog is off
+	lost       bool      // guarded by mu: the lock can no longer be trusted
+	abandoned  bool      // guarded by mu: lost and past its expiry: the grant was ended without its leases
+	shared     bool      // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
+	live       int       // guarded by mu: unreleased leases of the current grant
+	holders    []holder  // guarded by mu: leases to cancel on loss
+
+	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
+	due  time.Time // when its pending event falls due
+	slot int       // its index in the heap plus one; 0 when it has no pending event
 }
 
 // reentrySlot makes the re-entries of one lease by different goroutines exclude each other
@@ -63,10 +68,11 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: sent, live: 1}
 	h.validUntil = sent.Add(k.ttl)
 	h.renewUntil = k.now().Add(k.maxHold)
-	h.mu.Lock() // the timer may fire before AfterFunc returns
 	// The first renewal is due TTL/3 after the send, not after the reply: a late reply leaves
 	// less of the TTL, and the watchdog must not count time it does not have (finding 5).
-	h.timer = k.clock.AfterFunc(max(k.until(sent.Add(k.ttl/3)), 0), h.renew)
+	h.renewAt = sent.Add(k.ttl / 3)
+	h.mu.Lock() // the watchdog may take up the event before schedule returns
+	k.wd.schedule(h, h.renewAt)
 	h.mu.Unlock()
 	return h
 }
@@ -196,8 +202,8 @@ func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.stopped = true
-	if h.timer != nil {
-		h.timer.Stop()
+	if !h.local {
+		h.k.wd.unschedule(h)
 	}
 	if h.fence == h.base {
 		return 0
@@ -205,24 +211,45 @@ func (h *hold) stop() int64 {
 	return h.fence
 }
 
-// renew runs on the watchdog timer.
-func (h *hold) renew() {
+// onDue runs on the watchdog's timer when the hold's pending event falls due. It decides from
+// the hold's state, not from which event it was (an event may have been replaced meanwhile):
+// a lost hold ends its grant once Redis may have expired the key; a hold at its loss deadline
+// is lost, whether or not a renewal is under way; a hold whose renewal is due queues it for a
+// renewer. Every hold that needs another event is scheduled again.
+func (h *hold) onDue() {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.stopped {
-		h.mu.Unlock()
-		return
-	}
-	if h.lost {
-		h.abandonLocked()
 		return
 	}
 	now := h.k.now()
-	if now.After(h.renewUntil) {
-		// MaxHold reached: stop renewing and let the lease run out.
-		h.timer.Reset(max(h.k.until(h.validUntil)-h.safety(), 0))
-		if !now.Before(h.validUntil.Add(-h.safety())) {
-			h.loseLocked()
-		}
+	if h.lost {
+		h.abandonLocked(now)
+		return
+	}
+	loss := h.validUntil.Add(-h.safety())
+	switch {
+	case !now.Before(loss):
+		h.loseLocked()
+	case h.renewing || now.After(h.renewUntil):
+		// A renewal is queued or on the wire, or MaxHold is reached and the lease runs out:
+		// the next event is the loss deadline of the last successful acquire or refresh. A
+		// renewal that waits or hangs never moves it.
+		h.k.wd.schedule(h, loss)
+	case now.Before(h.renewAt):
+		h.k.wd.schedule(h, minTime(h.renewAt, loss))
+	default:
+		h.renewing = true
+		h.k.wd.schedule(h, loss)
+		h.k.wd.enqueue(renewJob{h: h})
+	}
+}
+
+// renewNow refreshes the lock in Redis; it runs on a renewer.
+func (h *hold) renewNow() {
+	h.mu.Lock()
+	if h.stopped || h.lost {
+		h.renewing = false
 		h.mu.Unlock()
 		return
 	}
@@ -230,21 +257,11 @@ func (h *hold) renew() {
 	h.mu.Unlock()
 
 	// A timeout, not a deadline: deadline is on the keeper's clock, a context's on the system's.
+	// The call gives up at the loss deadline; the leases are cancelled then by the watchdog's
+	// timer, not by this call's return, which may hang.
 	ctx, cancel := context.WithTimeout(context.Background(), h.k.until(deadline))
-	// A store that does not return by the deadline must not keep the leases live past it:
-	// they are cancelled at the deadline even while the call hangs.
-	stopLoss := context.AfterFunc(ctx, func() {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			h.mu.Lock()
-			if !h.stopped && !h.lost && !h.k.now().Before(h.validUntil.Add(-h.safety())) {
-				h.loseLocked()
-			}
-			h.mu.Unlock()
-		}
-	})
 	sent := h.k.now()
 	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
-	stopLoss()
 	cancel()
 	if o := h.k.observe; o != nil && o.Renewed != nil {
 		o.Renewed(h.key, err)
@@ -252,6 +269,7 @@ func (h *hold) renew() {
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.renewing = false
 	if h.stopped || h.lost {
 		return
 	}
@@ -260,9 +278,10 @@ func (h *hold) renew() {
 		// The lock lives at least a TTL from the send (a refresh never shortens it), and the
 		// next renewal is due a third of it from the send.
 		h.validUntil = maxTime(h.validUntil, sent.Add(h.k.ttl))
-		h.timer.Reset(max(h.k.until(sent.Add(h.k.ttl/3)), 0))
+		h.renewAt = sent.Add(h.k.ttl / 3)
 	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
+		return
 	default:
 		// Redis did not answer: try again soon, and give up before the lock may expire.
 		left := h.k.until(h.validUntil) - h.safety()
@@ -270,8 +289,9 @@ func (h *hold) renew() {
 			h.loseLocked()
 			return
 		}
-		h.timer.Reset(min(left, max(h.k.ttl/10, time.Millisecond)))
+		h.renewAt = h.k.now().Add(min(left, max(h.k.ttl/10, time.Millisecond)))
 	}
+	h.k.wd.schedule(h, minTime(h.renewAt, h.validUntil.Add(-h.safety())))
 }
 
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
@@ -283,32 +303,29 @@ func (h *hold) loseLocked() {
 	for _, x := range h.holders {
 		x.cancel(ErrLost)
 	}
-	if h.timer != nil {
+	if !h.local && !h.stopped {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
 		// released (abandonLocked).
-		h.timer.Reset(max(h.k.until(h.validUntil), 0))
+		h.k.wd.schedule(h, h.validUntil)
 	}
 }
 
-// abandonLocked runs on the watchdog timer of a lost hold. Once Redis may have expired the key,
-// a grant whose leases were told (ErrLost) but not all released is ended here, so that a
-// forgotten Release does not keep the key from the other goroutines of this process forever;
-// Redis lets other processes in at that moment anyway. Leases released later count nothing.
-// h.mu must be held; abandonLocked unlocks it.
-func (h *hold) abandonLocked() {
+// abandonLocked acts on the watchdog's event of a lost hold. Once Redis may have expired the
+// key, a grant whose leases were told (ErrLost) but not all released is ended, on a renewer,
+// so that a forgotten Release does not keep the key from the other goroutines of this process
+// forever; Redis lets other processes in at that moment anyway. Leases released later count
+// nothing. h.mu must be held.
+func (h *hold) abandonLocked(now time.Time) {
 	if h.abandoned || h.live == 0 {
-		h.mu.Unlock()
 		return
 	}
-	if left := h.k.until(h.validUntil); left > 0 {
-		h.timer.Reset(left)
-		h.mu.Unlock()
+	if now.Before(h.validUntil) {
+		h.k.wd.schedule(h, h.validUntil)
 		return
 	}
 	h.abandoned = true
 	h.live = 0
-	h.mu.Unlock()
-	_ = h.k.endGrant(context.Background(), h) // ErrNotHeld is the usual answer: the key expired
+	h.k.wd.enqueue(renewJob{h: h, abandon: true}) // ErrNotHeld is the usual answer: the key expired
 }
 
 // extend records a successful explicit Refresh sent at sent.
@@ -331,6 +348,13 @@ func (h *hold) markLost() {
 
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
 		return a
 	}
 	return b

@@ -16,6 +16,7 @@ import (
 type keeper struct {
 	store   lockstore.Store
 	gate    *gate
+	wd      *watchdog // shared like the gate, unless a derived Locker runs on another clock
 	clock   clock
 	ttl     time.Duration
 	maxHold time.Duration
@@ -24,8 +25,8 @@ type keeper struct {
 	observe *Observer     // nil without WithObserver
 }
 
-func newKeeper(store lockstore.Store, g *gate, cfg *config) *keeper {
-	return &keeper{store: store, gate: g, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
+func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
+	return &keeper{store: store, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer}
 }
 

@@ -40,7 +40,7 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Locker{k: newKeeper(store, newGate(), &cfg), cfg: cfg}, nil
+	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg}, nil
 }
 
 // MustNew is New that panics on a bad option, for start-up code.
@@ -62,7 +62,11 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Locker{k: newKeeper(l.k.store, l.k.gate, &cfg), cfg: cfg}, nil
+	wd := l.k.wd
+	if cfg.clock != l.cfg.clock {
+		wd = newWatchdog(cfg.clock) // one heap runs on one clock
+	}
+	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg}, nil
 }
 
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new

@@ -171,8 +171,9 @@ func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
 // Observer is told what a Locker's locks do that its callers cannot see: retries while waiting
 // for a key held elsewhere, watchdog renewals, and losses. The go-zero layer turns it into
 // metrics, trace events and logs. Each func may be nil. They run synchronously, on the
-// goroutine of the event (the caller's for Retry, the watchdog's for Renewed and Lost, with
-// the lock's state locked), so they must be quick and must not call into the Locker.
+// goroutine of the event (the caller's for Retry, a watchdog renewer's for Renewed, the
+// watchdog's for Lost, with the lock's state locked), so they must be quick and must not call
+// into the Locker.
 type Observer struct {
 	// Retry is called before a Lock in Wait mode sleeps to try a busy key again: attempt
 	// counts the failed attempts so far, holderTTL is what the holder had left.

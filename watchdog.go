@@ -1,0 +1,243 @@
+package flightlock
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// maxRenewers bounds the goroutines that run renewals (and the release of abandoned grants) at
+// once, for all the holds of a watchdog.
+const maxRenewers = 32
+
+// watchdog keeps the holds of a Locker, and of every Locker derived from it with With, alive:
+// it renews each Redis lock every TTL/3 while its holders run, and cancels their leases with
+// ErrLost before Redis may expire the lock.
+//
+// Each hold has at most one pending event (its next renewal, or the moment it is lost while a
+// renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
+// clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000
+// (issue 17). The timer only decides; I/O runs on at most maxRenewers goroutines that exist
+// while there is work, so a renewal in flight costs no goroutine of its own, and renewals that
+// fall due together reach the store together, where its lanes pipeline them
+// (lockstore/batch.go).
+//
+// The loss deadline never waits for a renewal: while a renewal is queued or on the wire, the
+// hold's event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or
+// refresh), and the timer cancels the leases then, whether or not the renewal ever returns.
+//
+// Lock order: a hold's mu before the watchdog's mu. The timer callback and the renewers take a
+// hold's mu only after they have let go of the watchdog's.
+type watchdog struct {
+	clock clock
+	// settle is set for a clock whose timers fire inside the caller's own call (the tests'
+	// manual clock, which fires them in Advance): a firing then waits until the renewals it
+	// started are done, so that every step of a test sees their outcome. Timers of the system
+	// clock fire on goroutines of their own, and a firing never waits.
+	settle bool
+
+	mu      sync.Mutex
+	heap    []*hold    // guarded by mu: holds with a pending event, earliest first (hold.due, hold.slot)
+	timer   clockTimer // guarded by mu: fires at armedAt; nil before the first event
+	armedAt time.Time  // guarded by mu: when timer fires; zero when it is not armed
+	queue   []renewJob // guarded by mu: work for the renewers, oldest first from head
+	head    int        // guarded by mu
+	workers int        // guarded by mu: renewer goroutines running
+	idle    sync.Cond  // on mu: broadcast when the last renewer finds no work (settle)
+}
+
+// renewJob is one piece of a renewer's work: renew h, or end its abandoned grant.
+type renewJob struct {
+	h       *hold
+	abandon bool
+}
+
+func newWatchdog(c clock) *watchdog {
+	_, concurrent := c.(interface{ concurrentTimers() })
+	w := &watchdog{clock: c, settle: !concurrent}
+	w.idle.L = &w.mu
+	return w
+}
+
+// schedule sets h's pending event at at, replacing the one it had. h.mu must be held.
+func (w *watchdog) schedule(h *hold, at time.Time) {
+	w.mu.Lock()
+	h.due = at
+	if h.slot == 0 {
+		w.heap = append(w.heap, h)
+		h.slot = len(w.heap)
+		w.up(h.slot - 1)
+	} else if !w.up(h.slot - 1) {
+		w.down(h.slot - 1)
+	}
+	if w.armedAt.IsZero() || at.Before(w.armedAt) {
+		w.armLocked(at)
+	}
+	w.mu.Unlock()
+}
+
+// unschedule drops h's pending event, if any. h.mu must be held.
+func (w *watchdog) unschedule(h *hold) {
+	w.mu.Lock()
+	if h.slot != 0 {
+		w.removeLocked(h.slot - 1)
+	}
+	if len(w.heap) == 0 && w.timer != nil && !w.armedAt.IsZero() {
+		w.timer.Stop()
+		w.armedAt = time.Time{}
+	}
+	w.mu.Unlock()
+}
+
+// armLocked makes the timer fire at at. w.mu must be held.
+func (w *watchdog) armLocked(at time.Time) {
+	d := max(w.clock.Until(at), 0)
+	w.armedAt = at
+	if w.timer == nil {
+		w.timer = w.clock.AfterFunc(d, w.fire)
+		return
+	}
+	w.timer.Reset(d)
+}
+
+// fire runs on the clock timer: it takes every event that is due off the heap, re-arms the
+// timer for the next one, and lets each hold act on its event (onDue), which queues the I/O
+// for the renewers.
+func (w *watchdog) fire() {
+	now := w.clock.Now()
+	var buf [16]*hold
+	due := buf[:0]
+	w.mu.Lock()
+	w.armedAt = time.Time{}
+	for len(w.heap) > 0 && !w.heap[0].due.After(now) {
+		h := w.heap[0]
+		w.removeLocked(0)
+		due = append(due, h)
+	}
+	if len(w.heap) > 0 {
+		w.armLocked(w.heap[0].due)
+	}
+	w.mu.Unlock()
+	for _, h := range due {
+		h.onDue()
+	}
+	if w.settle {
+		w.mu.Lock()
+		for w.workers > 0 {
+			w.idle.Wait()
+		}
+		w.mu.Unlock()
+	}
+}
+
+// enqueue hands a job to the renewers, starting one when fewer than maxRenewers run.
+func (w *watchdog) enqueue(j renewJob) {
+	w.mu.Lock()
+	if w.head > 0 && w.head >= len(w.queue)/2 {
+		// Move the jobs left to the front, so that a queue that never empties does not grow.
+		n := copy(w.queue, w.queue[w.head:])
+		clear(w.queue[n:])
+		w.queue, w.head = w.queue[:n], 0
+	}
+	w.queue = append(w.queue, j)
+	start := w.workers < maxRenewers
+	if start {
+		w.workers++
+	}
+	w.mu.Unlock()
+	if start {
+		go w.renewer()
+	}
+}
+
+// renewer runs queued jobs until none is left.
+func (w *watchdog) renewer() {
+	for {
+		w.mu.Lock()
+		if w.head == len(w.queue) {
+			w.workers--
+			w.queue, w.head = shrink(w.queue[:0]), 0
+			if w.workers == 0 {
+				w.idle.Broadcast()
+			}
+			w.mu.Unlock()
+			return
+		}
+		j := w.queue[w.head]
+		w.queue[w.head] = renewJob{}
+		w.head++
+		w.mu.Unlock()
+		if j.abandon {
+			// Redis may have expired the key: ErrNotHeld is the usual answer.
+			_ = j.h.k.endGrant(context.Background(), j.h)
+		} else {
+			j.h.renewNow()
+		}
+	}
+}
+
+// The heap is ordered by hold.due; hold.slot is a hold's index in it plus one, so that a hold's
+// event can be moved or dropped in O(log n). w.mu must be held by all three.
+
+// up moves the hold at i towards the root while it is due before its parent; it reports
+// whether it moved.
+func (w *watchdog) up(i int) bool {
+	h, start := w.heap[i], i
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.due.Before(w.heap[p].due) {
+			break
+		}
+		w.heap[i] = w.heap[p]
+		w.heap[i].slot = i + 1
+		i = p
+	}
+	w.heap[i], h.slot = h, i+1
+	return i != start
+}
+
+// down moves the hold at i away from the root while a child is due before it.
+func (w *watchdog) down(i int) {
+	h, n := w.heap[i], len(w.heap)
+	for {
+		c := 2*i + 1
+		if c >= n {
+			break
+		}
+		if r := c + 1; r < n && w.heap[r].due.Before(w.heap[c].due) {
+			c = r
+		}
+		if !w.heap[c].due.Before(h.due) {
+			break
+		}
+		w.heap[i] = w.heap[c]
+		w.heap[i].slot = i + 1
+		i = c
+	}
+	w.heap[i], h.slot = h, i+1
+}
+
+// removeLocked takes the hold at i off the heap.
+func (w *watchdog) removeLocked(i int) {
+	h, last := w.heap[i], len(w.heap)-1
+	if i != last {
+		w.heap[i] = w.heap[last]
+		w.heap[i].slot = i + 1
+	}
+	w.heap[last] = nil
+	w.heap = w.heap[:last]
+	if i != last && !w.up(i) {
+		w.down(i)
+	}
+	h.slot = 0
+	w.heap = shrink(w.heap)
+}
+
+// shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array or
+// less: a heap or a queue that once held 100,000 holds does not keep their memory (issue 17).
+func shrink[T any](s []T) []T {
+	if cap(s) <= 64 || len(s) > cap(s)/4 {
+		return s
+	}
+	return append(make([]T, 0, 2*len(s)), s...)
+}
