@@ -33,6 +33,11 @@ func TestReplicaAcknowledgement(t *testing.T) {
 
 	proxy := redistest.StartProxy(t, primary.Addr)
 	redistest.StartReplica(t, proxy.Addr)
+	// The replica's link is up on its side; the primary counts it in WAIT only once it has
+	// the replica as online with an acknowledged offset, which can take a moment longer
+	// under load (a CI run failed here: 0 of 1 within 50ms). Wait for that, with a budget of
+	// its own, so the 50ms bound below is the store's and not the replica's start-up.
+	waitAcknowledging(t, client, 1)
 	got, err := s.Acquire(ctx, "lock:r", ownerA, 10*time.Second, "")
 	if err != nil || !got.Acquired || got.Fence <= 0 {
 		t.Fatalf("Acquire with a replica: %+v %v", got, err)
@@ -90,6 +95,23 @@ func TestReplicaAcknowledgementOnCluster(t *testing.T) {
 		}
 		if n := client.Exists(ctx, key).Val(); n != 0 {
 			t.Errorf("%q: the unacknowledged acquisition was left", key)
+		}
+	}
+}
+
+// waitAcknowledging waits until n replicas acknowledge the primary's writes (WAIT answers n).
+func waitAcknowledging(t *testing.T, client *redis.Client, n int) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		client.Set(ctx, "replicas-test:probe", "1", time.Second)
+		if got, err := client.Wait(ctx, n, 200*time.Millisecond).Result(); err == nil && got >= int64(n) {
+			client.Del(ctx, "replicas-test:probe")
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d replicas do not acknowledge writes after 10s", n)
 		}
 	}
 }
