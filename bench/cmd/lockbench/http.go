@@ -228,6 +228,13 @@ func (b *bench) startSystem(r s6Row) *s6System {
 	}
 	ports := freePorts(3)
 	c.Redis.Host, c.Redis.Type = b.addr, "node"
+	// Each service's Lock block may carry its own copy of the top-level Redis (the example
+	// refuses one that differs from it): point those at the benchmark's Redis too.
+	for _, rc := range []*flmw.RedisConf{&c.Order.Lock.Redis, &c.Inventory.Lock.Redis, &c.Balance.Lock.Redis} {
+		if rc.Host != "" {
+			rc.Host, rc.Type = b.addr, "node"
+		}
+	}
 	c.Order.Host, c.Order.Port = "127.0.0.1", ports[0]
 	c.Inventory.ListenOn = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	c.Balance.ListenOn = fmt.Sprintf("127.0.0.1:%d", ports[2])
