@@ -20,27 +20,27 @@ type hold struct {
 	key      string // full Redis key
 	owner    string
 	borrow   string     // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
-	acquired time.Time  // when the Redis acquisition was sent, for the handoff window
+	acquired instant    // when the Redis acquisition was sent, for the handoff window
 	local    bool       // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
 	base     int64      // fence of the Redis acquisition
 
 	mu         sync.Mutex
-	fence      int64     // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil time.Time // guarded by mu: the Redis lock lives at least until then
-	renewUntil time.Time // guarded by mu: no renewal after this (MaxHold)
-	renewAt    time.Time // guarded by mu: when the next renewal is due
-	renewing   bool      // guarded by mu: a renewal is queued for a renewer or on the wire
-	stopped    bool      // guarded by mu: released; the watchdog is off
-	lost       bool      // guarded by mu: the lock can no longer be trusted
-	abandoned  bool      // guarded by mu: lost and past its expiry: the grant was ended without its leases
-	shared     bool      // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
-	live       int       // guarded by mu: unreleased leases of the current grant
-	holders    []holder  // guarded by mu: leases to cancel on loss
+	fence      int64    // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
+	validUntil instant  // guarded by mu: the Redis lock lives at least until then
+	renewUntil instant  // guarded by mu: no renewal after this (MaxHold)
+	renewAt    instant  // guarded by mu: when the next renewal is due
+	renewing   bool     // guarded by mu: a renewal is queued for a renewer or on the wire
+	stopped    bool     // guarded by mu: released; the watchdog is off
+	lost       bool     // guarded by mu: the lock can no longer be trusted
+	abandoned  bool     // guarded by mu: lost and past its expiry: the grant was ended without its leases
+	shared     bool     // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
+	live       int      // guarded by mu: unreleased leases of the current grant
+	holders    []holder // guarded by mu: leases to cancel on loss
 
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
-	due  time.Time // when its pending event falls due
-	slot int       // its index in the heap plus one; 0 when it has no pending event
+	due  instant // when its pending event falls due
+	slot int     // its index in the heap plus one; 0 when it has no pending event
 }
 
 // reentrySlot makes the re-entries of one lease by different goroutines exclude each other
@@ -65,12 +65,13 @@ type reentryWaiter struct {
 // newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
 // another process's lock.
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
-	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: sent, live: 1}
-	h.validUntil = sent.Add(k.ttl)
-	h.renewUntil = k.now().Add(k.maxHold)
+	at := k.instant(sent)
+	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: at, live: 1}
+	h.validUntil = at.add(k.ttl)
+	h.renewUntil = k.nowInstant().add(k.maxHold)
 	// The first renewal is due TTL/3 after the send, not after the reply: a late reply leaves
 	// less of the TTL, and the watchdog must not count time it does not have (finding 5).
-	h.renewAt = sent.Add(k.ttl / 3)
+	h.renewAt = at.add(k.ttl / 3)
 	h.mu.Lock() // the watchdog may take up the event before schedule returns
 	k.wd.schedule(h, h.renewAt)
 	h.mu.Unlock()
@@ -79,9 +80,9 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
 func newLocalHold(k *keeper, key, owner string) *hold {
-	now := k.now()
+	now := k.nowInstant()
 	return &hold{k: k, key: key, owner: owner, local: true, acquired: now, live: 1,
-		validUntil: now.Add(k.ttl), renewUntil: now.Add(k.maxHold)}
+		validUntil: now.add(k.ttl), renewUntil: now.add(k.maxHold)}
 }
 
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
@@ -102,7 +103,7 @@ func (h *hold) safety() time.Duration { return h.k.safety() }
 func (h *hold) remaining() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return max(h.k.until(h.validUntil), 0)
+	return max(h.k.untilInstant(h.validUntil), 0)
 }
 
 // handable reports whether the lock can go to another local holder: not lost, never shared
@@ -110,7 +111,7 @@ func (h *hold) remaining() time.Duration {
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lost && !h.stopped && !h.shared && h.k.until(h.validUntil) > h.k.ttl/3
+	return !h.lost && !h.stopped && !h.shared && h.k.untilInstant(h.validUntil) > h.k.ttl/3
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
@@ -121,7 +122,7 @@ func (h *hold) nextGrant() {
 	defer h.mu.Unlock()
 	h.fence++
 	h.live = 1
-	h.renewUntil = h.k.now().Add(h.k.maxHold) // MaxHold counts per grant
+	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
 }
 
 // currentFence returns the fence of the current grant.
@@ -222,22 +223,22 @@ func (h *hold) onDue() {
 	if h.stopped {
 		return
 	}
-	now := h.k.now()
+	now := h.k.nowInstant()
 	if h.lost {
 		h.abandonLocked(now)
 		return
 	}
-	loss := h.validUntil.Add(-h.safety())
+	loss := h.validUntil.add(-h.safety())
 	switch {
-	case !now.Before(loss):
+	case now >= loss:
 		h.loseLocked()
-	case h.renewing || now.After(h.renewUntil):
+	case h.renewing || now > h.renewUntil:
 		// A renewal is queued or on the wire, or MaxHold is reached and the lease runs out:
 		// the next event is the loss deadline of the last successful acquire or refresh. A
 		// renewal that waits or hangs never moves it.
 		h.k.wd.schedule(h, loss)
-	case now.Before(h.renewAt):
-		h.k.wd.schedule(h, minTime(h.renewAt, loss))
+	case now < h.renewAt:
+		h.k.wd.schedule(h, min(h.renewAt, loss))
 	default:
 		h.renewing = true
 		h.k.wd.schedule(h, loss)
@@ -253,14 +254,14 @@ func (h *hold) renewNow() {
 		h.mu.Unlock()
 		return
 	}
-	deadline := h.validUntil.Add(-h.safety())
+	deadline := h.validUntil.add(-h.safety())
 	h.mu.Unlock()
 
 	// A timeout, not a deadline: deadline is on the keeper's clock, a context's on the system's.
 	// The call gives up at the loss deadline; the leases are cancelled then by the watchdog's
 	// timer, not by this call's return, which may hang.
-	ctx, cancel := context.WithTimeout(context.Background(), h.k.until(deadline))
-	sent := h.k.now()
+	ctx, cancel := context.WithTimeout(context.Background(), h.k.untilInstant(deadline))
+	sent := h.k.nowInstant()
 	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
 	cancel()
 	if o := h.k.observe; o != nil && o.Renewed != nil {
@@ -277,21 +278,21 @@ func (h *hold) renewNow() {
 	case err == nil:
 		// The lock lives at least a TTL from the send (a refresh never shortens it), and the
 		// next renewal is due a third of it from the send.
-		h.validUntil = maxTime(h.validUntil, sent.Add(h.k.ttl))
-		h.renewAt = sent.Add(h.k.ttl / 3)
+		h.validUntil = max(h.validUntil, sent.add(h.k.ttl))
+		h.renewAt = sent.add(h.k.ttl / 3)
 	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
 		return
 	default:
 		// Redis did not answer: try again soon, and give up before the lock may expire.
-		left := h.k.until(h.validUntil) - h.safety()
+		left := h.k.untilInstant(h.validUntil) - h.safety()
 		if left <= 0 {
 			h.loseLocked()
 			return
 		}
-		h.renewAt = h.k.now().Add(min(left, max(h.k.ttl/10, time.Millisecond)))
+		h.renewAt = h.k.nowInstant().add(min(left, max(h.k.ttl/10, time.Millisecond)))
 	}
-	h.k.wd.schedule(h, minTime(h.renewAt, h.validUntil.Add(-h.safety())))
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
 }
 
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
@@ -315,11 +316,11 @@ func (h *hold) loseLocked() {
 // so that a forgotten Release does not keep the key from the other goroutines of this process
 // forever; Redis lets other processes in at that moment anyway. Leases released later count
 // nothing. h.mu must be held.
-func (h *hold) abandonLocked(now time.Time) {
+func (h *hold) abandonLocked(now instant) {
 	if h.abandoned || h.live == 0 {
 		return
 	}
-	if now.Before(h.validUntil) {
+	if now < h.validUntil {
 		h.k.wd.schedule(h, h.validUntil)
 		return
 	}
@@ -333,7 +334,7 @@ func (h *hold) extend(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.lost {
-		h.validUntil = maxTime(h.validUntil, sent.Add(h.k.ttl))
+		h.validUntil = max(h.validUntil, h.k.instant(sent).add(h.k.ttl))
 	}
 }
 
@@ -344,20 +345,6 @@ func (h *hold) markLost() {
 	if !h.lost {
 		h.loseLocked()
 	}
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // isLost reports whether the lock can no longer be trusted.

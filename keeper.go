@@ -38,6 +38,18 @@ func (k *keeper) since(t time.Time) time.Duration { return k.clock.Since(t) }
 // until is the time left until t on the keeper's clock.
 func (k *keeper) until(t time.Time) time.Duration { return k.clock.Until(t) }
 
+// instant returns t, a time on the keeper's clock, as an instant.
+func (k *keeper) instant(t time.Time) instant { return instant(t.Sub(k.wd.epoch)) }
+
+// nowInstant is the current instant on the keeper's clock.
+func (k *keeper) nowInstant() instant { return k.wd.now() }
+
+// sinceInstant is the time passed since i on the keeper's clock.
+func (k *keeper) sinceInstant(i instant) time.Duration { return time.Duration(k.wd.now() - i) }
+
+// untilInstant is the time left until i on the keeper's clock.
+func (k *keeper) untilInstant(i instant) time.Duration { return time.Duration(i - k.wd.now()) }
+
 // safety is how long before a lock may expire in Redis its leases are cancelled: the holder
 // must have stopped by then.
 func (k *keeper) safety() time.Duration { return k.ttl / 10 }

@@ -126,7 +126,7 @@ func (g *gate) setHold(e *gateEntry, h *hold) {
 // fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
 // window ago), and h has enough time left. It reports whether it did.
 func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time.Duration) bool {
-	if h == nil || h.local || h.k.since(h.acquired) >= window || !h.handable() {
+	if h == nil || h.local || h.k.sinceInstant(h.acquired) >= window || !h.handable() {
 		return false
 	}
 	g.mu.Lock()
