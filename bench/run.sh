@@ -9,7 +9,8 @@
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
-# The full run takes about 23 minutes on 2 cores (scenario 8, scaling, about 11 of them; scenario 9,
+# The full run should take about 23 minutes on 2 cores (an estimate from single repetitions of the
+# costliest points, before the first full run: scenario 8, scaling, about 11 of them; scenario 9,
 # memory, about 3). Pass lockbench flags through, e.g.:
 #   bench/run.sh -quick                    # every scenario, small sizes, one repetition: a few minutes;
 #                                          # writes bench/results/quick/ (git-ignored), not docs/
