@@ -228,6 +228,7 @@ func (r *report) markdown() string {
 				fmtFloat(x.med("allocs")), fmtInt(x.med("bytes")), x.Mix)
 		}
 		w("\n")
+		whereTheTimeGoes(w, r.s1)
 	}
 	if r.s2 != nil {
 		w("## 2. One key, one process\n\n")
@@ -456,4 +457,43 @@ func loadNow() string {
 		return "?"
 	}
 	return strings.Join(strings.Fields(string(raw))[:3], " ")
+}
+
+// whereTheTimeGoes writes issue 17's "where the time goes" table for one uncontended lock +
+// release: flightlock's cost split into round trips, client CPU, server CPU and commands, beside
+// bsm/redislock's and the SET+DEL floor's, and what flightlock spends above each of them.
+func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
+	fl, bsm, floor := find(s1, "flightlock"), find(s1, "redislock"), find(s1, "setdel")
+	if fl == nil || floor == nil {
+		return
+	}
+	cols := []struct{ name, metric, unit string }{
+		{"latency p50", "p50", "µs"}, {"round trips", "rt", ""}, {"client CPU", "ccpu", "µs"},
+		{"Redis CPU", "scpu", "µs"}, {"server commands", "cmds", ""}, {"allocations", "allocs", ""},
+	}
+	w("### Where the time goes: one uncontended lock + release\n\n")
+	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference.\n\n")
+	w("| cost | flightlock | bsm/redislock | SET+DEL floor | flightlock - bsm | flightlock - floor |\n|---|---|---|---|---|---|\n")
+	val := func(x *result, metric string) float64 {
+		if x == nil {
+			return math.NaN()
+		}
+		v := x.med(metric)
+		if metric == "p50" {
+			v /= 1e3 // ns -> µs
+		}
+		return v
+	}
+	cell := func(v float64, unit string) string {
+		if math.IsNaN(v) {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f%s", v, map[bool]string{true: " " + unit, false: ""}[unit != ""])
+	}
+	for _, c := range cols {
+		f, b, fl0 := val(fl, c.metric), val(bsm, c.metric), val(floor, c.metric)
+		w("| %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(b, c.unit), cell(fl0, c.unit),
+			cell(f-b, c.unit), cell(f-fl0, c.unit))
+	}
+	w("\n")
 }
