@@ -36,7 +36,7 @@ type hold struct {
 	abandoned  bool     // guarded by mu: lost and past its expiry: the grant was ended without its leases
 	shared     bool     // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
 	live       int      // guarded by mu: unreleased leases of the current grant
-	holders    []holder // guarded by mu: leases to cancel on loss
+	holders    []*Lease // guarded by mu: leases to cancel on loss
 
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
 	due  instant // when its pending event falls due
@@ -88,12 +88,6 @@ func newLocalHold(k *keeper, key, owner string) *hold {
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
 // released as one named hold, never through the gate.
 func (h *hold) borrowed() bool { return h.borrow != "" }
-
-// holder is a lease attached to a hold.
-type holder struct {
-	lease  *Lease
-	cancel context.CancelCauseFunc
-}
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
 // its holder must stop before Redis can hand the key to someone else.
@@ -168,24 +162,26 @@ func (h *hold) done() (last bool) {
 
 // attach registers a lease to cancel on loss. MaxHold bounds a grant, so a re-entry does not
 // restart its clock (a handler that re-enters over and over must not hold the lock forever).
-func (h *hold) attach(lease *Lease, cancel context.CancelCauseFunc) {
+func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holders = append(h.holders, holder{lease: lease, cancel: cancel})
+	h.holders = append(h.holders, lease)
 	if h.lost {
-		cancel(ErrLost)
+		lease.endLocked(ErrLost)
 	}
 }
 
+// detach removes a released lease from the hold and ends its context.
 func (h *hold) detach(lease *Lease) {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	for i, x := range h.holders {
-		if x.lease == lease {
+		if x == lease {
 			h.holders = append(h.holders[:i], h.holders[i+1:]...)
 			break
 		}
 	}
-	h.mu.Unlock()
+	lease.endLocked(nil)
 }
 
 // share marks the owner token as given out: from now on the lock is released through Redis,
@@ -302,7 +298,7 @@ func (h *hold) loseLocked() {
 		o.Lost(h.key)
 	}
 	for _, x := range h.holders {
-		x.cancel(ErrLost)
+		x.endLocked(ErrLost)
 	}
 	if !h.local && !h.stopped {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
@@ -360,6 +356,6 @@ func (h *hold) interrupt(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, x := range h.holders {
-		x.cancel(cause)
+		x.endLocked(cause)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,13 +42,23 @@ func (g Grant) String() string {
 type Lease struct {
 	h      *hold
 	kind   Grant
+	inSlot bool     // GrantReentry: it holds parent's re-entry slot
+	ended  endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
+	made   atomic.Bool
 	fence  int64
 	outer  *Lease // the lease the parent context held, if any
 	parent *Lease // GrantReentry: the lease it re-entered
 	g      int64  // GrantReentry: the goroutine that made it
-	inSlot bool   // GrantReentry: it holds parent's re-entry slot
+
+	// The lease's context is made when Context is first called, not by Lock: a lease held
+	// without it (a lock around a write) costs no cancelable context (issue 17: live heap per
+	// held lock). Until then ctx.Context is the context Lock was called with, and the first
+	// end (loss, release, drain) that comes before that context's own is recorded in ended and
+	// applied when the lease's context is made, so that it ends with the cause it would have
+	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
+	// read after it is. (The small fields above share one word: a Lease stays 144 bytes.)
 	ctx    leaseContext
-	cancel context.CancelCauseFunc
+	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
 	// Lock order: a lease's mu before its hold's mu.
 	mu       sync.Mutex
@@ -57,10 +68,8 @@ type Lease struct {
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, outer: FromContext(parent)}
-	cctx, cancel := context.WithCancelCause(parent)
-	lease.ctx = leaseContext{Context: cctx, lease: lease}
-	lease.cancel = cancel
-	h.attach(lease, cancel)
+	lease.ctx = leaseContext{Context: parent, lease: lease}
+	h.attach(lease)
 	return lease
 }
 
@@ -99,8 +108,86 @@ func (x *Lease) Fence() int64 { return x.fence }
 
 // Context returns a context derived from the one Lock was called with. It carries the lease
 // (FromContext) and is cancelled with cause ErrLost before the earliest moment Redis may
-// expire the lock, and when the lease is released.
-func (x *Lease) Context() context.Context { return &x.ctx }
+// expire the lock, and when the lease is released. It is made by the first call, already
+// cancelled if the lease ended before; every call returns the same context.
+func (x *Lease) Context() context.Context {
+	if x.made.Load() {
+		return &x.ctx
+	}
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
+	if !x.made.Load() {
+		x.makeContextLocked()
+	}
+	return &x.ctx
+}
+
+// makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu
+// must be held.
+func (x *Lease) makeContextLocked() {
+	parent := x.ctx.Context
+	if x.ended != endNone {
+		// The lease ended before its parent did: the parent's later end must not take the
+		// cause's place. Values stay; a done context needs no deadline.
+		parent = context.WithoutCancel(parent)
+	}
+	cctx, cancel := context.WithCancelCause(parent)
+	x.ctx.Context, x.cancel = cctx, cancel
+	if x.ended != endNone {
+		cancel(x.ended.err())
+	}
+	x.made.Store(true)
+}
+
+// endCause is how a lease ended before its context was made: one byte instead of an error's
+// two words.
+type endCause uint8
+
+const (
+	endNone     endCause = iota
+	endReleased          // context.Canceled
+	endLost              // ErrLost
+	endClosed            // ErrClosed (Drain)
+)
+
+func (c endCause) err() error {
+	switch c {
+	case endLost:
+		return ErrLost
+	case endClosed:
+		return ErrClosed
+	default:
+		return context.Canceled
+	}
+}
+
+// endLocked ends the lease's context with cause (context.Canceled when nil), now or, when it
+// is not made yet, when it is; the first cause wins, as with a context's. x.h.mu must be held.
+func (x *Lease) endLocked(cause error) {
+	if cause == nil {
+		cause = context.Canceled
+	}
+	if x.cancel == nil && x.ended == endNone && x.ctx.Context.Err() == nil {
+		switch cause {
+		case context.Canceled:
+			x.ended = endReleased
+			return
+		case ErrLost:
+			x.ended = endLost
+			return
+		case ErrClosed:
+			x.ended = endClosed
+			return
+		}
+		x.makeContextLocked() // a cause without a code: made now, to carry it
+	}
+	// Made: the context keeps its first cause itself. Not made but ended already, or the
+	// parent ended first: the lease's context will carry that first cause, as a context made
+	// by Lock would.
+	if x.cancel != nil {
+		x.cancel(cause)
+	}
+}
 
 // Grant tells how the lease came to hold its lock: through Redis, by handoff from the previous
 // holder in this process, or by re-entry.
@@ -158,8 +245,7 @@ func (x *Lease) Release(ctx context.Context) error {
 	x.released = true
 	x.mu.Unlock()
 
-	x.h.detach(x)
-	x.cancel(nil)
+	x.h.detach(x) // and ends x's context
 	if x.inSlot {
 		x.parent.leaveSlot()
 	}
