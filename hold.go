@@ -242,17 +242,12 @@ func (h *hold) onDue() {
 	}
 }
 
-// renewNow refreshes the lock in Redis; it runs on a renewer.
+// renewNow refreshes the lock in Redis on its own; it runs on a renewer.
 func (h *hold) renewNow() {
-	h.mu.Lock()
-	if h.stopped || h.lost {
-		h.renewing = false
-		h.mu.Unlock()
+	deadline, ok := h.renewBegin()
+	if !ok {
 		return
 	}
-	deadline := h.validUntil.add(-h.safety())
-	h.mu.Unlock()
-
 	// A timeout, not a deadline: deadline is on the keeper's clock, a context's on the system's.
 	// The call gives up at the loss deadline; the leases are cancelled then by the watchdog's
 	// timer, not by this call's return, which may hang.
@@ -260,10 +255,28 @@ func (h *hold) renewNow() {
 	sent := h.k.nowInstant()
 	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
 	cancel()
+	h.renewEnd(sent, err)
+}
+
+// renewBegin starts a renewal that the watchdog queued: it returns the loss deadline, past
+// which the refresh is of no use, or false when the hold ended or was lost meanwhile (then
+// nothing is sent).
+func (h *hold) renewBegin() (deadline instant, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped || h.lost {
+		h.renewing = false
+		return 0, false
+	}
+	return h.validUntil.add(-h.safety()), true
+}
+
+// renewEnd takes the outcome of a refresh sent at sent (read before the call went out, so that
+// the lease is counted from the send, never from the reply) and schedules the hold's next event.
+func (h *hold) renewEnd(sent instant, err error) {
 	if o := h.k.observe; o != nil && o.Renewed != nil {
 		o.Renewed(h.key, err)
 	}
-
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.renewing = false

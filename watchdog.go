@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // maxRenewers bounds the goroutines that run renewals (and the release of abandoned grants) at
@@ -18,9 +20,10 @@ const maxRenewers = 32
 // renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
 // clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000
 // (issue 17). The timer only decides; I/O runs on at most maxRenewers goroutines that exist
-// while there is work, so a renewal in flight costs no goroutine of its own, and renewals that
-// fall due together reach the store together, where its lanes pipeline them
-// (lockstore/batch.go).
+// while there is work. Renewals that fall due together go to the store together: on a
+// lockstore.BatchRefresher (the Redis store) up to maxBatch of them as one RefreshAll, one
+// round trip and no goroutine each; on another store one goroutine each, so that a slow store
+// never caps how many locks stay alive (see renew).
 //
 // The loss deadline never waits for a renewal: while a renewal is queued or on the wire, the
 // hold's event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or
@@ -123,6 +126,7 @@ func (w *watchdog) fire() {
 	for _, h := range due {
 		h.onDue()
 	}
+	w.startRenewers() // after the loop: the renewals due together are queued together
 	if w.settle {
 		w.mu.Lock()
 		for w.workers > 0 {
@@ -142,7 +146,7 @@ func (i instant) add(d time.Duration) instant { return i + instant(d) }
 // now is the current instant, read from the monotonic clock (Since).
 func (w *watchdog) now() instant { return instant(w.clock.Since(w.epoch)) }
 
-// enqueue hands a job to the renewers, starting one when fewer than maxRenewers run.
+// enqueue queues a job for the renewers; fire starts them once it has queued every job due.
 func (w *watchdog) enqueue(j renewJob) {
 	w.mu.Lock()
 	if w.head > 0 && w.head >= len(w.queue)/2 {
@@ -152,18 +156,27 @@ func (w *watchdog) enqueue(j renewJob) {
 		w.queue, w.head = w.queue[:n], 0
 	}
 	w.queue = append(w.queue, j)
-	start := w.workers < maxRenewers
-	if start {
-		w.workers++
+	w.mu.Unlock()
+}
+
+// startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
+// Renewers already running take jobs too, until the queue is empty.
+func (w *watchdog) startRenewers() {
+	w.mu.Lock()
+	n := min(maxRenewers-w.workers, (len(w.queue)-w.head+maxBatch-1)/maxBatch)
+	if n > 0 {
+		w.workers += n
 	}
 	w.mu.Unlock()
-	if start {
+	for range n {
 		go w.renewer()
 	}
 }
 
-// renewer runs queued jobs until none is left.
+// renewer runs queued jobs until none is left. A renewal takes the renewals queued right behind
+// it for the same keeper (up to maxBatch) along: renewals fall due together, and go out together.
 func (w *watchdog) renewer() {
+	var batch []*hold
 	for {
 		w.mu.Lock()
 		if w.head == len(w.queue) {
@@ -178,13 +191,75 @@ func (w *watchdog) renewer() {
 		j := w.queue[w.head]
 		w.queue[w.head] = renewJob{}
 		w.head++
+		batch = append(batch[:0], j.h)
+		for !j.abandon && len(batch) < maxBatch && w.head < len(w.queue) {
+			next := w.queue[w.head]
+			if next.abandon || next.h.k != j.h.k {
+				break
+			}
+			w.queue[w.head] = renewJob{}
+			w.head++
+			batch = append(batch, next.h)
+		}
 		w.mu.Unlock()
 		if j.abandon {
 			// Redis may have expired the key: ErrNotHeld is the usual answer.
 			_ = j.h.k.endGrant(context.Background(), j.h)
 		} else {
-			j.h.renewNow()
+			renew(batch)
 		}
+		clear(batch) // let ended holds be collected while the renewer waits for work
+	}
+}
+
+// maxBatch bounds the renewals of one keeper that a renewer sends together.
+const maxBatch = 512
+
+// renew refreshes the locks of holds, which share one keeper. On a store that refreshes many
+// locks in one round trip (lockstore.BatchRefresher, as the Redis store does) they go out as one
+// call. On another store each goes out on a goroutine of its own, all at once: a renewer that
+// sent them one after the other would cap the renewals of the whole Locker at maxRenewers per
+// round trip, and a few refreshes hanging on a slow node would starve every other lock's
+// renewal until its leases were lost (found by review of the single watchdog).
+func renew(holds []*hold) {
+	k := holds[0].k
+	br, ok := k.store.(lockstore.BatchRefresher)
+	if !ok {
+		if len(holds) == 1 {
+			holds[0].renewNow()
+			return
+		}
+		var wg sync.WaitGroup
+		for _, h := range holds {
+			wg.Go(h.renewNow)
+		}
+		wg.Wait()
+		return
+	}
+	live := holds[:0:0]
+	var latest instant
+	for _, h := range holds {
+		if deadline, ok := h.renewBegin(); ok {
+			live = append(live, h)
+			latest = max(latest, deadline)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	batch := make([]lockstore.Renewal, len(live))
+	for i, h := range live {
+		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner, TTL: k.ttl}
+	}
+	// Bounded by the latest loss deadline of the batch: a lock whose own deadline passes first
+	// is lost by the watchdog's timer at that deadline, whatever this call does, and the reply
+	// still serves the others. A timeout, not a deadline: instants are on the keeper's clock.
+	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
+	sent := k.nowInstant()
+	errs := br.RefreshAll(ctx, batch)
+	cancel()
+	for i, h := range live {
+		h.renewEnd(sent, errs[i])
 	}
 }
 

@@ -173,8 +173,21 @@ func (b *batcher) send(batch []*queuedCall) {
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	pipe := b.client.Pipeline()
+	pipeline(ctx, b.client, live)
 	for _, q := range live {
+		if q.state.CompareAndSwap(callSent, callAnswered) {
+			close(q.done)
+		} else if q.late != nil {
+			go q.late(q.cmd) // its caller left while it was on the wire; never on the lane
+		}
+	}
+}
+
+// pipeline runs the scripts of calls in one pipeline on client, and sets each call's cmd to its
+// reply or error. A call must be in state callSent.
+func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
+	pipe := client.Pipeline()
+	for _, q := range calls {
 		q.cmd = q.script.EvalSha(ctx, pipe, q.keys, q.args...) // queued; answered by Exec
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
@@ -183,25 +196,17 @@ func (b *batcher) send(batch []*queuedCall) {
 	// in one more pipeline. A call whose caller left is not run again (nothing ran), and its
 	// hook sees the NOSCRIPT error.
 	var again []*queuedCall
-	for _, q := range live {
+	for _, q := range calls {
 		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") && q.state.Load() == callSent {
 			again = append(again, q)
 		}
 	}
 	if len(again) > 0 {
-		pipe := b.client.Pipeline()
+		pipe := client.Pipeline()
 		for _, q := range again {
 			q.cmd = q.script.Eval(ctx, pipe, q.keys, q.args...)
 		}
 		_, _ = pipe.Exec(ctx)
-	}
-
-	for _, q := range live {
-		if q.state.CompareAndSwap(callSent, callAnswered) {
-			close(q.done)
-		} else if q.late != nil {
-			go q.late(q.cmd) // its caller left while it was on the wire; never on the lane
-		}
 	}
 }
 

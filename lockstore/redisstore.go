@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -331,6 +332,48 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 		return ErrNotHeld
 	}
 	return nil
+}
+
+// RefreshAll implements BatchRefresher: the refreshes go out as one pipeline, on a connection
+// of their own beside the lanes, so renewals that fall due together cost one round trip. With
+// WithReplicas, or on a client that cannot pipeline, each lock is refreshed by Refresh, all at
+// once (each needs its own WAIT).
+func (s *RedisStore) RefreshAll(ctx context.Context, batch []Renewal) []error {
+	errs := make([]error, len(batch))
+	if s.replicas > 0 || s.batch == nil {
+		var wg sync.WaitGroup
+		for i, r := range batch {
+			wg.Go(func() { errs[i] = s.Refresh(ctx, r.Key, r.Owner, r.TTL) })
+		}
+		wg.Wait()
+		return errs
+	}
+	calls := make([]*queuedCall, 0, len(batch))
+	index := make([]int, 0, len(batch)) // calls[j] refreshes batch[index[j]]
+	for i, r := range batch {
+		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
+			continue
+		}
+		q := &queuedCall{script: refreshScript, keys: []string{r.Key}, args: []any{r.Owner, ttlMillis(r.TTL)}}
+		q.state.Store(callSent)
+		calls, index = append(calls, q), append(index, i)
+	}
+	if len(calls) == 0 {
+		return errs
+	}
+	pipeline(ctx, s.batch.client, calls)
+	for j, q := range calls {
+		i := index[j]
+		n, err := q.cmd.Int64()
+		switch {
+		case err != nil:
+			s.reloadOnNetworkError(err)
+			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", batch[i].Key, err)
+		case n != 1:
+			errs[i] = ErrNotHeld
+		}
+	}
+	return errs
 }
 
 // Release implements Store.

@@ -69,6 +69,22 @@ type Store interface {
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
+// Renewal is one lock of a RefreshAll call: Refresh's arguments.
+type Renewal struct {
+	Key, Owner string
+	TTL        time.Duration
+}
+
+// BatchRefresher is a Store that refreshes many locks in one round trip. flightlock's watchdog
+// uses it when the store has it: the renewals that fall due together then cost one round trip
+// and one goroutine between them, not one each (issue 17), and a slow store cannot cap how many
+// locks a process keeps alive.
+type BatchRefresher interface {
+	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
+	// the error Refresh would have returned for it (nil: it lives at least its TTL more).
+	RefreshAll(ctx context.Context, batch []Renewal) []error
+}
+
 // Watch delivers release notifications of one key. C receives a value after each release
 // (coalesced: a waiter only needs to know that it should try again). Close stops it.
 type Watch struct {

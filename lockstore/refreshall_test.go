@@ -1,0 +1,70 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// RefreshAll answers for each lock what Refresh would: extended for its owner (never
+// shortened), ErrNotHeld for a free key or another owner's, an argument error for a bad key,
+// each in batch order, in one pipeline; and it still works after the server lost its script
+// cache (NOSCRIPT: the scripts are sent again with EVAL).
+func TestRefreshAll(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		for _, k := range []string{"lock:ra1", "lock:ra2"} {
+			if got, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil || !got.Acquired {
+				t.Fatalf("Acquire %s: %+v %v", k, got, err)
+			}
+		}
+		if got, err := b.store.Acquire(ctx, "lock:rb", ownerB, 30*time.Second, ""); err != nil || !got.Acquired {
+			t.Fatalf("Acquire lock:rb: %+v %v", got, err)
+		}
+		batch := []Renewal{
+			{Key: "lock:ra1", Owner: ownerA, TTL: 20 * time.Second},
+			{Key: "lock:rb", Owner: ownerA, TTL: 20 * time.Second}, // ownerB's lock
+			{Key: "lock:free", Owner: ownerA, TTL: 20 * time.Second},
+			{Key: "", Owner: ownerA, TTL: 20 * time.Second}, // bad key
+			{Key: "lock:ra2", Owner: ownerA, TTL: 20 * time.Second},
+		}
+		check := func(round string) {
+			errs := b.store.RefreshAll(ctx, batch)
+			if len(errs) != len(batch) {
+				t.Fatalf("%s: %d errors for %d renewals", round, len(errs), len(batch))
+			}
+			for i, want := range []error{nil, ErrNotHeld, ErrNotHeld, nil, nil} {
+				switch {
+				case i == 3 && errs[i] == nil:
+					t.Errorf("%s: an empty key was refreshed", round)
+				case i != 3 && !errors.Is(errs[i], want) && !(want == nil && errs[i] == nil):
+					t.Errorf("%s: renewal %d (%s): %v, want %v", round, i, batch[i].Key, errs[i], want)
+				}
+			}
+			for _, k := range []string{"lock:ra1", "lock:ra2"} {
+				if d := b.client.PTTL(ctx, k).Val(); d < 19*time.Second {
+					t.Errorf("%s: %s has %v left, want about 20s", round, k, d)
+				}
+			}
+			if d := b.client.PTTL(ctx, "lock:rb").Val(); d < 29*time.Second {
+				t.Errorf("%s: another owner's lock was touched: %v left of 30s", round, d)
+			}
+			if n := b.client.Exists(ctx, "lock:free").Val(); n != 0 {
+				t.Errorf("%s: a refresh of a free key created it", round)
+			}
+		}
+		check("cached scripts")
+		if err := b.client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		check("after SCRIPT FLUSH")
+		// A lock is never shortened: a refresh with a smaller TTL leaves it alone.
+		if errs := b.store.RefreshAll(ctx, []Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Second}}); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if d := b.client.PTTL(ctx, "lock:ra1").Val(); d < 19*time.Second {
+			t.Errorf("a refresh with TTL 1s shortened the lock to %v", d)
+		}
+	})
+}
