@@ -12,6 +12,8 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock/internal/pattern"
 )
 
 // CheckRoutes reports the first rule with a Path that names no route in routes, naming the
@@ -110,14 +112,14 @@ func (m *Middleware) checkNamed(s spec) error {
 // pattern for another method, the same pattern with other variable names, or the pattern
 // behind a group prefix that the rule's Path lacks (goctl's @server(prefix: ...)).
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
-	shape := routeShape(rl.route.text)
+	shape := pattern.Shape(rl.route.text)
 	for _, near := range []func(rest.Route) bool{
 		func(rt rest.Route) bool { return rt.Path == rl.route.text },
 		func(rt rest.Route) bool {
-			return routeShape(rt.Path) == shape && (rl.method == "" || rt.Method == rl.method)
+			return pattern.Shape(rt.Path) == shape && (rl.method == "" || rt.Method == rl.method)
 		},
 		func(rt rest.Route) bool {
-			return strings.HasSuffix(routeShape(rt.Path), shape) && (rl.method == "" || rt.Method == rl.method)
+			return strings.HasSuffix(pattern.Shape(rt.Path), shape) && (rl.method == "" || rt.Method == rl.method)
 		},
 	} {
 		if i := slices.IndexFunc(routes, near); i >= 0 {
@@ -125,17 +127,6 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 		}
 	}
 	return rest.Route{}, false
-}
-
-// routeShape is a cleaned pattern with its variable names left out: /sku/: for /sku/:id.
-func routeShape(p string) string {
-	segs := strings.Split(p, "/")
-	for i, s := range segs {
-		if strings.HasPrefix(s, ":") {
-			segs[i] = ":"
-		}
-	}
-	return strings.Join(segs, "/")
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, naming the

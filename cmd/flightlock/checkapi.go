@@ -12,6 +12,7 @@ import (
 	"github.com/zeromicro/go-zero/tools/goctl/api/spec"
 	"github.com/zeromicro/go-zero/tools/goctl/pkg/parser/api/parser"
 
+	"github.com/flightlock/flightlock/internal/pattern"
 	"github.com/flightlock/flightlock/middleware"
 )
 
@@ -220,7 +221,7 @@ func nearestRoute(method, p string, routes []route) string {
 		}
 	}
 	for _, rt := range routes {
-		if shape(rt.path) == shape(p) && sameMethod(rt) {
+		if pattern.Shape(rt.path) == pattern.Shape(p) && sameMethod(rt) {
 			return fmt.Sprintf(" (did you mean %s? go-zero names the path variables as the route does, write Path: %s)", rt, rt.path)
 		}
 	}
@@ -243,17 +244,6 @@ func nearestRoute(method, p string, routes []route) string {
 		return fmt.Sprintf(" (did you mean %s?)", best)
 	}
 	return ""
-}
-
-// shape is a route pattern with its variables unnamed: /a/:id and /a/:uid have one shape.
-func shape(p string) string {
-	segs := strings.Split(p, "/")
-	for i, s := range segs {
-		if strings.HasPrefix(s, ":") {
-			segs[i] = ":"
-		}
-	}
-	return strings.Join(segs, "/")
 }
 
 // binding is a request field as go-zero's httpx.Parse binds it: source "path", "form",
