@@ -39,6 +39,7 @@ func TestCheckGolden(t *testing.T) {
 		{"twice", api, "error"},
 		{"middleware", api, "error"},
 		{"getroute", api, "error"},
+		{"badyaml", api, "error"}, // a file go-zero cannot read: the YAML error at its line
 		{"rpcclean", proto, ""},
 		{"rpccase", proto, "error"},
 		{"rpcnopkg", proto, "error"},
