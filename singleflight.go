@@ -2,6 +2,7 @@ package flightlock
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,9 +214,7 @@ func (g *gate) shrinkLocked() {
 		return
 	}
 	m := make(map[string]*gateEntry, n)
-	for k, e := range g.entries {
-		m[k] = e
-	}
+	maps.Copy(m, g.entries)
 	g.entries, g.peak = m, n
 }
 
