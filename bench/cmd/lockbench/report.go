@@ -293,29 +293,22 @@ func (r *report) markdown() string {
 		}
 		w("\n")
 	}
-	w("## 6. HTTP end to end\n\n")
-	if r.s6 != nil {
-		r.s6Section(w)
-	} else {
-		w("Not run (`-scenario` without 6).\n\n")
-	}
-	w("## 7. Duplicates of one request: shared response against 409\n\n")
-	if r.s7 != nil {
-		r.s7Section(w)
-	} else {
-		w("Not run (`-scenario` without 7).\n\n")
-	}
-	w("## 8. Scaling: cost as the work grows\n\n")
-	if r.s8 != nil {
-		r.s8Section(w)
-	} else {
-		w("Not run (`-scenario` without 8).\n\n")
-	}
-	w("## 9. Memory: what a held lock and a waiter cost\n\n")
-	if r.s9 != nil {
-		r.s9Section(w)
-	} else {
-		w("Not run (`-scenario` without 9).\n\n")
+	for _, sec := range []struct {
+		n, title string
+		ran      bool
+		body     func(func(string, ...any))
+	}{
+		{"6", "HTTP end to end", r.s6 != nil, r.s6Section},
+		{"7", "Duplicates of one request: shared response against 409", r.s7 != nil, r.s7Section},
+		{"8", "Scaling: cost as the work grows", r.s8 != nil, r.s8Section},
+		{"9", "Memory: what a held lock and a waiter cost", r.s9 != nil, r.s9Section},
+	} {
+		w("## %s. %s\n\n", sec.n, sec.title)
+		if sec.ran {
+			sec.body(w)
+		} else {
+			w("Not run (`-scenario` without %s).\n\n", sec.n)
+		}
 	}
 	if r.cfg.goBench != "" {
 		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {
