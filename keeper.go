@@ -14,20 +14,23 @@ import (
 // never at the Locker: acquiring (retry, wait budget, modes) is the Locker's concern, keeping
 // and ending a grant is this one's.
 type keeper struct {
-	store   lockstore.Store
-	gate    *gate
-	wd      *watchdog // shared like the gate, unless a derived Locker runs on another clock
-	clock   clock
-	ttl     time.Duration
-	maxHold time.Duration
-	handoff int           // handoffs in a row before a release goes through Redis
-	window  time.Duration // no handoff once the Redis acquisition is older than this
-	observe *Observer     // nil without WithObserver
+	store     lockstore.Store
+	gate      *gate
+	wd        *watchdog // shared like the gate, unless a derived Locker runs on another clock
+	clock     clock
+	ttl       time.Duration
+	maxHold   time.Duration
+	handoff   int           // handoffs in a row before a release goes through Redis
+	window    time.Duration // no handoff once the Redis acquisition is older than this
+	observe   *Observer     // nil without WithObserver
+	ttlBound  *sharedBound  // one-TTL bounds of calls that cannot be cancelled, a timer shared
+	waitBound *sharedBound  // wait-budget bounds of the same, for acquisitions
 }
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
 	return &keeper{store: store, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
-		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer}
+		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer,
+		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
 }
 
 func (k *keeper) now() time.Time { return k.clock.Now() }
@@ -78,9 +81,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	if h.borrowed() {
 		// One hold of another process's lock: count it down in Redis.
 		h.stop()
-		rctx, cancel := k.releaseContext(ctx)
-		defer cancel()
-		_, err := k.store.Release(rctx, h.key, h.owner, h.borrow, 0)
+		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner, h.borrow, 0)
 		k.gate.removeBorrowed(h)
 		return err
 	}
@@ -94,9 +95,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	)
 	if !h.local {
 		last := h.stop()
-		rctx, cancel := k.releaseContext(ctx)
-		notified, err = k.store.Release(rctx, h.key, h.owner, "", last)
-		cancel()
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", last)
 	}
 	k.gate.leave(h.key, e, notified > 0)
 	return err
@@ -105,17 +104,20 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 // releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
 // timeout handler cancels the request context while the handler still runs), bounded by one
 // TTL.
-func (k *keeper) releaseContext(ctx context.Context) (context.Context, context.CancelFunc) {
+func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return context.WithTimeout(ctx, k.ttl)
+	return k.ttlBound.bound(ctx, time.Now().Add(k.ttl))
 }
 
 // bound gives a store call a deadline when ctx has none: no call outlives one TTL.
 func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
+	}
+	if ctx.Done() == nil {
+		return k.ttlBound.bound(ctx, time.Now().Add(k.ttl)), func() {}
 	}
 	return context.WithTimeout(ctx, k.ttl)
 }

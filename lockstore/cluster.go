@@ -13,6 +13,9 @@ import (
 // are split between two nodes while their slot migrates. Nothing ran; the same call succeeds
 // once the migration moved both keys.
 func isTryAgain(err error) bool {
+	if err == nil {
+		return false // before the variable below, which escapes: no allocation on success
+	}
 	var re redis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "TRYAGAIN")
 }
@@ -21,6 +24,9 @@ func isTryAgain(err error) bool {
 // follows them itself, but the pipeline of an acknowledged call (WithReplicas) goes to one
 // node's client, which does not. The slot moved or is moving; nothing ran.
 func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
 	var re redis.Error
 	return errors.As(err, &re) && (strings.HasPrefix(re.Error(), "MOVED ") || strings.HasPrefix(re.Error(), "ASK "))
 }
