@@ -15,7 +15,8 @@ import (
 // context.WithTimeout per call cost a timer, three allocations and 8 % of the client CPU of 64
 // goroutines over 1,000 keys (issue 17). Here the calls of one window share a timer context: a
 // call gets the current one when it ends no later than the call's limit and at most span/16
-// before it, else a new one is made, ending at that limit, for the calls after it. About 17
+// before it (a sixteenth of the time left, when less is left), else a new one is made, ending
+// at that limit, for the calls after it. About 17
 // are alive at once; each ends on its own timer, and none is cancelled early (calls still use
 // it).
 //
@@ -35,15 +36,17 @@ type sharedDeadline struct {
 	cancel context.CancelFunc
 }
 
-// current returns a shared context that ends no later than limit and no earlier than
-// limit - span/16.
-func (b *sharedBound) current(limit time.Time) context.Context {
-	if s := b.cur.Load(); s != nil && b.fits(s, limit) {
+// current returns a shared context that ends no later than limit and no earlier than a
+// sixteenth of the span, or of the time left until limit if that is shorter, before it: a
+// call near the end of its wait budget keeps nearly all of what is left.
+func (b *sharedBound) current(now, limit time.Time) context.Context {
+	slack := min(b.span, limit.Sub(now)) / 16
+	if s := b.cur.Load(); s != nil && fits(s, limit, slack) {
 		return s.ctx
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s := b.cur.Load(); s != nil && b.fits(s, limit) {
+	if s := b.cur.Load(); s != nil && fits(s, limit, slack) {
 		return s.ctx
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), limit)
@@ -51,16 +54,17 @@ func (b *sharedBound) current(limit time.Time) context.Context {
 	return ctx
 }
 
-func (b *sharedBound) fits(s *sharedDeadline, limit time.Time) bool {
+// fits reports whether s ends at limit or at most slack before it.
+func fits(s *sharedDeadline, limit time.Time, slack time.Duration) bool {
 	early := limit.Sub(s.deadline)
-	return early >= 0 && early <= b.span/16
+	return early >= 0 && early <= slack
 }
 
-// bound returns ctx's values bounded by a deadline between limit - span/16 and limit, for a
-// ctx that cannot be cancelled (ctx.Done() is nil: context.Background, or
+// bound returns ctx's values bounded by a deadline at limit or shortly before it (current),
+// for a ctx that cannot be cancelled (ctx.Done() is nil: context.Background, or
 // context.WithoutCancel of a request's context).
-func (b *sharedBound) bound(ctx context.Context, limit time.Time) context.Context {
-	return &boundCtx{Context: b.current(limit), values: ctx}
+func (b *sharedBound) bound(ctx context.Context, now, limit time.Time) context.Context {
+	return &boundCtx{Context: b.current(now, limit), values: ctx}
 }
 
 // boundCtx is a shared deadline (Deadline, Done, Err) with a call's own values.

@@ -18,9 +18,9 @@ func TestSharedBoundDeadlines(t *testing.T) {
 	caller := context.WithValue(context.Background(), valueKey{}, "span-1")
 
 	now := time.Now()
-	first := b.bound(caller, now.Add(span))
-	second := b.bound(context.Background(), now.Add(span+span/32)) // same window
-	third := b.bound(context.Background(), now.Add(span+span/8))   // too far: a new window
+	first := b.bound(caller, now, now.Add(span))
+	second := b.bound(context.Background(), now, now.Add(span+span/32)) // same window
+	third := b.bound(context.Background(), now, now.Add(span+span/8))   // too far: a new window
 
 	for i, tc := range []struct {
 		ctx   context.Context
@@ -40,6 +40,19 @@ func TestSharedBoundDeadlines(t *testing.T) {
 	if second.(*boundCtx).Context == third.(*boundCtx).Context {
 		t.Error("a call whose limit is span/8 later shares the earlier window: it would end too soon")
 	}
+	// Near the end of a wait budget, a call keeps nearly all of what is left: 60ms left, and a
+	// window that ends 50ms before its limit is not shared with it.
+	wait := &sharedBound{span: 2 * time.Second}
+	start := time.Now()
+	early := wait.bound(context.Background(), start, start.Add(2*time.Second))
+	late := wait.bound(context.Background(), start.Add(1990*time.Millisecond), start.Add(2050*time.Millisecond))
+	if early.(*boundCtx).Context == late.(*boundCtx).Context {
+		t.Error("a call with 60ms left shares a window that ends 50ms before its limit")
+	}
+	if d, _ := late.Deadline(); !d.Equal(start.Add(2050 * time.Millisecond)) {
+		t.Errorf("late call's deadline %v after start, want its limit 2.05s", d.Sub(start))
+	}
+
 	if got := first.Value(valueKey{}); got != "span-1" {
 		t.Errorf("caller's value lost: got %v", got)
 	}

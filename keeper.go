@@ -108,7 +108,8 @@ func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return k.ttlBound.bound(ctx, time.Now().Add(k.ttl))
+	now := time.Now()
+	return k.ttlBound.bound(ctx, now, now.Add(k.ttl))
 }
 
 // bound gives a store call a deadline when ctx has none: no call outlives one TTL.
@@ -117,7 +118,8 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 		return ctx, func() {}
 	}
 	if ctx.Done() == nil {
-		return k.ttlBound.bound(ctx, time.Now().Add(k.ttl)), func() {}
+		now := time.Now()
+		return k.ttlBound.bound(ctx, now, now.Add(k.ttl)), func() {}
 	}
 	return context.WithTimeout(ctx, k.ttl)
 }

@@ -372,7 +372,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
 // always, unless the caller's own deadline is sooner (then ctx is used as is, allocation-free).
 func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
-	limit, bound := time.Now().Add(l.cfg.ttl), l.k.ttlBound
+	now := time.Now()
+	limit, bound := now.Add(l.cfg.ttl), l.k.ttlBound
 	if b.waits() && b.deadline.Before(limit) {
 		limit, bound = b.deadline, l.k.waitBound
 	}
@@ -381,7 +382,7 @@ func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, c
 	}
 	if ctx.Done() == nil {
 		// Nothing else can cancel it: a timer shared with the calls of the same moment.
-		return bound.bound(ctx, limit), func() {}
+		return bound.bound(ctx, now, limit), func() {}
 	}
 	return context.WithDeadline(ctx, limit)
 }

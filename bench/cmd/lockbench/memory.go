@@ -28,6 +28,7 @@ import (
 
 const (
 	s9Acquirers   = 32
+	s9Warm        = 10000 // locks taken and released before a row's baseline (warmPool)
 	s9HoldNoRenew = 2 * time.Second
 	s9Settle      = 500 * time.Millisecond
 	s9Arrive      = 250 * time.Millisecond // waiters arrive spread over this, within the settling
@@ -94,6 +95,27 @@ func live() liveState {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return liveState{heap: float64(ms.HeapAlloc), stack: float64(ms.StackInuse), gor: runtime.NumGoroutine()}
+}
+
+// warmPool locks and releases up to s9Warm keys of its own with the concurrency of the measured
+// acquisition, before the baseline: the client's pool then holds the connections it will use (go-redis keeps
+// 32 KiB read and 32 KiB write buffers per connection), which are the client's fixed cost, not
+// the locks'. Without it, "after release" counted the connections the acquisition opened as
+// memory the locks left behind (1.1-1.6 MB whatever the number of locks in the 13:35 run; the
+// first size of a row paid it, the next one found the pool warm: 0.15 B per lock at 100,000).
+// 128 keys were too few to grow the pool as 10,000 do (266 B per lock still, in the 14:37 run).
+func warmPool(ctx context.Context, im impl, n int) {
+	keys := make([]string, min(n, s9Warm))
+	for i := range keys {
+		keys[i] = im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
+	}
+	_, _ = parallel(len(keys), s9Acquirers, func(i int) error {
+		h, err := im.lock(ctx, keys[i])
+		if err != nil {
+			return err
+		}
+		return im.unlock(ctx, keys[i], h)
+	})
 }
 
 // settleGoroutines waits up to d for the goroutine count to come down to base (goroutines
@@ -172,6 +194,7 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
 	hs := make([]any, n)
+	warmPool(ctx, im, n)
 	mem0 := b.adm.usedMemory(ctx)
 	l0 := live()
 
@@ -327,7 +350,8 @@ func (r *report) s9Section(w func(string, ...any)) {
 	if len(s.Sizes) > 0 {
 		w("**Holding.** The process takes n locks on distinct keys (%d goroutines at once), holds them, then releases them\n", s9Acquirers)
 		w("all. Heap is `runtime.MemStats.HeapAlloc` after two `runtime.GC()`, above the row's baseline taken just before (the\n")
-		w("keys and the slice of handles are built before the baseline); goroutine stacks (`StackInuse`) are a column of their\n")
+		w("keys and the slice of handles are built before the baseline, and up to %d locks of other keys are taken and released with\n", s9Warm)
+		w("the same concurrency first, so that the client's pool holds its connections before the baseline); goroutine stacks (`StackInuse`) are a column of their\n")
 		w("own. Goroutines likewise (`runtime.NumGoroutine`, above the baseline, per lock); peak is\n")
 		w("the highest count above the baseline, sampled every 2 ms while holding. Redis memory is the `used_memory` delta (INFO\n")
 		w("memory). Rows that renew hold for %v (flightlock renews every TTL/3 = %v, rueidislock every KeyValidity/2 = %v)", r.cfg.d9hold, (lockTTL / 3).Round(time.Millisecond), lockTTL/2)
