@@ -51,6 +51,9 @@ func compileRules(c LockConf, extra []spec) ([]*compiledRule, error) {
 		if err := checkRule(s); err != nil {
 			return nil, err
 		}
+		if err := c.checkRuleStore(s); err != nil {
+			return nil, err
+		}
 		if s.Name != "" {
 			if prev, dup := seenName[s.Name]; dup {
 				return nil, fieldError(s.name+".Name", "%s is already the name of %s", s.Name, prev)
@@ -138,16 +141,16 @@ func compileRPC(s spec) (*rule, error) {
 	return rl, nil
 }
 
-// setStats gives the transports of cr their labels and shadow settings, and returns the
+// setStats gives the transports of cr their labels (store is the store it locks in) and shadow settings, and returns the
 // stats that the observer of cr's Locker reports under (its REST part's, else its zrpc's).
-func (cr *compiledRule) setStats() *ruleStats {
+func (cr *compiledRule) setStats(store string) *ruleStats {
 	template := cmpTemplate(cr.spec)
 	var first *ruleStats
 	for _, rl := range []*rule{cr.http, cr.rpc} {
 		if rl == nil {
 			continue
 		}
-		rl.stats = newRuleStats(rl.name, template)
+		rl.stats = newRuleStats(rl.name, template, store)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 		if rl.shared = cr.spec.OnBusy == onBusyShare; rl.shared {
 			classes, _ := parseReplayStatus("", cr.spec.ReplayStatus) // checked by checkLockSettings

@@ -27,6 +27,8 @@ const (
 	backoffNone        = "none"
 	backoffLinear      = "linear"
 	backoffExponential = "exponential"
+	storeRedis         = "redis"
+	storeEtcd          = "etcd"
 )
 
 // httpMethods are the values of Rule.Method, as normalized (upper case).
@@ -54,7 +56,11 @@ type LockConf struct {
 	// development and tests: New logs it as an error, and refuses it in go-zero's pre and pro
 	// modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
-	// Prefix is put before every rendered key (default "lock:").
+	// Etcd is an etcd cluster for the locks, as go-zero's discov.EtcdConf (see EtcdConf): with
+	// Hosts set and no Redis Host or Sentinel, every rule locks in etcd; with both, each rule
+	// says which with Rule.Store. Empty (the default): no etcd.
+	Etcd EtcdConf `json:",optional"`
+	// Prefix is put before every rendered key (default "lock:"); in etcd, after Etcd.Key.
 	Prefix string `json:",default=lock:"`
 	// TTL is how long a lock outlives a holder that died (default 10s); a watchdog renews it
 	// every TTL/3 while the handler runs.
@@ -154,6 +160,153 @@ type RedisConf struct {
 	Sentinel           SentinelConf  `json:",optional"`
 	Replicas           int           `json:",optional"`
 	ReplicaTimeout     time.Duration `json:",default=100ms"`
+}
+
+// EtcdConf is go-zero's discov.EtcdConf, field for field with go-zero's names and meanings,
+// so the Etcd section of a zrpc service can be copied under Lock: and its Key changed (see
+// below). The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key.
+//   - Hosts lists the members' client addresses (host:port), as for discovery. Empty: no etcd.
+//   - User and Pass authenticate (both or neither, as go-zero's HasAccount requires).
+//   - CertFile, CertKeyFile and CACertFile are the client certificate, its key and the CA
+//     that signed the members' certificates: all three or none (go-zero's HasTLS).
+//     InsecureSkipVerify skips the verification of the members' certificates, as in go-zero.
+//
+// Where it differs from discov.EtcdConf:
+//   - Key is the prefix of the lock keys, not a service's name, and is optional: default
+//     "flightlock/". Never give it a service's discovery Key: zrpc clients watch every key
+//     under Key + "/" and would dial the locks as server addresses. New refuses a Key whose
+//     first segment (up to the first "/") ends in ".rpc", goctl's naming of discovery keys;
+//     it cannot know the other services' keys, so keep the locks under a name of their own.
+//   - ID is not a field: it names a service's registration lease, which the locks do not use
+//     (flightlock check accepts it, so a copied section passes).
+//   - DialTimeout (default 5s, go-zero's) bounds the connection at start-up and each dial.
+//   - LeaseMargin (default 1s, whole seconds) is how much longer than a lock's TTL its etcd
+//     lease lasts (etcdstore.WithLeaseMargin).
+//
+// etcd leases last whole seconds: a rule on etcd needs a TTL of whole seconds, at least 1s,
+// that the cluster grants with the margin added (TTL + LeaseMargin at least its minimum lease
+// TTL, 2s with etcd's default timings). New refuses other TTLs, naming the field; nothing is
+// rounded.
+type EtcdConf struct {
+	Hosts              []string      `json:",optional"`
+	Key                string        `json:",default=flightlock/"`
+	User               string        `json:",optional"`
+	Pass               string        `json:",optional"`
+	CertFile           string        `json:",optional"`
+	CertKeyFile        string        `json:",optional"`
+	CACertFile         string        `json:",optional"`
+	InsecureSkipVerify bool          `json:",optional"`
+	DialTimeout        time.Duration `json:",default=5s"`
+	LeaseMargin        time.Duration `json:",default=1s"`
+}
+
+// named reports whether e names an etcd cluster.
+func (e EtcdConf) named() bool { return len(e.Hosts) > 0 }
+
+// problems validates the settings of e when it names a cluster.
+func (e EtcdConf) problems(prefix string) []error {
+	var ps []error
+	if !e.named() {
+		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
+			ps = append(ps, fieldError("Lock.Etcd.Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
+		}
+		return ps
+	}
+	for i, h := range e.Hosts {
+		if strings.TrimSpace(h) == "" {
+			ps = append(ps, fieldError(fmt.Sprintf("Lock.Etcd.Hosts[%d]", i), "is empty"))
+		}
+	}
+	if first, _, _ := strings.Cut(e.Key+prefix, "/"); strings.HasSuffix(first, ".rpc") {
+		ps = append(ps, fieldError("Lock.Etcd.Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
+			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
+			"such as the default \"flightlock/\"", e.Key, first+"/"))
+	}
+	if (e.User == "") != (e.Pass == "") {
+		ps = append(ps, fieldError("Lock.Etcd.Pass", "and User must be set together (go-zero's HasAccount)"))
+	}
+	tls := []string{e.CertFile, e.CertKeyFile, e.CACertFile}
+	if n := len(tls) - len(slices.DeleteFunc(tls, func(s string) bool { return s == "" })); n > 0 && n < 3 {
+		ps = append(ps, fieldError("Lock.Etcd.CertFile", "CertFile, CertKeyFile and CACertFile must be set together (go-zero's HasTLS)"))
+	}
+	if e.DialTimeout < 0 {
+		ps = append(ps, fieldError("Lock.Etcd.DialTimeout", "must not be negative, got %v", e.DialTimeout))
+	}
+	if e.LeaseMargin < time.Second || e.LeaseMargin%time.Second != 0 {
+		ps = append(ps, fieldError("Lock.Etcd.LeaseMargin", "must be whole seconds, at least 1s, got %v", e.LeaseMargin))
+	}
+	return ps
+}
+
+// checkEtcdTTL refuses a lock TTL that an etcd lease cannot honour: field names the setting
+// it came from (Lock.TTL or Lock.Rules[i].TTL), rule the rule that runs on etcd with it.
+func checkEtcdTTL(field, rule string, ttl time.Duration) error {
+	if ttl >= time.Second && ttl%time.Second == 0 {
+		return nil
+	}
+	on := "the locks run on etcd"
+	if rule != "" {
+		on = rule + " runs on etcd"
+	}
+	return fieldError(field, "%v is not a whole number of seconds, at least 1s: %s, whose leases last whole seconds "+
+		"(nothing is rounded)", ttl, on)
+}
+
+// defaultStore is the store of a rule that names none: etcd when the section names etcd and no
+// Redis, else Redis (the embedded one without a Host). ambiguous reports that it names both.
+func (c LockConf) defaultStore() (store string, ambiguous bool) {
+	switch {
+	case c.Etcd.named() && !c.Redis.embedded():
+		return storeRedis, true
+	case c.Etcd.named():
+		return storeEtcd, false
+	}
+	return storeRedis, false
+}
+
+// storeOf is the store that rule s of c runs on, or a problem naming the field.
+func (c LockConf) storeOf(s spec) (string, error) {
+	switch s.Store {
+	case "":
+		store, ambiguous := c.defaultStore()
+		if ambiguous {
+			return "", fieldError(s.name+".Store", "is empty, but Lock names both a Redis (Redis.Host or Sentinel) and an etcd "+
+				"store (Etcd.Hosts): say which this rule locks in, redis or etcd")
+		}
+		return store, nil
+	case storeRedis:
+		return storeRedis, nil
+	case storeEtcd:
+		if !c.Etcd.named() {
+			return "", fieldError(s.name+".Store", "is etcd, but Lock.Etcd.Hosts is empty: an etcd store with no hosts")
+		}
+		return storeEtcd, nil
+	}
+	return "", oneOf(s.name+".Store", s.Store, storeRedis, storeEtcd)
+}
+
+// checkRuleStore validates the store of rule s of c: which one, and what etcd requires of it
+// (whole-second TTLs; share rules keep their responses in Redis).
+func (c LockConf) checkRuleStore(s spec) error {
+	store, err := c.storeOf(s)
+	if err != nil || store != storeEtcd {
+		return err
+	}
+	if s.OnBusy == onBusyShare {
+		why := "Lock names etcd only"
+		if s.Store != "" {
+			why = "Store: etcd"
+		}
+		return fieldError(s.name+".OnBusy", "is share, but the rule locks in etcd (%s): share keeps its responses in Redis; "+
+			"lock it in Redis (Store: redis, with Lock.Redis.Host set)", why)
+	}
+	if s.TTL > 0 {
+		return checkEtcdTTL(s.name+".TTL", s.name, s.TTL)
+	}
+	if store, _ := c.defaultStore(); store == storeEtcd {
+		return nil // Lock.TTL is checked once, with the scalars
+	}
+	return checkEtcdTTL("Lock.TTL", s.name, c.TTL)
 }
 
 // SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
@@ -263,6 +416,11 @@ type Rule struct {
 	// under Prefix + "shadow:", apart from the enforced rules' locks. Delete the line to
 	// enforce the rule as written.
 	Shadow bool `json:",optional"`
+	// Store is the store the rule locks in, "redis" or "etcd", in any case. Empty (the
+	// default): the one Lock names; a Lock that names both (Redis.Host or Sentinel, and
+	// Etcd.Hosts) needs it on every rule. A rule with OnBusy share locks in Redis (its
+	// responses are stored there).
+	Store string `json:",optional"`
 }
 
 // spec is a Rule to compile, with the Go key functions of rules built in Go (go-zero's conf
@@ -294,7 +452,20 @@ func (c LockConf) Problems() []error {
 	base := n
 	base.Rules = nil
 	if len(ps) > 0 {
-		base = LockConf{}.normalized() // compileRules checks the scalars first: give it good ones
+		// compileRules checks the scalars first: give it good ones, naming the same stores
+		// (the rules' store checks read which), with c's TTL when that one is good.
+		base = LockConf{}.normalized()
+		if !n.Redis.embedded() {
+			base.Redis.Host = "redis"
+		}
+		if n.Etcd.named() {
+			base.Etcd.Hosts = []string{"etcd"}
+		}
+		if t := base; n.TTL > 0 {
+			if t.TTL = n.TTL; t.check() == nil {
+				base = t
+			}
+		}
 	}
 	var good []spec
 	for i, r := range n.Rules {
@@ -319,6 +490,9 @@ func (c LockConf) normalized() LockConf {
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
 	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
 	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
+	if c.Etcd.Hosts != nil {
+		c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts)
+	}
 	if c.Rules != nil {
 		rules := make([]Rule, len(c.Rules))
 		for i, r := range c.Rules {
@@ -336,6 +510,7 @@ func (r Rule) normalized() Rule {
 	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
+	r.Store = strings.ToLower(r.Store)
 	return r
 }
 
@@ -421,6 +596,10 @@ func (c LockConf) problems() []error {
 		add(fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout))
 	}
 	add(c.Redis.checkFailover())
+	ps = append(ps, c.Etcd.problems(c.Prefix)...)
+	if store, _ := c.defaultStore(); store == storeEtcd && c.TTL >= 0 {
+		add(checkEtcdTTL("Lock.TTL", "", c.TTL))
+	}
 	return append(ps, c.Retry.problems()...)
 }
 

@@ -15,17 +15,17 @@ import (
 func TestDashboardQueriesExportedSeries(t *testing.T) {
 	// One sample on each vector, so that the registry lists it with its label names.
 	const r = "dashboard-test"
-	acquireDuration.ObserveFloat(0, r, r, outcomeAcquired, "redis")
-	holdDuration.ObserveFloat(0, r, r)
-	busyTotal.Inc(r, r)
-	lostTotal.Inc(r, r)
-	handoffTotal.Inc(r, r)
-	renewalTotal.Inc(r, r, "ok")
-	storeErrorTotal.Inc(r, r, "acquire")
-	failOpenTotal.Inc(r, r)
-	shadowConflictTotal.Inc(r, r, "reject")
-	heldGauge.Set(0, r, r)
-	waitingGauge.Set(0, r, r)
+	acquireDuration.ObserveFloat(0, r, r, r, outcomeAcquired, "redis")
+	holdDuration.ObserveFloat(0, r, r, r)
+	busyTotal.Inc(r, r, r)
+	lostTotal.Inc(r, r, r)
+	handoffTotal.Inc(r, r, r)
+	renewalTotal.Inc(r, r, r, "ok")
+	storeErrorTotal.Inc(r, r, r, "acquire")
+	failOpenTotal.Inc(r, r, r)
+	shadowConflictTotal.Inc(r, r, r, "reject")
+	heldGauge.Set(0, r, r, r)
+	waitingGauge.Set(0, r, r, r)
 
 	labels := map[string]map[string]bool{} // exported flightlock metric -> its label names
 	families, err := prometheus.DefaultGatherer.Gather()

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -42,13 +43,13 @@ func (m *Middleware) listen() {
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	m.drain.once.Do(func() {
 		grace, cancel := context.WithTimeout(ctx, m.drain.grace)
-		err := m.locker.Drain(grace)
+		err := m.drainAll(grace)
 		cancel()
 		if err != nil {
 			logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
 				logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
 			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainStragglers)
-			err = m.locker.Drain(last)
+			err = m.drainAll(last)
 			cancel()
 			if err != nil {
 				logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
@@ -61,4 +62,23 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 		}
 	})
 	return m.drain.err
+}
+
+// drainAll drains every base Locker of m at once (one per store), within ctx.
+func (m *Middleware) drainAll(ctx context.Context) error {
+	errs := make([]error, 0, len(m.bases))
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	for _, l := range m.bases {
+		wg.Go(func() {
+			err := l.Drain(ctx)
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

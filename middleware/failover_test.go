@@ -69,7 +69,7 @@ func (r *failoverRig) conf(t *testing.T, replicas int) LockConf {
 // built as New builds the Middleware's.
 func (r *failoverRig) locker(t *testing.T, replicas int) *flightlock.Locker {
 	t.Helper()
-	l, closeStore, err := newLocker(r.conf(t, replicas), "")
+	l, closeStore, err := newRedisLocker(r.conf(t, replicas), "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,11 +11,11 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
-// ruleLocker derives the Locker of one rule: same store and gate, the rule's mode, overrides
+// ruleLocker derives the Locker of one rule from the base Locker of its store: same store and gate, the rule's mode, overrides
 // and observer. r is normalized, so OnBusy holds its tag's default when the rule left it out.
 // A shadow rule's Locker never waits and keeps its locks apart from the enforced ones (see
 // shadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
-func (m *Middleware) ruleLocker(r Rule, stats *ruleStats) (*flightlock.Locker, error) {
+func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStats) (*flightlock.Locker, error) {
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen),
 		flightlock.WithObserver(stats.observer(m.logs))}
 	if (r.OnBusy == onBusyWait || r.OnBusy == onBusyShare) && !r.Shadow {
@@ -30,7 +30,7 @@ func (m *Middleware) ruleLocker(r Rule, stats *ruleStats) (*flightlock.Locker, e
 	if r.Wait > 0 {
 		opts = append(opts, flightlock.WithWait(r.Wait))
 	}
-	return m.locker.With(opts...)
+	return base.With(opts...)
 }
 
 // held is one request's lock, from m.lock to m.release.
@@ -55,17 +55,17 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, e
 func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) (held, error) {
 	st, metrics := rl.stats, metricsOn()
 	if metrics {
-		waitingGauge.Inc(st.name, st.template)
+		waitingGauge.Inc(st.name, st.template, st.store)
 	}
 	start := time.Now()
 	lctx, span := m.traceAcquire(ctx, rl, keys)
 	g, err := rl.locker.LockAll(lctx, keys...)
 	waited := time.Since(start)
 	outcome := outcomeOf(ctx, g, err)
-	endAcquireSpan(span, outcome, g, waited, err)
+	endAcquireSpan(span, st, outcome, g, waited, err)
 	if metrics {
-		waitingGauge.Dec(st.name, st.template)
-		acquireDuration.ObserveFloat(ms(waited), st.name, st.template, outcome, grantOf(g))
+		waitingGauge.Dec(st.name, st.template, st.store)
+		acquireDuration.ObserveFloat(ms(waited), st.name, st.template, st.store, outcome, grantOf(st, g))
 		m.countAcquire(st, outcome, g)
 	}
 	if errors.Is(err, ErrNestedLock) {
@@ -90,20 +90,20 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.Group) {
 	switch outcome {
 	case outcomeBusy:
-		busyTotal.Inc(st.name, st.template)
+		busyTotal.Inc(st.name, st.template, st.store)
 	case outcomeStoreError:
-		storeErrorTotal.Inc(st.name, st.template, "acquire")
+		storeErrorTotal.Inc(st.name, st.template, st.store, "acquire")
 	case outcomeDegraded:
-		failOpenTotal.Inc(st.name, st.template)
-		storeErrorTotal.Inc(st.name, st.template, "acquire")
+		failOpenTotal.Inc(st.name, st.template, st.store)
+		storeErrorTotal.Inc(st.name, st.template, st.store, "acquire")
 	}
 	if g == nil {
 		return
 	}
-	heldGauge.Inc(st.name, st.template)
+	heldGauge.Inc(st.name, st.template, st.store)
 	for _, l := range g.Leases() {
 		if l.Grant() == flightlock.GrantHandoff {
-			handoffTotal.Inc(st.name, st.template)
+			handoffTotal.Inc(st.name, st.template, st.store)
 		}
 	}
 }
@@ -129,14 +129,14 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 			logx.Field("fence", h.g.Leases()[0].Fence()))
 	}
 	if metricsOn() {
-		heldGauge.Dec(st.name, st.template)
-		holdDuration.ObserveFloat(ms(time.Since(h.at)), st.name, st.template)
+		heldGauge.Dec(st.name, st.template, st.store)
+		holdDuration.ObserveFloat(ms(time.Since(h.at)), st.name, st.template, st.store)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := h.g.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {
 		// The lock expires with its TTL; nothing of another owner was touched.
 		if !errors.Is(err, flightlock.ErrNotHeld) && metricsOn() {
-			storeErrorTotal.Inc(st.name, st.template, "release")
+			storeErrorTotal.Inc(st.name, st.template, st.store, "release")
 		}
 		m.logs.error(ctx, st, "release failed", err)
 	}

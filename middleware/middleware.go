@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -17,8 +18,15 @@ import (
 // Middleware locks go-zero REST routes and zrpc methods per its rules. Build it once with New
 // at start-up and share it: it is safe for concurrent use.
 type Middleware struct {
-	locker     *flightlock.Locker
-	closeStore func() error // nil when the store was injected
+	locker *flightlock.Locker // the Lock section's store's (Redis when it names both): Locker()
+	// bases holds the base Locker of each store the rules lock in, by store name ("redis",
+	// "etcd"): each with its own per-process gate, as a gate is per store. With WithLocker or
+	// WithStore it holds the injected one only, under its store's name, and every rule locks
+	// there (injected).
+	bases    map[string]*flightlock.Locker
+	injected bool
+	closers  []func() error // the stores New built; nil once closed
+	conf     LockConf       // normalized: the store choices of Route and RouteFunc rules
 	failOpen   bool
 	owners     ownerPolicy
 	http       httpRoutes
@@ -60,7 +68,6 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	}
 	logWaitsPastTimeout(c, rules, time.Duration(o.serverTimeout)*time.Millisecond)
 	m := &Middleware{
-		locker:    o.locker,
 		failOpen:  c.OnStoreError == storeErrorsOpen,
 		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
 		rpc:       make(map[string]*rule),
@@ -73,25 +80,24 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	if c.OwnerSecret != "" {
 		m.owners.secret = []byte(c.OwnerSecret)
 	}
-	switch {
-	case m.locker != nil:
-	case o.store != nil:
-		if m.locker, err = lockerOn(o.store, c); err != nil {
-			return nil, err
-		}
-	default:
-		if m.locker, m.closeStore, err = newLocker(c, o.mode); err != nil {
-			return nil, err
-		}
+	m.conf = c
+	if err := m.buildStores(c, rules, o); err != nil {
+		_ = m.Close()
+		return nil, err
 	}
 	for _, cr := range rules {
+		store, base, err := m.baseFor(cr.spec)
+		if err != nil {
+			_ = m.Close()
+			return nil, err
+		}
 		if cr.spec.OnBusy == onBusyShare && m.replays == nil {
-			if m.replays, err = newReplayStore(m.locker.Store()); err != nil {
+			if m.replays, err = newReplayStore(base.Store()); err != nil {
 				_ = m.Close()
 				return nil, fieldError(cr.spec.name+".OnBusy", "%v", err)
 			}
 		}
-		l, err := m.ruleLocker(cr.spec.Rule, cr.setStats())
+		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {
 			_ = m.Close()
 			return nil, fieldError(cr.spec.name, "%v", err)
@@ -135,15 +141,74 @@ func mustStart(err error) {
 }
 
 // Locker returns the Locker the Middleware locks with, for handlers that lock more keys
-// themselves. Locks it takes share the Middleware's per-process gate.
+// themselves: that of the Lock section's store (Redis when the section names both Redis and
+// etcd). Locks it takes share the Middleware's per-process gate of that store.
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 
-// Close closes the store the Middleware built (not one given with WithLocker).
+// Close closes the stores the Middleware built (not one given with WithLocker or WithStore):
+// the Redis store and its client, the etcd store (revoking its leases) and its client.
 func (m *Middleware) Close() error {
-	if m.closeStore == nil {
+	closers := m.closers
+	m.closers = nil
+	var errs []error
+	for _, c := range closers {
+		errs = append(errs, c())
+	}
+	return errors.Join(errs...)
+}
+
+// buildStores sets m's base Lockers: the injected one (WithLocker, WithStore), or those of
+// the stores that c names and its rules lock in, built here.
+func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) error {
+	m.bases = make(map[string]*flightlock.Locker)
+	switch {
+	case o.locker != nil:
+		m.locker, m.injected = o.locker, true
+	case o.store != nil:
+		l, err := lockerOn(o.store, c)
+		if err != nil {
+			return err
+		}
+		m.locker, m.injected = l, true
+	}
+	if m.injected {
+		m.bases[storeName(m.locker.Store())] = m.locker
 		return nil
 	}
-	closeStore := m.closeStore
-	m.closeStore = nil
-	return closeStore()
+	primary, _ := c.defaultStore()
+	redisUsed := primary == storeRedis
+	for _, cr := range rules {
+		redisUsed = redisUsed || cr.spec.Store == storeRedis
+	}
+	if c.Etcd.named() {
+		l, closeStore, err := newEtcdLocker(c)
+		if err != nil {
+			return err
+		}
+		m.bases[storeEtcd], m.closers = l, append(m.closers, closeStore)
+	}
+	if redisUsed || !c.Redis.embedded() {
+		l, closeStore, err := newRedisLocker(c, o.mode)
+		if err != nil {
+			return err
+		}
+		m.bases[storeRedis], m.closers = l, append(m.closers, closeStore)
+	}
+	m.locker = m.bases[primary]
+	return nil
+}
+
+// baseFor returns the store that rule s locks in and its base Locker.
+func (m *Middleware) baseFor(s spec) (string, *flightlock.Locker, error) {
+	if m.injected {
+		return storeName(m.locker.Store()), m.locker, nil
+	}
+	store, err := m.conf.storeOf(s)
+	if err != nil {
+		return "", nil, err
+	}
+	if l := m.bases[store]; l != nil {
+		return store, l, nil
+	}
+	return "", nil, fieldError(s.name+".Store", "is %s, but the Lock section names no %s store", store, store)
 }

@@ -23,70 +23,72 @@ import (
 // endpoint (DevServer or Prometheus in its config) next to go-zero's, and cost nothing when
 // that is off. They are labelled by rule: its name (the route, "POST /api/order", or the RPC,
 // "/pkg.Svc/Method") and its key template ("order:{body.uid}"), never by a rendered key,
-// which holds user ids and has no bound. Durations are in milliseconds, as go-zero's own
+// which holds user ids and has no bound, and by the store the rule locks in ("redis" or "etcd",
+// the label store, after rule and key: selectors and sums written before it still match).
+// Durations are in milliseconds, as go-zero's own
 // request histograms are.
 var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
-		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, handoff, reentry, joined, borrowed; none when not acquired).",
-		Labels:  []string{"rule", "key", "outcome", "grant"},
+		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis or etcd: by the store; handoff, reentry, joined, borrowed; none when not acquired).",
+		Labels:  []string{"rule", "key", "store", "outcome", "grant"},
 		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
 	})
 	holdDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "hold_duration_ms",
 		Help:    "How long a request held its lock: from the grant to the release.",
-		Labels:  []string{"rule", "key"},
+		Labels:  []string{"rule", "key", "store"},
 		Buckets: []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
 	})
 	busyTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "busy_total",
 		Help:   "Requests answered busy (409 Conflict / Aborted) because another holder had the key.",
-		Labels: []string{"rule", "key"},
+		Labels: []string{"rule", "key", "store"},
 	})
 	lostTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "lost_total",
 		Help:   "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.",
-		Labels: []string{"rule", "key"},
+		Labels: []string{"rule", "key", "store"},
 	})
 	handoffTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "handoffs_total",
-		Help:   "Locks handed from one request to the next in this process without a Redis round trip.",
-		Labels: []string{"rule", "key"},
+		Help:   "Locks handed from one request to the next in this process without a round trip to the store.",
+		Labels: []string{"rule", "key", "store"},
 	})
 	renewalTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "renewals_total",
 		Help:   "Watchdog renewals of held locks, by result (ok, failed).",
-		Labels: []string{"rule", "key", "result"},
+		Labels: []string{"rule", "key", "store", "result"},
 	})
 	storeErrorTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "store_errors_total",
-		Help:   "Lock store (Redis) errors, by operation (acquire, release).",
-		Labels: []string{"rule", "key", "op"},
+		Help:   "Lock store (Redis or etcd) errors, by operation (acquire, release).",
+		Labels: []string{"rule", "key", "store", "op"},
 	})
 	failOpenTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "fail_open_total",
 		Help:   "Requests served under this process's lock only because the lock store was unreachable (OnStoreError: open).",
-		Labels: []string{"rule", "key"},
+		Labels: []string{"rule", "key", "store"},
 	})
 	shadowConflictTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "shadow_conflicts_total",
 		Help:   "Requests of a shadow rule that enforcing it would have held back, by what it would have done (reject, wait, invalid_key, store_error).",
-		Labels: []string{"rule", "key", "would"},
+		Labels: []string{"rule", "key", "store", "would"},
 	})
 	sharedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "shared_total",
 		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: Redis), and responses too large to store (too_large).",
-		Labels: []string{"rule", "key", "how"},
+		Labels: []string{"rule", "key", "store", "how"},
 	})
 	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
 		Namespace: "flightlock", Name: "held",
 		Help:   "Requests holding their lock now.",
-		Labels: []string{"rule", "key"},
+		Labels: []string{"rule", "key", "store"},
 	})
 	waitingGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
 		Namespace: "flightlock", Name: "waiting",
 		Help:   "Requests taking their lock now: queued for a busy key, or waiting for Redis.",
-		Labels: []string{"rule", "key"},
+		Labels: []string{"rule", "key", "store"},
 	})
 )
 
@@ -105,13 +107,15 @@ const (
 type ruleStats struct {
 	name     string // "POST /api/order", "/pkg.Svc/Method", or the name of a named rule
 	template string // the key template, or "func" for a key computed in Go
+	store    string // the store the rule locks in: "redis" or "etcd"
 	attrs    []attribute.KeyValue
 }
 
-func newRuleStats(name, template string) *ruleStats {
-	return &ruleStats{name: name, template: template, attrs: []attribute.KeyValue{
+func newRuleStats(name, template, store string) *ruleStats {
+	return &ruleStats{name: name, template: template, store: store, attrs: []attribute.KeyValue{
 		attribute.String("flightlock.rule", name),
 		attribute.String("flightlock.key_template", template),
+		attribute.String("flightlock.store", store),
 	}}
 }
 
@@ -128,14 +132,14 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 		},
 		Renewed: func(_ string, err error) {
 			if err == nil {
-				renewalTotal.Inc(s.name, s.template, "ok")
+				renewalTotal.Inc(s.name, s.template, s.store, "ok")
 				return
 			}
-			renewalTotal.Inc(s.name, s.template, "failed")
+			renewalTotal.Inc(s.name, s.template, s.store, "failed")
 			logs.error(context.Background(), s, "renewal failed", err)
 		},
 		Lost: func(string) {
-			lostTotal.Inc(s.name, s.template)
+			lostTotal.Inc(s.name, s.template, s.store)
 		},
 	}
 }
@@ -162,7 +166,7 @@ func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) 
 }
 
 // endAcquireSpan records the outcome of an acquisition on its span and ends it.
-func endAcquireSpan(span oteltrace.Span, outcome string, g *flightlock.Group, waited time.Duration, err error) {
+func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *flightlock.Group, waited time.Duration, err error) {
 	if span == nil {
 		return
 	}
@@ -179,7 +183,7 @@ func endAcquireSpan(span oteltrace.Span, outcome string, g *flightlock.Group, wa
 				span.AddEvent("flightlock.handoff", oteltrace.WithAttributes(attribute.Int64("flightlock.fence", l.Fence())))
 			}
 		}
-		attrs = append(attrs, attribute.String("flightlock.grant", leases[0].Grant().String()),
+		attrs = append(attrs, attribute.String("flightlock.grant", grantOf(st, g)),
 			attribute.Int64("flightlock.fence", fences[0]))
 		if len(fences) > 1 {
 			attrs = append(attrs, attribute.Int64Slice("flightlock.fences", fences))
@@ -214,12 +218,17 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 }
 
 // grantOf is the grant label of an acquisition: that of its first lease (a multi-key rule's
-// leases are almost always granted alike), or "none".
-func grantOf(g *flightlock.Group) string {
+// leases are almost always granted alike), or "none". A grant by the store is named after
+// it: "redis" (flightlock.GrantRedis's name) or "etcd".
+func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"
 	}
-	return g.Leases()[0].Grant().String()
+	grant := g.Leases()[0].Grant()
+	if grant == flightlock.GrantRedis && st.store == storeEtcd {
+		return storeEtcd
+	}
+	return grant.String()
 }
 
 // degraded reports whether a lease of g holds this process's gate only (OnStoreError: open).

@@ -56,21 +56,21 @@ func WithLocker(l *flightlock.Locker) Option {
 }
 
 // WithHTTPRule adds a REST rule built in Go: r names the route (Method and Path) and its
-// OnBusy, TTL and Wait; key computes the key instead of r.Key.
+// OnBusy, TTL, Wait and Store; key computes the key instead of r.Key.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
 	r = r.normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
+		o.rules = append(o.rules, spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
 			name: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), httpKey: key})
 	}
 }
 
 // WithRPCRule adds a zrpc rule built in Go: r names the method (RPC) and its OnBusy, TTL
-// and Wait; key computes the key instead of r.Key.
+// Wait and Store; key computes the key instead of r.Key.
 func WithRPCRule(r Rule, key RPCKeyFunc) Option {
 	r = r.normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait},
+		o.rules = append(o.rules, spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
 			name: fmt.Sprintf("WithRPCRule(%s)", r.RPC), rpcKey: key})
 	}
 }

@@ -77,7 +77,16 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 	}
 	rl.name = cmp.Or(rl.name, "route "+s.Key)
 	cr := &compiledRule{spec: spec{Rule: s.Rule, name: "Route", httpKey: s.httpKey}, http: rl}
-	if rl.locker, err = m.ruleLocker(s.Rule, cr.setStats()); err != nil {
+	store, base, err := m.baseFor(s)
+	if err != nil {
+		return nil, err
+	}
+	if !m.injected {
+		if err := m.conf.checkRuleStore(s); err != nil {
+			return nil, err
+		}
+	}
+	if rl.locker, err = m.ruleLocker(base, s.Rule, cr.setStats(store)); err != nil {
 		return nil, fieldError(s.name, "%v", err)
 	}
 	name := "Route"

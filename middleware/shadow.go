@@ -51,7 +51,7 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string) he
 // that enforcing the rule would have answered otherwise.
 func (m *Middleware) shadowConflict(ctx context.Context, rl *rule, would string, err error) {
 	if metricsOn() {
-		shadowConflictTotal.Inc(rl.stats.name, rl.stats.template, would)
+		shadowConflictTotal.Inc(rl.stats.name, rl.stats.template, rl.stats.store, would)
 	}
 	if err != nil {
 		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
@@ -67,7 +67,7 @@ func (m *Middleware) badKey(ctx context.Context, rl *rule, err error) (goOn bool
 		return true
 	}
 	if metricsOn() {
-		acquireDuration.ObserveFloat(0, rl.stats.name, rl.stats.template, outcomeInvalidKey, "none")
+		acquireDuration.ObserveFloat(0, rl.stats.name, rl.stats.template, rl.stats.store, outcomeInvalidKey, "none")
 	}
 	// Said in the service's log, summarised per rule: a template that names a field the
 	// requests never carry ({userId} for uid) refuses every request with 400, and the access

@@ -212,7 +212,7 @@ func matchPrint(rec *record, print string) error {
 
 func (m *Middleware) countShare(rl *rule, how string) {
 	if metricsOn() {
-		sharedTotal.Inc(rl.stats.name, rl.stats.template, how)
+		sharedTotal.Inc(rl.stats.name, rl.stats.template, rl.stats.store, how)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/redis/go-redis/v9"
@@ -20,6 +22,7 @@ import (
 	"github.com/zeromicro/go-zero/core/service"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/core/trace"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // NewStore builds a lock store and its go-redis client from go-zero's RedisConf, with go-zero's
@@ -163,10 +166,10 @@ func splitHosts(hosts string) []string {
 	return out
 }
 
-// newLocker builds the store that c.Redis describes and the Locker on it, for a service in
+// newRedisLocker builds the store that c.Redis describes and the Locker on it, for a service in
 // go-zero mode mode ("" when unknown). Without a host the store is the embedded one, never
 // silently: refused in pre and pro, logged at error level otherwise (issue 9).
-func newLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
+func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
 	var (
 		store *lockstore.RedisStore
 		err   error
@@ -239,4 +242,93 @@ func sameTrace(ctx context.Context, holder string) error {
 		}
 	}
 	return nil
+}
+
+// Client is the etcd client that New builds for e, as go-zero's discov does
+// (core/discov/internal: DialClient and AddTLS): e.Hosts as endpoints, User and Pass when both
+// are set, TLS from CertFile, CertKeyFile and CACertFile when all three are set (with
+// InsecureSkipVerify), AutoSyncInterval one minute, RejectOldCluster and PermitWithoutStream.
+// DialTimeout (0 means 5s, go-zero's) bounds the first connection: New fails when no member
+// answers within it. For tools that read the locks (cmd/flightlock) and stores built with
+// etcdstore.New and options of their own. The caller closes it.
+func (e EtcdConf) Client() (*clientv3.Client, error) {
+	hosts := make([]string, 0, len(e.Hosts))
+	for _, h := range e.Hosts {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(hosts) == 0 {
+		return nil, errors.New("flightlock: Etcd.Hosts is empty")
+	}
+	cfg := clientv3.Config{
+		Endpoints:           hosts,
+		AutoSyncInterval:    time.Minute,
+		DialTimeout:         cmp.Or(e.DialTimeout, defaultEtcdDialTimeout),
+		RejectOldCluster:    true,
+		PermitWithoutStream: true,
+	}
+	if e.User != "" && e.Pass != "" {
+		cfg.Username, cfg.Password = e.User, e.Pass
+	}
+	if e.CertFile != "" && e.CertKeyFile != "" && e.CACertFile != "" {
+		cert, err := tls.LoadX509KeyPair(e.CertFile, e.CertKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("flightlock: Etcd.CertFile and CertKeyFile: %w", err)
+		}
+		ca, err := os.ReadFile(e.CACertFile)
+		if err != nil {
+			return nil, fmt.Errorf("flightlock: Etcd.CACertFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, fmt.Errorf("flightlock: Etcd.CACertFile %s holds no PEM certificate", e.CACertFile)
+		}
+		cfg.TLS = &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			Certificates:       []tls.Certificate{cert},
+			RootCAs:            pool,
+			InsecureSkipVerify: e.InsecureSkipVerify, //nolint:gosec // go-zero's InsecureSkipVerify, off by default
+		}
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w", hosts, err)
+	}
+	return cli, nil
+}
+
+// defaultEtcdDialTimeout is go-zero's dial timeout for etcd (core/discov/internal/vars.go).
+const defaultEtcdDialTimeout = 5 * time.Second
+
+// newEtcdLocker builds the etcd client and store that c.Etcd describes and the Locker on
+// them, whose prefix is Etcd.Key + Prefix. The returned func closes the store (revoking its
+// leases, which frees the locks still held) and then the client.
+func newEtcdLocker(c LockConf) (*flightlock.Locker, func() error, error) {
+	cli, err := c.Etcd.Client()
+	if err != nil {
+		return nil, nil, fmt.Errorf("Lock.Etcd: %w", err)
+	}
+	store, err := etcdstore.New(cli, etcdstore.WithLeaseMargin(c.Etcd.LeaseMargin))
+	if err != nil {
+		_ = cli.Close()
+		return nil, nil, fmt.Errorf("Lock.Etcd: %w", err)
+	}
+	closeAll := func() error { return errors.Join(store.Close(), cli.Close()) }
+	c.Prefix = c.Etcd.Key + c.Prefix
+	l, err := lockerOn(store, c)
+	if err != nil {
+		_ = closeAll()
+		return nil, nil, err
+	}
+	return l, closeAll, nil
+}
+
+// storeName is the store label of s: "etcd" for an etcd store, "redis" for any other (the
+// Redis store, or one a test injected).
+func storeName(s lockstore.Store) string {
+	if _, ok := s.(*etcdstore.Store); ok {
+		return storeEtcd
+	}
+	return storeRedis
 }

@@ -188,7 +188,7 @@ func TestLogSummary(t *testing.T) {
 		defer mu.Unlock()
 		lines = append(lines, msg)
 	}
-	a, b := newRuleStats("POST /a", "a:{x}"), newRuleStats("POST /b", "b:{x}")
+	a, b := newRuleStats("POST /a", "a:{x}", storeRedis), newRuleStats("POST /b", "b:{x}", storeRedis)
 	for i := range 100 {
 		s.error(context.Background(), a, "lock store unreachable", fmt.Errorf("dial %d", i))
 	}
