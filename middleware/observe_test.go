@@ -274,7 +274,7 @@ func TestMetricsScrapedFromGoZeroServer(t *testing.T) {
 		min    float64
 		max    float64
 	}{
-		{"flightlock_acquire_duration_ms_count", append(rule("/m/order", "order:{body.uid}"), "outcome", "acquired", "grant", "redis"), 1, 1},
+		{"flightlock_acquire_duration_ms_count", append(rule("/m/order", "order:{body.uid}"), "outcome", "acquired", "grant", "redis", "store", "redis"), 1, 1},
 		{"flightlock_acquire_duration_ms_count", append(rule("/m/order", "order:{body.uid}"), "outcome", "busy", "grant", "none"), 1, 1},
 		{"flightlock_acquire_duration_ms_count", append(rule("/m/wait", "wait:{body.uid}"), "outcome", "acquired", "grant", "handoff"), 1, 1},
 		{"flightlock_acquire_duration_ms_count", append(rule("/m/closed", "c:{body.uid}"), "outcome", "store_error"), 3, 3},
