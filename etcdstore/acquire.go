@@ -1,0 +1,441 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
+// is fresh, which the store's keep-alives see to):
+//
+//	if   create_revision(key) == 0
+//	then put(key, value, lease); get(floor)
+//	else get(key); put(waiter, "", lease)
+//
+// The first branch is a grant: its revision makes the fence (fence.go). The second is busy: the
+// holder's value gives its lease TTL (HolderTTL) and metadata (Holder), and the waiter mark is
+// set so that the holder's release reports a waiter; or, when owner holds key already, a
+// re-entry (the fence of the holding, the hold count unchanged; it reads the floor in a second
+// round trip and sets the mark too, which costs the holder's release at most a needless yield).
+// The mark is written unconditionally: a nested transaction that writes it only when needed
+// made every acquisition 3% slower, measured against the floor of issue 14.
+func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if s.isClosed() {
+		return lockstore.Acquisition{}, errStoreClosed
+	}
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		l, err := s.freshLease(ctx, ttl, start)
+		if errors.Is(err, errLeaseGone) && attempt == 0 {
+			continue // dropped with its locks: the next round grants a new lease
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		value := newValue(owner, l.secs, meta)
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))).
+			Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id))).
+			Commit()
+		if err != nil {
+			if isLeaseNotFound(err) && attempt == 0 {
+				s.loseLease(l)
+				continue
+			}
+			s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		if resp.Succeeded {
+			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		}
+		kv := firstKV(resp.Responses[0])
+		if kv == nil {
+			// The key is created (the compare failed) yet not there: cannot happen within one
+			// transaction. Busy, with no holder to wait for.
+			return lockstore.Acquisition{}, nil
+		}
+		if ownedBy(kv.Value, owner) {
+			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+		}
+		s.noteBusy(key, resp.Header.Revision)
+		return busy(kv), nil
+	}
+}
+
+// freshLease returns the lease of ttl, known to live at least ttl counted from start: fresh
+// from the store's keep-alives, or kept alive now by a keep-alive sent after start.
+func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time) (*lease, error) {
+	l, err := s.leaseFor(ctx, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if !l.liveFor(start, ttl) {
+		if err := s.renewAfter(ctx, l, start); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// loseLease records that etcd no longer has l (a put on it was refused).
+func (s *Store) loseLease(l *lease) {
+	l.mu.Lock()
+	l.gone = true
+	l.mu.Unlock()
+	s.dropLease(l)
+}
+
+// markWaiter is AcquireAll's mark: a nested transaction that sets key's waiter mark on the
+// waiter's lease when key is held by someone other than owner and the mark is not set.
+func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
+	w := WaiterKey(key)
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{
+			// value(key) starts with "<owner> ": it sorts between "<owner> " and "<owner>!".
+			clientv3.Compare(clientv3.Value(key), ">", owner+" "),
+			clientv3.Compare(clientv3.Value(key), "<", owner+"!"),
+		},
+		nil,
+		[]clientv3.Op{clientv3.OpTxn(
+			[]clientv3.Cmp{
+				clientv3.Compare(clientv3.CreateRevision(w), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(key), ">", 0),
+			},
+			[]clientv3.Op{clientv3.OpPut(w, "", clientv3.WithLease(id))},
+			nil)})
+}
+
+// maybeTaken records an acquisition whose outcome is unknown (its reply was lost): the store
+// releases the key once until passes unless the owner refreshes it (a timed-out acquisition
+// the Locker gives back is released at once).
+func (s *Store) maybeTaken(key, owner, value string, id clientv3.LeaseID, until time.Time) {
+	s.update(key, owner, func(e *heldKey) {
+		e.own = true
+		if e.value == "" {
+			e.value, e.lease = value, id
+		}
+		e.until = later(e.until, until)
+	})
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// granted records a grant at revision rev, which its holder counts on until until, and returns
+// it with its fence. A floor that makes no fence (written by hand) gives the key back rather
+// than hand out a fence that may repeat.
+func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
+	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
+	d, err := floorOffset(floor)
+	var fence int64
+	if err == nil {
+		fence, err = fenceOf(rev, d)
+	}
+	if err != nil {
+		s.giveBack(ctx, key, value)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	s.update(key, owner, func(e *heldKey) {
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
+		e.simple, e.own, e.tries = true, true, 0
+		e.until = later(e.until, until)
+	})
+	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
+}
+
+// giveBack deletes key if it still holds value (a grant the store cannot use), bounded.
+func (s *Store) giveBack(ctx context.Context, key, value string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
+}
+
+// reentered answers an acquisition of a key owner holds already: the fence of the holding,
+// after making sure the key lives at least ttl from start (its lease is the fresh l, or is
+// kept alive now). floor is the key's fence floor; nil reads it (none is read too).
+func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
+	l *lease, start time.Time) (lockstore.Acquisition, error) {
+	v, ok := parseValue(kv.Value)
+	if !ok {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unreadable lock value %q", key, kv.Value)
+	}
+	if floor == nil {
+		resp, err := s.cli.Get(ctx, FloorKey(key))
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		if len(resp.Kvs) > 0 {
+			floor = resp.Kvs[0]
+		}
+	}
+	d, err := floorOffset(floor)
+	var fence int64
+	if err == nil {
+		fence, err = fenceOf(kv.CreateRevision, d)
+	}
+	if err != nil {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	if clientv3.LeaseID(kv.Lease) != l.id {
+		secs, err := s.keepAliveOnce(ctx, clientv3.LeaseID(kv.Lease), start)
+		if errors.Is(err, errLeaseGone) {
+			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		if time.Duration(secs)*time.Second < ttl {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: held on an etcd lease of %ds, "+
+				"shorter than the lock TTL %v", key, secs, ttl)
+		}
+	}
+	s.update(key, owner, func(e *heldKey) {
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), clientv3.LeaseID(kv.Lease),
+			kv.CreateRevision, kv.ModRevision, fence, floor != nil
+		e.simple, e.own, e.tries = v.simple(), true, 0
+		e.until = later(e.until, start.Add(ttl))
+	})
+	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
+}
+
+// busy is the acquisition refused by the holder of kv: its lease TTL (how long the lock lasts
+// should its holder stop now, less at most one keep-alive period of its store) and metadata.
+func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
+	v, ok := parseValue(kv.Value)
+	if !ok {
+		return lockstore.Acquisition{}
+	}
+	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
+}
+
+// AcquireAll takes every key of keys for owner for ttl in one transaction, all or none: when
+// all are free it takes them (each with its fence), when owner holds all of them already it
+// re-enters them (as Acquire), and otherwise it takes none and marks the keys held by others
+// as waited on; their Acquisitions carry HolderTTL and Holder. The Acquisitions are in keys'
+// order. Each key is released on its own (Release). At most half the cluster's --max-txn-ops
+// keys (64 by default) go in one call; keys must be distinct.
+//
+// flightlock's Locker takes several keys one by one (LockAll); this is the seam for a core
+// that takes them in one round trip.
+func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("flightlock: no keys")
+	}
+	if 2*len(keys) > s.maxTxnOps {
+		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
+			len(keys), s.maxTxnOps/2, s.maxTxnOps)
+	}
+	for _, k := range keys {
+		if err := checkArgs(k, owner, ttl); err != nil {
+			return nil, err
+		}
+	}
+	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
+		return nil, errors.New("flightlock: duplicate key in AcquireAll")
+	}
+	if s.isClosed() {
+		return nil, errStoreClosed
+	}
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		l, err := s.freshLease(ctx, ttl, start)
+		if errors.Is(err, errLeaseGone) && attempt == 0 {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+		}
+		value := newValue(owner, l.secs, meta)
+		cmps := make([]clientv3.Cmp, len(keys))
+		then := make([]clientv3.Op, 0, 2*len(keys))
+		els := make([]clientv3.Op, 0, 2*len(keys))
+		for i, k := range keys {
+			cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
+			then = append(then, clientv3.OpPut(k, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(k)))
+			els = append(els, clientv3.OpGet(k), markWaiter(k, owner, l.id))
+		}
+		resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+		if err != nil {
+			if isLeaseNotFound(err) && attempt == 0 {
+				s.loseLease(l)
+				continue
+			}
+			for _, k := range keys {
+				s.maybeTaken(k, owner, value, l.id, start.Add(ttl))
+			}
+			return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+		}
+		out := make([]lockstore.Acquisition, len(keys))
+		if resp.Succeeded {
+			for i, k := range keys {
+				a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
+				if err != nil {
+					for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
+						s.giveBack(ctx, g, value)
+						s.released(g, owner, "")
+					}
+					for _, g := range keys[i+1:] {
+						s.giveBack(ctx, g, value)
+					}
+					return nil, err
+				}
+				out[i] = a
+			}
+			return out, nil
+		}
+		ours := 0
+		for i, k := range keys {
+			kv := firstKV(resp.Responses[2*i])
+			switch {
+			case kv == nil:
+			case ownedBy(kv.Value, owner):
+				ours++
+			default:
+				s.noteBusy(k, resp.Header.Revision)
+				out[i] = busy(kv)
+			}
+		}
+		if ours < len(keys) {
+			return out, nil
+		}
+		for i, k := range keys {
+			a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
+			if err != nil || !a.Acquired {
+				return make([]lockstore.Acquisition, len(keys)), err
+			}
+			out[i] = a
+		}
+		return out, nil
+	}
+}
+
+// Reenter implements lockstore.Store: owner, a token another process holds key with, adds the
+// hold named hold. It reads the key, then writes the hold with a compare on the revision it
+// read (two round trips; a re-sent call finds the hold listed and writes nothing), while a
+// keep-alive of the key's lease sent after the call started makes it live at least ttl more.
+// A ttl longer than the holder's lease lasts is refused: a keep-alive of that lease cannot
+// honour it.
+func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if err := checkHold(hold, false); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if s.isClosed() {
+		return lockstore.Acquisition{}, errStoreClosed
+	}
+	start := time.Now()
+	for {
+		resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))).Commit()
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		}
+		kv, floor := firstKV(resp.Responses[0]), firstKV(resp.Responses[1])
+		switch {
+		case kv == nil:
+			return lockstore.Acquisition{}, nil // free: a handed-over token takes nothing
+		case !ownedBy(kv.Value, owner):
+			a := busy(kv)
+			a.Holder = "" // Reenter reports no holder (as the Redis store)
+			return a, nil
+		}
+		v, ok := parseValue(kv.Value)
+		if !ok {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unreadable lock value %q", key, kv.Value)
+		}
+		if time.Duration(v.secs)*time.Second < ttl {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its holder's etcd lease lasts %ds, "+
+				"so this TTL cannot be honoured", key, ttl, v.secs)
+		}
+		d, err := floorOffset(floor)
+		var fence int64
+		if err == nil {
+			fence, err = fenceOf(kv.CreateRevision, d)
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		}
+		id := clientv3.LeaseID(kv.Lease)
+		value := string(kv.Value)
+		var (
+			wg      sync.WaitGroup
+			secs    int64
+			kaErr   error
+			written = true
+		)
+		wg.Go(func() { secs, kaErr = s.keepAliveOnce(ctx, id, start) })
+		if nv := v.withHold(hold); nv.holds != v.holds {
+			value = nv.String()
+			put, err := s.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+				Then(clientv3.OpPut(key, value, clientv3.WithIgnoreLease())).
+				Commit()
+			if err != nil {
+				wg.Wait()
+				// The hold may be written: the store gives it up once ttl passes unrefreshed.
+				s.update(key, owner, func(e *heldKey) {
+					e.holds = withHold(e.holds, hold)
+					e.until = later(e.until, start.Add(ttl))
+				})
+				return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+			}
+			written = put.Succeeded
+		}
+		wg.Wait()
+		if !written {
+			continue // the lock changed since it was read: read it again
+		}
+		switch {
+		case errors.Is(kaErr, errLeaseGone):
+			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
+		case kaErr != nil:
+			s.giveUpHold(ctx, key, owner, hold)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
+		case time.Duration(secs)*time.Second < ttl:
+			s.giveUpHold(ctx, key, owner, hold)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
+		}
+		s.update(key, owner, func(e *heldKey) {
+			e.value, e.lease, e.createRev, e.fence, e.hadFloor = value, id, kv.CreateRevision, fence, floor != nil
+			e.modRev, e.simple, e.tries = 0, false, 0
+			e.holds = withHold(e.holds, hold)
+			e.until = later(e.until, start.Add(ttl))
+		})
+		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
+	}
+}
+
+// giveUpHold releases a hold that a call added but will not report, bounded: a hold it cannot
+// give up stays listed until the lock ends.
+func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_, _ = s.Release(ctx, key, owner, hold, 0)
+}
+
+// firstKV returns the first key of a range response, or nil.
+func firstKV(r *pb.ResponseOp) *mvccpb.KeyValue {
+	if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+		return rr.Kvs[0]
+	}
+	return nil
+}

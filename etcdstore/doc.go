@@ -1,0 +1,72 @@
+// Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and
+// lockstore.BatchRefresher) on go.etcd.io/etcd/client/v3, for the endpoints where a double
+// grant costs money even across a failover (issue 14). Raft keeps an acknowledged grant
+// through a leader's death, and the cluster's revision is a fence by construction.
+//
+// New takes a *clientv3.Client that the caller owns; keys are full etcd keys (the Locker adds
+// its prefix). Only this package and the go-zero layer import etcd: the Locker does not know
+// which store it drives.
+//
+// # Exclusion
+//
+// A lock is one etcd key whose value names its owner token (see lockValue). Acquire is one
+// transaction: if the key's create revision is 0, put it on the session lease; else read it,
+// which tells a re-entry by the same owner (idempotent: the fence of the holding, no hold
+// added) from a busy key (the holder's lease TTL and metadata, and a waiter mark). AcquireAll
+// (several keys, all or none) is a single transaction too. No write ever touches a key held
+// by another owner: releases compare the exact revision this store wrote (or read), refreshes
+// check the owner on a read after the call started.
+//
+// # Leases and TTLs
+//
+// Every lock of one TTL (one Locker session) rides on one etcd lease, granted on first use and
+// kept alive in the background. etcd leases last whole seconds: a lock TTL that is not a whole
+// number of seconds is refused, and so is one whose lease etcd would raise (below its minimum
+// lease TTL, 1.5 election timeouts rounded up: 2s with default timings); nothing is rounded.
+//
+// The lease of a TTL of n seconds lasts n + m seconds, m the lease margin (WithLeaseMargin,
+// 1s by default). The reason: the Locker counts a lock's life from the send time of the
+// acquisition, while etcd counts the lease's from its last keep-alive. The store keeps each
+// lease alive every m/4, and an acquisition sent within m of the last keep-alive that
+// succeeded (the usual case) is one transaction: the lease then lives at least
+// (n + m) - m = n seconds from the send. An acquisition that finds its lease staler first waits
+// for a keep-alive sent after it started. Refresh and RefreshAll keep the key's lease alive
+// with a keep-alive sent after the call started and check, on a read after that moment, that
+// the key is still the owner's and on that lease: when they return nil the lock lives at least
+// n seconds from the call. So every guarantee the Locker counts on holds from the send time,
+// and a lock whose holder dies lasts at most n + m seconds after its last keep-alive.
+//
+// A lease that etcd no longer has (expired during a partition, revoked) took every key on it:
+// refreshes answer lockstore.ErrNotHeld, and the next acquisition grants a new lease.
+//
+// A re-entry from another process (Reenter) keeps the holder's lease alive while it refreshes,
+// so a TTL longer than that lease lasts is refused. While it does, the holder's other locks on
+// that lease live too: if the holder's process died, they last until the re-entry is released,
+// plus one lease TTL.
+//
+// # Fences
+//
+// Fences come from the revision of the transaction that created the key, shifted left by 20
+// bits, so that in-process handoffs (fence+1, fence+2, ...) stay below the next grant's, plus
+// a per-key floor offset that a release writes only when a grant handed out more than 2^21
+// fences. See fence.go for the derivation, the exact bound for a holder that dies without
+// releasing, and the lifetime of floor keys (none are written with flightlock's default
+// handoff bound).
+//
+// # Waking waiters
+//
+// Watch is an etcd watch on the key that fires on its deletion: a release, or the expiry of
+// the holder's lease. An acquisition refused by another owner sets the key's waiter mark
+// (WaiterKey, on the waiter's lease); the release deletes it and returns 1 when it existed, so
+// the releasing process lets waiters elsewhere go first (the Locker's gate yields). A mark
+// lives until the key's next release or the end of the marking waiter's session: when the
+// holder's lease expires instead, the next holder's release reports it, one needless yield. Fairness across processes is that of the race to the next acquiring
+// transaction after the deletion, with the releasing process yielding once to marked waiters;
+// there is no queue of processes.
+//
+// # Keys
+//
+// Besides the lock keys, the store writes two keys under lockstore.FenceKeyPrefix, which the
+// Locker (and this store) refuse as lock keys: the fence floor (FloorKey, no lease, rare) and
+// the waiter mark (WaiterKey, on the waiter's lease).
+package etcdstore

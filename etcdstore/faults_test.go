@@ -1,0 +1,443 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// fencedCounter is the resource the locks protect: it refuses a second writer inside, and a
+// write whose fence is not above every fence seen (a fenced write, as fenced/ does).
+type fencedCounter struct {
+	inside atomic.Int32
+	mu     sync.Mutex
+	last   int64 // guarded by mu: the largest fence that wrote
+	n      int   // guarded by mu: writes
+	errs   []string
+}
+
+// enter runs one critical section under fence, then records handed, the largest fence handed
+// out under the grant (fence itself, or the last of some simulated in-process handoffs).
+func (c *fencedCounter) enter(fence, handed int64, hold time.Duration) {
+	if n := c.inside.Add(1); n != 1 {
+		c.fail("%d holders inside at once (fence %d)", n, fence)
+	}
+	c.mu.Lock()
+	if fence <= c.last {
+		c.errs = append(c.errs, fmt.Sprintf("fence %d after %d: not increasing", fence, c.last))
+	}
+	c.last = max(c.last, handed)
+	c.n++
+	c.mu.Unlock()
+	time.Sleep(hold)
+	c.inside.Add(-1)
+}
+
+func (c *fencedCounter) fail(format string, args ...any) {
+	c.mu.Lock()
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
+	c.mu.Unlock()
+}
+
+func (c *fencedCounter) check(t *testing.T) int {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range c.errs {
+		if i == 10 {
+			t.Errorf("... and %d more", len(c.errs)-10)
+			break
+		}
+		t.Error(e)
+	}
+	return c.n
+}
+
+// worker locks key on s again and again until stop, as flightlock's Locker does with one
+// goroutine per process and key: a new owner token per acquisition, a wait for the watch (or
+// a retry delay) when busy, a release with some handed-out fences. Store errors (a cluster
+// that loses its leader) are retried; an acquisition whose reply was lost is given back, and a
+// release that fails is left to the store.
+func worker(ctx context.Context, s *Store, key string, ttl time.Duration, c *fencedCounter, served *atomic.Int64, stop <-chan struct{}) {
+	var w *lockstore.Watch
+	defer func() { w.Close() }()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		owner := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+		callCtx, cancel := context.WithTimeout(ctx, ttl)
+		got, err := s.Acquire(callCtx, key, owner, ttl, "w")
+		cancel()
+		if err != nil {
+			gctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, _ = s.Release(gctx, key, owner, "", 0) // it may have been taken unseen
+			cancel()
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if !got.Acquired {
+			if w == nil {
+				w, _ = s.Watch(ctx, key)
+			}
+			select {
+			case <-w.C():
+			case <-time.After(100 * time.Millisecond):
+			case <-stop:
+				return
+			}
+			continue
+		}
+		handed := got.Fence + rand.Int64N(64)
+		c.enter(got.Fence, handed, time.Duration(rand.IntN(500))*time.Microsecond)
+		served.Add(1)
+		rctx, cancel := context.WithTimeout(ctx, ttl)
+		_, _ = s.Release(rctx, key, owner, "", handed)
+		cancel()
+	}
+}
+
+// A hot key hammered from several processes (stores on clients of their own), several
+// goroutines each: no two holders at once, fences strictly increasing across grants and
+// simulated handoffs, every goroutine served.
+func TestHotKeyFromSeveralProcesses(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx := bg(t)
+	const procs, perProc, want = 4, 5, 300
+	var (
+		counter fencedCounter
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+		served  = make([]atomic.Int64, procs*perProc)
+		total   atomic.Int64
+	)
+	for p := range procs {
+		s := newStore(t, c.Client(t))
+		for g := range perProc {
+			wg.Go(func() { worker(ctx, s, "lock:hot", 2*time.Second, &counter, &served[p*perProc+g], stop) })
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		total.Store(0)
+		for i := range served {
+			total.Add(served[i].Load())
+		}
+		if total.Load() >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	n := counter.check(t)
+	if n < want {
+		t.Fatalf("%d critical sections in 60s, want %d", n, want)
+	}
+	for i := range served {
+		if served[i].Load() == 0 {
+			t.Errorf("goroutine %d of process %d was never served", i%perProc, i/perProc)
+		}
+	}
+	t.Logf("%d critical sections", n)
+}
+
+// A three-member cluster whose leader is SIGKILLed while locks are held and waited on: the
+// holders keep their locks through the new leader (refreshes succeed, nobody else is granted
+// them), waiters get them with larger fences once released, and a hot key hammered across the
+// failover never has two holders or a fence that goes back.
+func TestLeaderKilledWhileLocksAreHeldAndWaitedOn(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	ctx := bg(t)
+	holder := newStore(t, c.Client(t))
+	waiter := newStore(t, c.Client(t))
+	const ttl = 2 * time.Second // leases of 3s
+
+	keys := []string{"lock:acct:1", "lock:acct:2", "lock:acct:3"}
+	fences := map[string]int64{}
+	var watches []*lockstore.Watch
+	for _, k := range keys {
+		got, err := holder.Acquire(ctx, k, ownerA, ttl, "holder")
+		if err != nil || !got.Acquired {
+			t.Fatal(got, err)
+		}
+		fences[k] = got.Fence
+		if busy, err := waiter.Acquire(ctx, k, ownerB, ttl, ""); err != nil || busy.Acquired {
+			t.Fatal(busy, err)
+		}
+		w, err := waiter.Watch(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		watches = append(watches, w)
+	}
+
+	var (
+		counter fencedCounter
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+		served  atomic.Int64
+	)
+	for range 2 {
+		s := newStore(t, c.Client(t))
+		for range 2 {
+			wg.Go(func() { worker(ctx, s, "lock:hot", ttl, &counter, &served, stop) })
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	leader := c.Leader(5 * time.Second)
+	leader.Kill()
+	killed := time.Now()
+	t.Logf("killed leader %s", leader)
+
+	// For four seconds (more than a lease) the holder renews every 400ms and the waiter tries
+	// every 200ms: every refresh that answers must keep every lock, the waiter is always
+	// refused, and refreshes succeed again soon after the new leader is elected.
+	renewals := make([]lockstore.Renewal, len(keys))
+	for i, k := range keys {
+		renewals[i] = lockstore.Renewal{Key: k, Owner: ownerA, TTL: ttl}
+	}
+	var lastOK time.Time
+	for time.Since(killed) < 4*time.Second {
+		rctx, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+		call := time.Now()
+		errs := holder.RefreshAll(rctx, renewals)
+		cancel()
+		ok := true
+		for i, err := range errs {
+			if errors.Is(err, lockstore.ErrNotHeld) {
+				t.Fatalf("%s lost during the failover: %v", keys[i], err)
+			}
+			ok = ok && err == nil
+		}
+		if ok {
+			if !lastOK.IsZero() && call.Sub(lastOK) > 3*time.Second {
+				t.Fatalf("no successful refresh for %v: the lease could have expired", call.Sub(lastOK))
+			}
+			lastOK = call
+		}
+		for _, k := range keys {
+			actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			got, err := waiter.Acquire(actx, k, ownerB, ttl, "")
+			cancel()
+			if err == nil && got.Acquired {
+				t.Fatalf("%s granted to a second holder %v after the leader was killed", k, time.Since(killed))
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if lastOK.Before(killed) {
+		t.Fatal("no refresh succeeded through the new leader")
+	}
+	t.Logf("new leader %s; last refresh %v after the kill", c.Leader(5*time.Second), lastOK.Sub(killed))
+
+	for i, k := range keys {
+		// Drain wake-ups from the failover (a watch ended by a lost leader signals).
+		select {
+		case <-watches[i].C():
+		default:
+		}
+		if _, err := holder.Release(ctx, k, ownerA, "", fences[k]+10); err != nil {
+			t.Fatalf("release of %s through the new leader: %v", k, err)
+		}
+		select {
+		case <-watches[i].C():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("waiter on %s not woken by the release", k)
+		}
+		got, err := waiter.Acquire(ctx, k, ownerB, ttl, "")
+		if err != nil || !got.Acquired || got.Fence <= fences[k]+10 {
+			t.Fatalf("waiter's acquisition of %s = %+v, %v; want a fence above %d", k, got, err, fences[k]+10)
+		}
+	}
+
+	leader.Restart()
+	c.WaitReady(20 * time.Second)
+	before := served.Load()
+	waitFor(t, 10*time.Second, "the hot key served after the restart", func() bool { return served.Load() > before+20 })
+	close(stop)
+	wg.Wait()
+	t.Logf("%d critical sections on the hot key across the failover", counter.check(t))
+}
+
+// cutProxy is a TCP proxy between a client and an etcd member that the test can cut: every
+// open connection is closed and new ones are refused until Heal.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	cut   bool                  // guarded by mu
+	conns map[net.Conn]struct{} // guarded by mu: both sides of every open connection
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.serve)
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) serve() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if cut {
+			_ = client.Close()
+			continue
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		pump := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pump(server, client) })
+		p.wg.Go(func() { pump(client, server) })
+	}
+}
+
+// Cut closes every connection and refuses new ones.
+func (p *cutProxy) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+}
+
+// Heal lets new connections through again.
+func (p *cutProxy) Heal() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
+func (p *cutProxy) close() {
+	_ = p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
+}
+
+// A holder cut off from the cluster (its only connection runs through a proxy the test
+// cuts): its refreshes fail, the lock is granted to the next holder (a client that is not
+// cut off) only once the holder's lease may have expired, counted from the send time of its
+// last keep-alive that succeeded, and with a larger fence; once the holder is back, its
+// refresh and release answer ErrNotHeld and leave the new holder's lock alone.
+func TestHolderCutOffFromTheCluster(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx := bg(t)
+	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
+	p := startCutProxy(t, member)
+	cut := newStore(t, etcdtest.NewClient(t, "http://"+p.addr()))
+	direct := c.Client(t)
+	next := newStore(t, direct)
+	const ttl = 2 * time.Second // a lease of 3s
+
+	first, err := cut.Acquire(ctx, "lock:p", ownerA, ttl, "")
+	if err != nil || !first.Acquired {
+		t.Fatal(first, err)
+	}
+	time.Sleep(300 * time.Millisecond) // a background keep-alive or so
+	p.Cut()
+	l := cut.ourLease(clientv3.LeaseID(get(t, direct, "lock:p").Lease))
+	l.mu.Lock()
+	lastKeepAlive := l.fresh
+	l.mu.Unlock()
+
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	start := time.Now()
+	err = cut.Refresh(rctx, "lock:p", ownerA, ttl)
+	cancel()
+	if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("refresh cut off from the cluster: %v, want a store error", err)
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Fatalf("refresh took %v past its 1s deadline", d)
+	}
+
+	var got lockstore.Acquisition
+	for {
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		got, err = next.Acquire(actx, "lock:p", ownerB, ttl, "")
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Acquired {
+			break
+		}
+		if time.Since(lastKeepAlive) > 10*time.Second {
+			t.Fatal("the cut-off holder's lock never expired")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	granted := time.Now()
+	// etcd keeps a lease its TTL from the renewal, which came after the keep-alive's send.
+	if d := granted.Sub(lastKeepAlive); d < 3*time.Second {
+		t.Fatalf("granted to the next holder %v after the cut-off holder's last keep-alive, before its 3s lease could expire", d)
+	}
+	if got.Fence <= first.Fence {
+		t.Fatalf("next holder's fence %d, not above %d", got.Fence, first.Fence)
+	}
+	t.Logf("next holder granted %v after the last keep-alive of the cut-off one", granted.Sub(lastKeepAlive))
+
+	p.Heal()
+	waitFor(t, 15*time.Second, "the cut-off holder learns it lost the lock", func() bool {
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		return errors.Is(cut.Refresh(rctx, "lock:p", ownerA, ttl), lockstore.ErrNotHeld)
+	})
+	if _, err := cut.Release(ctx, "lock:p", ownerA, "", first.Fence+100); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("release by the cut-off holder: %v, want ErrNotHeld", err)
+	}
+	if kv := get(t, direct, "lock:p"); kv == nil || !ownedBy(kv.Value, ownerB) {
+		t.Fatal("the cut-off holder's release touched the next holder's lock")
+	}
+	if cut.Held() != 0 {
+		t.Fatalf("the cut-off store keeps %d entries", cut.Held())
+	}
+}

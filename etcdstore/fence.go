@@ -1,0 +1,89 @@
+package etcdstore
+
+import (
+	"fmt"
+	"strconv"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Fences come from the cluster's revision, never from a clock (issue 14).
+//
+// A grant of key k is the transaction that created k, at revision R (k's create revision).
+// Its fence is
+//
+//	fence = R<<fenceShift + D
+//
+// where D is the offset of k's fence floor (FloorKey(k)) as the granting transaction read it:
+// D = F - R_F<<fenceShift for a floor holding F written at revision R_F, or 0 when there is no
+// floor (or F is below R_F<<fenceShift). A process that holds k hands the lock from goroutine
+// to goroutine with the fences fence+1, fence+2, ... and reports the largest, top, as
+// Release's lastFence.
+//
+// Why fences strictly increase. Let grant g be at revision R with fence f and its successor g'
+// at R'. k was deleted in between (released, or its lease expired) at a revision of its own, so
+// R' >= R+2; the floor is written only by the release that deletes k, so g' reads the floor
+// g read, or the one g's release wrote:
+//   - same floor (g was never released with a floor write): f' = f + (R'-R)<<fenceShift >=
+//     f + 2<<fenceShift, above every fence g handed out as long as it handed out fewer than
+//     2<<fenceShift (2,097,152) beyond f;
+//   - floor F = top written at the release's revision Rd (R < Rd < R'): f' = R'<<fenceShift +
+//     top - Rd<<fenceShift >= top + 1<<fenceShift > top.
+//
+// The release writes the floor exactly when the first case could fail, top >= (R+2)<<fenceShift,
+// and otherwise deletes a floor it read at the grant (D then no longer matters: the next grant's
+// revision alone exceeds top). With flightlock's handoff bound (WithHandoff, 64 by default)
+// top - f <= 64, so the floor is never written, the acquiring transaction only reads a key that
+// does not exist, and no floor key is left behind.
+//
+// The remaining gap, stated exactly: a holder that hands out 2<<fenceShift or more fences under
+// one grant and then never releases (its process dies, or its lock is lost and Release answers
+// ErrNotHeld) may see the next grant's fence at or below its own last ones. The store cannot
+// close it alone, because only the core knows how many fences it handed out; it needs the core
+// to keep its handoff bound below 2<<fenceShift for this store (see the report of issue 14).
+//
+// The revision budget: fences stay below 2^63 while the cluster's revision is below
+// 2^(63-fenceShift) = 2^43 (8.8e12 writes); a grant beyond that is refused, never wrapped.
+const fenceShift = 20
+
+// maxGrantRevision is the largest create revision that still makes a fence (with room for a
+// floor offset of up to 2^62).
+const maxGrantRevision = 1<<(62-fenceShift) - 1
+
+// floorOffset returns D for the floor key kv (nil when there is none).
+func floorOffset(kv *mvccpb.KeyValue) (int64, error) {
+	if kv == nil {
+		return 0, nil
+	}
+	f, err := strconv.ParseInt(string(kv.Value), 10, 64)
+	if err != nil || f < 0 || f >= 1<<62 {
+		return 0, fmt.Errorf("flightlock: etcd fence floor %q holds %q, not a fence", kv.Key, kv.Value)
+	}
+	if kv.ModRevision > maxGrantRevision {
+		return 0, fmt.Errorf("flightlock: etcd revision %d is beyond the fence space", kv.ModRevision)
+	}
+	return max(f-kv.ModRevision<<fenceShift, 0), nil
+}
+
+// fenceOf is the fence of a grant at revision rev whose floor had offset d.
+func fenceOf(rev, d int64) (int64, error) {
+	if rev <= 0 || rev > maxGrantRevision {
+		return 0, fmt.Errorf("flightlock: etcd revision %d is beyond the fence space (2^%d)", rev, 62-fenceShift)
+	}
+	return rev<<fenceShift + d, nil
+}
+
+// floorOp is what the release that deletes k does to k's floor, for a grant at revision rev,
+// top the largest fence handed out under it (its own included), and hadFloor whether the grant
+// read a floor key: write top when the next grant's revision alone might not exceed it, delete
+// an obsolete floor, or nothing (ok false).
+func floorOp(k string, rev, top int64, hadFloor bool) (op clientv3.Op, ok bool) {
+	if top >= (rev+2)<<fenceShift {
+		return clientv3.OpPut(FloorKey(k), strconv.FormatInt(top, 10)), true
+	}
+	if hadFloor {
+		return clientv3.OpDelete(FloorKey(k)), true
+	}
+	return clientv3.Op{}, false
+}

@@ -1,0 +1,326 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// errLeaseGone is what a keep-alive of a lease etcd no longer has reports: every key on it was
+// deleted with it.
+var errLeaseGone = errors.New("flightlock: etcd lease expired or revoked")
+
+func isLeaseNotFound(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)
+}
+
+// leaseSlot is the lease of one lock TTL: granted once, by the first acquisition that needs it.
+type leaseSlot struct {
+	ready chan struct{} // closed once l or err is set
+	l     *lease
+	err   error // a TTL etcd refuses to honour; kept, so that later calls fail without a grant
+}
+
+// lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it.
+// It lasts ttl + margin seconds; the store keeps it alive in the background and on demand.
+type lease struct {
+	id   clientv3.LeaseID
+	ttl  time.Duration // the lock TTL it serves
+	secs int64         // its TTL in etcd, in seconds: ttl + margin
+
+	mu      sync.Mutex
+	fresh   time.Time // guarded by mu: send time of the last keep-alive (or grant) that succeeded
+	gone    bool      // guarded by mu: etcd no longer has it
+	next    *renewal  // guarded by mu: the keep-alive to send when the one on the wire returns
+	sending bool      // guarded by mu: a sender goroutine runs
+}
+
+// renewal is one keep-alive of a lease, shared by every caller that queued for it before it
+// was sent.
+type renewal struct {
+	done chan struct{} // closed when err is set
+	err  error
+}
+
+// liveFor reports whether the lease is known to live at least d more, counting from now: a
+// keep-alive sent at fresh keeps it until fresh + secs at the earliest.
+func (l *lease) liveFor(now time.Time, d time.Duration) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.gone && l.fresh.Add(time.Duration(l.secs)*time.Second).Sub(now) >= d
+}
+
+// leaseFor returns the store's lease for lock TTL ttl, granting it on first use. A TTL that
+// etcd raises (below its minimum lease TTL) is refused with an error, never rounded.
+func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error) {
+	for {
+		s.mu.Lock()
+		slot := s.leases[ttl]
+		mine := slot == nil
+		if mine {
+			slot = &leaseSlot{ready: make(chan struct{})}
+			s.leases[ttl] = slot
+		}
+		s.mu.Unlock()
+		if mine {
+			s.grant(ctx, ttl, slot)
+		}
+		select {
+		case <-slot.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if slot.err != nil {
+			return nil, slot.err
+		}
+		l := slot.l
+		l.mu.Lock()
+		gone := l.gone
+		l.mu.Unlock()
+		if !gone {
+			return l, nil
+		}
+		s.dropLease(l) // the slot may still name it: then the next round grants a new one
+	}
+}
+
+// grant asks etcd for the lease of slot and fills the slot. A failure other than a refusal
+// removes the slot, so the next call tries again.
+func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
+	defer close(slot.ready)
+	secs := int64((ttl + s.margin) / time.Second)
+	sent := time.Now()
+	resp, err := s.cli.Grant(ctx, secs)
+	if err == nil && resp.TTL != secs {
+		// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _ = s.cli.Revoke(rctx, resp.ID)
+		cancel()
+		slot.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
+			"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
+		return
+	}
+	if err == nil && s.isClosed() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, _ = s.cli.Revoke(rctx, resp.ID)
+		cancel()
+		err = errStoreClosed
+	}
+	if err != nil {
+		slot.err = fmt.Errorf("flightlock: grant etcd lease of %ds: %w", secs, err)
+		s.mu.Lock()
+		if s.leases[ttl] == slot {
+			delete(s.leases, ttl)
+		}
+		s.mu.Unlock()
+		return
+	}
+	l := &lease{id: resp.ID, ttl: ttl, secs: secs, fresh: sent}
+	slot.l = l
+	s.mu.Lock()
+	s.byID[l.id] = l
+	startTicker := !s.ticking
+	s.ticking = true
+	s.mu.Unlock()
+	if startTicker {
+		s.spawn(s.keepAliveLoop)
+	}
+}
+
+// dropLease forgets a lease etcd no longer has, and every lock on it: they were deleted with
+// it. The next acquisition of its TTL grants a new lease.
+func (s *Store) dropLease(l *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slot := s.leases[l.ttl]; slot != nil && slot.l == l {
+		delete(s.leases, l.ttl)
+	}
+	delete(s.byID, l.id)
+	for k, e := range s.held {
+		if e.lease == l.id {
+			delete(s.held, k)
+		}
+	}
+}
+
+// ourLease returns the store's lease with id, or nil.
+func (s *Store) ourLease(id clientv3.LeaseID) *lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byID[id]
+}
+
+// keepAliveLoop keeps every lease of the store alive, four times per margin, so that an
+// acquisition finds its lease fresh (sent within one margin) and needs no keep-alive of its own.
+// A keep-alive that finds its lease gone drops it with its locks.
+func (s *Store) keepAliveLoop() {
+	period := s.margin / 4
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case now := <-t.C:
+			now = time.Now() // the tick may have waited
+			s.mu.Lock()
+			ls := make([]*lease, 0, len(s.byID))
+			for _, l := range s.byID {
+				ls = append(ls, l)
+			}
+			s.mu.Unlock()
+			for _, l := range ls {
+				l.mu.Lock()
+				if !l.gone && now.Sub(l.fresh) >= period {
+					s.queueLocked(l) // nobody waits for it
+				}
+				l.mu.Unlock()
+			}
+			s.startReaper(now)
+		}
+	}
+}
+
+// startReaper starts reap when a lock is past its holder's guarantee and no reaper runs.
+func (s *Store) startReaper(now time.Time) {
+	s.mu.Lock()
+	due := false
+	if !s.reaping {
+		for _, e := range s.held {
+			if !e.reaping && now.After(e.until) {
+				due = true
+				break
+			}
+		}
+	}
+	if due {
+		s.reaping = true
+	}
+	s.mu.Unlock()
+	if due && !s.spawn(func() {
+		defer func() {
+			s.mu.Lock()
+			s.reaping = false
+			s.mu.Unlock()
+		}()
+		s.reap(now)
+	}) {
+		s.mu.Lock()
+		s.reaping = false
+		s.mu.Unlock()
+	}
+}
+
+// renewAfter returns nil once a keep-alive of l that was sent at or after t succeeded: l then
+// lives at least its TTL counted from t. Callers that queue while a keep-alive is on the wire
+// share the next one.
+func (s *Store) renewAfter(ctx context.Context, l *lease, t time.Time) error {
+	l.mu.Lock()
+	if l.gone {
+		l.mu.Unlock()
+		return errLeaseGone
+	}
+	if !l.fresh.Before(t) {
+		l.mu.Unlock()
+		return nil
+	}
+	r := s.queueLocked(l)
+	l.mu.Unlock()
+	return r.wait(ctx)
+}
+
+func (r *renewal) wait(ctx context.Context) error {
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// queueLocked returns the keep-alive of l that is still to be sent, starting a sender when
+// none runs. l.mu must be held.
+func (s *Store) queueLocked(l *lease) *renewal {
+	if l.next == nil {
+		l.next = &renewal{done: make(chan struct{})}
+	}
+	r := l.next
+	if !l.sending {
+		l.sending = true
+		if !s.spawn(func() { s.sendKeepAlives(l) }) {
+			l.sending = false
+			l.next = nil
+			r.err = errStoreClosed
+			close(r.done)
+		}
+	}
+	return r
+}
+
+// sendKeepAlives sends the queued keep-alives of l one at a time, and ends when none is queued.
+func (s *Store) sendKeepAlives(l *lease) {
+	for {
+		l.mu.Lock()
+		r := l.next
+		l.next = nil
+		if r == nil {
+			l.sending = false
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+
+		sent := time.Now()
+		// A keep-alive slower than the lease's TTL is of no use: by then it may have expired.
+		ctx, cancel := context.WithTimeout(s.ctx, time.Duration(l.secs)*time.Second)
+		_, err := s.cli.KeepAliveOnce(ctx, l.id)
+		cancel()
+		l.mu.Lock()
+		switch {
+		case err == nil:
+			if sent.After(l.fresh) {
+				l.fresh = sent
+			}
+		case isLeaseNotFound(err):
+			l.gone = true
+			err = errLeaseGone
+		case s.isClosed():
+			err = errStoreClosed
+		default:
+			err = fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(l.id), err)
+		}
+		gone := l.gone
+		l.mu.Unlock()
+		if gone {
+			s.dropLease(l)
+		}
+		r.err = err
+		close(r.done)
+	}
+}
+
+// keepAliveOnce keeps the lease id alive with a keep-alive sent after t, through the store's
+// own lease when it is one (sharing its keep-alives), else on its own. It returns the lease's
+// TTL in seconds, or errLeaseGone.
+func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID, t time.Time) (int64, error) {
+	if l := s.ourLease(id); l != nil {
+		if err := s.renewAfter(ctx, l, t); err != nil {
+			return 0, err
+		}
+		return l.secs, nil
+	}
+	resp, err := s.cli.KeepAliveOnce(ctx, id)
+	switch {
+	case err == nil:
+		return resp.TTL, nil
+	case isLeaseNotFound(err):
+		return 0, errLeaseGone
+	default:
+		return 0, fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(id), err)
+	}
+}

@@ -1,0 +1,240 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Refresh implements lockstore.Store: RefreshAll of one lock.
+func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	return s.RefreshAll(ctx, []lockstore.Renewal{{Key: key, Owner: owner, TTL: ttl}})[0]
+}
+
+// RefreshAll implements lockstore.BatchRefresher. When it returns nil for a lock, the lock
+// lives at least its TTL counted from the moment RefreshAll was called: a keep-alive of the
+// lease the key is on, sent after that moment, succeeded (one per distinct lease, shared with
+// the store's other keep-alives of it), and a read of the key after that moment found it
+// owned by the owner and on that lease (one linearizable read transaction per --max-txn-ops
+// keys). A lease etcd no longer has lost every key on it: ErrNotHeld. A key's lease that the
+// store did not know of (a lock another store wrote) is kept alive after the read, which costs
+// a second round trip. A TTL longer than the key's lease lasts is an error, not a refresh.
+func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	start := time.Now()
+	errs := make([]error, len(batch))
+	if s.isClosed() {
+		for i := range errs {
+			errs[i] = errStoreClosed
+		}
+		return errs
+	}
+	// Keep-alives of the leases the store knows the keys are on go out at once, beside the reads.
+	kas := make(map[clientv3.LeaseID]*keepAliveCall)
+	var keys []string
+	seen := make(map[string]bool, len(batch))
+	for i, r := range batch {
+		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
+			continue
+		}
+		if id, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL)); ok && id != 0 && kas[id] == nil {
+			kas[id] = s.startKeepAlive(ctx, id, start)
+		}
+		if !seen[r.Key] {
+			seen[r.Key] = true
+			keys = append(keys, r.Key)
+		}
+	}
+	kvs, readErrs := s.readKeys(ctx, keys)
+	for i, r := range batch {
+		if errs[i] != nil {
+			continue
+		}
+		if err := readErrs[r.Key]; err != nil {
+			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", r.Key, err)
+			continue
+		}
+		kv := kvs[r.Key]
+		if kv == nil || !ownedBy(kv.Value, r.Owner) {
+			s.forget(r.Key, r.Owner)
+			errs[i] = lockstore.ErrNotHeld
+			continue
+		}
+		id := clientv3.LeaseID(kv.Lease)
+		s.onLease(r.Key, r.Owner, id)
+		if kas[id] == nil {
+			kas[id] = s.startKeepAlive(ctx, id, start) // sent now, after start
+		}
+	}
+	for i, r := range batch {
+		if errs[i] != nil {
+			continue
+		}
+		ka := kas[clientv3.LeaseID(kvs[r.Key].Lease)]
+		secs, err := ka.wait(ctx)
+		switch {
+		case errors.Is(err, errLeaseGone):
+			s.forget(r.Key, r.Owner)
+			errs[i] = lockstore.ErrNotHeld
+		case err != nil:
+			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", r.Key, err)
+		case time.Duration(secs)*time.Second < r.TTL:
+			errs[i] = fmt.Errorf("flightlock: refresh %q for %v: its etcd lease lasts %ds, so this TTL cannot be honoured",
+				r.Key, r.TTL, secs)
+		}
+	}
+	for _, ka := range kas {
+		ka.join()
+	}
+	return errs
+}
+
+// touch moves the moment the holder of key counts on it to until (never back), before a
+// refresh is sent: the store must not release a lock while its refresh is on the wire. It
+// returns the lease the store knows the key is on.
+func (s *Store) touch(key, owner string, until time.Time) (clientv3.LeaseID, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held[entryKey{key, owner}]
+	if e == nil {
+		return 0, false
+	}
+	e.until = later(e.until, until)
+	return e.lease, true
+}
+
+// onLease records the lease a read found key on (the owner's release moved it).
+func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
+	s.mu.Lock()
+	if e := s.held[entryKey{key, owner}]; e != nil {
+		e.lease = id
+	}
+	s.mu.Unlock()
+}
+
+// keepAliveCall is one keep-alive that RefreshAll waits for.
+type keepAliveCall struct {
+	r    *renewal      // the store's lease: its shared keep-alive; nil when already fresh
+	l    *lease        // the store's lease, or nil
+	done chan struct{} // a lease of another store: closed when secs and err are set
+	secs int64
+	err  error
+}
+
+// startKeepAlive starts a keep-alive of id sent after t: the store's shared one for its own
+// leases, a call of its own (on a goroutine joined by join) for another's.
+func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAliveCall {
+	if l := s.ourLease(id); l != nil {
+		c := &keepAliveCall{l: l}
+		l.mu.Lock()
+		switch {
+		case l.gone:
+			c.err = errLeaseGone
+		case l.fresh.Before(t):
+			c.r = s.queueLocked(l)
+		}
+		l.mu.Unlock()
+		return c
+	}
+	c := &keepAliveCall{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		c.secs, c.err = s.keepAliveOnce(ctx, id, t)
+	}()
+	return c
+}
+
+// wait returns the lease's TTL in seconds once the keep-alive succeeded.
+func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
+	if c.l != nil {
+		if c.err != nil {
+			return 0, c.err
+		}
+		if c.r != nil {
+			if err := c.r.wait(ctx); err != nil {
+				return 0, err
+			}
+		}
+		return c.l.secs, nil
+	}
+	<-c.done // bounded by ctx: the call returns when ctx ends
+	return c.secs, c.err
+}
+
+// join waits for a call's goroutine, so that none outlives RefreshAll.
+func (c *keepAliveCall) join() {
+	if c.done != nil {
+		<-c.done
+	}
+}
+
+// readKeys reads keys with linearizable read transactions of at most maxTxnOps gets each,
+// all at once. A transaction that fails sets the error of each of its keys.
+func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
+	kvs := make(map[string]*mvccpb.KeyValue, len(keys))
+	errs := make(map[string]error)
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	read := func(chunk []string) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, k := range chunk {
+			ops[i] = clientv3.OpGet(k)
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		mu.Lock()
+		defer mu.Unlock()
+		for i, k := range chunk {
+			switch {
+			case err != nil:
+				errs[k] = err
+			default:
+				kvs[k] = firstKV(resp.Responses[i])
+			}
+		}
+	}
+	for len(keys) > s.maxTxnOps {
+		chunk := keys[:s.maxTxnOps]
+		keys = keys[s.maxTxnOps:]
+		wg.Go(func() { read(chunk) })
+	}
+	if len(keys) > 0 {
+		read(keys)
+	}
+	wg.Wait()
+	return kvs, errs
+}
+
+// TTL implements lockstore.Store: the remaining TTL of the lease key is on, in whole seconds
+// as etcd reports it; ErrNotHeld when key does not exist. Two round trips (the key, then its
+// lease); for operators, not for the lock path.
+func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	resp, err := s.cli.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, lockstore.ErrNotHeld
+	}
+	id := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if id == clientv3.NoLease {
+		return 0, nil // no expiry: not written by this store
+	}
+	ttl, err := s.cli.TimeToLive(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
+	}
+	if ttl.TTL < 0 {
+		return 0, lockstore.ErrNotHeld // the lease expired since the read
+	}
+	return time.Duration(ttl.TTL) * time.Second, nil
+}

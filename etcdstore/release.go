@@ -1,0 +1,237 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Release implements lockstore.Store. The common release, of a lock this store acquired and
+// nobody re-entered, is one transaction on the exact revision the store wrote:
+//
+//	if   mod_revision(key) == written
+//	then delete(key); delete(waiter); [put or delete the fence floor]
+//
+// Otherwise (a named hold, a re-entered lock, a lock this store did not write, or a compare
+// that failed) the key is read and rewritten with a compare on the revision read, until that
+// compare holds: giving up one hold rewrites the value (with lastFence in it when other holds
+// remain); giving up the last one deletes the key as above. When the owner's own hold goes and
+// re-entries from other processes remain, the key moves to a lease of its own that nobody keeps
+// alive but their refreshes, so it does not outlive them on this process's session lease.
+//
+// The count it returns is 1 when the deleted lock carried a waiter mark, else 0: some acquirer
+// in another process (or another store) was refused while the lock was held, and its Watch
+// fires on this deletion. It does not count waiters: one mark stands for all of them.
+//
+// A release that fails (the cluster did not answer in time) is retried by the store in the
+// background until etcd answers, since the session lease would otherwise keep the lock.
+func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	if owner == "" || strings.ContainsAny(owner, " ") {
+		return 0, errors.New("flightlock: owner token must be non-empty and without spaces")
+	}
+	if err := checkHold(hold, true); err != nil {
+		return 0, err
+	}
+	if s.isClosed() {
+		return 0, errStoreClosed
+	}
+	lastFence = max(lastFence, 0)
+	n, err := s.release(ctx, key, owner, hold, lastFence)
+	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+		s.releaseFailed(key, owner, hold, lastFence)
+	}
+	return n, err
+}
+
+func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if e, ok := s.entry(key, owner); ok && e.simple && e.own && e.modRev > 0 && hold == "" {
+		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
+		if op, ok := floorOp(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor); ok {
+			ops = append(ops, op)
+		}
+		// No else branch: reading there made every release 2% slower, and the compare fails
+		// only for a lock re-entered from elsewhere or lost.
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
+			Then(ops...).
+			Commit()
+		if err != nil {
+			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+		}
+		if resp.Succeeded {
+			s.forget(key, owner)
+			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+		}
+	}
+	return s.releaseRead(ctx, key, owner, hold, lastFence, nil)
+}
+
+// releaseRead is Release by read and compare-and-write: read (when not nil) holds the key and
+// its floor as last read.
+func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFence int64, read *clientv3.TxnResponse) (int, error) {
+	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
+	var moved clientv3.LeaseID // a lease granted to move the key onto; revoked if unused
+	defer func() {
+		if moved != 0 {
+			s.revokeLater(moved)
+		}
+	}()
+	for {
+		if read == nil {
+			resp, err := s.cli.Txn(ctx).Then(reads...).Commit()
+			if err != nil {
+				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+			}
+			read = resp
+		}
+		kv, floor := firstKV(read.Responses[0]), firstKV(read.Responses[1])
+		read = nil
+		if kv == nil || !ownedBy(kv.Value, owner) {
+			s.forget(key, owner)
+			return 0, lockstore.ErrNotHeld
+		}
+		v, ok := parseValue(kv.Value)
+		if !ok {
+			return 0, fmt.Errorf("flightlock: release %q: unreadable lock value %q", key, kv.Value)
+		}
+		if !v.hasHold(hold) {
+			s.released(key, owner, hold)
+			return 0, lockstore.ErrNotHeld
+		}
+		nv, left := v.withoutHold(hold)
+		e, _ := s.entry(key, owner)
+		nv.last = max(nv.last, lastFence, e.last)
+		same := clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+		if left {
+			put := clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())
+			if hold == "" {
+				// Only re-entries from other processes are left: off the session lease.
+				if moved == 0 {
+					l, err := s.cli.Grant(ctx, v.secs)
+					if err != nil {
+						return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
+					}
+					moved = l.ID
+				}
+				put = clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))
+			}
+			resp, err := s.cli.Txn(ctx).If(same).Then(put).Else(reads...).Commit()
+			if err != nil {
+				// The key may be on the new lease now: keep it (unused, it expires on its own).
+				moved = 0
+				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+			}
+			if !resp.Succeeded {
+				read = resp
+				continue
+			}
+			if hold == "" {
+				moved = 0 // in use
+			}
+			s.released(key, owner, hold)
+			return 0, nil
+		}
+		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
+		d, err := floorOffset(floor)
+		var fence int64
+		if err == nil {
+			fence, err = fenceOf(kv.CreateRevision, d)
+		}
+		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
+		// the lock is released all the same.
+		if err == nil {
+			if op, ok := floorOp(key, kv.CreateRevision, max(fence, nv.last), floor != nil); ok {
+				ops = append(ops, op)
+			}
+		}
+		resp, err := s.cli.Txn(ctx).If(same).Then(ops...).Else(reads...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+		}
+		if !resp.Succeeded {
+			read = resp
+			continue
+		}
+		s.forget(key, owner)
+		return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+	}
+}
+
+// revokeLater revokes a lease the store granted but did not use, bounded, on a goroutine of
+// the store; a lease it cannot revoke expires unused.
+func (s *Store) revokeLater(id clientv3.LeaseID) {
+	s.spawn(func() {
+		ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+		defer cancel()
+		_, _ = s.cli.Revoke(ctx, id)
+	})
+}
+
+// releaseFailed records a release that may not have happened, for the store to retry.
+func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
+	s.update(key, owner, func(e *heldKey) {
+		if hold == "" {
+			e.own = true
+			e.last = max(e.last, lastFence)
+		} else {
+			e.holds = withHold(e.holds, hold)
+		}
+		e.tries++
+		e.until = time.Now().Add(retryPause(e.tries))
+	})
+}
+
+// retryPause is how long the store waits before its try-th release of a lock: from a quarter
+// second, doubling, at most five seconds.
+func retryPause(try int) time.Duration {
+	return min(250*time.Millisecond<<min(try-1, 5), 5*time.Second)
+}
+
+// reap releases, owner-checked, every lock whose holder's guarantee ran out without a refresh
+// or release (see heldKey), one at a time, each bounded by a second. It runs on a goroutine of
+// the store started by the keep-alive loop, one at a time.
+func (s *Store) reap(now time.Time) {
+	type job struct {
+		key, owner string
+		own        bool
+		holds      []string
+		last       int64
+	}
+	s.mu.Lock()
+	var jobs []job
+	for k, e := range s.held {
+		if !e.reaping && now.After(e.until) {
+			e.reaping = true
+			jobs = append(jobs, job{k.key, k.owner, e.own, e.holds, e.last})
+		}
+	}
+	s.mu.Unlock()
+	for _, j := range jobs {
+		if s.isClosed() {
+			return
+		}
+		for _, h := range j.holds {
+			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+			_, _ = s.Release(ctx, j.key, j.owner, h, 0)
+			cancel()
+		}
+		if j.own {
+			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+			_, _ = s.Release(ctx, j.key, j.owner, "", j.last)
+			cancel()
+		}
+		s.mu.Lock()
+		if e := s.held[entryKey{j.key, j.owner}]; e != nil {
+			e.reaping = false
+		}
+		s.mu.Unlock()
+	}
+}

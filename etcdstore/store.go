@@ -1,0 +1,304 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultLeaseMargin is how much longer than the lock TTL the store's etcd leases last.
+const DefaultLeaseMargin = time.Second
+
+// DefaultMaxTxnOps is etcd's default limit of operations per transaction branch
+// (--max-txn-ops): RefreshAll reads at most this many keys per transaction, and AcquireAll
+// takes at most half of it.
+const DefaultMaxTxnOps = 128
+
+// errStoreClosed is returned by every call after Close.
+var errStoreClosed = errors.New("flightlock: etcd store closed")
+
+// Option configures a Store.
+type Option func(*options)
+
+type options struct {
+	margin    time.Duration
+	maxTxnOps int
+}
+
+// WithLeaseMargin sets how much longer than the lock TTL each etcd lease lasts (default
+// DefaultLeaseMargin, one second; it must be whole seconds, at least one). The store keeps its
+// leases alive four times per margin, and an acquisition sent within one margin of the last
+// keep-alive that succeeded needs no keep-alive of its own (see the package documentation).
+// A larger margin tolerates slower keep-alives; a crashed holder's locks then last longer.
+func WithLeaseMargin(d time.Duration) Option {
+	return func(o *options) { o.margin = d }
+}
+
+// WithMaxTxnOps sets the cluster's --max-txn-ops (default DefaultMaxTxnOps), which bounds how
+// many keys one transaction of RefreshAll reads and how many AcquireAll takes.
+func WithMaxTxnOps(n int) Option {
+	return func(o *options) { o.maxTxnOps = n }
+}
+
+// Store is the lockstore.Store on etcd. Create it with New; it is safe for concurrent use.
+// Close it to revoke its leases and stop its goroutines.
+type Store struct {
+	cli       *clientv3.Client
+	margin    time.Duration
+	maxTxnOps int
+
+	ctx    context.Context // cancelled by Close: ends keep-alives and watches
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	leases  map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
+	byID    map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id
+	held    map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
+	waitRev map[string]int64             // guarded by mu: revision of the last busy reply per key, for Watch
+	ticking bool                         // guarded by mu: the keep-alive loop runs (or, in tests, must not)
+	reaping bool                         // guarded by mu: a reap goroutine runs
+
+	goMu   sync.Mutex     // guards closed and wg.Add, so nothing starts after Close waits
+	closed bool           // guarded by goMu
+	wg     sync.WaitGroup // every goroutine of the store
+}
+
+// entryKey names the entry of one owner's lock.
+type entryKey struct{ key, owner string }
+
+// heldKey is what the store knows of a lock one owner holds (or may hold) through it: enough
+// to release it in one transaction, to know which lease a refresh keeps alive, and when the
+// holder stops counting on it. Every write that relies on it is guarded by a compare in etcd:
+// a stale entry costs a round trip, never a wrong write.
+//
+// until makes the session lease behave like a TTL. The store keeps its leases alive whatever
+// the Locker does, so a lock the Locker stopped refreshing (lost, past MaxHold, abandoned) or
+// failed to release (the release's reply was lost, the cluster had no leader), or an
+// acquisition whose reply never came, would stay held for as long as the process lives. So
+// each entry carries the moment its holder's guarantee runs out (the send time of the last
+// acquisition or refresh plus its TTL); the keep-alive loop releases, owner-checked, every
+// entry past it, and retries failed releases, until etcd answers (released, or not held).
+type heldKey struct {
+	value     string           // the value as this store last wrote or read it; "" unknown
+	lease     clientv3.LeaseID // the lease the key is on; 0 unknown
+	createRev int64            // the grant's revision; 0 unknown
+	modRev    int64            // the revision of value when simple
+	fence     int64            // the grant's fence
+	hadFloor  bool             // the grant read a fence floor key
+	simple    bool             // value is Acquire's, at modRev: the one-transaction release applies
+	own       bool             // the acquisition's own hold is the owner's through this store
+	holds     []string         // named holds (Reenter) this store added; never changed in place
+	until     time.Time        // the holder counts on the lock until then; released once past it
+	last      int64            // lastFence of a release that failed, for its retry
+	tries     int              // releases of it that failed in a row
+	reaping   bool             // a release of it by the store is under way
+}
+
+// maxWaitRevs bounds waitRev: busy replies in Reject mode are never followed by a Watch.
+const maxWaitRevs = 4096
+
+// New returns a store on cli, which the caller owns: Close does not close it.
+func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
+	if cli == nil {
+		return nil, errors.New("flightlock: etcd store needs a client")
+	}
+	o := options{margin: DefaultLeaseMargin, maxTxnOps: DefaultMaxTxnOps}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.margin < time.Second || o.margin%time.Second != 0 {
+		return nil, fmt.Errorf("flightlock: etcd lease margin must be whole seconds, at least 1s, got %v", o.margin)
+	}
+	if o.maxTxnOps < 3 {
+		return nil, fmt.Errorf("flightlock: etcd max txn ops must be at least 3, got %d", o.maxTxnOps)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Store{
+		cli:       cli,
+		margin:    o.margin,
+		maxTxnOps: o.maxTxnOps,
+		ctx:       ctx,
+		cancel:    cancel,
+		leases:    make(map[time.Duration]*leaseSlot),
+		byID:      make(map[clientv3.LeaseID]*lease),
+		held:      make(map[entryKey]*heldKey),
+		waitRev:   make(map[string]int64),
+	}, nil
+}
+
+// Client returns the etcd client the store works on.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Close stops the store's goroutines (keep-alives, watches) and revokes its leases, which
+// deletes every lock still held on them: waiters elsewhere are woken at once instead of after
+// a TTL. It waits at most a second per lease for the revocation; a lease it cannot revoke
+// expires on its own one TTL later. Calls after Close fail. It is safe to call more than once.
+func (s *Store) Close() error {
+	s.goMu.Lock()
+	if s.closed {
+		s.goMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.goMu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+
+	s.mu.Lock()
+	ids := make([]clientv3.LeaseID, 0, len(s.byID))
+	for id := range s.byID {
+		ids = append(ids, id)
+	}
+	clear(s.leases)
+	clear(s.byID)
+	clear(s.held)
+	clear(s.waitRev)
+	s.mu.Unlock()
+
+	var errs []error
+	for _, id := range ids {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := s.cli.Revoke(ctx, id)
+		cancel()
+		if err != nil && !isLeaseNotFound(err) {
+			errs = append(errs, fmt.Errorf("flightlock: revoke etcd lease %x: %w", int64(id), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// spawn runs f on a goroutine of the store unless the store is closed.
+func (s *Store) spawn(f func()) bool {
+	s.goMu.Lock()
+	defer s.goMu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Go(f)
+	return true
+}
+
+// isClosed reports whether Close was called.
+func (s *Store) isClosed() bool { return s.ctx.Err() != nil }
+
+// entry returns a copy of the entry of key for owner.
+func (s *Store) entry(key, owner string) (heldKey, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.held[entryKey{key, owner}]; e != nil {
+		return *e, true
+	}
+	return heldKey{}, false
+}
+
+// update runs f on the entry of key for owner (a new one when there is none) and drops the
+// entry when f leaves it holding nothing.
+func (s *Store) update(key, owner string, f func(e *heldKey)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := entryKey{key, owner}
+	e := s.held[k]
+	if e == nil {
+		e = &heldKey{}
+		s.held[k] = e
+	}
+	f(e)
+	if !e.own && len(e.holds) == 0 {
+		delete(s.held, k)
+	}
+}
+
+// forget drops the entry of key for owner: the key is gone or another owner's.
+func (s *Store) forget(key, owner string) {
+	s.mu.Lock()
+	delete(s.held, entryKey{key, owner})
+	s.mu.Unlock()
+}
+
+// released records that hold ("" the acquisition's own) of key was given up for owner.
+func (s *Store) released(key, owner, hold string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := entryKey{key, owner}
+	e := s.held[k]
+	if e == nil {
+		return
+	}
+	if hold == "" {
+		e.own, e.simple = false, false
+	} else {
+		e.holds = slices.DeleteFunc(slices.Clone(e.holds), func(h string) bool { return h == hold })
+	}
+	if !e.own && len(e.holds) == 0 {
+		delete(s.held, k)
+	}
+}
+
+// withHold returns holds with hold added once (a new slice).
+func withHold(holds []string, hold string) []string {
+	if slices.Contains(holds, hold) {
+		return holds
+	}
+	return append(slices.Clone(holds), hold)
+}
+
+// Held returns how many locks the store keeps an entry for: those it took or re-entered and
+// has not yet seen released or lost. For tests and metrics.
+func (s *Store) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
+// noteBusy records the revision at which key was seen held, so that a Watch that follows
+// starts there and misses no release in between.
+func (s *Store) noteBusy(key string, rev int64) {
+	s.mu.Lock()
+	if len(s.waitRev) >= maxWaitRevs {
+		clear(s.waitRev)
+	}
+	s.waitRev[key] = rev
+	s.mu.Unlock()
+}
+
+// checkArgs refuses what makes no lock (etcd would take an empty owner or a key among the
+// store's own), and TTLs an etcd lease cannot honour: leases are whole seconds.
+func checkArgs(key, owner string, ttl time.Duration) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	switch {
+	case owner == "" || strings.ContainsAny(owner, " "):
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
+	case ttl <= 0:
+		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+	case ttl%time.Second != 0:
+		return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
+	}
+	return nil
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("flightlock: empty lock key")
+	case strings.HasPrefix(key, lockstore.FenceKeyPrefix):
+		return fmt.Errorf("flightlock: lock key %q falls among the store's own keys (%s*)", key, lockstore.FenceKeyPrefix)
+	}
+	return nil
+}
+
+// checkHold refuses hold names that the lock value cannot list.
+func checkHold(hold string, ownAllowed bool) error {
+	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
+		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
+	}
+	return nil
+}

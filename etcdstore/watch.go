@@ -1,0 +1,93 @@
+package etcdstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// rewatchPause is how long a watch that etcd ended (no leader, compaction) waits before it
+// watches again; the waiter was signalled meanwhile and retries on its own.
+const rewatchPause = 100 * time.Millisecond
+
+// Watch implements lockstore.Store with an etcd watch on key that signals each deletion:
+// a release, or the expiry of the holder's lease. It starts at the revision of this store's
+// last busy reply for key when there is one, so a release between that reply and the watch is
+// not missed. When etcd ends the watch (the member lost its leader, the revision was
+// compacted), the channel is signalled, so the waiter tries again instead of sleeping on a
+// dead watch, and the watch starts again. It ends with ctx, Close of the Watch, or Close of
+// the store. One goroutine per Watch: flightlock's gate lets one goroutine per process wait on
+// a key.
+func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if s.isClosed() {
+		return nil, errStoreClosed
+	}
+	s.mu.Lock()
+	rev := s.waitRev[key]
+	delete(s.waitRev, key)
+	s.mu.Unlock()
+	if rev > 0 {
+		rev++ // the first revision after the one that found the key held
+	}
+	c := make(chan struct{}, 1)
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel) // Close of the store ends it too
+	if !s.spawn(func() {
+		defer stop()
+		defer cancel()
+		s.watch(wctx, key, rev, c)
+	}) {
+		stop()
+		cancel()
+		return nil, errStoreClosed
+	}
+	return lockstore.NewWatch(c, cancel), nil
+}
+
+// watch signals c on each deletion of key from revision rev (0: from now) until ctx ends.
+func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{}) {
+	signal := func() {
+		select {
+		case c <- struct{}{}:
+		default: // one pending wake-up is enough
+		}
+	}
+	// Without a leader the member cannot tell deletions; WithRequireLeader makes it end the
+	// watch rather than leave it silent.
+	lctx := clientv3.WithRequireLeader(ctx)
+	for {
+		opts := []clientv3.OpOption{clientv3.WithFilterPut()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		for resp := range s.cli.Watch(lctx, key, opts...) {
+			if resp.CompactRevision != 0 {
+				rev = 0 // deletions up to the compaction are unknown: assume one
+				signal()
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					signal()
+				}
+				rev = ev.Kv.ModRevision + 1
+			}
+			// A cancelled watch (resp.Canceled) is followed by the channel's close.
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		signal() // etcd ended the watch: the key may have been released meanwhile
+		t := time.NewTimer(rewatchPause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
