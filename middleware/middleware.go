@@ -157,19 +157,30 @@ func (m *Middleware) Close() error {
 	return errors.Join(errs...)
 }
 
-// buildStores sets m's base Lockers: the injected one (WithLocker, WithStore), or those of
-// the stores that c names and its rules lock in, built here.
+// buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names no
+// etcd), or those of the stores that c names and its rules lock in, built here except the one
+// of the kind of a store given with WithStore.
 func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) error {
 	m.bases = make(map[string]*flightlock.Locker)
 	switch {
 	case o.locker != nil:
 		m.locker, m.injected = o.locker, true
-	case o.store != nil:
+	case o.store != nil && !c.Etcd.named():
 		l, err := lockerOn(o.store, c)
 		if err != nil {
 			return err
 		}
 		m.locker, m.injected = l, true
+	case o.store != nil: // it takes the place of the store of its kind; the other is built
+		lc := c
+		if storeName(o.store) == storeEtcd {
+			lc.Prefix = c.Etcd.Key + c.Prefix
+		}
+		l, err := lockerOn(o.store, lc)
+		if err != nil {
+			return err
+		}
+		m.bases[storeName(o.store)] = l
 	}
 	if m.injected {
 		m.bases[storeName(m.locker.Store())] = m.locker
@@ -180,14 +191,14 @@ func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) e
 	for _, cr := range rules {
 		redisUsed = redisUsed || cr.spec.Store == storeRedis
 	}
-	if c.Etcd.named() {
+	if c.Etcd.named() && m.bases[storeEtcd] == nil {
 		l, closeStore, err := newEtcdLocker(c)
 		if err != nil {
 			return err
 		}
 		m.bases[storeEtcd], m.closers = l, append(m.closers, closeStore)
 	}
-	if redisUsed || !c.Redis.embedded() {
+	if (redisUsed || !c.Redis.embedded()) && m.bases[storeRedis] == nil {
 		l, closeStore, err := newRedisLocker(c, o.mode)
 		if err != nil {
 			return err

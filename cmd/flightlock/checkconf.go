@@ -23,9 +23,12 @@ var (
 
 // ignoredKeys are keys that a Lock section may hold although LockConf has no field for them:
 // go-zero's RedisConf.DisableIdentity, so that a service's Redis section can be copied under
-// Lock as it is (see middleware.RedisConf).
+// Lock as it is (see middleware.RedisConf), and discov.EtcdConf.ID.
 var ignoredKeys = map[reflect.Type][]string{
 	reflect.TypeFor[middleware.RedisConf](): {"disableidentity"},
+	// go-zero's discov.EtcdConf.ID (a service's registration lease), so that a zrpc service's
+	// Etcd section can be copied under Lock (see middleware.EtcdConf).
+	reflect.TypeFor[middleware.EtcdConf](): {"id"},
 }
 
 // walkSettings checks mapping n against struct type t as go-zero's conf loader reads it: keys
@@ -264,7 +267,7 @@ func (s *section) sibling(name string) *yaml.Node {
 // a warning in dev, test and rt.
 func (c *checker) checkStore(s *section, topRedis bool) {
 	r := s.conf.Redis
-	if r.Host != "" || r.Sentinel.MasterName != "" {
+	if r.Host != "" || r.Sentinel.MasterName != "" || !locksInRedis(s.conf) {
 		return
 	}
 	mode, how := "pro", "no Mode: go-zero's default is pro"
@@ -283,6 +286,21 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 	}
 	c.warnAt(s, at, "%s.Redis has no Host (%s): the locks live in an embedded in-memory Redis that only this process sees, "+
 		"for development only; set %s.Redis.Host before pre or pro%s", s.path, how, s.path, hint)
+}
+
+// locksInRedis reports whether a rule of c locks in Redis: every rule when c names no etcd
+// (Etcd.Hosts), else those that say Store: redis (issue 14). A section on etcd only never
+// touches the embedded Redis.
+func locksInRedis(c middleware.LockConf) bool {
+	if len(c.Etcd.Hosts) == 0 {
+		return true
+	}
+	for _, r := range c.Rules {
+		if strings.EqualFold(r.Store, "redis") {
+			return true
+		}
+	}
+	return false
 }
 
 // Server timeouts that go-zero uses when the config sets none, in milliseconds:

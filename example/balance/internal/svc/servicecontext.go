@@ -32,12 +32,22 @@ func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) 
 		Config: c,
 		State:  st,
 		Lock:   lock,
-		// The Locker's prefix: the LockConf's, or the Locker's default when built in Go.
-		LockPrefix: cmp.Or(c.Lock.Prefix, flightlock.DefaultPrefix),
+		LockPrefix: lockPrefix(c.Lock),
 	}
 }
 
-// AccountLock is the Redis key of the lock "acct:{account}" that guards account's balance.
+// lockPrefix is the Locker's prefix: the LockConf's, or the Locker's default when built in
+// Go; in etcd (a Lock section that names etcd and no Redis, as in
+// etc/flightlock-example-etcd.yaml) the lock keys start with Etcd.Key too.
+func lockPrefix(c flmw.LockConf) string {
+	prefix := cmp.Or(c.Prefix, flightlock.DefaultPrefix)
+	if len(c.Etcd.Hosts) > 0 && c.Redis.Host == "" && c.Redis.Sentinel.MasterName == "" {
+		prefix = c.Etcd.Key + prefix
+	}
+	return prefix
+}
+
+// AccountLock is the key (in Redis or etcd) of the lock "acct:{account}" that guards account's balance.
 func (s *ServiceContext) AccountLock(account string) string {
 	return s.LockPrefix + "acct:" + account
 }
