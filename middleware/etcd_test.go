@@ -22,8 +22,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -90,7 +90,7 @@ func TestEtcdConfigErrors(t *testing.T) {
 		{Redis: redis, Etcd: etcd, Rules: []Rule{order(Rule{Store: "redis", OnBusy: "share"}), {RPC: "/pkg.Svc/Do", Key: "x:{id}", Store: "Etcd", TTL: 3 * time.Second}}},
 		{Etcd: etcd, TTL: 2 * time.Second, Rules: []Rule{order(Rule{})}},
 		{Etcd: etcd, TTL: 1500 * time.Millisecond, Rules: []Rule{order(Rule{Store: "redis"})}, Redis: redis}, // the Locker of Redis only
-		{Etcd: EtcdConf{Hosts: etcd.Hosts, Key: "locks/order.rpc/"}},                                        // under locks/, not order.rpc/
+		{Etcd: EtcdConf{Hosts: etcd.Hosts, Key: "locks/order.rpc/"}},                                         // under locks/, not order.rpc/
 	}
 	for i, c := range good {
 		if ps := c.Problems(); len(ps) != 0 {

@@ -23,21 +23,21 @@ type Middleware struct {
 	// "etcd"): each with its own per-process gate, as a gate is per store. With WithLocker or
 	// WithStore it holds the injected one only, under its store's name, and every rule locks
 	// there (injected).
-	bases    map[string]*flightlock.Locker
-	injected bool
-	closers  []func() error // the stores New built; nil once closed
-	conf     LockConf       // normalized: the store choices of Route and RouteFunc rules
-	failOpen   bool
-	owners     ownerPolicy
-	http       httpRoutes
-	rpc        map[string]*rule
-	rules      []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
-	routed     routedRules     // the rules of Route and RouteFunc, for CheckRoutes
-	prefix     string          // LockConf.Prefix, for shadow rules' keys
-	traceKeys  bool            // LockConf.TraceKeys
-	logs       *logSummary
-	drain      drainer
-	flights    singleflight.Group // share rules: one run per key in this process
+	bases     map[string]*flightlock.Locker
+	injected  bool
+	closers   []func() error // the stores New built; nil once closed
+	conf      LockConf       // normalized: the store choices of Route and RouteFunc rules
+	failOpen  bool
+	owners    ownerPolicy
+	http      httpRoutes
+	rpc       map[string]*rule
+	rules     []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
+	routed    routedRules     // the rules of Route and RouteFunc, for CheckRoutes
+	prefix    string          // LockConf.Prefix, for shadow rules' keys
+	traceKeys bool            // LockConf.TraceKeys
+	logs      *logSummary
+	drain     drainer
+	flights   singleflight.Group // share rules: one run per key in this process
 	// intercepting is set once a server interceptor was built (UnaryServerInterceptor,
 	// StreamServerInterceptor), for Register's check that RPC rules lock anything.
 	intercepting atomic.Bool

@@ -29,9 +29,9 @@ type ServiceContext struct {
 // build it here: flmw.MustNew(c.Lock, flmw.WithServiceMode(c.Mode), flmw.WithServerTimeout(c.Timeout)).
 func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) *ServiceContext {
 	return &ServiceContext{
-		Config: c,
-		State:  st,
-		Lock:   lock,
+		Config:     c,
+		State:      st,
+		Lock:       lock,
 		LockPrefix: lockPrefix(c.Lock),
 	}
 }
