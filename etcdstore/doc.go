@@ -39,6 +39,14 @@
 // A lease that etcd no longer has (expired during a partition, revoked) took every key on it:
 // refreshes answer lockstore.ErrNotHeld, and the next acquisition grants a new lease.
 //
+// A session lease outlives any one lock, so the store gives each lock the life a Redis key
+// would have: it remembers, per lock, the moment its holder's guarantee runs out (the send
+// time of the last acquisition or refresh plus the TTL) and releases, owner-checked, every
+// lock still there past that moment (one its holder lost, abandoned, or kept past MaxHold
+// without refreshing, or an acquisition whose reply was lost). A release that fails is retried
+// in the background until etcd answers. Without this, a release lost to a leader election
+// would leave its key held for as long as the process lives.
+//
 // A re-entry from another process (Reenter) keeps the holder's lease alive while it refreshes,
 // so a TTL longer than that lease lasts is refused. While it does, the holder's other locks on
 // that lease live too: if the holder's process died, they last until the re-entry is released,
