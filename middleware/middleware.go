@@ -20,9 +20,9 @@ import (
 type Middleware struct {
 	locker *flightlock.Locker // the Lock section's store's (Redis when it names both): Locker()
 	// bases holds the base Locker of each store the rules lock in, by store name ("redis",
-	// "etcd"): each with its own per-process gate, as a gate is per store. With WithLocker or
-	// WithStore it holds the injected one only, under its store's name, and every rule locks
-	// there (injected).
+	// "etcd"): each with its own per-process gate, as a gate is per store. With WithLocker (or
+	// WithStore when the section names no etcd) it holds the injected one only, under its
+	// store's name, and every rule locks there (injected); see buildStores.
 	bases     map[string]*flightlock.Locker
 	injected  bool
 	closers   []func() error // the stores New built; nil once closed
