@@ -342,6 +342,19 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The watch works (a clientv3 watch cancelled before etcd confirmed it leaves the client's
+	// stream open until the client closes: not the store's goroutine, but goleak would see it).
+	if _, err := s.Release(ctx, "lock:c0", ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("watch not woken")
+	}
+	if _, err := s.Acquire(ctx, "lock:c0", ownerA, 5*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
 	if errs := s.RefreshAll(ctx, []lockstore.Renewal{{Key: "lock:c0", Owner: ownerA, TTL: 5 * time.Second}}); errs[0] != nil {
 		t.Fatal(errs[0])
 	}
