@@ -1,0 +1,381 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/etcdstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Row names, as they appear in the report.
+const (
+	rowFloor  = "floor"
+	rowFlight = "flightlock"
+	rowMutex  = "mutex"
+)
+
+// flightTTL is the TTL of every flightlock lock here; the etcd leases of the floor and of
+// concurrency.Mutex's sessions last flightTTL + 1s, as the store's own leases do (its default
+// lease margin).
+const flightTTL = 10 * time.Second
+
+const leaseSeconds = 11
+
+// rowResult is one row in one repetition.
+type rowResult struct {
+	ops             int64         // operations (scenario 1) or critical sections in the window
+	window          time.Duration // the measured window
+	rate            float64       // ops or critical sections per second
+	p50, p99        time.Duration // scenario 1: lock + unlock latency; 2 and 3: Lock's wait
+	errors          int64         // failed Locks (each under a bounded context)
+	releaseErrors   int64         // failed Releases / Unlocks
+	violations      int64         // a critical section that found another one inside
+	fenceViolations int64         // flightlock: a fence not larger than the last one seen
+	rpcPerOp        float64       // etcd unary RPCs per operation / critical section
+	fsyncPerOp      float64       // etcd WAL fsyncs per operation / critical section
+	etcdCPU         time.Duration // CPU of the etcd server per operation / critical section
+	selfCPU         time.Duration // CPU of this process per operation (scenarios 1 and 2)
+	perProc         []int64       // scenario 3: critical sections of each process
+}
+
+type bench struct {
+	c     *config
+	srv   *etcdServer
+	cli   *clientv3.Client
+	store *etcdstore.Store
+	l     *flightlock.Locker
+
+	floorLease clientv3.LeaseID
+	floorValue string
+	sess       *concurrency.Session   // scenario 1's Mutex session
+	hotSess    []*concurrency.Session // scenario 2: one per goroutine (a Mutex is one session's)
+	kaCancel   context.CancelFunc
+}
+
+func newBench(c *config, srv *etcdServer) (*bench, error) {
+	cli, err := srv.client()
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{c: c, srv: srv, cli: cli}
+	if b.store, b.l, err = newFlightlock(cli, c.lockTO); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Warm-up, and the value flightlock writes: the floor puts a value of the same bytes.
+	lease, err := b.l.Lock(ctx, "warm")
+	if err != nil {
+		return nil, fmt.Errorf("warm-up lock: %w", err)
+	}
+	kv, err := cli.Get(ctx, "lock:warm")
+	if err != nil || len(kv.Kvs) == 0 {
+		return nil, fmt.Errorf("read the warm-up key: %v (%d keys)", err, len(kv.Kvs))
+	}
+	b.floorValue = string(kv.Kvs[0].Value)
+	if err := lease.Release(ctx); err != nil {
+		return nil, fmt.Errorf("warm-up release: %w", err)
+	}
+	g, err := cli.Grant(ctx, leaseSeconds)
+	if err != nil {
+		return nil, fmt.Errorf("grant the floor's lease: %w", err)
+	}
+	b.floorLease = g.ID
+	kaCtx, kaCancel := context.WithCancel(context.Background())
+	b.kaCancel = kaCancel
+	ka, err := cli.KeepAlive(kaCtx, g.ID)
+	if err != nil {
+		return nil, fmt.Errorf("keep the floor's lease alive: %w", err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	if b.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
+		return nil, fmt.Errorf("mutex session: %w", err)
+	}
+	for range c.hot {
+		s, err := concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds))
+		if err != nil {
+			return nil, fmt.Errorf("mutex session: %w", err)
+		}
+		b.hotSess = append(b.hotSess, s)
+	}
+	// Warm the Mutex path too (one lock on a key of its own).
+	m := concurrency.NewMutex(b.sess, "/mutex/warm")
+	if err := m.Lock(ctx); err != nil {
+		return nil, fmt.Errorf("mutex warm-up: %w", err)
+	}
+	_ = m.Unlock(ctx)
+	return b, nil
+}
+
+func newFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
+	store, err := etcdstore.New(cli)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The wait budget is as long as the Lock's context bound, so a Lock ends on the bound (an
+	// error counted), not on the default 2s budget. Handoff keeps its defaults (64, 20ms).
+	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
+	if err != nil {
+		return nil, nil, err
+	}
+	return store, l, nil
+}
+
+func (b *bench) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = b.l.Drain(ctx)
+	_ = b.store.Close()
+	for _, s := range append([]*concurrency.Session{b.sess}, b.hotSess...) {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+	if b.kaCancel != nil {
+		b.kaCancel()
+	}
+	_ = b.cli.Close()
+}
+
+// uncontended runs scenario 1 for one row: one goroutine, a distinct key per operation.
+func (b *bench) uncontended(row string, rep int) rowResult {
+	return b.uncontendedFor(row, fmt.Sprint(rep), b.c.d1)
+}
+
+// warmUp runs every row of scenario 1 unmeasured for d each: a freshly started etcd commits
+// its first writes more slowly, which would tilt the first repetition against its first row.
+func (b *bench) warmUp(d time.Duration) {
+	for _, row := range []string{rowFloor, rowFlight, rowMutex} {
+		b.uncontendedFor(row, "w", d)
+	}
+}
+
+func (b *bench) uncontendedFor(row, rep string, d time.Duration) rowResult {
+	var op func(ctx context.Context, i int) (releaseErr, err error)
+	switch row {
+	case rowFloor:
+		op = func(ctx context.Context, i int) (error, error) {
+			k := fmt.Sprintf("lock:f-%s-%d", rep, i)
+			_, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+				Then(clientv3.OpPut(k, b.floorValue, clientv3.WithLease(b.floorLease))).Commit()
+			if err != nil {
+				return nil, err
+			}
+			_, err = b.cli.Delete(ctx, k)
+			return err, nil
+		}
+	case rowFlight:
+		op = func(ctx context.Context, i int) (error, error) {
+			lease, err := b.l.Lock(ctx, fmt.Sprintf("u-%s-%d", rep, i))
+			if err != nil {
+				return nil, err
+			}
+			return lease.Release(ctx), nil
+		}
+	case rowMutex:
+		op = func(ctx context.Context, i int) (error, error) {
+			m := concurrency.NewMutex(b.sess, fmt.Sprintf("/mutex/u-%s-%d", rep, i))
+			if err := m.Lock(ctx); err != nil {
+				return nil, err
+			}
+			return m.Unlock(ctx), nil
+		}
+	}
+	var (
+		r    rowResult
+		lats []int64
+	)
+	s0 := b.srv.stats()
+	start := time.Now()
+	end := start.Add(d)
+	for i := 0; time.Now().Before(end); i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+		t0 := time.Now()
+		rerr, err := op(ctx, i)
+		d := time.Since(t0)
+		cancel()
+		switch {
+		case err != nil:
+			r.errors++
+			time.Sleep(time.Millisecond)
+		case rerr != nil:
+			r.releaseErrors++
+		default:
+			lats = append(lats, int64(d))
+		}
+	}
+	r.window = time.Since(start)
+	r.ops = int64(len(lats))
+	r.rate = float64(r.ops) / r.window.Seconds()
+	r.p50, r.p99 = percentiles(lats)
+	r.setServer(b.srv.stats().sub(s0))
+	return r
+}
+
+func (r *rowResult) setServer(st serverStats) {
+	if !st.ok || r.ops == 0 {
+		r.rpcPerOp, r.fsyncPerOp = -1, -1
+		return
+	}
+	r.rpcPerOp = st.rpcs / float64(r.ops)
+	r.fsyncPerOp = st.fsyncs / float64(r.ops)
+	r.etcdCPU = st.cpu / time.Duration(r.ops)
+	r.selfCPU = st.self / time.Duration(r.ops)
+}
+
+func percentiles(v []int64) (p50, p99 time.Duration) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	slices.Sort(v)
+	at := func(p float64) time.Duration { return time.Duration(v[int(p*float64(len(v)-1))]) }
+	return at(0.50), at(0.99)
+}
+
+// guard is what every critical section checks: inside must be 1 while it runs, and a
+// flightlock fence must be larger than the last one. Its words are in process memory
+// (scenario 2) or in a file every worker maps (scenario 3).
+type guard struct {
+	inside, lastFence, violations, fenceViolations *int64
+}
+
+func newLocalGuard() guard {
+	w := new([4]int64)
+	return guard{&w[0], &w[1], &w[2], &w[3]}
+}
+
+// contender is one goroutine's way to take and give up the hot key.
+type contender interface {
+	lock(ctx context.Context) (fence int64, err error) // fence 0: the lock has none
+	unlock(ctx context.Context) error
+}
+
+type flightContender struct {
+	l     *flightlock.Locker
+	key   string
+	lease *flightlock.Lease
+}
+
+func (c *flightContender) lock(ctx context.Context) (int64, error) {
+	lease, err := c.l.Lock(ctx, c.key)
+	if err != nil {
+		return 0, err
+	}
+	c.lease = lease
+	return lease.Fence(), nil
+}
+
+func (c *flightContender) unlock(ctx context.Context) error { return c.lease.Release(ctx) }
+
+type mutexContender struct{ m *concurrency.Mutex }
+
+func (c *mutexContender) lock(ctx context.Context) (int64, error) { return 0, c.m.Lock(ctx) }
+func (c *mutexContender) unlock(ctx context.Context) error        { return c.m.Unlock(ctx) }
+
+// contendResult is what the goroutines of one process did in the window.
+type contendResult struct {
+	CS            int64   `json:"cs"`
+	Errors        int64   `json:"errors"`
+	ReleaseErrors int64   `json:"release_errors"`
+	Waits         []int64 `json:"waits"` // ns each counted Lock waited
+}
+
+// contend runs one goroutine per contender from start until end; a critical section counts
+// when it ends inside the window. Goroutines stop taking the lock at end and return once
+// their last Lock (bounded by lockTO) is over.
+func contend(cs []contender, g guard, start, end time.Time, lockTO time.Duration) contendResult {
+	time.Sleep(time.Until(start))
+	var (
+		mu  sync.Mutex
+		res contendResult
+		wg  sync.WaitGroup
+	)
+	for _, c := range cs {
+		wg.Go(func() {
+			var n, errs, rerrs int64
+			var waits []int64
+			for time.Now().Before(end) {
+				ctx, cancel := context.WithTimeout(context.Background(), lockTO)
+				t0 := time.Now()
+				fence, err := c.lock(ctx)
+				if err != nil {
+					cancel()
+					errs++
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				wait := time.Since(t0)
+				if atomic.AddInt64(g.inside, 1) != 1 {
+					atomic.AddInt64(g.violations, 1)
+				}
+				if fence != 0 {
+					if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
+						atomic.AddInt64(g.fenceViolations, 1)
+					}
+				}
+				atomic.AddInt64(g.inside, -1)
+				if !time.Now().After(end) {
+					n++
+					waits = append(waits, int64(wait))
+				}
+				if err := c.unlock(ctx); err != nil {
+					rerrs++
+				}
+				cancel()
+			}
+			mu.Lock()
+			res.CS += n
+			res.Errors += errs
+			res.ReleaseErrors += rerrs
+			res.Waits = append(res.Waits, waits...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+// hotInProcess runs scenario 2 for one row: c.hot goroutines of this process on one key.
+func (b *bench) hotInProcess(row string, rep int) rowResult {
+	key := fmt.Sprintf("hot-%d", rep)
+	cs := make([]contender, b.c.hot)
+	for i := range cs {
+		if row == rowFlight {
+			cs[i] = &flightContender{l: b.l, key: key}
+		} else {
+			cs[i] = &mutexContender{m: concurrency.NewMutex(b.hotSess[i], "/mutex/"+key)}
+		}
+	}
+	g := newLocalGuard()
+	start := time.Now().Add(20 * time.Millisecond)
+	end := start.Add(b.c.d2)
+	var s0, s1 serverStats
+	statsDone := make(chan struct{})
+	go func() {
+		time.Sleep(time.Until(start))
+		s0 = b.srv.stats()
+		time.Sleep(time.Until(end))
+		s1 = b.srv.stats()
+		close(statsDone)
+	}()
+	cr := contend(cs, g, start, end, b.c.lockTO)
+	<-statsDone
+	r := rowResult{
+		ops: cr.CS, window: b.c.d2, rate: float64(cr.CS) / b.c.d2.Seconds(),
+		errors: cr.Errors, releaseErrors: cr.ReleaseErrors,
+		violations: *g.violations, fenceViolations: *g.fenceViolations,
+	}
+	r.p50, r.p99 = percentiles(cr.Waits)
+	r.setServer(s1.sub(s0))
+	return r
+}

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// etcdServer is the one private etcd member of a run: fresh data directory (fsync on, etcd's
+// default), free loopback ports, killed by its pid at the end.
+type etcdServer struct {
+	cmd       *exec.Cmd
+	dir       string // temporary parent of the data directory, removed by stop
+	clientURL string
+	version   string // first line of `etcd --version`
+	fsType    string // file system of the data directory
+	log       string
+}
+
+func startEtcd(bin, parent string) (*etcdServer, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --version: %v (apt-get install etcd-server)", bin, err)
+	}
+	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	dir, err := os.MkdirTemp(parent, "etcdbench-")
+	if err != nil {
+		return nil, err
+	}
+	s := &etcdServer{
+		dir:       dir,
+		clientURL: "http://" + freeAddr(),
+		version:   strings.TrimPrefix(version, "etcd Version: "),
+		fsType:    fsType(dir),
+		log:       filepath.Join(dir, "etcd.log"),
+	}
+	peer := "http://" + freeAddr()
+	logf, err := os.Create(s.log)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	s.cmd = exec.Command(bin,
+		"--name", "bench",
+		"--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", s.clientURL,
+		"--advertise-client-urls", s.clientURL,
+		"--listen-peer-urls", peer,
+		"--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "bench="+peer,
+		"--initial-cluster-state", "new",
+		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
+	)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	cli, err := s.client()
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	defer cli.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := cli.Status(ctx, s.clientURL)
+		cancel()
+		if err == nil && st.Leader != 0 {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			tail, _ := os.ReadFile(s.log)
+			s.stop()
+			return nil, fmt.Errorf("etcd not ready after 20s: %v\n%s", err, tail)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *etcdServer) pid() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// stop kills the server by its pid, waits for it, and removes its data directory.
+func (s *etcdServer) stop() {
+	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// client returns a new client on the server; it logs nothing.
+func (s *etcdServer) client() (*clientv3.Client, error) {
+	return newClient(s.clientURL)
+}
+
+func newClient(endpoint string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{
+		Endpoints:   []string{endpoint},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
+// point that is a prefix of dir).
+func fsType(dir string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	best, typ := "", "unknown"
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, x := range fields {
+			if x == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		mp := fields[4]
+		if strings.HasPrefix(dir, mp) && len(mp) > len(best) {
+			best, typ = mp, fields[sep+1]
+		}
+	}
+	return typ
+}
+
+// serverStats are counters read from etcd's /metrics: the unary gRPC calls it handled (Txn,
+// Range, DeleteRange, Put, LeaseGrant, ...; keep-alives and watches are streams, not counted)
+// and the fsyncs of its write-ahead log.
+type serverStats struct {
+	rpcs      float64
+	fsyncs    float64
+	ok        bool
+	cpu, self time.Duration // CPU used by the etcd process and by this one
+}
+
+func (s *etcdServer) stats() serverStats {
+	st := s.scrape()
+	st.cpu, st.self = pidCPU(s.pid()), selfCPU()
+	return st
+}
+
+// selfCPU is the CPU time (user + system) this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// pidCPU is the CPU time (user + system) process pid has used, from /proc (clock ticks of
+// 10ms: precise enough over a row of thousands of operations).
+func pidCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	_, rest, ok := strings.Cut(string(b), ") ")
+	if !ok {
+		return 0
+	}
+	f := strings.Fields(rest) // f[0] is field 3 (state): utime is field 14, stime 15
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stt, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+stt) * 10 * time.Millisecond
+}
+
+func (s *etcdServer) scrape() serverStats {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(s.clientURL + "/metrics")
+	if err != nil {
+		return serverStats{}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return serverStats{}
+	}
+	var st serverStats
+	for _, line := range strings.Split(string(body), "\n") {
+		switch {
+		case strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`):
+			st.rpcs += lastFloat(line)
+			st.ok = true
+		case strings.HasPrefix(line, "etcd_disk_wal_fsync_duration_seconds_count"):
+			st.fsyncs += lastFloat(line)
+		}
+	}
+	return st
+}
+
+func (a serverStats) sub(b serverStats) serverStats {
+	return serverStats{rpcs: a.rpcs - b.rpcs, fsyncs: a.fsyncs - b.fsyncs, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+}
+
+func lastFloat(line string) float64 {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+	return v
+}
+
+type machineInfo struct {
+	nproc     int
+	cpu       string
+	kernel    string
+	goVersion string
+	etcd      string
+	fsType    string
+	load      string
+}
+
+func machine(s *etcdServer) machineInfo {
+	m := machineInfo{nproc: runtime.NumCPU(), goVersion: runtime.Version(), etcd: s.version, fsType: s.fsType}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				if _, v, ok := strings.Cut(line, ":"); ok {
+					m.cpu = strings.TrimSpace(v)
+				}
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	if out, err := exec.Command("nproc").Output(); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
+			m.nproc = n
+		}
+	}
+	return m
+}

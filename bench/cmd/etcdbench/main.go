@@ -1,0 +1,176 @@
+// Command etcdbench measures flightlock's etcd store (etcdstore) against etcd's own
+// concurrency.Mutex and the raw etcd floor, on ONE private etcd server that it starts itself
+// (/usr/bin/etcd, Debian's etcd-server 3.4, free loopback ports, a temporary data directory,
+// fsync on as in production) and kills by pid at the end. It is the etcd half of issue 14's
+// benchmarks; lockbench (the Redis rows) is a separate command and stays as it is.
+//
+// Run it from bench/ (it is part of the bench module):
+//
+//	cd bench && go run ./cmd/etcdbench -out ../docs/benchmarks-etcd.md
+//
+// Scenarios, all three run in every repetition (rows interleaved, order rotated per
+// repetition, medians over -reps):
+//
+//  1. Uncontended lock + unlock, one goroutine, a distinct key per operation: flightlock
+//     (Lock + Release), concurrency.Mutex (one Session, Lock + Unlock) and the floor (a
+//     transaction that puts the key on a pre-granted lease if its create revision is 0, then a
+//     delete). p50 latency, ops/s, flightlock/floor.
+//  2. One hot key, 64 goroutines in this process: critical sections per second.
+//  3. One hot key, 4 processes x 16 goroutines: the command re-executes itself as workers
+//     (hidden first argument -etcdbench-worker); each counts its critical sections over one
+//     common window and the parent sums them.
+//
+// Each critical section checks an "inside" counter (shared between processes through a mapped
+// file in scenario 3) and, for flightlock, that the lease's fence is strictly larger than the
+// last fence any holder saw. Every Lock runs under a bounded context; errors are counted.
+// Progress goes to stderr; the report (Markdown) goes to -out.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	reps      int
+	d1, d2    time.Duration // per row and repetition: scenario 1, scenario 2
+	d3        time.Duration // scenario 3's common window
+	hot       int           // scenario 2 goroutines
+	procs     int           // scenario 3 processes
+	perProc   int           // scenario 3 goroutines per process
+	lockTO    time.Duration // bound of every Lock's context
+	warm      time.Duration // unmeasured warm-up per row of scenario 1
+	out       string
+	etcdBin   string
+	dataDir   string
+	cmdline   string
+	startedAt time.Time
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == workerFlag {
+		workerMain(os.Args[2:])
+		return
+	}
+	var c config
+	flag.IntVar(&c.reps, "reps", 3, "repetitions (medians are reported)")
+	flag.DurationVar(&c.d1, "d1", 2*time.Second, "scenario 1: duration per row and repetition")
+	flag.DurationVar(&c.d2, "d2", 2*time.Second, "scenario 2: duration per row and repetition")
+	flag.DurationVar(&c.d3, "d3", 3*time.Second, "scenario 3: common window per row and repetition")
+	flag.IntVar(&c.hot, "g", 64, "scenario 2: goroutines on the hot key")
+	flag.IntVar(&c.procs, "procs", 4, "scenario 3: worker processes")
+	flag.IntVar(&c.perProc, "pg", 16, "scenario 3: goroutines per worker process")
+	flag.DurationVar(&c.lockTO, "lock-timeout", 10*time.Second, "bound of every Lock's context")
+	flag.DurationVar(&c.warm, "warm", time.Second, "unmeasured warm-up per row of scenario 1, before the first repetition")
+	flag.StringVar(&c.out, "out", "", "write the Markdown report here (default: stdout)")
+	flag.StringVar(&c.etcdBin, "etcd", "/usr/bin/etcd", "etcd server binary")
+	flag.StringVar(&c.dataDir, "datadir", "", "parent of etcd's temporary data directory (default: $TMPDIR)")
+	flag.Parse()
+	c.cmdline = "go run ./cmd/etcdbench " + strings.Join(os.Args[1:], " ")
+	c.startedAt = time.Now()
+	if c.reps < 1 || c.hot < 1 || c.procs < 1 || c.perProc < 1 {
+		fatalf("reps, g, procs and pg must be positive")
+	}
+
+	srv, err := startEtcd(c.etcdBin, c.dataDir)
+	if err != nil {
+		fatalf("start etcd: %v", err)
+	}
+	// The server is ours: end it by its pid on every way out.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		progress("signal %v: killing etcd (pid %d) and workers", s, srv.pid())
+		killWorkers()
+		srv.stop()
+		os.Exit(1)
+	}()
+	code := run(&c, srv)
+	srv.stop()
+	os.Exit(code)
+}
+
+func run(c *config, srv *etcdServer) int {
+	progress("etcd %s (pid %d) on %s, data in %s (%s)", srv.version, srv.pid(), srv.clientURL, srv.dir, srv.fsType)
+	b, err := newBench(c, srv)
+	if err != nil {
+		progress("setup: %v", err)
+		return 1
+	}
+	defer b.close()
+
+	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
+	b.warmUp(c.warm)
+	res := newResults()
+	s1 := []string{rowFloor, rowFlight, rowMutex}
+	s2 := []string{rowFlight, rowMutex}
+	for rep := 0; rep < c.reps; rep++ {
+		progress("repetition %d/%d", rep+1, c.reps)
+		for _, row := range rotate(s1, rep) {
+			r := b.uncontended(row, rep)
+			res.add(1, row, r)
+			progress("  1 uncontended  %-10s p50 %s  %.0f ops/s  errors %d", row, dur(r.p50), r.rate, r.errors)
+		}
+		for _, row := range rotate(s2, rep) {
+			r := b.hotInProcess(row, rep)
+			res.add(2, row, r)
+			progress("  2 hot x%-3d     %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.hot, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+		}
+		for _, row := range rotate(s2, rep) {
+			r := b.hotProcesses(row, rep)
+			res.add(3, row, r)
+			progress("  3 hot %dx%-3d   %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.procs, c.perProc, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+		}
+	}
+
+	m := machine(srv)
+	report := res.markdown(c, m)
+	if c.out == "" {
+		fmt.Print(report)
+	} else if err := os.WriteFile(c.out, []byte(report), 0o644); err != nil {
+		progress("write %s: %v", c.out, err)
+		return 1
+	} else {
+		progress("wrote %s", c.out)
+	}
+	for _, g := range res.goals(c) {
+		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measured)
+	}
+	return 0
+}
+
+// rotate returns rows starting at rep mod len: each row runs first in some repetition.
+func rotate(rows []string, rep int) []string {
+	n := len(rows)
+	out := make([]string, n)
+	for i := range rows {
+		out[i] = rows[(i+rep)%n]
+	}
+	return out
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "etcdbench %s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "etcdbench: "+format+"\n", args...)
+	os.Exit(1)
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	}
+}
