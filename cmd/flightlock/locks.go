@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,8 +43,32 @@ type lockInfo struct {
 	Unrecognized string `json:"unrecognized,omitempty"`
 
 	// show only:
-	FenceCounterKey string `json:"fence_counter_key,omitempty"` // counter of the key's hash slot
-	FenceCounter    *int64 `json:"fence_counter,omitempty"`     // last fence handed out in that slot
+	FenceCounterKey string `json:"fence_counter_key,omitempty"` // counter of the key's hash slot (etcd: its fence floor key)
+	FenceCounter    *int64 `json:"fence_counter,omitempty"`     // last fence handed out in that slot (etcd: the floor)
+
+	// etcd only (see etcd.go). There Owner is empty and left out of the JSON, RedisKey too,
+	// and Contended means the key's waiter mark is set; Waiters is not known.
+	Store          string `json:"store,omitempty"`           // "etcd"; empty in Redis
+	EtcdKey        string `json:"etcd_key,omitempty"`        // Etcd.Key + Prefix + key
+	Lease          string `json:"lease,omitempty"`           // the etcd lease the key is on, in hex as etcdctl prints it
+	CreateRevision int64  `json:"create_revision,omitempty"` // the grant's revision, from which its fence derives
+	ModRevision    int64  `json:"mod_revision,omitempty"`    // revision of the value read: unlock removes only that
+}
+
+// MarshalJSON leaves out, for an etcd lock, the owner and redis_key fields that it never
+// fills; a Redis lock marshals as it always has.
+func (l lockInfo) MarshalJSON() ([]byte, error) {
+	type plain lockInfo // the fields without this method
+	if l.Store != storeEtcd {
+		return json.Marshal(plain(l))
+	}
+	// A field of the outer struct hides the embedded one of the same JSON name; omitempty
+	// then drops both.
+	return json.Marshal(struct {
+		plain
+		Owner    *struct{} `json:"owner,omitempty"`
+		RedisKey *struct{} `json:"redis_key,omitempty"`
+	}{plain: plain(l)})
 }
 
 // parseLock fills l from the value of its Redis key.
@@ -68,6 +93,12 @@ func parseLock(l *lockInfo, value string) {
 		l.Contended = true
 		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
 	}
+	parseMeta(l, rest)
+}
+
+// parseMeta fills the holder fields of l from the metadata a holder wrote: host=, pid= and
+// trace= (the first of each), the rest as Metadata.
+func parseMeta(l *lockInfo, rest string) {
 	var other []string
 	for _, f := range strings.Fields(rest) {
 		k, v, _ := strings.Cut(f, "=")

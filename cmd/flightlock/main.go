@@ -1,14 +1,16 @@
-// Command flightlock shows an operator the locks that flightlock services hold in Redis, and
-// removes a stuck one. It reads the service's own config file (its Lock: section: Redis and
-// Prefix) or takes a Redis address:
+// Command flightlock shows an operator the locks that flightlock services hold in Redis or
+// etcd, and removes a stuck one. It reads the service's own config file (its Lock: section:
+// Redis or Etcd, and Prefix) or takes a Redis or etcd address:
 //
 //	flightlock -f etc/order-api.yaml ls 'order:*'   # held locks: owner, fence, TTL, holder, waiters
 //	flightlock -f etc/order-api.yaml show order:42  # one lock in full
 //	flightlock -f etc/order-api.yaml unlock order:42  # force-release after confirmation (-yes)
 //	flightlock -addr 127.0.0.1:6379 watch           # live acquisitions, releases, contention
+//	flightlock -etcd 127.0.0.1:2379 ls 'acct:*'     # the same on etcd (under -etcd-key, default flightlock/)
 //
-// Keys are written as the rules render them, without the Prefix. -o json prints JSON for
-// scripts.
+// Keys are written as the rules render them, without the Prefix (nor, in etcd, Etcd.Key).
+// -o json prints JSON for scripts. In etcd the owner token of a lock is never printed: a
+// propagated owner token lets its bearer re-enter the lock.
 //
 // flightlock check catches lock mistakes before they ship (issue 15), without Redis: it reads
 // the Lock sections of a config file as go-zero and middleware.New read them, and checks the
@@ -42,6 +44,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	redis.SetLogger(silent{}) // failures reach the operator as errors, once, not as pool logs
+	if os.Getenv("ETCD_CLIENT_DEBUG") == "" {
+		// The same for the etcd client's retry warnings: middleware.EtcdConf.Client builds its
+		// logger from this variable (connectEtcd drops the client's logs once it is built).
+		_ = os.Setenv("ETCD_CLIENT_DEBUG", "fatal")
+	}
 	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
@@ -56,14 +63,22 @@ Commands:
   check            check the Lock sections of a config without Redis:
                    flightlock check -f etc/x.yaml [-api x.api]... [-proto x.proto]...
                    (flightlock check -h for its flags)
-  ls [pattern]     held locks whose key matches pattern (Redis glob, default *)
+  ls [pattern]     held locks whose key matches pattern (Redis glob, default *; in etcd
+                   the same glob, matched by the CLI on a range read of the prefix)
   show KEY         one lock in full
   unlock KEY       force-release a lock after confirmation, waking its waiters
   watch [pattern]  live view of acquisitions, releases and contention
 
 KEY and pattern are lock keys as the rules render them (order:42), without Prefix.
 
-Where the locks are (one of -f and -addr; flags override the file):
+Where the locks are (-f, -addr or -etcd; flags override the file). A Lock section that
+names Etcd.Hosts and no Redis (Host or Sentinel) is read in etcd; one that names both is read
+in Redis unless -store etcd. In etcd the keys are Etcd.Key + Prefix + KEY, TLS comes from the
+file's Etcd.CertFile, CertKeyFile and CACertFile, and the owner token is never printed:
+
+  flightlock -f etc/x.yaml -store etcd ls         # a section with both stores: its etcd
+  flightlock -etcd 10.0.0.7:2379,10.0.0.8:2379 -etcd-key flightlock/ show acct:42
+
 `
 
 // Exit codes.
@@ -78,6 +93,9 @@ type options struct {
 	file     string        // -f: the service's config file
 	section  string        // -lock: which Lock section of the file, when it has several
 	addr     string        // -addr: Redis host:port (node), or seed addresses (cluster)
+	etcd     string        // -etcd: etcd members, host:port,...
+	etcdKey  string        // -etcd-key: the Etcd.Key before Prefix
+	store    string        // -store: redis or etcd, for a Lock section that names both
 	typ      string        // -type: node or cluster
 	user     string        // -user
 	pass     string        // -pass
@@ -90,6 +108,8 @@ type options struct {
 	limit    int           // -limit: at most this many locks listed
 	interval time.Duration // -interval: watch's refresh and polling period
 	duration time.Duration // -for: how long watch runs (0: until interrupted)
+
+	passFromEnv bool // pass came from FLIGHTLOCK_REDIS_PASS, which is Redis's only
 }
 
 func (o *options) flags(stderr io.Writer) *flag.FlagSet {
@@ -98,17 +118,20 @@ func (o *options) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.file, "f", "", "the service's config `file` (YAML or JSON); its Lock section says where the locks are")
 	fs.StringVar(&o.section, "lock", "", "the Lock section to use when the file has several, by its `path` (Order.Lock)")
 	fs.StringVar(&o.addr, "addr", "", "Redis `host:port` (for -type cluster, comma-separated seed addresses)")
+	fs.StringVar(&o.etcd, "etcd", "", "etcd members' `host:port,...`: read the locks in etcd")
+	fs.StringVar(&o.etcdKey, "etcd-key", "", `etcd: the Etcd.Key before Prefix (default: the file's, else "flightlock/")`)
+	fs.StringVar(&o.store, "store", "", "`redis or etcd`: the store to read when the Lock section names both (default redis)")
 	fs.StringVar(&o.typ, "type", "", "Redis type: node or cluster (default: the file's, else node)")
-	fs.StringVar(&o.user, "user", "", "Redis user")
-	fs.StringVar(&o.pass, "pass", "", "Redis password (or set FLIGHTLOCK_REDIS_PASS)")
+	fs.StringVar(&o.user, "user", "", "Redis or etcd user")
+	fs.StringVar(&o.pass, "pass", "", "Redis or etcd password (or set FLIGHTLOCK_REDIS_PASS, for Redis only)")
 	fs.BoolVar(&o.tls, "tls", false, "connect with TLS, as go-zero's Tls (certificate not verified)")
 	fs.StringVar(&o.prefix, "prefix", "", `the Lock section's Prefix (default: the file's, else "lock:")`)
 	fs.StringVar(&o.output, "o", "table", "output: table or json")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of one command's Redis calls")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of one command's Redis or etcd calls")
 	fs.BoolVar(&o.yes, "yes", false, "unlock: do not ask for confirmation (for scripts)")
 	fs.BoolVar(&o.shadow, "shadow", false, "ls and watch: include the locks of shadow rules (shadow:...)")
 	fs.IntVar(&o.limit, "limit", 0, "ls: list at most this many locks (0: all)")
-	fs.DurationVar(&o.interval, "interval", 500*time.Millisecond, "watch: refresh period, and polling period without keyspace notifications")
+	fs.DurationVar(&o.interval, "interval", 500*time.Millisecond, "watch on Redis: refresh period, and polling period without keyspace notifications")
 	fs.DurationVar(&o.duration, "for", 0, "watch: stop after this long (0: until interrupted)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)
@@ -136,6 +159,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if o.pass == "" {
 		o.pass = os.Getenv("FLIGHTLOCK_REDIS_PASS")
+		o.passFromEnv = o.pass != ""
 	}
 	if err := o.check(pos); err != nil {
 		fmt.Fprintf(stderr, "flightlock: %v\n", err)
@@ -190,8 +214,14 @@ func (o *options) check(pos []string) error {
 		return fmt.Errorf("%w: unknown command %q", errUsage, pos[0])
 	case len(pos)-1 < n[0] || len(pos)-1 > n[1]:
 		return fmt.Errorf("%w: %s takes %s", errUsage, pos[0], map[[2]int]string{{0, 1}: "at most one pattern", {1, 1}: "one KEY"}[n])
-	case o.file == "" && o.addr == "":
-		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port", errUsage)
+	case o.file == "" && o.addr == "" && o.etcd == "":
+		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port (Redis), or -etcd host:port", errUsage)
+	case o.addr != "" && o.etcd != "":
+		return fmt.Errorf("%w: -addr (Redis) and -etcd name two stores: give one", errUsage)
+	case o.store != "" && o.store != storeRedis && o.store != storeEtcd:
+		return fmt.Errorf("%w: -store must be redis or etcd, got %q", errUsage, o.store)
+	case o.store == storeRedis && (o.etcd != "" || o.etcdKey != ""):
+		return fmt.Errorf("%w: -store redis with -etcd or -etcd-key: give one store", errUsage)
 	case o.output != "table" && o.output != "json":
 		return fmt.Errorf("%w: -o must be table or json, got %q", errUsage, o.output)
 	case o.timeout <= 0 || o.interval <= 0 || o.duration < 0 || o.limit < 0:

@@ -40,6 +40,15 @@ func quoteIfOdd(s string) string {
 	return s
 }
 
+// ownerColumn is the table's OWNER: the start of the token in Redis; in etcd, where the token
+// is never printed, "-".
+func ownerColumn(l lockInfo) string {
+	if l.Store == storeEtcd {
+		return "-"
+	}
+	return short(l.Owner)
+}
+
 // short is the first 8 characters of an owner token: enough to tell holders apart.
 func short(owner string) string {
 	if len(owner) > 8 {
@@ -105,7 +114,7 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 		if l.Shadow {
 			key += " (shadow)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", key, short(l.Owner), l.Fence, ttlString(l.TTLMillis),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", key, ownerColumn(l), l.Fence, ttlString(l.TTLMillis),
 			holdsString(l), waitingString(l), holderString(l))
 	}
 	return tw.Flush()
@@ -123,7 +132,11 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("key", quoteIfOdd(l.Key))
-	row("redis key", quoteIfOdd(l.RedisKey))
+	if l.Store == storeEtcd {
+		row("etcd key", quoteIfOdd(l.EtcdKey))
+	} else {
+		row("redis key", quoteIfOdd(l.RedisKey))
+	}
 	if l.Unrecognized != "" {
 		row("value", quoteIfOdd(l.Unrecognized)+" (not a flightlock lock)")
 		return tw.Flush()
@@ -131,9 +144,17 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	if l.Shadow {
 		row("shadow", "yes: a shadow rule's lock, which holds no request back")
 	}
-	row("owner", quoteIfOdd(l.Owner))
-	row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
-	row("ttl", ttlString(l.TTLMillis))
+	if l.Store == storeEtcd {
+		row("owner", "not shown (the token would let its bearer re-enter the lock)")
+		row("fence", fmt.Sprintf("%d (of the etcd grant at revision %d; in-process handoffs count up from it)", l.Fence, l.CreateRevision))
+		row("ttl", ttlString(l.TTLMillis)+" left on its lease "+cmp.Or(l.Lease, "(none)")+
+			" (whole seconds; the holder's process keeps it alive: a dead holder's lock goes when it runs out)")
+		row("revision", fmt.Sprintf("%d (unlock removes the lock only while it is still at this revision)", l.ModRevision))
+	} else {
+		row("owner", quoteIfOdd(l.Owner))
+		row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
+		row("ttl", ttlString(l.TTLMillis))
+	}
 	holds := "the acquisition's own"
 	if !l.Own {
 		holds = "none of the acquisition's own (given up)"
@@ -153,6 +174,8 @@ func lockDetail(w io.Writer, l lockInfo) error {
 		row("metadata", quoteIfOdd(l.Metadata))
 	}
 	switch {
+	case l.Store == storeEtcd && l.Contended:
+		row("waiting", "waiter mark set: a request was refused while it was held (waiters watch the key's deletion; etcd does not count them)")
 	case l.Waiters > 0:
 		row("waiting", fmt.Sprintf("%d process(es) wait for its release", l.Waiters))
 	case l.Contended:
@@ -160,7 +183,13 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	default:
 		row("waiting", "no")
 	}
-	if l.FenceCounterKey != "" {
+	if l.FenceCounterKey != "" && l.Store == storeEtcd {
+		floor := "unset (the grant's revision alone sets its fence)"
+		if l.FenceCounter != nil {
+			floor = strconv.FormatInt(*l.FenceCounter, 10) + " (the fence of an earlier grant that handed out over 2^21 fences)"
+		}
+		row("fence floor", quoteIfOdd(l.FenceCounterKey)+" = "+floor)
+	} else if l.FenceCounterKey != "" {
 		counter := "unset"
 		if l.FenceCounter != nil {
 			counter = strconv.FormatInt(*l.FenceCounter, 10)
@@ -171,18 +200,10 @@ func lockDetail(w io.Writer, l lockInfo) error {
 }
 
 // cmdList is "ls [pattern]".
-func cmdList(ctx context.Context, c *client, out *printer, o options, pattern string) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+func cmdList(ctx context.Context, c backend, out *printer, o options, pattern string) error {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	keys, err := c.scanKeys(ctx, pattern, o.shadow)
-	if err != nil {
-		return err
-	}
-	more := 0
-	if o.limit > 0 && len(keys) > o.limit {
-		keys, more = keys[:o.limit], len(keys)-o.limit
-	}
-	locks, err := c.inspect(ctx, keys)
+	locks, more, err := c.list(ctx, pattern, o.shadow, o.limit)
 	if err != nil {
 		return err
 	}
@@ -193,7 +214,7 @@ func cmdList(ctx context.Context, c *client, out *printer, o options, pattern st
 		return out.encode(locks)
 	}
 	if len(locks) == 0 {
-		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.target.prefix+pattern), c.target.where())
+		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.keyPrefix()+pattern), c.where())
 		return err
 	}
 	if err := lockTable(out.w, locks); err != nil {
@@ -206,8 +227,8 @@ func cmdList(ctx context.Context, c *client, out *printer, o options, pattern st
 }
 
 // cmdShow is "show KEY".
-func cmdShow(ctx context.Context, c *client, out *printer, _ options, key string) error {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+func cmdShow(ctx context.Context, c backend, out *printer, o options, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	l, err := c.lookup(ctx, key)
 	if err != nil {

@@ -20,33 +20,78 @@ import (
 	"github.com/flightlock/flightlock/middleware"
 )
 
-// target is where the locks are: a Redis and the prefix of the lock keys.
+// Stores the CLI reads.
+const (
+	storeRedis = "redis"
+	storeEtcd  = "etcd"
+)
+
+// target is where the locks are: a Redis or an etcd, and the prefix of the lock keys.
 type target struct {
+	store  string // storeRedis or storeEtcd
 	redis  middleware.RedisConf
+	etcd   middleware.EtcdConf // store etcd: the cluster; its Key goes before prefix
 	prefix string
-	from   string // for messages: "etc/x.yaml (Order.Lock)" or "-addr"
+	from   string // for messages: "etc/x.yaml (Order.Lock)", "-addr" or "-etcd"
 }
 
-// resolveTarget reads the Lock section of o.file, if any, and applies the flags over it.
+// keyPrefix is what goes before a rendered key in the store: Prefix in Redis, Etcd.Key +
+// Prefix in etcd.
+func (t target) keyPrefix() string {
+	if t.store == storeEtcd {
+		return t.etcd.Key + t.prefix
+	}
+	return t.prefix
+}
+
+// resolveTarget reads the Lock section of o.file, if any, chooses its store and applies the
+// flags over it. The store is etcd with -store etcd or -etcd, or when the section names
+// Etcd.Hosts and no Redis (Host or Sentinel) and no -addr is given; Redis otherwise, so a
+// section that names both is read in Redis unless -store etcd says otherwise.
 func resolveTarget(o options) (target, error) {
-	var t target
+	var (
+		lc   middleware.LockConf
+		t    target
+		path string
+		err  error
+	)
 	if o.file != "" {
-		lc, path, err := loadLockSection(o.file, o.section)
-		if err != nil {
+		if lc, path, err = loadLockSection(o.file, o.section); err != nil {
 			return target{}, err
 		}
-		t = target{redis: lc.Redis, prefix: lc.Prefix, from: o.file + " (" + path + ")"}
-		if t.redis.Host == "" && t.redis.Sentinel.MasterName == "" && o.addr == "" {
-			return target{}, fmt.Errorf("%s: %s.Redis has no Host: that service locks in an embedded in-memory Redis "+
-				"that only its own process sees, and there is nothing to inspect from outside.%s",
-				o.file, path, topLevelRedisHint(o.file))
-		}
+		t.from = o.file + " (" + path + ")"
 	} else {
-		var lc middleware.LockConf
 		if err := conf.FillDefault(&lc); err != nil {
 			return target{}, err
 		}
-		t = target{redis: lc.Redis, prefix: lc.Prefix, from: "-addr"}
+		t.from = "-addr"
+		if o.etcd != "" {
+			t.from = "-etcd"
+		}
+	}
+	t.redis, t.etcd, t.prefix = lc.Redis, lc.Etcd, lc.Prefix
+	redisNamed := t.redis.Host != "" || t.redis.Sentinel.MasterName != ""
+	switch {
+	case o.store != "":
+		t.store = o.store
+	case o.etcd != "":
+		t.store = storeEtcd
+	case o.addr == "" && len(t.etcd.Hosts) > 0 && !redisNamed:
+		t.store = storeEtcd
+	default:
+		t.store = storeRedis
+	}
+	if o.prefix != "" {
+		t.prefix = o.prefix
+	}
+	if t.store == storeEtcd {
+		return etcdTarget(t, o, path)
+	}
+
+	if o.file != "" && !redisNamed && o.addr == "" {
+		return target{}, fmt.Errorf("%s: %s.Redis has no Host: that service locks in an embedded in-memory Redis "+
+			"that only its own process sees, and there is nothing to inspect from outside.%s",
+			o.file, path, topLevelRedisHint(o.file))
 	}
 	if o.addr != "" {
 		t.redis.Host, t.redis.Sentinel = o.addr, middleware.SentinelConf{}
@@ -63,9 +108,6 @@ func resolveTarget(o options) (target, error) {
 	if o.tls {
 		t.redis.Tls = true
 	}
-	if o.prefix != "" {
-		t.prefix = o.prefix
-	}
 	t.redis.Type = strings.ToLower(cmp.Or(t.redis.Type, "node"))
 	if t.redis.Type != "node" && t.redis.Type != "cluster" {
 		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
@@ -73,8 +115,39 @@ func resolveTarget(o options) (target, error) {
 	return t, nil
 }
 
-// where names the Redis for messages: its Host, or the Sentinel master.
+// etcdTarget applies the etcd flags over the file's Etcd section: -etcd (hosts), -etcd-key,
+// -user and -pass (the FLIGHTLOCK_REDIS_PASS variable is Redis's only). TLS comes from the
+// file's CertFile, CertKeyFile and CACertFile.
+func etcdTarget(t target, o options, path string) (target, error) {
+	if len(t.etcd.Hosts) == 0 && t.etcd.Key == "" {
+		t.etcd.Key = "flightlock/" // EtcdConf's default, which a file without an Etcd section does not fill
+	}
+	switch {
+	case o.addr != "" || o.typ != "" || o.tls:
+		return target{}, fmt.Errorf("-addr, -type and -tls are Redis's; the locks are read in etcd here (-etcd host:port; TLS from the file's Etcd.CertFile, CertKeyFile and CACertFile)")
+	case o.etcd != "":
+		t.etcd.Hosts = strings.Split(o.etcd, ",")
+	case len(t.etcd.Hosts) == 0:
+		return target{}, fmt.Errorf("%s: %s.Etcd.Hosts is empty: pass -etcd host:port", o.file, path)
+	}
+	if o.etcdKey != "" {
+		t.etcd.Key = o.etcdKey
+	}
+	if o.user != "" {
+		t.etcd.User = o.user
+	}
+	if o.pass != "" && !o.passFromEnv {
+		t.etcd.Pass = o.pass
+	}
+	return t, nil
+}
+
+// where names the store for messages: etcd and its hosts, the Redis Host, or the Sentinel
+// master.
 func (t target) where() string {
+	if t.store == storeEtcd {
+		return "etcd " + strings.Join(t.etcd.Hosts, ",")
+	}
 	if t.redis.Sentinel.MasterName != "" {
 		return fmt.Sprintf("sentinel master %s via %s", t.redis.Sentinel.MasterName, strings.Join(t.redis.Sentinel.Addrs, ","))
 	}
@@ -118,8 +191,9 @@ func loadLockSection(file, want string) (middleware.LockConf, string, error) {
 		}
 	}
 	for _, c := range confs[1:] {
-		if c.Redis.Host != confs[0].Redis.Host || c.Prefix != confs[0].Prefix {
-			return middleware.LockConf{}, "", fmt.Errorf("%s has Lock sections on different Redis hosts or prefixes (%s): choose one with -lock",
+		if c.Redis.Host != confs[0].Redis.Host || c.Prefix != confs[0].Prefix ||
+			!slices.Equal(c.Etcd.Hosts, confs[0].Etcd.Hosts) || c.Etcd.Key != confs[0].Etcd.Key {
+			return middleware.LockConf{}, "", fmt.Errorf("%s has Lock sections on different Redis hosts, etcd clusters or prefixes (%s): choose one with -lock",
 				file, sectionPaths(found))
 		}
 	}
@@ -227,9 +301,17 @@ type client struct {
 	timeout time.Duration
 }
 
-// connect builds the client that the service's own store would build (RedisConf.Client), and
-// pings it, so that a wrong address fails here with the address in the message.
-func connect(ctx context.Context, t target, timeout time.Duration) (*client, error) {
+// connect opens the target's store.
+func connect(ctx context.Context, t target, timeout time.Duration) (backend, error) {
+	if t.store == storeEtcd {
+		return connectEtcd(ctx, t, timeout)
+	}
+	return connectRedis(ctx, t, timeout)
+}
+
+// connectRedis builds the client that the service's own store would build (RedisConf.Client),
+// and pings it, so that a wrong address fails here with the address in the message.
+func connectRedis(ctx context.Context, t target, timeout time.Duration) (*client, error) {
 	rc := t.redis
 	rc.NonBlock = true // pinged below, within -timeout and ctx
 	rdb, err := rc.Client()

@@ -21,7 +21,7 @@ const (
 	evAcquired  = "acquired"  // a new grant of the key (a new owner or fence)
 	evChanged   = "changed"   // the same grant's holds changed (a re-entry came or went)
 	evContended = "contended" // a request was refused while it was held
-	evReleased  = "released"  // deleted by its holder (or by unlock)
+	evReleased  = "released"  // deleted by its holder (or by unlock); etcd: or its lease ended
 	evExpired   = "expired"   // its TTL ran out: the holder died or lost Redis
 	evGone      = "gone"      // polling only: released or expired, between two polls
 )
@@ -34,14 +34,15 @@ type event struct {
 }
 
 // watcher follows the locks matching a pattern. All of its state belongs to the one goroutine
-// of cmdWatch.
+// of cmdWatch. The backend's watch fills held and calls emit and draw.
 type watcher struct {
-	c        *client
+	b        backend
 	o        options
 	out      *printer
 	pattern  string
-	keyspace bool // events from Redis keyspace notifications; else from polling
-	screen   bool // a terminal: redraw a view in place; else print events as lines
+	mode     string // how events are heard, for the header: "keyspace notifications", ...
+	keyspace bool   // Redis: events from keyspace notifications; else from polling
+	screen   bool   // a terminal: redraw a view in place; else print events as lines
 
 	held   map[string]lockInfo // last seen, by key
 	recent []event             // last events, for the screen
@@ -66,23 +67,41 @@ func keyspaceEnabled(ctx context.Context, rdb redis.UniversalClient) bool {
 
 // cmdWatch is "watch [pattern]": until ctx ends (or -for), report acquisitions, releases and
 // contention of the matching locks.
-func cmdWatch(ctx context.Context, c *client, out *printer, o options, pattern string) error {
+func cmdWatch(ctx context.Context, c backend, out *printer, o options, pattern string) error {
 	if o.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.duration)
 		defer cancel()
 	}
-	w := &watcher{c: c, o: o, out: out, pattern: pattern, screen: !out.json && isTerminal(out.w),
+	w := &watcher{b: c, o: o, out: out, pattern: pattern, screen: !out.json && isTerminal(out.w),
 		held: make(map[string]lockInfo), counts: make(map[string]int)}
+	return c.watch(ctx, w)
+}
+
+// started prints the line that starts a watch printed as lines, once held has the locks
+// already held.
+func (w *watcher) started() {
+	if !w.screen && !w.out.json {
+		fmt.Fprintf(w.out.w, "watching %s on %s (%s); %d held\n", quoteIfOdd(w.b.keyPrefix()+w.pattern), w.b.where(), w.mode, len(w.held))
+	}
+}
+
+// watch is Redis's: keyspace notifications when the server sends them, else polling.
+func (c *client) watch(ctx context.Context, w *watcher) error {
+	o := w.o
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	w.keyspace = keyspaceEnabled(rctx, c.rdb)
 	cancel()
+	w.mode = "keyspace notifications"
+	if !w.keyspace {
+		w.mode = "polling every " + o.interval.String()
+	}
 
 	// Keyspace mode hears every change; polling mode hears the releases of contended locks at
 	// once (lockstore publishes those) and finds the rest by comparing polls.
-	channel := lockstore.DefaultChannelPrefix + globEscape(c.target.prefix) + pattern
+	channel := lockstore.DefaultChannelPrefix + globEscape(c.target.prefix) + w.pattern
 	if w.keyspace {
-		channel = "__keyspace@*__:" + globEscape(c.target.prefix) + pattern
+		channel = "__keyspace@*__:" + globEscape(c.target.prefix) + w.pattern
 	}
 	ps := c.rdb.PSubscribe(ctx, channel)
 	defer ps.Close()
@@ -94,16 +113,10 @@ func cmdWatch(ctx context.Context, c *client, out *printer, o options, pattern s
 	}
 	msgs := ps.Channel()
 
-	if err := w.poll(ctx, !w.keyspace); err != nil {
+	if err := c.poll(ctx, w, !w.keyspace); err != nil {
 		return quiet(ctx, err)
 	}
-	if !w.screen && !out.json {
-		mode := "keyspace notifications"
-		if !w.keyspace {
-			mode = "polling every " + o.interval.String()
-		}
-		fmt.Fprintf(out.w, "watching %s on %s (%s); %d held\n", quoteIfOdd(c.target.prefix+pattern), c.target.where(), mode, len(w.held))
-	}
+	w.started()
 	w.draw()
 	tick := time.NewTicker(o.interval)
 	defer tick.Stop()
@@ -112,7 +125,7 @@ func cmdWatch(ctx context.Context, c *client, out *printer, o options, pattern s
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			if err := w.poll(ctx, !w.keyspace); err != nil {
+			if err := c.poll(ctx, w, !w.keyspace); err != nil {
 				return quiet(ctx, err)
 			}
 			w.draw()
@@ -120,7 +133,7 @@ func cmdWatch(ctx context.Context, c *client, out *printer, o options, pattern s
 			if !ok {
 				return quiet(ctx, errors.New("subscription closed"))
 			}
-			if err := w.notified(ctx, m); err != nil {
+			if err := c.notified(ctx, w, m); err != nil {
 				return quiet(ctx, err)
 			}
 			w.draw()
@@ -137,14 +150,14 @@ func quiet(ctx context.Context, err error) error {
 }
 
 // poll reads the matching locks; with report, it reports the differences from the last poll.
-func (w *watcher) poll(ctx context.Context, report bool) error {
-	rctx, cancel := context.WithTimeout(ctx, w.c.timeout)
+func (c *client) poll(ctx context.Context, w *watcher, report bool) error {
+	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	keys, err := w.c.scanKeys(rctx, w.pattern, w.o.shadow)
+	keys, err := c.scanKeys(rctx, w.pattern, w.o.shadow)
 	if err != nil {
 		return err
 	}
-	locks, err := w.c.inspect(rctx, keys)
+	locks, err := c.inspect(rctx, keys)
 	if err != nil {
 		return err
 	}
@@ -179,7 +192,7 @@ func (w *watcher) poll(ctx context.Context, report bool) error {
 }
 
 // notified handles a message: a keyspace event, or (polling) a release notification.
-func (w *watcher) notified(ctx context.Context, m *redis.Message) error {
+func (c *client) notified(ctx context.Context, w *watcher, m *redis.Message) error {
 	var redisKey, kind string
 	if w.keyspace {
 		_, redisKey, _ = strings.Cut(m.Channel, "__:")
@@ -198,7 +211,7 @@ func (w *watcher) notified(ctx context.Context, m *redis.Message) error {
 	} else {
 		redisKey, kind = strings.TrimPrefix(m.Channel, lockstore.DefaultChannelPrefix), evReleased
 	}
-	key, ok := strings.CutPrefix(redisKey, w.c.target.prefix)
+	key, ok := strings.CutPrefix(redisKey, c.target.prefix)
 	if !ok || !w.o.shadow && strings.HasPrefix(key, shadowPrefix) {
 		return nil
 	}
@@ -212,9 +225,9 @@ func (w *watcher) notified(ctx context.Context, m *redis.Message) error {
 		w.emit(kind, l)
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.c.timeout)
+	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	locks, err := w.c.inspect(rctx, []string{key})
+	locks, err := c.inspect(rctx, []string{key})
 	if err != nil {
 		return err
 	}
@@ -253,7 +266,10 @@ func (w *watcher) emit(kind string, l lockInfo) {
 func eventLine(e event) string {
 	l := e.Lock
 	line := fmt.Sprintf("%s %-9s %s", e.Time.Format("15:04:05.000"), e.Kind, quoteIfOdd(l.Key))
-	if l.Owner != "" {
+	switch {
+	case l.Store == storeEtcd && l.Fence > 0: // no owner token in etcd
+		line += fmt.Sprintf(" fence=%d ttl=%s waiting=%s %s", l.Fence, ttlString(l.TTLMillis), waitingString(l), holderString(l))
+	case l.Owner != "":
 		line += fmt.Sprintf(" owner=%s fence=%d ttl=%s waiting=%s %s", short(l.Owner), l.Fence, ttlString(l.TTLMillis),
 			waitingString(l), holderString(l))
 	}
@@ -267,12 +283,8 @@ func (w *watcher) draw() {
 	}
 	var b strings.Builder
 	b.WriteString("\x1b[H\x1b[2J") // cursor home, clear screen
-	mode := "keyspace notifications"
-	if !w.keyspace {
-		mode = "polling every " + w.o.interval.String()
-	}
-	fmt.Fprintf(&b, "flightlock watch %s on %s (%s)  %s\n\n", quoteIfOdd(w.c.target.prefix+w.pattern),
-		w.c.target.where(), mode, time.Now().Format("15:04:05"))
+	fmt.Fprintf(&b, "flightlock watch %s on %s (%s)  %s\n\n", quoteIfOdd(w.b.keyPrefix()+w.pattern),
+		w.b.where(), w.mode, time.Now().Format("15:04:05"))
 	locks := make([]lockInfo, 0, len(w.held))
 	for _, l := range w.held {
 		locks = append(locks, l)

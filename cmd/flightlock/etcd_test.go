@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/etcdstore"
+	"github.com/flightlock/flightlock/internal/etcdtest"
+)
+
+// etcdLocker is a Locker of its own process (its own client and store) on the etcd of c, with
+// the go-zero layer's key layout: Etcd.Key "flightlock/" + Prefix "lock:".
+func etcdLocker(t *testing.T, c *etcdtest.Cluster, opts ...flightlock.Option) *flightlock.Locker {
+	t.Helper()
+	store, err := etcdstore.New(c.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() }) // before the client's close, registered first
+	opts = append([]flightlock.Option{flightlock.WithPrefix("flightlock/lock:"), flightlock.WithTTL(5 * time.Second),
+		flightlock.WithMetadata(func(context.Context) string { return "host=h1 pid=42" })}, opts...)
+	l, err := flightlock.New(store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// ownerOf reads the owner token of a lock straight from etcd: the first field of its value.
+func ownerOf(t *testing.T, ecli *clientv3.Client, key string) string {
+	t.Helper()
+	resp, err := ecli.Get(context.Background(), key)
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("read %s: %v (%d keys)", key, err, len(resp.Kvs))
+	}
+	owner, _, _ := strings.Cut(string(resp.Kvs[0].Value), " ")
+	return owner
+}
+
+// TestEtcdCommands takes locks with etcdstore and flightlock, then runs ls, show and unlock on
+// them from the service's YAML (a Lock section that names etcd only): the locks with their
+// fences, TTLs, holders and waiter marks, never the owner token; unlock removes the key and
+// its mark, and the waiter of another process gets the lock while the holder still runs.
+func TestEtcdCommands(t *testing.T) {
+	c := etcdtest.Start(t)
+	ecli := c.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	file := writeFile(t, "svc.yaml", fmt.Sprintf("Name: svc\nLock:\n  Etcd: {Hosts: [%q]}\n  Rules: []\n", c.Endpoints()[0]))
+
+	holder := etcdLocker(t, c)
+	lease, err := holder.Lock(ctx, "order:alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := holder.Lock(ctx, "acct:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Release(ctx) }()
+	const full = "flightlock/lock:order:alice"
+	owner := ownerOf(t, ecli, full)
+
+	// A waiter in another process: refused, it sets the waiter mark and watches the key.
+	waiter := etcdLocker(t, c, flightlock.WithWait(time.Minute))
+	waiterGot := make(chan *flightlock.Lease, 1)
+	go func() {
+		l, err := waiter.Lock(ctx, "order:alice")
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		waiterGot <- l
+	}()
+	waitFor(t, "the waiter's mark", func() bool {
+		resp, err := ecli.Get(ctx, etcdstore.WaiterKey(full))
+		return err == nil && len(resp.Kvs) == 1
+	})
+	noOwner := func(what, out string) {
+		t.Helper()
+		if strings.Contains(out, owner) || strings.Contains(out, owner[:8]) {
+			t.Errorf("%s printed the owner token %s:\n%s", what, owner, out)
+		}
+	}
+
+	// ls -o json: both locks, with fence, TTL, holder, waiter mark, and no owner field.
+	code, out, errs := cli(t, nil, "-f", file, "ls", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("ls: exit %d: %s", code, errs)
+	}
+	noOwner("ls -o json", out)
+	if strings.Contains(out, `"owner"`) || strings.Contains(out, `"redis_key"`) {
+		t.Errorf("ls -o json has owner or redis_key fields:\n%s", out)
+	}
+	var locks []lockInfo
+	if err := json.Unmarshal([]byte(out), &locks); err != nil {
+		t.Fatalf("ls -o json: %v\n%s", err, out)
+	}
+	if len(locks) != 2 || locks[0].Key != "acct:1" || locks[1].Key != "order:alice" {
+		t.Fatalf("ls: %+v, want acct:1 and order:alice", locks)
+	}
+	l := locks[1]
+	switch {
+	case l.Store != storeEtcd || l.EtcdKey != full || l.Owner != "":
+		t.Errorf("store %q key %q owner %q, want etcd, %s, no owner", l.Store, l.EtcdKey, l.Owner, full)
+	case l.Fence != lease.Fence() || !l.Own || len(l.Reentries) != 0:
+		t.Errorf("fence %d own %v reentries %v, want the lease's fence %d and the own hold only", l.Fence, l.Own, l.Reentries, lease.Fence())
+	case l.TTLMillis <= 0 || l.TTLMillis > 6_000 || l.Lease == "":
+		t.Errorf("ttl %dms on lease %q, want within the 5s TTL plus the 1s margin", l.TTLMillis, l.Lease)
+	case l.Host != "h1" || l.Pid != "42":
+		t.Errorf("holder host=%q pid=%q, want h1 42", l.Host, l.Pid)
+	case !l.Contended || l.Waiters != 0:
+		t.Errorf("contended %v waiters %d: want the waiter mark, no count", l.Contended, l.Waiters)
+	case locks[0].Contended:
+		t.Errorf("acct:1 is marked contended")
+	}
+
+	// Tables, with the glob on the rendered key.
+	code, out, _ = cli(t, nil, "-f", file, "ls", "order:*")
+	noOwner("ls table", out)
+	if code != exitOK || !strings.Contains(out, "order:alice") || strings.Contains(out, "acct:1") ||
+		!strings.Contains(out, "refused") || !strings.Contains(out, "pid=42") || !strings.Contains(out, strconv.FormatInt(l.Fence, 10)) {
+		t.Errorf("ls order:* table: exit %d:\n%s", code, out)
+	}
+	if code, out, _ = cli(t, nil, "-f", file, "ls", "acct:?"); code != exitOK || !strings.Contains(out, "acct:1") || strings.Contains(out, "order:alice") {
+		t.Errorf("ls acct:? table: exit %d:\n%s", code, out)
+	}
+	if code, out, _ = cli(t, nil, "-f", file, "ls", "stock:*"); code != exitOK || !strings.Contains(out, "no lock held matches flightlock/lock:stock:*") {
+		t.Errorf("ls of a pattern with no lock: exit %d: %s", code, out)
+	}
+	if code, out, _ = cli(t, nil, "-f", file, "ls", "-limit", "1"); code != exitOK || !strings.Contains(out, "acct:1") || !strings.Contains(out, "and 1 more") {
+		t.Errorf("ls -limit 1: exit %d:\n%s", code, out)
+	}
+
+	// show: the revision unlock compares, the lease, the fence floor key.
+	code, out, errs = cli(t, nil, "-f", file, "show", "order:alice", "-o", "json")
+	noOwner("show -o json", out)
+	var shown lockInfo
+	if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
+		t.Fatalf("show: exit %d: %s %s", code, out, errs)
+	}
+	resp, err := ecli.Get(ctx, full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := resp.Kvs[0]
+	if shown.Fence != lease.Fence() || shown.ModRevision != kv.ModRevision || shown.CreateRevision != kv.CreateRevision ||
+		shown.Lease != strconv.FormatInt(kv.Lease, 16) || shown.FenceCounterKey != etcdstore.FloorKey(full) || shown.FenceCounter != nil || !shown.Contended {
+		t.Errorf("show: %+v; want the key's revisions %d/%d, lease %x, fence %d, no floor, the mark", shown, kv.CreateRevision, kv.ModRevision, kv.Lease, lease.Fence())
+	}
+	code, out, _ = cli(t, nil, "-f", file, "show", "order:alice")
+	noOwner("show", out)
+	if code != exitOK || !regexp.MustCompile(`(?m)^etcd key +`+full+`$`).MatchString(out) || !strings.Contains(out, "waiter mark set") ||
+		!strings.Contains(out, "owner") || !strings.Contains(out, "not shown") {
+		t.Errorf("show table: exit %d:\n%s", code, out)
+	}
+	if code, _, errs = cli(t, nil, "-f", file, "show", "order:bob"); code != exitError || !strings.Contains(errs, "not held") {
+		t.Errorf("show of a free key: exit %d: %s", code, errs)
+	}
+
+	// unlock, not confirmed: nothing removed.
+	code, _, errs = cli(t, strings.NewReader("n\n"), "-f", file, "unlock", "order:alice")
+	noOwner("unlock's prompt", errs)
+	if code != exitError || !strings.Contains(errs, "not confirmed") || !strings.Contains(errs, "Force-release "+full+"?") {
+		t.Fatalf("unlock answered n: exit %d: %s", code, errs)
+	}
+	if resp, err := ecli.Get(ctx, full); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("unlock answered n removed the key: %v", err)
+	}
+	// -yes: the key and its mark go, and the waiter gets the lock while the holder still
+	// holds its lease (it learns of the loss at its next refresh).
+	code, out, errs = cli(t, nil, "-f", file, "-yes", "unlock", "order:alice")
+	noOwner("unlock", out+errs)
+	if code != exitOK || !strings.Contains(out, "removed "+full+": fence "+strconv.FormatInt(lease.Fence(), 10)) ||
+		!strings.Contains(out, "deleted its waiter mark") {
+		t.Fatalf("unlock -yes: exit %d:\n%s%s", code, out, errs)
+	}
+	select {
+	case got := <-waiterGot:
+		if got == nil {
+			t.Fatal("the waiter got no lease")
+		}
+		if got.Fence() <= lease.Fence() {
+			t.Errorf("the waiter's fence %d is not above the removed holder's %d", got.Fence(), lease.Fence())
+		}
+		if err := got.Release(ctx); err != nil {
+			t.Errorf("waiter release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not woken by the unlock")
+	}
+	if err := lease.Release(ctx); err == nil {
+		t.Error("the removed holder's release succeeded")
+	}
+	if resp, err := ecli.Get(ctx, etcdstore.WaiterKey(full)); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("the waiter mark is still there: %v", err)
+	}
+	if code, _, errs = cli(t, nil, "-f", file, "-yes", "unlock", "order:alice"); code != exitError || !strings.Contains(errs, "not held") {
+		t.Errorf("unlock of a free key: exit %d: %s", code, errs)
+	}
+}
+
+// TestEtcdUnlockRemovesOnlyTheGrantItShowed: a lock that changes hands between the read and
+// the confirmation is not removed (the revision compare), here with -etcd and no file.
+func TestEtcdUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx := context.Background()
+	l := etcdLocker(t, c)
+	first, err := l.Lock(ctx, "stock:7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var second *flightlock.Lease
+	stdin := readerFunc(func(p []byte) (int, error) {
+		if second == nil {
+			if err := first.Release(ctx); err != nil {
+				t.Errorf("release: %v", err)
+			}
+			if second, err = l.Lock(ctx, "stock:7"); err != nil {
+				t.Errorf("second lock: %v", err)
+			}
+		}
+		return copy(p, "y\n"), io.EOF
+	})
+	code, _, errs := cli(t, stdin, "-etcd", c.Endpoints()[0], "unlock", "stock:7")
+	if code != exitError || !strings.Contains(errs, "changed after it was read (now held by a new grant") || !strings.Contains(errs, "nothing removed") {
+		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Errorf("the second holder's lock was touched: %v", err)
+	}
+}
+
+// TestEtcdWatch follows locks through acquisition, contention (another process refused) and
+// release with an etcd watch, leaving out a key the pattern does not match, and a lock held
+// before the watch started; -for ends it.
+func TestEtcdWatch(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx := context.Background()
+	holder := etcdLocker(t, c)
+	other := etcdLocker(t, c)
+	before, err := holder.Lock(ctx, "order:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var out, text syncBuffer
+	done := make(chan int, 2)
+	go func() {
+		done <- run(ctx, []string{"-etcd", c.Endpoints()[0], "-o", "json", "-for", "4s", "watch", "order:*"}, strings.NewReader(""), &out, io.Discard)
+	}()
+	go func() { // the same as lines, for people
+		done <- run(ctx, []string{"-etcd", c.Endpoints()[0], "-for", "4s", "watch", "order:*"}, strings.NewReader(""), &text, io.Discard)
+	}()
+	waitFor(t, "watch to start", func() bool { return strings.Contains(text.String(), "1 held") })
+	time.Sleep(200 * time.Millisecond) // the JSON one too
+
+	lease, err := holder.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the contention after the acquisition: two watch streams
+	if _, err := other.TryLock(ctx, "order:1"); err == nil {
+		t.Fatal("a second owner got a held lock")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := before.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acct, err := holder.Lock(ctx, "acct:1") // not matched: never reported
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = acct.Release(ctx)
+
+	want := []string{"acquired order:1", "contended order:1", "released order:1", "released order:0"}
+	waitFor(t, "the events", func() bool { return len(events(t, out.String())) >= len(want) })
+	for range 2 {
+		if code := <-done; code != exitOK {
+			t.Fatalf("watch: exit %d", code)
+		}
+	}
+	if got := events(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	var first event
+	_ = json.Unmarshal([]byte(strings.SplitN(out.String(), "\n", 2)[0]), &first)
+	if first.Lock.Fence != lease.Fence() || first.Lock.Host != "h1" || first.Lock.TTLMillis <= 0 {
+		t.Errorf("acquired: %+v, want fence %d, holder h1 and a TTL", first.Lock, lease.Fence())
+	}
+	lines := text.String()
+	if !strings.Contains(lines, "watching flightlock/lock:order:* on etcd "+c.Endpoints()[0]+" (etcd watch); 1 held") ||
+		!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)) || strings.Contains(lines, "owner=") {
+		t.Errorf("watch lines:\n%s", lines)
+	}
+}
+
+// TestResolveEtcdTarget: which store a Lock section and the flags choose, and the etcd
+// settings they give.
+func TestResolveEtcdTarget(t *testing.T) {
+	cases := []struct {
+		name, content string
+		o             options
+		store, hosts  string // want
+		prefix        string // Etcd.Key + Prefix
+		user, pass    string
+		err           string
+	}{
+		{name: "etcd only", content: "Lock:\n  Etcd: {Hosts: ['e:1', 'e:2']}\n", store: "etcd", hosts: "e:1,e:2", prefix: "flightlock/lock:"},
+		{name: "etcd with key, prefix, account", content: "Lock:\n  Etcd: {Hosts: ['e:1'], Key: 'k/', User: u, Pass: p}\n  Prefix: 'p:'\n",
+			store: "etcd", hosts: "e:1", prefix: "k/p:", user: "u", pass: "p"},
+		{name: "both: Redis", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", store: "redis", prefix: "lock:"},
+		{name: "both, -store etcd", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd"},
+			store: "etcd", hosts: "e:1", prefix: "flightlock/lock:"},
+		{name: "flags over the file", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
+			o: options{etcd: "x:1,x:2", etcdKey: "fl/", prefix: "q:", pass: "P"}, store: "etcd", hosts: "x:1,x:2", prefix: "fl/q:", user: "u", pass: "P"},
+		{name: "FLIGHTLOCK_REDIS_PASS is Redis's", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
+			o: options{pass: "env", passFromEnv: true}, store: "etcd", hosts: "e:1", prefix: "flightlock/lock:", user: "u", pass: "p"},
+		{name: "-etcd over a Redis section", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{etcd: "e:9"},
+			store: "etcd", hosts: "e:9", prefix: "flightlock/lock:"},
+		{name: "-addr over an etcd section", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{addr: "r:2"}, store: "redis", prefix: "lock:"},
+		{name: "-store etcd, no hosts", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{store: "etcd"}, err: "Lock.Etcd.Hosts is empty: pass -etcd"},
+		{name: "-store etcd with -addr", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd", addr: "r:1"}, err: "are Redis's"},
+		{name: "no file, -etcd", o: options{etcd: "e:3"}, store: "etcd", hosts: "e:3", prefix: "flightlock/lock:"},
+		{name: "sections on different etcd clusters", content: "A:\n  Lock: {Etcd: {Hosts: ['e:1']}}\nB:\n  Lock: {Etcd: {Hosts: ['e:2']}}\n",
+			err: "choose one with -lock"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.o
+			if c.content != "" {
+				o.file = writeFile(t, "x.yaml", c.content)
+			}
+			got, err := resolveTarget(o)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v, want one containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.store != c.store || got.keyPrefix() != c.prefix {
+				t.Errorf("store %q prefix %q, want %q %q", got.store, got.keyPrefix(), c.store, c.prefix)
+			}
+			if c.store == storeEtcd && (strings.Join(got.etcd.Hosts, ",") != c.hosts || got.etcd.User != c.user || got.etcd.Pass != c.pass) {
+				t.Errorf("hosts %v user %q pass %q, want %s %q %q", got.etcd.Hosts, got.etcd.User, got.etcd.Pass, c.hosts, c.user, c.pass)
+			}
+		})
+	}
+}
+
+func TestEtcdUsageErrors(t *testing.T) {
+	t.Setenv("ETCD_CLIENT_DEBUG", "fatal") // as main sets it: no retry warnings
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close() // nothing listens here now
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"-addr", "a:1", "-etcd", "e:1", "ls"}, exitUsage, "-addr (Redis) and -etcd name two stores"},
+		{[]string{"-etcd", "e:1", "-store", "zk", "ls"}, exitUsage, "-store must be redis or etcd"},
+		{[]string{"-etcd", "e:1", "-store", "redis", "ls"}, exitUsage, "-store redis with -etcd"},
+		{[]string{"-etcd", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach etcd " + closed + " (from -etcd)"},
+	}
+	for _, c := range cases {
+		if code, _, errs := cli(t, nil, c.args...); code != c.code || !strings.Contains(errs, c.msg) {
+			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
+		}
+	}
+}
+
+// TestGlobMatch: the glob of ls and watch on etcd reads patterns as Redis's SCAN MATCH does.
+func TestGlobMatch(t *testing.T) {
+	cases := []struct {
+		pattern, s string
+		want       bool
+	}{
+		{"*", "", true}, {"*", "order:a/b", true}, {"order:*", "order:42", true}, {"order:*", "acct:1", false},
+		{"o*:4?", "order:42", true}, {"o*:4?", "order:4", false}, {"a**b", "axyb", true}, {"*:*:*", "a:b", false},
+		{"[ab]x", "bx", true}, {"[^ab]x", "bx", false}, {"[^ab]x", "cx", true}, {"[a-c]1", "b1", true}, {"[c-a]1", "b1", true},
+		{"[a-c]1", "d1", false}, {`\*`, "*", true}, {`\*`, "a", false}, {`[\]]`, "]", true}, {"a?", "a", false},
+		{"order:42", "order:42", true}, {"order:4", "order:42", false}, {"[ab", "a", true}, {"", "", true}, {"", "a", false},
+	}
+	for _, c := range cases {
+		if got := globMatch(c.pattern, c.s); got != c.want {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.s, got, c.want)
+		}
+	}
+}
+
+// TestLockJSON: an etcd lock marshals without the owner and redis_key fields; a Redis lock as
+// before, with both.
+func TestLockJSON(t *testing.T) {
+	r, _ := json.Marshal(lockInfo{Key: "k", RedisKey: "lock:k", Owner: "o"})
+	e, _ := json.Marshal(lockInfo{Key: "k", Store: storeEtcd, EtcdKey: "flightlock/lock:k", Fence: 1 << 20})
+	if !strings.Contains(string(r), `"owner":"o"`) || !strings.Contains(string(r), `"redis_key":"lock:k"`) || strings.Contains(string(r), `"store"`) {
+		t.Errorf("Redis lock: %s", r)
+	}
+	if strings.Contains(string(e), `"owner"`) || strings.Contains(string(e), `"redis_key"`) ||
+		!strings.Contains(string(e), `"etcd_key":"flightlock/lock:k"`) || !strings.Contains(string(e), `"fence":1048576`) {
+		t.Errorf("etcd lock: %s", e)
+	}
+}
