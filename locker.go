@@ -40,6 +40,9 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.fitStore(store); err != nil {
+		return nil, err
+	}
 	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg}, nil
 }
 
@@ -60,6 +63,9 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 		opt(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.fitStore(l.k.store); err != nil {
 		return nil, err
 	}
 	wd := l.k.wd

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Mode says what Lock does when the key is busy.
@@ -84,6 +86,16 @@ func defaultConfig() config {
 // (miniredis's FastForward).
 func withClock(c clock) Option {
 	return func(cfg *config) { cfg.clock = c }
+}
+
+// fitStore refuses a configuration that the store cannot honour: more handoffs under one grant
+// than its fences leave room for (lockstore.HandoffLimiter), which could repeat a fence after a
+// holder that died without releasing.
+func (c *config) fitStore(store lockstore.Store) error {
+	if hl, ok := store.(lockstore.HandoffLimiter); ok && c.handoff > hl.MaxHandoffs() {
+		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, hl.MaxHandoffs())
+	}
+	return nil
 }
 
 func (c *config) validate() error {

@@ -40,12 +40,18 @@ import (
 // The remaining gap, stated exactly: a holder that hands out 2<<fenceShift or more fences under
 // one grant and then never releases (its process dies, or its lock is lost and Release answers
 // ErrNotHeld) may see the next grant's fence at or below its own last ones. The store cannot
-// close it alone, because only the core knows how many fences it handed out; it needs the core
-// to keep its handoff bound below 2<<fenceShift for this store (see the report of issue 14).
+// close it alone, because only the core knows how many fences it handed out: the store tells
+// the core its bound (MaxHandoffs, lockstore.HandoffLimiter), and flightlock.New and With
+// refuse a WithHandoff above it, so the gap cannot be reached through the Locker.
 //
 // The revision budget: fences stay below 2^63 while the cluster's revision is below
 // 2^(63-fenceShift) = 2^43 (8.8e12 writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
+
+// MaxHandoffs implements lockstore.HandoffLimiter: the handoffs in a row under one grant that
+// the fences leave room for, half of the 2<<fenceShift that the derivation above allows (a
+// handoff hands out one fence), so that the bound holds with room to spare.
+func (s *Store) MaxHandoffs() int { return 1 << fenceShift }
 
 // maxGrantRevision is the largest create revision that still makes a fence (with room for a
 // floor offset of up to 2^62).

@@ -85,6 +85,17 @@ type BatchRefresher interface {
 	RefreshAll(ctx context.Context, batch []Renewal) []error
 }
 
+// HandoffLimiter is a Store whose fences leave room for a bounded number of in-process
+// handoffs under one grant: the Locker hands a held lock from goroutine to goroutine with the
+// fences grant+1, grant+2, ..., and the store's next grant must exceed all of them even when
+// the holder dies without releasing (and so without reporting the last one). The etcd store
+// derives fences from revisions, with 2^20 fences of room per grant; the Redis store's hybrid
+// clock needs no bound and does not implement this. New and With refuse a WithHandoff bound
+// above MaxHandoffs.
+type HandoffLimiter interface {
+	MaxHandoffs() int
+}
+
 // Watch delivers release notifications of one key. C receives a value after each release
 // (coalesced: a waiter only needs to know that it should try again). Close stops it.
 type Watch struct {
