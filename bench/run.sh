@@ -5,7 +5,7 @@
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
 # writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
-# and docs/benchmarks.json. Scenario 6 runs the
+# and docs/benchmarks.json, then the etcd rows (bench/cmd/etcdbench, issue 14) in docs/benchmarks-etcd.md. Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
@@ -72,3 +72,26 @@ echo "run.sh: running scenarios" >&2
 (cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
   -json "$docs/benchmarks.json" "${gobench[@]}" "${notes[@]}" "${example[@]}" "$@")
 echo "run.sh: wrote ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png, benchmarks.json" >&2
+
+# The etcd rows (issue 14): etcdbench starts a private etcd of its own (Debian's etcd-server).
+# They run on every full or quick run, after the Redis scenarios; LOCKBENCH_ETCD=0 skips them,
+# and a run limited to some Redis scenarios (any flag but -quick) leaves them out.
+etcd_rows=1
+for a in "$@"; do
+  [[ "$a" == "-quick" || "$a" == "--quick" ]] || etcd_rows=0
+done
+if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
+  if ! command -v etcd >/dev/null 2>&1; then
+    echo "run.sh: installing etcd-server with apt" >&2
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
+  fi
+  etcdflags=()
+  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s)
+  echo "run.sh: etcd rows" >&2
+  (cd "$here" && go build -o "$work/etcdbench" ./cmd/etcdbench)
+  "$work/etcdbench" -out "$docs/benchmarks-etcd.md" "${etcdflags[@]}"
+  echo "run.sh: wrote ${docs#"$root"/}/benchmarks-etcd.md" >&2
+fi
