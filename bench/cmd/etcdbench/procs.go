@@ -15,8 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
+	"github.com/flightlock/flightlock/bench/internal/shm"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -45,26 +45,11 @@ func killWorkers() {
 
 // mapGuard maps a guard's four words from path, shared between processes.
 func mapGuard(path string, create bool) (guard, func(), error) {
-	flags := os.O_RDWR
-	if create {
-		flags |= os.O_CREATE | os.O_TRUNC
-	}
-	f, err := os.OpenFile(path, flags, 0o600)
+	w, unmap, err := shm.Map(path, create)
 	if err != nil {
 		return guard{}, nil, err
 	}
-	defer f.Close()
-	if create {
-		if err := f.Truncate(4096); err != nil {
-			return guard{}, nil, err
-		}
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		return guard{}, nil, err
-	}
-	w := (*[4]int64)(unsafe.Pointer(&mem[0]))
-	return guard{&w[0], &w[1], &w[2], &w[3]}, func() { _ = syscall.Munmap(mem) }, nil
+	return guard{&w[0], &w[1], &w[2], &w[3]}, unmap, nil
 }
 
 type worker struct {

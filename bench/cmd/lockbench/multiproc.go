@@ -10,9 +10,9 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-	"unsafe"
+
+	"github.com/flightlock/flightlock/bench/internal/shm"
 )
 
 // Scenario 3 runs the contention of scenario 2 in several processes: the binary re-executes
@@ -35,26 +35,11 @@ type workerResult struct {
 
 // mapGuard maps the 3 counters of a guard from path, shared between processes.
 func mapGuard(path string, create bool) (guard, func(), error) {
-	flags := os.O_RDWR
-	if create {
-		flags |= os.O_CREATE | os.O_TRUNC
-	}
-	f, err := os.OpenFile(path, flags, 0o600)
+	p, unmap, err := shm.Map(path, create)
 	if err != nil {
 		return guard{}, nil, err
 	}
-	defer f.Close()
-	if create {
-		if err := f.Truncate(4096); err != nil {
-			return guard{}, nil, err
-		}
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		return guard{}, nil, err
-	}
-	p := (*[3]int64)(unsafe.Pointer(&mem[0]))
-	return guard{inside: &p[0], plain: &p[1], violations: &p[2]}, func() { _ = syscall.Munmap(mem) }, nil
+	return guard{inside: &p[0], plain: &p[1], violations: &p[2]}, unmap, nil
 }
 
 // workerMain is the entry point of a worker process.
