@@ -404,3 +404,64 @@ func scrapeDefault(t *testing.T) []sample {
 	}
 	return out
 }
+
+// Lock.Etcd's User and Pass reach etcd: on a cluster with authentication on, the section's
+// account takes and releases locks, a wrong password stops New with an error naming Lock.Etcd,
+// and no account at all cannot lock.
+func TestEtcdAccount(t *testing.T) {
+	ec := etcdtest.Start(t)
+	root := ec.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, step := range []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.UserAdd(ctx, "locks", "s3cret"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "locker"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "locker", "\x00", "\x00", clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserGrantRole(ctx, "locks", "locker"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("setting up authentication: %v", err)
+		}
+	}
+
+	c := etcdConf(ec)
+	c.Etcd.User, c.Etcd.Pass = "locks", "s3cret"
+	m, err := New(c)
+	if err != nil {
+		t.Fatalf("New with the section's account: %v", err)
+	}
+	defer m.Close()
+	lease, err := m.Locker().TryLock(ctx, "acct:auth")
+	if err != nil {
+		t.Fatalf("lock with the section's account: %v", err)
+	}
+	if lease.Fence() <= 0 {
+		t.Fatalf("fence %d from an authenticated grant, want > 0", lease.Fence())
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release with the section's account: %v", err)
+	}
+
+	c.Etcd.Pass = "wrong"
+	if m2, err := New(c); err == nil {
+		m2.Close()
+		t.Fatal("New with a wrong password succeeded")
+	} else if !strings.Contains(err.Error(), "Lock.Etcd") {
+		t.Fatalf("New with a wrong password: %v, want an error naming Lock.Etcd", err)
+	}
+
+	c.Etcd.User, c.Etcd.Pass = "", ""
+	if m3, err := New(c); err == nil {
+		defer m3.Close()
+		if l, err := m3.Locker().TryLock(ctx, "acct:anonymous"); err == nil {
+			_ = l.Release(ctx)
+			t.Fatal("a section without an account locked on a cluster with authentication on")
+		}
+	}
+}
