@@ -12,9 +12,10 @@ import (
 // inside Advance, on the test's goroutine, so that every renewal and expiry a step causes has
 // happened when Advance returns.
 type manualClock struct {
-	mu     sync.Mutex
-	now    time.Time      // guarded by mu
-	timers []*manualTimer // guarded by mu: every timer made, armed or not
+	mu      sync.Mutex
+	now     time.Time      // guarded by mu
+	timers  []*manualTimer // guarded by mu: every timer made, armed or not
+	changes int            // guarded by mu: timers made, reset and stopped
 }
 
 type manualTimer struct {
@@ -41,6 +42,7 @@ func (c *manualClock) AfterFunc(d time.Duration, f func()) clockTimer {
 	defer c.mu.Unlock()
 	t := &manualTimer{c: c, due: c.now.Add(d), armed: true, f: f}
 	c.timers = append(c.timers, t)
+	c.changes++
 	return t
 }
 
@@ -49,6 +51,7 @@ func (t *manualTimer) Reset(d time.Duration) bool {
 	defer t.c.mu.Unlock()
 	was := t.armed
 	t.due, t.armed = t.c.now.Add(d), true
+	t.c.changes++
 	return was
 }
 
@@ -57,6 +60,7 @@ func (t *manualTimer) Stop() bool {
 	defer t.c.mu.Unlock()
 	was := t.armed
 	t.armed = false
+	t.c.changes++
 	return was
 }
 

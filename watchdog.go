@@ -82,14 +82,16 @@ func (w *watchdog) schedule(h *hold, at instant) {
 }
 
 // unschedule drops h's pending event, if any. h.mu must be held.
+//
+// The timer stays armed when the heap empties: it fires once more, finds nothing due and stays
+// off (fire). Stopping it here made a loop of uncontended Lock + Release stop and re-arm the
+// runtime timer on every lock, and arming a timer earlier than the network poller's sleep wakes
+// the poller (a system call and a thread wake-up each time, issue 17); left armed, the next
+// lock's renewal falls due after it and arms nothing.
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
 		w.removeLocked(h.slot - 1)
-	}
-	if len(w.heap) == 0 && w.armed {
-		w.timer.Stop()
-		w.armed = false
 	}
 	w.mu.Unlock()
 }
