@@ -43,6 +43,7 @@ type rowResult struct {
 	etcdCPU         time.Duration // CPU of the etcd server per operation / critical section
 	selfCPU         time.Duration // CPU of this process per operation (scenarios 1 and 2)
 	perProc         []int64       // scenario 3: critical sections of each process
+	retries         int64         // scenario 4, floor: put-if-absent attempts that found the key taken
 }
 
 type bench struct {
@@ -55,7 +56,7 @@ type bench struct {
 	floorLease clientv3.LeaseID
 	floorValue string
 	sess       *concurrency.Session   // scenario 1's Mutex session
-	hotSess    []*concurrency.Session // scenario 2: one per goroutine (a Mutex is one session's)
+	hotSess    []*concurrency.Session // scenarios 2 and 4: one per goroutine (a Mutex is one session's)
 	kaCancel   context.CancelFunc
 }
 

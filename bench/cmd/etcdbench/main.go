@@ -8,7 +8,7 @@
 //
 //	cd bench && go run ./cmd/etcdbench -out ../docs/benchmarks-etcd.md
 //
-// Scenarios, all three run in every repetition (rows interleaved, order rotated per
+// Scenarios, all four run in every repetition (rows interleaved, order rotated per
 // repetition, medians over -reps):
 //
 //  1. Uncontended lock + unlock, one goroutine, a distinct key per operation: flightlock
@@ -19,6 +19,11 @@
 //  3. One hot key, 4 processes x 16 goroutines: the command re-executes itself as workers
 //     (hidden first argument -etcdbench-worker); each counts its critical sections over one
 //     common window and the parent sums them.
+//  4. 64 goroutines in this process over 1,000 keys: each operation locks a key drawn
+//     uniformly, runs the critical section (a guard per key) and releases. flightlock,
+//     concurrency.Mutex (one Session per goroutine, a Mutex per key per session) and the floor
+//     (put-if-absent on the pre-granted lease, then delete; an attempt that finds the key taken
+//     is retried at once and counted as a retry). ops/s; no goal.
 //
 // Each critical section checks an "inside" counter (shared between processes through a mapped
 // file in scenario 3) and, for flightlock, that the lease's fence is strictly larger than the
@@ -40,6 +45,8 @@ type config struct {
 	reps      int
 	d1, d2    time.Duration // per row and repetition: scenario 1, scenario 2
 	d3        time.Duration // scenario 3's common window
+	d4        time.Duration // per row and repetition: scenario 4
+	keys      int           // scenario 4: keys drawn from
 	hot       int           // scenario 2 goroutines
 	procs     int           // scenario 3 processes
 	perProc   int           // scenario 3 goroutines per process
@@ -62,7 +69,9 @@ func main() {
 	flag.DurationVar(&c.d1, "d1", 2*time.Second, "scenario 1: duration per row and repetition")
 	flag.DurationVar(&c.d2, "d2", 2*time.Second, "scenario 2: duration per row and repetition")
 	flag.DurationVar(&c.d3, "d3", 3*time.Second, "scenario 3: common window per row and repetition")
-	flag.IntVar(&c.hot, "g", 64, "scenario 2: goroutines on the hot key")
+	flag.DurationVar(&c.d4, "d4", 2*time.Second, "scenario 4: duration per row and repetition")
+	flag.IntVar(&c.hot, "g", 64, "scenarios 2 and 4: goroutines (on the hot key; over the keys)")
+	flag.IntVar(&c.keys, "keys", 1000, "scenario 4: keys each operation draws from, uniformly")
 	flag.IntVar(&c.procs, "procs", 4, "scenario 3: worker processes")
 	flag.IntVar(&c.perProc, "pg", 16, "scenario 3: goroutines per worker process")
 	flag.DurationVar(&c.lockTO, "lock-timeout", 10*time.Second, "bound of every Lock's context")
@@ -73,8 +82,8 @@ func main() {
 	flag.Parse()
 	c.cmdline = "go run ./cmd/etcdbench " + strings.Join(os.Args[1:], " ")
 	c.startedAt = time.Now()
-	if c.reps < 1 || c.hot < 1 || c.procs < 1 || c.perProc < 1 {
-		fatalf("reps, g, procs and pg must be positive")
+	if c.reps < 1 || c.hot < 1 || c.procs < 1 || c.perProc < 1 || c.keys < 1 {
+		fatalf("reps, g, procs, pg and keys must be positive")
 	}
 
 	srv, err := startEtcd(c.etcdBin, c.dataDir)
@@ -110,6 +119,7 @@ func run(c *config, srv *etcdServer) int {
 	res := newResults()
 	s1 := []string{rowFloor, rowFlight, rowMutex}
 	s2 := []string{rowFlight, rowMutex}
+	s4 := []string{rowFloor, rowFlight, rowMutex}
 	for rep := 0; rep < c.reps; rep++ {
 		progress("repetition %d/%d", rep+1, c.reps)
 		for _, row := range rotate(s1, rep) {
@@ -126,6 +136,11 @@ func run(c *config, srv *etcdServer) int {
 			r := b.hotProcesses(row, rep)
 			res.add(3, row, r)
 			progress("  3 hot %dx%-3d   %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.procs, c.perProc, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+		}
+		for _, row := range rotate(s4, rep) {
+			r := b.manyKeys(row, rep)
+			res.add(4, row, r)
+			progress("  4 x%d/%d keys  %-10s %.0f ops/s  violations %d/%d  retries %d  errors %d  RPC/op %.2f", c.hot, c.keys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors, r.rpcPerOp)
 		}
 	}
 

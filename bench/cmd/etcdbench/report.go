@@ -148,12 +148,18 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("  on %s (fsync on, etcd's default), default Raft timings; killed by its pid at the end.", m.fsType)
 	p("- Repetitions: %d; in each, every row of every scenario runs once, rows interleaved and their order rotated", c.reps)
 	p("  per repetition. Figures are medians over the repetitions (per-repetition values are listed).")
-	p("- Durations: scenario 1 %v per row, scenario 2 %v per row, scenario 3 a common window of %v per row;", c.d1, c.d2, c.d3)
+	p("- Durations: scenario 1 %v per row, scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, c.d2, c.d3)
+	p("  scenario 4 %v per row;", c.d4)
 	p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
 	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTO)
 	p("  (64 handoffs or 20ms per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", leaseSeconds)
 	p("  (TTL + 1s margin). One Mutex session per goroutine in scenarios 2 and 3 (a Mutex belongs to one session);")
 	p("  one session reused in scenario 1.")
+	p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", c.hot, c.keys)
+	p("  per row and repetition) with a guard per key; flightlock as in scenario 2, Mutex with one session per goroutine")
+	p("  and a Mutex per key per session, the floor as in scenario 1 but an attempt that finds the key taken is retried at")
+	p("  once (counted as a retry, not as a lock). No goal (issue 14 sets none); the Redis report's scenario 4 compares")
+	p("  against SET+DEL.")
 	p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTO)
 	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
 	p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
@@ -255,6 +261,42 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		}
 		p("- repetition %d: %v | %v", i+1, f, mu)
 	}
+	p("")
+
+	p("## 4. %d goroutines over %d keys", c.hot, c.keys)
+	p("")
+	p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal: issue 14 sets none for this scenario; the Redis report's scenario 4 compares against SET+DEL.", c.hot, c.keys, c.d4)
+	p("")
+	p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
+	p("|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, row := range []string{rowFloor, rowFlight, rowMutex} {
+		xs := r.rows[4][row]
+		fence := fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.fenceViolations }))
+		if row != rowFlight {
+			fence = "n/a"
+		}
+		retries := "n/a"
+		if row == rowFloor {
+			retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
+		}
+		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
+			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+			dur(time.Duration(r.med(4, row, p50))), dur(time.Duration(r.med(4, row, p99))),
+			perOp(r.med(4, row, rpc)), perOp(r.med(4, row, fsy)), dur(time.Duration(r.med(4, row, ecpu))),
+			r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
+			r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+	}
+	fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, rowMutex, rate)
+	var perRepRatios []string
+	for i, x := range r.rows[4][rowFlight] {
+		if i < len(r.rows[4][rowFloor]) && i < len(r.rows[4][rowMutex]) {
+			perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx",
+				safeDiv(x.rate, r.rows[4][rowFloor][i].rate), safeDiv(x.rate, r.rows[4][rowMutex][i].rate)))
+		}
+	}
+	p("")
+	p("ops/s flightlock / floor: %.2fx; flightlock / Mutex: %.2fx. Within each repetition (floor / Mutex): %s.",
+		safeDiv(fl4, fo4), safeDiv(fl4, mu4), strings.Join(perRepRatios, ", "))
 	p("")
 
 	p("## Why flightlock is faster on a hot key")
