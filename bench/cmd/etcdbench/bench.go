@@ -250,6 +250,20 @@ type guard struct {
 	inside, lastFence, violations, fenceViolations *int64
 }
 
+// critical is the critical section of a holder with fence (0: none to check): it counts an
+// overlap when another holder is inside, and a fence that is not above the last one seen.
+func (g guard) critical(fence int64) {
+	if atomic.AddInt64(g.inside, 1) != 1 {
+		atomic.AddInt64(g.violations, 1)
+	}
+	if fence != 0 {
+		if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
+			atomic.AddInt64(g.fenceViolations, 1)
+		}
+	}
+	atomic.AddInt64(g.inside, -1)
+}
+
 func newLocalGuard() guard {
 	w := new([4]int64)
 	return guard{&w[0], &w[1], &w[2], &w[3]}
@@ -316,15 +330,7 @@ func contend(cs []contender, g guard, start, end time.Time, lockTO time.Duration
 					continue
 				}
 				wait := time.Since(t0)
-				if atomic.AddInt64(g.inside, 1) != 1 {
-					atomic.AddInt64(g.violations, 1)
-				}
-				if fence != 0 {
-					if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
-						atomic.AddInt64(g.fenceViolations, 1)
-					}
-				}
-				atomic.AddInt64(g.inside, -1)
+				g.critical(fence)
 				if !time.Now().After(end) {
 					n++
 					waits = append(waits, int64(wait))

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -130,15 +129,7 @@ func contendKeys(cs []keyedContender, gs []guard, start, end time.Time, lockTO t
 					continue
 				}
 				wait := time.Since(t0)
-				if atomic.AddInt64(g.inside, 1) != 1 {
-					atomic.AddInt64(g.violations, 1)
-				}
-				if fence != 0 {
-					if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
-						atomic.AddInt64(g.fenceViolations, 1)
-					}
-				}
-				atomic.AddInt64(g.inside, -1)
+				g.critical(fence)
 				if !time.Now().After(end) {
 					n++
 					waits = append(waits, int64(wait))
