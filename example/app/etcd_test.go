@@ -6,10 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"testing"
-	"time"
 
-	balancepb "github.com/flightlock/flightlock/example/pb/balance"
-	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
 	"github.com/flightlock/flightlock/internal/etcdtest"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -44,37 +41,7 @@ func TestExampleOnEtcd(t *testing.T) {
 	c.Order.Log.Mode, c.Inventory.Log.Mode, c.Balance.Log.Mode = "console", "console", "console"
 	c.Order.Log.Level, c.Inventory.Log.Level, c.Balance.Log.Level = "error", "error", "error"
 
-	sys, err := New(c)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		sys.Start()
-	}()
-	t.Cleanup(func() {
-		sys.Stop()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Errorf("the servers did not stop within 10s")
-		}
-		if err := sys.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	for _, p := range ports {
-		waitListening(t, p)
-	}
-	h := &harness{
-		sys:       sys,
-		base:      fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		http:      &http.Client{Timeout: 30 * time.Second},
-		inventory: inventorypb.NewInventoryClient(dial(t, ports[1])),
-		balance:   balancepb.NewBalanceClient(dial(t, ports[2])),
-	}
-	t.Cleanup(h.http.CloseIdleConnections)
+	h := runSystem(t, c, ports)
 
 	t.Run("withdraw re-enters downstream on etcd", func(t *testing.T) { testWithdrawReentry(t, h) })
 	t.Run("duplicate orders are rejected", func(t *testing.T) { testDuplicateOrders(t, h) })

@@ -136,6 +136,14 @@ func startSystem(t *testing.T, redisHost string, opts ...Option) *harness {
 	if err != nil {
 		t.Fatalf("load config: %v", err)
 	}
+	return runSystem(t, c, ports, opts...)
+}
+
+// runSystem builds the example from c (whose order API, inventory and balance services listen
+// on ports, in that order) with opts, starts it, waits until every port listens, and stops and
+// closes it when t ends.
+func runSystem(t *testing.T, c Config, ports []int, opts ...Option) *harness {
+	t.Helper()
 	sys, err := New(c, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
