@@ -221,17 +221,7 @@ func TestEtcdUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var second *flightlock.Lease
-	stdin := readerFunc(func(p []byte) (int, error) {
-		if second == nil {
-			if err := first.Release(ctx); err != nil {
-				t.Errorf("release: %v", err)
-			}
-			if second, err = l.Lock(ctx, "stock:7"); err != nil {
-				t.Errorf("second lock: %v", err)
-			}
-		}
-		return copy(p, "y\n"), io.EOF
-	})
+	stdin := regrabOnPrompt(t, l, first, "stock:7", &second)
 	code, _, errs := cli(t, stdin, "-etcd", c.Endpoints()[0], "unlock", "stock:7")
 	if code != exitError || !strings.Contains(errs, "changed after it was read (now held by a new grant") || !strings.Contains(errs, "nothing removed") {
 		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)

@@ -302,17 +302,7 @@ func TestUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
 	var second *flightlock.Lease
 	// The operator reads, then (while the prompt waits) the first holder releases and a second
 	// one takes the key; then the operator says yes.
-	stdin := readerFunc(func(p []byte) (int, error) {
-		if second == nil {
-			if err := first.Release(ctx); err != nil {
-				t.Errorf("release: %v", err)
-			}
-			if second, err = l.Lock(ctx, "stock:7"); err != nil {
-				t.Errorf("second lock: %v", err)
-			}
-		}
-		return copy(p, "y\n"), io.EOF
-	})
+	stdin := regrabOnPrompt(t, l, first, "stock:7", &second)
 	code, _, errs := cli(t, stdin, "-addr", srv.Addr, "unlock", "stock:7")
 	if code != exitError || !strings.Contains(errs, "changed after it was read") || !strings.Contains(errs, "nothing removed") {
 		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
@@ -419,4 +409,22 @@ func events(t *testing.T, out string) []string {
 		evs = append(evs, e.Kind+" "+e.Lock.Key)
 	}
 	return evs
+}
+
+// regrabOnPrompt is the operator's answer to unlock's prompt: while the prompt waits, first is
+// released and the key taken again into *second (once); then the operator says yes.
+func regrabOnPrompt(t *testing.T, l *flightlock.Locker, first *flightlock.Lease, key string, second **flightlock.Lease) io.Reader {
+	ctx := context.Background()
+	return readerFunc(func(p []byte) (int, error) {
+		if *second == nil {
+			if err := first.Release(ctx); err != nil {
+				t.Errorf("release: %v", err)
+			}
+			var err error
+			if *second, err = l.Lock(ctx, key); err != nil {
+				t.Errorf("second lock: %v", err)
+			}
+		}
+		return copy(p, "y\n"), io.EOF
+	})
 }
