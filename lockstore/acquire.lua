@@ -12,8 +12,9 @@
 -- ARGV[2]  lease TTL in whole milliseconds (> 0), as a decimal string
 -- ARGV[3]  "" or " <metadata>"
 --
--- Replies (an array):
---   {1, fence}  acquired: the key was free and now belongs to ARGV[1]
+-- Replies:
+--   fence       acquired (an integer, not an array: the common reply is the cheapest one): the
+--               key was free and now belongs to ARGV[1]
 --   {2, fence}  re-entered: ARGV[1] already held it (a re-sent acquisition); the fence is the
 --               one minted when it was taken, the hold count is unchanged, and the TTL is raised
 --               to ARGV[2] if it had less (never shortened)
@@ -27,27 +28,40 @@
 -- the clock part keeps them increasing when the counter itself goes back (a restart from an RDB
 -- snapshot, lost AOF writes, a replica promoted before it saw the last grants, FLUSHDB), as long
 -- as the server clock after the loss reads later than it did at the lost grants. The counter is
--- written only when a lock is granted.
+-- written only when a lock is granted, in the same script as the grant.
+--
+-- Cost (issue 17): a free key costs TIME, SET NX and one SET ... GET of the counter, which reads
+-- the last fence and writes the new one in one command. The new fence is first taken to be the
+-- server time; only when the counter turns out to be at or past it (a clock that stepped back,
+-- a grant in the same microsecond, fences handed out locally ahead of the clock) does the
+-- script write the counter and the lock's value once more with last + 1. Nothing outside the
+-- script sees the value in between: a script runs alone.
 --
 -- Arguments reach redis.call as the strings they came in: a Lua number would be formatted with
 -- "%.17g" on every call, which costs more than the SET itself.
 local owner = ARGV[1]
-local now = redis.call('TIME')
-local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-if not last or last ~= last or last >= 9007199254740992 then
-  -- Beyond 2^53 a Lua number no longer counts by one: refuse rather than repeat a fence.
-  return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ' is not a number below 2^53')
-end
-if fence <= last then
-  fence = last + 1
-end
-local f = string.format('%d', fence)
+local now = redis.call('TIME') -- {seconds, microseconds}, both decimal strings
+local us = now[2]
+local f = now[1] .. string.sub('00000', #us) .. us -- seconds and six digits of microseconds
 
--- The common case first: a free key costs TIME, GET, SET NX and SET.
 if redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[2], f)
-  return {1, fence}
+  local last = redis.pcall('SET', KEYS[2], f, 'GET')
+  local n = last and tonumber(last)
+  if last and (not n or n ~= n or n >= 9007199254740992) then
+    -- Not a counter (another type, or not a number below 2^53, beyond which a Lua number no
+    -- longer counts by one): refuse rather than repeat a fence, and leave both keys as found.
+    redis.call('DEL', KEYS[1])
+    if type(last) == 'string' then
+      redis.call('SET', KEYS[2], last)
+    end
+    return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ' is not a number below 2^53')
+  end
+  if n and n >= tonumber(f) then
+    f = string.format('%d', n + 1)
+    redis.call('SET', KEYS[2], f)
+    redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'KEEPTTL')
+  end
+  return tonumber(f)
 end
 
 local current = redis.call('GET', KEYS[1])

@@ -412,8 +412,8 @@ func TestLateAcquireReplyIsReleased(t *testing.T) {
 			late := func(cmd *redis.Cmd) {
 				release(cmd)
 				code := int64(-1)
-				if reply, err := cmd.Slice(); err == nil && len(reply) >= 2 {
-					code, _ = reply[0].(int64)
+				if got, _, _, err := reply(cmd); err == nil {
+					code = got
 				}
 				hooked <- code
 			}

@@ -22,17 +22,13 @@ func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
 	return s.releaseOnReply(key, owner, "", acquireTaken)
 }
 
-// releaseOnReply returns a late hook that gives up one hold of key for owner when a two-integer
-// script reply (acquire.lua, reenter.lua) starts with code, the code of a reply that counted a
-// hold for this very call. The release goes straight to the client, not through the batcher:
+// releaseOnReply returns a late hook that gives up one hold of key for owner when a script reply
+// of acquire.lua or reenter.lua (as reply reads it) has code, the code of a reply that counted
+// a hold for this very call. The release goes straight to the client, not through the batcher:
 // it runs in the hook's own goroutine, after its caller left, and must not wait for a lane.
 func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
-		reply, err := cmd.Slice()
-		if err != nil || len(reply) < 2 {
-			return
-		}
-		if got, ok := reply[0].(int64); !ok || got != code {
+		if got, _, _, err := reply(cmd); err != nil || got != code {
 			return
 		}
 		s.giveUp(key, owner, hold)

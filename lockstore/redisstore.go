@@ -271,6 +271,9 @@ func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []str
 
 // reply reads a script reply of two integers and, for a busy acquisition, the lock's value.
 func reply(cmd *redis.Cmd) (int64, int64, string, error) {
+	if fence, ok := cmd.Val().(int64); ok && cmd.Err() == nil {
+		return acquireTaken, fence, "", nil // acquire.lua's common reply is the bare fence
+	}
 	r, err := cmd.Slice()
 	if err != nil {
 		return 0, 0, "", err

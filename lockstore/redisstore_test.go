@@ -483,3 +483,131 @@ func TestBusyAcquisitionNamesTheHolder(t *testing.T) {
 		}
 	})
 }
+
+// A fence counter that is not a number below 2^53 (a key someone else wrote, of another type
+// or with other text) is refused, and acquire.lua leaves both keys as it found them: the lock
+// is not taken (a grant with a fence that might repeat one is worse than none) and the
+// counter is not overwritten. acquire.lua writes the counter after the grant in one SET ...
+// GET (issue 17), so both refusals undo what the script wrote.
+func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			name  string
+			set   func(fk string) error
+			check func(fk string) string // "" when the counter is as it was set
+		}{
+			{"text", func(fk string) error { return b.client.Set(ctx, fk, "not a fence", 0).Err() },
+				func(fk string) string { return strings.TrimPrefix(b.client.Get(ctx, fk).Val(), "not a fence") }},
+			{"beyond 2^53", func(fk string) error { return b.client.Set(ctx, fk, "9007199254740993", 0).Err() },
+				func(fk string) string { return strings.TrimPrefix(b.client.Get(ctx, fk).Val(), "9007199254740993") }},
+			{"a hash", func(fk string) error { return b.client.HSet(ctx, fk, "f", "1").Err() },
+				func(fk string) string {
+					if typ := b.client.Type(ctx, fk).Val(); typ != "hash" {
+						return typ
+					}
+					return ""
+				}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				key := "lock:badcounter:" + tc.name
+				fk := fenceKey(key)
+				b.client.Del(ctx, fk)
+				if err := tc.set(fk); err != nil {
+					t.Fatal(err)
+				}
+				got, err := b.store.Acquire(ctx, key, ownerA, time.Second, "")
+				if err == nil || got.Acquired {
+					t.Fatalf("acquire with a bad fence counter = %+v, %v; want an error", got, err)
+				}
+				if n := b.client.Exists(ctx, key).Val(); n != 0 {
+					t.Fatalf("the refused acquire left the lock taken: %q", b.client.Get(ctx, key).Val())
+				}
+				if diff := tc.check(fk); diff != "" {
+					t.Fatalf("the refused acquire changed the counter: %q", diff)
+				}
+				b.client.Del(ctx, fk)
+				if got, err := b.store.Acquire(ctx, key, ownerA, time.Second, ""); err != nil || !got.Acquired {
+					t.Fatalf("acquire after the counter was removed = %+v, %v", got, err)
+				}
+			})
+		}
+	})
+}
+
+// release.lua's short path (exactly "<owner> <fence> 1": GET and DEL, no pattern match) must do
+// what the general path does, and must not take values that only look like it: metadata that
+// ends in " 1", a waiters mark, a re-entry's hold, a release that reports fences handed out
+// locally (the counter must be raised).
+func TestReleaseShortPathBoundaries(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		// Metadata that ends in " 1" is kept apart from the hold list.
+		if _, err := b.store.Acquire(ctx, "lock:rs1", ownerA, time.Minute, "x 1"); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := b.store.Release(ctx, "lock:rs1", ownerB, "", 0); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("release by another owner = %d, %v", n, err)
+		}
+		if n, err := b.store.Release(ctx, "lock:rs1", ownerA, "", 0); err != nil || n != 0 {
+			t.Fatalf("release = %d, %v", n, err)
+		}
+		if b.client.Exists(ctx, "lock:rs1").Val() != 0 {
+			t.Fatal("lock with metadata not deleted")
+		}
+		// A marked lock publishes on release (the general path), also without metadata.
+		w, err := b.store.Watch(ctx, "lock:rs2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if _, err := b.store.Acquire(ctx, "lock:rs2", ownerA, time.Minute, ""); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.store.Acquire(ctx, "lock:rs2", ownerB, time.Minute, ""); got.Acquired {
+			t.Fatal("busy lock granted")
+		}
+		if _, err := b.store.Release(ctx, "lock:rs2", ownerA, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.C():
+		case <-time.After(5 * time.Second):
+			t.Fatal("release of a marked lock published nothing")
+		}
+		// A re-entry from another process keeps the lock past the acquisition's release.
+		if _, err := b.store.Acquire(ctx, "lock:rs3", ownerA, time.Minute, ""); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.store.Reenter(ctx, "lock:rs3", ownerA, "h1", time.Minute); err != nil || !got.Acquired {
+			t.Fatalf("re-enter = %+v, %v", got, err)
+		}
+		if n, err := b.store.Release(ctx, "lock:rs3", ownerA, "", 0); err != nil || n != 0 {
+			t.Fatalf("release of the acquisition's hold = %d, %v", n, err)
+		}
+		if b.client.Exists(ctx, "lock:rs3").Val() != 1 {
+			t.Fatal("the acquisition's release deleted a lock a re-entry still holds")
+		}
+		if n, err := b.store.Release(ctx, "lock:rs3", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("second release of the acquisition's hold = %d, %v; want ErrNotHeld", n, err)
+		}
+		if _, err := b.store.Release(ctx, "lock:rs3", ownerA, "h1", 0); err != nil || b.client.Exists(ctx, "lock:rs3").Val() != 0 {
+			t.Fatalf("release of the last hold = %v, key left: %d", err, b.client.Exists(ctx, "lock:rs3").Val())
+		}
+		// A release that reports fences handed out locally raises the counter.
+		got, err := b.store.Acquire(ctx, "lock:rs4", ownerA, time.Minute, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		used := got.Fence + int64(time.Hour/time.Microsecond)
+		if _, err := b.store.Release(ctx, "lock:rs4", ownerA, "", used); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := b.client.Get(ctx, fenceKey("lock:rs4")).Int64(); v != used {
+			t.Fatalf("counter after a release that used fence %d = %d", used, v)
+		}
+		if next, err := b.store.Acquire(ctx, "lock:rs4", ownerB, time.Minute, ""); err != nil || next.Fence != used+1 {
+			t.Fatalf("next grant = %+v, %v; want fence %d", next, err, used+1)
+		}
+	})
+}

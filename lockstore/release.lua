@@ -23,6 +23,16 @@ local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #owner + 1) ~= owner .. ' ' then
   return -1
 end
+if ARGV[4] == '' and ARGV[3] == '0' then
+  -- The common case first: the acquisition's own hold, nothing handed out locally, and a value
+  -- of exactly "<owner> <fence> 1" (no re-entry, no metadata, no waiters mark) costs GET and
+  -- DEL and no pattern match; it does what the general case below would do with that value.
+  local sp = string.find(current, ' ', #owner + 2, true)
+  if sp and #current == sp + 1 and string.byte(current, -1) == 49 then -- 49: "1"
+    redis.call('DEL', KEYS[1])
+    return 0
+  end
+end
 local o, fence, holds, rest = string.match(current, '^(%S+) (%d+) (%S+)(.*)$')
 local own, borrows = string.match(holds or '', '^([01])(.*)$')
 if not own then
