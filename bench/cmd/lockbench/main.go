@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,6 +122,7 @@ func main() {
 		cfg        config
 		scen       string
 		cpuprofile string
+		traceOut   string
 	)
 	// -quick changes the defaults below (flags given explicitly still win), so it is read first.
 	q := slices.Contains(os.Args[1:], "-quick") || slices.Contains(os.Args[1:], "--quick")
@@ -152,6 +154,7 @@ func main() {
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
 	flag.StringVar(&cfg.exampleConf, "example-config", "etc/flightlock-example-redis.yaml", "scenario 6: the example's config file (its Redis and ports are replaced)")
 	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
+	flag.StringVar(&traceOut, "trace", "", "write an execution trace of this process (go tool trace)")
 	rows := flag.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
 	flag.Parse()
 	cfg.s8Goroutines, cfg.s8Procs, cfg.s8Keys, cfg.memLocks = ints(*s8g), ints(*s8p), ints(*s8k), ints(*memLocks)
@@ -192,6 +195,15 @@ func main() {
 		}
 		_ = pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+
+	if traceOut != "" {
+		f, err := os.Create(traceOut)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		_ = trace.Start(f)
+		defer trace.Stop()
 	}
 
 	b := &bench{addr: srv.addr, adm: newAdmin(srv.addr), cfg: cfg, impls: map[string]impl{}}

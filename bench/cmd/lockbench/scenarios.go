@@ -127,7 +127,7 @@ func ordered(rows []rowSpec, m map[string]*result) []*result {
 // --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
 
 func (b *bench) scenario1() []*result {
-	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "ping", "setdel")
+	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "store", "ping", "setdel")
 	b.warm(rows)
 	res := newResults(rows)
 	const maxOps = 200000
