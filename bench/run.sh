@@ -5,7 +5,8 @@
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
 # writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
-# and docs/benchmarks.json, then the etcd rows (bench/cmd/etcdbench, issue 14) in docs/benchmarks-etcd.md. Scenario 6 runs the
+# and docs/benchmarks.json, after the etcd rows (bench/cmd/etcdbench, issue 14: docs/benchmarks-etcd.md, also
+# included in docs/benchmarks.md). Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
@@ -68,14 +69,11 @@ notes=()
 [[ -f "$here/analysis.md" && $quick == 0 ]] && notes=(-notes "$here/analysis.md")
 example=(-example-config "$root/etc/flightlock-example-redis.yaml")
 
-echo "run.sh: running scenarios" >&2
-(cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
-  -json "$docs/benchmarks.json" "${gobench[@]}" "${notes[@]}" "${example[@]}" "$@")
-echo "run.sh: wrote ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png, benchmarks.json" >&2
-
+etcdreport=()
 # The etcd rows (issue 14): etcdbench starts a private etcd of its own (Debian's etcd-server).
-# They run on every full or quick run, after the Redis scenarios; LOCKBENCH_ETCD=0 skips them,
-# and a run limited to some Redis scenarios (any flag but -quick) leaves them out.
+# They run on every full or quick run, before the Redis scenarios, and docs/benchmarks.md
+# includes their report as a section (lockbench -etcd-report); LOCKBENCH_ETCD=0 skips them, and
+# a run limited to some Redis scenarios (any flag but -quick) leaves them out.
 etcd_rows=1
 for a in "$@"; do
   [[ "$a" == "-quick" || "$a" == "--quick" ]] || etcd_rows=0
@@ -94,4 +92,11 @@ if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
   (cd "$here" && go build -o "$work/etcdbench" ./cmd/etcdbench)
   "$work/etcdbench" -out "$docs/benchmarks-etcd.md" "${etcdflags[@]}"
   echo "run.sh: wrote ${docs#"$root"/}/benchmarks-etcd.md" >&2
+  etcdreport=(-etcd-report "$docs/benchmarks-etcd.md")
 fi
+
+echo "run.sh: running scenarios" >&2
+(cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
+  -json "$docs/benchmarks.json" "${gobench[@]}" "${notes[@]}" "${example[@]}" "${etcdreport[@]}" "$@")
+echo "run.sh: wrote ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png, benchmarks.json" >&2
+

@@ -39,6 +39,7 @@ type config struct {
 	jsonOut     string
 	goBench     string
 	notes       string
+	etcdReport  string // bench/cmd/etcdbench's report, included as a section
 	exampleConf string
 	observe     bool
 	quick       bool
@@ -150,6 +151,7 @@ func main() {
 	flag.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON")
 	flag.StringVar(&cfg.goBench, "gobench", "", "output of go test -bench to include in the report")
 	flag.StringVar(&cfg.notes, "notes", "", "Markdown analysis to append to the report")
+	flag.StringVar(&cfg.etcdReport, "etcd-report", "", "the etcd rows' report (bench/cmd/etcdbench -out) to include as a section")
 	flag.BoolVar(&cfg.observe, "observe", false, "scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
 	flag.StringVar(&cfg.exampleConf, "example-config", "etc/flightlock-example-redis.yaml", "scenario 6: the example's config file (its Redis and ports are replaced)")

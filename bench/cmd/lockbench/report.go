@@ -2,16 +2,17 @@ package main
 
 import (
 	"fmt"
-	"github.com/flightlock/flightlock/lockstore"
 	"image/color"
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -315,6 +316,11 @@ func (r *report) markdown() string {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem` in the root package (`bench_test.go`), on a real redis-server:\n\n```\n%s```\n\n", string(raw))
 		}
 	}
+	if r.cfg.etcdReport != "" {
+		if raw, err := os.ReadFile(r.cfg.etcdReport); err == nil {
+			w("%s", etcdSection(string(raw), filepath.Base(r.cfg.etcdReport)))
+		}
+	}
 	if r.cfg.notes != "" {
 		if raw, err := os.ReadFile(r.cfg.notes); err == nil {
 			w("%s", string(raw))
@@ -456,7 +462,7 @@ func loadNow() string {
 // release: flightlock's cost split into round trips, client CPU, server CPU and commands, beside
 // bsm/redislock's and the SET+DEL floor's, and what flightlock spends above each of them.
 func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
-	fl, bsm, floor := find(s1, "flightlock"), find(s1, "redislock"), find(s1, "setdel")
+	fl, bsm, floor, store := find(s1, "flightlock"), find(s1, "redislock"), find(s1, "setdel"), find(s1, "store")
 	if fl == nil || floor == nil {
 		return
 	}
@@ -465,8 +471,11 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		{"Redis CPU", "scpu", "µs"}, {"server commands", "cmds", ""}, {"allocations", "allocs", ""},
 	}
 	w("### Where the time goes: one uncontended lock + release\n\n")
-	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference.\n\n")
-	w("| cost | flightlock | bsm/redislock | SET+DEL floor | flightlock - bsm | flightlock - floor |\n|---|---|---|---|---|---|\n")
+	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference. " +
+		"\"Store alone\" is flightlock's `RedisStore` driven without the Locker (the same scripts, keys and arguments): " +
+		"flightlock - store alone is what the Locker adds on the client, store alone - bsm what the scripts (the fence) add.\n\n")
+	w("| cost | flightlock | store alone | bsm/redislock | SET+DEL floor | flightlock - store alone | store alone - bsm | flightlock - bsm | flightlock - floor |\n" +
+		"|---|---|---|---|---|---|---|---|---|\n")
 	val := func(x *result, metric string) float64 {
 		if x == nil {
 			return math.NaN()
@@ -484,9 +493,31 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		return fmt.Sprintf("%.2f%s", v, map[bool]string{true: " " + unit, false: ""}[unit != ""])
 	}
 	for _, c := range cols {
-		f, b, fl0 := val(fl, c.metric), val(bsm, c.metric), val(floor, c.metric)
-		w("| %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(b, c.unit), cell(fl0, c.unit),
-			cell(f-b, c.unit), cell(f-fl0, c.unit))
+		f, st, b, fl0 := val(fl, c.metric), val(store, c.metric), val(bsm, c.metric), val(floor, c.metric)
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(st, c.unit), cell(b, c.unit),
+			cell(fl0, c.unit), cell(f-st, c.unit), cell(st-b, c.unit), cell(f-b, c.unit), cell(f-fl0, c.unit))
 	}
 	w("\n")
+}
+
+// etcdSection is the report of bench/cmd/etcdbench (issue 14), which bench/run.sh runs before
+// lockbench in the same run, as a section of this report: its title becomes a section heading
+// and every heading under it goes one level down. name is the file it came from, which stays
+// in docs/ on its own too.
+func etcdSection(raw, name string) string {
+	var b strings.Builder
+	for i, line := range strings.Split(strings.TrimRight(raw, "\n"), "\n") {
+		switch {
+		case i == 0 && strings.HasPrefix(line, "# "):
+			fmt.Fprintf(&b, "## The etcd store (issue 14): %s\n", strings.TrimPrefix(line, "# "))
+			fmt.Fprintf(&b, "\nThe etcd rows, from `bench/cmd/etcdbench`, which `bench/run.sh` runs just before the Redis scenarios "+
+				"above (also in [%s](%s) on their own).\n", name, name)
+		case strings.HasPrefix(line, "#"):
+			b.WriteString("#" + line + "\n")
+		default:
+			b.WriteString(line + "\n")
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
 }
