@@ -45,15 +45,19 @@ local us = now[2]
 local f = now[1] .. string.sub('00000', #us) .. us -- seconds and six digits of microseconds
 
 if redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
-  local last = redis.pcall('SET', KEYS[2], f, 'GET')
+  local last = redis.pcall('SET', KEYS[2], f, 'GET') -- SET ... GET: Redis 6.2 or later
+  if type(last) == 'table' and last.err then
+    -- The counter is of another type (WRONGTYPE), or the server is older than 6.2: nothing was
+    -- written to it; give the lock back and say why.
+    redis.call('DEL', KEYS[1])
+    return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ': ' .. last.err)
+  end
   local n = last and tonumber(last)
   if last and (not n or n ~= n or n >= 9007199254740992) then
-    -- Not a counter (another type, or not a number below 2^53, beyond which a Lua number no
-    -- longer counts by one): refuse rather than repeat a fence, and leave both keys as found.
+    -- Not a number below 2^53 (beyond which a Lua number no longer counts by one): refuse
+    -- rather than repeat a fence, and leave both keys as found.
     redis.call('DEL', KEYS[1])
-    if type(last) == 'string' then
-      redis.call('SET', KEYS[2], last)
-    end
+    redis.call('SET', KEYS[2], last)
     return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ' is not a number below 2^53')
   end
   if n and n >= tonumber(f) then

@@ -520,6 +520,9 @@ func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
 				if err == nil || got.Acquired {
 					t.Fatalf("acquire with a bad fence counter = %+v, %v; want an error", got, err)
 				}
+				if !strings.Contains(err.Error(), fk) {
+					t.Fatalf("error %q does not name the counter %s", err, fk)
+				}
 				if n := b.client.Exists(ctx, key).Val(); n != 0 {
 					t.Fatalf("the refused acquire left the lock taken: %q", b.client.Get(ctx, key).Val())
 				}
