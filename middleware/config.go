@@ -286,19 +286,11 @@ func (c LockConf) storeOf(s spec) (string, error) {
 }
 
 // checkRuleStore validates the store of rule s of c: which one, and what etcd requires of it
-// (whole-second TTLs; share rules keep their responses in Redis).
+// (whole-second TTLs; a share rule's Replay is rounded up instead, see share_etcd.go).
 func (c LockConf) checkRuleStore(s spec) error {
 	store, err := c.storeOf(s)
 	if err != nil || store != storeEtcd {
 		return err
-	}
-	if s.OnBusy == onBusyShare {
-		why := "Lock names etcd only"
-		if s.Store != "" {
-			why = "Store: etcd"
-		}
-		return fieldError(s.name+".OnBusy", "is share, but the rule locks in etcd (%s): share keeps its responses in Redis; "+
-			"lock it in Redis (Store: redis, with Lock.Redis.Host set)", why)
 	}
 	if s.TTL > 0 {
 		return checkEtcdTTL(s.name+".TTL", s.name, s.TTL)
@@ -396,8 +388,9 @@ type Rule struct {
 	// (a double "create order"); "share" waits as "wait" and then answers with the holder's
 	// response instead of running the handler (see Replay).
 	OnBusy string `json:",default=wait"`
-	// Replay is how long a share rule keeps a response in Redis for duplicates that come
-	// later, in any process (default 10s). Only responses of the ReplayStatus classes (default
+	// Replay is how long a share rule keeps a response in its store for duplicates that come
+	// later, in any process (default 10s; on etcd rounded up to whole seconds, and kept up to
+	// one second longer). Only responses of the ReplayStatus classes (default
 	// 2xx) whose body is at most ReplayMaxBytes (default 64 KiB) are stored; the others are
 	// shared only with the duplicates that waited in the same process, and a retry runs the
 	// handler again. A duplicate with another payload (method, path, query and body; for zrpc
@@ -418,8 +411,8 @@ type Rule struct {
 	Shadow bool `json:",optional"`
 	// Store is the store the rule locks in, "redis" or "etcd", in any case. Empty (the
 	// default): the one Lock names; a Lock that names both (Redis.Host or Sentinel, and
-	// Etcd.Hosts) needs it on every rule. A rule with OnBusy share locks in Redis (its
-	// responses are stored there).
+	// Etcd.Hosts) needs it on every rule. A share rule keeps its responses in the store it
+	// locks in.
 	Store string `json:",optional"`
 }
 

@@ -54,9 +54,6 @@ func TestEtcdConfigErrors(t *testing.T) {
 			[]string{"Lock.Rules[0].TTL"}},
 		{"inherited TTL of an etcd rule", LockConf{Redis: redis, Etcd: etcd, TTL: 1500 * time.Millisecond,
 			Rules: []Rule{order(Rule{Store: "redis"}), {RPC: "/pkg.Svc/Do", Key: "x:{id}", Store: "etcd"}}}, []string{"Lock.TTL"}},
-		{"share rule on etcd", LockConf{Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share"})}}, []string{"Lock.Rules[0].OnBusy"}},
-		{"share rule choosing etcd", LockConf{Redis: redis, Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share", Store: "etcd"})}},
-			[]string{"Lock.Rules[0].OnBusy"}},
 		{"a discovery key as prefix", LockConf{Etcd: EtcdConf{Hosts: etcd.Hosts, Key: "order.rpc/"}}, []string{"Lock.Etcd.Key"}},
 		{"user without pass", LockConf{Etcd: EtcdConf{Hosts: etcd.Hosts, User: "root"}}, []string{"Lock.Etcd.Pass"}},
 		{"cert without key and CA", LockConf{Etcd: EtcdConf{Hosts: etcd.Hosts, CertFile: "c.pem"}}, []string{"Lock.Etcd.CertFile"}},
@@ -91,10 +88,16 @@ func TestEtcdConfigErrors(t *testing.T) {
 		{Etcd: etcd, TTL: 2 * time.Second, Rules: []Rule{order(Rule{})}},
 		{Etcd: etcd, TTL: 1500 * time.Millisecond, Rules: []Rule{order(Rule{Store: "redis"})}, Redis: redis}, // the Locker of Redis only
 		{Etcd: EtcdConf{Hosts: etcd.Hosts, Key: "locks/order.rpc/"}},                                         // under locks/, not order.rpc/
+		// share rules on etcd keep their responses there (share_etcd.go), with any Replay
+		{Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share"})}},
+		{Redis: redis, Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share", Store: "etcd", Replay: 1500 * time.Millisecond})}},
 	}
 	for i, c := range good {
 		if ps := c.Problems(); len(ps) != 0 {
 			t.Errorf("good config %d: Problems = %v", i, ps)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("good config %d: Validate = %v", i, err)
 		}
 	}
 }

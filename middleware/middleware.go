@@ -41,7 +41,9 @@ type Middleware struct {
 	// intercepting is set once a server interceptor was built (UnaryServerInterceptor,
 	// StreamServerInterceptor), for Register's check that RPC rules lock anything.
 	intercepting atomic.Bool
-	replays      *replayStore // share rules: responses stored for duplicates; nil without share rules
+	// replays holds the replay store of each base store, by store name (as bases): share rules
+	// keep responses for duplicates in the store they lock in.
+	replays map[string]replayStore
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
@@ -85,17 +87,23 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		_ = m.Close()
 		return nil, err
 	}
+	// Each store keeps the responses of the share rules that lock in it, under the prefix its
+	// base Locker puts before lock keys: an etcd Locker that New built (or one of WithStore)
+	// puts Lock.Etcd.Key before Prefix; an injected one puts only Prefix (see buildStores).
+	etcdPrefix := c.Etcd.Key
+	if m.injected {
+		etcdPrefix = ""
+	}
+	m.replays = newReplayStores(m.bases, etcdPrefix)
 	for _, cr := range rules {
 		store, base, err := m.baseFor(cr.spec)
 		if err != nil {
 			_ = m.Close()
 			return nil, err
 		}
-		if cr.spec.OnBusy == onBusyShare && m.replays == nil {
-			if m.replays, err = newReplayStore(base.Store()); err != nil {
-				_ = m.Close()
-				return nil, fieldError(cr.spec.name+".OnBusy", "%v", err)
-			}
+		if refused, ok := m.replays[store].(refusedReplays); ok && cr.spec.OnBusy == onBusyShare {
+			_ = m.Close()
+			return nil, fieldError(cr.spec.name+".OnBusy", "%v", refused.err)
 		}
 		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {

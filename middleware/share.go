@@ -18,15 +18,17 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
 // OnBusy "share": while a request holds the key, its duplicates wait (within the rule's Wait and
 // their own deadline) and then get its response instead of running the handler. In one process
 // the duplicates join the first request's flight (golang.org/x/sync/singleflight, in m.flights);
-// across processes they queue for the lock, and the holder stores its response in Redis under
-// Prefix + "replay:" + the key before it releases, for the rule's Replay time, so that a
-// duplicate that gets the lock next, or arrives later, replays it without running the handler.
+// across processes they queue for the lock, and the holder stores its response in the rule's
+// store (Redis or etcd) under Prefix + "replay:" + the key (on etcd, after Etcd.Key) before it
+// releases, for the rule's Replay time, so that a duplicate that gets the lock next, or
+// arrives later, replays it without running the handler.
 
 // replayPrefix is put after LockConf.Prefix before the keys of stored responses.
 const replayPrefix = "replay:"
@@ -107,6 +109,58 @@ func fingerprint(parts ...[]byte) string {
 	return fmt.Sprintf("%x", h.Sum(nil))
 }
 
+// replayStore is where share rules keep responses for duplicates in other processes: the
+// store the rule locks in (redisReplays here, etcdReplays in share_etcd.go), so that a rule
+// needs no second store and its responses fail over with its locks.
+type replayStore interface {
+	// load returns the stored response of key, nil when there is none.
+	load(ctx context.Context, key string) (*record, error)
+	// save stores rec under key for at least ttl, unless key holds something that is not a
+	// stored response (a lock whose key renders as this one): that is never overwritten.
+	save(ctx context.Context, key string, rec *record, ttl time.Duration) error
+}
+
+// newReplayStores returns the replay store of each base Locker's store, by store name, built
+// once at start-up (no I/O). etcdPrefix is put before the keys of an etcd store, as its base
+// Locker puts it before lock keys (Lock.Etcd.Key). A store that cannot keep responses gets a
+// replay store that refuses, with the reason: New names it for a share rule in the config, and
+// a share rule built in Go on it shares within its process only, its failures logged.
+func newReplayStores(bases map[string]*flightlock.Locker, etcdPrefix string) map[string]replayStore {
+	stores := make(map[string]replayStore, len(bases))
+	for name, base := range bases {
+		switch s := base.Store().(type) {
+		case *lockstore.RedisStore:
+			stores[name] = &redisReplays{client: s.Client()}
+		case *etcdstore.Store:
+			stores[name] = newEtcdReplays(s.Client(), etcdPrefix)
+		default:
+			stores[name] = refusedReplays{fmt.Errorf("OnBusy share stores responses in the rule's store, "+
+				"a Redis or etcd store: the lock store %T is neither", s)}
+		}
+	}
+	return stores
+}
+
+// refusedReplays is the replay store of a lock store that cannot keep responses.
+type refusedReplays struct{ err error }
+
+func (r refusedReplays) load(context.Context, string) (*record, error) { return nil, r.err }
+
+func (r refusedReplays) save(context.Context, string, *record, time.Duration) error { return r.err }
+
+// replaysOf is the replay store of the store rl locks in (every base store has one).
+func (m *Middleware) replaysOf(rl *rule) replayStore { return m.replays[rl.stats.store] }
+
+// decodeRecord reads the stored response v of key.
+func decodeRecord(key string, v []byte) (*record, error) {
+	var rec record
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return nil, fmt.Errorf("stored response of %q: %w", key, err)
+	}
+	rec.replayed = true
+	return &rec, nil
+}
+
 // Scripts on the store's own client (lockstore.Client is a Scripter: GET and SET through
 // one-line scripts work on every go-redis client, Cluster included; the key is the only key).
 var (
@@ -120,21 +174,12 @@ end
 return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
 )
 
-// replayStore is where share rules keep responses: the lock store's client.
-type replayStore struct {
+// redisReplays keeps responses in Redis, on the lock store's client.
+type redisReplays struct {
 	client lockstore.Client
 }
 
-func newReplayStore(s lockstore.Store) (*replayStore, error) {
-	rs, ok := s.(*lockstore.RedisStore)
-	if !ok {
-		return nil, fmt.Errorf("OnBusy share stores responses in Redis: the lock store %T is not a lockstore.RedisStore", s)
-	}
-	return &replayStore{client: rs.Client()}, nil
-}
-
-// load returns the stored response of key, if any.
-func (s *replayStore) load(ctx context.Context, key string) (*record, error) {
+func (s *redisReplays) load(ctx context.Context, key string) (*record, error) {
 	v, err := replayGet.Run(ctx, s.client, []string{key}).Text()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
@@ -142,16 +187,11 @@ func (s *replayStore) load(ctx context.Context, key string) (*record, error) {
 	if err != nil {
 		return nil, err
 	}
-	var rec record
-	if err := json.Unmarshal([]byte(v), &rec); err != nil {
-		return nil, fmt.Errorf("stored response of %q: %w", key, err)
-	}
-	rec.replayed = true
-	return &rec, nil
+	return decodeRecord(key, []byte(v))
 }
 
-// save stores rec under key for ttl.
-func (s *replayStore) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
+// save stores rec under key for ttl, in milliseconds.
+func (s *redisReplays) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -175,7 +215,7 @@ func (p *panicError) Error() string {
 // previous holder stored, or run the handler and store its response; it returns the record.
 func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 	run func() (*record, error)) (*record, error) {
-	if rec, err := m.replays.load(ctx, rkey); err != nil {
+	if rec, err := m.replaysOf(rl).load(ctx, rkey); err != nil {
 		m.logs.error(ctx, rl.stats, "reading a stored response failed; running the request", err)
 	} else if rec != nil {
 		m.countShare(rl, "stored")
@@ -285,7 +325,7 @@ func (m *Middleware) lead(ctx context.Context, rl *rule, keys []string, rkey str
 		return nil, err
 	}
 	defer m.release(ctx, rl, h)
-	if stored, err := m.replays.load(ctx, rkey); err == nil && stored != nil {
+	if stored, err := m.replaysOf(rl).load(ctx, rkey); err == nil && stored != nil {
 		m.countShare(rl, "stored")
 		return stored, nil
 	}
@@ -320,7 +360,7 @@ func (m *Middleware) storeRecord(ctx context.Context, rl *rule, rkey string, rec
 			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), p.maxBytes))
 		return
 	}
-	if err := m.replays.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
+	if err := m.replaysOf(rl).save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
 		m.logs.error(ctx, rl.stats, "storing the response for duplicates failed", err)
 	}
 }
