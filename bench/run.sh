@@ -87,7 +87,7 @@ if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
   fi
   etcdflags=()
-  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s)
+  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s -d5 300ms -s5-goroutines 1,16,256 -s5-procs 1,2 -s5-keys 10,1000 -mem-locks 1000 -mem-waiters 100 -d6hold 1s)
   echo "run.sh: etcd rows" >&2
   (cd "$here" && go build -o "$work/etcdbench" ./cmd/etcdbench)
   "$work/etcdbench" -out "$docs/benchmarks-etcd.md" "${etcdflags[@]}"

@@ -253,6 +253,13 @@ type guard struct {
 // critical is the critical section of a holder with fence (0: none to check): it counts an
 // overlap when another holder is inside, and a fence that is not above the last one seen.
 func (g guard) critical(fence int64) {
+	g.enter(fence)
+	g.exit()
+}
+
+// enter begins a critical section (see critical); scenario 6's holder stays inside until it
+// releases, so that a waiter granted meanwhile counts as a violation.
+func (g guard) enter(fence int64) {
 	if atomic.AddInt64(g.inside, 1) != 1 {
 		atomic.AddInt64(g.violations, 1)
 	}
@@ -261,8 +268,10 @@ func (g guard) critical(fence int64) {
 			atomic.AddInt64(g.fenceViolations, 1)
 		}
 	}
-	atomic.AddInt64(g.inside, -1)
 }
+
+// exit ends the critical section that enter began.
+func (g guard) exit() { atomic.AddInt64(g.inside, -1) }
 
 func newLocalGuard() guard {
 	w := new([4]int64)
@@ -354,8 +363,13 @@ func contend(cs []contender, g guard, start, end time.Time, lockTO time.Duration
 
 // hotInProcess runs scenario 2 for one row: c.hot goroutines of this process on one key.
 func (b *bench) hotInProcess(row string, rep int) rowResult {
-	key := fmt.Sprintf("hot-%d", rep)
-	cs := make([]contender, b.c.hot)
+	return b.hotKey(row, fmt.Sprintf("hot-%d", rep), b.c.hot, b.c.d2)
+}
+
+// hotKey runs n goroutines of this process on one fresh key for d (scenario 2, and scenario
+// 5's goroutines axis). A Mutex goroutine uses session i (b.sessions(n) must have made them).
+func (b *bench) hotKey(row, key string, n int, d time.Duration) rowResult {
+	cs := make([]contender, n)
 	for i := range cs {
 		if row == rowFlight {
 			cs[i] = &flightContender{l: b.l, key: key}
@@ -365,7 +379,7 @@ func (b *bench) hotInProcess(row string, rep int) rowResult {
 	}
 	g := newLocalGuard()
 	start := time.Now().Add(20 * time.Millisecond)
-	end := start.Add(b.c.d2)
+	end := start.Add(d)
 	var s0, s1 serverStats
 	statsDone := make(chan struct{})
 	go func() {
@@ -378,11 +392,80 @@ func (b *bench) hotInProcess(row string, rep int) rowResult {
 	cr := contend(cs, g, start, end, b.c.lockTO)
 	<-statsDone
 	r := rowResult{
-		ops: cr.CS, window: b.c.d2, rate: float64(cr.CS) / b.c.d2.Seconds(),
+		ops: cr.CS, window: d, rate: float64(cr.CS) / d.Seconds(),
 		errors: cr.Errors, releaseErrors: cr.ReleaseErrors,
 		violations: *g.violations, fenceViolations: *g.fenceViolations,
 	}
 	r.p50, r.p99 = percentiles(cr.Waits)
 	r.setServer(s1.sub(s0))
 	return r
+}
+
+// sessions makes sure b.hotSess holds at least n Mutex sessions (a Mutex is one session's, so
+// every goroutine contending for one key needs a session of its own). The new ones are
+// granted sessionMakers at a time: one lease grant each, one Raft write.
+func (b *bench) sessions(n int) error {
+	add := n - len(b.hotSess)
+	if add <= 0 {
+		return nil
+	}
+	made := make([]*concurrency.Session, add)
+	errs, first := parallel(add, sessionMakers, func(i int) (err error) {
+		made[i], err = concurrency.NewSession(b.cli, concurrency.WithTTL(leaseSeconds))
+		return err
+	})
+	for _, s := range made {
+		if s != nil {
+			b.hotSess = append(b.hotSess, s)
+		}
+	}
+	if errs > 0 {
+		return fmt.Errorf("%d of %d mutex sessions: %w", errs, add, first)
+	}
+	return nil
+}
+
+// closeSessionsBeyond closes the Mutex sessions past the first n (their leases' keep-alives
+// would otherwise load etcd and this process in the scenarios that follow).
+func (b *bench) closeSessionsBeyond(n int) {
+	if len(b.hotSess) <= n {
+		return
+	}
+	extra := b.hotSess[n:]
+	b.hotSess = b.hotSess[:n]
+	parallel(len(extra), sessionMakers, func(i int) error { return extra[i].Close() })
+}
+
+// sessionMakers is how many goroutines grant or revoke sessions at once.
+const sessionMakers = 32
+
+// parallel runs fn(i) for i in [0, n) on k goroutines; it returns how many failed and the
+// first error.
+func parallel(n, k int, fn func(i int) error) (int64, error) {
+	var (
+		next, errs atomic.Int64
+		mu         sync.Mutex
+		first      error
+		wg         sync.WaitGroup
+	)
+	for range min(n, k) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					errs.Add(1)
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs.Load(), first
 }

@@ -163,13 +163,15 @@ func fsType(dir string) string {
 }
 
 // serverStats are counters read from etcd's /metrics: the unary gRPC calls it handled (Txn,
-// Range, DeleteRange, Put, LeaseGrant, ...; keep-alives and watches are streams, not counted)
-// and the fsyncs of its write-ahead log.
+// Range, DeleteRange, Put, LeaseGrant, ...; keep-alives and watches are streams, not counted),
+// the lease keep-alive requests it received on those streams, and the fsyncs of its
+// write-ahead log.
 type serverStats struct {
-	rpcs      float64
-	fsyncs    float64
-	ok        bool
-	cpu, self time.Duration // CPU used by the etcd process and by this one
+	rpcs       float64
+	keepAlives float64
+	fsyncs     float64
+	ok         bool
+	cpu, self  time.Duration // CPU used by the etcd process and by this one
 }
 
 func (s *etcdServer) stats() serverStats {
@@ -224,6 +226,8 @@ func (s *etcdServer) scrape() serverStats {
 		case strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`):
 			st.rpcs += lastFloat(line)
 			st.ok = true
+		case strings.HasPrefix(line, "grpc_server_msg_received_total{") && strings.Contains(line, `grpc_method="LeaseKeepAlive"`):
+			st.keepAlives += lastFloat(line)
 		case strings.HasPrefix(line, "etcd_disk_wal_fsync_duration_seconds_count"):
 			st.fsyncs += lastFloat(line)
 		}
@@ -232,7 +236,27 @@ func (s *etcdServer) scrape() serverStats {
 }
 
 func (a serverStats) sub(b serverStats) serverStats {
-	return serverStats{rpcs: a.rpcs - b.rpcs, fsyncs: a.fsyncs - b.fsyncs, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+	return serverStats{rpcs: a.rpcs - b.rpcs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
+		ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+}
+
+// rss is the etcd process's resident memory in bytes (VmRSS in /proc/<pid>/status, the figure
+// behind its process_resident_memory_bytes metric, without an HTTP round trip); 0 if unknown.
+func (s *etcdServer) rss() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid()))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest) // "<n> kB"
+			if len(f) == 2 && f[1] == "kB" {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }
 
 func lastFloat(line string) float64 {

@@ -154,23 +154,30 @@ func contendKeys(cs []keyedContender, gs []guard, start, end time.Time, lockTO t
 
 // manyKeys runs scenario 4 for one row: c.hot goroutines of this process over c.keys keys.
 func (b *bench) manyKeys(row string, rep int) rowResult {
-	cs := make([]keyedContender, b.c.hot)
+	return b.keysRun(row, fmt.Sprintf("k4-%d-", rep), b.c.keys, b.c.hot, b.c.d4, uint64(rep))
+}
+
+// keysRun runs n goroutines of this process for d, each operation on a key drawn uniformly
+// from nkeys fresh keys named after prefix (scenario 4, and scenario 5's keys axis). A Mutex
+// goroutine uses session i (b.sessions(n) must have made them).
+func (b *bench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) rowResult {
+	cs := make([]keyedContender, n)
 	for i := range cs {
 		switch row {
 		case rowFlight:
-			cs[i] = &flightKeyed{l: b.l, prefix: fmt.Sprintf("k4-%d-", rep)}
+			cs[i] = &flightKeyed{l: b.l, prefix: prefix}
 		case rowMutex:
-			cs[i] = &mutexKeyed{sess: b.hotSess[i], prefix: fmt.Sprintf("/mutex/k4-%d-", rep), ms: map[int]*concurrency.Mutex{}}
+			cs[i] = &mutexKeyed{sess: b.hotSess[i], prefix: "/mutex/" + prefix, ms: map[int]*concurrency.Mutex{}}
 		case rowFloor:
-			cs[i] = &floorKeyed{cli: b.cli, lease: b.floorLease, value: b.floorValue, prefix: fmt.Sprintf("lock:k4f-%d-", rep)}
+			cs[i] = &floorKeyed{cli: b.cli, lease: b.floorLease, value: b.floorValue, prefix: "lock:f" + prefix}
 		}
 	}
-	gs := make([]guard, b.c.keys)
+	gs := make([]guard, nkeys)
 	for i := range gs {
 		gs[i] = newLocalGuard()
 	}
 	start := time.Now().Add(20 * time.Millisecond)
-	end := start.Add(b.c.d4)
+	end := start.Add(d)
 	var s0, s1 serverStats
 	statsDone := make(chan struct{})
 	go func() {
@@ -180,10 +187,10 @@ func (b *bench) manyKeys(row string, rep int) rowResult {
 		s1 = b.srv.stats()
 		close(statsDone)
 	}()
-	cr := contendKeys(cs, gs, start, end, b.c.lockTO, uint64(rep))
+	cr := contendKeys(cs, gs, start, end, b.c.lockTO, seed)
 	<-statsDone
 	r := rowResult{
-		ops: cr.CS, window: b.c.d4, rate: float64(cr.CS) / b.c.d4.Seconds(),
+		ops: cr.CS, window: d, rate: float64(cr.CS) / d.Seconds(),
 		errors: cr.Errors, releaseErrors: cr.ReleaseErrors, retries: cr.retries,
 	}
 	for _, g := range gs {

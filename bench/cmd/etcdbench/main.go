@@ -8,8 +8,8 @@
 //
 //	cd bench && go run ./cmd/etcdbench -out ../docs/benchmarks-etcd.md
 //
-// Scenarios, all four run in every repetition (rows interleaved, order rotated per
-// repetition, medians over -reps):
+// Scenarios (-scenarios picks some; by default all six run). Scenarios 1-4 run once in every
+// repetition (rows interleaved, order rotated per repetition, medians over -reps):
 //
 //  1. Uncontended lock + unlock, one goroutine, a distinct key per operation: flightlock
 //     (Lock + Release), concurrency.Mutex (one Session, Lock + Unlock) and the floor (a
@@ -25,6 +25,22 @@
 //     (put-if-absent on the pre-granted lease, then delete; an attempt that finds the key taken
 //     is retried at once and counted as a retry). ops/s; no goal.
 //
+// Then, after the repetitions of 1-4:
+//
+//  5. Scaling (issue 17's scaling scenario, on etcd; lockbench's scenario 8 is the Redis twin):
+//     critical sections per second along three axes, every point -d5 per row and repetition,
+//     -reps repetitions: goroutines on one hot key in one process (-s5-goroutines, scenario 2's
+//     loop), processes of 8 goroutines on one hot key (-s5-procs, scenario 3's workers), and
+//     distinct keys under 64 goroutines (-s5-keys, scenario 4's loop, with the floor). A table
+//     and a PNG plot (log x) per axis, the plots next to -out.
+//  6. Memory (issue 17's memory scenario, on etcd; lockbench's scenario 9 is the Redis twin),
+//     one repetition (counts, not timings): -mem-locks locks held at once on distinct keys
+//     (flightlock with its watchdog and lease keep-alive running; concurrency.Mutex, one
+//     session and a Mutex per key): live heap, goroutines and etcd resident memory per held
+//     lock, and what stays after releasing them; then -mem-waiters goroutines waiting on one
+//     held key: heap and goroutines per waiter, time from the release to the next grant and
+//     to the last.
+//
 // Each critical section checks an "inside" counter (shared between processes through a mapped
 // file in scenario 3) and, for flightlock, that the lease's fence is strictly larger than the
 // last fence any holder saw. Every Lock runs under a bounded context; errors are counted.
@@ -36,12 +52,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 )
 
 type config struct {
+	scenarios map[int]bool // which scenarios run (-scenarios)
 	reps      int
 	d1, d2    time.Duration // per row and repetition: scenario 1, scenario 2
 	d3        time.Duration // scenario 3's common window
@@ -52,6 +70,13 @@ type config struct {
 	perProc   int           // scenario 3 goroutines per process
 	lockTO    time.Duration // bound of every Lock's context
 	warm      time.Duration // unmeasured warm-up per row of scenario 1
+	d5        time.Duration // scenario 5: per point, row and repetition
+	s5Gor     []int         // scenario 5: goroutines on one hot key in one process
+	s5Procs   []int         // scenario 5: processes of s5ProcGoroutines on one hot key
+	s5Keys    []int         // scenario 5: distinct keys under s5KeyGoroutines goroutines
+	memLocks  int           // scenario 6: locks held at once
+	memWait   int           // scenario 6: goroutines waiting on one key
+	d6hold    time.Duration // scenario 6: how long the locks are held
 	out       string
 	etcdBin   string
 	dataDir   string
@@ -76,15 +101,28 @@ func main() {
 	flag.IntVar(&c.perProc, "pg", 16, "scenario 3: goroutines per worker process")
 	flag.DurationVar(&c.lockTO, "lock-timeout", 10*time.Second, "bound of every Lock's context")
 	flag.DurationVar(&c.warm, "warm", time.Second, "unmeasured warm-up per row of scenario 1, before the first repetition")
-	flag.StringVar(&c.out, "out", "", "write the Markdown report here (default: stdout)")
+	flag.DurationVar(&c.d5, "d5", time.Second, "scenario 5: duration per point, row and repetition")
+	s5g := flag.String("s5-goroutines", "1,4,16,64,256,1024", "scenario 5: goroutines on one hot key in one process (empty: skip the axis)")
+	s5p := flag.String("s5-procs", "1,2,4,8", fmt.Sprintf("scenario 5: processes of %d goroutines on one hot key (empty: skip the axis)", s5ProcGoroutines))
+	s5k := flag.String("s5-keys", "10,1000,100000", fmt.Sprintf("scenario 5: distinct keys under %d goroutines (empty: skip the axis)", s5KeyGoroutines))
+	flag.IntVar(&c.memLocks, "mem-locks", 10000, "scenario 6: locks held at once on distinct keys (0: skip holding)")
+	flag.IntVar(&c.memWait, "mem-waiters", 1000, "scenario 6: goroutines waiting on one held key (0: skip waiting)")
+	flag.DurationVar(&c.d6hold, "d6hold", 4*time.Second, "scenario 6: how long the locks are held (at least TTL/3, the watchdog's period, so every lock is renewed in it)")
+	scenarios := flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run, comma-separated")
+	flag.StringVar(&c.out, "out", "", "write the Markdown report here (default: stdout); scenario 5's plots go next to it")
 	flag.StringVar(&c.etcdBin, "etcd", "/usr/bin/etcd", "etcd server binary")
 	flag.StringVar(&c.dataDir, "datadir", "", "parent of etcd's temporary data directory (default: $TMPDIR)")
 	flag.Parse()
 	c.cmdline = "go run ./cmd/etcdbench " + strings.Join(os.Args[1:], " ")
 	c.startedAt = time.Now()
-	if c.reps < 1 || c.hot < 1 || c.procs < 1 || c.perProc < 1 || c.keys < 1 {
-		fatalf("reps, g, procs, pg and keys must be positive")
+	if c.reps < 1 || c.hot < 1 || c.procs < 1 || c.perProc < 1 || c.keys < 1 || c.memLocks < 0 || c.memWait < 0 {
+		fatalf("reps, g, procs, pg and keys must be positive, mem-locks and mem-waiters not negative")
 	}
+	var err error
+	if c.scenarios, err = scenarioSet(*scenarios); err != nil {
+		fatalf("-scenarios: %v", err)
+	}
+	c.s5Gor, c.s5Procs, c.s5Keys = axisFlag("s5-goroutines", *s5g), axisFlag("s5-procs", *s5p), axisFlag("s5-keys", *s5k)
 
 	srv, err := startEtcd(c.etcdBin, c.dataDir)
 	if err != nil {
@@ -117,31 +155,59 @@ func run(c *config, srv *etcdServer) int {
 	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
 	b.warmUp(c.warm)
 	res := newResults()
-	s1 := []string{rowFloor, rowFlight, rowMutex}
-	s2 := []string{rowFlight, rowMutex}
-	s4 := []string{rowFloor, rowFlight, rowMutex}
-	for rep := 0; rep < c.reps; rep++ {
-		progress("repetition %d/%d", rep+1, c.reps)
-		for _, row := range rotate(s1, rep) {
-			r := b.uncontended(row, rep)
-			res.add(1, row, r)
-			progress("  1 uncontended  %-10s p50 %s  %.0f ops/s  errors %d", row, dur(r.p50), r.rate, r.errors)
+	// The rows of a scenario that -scenarios leaves out are none.
+	rowsIf := func(scenario int, rows ...string) []string {
+		if !c.scenarios[scenario] {
+			return nil
 		}
-		for _, row := range rotate(s2, rep) {
-			r := b.hotInProcess(row, rep)
-			res.add(2, row, r)
-			progress("  2 hot x%-3d     %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.hot, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+		return rows
+	}
+	s1 := rowsIf(1, rowFloor, rowFlight, rowMutex)
+	s2 := rowsIf(2, rowFlight, rowMutex)
+	s3 := rowsIf(3, rowFlight, rowMutex)
+	s4 := rowsIf(4, rowFloor, rowFlight, rowMutex)
+	if c.ranAny(1, 2, 3, 4) {
+		for rep := 0; rep < c.reps; rep++ {
+			progress("repetition %d/%d", rep+1, c.reps)
+			for _, row := range rotate(s1, rep) {
+				r := b.uncontended(row, rep)
+				res.add(1, row, r)
+				progress("  1 uncontended  %-10s p50 %s  %.0f ops/s  errors %d", row, dur(r.p50), r.rate, r.errors)
+			}
+			for _, row := range rotate(s2, rep) {
+				r := b.hotInProcess(row, rep)
+				res.add(2, row, r)
+				progress("  2 hot x%-3d     %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.hot, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+			}
+			for _, row := range rotate(s3, rep) {
+				r := b.hotProcesses(row, rep)
+				res.add(3, row, r)
+				progress("  3 hot %dx%-3d   %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.procs, c.perProc, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+			}
+			for _, row := range rotate(s4, rep) {
+				r := b.manyKeys(row, rep)
+				res.add(4, row, r)
+				progress("  4 x%d/%d keys  %-10s %.0f ops/s  violations %d/%d  retries %d  errors %d  RPC/op %.2f", c.hot, c.keys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors, r.rpcPerOp)
+			}
 		}
-		for _, row := range rotate(s2, rep) {
-			r := b.hotProcesses(row, rep)
-			res.add(3, row, r)
-			progress("  3 hot %dx%-3d   %-10s %.0f CS/s  violations %d/%d  errors %d  RPC/CS %.2f", c.procs, c.perProc, row, r.rate, r.violations, r.fenceViolations, r.errors, r.rpcPerOp)
+	}
+	if c.scenarios[5] {
+		res.scaling = b.scaling()
+		for _, ax := range res.scaling {
+			path := chartPath(c.out, ax.name)
+			if path == "" {
+				continue
+			}
+			if err := drawScalingChart(path, ax); err != nil {
+				progress("plot %s: %v (the report goes without it)", path, err)
+				continue
+			}
+			ax.chart = path
+			progress("wrote %s", path)
 		}
-		for _, row := range rotate(s4, rep) {
-			r := b.manyKeys(row, rep)
-			res.add(4, row, r)
-			progress("  4 x%d/%d keys  %-10s %.0f ops/s  violations %d/%d  retries %d  errors %d  RPC/op %.2f", c.hot, c.keys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors, r.rpcPerOp)
-		}
+	}
+	if c.scenarios[6] {
+		res.memory = b.memory()
 	}
 
 	m := machine(srv)
@@ -158,6 +224,46 @@ func run(c *config, srv *etcdServer) int {
 		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measured)
 	}
 	return 0
+}
+
+// ranAny says whether any of the scenarios runs.
+func (c *config) ranAny(scenarios ...int) bool {
+	for _, n := range scenarios {
+		if c.scenarios[n] {
+			return true
+		}
+	}
+	return false
+}
+
+// scenarioSet parses -scenarios: comma-separated numbers from 1 to 6.
+func scenarioSet(v string) (map[int]bool, error) {
+	set := map[int]bool{}
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 6 {
+			return nil, fmt.Errorf("%q is not a scenario (1-6)", f)
+		}
+		set[n] = true
+	}
+	return set, nil
+}
+
+// axisFlag parses one of scenario 5's axes: comma-separated positive numbers, ascending; empty
+// skips the axis.
+func axisFlag(name, v string) []int {
+	var xs []int
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || (len(xs) > 0 && n <= xs[len(xs)-1]) {
+			fatalf("-%s: %q: want ascending positive numbers", name, v)
+		}
+		xs = append(xs, n)
+	}
+	return xs
 }
 
 // rotate returns rows starting at rep mod len: each row runs first in some repetition.

@@ -60,8 +60,14 @@ type worker struct {
 
 // hotProcesses runs scenario 3 for one row.
 func (b *bench) hotProcesses(row string, rep int) rowResult {
-	key := fmt.Sprintf("mp-%d", rep)
-	shm := filepath.Join(b.srv.dir, fmt.Sprintf("guard-%s-%d", row, rep))
+	return b.runProcs(row, fmt.Sprintf("mp-%d", rep), b.c.procs, b.c.perProc, b.c.d3)
+}
+
+// runProcs starts procs worker processes of perProc goroutines each on one fresh key, lets
+// them count over one common window d, and sums their results (scenario 3, and scenario 5's
+// processes axis).
+func (b *bench) runProcs(row, key string, procs, perProc int, d time.Duration) rowResult {
+	shm := filepath.Join(b.srv.dir, fmt.Sprintf("guard-%s-%s", row, key))
 	g, unmap, err := mapGuard(shm, true)
 	if err != nil {
 		fatalf("map guard: %v", err)
@@ -69,11 +75,11 @@ func (b *bench) hotProcesses(row string, rep int) rowResult {
 	defer unmap()
 	defer os.Remove(shm)
 
-	ws := make([]*worker, b.c.procs)
+	ws := make([]*worker, procs)
 	for i := range ws {
 		cmd := exec.Command(os.Args[0], workerFlag,
-			"-lib", row, "-ep", b.srv.clientURL, "-key", key, "-g", strconv.Itoa(b.c.perProc),
-			"-d", b.c.d3.String(), "-shm", shm, "-to", b.c.lockTO.String())
+			"-lib", row, "-ep", b.srv.clientURL, "-key", key, "-g", strconv.Itoa(perProc),
+			"-d", d.String(), "-shm", shm, "-to", b.c.lockTO.String())
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		stdin, err := cmd.StdinPipe()
@@ -114,10 +120,10 @@ func (b *bench) hotProcesses(row string, rep int) rowResult {
 	}
 	time.Sleep(time.Until(start))
 	s0 := b.srv.stats()
-	time.Sleep(time.Until(start.Add(b.c.d3)))
+	time.Sleep(time.Until(start.Add(d)))
 	s1 := b.srv.stats()
 
-	r := rowResult{window: b.c.d3}
+	r := rowResult{window: d}
 	var waits []int64
 	for _, w := range ws {
 		line, err := readLine(w.out, b.c.lockTO+30*time.Second)
@@ -136,7 +142,7 @@ func (b *bench) hotProcesses(row string, rep int) rowResult {
 		r.perProc = append(r.perProc, cr.CS)
 		waits = append(waits, cr.Waits...)
 	}
-	r.rate = float64(r.ops) / b.c.d3.Seconds()
+	r.rate = float64(r.ops) / d.Seconds()
 	r.violations, r.fenceViolations = *g.violations, *g.fenceViolations
 	r.p50, r.p99 = percentiles(waits)
 	r.setServer(s1.sub(s0))

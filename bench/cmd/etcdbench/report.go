@@ -2,13 +2,16 @@ package main
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 )
 
 type results struct {
-	rows map[int]map[string][]rowResult // scenario -> row -> one result per repetition
+	rows    map[int]map[string][]rowResult // scenario -> row -> one result per repetition
+	scaling []*scalingAxis                 // scenario 5
+	memory  *memoryResults                 // scenario 6
 }
 
 func newResults() *results { return &results{rows: map[int]map[string][]rowResult{}} }
@@ -58,6 +61,7 @@ func ecpu(x rowResult) float64 { return float64(x.etcdCPU) }
 func scpu(x rowResult) float64 { return float64(x.selfCPU) }
 
 type goal struct {
+	scenario             int
 	name, want, measured string
 	ratio, bound         float64
 	atMost               bool
@@ -77,28 +81,39 @@ func (g goal) verdict() string {
 	return "missed"
 }
 
-// goals compares medians: scenario 1 on p50 latency, 2 and 3 on critical sections per second.
+// goals compares medians: scenario 1 on p50 latency, 2 and 3 on critical sections per second;
+// a scenario that did not run has no goal.
 func (r *results) goals(c *config) []goal {
 	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
 	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
 	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
-	return []goal{
+	all := []goal{
 		{
-			name: "1. uncontended lock+unlock, flightlock / floor (p50)", want: "≤ 1.2x", atMost: true, bound: 1.2,
+			scenario: 1,
+			name:     "1. uncontended lock+unlock, flightlock / floor (p50)", want: "≤ 1.2x", atMost: true, bound: 1.2,
 			ratio:    safeDiv(fl1, fo1),
 			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), dur(time.Duration(fl1)), dur(time.Duration(fo1))),
 		},
 		{
-			name: fmt.Sprintf("2. one hot key, %d goroutines, flightlock / Mutex", c.hot), want: "≥ 50x", bound: 50,
+			scenario: 2,
+			name:     fmt.Sprintf("2. one hot key, %d goroutines, flightlock / Mutex", c.hot), want: "≥ 50x", bound: 50,
 			ratio:    safeDiv(fl2, mu2),
 			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, mu2), fl2, mu2),
 		},
 		{
-			name: fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / Mutex", c.procs, c.perProc), want: "≥ 5x", bound: 5,
+			scenario: 3,
+			name:     fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / Mutex", c.procs, c.perProc), want: "≥ 5x", bound: 5,
 			ratio:    safeDiv(fl3, mu3),
 			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, mu3), fl3, mu3),
 		},
 	}
+	var ran []goal
+	for _, g := range all {
+		if c.scenarios[g.scenario] {
+			ran = append(ran, g)
+		}
+	}
+	return ran
 }
 
 func safeDiv(a, b float64) float64 {
@@ -123,14 +138,20 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
+// rowLabel names a row in the report's tables.
+var rowLabel = map[string]string{
+	rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
+	rowFlight: "flightlock on etcdstore (Lock + Release)",
+	rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
+}
+
+// printer writes one line of the report.
+type printer func(format string, args ...any)
+
 func (r *results) markdown(c *config, m machineInfo) string {
 	var b strings.Builder
-	p := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
-	label := map[string]string{
-		rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
-		rowFlight: "flightlock on etcdstore (Lock + Release)",
-		rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
-	}
+	var p printer = func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	label := rowLabel
 
 	p("# etcd benchmarks (issue 14)")
 	p("")
@@ -146,10 +167,13 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("")
 	p("- One etcd member started by the command: `/usr/bin/etcd` on free loopback ports, a fresh data directory")
 	p("  on %s (fsync on, etcd's default), default Raft timings; killed by its pid at the end.", m.fsType)
-	p("- Repetitions: %d; in each, every row of every scenario runs once, rows interleaved and their order rotated", c.reps)
-	p("  per repetition. Figures are medians over the repetitions (per-repetition values are listed).")
+	p("- Scenarios run: %s (`-scenarios`).", scenarioList(c))
+	p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
+	p("  per repetition; then scenario 5 repeats each axis as often (every row at every point once per repetition,")
+	p("  rotated likewise), and scenario 6 runs once (its figures are counts, not timings). Figures are")
+	p("  medians over the repetitions (per-repetition values are listed).")
 	p("- Durations: scenario 1 %v per row, scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, c.d2, c.d3)
-	p("  scenario 4 %v per row;", c.d4)
+	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v;", c.d4, c.d5, c.d6hold)
 	p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
 	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTO)
 	p("  (64 handoffs or 20ms per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", leaseSeconds)
@@ -160,6 +184,15 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("  and a Mutex per key per session, the floor as in scenario 1 but an attempt that finds the key taken is retried at")
 	p("  once (counted as a retry, not as a lock). No goal (issue 14 sets none); the Redis report's scenario 4 compares")
 	p("  against SET+DEL.")
+	p("- Scenario 5, scaling: critical sections per second as the work grows, along three axes: goroutines on one hot")
+	p("  key in one process (%s; scenario 2's loop), processes of %d goroutines on one hot key (%s; scenario 3's", ints(c.s5Gor), s5ProcGoroutines, ints(c.s5Procs))
+	p("  workers), distinct keys under %d goroutines (%s; scenario 4's loop, with the floor, which on one hot key", s5KeyGoroutines, ints(c.s5Keys))
+	p("  would be no lock but a spin). A fresh key (or key set) per row, point and repetition; Mutex goroutines have a")
+	p("  session each, made before the scenario and closed after it. A table and a PNG plot (log x) per axis.")
+	p("- Scenario 6, memory: %s locks held at once on distinct keys, then %s goroutines waiting on one held key;", count(c.memLocks), count(c.memWait))
+	p("  flightlock on a Locker and store of their own, with the watchdog and the store's lease keep-alive running as")
+	p("  users run them; Mutex: one session and a Mutex per key for holding, a session per waiter for waiting. Heap is")
+	p("  `runtime.MemStats.HeapAlloc` after two `runtime.GC()`; etcd's memory is its resident set (`VmRSS`).")
 	p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTO)
 	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
 	p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
@@ -182,45 +215,49 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("| etcd data directory | %s (fsync on) |", m.fsType)
 	p("| load average at the end | %s |", m.load)
 	p("")
-	p("## Goals")
-	p("")
-	p("| goal | wanted | measured | verdict |")
-	p("|---|---|---|---|")
-	for _, g := range r.goals(c) {
-		p("| %s | %s | %s | **%s** |", g.name, g.want, g.measured, g.verdict())
-	}
-	p("")
-
-	p("## 1. Uncontended lock + unlock")
-	p("")
-	p("One goroutine, a distinct key per operation, %v per row and repetition.", c.d1)
-	p("")
-	p("| row | p50 | p99 | ops/s | p50 per repetition | etcd RPCs/op | fsyncs/op | etcd CPU/op | client CPU/op | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range []string{rowFloor, rowFlight, rowMutex} {
-		xs := r.rows[1][row]
-		p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
-			dur(time.Duration(r.med(1, row, p50))), dur(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-			perRep(xs, func(x rowResult) string { return dur(x.p50) }),
-			perOp(r.med(1, row, rpc)), perOp(r.med(1, row, fsy)),
-			dur(time.Duration(r.med(1, row, ecpu))), dur(time.Duration(r.med(1, row, scpu))),
-			r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
-	}
-	fo := r.med(1, rowFloor, p50)
-	p("")
-	fr := r.med(1, rowFloor, rate)
-	p("Ratios to the floor: p50 flightlock %.2fx, Mutex %.2fx; ops/s flightlock %.2fx, Mutex %.2fx of the floor's.",
-		safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowMutex, p50), fo),
-		safeDiv(r.med(1, rowFlight, rate), fr), safeDiv(r.med(1, rowMutex, rate), fr))
-	var ratios []string
-	for i, x := range r.rows[1][rowFlight] {
-		if i < len(r.rows[1][rowFloor]) {
-			ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(float64(x.p50), float64(r.rows[1][rowFloor][i].p50))))
+	if goals := r.goals(c); len(goals) > 0 {
+		p("## Goals")
+		p("")
+		p("| goal | wanted | measured | verdict |")
+		p("|---|---|---|---|")
+		for _, g := range goals {
+			p("| %s | %s | %s | **%s** |", g.name, g.want, g.measured, g.verdict())
 		}
+		p("")
 	}
-	p("flightlock / floor p50 within each repetition: %s.", strings.Join(ratios, ", "))
-	p("")
 
+	if c.scenarios[1] {
+		p("## 1. Uncontended lock + unlock")
+		p("")
+		p("One goroutine, a distinct key per operation, %v per row and repetition.", c.d1)
+		p("")
+		p("| row | p50 | p99 | ops/s | p50 per repetition | etcd RPCs/op | fsyncs/op | etcd CPU/op | client CPU/op | errors |")
+		p("|---|---|---|---|---|---|---|---|---|---|")
+		for _, row := range []string{rowFloor, rowFlight, rowMutex} {
+			xs := r.rows[1][row]
+			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
+				dur(time.Duration(r.med(1, row, p50))), dur(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
+				perRep(xs, func(x rowResult) string { return dur(x.p50) }),
+				perOp(r.med(1, row, rpc)), perOp(r.med(1, row, fsy)),
+				dur(time.Duration(r.med(1, row, ecpu))), dur(time.Duration(r.med(1, row, scpu))),
+				r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+		}
+		fo := r.med(1, rowFloor, p50)
+		p("")
+		fr := r.med(1, rowFloor, rate)
+		p("Ratios to the floor: p50 flightlock %.2fx, Mutex %.2fx; ops/s flightlock %.2fx, Mutex %.2fx of the floor's.",
+			safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowMutex, p50), fo),
+			safeDiv(r.med(1, rowFlight, rate), fr), safeDiv(r.med(1, rowMutex, rate), fr))
+		var ratios []string
+		for i, x := range r.rows[1][rowFlight] {
+			if i < len(r.rows[1][rowFloor]) {
+				ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(float64(x.p50), float64(r.rows[1][rowFloor][i].p50))))
+			}
+		}
+		p("flightlock / floor p50 within each repetition: %s.", strings.Join(ratios, ", "))
+		p("")
+
+	}
 	hot := func(sc int, title, setup string, d time.Duration) {
 		p("## %s", title)
 		p("")
@@ -245,63 +282,75 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		p("flightlock / Mutex: %.1fx.", safeDiv(r.med(sc, rowFlight, rate), r.med(sc, rowMutex, rate)))
 		p("")
 	}
-	hot(2, fmt.Sprintf("2. One hot key, %d goroutines, one process", c.hot),
-		fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", c.hot, c.d2), c.d2)
-	hot(3, fmt.Sprintf("3. One hot key, %d processes x %d goroutines", c.procs, c.perProc),
-		fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", c.procs, c.perProc, c.d3), c.d3)
-	p("Critical sections per process (flightlock | Mutex), per repetition:")
-	p("")
-	for i := range c.reps {
-		var f, mu []int64
-		if i < len(r.rows[3][rowFlight]) {
-			f = r.rows[3][rowFlight][i].perProc
-		}
-		if i < len(r.rows[3][rowMutex]) {
-			mu = r.rows[3][rowMutex][i].perProc
-		}
-		p("- repetition %d: %v | %v", i+1, f, mu)
+	if c.scenarios[2] {
+		hot(2, fmt.Sprintf("2. One hot key, %d goroutines, one process", c.hot),
+			fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", c.hot, c.d2), c.d2)
 	}
-	p("")
-
-	p("## 4. %d goroutines over %d keys", c.hot, c.keys)
-	p("")
-	p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal: issue 14 sets none for this scenario; the Redis report's scenario 4 compares against SET+DEL.", c.hot, c.keys, c.d4)
-	p("")
-	p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range []string{rowFloor, rowFlight, rowMutex} {
-		xs := r.rows[4][row]
-		fence := fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.fenceViolations }))
-		if row != rowFlight {
-			fence = "n/a"
+	if c.scenarios[3] {
+		hot(3, fmt.Sprintf("3. One hot key, %d processes x %d goroutines", c.procs, c.perProc),
+			fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", c.procs, c.perProc, c.d3), c.d3)
+		p("Critical sections per process (flightlock | Mutex), per repetition:")
+		p("")
+		for i := range c.reps {
+			var f, mu []int64
+			if i < len(r.rows[3][rowFlight]) {
+				f = r.rows[3][rowFlight][i].perProc
+			}
+			if i < len(r.rows[3][rowMutex]) {
+				mu = r.rows[3][rowMutex][i].perProc
+			}
+			p("- repetition %d: %v | %v", i+1, f, mu)
 		}
-		retries := "n/a"
-		if row == rowFloor {
-			retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
-		}
-		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
-			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
-			dur(time.Duration(r.med(4, row, p50))), dur(time.Duration(r.med(4, row, p99))),
-			perOp(r.med(4, row, rpc)), perOp(r.med(4, row, fsy)), dur(time.Duration(r.med(4, row, ecpu))),
-			r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
-			r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+		p("")
 	}
-	fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, rowMutex, rate)
-	var perRepRatios []string
-	for i, x := range r.rows[4][rowFlight] {
-		if i < len(r.rows[4][rowFloor]) && i < len(r.rows[4][rowMutex]) {
-			perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx",
-				safeDiv(x.rate, r.rows[4][rowFloor][i].rate), safeDiv(x.rate, r.rows[4][rowMutex][i].rate)))
+	if c.scenarios[4] {
+		p("## 4. %d goroutines over %d keys", c.hot, c.keys)
+		p("")
+		p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal: issue 14 sets none for this scenario; the Redis report's scenario 4 compares against SET+DEL.", c.hot, c.keys, c.d4)
+		p("")
+		p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, row := range []string{rowFloor, rowFlight, rowMutex} {
+			xs := r.rows[4][row]
+			fence := fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.fenceViolations }))
+			if row != rowFlight {
+				fence = "n/a"
+			}
+			retries := "n/a"
+			if row == rowFloor {
+				retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
+			}
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
+				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+				dur(time.Duration(r.med(4, row, p50))), dur(time.Duration(r.med(4, row, p99))),
+				perOp(r.med(4, row, rpc)), perOp(r.med(4, row, fsy)), dur(time.Duration(r.med(4, row, ecpu))),
+				r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
+				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
+		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, rowMutex, rate)
+		var perRepRatios []string
+		for i, x := range r.rows[4][rowFlight] {
+			if i < len(r.rows[4][rowFloor]) && i < len(r.rows[4][rowMutex]) {
+				perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx",
+					safeDiv(x.rate, r.rows[4][rowFloor][i].rate), safeDiv(x.rate, r.rows[4][rowMutex][i].rate)))
+			}
+		}
+		p("")
+		p("ops/s flightlock / floor: %.2fx; flightlock / Mutex: %.2fx. Within each repetition (floor / Mutex): %s.",
+			safeDiv(fl4, fo4), safeDiv(fl4, mu4), strings.Join(perRepRatios, ", "))
+		p("")
 	}
-	p("")
-	p("ops/s flightlock / floor: %.2fx; flightlock / Mutex: %.2fx. Within each repetition (floor / Mutex): %s.",
-		safeDiv(fl4, fo4), safeDiv(fl4, mu4), strings.Join(perRepRatios, ", "))
-	p("")
-
-	p("## Why flightlock is faster on a hot key")
-	p("")
-	p("%s", r.why(c))
+	if c.scenarios[5] {
+		r.scalingSection(p, c)
+	}
+	if c.scenarios[6] {
+		r.memorySection(p, c)
+	}
+	if c.scenarios[2] && c.scenarios[3] {
+		p("## Why flightlock is faster on a hot key")
+		p("")
+		p("%s", r.why(c))
+	}
 	return b.String()
 }
 
@@ -325,4 +374,208 @@ func (r *results) why(c *config) string {
 		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
+}
+
+// scalingSection writes scenario 5: a table per axis (median critical sections per second at
+// every point, with etcd RPCs per critical section and the p99 wait), its plot, and per row the
+// fall from the first point to the last.
+func (r *results) scalingSection(p printer, c *config) {
+	p("## 5. Scaling: cost as the work grows")
+	p("")
+	p("Issue 17's scaling scenario on etcd (the Redis rows are lockbench's scenario 8): how many critical sections per second")
+	p("each row keeps as the work grows along three axes. %v per row, point and repetition, medians over %d; rows", c.d5, c.reps)
+	p("interleaved per point in the rotated order. Each critical section runs the checks of scenarios 2-4 (inside counter,")
+	p("and for flightlock strictly increasing fences, per key; across processes through the mapped file). A critical section")
+	p("counts when it ends inside the window; goroutines stop taking the lock when it ends. Each cell: critical sections per")
+	p("second; etcd unary RPCs per critical section · p99 Lock wait. The last column is how many times the row's rate falls")
+	p("from the first point to the last (\"grows\" when it rises). The plots have both axes logarithmic. Every key set is")
+	p("named, not written, before a row starts, so the number of distinct keys costs etcd nothing until a key is locked: the")
+	p("keys axis reaches 100,000 in the same time as 1,000. With many Mutex goroutines on one key, each Lock first puts its")
+	p("own key in the queue and every grant is an etcd write and a watch event away from the previous one, so a short")
+	p("window mostly sees the queue being built and drained.")
+	p("")
+	for _, ax := range r.scaling {
+		p("### %s", ax.unit())
+		p("")
+		if ax.chart != "" {
+			p("![critical sections per second against %s](%s)", ax.name, filepath.Base(ax.chart))
+			p("")
+		}
+		head, rule := "| row |", "|---|"
+		for _, x := range ax.points {
+			head += fmt.Sprintf(" %s |", count(x))
+			rule += "---|"
+		}
+		p("%s fall, %s → %s | violations (inside / fence) | errors |", head, count(ax.points[0]), count(ax.points[len(ax.points)-1]))
+		p("%s---|---|---|", rule)
+		for _, row := range ax.rows {
+			line := "| " + rowLabel[row] + " |"
+			var viol, fenceViol, errs int64
+			for _, x := range ax.points {
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, rpc)), dur(time.Duration(ax.res.med(x, row, p99))))
+				if rt := ax.res.sum(x, row, func(x rowResult) int64 { return x.retries }); rt > 0 {
+					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
+				}
+				e := ax.res.sum(x, row, func(x rowResult) int64 { return x.errors + x.releaseErrors })
+				if e > 0 {
+					cell += fmt.Sprintf("<br>%d errors", e)
+				}
+				v := ax.res.sum(x, row, func(x rowResult) int64 { return x.violations + x.fenceViolations })
+				if v > 0 {
+					cell += fmt.Sprintf("<br>**%d violations**", v)
+				}
+				line += cell + " |"
+				viol += ax.res.sum(x, row, func(x rowResult) int64 { return x.violations })
+				fenceViol += ax.res.sum(x, row, func(x rowResult) int64 { return x.fenceViolations })
+				errs += e
+			}
+			fall := "n/a"
+			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
+				fall = fallWords(f)
+			}
+			fence := fmt.Sprint(fenceViol)
+			if row != rowFlight {
+				fence = "n/a"
+			}
+			p("%s %s | %d / %s | %d |", line, fall, viol, fence, errs)
+		}
+		line := "| flightlock / Mutex |"
+		for _, x := range ax.points {
+			line += fmt.Sprintf(" %.1fx |", safeDiv(ax.res.med(x, rowFlight, rate), ax.res.med(x, rowMutex, rate)))
+		}
+		p("%s | | |", line)
+		p("")
+		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
+			// Issue 17's goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
+			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", count(ax.points[1]), count(ax.points[len(ax.points)-1]), fallWords(f))
+				p("")
+			}
+		}
+	}
+}
+
+// fallWords says a fall factor f (above 1: fewer at the last point) in words.
+func fallWords(f float64) string {
+	if f >= 1 {
+		return fmt.Sprintf("falls %.2fx", f)
+	}
+	return fmt.Sprintf("grows %.2fx", 1/f)
+}
+
+// memorySection writes scenario 6: what each held lock and each waiter costs.
+func (r *results) memorySection(p printer, c *config) {
+	m := r.memory
+	p("## 6. Memory: what a held lock and a waiter cost")
+	p("")
+	p("Issue 17's memory scenario on etcd (the Redis rows are lockbench's scenario 9). One repetition: these are counts, not")
+	p("timings (except the CPU and the grant times).")
+	p("")
+	if len(m.hold) > 0 {
+		p("**Holding.** This process takes %s locks on distinct keys (%d goroutines at once), holds them for %v, then", count(c.memLocks), s6Acquirers, c.d6hold)
+		p("releases them all. flightlock runs on a Locker and store of its own, as users run it: the watchdog renews every lock")
+		renewed := "at least one watchdog period: every lock is renewed inside it"
+		if c.d6hold < flightTTL/3 {
+			renewed = "shorter than a watchdog period: not every lock is renewed inside it"
+		}
+		p("every TTL/3 (%v) and the store keeps its one session lease alive; %v of holding is %s.", (flightTTL / 3).Round(time.Millisecond), c.d6hold, renewed)
+		p("concurrency.Mutex holds a Mutex per key on one session, whose")
+		p("lease its client keeps alive. Before the baseline, up to %s locks of other keys are taken and released at the same", count(s6Warm))
+		p("concurrency (the client's buffers and the row's lease in place); keys and handle slices are built before it too. Heap")
+		p("is `runtime.MemStats.HeapAlloc` after two `runtime.GC()`, above the baseline, per held lock; stacks (`StackInuse`)")
+		p("and goroutines (`runtime.NumGoroutine`) likewise; peak is the highest goroutine count above the baseline, sampled")
+		p("every 2ms while holding. etcd memory is the growth of the etcd process's resident set (`VmRSS`) per held lock: the")
+		p("Go runtime in etcd keeps freed pages for a while and returns them when it likes, so the figure is coarse: \"RSS fell\"")
+		p("means etcd gave back more than the held keys took, i.e. their cost is below what RSS resolves. Client CPU,")
+		p("etcd unary RPCs and lease keep-alive requests are per second of holding. After release: live heap still above the")
+		p("baseline per lock, and goroutines above the baseline (waited for up to 2s to exit).")
+		p("")
+		p("| row | locks | acquire all | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | etcd RSS B/lock | client CPU ms/s | etcd RPCs/s | keep-alives/s | release all | after release: B/lock | after release: goroutines | errors |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, h := range m.hold {
+			rss := fmt.Sprintf("%.0f", h.etcdRSS)
+			if h.etcdRSS < 0 {
+				rss = "RSS fell"
+			}
+			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", rowLabel[h.row], count(h.n),
+				dur(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.rpcs, h.keepAlives, dur(h.release),
+				h.afterHeap, h.afterGor, h.errors+h.releaseFails)
+		}
+		p("")
+		for _, h := range m.hold {
+			if h.firstErr != nil {
+				p("First error of %s: `%v`.", h.row, h.firstErr)
+				p("")
+			}
+		}
+	}
+	if len(m.wait) > 0 {
+		p("**Waiting.** The benchmark holds one key; %s goroutines of this process wait for it, each Lock bounded at %v,", count(c.memWait), s6Settle+s6WaitWindow+s6ServeBound)
+		p("arriving evenly over %v. flightlock's waiters use the holder's Locker (a service's concurrent requests for one", s6Arrive)
+		p("key); each Mutex waiter needs a session of its own (two Mutexes of one session on one key would both be granted):")
+		p("those sessions are made after the baseline and measured apart (session columns). After %v of settling, heap,", s6Settle)
+		p("stacks and goroutines above the baseline per waiter (the waiting goroutine itself is one), then %v of waiting:", s6WaitWindow)
+		p("etcd unary RPCs, lease keep-alive requests and client CPU per second, all waiters together. Then the key is")
+		p("released; each waiter, once granted, runs the critical section's checks (the holder counts as inside until its")
+		p("release, so a waiter granted before it is a violation; flightlock's fences must rise) and releases at once. Next")
+		p("grant and all served are times from the release call.")
+		p("")
+		p("| row | waiters | session B/waiter | session goroutines/waiter | heap B/waiter | stack B/waiter | goroutines/waiter | etcd RPCs/s while waiting | keep-alives/s | client CPU ms/s | release → next grant | release → all served | served | errors | violations (inside / fence) |")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		for _, w := range m.wait {
+			sessHeap, sessGor := "none", "none"
+			if w.sessionHeap >= 0 {
+				sessHeap, sessGor = fmt.Sprintf("%.0f", w.sessionHeap), fmt.Sprintf("%.2f", w.sessionGor)
+			}
+			fence := fmt.Sprint(w.fenceViolations)
+			if w.row != rowFlight {
+				fence = "n/a"
+			}
+			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %d / %s |", rowLabel[w.row], count(w.w),
+				sessHeap, sessGor, w.heap, w.stack, w.gor, w.rpcs, w.keepAlives, w.cpuMs, dur(w.next), dur(w.all),
+				w.served, w.errors, w.violations, fence)
+		}
+		p("")
+		for _, w := range m.wait {
+			if w.firstErr != nil {
+				p("First error of %s: `%v`.", w.row, w.firstErr)
+				p("")
+			}
+		}
+	}
+}
+
+// scenarioList names the scenarios a run ran, in order.
+func scenarioList(c *config) string {
+	var s []string
+	for n := 1; n <= 6; n++ {
+		if c.scenarios[n] {
+			s = append(s, fmt.Sprint(n))
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+// ints lists an axis's points, or says it was skipped.
+func ints(xs []int) string {
+	if len(xs) == 0 {
+		return "skipped"
+	}
+	var s []string
+	for _, x := range xs {
+		s = append(s, count(x))
+	}
+	return strings.Join(s, ", ")
+}
+
+// count writes n with thousands separators, as the report's prose does (10,000).
+func count(n int) string {
+	if n < 0 {
+		return "-" + count(-n)
+	}
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }

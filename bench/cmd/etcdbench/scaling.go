@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Scenario 5: how the cost of a critical section grows as the work grows, along three axes
+// (issue 17's scaling scenario, on etcd, as issue 14 asks for the same scenarios as the Redis
+// rows; lockbench's scenario 8 is the Redis twin):
+//   - goroutines on one hot key in one process (scenario 2's loop, hotKey);
+//   - processes of s5ProcGoroutines goroutines on one hot key (scenario 3's workers, runProcs);
+//   - distinct keys under s5KeyGoroutines goroutines of this process (scenario 4's loop,
+//     keysRun), with the floor beside the locks: on one hot key the floor is no lock, only a
+//     spin on put-if-absent, so it has no place on the first two axes.
+// Every point runs c.d5 per row and repetition; the rows of a point are interleaved in the
+// rotated order of the other scenarios, and every key is fresh.
+
+const (
+	s5ProcGoroutines = 8
+	s5KeyGoroutines  = 64
+)
+
+// scalingAxis is one axis of scenario 5: its points, its rows, and per point the rows'
+// results (a results keyed by point instead of by scenario).
+type scalingAxis struct {
+	name   string // "goroutines", "processes" or "keys"
+	points []int
+	rows   []string
+	res    *results
+	chart  string // the PNG written for the axis ("" if none was)
+}
+
+func (b *bench) scaling() []*scalingAxis {
+	c := b.c
+	locks := []string{rowFlight, rowMutex}
+	var axes []*scalingAxis
+	// Every Mutex goroutine needs a session of its own; the sessions past c.hot are closed
+	// at the end, so their keep-alives do not load scenario 6.
+	need := 0
+	if len(c.s5Gor) > 0 {
+		need = slices.Max(c.s5Gor)
+	}
+	if len(c.s5Keys) > 0 {
+		need = max(need, s5KeyGoroutines)
+	}
+	if err := b.sessions(need); err != nil {
+		fatalf("scenario 5: %v", err)
+	}
+	defer b.closeSessionsBeyond(c.hot)
+
+	if len(c.s5Gor) > 0 {
+		axes = append(axes, b.measureAxis("goroutines", c.s5Gor, locks, func(row string, x, rep int) rowResult {
+			return b.hotKey(row, fmt.Sprintf("s5g-%d-%d", x, rep), x, c.d5)
+		}))
+	}
+	if len(c.s5Procs) > 0 {
+		axes = append(axes, b.measureAxis("processes", c.s5Procs, locks, func(row string, x, rep int) rowResult {
+			return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s5ProcGoroutines, c.d5)
+		}))
+	}
+	if len(c.s5Keys) > 0 {
+		rows := []string{rowFloor, rowFlight, rowMutex}
+		axes = append(axes, b.measureAxis("keys", c.s5Keys, rows, func(row string, x, rep int) rowResult {
+			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s5KeyGoroutines, c.d5, uint64(rep))
+		}))
+	}
+	return axes
+}
+
+// measureAxis measures every row at every point of one axis, c.reps times, and logs each
+// measurement.
+func (b *bench) measureAxis(name string, points []int, rows []string, run func(row string, x, rep int) rowResult) *scalingAxis {
+	ax := &scalingAxis{name: name, points: points, rows: rows, res: newResults()}
+	for rep := 0; rep < b.c.reps; rep++ {
+		progress("5 scaling, %s, repetition %d/%d", name, rep+1, b.c.reps)
+		for _, x := range points {
+			for _, row := range rotate(rows, rep) {
+				r := run(row, x, rep)
+				ax.res.add(x, row, r)
+				progress("  5 %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  RPC/CS %.2f",
+					name, x, row, r.rate, dur(r.p99), r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, r.rpcPerOp)
+			}
+		}
+	}
+	return ax
+}
+
+// fall is how many times row's median critical sections per second fall from point x0 to x1
+// (above 1: fewer at x1); false when either is zero.
+func (a *scalingAxis) fall(row string, x0, x1 int) (float64, bool) {
+	f0, f1 := a.res.med(x0, row, rate), a.res.med(x1, row, rate)
+	if f0 <= 0 || f1 <= 0 {
+		return 0, false
+	}
+	return f0 / f1, true
+}
+
+// unit says what the axis counts, for headings and plots.
+func (a *scalingAxis) unit() string {
+	switch a.name {
+	case "goroutines":
+		return "goroutines on one hot key, one process"
+	case "processes":
+		return fmt.Sprintf("processes × %d goroutines on one hot key", s5ProcGoroutines)
+	default:
+		return fmt.Sprintf("distinct keys, %d goroutines, one process", s5KeyGoroutines)
+	}
+}
+
+// chartPath is the PNG of one scenario 5 axis next to the report: -out's name without its
+// extension, then -scaling-<axis>.png. No -out (the report on stdout), no plot.
+func chartPath(out, axis string) string {
+	if out == "" {
+		return ""
+	}
+	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
+}
