@@ -34,7 +34,7 @@ func TestDrainWaitsForHoldersAndRefusesNewLocks(t *testing.T) {
 	waitFor(t, 2*time.Second, "a queued waiter", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:d"].queue) == 1
+		return l.k.gate.entries["lock:d"].queued() == 1
 	})
 
 	drained := make(chan error, 1)

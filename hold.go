@@ -21,7 +21,6 @@ type hold struct {
 	owner    string
 	borrow   string     // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
 	acquired instant    // when the Redis acquisition was sent, for the handoff window
-	local    bool       // degraded: Redis was unreachable (WithFailOpen); only the gate excludes
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
 	base     int64      // fence of the Redis acquisition
 
@@ -30,17 +29,21 @@ type hold struct {
 	validUntil instant  // guarded by mu: the Redis lock lives at least until then
 	renewUntil instant  // guarded by mu: no renewal after this (MaxHold)
 	renewAt    instant  // guarded by mu: when the next renewal is due
-	renewing   bool     // guarded by mu: a renewal is queued for a renewer or on the wire
-	stopped    bool     // guarded by mu: released; the watchdog is off
-	lost       bool     // guarded by mu: the lock can no longer be trusted
-	abandoned  bool     // guarded by mu: lost and past its expiry: the grant was ended without its leases
-	shared     bool     // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
-	live       int      // guarded by mu: unreleased leases of the current grant
 	holders    []*Lease // guarded by mu: leases to cancel on loss
+	live       int32    // guarded by mu: unreleased leases of the current grant
+
+	// The small fields share one word with live and slot (issue 17: a hold is 176 bytes, one
+	// per held lock); each keeps the guard it names.
+	local     bool // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
+	renewing  bool // guarded by mu: a renewal is queued for a renewer or on the wire
+	stopped   bool // guarded by mu: released; the watchdog is off
+	lost      bool // guarded by mu: the lock can no longer be trusted
+	abandoned bool // guarded by mu: lost and past its expiry: the grant was ended without its leases
+	shared    bool // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
 
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
+	slot int32   // its index in the heap plus one; 0 when it has no pending event
 	due  instant // when its pending event falls due
-	slot int     // its index in the heap plus one; 0 when it has no pending event
 }
 
 // reentrySlot makes the re-entries of one lease by different goroutines exclude each other

@@ -40,15 +40,22 @@ func (g Grant) String() string {
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
 type Lease struct {
-	h      *hold
-	kind   Grant
-	inSlot bool     // GrantReentry: it holds parent's re-entry slot
-	ended  endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
-	made   atomic.Bool
-	fence  int64
-	outer  *Lease // the lease the parent context held, if any
-	parent *Lease // GrantReentry: the lease it re-entered
-	g      int64  // GrantReentry: the goroutine that made it
+	h        *hold
+	kind     Grant
+	inSlot   bool     // GrantReentry: it holds its parent's re-entry slot
+	ended    endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
+	released bool     // guarded by mu
+	made     atomic.Bool
+	fence    int64
+	outer    *Lease // the lease the parent context held, if any
+
+	// re holds what only re-entry needs (issue 17: live heap per held lock; a lease that is
+	// never re-entered, the common case, carries one nil pointer instead of 56 bytes). It is
+	// set when the lease is made for a GrantReentry lease (parent and g, before the lease is
+	// shared), and otherwise under mu by the first goroutine that re-enters the lease (its
+	// slot); once set it never changes. So a GrantReentry lease may read re.parent and re.g
+	// without mu, and everyone else reads re under mu.
+	re *reentry
 
 	// The lease's context is made when Context is first called, not by Lock: a lease held
 	// without it (a lock around a write) costs no cancelable context (issue 17: live heap per
@@ -56,14 +63,27 @@ type Lease struct {
 	// end (loss, release, drain) that comes before that context's own is recorded in ended and
 	// applied when the lease's context is made, so that it ends with the cause it would have
 	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
-	// read after it is. (The small fields above share one word: a Lease stays 144 bytes.)
+	// read after it is. (The small fields above share one word: a Lease is 80 bytes.)
 	ctx    leaseContext
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
 	// Lock order: a lease's mu before its hold's mu.
-	mu       sync.Mutex
-	released bool        // guarded by mu
-	slot     reentrySlot // guarded by mu: re-entries of this lease by other goroutines
+	mu sync.Mutex
+}
+
+// reentry is the part of a Lease that only re-entries use.
+type reentry struct {
+	parent *Lease      // GrantReentry: the lease it re-entered
+	g      int64       // GrantReentry: the goroutine that made it
+	slot   reentrySlot // guarded by the lease's mu: re-entries of this lease by other goroutines
+}
+
+// reentryLocked returns x.re, made on first use. x.mu must be held.
+func (x *Lease) reentryLocked() *reentry {
+	if x.re == nil {
+		x.re = &reentry{}
+	}
+	return x.re
 }
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
@@ -247,7 +267,7 @@ func (x *Lease) Release(ctx context.Context) error {
 
 	x.h.detach(x) // and ends x's context
 	if x.inSlot {
-		x.parent.leaveSlot()
+		x.re.parent.leaveSlot() // inSlot: a GrantReentry lease, whose re was set when it was made
 	}
 	last := x.h.done()
 	if !last {
@@ -265,17 +285,19 @@ func (x *Lease) Release(ctx context.Context) error {
 // lock may already be the next request's), and with a busy error when the slot stays taken.
 func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err error) {
 	x.mu.Lock()
-	switch {
-	case x.released:
+	if x.released {
 		x.mu.Unlock()
 		return false, errGrantEnded
-	case x.kind == GrantReentry && x.g == g:
+	}
+	re := x.reentryLocked()
+	switch {
+	case x.kind == GrantReentry && re.g == g:
 		x.h.addLive()
 		x.mu.Unlock()
 		return false, nil
-	case x.slot.g == 0 || x.slot.g == g:
-		x.slot.g = g
-		x.slot.depth++
+	case re.slot.g == 0 || re.slot.g == g:
+		re.slot.g = g
+		re.slot.depth++
 		x.h.addLive()
 		x.mu.Unlock()
 		return true, nil
@@ -284,7 +306,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 		return false, &busyError{retryAfter: x.h.remaining()}
 	}
 	w := &reentryWaiter{g: g, ready: make(chan struct{})}
-	x.slot.queue = append(x.slot.queue, w)
+	re.slot.queue = append(re.slot.queue, w)
 	x.mu.Unlock()
 
 	select {
@@ -293,9 +315,9 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	case <-b.context().Done():
 	}
 	x.mu.Lock()
-	for i, q := range x.slot.queue {
+	for i, q := range re.slot.queue {
 		if q == w {
-			x.slot.queue = append(x.slot.queue[:i], x.slot.queue[i+1:]...)
+			re.slot.queue = append(re.slot.queue[:i], re.slot.queue[i+1:]...)
 			x.mu.Unlock()
 			return false, &busyError{retryAfter: x.h.remaining()}
 		}
@@ -315,16 +337,17 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 func (x *Lease) leaveSlot() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.slot.depth--
-	if x.slot.depth > 0 {
+	slot := &x.re.slot // set by enterReentry, which took the slot being left
+	slot.depth--
+	if slot.depth > 0 {
 		return
 	}
-	x.slot.g = 0
-	if len(x.slot.queue) > 0 {
-		w := x.slot.queue[0]
-		x.slot.queue[0] = nil
-		x.slot.queue = x.slot.queue[1:]
-		x.slot.g, x.slot.depth = w.g, 1
+	slot.g = 0
+	if len(slot.queue) > 0 {
+		w := slot.queue[0]
+		slot.queue[0] = nil
+		slot.queue = slot.queue[1:]
+		slot.g, slot.depth = w.g, 1
 		x.h.addLive()
 		close(w.ready)
 	}

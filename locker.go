@@ -252,7 +252,7 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 		return nil, l.busy(ctx, err)
 	}
 	lease := newLease(ctx, parent.h, GrantReentry, parent.fence)
-	lease.parent, lease.g, lease.inSlot = parent, g, inSlot
+	lease.re, lease.inSlot = &reentry{parent: parent, g: g}, inSlot
 	return lease, nil
 }
 

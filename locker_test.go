@@ -133,7 +133,7 @@ func TestHandoffSkipsRedisAndRaisesFence(t *testing.T) {
 	waitFor(t, 2*time.Second, "waiters to queue", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:h"].queue) == waiters
+		return l.k.gate.entries["lock:h"].queued() == waiters
 	})
 	fences := []int64{first.Fence()}
 	cur := first
@@ -764,7 +764,7 @@ func TestHandoffWindowEndsHandoff(t *testing.T) {
 	waitFor(t, 2*time.Second, "a waiter", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:win"].queue) == 1
+		return l.k.gate.entries["lock:win"].queued() == 1
 	})
 	clk.Advance(40 * time.Millisecond) // past the window
 	if err := first.Release(ctx); err != nil {

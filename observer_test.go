@@ -41,7 +41,7 @@ func TestLeaseGrant(t *testing.T) {
 	waitFor(t, 2*time.Second, "a waiter", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:g"].queue) == 1
+		return l.k.gate.entries["lock:g"].queued() == 1
 	})
 	_ = first.Release(ctx)
 	second := <-got

@@ -40,7 +40,7 @@ func TestStaleReentryNeverJoinsTheNextGrant(t *testing.T) {
 	waitFor(t, 2*time.Second, "waiter queued", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:k"].queue) == 1
+		return l.k.gate.entries["lock:k"].queued() == 1
 	})
 	// X, a goroutine carrying g1's context (background job), is inside lock(): findLease found g1.
 	parent := findLease(g1.Context(), l.k.gate, "lock:k")

@@ -286,7 +286,7 @@ func TestEveryHandoffGrantHasItsOwnFence(t *testing.T) {
 	waitFor(t, 2*time.Second, "waiters to queue", func() bool {
 		l.k.gate.mu.Lock()
 		defer l.k.gate.mu.Unlock()
-		return len(l.k.gate.entries["lock:hf"].queue) == waiters
+		return l.k.gate.entries["lock:hf"].queued() == waiters
 	})
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)

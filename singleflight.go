@@ -31,14 +31,64 @@ type gate struct {
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot. All fields are guarded by gate.mu.
+// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 32 bytes: one lives
+// for each held key (issue 17: live heap per held lock), so the queue, which only a contended
+// key needs, sits behind a pointer, and the counters are 32 bits.
 type gateEntry struct {
-	taken    bool          // a goroutine owns the key: acquiring, holding, or releasing
-	queue    []*gateWaiter // FIFO of goroutines waiting for the slot
-	refs     int           // the owner plus queued waiters; the entry is deleted at zero
-	hold     *hold         // the owner's Redis lock once acquired; survives handoffs
-	handoffs int           // consecutive handoffs of hold without a Redis round trip
-	yield    bool          // the last release woke other processes: let them go first
+	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
+	hold     *hold      // the owner's Redis lock once acquired; survives handoffs
+	refs     int32      // the owner plus queued waiters; the entry is deleted at zero
+	handoffs int32      // consecutive handoffs of hold without a Redis round trip
+	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
+	yield    bool       // the last release woke other processes: let them go first
+}
+
+// gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry
+// (a hot key queues again and again); its backing array is let go whenever it empties.
+type gateQueue struct {
+	waiters []*gateWaiter
+}
+
+// queued is the number of goroutines waiting for e's slot.
+func (e *gateEntry) queued() int {
+	if e.queue == nil {
+		return 0
+	}
+	return len(e.queue.waiters)
+}
+
+// push queues w last.
+func (e *gateEntry) push(w *gateWaiter) {
+	if e.queue == nil {
+		e.queue = &gateQueue{}
+	}
+	e.queue.waiters = append(e.queue.waiters, w)
+}
+
+// pop takes the first waiter off the queue, which must not be empty.
+func (e *gateEntry) pop() *gateWaiter {
+	q := e.queue
+	w := q.waiters[0]
+	q.waiters[0] = nil
+	q.waiters = q.waiters[1:]
+	if len(q.waiters) == 0 {
+		q.waiters = nil // let the backing array go
+	}
+	return w
+}
+
+// remove takes w off the queue, and reports whether it was there.
+func (e *gateEntry) remove(w *gateWaiter) bool {
+	if e.queue == nil {
+		return false
+	}
+	for i, q := range e.queue.waiters {
+		if q == w {
+			e.queue.waiters = append(e.queue.waiters[:i], e.queue.waiters[i+1:]...)
+			return true
+		}
+	}
+	return false
 }
 
 // gateWaiter is a queued goroutine. ready is closed when the slot is granted to it; from then
@@ -81,7 +131,7 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
 	w := &gateWaiter{ready: make(chan struct{})}
-	e.queue = append(e.queue, w)
+	e.push(w)
 	e.refs++
 	g.mu.Unlock()
 
@@ -92,17 +142,14 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 	}
 
 	g.mu.Lock()
-	for i, q := range e.queue {
-		if q == w {
-			e.queue = append(e.queue[:i], e.queue[i+1:]...)
-			g.dropLocked(key, e)
-			var retryAfter time.Duration
-			if e.hold != nil {
-				retryAfter = e.hold.remaining()
-			}
-			g.mu.Unlock()
-			return nil, nil, &busyError{retryAfter: retryAfter}
+	if e.remove(w) {
+		g.dropLocked(key, e)
+		var retryAfter time.Duration
+		if e.hold != nil {
+			retryAfter = e.hold.remaining()
 		}
+		g.mu.Unlock()
+		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
 	g.mu.Unlock()
 	// The slot was granted while ctx ended: we own it and must pass it on. Report ready so
@@ -132,7 +179,7 @@ func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(e.queue) == 0 || e.handoffs >= bound || g.closed.Load() {
+	if e.queued() == 0 || int(e.handoffs) >= bound || g.closed.Load() {
 		return false
 	}
 	e.handoffs++
@@ -151,7 +198,7 @@ func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
 	e.hold = nil
 	e.handoffs = 0
 	e.yield = notifiedOthers
-	if len(e.queue) > 0 {
+	if e.queued() > 0 {
 		g.grantLocked(e)
 	} else {
 		e.taken = false
@@ -181,13 +228,7 @@ func (g *gate) lookupHold(key string) *hold {
 
 // grantLocked passes the slot to the first waiter; taken stays true. g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry) {
-	w := e.queue[0]
-	e.queue[0] = nil
-	e.queue = e.queue[1:]
-	if len(e.queue) == 0 {
-		e.queue = nil // let the backing array go
-	}
-	close(w.ready)
+	close(e.pop().ready)
 }
 
 // dropLocked removes one reference and deletes the entry when nobody uses it, so that any

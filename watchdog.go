@@ -70,10 +70,10 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	h.due = at
 	if h.slot == 0 {
 		w.heap = append(w.heap, h)
-		h.slot = len(w.heap)
-		w.up(h.slot - 1)
-	} else if !w.up(h.slot - 1) {
-		w.down(h.slot - 1)
+		h.slot = int32(len(w.heap))
+		w.up(int(h.slot) - 1)
+	} else if !w.up(int(h.slot) - 1) {
+		w.down(int(h.slot) - 1)
 	}
 	if !w.armed || at < w.armedAt {
 		w.armLocked(at)
@@ -91,7 +91,7 @@ func (w *watchdog) schedule(h *hold, at instant) {
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
-		w.removeLocked(h.slot - 1)
+		w.removeLocked(int(h.slot) - 1)
 	}
 	w.mu.Unlock()
 }
@@ -278,10 +278,10 @@ func (w *watchdog) up(i int) bool {
 			break
 		}
 		w.heap[i] = w.heap[p]
-		w.heap[i].slot = i + 1
+		w.heap[i].slot = int32(i + 1)
 		i = p
 	}
-	w.heap[i], h.slot = h, i+1
+	w.heap[i], h.slot = h, int32(i+1)
 	return i != start
 }
 
@@ -300,10 +300,10 @@ func (w *watchdog) down(i int) {
 			break
 		}
 		w.heap[i] = w.heap[c]
-		w.heap[i].slot = i + 1
+		w.heap[i].slot = int32(i + 1)
 		i = c
 	}
-	w.heap[i], h.slot = h, i+1
+	w.heap[i], h.slot = h, int32(i+1)
 }
 
 // removeLocked takes the hold at i off the heap.
@@ -311,7 +311,7 @@ func (w *watchdog) removeLocked(i int) {
 	h, last := w.heap[i], len(w.heap)-1
 	if i != last {
 		w.heap[i] = w.heap[last]
-		w.heap[i].slot = i + 1
+		w.heap[i].slot = int32(i + 1)
 	}
 	w.heap[last] = nil
 	w.heap = w.heap[:last]
