@@ -77,7 +77,7 @@ var (
 	})
 	sharedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "shared_total",
-		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: Redis), and responses too large to store (too_large).",
+		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: the rule's store, Redis or etcd), and responses too large to store (too_large).",
 		Labels: []string{"rule", "key", "store", "how"},
 	})
 	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
