@@ -146,6 +146,7 @@ func (s *Store) dropLease(l *lease) {
 			delete(s.held, k)
 		}
 	}
+	s.shrinkHeldLocked()
 }
 
 // ourLease returns the store's lease with id, or nil.

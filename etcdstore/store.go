@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -57,13 +58,17 @@ type Store struct {
 	ctx    context.Context // cancelled by Close: ends keep-alives and watches
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	leases  map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
-	byID    map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id
-	held    map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
-	waitRev map[string]int64             // guarded by mu: revision of the last busy reply per key, for Watch
-	ticking bool                         // guarded by mu: the keep-alive loop runs (or, in tests, must not)
-	reaping bool                         // guarded by mu: a reap goroutine runs
+	mu     sync.Mutex
+	leases map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
+	byID   map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id
+	held   map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
+	// heldPeak is the most entries held has had since it was made (guarded by mu): Go maps
+	// never give their buckets back, so shrinkHeldLocked rebuilds held when it falls to a
+	// quarter of its peak (78 B per released lock stayed live without it).
+	heldPeak int
+	waitRev  map[string]int64 // guarded by mu: revision of the last busy reply per key, for Watch
+	ticking  bool             // guarded by mu: the keep-alive loop runs (or, in tests, must not)
+	reaping  bool             // guarded by mu: a reap goroutine runs
 
 	goMu   sync.Mutex     // guards closed and wg.Add, so nothing starts after Close waits
 	closed bool           // guarded by goMu
@@ -208,17 +213,34 @@ func (s *Store) update(key, owner string, f func(e *heldKey)) {
 	if e == nil {
 		e = &heldKey{}
 		s.held[k] = e
+		s.heldPeak = max(s.heldPeak, len(s.held))
 	}
 	f(e)
 	if !e.own && len(e.holds) == 0 {
 		delete(s.held, k)
+		s.shrinkHeldLocked()
 	}
+}
+
+// heldShrinkMin is the peak below which held is never rebuilt: a small map costs little.
+const heldShrinkMin = 256
+
+// shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less. s.mu must be held.
+func (s *Store) shrinkHeldLocked() {
+	n := len(s.held)
+	if s.heldPeak < heldShrinkMin || n > s.heldPeak/4 {
+		return
+	}
+	m := make(map[entryKey]*heldKey, n)
+	maps.Copy(m, s.held)
+	s.held, s.heldPeak = m, n
 }
 
 // forget drops the entry of key for owner: the key is gone or another owner's.
 func (s *Store) forget(key, owner string) {
 	s.mu.Lock()
 	delete(s.held, entryKey{key, owner})
+	s.shrinkHeldLocked()
 	s.mu.Unlock()
 }
 
@@ -238,6 +260,7 @@ func (s *Store) released(key, owner, hold string) {
 	}
 	if !e.own && len(e.holds) == 0 {
 		delete(s.held, k)
+		s.shrinkHeldLocked()
 	}
 }
 
