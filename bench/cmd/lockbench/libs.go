@@ -74,7 +74,7 @@ func allRows() []rowSpec {
 		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string) (impl, error) { return newGozero(a, gozeroPoll) }},
 		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string) (impl, error) { return newGozero(a, time.Millisecond) }},
 		{id: "rueidislock", lib: "rueidislock", wait: "client-side caching invalidation", build: newRueidislock},
-		{id: "store", lib: "flightlock's RedisStore alone", wait: "no Locker: not a lock to use, a split of the cost", floor: true, build: newStoreRow},
+		{id: "store", lib: "flightlock's RedisStore alone", wait: "scenario 1 only: its acquire and release scripts without the Locker (no gate, no lease, no watchdog), to split flightlock's cost", floor: true, build: newStoreRow},
 		{id: "ping", lib: "floor: PING", floor: true, build: func(a string) (impl, error) { return newFloor(a, true) }},
 		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string) (impl, error) { return newFloor(a, false) }},
 	}

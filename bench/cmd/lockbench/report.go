@@ -172,7 +172,7 @@ func (r *report) markdown() string {
 	w("## Rows\n\n| row | waiting for a busy key |\n|---|---|\n")
 	for _, s := range allRows() {
 		wait := s.wait
-		if s.floor {
+		if s.floor && wait == "" {
 			wait = "not a lock: a lower bound (no mutual exclusion)"
 		}
 		w("| %s | %s |\n", s.lib, wait)
