@@ -107,8 +107,13 @@ type RedisStore struct {
 	channelPrefix string
 	lanes         int
 	batch         *batcher // nil: every script call goes straight to the client
-	notify        *notifier
-	closers       []func() error // run by Close, last first
+	// renewSlots bounds the RefreshAll pipelines on the wire at once to the lane count (a
+	// send takes a slot, its return gives it back): each pipeline holds a pooled connection,
+	// and with a renewer per batch of due locks the pool grew to 20 connections (64 KiB of
+	// buffers each) while 10,000 locks were held, and kept them after they were released.
+	renewSlots chan struct{}
+	notify     *notifier
+	closers    []func() error // run by Close, last first
 
 	replicas       int           // WithReplicas: acknowledgements a grant or refresh needs; 0: none
 	replicaTimeout time.Duration // WithReplicas: how long WAIT waits for them
@@ -126,6 +131,9 @@ func New(client Client, opts ...Option) *RedisStore {
 		opt(s)
 	}
 	s.batch = newBatcher(client, s.lanes)
+	if s.batch != nil {
+		s.renewSlots = make(chan struct{}, s.lanes)
+	}
 	return s
 }
 
@@ -362,6 +370,18 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []Renewal) []error {
 		calls, index = append(calls, q), append(index, i)
 	}
 	if len(calls) == 0 {
+		return errs
+	}
+	select {
+	case s.renewSlots <- struct{}{}:
+		defer func() { <-s.renewSlots }()
+	case <-ctx.Done():
+		// Nothing was sent: every lock of the batch is as it was, and the watchdog counts
+		// on what it knew (a renewal that comes too late is a renewal that failed).
+		err := fmt.Errorf("flightlock: refresh: waiting for a lane: %w", context.Cause(ctx))
+		for _, i := range index {
+			errs[i] = err
+		}
 		return errs
 	}
 	pipeline(ctx, s.batch.client, calls)

@@ -68,3 +68,50 @@ func TestRefreshAll(t *testing.T) {
 		}
 	})
 }
+
+// Renewal batches share the store's lanes (issue 17: after holding 10,000 locks the client's
+// pool stayed at 20 connections, 186 B per released lock, because up to 32 renewers pipelined
+// at once, each on a pooled connection of its own): no more RefreshAll pipelines than lanes are
+// on the wire at once, a batch waits for a free slot within its context, and one whose context
+// ends while it waits is not sent and reports the context's error for every lock.
+func TestRefreshAllPipelinesShareTheLanes(t *testing.T) {
+	s, c, h := oneLaneStore(t)
+	ctx := context.Background()
+	for _, k := range []string{"lock:ra1", "lock:ra2"} {
+		if a, err := s.Acquire(ctx, k, ownerA, time.Minute, ""); err != nil || !a.Acquired {
+			t.Fatalf("acquire %s: %+v %v", k, a, err)
+		}
+	}
+	before := h.pipelines.Load()
+	h.pipeArmed.Store(true)
+	first := make(chan []error, 1)
+	go func() { first <- s.RefreshAll(ctx, []Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Minute}}) }()
+	<-h.pipeIn // the first batch is on the wire, held by the hook
+
+	// A second batch whose context ends while the lane is taken is never sent.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	errs := s.RefreshAll(short, []Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}})
+	if len(errs) != 1 || !errors.Is(errs[0], context.DeadlineExceeded) {
+		t.Fatalf("a batch that waited past its deadline for a lane = %v, want DeadlineExceeded", errs)
+	}
+	if n := h.pipelines.Load() - before; n != 1 {
+		t.Fatalf("%d renewal pipelines reached the client while the only lane was taken, want 1", n)
+	}
+
+	// A second batch with time to wait goes out once the first returns.
+	second := make(chan []error, 1)
+	go func() { second <- s.RefreshAll(ctx, []Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}}) }()
+	close(h.pipeGo)
+	for i, ch := range []chan []error{first, second} {
+		if errs := <-ch; len(errs) != 1 || errs[0] != nil {
+			t.Fatalf("batch %d = %v, want renewed", i+1, errs)
+		}
+	}
+	if n := h.pipelines.Load() - before; n != 2 {
+		t.Fatalf("%d renewal pipelines, want 2", n)
+	}
+	if ttl := c.PTTL(ctx, "lock:ra2").Val(); ttl < 30*time.Second {
+		t.Fatalf("lock:ra2 has %v left after its renewal", ttl)
+	}
+}
