@@ -509,7 +509,7 @@ func etcdSection(raw, name string) string {
 	for i, line := range strings.Split(strings.TrimRight(raw, "\n"), "\n") {
 		switch {
 		case i == 0 && strings.HasPrefix(line, "# "):
-			fmt.Fprintf(&b, "## The etcd store (issue 14): %s\n", strings.TrimPrefix(line, "# "))
+			fmt.Fprintf(&b, "## The etcd store: %s\n", strings.TrimPrefix(line, "# "))
 			fmt.Fprintf(&b, "\nThe etcd rows, from `bench/cmd/etcdbench`, which `bench/run.sh` runs just before the Redis scenarios "+
 				"above (also in [%s](%s) on their own).\n", name, name)
 		case strings.HasPrefix(line, "#"):
