@@ -1,7 +1,8 @@
 // Package etcdtest starts real etcd servers for integration tests: one member or a cluster of
 // several, on free loopback ports, each with a data directory of its own (fsync on, as in
 // production), ended by pid when the test ends. A test can find the leader, SIGKILL a member
-// and restart it on the same ports and data.
+// and restart it on the same ports and data. With WithClientTLS the members serve their
+// clients over TLS and require a client certificate, from a CA generated for the test.
 //
 // The server is Debian's etcd-server package (/usr/bin/etcd, 3.4), run as a process rather
 // than etcd's server module in-process: the module would pull a second dependency tree into
@@ -13,6 +14,7 @@ package etcdtest
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +54,7 @@ type Option func(*config)
 type config struct {
 	heartbeat, election time.Duration
 	flags               []string
+	clientTLS           bool
 }
 
 // WithTimings sets every member's Raft heartbeat interval and election timeout (etcd's
@@ -66,23 +69,39 @@ func WithFlags(flags ...string) Option {
 	return func(c *config) { c.flags = append(c.flags, flags...) }
 }
 
+// WithClientTLS makes every member serve its clients over TLS only, on https:// client URLs,
+// and refuse a client without a certificate signed by the cluster's CA (--client-cert-auth
+// and --trusted-ca-file; etcd requires client certificates with either).
+// The CA, the members' certificate and a client certificate are generated for the cluster
+// (NewTLSFiles) and named by Cluster.TLS. Peer traffic between members stays plain HTTP:
+// the tests that use this option are about what a client must present, not about Raft.
+func WithClientTLS() Option {
+	return func(c *config) { c.clientTLS = true }
+}
+
 // Cluster is a set of etcd members that one test started. Its members end when the test ends.
 type Cluster struct {
 	Members []*Member
-	tb      testing.TB
+	// TLS names the CA and the client certificate that the members' clients need when the
+	// cluster was started WithClientTLS; nil when the members serve plain HTTP.
+	TLS *TLSFiles
+
+	tb        testing.TB
+	clientTLS *tls.Config // the configuration of Client's clients; nil without TLS
 }
 
 // Member is one etcd server process owned by a test.
 type Member struct {
 	Name      string
-	ClientURL string // http://127.0.0.1:port, the client endpoint
+	ClientURL string // http://127.0.0.1:port (https:// WithClientTLS), the client endpoint
 	PeerURL   string // http://127.0.0.1:port, for Raft between members
 
-	tb   testing.TB
-	bin  string
-	dir  string // data directory; kept across Kill and Restart
-	log  string // the member's output, shown when it does not become ready
-	args []string
+	tb        testing.TB
+	bin       string
+	dir       string // data directory; kept across Kill and Restart
+	log       string // the member's output, shown when it does not become ready
+	args      []string
+	clientTLS *tls.Config // how the package's own status checks connect; nil without TLS
 
 	mu  sync.Mutex
 	cmd *exec.Cmd // guarded by mu; nil while stopped
@@ -108,17 +127,24 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 	bin := Binary(tb)
 	root := tb.TempDir()
 	c := &Cluster{tb: tb}
+	clientScheme := "http://"
+	if cfg.clientTLS {
+		files := NewTLSFiles(tb)
+		c.TLS, c.clientTLS = &files, files.ClientConfig(tb)
+		clientScheme = "https://"
+	}
 	token := fmt.Sprintf("etcdtest-%d-%d", os.Getpid(), time.Now().UnixNano())
 	var initial []string
 	for i := range n {
 		m := &Member{
 			Name:      fmt.Sprintf("m%d", i),
-			ClientURL: "http://" + freeAddr(tb),
+			ClientURL: clientScheme + freeAddr(tb),
 			PeerURL:   "http://" + freeAddr(tb),
 			tb:        tb,
 			bin:       bin,
 			dir:       filepath.Join(root, fmt.Sprintf("m%d.etcd", i)),
 			log:       filepath.Join(root, fmt.Sprintf("m%d.log", i)),
+			clientTLS: c.clientTLS,
 		}
 		c.Members = append(c.Members, m)
 		initial = append(initial, m.Name+"="+m.PeerURL)
@@ -141,6 +167,13 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 		}
 		if cfg.election > 0 {
 			m.args = append(m.args, "--election-timeout", fmt.Sprint(cfg.election.Milliseconds()))
+		}
+		if c.TLS != nil {
+			m.args = append(m.args,
+				"--cert-file", c.TLS.ServerCertFile,
+				"--key-file", c.TLS.ServerKeyFile,
+				"--client-cert-auth",
+				"--trusted-ca-file", c.TLS.CAFile)
 		}
 		m.args = append(m.args, cfg.flags...)
 		tb.Cleanup(m.Kill)
@@ -170,10 +203,11 @@ func (c *Cluster) Endpoints() []string {
 	return eps
 }
 
-// Client returns a client on every member, closed when the test ends.
+// Client returns a client on every member, closed when the test ends. On a cluster started
+// WithClientTLS it trusts the cluster's CA and presents its client certificate.
 func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	return NewClient(tb, c.Endpoints()...)
+	return newClient(tb, c.clientTLS, c.Endpoints()...)
 }
 
 // NewClient returns a client on endpoints (client URLs, or a proxy's host:port), closed when
@@ -181,10 +215,17 @@ func (c *Cluster) Client(tb testing.TB) *clientv3.Client {
 // client's reconnection warnings.
 func NewClient(tb testing.TB, endpoints ...string) *clientv3.Client {
 	tb.Helper()
+	return newClient(tb, nil, endpoints...)
+}
+
+// newClient is NewClient with TLS when tlsConfig is not nil.
+func newClient(tb testing.TB, tlsConfig *tls.Config, endpoints ...string) *clientv3.Client {
+	tb.Helper()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 2 * time.Second,
 		Logger:      zap.NewNop(),
+		TLS:         cloneTLS(tlsConfig),
 	})
 	if err != nil {
 		tb.Fatalf("etcdtest: client on %v: %v", endpoints, err)
@@ -285,7 +326,8 @@ func (c *Cluster) Followers(leader *Member) []*Member {
 
 // status asks the member alone for its status, with a short bound.
 func (m *Member) status() (*clientv3.StatusResponse, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.ClientURL}, DialTimeout: time.Second, Logger: zap.NewNop(),
+		TLS: cloneTLS(m.clientTLS)})
 	if err != nil {
 		return nil, err
 	}
@@ -293,6 +335,15 @@ func (m *Member) status() (*clientv3.StatusResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	return cli.Status(ctx, m.ClientURL)
+}
+
+// cloneTLS gives each client a copy of the shared configuration, so that nothing one client
+// sets on it reaches another; nil stays nil.
+func cloneTLS(c *tls.Config) *tls.Config {
+	if c == nil {
+		return nil
+	}
+	return c.Clone()
 }
 
 func (m *Member) start() {
