@@ -55,6 +55,11 @@ func MustNew(store lockstore.Store, opts ...Option) *Locker {
 	return l
 }
 
+// Prefix returns what the Locker puts before every key (WithPrefix): a key k is locked as the
+// store key Prefix() + k. Layers that derive Lockers of their own (With) and name keys beside
+// the locks' (the go-zero layer's shadow locks) start from it.
+func (l *Locker) Prefix() string { return l.cfg.prefix }
+
 // With returns a Locker with other options on the same store and the same per-process gate,
 // so a key is single-flighted across both. Use it for per-route settings.
 func (l *Locker) With(opts ...Option) (*Locker, error) {

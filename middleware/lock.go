@@ -22,7 +22,9 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 		opts[0] = flightlock.WithMode(flightlock.Wait)
 	}
 	if r.Shadow {
-		opts = append(opts, flightlock.WithPrefix(m.prefix+shadowPrefix), flightlock.WithFailOpen(false))
+		// After the base Locker's own prefix, which on etcd starts with Lock.Etcd.Key: shadow
+		// locks stay inside the section's key space (and inside what an etcd account may write).
+		opts = append(opts, flightlock.WithPrefix(base.Prefix()+shadowPrefix), flightlock.WithFailOpen(false))
 	}
 	if r.TTL > 0 {
 		opts = append(opts, flightlock.WithTTL(r.TTL))

@@ -1,0 +1,103 @@
+package middleware
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/zeromicro/go-zero/rest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Shadow mode on etcd (issue 14: everything above the store works unchanged): two pods of one
+// service run a shadow rule on one etcd. A request that enforcing the rule would refuse, because
+// the other pod's request holds the key in etcd, still runs and answers 200, and is counted as a
+// conflict; the shadow lock lives in etcd under Prefix + "shadow:", apart from the enforced
+// rule's key, which stays free for an enforced rule of another pod; once the first request
+// returns, the shadow key is gone and the next request counts nothing.
+func TestEtcdShadow(t *testing.T) {
+	ec := etcdtest.Start(t)
+	cli := ec.Client(t)
+	rl := Rule{Method: http.MethodPost, Path: "/etcd/shadow/:uid", Key: "eshadow:{uid}", OnBusy: "reject", Shadow: true}
+	podA, err := New(etcdConf(ec, rl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podA.Close()
+	podB, err := New(etcdConf(ec, rl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podB.Close()
+	enforced := MustNew(etcdConf(ec)) // a pod enforcing a rule on the same key
+	defer enforced.Close()
+
+	inside, leave := make(chan struct{}), make(chan struct{})
+	var ran atomic.Int32
+	baseA := startREST(t, podA, rest.Route{Method: http.MethodPost, Path: "/etcd/shadow/:uid", Handler: func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+		close(inside)
+		<-leave
+	}})
+	baseB := startREST(t, podB, rest.Route{Method: http.MethodPost, Path: "/etcd/shadow/:uid", Handler: func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+	}})
+
+	rule := "POST /etcd/shadow/:uid"
+	before := conflictCount(t, rule, "reject")
+	first := make(chan int, 1)
+	go func() { code, _, _ := post(t, baseA+"/etcd/shadow/7"); first <- code }()
+	<-inside
+
+	shadowKeys := func() []string {
+		resp, err := cli.Get(context.Background(), "flightlock/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for _, kv := range resp.Kvs {
+			if k := string(kv.Key); strings.Contains(k, "shadow:") && strings.HasSuffix(k, "eshadow:7") {
+				keys = append(keys, k)
+			}
+		}
+		return keys
+	}
+	if keys := shadowKeys(); len(keys) != 1 {
+		all, _ := cli.Get(context.Background(), "", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		t.Fatalf("shadow lock keys under flightlock/ while pod A's request runs: %v, want one (every key in etcd: %v)", keys, all.Kvs)
+	}
+	if etcdExists(t, cli, "flightlock/lock:eshadow:7") {
+		t.Fatal("the shadow rule holds the enforced key")
+	}
+	if l, err := enforced.Locker().TryLock(context.Background(), "eshadow:7"); err != nil {
+		t.Fatalf("an enforced lock of the same key was held back by the shadow rule: %v", err)
+	} else if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	if code, _, _ := post(t, baseB+"/etcd/shadow/7"); code != http.StatusOK {
+		t.Fatalf("pod B's request while pod A's holds the key: %d, want 200 (shadow never refuses)", code)
+	}
+	if got := conflictCount(t, rule, "reject") - before; got != 1 {
+		t.Fatalf("conflicts counted while another pod held the key in etcd: %v, want 1", got)
+	}
+	close(leave)
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("pod A's request: %d", code)
+	}
+	if keys := shadowKeys(); len(keys) != 0 {
+		t.Fatalf("shadow lock keys left in etcd after the request: %v", keys)
+	}
+	if code, _, _ := post(t, baseB+"/etcd/shadow/7"); code != http.StatusOK {
+		t.Fatalf("pod B's request on a free key: %d", code)
+	}
+	if got := conflictCount(t, rule, "reject") - before; got != 1 {
+		t.Fatalf("conflicts counted after the key was free again: %v, want still 1", got)
+	}
+	if n := ran.Load(); n != 3 {
+		t.Fatalf("handlers ran %d times, want 3 (shadow never holds a request back)", n)
+	}
+}
