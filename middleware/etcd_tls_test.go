@@ -212,6 +212,21 @@ func TestEtcdTLSWrongCA(t *testing.T) {
 	case !strings.Contains(err.Error(), "Lock.Etcd") || !strings.Contains(err.Error(), ec.Endpoints()[0]) ||
 		!errors.Is(err, context.DeadlineExceeded):
 		t.Fatalf("New with a wrong CA: %v; want an error naming Lock.Etcd and %s that wraps the DialTimeout's expiry", err, ec.Endpoints()[0])
+	case !strings.Contains(err.Error(), "certificate"):
+		// The etcd client alone reports only the timeout; the operator needs the cause.
+		t.Fatalf("New with a wrong CA: %v; want the certificate error that caused it", err)
+	}
+
+	// A client certificate the members refuse (signed by another CA) is named too: TLS 1.3
+	// reports it after the handshake, on the first read.
+	foreign := tlsEtcdConf(ec)
+	other := etcdtest.NewTLSFiles(t)
+	foreign.Etcd.CertFile, foreign.Etcd.CertKeyFile, foreign.Etcd.DialTimeout = other.ClientCertFile, other.ClientKeyFile, 2*time.Second
+	if m, err := New(foreign); err == nil {
+		_ = m.Close()
+		t.Fatal("New with a client certificate the members do not trust succeeded")
+	} else if !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("New with a foreign client certificate: %v; want the certificate error that caused it", err)
 	}
 
 	// The same section with InsecureSkipVerify locks: the CA was the only thing wrong.

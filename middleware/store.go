@@ -7,6 +7,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -293,9 +295,54 @@ func (e EtcdConf) Client() (*clientv3.Client, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
+		if cfg.TLS != nil {
+			// The etcd client retries a failed handshake until DialTimeout and then reports
+			// only the timeout; the certificate error that caused it went to its log. Ask
+			// the first member once more to put the cause in the error.
+			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
+				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
+			}
+		}
 		return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w", hosts, err)
 	}
 	return cli, nil
+}
+
+// tlsHandshakeError dials host (an etcd endpoint: "https://h:p" or "h:p") within d, runs the
+// TLS handshake with conf as the etcd client would (the server name from the endpoint), and
+// reads once, so that a client certificate the member refuses (reported after the handshake
+// in TLS 1.3) shows too. It returns the first error of those, or nil when none came in time.
+func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
+	addr := host
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		addr = u.Host
+	}
+	name, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	c := conf.Clone()
+	if c.ServerName == "" {
+		c.ServerName = name
+	}
+	c.NextProtos = []string{"h2"}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: d}, "tcp", addr, c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	if _, err := conn.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+		return err
+	}
+	return nil
+}
+
+// isTimeout reports whether err is a deadline that passed (a member that accepted the
+// handshake and waits for the client to speak first).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // defaultEtcdDialTimeout is go-zero's dial timeout for etcd (core/discov/internal/vars.go).
