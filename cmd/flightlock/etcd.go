@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -263,11 +266,15 @@ func (e *etcdClient) forceUnlock(ctx context.Context, l lockInfo) (unlockResult,
 
 // watch reads the matching locks, then watches the prefix and the waiter marks from the next
 // revision, so nothing between the read and the watch is missed: a creation of a lock key is
-// an acquisition, another put of it a change of its holds, a deletion a release (by its
-// holder, by unlock, or the end of its holder's lease: etcd does not tell them apart), a put of
-// its waiter mark contention (every refused acquisition writes it; so does a re-entry by the
-// holder's own owner). The two watches are separate streams: a contention may print before
-// the acquisition it followed when both come within a moment.
+// an acquisition, another put of it a change of its holds, a deletion a release or, when the
+// key's lease is gone by then, an expiry (leaseEnd), a put of its waiter mark contention (every
+// refused acquisition writes it; so does a re-entry by the holder's own owner). The two
+// watches are separate streams: a contention may print before the acquisition it followed
+// when both come within a moment.
+//
+// When etcd ends the watch (a compaction past the watch's revision, a member without a
+// leader, a read that failed), watch resumes from a fresh read, reporting what changed
+// meanwhile, and gives up only when etcd stays unreachable for -timeout.
 func (e *etcdClient) watch(ctx context.Context, w *watcher) error {
 	w.mode = "etcd watch"
 	rctx, cancel := context.WithTimeout(ctx, e.timeout)
@@ -284,8 +291,22 @@ func (e *etcdClient) watch(ctx context.Context, w *watcher) error {
 	}
 	w.started()
 	w.draw()
+	for {
+		ended := e.follow(ctx, w, rev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if rev, err = e.resume(ctx, w, ended); err != nil {
+			return quiet(ctx, err)
+		}
+	}
+}
 
-	wctx, stop := context.WithCancel(ctx)
+// follow watches from rev until ctx ends (nil) or etcd ends the watch (why it did).
+func (e *etcdClient) follow(ctx context.Context, w *watcher, rev int64) error {
+	// WithRequireLeader: a member cut off from its cluster ends the watch (etcdserver: no
+	// leader) instead of going silent, so that resume can read from a member that has one.
+	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer stop()
 	p := e.keyPrefix()
 	lockEvents := e.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
@@ -304,24 +325,143 @@ func (e *etcdClient) watch(ctx context.Context, w *watcher) error {
 			mark = true
 		}
 		if !ok {
-			return quiet(ctx, errors.New("etcd ended the watch"))
+			return errors.New("etcd closed the watch")
 		}
 		if err := resp.Err(); err != nil {
-			return quiet(ctx, fmt.Errorf("watch %s: %w", quoteIfOdd(p), err))
+			return err
 		}
+		ends := make(leaseEnds) // a lease's end deletes all of its keys in one response
 		for _, ev := range resp.Events {
 			if mark {
 				e.marked(w, ev)
-			} else if err := e.lockEvent(ctx, w, ev); err != nil {
-				return quiet(ctx, err)
+			} else if err := e.lockEvent(ctx, w, ev, ends); err != nil {
+				return err
 			}
 		}
 		w.draw()
 	}
 }
 
+// Backoff of resume's reads while etcd does not answer.
+const (
+	resumeFirstBackoff = 100 * time.Millisecond
+	resumeMaxBackoff   = 2 * time.Second
+)
+
+// resume reads the matching locks again after etcd ended the watch for the reason ended,
+// says that the watch resumed, reports how the locks differ from those held as last seen (the
+// ends first, by key, then the grants in the read's order), and returns the revision read. It retries the read with a backoff and gives up after -timeout,
+// the bound of the command's other etcd calls.
+func (e *etcdClient) resume(ctx context.Context, w *watcher, ended error) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, e.timeout)
+	defer cancel()
+	var (
+		locks []lockInfo
+		rev   int64
+		err   error
+	)
+	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
+		locks, rev, err = e.snapshot(rctx, w.pattern, w.o.shadow)
+		if err == nil {
+			err = e.leaseTTLs(rctx, locks)
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-rctx.Done():
+			return 0, fmt.Errorf("resume the watch (it ended: %v): %w", ended, err)
+		case <-time.After(backoff):
+		}
+	}
+
+	now := make(map[string]lockInfo, len(locks))
+	for _, l := range locks {
+		now[l.Key] = l
+	}
+	e.resumed(w, ended, rev, len(now))
+	ends := make(leaseEnds)
+	for _, key := range slices.Sorted(maps.Keys(w.held)) {
+		if _, ok := now[key]; !ok {
+			w.emit(e.leaseEnd(ctx, w.held[key].Lease, ends), w.held[key])
+		}
+	}
+	for _, l := range locks {
+		prev, seen := w.held[l.Key]
+		switch {
+		case seen && prev.CreateRevision != l.CreateRevision:
+			w.emit(e.leaseEnd(ctx, prev.Lease, ends), prev) // its grant ended, and another began
+			fallthrough
+		case !seen:
+			w.emit(evAcquired, l)
+			if l.Contended {
+				w.emit(evContended, l)
+			}
+		case prev.ModRevision != l.ModRevision:
+			w.emit(evChanged, l)
+		case l.Contended && !prev.Contended:
+			w.emit(evContended, l)
+		}
+	}
+	w.held = now
+	return rev, nil
+}
+
+// resumed tells the operator that the watch started again, and why: a line among the event
+// lines (a JSON object among the JSON events), or in the screen's header.
+func (e *etcdClient) resumed(w *watcher, ended error, rev int64, held int) {
+	now := time.Now()
+	switch {
+	case w.out.json:
+		b, _ := json.Marshal(struct {
+			Time     time.Time `json:"time"`
+			Kind     string    `json:"event"`
+			Reason   string    `json:"reason"`
+			Revision int64     `json:"revision"`
+			Held     int       `json:"held"`
+		}{now, evResumed, ended.Error(), rev, held})
+		fmt.Fprintf(w.out.w, "%s\n", b)
+	case w.screen:
+		w.mode = fmt.Sprintf("etcd watch, resumed at %s after: %s", now.Format("15:04:05"), ended)
+		w.draw()
+	default:
+		fmt.Fprintf(w.out.w, "%s %-9s at revision %d (the watch ended: %v); %d held\n",
+			now.Format("15:04:05.000"), evResumed, rev, ended, held)
+	}
+}
+
+// leaseEnds caches leaseEnd's answers by lease for one batch of events.
+type leaseEnds map[string]string
+
+// leaseEnd tells how a deleted lock on lease (hex, as lockInfo has it; "" for none) ended:
+// evExpired when etcd no longer has the lease (a TTL of -1: its holder's process stopped
+// keeping it alive, or closed its store, which revokes it), else evReleased (by its holder,
+// or by unlock). A holder that releases and closes its store within a moment reads as an
+// expiry. When etcd does not answer within -timeout, it says evReleased, as it cannot tell.
+func (e *etcdClient) leaseEnd(ctx context.Context, lease string, ends leaseEnds) string {
+	if lease == "" {
+		return evReleased
+	}
+	if kind, ok := ends[lease]; ok {
+		return kind
+	}
+	id, err := strconv.ParseInt(lease, 16, 64)
+	if err != nil {
+		return evReleased
+	}
+	rctx, cancel := context.WithTimeout(ctx, e.timeout)
+	resp, err := e.cli.TimeToLive(rctx, clientv3.LeaseID(id))
+	cancel()
+	kind := evReleased
+	if err == nil && resp.TTL == -1 {
+		kind = evExpired
+	}
+	ends[lease] = kind
+	return kind
+}
+
 // lockEvent reports a put or deletion of a key under the prefix.
-func (e *etcdClient) lockEvent(ctx context.Context, w *watcher, ev *clientv3.Event) error {
+func (e *etcdClient) lockEvent(ctx context.Context, w *watcher, ev *clientv3.Event, ends leaseEnds) error {
 	key, ok := e.keyOf(string(ev.Kv.Key), w.pattern, w.o.shadow)
 	if !ok {
 		return nil
@@ -329,14 +469,13 @@ func (e *etcdClient) lockEvent(ctx context.Context, w *watcher, ev *clientv3.Eve
 	prev, seen := w.held[key]
 	if ev.Type == clientv3.EventTypeDelete {
 		l := prev
-		if !seen {
+		if ev.PrevKv != nil && (!seen || prev.CreateRevision != ev.PrevKv.CreateRevision) {
+			l = e.lockOf(key, ev.PrevKv, false, nil)
+		} else if !seen {
 			l = lockInfo{Key: key, Store: storeEtcd, EtcdKey: string(ev.Kv.Key), TTLMillis: -1}
-			if ev.PrevKv != nil {
-				l = e.lockOf(key, ev.PrevKv, false, nil)
-			}
 		}
 		delete(w.held, key)
-		w.emit(evReleased, l)
+		w.emit(e.leaseEnd(ctx, l.Lease, ends), l)
 		return nil
 	}
 

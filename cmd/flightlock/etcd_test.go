@@ -411,3 +411,189 @@ func TestLockJSON(t *testing.T) {
 		t.Errorf("etcd lock: %s", e)
 	}
 }
+
+// etcdLockerOn is a Locker of its own process on the client ecli, with etcdLocker's key
+// layout, and its store, for a test to close it: a closed store revokes its session lease,
+// the end of a holder's lease that watch reports.
+func etcdLockerOn(t *testing.T, ecli *clientv3.Client) (*flightlock.Locker, *etcdstore.Store) {
+	t.Helper()
+	store, err := etcdstore.New(ecli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	l, err := flightlock.New(store, flightlock.WithPrefix("flightlock/lock:"), flightlock.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, store
+}
+
+// probeKey is the lock that untilWatching takes and releases; watchEvents leaves it out.
+const probeKey = "order:probe"
+
+// untilWatching takes and releases probeKey with l until the JSON watch writing to out reports
+// it: a JSON watch prints nothing before its first event, and a lock taken before its first
+// read would be in that read, not an event.
+func untilWatching(t *testing.T, l *flightlock.Locker, out *syncBuffer) {
+	t.Helper()
+	waitFor(t, "the watch to start", func() bool {
+		lease, err := l.Lock(context.Background(), probeKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // for the event, before taking the probe again
+		return strings.Contains(out.String(), probeKey)
+	})
+}
+
+// watchEvents are the kinds and keys that a JSON watch printed but probeKey's ("resumed"
+// has no key).
+func watchEvents(t *testing.T, out string) []string {
+	var got []string
+	for _, ev := range events(t, out) {
+		if !strings.HasSuffix(ev, " "+probeKey) {
+			got = append(got, strings.TrimSpace(ev))
+		}
+	}
+	return got
+}
+
+// TestEtcdWatchTellsExpiryFromRelease: a deletion by the holder and a forced unlock (the
+// holder's lease lives on) print released; the end of the holder's lease (its store closed,
+// which revokes it) prints expired.
+func TestEtcdWatchTellsExpiryFromRelease(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holder := etcdLocker(t, c)
+	dying, dyingStore := etcdLockerOn(t, c.Client(t))
+
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"-etcd", c.Endpoints()[0], "-o", "json", "watch", "order:*"}, strings.NewReader(""), &out, io.Discard)
+	}()
+	untilWatching(t, holder, &out)
+	var want []string
+	step := func(what string, do func() error, events ...string) {
+		t.Helper()
+		if err := do(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		want = append(want, events...)
+		waitFor(t, what, func() bool { return len(watchEvents(t, out.String())) >= len(want) })
+	}
+
+	released, err := holder.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	step("a release by its holder", func() error { return released.Release(ctx) }, "acquired order:1", "released order:1")
+	if _, err := dying.Lock(ctx, "order:2"); err != nil {
+		t.Fatal(err)
+	}
+	step("the end of the holder's lease", dyingStore.Close, "acquired order:2", "expired order:2")
+	if _, err := holder.Lock(ctx, "order:3"); err != nil {
+		t.Fatal(err)
+	}
+	step("a forced unlock", func() error {
+		if code, _, errs := cli(t, nil, "-etcd", c.Endpoints()[0], "-yes", "unlock", "order:3"); code != exitOK {
+			return fmt.Errorf("exit %d: %s", code, errs)
+		}
+		return nil
+	}, "acquired order:3", "released order:3")
+
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("watch: exit %d", code)
+	}
+	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestEtcdWatchResumesAfterEtcdEndsIt: the member a watch reads from is killed; meanwhile, on
+// the other two members, one lock is released, one holder's lease ends, a lock is taken, and
+// the history is compacted past the watch's revision, so the restarted member ends the watch
+// (compacted). The watch resumes: it says so and why, reports the three changes as released,
+// expired and acquired, then hears the later release of the new lock.
+func TestEtcdWatchResumesAfterEtcdEndsIt(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The watched member is a follower: the others keep their leader while it is down, so
+	// the holders' calls meet no election.
+	leader := c.Leader(10 * time.Second)
+	watched := c.Followers(leader)[0]
+	others := []*etcdtest.Member{leader, c.Followers(leader)[1]}
+	// The holders' clients are on the other members, which stay up.
+	ecli := etcdtest.NewClient(t, others[0].ClientURL, others[1].ClientURL)
+	holder, _ := etcdLockerOn(t, ecli)
+	dying, dyingStore := etcdLockerOn(t, etcdtest.NewClient(t, others[0].ClientURL, others[1].ClientURL))
+	before, err := holder.Lock(ctx, "order:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dying.Lock(ctx, "order:2"); err != nil {
+		t.Fatal(err)
+	}
+
+	var out, text syncBuffer
+	done := make(chan int, 2)
+	go func() {
+		done <- run(ctx, []string{"-etcd", watched.ClientURL, "-o", "json", "watch", "order:*"}, strings.NewReader(""), &out, io.Discard)
+	}()
+	go func() {
+		done <- run(ctx, []string{"-etcd", watched.ClientURL, "watch", "order:*"}, strings.NewReader(""), &text, io.Discard)
+	}()
+	waitFor(t, "the watch to start", func() bool { return strings.Contains(text.String(), "2 held") })
+	untilWatching(t, holder, &out)
+
+	watched.Kill()
+	if err := before.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := dyingStore.Close(); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := holder.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ecli.Get(ctx, "flightlock/lock:order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ecli.Compact(ctx, resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	watched.Restart()
+
+	want := []string{"resumed", "released order:0", "expired order:2", "acquired order:1"}
+	waitFor(t, "the resumed watch", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
+	if err := taken.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "released order:1")
+	waitFor(t, "the release after the resume", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
+	waitFor(t, "the text watch", func() bool { return strings.Contains(text.String(), "released  order:1") })
+
+	cancel()
+	for range 2 {
+		if code := <-done; code != exitOK {
+			t.Fatalf("watch: exit %d", code)
+		}
+	}
+	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	lines := text.String()
+	if !regexp.MustCompile(`resumed +at revision \d+ \(the watch ended: .*compacted\); 1 held`).MatchString(lines) ||
+		!strings.Contains(lines, "expired   order:2") || !strings.Contains(lines, "acquired  order:1") {
+		t.Errorf("watch lines:\n%s", lines)
+	}
+}

@@ -21,8 +21,9 @@ const (
 	evAcquired  = "acquired"  // a new grant of the key (a new owner or fence)
 	evChanged   = "changed"   // the same grant's holds changed (a re-entry came or went)
 	evContended = "contended" // a request was refused while it was held
-	evReleased  = "released"  // deleted by its holder (or by unlock); etcd: or its lease ended
-	evExpired   = "expired"   // its TTL ran out: the holder died or lost Redis
+	evReleased  = "released"  // deleted by its holder (or by unlock)
+	evExpired   = "expired"   // its TTL ran out: the holder died or lost Redis; etcd: its lease ended
+	evResumed   = "resumed"   // etcd only, no lock: the watch started again after etcd ended it
 	evGone      = "gone"      // polling only: released or expired, between two polls
 )
 
