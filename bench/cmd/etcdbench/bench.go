@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/etcdstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -314,51 +314,23 @@ type contendResult struct {
 	Waits         []int64 `json:"waits"` // ns each counted Lock waited
 }
 
-// contend runs one goroutine per contender from start until end; a critical section counts
-// when it ends inside the window. Goroutines stop taking the lock at end and return once
-// their last Lock (bounded by lockTO) is over.
+// contend runs one goroutine per contender from start until end, all on one key (g); a critical
+// section counts when it ends inside the window. Goroutines stop taking the lock at end and
+// return once their last Lock (bounded by lockTO) is over. It is contendKeys with one key.
 func contend(cs []contender, g guard, start, end time.Time, lockTO time.Duration) contendResult {
-	time.Sleep(time.Until(start))
-	var (
-		mu  sync.Mutex
-		res contendResult
-		wg  sync.WaitGroup
-	)
-	for _, c := range cs {
-		wg.Go(func() {
-			var n, errs, rerrs int64
-			var waits []int64
-			for time.Now().Before(end) {
-				ctx, cancel := context.WithTimeout(context.Background(), lockTO)
-				t0 := time.Now()
-				fence, err := c.lock(ctx)
-				if err != nil {
-					cancel()
-					errs++
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				wait := time.Since(t0)
-				g.critical(fence)
-				if !time.Now().After(end) {
-					n++
-					waits = append(waits, int64(wait))
-				}
-				if err := c.unlock(ctx); err != nil {
-					rerrs++
-				}
-				cancel()
-			}
-			mu.Lock()
-			res.CS += n
-			res.Errors += errs
-			res.ReleaseErrors += rerrs
-			res.Waits = append(res.Waits, waits...)
-			mu.Unlock()
-		})
+	keyed := make([]keyedContender, len(cs))
+	for i, c := range cs {
+		keyed[i] = oneKey{c}
 	}
-	wg.Wait()
-	return res
+	return contendKeys(keyed, []guard{g}, start, end, lockTO, 0).contendResult
+}
+
+// oneKey is a contender of one key as contendKeys drives it (its only key is 0; no retries).
+type oneKey struct{ contender }
+
+func (o oneKey) lock(ctx context.Context, _ int) (int64, int64, error) {
+	fence, err := o.contender.lock(ctx)
+	return fence, 0, err
 }
 
 // hotInProcess runs scenario 2 for one row: c.hot goroutines of this process on one key.
@@ -410,7 +382,7 @@ func (b *bench) sessions(n int) error {
 		return nil
 	}
 	made := make([]*concurrency.Session, add)
-	errs, first := parallel(add, sessionMakers, func(i int) (err error) {
+	errs, first := memstat.Parallel(add, sessionMakers, func(i int) (err error) {
 		made[i], err = concurrency.NewSession(b.cli, concurrency.WithTTL(leaseSeconds))
 		return err
 	})
@@ -433,39 +405,8 @@ func (b *bench) closeSessionsBeyond(n int) {
 	}
 	extra := b.hotSess[n:]
 	b.hotSess = b.hotSess[:n]
-	parallel(len(extra), sessionMakers, func(i int) error { return extra[i].Close() })
+	memstat.Parallel(len(extra), sessionMakers, func(i int) error { return extra[i].Close() })
 }
 
 // sessionMakers is how many goroutines grant or revoke sessions at once.
 const sessionMakers = 32
-
-// parallel runs fn(i) for i in [0, n) on k goroutines; it returns how many failed and the
-// first error.
-func parallel(n, k int, fn func(i int) error) (int64, error) {
-	var (
-		next, errs atomic.Int64
-		mu         sync.Mutex
-		first      error
-		wg         sync.WaitGroup
-	)
-	for range min(n, k) {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := fn(i); err != nil {
-					errs.Add(1)
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errs.Load(), first
-}

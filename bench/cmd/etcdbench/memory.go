@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/etcdstore"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -203,43 +204,43 @@ func (b *bench) holdMutex(n int) holdResult {
 // slices, built before the baseline, live through all three measurements.
 func (b *bench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
 	h := holdResult{row: row, n: n, window: b.c.d6hold}
-	parallel(min(n, s6Warm), s6Acquirers, b.bounded(warm))
+	memstat.Parallel(min(n, s6Warm), s6Acquirers, b.bounded(warm))
 	rss0 := b.srv.rss()
-	l0 := live()
+	l0 := memstat.Live()
 
 	t0 := time.Now()
-	h.errors, h.firstErr = parallel(n, s6Acquirers, b.bounded(lock))
+	h.errors, h.firstErr = memstat.Parallel(n, s6Acquirers, b.bounded(lock))
 	h.acquire = time.Since(t0)
-	settleGoroutines(l0.gor, time.Second) // the acquirers
-	l1 := live()
+	memstat.SettleGoroutines(l0.Goroutines, time.Second) // the acquirers
+	l1 := memstat.Live()
 	rss1 := b.srv.rss()
 
-	peak := peakSampler()
+	peak := memstat.PeakSampler()
 	s0 := b.srv.stats()
 	time.Sleep(b.c.d6hold)
 	s1 := b.srv.stats()
-	h.peakGor = peak() - l0.gor
+	h.peakGor = peak() - l0.Goroutines
 
 	t1 := time.Now()
 	var firstErr error
-	h.releaseFails, firstErr = parallel(n, s6Acquirers, b.bounded(unlock))
+	h.releaseFails, firstErr = memstat.Parallel(n, s6Acquirers, b.bounded(unlock))
 	h.release = time.Since(t1)
 	if h.firstErr == nil {
 		h.firstErr = firstErr
 	}
-	settleGoroutines(l0.gor, 2*time.Second) // goroutines a release ends exit on their own schedule
-	l2 := live()
+	memstat.SettleGoroutines(l0.Goroutines, 2*time.Second) // goroutines a release ends exit on their own schedule
+	l2 := memstat.Live()
 	keepAlive()
 
 	fn := float64(n)
-	h.heap, h.stack, h.gor = (l1.heap-l0.heap)/fn, (l1.stack-l0.stack)/fn, float64(l1.gor-l0.gor)/fn
+	h.heap, h.stack, h.gor = (l1.Heap-l0.Heap)/fn, (l1.Stack-l0.Stack)/fn, float64(l1.Goroutines-l0.Goroutines)/fn
 	if rss0 > 0 && rss1 > 0 {
 		h.etcdRSS = float64(rss1-rss0) / fn
 	}
 	d := s1.sub(s0)
 	h.cpuMs = float64(d.self.Microseconds()) / 1e3 / b.c.d6hold.Seconds()
 	h.rpcs, h.keepAlives = d.rpcs/b.c.d6hold.Seconds(), d.keepAlives/b.c.d6hold.Seconds()
-	h.afterHeap, h.afterGor = (l2.heap-l0.heap)/fn, l2.gor-l0.gor
+	h.afterHeap, h.afterGor = (l2.Heap-l0.Heap)/fn, l2.Goroutines-l0.Goroutines
 	return h
 }
 
@@ -298,7 +299,7 @@ func (b *bench) waitMutex(w int) waitResult {
 	}
 	sessions := make([]*concurrency.Session, w)
 	defer func() {
-		parallel(w, sessionMakers, func(i int) error {
+		memstat.Parallel(w, sessionMakers, func(i int) error {
 			if sessions[i] == nil {
 				return nil
 			}
@@ -308,7 +309,7 @@ func (b *bench) waitMutex(w int) waitResult {
 	ms := make([]*concurrency.Mutex, w)
 	return b.wait(rowMutex, w, 0,
 		func() error {
-			errs, first := parallel(w, sessionMakers, func(i int) (err error) {
+			errs, first := memstat.Parallel(w, sessionMakers, func(i int) (err error) {
 				sessions[i], err = concurrency.NewSession(b.cli, concurrency.WithTTL(leaseSeconds))
 				return err
 			})
@@ -335,13 +336,13 @@ func (b *bench) wait(row string, w int, heldFence int64, prepare func() error,
 	r := waitResult{row: row, w: w, sessionHeap: -1, sessionGor: -1}
 	g := newLocalGuard()
 	g.enter(heldFence) // the benchmark is inside until it releases: a waiter granted before is a violation
-	l0 := live()
+	l0 := memstat.Live()
 	if prepare != nil {
 		if err := prepare(); err != nil {
 			fatalf("scenario 6: %v", err)
 		}
-		lp := live()
-		r.sessionHeap, r.sessionGor = (lp.heap-l0.heap)/float64(w), float64(lp.gor-l0.gor)/float64(w)
+		lp := memstat.Live()
+		r.sessionHeap, r.sessionGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 		l0 = lp
 	}
 
@@ -386,7 +387,7 @@ func (b *bench) wait(row string, w int, heldFence int64, prepare func() error,
 		})
 	}
 	time.Sleep(s6Settle)
-	l1 := live()
+	l1 := memstat.Live()
 	s0 := b.srv.stats()
 	time.Sleep(s6WaitWindow)
 	d := b.srv.stats().sub(s0)
@@ -401,7 +402,7 @@ func (b *bench) wait(row string, w int, heldFence int64, prepare func() error,
 	wg.Wait()
 
 	fw := float64(w)
-	r.heap, r.stack, r.gor = (l1.heap-l0.heap)/fw, (l1.stack-l0.stack)/fw, float64(l1.gor-l0.gor)/fw
+	r.heap, r.stack, r.gor = (l1.Heap-l0.Heap)/fw, (l1.Stack-l0.Stack)/fw, float64(l1.Goroutines-l0.Goroutines)/fw
 	r.rpcs, r.keepAlives = d.rpcs/s6WaitWindow.Seconds(), d.keepAlives/s6WaitWindow.Seconds()
 	r.cpuMs = float64(d.self.Microseconds()) / 1e3 / s6WaitWindow.Seconds()
 	r.served, r.errors, r.firstErr = served.Load(), errs.Load(), firstErr
@@ -418,59 +419,4 @@ func closeFlightlock(store *etcdstore.Store, l *flightlock.Locker) {
 	defer cancel()
 	_ = l.Drain(ctx)
 	_ = store.Close()
-}
-
-// liveState is what the process holds after a full collection.
-type liveState struct {
-	heap, stack float64 // bytes: live heap objects, goroutine stacks in use
-	gor         int
-}
-
-// live collects twice (the first collection's finalizers may free more) and reads the live
-// heap, the stacks in use and the goroutine count.
-func live() liveState {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return liveState{heap: float64(ms.HeapAlloc), stack: float64(ms.StackInuse), gor: runtime.NumGoroutine()}
-}
-
-// settleGoroutines waits up to d for the goroutine count to come down to base and returns the
-// last count.
-func settleGoroutines(base int, d time.Duration) int {
-	deadline := time.Now().Add(d)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= base || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// peakSampler records the highest goroutine count, every 2ms, until stopped.
-func peakSampler() (stop func() int) {
-	var peak atomic.Int64
-	done, finished := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(2 * time.Millisecond)
-		defer t.Stop()
-		for {
-			if n := int64(runtime.NumGoroutine()); n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() int {
-		close(done)
-		<-finished
-		return int(peak.Load()) - 1 // not the sampler itself
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/shm"
+	"github.com/flightlock/flightlock/bench/internal/workerproc"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -52,12 +52,6 @@ func mapGuard(path string, create bool) (guard, func(), error) {
 	return guard{&w[0], &w[1], &w[2], &w[3]}, unmap, nil
 }
 
-type worker struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Reader
-}
-
 // hotProcesses runs scenario 3 for one row.
 func (b *bench) hotProcesses(row string, rep int) rowResult {
 	return b.runProcs(row, fmt.Sprintf("mp-%d", rep), b.c.procs, b.c.perProc, b.c.d3)
@@ -75,48 +69,40 @@ func (b *bench) runProcs(row, key string, procs, perProc int, d time.Duration) r
 	defer unmap()
 	defer os.Remove(shm)
 
-	ws := make([]*worker, procs)
+	ws := make([]*workerproc.Proc, procs)
 	for i := range ws {
 		cmd := exec.Command(os.Args[0], workerFlag,
 			"-lib", row, "-ep", b.srv.clientURL, "-key", key, "-g", strconv.Itoa(perProc),
 			"-d", d.String(), "-shm", shm, "-to", b.c.lockTO.String())
-		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		stdin, err := cmd.StdinPipe()
+		w, err := workerproc.Start(cmd)
 		if err != nil {
-			fatalf("worker stdin: %v", err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			fatalf("worker stdout: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			fatalf("start worker: %v", err)
+			fatalf("%v", err)
 		}
 		workersMu.Lock()
 		workers[cmd.Process.Pid] = cmd
 		workersMu.Unlock()
-		ws[i] = &worker{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+		ws[i] = w
 	}
 	defer func() {
 		for _, w := range ws {
-			_ = w.cmd.Process.Kill() // a no-op for a worker that has exited
-			_ = w.cmd.Wait()
+			_ = w.Cmd.Process.Kill() // a no-op for a worker that has exited
+			_ = w.Cmd.Wait()
 			workersMu.Lock()
-			delete(workers, w.cmd.Process.Pid)
+			delete(workers, w.Cmd.Process.Pid)
 			workersMu.Unlock()
 		}
 	}()
 	for _, w := range ws {
-		line, err := readLine(w.out, 60*time.Second)
+		line, err := readLine(w.Out, 60*time.Second)
 		if err != nil || line != "READY" {
 			killWorkers()
-			fatalf("worker %d not ready: %q %v", w.cmd.Process.Pid, line, err)
+			fatalf("worker %d not ready: %q %v", w.Cmd.Process.Pid, line, err)
 		}
 	}
 	start := time.Now().Add(200 * time.Millisecond)
 	for _, w := range ws {
-		fmt.Fprintf(w.stdin, "%d\n", start.UnixNano())
+		fmt.Fprintf(w.Stdin, "%d\n", start.UnixNano())
 	}
 	time.Sleep(time.Until(start))
 	s0 := b.srv.stats()
@@ -126,15 +112,15 @@ func (b *bench) runProcs(row, key string, procs, perProc int, d time.Duration) r
 	r := rowResult{window: d}
 	var waits []int64
 	for _, w := range ws {
-		line, err := readLine(w.out, b.c.lockTO+30*time.Second)
+		line, err := readLine(w.Out, b.c.lockTO+30*time.Second)
 		if err != nil {
 			killWorkers()
-			fatalf("worker %d: no result: %v", w.cmd.Process.Pid, err)
+			fatalf("worker %d: no result: %v", w.Cmd.Process.Pid, err)
 		}
 		var cr contendResult
 		if err := json.Unmarshal([]byte(line), &cr); err != nil {
 			killWorkers()
-			fatalf("worker %d: bad result %q: %v", w.cmd.Process.Pid, line, err)
+			fatalf("worker %d: bad result %q: %v", w.Cmd.Process.Pid, line, err)
 		}
 		r.ops += cr.CS
 		r.errors += cr.Errors

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
 // Scenario 9 of issue 17: what each held lock and each waiter costs.
@@ -83,20 +86,6 @@ func (b *bench) scenario9() *s9Results {
 	return out
 }
 
-// liveState is what the process holds after a full collection.
-type liveState struct {
-	heap, stack float64 // bytes: live heap objects, goroutine stacks in use
-	gor         int
-}
-
-func live() liveState {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return liveState{heap: float64(ms.HeapAlloc), stack: float64(ms.StackInuse), gor: runtime.NumGoroutine()}
-}
-
 // warmPool locks and releases up to s9Warm keys of its own with the concurrency of the measured
 // acquisition, before the baseline: the client's pool then holds the connections it will use (go-redis keeps
 // 32 KiB read and 32 KiB write buffers per connection), which are the client's fixed cost, not
@@ -109,81 +98,13 @@ func warmPool(ctx context.Context, im impl, n int) {
 	for i := range keys {
 		keys[i] = im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
-	_, _ = parallel(len(keys), s9Acquirers, func(i int) error {
+	_, _ = memstat.Parallel(len(keys), s9Acquirers, func(i int) error {
 		h, err := im.lock(ctx, keys[i])
 		if err != nil {
 			return err
 		}
 		return im.unlock(ctx, keys[i], h)
 	})
-}
-
-// settleGoroutines waits up to d for the goroutine count to come down to base (goroutines
-// that a release ends exit on their own schedule) and returns the last count.
-func settleGoroutines(base int, d time.Duration) int {
-	deadline := time.Now().Add(d)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= base || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// parallel runs fn(i) for i in [0, n) on k goroutines and returns the errors and first error.
-func parallel(n, k int, fn func(i int) error) (int64, string) {
-	var (
-		next, errs atomic.Int64
-		mu         sync.Mutex
-		first      string
-		wg         sync.WaitGroup
-	)
-	for range k {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := fn(i); err != nil {
-					errs.Add(1)
-					setErr(&mu, &first, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return errs.Load(), first
-}
-
-// peakSampler records the highest goroutine count until stopped.
-func peakSampler() (stop func() int) {
-	var peak atomic.Int64
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(2 * time.Millisecond)
-		defer t.Stop()
-		for {
-			if n := int64(runtime.NumGoroutine()); n > peak.Load() {
-				peak.Store(n)
-			}
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() int {
-		close(done)
-		<-finished
-		return int(peak.Load()) - 1 // not the sampler itself
-	}
 }
 
 func (b *bench) s9Hold(r rowSpec, n int) metrics {
@@ -196,23 +117,23 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 	hs := make([]any, n)
 	warmPool(ctx, im, n)
 	mem0 := b.adm.usedMemory(ctx)
-	l0 := live()
+	l0 := memstat.Live()
 
 	t0 := time.Now()
-	errs, firstErr := parallel(n, s9Acquirers, func(i int) (err error) {
+	errs, first := memstat.Parallel(n, s9Acquirers, func(i int) (err error) {
 		hs[i], err = im.lock(ctx, keys[i])
 		return err
 	})
 	acquire := time.Since(t0)
-	settleGoroutines(l0.gor, time.Second) // the acquirers
-	l1 := live()
+	memstat.SettleGoroutines(l0.Goroutines, time.Second) // the acquirers
+	l1 := memstat.Live()
 	mem1 := b.adm.usedMemory(ctx)
 
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
 	}
-	peak := peakSampler()
+	peak := memstat.PeakSampler()
 	s0, rt0 := b.snap(), im.roundTrips()
 	time.Sleep(window)
 	ccpu := processCPU() - s0.ccpu
@@ -220,7 +141,7 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 	rts := im.roundTrips() - rt0
 	peakGor := peak()
 
-	rerrs, rfirst := parallel(n, s9Acquirers, func(i int) error {
+	rerrs, rfirst := memstat.Parallel(n, s9Acquirers, func(i int) error {
 		if hs[i] == nil {
 			return nil
 		}
@@ -228,31 +149,29 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 		hs[i] = nil
 		return err
 	})
-	if firstErr == "" {
-		firstErr = rfirst
-	}
-	settleGoroutines(l0.gor, 2*time.Second)
-	l2 := live()
+	first = cmp.Or(first, rfirst)
+	memstat.SettleGoroutines(l0.Goroutines, 2*time.Second)
+	l2 := memstat.Live()
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
 	runtime.KeepAlive(hs)
-	if firstErr != "" {
-		progress("s9 hold %d %s: %s", n, r.id, firstErr)
+	if first != nil {
+		progress("s9 hold %d %s: %v", n, r.id, first)
 	}
 	fn := float64(n)
 	return metrics{
 		"n":          fn,
 		"acquire":    float64(acquire.Nanoseconds()),
-		"heap":       (l1.heap - l0.heap) / fn,
-		"stack":      (l1.stack - l0.stack) / fn,
-		"gor":        float64(l1.gor-l0.gor) / fn,
-		"peak_gor":   float64(peakGor - l0.gor),
+		"heap":       (l1.Heap - l0.Heap) / fn,
+		"stack":      (l1.Stack - l0.Stack) / fn,
+		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
+		"peak_gor":   float64(peakGor - l0.Goroutines),
 		"redis":      (float64(mem1) - float64(mem0)) / fn,
 		"window":     window.Seconds(),
 		"ccpu_ms":    float64(ccpu.Microseconds()) / 1e3 / window.Seconds(),
 		"cmds_s":     float64(delta.total()) / window.Seconds(),
 		"rt_s":       float64(rts) / window.Seconds(),
-		"after_heap": (l2.heap - l0.heap) / fn,
-		"after_gor":  float64(l2.gor - l0.gor),
+		"after_heap": (l2.Heap - l0.Heap) / fn,
+		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
 		"errors":     float64(errs + rerrs),
 	}
 }
@@ -265,7 +184,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	if err != nil {
 		fatalf("s9 %s: hold: %v", r.id, err)
 	}
-	l0 := live()
+	l0 := memstat.Live()
 
 	ctx, cancel := context.WithTimeout(bg, s9Settle+s9WaitWindow+s9ServeBound)
 	defer cancel()
@@ -307,7 +226,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 		}()
 	}
 	time.Sleep(s9Settle)
-	l1 := live()
+	l1 := memstat.Live()
 	s0, rt0 := b.snap(), im.roundTrips()
 	time.Sleep(s9WaitWindow)
 	ccpu := processCPU() - s0.ccpu
@@ -326,9 +245,9 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	}
 	m := metrics{
 		"w":       float64(w),
-		"heap":    (l1.heap - l0.heap) / float64(w),
-		"stack":   (l1.stack - l0.stack) / float64(w),
-		"gor":     float64(l1.gor-l0.gor) / float64(w),
+		"heap":    (l1.Heap - l0.Heap) / float64(w),
+		"stack":   (l1.Stack - l0.Stack) / float64(w),
+		"gor":     float64(l1.Goroutines-l0.Goroutines) / float64(w),
 		"rt_s":    float64(rts) / s9WaitWindow.Seconds(),
 		"cmds_s":  float64(delta.total()) / s9WaitWindow.Seconds(),
 		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/shm"
+	"github.com/flightlock/flightlock/bench/internal/workerproc"
 )
 
 // Scenario 3 runs the contention of scenario 2 in several processes: the binary re-executes
@@ -112,36 +113,20 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 		fatalf("s3: %v", err)
 	}
 	hard := 6*d + 10*time.Second
-	type proc struct {
-		cmd   *exec.Cmd
-		stdin interface {
-			Write([]byte) (int, error)
-			Close() error
-		}
-		out *bufio.Reader
-	}
-	ps := make([]proc, procs)
+	ps := make([]*workerproc.Proc, procs)
 	for i := range ps {
 		cmd := exec.Command(self, "-worker", "-row", r.id, "-addr", b.addr, "-key", key,
 			"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
 			"-hard", hard.String(), "-shm", shm)
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
+		p, err := workerproc.Start(cmd)
 		if err != nil {
 			fatalf("s3: %v", err)
-		}
-		outp, err := cmd.StdoutPipe()
-		if err != nil {
-			fatalf("s3: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			fatalf("s3: start worker: %v", err)
 		}
 		workers.add(cmd)
-		ps[i] = proc{cmd: cmd, stdin: in, out: bufio.NewReader(outp)}
+		ps[i] = p
 	}
 	for i, p := range ps {
-		line, err := p.out.ReadString('\n')
+		line, err := p.Out.ReadString('\n')
 		if err != nil || strings.TrimSpace(line) != "READY" {
 			fatalf("s3: worker %d of %s did not get ready: %q %v", i, r.id, line, err)
 		}
@@ -149,20 +134,20 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	s0 := b.snap()
 	start := time.Now().Add(50 * time.Millisecond)
 	for _, p := range ps {
-		_, _ = fmt.Fprintf(p.stdin, "%d\n", start.UnixNano())
-		_ = p.stdin.Close()
+		_, _ = fmt.Fprintf(p.Stdin, "%d\n", start.UnixNano())
+		_ = p.Stdin.Close()
 	}
 	results := make([]workerResult, len(ps))
 	for i, p := range ps {
-		line, err := p.out.ReadString('\n')
+		line, err := p.Out.ReadString('\n')
 		if err != nil {
 			fatalf("s3: worker %d of %s: %v", i, r.id, err)
 		}
 		if err := json.Unmarshal([]byte(line), &results[i]); err != nil {
 			fatalf("s3: worker %d of %s: %v (%q)", i, r.id, err, line)
 		}
-		_ = p.cmd.Wait()
-		workers.remove(p.cmd)
+		_ = p.Cmd.Wait()
+		workers.remove(p.Cmd)
 	}
 	delta := diffStats(s0.cmds, b.stats())
 	var ops, cpu int64

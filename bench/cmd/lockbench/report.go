@@ -12,11 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/logchart"
 	"github.com/flightlock/flightlock/lockstore"
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 )
 
 type machine struct {
@@ -396,58 +393,18 @@ func rowColor(id string) color.RGBA {
 // drawLogChart draws one metric's medians against xs on log-log axes, one line per row of
 // at(xs[0]) (rows are matched by id at the other points; a point without data is left out).
 func drawLogChart(path, title, xlabel, ylabel string, xs []int, at func(x int) []*result, metric string) error {
-	p := plot.New()
-	p.Title.Text = title
-	p.X.Label.Text = xlabel
-	p.Y.Label.Text = ylabel
-	p.X.Scale = plot.LogScale{}
-	p.Y.Scale = plot.LogScale{}
-	var xt []plot.Tick
-	for _, x := range xs {
-		xt = append(xt, plot.Tick{Value: float64(x), Label: fmtInt(float64(x))})
-	}
-	p.X.Tick.Marker = plot.ConstantTicks(xt)
-	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = false
-	p.Legend.Left = true
-	p.Legend.YOffs = vg.Points(10)
-	p.Add(plotter.NewGrid())
-	lo, hi := math.Inf(1), 0.0
+	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: ylabel, X: xs,
+		XTick: func(x int) string { return fmtInt(float64(x)) }}
 	for _, row := range at(xs[0]) {
-		pts := make(plotter.XYs, 0, len(xs))
+		y := make(map[int]float64, len(xs))
 		for _, x := range xs {
-			v := find(at(x), row.Row).med(metric)
-			if v <= 0 {
-				continue
-			}
-			lo, hi = math.Min(lo, v), math.Max(hi, v)
-			pts = append(pts, plotter.XY{X: float64(x), Y: v})
+			y[x] = find(at(x), row.Row).med(metric)
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		line, points, err := plotter.NewLinePoints(pts)
-		if err != nil {
-			return err
-		}
-		c := rowColor(row.Row)
-		line.Color, points.Color = c, c
-		line.Width = vg.Points(1.5)
-		if row.Row == "flightlock" {
-			line.Width = vg.Points(3)
-		}
-		if strings.HasSuffix(row.Row, "-1ms") {
-			line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
-			points.Shape = draw.TriangleGlyph{}
-		}
-		p.Add(line, points)
-		p.Legend.Add(row.Label, line, points)
+		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
+			Bold: row.Row == "flightlock", Dashed: strings.HasSuffix(row.Row, "-1ms")})
 	}
-	if hi == 0 {
-		return nil // nothing measured
-	}
-	p.Y.Min, p.Y.Max = lo/2, hi*2
-	return p.Save(9*vg.Inch, 6*vg.Inch, path)
+	_, err := logchart.Draw(path, c) // nothing measured: no chart
+	return err
 }
 
 func loadNow() string {

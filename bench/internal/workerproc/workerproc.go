@@ -1,0 +1,38 @@
+// Package workerproc starts the worker processes of the benchmarks' multi-process scenarios
+// (lockbench and etcdbench re-execute themselves as workers): the parent writes the common
+// start time to a worker's standard input and reads its READY line and its result from its
+// standard output.
+package workerproc
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+)
+
+// Proc is a started worker.
+type Proc struct {
+	Cmd   *exec.Cmd
+	Stdin io.WriteCloser
+	Out   *bufio.Reader
+}
+
+// Start starts cmd (its standard error goes to this process's) with pipes to its standard
+// input and output.
+func Start(cmd *exec.Cmd) (*Proc, error) {
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("worker stdin: %w", err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("worker stdout: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	return &Proc{Cmd: cmd, Stdin: in, Out: bufio.NewReader(out)}, nil
+}
