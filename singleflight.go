@@ -2,10 +2,11 @@ package flightlock
 
 import (
 	"context"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
 // gate is the per-process single flight for each key: at most one goroutine of the process
@@ -242,21 +243,10 @@ func (g *gate) dropLocked(key string, e *gateEntry) {
 	}
 }
 
-// shrinkMin is the peak below which the gate's map is never rebuilt: a small map costs little
-// whatever it held.
-const shrinkMin = 256
-
-// shrinkLocked rebuilds the entries map, sized for what it holds now, once it holds a quarter
-// of its peak or less: the copy costs one step per entry left, paid for by the three times as
-// many deletions since the peak. g.mu must be held.
+// shrinkLocked rebuilds the entries map once it holds a quarter of its peak or less
+// (mapshrink). g.mu must be held.
 func (g *gate) shrinkLocked() {
-	n := len(g.entries)
-	if g.peak < shrinkMin || n > g.peak/4 {
-		return
-	}
-	m := make(map[string]*gateEntry, n)
-	maps.Copy(m, g.entries)
-	g.entries, g.peak = m, n
+	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
 // addBorrowed and removeBorrowed track the live re-entries of other processes' locks (they

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/mapshrink"
 	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -222,18 +222,10 @@ func (s *Store) update(key, owner string, f func(e *heldKey)) {
 	}
 }
 
-// heldShrinkMin is the peak below which held is never rebuilt: a small map costs little.
-const heldShrinkMin = 256
-
-// shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less. s.mu must be held.
+// shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less (mapshrink).
+// s.mu must be held.
 func (s *Store) shrinkHeldLocked() {
-	n := len(s.held)
-	if s.heldPeak < heldShrinkMin || n > s.heldPeak/4 {
-		return
-	}
-	m := make(map[entryKey]*heldKey, n)
-	maps.Copy(m, s.held)
-	s.held, s.heldPeak = m, n
+	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak)
 }
 
 // forget drops the entry of key for owner: the key is gone or another owner's.
