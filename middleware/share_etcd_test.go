@@ -14,12 +14,6 @@ import (
 
 	"github.com/zeromicro/go-zero/rest"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/flightlock/flightlock/internal/etcdtest"
 )
@@ -313,71 +307,5 @@ func TestShareEtcdAndRedisRules(t *testing.T) {
 // key gets InvalidArgument; an Unavailable reply is not replayed.
 func TestShareEtcdZrpc(t *testing.T) {
 	ec := etcdtest.Start(t)
-	ctx := context.Background()
-	var runs atomic.Int64
-	var fail atomic.Bool
-	handler := func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
-		n := runs.Add(1)
-		time.Sleep(200 * time.Millisecond)
-		if fail.Load() {
-			return nil, status.Error(codes.Unavailable, "try again")
-		}
-		return wrapperspb.String(fmt.Sprintf("run %d for %s", n, req.GetHost())), nil
-	}
-	rule := Rule{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share", Wait: 10 * time.Second}
-	var conns []*grpc.ClientConn
-	for range 2 {
-		m, err := New(etcdConf(ec, rule))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = m.Close() })
-		conns = append(conns, startZrpc(t, m, handler, 10*time.Second))
-	}
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var replies []string
-	replayed := 0
-	for i := range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			var md metadata.MD
-			reply := new(wrapperspb.StringValue)
-			err := conns[i%2].Invoke(ctx, fullMethod("Host"), &rpb.ServerReflectionRequest{Host: "a"}, reply, grpc.Header(&md))
-			mu.Lock()
-			defer mu.Unlock()
-			replies = append(replies, fmt.Sprintf("%v %s", err, reply.GetValue()))
-			if len(md.Get(ReplayedMetadata)) > 0 {
-				replayed++
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if got := runs.Load(); got != 1 {
-		t.Fatalf("the handler ran %d times for 12 duplicates on two servers, want 1", got)
-	}
-	for _, r := range replies {
-		if r != "<nil> run 1 for a" {
-			t.Fatalf("replies: %q", replies)
-		}
-	}
-	if replayed != 11 {
-		t.Errorf("%d replies marked %s, want 11", replayed, ReplayedMetadata)
-	}
-	_, err := call(ctx, conns[1], "Host", &rpb.ServerReflectionRequest{Host: "a", MessageRequest: &rpb.ServerReflectionRequest_FileByFilename{FileByFilename: "x"}})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Errorf("same key, another request: %v, want InvalidArgument", err)
-	}
-	fail.Store(true)
-	if _, err := call(ctx, conns[0], "Host", &rpb.ServerReflectionRequest{Host: "b"}); status.Code(err) != codes.Unavailable {
-		t.Fatalf("failing call: %v", err)
-	}
-	fail.Store(false)
-	if got, err := call(ctx, conns[1], "Host", &rpb.ServerReflectionRequest{Host: "b"}); err != nil || got != "run 3 for b" {
-		t.Errorf("retry after Unavailable on the other server: %q %v, want a run of its own (run 3)", got, err)
-	}
+	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf { return etcdConf(ec, rules...) })
 }

@@ -384,11 +384,22 @@ func startZrpc(t *testing.T, m *Middleware, unary handlerFunc, timeout time.Dura
 // not replayed.
 func TestShareZrpc(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := srv.Client()
+	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf {
+		return LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: rules}
+	})
+}
+
+// testShareZrpcOnTwoServers runs a share rule on two zrpc servers, each with its own
+// Middleware built from conf (two processes on one store): 12 duplicates started together on
+// both get the reply of the one call that ran the handler, 11 marked replayed; a changed
+// request under the same key gets InvalidArgument on either server; an Unavailable reply is
+// not replayed: the retry on the other server runs the handler again.
+func testShareZrpcOnTwoServers(t *testing.T, conf func(rules []Rule) LockConf) {
 	ctx := context.Background()
+	var runs atomic.Int64
 	var fail atomic.Bool
 	handler := func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
-		n := rdb.Incr(ctx, "runs").Val()
+		n := runs.Add(1)
 		time.Sleep(200 * time.Millisecond)
 		if fail.Load() {
 			return nil, status.Error(codes.Unavailable, "try again")
@@ -398,13 +409,14 @@ func TestShareZrpc(t *testing.T) {
 	rules := []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share", Wait: 10 * time.Second}}
 	var conns []*grpc.ClientConn
 	for range 2 {
-		m, err := New(LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: rules})
+		m, err := New(conf(rules))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = m.Close() })
 		conns = append(conns, startZrpc(t, m, handler, 10*time.Second))
 	}
+	start := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var replies []string
@@ -413,6 +425,7 @@ func TestShareZrpc(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			<-start
 			var md metadata.MD
 			reply := new(wrapperspb.StringValue)
 			err := conns[i%2].Invoke(ctx, fullMethod("Host"), &rpb.ServerReflectionRequest{Host: "a"}, reply, grpc.Header(&md))
@@ -424,9 +437,10 @@ func TestShareZrpc(t *testing.T) {
 			}
 		}()
 	}
+	close(start)
 	wg.Wait()
-	if runs := rdb.Get(ctx, "runs").Val(); runs != "1" {
-		t.Fatalf("the handler ran %s times for 12 duplicates on two servers, want 1", runs)
+	if got := runs.Load(); got != 1 {
+		t.Fatalf("the handler ran %d times for 12 duplicates on two servers, want 1", got)
 	}
 	for _, r := range replies {
 		if r != "<nil> run 1 for a" {
@@ -437,9 +451,11 @@ func TestShareZrpc(t *testing.T) {
 		t.Errorf("%d replies marked %s, want 11", replayed, ReplayedMetadata)
 	}
 	// Another request message under the same key.
-	_, err := call(ctx, conns[0], "Host", &rpb.ServerReflectionRequest{Host: "a", MessageRequest: &rpb.ServerReflectionRequest_FileByFilename{FileByFilename: "x"}})
-	if status.Code(err) != codes.InvalidArgument {
-		t.Errorf("same key, another request: %v, want InvalidArgument", err)
+	for i, conn := range conns {
+		_, err := call(ctx, conn, "Host", &rpb.ServerReflectionRequest{Host: "a", MessageRequest: &rpb.ServerReflectionRequest_FileByFilename{FileByFilename: "x"}})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("same key, another request on server %d: %v, want InvalidArgument", i, err)
+		}
 	}
 	// Unavailable is not replayed: the retry runs the handler.
 	fail.Store(true)
@@ -447,8 +463,8 @@ func TestShareZrpc(t *testing.T) {
 		t.Fatalf("failing call: %v", err)
 	}
 	fail.Store(false)
-	if got, err := call(ctx, conns[1], "Host", &rpb.ServerReflectionRequest{Host: "b"}); err != nil || !strings.HasPrefix(got, "run 3") {
-		t.Errorf("retry after Unavailable: %q %v, want a run of its own (run 3)", got, err)
+	if got, err := call(ctx, conns[1], "Host", &rpb.ServerReflectionRequest{Host: "b"}); err != nil || got != "run 3 for b" {
+		t.Errorf("retry after Unavailable on the other server: %q %v, want a run of its own (run 3)", got, err)
 	}
 }
 
