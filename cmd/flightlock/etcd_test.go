@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -356,12 +355,7 @@ func TestResolveEtcdTarget(t *testing.T) {
 
 func TestEtcdUsageErrors(t *testing.T) {
 	t.Setenv("ETCD_CLIENT_DEBUG", "fatal") // as main sets it: no retry warnings
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	_ = l.Close() // nothing listens here now
+	closed := closedAddr(t)
 	cases := []struct {
 		args []string
 		code int

@@ -78,13 +78,20 @@ func TestResolveTarget(t *testing.T) {
 	}
 }
 
-func TestUsageErrors(t *testing.T) {
+// closedAddr returns a loopback address where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := l.Addr().String()
+	addr := l.Addr().String()
 	_ = l.Close() // nothing listens here now
+	return addr
+}
+
+func TestUsageErrors(t *testing.T) {
+	closed := closedAddr(t)
 
 	cases := []struct {
 		args []string
