@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/flightlock/flightlock"
 )
 
 type results struct {
@@ -176,7 +178,7 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v;", c.d4, c.d5, c.d6hold)
 	p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
 	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTO)
-	p("  (64 handoffs or 20ms per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", leaseSeconds)
+	p("  (%d handoffs or %v per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, leaseSeconds)
 	p("  (TTL + 1s margin). One Mutex session per goroutine in scenarios 2 and 3 (a Mutex belongs to one session);")
 	p("  one session reused in scenario 1.")
 	p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", c.hot, c.keys)
@@ -363,12 +365,13 @@ func (r *results) why(c *config) string {
 		"another write, so the hot key moves at the speed of etcd's commits: %.0f critical sections per second here with "+
 		"%s etcd RPCs and %s fsyncs per section (%d goroutines in one process), %.0f/s across %d processes. flightlock's "+
 		"gate lets at most one goroutine per process talk to etcd for a key; the others queue in process, and a release "+
-		"hands the lock to the next local waiter with no round trip (up to 64 handoffs or 20ms per grant from etcd, then "+
+		"hands the lock to the next local waiter with no round trip (up to %d handoffs or %v per grant from etcd, then "+
 		"a real release so other processes get their turn). So etcd sees one acquisition and one release per batch of "+
 		"handoffs: %s RPCs and %s fsyncs per critical section in one process, %s and %s across %d processes, and the "+
 		"hot key runs at %.0f critical sections per second in one process (%.1fx Mutex) and %.0f/s across processes (%.1fx). "+
 		"The exclusion checks over every repetition of both scenarios counted %d inside and %d fence violations for flightlock.",
 		mu2, perOp(r.med(2, rowMutex, rpc)), perOp(r.med(2, rowMutex, fsy)), c.hot, mu3, c.procs,
+		flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
 		perOp(r.med(2, rowFlight, rpc)), perOp(r.med(2, rowFlight, fsy)),
 		perOp(r.med(3, rowFlight, rpc)), perOp(r.med(3, rowFlight, fsy)), c.procs,
 		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
