@@ -16,11 +16,14 @@ import (
 // released (live reaches 0); only then does the lock go to the next local waiter or back to
 // Redis, so no lease of a grant outlives it (issue 8, finding 8).
 type hold struct {
-	k        *keeper
-	key      string // full Redis key
-	owner    string
-	borrow   string     // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
-	acquired instant    // when the Redis acquisition was sent, for the handoff window
+	k      *keeper
+	key    string // full Redis key
+	owner  string
+	borrow string // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
+	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
+	// the handoff window counts from it. Written only by the owner of the gate slot, before it
+	// passes the slot on, and read by the owner.
+	acquired instant
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
 	base     int64      // fence of the Redis acquisition
 
@@ -120,6 +123,35 @@ func (h *hold) nextGrant() {
 	h.fence++
 	h.live = 1
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
+}
+
+// restart begins a new turn of a hold that a pass kept in Redis (keeper.pass) after stop: the
+// lock lives at least a TTL from sent, and the turn's first grant has fence, which the store
+// minted. It reports false, and leaves the hold stopped, when the hold was lost meanwhile.
+func (h *hold) restart(sent time.Time, fence int64) bool {
+	at := h.k.instant(sent)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost {
+		return false
+	}
+	h.stopped = false
+	h.acquired = at
+	h.base, h.fence = fence, fence
+	h.live = 1
+	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
+	h.renewAt = at.add(h.k.ttl / 3)
+	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	return true
+}
+
+// grantFence returns the fence of the current grant, and whether it is the first grant of its
+// turn (the store minted it: an acquisition or a pass), not a handoff's.
+func (h *hold) grantFence() (fence int64, first bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fence, h.fence == h.base
 }
 
 // currentFence returns the fence of the current grant.

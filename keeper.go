@@ -2,6 +2,7 @@ package flightlock
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -15,6 +16,7 @@ import (
 // and ending a grant is this one's.
 type keeper struct {
 	store     lockstore.Store
+	passer    lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
 	gate      *gate
 	wd        *watchdog // shared like the gate, unless a derived Locker runs on another clock
 	clock     clock
@@ -28,7 +30,8 @@ type keeper struct {
 }
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
-	return &keeper{store: store, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
+	passer, _ := store.(lockstore.Passer)
+	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer,
 		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
 }
@@ -86,8 +89,13 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 		return err
 	}
 	e := h.entry
-	if k.gate.handoff(h.key, e, h, k.handoff, k.window) {
+	switch k.gate.handoff(h.key, e, h, k.handoff, k.window) {
+	case handedOff:
 		return nil
+	case turnOver:
+		if k.passer != nil {
+			return k.pass(ctx, h, e)
+		}
 	}
 	var (
 		notified int
@@ -96,6 +104,34 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	if !h.local {
 		last := h.stop()
 		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", last)
+	}
+	k.gate.leave(h.key, e, notified > 0)
+	return err
+}
+
+// pass ends a turn of h at the handoff bounds while goroutines of this process wait for the
+// key: one round trip keeps the lock in Redis for the next of them, with a fresh fence, unless a
+// waiter elsewhere was refused meanwhile; then the lock is released as endGrant releases it,
+// and the next local owner lets the other processes go first. Without a pass, the end of a
+// turn cost a release and a fresh acquisition, two round trips in a row (issue 17).
+func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
+	last := h.stop()
+	sent := k.now()
+	kept, fence, notified, err := k.passer.Pass(k.releaseContext(ctx), h.key, h.owner, k.ttl, last)
+	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+		// The pass may have run unseen and kept the lock: release it (an owner-checked release
+		// of our own lock; the counter learns last either way).
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", last)
+	}
+	if kept {
+		if !k.tooLate(sent) && h.restart(sent, fence) {
+			if k.gate.passOn(h.key, e, h) {
+				return nil
+			}
+			h.stop()
+		}
+		// Kept, but too late to be trusted, lost meanwhile, or nobody here waits any more.
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", 0)
 	}
 	k.gate.leave(h.key, e, notified > 0)
 	return err

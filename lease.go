@@ -24,12 +24,17 @@ const (
 	// GrantBorrowed: re-entered another process's lock through an owner handed over by an
 	// upstream call, as one more hold of that lock in Redis.
 	GrantBorrowed
+	// GrantPass: received from the previous holder in this process at the end of its turn
+	// (WithHandoff's bounds), which one Redis command kept in the process with a new fence
+	// because nobody elsewhere had asked for the key (lockstore.Passer). The lease owns the
+	// key's gate slot.
+	GrantPass
 )
 
-var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed"}
+var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed", "pass"}
 
 // String returns the grant's name as metrics and traces label it: redis, handoff, reentry,
-// joined or borrowed.
+// joined, borrowed or pass.
 func (g Grant) String() string {
 	if int(g) < len(grantNames) {
 		return grantNames[g]

@@ -241,7 +241,11 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		h.entry = e
 		l.k.gate.setHold(e, h)
 	}
-	return newLease(ctx, h, grant, h.currentFence()), nil
+	fence, first := h.grantFence()
+	if grant == GrantHandoff && first {
+		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
+	}
+	return newLease(ctx, h, grant, fence), nil
 }
 
 // reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once down

@@ -171,21 +171,50 @@ func (g *gate) setHold(e *gateEntry, h *hold) {
 	g.mu.Unlock()
 }
 
+// Outcomes of gate.handoff.
+type handoffOutcome uint8
+
+const (
+	notHanded handoffOutcome = iota // nobody queued, handoff off, or h cannot go on (lost, shared, local, running out)
+	handedOff                       // the next waiter has the slot and h
+	turnOver                        // waiters queue and h could go on, but the bounds end its turn
+)
+
 // handoff passes h and the slot straight to the next queued waiter, if there is one, the
 // fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
-// window ago), and h has enough time left. It reports whether it did.
-func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time.Duration) bool {
-	if h == nil || h.local || h.k.sinceInstant(h.acquired) >= window || !h.handable() {
-		return false
+// window ago), and h has enough time left.
+func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time.Duration) handoffOutcome {
+	if h == nil || h.local || bound == 0 || window == 0 || !h.handable() {
+		return notHanded
 	}
+	late := h.k.sinceInstant(h.acquired) >= window
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e.queued() == 0 || int(e.handoffs) >= bound || g.closed.Load() {
-		return false
+	if e.queued() == 0 || g.closed.Load() {
+		return notHanded
+	}
+	if late || int(e.handoffs) >= bound {
+		return turnOver
 	}
 	e.handoffs++
 	e.hold = h
 	h.nextGrant() // a fence of its own for the next holder (issue 8, finding 7)
+	g.grantLocked(e)
+	g.dropLocked(key, e)
+	return handedOff
+}
+
+// passOn gives the slot and h, which a pass kept in Redis for a new turn (keeper.pass), to the
+// next queued waiter. It reports false when nobody waits any more or the gate closed: the
+// caller then releases h.
+func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e.queued() == 0 || g.closed.Load() {
+		return false
+	}
+	e.handoffs = 0
+	e.hold = h
 	g.grantLocked(e)
 	g.dropLocked(key, e)
 	return true

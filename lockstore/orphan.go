@@ -42,5 +42,5 @@ func (s *RedisStore) giveUp(key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
 	// The hold handed out no fence beyond the one it was granted: "0" (release.lua).
-	_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold).Err()
+	_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
 }

@@ -42,6 +42,7 @@ const (
 const (
 	releaseNotHeld   = -1
 	releaseHoldsLeft = -2 // one hold given up; re-entries of other processes keep the key
+	releaseKept      = 3  // {3, fence}: a pass kept the lock for its owner (Pass)
 )
 
 // DefaultChannelPrefix is put before a lock key to name its release notification channel.
@@ -407,13 +408,31 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	if err := checkHold(hold, true); err != nil {
 		return 0, err
 	}
-	var (
-		n   int64
-		err error
-	)
+	_, _, n, err := s.release(ctx, "release", key, owner, hold, lastFence, "")
+	return n, err
+}
+
+// Pass implements Passer. With WithReplicas it never keeps the lock: a kept lock would need
+// its own WAIT, and the Locker's fresh acquisition brings one.
+func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return false, 0, 0, err
+	}
+	passTTL := strconv.FormatInt(ttlMillis(ttl), 10)
+	if s.replicas > 0 {
+		passTTL = ""
+	}
+	return s.release(ctx, "pass", key, owner, "", lastFence, passTTL)
+}
+
+// release runs release.lua: a release of hold, or with passTTL set, a pass (Passer). The
+// caller checked the arguments.
+func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
+	var cmd *redis.Cmd
 	for {
-		n, err = s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
-			strconv.FormatInt(max(lastFence, 0), 10), hold).Int64()
+		cmd = s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
+			strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
+		err = cmd.Err()
 		if !isTryAgain(err) && !isRedirect(err) {
 			break
 		}
@@ -425,21 +444,29 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 		}
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("flightlock: release %q: %w (%w)", key, err, ctx.Err())
+			return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w (%w)", op, key, err, ctx.Err())
 		case <-time.After(tryAgainPause):
 		}
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
-		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+		return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w", op, key, err)
+	}
+	n, ok := cmd.Val().(int64)
+	if !ok {
+		code, f, _, err := reply(cmd) // {3, fence}: kept (a pass)
+		if err != nil || code != releaseKept {
+			return false, 0, 0, fmt.Errorf("flightlock: %s %q: unexpected reply %v (%v)", op, key, cmd.Val(), err)
+		}
+		return true, f, 0, nil
 	}
 	switch n {
 	case releaseNotHeld:
-		return 0, ErrNotHeld
+		return false, 0, 0, ErrNotHeld
 	case releaseHoldsLeft:
-		return 0, nil
+		return false, 0, 0, nil
 	}
-	return int(n), nil
+	return false, 0, int(n), nil
 }
 
 // TTL implements Store.

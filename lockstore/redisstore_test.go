@@ -614,3 +614,138 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 		}
 	})
 }
+
+// Pass (the end of a turn of a lock whose process has more goroutines waiting for it) keeps an
+// unmarked lock that only its acquisition holds, with a fence above every earlier grant, the
+// counter and the fences handed out locally; everything else it releases as Release does.
+func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		// Kept: a new fence above the local ones, the counter raised to it, the metadata and
+		// a longer TTL kept (a pass never shortens a lock).
+		got, err := b.store.Acquire(ctx, "lock:p1", ownerA, time.Minute, "req=1")
+		if err != nil || !got.Acquired {
+			t.Fatalf("acquire = %+v, %v", got, err)
+		}
+		local := got.Fence + int64(time.Hour/time.Microsecond) // handoffs ran ahead of the clock
+		kept, fence, n, err := b.store.Pass(ctx, "lock:p1", ownerA, time.Second, local)
+		if err != nil || !kept || n != 0 {
+			t.Fatalf("pass of an unmarked lock = %v, %d, %d, %v; want kept", kept, fence, n, err)
+		}
+		if fence <= local {
+			t.Fatalf("pass fence %d, not above the local fences (%d)", fence, local)
+		}
+		if v := b.client.Get(ctx, "lock:p1").Val(); v != ownerA+" "+strconv.FormatInt(fence, 10)+" 1 req=1" {
+			t.Fatalf("value after the pass = %q", v)
+		}
+		if c, _ := b.client.Get(ctx, fenceKey("lock:p1")).Int64(); c != fence {
+			t.Fatalf("counter after the pass = %d, want %d", c, fence)
+		}
+		if d := b.client.PTTL(ctx, "lock:p1").Val(); d < 30*time.Second {
+			t.Fatalf("the pass cut the TTL to %v", d)
+		}
+		if next, _, _, err := b.store.Pass(ctx, "lock:p1", ownerA, time.Second, 0); err != nil || !next {
+			t.Fatalf("second pass = %v, %v", next, err)
+		}
+		if _, err := b.store.Release(ctx, "lock:p1", ownerA, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if after, err := b.store.Acquire(ctx, "lock:p1", ownerB, time.Second, ""); err != nil || after.Fence <= fence {
+			t.Fatalf("next owner = %+v, %v; want a fence above the pass's %d", after, err, fence)
+		}
+
+		// Another owner's lock, or none: ErrNotHeld, nothing changed.
+		before := b.client.Get(ctx, "lock:p1").Val()
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p1", ownerA, time.Second, 0); kept || !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("pass of another owner's lock = %v, %v; want ErrNotHeld", kept, err)
+		}
+		if v := b.client.Get(ctx, "lock:p1").Val(); v != before {
+			t.Fatalf("another owner's lock changed: %q -> %q", before, v)
+		}
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p-none", ownerA, time.Second, 0); kept || !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("pass of a free key = %v, %v; want ErrNotHeld", kept, err)
+		}
+
+		// Marked (an acquirer elsewhere was refused): released, and the waiters told.
+		w, err := b.store.Watch(ctx, "lock:p2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		for delivered := false; !delivered; { // the subscription is asynchronous: repeat
+			if _, err := b.store.Acquire(ctx, "lock:p2", ownerA, time.Minute, ""); err != nil {
+				t.Fatal(err)
+			}
+			if busy, _ := b.store.Acquire(ctx, "lock:p2", ownerB, time.Minute, ""); busy.Acquired {
+				t.Fatal("busy lock granted")
+			}
+			kept, _, n, err := b.store.Pass(ctx, "lock:p2", ownerA, time.Second, 0)
+			if err != nil || kept {
+				t.Fatalf("pass of a marked lock = %v, %v; want released", kept, err)
+			}
+			if b.client.Exists(ctx, "lock:p2").Val() != 0 {
+				t.Fatal("a marked lock was not released")
+			}
+			select {
+			case <-w.C():
+				delivered = n >= 1
+				if !delivered {
+					t.Fatalf("pass reported %d listeners yet delivered", n)
+				}
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+
+		// Re-entered from another process: the acquisition's hold is given up, the key stays.
+		if _, err := b.store.Acquire(ctx, "lock:p3", ownerA, time.Minute, ""); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.store.Reenter(ctx, "lock:p3", ownerA, "h1", time.Minute); err != nil || !got.Acquired {
+			t.Fatalf("re-enter = %+v, %v", got, err)
+		}
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p3", ownerA, time.Second, 0); err != nil || kept {
+			t.Fatalf("pass of a re-entered lock = %v, %v; want its own hold released", kept, err)
+		}
+		if b.client.Exists(ctx, "lock:p3").Val() != 1 {
+			t.Fatal("the pass deleted a lock a re-entry still holds")
+		}
+		if _, err := b.store.Release(ctx, "lock:p3", ownerA, "h1", 0); err != nil {
+			t.Fatal(err)
+		}
+
+		// A counter the script cannot read: released rather than kept, the counter as found.
+		fk := fenceKey("lock:p4")
+		if _, err := b.store.Acquire(ctx, "lock:p4", ownerA, time.Minute, ""); err != nil {
+			t.Fatal(err)
+		}
+		b.client.Set(ctx, fk, "not a fence", 0)
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p4", ownerA, time.Second, 0); err != nil || kept {
+			t.Fatalf("pass with a bad counter = %v, %v; want released", kept, err)
+		}
+		if b.client.Exists(ctx, "lock:p4").Val() != 0 || b.client.Get(ctx, fk).Val() != "not a fence" {
+			t.Fatalf("after a pass with a bad counter: lock %d, counter %q", b.client.Exists(ctx, "lock:p4").Val(), b.client.Get(ctx, fk).Val())
+		}
+
+		// Bad arguments are refused before anything is sent.
+		if _, _, _, err := b.store.Pass(ctx, "lock:p5", ownerA, 0, 0); err == nil {
+			t.Fatal("pass with TTL 0 accepted")
+		}
+	})
+}
+
+// With WithReplicas a pass never keeps the lock: a kept lock would need a WAIT of its own, and
+// the Locker's fresh acquisition brings one.
+func TestPassWithReplicasReleases(t *testing.T) {
+	b := miniBackend(t)
+	s := New(b.client, WithReplicas(1, 20*time.Millisecond))
+	ctx := context.Background()
+	if _, err := b.store.Acquire(ctx, "lock:pr", ownerA, time.Minute, ""); err != nil {
+		t.Fatal(err)
+	}
+	if kept, _, _, err := s.Pass(ctx, "lock:pr", ownerA, time.Second, 0); err != nil || kept {
+		t.Fatalf("pass with replicas = %v, %v; want released", kept, err)
+	}
+	if b.client.Exists(ctx, "lock:pr").Val() != 0 {
+		t.Fatal("the lock was kept")
+	}
+}

@@ -85,6 +85,20 @@ type BatchRefresher interface {
 	RefreshAll(ctx context.Context, batch []Renewal) []error
 }
 
+// Passer is a Store that can keep a lock in its holder's process at the end of a turn. The
+// Locker hands a held lock from goroutine to goroutine within bounds (WithHandoff); at the
+// bound the turn ends, and without a Passer the lock goes back to the store (a release) and the
+// next local waiter acquires it again: two round trips. With one, it costs one, and the release
+// happens only when a waiter elsewhere asked for the key while it was held.
+type Passer interface {
+	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
+	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
+	// at least ttl more, and returns kept true and a new fence, larger than lastFence and than
+	// every earlier grant of key. Otherwise it does what Release(key, owner, "", lastFence)
+	// does and returns its outcome (kept false). ErrNotHeld when owner does not hold key.
+	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
+}
+
 // HandoffLimiter is a Store whose fences leave room for a bounded number of in-process
 // handoffs under one grant: the Locker hands a held lock from goroutine to goroutine with the
 // fences grant+1, grant+2, ..., and the store's next grant must exceed all of them even when

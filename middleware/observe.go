@@ -30,7 +30,7 @@ import (
 var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
-		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis or etcd: by the store; handoff, reentry, joined, borrowed; none when not acquired).",
+		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis or etcd: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
 		Labels:  []string{"rule", "key", "store", "outcome", "grant"},
 		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
 	})
