@@ -93,8 +93,11 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	case handedOff:
 		return nil
 	case turnOver:
-		if k.passer != nil {
-			return k.pass(ctx, h, e)
+		if h.k.passer != nil {
+			// The hold's own keeper: the TTL sent to Redis must be the one the hold counts
+			// its life with (restart), and the caller's keeper may be a Locker derived with
+			// another TTL (a waiter that gives the slot back as its budget ends, locker.go).
+			return h.k.pass(ctx, h, e)
 		}
 	}
 	var (

@@ -106,9 +106,14 @@ func (x *Lease) Key() string { return x.h.key }
 // interceptors hand it over),
 // so calling Owner marks the lock as shared: it is then released through Redis, where such
 // re-entries are listed, and never handed straight to the next goroutine of this process.
+// Once the lease was released it returns "": the token may by then be the current grant's of
+// another goroutine of this process (a handoff or a pass keeps it), and must not leave.
 func (x *Lease) Owner() string {
-	x.h.share()
-	return x.h.owner
+	owner, _, ok := x.handover()
+	if !ok {
+		return ""
+	}
+	return owner
 }
 
 // handover returns what a downstream service needs to re-enter the lock: the owner token and

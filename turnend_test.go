@@ -174,10 +174,14 @@ func TestTurnEndYieldsToAnotherProcess(t *testing.T) {
 	}
 	got := queueHolders(t, here, "yield", 4)
 	other := lockIn(there, "yield")
-	// The other process was refused once the lock carries the waiters mark.
-	waitFor(t, 5*time.Second, "the other process to be refused", func() bool {
-		v, _ := ms.Client().(*redis.Client).Get(ctx, "lock:yield").Result()
-		return strings.HasSuffix(v, " ~")
+	// The other process was refused once the lock carries the waiters mark, and listens for
+	// the release once it subscribed (it subscribes after its refusal; a release before that
+	// would notify nobody, and the next local owner would not yield).
+	c := ms.Client().(*redis.Client)
+	waitFor(t, 5*time.Second, "the other process to be refused and to listen", func() bool {
+		v, _ := c.Get(ctx, "lock:yield").Result()
+		subs, _ := c.PubSubNumSub(ctx, lockstore.DefaultChannelPrefix+"lock:yield").Result()
+		return strings.HasSuffix(v, " ~") && subs[lockstore.DefaultChannelPrefix+"lock:yield"] > 0
 	})
 	cur := first
 	for i := 0; i < 2; i++ { // holders 2 and 3 by handoff
@@ -213,5 +217,71 @@ func TestTurnEndYieldsToAnotherProcess(t *testing.T) {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// The pass asks Redis for the TTL that the hold counts its life with, also when the grant is
+// ended by a Locker derived with another TTL (a waiter of it that gives the slot back as its
+// budget ends, locker.go): otherwise the lease would count on more life than Redis gives the
+// key. Found by review: with a pass at the derived Locker's 100 ms, Redis kept the key 2.1 s
+// and the lease counted on 3 s.
+func TestPassCountsTheHoldsOwnTTL(t *testing.T) {
+	ms, mr, _ := miniStore(t)
+	ctx := context.Background()
+	a := mustLocker(t, ms, WithTTL(3*time.Second), WithWait(10*time.Second), WithHandoff(512, time.Millisecond))
+	b, err := a.With(WithTTL(100 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := a.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := queueHolders(t, a, "k", 1)
+	time.Sleep(5 * time.Millisecond)       // past the handoff window: the release ends the turn
+	mr.FastForward(900 * time.Millisecond) // Redis's view: 2.1 s of the lock's 3 s left
+	// End the grant as a waiter of b does when it is handed the slot as its budget ends.
+	h := first.h
+	first.mu.Lock()
+	first.released = true
+	first.mu.Unlock()
+	h.detach(first)
+	if !h.done() {
+		t.Fatal("the first lease was not the grant's last")
+	}
+	if err := b.k.endGrant(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	next := (<-got).must(t)
+	defer next.Release(ctx)
+	if next.Grant() != GrantPass {
+		t.Fatalf("grant %v, want pass", next.Grant())
+	}
+	h.mu.Lock()
+	local := h.k.untilInstant(h.validUntil)
+	h.mu.Unlock()
+	if kept := mr.TTL(next.Key()); local > kept {
+		t.Fatalf("the lease counts on %v, Redis expires the key in %v", local, kept)
+	}
+}
+
+// A released lease gives out no owner token: a handoff or a pass keeps the token for the next
+// grant of another goroutine, which the token would let anyone re-enter.
+func TestReleasedLeaseGivesNoOwner(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	l := mustLocker(t, ms)
+	ctx := context.Background()
+	lease, err := l.Lock(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Owner() == "" {
+		t.Fatal("a live lease has no owner token")
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o := lease.Owner(); o != "" {
+		t.Fatalf("a released lease gave out its owner token %q", o)
 	}
 }
