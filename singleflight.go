@@ -46,8 +46,17 @@ type gateEntry struct {
 
 // gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry
 // (a hot key queues again and again); its backing array is let go whenever it empties.
+//
+// The waiters' wait budgets share one timer per queue, armed for the earliest deadline among
+// them (expire). A context with a deadline per waiter made a runtime timer for every wait: on
+// a hot key, where every Lock waits, creating and stopping them took a fifth of the CPU, and
+// more as the runtime's timer heap grew with the waiters (issue 17: one hot key, 4 -> 1,024
+// goroutines). With one budget for all, deadlines arrive in queue order and the timer fires
+// about once per budget, finding waiters that were served long before.
 type gateQueue struct {
 	waiters []*gateWaiter
+	timer   *time.Timer // fires expire at armed; made by the first waiter with a budget
+	armed   time.Time   // the deadline the timer is set for; zero when it is stopped
 }
 
 // queued is the number of goroutines waiting for e's slot.
@@ -72,9 +81,7 @@ func (e *gateEntry) pop() *gateWaiter {
 	w := q.waiters[0]
 	q.waiters[0] = nil
 	q.waiters = q.waiters[1:]
-	if len(q.waiters) == 0 {
-		q.waiters = nil // let the backing array go
-	}
+	q.emptied()
 	return w
 }
 
@@ -86,16 +93,33 @@ func (e *gateEntry) remove(w *gateWaiter) bool {
 	for i, q := range e.queue.waiters {
 		if q == w {
 			e.queue.waiters = append(e.queue.waiters[:i], e.queue.waiters[i+1:]...)
+			e.queue.emptied()
 			return true
 		}
 	}
 	return false
 }
 
-// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it; from then
-// on it owns the slot (and any hold handed with it) and must pass it on.
+// emptied lets the backing array and the timer go once the queue is empty: a stopped timer
+// keeps nothing alive, so an idle entry can be collected as soon as the gate drops it.
+func (q *gateQueue) emptied() {
+	if len(q.waiters) > 0 {
+		return
+	}
+	q.waiters = nil
+	if !q.armed.IsZero() {
+		q.timer.Stop()
+		q.armed = time.Time{}
+	}
+}
+
+// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it, or when
+// its wait budget ended first (expired). Granted, it owns the slot (and any hold handed with
+// it) and must pass it on.
 type gateWaiter struct {
-	ready chan struct{}
+	ready    chan struct{}
+	deadline time.Time // end of its wait budget; zero for none
+	expired  bool      // guarded by gate.mu: taken off the queue by expire, not granted
 }
 
 func newGate() *gate {
@@ -131,37 +155,85 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		g.mu.Unlock()
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	w := &gateWaiter{ready: make(chan struct{})}
+	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline}
 	e.push(w)
 	e.refs++
+	if !w.deadline.IsZero() {
+		g.armLocked(key, e, w.deadline)
+	}
 	g.mu.Unlock()
 
 	select {
 	case <-w.ready:
-		return e, g.takeHold(e), nil
-	case <-b.context().Done():
+	case <-b.parent.Done():
+		g.mu.Lock()
+		if e.remove(w) {
+			g.dropLocked(key, e)
+			w.expired = true // left on its own
+		}
+		g.mu.Unlock()
+		// Otherwise the slot was granted (or the budget expired) while ctx ended: ready is
+		// closed, and a granted caller owns the slot and must pass it on. It reports ready,
+		// so the caller hands the slot back through exit; it sees ctx ended and gives up.
 	}
-
 	g.mu.Lock()
-	if e.remove(w) {
-		g.dropLocked(key, e)
+	defer g.mu.Unlock()
+	if w.expired {
 		var retryAfter time.Duration
 		if e.hold != nil {
 			retryAfter = e.hold.remaining()
 		}
-		g.mu.Unlock()
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	g.mu.Unlock()
-	// The slot was granted while ctx ended: we own it and must pass it on. Report ready so
-	// the caller hands it back through exit; it sees ctx ended and gives up.
-	return e, g.takeHold(e), nil
+	return e, e.hold, nil
 }
 
-func (g *gate) takeHold(e *gateEntry) *hold {
+// armLocked makes e's queue timer fire by deadline. g.mu must be held.
+func (g *gate) armLocked(key string, e *gateEntry, deadline time.Time) {
+	q := e.queue
+	if !q.armed.IsZero() && !deadline.Before(q.armed) {
+		return // it fires earlier, and expire re-arms it for the rest
+	}
+	q.armed = deadline
+	if q.timer == nil {
+		q.timer = time.AfterFunc(time.Until(deadline), func() { g.expire(key, e) })
+		return
+	}
+	q.timer.Reset(time.Until(deadline))
+}
+
+// expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue
+// (each learns it from expired when its ready closes) and arms the timer for the earliest
+// deadline left. The entry may have left the map meanwhile; its queue is then empty.
+func (g *gate) expire(key string, e *gateEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return e.hold
+	q := e.queue
+	q.armed = time.Time{}
+	now := time.Now()
+	var next time.Time
+	kept := q.waiters[:0]
+	for _, w := range q.waiters {
+		switch {
+		case w.deadline.IsZero():
+			kept = append(kept, w)
+		case !now.Before(w.deadline):
+			w.expired = true
+			close(w.ready)
+			g.dropLocked(key, e) // its reference; the owner keeps one, so the entry stays
+		default:
+			kept = append(kept, w)
+			if next.IsZero() || w.deadline.Before(next) {
+				next = w.deadline
+			}
+		}
+	}
+	clear(q.waiters[len(kept):])
+	q.waiters = kept
+	q.emptied()
+	if !next.IsZero() {
+		g.armLocked(key, e, next)
+	}
 }
 
 // setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
