@@ -39,3 +39,27 @@ func TestHandoffBoundMustFitTheStore(t *testing.T) {
 		t.Fatalf("a store without a limit takes any bound: %v", err)
 	}
 }
+
+// Fewer handoffs in a row than the TTL has microseconds: the next grant after a holder that
+// died comes a TTL later at a fence of at least the server time in microseconds, which must
+// stay above the fences the dead holder handed out (README, Guarantees 3). A TTL of a
+// millisecond cannot have the default 1,024.
+func TestHandoffBoundStaysBelowTheTTLInMicroseconds(t *testing.T) {
+	for _, tc := range []struct {
+		ttl  time.Duration
+		want int
+	}{
+		{time.Millisecond, 999},
+		{500 * time.Microsecond, 499},
+		{time.Microsecond, 0},
+		{10 * time.Second, DefaultHandoff},
+	} {
+		l, err := New(newMemStore(), WithTTL(tc.ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.k.handoff != tc.want {
+			t.Errorf("TTL %v: %d handoffs in a row, want %d", tc.ttl, l.k.handoff, tc.want)
+		}
+	}
+}

@@ -31,8 +31,12 @@ type keeper struct {
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
 	passer, _ := store.(lockstore.Passer)
+	// A holder that dies after n handoffs leaves fences up to its grant's + n behind, and the
+	// next grant comes a TTL later, at a fence of at least the server time in microseconds:
+	// fewer handoffs than the TTL has microseconds keep it above them (README, Guarantees 3).
+	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0))
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
-		handoff: cfg.handoff, window: cfg.window, observe: cfg.observer,
+		handoff: handoff, window: cfg.window, observe: cfg.observer,
 		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
 }
 
