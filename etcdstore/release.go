@@ -235,3 +235,47 @@ func (s *Store) reap(now time.Time) {
 		s.mu.Unlock()
 	}
 }
+
+// Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other
+// process re-entered and that no acquirer was refused while it was held (no waiter mark) goes
+// on under the same grant: the lock is refreshed as Refresh does (it lives at least ttl from
+// the call), and the next local grant gets the fence after every fence handed out under the
+// grant, in the room that the grant's revision leaves (fence.go). That costs etcd a read-only
+// transaction (the lock's revision, the mark) and the refresh's keep-alive and read, and no
+// write: a release and an acquisition were two Raft writes, each an fsync. Once the grant has used half its room, so that the next turn's
+// handoffs (at most MaxHandoffs) still fit, or when the lock is marked, re-entered or not this
+// store's own, Pass releases as Release does.
+func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return false, 0, 0, err
+	}
+	if s.isClosed() {
+		return false, 0, 0, errStoreClosed
+	}
+	lastFence = max(lastFence, 0)
+	if e, ok := s.entry(key, owner); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 {
+		top := max(e.fence, e.last, lastFence)
+		if top-e.fence < 1<<fenceShift-1 {
+			// A read-only transaction: the lock is as this store wrote it (no re-entry from
+			// another process rewrote it) and nobody was refused (no waiter mark).
+			resp, err := s.cli.Txn(ctx).If(
+				clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev),
+				clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0),
+			).Commit()
+			if err != nil {
+				return false, 0, 0, fmt.Errorf("flightlock: pass %q: %w", key, err)
+			}
+			if resp.Succeeded {
+				if err := s.Refresh(ctx, key, owner, ttl); err != nil {
+					return false, 0, 0, err
+				}
+				next := top + 1
+				// The store reports it on release, so that the floor covers it (floorOp).
+				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, next) })
+				return true, next, 0, nil
+			}
+		}
+	}
+	n, err := s.Release(ctx, key, owner, "", lastFence)
+	return false, 0, n, err
+}

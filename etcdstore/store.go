@@ -101,7 +101,7 @@ type heldKey struct {
 	own       bool             // the acquisition's own hold is the owner's through this store
 	holds     []string         // named holds (Reenter) this store added; never changed in place
 	until     time.Time        // the holder counts on the lock until then; released once past it
-	last      int64            // lastFence of a release that failed, for its retry
+	last      int64            // the largest fence handed out under the grant that the store knows: a pass's, or the lastFence of a release that failed, for its retry
 	tries     int              // releases of it that failed in a row
 	reaping   bool             // a release of it by the store is under way
 }

@@ -1,0 +1,170 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+var _ lockstore.Passer = (*Store)(nil)
+
+// Pass keeps a lock that nobody else asked for under the same grant, with no write: the next
+// fence follows every fence handed out under it, the lock is refreshed, and the release that
+// ends it all reports the last fence. A marked lock, a lock re-entered from elsewhere, and a
+// grant whose fence room is half used are released instead.
+func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	a, b := newStore(t, cli), newStore(t, cli)
+
+	got, err := a.Acquire(ctx, "lock:p", ownerA, 5*time.Second, "")
+	if err != nil || !got.Acquired {
+		t.Fatalf("acquire = %+v, %v", got, err)
+	}
+	before := get(t, cli, "lock:p")
+	kept, fence, n, err := a.Pass(ctx, "lock:p", ownerA, 5*time.Second, got.Fence+64)
+	if err != nil || !kept || n != 0 {
+		t.Fatalf("pass of an unmarked lock = %v, %d, %d, %v; want kept", kept, fence, n, err)
+	}
+	if fence != got.Fence+65 {
+		t.Fatalf("pass fence %d, want the one after the handed-out %d", fence, got.Fence+64)
+	}
+	if kv := get(t, cli, "lock:p"); kv.ModRevision != before.ModRevision {
+		t.Fatal("the pass wrote the lock")
+	}
+	// A pass without handoffs since the last one still moves on.
+	if kept, again, _, err := a.Pass(ctx, "lock:p", ownerA, 5*time.Second, 0); err != nil || !kept || again != fence+1 {
+		t.Fatalf("second pass = %v, %d, %v; want kept with fence %d", kept, again, err, fence+1)
+	}
+	if _, err := a.Release(ctx, "lock:p", ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	next, err := b.Acquire(ctx, "lock:p", ownerB, 5*time.Second, "")
+	if err != nil || next.Fence <= fence+1 {
+		t.Fatalf("next grant = %+v, %v; want a fence above the passes' %d", next, err, fence+1)
+	}
+	if _, err := b.Release(ctx, "lock:p", ownerB, "", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// Not held: ErrNotHeld, nothing written.
+	if kept, _, _, err := a.Pass(ctx, "lock:p", ownerA, 5*time.Second, 0); kept || !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("pass of a free key = %v, %v; want ErrNotHeld", kept, err)
+	}
+
+	// Marked: released, the waiter told.
+	if _, err := a.Acquire(ctx, "lock:m", ownerA, 5*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := b.Acquire(ctx, "lock:m", ownerB, 5*time.Second, ""); err != nil || busy.Acquired {
+		t.Fatalf("busy acquire = %+v, %v", busy, err)
+	}
+	if kept, _, n, err := a.Pass(ctx, "lock:m", ownerA, 5*time.Second, 0); err != nil || kept || n != 1 {
+		t.Fatalf("pass of a marked lock = %v, %d, %v; want released with one waiter told", kept, n, err)
+	}
+	if get(t, cli, "lock:m") != nil {
+		t.Fatal("a marked lock was kept")
+	}
+
+	// Re-entered from another process: its own hold given up, the key stays.
+	if _, err := a.Acquire(ctx, "lock:r", ownerA, 5*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	if re, err := b.Reenter(ctx, "lock:r", ownerA, "h1", 5*time.Second); err != nil || !re.Acquired {
+		t.Fatalf("re-enter = %+v, %v", re, err)
+	}
+	if kept, _, _, err := a.Pass(ctx, "lock:r", ownerA, 5*time.Second, 0); err != nil || kept {
+		t.Fatalf("pass of a re-entered lock = %v, %v; want its own hold released", kept, err)
+	}
+	if get(t, cli, "lock:r") == nil {
+		t.Fatal("the pass deleted a lock that a re-entry holds")
+	}
+	if _, err := b.Release(ctx, "lock:r", ownerA, "h1", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	// Half the grant's fence room used: released, so that a dead holder's next turn could not
+	// reach the next grant's fences.
+	g, err := a.Acquire(ctx, "lock:h", ownerA, 5*time.Second, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept, _, _, err := a.Pass(ctx, "lock:h", ownerA, 5*time.Second, g.Fence+1<<fenceShift-1); err != nil || kept {
+		t.Fatalf("pass past half the room = %v, %v; want released", kept, err)
+	}
+	if get(t, cli, "lock:h") != nil {
+		t.Fatal("a lock past half its fence room was kept")
+	}
+	if after, err := b.Acquire(ctx, "lock:h", ownerB, 5*time.Second, ""); err != nil || after.Fence <= g.Fence+1<<fenceShift-1 {
+		t.Fatalf("next grant = %+v, %v; want above the reported fence", after, err)
+	}
+}
+
+// Through the Locker on etcd: the end of a turn with local waiters and nobody elsewhere keeps
+// the lock (GrantPass) with increasing fences, and no write reaches etcd for it.
+func TestLockerTurnEndPassesOnEtcd(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	s := newStore(t, cli)
+	l, err := flightlock.New(s, flightlock.WithTTL(5*time.Second), flightlock.WithWait(10*time.Second),
+		flightlock.WithHandoff(1, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := l.Lock(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := get(t, cli, "lock:t").ModRevision
+	const waiters = 4
+	got := make(chan *flightlock.Lease, waiters)
+	errs := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			lease, err := l.Lock(context.Background(), "t")
+			if err != nil {
+				errs <- err
+				return
+			}
+			got <- lease
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // let them queue
+	cur, last := first, first.Fence()
+	var passes int
+	for range waiters {
+		if err := cur.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case cur = <-got:
+		case err := <-errs:
+			t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no grant within 10s")
+		}
+		if cur.Fence() <= last {
+			t.Fatalf("fence %d after %d", cur.Fence(), last)
+		}
+		last = cur.Fence()
+		if cur.Grant() == flightlock.GrantPass {
+			passes++
+		}
+	}
+	if passes == 0 {
+		t.Fatal("no grant was a pass")
+	}
+	if kv := get(t, cli, "lock:t"); kv == nil || kv.ModRevision != rev {
+		t.Fatalf("the lock was written during the turns (revision %v, acquired at %d)", kv, rev)
+	}
+	if err := cur.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if get(t, cli, "lock:t") != nil {
+		t.Fatal("the last release left the lock")
+	}
+}
