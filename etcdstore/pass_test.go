@@ -133,7 +133,7 @@ func TestLockerTurnEndPassesOnEtcd(t *testing.T) {
 			got <- lease
 		}()
 	}
-	time.Sleep(100 * time.Millisecond) // let them queue
+	time.Sleep(300 * time.Millisecond) // let them queue in the gate (no etcd call: the key is held here)
 	cur, last := first, first.Fence()
 	var passes int
 	for range waiters {
