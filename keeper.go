@@ -117,10 +117,11 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 }
 
 // pass ends a turn of h at the handoff bounds while goroutines of this process wait for the
-// key: one round trip keeps the lock in Redis for the next of them, with a fresh fence, unless a
-// waiter elsewhere was refused meanwhile; then the lock is released as endGrant releases it,
-// and the next local owner lets the other processes go first. Without a pass, the end of a
-// turn cost a release and a fresh acquisition, two round trips in a row (issue 17).
+// key: the store keeps the lock for the next of them, with a fresh fence (Redis: one script;
+// etcd: a read and a refresh, no write), unless a waiter elsewhere was refused meanwhile; then
+// the lock is released as endGrant releases it, and the next local owner lets the other
+// processes go first. Without a pass, the end of a turn cost a release and a fresh
+// acquisition, two round trips in a row (issue 17).
 func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	last := h.stop()
 	sent := k.now()
