@@ -157,6 +157,8 @@ func (s *Store) granted(ctx context.Context, key, owner, value string, id client
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
 		e.simple, e.own, e.tries = true, true, 0
 		e.until = later(e.until, until)
+		_, e.contended = s.refused[key] // update holds s.mu
+		delete(s.refused, key)
 	})
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }

@@ -168,3 +168,40 @@ func TestLockerTurnEndPassesOnEtcd(t *testing.T) {
 		t.Fatal("the last release left the lock")
 	}
 }
+
+// A grant that followed a refusal of the same store is one other processes compete for: its
+// turn ends with a release at once, without the read (which cost 15-25 % of the throughput of
+// 8 processes on one key); a later grant with no refusal before it passes again.
+func TestPassAfterARefusalReleases(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	a, b := newStore(t, cli), newStore(t, cli)
+	if _, err := b.Acquire(ctx, "lock:c", ownerB, 5*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || busy.Acquired {
+		t.Fatalf("acquire of a held key = %+v, %v; want busy", busy, err)
+	}
+	if _, err := b.Release(ctx, "lock:c", ownerB, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || !got.Acquired {
+		t.Fatalf("acquire after the release = %+v, %v", got, err)
+	}
+	// Nobody marked it since (b has gone), yet the grant followed a refusal: released.
+	if kept, _, _, err := a.Pass(ctx, "lock:c", ownerA, 5*time.Second, 0); err != nil || kept {
+		t.Fatalf("pass of a contended grant = %v, %v; want released", kept, err)
+	}
+	if get(t, cli, "lock:c") != nil {
+		t.Fatal("a contended grant was kept")
+	}
+	if got, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || !got.Acquired {
+		t.Fatalf("acquire of a free key = %+v, %v", got, err)
+	}
+	if kept, _, _, err := a.Pass(ctx, "lock:c", ownerA, 5*time.Second, 0); err != nil || !kept {
+		t.Fatalf("pass of an uncontended grant = %v, %v; want kept", kept, err)
+	}
+	if _, err := a.Release(ctx, "lock:c", ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+}

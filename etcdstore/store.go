@@ -67,8 +67,12 @@ type Store struct {
 	// quarter of its peak (78 B per released lock stayed live without it).
 	heldPeak int
 	waitRev  map[string]int64 // guarded by mu: revision of the last busy reply per key, for Watch
-	ticking  bool             // guarded by mu: the keep-alive loop runs (or, in tests, must not)
-	reaping  bool             // guarded by mu: a reap goroutine runs
+	// refused lists the keys whose acquisition this store was refused since it last granted
+	// them (guarded by mu, bounded like waitRev): a grant that follows a refusal is one other
+	// processes compete for, and its turn ends with a release, not a pass (Pass).
+	refused map[string]struct{}
+	ticking bool // guarded by mu: the keep-alive loop runs (or, in tests, must not)
+	reaping bool // guarded by mu: a reap goroutine runs
 
 	goMu   sync.Mutex     // guards closed and wg.Add, so nothing starts after Close waits
 	closed bool           // guarded by goMu
@@ -98,6 +102,7 @@ type heldKey struct {
 	fence     int64            // the grant's fence
 	hadFloor  bool             // the grant read a fence floor key
 	simple    bool             // value is Acquire's, at modRev: the one-transaction release applies
+	contended bool             // the grant followed a refusal of this store (refused): Pass releases
 	own       bool             // the acquisition's own hold is the owner's through this store
 	holds     []string         // named holds (Reenter) this store added; never changed in place
 	until     time.Time        // the holder counts on the lock until then; released once past it
@@ -135,6 +140,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 		byID:      make(map[clientv3.LeaseID]*lease),
 		held:      make(map[entryKey]*heldKey),
 		waitRev:   make(map[string]int64),
+		refused:   make(map[string]struct{}),
 	}, nil
 }
 
@@ -165,6 +171,7 @@ func (s *Store) Close() error {
 	clear(s.byID)
 	clear(s.held)
 	clear(s.waitRev)
+	clear(s.refused)
 	s.mu.Unlock()
 
 	var errs []error
@@ -280,6 +287,10 @@ func (s *Store) noteBusy(key string, rev int64) {
 		clear(s.waitRev)
 	}
 	s.waitRev[key] = rev
+	if len(s.refused) >= maxWaitRevs {
+		clear(s.refused)
+	}
+	s.refused[key] = struct{}{}
 	s.mu.Unlock()
 }
 
