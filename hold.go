@@ -73,15 +73,22 @@ type reentryWaiter struct {
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
 	at := k.instant(sent)
 	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: at, live: 1}
-	h.validUntil = at.add(k.ttl)
-	h.renewUntil = k.nowInstant().add(k.maxHold)
-	// The first renewal is due TTL/3 after the send, not after the reply: a late reply leaves
-	// less of the TTL, and the watchdog must not count time it does not have (finding 5).
-	h.renewAt = at.add(k.ttl / 3)
 	h.mu.Lock() // the watchdog may take up the event before schedule returns
-	k.wd.schedule(h, h.renewAt)
+	h.beginLocked(at)
 	h.mu.Unlock()
 	return h
+}
+
+// beginLocked counts the life of a turn whose store call (an acquisition, or a pass) was sent
+// at at: the lock lives at least a TTL from the send, MaxHold counts from now, and the watchdog
+// gets the hold's next event. The first renewal is due TTL/3 after the send, not after the
+// reply: a late reply leaves less of the TTL, and the watchdog must not count time it does not
+// have (finding 5). h.mu must be held.
+func (h *hold) beginLocked(at instant) {
+	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
+	h.renewAt = at.add(h.k.ttl / 3)
+	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
 }
 
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
@@ -139,10 +146,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	h.acquired = at
 	h.base, h.fence = fence, fence
 	h.live = 1
-	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
-	h.renewAt = at.add(h.k.ttl / 3)
-	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	h.beginLocked(at)
 	return true
 }
 
