@@ -77,11 +77,7 @@ func queueHolders(t *testing.T, l *Locker, key string, n int) <-chan lockResult 
 			got <- lockResult{lease, err}
 		}()
 	}
-	waitFor(t, 5*time.Second, "waiters to queue", func() bool {
-		l.k.gate.mu.Lock()
-		defer l.k.gate.mu.Unlock()
-		return l.k.gate.entries[l.cfg.prefix+key].queued() == n
-	})
+	waitFor(t, 5*time.Second, "waiters to queue", func() bool { return queuedOn(l, key) == n })
 	return got
 }
 
