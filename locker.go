@@ -214,9 +214,14 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	}
 	if closing := l.k.gate.closed.Load(); closing || b.spent() {
 		// The slot was granted just as the wait ended, or the Locker is draining: pass it on
-		// and give up.
+		// and give up. A handed hold goes through done, as a Release does: the watchdog may
+		// have abandoned the grant meanwhile (lost, and past its expiry), and then it ended the
+		// grant and passed the slot on itself; ending it again would give up a slot that
+		// another goroutine owns by then.
 		if h != nil {
-			_ = l.k.endGrant(ctx, h)
+			if h.done() {
+				_ = l.k.endGrant(ctx, h)
+			}
 		} else {
 			l.k.gate.leave(rkey, e, false)
 		}

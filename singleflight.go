@@ -119,8 +119,13 @@ func (q *gateQueue) emptied() {
 type gateWaiter struct {
 	ready    chan struct{}
 	deadline time.Time // end of its wait budget; zero for none
+	hold     *hold     // guarded by gate.mu: the hold granted with the slot; nil for none
 	expired  bool      // guarded by gate.mu: taken off the queue by expire, not granted
 }
+
+// testHookWoken, when set by a test, runs in a queued caller between its wake-up and its look
+// at what it was granted: where a slow goroutine may stop for a while.
+var testHookWoken func()
 
 func newGate() *gate {
 	return &gate{entries: make(map[string]*gateEntry)}
@@ -176,6 +181,9 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		// closed, and a granted caller owns the slot and must pass it on. It reports ready,
 		// so the caller hands the slot back through exit; it sees ctx ended and gives up.
 	}
+	if testHookWoken != nil {
+		testHookWoken()
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if w.expired {
@@ -185,7 +193,11 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		}
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	return e, e.hold, nil
+	// The hold granted with the slot, not e.hold now: between the grant and this read the
+	// watchdog may have abandoned that hold and passed the slot on, and e.hold may then be the
+	// next owner's (a lease on it would let two goroutines in). A hold abandoned meanwhile
+	// gives a lease that is lost at once, whose Release leaves the gate alone (hold.done).
+	return e, w.hold, nil
 }
 
 // armLocked makes e's queue timer fire by deadline. g.mu must be held.
@@ -271,7 +283,7 @@ func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time
 	e.handoffs++
 	e.hold = h
 	h.nextGrant() // a fence of its own for the next holder (issue 8, finding 7)
-	g.grantLocked(e)
+	g.grantLocked(e, h)
 	g.dropLocked(key, e)
 	return handedOff
 }
@@ -287,7 +299,7 @@ func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	}
 	e.handoffs = 0
 	e.hold = h
-	g.grantLocked(e)
+	g.grantLocked(e, h)
 	g.dropLocked(key, e)
 	return true
 }
@@ -301,7 +313,7 @@ func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
 	e.handoffs = 0
 	e.yield = notifiedOthers
 	if e.queued() > 0 {
-		g.grantLocked(e)
+		g.grantLocked(e, nil)
 	} else {
 		e.taken = false
 		e.yield = false
@@ -328,9 +340,12 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
-// grantLocked passes the slot to the first waiter; taken stays true. g.mu must be held.
-func (g *gate) grantLocked(e *gateEntry) {
-	close(e.pop().ready)
+// grantLocked passes the slot, with h (nil for none), to the first waiter; taken stays true.
+// g.mu must be held.
+func (g *gate) grantLocked(e *gateEntry, h *hold) {
+	w := e.pop()
+	w.hold = h
+	close(w.ready)
 }
 
 // dropLocked removes one reference and deletes the entry when nobody uses it, so that any

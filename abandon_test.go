@@ -1,0 +1,223 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// stallCtx is a context whose second Err call (Lock's b.spent() after the gate granted the
+// slot) stops until the test lets it go, and then reports the context ended: it stands for a
+// waiter goroutine that was granted the slot by handoff and was not scheduled again until its
+// context (or its wait budget) had ended.
+type stallCtx struct {
+	context.Context
+	calls   atomic.Int32
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newStallCtx() *stallCtx {
+	return &stallCtx{Context: context.Background(), entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (c *stallCtx) Err() error {
+	switch n := c.calls.Add(1); {
+	case n < 2:
+		return nil
+	case n == 2:
+		c.once.Do(func() { close(c.entered) })
+		<-c.release
+	}
+	return context.Canceled
+}
+
+// A waiter that the gate granted a hold by handoff, and that gives the slot back because its
+// wait ended (locker.go: "The slot was granted just as the wait ended"), must not end the
+// grant a second time when the watchdog has abandoned that grant meanwhile (the hold was lost
+// and Redis may have expired the key: hold.abandonLocked ends the grant on a renewer). The
+// spent path calls endGrant directly, without hold.done(), which is what keeps a Lease.Release
+// from doing the same. Ending the grant twice leaves the gate slot twice: the second leave
+// frees the slot (or grants it) while the goroutine that the first leave granted it to holds
+// the lock, and deletes the key's entry while it is held.
+func TestSpentWaiterDoesNotEndAnAbandonedGrantAgain(t *testing.T) {
+	l, _, xl := abandonedWhileHandedOver(t)
+	ctx := context.Background()
+	// The second waiter holds the key: the gate must still know it.
+	if n := l.gateLen(); n != 1 {
+		t.Errorf("gate has %d entries while a goroutine holds the key, want 1", n)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	derr := l.Drain(dctx)
+	cancel()
+	if derr == nil {
+		t.Errorf("Drain returned nil while a lease of this process still held the key")
+	}
+	_ = xl.Release(ctx)
+}
+
+// The same double end, with WithFailOpen: the gate is all that excludes the goroutines of a
+// process while Redis cannot be reached, and after the double end it lets a second goroutine
+// in beside the holder.
+func TestSpentWaiterAbandonRaceLetsTwoInWithFailOpen(t *testing.T) {
+	l, mr, xl := abandonedWhileHandedOver(t, WithFailOpen(true))
+	ctx := context.Background()
+	mr.Close() // Redis goes away; the holder's lease is still live (its clock has not moved)
+	if err := context.Cause(xl.Context()); err != nil {
+		t.Fatalf("the holder's lease ended: %v", err)
+	}
+	y, err := l.TryLock(ctx, "k")
+	if err == nil {
+		t.Errorf("a second goroutine of the process got the key (degraded %v, grant %v) while another holds it",
+			y.Degraded(), y.Grant())
+		_ = y.Release(ctx)
+	} else if !errors.Is(err, ErrBusy) {
+		t.Errorf("TryLock of a key held in this process: %v, want ErrBusy", err)
+	}
+	_ = xl.Release(ctx)
+}
+
+// abandonedWhileHandedOver hands a hold to a waiter that stalls before it sees that its wait
+// ended, lets the watchdog abandon that grant meanwhile (the lock vanished in Redis), which
+// gives the slot to a second waiter, and then lets the stalled waiter give its slot back. It
+// returns the Locker, the miniredis and the second waiter's lease.
+func abandonedWhileHandedOver(t *testing.T, opts ...Option) (*Locker, interface{ Close() }, *Lease) {
+	t.Helper()
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	clk := newManualClock()
+	const ttl = 3 * time.Second
+	l := mustLocker(t, s, append([]Option{WithTTL(ttl), WithWait(time.Minute), WithHandoff(8, time.Hour), withClock(clk)}, opts...)...)
+
+	a, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := newStallCtx()
+	wDone := make(chan error, 1)
+	go func() {
+		lease, err := l.Lock(sc, "k")
+		if lease != nil {
+			_ = lease.Release(ctx)
+			err = errors.New("the stalled waiter got a lease")
+		}
+		wDone <- err
+	}()
+	waitFor(t, 5*time.Second, "the stalled waiter to queue", func() bool { return queuedOn(l, "k") == 1 })
+	x := lockIn(l, "k")
+	waitFor(t, 5*time.Second, "the second waiter to queue", func() bool { return queuedOn(l, "k") == 2 })
+
+	if err := a.Release(ctx); err != nil { // handoff to the stalled waiter
+		t.Fatal(err)
+	}
+	<-sc.entered // it owns the slot and the hold, and has not looked at its context yet
+
+	// The lock goes away in Redis: the next renewal answers ErrNotHeld, the hold is lost, and
+	// once the key may have expired (validUntil) the watchdog abandons the grant, whose one
+	// live count is the stalled waiter's: the gate slot goes to the second waiter.
+	mr.Del(l.cfg.prefix + "k")
+	clk.Advance(ttl + time.Millisecond)
+
+	var xl *Lease
+	select {
+	case r := <-x:
+		xl = r.must(t)
+	case <-time.After(5 * time.Second):
+		close(sc.release)
+		t.Fatal("the abandoned grant did not pass the slot on")
+	}
+
+	close(sc.release) // the stalled waiter sees its context ended and gives the slot back
+	if err := <-wDone; err == nil || !errors.Is(err, ErrBusy) {
+		t.Errorf("stalled waiter: %v, want ErrBusy", err)
+	}
+	return l, mr, xl
+}
+
+// A waiter granted a hold by handoff that stops between its wake-up and its look at what it
+// was granted (testHookWoken) must get that hold, not whatever the gate holds when it looks:
+// meanwhile the watchdog may abandon the handed grant (lost, past its expiry) and pass the slot
+// to the next waiter, which acquires afresh. The gate's current hold is then the next waiter's,
+// and a lease on it would let two goroutines of the process into the critical section (and
+// its release would end the other's grant). The stalled waiter gets a lease that is lost at
+// once instead, and its Release leaves the gate alone.
+func TestWokenWaiterGetsTheHoldItWasGranted(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	clk := newManualClock()
+	const ttl = 3 * time.Second
+	l := mustLocker(t, s, WithTTL(ttl), WithWait(time.Minute), WithHandoff(8, time.Hour), withClock(clk))
+
+	woken := make(chan struct{})
+	resume := make(chan struct{})
+	var first atomic.Bool
+	testHookWoken = func() {
+		if first.CompareAndSwap(false, true) { // the first waiter to wake stops; later ones go on
+			close(woken)
+			<-resume
+		}
+	}
+	t.Cleanup(func() { testHookWoken = nil })
+
+	a, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := lockIn(l, "k")
+	waitFor(t, 5*time.Second, "the first waiter to queue", func() bool { return queuedOn(l, "k") == 1 })
+	x := lockIn(l, "k")
+	waitFor(t, 5*time.Second, "the second waiter to queue", func() bool { return queuedOn(l, "k") == 2 })
+
+	if err := a.Release(ctx); err != nil { // handoff to the first waiter
+		t.Fatal(err)
+	}
+	<-woken // it has the slot and the hold, and has not looked yet
+
+	// The lock goes away in Redis; the watchdog loses the hold, abandons the grant at its
+	// expiry and passes the slot to the second waiter, which acquires the key afresh.
+	mr.Del(l.cfg.prefix + "k")
+	clk.Advance(ttl + time.Millisecond)
+	var xl *Lease
+	select {
+	case r := <-x:
+		xl = r.must(t)
+	case <-time.After(5 * time.Second):
+		close(resume)
+		t.Fatal("the abandoned grant did not pass the slot on")
+	}
+	if err := context.Cause(xl.Context()); err != nil {
+		t.Fatalf("the second waiter's lease ended: %v", err)
+	}
+
+	close(resume) // the first waiter looks at what it was granted
+	var wl *Lease
+	select {
+	case r := <-w:
+		if r.err != nil {
+			t.Fatalf("first waiter: %v", r.err)
+		}
+		wl = r.lease
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first waiter did not return")
+	}
+	if err := context.Cause(wl.Context()); !errors.Is(err, ErrLost) {
+		t.Errorf("the first waiter's lease is live (cause %v) while the second waiter holds the key: two goroutines inside", err)
+	}
+	_ = wl.Release(ctx)
+	if err := context.Cause(xl.Context()); err != nil {
+		t.Errorf("the first waiter's release ended the second waiter's lease: %v", err)
+	}
+	if n := l.gateLen(); n != 1 {
+		t.Errorf("gate has %d entries while the second waiter holds the key, want 1", n)
+	}
+	if _, err := l.TryLock(ctx, "k"); !errors.Is(err, ErrBusy) {
+		t.Errorf("TryLock while the second waiter holds the key: %v, want ErrBusy", err)
+	}
+	if err := xl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
