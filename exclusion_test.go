@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/childproc"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -144,6 +145,7 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 	for p := 0; p < processes; p++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"=1", workerAddrEnv+"="+srv.Addr)
+		childproc.Tie(cmd)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

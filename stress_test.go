@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/childproc"
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
@@ -77,6 +78,7 @@ func TestStressExclusionAndFences(t *testing.T) {
 		cmd.Env = append(os.Environ(), stressWorkerEnv+"="+string(cfg))
 		cmd.Stdout, cmd.Stderr = &w.stdout, &w.stderr
 		cmd.WaitDelay = 5 * time.Second
+		childproc.Tie(cmd)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

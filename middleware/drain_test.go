@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/childproc"
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/zeromicro/go-zero/core/proc"
@@ -205,6 +206,7 @@ func startChild(t *testing.T, env, value string) (*exec.Cmd, <-chan error) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env+"="+value)
+	childproc.Tie(cmd)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

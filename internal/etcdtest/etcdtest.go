@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/childproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -355,7 +356,7 @@ func (m *Member) start() {
 	defer logf.Close() // the child keeps its own descriptor
 	cmd := exec.Command(m.bin, m.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = sysProcAttr()
+	childproc.Tie(cmd) // no member outlives a test binary that dies without its clean-up
 	if err := cmd.Start(); err != nil {
 		m.tb.Fatalf("etcdtest: start etcd: %v", err)
 	}

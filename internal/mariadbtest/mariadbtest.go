@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/childproc"
 	_ "github.com/go-sql-driver/mysql" // the driver go-zero's sqlx.NewMysql uses
 )
 
@@ -71,6 +72,7 @@ func Start(tb testing.TB, db string) *Server {
 		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+filepath.Join(dir, "error.log"), "--user=root", "--skip-grant-tables", "--skip-log-bin",
 		"--innodb-buffer-pool-size=32M")
+	childproc.Tie(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		tb.Fatalf("start mariadbd: %v", err)
 	}

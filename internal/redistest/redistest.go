@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/childproc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -108,6 +109,7 @@ func (s *Server) start() {
 		s.dir = s.tb.TempDir()
 	}
 	cmd.Dir = s.dir
+	childproc.Tie(cmd) // no server outlives a test binary that dies without its clean-up
 	// Output is discarded: the server logs only warnings, and a start failure shows as no PING.
 	if err := cmd.Start(); err != nil {
 		s.tb.Fatalf("start redis-server: %v", err)

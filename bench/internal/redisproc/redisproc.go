@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/internal/childproc"
 )
 
 // Start runs a redis-server with the extra arguments and returns its address. Without the
@@ -28,6 +30,7 @@ func Start(tb testing.TB, extra ...string) string {
 	args := append([]string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no"}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = tb.TempDir() // a primary writes an RDB file for a replica's sync: not in the package
+	childproc.Tie(cmd)
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}

@@ -1,0 +1,7 @@
+package childproc
+
+import "syscall"
+
+const canTie = true
+
+func setDeathSignal(a *syscall.SysProcAttr) { a.Pdeathsig = syscall.SIGKILL }
