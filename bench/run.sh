@@ -73,7 +73,8 @@ etcdreport=()
 # The etcd rows (issue 14): etcdbench starts a private etcd of its own (Debian's etcd-server).
 # They run on every full or quick run, before the Redis scenarios, and docs/benchmarks.md
 # includes their report as a section (lockbench -etcd-report); LOCKBENCH_ETCD=0 skips them, and
-# a run limited to some Redis scenarios (any flag but -quick) leaves them out.
+# a run limited to some Redis scenarios (any flag but -quick) leaves them out. Its scenario 8
+# (HTTP end to end) runs the example with etc/flightlock-example-etcd.yaml.
 etcd_rows=1
 for a in "$@"; do
   [[ "$a" == "-quick" || "$a" == "--quick" ]] || etcd_rows=0
@@ -87,10 +88,10 @@ if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
   fi
   etcdflags=()
-  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s -d5 300ms -s5-goroutines 1,16,256 -s5-procs 1,2 -s5-keys 10,1000 -mem-locks 1000 -mem-waiters 100 -d6hold 1s)
+  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s -d5 300ms -s5-goroutines 1,16,256 -s5-procs 1,2 -s5-keys 10,1000 -mem-locks 1000 -mem-waiters 100 -d6hold 1s -d7 100ms -d8 1s -d8low 1s)
   echo "run.sh: etcd rows" >&2
   (cd "$here" && go build -o "$work/etcdbench" ./cmd/etcdbench)
-  "$work/etcdbench" -out "$docs/benchmarks-etcd.md" "${etcdflags[@]}"
+  "$work/etcdbench" -out "$docs/benchmarks-etcd.md" -example-config "$root/etc/flightlock-example-etcd.yaml" "${etcdflags[@]}"
   echo "run.sh: wrote ${docs#"$root"/}/benchmarks-etcd.md" >&2
   etcdreport=(-etcd-report "$docs/benchmarks-etcd.md")
 fi

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -176,37 +177,8 @@ type serverStats struct {
 
 func (s *etcdServer) stats() serverStats {
 	st := s.scrape()
-	st.cpu, st.self = pidCPU(s.pid()), selfCPU()
+	st.cpu, st.self = cpustat.Proc(s.pid()), cpustat.Self()
 	return st
-}
-
-// selfCPU is the CPU time (user + system) this process has used.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// pidCPU is the CPU time (user + system) process pid has used, from /proc (clock ticks of
-// 10ms: precise enough over a row of thousands of operations).
-func pidCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	_, rest, ok := strings.Cut(string(b), ") ")
-	if !ok {
-		return 0
-	}
-	f := strings.Fields(rest) // f[0] is field 3 (state): utime is field 14, stime 15
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	stt, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+stt) * 10 * time.Millisecond
 }
 
 func (s *etcdServer) scrape() serverStats {

@@ -8,7 +8,7 @@
 //
 //	cd bench && go run ./cmd/etcdbench -out ../docs/benchmarks-etcd.md
 //
-// Scenarios (-scenarios picks some; by default all six run). Scenarios 1-4 run once in every
+// Scenarios (-scenarios picks some; by default all nine run). Scenarios 1-4 run once in every
 // repetition (rows interleaved, order rotated per repetition, medians over -reps):
 //
 //  1. Uncontended lock + unlock, one goroutine, a distinct key per operation: flightlock
@@ -40,6 +40,20 @@
 //     lock, and what stays after releasing them; then -mem-waiters goroutines waiting on one
 //     held key: heap and goroutines per waiter, time from the release to the next grant and
 //     to the last.
+//  7. Reject mode (lockbench's scenario 5 is the Redis twin): a key held in this process is
+//     tried again and again, by one goroutine, then by 64 at once, -d7 each: flightlock's
+//     TryLock on a Reject Locker (the gate answers, no RPC) against concurrency.Mutex's
+//     TryLock on other sessions. ns, allocations and etcd RPCs per call.
+//  8. HTTP end to end (lockbench's scenario 6 is the Redis twin): the example system
+//     (example/app, -example-config, etc/flightlock-example-etcd.yaml with the create-order
+//     rule moved to etcd) in this process, its state and Redis locks on a private redis-server
+//     that this command starts (and kills by pid), loaded with wrk: no lock, flightlock,
+//     concurrency.Mutex TryLock in a plain go-zero middleware, and the floor (put on a lease +
+//     delete) in the same middleware; low load (wrk -c 1, -d8low, 3 rounds per repetition, an
+//     etcd Get as the round trip) and saturation (wrk -c 32, -d8).
+//  9. Duplicates of one request (lockbench's scenario 7 is the Redis twin): 64 duplicates at
+//     once through go-zero and flightlock's middleware with a rule on etcd, OnBusy share
+//     against reject (409).
 //
 // Each critical section checks an "inside" counter (shared between processes through a mapped
 // file in scenario 3) and, for flightlock, that the lease's fence is strictly larger than the
@@ -56,7 +70,12 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
+
+// lastScenario is the number of the last scenario.
+const lastScenario = 9
 
 type config struct {
 	scenarios map[int]bool // which scenarios run (-scenarios)
@@ -77,6 +96,10 @@ type config struct {
 	memLocks  int           // scenario 6: locks held at once
 	memWait   int           // scenario 6: goroutines waiting on one key
 	d6hold    time.Duration // scenario 6: how long the locks are held
+	d7        time.Duration // scenario 7: per row and repetition, serial and parallel each
+	d8        time.Duration // scenario 8: each wrk run at saturation (whole seconds)
+	d8low     time.Duration // scenario 8: each wrk run at low load (whole seconds)
+	example   string        // scenario 8: the example's config file
 	out       string
 	etcdBin   string
 	dataDir   string
@@ -108,7 +131,11 @@ func main() {
 	flag.IntVar(&c.memLocks, "mem-locks", 10000, "scenario 6: locks held at once on distinct keys (0: skip holding)")
 	flag.IntVar(&c.memWait, "mem-waiters", 1000, "scenario 6: goroutines waiting on one held key (0: skip waiting)")
 	flag.DurationVar(&c.d6hold, "d6hold", 4*time.Second, "scenario 6: how long the locks are held (at least TTL/3, the watchdog's period, so every lock is renewed in it)")
-	scenarios := flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run, comma-separated")
+	flag.DurationVar(&c.d7, "d7", 500*time.Millisecond, "scenario 7: duration per row and repetition, of the serial and of the parallel part each")
+	flag.DurationVar(&c.d8, "d8", 3*time.Second, "scenario 8: duration of each wrk run at saturation (whole seconds)")
+	flag.DurationVar(&c.d8low, "d8low", time.Second, fmt.Sprintf("scenario 8: duration of each wrk run at low load (whole seconds; %d rounds per repetition)", httpbench.LowRounds))
+	flag.StringVar(&c.example, "example-config", "../etc/flightlock-example-etcd.yaml", "scenario 8: the example's config file (its stores and ports are replaced)")
+	scenarios := flag.String("scenarios", "1,2,3,4,5,6,7,8,9", "scenarios to run, comma-separated")
 	flag.StringVar(&c.out, "out", "", "write the Markdown report here (default: stdout); scenario 5's plots go next to it")
 	flag.StringVar(&c.etcdBin, "etcd", "/usr/bin/etcd", "etcd server binary")
 	flag.StringVar(&c.dataDir, "datadir", "", "parent of etcd's temporary data directory (default: $TMPDIR)")
@@ -133,8 +160,9 @@ func main() {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		s := <-sig
-		progress("signal %v: killing etcd (pid %d) and workers", s, srv.pid())
+		progress("signal %v: killing etcd (pid %d), workers and redis-server", s, srv.pid())
 		killWorkers()
+		stopStateRedis()
 		srv.stop()
 		os.Exit(1)
 	}()
@@ -209,6 +237,15 @@ func run(c *config, srv *etcdServer) int {
 	if c.scenarios[6] {
 		res.memory = b.memory()
 	}
+	if c.scenarios[7] {
+		res.reject = b.scenario7()
+	}
+	if c.scenarios[8] {
+		res.http = b.scenario8()
+	}
+	if c.scenarios[9] {
+		res.dups = b.scenario9()
+	}
 
 	m := machine(srv)
 	report := res.markdown(c, m)
@@ -236,13 +273,13 @@ func (c *config) ranAny(scenarios ...int) bool {
 	return false
 }
 
-// scenarioSet parses -scenarios: comma-separated numbers from 1 to 6.
+// scenarioSet parses -scenarios: comma-separated numbers from 1 to lastScenario.
 func scenarioSet(v string) (map[int]bool, error) {
 	set := map[int]bool{}
 	for _, f := range strings.Split(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 || n > 6 {
-			return nil, fmt.Errorf("%q is not a scenario (1-6)", f)
+		if err != nil || n < 1 || n > lastScenario {
+			return nil, fmt.Errorf("%q is not a scenario (1-%d)", f, lastScenario)
 		}
 		set[n] = true
 	}
@@ -267,9 +304,9 @@ func axisFlag(name, v string) []int {
 }
 
 // rotate returns rows starting at rep mod len: each row runs first in some repetition.
-func rotate(rows []string, rep int) []string {
+func rotate[T any](rows []T, rep int) []T {
 	n := len(rows)
-	out := make([]string, n)
+	out := make([]T, n)
 	for i := range rows {
 		out[i] = rows[(i+rep)%n]
 	}

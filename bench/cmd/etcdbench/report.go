@@ -8,12 +8,16 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
 
 type results struct {
-	rows    map[int]map[string][]rowResult // scenario -> row -> one result per repetition
-	scaling []*scalingAxis                 // scenario 5
-	memory  *memoryResults                 // scenario 6
+	rows    map[int]map[string][]rowResult  // scenario -> row -> one result per repetition
+	scaling []*scalingAxis                  // scenario 5
+	memory  *memoryResults                  // scenario 6
+	reject  map[string][]rejectResult       // scenario 7: row -> one result per repetition
+	http    *httpResults                    // scenario 8
+	dups    map[string][]map[string]float64 // scenario 9: row -> httpbench.DupServer.Bursts per repetition
 }
 
 func newResults() *results { return &results{rows: map[int]map[string][]rowResult{}} }
@@ -172,10 +176,13 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("- Scenarios run: %s (`-scenarios`).", scenarioList(c))
 	p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
 	p("  per repetition; then scenario 5 repeats each axis as often (every row at every point once per repetition,")
-	p("  rotated likewise), and scenario 6 runs once (its figures are counts, not timings). Figures are")
-	p("  medians over the repetitions (per-repetition values are listed).")
+	p("  rotated likewise), and scenario 6 runs once (its figures are counts, not timings); then scenarios 7, 8 and 9")
+	p("  run their own repetitions, as many, rows rotated likewise (8: three low-load rounds and one saturation run per")
+	p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
 	p("- Durations: scenario 1 %v per row, scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, c.d2, c.d3)
-	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v;", c.d4, c.d5, c.d6hold)
+	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v, scenario 7 %v per row", c.d4, c.d5, c.d6hold, c.d7)
+	p("  and part, scenario 8 %v per wrk run at saturation and %v at low load, scenario 9 %d bursts per row;",
+		httpbench.WholeSeconds(c.d8), httpbench.WholeSeconds(c.d8low), httpbench.DupRounds)
 	p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
 	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTO)
 	p("  (%d handoffs or %v per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, leaseSeconds)
@@ -195,6 +202,9 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("  flightlock on a Locker and store of their own, with the watchdog and the store's lease keep-alive running as")
 	p("  users run them; Mutex: one session and a Mutex per key for holding, a session per waiter for waiting. Heap is")
 	p("  `runtime.MemStats.HeapAlloc` after two `runtime.GC()`; etcd's memory is its resident set (`VmRSS`).")
+	p("- Scenarios 7-9 are the etcd twins of lockbench's scenarios 5-7 (reject mode, HTTP end to end, duplicates of one")
+	p("  request); their sections say how each is measured. Scenario 8 also starts a `redis-server` (free loopback port,")
+	p("  no persistence, killed by its pid) for the example's state, as lockbench's scenario 6 runs on one.")
 	p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTO)
 	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
 	p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
@@ -347,6 +357,15 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	}
 	if c.scenarios[6] {
 		r.memorySection(p, c)
+	}
+	if c.scenarios[7] {
+		r.rejectSection(p, c)
+	}
+	if c.scenarios[8] {
+		r.httpSection(p, c)
+	}
+	if c.scenarios[9] {
+		r.dupsSection(p, c)
 	}
 	if c.scenarios[2] && c.scenarios[3] {
 		p("## Why flightlock is faster on a hot key")
@@ -551,7 +570,7 @@ func (r *results) memorySection(p printer, c *config) {
 // scenarioList names the scenarios a run ran, in order.
 func scenarioList(c *config) string {
 	var s []string
-	for n := 1; n <= 6; n++ {
+	for n := 1; n <= lastScenario; n++ {
 		if c.scenarios[n] {
 			s = append(s, fmt.Sprint(n))
 		}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
 
 // goals17 are the goals of issue 17, each computed from this run's figures: met or missed,
@@ -54,11 +56,11 @@ func (r *report) goals17() []goal {
 	// HTTP (scenario 6).
 	if s := r.s6; s != nil && s.Ping != nil {
 		if ratio, ok := pairedRatio(find(s.Sat, "flightlock"), find(s.Sat, "redislock"), "rps"); ok {
-			add(fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", s6SatConns), "≥ 1.1x the bsm/redislock middleware", ratio,
+			add(fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", httpbench.SatConns), "≥ 1.1x the bsm/redislock middleware", ratio,
 				fmt.Sprintf("%.2fx bsm/redislock (median of the repetitions' ratios)%s", ratio, errNote(find(s.Sat, "flightlock"))), ratio >= 1.1)
 		}
 		if _, rts, ok := s.added(find(s.Low, "flightlock")); ok {
-			add(fmt.Sprintf("6: HTTP, low load (wrk -c %d)", s6LowConns), "≤ +2.5 round trips over the bare handler", rts,
+			add(fmt.Sprintf("6: HTTP, low load (wrk -c %d)", httpbench.LowConns), "≤ +2.5 round trips over the bare handler", rts,
 				fmt.Sprintf("+%.2f round trips (PING p50)", rts), rts <= 2.5)
 		}
 	}

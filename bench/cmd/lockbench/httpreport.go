@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
 
 // s6Goals are scenario 6's goals of issue 4: at low load the lock adds at most 2.5 round trips
@@ -28,12 +30,12 @@ func (r *report) s6Goals() []goal {
 			measure += fmt.Sprintf(", SET PX + DEL floor +%.2f", frts)
 		}
 		measure += errNote(fl)
-		gs = append(gs, goal{fmt.Sprintf("6: HTTP, low load (wrk -c %d)", s6LowConns), "lock adds ≤ 2.5 round trips to median latency",
+		gs = append(gs, goal{fmt.Sprintf("6: HTTP, low load (wrk -c %d)", httpbench.LowConns), "lock adds ≤ 2.5 round trips to median latency",
 			measure, rts <= 2.5 && fl.worst("errors") == 0})
 	}
 	fl, rl = find(s.Sat, "flightlock"), find(s.Sat, "redislock")
 	if ratio, ok := pairedRatio(fl, rl, "rps"); ok {
-		gs = append(gs, goal{fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", s6SatConns), "flightlock req/s ≥ bsm/redislock's, and where the CPU goes",
+		gs = append(gs, goal{fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", httpbench.SatConns), "flightlock req/s ≥ bsm/redislock's, and where the CPU goes",
 			fmt.Sprintf("%.2fx (median of the repetitions' ratios; medians %s vs %s req/s); CPU of %d cores: service %.0f %%, Redis %.0f %%, wrk %.0f %%, other processes %.0f %%%s",
 				ratio, fmtInt(fl.med("rps")), fmtInt(rl.med("rps")), runtime.NumCPU(),
 				100*fl.med("svc_share"), 100*fl.med("redis_share"), 100*fl.med("wrk_share"), 100*fl.med("other_share"), errNote(fl)),
@@ -117,7 +119,7 @@ func (r *report) s6Section(w func(string, ...any)) {
 	}
 	w("The example (`example/app`, config `%s` with its Redis replaced by the benchmark's and free ports) runs in the\n", conf)
 	w("benchmark process, once per row (%d systems, each started once), all on the benchmark's `redis-server`. `wrk` (one\n", len(s.Sat))
-	w("thread, `bench/cmd/lockbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU\n")
+	w("thread, `bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU\n")
 	w("of the same name, both seeded before the run: no two requests share a lock key, so the figures are the cost of locking,\n")
 	w("not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory service and\n")
 	w("`Debit` on the balance service over zrpc (each under its own flightlock interceptor, in every row), and the fenced order\n")
@@ -134,15 +136,15 @@ func (r *report) s6Section(w func(string, ...any)) {
 		w("go-zero's own series recorded) and every request traced, spans batched and encoded by go-zero's `file` exporter to\n")
 		w("`/dev/null`. Compare with a run without `-observe` for what flightlock's metrics and spans add.\n\n")
 	}
-	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", s6LowConns)
-	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", dur(s.Ping.med("p50")), s6SatConns, wholeSeconds(r.cfg.d6))
+	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", httpbench.LowConns)
+	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
 	w("process's own `getrusage` (the service), `/proc/<pid>/stat` of `redis-server` and wrk's rusage as a child, over the\n")
 	w("run; shares are of %d cores × the run's wall time. Redis commands per request are `INFO commandstats` deltas (scripts'\n", runtime.NumCPU())
 	w("inner commands included). With every system up and no load, the benchmark process used %.1f %% of a core: that\n", 100*s.IdleCPU)
 	w("much of each run's service CPU is the idle systems' background.\n\n")
 
-	w("### Low load (wrk -c %d)\n\n", s6LowConns)
-	w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), wholeSeconds(r.cfg.d6low), s6Rounds)
+	w("### Low load (wrk -c %d)\n\n", httpbench.LowConns)
+	w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(r.cfg.d6low), httpbench.LowRounds)
 	w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")
 	w("| row | p50 latency | added over no lock | in round trips (PING p50) | p90 | p99 | req/s | Redis cmds/req | service CPU µs/req | errors |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|\n")
@@ -154,7 +156,7 @@ func (r *report) s6Section(w func(string, ...any)) {
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, dur(x.med("p50")), added, rts, dur(x.med("p90")),
 			dur(x.med("p99")), fmtInt(x.med("rps")), fmtFloat(x.med("cmds")), fmtFloat(x.med("svc_cpu")), fmtInt(x.worst("errors")))
 	}
-	w("\n### Saturation (wrk -c %d)\n\n", s6SatConns)
+	w("\n### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
 	nsat := find(s.Sat, "none")
 	w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", r.cfg.reps)
 	w("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.\n\n", runtime.NumCPU())

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
@@ -23,8 +24,9 @@ const lockTTL = 10 * time.Second
 // counted as an error in the tables.
 const waitBudget = 30 * time.Second
 
-// errBusy is what a single failed attempt (TryLock) returns, whatever the library says.
-var errBusy = errors.New("busy")
+// errBusy is what a single failed attempt (TryLock) returns, whatever the library says; the
+// lock middleware of scenario 6's replaced rows answers 409 for it.
+var errBusy = httpbench.ErrBusy
 
 // impl is one row of a table: a library with one waiting strategy, or a floor.
 type impl interface {

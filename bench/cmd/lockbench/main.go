@@ -21,6 +21,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 )
 
 type config struct {
@@ -102,7 +104,7 @@ func (p *procSet) killAll() {
 }
 
 var (
-	srv       *server
+	srv       *redisserver.Server // the benchmark's redis-server, ended by its pid
 	cleanupMu sync.Mutex
 )
 
@@ -110,7 +112,7 @@ func cleanup() {
 	cleanupMu.Lock()
 	defer cleanupMu.Unlock()
 	workers.killAll()
-	srv.stop()
+	srv.Stop()
 	srv = nil
 }
 
@@ -183,12 +185,12 @@ func main() {
 	}()
 
 	var err error
-	srv, err = startServer()
+	srv, err = redisserver.Start("lockbench-redis-*.log")
 	if err != nil {
 		fatalf("%v", err)
 	}
 	defer cleanup()
-	progress("redis-server pid %d on %s", srv.cmd.Process.Pid, srv.addr)
+	progress("redis-server pid %d on %s", srv.Pid(), srv.Addr)
 
 	if cpuprofile != "" {
 		f, err := os.Create(cpuprofile)
@@ -208,7 +210,7 @@ func main() {
 		defer trace.Stop()
 	}
 
-	b := &bench{addr: srv.addr, adm: newAdmin(srv.addr), cfg: cfg, impls: map[string]impl{}}
+	b := &bench{addr: srv.Addr, adm: newAdmin(srv.Addr), cfg: cfg, impls: map[string]impl{}}
 	rep := &report{cfg: cfg, machine: machineInfo(b.adm.version(context.Background())), started: time.Now()}
 	if cfg.scenarios[1] {
 		rep.s1 = b.scenario1()

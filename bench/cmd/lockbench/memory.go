@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
@@ -136,7 +137,7 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 	peak := memstat.PeakSampler()
 	s0, rt0 := b.snap(), im.roundTrips()
 	time.Sleep(window)
-	ccpu := processCPU() - s0.ccpu
+	ccpu := cpustat.Self() - s0.ccpu
 	delta := diffStats(s0.cmds, b.stats())
 	rts := im.roundTrips() - rt0
 	peakGor := peak()
@@ -229,7 +230,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	l1 := memstat.Live()
 	s0, rt0 := b.snap(), im.roundTrips()
 	time.Sleep(s9WaitWindow)
-	ccpu := processCPU() - s0.ccpu
+	ccpu := cpustat.Self() - s0.ccpu
 	delta := diffStats(s0.cmds, b.stats())
 	rts := im.roundTrips() - rt0
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/shm"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
 )
@@ -91,9 +92,9 @@ func workerMain(args []string) {
 	if *quota == 0 {
 		time.AfterFunc(time.Until(start)+*d, func() { close(stop) })
 	}
-	cpu0 := processCPU()
+	cpu0 := cpustat.Self()
 	cr := contend(im, []string{k}, []guard{gd}, *g, start, stop, *quota, start.Add(*hard))
-	wr := workerResult{contendResult: cr, Finish: cr.Elapsed, CPU: int64(processCPU() - cpu0)}
+	wr := workerResult{contendResult: cr, Finish: cr.Elapsed, CPU: int64(cpustat.Self() - cpu0)}
 	out, _ := json.Marshal(wr)
 	fmt.Println(string(out))
 	im.close()

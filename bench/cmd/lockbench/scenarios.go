@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 )
 
 // bench holds what every scenario shares: the server, the admin connection and the settings.
@@ -40,7 +42,7 @@ type snap struct {
 }
 
 func (b *bench) snap() snap {
-	return snap{cmds: b.stats(), scpu: b.adm.cpuSeconds(context.Background()), ccpu: processCPU()}
+	return snap{cmds: b.stats(), scpu: b.adm.cpuSeconds(context.Background()), ccpu: cpustat.Self()}
 }
 
 // cpu adds server and client CPU microseconds per op since s to m.
@@ -48,7 +50,7 @@ func (b *bench) cpu(m metrics, s snap, ops int64, client bool) {
 	ops = max(ops, 1)
 	m["scpu"] = (b.adm.cpuSeconds(context.Background()) - s.scpu) * 1e6 / float64(ops)
 	if client {
-		m["ccpu"] = float64((processCPU() - s.ccpu).Microseconds()) / float64(ops)
+		m["ccpu"] = float64((cpustat.Self() - s.ccpu).Microseconds()) / float64(ops)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // metrics is one repetition of one row: named figures, all float64.
@@ -59,14 +61,7 @@ func median(v []float64) float64 {
 }
 
 // percentile of sorted durations (nanoseconds), nearest rank.
-func percentile(sorted []int64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p*float64(len(sorted))+0.5) - 1
-	i = min(max(i, 0), len(sorted)-1)
-	return float64(sorted[i])
-}
+var percentile = stat.Percentile
 
 func sortInts(v []int64) { slices.Sort(v) }
 

@@ -2,78 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
-
-// server is the redis-server process this benchmark started and owns. It is ended by its pid,
-// never by name.
-type server struct {
-	addr string
-	cmd  *exec.Cmd
-}
-
-// startServer runs redis-server on a free loopback port, without persistence, and waits until it
-// answers PING.
-func startServer() (*server, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
-	// The server's own log (start-up banner, overcommit warning) goes to a file, not our output.
-	logf, err := os.CreateTemp("", "lockbench-redis-*.log")
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	s := &server{addr: addr, cmd: cmd}
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return s, nil
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// stop kills the server this process started (by pid) and reaps it.
-func (s *server) stop() {
-	if s == nil || s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
-}
 
 // admin is a connection used only for measurement (INFO); its own commands are subtracted.
 type admin struct {

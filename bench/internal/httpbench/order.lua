@@ -1,10 +1,10 @@
--- order.lua: the wrk script of lockbench scenario 6. Every request creates an order for a uid
--- of its own (and a SKU of the same name), so no two requests share a lock key: the figures
--- are the cost of locking, not of contention.
+-- order.lua: the wrk script of the HTTP scenarios (lockbench scenario 6, etcdbench scenario 8).
+-- Every request creates an order for a uid of its own (and a SKU of the same name), so no two
+-- requests share a lock key: the figures are the cost of locking, not of contention.
 --
 -- Arguments (wrk ... -s order.lua URL -- PREFIX FIRST COUNT): uids are PREFIX..FIRST to
--- PREFIX..(FIRST+COUNT-1), in order, wrapping after COUNT requests; lockbench seeds them (SKU
--- stock and account balance) before the run and sizes COUNT so that they do not wrap.
+-- PREFIX..(FIRST+COUNT-1), in order, wrapping after COUNT requests; the benchmark seeds them
+-- (SKU stock and account balance) before the run and sizes COUNT so that they do not wrap.
 -- Run it with one thread (-t 1): each wrk thread has a Lua state of its own and would send
 -- the same uids.
 --

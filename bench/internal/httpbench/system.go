@@ -1,0 +1,163 @@
+package httpbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/zeromicro/go-zero/rest"
+
+	"github.com/flightlock/flightlock/example/app"
+	flmw "github.com/flightlock/flightlock/middleware"
+)
+
+// Seeded state of every uid: enough stock and money for more orders than a run makes, so a
+// uid reused after a wrap still succeeds.
+const (
+	seedStock   = 1_000_000
+	seedBalance = 1_000_000_000 // cents
+)
+
+// Load reads the example's config file and points its three services at free loopback ports,
+// with what every row of an HTTP scenario shares: no order delay, load shedding off (on 2 busy
+// cores it would answer 503s at saturation; dev mode turns it off too) and logs at level severe
+// (a log line per request would measure the terminal; go-zero still formats it, its log
+// handler builds the line before the level check, in every row alike). The caller points the
+// stores (Redis, etcd) and passes the ports to Start.
+func Load(path string) (app.Config, []int, error) {
+	c, err := app.LoadConfig(path)
+	if err != nil {
+		return app.Config{}, nil, err
+	}
+	ports, err := FreePorts(3)
+	if err != nil {
+		return app.Config{}, nil, err
+	}
+	c.Order.Host, c.Order.Port = "127.0.0.1", ports[0]
+	c.Inventory.ListenOn = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	c.Balance.ListenOn = fmt.Sprintf("127.0.0.1:%d", ports[2])
+	c.Order.Inventory.Endpoints = []string{c.Inventory.ListenOn}
+	c.Order.Balance.Endpoints = []string{c.Balance.ListenOn}
+	c.Order.OrderDelay = 0
+	for _, sc := range []*int64{&c.Order.CpuThreshold, &c.Inventory.CpuThreshold, &c.Balance.CpuThreshold} {
+		*sc = 0
+	}
+	c.Order.Log.Level, c.Inventory.Log.Level, c.Balance.Log.Level = "severe", "severe", "severe"
+	return c, ports, nil
+}
+
+// System is one row's running example.
+type System struct {
+	ID     string // the row
+	Prefix string // starts the uids of the row's requests, distinct per row
+	URL    string // the order API
+	Sys    *app.System
+	// RPS is the requests/s the row last reached at saturation (or in its warm-up): it sizes
+	// the uids seeded for the next run.
+	RPS float64
+
+	next   int64 // next uid index
+	done   chan struct{}
+	closes []func()
+}
+
+// Start builds the example from c (Load's config, its stores pointed by the caller) with opts,
+// starts its three servers in the background and waits until they listen on ports. closes run
+// after the servers stop (Stop), e.g. to close a client the row's own middleware uses.
+func Start(id, prefix string, c app.Config, ports []int, closes []func(), opts ...app.Option) (*System, error) {
+	s := &System{ID: id, Prefix: prefix, URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), done: make(chan struct{}), closes: closes}
+	var err error
+	if s.Sys, err = app.New(c, opts...); err != nil {
+		for _, f := range closes {
+			f()
+		}
+		return nil, err
+	}
+	go func() {
+		defer close(s.done)
+		s.Sys.Start()
+	}()
+	for _, p := range ports {
+		if err := WaitListening(p); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Stop stops every go-zero server of the process (app.System.Stop stops them all), then
+// closes the systems; logf reports what did not go well.
+func Stop(systems []*System, logf func(format string, args ...any)) {
+	if len(systems) == 0 {
+		return
+	}
+	systems[0].Sys.Stop()
+	for _, s := range systems {
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			logf("%s: the servers did not stop within 10s", s.ID)
+		}
+		if err := s.Sys.Close(); err != nil {
+			logf("%s: close: %v", s.ID, err)
+		}
+		for _, f := range s.closes {
+			f()
+		}
+	}
+}
+
+// seed creates count uids from the next one (each with a SKU of the same name), with enough
+// stock and money, and returns the first.
+func (s *System) seed(count int64) (int64, error) {
+	first := s.next
+	stock, money := make(map[string]int64, count), make(map[string]int64, count)
+	for i := first; i < first+count; i++ {
+		uid := s.Prefix + strconv.FormatInt(i, 10) // also the name of the SKU it orders
+		stock[uid], money[uid] = seedStock, seedBalance
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Sys.Seed(ctx, stock, money); err != nil {
+		return 0, fmt.Errorf("%s: seed: %w", s.ID, err)
+	}
+	return first, nil
+}
+
+// PointRedis points the example's Redis at addr (a node), and every service's Lock section
+// that carries its own copy of it (the example refuses one that differs from the top-level).
+func PointRedis(c *app.Config, addr string) {
+	c.Redis.Host, c.Redis.Type = addr, "node"
+	for _, rc := range []*flmw.RedisConf{&c.Order.Lock.Redis, &c.Inventory.Lock.Redis, &c.Balance.Lock.Redis} {
+		if rc.Host != "" {
+			rc.Host, rc.Type = addr, "node"
+		}
+	}
+}
+
+// OrderRules builds a middleware of the order API's rules lc with edit applied to the
+// create-order rule, for app.WithOrderLock in a row of its own; close it once the system has
+// stopped. The example's order logic fences its writes with the lease of the lock it expects
+// (a Redis rule's, enforced); installed this way, a request without it writes unfenced, as in
+// the rows of the other libraries.
+func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (mw rest.Middleware, closeMW func(), err error) {
+	lc.Rules = slices.Clone(lc.Rules)
+	found := false
+	for i := range lc.Rules {
+		if lc.Rules[i].Path == "/api/order/create" {
+			edit(&lc.Rules[i])
+			found = true
+		}
+	}
+	if !found {
+		return nil, nil, errors.New("the order API has no rule for /api/order/create")
+	}
+	m, err := flmw.New(lc, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m.Handle, func() { _ = m.Close() }, nil
+}

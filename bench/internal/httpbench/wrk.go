@@ -1,0 +1,204 @@
+package httpbench
+
+import (
+	"bufio"
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// orderLua is the wrk script: every request creates an order for a uid of its own.
+//
+//go:embed order.lua
+var orderLua []byte
+
+// ErrNoWrk is NewWrk's error when wrk is not installed.
+var ErrNoWrk = errors.New("wrk is not installed (bench/run.sh installs it with apt)")
+
+// Wrk runs wrk with order.lua against a System.
+type Wrk struct {
+	bin, script string
+	// Track, when set, is called with every wrk process once started; the function it
+	// returns, when it has exited. The commands use it to end wrk (by pid) on a signal.
+	Track func(*exec.Cmd) (untrack func())
+	// Logf, when set, reports a run made again.
+	Logf func(format string, args ...any)
+}
+
+// NewWrk finds wrk and writes order.lua to a temporary file; Close removes it.
+func NewWrk() (*Wrk, error) {
+	bin, err := exec.LookPath("wrk")
+	if err != nil {
+		return nil, ErrNoWrk
+	}
+	f, err := os.CreateTemp("", "bench-order-*.lua")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write(orderLua); err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return nil, err
+	}
+	_ = f.Close()
+	return &Wrk{bin: bin, script: f.Name()}, nil
+}
+
+// Close removes the script.
+func (w *Wrk) Close() { _ = os.Remove(w.script) }
+
+// Summary is the line order.lua prints when wrk is done (latencies in microseconds).
+type Summary struct {
+	Requests      int64   `json:"requests"`
+	DurationUs    int64   `json:"duration_us"`
+	StatusErrors  int64   `json:"status_errors"`
+	ConnectErrors int64   `json:"connect_errors"`
+	ReadErrors    int64   `json:"read_errors"`
+	WriteErrors   int64   `json:"write_errors"`
+	Timeouts      int64   `json:"timeouts"`
+	P50           float64 `json:"p50"`
+	P90           float64 `json:"p90"`
+	P99           float64 `json:"p99"`
+	P999          float64 `json:"p999"`
+	Max           float64 `json:"max"`
+	Mean          float64 `json:"mean"`
+}
+
+// Run is one wrk run.
+type Run struct {
+	Summary
+	Wall    time.Duration // from wrk's start to its exit
+	CPU     time.Duration // wrk's own CPU time (rusage)
+	Wrapped bool          // more requests than uids seeded: some uids were used twice (one after the other)
+}
+
+// Metrics are the run's figures every HTTP table shows: requests, requests/s, latency
+// percentiles in ns, errors (status, connect, read, write, timeouts), wrk's CPU µs per request
+// and share of the cores over the run, and wrapped (1 when uids were reused).
+func (r Run) Metrics() map[string]float64 {
+	n := float64(r.Requests)
+	wrapped := 0.0
+	if r.Wrapped {
+		wrapped = 1
+	}
+	return map[string]float64{
+		"requests":  n,
+		"rps":       n / (float64(r.DurationUs) / 1e6),
+		"p50":       r.P50 * 1e3, // ns, as every latency in the reports
+		"p90":       r.P90 * 1e3,
+		"p99":       r.P99 * 1e3,
+		"p999":      r.P999 * 1e3,
+		"max":       r.Max * 1e3,
+		"mean":      r.Mean * 1e3,
+		"errors":    float64(r.StatusErrors + r.ConnectErrors + r.ReadErrors + r.WriteErrors + r.Timeouts),
+		"wrk_cpu":   float64(r.CPU.Microseconds()) / n,
+		"wrk_share": r.Share(r.CPU),
+		"wrapped":   wrapped,
+	}
+}
+
+// Share is cpu as a share of all cores over the run's wall time.
+func (r Run) Share(cpu time.Duration) float64 {
+	return cpu.Seconds() / (float64(runtime.NumCPU()) * r.Wall.Seconds())
+}
+
+// Run seeds the uids a run may use (twice the expected requests, at least 2,000), calls
+// before (to snapshot the counters the caller measures the run with), and runs wrk with
+// conns connections on one thread for d (whole seconds) against s.
+//
+// A run in which wrk got no reply at all is made again, twice at most (before is called
+// again): on this machine the first connection after a saturation run now and then stalls
+// for a second (a SYN that is answered only by its retransmission), which leaves a one-second
+// run at one connection empty.
+func (w *Wrk) Run(s *System, conns int, d time.Duration, expect float64, before func()) (Run, error) {
+	for attempt := 1; ; attempt++ {
+		r, err := w.runOnce(s, conns, d, expect, before)
+		if !errors.Is(err, errNoReply) || attempt == 3 {
+			return r, err
+		}
+		if w.Logf != nil {
+			w.Logf("%s: wrk got no reply in %v at -c %d; running it again", s.ID, d, conns)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+var errNoReply = errors.New("wrk reported no requests")
+
+func (w *Wrk) runOnce(s *System, conns int, d time.Duration, expect float64, before func()) (Run, error) {
+	count := int64(max(2*expect, 2000))
+	first, err := s.seed(count)
+	if err != nil {
+		return Run{}, err
+	}
+	runtime.GC()
+
+	cmd := exec.Command(w.bin, "-t", "1", "-c", strconv.Itoa(conns), "-d", strconv.Itoa(int(d.Seconds()))+"s",
+		"--timeout", "10s", "-s", w.script, s.URL, "--", s.Prefix, strconv.FormatInt(first, 10), strconv.FormatInt(count, 10))
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	before()
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return Run{}, fmt.Errorf("start wrk: %w", err)
+	}
+	untrack := func() {}
+	if w.Track != nil {
+		untrack = w.Track(cmd)
+	}
+	err = cmd.Wait()
+	untrack()
+	r := Run{Wall: time.Since(start)}
+	if err != nil {
+		return r, fmt.Errorf("wrk: %v: %s", err, stderr.String())
+	}
+	found := false
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		if raw, ok := strings.CutPrefix(sc.Text(), "LOCKBENCH "); ok {
+			if err := json.Unmarshal([]byte(raw), &r.Summary); err != nil {
+				return r, fmt.Errorf("wrk summary %q: %v", raw, err)
+			}
+			found = true
+		}
+	}
+	if !found || r.Requests == 0 {
+		return r, fmt.Errorf("%s: %w: %s %s", s.ID, errNoReply, out.String(), stderr.String())
+	}
+	// The next run starts past every uid this one may have sent: wrk counts the replies it
+	// got, and each connection may have had one more request under way when the run ended
+	// (cancelled, but its handler may still hold the uid's lock, or, on etcd, its acquisition
+	// may have gone through after the cancellation), so a reused uid would find its key busy.
+	s.next = first + min(r.Requests+int64(conns), count)
+	r.Wrapped = r.Requests+int64(conns) > count
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	return r, nil
+}
+
+// WholeSeconds rounds d to whole seconds, at least one: wrk's -d takes no fractions.
+func WholeSeconds(d time.Duration) time.Duration {
+	return max(d.Round(time.Second), time.Second)
+}
+
+// NotRunnable says why the HTTP scenario cannot run here, as a report's sentence, or "" when
+// it can: the example's config file (conf) is missing, or wrk is not installed.
+func NotRunnable(conf string) string {
+	if _, err := os.Stat(conf); err != nil {
+		return fmt.Sprintf("Not run: the example's config `%s` is missing (`-example-config`).", conf)
+	}
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return "Not run: `wrk` is not installed (bench/run.sh installs it with apt)."
+	}
+	return ""
+}

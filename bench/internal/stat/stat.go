@@ -1,0 +1,13 @@
+// Package stat holds the small statistics the benchmark commands share.
+package stat
+
+// Percentile is the p-th percentile (0 < p ≤ 1) of sorted values (nanoseconds), nearest rank;
+// 0 for none.
+func Percentile(sorted []int64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	i = min(max(i, 0), len(sorted)-1)
+	return float64(sorted[i])
+}
