@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
@@ -195,6 +196,19 @@ func (r *results) httpSection(p printer, c *config) {
 			medOf(runs, "svc_cpu"), medOf(runs, "etcd_cpu"), medOf(runs, "redis_cpu"), medOf(runs, "wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
 			worstOf(runs, "errors"))
+	}
+	var disturbed []string
+	for _, row := range h.rows {
+		for _, m := range h.sat[row.id] {
+			if m["other_share"] > 0.1 {
+				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", row.id, m["rep"]+1, 100*m["other_share"]))
+			}
+		}
+	}
+	if len(disturbed) > 0 {
+		p("")
+		p("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the")
+		p("medians): %s.", strings.Join(disturbed, ", "))
 	}
 	var wrapped float64
 	for _, byRow := range []map[string][]map[string]float64{h.low, h.sat} {
