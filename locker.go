@@ -285,7 +285,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	sent := l.k.now()
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
-	if err != nil && isTimeout(err) {
+	if err != nil && mayHaveRun(err) {
 		// The call may have run unseen: give up the hold it would have added (only ours).
 		l.k.giveBack(ctx, rkey, owner, borrow)
 	}
@@ -341,7 +341,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		res, err := l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
 		if err != nil {
-			if isTimeout(err) {
+			if mayHaveRun(err) {
 				l.k.giveBack(ctx, key, owner, "")
 			}
 			if wait && attempt > 0 && b.spent() {
@@ -488,9 +488,16 @@ func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d ti
 	return true
 }
 
-func isTimeout(err error) bool {
+// mayHaveRun reports whether a store call that failed with err may have run unseen: its
+// caller's context ended while it was on the wire, by deadline or by cancellation (an HTTP
+// client that went away, a gRPC call cancelled upstream), or the network timed out. The caller
+// then gives back what the call may have taken, which can only be its own: nothing else would
+// release it before its TTL. A cancellation used to be left out, and the key stayed refused
+// for the whole TTL (TestLostAcquireReplyGivesTheLockBack).
+func mayHaveRun(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // newOwnerToken returns 128 random bits from crypto/rand, hex encoded.

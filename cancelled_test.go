@@ -1,0 +1,50 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// lostReplyStore runs every Acquire in the store and then answers with err, as a client whose
+// call reached the server but whose caller's context ended before the reply came back (go-redis
+// with ContextTimeoutEnabled, etcd's client): the lock is taken, and the caller does not know.
+type lostReplyStore struct {
+	lockstore.Store
+	err error
+}
+
+func (s *lostReplyStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	_, _ = s.Store.Acquire(context.WithoutCancel(ctx), key, owner, ttl, meta)
+	return lockstore.Acquisition{}, s.err
+}
+
+// An acquisition whose reply is lost because its caller's context ended, by deadline or by
+// cancellation (an HTTP client that went away, a gRPC call cancelled upstream), gives back the
+// lock it may have taken: nothing else will release it, and the key would stay refused for the
+// whole TTL (the same user's retry answered 409 for 10 s). It was given back for a deadline
+// only, not for a cancellation.
+func TestLostAcquireReplyGivesTheLockBack(t *testing.T) {
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			s, _, _ := miniStore(t)
+			ctx := context.Background()
+			l := mustLocker(t, &lostReplyStore{Store: s, err: cause}, WithTTL(10*time.Second), WithMode(Reject))
+			if _, err := l.Lock(ctx, "k"); !errors.Is(err, cause) {
+				t.Fatalf("Lock with a lost reply: %v, want %v", err, cause)
+			}
+			if ttl, err := s.TTL(ctx, "lock:k"); !errors.Is(err, ErrNotHeld) {
+				t.Fatalf("the lock taken by the lost acquisition is still held (TTL %v, %v)", ttl, err)
+			}
+			other := mustLocker(t, s, WithMode(Reject))
+			lease, err := other.Lock(ctx, "k")
+			if err != nil {
+				t.Fatalf("another owner after the lost acquisition: %v", err)
+			}
+			_ = lease.Release(ctx)
+		})
+	}
+}
