@@ -30,8 +30,10 @@ type ServiceContext struct {
 	Inventory inventory.InventoryClient
 	Balance   balance.BalanceClient
 	// LockPrefix is the prefix of the service's lock keys, to find the lease whose fence
-	// guards a write.
-	LockPrefix string
+	// guards a write. EtcdLockPrefix is that of the rules whose store is etcd (Etcd.Key first),
+	// "" when the Lock section names no etcd: a rule's store decides where its key lives.
+	LockPrefix     string
+	EtcdLockPrefix string
 	// Unfenced says that the order API's lock is not flightlock's (app.WithOrderLock,
 	// app.WithoutOrderLock): without a lease in the request, orders are written with fence 0,
 	// which an order book that a fenced write reached refuses.
@@ -59,6 +61,9 @@ func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) 
 	if lock != nil {
 		// The Locker's prefix: the LockConf's, or the Locker's default when built in Go.
 		s.Lock, s.LockPrefix = lock.Handle, cmp.Or(c.Lock.Prefix, flightlock.DefaultPrefix)
+		if len(c.Lock.Etcd.Hosts) > 0 {
+			s.EtcdLockPrefix = c.Lock.Etcd.Key + s.LockPrefix
+		}
 		// The client interceptor sends the owners of the locks this request holds to the
 		// services it calls; a service with TrustOwner re-enters them.
 		clientOpts = append(clientOpts, zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()))
@@ -89,13 +94,20 @@ func (s *ServiceContext) Close() error {
 	return err
 }
 
-// orderLock is the Redis key of the lock "order:{uid}" that guards uid's orders.
-func (s *ServiceContext) orderLock(uid string) string { return s.LockPrefix + "order:" + uid }
+// orderLocks are the keys the lock "order:{uid}" that guards uid's orders can have: in Redis,
+// and in etcd when the Lock section names etcd (a create-order rule with Store: etcd).
+func (s *ServiceContext) orderLocks(uid string) []string {
+	keys := []string{s.LockPrefix + "order:" + uid}
+	if s.EtcdLockPrefix != "" {
+		keys = append(keys, s.EtcdLockPrefix+"order:"+uid)
+	}
+	return keys
+}
 
 // OrderFence is the fence that guards the writes of uid's order book: that of the request's
 // lease on the order lock, or 0 when the Unfenced API holds none.
 func (s *ServiceContext) OrderFence(ctx context.Context, uid string) (int64, error) {
-	fence, err := state.LeaseFence(ctx, s.orderLock(uid))
+	fence, err := state.LeaseFence(ctx, s.orderLocks(uid)...)
 	if errors.Is(err, state.ErrNoLease) && s.Unfenced {
 		return 0, nil
 	}
