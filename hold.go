@@ -124,12 +124,22 @@ func (h *hold) handable() bool {
 // nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
 // next fence, above every earlier grant of the key. The fences handed out here are reported to
 // Redis on release, so later acquisitions count on above them.
-func (h *hold) nextGrant() {
+//
+// It reports false, and changes nothing, when the hold was lost since handable looked: the
+// watchdog may have found the grant ended (no live lease) and scheduled nothing more, so a
+// waiter given it would hold a grant that nothing ends, with the queue behind it stranded
+// while the key is free (review: TestHandoffOfAHoldLostMeanwhileReleasesIt). The caller then
+// releases the hold instead.
+func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.lost || h.stopped {
+		return false
+	}
 	h.fence++
 	h.live = 1
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
+	return true
 }
 
 // restart begins a new turn of a hold that a pass kept in Redis (keeper.pass) after stop: the

@@ -83,8 +83,9 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new
 // locks, and waits until this process holds none: for a service that shuts down, so that its
 // peers get the keys as soon as its last holder is done instead of a TTL later. From the call
-// on, Lock and TryLock answer ErrClosed, also to callers queued for a key; re-entries of locks
-// held go on, so that their holders can finish.
+// on, Lock and TryLock answer ErrClosed, also to callers queued for a key or waiting between
+// attempts on a key another process holds; re-entries of locks held go on, so that their
+// holders can finish, and Drain waits for the ones still on their way to Redis too.
 //
 // When ctx ends first, Drain cancels the contexts of the leases still held, with cause
 // ErrClosed, so that their holders stop, and returns an error that says how many locks remain.
@@ -235,7 +236,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		grant = GrantRedis
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
-		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && ctx.Err() == nil {
+		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
@@ -281,6 +282,11 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
+	// Counted before it goes on the wire: Redis may list the hold before the reply comes, and
+	// a drain waits for it (review: TestDrainWaitsForABorrowedHoldOnTheWire).
+	l.k.gate.beginBorrow()
+	var taken *hold
+	defer func() { l.k.gate.endBorrow(taken) }()
 	callCtx, cancel := l.k.bound(ctx)
 	sent := l.k.now()
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
@@ -302,7 +308,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, errLateReply, true
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
-	l.k.gate.addBorrowed(h)
+	taken = h
 	return newLease(ctx, h, GrantBorrowed, h.currentFence()), nil, true
 }
 
@@ -331,7 +337,10 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	if yield && wait {
 		watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !sleep(b.context(), watch, &timer, d) {
+		if !sleep(b.context(), watch, &timer, d, l.k.gate.closing) {
+			if l.k.gate.closed.Load() {
+				return nil, ErrClosed // draining: told as a queued waiter is
+			}
 			return nil, l.busy(ctx, &busyError{})
 		}
 	}
@@ -383,7 +392,10 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
 			watch, _ = l.k.store.Watch(b.context(), key)
 		}
-		if !sleep(b.context(), watch, &timer, delay) {
+		if !sleep(b.context(), watch, &timer, delay, l.k.gate.closing) {
+			if l.k.gate.closed.Load() {
+				return nil, ErrClosed // draining: told as a queued waiter is
+			}
 			return nil, l.busy(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
@@ -473,7 +485,7 @@ func (l *Locker) busy(ctx context.Context, err error) error {
 	return err
 }
 
-func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration) bool {
+func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration, stop <-chan struct{}) bool {
 	if *timer == nil {
 		*timer = time.NewTimer(d)
 	} else {
@@ -483,6 +495,8 @@ func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d ti
 	case <-watch.C():
 	case <-(*timer).C:
 	case <-ctx.Done():
+		return false
+	case <-stop:
 		return false
 	}
 	return true

@@ -26,7 +26,14 @@ type gate struct {
 	// the map when it falls to a quarter of its peak.
 	peak     int
 	borrowed map[*hold]struct{} // guarded by mu: live re-entries of other processes' locks
-	drained  chan struct{}      // guarded by mu: closed when the gate empties while closed
+	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
+	// may list their holds before this process knows them, and a drain must wait for them.
+	borrowing int
+	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
+	// closing is closed when the Locker drains (with closed): it wakes owners that sleep
+	// between attempts in the store, so that they answer ErrClosed as queued waiters do
+	// rather than take the key after the drain.
+	closing chan struct{}
 	// closed is set (under mu) when the Locker drains: no new owner enters. Read without mu
 	// on the way in, so that a Lock pays an atomic load for it, not a lock.
 	closed atomic.Bool
@@ -128,7 +135,7 @@ type gateWaiter struct {
 var testHookWoken func()
 
 func newGate() *gate {
-	return &gate{entries: make(map[string]*gateEntry)}
+	return &gate{entries: make(map[string]*gateEntry), closing: make(chan struct{})}
 }
 
 // enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
@@ -280,9 +287,11 @@ func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time
 	if late || int(e.handoffs) >= bound {
 		return turnOver
 	}
+	if !h.nextGrant() { // a fence of its own for the next holder (issue 8, finding 7)
+		return notHanded // lost meanwhile: the caller releases it
+	}
 	e.handoffs++
 	e.hold = h
-	h.nextGrant() // a fence of its own for the next holder (issue 8, finding 7)
 	g.grantLocked(e, h)
 	g.dropLocked(key, e)
 	return handedOff
@@ -367,6 +376,23 @@ func (g *gate) shrinkLocked() {
 
 // addBorrowed and removeBorrowed track the live re-entries of other processes' locks (they
 // have no gate entry), so that Drain waits for them too.
+func (g *gate) beginBorrow() {
+	g.mu.Lock()
+	g.borrowing++
+	g.mu.Unlock()
+}
+
+// endBorrow ends a re-entry call counted by beginBorrow; h is the hold it took, nil for none.
+func (g *gate) endBorrow(h *hold) {
+	if h != nil {
+		g.addBorrowed(h)
+	}
+	g.mu.Lock()
+	g.borrowing--
+	g.checkDrainedLocked()
+	g.mu.Unlock()
+}
+
 func (g *gate) addBorrowed(h *hold) {
 	g.mu.Lock()
 	if g.borrowed == nil {
@@ -386,7 +412,7 @@ func (g *gate) removeBorrowed(h *hold) {
 // checkDrainedLocked tells a waiting drain that the process holds no lock any more. g.mu
 // must be held.
 func (g *gate) checkDrainedLocked() {
-	if g.drained != nil && len(g.entries) == 0 && len(g.borrowed) == 0 {
+	if g.drained != nil && len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0 {
 		close(g.drained)
 		g.drained = nil
 	}
@@ -396,8 +422,10 @@ func (g *gate) checkDrainedLocked() {
 // interrupts the leases still held and returns how many locks remain (see Locker.Drain).
 func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
-	g.closed.Store(true)
-	if len(g.entries) == 0 && len(g.borrowed) == 0 {
+	if !g.closed.Swap(true) {
+		close(g.closing)
+	}
+	if len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0 {
 		g.mu.Unlock()
 		return 0
 	}
@@ -421,7 +449,7 @@ func (g *gate) drain(ctx context.Context) int {
 	for h := range g.borrowed {
 		holds = append(holds, h)
 	}
-	n := len(g.entries) + len(g.borrowed)
+	n := len(g.entries) + len(g.borrowed) + g.borrowing
 	g.mu.Unlock()
 	for _, h := range holds {
 		h.interrupt(ErrClosed)

@@ -13,7 +13,8 @@
 --          of a turn of the owner's lock, with goroutines of its process waiting for it
 --
 -- Replies: -1 not held by ARGV[1], or that hold was given up already (a re-sent call): nothing
---             changed, nothing published;
+--             changed but, when the key is gone, the fence counter raised to ARGV[3], and
+--             nothing published;
 --          -2 released that hold; others remain (re-entries from other processes), the key stays;
 --          n >= 0 deleted, and n subscribers (waiters in other processes) were notified;
 --          {3, fence} (a pass only) kept for the owner with a new fence, see below.
@@ -32,6 +33,17 @@
 local owner = ARGV[1]
 local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #owner + 1) ~= owner .. ' ' then
+  -- The lock is gone (expired before this release came): the fences its holder handed out
+  -- locally must still count, or the next grant may repeat one when the counter is ahead of
+  -- the clock. Raising the counter to them is all this does; it only ever goes up. Another
+  -- owner's lock is left alone, counter included: that grant is made already.
+  local used = tonumber(ARGV[3])
+  if not current and used and used > 0 then
+    local counted = tonumber(redis.pcall('GET', KEYS[2]) or '0')
+    if counted and used > counted then
+      redis.pcall('SET', KEYS[2], ARGV[3])
+    end
+  end
   return -1
 end
 local passTTL = ARGV[5] or '' -- callers older than the pass send four arguments
