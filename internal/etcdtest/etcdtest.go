@@ -17,7 +17,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +27,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -184,15 +184,10 @@ func StartCluster(tb testing.TB, n int, opts ...Option) *Cluster {
 	return c
 }
 
+// freeAddr is a free loopback address for a server started by number (internal/freeport).
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("etcdtest: find a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	return freeport.Addr(tb)
 }
 
 // Endpoints returns the client URLs of every member.

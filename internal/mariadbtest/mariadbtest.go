@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/freeport"
 	_ "github.com/go-sql-driver/mysql" // the driver go-zero's sqlx.NewMysql uses
 )
 
@@ -61,13 +62,10 @@ func Start(tb testing.TB, db string) *Server {
 	if err != nil {
 		tb.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	addr := freeport.Addr(tb)
+	_, portText, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portText)
+	s := &Server{Addr: addr}
 	s.cmd = exec.Command(server, "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-error="+filepath.Join(dir, "error.log"), "--user=root", "--skip-grant-tables", "--skip-log-bin",

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/freeport"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -82,14 +83,10 @@ func StartIn(tb testing.TB, dir string) *Server {
 	return s
 }
 
+// freeAddr is a free loopback address for a server started by number (internal/freeport).
 func freeAddr(tb testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("find a free port: %v", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	tb.Helper()
+	return freeport.Addr(tb)
 }
 
 func (s *Server) start() {

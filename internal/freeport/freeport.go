@@ -1,0 +1,41 @@
+// Package freeport finds loopback ports for the servers that tests start (redis-server, etcd,
+// mariadbd) and that bind them a moment later.
+//
+// A port from listen(0) comes from the kernel's ephemeral range (32768-60999 by default), the
+// range every outgoing connection also takes its local port from: between the check and the
+// server's bind, a client socket of another test, or another package tested at the same time,
+// may be given it, and the server fails with "address already in use" (seen with go test ./...
+// running packages in parallel). Ports here come from below that range, where only listeners
+// that ask for a port by number land.
+package freeport
+
+import (
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"testing"
+)
+
+// low and high bound the ports tried: below Linux's default ephemeral range, above the ports
+// of common local services.
+const low, high = 20000, 32767
+
+// Addr returns "127.0.0.1:<port>" with a port that is free now and outside the ephemeral range,
+// or, if none of many tries is free, one that listen(0) gives.
+func Addr(tb testing.TB) string {
+	tb.Helper()
+	for range 64 {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(low+rand.IntN(high-low+1)))
+		if l, err := net.Listen("tcp", addr); err == nil {
+			_ = l.Close()
+			return addr
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("freeport: no free loopback port: %v", err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
