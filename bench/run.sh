@@ -53,8 +53,8 @@ echo "run.sh: building" >&2
 
 gobench=()
 if [[ "${LOCKBENCH_GOBENCH:-1}" != "0" ]]; then
-  echo "run.sh: go test -bench in the root package" >&2
-  if (cd "$root" && go test -run '^$' -bench . -benchmem -benchtime "$benchtime" . >"$work/gobench.txt" 2>&1); then
+  echo "run.sh: go test -bench in the root and middleware packages" >&2
+  if (cd "$root" && go test -run '^$' -bench . -benchmem -benchtime "$benchtime" . ./middleware >"$work/gobench.txt" 2>&1); then
     grep -E '^(goos|goarch|pkg|cpu|Benchmark)' "$work/gobench.txt" >"$work/gobench.clean" || true
     gobench=(-gobench "$work/gobench.clean")
   else

@@ -13,10 +13,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/internal/childproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -67,7 +67,7 @@ func startEtcd(bin, parent string) (*etcdServer, error) {
 		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
 	)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	childproc.Tie(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

@@ -12,11 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/shm"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
+	"github.com/flightlock/flightlock/internal/childproc"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -74,7 +74,7 @@ func (b *bench) runProcs(row, key string, procs, perProc int, d time.Duration) r
 		cmd := exec.Command(os.Args[0], workerFlag,
 			"-lib", row, "-ep", b.srv.clientURL, "-key", key, "-g", strconv.Itoa(perProc),
 			"-d", d.String(), "-shm", shm, "-to", b.c.lockTO.String())
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		childproc.Tie(cmd)
 		w, err := workerproc.Start(cmd)
 		if err != nil {
 			fatalf("%v", err)

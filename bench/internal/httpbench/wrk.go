@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/flightlock/flightlock/internal/childproc"
 )
 
 // orderLua is the wrk script: every request creates an order for a uid of its own.
@@ -148,6 +150,7 @@ func (w *Wrk) runOnce(s *System, conns int, d time.Duration, expect float64, bef
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	before()
 	start := time.Now()
+	childproc.Tie(cmd)
 	if err := cmd.Start(); err != nil {
 		return Run{}, fmt.Errorf("start wrk: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+
+	"github.com/flightlock/flightlock/internal/childproc"
 )
 
 // Proc is a started worker.
@@ -31,6 +33,7 @@ func Start(cmd *exec.Cmd) (*Proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker stdout: %w", err)
 	}
+	childproc.Tie(cmd) // a worker dies with the benchmark, however it ends
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
