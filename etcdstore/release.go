@@ -185,7 +185,12 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 			e.holds = withHold(e.holds, hold)
 		}
 		e.tries++
-		e.until = time.Now().Add(retryPause(e.tries))
+		// Never earlier than the entry's deadline: the entry is shared by every hold of this
+		// owner in this store, and the reaper releases all of them when it passes, so pulling it
+		// in for one failed release took away the others' refreshed guarantee (review:
+		// TestFailedHoldReleaseKeepsOtherHolds). A failed release is retried once the last
+		// promise made on the key has run out, as a lock in Redis lives out its TTL.
+		e.until = later(e.until, time.Now().Add(retryPause(e.tries)))
 	})
 }
 
