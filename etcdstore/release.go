@@ -134,6 +134,12 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 				continue
 			}
 			if hold == "" {
+				// A refresh by a re-entry's holder that read the key on the session lease
+				// before this commit promised its TTL from its own start; the new lease counts
+				// from its grant, which may be earlier by as long as the commit took. One
+				// keep-alive sent after the commit makes it count from later than any such
+				// start (review: TestRefreshDuringAMoveKeepsItsPromise).
+				s.keepMovedAlive(moved, time.Now())
 				moved = 0 // in use
 			}
 			s.released(key, owner, hold)
@@ -304,4 +310,24 @@ func (s *Store) claimPass(key, owner string, until time.Time) (heldKey, bool) {
 	}
 	e.until = later(e.until, until)
 	return *e, true
+}
+
+// keepMovedAlive sends one keep-alive of lease id after t, on a goroutine of the store, and
+// tries again every 100 ms until one succeeds, the lease is gone or the store closes.
+func (s *Store) keepMovedAlive(id clientv3.LeaseID, t time.Time) {
+	s.spawn(func() {
+		for {
+			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+			_, err := s.keepAliveOnce(ctx, id, t)
+			cancel()
+			if err == nil || errors.Is(err, errLeaseGone) || s.isClosed() {
+				return
+			}
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
 }

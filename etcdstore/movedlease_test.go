@@ -1,9 +1,3 @@
-//go:build knownbugs
-
-// Known bugs of the etcd store, found by review on 2026-11-25 and not fixed yet: this test fails
-// on the current code. It runs only with -tags knownbugs (go test -race -tags knownbugs
-// -run <name> ./etcdstore), so that CI stays green while the evidence is kept for the fix.
-
 package etcdstore
 
 import (
