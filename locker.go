@@ -337,11 +337,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	if yield && wait {
 		watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !sleep(b.context(), watch, &timer, d, l.k.gate.closing) {
-			if l.k.gate.closed.Load() {
-				return nil, ErrClosed // draining: told as a queued waiter is
-			}
-			return nil, l.busy(ctx, &busyError{})
+		if !l.sleep(b.context(), watch, &timer, d) {
+			return nil, l.gaveUp(ctx, &busyError{})
 		}
 	}
 	for {
@@ -392,11 +389,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
 			watch, _ = l.k.store.Watch(b.context(), key)
 		}
-		if !sleep(b.context(), watch, &timer, delay, l.k.gate.closing) {
-			if l.k.gate.closed.Load() {
-				return nil, ErrClosed // draining: told as a queued waiter is
-			}
-			return nil, l.busy(ctx, &busyError{retryAfter: res.HolderTTL})
+		if !l.sleep(b.context(), watch, &timer, delay) {
+			return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
 }
@@ -485,7 +479,18 @@ func (l *Locker) busy(ctx context.Context, err error) error {
 	return err
 }
 
-func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration, stop <-chan struct{}) bool {
+// gaveUp answers an owner whose wait between attempts ended without the key: ErrClosed when
+// the Locker drains, as a queued waiter is told, and the busy error otherwise.
+func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
+	if l.k.gate.closed.Load() {
+		return ErrClosed
+	}
+	return l.busy(ctx, busy)
+}
+
+// sleep waits d between attempts on a held key, or less: until the key's release notification
+// (watch), ctx's end or a drain of the gate. It reports whether the next attempt may go.
+func (l *Locker) sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration) bool {
 	if *timer == nil {
 		*timer = time.NewTimer(d)
 	} else {
@@ -496,7 +501,7 @@ func sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d ti
 	case <-(*timer).C:
 	case <-ctx.Done():
 		return false
-	case <-stop:
+	case <-l.k.gate.closing:
 		return false
 	}
 	return true
