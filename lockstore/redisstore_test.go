@@ -564,6 +564,14 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
+		// The subscription is asynchronous: a release published before the server has it is
+		// lost (seen on miniredis under load), so wait for it.
+		for deadline := time.Now().Add(5 * time.Second); b.client.PubSubNumSub(ctx, DefaultChannelPrefix+"lock:rs2").Val()[DefaultChannelPrefix+"lock:rs2"] == 0; {
+			if time.Now().After(deadline) {
+				t.Fatal("the watch never subscribed")
+			}
+			time.Sleep(time.Millisecond)
+		}
 		if _, err := b.store.Acquire(ctx, "lock:rs2", ownerA, time.Minute, ""); err != nil {
 			t.Fatal(err)
 		}
