@@ -24,12 +24,22 @@ const low, high = 20000, 32767
 // or, if none of many tries is free, one that listen(0) gives.
 func Addr(tb testing.TB) string {
 	tb.Helper()
+	return WithPeer(tb, 0)
+}
+
+// WithPeer is Addr for a server that also binds port+offset (a Redis Cluster node binds its
+// cluster bus 10000 above its port): both are free now and below the ephemeral range.
+func WithPeer(tb testing.TB, offset int) string {
+	tb.Helper()
 	for range 64 {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(low+rand.IntN(high-low+1)))
-		if l, err := net.Listen("tcp", addr); err == nil {
-			_ = l.Close()
+		port := low + rand.IntN(high-offset-low+1)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if free(addr) && (offset == 0 || free(net.JoinHostPort("127.0.0.1", strconv.Itoa(port+offset)))) {
 			return addr
 		}
+	}
+	if offset != 0 {
+		tb.Fatalf("freeport: no free loopback port with port+%d free too", offset)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -38,4 +48,14 @@ func Addr(tb testing.TB) string {
 	addr := l.Addr().String()
 	_ = l.Close()
 	return addr
+}
+
+// free reports whether addr can be listened on now.
+func free(addr string) bool {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	_ = l.Close()
+	return true
 }

@@ -30,3 +30,23 @@ func TestAddrIsFreeAndBelowTheEphemeralRange(t *testing.T) {
 		t.Errorf("20 calls gave %d distinct ports", len(seen))
 	}
 }
+
+// A port for a server that binds port+offset too (a Redis Cluster node's bus): both free, both
+// below the ephemeral range.
+func TestWithPeerLeavesRoomForTheBus(t *testing.T) {
+	for range 20 {
+		addr := WithPeer(t, 10000)
+		_, p, _ := net.SplitHostPort(addr)
+		port, _ := strconv.Atoi(p)
+		if port < low || port+10000 > high {
+			t.Fatalf("port %d: the bus port %d is outside [%d, %d]", port, port+10000, low, high)
+		}
+		for _, a := range []string{addr, net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000))} {
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				t.Fatalf("%s is not free: %v", a, err)
+			}
+			_ = l.Close()
+		}
+	}
+}

@@ -280,7 +280,7 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	dir := tb.TempDir()
 	c := &Cluster{}
 	for i := 0; i < n; i++ {
-		s := &Server{tb: tb, bin: bin, Addr: freeAddr(tb), dir: dir}
+		s := &Server{tb: tb, bin: bin, Addr: freeBusAddr(tb), dir: dir}
 		s.extra = []string{"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("%s/nodes-%d.conf", dir, i),
 			"--cluster-node-timeout", "2000"}
 		s.start()

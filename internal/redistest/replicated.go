@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/freeport"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -92,22 +93,11 @@ func StartReplicatedCluster(tb testing.TB, n int) *ReplicatedCluster {
 	return c
 }
 
-// freeBusAddr is a free loopback address whose port + 10000 is free too (the cluster bus).
+// freeBusAddr is a free loopback address whose port + 10000 is free too (the cluster bus),
+// both below the ephemeral range (internal/freeport).
 func freeBusAddr(tb testing.TB) string {
-	for range 100 {
-		addr := freeAddr(tb)
-		_, port, _ := net.SplitHostPort(addr)
-		p, _ := strconv.Atoi(port)
-		if p+10000 > 65535 {
-			continue
-		}
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000)); err == nil {
-			_ = l.Close()
-			return addr
-		}
-	}
-	tb.Fatal("no free port pair for a cluster node")
-	return ""
+	tb.Helper()
+	return freeport.WithPeer(tb, 10000)
 }
 
 // WaitHealthy waits until every running node reports cluster_state:ok and every running
