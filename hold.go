@@ -16,28 +16,31 @@ import (
 // released (live reaches 0); only then does the lock go to the next local waiter or back to
 // Redis, so no lease of a grant outlives it (issue 8, finding 8).
 type hold struct {
-	k      *keeper
-	key    string // full Redis key
-	owner  string
-	borrow string // a re-entry of another process's lock (Store.Reenter): its hold's name; "" otherwise
+	k     *keeper
+	key   string // full Redis key
+	owner string
+	// borrow is the name of its hold when the hold re-enters another process's lock
+	// (Store.Reenter), nil otherwise: a pointer, since few holds are borrowed (issue 17: live
+	// heap per held lock).
+	borrow *string
 	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
 	// the handoff window counts from it. Written only by the owner of the gate slot, before it
 	// passes the slot on, and read by the owner.
 	acquired instant
 	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
-	base     int64      // fence of the Redis acquisition
 
 	mu         sync.Mutex
-	fence      int64    // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil instant  // guarded by mu: the Redis lock lives at least until then
-	renewUntil instant  // guarded by mu: no renewal after this (MaxHold)
-	renewAt    instant  // guarded by mu: when the next renewal is due
-	holders    []*Lease // guarded by mu: leases to cancel on loss
-	live       int32    // guarded by mu: unreleased leases of the current grant
+	fence      int64     // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
+	validUntil instant   // guarded by mu: the Redis lock lives at least until then
+	renewUntil instant   // guarded by mu: no renewal after this (MaxHold)
+	renewAt    instant   // guarded by mu: when the next renewal is due
+	holders    leaseList // guarded by mu: leases to cancel on loss
+	live       int32     // guarded by mu: unreleased leases of the current grant
 
-	// The small fields share one word with live and slot (issue 17: a hold is 176 bytes, one
+	// The small fields share one word with live and slot (issue 17: a hold is 144 bytes, one
 	// per held lock); each keeps the guard it names.
 	local     bool // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
+	handed    bool // guarded by mu: the current grant came by handoff (its fence is not the store's)
 	renewing  bool // guarded by mu: a renewal is queued for a renewer or on the wire
 	stopped   bool // guarded by mu: released; the watchdog is off
 	lost      bool // guarded by mu: the lock can no longer be trusted
@@ -47,6 +50,62 @@ type hold struct {
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
 	slot int32   // its index in the heap plus one; 0 when it has no pending event
 	due  instant // when its pending event falls due
+}
+
+// leaseList is the leases of a hold, guarded by the hold's mu. Nearly every hold has one lease
+// at a time (re-entries and joins add more), so the first sits in the hold itself and only a
+// second one makes a slice (issue 17: a slice header in every hold and an 8-byte array per held
+// lock before). Order carries no meaning.
+type leaseList struct {
+	first *Lease
+	more  *[]*Lease
+}
+
+func (l *leaseList) add(x *Lease) {
+	switch {
+	case l.first == nil:
+		l.first = x
+	case l.more == nil:
+		l.more = &[]*Lease{x}
+	default:
+		*l.more = append(*l.more, x)
+	}
+}
+
+// remove takes x out of the list, if it is there.
+func (l *leaseList) remove(x *Lease) {
+	var more []*Lease
+	if l.more != nil {
+		more = *l.more
+	}
+	if l.first == x {
+		l.first = nil
+		if n := len(more); n > 0 {
+			l.first, more[n-1] = more[n-1], nil
+			*l.more = more[:n-1]
+		}
+		return
+	}
+	for i, y := range more {
+		if y == x {
+			n := len(more)
+			more[i], more[n-1] = more[n-1], nil
+			*l.more = more[:n-1]
+			return
+		}
+	}
+}
+
+// end ends every lease of the list with cause (Lease.endLocked).
+func (l *leaseList) end(cause error) {
+	if l.first != nil {
+		l.first.endLocked(cause)
+	}
+	if l.more != nil {
+		for _, x := range *l.more {
+			x.endLocked(cause)
+		}
+	}
 }
 
 // reentrySlot makes the re-entries of one lease by different goroutines exclude each other
@@ -72,7 +131,10 @@ type reentryWaiter struct {
 // another process's lock.
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
 	at := k.instant(sent)
-	h := &hold{k: k, key: key, owner: owner, fence: fence, base: fence, borrow: borrow, acquired: at, live: 1}
+	h := &hold{k: k, key: key, owner: owner, fence: fence, acquired: at, live: 1}
+	if borrow != "" {
+		h.borrow = &borrow
+	}
 	h.mu.Lock() // the watchdog may take up the event before schedule returns
 	h.beginLocked(at)
 	h.mu.Unlock()
@@ -100,7 +162,15 @@ func newLocalHold(k *keeper, key, owner string) *hold {
 
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
 // released as one named hold, never through the gate.
-func (h *hold) borrowed() bool { return h.borrow != "" }
+func (h *hold) borrowed() bool { return h.borrow != nil }
+
+// borrowName is the name of a borrowed hold in the other process's lock; "" for a hold of our own.
+func (h *hold) borrowName() string {
+	if h.borrow == nil {
+		return ""
+	}
+	return *h.borrow
+}
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
 // its holder must stop before Redis can hand the key to someone else.
@@ -137,6 +207,7 @@ func (h *hold) nextGrant() bool {
 		return false
 	}
 	h.fence++
+	h.handed = true
 	h.live = 1
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
 	return true
@@ -154,7 +225,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	}
 	h.stopped = false
 	h.acquired = at
-	h.base, h.fence = fence, fence
+	h.fence, h.handed = fence, false
 	h.live = 1
 	h.beginLocked(at)
 	return true
@@ -165,7 +236,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 func (h *hold) grantFence() (fence int64, first bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.fence, h.fence == h.base
+	return h.fence, !h.handed
 }
 
 // currentFence returns the fence of the current grant.
@@ -214,7 +285,7 @@ func (h *hold) done() (last bool) {
 func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holders = append(h.holders, lease)
+	h.holders.add(lease)
 	if h.lost {
 		lease.endLocked(ErrLost)
 	}
@@ -224,12 +295,7 @@ func (h *hold) attach(lease *Lease) {
 func (h *hold) detach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for i, x := range h.holders {
-		if x == lease {
-			h.holders = append(h.holders[:i], h.holders[i+1:]...)
-			break
-		}
-	}
+	h.holders.remove(lease)
 	lease.endLocked(nil)
 }
 
@@ -251,7 +317,7 @@ func (h *hold) stop() int64 {
 	if !h.local {
 		h.k.wd.unschedule(h)
 	}
-	if h.fence == h.base {
+	if !h.handed {
 		return 0
 	}
 	return h.fence
@@ -359,9 +425,7 @@ func (h *hold) loseLocked() {
 	if o := h.k.observe; o != nil && o.Lost != nil {
 		o.Lost(h.key)
 	}
-	for _, x := range h.holders {
-		x.endLocked(ErrLost)
-	}
+	h.holders.end(ErrLost)
 	if !h.local && !h.stopped {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
 		// released (abandonLocked).
@@ -417,7 +481,5 @@ func (h *hold) isLost() bool {
 func (h *hold) interrupt(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, x := range h.holders {
-		x.endLocked(cause)
-	}
+	h.holders.end(cause)
 }

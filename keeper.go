@@ -88,7 +88,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	if h.borrowed() {
 		// One hold of another process's lock: count it down in Redis.
 		h.stop()
-		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner, h.borrow, 0)
+		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner, h.borrowName(), 0)
 		k.gate.removeBorrowed(h)
 		return err
 	}

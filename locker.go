@@ -3,7 +3,7 @@ package flightlock
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -519,13 +519,15 @@ func mayHaveRun(err error) bool {
 		(errors.As(err, &ne) && ne.Timeout())
 }
 
-// newOwnerToken returns 128 random bits from crypto/rand, hex encoded.
+// newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
+// base64: space-free text, as the stores keep owners, in a 24-byte allocation where the 32
+// hex digits it used to be took 32 (issue 17: one token lives with every held lock).
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	var h [32]byte
-	hex.Encode(h[:], b[:])
-	return string(h[:])
+	var t [22]byte
+	base64.RawURLEncoding.Encode(t[:], b[:])
+	return string(t[:])
 }
 
 // gateLen is the number of keys in the per-process gate, for tests.

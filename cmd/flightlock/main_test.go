@@ -211,8 +211,8 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 	switch {
 	case l.Key != "order:alice" || l.RedisKey != "lock:order:alice":
 		t.Errorf("key %q (%q), want order:alice (lock:order:alice)", l.Key, l.RedisKey)
-	case len(l.Owner) != 32 || l.Fence <= 0 || !l.Own || len(l.Reentries) != 0:
-		t.Errorf("owner %q fence %d own %v reentries %v: want a 32-character token, a fence, the own hold only", l.Owner, l.Fence, l.Own, l.Reentries)
+	case len(l.Owner) != 22 || l.Fence <= 0 || !l.Own || len(l.Reentries) != 0:
+		t.Errorf("owner %q fence %d own %v reentries %v: want a 22-character token, a fence, the own hold only", l.Owner, l.Fence, l.Own, l.Reentries)
 	case l.TTLMillis <= 0 || l.TTLMillis > 10_000:
 		t.Errorf("ttl %dms, want within the 10s TTL", l.TTLMillis)
 	case l.Host != host || l.Pid != strconv.Itoa(os.Getpid()):
