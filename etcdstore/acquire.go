@@ -37,46 +37,57 @@ func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 	}
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
-		l, err := s.freshLease(ctx, ttl, start)
+		a, err := s.acquireOnce(ctx, key, owner, ttl, meta, start, attempt == 0)
 		if errors.Is(err, errLeaseGone) && attempt == 0 {
 			continue // dropped with its locks: the next round grants a new lease
 		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		value := newValue(owner, l.secs, meta)
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))).
-			Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id))).
-			Commit()
-		if err != nil {
-			if isLeaseNotFound(err) && attempt == 0 {
-				s.loseLease(l)
-				continue
-			}
-			s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if resp.Succeeded {
-			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
-		}
-		kv := firstKV(resp.Responses[0])
-		if kv == nil {
-			// The key is created (the compare failed) yet not there: cannot happen within one
-			// transaction. Busy, with no holder to wait for.
-			return lockstore.Acquisition{}, nil
-		}
-		if ownedBy(kv.Value, owner) {
-			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
-		}
-		s.noteBusy(key, resp.Header.Revision)
-		return busy(kv), nil
+		return a, err
 	}
 }
 
-// freshLease returns the lease of ttl, known to live at least ttl counted from start: fresh
-// from the store's keep-alives, or kept alive now by a keep-alive sent after start.
+// acquireOnce is one attempt of Acquire. When again is set, a lease that etcd no longer has
+// is dropped and reported as errLeaseGone, for the caller to try once more.
+func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
+	again bool) (lockstore.Acquisition, error) {
+	l, err := s.freshLease(ctx, ttl, start)
+	if err != nil {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	defer s.unpin(l)
+	value := newValue(owner, l.secs, meta)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))).
+		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id))).
+		Commit()
+	if err != nil {
+		if isLeaseNotFound(err) && again {
+			s.loseLease(l)
+			return lockstore.Acquisition{}, errLeaseGone
+		}
+		s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+		s.retire(l)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	if resp.Succeeded {
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+	}
+	kv := firstKV(resp.Responses[0])
+	if kv == nil {
+		// The key is created (the compare failed) yet not there: cannot happen within one
+		// transaction. Busy, with no holder to wait for.
+		return lockstore.Acquisition{}, nil
+	}
+	if ownedBy(kv.Value, owner) {
+		return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+	}
+	s.noteBusy(key, resp.Header.Revision)
+	return busy(kv), nil
+}
+
+// freshLease returns the lease of ttl, pinned (the caller unpins it once the outcome is
+// recorded) and known to live at least ttl counted from start: fresh from the store's
+// keep-alives, or kept alive now by a keep-alive sent after start.
 func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
 	if err != nil {
@@ -84,6 +95,7 @@ func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Ti
 	}
 	if !l.liveFor(start, ttl) {
 		if err := s.renewAfter(ctx, l, start); err != nil {
+			s.unpin(l)
 			return nil, err
 		}
 	}
@@ -120,7 +132,8 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 
 // maybeTaken records an acquisition whose outcome is unknown (its reply was lost): the store
 // releases the key once until passes unless the owner refreshes it (a timed-out acquisition
-// the Locker gives back is released at once).
+// the Locker gives back is released at once). A release that finds the key absent forgets it,
+// yet the transaction may still commit after that: its caller retires the lease (retire).
 func (s *Store) maybeTaken(key, owner, value string, id clientv3.LeaseID, until time.Time) {
 	s.update(key, owner, func(e *heldKey) {
 		e.own = true
@@ -196,6 +209,9 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 	if err != nil {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
+	// The store's lease the key is on, if any, as it was before the keep-alive: a retired one
+	// may be revoked meanwhile (updateOn).
+	kl := s.ourLease(clientv3.LeaseID(kv.Lease))
 	if clientv3.LeaseID(kv.Lease) != l.id {
 		secs, err := s.keepAliveOnce(ctx, clientv3.LeaseID(kv.Lease), start)
 		if errors.Is(err, errLeaseGone) {
@@ -209,12 +225,14 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 				"shorter than the lock TTL %v", key, secs, ttl)
 		}
 	}
-	s.update(key, owner, func(e *heldKey) {
+	if !s.updateOn(kl, key, owner, func(e *heldKey) {
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), clientv3.LeaseID(kv.Lease),
 			kv.CreateRevision, kv.ModRevision, fence, floor != nil
 		e.simple, e.own, e.tries = v.simple(), true, 0
 		e.until = later(e.until, start.Add(ttl))
-	})
+	}) {
+		return lockstore.Acquisition{}, nil // going with its retired lease: free soon, try again
+	}
 	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 }
 
@@ -258,75 +276,84 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 	}
 	start := time.Now()
 	for attempt := 0; ; attempt++ {
-		l, err := s.freshLease(ctx, ttl, start)
+		out, err := s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, attempt == 0)
 		if errors.Is(err, errLeaseGone) && attempt == 0 {
 			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+		return out, err
+	}
+}
+
+// acquireAllOnce is one attempt of AcquireAll, as acquireOnce is of Acquire.
+func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
+	start time.Time, again bool) ([]lockstore.Acquisition, error) {
+	l, err := s.freshLease(ctx, ttl, start)
+	if err != nil {
+		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+	}
+	defer s.unpin(l)
+	value := newValue(owner, l.secs, meta)
+	cmps := make([]clientv3.Cmp, len(keys))
+	then := make([]clientv3.Op, 0, 2*len(keys))
+	els := make([]clientv3.Op, 0, 2*len(keys))
+	for i, k := range keys {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
+		then = append(then, clientv3.OpPut(k, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(k)))
+		els = append(els, clientv3.OpGet(k), markWaiter(k, owner, l.id))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	if err != nil {
+		if isLeaseNotFound(err) && again {
+			s.loseLease(l)
+			return nil, errLeaseGone
 		}
-		value := newValue(owner, l.secs, meta)
-		cmps := make([]clientv3.Cmp, len(keys))
-		then := make([]clientv3.Op, 0, 2*len(keys))
-		els := make([]clientv3.Op, 0, 2*len(keys))
+		for _, k := range keys {
+			s.maybeTaken(k, owner, value, l.id, start.Add(ttl))
+		}
+		s.retire(l)
+		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+	}
+	out := make([]lockstore.Acquisition, len(keys))
+	if resp.Succeeded {
 		for i, k := range keys {
-			cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
-			then = append(then, clientv3.OpPut(k, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(k)))
-			els = append(els, clientv3.OpGet(k), markWaiter(k, owner, l.id))
-		}
-		resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
-		if err != nil {
-			if isLeaseNotFound(err) && attempt == 0 {
-				s.loseLease(l)
-				continue
-			}
-			for _, k := range keys {
-				s.maybeTaken(k, owner, value, l.id, start.Add(ttl))
-			}
-			return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
-		}
-		out := make([]lockstore.Acquisition, len(keys))
-		if resp.Succeeded {
-			for i, k := range keys {
-				a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
-				if err != nil {
-					for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
-						s.giveBack(ctx, g, value)
-						s.released(g, owner, "")
-					}
-					for _, g := range keys[i+1:] {
-						s.giveBack(ctx, g, value)
-					}
-					return nil, err
+			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
+			if err != nil {
+				for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
+					s.giveBack(ctx, g, value)
+					s.released(g, owner, "")
 				}
-				out[i] = a
-			}
-			return out, nil
-		}
-		ours := 0
-		for i, k := range keys {
-			kv := firstKV(resp.Responses[2*i])
-			switch {
-			case kv == nil:
-			case ownedBy(kv.Value, owner):
-				ours++
-			default:
-				s.noteBusy(k, resp.Header.Revision)
-				out[i] = busy(kv)
-			}
-		}
-		if ours < len(keys) {
-			return out, nil
-		}
-		for i, k := range keys {
-			a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
-			if err != nil || !a.Acquired {
-				return make([]lockstore.Acquisition, len(keys)), err
+				for _, g := range keys[i+1:] {
+					s.giveBack(ctx, g, value)
+				}
+				return nil, err
 			}
 			out[i] = a
 		}
 		return out, nil
 	}
+	ours := 0
+	for i, k := range keys {
+		kv := firstKV(resp.Responses[2*i])
+		switch {
+		case kv == nil:
+		case ownedBy(kv.Value, owner):
+			ours++
+		default:
+			s.noteBusy(k, resp.Header.Revision)
+			out[i] = busy(kv)
+		}
+	}
+	if ours < len(keys) {
+		return out, nil
+	}
+	for i, k := range keys {
+		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
+		if err != nil || !a.Acquired {
+			return make([]lockstore.Acquisition, len(keys)), err
+		}
+		out[i] = a
+	}
+	return out, nil
 }
 
 // Reenter implements lockstore.Store: owner, a token another process holds key with, adds the
@@ -384,6 +411,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			kaErr   error
 			written = true
 		)
+		kl := s.ourLease(id) // before the keep-alive, as in reentered
 		wg.Go(func() { secs, kaErr = s.keepAliveOnce(ctx, id, start) })
 		if nv := v.withHold(hold); nv.holds != v.holds {
 			value = nv.String()
@@ -416,12 +444,14 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			s.giveUpHold(ctx, key, owner, hold)
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
-		s.update(key, owner, func(e *heldKey) {
+		if !s.updateOn(kl, key, owner, func(e *heldKey) {
 			e.value, e.lease, e.createRev, e.fence, e.hadFloor = value, id, kv.CreateRevision, fence, floor != nil
 			e.modRev, e.simple, e.tries = 0, false, 0
 			e.holds = withHold(e.holds, hold)
 			e.until = later(e.until, start.Add(ttl))
-		})
+		}) {
+			return lockstore.Acquisition{}, nil // the key goes with its lease: nothing is held
+		}
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 	}
 }

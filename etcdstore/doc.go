@@ -39,6 +39,15 @@
 // A lease that etcd no longer has (expired during a partition, revoked) took every key on it:
 // refreshes answer lockstore.ErrNotHeld, and the next acquisition grants a new lease.
 //
+// An acquisition whose outcome is unknown (the client gave up while its transaction was on the
+// wire) may commit after it was given back, and its key would then sit on the session lease,
+// held by nobody, for as long as the store keeps that lease alive. So such an acquisition
+// retires its lease: later acquisitions of its TTL take a new lease (one grant more), and the
+// retired lease, kept alive as before for the locks on it, is revoked once no lock the store
+// knows of is on it and no acquisition that chose it is still to record its outcome. A late
+// commit then fails (etcd refuses a put on a revoked lease) or goes with the lease. A retired
+// lease that cannot be revoked expires one lease TTL later: nothing keeps it alive any more.
+//
 // A session lease outlives any one lock, so the store gives each lock the life a Redis key
 // would have: it remembers, per lock, the moment its holder's guarantee runs out (the send
 // time of the last acquisition or refresh plus the TTL) and releases, owner-checked, every

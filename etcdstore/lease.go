@@ -28,10 +28,24 @@ type leaseSlot struct {
 
 // lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it.
 // It lasts ttl + margin seconds; the store keeps it alive in the background and on demand.
+//
+// An acquisition whose outcome is unknown (its reply was lost) may still commit later, on this
+// lease: a key that nobody holds and whose lease the store would keep alive for as long as it
+// lives (review: TestLateAppliedAcquireIsNotHeldForever). So such an acquisition retires its
+// lease: new acquisitions of its TTL take a new one, and the store revokes the retired lease
+// once no entry of held and no acquisition on the wire uses it. A late commit then fails (etcd
+// refuses a put on a revoked lease) or goes with the lease. Until then the lease is kept alive
+// like any other, so the locks on it keep every guarantee.
 type lease struct {
 	id   clientv3.LeaseID
 	ttl  time.Duration // the lock TTL it serves
 	secs int64         // its TTL in etcd, in seconds: ttl + margin
+
+	// Guarded by the store's mu, since entries changes with held.
+	entries  int  // entries of held on this lease
+	inflight int  // calls between choosing this lease and recording their outcome (pin)
+	retired  bool // an acquisition on it had an unknown outcome: no new grant goes on it
+	revoking bool // retired and unused: being revoked, no re-entry may record a key on it (updateOn)
 
 	mu      sync.Mutex
 	fresh   time.Time // guarded by mu: send time of the last keep-alive (or grant) that succeeded
@@ -82,11 +96,95 @@ func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error)
 		l.mu.Lock()
 		gone := l.gone
 		l.mu.Unlock()
-		if !gone {
+		if gone {
+			s.dropLease(l) // the slot may still name it: then the next round grants a new one
+			continue
+		}
+		if s.pin(l) {
 			return l, nil
 		}
-		s.dropLease(l) // the slot may still name it: then the next round grants a new one
+		// Retired since the slot was read, which removed the slot: the next round grants.
 	}
+}
+
+// pin counts an acquisition that is about to write on l, until unpin, so that a retired l is
+// not revoked under a key the acquisition put on it before the store recorded the key
+// (TestRevocationWaitsForAcquisitionsInFlight). It reports false when l is retired: no new
+// acquisition goes on it.
+func (s *Store) pin(l *lease) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.retired {
+		return false
+	}
+	l.inflight++
+	return true
+}
+
+// unpin ends what pin started, once the call's outcome is recorded in held.
+func (s *Store) unpin(l *lease) {
+	s.mu.Lock()
+	l.inflight--
+	s.revokeIfUnusedLocked(l)
+	s.mu.Unlock()
+}
+
+// retire records that an acquisition on l had an unknown outcome: new grants of its TTL take a
+// new lease, and l is revoked once unused. Its caller has l pinned.
+func (s *Store) retire(l *lease) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l.retired = true
+	if slot := s.leases[l.ttl]; slot != nil && slot.l == l {
+		delete(s.leases, l.ttl)
+	}
+}
+
+// relinkLocked moves one entry of held from lease from to lease to (0: none, or not the
+// store's): the count of entries on each lease. s.mu must be held.
+func (s *Store) relinkLocked(from, to clientv3.LeaseID) {
+	if from == to {
+		return
+	}
+	if l := s.byID[to]; l != nil {
+		l.entries++
+	}
+	if l := s.byID[from]; l != nil {
+		l.entries--
+		s.revokeIfUnusedLocked(l)
+	}
+}
+
+// revokeIfUnusedLocked starts the revocation of l when it is retired and nothing uses it. From
+// then on the store treats it as gone (no keep-alive, no pin, refreshes answer ErrNotHeld):
+// no lock of this store is on it, only keys that nobody holds. s.mu must be held.
+func (s *Store) revokeIfUnusedLocked(l *lease) {
+	if !l.retired || l.revoking || l.inflight > 0 || l.entries > 0 || s.byID[l.id] != l {
+		return
+	}
+	l.revoking = true
+	l.mu.Lock() // lock order: s.mu, then a lease's mu
+	l.gone = true
+	l.mu.Unlock()
+	// Left in byID until the revocation is done, so that a Close meanwhile revokes it.
+	s.spawn(func() { s.revokeRetired(l) })
+}
+
+// revokeRetired revokes the retired lease l, bounded by a second. A lease it cannot revoke
+// expires on its own, one lease TTL after its last keep-alive, since the store sends none
+// (l is gone to it); if the store is closing, Close revokes it instead.
+func (s *Store) revokeRetired(l *lease) {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+	_, err := s.cli.Revoke(ctx, l.id)
+	cancel()
+	if err != nil && !isLeaseNotFound(err) && s.isClosed() {
+		return
+	}
+	s.mu.Lock()
+	if s.byID[l.id] == l {
+		delete(s.byID, l.id)
+	}
+	s.mu.Unlock()
 }
 
 // grant asks etcd for the lease of slot and fills the slot. A failure other than a refusal
@@ -140,7 +238,9 @@ func (s *Store) dropLease(l *lease) {
 	if slot := s.leases[l.ttl]; slot != nil && slot.l == l {
 		delete(s.leases, l.ttl)
 	}
-	delete(s.byID, l.id)
+	if !l.revoking { // else revokeRetired removes it, once revoked (or Close does)
+		delete(s.byID, l.id)
+	}
 	for k, e := range s.held {
 		if e.lease == l.id {
 			delete(s.held, k)

@@ -112,6 +112,7 @@ func (s *Store) touch(key, owner string, until time.Time) (clientv3.LeaseID, boo
 func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Lock()
 	if e := s.held[entryKey{key, owner}]; e != nil {
+		s.relinkLocked(e.lease, id)
 		e.lease = id
 	}
 	s.mu.Unlock()

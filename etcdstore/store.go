@@ -60,7 +60,7 @@ type Store struct {
 
 	mu     sync.Mutex
 	leases map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
-	byID   map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id
+	byID   map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
 	held   map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
 	// heldPeak is the most entries held has had since it was made (guarded by mu): Go maps
 	// never give their buckets back, so shrinkHeldLocked rebuilds held when it falls to a
@@ -96,7 +96,7 @@ type entryKey struct{ key, owner string }
 // entry past it, and retries failed releases, until etcd answers (released, or not held).
 type heldKey struct {
 	value     string           // the value as this store last wrote or read it; "" unknown
-	lease     clientv3.LeaseID // the lease the key is on; 0 unknown
+	lease     clientv3.LeaseID // the lease the key is on; 0 unknown (changed with relinkLocked, which counts entries per lease)
 	createRev int64            // the grant's revision; 0 unknown
 	modRev    int64            // the revision of value when simple
 	fence     int64            // the grant's fence
@@ -215,6 +215,24 @@ func (s *Store) entry(key, owner string) (heldKey, bool) {
 func (s *Store) update(key, owner string, f func(e *heldKey)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.updateLocked(key, owner, f)
+}
+
+// updateOn is update for a re-entry that found the key on lease l (nil when not the store's)
+// and kept l alive: when l is being revoked since, which takes the key with it, it records
+// nothing and reports false. Once recorded, the entry keeps l from being revoked.
+func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l != nil && l.revoking {
+		return false
+	}
+	s.updateLocked(key, owner, f)
+	return true
+}
+
+// updateLocked is update with s.mu held.
+func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 	k := entryKey{key, owner}
 	e := s.held[k]
 	if e == nil {
@@ -222,11 +240,15 @@ func (s *Store) update(key, owner string, f func(e *heldKey)) {
 		s.held[k] = e
 		s.heldPeak = max(s.heldPeak, len(s.held))
 	}
+	was := e.lease
 	f(e)
 	if !e.own && len(e.holds) == 0 {
 		delete(s.held, k)
 		s.shrinkHeldLocked()
+		s.relinkLocked(was, 0)
+		return
 	}
+	s.relinkLocked(was, e.lease)
 }
 
 // shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less (mapshrink).
@@ -238,9 +260,13 @@ func (s *Store) shrinkHeldLocked() {
 // forget drops the entry of key for owner: the key is gone or another owner's.
 func (s *Store) forget(key, owner string) {
 	s.mu.Lock()
-	delete(s.held, entryKey{key, owner})
-	s.shrinkHeldLocked()
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	k := entryKey{key, owner}
+	if e := s.held[k]; e != nil {
+		delete(s.held, k)
+		s.shrinkHeldLocked()
+		s.relinkLocked(e.lease, 0)
+	}
 }
 
 // released records that hold ("" the acquisition's own) of key was given up for owner.
@@ -260,6 +286,7 @@ func (s *Store) released(key, owner, hold string) {
 	if !e.own && len(e.holds) == 0 {
 		delete(s.held, k)
 		s.shrinkHeldLocked()
+		s.relinkLocked(e.lease, 0)
 	}
 }
 

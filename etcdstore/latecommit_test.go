@@ -1,0 +1,503 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+)
+
+// An acquisition times out on the client while its transaction is still on its way (a slow
+// link, a proposal applied after the caller gave up): the caller gives it back at once, as the
+// Locker does (giveBack), and that release finds nothing yet. When the transaction then
+// commits, the key is on the store's session lease, which the store keeps alive for as long as
+// it lives: nobody holds it, yet nobody else may ever take it. The store must still release it
+// (its holder's guarantee was one TTL at most).
+func TestLateAppliedAcquireIsNotHeldForever(t *testing.T) {
+	c := etcdtest.Start(t)
+	// The request is on the wire; the caller's deadline runs out first.
+	lt := newLateTxns(t, 300*time.Millisecond)
+	cli := faultyClient(t, c, lt.intercept, nil)
+	ctx := bg(t)
+	s, other := newStore(t, cli), newStore(t, cli)
+	const ttl = time.Second
+	// The session lease exists (another lock of the same TTL), as in a running process.
+	if got, err := s.Acquire(ctx, "lock:busy", ownerB, ttl, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	lt.arm("lock:late")
+	if _, err := s.Acquire(ctx, "lock:late", ownerA, ttl, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	// The Locker gives the acquisition back (keeper.giveBack): nothing is there yet.
+	_, _ = s.Release(ctx, "lock:late", ownerA, "", 0)
+	lt.wg.Wait()
+	if get(t, cli, "lock:late") == nil {
+		t.Skip("the late transaction did not commit")
+	}
+	// Nobody holds it; its would-be holder was promised one TTL at most.
+	deadline := time.Now().Add(ttl + 4*time.Second)
+	for get(t, cli, "lock:late") != nil {
+		if time.Now().After(deadline) {
+			got, err := other.Acquire(ctx, "lock:late", ownerB, ttl, "")
+			t.Fatalf("the late-applied acquisition is still held %v after its TTL, by nobody (store entries %d); another owner's acquire = %+v, %v",
+				ttl+4*time.Second, s.Held(), got, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// faultyClient returns a client on c whose unary calls and streams go through unary and stream
+// first (nil: straight through), closed when t ends.
+func faultyClient(t *testing.T, c *etcdtest.Cluster, unary grpc.UnaryClientInterceptor, stream grpc.StreamClientInterceptor) *clientv3.Client {
+	t.Helper()
+	var opts []grpc.DialOption
+	if unary != nil {
+		opts = append(opts, grpc.WithUnaryInterceptor(unary))
+	}
+	if stream != nil {
+		opts = append(opts, grpc.WithStreamInterceptor(stream))
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop(), DialOptions: opts,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+// txnKey is the key of a transaction's first compare: the lock key of an acquisition.
+func txnKey(req any) string {
+	if r, ok := req.(*pb.TxnRequest); ok && len(r.Compare) > 0 {
+		return string(r.Compare[0].Key)
+	}
+	return ""
+}
+
+// lateTxns makes the acquisitions of the keys it is armed for time out on the client while
+// their transactions go to etcd later (after delay), or never (delay 0).
+type lateTxns struct {
+	delay time.Duration
+	mu    sync.Mutex
+	keys  map[string]bool // guarded by mu: keys whose next acquisition is late
+	wg    sync.WaitGroup  // the late transactions on their way
+}
+
+func newLateTxns(t *testing.T, delay time.Duration) *lateTxns {
+	lt := &lateTxns{delay: delay, keys: make(map[string]bool)}
+	t.Cleanup(lt.wg.Wait) // no late transaction outlives the test
+	return lt
+}
+
+func (lt *lateTxns) arm(keys ...string) {
+	lt.mu.Lock()
+	for _, k := range keys {
+		lt.keys[k] = true
+	}
+	lt.mu.Unlock()
+}
+
+func (lt *lateTxns) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if method == "/etcdserverpb.KV/Txn" {
+		lt.mu.Lock()
+		late := lt.keys[txnKey(req)]
+		delete(lt.keys, txnKey(req))
+		lt.mu.Unlock()
+		if late {
+			if lt.delay > 0 {
+				lt.wg.Go(func() {
+					time.Sleep(lt.delay)
+					_ = invoker(context.Background(), method, req, reply, cc, opts...)
+				})
+			}
+			return context.DeadlineExceeded
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// leaseCount is how many leases the cluster has.
+func leaseCount(t *testing.T, cli *clientv3.Client) int {
+	t.Helper()
+	resp, err := cli.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Leases)
+}
+
+// leaseAlive reports whether etcd still has lease id.
+func leaseAlive(t *testing.T, cli *clientv3.Client, id int64) bool {
+	t.Helper()
+	resp, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.TTL > 0
+}
+
+// A lock on a lease that an unknown outcome retired keeps every guarantee while it is held: the
+// lease is kept alive (refreshes succeed for several of its TTLs), new grants go on a new
+// lease, and the retired lease is revoked, with the late key on it, when that lock is released.
+func TestRetiredLeaseKeepsItsLocks(t *testing.T) {
+	c := etcdtest.Start(t)
+	lt := newLateTxns(t, 300*time.Millisecond)
+	cli := faultyClient(t, c, lt.intercept, nil)
+	ctx := bg(t)
+	s := newStore(t, cli)
+	const ttl = time.Second // a lease of 2s
+	if got, err := s.Acquire(ctx, "lock:keep", ownerB, ttl, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	old := get(t, cli, "lock:keep").Lease
+	lt.arm("lock:late")
+	if _, err := s.Acquire(ctx, "lock:late", ownerA, ttl, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	_, _ = s.Release(ctx, "lock:late", ownerA, "", 0)
+	lt.wg.Wait()
+	if kv := get(t, cli, "lock:late"); kv != nil && kv.Lease != old {
+		t.Fatalf("the late commit is on lease %x, not the one it was sent with (%x)", kv.Lease, old)
+	}
+	if got, err := s.Acquire(ctx, "lock:new", ownerB, ttl, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	if get(t, cli, "lock:new").Lease == old {
+		t.Fatal("a new grant went on the lease an unknown outcome retired")
+	}
+	// Twice the lease's TTL: only keep-alives of the retired lease keep lock:keep.
+	for range 8 {
+		errs := s.RefreshAll(ctx, []lockstore.Renewal{
+			{Key: "lock:keep", Owner: ownerB, TTL: ttl}, {Key: "lock:new", Owner: ownerB, TTL: ttl}})
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("refresh of the locks on the retired lease and the new one: %v", errs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if kv := get(t, cli, "lock:keep"); kv == nil || kv.Lease != old {
+		t.Fatalf("the lock on the retired lease did not stay on it: %v", kv)
+	}
+	checkLeaseEntries(t, s)
+	if _, err := s.Release(ctx, "lock:keep", ownerB, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the retired lease revoked", func() bool { return !leaseAlive(t, cli, old) })
+	if get(t, cli, "lock:late") != nil {
+		t.Fatal("the late commit outlived its lease")
+	}
+	if err := s.Refresh(ctx, "lock:new", ownerB, ttl); err != nil {
+		t.Fatalf("the lock on the new lease: %v", err)
+	}
+	if n := leaseCount(t, cli); n != 1 {
+		t.Fatalf("%d leases, want the new one only", n)
+	}
+}
+
+// Unknown outcomes in a row retire one lease each; every retired lease is revoked once nothing
+// uses it, and no late commit stays: with locks held on the retired leases, and without (the
+// lease is revoked at the give-back, before the late commit, which etcd then refuses). AcquireAll
+// retires its lease as Acquire does.
+func TestUnknownOutcomesDoNotPileUpLeases(t *testing.T) {
+	c := etcdtest.Start(t)
+	lt := newLateTxns(t, 200*time.Millisecond)
+	cli := faultyClient(t, c, lt.intercept, nil)
+	ctx := bg(t)
+	s := newStore(t, cli)
+	const ttl, rounds = 2 * time.Second, 4 // leases of 3s
+	var lateKeys, heldKeys []string
+	if _, err := s.Acquire(ctx, "lock:base", ownerB, ttl, ""); err != nil {
+		t.Fatal(err)
+	}
+	heldKeys = append(heldKeys, "lock:base")
+	// Each round retires the lease of the lock taken in the round before, which stays held.
+	for i := range rounds {
+		k := fmt.Sprintf("lock:late%d", i)
+		lateKeys = append(lateKeys, k)
+		lt.arm(k)
+		if _, err := s.Acquire(ctx, k, ownerA, ttl, ""); err == nil {
+			t.Fatalf("round %d: the acquisition did not time out", i)
+		}
+		_, _ = s.Release(ctx, k, ownerA, "", 0)
+		h := fmt.Sprintf("lock:held%d", i)
+		heldKeys = append(heldKeys, h)
+		if got, err := s.Acquire(ctx, h, ownerB, ttl, ""); err != nil || !got.Acquired {
+			t.Fatal(got, err)
+		}
+	}
+	lt.wg.Wait()
+	checkLeaseEntries(t, s)
+	if n := leaseCount(t, cli); n != rounds+1 {
+		t.Fatalf("%d leases while a lock is held on each, want %d", n, rounds+1)
+	}
+	for _, k := range heldKeys {
+		if _, err := s.Release(ctx, k, ownerB, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 5*time.Second, "the retired leases revoked", func() bool { return leaseCount(t, cli) == 1 })
+	// Nothing is held on the retired leases now: each unknown outcome's lease goes at the
+	// give-back.
+	for i := range rounds {
+		k := fmt.Sprintf("lock:lost%d", i)
+		keys := []string{k}
+		lt.arm(k)
+		var err error
+		if i%2 == 0 {
+			_, err = s.Acquire(ctx, k, ownerA, ttl, "")
+		} else {
+			keys = append(keys, k+"b")
+			_, err = s.AcquireAll(ctx, keys, ownerA, ttl, "")
+		}
+		if err == nil {
+			t.Fatalf("round %d: the acquisition did not time out", i)
+		}
+		lateKeys = append(lateKeys, keys...)
+		for _, k := range keys {
+			_, _ = s.Release(ctx, k, ownerA, "", 0)
+		}
+		waitFor(t, 5*time.Second, "the lease revoked at the give-back", func() bool { return leaseCount(t, cli) == 0 })
+	}
+	lt.wg.Wait()
+	for _, k := range lateKeys {
+		if get(t, cli, k) != nil {
+			t.Fatalf("%s: a late commit is still held", k)
+		}
+	}
+	if n := leaseCount(t, cli); n != 0 {
+		t.Fatalf("%d leases left", n)
+	}
+	if s.Held() != 0 {
+		t.Fatalf("%d entries left", s.Held())
+	}
+	checkLeaseEntries(t, s)
+}
+
+// An acquisition whose transaction committed on a lease but whose reply is still on its way
+// when another acquisition's unknown outcome retires that lease and is given back: the lease
+// must not be revoked under the key that the store is about to report acquired.
+func TestRevocationWaitsForAcquisitionsInFlight(t *testing.T) {
+	c := etcdtest.Start(t)
+	committed, proceed := make(chan struct{}), make(chan struct{})
+	var slow, lost atomic.Bool
+	slow.Store(true)
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" {
+			switch key := txnKey(req); {
+			case key == "lock:a" && slow.CompareAndSwap(true, false):
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				close(committed)
+				<-proceed // the reply, slow on its way back
+				return err
+			case key == "lock:b" && lost.CompareAndSwap(true, false):
+				return context.DeadlineExceeded
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	ctx := bg(t)
+	s := newStore(t, cli)
+	const ttl = time.Second
+	var (
+		wg  sync.WaitGroup
+		got lockstore.Acquisition
+		err error
+	)
+	wg.Go(func() { got, err = s.Acquire(ctx, "lock:a", ownerA, ttl, "") })
+	<-committed
+	lease := get(t, cli, "lock:a").Lease
+	lost.Store(true)
+	if _, err := s.Acquire(ctx, "lock:b", ownerB, ttl, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	if _, err := s.Release(ctx, "lock:b", ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("give-back of the lost acquisition: %v, want ErrNotHeld", err)
+	}
+	time.Sleep(200 * time.Millisecond) // a revocation, if one were started, has happened
+	close(proceed)
+	wg.Wait()
+	if err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	if kv := get(t, cli, "lock:a"); kv == nil || kv.Lease != lease || !leaseAlive(t, cli, lease) {
+		t.Fatalf("the lock reported acquired is gone with its retired lease: %v", kv)
+	}
+	if err := s.Refresh(ctx, "lock:a", ownerA, ttl); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, "lock:a", ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the retired lease revoked once released", func() bool { return !leaseAlive(t, cli, lease) })
+}
+
+// Close revokes retired leases too: one still in use, and one whose revocation Close cuts short.
+func TestCloseRevokesRetiredLeases(t *testing.T) {
+	c := etcdtest.Start(t)
+	lt := newLateTxns(t, 0)
+	var stall atomic.Bool
+	revoking := make(chan struct{})
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.Lease/LeaseRevoke" && stall.CompareAndSwap(true, false) {
+			close(revoking)
+			<-ctx.Done() // the cluster does not answer in time
+			return ctx.Err()
+		}
+		return lt.intercept(ctx, method, req, reply, cc, invoker, opts...)
+	}, nil)
+	ctx := bg(t)
+	s, err := New(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// A retired lease with a lock on it (TTL 3s), and one that nothing uses (TTL 2s), whose
+	// revocation stalls.
+	if _, err := s.Acquire(ctx, "lock:keep", ownerB, 3*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	lt.arm("lock:lost1")
+	if _, err := s.Acquire(ctx, "lock:lost1", ownerA, 3*time.Second, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	_, _ = s.Release(ctx, "lock:lost1", ownerA, "", 0)
+	if _, err := s.Acquire(ctx, "lock:two", ownerB, 2*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, "lock:two", ownerB, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := leaseCount(t, cli); n != 2 {
+		t.Fatalf("%d leases, want the retired one and that of TTL 2s", n)
+	}
+	stall.Store(true)
+	lt.arm("lock:lost2")
+	if _, err := s.Acquire(ctx, "lock:lost2", ownerA, 2*time.Second, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	_, _ = s.Release(ctx, "lock:lost2", ownerA, "", 0)
+	select {
+	case <-revoking: // it stalls for a second
+	case <-time.After(5 * time.Second):
+		t.Fatal("the unused retired lease was not revoked")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if n := leaseCount(t, cli); n != 0 {
+		t.Fatalf("%d leases after Close", n)
+	}
+	if get(t, cli, "lock:keep") != nil {
+		t.Fatal("Close left the lock on the retired lease")
+	}
+}
+
+// The keep-alives of a retired lease fail for a while, then etcd reports the lease gone: a
+// refresh of the lock on it fails meanwhile (it promises nothing it cannot keep), succeeds once
+// keep-alives do again, and answers ErrNotHeld once the lease is gone, which the store forgets
+// with the lock; the current lease and its lock are untouched.
+func TestRetiredLeaseKeepAliveFailsThenGone(t *testing.T) {
+	c := etcdtest.Start(t)
+	lt := newLateTxns(t, 0)
+	var block atomic.Pointer[chan struct{}]
+	cli := faultyClient(t, c, lt.intercept, func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+		method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if ch := block.Load(); ch != nil && method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+			select {
+			case <-ctx.Done(): // the cluster does not answer
+				return nil, ctx.Err()
+			case <-*ch:
+			}
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	})
+	ctx := bg(t)
+	s := newStore(t, cli)
+	const ttl = 2 * time.Second
+	if _, err := s.Acquire(ctx, "lock:keep", ownerB, ttl, ""); err != nil {
+		t.Fatal(err)
+	}
+	old := get(t, cli, "lock:keep").Lease
+	lt.arm("lock:lost")
+	if _, err := s.Acquire(ctx, "lock:lost", ownerA, ttl, ""); err == nil {
+		t.Fatal("the acquisition did not time out")
+	}
+	_, _ = s.Release(ctx, "lock:lost", ownerA, "", 0)
+	if _, err := s.Acquire(ctx, "lock:new", ownerB, ttl, ""); err != nil {
+		t.Fatal(err)
+	}
+	if get(t, cli, "lock:new").Lease == old {
+		t.Fatal("a new grant went on the retired lease")
+	}
+
+	// A refresh keeps the lease alive with a keep-alive sent after it started: it cannot.
+	unblock := make(chan struct{})
+	block.Store(&unblock)
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := s.Refresh(rctx, "lock:keep", ownerB, ttl)
+	cancel()
+	if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("refresh while the retired lease cannot be kept alive: %v, want a store error", err)
+	}
+	block.Store(nil)
+	close(unblock)
+	errs := s.RefreshAll(ctx, []lockstore.Renewal{
+		{Key: "lock:keep", Owner: ownerB, TTL: ttl}, {Key: "lock:new", Owner: ownerB, TTL: ttl}})
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("refresh once keep-alives work again: %v", errs)
+	}
+	if kv := get(t, cli, "lock:keep"); kv == nil || kv.Lease != old {
+		t.Fatalf("the lock on the retired lease: %v", kv)
+	}
+
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(old)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refresh(ctx, "lock:keep", ownerB, ttl); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("refresh after the retired lease was revoked elsewhere: %v, want ErrNotHeld", err)
+	}
+	waitFor(t, 2*time.Second, "the gone lease and its lock forgotten", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.byID[clientv3.LeaseID(old)] == nil && len(s.held) == 1
+	})
+	if err := s.Refresh(ctx, "lock:new", ownerB, ttl); err != nil {
+		t.Fatalf("the lock on the current lease: %v", err)
+	}
+	if n := leaseCount(t, cli); n != 1 {
+		t.Fatalf("%d leases, want the current one only", n)
+	}
+}
+
+// checkLeaseEntries fails t unless each lease of s counts exactly the entries of held on it.
+func checkLeaseEntries(t *testing.T, s *Store) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, l := range s.byID {
+		n := 0
+		for _, e := range s.held {
+			if e.lease == id {
+				n++
+			}
+		}
+		if l.entries != n || l.inflight != 0 {
+			t.Errorf("lease %x counts %d entries and %d calls in flight; held has %d entries on it and no call runs",
+				int64(id), l.entries, l.inflight, n)
+		}
+	}
+}
