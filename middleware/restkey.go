@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"net/url"
@@ -366,41 +367,122 @@ func scalar(v any) (string, bool) {
 }
 
 // bindHTTP binds a template reference to its REST getter. route, when known, lets {path.x}
-// be checked at start-up.
+// be checked at start-up. Every value is rendered in its canonical numeric form when it is
+// written as a number (canonicalNumber).
 func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
-		src, name, dotted := strings.Cut(ref, ".")
-		if !dotted {
-			return defaultGetter(ref), nil
+		get, err := httpGetter(route, ref)
+		if err != nil {
+			return nil, err
 		}
-		switch src {
-		case "path":
-			if route != nil && !route.has(name) {
-				return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.text, name)
-			}
-			return func(s *httpSource) (string, bool, error) {
-				v := pathvar.Vars(s.r)[name]
-				return v, v != "", nil
-			}, nil
-		case "query":
-			return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, true) }, nil
-		case "form":
-			return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, false) }, nil
-		case "body":
-			path := strings.Split(name, ".")
-			return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
-		case "header":
-			return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
-		case "jwt":
-			// go-zero's JWT handler stores each custom claim under its name as a plain
-			// string context key (rest/handler/authhandler.go); standard claims are not kept.
-			return func(s *httpSource) (string, bool, error) {
-				v, ok := scalar(s.r.Context().Value(name))
-				return v, ok && v != "", nil
-			}, nil
-		}
-		return nil, fmt.Errorf("unknown source %q in {%s} (path, query, form, body, header or jwt)", src, ref)
+		return func(s *httpSource) (string, bool, error) {
+			v, ok, err := get(s)
+			return canonicalNumber(v), ok, err
+		}, nil
 	}
+}
+
+// canonicalNumber returns v in one form for every way of writing its number, and v itself
+// when it is not written as a decimal number.
+//
+// httpx.Parse binds a path variable, a query or form value, a header and a JSON number into an
+// integer field with strconv.ParseInt, and into a float field with strconv.ParseFloat: "7",
+// "07", "+7" and "007" are all 7 to the handler, "0" and "-0" are 0, and 1, 1.0 and 1e0 are
+// one float. Keys rendered from the text were different for one entity, and two requests on
+// it both held "their" lock (review 4). The middleware does not know the handler's field
+// types, so every value written as a number is rendered in one form; a string field that holds
+// "007" and another that holds "7" then share a lock, which costs a wait, never a second
+// holder.
+//
+// Integers (an optional sign and digits) are rewritten exactly, at any length, so that large
+// ids such as snowflake int64s keep one key each: the sign of zero and a "+" are dropped, and
+// so are leading zeros. A decimal point or an exponent makes a float: it is written as Go's
+// shortest form of the float64 that ParseFloat reads, which is an integer's digits when the
+// value is integral and below 1e21 (so 1.0 and 1e0 meet 1). Hexadecimal, Inf and NaN are left
+// as written.
+func canonicalNumber(v string) string {
+	if v == "" || len(v) > 64 {
+		return v
+	}
+	digits, point, exponent := 0, false, false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '+' || c == '-':
+			if i != 0 && v[i-1] != 'e' && v[i-1] != 'E' {
+				return v
+			}
+		case c == '.':
+			point = true
+		case c == 'e' || c == 'E':
+			exponent = true
+		default:
+			return v
+		}
+	}
+	if digits == 0 {
+		return v
+	}
+	if !point && !exponent {
+		neg := v[0] == '-'
+		d := strings.TrimLeft(strings.TrimLeft(v, "+-"), "0")
+		switch {
+		case len(v) > 1 && (v[1] == '+' || v[1] == '-'):
+			return v // two signs: not a number ParseInt reads
+		case d == "":
+			return "0"
+		case neg:
+			return "-" + d
+		}
+		return d
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return v
+	}
+	if f == 0 {
+		return "0"
+	}
+	if f == math.Trunc(f) && math.Abs(f) < 1e21 {
+		return strconv.FormatFloat(f, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// httpGetter is the REST getter of one template reference, as the request gives the value.
+func httpGetter(route *routePattern, ref string) (getter[*httpSource], error) {
+	src, name, dotted := strings.Cut(ref, ".")
+	if !dotted {
+		return defaultGetter(ref), nil
+	}
+	switch src {
+	case "path":
+		if route != nil && !route.has(name) {
+			return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.text, name)
+		}
+		return func(s *httpSource) (string, bool, error) {
+			v := pathvar.Vars(s.r)[name]
+			return v, v != "", nil
+		}, nil
+	case "query":
+		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, true) }, nil
+	case "form":
+		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, false) }, nil
+	case "body":
+		path := strings.Split(name, ".")
+		return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
+	case "header":
+		return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
+	case "jwt":
+		// go-zero's JWT handler stores each custom claim under its name as a plain
+		// string context key (rest/handler/authhandler.go); standard claims are not kept.
+		return func(s *httpSource) (string, bool, error) {
+			v, ok := scalar(s.r.Context().Value(name))
+			return v, ok && v != "", nil
+		}, nil
+	}
+	return nil, fmt.Errorf("unknown source %q in {%s} (path, query, form, body, header or jwt)", src, ref)
 }
 
 // defaultGetter resolves a bare name from every source that httpx.Parse could bind a field of

@@ -33,12 +33,18 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 	return func(ref string) (getter[rpcSource], error) {
 		if name, ok := strings.CutPrefix(ref, "header."); ok {
 			name = strings.ToLower(name)
+			// Several different values of one key are refused, as the REST middleware refuses a
+			// header with several values: the lock cannot tell which of them the handler reads
+			// (review 4: "x-tenant: a, x-tenant: b" was locked on the first value only).
 			return func(s rpcSource) (string, bool, error) {
 				md, _ := metadata.FromIncomingContext(s.ctx)
-				if vs := md.Get(name); len(vs) > 0 && vs[0] != "" {
-					return vs[0], true, nil
+				var c candidates
+				for _, v := range md.Get(name) {
+					if v != "" {
+						c.add("the metadata", v)
+					}
 				}
-				return "", false, nil
+				return c.one(ref, "send one value")
 			}, nil
 		}
 		path := strings.Split(ref, ".")
