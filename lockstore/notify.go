@@ -27,7 +27,9 @@ type notifier struct {
 // channelState is one subscribed channel. All fields are guarded by notifier.mu.
 type channelState struct {
 	watchers map[chan struct{}]struct{}
-	linger   *time.Timer // pending unsubscribe once nobody watches; nil while watched
+	linger   *time.Timer   // pending unsubscribe once nobody watches; nil while watched
+	ready    chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
+	active   bool          // ready is closed
 }
 
 func newNotifier(client Client) *notifier {
@@ -36,17 +38,24 @@ func newNotifier(client Client) *notifier {
 
 var errStoreClosed = errors.New("flightlock: store closed")
 
+// watch returns once Redis has confirmed the channel's subscription, or after subscribeWait or
+// when ctx ends, whichever comes first (the watch is returned all the same: it hears what comes
+// once the SUBSCRIBE is read). go-redis's
+// Subscribe only writes the command, and Redis orders nothing between the pub/sub connection
+// and the others: a release sent after watch returned could run before the SUBSCRIBE and
+// publish to nobody, and the waiter slept on with the key free (review 4,
+// TestWatchHearsAReleaseRightAfterIt).
 func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	c := make(chan struct{}, 1)
 
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.closed {
+		n.mu.Unlock()
 		return nil, errStoreClosed
 	}
 	if n.ps == nil {
 		n.ps = n.client.Subscribe(ctx)
-		msgs := n.ps.Channel()
+		msgs := n.ps.ChannelWithSubscriptions() // the confirmations too, for ready
 		n.reader.Add(1)
 		go n.read(msgs)
 	}
@@ -55,9 +64,10 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 		// SUBSCRIBE is sent under mu so that it cannot overtake the UNSUBSCRIBE of a linger
 		// timer for the same channel.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
+			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
 		}
-		st = &channelState{watchers: make(map[chan struct{}]struct{})}
+		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
 		n.channels[channel] = st
 	}
 	if st.linger != nil {
@@ -65,9 +75,27 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 		st.linger = nil
 	}
 	st.watchers[c] = struct{}{}
+	ready, active := st.ready, st.active
+	n.mu.Unlock()
 
-	return NewWatch(c, func() { n.unwatch(channel, c) }), nil
+	w := NewWatch(c, func() { n.unwatch(channel, c) })
+	if !active {
+		t := time.NewTimer(subscribeWait)
+		select {
+		case <-ready:
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return w, nil
 }
+
+// subscribeWait bounds how long watch waits for Redis to confirm a subscription. Redis answers
+// in a round trip, and a slow link (hundreds of milliseconds) is still heard; a pub/sub
+// connection that never answers (broken, reconnecting) keeps a waiter from its next attempt
+// this long, once per wait, about as long as a few retry delays.
+const subscribeWait = 500 * time.Millisecond
 
 func (n *notifier) unwatch(channel string, c chan struct{}) {
 	n.mu.Lock()
@@ -97,15 +125,25 @@ func (n *notifier) expire(channel string, st *channelState) {
 	_ = n.ps.Unsubscribe(ctx, channel)
 }
 
-func (n *notifier) read(msgs <-chan *redis.Message) {
+func (n *notifier) read(msgs <-chan any) {
 	defer n.reader.Done()
-	for msg := range msgs {
+	for m := range msgs {
 		n.mu.Lock()
-		if st := n.channels[msg.Channel]; st != nil {
-			for c := range st.watchers {
-				select {
-				case c <- struct{}{}:
-				default: // already signalled; one pending wake-up is enough
+		switch m := m.(type) {
+		case *redis.Subscription:
+			// A confirmation: of the SUBSCRIBE watch waits for, or of go-redis subscribing
+			// again after a reconnect (ready is closed already then).
+			if st := n.channels[m.Channel]; st != nil && m.Kind == "subscribe" && !st.active {
+				st.active = true
+				close(st.ready)
+			}
+		case *redis.Message:
+			if st := n.channels[m.Channel]; st != nil {
+				for c := range st.watchers {
+					select {
+					case c <- struct{}{}:
+					default: // already signalled; one pending wake-up is enough
+					}
 				}
 			}
 		}

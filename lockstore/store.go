@@ -65,7 +65,11 @@ type Store interface {
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
-	// Watch starts listening for releases of key. The returned Watch must be closed.
+	// Watch starts listening for releases of key. The returned Watch must be closed. A release
+	// that comes after Watch returned is heard (the Redis store waits for its subscription's
+	// confirmation, a bounded while; the etcd store watches from the revision of its last busy
+	// reply): a caller that was refused, watches and tries once more before it sleeps misses
+	// no release.
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 

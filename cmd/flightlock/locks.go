@@ -180,7 +180,12 @@ func (c *client) inspect(ctx context.Context, keys []string) ([]lockInfo, error)
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	// Pipelined reports the first command's error. A reply error of one key (nil for a key
+	// released since the scan, WRONGTYPE for a key under the prefix that is not a lock) is
+	// that key's business, handled below; only a failure to talk to Redis fails the listing
+	// (review 4: one hash under the prefix made ls fail whenever its read came first).
+	var replyErr redis.Error
+	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
 	}
 	locks := make([]lockInfo, 0, len(keys))

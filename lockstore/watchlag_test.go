@@ -1,0 +1,140 @@
+package lockstore
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/internal/redistest"
+)
+
+// TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returned before its subscription was
+// active (review 4), so a release that happened after Watch returned was not delivered; it
+// now waits for the confirmation (bounded by subscribeWait, 500ms, above the latency here).
+//
+// notifier.watch sends SUBSCRIBE with go-redis's PubSub.Subscribe, which only writes the
+// command and does not wait for Redis to confirm it. The subscription lives on a connection
+// of its own, and Redis orders nothing between two connections: a release sent on another
+// connection after Watch returned can run (and PUBLISH to nobody) before the SUBSCRIBE is
+// read. Here the pub/sub connection has 150ms of latency towards Redis (a slow or congested
+// link); the release right after Watch notifies 0 subscribers and the watch never fires.
+// A waiter that watches and then sleeps until its retry delay (the Locker) stays asleep
+// with the key free. Severity: lost wake-up (the waiter wakes at its next retry delay, capped
+// by the holder's TTL, instead of at the release).
+//
+// Fix: make watch wait for the subscription's confirmation (the *redis.Subscription message
+// for the channel, read by the notifier's reader and signalled to watch) before returning,
+// and have the Locker try once more after Watch returns and before it sleeps, since a
+// release between the busy reply and the subscription is missed anyway.
+func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	direct := srv.Client()
+	sub := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newLaggyConn(c, 150*time.Millisecond), nil
+		}})
+	s := New(splitClient{Client: direct, sub: sub})
+	t.Cleanup(func() { _ = s.Close(); _ = sub.Close() })
+
+	const key = "lock:notify"
+	if got, err := s.Acquire(ctx, key, ownerA, 10*time.Second, ""); err != nil || !got.Acquired {
+		t.Fatalf("acquire: %+v %v", got, err)
+	}
+	// B is refused: the lock is marked, so its release publishes.
+	if got, err := s.Acquire(ctx, key, ownerB, 10*time.Second, ""); err != nil || got.Acquired {
+		t.Fatalf("busy acquire: %+v %v", got, err)
+	}
+	w, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	// Strictly after Watch returned.
+	notified, err := s.Release(ctx, key, ownerA, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.C():
+	case <-time.After(time.Second):
+		t.Fatalf("a release after Watch returned was never delivered (PUBLISH reached %d subscribers): "+
+			"Watch returned before its SUBSCRIBE was active", notified)
+	}
+}
+
+// splitClient runs scripts on Client and subscribes on sub.
+type splitClient struct {
+	*redis.Client
+	sub *redis.Client
+}
+
+func (c splitClient) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	return c.sub.Subscribe(ctx, channels...)
+}
+
+// laggyConn delivers what is written to it d later, in order (network latency towards the
+// server); Write returns at once, as on a link with room in its buffers.
+type laggyConn struct {
+	net.Conn
+	d    time.Duration
+	q    chan laggyChunk
+	done chan struct{}
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+type laggyChunk struct {
+	at time.Time
+	b  []byte
+}
+
+func newLaggyConn(c net.Conn, d time.Duration) *laggyConn {
+	l := &laggyConn{Conn: c, d: d, q: make(chan laggyChunk, 1024), done: make(chan struct{})}
+	l.wg.Add(1)
+	go l.pump()
+	return l
+}
+
+func (l *laggyConn) Write(b []byte) (int, error) {
+	select {
+	case l.q <- laggyChunk{time.Now().Add(l.d), append([]byte(nil), b...)}:
+		return len(b), nil
+	case <-l.done:
+		return 0, net.ErrClosed
+	}
+}
+
+func (l *laggyConn) pump() {
+	defer l.wg.Done()
+	for {
+		select {
+		case c := <-l.q:
+			select {
+			case <-time.After(time.Until(c.at)):
+			case <-l.done:
+				return
+			}
+			if _, err := l.Conn.Write(c.b); err != nil {
+				return
+			}
+		case <-l.done:
+			return
+		}
+	}
+}
+
+func (l *laggyConn) Close() error {
+	l.once.Do(func() { close(l.done) })
+	err := l.Conn.Close()
+	l.wg.Wait()
+	return err
+}
