@@ -154,7 +154,8 @@ func (cr *compiledRule) setStats(store string) *ruleStats {
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 		if rl.shared = cr.spec.OnBusy == onBusyShare; rl.shared {
 			classes, _ := parseReplayStatus("", cr.spec.ReplayStatus) // checked by checkLockSettings
-			rl.share = sharePolicy{classes: classes, maxBytes: cr.spec.ReplayMaxBytes, ttl: cr.spec.Replay}
+			rl.share = sharePolicy{classes: classes, maxBytes: cr.spec.ReplayMaxBytes, ttl: cr.spec.Replay,
+				wait: cr.spec.Wait}
 		}
 		if first == nil {
 			first = rl.stats

@@ -163,6 +163,8 @@ func publicMessage(err error) string {
 		return msgBusy
 	case errors.Is(err, flightlock.ErrInvalidKey):
 		return err.Error() // tells the client which value is missing
+	case errors.Is(err, ErrPayloadMismatch):
+		return ErrPayloadMismatch.Error() // the client's own request was refused: the store is fine
 	case errors.Is(err, flightlock.ErrConfig):
 		return msgConfig
 	case errors.Is(err, flightlock.ErrClosed):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -32,8 +33,8 @@ func (m *Middleware) serveSharedRPC(ctx context.Context, rl *rule, req any, info
 	}
 	print := fingerprint([]byte(info.FullMethod), payload)
 	rkey := m.replayKey(keys)
-	rec, err := m.share(ctx, rl, rkey, print, func() (*record, error) {
-		return m.runRPCShared(ctx, rl, req, handler, keys, rkey, print)
+	rec, err := m.share(ctx, rl, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
+		return m.runRPCShared(ctx, t, rl, req, handler, keys, rkey, print)
 	})
 	var pe *panicError
 	switch {
@@ -46,7 +47,7 @@ func (m *Middleware) serveSharedRPC(ctx context.Context, rl *rule, req any, info
 		_ = grpc.SetHeader(ctx, metadata.Pairs(ReplayedMetadata, "true"))
 	}
 	if rec.Code != int(codes.OK) {
-		return nil, status.Error(codes.Code(rec.Code), rec.Msg)
+		return nil, rec.rpcError()
 	}
 	if !rec.replayed && rec.reply != nil {
 		return rec.reply, nil // the call that ran the handler returns its own reply
@@ -62,15 +63,35 @@ func (m *Middleware) serveSharedRPC(ctx context.Context, rl *rule, req any, info
 	return reply, nil
 }
 
+// rpcError is the error of a zrpc record: the handler's own error for the call that ran it,
+// else its whole status as stored, details included (errdetails.BadRequest, RetryInfo, ...),
+// or, in a record stored before statuses were, its code and message.
+func (rec *record) rpcError() error {
+	if !rec.replayed && rec.err != nil {
+		return rec.err
+	}
+	if len(rec.St) > 0 {
+		var sp spb.Status
+		if err := proto.Unmarshal(rec.St, &sp); err == nil {
+			return status.FromProto(&sp).Err()
+		}
+	}
+	return status.Error(codes.Code(rec.Code), rec.Msg)
+}
+
 // runRPCShared is the leader's run of a zrpc share rule (see share and lead).
-func (m *Middleware) runRPCShared(ctx context.Context, rl *rule, req any, handler grpc.UnaryHandler,
+func (m *Middleware) runRPCShared(ctx context.Context, t *turn, rl *rule, req any, handler grpc.UnaryHandler,
 	keys []string, rkey, print string) (*record, error) {
-	return m.lead(ctx, rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
+	return m.lead(ctx, t, rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
 		resp, herr := handler(ctx, req)
 		rec := &record{Fence: fence, Print: print}
 		if herr != nil {
 			st := status.Convert(herr)
-			rec.Code, rec.Msg = int(st.Code()), st.Message()
+			// Code and Msg too, for processes of an earlier version that read this record.
+			rec.Code, rec.Msg, rec.err = int(st.Code()), st.Message(), herr
+			if b, err := proto.Marshal(st.Proto()); err == nil {
+				rec.St = b
+			}
 			return rec, rl.share.classes[rpcClass(st.Code())], nil
 		}
 		msg, ok := resp.(proto.Message)

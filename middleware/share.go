@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -12,10 +13,12 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/logx"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
@@ -48,16 +51,18 @@ var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request 
 type record struct {
 	Status int         `json:"s,omitempty"` // HTTP status
 	Header http.Header `json:"h,omitempty"`
-	Body   []byte      `json:"b,omitempty"` // HTTP body, or the zrpc reply's wire bytes
-	Type   string      `json:"t,omitempty"` // zrpc: the reply message's full name
-	Code   int         `json:"c,omitempty"` // zrpc: the status code of an error reply
-	Msg    string      `json:"m,omitempty"` // zrpc: its message
+	Body   []byte      `json:"b,omitempty"`  // HTTP body, or the zrpc reply's wire bytes
+	Type   string      `json:"t,omitempty"`  // zrpc: the reply message's full name
+	Code   int         `json:"c,omitempty"`  // zrpc: the status code of an error reply
+	Msg    string      `json:"m,omitempty"`  // zrpc: its message
+	St     []byte      `json:"st,omitempty"` // zrpc: its whole status (google.rpc.Status), details included
 	Fence  int64       `json:"f"`
 	Print  string      `json:"p"`
 
 	replayed bool        // not stored: the record came from another run than the caller's own
 	own      http.Header // not stored: every header of the leader's own response
 	reply    any         // not stored: the zrpc reply the leader's handler returned
+	err      error       // not stored: the zrpc error the leader's handler returned
 }
 
 // unshared headers belong to one response and are never replayed: a cookie is its client's,
@@ -79,6 +84,7 @@ type sharePolicy struct {
 	classes  [6]bool
 	maxBytes int
 	ttl      time.Duration
+	wait     time.Duration // Rule.Wait, 0 for the section's (see shareWait)
 }
 
 // parseReplayStatus reads Rule.ReplayStatus: status classes ("2xx", "4xx"), comma separated.
@@ -210,24 +216,156 @@ func (p *panicError) Error() string {
 	return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value)
 }
 
+// errLeaderLeft ends a shared run whose leading request left (its client went away, or its
+// wait ran out and it was answered busy) before the handler ran for it: the handler does not
+// run for a request that is no longer there, and the duplicates still waiting start another
+// run, led by one of them, instead of getting that request's error (review 4).
+var errLeaderLeft = errors.New("flightlock: the request leading a shared run left before it ran")
+
+// errShareWait answers a duplicate whose wait for the run in flight used up the rule's wait
+// budget: 409 with Retry-After / Aborted, as a wait for the lock does.
+var errShareWait = fmt.Errorf("%w: the request in flight with this key did not finish within Wait", flightlock.ErrBusy)
+
+// turn is one request's part in the shared runs of its key. A run that the request leads runs
+// the handler for it only while the request still waits for the answer (start), so that no
+// handler runs for a request already answered, busy or gone; once the handler runs, the
+// request waits for it to return, as it would without a share rule.
+type turn struct {
+	mu     sync.Mutex
+	state  int                // guarded by mu: turnWaiting, turnRunning or turnLeft
+	led    bool               // guarded by mu: the request leads a run (it leads one at most)
+	cancel context.CancelFunc // guarded by mu: ends the lock wait of the run the request leads
+}
+
+const (
+	turnWaiting = iota
+	turnRunning // the handler runs, or ran, for this request
+	turnLeft    // the request was answered without a run of its own: busy, or its context ended
+)
+
+// lead returns the context of the lock wait of a run the request leads, which leave cancels,
+// or false when the request already left.
+func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnLeft {
+		return nil, nil, false
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	t.led, t.cancel = true, cancel
+	return lctx, cancel, true
+}
+
+// start marks the handler as running for the request, unless it left.
+func (t *turn) start() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnLeft {
+		return false
+	}
+	t.state = turnRunning
+	return true
+}
+
+// leave marks the request as answered without a run and ends the lock wait of a run it leads,
+// unless the handler already runs for it, or unless it leads a run and lockBounds says that the
+// Locker ends that run's wait itself; it reports whether the request left.
+func (t *turn) leave(lockBounds bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnRunning || lockBounds && t.led {
+		return false
+	}
+	t.state = turnLeft
+	if t.cancel != nil {
+		t.cancel()
+	}
+	return true
+}
+
+// is reports whether the request is in state s, and whether it led a run.
+func (t *turn) is(s int) (in, led bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state == s, t.led
+}
+
+// shareWait is the wait budget of rl: its Wait, else the section's (with WithLocker, the
+// section's default where the injected Locker may have another; the root package does not
+// tell its Locker's wait).
+func (m *Middleware) shareWait(rl *rule) time.Duration { return cmp.Or(rl.share.wait, m.conf.Wait) }
+
+// waitDeadline is when a wait for a run in flight that starts at now gives up: after wait,
+// or, when ctx has a deadline, a reserve before it (a tenth of the time left, 1-100ms), so
+// that the busy answer reaches the caller before its deadline and before go-zero's server
+// timeout answers 503 in its place. It is the deadline the Locker keeps for a wait for the
+// lock (flightlock's waitDeadline and busyReserve, issue 18), which the root package does not
+// export; the two must agree.
+func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.Time {
+	end := now.Add(wait)
+	if d, ok := ctx.Deadline(); ok {
+		left := d.Sub(now)
+		reserve := min(max(left/10, time.Millisecond), 100*time.Millisecond)
+		if early := d.Add(-reserve); early.After(now) && early.Before(end) {
+			end = early
+		}
+	}
+	return end
+}
+
 // share runs a share rule for one request: replay a stored response, or join (or lead) the
-// flight of its key in this process. run is the leader's work: take the lock, replay what a
-// previous holder stored, or run the handler and store its response; it returns the record.
+// flight of its key in this process. run is the leader's work (see lead): take the lock on
+// the context it is given, replay what a previous holder stored, or run the handler and store
+// its response; it returns the record.
+//
+// A request waits for the run it joined within its own wait budget (the rule's Wait from the
+// moment it came, ending before its deadline as a wait for the lock does) and then answers
+// 409 / Aborted: contention stays below 500, and the caller gets it before its deadline. Each
+// request waits on its own context, so one that leaves fails no other: when the request
+// leading the run leaves before the handler ran for it, the run ends with errLeaderLeft and
+// the others start another.
 func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
-	run func() (*record, error)) (*record, error) {
+	run func(ctx context.Context, t *turn) (*record, error)) (*record, error) {
 	if rec, err := m.replaysOf(rl).load(ctx, rkey); err != nil {
 		m.logs.error(ctx, rl.stats, "reading a stored response failed; running the request", err)
 	} else if rec != nil {
 		m.countShare(rl, "stored")
 		return rec, matchPrint(rec, print)
 	}
-	led := false
-	ch := m.flights.DoChan(rkey, func() (any, error) {
-		led = true // only the leader's closure runs; read after the result arrives
-		return run()
-	})
-	select {
-	case res := <-ch:
+	budget := time.NewTimer(time.Until(waitDeadline(ctx, time.Now(), m.shareWait(rl))))
+	defer budget.Stop()
+	t := new(turn)
+	for retry := false; ; retry = true {
+		ch := m.flights.DoChan(rkey, func() (any, error) { return run(ctx, t) })
+		var res singleflight.Result
+		select {
+		case res = <-ch:
+		case <-budget.C:
+			// The first run this request leads waits for the lock within the Locker's wait, which
+			// ends at this same deadline and answers busy with the holder's TTL (Retry-After):
+			// that answer is left to it. A duplicate, or the leader of a later run (whose Locker
+			// wait began after the request came), gives up here.
+			if t.leave(!retry) {
+				return nil, errShareWait
+			}
+			res = <-ch // the run this request leads: its own answer
+		case <-ctx.Done():
+			if t.leave(false) {
+				return nil, errors.Join(flightlock.ErrBusy, ctx.Err())
+			}
+			res = <-ch // the handler runs for this very request: its own answer
+		}
+		left, led := t.is(turnLeft)
+		if errors.Is(res.Err, errLeaderLeft) {
+			switch {
+			case !left:
+				continue // the request that led the run left before it ran: lead or join the next
+			case ctx.Err() != nil:
+				return nil, errors.Join(flightlock.ErrBusy, ctx.Err())
+			default:
+				return nil, errShareWait
+			}
+		}
 		if res.Err != nil {
 			return nil, res.Err
 		}
@@ -237,8 +375,6 @@ func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 			m.countShare(rl, "inflight")
 		}
 		return &rec, matchPrint(&rec, print)
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
 	}
 }
 
@@ -264,17 +400,16 @@ func (m *Middleware) replayKey(keys []string) string {
 // serveShared is serveHTTP for a share rule.
 func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
 	ctx := r.Context()
-	body, err := io.ReadAll(r.Body)
+	body, err := readSharedBody(r)
 	if err != nil {
-		writeHTTPError(w, r, fmt.Errorf("%w: read body: %w", flightlock.ErrInvalidKey, err))
+		writeHTTPError(w, r, err)
 		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
 	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
 	rkey := m.replayKey(keys)
 
-	rec, err := m.share(ctx, rl, rkey, print, func() (*record, error) {
-		return m.runHTTPShared(rl, r, body, next, keys, rkey, print)
+	rec, err := m.share(ctx, rl, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
+		return m.runHTTPShared(ctx, t, rl, r, body, next, keys, rkey, print)
 	})
 	var pe *panicError
 	switch {
@@ -299,10 +434,28 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 	_, _ = w.Write(rec.Body)
 }
 
-// runHTTPShared is the leader's run of a REST share rule (see share and lead).
-func (m *Middleware) runHTTPShared(rl *rule, r *http.Request, body []byte, next http.HandlerFunc,
-	keys []string, rkey, print string) (*record, error) {
-	return m.lead(r.Context(), rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
+// readSharedBody reads r's body for the fingerprint, up to maxBodyBytes as the rules' keys read
+// it (go-zero's MaxBytes checks Content-Length only: a chunked body has none), and puts it
+// back for the handler. A longer body is refused 400 (ErrInvalidKey), unread past the bound.
+func readSharedBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
+	case len(body) > maxBodyBytes:
+		return nil, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, maxBodyBytes)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+// runHTTPShared is the leader's run of a REST share rule (see share and lead); ctx is r's.
+func (m *Middleware) runHTTPShared(ctx context.Context, t *turn, rl *rule, r *http.Request, body []byte,
+	next http.HandlerFunc, keys []string, rkey, print string) (*record, error) {
+	return m.lead(ctx, t, rl, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
 		rr := &recorder{header: http.Header{}, status: http.StatusOK}
 		r = r.WithContext(ctx)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -313,21 +466,37 @@ func (m *Middleware) runHTTPShared(rl *rule, r *http.Request, body []byte, next 
 	})
 }
 
-// lead is the leader's run of a share rule, for both transports: it takes the lock, replays
-// what a holder in another process stored just before releasing, or else runs the handler (run,
-// on the lease's context, with its fence) and stores the record when stores says the rule keeps
-// responses of its kind, before the lock is released. A panic in run becomes a panicError,
-// logged once, as go-zero's recover handler would log it: every duplicate answers 500.
-func (m *Middleware) lead(ctx context.Context, rl *rule, keys []string, rkey string,
+// lead is the leader's run of a share rule, for both transports, for the request of ctx and t:
+// it takes the lock, replays what a holder in another process stored just before releasing, or
+// else runs the handler (run, on the lease's context, with its fence) and stores the record
+// when stores says the rule keeps responses of its kind, before the lock is released. The
+// handler runs with the leading request's context (its values and deadline) and only while
+// that request still waits: when it left first, the run ends with errLeaderLeft and the lock,
+// if taken, is released unused. A panic in run becomes a panicError, logged once, as go-zero's
+// recover handler would log it: every duplicate answers 500.
+func (m *Middleware) lead(ctx context.Context, t *turn, rl *rule, keys []string, rkey string,
 	run func(ctx context.Context, fence int64) (rec *record, stores bool, err error)) (rec *record, err error) {
-	h, err := m.lock(ctx, rl, keys)
+	lctx, cancel, ok := t.lead(ctx)
+	if !ok {
+		return nil, errLeaderLeft
+	}
+	defer cancel() // after the release below: it ends the lease's context, parent of the handler's
+	h, err := m.lock(lctx, rl, keys)
 	if err != nil {
+		if lctx.Err() != nil { // the request left, or its client went away, while it waited
+			t.leave(false)
+			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
+		}
 		return nil, err
 	}
 	defer m.release(ctx, rl, h)
 	if stored, err := m.replaysOf(rl).load(ctx, rkey); err == nil && stored != nil {
 		m.countShare(rl, "stored")
 		return stored, nil
+	}
+	if lctx.Err() != nil || !t.start() {
+		t.leave(false)
+		return nil, errLeaderLeft
 	}
 	var stores bool
 	func() {

@@ -1,0 +1,231 @@
+package middleware
+
+// Shared runs (OnBusy share) as review 4 found them: a duplicate's wait for a run of this
+// process, a leading request that leaves, the body read for the fingerprint, and the error
+// replies of share rules. Each test failed before its fix.
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/zeromicro/go-zero/rest"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// shareRuleWaiting is the share tests' pay rule with the given Wait.
+func shareRuleWaiting(wait time.Duration) Rule {
+	return Rule{Method: http.MethodPost, Path: "/pay", Key: "pay:{header.X-Uid}:{header.Idempotency-Key}",
+		OnBusy: "share", Wait: wait, Replay: 10 * time.Second}
+}
+
+// A duplicate that joins a run of this process waits within the rule's Wait, as one in another
+// process waits for the lock, and answers 409 with Retry-After: it used to wait on its own
+// context only, until go-zero's timeout answered 503, a 5xx that go-zero's breakers count.
+func TestShareDuplicateAnswersBusyWithinWait(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(100 * time.Millisecond)}})
+	ran := make(chan struct{})
+	slow := func(w http.ResponseWriter, r *http.Request) {
+		defer close(ran)
+		time.Sleep(1500 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	}
+	// go-zero's server timeout 700ms; the leader's handler takes 1.5s (its own 503 is its own).
+	s := serverless(t, restConf(t, 700*time.Millisecond), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: slow}})
+	leader := make(chan int, 1)
+	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`)).Code }()
+	time.Sleep(100 * time.Millisecond) // the leader's run has started
+
+	start := time.Now()
+	w := serve(s, payRequest("u1", "k1", `{}`))
+	took := time.Since(start)
+	<-leader
+	<-ran // the leader's handler goes on past go-zero's timeout; let it end before the store closes
+	time.Sleep(50 * time.Millisecond)
+	if w.Code >= 500 {
+		t.Errorf("duplicate of a request in flight (rule Wait 100ms, server timeout 700ms): %d after %v; "+
+			"contention must answer below 500 (409 with Retry-After within Wait)", w.Code, took.Round(time.Millisecond))
+	}
+	if w.Code != http.StatusConflict || w.Header().Get("Retry-After") == "" {
+		t.Errorf("duplicate past the rule's Wait: %d (Retry-After %q), want 409 with Retry-After",
+			w.Code, w.Header().Get("Retry-After"))
+	}
+	if took > 500*time.Millisecond {
+		t.Errorf("the duplicate waited %v, past the rule's Wait of 100ms", took.Round(time.Millisecond))
+	}
+}
+
+// The zrpc twin: a duplicate call that joined a run answers Aborted within the rule's Wait,
+// not DeadlineExceeded at its own deadline.
+func TestShareDuplicateCallAbortsWithinWait(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share",
+		Wait: 100 * time.Millisecond}}})
+	conn := startGRPC(t, m, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
+		time.Sleep(time.Second)
+		return wrapperspb.String("done"), nil
+	})
+	leader := make(chan error, 1)
+	go func() {
+		_, err := call(context.Background(), conn, "Host", &rpb.ServerReflectionRequest{Host: "a"})
+		leader <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the leader's run has started
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	_, err := call(ctx, conn, "Host", &rpb.ServerReflectionRequest{Host: "a"})
+	if code := status.Code(err); code != codes.Aborted {
+		t.Errorf("duplicate call past the rule's Wait of 100ms (deadline 700ms): %v, want Aborted", err)
+	}
+	if err := <-leader; err != nil {
+		t.Errorf("the leading call: %v", err)
+	}
+}
+
+// The leading request's client leaving while it waits for the lock fails no duplicate: the
+// run used to be the leader's, on its context, and every duplicate got its 409 at once. Now a
+// duplicate still there leads the next run, which runs the handler once, for that duplicate.
+func TestShareLeaderLeavingFailsNoDuplicate(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	var runs atomic.Int32
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("paid"))
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+
+	// Another process holds the key for 400ms: the leader waits for it, the follower joins.
+	holder := holdKey(t, tr, "pay:u1:k1")
+	go func() {
+		time.Sleep(400 * time.Millisecond)
+		_ = holder.Release(context.Background())
+	}()
+	lctx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan int, 1)
+	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
+	time.Sleep(100 * time.Millisecond) // the leader waits for the lock
+	follower := make(chan *httptest.ResponseRecorder, 1)
+	go func() { follower <- serve(s, payRequest("u1", "k1", `{}`)) }()
+	time.Sleep(100 * time.Millisecond) // the follower joined the leader's flight
+	start := time.Now()
+	cancelLeader() // the leader's client goes away
+	<-leader
+
+	w := <-follower
+	if w.Code != http.StatusOK {
+		t.Errorf("the duplicate whose own client is still there: %d %q, %v after the leader's client left; "+
+			"want 200 (the key came free 400ms in, well within its own Wait of 5s; runs %d)",
+			w.Code, strings.TrimSpace(w.Body.String()), time.Since(start).Round(time.Millisecond), runs.Load())
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once (for the duplicate; never for the request that left)", n)
+	}
+}
+
+// zeroBody is a body of n zero bytes that counts what was read.
+type zeroBody struct {
+	n, read int64
+}
+
+func (z *zeroBody) Read(p []byte) (int, error) {
+	if z.read >= z.n {
+		return 0, io.EOF
+	}
+	k := min(int64(len(p)), z.n-z.read)
+	clear(p[:k])
+	z.read += k
+	return int(k), nil
+}
+
+// A share rule reads at most maxBodyBytes of a body for its fingerprint, as the other rules
+// read one for their keys, and refuses a longer one: it used to read a chunked body of any
+// size into memory (go-zero's MaxBytes checks Content-Length only).
+func TestShareBoundsChunkedBody(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(time.Second)}})
+	var handlerRan atomic.Bool
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		handlerRan.Store(true)
+		w.WriteHeader(http.StatusOK)
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+
+	const size = 64 << 20 // 64 MiB, chunked: go-zero's MaxBytes (1 MiB) checks Content-Length only
+	body := &zeroBody{n: size}
+	r := httptest.NewRequest(http.MethodPost, "/pay", io.NopCloser(body))
+	r.ContentLength = -1
+	r.Header.Set("X-Uid", "u1")
+	r.Header.Set("Idempotency-Key", "big")
+	w := serve(s, r)
+	if body.read > maxBodyBytes+1 {
+		t.Errorf("the share middleware read %d MiB of a chunked body into memory (status %d, handler ran %v); "+
+			"want at most maxBodyBytes (1 MiB) and a 4xx past it", body.read>>20, w.Code, handlerRan.Load())
+	}
+	if w.Code != http.StatusBadRequest || handlerRan.Load() {
+		t.Errorf("a body over maxBodyBytes: %d, handler ran %v; want 400, not run", w.Code, handlerRan.Load())
+	}
+}
+
+// A 422 says why: the key was used with another payload. It used to say "lock store
+// unavailable" (publicMessage had no case for ErrPayloadMismatch).
+func TestSharePayloadMismatchMessage(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(time.Second)}})
+	s := serverless(t, restConf(t, 5*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay",
+		Handler: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }}})
+	if w := serve(s, payRequest("u1", "k1", `{"amount":5}`)); w.Code != http.StatusOK {
+		t.Fatalf("first: %d", w.Code)
+	}
+	w := serve(s, payRequest("u1", "k1", `{"amount":500}`))
+	if w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("same key, other payload: %d, want 422", w.Code)
+	}
+	if body := strings.TrimSpace(w.Body.String()); strings.Contains(body, "unavailable") || !strings.Contains(body, "payload") {
+		t.Errorf("422 body %q: it must say the key was used with another payload, not that the store is unavailable", body)
+	}
+}
+
+// A zrpc share rule answers the handler's error status whole, details included, to the call
+// that ran it and to a duplicate that replays it: it used to rebuild it from code and message.
+func TestSharedRPCErrorKeepsDetails(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share",
+		Replay: 10 * time.Second, ReplayStatus: "2xx,4xx"}}})
+	var runs atomic.Int32
+	conn := startGRPC(t, m, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
+		runs.Add(1)
+		st, err := status.New(codes.InvalidArgument, "bad amount").WithDetails(&errdetails.BadRequest{
+			FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "amount", Description: "must be positive"}}})
+		if err != nil {
+			return nil, err
+		}
+		return nil, st.Err()
+	})
+	for i, who := range []string{"the call that ran the handler", "a duplicate replaying it"} {
+		_, err := call(context.Background(), conn, "Host", &rpb.ServerReflectionRequest{Host: "a"})
+		st := status.Convert(err)
+		if st.Code() != codes.InvalidArgument {
+			t.Fatalf("%s: code %v, want InvalidArgument", who, st.Code())
+		}
+		if len(st.Details()) == 0 {
+			t.Errorf("%s: the handler's error lost its details under a share rule: %v", who, st.Proto())
+		} else if br, ok := st.Details()[0].(*errdetails.BadRequest); !ok || br.GetFieldViolations()[0].GetField() != "amount" {
+			t.Errorf("%s: details %v, want the handler's BadRequest", who, st.Details())
+		}
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("after call %d the handler ran %d times, want once (4xx replayed)", i+1, n)
+		}
+	}
+}
