@@ -387,7 +387,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
-			if watch, _ = l.k.store.Watch(b.context(), key); watch != nil && !b.spent() {
+			if watch, _ = l.k.store.Watch(b.context(), key); watch.Fresh() && !b.spent() {
 				// A release between the busy reply and the subscription published to nobody:
 				// try once more, now that a release would be heard, before sleeping (review 4:
 				// the waiter slept to its retry delay, or the holder's TTL, with the key free).

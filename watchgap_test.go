@@ -19,10 +19,10 @@ type gapStore struct {
 
 func (g *gapStore) Watch(context.Context, string) (*lockstore.Watch, error) {
 	_, _ = g.memStore.Release(context.Background(), g.key, g.other, "", 0)
-	return lockstore.NewWatch(make(chan struct{}), func() {}), nil
+	return lockstore.NewFreshWatch(make(chan struct{}), func() {}), nil
 }
 
-// A waiter that was refused, then subscribed, tries once more before it sleeps: a release in
+// A waiter that was refused, then subscribed afresh (Watch.Fresh), tries once more before it sleeps: a release in
 // between would otherwise leave it asleep with the key free until its retry delay (here
 // longer than its whole wait, so it answered busy for a free key).
 func TestWaiterTriesAgainOnceItListens(t *testing.T) {

@@ -46,6 +46,10 @@ func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error)
 		cancel()
 		return nil, errStoreClosed
 	}
+	if rev == 0 {
+		// No busy reply to start from: a release before now may have gone unheard.
+		return lockstore.NewFreshWatch(c, cancel), nil
+	}
 	return lockstore.NewWatch(c, cancel), nil
 }
 

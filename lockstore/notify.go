@@ -79,6 +79,9 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	n.mu.Unlock()
 
 	w := NewWatch(c, func() { n.unwatch(channel, c) })
+	// A channel confirmed before this call was heard all along; a new or unconfirmed one may
+	// have missed a release since the caller's last look (Watch.Fresh).
+	w.fresh = !active
 	if !active {
 		t := time.NewTimer(subscribeWait)
 		select {

@@ -68,8 +68,8 @@ type Store interface {
 	// Watch starts listening for releases of key. The returned Watch must be closed. A release
 	// that comes after Watch returned is heard (the Redis store waits for its subscription's
 	// confirmation, a bounded while; the etcd store watches from the revision of its last busy
-	// reply): a caller that was refused, watches and tries once more before it sleeps misses
-	// no release.
+	// reply), and one before it too unless Watch.Fresh: a caller that was refused and tries
+	// once more after a fresh Watch, before it sleeps, misses no release.
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
@@ -119,13 +119,30 @@ type HandoffLimiter interface {
 type Watch struct {
 	c     chan struct{}
 	close func()
+	fresh bool
 }
+
+// Fresh reports whether the watch began to listen only now: a release between the caller's
+// last look at the key (a busy reply) and Watch may have gone unheard, so a caller that was
+// refused looks once more before it sleeps. False for a Redis channel that was subscribed
+// already (its releases were heard all along) and for the etcd store, which watches from the
+// revision of its last busy reply.
+func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
 // closed), and stop is called once by Close.
 func NewWatch(c chan struct{}, stop func()) *Watch {
 	var once sync.Once
 	return &Watch{c: c, close: func() { once.Do(stop) }}
+}
+
+// NewFreshWatch is NewWatch for a store whose watch starts listening only now (see
+// Watch.Fresh): a release between the caller's last look at the key and the watch may have
+// gone unheard.
+func NewFreshWatch(c chan struct{}, stop func()) *Watch {
+	w := NewWatch(c, stop)
+	w.fresh = true
+	return w
 }
 
 // C returns the channel that is signalled when the watched key is released. A nil Watch has

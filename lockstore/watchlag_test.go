@@ -138,3 +138,57 @@ func (l *laggyConn) Close() error {
 	l.wg.Wait()
 	return err
 }
+
+// A watch says whether it began listening only now (Watch.Fresh): the first watch of a channel
+// does, a second one while the channel is subscribed (watched, or within its linger) does not,
+// and a watch after the linger ran out does again. The Locker looks at the key once more only
+// after a fresh watch, so a hot key waited on turn after turn costs no extra round trip.
+func TestWatchSaysWhetherItIsFresh(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		s := New(b.client, WithWatchLinger(50*time.Millisecond))
+		t.Cleanup(func() { _ = s.Close() })
+		w1, err := s.Watch(ctx, "lock:fresh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w2, err := s.Watch(ctx, "lock:fresh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !w1.Fresh() || w2.Fresh() {
+			t.Errorf("first watch fresh %v, second while subscribed fresh %v; want true, false", w1.Fresh(), w2.Fresh())
+		}
+		w1.Close()
+		w2.Close()
+		w3, err := s.Watch(ctx, "lock:fresh") // within the linger: still subscribed
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w3.Fresh() {
+			t.Error("a watch within the linger is fresh, want it heard all along")
+		}
+		w3.Close()
+		waitUnsubscribed := time.Now().Add(2 * time.Second)
+		for {
+			s.notify.mu.Lock()
+			n := len(s.notify.channels)
+			s.notify.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			if time.Now().After(waitUnsubscribed) {
+				t.Fatal("the channel is still subscribed after its linger")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		w4, err := s.Watch(ctx, "lock:fresh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w4.Close()
+		if !w4.Fresh() {
+			t.Error("a watch after the linger ran out is not fresh")
+		}
+	})
+}
