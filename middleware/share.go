@@ -173,9 +173,20 @@ var (
 	replayGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 	// replaySet never overwrites what is not a stored response (a record is JSON: '{'): a lock
 	// of another rule whose key renders as this one's replay key keeps its value and its owner.
+	// Nor does it replace the record of a later grant of the lock (a larger fence, ARGV[3]): a
+	// holder that lost its lock while its handler ran must not overwrite the response of the
+	// holder after it (review 5). The fence is the record's "f", which json.Marshal writes just
+	// before the last field, "p" (a hex fingerprint); strings in a record are JSON-escaped, so
+	// the pattern cannot match inside one.
 	replaySet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 1) ~= '{' then
   return redis.error_reply('flightlock: ' .. KEYS[1] .. ' holds a lock, not a stored response')
+end
+if v then
+  local f = tonumber(string.match(v, '"f":(%-?%d+),"p":"[^"]*"}$') or '')
+  if f and f > tonumber(ARGV[3]) then
+    return 0
+  end
 end
 return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
 )
@@ -202,7 +213,11 @@ func (s *redisReplays) save(ctx context.Context, key string, rec *record, ttl ti
 	if err != nil {
 		return err
 	}
-	return replaySet.Run(ctx, s.client, []string{key}, b, max(ttl.Milliseconds(), 1)).Err()
+	// Bounded as the etcd save is: it runs under the lock, on a context without the request's
+	// cancellation.
+	ctx, cancel := context.WithTimeout(ctx, replaySaveBound)
+	defer cancel()
+	return replaySet.Run(ctx, s.client, []string{key}, b, max(ttl.Milliseconds(), 1), rec.Fence).Err()
 }
 
 // panicError carries a handler's panic out of a shared flight: the request that ran it and its
@@ -362,6 +377,8 @@ func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 				continue // the request that led the run left before it ran: lead or join the next
 			case ctx.Err() != nil:
 				return nil, errors.Join(flightlock.ErrBusy, ctx.Err())
+			case led && errors.Is(res.Err, flightlock.ErrBusy):
+				return nil, res.Err // its own wait for the lock ran out: busy, with the holder's Retry-After
 			default:
 				return nil, errShareWait
 			}
@@ -483,7 +500,11 @@ func (m *Middleware) lead(ctx context.Context, t *turn, rl *rule, keys []string,
 	defer cancel() // after the release below: it ends the lease's context, parent of the handler's
 	h, err := m.lock(lctx, rl, keys)
 	if err != nil {
-		if lctx.Err() != nil { // the request left, or its client went away, while it waited
+		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
+			// The request left, or its client went away, while it waited, or its own wait for
+			// the lock ran out (it answers busy, with the holder's Retry-After): duplicates
+			// that came after it have wait left, and go on without it (review 5: they were
+			// all answered 409 at the leader's deadline).
 			t.leave(false)
 			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
 		}
@@ -511,6 +532,14 @@ func (m *Middleware) lead(ctx context.Context, t *turn, rl *rule, keys []string,
 	}()
 	if err != nil {
 		return nil, err
+	}
+	if errors.Is(context.Cause(h.ctx), flightlock.ErrLost) {
+		// The lock was lost while the handler ran: another holder may have run it since and
+		// stored its response, which duplicates must get, not this one (review 5). The save
+		// itself refuses to replace a record of a later grant (replaySet), for a loss that
+		// comes after this look.
+		m.logs.error(ctx, rl.stats, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
+		return rec, nil
 	}
 	m.storeRecord(ctx, rl, rkey, rec, stores)
 	return rec, nil
