@@ -326,7 +326,9 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		watch   *lockstore.Watch
 		timer   *time.Timer
 		attempt int
-		holder  time.Time // when the holder's lock runs out, as last seen (for Retry-After)
+		delay   time.Duration // the sleep before the next attempt, from the retry strategy
+		recheck bool          // the next attempt is the look after a fresh watch (not counted)
+		holder  time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
 	)
 	defer func() {
 		watch.Close()
@@ -367,7 +369,6 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			}
 			return newHold(l.k, key, owner, res.Fence, "", sent), nil
 		}
-		attempt++
 		holder = time.Now().Add(res.HolderTTL)
 		if check := l.cfg.holders; check != nil && res.Holder != "" {
 			if cause := check(ctx, res.Holder); cause != nil {
@@ -375,22 +376,35 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				return nil, fmt.Errorf("%w: %w", &busyError{retryAfter: res.HolderTTL}, cause)
 			}
 		}
-		delay, ok := l.cfg.retry(attempt)
-		if !wait || !ok {
-			return nil, &busyError{retryAfter: res.HolderTTL}
+		if recheck {
+			// The look after a fresh watch is not an attempt of the retry strategy: it neither
+			// uses up a capped attempt nor moves the backoff on (review 6); the sleep is the one
+			// the attempt before it chose, cut to what is left of the holder's TTL.
+			recheck = false
+		} else {
+			attempt++
+			var ok bool
+			if delay, ok = l.cfg.retry(attempt); !wait || !ok {
+				return nil, &busyError{retryAfter: res.HolderTTL}
+			}
+			if o := l.cfg.observer; o != nil && o.Retry != nil {
+				o.Retry(ctx, key, attempt, res.HolderTTL)
+			}
 		}
 		if res.HolderTTL > 0 {
 			delay = min(delay, res.HolderTTL)
 		}
-		if o := l.cfg.observer; o != nil && o.Retry != nil {
-			o.Retry(ctx, key, attempt, res.HolderTTL)
-		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
 			if watch, _ = l.k.store.Watch(b.context(), key); watch.Fresh() && !b.spent() {
+				if l.k.gate.closed.Load() {
+					// Drained while subscribing: answer as a sleeping owner does (review 6).
+					return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
+				}
 				// A release between the busy reply and the subscription published to nobody:
-				// try once more, now that a release would be heard, before sleeping (review 4:
+				// look once more, now that a release would be heard, before sleeping (review 4:
 				// the waiter slept to its retry delay, or the holder's TTL, with the key free).
+				recheck = true
 				continue
 			}
 		}

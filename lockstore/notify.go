@@ -20,8 +20,13 @@ type notifier struct {
 	mu       sync.Mutex
 	ps       *redis.PubSub            // guarded by mu; nil until the first watch
 	channels map[string]*channelState // guarded by mu
-	closed   bool                     // guarded by mu
-	reader   sync.WaitGroup           // the goroutine reading ps
+	// unconfirmed counts, per channel, the SUBSCRIBEs sent and not yet confirmed (guarded by
+	// mu). A channel state is ready only at the confirmation of its own SUBSCRIBE: one of an
+	// earlier subscription of the channel, given up and unsubscribed since, can still be on its
+	// way when a new one is sent (review 6).
+	unconfirmed map[string]int
+	closed      bool           // guarded by mu
+	reader      sync.WaitGroup // the goroutine reading ps
 }
 
 // channelState is one subscribed channel. All fields are guarded by notifier.mu.
@@ -30,10 +35,12 @@ type channelState struct {
 	linger   *time.Timer   // pending unsubscribe once nobody watches; nil while watched
 	ready    chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
 	active   bool          // ready is closed
+	skip     int           // confirmations of earlier SUBSCRIBEs still due before this one's
 }
 
 func newNotifier(client Client) *notifier {
-	return &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState)}
+	return &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState),
+		unconfirmed: make(map[string]int)}
 }
 
 var errStoreClosed = errors.New("flightlock: store closed")
@@ -67,7 +74,9 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
 		}
-		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
+		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{}),
+			skip: n.unconfirmed[channel]}
+		n.unconfirmed[channel]++
 		n.channels[channel] = st
 	}
 	if st.linger != nil {
@@ -134,11 +143,33 @@ func (n *notifier) read(msgs <-chan any) {
 		n.mu.Lock()
 		switch m := m.(type) {
 		case *redis.Subscription:
-			// A confirmation: of the SUBSCRIBE watch waits for, or of go-redis subscribing
-			// again after a reconnect (ready is closed already then).
-			if st := n.channels[m.Channel]; st != nil && m.Kind == "subscribe" && !st.active {
+			if m.Kind != "subscribe" {
+				break
+			}
+			if n.unconfirmed[m.Channel] > 0 {
+				if n.unconfirmed[m.Channel]--; n.unconfirmed[m.Channel] == 0 {
+					delete(n.unconfirmed, m.Channel)
+				}
+			}
+			st := n.channels[m.Channel]
+			switch {
+			case st == nil:
+			case st.skip > 0:
+				st.skip-- // an earlier subscription's, given up and unsubscribed since
+			case !st.active:
+				// The confirmation watch waits for (or go-redis subscribing again after a
+				// reconnect, which confirms the subscription as well).
 				st.active = true
 				close(st.ready)
+			default:
+				// go-redis subscribed again after a reconnect: a release in between was not
+				// heard, so the watchers look again.
+				for c := range st.watchers {
+					select {
+					case c <- struct{}{}:
+					default:
+					}
+				}
 			}
 		case *redis.Message:
 			if st := n.channels[m.Channel]; st != nil {
