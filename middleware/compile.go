@@ -14,7 +14,10 @@ type rule struct {
 	route    routePattern
 	locker   *flightlock.Locker
 	httpKeys httpKeys // nil for a zrpc-only rule
-	rpcKeys  rpcKeys  // nil for a REST-only rule
+	// httpReplayKeys renders a template's keys with the values as written (no canonicalNumber),
+	// for a share rule's stored responses; nil for a rule keyed by a KeyFunc.
+	httpReplayKeys httpKeys
+	rpcKeys        rpcKeys // nil for a REST-only rule
 	// fromMessage: the keys of a stream call come from its first message.
 	fromMessage bool
 	stats       *ruleStats // its labels in metrics, traces and logs
@@ -117,6 +120,7 @@ func compileHTTP(s spec) (*rule, error) {
 		return nil, fieldError(s.name+".Key", "%v", err)
 	}
 	rl.httpKeys = templateHTTPKeys(plan)
+	rl.httpReplayKeys = templateHTTPRawKeys(plan)
 	return rl, nil
 }
 

@@ -47,7 +47,8 @@ const maxBodyBytes = 1 << 20
 // httpSource is one request as seen by the key getters. The body, the form and the JSON
 // object are read once, on first use.
 type httpSource struct {
-	r *http.Request
+	r   *http.Request
+	raw bool // the values as written, without canonicalNumber (replay keys of share rules)
 
 	body     []byte
 	bodyErr  error
@@ -377,77 +378,97 @@ func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error)
 		}
 		return func(s *httpSource) (string, bool, error) {
 			v, ok, err := get(s)
+			if s.raw {
+				return v, ok, err
+			}
 			return canonicalNumber(v), ok, err
 		}, nil
 	}
 }
 
 // canonicalNumber returns v in one form for every way of writing its number, and v itself
-// when it is not written as a decimal number.
+// when it is not written as a number.
 //
 // httpx.Parse binds a path variable, a query or form value, a header and a JSON number into an
 // integer field with strconv.ParseInt, and into a float field with strconv.ParseFloat: "7",
-// "07", "+7" and "007" are all 7 to the handler, "0" and "-0" are 0, and 1, 1.0 and 1e0 are
-// one float. Keys rendered from the text were different for one entity, and two requests on
-// it both held "their" lock (review 4). The middleware does not know the handler's field
-// types, so every value written as a number is rendered in one form; a string field that holds
-// "007" and another that holds "7" then share a lock, which costs a wait, never a second
-// holder.
+// "07", "+7" and "007" are all 7 to the handler, "0" and "-0" are 0, and 1, 1.0, 1e0, 0x1p0
+// and 1_0e-1 are one float. Keys rendered from the text were different for one entity, and two
+// requests on it both held "their" lock (review 4). The middleware does not know the handler's
+// field types, so every value written as a number is rendered in one form; a string field that
+// holds "007" and another that holds "7" then share a lock, which costs a wait, never a second
+// holder. (Share rules keep the values as written for their stored responses: replayKeys.)
 //
-// Integers (an optional sign and digits) are rewritten exactly, at any length, so that large
-// ids such as snowflake int64s keep one key each: the sign of zero and a "+" are dropped, and
-// so are leading zeros. A decimal point or an exponent makes a float: it is written as Go's
-// shortest form of the float64 that ParseFloat reads, which is an integer's digits when the
-// value is integral and below 1e21 (so 1.0 and 1e0 meet 1). Hexadecimal, Inf and NaN are left
-// as written.
+// Integers (an optional sign and decimal digits) are rewritten exactly, at any length, so that
+// large ids such as snowflake int64s keep one key each: the sign of zero, a "+" and every
+// leading zero go (review 6: a value over 64 bytes was left as written, and 65 zeros before a 7
+// made a second lock on 7). Anything else that ParseFloat reads as a finite number, in the
+// characters of Go's float literals, is written as the float64 it reads: its digits when it is
+// integral, else Go's shortest form. What stays apart: an integer beyond 2^53 written once as
+// an integer and once with a point or exponent, which a float field reads as one float64 (an
+// integer field cannot take the second; lock on integer ids, not floats).
 func canonicalNumber(v string) string {
-	if v == "" || len(v) > 64 {
+	if v == "" {
 		return v
 	}
-	digits, point, exponent := 0, false, false
-	for i := 0; i < len(v); i++ {
-		switch c := v[i]; {
-		case c >= '0' && c <= '9':
-			digits++
-		case c == '+' || c == '-':
-			if i != 0 && v[i-1] != 'e' && v[i-1] != 'E' {
-				return v
-			}
-		case c == '.':
-			point = true
-		case c == 'e' || c == 'E':
-			exponent = true
-		default:
-			return v
-		}
+	digits := v
+	if v[0] == '+' || v[0] == '-' {
+		digits = v[1:]
 	}
-	if digits == 0 {
-		return v
-	}
-	if !point && !exponent {
-		neg := v[0] == '-'
-		d := strings.TrimLeft(strings.TrimLeft(v, "+-"), "0")
+	if isDigits(digits) {
+		d := strings.TrimLeft(digits, "0")
 		switch {
-		case len(v) > 1 && (v[1] == '+' || v[1] == '-'):
-			return v // two signs: not a number ParseInt reads
 		case d == "":
 			return "0"
-		case neg:
+		case v[0] == '-':
 			return "-" + d
 		}
 		return d
 	}
+	if !floatLiteral(v) {
+		return v
+	}
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsInf(f, 0) {
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
 		return v
 	}
 	if f == 0 {
 		return "0"
 	}
-	if f == math.Trunc(f) && math.Abs(f) < 1e21 {
+	if f == math.Trunc(f) {
 		return strconv.FormatFloat(f, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// isDigits reports whether s is one or more decimal digits.
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// floatLiteral reports whether s has a decimal digit and only the characters of Go's float
+// literals (ParseFloat's syntax: signs, digits, hexadecimal digits, '.', '_', and the x, e and
+// p markers), so that words such as "Inf" and "NaN" stay as written.
+func floatLiteral(s string) bool {
+	digit := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digit = true
+		case c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '.', c == '_', c == '+', c == '-',
+			c == 'x', c == 'X', c == 'p', c == 'P':
+		default:
+			return false
+		}
+	}
+	return digit
 }
 
 // httpGetter is the REST getter of one template reference, as the request gives the value.
@@ -521,6 +542,16 @@ type httpKeys func(r *http.Request) ([]string, error)
 func templateHTTPKeys(plan keyPlan[*httpSource]) httpKeys {
 	return func(r *http.Request) ([]string, error) {
 		return plan.render(&httpSource{r: r})
+	}
+}
+
+// templateHTTPRawKeys renders plan's keys with the values as the request wrote them. A share
+// rule stores and replays responses under them: numbers written two ways ("007", "7") share a
+// lock, a wait, but never a stored response, which a handler reading a string field would
+// give to the wrong entity (review 6).
+func templateHTTPRawKeys(plan keyPlan[*httpSource]) httpKeys {
+	return func(r *http.Request) ([]string, error) {
+		return plan.render(&httpSource{r: r, raw: true})
 	}
 }
 

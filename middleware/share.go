@@ -423,7 +423,16 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 		return
 	}
 	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
-	rkey := m.replayKey(keys)
+	replayKeys := keys // the lock's keys; a template's values as written, when it has some
+	if rl.httpReplayKeys != nil {
+		raw, err := rl.httpReplayKeys(r)
+		if err != nil {
+			writeHTTPError(w, r, err)
+			return
+		}
+		replayKeys = raw
+	}
+	rkey := m.replayKey(replayKeys)
 
 	rec, err := m.share(ctx, rl, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
 		return m.runHTTPShared(ctx, t, rl, r, body, next, keys, rkey, print)
