@@ -48,6 +48,13 @@ import (
 // 2^(63-fenceShift) = 2^43 (8.8e12 writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
 
+// FenceRevision returns the revision of the grant that minted fence, or one above it (fence
+// >> fenceShift: the floor offset and the handoffs under one grant add less than 2<<fenceShift
+// through the Locker). A write made by a later grant's holder comes at a revision at least two
+// above, so "written before FenceRevision(fence)" tells a record of an earlier grant from one
+// of a later grant (the middleware's stored responses of share rules).
+func FenceRevision(fence int64) int64 { return fence >> fenceShift }
+
 // MaxHandoffs implements lockstore.HandoffLimiter: the handoffs in a row under one grant that
 // the fences leave room for, half of the 2<<fenceShift that the derivation above allows (a
 // handoff hands out one fence), so that the bound holds with room to spare.

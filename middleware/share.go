@@ -173,9 +173,9 @@ var (
 	replayGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 	// replaySet never overwrites what is not a stored response (a record is JSON: '{'): a lock
 	// of another rule whose key renders as this one's replay key keeps its value and its owner.
-	// Nor does it replace the record of a later grant of the lock (a larger fence, ARGV[3]): a
-	// holder that lost its lock while its handler ran must not overwrite the response of the
-	// holder after it (review 5). The fence is the record's "f", which json.Marshal writes just
+	// Nor does it replace the record of a later grant of the lock (a larger fence than ARGV[3];
+	// a save without a fence, of a degraded run, compares nothing): a holder that lost its lock
+	// while its handler ran must not overwrite the response of the holder after it (review 5). The fence is the record's "f", which json.Marshal writes just
 	// before the last field, "p" (a hex fingerprint); strings in a record are JSON-escaped, so
 	// the pattern cannot match inside one.
 	replaySet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
@@ -184,7 +184,8 @@ if v and string.sub(v, 1, 1) ~= '{' then
 end
 if v then
   local f = tonumber(string.match(v, '"f":(%-?%d+),"p":"[^"]*"}$') or '')
-  if f and f > tonumber(ARGV[3]) then
+  local mine = tonumber(ARGV[3])
+  if f and mine > 0 and f > mine then
     return 0
   end
 end

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flightlock/flightlock/etcdstore"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -94,7 +95,7 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 		if err != nil {
 			return err
 		}
-		err = s.put(ctx, s.prefix+key, string(b), lease)
+		err = s.put(ctx, s.prefix+key, string(b), lease, rec.Fence)
 		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
 		// granted anew, once: its until said it had time left, so this is no expiry of ours.
 		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
@@ -105,28 +106,42 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 	}
 }
 
-// put is save's transaction: v under the etcd key k on lease, unless k holds a lock.
-func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.LeaseID) error {
+// put is save's transaction: v under the etcd key k on lease, unless k holds a lock or the
+// record of a later grant than the one of fence: a record written at or after the revision of
+// fence's grant (etcdstore.FenceRevision) is its successor's, which a holder that lost its lock
+// while its handler ran must not replace (review 5; the Redis save compares the fences).
+func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
 	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
 	isRecord := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(k), ">", "{"),
 		clientv3.Compare(clientv3.Value(k), "<", "|"),
 	}
+	var earlier []clientv3.Cmp // a save without a fence (a degraded run, fail-open) compares nothing
+	if fence > 0 {
+		earlier = append(earlier, clientv3.Compare(clientv3.ModRevision(k), "<", etcdstore.FenceRevision(fence)))
+	}
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(put).
-		Else(clientv3.OpTxn(isRecord, []clientv3.Op{put}, nil)).
+		Else(clientv3.OpTxn(isRecord, []clientv3.Op{clientv3.OpTxn(earlier, []clientv3.Op{put}, nil)}, nil)).
 		Commit()
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case resp.Succeeded:
+	}
+	if resp.Succeeded {
 		return nil
-	case len(resp.Responses) == 1 && resp.Responses[0].GetResponseTxn() != nil:
-		if resp.Responses[0].GetResponseTxn().Succeeded {
-			return nil
+	}
+	if len(resp.Responses) == 1 {
+		if rec := resp.Responses[0].GetResponseTxn(); rec != nil {
+			if !rec.Succeeded {
+				return fmt.Errorf("flightlock: %s holds a lock, not a stored response", k)
+			}
+			if len(rec.Responses) == 1 && rec.Responses[0].GetResponseTxn() != nil {
+				// Stored, or left to the later grant's record (not an error: that record is
+				// the one duplicates must get).
+				return nil
+			}
 		}
-		return fmt.Errorf("flightlock: %s holds a lock, not a stored response", k)
 	}
 	return fmt.Errorf("flightlock: storing the response %s: unexpected etcd reply %v", k, resp.Responses)
 }

@@ -309,3 +309,44 @@ func TestShareEtcdZrpc(t *testing.T) {
 	ec := etcdtest.Start(t)
 	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf { return etcdConf(ec, rules...) })
 }
+
+// The etcd save refuses to replace a record written at or after the revision of the saving
+// holder's grant (a later grant's), and replaces one written before it: a holder that lost its
+// lock while its handler ran cannot overwrite its successor's stored response (review 5).
+func TestEtcdReplaySaveKeepsTheLaterGrantsRecord(t *testing.T) {
+	ec := etcdtest.Start(t)
+	cli := ec.Client(t)
+	ctx := context.Background()
+	rp := newEtcdReplays(cli, "flk/")
+	const key = "lock:replay:k"
+	save := func(fence int64, body string) {
+		t.Helper()
+		if err := rp.save(ctx, key, &record{Status: 200, Body: []byte(body), Fence: fence, Print: "abc"}, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := func() (string, int64) {
+		t.Helper()
+		resp, err := cli.Get(ctx, "flk/"+key)
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("get: %v, %v", resp, err)
+		}
+		rec, err := decodeRecord(key, resp.Kvs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(rec.Body), resp.Kvs[0].ModRevision
+	}
+	save(1<<20, "first") // a grant at revision 1: the key does not exist yet, so it is created
+	_, written := stored()
+	// A grant before that write (its revision below the record's): refused, the record stays.
+	save((written-1)<<20, "older")
+	if got, _ := stored(); got != "first" {
+		t.Errorf("a record of a grant older than the stored one replaced it: stored %q", got)
+	}
+	// A grant after that write: replaces it.
+	save((written+5)<<20, "later")
+	if got, _ := stored(); got != "later" {
+		t.Errorf("a record of a later grant did not replace the stored one: stored %q", got)
+	}
+}
