@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
+	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -188,7 +189,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	}
 	b := budget{parent: ctx}
 	if wait {
-		b.deadline = waitDeadline(ctx, time.Now(), l.cfg.wait)
+		b.deadline = waitbudget.Deadline(ctx, time.Now(), l.cfg.wait)
 	}
 	defer b.stop()
 
@@ -430,28 +431,6 @@ func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, c
 		return bound.bound(ctx, now, limit), func() {}
 	}
 	return context.WithDeadline(ctx, limit)
-}
-
-// waitDeadline is when a wait that starts at now gives up on a busy key: after wait, or, when
-// ctx has a deadline, busyReserve of the time left before it, so that the busy answer (409 with
-// Retry-After, Aborted with a retry hint) still reaches the caller before its deadline and
-// before go-zero's server timeout (which sets that deadline) answers 503 / DeadlineExceeded
-// in its place (issue 18). A deadline too near to keep a reserve leaves the wait to it.
-func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.Time {
-	end := now.Add(wait)
-	if d, ok := ctx.Deadline(); ok {
-		if early := d.Add(-busyReserve(d.Sub(now))); early.After(now) && early.Before(end) {
-			end = early
-		}
-	}
-	return end
-}
-
-// busyReserve is the part of the time left before a deadline that a wait leaves for its busy
-// answer to travel back: a tenth, at least 1ms and at most 100ms (a 2s zrpc timeout gives up
-// waiting 100ms before it).
-func busyReserve(left time.Duration) time.Duration {
-	return min(max(left/10, time.Millisecond), 100*time.Millisecond)
 }
 
 // budget is the wait of one Lock call: a deadline fixed when the call starts, made into a

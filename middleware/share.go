@@ -22,6 +22,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
+	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -311,24 +312,6 @@ func (t *turn) is(s int) (in, led bool) {
 // tell its Locker's wait).
 func (m *Middleware) shareWait(rl *rule) time.Duration { return cmp.Or(rl.share.wait, m.conf.Wait) }
 
-// waitDeadline is when a wait for a run in flight that starts at now gives up: after wait,
-// or, when ctx has a deadline, a reserve before it (a tenth of the time left, 1-100ms), so
-// that the busy answer reaches the caller before its deadline and before go-zero's server
-// timeout answers 503 in its place. It is the deadline the Locker keeps for a wait for the
-// lock (flightlock's waitDeadline and busyReserve, issue 18), which the root package does not
-// export; the two must agree.
-func waitDeadline(ctx context.Context, now time.Time, wait time.Duration) time.Time {
-	end := now.Add(wait)
-	if d, ok := ctx.Deadline(); ok {
-		left := d.Sub(now)
-		reserve := min(max(left/10, time.Millisecond), 100*time.Millisecond)
-		if early := d.Add(-reserve); early.After(now) && early.Before(end) {
-			end = early
-		}
-	}
-	return end
-}
-
 // share runs a share rule for one request: replay a stored response, or join (or lead) the
 // flight of its key in this process. run is the leader's work (see lead): take the lock on
 // the context it is given, replay what a previous holder stored, or run the handler and store
@@ -348,7 +331,8 @@ func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 		m.countShare(rl, "stored")
 		return rec, matchPrint(rec, print)
 	}
-	budget := time.NewTimer(time.Until(waitDeadline(ctx, time.Now(), m.shareWait(rl))))
+	// A wait for a run in flight ends as a wait for the lock does (issue 18).
+	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), m.shareWait(rl))))
 	defer budget.Stop()
 	t := new(turn)
 	for retry := false; ; retry = true {
