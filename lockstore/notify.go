@@ -38,6 +38,16 @@ type channelState struct {
 	skip     int           // confirmations of earlier SUBSCRIBEs still due before this one's
 }
 
+// signal wakes every watcher of the channel. notifier.mu must be held.
+func (st *channelState) signal() {
+	for c := range st.watchers {
+		select {
+		case c <- struct{}{}:
+		default: // already signalled; one pending wake-up is enough
+		}
+	}
+}
+
 func newNotifier(client Client) *notifier {
 	return &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState),
 		unconfirmed: make(map[string]int)}
@@ -46,12 +56,11 @@ func newNotifier(client Client) *notifier {
 var errStoreClosed = errors.New("flightlock: store closed")
 
 // watch returns once Redis has confirmed the channel's subscription, or after subscribeWait or
-// when ctx ends, whichever comes first (the watch is returned all the same: it hears what comes
-// once the SUBSCRIBE is read). go-redis's
-// Subscribe only writes the command, and Redis orders nothing between the pub/sub connection
-// and the others: a release sent after watch returned could run before the SUBSCRIBE and
-// publish to nobody, and the waiter slept on with the key free (review 4,
-// TestWatchHearsAReleaseRightAfterIt).
+// when ctx ends, whichever comes first (the watch is returned all the same: it hears what
+// comes once the SUBSCRIBE is read). go-redis's Subscribe only writes the command, and Redis
+// orders nothing between the pub/sub connection and the others: a release sent after watch
+// returned could run before the SUBSCRIBE and publish to nobody, and the waiter slept on with
+// the key free (review 4, TestWatchHearsAReleaseRightAfterIt).
 func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	c := make(chan struct{}, 1)
 
@@ -164,21 +173,11 @@ func (n *notifier) read(msgs <-chan any) {
 			default:
 				// go-redis subscribed again after a reconnect: a release in between was not
 				// heard, so the watchers look again.
-				for c := range st.watchers {
-					select {
-					case c <- struct{}{}:
-					default:
-					}
-				}
+				st.signal()
 			}
 		case *redis.Message:
 			if st := n.channels[m.Channel]; st != nil {
-				for c := range st.watchers {
-					select {
-					case c <- struct{}{}:
-					default: // already signalled; one pending wake-up is enough
-					}
-				}
+				st.signal()
 			}
 		}
 		n.mu.Unlock()

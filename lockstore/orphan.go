@@ -20,8 +20,9 @@ const orphanReleaseTimeout = time.Second
 // run twice, go-redis having re-sent the pipeline after the connection dropped with the first
 // reply on it (review 4); the store cannot tell that from a re-entrant acquisition of a
 // Store user, whose hold it must not drop. The Locker mints an owner per acquisition and gives
-// back an acquisition it gave up on (keeper.giveBack), whichever run took the key.) An error reply says nothing about what ran, so
-// it is left too (the root package's Locker releases after an acquire that timed out).
+// back an acquisition it gave up on (keeper.giveBack), whichever run took the key.) An error
+// reply says nothing about what ran, so it is left too (the root package's Locker releases
+// after an acquire that timed out).
 func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
 	return s.releaseOnReply(key, owner, "", acquireTaken)
 }
