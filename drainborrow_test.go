@@ -25,7 +25,7 @@ func (s *stallReenter) Reenter(ctx context.Context, key, owner, hold string, ttl
 
 // Drain returns only when the process holds no lock. A re-entry of another process's lock
 // through a handed-over owner (a borrowed hold) that was taken in Redis when Drain looked is
-// held by the process, but the gate only counts it once addBorrowed runs, after the reply:
+// held by the process, but the gate only counted it once the reply came (addBorrowed then):
 // Drain returns nil in between, and a process that exits then leaves the hold in Redis, which
 // keeps the upstream's lock from its peers for a TTL after the upstream released it.
 func TestDrainWaitsForABorrowedHoldOnTheWire(t *testing.T) {

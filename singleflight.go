@@ -374,32 +374,27 @@ func (g *gate) shrinkLocked() {
 	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
-// addBorrowed and removeBorrowed track the live re-entries of other processes' locks (they
-// have no gate entry), so that Drain waits for them too.
+// beginBorrow, endBorrow and removeBorrowed track the re-entries of other processes' locks
+// (they have no gate entry), on the wire and then live, so that Drain waits for them too.
 func (g *gate) beginBorrow() {
 	g.mu.Lock()
 	g.borrowing++
 	g.mu.Unlock()
 }
 
-// endBorrow ends a re-entry call counted by beginBorrow; h is the hold it took, nil for none.
+// endBorrow ends a re-entry call counted by beginBorrow; h is the hold it took, nil for none,
+// which is live from now on until removeBorrowed.
 func (g *gate) endBorrow(h *hold) {
-	if h != nil {
-		g.addBorrowed(h)
-	}
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if h != nil {
+		if g.borrowed == nil {
+			g.borrowed = make(map[*hold]struct{})
+		}
+		g.borrowed[h] = struct{}{}
+	}
 	g.borrowing--
 	g.checkDrainedLocked()
-	g.mu.Unlock()
-}
-
-func (g *gate) addBorrowed(h *hold) {
-	g.mu.Lock()
-	if g.borrowed == nil {
-		g.borrowed = make(map[*hold]struct{})
-	}
-	g.borrowed[h] = struct{}{}
-	g.mu.Unlock()
 }
 
 func (g *gate) removeBorrowed(h *hold) {
@@ -409,10 +404,16 @@ func (g *gate) removeBorrowed(h *hold) {
 	g.mu.Unlock()
 }
 
+// emptyLocked reports whether the process holds no lock through the gate: no key with an entry,
+// no re-entry of another process's lock live or on the wire. g.mu must be held.
+func (g *gate) emptyLocked() bool {
+	return len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0
+}
+
 // checkDrainedLocked tells a waiting drain that the process holds no lock any more. g.mu
 // must be held.
 func (g *gate) checkDrainedLocked() {
-	if g.drained != nil && len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0 {
+	if g.drained != nil && g.emptyLocked() {
 		close(g.drained)
 		g.drained = nil
 	}
@@ -425,7 +426,7 @@ func (g *gate) drain(ctx context.Context) int {
 	if !g.closed.Swap(true) {
 		close(g.closing)
 	}
-	if len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0 {
+	if g.emptyLocked() {
 		g.mu.Unlock()
 		return 0
 	}
