@@ -19,6 +19,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/childproc"
 	"github.com/flightlock/flightlock/internal/freeport"
+	"github.com/flightlock/flightlock/internal/redisping"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -115,21 +116,9 @@ func (s *Server) start() {
 	s.cmd = cmd
 	s.mu.Unlock()
 
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			s.tb.Fatalf("redis-server on %s did not answer: %v", s.Addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := redisping.Await(s.Addr, 10*time.Second); err != nil {
+		s.Stop()
+		s.tb.Fatal(err)
 	}
 }
 

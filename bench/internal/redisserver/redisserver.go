@@ -4,7 +4,6 @@
 package redisserver
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -12,7 +11,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/redis/go-redis/v9"
+	"github.com/flightlock/flightlock/internal/redisping"
 )
 
 // Server is a redis-server process this benchmark started and owns.
@@ -49,22 +48,11 @@ func Start(logPattern string) (*Server, error) {
 		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
 	s := &Server{Addr: addr, cmd: cmd}
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return s, nil
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			return nil, fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := redisping.Await(addr, 10*time.Second); err != nil {
+		s.Stop()
+		return nil, err
 	}
+	return s, nil
 }
 
 // Pid is the server's process id (0 once stopped).
