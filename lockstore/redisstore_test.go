@@ -313,19 +313,7 @@ func TestWatchLingerAndClose(t *testing.T) {
 	w1.Close()
 	w1.Close() // idempotent
 	w2.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		s.notify.mu.Lock()
-		n := len(s.notify.channels)
-		s.notify.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d channels still subscribed after the linger", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitUnsubscribed(t, s)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -336,6 +324,24 @@ func TestWatchLingerAndClose(t *testing.T) {
 	nilWatch.Close()
 	if nilWatch.C() != nil {
 		t.Fatal("nil Watch has a channel")
+	}
+}
+
+// waitUnsubscribed waits until s subscribes no channel any more (their lingers ran out).
+func waitUnsubscribed(t *testing.T, s *RedisStore) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.notify.mu.Lock()
+		n := len(s.notify.channels)
+		s.notify.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d channels still subscribed after the linger", n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -169,19 +169,7 @@ func TestWatchSaysWhetherItIsFresh(t *testing.T) {
 			t.Error("a watch within the linger is fresh, want it heard all along")
 		}
 		w3.Close()
-		waitUnsubscribed := time.Now().Add(2 * time.Second)
-		for {
-			s.notify.mu.Lock()
-			n := len(s.notify.channels)
-			s.notify.mu.Unlock()
-			if n == 0 {
-				break
-			}
-			if time.Now().After(waitUnsubscribed) {
-				t.Fatal("the channel is still subscribed after its linger")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitUnsubscribed(t, s)
 		w4, err := s.Watch(ctx, "lock:fresh")
 		if err != nil {
 			t.Fatal(err)

@@ -176,9 +176,10 @@ var (
 	// of another rule whose key renders as this one's replay key keeps its value and its owner.
 	// Nor does it replace the record of a later grant of the lock (a larger fence than ARGV[3];
 	// a save without a fence, of a degraded run, compares nothing): a holder that lost its lock
-	// while its handler ran must not overwrite the response of the holder after it (review 5). The fence is the record's "f", which json.Marshal writes just
-	// before the last field, "p" (a hex fingerprint); strings in a record are JSON-escaped, so
-	// the pattern cannot match inside one.
+	// while its handler ran must not overwrite the response of the holder after it (review 5).
+	// The fence is the record's "f", which json.Marshal writes just before the last field, "p"
+	// (a hex fingerprint); strings in a record are JSON-escaped, so the pattern cannot match
+	// inside one.
 	replaySet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if v and string.sub(v, 1, 1) ~= '{' then
   return redis.error_reply('flightlock: ' .. KEYS[1] .. ' holds a lock, not a stored response')
