@@ -163,14 +163,7 @@ func TestWokenWaiterGetsTheHoldItWasGranted(t *testing.T) {
 	}
 	t.Cleanup(func() { testHookWoken = nil })
 
-	a, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := lockIn(l, "k")
-	waitFor(t, 5*time.Second, "the first waiter to queue", func() bool { return queuedOn(l, "k") == 1 })
-	x := lockIn(l, "k")
-	waitFor(t, 5*time.Second, "the second waiter to queue", func() bool { return queuedOn(l, "k") == 2 })
+	a, w, x := holdWithTwoQueued(t, l, "k")
 
 	if err := a.Release(ctx); err != nil { // handoff to the first waiter
 		t.Fatal(err)

@@ -33,14 +33,7 @@ func TestHandoffOfAHoldLostMeanwhileReleasesIt(t *testing.T) {
 	const ttl = 3 * time.Second
 	l := mustLocker(t, s, WithTTL(ttl), WithWait(time.Minute), WithHandoff(8, time.Hour), withClock(clk))
 
-	a, err := l.Lock(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := lockIn(l, "k")
-	waitFor(t, 5*time.Second, "the first waiter to queue", func() bool { return queuedOn(l, "k") == 1 })
-	x := lockIn(l, "k")
-	waitFor(t, 5*time.Second, "the second waiter to queue", func() bool { return queuedOn(l, "k") == 2 })
+	a, w, x := holdWithTwoQueued(t, l, "k")
 
 	// The releasing goroutine is held up between its handable check and the gate's mutex.
 	l.k.gate.mu.Lock()

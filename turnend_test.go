@@ -66,6 +66,21 @@ func lockIn(l *Locker, key string) <-chan lockResult {
 	return got
 }
 
+// holdWithTwoQueued takes key with l and queues two goroutines behind it, in order: w first,
+// then x.
+func holdWithTwoQueued(t *testing.T, l *Locker, key string) (held *Lease, w, x <-chan lockResult) {
+	t.Helper()
+	held, err := l.Lock(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = lockIn(l, key)
+	waitFor(t, 5*time.Second, "the first waiter to queue", func() bool { return queuedOn(l, key) == 1 })
+	x = lockIn(l, key)
+	waitFor(t, 5*time.Second, "the second waiter to queue", func() bool { return queuedOn(l, key) == 2 })
+	return held, w, x
+}
+
 // queueHolders makes n goroutines wait for key behind its holder and returns the channel on
 // which each reports its Lock, in grant order.
 func queueHolders(t *testing.T, l *Locker, key string, n int) <-chan lockResult {
