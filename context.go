@@ -3,27 +3,34 @@ package flightlock
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
 )
 
 type leaseKey struct{}
 
-// leaseContext is a lease's context: its cancellation comes from the embedded context, and it
-// answers the lease key itself, so a lease needs no extra context.WithValue. It lives inside
-// the Lease (no allocation of its own). The leases of a context chain are linked by
-// Lease.outer, innermost first.
-type leaseContext struct {
-	context.Context
-	lease *Lease
-}
+// leaseContext is a lease's context: the Lease itself, seen through a type of its own so that
+// Lease does not carry a context's methods in its API (no allocation and no field: issue 17,
+// live heap per held lock). Its cancellation comes from the lease's ctx, and it answers the
+// lease key itself, so a lease needs no extra context.WithValue. The leases of a context chain
+// are linked through their parent contexts (Lease.outer), innermost first. Only Lease.Context
+// hands one out, once the lease's ctx is made and no longer changes.
+type leaseContext Lease
+
+func (c *leaseContext) Deadline() (time.Time, bool) { return c.ctx.Deadline() }
+func (c *leaseContext) Done() <-chan struct{}       { return c.ctx.Done() }
+func (c *leaseContext) Err() error                  { return c.ctx.Err() }
 
 func (c *leaseContext) Value(key any) any {
 	if key == (leaseKey{}) {
-		return c.lease
+		return (*Lease)(c)
 	}
-	return c.Context.Value(key)
+	return c.ctx.Value(key)
 }
+
+// String names the context without printing the lease's fields (which its locks guard).
+func (c *leaseContext) String() string { return "flightlock.Lease(" + c.h.key + ").Context" }
 
 // FromContext returns the innermost lease held by ctx (a lease's Context, or a context derived
 // from it), or nil.
@@ -36,7 +43,7 @@ func FromContext(ctx context.Context) *Lease {
 // first, for propagation to a downstream service.
 func AllFromContext(ctx context.Context) []*Lease {
 	var out []*Lease
-	for x := FromContext(ctx); x != nil; x = x.outer {
+	for x := FromContext(ctx); x != nil; x = x.outer() {
 		if x.active() {
 			out = append(out, x)
 		}
@@ -46,7 +53,7 @@ func AllFromContext(ctx context.Context) []*Lease {
 
 // findLease returns the live lease of key taken through gate g in ctx, if any.
 func findLease(ctx context.Context, g *gate, key string) *Lease {
-	for x := FromContext(ctx); x != nil; x = x.outer {
+	for x := FromContext(ctx); x != nil; x = x.outer() {
 		if x.h.k.gate == g && x.h.key == key && x.active() {
 			return x
 		}

@@ -100,5 +100,5 @@ func liveOf(h *hold) int32 {
 func abandonedOf(h *hold) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.abandoned
+	return h.has(holdAbandoned)
 }

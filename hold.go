@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // hold is one Redis lock held by this process: from the acquisition to the release, across
@@ -16,13 +17,12 @@ import (
 // released (live reaches 0); only then does the lock go to the next local waiter or back to
 // Redis, so no lease of a grant outlives it (issue 8, finding 8).
 type hold struct {
-	k     *keeper
-	key   string // full Redis key
-	owner string
-	// borrow is the name of its hold when the hold re-enters another process's lock
-	// (Store.Reenter), nil otherwise: a pointer, since few holds are borrowed (issue 17: live
-	// heap per held lock).
-	borrow *string
+	k   *keeper
+	key string // full Redis key
+	// ext is what few holds need (issue 17: live heap per held lock): the name of a borrowed
+	// hold, when the hold re-enters another process's lock (Store.Reenter), and an owner token
+	// that is not one of this process's (token). nil for the rest. Set by newHold, never after.
+	ext *holdExt
 	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
 	// the handoff window counts from it. Written only by the owner of the gate slot, before it
 	// passes the slot on, and read by the owner.
@@ -35,21 +35,55 @@ type hold struct {
 	renewUntil instant   // guarded by mu: no renewal after this (MaxHold)
 	renewAt    instant   // guarded by mu: when the next renewal is due
 	holders    leaseList // guarded by mu: leases to cancel on loss
-	live       int32     // guarded by mu: unreleased leases of the current grant
-
-	// The small fields share one word with live and slot (issue 17: a hold is 144 bytes, one
-	// per held lock); each keeps the guard it names.
-	local     bool // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
-	handed    bool // guarded by mu: the current grant came by handoff (its fence is not the store's)
-	renewing  bool // guarded by mu: a renewal is queued for a renewer or on the wire
-	stopped   bool // guarded by mu: released; the watchdog is off
-	lost      bool // guarded by mu: the lock can no longer be trusted
-	abandoned bool // guarded by mu: lost and past its expiry: the grant was ended without its leases
-	shared    bool // guarded by mu: the owner token left this lease (Lease.Owner): never handed off
 
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
-	slot int32   // its index in the heap plus one; 0 when it has no pending event
 	due  instant // when its pending event falls due
+	slot int32   // its index in the heap plus one; 0 when it has no pending event
+
+	live int32 // guarded by mu: unreleased leases of the current grant
+	// token is the owner token when ext is nil: one of the tokens this process mints
+	// (newOwnerToken), kept in the hold instead of as a string of its own (issue 17: 24 bytes
+	// of heap per held lock). Written by newHold before the hold is shared and never after, so
+	// owner can view it as a string without a copy.
+	token [ownerTokenLen]byte
+	local bool      // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
+	flags holdFlags // guarded by mu: what the hold's grant and lock went through (holdLost, ...)
+	// (token, local and flags fill the word after live and slot: a hold is 144 bytes.)
+}
+
+// holdExt is the rare part of a hold (hold.ext).
+type holdExt struct {
+	owner  string // the owner token
+	borrow string // the name of a borrowed hold in the other process's lock; "" for none
+}
+
+// holdFlags are the hold's states, one bit each, guarded by the hold's mu.
+type holdFlags uint8
+
+const (
+	holdHanded    holdFlags = 1 << iota // the current grant came by handoff (its fence is not the store's)
+	holdRenewing                        // a renewal is queued for a renewer or on the wire
+	holdStopped                         // released; the watchdog is off
+	holdLost                            // the lock can no longer be trusted
+	holdAbandoned                       // lost and past its expiry: the grant was ended without its leases
+	holdShared                          // the owner token left this lease (Lease.Owner): never handed off
+)
+
+// has reports whether flag f is set. h.mu must be held.
+func (h *hold) has(f holdFlags) bool { return h.flags&f != 0 }
+
+// set sets flag f. h.mu must be held.
+func (h *hold) set(f holdFlags) { h.flags |= f }
+
+// unset clears flag f. h.mu must be held.
+func (h *hold) unset(f holdFlags) { h.flags &^= f }
+
+// owner returns the owner token of the lock.
+func (h *hold) owner() string {
+	if h.ext != nil {
+		return h.ext.owner
+	}
+	return unsafe.String(&h.token[0], len(h.token))
 }
 
 // leaseList is the leases of a hold, guarded by the hold's mu. Nearly every hold has one lease
@@ -131,10 +165,8 @@ type reentryWaiter struct {
 // another process's lock.
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
 	at := k.instant(sent)
-	h := &hold{k: k, key: key, owner: owner, fence: fence, acquired: at, live: 1}
-	if borrow != "" {
-		h.borrow = &borrow
-	}
+	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1}
+	h.setOwner(owner, borrow)
 	h.mu.Lock() // the watchdog may take up the event before schedule returns
 	h.beginLocked(at)
 	h.mu.Unlock()
@@ -156,20 +188,32 @@ func (h *hold) beginLocked(at instant) {
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
 func newLocalHold(k *keeper, key, owner string) *hold {
 	now := k.nowInstant()
-	return &hold{k: k, key: key, owner: owner, local: true, acquired: now, live: 1,
+	h := &hold{k: k, key: key, local: true, acquired: now, live: 1,
 		validUntil: now.add(k.ttl), renewUntil: now.add(k.maxHold)}
+	h.setOwner(owner, "")
+	return h
+}
+
+// setOwner records the owner token and, for a borrowed hold, its name; only while the hold is
+// made, before anyone else sees it.
+func (h *hold) setOwner(owner, borrow string) {
+	if len(owner) == len(h.token) && borrow == "" {
+		copy(h.token[:], owner)
+		return
+	}
+	h.ext = &holdExt{owner: owner, borrow: borrow}
 }
 
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
 // released as one named hold, never through the gate.
-func (h *hold) borrowed() bool { return h.borrow != nil }
+func (h *hold) borrowed() bool { return h.ext != nil && h.ext.borrow != "" }
 
 // borrowName is the name of a borrowed hold in the other process's lock; "" for a hold of our own.
 func (h *hold) borrowName() string {
-	if h.borrow == nil {
+	if h.ext == nil {
 		return ""
 	}
-	return *h.borrow
+	return h.ext.borrow
 }
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
@@ -188,7 +232,7 @@ func (h *hold) remaining() time.Duration {
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lost && !h.stopped && !h.shared && h.k.untilInstant(h.validUntil) > h.k.ttl/3
+	return !h.has(holdLost) && !h.has(holdStopped) && !h.has(holdShared) && h.k.untilInstant(h.validUntil) > h.k.ttl/3
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
@@ -203,11 +247,11 @@ func (h *hold) handable() bool {
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.lost || h.stopped {
+	if h.has(holdLost) || h.has(holdStopped) {
 		return false
 	}
 	h.fence++
-	h.handed = true
+	h.set(holdHanded)
 	h.live = 1
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
 	return true
@@ -220,12 +264,13 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	at := h.k.instant(sent)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.lost {
+	if h.has(holdLost) {
 		return false
 	}
-	h.stopped = false
+	h.unset(holdStopped)
 	h.acquired = at
-	h.fence, h.handed = fence, false
+	h.fence = fence
+	h.unset(holdHanded)
 	h.live = 1
 	h.beginLocked(at)
 	return true
@@ -236,7 +281,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 func (h *hold) grantFence() (fence int64, first bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.fence, !h.handed
+	return h.fence, !h.has(holdHanded)
 }
 
 // currentFence returns the fence of the current grant.
@@ -251,7 +296,7 @@ func (h *hold) currentFence() int64 {
 func (h *hold) join() (fence int64, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.live == 0 || h.stopped {
+	if h.live == 0 || h.has(holdStopped) {
 		return 0, false
 	}
 	h.live++
@@ -262,7 +307,7 @@ func (h *hold) join() (fence int64, ok bool) {
 // lease of the grant, so the grant cannot end meanwhile.
 func (h *hold) addLive() {
 	h.mu.Lock()
-	if !h.abandoned {
+	if !h.has(holdAbandoned) {
 		h.live++
 	}
 	h.mu.Unlock()
@@ -273,7 +318,7 @@ func (h *hold) addLive() {
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.abandoned {
+	if h.has(holdAbandoned) {
 		return false
 	}
 	h.live--
@@ -286,7 +331,7 @@ func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.holders.add(lease)
-	if h.lost {
+	if h.has(holdLost) {
 		lease.endLocked(ErrLost)
 	}
 }
@@ -303,7 +348,7 @@ func (h *hold) detach(lease *Lease) {
 // where re-entries of other processes are counted, and never handed to a local waiter.
 func (h *hold) share() {
 	h.mu.Lock()
-	h.shared = true
+	h.set(holdShared)
 	h.mu.Unlock()
 }
 
@@ -313,11 +358,11 @@ func (h *hold) share() {
 func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.stopped = true
+	h.set(holdStopped)
 	if !h.local {
 		h.k.wd.unschedule(h)
 	}
-	if !h.handed {
+	if !h.has(holdHanded) {
 		return 0
 	}
 	return h.fence
@@ -331,11 +376,11 @@ func (h *hold) stop() int64 {
 func (h *hold) onDue() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.stopped {
+	if h.has(holdStopped) {
 		return
 	}
 	now := h.k.nowInstant()
-	if h.lost {
+	if h.has(holdLost) {
 		h.abandonLocked(now)
 		return
 	}
@@ -343,7 +388,7 @@ func (h *hold) onDue() {
 	switch {
 	case now >= loss:
 		h.loseLocked()
-	case h.renewing || now > h.renewUntil:
+	case h.has(holdRenewing) || now > h.renewUntil:
 		// A renewal is queued or on the wire, or MaxHold is reached and the lease runs out:
 		// the next event is the loss deadline of the last successful acquire or refresh. A
 		// renewal that waits or hangs never moves it.
@@ -351,7 +396,7 @@ func (h *hold) onDue() {
 	case now < h.renewAt:
 		h.k.wd.schedule(h, min(h.renewAt, loss))
 	default:
-		h.renewing = true
+		h.set(holdRenewing)
 		h.k.wd.schedule(h, loss)
 		h.k.wd.enqueue(renewJob{h: h})
 	}
@@ -368,7 +413,7 @@ func (h *hold) renewNow() {
 	// timer, not by this call's return, which may hang.
 	ctx, cancel := context.WithTimeout(context.Background(), h.k.untilInstant(deadline))
 	sent := h.k.nowInstant()
-	err := h.k.store.Refresh(ctx, h.key, h.owner, h.k.ttl)
+	err := h.k.store.Refresh(ctx, h.key, h.owner(), h.k.ttl)
 	cancel()
 	h.renewEnd(sent, err)
 }
@@ -379,8 +424,8 @@ func (h *hold) renewNow() {
 func (h *hold) renewBegin() (deadline instant, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.stopped || h.lost {
-		h.renewing = false
+	if h.has(holdStopped) || h.has(holdLost) {
+		h.unset(holdRenewing)
 		return 0, false
 	}
 	return h.validUntil.add(-h.safety()), true
@@ -394,8 +439,8 @@ func (h *hold) renewEnd(sent instant, err error) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.renewing = false
-	if h.stopped || h.lost {
+	h.unset(holdRenewing)
+	if h.has(holdStopped) || h.has(holdLost) {
 		return
 	}
 	switch {
@@ -421,12 +466,12 @@ func (h *hold) renewEnd(sent instant, err error) {
 
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
 func (h *hold) loseLocked() {
-	h.lost = true
+	h.set(holdLost)
 	if o := h.k.observe; o != nil && o.Lost != nil {
 		o.Lost(h.key)
 	}
 	h.holders.end(ErrLost)
-	if !h.local && !h.stopped {
+	if !h.local && !h.has(holdStopped) {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
 		// released (abandonLocked).
 		h.k.wd.schedule(h, h.validUntil)
@@ -439,14 +484,14 @@ func (h *hold) loseLocked() {
 // forever; Redis lets other processes in at that moment anyway. Leases released later count
 // nothing. h.mu must be held.
 func (h *hold) abandonLocked(now instant) {
-	if h.abandoned || h.live == 0 {
+	if h.has(holdAbandoned) || h.live == 0 {
 		return
 	}
 	if now < h.validUntil {
 		h.k.wd.schedule(h, h.validUntil)
 		return
 	}
-	h.abandoned = true
+	h.set(holdAbandoned)
 	h.live = 0
 	h.k.wd.enqueue(renewJob{h: h, abandon: true}) // ErrNotHeld is the usual answer: the key expired
 }
@@ -455,7 +500,7 @@ func (h *hold) abandonLocked(now instant) {
 func (h *hold) extend(sent time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.lost {
+	if !h.has(holdLost) {
 		h.validUntil = max(h.validUntil, h.k.instant(sent).add(h.k.ttl))
 	}
 }
@@ -464,7 +509,7 @@ func (h *hold) extend(sent time.Time) {
 func (h *hold) markLost() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.lost {
+	if !h.has(holdLost) {
 		h.loseLocked()
 	}
 }
@@ -473,7 +518,7 @@ func (h *hold) markLost() {
 func (h *hold) isLost() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lost
+	return h.has(holdLost)
 }
 
 // interrupt cancels the contexts of the leases on the hold with cause (Drain), without

@@ -34,7 +34,8 @@ func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keepe
 	// A holder that dies after n handoffs leaves fences up to its grant's + n behind, and the
 	// next grant comes a TTL later, at a fence of at least the server time in microseconds:
 	// fewer handoffs than the TTL has microseconds keep it above them (README, Guarantees 3).
-	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0))
+	// The gate counts a run of handoffs in 16 bits (gateEntry.handoffs), which also bounds it.
+	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: handoff, window: cfg.window, observe: cfg.observer,
 		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
@@ -88,7 +89,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	if h.borrowed() {
 		// One hold of another process's lock: count it down in Redis.
 		h.stop()
-		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner, h.borrowName(), 0)
+		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner(), h.borrowName(), 0)
 		k.gate.removeBorrowed(h)
 		return err
 	}
@@ -110,7 +111,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 	)
 	if !h.local {
 		last := h.stop()
-		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", last)
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", last)
 	}
 	k.gate.leave(h.key, e, notified > 0)
 	return err
@@ -125,11 +126,11 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	last := h.stop()
 	sent := k.now()
-	kept, fence, notified, err := k.passer.Pass(k.releaseContext(ctx), h.key, h.owner, k.ttl, last)
+	kept, fence, notified, err := k.passer.Pass(k.releaseContext(ctx), h.key, h.owner(), k.ttl, last)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
 		// The pass may have run unseen and kept the lock: release it (an owner-checked release
 		// of our own lock; the counter learns last either way).
-		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", last)
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", last)
 	}
 	if kept {
 		if !k.tooLate(sent) && h.restart(sent, fence) {
@@ -139,7 +140,7 @@ func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 			h.stop()
 		}
 		// Kept, but too late to be trusted, lost meanwhile, or nobody here waits any more.
-		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner, "", 0)
+		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", 0)
 	}
 	k.gate.leave(h.key, e, notified > 0)
 	return err

@@ -52,7 +52,6 @@ type Lease struct {
 	released bool     // guarded by mu
 	made     atomic.Bool
 	fence    int64
-	outer    *Lease // the lease the parent context held, if any
 
 	// re holds what only re-entry needs (issue 17: live heap per held lock; a lease that is
 	// never re-entered, the common case, carries one nil pointer instead of 56 bytes). It is
@@ -68,8 +67,10 @@ type Lease struct {
 	// end (loss, release, drain) that comes before that context's own is recorded in ended and
 	// applied when the lease's context is made, so that it ends with the cause it would have
 	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
-	// read after it is. (The small fields above share one word: a Lease is 80 bytes.)
-	ctx    leaseContext
+	// read after it is. The lease itself is its context's value (leaseContext), and the lease
+	// the parent context held is found through ctx (outer), so neither takes a field. (The
+	// small fields above share one word: a Lease is 64 bytes.)
+	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
 	// Lock order: a lease's mu before its hold's mu.
@@ -92,8 +93,7 @@ func (x *Lease) reentryLocked() *reentry {
 }
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
-	lease := &Lease{h: h, kind: kind, fence: fence, outer: FromContext(parent)}
-	lease.ctx = leaseContext{Context: parent, lease: lease}
+	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent}
 	h.attach(lease)
 	return lease
 }
@@ -126,7 +126,7 @@ func (x *Lease) handover() (owner string, fence int64, ok bool) {
 		return "", 0, false
 	}
 	x.h.share() // while x is live, its grant is current: it cannot have been handed off
-	return x.h.owner, x.fence, true
+	return x.h.owner(), x.fence, true
 }
 
 // Fence returns the fencing token of the grant: every grant of a key, through Redis or by
@@ -142,27 +142,41 @@ func (x *Lease) Fence() int64 { return x.fence }
 // cancelled if the lease ended before; every call returns the same context.
 func (x *Lease) Context() context.Context {
 	if x.made.Load() {
-		return &x.ctx
+		return (*leaseContext)(x)
 	}
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	if !x.made.Load() {
 		x.makeContextLocked()
 	}
-	return &x.ctx
+	return (*leaseContext)(x)
+}
+
+// outer returns the lease that the context Lock was called with held, if any: the next lease
+// of a context chain, innermost first. Until the lease's context is made, ctx is that parent
+// context; once made, it is a context derived from the parent, whose values pass through: the
+// lookup finds the same lease either way.
+func (x *Lease) outer() *Lease {
+	if x.made.Load() {
+		return FromContext(x.ctx)
+	}
+	x.h.mu.Lock()
+	ctx := x.ctx
+	x.h.mu.Unlock()
+	return FromContext(ctx)
 }
 
 // makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu
 // must be held.
 func (x *Lease) makeContextLocked() {
-	parent := x.ctx.Context
+	parent := x.ctx
 	if x.ended != endNone {
 		// The lease ended before its parent did: the parent's later end must not take the
 		// cause's place. Values stay; a done context needs no deadline.
 		parent = context.WithoutCancel(parent)
 	}
 	cctx, cancel := context.WithCancelCause(parent)
-	x.ctx.Context, x.cancel = cctx, cancel
+	x.ctx, x.cancel = cctx, cancel
 	if x.ended != endNone {
 		cancel(x.ended.err())
 	}
@@ -197,7 +211,7 @@ func (x *Lease) endLocked(cause error) {
 	if cause == nil {
 		cause = context.Canceled
 	}
-	if x.cancel == nil && x.ended == endNone && x.ctx.Context.Err() == nil {
+	if x.cancel == nil && x.ended == endNone && x.ctx.Err() == nil {
 		switch cause {
 		case context.Canceled:
 			x.ended = endReleased
@@ -248,7 +262,7 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	ctx, cancel := x.h.k.bound(ctx)
 	defer cancel()
 	sent := x.h.k.now()
-	err := x.h.k.store.Refresh(ctx, x.h.key, x.h.owner, x.h.k.ttl)
+	err := x.h.k.store.Refresh(ctx, x.h.key, x.h.owner(), x.h.k.ttl)
 	switch {
 	case err == nil:
 		x.h.extend(sent)

@@ -277,7 +277,7 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 // done is false when owner holds nothing: a handed-over token never takes a free key (issue 8,
 // finding 2).
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
-	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner == owner && !h.local {
+	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.local {
 		if f, ok := h.join(); ok {
 			return newLease(ctx, h, GrantJoined, max(f, fence)), nil, true
 		}
@@ -517,13 +517,17 @@ func mayHaveRun(err error) bool {
 		(errors.As(err, &ne) && ne.Timeout())
 }
 
+// ownerTokenLen is the length of the owner tokens this process mints: 128 bits in unpadded
+// base64.
+const ownerTokenLen = 22
+
 // newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
 // base64: space-free text, as the stores keep owners, in a 24-byte allocation where the 32
 // hex digits it used to be took 32 (issue 17: one token lives with every held lock).
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
-	var t [22]byte
+	var t [ownerTokenLen]byte
 	base64.RawURLEncoding.Encode(t[:], b[:])
 	return string(t[:])
 }

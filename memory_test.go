@@ -58,13 +58,14 @@ const (
 
 // heldBytesPerLock bounds the live heap of one held lock (issue 17's goal is 300 B with the
 // watchdog on; the grantStore keeps nothing, so this is the Locker's own). 509 B before the
-// lease, gate entry and hold were cut down to 80, 32 and 176 bytes; 397 B after. 349 B since
-// the hold is 144 B (its first lease inline instead of a slice of them, no copy of the
-// acquisition's fence, the rare borrowed hold's name behind a pointer) and the owner token 22
-// characters instead of 32: hold 144, lease 80, owner token 24, gate entry 32, the gate map's
-// slot about 35-45, the key, and the hold's place in the watchdog's heap. A change that adds to
-// it fails here.
-const heldBytesPerLock = 360
+// lease, gate entry and hold were cut down to 80, 32 and 176 bytes; 397 B after; 349 B once the
+// hold was 144 B and the owner token 22 characters. 301 B since the lease is 64 B (the lease is
+// its own context's value, and finds the outer lease through its parent context), the gate
+// entry 24 B (a run of handoffs counted in 16 bits) and the owner token lives in the hold (no
+// string of its own): hold 144, lease 64, gate entry 24, the gate map's slot about 30-45 (its
+// load factor), the key, and the hold's place in the watchdog's heap. A change that adds to it
+// fails here.
+const heldBytesPerLock = 310
 
 // Holding many locks and releasing them all returns the heap and the goroutine count to where
 // they were: no map, heap or queue keeps the size of its peak (issue 17). It failed before the

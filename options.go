@@ -158,7 +158,8 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // first of them without a Redis round trip, as long as it was handed over fewer than n times in
 // a row and was acquired in Redis less than within ago (defaults 1024 and 20ms). Past either
 // bound it is released in Redis, so waiters in other processes get their turn: the bounds trade
-// throughput on a hot key for fairness between processes. n = 0 disables handoff.
+// throughput on a hot key for fairness between processes. n = 0 disables handoff. n counts
+// as at most 65,535, and as fewer than the TTL has microseconds (README, Guarantees 3).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }

@@ -2,6 +2,7 @@ package flightlock
 
 import (
 	"context"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,17 +40,22 @@ type gate struct {
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 32 bytes: one lives
+// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes: one lives
 // for each held key (issue 17: live heap per held lock), so the queue, which only a contended
-// key needs, sits behind a pointer, and the counters are 32 bits.
+// key needs, sits behind a pointer, the count of queued goroutines is 32 bits and the run of
+// handoffs 16 (the keeper bounds a run to maxHandoffRun).
 type gateEntry struct {
 	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
 	hold     *hold      // the owner's Redis lock once acquired; survives handoffs
 	refs     int32      // the owner plus queued waiters; the entry is deleted at zero
-	handoffs int32      // consecutive handoffs of hold without a Redis round trip
+	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
 }
+
+// maxHandoffRun is the longest run of handoffs the gate counts (gateEntry.handoffs); a larger
+// WithHandoff bound counts as this one.
+const maxHandoffRun = math.MaxUint16
 
 // gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry
 // (a hot key queues again and again); its backing array is let go whenever it empties.

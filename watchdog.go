@@ -251,7 +251,7 @@ func renew(holds []*hold) {
 	}
 	batch := make([]lockstore.Renewal, len(live))
 	for i, h := range live {
-		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner, TTL: k.ttl}
+		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
 	// Bounded by the latest loss deadline of the batch: a lock whose own deadline passes first
 	// is lost by the watchdog's timer at that deadline, whatever this call does, and the reply
