@@ -14,7 +14,7 @@ type leaseKey struct{}
 // Lease does not carry a context's methods in its API (no allocation and no field: issue 17,
 // live heap per held lock). Its cancellation comes from the lease's ctx, and it answers the
 // lease key itself, so a lease needs no extra context.WithValue. The leases of a context chain
-// are linked through their parent contexts (Lease.outer), innermost first. Only Lease.Context
+// are linked by Lease.outer, innermost first. Only Lease.Context
 // hands one out, once the lease's ctx is made and no longer changes.
 type leaseContext Lease
 

@@ -21,7 +21,8 @@ type hold struct {
 	key string // full Redis key
 	// ext is what few holds need (issue 17: live heap per held lock): the name of a borrowed
 	// hold, when the hold re-enters another process's lock (Store.Reenter), and an owner token
-	// that is not one of this process's (token). nil for the rest. Set by newHold, never after.
+	// that is not one of this process's (token). nil for the rest. Set when the hold is made
+	// (setOwner), never after.
 	ext *holdExt
 	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
 	// the handoff window counts from it. Written only by the owner of the gate slot, before it
@@ -48,7 +49,7 @@ type hold struct {
 	token [ownerTokenLen]byte
 	local bool      // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
 	flags holdFlags // guarded by mu: what the hold's grant and lock went through (holdLost, ...)
-	// (token, local and flags fill the word after live and slot: a hold is 144 bytes.)
+	// (live, slot, token, local and flags fill the last 32 bytes: a hold is 144 bytes.)
 }
 
 // holdExt is the rare part of a hold (hold.ext).

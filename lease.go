@@ -53,23 +53,24 @@ type Lease struct {
 	made     atomic.Bool
 	fence    int64
 
-	// re holds what only re-entry needs (issue 17: live heap per held lock; a lease that is
-	// never re-entered, the common case, carries one nil pointer instead of 56 bytes). It is
-	// set when the lease is made for a GrantReentry lease (parent and g, before the lease is
-	// shared), and otherwise under mu by the first goroutine that re-enters the lease (its
-	// slot); once set it never changes. So a GrantReentry lease may read re.parent and re.g
-	// without mu, and everyone else reads re under mu.
+	// re holds what only nested locks and re-entry need (issue 17: live heap per held lock; a
+	// lease locked in a context without a lease and never re-entered, the common case, carries
+	// one nil pointer instead of 64 bytes). It is set when the lease is made if the context
+	// Lock was called with held a lease (outer), and for a GrantReentry lease (parent and g),
+	// before the lease is shared; otherwise under mu by the first goroutine that re-enters the
+	// lease (its slot). Once set it never changes. So a lease made with re may read re's outer,
+	// parent and g without mu, and everyone else reads re under mu.
 	re *reentry
 
 	// The lease's context is made when Context is first called, not by Lock: a lease held
 	// without it (a lock around a write) costs no cancelable context (issue 17: live heap per
-	// held lock). Until then ctx.Context is the context Lock was called with, and the first
+	// held lock). Until then ctx is the context Lock was called with, and the first
 	// end (loss, release, drain) that comes before that context's own is recorded in ended and
 	// applied when the lease's context is made, so that it ends with the cause it would have
 	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
-	// read after it is. The lease itself is its context's value (leaseContext), and the lease
-	// the parent context held is found through ctx (outer), so neither takes a field. (The
-	// small fields above share one word: a Lease is 64 bytes.)
+	// read after it is. The lease itself is its context's value (leaseContext), so that takes
+	// no field, and the lease the parent context held is kept in re (outer). (The small
+	// fields above share one word: a Lease is 64 bytes.)
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
@@ -77,8 +78,15 @@ type Lease struct {
 	mu sync.Mutex
 }
 
-// reentry is the part of a Lease that only re-entries use.
+// reentry is the part of a Lease that only nested locks and re-entries use.
 type reentry struct {
+	// outer is the lease that the context Lock was called with held, read when the lease was
+	// made: the next lease of a context chain, innermost first. Read once, not looked up again
+	// through the parent context whenever the chain is walked: a context whose values change
+	// after Lock returned (a framework's pooled request context reused by the next request)
+	// would otherwise lead a walk to another request's lease, which findLease re-enters (two
+	// holders inside; review of 79205c8: TestOuterLeaseIsTheOneHeldAtLock).
+	outer  *Lease
 	parent *Lease      // GrantReentry: the lease it re-entered
 	g      int64       // GrantReentry: the goroutine that made it
 	slot   reentrySlot // guarded by the lease's mu: re-entries of this lease by other goroutines
@@ -94,6 +102,9 @@ func (x *Lease) reentryLocked() *reentry {
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent}
+	if outer := FromContext(parent); outer != nil {
+		lease.re = &reentry{outer: outer}
+	}
 	h.attach(lease)
 	return lease
 }
@@ -101,7 +112,8 @@ func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
 // Key returns the locked Redis key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token: 128 random bits, hex encoded, or a handed-over owner's token.
+// Owner returns the owner token: 128 random bits as 22 characters of base64, or a handed-over
+// owner's token.
 // Anyone who has it can re-enter the lock from another process while it is held (the zrpc
 // interceptors hand it over),
 // so calling Owner marks the lock as shared: it is then released through Redis, where such
@@ -152,18 +164,16 @@ func (x *Lease) Context() context.Context {
 	return (*leaseContext)(x)
 }
 
-// outer returns the lease that the context Lock was called with held, if any: the next lease
-// of a context chain, innermost first. Until the lease's context is made, ctx is that parent
-// context; once made, it is a context derived from the parent, whose values pass through: the
-// lookup finds the same lease either way.
+// outer returns the lease that the context Lock was called with held when it was called, if
+// any: the next lease of a context chain, innermost first.
 func (x *Lease) outer() *Lease {
-	if x.made.Load() {
-		return FromContext(x.ctx)
+	x.mu.Lock()
+	re := x.re
+	x.mu.Unlock()
+	if re == nil {
+		return nil
 	}
-	x.h.mu.Lock()
-	ctx := x.ctx
-	x.h.mu.Unlock()
-	return FromContext(ctx)
+	return re.outer // set before the lease was shared, never after
 }
 
 // makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu

@@ -9,6 +9,59 @@ import (
 	"time"
 )
 
+// swapCtx is a context whose values change over time, as pooled framework contexts do (gin's
+// Context with ContextWithFallback reads c.Request.Context(), and gin reuses a Context for the
+// next request once the handler returned).
+type swapCtx struct {
+	mu    sync.Mutex
+	inner context.Context
+}
+
+func (s *swapCtx) get() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inner
+}
+func (s *swapCtx) set(c context.Context) {
+	s.mu.Lock()
+	s.inner = c
+	s.mu.Unlock()
+}
+func (s *swapCtx) Deadline() (time.Time, bool) { return s.get().Deadline() }
+func (s *swapCtx) Done() <-chan struct{}       { return s.get().Done() }
+func (s *swapCtx) Err() error                  { return s.get().Err() }
+func (s *swapCtx) Value(k any) any             { return s.get().Value(k) }
+
+// The outer lease of a lease is the one its parent context held when Lock was called, not
+// whatever the parent context holds when the chain is walked: after a pooled context moved on
+// to a request that holds B, work left over from the first request must wait for B, not
+// re-enter the other request's lease (review of 79205c8, which looked the outer lease up again
+// on every walk: two holders inside B, the re-entry with B's fence).
+func TestOuterLeaseIsTheOneHeldAtLock(t *testing.T) {
+	bg := context.Background()
+	l := mustLocker(t, newMemStore())
+	sc := &swapCtx{inner: bg}
+	a, err := l.Lock(sc, "swap:A") // request 1, in the pooled context
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover := context.WithoutCancel(a.Context()) // request 1's background work
+	_ = a.Release(bg)
+	b, err := l.Lock(bg, "swap:B") // request 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(bg)
+	sc.set(b.Context()) // the pooled context serves request 2 now
+
+	ctx, cancel := context.WithTimeout(leftover, 100*time.Millisecond)
+	defer cancel()
+	if x, err := l.Lock(ctx, "swap:B"); err == nil {
+		defer x.Release(bg)
+		t.Fatalf("request 1's work got B while request 2 holds it: grant %v, fence %d (B's %d)", x.Grant(), x.Fence(), b.Fence())
+	}
+}
+
 // The gate counts a run of handoffs in 16 bits: a larger WithHandoff bound counts as 65,535, so
 // the count can never wrap around and hand a hot key on forever (which would also break the
 // fence argument that bounds a run below the TTL's microseconds).

@@ -268,7 +268,10 @@ func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait boo
 		return nil, l.busy(ctx, err)
 	}
 	lease := newLease(ctx, parent.h, GrantReentry, parent.fence)
-	lease.re, lease.inSlot = &reentry{parent: parent, g: g}, inSlot
+	if lease.re == nil { // ctx carries parent, so newLease made re for its outer lease
+		lease.re = &reentry{}
+	}
+	lease.re.parent, lease.re.g, lease.inSlot = parent, g, inSlot
 	return lease, nil
 }
 
@@ -522,8 +525,8 @@ func mayHaveRun(err error) bool {
 const ownerTokenLen = 22
 
 // newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
-// base64: space-free text, as the stores keep owners, in a 24-byte allocation where the 32
-// hex digits it used to be took 32 (issue 17: one token lives with every held lock).
+// base64: space-free text, as the stores keep owners. A held lock keeps its token inside its
+// hold (hold.token), not as this string (issue 17: live heap per held lock).
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
