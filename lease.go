@@ -55,7 +55,7 @@ type Lease struct {
 
 	// re holds what only nested locks and re-entry need (issue 17: live heap per held lock; a
 	// lease locked in a context without a lease and never re-entered, the common case, carries
-	// one nil pointer instead of 64 bytes). It is set when the lease is made if the context
+	// one nil pointer instead of 32 bytes, and of the re-entry slot's 48). It is set when the lease is made if the context
 	// Lock was called with held a lease (outer), and for a GrantReentry lease (parent and g),
 	// before the lease is shared; otherwise under mu by the first goroutine that re-enters the
 	// lease (its slot). Once set it never changes. So a lease made with re may read re's outer,
@@ -87,9 +87,20 @@ type reentry struct {
 	// would otherwise lead a walk to another request's lease, which findLease re-enters (two
 	// holders inside; review of 79205c8: TestOuterLeaseIsTheOneHeldAtLock).
 	outer  *Lease
-	parent *Lease      // GrantReentry: the lease it re-entered
-	g      int64       // GrantReentry: the goroutine that made it
-	slot   reentrySlot // guarded by the lease's mu: re-entries of this lease by other goroutines
+	parent *Lease // GrantReentry: the lease it re-entered
+	g      int64  // GrantReentry: the goroutine that made it
+	// slot is made by the first re-entry through this lease, under the lease's mu, and never
+	// changes after: a lease that only has an outer lease (an inner lease of a multi-key lock, a
+	// nested lock) carries 32 bytes here, not 64.
+	slot *reentrySlot // guarded by the lease's mu: re-entries of this lease by other goroutines
+}
+
+// slotLocked returns re's slot, made on first use. The lease's mu must be held.
+func (re *reentry) slotLocked() *reentrySlot {
+	if re.slot == nil {
+		re.slot = &reentrySlot{}
+	}
+	return re.slot
 }
 
 // reentryLocked returns x.re, made on first use. x.mu must be held.
@@ -324,14 +335,16 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 		return false, errGrantEnded
 	}
 	re := x.reentryLocked()
-	switch {
-	case x.kind == GrantReentry && re.g == g:
+	if x.kind == GrantReentry && re.g == g {
 		x.h.addLive()
 		x.mu.Unlock()
 		return false, nil
-	case re.slot.g == 0 || re.slot.g == g:
-		re.slot.g = g
-		re.slot.depth++
+	}
+	slot := re.slotLocked()
+	switch {
+	case slot.g == 0 || slot.g == g:
+		slot.g = g
+		slot.depth++
 		x.h.addLive()
 		x.mu.Unlock()
 		return true, nil
@@ -340,7 +353,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 		return false, &busyError{retryAfter: x.h.remaining()}
 	}
 	w := &reentryWaiter{g: g, ready: make(chan struct{})}
-	re.slot.queue = append(re.slot.queue, w)
+	slot.queue = append(slot.queue, w)
 	x.mu.Unlock()
 
 	select {
@@ -349,9 +362,9 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	case <-b.context().Done():
 	}
 	x.mu.Lock()
-	for i, q := range re.slot.queue {
+	for i, q := range slot.queue {
 		if q == w {
-			re.slot.queue = append(re.slot.queue[:i], re.slot.queue[i+1:]...)
+			slot.queue = append(slot.queue[:i], slot.queue[i+1:]...)
 			x.mu.Unlock()
 			return false, &busyError{retryAfter: x.h.remaining()}
 		}
@@ -371,7 +384,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 func (x *Lease) leaveSlot() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	slot := &x.re.slot // set by enterReentry, which took the slot being left
+	slot := x.re.slot // made by enterReentry, which took the slot being left
 	slot.depth--
 	if slot.depth > 0 {
 		return

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // swapCtx is a context whose values change over time, as pooled framework contexts do (gin's
@@ -147,5 +148,24 @@ func TestHoldKeepsOwnerTokensOfAnyLength(t *testing.T) {
 			t.Errorf("a minted token took a separate allocation (ext)")
 		}
 		h.stop()
+	}
+}
+
+// The objects a held lock keeps stay in their size classes (issue 17: live heap per held lock):
+// a field added to one of them moves it to the next class for every held lock, which
+// TestReleasingEverythingReturnsToBaseline sees only once the total crosses its bound.
+func TestHeldLockObjectSizes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		size, max uintptr
+	}{
+		{"hold", unsafe.Sizeof(hold{}), 144},
+		{"Lease", unsafe.Sizeof(Lease{}), 64},
+		{"gateEntry", unsafe.Sizeof(gateEntry{}), 24},
+		{"reentry (an inner lease of a multi-key lock)", unsafe.Sizeof(reentry{}), 32},
+	} {
+		if tc.size > tc.max {
+			t.Errorf("%s is %d bytes, at most %d wanted", tc.name, tc.size, tc.max)
+		}
 	}
 }
