@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/prometheus"
 	"github.com/zeromicro/go-zero/core/trace"
+	"github.com/zeromicro/go-zero/rest"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
@@ -58,9 +59,32 @@ type s6Results struct {
 	Conf    string  `json:"config"`
 	// Observe: go-zero's metrics and tracing were on in every row (-observe).
 	Observe bool `json:"observe,omitempty"`
+	// Bare: the rows ran over a bare handler (scenario6Bare), not the example.
+	Bare bool `json:"bare,omitempty"`
 }
 
-func (b *bench) scenario6() *s6Results {
+func (b *bench) scenario6() *s6Results { return b.httpScenario(b.startSystem, s6Rows) }
+
+// scenario6Bare is scenario 6's rows over a bare handler (httpbench.StartBare): the create-order
+// route binds its request and answers, with no service behind it, so that what a row's lock
+// costs a request is most of the request. The shadow row is left out: it differs from the
+// enforcing one only in what it holds back.
+func (b *bench) scenario6Bare() *s6Results {
+	var rows []s6Row
+	for _, r := range s6Rows {
+		if r.id != "shadow" {
+			rows = append(rows, s6Row{id: r.id, label: r.label, uid: "b" + r.uid})
+		}
+	}
+	rows[1].label = "flightlock (the example's order rules)"
+	res := b.httpScenario(b.startBare, rows)
+	res.Bare = true
+	return res
+}
+
+// httpScenario runs wrk against the system start builds for each of rows, at low load and at
+// saturation (scenario 6 and its bare-handler twin).
+func (b *bench) httpScenario(start func(s6Row) *httpbench.System, s6Rows []s6Row) *s6Results {
 	res := &s6Results{Conf: b.cfg.exampleConf, Observe: b.cfg.observe}
 	if b.cfg.observe {
 		// What a service with Prometheus: and Telemetry: in its config runs: metrics recorded
@@ -94,7 +118,7 @@ func (b *bench) scenario6() *s6Results {
 	}
 	var systems []*httpbench.System
 	for _, r := range rows {
-		systems = append(systems, b.startSystem(r))
+		systems = append(systems, start(r))
 	}
 	defer httpbench.Stop(systems, logf)
 	pingRow, _ := rowByID("ping")
@@ -182,6 +206,43 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, opts...)
 	if err != nil {
 		fatalf("s6 %s: %v", r.id, err)
+	}
+	return s
+}
+
+// startBare starts the bare create-order server of one row: the example's order rules for
+// flightlock (from the example's config, its Redis replaced by the benchmark's), the plain
+// middlewares of the other rows as in startSystem, nothing for "none".
+func (b *bench) startBare(r s6Row) *httpbench.System {
+	c, _, err := httpbench.Load(b.cfg.exampleConf)
+	if err != nil {
+		fatalf("s6 bare: %v", err)
+	}
+	var (
+		mw     rest.Middleware
+		closes []func()
+	)
+	switch r.id {
+	case "flightlock":
+		lc := c.Order.Lock
+		lc.Redis = flmw.RedisConf{Host: b.addr}
+		m, closeMW, err := httpbench.OrderRules(lc, func(*flmw.Rule) {})
+		if err != nil {
+			fatalf("s6 bare flightlock: %v", err)
+		}
+		mw, closes = m, append(closes, closeMW)
+	case "redislock":
+		client, _ := newClient(b.addr)
+		mw = httpbench.OrderMiddleware(redislockLock(redislock.New(client)), c.Order.Lock.Prefix, c.Order.Lock.TTL)
+		closes = append(closes, func() { _ = client.Close() })
+	case "setdel":
+		client, _ := newClient(b.addr)
+		mw = httpbench.OrderMiddleware(setDelLock(client), c.Order.Lock.Prefix, c.Order.Lock.TTL)
+		closes = append(closes, func() { _ = client.Close() })
+	}
+	s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
+	if err != nil {
+		fatalf("s6 bare %s: %v", r.id, err)
 	}
 	return s
 }

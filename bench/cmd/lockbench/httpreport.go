@@ -111,6 +111,27 @@ func (r *report) s6Section(w func(string, ...any)) {
 		w("%s\n\n", s.Note)
 		return
 	}
+	r.s6Intro(w, s)
+	r.httpTables(w, s)
+}
+
+// s6BareSection is scenario 6's rows over a bare handler.
+func (r *report) s6BareSection(w func(string, ...any)) {
+	s := r.s6bare
+	w("Scenario 6's rows, wrk script and load, with the order API's create-order route on a go-zero REST server of its own\n")
+	w("and nothing behind it (`bench/internal/httpbench/bare.go`): the handler binds the request as the example's does\n")
+	w("(`httpx.Parse` of uid, sku and qty) and answers at once, no zrpc call, no write. What a row adds over **no lock** is\n")
+	w("then most of the request, where in scenario 6 it is a small part of a request of three services. **flightlock** is\n")
+	w("the example's order rules (`Order.Lock`, reject mode) on the benchmark's Redis; the other rows are scenario 6's\n")
+	w("plain middlewares. Each row is one server in this process.\n\n")
+	if s.Observe {
+		w("**Metrics and tracing on** (`-observe`), in every row, as in scenario 6.\n\n")
+	}
+	r.httpTables(w, s)
+}
+
+// s6Intro describes scenario 6's systems and load.
+func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 	conf := s.Conf
 	if wd, err := os.Getwd(); err == nil {
 		if rel, err := filepath.Rel(wd, conf); err == nil && !strings.HasPrefix(rel, "..") {
@@ -142,7 +163,10 @@ func (r *report) s6Section(w func(string, ...any)) {
 	w("run; shares are of %d cores × the run's wall time. Redis commands per request are `INFO commandstats` deltas (scripts'\n", runtime.NumCPU())
 	w("inner commands included). With every system up and no load, the benchmark process used %.1f %% of a core: that\n", 100*s.IdleCPU)
 	w("much of each run's service CPU is the idle systems' background.\n\n")
+}
 
+// httpTables writes the low-load and saturation tables of an HTTP scenario.
+func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 	w("### Low load (wrk -c %d)\n\n", httpbench.LowConns)
 	w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(r.cfg.d6low), httpbench.LowRounds)
 	w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")

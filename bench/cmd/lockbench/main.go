@@ -229,6 +229,9 @@ func main() {
 	}
 	if cfg.scenarios[6] {
 		rep.s6 = b.scenario6()
+		if rep.s6.Note == "" {
+			rep.s6bare = b.scenario6Bare()
+		}
 	}
 	if cfg.scenarios[7] {
 		rep.s7 = b.scenario7()

@@ -61,6 +61,7 @@ type report struct {
 	s4      []*result
 	s5      []*result
 	s6      *s6Results
+	s6bare  *s6Results // scenario 6's rows over a bare handler
 	s7      []*result
 	s8      *s8Results
 	s9      *s9Results
@@ -72,7 +73,7 @@ func (r *report) raw() map[string]any {
 		s2[strconv.Itoa(g)] = v
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
-		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario7": r.s7,
+		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
 		"scenario8": r.s8, "scenario9": r.s9, "quick": r.cfg.quick}
 }
 
@@ -297,6 +298,7 @@ func (r *report) markdown() string {
 		body     func(func(string, ...any))
 	}{
 		{"6", "HTTP end to end", r.s6 != nil, r.s6Section},
+		{"6b", "HTTP over a bare handler: what the lock costs a request", r.s6bare != nil, r.s6BareSection},
 		{"7", "Duplicates of one request: shared response against 409", r.s7 != nil, r.s7Section},
 		{"8", "Scaling: cost as the work grows", r.s8 != nil, r.s8Section},
 		{"9", "Memory: what a held lock and a waiter cost", r.s9 != nil, r.s9Section},

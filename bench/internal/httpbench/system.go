@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 
 	"github.com/flightlock/flightlock/example/app"
@@ -88,21 +89,26 @@ func Start(id, prefix string, c app.Config, ports []int, closes []func(), opts .
 	return s, nil
 }
 
-// Stop stops every go-zero server of the process (app.System.Stop stops them all), then
+// Stop stops every go-zero server of the process (proc.Shutdown, as app.System.Stop does), then
 // closes the systems; logf reports what did not go well.
 func Stop(systems []*System, logf func(format string, args ...any)) {
 	if len(systems) == 0 {
 		return
 	}
-	systems[0].Sys.Stop()
+	// go-zero's servers, the example's (app.System.Stop does the same) and bare ones alike,
+	// stop through the process's shutdown listeners: their Stop methods only close the logs.
+	// One call stops every server started since the last one.
+	proc.Shutdown()
 	for _, s := range systems {
 		select {
 		case <-s.done:
 		case <-time.After(10 * time.Second):
 			logf("%s: the servers did not stop within 10s", s.ID)
 		}
-		if err := s.Sys.Close(); err != nil {
-			logf("%s: close: %v", s.ID, err)
+		if s.Sys != nil {
+			if err := s.Sys.Close(); err != nil {
+				logf("%s: close: %v", s.ID, err)
+			}
 		}
 		for _, f := range s.closes {
 			f()
@@ -114,6 +120,9 @@ func Stop(systems []*System, logf func(format string, args ...any)) {
 // stock and money, and returns the first.
 func (s *System) seed(count int64) (int64, error) {
 	first := s.next
+	if s.Sys == nil {
+		return first, nil // a bare server reads no state
+	}
 	stock, money := make(map[string]int64, count), make(map[string]int64, count)
 	for i := first; i < first+count; i++ {
 		uid := s.Prefix + strconv.FormatInt(i, 10) // also the name of the SKU it orders
