@@ -72,11 +72,14 @@ func (b *bench) scenario6() *s6Results { return b.httpScenario(b.startSystem, s6
 func (b *bench) scenario6Bare() *s6Results {
 	var rows []s6Row
 	for _, r := range s6Rows {
-		if r.id != "shadow" {
-			rows = append(rows, s6Row{id: r.id, label: r.label, uid: "b" + r.uid})
+		switch r.id {
+		case "shadow":
+			continue
+		case "flightlock":
+			r.label = "flightlock (the example's order rules)"
 		}
+		rows = append(rows, s6Row{id: r.id, label: r.label, uid: "b" + r.uid})
 	}
-	rows[1].label = "flightlock (the example's order rules)"
 	res := b.httpScenario(b.startBare, rows)
 	res.Bare = true
 	return res
@@ -84,7 +87,7 @@ func (b *bench) scenario6Bare() *s6Results {
 
 // httpScenario runs wrk against the system start builds for each of rows, at low load and at
 // saturation (scenario 6 and its bare-handler twin).
-func (b *bench) httpScenario(start func(s6Row) *httpbench.System, s6Rows []s6Row) *s6Results {
+func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *s6Results {
 	res := &s6Results{Conf: b.cfg.exampleConf, Observe: b.cfg.observe}
 	if b.cfg.observe {
 		// What a service with Prometheus: and Telemetry: in its config runs: metrics recorded
@@ -111,7 +114,7 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, s6Rows []s6Row
 	wrk.Logf = logf
 
 	var rows []s6Row
-	for _, r := range s6Rows {
+	for _, r := range all {
 		if onlyRows == nil || onlyRows[r.id] {
 			rows = append(rows, r)
 		}
@@ -182,14 +185,10 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 	switch r.id {
 	case "none":
 		opts = append(opts, app.WithoutOrderLock())
-	case "redislock":
-		client, _ := newClient(b.addr)
-		opts = append(opts, app.WithOrderLock(httpbench.OrderMiddleware(redislockLock(redislock.New(client)), c.Order.Lock.Prefix, c.Order.Lock.TTL)))
-		closes = append(closes, func() { _ = client.Close() })
-	case "setdel":
-		client, _ := newClient(b.addr)
-		opts = append(opts, app.WithOrderLock(httpbench.OrderMiddleware(setDelLock(client), c.Order.Lock.Prefix, c.Order.Lock.TTL)))
-		closes = append(closes, func() { _ = client.Close() })
+	case "redislock", "setdel":
+		mw, closeClient := b.plainOrderLock(r.id, c.Order.Lock)
+		opts = append(opts, app.WithOrderLock(mw))
+		closes = append(closes, closeClient)
 	case "shadow":
 		// The example's order rules with create-order in shadow mode, in a middleware of its own:
 		// a shadow rule never gives the order logic the lease it fences its writes with, so the
@@ -231,20 +230,28 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 			fatalf("s6 bare flightlock: %v", err)
 		}
 		mw, closes = m, append(closes, closeMW)
-	case "redislock":
-		client, _ := newClient(b.addr)
-		mw = httpbench.OrderMiddleware(redislockLock(redislock.New(client)), c.Order.Lock.Prefix, c.Order.Lock.TTL)
-		closes = append(closes, func() { _ = client.Close() })
-	case "setdel":
-		client, _ := newClient(b.addr)
-		mw = httpbench.OrderMiddleware(setDelLock(client), c.Order.Lock.Prefix, c.Order.Lock.TTL)
-		closes = append(closes, func() { _ = client.Close() })
+	case "redislock", "setdel":
+		var closeClient func()
+		mw, closeClient = b.plainOrderLock(r.id, c.Order.Lock)
+		closes = append(closes, closeClient)
 	}
 	s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
 	if err != nil {
 		fatalf("s6 bare %s: %v", r.id, err)
 	}
 	return s
+}
+
+// plainOrderLock is the order API's lock of row id ("redislock" or "setdel") as a go-zero user
+// writes it without flightlock (httpbench.OrderMiddleware), with the prefix and TTL of the
+// example's Lock section lc, on a client of its own that the returned func closes.
+func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
+	client, _ := newClient(b.addr)
+	lock := setDelLock(client)
+	if id == "redislock" {
+		lock = redislockLock(redislock.New(client))
+	}
+	return httpbench.OrderMiddleware(lock, lc.Prefix, lc.TTL), func() { _ = client.Close() }
 }
 
 // redislockLock is one bsm/redislock Obtain without retry (the example's OnBusy: reject).
