@@ -55,10 +55,10 @@ type Lease struct {
 
 	// re holds what only nested locks and re-entry need (issue 17: live heap per held lock; a
 	// lease locked in a context without a lease and never re-entered, the common case, carries
-	// one nil pointer instead of 32 bytes, and of the re-entry slot's 48). It is set when the lease is made if the context
-	// Lock was called with held a lease (outer), and for a GrantReentry lease (parent and g),
-	// before the lease is shared; otherwise under mu by the first goroutine that re-enters the
-	// lease (its slot). Once set it never changes. So a lease made with re may read re's outer,
+	// one nil pointer instead of 32 bytes and the re-entry slot's 48). It is set when the lease
+	// is made if the context Lock was called with held a lease (outer), and for a GrantReentry
+	// lease (parent and g), before the lease is shared; otherwise under mu by the first
+	// goroutine that re-enters the lease (its slot). Once set it never changes. So a lease made with re may read re's outer,
 	// parent and g without mu, and everyone else reads re under mu.
 	re *reentry
 
