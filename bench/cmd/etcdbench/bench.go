@@ -148,24 +148,29 @@ func (b *bench) close() {
 	_ = b.cli.Close()
 }
 
-// uncontended runs scenario 1 for one row: one goroutine, a distinct key per operation.
-func (b *bench) uncontended(row string, rep int) rowResult {
-	return b.uncontendedFor(row, fmt.Sprint(rep), b.c.d1)
+// s1Slice is how long one row runs at a time in scenario 1: the rows take turns in slices of
+// it, so that a drift of etcd's speed within a repetition (its WAL and backend commits, the
+// tombstones piling up in its index) falls on every row alike instead of on whichever row ran
+// when etcd was slower. A row's figures sum its slices.
+const s1Slice = 200 * time.Millisecond
+
+// uncontended runs scenario 1 for rows in one repetition, d per row, in turns of s1Slice in
+// the order given.
+func (b *bench) uncontended(rows []string, rep int) map[string]rowResult {
+	return b.uncontendedFor(rows, fmt.Sprint(rep), b.c.d1)
 }
 
 // warmUp runs every row of scenario 1 unmeasured for d each: a freshly started etcd commits
 // its first writes more slowly, which would tilt the first repetition against its first row.
 func (b *bench) warmUp(d time.Duration) {
-	for _, row := range []string{rowFloor, rowFlight, rowMutex} {
-		b.uncontendedFor(row, "w", d)
-	}
+	b.uncontendedFor([]string{rowFloor, rowFlight, rowMutex}, "w", d)
 }
 
-func (b *bench) uncontendedFor(row, rep string, d time.Duration) rowResult {
-	var op func(ctx context.Context, i int) (releaseErr, err error)
+// s1Op is one operation of scenario 1's row: lock and unlock the i-th key of repetition rep.
+func (b *bench) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
 	switch row {
 	case rowFloor:
-		op = func(ctx context.Context, i int) (error, error) {
+		return func(ctx context.Context, i int) (error, error) {
 			k := fmt.Sprintf("lock:f-%s-%d", rep, i)
 			_, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 				Then(clientv3.OpPut(k, b.floorValue, clientv3.WithLease(b.floorLease))).Commit()
@@ -176,7 +181,7 @@ func (b *bench) uncontendedFor(row, rep string, d time.Duration) rowResult {
 			return err, nil
 		}
 	case rowFlight:
-		op = func(ctx context.Context, i int) (error, error) {
+		return func(ctx context.Context, i int) (error, error) {
 			lease, err := b.l.Lock(ctx, fmt.Sprintf("u-%s-%d", rep, i))
 			if err != nil {
 				return nil, err
@@ -184,7 +189,7 @@ func (b *bench) uncontendedFor(row, rep string, d time.Duration) rowResult {
 			return lease.Release(ctx), nil
 		}
 	case rowMutex:
-		op = func(ctx context.Context, i int) (error, error) {
+		return func(ctx context.Context, i int) (error, error) {
 			m := concurrency.NewMutex(b.sess, fmt.Sprintf("/mutex/u-%s-%d", rep, i))
 			if err := m.Lock(ctx); err != nil {
 				return nil, err
@@ -192,35 +197,66 @@ func (b *bench) uncontendedFor(row, rep string, d time.Duration) rowResult {
 			return m.Unlock(ctx), nil
 		}
 	}
-	var (
-		r    rowResult
-		lats []int64
-	)
+	panic("scenario 1: no row " + row)
+}
+
+// s1Row is what a row of scenario 1 gathers over its slices.
+type s1Row struct {
+	op     func(ctx context.Context, i int) (releaseErr, err error)
+	next   int // the index of the row's next key
+	r      rowResult
+	lats   []int64
+	server serverStats // summed over the slices
+}
+
+func (b *bench) uncontendedFor(rows []string, rep string, d time.Duration) map[string]rowResult {
+	acc := make([]*s1Row, len(rows))
+	for i, row := range rows {
+		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
+	}
+	for left := d; left > 0; left -= s1Slice {
+		slice := min(left, s1Slice)
+		for _, a := range acc {
+			a.runSlice(b, slice)
+		}
+	}
+	out := make(map[string]rowResult, len(rows))
+	for i, row := range rows {
+		a := acc[i]
+		a.r.ops = int64(len(a.lats))
+		a.r.rate = float64(a.r.ops) / a.r.window.Seconds()
+		a.r.p50, a.r.p99 = percentiles(a.lats)
+		a.r.setServer(a.server)
+		out[row] = a.r
+	}
+	return out
+}
+
+// runSlice runs the row's operations for d. The etcd process's CPU is read before the
+// closing scrape of /metrics, so that serving the scrape is not counted in the slice.
+func (a *s1Row) runSlice(b *bench, d time.Duration) {
 	s0 := b.srv.stats()
 	start := time.Now()
 	end := start.Add(d)
-	for i := 0; time.Now().Before(end); i++ {
+	for time.Now().Before(end) {
 		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
 		t0 := time.Now()
-		rerr, err := op(ctx, i)
-		d := time.Since(t0)
+		rerr, err := a.op(ctx, a.next)
+		took := time.Since(t0)
 		cancel()
+		a.next++
 		switch {
 		case err != nil:
-			r.errors++
+			a.r.errors++
 			time.Sleep(time.Millisecond)
 		case rerr != nil:
-			r.releaseErrors++
+			a.r.releaseErrors++
 		default:
-			lats = append(lats, int64(d))
+			a.lats = append(a.lats, int64(took))
 		}
 	}
-	r.window = time.Since(start)
-	r.ops = int64(len(lats))
-	r.rate = float64(r.ops) / r.window.Seconds()
-	r.p50, r.p99 = percentiles(lats)
-	r.setServer(b.srv.stats().sub(s0))
-	return r
+	a.r.window += time.Since(start)
+	a.server = a.server.add(b.srv.statsCPUFirst().sub(s0))
 }
 
 func (r *rowResult) setServer(st serverStats) {

@@ -181,6 +181,15 @@ func (s *etcdServer) stats() serverStats {
 	return st
 }
 
+// statsCPUFirst is stats with the CPU times read before the scrape: the closing reading of a
+// window, which should not count the etcd CPU that serving /metrics takes.
+func (s *etcdServer) statsCPUFirst() serverStats {
+	cpu, self := cpustat.Proc(s.pid()), cpustat.Self()
+	st := s.scrape()
+	st.cpu, st.self = cpu, self
+	return st
+}
+
 func (s *etcdServer) scrape() serverStats {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get(s.clientURL + "/metrics")
@@ -210,6 +219,11 @@ func (s *etcdServer) scrape() serverStats {
 func (a serverStats) sub(b serverStats) serverStats {
 	return serverStats{rpcs: a.rpcs - b.rpcs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
 		ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+}
+
+func (a serverStats) add(b serverStats) serverStats {
+	return serverStats{rpcs: a.rpcs + b.rpcs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
+		ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
 }
 
 // rss is the etcd process's resident memory in bytes (VmRSS in /proc/<pid>/status, the figure

@@ -197,10 +197,14 @@ func run(c *config, srv *etcdServer) int {
 	if c.ranAny(1, 2, 3, 4) {
 		for rep := 0; rep < c.reps; rep++ {
 			progress("repetition %d/%d", rep+1, c.reps)
-			for _, row := range rotate(s1, rep) {
-				r := b.uncontended(row, rep)
-				res.add(1, row, r)
-				progress("  1 uncontended  %-10s p50 %s  %.0f ops/s  errors %d", row, dur(r.p50), r.rate, r.errors)
+			if len(s1) > 0 {
+				order := rotate(s1, rep)
+				rs := b.uncontended(order, rep)
+				for _, row := range order {
+					r := rs[row]
+					res.add(1, row, r)
+					progress("  1 uncontended  %-10s p50 %s  %.0f ops/s  errors %d", row, dur(r.p50), r.rate, r.errors)
+				}
 			}
 			for _, row := range rotate(s2, rep) {
 				r := b.hotInProcess(row, rep)

@@ -179,7 +179,7 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("  rotated likewise), and scenario 6 runs once (its figures are counts, not timings); then scenarios 7, 8 and 9")
 	p("  run their own repetitions, as many, rows rotated likewise (8: three low-load rounds and one saturation run per")
 	p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
-	p("- Durations: scenario 1 %v per row, scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, c.d2, c.d3)
+	p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, s1Slice, c.d2, c.d3)
 	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v, scenario 7 %v per row", c.d4, c.d5, c.d6hold, c.d7)
 	p("  and part, scenario 8 %v per wrk run at saturation and %v at low load, scenario 9 %d bursts per row;",
 		httpbench.WholeSeconds(c.d8), httpbench.WholeSeconds(c.d8low), httpbench.DupRounds)
@@ -241,7 +241,8 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	if c.scenarios[1] {
 		p("## 1. Uncontended lock + unlock")
 		p("")
-		p("One goroutine, a distinct key per operation, %v per row and repetition.", c.d1)
+		p("One goroutine, a distinct key per operation, %v per row and repetition, the rows taking turns in slices of %v", c.d1, s1Slice)
+		p("(so that etcd getting faster or slower within a repetition falls on every row alike); a row's figures sum its slices.")
 		p("")
 		p("| row | p50 | p99 | ops/s | p50 per repetition | etcd RPCs/op | fsyncs/op | etcd CPU/op | client CPU/op | errors |")
 		p("|---|---|---|---|---|---|---|---|---|---|")
