@@ -33,8 +33,10 @@ import (
 //
 // The release writes the floor exactly when the first case could fail, top >= (R+2)<<fenceShift,
 // and otherwise deletes a floor it read at the grant (D then no longer matters: the next grant's
-// revision alone exceeds top). With flightlock's handoff bound (WithHandoff, 64 by default)
-// top - f <= 64, so the floor is never written, the acquiring transaction only reads a key that
+// revision alone exceeds top). Through flightlock's Locker, top - f stays below 1<<fenceShift
+// plus one run of handoffs (Pass keeps a grant only while its room is less than half used, and
+// the gate counts at most 65,535 handoffs in a run; WithHandoff is 1,024 by default), below
+// 2<<fenceShift: the floor is never written, the acquiring transaction only reads a key that
 // does not exist, and no floor key is left behind.
 //
 // The remaining gap, stated exactly: a holder that hands out 2<<fenceShift or more fences under
