@@ -288,3 +288,17 @@ func logWaitsPastTimeout(c LockConf, rules []*compiledRule, timeout time.Duratio
 			"set Wait (or Lock.Wait) below Timeout", ruleLabel(cr.spec), wait, timeout)
 	}
 }
+
+// logTrustWithoutSecret logs, at error level, a section that honours propagated owners
+// (TrustOwner) without checking their signature (no OwnerSecret): any client that reaches the
+// service may name an owner token it learned (from a log line, from flightlock ls) and
+// re-enter that lock beside its holder. It is not refused: a closed network may be trust
+// enough, as the README says.
+func logTrustWithoutSecret(c LockConf) {
+	if !c.TrustOwner || c.OwnerSecret != "" {
+		return
+	}
+	logx.Errorf("Lock.TrustOwner is on and Lock.OwnerSecret is empty: this service honours any lock owner " +
+		"a caller names, so a client that can reach it and knows a holder's owner token enters that lock beside " +
+		"its holder; set the same Lock.OwnerSecret on this service and on the services that call it")
+}

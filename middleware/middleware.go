@@ -69,6 +69,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		return nil, err
 	}
 	logWaitsPastTimeout(c, rules, time.Duration(o.serverTimeout)*time.Millisecond)
+	logTrustWithoutSecret(c)
 	m := &Middleware{
 		failOpen:  c.OnStoreError == storeErrorsOpen,
 		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},

@@ -219,6 +219,7 @@ func (c *checker) checkSection(s *section, topRedis bool) {
 	}
 	c.checkStore(s, topRedis)
 	c.checkWaits(s)
+	c.checkOwnerTrust(s)
 	for i, r := range s.conf.Rules {
 		c.checkRule(s, i, r)
 	}

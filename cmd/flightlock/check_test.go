@@ -47,6 +47,7 @@ func TestCheckGolden(t *testing.T) {
 		{"restinrpc", proto, "error"},
 		{"accountid", proto, "error"},
 		{"waittimeout", proto, "warning"},
+		{"trustowner", proto, "warning"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

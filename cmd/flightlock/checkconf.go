@@ -346,6 +346,19 @@ func (c *checker) checkWaits(s *section) {
 	}
 }
 
+// checkOwnerTrust warns of a section that honours propagated lock owners (TrustOwner) without
+// checking their signature (no OwnerSecret): a client that reaches the service and knows a
+// holder's owner token enters that lock beside the holder. middleware.New logs the same.
+func (c *checker) checkOwnerTrust(s *section) {
+	if !s.conf.TrustOwner || s.conf.OwnerSecret != "" {
+		return
+	}
+	c.warnAt(s, s.node("Lock.TrustOwner"), "%s is on without %s: the service honours any lock owner a caller names, "+
+		"so a client that can reach it and knows a holder's owner token enters that lock beside its holder; "+
+		"set the same OwnerSecret here and on the services that call it",
+		s.field("Lock.TrustOwner"), s.field("Lock.OwnerSecret"))
+}
+
 // nearest returns the candidate that name most probably meant: the same in another case or
 // with other underscores, else the one within a small edit distance, else "".
 func nearest(name string, candidates []string) string {
