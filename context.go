@@ -2,7 +2,10 @@ package flightlock
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
@@ -61,7 +64,65 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 	return nil
 }
 
-func init() { handover.Held = heldOwners }
+func init() {
+	handover.Held = heldOwners
+	handover.Enter = enterForCall
+}
+
+// enterForCall is handover.Enter: before a call that hands the locks of ctx to another service,
+// the calling goroutine re-enters each of them (the innermost live lease of each key) through
+// its re-entry slot, as a Lock of the key by this goroutine would, waiting until ctx ends while
+// another goroutine is inside. The downstream handlers that re-enter through the handed owners
+// are then inside one at a time per lease, as in-process re-entries are (DESIGN: re-entries of
+// one hold exclude each other); before this, two goroutines of a holder that called a method
+// locking the same key ran both downstream handlers at once (review 4:
+// TestHandedOwnerReentriesExclude). Nested chains keep working: a downstream handler's own
+// calls re-enter its borrowed or joined lease, whose slot is a new one, and a goroutine already
+// inside a slot enters it again at once. The slots are taken in key order, so two goroutines
+// entering the same leases cannot each hold one the other waits for.
+func enterForCall(ctx context.Context) (context.Context, func(), error) {
+	var leases []*Lease
+	for _, x := range AllFromContext(ctx) { // innermost first: the first lease of a key is kept
+		if !slices.ContainsFunc(leases, func(y *Lease) bool { return y.h.key == x.h.key }) {
+			leases = append(leases, x)
+		}
+	}
+	if len(leases) == 0 {
+		return ctx, func() {}, nil
+	}
+	slices.SortFunc(leases, func(a, b *Lease) int { return strings.Compare(a.h.key, b.h.key) })
+	g := goid()
+	b := budget{parent: ctx} // no deadline of its own: the call's context bounds the wait
+	entered := ctx
+	taken := make([]*Lease, 0, len(leases))
+	release := func() {
+		for i := len(taken) - 1; i >= 0; i-- {
+			_ = taken[i].Release(context.Background())
+		}
+	}
+	for _, x := range leases {
+		inSlot, err := x.enterReentry(g, true, &b)
+		if errors.Is(err, errGrantEnded) {
+			continue // released meanwhile: its owner is not handed over (heldOwners skips it)
+		}
+		if err != nil {
+			release()
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, nil, cerr
+			}
+			return nil, nil, err
+		}
+		r := newLease(entered, x.h, GrantReentry, x.fence)
+		if r.re == nil { // entered carries x, so newLease made re for its outer lease
+			r.re = &reentry{}
+		}
+		r.re.parent, r.re.g, r.inSlot = x, g, inSlot
+		taken = append(taken, r)
+		entered = r.Context()
+	}
+	var once sync.Once
+	return entered, func() { once.Do(release) }, nil
+}
 
 // heldOwners is handover.Held: the owners of the live leases of ctx, one per key (the innermost
 // lease of a re-entered key says it all), for a transport that hands them to a downstream

@@ -172,7 +172,12 @@ func (s *lockedStream) release() {
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		return invoker(m.owners.withOutgoingOwners(ctx, method), method, req, reply, cc, opts...)
+		ctx, release, err := m.owners.withOutgoingOwners(ctx, method)
+		if err != nil {
+			return err
+		}
+		defer release()
+		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 }
 
@@ -180,6 +185,40 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return streamer(m.owners.withOutgoingOwners(ctx, method), desc, cc, method, opts...)
+		ctx, release, err := m.owners.withOutgoingOwners(ctx, method)
+		if err != nil {
+			return nil, err
+		}
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		return newReleasingStream(ctx, cs, release), nil
 	}
+}
+
+// releasingStream is a client stream that carries re-entries of the caller's locks
+// (withOutgoingOwners): they are released once the stream is over, which for a client stream
+// is when RecvMsg reports an error (io.EOF at its normal end) or its context ends (gRPC's own
+// rule for releasing a stream's resources).
+type releasingStream struct {
+	grpc.ClientStream
+	release func() // idempotent (handover.Enter)
+	stop    func() bool
+}
+
+func newReleasingStream(ctx context.Context, cs grpc.ClientStream, release func()) grpc.ClientStream {
+	s := &releasingStream{ClientStream: cs, release: release}
+	s.stop = context.AfterFunc(ctx, release)
+	return s
+}
+
+func (s *releasingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.stop()
+		s.release()
+	}
+	return err
 }

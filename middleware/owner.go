@@ -11,6 +11,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/handover"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // ownerMetadataKey carries one held lock per value: uvarint(len(key)) + key +
@@ -58,21 +59,31 @@ func checkPropagateTo(to []string) error {
 	return nil
 }
 
-// withOutgoingOwners adds the locks that ctx holds to the outgoing metadata of a call to
-// method, when the policy sends owners there.
-func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) context.Context {
+// withOutgoingOwners prepares a call to method. When the policy sends owners there and ctx
+// holds locks, the calling goroutine first re-enters each of them (handover.Enter): calls of
+// one held lock to such methods take turns, waiting within ctx, so that the downstream
+// re-entries through the handed owners exclude each other as in-process re-entries do
+// (TestHandedOwnerReentriesExclude). It returns the context of the call, which carries those
+// re-entries and the owners in its outgoing metadata, and release, to call once the call is
+// over. Otherwise it returns ctx and a release that does nothing. The error is ctx's, as a
+// gRPC status, when ctx ended during the wait.
+func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) (context.Context, func(), error) {
 	if !p.propagates(method) {
-		return ctx
+		return ctx, func() {}, nil
 	}
-	owners := handover.Held(ctx) // live leases only, one per key, marked shared
+	entered, release, err := handover.Enter(ctx)
+	if err != nil {
+		return nil, nil, status.FromContextError(err).Err()
+	}
+	owners := handover.Held(entered) // live leases only, one per key, marked shared
 	if len(owners) == 0 {
-		return ctx
+		return entered, release, nil
 	}
 	kv := make([]string, 0, 2*len(owners))
 	for _, o := range owners {
 		kv = append(kv, ownerMetadataKey, p.encode(o.Key, o.Token, o.Fence))
 	}
-	return metadata.AppendToOutgoingContext(ctx, kv...)
+	return metadata.AppendToOutgoingContext(entered, kv...), release, nil
 }
 
 func (p *ownerPolicy) encode(key, owner string, fence int64) string {
