@@ -69,59 +69,77 @@ func init() {
 	handover.Enter = enterForCall
 }
 
-// enterForCall is handover.Enter: before a call that hands the locks of ctx to another service,
-// the calling goroutine re-enters each of them (the innermost live lease of each key) through
-// its re-entry slot, as a Lock of the key by this goroutine would, waiting until ctx ends while
-// another goroutine is inside. The downstream handlers that re-enter through the handed owners
-// are then inside one at a time per lease, as in-process re-entries are (DESIGN: re-entries of
-// one hold exclude each other); before this, two goroutines of a holder that called a method
-// locking the same key ran both downstream handlers at once (review 4:
-// TestHandedOwnerReentriesExclude). Nested chains keep working: a downstream handler's own
-// calls re-enter its borrowed or joined lease, whose slot is a new one, and a goroutine already
-// inside a slot enters it again at once. The slots are taken in key order, so two goroutines
-// entering the same leases cannot each hold one the other waits for.
-func enterForCall(ctx context.Context) (context.Context, func(), error) {
-	var leases []*Lease
+// enterForCall is handover.Enter: before a unary call that hands the locks of ctx to another
+// service, the calling goroutine re-enters each of them (the innermost live lease of each key)
+// through its re-entry slot, as a Lock of the key by this goroutine would. The downstream
+// handlers that re-enter through the handed owners are then inside one at a time per lease,
+// as in-process re-entries are (DESIGN: re-entries of one hold exclude each other); before
+// this, two goroutines of a holder that called a method locking the same key ran both
+// downstream handlers at once (review 4: TestHandedOwnerReentriesExclude). Nested chains keep
+// working: a downstream handler's own calls re-enter its borrowed or joined lease, whose slot
+// is another one, and a goroutine's own re-entry takes no slot.
+//
+// A call waits for a slot only while its goroutine is inside none: not through a re-entry of
+// its own in ctx, nor through a slot this call took already. Otherwise a busy slot's key is
+// not handed over (the downstream service cannot re-enter it: it waits for the key, or answers
+// that it is locked), because waiting while holding a slot can deadlock with a goroutine that
+// holds that slot and waits for ours (review of d01fe15:
+// TestReviewCallsFromReentriesOfTwoKeysDoNotDeadlock). Slots are taken in key order, so two
+// calls that wait cannot each hold one the other needs.
+func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
+	g := goid()
+	var (
+		leases  []*Lease
+		holding bool // g is inside a slot: through one of its own re-entries in ctx
+	)
 	for _, x := range AllFromContext(ctx) { // innermost first: the first lease of a key is kept
+		if x.kind == GrantReentry && x.re.g == g { // re is set when a re-entry is made, then fixed
+			holding = true
+		}
 		if !slices.ContainsFunc(leases, func(y *Lease) bool { return y.h.key == x.h.key }) {
 			leases = append(leases, x)
 		}
 	}
 	if len(leases) == 0 {
-		return ctx, func() {}, nil
+		return nil, func() {}, nil
 	}
 	slices.SortFunc(leases, func(a, b *Lease) int { return strings.Compare(a.h.key, b.h.key) })
-	g := goid()
 	b := budget{parent: ctx} // no deadline of its own: the call's context bounds the wait
-	entered := ctx
 	taken := make([]*Lease, 0, len(leases))
 	release := func() {
 		for i := len(taken) - 1; i >= 0; i-- {
 			_ = taken[i].Release(context.Background())
 		}
 	}
+	owners := make([]handover.Owner, 0, len(leases))
 	for _, x := range leases {
-		inSlot, err := x.enterReentry(g, true, &b)
+		inSlot, err := x.enterReentry(g, !holding, &b)
 		if errors.Is(err, errGrantEnded) {
-			continue // released meanwhile: its owner is not handed over (heldOwners skips it)
+			continue // released meanwhile: its lock may be the next request's, not handed over
 		}
 		if err != nil {
+			if ctx.Err() == nil && holding {
+				continue // busy, and g may not wait: this key is not handed over
+			}
 			release()
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, nil, cerr
 			}
 			return nil, nil, err
 		}
-		r := newLease(entered, x.h, GrantReentry, x.fence)
-		if r.re == nil { // entered carries x, so newLease made re for its outer lease
+		r := newLease(ctx, x.h, GrantReentry, x.fence)
+		if r.re == nil { // ctx carries x, so newLease made re for its outer lease
 			r.re = &reentry{}
 		}
 		r.re.parent, r.re.g, r.inSlot = x, g, inSlot
 		taken = append(taken, r)
-		entered = r.Context()
+		holding = holding || inSlot
+		if owner, fence, ok := r.handover(); ok {
+			owners = append(owners, handover.Owner{Key: r.h.key, Token: owner, Fence: fence})
+		}
 	}
 	var once sync.Once
-	return entered, func() { once.Do(release) }, nil
+	return owners, func() { once.Do(release) }, nil
 }
 
 // heldOwners is handover.Held: the owners of the live leases of ctx, one per key (the innermost

@@ -167,12 +167,14 @@ func (s *lockedStream) release() {
 // (flightlock.AllFromContext) in the metadata of calls to the methods that LockConf.PropagateTo
 // names, as Redis key, owner and fence (signed with OwnerSecret when set), for
 // zrpc.WithUnaryClientInterceptor. A downstream service whose LockConf sets TrustOwner then
-// re-enters those locks instead of waiting for them. Calls to other methods, and calls made
-// outside a lock, are unchanged: an owner token lets its bearer into the lock.
+// re-enters those locks instead of waiting for them. Such calls take turns per held lock: the
+// calling goroutine re-enters the locks for the call (see withEnteredOwners). Calls to other
+// methods, and calls made outside a lock, are unchanged: an owner token lets its bearer into
+// the lock.
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, release, err := m.owners.withOutgoingOwners(ctx, method)
+		ctx, release, err := m.owners.withEnteredOwners(ctx, method)
 		if err != nil {
 			return err
 		}
@@ -181,44 +183,11 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	}
 }
 
-// StreamClientInterceptor is UnaryClientInterceptor for streaming calls.
+// StreamClientInterceptor is UnaryClientInterceptor for streaming calls, without the turns:
+// see withOutgoingOwners.
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx, release, err := m.owners.withOutgoingOwners(ctx, method)
-		if err != nil {
-			return nil, err
-		}
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			release()
-			return nil, err
-		}
-		return newReleasingStream(ctx, cs, release), nil
+		return streamer(m.owners.withOutgoingOwners(ctx, method), desc, cc, method, opts...)
 	}
-}
-
-// releasingStream is a client stream that carries re-entries of the caller's locks
-// (withOutgoingOwners): they are released once the stream is over, which for a client stream
-// is when RecvMsg reports an error (io.EOF at its normal end) or its context ends (gRPC's own
-// rule for releasing a stream's resources).
-type releasingStream struct {
-	grpc.ClientStream
-	release func() // idempotent (handover.Enter)
-	stop    func() bool
-}
-
-func newReleasingStream(ctx context.Context, cs grpc.ClientStream, release func()) grpc.ClientStream {
-	s := &releasingStream{ClientStream: cs, release: release}
-	s.stop = context.AfterFunc(ctx, release)
-	return s
-}
-
-func (s *releasingStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if err != nil {
-		s.stop()
-		s.release()
-	}
-	return err
 }

@@ -20,7 +20,6 @@ package middleware
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -180,80 +179,47 @@ func fanOutConn(t *testing.T, tr *testRedis, unary handlerFunc) (*grpc.ClientCon
 	return conn, holder
 }
 
-// openStream opens the Stream method (locked on s:{host}) with host 1 and reads its first
-// reply, which the server sends from inside its re-entry of s:1.
-func openStream(ctx context.Context, conn *grpc.ClientConn) (grpc.ClientStream, string, error) {
-	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, fullMethod("Stream"))
-	if err != nil {
-		return nil, "", err
-	}
-	if err := cs.SendMsg(&rpb.ServerReflectionRequest{Host: "1"}); err != nil {
-		return nil, "", err
-	}
-	reply := new(wrapperspb.StringValue)
-	if err := cs.RecvMsg(reply); err != nil {
-		return nil, "", err
-	}
-	return cs, reply.GetValue(), nil
-}
-
-// Propagated streams of one held lock take turns too: a second goroutine's stream opens only
-// once the first is over (read to io.EOF); a call that waits past its deadline fails with
-// DeadlineExceeded; a stream whose context ends without being read to the end lets the next
-// call in; and once the holder releases, the key is free (no re-entry was left behind).
-func TestHandedOwnerStreamsTakeTurns(t *testing.T) {
+// A unary call that waits for another goroutine's call under the same hold fails with
+// DeadlineExceeded when its deadline comes first, gets in once that call is over, and once the
+// holder releases, the key is free: no re-entry taken for a call is left behind.
+func TestHandedOwnerCallsTakeTurns(t *testing.T) {
 	tr := newTestRedis(t)
-	conn, holder := fanOutConn(t, tr, echoLeases)
-	lease, err := holder.Lock(context.Background(), "s:1")
+	entered, leave := make(chan struct{}), make(chan struct{})
+	var first1 atomic.Bool
+	conn, holder := fanOutConn(t, tr, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
+		if req.GetHost() == "1" && first1.CompareAndSwap(false, true) {
+			close(entered)
+			<-leave // the first call stays inside its re-entry of h:1; later ones answer at once
+		}
+		return wrapperspb.String(leaseKeys(ctx)), nil
+	})
+	lease, err := holder.Lock(context.Background(), "h:1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := lease.Context()
-
-	first, keys, err := openStream(ctx, conn)
-	if err != nil || keys != "lock:s:1" {
-		t.Fatalf("first stream: keys %q, %v", keys, err)
-	}
-	ctx2, cancel2 := context.WithCancel(ctx)
-	defer cancel2()
-	opened := make(chan error, 1)
+	first := make(chan error, 1)
 	go func() {
-		_, _, err := openStream(ctx2, conn)
-		opened <- err
+		_, err := call(ctx, conn, "Host", &rpb.ServerReflectionRequest{Host: "1"})
+		first <- err
 	}()
-	select {
-	case err := <-opened:
-		t.Fatalf("a second stream under the same hold opened while the first was inside (err %v)", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	if err := first.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	if err := first.RecvMsg(new(wrapperspb.StringValue)); err != io.EOF {
-		t.Fatalf("first stream ended with %v, want io.EOF", err)
-	}
-	select {
-	case err := <-opened:
-		if err != nil {
-			t.Fatalf("second stream: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the second stream did not open after the first ended")
-	}
+	<-entered
 
-	// The second stream is inside and never read to its end.
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = call(short, conn, "Host", &rpb.ServerReflectionRequest{Host: "2"})
+	_, err = call(short, conn, "Host", &rpb.ServerReflectionRequest{Host: "1"})
 	cancel()
 	if status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("a call waiting past its deadline for the second stream: %v, want DeadlineExceeded", err)
+		t.Fatalf("a call under the hold while another goroutine's call is inside: %v, want DeadlineExceeded", err)
 	}
-	cancel2() // the second stream's context ends
+	close(leave)
+	if err := <-first; err != nil {
+		t.Fatalf("first call: %v", err)
+	}
 	long, cancel := context.WithTimeout(ctx, 5*time.Second)
-	keys, err = call(long, conn, "Host", &rpb.ServerReflectionRequest{Host: "2"})
+	keys, err := call(long, conn, "Host", &rpb.ServerReflectionRequest{Host: "1"})
 	cancel()
-	if err != nil || keys != "lock:h:2" {
-		t.Fatalf("a call after the second stream's context ended: keys %q, %v", keys, err)
+	if err != nil || keys != "lock:h:1" {
+		t.Fatalf("a call after the first one ended: keys %q, %v", keys, err)
 	}
 
 	if err := lease.Release(context.Background()); err != nil {
@@ -261,9 +227,9 @@ func TestHandedOwnerStreamsTakeTurns(t *testing.T) {
 	}
 	free, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	next, err := tr.locker(t).Lock(free, "s:1")
+	next, err := tr.locker(t).Lock(free, "h:1")
 	if err != nil {
-		t.Fatalf("s:1 after its holder released, with every propagated call over: %v", err)
+		t.Fatalf("h:1 after its holder released, with every propagated call over: %v", err)
 	}
 	_ = next.Release(context.Background())
 }

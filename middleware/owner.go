@@ -59,31 +59,45 @@ func checkPropagateTo(to []string) error {
 	return nil
 }
 
-// withOutgoingOwners prepares a call to method. When the policy sends owners there and ctx
-// holds locks, the calling goroutine first re-enters each of them (handover.Enter): calls of
-// one held lock to such methods take turns, waiting within ctx, so that the downstream
+// withOutgoingOwners adds the locks that ctx holds to the outgoing metadata of a stream to
+// method, when the policy sends owners there. Streams do not take the re-entry slots that
+// unary calls take (withEnteredOwners): a stream outlives the interceptor and its end is not
+// the caller's to see in every case, so two streams of one hold can still have their
+// downstream handlers inside at once (README: re-entry, the exact rule).
+func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) context.Context {
+	if !p.propagates(method) {
+		return ctx
+	}
+	return p.appendOwners(ctx, handover.Held(ctx)) // live leases only, one per key, marked shared
+}
+
+// withEnteredOwners prepares a unary call to method. When the policy sends owners there and
+// ctx holds locks, the calling goroutine first re-enters each of them (handover.Enter): calls
+// of one held lock to such methods take turns, waiting within ctx, so that the downstream
 // re-entries through the handed owners exclude each other as in-process re-entries do
-// (TestHandedOwnerReentriesExclude). It returns the context of the call, which carries those
-// re-entries and the owners in its outgoing metadata, and release, to call once the call is
-// over. Otherwise it returns ctx and a release that does nothing. The error is ctx's, as a
-// gRPC status, when ctx ended during the wait.
-func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) (context.Context, func(), error) {
+// (TestHandedOwnerReentriesExclude). It returns the call's context, with the owners of those
+// re-entries in its outgoing metadata, and release, to call once the call is over. The error
+// is ctx's, as a gRPC status, when ctx ended during the wait.
+func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string) (context.Context, func(), error) {
 	if !p.propagates(method) {
 		return ctx, func() {}, nil
 	}
-	entered, release, err := handover.Enter(ctx)
+	owners, release, err := handover.Enter(ctx)
 	if err != nil {
 		return nil, nil, status.FromContextError(err).Err()
 	}
-	owners := handover.Held(entered) // live leases only, one per key, marked shared
+	return p.appendOwners(ctx, owners), release, nil
+}
+
+func (p *ownerPolicy) appendOwners(ctx context.Context, owners []handover.Owner) context.Context {
 	if len(owners) == 0 {
-		return entered, release, nil
+		return ctx
 	}
 	kv := make([]string, 0, 2*len(owners))
 	for _, o := range owners {
 		kv = append(kv, ownerMetadataKey, p.encode(o.Key, o.Token, o.Fence))
 	}
-	return metadata.AppendToOutgoingContext(entered, kv...), release, nil
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 func (p *ownerPolicy) encode(key, owner string, fence int64) string {

@@ -45,11 +45,13 @@ func Lookup(ctx context.Context, key string) (Owner, bool) {
 // where no context holds a lock.
 var Held func(ctx context.Context) []Owner
 
-// Enter admits the calling goroutine to a call made on behalf of the locks that ctx holds: for
-// each of them (the innermost live lease of each key), a re-entry that takes the lease's
-// re-entry slot, as a Lock of its key by this goroutine would, waiting while another goroutine
-// is inside until ctx ends. The returned context carries those re-entries (its Held are what
-// the call may hand over); release ends them, once, when the call is over. A transport that
-// hands owners to another service calls it first, so that the downstream re-entries of one
-// hold take turns as in-process re-entries do. Set by the flightlock package like Held.
-var Enter func(ctx context.Context) (entered context.Context, release func(), err error)
+// Enter admits the calling goroutine to a unary call made on behalf of the locks that ctx
+// holds: for each of them (the innermost live lease of each key), a re-entry that takes the
+// lease's re-entry slot, as a Lock of its key by this goroutine would, waiting until ctx ends
+// while another goroutine is inside (and only while this goroutine is inside no slot: a key
+// whose slot it cannot take without waiting is then left out). It returns the owners to hand
+// over, those of the re-entries taken, and release, which ends them once the call is over. A
+// transport that hands owners to another service calls it first, so that the downstream
+// re-entries of one hold take turns as in-process re-entries do. Set by the flightlock package
+// like Held.
+var Enter func(ctx context.Context) (owners []Owner, release func(), err error)
