@@ -77,31 +77,35 @@ func init() {
 // this, two goroutines of a holder that called a method locking the same key ran both
 // downstream handlers at once (review 4: TestHandedOwnerReentriesExclude). Nested chains keep
 // working: a downstream handler's own calls re-enter its borrowed or joined lease, whose slot
-// is another one, and a goroutine's own re-entry takes no slot.
+// is another one. A call through a re-entry the goroutine made itself takes that re-entry's
+// slot (enterOwnSlot), so it excludes the goroutines it started that re-enter it.
 //
-// A call waits for a slot only while its goroutine is inside none: not through a re-entry of
-// its own in ctx, nor through a slot this call took already. Otherwise a busy slot's key is
+// A call waits for a slot only while its goroutine is inside none: not through any re-entry
+// (slotsHeld counts them per goroutine, whatever context the call is given), nor through a
+// slot this call took already. Otherwise a busy slot's key is
 // not handed over (the downstream service cannot re-enter it: it waits for the key, or answers
 // that it is locked), because waiting while holding a slot can deadlock with a goroutine that
 // holds that slot and waits for ours (review of d01fe15:
 // TestReviewCallsFromReentriesOfTwoKeysDoNotDeadlock). Slots are taken in key order, so two
 // calls that wait cannot each hold one the other needs.
 func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
-	g := goid()
-	var (
-		leases  []*Lease
-		holding bool // g is inside a slot: through one of its own re-entries in ctx
-	)
+	var leases []*Lease
 	for _, x := range AllFromContext(ctx) { // innermost first: the first lease of a key is kept
-		if x.kind == GrantReentry && x.re.g == g { // re is set when a re-entry is made, then fixed
-			holding = true
-		}
 		if !slices.ContainsFunc(leases, func(y *Lease) bool { return y.h.key == x.h.key }) {
 			leases = append(leases, x)
 		}
 	}
 	if len(leases) == 0 {
 		return nil, func() {}, nil
+	}
+	g := goid()
+	// g is inside a slot: of any lease, whatever context it passes (slotsHeld), or through a
+	// re-entry of its own in ctx (re is set when a re-entry is made, then fixed).
+	holding := insideSlot(g)
+	for _, x := range leases {
+		if x.kind == GrantReentry && x.re.g == g {
+			holding = true
+		}
 	}
 	slices.SortFunc(leases, func(a, b *Lease) int { return strings.Compare(a.h.key, b.h.key) })
 	b := budget{parent: ctx} // no deadline of its own: the call's context bounds the wait
@@ -113,7 +117,22 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 	}
 	owners := make([]handover.Owner, 0, len(leases))
 	for _, x := range leases {
-		inSlot, err := x.enterReentry(g, !holding, &b)
+		var (
+			inSlot bool
+			err    error
+		)
+		if x.kind == GrantReentry && x.re.g == g {
+			// g's own re-entry: the call takes x's slot, which goroutines g started take to
+			// re-enter x, and leaves x's key out when one of them is inside (no waiting: g is
+			// inside its parent's slot).
+			var ok bool
+			if ok, err = x.enterOwnSlot(g); err == nil && !ok {
+				continue
+			}
+			inSlot = ok
+		} else {
+			inSlot, err = x.enterReentry(g, !holding, &b)
+		}
 		if errors.Is(err, errGrantEnded) {
 			continue // released meanwhile: its lock may be the next request's, not handed over
 		}

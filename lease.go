@@ -343,6 +343,9 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	slot := re.slotLocked()
 	switch {
 	case slot.g == 0 || slot.g == g:
+		if slot.g == 0 {
+			noteSlot(g, 1)
+		}
 		slot.g = g
 		slot.depth++
 		x.h.addLive()
@@ -378,6 +381,30 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 	return false, &busyError{}
 }
 
+// enterOwnSlot takes x's re-entry slot for g, the goroutine that made x, without waiting, for
+// a call made on x's behalf (enterForCall): unlike g's own re-entries of x, which take no slot
+// (they are g's call chain), such a call is a handler elsewhere, so it must exclude the
+// goroutines g started that re-enter x (review of 8869184). ok is false, and nothing is
+// counted, when another goroutine is inside; otherwise the new lease is counted live.
+func (x *Lease) enterOwnSlot(g int64) (ok bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.released {
+		return false, errGrantEnded
+	}
+	slot := x.reentryLocked().slotLocked()
+	if slot.g != 0 && slot.g != g {
+		return false, nil
+	}
+	if slot.g == 0 {
+		noteSlot(g, 1)
+	}
+	slot.g = g
+	slot.depth++
+	x.h.addLive()
+	return true, nil
+}
+
 // leaveSlot ends one re-entry through x's slot, and grants the slot to the next waiting
 // goroutine when it is free; that goroutine's lease is counted live before the caller counts
 // its own released, so the grant cannot end in between.
@@ -389,12 +416,14 @@ func (x *Lease) leaveSlot() {
 	if slot.depth > 0 {
 		return
 	}
+	noteSlot(slot.g, -1)
 	slot.g = 0
 	if len(slot.queue) > 0 {
 		w := slot.queue[0]
 		slot.queue[0] = nil
 		slot.queue = slot.queue[1:]
 		slot.g, slot.depth = w.g, 1
+		noteSlot(w.g, 1)
 		x.h.addLive()
 		close(w.ready)
 	}
@@ -426,4 +455,32 @@ func (g *Group) Release(ctx context.Context) error {
 		err = errors.Join(err, g.leases[i].Release(ctx))
 	}
 	return err
+}
+
+// slotsHeld counts, per goroutine, the re-entry slots it is inside (reentrySlot.g), so that a
+// call made on behalf of held locks (enterForCall) knows whether waiting for a slot could
+// deadlock, whatever context the goroutine passes to it (review of 8869184). Guarded by
+// slotsHeldMu, a leaf lock taken under a lease's mu; touched on the re-entry path only, and an
+// entry is deleted when its count reaches 0, so the map holds only goroutines inside slots.
+var (
+	slotsHeldMu sync.Mutex
+	slotsHeld   = map[int64]int{}
+)
+
+// noteSlot adds d to the slots goroutine g is inside.
+func noteSlot(g int64, d int) {
+	slotsHeldMu.Lock()
+	defer slotsHeldMu.Unlock()
+	if n := slotsHeld[g] + d; n > 0 {
+		slotsHeld[g] = n
+	} else {
+		delete(slotsHeld, g)
+	}
+}
+
+// insideSlot reports whether goroutine g is inside a re-entry slot.
+func insideSlot(g int64) bool {
+	slotsHeldMu.Lock()
+	defer slotsHeldMu.Unlock()
+	return slotsHeld[g] > 0
 }

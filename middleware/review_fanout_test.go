@@ -10,12 +10,16 @@ package middleware
 
 import (
 	"context"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // Calls take every held key's slot, in key order, but slots taken by in-process re-entries are
@@ -65,5 +69,107 @@ func TestReviewCallsFromReentriesOfTwoKeysDoNotDeadlock(t *testing.T) {
 			t.Errorf("goroutine %d (inside a re-entry of %s): call of a method locking an unrelated key: %v (%v)",
 				i, []string{"x", "y"}[i], err, status.Code(err))
 		}
+	}
+}
+
+// Review of 8869184: the same cross as above, but each goroutine calls with another context
+// than the one its re-entry carries (the holder's lease of the other key, as code that locked
+// and went on passing its original context does). Whether a goroutine is inside a slot was
+// read from the call's context only, so both calls waited for each other's slot until their
+// deadlines; it is now counted per goroutine.
+func TestCallsWithAnotherContextThanTheReentryDoNotDeadlock(t *testing.T) {
+	tr := newTestRedis(t)
+	conn, holder := fanOutConn(t, tr, echoLeases)
+	lx, err := holder.Lock(context.Background(), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lx.Release(context.Background())
+	ly, err := holder.Lock(context.Background(), "y") // taken apart: its context carries y only
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ly.Release(context.Background())
+
+	var inside, wg sync.WaitGroup
+	inside.Add(2)
+	var errs [2]error
+	for i, in := range []*flightlock.Lease{lx, ly} {
+		other := []*flightlock.Lease{ly, lx}[i]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := holder.Lock(in.Context(), strings.TrimPrefix(in.Key(), "lock:")) // takes in's slot
+			inside.Done()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer r.Release(context.Background())
+			inside.Wait() // both re-entries taken
+			c, cancel := context.WithTimeout(other.Context(), time.Second)
+			defer cancel()
+			_, errs[i] = call(c, conn, "Host", &rpb.ServerReflectionRequest{Host: []string{"2", "3"}[i]})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("goroutine %d: call with the other key's context: %v (%v)", i, err, status.Code(err))
+		}
+	}
+}
+
+// Review of 8869184: a goroutine's own re-entry took no slot for its calls, so a call through
+// it ran beside a call of a goroutine it started with the re-entry's context (which takes the
+// re-entry's slot): two downstream handlers inside h:1 at once. The own call now takes that
+// slot without waiting and leaves the key out while the other goroutine is inside.
+func TestCallThroughOwnReentryExcludesItsGoroutines(t *testing.T) {
+	tr := newTestRedis(t)
+	var inside, most atomic.Int32
+	entered, leave := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	conn, holder := fanOutConn(t, tr, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
+		n := inside.Add(1)
+		defer inside.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-leave
+		}
+		return wrapperspb.String(leaseKeys(ctx)), nil
+	})
+	lease, err := holder.Lock(context.Background(), "h:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	done := make(chan error, 1)
+	go func() { // g1
+		r1, err := holder.Lock(lease.Context(), "h:1") // takes the lease's slot
+		if err != nil {
+			done <- err
+			return
+		}
+		defer r1.Release(context.Background())
+		second := make(chan error, 1)
+		go func() { // g2, started with r1's context: its call takes r1's slot
+			_, err := call(r1.Context(), conn, "Host", &rpb.ServerReflectionRequest{Host: "1"})
+			second <- err
+		}()
+		<-entered
+		c, cancel := context.WithTimeout(r1.Context(), 300*time.Millisecond)
+		_, _ = call(c, conn, "Host", &rpb.ServerReflectionRequest{Host: "1"}) // g1's own call: must not get in
+		cancel()
+		close(leave)
+		done <- <-second
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("g2's call: %v", err)
+	}
+	if n := most.Load(); n > 1 {
+		t.Fatalf("%d downstream handlers inside h:1 at once: a call through a goroutine's own re-entry "+
+			"ran beside the call of a goroutine it started", n)
 	}
 }
