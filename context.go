@@ -88,7 +88,7 @@ func init() {
 // holds that slot and waits for ours (review of d01fe15:
 // TestReviewCallsFromReentriesOfTwoKeysDoNotDeadlock). Slots are taken in key order, so two
 // calls that wait cannot each hold one the other needs.
-func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
+func enterForCall(ctx context.Context) (owners []handover.Owner, withheld []string, release func(), err error) {
 	var leases []*Lease
 	for _, x := range AllFromContext(ctx) { // innermost first: the first lease of a key is kept
 		if !slices.ContainsFunc(leases, func(y *Lease) bool { return y.h.key == x.h.key }) {
@@ -96,7 +96,7 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 		}
 	}
 	if len(leases) == 0 {
-		return nil, func() {}, nil
+		return nil, nil, func() {}, nil
 	}
 	g := goid()
 	// g is inside a slot: of any lease, whatever context it passes (slotsHeld), or through a
@@ -110,12 +110,12 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 	slices.SortFunc(leases, func(a, b *Lease) int { return strings.Compare(a.h.key, b.h.key) })
 	b := budget{parent: ctx} // no deadline of its own: the call's context bounds the wait
 	taken := make([]*Lease, 0, len(leases))
-	release := func() {
+	releaseAll := func() {
 		for i := len(taken) - 1; i >= 0; i-- {
 			_ = taken[i].Release(context.Background())
 		}
 	}
-	owners := make([]handover.Owner, 0, len(leases))
+	owners = make([]handover.Owner, 0, len(leases))
 	for _, x := range leases {
 		var (
 			inSlot bool
@@ -127,6 +127,7 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 			// inside its parent's slot).
 			var ok bool
 			if ok, err = x.enterOwnSlot(g); err == nil && !ok {
+				withheld = append(withheld, x.h.key)
 				continue
 			}
 			inSlot = ok
@@ -138,13 +139,14 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 		}
 		if err != nil {
 			if ctx.Err() == nil && holding {
-				continue // busy, and g may not wait: this key is not handed over
+				withheld = append(withheld, x.h.key) // busy, and g may not wait: not handed over
+				continue
 			}
-			release()
+			releaseAll()
 			if cerr := ctx.Err(); cerr != nil {
-				return nil, nil, cerr
+				return nil, nil, nil, cerr
 			}
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		r := newLease(ctx, x.h, GrantReentry, x.fence)
 		if r.re == nil { // ctx carries x, so newLease made re for its outer lease
@@ -158,7 +160,7 @@ func enterForCall(ctx context.Context) ([]handover.Owner, func(), error) {
 		}
 	}
 	var once sync.Once
-	return owners, func() { once.Do(release) }, nil
+	return owners, withheld, func() { once.Do(releaseAll) }, nil
 }
 
 // heldOwners is handover.Held: the owners of the live leases of ctx, one per key (the innermost

@@ -174,7 +174,7 @@ func (s *lockedStream) release() {
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, release, err := m.owners.withEnteredOwners(ctx, method)
+		ctx, release, err := m.owners.withEnteredOwners(ctx, method, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
 		if err != nil {
 			return err
 		}

@@ -78,13 +78,20 @@ func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) con
 // (TestHandedOwnerReentriesExclude). It returns the call's context, with the owners of those
 // re-entries in its outgoing metadata, and release, to call once the call is over. The error
 // is ctx's, as a gRPC status, when ctx ended during the wait.
-func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string) (context.Context, func(), error) {
+//
+// A key whose owner is withheld (its slot was busy while this goroutine was inside another,
+// where waiting could deadlock) goes to withheld: the caller counts and logs it, since the
+// downstream service then cannot re-enter that key.
+func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, withheld func([]string)) (context.Context, func(), error) {
 	if !p.propagates(method) {
 		return ctx, func() {}, nil
 	}
-	owners, release, err := handover.Enter(ctx)
+	owners, left, release, err := handover.Enter(ctx)
 	if err != nil {
 		return nil, nil, status.FromContextError(err).Err()
+	}
+	if len(left) > 0 {
+		withheld(left)
 	}
 	return p.appendOwners(ctx, owners), release, nil
 }

@@ -90,6 +90,15 @@ func TestCallsWithAnotherContextThanTheReentryDoNotDeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ly.Release(context.Background())
+	withheld := func() (n float64) {
+		withMetric(t, "flightlock_owners_withheld_total", func(labels map[string]string, v float64) {
+			if labels["method"] == fullMethod("Host") {
+				n = v
+			}
+		})
+		return n
+	}
+	before := withheld()
 
 	var inside, wg sync.WaitGroup
 	inside.Add(2)
@@ -117,6 +126,11 @@ func TestCallsWithAnotherContextThanTheReentryDoNotDeadlock(t *testing.T) {
 		if err != nil {
 			t.Errorf("goroutine %d: call with the other key's context: %v (%v)", i, err, status.Code(err))
 		}
+	}
+	// Each call found the other key's slot taken while its goroutine was inside a slot: both
+	// owners were withheld, and counted.
+	if got := withheld() - before; got != 2 {
+		t.Errorf("flightlock_owners_withheld_total{method=Host} grew by %v, want 2", got)
 	}
 }
 

@@ -50,8 +50,9 @@ var Held func(ctx context.Context) []Owner
 // lease's re-entry slot, as a Lock of its key by this goroutine would, waiting until ctx ends
 // while another goroutine is inside (and only while this goroutine is inside no slot: a key
 // whose slot it cannot take without waiting is then left out). It returns the owners to hand
-// over, those of the re-entries taken, and release, which ends them once the call is over. A
+// over, those of the re-entries taken, the keys left out (withheld), and release, which ends
+// the re-entries once the call is over. A
 // transport that hands owners to another service calls it first, so that the downstream
 // re-entries of one hold take turns as in-process re-entries do. Set by the flightlock package
 // like Held.
-var Enter func(ctx context.Context) (owners []Owner, release func(), err error)
+var Enter func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
