@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
@@ -67,6 +68,7 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 func init() {
 	handover.Held = heldOwners
 	handover.Enter = enterForCall
+	handover.EnterStream = enterForStream
 }
 
 // enterForCall is handover.Enter: before a unary call that hands the locks of ctx to another
@@ -89,6 +91,23 @@ func init() {
 // TestReviewCallsFromReentriesOfTwoKeysDoNotDeadlock). Slots are taken in key order, so two
 // calls that wait cannot each hold one the other needs.
 func enterForCall(ctx context.Context) (owners []handover.Owner, withheld []string, release func(), err error) {
+	return enterHeld(ctx, false)
+}
+
+// streamIDs names the slot entries of streams (enterForStream): negative, so never a
+// goroutine's id.
+var streamIDs atomic.Int64
+
+// enterForStream is handover.EnterStream: enterForCall for a stream, which outlives the call
+// that opens it, so it cannot hold its slots as its goroutine: each stream takes them under an
+// id of its own, and its goroutine is counted inside a slot until release, so that the
+// goroutine never waits for a slot that its own open stream holds (its later calls and streams
+// withhold the key instead). The release is the caller's to call once the stream is over.
+func enterForStream(ctx context.Context) (owners []handover.Owner, withheld []string, release func(), err error) {
+	return enterHeld(ctx, true)
+}
+
+func enterHeld(ctx context.Context, stream bool) (owners []handover.Owner, withheld []string, release func(), err error) {
 	var leases []*Lease
 	for _, x := range AllFromContext(ctx) { // innermost first: the first lease of a key is kept
 		if !slices.ContainsFunc(leases, func(y *Lease) bool { return y.h.key == x.h.key }) {
@@ -99,6 +118,10 @@ func enterForCall(ctx context.Context) (owners []handover.Owner, withheld []stri
 		return nil, nil, func() {}, nil
 	}
 	g := goid()
+	id := g // the slot entry's owner: the goroutine, or a stream of its own
+	if stream {
+		id = -streamIDs.Add(1)
+	}
 	// g is inside a slot: of any lease, whatever context it passes (slotsHeld), or through a
 	// re-entry of its own in ctx (re is set when a re-entry is made, then fixed).
 	holding := insideSlot(g)
@@ -126,13 +149,13 @@ func enterForCall(ctx context.Context) (owners []handover.Owner, withheld []stri
 			// re-enter x, and leaves x's key out when one of them is inside (no waiting: g is
 			// inside its parent's slot).
 			var ok bool
-			if ok, err = x.enterOwnSlot(g); err == nil && !ok {
+			if ok, err = x.enterOwnSlot(id); err == nil && !ok {
 				withheld = append(withheld, x.h.key)
 				continue
 			}
 			inSlot = ok
 		} else {
-			inSlot, err = x.enterReentry(g, !holding, &b)
+			inSlot, err = x.enterReentry(id, !holding, &b)
 		}
 		if errors.Is(err, errGrantEnded) {
 			continue // released meanwhile: its lock may be the next request's, not handed over
@@ -152,11 +175,19 @@ func enterForCall(ctx context.Context) (owners []handover.Owner, withheld []stri
 		if r.re == nil { // ctx carries x, so newLease made re for its outer lease
 			r.re = &reentry{}
 		}
-		r.re.parent, r.re.g, r.inSlot = x, g, inSlot
+		r.re.parent, r.re.g, r.inSlot = x, id, inSlot
 		taken = append(taken, r)
 		holding = holding || inSlot
 		if owner, fence, ok := r.handover(); ok {
 			owners = append(owners, handover.Owner{Key: r.h.key, Token: owner, Fence: fence})
+		}
+	}
+	if stream && len(taken) > 0 {
+		noteSlot(g, 1) // the opener is inside while its stream is (see enterForStream)
+		inner := releaseAll
+		releaseAll = func() {
+			inner()
+			noteSlot(g, -1)
 		}
 	}
 	var once sync.Once

@@ -386,7 +386,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 // (they are g's call chain), such a call is a handler elsewhere, so it must exclude the
 // goroutines g started that re-enter x (review of 8869184). ok is false, and nothing is
 // counted, when another goroutine is inside; otherwise the new lease is counted live.
-func (x *Lease) enterOwnSlot(g int64) (ok bool, err error) {
+func (x *Lease) enterOwnSlot(g int64) (ok bool, err error) { // g: a goroutine's id or a stream's
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.released {

@@ -174,7 +174,7 @@ func (s *lockedStream) release() {
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, release, err := m.owners.withEnteredOwners(ctx, method, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
+		ctx, release, err := m.owners.withEnteredOwners(ctx, method, false, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
 		if err != nil {
 			return err
 		}
@@ -183,11 +183,23 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	}
 }
 
-// StreamClientInterceptor is UnaryClientInterceptor for streaming calls, without the turns:
-// see withOutgoingOwners.
+// StreamClientInterceptor is UnaryClientInterceptor for streaming calls. A stream takes its
+// turn under each held lock for as long as it lasts: its re-entries are released when gRPC
+// ends the stream (its context is done: the last message read, an error, or the caller's
+// context ended).
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		return streamer(m.owners.withOutgoingOwners(ctx, method), desc, cc, method, opts...)
+		ctx, release, err := m.owners.withEnteredOwners(ctx, method, true, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
+		if err != nil {
+			return nil, err
+		}
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		context.AfterFunc(cs.Context(), release)
+		return cs, nil
 	}
 }

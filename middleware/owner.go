@@ -59,19 +59,7 @@ func checkPropagateTo(to []string) error {
 	return nil
 }
 
-// withOutgoingOwners adds the locks that ctx holds to the outgoing metadata of a stream to
-// method, when the policy sends owners there. Streams do not take the re-entry slots that
-// unary calls take (withEnteredOwners): a stream outlives the interceptor and its end is not
-// the caller's to see in every case, so two streams of one hold can still have their
-// downstream handlers inside at once (README: re-entry, the exact rule).
-func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) context.Context {
-	if !p.propagates(method) {
-		return ctx
-	}
-	return p.appendOwners(ctx, handover.Held(ctx)) // live leases only, one per key, marked shared
-}
-
-// withEnteredOwners prepares a unary call to method. When the policy sends owners there and
+// withEnteredOwners prepares a call to method. When the policy sends owners there and
 // ctx holds locks, the calling goroutine first re-enters each of them (handover.Enter): calls
 // of one held lock to such methods take turns, waiting within ctx, so that the downstream
 // re-entries through the handed owners exclude each other as in-process re-entries do
@@ -82,11 +70,18 @@ func (p *ownerPolicy) withOutgoingOwners(ctx context.Context, method string) con
 // A key whose owner is withheld (its slot was busy while this goroutine was inside another,
 // where waiting could deadlock) goes to withheld: the caller counts and logs it, since the
 // downstream service then cannot re-enter that key.
-func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, withheld func([]string)) (context.Context, func(), error) {
+//
+// Streams enter with handover.EnterStream (stream true): their re-entries last until the
+// caller releases them, once the stream is over.
+func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stream bool, withheld func([]string)) (context.Context, func(), error) {
 	if !p.propagates(method) {
 		return ctx, func() {}, nil
 	}
-	owners, left, release, err := handover.Enter(ctx)
+	enter := handover.Enter
+	if stream {
+		enter = handover.EnterStream
+	}
+	owners, left, release, err := enter(ctx)
 	if err != nil {
 		return nil, nil, status.FromContextError(err).Err()
 	}

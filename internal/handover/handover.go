@@ -56,3 +56,8 @@ var Held func(ctx context.Context) []Owner
 // re-entries of one hold take turns as in-process re-entries do. Set by the flightlock package
 // like Held.
 var Enter func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
+
+// EnterStream is Enter for a stream: its re-entries are the stream's, not its goroutine's, and
+// last until release, which the transport calls once the stream is over (gRPC: its context
+// done). Set by the flightlock package like Held.
+var EnterStream func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
