@@ -118,9 +118,9 @@ func enterHeld(ctx context.Context, stream bool) (owners []handover.Owner, withh
 		return nil, nil, func() {}, nil
 	}
 	g := goid()
-	id := g // the slot entry's owner: the goroutine, or a stream of its own
+	id, opener := g, int64(0) // the slot entry's owner: the goroutine, or a stream it opens
 	if stream {
-		id = -streamIDs.Add(1)
+		id, opener = -streamIDs.Add(1), g
 	}
 	// g is inside a slot: of any lease, whatever context it passes (slotsHeld), or through a
 	// re-entry of its own in ctx (re is set when a re-entry is made, then fixed).
@@ -149,13 +149,13 @@ func enterHeld(ctx context.Context, stream bool) (owners []handover.Owner, withh
 			// re-enter x, and leaves x's key out when one of them is inside (no waiting: g is
 			// inside its parent's slot).
 			var ok bool
-			if ok, err = x.enterOwnSlot(id); err == nil && !ok {
+			if ok, err = x.enterOwnSlot(id, opener); err == nil && !ok {
 				withheld = append(withheld, x.h.key)
 				continue
 			}
 			inSlot = ok
 		} else {
-			inSlot, err = x.enterReentry(id, !holding, &b)
+			inSlot, err = x.enterReentryAs(id, opener, !holding, &b)
 		}
 		if errors.Is(err, errGrantEnded) {
 			continue // released meanwhile: its lock may be the next request's, not handed over

@@ -152,14 +152,15 @@ func (l *leaseList) end(cause error) {
 // (they take the re-entered lease's slot instead, so they still exclude each other). Go has no
 // goroutine identity in its API, so it is read from the stack header (goid), on re-entry only.
 type reentrySlot struct {
-	g     int64            // goroutine inside re-entries through the slot; 0 when free
-	depth int              // its re-entries not yet released
-	queue []*reentryWaiter // FIFO of goroutines waiting for the slot
+	g      int64            // goroutine inside re-entries through the slot, or a stream (< 0); 0 when free
+	opener int64            // when g is a stream: the goroutine that opened it; else 0
+	depth  int              // its re-entries not yet released
+	queue  []*reentryWaiter // FIFO of goroutines waiting for the slot
 }
 
 type reentryWaiter struct {
-	g     int64
-	ready chan struct{} // closed when the slot is granted to g (which then counts one live lease)
+	g, opener int64
+	ready     chan struct{} // closed when the slot is granted to g (which then counts one live lease)
 }
 
 // newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of

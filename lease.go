@@ -329,6 +329,19 @@ func (x *Lease) Release(ctx context.Context) error {
 // with errGrantEnded when x was released meanwhile (the caller then locks as a new owner: x's
 // lock may already be the next request's), and with a busy error when the slot stays taken.
 func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err error) {
+	return x.enterReentryAs(g, 0, wait, b)
+}
+
+// enterReentryAs is enterReentry for g, a goroutine, or a stream (g < 0) that goroutine opener
+// opened (handover.EnterStream). A goroutine that finds the slot taken by a stream it opened
+// itself is refused at once: the stream's handler elsewhere is inside, and only this goroutine
+// can end the stream, so waiting could only run out its budget (review of 67db52c:
+// TestReviewOpenerNestedLockWaitsForItsOwnStream).
+func (x *Lease) enterReentryAs(g, opener int64, wait bool, b *budget) (inSlot bool, err error) {
+	caller := g // the goroutine making the call
+	if opener != 0 {
+		caller = opener
+	}
 	x.mu.Lock()
 	if x.released {
 		x.mu.Unlock()
@@ -346,16 +359,16 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 		if slot.g == 0 {
 			noteSlot(g, 1)
 		}
-		slot.g = g
+		slot.g, slot.opener = g, opener
 		slot.depth++
 		x.h.addLive()
 		x.mu.Unlock()
 		return true, nil
-	case !wait:
+	case !wait || slot.opener == caller:
 		x.mu.Unlock()
 		return false, &busyError{retryAfter: x.h.remaining()}
 	}
-	w := &reentryWaiter{g: g, ready: make(chan struct{})}
+	w := &reentryWaiter{g: g, opener: opener, ready: make(chan struct{})}
 	slot.queue = append(slot.queue, w)
 	x.mu.Unlock()
 
@@ -386,7 +399,7 @@ func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err er
 // (they are g's call chain), such a call is a handler elsewhere, so it must exclude the
 // goroutines g started that re-enter x (review of 8869184). ok is false, and nothing is
 // counted, when another goroutine is inside; otherwise the new lease is counted live.
-func (x *Lease) enterOwnSlot(g int64) (ok bool, err error) { // g: a goroutine's id or a stream's
+func (x *Lease) enterOwnSlot(g, opener int64) (ok bool, err error) { // g: a goroutine, or a stream opener opened
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.released {
@@ -399,7 +412,7 @@ func (x *Lease) enterOwnSlot(g int64) (ok bool, err error) { // g: a goroutine's
 	if slot.g == 0 {
 		noteSlot(g, 1)
 	}
-	slot.g = g
+	slot.g, slot.opener = g, opener
 	slot.depth++
 	x.h.addLive()
 	return true, nil
@@ -417,12 +430,12 @@ func (x *Lease) leaveSlot() {
 		return
 	}
 	noteSlot(slot.g, -1)
-	slot.g = 0
+	slot.g, slot.opener = 0, 0
 	if len(slot.queue) > 0 {
 		w := slot.queue[0]
 		slot.queue[0] = nil
 		slot.queue = slot.queue[1:]
-		slot.g, slot.depth = w.g, 1
+		slot.g, slot.opener, slot.depth = w.g, w.opener, 1
 		noteSlot(w.g, 1)
 		x.h.addLive()
 		close(w.ready)

@@ -2,9 +2,11 @@ package middleware
 
 import (
 	"context"
+	"io"
 	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 // UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for
@@ -178,28 +180,74 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 		if err != nil {
 			return err
 		}
-		defer release()
+		if release != nil {
+			defer release()
+		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 }
 
 // StreamClientInterceptor is UnaryClientInterceptor for streaming calls. A stream takes its
-// turn under each held lock for as long as it lasts: its re-entries are released when gRPC
-// ends the stream (its context is done: the last message read, an error, or the caller's
-// context ended).
+// turn under each held lock for as long as it lasts (turnStream): until a RecvMsg returns an
+// error (io.EOF at its end) or, for a stream without server streaming, its one reply; a
+// SendMsg or Header error; or the caller's context ends. Streams made outside a lock, or to
+// other methods, are returned as gRPC made them.
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx, release, err := m.owners.withEnteredOwners(ctx, method, true, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
+		callCtx, release, err := m.owners.withEnteredOwners(ctx, method, true, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
 		if err != nil {
 			return nil, err
 		}
-		cs, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			release()
-			return nil, err
+		cs, err := streamer(callCtx, desc, cc, method, opts...)
+		if err != nil || release == nil {
+			if release != nil {
+				release()
+			}
+			return cs, err
 		}
-		context.AfterFunc(cs.Context(), release)
-		return cs, nil
+		ts := &turnStream{ClientStream: cs, serverStreams: desc.ServerStreams, release: release}
+		ts.stop = context.AfterFunc(ctx, release)
+		return ts, nil
 	}
+}
+
+// turnStream gives a stream's turns back (release) when the stream is over, as gRPC counts it.
+// It does not use the stream's own Context: reading it commits the stream's attempt in
+// grpc-go, which turns off its retries (review of 67db52c:
+// TestReviewStreamInterceptorDisablesRetries).
+type turnStream struct {
+	grpc.ClientStream
+	serverStreams bool
+	release       func() // idempotent
+	stop          func() bool
+}
+
+func (s *turnStream) end() {
+	s.stop()
+	s.release()
+}
+
+func (s *turnStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil || !s.serverStreams { // without server streaming, the one reply ends it
+		s.end()
+	}
+	return err
+}
+
+func (s *turnStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if err != nil && err != io.EOF { // io.EOF: the stream ended; RecvMsg has its status
+		s.end()
+	}
+	return err
+}
+
+func (s *turnStream) Header() (metadata.MD, error) {
+	md, err := s.ClientStream.Header()
+	if err != nil {
+		s.end()
+	}
+	return md, err
 }

@@ -64,7 +64,8 @@ func checkPropagateTo(to []string) error {
 // of one held lock to such methods take turns, waiting within ctx, so that the downstream
 // re-entries through the handed owners exclude each other as in-process re-entries do
 // (TestHandedOwnerReentriesExclude). It returns the call's context, with the owners of those
-// re-entries in its outgoing metadata, and release, to call once the call is over. The error
+// re-entries in its outgoing metadata, and release, to call once the call is over; release is
+// nil when the call hands nothing over. The error
 // is ctx's, as a gRPC status, when ctx ended during the wait.
 //
 // A key whose owner is withheld (its slot was busy while this goroutine was inside another,
@@ -75,7 +76,7 @@ func checkPropagateTo(to []string) error {
 // caller releases them, once the stream is over.
 func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stream bool, withheld func([]string)) (context.Context, func(), error) {
 	if !p.propagates(method) {
-		return ctx, func() {}, nil
+		return ctx, nil, nil
 	}
 	enter := handover.Enter
 	if stream {
@@ -87,6 +88,10 @@ func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stre
 	}
 	if len(left) > 0 {
 		withheld(left)
+	}
+	if len(owners) == 0 {
+		release() // nothing taken, or what was taken hands nothing over
+		return ctx, nil, nil
 	}
 	return p.appendOwners(ctx, owners), release, nil
 }

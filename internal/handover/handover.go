@@ -58,6 +58,6 @@ var Held func(ctx context.Context) []Owner
 var Enter func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
 
 // EnterStream is Enter for a stream: its re-entries are the stream's, not its goroutine's, and
-// last until release, which the transport calls once the stream is over (gRPC: its context
-// done). Set by the flightlock package like Held.
+// last until release, which the transport calls once the stream is over. Set by the flightlock
+// package like Held.
 var EnterStream func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
