@@ -190,7 +190,7 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 // StreamClientInterceptor is UnaryClientInterceptor for streaming calls. A stream takes its
 // turn under each held lock for as long as it lasts (turnStream): until a RecvMsg returns an
 // error (io.EOF at its end) or, for a stream without server streaming, its one reply; a
-// SendMsg or Header error; or the caller's context ends. Streams made outside a lock, or to
+// SendMsg error; or the caller's context ends. Streams made outside a lock, or to
 // other methods, are returned as gRPC made them.
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
@@ -244,6 +244,8 @@ func (s *turnStream) SendMsg(m any) error {
 	return err
 }
 
+// Header ends the turn on an error. grpc-go v1.80 reports a failed header read as nil, nil
+// and leaves the error to RecvMsg; this guards other versions and wrappers that return it.
 func (s *turnStream) Header() (metadata.MD, error) {
 	md, err := s.ClientStream.Header()
 	if err != nil {
