@@ -66,7 +66,6 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 }
 
 func init() {
-	handover.Held = heldOwners
 	handover.Enter = enterForCall
 	handover.EnterStream = enterForStream
 }
@@ -192,23 +191,6 @@ func enterHeld(ctx context.Context, stream bool) (owners []handover.Owner, withh
 	}
 	var once sync.Once
 	return owners, withheld, func() { once.Do(releaseAll) }, nil
-}
-
-// heldOwners is handover.Held: the owners of the live leases of ctx, one per key (the innermost
-// lease of a re-entered key says it all), for a transport that hands them to a downstream
-// service. A lease released since AllFromContext saw it is skipped: its lock may already be the
-// next request's, whose owner must not leave the process on this lease's behalf.
-func heldOwners(ctx context.Context) []handover.Owner {
-	var out []handover.Owner
-	for _, l := range AllFromContext(ctx) {
-		if slices.ContainsFunc(out, func(o handover.Owner) bool { return o.Key == l.h.key }) {
-			continue
-		}
-		if owner, fence, ok := l.handover(); ok {
-			out = append(out, handover.Owner{Key: l.h.key, Token: owner, Fence: fence})
-		}
-	}
-	return out
 }
 
 // withOwner is what the zrpc server interceptor does for a handed-over owner, for tests.

@@ -356,12 +356,7 @@ func (x *Lease) enterReentryAs(g, opener int64, wait bool, b *budget) (inSlot bo
 	slot := re.slotLocked()
 	switch {
 	case slot.g == 0 || slot.g == g:
-		if slot.g == 0 {
-			noteSlot(g, 1)
-		}
-		slot.g, slot.opener = g, opener
-		slot.depth++
-		x.h.addLive()
+		x.takeSlotLocked(slot, g, opener)
 		x.mu.Unlock()
 		return true, nil
 	case !wait || slot.opener == caller:
@@ -409,13 +404,19 @@ func (x *Lease) enterOwnSlot(g, opener int64) (ok bool, err error) { // g: a gor
 	if slot.g != 0 && slot.g != g {
 		return false, nil
 	}
+	x.takeSlotLocked(slot, g, opener)
+	return true, nil
+}
+
+// takeSlotLocked puts g (a goroutine, or a stream that opener opened) inside slot, which is
+// free or g's already, and counts the new lease live in the grant. x.mu must be held.
+func (x *Lease) takeSlotLocked(slot *reentrySlot, g, opener int64) {
 	if slot.g == 0 {
 		noteSlot(g, 1)
 	}
 	slot.g, slot.opener = g, opener
 	slot.depth++
 	x.h.addLive()
-	return true, nil
 }
 
 // leaveSlot ends one re-entry through x's slot, and grants the slot to the next waiting
@@ -435,9 +436,7 @@ func (x *Lease) leaveSlot() {
 		w := slot.queue[0]
 		slot.queue[0] = nil
 		slot.queue = slot.queue[1:]
-		slot.g, slot.opener, slot.depth = w.g, w.opener, 1
-		noteSlot(w.g, 1)
-		x.h.addLive()
+		x.takeSlotLocked(slot, w.g, w.opener)
 		close(w.ready)
 	}
 }

@@ -176,14 +176,15 @@ func (s *lockedStream) release() {
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx, release, err := m.owners.withEnteredOwners(ctx, method, false, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
+		callCtx, release, withheld, err := m.owners.withEnteredOwners(ctx, method, false)
 		if err != nil {
 			return err
 		}
+		m.ownersWithheld(ctx, method, withheld)
 		if release != nil {
 			defer release()
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
+		return invoker(callCtx, method, req, reply, cc, opts...)
 	}
 }
 
@@ -195,10 +196,11 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		callCtx, release, err := m.owners.withEnteredOwners(ctx, method, true, func(keys []string) { m.ownersWithheld(ctx, method, keys) })
+		callCtx, release, withheld, err := m.owners.withEnteredOwners(ctx, method, true)
 		if err != nil {
 			return nil, err
 		}
+		m.ownersWithheld(ctx, method, withheld)
 		cs, err := streamer(callCtx, desc, cc, method, opts...)
 		if err != nil || release == nil {
 			if release != nil {

@@ -320,8 +320,11 @@ func cmpTemplate(s spec) string {
 }
 
 // ownersWithheld counts and logs (once per interval and method, as rule errors are) the keys
-// whose owner a call to method did not hand over (withEnteredOwners).
+// whose owner a call to method did not hand over (withEnteredOwners), if any.
 func (m *Middleware) ownersWithheld(ctx context.Context, method string, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
 	ownersWithheldTotal.Add(float64(len(keys)), method)
 	m.logs.error(ctx, &ruleStats{name: method, template: "-"}, "lock owner withheld from the call",
 		fmt.Errorf("%d held lock(s) not handed over: another goroutine of the holder is inside a re-entry of "+

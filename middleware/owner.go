@@ -68,38 +68,34 @@ func checkPropagateTo(to []string) error {
 // nil when the call hands nothing over. The error
 // is ctx's, as a gRPC status, when ctx ended during the wait.
 //
-// A key whose owner is withheld (its slot was busy while this goroutine was inside another,
-// where waiting could deadlock) goes to withheld: the caller counts and logs it, since the
-// downstream service then cannot re-enter that key.
+// It also returns the keys whose owner is withheld (their slot was busy while this goroutine
+// was inside another, where waiting could deadlock), for the caller to count and log: the
+// downstream service cannot re-enter them.
 //
 // Streams enter with handover.EnterStream (stream true): their re-entries last until the
 // caller releases them, once the stream is over.
-func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stream bool, withheld func([]string)) (context.Context, func(), error) {
+func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stream bool) (
+	callCtx context.Context, release func(), withheld []string, err error) {
 	if !p.propagates(method) {
-		return ctx, nil, nil
+		return ctx, nil, nil, nil
 	}
 	enter := handover.Enter
 	if stream {
 		enter = handover.EnterStream
 	}
-	owners, left, release, err := enter(ctx)
+	owners, withheld, release, err := enter(ctx)
 	if err != nil {
-		return nil, nil, status.FromContextError(err).Err()
-	}
-	if len(left) > 0 {
-		withheld(left)
+		return nil, nil, nil, status.FromContextError(err).Err()
 	}
 	if len(owners) == 0 {
 		release() // nothing taken, or what was taken hands nothing over
-		return ctx, nil, nil
+		return ctx, nil, withheld, nil
 	}
-	return p.appendOwners(ctx, owners), release, nil
+	return p.appendOwners(ctx, owners), release, withheld, nil
 }
 
+// appendOwners puts owners, at least one, in ctx's outgoing metadata.
 func (p *ownerPolicy) appendOwners(ctx context.Context, owners []handover.Owner) context.Context {
-	if len(owners) == 0 {
-		return ctx
-	}
 	kv := make([]string, 0, 2*len(owners))
 	for _, o := range owners {
 		kv = append(kv, ownerMetadataKey, p.encode(o.Key, o.Token, o.Fence))

@@ -39,12 +39,6 @@ func Lookup(ctx context.Context, key string) (Owner, bool) {
 	return Owner{}, false
 }
 
-// Held returns the owners of the locks that ctx holds and that are not released, innermost
-// first, each marked as shared (never handed to the next goroutine of the process). The
-// flightlock package sets it in its init; it is nil only in a binary without that package,
-// where no context holds a lock.
-var Held func(ctx context.Context) []Owner
-
 // Enter admits the calling goroutine to a unary call made on behalf of the locks that ctx
 // holds: for each of them (the innermost live lease of each key), a re-entry that takes the
 // lease's re-entry slot, as a Lock of its key by this goroutine would, waiting until ctx ends
@@ -53,11 +47,11 @@ var Held func(ctx context.Context) []Owner
 // over, those of the re-entries taken, the keys left out (withheld), and release, which ends
 // the re-entries once the call is over. A
 // transport that hands owners to another service calls it first, so that the downstream
-// re-entries of one hold take turns as in-process re-entries do. Set by the flightlock package
-// like Held.
+// re-entries of one hold take turns as in-process re-entries do. The flightlock package sets
+// it in its init; it is nil only in a binary without that package, where no context holds a
+// lock.
 var Enter func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
 
 // EnterStream is Enter for a stream: its re-entries are the stream's, not its goroutine's, and
-// last until release, which the transport calls once the stream is over. Set by the flightlock
-// package like Held.
+// last until release, which the transport calls once the stream is over. Set like Enter.
 var EnterStream func(ctx context.Context) (owners []Owner, withheld []string, release func(), err error)
