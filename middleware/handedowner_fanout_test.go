@@ -61,16 +61,9 @@ func TestHandedOwnerReentriesExclude(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var inside, most atomic.Int32
+			var in insideCounter
 			conn := startGRPC(t, mRPC, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
-				n := inside.Add(1)
-				defer inside.Add(-1)
-				for {
-					m := most.Load()
-					if n <= m || most.CompareAndSwap(m, n) {
-						break
-					}
-				}
+				defer in.enter()()
 				time.Sleep(200 * time.Millisecond) // read-modify-write of the account
 				return wrapperspb.String("ok"), nil
 			}, []grpc.UnaryClientInterceptor{mREST.UnaryClientInterceptor()}...)
@@ -96,7 +89,7 @@ func TestHandedOwnerReentriesExclude(t *testing.T) {
 					t.Errorf("call %d: %v (%v)", i, err, status.Code(err))
 				}
 			}
-			if n := most.Load(); n > 1 {
+			if n := in.most.Load(); n > 1 {
 				t.Errorf("%d downstream handlers ran at once under re-entries of one hold of order:1; "+
 					"re-entries of one hold must take turns", n)
 			}
@@ -113,7 +106,7 @@ func TestInProcessFanOutReentriesExclude(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var inside, most atomic.Int32
+	var in insideCounter
 	s := serverless(t, restConf(t, 5*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/order/:uid",
 		Handler: func(w http.ResponseWriter, r *http.Request) {
 			var wg sync.WaitGroup
@@ -127,14 +120,7 @@ func TestInProcessFanOutReentriesExclude(t *testing.T) {
 						return
 					}
 					defer lease.Release(context.Background())
-					n := inside.Add(1)
-					defer inside.Add(-1)
-					for {
-						m := most.Load()
-						if n <= m || most.CompareAndSwap(m, n) {
-							break
-						}
-					}
+					defer in.enter()()
 					time.Sleep(200 * time.Millisecond)
 				}()
 			}
@@ -143,9 +129,20 @@ func TestInProcessFanOutReentriesExclude(t *testing.T) {
 	if w := serve(s, httptest.NewRequest(http.MethodPost, "/order/1", http.NoBody)); w.Code != http.StatusOK {
 		t.Fatalf("REST status %d", w.Code)
 	}
-	if n := most.Load(); n > 1 {
+	if n := in.most.Load(); n > 1 {
 		t.Errorf("%d in-process re-entries at once", n)
 	}
+}
+
+// insideCounter counts the critical sections inside at once and the most seen together.
+type insideCounter struct{ inside, most atomic.Int32 }
+
+// enter counts one more inside and returns the func that counts it out.
+func (c *insideCounter) enter() (leave func()) {
+	n := c.inside.Add(1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	return func() { c.inside.Add(-1) }
 }
 
 // fanOutConn serves the test service under a TrustOwner middleware on its own Locker (another

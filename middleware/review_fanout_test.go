@@ -140,14 +140,11 @@ func TestCallsWithAnotherContextThanTheReentryDoNotDeadlock(t *testing.T) {
 // slot without waiting and leaves the key out while the other goroutine is inside.
 func TestCallThroughOwnReentryExcludesItsGoroutines(t *testing.T) {
 	tr := newTestRedis(t)
-	var inside, most atomic.Int32
+	var in insideCounter
 	entered, leave := make(chan struct{}), make(chan struct{})
 	var first atomic.Bool
 	conn, holder := fanOutConn(t, tr, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
-		n := inside.Add(1)
-		defer inside.Add(-1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-		}
+		defer in.enter()()
 		if first.CompareAndSwap(false, true) {
 			close(entered)
 			<-leave
@@ -182,7 +179,7 @@ func TestCallThroughOwnReentryExcludesItsGoroutines(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("g2's call: %v", err)
 	}
-	if n := most.Load(); n > 1 {
+	if n := in.most.Load(); n > 1 {
 		t.Fatalf("%d downstream handlers inside h:1 at once: a call through a goroutine's own re-entry "+
 			"ran beside the call of a goroutine it started", n)
 	}
