@@ -39,6 +39,10 @@
 // A lease that etcd no longer has (expired during a partition, revoked) took every key on it:
 // refreshes answer lockstore.ErrNotHeld, and the next acquisition grants a new lease.
 //
+// Close stops the keep-alives and revokes only the leases that no lock is on: a lock still
+// held runs out one lease TTL after its last keep-alive, as a Redis key with its TTL, since its
+// holder may still run and a revocation would let a second holder in while it writes.
+//
 // An acquisition whose outcome is unknown (the client gave up while its transaction was on the
 // wire) may commit after it was given back, and its key would then sit on the session lease,
 // held by nobody, for as long as the store keeps that lease alive. So such an acquisition

@@ -49,7 +49,7 @@ func WithMaxTxnOps(n int) Option {
 }
 
 // Store is the lockstore.Store on etcd. Create it with New; it is safe for concurrent use.
-// Close it to revoke its leases and stop its goroutines.
+// Close it to stop its goroutines; it revokes only the leases that hold no lock.
 type Store struct {
 	cli       *clientv3.Client
 	margin    time.Duration
@@ -147,10 +147,14 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 // Client returns the etcd client the store works on.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// Close stops the store's goroutines (keep-alives, watches) and revokes its leases, which
-// deletes every lock still held on them: waiters elsewhere are woken at once instead of after
-// a TTL. It waits at most a second per lease for the revocation; a lease it cannot revoke
-// expires on its own one TTL later. Calls after Close fail. It is safe to call more than once.
+// Close stops the store's goroutines (keep-alives, watches, releases retried in the
+// background) and refuses later calls. It never ends a grant whose holder may still run: a
+// lease that a lock of the store is on, or that an acquisition is writing on, is left to run
+// out, so those locks go one lease TTL (lock TTL + margin) after its last keep-alive at the
+// latest, as a Redis key runs out with its TTL, and a second holder cannot walk in while the
+// first one still writes. Leases that hold nothing are revoked, each within a second; one it
+// cannot revoke expires on its own. Release the locks first (Locker.Drain) to free them at
+// once. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.goMu.Lock()
 	if s.closed {
@@ -164,7 +168,12 @@ func (s *Store) Close() error {
 
 	s.mu.Lock()
 	ids := make([]clientv3.LeaseID, 0, len(s.byID))
-	for id := range s.byID {
+	for id, l := range s.byID {
+		if l.entries > 0 || l.inflight > 0 {
+			continue // a holder may still count on it
+		}
+		// No acquisition or re-entry records a key on it from now on (pin, updateOn).
+		l.retired, l.revoking = true, true
 		ids = append(ids, id)
 	}
 	clear(s.leases)

@@ -571,3 +571,49 @@ func TestUnrefreshedLockIsReleasedAfterItsTTL(t *testing.T) {
 		t.Fatalf("the released lock: %+v %v", got, err)
 	}
 }
+
+// Close never ends a grant whose holder may still run: a lock held when the store closes stays
+// in etcd, refusing other owners, until its lease runs out (TTL + margin after the last
+// keep-alive), as a Redis key runs out with its PX. A lease that holds nothing is revoked.
+func TestCloseLeavesHeldKeysToTheirTTL(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	s, err := New(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const ttl = 2 * time.Second
+	if got, err := s.Acquire(ctx, "lock:held", ownerA, ttl, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	held := get(t, cli, "lock:held")
+	// A lease of another TTL that nothing is on any more.
+	if _, err := s.Acquire(ctx, "lock:freed", ownerA, 3*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, "lock:freed", ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	closed := time.Now()
+	if kv := get(t, cli, "lock:held"); kv == nil || kv.CreateRevision != held.CreateRevision {
+		t.Fatalf("Close freed a lock whose holder may still run: %v", kv)
+	}
+	if n := leaseCount(t, cli); n != 1 {
+		t.Fatalf("%d leases after Close, want only the one under the held lock", n)
+	}
+	other := newStore(t, cli)
+	if got, err := other.Acquire(ctx, "lock:held", ownerB, ttl, ""); err != nil || got.Acquired {
+		t.Fatalf("another owner after Close = %+v, %v; want busy", got, err)
+	}
+	// Nothing keeps the lease alive any more: it runs out within TTL + margin.
+	waitFor(t, ttl+DefaultLeaseMargin+2*time.Second, "the held lock runs out with its lease", func() bool {
+		return get(t, cli, "lock:held") == nil
+	})
+	if d := time.Since(closed); d < ttl-DefaultLeaseMargin {
+		t.Fatalf("the held lock went %v after Close, before its TTL", d)
+	}
+}

@@ -349,8 +349,8 @@ func isTimeout(err error) bool {
 const defaultEtcdDialTimeout = 5 * time.Second
 
 // newEtcdLocker builds the etcd client and store that c.Etcd describes and the Locker on
-// them, whose prefix is Etcd.Key + Prefix. The returned func closes the store (revoking its
-// leases, which frees the locks still held) and then the client.
+// them, whose prefix is Etcd.Key + Prefix. The returned func closes the store and then the
+// client; a lock still held then runs out with its lease (etcdstore.Store.Close).
 func newEtcdLocker(c LockConf) (*flightlock.Locker, func() error, error) {
 	cli, err := c.Etcd.Client()
 	if err != nil {
