@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,4 +171,59 @@ func TestConcurrentWritersNeverGoBack(t *testing.T) {
 		t.Errorf("%d of 1600 writes applied: the fence check did not run", len(applied))
 	}
 	t.Logf("%d of 1600 writes applied, stored fence %s", len(applied), strconv.FormatInt(stored, 10))
+}
+
+// Fences reach 2^63 (an etcd fence is the grant's revision shifted left by 20 bits, past 2^53
+// once the revision passes 2^33), beyond the integers a Lua number holds exactly: fences that
+// differ only below a double's precision must still be ordered, and the stored fence reported
+// exactly.
+func TestFencesBeyondTwoTo53AreOrderedExactly(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	for _, older := range []int64{
+		1<<53 + 0,           // newer is 2^53+1: both are the double 2^53
+		(1<<33 + 5) << 20,   // an etcd grant at revision 2^33+5, then a handoff under it
+		1<<62 + 1000,        // both round to 2^62
+		9223372036854775806, // 2^63-2, the newer is the largest int64
+	} {
+		newer := older + 1
+		key := "e:" + strconv.FormatInt(older, 10)
+		// The newer holder writes first; the stalled older one resumes and is refused.
+		if _, err := fenced.HIncrBy(ctx, rdb, key, "n", 1, newer); err != nil {
+			t.Fatalf("%d: the newer holder's increment: %v", newer, err)
+		}
+		_, err := fenced.HIncrBy(ctx, rdb, key, "n", 1, older)
+		if !errors.Is(err, fenced.ErrStaleFence) {
+			t.Errorf("%d after %d: HIncrBy returned %v, want ErrStaleFence", older, newer, err)
+		} else if want := strconv.FormatInt(newer, 10); !strings.Contains(err.Error(), "fence "+want+",") {
+			t.Errorf("stale error %q does not report the stored fence %s exactly", err, want)
+		}
+		if err := fenced.HSet(ctx, rdb, key, older, "m", "stale"); !errors.Is(err, fenced.ErrStaleFence) {
+			t.Errorf("%d after %d: HSet returned %v, want ErrStaleFence", older, newer, err)
+		}
+		if err := fenced.Set(ctx, rdb, key, "stale", older); !errors.Is(err, fenced.ErrStaleFence) {
+			t.Errorf("%d after %d: Set returned %v, want ErrStaleFence", older, newer, err)
+		}
+		// The holder of the stored fence writes again; n counts exactly its writes.
+		if n, err := fenced.HIncrBy(ctx, rdb, key, "n", 1, newer); err != nil || n != 2 {
+			t.Errorf("%d: a second write with the stored fence: %d, %v; want 2", newer, n, err)
+		}
+		if f, err := fenced.Fence(ctx, rdb, key); err != nil || f != newer {
+			t.Errorf("stored fence %d, %v; want %d", f, err, newer)
+		}
+	}
+	// Fences of any length compare as integers, not as text: 10 after 9, and 2^53+1 after 999.
+	for _, step := range [][2]int64{{9, 10}, {999, 1<<53 + 1}} {
+		key := "step:" + strconv.FormatInt(step[0], 10)
+		if err := fenced.HSet(ctx, rdb, key, step[0], "v", "a"); err != nil {
+			t.Fatal(err)
+		}
+		if err := fenced.HSet(ctx, rdb, key, step[1], "v", "b"); err != nil {
+			t.Errorf("fence %d after %d: %v", step[1], step[0], err)
+		}
+		if err := fenced.HSet(ctx, rdb, key, step[0], "v", "c"); !errors.Is(err, fenced.ErrStaleFence) {
+			t.Errorf("fence %d after %d: %v, want ErrStaleFence", step[0], step[1], err)
+		}
+	}
 }

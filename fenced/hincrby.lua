@@ -10,14 +10,50 @@
 -- Replies (a two-element array):
 --   {1, value}    applied: value is the field's new value; lock_fence is now ARGV[3]
 --   {0, stored}   stale: a writer with the larger fence stored was here; nothing changed
+--                 (stored is the decimal text of the fence: it may be beyond 2^53)
 --   {-1, value}   below the floor: the field (value) would go below ARGV[4]; nothing changed
 --   {-2, 0}       missing: the field does not exist (ARGV[5] = "1"); nothing changed
 --
 -- Fences are compared with >=: goroutines that share one lock by in-process handoff share its
--- fence's order, and one holder may write many times. Values stay below 2^53 in magnitude, the
+-- fence's order, and one holder may write many times. Field values (not fences) stay below 2^53 in magnitude, the
 -- integers a Lua number holds exactly; beyond that the script refuses rather than round.
-local stored = tonumber(redis.call('HGET', KEYS[1], 'lock_fence') or '0')
-if tonumber(ARGV[3]) < stored then
+
+-- Fences are int64s, up to 2^63 (an etcd fence is its grant's revision shifted left by 20 bits),
+-- past 2^53, the integers a Lua number (a double) holds exactly: two fences that differ only
+-- below a double's precision would compare equal. They are compared as decimal integers
+-- instead: by sign, then number of digits, then digit by digit (leading zeros ignored).
+
+-- fence_parts returns the digits of fence f without leading zeros and whether it is below
+-- zero, or nil when f is not a decimal integer.
+local function fence_parts(f)
+  local sign, digits = string.match(f, '^(%-?)0*(%d+)$')
+  if not digits then
+    return nil
+  end
+  return digits, sign == '-' and digits ~= '0'
+end
+
+-- fence_below reports whether fence a is below fence b; both are decimal integers.
+local function fence_below(a, b)
+  local da, na = fence_parts(a)
+  local db, nb = fence_parts(b)
+  if na ~= nb then
+    return na
+  end
+  if na then
+    da, db = db, da -- both negative: the larger magnitude is the smaller fence
+  end
+  if #da ~= #db then
+    return #da < #db
+  end
+  return da < db
+end
+
+local stored = redis.call('HGET', KEYS[1], 'lock_fence') or '0'
+if not fence_parts(ARGV[3]) or not fence_parts(stored) then
+  return redis.error_reply('fenced: ' .. KEYS[1] .. ' fence ' .. stored .. ' or ' .. ARGV[3] .. ' is not an integer')
+end
+if fence_below(ARGV[3], stored) then
   return {0, stored}
 end
 local current = redis.call('HGET', KEYS[1], ARGV[1])
