@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
-	"github.com/flightlock/flightlock/etcdstore"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -76,17 +76,14 @@ func (s *etcdReplays) load(ctx context.Context, key string) (*record, error) {
 	return decodeRecord(key, resp.Kvs[0].Value)
 }
 
-// save stores rec under key for at least ttl, in one transaction: put when the key does not
-// exist; else put only when its value is a stored response, a JSON object: it starts with '{',
-// compared as bytes greater than "{" and less than "|", the next byte (a record is never the
-// single byte "{"). etcd fails every value comparison on a missing key, hence the nested
-// transaction instead of one compare. A lock whose key renders as key is never overwritten,
-// as with replaySet on Redis.
+// save stores rec under key for at least ttl, in one transaction (see put), unless key holds a
+// lock or the record of a later grant.
 func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
+	v := grantTag(rec.Fence) + `",` + string(b[1:]) // b is a JSON object with fields: "{...}"
 	ctx, cancel := context.WithTimeout(ctx, replaySaveBound)
 	defer cancel()
 	secs := int64((ttl + time.Second - 1) / time.Second)
@@ -95,7 +92,7 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 		if err != nil {
 			return err
 		}
-		err = s.put(ctx, s.prefix+key, string(b), lease, rec.Fence)
+		err = s.put(ctx, s.prefix+key, v, lease, rec.Fence)
 		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
 		// granted anew, once: its until said it had time left, so this is no expiry of ours.
 		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
@@ -106,24 +103,56 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 	}
 }
 
+// A record in etcd starts with the fence of the grant that produced it, as a fixed-width
+// string, its first field: {"g":"0000000000123456789",<the record's other fields>}. etcd can
+// compare values as bytes only, and fixed-width decimals compare as bytes as they do as
+// numbers, so a transaction can tell whether the stored record comes from a later grant than
+// the saver's, as the Redis save compares the record's "f". decodeRecord ignores the field.
+const (
+	grantTagStart = `{"g":"`
+	grantDigits   = 19 // every int64 fits
+)
+
+// grantTag is the start of the value of a record produced under fence (0 without one), up to
+// the fence's last digit.
+func grantTag(fence int64) string {
+	return fmt.Sprintf("%s%0*d", grantTagStart, grantDigits, max(fence, 0))
+}
+
 // put is save's transaction: v under the etcd key k on lease, unless k holds a lock or the
-// record of a later grant than the one of fence: a record written at or after the revision of
-// fence's grant (etcdstore.FenceRevision) is its successor's, which a holder that lost its lock
-// while its handler ran must not replace (review 5; the Redis save compares the fences).
+// record of a later grant than the one of fence. A stored record's grant is compared, never
+// when it was written: a holder A whose lock was lost while its handler ran may save after its
+// successor B was granted, or after B saved; in both orders B's record is the one that stays,
+// the one duplicates must get. Fences grow with every grant and handoff of the key, so "a
+// later grant" is a larger fence. A save without a fence (a degraded run, fail-open) and a
+// record without its grant in front (an older encoding) compare nothing: the save replaces it,
+// as the Redis save replaces a record whose fence it cannot read.
+//
+// k holds a stored response when its value is a JSON object: it starts with '{', compared as
+// bytes greater than "{" and less than "|", the next byte (a record is never the single byte
+// "{"). It holds the record of a later grant when its value lies in (grantTag(fence+1),
+// grantTagStart+":"): the start, then 19 digits at least fence+1 and more bytes (':' follows
+// '9', so every value that starts with the 19 digits lies below the bound). etcd fails
+// every value comparison on a missing key, hence the nested transactions instead of one
+// compare; it ANDs a transaction's compares, and an empty list holds.
 func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
 	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
 	isRecord := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(k), ">", "{"),
 		clientv3.Compare(clientv3.Value(k), "<", "|"),
 	}
-	var earlier []clientv3.Cmp // a save without a fence (a degraded run, fail-open) compares nothing
-	if fence > 0 {
-		earlier = append(earlier, clientv3.Compare(clientv3.ModRevision(k), "<", etcdstore.FenceRevision(fence)))
+	replace := []clientv3.Op{put}
+	if fence > 0 && fence < math.MaxInt64 {
+		later := []clientv3.Cmp{
+			clientv3.Compare(clientv3.Value(k), ">", grantTag(fence+1)),
+			clientv3.Compare(clientv3.Value(k), "<", grantTagStart+":"),
+		}
+		replace = []clientv3.Op{clientv3.OpTxn(later, nil, []clientv3.Op{put})}
 	}
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(put).
-		Else(clientv3.OpTxn(isRecord, []clientv3.Op{clientv3.OpTxn(earlier, []clientv3.Op{put}, nil)}, nil)).
+		Else(clientv3.OpTxn(isRecord, replace, nil)).
 		Commit()
 	if err != nil {
 		return err
@@ -136,7 +165,7 @@ func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.Lease
 			if !rec.Succeeded {
 				return fmt.Errorf("flightlock: %s holds a lock, not a stored response", k)
 			}
-			if len(rec.Responses) == 1 && rec.Responses[0].GetResponseTxn() != nil {
+			if len(rec.Responses) == 1 {
 				// Stored, or left to the later grant's record (not an error: that record is
 				// the one duplicates must get).
 				return nil

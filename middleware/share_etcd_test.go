@@ -310,43 +310,71 @@ func TestShareEtcdZrpc(t *testing.T) {
 	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf { return etcdConf(ec, rules...) })
 }
 
-// The etcd save refuses to replace a record written at or after the revision of the saving
-// holder's grant (a later grant's), and replaces one written before it: a holder that lost its
-// lock while its handler ran cannot overwrite its successor's stored response (review 5).
+// The etcd save compares the grants that produced the records, as the Redis save compares
+// fences: a holder A that lost its lock and saves late, after its successor B was granted,
+// neither beats B's record nor keeps B from replacing A's. Both orders of the two saves end
+// with B's record; a save without a fence (a degraded run) replaces any record, and a record
+// that does not carry its grant (an older encoding) is replaced by any save.
 func TestEtcdReplaySaveKeepsTheLaterGrantsRecord(t *testing.T) {
 	ec := etcdtest.Start(t)
 	cli := ec.Client(t)
 	ctx := context.Background()
 	rp := newEtcdReplays(cli, "flk/")
-	const key = "lock:replay:k"
-	save := func(fence int64, body string) {
+	save := func(key string, fence int64, body string) {
 		t.Helper()
 		if err := rp.save(ctx, key, &record{Status: 200, Body: []byte(body), Fence: fence, Print: "abc"}, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	stored := func() (string, int64) {
+	stored := func(key string) string {
 		t.Helper()
-		resp, err := cli.Get(ctx, "flk/"+key)
-		if err != nil || len(resp.Kvs) != 1 {
-			t.Fatalf("get: %v, %v", resp, err)
+		rec, err := rp.load(ctx, key)
+		if err != nil || rec == nil {
+			t.Fatalf("load %s: %v, %v", key, rec, err)
 		}
-		rec, err := decodeRecord(key, resp.Kvs[0].Value)
-		if err != nil {
+		return string(rec.Body)
+	}
+	now, err := cli.Get(ctx, "flk/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A granted at one revision, B at the next (the key was deleted between them in a real run;
+	// the fences are what the etcd store mints: the grant's revision << 20). Every save below is
+	// written after both grants.
+	rev := now.Header.Revision
+	fenceA, fenceB := rev<<20, (rev+1)<<20
+
+	// A saves first, late (its lock was lost after its ErrLost check), then B: B's record wins.
+	save("lock:replay:ab", fenceA, "A")
+	save("lock:replay:ab", fenceB, "B")
+	if got := stored("lock:replay:ab"); got != "B" {
+		t.Errorf("A's late save, then B's: stored %q, want B's record", got)
+	}
+	// B saves first, then A's late save: refused, B's record stays.
+	save("lock:replay:ba", fenceB, "B")
+	save("lock:replay:ba", fenceA, "A")
+	if got := stored("lock:replay:ba"); got != "B" {
+		t.Errorf("B's save, then A's late save: stored %q, want B's record", got)
+	}
+	// A handoff under B's grant (a larger fence of the same grant) replaces B's record.
+	save("lock:replay:ba", fenceB+1, "B+1")
+	if got := stored("lock:replay:ba"); got != "B+1" {
+		t.Errorf("a handoff's save after its grant's: stored %q, want the handoff's record", got)
+	}
+	// A save without a fence compares nothing.
+	save("lock:replay:ba", 0, "unfenced")
+	if got := stored("lock:replay:ba"); got != "unfenced" {
+		t.Errorf("a save without a fence: stored %q, want it stored", got)
+	}
+	// Records without their grant in front, whatever their first field: replaced.
+	for i, old := range []string{`{"s":200,"b":"b2xk","f":99999999999,"p":"old"}`, `{"b":"b2xk","f":99999999999,"p":"old"}`} {
+		k := fmt.Sprintf("lock:replay:old%d", i)
+		if _, err := cli.Put(ctx, "flk/"+k, old); err != nil {
 			t.Fatal(err)
 		}
-		return string(rec.Body), resp.Kvs[0].ModRevision
-	}
-	save(1<<20, "first") // a grant at revision 1: the key does not exist yet, so it is created
-	_, written := stored()
-	// A grant before that write (its revision below the record's): refused, the record stays.
-	save((written-1)<<20, "older")
-	if got, _ := stored(); got != "first" {
-		t.Errorf("a record of a grant older than the stored one replaced it: stored %q", got)
-	}
-	// A grant after that write: replaces it.
-	save((written+5)<<20, "later")
-	if got, _ := stored(); got != "later" {
-		t.Errorf("a record of a later grant did not replace the stored one: stored %q", got)
+		save(k, fenceA, "new")
+		if got := stored(k); got != "new" {
+			t.Errorf("a save over the record %s: stored %q, want the new record", old, got)
+		}
 	}
 }
