@@ -21,8 +21,9 @@ func isTryAgain(err error) bool {
 }
 
 // isRedirect reports a MOVED or ASK reply that reached the store: go-redis's Cluster client
-// follows them itself, but the pipeline of an acknowledged call (WithReplicas) goes to one
-// node's client, which does not. The slot moved or is moving; nothing ran.
+// follows them itself, and the pipeline of an acknowledged call (WithReplicas), which goes to
+// one node's client, follows them in runAcked, each up to a bound; a redirect past that bound
+// ends here. The slot moved or is moving; nothing ran.
 func isRedirect(err error) bool {
 	if err == nil {
 		return false
@@ -48,8 +49,8 @@ func (s *RedisStore) reloadOnNetworkError(err error) {
 }
 
 // reloadSlots makes a Cluster client reload its slot map (lazily, one reload at a time): after
-// a call failed without a reply (reloadOnNetworkError), or met a redirect it did not follow
-// itself (an acknowledged call's pipeline, sent to the node it believed the master).
+// a call failed without a reply (reloadOnNetworkError), or an acknowledged call's pipeline,
+// sent to the node the map named, met a MOVED (runAcked).
 func (s *RedisStore) reloadSlots() {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())

@@ -2,6 +2,8 @@ package lockstore
 
 import (
 	"context"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,5 +79,120 @@ func TestCluster(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("no release notification on the cluster")
 		}
+	}
+}
+
+// A holder keeps renewing its locks while their slot migrates to another master, through every
+// step (the slot importing and migrating; its keys split between the two masters, locks apart
+// from the slot's fence counter; all moved; the target owning the slot), and releases them
+// cleanly after: renewals and releases follow ASK and MOVED, alone, in batched pipelines and
+// in acknowledged (WAIT) pipelines.
+func TestRenewalsAndReleasesFollowASlotMigration(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster of three masters and three replicas")
+	}
+	cluster := redistest.StartReplicatedCluster(t, 3)
+	var masters []string
+	for _, m := range cluster.Masters {
+		masters = append(masters, m.Addr)
+	}
+	const ttl = 10 * time.Second
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"batched", nil},
+		{"acknowledged", []Option{WithReplicas(1, 2*time.Second)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Seeds(), DisableIdentity: true, ContextTimeoutEnabled: true})
+			s := New(client, append(tc.opts, WithOnClose(client.Close))...)
+			t.Cleanup(func() { _ = s.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			// More locks than lanes, in one slot: concurrent renewals queue and go out as
+			// pipelines.
+			var keys []string
+			for i := range 2*DefaultLanes + 2 {
+				keys = append(keys, "lock:{migrating-"+tc.name+"}:"+strconv.Itoa(i))
+			}
+			for _, key := range keys {
+				if got, err := s.Acquire(ctx, key, ownerA, ttl, ""); err != nil || !got.Acquired {
+					t.Fatalf("acquire %q: %+v %v", key, got, err)
+				}
+			}
+			held := keys
+			renew := func(phase string) {
+				t.Helper()
+				errs := make([]error, len(held))
+				var wg sync.WaitGroup
+				for i, key := range held {
+					wg.Go(func() { errs[i] = s.Refresh(ctx, key, ownerA, ttl) })
+				}
+				wg.Wait()
+				batch := make([]Renewal, 0, len(held))
+				for _, key := range held {
+					batch = append(batch, Renewal{Key: key, Owner: ownerA, TTL: ttl})
+				}
+				errs = append(errs, s.RefreshAll(ctx, batch)...)
+				for i, err := range errs {
+					if err != nil {
+						t.Errorf("%s: renewal of %q: %v", phase, held[i%len(held)], err)
+					}
+				}
+			}
+			release := func(phase string, keys ...string) {
+				t.Helper()
+				for _, key := range keys {
+					if _, err := s.Release(ctx, key, ownerA, "", 0); err != nil {
+						t.Errorf("%s: release of %q: %v", phase, key, err)
+					}
+				}
+				held = held[len(keys):]
+			}
+			// reenter counts a re-entry of a held lock and gives it back.
+			reenter := func(phase, key string) {
+				t.Helper()
+				if got, err := s.Reenter(ctx, key, ownerA, "h1", ttl); err != nil || !got.Reentered {
+					t.Errorf("%s: re-entry of %q: %+v %v", phase, key, got, err)
+				} else if _, err := s.Release(ctx, key, ownerA, "h1", 0); err != nil {
+					t.Errorf("%s: release of the re-entry of %q: %v", phase, key, err)
+				}
+			}
+
+			slot := int(keySlot(keys[0]))
+			from := redistest.MasterAddrOf(t, slot, masters)
+			to := masters[0]
+			if to == from {
+				to = masters[1]
+			}
+			renew("before")
+			m := redistest.StartSlotMigration(t, slot, from, to, masters)
+			renew("importing")
+			m.Move(keys[:3]...) // the fence counter stays behind: the slot's keys are split
+			renew("keys split")
+			m.Move()
+			renew("keys moved")
+			reenter("keys moved", keys[0])
+			release("keys moved", keys[:2]...) // ASK: the source still owns the slot
+			m.Finish()
+			renew("slot moved")
+			reenter("slot moved", keys[2])
+			// A fresh lock of the slot (while the slot migrated, Redis answered TRYAGAIN to a
+			// new key beside the fence counter: busy, until now).
+			fresh := "lock:{migrating-" + tc.name + "}:fresh"
+			if got, err := s.Acquire(ctx, fresh, ownerA, ttl, ""); err != nil || !got.Acquired {
+				t.Errorf("slot moved: acquire of %q: %+v %v", fresh, got, err)
+			} else {
+				held = append(held, fresh)
+				keys = append(keys, fresh)
+			}
+			release("slot moved", held...) // MOVED
+			for _, key := range keys {
+				if n, err := client.Exists(ctx, key).Result(); err != nil || n != 0 {
+					t.Errorf("%q after its release: exists %d, %v", key, n, err)
+				}
+			}
+		})
 	}
 }

@@ -118,6 +118,7 @@ type RedisStore struct {
 
 	replicas       int           // WithReplicas: acknowledgements a grant or refresh needs; 0: none
 	replicaTimeout time.Duration // WithReplicas: how long WAIT waits for them
+	redirects      redirectNodes // WithReplicas on a Cluster: clients of the nodes MOVED and ASK name
 }
 
 // New returns a store on an existing go-redis client. Closing the store does not close client.
@@ -194,8 +195,9 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 		code, n, value, err = reply(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
 	}
 	if isTryAgain(err) || isRedirect(err) {
-		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes; a
-		// redirect of an acknowledged call's pipeline): nothing was taken. Busy, with no
+		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes, or
+		// the key is new and the counter already moved; a redirect beyond the ones an
+		// acknowledged call follows): nothing was taken. Busy, with no
 		// holder's TTL to wait for: a waiting caller retries by its strategy, a rejecting one
 		// is answered busy rather than with a store error.
 		if isRedirect(err) {
@@ -494,7 +496,7 @@ func (s *RedisStore) Watch(ctx context.Context, key string) (*Watch, error) {
 // last added first: stores that built their own client (or their own embedded server) close
 // those too.
 func (s *RedisStore) Close() error {
-	err := s.notify.close()
+	err := errors.Join(s.notify.close(), s.redirects.close())
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		err = errors.Join(err, s.closers[i]())
 	}

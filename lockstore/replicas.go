@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
@@ -29,7 +32,8 @@ var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough 
 // WAIT is per connection, so these calls do not join the batched pipelines (WithLanes): each
 // takes a connection of its own. n is at most the replicas the primary has; n <= 0 turns the
 // acknowledgement off (the default). On a Cluster the pipeline goes to the master of the key's
-// slot, so WAIT counts that shard's replicas.
+// slot, so WAIT counts that shard's replicas; a MOVED or ASK reply (the slot migrates, or a
+// replica was promoted) sends it on to the node named, and WAIT counts that node's.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(s *RedisStore) {
 		s.replicas, s.replicaTimeout = max(n, 0), max(timeout, time.Millisecond)
@@ -38,37 +42,184 @@ func WithReplicas(n int, timeout time.Duration) Option {
 
 // runAcked runs script on the primary of keys[0] followed by WAIT in one pipeline, and returns
 // the script's reply and how many replicas acknowledged it. A NOSCRIPT reply loads the script
-// and sends the pipeline once more (the script did not run).
+// on that node and sends the pipeline once more (the script did not run).
+//
+// On a Cluster the pipeline goes to one node's client, which does not follow redirects, so
+// runAcked follows them itself, up to maxRedirects: a MOVED reply (the slot has a new master)
+// sends the pipeline to the node it names and reloads the slot map for the next calls; an ASK
+// reply (the slot migrates and the key is already on the target) sends it to the target,
+// preceded by ASKING. WAIT then runs on the node that ran the script, and counts that node's
+// replicas. Without this, every renewal of a lock whose slot migrates fails from the moment
+// its key moves until the client's slot map catches up, and the lock is lost meanwhile.
 func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, int64, error) {
 	node, err := s.primaryFor(ctx, keys[0])
 	if err != nil {
 		return nil, 0, err
 	}
-	for attempt := 0; ; attempt++ {
-		var (
-			cmd  *redis.Cmd
-			wait *redis.Cmd
-		)
+	var (
+		asking    bool // node is the target of an ASK: the script must follow ASKING
+		loaded    bool // the script was loaded on node after a NOSCRIPT reply
+		redirects int
+	)
+	for {
 		p := node.Pipeline()
-		cmd = script.EvalSha(ctx, p, keys, args...)
-		wait = p.Do(ctx, "WAIT", s.replicas, s.replicaTimeout.Milliseconds())
+		if asking {
+			p.Do(ctx, "ASKING") // for the next command only
+		}
+		cmd := script.EvalSha(ctx, p, keys, args...)
+		wait := p.Do(ctx, "WAIT", s.replicas, s.replicaTimeout.Milliseconds())
 		_, _ = p.Exec(ctx) // each command carries its own error
-		if err := cmd.Err(); err != nil && attempt == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		err := cmd.Err()
+		if err != nil && !loaded && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if sc, ok := node.(redis.Scripter); ok {
 				if err := script.Load(ctx, sc).Err(); err != nil {
 					return nil, 0, err
 				}
+				loaded = true
 				continue
 			}
 		}
-		if cmd.Err() != nil {
-			return cmd, 0, nil // the script's own error; the caller reports it
+		if addr, ask, ok := redirectTo(err, node); ok && redirects < maxRedirects {
+			if next, ok := s.redirectNode(addr); ok {
+				if !ask {
+					s.reloadSlots() // later calls go to the new master through the slot map
+				}
+				node, asking, loaded = next, ask, false
+				redirects++
+				continue
+			}
+		}
+		if err != nil {
+			return cmd, 0, nil // the script's own error (or a redirect not followed); the caller reports it
 		}
 		acked, err := wait.Int64()
 		if err != nil {
 			return cmd, 0, fmt.Errorf("WAIT: %w", err)
 		}
 		return cmd, acked, nil
+	}
+}
+
+// maxRedirects bounds the MOVED and ASK replies one acknowledged call follows, as go-redis's
+// Cluster client bounds its own (ClusterOptions.MaxRedirects, 3 by default): a migration
+// redirects a call once or twice (ASK to the target, MOVED after it), and a call redirected
+// more often meets a cluster still changing, which a later renewal or retry finds settled.
+const maxRedirects = 3
+
+// redirectTo parses a MOVED or ASK reply ("MOVED <slot> <host:port>", "ASK <slot> <host:port>")
+// received from node. An empty host means node's own host.
+func redirectTo(err error, node pipeliner) (addr string, ask, ok bool) {
+	if !isRedirect(err) {
+		return "", false, false
+	}
+	var re redis.Error
+	errors.As(err, &re)
+	f := strings.Fields(re.Error())
+	if len(f) != 3 {
+		return "", false, false
+	}
+	addr = f[2]
+	if strings.HasPrefix(addr, ":") {
+		c, isClient := node.(*redis.Client)
+		if !isClient {
+			return "", false, false
+		}
+		host, _, _ := net.SplitHostPort(c.Options().Addr)
+		addr = net.JoinHostPort(host, addr[1:])
+	}
+	return addr, f[0] == "ASK", true
+}
+
+// redirectNode returns a client of the Cluster node at addr, for a pipeline that follows a
+// redirect; false when the store's client is not a Cluster client, or the store is closed.
+func (s *RedisStore) redirectNode(addr string) (pipeliner, bool) {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return nil, false
+	}
+	return s.redirects.get(addr, cc.Options())
+}
+
+// redirectNodes keeps one client per Cluster node that a redirect named, made with the Cluster
+// client's options, so that following a redirect costs no new connection once a node has one.
+// go-redis keeps its node clients to itself; these are the store's, closed by Close. There are
+// at most as many as the cluster has nodes.
+type redirectNodes struct {
+	mu      sync.Mutex
+	clients map[string]*redis.Client // guarded by mu: by address
+	closed  bool                     // guarded by mu
+}
+
+func (r *redirectNodes) get(addr string, o *redis.ClusterOptions) (*redis.Client, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, false
+	}
+	if c := r.clients[addr]; c != nil {
+		return c, true
+	}
+	if r.clients == nil {
+		r.clients = make(map[string]*redis.Client)
+	}
+	newClient := o.NewClient
+	if newClient == nil {
+		newClient = redis.NewClient
+	}
+	c := newClient(nodeOptions(o, addr))
+	r.clients[addr] = c
+	return c, true
+}
+
+func (r *redirectNodes) close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	var err error
+	for _, c := range r.clients {
+		err = errors.Join(err, c.Close())
+	}
+	r.clients = nil
+	return err
+}
+
+// nodeOptions are the options of a client of the Cluster node at addr: what go-redis gives its
+// own node clients (ClusterOptions.clientOptions), from the fields it exports.
+func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
+	var maint *maintnotifications.Config // each client needs its own copy, as go-redis makes
+	if o.MaintNotificationsConfig != nil {
+		c := *o.MaintNotificationsConfig
+		maint = &c
+	}
+	return &redis.Options{
+		Addr:                       addr,
+		ClientName:                 o.ClientName,
+		Dialer:                     o.Dialer,
+		OnConnect:                  o.OnConnect,
+		Protocol:                   o.Protocol,
+		Username:                   o.Username,
+		Password:                   o.Password,
+		CredentialsProvider:        o.CredentialsProvider,
+		CredentialsProviderContext: o.CredentialsProviderContext,
+		MaxRetries:                 o.MaxRetries,
+		MinRetryBackoff:            o.MinRetryBackoff,
+		MaxRetryBackoff:            o.MaxRetryBackoff,
+		DialTimeout:                o.DialTimeout,
+		ReadTimeout:                o.ReadTimeout,
+		WriteTimeout:               o.WriteTimeout,
+		ContextTimeoutEnabled:      o.ContextTimeoutEnabled,
+		PoolFIFO:                   o.PoolFIFO,
+		PoolSize:                   o.PoolSize,
+		PoolTimeout:                o.PoolTimeout,
+		MaxIdleConns:               o.MaxIdleConns,
+		MaxActiveConns:             o.MaxActiveConns,
+		ConnMaxIdleTime:            o.ConnMaxIdleTime,
+		ConnMaxLifetime:            o.ConnMaxLifetime,
+		DisableIdentity:            o.DisableIdentity,
+		IdentitySuffix:             o.IdentitySuffix,
+		TLSConfig:                  o.TLSConfig,
+		UnstableResp3:              o.UnstableResp3,
+		MaintNotificationsConfig:   maint,
 	}
 }
 
