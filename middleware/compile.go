@@ -14,7 +14,7 @@ type rule struct {
 	route    routePattern
 	locker   *flightlock.Locker
 	httpKeys httpKeys // nil for a zrpc-only rule
-	// httpReplayKeys renders a template's keys with the values as written (no canonicalNumber),
+	// httpReplayKeys renders a template's keys with the values as written (no canonicalValue),
 	// for a share rule's stored responses; nil for a rule keyed by a KeyFunc.
 	httpReplayKeys httpKeys
 	rpcKeys        rpcKeys // nil for a REST-only rule

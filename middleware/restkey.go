@@ -48,7 +48,7 @@ const maxBodyBytes = 1 << 20
 // object are read once, on first use.
 type httpSource struct {
 	r   *http.Request
-	raw bool // the values as written, without canonicalNumber (replay keys of share rules)
+	raw bool // the values as written, without canonicalValue (replay keys of share rules)
 
 	body     []byte
 	bodyErr  error
@@ -368,8 +368,8 @@ func scalar(v any) (string, bool) {
 }
 
 // bindHTTP binds a template reference to its REST getter. route, when known, lets {path.x}
-// be checked at start-up. Every value is rendered in its canonical numeric form when it is
-// written as a number (canonicalNumber).
+// be checked at start-up. Every value is rendered in its canonical form when it is written as
+// a bool or a number (canonicalValue).
 func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
@@ -381,9 +381,30 @@ func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error)
 			if s.raw {
 				return v, ok, err
 			}
-			return canonicalNumber(v), ok, err
+			return canonicalValue(v), ok, err
 		}, nil
 	}
+}
+
+// canonicalValue returns v in one form for every way of writing the bool or the number that
+// httpx.Parse binds from it, and v itself when it writes neither.
+//
+// go-zero binds a bool field from a path variable, a form value, a header or a JSON string
+// (under a ",string" tag) with core/mapping.convertTypeFromString: "1" and every case of
+// "true" (strings.EqualFold) are true, "0" and every case of "false" are false; a JSON true
+// or false binds the same bools. So "true", "TRUE", "True" and "1" are one bool to the
+// handler and render as "1", and "false", "FALSE" and "0" as "0": the numeric form, which an
+// integer field's 1 and 0 render too, so that no integer key changes, and a zrpc bool renders
+// alike (scalarField). As with numbers, a string field that holds "true" then shares a lock
+// with "1": a wait, never a second holder.
+func canonicalValue(v string) string {
+	switch {
+	case strings.EqualFold(v, "true"):
+		return "1"
+	case strings.EqualFold(v, "false"):
+		return "0"
+	}
+	return canonicalNumber(v)
 }
 
 // canonicalNumber returns v in one form for every way of writing its number, and v itself
@@ -425,7 +446,7 @@ func canonicalNumber(v string) string {
 		return d
 	}
 	if !floatLiteral(v) {
-		return v
+		return nonFinite(v)
 	}
 	f, err := strconv.ParseFloat(v, 64)
 	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
@@ -453,9 +474,30 @@ func isDigits(s string) bool {
 	return true
 }
 
+// nonFinite returns the one form of an infinity or NaN that ParseFloat reads from v ("Inf",
+// "-Inf", "NaN"), and v itself when v is no such word. ParseFloat, with which go-zero binds a
+// float field, reads "inf" and "infinity" in any case, with an optional sign, and "nan" in any
+// case: "Inf", "+inf" and "INFINITY" are one float to the handler. Every NaN binds as the same
+// NaN, so they share one key too. (A literal whose value overflows, such as "1e400", is not
+// read by ParseFloat without an error, and go-zero refuses it: it stays as written.)
+func nonFinite(v string) string {
+	f, err := strconv.ParseFloat(v, 64)
+	switch {
+	case err != nil:
+		return v
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, -1):
+		return "-Inf"
+	case math.IsInf(f, 1):
+		return "Inf"
+	}
+	return v // not reached: every other text ParseFloat reads is a float literal
+}
+
 // floatLiteral reports whether s has a decimal digit and only the characters of Go's float
 // literals (ParseFloat's syntax: signs, digits, hexadecimal digits, '.', '_', and the x, e and
-// p markers), so that words such as "Inf" and "NaN" stay as written.
+// p markers); infinities and NaN are words, left to nonFinite.
 func floatLiteral(s string) bool {
 	digit := false
 	for i := 0; i < len(s); i++ {

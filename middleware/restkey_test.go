@@ -3,9 +3,11 @@ package middleware
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
+	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
 // These tests hold the key to the value that go-zero's httpx.Parse hands the handler (issue 8,
@@ -383,5 +386,146 @@ func TestRESTKeyMatchesHandlerParse(t *testing.T) {
 				t.Fatalf("the handler got uid %q, want %q", got.UID, tt.want)
 			}
 		})
+	}
+}
+
+// Request types of the bool key tests, each binding one bool from one source.
+type (
+	boolQuery struct {
+		First bool `form:"first"`
+	}
+	boolPath struct {
+		First bool `path:"first"`
+	}
+	boolHeader struct {
+		First bool `header:"X-First"`
+	}
+	boolJSONString struct {
+		First bool `json:"first,string"`
+	}
+	boolFormOrJSON struct {
+		First bool `form:"first,optional" json:"first,optional"`
+	}
+)
+
+func (v *boolQuery) first() bool      { return v.First }
+func (v *boolPath) first() bool       { return v.First }
+func (v *boolHeader) first() bool     { return v.First }
+func (v *boolJSONString) first() bool { return v.First }
+func (v *boolFormOrJSON) first() bool { return v.First }
+
+type floatQueryReq struct {
+	Amount float64 `form:"amount"`
+}
+
+// bindsAlike checks that go-zero binds both requests of c to one value, so that the case
+// proves what it says (formatted with %v: NaN is one value to the handler, never == itself).
+func (c oneEntityCase) bindsAlike(t *testing.T) {
+	t.Helper()
+	v1, err1 := c.bind(c.first())
+	v2, err2 := c.bind(c.second())
+	if err1 != nil || err2 != nil || fmt.Sprint(v1) != fmt.Sprint(v2) {
+		t.Fatalf("go-zero binds %v (%v) and %v (%v): not one entity", v1, err1, v2, err2)
+	}
+}
+
+// go-zero binds "1" and "true" in any case (strings.EqualFold) to true, and "0" and "false" to
+// false, from the path, the form and headers, and from a JSON string under a ",string" tag; a
+// JSON true binds the same bool. Every spelling of one bool must render one key, or two
+// requests on one entity both hold "their" lock.
+func TestBoolSpellingsOfOneEntityShareAKey(t *testing.T) {
+	post := func(target string) func() *http.Request {
+		return func() *http.Request { return httptest.NewRequest(http.MethodPost, target, http.NoBody) }
+	}
+	// withPath carries the path variable as go-zero's router sets it, so that bindsAlike can
+	// bind it outside the router too.
+	withPath := func(v string) func() *http.Request {
+		return func() *http.Request {
+			r := httptest.NewRequest(http.MethodPost, "/api/coupon/"+v, http.NoBody)
+			return pathvar.WithVars(r, map[string]string{"first": v})
+		}
+	}
+	withHeader := func(v string) func() *http.Request {
+		return func() *http.Request {
+			r := httptest.NewRequest(http.MethodPost, "/api/hdr", http.NoBody)
+			r.Header.Set("X-First", v)
+			return r
+		}
+	}
+	// bindWith binds into a new value of v's type for each request.
+	bindWith := func(v interface{ first() bool }) func(r *http.Request) (any, error) {
+		return func(r *http.Request) (any, error) {
+			nv := reflect.New(reflect.TypeOf(v).Elem()).Interface().(interface{ first() bool })
+			err := httpx.Parse(r, nv)
+			return nv.first(), err
+		}
+	}
+	queryRule := Rule{Method: http.MethodPost, Path: "/api/coupon", Key: "coupon:{query.first}", OnBusy: "reject"}
+	pathRule := Rule{Method: http.MethodPost, Path: "/api/coupon/:first", Key: "coupon:{path.first}", OnBusy: "reject"}
+	headerRule := Rule{Method: http.MethodPost, Path: "/api/hdr", Key: "coupon:{header.X-First}", OnBusy: "reject"}
+	bodyRule := Rule{Method: http.MethodPost, Path: "/api/body", Key: "coupon:{body.first}", OnBusy: "reject"}
+	anyRule := Rule{Method: http.MethodPost, Path: "/api/any", Key: "coupon:{first}", OnBusy: "reject"}
+	for _, c := range []oneEntityCase{
+		{"query true vs 1", queryRule, "/api/coupon", bindWith(new(boolQuery)), post("/api/coupon?first=true"), post("/api/coupon?first=1")},
+		{"query TRUE vs True", queryRule, "/api/coupon", bindWith(new(boolQuery)), post("/api/coupon?first=TRUE"), post("/api/coupon?first=True")},
+		{"query false vs 0", queryRule, "/api/coupon", bindWith(new(boolQuery)), post("/api/coupon?first=false"), post("/api/coupon?first=0")},
+		{"path True vs 1", pathRule, "/api/coupon/:first", bindWith(new(boolPath)), withPath("True"), withPath("1")},
+		{"header 1 vs true", headerRule, "/api/hdr", bindWith(new(boolHeader)), withHeader("1"), withHeader("true")},
+		{"json string TRUE vs 1", bodyRule, "/api/body", bindWith(new(boolJSONString)),
+			jsonReq("/api/body", `{"first":"TRUE"}`), jsonReq("/api/body", `{"first":"1"}`)},
+		{"query 1 vs json true", anyRule, "/api/any", bindWith(new(boolFormOrJSON)),
+			post("/api/any?first=1"), jsonReq("/api/any", `{"first":true}`)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.bindsAlike(t)
+			c.secondIsRefused(t)
+		})
+	}
+}
+
+// go-zero binds a float field with strconv.ParseFloat, which reads "Inf", "+inf", "infinity"
+// in any case as +Inf (and "nan" in any case as NaN): one value, one key.
+func TestInfinitySpellingsOfOneEntityShareAKey(t *testing.T) {
+	post := func(target string) func() *http.Request {
+		return func() *http.Request { return httptest.NewRequest(http.MethodPost, target, http.NoBody) }
+	}
+	bind := func(r *http.Request) (any, error) {
+		var v floatQueryReq
+		err := httpx.Parse(r, &v)
+		return v.Amount, err
+	}
+	rule := Rule{Method: http.MethodPost, Path: "/api/amt", Key: "amt:{query.amount}", OnBusy: "reject"}
+	for _, c := range []oneEntityCase{
+		{"Inf vs +inf", rule, "/api/amt", bind, post("/api/amt?amount=Inf"), post("/api/amt?amount=%2Binf")},
+		{"Inf vs Infinity", rule, "/api/amt", bind, post("/api/amt?amount=Inf"), post("/api/amt?amount=Infinity")},
+		{"-Inf vs -INFINITY", rule, "/api/amt", bind, post("/api/amt?amount=-Inf"), post("/api/amt?amount=-INFINITY")},
+		{"NaN vs nan", rule, "/api/amt", bind, post("/api/amt?amount=NaN"), post("/api/amt?amount=nan")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.bindsAlike(t)
+			c.secondIsRefused(t)
+		})
+	}
+}
+
+// canonicalValue writes every spelling that go-zero binds as one bool, and every spelling of
+// one infinity or of NaN, alike; what go-zero binds as no bool and no float stays as written.
+func TestCanonicalValue(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"1", "1"}, {"true", "1"}, {"TRUE", "1"}, {"True", "1"}, {"tRuE", "1"},
+		{"0", "0"}, {"false", "0"}, {"FALSE", "0"}, {"False", "0"}, {"00", "0"},
+		{"fal\u017fe", "0"}, // strings.EqualFold folds the long s to s, as go-zero compares
+		{"Inf", "Inf"}, {"inf", "Inf"}, {"+Inf", "Inf"}, {"+INF", "Inf"}, {"Infinity", "Inf"}, {"+infinity", "Inf"},
+		{"-Inf", "-Inf"}, {"-inf", "-Inf"}, {"-INFINITY", "-Inf"},
+		{"NaN", "NaN"}, {"nan", "NaN"}, {"NAN", "NaN"},
+		// As written: no bool, and ParseFloat reads no value (or go-zero refuses the overflow).
+		{"t", "t"}, {"f", "f"}, {"yes", "yes"}, {"truee", "truee"}, {" true", " true"}, {"+nan", "+nan"},
+		{"infin", "infin"}, {"Infinity!", "Infinity!"}, {"1e400", "1e400"}, {"-1e400", "-1e400"},
+		// Numbers as canonicalNumber writes them.
+		{"07", "7"}, {"1.0", "1"}, {"-0", "0"},
+	} {
+		if got := canonicalValue(tc.in); got != tc.want {
+			t.Errorf("canonicalValue(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }

@@ -174,7 +174,12 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	case protoreflect.BytesKind:
 		return string(v.Bytes()), true
 	case protoreflect.BoolKind:
-		return strconv.FormatBool(v.Bool()), true
+		// As a REST rule renders the bool its handler binds (canonicalValue): a rule that
+		// locks a route and a method with one template locks one entity through both.
+		if v.Bool() {
+			return "1", true
+		}
+		return "0", true
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
 		return strconv.FormatInt(v.Int(), 10), true

@@ -40,6 +40,9 @@ func TestCheckGolden(t *testing.T) {
 		{"middleware", api, "error"},
 		{"getroute", api, "error"},
 		{"badyaml", api, "error"}, // a file go-zero cannot read: the YAML error at its line
+		{"float32key", api, "error"},
+		{"float32nested", api, "error"},
+		{"float64key", api, "warning"},
 		{"rpcclean", proto, ""},
 		{"rpccase", proto, "error"},
 		{"rpcnopkg", proto, "error"},

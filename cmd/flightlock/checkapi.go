@@ -162,6 +162,16 @@ func (c *checker) checkREST(s *section, i int, r middleware.Rule) {
 				break
 			}
 		}
+		for _, rt := range matched {
+			if msg, refuse := inexactRESTRef(ref, rt); msg != "" {
+				report := c.warnAt
+				if refuse {
+					report = c.errorAt
+				}
+				report(s, s.ruleNode(i, "Key"), "%s.Key: {%s}: %s", name, ref, msg)
+				break
+			}
+		}
 	}
 }
 
@@ -356,6 +366,89 @@ func checkRESTRef(ref string, rt route) string {
 		return "" // a header the handler does not bind (Idempotency-Key) is still there to read
 	}
 	return fmt.Sprintf("%s binds no %s%s", describe(rt), head, hasFields(head, bs))
+}
+
+// inexactRESTRef returns what is wrong when a field that ref reads for route rt has a type
+// whose values the key cannot render as the handler binds them, and whether the rule must be
+// refused for it (else it is a warning); "" when every field it reads is fine.
+//
+// The middleware does not know the handler's types: it renders every spelling of one bool,
+// and of one number, in one form, as go-zero binds them (so bool and integer fields are
+// exact), and keeps integers exact at any length (two ids never share a key). A float field
+// binds more spellings as one value than that: ParseFloat(s, 32) reads 16777216 and 16777217,
+// 0.1 and 0.10000000149, as one float32, and ParseFloat(s, 64) reads 9007199254740992 and
+// 9007199254740993 as one float64. Two requests on one entity then render two keys and both
+// hold "their" lock. For a float32 that is any value with more than 7 digits, so the rule is
+// refused; for a float64 only integers beyond 2^53, a warning.
+func inexactRESTRef(ref string, rt route) (msg string, refuse bool) {
+	src, name, dotted := strings.Cut(ref, ".")
+	if !dotted {
+		src, name = "", ref
+	}
+	want := src
+	switch src {
+	case "query":
+		want = "form"
+	case "", "path", "form", "body", "header":
+	default:
+		return "", false // jwt claims are not part of the request type
+	}
+	head, nested, _ := strings.Cut(name, ".")
+	if src != "body" {
+		head, nested = name, ""
+	}
+	for _, b := range bindings(rt) {
+		if b.source == "header" && !strings.EqualFold(b.name, head) || b.source != "header" && b.name != head ||
+			want != "" && b.source != want {
+			continue
+		}
+		t, field := b.typ, b.name
+		if nested != "" {
+			t, field = nestedType(t, nested)
+		}
+		switch primitiveName(t) {
+		case "float32":
+			return fmt.Sprintf("%s: %s is a float32, which binds many written numbers as one value (16777216 and "+
+				"16777217, 0.1 and 0.10000000149) that the key renders apart, so two requests on one entity could "+
+				"both hold the lock: lock on an integer or a string field", describe(rt), field), true
+		case "float64":
+			return fmt.Sprintf("%s: %s is a float64, which binds integers beyond 2^53 written apart (9007199254740992 "+
+				"and 9007199254740993) as one value that the key renders apart: lock on an integer or a string field",
+				describe(rt), field), false
+		}
+	}
+	return "", false
+}
+
+// nestedType follows the rest of a {body.a.b} path from t, the type of the member that binds
+// a, to the type of the last field and its name; nil when the path leaves the known types.
+func nestedType(t spec.Type, nested string) (spec.Type, string) {
+	field := ""
+	for part := range strings.SplitSeq(nested, ".") {
+		var next spec.Type
+		for _, b := range memberBindings(members(t)) {
+			if b.source == "body" && b.name == part {
+				next = b.typ
+			}
+		}
+		if next == nil {
+			return nil, part
+		}
+		t, field = next, part
+	}
+	return t, field
+}
+
+// primitiveName is the name of t's primitive type, through pointers ("float32" for *float32);
+// "" for any other type.
+func primitiveName(t spec.Type) string {
+	switch t := t.(type) {
+	case spec.PrimitiveType:
+		return t.RawName
+	case spec.PointerType:
+		return primitiveName(t.Type)
+	}
+	return ""
 }
 
 // checkNested checks the rest of a {body.a.b} path in the type of the member that binds a.
