@@ -2,7 +2,9 @@ package middleware
 
 import (
 	"cmp"
+	"context"
 	"fmt"
+	"net/http"
 
 	"github.com/flightlock/flightlock"
 )
@@ -108,10 +110,13 @@ func compileHTTP(s spec) (*rule, error) {
 		rl.name = cmp.Or(s.Method, "*") + " " + rp.text
 	}
 	if s.httpKey != nil {
-		rl.httpKeys = funcHTTPKeys(s.httpKey)
+		rl.httpKeys = ownKeysApartHTTP(s, funcHTTPKeys(s.httpKey))
 		return rl, nil
 	}
 	keys, err := parseTemplate(s.Key)
+	if err == nil && !s.Shadow {
+		err = checkOwnKeys(keys)
+	}
 	if err != nil {
 		return nil, fieldError(s.name+".Key", "%v", err)
 	}
@@ -119,20 +124,40 @@ func compileHTTP(s spec) (*rule, error) {
 	if err != nil {
 		return nil, fieldError(s.name+".Key", "%v", err)
 	}
-	rl.httpKeys = templateHTTPKeys(plan)
+	rl.httpKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan))
 	rl.httpReplayKeys = templateHTTPRawKeys(plan)
 	return rl, nil
+}
+
+// ownKeysApartHTTP refuses the keys of an enforced rule's request that fall among the
+// middleware's own keys (notInternal); a shadow rule's keys live apart already.
+func ownKeysApartHTTP(s spec, keys httpKeys) httpKeys {
+	if s.Shadow {
+		return keys
+	}
+	return func(r *http.Request) ([]string, error) { return notInternal(keys(r)) }
+}
+
+// ownKeysApartRPC is ownKeysApartHTTP for zrpc.
+func ownKeysApartRPC(s spec, keys rpcKeys) rpcKeys {
+	if s.Shadow {
+		return keys
+	}
+	return func(ctx context.Context, req any) ([]string, error) { return notInternal(keys(ctx, req)) }
 }
 
 // compileRPC compiles the zrpc part of a rule.
 func compileRPC(s spec) (*rule, error) {
 	rl := &rule{name: s.RPC}
 	if s.rpcKey != nil {
-		rl.rpcKeys = funcRPCKeys(s.rpcKey)
+		rl.rpcKeys = ownKeysApartRPC(s, funcRPCKeys(s.rpcKey))
 		rl.fromMessage = true
 		return rl, nil
 	}
 	keys, err := parseTemplate(s.Key)
+	if err == nil && !s.Shadow {
+		err = checkOwnKeys(keys)
+	}
 	if err != nil {
 		return nil, fieldError(s.name+".Key", "%v", err)
 	}
@@ -140,7 +165,7 @@ func compileRPC(s spec) (*rule, error) {
 	if err != nil {
 		return nil, fieldError(s.name+".Key", "%v", err)
 	}
-	rl.rpcKeys = templateRPCKeys(plan)
+	rl.rpcKeys = ownKeysApartRPC(s, templateRPCKeys(plan))
 	rl.fromMessage = usesMessage(keys)
 	return rl, nil
 }

@@ -18,10 +18,10 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// KeyFunc computes the lock key of a REST request in Go, for WithHTTPRule and RouteFunc. An error or
-// an empty key answers 400 without running the handler; the error need not wrap
-// flightlock.ErrInvalidKey. The key is used as is: escape user input so that different
-// requests cannot forge each other's key.
+// KeyFunc computes the lock key of a REST request in Go, for WithHTTPRule and RouteFunc. An error,
+// an empty key or a key among the middleware's own ("replay:...", "shadow:...") answers 400
+// without running the handler; the error need not wrap flightlock.ErrInvalidKey. The key is
+// used as is: escape user input so that different requests cannot forge each other's key.
 type KeyFunc func(r *http.Request) (string, error)
 
 // maxBodyBytes bounds the request body that a template reads for {form.x} and {body.x}:

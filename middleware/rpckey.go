@@ -15,9 +15,10 @@ import (
 )
 
 // RPCKeyFunc computes the lock key of a zrpc call in Go, for WithRPCRule. req is the
-// request message (the first message of a client stream). An error or an empty key answers
-// InvalidArgument without running the handler. The key is used as is: escape user input so
-// that different requests cannot forge each other's key.
+// request message (the first message of a client stream). An error, an empty key or a key
+// among the middleware's own ("replay:...", "shadow:...") answers InvalidArgument without
+// running the handler. The key is used as is: escape user input so that different requests
+// cannot forge each other's key.
 type RPCKeyFunc func(ctx context.Context, req any) (string, error)
 
 // rpcSource is one call as seen by the key getters.

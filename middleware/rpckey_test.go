@@ -2,10 +2,13 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"testing"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/flightlock/flightlock"
 )
 
 // A rule that locks a REST route and a zrpc method with one template locks one entity through
@@ -41,5 +44,31 @@ func TestRPCBoolRendersTheRESTKey(t *testing.T) {
 		if restKeys[0] != rpcKeys[0] {
 			t.Errorf("REST ?bool_value=%s renders %q, zrpc %v renders %q: one bool, two keys", tc.query, restKeys[0], tc.value, rpcKeys[0])
 		}
+	}
+}
+
+// A zrpc rule keeps out of the middleware's own keys as a REST rule does: a key computed in Go
+// (RPCKeyFunc) or rendered from the message is refused with InvalidArgument when it starts
+// with "replay:" or "shadow:".
+func TestRPCKeysStayOutOfInternalKeys(t *testing.T) {
+	for _, k := range []string{"replay:pay:u1", "shadow:x"} {
+		rl, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method"}, name: "WithRPCRule",
+			rpcKey: func(context.Context, any) (string, error) { return k, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if keys, err := rl.rpcKeys(context.Background(), nil); !errors.Is(err, flightlock.ErrInvalidKey) {
+			t.Errorf("an RPCKeyFunc's key %q: %q, %v; want ErrInvalidKey", k, keys, err)
+		}
+	}
+	rl, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "{string_value}:x"}, name: "Lock.Rules[0]"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := rl.rpcKeys(context.Background(), structpb.NewStringValue("replay")); !errors.Is(err, flightlock.ErrInvalidKey) {
+		t.Errorf("a message field that starts the key with replay: %q, %v; want ErrInvalidKey", keys, err)
+	}
+	if _, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "replay:{string_value}"}, name: "Lock.Rules[0]"}); !errors.Is(err, flightlock.ErrConfig) {
+		t.Errorf("a template among the stored responses: %v, want ErrConfig", err)
 	}
 }

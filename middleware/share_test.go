@@ -502,3 +502,45 @@ func TestShareNeverOverwritesALock(t *testing.T) {
 		t.Fatalf("the lock's value changed from %q to %q", before, after)
 	}
 }
+
+// A rule's key never renders as a share rule's stored response: the two share Prefix, and a
+// lock taken on a record's key would find it "held", mark it for waiters (acquire.lua appends
+// " ~" to the value) and so corrupt it, after which the share rule's duplicates no longer
+// replay it and run the handler again. A template whose first value is "replay" renders that
+// key for some requests; such a request is refused with 400, and the record stays whole.
+func TestRuleKeysCannotReachStoredResponses(t *testing.T) {
+	tr := newTestRedis(t)
+	var runs atomic.Int64
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{
+		shareRule(),
+		{Method: "POST", Path: "/other", Key: "{header.X-Kind}:pay:{header.X-Uid}:{header.Idempotency-Key}", OnBusy: "reject"},
+	}})
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{
+		{Method: http.MethodPost, Path: "/pay", Handler: countingPay(&runs, 0)},
+		{Method: http.MethodPost, Path: "/other", Handler: func(w http.ResponseWriter, r *http.Request) {}},
+	})
+	if w := serve(s, payRequest("u1", "k1", `{}`)); w.Code != http.StatusOK {
+		t.Fatalf("first request: %d", w.Code)
+	}
+	const record = "lock:replay:pay:u1:k1"
+	stored, err := tr.mr.Get(record)
+	if err != nil {
+		t.Fatalf("the stored response %s: %v", record, err)
+	}
+	other := httptest.NewRequest(http.MethodPost, "/other", http.NoBody)
+	other.Header.Set("X-Kind", "replay")
+	other.Header.Set("X-Uid", "u1")
+	other.Header.Set("Idempotency-Key", "k1")
+	if w := serve(s, other); w.Code != http.StatusBadRequest {
+		t.Errorf("a request of the other rule whose key renders as %s: %d, want 400", record, w.Code)
+	}
+	if got, _ := tr.mr.Get(record); got != stored {
+		t.Errorf("the stored response changed: %q -> %q", stored, got)
+	}
+	if w := serve(s, payRequest("u1", "k1", `{}`)); w.Code != http.StatusOK || w.Header().Get(ReplayedHeader) != "true" {
+		t.Errorf("duplicate: %d %v, want the stored response replayed", w.Code, w.Header())
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times for one request and its duplicate, want 1", n)
+	}
+}

@@ -207,6 +207,68 @@ func (p keyPlan[S]) render(src S) ([]string, error) {
 	return keys, nil
 }
 
+// namespace is a start of keys that the middleware writes itself, under the same Prefix as
+// the rules' locks.
+type namespace struct {
+	prefix string
+	holds  string // what lives there, for messages
+}
+
+// internalNamespaces are the middleware's own keys beside the locks of enforced rules. The key
+// of an enforced rule never starts with one: a lock taken on a share rule's stored response
+// finds it "held" and marks it for waiters (acquire.lua appends to the value), so the record
+// no longer decodes and its duplicates run the handler again; a lock among a shadow rule's
+// would hold back, or be held back by, requests that a shadow rule must never affect. A
+// template whose text starts a key with one is refused at start-up (checkOwnKeys); a key whose
+// values start it with one ("{kind}:x" with kind "replay"), or a KeyFunc's, is refused per
+// request (notInternal). A shadow rule's keys live under shadowPrefix themselves, after which
+// none of these starts. (The store's own keys, fence counters and etcd's waiter marks, are
+// under lockstore.FenceKeyPrefix, which the Locker refuses for every lock key.)
+var internalNamespaces = [...]namespace{
+	{replayPrefix, "the stored responses of share rules"},
+	{shadowPrefix, "the locks of shadow rules"},
+}
+
+// internalNamespace returns the namespace of the middleware's own keys that key starts with,
+// nil when none.
+func internalNamespace(key string) *namespace {
+	for i := range internalNamespaces {
+		if strings.HasPrefix(key, internalNamespaces[i].prefix) {
+			return &internalNamespaces[i]
+		}
+	}
+	return nil
+}
+
+// checkOwnKeys refuses a template of an enforced rule that starts a key, in its text, among
+// the middleware's own keys.
+func checkOwnKeys(keys []keyTemplate) error {
+	for _, k := range keys {
+		if first := k.segs[0]; first.ref == "" {
+			if ns := internalNamespace(first.lit); ns != nil {
+				return fmt.Errorf("%q puts its keys among %s (%s*), which a lock would corrupt or hold back: "+
+					"start it with another word", k.text, ns.holds, ns.prefix)
+			}
+		}
+	}
+	return nil
+}
+
+// notInternal passes on the rendered keys of a request of an enforced rule, or refuses them
+// with ErrInvalidKey when one falls among the middleware's own keys (never naming the key: the
+// message goes back to the client).
+func notInternal(keys []string, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range keys {
+		if ns := internalNamespace(k); ns != nil {
+			return nil, fmt.Errorf("%w: the key starts with %q, among %s", flightlock.ErrInvalidKey, ns.prefix, ns.holds)
+		}
+	}
+	return keys, nil
+}
+
 // escape writes v to b with '%', ':', '+', '{', '}', control bytes and DEL percent-encoded,
 // so that a value cannot forge a key separator, a multi-key join or a Redis Cluster hash tag.
 // Escaping '%' itself keeps the encoding reversible: different values stay different.

@@ -2,6 +2,8 @@ package middleware
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -187,4 +189,74 @@ func splitValues(s string, n int) []string {
 		}
 	}
 	return out
+}
+
+// The middleware keeps its own keys under Prefix beside the locks of enforced rules: share
+// rules' stored responses under "replay:", shadow rules' locks under "shadow:". An enforced
+// rule whose template puts a key there in its text is refused at start-up (Validate, New,
+// flightlock check), and a request whose values put a key there is refused with 400 /
+// InvalidArgument, as is such a key of a KeyFunc. A shadow rule's keys live under "shadow:"
+// themselves, apart from both: its templates are free.
+func TestEnforcedRuleKeysStayOutOfInternalKeys(t *testing.T) {
+	rule := func(key string, shadow bool) Rule {
+		return Rule{Method: "POST", Path: "/x", Key: key, Shadow: shadow}
+	}
+	validate := func(r Rule) error { return LockConf{Rules: []Rule{r}}.Validate() }
+	for _, key := range []string{"replay:pay:{header.X-Uid}", "shadow:x:{header.X-Uid}", "acct:{header.X-A}+replay:{header.X-B}", "replay:"} {
+		err := validate(rule(key, false))
+		if !errors.Is(err, flightlock.ErrConfig) || !strings.Contains(err.Error(), "Lock.Rules[0].Key") {
+			t.Errorf("Key %q: %v, want an ErrConfig naming Lock.Rules[0].Key", key, err)
+		}
+		if err := validate(rule(key, true)); err != nil {
+			t.Errorf("Key %q of a shadow rule: %v, want it accepted", key, err)
+		}
+	}
+	for _, key := range []string{"replayed:{header.X-Uid}", "x:replay:{header.X-Uid}", "replay{header.X-Uid}", "{header.X-Uid}:replay"} {
+		if err := validate(rule(key, false)); err != nil {
+			t.Errorf("Key %q: %v, want it accepted", key, err)
+		}
+	}
+
+	request := func(kind string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/x", http.NoBody)
+		r.Header.Set("X-Kind", kind)
+		r.Header.Set("X-Uid", "u1")
+		return r
+	}
+	for _, tc := range []struct {
+		key    string
+		shadow bool
+		kind   string
+		want   string // "" for a refusal
+	}{
+		{"{header.X-Kind}:pay:{header.X-Uid}", false, "replay", ""},
+		{"{header.X-Kind}:pay:{header.X-Uid}", false, "shadow", ""},
+		{"a:{header.X-Uid}+{header.X-Kind}:{header.X-Uid}", false, "replay", ""},
+		{"{header.X-Kind}:pay:{header.X-Uid}", false, "replayed", "replayed:pay:u1"},
+		{"{header.X-Kind}:pay:{header.X-Uid}", false, "Replay", "Replay:pay:u1"},
+		{"{header.X-Kind}:pay:{header.X-Uid}", true, "replay", "replay:pay:u1"},
+	} {
+		rl, err := compileHTTP(spec{Rule: rule(tc.key, tc.shadow), name: "Lock.Rules[0]"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := rl.httpKeys(request(tc.kind))
+		switch {
+		case tc.want == "" && !errors.Is(err, flightlock.ErrInvalidKey):
+			t.Errorf("%q with %s (shadow %v): %q, %v; want ErrInvalidKey", tc.key, tc.kind, tc.shadow, keys, err)
+		case tc.want != "" && (err != nil || len(keys) != 1 || keys[0] != tc.want):
+			t.Errorf("%q with %s (shadow %v): %q, %v; want %q", tc.key, tc.kind, tc.shadow, keys, err, tc.want)
+		}
+	}
+
+	for _, k := range []string{"replay:pay:u1", "shadow:x"} {
+		rl, err := compileHTTP(spec{Rule: Rule{Method: "POST", Path: "/x"}, name: "Route(POST /x)",
+			httpKey: func(*http.Request) (string, error) { return k, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if keys, err := rl.httpKeys(request("")); !errors.Is(err, flightlock.ErrInvalidKey) {
+			t.Errorf("a KeyFunc's key %q: %q, %v; want ErrInvalidKey", k, keys, err)
+		}
+	}
 }
