@@ -30,6 +30,10 @@ var (
 	// down and takes no new lock. It is also the cause with which Drain cancels the contexts of
 	// leases still held when its grace period ends.
 	ErrClosed = errors.New("flightlock: draining, no new locks")
+	// ErrReleasePending is returned by a Release whose context ended before the store
+	// confirmed the release: it goes on in the background, and the key is freed when the store
+	// answers, or runs out with its TTL when it never does. Nobody else's lock is touched.
+	ErrReleasePending = errors.New("flightlock: release not confirmed before the context ended; it goes on in the background")
 )
 
 // errLateReply is the store error of an acquisition whose reply came back so late that its lock

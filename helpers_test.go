@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
@@ -168,4 +169,9 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// withOwner is what the zrpc server interceptor does for a handed-over owner.
+func withOwner(ctx context.Context, key, owner string) context.Context {
+	return handover.With(ctx, handover.Owner{Key: key, Token: owner})
 }

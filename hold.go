@@ -143,26 +143,6 @@ func (l *leaseList) end(cause error) {
 	}
 }
 
-// reentrySlot makes the re-entries of one lease by different goroutines exclude each other
-// (issue 8, finding 3). It lives in the lease that is re-entered, guarded by that lease's mu.
-// A goroutine takes the slot when it is free, or enters again at once when it has it already
-// (down one call chain, whatever context the chain passed on); any other goroutine queues, or
-// is refused in Reject mode. A re-entry by the goroutine that made the re-entered lease takes
-// no slot: it is that goroutine's own call chain, and goroutines it starts must not wait for it
-// (they take the re-entered lease's slot instead, so they still exclude each other). Go has no
-// goroutine identity in its API, so it is read from the stack header (goid), on re-entry only.
-type reentrySlot struct {
-	g      int64            // goroutine inside re-entries through the slot, or a stream (< 0); 0 when free
-	opener int64            // when g is a stream: the goroutine that opened it; else 0
-	depth  int              // its re-entries not yet released
-	queue  []*reentryWaiter // FIFO of goroutines waiting for the slot
-}
-
-type reentryWaiter struct {
-	g, opener int64
-	ready     chan struct{} // closed when the slot is granted to g (which then counts one live lease)
-}
-
 // newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
 // another process's lock.
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {

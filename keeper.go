@@ -3,6 +3,7 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -167,4 +168,33 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 		return k.ttlBound.bound(ctx, now, now.Add(k.ttl)), func() {}
 	}
 	return context.WithTimeout(ctx, k.ttl)
+}
+
+// endGrantBy ends h's grant as endGrant does, and returns by the end of ctx whatever the store
+// does: a release that ctx's end cuts short goes on in the background on a context that keeps
+// ctx's values but not its cancellation, bounded by one TTL (releaseContext), and the caller
+// gets ErrReleasePending joined with ctx's cause. The lock is then freed when the store answers, or left to its TTL
+// when it never does; in both cases nobody else's lock is touched (the release is
+// owner-checked), and the gate slot is left only when the release has ended.
+//
+// A context that never ends (context.Background, context.WithoutCancel: the middleware's
+// release) waits for the release itself, bounded by one TTL, with no goroutine.
+func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
+	done := ctx.Done()
+	if done == nil {
+		return k.endGrant(ctx, h)
+	}
+	result := make(chan error, 1)
+	go func() { result <- k.endGrant(context.WithoutCancel(ctx), h) }()
+	select {
+	case err := <-result:
+		return err
+	case <-done:
+	}
+	select {
+	case err := <-result: // finished as ctx ended: its own outcome is known
+		return err
+	default:
+		return fmt.Errorf("%w: %q: %w", ErrReleasePending, h.key, context.Cause(ctx))
+	}
 }

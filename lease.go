@@ -47,20 +47,18 @@ func (g Grant) String() string {
 type Lease struct {
 	h        *hold
 	kind     Grant
-	inSlot   bool     // GrantReentry: it holds its parent's re-entry slot
 	ended    endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
 	released bool     // guarded by mu
 	made     atomic.Bool
 	fence    int64
 
-	// re holds what only nested locks and re-entry need (issue 17: live heap per held lock; a
-	// lease locked in a context without a lease and never re-entered, the common case, carries
-	// one nil pointer instead of 32 bytes and the re-entry slot's 48). It is set when the lease
-	// is made if the context Lock was called with held a lease (outer), and for a GrantReentry
-	// lease (parent and g), before the lease is shared; otherwise under mu by the first
-	// goroutine that re-enters the lease (its slot). Once set it never changes. So a lease made with re may read re's outer,
-	// parent and g without mu, and everyone else reads re under mu.
-	re *reentry
+	// outer is the lease that the context Lock was called with held, read when the lease was
+	// made: the next lease of a context chain, innermost first. Set before the lease is shared
+	// and never after, so it is read without a lock. Read once, not looked up again through the
+	// parent context whenever the chain is walked: a context whose values change after Lock
+	// returned (a framework's pooled request context reused by the next request) would
+	// otherwise lead a walk to another request's lease.
+	outer *Lease
 
 	// The lease's context is made when Context is first called, not by Lock: a lease held
 	// without it (a lock around a write) costs no cancelable context (issue 17: live heap per
@@ -69,8 +67,7 @@ type Lease struct {
 	// applied when the lease's context is made, so that it ends with the cause it would have
 	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
 	// read after it is. The lease itself is its context's value (leaseContext), so that takes
-	// no field, and the lease the parent context held is kept in re (outer). (The small
-	// fields above share one word: a Lease is 64 bytes.)
+	// no field. (The small fields above share one word.)
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
@@ -78,44 +75,8 @@ type Lease struct {
 	mu sync.Mutex
 }
 
-// reentry is the part of a Lease that only nested locks and re-entries use.
-type reentry struct {
-	// outer is the lease that the context Lock was called with held, read when the lease was
-	// made: the next lease of a context chain, innermost first. Read once, not looked up again
-	// through the parent context whenever the chain is walked: a context whose values change
-	// after Lock returned (a framework's pooled request context reused by the next request)
-	// would otherwise lead a walk to another request's lease, which findLease re-enters (two
-	// holders inside; review of 79205c8: TestOuterLeaseIsTheOneHeldAtLock).
-	outer  *Lease
-	parent *Lease // GrantReentry: the lease it re-entered
-	g      int64  // GrantReentry: the goroutine that made it
-	// slot is made by the first re-entry through this lease, under the lease's mu, and never
-	// changes after: a lease that only has an outer lease (an inner lease of a multi-key lock, a
-	// nested lock) carries 32 bytes here, not 64.
-	slot *reentrySlot // guarded by the lease's mu: re-entries of this lease by other goroutines
-}
-
-// slotLocked returns re's slot, made on first use. The lease's mu must be held.
-func (re *reentry) slotLocked() *reentrySlot {
-	if re.slot == nil {
-		re.slot = &reentrySlot{}
-	}
-	return re.slot
-}
-
-// reentryLocked returns x.re, made on first use. x.mu must be held.
-func (x *Lease) reentryLocked() *reentry {
-	if x.re == nil {
-		x.re = &reentry{}
-	}
-	return x.re
-}
-
 func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
-	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent}
-	if outer := FromContext(parent); outer != nil {
-		lease.re = &reentry{outer: outer}
-	}
+	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent)}
 	h.attach(lease)
 	return lease
 }
@@ -173,18 +134,6 @@ func (x *Lease) Context() context.Context {
 		x.makeContextLocked()
 	}
 	return (*leaseContext)(x)
-}
-
-// outer returns the lease that the context Lock was called with held when it was called, if
-// any: the next lease of a context chain, innermost first.
-func (x *Lease) outer() *Lease {
-	x.mu.Lock()
-	re := x.re
-	x.mu.Unlock()
-	if re == nil {
-		return nil
-	}
-	return re.outer // set before the lease was shared, never after
 }
 
 // makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu
@@ -299,8 +248,11 @@ func (x *Lease) Refresh(ctx context.Context) error {
 // elsewhere. A second Release returns ErrNotHeld and changes nothing; so does the Release of a
 // lease whose lock was lost and taken by another owner meanwhile.
 //
-// ctx's values are used but not its cancellation: a request whose context has already ended
-// still releases its lock (bounded by the TTL).
+// Release returns by ctx's end whatever the store does. A release that ctx's end cuts short,
+// or that starts after it, goes on in the background on a context with ctx's values (bounded
+// by one TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause: the key
+// is freed when the store answers, or runs out with its TTL when it never does. A request
+// whose context has already ended still releases its lock.
 func (x *Lease) Release(ctx context.Context) error {
 	x.mu.Lock()
 	if x.released {
@@ -311,9 +263,6 @@ func (x *Lease) Release(ctx context.Context) error {
 	x.mu.Unlock()
 
 	x.h.detach(x) // and ends x's context
-	if x.inSlot {
-		x.re.parent.leaveSlot() // inSlot: a GrantReentry lease, whose re was set when it was made
-	}
 	last := x.h.done()
 	if !last {
 		if x.h.isLost() {
@@ -321,124 +270,20 @@ func (x *Lease) Release(ctx context.Context) error {
 		}
 		return nil
 	}
-	return x.h.k.endGrant(ctx, x.h)
+	return x.h.k.endGrantBy(ctx, x.h)
 }
 
-// enterReentry admits goroutine g to a re-entry of x (see reentrySlot), waiting for the slot in
-// wait mode within b. It counts the new lease live in the grant before it returns. It fails
-// with errGrantEnded when x was released meanwhile (the caller then locks as a new owner: x's
-// lock may already be the next request's), and with a busy error when the slot stays taken.
-func (x *Lease) enterReentry(g int64, wait bool, b *budget) (inSlot bool, err error) {
-	return x.enterReentryAs(g, 0, wait, b)
-}
-
-// enterReentryAs is enterReentry for g, a goroutine, or a stream (g < 0) that goroutine opener
-// opened (handover.EnterStream). A goroutine that finds the slot taken by a stream it opened
-// itself is refused at once: the stream's handler elsewhere is inside, and only this goroutine
-// can end the stream, so waiting could only run out its budget (review of 67db52c:
-// TestReviewOpenerNestedLockWaitsForItsOwnStream).
-func (x *Lease) enterReentryAs(g, opener int64, wait bool, b *budget) (inSlot bool, err error) {
-	caller := g // the goroutine making the call
-	if opener != 0 {
-		caller = opener
-	}
-	x.mu.Lock()
-	if x.released {
-		x.mu.Unlock()
-		return false, errGrantEnded
-	}
-	re := x.reentryLocked()
-	if x.kind == GrantReentry && re.g == g {
-		x.h.addLive()
-		x.mu.Unlock()
-		return false, nil
-	}
-	slot := re.slotLocked()
-	switch {
-	case slot.g == 0 || slot.g == g:
-		x.takeSlotLocked(slot, g, opener)
-		x.mu.Unlock()
-		return true, nil
-	case !wait || slot.opener == caller:
-		x.mu.Unlock()
-		return false, &busyError{retryAfter: x.h.remaining()}
-	}
-	w := &reentryWaiter{g: g, opener: opener, ready: make(chan struct{})}
-	slot.queue = append(slot.queue, w)
-	x.mu.Unlock()
-
-	select {
-	case <-w.ready:
-		return true, nil
-	case <-b.context().Done():
-	}
-	x.mu.Lock()
-	for i, q := range slot.queue {
-		if q == w {
-			slot.queue = append(slot.queue[:i], slot.queue[i+1:]...)
-			x.mu.Unlock()
-			return false, &busyError{retryAfter: x.h.remaining()}
-		}
-	}
-	x.mu.Unlock()
-	// Granted just as the wait ended: hand the slot on and give up the lease it counted.
-	x.leaveSlot()
-	if x.h.done() {
-		_ = x.h.k.endGrant(context.Background(), x.h)
-	}
-	return false, &busyError{}
-}
-
-// enterOwnSlot takes x's re-entry slot for g, the goroutine that made x, without waiting, for
-// a call made on x's behalf (enterForCall): unlike g's own re-entries of x, which take no slot
-// (they are g's call chain), such a call is a handler elsewhere, so it must exclude the
-// goroutines g started that re-enter x (review of 8869184). ok is false, and nothing is
-// counted, when another goroutine is inside; otherwise the new lease is counted live.
-func (x *Lease) enterOwnSlot(g, opener int64) (ok bool, err error) { // g: a goroutine, or a stream opener opened
+// enter counts one more live lease of x's grant, for a re-entry by a holder of x's context.
+// It fails with errGrantEnded once x was released: its lock may already be the next request's,
+// and the caller then locks as a new owner.
+func (x *Lease) enter() error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.released {
-		return false, errGrantEnded
+		return errGrantEnded
 	}
-	slot := x.reentryLocked().slotLocked()
-	if slot.g != 0 && slot.g != g {
-		return false, nil
-	}
-	x.takeSlotLocked(slot, g, opener)
-	return true, nil
-}
-
-// takeSlotLocked puts g (a goroutine, or a stream that opener opened) inside slot, which is
-// free or g's already, and counts the new lease live in the grant. x.mu must be held.
-func (x *Lease) takeSlotLocked(slot *reentrySlot, g, opener int64) {
-	if slot.g == 0 {
-		noteSlot(g, 1)
-	}
-	slot.g, slot.opener = g, opener
-	slot.depth++
-	x.h.addLive()
-}
-
-// leaveSlot ends one re-entry through x's slot, and grants the slot to the next waiting
-// goroutine when it is free; that goroutine's lease is counted live before the caller counts
-// its own released, so the grant cannot end in between.
-func (x *Lease) leaveSlot() {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	slot := x.re.slot // made by enterReentry, which took the slot being left
-	slot.depth--
-	if slot.depth > 0 {
-		return
-	}
-	noteSlot(slot.g, -1)
-	slot.g, slot.opener = 0, 0
-	if len(slot.queue) > 0 {
-		w := slot.queue[0]
-		slot.queue[0] = nil
-		slot.queue = slot.queue[1:]
-		x.takeSlotLocked(slot, w.g, w.opener)
-		close(w.ready)
-	}
+	x.h.addLive() // x is live, so its grant cannot end meanwhile
+	return nil
 }
 
 // active reports whether the lease has not been released.
@@ -467,32 +312,4 @@ func (g *Group) Release(ctx context.Context) error {
 		err = errors.Join(err, g.leases[i].Release(ctx))
 	}
 	return err
-}
-
-// slotsHeld counts, per goroutine, the re-entry slots it is inside (reentrySlot.g), so that a
-// call made on behalf of held locks (enterForCall) knows whether waiting for a slot could
-// deadlock, whatever context the goroutine passes to it (review of 8869184). Guarded by
-// slotsHeldMu, a leaf lock taken under a lease's mu; touched on the re-entry path only, and an
-// entry is deleted when its count reaches 0, so the map holds only goroutines inside slots.
-var (
-	slotsHeldMu sync.Mutex
-	slotsHeld   = map[int64]int{}
-)
-
-// noteSlot adds d to the slots goroutine g is inside.
-func noteSlot(g int64, d int) {
-	slotsHeldMu.Lock()
-	defer slotsHeldMu.Unlock()
-	if n := slotsHeld[g] + d; n > 0 {
-		slotsHeld[g] = n
-	} else {
-		delete(slotsHeld, g)
-	}
-}
-
-// insideSlot reports whether goroutine g is inside a re-entry slot.
-func insideSlot(g int64) bool {
-	slotsHeldMu.Lock()
-	defer slotsHeldMu.Unlock()
-	return slotsHeld[g] > 0
 }

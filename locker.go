@@ -120,15 +120,17 @@ func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
 
 // Do runs fn under the lock of key and releases it when fn returns or panics (the panic goes
 // on). fn gets the lease's context. Do returns fn's error; ErrLost if fn succeeded but the lock
-// was lost while it ran; or the release's error if that failed.
+// was lost while it ran; or the release's error if that failed (a release that ctx's end left
+// to finish in the background is not an error of Do's).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
 	lease, err := l.Lock(ctx, key)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		rerr := lease.Release(ctx)
-		if err == nil {
+		// A release still on its way when ctx ended is no failure of fn's: it finishes in the
+		// background, or the key runs out with its TTL.
+		if rerr := lease.Release(ctx); err == nil && !errors.Is(rerr, ErrReleasePending) {
 			err = rerr
 		}
 	}()
@@ -187,19 +189,18 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
+		lease, err := l.reenter(ctx, parent)
+		if !errors.Is(err, errGrantEnded) {
+			return lease, err
+		}
+		// Released while we looked: lock as a new owner.
+	}
 	b := budget{parent: ctx}
 	if wait {
 		b.deadline = waitbudget.Deadline(ctx, time.Now(), l.cfg.wait)
 	}
 	defer b.stop()
-
-	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
-		lease, err := l.reenter(ctx, &b, parent, wait)
-		if !errors.Is(err, errGrantEnded) {
-			return lease, err
-		}
-		// The grant ended while we looked: lock as a new owner.
-	}
 	if o, ok := handover.Lookup(ctx, rkey); ok {
 		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
 			return lease, err
@@ -222,7 +223,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		// another goroutine owns by then.
 		if h != nil {
 			if h.done() {
-				_ = l.k.endGrant(ctx, h)
+				_ = l.k.endGrantBy(ctx, h)
 			}
 		} else {
 			l.k.gate.leave(rkey, e, false)
@@ -255,24 +256,13 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	return newLease(ctx, h, grant, fence), nil
 }
 
-// reenter re-enters parent, a lease that ctx carries, for the calling goroutine: at once down
-// one call chain, otherwise once no other goroutine is inside a re-entry of parent (issue 8,
-// finding 3; see reentrySlot).
-func (l *Locker) reenter(ctx context.Context, b *budget, parent *Lease, wait bool) (*Lease, error) {
-	g := goid()
-	inSlot, err := parent.enterReentry(g, wait, b)
-	if err != nil {
-		if errors.Is(err, errGrantEnded) {
-			return nil, err
-		}
-		return nil, l.busy(ctx, err)
+// reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters
+// at once, with parent's fence and no store command, whatever goroutine calls.
+func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
+	if err := parent.enter(); err != nil {
+		return nil, err
 	}
-	lease := newLease(ctx, parent.h, GrantReentry, parent.fence)
-	if lease.re == nil { // ctx carries parent, so newLease made re for its outer lease
-		lease.re = &reentry{}
-	}
-	lease.re.parent, lease.re.g, lease.inSlot = parent, g, inSlot
-	return lease, nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence), nil
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:

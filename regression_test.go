@@ -52,9 +52,8 @@ func TestStaleReentryNeverJoinsTheNextGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := <-wLease
-	// X continues: enterSlot.
-	b := budget{parent: g1.Context()}
-	x, err := l.reenter(g1.Context(), &b, parent, true)
+	// X continues: re-enters the lease it found.
+	x, err := l.reenter(g1.Context(), parent)
 	if err != nil {
 		t.Logf("reenter refused (correct): %v", err)
 		_ = w.Release(ctx)
@@ -119,10 +118,9 @@ func TestBackgroundReentryRacingHandoffNeverOverlaps(t *testing.T) {
 	}
 }
 
-// A handler locks k; its service layer locks k again (a re-entry by the same goroutine, which
-// now owns the re-entry slot) and fans out with mr.MapReduce-style goroutines that each lock k.
-// Without the nested Lock the fan-out works; with it every mapper waits for the slot that the
-// goroutine waiting for them holds: ErrBusy after the wait budget.
+// A handler locks k; its service layer locks k again (a nested re-entry) and fans out with
+// mr.MapReduce-style goroutines that each lock k: every one of them carries the owner's
+// context, so each enters at once, from the grant as from inside the re-entry.
 func TestFanOutFromInsideAReentry(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()

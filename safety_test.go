@@ -8,7 +8,6 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,87 +48,6 @@ func TestHandedOverOwnerNeverTakesAFreeKey(t *testing.T) {
 			_ = lease.Release(ctx)
 		}
 		t.Fatalf("same process, same made-up token: %v, want ErrBusy", err)
-	}
-}
-
-// Finding 3: goroutines that carry the holder's context re-enter one at a time; re-entry down
-// one call chain (also with the context the chain started from, as a goctl Logic keeps it)
-// succeeds at once.
-func TestReentriesFromGoroutinesExcludeEachOther(t *testing.T) {
-	s, _, _ := miniStore(t)
-	ctx := context.Background()
-	l := mustLocker(t, s, WithWait(5*time.Second))
-	outer, err := l.Lock(ctx, "fan")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inside, most atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, 3)
-	for range 3 {
-		wg.Add(1)
-		go func() { // mr.MapReduce / threading.GoSafe with the holder's context
-			defer wg.Done()
-			lease, err := l.Lock(outer.Context(), "fan")
-			if err != nil {
-				errs <- err
-				return
-			}
-			n := inside.Add(1)
-			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-			}
-			// Down the chain, with the context the goroutine started from: at once.
-			chained, err := l.TryLock(outer.Context(), "fan")
-			if err != nil {
-				errs <- errors.New("chain re-entry refused: " + err.Error())
-			} else {
-				_ = chained.Release(ctx)
-			}
-			time.Sleep(20 * time.Millisecond)
-			inside.Add(-1)
-			errs <- lease.Release(ctx)
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if m := most.Load(); m != 1 {
-		t.Fatalf("%d goroutines were inside re-entered leases at once, want 1", m)
-	}
-	if err := outer.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// Finding 3, reject mode: a second goroutine re-entering while another is inside is refused.
-func TestReentryFromAnotherGoroutineRejected(t *testing.T) {
-	s, _, _ := miniStore(t)
-	ctx := context.Background()
-	l := mustLocker(t, s, WithMode(Reject))
-	outer, err := l.Lock(ctx, "rj")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer outer.Release(ctx)
-	first, err := l.Lock(outer.Context(), "rj")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Release(ctx)
-	got := make(chan error, 1)
-	go func() {
-		lease, err := l.Lock(context.WithoutCancel(outer.Context()), "rj") // a background job
-		if err == nil {
-			_ = lease.Release(ctx)
-		}
-		got <- err
-	}()
-	if err := <-got; !errors.Is(err, ErrBusy) {
-		t.Fatalf("concurrent re-entry in reject mode: %v, want ErrBusy", err)
 	}
 }
 

@@ -140,7 +140,7 @@ func TestStressExclusionAndFences(t *testing.T) {
 	// Every section was left: nothing is occupied in the checker.
 	for _, key := range stressKeys {
 		st := c.HGetAll(ctx, stressStateKey(key)).Val()
-		if st["occ"] == "1" || st["reocc"] != "" {
+		if st["occ"] == "1" || (st["in"] != "" && st["in"] != "0") {
 			t.Errorf("%s: section still occupied after every worker ended: %v", key, st)
 		}
 	}
@@ -174,9 +174,9 @@ func TestStressCheckerCatchesViolations(t *testing.T) {
 		// The value as acquire.lua writes it: owner, fence, holds, metadata.
 		c.Set(ctx, lockKey, fmt.Sprintf("%032d %d 1 %s", fence, fence, tag), time.Minute)
 	}
-	enter := func(wantState, wantKinds, token string, fence int64, tag string, ago time.Duration, holder, parent string) {
+	enter := func(wantState, wantKinds, token string, fence int64, tag string, ago time.Duration, holder string) {
 		t.Helper()
-		state, kinds, err := stressEnter(c, key, lockKey, token, fence, tag, time.Now().Add(-ago), safety, holder, parent)
+		state, kinds, err := stressEnter(c, key, lockKey, token, fence, tag, time.Now().Add(-ago), safety, holder)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,47 +184,51 @@ func TestStressCheckerCatchesViolations(t *testing.T) {
 			t.Fatalf("%s: checker answered %q %q, want %q %q", token, state, kinds, wantState, wantKinds)
 		}
 	}
-	exit := func(kind, token, parent string) {
+	exit := func(kind, token, holder string) {
 		t.Helper()
-		if err := stressExit(c, key, kind, token, parent); err != nil {
+		if err := stressExit(c, key, kind, token, holder); err != nil {
 			t.Fatal(err)
 		}
 	}
 
 	lock("tagA", 10)
-	enter("entered", "", "a", 10, "tagA", 0, "", "")
-	enter("entered", "", "a.r1", 10, "tagA", 0, "a", "")       // a re-entry
-	enter("entered", "", "a.r1.c", 10, "tagA", 0, "a", "a.r1") // down its chain
-	exit("reentry", "a.r1.c", "a.r1")
-	enter("entered", "reentry-overlap", "a.r2", 10, "tagA", 0, "a", "") // a sibling while a.r1 is inside
-	exit("reentry", "a.r2", "")
-	exit("reentry", "a.r1", "") // replaced by a.r2: changes nothing
-	enter("entered", "reentry-fence", "a.r3", 11, "tagA", 0, "a", "")
-	exit("reentry", "a.r3", "")
-	enter("gone", "", "x.r", 10, "tagA", 0, "x", "") // x is not inside
-	lock("tagB", 20)                                 // a's lock expired and B took it; a is still inside
-	enter("entered", "overlap", "b", 20, "tagB", 0, "", "")
+	enter("entered", "", "a", 10, "tagA", 0, "")
+	enter("entered", "", "a.r1", 10, "tagA", 0, "a")   // a re-entry
+	enter("entered", "", "a.r1.c", 10, "tagA", 0, "a") // down its chain
+	exit("reentry", "a.r1.c", "a")
+	enter("entered", "", "a.r2", 10, "tagA", 0, "a") // a sibling while a.r1 is inside: one owner
+	exit("reentry", "a.r2", "a")
+	exit("reentry", "a.r1", "a")
+	enter("entered", "reentry-fence", "a.r3", 11, "tagA", 0, "a")
+	exit("reentry", "a.r3", "a")
+	enter("gone", "", "x.r", 10, "tagA", 0, "x") // x is not inside
+	lock("tagB", 20)                             // a's lock expired and B took it; a is still inside
+	enter("entered", "overlap", "b", 20, "tagB", 0, "")
 	exit("grant", "a", "") // replaced by b: changes nothing
 	exit("grant", "b", "")
-	enter("entered", "fence-kept-by-handoff", "b2", 20, "tagB", 0, "", "")
+	enter("entered", "fence-kept-by-handoff", "b2", 20, "tagB", 0, "")
 	exit("grant", "b2", "")
-	enter("handoff", "", "b3", 21, "tagB", 0, "", "") // a handoff with a fence of its own
+	enter("handoff", "", "b3", 21, "tagB", 0, "") // a handoff with a fence of its own
 	exit("grant", "b3", "")
-	enter("handoff", "fence-not-increasing", "b4", 19, "tagB", 0, "", "")
+	enter("handoff", "fence-not-increasing", "b4", 19, "tagB", 0, "")
 	exit("grant", "b4", "")
-	enter("entered", "entered-unheld", "c", 30, "tagC", 0, "", "") // B holds the lock, not C
+	enter("entered", "entered-unheld", "c", 30, "tagC", 0, "") // B holds the lock, not C
 	exit("grant", "c", "")
-	enter("late", "", "d", 40, "tagC", time.Second, "", "") // too slow to blame the library
+	enter("late", "", "d", 40, "tagC", time.Second, "") // too slow to blame the library
 	lock("tagE", 50)
-	enter("entered", "", "e", 50, "tagE", 0, "", "")
-	enter("entered", "", "e.r", 50, "tagE", 0, "e", "")
+	enter("entered", "", "e", 50, "tagE", 0, "")
+	enter("entered", "", "e.r", 50, "tagE", 0, "e")
 	exit("grant", "e", "") // leaves while its re-entry is inside (after a loss)
 	lock("tagF", 60)
-	enter("entered", "reentry-left-inside", "f", 60, "tagF", 0, "", "")
+	enter("entered", "reentry-left-inside", "f", 60, "tagF", 0, "")
+	exit("reentry", "e.r", "e") // after f's grant: changes nothing of f's
 	exit("grant", "f", "")
+	if st := c.HGetAll(ctx, stressStateKey(key)).Val(); st["in"] != "0" {
+		t.Errorf("the checker's state after every section left: %v, want in=0", st)
+	}
 
 	got := c.HGetAll(ctx, stressKindsKey).Val()
-	want := []string{"reentry-overlap", "reentry-fence", "overlap", "fence-kept-by-handoff",
+	want := []string{"reentry-fence", "overlap", "fence-kept-by-handoff",
 		"fence-not-increasing", "entered-unheld", "reentry-left-inside"}
 	for _, k := range want {
 		if got[k] != "1" {
@@ -394,7 +398,7 @@ func parseStressResult(out []byte) (stressResult, bool) {
 //	occ        "1" while a holder is inside its section (a new grant), "0" after
 //	token      that holder's section token; fence, owner: its lease's; since: entry, µs
 //	last       the largest fence any grant of the key entered with; lastBy, lastOwner: whose
-//	reocc      token of the re-entry inside the holder's hold now, "" when none
+//	in         how many re-entries of that holder's grant are inside their sections now
 //
 // Fences are compared with tonumber (exact: they stay below 2^53) and stored as the strings
 // they came in. A lock's value in Redis is "<owner> <fence> ... <tag> ...": the tag is the
@@ -434,7 +438,7 @@ local function violation(kind, detail)
 end
 local me = string.format('%s (fence %s, context seen alive %dus before, lock %s)',
   token, fence, gap, held and 'held' or ('NOT held: ' .. tostring(lock)))
-local s = redis.call('HMGET', KEYS[1], 'occ', 'token', 'fence', 'tag', 'since', 'last', 'lastBy', 'lastTag', 'reocc')
+local s = redis.call('HMGET', KEYS[1], 'occ', 'token', 'fence', 'tag', 'since', 'last', 'lastBy', 'lastTag', 'in')
 `
 
 var stressEnterGrant = redis.NewScript(stressEnterHead + `
@@ -447,8 +451,8 @@ if s[1] == '1' then
   violation('overlap', string.format('%s entered while %s (fence %s) was inside for %dus, its lock %s',
     me, s[2], s[3], now - tonumber(s[5]), prevHeld and 'held' or 'not held'))
 end
-if s[9] and s[9] ~= '' then
-  violation('reentry-left-inside', me .. ' entered while re-entry ' .. s[9] .. ' was still inside')
+if tonumber(s[9] or '0') > 0 then
+  violation('reentry-left-inside', string.format('%s entered while %s re-entries of %s were still inside', me, s[9], s[2]))
 end
 if s[6] and tonumber(fence) <= tonumber(s[6]) then
   local kind = 'fence-not-increasing'
@@ -459,13 +463,13 @@ if not s[6] or tonumber(fence) > tonumber(s[6]) then
   redis.call('HSET', KEYS[1], 'last', fence, 'lastBy', token, 'lastTag', tag)
 end
 redis.call('HSET', KEYS[1], 'occ', '1', 'token', token, 'fence', fence, 'tag', tag,
-  'since', string.format('%d', now), 'reocc', '')
+  'since', string.format('%d', now), 'in', '0')
 return {state, table.concat(found, ',')}
 `)
 
 var stressEnterReentry = redis.NewScript(stressEnterHead + `
--- ARGV[6] the holder's section token; ARGV[7] the enclosing re-entry's token, or "" for none
--- State "gone" (not entered): the holder has left its section.
+-- ARGV[6] the holder's section token. Re-entries of one grant may be inside together: they
+-- are one owner. State "gone" (not entered): the holder has left its section.
 if s[1] ~= '1' or s[2] ~= ARGV[6] then
   return {'gone', ''}
 end
@@ -473,11 +477,7 @@ if not held then violation('entered-unheld', me) end
 if s[3] ~= fence then
   violation('reentry-fence', string.format('%s re-entered the hold of %s, whose fence is %s', me, s[2], s[3]))
 end
-if (s[9] or '') ~= ARGV[7] then
-  local function name(x) if not x or x == '' then return 'none' end return x end
-  violation('reentry-overlap', string.format('%s entered while re-entry %s was inside (expected %s)', me, name(s[9]), name(ARGV[7])))
-end
-redis.call('HSET', KEYS[1], 'reocc', token)
+redis.call('HINCRBY', KEYS[1], 'in', 1)
 return {state, table.concat(found, ',')}
 `)
 
@@ -486,13 +486,14 @@ return {state, table.concat(found, ',')}
 var stressLeave = redis.NewScript(`
 -- KEYS[1] the key's checker state
 -- ARGV[1] "grant" or "reentry"; ARGV[2] the section's token; ARGV[3] (re-entry) the token of
--- the enclosing re-entry to restore, or ""
+-- the holder whose grant it re-entered
+local holder = redis.call('HGET', KEYS[1], 'token')
 if ARGV[1] == 'grant' then
-  if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then
+  if holder == ARGV[2] then
     redis.call('HSET', KEYS[1], 'occ', '0')
   end
-elseif redis.call('HGET', KEYS[1], 'reocc') == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'reocc', ARGV[3])
+elseif holder == ARGV[3] and tonumber(redis.call('HGET', KEYS[1], 'in') or '0') > 0 then
+  redis.call('HINCRBY', KEYS[1], 'in', -1)
 end
 return 1
 `)
@@ -705,7 +706,7 @@ func (w *stressWorker) hold(rng *rand.Rand, sl *stressLocker, key string, lease 
 	var kids sync.WaitGroup
 	defer w.release(lease)
 	defer kids.Wait()
-	if !w.enter(sl, key, lease, token, "", "") {
+	if !w.enter(sl, key, lease, token, "") {
 		return
 	}
 	w.counts[cGrants].Add(1)
@@ -716,7 +717,7 @@ func (w *stressWorker) hold(rng *rand.Rand, sl *stressLocker, key string, lease 
 		case r < 5:
 			w.work(ctx, rng, sl.ttl, true)
 		case r < 8:
-			w.chain(rng, sl, key, lease, token, "", 0)
+			w.chain(rng, sl, key, lease, token, 0)
 		default:
 			w.fanOut(rng, sl, key, lease, token, &kids)
 		}
@@ -753,7 +754,7 @@ func (w *stressWorker) work(ctx context.Context, rng *rand.Rand, ttl time.Durati
 
 // chain re-enters key down the call chain of outer (a holder's or a re-entry's lease): it
 // must succeed at once, with TryLock as well as Lock.
-func (w *stressWorker) chain(rng *rand.Rand, sl *stressLocker, key string, outer *Lease, holder, parent string, depth int) {
+func (w *stressWorker) chain(rng *rand.Rand, sl *stressLocker, key string, outer *Lease, holder string, depth int) {
 	octx := outer.Context()
 	start := time.Now()
 	var (
@@ -783,15 +784,15 @@ func (w *stressWorker) chain(rng *rand.Rand, sl *stressLocker, key string, outer
 		w.counts[cSlowChain].Add(1)
 	}
 	id := fmt.Sprintf("%s.c%d", holder, w.ids.Add(1))
-	if !w.enter(sl, key, inner, id, holder, parent) {
+	if !w.enter(sl, key, inner, id, holder) {
 		return
 	}
 	w.counts[cChain].Add(1)
-	defer w.leave(key, "reentry", id, parent)
+	defer w.leave(key, "reentry", id, holder)
 	ictx := inner.Context()
 	w.work(ictx, rng, sl.ttl, false)
 	if depth < 1 && ictx.Err() == nil && rng.IntN(3) == 0 {
-		w.chain(rng, sl, key, inner, holder, id, depth+1)
+		w.chain(rng, sl, key, inner, holder, depth+1)
 	}
 }
 
@@ -820,9 +821,8 @@ func (w *stressWorker) fanOut(rng *rand.Rand, sl *stressLocker, key string, leas
 	}
 }
 
-// child is a goroutine of the holder: it re-enters key with the holder's context (queueing in
-// wait mode, ErrBusy in reject mode while a sibling is inside), works, maybe re-enters down
-// its own chain.
+// child is a goroutine of the holder: it re-enters key with the holder's context, at once, as
+// its siblings do (they are one owner), works, maybe re-enters down its own chain.
 func (w *stressWorker) child(rng *rand.Rand, sl *stressLocker, key string, holderLease *Lease, holder string) {
 	hctx := holderLease.Context()
 	var (
@@ -839,6 +839,7 @@ func (w *stressWorker) child(rng *rand.Rand, sl *stressLocker, key string, holde
 		case hctx.Err() != nil:
 		case errors.Is(err, ErrBusy):
 			w.counts[cFanoutBusy].Add(1)
+			w.violation("fanout-reentry-refused", fmt.Sprintf("%s: a goroutine with the holder's live context was refused: %v", holder, err))
 		default:
 			w.counts[cReentryErrors].Add(1)
 			w.noteFirst(&w.firstReentry, err)
@@ -847,28 +848,28 @@ func (w *stressWorker) child(rng *rand.Rand, sl *stressLocker, key string, holde
 	}
 	defer w.release(lease)
 	id := fmt.Sprintf("%s.f%d", holder, w.ids.Add(1))
-	if !w.enter(sl, key, lease, id, holder, "") {
+	if !w.enter(sl, key, lease, id, holder) {
 		return
 	}
 	w.counts[cFanout].Add(1)
-	defer w.leave(key, "reentry", id, "")
+	defer w.leave(key, "reentry", id, holder)
 	ctx := lease.Context()
 	w.work(ctx, rng, sl.ttl, false)
 	if ctx.Err() == nil && rng.IntN(3) == 0 {
-		w.chain(rng, sl, key, lease, holder, id, 1)
+		w.chain(rng, sl, key, lease, holder, 1)
 	}
 }
 
 // enter asks the checker to let a section begin: a new grant when holder is "", else a
-// re-entry of holder's hold inside the re-entry parent ("" for none). It reports whether the
+// re-entry of holder's hold. It reports whether the
 // section began (with or without violations).
-func (w *stressWorker) enter(sl *stressLocker, key string, lease *Lease, token, holder, parent string) bool {
+func (w *stressWorker) enter(sl *stressLocker, key string, lease *Lease, token, holder string) bool {
 	checked := time.Now()
 	if lease.Context().Err() != nil {
 		w.counts[cCancelledBefore].Add(1)
 		return false
 	}
-	state, kinds, err := stressEnter(w.direct, key, lease.Key(), token, lease.Fence(), sl.tag, checked, sl.ttl/10, holder, parent)
+	state, kinds, err := stressEnter(w.direct, key, lease.Key(), token, lease.Fence(), sl.tag, checked, sl.ttl/10, holder)
 	if err != nil {
 		w.counts[cCheckerErrors].Add(1)
 		fmt.Fprintf(os.Stderr, "checker: enter %s: %v\n", token, err)
@@ -914,16 +915,16 @@ func (w *stressWorker) awaitEnd(lease *Lease, within time.Duration, kind, detail
 }
 
 // stressEnter runs the checker's step for a section that begins: a new grant when holder is
-// "", else a re-entry of holder's section inside the re-entry parent ("" for none). lockKey is
+// "", else a re-entry of holder's section. lockKey is
 // the lock's Redis key, tag the metadata of the lease's Locker, checked when the lease's
 // context was last seen alive, safety the lease's TTL/10. It returns the reply's state and
 // violation kinds (see stressEnterHead).
-func stressEnter(c *redis.Client, key, lockKey, token string, fence int64, tag string, checked time.Time, safety time.Duration, holder, parent string) (state, kinds string, err error) {
+func stressEnter(c *redis.Client, key, lockKey, token string, fence int64, tag string, checked time.Time, safety time.Duration, holder string) (state, kinds string, err error) {
 	keys := []string{stressStateKey(key), stressViolationsKey, stressKindsKey, lockKey}
 	args := []any{token, strconv.FormatInt(fence, 10), tag, checked.UnixMicro(), safety.Microseconds()}
 	script := stressEnterGrant
 	if holder != "" {
-		script, args = stressEnterReentry, append(args, holder, parent)
+		script, args = stressEnterReentry, append(args, holder)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -938,15 +939,15 @@ func stressEnter(c *redis.Client, key, lockKey, token string, fence int64, tag s
 }
 
 // stressExit runs the checker's step for a section that ends: kind "grant" or "reentry";
-// parent is the enclosing re-entry of a re-entry ("" for none).
-func stressExit(c *redis.Client, key, kind, token, parent string) error {
+// holder is the grant a re-entry re-entered.
+func stressExit(c *redis.Client, key, kind, token, holder string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return stressLeave.Run(ctx, c, []string{stressStateKey(key)}, kind, token, parent).Err()
+	return stressLeave.Run(ctx, c, []string{stressStateKey(key)}, kind, token, holder).Err()
 }
 
-func (w *stressWorker) leave(key, kind, token, parent string) {
-	if err := stressExit(w.direct, key, kind, token, parent); err != nil {
+func (w *stressWorker) leave(key, kind, token, holder string) {
+	if err := stressExit(w.direct, key, kind, token, holder); err != nil {
 		w.counts[cCheckerErrors].Add(1)
 		fmt.Fprintf(os.Stderr, "checker: leave %s: %v\n", token, err)
 	}

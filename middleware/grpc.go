@@ -2,11 +2,9 @@ package middleware
 
 import (
 	"context"
-	"io"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 )
 
 // UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for
@@ -169,89 +167,21 @@ func (s *lockedStream) release() {
 // (flightlock.AllFromContext) in the metadata of calls to the methods that LockConf.PropagateTo
 // names, as Redis key, owner and fence (signed with OwnerSecret when set), for
 // zrpc.WithUnaryClientInterceptor. A downstream service whose LockConf sets TrustOwner then
-// re-enters those locks instead of waiting for them. Such calls take turns per held lock: the
-// calling goroutine re-enters the locks for the call (see withEnteredOwners). Calls to other
-// methods, and calls made outside a lock, are unchanged: an owner token lets its bearer into
-// the lock.
+// re-enters those locks at once, as the caller's own: the call carries the lease's context, so
+// it is the lock's owner. Calls to other methods, and calls made outside a lock, are unchanged:
+// an owner token lets its bearer into the lock.
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		callCtx, release, withheld, err := m.owners.withEnteredOwners(ctx, method, false)
-		if err != nil {
-			return err
-		}
-		m.ownersWithheld(ctx, method, withheld)
-		if release != nil {
-			defer release()
-		}
-		return invoker(callCtx, method, req, reply, cc, opts...)
+		return invoker(m.owners.withOwners(ctx, method), method, req, reply, cc, opts...)
 	}
 }
 
-// StreamClientInterceptor is UnaryClientInterceptor for streaming calls. A stream takes its
-// turn under each held lock for as long as it lasts (turnStream): until a RecvMsg returns an
-// error (io.EOF at its end) or, for a stream without server streaming, its one reply; a
-// SendMsg error; or the caller's context ends. Streams made outside a lock, or to
-// other methods, are returned as gRPC made them.
+// StreamClientInterceptor is UnaryClientInterceptor for streaming calls. The stream is
+// returned as gRPC made it.
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		callCtx, release, withheld, err := m.owners.withEnteredOwners(ctx, method, true)
-		if err != nil {
-			return nil, err
-		}
-		m.ownersWithheld(ctx, method, withheld)
-		cs, err := streamer(callCtx, desc, cc, method, opts...)
-		if err != nil || release == nil {
-			if release != nil {
-				release()
-			}
-			return cs, err
-		}
-		ts := &turnStream{ClientStream: cs, serverStreams: desc.ServerStreams, release: release}
-		ts.stop = context.AfterFunc(ctx, release)
-		return ts, nil
+		return streamer(m.owners.withOwners(ctx, method), desc, cc, method, opts...)
 	}
-}
-
-// turnStream gives a stream's turns back (release) when the stream is over, as gRPC counts it.
-// It does not use the stream's own Context: reading it commits the stream's attempt in
-// grpc-go, which turns off its retries (review of 67db52c:
-// TestReviewStreamInterceptorDisablesRetries).
-type turnStream struct {
-	grpc.ClientStream
-	serverStreams bool
-	release       func() // idempotent
-	stop          func() bool
-}
-
-func (s *turnStream) end() {
-	s.stop()
-	s.release()
-}
-
-func (s *turnStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if err != nil || !s.serverStreams { // without server streaming, the one reply ends it
-		s.end()
-	}
-	return err
-}
-
-func (s *turnStream) SendMsg(m any) error {
-	err := s.ClientStream.SendMsg(m)
-	if err != nil && err != io.EOF { // io.EOF: the stream ended; RecvMsg has its status
-		s.end()
-	}
-	return err
-}
-
-// Header ends the turn on an error. grpc-go v1.80 reports a failed header read as nil, nil
-// and leaves the error to RecvMsg; this guards other versions and wrappers that return it.
-func (s *turnStream) Header() (metadata.MD, error) {
-	md, err := s.ClientStream.Header()
-	if err != nil {
-		s.end()
-	}
-	return md, err
 }

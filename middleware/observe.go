@@ -80,11 +80,6 @@ var (
 		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: the rule's store, Redis or etcd), and responses too large to store (too_large).",
 		Labels: []string{"rule", "key", "store", "how"},
 	})
-	ownersWithheldTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "owners_withheld_total",
-		Help:   "Held locks whose owner a zrpc call did not hand over, by method: another goroutine of the holder was inside a re-entry of the lock while the calling goroutine was inside a re-entry too, and waiting could deadlock; the downstream service cannot re-enter that lock.",
-		Labels: []string{"method"},
-	})
 	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
 		Namespace: "flightlock", Name: "held",
 		Help:   "Requests holding their lock now.",
@@ -317,17 +312,4 @@ func cmpTemplate(s spec) string {
 		return "func"
 	}
 	return cmp.Or(s.Key, "func")
-}
-
-// ownersWithheld counts and logs (once per interval and method, as rule errors are) the keys
-// whose owner a call to method did not hand over (withEnteredOwners), if any.
-func (m *Middleware) ownersWithheld(ctx context.Context, method string, keys []string) {
-	if len(keys) == 0 {
-		return
-	}
-	ownersWithheldTotal.Add(float64(len(keys)), method)
-	m.logs.error(ctx, &ruleStats{name: method, template: "-"}, "lock owner withheld from the call",
-		fmt.Errorf("%d held lock(s) not handed over: another goroutine of the holder is inside a re-entry of "+
-			"each while this goroutine is inside a re-entry too, and waiting for it could deadlock; the "+
-			"downstream service cannot re-enter them (it waits for the key or answers that it is locked)", len(keys)))
 }

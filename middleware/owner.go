@@ -6,12 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/handover"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 )
 
 // ownerMetadataKey carries one held lock per value: uvarint(len(key)) + key +
@@ -26,7 +26,7 @@ const (
 	ownerMACLen     = 16 // truncated HMAC-SHA256: 128 bits, as strong as the token itself
 )
 
-// ownerPolicy says where owner tokens may go and which ones are believed (issue 8, finding 2).
+// ownerPolicy says where owner tokens may go and which ones are believed.
 // A token lets its bearer re-enter a held lock, so it is sent only to the downstream methods the
 // config names (PropagateTo), accepted only by a service that says so (TrustOwner), and, with
 // an OwnerSecret, only with a signature of the key, owner and fence made with that secret.
@@ -59,46 +59,28 @@ func checkPropagateTo(to []string) error {
 	return nil
 }
 
-// withEnteredOwners prepares a call to method. When the policy sends owners there and
-// ctx holds locks, the calling goroutine first re-enters each of them (handover.Enter): calls
-// of one held lock to such methods take turns, waiting within ctx, so that the downstream
-// re-entries through the handed owners exclude each other as in-process re-entries do
-// (TestHandedOwnerReentriesExclude). It returns the call's context, with the owners of those
-// re-entries in its outgoing metadata, and release, to call once the call is over; release is
-// nil when the call hands nothing over. The error
-// is ctx's, as a gRPC status, when ctx ended during the wait.
-//
-// It also returns the keys whose owner is withheld (their slot was busy while this goroutine
-// was inside another, where waiting could deadlock), for the caller to count and log: the
-// downstream service cannot re-enter them.
-//
-// Streams enter with handover.EnterStream (stream true): their re-entries last until the
-// caller releases them, once the stream is over.
-func (p *ownerPolicy) withEnteredOwners(ctx context.Context, method string, stream bool) (
-	callCtx context.Context, release func(), withheld []string, err error) {
+// withOwners returns the context of a call to method: when the policy sends owners there, the
+// owner of each lock that ctx holds (the innermost live lease of each key) goes in its outgoing
+// metadata, so that the downstream service re-enters those locks as the caller's own.
+func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Context {
 	if !p.propagates(method) {
-		return ctx, nil, nil, nil
+		return ctx
 	}
-	enter := handover.Enter
-	if stream {
-		enter = handover.EnterStream
+	leases := flightlock.AllFromContext(ctx)
+	if len(leases) == 0 {
+		return ctx
 	}
-	owners, withheld, release, err := enter(ctx)
-	if err != nil {
-		return nil, nil, nil, status.FromContextError(err).Err()
+	kv := make([]string, 0, 2*len(leases))
+	for i, x := range leases {
+		if slices.ContainsFunc(leases[:i], func(y *flightlock.Lease) bool { return y.Key() == x.Key() }) {
+			continue // an outer lease of a key already sent
+		}
+		if owner := x.Owner(); owner != "" { // "": released meanwhile, its lock may be another's
+			kv = append(kv, ownerMetadataKey, p.encode(x.Key(), owner, x.Fence()))
+		}
 	}
-	if len(owners) == 0 {
-		release() // nothing taken, or what was taken hands nothing over
-		return ctx, nil, withheld, nil
-	}
-	return p.appendOwners(ctx, owners), release, withheld, nil
-}
-
-// appendOwners puts owners, at least one, in ctx's outgoing metadata.
-func (p *ownerPolicy) appendOwners(ctx context.Context, owners []handover.Owner) context.Context {
-	kv := make([]string, 0, 2*len(owners))
-	for _, o := range owners {
-		kv = append(kv, ownerMetadataKey, p.encode(o.Key, o.Token, o.Fence))
+	if len(kv) == 0 {
+		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
