@@ -65,6 +65,9 @@ func mustLocker(t testing.TB, s lockstore.Store, opts ...Option) *Locker {
 type faultStore struct {
 	lockstore.Store
 	failRefresh atomic.Pointer[error]
+	failAcquire atomic.Pointer[error]
+	slowKey     atomic.Pointer[string] // an Acquire of this key takes slowBy, or until its ctx ends
+	slowBy      time.Duration
 	acquires    atomic.Int64
 	refreshes   atomic.Int64
 	releases    atomic.Int64
@@ -72,6 +75,16 @@ type faultStore struct {
 
 func (f *faultStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
 	f.acquires.Add(1)
+	if err := f.failAcquire.Load(); err != nil {
+		return lockstore.Acquisition{}, *err
+	}
+	if k := f.slowKey.Load(); k != nil && *k == key {
+		select {
+		case <-time.After(f.slowBy):
+		case <-ctx.Done():
+			return lockstore.Acquisition{}, ctx.Err()
+		}
+	}
 	return f.Store.Acquire(ctx, key, owner, ttl, meta)
 }
 

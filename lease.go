@@ -203,6 +203,17 @@ func (x *Lease) endLocked(cause error) {
 	}
 }
 
+// Lost reports whether the lock was lost while this lease held it: a renewal was refused, or
+// could not reach the store before the lock may have expired. The lease's context is then
+// cancelled with cause ErrLost, unless it had ended before with another cause (the request's
+// own cancellation), which a context keeps: ask the lease, not the context's cause. It
+// reports false once the lease was released.
+func (x *Lease) Lost() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return !x.released && x.h.isLost()
+}
+
 // Grant tells how the lease came to hold its lock: through Redis, by handoff from the previous
 // holder in this process, or by re-entry.
 func (x *Lease) Grant() Grant { return x.kind }
@@ -304,6 +315,16 @@ func (g *Group) Leases() []*Lease { return g.leases }
 // Context returns the context of the last lease: it carries every lease of the group and is
 // cancelled when any of them is lost.
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
+
+// Lost reports whether any lease of the group was lost while held (Lease.Lost).
+func (g *Group) Lost() bool {
+	for _, x := range g.leases {
+		if x.Lost() {
+			return true
+		}
+	}
+	return false
+}
 
 // Release releases every lease, last taken first, and joins their errors.
 func (g *Group) Release(ctx context.Context) error {

@@ -138,3 +138,29 @@ func boundedContext(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// A lock lost after the request's own context ended is still reported as lost: the lease's
+// context keeps the request's Canceled as its cause, so the loss is read from the lease (Lost),
+// and Do answers ErrLost.
+func TestLossAfterTheRequestEndedIsStillReported(t *testing.T) {
+	ms, mr, _ := miniStore(t)
+	const ttl = 300 * time.Millisecond
+	clk := newManualClock()
+	fs := &faultStore{Store: ms}
+	l := mustLocker(t, fs, WithTTL(ttl), withClock(clk))
+	req, cancel := context.WithCancel(context.Background())
+	err := l.Do(req, "gone", func(ctx context.Context) error {
+		cancel() // the client went away; the handler goes on
+		<-ctx.Done()
+		refused := lockstore.ErrNotHeld
+		fs.failRefresh.Store(&refused)
+		clk.Step(mr, ttl/3, time.Millisecond)
+		if !FromContext(ctx).Lost() {
+			t.Errorf("Lost after the renewal was refused: false (context cause %v)", context.Cause(ctx))
+		}
+		return nil
+	})
+	if !errors.Is(err, ErrLost) {
+		t.Fatalf("Do whose lock was lost after its caller's context ended: %v, want ErrLost", err)
+	}
+}

@@ -135,15 +135,16 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		}
 	}()
 	err = fn(lease.Context())
-	if err == nil && context.Cause(lease.Context()) == ErrLost {
+	if err == nil && lease.Lost() {
 		err = ErrLost
 	}
 	return err
 }
 
 // LockAll takes several keys, all or nothing. Keys are locked in sorted order, so two callers
-// that need overlapping sets cannot deadlock; duplicates are locked once. On failure every key
-// already taken is released and the error of the failing key returned.
+// that need overlapping sets cannot deadlock; duplicates are locked once. One wait budget
+// covers all the keys. On failure every key already taken is released and the error of the
+// failing key returned.
 func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
 		return nil, invalidKey("no keys")
@@ -152,9 +153,9 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	g := &Group{leases: make([]*Lease, 0, len(sorted))}
-	cur := ctx
+	cur, start := ctx, time.Now()
 	for _, k := range sorted {
-		lease, err := l.Lock(cur, k)
+		lease, err := l.lockSince(cur, k, l.cfg.mode == Wait, start)
 		if err != nil {
 			_ = g.Release(ctx)
 			return nil, err
@@ -182,6 +183,12 @@ func (l *Locker) redisKey(key string) (string, error) {
 }
 
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
+	return l.lockSince(ctx, key, wait, time.Now())
+}
+
+// lockSince is lock for a wait that began at start: one wait budget covers every key of a
+// LockAll.
+func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start time.Time) (*Lease, error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
 		return nil, err
@@ -196,9 +203,9 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 		}
 		// Released while we looked: lock as a new owner.
 	}
-	b := budget{parent: ctx}
+	b := budget{parent: ctx, start: start}
 	if wait {
-		b.deadline = waitbudget.Deadline(ctx, time.Now(), l.cfg.wait)
+		b.deadline = waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer b.stop()
 	if o, ok := handover.Lookup(ctx, rkey); ok {
@@ -317,12 +324,13 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		meta = l.cfg.metadata(ctx)
 	}
 	var (
-		watch   *lockstore.Watch
-		timer   *time.Timer
-		attempt int
-		delay   time.Duration // the sleep before the next attempt, from the retry strategy
-		recheck bool          // the next attempt is the look after a fresh watch (not counted)
-		holder  time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
+		watch    *lockstore.Watch
+		timer    *time.Timer
+		attempt  int
+		delay    time.Duration // the sleep before the next attempt, from the retry strategy
+		recheck  bool          // the next attempt is the look after a fresh watch (not counted)
+		storeErr error         // the store's error of the last attempt, while waiting; nil after a reply
+		holder   time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
 	)
 	defer func() {
 		watch.Close()
@@ -339,21 +347,45 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 	for {
 		callCtx, cancel := l.callContext(ctx, b)
-		sent := l.k.now()
+		asked, sent := time.Now(), l.k.now() // the wait's clock, and the lock's
 		res, err := l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
 		if err != nil {
 			if mayHaveRun(err) {
 				l.k.giveBack(ctx, key, owner, "")
 			}
-			if wait && attempt > 0 && b.spent() {
-				// The wait ran out during a retry of a key we saw held: busy. A first attempt
-				// that fails is a store error even when it hit the deadline (a hung Redis must
-				// answer 503, not 409).
+			if wait && attempt > 0 && !b.spent() {
+				// A waiter: the store answered before, so this is a failover or a restart on
+				// its way, which takes a second or two. Try again within the wait; a store
+				// still down when it runs out ends it with the store's error (storeErr).
+				storeErr = err
+				attempt++
+				d, ok := l.cfg.retry(attempt)
+				if !ok {
+					return nil, err
+				}
+				if !l.sleep(b.context(), nil, &timer, d) {
+					if l.k.gate.closed.Load() {
+						return nil, ErrClosed
+					}
+					return nil, err
+				}
+				continue
+			}
+			if storeErr != nil {
+				return nil, storeErr // down from the error before the deadline on
+			}
+			if wait && b.spent() && (attempt > 0 || b.mostlySpentAt(asked)) {
+				// The wait ran out while the store was being asked: busy, when it ran out
+				// during a retry of a key we saw held, or when most of it had gone before this
+				// first attempt was sent (queued in the process, or on an earlier key of a
+				// LockAll). A first attempt given most of the wait that the store did not
+				// answer is the store's error (a hung Redis answers 503, not 409).
 				return nil, l.busy(ctx, &busyError{retryAfter: max(time.Until(holder), 0)})
 			}
 			return nil, err
 		}
+		storeErr = nil
 		if res.Acquired {
 			if l.k.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
@@ -430,6 +462,7 @@ func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, c
 // context only when the call really has to wait, so an uncontended Lock allocates none.
 type budget struct {
 	parent   context.Context
+	start    time.Time // when the wait began
 	deadline time.Time // zero without a wait budget (reject mode)
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -454,6 +487,11 @@ func (b *budget) spent() bool {
 		return true
 	}
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
+}
+
+// mostlySpentAt reports whether more than half of the wait had gone by t.
+func (b *budget) mostlySpentAt(t time.Time) bool {
+	return !b.deadline.IsZero() && t.Sub(b.start) > b.deadline.Sub(b.start)/2
 }
 
 func (b *budget) stop() {

@@ -864,3 +864,99 @@ func TestKeyAmongTheFenceCountersIsRefused(t *testing.T) {
 		_ = lease.Release(context.Background())
 	}
 }
+
+// A wait spent before the store could answer is busy, not a store outage: when the first key
+// of a pair takes most of the wait, the second key's first attempt meets the deadline while
+// the store is healthy but slower than the time left. It is answered ErrBusy (409 / Aborted),
+// never as an unreachable store, whose alert it would fire. A store that does not answer a
+// first attempt given the whole wait stays a store error.
+func TestSpentWaitIsBusyNotAStoreError(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	fs := &faultStore{Store: ms, slowBy: 3 * time.Second}
+	slow := "lock:b"
+	fs.slowKey.Store(&slow)
+	other := mustLocker(t, ms) // another process
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithRetry(LinearRetry(10*time.Millisecond)))
+	bg := context.Background()
+
+	a, err := other.Lock(bg, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(700*time.Millisecond, func() { _ = a.Release(bg) })
+	ctx, cancel := context.WithTimeout(bg, time.Second) // the request's deadline
+	defer cancel()
+	g, err := l.LockAll(ctx, "a", "b")
+	if err == nil {
+		_ = g.Release(bg)
+		t.Fatal("LockAll took both keys, though b's store call outlasts the request")
+	}
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("a wait spent on the first key, then on a slow second: %v, want ErrBusy", err)
+	}
+
+	// The whole wait for one call that the store does not answer: the store's error.
+	ctx2, cancel2 := context.WithTimeout(bg, time.Second)
+	defer cancel2()
+	_, err = l.Lock(ctx2, "b")
+	if err == nil || errors.Is(err, ErrBusy) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a store that did not answer a first attempt given the whole wait: %v, want its deadline error", err)
+	}
+}
+
+// A waiter that meets a transient store error (a failover, a restart) keeps waiting within its
+// budget instead of ending its wait on the first error: it gets the key once the store is back
+// and the holder released. A store still down when the budget runs out ends the wait with the
+// store's error.
+func TestQueuedWaiterRidesOutATransientStoreError(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	fs := &faultStore{Store: ms}
+	other := mustLocker(t, ms) // another process
+	l := mustLocker(t, fs, WithWait(5*time.Second), WithRetry(LinearRetry(20*time.Millisecond)))
+	bg := context.Background()
+	down := errors.New("connection refused")
+
+	holder, err := other.Lock(bg, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Lock(bg, "k")
+		if err == nil {
+			err = lease.Release(bg)
+		}
+		got <- err
+	}()
+	// A second attempt means the first one was answered busy: the caller is a waiter now.
+	waitFor(t, 2*time.Second, "the waiter saw the key held", func() bool { return fs.acquires.Load() >= 2 })
+	fs.failAcquire.Store(&down)
+	n := fs.acquires.Load()
+	waitFor(t, 2*time.Second, "the waiter met the outage", func() bool { return fs.acquires.Load() >= n+2 })
+	fs.failAcquire.Store(nil)
+	if err := holder.Release(bg); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("a waiter through a transient store error: %v, want the lock", err)
+	}
+
+	// Down for longer than the wait: the store's error, not busy.
+	holder, err = other.Lock(bg, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(bg)
+	short := mustLocker(t, fs, WithWait(300*time.Millisecond), WithRetry(LinearRetry(20*time.Millisecond)))
+	go func() {
+		_, err := short.Lock(bg, "k")
+		got <- err
+	}()
+	n = fs.acquires.Load()
+	waitFor(t, 2*time.Second, "the second waiter saw the key held", func() bool { return fs.acquires.Load() >= n+2 })
+	fs.failAcquire.Store(&down)
+	defer fs.failAcquire.Store(nil)
+	if err := <-got; !errors.Is(err, down) {
+		t.Fatalf("a store down for the rest of the wait: %v, want its error", err)
+	}
+}

@@ -122,7 +122,7 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 		return
 	}
 	st := rl.stats
-	lost := context.Cause(h.g.Context()) == flightlock.ErrLost
+	lost := h.g.Lost() // not the context's cause: a request that ended first keeps Canceled
 	if lost {
 		// The handler ran past the moment its lock could be trusted: say so on the request's
 		// span, and in the log (the counter was bumped when the watchdog found out).
