@@ -13,7 +13,7 @@ import (
 // Every release, and every acquisition whose caller's context cannot be cancelled, is bounded
 // (by one TTL, or by the wait budget) so that no store call outlives the lock it is about.
 // context.WithTimeout per call cost a timer, three allocations and 8 % of the client CPU of 64
-// goroutines over 1,000 keys (issue 17). Here the calls of one window share a timer context: a
+// goroutines over 1,000 keys. Here the calls of one window share a timer context: a
 // call gets the current one when it ends no later than the call's limit and at most span/16
 // before it (a sixteenth of the time left, when less is left), else a new one is made, ending
 // at that limit, for the calls after it. About 17

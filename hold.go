@@ -15,11 +15,11 @@ import (
 // A grant is one turn of the hold: the lease that acquired it, or received it by handoff, and
 // every lease that re-entered or joined that one. The grant ends when the last of them is
 // released (live reaches 0); only then does the lock go to the next local waiter or back to
-// Redis, so no lease of a grant outlives it (issue 8, finding 8).
+// Redis, so no lease of a grant outlives it.
 type hold struct {
 	k   *keeper
 	key string // full Redis key
-	// ext is what few holds need (issue 17: live heap per held lock): the name of a borrowed
+	// ext is what few holds need (live heap per held lock): the name of a borrowed
 	// hold, when the hold re-enters another process's lock (Store.Reenter), and an owner token
 	// that is not one of this process's (token). nil for the rest. Set when the hold is made
 	// (setOwner), never after.
@@ -43,7 +43,7 @@ type hold struct {
 
 	live int32 // guarded by mu: unreleased leases of the current grant
 	// token is the owner token when ext is nil: one of the tokens this process mints
-	// (newOwnerToken), kept in the hold instead of as a string of its own (issue 17: 24 bytes
+	// (newOwnerToken), kept in the hold instead of as a string of its own (24 bytes
 	// of heap per held lock). Written by newHold before the hold is shared and never after, so
 	// owner can view it as a string without a copy.
 	token [ownerTokenLen]byte
@@ -89,7 +89,7 @@ func (h *hold) owner() string {
 
 // leaseList is the leases of a hold, guarded by the hold's mu. Nearly every hold has one lease
 // at a time (re-entries and joins add more), so the first sits in the hold itself and only a
-// second one makes a slice (issue 17: a slice header in every hold and an 8-byte array per held
+// second one makes a slice (a slice header in every hold and an 8-byte array per held
 // lock before). Order carries no meaning.
 type leaseList struct {
 	first *Lease
@@ -159,7 +159,7 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 // at at: the lock lives at least a TTL from the send, MaxHold counts from now, and the watchdog
 // gets the hold's next event. The first renewal is due TTL/3 after the send, not after the
 // reply: a late reply leaves less of the TTL, and the watchdog must not count time it does not
-// have (finding 5). h.mu must be held.
+// have. h.mu must be held.
 func (h *hold) beginLocked(at instant) {
 	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
 	h.renewAt = at.add(h.k.ttl / 3)
@@ -224,7 +224,7 @@ func (h *hold) handable() bool {
 // It reports false, and changes nothing, when the hold was lost since handable looked: the
 // watchdog may have found the grant ended (no live lease) and scheduled nothing more, so a
 // waiter given it would hold a grant that nothing ends, with the queue behind it stranded
-// while the key is free (review: TestHandoffOfAHoldLostMeanwhileReleasesIt). The caller then
+// while the key is free (TestHandoffOfAHoldLostMeanwhileReleasesIt). The caller then
 // releases the hold instead.
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()

@@ -123,7 +123,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 // etcd: a read and a refresh, no write), unless a waiter elsewhere was refused meanwhile; then
 // the lock is released as endGrant releases it, and the next local owner lets the other
 // processes go first. Without a pass, the end of a turn cost a release and a fresh
-// acquisition, two round trips in a row (issue 17).
+// acquisition, two round trips in a row.
 func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	last := h.stop()
 	sent := k.now()

@@ -61,7 +61,7 @@ type Lease struct {
 	outer *Lease
 
 	// The lease's context is made when Context is first called, not by Lock: a lease held
-	// without it (a lock around a write) costs no cancelable context (issue 17: live heap per
+	// without it (a lock around a write) costs no cancelable context (live heap per
 	// held lock). Until then ctx is the context Lock was called with, and the first
 	// end (loss, release, drain) that comes before that context's own is recorded in ended and
 	// applied when the lease's context is made, so that it ends with the cause it would have

@@ -274,8 +274,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
 // by joining this process's hold when it is owner's, or by one more hold of the lock in Redis.
-// done is false when owner holds nothing: a handed-over token never takes a free key (issue 8,
-// finding 2).
+// done is false when owner holds nothing: a handed-over token never takes a free key.
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.local {
 		if f, ok := h.join(); ok {
@@ -284,7 +283,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
 	// Counted before it goes on the wire: Redis may list the hold before the reply comes, and
-	// a drain waits for it (review: TestDrainWaitsForABorrowedHoldOnTheWire).
+	// a drain waits for it (TestDrainWaitsForABorrowedHoldOnTheWire).
 	l.k.gate.beginBorrow()
 	var taken *hold
 	defer func() { l.k.gate.endBorrow(taken) }()
@@ -389,7 +388,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if res.Acquired {
 			if l.k.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
-				// safely (issue 8, finding 5). Give it back.
+				// safely. Give it back.
 				l.k.giveBack(ctx, key, owner, "")
 				return nil, errLateReply
 			}
@@ -404,7 +403,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		if recheck {
 			// The look after a fresh watch is not an attempt of the retry strategy: it neither
-			// uses up a capped attempt nor moves the backoff on (review 6); the sleep is the one
+			// uses up a capped attempt nor moves the backoff on; the sleep is the one
 			// the attempt before it chose, cut to what is left of the holder's TTL.
 			recheck = false
 		} else {
@@ -424,11 +423,11 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
 			if watch, _ = l.k.store.Watch(b.context(), key); watch.Fresh() && !b.spent() {
 				if l.k.gate.closed.Load() {
-					// Drained while subscribing: answer as a sleeping owner does (review 6).
+					// Drained while subscribing: answer as a sleeping owner does.
 					return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
 				}
 				// A release between the busy reply and the subscription published to nobody:
-				// look once more, now that a release would be heard, before sleeping (review 4:
+				// look once more, now that a release would be heard, before sleeping (otherwise
 				// the waiter slept to its retry delay, or the holder's TTL, with the key free).
 				recheck = true
 				continue
@@ -554,7 +553,7 @@ const ownerTokenLen = 22
 
 // newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
 // base64: space-free text, as the stores keep owners. A held lock keeps its token inside its
-// hold (hold.token), not as this string (issue 17: live heap per held lock).
+// hold (hold.token), not as this string (live heap per held lock).
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)

@@ -43,7 +43,7 @@ const (
 	// when they take microseconds. It was 64, and then a process gave the key up every 0.3 ms
 	// on a hot key: each turn's end cost a release, a notification and an attempt from every
 	// other waiting process, and from 1 to 8 processes the critical sections per second fell
-	// 2.2x (issue 17). At 1024 a turn lasts about 1.5 ms at those rates (700,000 critical
+	// 2.2x. At 1024 a turn lasts about 1.5 ms at those rates (700,000 critical
 	// sections a second in one process) and the fall is 1.5x; the slowest of 4 processes
 	// finishes 1.2x after the first (1.1x at 512, 1.3x at 2048).
 	DefaultHandoff       = 1024

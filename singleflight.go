@@ -23,7 +23,7 @@ type gate struct {
 	entries map[string]*gateEntry // guarded by mu
 	// peak is the most entries held since entries was made (guarded by mu). Go maps never
 	// give their buckets back, so a map that once held 100,000 keys keeps their memory after
-	// they are gone (issue 17: 29-60 B per released lock stayed live); dropLocked rebuilds
+	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
 	// the map when it falls to a quarter of its peak.
 	peak     int
 	borrowed map[*hold]struct{} // guarded by mu: live re-entries of other processes' locks
@@ -41,7 +41,7 @@ type gate struct {
 }
 
 // gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes: one lives
-// for each held key (issue 17: live heap per held lock), so the queue, which only a contended
+// for each held key (live heap per held lock), so the queue, which only a contended
 // key needs, sits behind a pointer, the count of queued goroutines is 32 bits and the run of
 // handoffs 16 (the keeper bounds a run to maxHandoffRun).
 type gateEntry struct {
@@ -63,7 +63,7 @@ const maxHandoffRun = math.MaxUint16
 // The waiters' wait budgets share one timer per queue, armed for the earliest deadline among
 // them (expire). A context with a deadline per waiter made a runtime timer for every wait: on
 // a hot key, where every Lock waits, creating and stopping them took a fifth of the CPU, and
-// more as the runtime's timer heap grew with the waiters (issue 17: one hot key, 4 -> 1,024
+// more as the runtime's timer heap grew with the waiters (one hot key, 4 -> 1,024
 // goroutines). With one budget for all, deadlines arrive in queue order and the timer fires
 // about once per budget, finding waiters that were served long before.
 type gateQueue struct {
@@ -293,7 +293,7 @@ func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time
 	if late || int(e.handoffs) >= bound {
 		return turnOver
 	}
-	if !h.nextGrant() { // a fence of its own for the next holder (issue 8, finding 7)
+	if !h.nextGrant() { // a fence of its own for the next holder
 		return notHanded // lost meanwhile: the caller releases it
 	}
 	e.handoffs++

@@ -18,8 +18,8 @@ const maxRenewers = 32
 //
 // Each hold has at most one pending event (its next renewal, or the moment it is lost while a
 // renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
-// clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000
-// (issue 17). The timer only decides; I/O runs on at most maxRenewers goroutines that exist
+// clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000.
+// The timer only decides; I/O runs on at most maxRenewers goroutines that exist
 // while there is work. Renewals that fall due together go to the store together: on a
 // lockstore.BatchRefresher (the Redis store) up to maxBatch of them as one RefreshAll, one
 // round trip and no goroutine each; on another store one goroutine each, so that a slow store
@@ -86,7 +86,7 @@ func (w *watchdog) schedule(h *hold, at instant) {
 // The timer stays armed when the heap empties: it fires once more, finds nothing due and stays
 // off (fire). Stopping it here made a loop of uncontended Lock + Release stop and re-arm the
 // runtime timer on every lock, and arming a timer earlier than the network poller's sleep wakes
-// the poller (a system call and a thread wake-up each time, issue 17); left armed, the next
+// the poller (a system call and a thread wake-up each time); left armed, the next
 // lock's renewal falls due after it and arms nothing.
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
@@ -139,8 +139,8 @@ func (w *watchdog) fire() {
 }
 
 // instant is a moment on a watchdog's clock, in nanoseconds since its epoch. Holds keep their
-// deadlines as instants: 8 bytes each instead of a time.Time's 24, five per hold (issue 17,
-// live heap per held lock). An int64 of nanoseconds lasts 292 years.
+// deadlines as instants: 8 bytes each instead of a time.Time's 24, five per hold
+// (live heap per held lock). An int64 of nanoseconds lasts 292 years.
 type instant int64
 
 func (i instant) add(d time.Duration) instant { return i + instant(d) }
@@ -222,7 +222,7 @@ const maxBatch = 512
 // call. On another store each goes out on a goroutine of its own, all at once: a renewer that
 // sent them one after the other would cap the renewals of the whole Locker at maxRenewers per
 // round trip, and a few refreshes hanging on a slow node would starve every other lock's
-// renewal until its leases were lost (found by review of the single watchdog).
+// renewal until its leases were lost.
 func renew(holds []*hold) {
 	k := holds[0].k
 	br, ok := k.store.(lockstore.BatchRefresher)
@@ -323,7 +323,7 @@ func (w *watchdog) removeLocked(i int) {
 }
 
 // shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array or
-// less: a heap or a queue that once held 100,000 holds does not keep their memory (issue 17).
+// less: a heap or a queue that once held 100,000 holds does not keep their memory.
 func shrink[T any](s []T) []T {
 	if cap(s) <= 64 || len(s) > cap(s)/4 {
 		return s

@@ -32,7 +32,7 @@ type pipeliner interface {
 // hung Redis. A batch is bounded by the latest deadline among its callers (none if one of them
 // has none): it used to end at the earliest, and a call with 5 s left then failed after 151 ms
 // because a neighbour in its batch had 150 ms left, against a Redis answering in 400 ms, which
-// under load meant spurious 503s, failed releases and degraded leases (issue 8, finding 9). So
+// under load meant spurious 503s, failed releases and degraded leases. So
 // each caller leaves on its own context instead of waiting for the batch:
 //   - a call whose context ends while it is queued is dropped and never sent;
 //   - a call whose context ends while it is on the wire returns at once with its context's
@@ -212,7 +212,7 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 
 // batchContext bounds a batch by the latest deadline among its callers, or by none if one of
 // them has none: each caller leaves on its own context, so the earliest deadline would only
-// fail the others early (issue 8, finding 9), and a reply that comes after a caller left still
+// fail the others early, and a reply that comes after a caller left still
 // serves its late hook. Values (tracing) come from the first caller; cancellation comes from
 // none.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {

@@ -23,7 +23,7 @@ type notifier struct {
 	// unconfirmed counts, per channel, the SUBSCRIBEs sent and not yet confirmed (guarded by
 	// mu). A channel state is ready only at the confirmation of its own SUBSCRIBE: one of an
 	// earlier subscription of the channel, given up and unsubscribed since, can still be on its
-	// way when a new one is sent (review 6).
+	// way when a new one is sent.
 	unconfirmed map[string]int
 	closed      bool           // guarded by mu
 	reader      sync.WaitGroup // the goroutine reading ps
@@ -60,7 +60,7 @@ var errStoreClosed = errors.New("flightlock: store closed")
 // comes once the SUBSCRIBE is read). go-redis's Subscribe only writes the command, and Redis
 // orders nothing between the pub/sub connection and the others: a release sent after watch
 // returned could run before the SUBSCRIBE and publish to nobody, and the waiter slept on with
-// the key free (review 4, TestWatchHearsAReleaseRightAfterIt).
+// the key free (TestWatchHearsAReleaseRightAfterIt).
 func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	c := make(chan struct{}, 1)
 

@@ -14,11 +14,11 @@ const orphanReleaseTimeout = time.Second
 // releaseIfTaken returns the late hook of an acquire of key by owner (see batcher.run): when
 // the acquire's reply arrives after its caller left and says the key was taken for owner,
 // nobody knows of that lock, so the hook releases it rather than leave it held until its TTL
-// (issue 8, finding 9: a batched call no longer waits for its reply past its own deadline).
+// (a batched call no longer waits for its reply past its own deadline).
 // Other replies leave the key alone: busy took nothing, and re-entered means owner already held
 // the key for a hold that is still counted on. (A re-entered reply can also be this very call
 // run twice, go-redis having re-sent the pipeline after the connection dropped with the first
-// reply on it (review 4); the store cannot tell that from a re-entrant acquisition of a
+// reply on it; the store cannot tell that from a re-entrant acquisition of a
 // Store user, whose hold it must not drop. The Locker mints an owner per acquisition and gives
 // back an acquisition it gave up on (keeper.giveBack), whichever run took the key.) An error
 // reply says nothing about what ran, so it is left too (the root package's Locker releases

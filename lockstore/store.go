@@ -81,7 +81,7 @@ type Renewal struct {
 
 // BatchRefresher is a Store that refreshes many locks in one round trip. flightlock's watchdog
 // uses it when the store has it: the renewals that fall due together then cost one round trip
-// and one goroutine between them, not one each (issue 17), and a slow store cannot cap how many
+// and one goroutine between them, not one each, and a slow store cannot cap how many
 // locks a process keeps alive.
 type BatchRefresher interface {
 	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,

@@ -33,7 +33,7 @@ type Config struct {
 
 // Validate checks what the tags cannot. Each service's Lock section carries its own Redis, as a
 // service's file of its own would, so that the block can be copied into another service as it
-// is (issue 15); the example runs all three services on the one store of the top-level Redis,
+// is; the example runs all three services on the one store of the top-level Redis,
 // so a Lock.Redis that names another Redis is refused rather than silently ignored.
 func (c Config) Validate() error {
 	if err := c.Order.Validate(); err != nil {

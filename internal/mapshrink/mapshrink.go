@@ -1,5 +1,5 @@
 // Package mapshrink gives back the memory of a map that emptied out. Go maps never shrink: a
-// map that once held 100,000 keys keeps their buckets after they are gone (issue 17: the
+// map that once held 100,000 keys keeps their buckets after they are gone (the
 // gate's map kept 60 B per released lock, the etcd store's table of held locks 79 B). The
 // root package's gate and the etcd store keep the peak of their maps and rebuild them with
 // Shrink.

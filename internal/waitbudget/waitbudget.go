@@ -11,7 +11,7 @@ import (
 // has a deadline, Reserve of the time left before it, so that the busy answer (409 with
 // Retry-After, Aborted with a retry hint) still reaches the caller before its deadline and
 // before go-zero's server timeout (which sets that deadline) answers 503 / DeadlineExceeded in
-// its place (issue 18). A deadline too near to keep a reserve leaves the wait to it.
+// its place. A deadline too near to keep a reserve leaves the wait to it.
 func Deadline(ctx context.Context, now time.Time, wait time.Duration) time.Time {
 	end := now.Add(wait)
 	if d, ok := ctx.Deadline(); ok {

@@ -3,7 +3,7 @@
 // the store: it is not for production.
 //
 // It is a package of its own so that the lock core (flightlock and lockstore) depends on
-// go-redis and the standard library only (issue 9).
+// go-redis and the standard library only.
 package embedded
 
 import (
