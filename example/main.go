@@ -15,6 +15,8 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 
 	"github.com/flightlock/flightlock/example/app"
+	// Development only: a Lock section without a Redis host runs on an in-memory Redis.
+	_ "github.com/flightlock/flightlock/middleware/devstore"
 )
 
 var configFile = flag.String("f", "etc/flightlock-example.yaml", "the config file")

@@ -17,7 +17,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
-	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/middleware/internal/devhook"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/zeromicro/go-zero/core/logx"
@@ -59,7 +59,7 @@ func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.Re
 // newClient is the go-redis client that NewStore builds for conf.
 func newClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
-		return nil, errors.New("flightlock: Redis.Host is empty (use embedded.New for an in-memory store)")
+		return nil, errors.New("flightlock: Redis.Host is empty (for an in-memory store, lockstore/embedded.New)")
 	}
 	var tlsConfig *tls.Config
 	if conf.Tls {
@@ -168,9 +168,13 @@ func splitHosts(hosts string) []string {
 	return out
 }
 
+// devstoreImport is the package that links the embedded store into a binary.
+const devstoreImport = "github.com/flightlock/flightlock/middleware/devstore"
+
 // newRedisLocker builds the store that c.Redis describes and the Locker on it, for a service in
-// go-zero mode mode ("" when unknown). Without a host the store is the embedded one, never
-// silently: refused in pre and pro, logged at error level otherwise (issue 9).
+// go-zero mode mode ("" when unknown). Without a host the store is the embedded one, when the
+// binary links it (devstore), and never silently: refused in pre and pro, logged at error
+// level otherwise.
 func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
 	var (
 		store *lockstore.RedisStore
@@ -182,9 +186,13 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 				"each process locks of its own; set the shared Redis (for per-process locks on purpose, pass an embedded "+
 				"store with WithStore)", mode)
 		}
+		if devhook.Open == nil {
+			return nil, nil, fieldError("Lock.Redis.Host", "is empty and this binary links no embedded store: set the "+
+				"shared Redis, or, for development, add import _ %q to the service's main.go", devstoreImport)
+		}
 		logx.Errorf("flightlock: Lock.Redis.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
 			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
-		store, err = embedded.New(c.Redis.storeOptions()...)
+		store, err = devhook.Open(c.Redis.storeOptions()...)
 	} else {
 		var client redis.UniversalClient
 		if client, err = c.Redis.Client(); err == nil {
