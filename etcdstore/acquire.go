@@ -11,7 +11,10 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
@@ -36,13 +39,85 @@ func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 		return lockstore.Acquisition{}, errStoreClosed
 	}
 	start := time.Now()
-	for attempt := 0; ; attempt++ {
-		a, err := s.acquireOnce(ctx, key, owner, ttl, meta, start, attempt == 0)
-		if errors.Is(err, errLeaseGone) && attempt == 0 {
-			continue // dropped with its locks: the next round grants a new lease
+	var a lockstore.Acquisition
+	err := s.resending(ctx, func(ctx context.Context, again bool) error {
+		var err error
+		a, err = s.acquireOnce(ctx, key, owner, ttl, meta, start, again)
+		return err
+	})
+	return a, err
+}
+
+// resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
+// again (doubling per attempt, at most maxResendAfter). A proposal that a leader change loses
+// (sent to a leader that died, or to a member cut off from the others) is answered only at
+// etcd's request timeout, 5s plus two election timeouts, usually after the caller's deadline,
+// though a new leader took over within one or two seconds: a waiter with most of its wait
+// budget left would give up. An acquisition is idempotent for its owner (sent again, it finds
+// the key its own, or busy), and an attempt cut short is an unknown outcome like any other: its
+// lease is retired (maybeTaken, retire), so a late commit of it frees itself. The bound costs
+// a timer per acquisition, against a call stuck for etcd's request timeout.
+const (
+	resendAfter    = time.Second
+	maxResendAfter = 4 * time.Second
+)
+
+// retryPauseMin and retryPauseMax bound the pause before an acquisition is sent again after
+// a transient failure of the cluster (doubling from the first to the second).
+const (
+	retryPauseMin = 50 * time.Millisecond
+	retryPauseMax = 400 * time.Millisecond
+)
+
+// resending runs attempt until it succeeds, fails for good, or ctx ends, so that a leader
+// change or a member that does not answer costs a waiter time, not its wait: an attempt that
+// gets no answer within resendAfter, or fails with an error the cluster recovers from
+// (transient), is made again after a short pause, on the caller's context. Only the end of
+// ctx, or an error that is not transient, ends it; it returns by ctx's deadline. again is set
+// for an attempt that may drop a lease etcd no longer has (errLeaseGone) and be made once more.
+func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context, again bool) error) error {
+	bound, pause, again := resendAfter, retryPauseMin, true
+	for {
+		actx, cancel := context.WithTimeout(ctx, bound)
+		err := attempt(actx, again)
+		cut := actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, errLeaseGone) && again:
+			again = false // dropped with its locks: the next round grants a new lease
+			continue
+		case ctx.Err() != nil || s.isClosed() || !cut && !transient(err):
+			return err
 		}
-		return a, err
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
 	}
+}
+
+// transient reports whether err is a failure the cluster recovers from by itself: no leader,
+// a leader change, a proposal that timed out, a member that cannot be reached (etcd and gRPC
+// answer codes.Unavailable for each), or a call of the store's own that got no answer in time
+// (errNoAnswer). The caller's own deadline or cancellation is not one.
+func transient(err error) bool {
+	if errors.Is(err, errNoAnswer) {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	return status.Code(err) == codes.Unavailable
 }
 
 // acquireOnce is one attempt of Acquire. When again is set, a lease that etcd no longer has
@@ -51,6 +126,7 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 	again bool) (lockstore.Acquisition, error) {
 	l, err := s.freshLease(ctx, ttl, start)
 	if err != nil {
+		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -275,13 +351,13 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 		return nil, errStoreClosed
 	}
 	start := time.Now()
-	for attempt := 0; ; attempt++ {
-		out, err := s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, attempt == 0)
-		if errors.Is(err, errLeaseGone) && attempt == 0 {
-			continue
-		}
-		return out, err
-	}
+	var out []lockstore.Acquisition
+	err := s.resending(ctx, func(ctx context.Context, again bool) error {
+		var err error
+		out, err = s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
+		return err
+	})
+	return out, err
 }
 
 // acquireAllOnce is one attempt of AcquireAll, as acquireOnce is of Acquire.
@@ -289,6 +365,9 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	start time.Time, again bool) ([]lockstore.Acquisition, error) {
 	l, err := s.freshLease(ctx, ttl, start)
 	if err != nil {
+		for _, k := range keys {
+			s.noteUnsent(k, owner)
+		}
 		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
 	}
 	defer s.unpin(l)

@@ -65,6 +65,15 @@
 // that lease live too: if the holder's process died, they last until the re-entry is released,
 // plus one lease TTL.
 //
+// # Faults
+//
+// Every call returns by its context's deadline. An acquisition rides out a leader change
+// within that deadline: one that gets no answer within a second (a proposal lost with a dead
+// leader, a member that no longer answers) is sent again, and so is one that fails with an
+// error the cluster recovers from (no leader, leader changed, request timed out, unavailable);
+// keep-alives that get no answer are sent again likewise. The give-back of an acquisition that
+// failed costs the caller no round trip: the store releases it in the background (Release).
+//
 // # Fences
 //
 // Fences come from the revision of the transaction that created the key, shifted left by 20

@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -442,5 +444,126 @@ func TestHolderCutOffFromTheCluster(t *testing.T) {
 	}
 	if cut.Held() != 0 {
 		t.Fatalf("the cut-off store keeps %d entries", cut.Held())
+	}
+}
+
+// Lock on a store whose only path to etcd is a faulty proxy returns by its context's
+// deadline (plus scheduling slack), whatever the fault: a black hole, connections reset and
+// refused, the member down, replies held back. The acquisition's outcome is unknown then, and
+// its give-back must not hold the caller: the store finishes it in the background.
+func TestLockReturnsByItsDeadlineThroughFaults(t *testing.T) {
+	c := etcdtest.Start(t)
+	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
+	p := redistest.StartProxy(t, member)
+	rp := startCutProxy(t, member)
+	locker := func(addr string) *flightlock.Locker {
+		l, err := flightlock.New(newStore(t, etcdtest.NewClient(t, addr)), flightlock.WithTTL(2*time.Second),
+			flightlock.WithWait(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	const (
+		budget = 600 * time.Millisecond
+		slack  = 300 * time.Millisecond
+	)
+	faults := []struct {
+		name        string
+		l           *flightlock.Locker
+		start, heal func()
+	}{
+		{"black hole", locker(p.Addr), func() { p.Stall(time.Hour) }, func() { p.Cut() }},
+		{"resets", locker(rp.addr()), rp.Cut, rp.Heal},
+		{"member down", locker(p.Addr), c.Members[0].Kill, c.Members[0].Restart},
+		{"replies held back", locker(p.Addr), func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }},
+	}
+	for _, f := range faults {
+		healthy(t, f.l)
+		f.start()
+		for i := range 3 {
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			deadline, _ := ctx.Deadline()
+			lease, err := f.l.Lock(ctx, "k")
+			if over := time.Since(deadline); over > slack {
+				t.Errorf("%s #%d: Lock returned %v past its deadline (%v)", f.name, i+1, over, err)
+			}
+			cancel()
+			if err == nil {
+				t.Errorf("%s #%d: Lock succeeded through the fault", f.name, i+1)
+				_ = lease.Release(context.Background())
+			}
+		}
+		f.heal()
+		healthy(t, f.l)
+	}
+}
+
+// healthy waits until l takes and releases a lock, failing t after 20s.
+func healthy(t *testing.T, l *flightlock.Locker) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		lease, err := l.Lock(ctx, "k")
+		if err == nil {
+			_ = lease.Release(ctx)
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no lock once the fault healed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Waiters queued on a key ride out the SIGKILL of the cluster's leader: a proposal the dead
+// leader took with it is sent again once a new leader is elected, and a transient error is
+// retried within the wait budget, so both waiters get the key in turn once the holder releases
+// it, seconds after the election, though each call of theirs is bounded by one TTL.
+func TestWaitersRideOutALeaderKill(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3)
+	locker := func() *flightlock.Locker {
+		l, err := flightlock.New(newStore(t, c.Client(t)), flightlock.WithTTL(5*time.Second),
+			flightlock.WithWait(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	holder := locker()
+	lease, err := holder.Lock(bg(t), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counter fencedCounter
+	errs := make(chan error, 2)
+	for range 2 {
+		w := locker()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+			defer cancel()
+			errs <- w.Do(ctx, "k", func(ctx context.Context) error {
+				f := flightlock.FromContext(ctx).Fence()
+				counter.enter(f, f, 100*time.Millisecond)
+				return nil
+			})
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // both waiters queued, watching the key
+	leader := c.Leader(5 * time.Second)
+	leader.Kill()
+	killed := time.Now()
+	time.Sleep(4 * time.Second) // the holder keeps working through the election
+	if err := lease.Release(bg(t)); err != nil {
+		t.Fatalf("holder's release through the new leader: %v", err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a queued waiter gave up %v after the leader was killed: %v", time.Since(killed), err)
+		}
+	}
+	if n := counter.check(t); n != 2 {
+		t.Errorf("%d waiters served, want 2", n)
 	}
 }

@@ -11,6 +11,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// errNoAnswer is what a call the store bounds on its own reports when etcd did not answer in
+// time (transient: sent again, it may reach a member that answers).
+var errNoAnswer = errors.New("flightlock: etcd did not answer in time")
+
 // errLeaseGone is what a keep-alive of a lease etcd no longer has reports: every key on it was
 // deleted with it.
 var errLeaseGone = errors.New("flightlock: etcd lease expired or revoked")
@@ -377,9 +381,12 @@ func (s *Store) sendKeepAlives(l *lease) {
 		l.mu.Unlock()
 
 		sent := time.Now()
-		// A keep-alive slower than the lease's TTL is of no use: by then it may have expired.
-		ctx, cancel := context.WithTimeout(s.ctx, time.Duration(l.secs)*time.Second)
+		// One keep-alive waits at most resendAfter: one that went to a member that no longer
+		// answers (dead, frozen, cut off) would otherwise hold every caller queued behind it
+		// until the lease's TTL, while the next one, sent again, reaches a member that answers.
+		ctx, cancel := context.WithTimeout(s.ctx, min(time.Duration(l.secs)*time.Second, resendAfter))
 		_, err := s.cli.KeepAliveOnce(ctx, l.id)
+		cut := ctx.Err() != nil
 		cancel()
 		l.mu.Lock()
 		switch {
@@ -392,6 +399,8 @@ func (s *Store) sendKeepAlives(l *lease) {
 			err = errLeaseGone
 		case s.isClosed():
 			err = errStoreClosed
+		case cut:
+			err = fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(l.id), errNoAnswer)
 		default:
 			err = fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(l.id), err)
 		}

@@ -30,6 +30,14 @@ import (
 //
 // A release that fails (the cluster did not answer in time) is retried by the store in the
 // background until etcd answers, since the session lease would otherwise keep the lock.
+//
+// Releasing the acquisition's own hold of a lock the store never saw granted costs the caller
+// no round trip, so that giving back an acquisition that failed (the Locker does when the
+// caller's deadline cut it short, often while etcd is unreachable) never holds the caller past
+// that deadline: when no request of that acquisition went out (its lease could not be granted
+// or kept alive in time), Release answers ErrNotHeld at once; when its outcome is unknown (the
+// transaction went out and no reply came), Release answers nil at once and the store releases
+// the key in the background, owner-checked, as soon as etcd answers.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
@@ -44,11 +52,76 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 		return 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
+	if hold == "" {
+		switch s.giveBackLater(key, owner, lastFence) {
+		case neverSent:
+			return 0, lockstore.ErrNotHeld
+		case inBackground:
+			return 0, nil
+		}
+	}
+	return s.releaseNow(ctx, key, owner, hold, lastFence)
+}
+
+// releaseNow is Release on the wire, recording a release that failed for the store to retry.
+func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	n, err := s.release(ctx, key, owner, hold, lastFence)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
 		s.releaseFailed(key, owner, hold, lastFence)
 	}
 	return n, err
+}
+
+// giveBack outcomes: how Release deals with the own hold of owner on key.
+const (
+	onTheWire    = iota // a grant the store knows of, or a lock it did not take: release now
+	neverSent           // no request of the acquisition went out: nothing to release
+	inBackground        // the acquisition's outcome is unknown: the reaper releases it
+)
+
+// giveBackLater decides how the own hold of owner on key is released (see Release). An entry
+// that the store never saw granted (no create revision) and that has no named hold is that of
+// an acquisition whose outcome is unknown, or of a release that failed: the store makes it due
+// at once and lets its reaper release it, owner-checked, retrying until etcd answers. Nobody
+// counts on it any more: its owner is giving it up.
+func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
+	k := entryKey{key, owner}
+	s.mu.Lock()
+	e := s.held[k]
+	switch {
+	case e == nil:
+		_, unsent := s.unsent[k]
+		delete(s.unsent, k)
+		s.mu.Unlock()
+		if unsent {
+			return neverSent
+		}
+		return onTheWire
+	case !e.own || e.createRev != 0 || len(e.holds) > 0:
+		s.mu.Unlock()
+		return onTheWire
+	}
+	e.last = max(e.last, lastFence)
+	e.until = time.Time{}
+	s.mu.Unlock()
+	s.startReaper(time.Now())
+	return inBackground
+}
+
+// noteUnsent records that an acquisition of key by owner gave up before any request went out,
+// unless the store holds an entry for them: its give-back then needs no round trip
+// (giveBackLater). Bounded like waitRev; a record dropped early costs one round trip.
+func (s *Store) noteUnsent(key, owner string) {
+	k := entryKey{key, owner}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[k] != nil {
+		return
+	}
+	if len(s.unsent) >= maxWaitRevs {
+		clear(s.unsent)
+	}
+	s.unsent[k] = struct{}{}
 }
 
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
@@ -231,12 +304,12 @@ func (s *Store) reap(now time.Time) {
 		}
 		for _, h := range j.holds {
 			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.Release(ctx, j.key, j.owner, h, 0)
+			_, _ = s.releaseNow(ctx, j.key, j.owner, h, 0)
 			cancel()
 		}
 		if j.own {
 			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.Release(ctx, j.key, j.owner, "", j.last)
+			_, _ = s.releaseNow(ctx, j.key, j.owner, "", j.last)
 			cancel()
 		}
 		s.mu.Lock()

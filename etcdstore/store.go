@@ -71,6 +71,9 @@ type Store struct {
 	// them (guarded by mu, bounded like waitRev): a grant that follows a refusal is one other
 	// processes compete for, and its turn ends with a release, not a pass (Pass).
 	refused map[string]struct{}
+	// unsent lists the owners whose acquisition of a key gave up before any request went out
+	// (guarded by mu, bounded like waitRev), so that its give-back costs no round trip.
+	unsent  map[entryKey]struct{}
 	ticking bool // guarded by mu: the keep-alive loop runs (or, in tests, must not)
 	reaping bool // guarded by mu: a reap goroutine runs
 
@@ -141,6 +144,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 		held:      make(map[entryKey]*heldKey),
 		waitRev:   make(map[string]int64),
 		refused:   make(map[string]struct{}),
+		unsent:    make(map[entryKey]struct{}),
 	}, nil
 }
 
@@ -181,6 +185,7 @@ func (s *Store) Close() error {
 	clear(s.held)
 	clear(s.waitRev)
 	clear(s.refused)
+	clear(s.unsent)
 	s.mu.Unlock()
 
 	var errs []error
@@ -249,6 +254,7 @@ func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 		s.held[k] = e
 		s.heldPeak = max(s.heldPeak, len(s.held))
 	}
+	delete(s.unsent, k) // the store knows more of it now
 	was := e.lease
 	f(e)
 	if !e.own && len(e.holds) == 0 {
