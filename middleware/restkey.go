@@ -481,6 +481,12 @@ func isDigits(s string) bool {
 // NaN, so they share one key too. (A literal whose value overflows, such as "1e400", is not
 // read by ParseFloat without an error, and go-zero refuses it: it stays as written.)
 func nonFinite(v string) string {
+	// Only a word of at most 9 bytes ("+infinity") that starts, after a sign, with i or n can
+	// be one: anything else is left before ParseFloat, whose error would cost an allocation.
+	w := strings.TrimLeft(v, "+-")
+	if len(v) > len("+infinity") || w == "" || !strings.ContainsRune("iInN", rune(w[0])) {
+		return v
+	}
 	f, err := strconv.ParseFloat(v, 64)
 	switch {
 	case err != nil:

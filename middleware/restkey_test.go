@@ -521,6 +521,7 @@ func TestCanonicalValue(t *testing.T) {
 		// As written: no bool, and ParseFloat reads no value (or go-zero refuses the overflow).
 		{"t", "t"}, {"f", "f"}, {"yes", "yes"}, {"truee", "truee"}, {" true", " true"}, {"+nan", "+nan"},
 		{"infin", "infin"}, {"Infinity!", "Infinity!"}, {"1e400", "1e400"}, {"-1e400", "-1e400"},
+		{"info", "info"}, {"nano", "nano"}, {"+-inf", "+-inf"}, {"-", "-"}, {"+infinityy", "+infinityy"},
 		// Numbers as canonicalNumber writes them.
 		{"07", "7"}, {"1.0", "1"}, {"-0", "0"},
 	} {
