@@ -68,6 +68,7 @@ type faultStore struct {
 	failAcquire atomic.Pointer[error]
 	slowKey     atomic.Pointer[string] // an Acquire of this key takes slowBy, or until its ctx ends
 	slowBy      time.Duration
+	hangRelease atomic.Bool // a Release waits for its context to end, as on a frozen Redis
 	acquires    atomic.Int64
 	refreshes   atomic.Int64
 	releases    atomic.Int64
@@ -98,6 +99,10 @@ func (f *faultStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 
 func (f *faultStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	f.releases.Add(1)
+	if f.hangRelease.Load() {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
 	return f.Store.Release(ctx, key, owner, hold, lastFence)
 }
 

@@ -83,6 +83,13 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	_, _ = k.store.Release(rctx, key, owner, borrow, 0)
 }
 
+// giveBackLater is giveBack in the background, for a caller that gives up and returns: its
+// return must not wait for a store that did not answer in time. Only when nothing more is sent
+// with owner: a later acquisition with the same token could be the one given back.
+func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
+	go k.giveBack(context.WithoutCancel(ctx), key, owner, borrow)
+}
+
 // endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
 // next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
 // one hold of a borrowed lock.

@@ -292,8 +292,9 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
 	if err != nil && mayHaveRun(err) {
-		// The call may have run unseen: give up the hold it would have added (only ours).
-		l.k.giveBack(ctx, rkey, owner, borrow)
+		// The call may have run unseen: give up the hold it would have added (only ours:
+		// borrow names this call's hold alone).
+		l.k.giveBackLater(ctx, rkey, owner, borrow)
 	}
 	switch {
 	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
@@ -304,7 +305,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, nil, false
 	}
 	if l.k.tooLate(sent) {
-		l.k.giveBack(ctx, rkey, owner, borrow)
+		l.k.giveBackLater(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
@@ -350,10 +351,18 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		res, err := l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
 		cancel()
 		if err != nil {
+			again := wait && attempt > 0 && !b.spent()
 			if mayHaveRun(err) {
-				l.k.giveBack(ctx, key, owner, "")
+				// What the call may have taken unseen is given back before another attempt
+				// with the same owner token, never after it; a caller that gives up does not
+				// wait for it.
+				if again {
+					l.k.giveBack(ctx, key, owner, "")
+				} else {
+					l.k.giveBackLater(ctx, key, owner, "")
+				}
 			}
-			if wait && attempt > 0 && !b.spent() {
+			if again {
 				// A waiter: the store answered before, so this is a failover or a restart on
 				// its way, which takes a second or two. Try again within the wait; a store
 				// still down when it runs out ends it with the store's error (storeErr).
@@ -389,7 +398,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			if l.k.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
 				// safely. Give it back.
-				l.k.giveBack(ctx, key, owner, "")
+				l.k.giveBackLater(ctx, key, owner, "")
 				return nil, errLateReply
 			}
 			return newHold(l.k, key, owner, res.Fence, "", sent), nil

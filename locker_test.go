@@ -960,3 +960,28 @@ func TestQueuedWaiterRidesOutATransientStoreError(t *testing.T) {
 		t.Fatalf("a store down for the rest of the wait: %v, want its error", err)
 	}
 }
+
+// A Lock whose store call timed out returns by its context's deadline: the give-back of what
+// the call may have taken unseen goes on in the background (bounded, owner-checked), not on
+// the caller's time, however long the store takes to answer it.
+func TestLockReturnsByItsDeadlineWhileTheStoreHangs(t *testing.T) {
+	ms, _, _ := miniStore(t)
+	fs := &faultStore{Store: ms, slowBy: time.Minute}
+	frozen := "lock:k"
+	fs.slowKey.Store(&frozen)
+	fs.hangRelease.Store(true)
+	l := mustLocker(t, fs, WithWait(5*time.Second))
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Lock(ctx, "k")
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("Lock on a frozen store succeeded")
+	}
+	if took > deadline+250*time.Millisecond {
+		t.Fatalf("Lock on a frozen store returned %v after it began, its deadline was %v (%v)", took, deadline, err)
+	}
+	waitFor(t, 2*time.Second, "the give-back was sent", func() bool { return fs.releases.Load() >= 1 })
+}
