@@ -42,7 +42,7 @@ func TestHandoffBoundMustFitTheStore(t *testing.T) {
 
 // Fewer handoffs in a row than the TTL has microseconds: the next grant after a holder that
 // died comes a TTL later at a fence of at least the server time in microseconds, which must
-// stay above the fences the dead holder handed out (README, Guarantees 3). A TTL of a
+// stay above the fences the dead holder handed out (docs/guarantees.md, Fences). A TTL of a
 // millisecond cannot have the default 1,024.
 func TestHandoffBoundStaysBelowTheTTLInMicroseconds(t *testing.T) {
 	for _, tc := range []struct {

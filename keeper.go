@@ -34,7 +34,7 @@ func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keepe
 	passer, _ := store.(lockstore.Passer)
 	// A holder that dies after n handoffs leaves fences up to its grant's + n behind, and the
 	// next grant comes a TTL later, at a fence of at least the server time in microseconds:
-	// fewer handoffs than the TTL has microseconds keep it above them (README, Guarantees 3).
+	// fewer handoffs than the TTL has microseconds keep it above them (docs/guarantees.md, Fences).
 	// The gate counts a run of handoffs in 16 bits (gateEntry.handoffs), which also bounds it.
 	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,

@@ -159,7 +159,7 @@ func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 // a row and was acquired in Redis less than within ago (defaults 1024 and 20ms). Past either
 // bound it is released in Redis, so waiters in other processes get their turn: the bounds trade
 // throughput on a hot key for fairness between processes. n = 0 disables handoff. n counts
-// as at most 65,535, and as fewer than the TTL has microseconds (README, Guarantees 3).
+// as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md, Fences).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }

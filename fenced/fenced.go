@@ -4,7 +4,7 @@
 // holder that stalled (a GC pause, a partition, a failover that lost its lock) until its lock
 // went to someone else carries a smaller fence than the new holder's writes, and gets
 // ErrStaleFence instead of overwriting them. Fencing is what makes a lock safe beyond what
-// Redis can promise; see the README's "Failover and fencing".
+// Redis can promise; see docs/stores.md, "Failover and fencing".
 //
 // An entity is one Redis hash: its fields, and "lock_fence", the largest fence that wrote it.
 // Each call is one script on one key, so it is atomic and works on a Redis Cluster whatever
