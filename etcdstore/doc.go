@@ -1,6 +1,6 @@
 // Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and
 // lockstore.BatchRefresher) on go.etcd.io/etcd/client/v3, for the endpoints where a double
-// grant costs money even across a failover (issue 14). Raft keeps an acknowledged grant
+// grant costs money even across a failover. Raft keeps an acknowledged grant
 // through a leader's death, and the cluster's revision is a fence by construction.
 //
 // New takes a *clientv3.Client that the caller owns; keys are full etcd keys (the Locker adds

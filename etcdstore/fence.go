@@ -8,7 +8,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Fences come from the cluster's revision, never from a clock (issue 14).
+// Fences come from the cluster's revision, never from a clock.
 //
 // A grant of key k is the transaction that created k, at revision R (k's create revision).
 // Its fence is

@@ -35,7 +35,7 @@ type leaseSlot struct {
 //
 // An acquisition whose outcome is unknown (its reply was lost) may still commit later, on this
 // lease: a key that nobody holds and whose lease the store would keep alive for as long as it
-// lives (review: TestLateAppliedAcquireIsNotHeldForever). So such an acquisition retires its
+// lives (TestLateAppliedAcquireIsNotHeldForever). So such an acquisition retires its
 // lease: new acquisitions of its TTL take a new one, and the store revokes the retired lease
 // once no entry of held and no acquisition on the wire uses it. A late commit then fails (etcd
 // refuses a put on a revoked lease) or goes with the lease. Until then the lease is kept alive

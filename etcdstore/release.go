@@ -211,7 +211,7 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 				// before this commit promised its TTL from its own start; the new lease counts
 				// from its grant, which may be earlier by as long as the commit took. One
 				// keep-alive sent after the commit makes it count from later than any such
-				// start (review: TestRefreshDuringAMoveKeepsItsPromise).
+				// start (TestRefreshDuringAMoveKeepsItsPromise).
 				s.keepMovedAlive(moved, time.Now())
 				moved = 0 // in use
 			}
@@ -266,8 +266,8 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		e.tries++
 		// Never earlier than the entry's deadline: the entry is shared by every hold of this
 		// owner in this store, and the reaper releases all of them when it passes, so pulling it
-		// in for one failed release took away the others' refreshed guarantee (review:
-		// TestFailedHoldReleaseKeepsOtherHolds). A failed release is retried once the last
+		// in for one failed release took away the others' refreshed guarantee
+		// (TestFailedHoldReleaseKeepsOtherHolds). A failed release is retried once the last
 		// promise made on the key has run out, as a lock in Redis lives out its TTL.
 		e.until = later(e.until, time.Now().Add(retryPause(e.tries)))
 	})
@@ -371,7 +371,7 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 // claimPass returns a copy of the entry of key for owner and moves the moment the store counts
 // on the lock until (heldKey.until) to until before the pass goes on the wire, as RefreshAll's
 // touch does for a refresh: otherwise a slow pass could let it run out, and the store's reaper
-// would delete the lock that the pass then reports kept (found by review: with the compare
+// would delete the lock that the pass then reports kept (with the compare
 // transaction taking 1.3 s, the lock went 2.2 s after a pass that promised 3 s). ok is false
 // when the reaper has the entry or its guarantee ran out already: the pass then releases.
 func (s *Store) claimPass(key, owner string, until time.Time) (heldKey, bool) {

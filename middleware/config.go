@@ -48,7 +48,7 @@ var httpMethods = []string{
 // The words of OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's
 // OnBusy and Method are matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
 // have no options= on purpose: go-zero's loader would refuse a bad value before Validate runs,
-// case-sensitively and without naming the field (issue 9); Validate names it and lists the
+// case-sensitively and without naming the field; Validate names it and lists the
 // values it accepts.
 type LockConf struct {
 	// Redis is the shared Redis, as go-zero's redis.RedisConf (see RedisConf). Without a Host
@@ -110,7 +110,7 @@ type LockConf struct {
 
 // RedisConf is go-zero's redis.RedisConf, field for field with go-zero's names, defaults and
 // meanings, so a service's Redis section can be copied under Lock: as it is, plus Lanes
-// (issue 9). Where it differs:
+// . Where it differs:
 //   - Host is optional: no Host means the embedded in-memory store (one process only).
 //   - The words of Type and MaintNotifications are taken in any case, and a bad one is
 //     refused by Validate naming the field, rather than by go-zero's options= check.
@@ -509,7 +509,7 @@ func (r Rule) normalized() Rule {
 
 // confDefaults returns a LockConf and a Rule that hold the defaults of their tags and nothing
 // else, filled once by go-zero's conf.FillDefault: the go-zero layer's one source of defaults
-// (issue 9), for configs built in Go. FillDefault fails only on a malformed tag, a bug that
+// , for configs built in Go. FillDefault fails only on a malformed tag, a bug that
 // every test would hit, hence the panic.
 var confDefaults = sync.OnceValue(func() (d struct {
 	lock LockConf

@@ -10,7 +10,7 @@ import (
 
 // Named returns the rest.Middleware of the rule of the LockConf whose Name is name, for the
 // route group of a goctl @server(middleware: name) block: goctl's NewServiceContext sets its
-// ServiceContext field of that name to it, and the rule's key stays in the YAML (issue 9).
+// ServiceContext field of that name to it, and the rule's key stays in the YAML.
 // It locks the requests of the group as Route locks them: those of the rule's Method and
 // Path when they are set, every request of the group when neither is; the others pass
 // through untouched. Handle leaves named rules alone, so a request is locked once.

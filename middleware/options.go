@@ -23,7 +23,7 @@ type options struct {
 // service's RestConf or RpcServerConf (go-zero's ServiceConf.Mode: dev, test, rt, pre or pro,
 // and pro when the YAML leaves it out). In pre and pro, a LockConf without Redis.Host is
 // refused at start-up, naming Lock.Redis.Host, instead of falling back to the embedded
-// in-memory store, whose locks no other process sees (issue 9); to run such a service on
+// in-memory store, whose locks no other process sees; to run such a service on
 // per-process locks on purpose, give it an embedded store with WithStore. In the other modes,
 // and without this option, the embedded store is used and logged at error level.
 func WithServiceMode(mode string) Option {
@@ -33,7 +33,7 @@ func WithServiceMode(mode string) Option {
 // WithServerTimeout tells New the service's server timeout: c.Timeout of its RestConf or
 // RpcServerConf, in milliseconds as go-zero writes it (go-zero's defaults are 3000 for REST and
 // 2000 for zrpc; 0 means no timeout). New logs at error level, once, every waiting rule whose
-// Wait is not below it (issue 18): the wait is cut before the deadline, so the caller still
+// Wait is not below it: the wait is cut before the deadline, so the caller still
 // gets the busy answer, but only after spending its whole time waiting, with none left to
 // retry. flightlock check reports the same from the YAML.
 func WithServerTimeout(ms int64) Option {

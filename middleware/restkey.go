@@ -28,8 +28,8 @@ type KeyFunc func(r *http.Request) (string, error)
 // a larger body answers 400 (before go-zero's MaxBytes, which is 1 MiB by default, too).
 const maxBodyBytes = 1 << 20
 
-// The key must be built from the value that the handler binds with go-zero's httpx.Parse
-// (issue 8, security finding 1), so every getter reads a source exactly when, and as, Parse
+// The key must be built from the value that the handler binds with go-zero's httpx.Parse,
+// so every getter reads a source exactly when, and as, Parse
 // would (go-zero v1.10.3, rest/httpx/requests.go and util.go):
 //   - ParsePath binds the route's path variables (pathvar.Vars);
 //   - ParseForm binds r.Form after r.ParseForm and r.ParseMultipartForm (GetFormValues): the URL
@@ -230,7 +230,7 @@ func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
 		return nil, nil
 	}
 	// A body that is one JSON value is decoded in one pass, without a Decoder's copy of it
-	// (issue 17: the body key was a third of the middleware's allocations). Unmarshal refuses
+	// (the body key was a third of the middleware's allocations). Unmarshal refuses
 	// data after the first value, which go-zero's decoder ignores: such a body is decoded again
 	// as that decoder reads it, the first value only. Either way the result is the one the
 	// Decoder alone gave.
@@ -414,14 +414,14 @@ func canonicalValue(v string) string {
 // integer field with strconv.ParseInt, and into a float field with strconv.ParseFloat: "7",
 // "07", "+7" and "007" are all 7 to the handler, "0" and "-0" are 0, and 1, 1.0, 1e0, 0x1p0
 // and 1_0e-1 are one float. Keys rendered from the text were different for one entity, and two
-// requests on it both held "their" lock (review 4). The middleware does not know the handler's
+// requests on it both held "their" lock. The middleware does not know the handler's
 // field types, so every value written as a number is rendered in one form; a string field that
 // holds "007" and another that holds "7" then share a lock, which costs a wait, never a second
 // holder. (Share rules keep the values as written for their stored responses: replayKeys.)
 //
 // Integers (an optional sign and decimal digits) are rewritten exactly, at any length, so that
 // large ids such as snowflake int64s keep one key each: the sign of zero, a "+" and every
-// leading zero go (review 6: a value over 64 bytes was left as written, and 65 zeros before a 7
+// leading zero go (a value over 64 bytes was left as written, and 65 zeros before a 7
 // made a second lock on 7). Anything else that ParseFloat reads as a finite number, in the
 // characters of Go's float literals, is written as the float64 it reads: its digits when it is
 // integral, else Go's shortest form. What stays apart: an integer beyond 2^53 written once as
@@ -596,7 +596,7 @@ func templateHTTPKeys(plan keyPlan[*httpSource]) httpKeys {
 // templateHTTPRawKeys renders plan's keys with the values as the request wrote them. A share
 // rule stores and replays responses under them: numbers written two ways ("007", "7") share a
 // lock, a wait, but never a stored response, which a handler reading a string field would
-// give to the wrong entity (review 6).
+// give to the wrong entity.
 func templateHTTPRawKeys(plan keyPlan[*httpSource]) httpKeys {
 	return func(r *http.Request) ([]string, error) {
 		return plan.render(&httpSource{r: r, raw: true})

@@ -36,7 +36,7 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 			name = strings.ToLower(name)
 			// Several different values of one key are refused, as the REST middleware refuses a
 			// header with several values: the lock cannot tell which of them the handler reads
-			// (review 4: "x-tenant: a, x-tenant: b" was locked on the first value only).
+			// ("x-tenant: a, x-tenant: b" was locked on the first value only).
 			return func(s rpcSource) (string, bool, error) {
 				md, _ := metadata.FromIncomingContext(s.ctx)
 				var c candidates
@@ -122,7 +122,7 @@ func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
 
 // unknownField is the error of a template that names a field md lacks: it names the fields md
 // has, by the proto names a template uses, and the one that was probably meant when the name
-// was written the Go way (AccountId) or the JSON way (accountId) (issue 18).
+// was written the Go way (AccountId) or the JSON way (accountId).
 func unknownField(md protoreflect.MessageDescriptor, name string) error {
 	fields := md.Fields()
 	names := make([]string, 0, fields.Len())

@@ -71,7 +71,7 @@ func (m *Middleware) badKey(ctx context.Context, rl *rule, err error) (goOn bool
 	}
 	// Said in the service's log, summarised per rule: a template that names a field the
 	// requests never carry ({userId} for uid) refuses every request with 400, and the access
-	// log alone does not say why (issue 15).
+	// log alone does not say why.
 	m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", err)
 	return false
 }

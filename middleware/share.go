@@ -176,7 +176,7 @@ var (
 	// of another rule whose key renders as this one's replay key keeps its value and its owner.
 	// Nor does it replace the record of a later grant of the lock (a larger fence than ARGV[3];
 	// a save without a fence, of a degraded run, compares nothing): a holder that lost its lock
-	// while its handler ran must not overwrite the response of the holder after it (review 5).
+	// while its handler ran must not overwrite the response of the holder after it.
 	// The fence is the record's "f", which json.Marshal writes just before the last field, "p"
 	// (a hex fingerprint); strings in a record are JSON-escaped, so the pattern cannot match
 	// inside one.
@@ -237,7 +237,7 @@ func (p *panicError) Error() string {
 // errLeaderLeft ends a shared run whose leading request left (its client went away, or its
 // wait ran out and it was answered busy) before the handler ran for it: the handler does not
 // run for a request that is no longer there, and the duplicates still waiting start another
-// run, led by one of them, instead of getting that request's error (review 4).
+// run, led by one of them, instead of getting that request's error.
 var errLeaderLeft = errors.New("flightlock: the request leading a shared run left before it ran")
 
 // errShareWait answers a duplicate whose wait for the run in flight used up the rule's wait
@@ -332,7 +332,7 @@ func (m *Middleware) share(ctx context.Context, rl *rule, rkey, print string,
 		m.countShare(rl, "stored")
 		return rec, matchPrint(rec, print)
 	}
-	// A wait for a run in flight ends as a wait for the lock does (issue 18).
+	// A wait for a run in flight ends as a wait for the lock does.
 	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), m.shareWait(rl))))
 	defer budget.Stop()
 	t := new(turn)
@@ -498,7 +498,7 @@ func (m *Middleware) lead(ctx context.Context, t *turn, rl *rule, keys []string,
 		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
 			// The request left, or its client went away, while it waited, or its own wait for
 			// the lock ran out (it answers busy, with the holder's Retry-After): duplicates
-			// that came after it have wait left, and go on without it (review 5: they were
+			// that came after it have wait left, and go on without it (they were
 			// all answered 409 at the leader's deadline).
 			t.leave(false)
 			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
@@ -528,9 +528,11 @@ func (m *Middleware) lead(ctx context.Context, t *turn, rl *rule, keys []string,
 	if err != nil {
 		return nil, err
 	}
-	if errors.Is(context.Cause(h.ctx), flightlock.ErrLost) {
+	// Asked of the leases, not the context's cause: a request whose own context ended first
+	// keeps Canceled as the cause after a later loss.
+	if h.g != nil && h.g.Lost() {
 		// The lock was lost while the handler ran: another holder may have run it since and
-		// stored its response, which duplicates must get, not this one (review 5). The save
+		// stored its response, which duplicates must get, not this one. The save
 		// itself refuses to replace a record of a later grant (replaySet), for a loss that
 		// comes after this look.
 		m.logs.error(ctx, rl.stats, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)

@@ -13,7 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Stored responses of share rules that lock in etcd (issue 14). Each lives under the key the
+// Stored responses of share rules that lock in etcd. Each lives under the key the
 // Redis store would use (Prefix + "replay:" + the rendered keys), after Lock.Etcd.Key, as the
 // rule's locks do, on an etcd lease, so that etcd deletes it once the rule's Replay time is
 // over.

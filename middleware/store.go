@@ -44,7 +44,7 @@ import (
 // timeouts and retries. Close the store to close the client.
 //
 // It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
-// library only (issue 9).
+// library only.
 func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.RedisStore, error) {
 	client, err := newClient(conf)
 	if err != nil {
@@ -65,7 +65,7 @@ func newClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if conf.Tls {
 		// go-zero's meaning of Tls (core/stores/redis: redisclientmanager.go and
 		// redisclustermanager.go): encrypted, the certificate not verified. The same YAML
-		// must not fail here when it works for the service's other Redis clients (issue 9).
+		// must not fail here when it works for the service's other Redis clients.
 		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 	}
 	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
@@ -240,7 +240,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 // nested call (a zrpc method called while its caller holds the key, go-zero propagating the
 // trace) that locks its caller's key would wait for its own caller until a deadline. Different
 // traces, or a request without one, wait as usual. Calls of one trace that are not nested
-// (siblings that lock one key) are refused too: the check cannot tell them apart (issue 18).
+// (siblings that lock one key) are refused too: the check cannot tell them apart.
 func sameTrace(ctx context.Context, holder string) error {
 	id := trace.TraceIDFromContext(ctx)
 	if id == "" {
