@@ -1,0 +1,208 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Watch implements Inspector with keyspace notifications when the server sends them (not on a
+// Cluster, where they are per node), else by reading the locks every opts.Interval and
+// comparing; in that mode the releases of contended locks are heard at once on their release
+// channels, the rest at the next read. Either way it reads the locks every opts.Interval
+// (EventRead), so TTLs stay current.
+func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error {
+	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
+		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]LockInfo)}
+	if w.interval <= 0 {
+		w.interval = DefaultWatchInterval
+	}
+	if w.timeout <= 0 {
+		w.timeout = DefaultWatchTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	w.keyspace = keyspaceEnabled(rctx, r.client)
+	cancel()
+	mode := "keyspace notifications"
+	channel := "__keyspace@*__:" + globEscape(r.prefix) + pattern
+	if !w.keyspace {
+		mode = "polling every " + w.interval.String()
+		channel = DefaultChannelPrefix + globEscape(r.prefix) + pattern
+	}
+
+	ps := r.client.PSubscribe(ctx, channel)
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		return quiet(ctx, fmt.Errorf("subscribe %s: %w", channel, err))
+	}
+	msgs := ps.Channel()
+
+	locks, err := w.poll(ctx, false)
+	if err != nil {
+		return quiet(ctx, err)
+	}
+	fn(Event{Kind: EventWatching, Locks: locks, Mode: mode})
+	tick := time.NewTicker(w.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			locks, err := w.poll(ctx, !w.keyspace)
+			if err != nil {
+				return quiet(ctx, err)
+			}
+			fn(Event{Kind: EventRead, Locks: locks})
+		case m, ok := <-msgs:
+			if !ok {
+				return quiet(ctx, errors.New("subscription closed"))
+			}
+			if err := w.notified(ctx, m); err != nil {
+				return quiet(ctx, err)
+			}
+		}
+	}
+}
+
+// quiet drops the error of a watch that was ended on purpose.
+func quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// keyspaceEnabled says whether the server publishes the keyspace notifications a watch needs:
+// K (keyspace channels) with string ($), generic (g) and expired (x) events, or A for all.
+// A server that refuses CONFIG (managed Redis) is polled.
+func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
+	if _, ok := client.(*redis.ClusterClient); ok {
+		return false // notifications are per node; polling sees every master
+	}
+	m, err := client.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil {
+		return false
+	}
+	f := m["notify-keyspace-events"]
+	has := func(c string) bool { return strings.Contains(f, c) }
+	return has("K") && (has("A") || has("$") && has("g") && has("x"))
+}
+
+// redisWatch is the state of one Watch, owned by its goroutine.
+type redisWatch struct {
+	r                 *RedisInspector
+	pattern           string
+	skip              func(string) bool
+	fn                func(Event)
+	interval, timeout time.Duration
+	keyspace          bool // events come from keyspace notifications; else from comparing reads
+
+	held map[string]LockInfo // the matching locks as last seen, by key
+}
+
+func (w *redisWatch) emit(kind EventKind, l LockInfo) { w.fn(Event{Kind: kind, Lock: l}) }
+
+// poll reads the matching locks and makes them the ones held; with report, it first reports
+// how they differ from those held before (grants in key order, then the locks gone, by key).
+func (w *redisWatch) poll(ctx context.Context, report bool) ([]LockInfo, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	keys, err := w.r.scanKeys(rctx, w.pattern, w.skip)
+	if err != nil {
+		return nil, err
+	}
+	locks, err := w.r.read(rctx, keys)
+	if err != nil {
+		return nil, err
+	}
+	now := make(map[string]LockInfo, len(locks))
+	for _, l := range locks {
+		now[l.Key] = l
+		if !report {
+			continue
+		}
+		prev, seen := w.held[l.Key]
+		switch {
+		case !seen || prev.Owner != l.Owner || prev.Fence != l.Fence:
+			w.emit(EventAcquired, l)
+			if l.Contended {
+				w.emit(EventContended, l)
+			}
+		case prev.Own != l.Own || !slices.Equal(prev.Borrowed, l.Borrowed):
+			w.emit(EventChanged, l)
+		case l.Contended && !prev.Contended:
+			w.emit(EventContended, l)
+		}
+	}
+	if report {
+		for _, k := range slices.Sorted(maps.Keys(w.held)) {
+			if _, ok := now[k]; !ok {
+				w.emit(EventGone, w.held[k])
+			}
+		}
+	}
+	w.held = now
+	return locks, nil
+}
+
+// notified handles a message: a keyspace event, or (polling) a release notification.
+func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
+	var storeKey string
+	var kind EventKind
+	if w.keyspace {
+		_, storeKey, _ = strings.Cut(m.Channel, "__:")
+		switch m.Payload {
+		case "set":
+			kind = EventAcquired // or EventChanged: told apart below
+		case "append":
+			kind = EventContended
+		case "del":
+			kind = EventReleased
+		case "expired":
+			kind = EventExpired
+		default:
+			return nil // pexpire (a renewal) and the like
+		}
+	} else {
+		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), EventReleased
+	}
+	key, ok := strings.CutPrefix(storeKey, w.r.prefix)
+	if !ok || strings.HasPrefix(storeKey, FenceKeyPrefix) || w.skip != nil && w.skip(key) {
+		return nil
+	}
+
+	if kind == EventReleased || kind == EventExpired {
+		l, seen := w.held[key]
+		if !seen {
+			l = LockInfo{Key: key, StoreKey: storeKey, TTL: NoTTL}
+		}
+		delete(w.held, key)
+		w.emit(kind, l)
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	locks, err := w.r.read(rctx, []string{key})
+	if err != nil {
+		return err
+	}
+	if len(locks) == 0 {
+		// Released before it could be read; its del event follows.
+		w.emit(kind, LockInfo{Key: key, StoreKey: storeKey, TTL: NoTTL})
+		return nil
+	}
+	l := locks[0]
+	if prev, seen := w.held[key]; kind == EventAcquired && seen && prev.Owner == l.Owner && prev.Fence == l.Fence {
+		kind = EventChanged
+	}
+	w.held[key] = l
+	w.emit(kind, l)
+	return nil
+}

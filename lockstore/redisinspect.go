@@ -1,0 +1,279 @@
+package lockstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed forcerelease.lua
+	forceReleaseLua    string
+	forceReleaseScript = redis.NewScript(forceReleaseLua)
+)
+
+// RedisInspector is the Inspector of the locks a RedisStore keeps under one prefix. Create it
+// with NewInspector.
+type RedisInspector struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+var _ Inspector = (*RedisInspector)(nil)
+
+// NewInspector returns the Inspector of the locks under prefix (the Locker's WithPrefix; the
+// middleware's Prefix) on client, whose release channels have DefaultChannelPrefix. On a
+// Cluster it reads every master. It leaves client open.
+func NewInspector(client redis.UniversalClient, prefix string) *RedisInspector {
+	return &RedisInspector{client: client, prefix: prefix}
+}
+
+func (r *RedisInspector) storeKey(key string) string { return r.prefix + key }
+
+func (r *RedisInspector) channel(key string) string {
+	return DefaultChannelPrefix + r.storeKey(key)
+}
+
+// List implements Inspector: a SCAN of every master, then the values, TTLs and waiters of the
+// first opts.Limit keys.
+func (r *RedisInspector) List(ctx context.Context, pattern string, opts ListOptions) ([]LockInfo, int, error) {
+	keys, err := r.scanKeys(ctx, pattern, opts.Skip)
+	if err != nil {
+		return nil, 0, err
+	}
+	more := 0
+	if opts.Limit > 0 && len(keys) > opts.Limit {
+		keys, more = keys[:opts.Limit], len(keys)-opts.Limit
+	}
+	locks, err := r.read(ctx, keys)
+	return locks, more, err
+}
+
+// Lookup implements Inspector, with the fence counter of the key's hash slot.
+func (r *RedisInspector) Lookup(ctx context.Context, key string) (LockInfo, error) {
+	locks, err := r.read(ctx, []string{key})
+	if err != nil {
+		return LockInfo{}, err
+	}
+	if len(locks) == 0 {
+		return LockInfo{}, fmt.Errorf("Redis key %q: %w", r.storeKey(key), ErrNotHeld)
+	}
+	l := locks[0]
+	l.FenceCounterKey = fenceKey(l.StoreKey)
+	if n, err := r.client.Get(ctx, l.FenceCounterKey).Int64(); err == nil {
+		l.FenceCounter = &n
+	}
+	return l, nil
+}
+
+// ForceUnlock implements Inspector with forcerelease.lua: the grant is the owner and fence of
+// l, so a lock whose holds changed since is still removed, and one that changed hands is not.
+func (r *RedisInspector) ForceUnlock(ctx context.Context, l LockInfo) (int, error) {
+	if l.Owner == "" || l.Unrecognized != "" {
+		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
+	}
+	reply, err := forceReleaseScript.Run(ctx, r.client, []string{r.storeKey(l.Key)},
+		l.Owner+" "+strconv.FormatInt(l.Fence, 10)+" ", r.channel(l.Key)).Slice()
+	if err != nil {
+		return 0, err
+	}
+	if len(reply) != 2 {
+		return 0, fmt.Errorf("%w %v", errUnexpectedReply, reply)
+	}
+	if done, _ := reply[0].(int64); done != 1 {
+		changed := &ChangedError{}
+		if v, _ := reply[1].(string); v != "" {
+			now := LockInfo{Key: l.Key, StoreKey: l.StoreKey, TTL: NoTTL}
+			parseLock(&now, v)
+			changed.Now = &now
+		}
+		return 0, changed
+	}
+	woken, _ := reply[1].(int64)
+	return int(woken), nil
+}
+
+// parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
+// (acquire.lua); a value this store does not write goes to l.Unrecognized.
+func parseLock(l *LockInfo, value string) {
+	fields := strings.SplitN(value, " ", 4)
+	if len(fields) < 3 || fields[0] == "" {
+		l.Unrecognized = value
+		return
+	}
+	fence, err := strconv.ParseInt(fields[1], 10, 64)
+	holds := strings.Split(fields[2], ",")
+	if err != nil || fence < 0 || (holds[0] != "0" && holds[0] != "1") {
+		l.Unrecognized = value
+		return
+	}
+	l.Owner, l.Fence, l.Own, l.Borrowed = fields[0], fence, holds[0] == "1", holds[1:]
+	rest := ""
+	if len(fields) == 4 {
+		rest = fields[3]
+	}
+	if rest == "~" || strings.HasSuffix(rest, " ~") {
+		l.Contended = true
+		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
+	}
+	l.ParseHolder(rest)
+}
+
+// ParseHolder fills Host, Pid, Trace and Metadata from the metadata a holder wrote with its
+// lock (the Locker's WithMetadata): host=, pid= and trace= (the first of each), and the rest,
+// in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
+// with this.
+func (l *LockInfo) ParseHolder(meta string) {
+	var other []string
+	for _, f := range strings.Fields(meta) {
+		k, v, _ := strings.Cut(f, "=")
+		switch {
+		case k == "host" && l.Host == "":
+			l.Host = v
+		case k == "pid" && l.Pid == "":
+			l.Pid = v
+		case k == "trace" && l.Trace == "":
+			l.Trace = v
+		default:
+			other = append(other, f)
+		}
+	}
+	l.Metadata = strings.Join(other, " ")
+}
+
+// globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// scanKeys returns the lock keys (without the prefix) that match pattern, sorted, on every
+// master of a cluster: not the fence counters, nor what skip refuses.
+func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func(string) bool) ([]string, error) {
+	match := globEscape(r.prefix) + pattern
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	scan := func(ctx context.Context, node redis.Cmdable) error {
+		iter := node.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			full := iter.Val()
+			k := strings.TrimPrefix(full, r.prefix)
+			if strings.HasPrefix(full, FenceKeyPrefix) || skip != nil && skip(k) {
+				continue
+			}
+			mu.Lock()
+			keys = append(keys, k)
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+	} else {
+		err = scan(ctx, r.client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", match, err)
+	}
+	slices.Sort(keys)
+	return slices.Compact(keys), nil
+}
+
+// read reads the locks of keys: value, TTL and waiters, in keys' order. Keys released since
+// they were found are left out.
+func (r *RedisInspector) read(ctx context.Context, keys []string) ([]LockInfo, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	type reads struct {
+		get  *redis.StringCmd
+		pttl *redis.DurationCmd
+	}
+	rs := make([]reads, len(keys))
+	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			rs[i] = reads{p.Get(ctx, r.storeKey(k)), p.PTTL(ctx, r.storeKey(k))}
+		}
+		return nil
+	})
+	// Pipelined reports the first command's error. A reply error of one key (nil for a key
+	// released since the scan, WRONGTYPE for a key under the prefix that is not a lock) is
+	// that key's business, handled below; only a failure to talk to Redis fails the read, so
+	// one foreign key under the prefix cannot hide the locks.
+	var replyErr redis.Error
+	if err != nil && !errors.As(err, &replyErr) {
+		return nil, fmt.Errorf("read locks: %w", err)
+	}
+	locks := make([]LockInfo, 0, len(keys))
+	channels := make([]string, 0, len(keys))
+	for i, k := range keys {
+		v, err := rs[i].get.Result()
+		if errors.Is(err, redis.Nil) {
+			continue // released since the scan
+		}
+		if err != nil {
+			// WRONGTYPE: a key under the prefix that is not a string, so not a lock.
+			locks = append(locks, LockInfo{Key: k, StoreKey: r.storeKey(k), Unrecognized: "(" + err.Error() + ")"})
+			continue
+		}
+		l := LockInfo{Key: k, StoreKey: r.storeKey(k), TTL: NoTTL}
+		if d, err := rs[i].pttl.Result(); err == nil && d >= 0 {
+			l.TTL = d
+		}
+		parseLock(&l, v)
+		locks = append(locks, l)
+		channels = append(channels, r.channel(k))
+	}
+	subs, err := r.numSub(ctx, channels)
+	if err != nil {
+		return nil, err
+	}
+	for i := range locks {
+		locks[i].Waiters = subs[r.channel(locks[i].Key)]
+	}
+	return locks, nil
+}
+
+// numSub counts the subscribers of each channel: the processes waiting for the release of a
+// lock. On a cluster, where a SUBSCRIBE lands on one node, the counts of every node are added.
+func (r *RedisInspector) numSub(ctx context.Context, channels []string) (map[string]int64, error) {
+	total := make(map[string]int64, len(channels))
+	if len(channels) == 0 {
+		return total, nil
+	}
+	var mu sync.Mutex
+	count := func(ctx context.Context, node redis.Cmdable) error {
+		for chunk := range slices.Chunk(channels, 500) {
+			m, err := node.PubSubNumSub(ctx, chunk...).Result()
+			if err != nil {
+				return fmt.Errorf("count waiters: %w", err)
+			}
+			mu.Lock()
+			for ch, n := range m {
+				total[ch] += n
+			}
+			mu.Unlock()
+		}
+		return nil
+	}
+	if cc, ok := r.client.(*redis.ClusterClient); ok {
+		return total, cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error { return count(ctx, node) })
+	}
+	return total, count(ctx, r.client)
+}
