@@ -1,0 +1,211 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix. Create it
+// with NewInspector. It never reads an owner token into a LockInfo: a propagated token lets its
+// bearer re-enter the lock, so tools cannot print what they are never given.
+//
+// What it reads: a lock is the key prefix + rendered key, on its holder's session lease, with
+// the value of value.go; its fence derives from the key's create revision and its fence floor
+// (fence.go); its waiter mark is set by every acquisition refused while it is held
+// (Contended). Waiters wait on a watch of the key's deletion, which etcd does not let a client
+// count, so Waiters stays 0. The store's own keys (floors, marks) live under
+// lockstore.FenceKeyPrefix, and are never listed should the prefix cover them.
+type Inspector struct {
+	cli    *clientv3.Client
+	prefix string
+}
+
+var _ lockstore.Inspector = (*Inspector)(nil)
+
+// NewInspector returns the Inspector of the locks under prefix (the Locker's WithPrefix; with
+// the middleware, Etcd.Key + Prefix) on cli, which it leaves open.
+func NewInspector(cli *clientv3.Client, prefix string) *Inspector {
+	return &Inspector{cli: cli, prefix: prefix}
+}
+
+// keyOf is the rendered key of the etcd key full when it is listed: under the prefix, not one
+// of the store's own keys nor one skip refuses, and matching pattern.
+func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string, bool) {
+	key, ok := strings.CutPrefix(full, in.prefix)
+	if !ok || strings.HasPrefix(full, lockstore.FenceKeyPrefix) || skip != nil && skip(key) || !globMatch(pattern, key) {
+		return "", false
+	}
+	return key, true
+}
+
+// lockOf reads the lock key kv: marked tells whether its waiter mark is set, floor is its fence
+// floor key (nil: none). The TTL is left to leaseTTLs.
+func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
+	l := lockstore.LockInfo{Key: key, StoreKey: string(kv.Key), TTL: lockstore.NoTTL,
+		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Contended: marked}
+	if kv.Lease != 0 {
+		l.Lease = strconv.FormatInt(kv.Lease, 16)
+	}
+	v, ok := parseValue(kv.Value)
+	holds := strings.Split(v.holds, ",")
+	if !ok || holds[0] != "0" && holds[0] != "1" {
+		l.Unrecognized, l.Contended = string(kv.Value), false
+		return l
+	}
+	l.Own, l.Borrowed = holds[0] == "1", holds[1:]
+	l.ParseHolder(v.meta)
+	// A floor that is not a fence adds nothing here; the store's next grant refuses it.
+	d, err := floorOffset(floor)
+	if err != nil {
+		d = 0
+	}
+	l.Fence = kv.CreateRevision<<fenceShift + d
+	return l
+}
+
+// leaseTTLs sets the TTL of each lock to the time left on its lease (whole seconds), asking
+// etcd once per lease: a session lease carries every lock of one TTL in one process. A lease
+// that etcd no longer has (its keys are being deleted) leaves 0.
+func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) error {
+	left := make(map[string]int64)
+	for i, l := range locks {
+		if l.Lease == "" {
+			continue
+		}
+		secs, ok := left[l.Lease]
+		if !ok {
+			id, _ := strconv.ParseInt(l.Lease, 16, 64)
+			resp, err := in.cli.TimeToLive(ctx, clientv3.LeaseID(id))
+			if err != nil {
+				return fmt.Errorf("read lease %s of %s: %w", l.Lease, l.StoreKey, err)
+			}
+			secs = max(resp.TTL, 0)
+			left[l.Lease] = secs
+		}
+		locks[i].TTL = time.Duration(secs) * time.Second
+	}
+	return nil
+}
+
+// snapshot reads, in one transaction (one revision), the keys under the prefix, their waiter
+// marks and fence floors, and returns the matching locks sorted by key (etcd's order) with the
+// revision they were read at. TTLs are not read.
+func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(string) bool) ([]lockstore.LockInfo, int64, error) {
+	p := in.prefix
+	resp, err := in.cli.Txn(ctx).Then(
+		clientv3.OpGet(p, clientv3.WithPrefix()),
+		clientv3.OpGet(WaiterKey(p), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(FloorKey(p), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", p, err)
+	}
+	marks := make(map[string]bool)
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		marks[strings.TrimPrefix(string(kv.Key), waiterPrefix)] = true
+	}
+	floors := make(map[string]*mvccpb.KeyValue)
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		floors[strings.TrimPrefix(string(kv.Key), floorPrefix)] = kv
+	}
+	var locks []lockstore.LockInfo
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		key, ok := in.keyOf(string(kv.Key), pattern, skip)
+		if !ok {
+			continue
+		}
+		locks = append(locks, lockOf(key, kv, marks[string(kv.Key)], floors[string(kv.Key)]))
+	}
+	return locks, resp.Header.Revision, nil
+}
+
+// List implements lockstore.Inspector: one range read of the prefix (with the marks and
+// floors), filtered by pattern here, then the leases of the first opts.Limit locks.
+func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
+	locks, _, err := in.snapshot(ctx, pattern, opts.Skip)
+	if err != nil {
+		return nil, 0, err
+	}
+	more := 0
+	if opts.Limit > 0 && len(locks) > opts.Limit {
+		locks, more = locks[:opts.Limit], len(locks)-opts.Limit
+	}
+	return locks, more, in.leaseTTLs(ctx, locks)
+}
+
+// Lookup implements lockstore.Inspector: value, waiter mark and fence floor in one
+// transaction, then the time left on its lease.
+func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
+	full := in.prefix + key
+	resp, err := in.cli.Txn(ctx).Then(
+		clientv3.OpGet(full),
+		clientv3.OpGet(WaiterKey(full), clientv3.WithKeysOnly()),
+		clientv3.OpGet(FloorKey(full)),
+	).Commit()
+	if err != nil {
+		return lockstore.LockInfo{}, fmt.Errorf("read %s: %w", full, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return lockstore.LockInfo{}, fmt.Errorf("etcd key %q: %w", full, lockstore.ErrNotHeld)
+	}
+	var floor *mvccpb.KeyValue
+	if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
+		floor = f[0]
+	}
+	l := lockOf(key, kvs[0], len(resp.Responses[1].GetResponseRange().Kvs) > 0, floor)
+	l.FenceCounterKey = FloorKey(full)
+	if floor != nil {
+		if n, err := strconv.ParseInt(string(floor.Value), 10, 64); err == nil {
+			l.FenceCounter = &n
+		}
+	}
+	locks := []lockstore.LockInfo{l}
+	if err := in.leaseTTLs(ctx, locks); err != nil {
+		return lockstore.LockInfo{}, err
+	}
+	return locks[0], nil
+}
+
+// ForceUnlock implements lockstore.Inspector: it deletes the key only while it is still at the
+// revision l was read at (the same grant with the same holds), with its waiter mark, in one
+// transaction. Waiters elsewhere watch the key's deletion, so the delete wakes them; the mark
+// goes as the store's own release deletes it. The holder learns of the loss at its next
+// refresh (the key is gone).
+//
+// Like the death of a holder, a forced release writes no fence floor: the next grant's fence
+// exceeds the holder's as long as it handed out fewer than 2<<fenceShift fences under its grant
+// (fence.go), far above the Locker's handoff bound.
+func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
+	if l.ModRevision == 0 || l.Unrecognized != "" {
+		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
+	}
+	resp, err := in.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)).
+		Then(clientv3.OpDelete(l.StoreKey), clientv3.OpDelete(WaiterKey(l.StoreKey))).
+		Else(clientv3.OpGet(l.StoreKey)).
+		Commit()
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		changed := &lockstore.ChangedError{}
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			now := lockOf(l.Key, kvs[0], false, nil)
+			changed.Now = &now
+		}
+		return 0, changed
+	}
+	if resp.Responses[1].GetResponseDeleteRange().Deleted > 0 {
+		return 1, nil
+	}
+	return 0, nil
+}

@@ -1,0 +1,291 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Backoff of a resumed watch's reads while etcd does not answer.
+const (
+	resumeFirstBackoff = 100 * time.Millisecond
+	resumeMaxBackoff   = 2 * time.Second
+)
+
+// Watch implements lockstore.Inspector. It reads the matching locks, then watches the prefix
+// and the waiter marks from the next revision, so nothing between the read and the watch is
+// missed: a creation of a lock key is an acquisition, another put of it a change of its holds,
+// a deletion a release or, when the key's lease is gone by then, an expiry (leaseEnd), a put of
+// its waiter mark contention (every refused acquisition writes it; so does a re-entry by the
+// holder's own owner). The two watches are separate streams: a contention may be reported
+// before the acquisition it followed when both come within a moment.
+//
+// When etcd ends the watch (a compaction past the watch's revision, a member without a
+// leader, a read that failed), Watch resumes from a fresh read (EventResumed), reporting what
+// changed meanwhile, and gives up only when etcd stays unreachable for opts.Timeout.
+// opts.Interval is not used: etcd tells every change, TTLs are read with each event.
+func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
+	w := &etcdWatch{in: in, pattern: pattern, skip: opts.Skip, fn: fn, timeout: opts.Timeout}
+	if w.timeout <= 0 {
+		w.timeout = lockstore.DefaultWatchTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	locks, rev, err := in.snapshot(rctx, pattern, w.skip)
+	if err == nil {
+		err = in.leaseTTLs(rctx, locks)
+	}
+	cancel()
+	if err != nil {
+		return unlessEnded(ctx, err)
+	}
+	w.held = make(map[string]lockstore.LockInfo, len(locks))
+	for _, l := range locks {
+		w.held[l.Key] = l
+	}
+	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "etcd watch"})
+	for {
+		ended := w.follow(ctx, rev)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if rev, err = w.resume(ctx, ended); err != nil {
+			return unlessEnded(ctx, err)
+		}
+	}
+}
+
+// unlessEnded drops the error of a watch that was ended on purpose.
+func unlessEnded(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// etcdWatch is the state of one Watch, owned by its goroutine.
+type etcdWatch struct {
+	in      *Inspector
+	pattern string
+	skip    func(string) bool
+	fn      func(lockstore.Event)
+	timeout time.Duration
+
+	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
+}
+
+func (w *etcdWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
+	w.fn(lockstore.Event{Kind: kind, Lock: l})
+}
+
+// follow watches from rev until ctx ends (nil) or etcd ends the watch (why it did).
+func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
+	// WithRequireLeader: a member cut off from its cluster ends the watch (etcdserver: no
+	// leader) instead of going silent, so that resume can read from a member that has one.
+	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer stop()
+	p := w.in.prefix
+	lockEvents := w.in.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
+	markEvents := w.in.cli.Watch(wctx, WaiterKey(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
+	for {
+		var (
+			resp clientv3.WatchResponse
+			ok   bool
+			mark bool
+		)
+		select {
+		case <-ctx.Done():
+			return nil
+		case resp, ok = <-lockEvents:
+		case resp, ok = <-markEvents:
+			mark = true
+		}
+		if !ok {
+			return errors.New("etcd closed the watch")
+		}
+		if err := resp.Err(); err != nil {
+			return err
+		}
+		ends := make(leaseEnds) // a lease's end deletes all of its keys in one response
+		for _, ev := range resp.Events {
+			if mark {
+				w.marked(ev)
+			} else if err := w.lockEvent(ctx, ev, ends); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// resume reads the matching locks again after etcd ended the watch for the reason ended,
+// reports that the watch resumed and how the locks differ from those held as last seen (the
+// ends first, by key, then the grants in the read's order), and returns the revision read. It
+// retries the read with a backoff and gives up after the watch's timeout.
+func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	var (
+		locks []lockstore.LockInfo
+		rev   int64
+		err   error
+	)
+	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
+		locks, rev, err = w.in.snapshot(rctx, w.pattern, w.skip)
+		if err == nil {
+			err = w.in.leaseTTLs(rctx, locks)
+		}
+		if err == nil {
+			break
+		}
+		select {
+		case <-rctx.Done():
+			return 0, fmt.Errorf("resume the watch (it ended: %v): %w", ended, err)
+		case <-time.After(backoff):
+		}
+	}
+
+	now := make(map[string]lockstore.LockInfo, len(locks))
+	for _, l := range locks {
+		now[l.Key] = l
+	}
+	w.fn(lockstore.Event{Kind: lockstore.EventResumed, Locks: locks, Reason: ended, Revision: rev})
+	ends := make(leaseEnds)
+	for _, key := range slices.Sorted(maps.Keys(w.held)) {
+		if _, ok := now[key]; !ok {
+			w.emit(w.leaseEnd(ctx, w.held[key].Lease, ends), w.held[key])
+		}
+	}
+	for _, l := range locks {
+		prev, seen := w.held[l.Key]
+		switch {
+		case seen && prev.CreateRevision != l.CreateRevision:
+			w.emit(w.leaseEnd(ctx, prev.Lease, ends), prev) // its grant ended, and another began
+			fallthrough
+		case !seen:
+			w.emit(lockstore.EventAcquired, l)
+			if l.Contended {
+				w.emit(lockstore.EventContended, l)
+			}
+		case prev.ModRevision != l.ModRevision:
+			w.emit(lockstore.EventChanged, l)
+		case l.Contended && !prev.Contended:
+			w.emit(lockstore.EventContended, l)
+		}
+	}
+	w.held = now
+	return rev, nil
+}
+
+// leaseEnds caches leaseEnd's answers by lease for one batch of events.
+type leaseEnds map[string]lockstore.EventKind
+
+// leaseEnd tells how a deleted lock on lease (hex, as LockInfo has it; "" for none) ended:
+// EventExpired when etcd no longer has the lease (a TTL of -1: its holder's process stopped
+// keeping it alive, or it was revoked), else EventReleased (by its holder, or by ForceUnlock).
+// A holder that releases and closes its store within a moment reads as an expiry: Close
+// revokes the leases that hold no lock. When etcd does not answer within the watch's timeout, it says EventReleased, as it
+// cannot tell.
+func (w *etcdWatch) leaseEnd(ctx context.Context, lease string, ends leaseEnds) lockstore.EventKind {
+	if lease == "" {
+		return lockstore.EventReleased
+	}
+	if kind, ok := ends[lease]; ok {
+		return kind
+	}
+	id, err := strconv.ParseInt(lease, 16, 64)
+	if err != nil {
+		return lockstore.EventReleased
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	resp, err := w.in.cli.TimeToLive(rctx, clientv3.LeaseID(id))
+	cancel()
+	kind := lockstore.EventReleased
+	if err == nil && resp.TTL == -1 {
+		kind = lockstore.EventExpired
+	}
+	ends[lease] = kind
+	return kind
+}
+
+// lockEvent reports a put or deletion of a key under the prefix.
+func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leaseEnds) error {
+	key, ok := w.in.keyOf(string(ev.Kv.Key), w.pattern, w.skip)
+	if !ok {
+		return nil
+	}
+	prev, seen := w.held[key]
+	if ev.Type == clientv3.EventTypeDelete {
+		l := prev
+		if ev.PrevKv != nil && (!seen || prev.CreateRevision != ev.PrevKv.CreateRevision) {
+			l = lockOf(key, ev.PrevKv, false, nil)
+		} else if !seen {
+			l = lockstore.LockInfo{Key: key, StoreKey: string(ev.Kv.Key), TTL: lockstore.NoTTL}
+		}
+		delete(w.held, key)
+		w.emit(w.leaseEnd(ctx, l.Lease, ends), l)
+		return nil
+	}
+
+	kind := lockstore.EventChanged
+	if ev.IsCreate() {
+		kind, seen = lockstore.EventAcquired, false
+	}
+	var floor *mvccpb.KeyValue
+	if !seen || prev.CreateRevision != ev.Kv.CreateRevision {
+		// The floor the grant read: the one at its revision (a floor changes only with a
+		// deletion of the key).
+		rctx, cancel := context.WithTimeout(ctx, w.timeout)
+		resp, err := w.in.cli.Get(rctx, FloorKey(string(ev.Kv.Key)), clientv3.WithRev(ev.Kv.CreateRevision))
+		if err != nil { // compacted: the floor now is the same while the grant lasts
+			resp, err = w.in.cli.Get(rctx, FloorKey(string(ev.Kv.Key)))
+		}
+		cancel()
+		if err != nil {
+			return fmt.Errorf("read the fence floor of %s: %w", ev.Kv.Key, err)
+		}
+		if len(resp.Kvs) > 0 {
+			floor = resp.Kvs[0]
+		}
+	}
+	l := lockOf(key, ev.Kv, seen && prev.Contended, floor)
+	if seen && prev.CreateRevision == ev.Kv.CreateRevision {
+		l.Fence = prev.Fence
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	locks := []lockstore.LockInfo{l}
+	err := w.in.leaseTTLs(rctx, locks)
+	cancel()
+	if err != nil {
+		return err
+	}
+	w.held[key] = locks[0]
+	w.emit(kind, locks[0])
+	return nil
+}
+
+// marked reports a put of a waiter mark: a request was refused the lock.
+func (w *etcdWatch) marked(ev *clientv3.Event) {
+	full := strings.TrimPrefix(string(ev.Kv.Key), waiterPrefix)
+	key, ok := w.in.keyOf(full, w.pattern, w.skip)
+	if !ok {
+		return
+	}
+	l, seen := w.held[key]
+	if !seen {
+		l = lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL}
+	}
+	l.Contended = true
+	if seen {
+		w.held[key] = l
+	}
+	w.emit(lockstore.EventContended, l)
+}
