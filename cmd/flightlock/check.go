@@ -17,7 +17,7 @@ import (
 	"github.com/flightlock/flightlock/middleware"
 )
 
-// flightlock check (issue 15) reads a service's config as go-zero and middleware.New read it,
+// flightlock check reads a service's config as go-zero and middleware.New read it,
 // and its API definition with goctl's own parser (.api) and a protobuf parser (.proto), and
 // reports, one line each as file:line: message, the lock mistakes that otherwise ship
 // silently: a rule that matches no route, a key field the request does not bind, a Lock

@@ -14,7 +14,7 @@ var update = flag.Bool("update", false, "rewrite testdata/check/*.golden with fl
 const checkDir = "testdata/check"
 
 // TestCheckGolden runs flightlock check over the fixture service (wallet.api, inventory.proto)
-// and one YAML file per mistake of issue 15, and compares its output and exit status with the
+// and one YAML file per mistake, and compares its output and exit status with the
 // golden file. Each mistake file must give exactly one finding, the clean ones none, so that a
 // check that goes missing fails here even after -update.
 func TestCheckGolden(t *testing.T) {

@@ -289,7 +289,7 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 }
 
 // locksInRedis reports whether a rule of c locks in Redis: every rule when c names no etcd
-// (Etcd.Hosts), else those that say Store: redis (issue 14). A section on etcd only never
+// (Etcd.Hosts), else those that say Store: redis. A section on etcd only never
 // touches the embedded Redis.
 func locksInRedis(c middleware.LockConf) bool {
 	if len(c.Etcd.Hosts) == 0 {

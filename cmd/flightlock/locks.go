@@ -1,29 +1,14 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// shadowPrefix starts the keys of shadow rules (middleware: Prefix + "shadow:" + key).
-const shadowPrefix = "shadow:"
-
-// replayPrefix starts the keys of responses that share rules stored (Prefix + "replay:" +
-// key): not locks, never listed.
-const replayPrefix = "replay:"
-
-// lockInfo is one lock as Redis holds it. The value a lockstore script writes is
-// "<owner> <fence> <holds>[ <metadata>][ ~]" (lockstore/acquire.lua).
+// lockInfo is one lock as ls, show, unlock and watch print it in JSON: a lockstore.LockInfo
+// (view) in the field names and units scripts read.
 type lockInfo struct {
 	Key       string   `json:"key"`       // as the rule rendered it, without the prefix
 	RedisKey  string   `json:"redis_key"` // prefix + key
@@ -46,8 +31,8 @@ type lockInfo struct {
 	FenceCounterKey string `json:"fence_counter_key,omitempty"` // counter of the key's hash slot (etcd: its fence floor key)
 	FenceCounter    *int64 `json:"fence_counter,omitempty"`     // last fence handed out in that slot (etcd: the floor)
 
-	// etcd only (see etcd.go). There Owner is empty and left out of the JSON, RedisKey too,
-	// and Contended means the key's waiter mark is set; Waiters is not known.
+	// etcd only. There Owner is empty and left out of the JSON, RedisKey too, and Contended
+	// means the key's waiter mark is set; Waiters is not known.
 	Store          string `json:"store,omitempty"`           // "etcd"; empty in Redis
 	EtcdKey        string `json:"etcd_key,omitempty"`        // Etcd.Key + Prefix + key
 	Lease          string `json:"lease,omitempty"`           // the etcd lease the key is on, in hex as etcdctl prints it
@@ -71,195 +56,29 @@ func (l lockInfo) MarshalJSON() ([]byte, error) {
 	}{plain: plain(l)})
 }
 
-// parseLock fills l from the value of its Redis key.
-func parseLock(l *lockInfo, value string) {
-	fields := strings.SplitN(value, " ", 4)
-	if len(fields) < 3 || fields[0] == "" {
-		l.Unrecognized = value
-		return
+// view is l as the CLI prints it, from a store that is etcd or not.
+func view(l lockstore.LockInfo, etcd bool) lockInfo {
+	v := lockInfo{Key: l.Key, Owner: l.Owner, Fence: l.Fence, TTLMillis: -1, Own: l.Own, Reentries: l.Borrowed,
+		Host: l.Host, Pid: l.Pid, Trace: l.Trace, Metadata: l.Metadata, Contended: l.Contended, Waiters: l.Waiters,
+		Shadow: strings.HasPrefix(l.Key, shadowPrefix), Unrecognized: l.Unrecognized,
+		FenceCounterKey: l.FenceCounterKey, FenceCounter: l.FenceCounter,
+		Lease: l.Lease, CreateRevision: l.CreateRevision, ModRevision: l.ModRevision}
+	if l.TTL >= 0 {
+		v.TTLMillis = l.TTL.Milliseconds()
 	}
-	fence, err := strconv.ParseInt(fields[1], 10, 64)
-	holds := strings.Split(fields[2], ",")
-	if err != nil || fence < 0 || (holds[0] != "0" && holds[0] != "1") {
-		l.Unrecognized = value
-		return
-	}
-	l.Owner, l.Fence, l.Own, l.Reentries = fields[0], fence, holds[0] == "1", holds[1:]
-	rest := ""
-	if len(fields) == 4 {
-		rest = fields[3]
-	}
-	if rest == "~" || strings.HasSuffix(rest, " ~") {
-		l.Contended = true
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
-	}
-	parseMeta(l, rest)
-}
-
-// parseMeta fills the holder fields of l from the metadata a holder wrote: host=, pid= and
-// trace= (the first of each), the rest as Metadata.
-func parseMeta(l *lockInfo, rest string) {
-	var other []string
-	for _, f := range strings.Fields(rest) {
-		k, v, _ := strings.Cut(f, "=")
-		switch {
-		case k == "host" && l.Host == "":
-			l.Host = v
-		case k == "pid" && l.Pid == "":
-			l.Pid = v
-		case k == "trace" && l.Trace == "":
-			l.Trace = v
-		default:
-			other = append(other, f)
-		}
-	}
-	l.Metadata = strings.Join(other, " ")
-}
-
-// globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// scanKeys returns the lock keys (without the prefix) that match pattern, sorted, on every
-// master of a cluster. The locks of shadow rules are left out unless withShadow.
-func (c *client) scanKeys(ctx context.Context, pattern string, withShadow bool) ([]string, error) {
-	match := globEscape(c.target.prefix) + pattern
-	var (
-		mu   sync.Mutex
-		keys []string
-	)
-	scan := func(ctx context.Context, node redis.Cmdable) error {
-		iter := node.Scan(ctx, 0, match, 1000).Iterator()
-		for iter.Next(ctx) {
-			k := strings.TrimPrefix(iter.Val(), c.target.prefix)
-			if strings.HasPrefix(iter.Val(), lockstore.FenceKeyPrefix) || strings.HasPrefix(k, replayPrefix) ||
-				!withShadow && strings.HasPrefix(k, shadowPrefix) {
-				continue
-			}
-			mu.Lock()
-			keys = append(keys, k)
-			mu.Unlock()
-		}
-		return iter.Err()
-	}
-	var err error
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+	if etcd {
+		v.Store, v.EtcdKey = storeEtcd, l.StoreKey
 	} else {
-		err = scan(ctx, c.rdb)
+		v.RedisKey = l.StoreKey
 	}
-	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", match, err)
-	}
-	slices.Sort(keys)
-	return slices.Compact(keys), nil
+	return v
 }
 
-// inspect reads the locks of keys: value, TTL and waiters. Keys released since the scan are
-// left out.
-func (c *client) inspect(ctx context.Context, keys []string) ([]lockInfo, error) {
-	if len(keys) == 0 {
-		return nil, nil
+// views is view of each of locks.
+func views(locks []lockstore.LockInfo, etcd bool) []lockInfo {
+	vs := make([]lockInfo, len(locks))
+	for i, l := range locks {
+		vs[i] = view(l, etcd)
 	}
-	type reads struct {
-		get  *redis.StringCmd
-		pttl *redis.DurationCmd
-	}
-	rs := make([]reads, len(keys))
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			rs[i] = reads{p.Get(ctx, c.redisKey(k)), p.PTTL(ctx, c.redisKey(k))}
-		}
-		return nil
-	})
-	// Pipelined reports the first command's error. A reply error of one key (nil for a key
-	// released since the scan, WRONGTYPE for a key under the prefix that is not a lock) is
-	// that key's business, handled below; only a failure to talk to Redis fails the listing
-	// (review 4: one hash under the prefix made ls fail whenever its read came first).
-	var replyErr redis.Error
-	if err != nil && !errors.As(err, &replyErr) {
-		return nil, fmt.Errorf("read locks: %w", err)
-	}
-	locks := make([]lockInfo, 0, len(keys))
-	channels := make([]string, 0, len(keys))
-	for i, k := range keys {
-		v, err := rs[i].get.Result()
-		if errors.Is(err, redis.Nil) {
-			continue // released since the scan
-		}
-		if err != nil {
-			// WRONGTYPE: a key under the prefix that is not a string, so not a lock.
-			locks = append(locks, lockInfo{Key: k, RedisKey: c.redisKey(k), Unrecognized: "(" + err.Error() + ")"})
-			continue
-		}
-		l := lockInfo{Key: k, RedisKey: c.redisKey(k), TTLMillis: -1, Shadow: strings.HasPrefix(k, shadowPrefix)}
-		if d, err := rs[i].pttl.Result(); err == nil && d >= 0 {
-			l.TTLMillis = d.Milliseconds()
-		}
-		parseLock(&l, v)
-		locks = append(locks, l)
-		channels = append(channels, c.channel(k))
-	}
-	subs, err := c.numSub(ctx, channels)
-	if err != nil {
-		return nil, err
-	}
-	for i := range locks {
-		locks[i].Waiters = subs[c.channel(locks[i].Key)]
-	}
-	return locks, nil
-}
-
-// numSub counts the subscribers of each channel: the processes waiting for the release of a
-// lock. On a cluster, where a SUBSCRIBE lands on one node, the counts of every node are added.
-func (c *client) numSub(ctx context.Context, channels []string) (map[string]int64, error) {
-	total := make(map[string]int64, len(channels))
-	if len(channels) == 0 {
-		return total, nil
-	}
-	var mu sync.Mutex
-	count := func(ctx context.Context, node redis.Cmdable) error {
-		for chunk := range slices.Chunk(channels, 500) {
-			m, err := node.PubSubNumSub(ctx, chunk...).Result()
-			if err != nil {
-				return fmt.Errorf("count waiters: %w", err)
-			}
-			mu.Lock()
-			for ch, n := range m {
-				total[ch] += n
-			}
-			mu.Unlock()
-		}
-		return nil
-	}
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
-		return total, cc.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error { return count(ctx, node) })
-	}
-	return total, count(ctx, c.rdb)
-}
-
-// lookup reads one lock in full, with the fence counter of its hash slot; errNotHeld when its key
-// does not exist.
-func (c *client) lookup(ctx context.Context, key string) (lockInfo, error) {
-	locks, err := c.inspect(ctx, []string{key})
-	if err != nil {
-		return lockInfo{}, err
-	}
-	if len(locks) == 0 {
-		return lockInfo{}, fmt.Errorf("%s (Redis key %q): %w", quoteIfOdd(key), c.redisKey(key), errNotHeld)
-	}
-	l := locks[0]
-	l.FenceCounterKey = lockstore.FenceKey(l.RedisKey)
-	if n, err := c.rdb.Get(ctx, l.FenceCounterKey).Int64(); err == nil {
-		l.FenceCounter = &n
-	}
-	return l, nil
+	return vs
 }

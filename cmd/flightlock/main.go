@@ -12,7 +12,7 @@
 // -o json prints JSON for scripts. In etcd the owner token of a lock is never printed: a
 // propagated owner token lets its bearer re-enter the lock.
 //
-// flightlock check catches lock mistakes before they ship (issue 15), without Redis: it reads
+// flightlock check catches lock mistakes before they ship, without Redis: it reads
 // the Lock sections of a config file as go-zero and middleware.New read them, and checks the
 // rules against the service's own API definition, read with goctl's parser (.api) and a
 // protobuf parser (.proto):

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // printer writes tables for people or JSON for scripts.
@@ -200,17 +203,15 @@ func lockDetail(w io.Writer, l lockInfo) error {
 }
 
 // cmdList is "ls [pattern]".
-func cmdList(ctx context.Context, c backend, out *printer, o options, pattern string) error {
+func cmdList(ctx context.Context, c *backend, out *printer, o options, pattern string) error {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	locks, more, err := c.list(ctx, pattern, o.shadow, o.limit)
+	found, more, err := c.List(ctx, pattern, lockstore.ListOptions{Limit: o.limit, Skip: skipKeys(o.shadow)})
 	if err != nil {
 		return err
 	}
+	locks := views(found, c.etcd())
 	if out.json {
-		if locks == nil {
-			locks = []lockInfo{}
-		}
 		return out.encode(locks)
 	}
 	if len(locks) == 0 {
@@ -227,10 +228,10 @@ func cmdList(ctx context.Context, c backend, out *printer, o options, pattern st
 }
 
 // cmdShow is "show KEY".
-func cmdShow(ctx context.Context, c backend, out *printer, o options, key string) error {
+func cmdShow(ctx context.Context, c *backend, out *printer, o options, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	l, err := c.lookup(ctx, key)
+	l, err := lookupLock(ctx, c, key)
 	if err != nil {
 		return err
 	}
@@ -238,4 +239,28 @@ func cmdShow(ctx context.Context, c backend, out *printer, o options, key string
 		return out.encode(l)
 	}
 	return lockDetail(out.w, l)
+}
+
+// lookupLock reads one lock in full; errNotHeld when no one holds it.
+func lookupLock(ctx context.Context, c *backend, key string) (lockInfo, error) {
+	l, err := c.Lookup(ctx, key)
+	if errors.Is(err, lockstore.ErrNotHeld) {
+		return lockInfo{}, notHeld(c, key)
+	}
+	if err != nil {
+		return lockInfo{}, err
+	}
+	return view(l, c.etcd()), nil
+}
+
+// errNotHeld is the answer of show and unlock for a key that no one holds.
+var errNotHeld = errors.New("not held")
+
+// notHeld is errNotHeld for key, with its key in the store.
+func notHeld(c *backend, key string) error {
+	where := "Redis key"
+	if c.etcd() {
+		where = "etcd key"
+	}
+	return fmt.Errorf("%s (%s %q): %w", quoteIfOdd(key), where, c.keyPrefix()+key, errNotHeld)
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
 	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
 
@@ -294,15 +292,8 @@ func topLevelRedisHint(file string) string {
 	return " If it locks on a Redis set in code, pass -addr."
 }
 
-// client is a connection to the target's Redis.
-type client struct {
-	rdb     redis.UniversalClient
-	target  target
-	timeout time.Duration
-}
-
 // connect opens the target's store.
-func connect(ctx context.Context, t target, timeout time.Duration) (backend, error) {
+func connect(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
 	if t.store == storeEtcd {
 		return connectEtcd(ctx, t, timeout)
 	}
@@ -310,8 +301,9 @@ func connect(ctx context.Context, t target, timeout time.Duration) (backend, err
 }
 
 // connectRedis builds the client that the service's own store would build (RedisConf.Client),
-// and pings it, so that a wrong address fails here with the address in the message.
-func connectRedis(ctx context.Context, t target, timeout time.Duration) (*client, error) {
+// and pings it, so that a wrong address fails here with the address in the message. The locks
+// are read through lockstore's inspector.
+func connectRedis(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
 	rc := t.redis
 	rc.NonBlock = true // pinged below, within -timeout and ctx
 	rdb, err := rc.Client()
@@ -324,17 +316,5 @@ func connectRedis(ctx context.Context, t target, timeout time.Duration) (*client
 		_ = rdb.Close()
 		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.where(), t.from, err)
 	}
-	return &client{rdb: rdb, target: t, timeout: timeout}, nil
+	return &backend{Inspector: lockstore.NewInspector(rdb, t.prefix), target: t, close: func() { _ = rdb.Close() }}, nil
 }
-
-func (c *client) close() { _ = c.rdb.Close() }
-
-// redisKey is the Redis key of lock key k.
-func (c *client) redisKey(k string) string { return c.target.prefix + k }
-
-// channel is the release notification channel of lock key k (lockstore's default prefix, which
-// the go-zero layer uses).
-func (c *client) channel(k string) string { return lockstore.DefaultChannelPrefix + c.redisKey(k) }
-
-// errNotHeld is the answer of show and unlock for a key that no one holds.
-var errNotHeld = errors.New("not held")

@@ -117,27 +117,6 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-// TestParseLock reads the values lockstore writes, and refuses what it does not write.
-func TestParseLock(t *testing.T) {
-	var l lockInfo
-	parseLock(&l, "0123abcd 1764000000000001 1,r1,r2 host=h pid=42 trace=t1 extra ~")
-	if l.Owner != "0123abcd" || l.Fence != 1764000000000001 || !l.Own || strings.Join(l.Reentries, ",") != "r1,r2" ||
-		l.Host != "h" || l.Pid != "42" || l.Trace != "t1" || l.Metadata != "extra" || !l.Contended || l.Unrecognized != "" {
-		t.Errorf("parsed %+v", l)
-	}
-	l = lockInfo{}
-	parseLock(&l, "o 7 0 ~")
-	if l.Own || !l.Contended || l.Fence != 7 || l.Metadata != "" {
-		t.Errorf("parsed %+v", l)
-	}
-	for _, v := range []string{"", "just-a-value", "o notanumber 1", "o 5 7", " 5 1"} {
-		l = lockInfo{}
-		if parseLock(&l, v); l.Unrecognized != v {
-			t.Errorf("%q read as a lock: %+v", v, l)
-		}
-	}
-}
-
 // TestOddKeysAreQuoted: keys come from requests; in a table they are quoted when they hold
 // control characters (a terminal escape must not repaint the screen) or spaces.
 func TestOddKeysAreQuoted(t *testing.T) {

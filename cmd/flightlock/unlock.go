@@ -3,30 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/flightlock/flightlock/lockstore"
 )
-
-// forceRelease deletes a lock only while it is still the grant the operator saw (same owner,
-// same fence), and wakes the waiters of other processes. Comparing the grant, not just the key,
-// means a lock that changed hands between "show" and the confirmation is never removed: the
-// operator agreed to remove one holder, not whoever holds the key now.
-//
-// KEYS[1] lock key; ARGV[1] "<owner> <fence> ", the start of the value of that grant;
-// ARGV[2] its release notification channel.
-// Replies {1, woken waiters} when deleted, {0, current value or ""} when not.
-var forceRelease = redis.NewScript(`
-local current = redis.call('GET', KEYS[1])
-if not current or string.sub(current, 1, #ARGV[1]) ~= ARGV[1] then
-  return {0, current or ''}
-end
-redis.call('DEL', KEYS[1])
-return {1, redis.call('PUBLISH', ARGV[2], '1')}
-`)
 
 // unlockResult is what "unlock -o json" prints.
 type unlockResult struct {
@@ -39,13 +23,20 @@ type unlockResult struct {
 }
 
 // cmdUnlock is "unlock KEY": show the lock, ask, remove exactly that grant, print what went.
-func cmdUnlock(ctx context.Context, c backend, out *printer, o options, key string, stdin io.Reader, stderr io.Writer) error {
+// The store removes the grant only while it is the one shown (same owner and fence in Redis,
+// same revision in etcd): a lock that changed hands between "show" and the confirmation is
+// never removed, as the operator agreed to remove one holder, not whoever holds the key now.
+func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key string, stdin io.Reader, stderr io.Writer) error {
 	rctx, cancel := context.WithTimeout(ctx, o.timeout)
-	l, err := c.lookup(rctx, key)
+	found, err := c.Lookup(rctx, key)
 	cancel()
+	if errors.Is(err, lockstore.ErrNotHeld) {
+		err = notHeld(c, key)
+	}
 	if err != nil {
 		return fmt.Errorf("%w; nothing removed", err)
 	}
+	l := view(found, c.etcd())
 	if l.Unrecognized != "" {
 		return fmt.Errorf("%s is not a flightlock lock (value %s); nothing removed", quoteIfOdd(storeKey(l)), quoteIfOdd(l.Unrecognized))
 	}
@@ -63,17 +54,27 @@ func cmdUnlock(ctx context.Context, c backend, out *printer, o options, key stri
 
 	rctx, cancel = context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	res, err := c.forceUnlock(rctx, l)
-	if err != nil {
-		return err
+	notified, err := c.ForceUnlock(rctx, found)
+	if changed, ok := errors.AsType[*lockstore.ChangedError](err); ok {
+		return fmt.Errorf("%s changed after it was read (%s); nothing removed", quoteIfOdd(storeKey(l)), whatChanged(l, changed.Now))
 	}
-	res.Removed = l
+	if err != nil {
+		return fmt.Errorf("unlock %s: %w", quoteIfOdd(storeKey(l)), err)
+	}
+	res := unlockResult{Removed: l}
+	if c.etcd() {
+		marked := notified > 0
+		res.WaiterMark = &marked
+	} else {
+		woken := int64(notified)
+		res.Woken = &woken
+	}
 	if out.json {
 		return out.encode(res)
 	}
-	if l.Store == storeEtcd {
+	if c.etcd() {
 		mark := "no waiter mark: no request was refused it"
-		if res.WaiterMark != nil && *res.WaiterMark {
+		if *res.WaiterMark {
 			mark = "deleted its waiter mark: the processes waiting for it watch its deletion and wake now"
 		}
 		_, err = fmt.Fprintf(out.w, "removed %s: fence %d holds %s ttl %s %s; %s\n",
@@ -85,33 +86,24 @@ func cmdUnlock(ctx context.Context, c backend, out *printer, o options, key stri
 	return err
 }
 
+// whatChanged says what the key holds now instead of the grant l: nothing (now nil), the same
+// grant with other holds (etcd), or another grant.
+func whatChanged(l lockInfo, now *lockstore.LockInfo) string {
+	switch {
+	case now == nil:
+		return "released since"
+	case l.Store != storeEtcd:
+		return "now held by " + short(now.Owner) + " fence " + strconv.FormatInt(now.Fence, 10)
+	case now.CreateRevision == l.CreateRevision:
+		return "the same grant, its holds changed"
+	}
+	return "now held by a new grant at revision " + strconv.FormatInt(now.CreateRevision, 10)
+}
+
 // storeKey is the key of l in its store.
 func storeKey(l lockInfo) string {
 	if l.Store == storeEtcd {
 		return l.EtcdKey
 	}
 	return l.RedisKey
-}
-
-// forceUnlock runs forceRelease on the grant l (its owner and fence).
-func (c *client) forceUnlock(ctx context.Context, l lockInfo) (unlockResult, error) {
-	reply, err := forceRelease.Run(ctx, c.rdb, []string{l.RedisKey},
-		l.Owner+" "+strconv.FormatInt(l.Fence, 10)+" ", c.channel(l.Key)).Slice()
-	if err != nil {
-		return unlockResult{}, fmt.Errorf("unlock %s: %w", quoteIfOdd(l.RedisKey), err)
-	}
-	if len(reply) != 2 {
-		return unlockResult{}, fmt.Errorf("unlock %s: unexpected reply %v", quoteIfOdd(l.RedisKey), reply)
-	}
-	if done, _ := reply[0].(int64); done != 1 {
-		now := "released since"
-		if v, _ := reply[1].(string); v != "" {
-			var cur lockInfo
-			parseLock(&cur, v)
-			now = "now held by " + short(cur.Owner) + " fence " + strconv.FormatInt(cur.Fence, 10)
-		}
-		return unlockResult{}, fmt.Errorf("%s changed after it was read (%s); nothing removed", quoteIfOdd(l.RedisKey), now)
-	}
-	woken, _ := reply[1].(int64)
-	return unlockResult{Woken: &woken}, nil
 }
