@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/flightlock/flightlock/internal/pattern"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // CheckRoutes reports the first rule with a Path that names no route in routes, naming the
@@ -53,30 +54,30 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		switch {
 		case rl == nil:
 			continue
-		case rl.route.text == "" && rl.method == "": // a named rule for a whole group
+		case rl.Route.Text == "" && rl.Method == "": // a named rule for a whole group
 			continue
-		case rl.route.text == "": // Route or a named rule with a Method only
-			if !slices.ContainsFunc(clean, func(rt rest.Route) bool { return rt.Method == rl.method }) {
-				return fieldError(ruleLabel(cr.spec), "%s matches no route of the server", rl.method)
+		case rl.Route.Text == "": // Route or a named rule with a Method only
+			if !slices.ContainsFunc(clean, func(rt rest.Route) bool { return rt.Method == rl.Method }) {
+				return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", rl.Method)
 			}
 			continue
 		}
 		if slices.ContainsFunc(clean, func(rt rest.Route) bool {
-			return rt.Path == rl.route.text && (rl.method == "" || rt.Method == rl.method)
+			return rt.Path == rl.Route.Text && (rl.Method == "" || rt.Method == rl.Method)
 		}) {
 			continue
 		}
-		what := strings.TrimPrefix(rl.method+" "+rl.route.text, " ")
+		what := strings.TrimPrefix(rl.Method+" "+rl.Route.Text, " ")
 		if near, ok := nearRoute(rl, clean); ok {
-			return fieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
+			return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
 		}
-		return fieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
+		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
 	for _, cr := range m.routed.list() {
 		if m.routed.routeWraps(cr) == 0 {
 			// Built, but on no handler: the goctl ServiceContext field is set while the .api
 			// file's @server block does not list the middleware. It would lock nothing.
-			return fieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
+			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
 	}
 	return nil
@@ -95,15 +96,15 @@ func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 // checkNamed reports a named rule whose middleware is not on any route: Named never built it
 // (the ServiceContext field is not set with Named), or built it but no route was added with
 // it (the .api file's @server block lacks the middleware). Either way the rule locks nothing.
-func (m *Middleware) checkNamed(s spec) error {
+func (m *Middleware) checkNamed(s rules.Spec) error {
 	if s.Name == "" {
 		return nil
 	}
 	switch built, handlers := m.routed.wired(s.Name); {
 	case !built:
-		return fieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
+		return rules.FieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
 	case handlers == 0:
-		return fieldError(ruleLabel(s), "locks nothing: the middleware of Named(%q) is on no route; add the routes with it (@server(middleware: %s), rest.WithMiddlewares) before CheckRoutes", s.Name, s.Name)
+		return rules.FieldError(ruleLabel(s), "locks nothing: the middleware of Named(%q) is on no route; add the routes with it (@server(middleware: %s), rest.WithMiddlewares) before CheckRoutes", s.Name, s.Name)
 	}
 	return nil
 }
@@ -112,14 +113,14 @@ func (m *Middleware) checkNamed(s spec) error {
 // pattern for another method, the same pattern with other variable names, or the pattern
 // behind a group prefix that the rule's Path lacks (goctl's @server(prefix: ...)).
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
-	shape := pattern.Shape(rl.route.text)
+	shape := pattern.Shape(rl.Route.Text)
 	for _, near := range []func(rest.Route) bool{
-		func(rt rest.Route) bool { return rt.Path == rl.route.text },
+		func(rt rest.Route) bool { return rt.Path == rl.Route.Text },
 		func(rt rest.Route) bool {
-			return pattern.Shape(rt.Path) == shape && (rl.method == "" || rt.Method == rl.method)
+			return pattern.Shape(rt.Path) == shape && (rl.Method == "" || rt.Method == rl.Method)
 		},
 		func(rt rest.Route) bool {
-			return strings.HasSuffix(pattern.Shape(rt.Path), shape) && (rl.method == "" || rt.Method == rl.method)
+			return strings.HasSuffix(pattern.Shape(rt.Path), shape) && (rl.Method == "" || rt.Method == rl.Method)
 		},
 	} {
 		if i := slices.IndexFunc(routes, near); i >= 0 {
@@ -153,14 +154,14 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 		for name, si := range info {
 			for _, mi := range si.Methods {
 				if near := "/" + name + "/" + mi.Name; strings.EqualFold(near, full) {
-					return fieldError(cr.spec.name, "%s matches no method of the server (did you mean %s?)", full, near)
+					return rules.FieldError(cr.spec.Field, "%s matches no method of the server (did you mean %s?)", full, near)
 				}
 			}
 		}
 		if _, ok := info[svc]; !ok {
-			return fieldError(cr.spec.name, "%s matches no method of the server: it has no service %s", full, svc)
+			return rules.FieldError(cr.spec.Field, "%s matches no method of the server: it has no service %s", full, svc)
 		}
-		return fieldError(cr.spec.name, "%s matches no method of the server", full)
+		return rules.FieldError(cr.spec.Field, "%s matches no method of the server", full)
 	}
 	return nil
 }
@@ -193,7 +194,7 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
 				break
 			}
 		}
-		return fieldError(first.spec.name, "%s is locked by no interceptor: the zrpc server was built without "+
+		return rules.FieldError(first.spec.Field, "%s is locked by no interceptor: the zrpc server was built without "+
 			"s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), so no RPC rule would lock anything", first.spec.RPC)
 	}
 	if err := m.CheckMethods(info); err != nil {
@@ -273,14 +274,14 @@ func (r *routedRules) list() []*compiledRule {
 // and share, not in shadow) with a Wait not below timeout, go-zero's server timeout (0: none).
 // Such a rule is not refused: the wait still ends a reserve before the request's deadline, so
 // the busy answer arrives, but it arrives when the caller has no time left to retry.
-func logWaitsPastTimeout(c LockConf, rules []*compiledRule, timeout time.Duration) {
+func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Duration) {
 	if timeout <= 0 {
 		return
 	}
-	for _, cr := range rules {
+	for _, cr := range compiled {
 		r := cr.spec.Rule
 		wait := cmp.Or(r.Wait, c.Wait)
-		if r.Shadow || r.OnBusy == onBusyReject || wait < timeout {
+		if r.Shadow || r.OnBusy == rules.OnBusyReject || wait < timeout {
 			continue
 		}
 		logx.Errorf("%s: Wait %s is not below the server's Timeout %s: a busy key holds the request "+

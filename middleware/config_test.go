@@ -196,7 +196,7 @@ func TestRetryStrategy(t *testing.T) {
 		{RetryConf{Min: 8 * time.Millisecond, Max: 100 * time.Millisecond, Attempts: 3}, 3, 0, 0, false},
 	}
 	for _, tt := range tests {
-		d, ok := tt.conf.strategy()(tt.attempt)
+		d, ok := tt.conf.Strategy()(tt.attempt)
 		if ok != tt.ok || (ok && (d < tt.min || d > tt.max)) {
 			t.Errorf("%+v attempt %d = %v, %v; want [%v, %v], %v", tt.conf, tt.attempt, d, ok, tt.min, tt.max, tt.ok)
 		}
@@ -272,7 +272,7 @@ Rules:
 	if err := conf.LoadFromYamlBytes([]byte(anyCase), &lc); err != nil {
 		t.Fatalf("load words in any case: %v", err)
 	}
-	n := lc.normalized()
+	n := lc.Normalized()
 	if n.OnStoreError != "open" || n.Redis.Type != "node" || n.Retry.Backoff != "linear" ||
 		n.Rules[0].Method != http.MethodPost || n.Rules[0].OnBusy != "wait" {
 		t.Errorf("normalized: %+v", n)
@@ -293,10 +293,10 @@ func TestRedisFailoverConf(t *testing.T) {
 	}
 	r := c.Lock.Redis
 	if r.Sentinel.MasterName != "main" || len(r.Sentinel.Addrs) != 2 || r.Sentinel.Pass != "s3cret" || r.Replicas != 1 ||
-		r.ReplicaTimeout != 100*time.Millisecond || r.embedded() {
+		r.ReplicaTimeout != 100*time.Millisecond || r.Embedded() {
 		t.Errorf("loaded %+v", r)
 	}
-	if got := len(r.storeOptions()); got != 1 {
+	if got := len(r.StoreOptions()); got != 1 {
 		t.Errorf("%d store options, want WithReplicas", got)
 	}
 	if err := c.Lock.Validate(); err != nil {

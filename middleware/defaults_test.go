@@ -20,6 +20,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/logx/logtest"
@@ -36,7 +37,7 @@ func TestDefaultsHaveOneSource(t *testing.T) {
 	if err := conf.LoadFromYamlBytes([]byte("Lock: {}\n"), &loaded); err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	fromYAML, fromGo := loaded.Lock.normalized(), LockConf{}.normalized() // what New builds from
+	fromYAML, fromGo := loaded.Lock.Normalized(), LockConf{}.Normalized() // what New builds from
 	if !reflect.DeepEqual(fromYAML, fromGo) {
 		t.Fatalf("defaults differ:\nloaded   %+v\nbuilt in Go %+v", fromYAML, fromGo)
 	}
@@ -48,14 +49,14 @@ func TestDefaultsHaveOneSource(t *testing.T) {
 		{"TTL", fromGo.TTL, flightlock.DefaultTTL},
 		{"MaxHold", fromGo.MaxHold, flightlock.DefaultMaxHold},
 		{"Wait", fromGo.Wait, flightlock.DefaultWait},
-		{"Retry.Backoff", fromGo.Retry.Backoff, backoffExponential}, // flightlock.DefaultRetry is ExponentialRetry
+		{"Retry.Backoff", fromGo.Retry.Backoff, rules.BackoffExponential}, // flightlock.DefaultRetry is ExponentialRetry
 		{"Retry.Min", fromGo.Retry.Min, flightlock.DefaultRetryMin},
 		{"Retry.Max", fromGo.Retry.Max, flightlock.DefaultRetryMax},
-		{"Retry.Attempts", fromGo.Retry.Attempts, 0},                 // the core's retry has no cap
-		{"OnStoreError", fromGo.OnStoreError, storeErrorsClosed},     // the core fails closed unless WithFailOpen
-		{"Redis.Type", fromGo.Redis.Type, zeroredis.NodeType},        // go-zero's
-		{"Redis.Protocol", fromGo.Redis.Protocol, 3},                 // go-zero's
-		{"Redis.PingTimeout", fromGo.Redis.PingTimeout, time.Second}, // go-zero's
+		{"Retry.Attempts", fromGo.Retry.Attempts, 0},                   // the core's retry has no cap
+		{"OnStoreError", fromGo.OnStoreError, rules.StoreErrorsClosed}, // the core fails closed unless WithFailOpen
+		{"Redis.Type", fromGo.Redis.Type, zeroredis.NodeType},          // go-zero's
+		{"Redis.Protocol", fromGo.Redis.Protocol, 3},                   // go-zero's
+		{"Redis.PingTimeout", fromGo.Redis.PingTimeout, time.Second},   // go-zero's
 	} {
 		if c.got != c.want {
 			t.Errorf("default %s = %v, want %v", c.name, c.got, c.want)
@@ -69,10 +70,10 @@ func TestDefaultsHaveOneSource(t *testing.T) {
 	if err := conf.LoadFromYamlBytes([]byte("Lock:\n  Rules:\n    - Path: /a/:x\n      Key: \"a:{x}\"\n"), &withRule); err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	loadedRule := withRule.Lock.normalized().Rules[0]
-	goRule := Rule{Path: "/a/:x", Key: "a:{x}"}.normalized()
-	if loadedRule.OnBusy != onBusyWait || goRule.OnBusy != onBusyWait {
-		t.Errorf("rule OnBusy defaults: loaded %q, built in Go %q; want %q", loadedRule.OnBusy, goRule.OnBusy, onBusyWait)
+	loadedRule := withRule.Lock.Normalized().Rules[0]
+	goRule := Rule{Path: "/a/:x", Key: "a:{x}"}.Normalized()
+	if loadedRule.OnBusy != rules.OnBusyWait || goRule.OnBusy != rules.OnBusyWait {
+		t.Errorf("rule OnBusy defaults: loaded %q, built in Go %q; want %q", loadedRule.OnBusy, goRule.OnBusy, rules.OnBusyWait)
 	}
 
 	// The Locker New builds gets them: a lock is "lock:" + key, with a 10s TTL, both ways.
@@ -92,66 +93,6 @@ func TestDefaultsHaveOneSource(t *testing.T) {
 		_ = lease.Release(context.Background())
 		_ = m.Close()
 	}
-}
-
-// Lock.Redis is go-zero's redis.RedisConf field for field, with the same defaults, and the
-// same YAML gives NewStore what go-zero's loader gives go-zero's own client. The only field
-// left out is DisableIdentity (the store never sends CLIENT SETINFO); the only ones added are
-// Lanes, Sentinel, Replicas and ReplicaTimeout. A field that a new go-zero adds fails this test
-// until it is mirrored.
-func TestRedisConfIsGoZeros(t *testing.T) {
-	zt, ot := reflect.TypeFor[zeroredis.RedisConf](), reflect.TypeFor[RedisConf]()
-	for i := range zt.NumField() {
-		zf := zt.Field(i)
-		if zf.Name == "DisableIdentity" {
-			continue
-		}
-		of, ok := ot.FieldByName(zf.Name)
-		switch {
-		case !ok:
-			t.Errorf("Lock.Redis has no %s, a field of go-zero's RedisConf", zf.Name)
-		case of.Type != zf.Type:
-			t.Errorf("Lock.Redis.%s is a %v, go-zero's a %v", zf.Name, of.Type, zf.Type)
-		case tagDefault(of) != tagDefault(zf):
-			t.Errorf("Lock.Redis.%s defaults to %q, go-zero's to %q", zf.Name, tagDefault(of), tagDefault(zf))
-		}
-	}
-	for i := range ot.NumField() {
-		// Lanes, and what go-zero's conf lacks for failover (issue 11), are flightlock's own.
-		if name := ot.Field(i).Name; name != "Lanes" && name != "Sentinel" && name != "Replicas" && name != "ReplicaTimeout" {
-			if _, ok := zt.FieldByName(name); !ok {
-				t.Errorf("Lock.Redis.%s is not a field of go-zero's RedisConf", name)
-			}
-		}
-	}
-
-	for _, yaml := range []string{
-		"Host: 127.0.0.1:6379\n",
-		"Host: a:1,b:2\nType: cluster\nUser: u\nPass: p\nTls: true\nNonBlock: false\nProtocol: 2\nMaintNotifications: auto\nPingTimeout: 250ms\n",
-	} {
-		var z zeroredis.RedisConf
-		var o RedisConf
-		if err := conf.LoadFromYamlBytes([]byte(yaml), &z); err != nil {
-			t.Fatalf("load %q as go-zero's: %v", yaml, err)
-		}
-		if err := conf.LoadFromYamlBytes([]byte(yaml), &o); err != nil {
-			t.Fatalf("load %q as Lock.Redis: %v", yaml, err)
-		}
-		z.DisableIdentity = true
-		if got := (LockConf{Redis: o}).normalized().Redis.zero(); got != z {
-			t.Errorf("%q:\nNewStore gets %+v\ngo-zero's     %+v", yaml, got, z)
-		}
-	}
-}
-
-// tagDefault returns the default= of a field's json tag, or "".
-func tagDefault(f reflect.StructField) string {
-	for opt := range strings.SplitSeq(f.Tag.Get("json"), ",") {
-		if v, ok := strings.CutPrefix(opt, "default="); ok {
-			return v
-		}
-	}
-	return ""
 }
 
 // NonBlock and PingTimeout mean what they mean in go-zero: NonBlock false pings Redis in New,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,7 +26,7 @@ func TestErrorMapping(t *testing.T) {
 		{"busy", flightlock.ErrBusy, http.StatusConflict, codes.Aborted},
 		{"busy when the wait ended", errors.Join(flightlock.ErrBusy, context.DeadlineExceeded), http.StatusConflict, codes.Aborted},
 		{"bad key", fmt.Errorf("%w: no value for {uid}", flightlock.ErrInvalidKey), http.StatusBadRequest, codes.InvalidArgument},
-		{"bad config", fieldError("Lock.TTL", "must not be negative"), http.StatusInternalServerError, codes.Internal},
+		{"bad config", rules.FieldError("Lock.TTL", "must not be negative"), http.StatusInternalServerError, codes.Internal},
 		{"store down", storeDown, http.StatusServiceUnavailable, codes.Unavailable},
 		{"client gone", context.Canceled, statusClientClosedRequest, codes.Canceled},
 		{"deadline", context.DeadlineExceeded, http.StatusServiceUnavailable, codes.DeadlineExceeded},

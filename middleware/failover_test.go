@@ -62,7 +62,7 @@ func (r *failoverRig) conf(t *testing.T, replicas int) LockConf {
 	if err := conf.LoadFromYamlBytes([]byte(yaml), &c); err != nil {
 		t.Fatalf("load %q: %v", yaml, err)
 	}
-	return c.Lock.normalized()
+	return c.Lock.Normalized()
 }
 
 // locker is a Locker of its own (its own client, as another process would have) on the rig,

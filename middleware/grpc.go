@@ -21,7 +21,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if rl == nil {
 			return handler(ctx, req)
 		}
-		keys, err := rl.rpcKeys(ctx, req)
+		keys, err := rl.RPCKeys(ctx, req)
 		if err != nil {
 			if m.badKey(ctx, rl, err) {
 				return handler(ctx, req)
@@ -55,7 +55,7 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			}
 			return handler(srv, ss)
 		}
-		if rl.fromMessage {
+		if rl.FromMessage {
 			ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl}
 			defer ls.release()
 			err := handler(srv, ls)
@@ -64,7 +64,7 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			}
 			return err
 		}
-		keys, err := rl.rpcKeys(ctx, nil)
+		keys, err := rl.RPCKeys(ctx, nil)
 		if err != nil {
 			if m.badKey(ctx, rl, err) {
 				return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
@@ -142,7 +142,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 }
 
 func (s *lockedStream) lockFirst(ctx context.Context, msg any) (held, error) {
-	keys, err := s.rl.rpcKeys(ctx, msg)
+	keys, err := s.rl.RPCKeys(ctx, msg)
 	if err != nil {
 		if s.m.badKey(ctx, s.rl, err) {
 			return held{ctx: ctx}, nil

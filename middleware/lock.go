@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
@@ -14,17 +15,17 @@ import (
 // ruleLocker derives the Locker of one rule from the base Locker of its store: same store and gate, the rule's mode, overrides
 // and observer. r is normalized, so OnBusy holds its tag's default when the rule left it out.
 // A shadow rule's Locker never waits and keeps its locks apart from the enforced ones (see
-// shadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
+// rules.ShadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
 func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStats) (*flightlock.Locker, error) {
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen),
 		flightlock.WithObserver(stats.observer(m.logs))}
-	if (r.OnBusy == onBusyWait || r.OnBusy == onBusyShare) && !r.Shadow {
+	if (r.OnBusy == rules.OnBusyWait || r.OnBusy == rules.OnBusyShare) && !r.Shadow {
 		opts[0] = flightlock.WithMode(flightlock.Wait)
 	}
 	if r.Shadow {
 		// After the base Locker's own prefix, which on etcd starts with Lock.Etcd.Key: shadow
 		// locks stay inside the section's key space (and inside what an etcd account may write).
-		opts = append(opts, flightlock.WithPrefix(base.Prefix()+shadowPrefix), flightlock.WithFailOpen(false))
+		opts = append(opts, flightlock.WithPrefix(base.Prefix()+rules.ShadowPrefix), flightlock.WithFailOpen(false))
 	}
 	if r.TTL > 0 {
 		opts = append(opts, flightlock.WithTTL(r.TTL))

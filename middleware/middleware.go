@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/service"
 )
@@ -51,30 +52,30 @@ type Middleware struct {
 // and refused in go-zero's pre and pro modes (WithServiceMode). With Redis.NonBlock false, New
 // fails when Redis does not answer a ping within Redis.PingTimeout.
 func New(c LockConf, opts ...Option) (*Middleware, error) {
-	c = c.normalized() // the tags' defaults in zero fields; values in any case: "Wait", "post"
+	c = c.Normalized() // the tags' defaults in zero fields; values in any case: "Wait", "post"
 	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
 	o.mode = strings.ToLower(o.mode)
-	if err := oneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
+	if err := rules.OneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
 		service.PreMode, service.ProMode); err != nil {
 		return nil, err
 	}
 	if o.serverTimeout < 0 {
-		return nil, fieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
+		return nil, rules.FieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
 	}
-	rules, err := compileRules(c, o.rules)
+	compiled, err := compileRules(c, o.rules)
 	if err != nil {
 		return nil, err
 	}
-	logWaitsPastTimeout(c, rules, time.Duration(o.serverTimeout)*time.Millisecond)
+	logWaitsPastTimeout(c, compiled, time.Duration(o.serverTimeout)*time.Millisecond)
 	logTrustWithoutSecret(c)
 	m := &Middleware{
-		failOpen:  c.OnStoreError == storeErrorsOpen,
+		failOpen:  c.OnStoreError == rules.StoreErrorsOpen,
 		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
 		rpc:       make(map[string]*rule),
-		rules:     rules,
+		rules:     compiled,
 		prefix:    c.Prefix,
 		traceKeys: c.TraceKeys,
 		logs:      newLogSummary(),
@@ -84,7 +85,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		m.owners.secret = []byte(c.OwnerSecret)
 	}
 	m.conf = c
-	if err := m.buildStores(c, rules, o); err != nil {
+	if err := m.buildStores(c, compiled, o); err != nil {
 		_ = m.Close()
 		return nil, err
 	}
@@ -96,20 +97,20 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		etcdPrefix = ""
 	}
 	m.replays = newReplayStores(m.bases, etcdPrefix)
-	for _, cr := range rules {
+	for _, cr := range compiled {
 		store, base, err := m.baseFor(cr.spec)
 		if err != nil {
 			_ = m.Close()
 			return nil, err
 		}
-		if refused, ok := m.replays[store].(refusedReplays); ok && cr.spec.OnBusy == onBusyShare {
+		if refused, ok := m.replays[store].(refusedReplays); ok && cr.spec.OnBusy == rules.OnBusyShare {
 			_ = m.Close()
-			return nil, fieldError(cr.spec.name+".OnBusy", "%v", refused.err)
+			return nil, rules.FieldError(cr.spec.Field+".OnBusy", "%v", refused.err)
 		}
 		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {
 			_ = m.Close()
-			return nil, fieldError(cr.spec.name, "%v", err)
+			return nil, rules.FieldError(cr.spec.Field, "%v", err)
 		}
 		if cr.http != nil {
 			cr.http.locker = l
@@ -169,12 +170,12 @@ func (m *Middleware) Close() error {
 // buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names no
 // etcd), or those of the stores that c names and its rules lock in, built here except the one
 // of the kind of a store given with WithStore.
-func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) error {
+func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options) error {
 	m.bases = make(map[string]*flightlock.Locker)
 	switch {
 	case o.locker != nil:
 		m.locker, m.injected = o.locker, true
-	case o.store != nil && !c.Etcd.named():
+	case o.store != nil && !c.Etcd.Named():
 		l, err := lockerOn(o.store, c)
 		if err != nil {
 			return err
@@ -182,7 +183,7 @@ func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) e
 		m.locker, m.injected = l, true
 	case o.store != nil: // it takes the place of the store of its kind; the other is built
 		lc := c
-		if storeName(o.store) == storeEtcd {
+		if storeName(o.store) == rules.StoreEtcd {
 			lc.Prefix = c.Etcd.Key + c.Prefix
 		}
 		l, err := lockerOn(o.store, lc)
@@ -195,40 +196,40 @@ func (m *Middleware) buildStores(c LockConf, rules []*compiledRule, o options) e
 		m.bases[storeName(m.locker.Store())] = m.locker
 		return nil
 	}
-	primary, _ := c.defaultStore()
-	redisUsed := primary == storeRedis
-	for _, cr := range rules {
-		redisUsed = redisUsed || cr.spec.Store == storeRedis
+	primary, _ := c.DefaultStore()
+	redisUsed := primary == rules.StoreRedis
+	for _, cr := range compiled {
+		redisUsed = redisUsed || cr.spec.Store == rules.StoreRedis
 	}
-	if c.Etcd.named() && m.bases[storeEtcd] == nil {
+	if c.Etcd.Named() && m.bases[rules.StoreEtcd] == nil {
 		l, closeStore, err := newEtcdLocker(c)
 		if err != nil {
 			return err
 		}
-		m.bases[storeEtcd], m.closers = l, append(m.closers, closeStore)
+		m.bases[rules.StoreEtcd], m.closers = l, append(m.closers, closeStore)
 	}
-	if (redisUsed || !c.Redis.embedded()) && m.bases[storeRedis] == nil {
+	if (redisUsed || !c.Redis.Embedded()) && m.bases[rules.StoreRedis] == nil {
 		l, closeStore, err := newRedisLocker(c, o.mode)
 		if err != nil {
 			return err
 		}
-		m.bases[storeRedis], m.closers = l, append(m.closers, closeStore)
+		m.bases[rules.StoreRedis], m.closers = l, append(m.closers, closeStore)
 	}
 	m.locker = m.bases[primary]
 	return nil
 }
 
 // baseFor returns the store that rule s locks in and its base Locker.
-func (m *Middleware) baseFor(s spec) (string, *flightlock.Locker, error) {
+func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
 	if m.injected {
 		return storeName(m.locker.Store()), m.locker, nil
 	}
-	store, err := m.conf.storeOf(s)
+	store, err := m.conf.StoreOf(s)
 	if err != nil {
 		return "", nil, err
 	}
 	if l := m.bases[store]; l != nil {
 		return store, l, nil
 	}
-	return "", nil, fieldError(s.name+".Store", "is %s, but the Lock section names no %s store", store, store)
+	return "", nil, rules.FieldError(s.Field+".Store", "is %s, but the Lock section names no %s store", store, store)
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/rest"
 )
 
@@ -41,28 +42,28 @@ func (m *Middleware) MustNamed(name string) rest.Middleware {
 // (goctl middleware names are Go identifiers, matched exactly).
 func (m *Middleware) unknownName(name string) error {
 	if name == "" {
-		return fieldError("Named", "the name is empty")
+		return rules.FieldError("Named", "the name is empty")
 	}
 	var names []string
 	for _, cr := range m.rules {
 		if n := cr.spec.Name; n != "" {
 			if strings.EqualFold(n, name) {
-				return fieldError("Lock.Rules", "has no rule named %s (did you mean %s?)", name, n)
+				return rules.FieldError("Lock.Rules", "has no rule named %s (did you mean %s?)", name, n)
 			}
 			names = append(names, n)
 		}
 	}
 	if len(names) == 0 {
-		return fieldError("Lock.Rules", "has no rule named %s: no rule has a Name", name)
+		return rules.FieldError("Lock.Rules", "has no rule named %s: no rule has a Name", name)
 	}
-	return fieldError("Lock.Rules", "has no rule named %s; the named rules are %s", name, strings.Join(names, ", "))
+	return rules.FieldError("Lock.Rules", "has no rule named %s; the named rules are %s", name, strings.Join(names, ", "))
 }
 
 // ruleLabel names a rule in CheckRoutes' errors: its place in the config, and its Name when
 // it has one ("Lock.Rules[0] (StockLock)").
-func ruleLabel(s spec) string {
+func ruleLabel(s rules.Spec) string {
 	if s.Name == "" {
-		return s.name
+		return s.Field
 	}
-	return fmt.Sprintf("%s (%s)", s.name, s.Name)
+	return fmt.Sprintf("%s (%s)", s.Field, s.Name)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logc"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/metric"
@@ -225,8 +226,8 @@ func grantOf(st *ruleStats, g *flightlock.Group) string {
 		return "none"
 	}
 	grant := g.Leases()[0].Grant()
-	if grant == flightlock.GrantRedis && st.store == storeEtcd {
-		return storeEtcd
+	if grant == flightlock.GrantRedis && st.store == rules.StoreEtcd {
+		return rules.StoreEtcd
 	}
 	return grant.String()
 }
@@ -307,8 +308,8 @@ func (s *logSummary) flush(k summaryKey, rs *ruleStats) {
 func metricsOn() bool { return prometheus.Enabled() }
 
 // cmpTemplate is the template label of a spec: its key, or "func" for a key computed in Go.
-func cmpTemplate(s spec) string {
-	if s.httpKey != nil || s.rpcKey != nil {
+func cmpTemplate(s rules.Spec) string {
+	if s.HTTPKey != nil || s.RPCKey != nil {
 		return "func"
 	}
 	return cmp.Or(s.Key, "func")

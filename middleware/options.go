@@ -5,6 +5,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // Option configures a Middleware.
@@ -13,7 +14,7 @@ type Option func(*options)
 type options struct {
 	locker *flightlock.Locker
 	store  lockstore.Store // WithStore: build the Locker from the LockConf on this store
-	rules  []spec          // rules built in Go
+	rules  []rules.Spec    // rules built in Go
 	mode   string          // WithServiceMode: go-zero's service mode; "" when not given
 	// serverTimeout is WithServerTimeout's: go-zero's server Timeout in ms; 0 when not given.
 	serverTimeout int64
@@ -63,19 +64,19 @@ func WithLocker(l *flightlock.Locker) Option {
 // WithHTTPRule adds a REST rule built in Go: r names the route (Method and Path) and its
 // OnBusy, TTL, Wait and Store; key computes the key instead of r.Key.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
-	r = r.normalized()
+	r = r.Normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
-			name: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), httpKey: key})
+		o.rules = append(o.rules, rules.Spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
+			Field: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), HTTPKey: key})
 	}
 }
 
 // WithRPCRule adds a zrpc rule built in Go: r names the method (RPC) and its OnBusy, TTL
 // Wait and Store; key computes the key instead of r.Key.
 func WithRPCRule(r Rule, key RPCKeyFunc) Option {
-	r = r.normalized()
+	r = r.Normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
-			name: fmt.Sprintf("WithRPCRule(%s)", r.RPC), rpcKey: key})
+		o.rules = append(o.rules, rules.Spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
+			Field: fmt.Sprintf("WithRPCRule(%s)", r.RPC), RPCKey: key})
 	}
 }

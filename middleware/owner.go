@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -44,19 +43,6 @@ func (p *ownerPolicy) propagates(method string) bool {
 		}
 	}
 	return false
-}
-
-// checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".
-func checkPropagateTo(to []string) error {
-	for i, t := range to {
-		if svc, ok := strings.CutSuffix(t, "/"); ok && strings.Count(svc, "/") == 1 && strings.HasPrefix(svc, "/") && len(svc) > 1 {
-			continue
-		}
-		if err := checkFullMethod(t); err != nil {
-			return fieldError(fmt.Sprintf("Lock.PropagateTo[%d]", i), "%q is neither /package.Service/ nor /package.Service/Method", t)
-		}
-	}
-	return nil
 }
 
 // withOwners returns the context of a call to method: when the policy sends owners there, the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // fields returns the Field of each problem, failing the test on one that is not a *ConfigError
@@ -80,11 +81,11 @@ func TestProblemsOfAGoodConfig(t *testing.T) {
 }
 
 func TestTemplateRefs(t *testing.T) {
-	refs, err := TemplateRefs("order:{body.uid}+idem:{uid}:{header.Idempotency-Key}")
+	refs, err := rules.TemplateRefs("order:{body.uid}+idem:{uid}:{header.Idempotency-Key}")
 	if want := []string{"body.uid", "uid", "header.Idempotency-Key"}; err != nil || !slices.Equal(refs, want) {
 		t.Fatalf("TemplateRefs = %q, %v; want %q", refs, err, want)
 	}
-	if _, err := TemplateRefs("order:{uid"); err == nil {
+	if _, err := rules.TemplateRefs("order:{uid"); err == nil {
 		t.Fatal("TemplateRefs of an unclosed brace: no error")
 	}
 }

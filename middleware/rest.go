@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/rest"
 )
 
@@ -40,7 +41,7 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 // group. rule.RPC and rule.Name are ignored: Named gives the middleware of a rule of the
 // LockConf. CheckRoutes also checks the rules given to Route.
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
-	return m.route(spec{Rule: rule, name: "Rule"})
+	return m.route(rules.Spec{Rule: rule, Field: "Rule"})
 }
 
 // MustRoute is Route for start-up code such as goctl's NewServiceContext, which returns no
@@ -54,43 +55,44 @@ func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 // RouteFunc is Route with a key computed in Go by key instead of rule.Key.
 func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) {
 	if key == nil {
-		return nil, fieldError("RouteFunc", "nil key function")
+		return nil, rules.FieldError("RouteFunc", "nil key function")
 	}
-	return m.route(spec{Rule: rule, name: "Rule", httpKey: key})
+	return m.route(rules.Spec{Rule: rule, Field: "Rule", HTTPKey: key})
 }
 
-func (m *Middleware) route(s spec) (rest.Middleware, error) {
-	if s.Key == "" && s.httpKey == nil {
-		return nil, fieldError(s.name+".Key", "is empty")
+func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
+	if s.Key == "" && s.HTTPKey == nil {
+		return nil, rules.FieldError(s.Field+".Key", "is empty")
 	}
-	s.Rule = s.Rule.normalized()
-	if err := oneOf(s.name+".Method", s.Method, httpMethods...); err != nil {
+	s.Rule = s.Rule.Normalized()
+	if err := rules.OneOf(s.Field+".Method", s.Method, rules.HTTPMethods...); err != nil {
 		return nil, err
 	}
-	if err := checkLockSettings(s.name, s.Rule); err != nil {
+	if err := rules.CheckLockSettings(s.Field, s.Rule); err != nil {
 		return nil, err
 	}
 	s.RPC, s.Name = "", ""
-	rl, err := compileHTTP(s)
+	plan, err := rules.CompileHTTP(s)
 	if err != nil {
 		return nil, err
 	}
-	rl.name = cmp.Or(rl.name, "route "+s.Key)
-	cr := &compiledRule{spec: spec{Rule: s.Rule, name: "Route", httpKey: s.httpKey}, http: rl}
+	rl := &rule{Plan: plan}
+	rl.Name = cmp.Or(rl.Name, "route "+s.Key)
+	cr := &compiledRule{spec: rules.Spec{Rule: s.Rule, Field: "Route", HTTPKey: s.HTTPKey}, http: rl}
 	store, base, err := m.baseFor(s)
 	if err != nil {
 		return nil, err
 	}
 	if !m.injected {
-		if err := m.conf.checkRuleStore(s); err != nil {
+		if err := m.conf.CheckRuleStore(s); err != nil {
 			return nil, err
 		}
 	}
 	if rl.locker, err = m.ruleLocker(base, s.Rule, cr.setStats(store)); err != nil {
-		return nil, fieldError(s.name, "%v", err)
+		return nil, rules.FieldError(s.Field, "%v", err)
 	}
 	name := "Route"
-	if s.httpKey != nil {
+	if s.HTTPKey != nil {
 		name = "RouteFunc"
 	}
 	label := strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))
@@ -98,13 +100,13 @@ func (m *Middleware) route(s spec) (rest.Middleware, error) {
 		// One route is locked by one rule: a Route on a route that a rule of Handle locks
 		// would take its lock twice (and two keys in two orders can answer 409 for nothing).
 		for _, prev := range m.rules {
-			if p := prev.http; p != nil && prev.spec.Name == "" && p.route.text == rl.route.text &&
-				(p.method == "" || rl.method == "" || p.method == rl.method) {
-				return nil, fieldError(label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.name)
+			if p := prev.http; p != nil && prev.spec.Name == "" && p.Route.Text == rl.Route.Text &&
+				(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
+				return nil, rules.FieldError(label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.Field)
 			}
 		}
 	}
-	cr.spec.name, cr.label = name, label
+	cr.spec.Field, cr.label = name, label
 	m.routed.add(cr)
 	return m.groupMiddleware(rl, func() { m.routed.wrapRoute(cr) }), nil
 }
@@ -117,12 +119,12 @@ func (m *Middleware) groupMiddleware(rl *rule, wrapped func()) rest.Middleware {
 	// applies reports whether r is a request of the rule's method and route.
 	applies := func(*http.Request) bool { return true }
 	switch {
-	case rl.route.text != "":
+	case rl.Route.Text != "":
 		var only httpRoutes
 		only.add(rl)
 		applies = func(r *http.Request) bool { return only.match(r) != nil }
-	case rl.method != "":
-		method := rl.method
+	case rl.Method != "":
+		method := rl.Method
 		applies = func(r *http.Request) bool { return r.Method == method }
 	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
@@ -145,7 +147,7 @@ func (m *Middleware) groupMiddleware(rl *rule, wrapped func()) rest.Middleware {
 // recover handler.
 func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	ctx := r.Context()
-	keys, err := rl.httpKeys(r)
+	keys, err := rl.HTTPKeys(r)
 	if err != nil {
 		if m.badKey(ctx, rl, err) {
 			next(w, r)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/golang-jwt/jwt/v4"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
@@ -229,7 +230,7 @@ func TestRESTBodyTooLarge(t *testing.T) {
 	c.MaxBytes = 8 << 20 // let the body through go-zero's own bound
 	var ran atomic.Bool
 	s := serverless(t, c, m, []rest.Route{{Method: http.MethodPost, Path: "/b", Handler: func(w http.ResponseWriter, r *http.Request) { ran.Store(true) }}})
-	body := `{"uid":"1","pad":"` + strings.Repeat("x", maxBodyBytes) + `"}`
+	body := `{"uid":"1","pad":"` + strings.Repeat("x", rules.MaxBodyBytes) + `"}`
 	r := httptest.NewRequest(http.MethodPost, "/b", strings.NewReader(body))
 	r.Header.Set("Content-Type", "application/json")
 	before := tr.mr.CommandCount()

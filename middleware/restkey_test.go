@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
 	"github.com/zeromicro/go-zero/rest/pathvar"
@@ -237,12 +238,12 @@ func TestRESTKeyAmbiguousNameRefused(t *testing.T) {
 
 // TestRESTKeyAmbiguousIsInvalidKey checks that an ambiguous name fails as an ErrInvalidKey.
 func TestRESTKeyAmbiguousIsInvalidKey(t *testing.T) {
-	rl, err := compileHTTP(spec{Rule: Rule{Key: "order:{uid}"}, name: "Rule"})
+	rl, err := rules.CompileHTTP(rules.Spec{Rule: Rule{Key: "order:{uid}"}, Field: "Rule"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := keyReq{target: "/api/order/create?uid=dup-1", ctype: "application/json", body: `{"uid":"alice"}`}.request()
-	if _, err := rl.httpKeys(r); !errors.Is(err, flightlock.ErrInvalidKey) {
+	if _, err := rl.HTTPKeys(r); !errors.Is(err, flightlock.ErrInvalidKey) {
 		t.Fatalf("err = %v, want ErrInvalidKey", err)
 	}
 	if b, _ := io.ReadAll(r.Body); string(b) != `{"uid":"alice"}` {
@@ -505,28 +506,5 @@ func TestInfinitySpellingsOfOneEntityShareAKey(t *testing.T) {
 			c.bindsAlike(t)
 			c.secondIsRefused(t)
 		})
-	}
-}
-
-// canonicalValue writes every spelling that go-zero binds as one bool, and every spelling of
-// one infinity or of NaN, alike; what go-zero binds as no bool and no float stays as written.
-func TestCanonicalValue(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"1", "1"}, {"true", "1"}, {"TRUE", "1"}, {"True", "1"}, {"tRuE", "1"},
-		{"0", "0"}, {"false", "0"}, {"FALSE", "0"}, {"False", "0"}, {"00", "0"},
-		{"fal\u017fe", "0"}, // strings.EqualFold folds the long s to s, as go-zero compares
-		{"Inf", "Inf"}, {"inf", "Inf"}, {"+Inf", "Inf"}, {"+INF", "Inf"}, {"Infinity", "Inf"}, {"+infinity", "Inf"},
-		{"-Inf", "-Inf"}, {"-inf", "-Inf"}, {"-INFINITY", "-Inf"},
-		{"NaN", "NaN"}, {"nan", "NaN"}, {"NAN", "NaN"},
-		// As written: no bool, and ParseFloat reads no value (or go-zero refuses the overflow).
-		{"t", "t"}, {"f", "f"}, {"yes", "yes"}, {"truee", "truee"}, {" true", " true"}, {"+nan", "+nan"},
-		{"infin", "infin"}, {"Infinity!", "Infinity!"}, {"1e400", "1e400"}, {"-1e400", "-1e400"},
-		{"info", "info"}, {"nano", "nano"}, {"+-inf", "+-inf"}, {"-", "-"}, {"+infinityy", "+infinityy"},
-		// Numbers as canonicalNumber writes them.
-		{"07", "7"}, {"1.0", "1"}, {"-0", "0"},
-	} {
-		if got := canonicalValue(tc.in); got != tc.want {
-			t.Errorf("canonicalValue(%q) = %q, want %q", tc.in, got, tc.want)
-		}
 	}
 }

@@ -1,50 +1,15 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
 	"path"
 	"slices"
-	"strings"
 
 	"github.com/zeromicro/go-zero/core/search"
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
-
-// routePattern is a go-zero route pattern such as /api/sku/:sku/deduct.
-type routePattern struct {
-	text   string   // cleaned with path.Clean, as go-zero's router registers it
-	params []string // variable names, in order
-}
-
-// parseRoute checks p the way go-zero's search tree does (it must start with '/', no empty
-// segments), and that its variable names are named and unique, which the key templates need.
-func parseRoute(p string) (routePattern, error) {
-	if err := search.NewTree().Add(p, struct{}{}); err != nil {
-		return routePattern{}, err
-	}
-	rp := routePattern{text: path.Clean(p)}
-	if rp.text == "/" {
-		return rp, nil
-	}
-	for _, s := range strings.Split(rp.text[1:], "/") {
-		name, ok := strings.CutPrefix(s, ":")
-		switch {
-		case !ok:
-		case name == "":
-			return routePattern{}, errors.New("has a path variable without a name")
-		case slices.Contains(rp.params, name):
-			return routePattern{}, fmt.Errorf("has the path variable :%s twice", name)
-		default:
-			rp.params = append(rp.params, name)
-		}
-	}
-	return rp, nil
-}
-
-func (rp routePattern) has(param string) bool { return slices.Contains(rp.params, param) }
 
 // routerMethods are the methods go-zero's router accepts (rest/router/patrouter.go,
 // validMethod): a rule without a Method stands in the tree of each.
@@ -88,13 +53,13 @@ func (h *httpRoutes) add(r *rule) {
 	if h.byMethod == nil {
 		h.byMethod = make(map[string][]routeTree)
 	}
-	methods := []string{r.method}
-	if r.method == "" {
+	methods := []string{r.Method}
+	if r.Method == "" {
 		methods = routerMethods[:]
 	}
 	for _, method := range methods {
-		if err := h.treeFor(method, r.route.params).Add(r.route.text, r); err != nil {
-			panic(fmt.Sprintf("flightlock: rule %s: %v", r.name, err))
+		if err := h.treeFor(method, r.Route.Params).Add(r.Route.Text, r); err != nil {
+			panic(fmt.Sprintf("flightlock: rule %s: %v", r.Name, err))
 		}
 	}
 }

@@ -8,12 +8,6 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// shadowPrefix is put after LockConf.Prefix before the keys of shadow rules. Their locks live
-// apart from the enforced ones, so a shadow rule and an enforced rule on the same key never
-// hold each other back: a shadow rule sees the conflicts among its own requests, which is
-// what enforcing it would refuse or queue.
-const shadowPrefix = "shadow:"
-
 // shadowBound is the longest a shadow rule waits for Redis to answer its try-lock: a shadow
 // rule must not delay a request by more than a round trip, also when Redis is slow or down.
 const shadowBound = 50 * time.Millisecond

@@ -24,6 +24,7 @@ import (
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // OnBusy "share": while a request holds the key, its duplicates wait (within the rule's Wait and
@@ -33,9 +34,6 @@ import (
 // store (Redis or etcd) under Prefix + "replay:" + the key (on etcd, after Etcd.Key) before it
 // releases, for the rule's Replay time, so that a duplicate that gets the lock next, or
 // arrives later, replays it without running the handler.
-
-// replayPrefix is put after LockConf.Prefix before the keys of stored responses.
-const replayPrefix = "replay:"
 
 // ReplayedHeader marks a response that a duplicate received from the request that ran the
 // handler (in this process or another), as payment APIs mark idempotent replays.
@@ -86,19 +84,6 @@ type sharePolicy struct {
 	maxBytes int
 	ttl      time.Duration
 	wait     time.Duration // Rule.Wait, 0 for the section's (see shareWait)
-}
-
-// parseReplayStatus reads Rule.ReplayStatus: status classes ("2xx", "4xx"), comma separated.
-func parseReplayStatus(field, s string) ([6]bool, error) {
-	var classes [6]bool
-	for _, c := range strings.Split(s, ",") {
-		c = strings.ToLower(strings.TrimSpace(c))
-		if len(c) != 3 || c[1:] != "xx" || c[0] < '1' || c[0] > '5' {
-			return classes, fieldError(field, "must list status classes such as 2xx,4xx; got %q", s)
-		}
-		classes[c[0]-'0'] = true
-	}
-	return classes, nil
 }
 
 func (p sharePolicy) storesHTTP(status int) bool {
@@ -397,7 +382,7 @@ func (m *Middleware) countShare(rl *rule, how string) {
 
 // replayKey is the key of the stored response of a request locked on keys.
 func (m *Middleware) replayKey(keys []string) string {
-	return m.prefix + replayPrefix + strings.Join(keys, "+")
+	return m.prefix + rules.ReplayPrefix + strings.Join(keys, "+")
 }
 
 // serveShared is serveHTTP for a share rule.
@@ -410,8 +395,8 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 	}
 	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
 	replayKeys := keys // the lock's keys; a template's values as written, when it has some
-	if rl.httpReplayKeys != nil {
-		raw, err := rl.httpReplayKeys(r)
+	if rl.HTTPReplayKeys != nil {
+		raw, err := rl.HTTPReplayKeys(r)
 		if err != nil {
 			writeHTTPError(w, r, err)
 			return
@@ -446,19 +431,19 @@ func (m *Middleware) serveShared(rl *rule, w http.ResponseWriter, r *http.Reques
 	_, _ = w.Write(rec.Body)
 }
 
-// readSharedBody reads r's body for the fingerprint, up to maxBodyBytes as the rules' keys read
+// readSharedBody reads r's body for the fingerprint, up to rules.MaxBodyBytes as the rules' keys read
 // it (go-zero's MaxBytes checks Content-Length only: a chunked body has none), and puts it
 // back for the handler. A longer body is refused 400 (ErrInvalidKey), unread past the bound.
 func readSharedBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, rules.MaxBodyBytes+1))
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
-	case len(body) > maxBodyBytes:
-		return nil, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, maxBodyBytes)
+	case len(body) > rules.MaxBodyBytes:
+		return nil, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, rules.MaxBodyBytes)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	return body, nil

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // countingPay is payHandler with its runs counted in runs (the pods of these tests share one
@@ -211,9 +212,9 @@ func TestShareEtcdNeverOverwritesALock(t *testing.T) {
 	if got := runs.Load(); got != 2 {
 		t.Fatalf("the handler ran %d times, want 2 (nothing could be stored)", got)
 	}
-	replays, ok := m.replays[storeEtcd].(*etcdReplays)
+	replays, ok := m.replays[rules.StoreEtcd].(*etcdReplays)
 	if !ok {
-		t.Fatalf("the etcd rule's replay store is %T, want *etcdReplays", m.replays[storeEtcd])
+		t.Fatalf("the etcd rule's replay store is %T, want *etcdReplays", m.replays[rules.StoreEtcd])
 	}
 	rec := &record{Status: http.StatusOK, Body: []byte("new"), Print: "p"}
 	if err := replays.save(ctx, "lock:replay:a:u1", rec, time.Second); err == nil {

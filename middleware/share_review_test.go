@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -149,7 +150,7 @@ func (z *zeroBody) Read(p []byte) (int, error) {
 	return int(k), nil
 }
 
-// A share rule reads at most maxBodyBytes of a body for its fingerprint, as the other rules
+// A share rule reads at most rules.MaxBodyBytes of a body for its fingerprint, as the other rules
 // read one for their keys, and refuses a longer one: it used to read a chunked body of any
 // size into memory (go-zero's MaxBytes checks Content-Length only).
 func TestShareBoundsChunkedBody(t *testing.T) {
@@ -169,12 +170,12 @@ func TestShareBoundsChunkedBody(t *testing.T) {
 	r.Header.Set("X-Uid", "u1")
 	r.Header.Set("Idempotency-Key", "big")
 	w := serve(s, r)
-	if body.read > maxBodyBytes+1 {
+	if body.read > rules.MaxBodyBytes+1 {
 		t.Errorf("the share middleware read %d MiB of a chunked body into memory (status %d, handler ran %v); "+
-			"want at most maxBodyBytes (1 MiB) and a 4xx past it", body.read>>20, w.Code, handlerRan.Load())
+			"want at most rules.MaxBodyBytes (1 MiB) and a 4xx past it", body.read>>20, w.Code, handlerRan.Load())
 	}
 	if w.Code != http.StatusBadRequest || handlerRan.Load() {
-		t.Errorf("a body over maxBodyBytes: %d, handler ran %v; want 400, not run", w.Code, handlerRan.Load())
+		t.Errorf("a body over rules.MaxBodyBytes: %d, handler ran %v; want 400, not run", w.Code, handlerRan.Load())
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -188,7 +189,7 @@ func TestLogSummary(t *testing.T) {
 		defer mu.Unlock()
 		lines = append(lines, msg)
 	}
-	a, b := newRuleStats("POST /a", "a:{x}", storeRedis), newRuleStats("POST /b", "b:{x}", storeRedis)
+	a, b := newRuleStats("POST /a", "a:{x}", rules.StoreRedis), newRuleStats("POST /b", "b:{x}", rules.StoreRedis)
 	for i := range 100 {
 		s.error(context.Background(), a, "lock store unreachable", fmt.Errorf("dial %d", i))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/pattern"
 	"github.com/flightlock/flightlock/middleware"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // route is one route of an .api file, as go-zero's router serves it.
@@ -151,7 +152,7 @@ func (c *checker) checkREST(s *section, i int, r middleware.Rule) {
 			}
 		}
 	}
-	refs, err := middleware.TemplateRefs(r.Key)
+	refs, err := rules.TemplateRefs(r.Key)
 	if err != nil {
 		return // Problems reported it
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/emicklei/proto" // the parser goctl rpc reads .proto files with
 
 	"github.com/flightlock/flightlock/middleware"
+	"github.com/flightlock/flightlock/middleware/rules"
 )
 
 // rpcMethod is one method of a .proto service: /package.Service/Method and its request.
@@ -162,7 +163,7 @@ func (c *checker) checkRPC(s *section, i int, r middleware.Rule) {
 		c.errorAt(s, s.ruleNode(i, "RPC"), "%s.RPC: %s matches no method of %s%s", name, r.RPC, c.protoNames(), c.nearestMethod(svc, method))
 		return
 	}
-	refs, err := middleware.TemplateRefs(r.Key)
+	refs, err := rules.TemplateRefs(r.Key)
 	if err != nil || m.input == "" {
 		return
 	}
@@ -301,7 +302,7 @@ func (c *checker) supersededByProto(s *section, f string) bool {
 	if r.RPC == "" || r.Path != "" || r.Name != "" {
 		return false
 	}
-	if _, err := middleware.TemplateRefs(r.Key); err != nil {
+	if _, err := rules.TemplateRefs(r.Key); err != nil {
 		return false // a syntax error, which no .proto file answers
 	}
 	m, ok := c.method(r.RPC)

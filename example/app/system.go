@@ -28,7 +28,9 @@ import (
 	"github.com/flightlock/flightlock/example/order"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
+	// The example runs its services on the embedded store when their config names no Redis.
 	flmw "github.com/flightlock/flightlock/middleware"
+	_ "github.com/flightlock/flightlock/middleware/devstore"
 )
 
 // Demo data created at start-up when absent (Seed: true).

@@ -1,4 +1,4 @@
-package middleware
+package rules
 
 import (
 	"fmt"
@@ -19,20 +19,20 @@ import (
 // Values of Rule.OnBusy, LockConf.OnStoreError and RetryConf.Backoff, as normalized (lower
 // case).
 const (
-	onBusyReject       = "reject"
-	onBusyWait         = "wait"
-	onBusyShare        = "share"
-	storeErrorsClosed  = "closed"
-	storeErrorsOpen    = "open"
-	backoffNone        = "none"
-	backoffLinear      = "linear"
-	backoffExponential = "exponential"
-	storeRedis         = "redis"
-	storeEtcd          = "etcd"
+	OnBusyReject       = "reject"
+	OnBusyWait         = "wait"
+	OnBusyShare        = "share"
+	StoreErrorsClosed  = "closed"
+	StoreErrorsOpen    = "open"
+	BackoffNone        = "none"
+	BackoffLinear      = "linear"
+	BackoffExponential = "exponential"
+	StoreRedis         = "redis"
+	StoreEtcd          = "etcd"
 )
 
-// httpMethods are the values of Rule.Method, as normalized (upper case).
-var httpMethods = []string{
+// HTTPMethods are the values of Rule.Method, as normalized (upper case).
+var HTTPMethods = []string{
 	http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
 	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
 }
@@ -200,40 +200,40 @@ type EtcdConf struct {
 	LeaseMargin        time.Duration `json:",default=1s"`
 }
 
-// named reports whether e names an etcd cluster.
-func (e EtcdConf) named() bool { return len(e.Hosts) > 0 }
+// Named reports whether e names an etcd cluster.
+func (e EtcdConf) Named() bool { return len(e.Hosts) > 0 }
 
 // problems validates the settings of e when it names a cluster.
 func (e EtcdConf) problems(prefix string) []error {
 	var ps []error
-	if !e.named() {
+	if !e.Named() {
 		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
-			ps = append(ps, fieldError("Lock.Etcd.Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
+			ps = append(ps, FieldError("Lock.Etcd.Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
 		}
 		return ps
 	}
 	for i, h := range e.Hosts {
 		if strings.TrimSpace(h) == "" {
-			ps = append(ps, fieldError(fmt.Sprintf("Lock.Etcd.Hosts[%d]", i), "is empty"))
+			ps = append(ps, FieldError(fmt.Sprintf("Lock.Etcd.Hosts[%d]", i), "is empty"))
 		}
 	}
 	if first, _, _ := strings.Cut(e.Key+prefix, "/"); strings.HasSuffix(first, ".rpc") {
-		ps = append(ps, fieldError("Lock.Etcd.Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
+		ps = append(ps, FieldError("Lock.Etcd.Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
 			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
 			"such as the default \"flightlock/\"", e.Key, first+"/"))
 	}
 	if (e.User == "") != (e.Pass == "") {
-		ps = append(ps, fieldError("Lock.Etcd.Pass", "and User must be set together (go-zero's HasAccount)"))
+		ps = append(ps, FieldError("Lock.Etcd.Pass", "and User must be set together (go-zero's HasAccount)"))
 	}
 	tls := []string{e.CertFile, e.CertKeyFile, e.CACertFile}
 	if n := len(tls) - len(slices.DeleteFunc(tls, func(s string) bool { return s == "" })); n > 0 && n < 3 {
-		ps = append(ps, fieldError("Lock.Etcd.CertFile", "CertFile, CertKeyFile and CACertFile must be set together (go-zero's HasTLS)"))
+		ps = append(ps, FieldError("Lock.Etcd.CertFile", "CertFile, CertKeyFile and CACertFile must be set together (go-zero's HasTLS)"))
 	}
 	if e.DialTimeout < 0 {
-		ps = append(ps, fieldError("Lock.Etcd.DialTimeout", "must not be negative, got %v", e.DialTimeout))
+		ps = append(ps, FieldError("Lock.Etcd.DialTimeout", "must not be negative, got %v", e.DialTimeout))
 	}
 	if e.LeaseMargin < time.Second || e.LeaseMargin%time.Second != 0 {
-		ps = append(ps, fieldError("Lock.Etcd.LeaseMargin", "must be whole seconds, at least 1s, got %v", e.LeaseMargin))
+		ps = append(ps, FieldError("Lock.Etcd.LeaseMargin", "must be whole seconds, at least 1s, got %v", e.LeaseMargin))
 	}
 	return ps
 }
@@ -248,57 +248,57 @@ func checkEtcdTTL(field, rule string, ttl time.Duration) error {
 	if rule != "" {
 		on = rule + " runs on etcd"
 	}
-	return fieldError(field, "%v is not a whole number of seconds, at least 1s: %s, whose leases last whole seconds "+
+	return FieldError(field, "%v is not a whole number of seconds, at least 1s: %s, whose leases last whole seconds "+
 		"(nothing is rounded)", ttl, on)
 }
 
-// defaultStore is the store of a rule that names none: etcd when the section names etcd and no
+// DefaultStore is the store of a rule that names none: etcd when the section names etcd and no
 // Redis, else Redis (the embedded one without a Host). ambiguous reports that it names both.
-func (c LockConf) defaultStore() (store string, ambiguous bool) {
+func (c LockConf) DefaultStore() (store string, ambiguous bool) {
 	switch {
-	case c.Etcd.named() && !c.Redis.embedded():
-		return storeRedis, true
-	case c.Etcd.named():
-		return storeEtcd, false
+	case c.Etcd.Named() && !c.Redis.Embedded():
+		return StoreRedis, true
+	case c.Etcd.Named():
+		return StoreEtcd, false
 	}
-	return storeRedis, false
+	return StoreRedis, false
 }
 
-// storeOf is the store that rule s of c runs on, or a problem naming the field.
-func (c LockConf) storeOf(s spec) (string, error) {
+// StoreOf is the store that rule s of c runs on, or a problem naming the field.
+func (c LockConf) StoreOf(s Spec) (string, error) {
 	switch s.Store {
 	case "":
-		store, ambiguous := c.defaultStore()
+		store, ambiguous := c.DefaultStore()
 		if ambiguous {
-			return "", fieldError(s.name+".Store", "is empty, but Lock names both a Redis (Redis.Host or Sentinel) and an etcd "+
+			return "", FieldError(s.Field+".Store", "is empty, but Lock names both a Redis (Redis.Host or Sentinel) and an etcd "+
 				"store (Etcd.Hosts): say which this rule locks in, redis or etcd")
 		}
 		return store, nil
-	case storeRedis:
-		return storeRedis, nil
-	case storeEtcd:
-		if !c.Etcd.named() {
-			return "", fieldError(s.name+".Store", "is etcd, but Lock.Etcd.Hosts is empty: an etcd store with no hosts")
+	case StoreRedis:
+		return StoreRedis, nil
+	case StoreEtcd:
+		if !c.Etcd.Named() {
+			return "", FieldError(s.Field+".Store", "is etcd, but Lock.Etcd.Hosts is empty: an etcd store with no hosts")
 		}
-		return storeEtcd, nil
+		return StoreEtcd, nil
 	}
-	return "", oneOf(s.name+".Store", s.Store, storeRedis, storeEtcd)
+	return "", OneOf(s.Field+".Store", s.Store, StoreRedis, StoreEtcd)
 }
 
-// checkRuleStore validates the store of rule s of c: which one, and what etcd requires of it
+// CheckRuleStore validates the store of rule s of c: which one, and what etcd requires of it
 // (whole-second TTLs; a share rule's Replay is rounded up instead, see share_etcd.go).
-func (c LockConf) checkRuleStore(s spec) error {
-	store, err := c.storeOf(s)
-	if err != nil || store != storeEtcd {
+func (c LockConf) CheckRuleStore(s Spec) error {
+	store, err := c.StoreOf(s)
+	if err != nil || store != StoreEtcd {
 		return err
 	}
 	if s.TTL > 0 {
-		return checkEtcdTTL(s.name+".TTL", s.name, s.TTL)
+		return checkEtcdTTL(s.Field+".TTL", s.Field, s.TTL)
 	}
-	if store, _ := c.defaultStore(); store == storeEtcd {
+	if store, _ := c.DefaultStore(); store == StoreEtcd {
 		return nil // Lock.TTL is checked once, with the scalars
 	}
-	return checkEtcdTTL("Lock.TTL", s.name, c.TTL)
+	return checkEtcdTTL("Lock.TTL", s.Field, c.TTL)
 }
 
 // SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
@@ -310,11 +310,11 @@ type SentinelConf struct {
 	Pass       string   `json:",optional"`
 }
 
-// embedded reports whether r names no Redis at all: no Host and no Sentinel.
-func (r RedisConf) embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
+// Embedded reports whether r names no Redis at all: no Host and no Sentinel.
+func (r RedisConf) Embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
 
-// storeOptions are the lockstore options that r sets.
-func (r RedisConf) storeOptions() []lockstore.Option {
+// StoreOptions are the lockstore options that r sets.
+func (r RedisConf) StoreOptions() []lockstore.Option {
 	var opts []lockstore.Option
 	switch {
 	case r.Lanes < 0:
@@ -416,21 +416,12 @@ type Rule struct {
 	Store string `json:",optional"`
 }
 
-// spec is a Rule to compile, with the Go key functions of rules built in Go (go-zero's conf
-// loader refuses func fields, so they cannot live in Rule).
-type spec struct {
-	Rule
-	name    string // prefix of error messages: "Lock.Rules[2]"
-	httpKey KeyFunc
-	rpcKey  RPCKeyFunc
-}
-
 // Validate reports the first bad field of c, named as in the YAML file
 // (Lock.Rules[1].Key: ...), in an error that wraps flightlock.ErrConfig. New calls it. go-zero's
 // conf loader calls it too when LockConf is the config it loads, but not for a LockConf inside a
 // service's config: there New reports a bad field at start-up.
 func (c LockConf) Validate() error {
-	_, err := compileRules(c.normalized(), nil)
+	_, err := Compile(c.Normalized(), nil)
 	return err
 }
 
@@ -440,18 +431,18 @@ func (c LockConf) Validate() error {
 // The first problem is the one Validate returns; none means Validate returns nil. It is for
 // tools that list all the mistakes of a file at once (flightlock check).
 func (c LockConf) Problems() []error {
-	n := c.normalized()
+	n := c.Normalized()
 	ps := n.problems()
 	base := n
 	base.Rules = nil
 	if len(ps) > 0 {
 		// compileRules checks the scalars first: give it good ones, naming the same stores
 		// (the rules' store checks read which), with c's TTL when that one is good.
-		base = LockConf{}.normalized()
-		if !n.Redis.embedded() {
+		base = LockConf{}.Normalized()
+		if !n.Redis.Embedded() {
 			base.Redis.Host = "redis"
 		}
-		if n.Etcd.named() {
+		if n.Etcd.Named() {
 			base.Etcd.Hosts = []string{"etcd"}
 		}
 		if t := base; n.TTL > 0 {
@@ -460,10 +451,10 @@ func (c LockConf) Problems() []error {
 			}
 		}
 	}
-	var good []spec
+	var good []Spec
 	for i, r := range n.Rules {
-		s := spec{Rule: r, name: fmt.Sprintf("Lock.Rules[%d]", i)}
-		if _, err := compileRules(base, append(good[:len(good):len(good)], s)); err != nil {
+		s := Spec{Rule: r, Field: fmt.Sprintf("Lock.Rules[%d]", i)}
+		if _, err := Compile(base, append(good[:len(good):len(good)], s)); err != nil {
 			ps = append(ps, err)
 			continue
 		}
@@ -472,12 +463,12 @@ func (c LockConf) Problems() []error {
 	return ps
 }
 
-// normalized returns c with the defaults of the tags in its zero fields (confDefaults) and the
+// Normalized returns c with the defaults of the tags in its zero fields (confDefaults) and the
 // words matched in any case spelled as the checks and the Middleware compare them:
 // OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and rule OnBusy in lower
 // case, rule Method in upper case. c's Rules are copied, not changed. New and Validate call it
 // once, before anything reads c.
-func (c LockConf) normalized() LockConf {
+func (c LockConf) Normalized() LockConf {
 	fillZero(reflect.ValueOf(&c).Elem(), reflect.ValueOf(confDefaults().lock))
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
@@ -489,17 +480,17 @@ func (c LockConf) normalized() LockConf {
 	if c.Rules != nil {
 		rules := make([]Rule, len(c.Rules))
 		for i, r := range c.Rules {
-			rules[i] = r.normalized()
+			rules[i] = r.Normalized()
 		}
 		c.Rules = rules
 	}
 	return c
 }
 
-// normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "wait"),
+// Normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "wait"),
 // OnBusy in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
 // WithRPCRule, Route) as for those of a LockConf.
-func (r Rule) normalized() Rule {
+func (r Rule) Normalized() Rule {
 	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
@@ -561,36 +552,36 @@ func (c LockConf) problems() []error {
 		}
 	}
 	if c.TTL < 0 {
-		add(fieldError("Lock.TTL", "must not be negative, got %v", c.TTL))
+		add(FieldError("Lock.TTL", "must not be negative, got %v", c.TTL))
 	}
 	if c.MaxHold < 0 {
-		add(fieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold))
+		add(FieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold))
 	}
 	if c.Wait < 0 {
-		add(fieldError("Lock.Wait", "must not be negative, got %v", c.Wait))
+		add(FieldError("Lock.Wait", "must not be negative, got %v", c.Wait))
 	}
 	if len(c.Prefix) >= flightlock.MaxKeyLen {
-		add(fieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
+		add(FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
 	}
-	add(oneOf("Lock.OnStoreError", c.OnStoreError, storeErrorsClosed, storeErrorsOpen))
-	add(oneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType))
+	add(OneOf("Lock.OnStoreError", c.OnStoreError, StoreErrorsClosed, StoreErrorsOpen))
+	add(OneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType))
 	add(checkPropagateTo(c.PropagateTo))
 	if c.Redis.Lanes < -1 {
-		add(fieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes))
+		add(FieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes))
 	}
 	switch c.Redis.Protocol {
 	case 0, 2, 3:
 	default:
-		add(fieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol))
+		add(FieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol))
 	}
-	add(oneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
+	add(OneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
 		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)))
 	if c.Redis.PingTimeout < 0 {
-		add(fieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout))
+		add(FieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout))
 	}
 	add(c.Redis.checkFailover())
 	ps = append(ps, c.Etcd.problems(c.Prefix)...)
-	if store, _ := c.defaultStore(); store == storeEtcd && c.TTL >= 0 {
+	if store, _ := c.DefaultStore(); store == StoreEtcd && c.TTL >= 0 {
 		add(checkEtcdTTL("Lock.TTL", "", c.TTL))
 	}
 	return append(ps, c.Retry.problems()...)
@@ -601,21 +592,21 @@ func (r RedisConf) checkFailover() error {
 	sn := r.Sentinel
 	switch {
 	case sn.MasterName == "" && (len(sn.Addrs) > 0 || sn.User != "" || sn.Pass != ""):
-		return fieldError("Lock.Redis.Sentinel.MasterName", "is empty, but the Sentinel section sets other fields: name the master")
+		return FieldError("Lock.Redis.Sentinel.MasterName", "is empty, but the Sentinel section sets other fields: name the master")
 	case sn.MasterName != "" && len(sn.Addrs) == 0:
-		return fieldError("Lock.Redis.Sentinel.Addrs", "is empty: list the Sentinels (host:port)")
+		return FieldError("Lock.Redis.Sentinel.Addrs", "is empty: list the Sentinels (host:port)")
 	case sn.MasterName != "" && r.Host != "":
-		return fieldError("Lock.Redis.Host", "is set together with Sentinel: the Sentinels name the primary; leave Host empty")
+		return FieldError("Lock.Redis.Host", "is set together with Sentinel: the Sentinels name the primary; leave Host empty")
 	case sn.MasterName != "" && r.Type == zeroredis.ClusterType:
-		return fieldError("Lock.Redis.Type", "is cluster together with Sentinel: a Cluster fails over on its own")
+		return FieldError("Lock.Redis.Type", "is cluster together with Sentinel: a Cluster fails over on its own")
 	case r.Replicas < 0:
-		return fieldError("Lock.Redis.Replicas", "must not be negative, got %d", r.Replicas)
+		return FieldError("Lock.Redis.Replicas", "must not be negative, got %d", r.Replicas)
 	case r.ReplicaTimeout < 0:
-		return fieldError("Lock.Redis.ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
+		return FieldError("Lock.Redis.ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
 	}
 	for i, a := range sn.Addrs {
 		if strings.TrimSpace(a) == "" {
-			return fieldError(fmt.Sprintf("Lock.Redis.Sentinel.Addrs[%d]", i), "is empty")
+			return FieldError(fmt.Sprintf("Lock.Redis.Sentinel.Addrs[%d]", i), "is empty")
 		}
 	}
 	return nil
@@ -624,33 +615,33 @@ func (r RedisConf) checkFailover() error {
 // problems validates the settings of r, one problem per field at most.
 func (r RetryConf) problems() []error {
 	var ps []error
-	if err := oneOf("Lock.Retry.Backoff", r.Backoff, backoffNone, backoffLinear, backoffExponential); err != nil {
+	if err := OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential); err != nil {
 		ps = append(ps, err)
 	}
 	if r.Min < 0 {
-		ps = append(ps, fieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min))
+		ps = append(ps, FieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min))
 	}
 	switch {
 	case r.Max < 0:
-		ps = append(ps, fieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max))
+		ps = append(ps, FieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max))
 	case r.Max > 0 && r.Max < r.Min:
-		ps = append(ps, fieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min))
+		ps = append(ps, FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min))
 	}
 	if r.Attempts < 0 {
-		ps = append(ps, fieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts))
+		ps = append(ps, FieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts))
 	}
 	return ps
 }
 
-// strategy returns the flightlock retry strategy r describes, once normalized filled its
+// Strategy returns the flightlock retry strategy r describes, once normalized filled its
 // defaults (Min and Max from the tags, which equal flightlock.DefaultRetryMin and Max).
-func (r RetryConf) strategy() flightlock.Retry {
+func (r RetryConf) Strategy() flightlock.Retry {
 	lo, hi := r.Min, r.Max
 	var s flightlock.Retry
 	switch r.Backoff {
-	case backoffNone:
+	case BackoffNone:
 		return flightlock.NoRetry()
-	case backoffLinear:
+	case BackoffLinear:
 		linear := flightlock.LinearRetry(lo)
 		s = func(attempt int) (time.Duration, bool) {
 			d, ok := linear(attempt)
@@ -665,7 +656,7 @@ func (r RetryConf) strategy() flightlock.Retry {
 	return s
 }
 
-// zero is r as go-zero's redis.RedisConf, for newClient. DisableIdentity is true, which is how
+// zero is r as go-zero's redis.RedisConf, for NewRedisClient. DisableIdentity is true, which is how
 // the store's client behaves anyway.
 func (r RedisConf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
@@ -683,52 +674,52 @@ func (r RedisConf) zero() zeroredis.RedisConf {
 }
 
 // checkRule validates the settings of a rule other than its key template.
-func checkRule(r spec) error {
+func checkRule(r Spec) error {
 	switch {
 	case r.Path == "" && r.RPC == "" && r.Name == "":
-		return fieldError(r.name, "names no Path, RPC method or Name: it would lock nothing")
+		return FieldError(r.Field, "names no Path, RPC method or Name: it would lock nothing")
 	case r.Name != "" && r.RPC != "":
 		// Named returns a REST middleware; zrpc methods are locked by the interceptors.
-		return fieldError(r.name+".RPC", "is set on the named rule %s, a REST middleware: lock %s in a rule without a Name", r.Name, r.RPC)
-	case r.Key == "" && ((r.Path != "" || r.Name != "") && r.httpKey == nil || r.RPC != "" && r.rpcKey == nil):
-		return fieldError(r.name+".Key", "is empty")
+		return FieldError(r.Field+".RPC", "is set on the named rule %s, a REST middleware: lock %s in a rule without a Name", r.Name, r.RPC)
+	case r.Key == "" && ((r.Path != "" || r.Name != "") && r.HTTPKey == nil || r.RPC != "" && r.RPCKey == nil):
+		return FieldError(r.Field+".Key", "is empty")
 	case r.Method != "" && r.Path == "" && r.Name == "":
-		return fieldError(r.name+".Path", "is empty but Method is %q", r.Method)
+		return FieldError(r.Field+".Path", "is empty but Method is %q", r.Method)
 	}
-	if err := oneOf(r.name+".Method", r.Method, httpMethods...); err != nil {
+	if err := OneOf(r.Field+".Method", r.Method, HTTPMethods...); err != nil {
 		return err
 	}
 	if r.RPC != "" {
 		if err := checkFullMethod(r.RPC); err != nil {
-			return fieldError(r.name+".RPC", "%v", err)
+			return FieldError(r.Field+".RPC", "%v", err)
 		}
 	}
-	return checkLockSettings(r.name, r.Rule)
+	return CheckLockSettings(r.Field, r.Rule)
 }
 
-// checkLockSettings validates a rule's OnBusy, TTL and Wait.
-func checkLockSettings(name string, r Rule) error {
+// CheckLockSettings validates a rule's OnBusy, TTL and Wait.
+func CheckLockSettings(name string, r Rule) error {
 	switch {
 	case r.TTL < 0:
-		return fieldError(name+".TTL", "must not be negative, got %v", r.TTL)
+		return FieldError(name+".TTL", "must not be negative, got %v", r.TTL)
 	case r.Wait < 0:
-		return fieldError(name+".Wait", "must not be negative, got %v", r.Wait)
+		return FieldError(name+".Wait", "must not be negative, got %v", r.Wait)
 	}
-	if err := oneOf(name+".OnBusy", r.OnBusy, onBusyReject, onBusyWait, onBusyShare); err != nil {
+	if err := OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare); err != nil {
 		return err
 	}
-	if r.OnBusy != onBusyShare {
+	if r.OnBusy != OnBusyShare {
 		return nil
 	}
 	switch {
 	case r.Shadow:
-		return fieldError(name+".Shadow", "cannot be set with OnBusy share: a shared response is not a shadow's to give")
+		return FieldError(name+".Shadow", "cannot be set with OnBusy share: a shared response is not a shadow's to give")
 	case r.Replay <= 0:
-		return fieldError(name+".Replay", "must be positive, got %v", r.Replay)
+		return FieldError(name+".Replay", "must be positive, got %v", r.Replay)
 	case r.ReplayMaxBytes < 0:
-		return fieldError(name+".ReplayMaxBytes", "must not be negative, got %d", r.ReplayMaxBytes)
+		return FieldError(name+".ReplayMaxBytes", "must not be negative, got %d", r.ReplayMaxBytes)
 	}
-	_, err := parseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
+	_, err := ParseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
 	return err
 }
 
@@ -746,21 +737,21 @@ func checkFullMethod(m string) error {
 }
 
 // validMethod reports whether m is an HTTP method, as normalized (upper case).
-func validMethod(m string) bool { return slices.Contains(httpMethods, m) }
+func validMethod(m string) bool { return slices.Contains(HTTPMethods, m) }
 
-// oneOf checks that v, normalized, is empty (the default) or one of allowed, and otherwise
+// OneOf checks that v, normalized, is empty (the default) or one of allowed, and otherwise
 // names the field and the values it accepts: Lock.Rules[0].OnBusy: must be one of reject,
 // wait; got "bogus".
-func oneOf(field, v string, allowed ...string) error {
+func OneOf(field, v string, allowed ...string) error {
 	if v == "" || slices.Contains(allowed, v) {
 		return nil
 	}
-	return fieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
+	return FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// fieldError names the bad field first, as go-zero's conf loader does, in an error that wraps
+// FieldError names the bad field first, as go-zero's conf loader does, in an error that wraps
 // flightlock.ErrConfig.
-func fieldError(field, format string, args ...any) error {
+func FieldError(field, format string, args ...any) error {
 	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
 }
 
@@ -775,3 +766,16 @@ type ConfigError struct {
 
 func (e *ConfigError) Error() string   { return e.Field + ": " + e.Err.Error() }
 func (e *ConfigError) Unwrap() []error { return []error{flightlock.ErrConfig, e.Err} }
+
+// checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".
+func checkPropagateTo(to []string) error {
+	for i, t := range to {
+		if svc, ok := strings.CutSuffix(t, "/"); ok && strings.Count(svc, "/") == 1 && strings.HasPrefix(svc, "/") && len(svc) > 1 {
+			continue
+		}
+		if err := checkFullMethod(t); err != nil {
+			return FieldError(fmt.Sprintf("Lock.PropagateTo[%d]", i), "%q is neither /package.Service/ nor /package.Service/Method", t)
+		}
+	}
+	return nil
+}

@@ -1,4 +1,4 @@
-package middleware
+package rules
 
 import (
 	"errors"
@@ -236,11 +236,11 @@ func TestEnforcedRuleKeysStayOutOfInternalKeys(t *testing.T) {
 		{"{header.X-Kind}:pay:{header.X-Uid}", false, "Replay", "Replay:pay:u1"},
 		{"{header.X-Kind}:pay:{header.X-Uid}", true, "replay", "replay:pay:u1"},
 	} {
-		rl, err := compileHTTP(spec{Rule: rule(tc.key, tc.shadow), name: "Lock.Rules[0]"})
+		rl, err := CompileHTTP(Spec{Rule: rule(tc.key, tc.shadow), Field: "Lock.Rules[0]"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		keys, err := rl.httpKeys(request(tc.kind))
+		keys, err := rl.HTTPKeys(request(tc.kind))
 		switch {
 		case tc.want == "" && !errors.Is(err, flightlock.ErrInvalidKey):
 			t.Errorf("%q with %s (shadow %v): %q, %v; want ErrInvalidKey", tc.key, tc.kind, tc.shadow, keys, err)
@@ -250,12 +250,12 @@ func TestEnforcedRuleKeysStayOutOfInternalKeys(t *testing.T) {
 	}
 
 	for _, k := range []string{"replay:pay:u1", "shadow:x"} {
-		rl, err := compileHTTP(spec{Rule: Rule{Method: "POST", Path: "/x"}, name: "Route(POST /x)",
-			httpKey: func(*http.Request) (string, error) { return k, nil }})
+		rl, err := CompileHTTP(Spec{Rule: Rule{Method: "POST", Path: "/x"}, Field: "Route(POST /x)",
+			HTTPKey: func(*http.Request) (string, error) { return k, nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if keys, err := rl.httpKeys(request("")); !errors.Is(err, flightlock.ErrInvalidKey) {
+		if keys, err := rl.HTTPKeys(request("")); !errors.Is(err, flightlock.ErrInvalidKey) {
 			t.Errorf("a KeyFunc's key %q: %q, %v; want ErrInvalidKey", k, keys, err)
 		}
 	}

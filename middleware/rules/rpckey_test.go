@@ -1,4 +1,4 @@
-package middleware
+package rules
 
 import (
 	"context"
@@ -52,23 +52,23 @@ func TestRPCBoolRendersTheRESTKey(t *testing.T) {
 // with "replay:" or "shadow:".
 func TestRPCKeysStayOutOfInternalKeys(t *testing.T) {
 	for _, k := range []string{"replay:pay:u1", "shadow:x"} {
-		rl, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method"}, name: "WithRPCRule",
-			rpcKey: func(context.Context, any) (string, error) { return k, nil }})
+		rl, err := compileRPC(Spec{Rule: Rule{RPC: "/pkg.Svc/Method"}, Field: "WithRPCRule",
+			RPCKey: func(context.Context, any) (string, error) { return k, nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if keys, err := rl.rpcKeys(context.Background(), nil); !errors.Is(err, flightlock.ErrInvalidKey) {
+		if keys, err := rl.RPCKeys(context.Background(), nil); !errors.Is(err, flightlock.ErrInvalidKey) {
 			t.Errorf("an RPCKeyFunc's key %q: %q, %v; want ErrInvalidKey", k, keys, err)
 		}
 	}
-	rl, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "{string_value}:x"}, name: "Lock.Rules[0]"})
+	rl, err := compileRPC(Spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "{string_value}:x"}, Field: "Lock.Rules[0]"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if keys, err := rl.rpcKeys(context.Background(), structpb.NewStringValue("replay")); !errors.Is(err, flightlock.ErrInvalidKey) {
+	if keys, err := rl.RPCKeys(context.Background(), structpb.NewStringValue("replay")); !errors.Is(err, flightlock.ErrInvalidKey) {
 		t.Errorf("a message field that starts the key with replay: %q, %v; want ErrInvalidKey", keys, err)
 	}
-	if _, err := compileRPC(spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "replay:{string_value}"}, name: "Lock.Rules[0]"}); !errors.Is(err, flightlock.ErrConfig) {
+	if _, err := compileRPC(Spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "replay:{string_value}"}, Field: "Lock.Rules[0]"}); !errors.Is(err, flightlock.ErrConfig) {
 		t.Errorf("a template among the stored responses: %v, want ErrConfig", err)
 	}
 }

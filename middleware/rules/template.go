@@ -1,4 +1,4 @@
-package middleware
+package rules
 
 import (
 	"errors"
@@ -214,6 +214,13 @@ type namespace struct {
 	holds  string // what lives there, for messages
 }
 
+// ReplayPrefix is put after LockConf.Prefix before the keys of stored responses (share rules).
+const ReplayPrefix = "replay:"
+
+// ShadowPrefix is put after LockConf.Prefix before the keys of shadow rules. Their locks live
+// apart from the enforced rules' locks, so a shadow rule never holds back an enforced request.
+const ShadowPrefix = "shadow:"
+
 // internalNamespaces are the middleware's own keys beside the locks of enforced rules. The key
 // of an enforced rule never starts with one: a lock taken on a share rule's stored response
 // finds it "held" and marks it for waiters (acquire.lua appends to the value), so the record
@@ -221,12 +228,12 @@ type namespace struct {
 // would hold back, or be held back by, requests that a shadow rule must never affect. A
 // template whose text starts a key with one is refused at start-up (checkOwnKeys); a key whose
 // values start it with one ("{kind}:x" with kind "replay"), or a KeyFunc's, is refused per
-// request (notInternal). A shadow rule's keys live under shadowPrefix themselves, after which
+// request (notInternal). A shadow rule's keys live under ShadowPrefix themselves, after which
 // none of these starts. (The store's own keys, fence counters and etcd's waiter marks, are
 // under lockstore.FenceKeyPrefix, which the Locker refuses for every lock key.)
 var internalNamespaces = [...]namespace{
-	{replayPrefix, "the stored responses of share rules"},
-	{shadowPrefix, "the locks of shadow rules"},
+	{ReplayPrefix, "the stored responses of share rules"},
+	{ShadowPrefix, "the locks of shadow rules"},
 }
 
 // internalNamespace returns the namespace of the middleware's own keys that key starts with,

@@ -1,4 +1,4 @@
-package middleware
+package rules
 
 import (
 	"bytes"
@@ -24,9 +24,9 @@ import (
 // used as is: escape user input so that different requests cannot forge each other's key.
 type KeyFunc func(r *http.Request) (string, error)
 
-// maxBodyBytes bounds the request body that a template reads for {form.x} and {body.x}:
+// MaxBodyBytes bounds the request body that a template reads for {form.x} and {body.x}:
 // a larger body answers 400 (before go-zero's MaxBytes, which is 1 MiB by default, too).
-const maxBodyBytes = 1 << 20
+const MaxBodyBytes = 1 << 20
 
 // The key must be built from the value that the handler binds with go-zero's httpx.Parse,
 // so every getter reads a source exactly when, and as, Parse
@@ -65,7 +65,7 @@ type httpSource struct {
 	jsonDone bool
 }
 
-// readBody reads the body up to maxBodyBytes and puts it back, so that the handler's
+// readBody reads the body up to MaxBodyBytes and puts it back, so that the handler's
 // httpx.Parse reads it again.
 func (s *httpSource) readBody() ([]byte, error) {
 	if s.bodyRead {
@@ -75,15 +75,15 @@ func (s *httpSource) readBody() ([]byte, error) {
 	if s.r.Body == nil || s.r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(s.r.Body, maxBodyBytes+1))
+	b, err := io.ReadAll(io.LimitReader(s.r.Body, MaxBodyBytes+1))
 	_ = s.r.Body.Close()
 	// Whatever happened, the handler gets what was read: nothing is lost for it.
 	s.r.Body = io.NopCloser(bytes.NewReader(b))
 	switch {
 	case err != nil:
 		s.bodyErr = fmt.Errorf("%w: read request body: %v", flightlock.ErrInvalidKey, err)
-	case len(b) > maxBodyBytes:
-		s.bodyErr = fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, maxBodyBytes)
+	case len(b) > MaxBodyBytes:
+		s.bodyErr = fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, MaxBodyBytes)
 	}
 	s.body = b
 	return s.body, s.bodyErr
@@ -136,8 +136,8 @@ func (s *httpSource) parseForm() error {
 	}
 	err := c.ParseForm()
 	if err == nil {
-		// Up to maxBodyBytes of file parts stay in memory: the body is no larger.
-		if err = c.ParseMultipartForm(maxBodyBytes); errors.Is(err, http.ErrNotMultipart) {
+		// Up to MaxBodyBytes of file parts stay in memory: the body is no larger.
+		if err = c.ParseMultipartForm(MaxBodyBytes); errors.Is(err, http.ErrNotMultipart) {
 			err = nil
 		}
 	}
@@ -370,7 +370,7 @@ func scalar(v any) (string, bool) {
 // bindHTTP binds a template reference to its REST getter. route, when known, lets {path.x}
 // be checked at start-up. Every value is rendered in its canonical form when it is written as
 // a bool or a number (canonicalValue).
-func bindHTTP(route *routePattern) func(ref string) (getter[*httpSource], error) {
+func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
 		if err != nil {
@@ -520,15 +520,15 @@ func floatLiteral(s string) bool {
 }
 
 // httpGetter is the REST getter of one template reference, as the request gives the value.
-func httpGetter(route *routePattern, ref string) (getter[*httpSource], error) {
+func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	src, name, dotted := strings.Cut(ref, ".")
 	if !dotted {
 		return defaultGetter(ref), nil
 	}
 	switch src {
 	case "path":
-		if route != nil && !route.has(name) {
-			return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.text, name)
+		if route != nil && !route.Has(name) {
+			return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.Text, name)
 		}
 		return func(s *httpSource) (string, bool, error) {
 			v := pathvar.Vars(s.r)[name]

@@ -1,0 +1,188 @@
+package rules
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// Spec is a Rule to compile, with the Go key functions of rules built in Go (go-zero's conf
+// loader refuses func fields, so they cannot live in Rule).
+type Spec struct {
+	Rule
+	Field   string // prefix of error messages: "Lock.Rules[2]"
+	HTTPKey KeyFunc
+	RPCKey  RPCKeyFunc
+}
+
+// Compiled is a rule as compiled for each transport: the REST and zrpc parts share the rule's
+// settings but not the key plan.
+type Compiled struct {
+	Spec Spec
+	HTTP *Plan // the REST part, or nil
+	RPC  *Plan // the zrpc part, or nil
+}
+
+// Plan is the part of a rule that one transport runs: how a request's keys are rendered.
+type Plan struct {
+	Name   string // for logs and metrics: "POST /api/order" or "/pkg.Svc/Method"
+	Method string // REST: the rule's method, "" for any
+	Route  Route  // REST: the rule's route pattern, empty for a named rule without a Path
+	// HTTPKeys renders a request's keys; nil for a zrpc plan.
+	HTTPKeys func(r *http.Request) ([]string, error)
+	// HTTPReplayKeys renders a template's keys with the values as written (not canonical), for
+	// a share rule's stored responses; nil for a rule keyed by a KeyFunc.
+	HTTPReplayKeys func(r *http.Request) ([]string, error)
+	// RPCKeys renders a call's keys from its context and request message; nil for a REST plan.
+	RPCKeys func(ctx context.Context, req any) ([]string, error)
+	// FromMessage: the keys of a stream call come from its first message.
+	FromMessage bool
+}
+
+// Compile checks c, normalized, and compiles its rules, then those built in Go (extra, whose
+// Rules are normalized too), without building any store. The middleware runs the result; the
+// flightlock CLI's check reports its errors.
+func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
+	if err := c.check(); err != nil {
+		return nil, err
+	}
+	specs := make([]Spec, 0, len(c.Rules)+len(extra))
+	for i, r := range c.Rules {
+		specs = append(specs, Spec{Rule: r, Field: fmt.Sprintf("Lock.Rules[%d]", i)})
+	}
+	specs = append(specs, extra...)
+	out := make([]*Compiled, 0, len(specs))
+	seenRPC := make(map[string]string)
+	seenName := make(map[string]string) // Rule.Name => the rule's spec name
+	for _, s := range specs {
+		if err := checkRule(s); err != nil {
+			return nil, err
+		}
+		if err := c.CheckRuleStore(s); err != nil {
+			return nil, err
+		}
+		if s.Name != "" {
+			if prev, dup := seenName[s.Name]; dup {
+				return nil, FieldError(s.Field+".Name", "%s is already the name of %s", s.Name, prev)
+			}
+			seenName[s.Name] = s.Field
+		}
+		cr := &Compiled{Spec: s}
+		if s.Path != "" || s.Name != "" { // a named rule is a REST middleware, with or without a Path
+			rl, err := CompileHTTP(s)
+			if err != nil {
+				return nil, err
+			}
+			rl.Name = cmp.Or(rl.Name, s.Name) // logs and metrics of a named rule without a Path
+			for _, prev := range out {
+				// A route is locked by one rule, named or not: two would lock it twice.
+				if p := prev.HTTP; s.Path != "" && p != nil && p.Route.Text == rl.Route.Text &&
+					(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
+					return nil, FieldError(s.Field+".Path", "%s %s is already locked by %s", s.Method, s.Path, prev.Spec.Field)
+				}
+			}
+			cr.HTTP = rl
+		}
+		if s.RPC != "" {
+			if prev, dup := seenRPC[s.RPC]; dup {
+				return nil, FieldError(s.Field+".RPC", "%s is already locked by %s", s.RPC, prev)
+			}
+			seenRPC[s.RPC] = s.Field
+			rl, err := compileRPC(s)
+			if err != nil {
+				return nil, err
+			}
+			cr.RPC = rl
+		}
+		out = append(out, cr)
+	}
+	return out, nil
+}
+
+// CompileHTTP compiles the REST part of a rule.
+func CompileHTTP(s Spec) (*Plan, error) {
+	rl := &Plan{Method: s.Method}
+	var route *Route
+	if s.Path != "" {
+		rp, err := ParseRoute(s.Path)
+		if err != nil {
+			return nil, FieldError(s.Field+".Path", "bad route pattern %q: %v", s.Path, err)
+		}
+		rl.Route, route = rp, &rp
+		rl.Name = cmp.Or(s.Method, "*") + " " + rp.Text
+	}
+	if s.HTTPKey != nil {
+		rl.HTTPKeys = ownKeysApartHTTP(s, funcHTTPKeys(s.HTTPKey))
+		return rl, nil
+	}
+	keys, err := parseTemplate(s.Key)
+	if err == nil && !s.Shadow {
+		err = checkOwnKeys(keys)
+	}
+	if err != nil {
+		return nil, FieldError(s.Field+".Key", "%v", err)
+	}
+	plan, err := bindPlan(keys, bindHTTP(route))
+	if err != nil {
+		return nil, FieldError(s.Field+".Key", "%v", err)
+	}
+	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan))
+	rl.HTTPReplayKeys = templateHTTPRawKeys(plan)
+	return rl, nil
+}
+
+// ownKeysApartHTTP refuses the keys of an enforced rule's request that fall among the
+// middleware's own keys (notInternal); a shadow rule's keys live apart already.
+func ownKeysApartHTTP(s Spec, keys httpKeys) httpKeys {
+	if s.Shadow {
+		return keys
+	}
+	return func(r *http.Request) ([]string, error) { return notInternal(keys(r)) }
+}
+
+// ownKeysApartRPC is ownKeysApartHTTP for zrpc.
+func ownKeysApartRPC(s Spec, keys rpcKeys) rpcKeys {
+	if s.Shadow {
+		return keys
+	}
+	return func(ctx context.Context, req any) ([]string, error) { return notInternal(keys(ctx, req)) }
+}
+
+// compileRPC compiles the zrpc part of a rule.
+func compileRPC(s Spec) (*Plan, error) {
+	rl := &Plan{Name: s.RPC}
+	if s.RPCKey != nil {
+		rl.RPCKeys = ownKeysApartRPC(s, funcRPCKeys(s.RPCKey))
+		rl.FromMessage = true
+		return rl, nil
+	}
+	keys, err := parseTemplate(s.Key)
+	if err == nil && !s.Shadow {
+		err = checkOwnKeys(keys)
+	}
+	if err != nil {
+		return nil, FieldError(s.Field+".Key", "%v", err)
+	}
+	plan, err := bindPlan(keys, bindRPC(methodInput(s.RPC)))
+	if err != nil {
+		return nil, FieldError(s.Field+".Key", "%v", err)
+	}
+	rl.RPCKeys = ownKeysApartRPC(s, templateRPCKeys(plan))
+	rl.FromMessage = usesMessage(keys)
+	return rl, nil
+}
+
+// ParseReplayStatus reads Rule.ReplayStatus: status classes ("2xx", "4xx"), comma separated.
+func ParseReplayStatus(field, s string) ([6]bool, error) {
+	var classes [6]bool
+	for _, c := range strings.Split(s, ",") {
+		c = strings.ToLower(strings.TrimSpace(c))
+		if len(c) != 3 || c[1:] != "xx" || c[0] < '1' || c[0] > '5' {
+			return classes, FieldError(field, "must list status classes such as 2xx,4xx; got %q", s)
+		}
+		classes[c[0]-'0'] = true
+	}
+	return classes, nil
+}
