@@ -567,3 +567,51 @@ func TestWaitersRideOutALeaderKill(t *testing.T) {
 		t.Errorf("%d waiters served, want 2", n)
 	}
 }
+
+// Release returns by its context's deadline whatever etcd does: the black hole, resets, the
+// member down, replies held back. What it could not finish goes on in the background, bounded
+// by one TTL, and nobody else's lock is touched: once the fault heals the key is taken again.
+func TestReleaseReturnsByItsDeadlineThroughFaults(t *testing.T) {
+	c := etcdtest.Start(t)
+	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
+	p := redistest.StartProxy(t, member)
+	rp := startCutProxy(t, member)
+	locker := func(addr string) *flightlock.Locker {
+		l, err := flightlock.New(newStore(t, etcdtest.NewClient(t, addr)), flightlock.WithTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	const (
+		budget = 600 * time.Millisecond
+		slack  = 300 * time.Millisecond
+	)
+	faults := []struct {
+		name        string
+		l           *flightlock.Locker
+		start, heal func()
+	}{
+		{"black hole", locker(p.Addr), func() { p.Stall(time.Hour) }, func() { p.Cut() }},
+		{"resets", locker(rp.addr()), rp.Cut, rp.Heal},
+		{"member down", locker(p.Addr), c.Members[0].Kill, c.Members[0].Restart},
+		{"replies held back", locker(p.Addr), func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }},
+	}
+	for _, f := range faults {
+		healthy(t, f.l)
+		lease, err := f.l.Lock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.start()
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		deadline, _ := ctx.Deadline()
+		err = lease.Release(ctx)
+		if over := time.Since(deadline); over > slack {
+			t.Errorf("%s: Release returned %v past its deadline (%v)", f.name, over, err)
+		}
+		cancel()
+		f.heal()
+		healthy(t, f.l)
+	}
+}
