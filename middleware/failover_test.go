@@ -230,3 +230,44 @@ func TestFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
 		}
 	}
 }
+
+// A waiter queued on a key rides out a Sentinel failover: the store errors it meets while the
+// primary is down and the replica is promoted are retried within its wait, and it gets the key
+// once the holder, whose acknowledged lock the new primary has, releases it.
+func TestWaiterRidesOutASentinelFailover(t *testing.T) {
+	rig := startFailoverRig(t)
+	holder := rig.locker(t, 1)
+	// The waiter asks no acknowledgement: the promoted primary has no replica left to give one.
+	waiter, err := rig.locker(t, 0).With(flightlock.WithWait(40 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lease, err := holder.Lock(ctx, "acct:w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+		defer cancel()
+		l, err := waiter.Lock(wctx, "acct:w")
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the waiter saw the key held and waits
+	rig.failOver(t, 0)
+	select {
+	case err := <-got:
+		t.Fatalf("the waiter ended its wait during the failover: %v", err)
+	default:
+	}
+	if err := retryStoreErrors(t, "the holder's release", func() error { return lease.Release(ctx) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("a waiter through a Sentinel failover: %v, want the lock", err)
+	}
+}
