@@ -1,7 +1,7 @@
 // Command etcdbench measures flightlock's etcd store (etcdstore) against etcd's own
 // concurrency.Mutex and the raw etcd floor, on ONE private etcd server that it starts itself
 // (/usr/bin/etcd, Debian's etcd-server 3.4, free loopback ports, a temporary data directory,
-// fsync on as in production) and kills by pid at the end. It is the etcd half of issue 14's
+// fsync on as in production) and kills by pid at the end. It is the etcd half of the
 // benchmarks; lockbench (the Redis rows) is a separate command and stays as it is.
 //
 // Run it from bench/ (it is part of the bench module):
@@ -27,13 +27,13 @@
 //
 // Then, after the repetitions of 1-4:
 //
-//  5. Scaling (issue 17's scaling scenario, on etcd; lockbench's scenario 8 is the Redis twin):
+//  5. Scaling (the scaling scenario, on etcd; lockbench's scenario 8 is the Redis twin):
 //     critical sections per second along three axes, every point -d5 per row and repetition,
 //     -reps repetitions: goroutines on one hot key in one process (-s5-goroutines, scenario 2's
 //     loop), processes of 8 goroutines on one hot key (-s5-procs, scenario 3's workers), and
 //     distinct keys under 64 goroutines (-s5-keys, scenario 4's loop, with the floor). A table
 //     and a PNG plot (log x) per axis, the plots next to -out.
-//  6. Memory (issue 17's memory scenario, on etcd; lockbench's scenario 9 is the Redis twin),
+//  6. Memory (the memory scenario, on etcd; lockbench's scenario 9 is the Redis twin),
 //     one repetition (counts, not timings): -mem-locks locks held at once on distinct keys
 //     (flightlock with its watchdog and lease keep-alive running; concurrency.Mutex, one
 //     session and a Mutex per key): live heap, goroutines and etcd resident memory per held

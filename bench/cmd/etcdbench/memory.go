@@ -14,7 +14,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// Scenario 6: what each held lock and each waiter costs (issue 17's memory scenario, on etcd;
+// Scenario 6: what each held lock and each waiter costs (the memory scenario, on etcd;
 // lockbench's scenario 9 is the Redis twin). One repetition: these are counts, not timings.
 //
 // Holding: this process takes c.memLocks locks on distinct keys (s6Acquirers goroutines at

@@ -8,7 +8,7 @@ import (
 )
 
 // Scenario 5: how the cost of a critical section grows as the work grows, along three axes
-// (issue 17's scaling scenario, on etcd, as issue 14 asks for the same scenarios as the Redis
+// (the scaling scenario, on etcd, the same scenarios as the Redis
 // rows; lockbench's scenario 8 is the Redis twin):
 //   - goroutines on one hot key in one process (scenario 2's loop, hotKey);
 //   - processes of s5ProcGoroutines goroutines on one hot key (scenario 3's workers, runProcs);

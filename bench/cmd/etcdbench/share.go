@@ -9,7 +9,7 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Scenario 9, duplicates of one request (issue 12's scenario; lockbench's scenario 7 is the
+// Scenario 9, duplicates of one request (the duplicates scenario; lockbench's scenario 7 is the
 // Redis twin): httpbench.Dups concurrent duplicates of one request (one Idempotency-Key, one
 // body) through go-zero's REST chain and flightlock's middleware with its rule on the
 // benchmark's etcd, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every

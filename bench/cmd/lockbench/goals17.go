@@ -9,7 +9,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
 
-// goals17 are the goals of issue 17, each computed from this run's figures: met or missed,
+// goals17 are the goals of the memory and scaling work, each computed from this run's figures: met or missed,
 // with the measured ratio. A goal whose scenario (or row) did not run is left out.
 func (r *report) goals17() []goal {
 	var gs []goal

@@ -20,7 +20,7 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Scenario 6 of issue 4: the example's create-order endpoint (example/app, on the benchmark's
+// Scenario 6: the example's create-order endpoint (example/app, on the benchmark's
 // redis-server) under wrk, every request on a uid of its own, with three locks on the order API:
 //
 //   - none: app.WithoutOrderLock();
@@ -44,7 +44,7 @@ var s6Rows = []s6Row{
 	{"flightlock", "flightlock (the example's middleware)", "f"},
 	{"redislock", "bsm/redislock (plain go-zero middleware)", "r"},
 	{"setdel", "floor: SET PX + DEL (plain middleware, not a lock)", "s"},
-	// Issue 10: what a rule in shadow mode costs a request (it only counts would-be conflicts).
+	// What a rule in shadow mode costs a request (it only counts would-be conflicts).
 	{"shadow", "flightlock, the order rule in shadow mode (Shadow: true)", "h"},
 }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 )
 
-// s6Goals are scenario 6's goals of issue 4: at low load the lock adds at most 2.5 round trips
+// s6Goals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
 // (PING medians of the same run) to the no-lock row's median latency; at saturation flightlock
 // serves at least the requests/s of bsm/redislock. A row with errors misses its goal.
 func (r *report) s6Goals() []goal {
@@ -151,7 +151,7 @@ func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 	w("round trips any Redis lock needs and nothing else (not a lock). Without flightlock's lease the order is written\n")
 	w("unfenced. go-zero's REST and zrpc chains are the example's (tracing, logging at level `severe`, breakers, timeouts);\n")
 	w("load shedding is off. **flightlock, shadow** is the example with its order rule in shadow mode (`Shadow: true`): it\n")
-	w("never holds a request back and only counts the conflicts enforcement would have had (issue 10).\n\n")
+	w("never holds a request back and only counts the conflicts enforcement would have had.\n\n")
 	if s.Observe {
 		w("**Metrics and tracing on** (`-observe`), in every row: go-zero's Prometheus metrics enabled (flightlock's and\n")
 		w("go-zero's own series recorded) and every request traced, spans batched and encoded by go-zero's `file` exporter to\n")

@@ -14,7 +14,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
-// Scenario 9 of issue 17: what each held lock and each waiter costs.
+// Scenario 9: what each held lock and each waiter costs.
 //
 // Holding: one process takes n locks on distinct keys (s9Acquirers goroutines at once), keeps
 // them for a while and releases them all. Measured: live heap (runtime.MemStats.HeapAlloc

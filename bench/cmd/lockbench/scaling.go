@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Scenario 8 of issue 17: how the cost of a critical section grows as the work grows, along
+// Scenario 8: how the cost of a critical section grows as the work grows, along
 // three axes, every lock row at every point:
 //   - goroutines on one hot key in one process (contend, as scenario 2);
 //   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3,

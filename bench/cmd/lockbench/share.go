@@ -7,7 +7,7 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Scenario 7 of issue 12: 64 concurrent duplicates of one request (one idempotency key, one
+// Scenario 7: 64 concurrent duplicates of one request (one idempotency key, one
 // body) through go-zero's REST chain and flightlock's middleware on the benchmark's
 // redis-server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
 // duplicate gets its response) and OnBusy reject (one run, 63 answered 409 at once). Each
