@@ -17,6 +17,8 @@ import (
 	"github.com/flightlock/flightlock/example/app"
 	// Development only: a Lock section without a Redis host runs on an in-memory Redis.
 	_ "github.com/flightlock/flightlock/middleware/devstore"
+	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
+	_ "github.com/flightlock/flightlock/middleware/share"
 )
 
 var configFile = flag.String("f", "etc/flightlock-example.yaml", "the config file")

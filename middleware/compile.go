@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
@@ -10,11 +11,10 @@ import (
 type rule struct {
 	*rules.Plan
 	locker *flightlock.Locker
-	stats  *ruleStats // its labels in metrics, traces and logs
-	shadow bool       // Rule.Shadow: counted, never enforced
-	onBusy string     // Rule.OnBusy, normalized: what a shadow conflict would have been
-	share  sharePolicy
-	shared bool // OnBusy share
+	stats  *ruleStats     // its labels in metrics, traces and logs
+	shadow bool           // Rule.Shadow: counted, never enforced
+	onBusy string         // Rule.OnBusy, normalized: what a shadow conflict would have been
+	share  sharehook.Rule // OnBusy share: the sharing of its requests (middleware/share); nil otherwise
 }
 
 // compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the
@@ -57,11 +57,6 @@ func (cr *compiledRule) setStats(store string) *ruleStats {
 		}
 		rl.stats = newRuleStats(rl.Name, template, store)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
-		if rl.shared = cr.spec.OnBusy == rules.OnBusyShare; rl.shared {
-			classes, _ := rules.ParseReplayStatus("", cr.spec.ReplayStatus) // checked by rules.CheckLockSettings
-			rl.share = sharePolicy{classes: classes, maxBytes: cr.spec.ReplayMaxBytes, ttl: cr.spec.Replay,
-				wait: cr.spec.Wait}
-		}
 		if first == nil {
 			first = rl.stats
 		}

@@ -28,9 +28,9 @@
 // lock is released when it returns or panics, on a context that go-zero's timeout handler
 // has not cancelled.
 //
-// A rule with OnBusy "share" runs the handler once for a request and its duplicates: those of
-// this process wait for its run, those of other processes for the response it stores in Redis
-// (Rule.Replay), and each gets that response, marked Idempotent-Replayed (see share.go).
+// A rule with OnBusy "share" runs the handler once for a request and its duplicates, which get
+// its response, marked Idempotent-Replayed. It needs response sharing linked into the binary:
+// import _ "github.com/flightlock/flightlock/middleware/share" in main.go (see that package).
 //
 // Wiring, for a REST service:
 //

@@ -456,7 +456,7 @@ func TestEtcdConfigErrors(t *testing.T) {
 		{Etcd: etcd, TTL: 2 * time.Second, Rules: []Rule{order(Rule{})}},
 		{Etcd: etcd, TTL: 1500 * time.Millisecond, Rules: []Rule{order(Rule{Store: "redis"})}, Redis: redis}, // the Locker of Redis only
 		{Etcd: EtcdConf{Hosts: etcd.Hosts, Key: "locks/order.rpc/"}},                                         // under locks/, not order.rpc/
-		// share rules on etcd keep their responses there (share_etcd.go), with any Replay
+		// share rules on etcd keep their responses there (middleware/share), with any Replay
 		{Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share"})}},
 		{Redis: redis, Etcd: etcd, Rules: []Rule{order(Rule{OnBusy: "share", Store: "etcd", Replay: 1500 * time.Millisecond})}},
 	}

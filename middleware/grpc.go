@@ -28,8 +28,8 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			}
 			return nil, grpcStatus(err).Err()
 		}
-		if rl.shared {
-			return m.serveSharedRPC(ctx, rl, req, info, handler, keys)
+		if rl.share != nil {
+			return rl.share.HandleRPC(ctx, req, info, handler, keys)
 		}
 		h, err := m.lock(ctx, rl, keys)
 		if err != nil {

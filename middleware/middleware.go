@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/singleflight"
-
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/service"
@@ -38,13 +37,11 @@ type Middleware struct {
 	traceKeys bool            // LockConf.TraceKeys
 	logs      *logSummary
 	drain     drainer
-	flights   singleflight.Group // share rules: one run per key in this process
 	// intercepting is set once a server interceptor was built (UnaryServerInterceptor,
 	// StreamServerInterceptor), for Register's check that RPC rules lock anything.
 	intercepting atomic.Bool
-	// replays holds the replay store of each base store, by store name (as bases): share rules
-	// keep responses for duplicates in the store they lock in.
-	replays map[string]replayStore
+	// sharing is the response sharing of share rules (middleware/share); nil when not linked.
+	sharing sharehook.Group
 }
 
 // New validates c and builds the store, the Locker and the compiled rules, once. Without a
@@ -89,23 +86,24 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		_ = m.Close()
 		return nil, err
 	}
-	// Each store keeps the responses of the share rules that lock in it, under the prefix its
-	// base Locker puts before lock keys: an etcd Locker that New built (or one of WithStore)
-	// puts Lock.Etcd.Key before Prefix; an injected one puts only Prefix (see buildStores).
-	etcdPrefix := c.Etcd.Key
-	if m.injected {
-		etcdPrefix = ""
+	if sharehook.New != nil {
+		// Stored responses go under the etcd prefix the base Locker puts before lock keys
+		// (buildStores): Lock.Etcd.Key, or nothing for an injected Locker.
+		etcdPrefix := c.Etcd.Key
+		if m.injected {
+			etcdPrefix = ""
+		}
+		m.sharing = sharehook.New(sharehook.Config{Bases: m.bases, EtcdPrefix: etcdPrefix, Prefix: c.Prefix,
+			Wait: c.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
 	}
-	m.replays = newReplayStores(m.bases, etcdPrefix)
 	for _, cr := range compiled {
 		store, base, err := m.baseFor(cr.spec)
+		if err == nil {
+			err = m.shareParts(cr, cr.spec.Field, store, true)
+		}
 		if err != nil {
 			_ = m.Close()
 			return nil, err
-		}
-		if refused, ok := m.replays[store].(refusedReplays); ok && cr.spec.OnBusy == rules.OnBusyShare {
-			_ = m.Close()
-			return nil, rules.FieldError(cr.spec.Field+".OnBusy", "%v", refused.err)
 		}
 		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {

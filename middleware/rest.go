@@ -91,6 +91,9 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	if rl.locker, err = m.ruleLocker(base, s.Rule, cr.setStats(store)); err != nil {
 		return nil, rules.FieldError(s.Field, "%v", err)
 	}
+	if err := m.shareParts(cr, s.Field, store, false); err != nil {
+		return nil, err
+	}
 	name := "Route"
 	if s.HTTPKey != nil {
 		name = "RouteFunc"
@@ -156,8 +159,8 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		writeHTTPError(w, r, err)
 		return
 	}
-	if rl.shared {
-		m.serveShared(rl, w, r, next, keys)
+	if rl.share != nil {
+		rl.share.HandleHTTP(w, r, next, keys)
 		return
 	}
 	h, err := m.lock(ctx, rl, keys)

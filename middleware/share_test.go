@@ -243,10 +243,8 @@ func TestShareErrorsTooLargeDeadlinesAndPanics(t *testing.T) {
 	}
 	// A duplicate that joined a run of this process (the handler takes 1s) and whose own
 	// deadline (300ms) ends first: the same 409 with Retry-After before its deadline, while the
-	// run goes on. (This test once expected go-zero's 503 here, the duplicate waiting on its own
-	// context only; the design says contention answers below 500 before the caller's deadline,
-	// so that go-zero's breakers do not count it, and a duplicate in another process already
-	// got 409 above: review 4.)
+	// run goes on, as a duplicate in another process got above: contention answers below 500
+	// before the caller's deadline, so that go-zero's breakers do not count it.
 	long := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: slow}})
 	leader := make(chan int, 1)
 	go func() { leader <- serve(long, payRequest("u9", "joined", `{}`)).Code }()

@@ -1,8 +1,9 @@
 package middleware
 
-// Shared runs (OnBusy share) as review 4 found them: a duplicate's wait for a run of this
-// process, a leading request that leaves, the body read for the fingerprint, and the error
-// replies of share rules. Each test failed before its fix.
+// What the requests of a shared run (OnBusy share) are answered: a duplicate's wait for a run
+// of this process ends within the rule's Wait, a leading request that leaves fails no
+// duplicate, the body read for the fingerprint is bounded, and error replies say why and keep
+// their details.
 
 import (
 	"context"

@@ -1,13 +1,11 @@
 package middleware
 
-// Review 6 of ea28f3c (canonicalNumber; fixed by templateHTTPRawKeys): every REST value written as a number is rendered in
-// one form, so "007" and "7" make one key. For a wait or reject rule that costs a wait. For a
-// share rule it replays a response to a different request: a duplicate is recognised by its
-// key and by a fingerprint of method, path, query and body only (share.go), so when the
-// number comes from a header (or a JWT claim) the two requests have the same fingerprint, and
-// the request of account "7" receives, marked as a replay, the response the handler gave to
-// account "007" (a string field: another account). Before ea28f3c the keys differed and each
-// ran its handler.
+// A lock key renders every REST value written as a number in one form, so "007" and "7" make
+// one key. A share rule's stored responses are keyed by the values as written
+// (templateHTTPRawKeys): a duplicate is recognised by its key and by a fingerprint of method,
+// path, query and body only (middleware/share), so when the number comes from a header (or a
+// JWT claim) the two requests have the same fingerprint, and the request of account "7" must
+// not receive the response the handler gave to account "007" (a string field: another account).
 
 import (
 	"fmt"
@@ -21,7 +19,7 @@ import (
 	"github.com/zeromicro/go-zero/rest/httpx"
 )
 
-type review6AcctReq struct {
+type acctHeaderReq struct {
 	Account string `header:"X-Account"`
 }
 
@@ -32,7 +30,7 @@ func TestShareNeverReplaysAnotherValuesResponse(t *testing.T) {
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{rule}})
 	s := serverless(t, restConf(t, 5*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/balance/reset",
 		Handler: func(w http.ResponseWriter, r *http.Request) {
-			var req review6AcctReq
+			var req acctHeaderReq
 			if err := httpx.Parse(r, &req); err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
 				return

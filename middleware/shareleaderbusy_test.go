@@ -1,16 +1,12 @@
 package middleware
 
-// Review 5, share mode (7326b8d; fixed): when the request that leads the FIRST run of a key had its
-// Locker wait run out (409 for it), that busy answer is the run's result, and every duplicate
-// that joined the run gets the same 409 at that moment, however much of its own Wait is left.
-// errLeaderLeft's comment says that a leader whose "wait ran out and it was answered busy"
-// hands the run over to a duplicate still waiting; that only happens when share's own budget
-// (a retry run) cancels the lock wait, never when the Locker itself answers busy (the first run,
-// t.leave(!retry) leaves the wait to the Locker and lead returns the Locker's ErrBusy as is).
+// When the request that leads the first run of a key has its Locker wait run out (409 for it),
+// the duplicates that joined the run are not answered with that 409: the run is handed to one
+// of them (errLeaderLeft), and each waits within its own Wait.
 //
 // Here: Wait 1s; another process holds the key until 1.3s; the leader comes at 0, a duplicate
-// at 0.7s (its Wait ends at 1.7s). The key is free at 1.3s, within the duplicate's Wait, yet the
-// duplicate is answered 409 at about 1.0s, when the leader's wait ran out.
+// at 0.7s (its Wait ends at 1.7s). The key is free at 1.3s, within the duplicate's Wait, so the
+// duplicate must get 200, not the leader's 409 at about 1.0s.
 
 import (
 	"context"

@@ -1,17 +1,13 @@
 package middleware
 
-// Review 5, share mode (fixed): lead stored the handler's response (storeRecord) after the
-// handler returned without checking that the run still holds the lock. A run whose lock was lost while
-// its handler ran (the lease context is cancelled with ErrLost) still writes its record, and
-// replaySet overwrites any stored response: the record of the newer holder, which ran the
-// handler after the key came free and stored first, is replaced by the record of the run that
-// lost the lock (a lower fence). Duplicates that come later replay the loser's answer, which
-// differs from the one the newer holder's client got.
+// A run of a share rule whose lock was lost while its handler ran (the lease context is
+// cancelled with ErrLost) stores nothing: the record of the newer holder, which ran the handler
+// after the key came free, stays, and later duplicates replay the answer its client got.
 //
 // Here: process A's handler finds its lock gone (deleted, as if it expired during a stall); a
 // duplicate sent to process B takes the key, runs the handler ("run 2") and stores its
-// response; A's watchdog reports ErrLost; A's handler then answers "run 1", and A stores it
-// over B's record.
+// response; A's watchdog reports ErrLost; A's handler then answers "run 1", which must not
+// replace B's record.
 
 import (
 	"context"
@@ -77,7 +73,10 @@ func TestShareLostRunKeepsTheNewerHoldersRecord(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stored response: %v (keys %v)", err, tr.mr.Keys())
 	}
-	var rec record
+	var rec struct {
+		Body  []byte `json:"b"`
+		Fence int64  `json:"f"`
+	}
 	if err := json.Unmarshal([]byte(v), &rec); err != nil {
 		t.Fatal(err)
 	}
@@ -89,38 +88,5 @@ func TestShareLostRunKeepsTheNewerHoldersRecord(t *testing.T) {
 	w3 := serve(sA, payRequest("u1", "k1", `{}`))
 	if w3.Body.String() != wB.Body.String() {
 		t.Errorf("a later duplicate replays %q, while the client of the newer holder got %q", w3.Body.String(), wB.Body.String())
-	}
-}
-
-// replaySet refuses to replace the stored response of a later grant (a larger fence) and
-// replaces one of an earlier grant: the save of a holder that lost its lock after lead looked
-// cannot overwrite its successor's.
-func TestReplaySetKeepsTheLaterGrantsRecord(t *testing.T) {
-	tr := newTestRedis(t)
-	ctx := context.Background()
-	rp := &redisReplays{client: tr.store.Client()}
-	save := func(fence int64, body string) {
-		t.Helper()
-		if err := rp.save(ctx, "lock:replay:k", &record{Status: 200, Header: http.Header{"X-F": {`"f":1,"p":"x"}`}},
-			Body: []byte(body), Fence: fence, Print: "abc"}, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stored := func() string {
-		t.Helper()
-		rec, err := rp.load(ctx, "lock:replay:k")
-		if err != nil || rec == nil {
-			t.Fatalf("load: %v, %v", rec, err)
-		}
-		return string(rec.Body)
-	}
-	save(10, "ten")
-	save(5, "five")
-	if got := stored(); got != "ten" {
-		t.Errorf("a record of fence 5 replaced one of fence 10: stored %q", got)
-	}
-	save(12, "twelve")
-	if got := stored(); got != "twelve" {
-		t.Errorf("a record of fence 12 did not replace one of fence 10: stored %q", got)
 	}
 }

@@ -31,6 +31,8 @@ import (
 	// The example runs its services on the embedded store when their config names no Redis.
 	flmw "github.com/flightlock/flightlock/middleware"
 	_ "github.com/flightlock/flightlock/middleware/devstore"
+	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
+	_ "github.com/flightlock/flightlock/middleware/share"
 )
 
 // Demo data created at start-up when absent (Seed: true).

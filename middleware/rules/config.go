@@ -286,7 +286,7 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 }
 
 // CheckRuleStore validates the store of rule s of c: which one, and what etcd requires of it
-// (whole-second TTLs; a share rule's Replay is rounded up instead, see share_etcd.go).
+// (whole-second TTLs; a share rule's Replay is rounded up instead, see middleware/share/etcd.go).
 func (c LockConf) CheckRuleStore(s Spec) error {
 	store, err := c.StoreOf(s)
 	if err != nil || store != StoreEtcd {

@@ -16,6 +16,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/stat"
 
 	flmw "github.com/flightlock/flightlock/middleware"
+	_ "github.com/flightlock/flightlock/middleware/share" // DupRule's OnBusy share
 )
 
 // The duplicates scenario (issue 12): Dups concurrent duplicates of one request (one

@@ -1,0 +1,85 @@
+// Package sharehook connects the middleware to response sharing (OnBusy share), which
+// middleware/share implements and registers in its init, so that only the binaries that import
+// it link it. The middleware depends on these types only, and share never on the middleware.
+package sharehook
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/rules"
+)
+
+// ReplayedHeader and ReplayedMetadata mark a response (REST header, gRPC header metadata) that
+// a duplicate received from the request that ran the handler; the middleware exports them.
+const (
+	ReplayedHeader   = "Idempotent-Replayed"
+	ReplayedMetadata = "idempotent-replayed"
+)
+
+// ErrPayloadMismatch answers a request of a share rule whose key was used by a request with
+// another payload; the middleware exports it and maps it to 422 / InvalidArgument.
+var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
+
+// New builds the response sharing of one Middleware, once, in middleware.New; nil unless
+// middleware/share is linked into the binary.
+var New func(Config) Group
+
+// Config is what the response sharing of one Middleware is built from.
+type Config struct {
+	// Bases holds the base Locker of each store the rules lock in, by store name ("redis",
+	// "etcd"): share rules keep their responses in the store they lock in.
+	Bases map[string]*flightlock.Locker
+	// EtcdPrefix is put before the keys of responses in an etcd store, as its base Locker puts
+	// it before lock keys (Lock.Etcd.Key; empty for an injected Locker).
+	EtcdPrefix string
+	Prefix     string        // LockConf.Prefix, before every stored response's key
+	Wait       time.Duration // LockConf.Wait: the wait of a share rule without one of its own
+	// HTTPError and RPCError answer a failed request as the middleware answers its own errors
+	// (ErrBusy 409 / Aborted, ErrInvalidKey 400 / InvalidArgument, ...).
+	HTTPError func(w http.ResponseWriter, r *http.Request, err error)
+	RPCError  func(err error) error
+}
+
+// Group is the response sharing of one Middleware: the runs of its keys in flight in this
+// process, and the stored responses of its stores.
+type Group interface {
+	// StoreError says why the store named store cannot keep responses, nil when it can. A rule
+	// on such a store shares within its process only, its failures logged.
+	StoreError(store string) error
+	// Rule returns the sharing of one transport's part of a share rule r (normalized), keyed
+	// by plan, that locks in store through locks.
+	Rule(locks Locks, r rules.Rule, plan *rules.Plan, store string) Rule
+}
+
+// Rule serves the requests of one share rule, for one transport, with keys rendered.
+type Rule interface {
+	HandleHTTP(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string)
+	HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, keys []string) (any, error)
+}
+
+// Locks is what sharing needs of the middleware for one rule: its lock, taken and released as
+// for any rule (measured, traced and logged), its rate-limited error log and its counter.
+type Locks interface {
+	// Lock takes the rule's lock on keys for the request of ctx.
+	Lock(ctx context.Context, keys []string) (Held, error)
+	// LogError logs that what failed because of err, at most once an interval per rule and what.
+	LogError(ctx context.Context, what string, err error)
+	// CountShared counts a request answered without running the handler, by where the
+	// response came from ("inflight", "stored"), or a response too large to store ("too_large").
+	CountShared(how string)
+}
+
+// Held is the lock a request holds, from Locks.Lock to Release.
+type Held interface {
+	Context() context.Context // the handler's context: the lease's
+	Group() *flightlock.Group // the request's leases
+	// Release releases the lock after the handler returned, on a context that keeps ctx's
+	// values but not its cancellation.
+	Release(ctx context.Context)
+}

@@ -1,0 +1,216 @@
+package share
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Stored responses of share rules that lock in etcd. Each lives under the key the
+// Redis store would use (Prefix + "replay:" + the rendered keys), after Lock.Etcd.Key, as the
+// rule's locks do, on an etcd lease, so that etcd deletes it once the rule's Replay time is
+// over.
+//
+// etcd leases last whole seconds, so the time a response is kept is rounded up: a response
+// lives at least Replay, and at most Replay rounded up to whole seconds plus one second (the
+// lease-sharing window below), or etcd's minimum lease TTL when that is longer (1.5 election
+// timeouts rounded up: 2s with etcd's default timings). Unlike a lock's TTL, which is refused
+// when it is not whole seconds, keeping a response a little longer is harmless: a duplicate
+// that comes in that extra time gets the response it would have got a moment earlier.
+//
+// Saves share leases instead of granting one per save: a grant is a Raft write (an fsync on
+// every member), as costly as the save itself, and every live lease is work for etcd's lessor.
+// The saves of one whole-second life share one lease of that life plus one second, used for as
+// long as it has at least the life left (its first second), then replaced by a new grant. So a
+// process grants at most about one lease per second per Replay time its rules use, however
+// many responses it stores, and no lease outlives its last response by more than a second.
+// Nothing revokes a lease: it expires with the responses on it. (A new etcd leader renews
+// every lease to its full TTL: across a leader change a response may live one lease longer,
+// never shorter.)
+
+// replayLeaseSlack is how much longer than the stored life each shared lease is granted: the
+// window in which saves reuse it, and so the most a response may outlive its rounded life.
+const replayLeaseSlack = time.Second
+
+// replaySaveBound bounds a save (a grant, when one is due, and the transaction). The holder
+// saves before it releases the lock, with a context that no longer ends with the request: a
+// save must not hold the lock longer than that when etcd is slow or unreachable (the
+// response is then shared within the process only, and the failure logged).
+const replaySaveBound = time.Second
+
+// etcdReplays keeps share rules' responses in etcd, on the lock store's client.
+type etcdReplays struct {
+	cli    *clientv3.Client
+	prefix string // put before replay keys: the etcd prefix of the rules' lock keys (Lock.Etcd.Key)
+
+	mu     sync.Mutex
+	leases map[int64]*replayLease // guarded by mu: the shared lease of each life, in whole seconds
+}
+
+// replayLease is the lease that the saves of one life share.
+type replayLease struct {
+	mu    sync.Mutex       // held across a grant: concurrent saves that need one wait for a single grant
+	id    clientv3.LeaseID // guarded by mu; 0 before the first grant
+	until time.Time        // guarded by mu: etcd expires the lease no earlier (grant sent + granted TTL)
+}
+
+func newEtcdReplays(cli *clientv3.Client, prefix string) *etcdReplays {
+	return &etcdReplays{cli: cli, prefix: prefix, leases: make(map[int64]*replayLease)}
+}
+
+func (s *etcdReplays) load(ctx context.Context, key string) (*record, error) {
+	resp, err := s.cli.Get(ctx, s.prefix+key)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	return decodeRecord(key, resp.Kvs[0].Value)
+}
+
+// save stores rec under key for at least ttl, in one transaction (see put), unless key holds a
+// lock or the record of a later grant.
+func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	v := grantTag(rec.Fence) + `",` + string(b[1:]) // b is a JSON object with fields: "{...}"
+	ctx, cancel := context.WithTimeout(ctx, replaySaveBound)
+	defer cancel()
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	for attempt := 0; ; attempt++ {
+		lease, err := s.lease(ctx, secs)
+		if err != nil {
+			return err
+		}
+		err = s.put(ctx, s.prefix+key, v, lease, rec.Fence)
+		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
+		// granted anew, once: its until said it had time left, so this is no expiry of ours.
+		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
+			s.forget(secs, lease)
+			continue
+		}
+		return err
+	}
+}
+
+// A record in etcd starts with the fence of the grant that produced it, as a fixed-width
+// string, its first field: {"g":"0000000000123456789",<the record's other fields>}. etcd can
+// compare values as bytes only, and fixed-width decimals compare as bytes as they do as
+// numbers, so a transaction can tell whether the stored record comes from a later grant than
+// the saver's, as the Redis save compares the record's "f". decodeRecord ignores the field.
+const (
+	grantTagStart = `{"g":"`
+	grantDigits   = 19 // every int64 fits
+)
+
+// grantTag is the start of the value of a record produced under fence (0 without one), up to
+// the fence's last digit.
+func grantTag(fence int64) string {
+	return fmt.Sprintf("%s%0*d", grantTagStart, grantDigits, max(fence, 0))
+}
+
+// put is save's transaction: v under the etcd key k on lease, unless k holds a lock or the
+// record of a later grant than the one of fence. A stored record's grant is compared, never
+// when it was written: a holder A whose lock was lost while its handler ran may save after its
+// successor B was granted, or after B saved; in both orders B's record is the one that stays,
+// the one duplicates must get. Fences grow with every grant and handoff of the key, so "a
+// later grant" is a larger fence. A save without a fence (a degraded run, fail-open) and a
+// record without its grant in front (an older encoding) compare nothing: the save replaces it,
+// as the Redis save replaces a record whose fence it cannot read.
+//
+// k holds a stored response when its value is a JSON object: it starts with '{', compared as
+// bytes greater than "{" and less than "|", the next byte (a record is never the single byte
+// "{"). It holds the record of a later grant when its value lies in (grantTag(fence+1),
+// grantTagStart+":"): the start, then 19 digits at least fence+1 and more bytes (':' follows
+// '9', so every value that starts with the 19 digits lies below the bound). etcd fails
+// every value comparison on a missing key, hence the nested transactions instead of one
+// compare; it ANDs a transaction's compares, and an empty list holds.
+func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
+	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
+	isRecord := []clientv3.Cmp{
+		clientv3.Compare(clientv3.Value(k), ">", "{"),
+		clientv3.Compare(clientv3.Value(k), "<", "|"),
+	}
+	replace := []clientv3.Op{put}
+	if fence > 0 && fence < math.MaxInt64 {
+		later := []clientv3.Cmp{
+			clientv3.Compare(clientv3.Value(k), ">", grantTag(fence+1)),
+			clientv3.Compare(clientv3.Value(k), "<", grantTagStart+":"),
+		}
+		replace = []clientv3.Op{clientv3.OpTxn(later, nil, []clientv3.Op{put})}
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(put).
+		Else(clientv3.OpTxn(isRecord, replace, nil)).
+		Commit()
+	if err != nil {
+		return err
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	if len(resp.Responses) == 1 {
+		if rec := resp.Responses[0].GetResponseTxn(); rec != nil {
+			if !rec.Succeeded {
+				return fmt.Errorf("flightlock: %s holds a lock, not a stored response", k)
+			}
+			if len(rec.Responses) == 1 {
+				// Stored, or left to the later grant's record (not an error: that record is
+				// the one duplicates must get).
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("flightlock: storing the response %s: unexpected etcd reply %v", k, resp.Responses)
+}
+
+// lease returns the shared lease of a life of secs seconds, granting one when there is none
+// or the current one has less than secs seconds left.
+func (s *etcdReplays) lease(ctx context.Context, secs int64) (clientv3.LeaseID, error) {
+	s.mu.Lock()
+	l := s.leases[secs]
+	if l == nil {
+		l = &replayLease{}
+		s.leases[secs] = l
+	}
+	s.mu.Unlock()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	life := time.Duration(secs) * time.Second
+	if l.id != 0 && time.Until(l.until) >= life {
+		return l.id, nil
+	}
+	sent := time.Now()
+	resp, err := s.cli.Grant(ctx, secs+int64(replayLeaseSlack/time.Second))
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: grant the lease of stored responses: %w", err)
+	}
+	// etcd raises a TTL below its minimum and says so in the reply: count the granted one.
+	l.id, l.until = resp.ID, sent.Add(time.Duration(resp.TTL)*time.Second)
+	return l.id, nil
+}
+
+// forget drops the shared lease id of a life of secs seconds, unless another save has already
+// replaced it.
+func (s *etcdReplays) forget(secs int64, id clientv3.LeaseID) {
+	s.mu.Lock()
+	l := s.leases[secs]
+	s.mu.Unlock()
+	l.mu.Lock()
+	if l.id == id {
+		l.id = 0
+	}
+	l.mu.Unlock()
+}

@@ -1,0 +1,127 @@
+package share
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
+	"github.com/flightlock/flightlock/middleware/rules"
+)
+
+// unshared headers belong to one response and are never replayed: a cookie is its client's,
+// and the others describe the transfer, not the content.
+var unshared = []string{"Set-Cookie", "Content-Length", "Date", "Connection", "Transfer-Encoding", "Trailer"}
+
+// shareable is h without the unshared headers.
+func shareable(h http.Header) http.Header {
+	c := h.Clone()
+	for _, k := range unshared {
+		c.Del(k)
+	}
+	return c
+}
+
+// HandleHTTP is the REST middleware's work for a share rule (see share): the status, headers and
+// body of the request that ran the handler.
+func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
+	ctx := r.Context()
+	body, err := readSharedBody(r)
+	if err != nil {
+		rl.g.conf.HTTPError(w, r, err)
+		return
+	}
+	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
+	replayKeys := keys // the lock's keys; a template's values as written, when it has some
+	if rl.plan.HTTPReplayKeys != nil {
+		raw, err := rl.plan.HTTPReplayKeys(r)
+		if err != nil {
+			rl.g.conf.HTTPError(w, r, err)
+			return
+		}
+		replayKeys = raw
+	}
+	rkey := rl.replayKey(replayKeys)
+
+	rec, err := rl.share(ctx, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
+		return rl.runHTTP(ctx, t, r, body, next, keys, rkey, print)
+	})
+	var pe *panicError
+	switch {
+	case errors.As(err, &pe):
+		http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+		return
+	case err != nil: // ErrPayloadMismatch among them: 422
+		rl.g.conf.HTTPError(w, r, err)
+		return
+	}
+	header := rec.Header
+	if !rec.replayed && rec.own != nil {
+		header = rec.own // the request that ran the handler answers with all of its headers
+	}
+	for k, vs := range header {
+		w.Header()[k] = vs
+	}
+	if rec.replayed {
+		w.Header().Set(sharehook.ReplayedHeader, "true")
+	}
+	w.WriteHeader(rec.Status)
+	_, _ = w.Write(rec.Body)
+}
+
+// readSharedBody reads r's body for the fingerprint, up to rules.MaxBodyBytes as the rules' keys read
+// it (go-zero's MaxBytes checks Content-Length only: a chunked body has none), and puts it
+// back for the handler. A longer body is refused 400 (ErrInvalidKey), unread past the bound.
+func readSharedBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, rules.MaxBodyBytes+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
+	case len(body) > rules.MaxBodyBytes:
+		return nil, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, rules.MaxBodyBytes)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	return body, nil
+}
+
+// runHTTP is the leader's run of a REST share rule (see share and lead); ctx is r's.
+func (rl *rule) runHTTP(ctx context.Context, t *turn, r *http.Request, body []byte,
+	next http.HandlerFunc, keys []string, rkey, print string) (*record, error) {
+	return rl.lead(ctx, t, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
+		rr := &recorder{header: http.Header{}, status: http.StatusOK}
+		r = r.WithContext(ctx)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next(rr, r)
+		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
+			Print: print, own: rr.header}
+		return rec, rl.policy.storesHTTP(rec.Status), nil
+	})
+}
+
+// recorder captures a handler's response for sharing.
+type recorder struct {
+	header http.Header
+	status int
+	wrote  bool
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if !r.wrote {
+		r.status, r.wrote = status, true
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.body.Write(b)
+}

@@ -1,0 +1,356 @@
+// Package share links response sharing (OnBusy share) into a service: while a request holds
+// a rule's key, its duplicates wait (within the rule's Wait and their own deadline) and then get
+// its response instead of running the handler. Import it for its side effect, in the main
+// package of every service whose config has a rule with OnBusy share:
+//
+//	import _ "github.com/flightlock/flightlock/middleware/share"
+//
+// Without it, middleware.New refuses such a config at start-up with an error that names this
+// import, and services without share rules do not link it.
+//
+// In one process the duplicates join the first request's flight (golang.org/x/sync/singleflight,
+// in group.flights); across processes they queue for the lock, and the holder stores its
+// response in the rule's store (Redis or etcd) under Prefix + "replay:" + the key (on etcd,
+// after Etcd.Key) before it releases, for the rule's Replay time, so that a duplicate that gets
+// the lock next, or arrives later, replays it without running the handler.
+package share
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/zeromicro/go-zero/core/logx"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/waitbudget"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
+	"github.com/flightlock/flightlock/middleware/rules"
+)
+
+func init() { sharehook.New = newGroup }
+
+// group is the response sharing of one Middleware.
+type group struct {
+	conf    sharehook.Config
+	flights singleflight.Group     // one run per key in this process
+	stores  map[string]replayStore // the replay store of each base store, by store name
+}
+
+func newGroup(c sharehook.Config) sharehook.Group {
+	return &group{conf: c, stores: newReplayStores(c.Bases, c.EtcdPrefix)}
+}
+
+func (g *group) StoreError(store string) error {
+	if refused, ok := g.stores[store].(refusedReplays); ok {
+		return refused.err
+	}
+	return nil
+}
+
+func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan, store string) sharehook.Rule {
+	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
+	return &rule{g: g, locks: locks, plan: plan, replays: g.stores[store], policy: policy{
+		classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
+		// Rule.Wait, else the section's (with WithLocker, the section's default where the
+		// injected Locker may have another; the root package does not tell its Locker's wait).
+		wait: cmp.Or(r.Wait, g.conf.Wait),
+	}}
+}
+
+// rule is the sharing of one transport's part of a share rule.
+type rule struct {
+	g       *group
+	locks   sharehook.Locks // the rule's lock, logs and counter, in the middleware
+	plan    *rules.Plan
+	replays replayStore // that of the store the rule locks in
+	policy  policy
+}
+
+// policy is what a share rule stores: the status classes (2 for 2xx, ...) and the size bound
+// of a body, and for how long; and how long a duplicate waits for a run in flight.
+type policy struct {
+	classes  [6]bool
+	maxBytes int
+	ttl      time.Duration
+	wait     time.Duration
+}
+
+func (p policy) storesHTTP(status int) bool {
+	return status >= 100 && status < 600 && p.classes[status/100]
+}
+
+// fingerprint identifies a request's payload: what a duplicate must repeat exactly.
+func fingerprint(parts ...[]byte) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(strconv.Itoa(len(p))))
+		h.Write([]byte{':'})
+		h.Write(p)
+	}
+	return fmt.Sprintf("%x", h.Sum(nil))
+}
+
+// panicError carries a handler's panic out of a shared flight: the request that ran it and its
+// duplicates all answer 500, none hangs.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string {
+	return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value)
+}
+
+// errLeaderLeft ends a shared run whose leading request left (its client went away, or its
+// wait ran out and it was answered busy) before the handler ran for it: the handler does not
+// run for a request that is no longer there, and the duplicates still waiting start another
+// run, led by one of them, instead of getting that request's error.
+var errLeaderLeft = errors.New("flightlock: the request leading a shared run left before it ran")
+
+// errShareWait answers a duplicate whose wait for the run in flight used up the rule's wait
+// budget: 409 with Retry-After / Aborted, as a wait for the lock does.
+var errShareWait = fmt.Errorf("%w: the request in flight with this key did not finish within Wait", flightlock.ErrBusy)
+
+// turn is one request's part in the shared runs of its key. A run that the request leads runs
+// the handler for it only while the request still waits for the answer (start), so that no
+// handler runs for a request already answered, busy or gone; once the handler runs, the
+// request waits for it to return, as it would without a share rule.
+type turn struct {
+	mu     sync.Mutex
+	state  int                // guarded by mu: turnWaiting, turnRunning or turnLeft
+	led    bool               // guarded by mu: the request leads a run (it leads one at most)
+	cancel context.CancelFunc // guarded by mu: ends the lock wait of the run the request leads
+}
+
+const (
+	turnWaiting = iota
+	turnRunning // the handler runs, or ran, for this request
+	turnLeft    // the request was answered without a run of its own: busy, or its context ended
+)
+
+// lead returns the context of the lock wait of a run the request leads, which leave cancels,
+// or false when the request already left.
+func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnLeft {
+		return nil, nil, false
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	t.led, t.cancel = true, cancel
+	return lctx, cancel, true
+}
+
+// start marks the handler as running for the request, unless it left.
+func (t *turn) start() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnLeft {
+		return false
+	}
+	t.state = turnRunning
+	return true
+}
+
+// leave marks the request as answered without a run and ends the lock wait of a run it leads,
+// unless the handler already runs for it, or unless it leads a run and lockBounds says that the
+// Locker ends that run's wait itself; it reports whether the request left.
+func (t *turn) leave(lockBounds bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.state == turnRunning || lockBounds && t.led {
+		return false
+	}
+	t.state = turnLeft
+	if t.cancel != nil {
+		t.cancel()
+	}
+	return true
+}
+
+// is reports whether the request is in state s, and whether it led a run.
+func (t *turn) is(s int) (in, led bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state == s, t.led
+}
+
+// share runs a share rule for one request: replay a stored response, or join (or lead) the
+// flight of its key in this process. run is the leader's work (see lead): take the lock on
+// the context it is given, replay what a previous holder stored, or run the handler and store
+// its response; it returns the record.
+//
+// A request waits for the run it joined within its own wait budget (the rule's Wait from the
+// moment it came, ending before its deadline as a wait for the lock does) and then answers
+// 409 / Aborted: contention stays below 500, and the caller gets it before its deadline. Each
+// request waits on its own context, so one that leaves fails no other: when the request
+// leading the run leaves before the handler ran for it, the run ends with errLeaderLeft and
+// the others start another.
+func (rl *rule) share(ctx context.Context, rkey, print string,
+	run func(ctx context.Context, t *turn) (*record, error)) (*record, error) {
+	if rec, err := rl.replays.load(ctx, rkey); err != nil {
+		rl.locks.LogError(ctx, "reading a stored response failed; running the request", err)
+	} else if rec != nil {
+		rl.locks.CountShared("stored")
+		return rec, matchPrint(rec, print)
+	}
+	// A wait for a run in flight ends as a wait for the lock does.
+	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), rl.policy.wait)))
+	defer budget.Stop()
+	t := new(turn)
+	for retry := false; ; retry = true {
+		ch := rl.g.flights.DoChan(rkey, func() (any, error) { return run(ctx, t) })
+		var res singleflight.Result
+		select {
+		case res = <-ch:
+		case <-budget.C:
+			// The first run this request leads waits for the lock within the Locker's wait, which
+			// ends at this same deadline and answers busy with the holder's TTL (Retry-After):
+			// that answer is left to it. A duplicate, or the leader of a later run (whose Locker
+			// wait began after the request came), gives up here.
+			if t.leave(!retry) {
+				return nil, errShareWait
+			}
+			res = <-ch // the run this request leads: its own answer
+		case <-ctx.Done():
+			if t.leave(false) {
+				return nil, errors.Join(flightlock.ErrBusy, ctx.Err())
+			}
+			res = <-ch // the handler runs for this very request: its own answer
+		}
+		left, led := t.is(turnLeft)
+		if errors.Is(res.Err, errLeaderLeft) {
+			switch {
+			case !left:
+				continue // the request that led the run left before it ran: lead or join the next
+			case ctx.Err() != nil:
+				return nil, errors.Join(flightlock.ErrBusy, ctx.Err())
+			case led && errors.Is(res.Err, flightlock.ErrBusy):
+				return nil, res.Err // its own wait for the lock ran out: busy, with the holder's Retry-After
+			default:
+				return nil, errShareWait
+			}
+		}
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		rec := *res.Val.(*record) // a copy: replayed differs per caller
+		if !led {
+			rec.replayed = true
+			rl.locks.CountShared("inflight")
+		}
+		return &rec, matchPrint(&rec, print)
+	}
+}
+
+// matchPrint refuses a record produced by a request with another payload.
+func matchPrint(rec *record, print string) error {
+	if rec.Print != print {
+		return sharehook.ErrPayloadMismatch // 422 / InvalidArgument, as the IETF Idempotency-Key draft says
+	}
+	return nil
+}
+
+// replayKey is the key of the stored response of a request locked on keys.
+func (rl *rule) replayKey(keys []string) string {
+	return rl.g.conf.Prefix + rules.ReplayPrefix + strings.Join(keys, "+")
+}
+
+// lead is the leader's run of a share rule, for both transports, for the request of ctx and t:
+// it takes the lock, replays what a holder in another process stored just before releasing, or
+// else runs the handler (run, on the lease's context, with its fence) and stores the record
+// when stores says the rule keeps responses of its kind, before the lock is released. The
+// handler runs with the leading request's context (its values and deadline) and only while
+// that request still waits: when it left first, the run ends with errLeaderLeft and the lock,
+// if taken, is released unused. A panic in run becomes a panicError, logged once, as go-zero's
+// recover handler would log it: every duplicate answers 500.
+func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
+	run func(ctx context.Context, fence int64) (rec *record, stores bool, err error)) (rec *record, err error) {
+	lctx, cancel, ok := t.lead(ctx)
+	if !ok {
+		return nil, errLeaderLeft
+	}
+	defer cancel() // after the release below: it ends the lease's context, parent of the handler's
+	h, err := rl.locks.Lock(lctx, keys)
+	if err != nil {
+		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
+			// The request left, or its client went away, while it waited, or its own wait for
+			// the lock ran out (it answers busy, with the holder's Retry-After): duplicates
+			// that came after it have wait left, and go on without it (they were
+			// all answered 409 at the leader's deadline).
+			t.leave(false)
+			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
+		}
+		return nil, err
+	}
+	defer h.Release(ctx)
+	if stored, err := rl.replays.load(ctx, rkey); err == nil && stored != nil {
+		rl.locks.CountShared("stored")
+		return stored, nil
+	}
+	if lctx.Err() != nil || !t.start() {
+		t.leave(false)
+		return nil, errLeaderLeft
+	}
+	var stores bool
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				pe := &panicError{value: v, stack: debug.Stack()}
+				logx.WithContext(ctx).Errorf("%v\n%s", v, pe.stack)
+				rec, err = nil, pe
+			}
+		}()
+		rec, stores, err = run(h.Context(), fenceOf(h.Group()))
+	}()
+	if err != nil {
+		return nil, err
+	}
+	// Asked of the leases, not the context's cause: a request whose own context ended first
+	// keeps Canceled as the cause after a later loss.
+	if g := h.Group(); g != nil && g.Lost() {
+		// The lock was lost while the handler ran: another holder may have run it since and
+		// stored its response, which duplicates must get, not this one. The save
+		// itself refuses to replace a record of a later grant (replaySet), for a loss that
+		// comes after this look.
+		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
+		return rec, nil
+	}
+	rl.storeRecord(ctx, rkey, rec, stores)
+	return rec, nil
+}
+
+// storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
+// and it fits the size bound, before the lock is released (the caller releases after).
+func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
+	p := rl.policy
+	switch {
+	case !stores:
+		return
+	case len(rec.Body) > p.maxBytes:
+		rl.locks.CountShared("too_large")
+		rl.locks.LogError(ctx, "response too large to share across processes",
+			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), p.maxBytes))
+		return
+	}
+	if err := rl.replays.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
+		rl.locks.LogError(ctx, "storing the response for duplicates failed", err)
+	}
+}
+
+// fenceOf is the fence of a request's first lock, 0 without one.
+func fenceOf(g *flightlock.Group) int64 {
+	if g == nil || len(g.Leases()) == 0 {
+		return 0
+	}
+	return g.Leases()[0].Fence()
+}

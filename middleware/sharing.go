@@ -1,0 +1,83 @@
+package middleware
+
+import (
+	"context"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
+	"github.com/flightlock/flightlock/middleware/rules"
+)
+
+// shareImport is the package that links response sharing (OnBusy share) into a binary; the
+// middleware reaches it through sharehook only, and lends it each share rule's lock (shareLocks).
+const shareImport = "github.com/flightlock/flightlock/middleware/share"
+
+// ReplayedHeader (REST) and ReplayedMetadata (zrpc, response header metadata) mark a response
+// that a duplicate received from the request that ran the handler (in this process or
+// another), as payment APIs mark idempotent replays.
+const (
+	ReplayedHeader   = sharehook.ReplayedHeader
+	ReplayedMetadata = sharehook.ReplayedMetadata
+)
+
+// ErrPayloadMismatch answers a request of an OnBusy share rule whose key was used by a request
+// with another payload (an idempotency key reused for a different request): 422
+// Unprocessable Entity / InvalidArgument, as the IETF Idempotency-Key draft says.
+var ErrPayloadMismatch = sharehook.ErrPayloadMismatch
+
+// shareParts gives the parts of cr, a rule that locks in store, their response sharing when
+// its OnBusy is share. Without middleware/share in the binary that is an error naming the
+// import (field names the rule); so is, when strict, a store that cannot keep responses: a
+// rule built later with Route on one shares within its process only, its failures logged.
+func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bool) error {
+	if cr.spec.OnBusy != rules.OnBusyShare {
+		return nil
+	}
+	if m.sharing == nil {
+		return rules.FieldError(field+".OnBusy", "is share, and this binary does not link response sharing: "+
+			"add import _ %q to the service's main.go", shareImport)
+	}
+	if err := m.sharing.StoreError(store); err != nil && strict {
+		return rules.FieldError(field+".OnBusy", "%v", err)
+	}
+	for _, rl := range []*rule{cr.http, cr.rpc} {
+		if rl != nil {
+			rl.share = m.sharing.Rule(shareLocks{m, rl}, cr.spec.Rule, rl.Plan, store)
+		}
+	}
+	return nil
+}
+
+// shareLocks lends response sharing the lock, logs and counter of one rule.
+type shareLocks struct {
+	m  *Middleware
+	rl *rule
+}
+
+func (s shareLocks) Lock(ctx context.Context, keys []string) (sharehook.Held, error) {
+	h, err := s.m.lock(ctx, s.rl, keys)
+	if err != nil {
+		return nil, err
+	}
+	return &sharedHeld{s, h}, nil
+}
+
+func (s shareLocks) LogError(ctx context.Context, what string, err error) {
+	s.m.logs.error(ctx, s.rl.stats, what, err)
+}
+
+func (s shareLocks) CountShared(how string) {
+	if st := s.rl.stats; metricsOn() {
+		sharedTotal.Inc(st.name, st.template, st.store, how)
+	}
+}
+
+// sharedHeld is the lock a request of a share rule holds.
+type sharedHeld struct {
+	shareLocks
+	h held
+}
+
+func (s *sharedHeld) Context() context.Context    { return s.h.ctx }
+func (s *sharedHeld) Group() *flightlock.Group    { return s.h.g }
+func (s *sharedHeld) Release(ctx context.Context) { s.m.release(ctx, s.rl, s.h) }
