@@ -74,6 +74,15 @@
 // keep-alives that get no answer are sent again likewise. The give-back of an acquisition that
 // failed costs the caller no round trip: the store releases it in the background (Release).
 //
+// A member that is cut off but keeps its connections open (frozen, or behind a black hole)
+// needs the client's help: the etcd client balances calls round robin over its members and
+// keeps picking one whose connection is open, so without gRPC keep-alive pings every third
+// call of the client (discovery's too) goes to the silent member, and a waiter whose attempts
+// fall into step with the rotation can meet it in every attempt until its wait runs out. Build
+// the client with DialKeepAliveTime and DialKeepAliveTimeout set: a member that leaves a ping
+// unanswered is dropped until it answers again. etcd refuses pings more frequent than its
+// --grpc-keepalive-min-time (5s by default).
+//
 // # Fences
 //
 // Fences come from the revision of the transaction that created the key, shifted left by 20

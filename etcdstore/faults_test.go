@@ -18,6 +18,7 @@ import (
 	"github.com/flightlock/flightlock/internal/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // fencedCounter is the resource the locks protect: it refuses a second writer inside, and a
@@ -565,6 +566,81 @@ func TestWaitersRideOutALeaderKill(t *testing.T) {
 	}
 	if n := counter.check(t); n != 2 {
 		t.Errorf("%d waiters served, want 2", n)
+	}
+}
+
+// Waiters queued on a key held through a leader that is then cut off (frozen: its
+// connections stay open, nothing answers) keep waiting within their budget: the holder's
+// lease runs out once nothing keeps it alive, and the waiters get the key one after the other,
+// although some of their calls went to the frozen member and got no answer.
+//
+// The waiters' clients ping their connections (DialKeepAliveTime): the etcd client balances
+// calls round robin over its members and keeps picking a member whose connection is open
+// until a ping goes unanswered. Without pings, every third call of a client goes to the frozen
+// member for as long as it stays frozen, whatever the store sends again, and a waiter whose
+// calls fall into step with the rotation (each attempt a fixed number of calls) can meet the
+// frozen member in every attempt until its wait runs out. The members accept pings every
+// 500ms (etcd refuses pings more frequent than --grpc-keepalive-min-time, 5s by default).
+func TestWaitersRideOutTheHoldersLeaderCutOff(t *testing.T) {
+	c := etcdtest.StartCluster(t, 3, etcdtest.WithFlags("--grpc-keepalive-min-time", "500ms"))
+	leader := c.Leader(5 * time.Second)
+	const ttl = 3 * time.Second // a lease of 4s
+	hs := newStore(t, etcdtest.NewClient(t, leader.ClientURL))
+	holder, err := flightlock.New(hs, flightlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := holder.Lock(bg(t), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		leader.Thaw()
+		_ = lease.Release(context.Background())
+	}()
+	errs := make(chan error, 2)
+	var released sync.WaitGroup
+	defer released.Wait()
+	for range 2 {
+		kcli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second,
+			DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second, PermitWithoutStream: true, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = kcli.Close() })
+		w, err := flightlock.New(newStore(t, kcli), flightlock.WithTTL(ttl), flightlock.WithWait(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		released.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
+			defer cancel()
+			l, err := w.Lock(ctx, "k")
+			errs <- err
+			if err == nil {
+				// The Locker bounds a release by one TTL, and a release that fails is retried
+				// by the store: the other waiter's wait is what is under test.
+				if err := l.Release(context.Background()); err != nil {
+					t.Logf("release by a waiter: %v", err)
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // both waiters queued, watching the key
+	leader.Freeze()
+	cut := time.Now()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a queued waiter gave up %v after the holder's leader was cut off: %v", time.Since(cut), err)
+		}
+	}
+	if d := time.Since(cut); d < ttl {
+		t.Errorf("a waiter got the key %v after the cut, before the holder's TTL", d)
+	}
+	select {
+	case <-lease.Context().Done():
+	default:
+		t.Error("the cut-off holder's lease context is still live after another took the key")
 	}
 }
 

@@ -26,8 +26,8 @@ func isLeaseNotFound(err error) bool {
 // leaseSlot is the lease of one lock TTL: granted once, by the first acquisition that needs it.
 type leaseSlot struct {
 	ready chan struct{} // closed once l or err is set
-	l     *lease
-	err   error // a TTL etcd refuses to honour; kept, so that later calls fail without a grant
+	l     *lease        // written under the store's mu; read without it once ready is closed
+	err   error         // a TTL etcd refuses to honour; kept, so that later calls fail without a grant
 }
 
 // lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it.
@@ -223,8 +223,8 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 		return
 	}
 	l := &lease{id: resp.ID, ttl: ttl, secs: secs, fresh: sent}
-	slot.l = l
 	s.mu.Lock()
+	slot.l = l // under mu: dropLease and retire compare a pending slot's l while it is granted
 	s.byID[l.id] = l
 	startTicker := !s.ticking
 	s.ticking = true

@@ -384,6 +384,22 @@ func (m *Member) Kill() {
 	_ = cmd.Wait()
 }
 
+// Freeze stops the member with SIGSTOP (the process this test started, by pid): its
+// connections stay open and nothing answers on them, as for a member behind a black hole, and
+// the others elect a leader without it. Thaw resumes it; Kill ends a frozen member too.
+func (m *Member) Freeze() { m.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen member with SIGCONT.
+func (m *Member) Thaw() { m.signal(syscall.SIGCONT) }
+
+func (m *Member) signal(sig syscall.Signal) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd != nil {
+		_ = m.cmd.Process.Signal(sig)
+	}
+}
+
 // Restart starts a killed member again on the same ports and data directory, and waits until
 // it answers. It rejoins its cluster from its data, so it must have been started before.
 func (m *Member) Restart() {
