@@ -155,6 +155,12 @@ func (e EtcdConf) Client() (*clientv3.Client, error) {
 		DialTimeout:         cmp.Or(e.DialTimeout, defaultEtcdDialTimeout),
 		RejectOldCluster:    true,
 		PermitWithoutStream: true,
+		// Pings find a member cut off with its connections open (frozen, or behind a black
+		// hole): without them the client keeps sending a share of its calls there, and a
+		// waiter's attempts can land on it until its wait runs out. Six seconds is the first
+		// whole second etcd accepts by default (--grpc-keepalive-min-time 5s).
+		DialKeepAliveTime:    6 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
 	}
 	if e.User != "" && e.Pass != "" {
 		cfg.Username, cfg.Password = e.User, e.Pass
