@@ -153,7 +153,10 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	g := &Group{leases: make([]*Lease, 0, len(sorted))}
-	cur, start := ctx, time.Now()
+	cur, start := ctx, time.Time{}
+	if l.cfg.mode == Wait {
+		start = time.Now()
+	}
 	for _, k := range sorted {
 		lease, err := l.lockSince(cur, k, l.cfg.mode == Wait, start)
 		if err != nil {
@@ -183,11 +186,11 @@ func (l *Locker) redisKey(key string) (string, error) {
 }
 
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
-	return l.lockSince(ctx, key, wait, time.Now())
+	return l.lockSince(ctx, key, wait, time.Time{})
 }
 
-// lockSince is lock for a wait that began at start: one wait budget covers every key of a
-// LockAll.
+// lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
+// every key of a LockAll. Reject mode reads no clock: a busy key costs no time.Now.
 func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start time.Time) (*Lease, error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
@@ -203,9 +206,12 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start tim
 		}
 		// Released while we looked: lock as a new owner.
 	}
-	b := budget{parent: ctx, start: start}
+	b := budget{parent: ctx}
 	if wait {
-		b.deadline = waitbudget.Deadline(ctx, start, l.cfg.wait)
+		if start.IsZero() {
+			start = time.Now()
+		}
+		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer b.stop()
 	if o, ok := handover.Lookup(ctx, rkey); ok {

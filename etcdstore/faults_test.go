@@ -453,32 +453,11 @@ func TestHolderCutOffFromTheCluster(t *testing.T) {
 // refused, the member down, replies held back. The acquisition's outcome is unknown then, and
 // its give-back must not hold the caller: the store finishes it in the background.
 func TestLockReturnsByItsDeadlineThroughFaults(t *testing.T) {
-	c := etcdtest.Start(t)
-	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
-	p := redistest.StartProxy(t, member)
-	rp := startCutProxy(t, member)
-	locker := func(addr string) *flightlock.Locker {
-		l, err := flightlock.New(newStore(t, etcdtest.NewClient(t, addr)), flightlock.WithTTL(2*time.Second),
-			flightlock.WithWait(20*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	faults := proxiedFaults(t)
 	const (
 		budget = 600 * time.Millisecond
 		slack  = 300 * time.Millisecond
 	)
-	faults := []struct {
-		name        string
-		l           *flightlock.Locker
-		start, heal func()
-	}{
-		{"black hole", locker(p.Addr), func() { p.Stall(time.Hour) }, func() { p.Cut() }},
-		{"resets", locker(rp.addr()), rp.Cut, rp.Heal},
-		{"member down", locker(p.Addr), c.Members[0].Kill, c.Members[0].Restart},
-		{"replies held back", locker(p.Addr), func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }},
-	}
 	for _, f := range faults {
 		healthy(t, f.l)
 		f.start()
@@ -648,31 +627,11 @@ func TestWaitersRideOutTheHoldersLeaderCutOff(t *testing.T) {
 // member down, replies held back. What it could not finish goes on in the background, bounded
 // by one TTL, and nobody else's lock is touched: once the fault heals the key is taken again.
 func TestReleaseReturnsByItsDeadlineThroughFaults(t *testing.T) {
-	c := etcdtest.Start(t)
-	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
-	p := redistest.StartProxy(t, member)
-	rp := startCutProxy(t, member)
-	locker := func(addr string) *flightlock.Locker {
-		l, err := flightlock.New(newStore(t, etcdtest.NewClient(t, addr)), flightlock.WithTTL(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
+	faults := proxiedFaults(t)
 	const (
 		budget = 600 * time.Millisecond
 		slack  = 300 * time.Millisecond
 	)
-	faults := []struct {
-		name        string
-		l           *flightlock.Locker
-		start, heal func()
-	}{
-		{"black hole", locker(p.Addr), func() { p.Stall(time.Hour) }, func() { p.Cut() }},
-		{"resets", locker(rp.addr()), rp.Cut, rp.Heal},
-		{"member down", locker(p.Addr), c.Members[0].Kill, c.Members[0].Restart},
-		{"replies held back", locker(p.Addr), func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }},
-	}
 	for _, f := range faults {
 		healthy(t, f.l)
 		lease, err := f.l.Lock(context.Background(), "k")
@@ -689,5 +648,37 @@ func TestReleaseReturnsByItsDeadlineThroughFaults(t *testing.T) {
 		cancel()
 		f.heal()
 		healthy(t, f.l)
+	}
+}
+
+// proxiedFault is one fault between a Locker and its only etcd member, with how to start and
+// heal it.
+type proxiedFault struct {
+	name        string
+	l           *flightlock.Locker
+	start, heal func()
+}
+
+// proxiedFaults starts one member and returns the faults a Locker of its own (2s TTL, 20s
+// wait) meets on its way to that member: a black hole, connections reset and refused, the
+// member down, replies held back.
+func proxiedFaults(t *testing.T) []proxiedFault {
+	c := etcdtest.Start(t)
+	member := strings.TrimPrefix(c.Members[0].ClientURL, "http://")
+	p := redistest.StartProxy(t, member)
+	rp := startCutProxy(t, member)
+	locker := func(addr string) *flightlock.Locker {
+		l, err := flightlock.New(newStore(t, etcdtest.NewClient(t, addr)), flightlock.WithTTL(2*time.Second),
+			flightlock.WithWait(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	return []proxiedFault{
+		{"black hole", locker(p.Addr), func() { p.Stall(time.Hour) }, func() { p.Cut() }},
+		{"resets", locker(rp.addr()), rp.Cut, rp.Heal},
+		{"member down", locker(p.Addr), c.Members[0].Kill, c.Members[0].Restart},
+		{"replies held back", locker(p.Addr), func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }},
 	}
 }
