@@ -19,7 +19,7 @@ import (
 	_ "github.com/flightlock/flightlock/middleware/share" // DupRule's OnBusy share
 )
 
-// The duplicates scenario (issue 12): Dups concurrent duplicates of one request (one
+// The duplicates scenario: Dups concurrent duplicates of one request (one
 // Idempotency-Key, one body) through go-zero's REST chain and flightlock's middleware, the
 // handler taking DupWork; DupRounds bursts per repetition, a key of its own each.
 const (
