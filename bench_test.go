@@ -19,7 +19,7 @@ import (
 	"testing"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/redis/go-redis/v9"

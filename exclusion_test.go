@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )

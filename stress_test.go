@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/lockstore"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -9,8 +9,8 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/fenced"
-	"github.com/flightlock/flightlock/internal/etcdtest"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // The fenced writes take a fence whichever store made it (issue 14): a holder of an etcd lock

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/redis/go-redis/v9"
 )
 

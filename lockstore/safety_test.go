@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // Issue 8, finding 2: re-entry with a handed-over owner never takes a free key, and counts

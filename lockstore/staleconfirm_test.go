@@ -22,7 +22,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {

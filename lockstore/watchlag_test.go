@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returned before its subscription was

@@ -13,7 +13,6 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/grpc"
 
-	"github.com/flightlock/flightlock/internal/pattern"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
@@ -113,14 +112,14 @@ func (m *Middleware) checkNamed(s rules.Spec) error {
 // pattern for another method, the same pattern with other variable names, or the pattern
 // behind a group prefix that the rule's Path lacks (goctl's @server(prefix: ...)).
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
-	shape := pattern.Shape(rl.Route.Text)
+	shape := rules.RouteShape(rl.Route.Text)
 	for _, near := range []func(rest.Route) bool{
 		func(rt rest.Route) bool { return rt.Path == rl.Route.Text },
 		func(rt rest.Route) bool {
-			return pattern.Shape(rt.Path) == shape && (rl.Method == "" || rt.Method == rl.Method)
+			return rules.RouteShape(rt.Path) == shape && (rl.Method == "" || rt.Method == rl.Method)
 		},
 		func(rt rest.Route) bool {
-			return strings.HasSuffix(pattern.Shape(rt.Path), shape) && (rl.Method == "" || rt.Method == rl.Method)
+			return strings.HasSuffix(rules.RouteShape(rt.Path), shape) && (rl.Method == "" || rt.Method == rl.Method)
 		},
 	} {
 		if i := slices.IndexFunc(routes, near); i >= 0 {

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // Issue 18: a wait for a busy key ends before go-zero's server timeout, so that the caller gets

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/zeromicro/go-zero/core/conf"

@@ -12,7 +12,7 @@ import (
 	"github.com/zeromicro/go-zero/core/conf"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/zeromicro/go-zero/rest"
 )
 

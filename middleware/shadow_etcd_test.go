@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/zeromicro/go-zero/rest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 )
 
 // countingPay is payHandler with its runs counted in runs (the pods of these tests share one

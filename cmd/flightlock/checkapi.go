@@ -12,7 +12,6 @@ import (
 	"github.com/zeromicro/go-zero/tools/goctl/api/spec"
 	"github.com/zeromicro/go-zero/tools/goctl/pkg/parser/api/parser"
 
-	"github.com/flightlock/flightlock/internal/pattern"
 	"github.com/flightlock/flightlock/middleware"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
@@ -232,7 +231,7 @@ func nearestRoute(method, p string, routes []route) string {
 		}
 	}
 	for _, rt := range routes {
-		if pattern.Shape(rt.path) == pattern.Shape(p) && sameMethod(rt) {
+		if rules.RouteShape(rt.path) == rules.RouteShape(p) && sameMethod(rt) {
 			return fmt.Sprintf(" (did you mean %s? go-zero names the path variables as the route does, write Path: %s)", rt, rt.path)
 		}
 	}

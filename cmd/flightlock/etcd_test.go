@@ -15,7 +15,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 )
 
 // etcdLocker is a Locker of its own process (its own client and store) on the etcd of c, with

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 )
 
 // The CLI has no TLS flags of its own for etcd: TLS comes from the file's Etcd.CertFile,

@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// TestExampleOnEtcd runs etc/flightlock-example-etcd.yaml on a real etcd (internal/etcdtest)
+// TestExampleOnEtcd runs etc/flightlock-example-etcd.yaml on a real etcd (internal/testenv/etcdtest)
 // and the embedded Redis: the account locks (withdraw, Debit, Credit, Transfer) are in etcd,
 // the order and stock locks in Redis, and everything the example shows still works across
 // both: a withdrawal re-enters the account lock downstream through the propagated owner (on

@@ -27,7 +27,7 @@ import (
 	"github.com/flightlock/flightlock/example/internal/state"
 	balancepb "github.com/flightlock/flightlock/example/pb/balance"
 	inventorypb "github.com/flightlock/flightlock/example/pb/inventory"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 

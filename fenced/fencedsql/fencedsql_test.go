@@ -11,8 +11,8 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/fenced/fencedsql"
-	"github.com/flightlock/flightlock/internal/mariadbtest"
-	"github.com/flightlock/flightlock/internal/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/mariadbtest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
-	"github.com/flightlock/flightlock/internal/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 )
 
 // An etcd save never overwrites what is not a stored response (a lock whose key renders as the

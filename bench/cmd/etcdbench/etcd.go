@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )

@@ -16,7 +16,7 @@ import (
 
 	"github.com/flightlock/flightlock/bench/internal/shm"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // orderLua is the wrk script: every request creates an order for a uid of its own.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // Start runs a redis-server with the extra arguments and returns its address. Without the

@@ -10,8 +10,8 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/redisping"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // Server is a redis-server process this benchmark started and owns.
@@ -48,7 +48,7 @@ func Start(logPattern string) (*Server, error) {
 		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
 	s := &Server{Addr: addr, cmd: cmd}
-	if err := redisping.Await(addr, 10*time.Second); err != nil {
+	if err := redistest.AwaitPing(addr, 10*time.Second); err != nil {
 		s.Stop()
 		return nil, err
 	}

@@ -11,7 +11,7 @@ import (
 	"os"
 	"os/exec"
 
-	"github.com/flightlock/flightlock/internal/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // Proc is a started worker.

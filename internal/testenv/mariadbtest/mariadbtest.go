@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/freeport"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	_ "github.com/go-sql-driver/mysql" // the driver go-zero's sqlx.NewMysql uses
 )
 

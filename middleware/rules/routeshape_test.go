@@ -1,8 +1,8 @@
-package pattern
+package rules
 
 import "testing"
 
-func TestShape(t *testing.T) {
+func TestRouteShapeLeavesVariableNamesOut(t *testing.T) {
 	for p, want := range map[string]string{
 		"/api/sku/:sku/deduct": "/api/sku/:/deduct",
 		"/api/sku/:id/deduct":  "/api/sku/:/deduct",
@@ -10,8 +10,8 @@ func TestShape(t *testing.T) {
 		"/:x":                  "/:",
 		"":                     "",
 	} {
-		if got := Shape(p); got != want {
-			t.Errorf("Shape(%q) = %q, want %q", p, got, want)
+		if got := RouteShape(p); got != want {
+			t.Errorf("RouteShape(%q) = %q, want %q", p, got, want)
 		}
 	}
 }

@@ -17,9 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/freeport"
-	"github.com/flightlock/flightlock/internal/redisping"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -116,7 +115,7 @@ func (s *Server) start() {
 	s.cmd = cmd
 	s.mu.Unlock()
 
-	if err := redisping.Await(s.Addr, 10*time.Second); err != nil {
+	if err := AwaitPing(s.Addr, 10*time.Second); err != nil {
 		s.Stop()
 		s.tb.Fatal(err)
 	}
@@ -299,4 +298,24 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 		_ = rc.Close()
 	}
 	return c
+}
+
+// AwaitPing returns once the server at addr answers PING, or an error naming addr and the last
+// failure when it has not within the given time.
+func AwaitPing(addr string, within time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server on %s did not answer: %w", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

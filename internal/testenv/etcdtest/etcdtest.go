@@ -26,8 +26,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/childproc"
-	"github.com/flightlock/flightlock/internal/freeport"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/freeport"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	"github.com/redis/go-redis/v9"
 )
 
