@@ -22,18 +22,19 @@ import (
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
 // benchStore returns a store for b and a function that counts the commands the server has
 // processed so far (nil on miniredis, which does not count them).
-func benchStore(b *testing.B, opts ...lockstore.Option) (*lockstore.RedisStore, func() int64) {
+func benchStore(b *testing.B, opts ...redisstore.Option) (*redisstore.RedisStore, func() int64) {
 	b.Helper()
 	if _, err := exec.LookPath("redis-server"); err == nil && os.Getenv("FLIGHTLOCK_BENCH_STORE") != "embedded" {
 		srv := redistest.Start(b)
 		client := srv.Client()
 		admin := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, PoolSize: 1})
-		store := lockstore.New(client, opts...)
+		store := redisstore.New(client, opts...)
 		b.Cleanup(func() {
 			_ = store.Close()
 			_ = admin.Close()
@@ -189,10 +190,10 @@ func BenchmarkContendedHandoff(b *testing.B) {
 func BenchmarkManyKeysParallel(b *testing.B) {
 	for _, bc := range []struct {
 		name string
-		opts []lockstore.Option
+		opts []redisstore.Option
 	}{
 		{"batched", nil},
-		{"unbatched", []lockstore.Option{lockstore.WithLanes(0)}},
+		{"unbatched", []redisstore.Option{redisstore.WithLanes(0)}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			store, count := benchStore(b, bc.opts...)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // Issue 19: an acquisition whose reply comes back late (0.57 x TTL after the send, a cold
@@ -141,7 +142,7 @@ func TestSlotMigrationIsInvisible(t *testing.T) {
 	}
 	cluster := redistest.StartCluster(t, 3)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs, DisableIdentity: true, ContextTimeoutEnabled: true})
-	s := lockstore.New(client, lockstore.WithOnClose(client.Close))
+	s := redisstore.New(client, redisstore.WithOnClose(client.Close))
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	reject := mustLocker(t, s, WithMode(Reject))
@@ -206,11 +207,11 @@ func TestSlotMigrationIsInvisible(t *testing.T) {
 func clusterLocker(t *testing.T, c *redistest.ReplicatedCluster, replicas int) *Locker {
 	t.Helper()
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Seeds(), DisableIdentity: true, ContextTimeoutEnabled: true})
-	var opts []lockstore.Option
+	var opts []redisstore.Option
 	if replicas > 0 {
-		opts = append(opts, lockstore.WithReplicas(replicas, 200*time.Millisecond))
+		opts = append(opts, redisstore.WithReplicas(replicas, 200*time.Millisecond))
 	}
-	s := lockstore.New(client, append(opts, lockstore.WithOnClose(client.Close))...)
+	s := redisstore.New(client, append(opts, redisstore.WithOnClose(client.Close))...)
 	t.Cleanup(func() { _ = s.Close() })
 	return mustLocker(t, s, WithTTL(30*time.Second))
 }
@@ -282,7 +283,7 @@ func TestClusterFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
 	first, second := clusterLocker(t, c, 1), clusterLocker(t, c, 1)
 
 	c.Proxies[i].Stall(2 * time.Second)
-	if _, err := first.Lock(ctx, "acct:1"); !errors.Is(err, lockstore.ErrNotReplicated) {
+	if _, err := first.Lock(ctx, "acct:1"); !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Lock while the replica receives nothing: %v, want ErrNotReplicated", err)
 	}
 	var lease1 *Lease
@@ -298,7 +299,7 @@ func TestClusterFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
 	// but cannot be acknowledged (the new master has no replica yet), so it does not extend
 	// the lease: ErrNotReplicated is the answer that shows it arrived.
 	if err := retryStoreErrors(t, func() error {
-		if err := lease1.Refresh(ctx); !errors.Is(err, lockstore.ErrNotReplicated) {
+		if err := lease1.Refresh(ctx); !errors.Is(err, redisstore.ErrNotReplicated) {
 			return err
 		}
 		return nil

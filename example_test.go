@@ -11,7 +11,7 @@ import (
 )
 
 func Example() {
-	store, err := embedded.New() // in-memory Redis; lockstore.New(redisClient) in production
+	store, err := embedded.New() // in-memory Redis; redisstore.New(redisClient) in production
 	if err != nil {
 		panic(err)
 	}

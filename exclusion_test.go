@@ -13,6 +13,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -97,7 +98,7 @@ const (
 func runExclusionWorker() int {
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv(workerAddrEnv), DisableIdentity: true, ContextTimeoutEnabled: true})
 	defer c.Close()
-	store := lockstore.New(c)
+	store := redisstore.New(c)
 	defer store.Close()
 	l, err := New(store, WithWait(60*time.Second), WithTTL(5*time.Second))
 	if err != nil {

@@ -12,25 +12,26 @@ import (
 	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
 // miniStore returns a store on a fresh miniredis; RESP2 so pub/sub notifications arrive.
-func miniStore(t testing.TB) (*lockstore.RedisStore, *miniredis.Miniredis, *redis.Client) {
+func miniStore(t testing.TB) (*redisstore.RedisStore, *miniredis.Miniredis, *redis.Client) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	s := lockstore.New(c, lockstore.WithWatchLinger(0))
+	s := redisstore.New(c, redisstore.WithWatchLinger(0))
 	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
 	return s, mr, c
 }
 
 // realStore returns a store on a redis-server that the test started.
-func realStore(t testing.TB) (*lockstore.RedisStore, *redistest.Server, *redis.Client) {
+func realStore(t testing.TB) (*redisstore.RedisStore, *redistest.Server, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t)
 	c := srv.Client()
-	s := lockstore.New(c, lockstore.WithWatchLinger(0))
+	s := redisstore.New(c, redisstore.WithWatchLinger(0))
 	t.Cleanup(func() { _ = s.Close() })
 	return s, srv, c
 }
@@ -47,7 +48,7 @@ func clusterStore(t *testing.T) lockstore.Store {
 		DisableIdentity:       true,
 		ContextTimeoutEnabled: true,
 	})
-	s := lockstore.New(client)
+	s := redisstore.New(client)
 	t.Cleanup(func() { _ = s.Close(); _ = client.Close() })
 	return s
 }

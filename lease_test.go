@@ -14,6 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -71,7 +72,7 @@ func TestReleaseReturnsByItsContextDeadlineWhateverRedisDoes(t *testing.T) {
 			// store's release is then answered only once Redis is back.
 			opts.MaxRetries, opts.MinRetryBackoff, opts.MaxRetryBackoff = 1000, 20*time.Millisecond, 50*time.Millisecond
 			client := redis.NewClient(opts)
-			s := lockstore.New(client, lockstore.WithOnClose(client.Close))
+			s := redisstore.New(client, redisstore.WithOnClose(client.Close))
 			t.Cleanup(func() { _ = s.Close() })
 			l, err := New(s, WithTTL(ttl))
 			if err != nil {
@@ -113,7 +114,7 @@ func TestReleaseReturnsByItsContextDeadlineWhateverRedisDoes(t *testing.T) {
 // leaves the release to the background, never undone.
 func TestReleaseWithAnEndedContextStillFreesTheKey(t *testing.T) {
 	srv := redistest.Start(t)
-	s := lockstore.New(srv.Client())
+	s := redisstore.New(srv.Client())
 	t.Cleanup(func() { _ = s.Close() })
 	const ttl = 20 * time.Second
 	l, err := New(s, WithTTL(ttl))
@@ -278,14 +279,14 @@ func TestRetriedReleaseKeepsTheCallersLock(t *testing.T) {
 
 // dropStores returns a miniredis, a store on it (A's), and a store on it through a dropProxy
 // (B's), closed when t ends.
-func dropStores(t *testing.T) (*miniredis.Miniredis, *dropProxy, *lockstore.RedisStore, *lockstore.RedisStore) {
+func dropStores(t *testing.T) (*miniredis.Miniredis, *dropProxy, *redisstore.RedisStore, *redisstore.RedisStore) {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	direct := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
 	p := newDropProxy(t, mr.Addr())
 	viaProxy := redis.NewClient(&redis.Options{Addr: p.ln.Addr().String(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	sA := lockstore.New(direct, lockstore.WithWatchLinger(0))
-	sB := lockstore.New(viaProxy, lockstore.WithWatchLinger(0))
+	sA := redisstore.New(direct, redisstore.WithWatchLinger(0))
+	sB := redisstore.New(viaProxy, redisstore.WithWatchLinger(0))
 	t.Cleanup(func() { sA.Close(); sB.Close(); direct.Close(); viaProxy.Close() })
 	return mr, p, sA, sB
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -515,7 +515,7 @@ type stressLocker struct {
 	mode   Mode
 	tag    string // lock metadata in Redis: which Locker holds the lock
 	client *redis.Client
-	store  *lockstore.RedisStore
+	store  *redisstore.RedisStore
 }
 
 type stressWorker struct {
@@ -559,7 +559,7 @@ func runStressWorker() int {
 		ttl := stressMinTTL + time.Duration(setup.Int64N(int64(stressMaxTTL-stressMinTTL)/int64(10*time.Millisecond)+1))*10*time.Millisecond
 		tag := fmt.Sprintf("stress-p%d-l%d", cfg.Proc, i)
 		client := redis.NewClient(&redis.Options{Addr: proxy.Addr, DisableIdentity: true, ContextTimeoutEnabled: true})
-		store := lockstore.New(client)
+		store := redisstore.New(client)
 		l, err := New(store, WithTTL(ttl), WithWait(2*ttl), WithMode(mode),
 			WithMetadata(func(context.Context) string { return tag }))
 		if err != nil {

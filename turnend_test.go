@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -171,7 +171,7 @@ func TestTurnEndYieldsToAnotherProcess(t *testing.T) {
 	// The other process has a client and a store of its own: with one store, both processes'
 	// watches would hear the same notification.
 	oc := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	otherStore := lockstore.New(oc, lockstore.WithWatchLinger(0))
+	otherStore := redisstore.New(oc, redisstore.WithWatchLinger(0))
 	t.Cleanup(func() { _ = otherStore.Close(); _ = oc.Close() })
 	// A local owner that follows a release which notified others lets them go first: it
 	// waits for a notification or its first retry delay, here a second, so that the other
@@ -191,8 +191,8 @@ func TestTurnEndYieldsToAnotherProcess(t *testing.T) {
 	c := ms.Client().(*redis.Client)
 	waitFor(t, 5*time.Second, "the other process to be refused and to listen", func() bool {
 		v, _ := c.Get(ctx, "lock:yield").Result()
-		subs, _ := c.PubSubNumSub(ctx, lockstore.DefaultChannelPrefix+"lock:yield").Result()
-		return strings.HasSuffix(v, " ~") && subs[lockstore.DefaultChannelPrefix+"lock:yield"] > 0
+		subs, _ := c.PubSubNumSub(ctx, redisstore.DefaultChannelPrefix+"lock:yield").Result()
+		return strings.HasSuffix(v, " ~") && subs[redisstore.DefaultChannelPrefix+"lock:yield"] > 0
 	})
 	cur := first
 	for i := 0; i < 2; i++ { // holders 2 and 3 by handoff

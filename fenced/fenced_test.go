@@ -16,7 +16,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/fenced"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,7 +27,7 @@ func TestStaleWriterAfterANewerHolderWrote(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	ctx := context.Background()
-	store := lockstore.New(redis.NewClient(srv.Options()))
+	store := redisstore.New(redis.NewClient(srv.Options()))
 	defer store.Close()
 	locker, err := flightlock.New(store, flightlock.WithPrefix("lock:"))
 	if err != nil {

@@ -34,6 +34,10 @@ func fenceKey(k string) string {
 var fenceKeys [16384]atomic.Pointer[string]
 
 // keySlot is Redis Cluster's slot of k: CRC16/XMODEM of the key (or its hash tag) mod 16384.
+// KeySlot is the Redis Cluster hash slot of k (CRC16 of its hash tag, or of the whole key,
+// modulo 16384).
+func KeySlot(k string) uint16 { return keySlot(k) }
+
 func keySlot(k string) uint16 {
 	if open := strings.IndexByte(k, '{'); open >= 0 {
 		if end := strings.IndexByte(k[open+1:], '}'); end > 0 {

@@ -2,7 +2,7 @@ package lockstore
 
 import (
 	"context"
-	"errors"
+	"strings"
 	"time"
 )
 
@@ -169,5 +169,24 @@ type Event struct {
 	Revision int64
 }
 
-// errUnexpectedReply is wrapped by the inspector's errors about a reply of the wrong shape.
-var errUnexpectedReply = errors.New("unexpected reply")
+// ParseHolder fills Host, Pid, Trace and Metadata from the metadata a holder wrote with its
+// lock (the Locker's WithMetadata): host=, pid= and trace= (the first of each), and the rest,
+// in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
+// with this.
+func (l *LockInfo) ParseHolder(meta string) {
+	var other []string
+	for _, f := range strings.Fields(meta) {
+		k, v, _ := strings.Cut(f, "=")
+		switch {
+		case k == "host" && l.Host == "":
+			l.Host = v
+		case k == "pid" && l.Pid == "":
+			l.Pid = v
+		case k == "trace" && l.Trace == "":
+			l.Trace = v
+		default:
+			other = append(other, f)
+		}
+	}
+	l.Metadata = strings.Join(other, " ")
+}

@@ -1,15 +1,12 @@
-// Package lockstore keeps flightlock's locks in Redis.
-//
-// A Store does the four things a distributed lock needs from its backend, each in one round
-// trip: acquire (re-entrant for the same owner, minting a fencing token), refresh, release
-// (owner-checked, with a notification to waiters) and reading a lock's remaining TTL. It also
-// lets a waiter listen for the release notification of one key instead of polling.
-//
-// RedisStore is the implementation on go-redis v9's UniversalClient (single node, Sentinel
-// failover or Cluster). The package imports go-redis and the standard library only; the
-// same store on an in-process miniredis, for development and tests, is in package embedded
-// (lockstore/embedded), and the constructor from go-zero's RedisConf is middleware.NewStore.
-// The package knows nothing about requests or transports.
+// Package lockstore is what the flightlock core asks of a lock store, and what tools read of
+// one: the Store interface (acquire re-entrant for the same owner and minting a fencing token,
+// refresh, owner-checked release with a notification to waiters, the remaining TTL, and a
+// watch of one key's release), its optional extensions (BatchRefresher, Passer,
+// HandoffLimiter), the Inspector that lists, looks up, force-unlocks and watches locks, and
+// the types they share. Each store sits in a package of its own and owns its value format:
+// Redis in lockstore/redisstore (with lockstore/embedded for an in-process miniredis), etcd
+// in etcdstore. The package imports the standard library only and knows nothing about
+// requests or transports.
 package lockstore
 
 import (

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/zeromicro/go-zero/core/conf"
 	_ "google.golang.org/grpc/reflection/grpc_reflection_v1" // registers a service for field checks
 )
@@ -210,7 +210,7 @@ func TestRedisLanes(t *testing.T) {
 		yaml  string
 		lanes int
 	}{
-		{"Lock:\n  Prefix: \"l:\"\n", lockstore.DefaultLanes},
+		{"Lock:\n  Prefix: \"l:\"\n", redisstore.DefaultLanes},
 		{"Lock:\n  Redis:\n    Lanes: -1\n", 0},
 		{"Lock:\n  Redis:\n    Lanes: 8\n", 8},
 	} {
@@ -222,7 +222,7 @@ func TestRedisLanes(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: New: %v", tt.yaml, err)
 		}
-		store, ok := m.Locker().Store().(*lockstore.RedisStore)
+		store, ok := m.Locker().Store().(*redisstore.RedisStore)
 		if !ok {
 			t.Fatalf("%q: store is %T", tt.yaml, m.Locker().Store())
 		}

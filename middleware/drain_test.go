@@ -17,7 +17,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 )
@@ -147,7 +147,7 @@ func TestDrainOnSIGTERM(t *testing.T) {
 		return client.Exists(ctx, "lock:hold:1").Val() == 1 && client.Exists(ctx, "lock:job").Val() == 1
 	})
 
-	store := lockstore.New(client)
+	store := redisstore.New(client)
 	waiter, err := flightlock.New(store, flightlock.WithWait(20*time.Second))
 	if err != nil {
 		t.Fatal(err)

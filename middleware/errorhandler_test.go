@@ -12,7 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	flmw "github.com/flightlock/flightlock/middleware"
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
@@ -48,7 +48,7 @@ func TestUniformErrorHandler(t *testing.T) {
 		Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true,
 		MaxRetries: -1, // a stopped server fails at once
 	})
-	store := lockstore.New(client)
+	store := redisstore.New(client)
 	t.Cleanup(func() { _ = store.Close(); _ = client.Close() })
 	lock, err := flmw.New(flmw.LockConf{
 		Rules: []flmw.Rule{

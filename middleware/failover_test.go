@@ -14,6 +14,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // failoverRig is a primary, a replica that replicates through a proxy (so the test can stall
@@ -167,7 +168,7 @@ func TestFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
 	// The replica gets nothing: the acquisition is refused and given up again.
 	rig.proxy.Stall(time.Second)
 	_, err := first.Lock(ctx, "acct:0")
-	if !errors.Is(err, lockstore.ErrNotReplicated) {
+	if !errors.Is(err, redisstore.ErrNotReplicated) {
 		t.Fatalf("Lock while the replica receives nothing: %v, want ErrNotReplicated", err)
 	}
 	if !strings.Contains(err.Error(), "0 of 1") {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
@@ -104,7 +104,7 @@ func labelValue(m *dto.Metric, name string) string {
 // testRedis is a miniredis with a store and client on it, closed when the test ends.
 type testRedis struct {
 	mr    *miniredis.Miniredis
-	store *lockstore.RedisStore
+	store *redisstore.RedisStore
 }
 
 func newTestRedis(t *testing.T) *testRedis {
@@ -117,7 +117,7 @@ func newTestRedis(t *testing.T) *testRedis {
 		ContextTimeoutEnabled: true,
 		MaxRetries:            -1, // a stopped server fails at once
 	})
-	store := lockstore.New(client)
+	store := redisstore.New(client)
 	t.Cleanup(func() {
 		_ = store.Close()
 		_ = client.Close()

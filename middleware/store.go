@@ -12,6 +12,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/flightlock/flightlock/middleware/internal/devhook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/redis/go-redis/v9"
@@ -25,12 +26,12 @@ import (
 // meanings: Type "node" (Host is one address; empty means node) or "cluster" (Host lists seed
 // addresses, comma separated); User and Pass; Tls, which encrypts without verifying the
 // server's certificate, as go-zero's own client does (InsecureSkipVerify; to verify, build the
-// go-redis client with your tls.Config and use lockstore.New); Protocol (0 means go-redis's
+// go-redis client with your tls.Config and use redisstore.New); Protocol (0 means go-redis's
 // default, 3); MaintNotifications ("" means disabled, as in go-zero). With NonBlock false, as
 // in a RedisConf built in Go, NewStore pings Redis and fails when it does not answer within
 // PingTimeout (0 means 1s), as go-zero's redis.NewRedis does; go-zero's conf loader defaults
 // NonBlock to true, which starts without a round trip. For Sentinel, build a
-// redis.NewFailoverClient and use lockstore.New; for an in-memory store, lockstore/embedded.
+// redis.NewFailoverClient and use redisstore.New; for an in-memory store, lockstore/embedded.
 //
 // The client is built for locking: CLIENT SETINFO is never sent, whatever DisableIdentity says
 // (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
@@ -39,15 +40,15 @@ import (
 //
 // It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
 // library only.
-func NewStore(conf zeroredis.RedisConf, opts ...lockstore.Option) (*lockstore.RedisStore, error) {
+func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	client, err := rules.NewRedisClient(conf)
 	if err != nil {
 		return nil, err
 	}
-	all := make([]lockstore.Option, 0, len(opts)+1)
+	all := make([]redisstore.Option, 0, len(opts)+1)
 	all = append(all, opts...)
-	all = append(all, lockstore.WithOnClose(client.Close))
-	return lockstore.New(client, all...), nil
+	all = append(all, redisstore.WithOnClose(client.Close))
+	return redisstore.New(client, all...), nil
 }
 
 // devstoreImport is the package that links the embedded store into a binary.
@@ -59,7 +60,7 @@ const devstoreImport = "github.com/flightlock/flightlock/middleware/devstore"
 // level otherwise.
 func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
 	var (
-		store *lockstore.RedisStore
+		store *redisstore.RedisStore
 		err   error
 	)
 	if c.Redis.Embedded() {
@@ -78,7 +79,7 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 	} else {
 		var client redis.UniversalClient
 		if client, err = c.Redis.Client(); err == nil {
-			store = lockstore.New(client, append(c.Redis.StoreOptions(), lockstore.WithOnClose(client.Close))...)
+			store = redisstore.New(client, append(c.Redis.StoreOptions(), redisstore.WithOnClose(client.Close))...)
 		}
 	}
 	if err != nil {

@@ -1,5 +1,5 @@
 // Package replicas measures what replica acknowledgement (Lock.Redis.Replicas: 1,
-// lockstore.WithReplicas) costs an acquisition, on a primary with one replica on loopback
+// redisstore.WithReplicas) costs an acquisition, on a primary with one replica on loopback
 // (issue 11):
 //
 //	cd bench && go test -run '^$' -bench . -benchmem ./replicas
@@ -17,7 +17,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/redisproc"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // BenchmarkLockRelease is one Lock and Release of a key of its own, one goroutine, without and
@@ -41,14 +41,14 @@ func BenchmarkLockRelease(b *testing.B) {
 
 	for _, c := range []struct {
 		name string
-		opts []lockstore.Option
+		opts []redisstore.Option
 	}{
 		{"replicas=0", nil},
-		{"replicas=1", []lockstore.Option{lockstore.WithReplicas(1, 100*time.Millisecond)}},
+		{"replicas=1", []redisstore.Option{redisstore.WithReplicas(1, 100*time.Millisecond)}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			client := redis.NewClient(&redis.Options{Addr: primary, DisableIdentity: true})
-			store := lockstore.New(client, append(c.opts, lockstore.WithOnClose(client.Close))...)
+			store := redisstore.New(client, append(c.opts, redisstore.WithOnClose(client.Close))...)
 			defer store.Close()
 			if err := store.Preload(context.Background()); err != nil {
 				b.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/flightlock/flightlock/example/app"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // exampleYAML is etc/flightlock-example.yaml on one test's Redis and ports, with the Redis
@@ -175,7 +176,7 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 		t.Fatalf("duplicate order: status %d, err %v; want 409", code, err)
 	}
 	// A waiter in "another process" (its own Locker and store on the same Redis).
-	store := lockstore.New(redis.NewClient(srv.Options()))
+	store := redisstore.New(redis.NewClient(srv.Options()))
 	defer store.Close()
 	waiter, err := flightlock.New(store, flightlock.WithPrefix("lock:"), flightlock.WithWait(time.Minute))
 	if err != nil {
@@ -190,8 +191,8 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 		waiterGot <- lease
 	}()
 	waitFor(t, "the waiter's subscription", func() bool {
-		n := rdb.PubSubNumSub(ctx, lockstore.DefaultChannelPrefix+"lock:order:alice").Val()
-		return n[lockstore.DefaultChannelPrefix+"lock:order:alice"] == 1
+		n := rdb.PubSubNumSub(ctx, redisstore.DefaultChannelPrefix+"lock:order:alice").Val()
+		return n[redisstore.DefaultChannelPrefix+"lock:order:alice"] == 1
 	})
 
 	// ls -o json: the lock with its owner, fence, TTL, holder and waiters.
@@ -289,7 +290,7 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 func TestUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	store := lockstore.New(redis.NewClient(srv.Options()))
+	store := redisstore.New(redis.NewClient(srv.Options()))
 	defer store.Close()
 	l, err := flightlock.New(store, flightlock.WithPrefix("lock:"))
 	if err != nil {
@@ -356,7 +357,7 @@ func TestWatch(t *testing.T) {
 			waitFor(t, "watch's subscription", func() bool { return rdb.PubSubNumPat(ctx).Val() == 1 })
 			time.Sleep(150 * time.Millisecond) // its first poll, which reports nothing
 
-			store := lockstore.New(redis.NewClient(srv.Options()))
+			store := redisstore.New(redis.NewClient(srv.Options()))
 			defer store.Close()
 			holder, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))
 			other, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))

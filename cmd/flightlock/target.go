@@ -14,7 +14,7 @@ import (
 	"github.com/zeromicro/go-zero/core/conf"
 	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
 
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/flightlock/flightlock/middleware"
 )
 
@@ -316,5 +316,5 @@ func connectRedis(ctx context.Context, t target, timeout time.Duration) (*backen
 		_ = rdb.Close()
 		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.where(), t.from, err)
 	}
-	return &backend{Inspector: lockstore.NewInspector(rdb, t.prefix), target: t, close: func() { _ = rdb.Close() }}, nil
+	return &backend{Inspector: redisstore.NewInspector(rdb, t.prefix), target: t, close: func() { _ = rdb.Close() }}, nil
 }

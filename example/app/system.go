@@ -26,11 +26,13 @@ import (
 	"github.com/flightlock/flightlock/example/internal/state"
 	"github.com/flightlock/flightlock/example/inventory"
 	"github.com/flightlock/flightlock/example/order"
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+
 	// The example runs its services on the embedded store when their config names no Redis.
 	flmw "github.com/flightlock/flightlock/middleware"
 	_ "github.com/flightlock/flightlock/middleware/devstore"
+
 	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
 	_ "github.com/flightlock/flightlock/middleware/share"
 )
@@ -48,7 +50,7 @@ const seedTimeout = 5 * time.Second
 // production each would be a process of its own with the same Lock config; here each still
 // gets a Locker of its own (its own per-process gate), as separate processes would.
 type System struct {
-	store     *lockstore.RedisStore
+	store     *redisstore.RedisStore
 	state     *state.Store
 	order     *order.Server
 	inventory *zrpc.RpcServer
@@ -78,7 +80,7 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 	}
 	// The example keeps its state next to the locks, on the store's own client. Both clients
 	// the store builds (*redis.Client, *redis.ClusterClient) have the hash commands state
-	// needs; lockstore.Client only declares what locks need.
+	// needs; redisstore.Client only declares what locks need.
 	rdb, ok := s.store.Client().(state.Client)
 	if !ok {
 		return nil, fmt.Errorf("the lock store's client %T cannot run the example's state commands", s.store.Client())
@@ -108,7 +110,7 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 // newStore returns the shared lock store: an embedded in-memory Redis without a host. c has
 // go-zero's RedisConf fields and meanings (Tls without certificate checks; NonBlock false
 // pings at start-up), handed to flmw.NewStore as they are; Lanes is not used here.
-func newStore(c flmw.RedisConf) (*lockstore.RedisStore, error) {
+func newStore(c flmw.RedisConf) (*redisstore.RedisStore, error) {
 	if c.Host == "" {
 		logx.Info("flightlock example: Redis.Host is not set; locks and state live in an embedded in-memory Redis (development only)")
 		store, err := embedded.New()

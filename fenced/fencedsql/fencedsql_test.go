@@ -13,7 +13,7 @@ import (
 	"github.com/flightlock/flightlock/fenced/fencedsql"
 	"github.com/flightlock/flightlock/internal/testenv/mariadbtest"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // As a go-zero model user runs it: a table with a lock_fence column, written through
@@ -36,7 +36,7 @@ func TestStaleWriterIsRefusedOnMariaDB(t *testing.T) {
 	}
 
 	srv := redistest.Start(t)
-	store := lockstore.New(redis.NewClient(srv.Options()))
+	store := redisstore.New(redis.NewClient(srv.Options()))
 	defer store.Close()
 	first, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))
 	second, _ := flightlock.New(store, flightlock.WithPrefix("lock:"))

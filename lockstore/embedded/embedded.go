@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +26,7 @@ const tick = 10 * time.Millisecond
 // miniredis expires keys only when its clock is moved, so a goroutine advances it in real time
 // (every 10ms); TTLs then behave as on a real server. The client speaks RESP2, the protocol
 // with which miniredis delivers pub/sub messages.
-func New(opts ...lockstore.Option) (*lockstore.RedisStore, error) {
+func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 		return nil, fmt.Errorf("flightlock: start embedded redis: %w", err)
@@ -57,13 +57,13 @@ func New(opts ...lockstore.Option) (*lockstore.RedisStore, error) {
 	}()
 
 	// Close runs these last first: the client is closed, then the clock and the server stop.
-	all := make([]lockstore.Option, 0, len(opts)+2)
+	all := make([]redisstore.Option, 0, len(opts)+2)
 	all = append(all, opts...)
-	all = append(all, lockstore.WithOnClose(func() error {
+	all = append(all, redisstore.WithOnClose(func() error {
 		close(stop)
 		ticker.Wait()
 		mr.Close()
 		return nil
-	}), lockstore.WithOnClose(client.Close))
-	return lockstore.New(client, all...), nil
+	}), redisstore.WithOnClose(client.Close))
+	return redisstore.New(client, all...), nil
 }

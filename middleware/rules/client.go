@@ -75,7 +75,7 @@ func NewRedisClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 // Client is the go-redis client that New builds for r: go-zero's meanings for Host, Type,
 // User, Pass, Tls, Protocol, MaintNotifications, NonBlock and PingTimeout (as NewStore), or,
 // with Sentinel set, go-redis's failover client on the primary that the Sentinels name. For
-// tools that read the locks (cmd/flightlock) and for stores built with lockstore.New and
+// tools that read the locks (cmd/flightlock) and for stores built with redisstore.New and
 // options of their own. The caller closes it.
 func (r RedisConf) Client() (redis.UniversalClient, error) {
 	if r.Sentinel.MasterName == "" {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/zeromicro/go-zero/core/conf"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
@@ -122,7 +122,7 @@ type LockConf struct {
 //     comma separated). User and Pass authenticate.
 //   - Tls encrypts the connection without verifying the server's certificate, as go-zero's
 //     Redis client does (InsecureSkipVerify). To verify it, build a go-redis client with your
-//     tls.Config and pass lockstore.New(client) to New with WithStore.
+//     tls.Config and pass redisstore.New(client) to New with WithStore.
 //   - NonBlock false makes New ping Redis and fail when it does not answer within PingTimeout
 //     (default 1s), as go-zero's redis.NewRedis does. NonBlock true (the default in YAML)
 //     starts without a round trip, and the first lock finds out. A LockConf built in Go has
@@ -133,7 +133,7 @@ type LockConf struct {
 //
 // Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
 // further concurrent calls wait for the next free lane and share one pipeline. 0 means the
-// default (lockstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
+// default (redisstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
 //
 // Sentinel, which go-zero's RedisConf does not have, finds the primary through Redis Sentinel
 // (go-redis's failover client; every lock command goes to the primary): set Sentinel.MasterName
@@ -314,16 +314,16 @@ type SentinelConf struct {
 func (r RedisConf) Embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
 
 // StoreOptions are the lockstore options that r sets.
-func (r RedisConf) StoreOptions() []lockstore.Option {
-	var opts []lockstore.Option
+func (r RedisConf) StoreOptions() []redisstore.Option {
+	var opts []redisstore.Option
 	switch {
 	case r.Lanes < 0:
-		opts = append(opts, lockstore.WithLanes(0))
+		opts = append(opts, redisstore.WithLanes(0))
 	case r.Lanes > 0:
-		opts = append(opts, lockstore.WithLanes(r.Lanes))
+		opts = append(opts, redisstore.WithLanes(r.Lanes))
 	}
 	if r.Replicas > 0 {
-		opts = append(opts, lockstore.WithReplicas(r.Replicas, r.ReplicaTimeout))
+		opts = append(opts, redisstore.WithReplicas(r.Replicas, r.ReplicaTimeout))
 	}
 	return opts
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // record is a response as shared and stored: for REST the status, headers and body; for zrpc
@@ -55,7 +55,7 @@ func newReplayStores(bases map[string]*flightlock.Locker, etcdPrefix string) map
 	stores := make(map[string]replayStore, len(bases))
 	for name, base := range bases {
 		switch s := base.Store().(type) {
-		case *lockstore.RedisStore:
+		case *redisstore.RedisStore:
 			stores[name] = &redisReplays{client: s.Client()}
 		case *etcdstore.Store:
 			stores[name] = newEtcdReplays(s.Client(), etcdPrefix)
@@ -84,7 +84,7 @@ func decodeRecord(key string, v []byte) (*record, error) {
 	return &rec, nil
 }
 
-// Scripts on the store's own client (lockstore.Client is a Scripter: GET and SET through
+// Scripts on the store's own client (redisstore.Client is a Scripter: GET and SET through
 // one-line scripts work on every go-redis client, Cluster included; the key is the only key).
 var (
 	replayGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
@@ -112,7 +112,7 @@ return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
 
 // redisReplays keeps responses in Redis, on the lock store's client.
 type redisReplays struct {
-	client lockstore.Client
+	client redisstore.Client
 }
 
 func (s *redisReplays) load(ctx context.Context, key string) (*record, error) {

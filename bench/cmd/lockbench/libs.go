@@ -11,6 +11,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
@@ -106,14 +107,14 @@ func newClient(addr string) (*redis.Client, *rtCounter) {
 type flightlockImpl struct {
 	client *redis.Client
 	rt     *rtCounter
-	store  *lockstore.RedisStore
+	store  *redisstore.RedisStore
 	locker *flightlock.Locker
 	reject *flightlock.Locker
 }
 
 func newFlightlock(addr string) (impl, error) {
 	c, h := newClient(addr)
-	store := lockstore.New(c)
+	store := redisstore.New(c)
 	l, err := flightlock.New(store, flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget), flightlock.WithPrefix("fl:"))
 	if err != nil {
 		return nil, err

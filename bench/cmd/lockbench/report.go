@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/logchart"
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 type machine struct {
@@ -193,8 +193,8 @@ func (r *report) markdown() string {
 	w("was given ends) and a bound that runs out is counted as an error (\"no grant within %v\"). Its RT counts every call it\n", rueidisWait)
 	w("makes (`Do`, `DoMulti`, a `DoCache` that misses) through a client wrapped in `LockerOption.ClientBuilder`; since rueidis\n")
 	w("pipelines concurrent calls on its own, these are calls, not separate network round trips.\n\n")
-	w("flightlock runs with its defaults: its store sends up to %d script calls at once, each on a pooled connection of its own,\n", lockstore.DefaultLanes)
-	w("and batches further concurrent calls into one pipeline per lane (`lockstore.WithLanes`), on the same go-redis client.\n\n")
+	w("flightlock runs with its defaults: its store sends up to %d script calls at once, each on a pooled connection of its own,\n", redisstore.DefaultLanes)
+	w("and batches further concurrent calls into one pipeline per lane (`redisstore.WithLanes`), on the same go-redis client.\n\n")
 	w("**Round trips (RT)** are counted with a go-redis `Hook` on every client, go-zero's included (`redis.WithHook`); a\n")
 	w("pipeline is one round trip, whatever it carries. Pub/sub\n")
 	w("connections bypass go-redis hooks, so flightlock's SUBSCRIBE/UNSUBSCRIBE are not in RT. **Server commands** are `INFO\n")

@@ -5,7 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 
-	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -16,12 +16,12 @@ import (
 type storeImpl struct {
 	client *redis.Client
 	rt     *rtCounter
-	store  *lockstore.RedisStore
+	store  *redisstore.RedisStore
 }
 
 func newStoreRow(addr string) (impl, error) {
 	c, h := newClient(addr)
-	return &storeImpl{client: c, rt: h, store: lockstore.New(c)}, nil
+	return &storeImpl{client: c, rt: h, store: redisstore.New(c)}, nil
 }
 
 func (s *storeImpl) key(base string) string { return "fls:" + base }

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -9,22 +9,23 @@ import (
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
-// Watch implements Inspector with keyspace notifications when the server sends them (not on a
+// lockstore.Watch implements lockstore.Inspector with keyspace notifications when the server sends them (not on a
 // Cluster, where they are per node), else by reading the locks every opts.Interval and
 // comparing; in that mode the releases of contended locks are heard at once on their release
 // channels, the rest at the next read. Either way it reads the locks every opts.Interval
-// (EventRead), so TTLs stay current.
-func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error {
+// (lockstore.EventRead), so TTLs stay current.
+func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
-		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]LockInfo)}
+		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo)}
 	if w.interval <= 0 {
-		w.interval = DefaultWatchInterval
+		w.interval = lockstore.DefaultWatchInterval
 	}
 	if w.timeout <= 0 {
-		w.timeout = DefaultWatchTimeout
+		w.timeout = lockstore.DefaultWatchTimeout
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	w.keyspace = keyspaceEnabled(rctx, r.client)
@@ -47,7 +48,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts WatchOp
 	if err != nil {
 		return quiet(ctx, err)
 	}
-	fn(Event{Kind: EventWatching, Locks: locks, Mode: mode})
+	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: mode})
 	tick := time.NewTicker(w.interval)
 	defer tick.Stop()
 	for {
@@ -59,7 +60,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts WatchOp
 			if err != nil {
 				return quiet(ctx, err)
 			}
-			fn(Event{Kind: EventRead, Locks: locks})
+			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
 		case m, ok := <-msgs:
 			if !ok {
 				return quiet(ctx, errors.New("subscription closed"))
@@ -95,23 +96,25 @@ func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 	return has("K") && (has("A") || has("$") && has("g") && has("x"))
 }
 
-// redisWatch is the state of one Watch, owned by its goroutine.
+// redisWatch is the state of one lockstore.Watch, owned by its goroutine.
 type redisWatch struct {
 	r                 *RedisInspector
 	pattern           string
 	skip              func(string) bool
-	fn                func(Event)
+	fn                func(lockstore.Event)
 	interval, timeout time.Duration
 	keyspace          bool // events come from keyspace notifications; else from comparing reads
 
-	held map[string]LockInfo // the matching locks as last seen, by key
+	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
 }
 
-func (w *redisWatch) emit(kind EventKind, l LockInfo) { w.fn(Event{Kind: kind, Lock: l}) }
+func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
+	w.fn(lockstore.Event{Kind: kind, Lock: l})
+}
 
 // poll reads the matching locks and makes them the ones held; with report, it first reports
 // how they differ from those held before (grants in key order, then the locks gone, by key).
-func (w *redisWatch) poll(ctx context.Context, report bool) ([]LockInfo, error) {
+func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	keys, err := w.r.scanKeys(rctx, w.pattern, w.skip)
@@ -122,7 +125,7 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]LockInfo, error) 
 	if err != nil {
 		return nil, err
 	}
-	now := make(map[string]LockInfo, len(locks))
+	now := make(map[string]lockstore.LockInfo, len(locks))
 	for _, l := range locks {
 		now[l.Key] = l
 		if !report {
@@ -131,20 +134,20 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]LockInfo, error) 
 		prev, seen := w.held[l.Key]
 		switch {
 		case !seen || prev.Owner != l.Owner || prev.Fence != l.Fence:
-			w.emit(EventAcquired, l)
+			w.emit(lockstore.EventAcquired, l)
 			if l.Contended {
-				w.emit(EventContended, l)
+				w.emit(lockstore.EventContended, l)
 			}
 		case prev.Own != l.Own || !slices.Equal(prev.Borrowed, l.Borrowed):
-			w.emit(EventChanged, l)
+			w.emit(lockstore.EventChanged, l)
 		case l.Contended && !prev.Contended:
-			w.emit(EventContended, l)
+			w.emit(lockstore.EventContended, l)
 		}
 	}
 	if report {
 		for _, k := range slices.Sorted(maps.Keys(w.held)) {
 			if _, ok := now[k]; !ok {
-				w.emit(EventGone, w.held[k])
+				w.emit(lockstore.EventGone, w.held[k])
 			}
 		}
 	}
@@ -155,33 +158,33 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]LockInfo, error) 
 // notified handles a message: a keyspace event, or (polling) a release notification.
 func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 	var storeKey string
-	var kind EventKind
+	var kind lockstore.EventKind
 	if w.keyspace {
 		_, storeKey, _ = strings.Cut(m.Channel, "__:")
 		switch m.Payload {
 		case "set":
-			kind = EventAcquired // or EventChanged: told apart below
+			kind = lockstore.EventAcquired // or EventChanged: told apart below
 		case "append":
-			kind = EventContended
+			kind = lockstore.EventContended
 		case "del":
-			kind = EventReleased
+			kind = lockstore.EventReleased
 		case "expired":
-			kind = EventExpired
+			kind = lockstore.EventExpired
 		default:
 			return nil // pexpire (a renewal) and the like
 		}
 	} else {
-		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), EventReleased
+		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
 	}
 	key, ok := strings.CutPrefix(storeKey, w.r.prefix)
-	if !ok || strings.HasPrefix(storeKey, FenceKeyPrefix) || w.skip != nil && w.skip(key) {
+	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.skip != nil && w.skip(key) {
 		return nil
 	}
 
-	if kind == EventReleased || kind == EventExpired {
+	if kind == lockstore.EventReleased || kind == lockstore.EventExpired {
 		l, seen := w.held[key]
 		if !seen {
-			l = LockInfo{Key: key, StoreKey: storeKey, TTL: NoTTL}
+			l = lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}
 		}
 		delete(w.held, key)
 		w.emit(kind, l)
@@ -195,12 +198,12 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 	}
 	if len(locks) == 0 {
 		// Released before it could be read; its del event follows.
-		w.emit(kind, LockInfo{Key: key, StoreKey: storeKey, TTL: NoTTL})
+		w.emit(kind, lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL})
 		return nil
 	}
 	l := locks[0]
-	if prev, seen := w.held[key]; kind == EventAcquired && seen && prev.Owner == l.Owner && prev.Fence == l.Fence {
-		kind = EventChanged
+	if prev, seen := w.held[key]; kind == lockstore.EventAcquired && seen && prev.Owner == l.Owner && prev.Fence == l.Fence {
+		kind = lockstore.EventChanged
 	}
 	w.held[key] = l
 	w.emit(kind, l)

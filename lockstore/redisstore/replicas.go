@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"

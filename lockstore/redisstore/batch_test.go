@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -135,7 +136,7 @@ func TestBusyLanesBatchCalls(t *testing.T) {
 	laneFree := occupyLane(t, s, h)
 
 	const n = 20
-	results := make([]Acquisition, n)
+	results := make([]lockstore.Acquisition, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -327,7 +328,7 @@ func acquireArgs(owner string) []any { return []any{owner, ttlMillis(time.Minute
 // runAcquire runs acquire.lua for key and owner through the batcher, with late as the hook for
 // a reply that arrives after the caller left.
 func runAcquire(ctx context.Context, s *RedisStore, key, owner string, late func(*redis.Cmd)) *redis.Cmd {
-	return s.batch.run(ctx, acquireScript, []string{key, fenceKey(key)}, late, acquireArgs(owner)...)
+	return s.batch.run(ctx, acquireScript, []string{key, lockstore.FenceKey(key)}, late, acquireArgs(owner)...)
 }
 
 // A call fails on its own deadline only (issue 8, finding 9): a batch used to end at the
@@ -341,7 +342,7 @@ func TestBatchCallFailsOnItsOwnDeadlineOnly(t *testing.T) {
 	h.pipeDelay.Store(int64(answer))
 
 	type result struct {
-		res     Acquisition
+		res     lockstore.Acquisition
 		err     error
 		elapsed time.Duration
 	}

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 // Review 6 of 81be057 (notifier.read; fixed): a channel's readiness was taken from any "subscribe"
 // confirmation for its name, including one that answers an earlier SUBSCRIBE of the same
@@ -6,8 +6,8 @@ package lockstore
 // pub/sub link slower than the linger, a watch that gave up waiting (its ctx ended), a linger
 // expiry and a new watch of the key leave the new watch marked active by the first
 // SUBSCRIBE's confirmation, while Redis is still to read the UNSUBSCRIBE and then the new
-// SUBSCRIBE: a release between those two publishes to nobody although it comes after Watch
-// returned, which Store.Watch promises is heard.
+// SUBSCRIBE: a release between those two publishes to nobody although it comes after lockstore.Watch
+// returned, which lockstore.Store.Watch promises is heard.
 //
 // Here the pub/sub link has 150ms of latency towards Redis (laggyConn, as in
 // TestWatchHearsAReleaseRightAfterIt) and the linger is 10ms. Fix idea: count the
@@ -72,7 +72,7 @@ func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {
 	}
 	defer w2.Close()
 	returned := time.Since(t0)
-	// Strictly after Watch returned, and once Redis read the UNSUBSCRIBE (at once when Watch
+	// Strictly after lockstore.Watch returned, and once Redis read the UNSUBSCRIBE (at once when lockstore.Watch
 	// returned later, as it does when it waits for its own SUBSCRIBE's confirmation).
 	time.Sleep(time.Until(t0.Add(215 * time.Millisecond)))
 	releasedAt := time.Since(t0)
@@ -83,7 +83,7 @@ func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {
 	select {
 	case <-w2.C():
 	case <-time.After(time.Second):
-		t.Fatalf("a release after Watch returned (at %v; the release at %v) was never delivered (PUBLISH reached %d "+
+		t.Fatalf("a release after lockstore.Watch returned (at %v; the release at %v) was never delivered (PUBLISH reached %d "+
 			"subscribers): the watch was marked ready by the confirmation of the expired subscription's SUBSCRIBE",
 			returned.Round(time.Millisecond), releasedAt.Round(time.Millisecond), notified)
 	}

@@ -1,14 +1,16 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // RefreshAll answers for each lock what Refresh would: extended for its owner (never
-// shortened), ErrNotHeld for a free key or another owner's, an argument error for a bad key,
+// shortened), lockstore.ErrNotHeld for a free key or another owner's, an argument error for a bad key,
 // each in batch order, in one pipeline; and it still works after the server lost its script
 // cache (NOSCRIPT: the scripts are sent again with EVAL).
 func TestRefreshAll(t *testing.T) {
@@ -22,7 +24,7 @@ func TestRefreshAll(t *testing.T) {
 		if got, err := b.store.Acquire(ctx, "lock:rb", ownerB, 30*time.Second, ""); err != nil || !got.Acquired {
 			t.Fatalf("Acquire lock:rb: %+v %v", got, err)
 		}
-		batch := []Renewal{
+		batch := []lockstore.Renewal{
 			{Key: "lock:ra1", Owner: ownerA, TTL: 20 * time.Second},
 			{Key: "lock:rb", Owner: ownerA, TTL: 20 * time.Second}, // ownerB's lock
 			{Key: "lock:free", Owner: ownerA, TTL: 20 * time.Second},
@@ -34,7 +36,7 @@ func TestRefreshAll(t *testing.T) {
 			if len(errs) != len(batch) {
 				t.Fatalf("%s: %d errors for %d renewals", round, len(errs), len(batch))
 			}
-			for i, want := range []error{nil, ErrNotHeld, ErrNotHeld, nil, nil} {
+			for i, want := range []error{nil, lockstore.ErrNotHeld, lockstore.ErrNotHeld, nil, nil} {
 				switch {
 				case i == 3 && errs[i] == nil:
 					t.Errorf("%s: an empty key was refreshed", round)
@@ -60,7 +62,7 @@ func TestRefreshAll(t *testing.T) {
 		}
 		check("after SCRIPT FLUSH")
 		// A lock is never shortened: a refresh with a smaller TTL leaves it alone.
-		if errs := b.store.RefreshAll(ctx, []Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Second}}); errs[0] != nil {
+		if errs := b.store.RefreshAll(ctx, []lockstore.Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Second}}); errs[0] != nil {
 			t.Fatal(errs[0])
 		}
 		if d := b.client.PTTL(ctx, "lock:ra1").Val(); d < 19*time.Second {
@@ -69,7 +71,7 @@ func TestRefreshAll(t *testing.T) {
 	})
 }
 
-// Renewal batches share the store's lanes (issue 17: after holding 10,000 locks the client's
+// lockstore.Renewal batches share the store's lanes (issue 17: after holding 10,000 locks the client's
 // pool stayed at 20 connections, 186 B per released lock, because up to 32 renewers pipelined
 // at once, each on a pooled connection of its own): no more RefreshAll pipelines than lanes are
 // on the wire at once, a batch waits for a free slot within its context, and one whose context
@@ -85,13 +87,15 @@ func TestRefreshAllPipelinesShareTheLanes(t *testing.T) {
 	before := h.pipelines.Load()
 	h.pipeArmed.Store(true)
 	first := make(chan []error, 1)
-	go func() { first <- s.RefreshAll(ctx, []Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Minute}}) }()
+	go func() {
+		first <- s.RefreshAll(ctx, []lockstore.Renewal{{Key: "lock:ra1", Owner: ownerA, TTL: time.Minute}})
+	}()
 	<-h.pipeIn // the first batch is on the wire, held by the hook
 
 	// A second batch whose context ends while the lane is taken is never sent.
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	errs := s.RefreshAll(short, []Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}})
+	errs := s.RefreshAll(short, []lockstore.Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}})
 	if len(errs) != 1 || !errors.Is(errs[0], context.DeadlineExceeded) {
 		t.Fatalf("a batch that waited past its deadline for a lane = %v, want DeadlineExceeded", errs)
 	}
@@ -101,7 +105,9 @@ func TestRefreshAllPipelinesShareTheLanes(t *testing.T) {
 
 	// A second batch with time to wait goes out once the first returns.
 	second := make(chan []error, 1)
-	go func() { second <- s.RefreshAll(ctx, []Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}}) }()
+	go func() {
+		second <- s.RefreshAll(ctx, []lockstore.Renewal{{Key: "lock:ra2", Owner: ownerA, TTL: time.Minute}})
+	}()
 	close(h.pipeGo)
 	for i, ch := range []chan []error{first, second} {
 		if errs := <-ch; len(errs) != 1 || errs[0] != nil {

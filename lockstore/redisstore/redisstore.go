@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -100,7 +101,7 @@ func WithOnClose(fn func() error) Option {
 	}
 }
 
-// RedisStore is the Store on Redis. Create it with New (or, in the packages above this one,
+// RedisStore is the lockstore.Store on Redis. Create it with New (or, in the packages above this one,
 // embedded.New for an in-process server and middleware.NewStore for go-zero's RedisConf); it
 // is safe for concurrent use. Close it to stop its notification subscriber.
 type RedisStore struct {
@@ -174,16 +175,16 @@ func (s *RedisStore) Preload(ctx context.Context) error {
 	return nil
 }
 
-// Acquire implements Store.
-func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (Acquisition, error) {
+// Acquire implements lockstore.Store.
+func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
-		return Acquisition{}, err
+		return lockstore.Acquisition{}, err
 	}
 	// " ~" at the end of the value is the waiters mark of acquire.lua; metadata cannot fake it.
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		meta = " " + meta
 	}
-	keys, args := []string{key, fenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	keys, args := []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
 	var (
 		code, n int64
 		value   string
@@ -203,33 +204,33 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 		if isRedirect(err) {
 			s.reloadSlots()
 		}
-		return Acquisition{}, nil
+		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
-		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	switch code {
 	case acquireTaken:
-		return Acquisition{Acquired: true, Fence: n}, nil
+		return lockstore.Acquisition{Acquired: true, Fence: n}, nil
 	case acquireReentered:
-		return Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
+		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
 	case acquireBusy:
 		// PTTL is -1 for a key without expiry (never written by us) and -2 if it vanished
 		// between the two calls inside the script (it cannot); report both as "unknown".
-		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
 	default:
-		return Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", key, code)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", key, code)
 	}
 }
 
-// Reenter implements Store.
-func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error) {
+// Reenter implements lockstore.Store.
+func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
-		return Acquisition{}, err
+		return lockstore.Acquisition{}, err
 	}
 	if err := checkHold(hold, false); err != nil {
-		return Acquisition{}, err
+		return lockstore.Acquisition{}, err
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
 	var (
@@ -243,17 +244,17 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
-		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 	}
 	switch code {
 	case acquireReentered:
-		return Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
+		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
 	case acquireBusy:
-		return Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
 	case reenterFree:
-		return Acquisition{}, nil
+		return lockstore.Acquisition{}, nil
 	default:
-		return Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
 	}
 }
 
@@ -318,7 +319,7 @@ func holderMetadata(value string) string {
 	return strings.TrimSuffix(meta, " ~")
 }
 
-// Refresh implements Store.
+// Refresh implements lockstore.Store.
 func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return err
@@ -343,7 +344,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
 	if n != 1 {
-		return ErrNotHeld
+		return lockstore.ErrNotHeld
 	}
 	return nil
 }
@@ -352,7 +353,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 // of their own beside the lanes, so renewals that fall due together cost one round trip. With
 // WithReplicas, or on a client that cannot pipeline, each lock is refreshed by Refresh, all at
 // once (each needs its own WAIT).
-func (s *RedisStore) RefreshAll(ctx context.Context, batch []Renewal) []error {
+func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))
 	if s.replicas > 0 || s.batch == nil {
 		var wg sync.WaitGroup
@@ -396,13 +397,13 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []Renewal) []error {
 			s.reloadOnNetworkError(err)
 			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", batch[i].Key, err)
 		case n != 1:
-			errs[i] = ErrNotHeld
+			errs[i] = lockstore.ErrNotHeld
 		}
 	}
 	return errs
 }
 
-// Release implements Store.
+// Release implements lockstore.Store.
 func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
@@ -414,7 +415,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	return n, err
 }
 
-// Pass implements Passer. With WithReplicas it never keeps the lock: a kept lock would need
+// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock would need
 // its own WAIT, and the Locker's fresh acquisition brings one.
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
@@ -427,12 +428,12 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 	return s.release(ctx, "pass", key, owner, "", lastFence, passTTL)
 }
 
-// release runs release.lua: a release of hold, or with passTTL set, a pass (Passer). The
+// release runs release.lua: a release of hold, or with passTTL set, a pass (lockstore.Passer). The
 // caller checked the arguments.
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
 	for {
-		cmd = s.run(ctx, releaseScript, []string{key, fenceKey(key)}, nil, owner, s.channelPrefix,
+		cmd = s.run(ctx, releaseScript, []string{key, lockstore.FenceKey(key)}, nil, owner, s.channelPrefix,
 			strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
 		err = cmd.Err()
 		if !isTryAgain(err) && !isRedirect(err) {
@@ -464,14 +465,14 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 	}
 	switch n {
 	case releaseNotHeld:
-		return false, 0, 0, ErrNotHeld
+		return false, 0, 0, lockstore.ErrNotHeld
 	case releaseHoldsLeft:
 		return false, 0, 0, nil
 	}
 	return false, 0, int(n), nil
 }
 
-// TTL implements Store.
+// TTL implements lockstore.Store.
 func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error) {
 	d, err := s.client.PTTL(ctx, key).Result()
 	if err != nil {
@@ -479,7 +480,7 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 	}
 	// go-redis reports PTTL's -2 (no key) and -1 (no expiry) as those numbers of nanoseconds.
 	if d == -2 {
-		return 0, ErrNotHeld
+		return 0, lockstore.ErrNotHeld
 	}
 	if d < 0 {
 		return 0, nil
@@ -487,8 +488,8 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 	return d, nil
 }
 
-// Watch implements Store.
-func (s *RedisStore) Watch(ctx context.Context, key string) (*Watch, error) {
+// lockstore.Watch implements lockstore.Store.
+func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
 

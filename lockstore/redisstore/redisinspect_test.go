@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,19 +26,19 @@ func inspected(t *testing.T) (*RedisStore, *RedisInspector, *redis.Client) {
 
 // TestParseLock reads the values the scripts write, and refuses what they do not write.
 func TestParseLock(t *testing.T) {
-	var l LockInfo
+	var l lockstore.LockInfo
 	parseLock(&l, "0123abcd 1764000000000001 1,r1,r2 host=h pid=42 trace=t1 extra ~")
 	if l.Owner != "0123abcd" || l.Fence != 1764000000000001 || !l.Own || strings.Join(l.Borrowed, ",") != "r1,r2" ||
 		l.Host != "h" || l.Pid != "42" || l.Trace != "t1" || l.Metadata != "extra" || !l.Contended || l.Unrecognized != "" {
 		t.Errorf("parsed %+v", l)
 	}
-	l = LockInfo{}
+	l = lockstore.LockInfo{}
 	parseLock(&l, "o 7 0 ~")
 	if l.Own || !l.Contended || l.Fence != 7 || l.Metadata != "" {
 		t.Errorf("parsed %+v", l)
 	}
 	for _, v := range []string{"", "just-a-value", "o notanumber 1", "o 5 7", " 5 1"} {
-		l = LockInfo{}
+		l = lockstore.LockInfo{}
 		if parseLock(&l, v); l.Unrecognized != v {
 			t.Errorf("%q read as a lock: %+v", v, l)
 		}
@@ -69,7 +70,7 @@ func TestInspectorReadsWhatTheStoreWrote(t *testing.T) {
 		}
 	}
 
-	locks, more, err := in.List(ctx, "order:*", ListOptions{})
+	locks, more, err := in.List(ctx, "order:*", lockstore.ListOptions{})
 	if err != nil || more != 0 || len(locks) != 2 {
 		t.Fatalf("List order:*: %d locks, %d more, %v; want order:1 and order:2", len(locks), more, err)
 	}
@@ -86,17 +87,17 @@ func TestInspectorReadsWhatTheStoreWrote(t *testing.T) {
 	}
 
 	skipShadow := func(k string) bool { return strings.HasPrefix(k, "shadow:") }
-	if locks, more, err = in.List(ctx, "*", ListOptions{Limit: 2, Skip: skipShadow}); err != nil || more != 1 ||
+	if locks, more, err = in.List(ctx, "*", lockstore.ListOptions{Limit: 2, Skip: skipShadow}); err != nil || more != 1 ||
 		len(locks) != 2 || locks[0].Key != "acct:1" || locks[1].Key != "order:1" {
 		t.Errorf("List * limit 2 without shadow: %+v, %d more, %v; want acct:1, order:1 and 1 more", locks, more, err)
 	}
 
 	shown, err := in.Lookup(ctx, "order:1")
-	if err != nil || shown.FenceCounterKey != fenceKey("lock:order:1") || shown.FenceCounter == nil || *shown.FenceCounter < a.Fence {
+	if err != nil || shown.FenceCounterKey != lockstore.FenceKey("lock:order:1") || shown.FenceCounter == nil || *shown.FenceCounter < a.Fence {
 		t.Errorf("Lookup: %+v, %v; want the slot's fence counter at or above %d", shown, err, a.Fence)
 	}
-	if _, err := in.Lookup(ctx, "order:9"); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("Lookup of a free key: %v, want ErrNotHeld", err)
+	if _, err := in.Lookup(ctx, "order:9"); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Errorf("Lookup of a free key: %v, want lockstore.ErrNotHeld", err)
 	}
 }
 
@@ -115,11 +116,11 @@ func TestListShowsAForeignKeyBesideTheLocks(t *testing.T) {
 	if err := c.Set(ctx, "lock:a-string", "not a lock", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	locks, _, err := in.List(ctx, "*", ListOptions{})
+	locks, _, err := in.List(ctx, "*", lockstore.ListOptions{})
 	if err != nil || len(locks) != 3 {
 		t.Fatalf("List: %+v, %v; want the hash, the string and order:1", locks, err)
 	}
-	if !strings.Contains(locks[0].Unrecognized, "WRONGTYPE") || locks[1].Unrecognized != "not a lock" || locks[1].TTL != NoTTL ||
+	if !strings.Contains(locks[0].Unrecognized, "WRONGTYPE") || locks[1].Unrecognized != "not a lock" || locks[1].TTL != lockstore.NoTTL ||
 		locks[2].Key != "order:1" || locks[2].Unrecognized != "" {
 		t.Errorf("List: %+v", locks)
 	}
@@ -142,9 +143,9 @@ func TestForceUnlockRemovesOnlyTheGrantItRead(t *testing.T) {
 	if _, err := s.Release(ctx, "lock:k", first, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	var changed *ChangedError
+	var changed *lockstore.ChangedError
 	if _, err := in.ForceUnlock(ctx, read); !errors.As(err, &changed) || changed.Now != nil {
-		t.Fatalf("ForceUnlock of a released lock: %v, want a ChangedError with nothing now", err)
+		t.Fatalf("ForceUnlock of a released lock: %v, want a lockstore.ChangedError with nothing now", err)
 	}
 	next, err := s.Acquire(ctx, "lock:k", second, time.Minute, "")
 	if err != nil {
@@ -152,7 +153,7 @@ func TestForceUnlockRemovesOnlyTheGrantItRead(t *testing.T) {
 	}
 	if _, err := in.ForceUnlock(ctx, read); !errors.As(err, &changed) || changed.Now == nil ||
 		changed.Now.Owner != second || changed.Now.Fence != next.Fence {
-		t.Fatalf("ForceUnlock of a lock that changed hands: %v, want a ChangedError naming %s", err, second)
+		t.Fatalf("ForceUnlock of a lock that changed hands: %v, want a lockstore.ChangedError naming %s", err, second)
 	}
 	if c.Exists(ctx, "lock:k").Val() != 1 {
 		t.Fatal("the second holder's lock was removed")
@@ -202,12 +203,12 @@ func TestWatchByPollingReportsEachChange(t *testing.T) {
 		events []string
 		mode   string
 	)
-	add := func(e Event) {
+	add := func(e lockstore.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		switch e.Kind {
-		case EventRead:
-		case EventWatching:
+		case lockstore.EventRead:
+		case lockstore.EventWatching:
 			mode = e.Mode
 			events = append(events, "watching "+strings.Repeat("x", len(e.Locks)))
 		default:
@@ -218,7 +219,7 @@ func TestWatchByPollingReportsEachChange(t *testing.T) {
 		return func() bool { mu.Lock(); defer mu.Unlock(); return len(events) >= n }
 	}
 	done := make(chan error, 1)
-	opts := WatchOptions{Interval: 20 * time.Millisecond, Skip: func(k string) bool { return strings.HasPrefix(k, "shadow:") }}
+	opts := lockstore.WatchOptions{Interval: 20 * time.Millisecond, Skip: func(k string) bool { return strings.HasPrefix(k, "shadow:") }}
 	go func() { done <- in.Watch(ctx, "*", opts, add) }()
 	waitUntil(t, seen(1))
 

@@ -1,9 +1,10 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,7 +20,7 @@ const orphanReleaseTimeout = time.Second
 // the key for a hold that is still counted on. (A re-entered reply can also be this very call
 // run twice, go-redis having re-sent the pipeline after the connection dropped with the first
 // reply on it; the store cannot tell that from a re-entrant acquisition of a
-// Store user, whose hold it must not drop. The Locker mints an owner per acquisition and gives
+// lockstore.Store user, whose hold it must not drop. The Locker mints an owner per acquisition and gives
 // back an acquisition it gave up on (keeper.giveBack), whichever run took the key.) An error
 // reply says nothing about what ran, so it is left too (the root package's Locker releases
 // after an acquire that timed out).
@@ -47,5 +48,5 @@ func (s *RedisStore) giveUp(key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
 	// The hold handed out no fence beyond the one it was granted: "0" (release.lua).
-	_ = releaseScript.Run(ctx, s.client, []string{key, fenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
+	_ = releaseScript.Run(ctx, s.client, []string{key, lockstore.FenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
 }

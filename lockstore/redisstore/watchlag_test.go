@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -13,22 +13,22 @@ import (
 )
 
 // TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returned before its subscription was
-// active (review 4), so a release that happened after Watch returned was not delivered; it
+// active (review 4), so a release that happened after lockstore.Watch returned was not delivered; it
 // now waits for the confirmation (bounded by subscribeWait, 500ms, above the latency here).
 //
 // notifier.watch sends SUBSCRIBE with go-redis's PubSub.Subscribe, which only writes the
 // command and does not wait for Redis to confirm it. The subscription lives on a connection
 // of its own, and Redis orders nothing between two connections: a release sent on another
-// connection after Watch returned can run (and PUBLISH to nobody) before the SUBSCRIBE is
+// connection after lockstore.Watch returned can run (and PUBLISH to nobody) before the SUBSCRIBE is
 // read. Here the pub/sub connection has 150ms of latency towards Redis (a slow or congested
-// link); the release right after Watch notifies 0 subscribers and the watch never fires.
+// link); the release right after lockstore.Watch notifies 0 subscribers and the watch never fires.
 // A waiter that watches and then sleeps until its retry delay (the Locker) stays asleep
 // with the key free. Severity: lost wake-up (the waiter wakes at its next retry delay, capped
 // by the holder's TTL, instead of at the release).
 //
 // Fix: make watch wait for the subscription's confirmation (the *redis.Subscription message
 // for the channel, read by the notifier's reader and signalled to watch) before returning,
-// and have the Locker try once more after Watch returns and before it sleeps, since a
+// and have the Locker try once more after lockstore.Watch returns and before it sleeps, since a
 // release between the busy reply and the subscription is missed anyway.
 func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
 	srv := redistest.Start(t)
@@ -58,7 +58,7 @@ func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	// Strictly after Watch returned.
+	// Strictly after lockstore.Watch returned.
 	notified, err := s.Release(ctx, key, ownerA, "", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +66,7 @@ func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
 	select {
 	case <-w.C():
 	case <-time.After(time.Second):
-		t.Fatalf("a release after Watch returned was never delivered (PUBLISH reached %d subscribers): "+
+		t.Fatalf("a release after lockstore.Watch returned was never delivered (PUBLISH reached %d subscribers): "+
 			"Watch returned before its SUBSCRIBE was active", notified)
 	}
 }
@@ -139,7 +139,7 @@ func (l *laggyConn) Close() error {
 	return err
 }
 
-// A watch says whether it began listening only now (Watch.Fresh): the first watch of a channel
+// A watch says whether it began listening only now (lockstore.Watch.Fresh): the first watch of a channel
 // does, a second one while the channel is subscribed (watched, or within its linger) does not,
 // and a watch after the linger ran out does again. The Locker looks at the key once more only
 // after a fresh watch, so a hot key waited on turn after turn costs no extra round trip.

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,16 +20,16 @@ var (
 	forceReleaseScript = redis.NewScript(forceReleaseLua)
 )
 
-// RedisInspector is the Inspector of the locks a RedisStore keeps under one prefix. Create it
+// RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix. Create it
 // with NewInspector.
 type RedisInspector struct {
 	client redis.UniversalClient
 	prefix string
 }
 
-var _ Inspector = (*RedisInspector)(nil)
+var _ lockstore.Inspector = (*RedisInspector)(nil)
 
-// NewInspector returns the Inspector of the locks under prefix (the Locker's WithPrefix; the
+// NewInspector returns the lockstore.Inspector of the locks under prefix (the Locker's WithPrefix; the
 // middleware's Prefix) on client, whose release channels have DefaultChannelPrefix. On a
 // Cluster it reads every master. It leaves client open.
 func NewInspector(client redis.UniversalClient, prefix string) *RedisInspector {
@@ -43,7 +44,7 @@ func (r *RedisInspector) channel(key string) string {
 
 // List implements Inspector: a SCAN of every master, then the values, TTLs and waiters of the
 // first opts.Limit keys.
-func (r *RedisInspector) List(ctx context.Context, pattern string, opts ListOptions) ([]LockInfo, int, error) {
+func (r *RedisInspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	keys, err := r.scanKeys(ctx, pattern, opts.Skip)
 	if err != nil {
 		return nil, 0, err
@@ -56,26 +57,26 @@ func (r *RedisInspector) List(ctx context.Context, pattern string, opts ListOpti
 	return locks, more, err
 }
 
-// Lookup implements Inspector, with the fence counter of the key's hash slot.
-func (r *RedisInspector) Lookup(ctx context.Context, key string) (LockInfo, error) {
+// Lookup implements lockstore.Inspector, with the fence counter of the key's hash slot.
+func (r *RedisInspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	locks, err := r.read(ctx, []string{key})
 	if err != nil {
-		return LockInfo{}, err
+		return lockstore.LockInfo{}, err
 	}
 	if len(locks) == 0 {
-		return LockInfo{}, fmt.Errorf("Redis key %q: %w", r.storeKey(key), ErrNotHeld)
+		return lockstore.LockInfo{}, fmt.Errorf("Redis key %q: %w", r.storeKey(key), lockstore.ErrNotHeld)
 	}
 	l := locks[0]
-	l.FenceCounterKey = fenceKey(l.StoreKey)
+	l.FenceCounterKey = lockstore.FenceKey(l.StoreKey)
 	if n, err := r.client.Get(ctx, l.FenceCounterKey).Int64(); err == nil {
 		l.FenceCounter = &n
 	}
 	return l, nil
 }
 
-// ForceUnlock implements Inspector with forcerelease.lua: the grant is the owner and fence of
+// ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is the owner and fence of
 // l, so a lock whose holds changed since is still removed, and one that changed hands is not.
-func (r *RedisInspector) ForceUnlock(ctx context.Context, l LockInfo) (int, error) {
+func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.Owner == "" || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
@@ -88,9 +89,9 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l LockInfo) (int, erro
 		return 0, fmt.Errorf("%w %v", errUnexpectedReply, reply)
 	}
 	if done, _ := reply[0].(int64); done != 1 {
-		changed := &ChangedError{}
+		changed := &lockstore.ChangedError{}
 		if v, _ := reply[1].(string); v != "" {
-			now := LockInfo{Key: l.Key, StoreKey: l.StoreKey, TTL: NoTTL}
+			now := lockstore.LockInfo{Key: l.Key, StoreKey: l.StoreKey, TTL: lockstore.NoTTL}
 			parseLock(&now, v)
 			changed.Now = &now
 		}
@@ -102,7 +103,7 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l LockInfo) (int, erro
 
 // parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
 // (acquire.lua); a value this store does not write goes to l.Unrecognized.
-func parseLock(l *LockInfo, value string) {
+func parseLock(l *lockstore.LockInfo, value string) {
 	fields := strings.SplitN(value, " ", 4)
 	if len(fields) < 3 || fields[0] == "" {
 		l.Unrecognized = value
@@ -124,28 +125,6 @@ func parseLock(l *LockInfo, value string) {
 		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
 	}
 	l.ParseHolder(rest)
-}
-
-// ParseHolder fills Host, Pid, Trace and Metadata from the metadata a holder wrote with its
-// lock (the Locker's WithMetadata): host=, pid= and trace= (the first of each), and the rest,
-// in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
-// with this.
-func (l *LockInfo) ParseHolder(meta string) {
-	var other []string
-	for _, f := range strings.Fields(meta) {
-		k, v, _ := strings.Cut(f, "=")
-		switch {
-		case k == "host" && l.Host == "":
-			l.Host = v
-		case k == "pid" && l.Pid == "":
-			l.Pid = v
-		case k == "trace" && l.Trace == "":
-			l.Trace = v
-		default:
-			other = append(other, f)
-		}
-	}
-	l.Metadata = strings.Join(other, " ")
 }
 
 // globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.
@@ -173,7 +152,7 @@ func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func
 		for iter.Next(ctx) {
 			full := iter.Val()
 			k := strings.TrimPrefix(full, r.prefix)
-			if strings.HasPrefix(full, FenceKeyPrefix) || skip != nil && skip(k) {
+			if strings.HasPrefix(full, lockstore.FenceKeyPrefix) || skip != nil && skip(k) {
 				continue
 			}
 			mu.Lock()
@@ -197,7 +176,7 @@ func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func
 
 // read reads the locks of keys: value, TTL and waiters, in keys' order. Keys released since
 // they were found are left out.
-func (r *RedisInspector) read(ctx context.Context, keys []string) ([]LockInfo, error) {
+func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.LockInfo, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -220,7 +199,7 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]LockInfo, e
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
 	}
-	locks := make([]LockInfo, 0, len(keys))
+	locks := make([]lockstore.LockInfo, 0, len(keys))
 	channels := make([]string, 0, len(keys))
 	for i, k := range keys {
 		v, err := rs[i].get.Result()
@@ -229,10 +208,10 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]LockInfo, e
 		}
 		if err != nil {
 			// WRONGTYPE: a key under the prefix that is not a string, so not a lock.
-			locks = append(locks, LockInfo{Key: k, StoreKey: r.storeKey(k), Unrecognized: "(" + err.Error() + ")"})
+			locks = append(locks, lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), Unrecognized: "(" + err.Error() + ")"})
 			continue
 		}
-		l := LockInfo{Key: k, StoreKey: r.storeKey(k), TTL: NoTTL}
+		l := lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), TTL: lockstore.NoTTL}
 		if d, err := rs[i].pttl.Result(); err == nil && d >= 0 {
 			l.TTL = d
 		}
@@ -277,3 +256,6 @@ func (r *RedisInspector) numSub(ctx context.Context, channels []string) (map[str
 	}
 	return total, count(ctx, r.client)
 }
+
+// errUnexpectedReply is wrapped by the inspector's errors about a reply of the wrong shape.
+var errUnexpectedReply = errors.New("unexpected reply")

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -61,7 +62,7 @@ var errStoreClosed = errors.New("flightlock: store closed")
 // orders nothing between the pub/sub connection and the others: a release sent after watch
 // returned could run before the SUBSCRIBE and publish to nobody, and the waiter slept on with
 // the key free (TestWatchHearsAReleaseRightAfterIt).
-func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
+func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch, error) {
 	c := make(chan struct{}, 1)
 
 	n.mu.Lock()
@@ -96,10 +97,13 @@ func (n *notifier) watch(ctx context.Context, channel string) (*Watch, error) {
 	ready, active := st.ready, st.active
 	n.mu.Unlock()
 
-	w := NewWatch(c, func() { n.unwatch(channel, c) })
 	// A channel confirmed before this call was heard all along; a new or unconfirmed one may
-	// have missed a release since the caller's last look (Watch.Fresh).
-	w.fresh = !active
+	// have missed a release since the caller's last look (lockstore.Watch.Fresh).
+	stop := func() { n.unwatch(channel, c) }
+	w := lockstore.NewWatch(c, stop)
+	if !active {
+		w = lockstore.NewFreshWatch(c, stop)
+	}
 	if !active {
 		t := time.NewTimer(subscribeWait)
 		select {

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -130,9 +131,9 @@ func TestRenewalsAndReleasesFollowASlotMigration(t *testing.T) {
 					wg.Go(func() { errs[i] = s.Refresh(ctx, key, ownerA, ttl) })
 				}
 				wg.Wait()
-				batch := make([]Renewal, 0, len(held))
+				batch := make([]lockstore.Renewal, 0, len(held))
 				for _, key := range held {
-					batch = append(batch, Renewal{Key: key, Owner: ownerA, TTL: ttl})
+					batch = append(batch, lockstore.Renewal{Key: key, Owner: ownerA, TTL: ttl})
 				}
 				errs = append(errs, s.RefreshAll(ctx, batch)...)
 				for i, err := range errs {
@@ -160,7 +161,7 @@ func TestRenewalsAndReleasesFollowASlotMigration(t *testing.T) {
 				}
 			}
 
-			slot := int(keySlot(keys[0]))
+			slot := int(lockstore.KeySlot(keys[0]))
 			from := redistest.MasterAddrOf(t, slot, masters)
 			to := masters[0]
 			if to == from {

@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -117,13 +118,13 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		// The counter is counted on, not undercut, even far ahead of server time (a clock
 		// that stepped back).
 		ahead := last + int64(time.Hour/time.Microsecond)
-		b.client.Set(ctx, fenceKey("lock:f"), ahead, 0)
+		b.client.Set(ctx, lockstore.FenceKey("lock:f"), ahead, 0)
 		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
 		if err != nil || got.Fence != ahead+1 {
 			t.Fatalf("fence after a clock step back = %d (%v), want %d", got.Fence, err, ahead+1)
 		}
 		// Re-entry reports the fence of the holding, although the counter moved on.
-		b.client.Set(ctx, fenceKey("lock:f"), ahead+100, 0)
+		b.client.Set(ctx, lockstore.FenceKey("lock:f"), ahead+100, 0)
 		if again, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, ""); err != nil || !again.Reentered || again.Fence != got.Fence {
 			t.Fatalf("re-entry = %+v, %v; want fence %d", again, err, got.Fence)
 		}
@@ -139,7 +140,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:g", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		b.client.Del(ctx, fenceKey("lock:g"))
+		b.client.Del(ctx, lockstore.FenceKey("lock:g"))
 		after, err := b.store.Acquire(ctx, "lock:g", ownerB, time.Second, "")
 		if err != nil || after.Fence <= before.Fence {
 			t.Fatalf("fence after the counter was lost = %d (%v), the one before was %d", after.Fence, err, before.Fence)
@@ -166,10 +167,10 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:e", ownerB, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		slots := map[uint16]bool{keySlot("lock:e"): true}
+		slots := map[uint16]bool{lockstore.KeySlot("lock:e"): true}
 		for i := range 3000 {
 			k := "lock:many:" + strconv.Itoa(i)
-			slots[keySlot(k)] = true
+			slots[lockstore.KeySlot(k)] = true
 			if _, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil {
 				t.Fatal(err)
 			}
@@ -182,7 +183,7 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 			t.Fatalf("%d keys left after 3001 distinct locks, want one fence counter per slot (%d)", len(keys), len(slots))
 		}
 		for _, k := range keys {
-			if !strings.HasPrefix(k, FenceKeyPrefix) {
+			if !strings.HasPrefix(k, lockstore.FenceKeyPrefix) {
 				t.Fatalf("key %q left behind", k)
 			}
 		}
@@ -195,11 +196,11 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if _, err := b.store.Acquire(ctx, "lock:o", ownerA, time.Second, "meta"); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.store.Refresh(ctx, "lock:o", ownerB, time.Minute); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("refresh by another owner: %v, want ErrNotHeld", err)
+		if err := b.store.Refresh(ctx, "lock:o", ownerB, time.Minute); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("refresh by another owner: %v, want lockstore.ErrNotHeld", err)
 		}
-		if _, err := b.store.Release(ctx, "lock:o", ownerB, "", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("release by another owner: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:o", ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("release by another owner: %v, want lockstore.ErrNotHeld", err)
 		}
 		if !strings.HasPrefix(b.client.Get(ctx, "lock:o").Val(), ownerA+" ") {
 			t.Fatal("another owner's refresh or release changed the lock")
@@ -217,14 +218,14 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 		if _, err := b.store.Acquire(ctx, "lock:o", ownerB, time.Second, ""); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := b.store.Release(ctx, "lock:o", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("stale release: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:o", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("stale release: %v, want lockstore.ErrNotHeld", err)
 		}
 		if v := b.client.Get(ctx, "lock:o").Val(); !strings.HasPrefix(v, ownerB+" ") {
 			t.Fatalf("stale release touched the next owner's lock: value %q", v)
 		}
-		if _, err := b.store.TTL(ctx, "lock:none"); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("TTL of a free key: %v, want ErrNotHeld", err)
+		if _, err := b.store.TTL(ctx, "lock:none"); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("TTL of a free key: %v, want lockstore.ErrNotHeld", err)
 		}
 	})
 }
@@ -320,10 +321,10 @@ func TestWatchLingerAndClose(t *testing.T) {
 	if _, err := s.Watch(ctx, "lock:x"); err == nil {
 		t.Fatal("Watch on a closed store succeeded")
 	}
-	var nilWatch *Watch
+	var nilWatch *lockstore.Watch
 	nilWatch.Close()
 	if nilWatch.C() != nil {
-		t.Fatal("nil Watch has a channel")
+		t.Fatal("nil lockstore.Watch has a channel")
 	}
 }
 
@@ -399,10 +400,10 @@ func TestStoreDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	if _, err := s.Acquire(ctx, "lock:d", ownerA, time.Second, ""); err == nil || errors.Is(err, ErrNotHeld) {
+	if _, err := s.Acquire(ctx, "lock:d", ownerA, time.Second, ""); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("acquire on a stopped Redis: %v, want a store error", err)
 	}
-	if _, err := s.Release(ctx, "lock:d", ownerA, "", 0); err == nil || errors.Is(err, ErrNotHeld) {
+	if _, err := s.Release(ctx, "lock:d", ownerA, "", 0); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("release on a stopped Redis: %v, want a store error", err)
 	}
 	if time.Since(start) > time.Second {
@@ -437,31 +438,6 @@ func TestWithOnClose(t *testing.T) {
 	if err := s.Close(); err != nil || len(order) != 2 {
 		t.Fatalf("second Close: %v, closers ran %d times in all, want 2", err, len(order))
 	}
-}
-
-func TestFenceKeySameSlot(t *testing.T) {
-	if crc16("123456789") != 0x31c3 {
-		t.Fatalf("crc16 check value = %#x, want 0x31c3", crc16("123456789"))
-	}
-	if keySlot("foo") != 12182 || keySlot("{user1000}.following") != keySlot("user1000") {
-		t.Fatal("keySlot disagrees with Redis Cluster's specification examples")
-	}
-	for _, k := range []string{"lock:a", "lock:{u1}:x", "a}b", "}{", "{}x}", "x{}y}", "\xff}", "{a"} {
-		if fk := fenceKey(k); keySlot(fk) != keySlot(k) || fk == k {
-			t.Errorf("fenceKey(%q) = %q in slot %d, lock in slot %d", k, fk, keySlot(fk), keySlot(k))
-		}
-	}
-}
-
-func FuzzFenceKeySameSlot(f *testing.F) {
-	for _, s := range []string{"a", "}", "{a}b", "a}{b}"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, k string) {
-		if keySlot(fenceKey(k)) != keySlot(k) {
-			t.Fatalf("fenceKey(%q) in another slot", k)
-		}
-	})
 }
 
 // A busy acquisition tells who holds the key: the metadata its holder stored, never the
@@ -517,7 +493,7 @@ func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				key := "lock:badcounter:" + tc.name
-				fk := fenceKey(key)
+				fk := lockstore.FenceKey(key)
 				b.client.Del(ctx, fk)
 				if err := tc.set(fk); err != nil {
 					t.Fatal(err)
@@ -555,7 +531,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 		if _, err := b.store.Acquire(ctx, "lock:rs1", ownerA, time.Minute, "x 1"); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := b.store.Release(ctx, "lock:rs1", ownerB, "", 0); !errors.Is(err, ErrNotHeld) {
+		if n, err := b.store.Release(ctx, "lock:rs1", ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
 			t.Fatalf("release by another owner = %d, %v", n, err)
 		}
 		if n, err := b.store.Release(ctx, "lock:rs1", ownerA, "", 0); err != nil || n != 0 {
@@ -605,8 +581,8 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 		if b.client.Exists(ctx, "lock:rs3").Val() != 1 {
 			t.Fatal("the acquisition's release deleted a lock a re-entry still holds")
 		}
-		if n, err := b.store.Release(ctx, "lock:rs3", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("second release of the acquisition's hold = %d, %v; want ErrNotHeld", n, err)
+		if n, err := b.store.Release(ctx, "lock:rs3", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("second release of the acquisition's hold = %d, %v; want lockstore.ErrNotHeld", n, err)
 		}
 		if _, err := b.store.Release(ctx, "lock:rs3", ownerA, "h1", 0); err != nil || b.client.Exists(ctx, "lock:rs3").Val() != 0 {
 			t.Fatalf("release of the last hold = %v, key left: %d", err, b.client.Exists(ctx, "lock:rs3").Val())
@@ -620,7 +596,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:rs4", ownerA, "", used); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := b.client.Get(ctx, fenceKey("lock:rs4")).Int64(); v != used {
+		if v, _ := b.client.Get(ctx, lockstore.FenceKey("lock:rs4")).Int64(); v != used {
 			t.Fatalf("counter after a release that used fence %d = %d", used, v)
 		}
 		if next, err := b.store.Acquire(ctx, "lock:rs4", ownerB, time.Minute, ""); err != nil || next.Fence != used+1 {
@@ -652,7 +628,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		if v := b.client.Get(ctx, "lock:p1").Val(); v != ownerA+" "+strconv.FormatInt(fence, 10)+" 1 req=1" {
 			t.Fatalf("value after the pass = %q", v)
 		}
-		if c, _ := b.client.Get(ctx, fenceKey("lock:p1")).Int64(); c != fence {
+		if c, _ := b.client.Get(ctx, lockstore.FenceKey("lock:p1")).Int64(); c != fence {
 			t.Fatalf("counter after the pass = %d, want %d", c, fence)
 		}
 		if d := b.client.PTTL(ctx, "lock:p1").Val(); d < 30*time.Second {
@@ -668,16 +644,16 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 			t.Fatalf("next owner = %+v, %v; want a fence above the pass's %d", after, err, fence)
 		}
 
-		// Another owner's lock, or none: ErrNotHeld, nothing changed.
+		// Another owner's lock, or none: lockstore.ErrNotHeld, nothing changed.
 		before := b.client.Get(ctx, "lock:p1").Val()
-		if kept, _, _, err := b.store.Pass(ctx, "lock:p1", ownerA, time.Second, 0); kept || !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("pass of another owner's lock = %v, %v; want ErrNotHeld", kept, err)
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p1", ownerA, time.Second, 0); kept || !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("pass of another owner's lock = %v, %v; want lockstore.ErrNotHeld", kept, err)
 		}
 		if v := b.client.Get(ctx, "lock:p1").Val(); v != before {
 			t.Fatalf("another owner's lock changed: %q -> %q", before, v)
 		}
-		if kept, _, _, err := b.store.Pass(ctx, "lock:p-none", ownerA, time.Second, 0); kept || !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("pass of a free key = %v, %v; want ErrNotHeld", kept, err)
+		if kept, _, _, err := b.store.Pass(ctx, "lock:p-none", ownerA, time.Second, 0); kept || !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("pass of a free key = %v, %v; want lockstore.ErrNotHeld", kept, err)
 		}
 
 		// Marked (an acquirer elsewhere was refused): released, and the waiters told.
@@ -728,7 +704,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		}
 
 		// A counter the script cannot read: released rather than kept, the counter as found.
-		fk := fenceKey("lock:p4")
+		fk := lockstore.FenceKey("lock:p4")
 		if _, err := b.store.Acquire(ctx, "lock:p4", ownerA, time.Minute, ""); err != nil {
 			t.Fatal(err)
 		}

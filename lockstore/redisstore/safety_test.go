@@ -1,4 +1,4 @@
-package lockstore
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Issue 8, finding 2: re-entry with a handed-over owner never takes a free key, and counts
@@ -44,8 +45,8 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A re-sent release of that hold changes nothing.
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, "", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("re-sent release of the acquisition's hold: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("re-sent release of the acquisition's hold: %v, want lockstore.ErrNotHeld", err)
 		}
 		if v := b.client.Get(ctx, "lock:r").Val(); !strings.HasPrefix(v, ownerA+" ") {
 			t.Fatalf("first of two releases freed the key: %q", v)
@@ -53,8 +54,8 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 		if ttl := b.client.PTTL(ctx, "lock:r").Val(); ttl < 50*time.Second {
 			t.Fatalf("a release of one hold changed the TTL to %v", ttl)
 		}
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h2", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("release of a hold never taken: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h2", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("release of a hold never taken: %v, want lockstore.ErrNotHeld", err)
 		}
 		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h1", 0); err != nil {
 			t.Fatal(err)
@@ -62,8 +63,8 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 		if n := b.client.Exists(ctx, "lock:r").Val(); n != 0 {
 			t.Fatal("the last release left the key")
 		}
-		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h1", 0); !errors.Is(err, ErrNotHeld) {
-			t.Fatalf("a re-sent last release: %v, want ErrNotHeld", err)
+		if _, err := b.store.Release(ctx, "lock:r", ownerA, "h1", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("a re-sent last release: %v, want lockstore.ErrNotHeld", err)
 		}
 	})
 }
@@ -86,10 +87,10 @@ func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 			t.Fatalf("fence after handoffs up to %d = %d (%v)", handed, next.Fence, err)
 		}
 		// A release by a stale owner changes no counter.
-		if _, err := b.store.Release(ctx, "lock:h", ownerA, "", next.Fence+1000); !errors.Is(err, ErrNotHeld) {
+		if _, err := b.store.Release(ctx, "lock:h", ownerA, "", next.Fence+1000); !errors.Is(err, lockstore.ErrNotHeld) {
 			t.Fatal(err)
 		}
-		if v, _ := b.client.Get(ctx, fenceKey("lock:h")).Int64(); v != next.Fence {
+		if v, _ := b.client.Get(ctx, lockstore.FenceKey("lock:h")).Int64(); v != next.Fence {
 			t.Fatalf("a refused release moved the counter to %d", v)
 		}
 	})
@@ -128,11 +129,11 @@ func TestFencesIncreaseAfterARestartFromASnapshot(t *testing.T) {
 	// Lost grants may have run the counter up to a millisecond ahead of the clock (a burst of
 	// handoffs); the restart takes longer than that, and that is the bound the README states.
 	lost := last + 1000
-	if err := c.Set(ctx, fenceKey("lock:snap"), lost, 0).Err(); err != nil {
+	if err := c.Set(ctx, lockstore.FenceKey("lock:snap"), lost, 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	srv.Restart() // kill -9, then load dump.rdb
-	if v, _ := c.Get(ctx, fenceKey("lock:snap")).Int64(); v >= last {
+	if v, _ := c.Get(ctx, lockstore.FenceKey("lock:snap")).Int64(); v >= last {
 		t.Fatalf("the counter survived the restart (%d): the test did not roll it back", v)
 	}
 	got, err := s.Acquire(ctx, "lock:snap", ownerB, time.Second, "")
