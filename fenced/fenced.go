@@ -47,12 +47,15 @@ var (
 )
 
 var (
+	// fenceLua is the fence comparison both scripts run, put before each of them.
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed hincrby.lua
 	hincrbyLua    string
-	hincrbyScript = redis.NewScript(hincrbyLua)
+	hincrbyScript = redis.NewScript(fenceLua + hincrbyLua)
 	//go:embed hset.lua
 	hsetLua    string
-	hsetScript = redis.NewScript(hsetLua)
+	hsetScript = redis.NewScript(fenceLua + hsetLua)
 )
 
 // Replies of the scripts.
