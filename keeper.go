@@ -87,7 +87,7 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 // return must not wait for a store that did not answer in time. Only when nothing more is sent
 // with owner: a later acquisition with the same token could be the one given back.
 func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
-	go k.giveBack(context.WithoutCancel(ctx), key, owner, borrow)
+	go k.giveBack(ctx, key, owner, borrow) // giveBack keeps ctx's values, not its cancellation
 }
 
 // endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
