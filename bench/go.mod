@@ -2,11 +2,15 @@ module github.com/flightlock/flightlock/bench
 
 go 1.26.8
 
-replace github.com/flightlock/flightlock => ../
+replace (
+	github.com/flightlock/flightlock => ../
+	github.com/flightlock/flightlock/example => ../example
+)
 
 require (
 	github.com/bsm/redislock v0.9.4
 	github.com/flightlock/flightlock v0.0.0-00010101000000-000000000000
+	github.com/flightlock/flightlock/example v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79

@@ -277,10 +277,10 @@ func TestShareEtcdAndRedisRules(t *testing.T) {
 	}
 }
 
-// zrpc on etcd: duplicates on two servers, each with its own Middleware (two pods) on one
+// gRPC on etcd: duplicates on two servers, each with its own Middleware (two pods) on one
 // etcd, get the reply of the one call that ran the handler; a changed request under the same
 // key gets InvalidArgument; an Unavailable reply is not replayed.
-func TestShareEtcdZrpc(t *testing.T) {
+func TestShareEtcdGRPC(t *testing.T) {
 	ec := etcdtest.Start(t)
-	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf { return etcdConf(ec, rules...) })
+	testShareGRPCOnTwoServers(t, func(rules []Rule) LockConf { return etcdConf(ec, rules...) })
 }

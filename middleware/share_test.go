@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,12 +13,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/rest"
-	"github.com/zeromicro/go-zero/zrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
@@ -352,54 +348,23 @@ func TestShareDuplicatesAcrossProcesses(t *testing.T) {
 	}
 }
 
-// startZrpc serves the test service through a real zrpc server (go-zero's interceptor chain:
-// recover, breaker, timeout...) with m's unary interceptor, and returns a connection to it.
-func startZrpc(t *testing.T, m *Middleware, unary handlerFunc, timeout time.Duration) *grpc.ClientConn {
-	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	// From YAML, as a service loads it: go-zero's defaults (tracing, recover, breaker...) on.
-	var c zrpc.RpcServerConf
-	yaml := fmt.Sprintf("Name: share-test\nMode: test\nListenOn: %s\nTimeout: %d\nLog: {Mode: console, Level: severe}\n",
-		addr, timeout.Milliseconds())
-	if err := conf.LoadFromYamlBytes([]byte(yaml), &c); err != nil {
-		t.Fatal(err)
-	}
-	s := zrpc.MustNewServer(c, func(g *grpc.Server) { g.RegisterService(testServiceDesc(unary), nil) })
-	s.AddUnaryInterceptors(m.UnaryServerInterceptor())
-	go s.Start()
-	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	waitFor(t, 10*time.Second, "the zrpc server", func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			_ = c.Close()
-		}
-		return err == nil
-	})
-	return conn
-}
-
-// zrpc: duplicates on one server, and on a second server with its own Middleware (another
+// gRPC: duplicates on one server, and on a second server with its own Middleware (another
 // process's gate and flights) on the same Redis, get the reply of the one call that ran the
 // handler; a changed request under the same key gets InvalidArgument; an Unavailable reply is
 // not replayed.
-func TestShareZrpc(t *testing.T) {
+func TestShareGRPC(t *testing.T) {
 	srv := redistest.Start(t)
-	testShareZrpcOnTwoServers(t, func(rules []Rule) LockConf {
+	testShareGRPCOnTwoServers(t, func(rules []Rule) LockConf {
 		return LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: rules}
 	})
 }
 
-// testShareZrpcOnTwoServers runs a share rule on two zrpc servers, each with its own
+// testShareGRPCOnTwoServers runs a share rule on two gRPC servers, each with its own
 // Middleware built from conf (two processes on one store): 12 duplicates started together on
 // both get the reply of the one call that ran the handler, 11 marked replayed; a changed
 // request under the same key gets InvalidArgument on either server; an Unavailable reply is
 // not replayed: the retry on the other server runs the handler again.
-func testShareZrpcOnTwoServers(t *testing.T, conf func(rules []Rule) LockConf) {
+func testShareGRPCOnTwoServers(t *testing.T, conf func(rules []Rule) LockConf) {
 	ctx := context.Background()
 	var runs atomic.Int64
 	var fail atomic.Bool
@@ -419,7 +384,7 @@ func testShareZrpcOnTwoServers(t *testing.T, conf func(rules []Rule) LockConf) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = m.Close() })
-		conns = append(conns, startZrpc(t, m, handler, 10*time.Second))
+		conns = append(conns, startGRPC(t, m, handler))
 	}
 	start := make(chan struct{})
 	var wg sync.WaitGroup

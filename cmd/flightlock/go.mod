@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/emicklei/proto v1.14.3
 	github.com/flightlock/flightlock v0.0.0-00010101000000-000000000000
+	github.com/flightlock/flightlock/example v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/zeromicro/go-zero v1.10.3
 	github.com/zeromicro/go-zero/tools/goctl v1.10.2

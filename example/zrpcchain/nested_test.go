@@ -1,4 +1,4 @@
-package middleware
+package zrpcchain
 
 import (
 	"context"
@@ -17,9 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Issue 18: service A locks h:{host} and calls service B, which locks the same key, without
+// Service A locks h:{host} and calls service B, which locks the same key, without
 // passing its lock owner on. go-zero propagates the trace, so B sees that the holder is its own
 // caller and answers Aborted at once with an error that names the fix, instead of waiting for
 // itself until a deadline.
@@ -35,8 +36,8 @@ func TestNestedCallWithoutOwnerFailsFast(t *testing.T) {
 	})
 
 	srv := redistest.Start(t)
-	newMW := func(onBusy string) *Middleware {
-		m, err := New(LockConf{Redis: RedisConf{Host: srv.Addr}, Rules: []Rule{
+	newMW := func(onBusy string) *flmw.Middleware {
+		m, err := flmw.New(flmw.LockConf{Redis: flmw.RedisConf{Host: srv.Addr}, Rules: []flmw.Rule{
 			{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: onBusy, Wait: 20 * time.Second},
 		}})
 		if err != nil {
@@ -63,7 +64,7 @@ func TestNestedCallWithoutOwnerFailsFast(t *testing.T) {
 	}, 30*time.Second)
 
 	start := time.Now()
-	_, err := call(context.Background(), a, "Host", &rpb.ServerReflectionRequest{Host: "n"})
+	_, err := call(context.Background(), a, &rpb.ServerReflectionRequest{Host: "n"})
 	took := time.Since(start)
 	st := status.Convert(err)
 	if st.Code() != codes.Aborted || !strings.Contains(st.Message(), "same trace") || !strings.Contains(st.Message(), "TrustOwner") {
