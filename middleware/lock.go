@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,7 +18,8 @@ import (
 // A shadow rule's Locker never waits and keeps its locks apart from the enforced ones (see
 // rules.ShadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
 func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStats) (*flightlock.Locker, error) {
-	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(m.failOpen),
+	failOpen := cmp.Or(r.OnStoreError, m.conf.OnStoreError) == rules.StoreErrorsOpen
+	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(failOpen),
 		flightlock.WithObserver(stats.observer(m.logs))}
 	if (r.OnBusy == rules.OnBusyWait || r.OnBusy == rules.OnBusyShare) && !r.Shadow {
 		opts[0] = flightlock.WithMode(flightlock.Wait)

@@ -27,7 +27,6 @@ type Middleware struct {
 	injected  bool
 	closers   []func() error // the stores New built; nil once closed
 	conf      LockConf       // normalized: the store choices of Route and RouteFunc rules
-	failOpen  bool
 	owners    ownerPolicy
 	http      httpRoutes
 	rpc       map[string]*rule
@@ -69,7 +68,6 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	logWaitsPastTimeout(c, compiled, time.Duration(o.serverTimeout)*time.Millisecond)
 	logTrustWithoutSecret(c)
 	m := &Middleware{
-		failOpen:  c.OnStoreError == rules.StoreErrorsOpen,
 		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
 		rpc:       make(map[string]*rule),
 		rules:     compiled,

@@ -522,3 +522,30 @@ func TestRESTRealServer(t *testing.T) {
 		t.Fatalf("%d %q", resp.StatusCode, buf.String())
 	}
 }
+
+// A rule's OnStoreError overrides the Lock section's: with the store down, the stock rule
+// fails closed (503, the handler never runs) while the like counter on the same service fails
+// open (the handler runs under this process's lock).
+func TestRuleOnStoreErrorOverridesTheSections(t *testing.T) {
+	tr := newTestRedis(t)
+	var stockRan, likeRan atomic.Bool
+	m := newMiddleware(t, tr, LockConf{OnStoreError: "open", Rules: []Rule{
+		{Method: http.MethodPost, Path: "/stock/:sku", Key: "stock:{sku}", OnStoreError: "Closed"},
+		{Method: http.MethodPost, Path: "/like/:post", Key: "like:{post}"},
+	}})
+	s := serverless(t, restConf(t, 3*time.Second), m, []rest.Route{
+		{Method: http.MethodPost, Path: "/stock/:sku", Handler: func(http.ResponseWriter, *http.Request) { stockRan.Store(true) }},
+		{Method: http.MethodPost, Path: "/like/:post", Handler: func(http.ResponseWriter, *http.Request) { likeRan.Store(true) }},
+	})
+	tr.mr.Close()
+	if w := serve(s, httptest.NewRequest(http.MethodPost, "/stock/s1", http.NoBody)); w.Code != http.StatusServiceUnavailable || stockRan.Load() {
+		t.Errorf("stock rule (OnStoreError: closed) with the store down: %d, handler ran %v; want 503 without the handler", w.Code, stockRan.Load())
+	}
+	if w := serve(s, httptest.NewRequest(http.MethodPost, "/like/p1", http.NoBody)); w.Code != http.StatusOK || !likeRan.Load() {
+		t.Errorf("like rule (the section's OnStoreError: open) with the store down: %d, handler ran %v; want 200", w.Code, likeRan.Load())
+	}
+	if _, err := New(LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/x", Key: "x", OnStoreError: "ajar"}}}); err == nil ||
+		!strings.Contains(err.Error(), "Lock.Rules[0].OnStoreError") {
+		t.Errorf("a rule's OnStoreError \"ajar\": %v, want an error naming Lock.Rules[0].OnStoreError", err)
+	}
+}

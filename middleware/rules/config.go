@@ -414,6 +414,10 @@ type Rule struct {
 	// Etcd.Hosts) needs it on every rule. A share rule keeps its responses in the store it
 	// locks in.
 	Store string `json:",optional"`
+	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case: "closed" or
+	// "open". Empty (the default): the Lock section's. A stock rule can fail closed while a
+	// like counter on the same service fails open.
+	OnStoreError string `json:",optional"`
 }
 
 // Validate reports the first bad field of c, named as in the YAML file
@@ -495,6 +499,7 @@ func (r Rule) Normalized() Rule {
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
 	r.Store = strings.ToLower(r.Store)
+	r.OnStoreError = strings.ToLower(r.OnStoreError)
 	return r
 }
 
@@ -697,7 +702,7 @@ func checkRule(r Spec) error {
 	return CheckLockSettings(r.Field, r.Rule)
 }
 
-// CheckLockSettings validates a rule's OnBusy, TTL and Wait.
+// CheckLockSettings validates a rule's OnBusy, OnStoreError, TTL and Wait.
 func CheckLockSettings(name string, r Rule) error {
 	switch {
 	case r.TTL < 0:
@@ -707,6 +712,11 @@ func CheckLockSettings(name string, r Rule) error {
 	}
 	if err := OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare); err != nil {
 		return err
+	}
+	if r.OnStoreError != "" {
+		if err := OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen); err != nil {
+			return err
+		}
 	}
 	if r.OnBusy != OnBusyShare {
 		return nil
