@@ -78,6 +78,10 @@ func NewRedisClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 // tools that read the locks (cmd/flightlock) and for stores built with redisstore.New and
 // options of their own. The caller closes it.
 func (r RedisConf) Client() (redis.UniversalClient, error) {
+	if r.Embedded() {
+		return nil, FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
+			"the Middleware's Locker() (New(c.Lock).Locker()), which runs on the embedded store in development")
+	}
 	if r.Sentinel.MasterName == "" {
 		return NewRedisClient(r.zero())
 	}
@@ -147,7 +151,7 @@ func (e EtcdConf) Client() (*clientv3.Client, error) {
 		}
 	}
 	if len(hosts) == 0 {
-		return nil, errors.New("flightlock: Etcd.Hosts is empty")
+		return nil, FieldError("Lock.Etcd.Hosts", "is empty: list the etcd members to connect to")
 	}
 	cfg := clientv3.Config{
 		Endpoints:           hosts,
