@@ -3,9 +3,13 @@ package flightlock
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Mode says what Lock does when the key is busy.
@@ -75,16 +79,34 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		ttl:     DefaultTTL,
-		wait:    DefaultWait,
-		maxHold: DefaultMaxHold,
-		retry:   DefaultRetry,
-		mode:    Wait,
-		prefix:  DefaultPrefix,
-		handoff: DefaultHandoff,
-		window:  DefaultHandoffWindow,
-		clock:   systemClock{},
+		ttl:      DefaultTTL,
+		wait:     DefaultWait,
+		maxHold:  DefaultMaxHold,
+		retry:    DefaultRetry,
+		mode:     Wait,
+		prefix:   DefaultPrefix,
+		handoff:  DefaultHandoff,
+		window:   DefaultHandoffWindow,
+		metadata: holderMetadata,
+		clock:    systemClock{},
 	}
+}
+
+// processHolder is "host=<hostname> pid=<pid>", the part of every lock's metadata that names
+// this process (spaces in the hostname become "_": the value's fields are space separated).
+var processHolder = func() string {
+	host, _ := os.Hostname()
+	return "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
+}()
+
+// holderMetadata is the default metadata: the holder's host and pid, and the trace id of the
+// span ctx carries (go-zero's trace id), so that an operator can tell which process and which
+// request hold a lock.
+func holderMetadata(ctx context.Context) string {
+	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
+		return processHolder + " trace=" + sc.TraceID().String()
+	}
+	return processHolder
 }
 
 // withClock replaces the system clock of the watchdog and of lease expiry, for tests that step
@@ -172,9 +194,10 @@ func WithHandoff(n int, within time.Duration) Option {
 // never turned into degraded leases.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
-// WithMetadata sets a function whose result is stored beside the owner token in Redis, so an
-// operator can see who holds a lock (host, pid, request id). By default nothing is stored.
-// It must not contain newlines; it is called once per Redis acquisition.
+// WithMetadata sets a function whose result is stored beside the owner token in the store, so
+// an operator can see who holds a lock. By default it is the holder's host, pid and trace id
+// ("host=pod-7 pid=311 trace=4bf9..."), which the stores' inspectors read back; nil stores
+// nothing. It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata = fn }
 }

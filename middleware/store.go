@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 
 	"github.com/flightlock/flightlock"
@@ -94,23 +92,15 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 }
 
 // lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
-// on store. Locks carry the host, pid and go-zero trace id of their holder beside the owner
-// token, for operators (GET lock:order:42).
+// on store. Its locks carry the host, pid and go-zero trace id of their holder beside the owner
+// token (the Locker's default metadata), which sameTrace reads back.
 func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
-	host, _ := os.Hostname()
-	holder := "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
 	l, err := flightlock.New(store,
 		flightlock.WithPrefix(c.Prefix),
 		flightlock.WithTTL(c.TTL),
 		flightlock.WithMaxHold(c.MaxHold),
 		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.Strategy()),
-		flightlock.WithMetadata(func(ctx context.Context) string {
-			if id := trace.TraceIDFromContext(ctx); id != "" {
-				return holder + " trace=" + id
-			}
-			return holder
-		}),
 		flightlock.WithHolderCheck(sameTrace),
 	)
 	if err != nil {
