@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -204,4 +206,24 @@ func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	default:
 		return fmt.Errorf("%w: %q: %w", ErrReleasePending, h.key, context.Cause(ctx))
 	}
+}
+
+// reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned),
+// by default as an error line of log/slog: a leaked lease blocks its key for MaxHold plus a TTL
+// each time, and nothing else would say so.
+func (k *keeper) reportAbandoned(key string, site uintptr) {
+	at := "unknown"
+	switch {
+	case site == siteHandoff:
+		at = "unknown: the grant came by handoff from another goroutine of this process"
+	case site != 0:
+		f, _ := runtime.CallersFrames([]uintptr{site}).Next()
+		at = fmt.Sprintf("%s:%d (%s)", f.File, f.Line, f.Function)
+	}
+	if o := k.observe; o != nil && o.Abandoned != nil {
+		o.Abandoned(key, at)
+		return
+	}
+	slog.Error("flightlock: a lease was never released; its lock ran out past MaxHold or was lost, and the grant is given up",
+		"key", key, "taken_at", at)
 }

@@ -161,7 +161,7 @@ func TestHeldLockObjectSizes(t *testing.T) {
 	}{
 		{"hold", unsafe.Sizeof(hold{}), 144},
 		{"Lease", unsafe.Sizeof(Lease{}), 64},
-		{"gateEntry", unsafe.Sizeof(gateEntry{}), 24},
+		{"gateEntry", unsafe.Sizeof(gateEntry{}), 32},
 	} {
 		if tc.size > tc.max {
 			t.Errorf("%s is %d bytes, at most %d wanted", tc.name, tc.size, tc.max)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -123,7 +124,7 @@ func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
 // was lost while it ran; or the release's error if that failed (a release that ctx's end left
 // to finish in the background is not an error of Do's).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
-	lease, err := l.Lock(ctx, key)
+	lease, err := l.lock(ctx, key, l.cfg.mode == Wait)
 	if err != nil {
 		return err
 	}
@@ -158,7 +159,7 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 		start = time.Now()
 	}
 	for _, k := range sorted {
-		lease, err := l.lockSince(cur, k, l.cfg.mode == Wait, start)
+		lease, err := l.lockSince(cur, k, l.cfg.mode == Wait, start, 2) // lockSince <- LockAll <- caller
 		if err != nil {
 			_ = g.Release(ctx)
 			return nil, err
@@ -185,13 +186,31 @@ func (l *Locker) redisKey(key string) (string, error) {
 	return rkey, nil
 }
 
+// lock is called by Lock, TryLock and Do only: lockSince finds their caller three frames up.
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
-	return l.lockSince(ctx, key, wait, time.Time{})
+	return l.lockSince(ctx, key, wait, time.Time{}, 3) // lockSince <- lock <- Lock <- caller
 }
 
+// callerAbove is the program counter of the call that is up frames above the caller of
+// callerAbove: where a lease was taken, resolved to file:line only if the lease is reported as
+// never released (keeper.reportAbandoned).
+func callerAbove(up int) uintptr {
+	var pc [1]uintptr
+	runtime.Callers(2+up, pc[:]) // 0 is runtime.Callers, 1 callerAbove, 2 its caller
+	return pc[0]
+}
+
+// siteHandoff marks a grant that came by handoff or pass from another goroutine of this
+// process: its caller's place is not looked up, because on a hot key that lookup would cost
+// a fifth of a handoff.
+const siteHandoff uintptr = 1
+
 // lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
-// every key of a LockAll. Reject mode reads no clock: a busy key costs no time.Now.
-func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start time.Time) (*Lease, error) {
+// every key of a LockAll. Reject mode reads no clock: a busy key costs no time.Now. callerUp
+// is how many frames above lockSince the caller of the exported method is; a grant that goes
+// to the store records that caller's place (callerAbove), for the report of a lease that is
+// never released.
+func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
 		return nil, err
@@ -246,9 +265,9 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start tim
 		}
 		return nil, l.busy(ctx, &busyError{})
 	}
-	grant := GrantHandoff
+	grant, site := GrantHandoff, siteHandoff
 	if h == nil {
-		grant = GrantRedis
+		grant, site = GrantRedis, callerAbove(callerUp)
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
@@ -266,7 +285,7 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start tim
 	if grant == GrantHandoff && first {
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence), nil
+	return newLease(ctx, h, grant, fence, site), nil
 }
 
 // reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters
@@ -275,7 +294,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLease(ctx, parent.h, GrantReentry, parent.fence), nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence, 0), nil
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
@@ -284,7 +303,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.local {
 		if f, ok := h.join(); ok {
-			return newLease(ctx, h, GrantJoined, max(f, fence)), nil, true
+			return newLease(ctx, h, GrantJoined, max(f, fence), 0), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -316,7 +335,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
 	taken = h
-	return newLease(ctx, h, GrantBorrowed, h.currentFence()), nil, true
+	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per

@@ -226,6 +226,12 @@ type Observer struct {
 	// Lost is called once when a lock can no longer be trusted: its leases' contexts are being
 	// cancelled with cause ErrLost.
 	Lost func(key string)
+	// Abandoned is called, on a renewer, when a grant is given up with a lease never released:
+	// its lock was lost (past MaxHold, or a renewal failed), the store may have expired it, and
+	// a holder still neither released nor returned (a forgotten Release, a handler stuck past
+	// MaxHold). at is where the grant was taken, "file:line (function)". Without it the report
+	// is an error line of log/slog's default logger.
+	Abandoned func(key, at string)
 }
 
 // WithObserver installs an Observer for the locks taken through the Locker.

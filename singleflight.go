@@ -51,6 +51,10 @@ type gateEntry struct {
 	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
+	// site is where the current grant was taken (callerSite), for the report of a grant whose
+	// leases were never released. Guarded by the mu of the entry's hold, which writes it when
+	// a grant's first lease is made and reads it when it abandons the grant.
+	site uintptr
 }
 
 // maxHandoffRun is the longest run of handoffs the gate counts (gateEntry.handoffs); a larger

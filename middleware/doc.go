@@ -5,10 +5,9 @@
 // Each Rule names a REST route (Method and Path, a go-zero route pattern) or a zrpc method
 // (RPC), and a key template such as "order:{body.uid}" that is filled from the request: path
 // variable, query, form, JSON body, header, JWT claim or gRPC request field, each read exactly
-// as go-zero's httpx.Parse reads it for the handler. Templates are
-// compiled once, when New builds the Middleware; values are escaped so that different
-// requests never render the same key. A request is then answered per the design's error
-// table:
+// as go-zero's httpx.Parse reads it for the handler. Templates are compiled once, when New
+// builds the Middleware; values are escaped so that different requests never render the same
+// key. A request is then answered per the design's error table:
 //
 //	key busy (reject, or wait budget spent)  409 + Retry-After   codes.Aborted
 //	key cannot be built                      400                 codes.InvalidArgument
@@ -21,8 +20,8 @@
 // OnStoreError "open", a request whose lock cannot be taken because Redis is unreachable runs
 // under a degraded lease (flightlock.WithFailOpen) that excludes the other requests of this
 // process but not those of other processes: the middleware logs it with logc and counts it in
-// the Prometheus counter flightlock_fail_open_total; choose it only for routes where
-// a duplicate across pods is cheaper than an outage.
+// flightlock_fail_open_total; choose it only where a duplicate across pods is cheaper than an
+// outage. A rule's own OnStoreError overrides the section's.
 //
 // The handler runs with the lease's context, so flightlock.FromContext works in it, and the
 // lock is released when it returns or panics, on a context that go-zero's timeout handler
@@ -49,5 +48,6 @@
 //	s.AddStreamInterceptors(lock.StreamServerInterceptor())
 //	zrpc.MustNewClient(c.InventoryRpc, zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()))
 //
-// This is the only flightlock package that logs; the layers below return errors.
+// The middleware logs through go-zero's logx; the layers below return errors, and log (slog)
+// only a lease never released when no Observer hears of it.
 package middleware

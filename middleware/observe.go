@@ -51,6 +51,11 @@ var (
 		Help:   "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.",
 		Labels: []string{"rule", "key", "store"},
 	})
+	abandonedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "abandoned_total",
+		Help:   "Locks given up with a lease never released (a forgotten Release, or a handler stuck past MaxHold): each blocked its key for MaxHold plus a TTL.",
+		Labels: []string{"rule", "key", "store"},
+	})
 	handoffTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "handoffs_total",
 		Help:   "Locks handed from one request to the next in this process without a round trip to the store.",
@@ -141,6 +146,11 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 		},
 		Lost: func(string) {
 			lostTotal.Inc(s.name, s.template, s.store)
+		},
+		Abandoned: func(key, at string) {
+			abandonedTotal.Inc(s.name, s.template, s.store)
+			logx.Errorw("flightlock: a lease was never released; its lock ran out and the grant was given up",
+				logx.Field("rule", s.name), logx.Field("lock", key), logx.Field("taken_at", at))
 		},
 	}
 }

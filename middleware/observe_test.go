@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -312,4 +313,22 @@ func TestMetricsScrapedFromGoZeroServer(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A lease of the Middleware's Locker (a job's) that is never released is counted in
+// flightlock_abandoned_total under rule "Locker" once its lock has run out past MaxHold.
+func TestLeaseNeverReleasedIsCounted(t *testing.T) {
+	tr := newTestRedis(t)
+	m, err := New(LockConf{TTL: 150 * time.Millisecond, MaxHold: 150 * time.Millisecond}, WithStore(tr.store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	before := metricValue(t, "flightlock_abandoned_total", "Locker")
+	if _, err := m.Locker().TryLock(context.Background(), "job:interest"); err != nil { // never released
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the leaked lease to be counted", func() bool {
+		return metricValue(t, "flightlock_abandoned_total", "Locker")-before == 1
+	})
 }

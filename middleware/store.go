@@ -34,10 +34,8 @@ import (
 // The client is built for locking: CLIENT SETINFO is never sent, whatever DisableIdentity says
 // (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
 // unreachable Redis fails a request within its deadline instead of after go-redis's read
-// timeouts and retries. Close the store to close the client.
-//
-// It lives here, in the go-zero layer, so that lockstore imports go-redis and the standard
-// library only.
+// timeouts and retries. Close the store to close the client. (It reads go-zero's RedisConf,
+// which redisstore, importing go-redis only, does not know.)
 func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	client, err := rules.NewRedisClient(conf)
 	if err != nil {
@@ -93,7 +91,8 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 
 // lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
 // on store. Its locks carry the host, pid and go-zero trace id of their holder beside the owner
-// token (the Locker's default metadata), which sameTrace reads back.
+// token (the Locker's default metadata), which sameTrace reads back. What the locks of
+// Locker() do (a job's, a handler's own) is counted and logged as the rule "Locker".
 func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 	l, err := flightlock.New(store,
 		flightlock.WithPrefix(c.Prefix),
@@ -102,6 +101,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.Strategy()),
 		flightlock.WithHolderCheck(sameTrace),
+		flightlock.WithObserver(newRuleStats("Locker", "", storeName(store)).observer(newLogSummary())),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("Lock: %w", err)
