@@ -31,6 +31,7 @@ func exportedSeries(t *testing.T) map[string]exportedFamily {
 	holdDuration.ObserveFloat(0, r, r, r)
 	busyTotal.Inc(r, r, r)
 	lostTotal.Inc(r, r, r)
+	abandonedTotal.Inc(r, r, r)
 	handoffTotal.Inc(r, r, r)
 	renewalTotal.Inc(r, r, r, "ok")
 	storeErrorTotal.Inc(r, r, r, "acquire")
