@@ -549,3 +549,52 @@ func TestRuleOnStoreErrorOverridesTheSections(t *testing.T) {
 		t.Errorf("a rule's OnStoreError \"ajar\": %v, want an error naming Lock.Rules[0].OnStoreError", err)
 	}
 }
+
+// A transfer from an account to itself locks that account once: the handler runs (no
+// deadlock on its own key), a withdrawal from the account waits behind it, and once it returns
+// the account is free, with no hold left over from the second mention.
+func TestTransferToTheSameAccountIsOneLock(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{
+		{Method: http.MethodPost, Path: "/transfer", Key: "acct:{body.from}+acct:{body.to}"},
+		{Method: http.MethodPost, Path: "/withdraw", Key: "acct:{body.account}", OnBusy: "reject"},
+	}})
+	inside, proceed := make(chan []string, 1), make(chan struct{})
+	var sref *rest.Serverless
+	s := serverless(t, restConf(t, 5*time.Second), m, []rest.Route{
+		{Method: http.MethodPost, Path: "/transfer", Handler: func(w http.ResponseWriter, r *http.Request) {
+			var keys []string
+			for _, l := range flightlock.AllFromContext(r.Context()) {
+				keys = append(keys, l.Key())
+			}
+			inside <- keys
+			<-proceed
+		}},
+		{Method: http.MethodPost, Path: "/withdraw", Handler: func(http.ResponseWriter, *http.Request) {}},
+	})
+	sref = s
+	done := make(chan int, 1)
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, "/transfer", strings.NewReader(`{"from":"A","to":"A"}`))
+		r.Header.Set("Content-Type", "application/json")
+		done <- serve(sref, r).Code
+	}()
+	if keys := <-inside; !slices.Equal(keys, []string{"lock:acct:A"}) {
+		t.Errorf("A->A holds %v, want [lock:acct:A] once", keys)
+	}
+	withdraw := func() int {
+		r := httptest.NewRequest(http.MethodPost, "/withdraw", strings.NewReader(`{"account":"A"}`))
+		r.Header.Set("Content-Type", "application/json")
+		return serve(s, r).Code
+	}
+	if code := withdraw(); code != http.StatusConflict {
+		t.Errorf("withdrawal from A during A->A: %d, want 409", code)
+	}
+	close(proceed)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("A->A: %d, want 200", code)
+	}
+	if code := withdraw(); code != http.StatusOK {
+		t.Errorf("withdrawal from A after A->A: %d, want 200 (the account free again)", code)
+	}
+}
