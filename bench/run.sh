@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# bench/run.sh: the side-by-side lock benchmark of issue 4, end to end.
+# bench/run.sh: the side-by-side lock benchmark, end to end, on both stores.
 #
 # Installs redis-server and wrk with apt when missing, builds bench/cmd/lockbench (its own Go
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
 # writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
-# and docs/benchmarks.json, after the etcd rows (bench/cmd/etcdbench, issue 14: docs/benchmarks-etcd.md, also
+# and docs/benchmarks.json, after the etcd rows (lockbench -store etcd: docs/benchmarks-etcd.md, also
 # included in docs/benchmarks.md). Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
@@ -70,11 +70,12 @@ notes=()
 example=(-example-config "$root/etc/flightlock-example-redis.yaml")
 
 etcdreport=()
-# The etcd rows (issue 14): etcdbench starts a private etcd of its own (Debian's etcd-server).
+# The etcd rows: lockbench -store etcd starts a private etcd of its own (Debian's etcd-server).
 # They run on every full or quick run, before the Redis scenarios, and docs/benchmarks.md
 # includes their report as a section (lockbench -etcd-report); LOCKBENCH_ETCD=0 skips them, and
-# a run limited to some Redis scenarios (any flag but -quick) leaves them out. Its scenario 8
-# (HTTP end to end) runs the example with etc/flightlock-example-etcd.yaml.
+# a run limited to some Redis scenarios (any flag but -quick) leaves them out. Its scenario 6
+# (HTTP end to end) runs the example with etc/flightlock-example-etcd.yaml; -quick gives it the
+# etcd quick sizes.
 etcd_rows=1
 for a in "$@"; do
   [[ "$a" == "-quick" || "$a" == "--quick" ]] || etcd_rows=0
@@ -88,10 +89,9 @@ if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
   fi
   etcdflags=()
-  ((quick)) && etcdflags=(-reps 1 -d1 500ms -d2 500ms -d3 1s -d5 300ms -s5-goroutines 1,16,256 -s5-procs 1,2 -s5-keys 10,1000 -mem-locks 1000 -mem-waiters 100 -d6hold 1s -d7 100ms -d8 1s -d8low 1s)
+  ((quick)) && etcdflags=(-quick)
   echo "run.sh: etcd rows" >&2
-  (cd "$here" && go build -o "$work/etcdbench" ./cmd/etcdbench)
-  "$work/etcdbench" -out "$docs/benchmarks-etcd.md" -example-config "$root/etc/flightlock-example-etcd.yaml" "${etcdflags[@]}"
+  (cd "$here" && "$work/lockbench" -store etcd -out "$docs/benchmarks-etcd.md" -example-config "$root/etc/flightlock-example-etcd.yaml" "${etcdflags[@]}")
   echo "run.sh: wrote ${docs#"$root"/}/benchmarks-etcd.md" >&2
   etcdreport=(-etcd-report "$docs/benchmarks-etcd.md")
 fi

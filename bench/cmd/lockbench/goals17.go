@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
 // goals17 are the goals of the memory and scaling work, each computed from this run's figures: met or missed,
@@ -22,13 +23,13 @@ func (r *report) goals17() []goal {
 		if rl != nil {
 			ratio := fl.med("p50") / rl.med("p50")
 			add("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", ratio,
-				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; %s vs %s server commands, %s vs %s RT)", ratio, dur(fl.med("p50")), dur(rl.med("p50")),
-					fmtFloat(fl.med("cmds")), fmtFloat(rl.med("cmds")), fmtFloat(fl.med("rt")), fmtFloat(rl.med("rt"))), ratio <= 1)
+				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; %s vs %s server commands, %s vs %s RT)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
+					mdfmt.Float(fl.med("cmds")), mdfmt.Float(rl.med("cmds")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), ratio <= 1)
 		}
 		if floor != nil {
 			ratio := fl.med("p50") / floor.med("p50")
 			add("1: uncontended lock + unlock", "p50 ≤ 1.15x the SET PX + DEL floor", ratio,
-				fmt.Sprintf("%.2fx floor (%s vs %s)", ratio, dur(fl.med("p50")), dur(floor.med("p50"))), ratio <= 1.15)
+				fmt.Sprintf("%.2fx floor (%s vs %s)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(floor.med("p50"))), ratio <= 1.15)
 		}
 	}
 
@@ -40,17 +41,17 @@ func (r *report) goals17() []goal {
 		}
 		if rd != nil {
 			ratio := fl.med(metric) / rd.med(metric)
-			add(name, "≥ 1.2x rueidislock", ratio, fmt.Sprintf("%.2fx rueidislock (%s vs %s per second)", ratio, fmtInt(fl.med(metric)), fmtInt(rd.med(metric))), ratio >= 1.2)
+			add(name, "≥ 1.2x rueidislock", ratio, fmt.Sprintf("%.2fx rueidislock (%s vs %s per second)", ratio, mdfmt.Int(fl.med(metric)), mdfmt.Int(rd.med(metric))), ratio >= 1.2)
 		}
 		if floor != nil {
 			ratio := fl.med(metric) / floor.med(metric)
-			add(name, "≥ 1.3x the SET PX + DEL floor", ratio, fmt.Sprintf("%.2fx floor (%s vs %s per second)", ratio, fmtInt(fl.med(metric)), fmtInt(floor.med(metric))), ratio >= 1.3)
+			add(name, "≥ 1.3x the SET PX + DEL floor", ratio, fmt.Sprintf("%.2fx floor (%s vs %s per second)", ratio, mdfmt.Int(fl.med(metric)), mdfmt.Int(floor.med(metric))), ratio >= 1.3)
 		}
 	}
 	manyKeys("4: 64 goroutines over 1,000 keys", r.s4, "opsps")
 	if ax := r.s8.keyAxis(); ax != nil {
 		n := ax.Points[len(ax.Points)-1]
-		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", fmtInt(float64(n))), ax.Res[n], "csps")
+		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", mdfmt.Int(float64(n))), ax.Res[n], "csps")
 	}
 
 	// HTTP (scenario 6).
@@ -72,7 +73,7 @@ func (r *report) goals17() []goal {
 			return
 		}
 		ratio := fl.med("csps") / best.med("csps")
-		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, fmtInt(fl.med("csps")), fmtInt(best.med("csps"))), ratio >= 10)
+		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps"))), ratio >= 10)
 	}
 	lead("2: one hot key, 64 goroutines", r.s2[64])
 	lead(fmt.Sprintf("3: one hot key, %d processes x %d goroutines", s3Procs, s3Goroutines), r.s3)
@@ -85,11 +86,11 @@ func (r *report) goals17() []goal {
 			}
 			if f, ok := ax.fall(x0, x1); ok {
 				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f),
-					fmtInt(find(ax.Res[x0], "flightlock").med("csps")), fmtInt(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
+					mdfmt.Int(find(ax.Res[x0], "flightlock").med("csps")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
 			}
 		}
 		if ax := s.Goroutines; ax != nil {
-			fallGoal(ax, 4, ax.Points[len(ax.Points)-1], fmt.Sprintf("4 → %s goroutines", fmtInt(float64(ax.Points[len(ax.Points)-1]))))
+			fallGoal(ax, 4, ax.Points[len(ax.Points)-1], fmt.Sprintf("4 → %s goroutines", mdfmt.Int(float64(ax.Points[len(ax.Points)-1]))))
 		}
 		if ax := s.Procs; ax != nil {
 			fallGoal(ax, 1, ax.Points[len(ax.Points)-1], fmt.Sprintf("1 → %d processes of %d goroutines", ax.Points[len(ax.Points)-1], s8ProcGoroutines))
@@ -103,10 +104,10 @@ func (r *report) goals17() []goal {
 					continue
 				}
 				if ratio < worst {
-					worst, where = ratio, fmt.Sprintf("%s %s: %s", fmtInt(float64(x)), ax.Name, best.Label)
+					worst, where = ratio, fmt.Sprintf("%s %s: %s", mdfmt.Int(float64(x)), ax.Name, best.Label)
 				}
 				if ratio < 1 {
-					behind = append(behind, fmt.Sprintf("%s %s (%.2fx %s)", fmtInt(float64(x)), ax.Name, ratio, best.Label))
+					behind = append(behind, fmt.Sprintf("%s %s (%.2fx %s)", mdfmt.Int(float64(x)), ax.Name, ratio, best.Label))
 				}
 			}
 		}
@@ -129,35 +130,35 @@ func (r *report) goals17() []goal {
 				continue
 			}
 			if v := fl.med("heap"); v >= worstHeap {
-				worstHeap, heapAt = v, fmtInt(float64(n))
+				worstHeap, heapAt = v, mdfmt.Int(float64(n))
 			}
 			if v := fl.med("after_heap"); v >= worstAfter || afterAt == "" {
-				worstAfter, afterAt = v, fmtInt(float64(n))
+				worstAfter, afterAt = v, mdfmt.Int(float64(n))
 			}
 			afterGor = max(afterGor, fl.worst("after_gor"))
 		}
 		if heapAt != "" {
 			var per []string
 			for _, n := range s.Sizes {
-				per = append(per, fmt.Sprintf("%s B at %s locks", fmtInt(find(s.Held[n], "flightlock").med("heap")), fmtInt(float64(n))))
+				per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(find(s.Held[n], "flightlock").med("heap")), mdfmt.Int(float64(n))))
 			}
 			add("9: held locks, watchdog on", "≤ 300 B of live heap per held lock", worstHeap/300,
 				fmt.Sprintf("%s (%.2fx the goal at %s)", strings.Join(per, ", "), worstHeap/300, heapAt), worstHeap <= 300)
 			add("9: after releasing them all", "≤ 16 B per lock still live, goroutines back to the baseline", worstAfter/16,
-				fmt.Sprintf("%s B per lock at %s locks, %s goroutines above the baseline", fmtFloat(worstAfter), afterAt, fmtInt(afterGor)),
+				fmt.Sprintf("%s B per lock at %s locks, %s goroutines above the baseline", mdfmt.Float(worstAfter), afterAt, mdfmt.Int(afterGor)),
 				worstAfter <= 16 && afterGor <= 0)
 		}
 		n := s.Sizes[len(s.Sizes)-1]
 		if fl := find(s.Held[n], "flightlock"); fl != nil {
 			perLock := fl.med("gor")
 			peak := fl.med("peak_gor") / float64(n)
-			add(fmt.Sprintf("9: holding %s locks", fmtInt(float64(n))), "no goroutine per held lock nor per renewal in flight (< 0.01 per lock, at rest and at the peak)", peak,
-				fmt.Sprintf("%s goroutines per lock at rest; peak %s above the baseline = %s per lock", fmtFloat(perLock), fmtInt(fl.med("peak_gor")), fmtFloat(peak)),
+			add(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "no goroutine per held lock nor per renewal in flight (< 0.01 per lock, at rest and at the peak)", peak,
+				fmt.Sprintf("%s goroutines per lock at rest; peak %s above the baseline = %s per lock", mdfmt.Float(perLock), mdfmt.Int(fl.med("peak_gor")), mdfmt.Float(peak)),
 				perLock < 0.01 && peak < 0.01)
 			if rd := find(s.Held[n], "rueidislock"); rd != nil {
 				ratio := fl.med("ccpu_ms") / rd.med("ccpu_ms")
-				add(fmt.Sprintf("9: holding %s locks", fmtInt(float64(n))), "client CPU < rueidislock's", ratio,
-					fmt.Sprintf("%.2fx rueidislock (%s vs %s ms of CPU per second)", ratio, fmtFloat(fl.med("ccpu_ms")), fmtFloat(rd.med("ccpu_ms"))), ratio < 1)
+				add(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "client CPU < rueidislock's", ratio,
+					fmt.Sprintf("%.2fx rueidislock (%s vs %s ms of CPU per second)", ratio, mdfmt.Float(fl.med("ccpu_ms")), mdfmt.Float(rd.med("ccpu_ms"))), ratio < 1)
 			}
 		}
 	}
@@ -185,11 +186,11 @@ func (r *report) goals17() []goal {
 			show := func(x *result) string {
 				switch f.metric {
 				case "next", "all":
-					return dur(x.med(f.metric))
+					return mdfmt.Dur(x.med(f.metric))
 				case "gor":
-					return fmtFloat(x.med(f.metric))
+					return mdfmt.Float(x.med(f.metric))
 				default:
-					return fmtInt(x.med(f.metric))
+					return mdfmt.Int(x.med(f.metric))
 				}
 			}
 			v, b := fl.med(f.metric), best.med(f.metric)
@@ -201,7 +202,7 @@ func (r *report) goals17() []goal {
 			if b > 0 {
 				measure = fmt.Sprintf("%.2fx the best peer: ", ratio) + measure
 			}
-			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", fmtInt(float64(s.W))), f.what + ": the best of all rows", measure,
+			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", mdfmt.Int(float64(s.W))), f.what + ": the best of all rows", measure,
 				v <= b && fl.worst("errors") == 0})
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -106,10 +105,7 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		fatalf("s6: %v", err)
 	}
 	defer wrk.Close()
-	wrk.Track = func(cmd *exec.Cmd) func() {
-		workers.add(cmd)
-		return func() { workers.remove(cmd) }
-	}
+	wrk.Track = workers.Track
 	logf := func(format string, args ...any) { progress("s6 "+format, args...) }
 	wrk.Logf = logf
 

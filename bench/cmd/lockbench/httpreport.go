@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // s6Goals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
@@ -22,7 +24,7 @@ func (r *report) s6Goals() []goal {
 	none, fl, rl := find(s.Low, "none"), find(s.Low, "flightlock"), find(s.Low, "redislock")
 	if added, rts, ok := s.added(fl); ok && none != nil {
 		measure := fmt.Sprintf("+%s over no lock (p50 %s vs %s) = %.2f round trips (PING p50 %s)",
-			dur(added), dur(fl.med("p50")), dur(none.med("p50")), rts, dur(s.Ping.med("p50")))
+			mdfmt.Dur(added), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(none.med("p50")), rts, mdfmt.Dur(s.Ping.med("p50")))
 		if _, rrts, ok := s.added(rl); ok {
 			measure += fmt.Sprintf("; bsm/redislock +%.2f", rrts)
 		}
@@ -37,7 +39,7 @@ func (r *report) s6Goals() []goal {
 	if ratio, ok := pairedRatio(fl, rl, "rps"); ok {
 		gs = append(gs, goal{fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", httpbench.SatConns), "flightlock req/s ≥ bsm/redislock's, and where the CPU goes",
 			fmt.Sprintf("%.2fx (median of the repetitions' ratios; medians %s vs %s req/s); CPU of %d cores: service %.0f %%, Redis %.0f %%, wrk %.0f %%, other processes %.0f %%%s",
-				ratio, fmtInt(fl.med("rps")), fmtInt(rl.med("rps")), runtime.NumCPU(),
+				ratio, mdfmt.Int(fl.med("rps")), mdfmt.Int(rl.med("rps")), runtime.NumCPU(),
 				100*fl.med("svc_share"), 100*fl.med("redis_share"), 100*fl.med("wrk_share"), 100*fl.med("other_share"), errNote(fl)),
 			ratio >= 1 && fl.worst("errors") == 0})
 	}
@@ -72,7 +74,7 @@ func (s *s6Results) added(x *result) (ns, rts float64, ok bool) {
 	if len(diffs) == 0 {
 		return 0, 0, false
 	}
-	return median(diffs), median(ratios), true
+	return stat.Median(diffs), stat.Median(ratios), true
 }
 
 // pairedRatio is the median over the repetitions of x's metric over y's in the same
@@ -95,12 +97,12 @@ func pairedRatio(x, y *result, metric string) (float64, bool) {
 	if len(ratios) == 0 {
 		return 0, false
 	}
-	return median(ratios), true
+	return stat.Median(ratios), true
 }
 
 func errNote(x *result) string {
 	if e := x.worst("errors"); e > 0 {
-		return fmt.Sprintf("; %s failed requests in a repetition", fmtInt(e))
+		return fmt.Sprintf("; %s failed requests in a repetition", mdfmt.Int(e))
 	}
 	return ""
 }
@@ -158,7 +160,7 @@ func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 		w("`/dev/null`. Compare with a run without `-observe` for what flightlock's metrics and spans add.\n\n")
 	}
 	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", httpbench.LowConns)
-	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
+	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", mdfmt.Dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
 	w("process's own `getrusage` (the service), `/proc/<pid>/stat` of `redis-server` and wrk's rusage as a child, over the\n")
 	w("run; shares are of %d cores × the run's wall time. Redis commands per request are `INFO commandstats` deltas (scripts'\n", runtime.NumCPU())
 	w("inner commands included). With every system up and no load, the benchmark process used %.1f %% of a core: that\n", 100*s.IdleCPU)
@@ -175,10 +177,10 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 	for _, x := range s.Low {
 		added, rts := "", ""
 		if d, rt, ok := s.added(x); ok && x.Row != "none" {
-			added, rts = signedDur(d), fmt.Sprintf("%.2f", rt)
+			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, dur(x.med("p50")), added, rts, dur(x.med("p90")),
-			dur(x.med("p99")), fmtInt(x.med("rps")), fmtFloat(x.med("cmds")), fmtFloat(x.med("svc_cpu")), fmtInt(x.worst("errors")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")), added, rts, mdfmt.Dur(x.med("p90")),
+			mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("rps")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("svc_cpu")), mdfmt.Int(x.worst("errors")))
 	}
 	w("\n### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
 	nsat := find(s.Sat, "none")
@@ -192,10 +194,10 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 			ratio = fmt.Sprintf("%.2f", v)
 		}
 		idle := 1 - x.med("svc_share") - x.med("redis_share") - x.med("wrk_share") - x.med("other_share")
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %s |\n", x.Label, fmtInt(x.med("rps")),
-			ratio, dur(x.med("p50")), dur(x.med("p90")), dur(x.med("p99")), dur(x.med("p999")), dur(x.med("max")),
-			fmtFloat(x.med("cmds")), fmtFloat(x.med("svc_cpu")), fmtFloat(x.med("redis_cpu")), fmtFloat(x.med("wrk_cpu")),
-			100*x.med("svc_share"), 100*x.med("redis_share"), 100*x.med("wrk_share"), 100*x.med("other_share"), 100*max(idle, 0), fmtInt(x.worst("errors")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %s |\n", x.Label, mdfmt.Int(x.med("rps")),
+			ratio, mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p90")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("p999")), mdfmt.Dur(x.med("max")),
+			mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("svc_cpu")), mdfmt.Float(x.med("redis_cpu")), mdfmt.Float(x.med("wrk_cpu")),
+			100*x.med("svc_share"), 100*x.med("redis_share"), 100*x.med("wrk_share"), 100*x.med("other_share"), 100*max(idle, 0), mdfmt.Int(x.worst("errors")))
 	}
 	w("\nRedis command mix per request at saturation (last repetition):\n\n")
 	for _, x := range s.Sat {
@@ -213,11 +215,4 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 		w("\n%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n", int(wrapped))
 	}
 	w("\n")
-}
-
-func signedDur(ns float64) string {
-	if ns < 0 {
-		return "-" + dur(-ns)
-	}
-	return "+" + dur(ns)
 }

@@ -1,199 +1,281 @@
-// Command lockbench measures flightlock against bsm/redislock, redsync and go-zero's RedisLock
-// on one redis-server that it starts itself, with the rows of each scenario interleaved so that
-// machine noise hits all of them alike, and writes docs/benchmarks.md and a chart.
+// Command lockbench measures flightlock against the other locks of one store, on a server
+// of that store that it starts itself (on a free loopback port) and ends by its pid, with the
+// rows of each scenario interleaved and their order rotated per repetition so that machine
+// noise hits all of them alike; tables show medians over the repetitions.
 //
-// Run it through bench/run.sh; see docs/benchmarks.md for what each scenario measures.
+//	lockbench -store redis   flightlock against bsm/redislock, redsync, go-zero's RedisLock and
+//	                         rueidislock, with the PING and SET PX + DEL floors, on a
+//	                         redis-server; writes docs/benchmarks.md, its charts and JSON (the
+//	                         default store)
+//	lockbench -store etcd    flightlock's etcd store (etcdstore) against etcd's
+//	                         concurrency.Mutex and the raw etcd floor (a transaction that puts
+//	                         the key on a lease if absent, then a delete), on a private etcd
+//	                         (-etcd, fsync on); writes docs/benchmarks-etcd.md (-out) and its
+//	                         scaling plots beside it
+//
+// Both stores run the same scenarios, under the same numbers (-scenario):
+//
+//  1. uncontended lock + unlock, a distinct key per operation, one goroutine;
+//  2. one hot key, goroutines of one process;
+//  3. one hot key, 4 processes x 16 goroutines (the binary re-executed as workers);
+//  4. 64 goroutines over 1,000 keys;
+//  5. reject mode: duplicates of a key held in this process;
+//  6. HTTP end to end: the example system under wrk (needs wrk and -example-config);
+//  7. duplicates of one request through the middleware: shared response against 409;
+//  8. scaling: critical sections per second along goroutines, processes and keys;
+//  9. memory: what a held lock and a waiter cost.
+//
+// The loops of the contention scenarios (2, 3, 4 and the axes of 8: bench/internal/contend),
+// the workers of 3 and 8 (worker.go), the order of the rows (bench/internal/interleave), the
+// memory measurement of 9 (bench/internal/memstat) and the HTTP systems of 6 and 7
+// (bench/internal/httpbench) are shared; each store keeps its rows, its server, its counters
+// (Redis: INFO commandstats and client round trips; etcd: /metrics RPCs and fsyncs) and its
+// report. The two count a contention run differently, as they always have, so that figures
+// stay comparable with earlier runs of the same store: the Redis rows count every critical
+// section begun before the end (contend.Until; scenario 3 runs a quota per process), the etcd
+// rows those that end inside a fixed window (contend.Window; scenario 3 sums the workers over
+// one common window). With -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5,
+// 6 and 7, each with its own repetitions; its scenario 6 also starts a redis-server for the
+// example's state.
+//
+// The etcd scenarios had numbers of their own in an earlier command (etcdbench): its 1-4 are
+// 1-4 here, its 5 (scaling) is 8, its 6 (memory) is 9, its 7 (reject) is 5, its 8 (HTTP) is 6
+// and its 9 (duplicates) is 7; its flags -d5, -s5-*, -d6hold, -d7, -d8 and -d8low are -d8,
+// -s8-*, -d9hold, -d5, -d6 and -d6low here.
+//
+// Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
+// scenario measures. From bench/, for one store:
+//
+//	go run ./cmd/lockbench -quick -store etcd -example-config ../etc/flightlock-example-etcd.yaml -out /tmp/etcd.md
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime/pprof"
 	"runtime/trace"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/benchflag"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 )
 
+// lastScenario is the number of the last scenario.
+const lastScenario = 9
+
+// config is the run's settings, for either store; a field that one store does not use says so.
 type config struct {
+	store       string // "redis" or "etcd"
 	scenarios   map[int]bool
 	reps        int
 	d1          time.Duration
 	d2          time.Duration
-	d2small     time.Duration
+	d2small     time.Duration // Redis: scenario 2 at 1 and 4 goroutines
 	d3          time.Duration
 	d4          time.Duration
 	d5          time.Duration
 	d6          time.Duration
 	d6low       time.Duration
 	out         string
-	chart       string
-	jsonOut     string
-	goBench     string
-	notes       string
-	etcdReport  string // bench/cmd/etcdbench's report, included as a section
 	exampleConf string
-	observe     bool
 	quick       bool
+
+	// Redis only
+	chart      string
+	jsonOut    string
+	goBench    string
+	notes      string
+	etcdReport string // the etcd rows' report (lockbench -store etcd -out), included as a section
+	observe    bool
+
+	// etcd only
+	lockTimeout time.Duration // bound of every Lock's context
+	warm        time.Duration // unmeasured warm-up per row of scenario 1
+	etcdBin     string
+	dataDir     string
+	cmdline     string
+	startedAt   time.Time
 
 	// scenario 8: points of each axis, duration per row and point
 	d8           time.Duration
 	s8Goroutines []int
 	s8Procs      []int
 	s8Keys       []int
-	// scenario 9: held-lock counts, waiters, how long renewing rows hold
+	// scenario 9: held-lock counts, waiters, how long (renewing) rows hold
 	memLocks   []int
 	memWaiters int
 	d9hold     time.Duration
 }
 
-// ints parses a comma-separated list of positive integers ("" is an empty list).
-func ints(s string) []int {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(strings.ReplaceAll(f, "_", ""))
-		if f == "" {
-			continue
-		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 {
-			fatalf("not a positive integer: %q", f)
-		}
-		out = append(out, n)
-	}
-	return out
-}
-
-// pickDefault is the full run's default, or the quick mode's.
-func pickDefault[T any](quick bool, full, small T) T {
-	if quick {
-		return small
-	}
-	return full
-}
-
-// workers tracks the worker processes this run started, so they are ended (by pid) if the
-// run is interrupted.
-var workers = &procSet{m: map[*exec.Cmd]bool{}}
-
-type procSet struct {
-	mu sync.Mutex
-	m  map[*exec.Cmd]bool
-}
-
-func (p *procSet) add(c *exec.Cmd)    { p.mu.Lock(); p.m[c] = true; p.mu.Unlock() }
-func (p *procSet) remove(c *exec.Cmd) { p.mu.Lock(); delete(p.m, c); p.mu.Unlock() }
-func (p *procSet) killAll() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.m {
-		if c.Process != nil {
-			_ = c.Process.Kill()
-		}
-	}
-}
-
 var (
 	srv       *redisserver.Server // the benchmark's redis-server, ended by its pid
 	cleanupMu sync.Mutex
+	// stopServers ends the servers this run started (by pid), once; each store's run sets it.
+	stopServers = func() {}
 )
 
+// cleanup ends every process this run started: the workers and wrk, then the servers.
 func cleanup() {
 	cleanupMu.Lock()
 	defer cleanupMu.Unlock()
-	workers.killAll()
-	srv.Stop()
-	srv = nil
+	workers.KillAll()
+	stopServers()
+	stopServers = func() {}
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "lockbench %s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
+	cleanup()
+	os.Exit(1)
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "-worker" {
+	if len(os.Args) > 1 && os.Args[1] == workerArg {
 		workerMain(os.Args[2:])
 		return
 	}
+	cfg, prof := parseFlags(os.Args[1:])
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sig
+		progress("signal %v: ending the workers and servers this run started", s)
+		cleanup()
+		os.Exit(130)
+	}()
+	defer cleanup()
+	switch cfg.store {
+	case "redis":
+		runRedis(cfg, prof)
+	case "etcd":
+		runEtcd(&cfg)
+	}
+}
+
+// profiling is where -cpuprofile and -trace write (empty: not at all).
+type profiling struct{ cpuprofile, trace string }
+
+// defaultFor is a flag's default for the run: a full or a quick (-quick) run, of Redis or of etcd.
+func defaultFor[T any](etcd, quick bool, redisFull, redisQuick, etcdFull, etcdQuick T) T {
+	switch {
+	case etcd && quick:
+		return etcdQuick
+	case etcd:
+		return etcdFull
+	case quick:
+		return redisQuick
+	default:
+		return redisFull
+	}
+}
+
+func parseFlags(args []string) (config, profiling) {
 	var (
-		cfg        config
-		scen       string
-		cpuprofile string
-		traceOut   string
+		cfg  config
+		prof profiling
 	)
-	// -quick changes the defaults below (flags given explicitly still win), so it is read first.
-	q := slices.Contains(os.Args[1:], "-quick") || slices.Contains(os.Args[1:], "--quick")
-	flag.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
+	fs := flag.NewFlagSet("lockbench", flag.ExitOnError)
+	// -store and -quick change the defaults below (flags given explicitly still win), so they
+	// are read first.
+	store, _ := benchflag.Peek(args, "store", false)
+	store = cmp.Or(store, "redis")
+	_, q := benchflag.Peek(args, "quick", true)
+	e := store == "etcd"
+	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis or etcd")
+	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	flag.StringVar(&scen, "scenario", "1,2,3,4,5,6,7,8,9", "comma-separated scenarios to run (6 needs wrk and the example's config)")
-	flag.IntVar(&cfg.reps, "reps", pickDefault(q, 3, 1), "repetitions of each row; tables show medians")
-	flag.DurationVar(&cfg.d1, "d1", pickDefault(q, 1500*time.Millisecond, 300*time.Millisecond), "scenario 1: duration per row and repetition")
-	flag.DurationVar(&cfg.d2, "d2", pickDefault(q, 2*time.Second, 400*time.Millisecond), "scenario 2: duration per row and repetition at 16 and 64 goroutines")
-	flag.DurationVar(&cfg.d2small, "d2small", pickDefault(q, time.Second, 200*time.Millisecond), "scenario 2: duration at 1 and 4 goroutines")
-	flag.DurationVar(&cfg.d3, "d3", pickDefault(q, 2500*time.Millisecond, 500*time.Millisecond), "scenario 3: target duration per row and repetition")
-	flag.DurationVar(&cfg.d4, "d4", pickDefault(q, 2*time.Second, 400*time.Millisecond), "scenario 4: duration per row and repetition")
-	flag.DurationVar(&cfg.d5, "d5", pickDefault(q, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition")
-	flag.DurationVar(&cfg.d6, "d6", pickDefault(q, 3*time.Second, time.Second), "scenario 6: duration of each wrk run at saturation (whole seconds)")
-	flag.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
-	flag.DurationVar(&cfg.d8, "d8", pickDefault(q, time.Second, 250*time.Millisecond), "scenario 8: duration per row, point and repetition")
-	s8g := flag.String("s8-goroutines", pickDefault(q, "1,4,16,64,256,1024", "1,4,64,256"), "scenario 8: goroutines on one hot key in one process (empty: skip the axis)")
-	s8p := flag.String("s8-procs", pickDefault(q, "1,2,4,8", "1,2,4"), "scenario 8: processes of 8 goroutines on one hot key (empty: skip the axis)")
-	s8k := flag.String("s8-keys", pickDefault(q, "10,1000,100000", "10,1000,10000"), "scenario 8: distinct keys under 64 goroutines (empty: skip the axis)")
-	memLocks := flag.String("mem-locks", pickDefault(q, "10000,100000", "1000,10000"), "scenario 9: locks held at once on distinct keys (empty: skip holding)")
-	flag.IntVar(&cfg.memWaiters, "mem-waiters", pickDefault(q, 1000, 200), "scenario 9: goroutines waiting on one key (0: skip waiting)")
-	flag.DurationVar(&cfg.d9hold, "d9hold", 10*time.Second, "scenario 9: how long rows that renew hold their locks (10s: a whole number of both rows' renewal periods)")
-	flag.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout)")
-	flag.StringVar(&cfg.chart, "chart", "", "PNG chart of scenario 2 to write")
-	flag.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON")
-	flag.StringVar(&cfg.goBench, "gobench", "", "output of go test -bench to include in the report")
-	flag.StringVar(&cfg.notes, "notes", "", "Markdown analysis to append to the report")
-	flag.StringVar(&cfg.etcdReport, "etcd-report", "", "the etcd rows' report (bench/cmd/etcdbench -out) to include as a section")
-	flag.BoolVar(&cfg.observe, "observe", false, "scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
+	scen := fs.String("scenario", "1,2,3,4,5,6,7,8,9", "comma-separated scenarios to run (6 needs wrk and the example's config)")
+	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
+	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
+	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
+	fs.DurationVar(&cfg.d2small, "d2small", defaultFor(false, q, time.Second, 200*time.Millisecond, 0, 0), "scenario 2 (Redis): duration at 1 and 4 goroutines")
+	fs.DurationVar(&cfg.d3, "d3", defaultFor(e, q, 2500*time.Millisecond, 500*time.Millisecond, 3*time.Second, time.Second), "scenario 3: target duration per row and repetition (etcd: the workers' common window)")
+	fs.DurationVar(&cfg.d4, "d4", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 4: duration per row and repetition")
+	fs.DurationVar(&cfg.d5, "d5", defaultFor(e, q, 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition (etcd: of the serial and of the parallel part each)")
+	fs.DurationVar(&cfg.d6, "d6", defaultFor(e, q, 3*time.Second, time.Second, 3*time.Second, time.Second), "scenario 6: duration of each wrk run at saturation (whole seconds)")
+	fs.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
+	fs.DurationVar(&cfg.d8, "d8", defaultFor(e, q, time.Second, 250*time.Millisecond, time.Second, 300*time.Millisecond), "scenario 8: duration per row, point and repetition")
+	s8g := fs.String("s8-goroutines", defaultFor(e, q, "1,4,16,64,256,1024", "1,4,64,256", "1,4,16,64,256,1024", "1,16,256"), "scenario 8: goroutines on one hot key in one process (empty: skip the axis)")
+	s8p := fs.String("s8-procs", defaultFor(e, q, "1,2,4,8", "1,2,4", "1,2,4,8", "1,2"), fmt.Sprintf("scenario 8: processes of %d goroutines on one hot key (empty: skip the axis)", s8ProcGoroutines))
+	s8k := fs.String("s8-keys", defaultFor(e, q, "10,1000,100000", "10,1000,10000", "10,1000,100000", "10,1000"), fmt.Sprintf("scenario 8: distinct keys under %d goroutines (empty: skip the axis)", s8KeyGoroutines))
+	memLocks := fs.String("mem-locks", defaultFor(e, q, "10000,100000", "1000,10000", "10000", "1000"), "scenario 9: locks held at once on distinct keys (empty: skip holding)")
+	fs.IntVar(&cfg.memWaiters, "mem-waiters", defaultFor(e, q, 1000, 200, 1000, 100), "scenario 9: goroutines waiting on one key (0: skip waiting)")
+	fs.DurationVar(&cfg.d9hold, "d9hold", defaultFor(e, q, 10*time.Second, 10*time.Second, 4*time.Second, time.Second),
+		"scenario 9: how long rows that renew hold their locks (Redis: 10s, a whole number of both renewing rows' periods; etcd: at least TTL/3, the watchdog's period)")
+	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); etcd writes its scaling plots beside it")
+	fs.StringVar(&cfg.exampleConf, "example-config", defaultFor(e, q, "etc/flightlock-example-redis.yaml", "etc/flightlock-example-redis.yaml",
+		"etc/flightlock-example-etcd.yaml", "etc/flightlock-example-etcd.yaml"), "scenario 6: the example's config file (its stores and ports are replaced)")
+	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside it)")
+	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON")
+	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
+	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
+	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to include as a section")
+	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
-	flag.StringVar(&cfg.exampleConf, "example-config", "etc/flightlock-example-redis.yaml", "scenario 6: the example's config file (its Redis and ports are replaced)")
-	flag.StringVar(&cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
-	flag.StringVar(&traceOut, "trace", "", "write an execution trace of this process (go tool trace)")
-	rows := flag.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
-	flag.Parse()
-	cfg.s8Goroutines, cfg.s8Procs, cfg.s8Keys, cfg.memLocks = ints(*s8g), ints(*s8p), ints(*s8k), ints(*memLocks)
+	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", 10*time.Second, "etcd: bound of every Lock's context")
+	fs.DurationVar(&cfg.warm, "warm", time.Second, "etcd: unmeasured warm-up per row of scenario 1, before the first repetition")
+	fs.StringVar(&cfg.etcdBin, "etcd", "/usr/bin/etcd", "etcd: the etcd server binary")
+	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd: parent of etcd's temporary data directory (default: $TMPDIR)")
+	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "Redis: write a CPU profile of this process")
+	fs.StringVar(&prof.trace, "trace", "", "Redis: write an execution trace of this process (go tool trace)")
+	rows := fs.String("rows", "", "Redis: comma-separated row ids to run (default all; tables that need a missing row skip it)")
+	_ = fs.Parse(args)
+
+	if cfg.store != "redis" && cfg.store != "etcd" {
+		fatalf("-store: %q is not a store (redis or etcd)", cfg.store)
+	}
+	var err error
+	for _, l := range []struct {
+		name string
+		v    string
+		dst  *[]int
+	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}} {
+		if *l.dst, err = benchflag.Ints(l.v); err != nil {
+			fatalf("-%s: %v", l.name, err)
+		}
+	}
+	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
+		fatalf("-scenario: %v", err)
+	}
+	if cfg.reps < 1 || cfg.memWaiters < 0 {
+		fatalf("-reps must be positive, -mem-waiters not negative")
+	}
 	if *rows != "" {
 		onlyRows = map[string]bool{}
 		for _, id := range strings.Split(*rows, ",") {
 			onlyRows[strings.TrimSpace(id)] = true
 		}
 	}
-	cfg.scenarios = map[int]bool{}
-	for _, s := range strings.Split(scen, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err == nil {
-			cfg.scenarios[n] = true
-		}
-	}
+	cfg.cmdline = strings.Join(append([]string{"go run ./cmd/lockbench"}, args...), " ")
+	cfg.startedAt = time.Now()
+	return cfg, prof
+}
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		cleanup()
-		os.Exit(130)
-	}()
-
+// runRedis runs the Redis rows' scenarios on a redis-server of their own.
+func runRedis(cfg config, prof profiling) {
 	var err error
 	srv, err = redisserver.Start("lockbench-redis-*.log")
 	if err != nil {
 		fatalf("%v", err)
 	}
-	defer cleanup()
+	stopServers = srv.Stop
 	progress("redis-server pid %d on %s", srv.Pid(), srv.Addr)
 
-	if cpuprofile != "" {
-		f, err := os.Create(cpuprofile)
+	if prof.cpuprofile != "" {
+		f, err := os.Create(prof.cpuprofile)
 		if err != nil {
 			fatalf("%v", err)
 		}
@@ -201,8 +283,8 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 
-	if traceOut != "" {
-		f, err := os.Create(traceOut)
+	if prof.trace != "" {
+		f, err := os.Create(prof.trace)
 		if err != nil {
 			fatalf("%v", err)
 		}

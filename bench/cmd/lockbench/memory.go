@@ -1,16 +1,15 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"runtime"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
@@ -80,7 +79,7 @@ func (b *bench) scenario9() *s9Results {
 			m := b.s9Wait(r, b.cfg.memWaiters)
 			res[r.id].Reps = append(res[r.id].Reps, m)
 			progress("s9 wait %-14s %6.0f B/waiter, %.2f goroutines/waiter, %.0f RT/s, first grant %s, all %s, unserved %d",
-				r.id, m["heap"], m["gor"], m["rt_s"], dur(m["next"]), dur(m["all"]), int64(m["errors"]))
+				r.id, m["heap"], m["gor"], m["rt_s"], mdfmt.Dur(m["next"]), mdfmt.Dur(m["all"]), int64(m["errors"]))
 		}
 		out.Waiters = ordered(rows, res)
 	}
@@ -124,63 +123,60 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics {
 	}
 	hs := make([]any, n)
 	warmPool(ctx, im, n)
-	mem0 := b.adm.usedMemory(ctx)
-	l0 := memstat.Live()
-
-	t0 := time.Now()
-	errs, first := memstat.Parallel(n, s9Acquirers, func(i int) (err error) {
-		hs[i], err = im.lock(ctx, keys[i])
-		return err
-	})
-	acquire := time.Since(t0)
-	memstat.SettleGoroutines(l0.Goroutines, time.Second) // the acquirers
-	l1 := memstat.Live()
-	mem1 := b.adm.usedMemory(ctx)
-
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
 	}
-	peak := memstat.PeakSampler()
-	s0, rt0 := b.snap(), im.roundTrips()
-	time.Sleep(window)
-	ccpu := cpustat.Self() - s0.ccpu
-	delta := diffStats(s0.cmds, b.stats())
-	rts := im.roundTrips() - rt0
-	peakGor := peak()
-
-	rerrs, rfirst := memstat.Parallel(n, s9Acquirers, func(i int) error {
-		if hs[i] == nil {
-			return nil
-		}
-		err := im.unlock(ctx, keys[i], hs[i])
-		hs[i] = nil
-		return err
+	var (
+		ccpu  time.Duration
+		delta cmdDelta
+		rts   int64
+	)
+	h := memstat.Hold(memstat.Holding{
+		N: n, Acquirers: s9Acquirers,
+		Lock: func(i int) (err error) {
+			hs[i], err = im.lock(ctx, keys[i])
+			return err
+		},
+		Unlock: func(i int) error {
+			if hs[i] == nil {
+				return nil
+			}
+			err := im.unlock(ctx, keys[i], hs[i])
+			hs[i] = nil
+			return err
+		},
+		ServerMemory: func() int64 { return b.adm.usedMemory(ctx) },
+		Window: func() {
+			s0, rt0 := b.snap(), im.roundTrips()
+			time.Sleep(window)
+			ccpu = cpustat.Self() - s0.ccpu
+			delta = diffStats(s0.cmds, b.stats())
+			rts = im.roundTrips() - rt0
+		},
 	})
-	first = cmp.Or(first, rfirst)
-	memstat.SettleGoroutines(l0.Goroutines, 2*time.Second)
-	l2 := memstat.Live()
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
 	runtime.KeepAlive(hs)
-	if first != nil {
-		progress("s9 hold %d %s: %v", n, r.id, first)
+	if h.FirstErr != nil {
+		progress("s9 hold %d %s: %v", n, r.id, h.FirstErr)
 	}
 	fn := float64(n)
+	l0, l1, l2 := h.Base, h.Holding, h.After
 	return metrics{
 		"n":          fn,
-		"acquire":    float64(acquire.Nanoseconds()),
+		"acquire":    float64(h.Acquire.Nanoseconds()),
 		"heap":       (l1.Heap - l0.Heap) / fn,
 		"stack":      (l1.Stack - l0.Stack) / fn,
 		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
-		"peak_gor":   float64(peakGor - l0.Goroutines),
-		"redis":      (float64(mem1) - float64(mem0)) / fn,
+		"peak_gor":   float64(h.PeakGoroutines - l0.Goroutines),
+		"redis":      (float64(h.ServerHolding) - float64(h.ServerBefore)) / fn,
 		"window":     window.Seconds(),
 		"ccpu_ms":    float64(ccpu.Microseconds()) / 1e3 / window.Seconds(),
 		"cmds_s":     float64(delta.total()) / window.Seconds(),
 		"rt_s":       float64(rts) / window.Seconds(),
 		"after_heap": (l2.Heap - l0.Heap) / fn,
 		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
-		"errors":     float64(errs + rerrs),
+		"errors":     float64(h.LockErrors + h.UnlockErrors),
 	}
 }
 
@@ -192,65 +188,45 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	if err != nil {
 		fatalf("s9 %s: hold: %v", r.id, err)
 	}
-	l0 := memstat.Live()
-
-	ctx, cancel := context.WithTimeout(bg, s9Settle+s9WaitWindow+s9ServeBound)
-	defer cancel()
 	var (
-		released            atomic.Bool
-		first, last, served atomic.Int64
-		early, errs         atomic.Int64
-		wg                  sync.WaitGroup
-		errMu               sync.Mutex
-		firstErr            string
+		released atomic.Bool
+		early    atomic.Int64
+		ccpu     time.Duration
+		delta    cmdDelta
+		rts      int64
 	)
-	first.Store(1 << 62)
-	for i := range w {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Arrivals spread over s9Arrive, as requests come: waiters that all start at
-			// once and poll at a fixed interval would retry in lockstep.
-			time.Sleep(time.Duration(i) * s9Arrive / time.Duration(w))
-			h, err := im.lock(ctx, key)
-			if err != nil {
-				errs.Add(1)
-				setErr(&errMu, &firstErr, err)
-				return
-			}
-			at := time.Now().UnixNano()
+	hs := make([]any, w)
+	res := memstat.Wait(memstat.Waiting{
+		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
+		Lock: func(ctx context.Context, i int) (err error) {
+			hs[i], err = im.lock(ctx, key)
+			return err
+		},
+		Granted: func(int) {
 			if !released.Load() {
 				early.Add(1) // a violation: granted while the key was held
 			}
-			for v := first.Load(); at < v && !first.CompareAndSwap(v, at); v = first.Load() {
+		},
+		Unlock: func(i int) error { return im.unlock(bg, key, hs[i]) },
+		Window: func() {
+			s0, rt0 := b.snap(), im.roundTrips()
+			time.Sleep(s9WaitWindow)
+			ccpu = cpustat.Self() - s0.ccpu
+			delta = diffStats(s0.cmds, b.stats())
+			rts = im.roundTrips() - rt0
+		},
+		Release: func() error {
+			released.Store(true)
+			if err := im.unlock(bg, key, held); err != nil {
+				return fmt.Errorf("release of the held key: %w", err)
 			}
-			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
-			}
-			served.Add(1)
-			if err := im.unlock(bg, key, h); err != nil {
-				errs.Add(1)
-				setErr(&errMu, &firstErr, err)
-			}
-		}()
+			return nil
+		},
+	})
+	if res.FirstErr != nil {
+		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
-	time.Sleep(s9Settle)
-	l1 := memstat.Live()
-	s0, rt0 := b.snap(), im.roundTrips()
-	time.Sleep(s9WaitWindow)
-	ccpu := cpustat.Self() - s0.ccpu
-	delta := diffStats(s0.cmds, b.stats())
-	rts := im.roundTrips() - rt0
-
-	released.Store(true)
-	t0 := time.Now().UnixNano()
-	if err := im.unlock(bg, key, held); err != nil {
-		errs.Add(1)
-		setErr(&errMu, &firstErr, fmt.Errorf("release of the held key: %w", err))
-	}
-	wg.Wait()
-	if firstErr != "" {
-		progress("s9 wait %s: %s", r.id, firstErr)
-	}
+	l0, l1 := res.Base, res.Waiting
 	m := metrics{
 		"w":       float64(w),
 		"heap":    (l1.Heap - l0.Heap) / float64(w),
@@ -259,13 +235,13 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 		"rt_s":    float64(rts) / s9WaitWindow.Seconds(),
 		"cmds_s":  float64(delta.total()) / s9WaitWindow.Seconds(),
 		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
-		"served":  float64(served.Load()),
-		"errors":  float64(int64(w) - served.Load()),
+		"served":  float64(res.Served),
+		"errors":  float64(int64(w) - res.Served),
 		"early":   float64(early.Load()),
 	}
-	if served.Load() > 0 {
-		m["next"] = float64(first.Load() - t0)
-		m["all"] = float64(last.Load() - t0)
+	if res.Served > 0 {
+		m["next"] = float64(res.Next)
+		m["all"] = float64(res.All)
 	}
 	return m
 }
@@ -297,16 +273,16 @@ func (r *report) s9Section(w func(string, ...any)) {
 				if spec, ok := rowByID(x.Row); ok {
 					lib = spec.lib
 				}
-				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", lib, renews[x.Row], fmtInt(float64(n)),
-					fmtInt(x.med("heap")), fmtInt(x.med("stack")), fmtFloat(x.med("gor")), fmtInt(x.med("peak_gor")), fmtInt(x.med("redis")),
-					fmtFloat(x.med("ccpu_ms")), fmtInt(x.med("cmds_s")), fmtInt(x.med("rt_s")), dur(x.med("acquire")),
-					fmtFloat(x.med("after_heap")), fmtInt(x.med("after_gor")), fmtInt(x.worst("errors")))
+				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", lib, renews[x.Row], mdfmt.Int(float64(n)),
+					mdfmt.Int(x.med("heap")), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Int(x.med("peak_gor")), mdfmt.Int(x.med("redis")),
+					mdfmt.Float(x.med("ccpu_ms")), mdfmt.Int(x.med("cmds_s")), mdfmt.Int(x.med("rt_s")), mdfmt.Dur(x.med("acquire")),
+					mdfmt.Float(x.med("after_heap")), mdfmt.Int(x.med("after_gor")), mdfmt.Int(x.worst("errors")))
 			}
 		}
 		w("\n")
 	}
 	if len(s.Waiters) > 0 {
-		w("**Waiting.** One key is held in this process; %s goroutines wait for it (each `lock` in its row's waiting\n", fmtInt(float64(s.W)))
+		w("**Waiting.** One key is held in this process; %s goroutines wait for it (each `lock` in its row's waiting\n", mdfmt.Int(float64(s.W)))
 		w("strategy, bounded to %v), arriving evenly over %v (started all at once, the fixed-interval pollers would retry in\n", s9Settle+s9WaitWindow+s9ServeBound, s9Arrive)
 		w("lockstep and serve a handful per interval). After %v of settling, heap and goroutines above the baseline taken before they started\n", s9Settle)
 		w("(per waiter; the waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU\n", s9WaitWindow)
@@ -315,9 +291,9 @@ func (r *report) s9Section(w func(string, ...any)) {
 		w("| row | heap B/waiter | stack B/waiter | goroutines/waiter | RT/s while waiting | server cmds/s | client CPU ms/s | release → next grant | release → all served | unserved | granted while held |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range s.Waiters {
-			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("heap")), fmtInt(x.med("stack")), fmtFloat(x.med("gor")),
-				fmtInt(x.med("rt_s")), fmtInt(x.med("cmds_s")), fmtFloat(x.med("ccpu_ms")), dur(x.med("next")), dur(x.med("all")),
-				fmtInt(x.worst("errors")), fmtInt(x.worst("early")))
+			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("heap")), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")),
+				mdfmt.Int(x.med("rt_s")), mdfmt.Int(x.med("cmds_s")), mdfmt.Float(x.med("ccpu_ms")), mdfmt.Dur(x.med("next")), mdfmt.Dur(x.med("all")),
+				mdfmt.Int(x.worst("errors")), mdfmt.Int(x.worst("early")))
 		}
 		w("\n")
 	}

@@ -5,49 +5,25 @@ import (
 	"image/color"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/logchart"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
+// machine is the machine of the run, with the Redis server's version.
 type machine struct {
-	CPUs   int    `json:"cpus"`
-	CPU    string `json:"cpu"`
-	Redis  string `json:"redis"`
-	Go     string `json:"go"`
-	OS     string `json:"os"`
-	Kernel string `json:"kernel"`
-	Load   string `json:"load"` // /proc/loadavg at the start
+	hostinfo.Machine
+	Redis string `json:"redis"`
 }
 
 func machineInfo(redisVersion string) machine {
-	m := machine{CPUs: runtime.NumCPU(), Redis: redisVersion, Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
-	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(raw), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPU = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	if out, err := exec.Command("nproc").Output(); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
-			m.CPUs = n
-		}
-	}
-	if raw, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m.Load = strings.Join(strings.Fields(string(raw))[:3], " ")
-	}
-	if out, err := exec.Command("uname", "-r").Output(); err == nil {
-		m.Kernel = strings.TrimSpace(string(out))
-	}
-	return m
+	return machine{Machine: hostinfo.Collect(), Redis: redisVersion}
 }
 
 type report struct {
@@ -112,7 +88,7 @@ func (r *report) goals() []goal {
 	if fl, fl0, ping := find(r.s1, "flightlock"), find(r.s1, "setdel"), find(r.s1, "ping"); fl != nil && fl0 != nil && ping != nil {
 		ratio := fl.med("p50") / fl0.med("p50")
 		gs = append(gs, goal{"1: uncontended latency", "≤ 1.05x SET PX + DEL floor, ≤ 2 round trips",
-			fmt.Sprintf("%.2fx floor (%s vs %s; %.2fx PING), %.2f round trips", ratio, dur(fl.med("p50")), dur(fl0.med("p50")), fl.med("p50")/ping.med("p50"), fl.med("rt")),
+			fmt.Sprintf("%.2fx floor (%s vs %s; %.2fx PING), %.2f round trips", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(fl0.med("p50")), fl.med("p50")/ping.med("p50"), fl.med("rt")),
 			ratio <= 1.05 && fl.med("rt") <= 2})
 	}
 	if fl, best := find(r.s2[64], "flightlock"), bestCompetitor(r.s2[64], "csps"); fl != nil && best != nil {
@@ -120,24 +96,24 @@ func (r *report) goals() []goal {
 		p99 := fl.med("p99") / best.med("p99")
 		gs = append(gs, goal{"2: one process, 64 goroutines", "≥ 3x best competitor CS/s, ≤ 2 RT/CS, p99 wait ≤ 1/3 of its",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, p99 %s vs %s (%.2fx), %d violations", ratio, best.Label,
-				fmtInt(fl.med("csps")), fmtInt(best.med("csps")), fl.med("rt"), dur(fl.med("p99")), dur(best.med("p99")), p99, int(fl.worst("violations"))),
+				mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps")), fl.med("rt"), mdfmt.Dur(fl.med("p99")), mdfmt.Dur(best.med("p99")), p99, int(fl.worst("violations"))),
 			ratio >= 3 && fl.med("rt") <= 2 && p99 <= 1.0/3 && fl.worst("violations") == 0})
 	}
 	if fl, best := find(r.s3, "flightlock"), bestCompetitor(r.s3, "csps"); fl != nil && best != nil {
 		ratio := fl.med("csps") / best.med("csps")
 		gs = append(gs, goal{"3: 4 processes x 16 goroutines", "≥ 2x best competitor CS/s, ≤ 2.5 RT/CS, each process within 1.5x of the first",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, slowest process %.2fx the first (worst repetition), %d violations", ratio, best.Label,
-				fmtInt(fl.med("csps")), fmtInt(best.med("csps")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
+				mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
 			ratio >= 2 && fl.med("rt") <= 2.5 && fl.worst("fair") <= 1.5 && fl.worst("violations") == 0 && fl.worst("unfinished") == 0})
 	}
 	if fl, fl0 := find(r.s4, "flightlock"), find(r.s4, "setdel"); fl != nil && fl0 != nil {
 		ratio := fl.med("opsps") / fl0.med("opsps")
 		gs = append(gs, goal{"4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor",
-			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, fmtInt(fl.med("opsps")), fmtInt(fl0.med("opsps"))), ratio >= 0.95})
+			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, mdfmt.Int(fl.med("opsps")), mdfmt.Int(fl0.med("opsps"))), ratio >= 0.95})
 	}
 	if fl := find(r.s5, "flightlock"); fl != nil {
 		gs = append(gs, goal{"5: reject mode duplicates", "0 Redis commands, < 1 µs, ≤ 2 allocs per call",
-			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", fmtFloat(fl.worst("cmds")), dur(fl.med("ns")), fl.med("allocs")),
+			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", mdfmt.Float(fl.worst("cmds")), mdfmt.Dur(fl.med("ns")), fl.med("allocs")),
 			// MemStats counts every allocation of the process during the loop; a few from go-redis's
 			// background goroutines over millions of calls show in the third decimal.
 			fl.worst("cmds") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
@@ -163,7 +139,7 @@ func (r *report) markdown() string {
 		w("scenario runs; they are not the benchmark's results.\n\n")
 	}
 	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
-		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, loadNow())
+		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, hostinfo.LoadNow())
 	w("The benchmark process (all in-process rows), the worker processes of scenario 3, `redis-server` and, in scenario 6, the\n")
 	w("service and `wrk` share these cores. Latencies are on loopback, so one round trip is mostly CPU (syscalls, scheduling), not wire.\n\n")
 
@@ -221,10 +197,10 @@ func (r *report) markdown() string {
 		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range r.s1 {
-			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, dur(x.med("p50")),
-				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), dur(x.med("p99")), fmtInt(x.med("opsps")),
-				fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")), fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")),
-				fmtFloat(x.med("allocs")), fmtInt(x.med("bytes")), x.Mix)
+			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")),
+				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("opsps")),
+				mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")),
+				mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")), x.Mix)
 		}
 		w("\n")
 		whereTheTimeGoes(w, r.s1)
@@ -254,7 +230,7 @@ func (r *report) markdown() string {
 		for i, x := range r.s2[s2Goroutines[0]] {
 			w("| %s |", x.Label)
 			for _, g := range s2Goroutines {
-				w(" %s |", fmtInt(r.s2[g][i].med("csps")))
+				w(" %s |", mdfmt.Int(r.s2[g][i].med("csps")))
 			}
 			w("\n")
 		}
@@ -275,8 +251,8 @@ func (r *report) markdown() string {
 		w("Each operation locks a key drawn uniformly from 1,000, runs the critical section of that key, releases. %v per row\n", r.cfg.d4)
 		w("and repetition.\n\n| row | ops/s | x floor | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | violations | errors | server command mix per op |\n|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range r.s4 {
-			w("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("opsps")), x.med("opsps")/fl0.med("opsps"),
-				fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")), fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")), viol(x), fmtInt(x.worst("errors")), x.Mix)
+			w("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("opsps")), x.med("opsps")/fl0.med("opsps"),
+				mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), viol(x), mdfmt.Int(x.worst("errors")), x.Mix)
 		}
 		w("\n")
 	}
@@ -287,8 +263,8 @@ func (r *report) markdown() string {
 		w("(wall time per call over all of them). %v per row and repetition.\n\n", r.cfg.d5)
 		w("| row | ns/call | allocs/call | B/call | server cmds/call | RT/call | 64 goroutines: ns/call | calls/s |\n|---|---|---|---|---|---|---|---|\n")
 		for _, x := range r.s5 {
-			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtInt(x.med("ns")), fmtFloat(x.med("allocs")), fmtInt(x.med("bytes")),
-				fmtFloat(x.worst("cmds")), fmtFloat(x.med("rt")), fmtInt(x.med("par_ns")), fmtInt(x.med("par_ops")))
+			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("ns")), mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")),
+				mdfmt.Float(x.worst("cmds")), mdfmt.Float(x.med("rt")), mdfmt.Int(x.med("par_ns")), mdfmt.Int(x.med("par_ops")))
 		}
 		w("\n")
 	}
@@ -344,7 +320,7 @@ func viol(x *result) string {
 	if x.Row == "setdel" || x.Row == "ping" {
 		return "n/a"
 	}
-	return fmtInt(x.worst("violations"))
+	return mdfmt.Int(x.worst("violations"))
 }
 
 func contendTable(w func(string, ...any), rs []*result, procs bool) {
@@ -358,10 +334,10 @@ func contendTable(w func(string, ...any), rs []*result, procs bool) {
 	}
 	w("---|\n")
 	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, fmtInt(x.med("csps")), fmtFloat(x.med("rt")), fmtFloat(x.med("cmds")),
-			fmtFloat(x.med("scpu")), fmtFloat(x.med("ccpu")), dur(x.med("p50")), dur(x.med("p99")), dur(x.med("max")), viol(x), fmtInt(x.worst("errors")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
+			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")), viol(x), mdfmt.Int(x.worst("errors")))
 		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), fmtInt(x.med("quota")))
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
 		}
 		w(" %s |\n", x.Mix)
 	}
@@ -396,7 +372,7 @@ func rowColor(id string) color.RGBA {
 // at(xs[0]) (rows are matched by id at the other points; a point without data is left out).
 func drawLogChart(path, title, xlabel, ylabel string, xs []int, at func(x int) []*result, metric string) error {
 	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: ylabel, X: xs,
-		XTick: func(x int) string { return fmtInt(float64(x)) }}
+		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
 	for _, row := range at(xs[0]) {
 		y := make(map[int]float64, len(xs))
 		for _, x := range xs {
@@ -407,14 +383,6 @@ func drawLogChart(path, title, xlabel, ylabel string, xs []int, at func(x int) [
 	}
 	_, err := logchart.Draw(path, c) // nothing measured: no chart
 	return err
-}
-
-func loadNow() string {
-	raw, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(raw))[:3], " ")
 }
 
 // whereTheTimeGoes writes the "where the time goes" table for one uncontended lock +
@@ -459,7 +427,7 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 	w("\n")
 }
 
-// etcdSection is the report of bench/cmd/etcdbench, which bench/run.sh runs before
+// etcdSection is the report of lockbench -store etcd, which bench/run.sh runs before
 // lockbench in the same run, as a section of this report: its title becomes a section heading
 // and every heading under it goes one level down. name is the file it came from, which stays
 // in docs/ on its own too.
@@ -469,7 +437,7 @@ func etcdSection(raw, name string) string {
 		switch {
 		case i == 0 && strings.HasPrefix(line, "# "):
 			fmt.Fprintf(&b, "## The etcd store: %s\n", strings.TrimPrefix(line, "# "))
-			fmt.Fprintf(&b, "\nThe etcd rows, from `bench/cmd/etcdbench`, which `bench/run.sh` runs just before the Redis scenarios "+
+			fmt.Fprintf(&b, "\nThe etcd rows, from `lockbench -store etcd`, which `bench/run.sh` runs just before the Redis scenarios "+
 				"above (also in [%s](%s) on their own).\n", name, name)
 		case strings.HasPrefix(line, "#"):
 			b.WriteString("#" + line + "\n")

@@ -6,6 +6,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
 // Scenario 8: how the cost of a critical section grows as the work grows, along
@@ -53,18 +57,8 @@ func (b *bench) scenario8() *s8Results {
 		out.Procs = b.s8Run("processes", b.cfg.s8Procs, rows, func(r rowSpec, x, rep int) (metrics, string) {
 			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
 			defer unmap()
-			var all contendResult
-			for _, w := range wr {
-				all.Ops += w.Ops
-				all.Errors += w.Errors
-				all.RT += w.RT
-				all.Waits = append(all.Waits, w.Waits...)
-				all.Elapsed = max(all.Elapsed, w.Finish)
-				if all.FirstErr == "" {
-					all.FirstErr = w.FirstErr
-				}
-			}
-			m := contendMetrics(all, delta, *gd.plain, *gd.violations)
+			all := sumWorkers(wr)
+			m := contendMetrics(all, delta, gd.Plain(), gd.Violations())
 			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
 			return m, all.FirstErr
 		})
@@ -93,16 +87,12 @@ func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowS
 	for _, x := range points {
 		all[x] = newResults(rows)
 	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, x := range points {
-			for _, r := range order(rows, rep) {
-				m, firstErr := run(r, x, rep)
-				all[x][r.id].Reps = append(all[x][r.id].Reps, m)
-				progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
-					m["csps"], m["cmds"], dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
-			}
-		}
-	}
+	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
+		m, firstErr := run(r, x, rep)
+		all[x][r.id].Reps = append(all[x][r.id].Reps, m)
+		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
+			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
+	})
 	for _, x := range points {
 		ax.Res[x] = ordered(rows, all[x])
 	}
@@ -111,21 +101,21 @@ func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowS
 
 // s8Contend runs g goroutines over keys in this process for d8 and measures them.
 func (b *bench) s8Contend(im impl, keys []string, g int) (metrics, string) {
-	gds := make([]guard, len(keys))
+	gds := make([]guard.Guard, len(keys))
 	for i := range gds {
-		gds[i] = newGuard()
+		gds[i] = guard.New()
 	}
 	s0 := b.snap()
 	start := time.Now().Add(20 * time.Millisecond)
 	stop := make(chan struct{})
 	t := time.AfterFunc(time.Until(start)+b.cfg.d8, func() { close(stop) })
-	cr := contend(im, keys, gds, g, start, stop, 0, start.Add(b.cfg.d8+waitBudget))
+	cr := contendImpl(im, keys, gds, g, start, stop, 0, start.Add(b.cfg.d8+waitBudget))
 	t.Stop()
 	delta := diffStats(s0.cmds, b.stats())
 	var plain, viol int64
 	for _, gd := range gds {
-		plain += *gd.plain
-		viol += *gd.violations
+		plain += gd.Plain()
+		viol += gd.Violations()
 	}
 	m := contendMetrics(cr, delta, plain, viol)
 	b.cpu(m, s0, cr.Ops, true)
@@ -214,19 +204,19 @@ func (r *report) s8Section(w func(string, ...any)) {
 		}
 		w("| row |")
 		for _, x := range ax.Points {
-			w(" %s |", fmtInt(float64(x)))
+			w(" %s |", mdfmt.Int(float64(x)))
 		}
 		w("\n|---|%s\n", strings.Repeat("---|", len(ax.Points)))
 		for _, x0 := range ax.Res[ax.Points[0]] {
 			w("| %s |", x0.Label)
 			for _, x := range ax.Points {
 				c := find(ax.Res[x], x0.Row)
-				cell := fmt.Sprintf(" %s<br>%s · %s", fmtInt(c.med("csps")), fmtFloat(c.med("cmds")), dur(c.med("p99")))
+				cell := fmt.Sprintf(" %s<br>%s · %s", mdfmt.Int(c.med("csps")), mdfmt.Float(c.med("cmds")), mdfmt.Dur(c.med("p99")))
 				if e := c.worst("errors"); e > 0 {
-					cell += "<br>" + fmtInt(e) + " errors"
+					cell += "<br>" + mdfmt.Int(e) + " errors"
 				}
 				if v := c.worst("violations"); v > 0 {
-					cell += "<br>**" + fmtInt(v) + " violations**"
+					cell += "<br>**" + mdfmt.Int(v) + " violations**"
 				}
 				w("%s |", cell)
 			}
@@ -247,7 +237,7 @@ func (r *report) s8Section(w func(string, ...any)) {
 				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
 			}
 			if f, ok := ax.fall(first, last); ok {
-				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", fmtInt(float64(first)), fmtInt(float64(last)), ax.Name, fallWords(f))
+				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f))
 			}
 		}
 	}

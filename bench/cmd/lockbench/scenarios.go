@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
 // bench holds what every scenario shares: the server, the admin connection and the settings.
@@ -60,15 +61,6 @@ func (b *bench) stats() map[string]int64 {
 		fatalf("INFO commandstats: %v", err)
 	}
 	return s
-}
-
-// order rotates the rows by repetition, so that no row always runs first or last.
-func order(rows []rowSpec, rep int) []rowSpec {
-	out := make([]rowSpec, 0, len(rows))
-	for i := range rows {
-		out = append(out, rows[(i+rep)%len(rows)])
-	}
-	return out
 }
 
 // onlyRows, when set (-rows), keeps only these rows, for profiling one library.
@@ -135,7 +127,7 @@ func (b *bench) scenario1() []*result {
 	const maxOps = 200000
 	lat := make([]int64, maxOps)
 	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range order(rows, rep) {
+		for _, r := range interleave.Rotate(rows, rep) {
 			im := b.impl(r)
 			keys := make([]string, maxOps)
 			for i := range keys {
@@ -184,7 +176,7 @@ func (b *bench) scenario1() []*result {
 			b.cpu(m, s0, int64(n), true)
 			res[r.id].Reps = append(res[r.id].Reps, m)
 			res[r.id].Mix = mixString(d, int64(n))
-			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, float64(n)/elapsed.Seconds(), dur(percentile(l, 0.5)))
+			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, float64(n)/elapsed.Seconds(), mdfmt.Dur(percentile(l, 0.5)))
 		}
 	}
 	return ordered(rows, res)
@@ -209,22 +201,22 @@ func (b *bench) scenario2() map[int][]*result {
 			if g < 16 {
 				d = b.cfg.d2small
 			}
-			for _, r := range order(rows, rep) {
+			for _, r := range interleave.Rotate(rows, rep) {
 				im := b.impl(r)
 				key := im.key(fmt.Sprintf("s2:%d:%d", g, rep))
-				gd := newGuard()
+				gd := guard.New()
 				s0 := b.snap()
 				start := time.Now().Add(20 * time.Millisecond)
 				stop := make(chan struct{})
 				t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-				cr := contend(im, []string{key}, []guard{gd}, g, start, stop, 0, start.Add(d+waitBudget))
+				cr := contendImpl(im, []string{key}, []guard.Guard{gd}, g, start, stop, 0, start.Add(d+waitBudget))
 				t.Stop()
 				delta := diffStats(s0.cmds, b.stats())
-				m := contendMetrics(cr, delta, *gd.plain, *gd.violations)
+				m := contendMetrics(cr, delta, gd.Plain(), gd.Violations())
 				b.cpu(m, s0, cr.Ops, true)
 				all[g][r.id].Reps = append(all[g][r.id].Reps, m)
 				all[g][r.id].Mix = mixString(delta, cr.Ops)
-				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
+				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
 			}
 		}
 	}
@@ -253,85 +245,53 @@ func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metri
 
 // --- scenario 4: 64 goroutines over 1,000 keys.
 
+// manyKeys is how many keys the operations of scenario 4 draw from, on every store.
+const manyKeys = 1000
+
 func (b *bench) scenario4() []*result {
 	rows := append(lockRows(), pick("setdel")...)
 	b.warm(rows)
 	res := newResults(rows)
-	const nkeys, g = 1000, 64
+	const nkeys, g = manyKeys, 64
 	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range order(rows, rep) {
+		for _, r := range interleave.Rotate(rows, rep) {
 			im := b.impl(r)
 			keys := make([]string, nkeys)
-			guards := make([]guard, nkeys)
+			guards := make([]guard.Guard, nkeys)
 			for i := range keys {
 				keys[i] = im.key(fmt.Sprintf("s4:%d:%d", rep, i))
-				guards[i] = newGuard()
+				guards[i] = guard.New()
 			}
-			s0, rt0 := b.snap(), im.roundTrips()
-			var ops, errs atomic.Int64
-			var firstErr string
-			var errMu sync.Mutex
+			s0 := b.snap()
 			start := time.Now()
-			deadline := start.Add(b.cfg.d4)
-			ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(waitBudget))
-			var wg sync.WaitGroup
-			for w := 0; w < g; w++ {
-				wg.Add(1)
-				go func(seed uint64) {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(seed, uint64(rep)))
-					n := 0
-					for {
-						if n%16 == 0 && time.Now().After(deadline) {
-							break
-						}
-						n++
-						i := rng.IntN(nkeys)
-						h, err := im.lock(ctx, keys[i])
-						if err != nil {
-							errs.Add(1)
-							setErr(&errMu, &firstErr, err)
-							if ctx.Err() != nil {
-								return
-							}
-							continue
-						}
-						if !r.floor {
-							guards[i].critical()
-						}
-						if err := im.unlock(context.Background(), keys[i], h); err != nil {
-							errs.Add(1)
-							setErr(&errMu, &firstErr, err)
-						}
-						ops.Add(1)
-					}
-				}(uint64(w))
-			}
-			wg.Wait()
-			cancel()
-			elapsed := time.Since(start)
+			stop := make(chan struct{})
+			t := time.AfterFunc(b.cfg.d4, func() { close(stop) })
+			cr := contendImpl(im, keys, guards, g, start, stop, 0, start.Add(b.cfg.d4+waitBudget))
+			t.Stop()
 			delta := diffStats(s0.cmds, b.stats())
 			var viol, plain int64
 			for _, gd := range guards {
-				viol += *gd.violations
-				plain += *gd.plain
+				viol += gd.Violations()
+				plain += gd.Plain()
 			}
-			if !r.floor {
-				viol += max(ops.Load()-plain, 0)
+			if r.floor {
+				viol = 0 // not a lock: nothing to check
+			} else {
+				viol += max(cr.Ops-plain, 0)
 			}
-			n := max(ops.Load(), 1)
+			n := max(cr.Ops, 1)
 			m := metrics{
-				"ops":        float64(ops.Load()),
-				"opsps":      float64(ops.Load()) / elapsed.Seconds(),
-				"rt":         float64(im.roundTrips()-rt0) / float64(n),
+				"ops":        float64(cr.Ops),
+				"opsps":      float64(cr.Ops) / (float64(cr.Elapsed) / 1e9),
+				"rt":         float64(cr.RT) / float64(n),
 				"cmds":       float64(delta.total()) / float64(n),
 				"violations": float64(viol),
-				"errors":     float64(errs.Load()),
+				"errors":     float64(cr.Errors),
 			}
 			b.cpu(m, s0, n, true)
 			res[r.id].Reps = append(res[r.id].Reps, m)
 			res[r.id].Mix = mixString(delta, n)
-			progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], errs.Load(), firstErr)
+			progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
 		}
 	}
 	return ordered(rows, res)
@@ -344,7 +304,7 @@ func (b *bench) scenario5() []*result {
 	b.warm(rows)
 	res := newResults(rows)
 	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range order(rows, rep) {
+		for _, r := range interleave.Rotate(rows, rep) {
 			im := b.impl(r)
 			key := im.key(fmt.Sprintf("s5:%d", rep))
 			ctx := context.Background()
@@ -412,18 +372,8 @@ func (b *bench) scenario5() []*result {
 				"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn.Load()),
 				"par_ops": float64(pn.Load()) / pelapsed.Seconds(),
 			})
-			progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, dur(float64(elapsed.Nanoseconds())/float64(n)), float64(m1.Mallocs-m0.Mallocs)/float64(n), float64(d.total())/float64(n))
+			progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(float64(elapsed.Nanoseconds())/float64(n)), float64(m1.Mallocs-m0.Mallocs)/float64(n), float64(d.total())/float64(n))
 		}
 	}
 	return ordered(rows, res)
-}
-
-func progress(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
-}
-
-func fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "lockbench: "+format+"\n", args...)
-	cleanup()
-	os.Exit(1)
 }

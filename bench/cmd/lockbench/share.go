@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
@@ -11,7 +12,7 @@ import (
 // body) through go-zero's REST chain and flightlock's middleware on the benchmark's
 // redis-server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
 // duplicate gets its response) and OnBusy reject (one run, 63 answered 409 at once). Each
-// repetition uses a key of its own. etcdbench's scenario 9 is the etcd twin.
+// repetition uses a key of its own. etcdshare.go runs it on etcd.
 
 var s7Rows = []struct{ id, label, onBusy string }{
 	{"share", "flightlock, OnBusy share", "share"},
@@ -42,7 +43,7 @@ func (b *bench) scenario7() []*result {
 			m := metrics(servers[x.Row].Bursts(fmt.Sprintf("r%d-%s-", rep, x.Row)))
 			x.Reps = append(x.Reps, m)
 			progress("s7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, x.Row,
-				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], dur(m["p50"]), dur(m["p99"]))
+				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], mdfmt.Dur(m["p50"]), mdfmt.Dur(m["p99"]))
 		}
 	}
 	return out
@@ -54,8 +55,8 @@ func (r *report) s7Section(w func(string, ...any)) {
 	w("%d repetitions. *share*: duplicates wait and get the response of the one run; *reject*: they are answered 409 at once.\n\n", r.cfg.reps)
 	w("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |\n|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.s7 {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, fmtFloat(x.med("runs")), fmtFloat(x.med("identical")),
-			fmtFloat(x.med("busy")), fmtFloat(x.med("other")), dur(x.med("p50")), dur(x.med("p99")), dur(x.med("max")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Float(x.med("runs")), mdfmt.Float(x.med("identical")),
+			mdfmt.Float(x.med("busy")), mdfmt.Float(x.med("other")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
 	}
 	w("\n")
 }

@@ -4,8 +4,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
@@ -32,7 +32,7 @@ func (r *result) med(name string) float64 {
 			v = append(v, x)
 		}
 	}
-	return median(v)
+	return stat.Median(v)
 }
 
 // worst is the maximum of one figure over the repetitions.
@@ -45,19 +45,6 @@ func (r *result) worst(name string) float64 {
 		w = max(w, m[name])
 	}
 	return w
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // percentile of sorted durations (nanoseconds), nearest rank.
@@ -90,23 +77,7 @@ func mixString(d cmdDelta, ops int64) string {
 		if per < 0.005 {
 			continue
 		}
-		parts = append(parts, strings.ToUpper(e.k)+" "+fmtFloat(per))
+		parts = append(parts, strings.ToUpper(e.k)+" "+mdfmt.Float(per))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func dur(ns float64) string {
-	d := time.Duration(ns)
-	switch {
-	case ns == 0:
-		return "0"
-	case d < time.Microsecond:
-		return fmtFloat(ns) + " ns"
-	case d < time.Millisecond:
-		return fmtFloat(ns/1e3) + " µs"
-	case d < time.Second:
-		return fmtFloat(ns/1e6) + " ms"
-	default:
-		return fmtFloat(ns/1e9) + " s"
-	}
 }

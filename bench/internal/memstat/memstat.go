@@ -1,5 +1,5 @@
 // Package memstat measures what the benchmark process holds, for the memory scenarios of
-// lockbench (Redis) and etcdbench (etcd): live heap, stacks and goroutines after a full
+// the benchmark command, on every store: live heap, stacks and goroutines after a full
 // collection, the peak goroutine count over a window, and work spread over a bounded number of
 // goroutines.
 package memstat

@@ -10,12 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -38,7 +38,7 @@ func startEtcd(bin, parent string) (*etcdServer, error) {
 		return nil, fmt.Errorf("%s --version: %v (apt-get install etcd-server)", bin, err)
 	}
 	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	dir, err := os.MkdirTemp(parent, "etcdbench-")
+	dir, err := os.MkdirTemp(parent, "lockbench-etcd-")
 	if err != nil {
 		return nil, err
 	}
@@ -113,10 +113,10 @@ func (s *etcdServer) stop() {
 
 // client returns a new client on the server; it logs nothing.
 func (s *etcdServer) client() (*clientv3.Client, error) {
-	return newClient(s.clientURL)
+	return etcdClient(s.clientURL)
 }
 
-func newClient(endpoint string) (*clientv3.Client, error) {
+func etcdClient(endpoint string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{
 		Endpoints:   []string{endpoint},
 		DialTimeout: 5 * time.Second,
@@ -254,38 +254,9 @@ func lastFloat(line string) float64 {
 	return v
 }
 
-type machineInfo struct {
-	nproc     int
-	cpu       string
-	kernel    string
-	goVersion string
-	etcd      string
-	fsType    string
-	load      string
-}
-
-func machine(s *etcdServer) machineInfo {
-	m := machineInfo{nproc: runtime.NumCPU(), goVersion: runtime.Version(), etcd: s.version, fsType: s.fsType}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(line, "model name") {
-				if _, v, ok := strings.Cut(line, ":"); ok {
-					m.cpu = strings.TrimSpace(v)
-				}
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m.kernel = strings.TrimSpace(string(b))
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m.load = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
-	if out, err := exec.Command("nproc").Output(); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
-			m.nproc = n
-		}
-	}
-	return m
+// etcdMachine is the machine of an etcd run, with the server's version and the file system
+// of its data directory.
+type etcdMachine struct {
+	hostinfo.Machine
+	etcd, fsType string
 }

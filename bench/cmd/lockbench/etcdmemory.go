@@ -4,21 +4,20 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/etcdstore"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// Scenario 6: what each held lock and each waiter costs (the memory scenario, on etcd;
-// lockbench's scenario 9 is the Redis twin). One repetition: these are counts, not timings.
+// Scenario 9 on etcd: what each held lock and each waiter costs, as for the Redis rows. One
+// repetition: these are counts, not timings.
 //
-// Holding: this process takes c.memLocks locks on distinct keys (s6Acquirers goroutines at
-// once), holds them for c.d6hold and releases them all. flightlock runs as users run it: a
+// Holding: this process takes c.memLocks locks on distinct keys (s9Acquirers goroutines at
+// once), holds them for c.d9hold and releases them all. flightlock runs as users run it: a
 // Locker of its own on the etcd store, its watchdog renewing every lock every TTL/3 and the
 // store keeping its session lease alive; concurrency.Mutex holds a Mutex per key on one
 // session (whose lease its client keeps alive). Measured: live heap and goroutines above the
@@ -26,22 +25,17 @@ import (
 // etcd's resident memory growth, and client CPU, etcd RPCs and keep-alives per second while
 // holding.
 //
-// Waiting: one key is held by the benchmark; c.memWait goroutines wait for it; after
-// s6Settle their heap and goroutines are measured, then the RPCs, keep-alives and CPU of
-// s6WaitWindow of waiting; then the key is released, and each waiter, once granted, runs the
+// Waiting: one key is held by the benchmark; c.memWaiters goroutines wait for it; after
+// s9Settle their heap and goroutines are measured, then the RPCs, keep-alives and CPU of
+// s9WaitWindow of waiting; then the key is released, and each waiter, once granted, runs the
 // critical section's checks and releases at once. Measured: the time from the release to the
 // first grant and to the last.
 
-const (
-	s6Acquirers  = 32   // goroutines taking (and releasing) the held locks, as lockbench's scenario 9
-	s6Warm       = 1000 // locks taken and released before a row's baseline, at the same concurrency
-	s6Settle     = 500 * time.Millisecond
-	s6Arrive     = 250 * time.Millisecond // waiters arrive spread over this, within the settling
-	s6WaitWindow = time.Second
-	s6ServeBound = 30 * time.Second // bound of a waiter's Lock past the settling and the window
-)
+// etcdHoldWarm is how many locks are taken and released before a holding row's baseline, at
+// the same concurrency.
+const etcdHoldWarm = 1000
 
-// holdResult is one row of scenario 6's holding table.
+// holdResult is one row of scenario 9's holding table.
 type holdResult struct {
 	row                  string
 	n                    int
@@ -58,7 +52,7 @@ type holdResult struct {
 	firstErr             error
 }
 
-// waitResult is one row of scenario 6's waiting table.
+// waitResult is one row of scenario 9's waiting table.
 type waitResult struct {
 	row                         string
 	w                           int
@@ -76,9 +70,9 @@ type memoryResults struct {
 	wait []waitResult
 }
 
-func (b *bench) memory() *memoryResults {
+func (b *etcdBench) memory() *memoryResults {
 	out := &memoryResults{}
-	if n := b.c.memLocks; n > 0 {
+	for _, n := range b.c.memLocks {
 		for _, row := range []string{rowFlight, rowMutex} {
 			var h holdResult
 			if row == rowFlight {
@@ -87,11 +81,11 @@ func (b *bench) memory() *memoryResults {
 				h = b.holdMutex(n)
 			}
 			out.hold = append(out.hold, h)
-			progress("  6 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%d, etcd RSS %.0f B/lock, CPU %.1f ms/s, %.0f RPC/s, %.1f keep-alives/s; after release %.1f B/lock, %+d goroutines; errors %d %v",
+			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%d, etcd RSS %.0f B/lock, CPU %.1f ms/s, %.0f RPC/s, %.1f keep-alives/s; after release %.1f B/lock, %+d goroutines; errors %d %v",
 				n, row, h.heap, h.gor, h.peakGor, h.etcdRSS, h.cpuMs, h.rpcs, h.keepAlives, h.afterHeap, h.afterGor, h.errors+h.releaseFails, errText(h.firstErr))
 		}
 	}
-	if w := b.c.memWait; w > 0 {
+	if w := b.c.memWaiters; w > 0 {
 		for _, row := range []string{rowFlight, rowMutex} {
 			var r waitResult
 			if row == rowFlight {
@@ -100,8 +94,8 @@ func (b *bench) memory() *memoryResults {
 				r = b.waitMutex(w)
 			}
 			out.wait = append(out.wait, r)
-			progress("  6 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f RPC/s, next grant %s, all served %s, served %d, violations %d/%d, errors %d %v",
-				w, row, r.heap, r.gor, r.rpcs, dur(r.next), dur(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
+			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f RPC/s, next grant %s, all served %s, served %d, violations %d/%d, errors %d %v",
+				w, row, r.heap, r.gor, r.rpcs, etcdDur(r.next), etcdDur(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
 		}
 	}
 	return out
@@ -115,9 +109,9 @@ func errText(err error) string {
 }
 
 // bounded runs fn(ctx, i) under a context bounded at lockTO, so no call can hang the run.
-func (b *bench) bounded(fn func(ctx context.Context, i int) error) func(i int) error {
+func (b *etcdBench) bounded(fn func(ctx context.Context, i int) error) func(i int) error {
 	return func(i int) error {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 		defer cancel()
 		return fn(ctx, i)
 	}
@@ -125,10 +119,10 @@ func (b *bench) bounded(fn func(ctx context.Context, i int) error) func(i int) e
 
 // holdFlight holds n locks with a Locker and store of their own (their baseline and what
 // stays after release are theirs alone), on the benchmark's etcd client.
-func (b *bench) holdFlight(n int) holdResult {
-	store, l, err := newFlightlock(b.cli, b.c.lockTO)
+func (b *etcdBench) holdFlight(n int) holdResult {
+	store, l, err := newEtcdFlightlock(b.cli, b.c.lockTimeout)
 	if err != nil {
-		fatalf("scenario 6: %v", err)
+		fatalf("scenario 9: %v", err)
 	}
 	defer closeFlightlock(store, l)
 	keys := make([]string, n)
@@ -160,10 +154,10 @@ func (b *bench) holdFlight(n int) holdResult {
 }
 
 // holdMutex holds n concurrency.Mutexes on distinct keys, all on one session of their own.
-func (b *bench) holdMutex(n int) holdResult {
+func (b *etcdBench) holdMutex(n int) holdResult {
 	sess, err := concurrency.NewSession(b.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
-		fatalf("scenario 6: mutex session: %v", err)
+		fatalf("scenario 9: mutex session: %v", err)
 	}
 	defer sess.Close()
 	keys := make([]string, n)
@@ -198,73 +192,61 @@ func (b *bench) holdMutex(n int) holdResult {
 		func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
 }
 
-// hold measures one holding row: warm (up to s6Warm locks of other keys taken and released
+// hold measures one holding row: warm (up to etcdHoldWarm locks of other keys taken and released
 // at the same concurrency, so the client's buffers and the row's lease are in place before the
 // baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
 // slices, built before the baseline, live through all three measurements.
-func (b *bench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
-	h := holdResult{row: row, n: n, window: b.c.d6hold}
-	memstat.Parallel(min(n, s6Warm), s6Acquirers, b.bounded(warm))
-	rss0 := b.srv.rss()
-	l0 := memstat.Live()
-
-	t0 := time.Now()
-	h.errors, h.firstErr = memstat.Parallel(n, s6Acquirers, b.bounded(lock))
-	h.acquire = time.Since(t0)
-	memstat.SettleGoroutines(l0.Goroutines, time.Second) // the acquirers
-	l1 := memstat.Live()
-	rss1 := b.srv.rss()
-
-	peak := memstat.PeakSampler()
-	s0 := b.srv.stats()
-	time.Sleep(b.c.d6hold)
-	s1 := b.srv.stats()
-	h.peakGor = peak() - l0.Goroutines
-
-	t1 := time.Now()
-	var firstErr error
-	h.releaseFails, firstErr = memstat.Parallel(n, s6Acquirers, b.bounded(unlock))
-	h.release = time.Since(t1)
-	if h.firstErr == nil {
-		h.firstErr = firstErr
-	}
-	memstat.SettleGoroutines(l0.Goroutines, 2*time.Second) // goroutines a release ends exit on their own schedule
-	l2 := memstat.Live()
+func (b *etcdBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
+	h := holdResult{row: row, n: n, window: b.c.d9hold}
+	memstat.Parallel(min(n, etcdHoldWarm), s9Acquirers, b.bounded(warm))
+	var d serverStats
+	m := memstat.Hold(memstat.Holding{
+		N: n, Acquirers: s9Acquirers,
+		Lock: b.bounded(lock), Unlock: b.bounded(unlock),
+		ServerMemory: b.srv.rss,
+		Window: func() {
+			s0 := b.srv.stats()
+			time.Sleep(b.c.d9hold)
+			d = b.srv.stats().sub(s0)
+		},
+	})
 	keepAlive()
-
+	l0, l1, l2 := m.Base, m.Holding, m.After
+	h.acquire, h.release = m.Acquire, m.Release
+	h.errors, h.releaseFails, h.firstErr = m.LockErrors, m.UnlockErrors, m.FirstErr
+	h.peakGor = m.PeakGoroutines - l0.Goroutines
 	fn := float64(n)
 	h.heap, h.stack, h.gor = (l1.Heap-l0.Heap)/fn, (l1.Stack-l0.Stack)/fn, float64(l1.Goroutines-l0.Goroutines)/fn
-	if rss0 > 0 && rss1 > 0 {
-		h.etcdRSS = float64(rss1-rss0) / fn
+	if m.ServerBefore > 0 && m.ServerHolding > 0 {
+		h.etcdRSS = float64(m.ServerHolding-m.ServerBefore) / fn
 	}
-	d := s1.sub(s0)
-	h.cpuMs = float64(d.self.Microseconds()) / 1e3 / b.c.d6hold.Seconds()
-	h.rpcs, h.keepAlives = d.rpcs/b.c.d6hold.Seconds(), d.keepAlives/b.c.d6hold.Seconds()
+	h.cpuMs = float64(d.self.Microseconds()) / 1e3 / b.c.d9hold.Seconds()
+	h.rpcs, h.keepAlives = d.rpcs/b.c.d9hold.Seconds(), d.keepAlives/b.c.d9hold.Seconds()
 	h.afterHeap, h.afterGor = (l2.Heap-l0.Heap)/fn, l2.Goroutines-l0.Goroutines
 	return h
 }
 
 // waitFlight: a Locker of its own holds the key; w goroutines of this process wait on it
 // through the same Locker, as a service's concurrent requests for one key do.
-func (b *bench) waitFlight(w int) waitResult {
-	store, l, err := newFlightlock(b.cli, b.c.lockTO)
+func (b *etcdBench) waitFlight(w int) waitResult {
+	store, l, err := newEtcdFlightlock(b.cli, b.c.lockTimeout)
 	if err != nil {
-		fatalf("scenario 6: %v", err)
+		fatalf("scenario 9: %v", err)
 	}
 	defer closeFlightlock(store, l)
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 	defer cancel()
 	for i := range 10 { // the store's lease and the Locker's paths in place before the baseline
 		lease, err := l.Lock(ctx, fmt.Sprintf("m6ww-%d", i))
 		if err != nil {
-			fatalf("scenario 6: warm-up: %v", err)
+			fatalf("scenario 9: warm-up: %v", err)
 		}
 		_ = lease.Release(ctx)
 	}
 	key := fmt.Sprintf("m6wait-%d", w)
 	held, err := l.Lock(ctx, key)
 	if err != nil {
-		fatalf("scenario 6: hold %s: %v", key, err)
+		fatalf("scenario 9: hold %s: %v", key, err)
 	}
 	leases := make([]*flightlock.Lease, w)
 	r := b.wait(rowFlight, w, held.Fence(), nil,
@@ -284,18 +266,18 @@ func (b *bench) waitFlight(w int) waitResult {
 // waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
 // Mutexes of one session on one key are the same holder: both would be granted), made after
 // the baseline and measured apart from the waiting itself.
-func (b *bench) waitMutex(w int) waitResult {
+func (b *etcdBench) waitMutex(w int) waitResult {
 	holder, err := concurrency.NewSession(b.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
-		fatalf("scenario 6: mutex session: %v", err)
+		fatalf("scenario 9: mutex session: %v", err)
 	}
 	defer holder.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 	defer cancel()
 	key := fmt.Sprintf("/mutex/m6wait-%d", w)
 	held := concurrency.NewMutex(holder, key)
 	if err := held.Lock(ctx); err != nil {
-		fatalf("scenario 6: hold %s: %v", key, err)
+		fatalf("scenario 9: hold %s: %v", key, err)
 	}
 	sessions := make([]*concurrency.Session, w)
 	defer func() {
@@ -329,91 +311,65 @@ func (b *bench) waitMutex(w int) waitResult {
 // wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is
 // called; prepare (nil: none) makes what each waiter needs before it can wait, measured apart;
 // release gives the held key up.
-func (b *bench) wait(row string, w int, heldFence int64, prepare func() error,
+func (b *etcdBench) wait(row string, w int, heldFence int64, prepare func() error,
 	lock func(ctx context.Context, i int) (int64, error), unlock func(ctx context.Context, i int) error,
 	release func(ctx context.Context) error,
 ) waitResult {
 	r := waitResult{row: row, w: w, sessionHeap: -1, sessionGor: -1}
-	g := newLocalGuard()
-	g.enter(heldFence) // the benchmark is inside until it releases: a waiter granted before is a violation
-	l0 := memstat.Live()
+	g := guard.New()
+	g.Enter(heldFence) // the benchmark is inside until it releases: a waiter granted before is a violation
 	if prepare != nil {
+		l0 := memstat.Live()
 		if err := prepare(); err != nil {
-			fatalf("scenario 6: %v", err)
+			fatalf("scenario 9: %v", err)
 		}
 		lp := memstat.Live()
 		r.sessionHeap, r.sessionGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
-		l0 = lp
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), s6Settle+s6WaitWindow+s6ServeBound)
-	defer cancel()
-	var (
-		first, last, served, errs atomic.Int64
-		errMu                     sync.Mutex
-		firstErr                  error
-		wg                        sync.WaitGroup
-	)
-	fail := func(err error) {
-		errs.Add(1)
-		errMu.Lock()
-		if firstErr == nil {
-			firstErr = err
-		}
-		errMu.Unlock()
-	}
-	first.Store(1 << 62)
-	for i := range w {
-		wg.Go(func() {
-			// Arrivals spread over s6Arrive, as requests come.
-			time.Sleep(time.Duration(i) * s6Arrive / time.Duration(w))
-			fence, err := lock(ctx, i)
-			if err != nil {
-				fail(err)
-				return
+	fences := make([]int64, w)
+	var d serverStats
+	m := memstat.Wait(memstat.Waiting{
+		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
+		Lock: func(ctx context.Context, i int) (err error) {
+			fences[i], err = lock(ctx, i)
+			return err
+		},
+		Granted: func(i int) { g.Critical(fences[i]) },
+		Unlock: func(i int) error {
+			ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
+			defer cancel()
+			if err := unlock(ctx, i); err != nil {
+				return fmt.Errorf("release: %w", err)
 			}
-			at := time.Now().UnixNano()
-			g.critical(fence)
-			for v := first.Load(); at < v && !first.CompareAndSwap(v, at); v = first.Load() {
+			return nil
+		},
+		Window: func() {
+			s0 := b.srv.stats()
+			time.Sleep(s9WaitWindow)
+			d = b.srv.stats().sub(s0)
+		},
+		Release: func() error {
+			g.Exit()
+			ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
+			defer cancel()
+			if err := release(ctx); err != nil {
+				return fmt.Errorf("release of the held key: %w", err)
 			}
-			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
-			}
-			served.Add(1)
-			uctx, ucancel := context.WithTimeout(context.Background(), b.c.lockTO)
-			defer ucancel()
-			if err := unlock(uctx, i); err != nil {
-				fail(fmt.Errorf("release: %w", err))
-			}
-		})
-	}
-	time.Sleep(s6Settle)
-	l1 := memstat.Live()
-	s0 := b.srv.stats()
-	time.Sleep(s6WaitWindow)
-	d := b.srv.stats().sub(s0)
-
-	g.exit()
-	t0 := time.Now().UnixNano()
-	rctx, rcancel := context.WithTimeout(context.Background(), b.c.lockTO)
-	if err := release(rctx); err != nil {
-		fail(fmt.Errorf("release of the held key: %w", err))
-	}
-	rcancel()
-	wg.Wait()
-
+			return nil
+		},
+	})
+	l0, l1 := m.Base, m.Waiting
 	fw := float64(w)
 	r.heap, r.stack, r.gor = (l1.Heap-l0.Heap)/fw, (l1.Stack-l0.Stack)/fw, float64(l1.Goroutines-l0.Goroutines)/fw
-	r.rpcs, r.keepAlives = d.rpcs/s6WaitWindow.Seconds(), d.keepAlives/s6WaitWindow.Seconds()
-	r.cpuMs = float64(d.self.Microseconds()) / 1e3 / s6WaitWindow.Seconds()
-	r.served, r.errors, r.firstErr = served.Load(), errs.Load(), firstErr
-	r.violations, r.fenceViolations = *g.violations, *g.fenceViolations
-	if r.served > 0 {
-		r.next, r.all = time.Duration(first.Load()-t0), time.Duration(last.Load()-t0)
-	}
+	r.rpcs, r.keepAlives = d.rpcs/s9WaitWindow.Seconds(), d.keepAlives/s9WaitWindow.Seconds()
+	r.cpuMs = float64(d.self.Microseconds()) / 1e3 / s9WaitWindow.Seconds()
+	r.served, r.errors, r.firstErr = m.Served, m.Errors, m.FirstErr
+	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
+	r.next, r.all = m.Next, m.All
 	return r
 }
 
-// closeFlightlock drains a Locker of scenario 6 and closes its store (revoking its lease).
+// closeFlightlock drains a Locker of scenario 9 (or of a worker) and closes its store (revoking its lease).
 func closeFlightlock(store *etcdstore.Store, l *flightlock.Locker) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

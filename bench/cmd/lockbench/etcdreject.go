@@ -10,20 +10,21 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// Scenario 7, reject mode (the Redis rows are lockbench's scenario 5): a key is held in this
-// process; one goroutine then tries it again and again for c.d7 (flightlock: TryLock on a
+// Scenario 5 on etcd, reject mode, as for the Redis rows: a key is held in this
+// process; one goroutine then tries it again and again for c.d5 (flightlock: TryLock on a
 // Reject Locker of the same gate, which answers ErrBusy without an RPC; concurrency.Mutex:
 // TryLock of a Mutex on another session, which puts its own key, reads the owner, finds
-// another, deletes its key and answers ErrLocked), then s7Goroutines goroutines do the same
-// at once for c.d7 (wall time per call over all of them, as a burst of double clicks would).
+// another, deletes its key and answers ErrLocked), then s5Goroutines goroutines do the same
+// at once for c.d5 (wall time per call over all of them, as a burst of double clicks would).
 
-// s7Goroutines try the held key at once in the parallel part.
-const s7Goroutines = 64
+// s5Goroutines try the held key at once in the parallel part.
+const s5Goroutines = 64
 
-// rejectResult is one row of scenario 7 in one repetition.
+// rejectResult is one row of scenario 5 in one repetition.
 type rejectResult struct {
 	ns, allocs, bytes    float64       // per call, serial
 	rpcs, fsyncs         float64       // etcd unary RPCs and WAL fsyncs per call, serial
@@ -40,7 +41,7 @@ type rejectResult struct {
 // other failure; a grant is released before it returns (and counted as wrong by the caller).
 type tryer func(ctx context.Context, i int) (busy bool, err error)
 
-func (b *bench) reject(row string, rep int) rejectResult {
+func (b *etcdBench) rejectRow(row string, rep int) rejectResult {
 	ctx := context.Background()
 	key := fmt.Sprintf("s7-%d", rep)
 	var try tryer
@@ -69,7 +70,7 @@ func (b *bench) reject(row string, rep int) rejectResult {
 			return errors.Is(err, flightlock.ErrBusy), err
 		}
 	case rowMutex:
-		if err := b.sessions(s7Goroutines); err != nil {
+		if err := b.sessions(s5Goroutines); err != nil {
 			fatalf("s7: %v", err)
 		}
 		held := concurrency.NewMutex(b.sess, "/mutex/"+key)
@@ -79,7 +80,7 @@ func (b *bench) reject(row string, rep int) rejectResult {
 		release = func() { _ = held.Unlock(ctx) }
 		// A Mutex is one session's, and two Mutexes of one session on one key would both be
 		// granted: every goroutine tries on a session of its own, none the holder's.
-		ms := make([]*concurrency.Mutex, s7Goroutines)
+		ms := make([]*concurrency.Mutex, s5Goroutines)
 		for i := range ms {
 			ms[i] = concurrency.NewMutex(b.hotSess[i], "/mutex/"+key)
 		}
@@ -106,7 +107,7 @@ func (b *bench) reject(row string, rep int) rejectResult {
 	runtime.ReadMemStats(&m0)
 	s0 := b.srv.stats()
 	start := time.Now()
-	deadline := start.Add(b.c.d7)
+	deadline := start.Add(b.c.d5)
 	var n int64
 	for ; n == 0 || n%every != 0 || time.Now().Before(deadline); n++ {
 		busy, err := try(ctx, 0)
@@ -124,13 +125,13 @@ func (b *bench) reject(row string, rep int) rejectResult {
 	r.bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
 	r.rpcs, r.fsyncs, r.etcdCPU = st.rpcs/float64(n), st.fsyncs/float64(n), st.cpu/time.Duration(n)
 
-	// Parallel: s7Goroutines goroutines at once.
+	// Parallel: s5Goroutines goroutines at once.
 	var pn atomic.Int64
 	var wg sync.WaitGroup
 	p0 := b.srv.stats()
 	pstart := time.Now()
-	pdeadline := pstart.Add(b.c.d7)
-	for i := range s7Goroutines {
+	pdeadline := pstart.Add(b.c.d5)
+	for i := range s5Goroutines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -151,15 +152,15 @@ func (b *bench) reject(row string, rep int) rejectResult {
 	return r
 }
 
-// scenario7 runs every row once per repetition, in the rotated order.
-func (b *bench) scenario7() map[string][]rejectResult {
+// reject runs every row once per repetition, in the rotated order.
+func (b *etcdBench) reject() map[string][]rejectResult {
 	out := map[string][]rejectResult{}
 	for rep := range b.c.reps {
-		for _, row := range rotate([]string{rowFlight, rowMutex}, rep) {
-			r := b.reject(row, rep)
+		for _, row := range interleave.Rotate([]string{rowFlight, rowMutex}, rep) {
+			r := b.rejectRow(row, rep)
 			out[row] = append(out[row], r)
-			progress("  7 reject      %-10s %s/call %.2f allocs %.2f RPCs/call; x%d: %s/call %.0f calls/s; not busy %d",
-				row, dur(time.Duration(r.ns)), r.allocs, r.rpcs, s7Goroutines, dur(time.Duration(r.parNs)), r.parRate, r.wrong)
+			progress("  5 reject      %-10s %s/call %.2f allocs %.2f RPCs/call; x%d: %s/call %.0f calls/s; not busy %d",
+				row, etcdDur(time.Duration(r.ns)), r.allocs, r.rpcs, s5Goroutines, etcdDur(time.Duration(r.parNs)), r.parRate, r.wrong)
 		}
 	}
 	return out

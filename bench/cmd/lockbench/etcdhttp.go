@@ -4,22 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/zeromicro/go-zero/rest"
-	"os/exec"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/zeromicro/go-zero/rest"
+
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
-// Scenario 8, HTTP end to end (lockbench's scenario 6 is the Redis twin): the example's
+// Scenario 6 on etcd, HTTP end to end, as for the Redis rows: the example's
 // create-order endpoint under wrk, every request on a uid of its own, with the order API's
 // lock on the benchmark's etcd:
 //
@@ -34,23 +35,23 @@ import (
 //
 // The example keeps its state (stock, balances, orders) and its Redis locks (the inventory
 // service's SKU lock) in Redis: a redis-server this command starts for the scenario, as
-// lockbench's; the balance service locks its accounts in etcd, as the etcd example does. Each
+// the Redis rows'; the balance service locks its accounts in etcd, as the etcd example does. Each
 // row is a whole system of its own in this process, started once; only the order API's lock
 // differs between rows, and in every row the order is written unfenced.
 
-// s8Row is one lock of the order API; prefix starts the uids of its requests.
-type s8Row struct{ id, label, prefix string }
+// etcdHTTPRow is one lock of the order API; prefix starts the uids of its requests.
+type etcdHTTPRow struct{ id, label, prefix string }
 
-var s8Rows = []s8Row{
+var etcdHTTPRows = []etcdHTTPRow{
 	{"none", "no lock", "n"},
 	{rowFlight, "flightlock (the example's order rules, create-order on etcd)", "f"},
 	{rowMutex, "etcd concurrency.Mutex TryLock (plain go-zero middleware)", "m"},
 	{rowFloor, "floor: txn put on a lease if absent + delete (plain middleware)", "s"},
 }
 
-// httpResults is scenario 8.
+// httpResults is scenario 6.
 type httpResults struct {
-	rows []s8Row
+	rows []etcdHTTPRow
 	// low[row][k] is low-load round k (of every repetition); sat[row][rep] a saturation run.
 	low, sat map[string][]map[string]float64
 	getRT    []float64 // per low-load round: median latency of an etcd Get, ns
@@ -59,7 +60,7 @@ type httpResults struct {
 	note     string // why the scenario did not run
 }
 
-// The redis-server of the example's state, while scenario 8 runs; a signal ends it by pid.
+// The redis-server of the example's state, while scenario 6 runs; a signal ends it by pid.
 var (
 	stateRedisMu sync.Mutex
 	stateRedis   *redisserver.Server
@@ -72,9 +73,9 @@ func stopStateRedis() {
 	stateRedis = nil
 }
 
-func (b *bench) scenario8() *httpResults {
-	res := &httpResults{conf: b.c.example}
-	if res.note = httpbench.NotRunnable(b.c.example); res.note != "" {
+func (b *etcdBench) http() *httpResults {
+	res := &httpResults{conf: b.c.exampleConf}
+	if res.note = httpbench.NotRunnable(b.c.exampleConf); res.note != "" {
 		return res
 	}
 	wrk, err := httpbench.NewWrk()
@@ -82,10 +83,10 @@ func (b *bench) scenario8() *httpResults {
 		fatalf("s8: %v", err)
 	}
 	defer wrk.Close()
-	logf := func(format string, args ...any) { progress("  8 "+format, args...) }
-	wrk.Track, wrk.Logf = trackWorker, logf
+	logf := func(format string, args ...any) { progress("  6 "+format, args...) }
+	wrk.Track, wrk.Logf = workers.Track, logf
 
-	rs, err := redisserver.Start("etcdbench-redis-*.log")
+	rs, err := redisserver.Start("lockbench-etcd-state-redis-*.log")
 	if err != nil {
 		fatalf("s8: %v", err)
 	}
@@ -95,17 +96,17 @@ func (b *bench) scenario8() *httpResults {
 	defer stopStateRedis()
 	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
 
-	res.rows = s8Rows
+	res.rows = etcdHTTPRows
 	var systems []*httpbench.System
-	for _, r := range s8Rows {
+	for _, r := range etcdHTTPRows {
 		systems = append(systems, b.startSystem(r, rs.Addr))
 	}
 	defer httpbench.Stop(systems, logf)
 
 	loads, err := httpbench.Schedule{
 		Reps: b.c.reps,
-		Low:  httpbench.WholeSeconds(b.c.d8low),
-		Sat:  httpbench.WholeSeconds(b.c.d8),
+		Low:  httpbench.WholeSeconds(b.c.d6low),
+		Sat:  httpbench.WholeSeconds(b.c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
 			return b.wrkRun(wrk, s, conns, d, expect, rs.Pid())
 		},
@@ -125,14 +126,14 @@ func (b *bench) scenario8() *httpResults {
 
 // startSystem builds and starts the example for one row from the example's config file,
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
-func (b *bench) startSystem(r s8Row, redisAddr string) *httpbench.System {
-	c, ports, err := httpbench.Load(b.c.example)
+func (b *etcdBench) startSystem(r etcdHTTPRow, redisAddr string) *httpbench.System {
+	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s8: %v", err)
 	}
 	httpbench.PointRedis(&c, redisAddr)
 	if len(c.Order.Lock.Etcd.Hosts) == 0 {
-		fatalf("s8: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.example)
+		fatalf("s8: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
 	}
 	// The services' etcd sections (Order's, Balance's) go to the benchmark's etcd.
 	host := strings.TrimPrefix(b.srv.clientURL, "http://")
@@ -192,7 +193,7 @@ func mutexTryLock(s *concurrency.Session) httpbench.LockFunc {
 
 // floorLock is the raw floor in a lock's place: put the key on the floor's lease if its
 // create revision is 0 (busy otherwise), then delete it. No owner check on the delete.
-func (b *bench) floorLock(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+func (b *etcdBench) floorLock(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
 	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, b.floorValue, clientv3.WithLease(b.floorLease))).Commit()
 	if err != nil {
@@ -211,7 +212,7 @@ func (b *bench) floorLock(ctx context.Context, key string, _ time.Duration) (fun
 // request, the etcd unary RPCs and fsyncs, the CPU µs of the service (this process), etcd and
 // redis-server (pid redisPid); and their shares of the cores over the run, with the rest of the
 // machine's busy time as "other".
-func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
+func (b *etcdBench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
 	var (
 		st0           serverStats
 		redis0, busy0 time.Duration
@@ -236,31 +237,19 @@ func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d tim
 }
 
 // getMedian is the median latency of an etcd Get (linearizable, the client's default) of one
-// absent key from the benchmark's client over d: the round trip that scenario 8's added
+// absent key from the benchmark's client over d: the round trip that scenario 6's added
 // latency is counted in, as lockbench counts it in PINGs.
-func (b *bench) getMedian(d time.Duration) float64 {
+func (b *etcdBench) getMedian(d time.Duration) float64 {
 	var lat []float64
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 		t0 := time.Now()
-		_, err := b.cli.Get(ctx, "etcdbench/get-floor")
+		_, err := b.cli.Get(ctx, "lockbench/get-floor")
 		lat = append(lat, float64(time.Since(t0)))
 		cancel()
 		if err != nil {
 			fatalf("s8: etcd Get: %v", err)
 		}
 	}
-	return median(lat)
-}
-
-// trackWorker registers a process this run started (wrk), so a signal ends it by its pid.
-func trackWorker(cmd *exec.Cmd) func() {
-	workersMu.Lock()
-	workers[cmd.Process.Pid] = cmd
-	workersMu.Unlock()
-	return func() {
-		workersMu.Lock()
-		delete(workers, cmd.Process.Pid)
-		workersMu.Unlock()
-	}
+	return stat.Median(lat)
 }

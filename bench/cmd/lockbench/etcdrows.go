@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/etcdstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +48,7 @@ type rowResult struct {
 	retries         int64         // scenario 4, floor: put-if-absent attempts that found the key taken
 }
 
-type bench struct {
+type etcdBench struct {
 	c     *config
 	srv   *etcdServer
 	cli   *clientv3.Client
@@ -60,13 +62,13 @@ type bench struct {
 	kaCancel   context.CancelFunc
 }
 
-func newBench(c *config, srv *etcdServer) (*bench, error) {
+func newEtcdBench(c *config, srv *etcdServer) (*etcdBench, error) {
 	cli, err := srv.client()
 	if err != nil {
 		return nil, err
 	}
-	b := &bench{c: c, srv: srv, cli: cli}
-	if b.store, b.l, err = newFlightlock(cli, c.lockTO); err != nil {
+	b := &etcdBench{c: c, srv: srv, cli: cli}
+	if b.store, b.l, err = newEtcdFlightlock(cli, c.lockTimeout); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -102,7 +104,7 @@ func newBench(c *config, srv *etcdServer) (*bench, error) {
 	if b.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return nil, fmt.Errorf("mutex session: %w", err)
 	}
-	for range c.hot {
+	for range hotGoroutines {
 		s, err := concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds))
 		if err != nil {
 			return nil, fmt.Errorf("mutex session: %w", err)
@@ -118,7 +120,7 @@ func newBench(c *config, srv *etcdServer) (*bench, error) {
 	return b, nil
 }
 
-func newFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
+func newEtcdFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
 	store, err := etcdstore.New(cli)
 	if err != nil {
 		return nil, nil, err
@@ -132,7 +134,7 @@ func newFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, 
 	return store, l, nil
 }
 
-func (b *bench) close() {
+func (b *etcdBench) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = b.l.Drain(ctx)
@@ -156,18 +158,18 @@ const s1Slice = 200 * time.Millisecond
 
 // uncontended runs scenario 1 for rows in one repetition, d per row, in turns of s1Slice in
 // the order given.
-func (b *bench) uncontended(rows []string, rep int) map[string]rowResult {
+func (b *etcdBench) uncontended(rows []string, rep int) map[string]rowResult {
 	return b.uncontendedFor(rows, fmt.Sprint(rep), b.c.d1)
 }
 
 // warmUp runs every row of scenario 1 unmeasured for d each: a freshly started etcd commits
 // its first writes more slowly, which would tilt the first repetition against its first row.
-func (b *bench) warmUp(d time.Duration) {
+func (b *etcdBench) warmUp(d time.Duration) {
 	b.uncontendedFor([]string{rowFloor, rowFlight, rowMutex}, "w", d)
 }
 
 // s1Op is one operation of scenario 1's row: lock and unlock the i-th key of repetition rep.
-func (b *bench) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
+func (b *etcdBench) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
 	switch row {
 	case rowFloor:
 		return func(ctx context.Context, i int) (error, error) {
@@ -209,7 +211,7 @@ type s1Row struct {
 	server serverStats // summed over the slices
 }
 
-func (b *bench) uncontendedFor(rows []string, rep string, d time.Duration) map[string]rowResult {
+func (b *etcdBench) uncontendedFor(rows []string, rep string, d time.Duration) map[string]rowResult {
 	acc := make([]*s1Row, len(rows))
 	for i, row := range rows {
 		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
@@ -234,12 +236,12 @@ func (b *bench) uncontendedFor(rows []string, rep string, d time.Duration) map[s
 
 // runSlice runs the row's operations for d. The etcd process's CPU is read before the
 // closing scrape of /metrics, so that serving the scrape is not counted in the slice.
-func (a *s1Row) runSlice(b *bench, d time.Duration) {
+func (a *s1Row) runSlice(b *etcdBench, d time.Duration) {
 	s0 := b.srv.stats()
 	start := time.Now()
 	end := start.Add(d)
 	for time.Now().Before(end) {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTO)
+		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 		t0 := time.Now()
 		rerr, err := a.op(ctx, a.next)
 		took := time.Since(t0)
@@ -279,113 +281,129 @@ func percentiles(v []int64) (p50, p99 time.Duration) {
 	return at(0.50), at(0.99)
 }
 
-// guard is what every critical section checks: inside must be 1 while it runs, and a
-// flightlock fence must be larger than the last one. Its words are in process memory
-// (scenario 2) or in a file every worker maps (scenario 3).
-type guard struct {
-	inside, lastFence, violations, fenceViolations *int64
-}
+// hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
+const hotGoroutines = 64
 
-// critical is the critical section of a holder with fence (0: none to check): it counts an
-// overlap when another holder is inside, and a fence that is not above the last one seen.
-func (g guard) critical(fence int64) {
-	g.enter(fence)
-	g.exit()
-}
-
-// enter begins a critical section (see critical); scenario 6's holder stays inside until it
-// releases, so that a waiter granted meanwhile counts as a violation.
-func (g guard) enter(fence int64) {
-	if atomic.AddInt64(g.inside, 1) != 1 {
-		atomic.AddInt64(g.violations, 1)
-	}
-	if fence != 0 {
-		if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
-			atomic.AddInt64(g.fenceViolations, 1)
-		}
-	}
-}
-
-// exit ends the critical section that enter began.
-func (g guard) exit() { atomic.AddInt64(g.inside, -1) }
-
-func newLocalGuard() guard {
-	w := new([4]int64)
-	return guard{&w[0], &w[1], &w[2], &w[3]}
-}
-
-// contender is one goroutine's way to take and give up the hot key.
-type contender interface {
-	lock(ctx context.Context) (fence int64, err error) // fence 0: the lock has none
-	unlock(ctx context.Context) error
-}
-
-type flightContender struct {
+// etcdFlightHolder is a goroutine's hold on the flightlock row.
+type etcdFlightHolder struct {
 	l     *flightlock.Locker
-	key   string
+	keys  []string
 	lease *flightlock.Lease
 }
 
-func (c *flightContender) lock(ctx context.Context) (int64, error) {
-	lease, err := c.l.Lock(ctx, c.key)
+func (h *etcdFlightHolder) Lock(ctx context.Context, k int) (int64, error) {
+	lease, err := h.l.Lock(ctx, h.keys[k])
 	if err != nil {
 		return 0, err
 	}
-	c.lease = lease
+	h.lease = lease
 	return lease.Fence(), nil
 }
 
-func (c *flightContender) unlock(ctx context.Context) error { return c.lease.Release(ctx) }
+func (h *etcdFlightHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
 
-type mutexContender struct{ m *concurrency.Mutex }
-
-func (c *mutexContender) lock(ctx context.Context) (int64, error) { return 0, c.m.Lock(ctx) }
-func (c *mutexContender) unlock(ctx context.Context) error        { return c.m.Unlock(ctx) }
-
-// contendResult is what the goroutines of one process did in the window.
-type contendResult struct {
-	CS            int64   `json:"cs"`
-	Errors        int64   `json:"errors"`
-	ReleaseErrors int64   `json:"release_errors"`
-	Waits         []int64 `json:"waits"` // ns each counted Lock waited
+// etcdMutexHolder holds one Mutex per key on its goroutine's own session (a Mutex belongs to
+// one session, and two Mutexes of one session on one key would both be granted), made on the
+// key's first use.
+type etcdMutexHolder struct {
+	sess *concurrency.Session
+	keys []string
+	ms   map[int]*concurrency.Mutex
+	held *concurrency.Mutex
 }
 
-// contend runs one goroutine per contender from start until end, all on one key (g); a critical
-// section counts when it ends inside the window. Goroutines stop taking the lock at end and
-// return once their last Lock (bounded by lockTO) is over. It is contendKeys with one key.
-func contend(cs []contender, g guard, start, end time.Time, lockTO time.Duration) contendResult {
-	keyed := make([]keyedContender, len(cs))
-	for i, c := range cs {
-		keyed[i] = oneKey{c}
+func (h *etcdMutexHolder) Lock(ctx context.Context, k int) (int64, error) {
+	m := h.ms[k]
+	if m == nil {
+		m = concurrency.NewMutex(h.sess, h.keys[k])
+		h.ms[k] = m
 	}
-	return contendKeys(keyed, []guard{g}, start, end, lockTO, 0).contendResult
+	if err := m.Lock(ctx); err != nil {
+		return 0, err
+	}
+	h.held = m
+	return 0, nil
 }
 
-// oneKey is a contender of one key as contendKeys drives it (its only key is 0; no retries).
-type oneKey struct{ contender }
+func (h *etcdMutexHolder) Unlock(ctx context.Context) error { return h.held.Unlock(ctx) }
 
-func (o oneKey) lock(ctx context.Context, _ int) (int64, int64, error) {
-	fence, err := o.contender.lock(ctx)
-	return fence, 0, err
+// etcdFloorHolder is the floor: a transaction that puts the key on the pre-granted lease if
+// its create revision is 0, retried at once while the key is taken (each such attempt counted
+// in retries, not as a lock), then a delete.
+type etcdFloorHolder struct {
+	cli     *clientv3.Client
+	lease   clientv3.LeaseID
+	value   string
+	keys    []string
+	held    string
+	retries *atomic.Int64
 }
 
-// hotInProcess runs scenario 2 for one row: c.hot goroutines of this process on one key.
-func (b *bench) hotInProcess(row string, rep int) rowResult {
-	return b.hotKey(row, fmt.Sprintf("hot-%d", rep), b.c.hot, b.c.d2)
+func (h *etcdFloorHolder) Lock(ctx context.Context, k int) (int64, error) {
+	key := h.keys[k]
+	for {
+		resp, err := h.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, h.value, clientv3.WithLease(h.lease))).Commit()
+		if err != nil {
+			return 0, err
+		}
+		if resp.Succeeded {
+			h.held = key
+			return 0, nil
+		}
+		h.retries.Add(1)
+	}
 }
 
-// hotKey runs n goroutines of this process on one fresh key for d (scenario 2, and scenario
-// 5's goroutines axis). A Mutex goroutine uses session i (b.sessions(n) must have made them).
-func (b *bench) hotKey(row, key string, n int, d time.Duration) rowResult {
-	cs := make([]contender, n)
-	for i := range cs {
-		if row == rowFlight {
-			cs[i] = &flightContender{l: b.l, key: key}
-		} else {
-			cs[i] = &mutexContender{m: concurrency.NewMutex(b.hotSess[i], "/mutex/"+key)}
+func (h *etcdFloorHolder) Unlock(ctx context.Context) error {
+	_, err := h.cli.Delete(ctx, h.held)
+	return err
+}
+
+// prefixed is keys, each behind prefix: the key names of one row.
+func prefixed(prefix string, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = prefix + k
+	}
+	return out
+}
+
+// holders returns n holders of row on keys: flightlock on the benchmark's Locker, a Mutex
+// goroutine on session i (b.sessions(n) must have made them), the floor on its lease.
+func (b *etcdBench) holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder {
+	hs := make([]contend.Holder, n)
+	for i := range hs {
+		switch row {
+		case rowFlight:
+			hs[i] = &etcdFlightHolder{l: b.l, keys: keys}
+		case rowMutex:
+			hs[i] = &etcdMutexHolder{sess: b.hotSess[i], keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+		case rowFloor:
+			hs[i] = &etcdFloorHolder{cli: b.cli, lease: b.floorLease, value: b.floorValue, keys: prefixed("lock:f", keys), retries: retries}
+		default:
+			fatalf("etcd: no row %q", row)
 		}
 	}
-	g := newLocalGuard()
+	return hs
+}
+
+// hotInProcess runs scenario 2 for one row: hotGoroutines goroutines of this process on one key.
+func (b *etcdBench) hotInProcess(row string, rep int) rowResult {
+	return b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, b.c.d2, 0)
+}
+
+// contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
+// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): the shared loop
+// under contend.Window, a critical section counting when it ends inside the window. The
+// server's counters are read at the window's start and end.
+func (b *etcdBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) rowResult {
+	var retries atomic.Int64
+	hs := b.holders(row, keys, n, &retries)
+	gs := make([]guard.Guard, len(keys))
+	for i := range gs {
+		gs[i] = guard.New()
+	}
 	start := time.Now().Add(20 * time.Millisecond)
 	end := start.Add(d)
 	var s0, s1 serverStats
@@ -397,12 +415,15 @@ func (b *bench) hotKey(row, key string, n int, d time.Duration) rowResult {
 		s1 = b.srv.stats()
 		close(statsDone)
 	}()
-	cr := contend(cs, g, start, end, b.c.lockTO)
+	cr := contend.Run(hs, gs, start, seed, contend.Window(end, b.c.lockTimeout))
 	<-statsDone
 	r := rowResult{
-		ops: cr.CS, window: d, rate: float64(cr.CS) / d.Seconds(),
-		errors: cr.Errors, releaseErrors: cr.ReleaseErrors,
-		violations: *g.violations, fenceViolations: *g.fenceViolations,
+		ops: cr.Ops, window: d, rate: float64(cr.Ops) / d.Seconds(),
+		errors: cr.Errors, releaseErrors: cr.ReleaseErrors, retries: retries.Load(),
+	}
+	for _, g := range gs {
+		r.violations += g.Violations()
+		r.fenceViolations += g.FenceViolations()
 	}
 	r.p50, r.p99 = percentiles(cr.Waits)
 	r.setServer(s1.sub(s0))
@@ -412,7 +433,7 @@ func (b *bench) hotKey(row, key string, n int, d time.Duration) rowResult {
 // sessions makes sure b.hotSess holds at least n Mutex sessions (a Mutex is one session's, so
 // every goroutine contending for one key needs a session of its own). The new ones are
 // granted sessionMakers at a time: one lease grant each, one Raft write.
-func (b *bench) sessions(n int) error {
+func (b *etcdBench) sessions(n int) error {
 	add := n - len(b.hotSess)
 	if add <= 0 {
 		return nil
@@ -435,7 +456,7 @@ func (b *bench) sessions(n int) error {
 
 // closeSessionsBeyond closes the Mutex sessions past the first n (their leases' keep-alives
 // would otherwise load etcd and this process in the scenarios that follow).
-func (b *bench) closeSessionsBeyond(n int) {
+func (b *etcdBench) closeSessionsBeyond(n int) {
 	if len(b.hotSess) <= n {
 		return
 	}

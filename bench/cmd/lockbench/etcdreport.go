@@ -3,26 +3,27 @@ package main
 import (
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
-type results struct {
+type etcdResults struct {
 	rows    map[int]map[string][]rowResult  // scenario -> row -> one result per repetition
-	scaling []*scalingAxis                  // scenario 5
-	memory  *memoryResults                  // scenario 6
-	reject  map[string][]rejectResult       // scenario 7: row -> one result per repetition
-	http    *httpResults                    // scenario 8
-	dups    map[string][]map[string]float64 // scenario 9: row -> httpbench.DupServer.Bursts per repetition
+	reject  map[string][]rejectResult       // scenario 5: row -> one result per repetition
+	http    *httpResults                    // scenario 6
+	dups    map[string][]map[string]float64 // scenario 7: row -> httpbench.DupServer.Bursts per repetition
+	scaling []*scalingAxis                  // scenario 8
+	memory  *memoryResults                  // scenario 9
 }
 
-func newResults() *results { return &results{rows: map[int]map[string][]rowResult{}} }
+func newEtcdResults() *etcdResults { return &etcdResults{rows: map[int]map[string][]rowResult{}} }
 
-func (r *results) add(scenario int, row string, x rowResult) {
+func (r *etcdResults) add(scenario int, row string, x rowResult) {
 	if r.rows[scenario] == nil {
 		r.rows[scenario] = map[string][]rowResult{}
 	}
@@ -30,32 +31,20 @@ func (r *results) add(scenario int, row string, x rowResult) {
 }
 
 // med is the median over repetitions of f.
-func (r *results) med(scenario int, row string, f func(rowResult) float64) float64 {
+func (r *etcdResults) med(scenario int, row string, f func(rowResult) float64) float64 {
 	var v []float64
 	for _, x := range r.rows[scenario][row] {
 		v = append(v, f(x))
 	}
-	return median(v)
+	return stat.Median(v)
 }
 
-func (r *results) sum(scenario int, row string, f func(rowResult) int64) int64 {
+func (r *etcdResults) sum(scenario int, row string, f func(rowResult) int64) int64 {
 	var n int64
 	for _, x := range r.rows[scenario][row] {
 		n += f(x)
 	}
 	return n
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func p50(x rowResult) float64  { return float64(x.p50) }
@@ -66,21 +55,21 @@ func fsy(x rowResult) float64  { return x.fsyncPerOp }
 func ecpu(x rowResult) float64 { return float64(x.etcdCPU) }
 func scpu(x rowResult) float64 { return float64(x.selfCPU) }
 
-type goal struct {
+type etcdGoal struct {
 	scenario             int
 	name, want, measured string
 	ratio, bound         float64
 	atMost               bool
 }
 
-func (g goal) met() bool {
+func (g etcdGoal) met() bool {
 	if g.atMost {
 		return g.ratio > 0 && g.ratio <= g.bound
 	}
 	return g.ratio >= g.bound
 }
 
-func (g goal) verdict() string {
+func (g etcdGoal) verdict() string {
 	if g.met() {
 		return "met"
 	}
@@ -89,31 +78,31 @@ func (g goal) verdict() string {
 
 // goals compares medians: scenario 1 on p50 latency, 2 and 3 on critical sections per second;
 // a scenario that did not run has no goal.
-func (r *results) goals(c *config) []goal {
+func (r *etcdResults) goals(c *config) []etcdGoal {
 	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
 	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
 	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
-	all := []goal{
+	all := []etcdGoal{
 		{
 			scenario: 1,
 			name:     "1. uncontended lock+unlock, flightlock / floor (p50)", want: "≤ 1.2x", atMost: true, bound: 1.2,
 			ratio:    safeDiv(fl1, fo1),
-			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), dur(time.Duration(fl1)), dur(time.Duration(fo1))),
+			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), etcdDur(time.Duration(fl1)), etcdDur(time.Duration(fo1))),
 		},
 		{
 			scenario: 2,
-			name:     fmt.Sprintf("2. one hot key, %d goroutines, flightlock / Mutex", c.hot), want: "≥ 50x", bound: 50,
+			name:     fmt.Sprintf("2. one hot key, %d goroutines, flightlock / Mutex", hotGoroutines), want: "≥ 50x", bound: 50,
 			ratio:    safeDiv(fl2, mu2),
 			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, mu2), fl2, mu2),
 		},
 		{
 			scenario: 3,
-			name:     fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / Mutex", c.procs, c.perProc), want: "≥ 5x", bound: 5,
+			name:     fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / Mutex", s3Procs, s3Goroutines), want: "≥ 5x", bound: 5,
 			ratio:    safeDiv(fl3, mu3),
 			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, mu3), fl3, mu3),
 		},
 	}
-	var ran []goal
+	var ran []etcdGoal
 	for _, g := range all {
 		if c.scenarios[g.scenario] {
 			ran = append(ran, g)
@@ -144,6 +133,9 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
+// etcdDur writes a duration of the etcd report.
+func etcdDur(d time.Duration) string { return mdfmt.Dur(float64(d)) }
+
 // rowLabel names a row in the report's tables.
 var rowLabel = map[string]string{
 	rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
@@ -154,14 +146,14 @@ var rowLabel = map[string]string{
 // printer writes one line of the report.
 type printer func(format string, args ...any)
 
-func (r *results) markdown(c *config, m machineInfo) string {
+func (r *etcdResults) markdown(c *config, m etcdMachine) string {
 	var b strings.Builder
 	var p printer = func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	label := rowLabel
 
 	p("# etcd benchmarks")
 	p("")
-	p("Generated by `bench/cmd/etcdbench` on %s. flightlock's etcd store (`etcdstore`) against etcd's own", c.startedAt.Format("2006-01-02 15:04 MST"))
+	p("Generated by `bench/cmd/lockbench -store etcd` on %s. flightlock's etcd store (`etcdstore`) against etcd's own", c.startedAt.Format("2006-01-02 15:04 MST"))
 	p("`concurrency.Mutex` (go.etcd.io/etcd/client/v3 v3.5.21, the version go-zero requires) and the raw etcd floor,")
 	p("on one private etcd server. The Redis rows are in [benchmarks.md](benchmarks.md).")
 	p("")
@@ -173,39 +165,39 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("")
 	p("- One etcd member started by the command: `/usr/bin/etcd` on free loopback ports, a fresh data directory")
 	p("  on %s (fsync on, etcd's default), default Raft timings; killed by its pid at the end.", m.fsType)
-	p("- Scenarios run: %s (`-scenarios`).", scenarioList(c))
+	p("- Scenarios run: %s (`-scenario`).", scenarioList(c))
 	p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
-	p("  per repetition; then scenario 5 repeats each axis as often (every row at every point once per repetition,")
-	p("  rotated likewise), and scenario 6 runs once (its figures are counts, not timings); then scenarios 7, 8 and 9")
+	p("  per repetition; then scenario 8 repeats each axis as often (every row at every point once per repetition,")
+	p("  rotated likewise), and scenario 9 runs once (its figures are counts, not timings); then scenarios 5, 6 and 7")
 	p("  run their own repetitions, as many, rows rotated likewise (8: three low-load rounds and one saturation run per")
 	p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
 	p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, s1Slice, c.d2, c.d3)
-	p("  scenario 4 %v per row, scenario 5 %v per row and point, scenario 6 holds its locks %v, scenario 7 %v per row", c.d4, c.d5, c.d6hold, c.d7)
-	p("  and part, scenario 8 %v per wrk run at saturation and %v at low load, scenario 9 %d bursts per row;",
-		httpbench.WholeSeconds(c.d8), httpbench.WholeSeconds(c.d8low), httpbench.DupRounds)
+	p("  scenario 4 %v per row, scenario 8 %v per row and point, scenario 9 holds its locks %v, scenario 5 %v per row", c.d4, c.d8, c.d9hold, c.d5)
+	p("  and part, scenario 6 %v per wrk run at saturation and %v at low load, scenario 7 %d bursts per row;",
+		httpbench.WholeSeconds(c.d6), httpbench.WholeSeconds(c.d6low), httpbench.DupRounds)
 	p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
-	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTO)
+	p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTimeout)
 	p("  (%d handoffs or %v per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, leaseSeconds)
 	p("  (TTL + 1s margin). One Mutex session per goroutine in scenarios 2 and 3 (a Mutex belongs to one session);")
 	p("  one session reused in scenario 1.")
-	p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", c.hot, c.keys)
+	p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", hotGoroutines, manyKeys)
 	p("  per row and repetition) with a guard per key; flightlock as in scenario 2, Mutex with one session per goroutine")
 	p("  and a Mutex per key per session, the floor as in scenario 1 but an attempt that finds the key taken is retried at")
 	p("  once (counted as a retry, not as a lock). No goal is set; the Redis report's scenario 4 compares")
 	p("  against SET+DEL.")
-	p("- Scenario 5, scaling: critical sections per second as the work grows, along three axes: goroutines on one hot")
-	p("  key in one process (%s; scenario 2's loop), processes of %d goroutines on one hot key (%s; scenario 3's", ints(c.s5Gor), s5ProcGoroutines, ints(c.s5Procs))
-	p("  workers), distinct keys under %d goroutines (%s; scenario 4's loop, with the floor, which on one hot key", s5KeyGoroutines, ints(c.s5Keys))
+	p("- Scenario 8, scaling: critical sections per second as the work grows, along three axes: goroutines on one hot")
+	p("  key in one process (%s; scenario 2's loop), processes of %d goroutines on one hot key (%s; scenario 3's", pointList(c.s8Goroutines), s8ProcGoroutines, pointList(c.s8Procs))
+	p("  workers), distinct keys under %d goroutines (%s; scenario 4's loop, with the floor, which on one hot key", s8KeyGoroutines, pointList(c.s8Keys))
 	p("  would be no lock but a spin). A fresh key (or key set) per row, point and repetition; Mutex goroutines have a")
 	p("  session each, made before the scenario and closed after it. A table and a PNG plot (log x) per axis.")
-	p("- Scenario 6, memory: %s locks held at once on distinct keys, then %s goroutines waiting on one held key;", count(c.memLocks), count(c.memWait))
+	p("- Scenario 9, memory: %s locks held at once on distinct keys, then %s goroutines waiting on one held key;", pointList(c.memLocks), countStr(c.memWaiters))
 	p("  flightlock on a Locker and store of their own, with the watchdog and the store's lease keep-alive running as")
 	p("  users run them; Mutex: one session and a Mutex per key for holding, a session per waiter for waiting. Heap is")
 	p("  `runtime.MemStats.HeapAlloc` after two `runtime.GC()`; etcd's memory is its resident set (`VmRSS`).")
-	p("- Scenarios 7-9 are the etcd twins of lockbench's scenarios 5-7 (reject mode, HTTP end to end, duplicates of one")
-	p("  request); their sections say how each is measured. Scenario 8 also starts a `redis-server` (free loopback port,")
-	p("  no persistence, killed by its pid) for the example's state, as lockbench's scenario 6 runs on one.")
-	p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTO)
+	p("- Scenarios 5-7 are those of the Redis report (reject mode, HTTP end to end, duplicates of one request), on")
+	p("  etcd; their sections say how each is measured. Scenario 6 also starts a `redis-server` (free loopback port,")
+	p("  no persistence, killed by its pid) for the example's state, as the Redis rows' scenario 6 runs on one.")
+	p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTimeout)
 	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
 	p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
 	p("  fence violation). In scenario 3 both words live in a file every worker process maps, so the checks span")
@@ -219,18 +211,18 @@ func (r *results) markdown(c *config, m machineInfo) string {
 	p("")
 	p("| | |")
 	p("|---|---|")
-	p("| nproc | %d |", m.nproc)
-	p("| CPU | %s |", m.cpu)
-	p("| kernel | %s |", m.kernel)
+	p("| nproc | %d |", m.CPUs)
+	p("| CPU | %s |", m.CPU)
+	p("| kernel | %s |", m.Kernel)
 	p("| etcd (`etcd --version`) | %s |", m.etcd)
-	p("| Go | %s |", m.goVersion)
+	p("| Go | %s |", m.Go)
 	p("| etcd data directory | %s (fsync on) |", m.fsType)
-	p("| load average at the end | %s |", m.load)
+	p("| load average at the end | %s |", m.Load)
 	p("")
 	if goals := r.goals(c); len(goals) > 0 {
 		p("## Goals")
 		p("")
-		p("| goal | wanted | measured | verdict |")
+		p("| etcdGoal | wanted | measured | verdict |")
 		p("|---|---|---|---|")
 		for _, g := range goals {
 			p("| %s | %s | %s | **%s** |", g.name, g.want, g.measured, g.verdict())
@@ -249,10 +241,10 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		for _, row := range []string{rowFloor, rowFlight, rowMutex} {
 			xs := r.rows[1][row]
 			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
-				dur(time.Duration(r.med(1, row, p50))), dur(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-				perRep(xs, func(x rowResult) string { return dur(x.p50) }),
+				etcdDur(time.Duration(r.med(1, row, p50))), etcdDur(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
+				perRep(xs, func(x rowResult) string { return etcdDur(x.p50) }),
 				perOp(r.med(1, row, rpc)), perOp(r.med(1, row, fsy)),
-				dur(time.Duration(r.med(1, row, ecpu))), dur(time.Duration(r.med(1, row, scpu))),
+				etcdDur(time.Duration(r.med(1, row, ecpu))), etcdDur(time.Duration(r.med(1, row, scpu))),
 				r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
 		fo := r.med(1, rowFloor, p50)
@@ -286,8 +278,8 @@ func (r *results) markdown(c *config, m machineInfo) string {
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %d |", label[row], r.med(sc, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
-				dur(time.Duration(r.med(sc, row, p50))), dur(time.Duration(r.med(sc, row, p99))),
-				perOp(r.med(sc, row, rpc)), perOp(r.med(sc, row, fsy)), dur(time.Duration(r.med(sc, row, ecpu))),
+				etcdDur(time.Duration(r.med(sc, row, p50))), etcdDur(time.Duration(r.med(sc, row, p99))),
+				perOp(r.med(sc, row, rpc)), perOp(r.med(sc, row, fsy)), etcdDur(time.Duration(r.med(sc, row, ecpu))),
 				r.sum(sc, row, func(x rowResult) int64 { return x.violations }), fence,
 				r.sum(sc, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
@@ -296,12 +288,12 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		p("")
 	}
 	if c.scenarios[2] {
-		hot(2, fmt.Sprintf("2. One hot key, %d goroutines, one process", c.hot),
-			fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", c.hot, c.d2), c.d2)
+		hot(2, fmt.Sprintf("2. One hot key, %d goroutines, one process", hotGoroutines),
+			fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", hotGoroutines, c.d2), c.d2)
 	}
 	if c.scenarios[3] {
-		hot(3, fmt.Sprintf("3. One hot key, %d processes x %d goroutines", c.procs, c.perProc),
-			fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", c.procs, c.perProc, c.d3), c.d3)
+		hot(3, fmt.Sprintf("3. One hot key, %d processes x %d goroutines", s3Procs, s3Goroutines),
+			fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", s3Procs, s3Goroutines, c.d3), c.d3)
 		p("Critical sections per process (flightlock | Mutex), per repetition:")
 		p("")
 		for i := range c.reps {
@@ -317,9 +309,9 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		p("")
 	}
 	if c.scenarios[4] {
-		p("## 4. %d goroutines over %d keys", c.hot, c.keys)
+		p("## 4. %d goroutines over %d keys", hotGoroutines, manyKeys)
 		p("")
-		p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal is set for this scenario; the Redis report's scenario 4 compares against SET+DEL.", c.hot, c.keys, c.d4)
+		p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal is set for this scenario; the Redis report's scenario 4 compares against SET+DEL.", hotGoroutines, manyKeys, c.d4)
 		p("")
 		p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
 		p("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -335,8 +327,8 @@ func (r *results) markdown(c *config, m machineInfo) string {
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
-				dur(time.Duration(r.med(4, row, p50))), dur(time.Duration(r.med(4, row, p99))),
-				perOp(r.med(4, row, rpc)), perOp(r.med(4, row, fsy)), dur(time.Duration(r.med(4, row, ecpu))),
+				etcdDur(time.Duration(r.med(4, row, p50))), etcdDur(time.Duration(r.med(4, row, p99))),
+				perOp(r.med(4, row, rpc)), perOp(r.med(4, row, fsy)), etcdDur(time.Duration(r.med(4, row, ecpu))),
 				r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
 				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
@@ -354,19 +346,19 @@ func (r *results) markdown(c *config, m machineInfo) string {
 		p("")
 	}
 	if c.scenarios[5] {
-		r.scalingSection(p, c)
-	}
-	if c.scenarios[6] {
-		r.memorySection(p, c)
-	}
-	if c.scenarios[7] {
 		r.rejectSection(p, c)
 	}
-	if c.scenarios[8] {
+	if c.scenarios[6] {
 		r.httpSection(p, c)
 	}
-	if c.scenarios[9] {
+	if c.scenarios[7] {
 		r.dupsSection(p, c)
+	}
+	if c.scenarios[8] {
+		r.scalingSection(p, c)
+	}
+	if c.scenarios[9] {
+		r.memorySection(p, c)
 	}
 	if c.scenarios[2] && c.scenarios[3] {
 		p("## Why flightlock is faster on a hot key")
@@ -377,7 +369,7 @@ func (r *results) markdown(c *config, m machineInfo) string {
 }
 
 // why is the explanation paragraph, with this run's figures.
-func (r *results) why(c *config) string {
+func (r *etcdResults) why(c *config) string {
 	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
 	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
 	return fmt.Sprintf("concurrency.Mutex makes every critical section pay etcd: each contender puts its own key "+
@@ -390,23 +382,23 @@ func (r *results) why(c *config) string {
 		"handoffs: %s RPCs and %s fsyncs per critical section in one process, %s and %s across %d processes, and the "+
 		"hot key runs at %.0f critical sections per second in one process (%.1fx Mutex) and %.0f/s across processes (%.1fx). "+
 		"The exclusion checks over every repetition of both scenarios counted %d inside and %d fence violations for flightlock.",
-		mu2, perOp(r.med(2, rowMutex, rpc)), perOp(r.med(2, rowMutex, fsy)), c.hot, mu3, c.procs,
+		mu2, perOp(r.med(2, rowMutex, rpc)), perOp(r.med(2, rowMutex, fsy)), hotGoroutines, mu3, s3Procs,
 		flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
 		perOp(r.med(2, rowFlight, rpc)), perOp(r.med(2, rowFlight, fsy)),
-		perOp(r.med(3, rowFlight, rpc)), perOp(r.med(3, rowFlight, fsy)), c.procs,
+		perOp(r.med(3, rowFlight, rpc)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
 		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
 }
 
-// scalingSection writes scenario 5: a table per axis (median critical sections per second at
+// scalingSection writes scenario 8: a table per axis (median critical sections per second at
 // every point, with etcd RPCs per critical section and the p99 wait), its plot, and per row the
 // fall from the first point to the last.
-func (r *results) scalingSection(p printer, c *config) {
-	p("## 5. Scaling: cost as the work grows")
+func (r *etcdResults) scalingSection(p printer, c *config) {
+	p("## 8. Scaling: cost as the work grows")
 	p("")
-	p("The scaling scenario on etcd (the Redis rows are lockbench's scenario 8): how many critical sections per second")
-	p("each row keeps as the work grows along three axes. %v per row, point and repetition, medians over %d; rows", c.d5, c.reps)
+	p("The scaling scenario on etcd (the Redis rows are scenario 8 of benchmarks.md): how many critical sections per second")
+	p("each row keeps as the work grows along three axes. %v per row, point and repetition, medians over %d; rows", c.d8, c.reps)
 	p("interleaved per point in the rotated order. Each critical section runs the checks of scenarios 2-4 (inside counter,")
 	p("and for flightlock strictly increasing fences, per key; across processes through the mapped file). A critical section")
 	p("counts when it ends inside the window; goroutines stop taking the lock when it ends. Each cell: critical sections per")
@@ -426,16 +418,16 @@ func (r *results) scalingSection(p printer, c *config) {
 		}
 		head, rule := "| row |", "|---|"
 		for _, x := range ax.points {
-			head += fmt.Sprintf(" %s |", count(x))
+			head += fmt.Sprintf(" %s |", countStr(x))
 			rule += "---|"
 		}
-		p("%s fall, %s → %s | violations (inside / fence) | errors |", head, count(ax.points[0]), count(ax.points[len(ax.points)-1]))
+		p("%s fall, %s → %s | violations (inside / fence) | errors |", head, countStr(ax.points[0]), countStr(ax.points[len(ax.points)-1]))
 		p("%s---|---|---|", rule)
 		for _, row := range ax.rows {
 			line := "| " + rowLabel[row] + " |"
 			var viol, fenceViol, errs int64
 			for _, x := range ax.points {
-				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, rpc)), dur(time.Duration(ax.res.med(x, row, p99))))
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, rpc)), etcdDur(time.Duration(ax.res.med(x, row, p99))))
 				if rt := ax.res.sum(x, row, func(x rowResult) int64 { return x.retries }); rt > 0 {
 					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
 				}
@@ -454,7 +446,7 @@ func (r *results) scalingSection(p printer, c *config) {
 			}
 			fall := "n/a"
 			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
-				fall = fallWords(f)
+				fall = etcdFallWords(f)
 			}
 			fence := fmt.Sprint(fenceViol)
 			if row != rowFlight {
@@ -469,9 +461,9 @@ func (r *results) scalingSection(p printer, c *config) {
 		p("%s | | |", line)
 		p("")
 		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
-			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
+			// The etcdGoal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
 			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", count(ax.points[1]), count(ax.points[len(ax.points)-1]), fallWords(f))
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), etcdFallWords(f))
 				p("")
 			}
 		}
@@ -479,31 +471,31 @@ func (r *results) scalingSection(p printer, c *config) {
 }
 
 // fallWords says a fall factor f (above 1: fewer at the last point) in words.
-func fallWords(f float64) string {
+func etcdFallWords(f float64) string {
 	if f >= 1 {
 		return fmt.Sprintf("falls %.2fx", f)
 	}
 	return fmt.Sprintf("grows %.2fx", 1/f)
 }
 
-// memorySection writes scenario 6: what each held lock and each waiter costs.
-func (r *results) memorySection(p printer, c *config) {
+// memorySection writes scenario 9: what each held lock and each waiter costs.
+func (r *etcdResults) memorySection(p printer, c *config) {
 	m := r.memory
-	p("## 6. Memory: what a held lock and a waiter cost")
+	p("## 9. Memory: what a held lock and a waiter cost")
 	p("")
-	p("The memory scenario on etcd (the Redis rows are lockbench's scenario 9). One repetition: these are counts, not")
+	p("The memory scenario on etcd (the Redis rows are scenario 9 of benchmarks.md). One repetition: these are counts, not")
 	p("timings (except the CPU and the grant times).")
 	p("")
 	if len(m.hold) > 0 {
-		p("**Holding.** This process takes %s locks on distinct keys (%d goroutines at once), holds them for %v, then", count(c.memLocks), s6Acquirers, c.d6hold)
+		p("**Holding.** This process takes %s locks on distinct keys (%d goroutines at once), holds them for %v, then", pointList(c.memLocks), s9Acquirers, c.d9hold)
 		p("releases them all. flightlock runs on a Locker and store of its own, as users run it: the watchdog renews every lock")
 		renewed := "at least one watchdog period: every lock is renewed inside it"
-		if c.d6hold < flightTTL/3 {
+		if c.d9hold < flightTTL/3 {
 			renewed = "shorter than a watchdog period: not every lock is renewed inside it"
 		}
-		p("every TTL/3 (%v) and the store keeps its one session lease alive; %v of holding is %s.", (flightTTL / 3).Round(time.Millisecond), c.d6hold, renewed)
+		p("every TTL/3 (%v) and the store keeps its one session lease alive; %v of holding is %s.", (flightTTL / 3).Round(time.Millisecond), c.d9hold, renewed)
 		p("concurrency.Mutex holds a Mutex per key on one session, whose")
-		p("lease its client keeps alive. Before the baseline, up to %s locks of other keys are taken and released at the same", count(s6Warm))
+		p("lease its client keeps alive. Before the baseline, up to %s locks of other keys are taken and released at the same", countStr(etcdHoldWarm))
 		p("concurrency (the client's buffers and the row's lease in place); keys and handle slices are built before it too. Heap")
 		p("is `runtime.MemStats.HeapAlloc` after two `runtime.GC()`, above the baseline, per held lock; stacks (`StackInuse`)")
 		p("and goroutines (`runtime.NumGoroutine`) likewise; peak is the highest goroutine count above the baseline, sampled")
@@ -520,8 +512,8 @@ func (r *results) memorySection(p printer, c *config) {
 			if h.etcdRSS < 0 {
 				rss = "RSS fell"
 			}
-			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", rowLabel[h.row], count(h.n),
-				dur(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.rpcs, h.keepAlives, dur(h.release),
+			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", rowLabel[h.row], countStr(h.n),
+				etcdDur(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.rpcs, h.keepAlives, etcdDur(h.release),
 				h.afterHeap, h.afterGor, h.errors+h.releaseFails)
 		}
 		p("")
@@ -533,11 +525,11 @@ func (r *results) memorySection(p printer, c *config) {
 		}
 	}
 	if len(m.wait) > 0 {
-		p("**Waiting.** The benchmark holds one key; %s goroutines of this process wait for it, each Lock bounded at %v,", count(c.memWait), s6Settle+s6WaitWindow+s6ServeBound)
-		p("arriving evenly over %v. flightlock's waiters use the holder's Locker (a service's concurrent requests for one", s6Arrive)
+		p("**Waiting.** The benchmark holds one key; %s goroutines of this process wait for it, each Lock bounded at %v,", countStr(c.memWaiters), s9Settle+s9WaitWindow+s9ServeBound)
+		p("arriving evenly over %v. flightlock's waiters use the holder's Locker (a service's concurrent requests for one", s9Arrive)
 		p("key); each Mutex waiter needs a session of its own (two Mutexes of one session on one key would both be granted):")
-		p("those sessions are made after the baseline and measured apart (session columns). After %v of settling, heap,", s6Settle)
-		p("stacks and goroutines above the baseline per waiter (the waiting goroutine itself is one), then %v of waiting:", s6WaitWindow)
+		p("those sessions are made after the baseline and measured apart (session columns). After %v of settling, heap,", s9Settle)
+		p("stacks and goroutines above the baseline per waiter (the waiting goroutine itself is one), then %v of waiting:", s9WaitWindow)
 		p("etcd unary RPCs, lease keep-alive requests and client CPU per second, all waiters together. Then the key is")
 		p("released; each waiter, once granted, runs the critical section's checks (the holder counts as inside until its")
 		p("release, so a waiter granted before it is a violation; flightlock's fences must rise) and releases at once. Next")
@@ -554,8 +546,8 @@ func (r *results) memorySection(p printer, c *config) {
 			if w.row != rowFlight {
 				fence = "n/a"
 			}
-			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %d / %s |", rowLabel[w.row], count(w.w),
-				sessHeap, sessGor, w.heap, w.stack, w.gor, w.rpcs, w.keepAlives, w.cpuMs, dur(w.next), dur(w.all),
+			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %d / %s |", rowLabel[w.row], countStr(w.w),
+				sessHeap, sessGor, w.heap, w.stack, w.gor, w.rpcs, w.keepAlives, w.cpuMs, etcdDur(w.next), etcdDur(w.all),
 				w.served, w.errors, w.violations, fence)
 		}
 		p("")
@@ -580,21 +572,21 @@ func scenarioList(c *config) string {
 }
 
 // ints lists an axis's points, or says it was skipped.
-func ints(xs []int) string {
+func pointList(xs []int) string {
 	if len(xs) == 0 {
 		return "skipped"
 	}
 	var s []string
 	for _, x := range xs {
-		s = append(s, count(x))
+		s = append(s, countStr(x))
 	}
 	return strings.Join(s, ", ")
 }
 
 // count writes n with thousands separators, as the report's prose does (10,000).
-func count(n int) string {
+func countStr(n int) string {
 	if n < 0 {
-		return "-" + count(-n)
+		return "-" + countStr(-n)
 	}
 	s := fmt.Sprint(n)
 	for i := len(s) - 3; i > 0; i -= 3 {

@@ -14,14 +14,14 @@ var plotLabel = map[string]string{
 	rowFloor:  "floor (txn put on a lease, then delete)",
 }
 
-// plotColor keeps a row's colour the same in every plot (flightlock red, as in lockbench's).
+// plotColor keeps a row's colour the same in every plot (flightlock red, as in the Redis charts).
 var plotColor = map[string]color.RGBA{
 	rowFlight: {214, 39, 40, 255},
 	rowMutex:  {31, 119, 180, 255},
 	rowFloor:  {127, 127, 127, 255},
 }
 
-// drawScalingChart draws one scenario 5 axis as a PNG: median critical sections per second
+// drawScalingChart draws one scenario 8 axis as a PNG: median critical sections per second
 // against the axis's points, both axes logarithmic, one line per row; a point without data is
 // left out.
 func drawScalingChart(path string, ax *scalingAxis) error {

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
-// Report sections of scenarios 7 (reject mode), 8 (HTTP end to end) and 9 (duplicates).
+// Report sections of scenarios 5 (reject mode), 6 (HTTP end to end) and 7 (duplicates).
 
 // medOf is the median of one figure over a row's runs.
 func medOf(runs []map[string]float64, name string) float64 {
@@ -18,7 +20,7 @@ func medOf(runs []map[string]float64, name string) float64 {
 	for _, m := range runs {
 		v = append(v, m[name])
 	}
-	return median(v)
+	return stat.Median(v)
 }
 
 // worstOf is the largest value of one figure over a row's runs.
@@ -30,26 +32,26 @@ func worstOf(runs []map[string]float64, name string) float64 {
 	return w
 }
 
-func (r *results) rejectSection(p printer, c *config) {
-	p("## 7. Reject mode: duplicates of a key held in this process")
+func (r *etcdResults) rejectSection(p printer, c *config) {
+	p("## 5. Reject mode: duplicates of a key held in this process")
 	p("")
-	p("The Redis rows are lockbench's scenario 5. The key is held in this process; then one goroutine tries it again and")
-	p("again for %v (flightlock: `TryLock` on a `Reject` Locker that shares the holder's gate, which refuses without an RPC;", c.d7)
+	p("The Redis rows are scenario 5 of [benchmarks.md](benchmarks.md). The key is held in this process; then one goroutine tries it again and")
+	p("again for %v (flightlock: `TryLock` on a `Reject` Locker that shares the holder's gate, which refuses without an RPC;", c.d5)
 	p("`concurrency.Mutex`: `TryLock` of a Mutex on another session, which puts its own key under the lock's prefix, reads")
-	p("the owner, finds another, deletes its key and answers `ErrLocked`). \"%d goroutines\" is the same with %d goroutines", s7Goroutines, s7Goroutines)
-	p("at once for %v (wall time per call over all of them; each Mutex goroutine on a session of its own), as a burst of", c.d7)
+	p("the owner, finds another, deletes its key and answers `ErrLocked`). \"%d goroutines\" is the same with %d goroutines", s5Goroutines, s5Goroutines)
+	p("at once for %v (wall time per call over all of them; each Mutex goroutine on a session of its own), as a burst of", c.d5)
 	p("double clicks would. Allocations are `runtime.MemStats` deltas over the serial part (the Mutex's include the gRPC")
 	p("client's); RPCs, fsyncs and etcd CPU as in the other scenarios. Medians over %d repetitions. \"not busy\" counts the", c.reps)
 	p("calls that did not answer busy, over all repetitions (it must be 0).")
 	p("")
-	p("| row | ns/call | allocs/call | B/call | etcd RPCs/call | fsyncs/call | etcd CPU/call | %d goroutines: ns/call | calls/s | %d goroutines: RPCs/call | not busy |", s7Goroutines, s7Goroutines)
+	p("| row | ns/call | allocs/call | B/call | etcd RPCs/call | fsyncs/call | etcd CPU/call | %d goroutines: ns/call | calls/s | %d goroutines: RPCs/call | not busy |", s5Goroutines, s5Goroutines)
 	p("|---|---|---|---|---|---|---|---|---|---|---|")
 	med := func(row string, f func(rejectResult) float64) float64 {
 		var v []float64
 		for _, x := range r.reject[row] {
 			v = append(v, f(x))
 		}
-		return median(v)
+		return stat.Median(v)
 	}
 	for _, row := range []string{rowFlight, rowMutex} {
 		var wrong int64
@@ -61,14 +63,14 @@ func (r *results) rejectSection(p printer, c *config) {
 			}
 		}
 		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %d |", rejectLabel[row],
-			count(int(med(row, func(x rejectResult) float64 { return x.ns }))),
+			countStr(int(med(row, func(x rejectResult) float64 { return x.ns }))),
 			med(row, func(x rejectResult) float64 { return x.allocs }),
-			count(int(med(row, func(x rejectResult) float64 { return x.bytes }))),
+			countStr(int(med(row, func(x rejectResult) float64 { return x.bytes }))),
 			perOp(med(row, func(x rejectResult) float64 { return x.rpcs })),
 			perOp(med(row, func(x rejectResult) float64 { return x.fsyncs })),
-			dur(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.etcdCPU) }))),
-			count(int(med(row, func(x rejectResult) float64 { return x.parNs }))),
-			count(int(med(row, func(x rejectResult) float64 { return x.parRate }))),
+			etcdDur(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.etcdCPU) }))),
+			countStr(int(med(row, func(x rejectResult) float64 { return x.parNs }))),
+			countStr(int(med(row, func(x rejectResult) float64 { return x.parRate }))),
 			perOp(med(row, func(x rejectResult) float64 { return x.parRPCs })), wrong)
 		if firstErr != nil {
 			defer p("First call of %s that did not answer busy: `%v`.\n", rejectLabel[row], firstErr)
@@ -77,11 +79,11 @@ func (r *results) rejectSection(p printer, c *config) {
 	fl, mu := med(rowFlight, func(x rejectResult) float64 { return x.ns }), med(rowMutex, func(x rejectResult) float64 { return x.ns })
 	flp, mup := med(rowFlight, func(x rejectResult) float64 { return x.parRate }), med(rowMutex, func(x rejectResult) float64 { return x.parRate })
 	p("")
-	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.", safeDiv(mu, fl), s7Goroutines, safeDiv(flp, mup))
+	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.", safeDiv(mu, fl), s5Goroutines, safeDiv(flp, mup))
 	p("")
 }
 
-// rejectLabel names scenario 7's rows.
+// rejectLabel names scenario 5's rows.
 var rejectLabel = map[string]string{
 	rowFlight: "flightlock on etcdstore (TryLock, Reject Locker)",
 	rowMutex:  "etcd concurrency.Mutex (TryLock)",
@@ -101,7 +103,7 @@ func (h *httpResults) added(row string) (ns, rts float64, ok bool) {
 		diffs = append(diffs, d)
 		ratios = append(ratios, d/h.getRT[k])
 	}
-	return median(diffs), median(ratios), true
+	return stat.Median(diffs), stat.Median(ratios), true
 }
 
 // xNone is the median over the repetitions of row's saturation req/s over the no-lock row's in
@@ -116,19 +118,19 @@ func (h *httpResults) xNone(row string) (float64, bool) {
 	for i := range x {
 		v = append(v, safeDiv(x[i]["rps"], none[i]["rps"]))
 	}
-	return median(v), true
+	return stat.Median(v), true
 }
 
-func (r *results) httpSection(p printer, c *config) {
+func (r *etcdResults) httpSection(p printer, c *config) {
 	h := r.http
-	p("## 8. HTTP end to end")
+	p("## 6. HTTP end to end")
 	p("")
 	if h.note != "" {
 		p("%s", h.note)
 		p("")
 		return
 	}
-	p("The Redis rows are lockbench's scenario 6, whose setup this follows. The example (`example/app`, config")
+	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
 	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.conf))
 	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")
 	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.rows))
@@ -149,8 +151,8 @@ func (r *results) httpSection(p printer, c *config) {
 	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
 	p("")
 	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", dur(time.Duration(median(h.getRT))))
-	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d8))
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", etcdDur(time.Duration(stat.Median(h.getRT))))
+	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
 	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
 	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
 	p("run; shares are of %d cores × the run's wall time. With every system up and no load, the benchmark process used", runtime.NumCPU())
@@ -158,7 +160,7 @@ func (r *results) httpSection(p printer, c *config) {
 	p("")
 	p("### Low load (wrk -c %d)", httpbench.LowConns)
 	p("")
-	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.getRT), httpbench.WholeSeconds(c.d8low), httpbench.LowRounds)
+	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.getRT), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
 	p("minus the no-lock p50 of the same round, and in round trips divided by that round's etcd Get p50.")
 	p("")
 	p("| row | p50 latency | added over no lock | in round trips (etcd Get p50) | p90 | p99 | req/s | etcd RPCs/req | fsyncs/req | service CPU µs/req | errors |")
@@ -167,10 +169,10 @@ func (r *results) httpSection(p printer, c *config) {
 		runs := h.low[row.id]
 		added, rts := "", ""
 		if d, rt, ok := h.added(row.id); ok && row.id != "none" {
-			added, rts = signedDur(d), fmt.Sprintf("%.2f", rt)
+			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, dur(time.Duration(medOf(runs, "p50"))), added, rts,
-			dur(time.Duration(medOf(runs, "p90"))), dur(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
+		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, etcdDur(time.Duration(medOf(runs, "p50"))), added, rts,
+			etcdDur(time.Duration(medOf(runs, "p90"))), etcdDur(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
 			medOf(runs, "rpcs"), medOf(runs, "fsyncs"), medOf(runs, "svc_cpu"), worstOf(runs, "errors"))
 	}
 	p("")
@@ -190,8 +192,8 @@ func (r *results) httpSection(p printer, c *config) {
 		share := func(name string) float64 { return 100 * medOf(runs, name) }
 		idle := 100 - share("svc_share") - share("etcd_share") - share("redis_share") - share("wrk_share") - share("other_share")
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %.0f |",
-			row.label, medOf(runs, "rps"), ratio, dur(time.Duration(medOf(runs, "p50"))), dur(time.Duration(medOf(runs, "p90"))),
-			dur(time.Duration(medOf(runs, "p99"))), dur(time.Duration(medOf(runs, "p999"))), dur(time.Duration(medOf(runs, "max"))),
+			row.label, medOf(runs, "rps"), ratio, etcdDur(time.Duration(medOf(runs, "p50"))), etcdDur(time.Duration(medOf(runs, "p90"))),
+			etcdDur(time.Duration(medOf(runs, "p99"))), etcdDur(time.Duration(medOf(runs, "p999"))), etcdDur(time.Duration(medOf(runs, "max"))),
 			medOf(runs, "rpcs"), medOf(runs, "fsyncs"),
 			medOf(runs, "svc_cpu"), medOf(runs, "etcd_cpu"), medOf(runs, "redis_cpu"), medOf(runs, "wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
@@ -225,17 +227,10 @@ func (r *results) httpSection(p printer, c *config) {
 	p("")
 }
 
-func signedDur(ns float64) string {
-	if ns < 0 {
-		return "-" + dur(time.Duration(-ns))
-	}
-	return "+" + dur(time.Duration(ns))
-}
-
-func (r *results) dupsSection(p printer, c *config) {
-	p("## 9. Duplicates of one request: shared response against 409")
+func (r *etcdResults) dupsSection(p printer, c *config) {
+	p("## 7. Duplicates of one request: shared response against 409")
 	p("")
-	p("The Redis rows are lockbench's scenario 7. %d concurrent duplicates of one request (one `Idempotency-Key`, one body)", httpbench.Dups)
+	p("The Redis rows are scenario 7 of benchmarks.md. %d concurrent duplicates of one request (one `Idempotency-Key`, one body)", httpbench.Dups)
 	p("through go-zero's REST chain and flightlock's middleware with its rule on the benchmark's etcd (`Lock.Etcd.Hosts`,")
 	p("rule `pay:{header.Idempotency-Key}`, `Wait: 5s`), the handler taking %v; %d bursts per repetition, a key of its own", httpbench.DupWork, httpbench.DupRounds)
 	p("each; figures per burst, medians over %d repetitions. *share*: duplicates wait and get the response of the one run", c.reps)
@@ -243,11 +238,11 @@ func (r *results) dupsSection(p printer, c *config) {
 	p("")
 	p("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |")
 	p("|---|---|---|---|---|---|---|---|")
-	for _, row := range s9Rows {
+	for _, row := range etcdDupRows {
 		runs := r.dups[row.id]
 		p("| %s | %.2f | %.1f | %.1f | %.1f | %s | %s | %s |", row.label, medOf(runs, "runs"), medOf(runs, "identical"),
-			medOf(runs, "busy"), medOf(runs, "other"), dur(time.Duration(medOf(runs, "p50"))), dur(time.Duration(medOf(runs, "p99"))),
-			dur(time.Duration(medOf(runs, "max"))))
+			medOf(runs, "busy"), medOf(runs, "other"), etcdDur(time.Duration(medOf(runs, "p50"))), etcdDur(time.Duration(medOf(runs, "p99"))),
+			etcdDur(time.Duration(medOf(runs, "max"))))
 	}
 	p("")
 }

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/workerproc"
+)
+
+// The multi-process scenarios (3, and the process axis of 8) re-execute this binary as
+// workers: the first argument is workerArg, the rest say the store, the row, the key and how
+// to count. Each worker connects, warms up, says READY and waits for the start time the
+// parent sends on its stdin, so all start together; it then runs the shared contention loop
+// (contend.Run) on one key and prints its result as one JSON line. The guard lives in a file
+// that every worker maps, so mutual exclusion (and fences) are checked across processes
+// without touching the store.
+const workerArg = "-worker"
+
+// workers are the processes this run started (workers, wrk), ended by pid if the run is
+// interrupted.
+var workers = &workerproc.Set{}
+
+// workerRow is what a worker process needs of its row, whatever the store: holders for its
+// goroutines on base keys (the row maps them to its own key names), a warm-up on keys of its
+// own (connections open, scripts loaded, leases granted), the client's round trips if it
+// counts them, and its teardown.
+type workerRow struct {
+	holders    func(keys []string, n int) ([]contend.Holder, error)
+	warm       func() error
+	roundTrips func() int64 // nil: not counted
+	close      func()
+}
+
+// workerResult is one worker's report.
+type workerResult struct {
+	contend.Result
+	RT  int64 `json:"rt"`  // the client's round trips (Redis rows)
+	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
+
+	serverCPU, workersCPU float64 // µs per critical section, filled in by the parent on results[0]
+}
+
+// workerCommand is the command line of one worker.
+func workerCommand(args ...string) *exec.Cmd {
+	self, err := os.Executable()
+	if err != nil {
+		fatalf("worker: %v", err)
+	}
+	return exec.Command(self, append([]string{workerArg}, args...)...)
+}
+
+// workerResults parses the workers' result lines.
+func workerResults(lines []string) []workerResult {
+	out := make([]workerResult, len(lines))
+	for i, line := range lines {
+		if err := json.Unmarshal([]byte(line), &out[i]); err != nil {
+			fatalf("worker %d: bad result %q: %v", i, line, err)
+		}
+	}
+	return out
+}
+
+// workerMain is the entry point of a worker process.
+func workerMain(args []string) {
+	fs := flag.NewFlagSet("worker", flag.ExitOnError)
+	store := fs.String("store", "redis", "redis or etcd")
+	row := fs.String("row", "", "row id")
+	addr := fs.String("addr", "", "the store's address (etcd: its client URL)")
+	key := fs.String("key", "", "the hot key")
+	g := fs.Int("g", 16, "goroutines")
+	window := fs.Bool("window", false, "count the critical sections that end within -d of the start (contend.Window); "+
+		"otherwise every one begun before -d or within -quota (contend.Until)")
+	quota := fs.Int64("quota", 0, "critical sections to run in this process (0: run for -d)")
+	d := fs.Duration("d", time.Second, "duration when -quota is 0")
+	hard := fs.Duration("hard", 30*time.Second, "give up after this long (contend.Until)")
+	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context (contend.Window)")
+	shmPath := fs.String("shm", "", "guard file")
+	_ = fs.Parse(args)
+
+	var (
+		wr  workerRow
+		err error
+	)
+	switch *store {
+	case "redis":
+		wr, err = redisWorkerRow(*row, *addr)
+	case "etcd":
+		wr, err = etcdWorkerRow(*row, *addr, *lockTimeout)
+	default:
+		err = fmt.Errorf("unknown store %q", *store)
+	}
+	if err != nil {
+		fatalf("worker: %v", err)
+	}
+	gd, unmap, err := guard.Map(*shmPath, false)
+	if err != nil {
+		fatalf("worker: map guard: %v", err)
+	}
+	defer unmap()
+	hs, err := wr.holders([]string{*key}, *g)
+	if err != nil {
+		fatalf("worker: %v", err)
+	}
+	if err := wr.warm(); err != nil {
+		fatalf("worker: warm-up: %v", err)
+	}
+	start, err := workerproc.AwaitStart()
+	if err != nil {
+		fatalf("worker: %v", err)
+	}
+	var p contend.Policy
+	if *window {
+		p = contend.Window(start.Add(*d), *lockTimeout)
+	} else {
+		stop := make(chan struct{})
+		if *quota == 0 {
+			time.AfterFunc(time.Until(start)+*d, func() { close(stop) })
+		}
+		p = contend.Until(stop, *quota, start.Add(*hard))
+	}
+	var rt0 int64
+	if wr.roundTrips != nil {
+		rt0 = wr.roundTrips()
+	}
+	cpu0 := cpustat.Self()
+	r := contend.Run(hs, []guard.Guard{gd}, start, uint64(start.UnixNano()), p)
+	res := workerResult{Result: r, CPU: int64(cpustat.Self() - cpu0)}
+	if wr.roundTrips != nil {
+		res.RT = wr.roundTrips() - rt0
+	}
+	out, _ := json.Marshal(res)
+	fmt.Println(string(out))
+	wr.close()
+}
+
+// workerShm is the path of a guard file for one measurement of row.
+func workerShm(row, key string) string {
+	return fmt.Sprintf("%s/lockbench-%d-%s-%s.shm", os.TempDir(), os.Getpid(), row, strings.NewReplacer("/", "_", ":", "_").Replace(key))
+}

@@ -1,0 +1,75 @@
+// Package guard is the state a benchmark's critical section protects, and the checks that
+// find a second holder: an "inside" count that must read 1, a plain counter that a lost
+// update leaves short, and, for locks with fencing tokens, a fence that must rise. The words
+// live in this process's memory or in a file every worker process maps (shm), so that the
+// checks span processes without touching the lock's store.
+package guard
+
+import (
+	"sync/atomic"
+
+	"github.com/flightlock/flightlock/bench/internal/shm"
+)
+
+// Guard guards one key. Its zero value is unusable: build it with New or Map.
+type Guard struct {
+	inside          *int64 // changed atomically: the holders in the critical section
+	plain           *int64 // read and written without atomics: a lost update shows as a shortfall
+	violations      *int64 // critical sections that found another holder inside
+	lastFence       *int64 // the largest fence seen so far
+	fenceViolations *int64 // fences not above the last one seen
+}
+
+func fromWords(w []int64) Guard {
+	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4]}
+}
+
+// New returns a guard in this process's memory.
+func New() Guard { return fromWords(make([]int64, 5)) }
+
+// Map returns a guard whose words live in the file at path (created and zeroed when create),
+// shared with every process that maps it, and the function that unmaps it.
+func Map(path string, create bool) (Guard, func(), error) {
+	w, unmap, err := shm.Map(path, create)
+	if err != nil {
+		return Guard{}, nil, err
+	}
+	return fromWords(w[:5]), unmap, nil
+}
+
+// Critical is the benchmark's critical section, run by a holder whose lock gave it fence (0:
+// the lock has none, nothing to check): the checks of Enter, one increment of the plain
+// counter, Exit.
+func (g Guard) Critical(fence int64) {
+	g.Enter(fence)
+	v := *g.plain
+	*g.plain = v + 1
+	g.Exit()
+}
+
+// Enter begins a critical section: it counts a violation when another holder is inside, and
+// a fence violation when fence (if not 0) is not above the last one seen. A holder that must
+// stay inside across other calls (a held key that waiters must not be granted) calls Enter and
+// Exit itself.
+func (g Guard) Enter(fence int64) {
+	if atomic.AddInt64(g.inside, 1) != 1 {
+		atomic.AddInt64(g.violations, 1)
+	}
+	if fence != 0 {
+		if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
+			atomic.AddInt64(g.fenceViolations, 1)
+		}
+	}
+}
+
+// Exit ends the critical section that Enter began.
+func (g Guard) Exit() { atomic.AddInt64(g.inside, -1) }
+
+// Plain is the plain counter: the critical sections run, less any lost update.
+func (g Guard) Plain() int64 { return atomic.LoadInt64(g.plain) }
+
+// Violations counts the critical sections that found another holder inside.
+func (g Guard) Violations() int64 { return atomic.LoadInt64(g.violations) }
+
+// FenceViolations counts the fences that were not above the last one seen.
+func (g Guard) FenceViolations() int64 { return atomic.LoadInt64(g.fenceViolations) }

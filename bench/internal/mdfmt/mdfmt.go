@@ -1,0 +1,73 @@
+// Package mdfmt formats the figures of the benchmark reports' Markdown tables and prose.
+package mdfmt
+
+import (
+	"math"
+	"strconv"
+	"time"
+)
+
+// Float prints 3 significant digits, without exponent for usual magnitudes.
+func Float(v float64) string {
+	if v == 0 {
+		return "0"
+	}
+	a := math.Abs(v)
+	switch {
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	case a >= 0.01:
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	default:
+		return strconv.FormatFloat(v, 'g', 2, 64)
+	}
+}
+
+// Int rounds v and groups thousands: 123,456.
+func Int(v float64) string {
+	n := int64(math.Round(v))
+	s := strconv.FormatInt(n, 10)
+	neg := n < 0
+	if neg {
+		s = s[1:]
+	}
+	out := ""
+	for len(s) > 3 {
+		out = "," + s[len(s)-3:] + out
+		s = s[:len(s)-3]
+	}
+	out = s + out
+	if neg {
+		out = "-" + out
+	}
+	return out
+}
+
+// Dur prints a duration in nanoseconds with 3 significant digits and its unit: "412 µs".
+func Dur(ns float64) string {
+	d := time.Duration(ns)
+	switch {
+	case ns == 0:
+		return "0"
+	case d < time.Microsecond:
+		return Float(ns) + " ns"
+	case d < time.Millisecond:
+		return Float(ns/1e3) + " µs"
+	case d < time.Second:
+		return Float(ns/1e6) + " ms"
+	default:
+		return Float(ns/1e9) + " s"
+	}
+}
+
+// SignedDur is Dur with its sign: "+412 µs", "-3.10 ms".
+func SignedDur(ns float64) string {
+	if ns < 0 {
+		return "-" + Dur(-ns)
+	}
+	return "+" + Dur(ns)
+}
