@@ -23,12 +23,13 @@ import (
 // silently: a rule that matches no route, a key field the request does not bind, a Lock
 // section on the embedded store, a setting go-zero ignores or refuses.
 
-const checkUsage = `usage: flightlock check -f etc/service.yaml [-api service.api]... [-proto service.proto]...
+const checkUsage = `usage: flightlock check [-q] -f etc/service.yaml [-api service.api]... [-proto service.proto]...
 
 Checks the Lock sections of the config files against go-zero's loader, flightlock's own
-validation and the service's API definition, without connecting to Redis. Prints one finding
-per line (file:line: message; warnings as file:line: warning: message) and exits with status 1
-when any finding is an error.
+validation and the service's API definition, without connecting to a store. Prints one finding
+per line (file:line: message; warnings as file:line: warning: message), then one line per
+config file saying what it checked (file: 3 rules checked, 2 routes matched, 0 warnings; left
+out with -q), and exits with status 1 when any finding is an error.
 
 `
 
@@ -58,6 +59,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	var files, apis, protos listFlag
 	fs := flag.NewFlagSet("flightlock check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	quiet := fs.Bool("q", false, "print the findings only, without the line per file that says what was checked (for scripts)")
 	fs.Var(&files, "f", "the service's config `file` (YAML or JSON); may be repeated")
 	fs.Var(&apis, "api", "the REST service's goctl .api `file`, to check REST rules against; may be repeated")
 	fs.Var(&protos, "proto", "the zrpc service's .proto `file`, to check RPC rules against; may be repeated")
@@ -102,17 +104,87 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
-	slices.SortStableFunc(c.findings, func(a, b finding) int {
-		return cmp.Or(strings.Compare(a.file, b.file), cmp.Compare(a.line, b.line))
-	})
+	c.checkKeyScopes()
+	slices.SortStableFunc(c.findings, func(a, b finding) int { return cmp.Compare(a.line, b.line) })
 	code := exitOK
-	for _, f := range c.findings {
-		fmt.Fprintln(stdout, f)
-		if !f.warning {
-			code = exitError
+	for _, f := range c.files {
+		errs, warns := 0, 0
+		for _, fd := range c.findings {
+			if fd.file != f {
+				continue
+			}
+			fmt.Fprintln(stdout, fd)
+			if fd.warning {
+				warns++
+			} else {
+				errs++
+				code = exitError
+			}
+		}
+		if !*quiet {
+			fmt.Fprintln(stdout, c.summary(f, errs, warns))
 		}
 	}
 	return code
+}
+
+// fileStats is what check looked at in one config file, for its summary line.
+type fileStats struct {
+	sections int
+	rules    int
+	routes   map[string]bool // "POST /api/x" of the .api files that a rule matched
+	methods  map[string]bool // full names of the .proto methods that a rule matched
+}
+
+// stats returns the statistics of file, created on first use.
+func (c *checker) stats(file string) *fileStats {
+	if c.byFile == nil {
+		c.byFile = make(map[string]*fileStats)
+	}
+	st := c.byFile[file]
+	if st == nil {
+		st = &fileStats{routes: make(map[string]bool), methods: make(map[string]bool)}
+		c.byFile[file] = st
+	}
+	return st
+}
+
+// summary is the line that says what check did with file: "etc/bank.yaml: 3 rules checked,
+// 2 routes and 1 method matched, 0 warnings". Routes are counted when -api is given, methods
+// when -proto is; a file whose rules were not compared with any API definition says so.
+func (c *checker) summary(file string, errs, warns int) string {
+	st := c.stats(file)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s", file, count(st.rules, "rule"))
+	if st.sections > 1 {
+		fmt.Fprintf(&b, " in %d Lock sections", st.sections)
+	}
+	b.WriteString(" checked, ")
+	var matched []string
+	if c.apiFiles != nil {
+		matched = append(matched, count(len(st.routes), "route"))
+	}
+	if c.protos != nil {
+		matched = append(matched, count(len(st.methods), "method"))
+	}
+	if matched == nil {
+		b.WriteString("no routes or methods (no -api or -proto), ")
+	} else {
+		b.WriteString(strings.Join(matched, " and ") + " matched, ")
+	}
+	if errs > 0 {
+		b.WriteString(count(errs, "error") + ", ")
+	}
+	b.WriteString(count(warns, "warning"))
+	return b.String()
+}
+
+// count is "1 rule", "2 rules".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // checker holds the API definitions and collects the findings.
@@ -124,6 +196,9 @@ type checker struct {
 	messages map[string]*protoMessage // by full name: "inventory.DebitRequest"
 	protos   []string                 // base names of the -proto files
 	findings []finding
+	files    []string              // the config files, in the order given, each once
+	byFile   map[string]*fileStats // by config file, for the summary lines
+	keyed    []keyedRule           // every loaded rule's keys, compared across rules at the end
 }
 
 // section is one Lock mapping of a config file.
@@ -152,10 +227,15 @@ func (c *checker) warnAt(s *section, n *yaml.Node, format string, args ...any) {
 
 // checkFile checks every Lock section of one config file.
 func (c *checker) checkFile(file string) error {
+	if slices.Contains(c.files, file) {
+		return nil // named twice with -f: once is enough
+	}
 	content, err := os.ReadFile(file)
 	if err != nil {
 		return err
 	}
+	c.files = append(c.files, file)
+	c.stats(file)
 	// ${VAR} expanded as go-zero's conf.UseEnv does; a file without variables reads the same.
 	content = []byte(os.ExpandEnv(string(content)))
 	var doc yaml.Node
@@ -214,14 +294,19 @@ func findSections(file string, n *yaml.Node, path string, out *[]*section) {
 func (c *checker) checkSection(s *section, topRedis bool) {
 	drop := c.walkSettings(s, s.value, lockConfType, s.path)
 	c.load(s, drop)
+	st := c.stats(s.file)
+	st.sections++
 	if !s.loaded {
 		return
 	}
+	st.rules += len(s.conf.Rules)
 	c.checkStore(s, topRedis)
 	c.checkWaits(s)
+	c.checkMaxHold(s)
 	c.checkOwnerTrust(s)
 	for i, r := range s.conf.Rules {
 		c.checkRule(s, i, r)
+		c.checkKeyParts(s, i, r)
 	}
 }
 

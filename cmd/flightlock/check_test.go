@@ -51,6 +51,10 @@ func TestCheckGolden(t *testing.T) {
 		{"accountid", proto, "error"},
 		{"waittimeout", proto, "warning"},
 		{"trustowner", proto, "warning"},
+		{"mixedkeys", api, "warning"},
+		{"keyshape", api, "warning"},
+		{"maxhold", api, "warning"},
+		{"waitshare", api, "warning"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,8 +64,10 @@ func TestCheckGolden(t *testing.T) {
 				t.Fatalf("stderr: %s", errOut)
 			}
 			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-			if out == "" {
-				lines = nil
+			summary := lines[len(lines)-1]
+			lines = lines[:len(lines)-1]
+			if !strings.HasPrefix(summary, filepath.Join(checkDir, tt.name+".yaml")+": ") || !strings.Contains(summary, " checked, ") {
+				t.Fatalf("output:\n%s\nwant it to end with the file's summary line", out)
 			}
 			switch {
 			case tt.want == "" && (code != exitOK || len(lines) != 0):
@@ -105,7 +111,7 @@ func TestCheckExample(t *testing.T) {
 			t.Errorf("check %s: exit %d\n%s%s", f, code, out, errOut)
 		}
 		for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
-			if line != "" && !strings.Contains(line, ": warning: ") {
+			if line != "" && !strings.Contains(line, ": warning: ") && !strings.HasPrefix(line, f+": ") {
 				t.Errorf("check %s: %s", f, line)
 			}
 		}
@@ -135,10 +141,10 @@ Lock:
     - Path: /b
       Key: "b:{uid"
     - Path: /c
-      Key: "c:{uid}"
+      Key: "a:{uid}"
       Retry: 3
 `)
-	code, out, _ := cli(t, nil, "check", "-f", path)
+	code, out, _ := cli(t, nil, "check", "-q", "-f", path)
 	want := []string{
 		path + `:7: Lock.Rules[0].OnBusy: must be one of reject, wait, share; got "queue"`,
 		path + `:9: Lock.Rules[1].Key: has an unclosed '{' at offset 2`,
@@ -163,11 +169,11 @@ Lock:
   Rules: [{Method: POST, Path: /a, Key: "a:{uid}", OnBusy: reject}]
 `)
 	t.Setenv("FLIGHTLOCK_CHECK_TEST_REDIS", "")
-	if code, out, _ := cli(t, nil, "check", "-f", path); code != exitError || !strings.Contains(out, ":3: Lock.Redis has no Host (Mode: pro)") {
+	if code, out, _ := cli(t, nil, "check", "-q", "-f", path); code != exitError || !strings.Contains(out, ":3: Lock names no store") {
 		t.Fatalf("variable unset: exit %d, output:\n%s\nwant the embedded store refused", code, out)
 	}
 	t.Setenv("FLIGHTLOCK_CHECK_TEST_REDIS", "redis.internal:6379")
-	if code, out, _ := cli(t, nil, "check", "-f", path); code != exitOK || out != "" {
+	if code, out, _ := cli(t, nil, "check", "-q", "-f", path); code != exitOK || out != "" {
 		t.Fatalf("variable set: exit %d, output:\n%s\nwant no finding", code, out)
 	}
 }
@@ -186,8 +192,8 @@ Rpc:
       Redis: {Host: 127.0.0.1:6379}
       Wait: 1
 `)
-	code, out, _ := cli(t, nil, "check", "-f", path)
-	want := path + ":4: warning: Api.lock.Redis has no Host (Mode: test)"
+	code, out, _ := cli(t, nil, "check", "-q", "-f", path)
+	want := path + ":4: warning: Api.lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts (Mode: test)"
 	want2 := path + ":10: Rpc.Inner.Lock.Wait: 1 has no unit"
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != exitError || len(lines) != 2 || !strings.HasPrefix(lines[0], want) || !strings.HasPrefix(lines[1], want2) ||
@@ -210,5 +216,77 @@ func TestCheckUsage(t *testing.T) {
 	if code, _, errOut := cli(t, nil, "check", "-f", checkDir+"/clean.yaml", "-api", checkDir+"/missing.api"); code != exitError ||
 		!strings.Contains(errOut, "missing.api") {
 		t.Errorf("a missing .api file: exit %d, stderr %q; want exit 1 naming it", code, errOut)
+	}
+}
+
+// TestCheckSummarySaysWhatWasChecked: after a file's findings, one line counts its rules, the
+// routes and methods they matched in the API files given, and the findings; -q leaves it out,
+// so that a script sees the findings only.
+func TestCheckSummarySaysWhatWasChecked(t *testing.T) {
+	path := writeConfig(t, `Mode: pro
+Api:
+  Lock:
+    Redis: {Host: 127.0.0.1:6379}
+    Rules:
+      - {Method: POST, Path: /api/wallet/withdraw, Key: "wallet:{form.uid}", OnBusy: reject}
+      - {Method: POST, Path: /api/wallet/:from/transfer, Key: "acct:{path.from}+acct:{body.to}", Wait: 1s}
+Rpc:
+  Lock:
+    Redis: {Host: 127.0.0.1:6379}
+    Wait: 1s
+    Rules:
+      - {RPC: /inventory.Inventory/Reserve, Key: "sku:{sku}"}
+`)
+	flags := []string{"check", "-f", path, "-api", checkDir + "/wallet.api", "-proto", checkDir + "/inventory.proto"}
+	code, out, errOut := cli(t, nil, flags...)
+	want := path + ": 3 rules in 2 Lock sections checked, 2 routes and 1 method matched, 0 warnings\n"
+	if code != exitOK || out != want || errOut != "" {
+		t.Fatalf("exit %d, output:\n%s%s\nwant:\n%s", code, out, errOut, want)
+	}
+	if code, out, _ := cli(t, nil, append(flags[:1:1], append([]string{"-q"}, flags[1:]...)...)...); code != exitOK || out != "" {
+		t.Fatalf("-q: exit %d, output:\n%s\nwant none", code, out)
+	}
+}
+
+// TestCheckSummaryFollowsEachFilesFindings: with several files, each file's findings come
+// first, then its summary line, in the order the files are given; -q prints the findings
+// alone.
+func TestCheckSummaryFollowsEachFilesFindings(t *testing.T) {
+	dir := t.TempDir()
+	clean := filepath.Join(dir, "clean.yaml")
+	warned := filepath.Join(dir, "warned.yaml")
+	for file, yaml := range map[string]string{
+		clean:  "Mode: pro\nLock:\n  Redis: {Host: 127.0.0.1:6379}\n  Rules: [{Method: POST, Path: /a, Key: \"a:{uid}\", OnBusy: reject}]\n",
+		warned: "Mode: dev\nLock:\n  Rules: [{Method: POST, Path: /b, Key: \"b:{sku}\", OnBusy: reject}]\n",
+	} {
+		if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, _ := cli(t, nil, "check", "-f", warned, "-f", clean)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if code != exitOK || len(lines) != 3 ||
+		!strings.HasPrefix(lines[0], warned+":2: warning: Lock names no store") ||
+		lines[1] != warned+": 1 rule checked, no routes or methods (no -api or -proto), 1 warning" ||
+		lines[2] != clean+": 1 rule checked, no routes or methods (no -api or -proto), 0 warnings" {
+		t.Fatalf("exit %d, output:\n%s", code, out)
+	}
+	if code, out, _ := cli(t, nil, "check", "-q", "-f", warned, "-f", clean); code != exitOK || out != lines[0]+"\n" {
+		t.Fatalf("-q: exit %d, output:\n%s\nwant the warning alone", code, out)
+	}
+}
+
+// TestCheckNamesTheMissingRedisOfAnEtcdSection: a section on etcd whose rules say Store: redis
+// lacks a Redis only, and is told so, not to name a store.
+func TestCheckNamesTheMissingRedisOfAnEtcdSection(t *testing.T) {
+	path := writeConfig(t, `Mode: dev
+Lock:
+  Etcd: {Hosts: [127.0.0.1:2379], Key: flightlock/}
+  Rules: [{Method: POST, Path: /a, Key: "a:{uid}", OnBusy: reject, Store: redis}]
+`)
+	code, out, _ := cli(t, nil, "check", "-q", "-f", path)
+	if code != exitOK || !strings.Contains(out, ":2: warning: Lock.Redis has no Host, and its rules with Store: redis lock there (Mode: dev)") ||
+		strings.Contains(out, "Etcd.Hosts") {
+		t.Fatalf("exit %d, output:\n%s", code, out)
 	}
 }

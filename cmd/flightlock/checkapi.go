@@ -141,6 +141,9 @@ func (c *checker) checkREST(s *section, i int, r middleware.Rule) {
 		c.errorAt(s, s.ruleNode(i, "Path"), "%s.Path: %s matches no route %s%s", name, restLabel(r), where, nearestRoute(method, r.Path, candidates))
 		return
 	}
+	for _, rt := range matched {
+		c.stats(s.file).routes[rt.String()] = true
+	}
 	if method == "" {
 		for _, rt := range matched {
 			if rt.method == "GET" || rt.method == "HEAD" {

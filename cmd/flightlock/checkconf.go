@@ -264,7 +264,8 @@ func (s *section) sibling(name string) *yaml.Node {
 
 // checkStore reports a section that would run on the embedded in-memory store: an error in
 // go-zero's pre and pro modes (pro is the default of ServiceConf.Mode), where New refuses it,
-// a warning in dev, test and rt.
+// a warning in dev, test and rt. A section that names no store at all is told both stores it
+// may name (Redis or etcd); one on etcd whose rules say Store: redis lacks a Redis only.
 func (c *checker) checkStore(s *section, topRedis bool) {
 	r := s.conf.Redis
 	if r.Host != "" || r.Sentinel.MasterName != "" || !locksInRedis(s.conf) {
@@ -279,13 +280,19 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 	if topRedis {
 		hint = "; the file's top-level Redis section is not read by flightlock: copy it under " + s.path
 	}
+	missing := fmt.Sprintf("%s.Redis has no Host, and its rules with Store: redis lock there", s.path)
+	set := fmt.Sprintf("%s.Redis.Host (or Sentinel)", s.path)
+	if len(s.conf.Etcd.Hosts) == 0 {
+		missing = fmt.Sprintf("%s names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts", s.path)
+		set = fmt.Sprintf("%s.Redis.Host (or Sentinel) or %s.Etcd.Hosts", s.path, s.path)
+	}
 	if mode == "pre" || mode == "pro" {
-		c.errorAt(s, at, "%s.Redis has no Host (%s): the locks would live in an embedded in-memory Redis that no other instance shares, "+
-			"and middleware.New refuses to start; set %s.Redis.Host (or Sentinel)%s", s.path, how, s.path, hint)
+		c.errorAt(s, at, "%s (%s): the locks would live in an embedded in-memory Redis that no other instance shares, "+
+			"and middleware.New refuses to start; set %s%s", missing, how, set, hint)
 		return
 	}
-	c.warnAt(s, at, "%s.Redis has no Host (%s): the locks live in an embedded in-memory Redis that only this process sees, "+
-		"for development only; set %s.Redis.Host before pre or pro%s", s.path, how, s.path, hint)
+	c.warnAt(s, at, "%s (%s): the locks live in an embedded in-memory Redis that only this process sees, "+
+		"for development only; set %s before pre or pro%s", missing, how, set, hint)
 }
 
 // locksInRedis reports whether a rule of c locks in Redis: every rule when c names no etcd
@@ -310,16 +317,32 @@ const (
 	defaultRESTTimeout = 3000
 )
 
-// checkWaits warns of a waiting rule whose wait budget is not below the server's timeout:
-// the middleware ends the wait before the deadline (with a reserve for the busy answer), so
-// the Wait written is never what a request waits.
-func (c *checker) checkWaits(s *section) {
-	timeout, set := int64(-1), false
+// serverTimeout is go-zero's server timeout for rule r of s, in milliseconds (0: none), and
+// where it comes from, for messages: the Timeout beside the Lock section (rest.RestConf and
+// zrpc.RpcServerConf both name it so), else go-zero's default for the rule's transport.
+func (s *section) serverTimeout(r middleware.Rule) (ms int64, from string) {
 	if t := s.sibling("Timeout"); t != nil {
 		if v, ok := goZeroValue(t).(int); ok {
-			timeout, set = int64(v), true
+			return int64(v), "the service's Timeout"
 		}
 	}
+	if r.RPC != "" {
+		return defaultRPCTimeout, "go-zero's zrpc default"
+	}
+	return defaultRESTTimeout, "go-zero's REST default"
+}
+
+// handlerShare is the part of the server's timeout that a rule's Wait must leave to the
+// handler (1/handlerShare): a request that waits for a lock starts its handler that much
+// closer to go-zero's deadline. A third is what the defaults leave (Wait 2s against the REST
+// Timeout of 3000ms), so a service on the defaults gets no warning.
+const handlerShare = 3
+
+// checkWaits warns of a waiting rule whose wait budget is not below the server's timeout
+// (the middleware ends the wait before the deadline, with a reserve for the busy answer, so
+// the Wait written is never what a request waits), or leaves the handler less than a third of
+// it.
+func (c *checker) checkWaits(s *section) {
 	for i, r := range s.conf.Rules {
 		onBusy := strings.ToLower(r.OnBusy)
 		if r.Shadow || onBusy != "" && onBusy != "wait" && onBusy != "share" {
@@ -329,21 +352,47 @@ func (c *checker) checkWaits(s *section) {
 		if r.Wait > 0 {
 			wait, from = r.Wait, fmt.Sprintf("Lock.Rules[%d].Wait", i)
 		}
-		ms, what := timeout, "the service's Timeout"
-		if !set {
-			ms, what = defaultRESTTimeout, "go-zero's REST default"
-			if r.RPC != "" {
-				ms, what = defaultRPCTimeout, "go-zero's zrpc default"
-			}
+		ms, what := s.serverTimeout(r)
+		timeout := time.Duration(ms) * time.Millisecond
+		switch {
+		case ms <= 0 || wait <= timeout-timeout/handlerShare:
+		case wait >= timeout:
+			c.warnAt(s, s.ruleNode(i, "Wait", "OnBusy", "Key"),
+				"%s waits up to %v (%s), not below the server's Timeout of %dms (%s): the middleware ends the wait before "+
+					"the server times out, so it never waits %v; set Wait below Timeout",
+				s.field(fmt.Sprintf("Lock.Rules[%d]", i)), wait, s.field(from), ms, what, wait)
+		default:
+			c.warnAt(s, s.ruleNode(i, "Wait", "OnBusy", "Key"),
+				"%s waits up to %v (%s), which leaves the handler less than a third of the server's Timeout of %dms (%s): "+
+					"a request that waits that long starts its handler with %v left before go-zero times it out; "+
+					"set Wait to at most two thirds of Timeout (%v)",
+				s.field(fmt.Sprintf("Lock.Rules[%d]", i)), wait, s.field(from), ms, what, timeout-wait, timeout-timeout/handlerShare)
 		}
-		if ms <= 0 || wait < time.Duration(ms)*time.Millisecond {
-			continue
-		}
-		c.warnAt(s, s.ruleNode(i, "Wait", "OnBusy", "Key"),
-			"%s waits up to %v (%s), not below the server's Timeout of %dms (%s): the middleware ends the wait before "+
-				"the server times out, so it never waits %v; set Wait below Timeout",
-			s.field(fmt.Sprintf("Lock.Rules[%d]", i)), wait, s.field(from), ms, what, wait)
 	}
+}
+
+// checkMaxHold warns of a section whose MaxHold is below the server's timeout of one of its
+// rules: the watchdog stops renewing a lock MaxHold after its grant, and the lock is lost at
+// most one TTL later, while go-zero lets the handler run until Timeout. A handler that
+// outlives its lock has its context cancelled, and another request may take the key while it
+// still runs.
+func (c *checker) checkMaxHold(s *section) {
+	n := s.conf.Normalized() // MaxHold: 0 is the default, as New reads it
+	var worst int64
+	var what string
+	for _, r := range s.conf.Rules {
+		if ms, from := s.serverTimeout(r); ms > worst {
+			worst, what = ms, from
+		}
+	}
+	if worst <= 0 || n.MaxHold >= time.Duration(worst)*time.Millisecond {
+		return
+	}
+	c.warnAt(s, s.node("Lock.MaxHold"), "%s is %v, below the server's Timeout of %dms (%s): the watchdog stops renewing a lock "+
+		"MaxHold after its grant and the lock is lost at most one TTL (%v) later, so a handler that go-zero still lets run "+
+		"can outlive its lock: its context is cancelled (a goctl handler then answers 400 \"context canceled\") and another "+
+		"request may take the key while it runs; set MaxHold above Timeout",
+		s.field("Lock.MaxHold"), n.MaxHold, worst, what, n.TTL)
 }
 
 // checkOwnerTrust warns of a section that honours propagated lock owners (TrustOwner) without

@@ -163,6 +163,7 @@ func (c *checker) checkRPC(s *section, i int, r middleware.Rule) {
 		c.errorAt(s, s.ruleNode(i, "RPC"), "%s.RPC: %s matches no method of %s%s", name, r.RPC, c.protoNames(), c.nearestMethod(svc, method))
 		return
 	}
+	c.stats(s.file).methods[m.full] = true
 	refs, err := rules.TemplateRefs(r.Key)
 	if err != nil || m.input == "" {
 		return

@@ -87,9 +87,13 @@ func resolveTarget(o options) (target, error) {
 	}
 
 	if o.file != "" && !redisNamed && o.addr == "" {
-		return target{}, fmt.Errorf("%s: %s.Redis has no Host: that service locks in an embedded in-memory Redis "+
+		missing := path + ".Redis has no Host"
+		if len(t.etcd.Hosts) == 0 {
+			missing = path + " names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts"
+		}
+		return target{}, fmt.Errorf("%s: %s: that service locks in an embedded in-memory Redis "+
 			"that only its own process sees, and there is nothing to inspect from outside.%s",
-			o.file, path, topLevelRedisHint(o.file))
+			o.file, missing, topLevelRedisHint(o.file))
 	}
 	if o.addr != "" {
 		t.redis.Host, t.redis.Sentinel = o.addr, middleware.SentinelConf{}

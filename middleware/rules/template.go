@@ -108,6 +108,51 @@ func TemplateRefs(s string) ([]string, error) {
 	return refs, nil
 }
 
+// TemplateKey is one "+"-joined key of a key template, for tools that compare the keys of
+// several rules (flightlock check).
+type TemplateKey struct {
+	// Text is the key as written: "acct:{body.from}".
+	Text string
+	// Shape is Text with every reference written {}: "acct:{}". Two keys of one shape
+	// render the same key for the same values, whatever their references are named.
+	Shape string
+	// Refs are the references, in order, as written between the braces: "body.from".
+	Refs []string
+}
+
+// Namespace is the literal text of k before its first reference ("acct:" for
+// "acct:{body.from}"): "" for a key that starts with a reference ("{body.to}"), which then
+// shares no namespace with any key that starts with text.
+func (k TemplateKey) Namespace() string {
+	ns, _, _ := strings.Cut(k.Shape, "{}")
+	return ns
+}
+
+// TemplateKeys returns the "+"-joined keys of the key template s, or its syntax error as
+// Validate words it. Which references a transport resolves is not checked here.
+func TemplateKeys(s string) ([]TemplateKey, error) {
+	keys, err := parseTemplate(s)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TemplateKey, 0, len(keys))
+	for _, k := range keys {
+		tk := TemplateKey{Text: k.text}
+		var shape strings.Builder
+		for _, sg := range k.segs {
+			if sg.ref == "" {
+				shape.WriteString(sg.lit)
+				continue
+			}
+			shape.WriteString("{}")
+			tk.Refs = append(tk.Refs, sg.ref)
+		}
+		tk.Shape = shape.String()
+		out = append(out, tk)
+	}
+	return out, nil
+}
+
 // checkSeparators makes sure that the literal text between two references contains a ':'.
 // Rendered values never contain a bare ':' (escape encodes it), so the ':'s of the literal
 // text mark where each value ends, and two different sets of values cannot render the same

@@ -260,3 +260,29 @@ func TestEnforcedRuleKeysStayOutOfInternalKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestTemplateKeysGiveEachKeyItsShapeAndNamespace(t *testing.T) {
+	keys, err := TemplateKeys("acct:{body.from}+{body.to}+idem:{uid}:{header.Idempotency-Key}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ text, shape, ns string }{
+		{"acct:{body.from}", "acct:{}", "acct:"},
+		{"{body.to}", "{}", ""},
+		{"idem:{uid}:{header.Idempotency-Key}", "idem:{}:{}", "idem:"},
+	}
+	if len(keys) != len(want) {
+		t.Fatalf("TemplateKeys = %+v, want %d keys", keys, len(want))
+	}
+	for i, w := range want {
+		if k := keys[i]; k.Text != w.text || k.Shape != w.shape || k.Namespace() != w.ns {
+			t.Errorf("key %d = %+v (namespace %q), want text %q, shape %q, namespace %q", i, k, k.Namespace(), w.text, w.shape, w.ns)
+		}
+	}
+	if got := keys[2].Refs; len(got) != 2 || got[0] != "uid" || got[1] != "header.Idempotency-Key" {
+		t.Errorf("refs of the third key = %q", got)
+	}
+	if _, err := TemplateKeys("acct:{from"); err == nil {
+		t.Error("TemplateKeys of an unclosed brace: no error")
+	}
+}
