@@ -60,14 +60,20 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 		err   error
 	)
 	if c.Redis.Embedded() {
+		// A section that names no store at all may as well name an etcd; one on etcd gets
+		// here only for its Store: redis rules, which need a Redis.
+		shared := "the shared Redis"
+		if !c.Etcd.Named() {
+			shared = "the shared Redis (or Lock.Etcd.Hosts, to lock in etcd)"
+		}
 		if mode == service.PreMode || mode == service.ProMode {
 			return nil, nil, rules.FieldError("Lock.Redis.Host", "is empty in %s mode: the embedded in-memory Redis would give "+
-				"each process locks of its own; set the shared Redis (for per-process locks on purpose, pass an embedded "+
-				"store with WithStore)", mode)
+				"each process locks of its own; set %s (for per-process locks on purpose, pass an embedded "+
+				"store with WithStore)", mode, shared)
 		}
 		if devhook.Open == nil {
-			return nil, nil, rules.FieldError("Lock.Redis.Host", "is empty and this binary links no embedded store: set the "+
-				"shared Redis, or, for development, add import _ %q to the service's main.go", devstoreImport)
+			return nil, nil, rules.FieldError("Lock.Redis.Host", "is empty and this binary links no embedded store: set "+
+				"%s, or, for development, add import _ %q to the service's main.go", shared, devstoreImport)
 		}
 		logx.Errorf("flightlock: Lock.Redis.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
 			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))

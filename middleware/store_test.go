@@ -100,3 +100,13 @@ func TestNewStoreLocks(t *testing.T) {
 		t.Fatalf("acquire: %+v %v", got, err)
 	}
 }
+
+// TestNoStoreRefusalNamesEtcdToo: a Lock section that names no store is refused in pro mode
+// with the field that is empty, and told that an etcd store would do as well as a Redis.
+func TestNoStoreRefusalNamesEtcdToo(t *testing.T) {
+	conf := LockConf{Rules: []Rule{{Method: "POST", Path: "/order", Key: "order:{header.x-uid}"}}}
+	_, err := New(conf, WithServiceMode("pro"))
+	if err == nil || !strings.HasPrefix(err.Error(), "Lock.Redis.Host: ") || !strings.Contains(err.Error(), "Lock.Etcd.Hosts") {
+		t.Fatalf("New with no store in pro mode: %v, want an error naming Lock.Redis.Host and Lock.Etcd.Hosts", err)
+	}
+}
