@@ -264,19 +264,27 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 			e.holds = withHold(e.holds, hold)
 		}
 		e.tries++
+		retry := time.Now().Add(retryPause(e.tries))
+		if len(e.holds) == 0 {
+			// No hold of this store counts on the lock any more: its holder gave it up, so
+			// the retry need not wait for the promise made to that holder. Waiting for it
+			// kept the key busy for other processes for up to a TTL after an outage.
+			e.until = retry
+			return
+		}
 		// Never earlier than the entry's deadline: the entry is shared by every hold of this
 		// owner in this store, and the reaper releases all of them when it passes, so pulling it
-		// in for one failed release took away the others' refreshed guarantee
-		// (TestFailedHoldReleaseKeepsOtherHolds). A failed release is retried once the last
-		// promise made on the key has run out, as a lock in Redis lives out its TTL.
-		e.until = later(e.until, time.Now().Add(retryPause(e.tries)))
+		// in for one failed release would take away the others' refreshed guarantee
+		// (TestFailedHoldReleaseKeepsOtherHolds).
+		e.until = later(e.until, retry)
 	})
 }
 
 // retryPause is how long the store waits before its try-th release of a lock: from a quarter
-// second, doubling, at most five seconds.
+// second, doubling, at most one second, so that a key is given back within about a second of
+// etcd answering again. A retry that finds etcd still away costs one bounded call.
 func retryPause(try int) time.Duration {
-	return min(250*time.Millisecond<<min(try-1, 5), 5*time.Second)
+	return min(250*time.Millisecond<<min(try-1, 2), time.Second)
 }
 
 // reap releases, owner-checked, every lock whose holder's guarantee ran out without a refresh
