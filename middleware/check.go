@@ -16,28 +16,21 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// CheckRoutes reports the first rule with a Path that names no route in routes, naming the
-// rule: "Lock.Rules[2]: POST /api/stock/deduct matches no route of the server". A rule names
-// a route when its Method is empty or the route's, and its Path is the route's pattern once
-// both are cleaned (path.Clean, as go-zero's router does), variable names included: a rule
-// /api/sku/:sku names no route /api/sku/:id. The rules given to Route and RouteFunc with a
-// Method or Path are checked too. Such a rule would lock nothing, silently; call CheckRoutes
-// at start-up, after the routes are added and before Start, through MustCheckRoutes:
+// CheckRoutes reports the first rule whose Method and Path name no route in routes
+// ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the server"): such a rule would
+// lock nothing, silently. A rule names a route when its Method is empty or the route's, and its
+// Path is the route's pattern once both are cleaned (path.Clean, as go-zero's router does),
+// variable names included (/api/sku/:sku names no route /api/sku/:id). It checks the rules of
+// Route and RouteFunc too, reports a named rule that no Named(Name) middleware is on (naming
+// it: "Lock.Rules[0] (StockLock): ..."), and a Route or RouteFunc middleware on no route. Call
+// it at start-up, after the routes are added and before Start:
 //
 //	mw.MustCheckRoutes(server.Routes())
 //
-// A named rule is reported when no middleware of Named(Name) is on a route (it would lock
-// nothing either), and its Method and Path are checked like the others, named in the error
-// with its Name: "Lock.Rules[0] (StockLock): POST /stock/:sku/deduct matches no route ...".
-//
-// A middleware of Route or RouteFunc that is on no route is reported too.
-//
-// What CheckRoutes cannot see: whether server.Use(mw.Handle) was called (go-zero applies such
-// middlewares only at Start), and which route group a Route or Named middleware wraps (a rule
-// whose route exists, but in a group without the middleware, locks nothing). Keep a rule's
-// Path inside the group whose @server block names its middleware.
-//
-// Rules that name only an RPC method are left to CheckMethods.
+// It cannot see whether server.Use(mw.Handle) was called (go-zero applies such middlewares
+// only at Start), nor which route group a Route or Named middleware wraps: keep a rule's Path
+// inside the group whose @server block names its middleware. Rules that name only an RPC
+// method are left to CheckMethods.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	clean := make([]rest.Route, 0, len(routes))
 	for _, rt := range routes {

@@ -60,11 +60,9 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 		err   error
 	)
 	if c.Redis.Embedded() {
-		// A section that names no store at all may as well name an etcd; one on etcd gets
-		// here only for its Store: redis rules, which need a Redis.
-		shared := "the shared Redis"
-		if !c.Etcd.Named() {
-			shared = "the shared Redis (or Lock.Etcd.Hosts, to lock in etcd)"
+		shared := "the shared Redis (or Lock.Etcd.Hosts, to lock in etcd)"
+		if c.Etcd.Named() { // on etcd, only its Store: redis rules get here, and they need a Redis
+			shared = "the shared Redis"
 		}
 		if mode == service.PreMode || mode == service.ProMode {
 			return nil, nil, rules.FieldError("Lock.Redis.Host", "is empty in %s mode: the embedded in-memory Redis would give "+
