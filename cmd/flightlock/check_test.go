@@ -13,13 +13,15 @@ var update = flag.Bool("update", false, "rewrite testdata/check/*.golden with fl
 
 const checkDir = "testdata/check"
 
-// TestCheckGolden runs flightlock check over the fixture service (wallet.api, inventory.proto)
-// and one YAML file per mistake, and compares its output and exit status with the
-// golden file. Each mistake file must give exactly one finding, the clean ones none, so that a
+// TestCheckGolden runs flightlock check over the fixture services (wallet.api, inventory.proto;
+// bank.api, bank.proto) and one YAML file per mistake, and compares its output and exit status
+// with the golden file. Each mistake file must give exactly one finding, the clean ones none, so that a
 // check that goes missing fails here even after -update.
 func TestCheckGolden(t *testing.T) {
 	api := []string{"-api", checkDir + "/wallet.api"}
 	proto := []string{"-proto", checkDir + "/inventory.proto"}
+	bankAPI := []string{"-api", checkDir + "/bank.api"}
+	bankProto := []string{"-proto", checkDir + "/bank.proto"}
 	tests := []struct {
 		name  string
 		flags []string
@@ -55,6 +57,8 @@ func TestCheckGolden(t *testing.T) {
 		{"keyshape", api, "warning"},
 		{"maxhold", api, "warning"},
 		{"waitshare", api, "warning"},
+		{"onesided", bankAPI, "warning"},
+		{"rpconesided", bankProto, "warning"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -176,6 +176,7 @@ func (c *checker) checkREST(s *section, i int, r middleware.Rule) {
 			}
 		}
 	}
+	c.checkSidesREST(s, i, r, matched, refs)
 }
 
 // httpMethods are the methods a rule may name (middleware's Rule.Method, in any case).

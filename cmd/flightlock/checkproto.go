@@ -33,6 +33,7 @@ type protoMessage struct {
 type protoField struct {
 	name     string
 	typ      string // full name of a message type, or "" for a scalar, an enum or an unknown type
+	raw      string // the type as written: "string", "int64", "google.protobuf.Timestamp"
 	repeated bool   // repeated or map
 }
 
@@ -87,11 +88,11 @@ func (c *checker) loadProto(file string) error {
 			for _, e := range es {
 				switch f := e.(type) {
 				case *proto.NormalField:
-					pm.fields = append(pm.fields, protoField{name: f.Name, typ: resolve(m.scope, f.Type, known), repeated: f.Repeated})
+					pm.fields = append(pm.fields, protoField{name: f.Name, typ: resolve(m.scope, f.Type, known), raw: f.Type, repeated: f.Repeated})
 				case *proto.MapField:
 					pm.fields = append(pm.fields, protoField{name: f.Name, repeated: true})
 				case *proto.OneOfField:
-					pm.fields = append(pm.fields, protoField{name: f.Name, typ: resolve(m.scope, f.Type, known)})
+					pm.fields = append(pm.fields, protoField{name: f.Name, typ: resolve(m.scope, f.Type, known), raw: f.Type})
 				case *proto.Oneof:
 					add(f.Elements)
 				}
@@ -176,6 +177,7 @@ func (c *checker) checkRPC(s *section, i int, r middleware.Rule) {
 			c.errorAt(s, s.ruleNode(i, "Key"), "%s.Key: {%s}: %s", name, ref, msg)
 		}
 	}
+	c.checkSidesRPC(s, i, r, m.input, refs)
 }
 
 func (c *checker) method(full string) (rpcMethod, bool) {
