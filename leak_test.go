@@ -42,9 +42,19 @@ func TestLeaseNeverReleasedIsReportedWithWhereItWasTaken(t *testing.T) {
 	if _, err := l.LockAll(ctx, "job:fees"); err != nil { // never released either
 		t.Fatal(err)
 	}
+	permits, err := l.With(WithPermits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, permitLine, _ := runtime.Caller(0)
+	permit, err := permits.Lock(ctx, "job:export") // a permit, never released
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{
 		"lock:job:interest": fmt.Sprintf("leak_test.go:%d ", line+1),
 		"lock:job:fees":     fmt.Sprintf("leak_test.go:%d ", groupLine+1),
+		permit.Key():        fmt.Sprintf("leak_test.go:%d ", permitLine+1),
 	}
 	// Step past MaxHold and the last renewal's TTL, a renewal interval at a time, so that the
 	// watchdog renews until MaxHold, then loses the lock, then gives the grant up.

@@ -159,7 +159,13 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 		start = time.Now()
 	}
 	for _, k := range sorted {
-		lease, err := l.lockSince(cur, k, l.cfg.mode == Wait, start, 2) // lockSince <- LockAll <- caller
+		var lease *Lease
+		var err error
+		if l.cfg.permits > 1 {
+			lease, err = l.lockPermit(cur, k, l.cfg.permits, l.cfg.mode == Wait, start, 2) // lockPermit <- LockAll <- caller
+		} else {
+			lease, err = l.lockSince(cur, k, l.cfg.mode == Wait, start, time.Time{}, 2) // lockSince <- LockAll <- caller
+		}
 		if err != nil {
 			_ = g.Release(ctx)
 			return nil, err
@@ -188,7 +194,10 @@ func (l *Locker) redisKey(key string) (string, error) {
 
 // lock is called by Lock, TryLock and Do only: lockSince finds their caller three frames up.
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
-	return l.lockSince(ctx, key, wait, time.Time{}, 3) // lockSince <- lock <- Lock <- caller
+	if l.cfg.permits > 1 {
+		return l.lockPermit(ctx, key, l.cfg.permits, wait, time.Time{}, 3) // lockPermit <- lock <- Lock <- caller
+	}
+	return l.lockSince(ctx, key, wait, time.Time{}, time.Time{}, 3) // lockSince <- lock <- Lock <- caller
 }
 
 // callerAbove is the program counter of the call that is up frames above the caller of
@@ -206,11 +215,12 @@ func callerAbove(up int) uintptr {
 const siteHandoff uintptr = 1
 
 // lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
-// every key of a LockAll. Reject mode reads no clock: a busy key costs no time.Now. callerUp
+// every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
+// on one permit). Reject mode reads no clock: a busy key costs no time.Now. callerUp
 // is how many frames above lockSince the caller of the exported method is; a grant that goes
 // to the store records that caller's place (callerAbove), for the report of a lease that is
 // never released.
-func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
+func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
 		return nil, err
@@ -231,6 +241,9 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start tim
 			start = time.Now()
 		}
 		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
+		if !until.IsZero() && until.Before(b.deadline) {
+			b.deadline = until
+		}
 	}
 	defer b.stop()
 	if o, ok := handover.Lookup(ctx, rkey); ok {

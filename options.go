@@ -71,6 +71,7 @@ type config struct {
 	handoff  int
 	window   time.Duration
 	failOpen bool
+	permits  int // WithPermits: more than 1 makes each key a semaphore
 	metadata func(context.Context) string
 	holders  func(ctx context.Context, holder string) error
 	clock    clock // systemClock outside tests (withClock)
@@ -143,6 +144,8 @@ func (c *config) validate() error {
 		return configError("WithHandoff: bounds must not be negative, got %d and %v", c.handoff, c.window)
 	case len(c.prefix) >= MaxKeyLen:
 		return configError("WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
+	case c.permits < 0 || c.permits > MaxPermits:
+		return configError("WithPermits: must be 1 to %d (0 means 1), got %d", MaxPermits, c.permits)
 	}
 	return nil
 }

@@ -1,0 +1,189 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightlock/flightlock/internal/handover"
+	"github.com/flightlock/flightlock/internal/waitbudget"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// MaxPermits bounds the permits of a semaphore key: each permit is a lock of its own, and a
+// taker that finds them all busy has looked at every one.
+const MaxPermits = 64
+
+// PermitKey is the key of the i-th permit (1 <= i <= n) of a semaphore key (WithPermits): what
+// a permit's Lease names (with the prefix) and what `flightlock ls` lists.
+func PermitKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
+
+// permitTurn spreads the takers of a semaphore over its permits: each taker starts its look
+// at the next permit, so that concurrent takers do not all race for the first.
+var permitTurn atomic.Uint32
+
+// WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1,
+// the default, is a lock): at most n leases of a key are held at once, across processes ("at
+// most 3 exports per tenant"). Lock, TryLock, Do and LockAll take one permit of each key. Each
+// permit is a lock of its own, PermitKey(key, i) for i in 1..n, with everything a lock has:
+// renewal while held, expiry a TTL after its holder died, a fence (per permit, growing from
+// one holder of that permit to the next), ErrLost, one release; and a context that holds a
+// permit of a key re-enters it instead of taking a second. Every taker of a key must name the
+// same count: a lower one leaves the permits above it to those that named more.
+//
+// A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
+// the wait budget is spent, with the shortest time a holder had left (RetryAfter). While it
+// waits, a taker queues (FIFO) on a permit held in this process, which its holder's release
+// hands over without a round trip, and looks at all the permits again at the Locker's retry
+// delays, or as soon as a permit held elsewhere is released. A look at a permit held in another
+// process costs a round trip, so a taker that finds every permit taken has paid up to n.
+func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
+
+// lockPermit takes one of permits permits of key. callerUp is where the caller of the
+// exported method is, seen from lockPermit (as lockSince's, one frame nearer).
+func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
+	callerUp++ // seen from lockSince
+	if key == "" {
+		return nil, invalidKey("empty key")
+	}
+	keys := make([]string, permits)
+	for i := range keys {
+		keys[i] = PermitKey(key, i+1)
+		rkey, err := l.redisKey(keys[i])
+		if err != nil {
+			return nil, err
+		}
+		// A holder of a permit, in this process or handed over by the caller's service, takes
+		// that permit again: a second would count it twice against the others.
+		if findLease(ctx, l.k.gate, rkey) != nil {
+			return l.lockSince(ctx, keys[i], wait, time.Time{}, time.Time{}, callerUp)
+		}
+		if _, ok := handover.Lookup(ctx, rkey); ok {
+			return l.lockSince(ctx, keys[i], wait, time.Time{}, time.Time{}, callerUp)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if wait {
+		if start.IsZero() {
+			start = time.Now()
+		}
+		deadline = waitbudget.Deadline(ctx, start, l.cfg.wait)
+	}
+	first := int(permitTurn.Add(1) % uint32(permits))
+	var (
+		watches []*lockstore.Watch
+		timer   *time.Timer
+	)
+	defer func() {
+		for _, w := range watches {
+			w.Close()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for attempt := 0; ; attempt++ {
+		busy, local := &busyError{}, -1
+		var storeErr error // the store's error of this look, while waiting; nil when all were busy
+		for j := range permits {
+			i := (first + j) % permits
+			lease, err := l.lockSince(ctx, keys[i], false, time.Time{}, time.Time{}, callerUp)
+			if err == nil {
+				return lease, nil
+			}
+			var be *busyError
+			if !errors.As(err, &be) {
+				// A waiter rides out the store's errors within its budget, as a lock's does;
+				// a bad key, a drain or the caller's end stops it.
+				if !wait || ctx.Err() != nil || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrClosed) {
+					return nil, err
+				}
+				storeErr = err
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			if be.retryAfter > 0 && (busy.retryAfter == 0 || be.retryAfter < busy.retryAfter) {
+				busy.retryAfter = be.retryAfter
+			}
+			if local < 0 && l.k.gate.lookupHold(l.cfg.prefix+keys[i]) != nil {
+				local = i
+			}
+		}
+		if !wait || l.k.gate.closed.Load() {
+			return nil, l.gaveUp(ctx, busy)
+		}
+		now := time.Now()
+		delay, ok := l.cfg.retry(attempt)
+		if !ok || !now.Before(deadline) {
+			if storeErr != nil {
+				return nil, storeErr
+			}
+			return nil, l.gaveUp(ctx, busy)
+		}
+		if busy.retryAfter > 0 {
+			delay = min(delay, busy.retryAfter)
+		}
+		turnEnd := now.Add(delay)
+		if deadline.Before(turnEnd) {
+			turnEnd = deadline
+		}
+		if local >= 0 {
+			// Queue on the permit held here for one delay: its release hands it over at once.
+			lease, err := l.lockSince(ctx, keys[local], true, start, turnEnd, callerUp)
+			switch {
+			case err == nil:
+				return lease, nil
+			case ctx.Err() != nil, errors.Is(err, ErrInvalidKey), errors.Is(err, ErrClosed):
+				return nil, err
+			}
+			continue // busy at the turn's end, or a store error to ride out: look again
+		}
+		// Every permit is held elsewhere: sleep until one of them is released, one delay at
+		// most. Watches made only now may have missed a release: look once more first.
+		if watches == nil {
+			fresh := false
+			for _, k := range keys {
+				w, err := l.k.store.Watch(ctx, l.cfg.prefix+k)
+				if err != nil {
+					break // no notification: the delays alone pace the looks
+				}
+				watches = append(watches, w)
+				fresh = fresh || w.Fresh()
+			}
+			if fresh {
+				continue
+			}
+		}
+		if !l.sleepAny(ctx, watches, &timer, turnEnd.Sub(now)) {
+			return nil, l.gaveUp(ctx, busy)
+		}
+	}
+}
+
+// sleepAny is sleep for the watches of several keys: it waits d at most, until one of them is
+// signalled, ctx ends or the gate drains, and reports whether the next look may go.
+func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
+	if *timer == nil {
+		*timer = time.NewTimer(d)
+	} else {
+		(*timer).Reset(d)
+	}
+	cases := make([]reflect.SelectCase, 0, len(watches)+3)
+	cases = append(cases,
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf((*timer).C)},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.k.gate.closing)})
+	for _, w := range watches {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.C())})
+	}
+	chosen, _, _ := reflect.Select(cases)
+	return chosen != 1 && chosen != 2
+}
