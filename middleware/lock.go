@@ -32,6 +32,9 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 	if r.TTL > 0 {
 		opts = append(opts, flightlock.WithTTL(r.TTL))
 	}
+	if r.Permits > 1 {
+		opts = append(opts, flightlock.WithPermits(r.Permits))
+	}
 	if r.Wait > 0 {
 		opts = append(opts, flightlock.WithWait(r.Wait))
 	}

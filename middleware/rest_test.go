@@ -598,3 +598,47 @@ func TestTransferToTheSameAccountIsOneLock(t *testing.T) {
 		t.Errorf("withdrawal from A after A->A: %d, want 200 (the account free again)", code)
 	}
 }
+
+// A rule with Permits: 2 lets two requests for one key run at once and answers a third 409
+// while they do; other keys are not counted against it.
+func TestPermitsRuleLetsThatManyRequestsIn(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{
+		{Method: http.MethodPost, Path: "/export/:tenant", Key: "export:{path.tenant}", OnBusy: "reject", Permits: 2},
+	}})
+	inside, proceed := make(chan string, 3), make(chan struct{})
+	s := serverless(t, restConf(t, 5*time.Second), m, []rest.Route{
+		{Method: http.MethodPost, Path: "/export/:tenant", Handler: func(w http.ResponseWriter, r *http.Request) {
+			inside <- flightlock.FromContext(r.Context()).Key()
+			<-proceed
+		}},
+	})
+	post := func(tenant string) int {
+		return serve(s, httptest.NewRequest(http.MethodPost, "/export/"+tenant, http.NoBody)).Code
+	}
+	codes := make(chan int, 2)
+	for range 2 {
+		go func() { codes <- post("acme") }()
+	}
+	held := map[string]bool{<-inside: true, <-inside: true}
+	if !held["lock:export:acme#1"] || !held["lock:export:acme#2"] {
+		t.Errorf("two requests of one tenant hold %v, want its two permits", held)
+	}
+	if code := post("acme"); code != http.StatusConflict {
+		t.Errorf("a third export of the tenant while two run: %d, want 409", code)
+	}
+	go func() { codes <- post("other") }()
+	if key := <-inside; key != "lock:export:other#1" && key != "lock:export:other#2" {
+		t.Errorf("another tenant's export holds %q, want one of its own permits", key)
+	}
+	close(proceed)
+	for range 3 {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("an export that got a permit: %d, want 200", code)
+		}
+	}
+	if _, err := New(LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/x", Key: "x", Permits: 2, OnBusy: "share"}}}); err == nil ||
+		!strings.Contains(err.Error(), "Lock.Rules[0].Permits") {
+		t.Errorf("Permits with OnBusy share: %v, want an error naming Lock.Rules[0].Permits", err)
+	}
+}

@@ -418,6 +418,11 @@ type Rule struct {
 	// "open". Empty (the default): the Lock section's. A stock rule can fail closed while a
 	// like counter on the same service fails open.
 	OnStoreError string `json:",optional"`
+	// Permits is how many requests may hold a key of the rule at once: a semaphore ("at most 3
+	// exports per tenant", flightlock.WithPermits). 0 or 1, the default, is a lock; at most
+	// flightlock.MaxPermits. Busy means every permit is taken. Every rule on a key must name
+	// the same count.
+	Permits int `json:",optional"`
 }
 
 // Validate reports the first bad field of c, named as in the YAML file
@@ -702,7 +707,7 @@ func checkRule(r Spec) error {
 	return CheckLockSettings(r.Field, r.Rule)
 }
 
-// CheckLockSettings validates a rule's OnBusy, OnStoreError, TTL and Wait.
+// CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, TTL and Wait.
 func CheckLockSettings(name string, r Rule) error {
 	switch {
 	case r.TTL < 0:
@@ -717,6 +722,12 @@ func CheckLockSettings(name string, r Rule) error {
 		if err := OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen); err != nil {
 			return err
 		}
+	}
+	switch {
+	case r.Permits < 0 || r.Permits > flightlock.MaxPermits:
+		return FieldError(name+".Permits", "must be 0 to %d (0 and 1 are a lock), got %d", flightlock.MaxPermits, r.Permits)
+	case r.Permits > 1 && r.OnBusy == OnBusyShare:
+		return FieldError(name+".Permits", "cannot be set with OnBusy share: a shared response is one run's, and %d may run at once", r.Permits)
 	}
 	if r.OnBusy != OnBusyShare {
 		return nil
