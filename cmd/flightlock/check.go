@@ -105,6 +105,7 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	c.checkKeyScopes()
+	c.checkPermitCounts()
 	slices.SortStableFunc(c.findings, func(a, b finding) int { return cmp.Compare(a.line, b.line) })
 	code := exitOK
 	for _, f := range c.files {
@@ -199,6 +200,7 @@ type checker struct {
 	files    []string              // the config files, in the order given, each once
 	byFile   map[string]*fileStats // by config file, for the summary lines
 	keyed    []keyedRule           // every loaded rule's keys, compared across rules at the end
+	counted  []countedKey          // every loaded rule's keys with its permit count, likewise
 }
 
 // section is one Lock mapping of a config file.

@@ -55,6 +55,7 @@ func TestCheckGolden(t *testing.T) {
 		{"trustowner", proto, "warning"},
 		{"mixedkeys", api, "warning"},
 		{"keyshape", api, "warning"},
+		{"permits", api, "warning"},
 		{"maxhold", api, "warning"},
 		{"waitshare", api, "warning"},
 		{"onesided", bankAPI, "warning"},

@@ -36,6 +36,7 @@ func (c *checker) checkKeyParts(s *section, i int, r middleware.Rule) {
 	}
 	prefix := s.conf.Normalized().Prefix
 	for _, k := range keys {
+		c.counted = append(c.counted, countedKey{s: s, rule: i, prefix: prefix, shape: k.Shape, permits: max(r.Permits, 1)})
 		if len(k.Refs) != 1 {
 			continue // a composite key ("idem:{uid}:{header.Idempotency-Key}") names no one value
 		}
@@ -192,4 +193,56 @@ func article(noun string) string {
 		return "an"
 	}
 	return "a"
+}
+
+// countedKey is one key of a loaded rule with the rule's permit count (1 for a lock).
+type countedKey struct {
+	s       *section
+	rule    int
+	prefix  string
+	shape   string // "export:{}"
+	permits int
+}
+
+// checkPermitCounts warns of two rules that lock keys of one shape with different Permits. A
+// lock and the permits of a key are different keys (export:acme against export:acme#1 to #3),
+// so such rules never hold each other back; two counts share the lower one's permits, so the
+// higher count lets that many in beside the lower rule's holders. The first rule to lock a
+// shape sets its count; each later rule with another count is reported once per shape.
+func (c *checker) checkPermitCounts() {
+	type scope struct{ prefix, shape string }
+	first := make(map[scope]countedKey)
+	reported := make(map[string]bool)
+	for _, k := range c.counted {
+		sc := scope{k.prefix, k.shape}
+		f, ok := first[sc]
+		if !ok {
+			first[sc] = k
+			continue
+		}
+		id := fmt.Sprintf("%s\x00%s\x00%d\x00%s", k.s.file, k.s.path, k.rule, k.shape)
+		if f.permits == k.permits || reported[id] {
+			continue
+		}
+		reported[id] = true
+		other := f.s.field(fmt.Sprintf("Lock.Rules[%d]", f.rule))
+		if f.s.file != k.s.file {
+			other += fmt.Sprintf(" (%s:%d)", f.s.file, f.s.ruleNode(f.rule, "Key").Line)
+		}
+		why := fmt.Sprintf("they share the first %d permits, so up to %d requests hold a key where one rule allows %d",
+			min(f.permits, k.permits), max(f.permits, k.permits), min(f.permits, k.permits))
+		if min(f.permits, k.permits) == 1 {
+			why = "a lock and the permits of a key are different keys (" + k.shape + " against " + k.shape + "#1 ...), so neither rule holds the other back"
+		}
+		c.warnAt(k.s, k.s.ruleNode(k.rule, "Key"), "%s locks %s with %s, and %s with %s: %s; give every rule on a key the same Permits",
+			k.s.field(fmt.Sprintf("Lock.Rules[%d]", k.rule)), k.shape, permitWords(k.permits), other, permitWords(f.permits), why)
+	}
+}
+
+// permitWords is a permit count as a message says it.
+func permitWords(n int) string {
+	if n == 1 {
+		return "no Permits (a lock)"
+	}
+	return fmt.Sprintf("Permits: %d", n)
 }
