@@ -52,7 +52,10 @@ type rowSpec struct {
 	lib   string // library
 	wait  string // how it waits for a busy key
 	floor bool   // not a lock: a lower bound on cost
-	build func(addr string) (impl, error)
+	// permits is how many holders of a key the row admits at once: 0 for a lock, n for a
+	// semaphore's rows (scenario 10), whose guards then admit n.
+	permits int
+	build   func(addr string) (impl, error)
 }
 
 func (r rowSpec) label() string {
@@ -85,7 +88,7 @@ func allRows() []rowSpec {
 }
 
 func rowByID(id string) (rowSpec, bool) {
-	for _, r := range allRows() {
+	for _, r := range append(allRows(), semaphoreRows()...) {
 		if r.id == id {
 			return r, true
 		}
@@ -112,10 +115,14 @@ type flightlockImpl struct {
 	reject *flightlock.Locker
 }
 
-func newFlightlock(addr string) (impl, error) {
+func newFlightlock(addr string) (impl, error) { return newFlightlockWith(addr) }
+
+// newFlightlockWith is the flightlock row with more options (scenario 10's permits) after the
+// common ones.
+func newFlightlockWith(addr string, opts ...flightlock.Option) (*flightlockImpl, error) {
 	c, h := newClient(addr)
 	store := redisstore.New(c)
-	l, err := flightlock.New(store, flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget), flightlock.WithPrefix("fl:"))
+	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget), flightlock.WithPrefix("fl:")}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -57,6 +57,7 @@ func redisWorkerRow(id, addr string) (workerRow, error) {
 		},
 		roundTrips: im.roundTrips,
 		close:      im.close,
+		permits:    spec.permits,
 	}, nil
 }
 

@@ -41,6 +41,9 @@ type report struct {
 	s7      []*result
 	s8      *s8Results
 	s9      *s9Results
+	s10     *s10Results // written to the primitives report (primitivesMarkdown)
+
+	primitivesName string // the primitives report's file name, for the main report's link
 }
 
 func (r *report) raw() map[string]any {
@@ -50,7 +53,7 @@ func (r *report) raw() map[string]any {
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
-		"scenario8": r.s8, "scenario9": r.s9, "quick": r.cfg.quick}
+		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "quick": r.cfg.quick}
 }
 
 func find(rs []*result, id string) *result {
@@ -285,6 +288,9 @@ func (r *report) markdown() string {
 		} else {
 			w("Not run (`-scenario` without %s).\n\n", sec.n)
 		}
+	}
+	if r.s10 != nil {
+		w("## 10. Semaphore: %d permits on one hot key\n\nIn a report of its own: [%s](%s).\n\n", semPermits, r.primitivesName, r.primitivesName)
 	}
 	if r.cfg.goBench != "" {
 		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {

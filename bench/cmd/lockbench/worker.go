@@ -37,6 +37,7 @@ type workerRow struct {
 	warm       func() error
 	roundTrips func() int64 // nil: not counted
 	close      func()
+	permits    int // holders of a key the row admits at once (rowSpec.permits): 0 or 1 for a lock
 }
 
 // workerResult is one worker's report.
@@ -108,6 +109,15 @@ func workerMain(args []string) {
 	hs, err := wr.holders([]string{*key}, *g)
 	if err != nil {
 		fatalf("worker: %v", err)
+	}
+	if wr.permits > 1 {
+		gd = gd.Admitting(int64(wr.permits))
+		span, unmapSpan, err := guard.Map(spanShm(*shmPath), false)
+		if err != nil {
+			fatalf("worker: map span guard: %v", err)
+		}
+		defer unmapSpan()
+		hs = spanHolders(hs, span.Admitting(int64(wr.permits)))
 	}
 	if err := wr.warm(); err != nil {
 		fatalf("worker: warm-up: %v", err)

@@ -1,8 +1,9 @@
 // Package guard is the state a benchmark's critical section protects, and the checks that
-// find a second holder: an "inside" count that must read 1, a plain counter that a lost
-// update leaves short, and, for locks with fencing tokens, a fence that must rise. The words
-// live in this process's memory or in a file every worker process maps (shm), so that the
-// checks span processes without touching the lock's store.
+// find a second holder: an "inside" count that must read 1 (at most n for a semaphore of n
+// permits, Admitting), a plain counter that a lost update leaves short, and, for locks with
+// fencing tokens, a fence that must rise. The words live in this process's memory or in a
+// file every worker process maps (shm), so that the checks span processes without touching
+// the lock's store.
 package guard
 
 import (
@@ -18,14 +19,27 @@ type Guard struct {
 	violations      *int64 // critical sections that found another holder inside
 	lastFence       *int64 // the largest fence seen so far
 	fenceViolations *int64 // fences not above the last one seen
+	peak            *int64 // the most holders inside at once, kept only when limit is above 1
+
+	limit int64 // the holders admitted at once; 0 and 1 mean a lock. Per process, not shared.
 }
 
 func fromWords(w []int64) Guard {
-	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4]}
+	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4], peak: &w[5]}
+}
+
+// Admitting returns a copy of g that admits n holders at once, the check of a semaphore of n
+// permits: a critical section that finds n others inside is a violation. Its plain counter is
+// incremented atomically, since up to n holders legitimately run at once, and it keeps the
+// most holders seen inside at once (Peak), which shows how hard the bound was tested. Every
+// process that maps a shared guard must admit the same n.
+func (g Guard) Admitting(n int64) Guard {
+	g.limit = n
+	return g
 }
 
 // New returns a guard in this process's memory.
-func New() Guard { return fromWords(make([]int64, 5)) }
+func New() Guard { return fromWords(make([]int64, 6)) }
 
 // Map returns a guard whose words live in the file at path (created and zeroed when create),
 // shared with every process that maps it, and the function that unmaps it.
@@ -34,7 +48,7 @@ func Map(path string, create bool) (Guard, func(), error) {
 	if err != nil {
 		return Guard{}, nil, err
 	}
-	return fromWords(w[:5]), unmap, nil
+	return fromWords(w[:6]), unmap, nil
 }
 
 // Critical is the benchmark's critical section, run by a holder whose lock gave it fence (0:
@@ -42,8 +56,12 @@ func Map(path string, create bool) (Guard, func(), error) {
 // counter, Exit.
 func (g Guard) Critical(fence int64) {
 	g.Enter(fence)
-	v := *g.plain
-	*g.plain = v + 1
+	if g.limit > 1 {
+		atomic.AddInt64(g.plain, 1)
+	} else {
+		v := *g.plain
+		*g.plain = v + 1
+	}
 	g.Exit()
 }
 
@@ -52,12 +70,28 @@ func (g Guard) Critical(fence int64) {
 // stay inside across other calls (a held key that waiters must not be granted) calls Enter and
 // Exit itself.
 func (g Guard) Enter(fence int64) {
-	if atomic.AddInt64(g.inside, 1) != 1 {
+	if g.limit > 1 {
+		g.enterShared()
+	} else if atomic.AddInt64(g.inside, 1) != 1 {
 		atomic.AddInt64(g.violations, 1)
 	}
 	if fence != 0 {
 		if prev := atomic.SwapInt64(g.lastFence, fence); fence <= prev {
 			atomic.AddInt64(g.fenceViolations, 1)
+		}
+	}
+}
+
+// enterShared is Enter's count for a guard that admits limit holders: a violation past limit,
+// and the peak raised to the count seen.
+func (g Guard) enterShared() {
+	n := atomic.AddInt64(g.inside, 1)
+	if n > g.limit {
+		atomic.AddInt64(g.violations, 1)
+	}
+	for p := atomic.LoadInt64(g.peak); n > p; p = atomic.LoadInt64(g.peak) {
+		if atomic.CompareAndSwapInt64(g.peak, p, n) {
+			break
 		}
 	}
 }
@@ -70,6 +104,10 @@ func (g Guard) Plain() int64 { return atomic.LoadInt64(g.plain) }
 
 // Violations counts the critical sections that found another holder inside.
 func (g Guard) Violations() int64 { return atomic.LoadInt64(g.violations) }
+
+// Peak is the most holders seen inside at once by a guard that admits more than one
+// (Admitting); 0 for a lock's guard, which does not keep it.
+func (g Guard) Peak() int64 { return atomic.LoadInt64(g.peak) }
 
 // FenceViolations counts the fences that were not above the last one seen.
 func (g Guard) FenceViolations() int64 { return atomic.LoadInt64(g.fenceViolations) }

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/hostinfo"
+)
+
+// The primitives report holds the scenarios of flightlock's primitives beyond the mutex
+// (scenario 10, semaphores): a document of its own, docs/benchmarks-primitives.md, with the
+// machine header of the main report, so that a run of these scenarios alone never rewrites
+// the main report's figures.
+
+// primitiveScenarios are the scenarios whose sections go in the primitives report.
+var primitiveScenarios = []int{10}
+
+// ranMain says whether any scenario of the main report ran.
+func ranMain(c config) bool {
+	for n := 1; n <= lastScenario; n++ {
+		if c.scenarios[n] && !isPrimitive(n) {
+			return true
+		}
+	}
+	return false
+}
+
+func isPrimitive(n int) bool {
+	for _, p := range primitiveScenarios {
+		if p == n {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *report) primitivesMarkdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Benchmarks: flightlock's primitives beyond the mutex\n\n")
+	w("Generated on %s in %v by this command, run from `bench/` (`bench/run.sh` runs the same binary with the arguments\n",
+		r.started.UTC().Format("2006-01-02 15:04 MST"), r.elapsed.Round(time.Second))
+	w("shown, and writes this file on a full run too):\n\n```\n%s\n```\n\n", r.cfg.cmdline)
+	w("The scenarios of the mutex, 1-9, are in [benchmarks.md](benchmarks.md),\n")
+	w("on the same kind of run: one `redis-server` that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`),\n")
+	w("every figure the **median of %d repetitions**.\n\n", r.cfg.reps)
+	if r.cfg.quick {
+		w("**This is a quick run (`-quick`)**: short durations, one repetition. Its figures show that the scenario runs;\n")
+		w("they are not the benchmark's results.\n\n")
+	}
+	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
+		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, hostinfo.LoadNow())
+	w("The benchmark process, its worker processes and `redis-server` share these cores; one round trip on loopback is mostly\n")
+	w("CPU (syscalls, scheduling), not wire.\n\n")
+	if r.s10 != nil {
+		r.s10Section(w)
+	}
+	return b.String()
+}

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/zsetsem"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Scenario 10 (Redis only): a counting semaphore of semPermits permits on one hot key, taken
+// by s10Goroutines goroutines of one process, then by s3Procs processes of s3Goroutines
+// goroutines each (scenario 3's workers and quotas). Rows: flightlock with WithPermits, and a
+// naive sorted-set semaphore that polls (bench/internal/zsetsem). Its report is a document of
+// its own (-primitives-out), so that the figures of scenarios 1-9 stay where they are.
+
+const (
+	// semPermits is the permits of the hot key.
+	semPermits = 3
+	// semPoll is how long the naive semaphore's refused taker sleeps before it tries again:
+	// the fixed interval of the classic recipe, short enough not to flatter flightlock.
+	semPoll = 5 * time.Millisecond
+	// s10Goroutines is scenario 10's goroutines in one process, as scenario 2's largest.
+	s10Goroutines = 64
+)
+
+// semaphoreRows are scenario 10's rows: each admits semPermits holders of a key at once.
+func semaphoreRows() []rowSpec {
+	return []rowSpec{
+		{id: "flightlock-permits", lib: "flightlock, WithPermits(" + strconv.Itoa(semPermits) + ")",
+			wait:    "permit hand-over + release notification",
+			permits: semPermits, build: func(a string) (impl, error) {
+				return newFlightlockWith(a, flightlock.WithPermits(semPermits))
+			}},
+		{id: "zset-permits", lib: "naive ZSET semaphore (" + strconv.Itoa(semPermits) + " permits)",
+			wait: "poll " + semPoll.String(), permits: semPermits, build: newZsetSem},
+	}
+}
+
+// --- the naive ZSET semaphore as a row
+
+type zsetSemImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	sem    *zsetsem.Semaphore
+}
+
+func newZsetSem(addr string) (impl, error) {
+	c, h := newClient(addr)
+	return &zsetSemImpl{client: c, rt: h, sem: zsetsem.New(c, semPermits, lockTTL, semPoll)}, nil
+}
+
+func (z *zsetSemImpl) key(base string) string { return "zs:" + base }
+
+func (z *zsetSemImpl) lock(ctx context.Context, key string) (any, error) {
+	return z.sem.Acquire(ctx, key)
+}
+
+func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
+	p, err := z.sem.TryAcquire(ctx, key)
+	if errors.Is(err, zsetsem.ErrBusy) {
+		return nil, errBusy
+	}
+	return p, err
+}
+
+func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*zsetsem.Permit).Release(ctx)
+}
+
+func (z *zsetSemImpl) roundTrips() int64 { return z.rt.load() }
+func (z *zsetSemImpl) close()            { _ = z.client.Close() }
+
+// --- holders that span their hold
+
+// spanHolder marks its goroutine inside span from the moment Lock returns a permit to the
+// moment it calls Unlock, and yields the processor once in between (runtime.Gosched). The
+// span lies within the permit's time on the server (entered after the grant, left before the
+// release is sent), so more than n inside is a real violation. The yield is what lets the
+// bound be reached: a hold that never blocks is inside only while its goroutine runs, so
+// without it no more than GOMAXPROCS holders (2 on the benchmark machine) could ever be
+// seen at once, whatever the semaphore let through.
+type spanHolder struct {
+	contend.Holder
+	span guard.Guard
+}
+
+func (x *spanHolder) Lock(ctx context.Context, k int) (int64, error) {
+	fence, err := x.Holder.Lock(ctx, k)
+	if err == nil {
+		x.span.Enter(0)
+		runtime.Gosched()
+	}
+	return fence, err
+}
+
+func (x *spanHolder) Unlock(ctx context.Context) error {
+	x.span.Exit()
+	return x.Holder.Unlock(ctx)
+}
+
+// spanHolders wraps every holder in a spanHolder on span.
+func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
+	out := make([]contend.Holder, len(hs))
+	for i, h := range hs {
+		out[i] = &spanHolder{Holder: h, span: span}
+	}
+	return out
+}
+
+// spanShm is the path of the span guard's file beside a measurement's guard file.
+func spanShm(shm string) string { return shm + ".span" }
+
+// --- scenario 10
+
+// s10Results are scenario 10's rows in one process and across processes.
+type s10Results struct {
+	InProcess []*result `json:"in_process"`
+	Procs     []*result `json:"procs"`
+}
+
+func (b *bench) scenario10() *s10Results {
+	rows := pick("flightlock-permits", "zset-permits")
+	b.warm(rows)
+	inProc, procs := newResults(rows), newResults(rows)
+	// A 1 s pilot per row sets each process's quota, as in scenario 3.
+	quotas := make(map[string]int64)
+	for _, r := range rows {
+		wr, _, _, _, unmap := b.runSemaphoreProcs(r, "s10:pilot", 0, time.Second)
+		unmap()
+		var ops, last int64
+		for _, w := range wr {
+			ops += w.Ops
+			last = max(last, w.Elapsed)
+		}
+		rate := float64(ops) / (float64(last) / 1e9)
+		quotas[r.id] = max(int64(rate*b.cfg.d10.Seconds()/s3Procs), 20)
+		progress("s10 pilot %-18s %9.0f cs/s -> %d critical sections per process", r.id, rate, quotas[r.id])
+	}
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, mix := b.semaphoreInProcess(r, rep)
+			inProc[r.id].Reps = append(inProc[r.id].Reps, m)
+			inProc[r.id].Mix = mix
+			progress("s10 rep %d g=%d %-18s %9.0f cs/s rt/cs %.2f p99 %s peak %d viol %d err %d", rep+1, s10Goroutines, r.id,
+				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
+		}
+		for _, r := range interleave.Rotate(rows, rep) {
+			wr, delta, cs, span, unmap := b.runSemaphoreProcs(r, fmt.Sprintf("s10:%d", rep), quotas[r.id], b.cfg.d10)
+			all := sumWorkers(wr)
+			var first, last int64 = 1 << 62, 0
+			for _, w := range wr {
+				first = min(first, w.Elapsed)
+				last = max(last, w.Elapsed)
+			}
+			m := contendMetrics(all, delta, cs.Plain(), cs.Violations()+span.Violations())
+			m["peak"] = float64(span.Peak())
+			unmap()
+			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
+			m["fair"] = float64(last) / float64(max(first, 1))
+			m["quota"] = float64(quotas[r.id])
+			m["unfinished"] = float64(quotas[r.id]*s3Procs - all.Ops)
+			procs[r.id].Reps = append(procs[r.id].Reps, m)
+			procs[r.id].Mix = mixString(delta, all.Ops)
+			progress("s10 rep %d %dx%d %-18s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f peak %d viol %d err %d %s", rep+1, s3Procs, s3Goroutines, r.id,
+				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["peak"]), int64(m["violations"]), all.Errors, all.FirstErr)
+		}
+	}
+	return &s10Results{InProcess: ordered(rows, inProc), Procs: ordered(rows, procs)}
+}
+
+// semaphoreInProcess runs one repetition of a row with s10Goroutines goroutines on one key for
+// d10 and returns its figures and server command mix.
+func (b *bench) semaphoreInProcess(r rowSpec, rep int) (metrics, string) {
+	im := b.impl(r)
+	key := im.key(fmt.Sprintf("s10:%d:%d", s10Goroutines, rep))
+	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
+	hs := make([]contend.Holder, s10Goroutines)
+	for i := range hs {
+		hs[i] = &implHolder{im: im, keys: []string{key}}
+	}
+	hs = spanHolders(hs, span)
+	d := b.cfg.d10
+	s0, rt0 := b.snap(), im.roundTrips()
+	start := time.Now().Add(20 * time.Millisecond)
+	stop := make(chan struct{})
+	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
+	res := contend.Run(hs, []guard.Guard{cs}, start, uint64(start.UnixNano()), contend.Until(stop, 0, start.Add(d+waitBudget)))
+	t.Stop()
+	res.Errors += res.ReleaseErrors // a failed release is an error, as in scenario 2
+	res.ReleaseErrors = 0
+	cr := contendResult{Result: res, RT: im.roundTrips() - rt0}
+	delta := diffStats(s0.cmds, b.stats())
+	m := contendMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations())
+	m["peak"] = float64(span.Peak())
+	b.cpu(m, s0, cr.Ops, true)
+	return m, mixString(delta, cr.Ops)
+}
+
+// runSemaphoreProcs is runProcs (s3Procs workers of s3Goroutines goroutines) for a row of
+// scenario 10, with the span guard's file beside the critical section's: it returns both
+// guards and the function that unmaps them.
+func (b *bench) runSemaphoreProcs(r rowSpec, key string, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard.Guard, guard.Guard, func()) {
+	path := spanShm(workerShm(r.id, key))
+	span, unmapSpan, err := guard.Map(path, true)
+	if err != nil {
+		fatalf("s10: span guard file: %v", err)
+	}
+	defer os.Remove(path)
+	wr, delta, cs, unmap := b.runProcs(r, key, s3Procs, s3Goroutines, quota, d)
+	return wr, delta, cs, span, func() { unmap(); unmapSpan() }
+}
+
+// --- the report
+
+func (r *report) s10Section(w func(string, ...any)) {
+	s := r.s10
+	w("## 10. Semaphore: %d permits on one hot key\n\n", semPermits)
+	w("Goroutines loop: take a permit of the one key, yield the processor once (`runtime.Gosched`), run the critical section,\n")
+	w("give the permit back. Two checks run in every hold, each an atomic \"inside\" counter that must never exceed %d: one\n", semPermits)
+	w("around the critical section itself (as in scenarios 2 and 3; its plain counter is incremented atomically here, since %d\n", semPermits)
+	w("holders may run at once), and one around the whole hold as the holder sees it, from the grant's return to the release\n")
+	w("call, which lies within the permit's time on the server. The yield is there so that the bound can be reached: a hold\n")
+	w("that never blocks is inside only while its goroutine runs, so on %d cores no more than %d holders could be seen at once,\n", r.machine.CPUs, r.machine.CPUs)
+	w("whatever the semaphore let through. *violations* counts both checks (worst repetition); *most holders at once* is the\n")
+	w("largest count the hold check saw (worst repetition): %d shows that the bound was reached and held. Wait = time from\n", semPermits)
+	w("the call to holding a permit. Medians over %d repetitions; in each, the rows run one after\n", r.cfg.reps)
+	w("the other in an order rotated per repetition. RT and server commands are counted as in the main report (pub/sub\n")
+	w("connections are not in RT).\n\n")
+	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("| %s | a waiter queues (FIFO) on a permit held in this process, whose release hands it over without a round trip;"+
+		" a permit held elsewhere wakes it by its release notification, or the retry delays do |\n", semaphoreRows()[0].label())
+	w("| %s | sleeps %v and tries again |\n", semaphoreRows()[1].label(), semPoll)
+	w("\nflightlock runs in Wait mode with its defaults (retry delays, hand-off window, %d store lanes) but for the settings every\n", redisstore.DefaultLanes)
+	w("row of the main report gets: a %v TTL and a %v wait budget (a Lock that runs out of it would count as an error),\n", lockTTL, waitBudget)
+	w("on a go-redis v9 client of its own, built as for flightlock's mutex row. Each permit is a lock of its own (`key#1` .. `key#%d`).\n", semPermits)
+	w("The naive semaphore is the classic sorted-set recipe (`bench/internal/zsetsem`, written for this benchmark): one Lua\n")
+	w("script removes the expired members (`ZREMRANGEBYSCORE` up to the server's `TIME`) and, if `ZCARD` < %d, adds the\n", semPermits)
+	w("taker scored with its expiry (%v TTL), else refuses; a refused taker sleeps %v and tries again; a holder renews\n", lockTTL, semPoll)
+	w("its score every TTL/3 from a goroutine of its own and releases with `ZREM`. No queue, no notification.\n\n")
+	if len(s.InProcess) > 0 {
+		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d10)
+		semaphoreTable(w, s.InProcess, false)
+	}
+	if len(s.Procs) > 0 {
+		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
+		w("Scenario 3's workers: the binary re-executes itself as %d processes that start together; a 1 s pilot per row sets\n", s3Procs)
+		w("each process's number of critical sections so that a repetition lasts about %v; `fair` is the last process's\n", r.cfg.d10)
+		w("finish time over the first's. Both checks live in files that every worker maps, so they span the processes.\n")
+		w("CS/s = all critical sections over the last finish time; client CPU is the workers' sum.\n\n")
+		semaphoreTable(w, s.Procs, true)
+	}
+	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")
+	w("of the same process queues on it passes to that waiter without a round trip (up to the hand-off limits of `WithHandoff`).\n")
+	w("The checks were themselves checked once, by building the naive semaphore with 4 permits under the same 3-permit guards:\n")
+	w("both parts then reported violations and 4 holders at once.\n\n")
+}
+
+func semaphoreTable(w func(string, ...any), rs []*result, procs bool) {
+	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | most holders at once | violations | errors |")
+	if procs {
+		w(" fair (median / worst) | CS per process |")
+	}
+	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+	if procs {
+		w("---|---|")
+	}
+	w("---|\n")
+	for _, x := range rs {
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")),
+			mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")),
+			mdfmt.Dur(x.med("max")), mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
+		if procs {
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
+		}
+		w(" %s |\n", x.Mix)
+	}
+	w("\n")
+}
