@@ -307,15 +307,11 @@ func (h *hold) done() (last bool) {
 	return h.live == 0
 }
 
-// attach registers a lease to cancel on loss, and site, when not 0, as where the grant was
-// taken. MaxHold bounds a grant, so a re-entry does not restart its clock (a handler that
-// re-enters over and over must not hold the lock forever).
-func (h *hold) attach(lease *Lease, site uintptr) {
+// attach registers a lease to cancel on loss. MaxHold bounds a grant, so a re-entry does not
+// restart its clock (a handler that re-enters over and over must not hold the lock forever).
+func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if site != 0 && h.entry != nil {
-		h.entry.site = site
-	}
 	h.holders.add(lease)
 	if h.has(holdLost) {
 		lease.endLocked(ErrLost)
@@ -479,11 +475,7 @@ func (h *hold) abandonLocked(now instant) {
 	}
 	h.set(holdAbandoned)
 	h.live = 0
-	var site uintptr
-	if h.entry != nil {
-		site = h.entry.site
-	}
-	h.k.wd.enqueue(renewJob{h: h, abandon: true, site: site}) // ErrNotHeld is the usual answer: the key expired
+	h.k.wd.enqueue(renewJob{h: h, abandon: true}) // ErrNotHeld is the usual answer: the key expired
 }
 
 // extend records a successful explicit Refresh sent at sent.

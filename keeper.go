@@ -211,7 +211,8 @@ func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 // reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned),
 // by default as an error line of log/slog: a leaked lease blocks its key for MaxHold plus a TTL
 // each time, and nothing else would say so.
-func (k *keeper) reportAbandoned(key string, site uintptr) {
+func (k *keeper) reportAbandoned(h *hold) {
+	key, site := h.key, k.gate.siteOf(h)
 	at := "unknown"
 	switch {
 	case site == siteHandoff:

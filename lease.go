@@ -75,11 +75,9 @@ type Lease struct {
 	mu sync.Mutex
 }
 
-// newLease makes a lease of h. site is where a new grant was taken (callerSite), 0 for a lease
-// that joins a grant taken before.
-func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
+func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent)}
-	h.attach(lease, site)
+	h.attach(lease)
 	return lease
 }
 

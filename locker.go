@@ -216,7 +216,7 @@ const siteHandoff uintptr = 1
 
 // lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
 // every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
-// on one permit). Reject mode reads no clock: a busy key costs no time.Now. callerUp
+// on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look). Reject mode reads no clock: a busy key costs no time.Now. callerUp
 // is how many frames above lockSince the caller of the exported method is; a grant that goes
 // to the store records that caller's place (callerAbove), for the report of a lease that is
 // never released.
@@ -244,6 +244,8 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 		if !until.IsZero() && until.Before(b.deadline) {
 			b.deadline = until
 		}
+	} else {
+		b.bound = until
 	}
 	defer b.stop()
 	if o, ok := handover.Lookup(ctx, rkey); ok {
@@ -278,9 +280,9 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 		}
 		return nil, l.busy(ctx, &busyError{})
 	}
-	grant, site := GrantHandoff, siteHandoff
+	grant := GrantHandoff
 	if h == nil {
-		grant, site = GrantRedis, callerAbove(callerUp)
+		grant = GrantRedis
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
@@ -291,14 +293,13 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 			l.k.gate.leave(rkey, e, false)
 			return nil, err
 		}
-		h.entry = e
-		l.k.gate.setHold(e, h)
+		l.k.gate.setHold(e, h, callerAbove(callerUp))
 	}
 	fence, first := h.grantFence()
 	if grant == GrantHandoff && first {
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence, site), nil
+	return newLease(ctx, h, grant, fence), nil
 }
 
 // reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters
@@ -307,7 +308,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLease(ctx, parent.h, GrantReentry, parent.fence, 0), nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence), nil
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
@@ -316,7 +317,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.local {
 		if f, ok := h.join(); ok {
-			return newLease(ctx, h, GrantJoined, max(f, fence), 0), nil, true
+			return newLease(ctx, h, GrantJoined, max(f, fence)), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -348,7 +349,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
 	taken = h
-	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
+	return newLease(ctx, h, GrantBorrowed, h.currentFence()), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
@@ -491,8 +492,11 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	limit, bound := now.Add(l.cfg.ttl), l.k.ttlBound
-	if b.waits() && b.deadline.Before(limit) {
+	switch {
+	case b.waits() && b.deadline.Before(limit):
 		limit, bound = b.deadline, l.k.waitBound
+	case !b.waits() && !b.bound.IsZero() && b.bound.Before(limit):
+		limit, bound = b.bound, l.k.waitBound
 	}
 	if d, ok := ctx.Deadline(); ok && !d.After(limit) {
 		return ctx, func() {}
@@ -510,6 +514,7 @@ type budget struct {
 	parent   context.Context
 	start    time.Time // when the wait began
 	deadline time.Time // zero without a wait budget (reject mode)
+	bound    time.Time // reject mode: no store call past it (a semaphore's look within its wait); zero for none
 	ctx      context.Context
 	cancel   context.CancelFunc
 }

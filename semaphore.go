@@ -35,11 +35,12 @@ var permitTurn atomic.Uint32
 // same count: a lower one leaves the permits above it to those that named more.
 //
 // A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
-// the wait budget is spent, with the shortest time a holder had left (RetryAfter). While it
-// waits, a taker queues (FIFO) on a permit held in this process, which its holder's release
-// hands over without a round trip, and looks at all the permits again at the Locker's retry
-// delays, or as soon as a permit held elsewhere is released. A look at a permit held in another
-// process costs a round trip, so a taker that finds every permit taken has paid up to n.
+// the wait budget is spent, with the shortest time a holder had left (RetryAfter); each look's
+// store calls end with the budget. While every permit is held in this process a waiter queues
+// (FIFO) on one of them, whose release hands it over without a round trip; while some are held
+// elsewhere it looks at all of them again as soon as one of those is released, and at the
+// Locker's retry delays. A look at a permit held in another process costs a round trip, so a
+// taker that finds every permit taken has paid up to n.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is where the caller of the
@@ -57,12 +58,15 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			return nil, err
 		}
 		// A holder of a permit, in this process or handed over by the caller's service, takes
-		// that permit again: a second would count it twice against the others.
+		// that permit again: a second would count it twice against the others. A handed-over
+		// token that holds nothing takes nothing, and the look below goes on.
 		if findLease(ctx, l.k.gate, rkey) != nil {
 			return l.lockSince(ctx, keys[i], wait, time.Time{}, time.Time{}, callerUp)
 		}
-		if _, ok := handover.Lookup(ctx, rkey); ok {
-			return l.lockSince(ctx, keys[i], wait, time.Time{}, time.Time{}, callerUp)
+		if o, ok := handover.Lookup(ctx, rkey); ok {
+			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
+				return lease, err
+			}
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -88,12 +92,25 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			timer.Stop()
 		}
 	}()
-	for attempt := 0; ; attempt++ {
-		busy, local := &busyError{}, -1
-		var storeErr error // the store's error of this look, while waiting; nil when all were busy
+	// attempt counts the looks as the retry strategy counts a lock's attempts (from 1); the
+	// look after fresh watches is not one.
+	for attempt, recheck := 0, false; ; {
+		if !recheck {
+			attempt++
+		}
+		recheck = false
+		busy, local, remote := &busyError{}, -1, false
+		var (
+			storeErr error // the store's error of this look, while waiting; nil when none failed
+			sawBusy  bool
+		)
 		for j := range permits {
+			if wait && j > 0 && !time.Now().Before(deadline) {
+				break // the budget ran out during the look
+			}
 			i := (first + j) % permits
-			lease, err := l.lockSince(ctx, keys[i], false, time.Time{}, time.Time{}, callerUp)
+			// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
+			lease, err := l.lockSince(ctx, keys[i], false, time.Time{}, deadline, callerUp)
 			if err == nil {
 				return lease, nil
 			}
@@ -110,10 +127,14 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			if ctx.Err() != nil {
 				return nil, err
 			}
+			sawBusy = true
 			if be.retryAfter > 0 && (busy.retryAfter == 0 || be.retryAfter < busy.retryAfter) {
 				busy.retryAfter = be.retryAfter
 			}
-			if local < 0 && l.k.gate.lookupHold(l.cfg.prefix+keys[i]) != nil {
+			switch {
+			case l.k.gate.lookupHold(l.cfg.prefix+keys[i]) == nil:
+				remote = true
+			case local < 0:
 				local = i
 			}
 		}
@@ -123,7 +144,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		now := time.Now()
 		delay, ok := l.cfg.retry(attempt)
 		if !ok || !now.Before(deadline) {
-			if storeErr != nil {
+			if storeErr != nil && !sawBusy {
 				return nil, storeErr
 			}
 			return nil, l.gaveUp(ctx, busy)
@@ -135,8 +156,10 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		if deadline.Before(turnEnd) {
 			turnEnd = deadline
 		}
-		if local >= 0 {
-			// Queue on the permit held here for one delay: its release hands it over at once.
+		if local >= 0 && !remote {
+			// Every permit is held in this process: queue on one for a delay, whose release
+			// hands it over at once. (With a permit held elsewhere the taker watches instead,
+			// so that its release is heard at once; one held here is then seen at the next look.)
 			lease, err := l.lockSince(ctx, keys[local], true, start, turnEnd, callerUp)
 			switch {
 			case err == nil:
@@ -159,6 +182,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 				fresh = fresh || w.Fresh()
 			}
 			if fresh {
+				recheck = true
 				continue
 			}
 		}

@@ -51,9 +51,9 @@ type gateEntry struct {
 	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
-	// site is where the current grant was taken (callerSite), for the report of a grant whose
-	// leases were never released. Guarded by the mu of the entry's hold, which writes it when
-	// a grant's first lease is made and reads it when it abandons the grant.
+	// site is where the current grant was taken (callerAbove; siteHandoff for a grant that
+	// came by handoff or pass), for the report of a grant whose leases were never released.
+	// Guarded by the gate's mu: set with the hold it names (setHold, grantLocked).
 	site uintptr
 }
 
@@ -265,11 +265,22 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
-func (g *gate) setHold(e *gateEntry, h *hold) {
+// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After,
+// and where it was taken (site).
+func (g *gate) setHold(e *gateEntry, h *hold, site uintptr) {
 	g.mu.Lock()
-	e.hold = h
+	h.entry, e.hold, e.site = e, h, site
 	g.mu.Unlock()
+}
+
+// siteOf is where h's current grant was taken: its entry's site, 0 for a hold without one.
+func (g *gate) siteOf(h *hold) uintptr {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if h.entry == nil {
+		return 0
+	}
+	return h.entry.site
 }
 
 // Outcomes of gate.handoff.
@@ -364,6 +375,9 @@ func (g *gate) lookupHold(key string) *hold {
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	w := e.pop()
 	w.hold = h
+	if h != nil {
+		e.site = siteHandoff
+	}
 	close(w.ready)
 }
 

@@ -55,7 +55,6 @@ type watchdog struct {
 type renewJob struct {
 	h       *hold
 	abandon bool
-	site    uintptr // for abandon: where the grant was taken (callerSite)
 }
 
 func newWatchdog(c clock) *watchdog {
@@ -206,7 +205,7 @@ func (w *watchdog) renewer() {
 		}
 		w.mu.Unlock()
 		if j.abandon {
-			j.h.k.reportAbandoned(j.h.key, j.site)
+			j.h.k.reportAbandoned(j.h) // before endGrant passes the slot, and its site, on
 			// Redis may have expired the key: ErrNotHeld is the usual answer.
 			_ = j.h.k.endGrant(context.Background(), j.h)
 		} else {
