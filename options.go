@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/flightlock/flightlock/lockstore"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // Mode says what Lock does when the key is busy.
@@ -88,27 +88,29 @@ func defaultConfig() config {
 		prefix:   DefaultPrefix,
 		handoff:  DefaultHandoff,
 		window:   DefaultHandoffWindow,
-		metadata: holderMetadata,
+		metadata: DefaultMetadata,
 		clock:    systemClock{},
 	}
 }
 
-// processHolder is "host=<hostname> pid=<pid>", the part of every lock's metadata that names
-// this process (spaces in the hostname become "_": the value's fields are space separated).
+// processHolder is "host=<hostname> pid=<pid>", the metadata that names this process. Blanks
+// in the hostname become "_": the value's fields are separated by spaces, and a newline would
+// end it.
 var processHolder = func() string {
 	host, _ := os.Hostname()
-	return "host=" + strings.ReplaceAll(host, " ", "_") + " pid=" + strconv.Itoa(os.Getpid())
+	host = strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) {
+			return '_'
+		}
+		return r
+	}, host)
+	return "host=" + host + " pid=" + strconv.Itoa(os.Getpid())
 }()
 
-// holderMetadata is the default metadata: the holder's host and pid, and the trace id of the
-// span ctx carries (go-zero's trace id), so that an operator can tell which process and which
-// request hold a lock.
-func holderMetadata(ctx context.Context) string {
-	if sc := trace.SpanContextFromContext(ctx); sc.HasTraceID() {
-		return processHolder + " trace=" + sc.TraceID().String()
-	}
-	return processHolder
-}
+// DefaultMetadata is what a Locker stores beside each lock unless WithMetadata says otherwise:
+// "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show). The
+// go-zero layer adds the request's trace id to it.
+func DefaultMetadata(context.Context) string { return processHolder }
 
 // withClock replaces the system clock of the watchdog and of lease expiry, for tests that step
 // through a lock's life instead of sleeping through it. Unexported: a Locker on another clock
@@ -198,9 +200,8 @@ func WithHandoff(n int, within time.Duration) Option {
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token in the store, so
-// an operator can see who holds a lock. By default it is the holder's host, pid and trace id
-// ("host=pod-7 pid=311 trace=4bf9..."), which the stores' inspectors read back; nil stores
-// nothing. It must not contain newlines; it is called once per store acquisition.
+// an operator can see who holds a lock. By default it is DefaultMetadata, the holder's host and
+// pid ("host=pod-7 pid=311"), which the stores' inspectors read back; nil stores nothing. It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata = fn }
 }

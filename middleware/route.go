@@ -22,20 +22,17 @@ var routerMethods = [...]string{
 //
 // The router (rest/router/patrouter.go) keeps one core/search.Tree of route patterns per
 // method, searches it for the cleaned path, and stores the variables of the route it found in
-// the request (pathvar.WithVars). A server.Use middleware runs inside that route's handler but
-// is not told which route it is: it sees the method, the path and those variables. So the
-// rule patterns sit in search.Trees too, one per method and per set of variable names. The
-// route the router chose declares exactly the variables it set, so only the tree of that
-// method and of those names can hold a rule naming it; within that tree, search.Tree's own
-// precedence (a static segment before a variable, backtracking when a branch fails) picks the
-// pattern that the router picks, and the pattern found must yield the very values the router
-// set. A rule /sku/:id thus never locks a request that the router sent to a static /sku/list
-// (no variables) or to /sku/:sku (other names), routes that no rule needs to name.
+// the request (pathvar.WithVars); a server.Use middleware sees the method, the path and those
+// variables, not the route. So the rule patterns sit in search.Trees too, one per method and
+// per set of variable names: only the tree of the route's method and variable names can hold a
+// rule naming it, search.Tree's own precedence (a static segment before a variable,
+// backtracking when a branch fails) picks the pattern the router picks, and the pattern found
+// must yield the very values the router set. A rule /sku/:id thus never locks a request that
+// the router sent to /sku/list (no variables) or to /sku/:sku (other names).
 //
 // What stays ambiguous is ambiguous for the router too: two patterns with the same variable
 // names that both match a path with the same values (/p/:x and /:x/p on /p/p). The router
-// takes the first in its precedence, and so does the tree; if only the later one is a rule's,
-// the rule locks a request the router sent to the other.
+// takes the first in its precedence, and so does the tree.
 type httpRoutes struct {
 	byMethod map[string][]routeTree // built by New, read-only after
 }

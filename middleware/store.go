@@ -95,8 +95,8 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 
 // lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
 // on store. Its locks carry the host, pid and go-zero trace id of their holder beside the owner
-// token (the Locker's default metadata), which sameTrace reads back. What the locks of
-// Locker() do (a job's, a handler's own) is counted and logged as the rule "Locker".
+// token, which sameTrace reads back. What the locks of Locker() do (a job's, a handler's own)
+// is counted and logged as the rule "Locker".
 func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 	l, err := flightlock.New(store,
 		flightlock.WithPrefix(c.Prefix),
@@ -104,6 +104,9 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 		flightlock.WithMaxHold(c.MaxHold),
 		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.Strategy()),
+		flightlock.WithMetadata(func(ctx context.Context) string { // " trace=<id>" when the request has one
+			return strings.TrimSuffix(flightlock.DefaultMetadata(ctx)+" trace="+trace.TraceIDFromContext(ctx), " trace=")
+		}),
 		flightlock.WithHolderCheck(sameTrace),
 		flightlock.WithObserver(newRuleStats("Locker", "", storeName(store)).observer(newLogSummary())),
 	)

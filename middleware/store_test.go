@@ -8,11 +8,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	oteltrace "go.opentelemetry.io/otel/trace"
+
 	"github.com/alicebob/miniredis/v2"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/rest"
@@ -108,5 +112,30 @@ func TestNoStoreRefusalNamesEtcdToo(t *testing.T) {
 	_, err := New(conf, WithServiceMode("pro"))
 	if err == nil || !strings.HasPrefix(err.Error(), "Lock.Redis.Host: ") || !strings.Contains(err.Error(), "Lock.Etcd.Hosts") {
 		t.Fatalf("New with no store in pro mode: %v, want an error naming Lock.Redis.Host and Lock.Etcd.Hosts", err)
+	}
+}
+
+// The Middleware's locks, Locker()'s among them, carry the host and pid of the core's default
+// metadata and the request's trace id, which sameTrace and `flightlock show` read back.
+func TestMiddlewareLocksCarryTheTraceID(t *testing.T) {
+	tr := newTestRedis(t)
+	m, err := New(LockConf{}, WithStore(tr.store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	traceID := oteltrace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	ctx := oteltrace.ContextWithSpanContext(context.Background(), oteltrace.NewSpanContext(oteltrace.SpanContextConfig{
+		TraceID: traceID, SpanID: oteltrace.SpanID{1}, TraceFlags: oteltrace.FlagsSampled}))
+	lease, err := m.Locker().Lock(ctx, "job:interest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	client := redis.NewClient(&redis.Options{Addr: tr.mr.Addr(), Protocol: 2, DisableIdentity: true})
+	defer client.Close()
+	info, err := redisstore.NewInspector(client, "lock:").Lookup(context.Background(), "job:interest")
+	if err != nil || info.Trace != traceID.String() || info.Pid != strconv.Itoa(os.Getpid()) {
+		t.Errorf("holder %+v, %v; want trace %s and this pid", info, err, traceID)
 	}
 }
