@@ -169,9 +169,11 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			}
 			continue // busy at the turn's end, or a store error to ride out: look again
 		}
-		// Every permit is held elsewhere: sleep until one of them is released, one delay at
-		// most. Watches made only now may have missed a release: look once more first.
-		if watches == nil {
+		// A permit is held elsewhere: sleep until one of them is released, one delay at most.
+		// Watches made only now may have missed a release: look once more first. A store whose
+		// watches are not shared would spend a watch per permit and waiter: the delays alone
+		// pace the looks there.
+		if _, shared := l.k.store.(lockstore.SharedWatcher); watches == nil && shared {
 			fresh := false
 			for _, k := range keys {
 				w, err := l.k.store.Watch(ctx, l.cfg.prefix+k)

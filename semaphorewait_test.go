@@ -6,8 +6,11 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // A look at the permits is bounded by the wait budget, as a plain lock's first attempt is: a
@@ -136,5 +139,52 @@ func TestParkedPermitTakerHearsARemoteRelease(t *testing.T) {
 	if took > time.Second {
 		t.Errorf("the taker got the permit released elsewhere %v after its release (key %q): it slept to the end "+
 			"of its turn on the local permit", took.Round(time.Millisecond), r.lease.Key())
+	}
+}
+
+// watchCounter is a store that counts Watch calls; it does not share watches
+// (lockstore.SharedWatcher), as the etcd store does not.
+type watchCounter struct {
+	lockstore.Store
+	watches atomic.Int32
+}
+
+func (w *watchCounter) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	w.watches.Add(1)
+	return w.Store.Watch(ctx, key)
+}
+
+// On a store whose watches are not shared, a waiting taker opens no watch per permit (a watch
+// and a goroutine each, for every waiter): it looks again at the retry delays, and gets a
+// permit once one is released.
+func TestPermitTakersWatchOnlyWhereWatchesAreShared(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	other := mustLocker(t, s, WithPermits(2)) // another process holds both permits
+	var held []*Lease
+	for range 2 {
+		x, err := other.Lock(ctx, "export")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, x)
+	}
+	counted := &watchCounter{Store: s}
+	l := mustLocker(t, counted, WithWait(10*time.Second), WithPermits(2), WithRetry(LinearRetry(10*time.Millisecond)))
+	got := make(chan lockResult, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "export")
+		got <- lockResult{lease, err}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	_ = held[0].Release(ctx)
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	_ = r.lease.Release(ctx)
+	_ = held[1].Release(ctx)
+	if n := counted.watches.Load(); n != 0 {
+		t.Errorf("%d watches opened on a store that does not share them, want 0", n)
 	}
 }

@@ -111,6 +111,14 @@ type HandoffLimiter interface {
 	MaxHandoffs() int
 }
 
+// SharedWatcher is a Store whose Watch calls on one key share one subscription, so that many
+// watchers of a key cost about what one does. The Locker watches a semaphore's permits only on
+// such a store, where every waiting taker watches every permit; elsewhere (etcd: a watch and a
+// goroutine per call) its takers look again at the retry delays only.
+type SharedWatcher interface {
+	SharesWatches()
+}
+
 // Watch delivers release notifications of one key. C receives a value after each release
 // (coalesced: a waiter only needs to know that it should try again). Close stops it.
 type Watch struct {

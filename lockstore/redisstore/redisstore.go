@@ -493,6 +493,10 @@ func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, e
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
 
+// SharesWatches implements lockstore.SharedWatcher: the watches of one key share one channel
+// subscription.
+func (s *RedisStore) SharesWatches() {}
+
 // Close stops the notification subscriber, then runs the functions given with WithOnClose,
 // last added first: stores that built their own client (or their own embedded server) close
 // those too.
