@@ -159,13 +159,7 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 		start = time.Now()
 	}
 	for _, k := range sorted {
-		var lease *Lease
-		var err error
-		if l.cfg.permits > 1 {
-			lease, err = l.lockPermit(cur, k, l.cfg.permits, l.cfg.mode == Wait, start, 2) // lockPermit <- LockAll <- caller
-		} else {
-			lease, err = l.lockSince(cur, k, l.cfg.mode == Wait, start, time.Time{}, 2) // lockSince <- LockAll <- caller
-		}
+		lease, err := l.take(cur, k, l.cfg.mode == Wait, start, 2) // take <- LockAll <- caller
 		if err != nil {
 			_ = g.Release(ctx)
 			return nil, err
@@ -192,12 +186,19 @@ func (l *Locker) redisKey(key string) (string, error) {
 	return rkey, nil
 }
 
-// lock is called by Lock, TryLock and Do only: lockSince finds their caller three frames up.
+// lock is called by Lock, TryLock and Do only: take finds their caller three frames up.
 func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
+	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
+}
+
+// take takes key, or one of its permits when the Locker has them (WithPermits), for a wait
+// that began at start (lockSince). callerUp is how many frames above take the caller of the
+// exported method is.
+func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	if l.cfg.permits > 1 {
-		return l.lockPermit(ctx, key, l.cfg.permits, wait, time.Time{}, 3) // lockPermit <- lock <- Lock <- caller
+		return l.lockPermit(ctx, key, l.cfg.permits, wait, start, callerUp+1)
 	}
-	return l.lockSince(ctx, key, wait, time.Time{}, time.Time{}, 3) // lockSince <- lock <- Lock <- caller
+	return l.lockSince(ctx, key, wait, start, time.Time{}, callerUp+1)
 }
 
 // callerAbove is the program counter of the call that is up frames above the caller of
@@ -216,10 +217,10 @@ const siteHandoff uintptr = 1
 
 // lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
 // every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
-// on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look). Reject mode reads no clock: a busy key costs no time.Now. callerUp
-// is how many frames above lockSince the caller of the exported method is; a grant that goes
-// to the store records that caller's place (callerAbove), for the report of a lease that is
-// never released.
+// on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look).
+// Reject mode reads no clock: a busy key costs no time.Now. callerUp is how many frames above
+// lockSince the caller of the exported method is; a grant that goes to the store records that
+// caller's place (callerAbove), for the report of a lease that is never released.
 func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	rkey, err := l.redisKey(key)
 	if err != nil {
@@ -571,11 +572,7 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 // sleep waits d between attempts on a held key, or less: until the key's release notification
 // (watch), ctx's end or a drain of the gate. It reports whether the next attempt may go.
 func (l *Locker) sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration) bool {
-	if *timer == nil {
-		*timer = time.NewTimer(d)
-	} else {
-		(*timer).Reset(d)
-	}
+	arm(timer, d)
 	select {
 	case <-watch.C():
 	case <-(*timer).C:
@@ -585,6 +582,15 @@ func (l *Locker) sleep(ctx context.Context, watch *lockstore.Watch, timer **time
 		return false
 	}
 	return true
+}
+
+// arm starts *timer for d, making it on first use.
+func arm(timer **time.Timer, d time.Duration) {
+	if *timer == nil {
+		*timer = time.NewTimer(d)
+	} else {
+		(*timer).Reset(d)
+	}
 }
 
 // mayHaveRun reports whether a store call that failed with err may have run unseen: its

@@ -118,7 +118,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			if !errors.As(err, &be) {
 				// A waiter rides out the store's errors within its budget, as a lock's does;
 				// a bad key, a drain or the caller's end stops it.
-				if !wait || ctx.Err() != nil || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrClosed) {
+				if !wait || endsTheWait(ctx, err) {
 					return nil, err
 				}
 				storeErr = err
@@ -164,7 +164,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			switch {
 			case err == nil:
 				return lease, nil
-			case ctx.Err() != nil, errors.Is(err, ErrInvalidKey), errors.Is(err, ErrClosed):
+			case endsTheWait(ctx, err):
 				return nil, err
 			}
 			continue // busy at the turn's end, or a store error to ride out: look again
@@ -194,14 +194,23 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	}
 }
 
+// endsTheWait reports whether err, from a look at one permit, ends a taker's wait: the
+// caller's end, a bad key or a drain. Busy permits and the store's errors do not.
+func endsTheWait(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrClosed)
+}
+
 // sleepAny is sleep for the watches of several keys: it waits d at most, until one of them is
 // signalled, ctx ends or the gate drains, and reports whether the next look may go.
 func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
-	if *timer == nil {
-		*timer = time.NewTimer(d)
-	} else {
-		(*timer).Reset(d)
+	if len(watches) <= 1 { // no reflection for one watch or none (a store whose watches are not shared)
+		var w *lockstore.Watch
+		if len(watches) == 1 {
+			w = watches[0]
+		}
+		return l.sleep(ctx, w, timer, d)
 	}
+	arm(timer, d)
 	cases := make([]reflect.SelectCase, 0, len(watches)+3)
 	cases = append(cases,
 		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf((*timer).C)},
