@@ -319,13 +319,19 @@ func memberBindings(ms []spec.Member) []binding {
 // sourceName words a template source for messages.
 var sourceName = map[string]string{"path": "the path", "form": "the form (query or form body)", "body": "the JSON body", "header": "the header"}
 
+// splitRESTRef splits a REST template reference into its source and name: "query.uid" is
+// query and uid, "body.order.uid" body and order.uid; a bare "uid" has no source.
+func splitRESTRef(ref string) (src, name string) {
+	if src, name, dotted := strings.Cut(ref, "."); dotted {
+		return src, name
+	}
+	return "", ref
+}
+
 // checkRESTRef checks one reference of a key template against what go-zero binds for route
 // rt, and returns what is wrong, or "".
 func checkRESTRef(ref string, rt route) string {
-	src, name, dotted := strings.Cut(ref, ".")
-	if !dotted {
-		src, name = "", ref
-	}
+	src, name := splitRESTRef(ref)
 	want := src
 	switch src {
 	case "jwt":

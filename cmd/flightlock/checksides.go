@@ -129,10 +129,7 @@ func restSideFields(rt route, refs []string) []sideField {
 		}
 		f := sideField{name: b.name, source: b.source, typ: primitiveName(b.typ)}
 		for _, ref := range refs {
-			src, name, dotted := strings.Cut(ref, ".")
-			if !dotted {
-				src, name = "", ref
-			}
+			src, name := splitRESTRef(ref)
 			if src == "query" {
 				src = "form" // go-zero binds the query with form tags
 			}
