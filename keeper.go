@@ -96,8 +96,9 @@ func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 // next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
 // one hold of a borrowed lock.
 func (k *keeper) endGrant(ctx context.Context, h *hold) error {
-	if h.borrowed() {
-		// One hold of another process's lock: count it down in Redis.
+	if h.entry == nil {
+		// A hold outside the gate: one hold of another process's lock, counted down in the
+		// store, or a read or fair lock's own hold (lockDirect), released there.
 		h.stop()
 		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner(), h.borrowName(), 0)
 		k.gate.removeBorrowed(h)

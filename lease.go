@@ -90,6 +90,7 @@ func (x *Lease) Key() string { return x.h.key }
 // interceptors hand it over),
 // so calling Owner marks the lock as shared: it is then released through Redis, where such
 // re-entries are listed, and never handed straight to the next goroutine of this process.
+// A read lock's lease (WithRead) returns "": read locks are not handed over.
 // Once the lease was released it returns "": the token may by then be the current grant's of
 // another goroutine of this process (a handoff or a pass keeps it), and must not leave.
 func (x *Lease) Owner() string {
@@ -102,12 +103,12 @@ func (x *Lease) Owner() string {
 
 // handover returns what a downstream service needs to re-enter the lock: the owner token and
 // the lease's fence, and marks the lock as shared (see Owner). ok is false once the lease was
-// released: its lock may already be another request's.
+// released (its lock may already be another request's) and for a read lock.
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.released {
-		return "", 0, false
+	if x.released || x.h.reads() {
+		return "", 0, false // a read lock is not handed over (WithRead)
 	}
 	x.h.share() // while x is live, its grant is current: it cannot have been handed off
 	return x.h.owner(), x.fence, true

@@ -195,8 +195,11 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 // that began at start (lockSince). callerUp is how many frames above take the caller of the
 // exported method is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	if l.cfg.permits > 1 {
+	switch {
+	case l.cfg.permits > 1:
 		return l.lockPermit(ctx, key, l.cfg.permits, wait, start, callerUp+1)
+	case l.cfg.read || l.cfg.fair:
+		return l.lockDirect(ctx, key, wait, start, callerUp+1)
 	}
 	return l.lockSince(ctx, key, wait, start, time.Time{}, callerUp+1)
 }
@@ -230,6 +233,9 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 		return nil, err
 	}
 	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
+		if parent.h.reads() {
+			return nil, upgradeError(rkey)
+		}
 		lease, err := l.reenter(ctx, parent)
 		if !errors.Is(err, errGrantEnded) {
 			return lease, err
@@ -285,7 +291,7 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 	if h == nil {
 		grant = GrantRedis
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e))
+		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{})
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
@@ -326,7 +332,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	// a drain waits for it (TestDrainWaitsForABorrowedHoldOnTheWire).
 	l.k.gate.beginBorrow()
 	var taken *hold
-	defer func() { l.k.gate.endBorrow(taken) }()
+	defer func() { l.k.gate.endBorrow(taken, 0) }()
 	callCtx, cancel := l.k.bound(ctx)
 	sent := l.k.now()
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
@@ -356,9 +362,21 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
 // the retry strategy, each sleep cut short by the holder's release notification and never
 // longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
-// first, because waiters elsewhere were just woken by this process's release.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool) (*hold, error) {
+// first, because waiters elsewhere were just woken by this process's release. A non-zero asked
+// makes it a fair acquisition (WithFair) of a Lock that began then: each attempt keeps the
+// caller's place in the store's line, and no sleep is longer than FairLookEvery.
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time) (*hold, error) {
 	wait := b.waits()
+	var (
+		fair  lockstore.FairQueuer
+		queue time.Duration // how long the caller's place in line lives; 0 takes none
+	)
+	if !asked.IsZero() {
+		fair, _ = l.k.store.(lockstore.FairQueuer) // fitStore made sure
+		if wait {
+			queue = FairQueueTTL
+		}
+	}
 	var meta string
 	if l.cfg.metadata != nil {
 		meta = l.cfg.metadata(ctx)
@@ -387,8 +405,16 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 	for {
 		callCtx, cancel := l.callContext(ctx, b)
-		asked, sent := time.Now(), l.k.now() // the wait's clock, and the lock's
-		res, err := l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
+		sentAt, sent := time.Now(), l.k.now() // the wait's clock, and the lock's
+		var (
+			res lockstore.Acquisition
+			err error
+		)
+		if fair != nil {
+			res, err = fair.AcquireFair(callCtx, key, owner, l.cfg.ttl, meta, asked, queue)
+		} else {
+			res, err = l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
+		}
 		cancel()
 		if err != nil {
 			again := wait && attempt > 0 && !b.spent()
@@ -423,7 +449,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			if storeErr != nil {
 				return nil, storeErr // down from the error before the deadline on
 			}
-			if wait && b.spent() && (attempt > 0 || b.mostlySpentAt(asked)) {
+			if wait && b.spent() && (attempt > 0 || b.mostlySpentAt(sentAt)) {
 				// The wait ran out while the store was being asked: busy, when it ran out
 				// during a retry of a key we saw held, or when most of it had gone before this
 				// first attempt was sent (queued in the process, or on an earlier key of a
@@ -467,6 +493,9 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		}
 		if res.HolderTTL > 0 {
 			delay = min(delay, res.HolderTTL)
+		}
+		if fair != nil {
+			delay = min(delay, FairLookEvery) // keep the place in line
 		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.

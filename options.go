@@ -71,7 +71,9 @@ type config struct {
 	handoff  int
 	window   time.Duration
 	failOpen bool
-	permits  int // WithPermits: more than 1 makes each key a semaphore
+	permits  int  // WithPermits: more than 1 makes each key a semaphore
+	read     bool // WithRead: read locks
+	fair     bool // WithFair: grants in request order across processes
 	metadata func(context.Context) string
 	holders  func(ctx context.Context, holder string) error
 	clock    clock // systemClock outside tests (withClock)
@@ -124,6 +126,12 @@ func withClock(c clock) Option {
 // than its fences leave room for (lockstore.HandoffLimiter), which could repeat a fence after a
 // holder that died without releasing.
 func (c *config) fitStore(store lockstore.Store) error {
+	if _, ok := store.(lockstore.ReadWriter); c.read && !ok {
+		return configError("WithRead: this store (%T) keeps no read-write locks", store)
+	}
+	if _, ok := store.(lockstore.FairQueuer); c.fair && !ok {
+		return configError("WithFair: this store (%T) keeps no queue of waiters", store)
+	}
 	if hl, ok := store.(lockstore.HandoffLimiter); ok && c.handoff > hl.MaxHandoffs() {
 		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, hl.MaxHandoffs())
 	}
@@ -148,6 +156,12 @@ func (c *config) validate() error {
 		return configError("WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
 	case c.permits < 0 || c.permits > MaxPermits:
 		return configError("WithPermits: must be 1 to %d (0 means 1), got %d", MaxPermits, c.permits)
+	case c.read && c.permits > 1, c.fair && c.permits > 1:
+		return configError("WithPermits: a semaphore cannot be a read lock or fair (WithRead, WithFair)")
+	case c.read && c.fair:
+		return configError("WithFair: read locks share, so they have no order to keep; only write locks are fair")
+	case c.read && c.failOpen, c.fair && c.failOpen:
+		return configError("WithFailOpen: a read or fair lock has no per-process gate to fall back on")
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ type gate struct {
 	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
 	// the map when it falls to a quarter of its peak.
 	peak     int
-	borrowed map[*hold]struct{} // guarded by mu: live re-entries of other processes' locks
+	borrowed map[*hold]uintptr // guarded by mu: live holds outside the gate (re-entries of other processes' locks, read and fair locks), with where each was taken
 	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
 	// may list their holds before this process knows them, and a drain must wait for them.
 	borrowing int
@@ -273,12 +273,13 @@ func (g *gate) setHold(e *gateEntry, h *hold, site uintptr) {
 	g.mu.Unlock()
 }
 
-// siteOf is where h's current grant was taken: its entry's site, 0 for a hold without one.
+// siteOf is where h's current grant was taken: its entry's site, or for a hold outside the
+// gate the site endBorrow recorded; 0 when unknown.
 func (g *gate) siteOf(h *hold) uintptr {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h.entry == nil {
-		return 0
+		return g.borrowed[h]
 	}
 	return h.entry.site
 }
@@ -398,24 +399,25 @@ func (g *gate) shrinkLocked() {
 	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
-// beginBorrow, endBorrow and removeBorrowed track the re-entries of other processes' locks
-// (they have no gate entry), on the wire and then live, so that Drain waits for them too.
+// beginBorrow, endBorrow and removeBorrowed track the holds that have no gate entry (re-entries
+// of other processes' locks, read and fair locks), on the wire and then live, so that Drain
+// waits for them too.
 func (g *gate) beginBorrow() {
 	g.mu.Lock()
 	g.borrowing++
 	g.mu.Unlock()
 }
 
-// endBorrow ends a re-entry call counted by beginBorrow; h is the hold it took, nil for none,
-// which is live from now on until removeBorrowed.
-func (g *gate) endBorrow(h *hold) {
+// endBorrow ends a store call counted by beginBorrow; h is the hold it took, nil for none,
+// which is live from now on until removeBorrowed, and site where it was taken (siteOf).
+func (g *gate) endBorrow(h *hold, site uintptr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h != nil {
 		if g.borrowed == nil {
-			g.borrowed = make(map[*hold]struct{})
+			g.borrowed = make(map[*hold]uintptr)
 		}
-		g.borrowed[h] = struct{}{}
+		g.borrowed[h] = site
 	}
 	g.borrowing--
 	g.checkDrainedLocked()

@@ -91,6 +91,12 @@ type LockInfo struct {
 	// Waiters counts the processes waiting for its release now: subscribers of its release
 	// channel in Redis. Zero where the store cannot count them (etcd waiters watch the key).
 	Waiters int64
+	// Readers counts the live read holds of a key held for reading (lockstore.ReadOwner); 0
+	// for a key held by a writer. A read-held key lists no Owner: each reader has its own.
+	Readers int
+	// Queued counts the places in the key's fair line (lockstore.FairQueuer): processes'
+	// requests waiting in order for it.
+	Queued int
 	// Unrecognized is the raw value (or the read's error, in parentheses) of a key under the
 	// prefix that is not a lock of this store; the other fields but the keys and TTL are then
 	// empty.

@@ -12,6 +12,7 @@ package lockstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 )
@@ -117,6 +118,55 @@ type HandoffLimiter interface {
 // goroutine per call) its takers look again at the retry delays only.
 type SharedWatcher interface {
 	SharesWatches()
+}
+
+// ReadOwner returns the owner token of a read hold: token (one the caller minted, as for any
+// owner) marked so that a ReadWriter store takes, refreshes and releases a read hold with it.
+// Store methods given such an owner act on the key's read holds:
+//   - Acquire takes a read hold of key, shared with the other read holds of key. It is refused
+//     (Acquired false, with the holder's TTL) while a write hold (an owner not made by
+//     ReadOwner) holds key, and while a writer that was refused because of the read holds waits
+//     for them to end (writer preference: a stream of readers cannot starve a writer). A read
+//     hold's Fence is the last fence the store handed out for key's family when it was granted:
+//     at least the fence of the last write it follows and below the fence of every write after
+//     it. Acquiring again with the same owner re-enters (Reentered), as for a write.
+//   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
+//     of the last read hold notifies the key's watchers when a writer waits.
+//   - Reenter never grants a read owner anything (Acquired false): read holds are not handed
+//     over to other processes.
+//
+// A write Acquire of a key with live read holds is refused and marks the key, so that new read
+// holds are refused until a writer had its turn. Every read and write hold has its own lease:
+// it expires on its own a TTL after its last refresh.
+func ReadOwner(token string) string { return readOwnerMark + token }
+
+// IsReadOwner reports whether owner was made by ReadOwner.
+func IsReadOwner(owner string) bool { return strings.HasPrefix(owner, readOwnerMark) }
+
+// readOwnerMark starts the owner token of a read hold. The tokens flightlock mints are unpadded
+// base64url, which never contains it.
+const readOwnerMark = "~"
+
+// ReadWriter is a Store that keeps read-write locks: it understands the owners ReadOwner makes.
+// A Locker takes read locks (WithRead) only on such a store.
+type ReadWriter interface {
+	SharesReads()
+}
+
+// FairQueuer is a Store that grants a key in request order across processes (a Locker made
+// WithFair): each acquirer takes a place in the key's queue, ordered by when it asked, and only
+// the first in line may take the free key.
+type FairQueuer interface {
+	// AcquireFair is Acquire in request order. asked is when the caller's Lock began (the
+	// store may clamp it to its own clock, less a bound on clock skew); queue, when positive, is
+	// how long the caller's place lives without another AcquireFair from it: a waiter that
+	// stops asking (its process died) leaves the line by itself after queue. queue 0 takes the
+	// key only when nobody is in line before the caller and takes no place (TryLock). Acquired
+	// leaves the line. Busy replies have HolderTTL 0 when the key is free but others are first.
+	AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (Acquisition, error)
+	// LeaveQueue takes owner's place in key's line away (a waiter that gives up), and wakes the
+	// next in line when the key is free. Leaving a line one is not in does nothing.
+	LeaveQueue(ctx context.Context, key, owner string) error
 }
 
 // Watch delivers release notifications of one key. C receives a value after each release

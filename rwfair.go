@@ -1,0 +1,143 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/internal/handover"
+	"github.com/flightlock/flightlock/internal/waitbudget"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// WithRead makes the Locker's locks read locks of a read-write lock ("GETs of an order run
+// together, a write excludes them"): a read lock of a key shares with every other read lock of
+// it, in this process and elsewhere, and excludes the key's write locks, which are the locks of
+// a Locker without WithRead (plain locks are write locks). A writer refused because of readers
+// marks the key, and new readers wait until a writer had its turn, so a stream of readers
+// cannot starve a writer (as sync.RWMutex: a read lock must not be taken by a second owner
+// while the first holds one and waits for it, or both wait for the writer between them).
+//
+// Each read lock is a store hold of its own, renewed, expiring and lost like a write's; reads
+// are not collapsed in the process: each one costs a round trip to take and one to release. A
+// read lock's Fence is the last fence the store handed out for the key when it was granted: at
+// least the fence of the write it follows, and below that of any write after it. A context
+// that holds the key's write lock re-enters it for a read; one that holds a read lock cannot
+// take the write lock (ErrUpgrade). Read locks are not handed to downstream services (the
+// zrpc interceptors pass write locks only). The store must keep read-write locks
+// (lockstore.ReadWriter); New refuses WithRead with WithPermits, WithFair or WithFailOpen.
+func WithRead() Option { return func(c *config) { c.read = true } }
+
+// WithFair makes the Locker grant each key in request order across processes, not only within
+// one: every Lock takes a place in a line the store keeps for the key, ordered by when the Lock
+// began (within the clock skew between the hosts, bounded by one second), and only the first in
+// line may take the free key. A waiter keeps its place by looking at the key at least every
+// FairLookEvery; one that stops (its process died) leaves the line FairQueueTTL after its last
+// look, and one that gives up leaves at once. TryLock takes no place: it takes the key only
+// when it is free and nobody is in line.
+//
+// Fairness costs the per-process gate: each Lock of a fair key talks to the store itself, with
+// no handoff between goroutines of a process, and every release wakes every waiter. The store
+// must keep lines (lockstore.FairQueuer); New refuses WithFair with WithRead, WithPermits or
+// WithFailOpen. Only the Lockers made WithFair keep the line: a Lock of the same key without it
+// takes the key whenever it is free.
+func WithFair() Option { return func(c *config) { c.fair = true } }
+
+// Bounds of a fair waiter's place in line (WithFair).
+const (
+	// FairQueueTTL is how long a waiter's place lives after its last look at the key: how long
+	// a waiter whose process died can hold up the line.
+	FairQueueTTL = 2 * time.Second
+	// FairLookEvery is the longest a fair waiter sleeps between looks, well within
+	// FairQueueTTL.
+	FairLookEvery = FairQueueTTL / 4
+)
+
+// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key: the
+// write would wait for its own read. Release the read lock first, or take the write lock from
+// the start.
+var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
+
+// upgradeError is ErrUpgrade naming the key.
+func upgradeError(key string) error { return fmt.Errorf("%w: %q", ErrUpgrade, key) }
+
+// lockDirect takes key with a store hold of its own, outside the per-process gate, for a read
+// lock or a fair lock: the gate admits one grant of a key per process, which would put local
+// readers in single file and would reorder local fair waiters behind the process's queue. The
+// hold is counted with the gate's re-entries of other processes' locks, so a Drain waits for it.
+func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
+	rkey, err := l.redisKey(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
+		if parent.h.reads() && !l.cfg.read {
+			return nil, upgradeError(rkey)
+		}
+		lease, err := l.reenter(ctx, parent)
+		if !errors.Is(err, errGrantEnded) {
+			return lease, err
+		}
+	}
+	if o, ok := handover.Lookup(ctx, rkey); ok && !l.cfg.read {
+		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
+			return lease, err
+		}
+	}
+	if l.k.gate.closed.Load() {
+		return nil, ErrClosed
+	}
+	b := budget{parent: ctx}
+	if wait {
+		if start.IsZero() {
+			start = time.Now()
+		}
+		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
+	}
+	defer b.stop()
+	owner := newOwnerToken()
+	if l.cfg.read {
+		owner = lockstore.ReadOwner(owner)
+	}
+	var asked time.Time
+	if l.cfg.fair {
+		asked = start
+		if asked.IsZero() {
+			asked = time.Now()
+		}
+	}
+	l.k.gate.beginBorrow()
+	var (
+		taken *hold
+		site  uintptr
+	)
+	defer func() { l.k.gate.endBorrow(taken, site) }()
+	h, err := l.acquire(ctx, &b, rkey, owner, false, asked)
+	if err != nil {
+		if l.cfg.fair && wait {
+			go l.k.leaveQueue(ctx, rkey, owner) // a waiter that gives up must not hold up the line
+		}
+		return nil, err
+	}
+	taken, site = h, callerAbove(callerUp)
+	return newLease(ctx, h, GrantRedis, h.currentFence()), nil
+}
+
+// leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it
+// cannot take away runs out after FairQueueTTL.
+func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
+	fq, ok := k.store.(lockstore.FairQueuer)
+	if !ok {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
+	defer cancel()
+	_ = fq.LeaveQueue(rctx, key, owner)
+}
+
+// reads reports whether h is a read lock's hold (WithRead).
+func (h *hold) reads() bool { return h.ext != nil && lockstore.IsReadOwner(h.ext.owner) }
