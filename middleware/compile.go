@@ -55,7 +55,7 @@ func (cr *compiledRule) setStats(store string) *ruleStats {
 		if rl == nil {
 			continue
 		}
-		rl.stats = newRuleStats(rl.Name, template, store)
+		rl.stats = newRuleStats(rl.Name, template, store, cr.spec.Rule)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 		if first == nil {
 			first = rl.stats

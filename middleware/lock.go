@@ -29,15 +29,7 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 		// locks stay inside the section's key space (and inside what an etcd account may write).
 		opts = append(opts, flightlock.WithPrefix(base.Prefix()+rules.ShadowPrefix), flightlock.WithFailOpen(false))
 	}
-	if r.TTL > 0 {
-		opts = append(opts, flightlock.WithTTL(r.TTL))
-	}
-	if r.Permits > 1 {
-		opts = append(opts, flightlock.WithPermits(r.Permits))
-	}
-	if r.Wait > 0 {
-		opts = append(opts, flightlock.WithWait(r.Wait))
-	}
+	opts = append(opts, r.LockOptions()...) // a shadow rule's too: it tries the kind of lock the rule takes
 	return base.With(opts...)
 }
 

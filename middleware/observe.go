@@ -26,8 +26,8 @@ import (
 // "/pkg.Svc/Method") and its key template ("order:{body.uid}"), never by a rendered key,
 // which holds user ids and has no bound, and by the store the rule locks in ("redis" or "etcd",
 // the label store, after rule and key: selectors and sums written before it still match).
-// Durations are in milliseconds, as go-zero's own
-// request histograms are.
+// A rule's kind of lock (mode, fair, permits) is on its spans: the rule label names it already.
+// Durations are in milliseconds, as go-zero's own request histograms are.
 var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
@@ -117,11 +117,14 @@ type ruleStats struct {
 	attrs    []attribute.KeyValue
 }
 
-func newRuleStats(name, template, store string) *ruleStats {
+func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
 	return &ruleStats{name: name, template: template, store: store, attrs: []attribute.KeyValue{
 		attribute.String("flightlock.rule", name),
 		attribute.String("flightlock.key_template", template),
 		attribute.String("flightlock.store", store),
+		attribute.String("flightlock.mode", r.LockMode()),
+		attribute.Bool("flightlock.fair", r.Fair),
+		attribute.Int("flightlock.permits", max(r.Permits, 1)),
 	}}
 }
 

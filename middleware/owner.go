@@ -61,7 +61,9 @@ func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Con
 		if slices.ContainsFunc(leases[:i], func(y *flightlock.Lease) bool { return y.Key() == x.Key() }) {
 			continue // an outer lease of a key already sent
 		}
-		if owner := x.Owner(); owner != "" { // "": released meanwhile, its lock may be another's
+		// "": released meanwhile (its lock may be another's), or a read lease: reads are not handed
+		// over, so the downstream service takes its own locks as any caller's.
+		if owner := x.Owner(); owner != "" {
 			kv = append(kv, ownerMetadataKey, p.encode(x.Key(), owner, x.Fence()))
 		}
 	}

@@ -68,7 +68,7 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	if err := rules.OneOf(s.Field+".Method", s.Method, rules.HTTPMethods...); err != nil {
 		return nil, err
 	}
-	if err := rules.CheckLockSettings(s.Field, s.Rule); err != nil {
+	if err := rules.CheckLockSettings(s.Field, s.Rule, m.conf.OnStoreError); err != nil {
 		return nil, err
 	}
 	s.RPC, s.Name = "", ""

@@ -108,7 +108,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 			return strings.TrimSuffix(flightlock.DefaultMetadata(ctx)+" trace="+trace.TraceIDFromContext(ctx), " trace=")
 		}),
 		flightlock.WithHolderCheck(sameTrace),
-		flightlock.WithObserver(newRuleStats("Locker", "", storeName(store)).observer(newLogSummary())),
+		flightlock.WithObserver(newRuleStats("Locker", "", storeName(store), rules.Rule{}).observer(newLogSummary())),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("Lock: %w", err)

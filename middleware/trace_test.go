@@ -189,7 +189,7 @@ func TestLogSummary(t *testing.T) {
 		defer mu.Unlock()
 		lines = append(lines, msg)
 	}
-	a, b := newRuleStats("POST /a", "a:{x}", rules.StoreRedis), newRuleStats("POST /b", "b:{x}", rules.StoreRedis)
+	a, b := newRuleStats("POST /a", "a:{x}", rules.StoreRedis, Rule{}), newRuleStats("POST /b", "b:{x}", rules.StoreRedis, Rule{})
 	for i := range 100 {
 		s.error(context.Background(), a, "lock store unreachable", fmt.Errorf("dial %d", i))
 	}

@@ -57,7 +57,7 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	seenRPC := make(map[string]string)
 	seenName := make(map[string]string) // Rule.Name => the rule's spec name
 	for _, s := range specs {
-		if err := checkRule(s); err != nil {
+		if err := checkRule(s, c.OnStoreError); err != nil {
 			return nil, err
 		}
 		if err := c.CheckRuleStore(s); err != nil {

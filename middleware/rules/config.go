@@ -29,6 +29,8 @@ const (
 	BackoffExponential = "exponential"
 	StoreRedis         = "redis"
 	StoreEtcd          = "etcd"
+	ModeRead           = "read"
+	ModeWrite          = "write"
 )
 
 // HTTPMethods are the values of Rule.Method, as normalized (upper case).
@@ -46,7 +48,7 @@ var HTTPMethods = []string{
 // therefore false unless set (see RedisConf).
 //
 // The words of OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's
-// OnBusy and Method are matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
+// OnBusy, Mode and Method are matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
 // have no options= on purpose: go-zero's loader would refuse a bad value before Validate runs,
 // case-sensitively and without naming the field; Validate names it and lists the
 // values it accepts.
@@ -423,6 +425,22 @@ type Rule struct {
 	// flightlock.MaxPermits. Busy means every permit is taken. Every rule on a key must name
 	// the same count.
 	Permits int `json:",optional"`
+	// Mode makes the rule's locks one side of a read-write lock, in any case: "read" (GET of
+	// an order: reads of a key run together) or "write" (its updates: a write excludes every
+	// read and write of the key), flightlock.WithRead. A writer is not starved: once one waits,
+	// new reads wait behind it. Empty (the default) is a plain lock, which is a write lock: a
+	// read rule and a plain rule on one key exclude each other as a read and a write rule do.
+	// Each read costs a round trip to take and one to release (reads are not collapsed in the
+	// process); a read lease is not handed to downstream services (PropagateTo). A read rule
+	// cannot have Permits, Fair, OnBusy share, or OnStoreError open.
+	Mode string `json:",optional"`
+	// Fair grants each key of the rule in request order across processes (flightlock.WithFair),
+	// not only within one: a request that waits takes a place in a line the store keeps for the
+	// key, and a waiter whose process died leaves it flightlock.FairQueueTTL after its last
+	// look. It costs the per-process single flight: each request talks to the store itself, and
+	// a release wakes every waiter. Only fair rules keep the line, so every rule on a key should
+	// be fair. Not with Mode read, Permits or OnStoreError open.
+	Fair bool `json:",optional"`
 }
 
 // Validate reports the first bad field of c, named as in the YAML file
@@ -497,7 +515,7 @@ func (c LockConf) Normalized() LockConf {
 }
 
 // Normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "wait"),
-// OnBusy in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
+// OnBusy, Mode, Store and OnStoreError in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
 // WithRPCRule, Route) as for those of a LockConf.
 func (r Rule) Normalized() Rule {
 	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
@@ -505,6 +523,7 @@ func (r Rule) Normalized() Rule {
 	r.OnBusy = strings.ToLower(r.OnBusy)
 	r.Store = strings.ToLower(r.Store)
 	r.OnStoreError = strings.ToLower(r.OnStoreError)
+	r.Mode = strings.ToLower(r.Mode)
 	return r
 }
 
@@ -684,7 +703,7 @@ func (r RedisConf) zero() zeroredis.RedisConf {
 }
 
 // checkRule validates the settings of a rule other than its key template.
-func checkRule(r Spec) error {
+func checkRule(r Spec, storeErrors string) error {
 	switch {
 	case r.Path == "" && r.RPC == "" && r.Name == "":
 		return FieldError(r.Field, "names no Path, RPC method or Name: it would lock nothing")
@@ -704,11 +723,12 @@ func checkRule(r Spec) error {
 			return FieldError(r.Field+".RPC", "%v", err)
 		}
 	}
-	return CheckLockSettings(r.Field, r.Rule)
+	return CheckLockSettings(r.Field, r.Rule, storeErrors)
 }
 
-// CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, TTL and Wait.
-func CheckLockSettings(name string, r Rule) error {
+// CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
+// Wait. storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
+func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	switch {
 	case r.TTL < 0:
 		return FieldError(name+".TTL", "must not be negative, got %v", r.TTL)
@@ -728,6 +748,9 @@ func CheckLockSettings(name string, r Rule) error {
 		return FieldError(name+".Permits", "must be 0 to %d (0 and 1 are a lock), got %d", flightlock.MaxPermits, r.Permits)
 	case r.Permits > 1 && r.OnBusy == OnBusyShare:
 		return FieldError(name+".Permits", "cannot be set with OnBusy share: a shared response is one run's, and %d may run at once", r.Permits)
+	}
+	if err := checkLockKind(name, r, storeErrors); err != nil {
+		return err
 	}
 	if r.OnBusy != OnBusyShare {
 		return nil

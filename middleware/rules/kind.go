@@ -1,0 +1,84 @@
+package rules
+
+import (
+	"cmp"
+
+	"github.com/flightlock/flightlock"
+)
+
+// The kinds of lock a rule takes: a plain lock (a write lock), a semaphore (Permits), a read
+// or write lock of a read-write lock (Mode), each fair or not (Fair). The core refuses the
+// combinations that make no sense (flightlock.New's ConfigError); checkLockKind refuses them
+// first, in the rule's own words, so that a bad rule fails at start-up and in flightlock
+// check with the field to change.
+
+// checkLockKind validates Mode and Fair against the rest of a normalized rule. storeErrors is
+// the Lock section's OnStoreError, which a rule without its own follows.
+func checkLockKind(name string, r Rule, storeErrors string) error {
+	if err := OneOf(name+".Mode", r.Mode, ModeRead, ModeWrite); err != nil {
+		return err
+	}
+	read := r.Mode == ModeRead
+	switch {
+	case r.Mode != "" && r.Permits > 1:
+		// A semaphore's permits are keys of their own (key#1 ...): no read or write lock of the
+		// key ever meets them.
+		return FieldError(name+".Permits", "cannot be set with Mode %s: permits are keys apart from the read-write lock of the key, "+
+			"so they would exclude neither reads nor writes; drop Permits, or Mode for a semaphore", r.Mode)
+	case read && r.Fair:
+		return FieldError(name+".Fair", "cannot be set with Mode read: reads of a key run together, there is no line to keep; "+
+			"set Fair on the write rules, or drop it")
+	case read && r.OnBusy == OnBusyShare:
+		return FieldError(name+".OnBusy", "cannot be share with Mode read: a shared response is one run's, and reads of a key "+
+			"run together anyway; use wait or reject")
+	case r.Fair && r.Permits > 1:
+		return FieldError(name+".Fair", "cannot be set with Permits: a semaphore of %d permits keeps no line; drop Fair or Permits", r.Permits)
+	}
+	if !read && !r.Fair {
+		return nil
+	}
+	what := "a read lock"
+	if !read {
+		what = "a fair lock"
+	}
+	// A rule that falls open runs under the process's gate when the store is down; read and
+	// fair locks are taken outside that gate (it would put local readers in single file, and
+	// reorder a fair line), so there is nothing to fall back on.
+	switch {
+	case r.OnStoreError == StoreErrorsOpen:
+		return FieldError(name+".OnStoreError", "cannot be open for %s: it has no per-process lock to fall back on "+
+			"when the store is down; set closed", what)
+	case r.OnStoreError == "" && storeErrors == StoreErrorsOpen:
+		return FieldError(name+".OnStoreError", "is empty, so the rule follows Lock.OnStoreError: open, and %s has no "+
+			"per-process lock to fall back on when the store is down; set OnStoreError: closed on the rule", what)
+	}
+	return nil
+}
+
+// LockOptions are the flightlock options of r's own settings: its TTL and Wait overrides and
+// its kind of lock (WithPermits, WithRead, WithFair). r is normalized and checked
+// (checkLockKind), so the core accepts them together.
+func (r Rule) LockOptions() []flightlock.Option {
+	var opts []flightlock.Option
+	if r.TTL > 0 {
+		opts = append(opts, flightlock.WithTTL(r.TTL))
+	}
+	if r.Wait > 0 {
+		opts = append(opts, flightlock.WithWait(r.Wait))
+	}
+	if r.Permits > 1 {
+		opts = append(opts, flightlock.WithPermits(r.Permits))
+	}
+	if r.Mode == ModeRead {
+		opts = append(opts, flightlock.WithRead())
+	}
+	if r.Fair {
+		opts = append(opts, flightlock.WithFair())
+	}
+	return opts
+}
+
+// LockMode is the mode r's locks take, as traces and tools name it: "read" for Mode read,
+// "write" for every other rule (a plain lock and a permit exclude the other holders of their
+// key as a write does).
+func (r Rule) LockMode() string { return cmp.Or(r.Mode, ModeWrite) }

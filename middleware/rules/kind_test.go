@@ -1,0 +1,103 @@
+package rules
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/flightlock/flightlock"
+	"github.com/zeromicro/go-zero/core/conf"
+)
+
+// Each combination of Mode and Fair that the core refuses is refused at Validate, naming the
+// field to change and saying what to do instead; the combinations it takes pass.
+func TestLockKindRefusesWhatTheCoreCannotKeep(t *testing.T) {
+	get := Rule{Method: http.MethodGet, Path: "/api/order/:id", Key: "order:{path.id}"}
+	tests := []struct {
+		name    string
+		edit    func(r *Rule, c *LockConf)
+		field   string // "" means valid
+		message string // a part of the message: the fix
+	}{
+		{"read", func(r *Rule, _ *LockConf) { r.Mode = "read" }, "", ""},
+		{"write in any case", func(r *Rule, _ *LockConf) { r.Mode = "WRITE" }, "", ""},
+		{"read in any case, reject", func(r *Rule, _ *LockConf) { r.Mode, r.OnBusy = "Read", "reject" }, "", ""},
+		{"fair", func(r *Rule, _ *LockConf) { r.Fair = true }, "", ""},
+		{"fair write", func(r *Rule, _ *LockConf) { r.Mode, r.Fair = "write", true }, "", ""},
+		{"read in shadow", func(r *Rule, _ *LockConf) { r.Mode, r.Shadow = "read", true }, "", ""},
+		{"read failing closed in an open section", func(r *Rule, c *LockConf) {
+			r.Mode, r.OnStoreError, c.OnStoreError = "read", "closed", "open"
+		}, "", ""},
+		{"unknown mode", func(r *Rule, _ *LockConf) { r.Mode = "shared" }, "Lock.Rules[0].Mode", "read, write"},
+		{"read with permits", func(r *Rule, _ *LockConf) { r.Mode, r.Permits = "read", 3 }, "Lock.Rules[0].Permits", "drop Permits"},
+		{"write with permits", func(r *Rule, _ *LockConf) { r.Mode, r.Permits = "write", 3 }, "Lock.Rules[0].Permits", "drop Permits"},
+		{"read and fair", func(r *Rule, _ *LockConf) { r.Mode, r.Fair = "read", true }, "Lock.Rules[0].Fair", "set Fair on the write rules"},
+		{"read and share", func(r *Rule, _ *LockConf) { r.Mode, r.OnBusy = "read", "share" }, "Lock.Rules[0].OnBusy", "use wait or reject"},
+		{"fair with permits", func(r *Rule, _ *LockConf) { r.Fair, r.Permits = true, 2 }, "Lock.Rules[0].Fair", "drop Fair or Permits"},
+		{"read failing open", func(r *Rule, _ *LockConf) { r.Mode, r.OnStoreError = "read", "Open" }, "Lock.Rules[0].OnStoreError", "set closed"},
+		{"fair failing open", func(r *Rule, _ *LockConf) { r.Fair, r.OnStoreError = true, "open" }, "Lock.Rules[0].OnStoreError", "a fair lock"},
+		{"read in an open section", func(r *Rule, c *LockConf) { r.Mode, c.OnStoreError = "read", "open" },
+			"Lock.Rules[0].OnStoreError", "set OnStoreError: closed on the rule"},
+		{"shadow read in an open section", func(r *Rule, c *LockConf) { r.Mode, r.Shadow, c.OnStoreError = "read", true, "open" },
+			"Lock.Rules[0].OnStoreError", "Lock.OnStoreError: open"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := get
+			c := LockConf{}
+			tt.edit(&r, &c)
+			c.Rules = []Rule{r}
+			err := c.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v, want nil", err)
+				}
+				return
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != tt.field || !errors.Is(err, flightlock.ErrConfig) {
+				t.Fatalf("Validate: %v, want a ConfigError of %s", err, tt.field)
+			}
+			if !strings.Contains(err.Error(), tt.message) {
+				t.Errorf("Validate: %v, want it to say %q", err, tt.message)
+			}
+		})
+	}
+}
+
+// Mode and Fair load from YAML in any case, and their rule's options are the core's read and
+// fair options: a write rule takes the same options as a plain one.
+func TestModeAndFairLoadFromYAML(t *testing.T) {
+	var c struct{ Lock LockConf }
+	err := conf.LoadFromYamlBytes([]byte(`
+Lock:
+  Rules:
+    - { Method: GET, Path: /api/order/:id, Key: "order:{path.id}", Mode: Read }
+    - { Method: POST, Path: /api/order/:id, Key: "order:{path.id}", Mode: write, Fair: true }
+    - { Method: DELETE, Path: /api/order/:id, Key: "order:{path.id}" }
+`), &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Lock.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	n := c.Lock.Normalized()
+	read, write, plain := n.Rules[0], n.Rules[1], n.Rules[2]
+	if read.Mode != ModeRead || read.LockMode() != "read" || write.LockMode() != "write" || plain.LockMode() != "write" {
+		t.Errorf("modes %q %q %q, want read, write and write (a plain lock)", read.LockMode(), write.LockMode(), plain.LockMode())
+	}
+	if !write.Fair || read.Fair || plain.Fair {
+		t.Errorf("Fair %v %v %v, want only the write rule's", read.Fair, write.Fair, plain.Fair)
+	}
+	if got := len(read.LockOptions()); got != 1 {
+		t.Errorf("the read rule has %d options, want WithRead alone", got)
+	}
+	if got := len(write.LockOptions()); got != 1 {
+		t.Errorf("the fair write rule has %d options, want WithFair alone (a write is a plain lock)", got)
+	}
+	if got := len(plain.LockOptions()); got != 0 {
+		t.Errorf("the plain rule has %d options, want none", got)
+	}
+}
