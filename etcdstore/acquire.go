@@ -39,10 +39,14 @@ func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 		return lockstore.Acquisition{}, errStoreClosed
 	}
 	start := time.Now()
+	once := s.acquireOnce
+	if lockstore.IsReadOwner(owner) {
+		once = s.acquireReadOnce
+	}
 	var a lockstore.Acquisition
 	err := s.resending(ctx, func(ctx context.Context, again bool) error {
 		var err error
-		a, err = s.acquireOnce(ctx, key, owner, ttl, meta, start, again)
+		a, err = once(ctx, key, owner, ttl, meta, start, again)
 		return err
 	})
 	return a, err
@@ -132,9 +136,10 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 	defer s.unpin(l)
 	value := newValue(owner, l.secs, meta)
 	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))).
-		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id))).
+		If(writable(key)...).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
+			clientv3.OpDelete(writerKey(key))).
+		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)).
 		Commit()
 	if err != nil {
 		if isLeaseNotFound(err) && again {
@@ -150,15 +155,59 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 	}
 	kv := firstKV(resp.Responses[0])
 	if kv == nil {
-		// The key is created (the compare failed) yet not there: cannot happen within one
-		// transaction. Busy, with no holder to wait for.
-		return lockstore.Acquisition{}, nil
+		// Free of writers, so held by readers: the writer mark is set now.
+		s.noteBusy(key, resp.Header.Revision)
+		return readersBusy(resp.Responses[2]), nil
 	}
 	if ownedBy(kv.Value, owner) {
 		return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	return busy(kv), nil
+}
+
+// writable is the compare of a write grant of key: no writer holds it (it does not exist) and
+// no reader does (its read directory is empty; a compare over a range holds when every key
+// in it passes, and so when there is none).
+func writable(key string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(readDir(key)), "=", 0).WithPrefix(),
+	}
+}
+
+// markWriter is the part of a refused write acquisition that keeps readers from starving it:
+// when key has read holds, it sets the writer mark on the writer's lease l, until a deadline
+// of one lease TTL (the writer asks again within the TTL of the read holds, and at each end of
+// one, which its Watch hears), and reads one read hold for the busy reply.
+func markWriter(key string, l *lease) clientv3.Op {
+	life := time.Duration(l.secs) * time.Second
+	return clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(readDir(key)), ">", 0).WithPrefix()},
+		[]clientv3.Op{
+			clientv3.OpPut(writerKey(key), markValue(time.Now().Add(life), l.secs), clientv3.WithLease(l.id)),
+			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
+		},
+		nil)
+}
+
+// readersBusy is a write acquisition refused by read holds, from the reply of markWriter: the
+// lease TTL and metadata of one of them.
+func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
+	t := r.GetResponseTxn()
+	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
+		// Neither a writer nor a reader, yet refused: cannot happen within one transaction.
+		return lockstore.Acquisition{}
+	}
+	kv := firstKV(t.Responses[1])
+	if kv == nil {
+		return lockstore.Acquisition{}
+	}
+	secs, meta, ok := parseReadValue(kv.Value)
+	if !ok {
+		return lockstore.Acquisition{}
+	}
+	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
 // freshLease returns the lease of ttl, pinned (the caller unpins it once the outcome is
@@ -344,6 +393,9 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 			return nil, err
 		}
 	}
+	if lockstore.IsReadOwner(owner) {
+		return nil, errors.New("flightlock: AcquireAll takes write locks only, not read holds")
+	}
 	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
 		return nil, errors.New("flightlock: duplicate key in AcquireAll")
 	}
@@ -372,11 +424,13 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	}
 	defer s.unpin(l)
 	value := newValue(owner, l.secs, meta)
-	cmps := make([]clientv3.Cmp, len(keys))
+	cmps := make([]clientv3.Cmp, 0, 2*len(keys))
 	then := make([]clientv3.Op, 0, 2*len(keys))
 	els := make([]clientv3.Op, 0, 2*len(keys))
-	for i, k := range keys {
-		cmps[i] = clientv3.Compare(clientv3.CreateRevision(k), "=", 0)
+	for _, k := range keys {
+		// Read holds refuse the grant too; AcquireAll sets no writer mark (its operations
+		// would not fit --max-txn-ops), so a reader stream can hold it off.
+		cmps = append(cmps, writable(k)...)
 		then = append(then, clientv3.OpPut(k, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(k)))
 		els = append(els, clientv3.OpGet(k), markWaiter(k, owner, l.id))
 	}
@@ -415,6 +469,8 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		kv := firstKV(resp.Responses[2*i])
 		switch {
 		case kv == nil:
+			// Free of writers, so held by readers: busy, with no writer to wait for.
+			s.noteBusy(k, resp.Header.Revision)
 		case ownedBy(kv.Value, owner):
 			ours++
 		default:
@@ -450,6 +506,9 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	}
 	if s.isClosed() {
 		return lockstore.Acquisition{}, errStoreClosed
+	}
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, nil // read holds are not handed to other processes
 	}
 	start := time.Now()
 	for {

@@ -22,7 +22,7 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 // lease the key is on, sent after that moment, succeeded (one per distinct lease, shared with
 // the store's other keep-alives of it), and a read of the key after that moment found it
 // owned by the owner and on that lease (one linearizable read transaction per --max-txn-ops
-// keys). A lease etcd no longer has lost every key on it: ErrNotHeld. A key's lease that the
+// keys). A read owner's refresh reads and keeps alive its own read hold (readKey) alone. A lease etcd no longer has lost every key on it: ErrNotHeld. A key's lease that the
 // store did not know of (a lock another store wrote) is kept alive after the read, which costs
 // a second round trip. A TTL longer than the key's lease lasts is an error, not a refresh.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
@@ -45,9 +45,9 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if id, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL)); ok && id != 0 && kas[id] == nil {
 			kas[id] = s.startKeepAlive(ctx, id, start)
 		}
-		if !seen[r.Key] {
-			seen[r.Key] = true
-			keys = append(keys, r.Key)
+		if hk := holdKey(r.Key, r.Owner); !seen[hk] {
+			seen[hk] = true
+			keys = append(keys, hk)
 		}
 	}
 	kvs, readErrs := s.readKeys(ctx, keys)
@@ -55,12 +55,13 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] != nil {
 			continue
 		}
-		if err := readErrs[r.Key]; err != nil {
+		hk := holdKey(r.Key, r.Owner)
+		if err := readErrs[hk]; err != nil {
 			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", r.Key, err)
 			continue
 		}
-		kv := kvs[r.Key]
-		if kv == nil || !ownedBy(kv.Value, r.Owner) {
+		kv := kvs[hk]
+		if !heldBy(kv, r.Owner) {
 			s.forget(r.Key, r.Owner)
 			errs[i] = lockstore.ErrNotHeld
 			continue
@@ -75,7 +76,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] != nil {
 			continue
 		}
-		ka := kas[clientv3.LeaseID(kvs[r.Key].Lease)]
+		ka := kas[clientv3.LeaseID(kvs[holdKey(r.Key, r.Owner)].Lease)]
 		secs, err := ka.wait(ctx)
 		switch {
 		case errors.Is(err, errLeaseGone):
@@ -213,20 +214,28 @@ func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb
 }
 
 // TTL implements lockstore.Store: the remaining TTL of the lease key is on, in whole seconds
-// as etcd reports it; ErrNotHeld when key does not exist. Two round trips (the key, then its
-// lease); for operators, not for the lock path.
+// as etcd reports it (for a key held for reading, the lease of its first read hold); ErrNotHeld
+// when nobody holds key. Two round trips (the key, then its lease); for operators, not for
+// the lock path.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	resp, err := s.cli.Get(ctx, key)
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(key),
+		clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
+	).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
 	}
-	if len(resp.Kvs) == 0 {
+	kv := firstKV(resp.Responses[0])
+	if kv == nil {
+		kv = firstKV(resp.Responses[1])
+	}
+	if kv == nil {
 		return 0, lockstore.ErrNotHeld
 	}
-	id := clientv3.LeaseID(resp.Kvs[0].Lease)
+	id := clientv3.LeaseID(kv.Lease)
 	if id == clientv3.NoLease {
 		return 0, nil // no expiry: not written by this store
 	}

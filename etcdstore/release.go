@@ -125,6 +125,9 @@ func (s *Store) noteUnsent(key, owner string) {
 }
 
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if lockstore.IsReadOwner(owner) {
+		return s.releaseShared(ctx, key, owner, hold)
+	}
 	if e, ok := s.entry(key, owner); ok && e.simple && e.own && e.modRev > 0 && hold == "" {
 		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
 		if op, ok := floorOp(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor); ok {
@@ -346,6 +349,11 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 		return false, 0, 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
+	if lockstore.IsReadOwner(owner) {
+		// A read hold is never kept for a next turn: the Locker takes reads outside its gate.
+		n, err := s.Release(ctx, key, owner, "", 0)
+		return false, 0, n, err
+	}
 	// A grant that followed a refusal (contended) is one that other processes compete for: its
 	// turn ends with a release at once, without the read that would find the mark (with 8
 	// processes on one key, that read before every release cost 15-25 % of the throughput).

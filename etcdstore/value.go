@@ -1,8 +1,10 @@
 package etcdstore
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -13,6 +15,8 @@ import (
 const (
 	floorPrefix  = lockstore.FenceKeyPrefix + "etcd/floor/"
 	waiterPrefix = lockstore.FenceKeyPrefix + "etcd/waiter/"
+	writerPrefix = lockstore.FenceKeyPrefix + "etcd/writer/"
+	sidePrefix   = lockstore.FenceKeyPrefix + "etcd/key/"
 )
 
 // FloorKey names the fence floor of lock key k: the largest fence handed out under an earlier
@@ -25,6 +29,102 @@ func FloorKey(k string) string { return floorPrefix + k }
 // acquisition that found k held by another owner; deleted by the grant and by the release of k
 // (whose Release then reports one notified waiter). For tools that inspect locks.
 func WaiterKey(k string) string { return waiterPrefix + k }
+
+// writerKey names the writer mark of lock key k: set, on the writer's lease, by a write
+// acquisition refused because k has read holds, so that new read holds are refused until a
+// writer had its turn (writer preference). Its value starts with a deadline (markValue): a
+// writer that stopped asking without taking k blocks readers no longer than that. Deleted by
+// every write grant of k, and by the first read acquisition that finds it past its deadline.
+func writerKey(k string) string { return writerPrefix + k }
+
+// sideDir is the directory of lock key k's read holds and fair-line places:
+//
+//	flightlock:fence:etcd/key/<len(k)>:<k>/
+//
+// The length makes each key's directory exact: the directory of "orders" is not a prefix of
+// the directory of "orders/0" ("6:orders/" against "8:orders/0/"), so a range read or watch of
+// one key's directory never sees another key's holds, whatever bytes keys and owners contain.
+// An etcd watch of the directory hears every read hold and place that ends (Watch).
+func sideDir(k string) string { return sidePrefix + strconv.Itoa(len(k)) + ":" + k + "/" }
+
+// readDir is the directory of k's read holds: one key per read owner, readKey.
+func readDir(k string) string { return sideDir(k) + "r/" }
+
+// readKey names the read hold of owner (made by lockstore.ReadOwner) on k. It lives on the
+// reader's session lease, with the value of readValue, from its grant (its create revision
+// makes the fence) to its release or expiry.
+func readKey(k, owner string) string { return readDir(k) + owner }
+
+// lineDir is the directory of k's fair line: one key per waiting owner, placeKey, ordered by
+// create revision (see AcquireFair).
+func lineDir(k string) string { return sideDir(k) + "q/" }
+
+// placeKey names owner's place in k's fair line, on a lease of its own that lives the caller's
+// queue time after its last AcquireFair.
+func placeKey(k, owner string) string { return lineDir(k) + owner }
+
+// Kinds of the keys under a sideDir.
+const (
+	sideRead  = 'r'
+	sidePlace = 'q'
+)
+
+// parseSideKey splits a key under sidePrefix into the lock key, the kind (sideRead or
+// sidePlace) and the owner; ok is false for anything else.
+func parseSideKey(full string) (k string, kind byte, owner string, ok bool) {
+	rest, found := strings.CutPrefix(full, sidePrefix)
+	if !found {
+		return "", 0, "", false
+	}
+	n, rest, found := strings.Cut(rest, ":")
+	size, err := strconv.Atoi(n)
+	if !found || err != nil || size <= 0 || size > len(rest) {
+		return "", 0, "", false
+	}
+	k, rest = rest[:size], rest[size:]
+	if len(rest) < 4 || rest[0] != '/' || rest[2] != '/' || rest[1] != sideRead && rest[1] != sidePlace {
+		return "", 0, "", false
+	}
+	return k, rest[1], rest[3:], true
+}
+
+// readValue is the value of a read hold: "<lease seconds>[ <meta>]", the TTL of the etcd
+// lease it is on (a writer it refuses waits at most that long) and what the reader said of
+// itself. The owner is the key's last segment.
+func readValue(secs int64, meta string) string {
+	v := strconv.FormatInt(secs, 10)
+	if meta != "" {
+		v += " " + meta
+	}
+	return v
+}
+
+// parseReadValue reads a read hold's value.
+func parseReadValue(b []byte) (secs int64, meta string, ok bool) {
+	n, meta, _ := strings.Cut(string(b), " ")
+	secs, err := strconv.ParseInt(n, 10, 64)
+	if err != nil || secs <= 0 {
+		return 0, "", false
+	}
+	return secs, meta, true
+}
+
+// markValue is the value of a writer mark: "<deadline> <lease seconds>", the deadline in Unix
+// milliseconds as 20 digits, so that etcd's byte-wise comparison of values orders deadlines
+// (a read acquisition compares the mark with markClock of its own now).
+func markValue(deadline time.Time, secs int64) string {
+	return markClock(deadline) + " " + strconv.FormatInt(secs, 10)
+}
+
+// markClock is t as a writer mark's deadline is written.
+func markClock(t time.Time) string { return fmt.Sprintf("%020d", t.UnixMilli()) }
+
+// parseMarkValue reads a writer mark's lease seconds.
+func parseMarkValue(b []byte) (secs int64, ok bool) {
+	_, n, found := strings.Cut(string(b), " ")
+	secs, err := strconv.ParseInt(n, 10, 64)
+	return secs, found && err == nil && secs > 0
+}
 
 // lockValue is the value of a lock key:
 //

@@ -12,14 +12,16 @@ import (
 // watches again; the waiter was signalled meanwhile and retries on its own.
 const rewatchPause = 100 * time.Millisecond
 
-// Watch implements lockstore.Store with an etcd watch on key that signals each deletion:
-// a release, or the expiry of the holder's lease. It starts at the revision of this store's
-// last busy reply for key when there is one, so a release between that reply and the watch is
-// not missed. When etcd ends the watch (the member lost its leader, the revision was
-// compacted), the channel is signalled, so the waiter tries again instead of sleeping on a
-// dead watch, and the watch starts again. It ends with ctx, Close of the Watch, or Close of
-// the store. One goroutine per Watch: flightlock's gate lets one goroutine per process wait on
-// a key.
+// Watch implements lockstore.Store with etcd watches that signal each deletion of key (a
+// release, or the expiry of the holder's lease) and of any key in key's side directory (the end
+// of a read hold, which a writer waits for, and a place leaving the fair line, which the next
+// in line waits for). It starts at the revision of this store's last busy reply for key when
+// there is one, so a release between that reply and the watch is not missed. When etcd ends
+// the watch (the member lost its leader, the revision was compacted), the channel is
+// signalled, so the waiter tries again instead of sleeping on a dead watch, and the watch
+// starts again. It ends with ctx, Close of the Watch, or Close of the store. One goroutine per
+// Watch: flightlock's gate lets one goroutine per process wait on a key (and each read or fair
+// Lock waits on its own).
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -53,7 +55,8 @@ func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error)
 	return lockstore.NewWatch(c, cancel), nil
 }
 
-// watch signals c on each deletion of key from revision rev (0: from now) until ctx ends.
+// watch signals c on each deletion of key or of a key in its side directory from revision rev
+// (0: from now) until ctx ends.
 func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{}) {
 	signal := func() {
 		select {
@@ -64,24 +67,43 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 	// Without a leader the member cannot tell deletions; WithRequireLeader makes it end the
 	// watch rather than leave it silent.
 	lctx := clientv3.WithRequireLeader(ctx)
+	// revs[0] is where the watch of key goes on from, revs[1] that of its side directory.
+	revs := [2]int64{rev, rev}
 	for {
-		opts := []clientv3.OpOption{clientv3.WithFilterPut()}
-		if rev > 0 {
-			opts = append(opts, clientv3.WithRev(rev))
+		rctx, cancel := context.WithCancel(lctx)
+		watches := [2]clientv3.WatchChan{
+			s.cli.Watch(rctx, key, watchOptions(revs[0])...),
+			s.cli.Watch(rctx, sideDir(key), append(watchOptions(revs[1]), clientv3.WithPrefix())...),
 		}
-		for resp := range s.cli.Watch(lctx, key, opts...) {
+		for ended := false; !ended; {
+			var (
+				resp clientv3.WatchResponse
+				ok   bool
+				i    int
+			)
+			select {
+			case resp, ok = <-watches[0]:
+			case resp, ok = <-watches[1]:
+				i = 1
+			}
+			if !ok {
+				// A cancelled watch (resp.Canceled) is followed by the channel's close: both
+				// start again, each from where it got to.
+				ended = true
+				continue
+			}
 			if resp.CompactRevision != 0 {
-				rev = 0 // deletions up to the compaction are unknown: assume one
+				revs[i] = 0 // deletions up to the compaction are unknown: assume one
 				signal()
 			}
 			for _, ev := range resp.Events {
 				if ev.Type == clientv3.EventTypeDelete {
 					signal()
 				}
-				rev = ev.Kv.ModRevision + 1
+				revs[i] = ev.Kv.ModRevision + 1
 			}
-			// A cancelled watch (resp.Canceled) is followed by the channel's close.
 		}
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
@@ -94,4 +116,13 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 		case <-t.C:
 		}
 	}
+}
+
+// watchOptions are the options of a watch of deletions from rev (0: from now).
+func watchOptions(rev int64) []clientv3.OpOption {
+	opts := []clientv3.OpOption{clientv3.WithFilterPut()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	return opts
 }

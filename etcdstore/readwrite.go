@@ -1,0 +1,237 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// SharesReads implements lockstore.ReadWriter: an owner made by lockstore.ReadOwner takes a
+// read hold of its own (readKey), shared with the key's other read holds.
+//
+// Exclusion is decided by one transaction on each side, so that it holds exactly whatever the
+// interleaving: a write grant compares that the key does not exist and that its read directory
+// is empty (writable); a read grant compares that the key does not exist (no writer holds it)
+// and that no writer mark is live. A read hold lives on its reader's session lease and in the
+// store's per-lock bookkeeping like a lock: it ends with its release, with the reaper once its
+// holder's guarantee ran out unrefreshed, or with its lease. Its end deletes its key, which the
+// Watch of every waiter of the lock key hears (the watch covers the key's read directory).
+//
+// Writer preference: a write acquisition refused by read holds sets the writer mark (writerKey,
+// markWriter); a read acquisition is refused while the mark is there and not past its
+// deadline. The mark goes with the next write grant, or with its deadline (one lease TTL of its
+// writer after its last refusal) when the writer stopped asking: a writer that gave up holds
+// readers off no longer than that.
+func (s *Store) SharesReads() {}
+
+var _ lockstore.ReadWriter = (*Store)(nil)
+
+// acquireReadOnce is one attempt of Acquire for a read owner, one transaction:
+//
+//	if   create_revision(read hold) > 0                        (the owner holds it: re-entry)
+//	then get(read hold); get(floor)
+//	else if   create_revision(key) == 0 && create_revision(mark) == 0
+//	     then put(read hold, lease); get(floor)
+//	     else if   create_revision(key) == 0 && value(mark) < now   (the mark's writer is gone)
+//	          then put(read hold, lease); get(floor); delete(mark)
+//	          else get(key); put(waiter, lease); get(mark)
+//
+// A read hold's fence is the revision of its grant, shifted, plus the key's floor offset, as a
+// write's (fence.go): every write it follows was deleted before it, at a lower revision, so
+// its fence exceeds theirs and every fence they handed out (the floor covers those beyond the
+// revision's room); the next write is granted only once this read hold is deleted, at a higher
+// revision, and no release writes the floor in between (only a write's release does), so that
+// write's fence exceeds it.
+func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
+	again bool) (lockstore.Acquisition, error) {
+	l, err := s.freshLease(ctx, ttl, start)
+	if err != nil {
+		s.noteUnsent(key, owner)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	defer s.unpin(l)
+	rk, mark := readKey(key, owner), writerKey(key)
+	value := readValue(l.secs, meta)
+	grant := func(more ...clientv3.Op) []clientv3.Op {
+		return append([]clientv3.Op{clientv3.OpPut(rk, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))}, more...)
+	}
+	free := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(rk), ">", 0)).
+		Then(clientv3.OpGet(rk), clientv3.OpGet(FloorKey(key))).
+		Else(clientv3.OpTxn(
+			[]clientv3.Cmp{free, clientv3.Compare(clientv3.CreateRevision(mark), "=", 0)},
+			grant(),
+			[]clientv3.Op{clientv3.OpTxn(
+				[]clientv3.Cmp{free, clientv3.Compare(clientv3.Value(mark), "<", markClock(time.Now()))},
+				grant(clientv3.OpDelete(mark)),
+				[]clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), clientv3.OpGet(mark)},
+			)},
+		)).
+		Commit()
+	if err != nil {
+		if isLeaseNotFound(err) && again {
+			s.loseLease(l)
+			return lockstore.Acquisition{}, errLeaseGone
+		}
+		s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+		s.retire(l)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	if resp.Succeeded {
+		kv := firstKV(resp.Responses[0])
+		if kv == nil {
+			return lockstore.Acquisition{}, nil // cannot happen within one transaction
+		}
+		return s.readReentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
+	}
+	first := resp.Responses[0].GetResponseTxn()
+	if first.Succeeded {
+		return s.readGranted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(first.Responses[1]), start.Add(ttl))
+	}
+	second := first.Responses[0].GetResponseTxn()
+	if second.Succeeded {
+		return s.readGranted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(second.Responses[1]), start.Add(ttl))
+	}
+	s.noteBusy(key, resp.Header.Revision)
+	if kv := firstKV(second.Responses[0]); kv != nil {
+		return busy(kv), nil // a writer holds the key
+	}
+	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
+	// holds nothing yet, so the reply names no holder.
+	if secs, ok := parseMarkValue(markOf(second.Responses[2])); ok {
+		return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
+	}
+	return lockstore.Acquisition{}, nil
+}
+
+// markOf is the value a get of the writer mark read (nil when there was none).
+func markOf(r *pb.ResponseOp) []byte {
+	if kv := firstKV(r); kv != nil {
+		return kv.Value
+	}
+	return nil
+}
+
+// readGranted records a read hold granted at revision rev and returns it with its fence, as
+// granted does for a write. The entry is not simple: the one-transaction release and Pass are
+// a write's.
+func (s *Store) readGranted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
+	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
+	d, err := floorOffset(floor)
+	var fence int64
+	if err == nil {
+		fence, err = fenceOf(rev, d)
+	}
+	if err != nil {
+		s.giveBack(ctx, readKey(key, owner), value)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	s.update(key, owner, func(e *heldKey) {
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
+		e.simple, e.own, e.tries = false, true, 0
+		e.until = later(e.until, until)
+	})
+	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
+}
+
+// readReentered answers a read acquisition of an owner that holds its read hold kv already:
+// the fence of the hold, after making sure it lives at least ttl from start, as reentered does
+// for a write.
+func (s *Store) readReentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
+	l *lease, start time.Time) (lockstore.Acquisition, error) {
+	d, err := floorOffset(floor)
+	var fence int64
+	if err == nil {
+		fence, err = fenceOf(kv.CreateRevision, d)
+	}
+	if err != nil {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	id := clientv3.LeaseID(kv.Lease)
+	kl := s.ourLease(id)
+	if id != l.id {
+		secs, err := s.keepAliveOnce(ctx, id, start)
+		if errors.Is(err, errLeaseGone) {
+			return lockstore.Acquisition{}, nil // deleted with its lease: try again
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		if time.Duration(secs)*time.Second < ttl {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: read hold on an etcd lease of %ds, "+
+				"shorter than the lock TTL %v", key, secs, ttl)
+		}
+	}
+	if !s.updateOn(kl, key, owner, func(e *heldKey) {
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id, kv.CreateRevision,
+			kv.ModRevision, fence, floor != nil
+		e.simple, e.own, e.tries = false, true, 0
+		e.until = later(e.until, start.Add(ttl))
+	}) {
+		return lockstore.Acquisition{}, nil // going with its retired lease: try again
+	}
+	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
+}
+
+// releaseShared ends owner's read hold of key, one transaction:
+//
+//	if   create_revision(read hold) > 0
+//	then count(read holds); count(mark); delete(read hold)
+//
+// Read holds have no named holds (Reenter grants none) and hand out no fences beyond their
+// own, so hold must be "" and lastFence is not kept. It returns 1 when it ended the last read
+// hold while a writer waits (the writer mark), whose Watch hears the deletion.
+func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int, error) {
+	if hold != "" {
+		return 0, lockstore.ErrNotHeld
+	}
+	rk := readKey(key, owner)
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(rk), ">", 0)).
+		Then(
+			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+			clientv3.OpGet(writerKey(key), clientv3.WithCountOnly()),
+			clientv3.OpDelete(rk),
+		).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+	}
+	s.forget(key, owner)
+	if !resp.Succeeded {
+		return 0, lockstore.ErrNotHeld
+	}
+	readers := resp.Responses[0].GetResponseRange().Count
+	marks := resp.Responses[1].GetResponseRange().Count
+	if readers == 1 && marks > 0 {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// heldBy reports whether kv, read at the key where owner's hold lives (holdKey), is owner's.
+func heldBy(kv *mvccpb.KeyValue, owner string) bool {
+	if kv == nil {
+		return false
+	}
+	if lockstore.IsReadOwner(owner) {
+		return true // the read hold's key names its owner
+	}
+	return ownedBy(kv.Value, owner)
+}
+
+// holdKey is the etcd key that holds owner's hold of key: the key itself for a write, the read
+// hold's key for a read owner.
+func holdKey(key, owner string) string {
+	if lockstore.IsReadOwner(owner) {
+		return readKey(key, owner)
+	}
+	return key
+}
