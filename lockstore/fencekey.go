@@ -95,3 +95,18 @@ func slotTag(s uint16) uint32 {
 	})
 	return slotTags[s]
 }
+
+// SideKey names a key a store keeps beside lock key k, of the kind kind (a read-write lock's
+// read holds, a fair lock's line): under FenceKeyPrefix, so that no lock key can be one, unique
+// per k, and in k's Redis Cluster hash slot, so that one script may touch both. A key with a
+// hash tag keeps it (the prefix adds no brace before it); any other gets a tag that hashes to
+// its slot, and a separator of its own, so that it can never equal a tagged key's.
+func SideKey(kind, k string) string {
+	if open := strings.IndexByte(k, '{'); open >= 0 {
+		if end := strings.IndexByte(k[open+1:], '}'); end > 0 {
+			return FenceKeyPrefix + kind + ":" + k
+		}
+	}
+	// "#", not ":": this side key of "k" must differ from the tagged one of "{<tag>}k".
+	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(keySlot(k))), 10) + "}" + k
+}

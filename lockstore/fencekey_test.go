@@ -1,6 +1,9 @@
 package lockstore
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestFenceKeySameSlot(t *testing.T) {
 	if crc16("123456789") != 0x31c3 {
@@ -25,4 +28,25 @@ func FuzzFenceKeySameSlot(f *testing.F) {
 			t.Fatalf("FenceKey(%q) in another slot", k)
 		}
 	})
+}
+
+func TestSideKeysShareTheLockKeysSlotAndNeverCollide(t *testing.T) {
+	keys := []string{"lock:order:1", "lock:{tenant-7}:export", "lock:a}b", "lock:a{}b{c}", "lock:{", "lock:}{x}", "", "lock:order:1:r"}
+	keys = append(keys, "{"+SideKey("readers", "lock:order:1")[len(FenceKeyPrefix+"readers#{"):]) // a tagged key shaped like an untagged one's side key
+	seen := map[string]string{}
+	for _, k := range keys {
+		for _, kind := range []string{"readers", "line"} {
+			side := SideKey(kind, k)
+			if got, want := KeySlot(side), KeySlot(k); got != want {
+				t.Errorf("SideKey(%q, %q) = %q is in slot %d, the lock key in %d", kind, k, side, got, want)
+			}
+			if !strings.HasPrefix(side, FenceKeyPrefix) {
+				t.Errorf("SideKey(%q, %q) = %q is not under %q", kind, k, side, FenceKeyPrefix)
+			}
+			if prev, dup := seen[side]; dup {
+				t.Errorf("SideKey(%q, %q) = %q, as for %s", kind, k, side, prev)
+			}
+			seen[side] = kind + " " + k
+		}
+	}
 }

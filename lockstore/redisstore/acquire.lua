@@ -23,6 +23,9 @@
 --               owner token); the lock is marked so that its release publishes a notification
 --               (unmarked releases publish none)
 --
+-- A key held by the readers of a read-write lock ("~r ...", readacquire.lua) is busy like any
+-- held key; one the last reader left to a waiting writer ("~w ...") is taken as free.
+--
 -- Fences are a hybrid logical clock per hash slot: max(last fence + 1, server time in
 -- microseconds). The "+ 1" makes them strictly increase on one server whatever its clock does;
 -- the clock part keeps them increasing when the counter itself goes back (a restart from an RDB
@@ -30,7 +33,7 @@
 -- as the server clock after the loss reads later than it did at the lost grants. The counter is
 -- written only when a lock is granted, in the same script as the grant.
 --
--- Cost (issue 17): a free key costs TIME, SET NX and one SET ... GET of the counter, which reads
+-- Cost: a free key costs TIME, SET NX and one SET ... GET of the counter, which reads
 -- the last fence and writes the new one in one command. The new fence is first taken to be the
 -- server time; only when the counter turns out to be at or past it (a clock that stepped back,
 -- a grant in the same microsecond, fences handed out locally ahead of the clock) does the
@@ -44,7 +47,18 @@ local now = redis.call('TIME') -- {seconds, microseconds}, both decimal strings
 local us = now[2]
 local f = now[1] .. string.sub('00000', #us) .. us -- seconds and six digits of microseconds
 
-if redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
+local taken = redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2])
+local mark, current = '', nil
+if not taken then
+  current = redis.call('GET', KEYS[1])
+  if string.sub(current, 1, 3) == '~w ' then
+    -- The last reader of a read-write lock left the key to the writer that waited for it
+    -- (readrelease.lua): any writer takes it. The readers held back wait for its release.
+    mark = ' ~'
+    taken = redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'PX', ARGV[2])
+  end
+end
+if taken then
   local last = redis.pcall('SET', KEYS[2], f, 'GET') -- SET ... GET: Redis 6.2 or later
   if type(last) == 'table' and last.err then
     -- The counter is of another type (WRONGTYPE), or the server is older than 6.2: nothing was
@@ -63,12 +77,11 @@ if redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', 
   if n and n >= tonumber(f) then
     f = string.format('%d', n + 1)
     redis.call('SET', KEYS[2], f)
-    redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'KEEPTTL')
+    redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'KEEPTTL')
   end
   return tonumber(f)
 end
 
-local current = redis.call('GET', KEYS[1])
 if string.sub(current, 1, #owner + 1) == owner .. ' ' then
   if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -48,5 +48,9 @@ func (s *RedisStore) giveUp(key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
 	// The hold handed out no fence beyond the one it was granted: "0" (release.lua).
+	if lockstore.IsReadOwner(owner) {
+		_ = readReleaseScript.Run(ctx, s.client, []string{key, readersKey(key)}, owner, s.channelPrefix, writerReserveMillis).Err()
+		return
+	}
 	_ = releaseScript.Run(ctx, s.client, []string{key, lockstore.FenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
 }

@@ -101,8 +101,16 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) 
 	return int(woken), nil
 }
 
+// Owners of the values a read-write lock's key has between its writers (readacquire.lua): held
+// by readers, and left by the last of them to the writer that waited.
+const (
+	readersOwner  = "~r"
+	reservedOwner = "~w"
+)
+
 // parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
-// (acquire.lua); a value this store does not write goes to l.Unrecognized.
+// (acquire.lua; the owner is readersOwner or reservedOwner for a read-write lock between
+// writers); a value this store does not write goes to l.Unrecognized.
 func parseLock(l *lockstore.LockInfo, value string) {
 	fields := strings.SplitN(value, " ", 4)
 	if len(fields) < 3 || fields[0] == "" {
@@ -181,13 +189,15 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		return nil, nil
 	}
 	type reads struct {
-		get  *redis.StringCmd
-		pttl *redis.DurationCmd
+		get           *redis.StringCmd
+		pttl          *redis.DurationCmd
+		readers, line *redis.IntCmd
 	}
 	rs := make([]reads, len(keys))
 	_, err := r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
-			rs[i] = reads{p.Get(ctx, r.storeKey(k)), p.PTTL(ctx, r.storeKey(k))}
+			full := r.storeKey(k)
+			rs[i] = reads{p.Get(ctx, full), p.PTTL(ctx, full), p.ZCard(ctx, readersKey(full)), p.ZCard(ctx, lineKey(full))}
 		}
 		return nil
 	})
@@ -216,6 +226,10 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 			l.TTL = d
 		}
 		parseLock(&l, v)
+		if l.Owner == readersOwner {
+			l.Readers = int(rs[i].readers.Val())
+		}
+		l.Queued = int(rs[i].line.Val())
 		locks = append(locks, l)
 		channels = append(channels, r.channel(k))
 	}

@@ -23,12 +23,28 @@ var (
 	releaseLua string
 	//go:embed reenter.lua
 	reenterLua string
+	//go:embed readacquire.lua
+	readAcquireLua string
+	//go:embed readrefresh.lua
+	readRefreshLua string
+	//go:embed readrelease.lua
+	readReleaseLua string
+	//go:embed fairacquire.lua
+	fairAcquireLua string
+	//go:embed leavequeue.lua
+	leaveQueueLua string
 
 	// Each script is wrapped once; Run sends EVALSHA and falls back to EVAL only on NOSCRIPT.
 	acquireScript = redis.NewScript(acquireLua)
 	refreshScript = redis.NewScript(refreshLua)
 	releaseScript = redis.NewScript(releaseLua)
 	reenterScript = redis.NewScript(reenterLua)
+
+	readAcquireScript = redis.NewScript(readAcquireLua)
+	readRefreshScript = redis.NewScript(readRefreshLua)
+	readReleaseScript = redis.NewScript(readReleaseLua)
+	fairAcquireScript = redis.NewScript(fairAcquireLua)
+	leaveQueueScript  = redis.NewScript(leaveQueueLua)
 )
 
 // Reply codes of acquire.lua.
@@ -167,7 +183,8 @@ func (s *RedisStore) Client() Client { return s.client }
 // for a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional: the
 // scripts fall back to EVAL on their own.
 func (s *RedisStore) Preload(ctx context.Context) error {
-	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript, reenterScript} {
+	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript, reenterScript,
+		readAcquireScript, readRefreshScript, readReleaseScript, fairAcquireScript, leaveQueueScript} {
 		if err := script.Load(ctx, s.client).Err(); err != nil {
 			return fmt.Errorf("flightlock: load scripts: %w", err)
 		}
@@ -180,20 +197,28 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	// " ~" at the end of the value is the waiters mark of acquire.lua; metadata cannot fake it.
-	if meta = strings.TrimRight(meta, " ~"); meta != "" {
+	if meta = trimMeta(meta); meta != "" {
 		meta = " " + meta
 	}
-	keys, args := []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	if lockstore.IsReadOwner(owner) {
+		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
+	}
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner)
+}
+
+// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua) and reads
+// its reply.
+func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner string) (lockstore.Acquisition, error) {
 	var (
 		code, n int64
 		value   string
 		err     error
 	)
 	if s.replicas > 0 {
-		code, n, value, err = s.acked(ctx, acquireScript, keys, args, key, owner, "", acquireTaken, acquireReentered)
+		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, "", acquireTaken, acquireReentered)
 	} else {
-		code, n, value, err = reply(s.run(ctx, acquireScript, keys, s.releaseIfTaken(key, owner), args...))
+		code, n, value, err = reply(s.run(ctx, script, keys, s.releaseIfTaken(key, owner), args...))
 	}
 	if isTryAgain(err) || isRedirect(err) {
 		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes, or
@@ -208,7 +233,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: %w", op, key, err)
 	}
 	switch code {
 	case acquireTaken:
@@ -220,7 +245,7 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 		// between the two calls inside the script (it cannot); report both as "unknown".
 		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
 	default:
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", key, code)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: unexpected reply code %d", op, key, code)
 	}
 }
 
@@ -231,6 +256,11 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	}
 	if err := checkHold(hold, false); err != nil {
 		return lockstore.Acquisition{}, err
+	}
+	if lockstore.IsReadOwner(owner) {
+		// Read holds are not handed over, and "~r"/"~w" values must never be re-entered by
+		// a token that names them: such an owner holds nothing.
+		return lockstore.Acquisition{}, nil
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
 	var (
@@ -328,16 +358,17 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 		n   int64
 		err error
 	)
+	script, keys := refreshCall(key, owner)
 	if s.replicas > 0 {
 		var cmd *redis.Cmd
 		var acked int64
-		if cmd, acked, err = s.runAcked(ctx, refreshScript, []string{key}, owner, ttlMillis(ttl)); err == nil {
+		if cmd, acked, err = s.runAcked(ctx, script, keys, owner, ttlMillis(ttl)); err == nil {
 			if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
 				err = s.notReplicated(acked)
 			}
 		}
 	} else {
-		n, err = s.run(ctx, refreshScript, []string{key}, nil, owner, ttlMillis(ttl)).Int64()
+		n, err = s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
 	}
 	if err != nil {
 		s.reloadOnNetworkError(err)
@@ -369,7 +400,8 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
 			continue
 		}
-		q := &queuedCall{script: refreshScript, keys: []string{r.Key}, args: []any{r.Owner, ttlMillis(r.TTL)}}
+		script, keys := refreshCall(r.Key, r.Owner)
+		q := &queuedCall{script: script, keys: keys, args: []any{r.Owner, ttlMillis(r.TTL)}}
 		q.state.Store(callSent)
 		calls, index = append(calls, q), append(index, i)
 	}
@@ -421,6 +453,9 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
 	}
+	if lockstore.IsReadOwner(owner) {
+		return false, 0, 0, errors.New("flightlock: a read hold is never passed")
+	}
 	passTTL := strconv.FormatInt(ttlMillis(ttl), 10)
 	if s.replicas > 0 {
 		passTTL = ""
@@ -433,8 +468,12 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
 	for {
-		cmd = s.run(ctx, releaseScript, []string{key, lockstore.FenceKey(key)}, nil, owner, s.channelPrefix,
-			strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
+		if lockstore.IsReadOwner(owner) {
+			cmd = s.run(ctx, readReleaseScript, []string{key, readersKey(key)}, nil, owner, s.channelPrefix, writerReserveMillis)
+		} else {
+			cmd = s.run(ctx, releaseScript, []string{key, lockstore.FenceKey(key)}, nil, owner, s.channelPrefix,
+				strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
+		}
 		err = cmd.Err()
 		if !isTryAgain(err) && !isRedirect(err) {
 			break
@@ -508,6 +547,10 @@ func (s *RedisStore) Close() error {
 	s.closers = nil
 	return err
 }
+
+// trimMeta cuts what metadata must not end with: " ~" at the end of a value is the waiters
+// mark of acquire.lua, which metadata cannot fake.
+func trimMeta(meta string) string { return strings.TrimRight(meta, " ~") }
 
 // checkArgs refuses requests that Redis would accept but that make no lock: an empty key, an
 // owner that cannot be told apart from metadata, or a lock that never expires.

@@ -1,0 +1,77 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// A read-write lock (lockstore.ReadWriter) keeps its read holds in a sorted set beside the lock
+// key, and a fair lock (lockstore.FairQueuer) its line in two: both in the lock key's Redis
+// Cluster hash slot (lockstore.SideKey), so one script sees all of them. The lock key itself
+// says who holds it, for every script: a writer's value as always, "~r ..." while readers hold
+// it (readacquire.lua), so that the scripts of plain locks need no change to exclude readers.
+
+// readersKey names the sorted set of key's read holds (readacquire.lua).
+func readersKey(key string) string { return lockstore.SideKey("readers", key) }
+
+// lineKey and lineDueKey name key's fair line and its places' deadlines (fairacquire.lua).
+func lineKey(key string) string    { return lockstore.SideKey("line", key) }
+func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
+
+// writerReserve is how long the last reader of a key that a writer waited for keeps it for
+// writers (readrelease.lua): long enough for the writer woken by the release notification, or
+// by its next look, to take it before the readers it held back; and the longest a writer that
+// stopped waiting holds new readers back after the readers before it are gone.
+const writerReserve = time.Second
+
+var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
+
+// SharesReads implements lockstore.ReadWriter: an owner made by lockstore.ReadOwner takes,
+// refreshes and releases a read hold.
+func (s *RedisStore) SharesReads() {}
+
+// refreshCall is the script and keys that refresh owner's hold of key: a read hold's, or a
+// lock's.
+func refreshCall(key, owner string) (*redis.Script, []string) {
+	if lockstore.IsReadOwner(owner) {
+		return readRefreshScript, []string{key, readersKey(key)}
+	}
+	return refreshScript, []string{key}
+}
+
+// AcquireFair implements lockstore.FairQueuer with fairacquire.lua.
+func (s *RedisStore) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
+	}
+	if meta = trimMeta(meta); meta != "" {
+		meta = " " + meta
+	}
+	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
+	args := []any{owner, ttlMillis(ttl), meta, strconv.FormatInt(asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(queue, 0)), 10)}
+	if queue <= 0 {
+		args[4] = "0"
+	}
+	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner)
+}
+
+// LeaveQueue implements lockstore.FairQueuer with leavequeue.lua.
+func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
+	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+		return err
+	}
+	keys := []string{key, lineKey(key), lineDueKey(key)}
+	if err := s.run(ctx, leaveQueueScript, keys, nil, owner, s.channelPrefix).Err(); err != nil {
+		s.reloadOnNetworkError(err)
+		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
+	}
+	return nil
+}

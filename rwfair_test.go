@@ -1,0 +1,456 @@
+package flightlock
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+)
+
+// rwCounts watches the inside of a read-write lock: readers and writers in it now, and what was
+// seen at worst. Only holders whose lease was live when they came in count (a lost lease's
+// holder is told to stop; exclusion is promised to live leases).
+type rwCounts struct {
+	readers, writers           atomic.Int64
+	mostReaders                atomic.Int64
+	writeBesideRead, twoWrites atomic.Int64
+	reads, writes              atomic.Int64
+}
+
+func (c *rwCounts) enter(lease *Lease, write bool) {
+	if lease.Context().Err() != nil {
+		return
+	}
+	if write {
+		if c.writers.Add(1) > 1 {
+			c.twoWrites.Add(1)
+		}
+		if c.readers.Load() > 0 {
+			c.writeBesideRead.Add(1)
+		}
+		return
+	}
+	n := c.readers.Add(1)
+	if c.writers.Load() > 0 {
+		c.writeBesideRead.Add(1)
+	}
+	for p := c.mostReaders.Load(); n > p && !c.mostReaders.CompareAndSwap(p, n); p = c.mostReaders.Load() {
+	}
+}
+
+// runReadWrite has, on each process (a Locker pair with a gate of its own), goroutines that read
+// "order" and goroutines that write it, sections times each.
+func runReadWrite(t *testing.T, procs [][2]*Locker, readers, writers, sections int, hold time.Duration) *rwCounts {
+	t.Helper()
+	c := &rwCounts{}
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		for i := range readers + writers {
+			write := i >= readers
+			l := p[0]
+			if write {
+				l = p[1]
+			}
+			wg.Go(func() {
+				for range sections {
+					lease, err := l.Lock(context.Background(), "order")
+					if err != nil {
+						t.Errorf("Lock (write %v): %v", write, err)
+						return
+					}
+					live := lease.Context().Err() == nil
+					c.enter(lease, write)
+					time.Sleep(hold)
+					if live {
+						if write {
+							c.writers.Add(-1)
+							c.writes.Add(1)
+						} else {
+							c.readers.Add(-1)
+							c.reads.Add(1)
+						}
+					}
+					if err := lease.Release(context.Background()); err != nil && !errors.Is(err, ErrNotHeld) {
+						t.Errorf("Release: %v", err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return c
+}
+
+// Reads of a key run together and a write excludes reads and writes, across three processes
+// with readers and writers each, on miniredis, a redis-server and a three-node Redis Cluster.
+func TestReadsShareAndAWriteExcludesEveryone(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) lockstore.Store
+	}{
+		{"miniredis", func(t *testing.T) lockstore.Store { s, _, _ := miniStore(t); return s }},
+		{"redis-server", func(t *testing.T) lockstore.Store { s, _, _ := realStore(t); return s }},
+		{"redis-cluster", clusterStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := tc.store(t)
+			var procs [][2]*Locker
+			for range 3 {
+				w := mustLocker(t, store, WithWait(30*time.Second))
+				r, err := w.With(WithRead())
+				if err != nil {
+					t.Fatal(err)
+				}
+				procs = append(procs, [2]*Locker{r, w})
+			}
+			c := runReadWrite(t, procs, 4, 2, 12, 2*time.Millisecond)
+			if c.writeBesideRead.Load() > 0 || c.twoWrites.Load() > 0 {
+				t.Fatalf("a write beside a read %d times, two writes at once %d times", c.writeBesideRead.Load(), c.twoWrites.Load())
+			}
+			if c.mostReaders.Load() < 2 {
+				t.Fatalf("at most %d readers at once: reads did not share", c.mostReaders.Load())
+			}
+			if c.reads.Load() != 3*4*12 || c.writes.Load() != 3*2*12 {
+				t.Fatalf("%d reads and %d writes ran, want %d and %d", c.reads.Load(), c.writes.Load(), 3*4*12, 3*2*12)
+			}
+		})
+	}
+}
+
+// The same with short TTLs and one process whose replies a proxy holds back now and then: a
+// hold whose renewal comes late is lost (its context ends) before the other side can get in.
+func TestReadWriteExclusionHoldsWithStalledReplies(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	procOn := func(addr string) [2]*Locker {
+		c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, ContextTimeoutEnabled: true, MaxRetries: -1})
+		s := redisstore.New(c, redisstore.WithWatchLinger(0))
+		t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+		w := mustLocker(t, s, WithTTL(300*time.Millisecond), WithWait(30*time.Second))
+		r, err := w.With(WithRead())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [2]*Locker{r, w}
+	}
+	procs := [][2]*Locker{procOn(srv.Addr), procOn(srv.Addr), procOn(proxy.Addr)}
+	stop := make(chan struct{})
+	var stalls sync.WaitGroup
+	stalls.Go(func() {
+		for {
+			select {
+			case <-stop:
+				proxy.SetDelay(0)
+				return
+			case <-time.After(40 * time.Millisecond):
+				proxy.SetDelay(60 * time.Millisecond)
+				time.Sleep(30 * time.Millisecond)
+				proxy.SetDelay(0)
+			}
+		}
+	})
+	c := runReadWrite(t, procs, 3, 2, 8, 3*time.Millisecond)
+	close(stop)
+	stalls.Wait()
+	if c.writeBesideRead.Load() > 0 || c.twoWrites.Load() > 0 {
+		t.Fatalf("a live write beside a live read %d times, two live writes %d times", c.writeBesideRead.Load(), c.twoWrites.Load())
+	}
+}
+
+// Readers that keep coming, always overlapping, do not keep a waiting writer out: once it was
+// refused, new readers wait for it.
+func TestAStreamOfReadersDoesNotStarveAWaitingWriter(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) lockstore.Store
+	}{
+		{"miniredis", func(t *testing.T) lockstore.Store { s, _, _ := miniStore(t); return s }},
+		{"redis-server", func(t *testing.T) lockstore.Store { s, _, _ := realStore(t); return s }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := tc.store(t)
+			readers := mustLocker(t, store, WithRead(), WithWait(30*time.Second))
+			writer := mustLocker(t, store, WithWait(3*time.Second))
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			var reads atomic.Int64
+			for range 6 {
+				wg.Go(func() {
+					for ctx.Err() == nil {
+						lease, err := readers.Lock(ctx, "order")
+						if err != nil {
+							continue
+						}
+						reads.Add(1)
+						time.Sleep(15 * time.Millisecond)
+						_ = lease.Release(context.Background())
+					}
+				})
+			}
+			waitFor(t, 5*time.Second, "the readers to run", func() bool { return reads.Load() > 12 })
+			lease, err := writer.Lock(context.Background(), "order")
+			cancel()
+			wg.Wait()
+			if err != nil {
+				t.Fatalf("the writer waited 3s beside a stream of readers: %v", err)
+			}
+			_ = lease.Release(context.Background())
+		})
+	}
+}
+
+// Every write's fence is above every earlier grant's; a read carries a fence at least the last
+// write's and below the next write's.
+func TestWriteFencesIncreaseAndReadsCarryTheLastWrites(t *testing.T) {
+	s, _, _ := realStore(t)
+	w := mustLocker(t, s, WithMode(Reject))
+	r := mustLocker(t, s, WithMode(Reject), WithRead())
+	ctx := context.Background()
+	var lastWrite int64
+	for i := range 5 {
+		x, err := w.Lock(ctx, "order")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Fence() <= lastWrite {
+			t.Fatalf("write %d: fence %d, not above the last write's %d", i, x.Fence(), lastWrite)
+		}
+		lastWrite = x.Fence()
+		_ = x.Release(ctx)
+		a, err := r.Lock(ctx, "order")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := r.Lock(ctx, "order")
+		if err != nil {
+			t.Fatalf("a second reader beside the first: %v", err)
+		}
+		if a.Fence() < lastWrite || b.Fence() != a.Fence() {
+			t.Fatalf("reads after the write with fence %d: fences %d and %d", lastWrite, a.Fence(), b.Fence())
+		}
+		_ = a.Release(ctx)
+		_ = b.Release(ctx)
+		if x, err = w.Lock(ctx, "order"); err != nil || x.Fence() <= a.Fence() {
+			t.Fatalf("the write after the reads: %v, fence %d, want above the reads' %d", err, x.Fence(), a.Fence())
+		}
+		lastWrite = x.Fence()
+		_ = x.Release(ctx)
+	}
+}
+
+// A reader that dies (no renewal, no release) keeps writers out until its TTL runs out, and no
+// longer.
+func TestDeadReadersHoldRunsOutAfterItsTTL(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	const ttl = 2 * time.Second
+	r := mustLocker(t, s, WithRead(), WithTTL(ttl))
+	w := mustLocker(t, s, WithMode(Reject))
+	ctx := context.Background()
+	x, err := r.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.h.stop() // the process is gone
+	if _, err := w.Lock(ctx, "order"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a write while the dead reader's TTL runs: %v, want ErrBusy", err)
+	}
+	mr.FastForward(ttl + time.Millisecond)
+	y, err := w.Lock(ctx, "order")
+	if err != nil {
+		t.Fatalf("a write after the dead reader's TTL: %v", err)
+	}
+	_ = y.Release(ctx)
+}
+
+// A context that holds the write lock reads under it; one that holds a read lock cannot take the
+// write lock, which would wait for its own read; a read lease hands no owner downstream.
+func TestReadUnderWriteReentersAndWriteUnderReadIsRefused(t *testing.T) {
+	s, _, _ := miniStore(t)
+	w := mustLocker(t, s, WithMode(Reject))
+	r, err := w.With(WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	x, err := w.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := r.Lock(x.Context(), "order")
+	if err != nil || in.Grant() != GrantReentry || in.Fence() != x.Fence() {
+		t.Fatalf("a read under the write: %v, grant %v; want a re-entry of the write", err, in.Grant())
+	}
+	_ = in.Release(ctx)
+	_ = x.Release(ctx)
+
+	y, err := r.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner := y.Owner(); owner != "" {
+		t.Fatalf("a read lease's Owner = %q, want none: read locks are not handed over", owner)
+	}
+	if _, err := w.Lock(y.Context(), "order"); !errors.Is(err, ErrUpgrade) {
+		t.Fatalf("a write under the read: %v, want ErrUpgrade", err)
+	}
+	again, err := r.Lock(y.Context(), "order")
+	if err != nil || again.Grant() != GrantReentry {
+		t.Fatalf("a read under the read: %v, want a re-entry", err)
+	}
+	_ = again.Release(ctx)
+	_ = y.Release(ctx)
+}
+
+// Options that cannot go together are refused, and a store without read-write locks refuses
+// WithRead and WithFair.
+func TestReadAndFairOptionsAreCheckedAgainstEachOtherAndTheStore(t *testing.T) {
+	s, _, _ := miniStore(t)
+	for name, opts := range map[string][]Option{
+		"read+fair":     {WithRead(), WithFair()},
+		"read+permits":  {WithRead(), WithPermits(2)},
+		"fair+permits":  {WithFair(), WithPermits(2)},
+		"read+failopen": {WithRead(), WithFailOpen(true)},
+	} {
+		if _, err := New(s, opts...); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
+		}
+	}
+	for name, opt := range map[string]Option{"WithRead": WithRead(), "WithFair": WithFair()} {
+		if _, err := New(newMemStore(), opt); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s on a store without it: %v, want ErrConfig", name, err)
+		}
+	}
+}
+
+// fairRun starts waiters for "order" while a holder keeps it, one at a time a few milliseconds
+// apart, spread round-robin over lockers (processes), and returns the order they asked in and
+// the order they were granted the key in.
+func fairRun(t *testing.T, holder *Locker, lockers []*Locker, waiters int) (asked, granted []int) {
+	t.Helper()
+	ctx := context.Background()
+	h, err := holder.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
+	for i := range waiters {
+		l := lockers[i%len(lockers)]
+		asked = append(asked, i)
+		wg.Go(func() {
+			lease, err := l.Lock(ctx, "order")
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			granted = append(granted, i)
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			_ = lease.Release(ctx)
+		})
+		time.Sleep(5 * time.Millisecond) // well above the clock skew of one host and a round trip
+	}
+	_ = h.Release(ctx)
+	wg.Wait()
+	return asked, granted
+}
+
+// Fair locks grant the key in request order across four processes, with several waiters in
+// each: grant order equals the order the Locks began in.
+func TestFairLocksGrantInRequestOrderAcrossProcesses(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) lockstore.Store
+	}{
+		{"miniredis", func(t *testing.T) lockstore.Store { s, _, _ := miniStore(t); return s }},
+		{"redis-server", func(t *testing.T) lockstore.Store { s, _, _ := realStore(t); return s }},
+		{"redis-cluster", clusterStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := tc.store(t)
+			var lockers []*Locker
+			for range 4 {
+				lockers = append(lockers, mustLocker(t, store, WithFair(), WithWait(30*time.Second)))
+			}
+			asked, granted := fairRun(t, mustLocker(t, store, WithFair()), lockers, 16)
+			if !slices.Equal(asked, granted) {
+				t.Fatalf("granted in order %v, asked in %v", granted, asked)
+			}
+		})
+	}
+}
+
+// A fair waiter that gives up leaves the line at once: the one behind it is not held up for
+// FairQueueTTL (its wait budget is shorter).
+func TestFairWaiterThatGivesUpLeavesTheLine(t *testing.T) {
+	s, _, _ := realStore(t)
+	holder := mustLocker(t, s, WithFair())
+	quitter := mustLocker(t, s, WithFair(), WithWait(30*time.Second))
+	next := mustLocker(t, s, WithFair(), WithWait(FairQueueTTL/2))
+	ctx := context.Background()
+	h, err := holder.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	qctx, quit := context.WithCancel(ctx)
+	gaveUp := make(chan error, 1)
+	go func() { _, err := quitter.Lock(qctx, "order"); gaveUp <- err }()
+	waitFor(t, 5*time.Second, "the first waiter in line", func() bool {
+		n, _ := s.Client().(*redis.Client).ZCard(ctx, lockstore.SideKey("line", "lock:order")).Result()
+		return n == 1
+	})
+	got := make(chan error, 1)
+	go func() {
+		x, err := next.Lock(ctx, "order")
+		if err == nil {
+			_ = x.Release(ctx)
+		}
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // the second waiter takes its place behind the first
+	quit()
+	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the first waiter: %v, want its context's end", err)
+	}
+	_ = h.Release(ctx)
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter behind one that gave up: %v", err)
+	}
+}
+
+// A fair waiter whose process died (it stops looking) leaves the line by itself after its
+// place's time; TryLock takes no place and is refused while others are in line.
+func TestDeadFairWaiterLeavesTheLineAfterItsTime(t *testing.T) {
+	s, _, _ := realStore(t)
+	ctx := context.Background()
+	holder := mustLocker(t, s, WithFair())
+	h, err := holder.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.AcquireFair(ctx, "lock:order", "dead-waiter", 10*time.Second, "", time.Now(), 300*time.Millisecond)
+	if err != nil || res.Acquired {
+		t.Fatalf("the dead waiter's place: %+v, %v", res, err)
+	}
+	_ = h.Release(ctx)
+	if _, err := mustLocker(t, s, WithFair()).TryLock(ctx, "order"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("TryLock with a waiter in line: %v, want ErrBusy", err)
+	}
+	x, err := mustLocker(t, s, WithFair(), WithWait(FairQueueTTL)).Lock(ctx, "order")
+	if err != nil {
+		t.Fatalf("a waiter behind a dead one: %v", err)
+	}
+	_ = x.Release(ctx)
+}
