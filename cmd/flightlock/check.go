@@ -106,6 +106,8 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	c.checkKeyScopes()
 	c.checkPermitCounts()
+	c.checkFairness()
+	c.checkReadsWritten()
 	slices.SortStableFunc(c.findings, func(a, b finding) int { return cmp.Compare(a.line, b.line) })
 	code := exitOK
 	for _, f := range c.files {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -34,9 +35,10 @@ func (c *checker) checkKeyParts(s *section, i int, r middleware.Rule) {
 	if err != nil {
 		return // Problems reported it
 	}
-	prefix := s.conf.Normalized().Prefix
+	prefix, n := s.conf.Normalized().Prefix, r.Normalized()
 	for _, k := range keys {
-		c.counted = append(c.counted, countedKey{s: s, rule: i, prefix: prefix, shape: k.Shape, permits: max(r.Permits, 1)})
+		c.counted = append(c.counted, countedKey{s: s, rule: i, prefix: prefix, shape: k.Shape, permits: max(r.Permits, 1),
+			mode: n.Mode, fair: n.Fair})
 		if len(k.Refs) != 1 {
 			continue // a composite key ("idem:{uid}:{header.Idempotency-Key}") names no one value
 		}
@@ -195,13 +197,16 @@ func article(noun string) string {
 	return "a"
 }
 
-// countedKey is one key of a loaded rule with the rule's permit count (1 for a lock).
+// countedKey is one key of a loaded rule with the rule's kind of lock: its permit count (1
+// for a lock), its Mode and Fair.
 type countedKey struct {
 	s       *section
 	rule    int
 	prefix  string
 	shape   string // "export:{}"
 	permits int
+	mode    string // normalized: "", "read" or "write"
+	fair    bool
 }
 
 // checkPermitCounts warns of two rules that lock keys of one shape with different Permits. A
@@ -231,18 +236,25 @@ func (c *checker) checkPermitCounts() {
 		}
 		why := fmt.Sprintf("they share the first %d permits, so up to %d requests hold a key where one rule allows %d",
 			min(f.permits, k.permits), max(f.permits, k.permits), min(f.permits, k.permits))
-		if min(f.permits, k.permits) == 1 {
-			why = "a lock and the permits of a key are different keys (" + k.shape + " against " + k.shape + "#1 ...), so neither rule holds the other back"
+		if lock := cmp.Or(f.mode, k.mode); min(f.permits, k.permits) == 1 {
+			what := "a lock"
+			if lock != "" {
+				what = "a read-write lock"
+			}
+			why = what + " and the permits of a key are different keys (" + k.shape + " against " + k.shape + "#1 ...), so neither rule holds the other back"
 		}
 		c.warnAt(k.s, k.s.ruleNode(k.rule, "Key"), "%s locks %s with %s, and %s with %s: %s; give every rule on a key the same Permits",
-			k.s.field(fmt.Sprintf("Lock.Rules[%d]", k.rule)), k.shape, permitWords(k.permits), other, permitWords(f.permits), why)
+			k.s.field(fmt.Sprintf("Lock.Rules[%d]", k.rule)), k.shape, permitWords(k), other, permitWords(f), why)
 	}
 }
 
-// permitWords is a permit count as a message says it.
-func permitWords(n int) string {
-	if n == 1 {
-		return "no Permits (a lock)"
+// permitWords is a rule's permit count as a message says it, with its Mode when it has one.
+func permitWords(k countedKey) string {
+	switch {
+	case k.permits > 1:
+		return fmt.Sprintf("Permits: %d", k.permits)
+	case k.mode != "":
+		return "Mode: " + k.mode + " (no Permits)"
 	}
-	return fmt.Sprintf("Permits: %d", n)
+	return "no Permits (a lock)"
 }
