@@ -1,0 +1,225 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+var (
+	ownerC  = "cccccccccccccccccccccccccccccccc"
+	readerA = lockstore.ReadOwner(ownerA)
+	readerB = lockstore.ReadOwner(ownerB)
+)
+
+// Read holds share the key and refuse a writer; the writer's refusal holds new readers back;
+// the last reader leaves the key to writers, and the readers held back wait for that writer's
+// release, which wakes them.
+func TestReadHoldsShareAndTheLastLeavesTheKeyToTheWaitingWriter(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		s, key := b.store, "lock:order"
+		for _, r := range []string{readerA, readerB} {
+			if got, err := s.Acquire(ctx, key, r, 10*time.Second, "host=a"); err != nil || !got.Acquired {
+				t.Fatalf("read hold %s: %+v %v", r, got, err)
+			}
+		}
+		if got, err := s.Acquire(ctx, key, ownerC, 10*time.Second, ""); err != nil || got.Acquired || got.HolderTTL <= 0 || got.Holder != "host=a" {
+			t.Fatalf("a writer beside readers: %+v %v, want busy with their time and metadata", got, err)
+		}
+		if got, err := s.Acquire(ctx, key, lockstore.ReadOwner("late"), 10*time.Second, ""); err != nil || got.Acquired {
+			t.Fatalf("a reader after a writer was refused: %+v %v, want busy (writer preference)", got, err)
+		}
+		if again, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil || !again.Reentered {
+			t.Fatalf("a re-sent read acquisition: %+v %v, want a re-entry", again, err)
+		}
+		w, err := s.Watch(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		if n, err := s.Release(ctx, key, readerA, "", 0); err != nil || n != 0 {
+			t.Fatalf("the first reader's release: %d %v, want 0 notified (a reader is left)", n, err)
+		}
+		if _, err := s.Release(ctx, key, readerB, "", 0); err != nil {
+			t.Fatalf("the last reader's release: %v", err)
+		}
+		select {
+		case <-w.C():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the last reader's release woke nobody")
+		}
+		if got, err := s.Acquire(ctx, key, lockstore.ReadOwner("late"), 10*time.Second, ""); err != nil || got.Acquired {
+			t.Fatalf("a reader once the readers left: %+v %v, want busy: the key is the writer's", got, err)
+		}
+		got, err := s.Acquire(ctx, key, ownerC, 10*time.Second, "")
+		if err != nil || !got.Acquired {
+			t.Fatalf("the waiting writer: %+v %v", got, err)
+		}
+		if n, err := s.Release(ctx, key, ownerC, "", 0); err != nil || n != 1 {
+			t.Fatalf("the writer's release: %d %v, want the waiting reader woken", n, err)
+		}
+		if got, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil || !got.Acquired {
+			t.Fatalf("a reader after the writer: %+v %v", got, err)
+		}
+		if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.client.Exists(ctx, key, readersKey(key)).Val(); n != 0 {
+			t.Fatalf("%d keys left after the last release", n)
+		}
+	})
+}
+
+// A read hold refreshes and releases alone; a reader's token handed over, or forged as the read
+// mark itself, re-enters nothing; a refresh of a hold past its time does not bring it back.
+func TestReadHoldsRefreshAndReleaseAloneAndAreNeverReentered(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		s, key := b.store, "lock:order"
+		if _, err := s.Acquire(ctx, key, readerA, time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Acquire(ctx, key, readerB, 10*time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refresh(ctx, key, readerA, 10*time.Second); err != nil {
+			t.Fatalf("refresh of a live read hold: %v", err)
+		}
+		for _, forged := range []string{readerA, "~r", "~w"} {
+			if got, err := s.Reenter(ctx, key, forged, "h1", 10*time.Second); err != nil || got.Acquired {
+				t.Fatalf("Reenter with %q: %+v %v, want nothing", forged, got, err)
+			}
+		}
+		if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Refresh(ctx, key, readerA, 10*time.Second); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("refresh of a released read hold: %v, want ErrNotHeld", err)
+		}
+		if _, err := s.Release(ctx, key, readerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("a second release: %v, want ErrNotHeld", err)
+		}
+		if err := s.Refresh(ctx, key, readerB, 10*time.Second); err != nil {
+			t.Fatalf("the other reader's refresh: %v", err)
+		}
+		if _, err := s.Release(ctx, key, readerB, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// The inspector lists a read-held key with its readers and a fair key with its line, and never
+// lists the keys beside them.
+func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
+	b := realBackend(t)
+	ctx := context.Background()
+	s := b.store
+	for _, r := range []string{readerA, readerB} {
+		if _, err := s.Acquire(ctx, "lock:order", r, 10*time.Second, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []string{ownerB, ownerC} {
+		if got, err := s.AcquireFair(ctx, "lock:stock", o, 10*time.Second, "", time.Now(), 10*time.Second); err != nil || got.Acquired {
+			t.Fatalf("a second fair acquirer: %+v %v", got, err)
+		}
+	}
+	in := NewInspector(b.client, "")
+	locks, _, err := in.List(ctx, "*", lockstore.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(locks) != 2 || locks[0].Key != "lock:order" || locks[0].Readers != 2 || locks[1].Key != "lock:stock" || locks[1].Queued != 2 || locks[1].Owner != ownerA {
+		t.Fatalf("listed %+v, want lock:order with 2 readers and lock:stock held by A with 2 in line", locks)
+	}
+}
+
+// A fair acquirer's place is when it asked, clamped to the store's clock: one with a clock an
+// hour behind goes at most a second before the store's time, one an hour ahead goes last; a
+// TryLock (no place) is refused while others wait and takes no place.
+func TestFairPlaceIsClampedToTheStoresClock(t *testing.T) {
+	b := realBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:stock"
+	if _, err := s.AcquireFair(ctx, key, ownerA, 10*time.Second, "", time.Now(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []struct {
+		owner string
+		asked time.Time
+	}{
+		{ownerB, time.Now().Add(-500 * time.Millisecond)},
+		{ownerC, time.Now().Add(-time.Hour)},
+		{"ahead", time.Now().Add(time.Hour)},
+	} {
+		if _, err := s.AcquireFair(ctx, key, p.owner, 10*time.Second, "", p.asked, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	line := b.client.ZRangeWithScores(ctx, lineKey(key), 0, -1).Val()
+	if len(line) != 3 || line[0].Member != ownerC || line[1].Member != ownerB || line[2].Member != "ahead" {
+		t.Fatalf("line %v, want C (an hour behind, clamped), B (0.5s ago), then the clock an hour ahead", line)
+	}
+	if gap := line[1].Score - line[0].Score; gap > 0.7e6 {
+		t.Fatalf("C went %.0fµs before B, which asked 0.5s ago: more than the 1s clamp allows", gap)
+	}
+	if got, err := s.AcquireFair(ctx, key, "try", 10*time.Second, "", time.Now(), 0); err != nil || got.Acquired {
+		t.Fatalf("TryLock with others in line: %+v %v", got, err)
+	}
+	if n := b.client.ZCard(ctx, lineKey(key)).Val(); n != 3 {
+		t.Fatalf("%d in line after a TryLock, want 3: it takes no place", n)
+	}
+}
+
+// Read holds and fair grants count only with the replicas' acknowledgement: without it nothing
+// is handed out and nothing is left behind.
+func TestReadAndFairGrantsNeedTheReplicasAcknowledgement(t *testing.T) {
+	primary := redistest.Start(t)
+	ctx := context.Background()
+	client := primary.Client()
+	s := New(client, WithReplicas(1, 50*time.Millisecond))
+	t.Cleanup(func() { _ = s.Close() })
+	if _, err := s.Acquire(ctx, "lock:order", readerA, 10*time.Second, ""); !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("a read hold without a replica: %v, want ErrNotReplicated", err)
+	}
+	if _, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), time.Second); !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("a fair grant without a replica: %v, want ErrNotReplicated", err)
+	}
+	waitGone(t, client, "lock:order", "lock:stock")
+	if n := client.ZScore(ctx, readersKey("lock:order"), readerA); n.Err() != redis.Nil {
+		t.Fatalf("the unacknowledged read hold was left: %v", n)
+	}
+	redistest.StartReplica(t, primary.Addr)
+	waitAcknowledging(t, client, 1)
+	if got, err := s.Acquire(ctx, "lock:order", readerA, 10*time.Second, ""); err != nil || !got.Acquired {
+		t.Fatalf("a read hold with a replica: %+v %v", got, err)
+	}
+	if err := s.Refresh(ctx, "lock:order", readerA, 10*time.Second); err != nil {
+		t.Fatalf("its refresh with a replica: %v", err)
+	}
+	if got, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), time.Second); err != nil || !got.Acquired {
+		t.Fatalf("a fair grant with a replica: %+v %v", got, err)
+	}
+}
+
+// waitGone waits for keys to be deleted: an unacknowledged grant is given up in the background.
+func waitGone(t *testing.T, c *redis.Client, keys ...string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Exists(context.Background(), keys...).Val() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v still there", keys)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
