@@ -73,7 +73,11 @@ type Store struct {
 	refused map[string]struct{}
 	// unsent lists the owners whose acquisition of a key gave up before any request went out
 	// (guarded by mu, bounded like waitRev), so that its give-back costs no round trip.
-	unsent  map[entryKey]struct{}
+	unsent map[entryKey]struct{}
+	// places are the places in fair lines that this store's callers of AcquireFair hold
+	// (guarded by mu, bounded like waitRev): a place forgotten early costs its owner a refusal
+	// and a lease grant, never its rank (its key keeps its create revision).
+	places  map[entryKey]place
 	ticking bool // guarded by mu: the keep-alive loop runs (or, in tests, must not)
 	reaping bool // guarded by mu: a reap goroutine runs
 
@@ -145,6 +149,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 		waitRev:   make(map[string]int64),
 		refused:   make(map[string]struct{}),
 		unsent:    make(map[entryKey]struct{}),
+		places:    make(map[entryKey]place),
 	}, nil
 }
 
@@ -186,6 +191,7 @@ func (s *Store) Close() error {
 	clear(s.waitRev)
 	clear(s.refused)
 	clear(s.unsent)
+	clear(s.places)
 	s.mu.Unlock()
 
 	var errs []error

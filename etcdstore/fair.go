@@ -1,0 +1,236 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), on a
+// lease of its own, ordered by its create revision, the revision of the owner's first
+// AcquireFair that was refused. The line is ordered by etcd's revisions rather than by the
+// callers' clocks (AcquireFair's asked): the Locker calls AcquireFair as soon as a fair Lock
+// begins, with no queue in the process before it, so the order in which first attempts reach
+// etcd is the order in which the Locks began, up to the difference in their round trips
+// (milliseconds), where ordering by asked would trust each host's clock (a host whose clock
+// lags would go ahead of requests made up to the skew bound before its own). A revision is also
+// what a compare in the granting transaction can check exactly: "every place in the line has
+// a create revision at or above mine" is one range compare, so "only the first in line takes
+// the free key" holds whatever the interleaving. A place keeps its create revision while its
+// owner re-puts it (etcd keeps a key's create revision across puts), and loses its rank only
+// when it ends.
+//
+// A place lives on a lease of the queue time (whole seconds, rounded up; etcd raises one below
+// its minimum lease TTL), kept alive by each AcquireFair of its owner: a waiter that stops
+// asking (its process died, or it gave up and LeaveQueue failed) leaves the line one lease TTL
+// after its last AcquireFair, and the lease's expiry deletes the place, which wakes the next
+// in line (Watch hears deletions in the key's side directory). The grant deletes its place in
+// the granting transaction, and LeaveQueue deletes it at once.
+
+// place is one owner's place in a key's line, as the store knows it.
+type place struct {
+	lease clientv3.LeaseID // the lease it is on; 0 before the first refusal
+	rev   int64            // its create revision, its rank; 0 unknown
+}
+
+var _ lockstore.FairQueuer = (*Store)(nil)
+
+// AcquireFair implements lockstore.FairQueuer: Acquire of key in the order of the key's line.
+// Each attempt is one transaction (and, while the caller waits in line, a keep-alive of its
+// place's lease before it):
+//
+//	if   create_revision(key) == 0 && no read holds
+//	     && (rank known: create_revision(place) == rank && every place's create revision >= rank
+//	         else: the line is empty)
+//	then put(key, value, lease); get(floor); delete(writer mark); delete(place)
+//	else get(key); put(waiter, lease); get(one read hold); [put(place, place lease); get(place)]
+//
+// A caller with queue > 0 that is refused for the first time is given a place lease and makes
+// the attempt once more at once, now putting its place (its rank is that revision). queue 0
+// (TryLock) takes no place: it takes the key only when it is free and the line empty. The
+// lock granted is an ordinary lock of key (Refresh, Release, Pass and the Inspector treat it as
+// any other). asked is not used: the line is ordered by revision (see above).
+func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, _ time.Time,
+	queue time.Duration) (lockstore.Acquisition, error) {
+	if err := checkArgs(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
+	}
+	if s.isClosed() {
+		return lockstore.Acquisition{}, errStoreClosed
+	}
+	start := time.Now()
+	var a lockstore.Acquisition
+	err := s.resending(ctx, func(ctx context.Context, again bool) error {
+		var err error
+		a, err = s.acquireFairOnce(ctx, key, owner, ttl, meta, max(queue, 0), start, again)
+		return err
+	})
+	return a, err
+}
+
+// acquireFairOnce is one attempt of AcquireFair, as acquireOnce is of Acquire.
+func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, queue time.Duration,
+	start time.Time, again bool) (lockstore.Acquisition, error) {
+	p := s.placeOf(key, owner)
+	if queue > 0 && p.lease != 0 {
+		// The place lives queue from now: this is the owner's latest AcquireFair.
+		if _, err := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(err) {
+			p = place{} // it ended with its lease: a new place, at the back of the line
+		} else if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: keep its place in line: %w", key, err)
+		}
+	}
+	l, err := s.freshLease(ctx, ttl, start)
+	if err != nil {
+		s.noteUnsent(key, owner)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	}
+	defer s.unpin(l)
+	value := newValue(owner, l.secs, meta)
+	pk := placeKey(key, owner)
+	for {
+		cmps := writable(key)
+		if p.rev > 0 {
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),
+				clientv3.Compare(clientv3.CreateRevision(lineDir(key)), ">", p.rev-1).WithPrefix())
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lineDir(key)), "=", 0).WithPrefix())
+		}
+		els := []clientv3.Op{
+			clientv3.OpGet(key),
+			clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)),
+			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
+		}
+		if queue > 0 && p.lease != 0 {
+			els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
+		}
+		resp, err := s.cli.Txn(ctx).
+			If(cmps...).
+			Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
+				clientv3.OpDelete(writerKey(key)), clientv3.OpDelete(pk)).
+			Else(els...).
+			Commit()
+		if err != nil {
+			if isLeaseNotFound(err) && again {
+				// The session lease, or the place's (kept alive at the start of this
+				// attempt, so only a very slow attempt outlives it): ask which.
+				if queue > 0 && p.lease != 0 {
+					if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
+						s.dropPlace(key, owner)
+						return lockstore.Acquisition{}, errLeaseGone
+					}
+				}
+				s.loseLease(l)
+				return lockstore.Acquisition{}, errLeaseGone
+			}
+			s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+			s.retire(l)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		if resp.Succeeded {
+			s.dropPlace(key, owner)
+			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		}
+		kv := firstKV(resp.Responses[0])
+		if kv != nil && ownedBy(kv.Value, owner) {
+			// The owner holds the key already (a re-sent attempt): a place left over would
+			// hold up the line behind a caller that no longer waits.
+			if queue > 0 && p.lease != 0 {
+				s.leaveLine(ctx, key, owner)
+			}
+			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+		}
+		s.noteBusy(key, resp.Header.Revision)
+		var a lockstore.Acquisition
+		switch {
+		case kv != nil:
+			a = busy(kv)
+		case firstKV(resp.Responses[2]) != nil:
+			if secs, meta, ok := parseReadValue(firstKV(resp.Responses[2]).Value); ok {
+				a = lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
+			}
+		default:
+			// Free, but others are first in line: HolderTTL 0.
+		}
+		if queue == 0 {
+			return a, nil
+		}
+		if p.lease == 0 {
+			// Refused for the first time: take a place now, with one more attempt.
+			secs := int64((queue + time.Second - 1) / time.Second)
+			g, err := s.cli.Grant(ctx, secs)
+			if err != nil {
+				return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: lease of its place in line: %w", key, err)
+			}
+			p = place{lease: g.ID}
+			s.setPlace(key, owner, p)
+			continue
+		}
+		if mine := firstKV(resp.Responses[4]); mine != nil {
+			p.rev = mine.CreateRevision
+			s.setPlace(key, owner, p)
+		}
+		return a, nil
+	}
+}
+
+// LeaveQueue implements lockstore.FairQueuer: it deletes owner's place in key's line, which
+// wakes the key's waiters (their Watch hears deletions in the key's side directory), so that
+// the next in line takes the key at once when it is free.
+func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if owner == "" {
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
+	}
+	if s.isClosed() {
+		return errStoreClosed
+	}
+	s.dropPlace(key, owner)
+	if _, err := s.cli.Delete(ctx, placeKey(key, owner)); err != nil {
+		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
+	}
+	return nil
+}
+
+// leaveLine is LeaveQueue bounded by a second, for a place the store itself finds left over.
+// A place it cannot delete ends with its lease.
+func (s *Store) leaveLine(ctx context.Context, key, owner string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = s.LeaveQueue(ctx, key, owner)
+}
+
+// placeOf returns what the store knows of owner's place in key's line.
+func (s *Store) placeOf(key, owner string) place {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.places[entryKey{key, owner}]
+}
+
+// setPlace records owner's place in key's line.
+func (s *Store) setPlace(key, owner string, p place) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.places) >= maxWaitRevs {
+		clear(s.places)
+	}
+	s.places[entryKey{key, owner}] = p
+}
+
+// dropPlace forgets owner's place in key's line: it was granted, left, or lost with its lease.
+// The lease expires unused.
+func (s *Store) dropPlace(key, owner string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.places, entryKey{key, owner})
+}
