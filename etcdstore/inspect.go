@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,8 +22,11 @@ import (
 // the value of value.go; its fence derives from the key's create revision and its fence floor
 // (fence.go); its waiter mark is set by every acquisition refused while it is held
 // (Contended). Waiters wait on a watch of the key's deletion, which etcd does not let a client
-// count, so Waiters stays 0. The store's own keys (floors, marks) live under
-// lockstore.FenceKeyPrefix, and are never listed should the prefix cover them.
+// count, so Waiters stays 0. The store's own keys (floors, marks, read holds, places in fair
+// lines) live under lockstore.FenceKeyPrefix, and are never listed should the prefix cover
+// them. A key held for reading has no lock key of its own: it is listed from its read holds
+// (sideDir), with Readers their count and no owner (each read hold's key names its owner, which
+// the inspector never reads out); Queued counts the places in a held key's fair line.
 type Inspector struct {
 	cli    *clientv3.Client
 	prefix string
@@ -104,6 +108,9 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 		clientv3.OpGet(p, clientv3.WithPrefix()),
 		clientv3.OpGet(WaiterKey(p), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(FloorKey(p), clientv3.WithPrefix()),
+		// Side directories are named by the key's length first, so the prefix's are not one
+		// range: all of them are read, and those of other prefixes left out here.
+		clientv3.OpGet(sidePrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", p, err)
@@ -116,15 +123,88 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		floors[strings.TrimPrefix(string(kv.Key), floorPrefix)] = kv
 	}
+	sides := make(map[string]*sideCount)
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		full, kind, _, ok := parseSideKey(string(kv.Key))
+		if !ok || !strings.HasPrefix(full, p) {
+			continue
+		}
+		if sides[full] == nil {
+			sides[full] = &sideCount{}
+		}
+		sides[full].add(kind, kv)
+	}
 	var locks []lockstore.LockInfo
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		key, ok := in.keyOf(string(kv.Key), pattern, skip)
 		if !ok {
 			continue
 		}
-		locks = append(locks, lockOf(key, kv, marks[string(kv.Key)], floors[string(kv.Key)]))
+		l := lockOf(key, kv, marks[string(kv.Key)], floors[string(kv.Key)])
+		if sc := sides[string(kv.Key)]; sc != nil && l.Unrecognized == "" {
+			l.Readers, l.Queued = sc.readers, sc.queued
+		}
+		delete(sides, string(kv.Key))
+		locks = append(locks, l)
+	}
+	read := false
+	for full, sc := range sides {
+		key, ok := in.keyOf(full, pattern, skip)
+		if !ok || sc.readers == 0 {
+			continue // a line of a free key is a moment between two grants
+		}
+		locks = append(locks, readLockOf(key, full, sc, marks[full], floors[full]))
+		read = true
+	}
+	if read {
+		slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
 	}
 	return locks, resp.Header.Revision, nil
+}
+
+// sideCount sums up the side keys of one lock key (sideDir): its read holds and its places in
+// line.
+type sideCount struct {
+	readers, queued int
+	lease           int64 // the lease of one read hold
+	// createRev and modRev are the largest of the read holds': the fence of the latest read
+	// grant, and the revision ForceUnlock removes the read holds up to.
+	createRev, modRev int64
+}
+
+func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
+	switch kind {
+	case sideRead:
+		c.readers++
+		if c.lease == 0 {
+			c.lease = kv.Lease
+		}
+		c.createRev, c.modRev = max(c.createRev, kv.CreateRevision), max(c.modRev, kv.ModRevision)
+	case sidePlace:
+		c.queued++
+	}
+}
+
+// readLockOf is the LockInfo of full, held for reading as sc counts: the fence of its latest
+// read grant, the TTL (left to leaseTTLs) of one read hold's lease, no owner and no holds.
+// marked tells whether its waiter mark is set, floor is its fence floor key (nil: none).
+func readLockOf(key, full string, sc *sideCount, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
+	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, Readers: sc.readers, Queued: sc.queued,
+		CreateRevision: sc.createRev, ModRevision: sc.modRev, Contended: marked}
+	if sc.lease != 0 {
+		l.Lease = strconv.FormatInt(sc.lease, 16)
+	}
+	d, err := floorOffset(floor)
+	if err != nil {
+		d = 0
+	}
+	l.Fence = sc.createRev<<fenceShift + d
+	return l
+}
+
+// readHeld reports whether l is a key held for reading, as readLockOf reads it.
+func readHeld(l lockstore.LockInfo) bool {
+	return l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == ""
 }
 
 // List implements lockstore.Inspector: one range read of the prefix (with the marks and
@@ -149,19 +229,35 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 		clientv3.OpGet(full),
 		clientv3.OpGet(WaiterKey(full), clientv3.WithKeysOnly()),
 		clientv3.OpGet(FloorKey(full)),
+		clientv3.OpGet(sideDir(full), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return lockstore.LockInfo{}, fmt.Errorf("read %s: %w", full, err)
 	}
+	var sc sideCount
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		if _, kind, _, ok := parseSideKey(string(kv.Key)); ok {
+			sc.add(kind, kv)
+		}
+	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
+	if len(kvs) == 0 && sc.readers == 0 {
 		return lockstore.LockInfo{}, fmt.Errorf("etcd key %q: %w", full, lockstore.ErrNotHeld)
 	}
 	var floor *mvccpb.KeyValue
 	if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
 		floor = f[0]
 	}
-	l := lockOf(key, kvs[0], len(resp.Responses[1].GetResponseRange().Kvs) > 0, floor)
+	marked := len(resp.Responses[1].GetResponseRange().Kvs) > 0
+	var l lockstore.LockInfo
+	if len(kvs) == 0 {
+		l = readLockOf(key, full, &sc, marked, floor)
+	} else {
+		l = lockOf(key, kvs[0], marked, floor)
+		if l.Unrecognized == "" {
+			l.Readers, l.Queued = sc.readers, sc.queued
+		}
+	}
 	l.FenceCounterKey = FloorKey(full)
 	if floor != nil {
 		if n, err := strconv.ParseInt(string(floor.Value), 10, 64); err == nil {
@@ -188,6 +284,9 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
+	if readHeld(l) {
+		return in.forceUnlockReads(ctx, l)
+	}
 	resp, err := in.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)).
 		Then(clientv3.OpDelete(l.StoreKey), clientv3.OpDelete(WaiterKey(l.StoreKey))).
@@ -203,6 +302,42 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 			changed.Now = &now
 		}
 		return 0, changed
+	}
+	if resp.Responses[1].GetResponseDeleteRange().Deleted > 0 {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// forceUnlockReads is ForceUnlock of a key held for reading: it deletes every read hold of the
+// key, with its waiter mark, only while no writer holds the key and no read hold was granted or
+// rewritten since l was read (every read hold's revision is at most l.ModRevision), in one
+// transaction. Read holds that ended since are gone already; new ones are another grant, which
+// the operator did not agree to remove. The deletions wake the key's waiters.
+func (in *Inspector) forceUnlockReads(ctx context.Context, l lockstore.LockInfo) (int, error) {
+	rd := readDir(l.StoreKey)
+	resp, err := in.cli.Txn(ctx).
+		If(
+			clientv3.Compare(clientv3.CreateRevision(l.StoreKey), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(rd), "<", l.ModRevision+1).WithPrefix(),
+		).
+		Then(
+			clientv3.OpDelete(rd, clientv3.WithPrefix()),
+			clientv3.OpDelete(WaiterKey(l.StoreKey)),
+		).
+		Commit()
+	if err != nil {
+		return 0, err
+	}
+	if !resp.Succeeded {
+		now, err := in.Lookup(ctx, l.Key)
+		if err != nil {
+			return 0, &lockstore.ChangedError{}
+		}
+		return 0, &lockstore.ChangedError{Now: &now}
+	}
+	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
+		return 0, &lockstore.ChangedError{} // every read hold ended since
 	}
 	if resp.Responses[1].GetResponseDeleteRange().Deleted > 0 {
 		return 1, nil
