@@ -132,6 +132,11 @@ func (c *config) fitStore(store lockstore.Store) error {
 	if _, ok := store.(lockstore.FairQueuer); c.fair && !ok {
 		return configError("WithFair: this store (%T) keeps no queue of waiters", store)
 	}
+	if tc, ok := store.(lockstore.TTLChecker); ok {
+		if err := tc.CheckTTL(c.ttl); err != nil {
+			return configError("WithTTL: %v", err)
+		}
+	}
 	if hl, ok := store.(lockstore.HandoffLimiter); ok && c.handoff > hl.MaxHandoffs() {
 		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, hl.MaxHandoffs())
 	}

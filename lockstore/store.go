@@ -112,6 +112,12 @@ type HandoffLimiter interface {
 	MaxHandoffs() int
 }
 
+// TTLChecker is a Store that keeps locks only up to some TTL (the ZooKeeper store: a share of
+// its session timeout). New and With refuse a Locker whose TTL CheckTTL refuses, with its reason.
+type TTLChecker interface {
+	CheckTTL(ttl time.Duration) error
+}
+
 // SharedWatcher is a Store whose Watch calls on one key share one subscription, so that many
 // watchers of a key cost about what one does. The Locker watches a semaphore's permits only on
 // such a store, where every waiting taker watches every permit; elsewhere (etcd: a watch and a

@@ -1,0 +1,81 @@
+// Package glob matches keys against the glob patterns of Redis's SCAN MATCH, so that a pattern means
+// the same on every store's inspector.
+package glob
+
+// Match reports whether s matches pattern as Redis's SCAN MATCH reads it (stringmatchlen,
+// byte by byte): * any run, ? one byte, [abc], [^abc] and [a-z] sets, \ escapes the next
+// byte; an unterminated [ set ends the pattern.
+func Match(pattern, s string) bool {
+	for len(pattern) > 0 {
+		switch pattern[0] {
+		case '*':
+			for len(pattern) > 1 && pattern[1] == '*' {
+				pattern = pattern[1:]
+			}
+			if len(pattern) == 1 {
+				return true
+			}
+			for i := 0; i <= len(s); i++ {
+				if Match(pattern[1:], s[i:]) {
+					return true
+				}
+			}
+			return false
+		case '?':
+			if len(s) == 0 {
+				return false
+			}
+			s = s[1:]
+		case '[':
+			if len(s) == 0 {
+				return false
+			}
+			pattern = pattern[1:]
+			not := len(pattern) > 0 && pattern[0] == '^'
+			if not {
+				pattern = pattern[1:]
+			}
+			match := false
+			for {
+				if len(pattern) == 0 {
+					break // unterminated: as Redis, the set ends the pattern
+				}
+				if pattern[0] == '\\' && len(pattern) >= 2 {
+					pattern = pattern[1:]
+					match = match || pattern[0] == s[0]
+				} else if pattern[0] == ']' {
+					break
+				} else if len(pattern) >= 3 && pattern[1] == '-' {
+					lo, hi := pattern[0], pattern[2]
+					if lo > hi {
+						lo, hi = hi, lo
+					}
+					match = match || lo <= s[0] && s[0] <= hi
+					pattern = pattern[2:]
+				} else {
+					match = match || pattern[0] == s[0]
+				}
+				pattern = pattern[1:]
+			}
+			if match == not {
+				return false
+			}
+			s = s[1:]
+			if len(pattern) == 0 {
+				return len(s) == 0
+			}
+		case '\\':
+			if len(pattern) >= 2 {
+				pattern = pattern[1:]
+			}
+			fallthrough
+		default:
+			if len(s) == 0 || pattern[0] != s[0] {
+				return false
+			}
+			s = s[1:]
+		}
+		pattern = pattern[1:]
+	}
+	return len(s) == 0
+}

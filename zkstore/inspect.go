@@ -1,0 +1,229 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/flightlock/flightlock/internal/glob"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix: it reads
+// the key nodes under the store's root. Create it with NewInspector.
+type Inspector struct {
+	s      *Store
+	prefix string
+}
+
+var _ lockstore.Inspector = (*Inspector)(nil)
+
+// NewInspector returns the inspector of the locks under prefix (the Locker's WithPrefix) in s.
+func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, prefix: prefix} }
+
+// List implements lockstore.Inspector: the key nodes under the root whose keys carry the prefix
+// and match pattern. Nodes that are no key of this store (a line beside a key node) are not
+// listed.
+func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
+	names, err := in.s.children(ctx, in.s.root)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list %s: %w", in.s.root, err)
+	}
+	var keys []string
+	for _, n := range names {
+		full, ok := keyOf(n)
+		if !ok || !strings.HasPrefix(full, in.prefix) {
+			continue
+		}
+		k := full[len(in.prefix):]
+		if opts.Skip != nil && opts.Skip(k) || !glob.Match(pattern, k) {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var locks []lockstore.LockInfo
+	more := 0
+	for _, k := range keys {
+		l, err := in.read(ctx, k)
+		if errors.Is(err, lockstore.ErrNotHeld) {
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if opts.Limit > 0 && len(locks) == opts.Limit {
+			more++
+			continue
+		}
+		locks = append(locks, l)
+	}
+	return locks, more, nil
+}
+
+// Lookup implements lockstore.Inspector.
+func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
+	l, err := in.read(ctx, key)
+	if err != nil {
+		return lockstore.LockInfo{}, fmt.Errorf("ZooKeeper node %q: %w", in.s.keyPath(in.prefix+key), err)
+	}
+	return l, nil
+}
+
+// read reads the lock of key (without the prefix); ErrNotHeld when it has no node or no holds.
+func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, error) {
+	p := in.s.keyPath(in.prefix + key)
+	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
+	data, stat, err := in.s.get(ctx, p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return l, lockstore.ErrNotHeld
+	}
+	if err != nil {
+		return l, err
+	}
+	kids, err := in.s.children(ctx, p)
+	if errors.Is(err, zk.ErrNoNode) || err == nil && len(kids) == 0 {
+		return l, lockstore.ErrNotHeld // released, or left by an expired session
+	}
+	if err != nil {
+		return l, err
+	}
+	holder, meta, marked := parseValue(data)
+	l.Fence, l.Contended = fence(stat.Czxid), marked
+	for _, k := range kids {
+		switch {
+		case k == ownHold:
+			l.Own = true
+		case strings.HasPrefix(k, borrowPre):
+			name, _ := keyOf(k[len(borrowPre):])
+			l.Borrowed = append(l.Borrowed, name)
+		case strings.HasPrefix(k, readerPre):
+			l.Readers++
+		}
+	}
+	slices.Sort(l.Borrowed)
+	if holder != readersTag && holder != writerTag {
+		l.ParseHolder(meta)
+	}
+	if line, err := in.s.children(ctx, in.s.linePath(in.prefix+key)); err == nil {
+		l.Queued = len(line)
+	}
+	return l, nil
+}
+
+// ForceUnlock implements lockstore.Inspector: deletes every hold of the grant l read and its
+// key node in one multi that checks the node's version, so a lock that changed hands since
+// (another creation zxid) is left alone. It reports 1 notified when the lock was contended.
+func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
+	p := in.s.keyPath(in.prefix + l.Key)
+	for range attempts {
+		now, err := in.read(ctx, l.Key)
+		if errors.Is(err, lockstore.ErrNotHeld) {
+			return 0, &lockstore.ChangedError{}
+		}
+		if err != nil {
+			return 0, err
+		}
+		if now.Fence != l.Fence {
+			return 0, &lockstore.ChangedError{Now: &now}
+		}
+		_, stat, err := in.s.get(ctx, p)
+		if err != nil {
+			continue
+		}
+		kids, err := in.s.children(ctx, p)
+		if err != nil {
+			continue
+		}
+		ops := make([]any, 0, len(kids)+1)
+		for _, k := range kids {
+			ops = append(ops, &zk.DeleteRequest{Path: p + "/" + k, Version: -1})
+		}
+		ops = append(ops, &zk.DeleteRequest{Path: p, Version: stat.Version})
+		if _, err := in.s.multi(ctx, nil, ops...); err == nil {
+			if now.Contended {
+				return 1, nil
+			}
+			return 0, nil
+		}
+	}
+	return 0, fmt.Errorf("force unlock %s: the lock kept changing", p)
+}
+
+// Watch implements lockstore.Inspector by reading the locks every opts.Interval and comparing.
+func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
+	interval, timeout := opts.Interval, opts.Timeout
+	if interval <= 0 {
+		interval = lockstore.DefaultWatchInterval
+	}
+	if timeout <= 0 {
+		timeout = lockstore.DefaultWatchTimeout
+	}
+	read := func() ([]lockstore.LockInfo, error) {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
+		return locks, err
+	}
+	locks, err := read()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
+	held := index(locks)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		locks, err := read()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		now := index(locks)
+		for _, l := range locks {
+			prev, seen := held[l.Key]
+			switch {
+			case !seen || prev.Fence != l.Fence:
+				fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
+				if l.Contended {
+					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+				}
+			case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
+				fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
+			case l.Contended && !prev.Contended:
+				fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(held)) {
+			if _, ok := now[k]; !ok {
+				fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
+			}
+		}
+		fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
+		held = now
+	}
+}
+
+func index(locks []lockstore.LockInfo) map[string]lockstore.LockInfo {
+	m := make(map[string]lockstore.LockInfo, len(locks))
+	for _, l := range locks {
+		m[l.Key] = l
+	}
+	return m
+}

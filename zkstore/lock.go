@@ -1,0 +1,407 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// attempts bounds the rounds of an operation that lost a race (a key node that changed between
+// a read and the multi built on it): each lost round means someone else made progress.
+const attempts = 8
+
+// Acquire implements lockstore.Store: one multi creates the key node, its "own" hold on this
+// session, and sets the node's data once more to read its creation zxid (the fence). A key node
+// that exists is read: held by owner already (a re-sent acquisition), busy (and marked), or left
+// without holds by an expired session, which is deleted before another round.
+func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	if err := s.check(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if lockstore.IsReadOwner(owner) {
+		return s.acquireRead(ctx, key, owner, meta)
+	}
+	return s.acquire(ctx, key, owner, meta, "")
+}
+
+// acquire takes key for owner; place, when set, is owner's place in the key's fair line, which
+// the same multi deletes.
+func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lockstore.Acquisition, error) {
+	p, data := s.keyPath(key), value(ownerHash(owner), meta)
+	for range attempts {
+		ops := []any{
+			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: p + "/" + ownHold, Acl: s.acl, Flags: zk.FlagEphemeral},
+			&zk.SetDataRequest{Path: p, Data: data, Version: 0},
+		}
+		if place != "" {
+			ops = append(ops, &zk.DeleteRequest{Path: place, Version: -1})
+		}
+		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, ownHold), ops...)
+		switch {
+		case err == nil:
+			s.remember(p, owner, ownHold)
+			if place != "" {
+				s.dropPlace(s.linePath(key), owner)
+			}
+			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
+		case errors.Is(err, zk.ErrNodeExists):
+			a, again, err := s.held(ctx, p, owner, false)
+			if !again {
+				return a, err
+			}
+		case errors.Is(err, zk.ErrNoNode):
+			if place != "" {
+				s.dropPlace(s.linePath(key), owner) // the place went with an expired session: take another
+				return lockstore.Acquisition{}, nil
+			}
+			if err := s.ensurePath(ctx, s.root); err != nil {
+				return lockstore.Acquisition{}, err
+			}
+		default:
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+	}
+	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
+}
+
+// held reads key node p that an acquisition found: owner's already (Reentered), another's
+// (busy, marked so that waiters know), or without holds (an expired session's: deleted, and
+// again is true). reader tells a read acquisition, which shares a readers' node.
+func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a lockstore.Acquisition, again bool, err error) {
+	data, stat, err := s.get(ctx, p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return lockstore.Acquisition{}, true, nil // released meanwhile
+	}
+	if err != nil {
+		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
+	}
+	kids, err := s.children(ctx, p)
+	if errors.Is(err, zk.ErrNoNode) {
+		return lockstore.Acquisition{}, true, nil
+	}
+	if err != nil {
+		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
+	}
+	holder, meta, marked := parseValue(data)
+	if len(kids) == 0 {
+		if holder == writerTag && reader && time.Since(time.UnixMilli(stat.Mtime)) < writerReserve {
+			return lockstore.Acquisition{}, false, nil // kept for the writer that waited
+		}
+		// Nobody holds it: the holds went with their sessions. A delete of a node that gained
+		// a hold since fails (it has children), so only a node as empty as read goes.
+		_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(p, stat.Version) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrBadVersion) {
+			return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: clear %s: %w", p, err)
+		}
+		return lockstore.Acquisition{}, true, nil
+	}
+	if !reader && holder == ownerHash(owner) && slices.Contains(kids, ownHold) {
+		s.remember(p, owner, ownHold)
+		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, false, nil
+	}
+	if !marked {
+		// Waiters elsewhere watch the node's holds; the mark tells readers that a writer
+		// waits, and operators that the lock was contended. A lost race changes nothing.
+		_, _ = call(ctx, func() (*zk.Stat, error) { return s.conn.Set(p, append(data, markSuffix...), stat.Version) }, nil)
+	}
+	if holder == readersTag || holder == writerTag {
+		meta = ""
+	}
+	return lockstore.Acquisition{Holder: meta}, false, nil
+}
+
+// giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
+// caller left before the answer and the multi went through, the hold is released at once.
+func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
+	return func(res []zk.MultiResponse, err error) {
+		if opError(res, err) != nil {
+			return
+		}
+		s.remember(p, owner, hold)
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		defer cancel()
+		_, _ = s.releaseHold(ctx, p, owner, hold)
+	}
+}
+
+// Reenter implements lockstore.Store: while owner's grant holds key, one more hold "b-<hold>" on
+// this session, created in a multi that checks the key node's version as read.
+func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
+	if err := s.check(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if hold == "" || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
+	}
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, nil // read holds are not handed over
+	}
+	p, name := s.keyPath(key), borrowPre+nodeName(hold)
+	for range attempts {
+		data, stat, err := s.get(ctx, p)
+		if errors.Is(err, zk.ErrNoNode) {
+			return lockstore.Acquisition{}, nil
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		}
+		if holder, _, _ := parseValue(data); holder != ownerHash(owner) || stat.NumChildren == 0 {
+			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
+		}
+		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
+			&zk.CheckVersionRequest{Path: p, Version: stat.Version},
+			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
+		switch {
+		case err == nil, errors.Is(err, zk.ErrNodeExists): // a re-sent re-entry adds it once
+			s.remember(p, owner, name)
+			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
+		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
+			continue // marked or released meanwhile: read again
+		default:
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		}
+	}
+	return lockstore.Acquisition{}, nil
+}
+
+// Refresh implements lockstore.Store: a multi of existence checks of the holds this store made
+// for owner under key. It changes nothing, but as a write it goes through the leader, which
+// refuses it once the session expired (see the package doc), and the holds are ephemeral on
+// this session: success means the lock lives at least MaxTTL from the send.
+func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := s.check(key, owner, ttl); err != nil {
+		return err
+	}
+	p := s.keyPath(key)
+	holds := s.holdsOf(p, owner)
+	if len(holds) == 0 {
+		return lockstore.ErrNotHeld
+	}
+	ops := make([]any, len(holds))
+	for i, h := range holds {
+		ops[i] = &zk.CheckVersionRequest{Path: p + "/" + h, Version: -1}
+	}
+	_, err := s.multi(ctx, nil, ops...)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, zk.ErrNoNode):
+		for _, h := range holds {
+			s.forget(p, owner, h)
+		}
+		return lockstore.ErrNotHeld
+	default:
+		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
+	}
+}
+
+// maxRefreshOps bounds the checks of one RefreshAll multi.
+const maxRefreshOps = 512
+
+// RefreshAll implements lockstore.BatchRefresher: the checks of many locks in one multi. When
+// it fails (one lock is gone), each lock is refreshed on its own to tell which.
+func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	errs := make([]error, len(batch))
+	for start := 0; start < len(batch); start += maxRefreshOps {
+		part := batch[start:min(start+maxRefreshOps, len(batch))]
+		var ops []any
+		for i, r := range part {
+			if errs[start+i] = s.check(r.Key, r.Owner, r.TTL); errs[start+i] != nil {
+				continue
+			}
+			p := s.keyPath(r.Key)
+			holds := s.holdsOf(p, r.Owner)
+			if len(holds) == 0 {
+				errs[start+i] = lockstore.ErrNotHeld
+			}
+			for _, h := range holds {
+				ops = append(ops, &zk.CheckVersionRequest{Path: p + "/" + h, Version: -1})
+			}
+		}
+		if len(ops) == 0 {
+			continue
+		}
+		if _, err := s.multi(ctx, nil, ops...); err == nil {
+			continue
+		}
+		done := make(chan struct{})
+		for i, r := range part {
+			if errs[start+i] != nil {
+				done <- struct{}{}
+				continue
+			}
+			go func() {
+				errs[start+i] = s.Refresh(ctx, r.Key, r.Owner, r.TTL)
+				done <- struct{}{}
+			}()
+		}
+		for range part {
+			<-done
+		}
+	}
+	return errs
+}
+
+// Release implements lockstore.Store: deletes owner's hold (the acquisition's, or the
+// re-entry named hold), and with the last hold the key node, in one multi that checks the
+// node's version as read. It reports 1 notified when the lock was marked (someone was refused
+// while it was held and watches it), else 0. A release that fails on the store's error is tried
+// again in the background while the session lives: a hold left behind would keep the key from
+// everyone until this process ends.
+func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if err := s.check(key, owner, time.Millisecond); err != nil {
+		return 0, err
+	}
+	name := ownHold
+	switch {
+	case lockstore.IsReadOwner(owner):
+		name = readerPre + ownerHash(owner)
+	case hold != "":
+		name = borrowPre + nodeName(hold)
+	}
+	p := s.keyPath(key)
+	n, err := s.releaseHold(ctx, p, owner, name)
+	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+		go s.releaseLater(p, owner, name)
+	}
+	return n, err
+}
+
+// releaseHold deletes hold name of owner under key node p (see Release).
+func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, error) {
+	reader := strings.HasPrefix(name, readerPre)
+	for range attempts {
+		data, stat, err := s.get(ctx, p)
+		if errors.Is(err, zk.ErrNoNode) {
+			s.forget(p, owner, name)
+			return 0, lockstore.ErrNotHeld
+		}
+		if err != nil {
+			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+		}
+		holder, _, marked := parseValue(data)
+		if reader && holder != readersTag || !reader && holder != ownerHash(owner) {
+			s.forget(p, owner, name)
+			return 0, lockstore.ErrNotHeld
+		}
+		hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
+		var notified int
+		switch {
+		case stat.NumChildren > 1:
+			// Other holds keep the node. (Only readers join a node, and only with a multi that
+			// checks its version, which a mark changes; a release racing this one can leave the
+			// node without holds, which the next acquirer clears.)
+			_, err = s.multi(ctx, nil, &zk.CheckVersionRequest{Path: p, Version: stat.Version}, hold)
+		case reader && marked:
+			// The last reader of a key a writer waits for leaves it to writers: no holds, so
+			// any writer clears and takes it, while readers wait out writerReserve from now.
+			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
+			notified = 1
+		default:
+			_, err = s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: stat.Version})
+			if errors.Is(err, zk.ErrNotEmpty) { // a hold came meanwhile (a re-entry): it keeps the node
+				_, err = s.multi(ctx, nil, &zk.CheckVersionRequest{Path: p, Version: stat.Version}, hold)
+			} else if marked {
+				notified = 1
+			}
+		}
+		switch {
+		case err == nil:
+			s.forget(p, owner, name)
+			return notified, nil
+		case errors.Is(err, zk.ErrBadVersion):
+			continue // marked or changed meanwhile: read again
+		case errors.Is(err, zk.ErrNoNode):
+			s.forget(p, owner, name)
+			return 0, lockstore.ErrNotHeld
+		default:
+			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+		}
+	}
+	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
+}
+
+// releaseLater retries a release that failed, until it goes through, the hold is gone, or the
+// store closes: while the session lives the hold would keep the key.
+func (s *Store) releaseLater(p, owner, name string) {
+	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
+		time.Sleep(delay)
+		if !slices.Contains(s.holdsOf(p, owner), name) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		_, err := s.releaseHold(ctx, p, owner, name)
+		cancel()
+		if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+			return
+		}
+	}
+}
+
+// TTL implements lockstore.Store. ZooKeeper keeps no TTL: a held lock reports MaxTTL, the most
+// a session keeps it, and a free one ErrNotHeld.
+func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
+	_, stat, err := s.get(ctx, s.keyPath(key))
+	if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {
+		return 0, lockstore.ErrNotHeld
+	}
+	if err != nil {
+		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
+	}
+	return s.maxTTL, nil
+}
+
+// Watch implements lockstore.Store: a watch of the key node's holds, set again after each
+// change until closed. It starts listening only now (lockstore.Watch.Fresh).
+func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	if s.closed.Load() {
+		return nil, errStoreClosed
+	}
+	p := s.keyPath(key)
+	c := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	signal := func() {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	arm := func() (<-chan zk.Event, error) {
+		_, _, ev, err := s.conn.ChildrenW(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			_, _, ev, err = s.conn.ExistsW(p) // free now: hear it being taken, then its holds
+			signal()
+		}
+		return ev, err
+	}
+	ev, err := call(ctx, arm, nil)
+	if err != nil {
+		return nil, fmt.Errorf("flightlock: watch %q: %w", key, err)
+	}
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case e := <-ev:
+				signal()
+				if e.Type == zk.EventNotWatching || s.closed.Load() {
+					return // the session ended: the waiters fall back on their retry delays
+				}
+				var err error
+				if ev, err = arm(); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	return lockstore.NewFreshWatch(c, func() { close(stop) }), nil
+}

@@ -1,0 +1,178 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// writerReserve is how long the last reader of a key a writer waited for keeps it for writers
+// (releaseHold): long enough for the writer, woken by its watch, to take it before the readers it
+// held back; and the longest a writer that stopped waiting holds new readers back after the
+// readers before it left.
+const writerReserve = time.Second
+
+// SharesReads implements lockstore.ReadWriter. A read-held key node has the data "~r ..." and
+// one ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
+// held key), and readers refuse a marked node: writer preference.
+func (s *Store) SharesReads() {}
+
+// acquireRead takes a read hold of key for owner (lockstore.ReadOwner): a new readers' node with
+// the hold, or one more hold on a readers' node not marked by a waiting writer, created with a
+// multi that checks the node's version as read (a mark changes it).
+func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (lockstore.Acquisition, error) {
+	p, name := s.keyPath(key), readerPre+ownerHash(owner)
+	data := value(readersTag, meta)
+	for range attempts {
+		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, name),
+			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagPersistent},
+			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral},
+			&zk.SetDataRequest{Path: p, Data: data, Version: 0})
+		switch {
+		case err == nil:
+			s.remember(p, owner, name)
+			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
+		case errors.Is(err, zk.ErrNoNode):
+			if err := s.ensurePath(ctx, s.root); err != nil {
+				return lockstore.Acquisition{}, err
+			}
+			continue
+		case !errors.Is(err, zk.ErrNodeExists):
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		cur, stat, err := s.get(ctx, p)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+		holder, _, marked := parseValue(cur)
+		if holder != readersTag || marked || stat.NumChildren == 0 {
+			// A writer's, a writer waits, or nobody's: held reads it as any acquisition does.
+			a, again, err := s.held(ctx, p, owner, true)
+			if again {
+				continue
+			}
+			return a, err
+		}
+		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
+			&zk.CheckVersionRequest{Path: p, Version: stat.Version},
+			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
+		switch {
+		case err == nil, errors.Is(err, zk.ErrNodeExists):
+			s.remember(p, owner, name)
+			return lockstore.Acquisition{Acquired: true, Reentered: err != nil, Fence: fence(stat.Czxid)}, nil
+		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
+			continue
+		default:
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
+	}
+	return lockstore.Acquisition{}, nil
+}
+
+// AcquireFair implements lockstore.FairQueuer. A key's line is a node beside its key node
+// (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
+// request reached the ensemble (their sequence numbers). asked is not used: ZooKeeper orders
+// them by construction, with no clock. The first in line takes a free key with a multi that
+// also deletes its place. A place lives as long as its session, so a waiter whose process died
+// leaves the line when its session expires (the session timeout, not queue), one that gives up
+// at once (LeaveQueue).
+func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+	if err := s.check(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
+	}
+	line := s.linePath(key)
+	place := s.placeOf(line, owner)
+	if place == "" && queue > 0 {
+		var err error
+		if place, err = s.takePlace(ctx, line, owner); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+	}
+	kids, err := s.children(ctx, line)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: read the line of %q: %w", key, err)
+	}
+	slices.SortFunc(kids, func(a, b string) int { return strings.Compare(sequence(a), sequence(b)) })
+	switch {
+	case place == "" && len(kids) > 0:
+		return lockstore.Acquisition{}, nil // a TryLock with others in line
+	case place != "" && (len(kids) == 0 || line+"/"+kids[0] != place):
+		if len(kids) > 0 && !slices.Contains(kids, place[len(line)+1:]) {
+			s.dropPlace(line, owner) // gone with an expired session: the next look takes another
+		}
+		return lockstore.Acquisition{}, nil // others are first
+	}
+	return s.acquire(ctx, key, owner, meta, place)
+}
+
+// sequence is the sequence number that ends a sequential node's name.
+func sequence(name string) string { return name[max(len(name)-10, 0):] }
+
+// takePlace creates owner's place at the end of line.
+func (s *Store) takePlace(ctx context.Context, line, owner string) (string, error) {
+	create := func() (string, error) {
+		return s.conn.Create(line+"/"+placePre+ownerHash(owner)+"-", nil, zk.FlagEphemeralSequential, s.acl)
+	}
+	late := func(path string, err error) {
+		if err == nil { // the caller left: the place is nobody's
+			_ = s.conn.Delete(path, -1)
+		}
+	}
+	path, err := call(ctx, create, late)
+	if errors.Is(err, zk.ErrNoNode) {
+		_, err = call(ctx, func() (string, error) { return s.conn.CreateContainer(line, nil, zk.FlagContainer, s.acl) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return "", fmt.Errorf("flightlock: create the line %s: %w", line, err)
+		}
+		path, err = call(ctx, create, late)
+	}
+	if err != nil {
+		return "", fmt.Errorf("flightlock: take a place in %s: %w", line, err)
+	}
+	s.mu.Lock()
+	s.places[holdKey{line, owner}] = path
+	s.mu.Unlock()
+	return path, nil
+}
+
+// placeOf is owner's place in line, "" for none.
+func (s *Store) placeOf(line, owner string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.places[holdKey{line, owner}]
+}
+
+func (s *Store) dropPlace(line, owner string) {
+	s.mu.Lock()
+	delete(s.places, holdKey{line, owner})
+	s.mu.Unlock()
+}
+
+// LeaveQueue implements lockstore.FairQueuer: deletes owner's place. The next in line looks
+// again at its next look (the Locker's waiters look at least every FairLookEvery).
+func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
+	line := s.linePath(key)
+	place := s.placeOf(line, owner)
+	if place == "" {
+		return nil
+	}
+	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(place, -1) }, nil)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
+	}
+	s.dropPlace(line, owner)
+	return nil
+}

@@ -1,0 +1,530 @@
+package zkstore
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Defaults of Config.
+const (
+	DefaultRoot           = "/flightlock"
+	DefaultSessionTimeout = 30 * time.Second
+	// DefaultTickTime and DefaultSyncLimit are ZooKeeper's sample configuration's, assumed when
+	// the servers do not answer the "conf" four-letter word and Config does not say.
+	DefaultTickTime  = 2 * time.Second
+	DefaultSyncLimit = 5
+)
+
+// Config is what the store needs to know of the ensemble and its session.
+type Config struct {
+	// Hosts are the servers, "host:port".
+	Hosts []string
+	// SessionTimeout is the session's timeout (default DefaultSessionTimeout). It bounds the
+	// lock TTL (MaxTTL) and is checked against the ensemble's settings (see the package doc).
+	SessionTimeout time.Duration
+	// Root is the node under which the locks live (default DefaultRoot); created if missing.
+	Root string
+	// TickTime and SyncLimit are the ensemble's, used when its servers do not answer the
+	// "conf" four-letter word (4lw.commands.whitelist); zero means the defaults.
+	TickTime  time.Duration
+	SyncLimit int
+}
+
+// ensemble is what the store knows of the servers' settings.
+type ensemble struct {
+	tick                   time.Duration
+	syncLimit              int
+	minSession, maxSession time.Duration // zero when unknown
+	fromServer             string        // the server that answered "conf", "" when the settings are Config's
+}
+
+// Store is the lockstore.Store on a ZooKeeper session. Create it with Dial (or New on a
+// connection of the caller's). It is safe for concurrent use.
+type Store struct {
+	conn    *zk.Conn
+	owned   bool // Dial made conn: Close closes it
+	root    string
+	session time.Duration
+	maxTTL  time.Duration
+	acl     []zk.ACL
+	closed  atomic.Bool
+
+	mu sync.Mutex
+	// holds are the hold nodes this store created and has not released, per key node and
+	// owner: what Refresh checks. A hold's node goes with the session that made it, so the
+	// check of a node of this store's proves that its session still lives.
+	holds map[holdKey][]string // guarded by mu
+	// places are this store's places in fair lines (FairQueuer), per line node and owner.
+	places map[holdKey]string // guarded by mu
+}
+
+type holdKey struct{ node, owner string }
+
+var (
+	_ lockstore.Store          = (*Store)(nil)
+	_ lockstore.BatchRefresher = (*Store)(nil)
+	_ lockstore.HandoffLimiter = (*Store)(nil)
+	_ lockstore.ReadWriter     = (*Store)(nil)
+	_ lockstore.FairQueuer     = (*Store)(nil)
+)
+
+// errStoreClosed is returned by every call after Close.
+var errStoreClosed = errors.New("flightlock: zookeeper store closed")
+
+// Dial connects to the ensemble, waits for a session (at most one session timeout), checks
+// the session timeout against the ensemble's settings, and returns the store. Close ends the
+// session.
+func Dial(cfg Config) (*Store, error) {
+	cfg = withDefaults(cfg)
+	if len(cfg.Hosts) == 0 {
+		return nil, errors.New("flightlock: zookeeper: no hosts")
+	}
+	ens, err := readEnsemble(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
+		return nil, err
+	}
+	conn, events, err := zk.Connect(cfg.Hosts, cfg.SessionTimeout, zk.WithLogger(log.New(io.Discard, "", 0)))
+	if err != nil {
+		return nil, fmt.Errorf("flightlock: zookeeper: connect %v: %w", cfg.Hosts, err)
+	}
+	deadline := time.After(cfg.SessionTimeout)
+	for up := false; !up; {
+		select {
+		case ev := <-events:
+			up = ev.State == zk.StateHasSession
+		case <-deadline:
+			conn.Close()
+			return nil, fmt.Errorf("flightlock: zookeeper: no session with %v within %v", cfg.Hosts, cfg.SessionTimeout)
+		}
+	}
+	go func() { // the client blocks on a full event channel: drain it for as long as it lives
+		for range events {
+		}
+	}()
+	s, err := newStore(conn, cfg, ens)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	s.owned = true
+	return s, nil
+}
+
+// New returns the store on conn, a connection of the caller's made with cfg.SessionTimeout
+// (Close leaves it open). cfg.Hosts, when set, are asked for the ensemble's settings.
+func New(conn *zk.Conn, cfg Config) (*Store, error) {
+	cfg = withDefaults(cfg)
+	ens, err := readEnsemble(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
+		return nil, err
+	}
+	return newStore(conn, cfg, ens)
+}
+
+func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
+	root := strings.TrimRight(cfg.Root, "/")
+	if !strings.HasPrefix(root, "/") || strings.Contains(root, "//") {
+		return nil, fmt.Errorf("flightlock: zookeeper: root %q must be an absolute path", cfg.Root)
+	}
+	s := &Store{
+		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick),
+		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string), places: make(map[holdKey]string),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.SessionTimeout)
+	defer cancel()
+	if err := s.ensurePath(ctx, s.root); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func withDefaults(cfg Config) Config {
+	if cfg.SessionTimeout == 0 {
+		cfg.SessionTimeout = DefaultSessionTimeout
+	}
+	if cfg.Root == "" {
+		cfg.Root = DefaultRoot
+	}
+	return cfg
+}
+
+// maxTTL is the longest lock TTL a session of timeout session keeps (see the package doc): two
+// thirds of it (this client touches the session at least every third) less two ticks (the
+// follower's report and the leader's rounding).
+func maxTTL(session, tick time.Duration) time.Duration { return session*2/3 - 2*tick }
+
+// checkSession refuses a session timeout that the servers would change, or that a cut-off
+// follower's clients could not outlive.
+func checkSession(session time.Duration, ens ensemble) error {
+	from := "assumed (Config.TickTime, Config.SyncLimit; the servers do not answer \"conf\")"
+	if ens.fromServer != "" {
+		from = "read from " + ens.fromServer
+	}
+	switch window := time.Duration(ens.syncLimit)*ens.tick + ens.tick; {
+	case session <= 0:
+		return fmt.Errorf("flightlock: zookeeper: session timeout %v must be positive", session)
+	case ens.minSession > 0 && session < ens.minSession, ens.maxSession > 0 && session > ens.maxSession:
+		return fmt.Errorf("flightlock: zookeeper: session timeout %v is outside the servers' %v to %v, which they would clamp it to without a word",
+			session, ens.minSession, ens.maxSession)
+	case session <= window:
+		return fmt.Errorf("flightlock: zookeeper: session timeout %v is not longer than syncLimit x tickTime + tickTime = %v (%s): a follower cut off from the quorum keeps its clients that long, and their sessions would expire before they can move",
+			session, window, from)
+	case maxTTL(session, ens.tick) <= 0:
+		return fmt.Errorf("flightlock: zookeeper: session timeout %v leaves no lock TTL: it must exceed 3 ticks (tickTime %v, %s)", session, ens.tick, from)
+	}
+	return nil
+}
+
+// readEnsemble asks the servers for their settings with the "conf" four-letter word, and falls
+// back on cfg's when none answers it.
+func readEnsemble(cfg Config) (ensemble, error) {
+	ens := ensemble{tick: cfg.TickTime, syncLimit: cfg.SyncLimit}
+	if ens.tick <= 0 {
+		ens.tick = DefaultTickTime
+	}
+	if ens.syncLimit <= 0 {
+		ens.syncLimit = DefaultSyncLimit
+	}
+	for _, h := range cfg.Hosts {
+		conf, err := fourLetter(h, "conf", 2*time.Second)
+		if err != nil {
+			continue
+		}
+		read := func(name string) (int64, bool) {
+			v, ok := conf[name]
+			if !ok {
+				return 0, false
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			return n, err == nil
+		}
+		tick, ok := read("tickTime")
+		if !ok {
+			continue // "conf is not executed because it is not in the whitelist", or a stranger
+		}
+		sync, _ := read("syncLimit") // absent on a standalone server: no follower to cut off
+		ens.tick, ens.syncLimit, ens.fromServer = time.Duration(tick)*time.Millisecond, int(sync), h
+		if n, ok := read("minSessionTimeout"); ok && n > 0 {
+			ens.minSession = time.Duration(n) * time.Millisecond
+		}
+		if n, ok := read("maxSessionTimeout"); ok && n > 0 {
+			ens.maxSession = time.Duration(n) * time.Millisecond
+		}
+		return ens, nil
+	}
+	return ens, nil
+}
+
+// fourLetter sends a four-letter word to the server at addr and reads its "name=value" lines.
+func fourLetter(addr, word string, timeout time.Duration) (map[string]string, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := io.WriteString(c, word); err != nil {
+		return nil, err
+	}
+	out := make(map[string]string)
+	sc := bufio.NewScanner(c)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+		}
+	}
+	return out, nil
+}
+
+// MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less two
+// ticks (see the package doc).
+func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
+
+// CheckTTL implements lockstore.TTLChecker: a Locker's TTL longer than MaxTTL is refused when
+// the Locker is made.
+func (s *Store) CheckTTL(ttl time.Duration) error {
+	if ttl > s.maxTTL {
+		return fmt.Errorf("a lock TTL of %v is longer than this ZooKeeper session keeps a lock (%v: two thirds of the %v session timeout less two ticks); shorten the TTL or lengthen the session", ttl, s.maxTTL, s.session)
+	}
+	return nil
+}
+
+// MaxHandoffs implements lockstore.HandoffLimiter: fences leave 16 bits below each grant's zxid.
+func (s *Store) MaxHandoffs() int { return 1<<fenceShift - 1 }
+
+// fenceShift is how far a key node's creation zxid is shifted to make a fence: the room for
+// in-process handoffs under one grant. zxids carry the leader's epoch in their top 32 bits; 16
+// more bits leave 2^15 leader elections before a fence would overflow.
+const fenceShift = 16
+
+func fence(czxid int64) int64 { return czxid << fenceShift }
+
+// Conn returns the ZooKeeper connection the store runs on.
+func (s *Store) Conn() *zk.Conn { return s.conn }
+
+// Root returns the node the locks live under.
+func (s *Store) Root() string { return s.root }
+
+// Close ends the session when Dial made it: ZooKeeper deletes this session's holds at once, so
+// drain the Lockers on the store first.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	if s.owned {
+		s.conn.Close()
+	}
+	return nil
+}
+
+// keyPath is the node of key.
+func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key) }
+
+// linePath is the node of key's fair line: beside the key node, named with a "." that no
+// escaped key contains.
+func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
+
+// nodeName escapes key into one node name: bytes other than ASCII letters, digits and
+// "-_:@=+," become %XX (upper-case hex), "%" and "." included. So a key never makes a path of
+// several nodes ("orders/0" stays beside "orders"), never names "." or "..", and two keys never
+// share a name.
+func nodeName(key string) string {
+	var b strings.Builder
+	b.Grow(len(key))
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-_:@=+,", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte("0123456789ABCDEF"[c>>4])
+		b.WriteByte("0123456789ABCDEF"[c&15])
+	}
+	return b.String()
+}
+
+// keyOf is the key a node name escapes; false for a name nodeName does not make.
+func keyOf(name string) (string, bool) {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c != '%' {
+			if c == '.' || c == '/' {
+				return "", false
+			}
+			b.WriteByte(c)
+			continue
+		}
+		if i+2 >= len(name) {
+			return "", false
+		}
+		n, err := strconv.ParseUint(name[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", false
+		}
+		b.WriteByte(byte(n))
+		i += 2
+	}
+	return b.String(), true
+}
+
+// ownerHash names an owner in the tree without giving its token away: 128 bits of its SHA-256.
+func ownerHash(owner string) string {
+	sum := sha256.Sum256([]byte(owner))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Hold node names.
+const (
+	ownHold    = "own"
+	borrowPre  = "b-"
+	readerPre  = "r-"
+	placePre   = "p-"
+	readersTag = "~r" // the key node's owner while readers hold it
+	writerTag  = "~w" // left by the last reader to the writer that waited
+	markSuffix = " ~" // someone was refused while the lock was held
+)
+
+// value is a key node's data: "<owner hash>[ <metadata>][ ~]".
+func value(owner, meta string) []byte {
+	meta = strings.TrimRight(strings.TrimSpace(strings.ReplaceAll(meta, "\n", " ")), " ~")
+	if meta == "" {
+		return []byte(owner)
+	}
+	return []byte(owner + " " + meta)
+}
+
+// parseValue splits a key node's data into the owner hash, the metadata and the mark.
+func parseValue(data []byte) (owner, meta string, marked bool) {
+	v := string(data)
+	if marked = strings.HasSuffix(v, markSuffix); marked {
+		v = strings.TrimSuffix(v, markSuffix)
+	}
+	owner, meta, _ = strings.Cut(v, " ")
+	return owner, meta, marked
+}
+
+// check refuses what makes no lock.
+func (s *Store) check(key, owner string, ttl time.Duration) error {
+	switch {
+	case s.closed.Load():
+		return errStoreClosed
+	case key == "":
+		return errors.New("flightlock: empty lock key")
+	case owner == "" || strings.ContainsAny(owner, " \n"):
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
+	case ttl <= 0:
+		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+	case ttl > s.maxTTL:
+		return fmt.Errorf("flightlock: %w", s.CheckTTL(ttl))
+	}
+	return nil
+}
+
+// remember records a hold node this store created; forget drops it.
+func (s *Store) remember(node, owner, hold string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := holdKey{node, owner}
+	for _, h := range s.holds[k] {
+		if h == hold {
+			return
+		}
+	}
+	s.holds[k] = append(s.holds[k], hold)
+}
+
+func (s *Store) forget(node, owner, hold string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := holdKey{node, owner}
+	hs := s.holds[k]
+	for i, h := range hs {
+		if h == hold {
+			hs = append(hs[:i], hs[i+1:]...)
+			break
+		}
+	}
+	if len(hs) == 0 {
+		delete(s.holds, k)
+	} else {
+		s.holds[k] = hs
+	}
+}
+
+// holdsOf returns the hold nodes this store made for owner under node.
+func (s *Store) holdsOf(node, owner string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.holds[holdKey{node, owner}]...)
+}
+
+// call runs fn, a call of the ZooKeeper client (which takes no context), and returns when fn
+// does or ctx ends. late, when not nil, gets fn's outcome if ctx ended first: what the call
+// took for a caller that left must be given back.
+func call[T any](ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
+	if ctx.Done() == nil {
+		return fn()
+	}
+	if err := ctx.Err(); err != nil {
+		var zero T
+		return zero, err
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := fn()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		if late != nil {
+			go func() {
+				r := <-done
+				late(r.v, r.err)
+			}()
+		}
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// multi runs ops as one transaction and returns the first operation's error that made it fail.
+func (s *Store) multi(ctx context.Context, late func([]zk.MultiResponse, error), ops ...any) ([]zk.MultiResponse, error) {
+	res, err := call(ctx, func() ([]zk.MultiResponse, error) { return s.conn.Multi(ops...) }, late)
+	return res, opError(res, err)
+}
+
+// opError is the error of the operation that failed a multi (the others report that they were
+// rolled back), or err.
+func opError(res []zk.MultiResponse, err error) error {
+	for _, r := range res {
+		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
+			return r.Error
+		}
+	}
+	return err
+}
+
+// get reads a node's data and stat under ctx.
+func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) {
+	type got struct {
+		data []byte
+		stat *zk.Stat
+	}
+	g, err := call(ctx, func() (got, error) {
+		d, st, err := s.conn.Get(path)
+		return got{d, st}, err
+	}, nil)
+	return g.data, g.stat, err
+}
+
+// children lists a node's children under ctx.
+func (s *Store) children(ctx context.Context, path string) ([]string, error) {
+	return call(ctx, func() ([]string, error) {
+		kids, _, err := s.conn.Children(path)
+		return kids, err
+	}, nil)
+}
+
+// ensurePath creates path and its parents as persistent nodes where missing.
+func (s *Store) ensurePath(ctx context.Context, path string) error {
+	for i := 1; i <= len(path); i++ {
+		if i < len(path) && path[i] != '/' {
+			continue
+		}
+		_, err := call(ctx, func() (string, error) { return s.conn.Create(path[:i], nil, zk.FlagPersistent, s.acl) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("flightlock: zookeeper: create %s: %w", path[:i], err)
+		}
+	}
+	return nil
+}
