@@ -20,17 +20,21 @@ import (
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
 // is fresh, which the store's keep-alives see to):
 //
-//	if   create_revision(key) == 0
-//	then put(key, value, lease); get(floor)
-//	else get(key); put(waiter, "", lease)
+//	if   create_revision(key) == 0 && no read holds of key
+//	then put(key, value, lease); get(floor); delete(writer mark)
+//	else get(key); put(waiter, "", lease); if read holds: put(writer mark, lease); get(one read hold)
 //
 // The first branch is a grant: its revision makes the fence (fence.go). The second is busy: the
 // holder's value gives its lease TTL (HolderTTL) and metadata (Holder), and the waiter mark is
-// set so that the holder's release reports a waiter; or, when owner holds key already, a
+// set so that the holder's release reports a waiter; when read holds refused it, the writer
+// mark keeps new readers out until this writer had its turn, and one read hold gives HolderTTL
+// and Holder (readwrite.go); or, when owner holds key already, a
 // re-entry (the fence of the holding, the hold count unchanged; it reads the floor in a second
 // round trip and sets the mark too, which costs the holder's release at most a needless yield).
 // The mark is written unconditionally: a nested transaction that writes it only when needed
 // made every acquisition 3% slower, measured against the floor (a bare txn put on a lease + delete).
+//
+// An owner made by lockstore.ReadOwner takes a read hold instead (acquireReadOnce).
 func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err

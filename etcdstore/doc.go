@@ -103,9 +103,24 @@
 // transaction after the deletion, with the releasing process yielding once to marked waiters;
 // there is no queue of processes.
 //
+// # Read-write and fair locks
+//
+// The store keeps read-write locks (lockstore.ReadWriter, readwrite.go): a write lock is the
+// lock key; a read hold is a key of its own in the key's side directory (one per read owner,
+// on the reader's session lease, with the per-lock bookkeeping above), and a write grant
+// compares that directory empty in its transaction. A writer refused by read holds sets a
+// writer mark with a deadline that new read holds wait for. It keeps fair lines too
+// (lockstore.FairQueuer, fair.go): places in the key's side directory, ranked by etcd
+// revision, each on a lease of the waiter's queue time. Watch hears deletions in the side
+// directory too, so the end of the last read hold, and a place that leaves the line, wake the
+// key's waiters.
+//
 // # Keys
 //
-// Besides the lock keys, the store writes two keys under lockstore.FenceKeyPrefix, which the
-// Locker (and this store) refuse as lock keys: the fence floor (FloorKey, no lease, rare) and
-// the waiter mark (WaiterKey, on the waiter's lease).
+// Besides the lock keys, the store writes these keys under lockstore.FenceKeyPrefix, which the
+// Locker (and this store) refuse as lock keys: the fence floor (FloorKey, no lease, rare), the
+// waiter mark (WaiterKey, on the waiter's lease), the writer mark (on the writer's lease), and
+// each key's side directory (sideDir: "etcd/key/<length>:<key>/", whose read holds are "r/<owner>"
+// and places in line "q/<owner>"); the length keeps one key's directory from being a prefix of
+// another's.
 package etcdstore
