@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/flightlock/flightlock/internal/glob"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -44,7 +45,7 @@ func NewInspector(cli *clientv3.Client, prefix string) *Inspector {
 // of the store's own keys nor one skip refuses, and matching pattern.
 func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string, bool) {
 	key, ok := strings.CutPrefix(full, in.prefix)
-	if !ok || strings.HasPrefix(full, lockstore.FenceKeyPrefix) || skip != nil && skip(key) || !globMatch(pattern, key) {
+	if !ok || strings.HasPrefix(full, lockstore.FenceKeyPrefix) || skip != nil && skip(key) || !glob.Match(pattern, key) {
 		return "", false
 	}
 	return key, true
