@@ -24,6 +24,8 @@ type lockInfo struct {
 	Contended bool     `json:"contended"`          // a request was refused while it was held
 	Waiters   int64    `json:"waiters"`            // processes subscribed to its release (waiting now)
 	Shadow    bool     `json:"shadow,omitempty"`   // a shadow rule's lock: it holds nothing back
+	Readers   int      `json:"readers,omitempty"`  // read holds of a key held for reading (then owner is empty)
+	Queued    int      `json:"queued,omitempty"`   // requests waiting in the key's fair line
 	// Unrecognized is the raw value of a key under the prefix that is not a flightlock lock.
 	Unrecognized string `json:"unrecognized,omitempty"`
 
@@ -62,7 +64,10 @@ func view(l lockstore.LockInfo, etcd bool) lockInfo {
 		Host: l.Host, Pid: l.Pid, Trace: l.Trace, Metadata: l.Metadata, Contended: l.Contended, Waiters: l.Waiters,
 		Shadow: strings.HasPrefix(l.Key, shadowPrefix), Unrecognized: l.Unrecognized,
 		FenceCounterKey: l.FenceCounterKey, FenceCounter: l.FenceCounter,
-		Lease: l.Lease, CreateRevision: l.CreateRevision, ModRevision: l.ModRevision}
+		Lease: l.Lease, CreateRevision: l.CreateRevision, ModRevision: l.ModRevision, Readers: l.Readers, Queued: l.Queued}
+	if l.Readers > 0 {
+		v.Owner = "" // each reader has its own token: the key has no one owner to print
+	}
 	if l.TTL >= 0 {
 		v.TTLMillis = l.TTL.Milliseconds()
 	}

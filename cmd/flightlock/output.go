@@ -44,12 +44,23 @@ func quoteIfOdd(s string) string {
 }
 
 // ownerColumn is the table's OWNER: the start of the token in Redis; in etcd, where the token
-// is never printed, "-".
+// is never printed, "-"; for a key held for reading, how many read it.
 func ownerColumn(l lockInfo) string {
-	if l.Store == storeEtcd {
+	switch {
+	case l.Readers > 0:
+		return readersString(l.Readers)
+	case l.Store == storeEtcd:
 		return "-"
 	}
 	return short(l.Owner)
+}
+
+// readersString is "1 reader", "3 readers".
+func readersString(n int) string {
+	if n == 1 {
+		return "1 reader"
+	}
+	return strconv.Itoa(n) + " readers"
 }
 
 // short is the first 8 characters of an owner token: enough to tell holders apart.
@@ -78,12 +89,19 @@ func holdsString(l lockInfo) string {
 	return own + "+" + strconv.Itoa(len(l.Reentries))
 }
 
-// waitingString says whether others wait: processes subscribed to its release now, or, without
-// any, that a request was refused while it was held.
+// waitingString says whether others wait: processes subscribed to its release now and requests
+// in its fair line, or, without any, that a request was refused while it was held.
 func waitingString(l lockInfo) string {
+	var parts []string
+	if l.Waiters > 0 {
+		parts = append(parts, strconv.FormatInt(l.Waiters, 10)+" proc")
+	}
+	if l.Queued > 0 {
+		parts = append(parts, strconv.Itoa(l.Queued)+" in line")
+	}
 	switch {
-	case l.Waiters > 0:
-		return strconv.FormatInt(l.Waiters, 10) + " proc"
+	case parts != nil:
+		return strings.Join(parts, ", ")
 	case l.Contended:
 		return "refused"
 	}
@@ -117,8 +135,12 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 		if l.Shadow {
 			key += " (shadow)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", key, ownerColumn(l), l.Fence, ttlString(l.TTLMillis),
-			holdsString(l), waitingString(l), holderString(l))
+		fence, holds := strconv.FormatInt(l.Fence, 10), holdsString(l)
+		if l.Readers > 0 { // each read hold has its own: the key's own hold and fence say nothing
+			fence, holds = "-", "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", key, ownerColumn(l), fence, ttlString(l.TTLMillis),
+			holds, waitingString(l), holderString(l))
 	}
 	return tw.Flush()
 }
@@ -147,29 +169,29 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	if l.Shadow {
 		row("shadow", "yes: a shadow rule's lock, which holds no request back")
 	}
-	if l.Store == storeEtcd {
+	switch {
+	case l.Readers > 0:
+		row("readers", strconv.Itoa(l.Readers)+" (held for reading: each reader has its own hold and TTL, and a write waits for all of them)")
+		row("owner", "none (each reader has its own)")
+	case l.Store == storeEtcd:
 		row("owner", "not shown (the token would let its bearer re-enter the lock)")
+	default:
+		row("owner", quoteIfOdd(l.Owner))
+	}
+	if l.Store == storeEtcd {
 		row("fence", fmt.Sprintf("%d (of the etcd grant at revision %d; in-process handoffs count up from it)", l.Fence, l.CreateRevision))
 		row("ttl", ttlString(l.TTLMillis)+" left on its lease "+cmp.Or(l.Lease, "(none)")+
 			" (whole seconds; the holder's process keeps it alive: a dead holder's lock goes when it runs out)")
 		row("revision", fmt.Sprintf("%d (unlock removes the lock only while it is still at this revision)", l.ModRevision))
 	} else {
-		row("owner", quoteIfOdd(l.Owner))
-		row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
+		if l.Readers == 0 { // each reader has its own fence: the last handed out for the key (fence counter)
+			row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
+		}
 		row("ttl", ttlString(l.TTLMillis))
 	}
-	holds := "the acquisition's own"
-	if !l.Own {
-		holds = "none of the acquisition's own (given up)"
+	if l.Readers == 0 {
+		row("holds", holdsRow(l))
 	}
-	if len(l.Reentries) > 0 {
-		q := make([]string, len(l.Reentries))
-		for i, r := range l.Reentries {
-			q[i] = quoteIfOdd(r)
-		}
-		holds += "; re-entries from other processes: " + strings.Join(q, ", ")
-	}
-	row("holds", holds)
 	row("host", cmp.Or(quoteIfOdd(l.Host), "-"))
 	row("pid", cmp.Or(quoteIfOdd(l.Pid), "-"))
 	row("trace", cmp.Or(quoteIfOdd(l.Trace), "-"))
@@ -186,6 +208,9 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	default:
 		row("waiting", "no")
 	}
+	if l.Queued > 0 {
+		row("fair line", fmt.Sprintf("%d request(s) wait to be granted in the order they asked (a fair lock)", l.Queued))
+	}
 	if l.FenceCounterKey != "" && l.Store == storeEtcd {
 		floor := "unset (the grant's revision alone sets its fence)"
 		if l.FenceCounter != nil {
@@ -200,6 +225,22 @@ func lockDetail(w io.Writer, l lockInfo) error {
 		row("fence counter", l.FenceCounterKey+" = "+counter+" (the next grant in this slot is above it)")
 	}
 	return tw.Flush()
+}
+
+// holdsRow is show's holds: the acquisition's own and the re-entries from other processes.
+func holdsRow(l lockInfo) string {
+	holds := "the acquisition's own"
+	if !l.Own {
+		holds = "none of the acquisition's own (given up)"
+	}
+	if len(l.Reentries) > 0 {
+		q := make([]string, len(l.Reentries))
+		for i, r := range l.Reentries {
+			q[i] = quoteIfOdd(r)
+		}
+		holds += "; re-entries from other processes: " + strings.Join(q, ", ")
+	}
+	return holds
 }
 
 // cmdList is "ls [pattern]".

@@ -146,6 +146,8 @@ func eventLine(e event) string {
 	l := e.Lock
 	line := fmt.Sprintf("%s %-9s %s", e.Time.Format("15:04:05.000"), e.Kind, quoteIfOdd(l.Key))
 	switch {
+	case l.Readers > 0:
+		line += fmt.Sprintf(" readers=%d ttl=%s waiting=%s", l.Readers, ttlString(l.TTLMillis), waitingString(l))
 	case l.Store == storeEtcd && l.Fence > 0: // no owner token in etcd
 		line += fmt.Sprintf(" fence=%d ttl=%s waiting=%s %s", l.Fence, ttlString(l.TTLMillis), waitingString(l), holderString(l))
 	case l.Owner != "":

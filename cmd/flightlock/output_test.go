@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+)
+
+// ls and show tell a key held for reading, with how many read it and no owner, and a fair
+// lock's line, with how many wait in it, in the table, the detail and the JSON.
+func TestListAndShowReadersAndTheFairLine(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	store := redisstore.New(redis.NewClient(srv.Options()))
+	defer store.Close()
+	newLocker := func(opts ...flightlock.Option) *flightlock.Locker {
+		l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithPrefix("lock:")}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	readers := newLocker(flightlock.WithRead())
+	for range 2 {
+		lease, err := readers.Lock(ctx, "order:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(ctx)
+	}
+	fair := newLocker(flightlock.WithFair(), flightlock.WithWait(30*time.Second))
+	held, err := fair.Lock(ctx, "acct:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	wctx, stop := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := newLocker(flightlock.WithFair(), flightlock.WithWait(30*time.Second)).Lock(wctx, "acct:1")
+		waited <- err
+	}()
+	defer func() {
+		stop()
+		if err := <-waited; !errors.Is(err, context.Canceled) {
+			t.Errorf("the fair waiter: %v, want it cancelled while it waited", err)
+		}
+	}()
+	list := func() []lockInfo {
+		code, out, errOut := cli(t, nil, "-addr", srv.Addr, "-o", "json", "ls")
+		if code != exitOK {
+			t.Fatalf("ls: exit %d: %s", code, errOut)
+		}
+		var locks []lockInfo
+		if err := json.Unmarshal([]byte(out), &locks); err != nil {
+			t.Fatalf("ls JSON %q: %v", out, err)
+		}
+		return locks
+	}
+	waitFor(t, "the fair waiter to take its place in line", func() bool {
+		for _, l := range list() {
+			if l.Key == "acct:1" && l.Queued == 1 {
+				return true
+			}
+		}
+		return false
+	})
+
+	for _, l := range list() {
+		switch l.Key {
+		case "order:1":
+			if l.Readers != 2 || l.Owner != "" {
+				t.Errorf("order:1 lists %d readers and owner %q, want 2 and none", l.Readers, l.Owner)
+			}
+		case "acct:1":
+			if l.Readers != 0 || l.Owner == "" {
+				t.Errorf("acct:1 lists %d readers and owner %q, want its writer's owner", l.Readers, l.Owner)
+			}
+		}
+	}
+	code, out, _ := cli(t, nil, "-addr", srv.Addr, "ls")
+	if code != exitOK {
+		t.Fatalf("ls: exit %d", code)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "order:1 ") && !strings.HasPrefix(strings.Join(strings.Fields(line), " "), "order:1 2 readers - "):
+			t.Errorf("ls row of a key two read: %q, want 2 readers as its owner and no fence", line)
+		case strings.HasPrefix(line, "acct:1 ") && !strings.Contains(line, "1 in line"):
+			t.Errorf("ls row of a fair key with a waiter: %q, want 1 in line", line)
+		}
+	}
+	if _, out, _ := cli(t, nil, "-addr", srv.Addr, "show", "order:1"); !strings.Contains(out, "readers") ||
+		!strings.Contains(out, "2 (held for reading") || !strings.Contains(out, "none (each reader has its own)") ||
+		strings.Contains(out, "holds ") {
+		t.Errorf("show of a key two read:\n%s\nwant its 2 readers, and no owner or holds", out)
+	}
+	if _, out, _ := cli(t, nil, "-addr", srv.Addr, "show", "acct:1"); !strings.Contains(out, "fair line") ||
+		!strings.Contains(out, "1 request(s) wait") {
+		t.Errorf("show of a fair key with a waiter:\n%s\nwant its line of 1", out)
+	}
+}
+
+// watch's line for a key held for reading names its readers, not an owner, and a fair key's
+// line says how many wait in it.
+func TestWatchLineNamesReadersAndTheFairLine(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	read := eventLine(event{Time: at, Kind: "acquired", Lock: lockInfo{Key: "order:1", Readers: 3, TTLMillis: 900}})
+	if want := "03:04:05.000 acquired  order:1 readers=3 ttl=900ms waiting=-"; read != want {
+		t.Errorf("read-held line:\n%s\nwant\n%s", read, want)
+	}
+	fair := eventLine(event{Time: at, Kind: "contended", Lock: lockInfo{Key: "acct:1", Owner: "0123456789abcdef", Fence: 7,
+		TTLMillis: 900, Waiters: 1, Queued: 2}})
+	if !strings.Contains(fair, " owner=01234567… fence=7 ") || !strings.Contains(fair, "waiting=1 proc, 2 in line") {
+		t.Errorf("fair key's line %q, want its owner and 2 in line", fair)
+	}
+}
