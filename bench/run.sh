@@ -5,7 +5,8 @@
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
 # writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
-# and docs/benchmarks.json (scenarios 1-9), and docs/benchmarks-primitives.md (scenario 10, semaphores: a
+# and docs/benchmarks.json (scenarios 1-9), and docs/benchmarks-primitives.md (scenarios 10-12: semaphores,
+# read-write locks, fair locks; a
 # report of its own, which docs/benchmarks.md links), after the etcd rows (lockbench -store etcd: docs/benchmarks-etcd.md, also
 # included in docs/benchmarks.md). Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
@@ -13,11 +14,11 @@
 #
 # The full run should take about 23 minutes on 2 cores (an estimate from single repetitions of the
 # costliest points, before the first full run: scenario 8, scaling, about 11 of them; scenario 9,
-# memory, about 3; scenario 10, semaphores, adds under a minute). Pass lockbench flags through, e.g.:
+# memory, about 3; scenarios 10-12, the primitives, add about 3). Pass lockbench flags through, e.g.:
 #   bench/run.sh -quick                    # every scenario, small sizes, one repetition: a few minutes;
 #                                          # writes bench/results/quick/ (git-ignored), not docs/
 #   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
-#   LOCKBENCH_GOBENCH=0 bench/run.sh -scenario 10   # semaphores alone: rewrites docs/benchmarks-primitives.md only
+#   LOCKBENCH_GOBENCH=0 bench/run.sh -scenario 10,11,12   # the primitives alone: rewrite docs/benchmarks-primitives.md only
 #   LOCKBENCH_GOBENCH=0 bench/run.sh       # skip the Go benchmarks
 set -euo pipefail
 
@@ -103,5 +104,5 @@ echo "run.sh: running scenarios" >&2
   -json "$docs/benchmarks.json" -primitives-out "$docs/benchmarks-primitives.md" \
   "${gobench[@]}" "${notes[@]}" "${example[@]}" "${etcdreport[@]}" "$@")
 echo "run.sh: wrote what the scenarios run make of ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png," \
-  "benchmarks.json (1-9) and benchmarks-primitives.md (10)" >&2
+  "benchmarks.json (1-9) and benchmarks-primitives.md (10-12)" >&2
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -55,7 +56,10 @@ type rowSpec struct {
 	// permits is how many holders of a key the row admits at once: 0 for a lock, n for a
 	// semaphore's rows (scenario 10), whose guards then admit n.
 	permits int
-	build   func(addr string) (impl, error)
+	// rw says the row is a read-write lock (scenario 11): its impl is an rwImpl, and its
+	// holders draw reads and writes.
+	rw    bool
+	build func(addr string) (impl, error)
 }
 
 func (r rowSpec) label() string {
@@ -88,7 +92,7 @@ func allRows() []rowSpec {
 }
 
 func rowByID(id string) (rowSpec, bool) {
-	for _, r := range append(allRows(), semaphoreRows()...) {
+	for _, r := range slices.Concat(allRows(), semaphoreRows(), rwRows(), fairRows()) {
 		if r.id == id {
 			return r, true
 		}
@@ -117,8 +121,8 @@ type flightlockImpl struct {
 
 func newFlightlock(addr string) (impl, error) { return newFlightlockWith(addr) }
 
-// newFlightlockWith is the flightlock row with more options (scenario 10's permits) after the
-// common ones.
+// newFlightlockWith is the flightlock row with more options (scenario 10's permits, scenario
+// 12's fairness) after the common ones.
 func newFlightlockWith(addr string, opts ...flightlock.Option) (*flightlockImpl, error) {
 	c, h := newClient(addr)
 	store := redisstore.New(c)

@@ -25,15 +25,21 @@
 //  8. scaling: critical sections per second along goroutines, processes and keys;
 //  9. memory: what a held lock and a waiter cost;
 //  10. Redis only: a semaphore of 3 permits on one hot key (flightlock's WithPermits against a
-//     naive sorted-set semaphore that polls), in one process and in 4 processes x 16 goroutines.
+//     naive sorted-set semaphore that polls), in one process and in 4 processes x 16 goroutines;
+//  11. Redis only: a read-write lock on one hot key at 90% and 50% reads (flightlock's WithRead
+//     readers and plain writers against a naive SET NX + sorted-set read-write lock that
+//     polls), in one process and in 4 processes x 16 goroutines;
+//  12. Redis only: what fairness costs, flightlock's default mutex against WithFair on one hot
+//     key, in one process and in 4 processes x 16 goroutines.
 //
-// Scenario 10 is reported in a document of its own (-primitives-out, docs/benchmarks-primitives.md):
-// with -scenario 10 alone, -out gets that document (its machine header and section) and no
-// other; a run of 10 beside any of 1-9 writes the main report to -out and this one to
-// -primitives-out, by default benchmarks-primitives.md beside -out.
+// Scenarios 10-12 are reported in a document of their own (-primitives-out,
+// docs/benchmarks-primitives.md): with only them in -scenario, -out gets that document (its
+// machine header and their sections) and no other; a run of them beside any of 1-9 writes the
+// main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
+// beside -out.
 //
-// The loops of the contention scenarios (2, 3, 4, 10 and the axes of 8: bench/internal/contend),
-// the workers of 3, 8 and 10 (worker.go), the order of the rows (bench/internal/interleave), the
+// The loops of the contention scenarios (2, 3, 4, 10-12 and the axes of 8: bench/internal/contend),
+// the workers of 3, 8 and 10-12 (worker.go), the order of the rows (bench/internal/interleave), the
 // memory measurement of 9 (bench/internal/memstat) and the HTTP systems of 6 and 7
 // (bench/internal/httpbench) are shared; each store keeps its rows, its server, its counters
 // (Redis: INFO commandstats and client round trips; etcd: /metrics RPCs and fsyncs) and its
@@ -77,7 +83,7 @@ import (
 )
 
 // lastScenario is the number of the last scenario.
-const lastScenario = 10
+const lastScenario = 12
 
 // config is the run's settings, for either store; a field that one store does not use says so.
 type config struct {
@@ -104,9 +110,11 @@ type config struct {
 	etcdReport string // the etcd rows' report (lockbench -store etcd -out), included as a section
 	observe    bool
 
-	// Redis only, scenario 10
-	d10           time.Duration // in one process, and the target across processes
-	primitivesOut string        // the report of scenario 10 (see the doc comment)
+	// Redis only, scenarios 10-12: in one process, and the target across processes
+	d10           time.Duration
+	d11           time.Duration // per row, mix and repetition
+	d12           time.Duration
+	primitivesOut string // the report of scenarios 10-12 (see the doc comment)
 
 	// etcd only
 	lockTimeout time.Duration // bound of every Lock's context
@@ -209,8 +217,8 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis or etcd")
 	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	scen := fs.String("scenario", defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10", "1,2,3,4,5,6,7,8,9,10", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"),
-		"comma-separated scenarios to run (6 needs wrk and the example's config; 10 is Redis only)")
+	scen := fs.String("scenario", defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"),
+		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-12 are Redis only)")
 	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
 	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
@@ -222,6 +230,10 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
 	fs.DurationVar(&cfg.d10, "d10", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
 		"scenario 10 (Redis): duration per row and repetition in one process, and the target across processes")
+	fs.DurationVar(&cfg.d11, "d11", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
+		"scenario 11 (Redis): duration per row, mix and repetition in one process, and the target across processes")
+	fs.DurationVar(&cfg.d12, "d12", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
+		"scenario 12 (Redis): duration per row and repetition in one process, and the target across processes")
 	fs.DurationVar(&cfg.d8, "d8", defaultFor(e, q, time.Second, 250*time.Millisecond, time.Second, 300*time.Millisecond), "scenario 8: duration per row, point and repetition")
 	s8g := fs.String("s8-goroutines", defaultFor(e, q, "1,4,16,64,256,1024", "1,4,64,256", "1,4,16,64,256,1024", "1,16,256"), "scenario 8: goroutines on one hot key in one process (empty: skip the axis)")
 	s8p := fs.String("s8-procs", defaultFor(e, q, "1,2,4,8", "1,2,4", "1,2,4,8", "1,2"), fmt.Sprintf("scenario 8: processes of %d goroutines on one hot key (empty: skip the axis)", s8ProcGoroutines))
@@ -233,10 +245,10 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); etcd writes its scaling plots beside it")
 	fs.StringVar(&cfg.exampleConf, "example-config", defaultFor(e, q, "etc/flightlock-example-redis.yaml", "etc/flightlock-example-redis.yaml",
 		"etc/flightlock-example-etcd.yaml", "etc/flightlock-example-etcd.yaml"), "scenario 6: the example's config file (its stores and ports are replaced)")
-	fs.StringVar(&cfg.primitivesOut, "primitives-out", "", "Redis: the report of scenario 10 when it runs beside any of 1-9 "+
-		"(empty: benchmarks-primitives.md beside -out, or stdout after the main report); with -scenario 10 alone, -out when empty")
+	fs.StringVar(&cfg.primitivesOut, "primitives-out", "", "Redis: the report of scenarios 10-12 when any runs beside any of 1-9 "+
+		"(empty: benchmarks-primitives.md beside -out, or stdout after the main report); with only 10-12 in -scenario, -out when empty")
 	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside it)")
-	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON, written with the main report (not by scenario 10 alone)")
+	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON, written with the main report (not by scenarios 10-12 alone)")
 	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
 	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
 	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to include as a section")
@@ -267,8 +279,10 @@ func parseFlags(args []string) (config, profiling) {
 	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
-	if cfg.store == "etcd" && cfg.scenarios[10] {
-		fatalf("-scenario: 10 (semaphores) runs on the Redis store only")
+	for _, n := range primitiveScenarios {
+		if cfg.store == "etcd" && cfg.scenarios[n] {
+			fatalf("-scenario: %d (semaphores, read-write and fair locks: 10-12) runs on the Redis store only", n)
+		}
 	}
 	if cfg.reps < 1 || cfg.memWaiters < 0 {
 		fatalf("-reps must be positive, -mem-waiters not negative")
@@ -368,12 +382,18 @@ func runRedis(cfg config, prof profiling) {
 	if cfg.scenarios[10] {
 		rep.s10 = b.scenario10()
 	}
+	if cfg.scenarios[11] {
+		rep.s11 = b.scenario11()
+	}
+	if cfg.scenarios[12] {
+		rep.s12 = b.scenario12()
+	}
 	rep.elapsed = time.Since(rep.started)
 	for _, im := range b.impls {
 		im.close()
 	}
 
-	if cfg.jsonOut != "" && ranMain(cfg) { // the main report's raw data: a run of scenario 10 alone keeps it
+	if cfg.jsonOut != "" && ranMain(cfg) { // the main report's raw data: a run of 10-12 alone keeps it
 		raw, _ := json.MarshalIndent(rep.raw(), "", " ")
 		if err := os.WriteFile(cfg.jsonOut, raw, 0o644); err != nil {
 			fatalf("%v", err)
@@ -384,9 +404,9 @@ func runRedis(cfg config, prof profiling) {
 		rep.primitivesName = filepath.Base(cmp.Or(primOut, "benchmarks-primitives.md"))
 		writeReport(mainOut, rep.markdown())
 	}
-	if rep.s10 != nil {
+	if rep.ranPrimitives() {
 		writeReport(primOut, rep.primitivesMarkdown())
-		progress("scenario 10's report: %s", cmp.Or(primOut, "stdout"))
+		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
 	}
 	if cfg.chart != "" && rep.s2 != nil {
 		if err := rep.chart(cfg.chart); err != nil {

@@ -24,8 +24,9 @@ const (
 	s3Goroutines = 16
 )
 
-// redisWorkerRow builds a Redis row in a worker process.
-func redisWorkerRow(id, addr string) (workerRow, error) {
+// redisWorkerRow builds a Redis row in a worker process; reads is the percentage of Locks that
+// take a read lock, for a read-write row.
+func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 	spec, ok := rowByID(id)
 	if !ok {
 		return workerRow{}, fmt.Errorf("unknown row %q", id)
@@ -40,6 +41,9 @@ func redisWorkerRow(id, addr string) (workerRow, error) {
 			for i, k := range keys {
 				mapped[i] = im.key(k)
 			}
+			if spec.rw {
+				return rwHolders(im, mapped, n, reads), nil
+			}
 			hs := make([]contend.Holder, n)
 			for i := range hs {
 				hs[i] = &implHolder{im: im, keys: mapped}
@@ -52,12 +56,18 @@ func redisWorkerRow(id, addr string) (workerRow, error) {
 				if h, err := im.lock(context.Background(), k); err == nil {
 					_ = im.unlock(context.Background(), k, h)
 				}
+				if rim, ok := im.(rwImpl); ok {
+					if h, err := rim.rlock(context.Background(), k); err == nil {
+						_ = rim.runlock(context.Background(), k, h)
+					}
+				}
 			}
 			return nil
 		},
 		roundTrips: im.roundTrips,
 		close:      im.close,
 		permits:    spec.permits,
+		readWrite:  spec.rw,
 	}, nil
 }
 
@@ -67,6 +77,8 @@ func sumWorkers(wr []workerResult) contendResult {
 	var all contendResult
 	for _, w := range wr {
 		all.Ops += w.Ops
+		all.Reads += w.Reads
+		all.ReadWaits = append(all.ReadWaits, w.ReadWaits...)
 		all.Errors += w.Errors + w.ReleaseErrors
 		all.RT += w.RT
 		all.Waits = append(all.Waits, w.Waits...)
@@ -79,8 +91,9 @@ func sumWorkers(wr []workerResult) contendResult {
 }
 
 // runProcs runs one repetition of a row in procs worker processes of g goroutines each (scenario
-// 3, and the process axis of scenario 8) and returns each worker's result.
-func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard.Guard, func()) {
+// 3, and the process axis of scenario 8) and returns each worker's result; extra are more
+// arguments of the workers (scenario 11's -reads).
+func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration, extra ...string) ([]workerResult, cmdDelta, guard.Guard, func()) {
 	shm := workerShm(r.id, key)
 	gd, unmap, err := guard.Map(shm, true)
 	if err != nil {
@@ -88,11 +101,12 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	}
 	defer os.Remove(shm)
 	hard := 6*d + 10*time.Second
+	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
+		"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
+		"-hard", hard.String(), "-shm", shm}, extra...)
 	cmds := make([]*exec.Cmd, procs)
 	for i := range cmds {
-		cmds[i] = workerCommand("-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
-			"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
-			"-hard", hard.String(), "-shm", shm)
+		cmds[i] = workerCommand(args...)
 	}
 	grp, err := workerproc.StartGroup(cmds, workers, time.Minute)
 	if err != nil {

@@ -9,12 +9,12 @@ import (
 )
 
 // The primitives report holds the scenarios of flightlock's primitives beyond the mutex
-// (scenario 10, semaphores): a document of its own, docs/benchmarks-primitives.md, with the
+// (10, semaphores; 11, read-write locks; 12, fair locks): a document of its own, docs/benchmarks-primitives.md, with the
 // machine header of the main report, so that a run of these scenarios alone never rewrites
 // the main report's figures.
 
 // primitiveScenarios are the scenarios whose sections go in the primitives report.
-var primitiveScenarios = []int{10}
+var primitiveScenarios = []int{10, 11, 12}
 
 // ranMain says whether any scenario of the main report ran.
 func ranMain(c config) bool {
@@ -34,6 +34,9 @@ func isPrimitive(n int) bool {
 	}
 	return false
 }
+
+// ranPrimitives says whether any scenario of the primitives report ran.
+func (r *report) ranPrimitives() bool { return r.s10 != nil || r.s11 != nil || r.s12 != nil }
 
 func (r *report) primitivesMarkdown() string {
 	var b strings.Builder
@@ -55,6 +58,12 @@ func (r *report) primitivesMarkdown() string {
 	w("CPU (syscalls, scheduling), not wire.\n\n")
 	if r.s10 != nil {
 		r.s10Section(w)
+	}
+	if r.s11 != nil {
+		r.s11Section(w)
+	}
+	if r.s12 != nil {
+		r.s12Section(w)
 	}
 	return b.String()
 }

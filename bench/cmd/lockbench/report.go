@@ -41,7 +41,9 @@ type report struct {
 	s7      []*result
 	s8      *s8Results
 	s9      *s9Results
-	s10     *s10Results // written to the primitives report (primitivesMarkdown)
+	s10     *s10Results // s10-s12 are written to the primitives report (primitivesMarkdown)
+	s11     *s11Results
+	s12     *s12Results
 
 	primitivesName string // the primitives report's file name, for the main report's link
 }
@@ -53,7 +55,7 @@ func (r *report) raw() map[string]any {
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
-		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "quick": r.cfg.quick}
+		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "quick": r.cfg.quick}
 }
 
 func find(rs []*result, id string) *result {
@@ -289,8 +291,8 @@ func (r *report) markdown() string {
 			w("Not run (`-scenario` without %s).\n\n", sec.n)
 		}
 	}
-	if r.s10 != nil {
-		w("## 10. Semaphore: %d permits on one hot key\n\nIn a report of its own: [%s](%s).\n\n", semPermits, r.primitivesName, r.primitivesName)
+	if r.ranPrimitives() {
+		w("## 10-12. Semaphores, read-write locks, fair locks\n\nIn a report of their own: [%s](%s).\n\n", r.primitivesName, r.primitivesName)
 	}
 	if r.cfg.goBench != "" {
 		if raw, err := os.ReadFile(r.cfg.goBench); err == nil {

@@ -37,7 +37,8 @@ type workerRow struct {
 	warm       func() error
 	roundTrips func() int64 // nil: not counted
 	close      func()
-	permits    int // holders of a key the row admits at once (rowSpec.permits): 0 or 1 for a lock
+	permits    int  // holders of a key the row admits at once (rowSpec.permits): 0 or 1 for a lock
+	readWrite  bool // a read-write lock (rowSpec.rw): ReadWrite guards, holders that draw reads
 }
 
 // workerResult is one worker's report.
@@ -84,6 +85,7 @@ func workerMain(args []string) {
 	hard := fs.Duration("hard", 30*time.Second, "give up after this long (contend.Until)")
 	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context (contend.Window)")
 	shmPath := fs.String("shm", "", "guard file")
+	reads := fs.Int("reads", 0, "percent of Locks that take a read lock (Redis rows of read-write locks)")
 	_ = fs.Parse(args)
 
 	var (
@@ -92,7 +94,7 @@ func workerMain(args []string) {
 	)
 	switch *store {
 	case "redis":
-		wr, err = redisWorkerRow(*row, *addr)
+		wr, err = redisWorkerRow(*row, *addr, *reads)
 	case "etcd":
 		wr, err = etcdWorkerRow(*row, *addr, *lockTimeout)
 	default:
@@ -110,14 +112,19 @@ func workerMain(args []string) {
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	if wr.permits > 1 {
-		gd = gd.Admitting(int64(wr.permits))
+	if wr.permits > 1 || wr.readWrite {
 		span, unmapSpan, err := guard.Map(spanShm(*shmPath), false)
 		if err != nil {
 			fatalf("worker: map span guard: %v", err)
 		}
 		defer unmapSpan()
-		hs = spanHolders(hs, span.Admitting(int64(wr.permits)))
+		if wr.readWrite {
+			gd = gd.ReadWrite()
+			hs = rwSpanHolders(hs, span.ReadWrite())
+		} else {
+			gd = gd.Admitting(int64(wr.permits))
+			hs = spanHolders(hs, span.Admitting(int64(wr.permits)))
+		}
 	}
 	if err := wr.warm(); err != nil {
 		fatalf("worker: warm-up: %v", err)

@@ -24,14 +24,24 @@ type Holder interface {
 	Unlock(ctx context.Context) error
 }
 
+// ReadHolder is a Holder of a read-write lock: Reading says whether its last Lock took a read
+// lock, whose critical section only reads the guarded state (guard.Guard.Read, on a ReadWrite
+// guard) and whose count and wait are kept apart (Result.Reads, Result.ReadWaits).
+type ReadHolder interface {
+	Holder
+	Reading() bool
+}
+
 // Result is what the goroutines of one run (in one process) did.
 type Result struct {
-	Ops           int64   `json:"ops"`            // critical sections counted
+	Ops           int64   `json:"ops"`            // critical sections counted, reads included
+	Reads         int64   `json:"reads"`          // of Ops, the read sections (ReadHolder)
 	Errors        int64   `json:"errors"`         // failed Locks
 	ReleaseErrors int64   `json:"release_errors"` // failed Unlocks
 	FirstErr      string  `json:"first_err,omitempty"`
-	Waits         []int64 `json:"waits"`   // ns from the call of each counted Lock to holding the key
-	Elapsed       int64   `json:"elapsed"` // ns from the start to the last goroutine's return
+	Waits         []int64 `json:"waits"`                // ns from the call of each counted Lock (but reads) to holding the key
+	ReadWaits     []int64 `json:"read_waits,omitempty"` // the same for the read sections
+	Elapsed       int64   `json:"elapsed"`              // ns from the start to the last goroutine's return
 }
 
 // Policy is how a run ends and counts: Until or Window.
@@ -127,9 +137,14 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 	for i, h := range hs {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
-			var ops, errs, rerrs int64
+			rh, _ := h.(ReadHolder)
+			var ops, reads, errs, rerrs int64
 			var firstErr error
+			var readWaits []int64
 			waits := make([]int64, 0, capWaits)
+			if rh != nil {
+				readWaits = make([]int64, 0, capWaits)
+			}
 			time.Sleep(time.Until(start))
 			for p.more() {
 				k := 0
@@ -151,10 +166,20 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 					continue
 				}
 				wait := time.Since(t0)
-				gs[k].Critical(fence)
+				reading := rh != nil && rh.Reading()
+				if reading {
+					gs[k].Read()
+				} else {
+					gs[k].Critical(fence)
+				}
 				if p.counts() {
 					ops++
-					waits = append(waits, int64(wait))
+					if reading {
+						reads++
+						readWaits = append(readWaits, int64(wait))
+					} else {
+						waits = append(waits, int64(wait))
+					}
 				}
 				if err := h.Unlock(p.unlockContext(ctx)); err != nil {
 					rerrs++
@@ -166,6 +191,8 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 			}
 			mu.Lock()
 			res.Ops += ops
+			res.Reads += reads
+			res.ReadWaits = append(res.ReadWaits, readWaits...)
 			res.Errors += errs
 			res.ReleaseErrors += rerrs
 			res.Waits = append(res.Waits, waits...)

@@ -1,7 +1,8 @@
 // Package guard is the state a benchmark's critical section protects, and the checks that
 // find a second holder: an "inside" count that must read 1 (at most n for a semaphore of n
-// permits, Admitting), a plain counter that a lost update leaves short, and, for locks with
-// fencing tokens, a fence that must rise. The words live in this process's memory or in a
+// permits, Admitting; no writer beside a reader for a read-write lock, ReadWrite), a plain
+// counter that a lost update leaves short, and, for locks with fencing tokens, a fence that
+// must rise. The words live in this process's memory or in a
 // file every worker process maps (shm), so that the checks span processes without touching
 // the lock's store.
 package guard
@@ -19,13 +20,18 @@ type Guard struct {
 	violations      *int64 // critical sections that found another holder inside
 	lastFence       *int64 // the largest fence seen so far
 	fenceViolations *int64 // fences not above the last one seen
-	peak            *int64 // the most holders inside at once, kept only when limit is above 1
+	peak            *int64 // the most holders inside at once (readers, for ReadWrite), kept only when limit is above 1 or rw
+	readers         *int64 // changed atomically: the readers in a read section (ReadWrite)
 
 	limit int64 // the holders admitted at once; 0 and 1 mean a lock. Per process, not shared.
+	rw    bool  // writers (Enter, Critical) also count the readers inside as a violation. Per process.
 }
 
+// words is how many words of a mapped page a guard uses.
+const words = 7
+
 func fromWords(w []int64) Guard {
-	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4], peak: &w[5]}
+	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4], peak: &w[5], readers: &w[6]}
 }
 
 // Admitting returns a copy of g that admits n holders at once, the check of a semaphore of n
@@ -38,8 +44,20 @@ func (g Guard) Admitting(n int64) Guard {
 	return g
 }
 
+// ReadWrite returns a copy of g that checks a read-write lock: Critical and Enter are a
+// writer's, which must find nobody inside, neither a writer nor a reader; Read and EnterRead
+// are a reader's, which must find no writer inside and may share with other readers. Peak is
+// then the most readers inside at once, which shows whether reads did share. A writer counts
+// itself in before it looks at the readers and a reader the other way round (both atomic, so
+// sequentially consistent): of two that overlap, at least one sees the other. Every process
+// that maps a shared guard must use it this way.
+func (g Guard) ReadWrite() Guard {
+	g.rw = true
+	return g
+}
+
 // New returns a guard in this process's memory.
-func New() Guard { return fromWords(make([]int64, 6)) }
+func New() Guard { return fromWords(make([]int64, words)) }
 
 // Map returns a guard whose words live in the file at path (created and zeroed when create),
 // shared with every process that maps it, and the function that unmaps it.
@@ -48,7 +66,7 @@ func Map(path string, create bool) (Guard, func(), error) {
 	if err != nil {
 		return Guard{}, nil, err
 	}
-	return fromWords(w[:6]), unmap, nil
+	return fromWords(w[:words]), unmap, nil
 }
 
 // Critical is the benchmark's critical section, run by a holder whose lock gave it fence (0:
@@ -72,7 +90,7 @@ func (g Guard) Critical(fence int64) {
 func (g Guard) Enter(fence int64) {
 	if g.limit > 1 {
 		g.enterShared()
-	} else if atomic.AddInt64(g.inside, 1) != 1 {
+	} else if atomic.AddInt64(g.inside, 1) != 1 || g.rw && atomic.LoadInt64(g.readers) != 0 {
 		atomic.AddInt64(g.violations, 1)
 	}
 	if fence != 0 {
@@ -89,12 +107,42 @@ func (g Guard) enterShared() {
 	if n > g.limit {
 		atomic.AddInt64(g.violations, 1)
 	}
+	g.raisePeak(n)
+}
+
+// raisePeak raises the peak to n if n is above it.
+func (g Guard) raisePeak(n int64) {
 	for p := atomic.LoadInt64(g.peak); n > p; p = atomic.LoadInt64(g.peak) {
 		if atomic.CompareAndSwapInt64(g.peak, p, n) {
 			break
 		}
 	}
 }
+
+// Read is a reader's critical section on a ReadWrite guard: the checks of EnterRead, the
+// plain counter read twice, which a write landing in between would change (a violation),
+// ExitRead.
+func (g Guard) Read() {
+	g.EnterRead()
+	v := atomic.LoadInt64(g.plain)
+	if atomic.LoadInt64(g.plain) != v {
+		atomic.AddInt64(g.violations, 1)
+	}
+	g.ExitRead()
+}
+
+// EnterRead begins a read section: it counts a violation when a writer is inside, and raises
+// the peak of readers inside at once.
+func (g Guard) EnterRead() {
+	n := atomic.AddInt64(g.readers, 1)
+	if atomic.LoadInt64(g.inside) != 0 {
+		atomic.AddInt64(g.violations, 1)
+	}
+	g.raisePeak(n)
+}
+
+// ExitRead ends the read section that EnterRead began.
+func (g Guard) ExitRead() { atomic.AddInt64(g.readers, -1) }
 
 // Exit ends the critical section that Enter began.
 func (g Guard) Exit() { atomic.AddInt64(g.inside, -1) }
@@ -106,7 +154,8 @@ func (g Guard) Plain() int64 { return atomic.LoadInt64(g.plain) }
 func (g Guard) Violations() int64 { return atomic.LoadInt64(g.violations) }
 
 // Peak is the most holders seen inside at once by a guard that admits more than one
-// (Admitting); 0 for a lock's guard, which does not keep it.
+// (Admitting), the most readers by a ReadWrite guard; 0 for a lock's guard, which does not
+// keep it.
 func (g Guard) Peak() int64 { return atomic.LoadInt64(g.peak) }
 
 // FenceViolations counts the fences that were not above the last one seen.

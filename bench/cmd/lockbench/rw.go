@@ -1,0 +1,424 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/pollrw"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// Scenario 11 (Redis only): a read-write lock on one hot key, built as scenario 10: s10Goroutines
+// goroutines of one process, then s3Procs processes of s3Goroutines goroutines each, every
+// Lock drawing a read with the mix's probability. Rows: flightlock (WithRead for reads, its
+// plain Locker for writes) and a naive read-write lock that polls (bench/internal/pollrw).
+
+// rwMixes are the percentages of reads scenario 11 runs.
+var rwMixes = []int{90, 50}
+
+// rwRows are scenario 11's rows.
+func rwRows() []rowSpec {
+	return []rowSpec{
+		{id: "flightlock-rw", lib: "flightlock, WithRead for reads", wait: "readers share a hold each; writer preference; release notification",
+			rw: true, build: newFlightlockRW},
+		{id: "poll-rw", lib: "naive SET NX + ZSET read-write lock", wait: "poll " + semPoll.String(), rw: true, build: newPollRW},
+	}
+}
+
+// rwImpl is a row of a read-write lock: impl's lock and unlock are the write lock's.
+type rwImpl interface {
+	impl
+	rlock(ctx context.Context, key string) (any, error)
+	runlock(ctx context.Context, key string, h any) error
+}
+
+// --- flightlock's read-write lock as a row
+
+type flightlockRWImpl struct {
+	*flightlockImpl
+	read *flightlock.Locker // WithRead, on the write Locker's store and gate
+}
+
+func newFlightlockRW(addr string) (impl, error) {
+	f, err := newFlightlockWith(addr)
+	if err != nil {
+		return nil, err
+	}
+	r, err := f.locker.With(flightlock.WithRead())
+	if err != nil {
+		return nil, err
+	}
+	return &flightlockRWImpl{flightlockImpl: f, read: r}, nil
+}
+
+func (f *flightlockRWImpl) rlock(ctx context.Context, key string) (any, error) {
+	return f.read.Lock(ctx, key)
+}
+
+func (f *flightlockRWImpl) runlock(ctx context.Context, _ string, h any) error {
+	return h.(*flightlock.Lease).Release(ctx)
+}
+
+// --- the naive read-write lock as a row
+
+type pollRWImpl struct {
+	client *redis.Client
+	rt     *rtCounter
+	l      *pollrw.RWLock
+}
+
+func newPollRW(addr string) (impl, error) {
+	c, h := newClient(addr)
+	return &pollRWImpl{client: c, rt: h, l: pollrw.New(c, lockTTL, semPoll)}, nil
+}
+
+func (p *pollRWImpl) key(base string) string { return "prw:" + base }
+
+func (p *pollRWImpl) lock(ctx context.Context, key string) (any, error) { return p.l.Lock(ctx, key) }
+
+func (p *pollRWImpl) tryLock(ctx context.Context, key string) (any, error) {
+	h, err := p.l.TryLock(ctx, key)
+	if errors.Is(err, pollrw.ErrBusy) {
+		return nil, errBusy
+	}
+	return h, err
+}
+
+func (p *pollRWImpl) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*pollrw.Hold).Release(ctx)
+}
+
+func (p *pollRWImpl) rlock(ctx context.Context, key string) (any, error) { return p.l.RLock(ctx, key) }
+
+func (p *pollRWImpl) runlock(ctx context.Context, key string, h any) error {
+	return p.unlock(ctx, key, h)
+}
+
+func (p *pollRWImpl) roundTrips() int64 { return p.rt.load() }
+func (p *pollRWImpl) close()            { _ = p.client.Close() }
+
+// --- holders
+
+// rwHolder drives a read-write row as a contend.ReadHolder: each Lock is a read with
+// probability reads/100 (math/rand/v2's source, per thread, so goroutines do not share one).
+type rwHolder struct {
+	im      rwImpl
+	keys    []string
+	reads   int
+	k       int
+	reading bool
+	h       any
+}
+
+func (x *rwHolder) Lock(ctx context.Context, k int) (int64, error) {
+	x.k, x.reading = k, rand.IntN(100) < x.reads
+	var err error
+	if x.reading {
+		x.h, err = x.im.rlock(ctx, x.keys[k])
+	} else {
+		x.h, err = x.im.lock(ctx, x.keys[k])
+	}
+	return 0, err
+}
+
+func (x *rwHolder) Unlock(ctx context.Context) error {
+	if x.reading {
+		return x.im.runlock(ctx, x.keys[x.k], x.h)
+	}
+	return x.im.unlock(ctx, x.keys[x.k], x.h)
+}
+
+func (x *rwHolder) Reading() bool { return x.reading }
+
+// rwHolders are n holders of im on keys (already the row's key names), reads% of whose Locks
+// are reads.
+func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
+	rim, ok := im.(rwImpl)
+	if !ok {
+		fatalf("row %T keeps no read locks", im)
+	}
+	hs := make([]contend.Holder, n)
+	for i := range hs {
+		hs[i] = &rwHolder{im: rim, keys: keys, reads: reads}
+	}
+	return hs
+}
+
+// rwSpanHolder is spanHolder for a read-write lock: it marks its goroutine inside span, as a
+// reader or as a writer, from the grant's return to the release call, and yields the
+// processor once in between, for the reason spanHolder does: without the yield, no more than
+// GOMAXPROCS readers could ever be seen sharing, nor a writer beside them.
+type rwSpanHolder struct {
+	contend.ReadHolder
+	span guard.Guard // ReadWrite
+}
+
+func (x *rwSpanHolder) Lock(ctx context.Context, k int) (int64, error) {
+	fence, err := x.ReadHolder.Lock(ctx, k)
+	if err == nil {
+		if x.Reading() {
+			x.span.EnterRead()
+		} else {
+			x.span.Enter(0)
+		}
+		runtime.Gosched()
+	}
+	return fence, err
+}
+
+func (x *rwSpanHolder) Unlock(ctx context.Context) error {
+	if x.Reading() {
+		x.span.ExitRead()
+	} else {
+		x.span.Exit()
+	}
+	return x.ReadHolder.Unlock(ctx)
+}
+
+// rwSpanHolders wraps every holder (a contend.ReadHolder) in an rwSpanHolder on span.
+func rwSpanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
+	out := make([]contend.Holder, len(hs))
+	for i, h := range hs {
+		out[i] = &rwSpanHolder{ReadHolder: h.(contend.ReadHolder), span: span}
+	}
+	return out
+}
+
+// --- scenario 11
+
+// s11Mix is scenario 11's rows at one mix.
+type s11Mix struct {
+	Reads     int       `json:"reads"` // percent of Locks that are reads
+	InProcess []*result `json:"in_process"`
+	Procs     []*result `json:"procs"`
+}
+
+// s11Results are scenario 11's rows, mix by mix.
+type s11Results struct {
+	Mixes []s11Mix `json:"mixes"`
+}
+
+func (b *bench) scenario11() *s11Results {
+	rows := pick("flightlock-rw", "poll-rw")
+	b.warm(rows)
+	b.warmReads(rows)
+	inProc, procs := map[int]map[string]*result{}, map[int]map[string]*result{}
+	quotas := map[int]map[string]int64{}
+	for _, mix := range rwMixes {
+		inProc[mix], procs[mix], quotas[mix] = newResults(rows), newResults(rows), map[string]int64{}
+		// A 1 s pilot per row and mix sets each process's quota, as in scenarios 3 and 10.
+		for _, r := range rows {
+			wr, _, _, _, unmap := b.runRWProcs(r, fmt.Sprintf("s11:%d:pilot", mix), mix, 0, time.Second)
+			unmap()
+			all := sumWorkers(wr)
+			rate := float64(all.Ops) / (float64(all.Elapsed) / 1e9)
+			quotas[mix][r.id] = max(int64(rate*b.cfg.d11.Seconds()/s3Procs), 20)
+			progress("s11 pilot %d%% reads %-14s %9.0f cs/s -> %d critical sections per process", mix, r.id, rate, quotas[mix][r.id])
+		}
+	}
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, mix := range rwMixes {
+			for _, r := range interleave.Rotate(rows, rep) {
+				m, delta := b.rwInProcess(r, mix, rep)
+				inProc[mix][r.id].Reps = append(inProc[mix][r.id].Reps, m)
+				inProc[mix][r.id].Mix = mixString(delta, int64(m["ops"]))
+				progress("s11 rep %d %d%% reads g=%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f peak %d viol %d err %d", rep+1, mix, s10Goroutines, r.id,
+					m["rps"], m["wps"], m["rt"], int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
+			}
+			for _, r := range interleave.Rotate(rows, rep) {
+				q := quotas[mix][r.id]
+				wr, delta, cs, span, unmap := b.runRWProcs(r, fmt.Sprintf("s11:%d:%d", mix, rep), mix, q, b.cfg.d11)
+				all := sumWorkers(wr)
+				m := rwMetrics(all, delta, cs, span)
+				unmap()
+				m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
+				m["fair"] = finishSpread(wr)
+				m["quota"] = float64(q)
+				m["unfinished"] = float64(q*s3Procs - all.Ops)
+				procs[mix][r.id].Reps = append(procs[mix][r.id].Reps, m)
+				procs[mix][r.id].Mix = mixString(delta, all.Ops)
+				progress("s11 rep %d %d%% reads %dx%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f fair %.2f peak %d viol %d err %d %s", rep+1, mix, s3Procs, s3Goroutines, r.id,
+					m["rps"], m["wps"], m["rt"], m["fair"], int64(m["peak"]), int64(m["violations"]), all.Errors, all.FirstErr)
+			}
+		}
+	}
+	out := &s11Results{}
+	for _, mix := range rwMixes {
+		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, InProcess: ordered(rows, inProc[mix]), Procs: ordered(rows, procs[mix])})
+	}
+	return out
+}
+
+// warmReads takes and releases a few read locks on each row, so that the read scripts are
+// loaded before anything is measured.
+func (b *bench) warmReads(rows []rowSpec) {
+	for _, r := range rows {
+		im := b.impl(r).(rwImpl)
+		for i := 0; i < 200; i++ {
+			k := im.key(fmt.Sprintf("warm:r:%d", i))
+			h, err := im.rlock(context.Background(), k)
+			if err != nil {
+				fatalf("warm-up %s: %v", r.id, err)
+			}
+			_ = im.runlock(context.Background(), k, h)
+		}
+	}
+}
+
+// rwInProcess runs one repetition of a row at a mix with s10Goroutines goroutines on one key
+// for d11 and returns its figures and server commands.
+func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
+	im := b.impl(r)
+	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
+	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
+	hs := rwSpanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
+	d := b.cfg.d11
+	s0, rt0 := b.snap(), im.roundTrips()
+	start := time.Now().Add(20 * time.Millisecond)
+	stop := make(chan struct{})
+	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
+	res := contend.Run(hs, []guard.Guard{cs}, start, uint64(start.UnixNano()), contend.Until(stop, 0, start.Add(d+waitBudget)))
+	t.Stop()
+	res.Errors += res.ReleaseErrors // a failed release is an error, as in scenario 2
+	res.ReleaseErrors = 0
+	cr := contendResult{Result: res, RT: im.roundTrips() - rt0}
+	delta := diffStats(s0.cmds, b.stats())
+	m := rwMetrics(cr, delta, cs, span)
+	b.cpu(m, s0, cr.Ops, true)
+	return m, delta
+}
+
+// rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
+// apart, and the checks of both guards, with the writes' lost updates.
+func rwMetrics(cr contendResult, d cmdDelta, cs, span guard.Guard) metrics {
+	sortInts(cr.Waits)
+	sortInts(cr.ReadWaits)
+	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
+	secs := float64(cr.Elapsed) / 1e9
+	return metrics{
+		"ops":        float64(cr.Ops),
+		"reads":      float64(cr.Reads),
+		"csps":       float64(cr.Ops) / secs,
+		"rps":        float64(cr.Reads) / secs,
+		"wps":        float64(writes) / secs,
+		"rt":         float64(cr.RT) / float64(ops),
+		"cmds":       float64(d.total()) / float64(ops),
+		"rp50":       percentile(cr.ReadWaits, 0.50),
+		"rp99":       percentile(cr.ReadWaits, 0.99),
+		"wp50":       percentile(cr.Waits, 0.50),
+		"wp99":       percentile(cr.Waits, 0.99),
+		"wmax":       percentile(cr.Waits, 1),
+		"peak":       float64(span.Peak()),
+		"violations": float64(cs.Violations() + span.Violations() + max(writes-cs.Plain(), 0)),
+		"errors":     float64(cr.Errors),
+	}
+}
+
+// runRWProcs is runProcs (s3Procs workers of s3Goroutines goroutines) for a row of scenario 11
+// at a mix, with the span guard's file beside the critical section's: it returns both guards
+// (ReadWrite) and the function that unmaps them.
+func (b *bench) runRWProcs(r rowSpec, key string, mix int, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard.Guard, guard.Guard, func()) {
+	path := spanShm(workerShm(r.id, key))
+	span, unmapSpan, err := guard.Map(path, true)
+	if err != nil {
+		fatalf("s11: span guard file: %v", err)
+	}
+	defer os.Remove(path)
+	wr, delta, cs, unmap := b.runProcs(r, key, s3Procs, s3Goroutines, quota, d, "-reads", strconv.Itoa(mix))
+	return wr, delta, cs.ReadWrite(), span.ReadWrite(), func() { unmap(); unmapSpan() }
+}
+
+// finishSpread is the last worker's finish time over the first's: 1 when every process got
+// through its quota at the same pace.
+func finishSpread(wr []workerResult) float64 {
+	var first, last int64 = 1 << 62, 0
+	for _, w := range wr {
+		first = min(first, w.Elapsed)
+		last = max(last, w.Elapsed)
+	}
+	return float64(last) / float64(max(first, 1))
+}
+
+// --- the report
+
+func (r *report) s11Section(w func(string, ...any)) {
+	s := r.s11
+	w("## 11. Read-write lock on one hot key\n\n")
+	w("Goroutines loop: draw a read (with the mix's probability) or a write, take the read or the write lock of the one key,\n")
+	w("yield the processor once, run the critical section, release. Two checks run in every hold, as in scenario 10: one around\n")
+	w("the critical section itself and one around the whole hold as the holder sees it (grant's return to release call). In\n")
+	w("both, a writer counts itself in and must find nobody inside, neither a writer nor a reader; a reader counts itself in\n")
+	w("and must find no writer; a writer increments a plain counter (a lost update shows as a shortfall) and a reader reads\n")
+	w("it twice (a write between the two reads is a violation). *violations* counts all of it (worst repetition); *most\n")
+	w("readers at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
+	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
+	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
+	w("per critical section (read or write) are counted as in scenario 10.\n\n")
+	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("| %s | a read is a store hold of its own (one round trip to take, one to release; reads are not collapsed in the process);"+
+		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; a writer refused"+
+		" because of readers marks the key and new readers wait for it; waiters wake on the release notification or the retry delays |\n", rwRows()[0].label())
+	w("| %s | a writer `SET w NX PX`, polling every %v while another writer holds it, then polls `ZCOUNT` of the readers every %v until none is left;"+
+		" a reader pipelines `ZADD` of itself + `PEXPIRE` + `EXISTS w`, and if a writer holds `w` takes itself out (`ZREM`) and polls `EXISTS w` every %v |\n",
+		rwRows()[1].label(), semPoll, semPoll, semPoll)
+	w("\nflightlock gets the settings of scenario 10 (%v TTL, %v wait budget, %d store lanes, a client of its own); its\n", lockTTL, waitBudget, redisstore.DefaultLanes)
+	w("reader is `Locker.With(WithRead())` of its writer, so both share the process's gate. The naive lock\n")
+	w("(`bench/internal/pollrw`, written for this benchmark) excludes by the order of its steps: a writer sets its mark before\n")
+	w("it counts readers, a reader joins before it looks at the mark, so of two that overlap one sees the other; new readers\n")
+	w("back off while a writer holds the mark or waits for readers to leave, so it prefers writers too. It has no renewal (its\n")
+	w("holds are far inside the TTL), which makes it cheaper, not dearer.\n\n")
+	for _, mix := range s.Mixes {
+		w("### %d%% reads, %d%% writes\n\n", mix.Reads, 100-mix.Reads)
+		if len(mix.InProcess) > 0 {
+			w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, r.cfg.d11)
+			rwTable(w, mix.InProcess, false)
+		}
+		if len(mix.Procs) > 0 {
+			w("%d processes x %d goroutines (scenario 3's workers; a 1 s pilot per row and mix sets each process's critical sections\n", s3Procs, s3Goroutines)
+			w("so that a repetition lasts about %v; `fair` is the last process's finish time over the first's; the checks span the processes).\n\n", r.cfg.d11)
+			rwTable(w, mix.Procs, true)
+		}
+	}
+	w("How to read it: compare the rows' reads/s and writes/s at the same mix and setting, not across mixes (the mix sets how\n")
+	w("often readers must drain for a writer). Server cmds/CS is the work Redis does per critical section, refused attempts and\n")
+	w("polls included; RT/CS can be far below the 2 a read costs flightlock because its store sends the script calls beyond\n")
+	w("its %d lanes as pipelines, which the client counts as one round trip each. *most readers at once* above 1 is the sign\n", redisstore.DefaultLanes)
+	w("that reads shared at all; the write waits' p99 and max are what a writer waits behind the readers.\n")
+	w("The checks were themselves checked once, by building the naive lock with readers that ignore the write mark: every\n")
+	w("part, both mixes, in one process and across processes, then reported violations.\n\n")
+}
+
+func rwTable(w func(string, ...any), rs []*result, procs bool) {
+	w("| row | reads/s | writes/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | read wait p50 | read wait p99 | write wait p50 | write wait p99 | write wait max | most readers at once | violations | errors |")
+	if procs {
+		w(" fair (median / worst) | CS per process |")
+	}
+	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	if procs {
+		w("---|---|")
+	}
+	w("---|\n")
+	for _, x := range rs {
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("rps")), mdfmt.Int(x.med("wps")),
+			mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")),
+			mdfmt.Dur(x.med("rp50")), mdfmt.Dur(x.med("rp99")), mdfmt.Dur(x.med("wp50")), mdfmt.Dur(x.med("wp99")), mdfmt.Dur(x.med("wmax")),
+			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
+		if procs {
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
+		}
+		w(" %s |\n", x.Mix)
+	}
+	w("\n")
+}
