@@ -54,7 +54,8 @@ Order:
     Rules:
       - {Method: POST, Path: /api/order/create, Key: "order:{body.uid}", OnBusy: reject}
       - {Method: POST, Path: /api/order/place, Key: "order:{body.uid}+idem:{body.uid}:{header.Idempotency-Key}", OnBusy: share, Replay: 10m}
-      - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{path.account}", OnBusy: reject}
+      - {Method: POST, Path: "/api/account/:account/withdraw", Key: "acct:{path.account}", OnBusy: reject, Mode: write}
+      - {Method: GET, Path: "/api/account/:account/balance", Key: "acct:{path.account}", Mode: read}
     PropagateTo: ["/balance.Balance/"]
     OwnerSecret: test-secret
 Inventory:
