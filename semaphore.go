@@ -36,10 +36,10 @@ var permitTurn atomic.Uint32
 //
 // A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
 // the wait budget is spent, with the shortest time a holder had left (RetryAfter); each look's
-// store calls end with the budget. While every permit is held in this process a waiter queues
-// (FIFO) on one of them, whose release hands it over without a round trip; while some are held
-// elsewhere it looks at all of them again as soon as one of those is released, and at the
-// Locker's retry delays. A look at a permit held in another process costs a round trip, so a
+// store calls end with the budget. While a permit is held in this process a waiter queues (FIFO)
+// on it, whose release hands it over without a round trip, for a retry delay at a time, and for
+// 50ms at most while others are held elsewhere; while every busy permit is held elsewhere it
+// looks at all of them again as soon as one is released, and at the Locker's retry delays. A look at a permit held in another process costs a round trip, so a
 // taker that finds every permit taken has paid up to n.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
@@ -131,11 +131,17 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			if be.retryAfter > 0 && (busy.retryAfter == 0 || be.retryAfter < busy.retryAfter) {
 				busy.retryAfter = be.retryAfter
 			}
+			// A permit held in this process is local: queueing on it costs no round trip. One
+			// that no goroutine here owns is held elsewhere. One whose owner here is on its way
+			// to the store is neither: queueing behind an owner that is only asking would send
+			// each queued taker to the store in turn.
 			switch {
-			case l.k.gate.lookupHold(l.cfg.prefix+keys[i]) == nil:
+			case l.k.gate.lookupHold(l.cfg.prefix+keys[i]) != nil:
+				if local < 0 {
+					local = i
+				}
+			case !l.k.gate.taken(l.cfg.prefix + keys[i]):
 				remote = true
-			case local < 0:
-				local = i
 			}
 		}
 		if !wait || l.k.gate.closed.Load() {
@@ -156,24 +162,11 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		if deadline.Before(turnEnd) {
 			turnEnd = deadline
 		}
-		if local >= 0 && !remote {
-			// Every permit is held in this process: queue on one for a delay, whose release
-			// hands it over at once. (With a permit held elsewhere the taker watches instead,
-			// so that its release is heard at once; one held here is then seen at the next look.)
-			lease, err := l.lockSince(ctx, keys[local], true, start, turnEnd, callerUp)
-			switch {
-			case err == nil:
-				return lease, nil
-			case endsTheWait(ctx, err):
-				return nil, err
-			}
-			continue // busy at the turn's end, or a store error to ride out: look again
-		}
-		// A permit is held elsewhere: sleep until one of them is released, one delay at most.
-		// Watches made only now may have missed a release: look once more first. A store whose
-		// watches are not shared would spend a watch per permit and waiter: the delays alone
-		// pace the looks there.
-		if _, shared := l.k.store.(lockstore.SharedWatcher); watches == nil && shared {
+		// A permit held elsewhere is heard through the watches of the permits (on a store
+		// that shares watches; a store that does not would spend a watch per permit and
+		// waiter, and the delays alone pace the looks there). Watches made only now may have
+		// missed a release: look once more first.
+		if _, shared := l.k.store.(lockstore.SharedWatcher); remote && watches == nil && shared {
 			fresh := false
 			for _, k := range keys {
 				w, err := l.k.store.Watch(ctx, l.cfg.prefix+k)
@@ -188,6 +181,26 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 				continue
 			}
 		}
+		if local >= 0 {
+			// A permit is held in this process: queue on it for a delay, so that its release
+			// hands it over without a round trip (a hot permit then stays in its process within
+			// the handoff bounds, as a lock does). With permits held elsewhere too the turn is
+			// short (remoteTurn), so that the release of one of them is seen soon; waking every
+			// parked taker on every release elsewhere instead would send them all to the store
+			// each time.
+			if remote {
+				turnEnd = earliest(turnEnd, now.Add(remoteTurn))
+			}
+			lease, err := l.lockSince(ctx, keys[local], true, start, turnEnd, callerUp)
+			switch {
+			case err == nil:
+				return lease, nil
+			case endsTheWait(ctx, err):
+				return nil, err
+			}
+			continue // busy at the turn's end, or a store error to ride out: look again
+		}
+		// Every busy permit is held elsewhere: sleep until one of them is released, one delay at most.
 		if !l.sleepAny(ctx, watches, &timer, turnEnd.Sub(now)) {
 			return nil, l.gaveUp(ctx, busy)
 		}
@@ -221,4 +234,16 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 	}
 	chosen, _, _ := reflect.Select(cases)
 	return chosen != 1 && chosen != 2
+}
+
+// remoteTurn bounds a semaphore taker's turn queued on a permit of its process while other
+// permits are held elsewhere: how late it may see one of those released.
+const remoteTurn = 50 * time.Millisecond
+
+// earliest returns the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }

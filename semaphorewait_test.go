@@ -188,3 +188,41 @@ func TestPermitTakersWatchOnlyWhereWatchesAreShared(t *testing.T) {
 		t.Errorf("%d watches opened on a store that does not share them, want 0", n)
 	}
 }
+
+// A taker that waits while one permit is held in its process and one elsewhere queues on the
+// local one, and gets it by handoff, without a round trip, when its holder releases it: a hot
+// semaphore keeps its permits in their processes within the handoff bounds, as a lock does.
+func TestPermitTakerQueuesOnALocalPermitWhileAnotherIsHeldElsewhere(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2))
+	other := mustLocker(t, s, WithPermits(2)) // another process
+	local, err := l.Lock(ctx, "export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote, err := other.Lock(ctx, "export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remote.Release(ctx)
+	got := make(chan lockResult, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "export")
+		got <- lockResult{lease, err}
+	}()
+	waitFor(t, 5*time.Second, "the taker to queue on the local permit", func() bool {
+		return queuedOn(l, local.Key()[len("lock:"):]) == 1
+	})
+	if err := local.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.lease.Release(ctx)
+	if r.lease.Key() != local.Key() || r.lease.Grant() != GrantHandoff {
+		t.Fatalf("the taker got %q by %v, want %q handed over", r.lease.Key(), r.lease.Grant(), local.Key())
+	}
+}

@@ -371,6 +371,14 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
+// taken reports whether a goroutine of this process owns key's slot: it holds the key, or is
+// on its way to the store for it.
+func (g *gate) taken(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.entries[key] != nil
+}
+
 // grantLocked passes the slot, with h (nil for none), to the first waiter; taken stays true.
 // g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
