@@ -291,7 +291,7 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 	if h == nil {
 		grant = GrantRedis
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{})
+		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
@@ -364,8 +364,10 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 // longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
 // first, because waiters elsewhere were just woken by this process's release. A non-zero asked
 // makes it a fair acquisition (WithFair) of a Lock that began then: each attempt keeps the
-// caller's place in the store's line, and no sleep is longer than FairLookEvery.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time) (*hold, error) {
+// caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
+// nil, is the caller among its process's fair waiters of key: until it is their head it
+// neither watches the key nor looks again at its releases.
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter) (*hold, error) {
 	wait := b.waits()
 	var (
 		fair  lockstore.FairQueuer
@@ -497,6 +499,14 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if fair != nil {
 			delay = min(delay, FairLookEvery) // keep the place in line
 		}
+		if fw != nil && !fw.isHead() {
+			// Another waiter of this process is before this one: it looks at each release;
+			// this one keeps its place at FairLookEvery, or looks as soon as it is first.
+			if !l.sleepUntilHead(b.context(), fw, &timer, FairLookEvery) {
+				return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
+			}
+			continue
+		}
 		if watch == nil {
 			// Subscribing can fail (Redis down, cluster quirks): then we poll.
 			if watch, _ = l.k.store.Watch(b.context(), key); watch.Fresh() && !b.spent() {
@@ -604,6 +614,21 @@ func (l *Locker) sleep(ctx context.Context, watch *lockstore.Watch, timer **time
 	arm(timer, d)
 	select {
 	case <-watch.C():
+	case <-(*timer).C:
+	case <-ctx.Done():
+		return false
+	case <-l.k.gate.closing:
+		return false
+	}
+	return true
+}
+
+// sleepUntilHead is sleep for a fair waiter that is not its process's first: it waits d at
+// most, until it becomes the first, ctx ends or the gate drains.
+func (l *Locker) sleepUntilHead(ctx context.Context, fw *fairWaiter, timer **time.Timer, d time.Duration) bool {
+	arm(timer, d)
+	select {
+	case <-fw.head:
 	case <-(*timer).C:
 	case <-ctx.Done():
 		return false

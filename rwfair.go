@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
@@ -38,7 +39,8 @@ func WithRead() Option { return func(c *config) { c.read = true } }
 // when it is free and nobody is in line.
 //
 // Fairness costs the per-process gate: each Lock of a fair key talks to the store itself, with
-// no handoff between goroutines of a process, and every release wakes every waiter. The store
+// no handoff between goroutines of a process; each release wakes the first waiter of each
+// process, and the others look every FairLookEvery to keep their places. The store
 // must keep lines (lockstore.FairQueuer); New refuses WithFair with WithRead, WithPermits or
 // WithFailOpen. Only the Lockers made WithFair keep the line: a Lock of the same key without it
 // takes the key whenever it is free.
@@ -110,13 +112,18 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 			asked = time.Now()
 		}
 	}
+	var fw *fairWaiter
+	if l.cfg.fair && wait {
+		fw = l.k.gate.joinFair(rkey, asked)
+		defer l.k.gate.leaveFair(rkey, fw)
+	}
 	l.k.gate.beginBorrow()
 	var (
 		taken *hold
 		site  uintptr
 	)
 	defer func() { l.k.gate.endBorrow(taken, site) }()
-	h, err := l.acquire(ctx, &b, rkey, owner, false, asked)
+	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw)
 	if err != nil {
 		if l.cfg.fair && wait {
 			go l.k.leaveQueue(ctx, rkey, owner) // a waiter that gives up must not hold up the line
@@ -141,3 +148,73 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 
 // reads reports whether h is a read lock's hold (WithRead).
 func (h *hold) reads() bool { return h.ext != nil && lockstore.IsReadOwner(h.ext.owner) }
+
+// fairWaiter is one fair Lock of this process waiting for a key (WithFair). Every waiter holds
+// its own place in the store's line, but only the first of the process's waiters of a key (its
+// head) watches the key and looks again at each release; the others look only every
+// FairLookEvery, to keep their places, until they become the head. A release then costs one
+// look per process, not one per waiter: the store's line decides who is next, and a process's
+// waiters come up in it in the order they asked, as they do here.
+type fairWaiter struct {
+	asked time.Time
+	head  chan struct{} // closed when the waiter becomes its process's first for the key
+}
+
+// isHead reports whether w is the first of its process's waiters for its key.
+func (w *fairWaiter) isHead() bool {
+	select {
+	case <-w.head:
+		return true
+	default:
+		return false
+	}
+}
+
+// joinFair adds a waiter that asked for key at asked to the process's waiters of key, in the
+// order they asked.
+func (g *gate) joinFair(key string, asked time.Time) *fairWaiter {
+	w := &fairWaiter{asked: asked, head: make(chan struct{})}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.fair == nil {
+		g.fair = make(map[string][]*fairWaiter)
+	}
+	line := g.fair[key]
+	i := len(line)
+	for i > 0 && w.asked.Before(line[i-1].asked) {
+		i--
+	}
+	if i == 0 && len(line) > 0 {
+		// It goes before the head: the head looks on as one more waiter would (it stays
+		// promoted; a second head costs one look per release more, for a moment).
+		i = 1
+	}
+	line = append(line, nil)
+	copy(line[i+1:], line[i:])
+	line[i] = w
+	g.fair[key] = line
+	if i == 0 {
+		close(w.head)
+	}
+	return w
+}
+
+// leaveFair takes w off key's waiters and makes the next one the head.
+func (g *gate) leaveFair(key string, w *fairWaiter) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	line := g.fair[key]
+	i := slices.Index(line, w)
+	if i < 0 {
+		return
+	}
+	line = slices.Delete(line, i, i+1)
+	if len(line) == 0 {
+		delete(g.fair, key)
+		return
+	}
+	g.fair[key] = line
+	if i == 0 {
+		close(line[0].head)
+	}
+}

@@ -454,3 +454,52 @@ func TestDeadFairWaiterLeavesTheLineAfterItsTime(t *testing.T) {
 	}
 	_ = x.Release(ctx)
 }
+
+// fairCounter counts a store's fair acquisitions.
+type fairCounter struct {
+	*redisstore.RedisStore
+	calls atomic.Int64
+}
+
+func (f *fairCounter) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+	f.calls.Add(1)
+	return f.RedisStore.AcquireFair(ctx, key, owner, ttl, meta, asked, queue)
+}
+
+// A release wakes one fair waiter per process, not all of them: the others of the process keep
+// their places and look when they become its first. Eight waiters of one process taking the key
+// one after the other cost a few looks each, where waking all of them at every release would
+// cost 8+7+...+1 looks on top of their first ones.
+func TestFairReleaseWakesOneWaiterPerProcess(t *testing.T) {
+	s, _, _ := realStore(t)
+	fc := &fairCounter{RedisStore: s}
+	l := mustLocker(t, fc, WithFair(), WithWait(30*time.Second))
+	ctx := context.Background()
+	h, err := l.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 8
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Go(func() {
+			x, err := l.Lock(ctx, "order")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+			_ = x.Release(ctx)
+		})
+	}
+	waitFor(t, 5*time.Second, "every waiter in line", func() bool {
+		n, _ := s.Client().(*redis.Client).ZCard(ctx, lockstore.SideKey("line", "lock:order")).Result()
+		return n == waiters
+	})
+	before := fc.calls.Load()
+	_ = h.Release(ctx)
+	wg.Wait()
+	if looks := fc.calls.Load() - before; looks > 3*waiters {
+		t.Fatalf("%d fair looks for %d grants in a row: releases woke more than one waiter each", looks, waiters)
+	}
+}

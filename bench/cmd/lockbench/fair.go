@@ -21,7 +21,7 @@ import (
 // fairRows are scenario 12's rows besides flightlock's default.
 func fairRows() []rowSpec {
 	return []rowSpec{
-		{id: "flightlock-fair", lib: "flightlock, WithFair()", wait: "a place in a line in Redis + release notification to every waiter",
+		{id: "flightlock-fair", lib: "flightlock, WithFair()", wait: "a place in a line in Redis + release notification to each process's first waiter",
 			build: func(a string) (impl, error) { return newFlightlockWith(a, flightlock.WithFair()) }},
 	}
 }
@@ -99,7 +99,8 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("| %s | one Lock per key and process goes to Redis; the process's other goroutines queue on it and a release hands the key"+
 		" to the next of them without a round trip (up to `WithHandoff`'s limits); a key held elsewhere wakes the waiter by its release notification |\n", defaultRow().label())
 	w("| %s | every Lock takes a place in the key's line in Redis, ordered by when it began, and only the first in line may take the"+
-		" free key; no gate and no hand-over in the process; every release wakes every waiter, which looks again |\n", fairRows()[0].label())
+		" free key; no gate and no hand-over in the process; each release wakes the first waiter of each process, which looks"+
+		" again (the others keep their places with a look every 500 ms) |\n", fairRows()[0].label())
 	w("\n")
 	if len(s.InProcess) > 0 {
 		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d12)
@@ -113,8 +114,8 @@ func (r *report) s12Section(w func(string, ...any)) {
 	}
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)
 	w("server cmds/CS says where it goes: with the default, grants pass between goroutines of a process without Redis, so it is\n")
-	w("far below 1; with WithFair every release wakes every waiter and each looks at the line again, so it grows with the\n")
-	w("waiters. RT/CS is lower than the script calls in the mix because the store sends calls beyond its %d lanes as\n", redisstore.DefaultLanes)
+	w("far below 1; with WithFair each grant costs the first waiter's look, the release, and the other waiters' looks to keep\n")
+	w("their places, so it grows with the processes and the waiters. RT/CS is lower than the script calls in the mix because the store sends calls beyond its %d lanes as\n", redisstore.DefaultLanes)
 	w("pipelines (one round trip each). What the order buys shows in how close the wait's p50 is to its max, and in `fair`\n")
 	w("across processes.\n\n")
 }
