@@ -26,8 +26,11 @@ type gate struct {
 	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
 	// the map when it falls to a quarter of its peak.
 	peak     int
-	fair     map[string][]*fairWaiter // guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
-	borrowed map[*hold]uintptr // guarded by mu: live holds outside the gate (re-entries of other processes' locks, read and fair locks), with where each was taken
+	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
+	fair map[string][]*fairWaiter
+	// guarded by mu: live holds outside the gate (re-entries of other processes' locks, read
+	// and fair locks), with where each was taken
+	borrowed map[*hold]uintptr
 	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
 	// may list their holds before this process knows them, and a drain must wait for them.
 	borrowing int
