@@ -25,7 +25,7 @@ type gate struct {
 	// give their buckets back, so a map that once held 100,000 keys keeps their memory after
 	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
 	// the map when it falls to a quarter of its peak.
-	peak     int
+	peak int
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
 	// guarded by mu: live holds outside the gate (re-entries of other processes' locks, read
