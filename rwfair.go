@@ -61,8 +61,9 @@ const (
 // the start.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
-// upgradeError is ErrUpgrade naming the key.
-func upgradeError(key string) error { return fmt.Errorf("%w: %q", ErrUpgrade, key) }
+// upgradeError is ErrUpgrade naming the key. It is also an ErrConfig: the caller's locks are
+// nested the wrong way, which no retry mends (the go-zero layer answers it as a misconfiguration).
+func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
 // lockDirect takes key with a store hold of its own, outside the per-process gate, for a read
 // lock or a fair lock: the gate admits one grant of a key per process, which would put local

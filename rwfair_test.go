@@ -299,8 +299,8 @@ func TestReadUnderWriteReentersAndWriteUnderReadIsRefused(t *testing.T) {
 	if owner := y.Owner(); owner != "" {
 		t.Fatalf("a read lease's Owner = %q, want none: read locks are not handed over", owner)
 	}
-	if _, err := w.Lock(y.Context(), "order"); !errors.Is(err, ErrUpgrade) {
-		t.Fatalf("a write under the read: %v, want ErrUpgrade", err)
+	if _, err := w.Lock(y.Context(), "order"); !errors.Is(err, ErrUpgrade) || !errors.Is(err, ErrConfig) {
+		t.Fatalf("a write under the read: %v, want ErrUpgrade (an ErrConfig)", err)
 	}
 	again, err := r.Lock(y.Context(), "order")
 	if err != nil || again.Grant() != GrantReentry {

@@ -77,11 +77,15 @@ func (r *RedisInspector) Lookup(ctx context.Context, key string) (lockstore.Lock
 // ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is the owner and fence of
 // l, so a lock whose holds changed since is still removed, and one that changed hands is not.
 func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
-	if l.Owner == "" || l.Unrecognized != "" {
+	owner := l.Owner
+	if owner == "" && l.Readers > 0 {
+		owner = readersOwner // the readers' grant, as parseLock read it
+	}
+	if owner == "" || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
 	reply, err := forceReleaseScript.Run(ctx, r.client, []string{r.storeKey(l.Key)},
-		l.Owner+" "+strconv.FormatInt(l.Fence, 10)+" ", r.channel(l.Key)).Slice()
+		owner+" "+strconv.FormatInt(l.Fence, 10)+" ", r.channel(l.Key)).Slice()
 	if err != nil {
 		return 0, err
 	}
@@ -226,8 +230,12 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 			l.TTL = d
 		}
 		parseLock(&l, v)
-		if l.Owner == readersOwner {
+		switch l.Owner {
+		case readersOwner:
 			l.Readers = int(rs[i].readers.Val())
+			l.Owner = "" // each reader has its own token, in the readers' set
+		case reservedOwner:
+			l.Owner = "" // nobody's: kept for the writer that waited, for a second
 		}
 		l.Queued = int(rs[i].line.Val())
 		locks = append(locks, l)

@@ -139,8 +139,16 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(locks) != 2 || locks[0].Key != "lock:order" || locks[0].Readers != 2 || locks[1].Key != "lock:stock" || locks[1].Queued != 2 || locks[1].Owner != ownerA {
-		t.Fatalf("listed %+v, want lock:order with 2 readers and lock:stock held by A with 2 in line", locks)
+	if len(locks) != 2 || locks[0].Key != "lock:order" || locks[0].Readers != 2 || locks[0].Owner != "" ||
+		locks[1].Key != "lock:stock" || locks[1].Queued != 2 || locks[1].Owner != ownerA {
+		t.Fatalf("listed %+v, want lock:order with 2 readers (no owner) and lock:stock held by A with 2 in line", locks)
+	}
+	// An operator may force the readers out: the key goes, and so do their refreshes.
+	if _, err := in.ForceUnlock(ctx, locks[0]); err != nil {
+		t.Fatalf("force unlock of a read-held key: %v", err)
+	}
+	if err := s.Refresh(ctx, "lock:order", readerA, 10*time.Second); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a reader's refresh after the force unlock: %v, want ErrNotHeld", err)
 	}
 }
 
