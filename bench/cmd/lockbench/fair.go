@@ -115,9 +115,9 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)
 	w("server cmds/CS says where it goes: with the default, grants pass between goroutines of a process without Redis, so it is\n")
 	w("far below 1; with WithFair each grant costs the first waiter's look, the release, and the other waiters' looks to keep\n")
-	w("their places, so it grows with the processes and the waiters. RT/CS is lower than the script calls in the mix because the store sends calls beyond its %d lanes as\n", redisstore.DefaultLanes)
-	w("pipelines (one round trip each). What the order buys shows in how close the wait's p50 is to its max, and in `fair`\n")
-	w("across processes.\n\n")
+	w("their places, so it grows with the processes and the waiters. RT/CS is one round trip per script call in the mix; it\n")
+	w("would fall below the calls only if more of them were in flight than the store's %d lanes, which then go out as\n", redisstore.DefaultLanes)
+	w("pipelines. What the order buys shows in how close the wait's p50 is to its max, and in `fair` across processes.\n\n")
 }
 
 // defaultRow is flightlock's mutex row, scenario 12's default.
