@@ -15,6 +15,8 @@ type (
 	SentinelConf = rules.SentinelConf
 	// EtcdConf is an etcd cluster for the locks; see rules.EtcdConf.
 	EtcdConf = rules.EtcdConf
+	// ZookeeperConf is a ZooKeeper ensemble for the locks; see rules.ZookeeperConf.
+	ZookeeperConf = rules.ZookeeperConf
 	// RetryConf is how a waiter sleeps between attempts; see rules.RetryConf.
 	RetryConf = rules.RetryConf
 	// ConfigError is a bad setting, named by its path in the YAML file; see rules.ConfigError.

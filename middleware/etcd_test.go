@@ -414,7 +414,7 @@ func TestEtcdConfigErrors(t *testing.T) {
 		{"both stores through Sentinel", LockConf{Redis: RedisConf{Sentinel: SentinelConf{MasterName: "m", Addrs: []string{"127.0.0.1:1"}}},
 			Etcd: etcd, Rules: []Rule{order(Rule{})}}, []string{"Lock.Rules[0].Store"}},
 		{"etcd store with no hosts", LockConf{Rules: []Rule{order(Rule{Store: "etcd"})}}, []string{"Lock.Rules[0].Store"}},
-		{"bad store word", LockConf{Rules: []Rule{order(Rule{Store: "zookeeper"})}}, []string{"Lock.Rules[0].Store"}},
+		{"bad store word", LockConf{Rules: []Rule{order(Rule{Store: "consul"})}}, []string{"Lock.Rules[0].Store"}},
 		{"section TTL not whole seconds", LockConf{Etcd: etcd, TTL: 1500 * time.Millisecond, Rules: []Rule{order(Rule{})}},
 			[]string{"Lock.TTL"}},
 		{"section TTL below a second", LockConf{Etcd: etcd, TTL: 500 * time.Millisecond}, []string{"Lock.TTL"}},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
@@ -18,10 +19,10 @@ import (
 // Middleware locks go-zero REST routes and zrpc methods per its rules. Build it once with New
 // at start-up and share it: it is safe for concurrent use.
 type Middleware struct {
-	locker *flightlock.Locker // the Lock section's store's (Redis when it names both): Locker()
+	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
 	// bases holds the base Locker of each store the rules lock in, by store name ("redis",
-	// "etcd"): each with its own per-process gate, as a gate is per store. With WithLocker (or
-	// WithStore when the section names no etcd) it holds the injected one only, under its
+	// "etcd", "zookeeper"): each with its own gate, as a gate is per store. With WithLocker (or
+	// WithStore when the section names Redis only) it holds the injected one only, under its
 	// store's name, and every rule locks there (injected); see buildStores.
 	bases     map[string]*flightlock.Locker
 	injected  bool
@@ -105,8 +106,12 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		}
 		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {
+			field := cr.spec.Field
+			if tc, ok := base.Store().(lockstore.TTLChecker); ok && cr.spec.TTL > 0 && tc.CheckTTL(cr.spec.TTL) != nil {
+				field += ".TTL" // longer than the store keeps a lock (ZooKeeper): name the setting to change
+			}
 			_ = m.Close()
-			return nil, rules.FieldError(cr.spec.Field, "%v", err)
+			return nil, rules.FieldError(field, "%v", err)
 		}
 		if cr.http != nil {
 			cr.http.locker = l
@@ -147,12 +152,12 @@ func mustStart(err error) {
 }
 
 // Locker returns the Locker the Middleware locks with, for handlers that lock more keys
-// themselves: that of the Lock section's store (Redis when the section names both Redis and
-// etcd). Locks it takes share the Middleware's per-process gate of that store.
+// themselves: that of the Lock section's store (rules.LockConf.DefaultStore: Redis, etcd or
+// ZooKeeper; the first of them when it names several). Locks it takes share its gate.
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 
 // Close closes the stores the Middleware built (not one given with WithLocker or WithStore):
-// the Redis store and its client, the etcd store (revoking its leases) and its client.
+// Redis and its client, etcd (revoking its leases) and its client, ZooKeeper (ending its session).
 func (m *Middleware) Close() error {
 	closers := m.closers
 	m.closers = nil
@@ -163,15 +168,15 @@ func (m *Middleware) Close() error {
 	return errors.Join(errs...)
 }
 
-// buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names no
-// etcd), or those of the stores that c names and its rules lock in, built here except the one
+// buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names Redis
+// only), or those of the stores that c names and its rules lock in, built here except the one
 // of the kind of a store given with WithStore.
 func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options) error {
 	m.bases = make(map[string]*flightlock.Locker)
 	switch {
 	case o.locker != nil:
 		m.locker, m.injected = o.locker, true
-	case o.store != nil && !c.Etcd.Named():
+	case o.store != nil && !c.Etcd.Named() && !c.Zookeeper.Named():
 		l, err := lockerOn(o.store, c)
 		if err != nil {
 			return err
@@ -179,17 +184,17 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 		m.locker, m.injected = l, true
 	case o.store != nil: // it takes the place of the store of its kind; the other is built
 		lc := c
-		if storeName(o.store) == rules.StoreEtcd {
+		if rules.StoreName(o.store) == rules.StoreEtcd {
 			lc.Prefix = c.Etcd.Key + c.Prefix
 		}
 		l, err := lockerOn(o.store, lc)
 		if err != nil {
 			return err
 		}
-		m.bases[storeName(o.store)] = l
+		m.bases[rules.StoreName(o.store)] = l
 	}
 	if m.injected {
-		m.bases[storeName(m.locker.Store())] = m.locker
+		m.bases[rules.StoreName(m.locker.Store())] = m.locker
 		return nil
 	}
 	primary, _ := c.DefaultStore()
@@ -198,11 +203,18 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 		redisUsed = redisUsed || cr.spec.Store == rules.StoreRedis
 	}
 	if c.Etcd.Named() && m.bases[rules.StoreEtcd] == nil {
-		l, closeStore, err := newEtcdLocker(c)
+		l, closeStore, err := newStoreLocker(c, "Lock.Etcd", c.Etcd.Key, c.Etcd.Store)
 		if err != nil {
 			return err
 		}
 		m.bases[rules.StoreEtcd], m.closers = l, append(m.closers, closeStore)
+	}
+	if c.Zookeeper.Named() && m.bases[rules.StoreZookeeper] == nil {
+		l, closeStore, err := newStoreLocker(c, "Lock.Zookeeper", "", c.Zookeeper.Store)
+		if err != nil {
+			return err
+		}
+		m.bases[rules.StoreZookeeper], m.closers = l, append(m.closers, closeStore)
 	}
 	if (redisUsed || !c.Redis.Embedded()) && m.bases[rules.StoreRedis] == nil {
 		l, closeStore, err := newRedisLocker(c, o.mode)
@@ -218,7 +230,7 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 // baseFor returns the store that rule s locks in and its base Locker.
 func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
 	if m.injected {
-		return storeName(m.locker.Store()), m.locker, nil
+		return rules.StoreName(m.locker.Store()), m.locker, nil
 	}
 	store, err := m.conf.StoreOf(s)
 	if err != nil {

@@ -24,14 +24,14 @@ import (
 // endpoint (DevServer or Prometheus in its config) next to go-zero's, and cost nothing when
 // that is off. They are labelled by rule: its name (the route, "POST /api/order", or the RPC,
 // "/pkg.Svc/Method") and its key template ("order:{body.uid}"), never by a rendered key,
-// which holds user ids and has no bound, and by the store the rule locks in ("redis" or "etcd",
+// which holds user ids and has no bound, and by the store the rule locks in ("redis", "etcd", "zookeeper";
 // the label store, after rule and key: selectors and sums written before it still match).
 // A rule's kind of lock (mode, fair, permits) is on its spans: the rule label names it already.
 // Durations are in milliseconds, as go-zero's own request histograms are.
 var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
-		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis or etcd: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
+		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, etcd or zookeeper: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
 		Labels:  []string{"rule", "key", "store", "outcome", "grant"},
 		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
 	})
@@ -68,7 +68,7 @@ var (
 	})
 	storeErrorTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "store_errors_total",
-		Help:   "Lock store (Redis or etcd) errors, by operation (acquire, release).",
+		Help:   "Lock store (Redis, etcd or ZooKeeper) errors, by operation (acquire, release).",
 		Labels: []string{"rule", "key", "store", "op"},
 	})
 	failOpenTotal = metric.NewCounterVec(&metric.CounterVecOpts{
@@ -113,7 +113,7 @@ const (
 type ruleStats struct {
 	name     string // "POST /api/order", "/pkg.Svc/Method", or the name of a named rule
 	template string // the key template, or "func" for a key computed in Go
-	store    string // the store the rule locks in: "redis" or "etcd"
+	store    string // the store the rule locks in: "redis", "etcd" or "zookeeper"
 	attrs    []attribute.KeyValue
 }
 
@@ -233,14 +233,14 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 
 // grantOf is the grant label of an acquisition: that of its first lease (a multi-key rule's
 // leases are almost always granted alike), or "none". A grant by the store is named after
-// it: "redis" (flightlock.GrantRedis's name) or "etcd".
+// it: "redis" (flightlock.GrantRedis's name), "etcd" or "zookeeper".
 func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"
 	}
 	grant := g.Leases()[0].Grant()
-	if grant == flightlock.GrantRedis && st.store == rules.StoreEtcd {
-		return rules.StoreEtcd
+	if grant == flightlock.GrantRedis && st.store != "" {
+		return st.store
 	}
 	return grant.String()
 }

@@ -46,9 +46,9 @@ func WithServerTimeout(ms int64) Option {
 // process share one store (one connection pool, one embedded Redis). Each Middleware still
 // has its own per-process gate, as separate processes would. Close leaves store open.
 //
-// When the LockConf names an etcd store (Etcd.Hosts), store takes the place of the store of
-// its kind only (a Redis store that of Lock.Redis; an etcd store that of Lock.Etcd, under
-// Etcd.Key + Prefix), and the other is built from the LockConf as usual: a service can share
+// When the LockConf names etcd or ZooKeeper (Hosts), store takes the place of the store of its
+// kind only (Redis: Lock.Redis; etcd: Lock.Etcd, under Etcd.Key + Prefix; ZooKeeper:
+// Lock.Zookeeper), and the others are built from the LockConf as usual: a service can share
 // one Redis store with others and lock some rules in etcd. Otherwise every rule locks in store.
 func WithStore(store lockstore.Store) Option {
 	return func(o *options) { o.store = store }

@@ -3,12 +3,10 @@ package middleware
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/flightlock/flightlock/middleware/internal/devhook"
@@ -34,8 +32,7 @@ import (
 // The client is built for locking: CLIENT SETINFO is never sent, whatever DisableIdentity says
 // (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
 // unreachable Redis fails a request within its deadline instead of after go-redis's read
-// timeouts and retries. Close the store to close the client. (It reads go-zero's RedisConf,
-// which redisstore, importing go-redis only, does not know.)
+// timeouts and retries. Close the store to close the client.
 func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	client, err := rules.NewRedisClient(conf)
 	if err != nil {
@@ -108,7 +105,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 			return strings.TrimSuffix(flightlock.DefaultMetadata(ctx)+" trace="+trace.TraceIDFromContext(ctx), " trace=")
 		}),
 		flightlock.WithHolderCheck(sameTrace),
-		flightlock.WithObserver(newRuleStats("Locker", "", storeName(store), rules.Rule{}).observer(newLogSummary())),
+		flightlock.WithObserver(newRuleStats("Locker", "", rules.StoreName(store), rules.Rule{}).observer(newLogSummary())),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("Lock: %w", err)
@@ -134,34 +131,25 @@ func sameTrace(ctx context.Context, holder string) error {
 	return nil
 }
 
-// newEtcdLocker builds the etcd client and store that c.Etcd describes and the Locker on
-// them, whose prefix is Etcd.Key + Prefix. The returned func closes the store and then the
-// client; a lock still held then runs out with its lease (etcdstore.Store.Close).
-func newEtcdLocker(c LockConf) (*flightlock.Locker, func() error, error) {
-	cli, err := c.Etcd.Client()
+// newStoreLocker opens the etcd or ZooKeeper store of c that section (Lock.Etcd,
+// Lock.Zookeeper) names and builds the Locker on it, under prefix + Prefix. A Lock.TTL that
+// the store cannot keep (lockstore.TTLChecker) is refused naming Lock.TTL. The returned func
+// closes the store.
+func newStoreLocker[S lockstore.Store](c LockConf, section, prefix string, open func() (S, func() error, error)) (*flightlock.Locker, func() error, error) {
+	store, closeStore, err := open()
 	if err != nil {
-		return nil, nil, fmt.Errorf("Lock.Etcd: %w", err)
+		return nil, nil, fmt.Errorf("%s: %w", section, err)
 	}
-	store, err := etcdstore.New(cli, etcdstore.WithLeaseMargin(c.Etcd.LeaseMargin))
-	if err != nil {
-		_ = cli.Close()
-		return nil, nil, fmt.Errorf("Lock.Etcd: %w", err)
+	var l *flightlock.Locker
+	if tc, ok := any(store).(lockstore.TTLChecker); ok && tc.CheckTTL(c.TTL) != nil {
+		err = rules.FieldError("Lock.TTL", "%v", tc.CheckTTL(c.TTL))
+	} else {
+		c.Prefix = prefix + c.Prefix
+		l, err = lockerOn(store, c)
 	}
-	closeAll := func() error { return errors.Join(store.Close(), cli.Close()) }
-	c.Prefix = c.Etcd.Key + c.Prefix
-	l, err := lockerOn(store, c)
 	if err != nil {
-		_ = closeAll()
+		_ = closeStore()
 		return nil, nil, err
 	}
-	return l, closeAll, nil
-}
-
-// storeName is the store label of s: "etcd" for an etcd store, "redis" for any other (the
-// Redis store, or one a test injected).
-func storeName(s lockstore.Store) string {
-	if _, ok := s.(*etcdstore.Store); ok {
-		return rules.StoreEtcd
-	}
-	return rules.StoreRedis
+	return l, closeStore, nil
 }

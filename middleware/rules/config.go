@@ -29,6 +29,7 @@ const (
 	BackoffExponential = "exponential"
 	StoreRedis         = "redis"
 	StoreEtcd          = "etcd"
+	StoreZookeeper     = "zookeeper"
 	ModeRead           = "read"
 	ModeWrite          = "write"
 )
@@ -62,6 +63,10 @@ type LockConf struct {
 	// Hosts set and no Redis Host or Sentinel, every rule locks in etcd; with both, each rule
 	// says which with Rule.Store. Empty (the default): no etcd.
 	Etcd EtcdConf `json:",optional"`
+	// Zookeeper is a ZooKeeper ensemble for the locks (see ZookeeperConf), chosen as Etcd is:
+	// with Hosts set and no other store named, every rule locks in it; with several stores
+	// named, each rule says which with Rule.Store. Empty (the default): no ZooKeeper.
+	Zookeeper ZookeeperConf `json:",optional"`
 	// Prefix is put before every rendered key (default "lock:"); in etcd, after Etcd.Key.
 	Prefix string `json:",default=lock:"`
 	// TTL is how long a lock outlives a holder that died (default 10s); a watchdog renews it
@@ -254,16 +259,31 @@ func checkEtcdTTL(field, rule string, ttl time.Duration) error {
 		"(nothing is rounded)", ttl, on)
 }
 
-// DefaultStore is the store of a rule that names none: etcd when the section names etcd and no
-// Redis, else Redis (the embedded one without a Host). ambiguous reports that it names both.
+// DefaultStore is the store of a rule that names none: the one store the section names (etcd
+// or ZooKeeper by their Hosts, Redis by its Host or Sentinel), else Redis (the embedded one
+// without a Host). ambiguous reports that it names several; store is then the first of Redis,
+// etcd and ZooKeeper that it names (Middleware.Locker's).
 func (c LockConf) DefaultStore() (store string, ambiguous bool) {
-	switch {
-	case c.Etcd.Named() && !c.Redis.Embedded():
-		return StoreRedis, true
-	case c.Etcd.Named():
-		return StoreEtcd, false
+	named := c.namedStores()
+	if len(named) == 0 {
+		return StoreRedis, false
 	}
-	return StoreRedis, false
+	return named[0], len(named) > 1
+}
+
+// namedStores are the stores c names, in the order Redis, etcd, ZooKeeper.
+func (c LockConf) namedStores() []string {
+	var named []string
+	if !c.Redis.Embedded() {
+		named = append(named, StoreRedis)
+	}
+	if c.Etcd.Named() {
+		named = append(named, StoreEtcd)
+	}
+	if c.Zookeeper.Named() {
+		named = append(named, StoreZookeeper)
+	}
+	return named
 }
 
 // StoreOf is the store that rule s of c runs on, or a problem naming the field.
@@ -272,8 +292,8 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 	case "":
 		store, ambiguous := c.DefaultStore()
 		if ambiguous {
-			return "", FieldError(s.Field+".Store", "is empty, but Lock names both a Redis (Redis.Host or Sentinel) and an etcd "+
-				"store (Etcd.Hosts): say which this rule locks in, redis or etcd")
+			return "", FieldError(s.Field+".Store", "is empty, but Lock names several stores (a Redis by Redis.Host or Sentinel, "+
+				"etcd by Etcd.Hosts, ZooKeeper by Zookeeper.Hosts): say which this rule locks in, %s", strings.Join(c.namedStores(), " or "))
 		}
 		return store, nil
 	case StoreRedis:
@@ -283,21 +303,42 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 			return "", FieldError(s.Field+".Store", "is etcd, but Lock.Etcd.Hosts is empty: an etcd store with no hosts")
 		}
 		return StoreEtcd, nil
+	case StoreZookeeper:
+		if !c.Zookeeper.Named() {
+			return "", FieldError(s.Field+".Store", "is zookeeper, but Lock.Zookeeper.Hosts is empty: a ZooKeeper store with no hosts")
+		}
+		return StoreZookeeper, nil
 	}
-	return "", OneOf(s.Field+".Store", s.Store, StoreRedis, StoreEtcd)
+	return "", OneOf(s.Field+".Store", s.Store, StoreRedis, StoreEtcd, StoreZookeeper)
 }
 
 // CheckRuleStore validates the store of rule s of c: which one, and what etcd requires of it
-// (whole-second TTLs; a share rule's Replay is rounded up instead, see middleware/share/etcd.go).
+// (whole-second TTLs; a share rule's Replay is rounded up instead, see middleware/share/etcd.go)
+// or ZooKeeper (a TTL below two thirds of the session timeout; no share rule, as it keeps no
+// responses).
 func (c LockConf) CheckRuleStore(s Spec) error {
 	store, err := c.StoreOf(s)
-	if err != nil || store != StoreEtcd {
+	if err != nil || store == StoreRedis {
 		return err
+	}
+	primary, _ := c.DefaultStore()
+	if store == StoreZookeeper {
+		if s.OnBusy == OnBusyShare {
+			return FieldError(s.Field+".OnBusy", "is share, but the rule locks in ZooKeeper, which keeps no stored responses: "+
+				"lock it in Redis or etcd, or use wait")
+		}
+		if s.TTL > 0 {
+			return c.Zookeeper.checkTTL(s.Field+".TTL", s.Field, s.TTL)
+		}
+		if primary == StoreZookeeper {
+			return nil // Lock.TTL is checked once, with the scalars
+		}
+		return c.Zookeeper.checkTTL("Lock.TTL", s.Field, c.TTL)
 	}
 	if s.TTL > 0 {
 		return checkEtcdTTL(s.Field+".TTL", s.Field, s.TTL)
 	}
-	if store, _ := c.DefaultStore(); store == StoreEtcd {
+	if primary == StoreEtcd {
 		return nil // Lock.TTL is checked once, with the scalars
 	}
 	return checkEtcdTTL("Lock.TTL", s.Field, c.TTL)
@@ -411,10 +452,10 @@ type Rule struct {
 	// under Prefix + "shadow:", apart from the enforced rules' locks. Delete the line to
 	// enforce the rule as written.
 	Shadow bool `json:",optional"`
-	// Store is the store the rule locks in, "redis" or "etcd", in any case. Empty (the
-	// default): the one Lock names; a Lock that names both (Redis.Host or Sentinel, and
-	// Etcd.Hosts) needs it on every rule. A share rule keeps its responses in the store it
-	// locks in.
+	// Store is the store the rule locks in, "redis", "etcd" or "zookeeper", in any case. Empty
+	// (the default): the one Lock names; a Lock that names several (Redis.Host or Sentinel,
+	// Etcd.Hosts, Zookeeper.Hosts) needs it on every rule. A share rule keeps its responses in
+	// the store it locks in, which cannot be ZooKeeper.
 	Store string `json:",optional"`
 	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case: "closed" or
 	// "open". Empty (the default): the Lock section's. A stock rule can fail closed while a
@@ -472,6 +513,12 @@ func (c LockConf) Problems() []error {
 		if n.Etcd.Named() {
 			base.Etcd.Hosts = []string{"etcd"}
 		}
+		if n.Zookeeper.Named() {
+			base.Zookeeper.Hosts = []string{"zookeeper"}
+			if n.Zookeeper.SessionTimeout > 0 {
+				base.Zookeeper.SessionTimeout = n.Zookeeper.SessionTimeout
+			}
+		}
 		if t := base; n.TTL > 0 {
 			if t.TTL = n.TTL; t.check() == nil {
 				base = t
@@ -503,6 +550,9 @@ func (c LockConf) Normalized() LockConf {
 	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
 	if c.Etcd.Hosts != nil {
 		c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts)
+	}
+	if c.Zookeeper.Hosts != nil {
+		c.Zookeeper.Hosts = slices.Clone(c.Zookeeper.Hosts)
 	}
 	if c.Rules != nil {
 		rules := make([]Rule, len(c.Rules))
@@ -610,8 +660,12 @@ func (c LockConf) problems() []error {
 	}
 	add(c.Redis.checkFailover())
 	ps = append(ps, c.Etcd.problems(c.Prefix)...)
-	if store, _ := c.DefaultStore(); store == StoreEtcd && c.TTL >= 0 {
+	ps = append(ps, c.Zookeeper.problems()...)
+	switch store, _ := c.DefaultStore(); {
+	case store == StoreEtcd && c.TTL >= 0:
 		add(checkEtcdTTL("Lock.TTL", "", c.TTL))
+	case store == StoreZookeeper && c.TTL >= 0:
+		add(c.Zookeeper.checkTTL("Lock.TTL", "", c.TTL))
 	}
 	return append(ps, c.Retry.problems()...)
 }
