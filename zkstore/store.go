@@ -208,7 +208,10 @@ func readEnsemble(cfg Config) (ensemble, error) {
 		ens.syncLimit = DefaultSyncLimit
 	}
 	for _, h := range cfg.Hosts {
-		conf, err := fourLetter(h, "conf", 2*time.Second)
+		conf, err := fourLetter(h, "conf", 3*time.Second)
+		if err != nil || len(conf) == 0 {
+			conf, err = fourLetter(h, "conf", 3*time.Second) // a server busy starting up: once more
+		}
 		if err != nil {
 			continue
 		}

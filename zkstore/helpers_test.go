@@ -1,0 +1,46 @@
+package zkstore
+
+import (
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// testSession is the session timeout of the tests' stores: with zktest's 500ms ticks and
+// syncLimit 5 it outlives a cut-off follower (3s) and leaves a lock TTL of 3s.
+const testSession = 6 * time.Second
+
+// dial returns a store on hosts (a process of its own: a session of its own), closed when t
+// ends. The ensemble's timings are given too (zktest's), for the stores behind a fault proxy,
+// through which the "conf" four-letter word does not always come back whole.
+func dial(t testing.TB, hosts ...string) *Store {
+	t.Helper()
+	s, err := Dial(Config{Hosts: hosts, SessionTimeout: testSession, Root: "/flightlock-test", TickTime: 500 * time.Millisecond, SyncLimit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func mustLocker(t testing.TB, s lockstore.Store, opts ...flightlock.Option) *flightlock.Locker {
+	t.Helper()
+	l, err := flightlock.New(s, append([]flightlock.Option{flightlock.WithTTL(2 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

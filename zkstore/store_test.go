@@ -1,0 +1,370 @@
+package zkstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// inside counts the live holders of a critical section and remembers the most seen at once.
+type inside struct{ now, most atomic.Int64 }
+
+func (c *inside) enter(lease *flightlock.Lease) bool {
+	if lease.Context().Err() != nil {
+		return false
+	}
+	n := c.now.Add(1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	return true
+}
+
+// Three processes (sessions) with goroutines each lock one key again and again: never two live
+// holders, fences growing; keys that nest as paths ("orders", "orders/0") are separate locks.
+func TestExclusionAcrossSessions(t *testing.T) {
+	srv := zktest.Start(t)
+	var lockers []*flightlock.Locker
+	for range 3 {
+		lockers = append(lockers, mustLocker(t, dial(t, srv.Addr), flightlock.WithWait(30*time.Second)))
+	}
+	var (
+		c         inside
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		lastFence int64
+		fenceBack atomic.Int64
+	)
+	for _, l := range lockers {
+		for range 4 {
+			wg.Go(func() {
+				for range 10 {
+					lease, err := l.Lock(context.Background(), "orders")
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if c.enter(lease) {
+						mu.Lock()
+						if lease.Fence() <= lastFence {
+							fenceBack.Add(1)
+						}
+						lastFence = lease.Fence()
+						mu.Unlock()
+						time.Sleep(time.Millisecond)
+						c.now.Add(-1)
+					}
+					_ = lease.Release(context.Background())
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if c.most.Load() != 1 || fenceBack.Load() != 0 {
+		t.Fatalf("%d live holders at once at most, %d fences not above the last", c.most.Load(), fenceBack.Load())
+	}
+	ctx := context.Background()
+	a, err := lockers[0].Lock(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lockers[1].TryLock(ctx, "orders/0")
+	if err != nil {
+		t.Fatalf("orders/0 while orders is held: %v; keys must not nest", err)
+	}
+	_ = b.Release(ctx)
+	_ = a.Release(ctx)
+	if _, err := lockers[2].TryLock(ctx, "orders"); err != nil {
+		t.Fatalf("orders once released (orders/0 was locked meanwhile): %v", err)
+	}
+}
+
+// Read-write locks, fair order and semaphores work on ZooKeeper as on the other stores.
+func TestReadWriteFairAndPermitsOnZooKeeper(t *testing.T) {
+	srv := zktest.Start(t)
+	ctx := context.Background()
+	w := mustLocker(t, dial(t, srv.Addr), flightlock.WithMode(flightlock.Reject))
+	r, err := w.With(flightlock.WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2 := mustLocker(t, dial(t, srv.Addr), flightlock.WithRead(), flightlock.WithMode(flightlock.Reject))
+	a, err := r.Lock(ctx, "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r2.Lock(ctx, "doc")
+	if err != nil || b.Fence() != a.Fence() {
+		t.Fatalf("a second reader in another session: %v, fences %d and %d", err, a.Fence(), b.Fence())
+	}
+	if _, err := w.Lock(ctx, "doc"); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a write beside readers: %v, want ErrBusy", err)
+	}
+	if _, err := r2.Lock(ctx, "doc"); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a new reader after a writer was refused: %v, want ErrBusy (writer preference)", err)
+	}
+	_ = a.Release(ctx)
+	_ = b.Release(ctx)
+	x, err := w.Lock(ctx, "doc")
+	if err != nil || x.Fence() <= a.Fence() {
+		t.Fatalf("the write after the readers: %v, fence %d, want above %d", err, x.Fence(), a.Fence())
+	}
+	_ = x.Release(ctx)
+
+	// Fair: four sessions, waiters one after another; granted in the order they reached the
+	// line.
+	var fair []*flightlock.Locker
+	for range 4 {
+		fair = append(fair, mustLocker(t, dial(t, srv.Addr), flightlock.WithFair(), flightlock.WithWait(30*time.Second)))
+	}
+	h, err := fair[0].Lock(ctx, "line")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		granted []int
+		wg      sync.WaitGroup
+	)
+	for i := range 8 {
+		wg.Go(func() {
+			lease, err := fair[i%4].Lock(ctx, "line")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			granted = append(granted, i)
+			mu.Unlock()
+			_ = lease.Release(ctx)
+		})
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = h.Release(ctx)
+	wg.Wait()
+	if !slices.IsSorted(granted) || len(granted) != 8 {
+		t.Fatalf("fair grants in order %v, want 0..7", granted)
+	}
+
+	// Permits: 2 holders at most.
+	p := mustLocker(t, dial(t, srv.Addr), flightlock.WithPermits(2), flightlock.WithMode(flightlock.Reject))
+	p1, err1 := p.Lock(ctx, "export")
+	p2, err2 := p.Lock(ctx, "export")
+	_, err3 := p.Lock(ctx, "export")
+	if err1 != nil || err2 != nil || !errors.Is(err3, flightlock.ErrBusy) {
+		t.Fatalf("permits: %v, %v, then %v; want two and busy", err1, err2, err3)
+	}
+	_ = p1.Release(ctx)
+	_ = p2.Release(ctx)
+}
+
+// Fences strictly grow across a leader change, and a holder keeps its lock through one (its
+// refreshes retry until the new leader answers, well within the TTL).
+func TestFencesGrowAndHoldsSurviveALeaderChange(t *testing.T) {
+	ens := zktest.StartEnsemble(t, 3)
+	s := dial(t, ens.Addrs()...)
+	l := mustLocker(t, s, flightlock.WithWait(20*time.Second))
+	ctx := context.Background()
+	before, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.Lock(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = before.Release(ctx)
+	ens.Leader().Stop()
+	ens.WaitReady(20 * time.Second)
+	after, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Fence() <= before.Fence() {
+		t.Fatalf("fence after the leader change %d, not above %d", after.Fence(), before.Fence())
+	}
+	_ = after.Release(ctx)
+	time.Sleep(2 * time.Second) // two renewals of "other" through the new leader
+	if held.Lost() {
+		t.Fatal("a lock held through the leader change was lost; the session survived it")
+	}
+	_ = held.Release(ctx)
+}
+
+// A holder whose link stalls past its session is told lost before another session is granted
+// the key: its lease counts only what the leader confirmed.
+func TestStalledHolderIsToldLostBeforeAnotherIsGranted(t *testing.T) {
+	srv := zktest.Start(t)
+	for round := range 2 {
+		proxy := startProxy(t, srv.Addr)
+		holder := mustLocker(t, dial(t, proxy.Addr))
+		other := mustLocker(t, dial(t, srv.Addr), flightlock.WithWait(30*time.Second))
+		ctx := context.Background()
+		key := "stalled-" + string(rune('a'+round))
+		lease, err := holder.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy.SetDelay(time.Hour)
+		proxy.Stall(time.Hour)
+		var lostAt time.Time
+		lostSeen := make(chan struct{})
+		go func() { <-lease.Context().Done(); lostAt = time.Now(); close(lostSeen) }()
+		got, err := other.Lock(ctx, key)
+		grantedAt := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-lostSeen
+		if !lostAt.Before(grantedAt) {
+			t.Fatalf("round %d: the holder was told lost %v after the other session got the key", round, lostAt.Sub(grantedAt))
+		}
+		_ = got.Release(ctx)
+		proxy.SetDelay(0)
+		_ = proxy.Close()
+	}
+}
+
+// A holder talking to a follower that is cut off from the quorum (which goes on answering its
+// clients for syncLimit x tickTime) is told lost before a session elsewhere gets the key.
+func TestHolderOnACutOffFollowerIsToldLostFirst(t *testing.T) {
+	ens := zktest.StartEnsemble(t, 3)
+	for round := range 2 {
+		follower := ens.Followers()[0]
+		leader := ens.Leader()
+		holder := mustLocker(t, dial(t, follower.Addr))
+		other := mustLocker(t, dial(t, leader.Addr), flightlock.WithWait(30*time.Second))
+		ctx := context.Background()
+		key := "cut-" + string(rune('a'+round))
+		lease, err := holder.Lock(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ens.Isolate(follower)
+		var lostAt time.Time
+		lostSeen := make(chan struct{})
+		go func() { <-lease.Context().Done(); lostAt = time.Now(); close(lostSeen) }()
+		got, err := other.Lock(ctx, key)
+		grantedAt := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-lostSeen
+		if !lostAt.Before(grantedAt) {
+			t.Fatalf("round %d: the holder was told lost %v after the other session got the key", round, lostAt.Sub(grantedAt))
+		}
+		_ = got.Release(ctx)
+		ens.Heal(follower)
+		ens.WaitReady(20 * time.Second)
+	}
+}
+
+// A Lock whose calls stall returns by its deadline, and what its late calls took is given back:
+// no hold of it is left on the key.
+func TestTimedOutLockReturnsByItsDeadlineAndLeavesNoHold(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s := dial(t, proxy.Addr)
+	l := mustLocker(t, s)
+	direct := dial(t, srv.Addr)
+	proxy.SetDelay(time.Second) // every call takes a second each way
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	start := time.Now()
+	_, err := l.Lock(ctx, "slow")
+	took := time.Since(start)
+	cancel()
+	if err == nil || took > 800*time.Millisecond {
+		t.Fatalf("a Lock with a 300ms deadline on a stalled link: %v after %v", err, took)
+	}
+	proxy.SetDelay(0)
+	// The acquisition went through late: its late hook gives it back.
+	waitFor(t, 10*time.Second, "the late acquisition to be given back", func() bool {
+		kids, err := direct.children(context.Background(), direct.keyPath("lock:slow"))
+		return err != nil || len(kids) == 0
+	})
+}
+
+// A release that fails while no server answers is retried in the background once one does:
+// the hold does not keep the key until the process ends.
+func TestFailedReleaseIsRetriedWhenTheServerIsBack(t *testing.T) {
+	srv := zktest.Start(t)
+	s := dial(t, srv.Addr)
+	l := mustLocker(t, s)
+	ctx := context.Background()
+	lease, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	err = lease.Release(rctx)
+	cancel()
+	if err == nil {
+		t.Fatal("a release with no server up succeeded")
+	}
+	srv.Restart()
+	other := mustLocker(t, dial(t, srv.Addr), flightlock.WithWait(testSession))
+	x, err := other.Lock(ctx, "k")
+	if err != nil {
+		t.Fatalf("the key after the server came back: %v (the failed release was not retried)", err)
+	}
+	_ = x.Release(ctx)
+}
+
+// A TTL longer than the session keeps a lock is refused when the Locker is made, and so are
+// session timeouts the servers would change.
+func TestTTLAndSessionTimeoutAreCheckedAtStartUp(t *testing.T) {
+	srv := zktest.Start(t)
+	s := dial(t, srv.Addr)
+	if _, err := flightlock.New(s, flightlock.WithTTL(10*time.Second)); !errors.Is(err, flightlock.ErrConfig) || !strings.Contains(err.Error(), "session timeout") {
+		t.Fatalf("a 10s TTL on a 6s session: %v, want ErrConfig naming the session timeout", err)
+	}
+	if _, err := Dial(Config{Hosts: []string{srv.Addr}, SessionTimeout: 2 * time.Minute}); err == nil || !strings.Contains(err.Error(), "clamp") {
+		t.Fatalf("a session timeout above the servers' maximum: %v", err)
+	}
+	if _, err := Dial(Config{Hosts: []string{srv.Addr}, SessionTimeout: 1200 * time.Millisecond}); err == nil {
+		t.Fatal("a session timeout too short for any lock TTL was accepted")
+	}
+}
+
+// The inspector lists the locks with their holds, readers and lines, never the owner token,
+// and force-unlocks one grant only.
+func TestInspectorListsAndForceUnlocks(t *testing.T) {
+	srv := zktest.Start(t)
+	s := dial(t, srv.Addr)
+	ctx := context.Background()
+	l := mustLocker(t, s)
+	x, err := l.Lock(ctx, "orders/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := l.With(flightlock.WithRead())
+	y, err := r.Lock(ctx, "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := NewInspector(s, "lock:")
+	locks, _, err := in.List(ctx, "*", lockstore.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(locks) != 2 || locks[0].Key != "doc" || locks[0].Readers != 1 || locks[1].Key != "orders/0" || !locks[1].Own || locks[1].Owner != "" || locks[1].Host == "" {
+		t.Fatalf("listed %+v", locks)
+	}
+	if _, err := in.ForceUnlock(ctx, locks[1]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the forced-out holder to be told", func() bool { return x.Lost() })
+	if _, err := in.ForceUnlock(ctx, locks[1]); err == nil {
+		t.Fatal("a second force unlock of the same grant succeeded")
+	}
+	_ = y.Release(ctx)
+}
