@@ -455,32 +455,58 @@ func TestDeadFairWaiterLeavesTheLineAfterItsTime(t *testing.T) {
 	_ = x.Release(ctx)
 }
 
-// fairCounter counts a store's fair acquisitions.
-type fairCounter struct {
+// fairLooks records a store's fair acquisitions: when each was sent and by whom.
+type fairLooks struct {
 	*redisstore.RedisStore
-	calls atomic.Int64
+	mu    sync.Mutex
+	looks []fairLook
 }
 
-func (f *fairCounter) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
-	f.calls.Add(1)
+type fairLook struct {
+	at    time.Time
+	owner string
+}
+
+func (f *fairLooks) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+	f.mu.Lock()
+	f.looks = append(f.looks, fairLook{time.Now(), owner})
+	f.mu.Unlock()
 	return f.RedisStore.AcquireFair(ctx, key, owner, ttl, meta, asked, queue)
 }
 
+// lookers counts the owners that looked in [from, to].
+func (f *fairLooks) lookers(from, to time.Time) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	owners := map[string]bool{}
+	for _, l := range f.looks {
+		if !l.at.Before(from) && !l.at.After(to) {
+			owners[l.owner] = true
+		}
+	}
+	return len(owners)
+}
+
 // A release wakes one fair waiter per process, not all of them: the others of the process keep
-// their places and look when they become its first. Eight waiters of one process taking the key
-// one after the other cost a few looks each, where waking all of them at every release would
-// cost 8+7+...+1 looks on top of their first ones.
+// their places (a look every FairLookEvery) and look when they become its first. Between each
+// release and the grant that follows it, only the process's first waiter looks (and, by chance,
+// one keeping its place); waking all of them would send every waiter still in line.
 func TestFairReleaseWakesOneWaiterPerProcess(t *testing.T) {
 	s, _, _ := realStore(t)
-	fc := &fairCounter{RedisStore: s}
-	l := mustLocker(t, fc, WithFair(), WithWait(30*time.Second))
+	fl := &fairLooks{RedisStore: s}
+	l := mustLocker(t, fl, WithFair(), WithWait(30*time.Second))
 	ctx := context.Background()
 	h, err := l.Lock(ctx, "order")
 	if err != nil {
 		t.Fatal(err)
 	}
 	const waiters = 8
-	var wg sync.WaitGroup
+	var (
+		mu       sync.Mutex
+		releases []time.Time // releases[i] is followed by grants[i]
+		grants   []time.Time
+		wg       sync.WaitGroup
+	)
 	for range waiters {
 		wg.Go(func() {
 			x, err := l.Lock(ctx, "order")
@@ -488,7 +514,10 @@ func TestFairReleaseWakesOneWaiterPerProcess(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			time.Sleep(2 * time.Millisecond)
+			mu.Lock()
+			grants = append(grants, time.Now())
+			releases = append(releases, time.Now())
+			mu.Unlock()
 			_ = x.Release(ctx)
 		})
 	}
@@ -496,10 +525,14 @@ func TestFairReleaseWakesOneWaiterPerProcess(t *testing.T) {
 		n, _ := s.Client().(*redis.Client).ZCard(ctx, lockstore.SideKey("line", "lock:order")).Result()
 		return n == waiters
 	})
-	before := fc.calls.Load()
+	mu.Lock()
+	releases = append(releases, time.Now())
+	mu.Unlock()
 	_ = h.Release(ctx)
 	wg.Wait()
-	if looks := fc.calls.Load() - before; looks > 3*waiters {
-		t.Fatalf("%d fair looks for %d grants in a row: releases woke more than one waiter each", looks, waiters)
+	for i := range waiters {
+		if n := fl.lookers(releases[len(releases)-waiters-1+i], grants[i]); n > 2 {
+			t.Fatalf("%d waiters looked between release %d and the grant after it: a release woke more than the process's first", n, i)
+		}
 	}
 }
