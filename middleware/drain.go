@@ -22,9 +22,8 @@ type drainer struct {
 	err   error
 }
 
-// listen makes go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drain m. go-zero runs its
-// shutdown listeners together, so the drain runs beside the HTTP and gRPC servers' own
-// graceful stop, which stops accepting requests.
+// listen makes go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drain m, beside the HTTP and
+// gRPC servers' own graceful stop (go-zero runs its shutdown listeners together).
 func (m *Middleware) listen() {
 	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
 }
@@ -36,7 +35,7 @@ func (m *Middleware) listen() {
 // processes woken. Past Drain (or ctx's end, if sooner) their contexts are cancelled with
 // cause flightlock.ErrClosed and they get one more second to return. Locks still held after
 // that are not released: their handlers may still run, and a second holder must not walk in
-// (they run out with their TTL once the process exits).
+// (they run out with their TTL, on ZooKeeper with the session, once the process exits).
 //
 // go-zero calls Shutdown from its shutdown listeners (New registers it): a goctl service needs
 // no code for it. Call it yourself where the service stops otherwise, as tests do.

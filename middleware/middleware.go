@@ -20,10 +20,9 @@ import (
 // at start-up and share it: it is safe for concurrent use.
 type Middleware struct {
 	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
-	// bases holds the base Locker of each store the rules lock in, by store name ("redis",
-	// "etcd", "zookeeper"): each with its own gate, as a gate is per store. With WithLocker (or
-	// WithStore when the section names Redis only) it holds the injected one only, under its
-	// store's name, and every rule locks there (injected); see buildStores.
+	// bases holds the base Locker of each store the rules lock in, by store name, each with
+	// its own gate. With WithLocker (or WithStore when the section names Redis only) it holds
+	// the injected one only, and every rule locks there (injected); see buildStores.
 	bases     map[string]*flightlock.Locker
 	injected  bool
 	closers   []func() error // the stores New built; nil once closed
@@ -37,8 +36,7 @@ type Middleware struct {
 	traceKeys bool            // LockConf.TraceKeys
 	logs      *logSummary
 	drain     drainer
-	// intercepting is set once a server interceptor was built (UnaryServerInterceptor,
-	// StreamServerInterceptor), for Register's check that RPC rules lock anything.
+	// intercepting: a server interceptor was built, for Register's check that RPC rules lock.
 	intercepting atomic.Bool
 	// sharing is the response sharing of share rules (middleware/share); nil when not linked.
 	sharing sharehook.Group
@@ -140,8 +138,7 @@ func MustNew(c LockConf, opts ...Option) *Middleware {
 // exit ends the process; a variable so that a test can see that mustStart would exit.
 var exit = os.Exit
 
-// mustStart stops a service that cannot start: one line on stderr and in the service's log,
-// then exit status 1.
+// mustStart stops a service that cannot start: a line on stderr and in the log, exit status 1.
 func mustStart(err error) {
 	if err == nil {
 		return
@@ -214,7 +211,14 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 		if err != nil {
 			return err
 		}
-		m.bases[rules.StoreZookeeper], m.closers = l, append(m.closers, closeStore)
+		// Ending the session deletes its holds at once: locks a drain left held (Shutdown) go
+		// with the session when the process exits instead, as on Redis with their TTL.
+		m.bases[rules.StoreZookeeper], m.closers = l, append(m.closers, func() error {
+			if m.drain.err != nil {
+				return nil
+			}
+			return closeStore()
+		})
 	}
 	if (redisUsed || !c.Redis.Embedded()) && m.bases[rules.StoreRedis] == nil {
 		l, closeStore, err := newRedisLocker(c, o.mode)

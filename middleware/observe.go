@@ -22,10 +22,9 @@ import (
 
 // The metrics go through go-zero's core/metric, so they appear on the service's own Prometheus
 // endpoint (DevServer or Prometheus in its config) next to go-zero's, and cost nothing when
-// that is off. They are labelled by rule: its name (the route, "POST /api/order", or the RPC,
-// "/pkg.Svc/Method") and its key template ("order:{body.uid}"), never by a rendered key,
-// which holds user ids and has no bound, and by the store the rule locks in ("redis", "etcd", "zookeeper";
-// the label store, after rule and key: selectors and sums written before it still match).
+// that is off. They are labelled by rule: its name (the route or the RPC) and its key template
+// ("order:{body.uid}"), never by a rendered key, which holds user ids and has no bound, and by
+// the store the rule locks in (label store, after rule and key, so older selectors still match).
 // A rule's kind of lock (mode, fair, permits) is on its spans: the rule label names it already.
 // Durations are in milliseconds, as go-zero's own request histograms are.
 var (

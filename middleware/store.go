@@ -57,8 +57,8 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 		err   error
 	)
 	if c.Redis.Embedded() {
-		shared := "the shared Redis (or Lock.Etcd.Hosts, to lock in etcd)"
-		if c.Etcd.Named() { // on etcd, only its Store: redis rules get here, and they need a Redis
+		shared := "the shared Redis (or Lock.Etcd.Hosts or Lock.Zookeeper.Hosts, to lock there)"
+		if c.Etcd.Named() || c.Zookeeper.Named() { // only Store: redis rules get here: they need a Redis
 			shared = "the shared Redis"
 		}
 		if mode == service.PreMode || mode == service.ProMode {
@@ -131,10 +131,9 @@ func sameTrace(ctx context.Context, holder string) error {
 	return nil
 }
 
-// newStoreLocker opens the etcd or ZooKeeper store of c that section (Lock.Etcd,
-// Lock.Zookeeper) names and builds the Locker on it, under prefix + Prefix. A Lock.TTL that
-// the store cannot keep (lockstore.TTLChecker) is refused naming Lock.TTL. The returned func
-// closes the store.
+// newStoreLocker opens the store of section (Lock.Etcd, Lock.Zookeeper) and builds the Locker
+// on it, under prefix + Prefix; a Lock.TTL the store cannot keep (lockstore.TTLChecker) is
+// refused naming Lock.TTL. The returned func closes the store.
 func newStoreLocker[S lockstore.Store](c LockConf, section, prefix string, open func() (S, func() error, error)) (*flightlock.Locker, func() error, error) {
 	store, closeStore, err := open()
 	if err != nil {

@@ -243,6 +243,45 @@ func TestZookeeperCloseEndsTheSession(t *testing.T) {
 	})
 }
 
+// A handler that outlives the drain keeps its lock on ZooKeeper: Shutdown then leaves the
+// session open, since ending it would delete the hold under the running handler and let a
+// second holder in; the hold goes with the session when the process exits.
+func TestZookeeperShutdownKeepsTheSessionOfLocksStillHeld(t *testing.T) {
+	srv := zktest.Start(t)
+	conn, _ := zktest.Connect(t, 10*time.Second, srv.Addr)
+	c := zkConf(srv.Addr, Rule{Method: http.MethodPost, Path: "/zk/slow/:id", Key: "slow:{id}"})
+	c.Drain = 100 * time.Millisecond
+	m, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, release := make(chan struct{}), make(chan struct{})
+	s := serverless(t, restConf(t, 30*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/zk/slow/:id",
+		Handler: func(w http.ResponseWriter, r *http.Request) {
+			close(in)
+			<-release // ignores its context's cancellation
+		}}})
+	done := make(chan int, 1)
+	go func() { done <- serve(s, httptest.NewRequest(http.MethodPost, "/zk/slow/1", http.NoBody)).Code }()
+	<-in
+	if err := m.Shutdown(context.Background()); err == nil {
+		t.Fatal("Shutdown reported no lock left held while the handler still ran")
+	}
+	if kids, _, err := conn.Children("/flightlock/lock:slow:1"); err != nil || len(kids) == 0 {
+		t.Fatalf("after Shutdown the running handler's key has holds %v (%v), want its own still there", kids, err)
+	}
+	other, err := New(zkConf(srv.Addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Locker().TryLock(context.Background(), "slow:1"); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("another process on the key of a handler still running: %v, want ErrBusy", err)
+	}
+	close(release)
+	<-done
+}
+
 // Mistakes in a ZooKeeper section are reported by Problems, Validate and New, each naming its
 // field, without a server.
 func TestZookeeperConfigErrors(t *testing.T) {
