@@ -14,14 +14,16 @@ type backend struct {
 	close  func()
 }
 
-// where names the store for messages ("10.0.0.5:6379", "etcd 10.0.0.7:2379").
+// where names the store for messages ("10.0.0.5:6379", "etcd 10.0.0.7:2379",
+// "zookeeper 10.0.0.9:2181 under /flightlock").
 func (b *backend) where() string { return b.target.where() }
 
 // keyPrefix is what goes before a rendered key in the store.
 func (b *backend) keyPrefix() string { return b.target.keyPrefix() }
 
-// etcd reports whether the store is etcd, which never shows owner tokens.
-func (b *backend) etcd() bool { return b.target.store == storeEtcd }
+// store names the store: storeRedis, storeEtcd or storeZookeeper (the last two never show
+// owner tokens).
+func (b *backend) store() string { return b.target.store }
 
 // shadowPrefix starts the keys of shadow rules (middleware: Prefix + "shadow:" + key).
 const shadowPrefix = "shadow:"

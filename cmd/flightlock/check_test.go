@@ -203,7 +203,7 @@ Rpc:
       Wait: 1
 `)
 	code, out, _ := cli(t, nil, "check", "-q", "-f", path)
-	want := path + ":4: warning: Api.lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts (Mode: test)"
+	want := path + ":4: warning: Api.lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts (Mode: test)"
 	want2 := path + ":10: Rpc.Inner.Lock.Wait: 1 has no unit"
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != exitError || len(lines) != 2 || !strings.HasPrefix(lines[0], want) || !strings.HasPrefix(lines[1], want2) ||

@@ -264,8 +264,9 @@ func (s *section) sibling(name string) *yaml.Node {
 
 // checkStore reports a section that would run on the embedded in-memory store: an error in
 // go-zero's pre and pro modes (pro is the default of ServiceConf.Mode), where New refuses it,
-// a warning in dev, test and rt. A section that names no store at all is told both stores it
-// may name (Redis or etcd); one on etcd whose rules say Store: redis lacks a Redis only.
+// a warning in dev, test and rt. A section that names no store at all is told the stores it
+// may name (Redis, etcd or ZooKeeper); one on etcd or ZooKeeper whose rules say Store: redis
+// lacks a Redis only.
 func (c *checker) checkStore(s *section, topRedis bool) {
 	r := s.conf.Redis
 	if r.Host != "" || r.Sentinel.MasterName != "" || !locksInRedis(s.conf) {
@@ -282,9 +283,9 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 	}
 	missing := fmt.Sprintf("%s.Redis has no Host, and its rules with Store: redis lock there", s.path)
 	set := fmt.Sprintf("%s.Redis.Host (or Sentinel)", s.path)
-	if len(s.conf.Etcd.Hosts) == 0 {
-		missing = fmt.Sprintf("%s names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts", s.path)
-		set = fmt.Sprintf("%s.Redis.Host (or Sentinel) or %s.Etcd.Hosts", s.path, s.path)
+	if len(s.conf.Etcd.Hosts) == 0 && len(s.conf.Zookeeper.Hosts) == 0 {
+		missing = fmt.Sprintf("%s names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts", s.path)
+		set = fmt.Sprintf("%s.Redis.Host (or Sentinel), %s.Etcd.Hosts or %s.Zookeeper.Hosts", s.path, s.path, s.path)
 	}
 	if mode == "pre" || mode == "pro" {
 		c.errorAt(s, at, "%s (%s): the locks would live in an embedded in-memory Redis that no other instance shares, "+
@@ -295,11 +296,11 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 		"for development only; set %s before pre or pro%s", missing, how, set, hint)
 }
 
-// locksInRedis reports whether a rule of c locks in Redis: every rule when c names no etcd
-// (Etcd.Hosts), else those that say Store: redis. A section on etcd only never
-// touches the embedded Redis.
+// locksInRedis reports whether a rule of c locks in Redis: every rule when c names neither
+// etcd nor ZooKeeper (Hosts), else those that say Store: redis. A section on etcd or ZooKeeper
+// only never touches the embedded Redis.
 func locksInRedis(c middleware.LockConf) bool {
-	if len(c.Etcd.Hosts) == 0 {
+	if len(c.Etcd.Hosts) == 0 && len(c.Zookeeper.Hosts) == 0 {
 		return true
 	}
 	for _, r := range c.Rules {

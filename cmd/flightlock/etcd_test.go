@@ -361,9 +361,9 @@ func TestEtcdUsageErrors(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{[]string{"-addr", "a:1", "-etcd", "e:1", "ls"}, exitUsage, "-addr (Redis) and -etcd name two stores"},
-		{[]string{"-etcd", "e:1", "-store", "zk", "ls"}, exitUsage, "-store must be redis or etcd"},
-		{[]string{"-etcd", "e:1", "-store", "redis", "ls"}, exitUsage, "-store redis with -etcd"},
+		{[]string{"-addr", "a:1", "-etcd", "e:1", "ls"}, exitUsage, "-addr (Redis), -etcd and -zookeeper name different stores"},
+		{[]string{"-etcd", "e:1", "-store", "zk", "ls"}, exitUsage, "-store must be redis, etcd or zookeeper"},
+		{[]string{"-etcd", "e:1", "-store", "redis", "ls"}, exitUsage, "-store redis with another store's flags"},
 		{[]string{"-etcd", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach etcd " + closed + " (from -etcd)"},
 	}
 	for _, c := range cases {

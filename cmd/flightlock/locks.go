@@ -33,20 +33,22 @@ type lockInfo struct {
 	FenceCounterKey string `json:"fence_counter_key,omitempty"` // counter of the key's hash slot (etcd: its fence floor key)
 	FenceCounter    *int64 `json:"fence_counter,omitempty"`     // last fence handed out in that slot (etcd: the floor)
 
-	// etcd only. There Owner is empty and left out of the JSON, RedisKey too, and Contended
-	// means the key's waiter mark is set; Waiters is not known.
-	Store          string `json:"store,omitempty"`           // "etcd"; empty in Redis
+	// etcd and ZooKeeper only. There Owner is empty and left out of the JSON, RedisKey too,
+	// and Contended means the key's waiter mark is set; Waiters is not known. In ZooKeeper
+	// there is no TTL (ttl_ms -1): a lock lives as long as its holder's session.
+	Store          string `json:"store,omitempty"`           // "etcd" or "zookeeper"; empty in Redis
 	EtcdKey        string `json:"etcd_key,omitempty"`        // Etcd.Key + Prefix + key
+	ZNode          string `json:"znode,omitempty"`           // ZooKeeper: the key's node, Root + "/" + escaped Prefix + key
 	Lease          string `json:"lease,omitempty"`           // the etcd lease the key is on, in hex as etcdctl prints it
 	CreateRevision int64  `json:"create_revision,omitempty"` // the grant's revision, from which its fence derives
 	ModRevision    int64  `json:"mod_revision,omitempty"`    // revision of the value read: unlock removes only that
 }
 
-// MarshalJSON leaves out, for an etcd lock, the owner and redis_key fields that it never
-// fills; a Redis lock marshals as it always has.
+// MarshalJSON leaves out, for an etcd or ZooKeeper lock, the owner and redis_key fields that
+// it never fills; a Redis lock marshals as it always has.
 func (l lockInfo) MarshalJSON() ([]byte, error) {
 	type plain lockInfo // the fields without this method
-	if l.Store != storeEtcd {
+	if l.Store == "" {
 		return json.Marshal(plain(l))
 	}
 	// A field of the outer struct hides the embedded one of the same JSON name; omitempty
@@ -58,8 +60,8 @@ func (l lockInfo) MarshalJSON() ([]byte, error) {
 	}{plain: plain(l)})
 }
 
-// view is l as the CLI prints it, from a store that is etcd or not.
-func view(l lockstore.LockInfo, etcd bool) lockInfo {
+// view is l as the CLI prints it, from the store named store.
+func view(l lockstore.LockInfo, store string) lockInfo {
 	v := lockInfo{Key: l.Key, Owner: l.Owner, Fence: l.Fence, TTLMillis: -1, Own: l.Own, Reentries: l.Borrowed,
 		Host: l.Host, Pid: l.Pid, Trace: l.Trace, Metadata: l.Metadata, Contended: l.Contended, Waiters: l.Waiters,
 		Shadow: strings.HasPrefix(l.Key, shadowPrefix), Unrecognized: l.Unrecognized,
@@ -71,19 +73,22 @@ func view(l lockstore.LockInfo, etcd bool) lockInfo {
 	if l.TTL >= 0 {
 		v.TTLMillis = l.TTL.Milliseconds()
 	}
-	if etcd {
+	switch store {
+	case storeEtcd:
 		v.Store, v.EtcdKey = storeEtcd, l.StoreKey
-	} else {
+	case storeZookeeper:
+		v.Store, v.ZNode = storeZookeeper, l.StoreKey
+	default:
 		v.RedisKey = l.StoreKey
 	}
 	return v
 }
 
 // views is view of each of locks.
-func views(locks []lockstore.LockInfo, etcd bool) []lockInfo {
+func views(locks []lockstore.LockInfo, store string) []lockInfo {
 	vs := make([]lockInfo, len(locks))
 	for i, l := range locks {
-		vs[i] = view(l, etcd)
+		vs[i] = view(l, store)
 	}
 	return vs
 }

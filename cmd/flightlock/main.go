@@ -1,16 +1,17 @@
-// Command flightlock shows an operator the locks that flightlock services hold in Redis or
-// etcd, and removes a stuck one. It reads the service's own config file (its Lock: section:
-// Redis or Etcd, and Prefix) or takes a Redis or etcd address:
+// Command flightlock shows an operator the locks that flightlock services hold in Redis, etcd
+// or ZooKeeper, and removes a stuck one. It reads the service's own config file (its Lock:
+// section: Redis, Etcd or Zookeeper, and Prefix) or takes a store's address:
 //
 //	flightlock -f etc/order-api.yaml ls 'order:*'   # held locks: owner, fence, TTL, holder, waiters
 //	flightlock -f etc/order-api.yaml show order:42  # one lock in full
 //	flightlock -f etc/order-api.yaml unlock order:42  # force-release after confirmation (-yes)
 //	flightlock -addr 127.0.0.1:6379 watch           # live acquisitions, releases, contention
 //	flightlock -etcd 127.0.0.1:2379 ls 'acct:*'     # the same on etcd (under -etcd-key, default flightlock/)
+//	flightlock -zookeeper 127.0.0.1:2181 ls         # on ZooKeeper (under -zookeeper-root, default /flightlock)
 //
 // Keys are written as the rules render them, without the Prefix (nor, in etcd, Etcd.Key).
-// -o json prints JSON for scripts. In etcd the owner token of a lock is never printed: a
-// propagated owner token lets its bearer re-enter the lock.
+// -o json prints JSON for scripts. In etcd and ZooKeeper the owner token of a lock is never
+// printed: a propagated owner token lets its bearer re-enter the lock.
 //
 // flightlock check catches lock mistakes before they ship, without Redis: it reads
 // the Lock sections of a config file as go-zero and middleware.New read them, and checks the
@@ -71,13 +72,16 @@ Commands:
 
 KEY and pattern are lock keys as the rules render them (order:42), without Prefix.
 
-Where the locks are (-f, -addr or -etcd; flags override the file). A Lock section that
-names Etcd.Hosts and no Redis (Host or Sentinel) is read in etcd; one that names both is read
-in Redis unless -store etcd. In etcd the keys are Etcd.Key + Prefix + KEY, TLS comes from the
-file's Etcd.CertFile, CertKeyFile and CACertFile, and the owner token is never printed:
+Where the locks are (-f, -addr, -etcd or -zookeeper; flags override the file). A Lock section
+is read in the one store it names (Redis.Host or Sentinel, Etcd.Hosts, Zookeeper.Hosts); one
+that names several is read in the first of Redis, etcd and ZooKeeper unless -store says which.
+In etcd the keys are Etcd.Key + Prefix + KEY and TLS comes from the file's Etcd.CertFile,
+CertKeyFile and CACertFile; in ZooKeeper each lock is a node under Zookeeper.Root named
+Prefix + KEY (escaped), held by its holder's session. Neither prints the owner token:
 
-  flightlock -f etc/x.yaml -store etcd ls         # a section with both stores: its etcd
+  flightlock -f etc/x.yaml -store etcd ls         # a section with several stores: its etcd
   flightlock -etcd 10.0.0.7:2379,10.0.0.8:2379 -etcd-key flightlock/ show acct:42
+  flightlock -zookeeper 10.0.0.9:2181 -zookeeper-root /flightlock ls 'order:*'
 
 `
 
@@ -95,7 +99,9 @@ type options struct {
 	addr     string        // -addr: Redis host:port (node), or seed addresses (cluster)
 	etcd     string        // -etcd: etcd members, host:port,...
 	etcdKey  string        // -etcd-key: the Etcd.Key before Prefix
-	store    string        // -store: redis or etcd, for a Lock section that names both
+	zk       string        // -zookeeper: ZooKeeper servers, host:port,...
+	zkRoot   string        // -zookeeper-root: the Zookeeper.Root the locks live under
+	store    string        // -store: redis, etcd or zookeeper, for a Lock section that names several
 	typ      string        // -type: node or cluster
 	user     string        // -user
 	pass     string        // -pass
@@ -120,14 +126,16 @@ func (o *options) flags(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.addr, "addr", "", "Redis `host:port` (for -type cluster, comma-separated seed addresses)")
 	fs.StringVar(&o.etcd, "etcd", "", "etcd members' `host:port,...`: read the locks in etcd")
 	fs.StringVar(&o.etcdKey, "etcd-key", "", `etcd: the Etcd.Key before Prefix (default: the file's, else "flightlock/")`)
-	fs.StringVar(&o.store, "store", "", "`redis or etcd`: the store to read when the Lock section names both (default redis)")
+	fs.StringVar(&o.zk, "zookeeper", "", "ZooKeeper servers' `host:port,...`: read the locks in ZooKeeper")
+	fs.StringVar(&o.zkRoot, "zookeeper-root", "", `ZooKeeper: the Zookeeper.Root the locks live under (default: the file's, else "/flightlock")`)
+	fs.StringVar(&o.store, "store", "", "`redis, etcd or zookeeper`: the store to read when the Lock section names several (default: the first of them)")
 	fs.StringVar(&o.typ, "type", "", "Redis type: node or cluster (default: the file's, else node)")
 	fs.StringVar(&o.user, "user", "", "Redis or etcd user")
 	fs.StringVar(&o.pass, "pass", "", "Redis or etcd password (or set FLIGHTLOCK_REDIS_PASS, for Redis only)")
 	fs.BoolVar(&o.tls, "tls", false, "connect with TLS, as go-zero's Tls (certificate not verified)")
 	fs.StringVar(&o.prefix, "prefix", "", `the Lock section's Prefix (default: the file's, else "lock:")`)
 	fs.StringVar(&o.output, "o", "table", "output: table or json")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of one command's Redis or etcd calls")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "bound of one command's store calls")
 	fs.BoolVar(&o.yes, "yes", false, "unlock: do not ask for confirmation (for scripts)")
 	fs.BoolVar(&o.shadow, "shadow", false, "ls and watch: include the locks of shadow rules (shadow:...)")
 	fs.IntVar(&o.limit, "limit", 0, "ls: list at most this many locks (0: all)")
@@ -214,14 +222,15 @@ func (o *options) check(pos []string) error {
 		return fmt.Errorf("%w: unknown command %q", errUsage, pos[0])
 	case len(pos)-1 < n[0] || len(pos)-1 > n[1]:
 		return fmt.Errorf("%w: %s takes %s", errUsage, pos[0], map[[2]int]string{{0, 1}: "at most one pattern", {1, 1}: "one KEY"}[n])
-	case o.file == "" && o.addr == "" && o.etcd == "":
-		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port (Redis), or -etcd host:port", errUsage)
-	case o.addr != "" && o.etcd != "":
-		return fmt.Errorf("%w: -addr (Redis) and -etcd name two stores: give one", errUsage)
-	case o.store != "" && o.store != storeRedis && o.store != storeEtcd:
-		return fmt.Errorf("%w: -store must be redis or etcd, got %q", errUsage, o.store)
-	case o.store == storeRedis && (o.etcd != "" || o.etcdKey != ""):
-		return fmt.Errorf("%w: -store redis with -etcd or -etcd-key: give one store", errUsage)
+	case o.file == "" && o.addr == "" && o.etcd == "" && o.zk == "":
+		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port (Redis), -etcd host:port or -zookeeper host:port", errUsage)
+	case o.addr != "" && o.etcd != "" || o.zk != "" && (o.addr != "" || o.etcd != ""):
+		return fmt.Errorf("%w: -addr (Redis), -etcd and -zookeeper name different stores: give one", errUsage)
+	case o.store != "" && o.store != storeRedis && o.store != storeEtcd && o.store != storeZookeeper:
+		return fmt.Errorf("%w: -store must be redis, etcd or zookeeper, got %q", errUsage, o.store)
+	case o.store != "" && o.store != storeEtcd && (o.etcd != "" || o.etcdKey != ""),
+		o.store != "" && o.store != storeZookeeper && (o.zk != "" || o.zkRoot != ""):
+		return fmt.Errorf("%w: -store %s with another store's flags (-etcd, -etcd-key, -zookeeper, -zookeeper-root): give one store", errUsage, o.store)
 	case o.output != "table" && o.output != "json":
 		return fmt.Errorf("%w: -o must be table or json, got %q", errUsage, o.output)
 	case o.timeout <= 0 || o.interval <= 0 || o.duration < 0 || o.limit < 0:

@@ -43,13 +43,13 @@ func quoteIfOdd(s string) string {
 	return s
 }
 
-// ownerColumn is the table's OWNER: the start of the token in Redis; in etcd, where the token
-// is never printed, "-"; for a key held for reading, how many read it.
+// ownerColumn is the table's OWNER: the start of the token in Redis; in etcd and ZooKeeper,
+// where the token is never printed, "-"; for a key held for reading, how many read it.
 func ownerColumn(l lockInfo) string {
 	switch {
 	case l.Readers > 0:
 		return readersString(l.Readers)
-	case l.Store == storeEtcd:
+	case l.Store != "":
 		return "-"
 	}
 	return short(l.Owner)
@@ -69,6 +69,14 @@ func short(owner string) string {
 		return quoteIfOdd(owner[:8]) + "…"
 	}
 	return quoteIfOdd(owner)
+}
+
+// ttlCell is the table's TTL: ZooKeeper keeps a lock as long as its holder's session.
+func ttlCell(l lockInfo) string {
+	if l.Store == storeZookeeper {
+		return "session"
+	}
+	return ttlString(l.TTLMillis)
 }
 
 func ttlString(ms int64) string {
@@ -139,7 +147,7 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 		if l.Readers > 0 { // each read hold has its own: the key's own hold and fence say nothing
 			fence, holds = "-", "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", key, ownerColumn(l), fence, ttlString(l.TTLMillis),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", key, ownerColumn(l), fence, ttlCell(l),
 			holds, waitingString(l), holderString(l))
 	}
 	return tw.Flush()
@@ -157,9 +165,12 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	row("key", quoteIfOdd(l.Key))
-	if l.Store == storeEtcd {
+	switch l.Store {
+	case storeEtcd:
 		row("etcd key", quoteIfOdd(l.EtcdKey))
-	} else {
+	case storeZookeeper:
+		row("znode", quoteIfOdd(l.ZNode))
+	default:
 		row("redis key", quoteIfOdd(l.RedisKey))
 	}
 	if l.Unrecognized != "" {
@@ -173,17 +184,23 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	case l.Readers > 0:
 		row("readers", strconv.Itoa(l.Readers)+" (held for reading: each reader has its own hold and TTL, and a write waits for all of them)")
 		row("owner", "none (each reader has its own)")
-	case l.Store == storeEtcd:
+	case l.Store != "":
 		row("owner", "not shown (the token would let its bearer re-enter the lock)")
 	default:
 		row("owner", quoteIfOdd(l.Owner))
 	}
-	if l.Store == storeEtcd {
+	switch l.Store {
+	case storeZookeeper:
+		if l.Readers == 0 {
+			row("fence", strconv.FormatInt(l.Fence, 10)+" (the creation zxid of the key's node, shifted by 16 bits; in-process handoffs count up from it)")
+		}
+		row("ttl", "none: each hold lives as long as its holder's ZooKeeper session (a dead holder's lock goes when its session expires)")
+	case storeEtcd:
 		row("fence", fmt.Sprintf("%d (of the etcd grant at revision %d; in-process handoffs count up from it)", l.Fence, l.CreateRevision))
 		row("ttl", ttlString(l.TTLMillis)+" left on its lease "+cmp.Or(l.Lease, "(none)")+
 			" (whole seconds; the holder's process keeps it alive: a dead holder's lock goes when it runs out)")
 		row("revision", fmt.Sprintf("%d (unlock removes the lock only while it is still at this revision)", l.ModRevision))
-	} else {
+	default:
 		if l.Readers == 0 { // each reader has its own fence: the last handed out for the key (fence counter)
 			row("fence", strconv.FormatInt(l.Fence, 10)+" (of the Redis grant; in-process handoffs count up from it)")
 		}
@@ -201,6 +218,8 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	switch {
 	case l.Store == storeEtcd && l.Contended:
 		row("waiting", "waiter mark set: a request was refused while it was held (waiters watch the key's deletion; etcd does not count them)")
+	case l.Store == storeZookeeper && l.Contended:
+		row("waiting", "waiter mark set: a request was refused while it was held (waiters watch the key's node; ZooKeeper does not count them)")
 	case l.Waiters > 0:
 		row("waiting", fmt.Sprintf("%d process(es) wait for its release", l.Waiters))
 	case l.Contended:
@@ -251,7 +270,7 @@ func cmdList(ctx context.Context, c *backend, out *printer, o options, pattern s
 	if err != nil {
 		return err
 	}
-	locks := views(found, c.etcd())
+	locks := views(found, c.store())
 	if out.json {
 		return out.encode(locks)
 	}
@@ -291,7 +310,7 @@ func lookupLock(ctx context.Context, c *backend, key string) (lockInfo, error) {
 	if err != nil {
 		return lockInfo{}, err
 	}
-	return view(l, c.etcd()), nil
+	return view(l, c.store()), nil
 }
 
 // errNotHeld is the answer of show and unlock for a key that no one holds.
@@ -299,9 +318,9 @@ var errNotHeld = errors.New("not held")
 
 // notHeld is errNotHeld for key, with its key in the store.
 func notHeld(c *backend, key string) error {
-	where := "Redis key"
-	if c.etcd() {
-		where = "etcd key"
+	where := map[string]string{storeEtcd: "etcd key", storeZookeeper: "znode under " + c.target.zk.Root}[c.store()]
+	if where == "" {
+		where = "Redis key"
 	}
 	return fmt.Errorf("%s (%s %q): %w", quoteIfOdd(key), where, c.keyPrefix()+key, errNotHeld)
 }

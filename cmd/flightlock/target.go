@@ -20,21 +20,24 @@ import (
 
 // Stores the CLI reads.
 const (
-	storeRedis = "redis"
-	storeEtcd  = "etcd"
+	storeRedis     = "redis"
+	storeEtcd      = "etcd"
+	storeZookeeper = "zookeeper"
 )
 
-// target is where the locks are: a Redis or an etcd, and the prefix of the lock keys.
+// target is where the locks are: a Redis, an etcd or a ZooKeeper, and the prefix of the lock
+// keys.
 type target struct {
-	store  string // storeRedis or storeEtcd
+	store  string // storeRedis, storeEtcd or storeZookeeper
 	redis  middleware.RedisConf
-	etcd   middleware.EtcdConf // store etcd: the cluster; its Key goes before prefix
+	etcd   middleware.EtcdConf      // store etcd: the cluster; its Key goes before prefix
+	zk     middleware.ZookeeperConf // store zookeeper: the ensemble; the locks are nodes under its Root
 	prefix string
-	from   string // for messages: "etc/x.yaml (Order.Lock)", "-addr" or "-etcd"
+	from   string // for messages: "etc/x.yaml (Order.Lock)", "-addr", "-etcd" or "-zookeeper"
 }
 
 // keyPrefix is what goes before a rendered key in the store: Prefix in Redis, Etcd.Key +
-// Prefix in etcd.
+// Prefix in etcd; in ZooKeeper Prefix, in the key's node name under Zookeeper.Root.
 func (t target) keyPrefix() string {
 	if t.store == storeEtcd {
 		return t.etcd.Key + t.prefix
@@ -43,9 +46,10 @@ func (t target) keyPrefix() string {
 }
 
 // resolveTarget reads the Lock section of o.file, if any, chooses its store and applies the
-// flags over it. The store is etcd with -store etcd or -etcd, or when the section names
-// Etcd.Hosts and no Redis (Host or Sentinel) and no -addr is given; Redis otherwise, so a
-// section that names both is read in Redis unless -store etcd says otherwise.
+// flags over it. The store is the one -store names, etcd with -etcd, ZooKeeper with
+// -zookeeper; without them and -addr, the section's own (middleware.LockConf.DefaultStore:
+// the one it names, the first of Redis, etcd and ZooKeeper when it names several); Redis
+// otherwise.
 func resolveTarget(o options) (target, error) {
 	var (
 		lc   middleware.LockConf
@@ -65,31 +69,38 @@ func resolveTarget(o options) (target, error) {
 		t.from = "-addr"
 		if o.etcd != "" {
 			t.from = "-etcd"
+		} else if o.zk != "" {
+			t.from = "-zookeeper"
 		}
 	}
-	t.redis, t.etcd, t.prefix = lc.Redis, lc.Etcd, lc.Prefix
+	t.redis, t.etcd, t.zk, t.prefix = lc.Redis, lc.Etcd, lc.Zookeeper, lc.Prefix
 	redisNamed := t.redis.Host != "" || t.redis.Sentinel.MasterName != ""
 	switch {
 	case o.store != "":
 		t.store = o.store
 	case o.etcd != "":
 		t.store = storeEtcd
-	case o.addr == "" && len(t.etcd.Hosts) > 0 && !redisNamed:
-		t.store = storeEtcd
+	case o.zk != "":
+		t.store = storeZookeeper
+	case o.addr == "":
+		t.store, _ = lc.DefaultStore()
 	default:
 		t.store = storeRedis
 	}
 	if o.prefix != "" {
 		t.prefix = o.prefix
 	}
-	if t.store == storeEtcd {
+	switch t.store {
+	case storeEtcd:
 		return etcdTarget(t, o, path)
+	case storeZookeeper:
+		return zookeeperTarget(t, o, path)
 	}
 
 	if o.file != "" && !redisNamed && o.addr == "" {
 		missing := path + ".Redis has no Host"
-		if len(t.etcd.Hosts) == 0 {
-			missing = path + " names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts"
+		if len(t.etcd.Hosts) == 0 && len(t.zk.Hosts) == 0 {
+			missing = path + " names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts"
 		}
 		return target{}, fmt.Errorf("%s: %s: that service locks in an embedded in-memory Redis "+
 			"that only its own process sees, and there is nothing to inspect from outside.%s",
@@ -144,11 +155,14 @@ func etcdTarget(t target, o options, path string) (target, error) {
 	return t, nil
 }
 
-// where names the store for messages: etcd and its hosts, the Redis Host, or the Sentinel
-// master.
+// where names the store for messages: etcd or ZooKeeper and its hosts, the Redis Host, or
+// the Sentinel master.
 func (t target) where() string {
-	if t.store == storeEtcd {
+	switch t.store {
+	case storeEtcd:
 		return "etcd " + strings.Join(t.etcd.Hosts, ",")
+	case storeZookeeper:
+		return "zookeeper " + strings.Join(t.zk.Hosts, ",") + " under " + t.zk.Root
 	}
 	if t.redis.Sentinel.MasterName != "" {
 		return fmt.Sprintf("sentinel master %s via %s", t.redis.Sentinel.MasterName, strings.Join(t.redis.Sentinel.Addrs, ","))
@@ -194,8 +208,9 @@ func loadLockSection(file, want string) (middleware.LockConf, string, error) {
 	}
 	for _, c := range confs[1:] {
 		if c.Redis.Host != confs[0].Redis.Host || c.Prefix != confs[0].Prefix ||
-			!slices.Equal(c.Etcd.Hosts, confs[0].Etcd.Hosts) || c.Etcd.Key != confs[0].Etcd.Key {
-			return middleware.LockConf{}, "", fmt.Errorf("%s has Lock sections on different Redis hosts, etcd clusters or prefixes (%s): choose one with -lock",
+			!slices.Equal(c.Etcd.Hosts, confs[0].Etcd.Hosts) || c.Etcd.Key != confs[0].Etcd.Key ||
+			!slices.Equal(c.Zookeeper.Hosts, confs[0].Zookeeper.Hosts) || c.Zookeeper.Root != confs[0].Zookeeper.Root {
+			return middleware.LockConf{}, "", fmt.Errorf("%s has Lock sections on different Redis hosts, etcd clusters, ZooKeeper ensembles or prefixes (%s): choose one with -lock",
 				file, sectionPaths(found))
 		}
 	}
@@ -298,8 +313,11 @@ func topLevelRedisHint(file string) string {
 
 // connect opens the target's store.
 func connect(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
-	if t.store == storeEtcd {
+	switch t.store {
+	case storeEtcd:
 		return connectEtcd(ctx, t, timeout)
+	case storeZookeeper:
+		return connectZookeeper(ctx, t, timeout)
 	}
 	return connectRedis(ctx, t, timeout)
 }

@@ -46,7 +46,7 @@ func TestResolveTarget(t *testing.T) {
 			err:     "pass -addr shared:6379"},
 		{name: "Lock without any store names both", file: "a.yaml",
 			content: "Order:\n  Lock: {Rules: []}\n",
-			err:     "Order.Lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts"},
+			err:     "Order.Lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts"},
 		{name: "Lock on etcd read in Redis lacks a Redis only", file: "a.yaml", o: options{store: "redis"},
 			content: "Order:\n  Lock: {Etcd: {Hosts: ['e:1']}}\n",
 			err:     "Order.Lock.Redis has no Host: that service"},

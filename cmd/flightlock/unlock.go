@@ -17,14 +17,14 @@ type unlockResult struct {
 	Removed lockInfo `json:"removed"`
 	// Woken (Redis) counts the processes its release notification reached.
 	Woken *int64 `json:"woken_processes,omitempty"`
-	// WaiterMark (etcd) says whether the key's waiter mark was set, and so deleted with it:
-	// processes that were refused it wait on a watch of its deletion, which wakes them.
+	// WaiterMark (etcd, ZooKeeper) says whether the key's waiter mark was set, and so deleted
+	// with it: processes that were refused it wait on a watch of its deletion, which wakes them.
 	WaiterMark *bool `json:"waiter_mark_deleted,omitempty"`
 }
 
 // cmdUnlock is "unlock KEY": show the lock, ask, remove exactly that grant, print what went.
 // The store removes the grant only while it is the one shown (same owner and fence in Redis,
-// same revision in etcd): a lock that changed hands between "show" and the confirmation is
+// same revision in etcd, same node in ZooKeeper): a lock that changed hands between "show" and the confirmation is
 // never removed, as the operator agreed to remove one holder, not whoever holds the key now.
 func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key string, stdin io.Reader, stderr io.Writer) error {
 	rctx, cancel := context.WithTimeout(ctx, o.timeout)
@@ -36,7 +36,7 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 	if err != nil {
 		return fmt.Errorf("%w; nothing removed", err)
 	}
-	l := view(found, c.etcd())
+	l := view(found, c.store())
 	if l.Unrecognized != "" {
 		return fmt.Errorf("%s is not a flightlock lock (value %s); nothing removed", quoteIfOdd(storeKey(l)), quoteIfOdd(l.Unrecognized))
 	}
@@ -62,7 +62,7 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 		return fmt.Errorf("unlock %s: %w", quoteIfOdd(storeKey(l)), err)
 	}
 	res := unlockResult{Removed: l}
-	if c.etcd() {
+	if c.store() != storeRedis {
 		marked := notified > 0
 		res.WaiterMark = &marked
 	} else {
@@ -72,13 +72,13 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 	if out.json {
 		return out.encode(res)
 	}
-	if c.etcd() {
+	if c.store() != storeRedis {
 		mark := "no waiter mark: no request was refused it"
 		if *res.WaiterMark {
 			mark = "deleted its waiter mark: the processes waiting for it watch its deletion and wake now"
 		}
 		_, err = fmt.Fprintf(out.w, "removed %s: fence %d holds %s ttl %s %s; %s\n",
-			quoteIfOdd(l.EtcdKey), l.Fence, holdsString(l), ttlString(l.TTLMillis), holderString(l), mark)
+			quoteIfOdd(storeKey(l)), l.Fence, holdsString(l), ttlCell(l), holderString(l), mark)
 		return err
 	}
 	_, err = fmt.Fprintf(out.w, "removed %s: owner %s fence %d holds %s ttl %s %s; woke %d waiting process(es)\n",
@@ -92,6 +92,8 @@ func whatChanged(l lockInfo, now *lockstore.LockInfo) string {
 	switch {
 	case now == nil:
 		return "released since"
+	case l.Store == storeZookeeper:
+		return "now held by a new grant, fence " + strconv.FormatInt(now.Fence, 10)
 	case l.Store != storeEtcd:
 		return "now held by " + short(now.Owner) + " fence " + strconv.FormatInt(now.Fence, 10)
 	case now.CreateRevision == l.CreateRevision:
@@ -102,8 +104,11 @@ func whatChanged(l lockInfo, now *lockstore.LockInfo) string {
 
 // storeKey is the key of l in its store.
 func storeKey(l lockInfo) string {
-	if l.Store == storeEtcd {
+	switch l.Store {
+	case storeEtcd:
 		return l.EtcdKey
+	case storeZookeeper:
+		return l.ZNode
 	}
 	return l.RedisKey
 }

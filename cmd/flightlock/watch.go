@@ -70,7 +70,7 @@ func (w *watcher) handle(e lockstore.Event) {
 		w.resumed(e.Reason, e.Revision, len(e.Locks))
 		w.hold(e.Locks)
 	default:
-		l := view(e.Lock, w.b.etcd())
+		l := view(e.Lock, w.b.store())
 		switch e.Kind {
 		case lockstore.EventReleased, lockstore.EventExpired, lockstore.EventGone:
 			delete(w.held, l.Key)
@@ -90,7 +90,7 @@ func (w *watcher) handle(e lockstore.Event) {
 func (w *watcher) hold(locks []lockstore.LockInfo) {
 	clear(w.held)
 	for _, l := range locks {
-		w.held[l.Key] = view(l, w.b.etcd())
+		w.held[l.Key] = view(l, w.b.store())
 	}
 }
 
@@ -148,8 +148,8 @@ func eventLine(e event) string {
 	switch {
 	case l.Readers > 0:
 		line += fmt.Sprintf(" readers=%d ttl=%s waiting=%s", l.Readers, ttlString(l.TTLMillis), waitingString(l))
-	case l.Store == storeEtcd && l.Fence > 0: // no owner token in etcd
-		line += fmt.Sprintf(" fence=%d ttl=%s waiting=%s %s", l.Fence, ttlString(l.TTLMillis), waitingString(l), holderString(l))
+	case l.Store != "" && l.Fence > 0: // no owner token in etcd and ZooKeeper
+		line += fmt.Sprintf(" fence=%d ttl=%s waiting=%s %s", l.Fence, ttlCell(l), waitingString(l), holderString(l))
 	case l.Owner != "":
 		line += fmt.Sprintf(" owner=%s fence=%d ttl=%s waiting=%s %s", short(l.Owner), l.Fence, ttlString(l.TTLMillis),
 			waitingString(l), holderString(l))
