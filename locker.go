@@ -367,7 +367,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 // caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
 // nil, is the caller among its process's fair waiters of key: until it is their head it
 // neither watches the key nor looks again at its releases.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter) (*hold, error) {
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter) (h *hold, err error) {
 	wait := b.waits()
 	var (
 		fair  lockstore.FairQueuer
@@ -377,6 +377,11 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		fair, _ = l.k.store.(lockstore.FairQueuer) // fitStore made sure
 		if wait {
 			queue = FairQueueTTL
+			defer func() {
+				if err != nil { // a waiter that gives up must not hold up the line
+					go l.k.leaveQueue(ctx, key, owner)
+				}
+			}()
 		}
 	}
 	var meta string
@@ -421,11 +426,16 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if err != nil {
 			again := wait && attempt > 0 && !b.spent()
 			if mayHaveRun(err) {
-				// What the call may have taken unseen is given back before another attempt
-				// with the same owner token, never after it; a caller that gives up does not
-				// wait for it.
+				// What the call may have taken unseen is given back; a caller that gives up
+				// does not wait for it. The next attempt takes a new owner token: the call may
+				// still land later, and its store then gives back what it took by owner, which
+				// must not be the next attempt's grant.
 				if again {
 					l.k.giveBack(ctx, key, owner, "")
+					if queue > 0 {
+						l.k.leaveQueue(ctx, key, owner) // the new owner takes a place of its own
+					}
+					owner = freshOwner(owner)
 				} else {
 					l.k.giveBackLater(ctx, key, owner, "")
 				}
@@ -645,6 +655,14 @@ func arm(timer **time.Timer, d time.Duration) {
 	} else {
 		(*timer).Reset(d)
 	}
+}
+
+// freshOwner returns a new owner token of the kind of owner (a read hold's, or a lock's).
+func freshOwner(owner string) string {
+	if lockstore.IsReadOwner(owner) {
+		return lockstore.ReadOwner(newOwnerToken())
+	}
+	return newOwnerToken()
 }
 
 // mayHaveRun reports whether a store call that failed with err may have run unseen: its

@@ -126,9 +126,6 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	defer func() { l.k.gate.endBorrow(taken, site) }()
 	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw)
 	if err != nil {
-		if l.cfg.fair && wait {
-			go l.k.leaveQueue(ctx, rkey, owner) // a waiter that gives up must not hold up the line
-		}
 		return nil, err
 	}
 	taken, site = h, callerAbove(callerUp)

@@ -12,8 +12,12 @@
 // owner token (never the token itself, which would let anyone who can read the tree re-enter
 // the lock), then the holder's metadata, then " ~" once someone was refused while it was held.
 // The holds are ephemeral children of the key node, each on the session of the process that
-// holds it: "own" for the acquisition, "b-<name>" for each re-entry by a handed-over owner in
-// another process (lockstore.Store.Reenter), "r-<hash>" for each read hold of a read-write lock.
+// holds it and named for its owner: "o-<hash>" for the acquisition, "b-<hash>-<name>" for each
+// re-entry by a handed-over owner in another process (lockstore.Store.Reenter), "r-<hash>" for
+// each read hold of a read-write lock. ZooKeeper gives a key node that is deleted and created
+// again the same data version, so a version alone cannot tell one grant's node from the next;
+// a hold's name can: every release, renewal, re-entry and busy mark names a hold of the grant it
+// read, and fails on a node the key got since.
 //
 // A lock is held while its key node has at least one hold. The node and its "own" hold are
 // created in one transaction (multi), and the last hold and the node are deleted in one, so a
@@ -33,19 +37,22 @@
 // creates nodes; a refresh is a multi of version checks, which changes nothing but goes through
 // the leader), and when it succeeds the session was live at the leader after the call was sent.
 // How long it lives on is counted from what the leader last heard of it: followers pass on the
-// sessions their clients touched once per tick, and this client touches its session at least
-// every third of the timeout (its pings), so even a follower cut off just after the call
-// committed had reported the session within a third of the timeout and a tick before the send.
-// The leader expires a session on tick boundaries a timeout after its last report. So a session
-// seen live by a committed call outlives its send by two thirds of the timeout less two ticks:
-// the longest lock TTL the store accepts (MaxTTL). A Locker's lease, counted from the send of its
-// last successful acquisition or refresh, then always ends before the session can, and the
-// holder's context is cancelled first.
+// sessions their clients touched when they answer the leader's pings, and may lag up to
+// syncLimit ticks before the leader drops them; this client touches its session at least every
+// third of the timeout (its pings). So even a follower that lagged and was cut off just after the
+// call committed had reported the session within a third of the timeout and syncLimit ticks
+// before the send, and the leader expires a session on tick boundaries a timeout after its last
+// report. A session seen live by a committed call therefore outlives its send by two thirds of
+// the timeout less syncLimit + 1 ticks: the longest lock TTL the store accepts (MaxTTL; 14.7s
+// with the 40s default session, 2s ticks and syncLimit 5). A Locker's lease, counted from the
+// send of its last successful acquisition or refresh, then always ends before the session can,
+// and the holder's context is cancelled first.
 //
 // Dial also checks the session timeout against the ensemble: the server clamps a session timeout
 // to [minSessionTimeout, maxSessionTimeout] without saying so, so one outside is refused; and
 // one no longer than syncLimit x tickTime plus a tick is refused, because a session must outlive
-// the time a cut-off follower keeps its clients before they move to a server of the quorum. The
+// the time a cut-off follower keeps its clients before they move to a server of the quorum, or
+// one that leaves less than a second of lock TTL. The
 // settings are read from the servers' "conf" four-letter word when it is allowed, and taken from
 // the configuration (TickTime, SyncLimit) otherwise.
 //

@@ -9,8 +9,8 @@ import (
 )
 
 // testSession is the session timeout of the tests' stores: with zktest's 500ms ticks and
-// syncLimit 5 it outlives a cut-off follower (3s) and leaves a lock TTL of 3s.
-const testSession = 6 * time.Second
+// syncLimit 5 it outlives a cut-off follower (3s) and leaves a lock TTL of 3s (MaxTTL).
+const testSession = 9 * time.Second
 
 // dial returns a store on hosts (a process of its own: a session of its own), closed when t
 // ends. The ensemble's timings are given too (zktest's), for the stores behind a fault proxy,

@@ -97,11 +97,11 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 	holder, meta, marked := parseValue(data)
 	l.Fence, l.Contended = fence(stat.Czxid), marked
 	for _, k := range kids {
-		switch {
-		case k == ownHold:
+		switch h := len(ownerHash("")); {
+		case strings.HasPrefix(k, ownPre):
 			l.Own = true
-		case strings.HasPrefix(k, borrowPre):
-			name, _ := keyOf(k[len(borrowPre):])
+		case strings.HasPrefix(k, borrowPre) && len(k) > len(borrowPre)+h+1:
+			name, _ := keyOf(k[len(borrowPre)+h+1:]) // "b-<owner hash>-<escaped name>"
 			l.Borrowed = append(l.Borrowed, name)
 		case strings.HasPrefix(k, readerPre):
 			l.Readers++
@@ -133,12 +133,19 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		if now.Fence != l.Fence {
 			return 0, &lockstore.ChangedError{Now: &now}
 		}
-		_, stat, err := in.s.get(ctx, p)
+		// The holds listed between two reads of the same grant (the same creation zxid) are
+		// that grant's: holds are named for their owners, so a delete of one fails on any node
+		// the key gets later, and so does the whole multi.
+		_, first, err := in.s.get(ctx, p)
 		if err != nil {
 			continue
 		}
 		kids, err := in.s.children(ctx, p)
 		if err != nil {
+			continue
+		}
+		_, stat, err := in.s.get(ctx, p)
+		if err != nil || stat.Czxid != first.Czxid || fence(stat.Czxid) != l.Fence || len(kids) == 0 {
 			continue
 		}
 		ops := make([]any, 0, len(kids)+1)

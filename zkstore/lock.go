@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,26 +35,29 @@ func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duratio
 // acquire takes key for owner; place, when set, is owner's place in the key's fair line, which
 // the same multi deletes.
 func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lockstore.Acquisition, error) {
-	p, data := s.keyPath(key), value(ownerHash(owner), meta)
+	p, data, own := s.keyPath(key), value(ownerHash(owner), meta), ownName(owner)
 	for range attempts {
 		ops := []any{
 			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagPersistent},
-			&zk.CreateRequest{Path: p + "/" + ownHold, Acl: s.acl, Flags: zk.FlagEphemeral},
+			&zk.CreateRequest{Path: p + "/" + own, Acl: s.acl, Flags: zk.FlagEphemeral},
 			&zk.SetDataRequest{Path: p, Data: data, Version: 0},
 		}
 		if place != "" {
 			ops = append(ops, &zk.DeleteRequest{Path: place, Version: -1})
 		}
-		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, ownHold), ops...)
+		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, own), ops...)
 		switch {
 		case err == nil:
-			s.remember(p, owner, ownHold)
+			s.remember(p, owner, own)
 			if place != "" {
 				s.dropPlace(s.linePath(key), owner)
 			}
 			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
 		case errors.Is(err, zk.ErrNodeExists):
 			a, again, err := s.held(ctx, p, owner, false)
+			if a.Reentered && place != "" {
+				s.leavePlace(ctx, s.linePath(key), owner) // taken before: the place holds up the line
+			}
 			if !again {
 				return a, err
 			}
@@ -92,7 +96,7 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 	}
 	holder, meta, marked := parseValue(data)
 	if len(kids) == 0 {
-		if holder == writerTag && reader && time.Since(time.UnixMilli(stat.Mtime)) < writerReserve {
+		if holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
 			return lockstore.Acquisition{}, false, nil // kept for the writer that waited
 		}
 		// Nobody holds it: the holds went with their sessions. A delete of a node that gained
@@ -103,19 +107,50 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 		}
 		return lockstore.Acquisition{}, true, nil
 	}
-	if !reader && holder == ownerHash(owner) && slices.Contains(kids, ownHold) {
-		s.remember(p, owner, ownHold)
+	if !reader && slices.Contains(kids, ownName(owner)) {
+		s.remember(p, owner, ownName(owner))
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, false, nil
 	}
 	if !marked {
-		// Waiters elsewhere watch the node's holds; the mark tells readers that a writer
-		// waits, and operators that the lock was contended. A lost race changes nothing.
-		_, _ = call(ctx, func() (*zk.Stat, error) { return s.conn.Set(p, append(data, markSuffix...), stat.Version) }, nil)
+		s.markBusy(ctx, p, data, stat, kids)
 	}
 	if holder == readersTag || holder == writerTag {
 		meta = ""
 	}
 	return lockstore.Acquisition{Holder: meta}, false, nil
+}
+
+// markBusy marks key node p, read as data, stat and its holds kids, as contended: waiters
+// elsewhere watch its holds, and the mark tells readers that a writer waits, and operators that
+// the lock was contended. The mark goes in a multi that checks one of the holds read: names are
+// the owners', so a node the key got since (which ZooKeeper may give the same version) fails the
+// check and keeps its data. A lost race changes nothing.
+func (s *Store) markBusy(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) {
+	if len(kids) == 0 {
+		return
+	}
+	_, _ = s.multi(ctx, nil,
+		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
+		&zk.SetDataRequest{Path: p, Data: append(slices.Clip(data), markSuffix...), Version: stat.Version})
+}
+
+// reservedFor reports whether key node p, left by its last reader to a waiting writer at
+// modification zxid mzxid, is still the writers' (writerReserve since this store first saw it).
+func (s *Store) reservedFor(p string, mzxid int64) bool {
+	now := time.Now()
+	k := p + "@" + strconv.FormatInt(mzxid, 10)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen, ok := s.reservedSeen[k]
+	if !ok {
+		for old, at := range s.reservedSeen { // forget the ones long past, so the map stays small
+			if now.Sub(at) > 2*writerReserve {
+				delete(s.reservedSeen, old)
+			}
+		}
+		s.reservedSeen[k], seen = now, now
+	}
+	return now.Sub(seen) < writerReserve
 }
 
 // giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
@@ -144,27 +179,37 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed over
 	}
-	p, name := s.keyPath(key), borrowPre+nodeName(hold)
+	p, name, h := s.keyPath(key), borrowName(owner, hold), ownerHash(owner)
 	for range attempts {
-		data, stat, err := s.get(ctx, p)
+		_, stat, err := s.get(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
 			return lockstore.Acquisition{}, nil
 		}
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
-		if holder, _, _ := parseValue(data); holder != ownerHash(owner) || stat.NumChildren == 0 {
+		kids, err := s.children(ctx, p)
+		if errors.Is(err, zk.ErrNoNode) {
+			return lockstore.Acquisition{}, nil
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+		}
+		anchor := slices.IndexFunc(kids, func(k string) bool { return ofOwner(k, h) })
+		if anchor < 0 {
 			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
 		}
+		// The new hold goes in only while a hold of owner's is there: owner's grant holds
+		// the key (holds are named for their owners, so no other grant has it).
 		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
-			&zk.CheckVersionRequest{Path: p, Version: stat.Version},
+			&zk.CheckVersionRequest{Path: p + "/" + kids[anchor], Version: -1},
 			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
 		switch {
 		case err == nil, errors.Is(err, zk.ErrNodeExists): // a re-sent re-entry adds it once
 			s.remember(p, owner, name)
 			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
-		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
-			continue // marked or released meanwhile: read again
+		case errors.Is(err, zk.ErrNoNode):
+			continue // that hold went meanwhile: read again
 		default:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
@@ -260,12 +305,12 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	if err := s.check(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	name := ownHold
+	name := ownName(owner)
 	switch {
 	case lockstore.IsReadOwner(owner):
-		name = readerPre + ownerHash(owner)
+		name = readerName(owner)
 	case hold != "":
-		name = borrowPre + nodeName(hold)
+		name = borrowName(owner, hold)
 	}
 	p := s.keyPath(key)
 	n, err := s.releaseHold(ctx, p, owner, name)
@@ -275,41 +320,37 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	return n, err
 }
 
-// releaseHold deletes hold name of owner under key node p (see Release).
+// releaseHold deletes hold name of owner under key node p (see Release). Every multi it sends
+// deletes that hold, which exists under no other grant's node: a read that a new grant of the key
+// overtook makes the multi fail (no node), never touch the new grant.
 func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, error) {
 	reader := strings.HasPrefix(name, readerPre)
 	for range attempts {
 		data, stat, err := s.get(ctx, p)
-		if errors.Is(err, zk.ErrNoNode) {
+		if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {
 			s.forget(p, owner, name)
 			return 0, lockstore.ErrNotHeld
 		}
 		if err != nil {
 			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 		}
-		holder, _, marked := parseValue(data)
-		if reader && holder != readersTag || !reader && holder != ownerHash(owner) {
-			s.forget(p, owner, name)
-			return 0, lockstore.ErrNotHeld
-		}
+		_, _, marked := parseValue(data)
 		hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 		var notified int
 		switch {
 		case stat.NumChildren > 1:
-			// Other holds keep the node. (Only readers join a node, and only with a multi that
-			// checks its version, which a mark changes; a release racing this one can leave the
-			// node without holds, which the next acquirer clears.)
-			_, err = s.multi(ctx, nil, &zk.CheckVersionRequest{Path: p, Version: stat.Version}, hold)
+			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
 			// The last reader of a key a writer waits for leaves it to writers: no holds, so
-			// any writer clears and takes it, while readers wait out writerReserve from now.
+			// any writer clears and takes it, while readers wait out writerReserve.
 			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
 			notified = 1
 		default:
 			_, err = s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: stat.Version})
-			if errors.Is(err, zk.ErrNotEmpty) { // a hold came meanwhile (a re-entry): it keeps the node
-				_, err = s.multi(ctx, nil, &zk.CheckVersionRequest{Path: p, Version: stat.Version}, hold)
-			} else if marked {
+			if errors.Is(err, zk.ErrNotEmpty) {
+				continue // a hold came meanwhile (a re-entry, a reader): read again
+			}
+			if marked {
 				notified = 1
 			}
 		}
@@ -318,7 +359,7 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 			s.forget(p, owner, name)
 			return notified, nil
 		case errors.Is(err, zk.ErrBadVersion):
-			continue // marked or changed meanwhile: read again
+			continue // marked, or another hold released, meanwhile: read again
 		case errors.Is(err, zk.ErrNoNode):
 			s.forget(p, owner, name)
 			return 0, lockstore.ErrNotHeld
@@ -327,6 +368,17 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 		}
 	}
 	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
+}
+
+// releaseNotLast deletes hold name under key node p, read as data and stat with other holds
+// beside it, and writes the node's data back unchanged at the version read: that moves its
+// version, so of two holders releasing at once from the same read the second fails (a bad
+// version), reads again, and finds itself last.
+func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
+	_, err := s.multi(ctx, nil,
+		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
+		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version})
+	return err
 }
 
 // releaseLater retries a release that failed, until it goes through, the hold is gone, or the

@@ -43,14 +43,14 @@ func FuzzNodeNameReadsBack(f *testing.F) {
 // outlive, is refused with the figures that decide it; a good one leaves two thirds less two
 // ticks for the lock TTL.
 func TestSessionTimeoutIsCheckedAgainstTheEnsemble(t *testing.T) {
-	ens := ensemble{tick: 500 * time.Millisecond, syncLimit: 5, minSession: time.Second, maxSession: 10 * time.Second, fromServer: "127.0.0.1:2181"}
+	ens := ensemble{tick: 500 * time.Millisecond, syncLimit: 5, minSession: time.Second, maxSession: 20 * time.Second, fromServer: "127.0.0.1:2181"}
 	for _, tc := range []struct {
 		session time.Duration
 		want    string
 	}{
 		{0, "must be positive"},
-		{500 * time.Millisecond, "outside the servers' 1s to 10s"},
-		{time.Minute, "outside the servers' 1s to 10s"},
+		{500 * time.Millisecond, "outside the servers' 1s to 20s"},
+		{time.Minute, "outside the servers' 1s to 20s"},
 		{3 * time.Second, "not longer than syncLimit x tickTime + tickTime = 3s (read from 127.0.0.1:2181)"},
 	} {
 		err := checkSession(tc.session, ens)
@@ -58,10 +58,13 @@ func TestSessionTimeoutIsCheckedAgainstTheEnsemble(t *testing.T) {
 			t.Errorf("session %v: %v, want an error with %q", tc.session, err, tc.want)
 		}
 	}
-	if err := checkSession(6*time.Second, ens); err != nil {
-		t.Errorf("a 6s session with 500ms ticks: %v", err)
+	if err := checkSession(9*time.Second, ens); err != nil {
+		t.Errorf("a 9s session with 500ms ticks: %v", err)
 	}
-	if got := maxTTL(6*time.Second, 500*time.Millisecond); got != 3*time.Second {
-		t.Errorf("maxTTL(6s, 500ms) = %v, want 3s", got)
+	if got := maxTTL(9*time.Second, 500*time.Millisecond, 5); got != 3*time.Second {
+		t.Errorf("maxTTL(9s, 500ms, syncLimit 5) = %v, want 3s", got)
+	}
+	if err := checkSession(4*time.Second, ens); err == nil || !strings.Contains(err.Error(), "less than a second of lock TTL") {
+		t.Errorf("a 4s session with 500ms ticks and syncLimit 5: %v, want refused for leaving no lock TTL", err)
 	}
 }

@@ -28,7 +28,7 @@ func (s *Store) SharesReads() {}
 // the hold, or one more hold on a readers' node not marked by a waiting writer, created with a
 // multi that checks the node's version as read (a mark changes it).
 func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (lockstore.Acquisition, error) {
-	p, name := s.keyPath(key), readerPre+ownerHash(owner)
+	p, name := s.keyPath(key), readerName(owner)
 	data := value(readersTag, meta)
 	for range attempts {
 		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, name),
@@ -54,8 +54,15 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 		}
+		kids, err := s.children(ctx, p)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		}
 		holder, _, marked := parseValue(cur)
-		if holder != readersTag || marked || stat.NumChildren == 0 {
+		if holder != readersTag || marked || len(kids) == 0 {
 			// A writer's, a writer waits, or nobody's: held reads it as any acquisition does.
 			a, again, err := s.held(ctx, p, owner, true)
 			if again {
@@ -63,14 +70,22 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 			}
 			return a, err
 		}
+		if slices.Contains(kids, name) {
+			s.remember(p, owner, name)
+			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
+		}
+		// Join the readers read: the check of one of their holds fails on any node the key
+		// got since (holds are named for their owners), and writing the data back at the
+		// version read fails once a writer marked it.
 		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
-			&zk.CheckVersionRequest{Path: p, Version: stat.Version},
+			&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
+			&zk.SetDataRequest{Path: p, Data: cur, Version: stat.Version},
 			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
 		switch {
-		case err == nil, errors.Is(err, zk.ErrNodeExists):
+		case err == nil:
 			s.remember(p, owner, name)
-			return lockstore.Acquisition{Acquired: true, Reentered: err != nil, Fence: fence(stat.Czxid)}, nil
-		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
+			return lockstore.Acquisition{Acquired: true, Fence: fence(stat.Czxid)}, nil
+		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrNodeExists):
 			continue
 		default:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
@@ -94,25 +109,26 @@ func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Dur
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
 	}
 	line := s.linePath(key)
-	place := s.placeOf(line, owner)
-	if place == "" && queue > 0 {
-		var err error
-		if place, err = s.takePlace(ctx, line, owner); err != nil {
-			return lockstore.Acquisition{}, err
-		}
-	}
 	kids, err := s.children(ctx, line)
 	if err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: read the line of %q: %w", key, err)
+	}
+	place := s.placeOf(line, owner)
+	if place != "" && !slices.Contains(kids, place[len(line)+1:]) {
+		s.dropPlace(line, owner) // gone with an expired session, or taken away: take another
+		place = ""
+	}
+	if place == "" && queue > 0 {
+		if place, err = s.takePlace(ctx, line, owner); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		kids = append(kids, place[len(line)+1:])
 	}
 	slices.SortFunc(kids, func(a, b string) int { return strings.Compare(sequence(a), sequence(b)) })
 	switch {
 	case place == "" && len(kids) > 0:
 		return lockstore.Acquisition{}, nil // a TryLock with others in line
-	case place != "" && (len(kids) == 0 || line+"/"+kids[0] != place):
-		if len(kids) > 0 && !slices.Contains(kids, place[len(line)+1:]) {
-			s.dropPlace(line, owner) // gone with an expired session: the next look takes another
-		}
+	case place != "" && line+"/"+kids[0] != place:
 		return lockstore.Acquisition{}, nil // others are first
 	}
 	return s.acquire(ctx, key, owner, meta, place)
@@ -159,6 +175,14 @@ func (s *Store) dropPlace(line, owner string) {
 	s.mu.Lock()
 	delete(s.places, holdKey{line, owner})
 	s.mu.Unlock()
+}
+
+// leavePlace deletes owner's place in line, if it has one.
+func (s *Store) leavePlace(ctx context.Context, line, owner string) {
+	if place := s.placeOf(line, owner); place != "" {
+		_, _ = call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(place, -1) }, nil)
+		s.dropPlace(line, owner)
+	}
 }
 
 // LeaveQueue implements lockstore.FairQueuer: deletes owner's place. The next in line looks

@@ -24,7 +24,10 @@ import (
 // Defaults of Config.
 const (
 	DefaultRoot           = "/flightlock"
-	DefaultSessionTimeout = 30 * time.Second
+	// DefaultSessionTimeout leaves 14.7s of lock TTL with the default tickTime and syncLimit
+	// (MaxTTL), above the Locker's default TTL, and is ZooKeeper's default maxSessionTimeout
+	// (20 ticks).
+	DefaultSessionTimeout = 40 * time.Second
 	// DefaultTickTime and DefaultSyncLimit are ZooKeeper's sample configuration's, assumed when
 	// the servers do not answer the "conf" four-letter word and Config does not say.
 	DefaultTickTime  = 2 * time.Second
@@ -66,6 +69,10 @@ type Store struct {
 	closed  atomic.Bool
 
 	mu sync.Mutex
+	// reservedSeen is when this store first saw each key node that the last reader left to a
+	// waiting writer (by path and modification zxid): readers wait writerReserve from then, on
+	// this process's clock rather than by comparing it with the server's.
+	reservedSeen map[string]time.Time // guarded by mu
 	// holds are the hold nodes this store created and has not released, per key node and
 	// owner: what Refresh checks. A hold's node goes with the session that made it, so the
 	// check of a node of this store's proves that its session still lives.
@@ -149,8 +156,9 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 		return nil, fmt.Errorf("flightlock: zookeeper: root %q must be an absolute path", cfg.Root)
 	}
 	s := &Store{
-		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick),
+		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick, ens.syncLimit),
 		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string), places: make(map[holdKey]string),
+		reservedSeen: make(map[string]time.Time),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.SessionTimeout)
 	defer cancel()
@@ -171,9 +179,12 @@ func withDefaults(cfg Config) Config {
 }
 
 // maxTTL is the longest lock TTL a session of timeout session keeps (see the package doc): two
-// thirds of it (this client touches the session at least every third) less two ticks (the
-// follower's report and the leader's rounding).
-func maxTTL(session, tick time.Duration) time.Duration { return session*2/3 - 2*tick }
+// thirds of it (this client touches the session at least every third), less syncLimit ticks (a
+// follower may lag that long before it reports the touches it saw to the leader) and one more
+// (the leader's expiry runs on tick boundaries).
+func maxTTL(session, tick time.Duration, syncLimit int) time.Duration {
+	return session*2/3 - time.Duration(syncLimit+1)*tick
+}
 
 // checkSession refuses a session timeout that the servers would change, or that a cut-off
 // follower's clients could not outlive.
@@ -191,8 +202,9 @@ func checkSession(session time.Duration, ens ensemble) error {
 	case session <= window:
 		return fmt.Errorf("flightlock: zookeeper: session timeout %v is not longer than syncLimit x tickTime + tickTime = %v (%s): a follower cut off from the quorum keeps its clients that long, and their sessions would expire before they can move",
 			session, window, from)
-	case maxTTL(session, ens.tick) <= 0:
-		return fmt.Errorf("flightlock: zookeeper: session timeout %v leaves no lock TTL: it must exceed 3 ticks (tickTime %v, %s)", session, ens.tick, from)
+	case maxTTL(session, ens.tick, ens.syncLimit) < time.Second:
+		return fmt.Errorf("flightlock: zookeeper: session timeout %v leaves less than a second of lock TTL (two thirds of it less syncLimit + 1 ticks: tickTime %v, syncLimit %d, %s)",
+			session, ens.tick, ens.syncLimit, from)
 	}
 	return nil
 }
@@ -261,15 +273,15 @@ func fourLetter(addr, word string, timeout time.Duration) (map[string]string, er
 	return out, nil
 }
 
-// MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less two
-// ticks (see the package doc).
+// MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less
+// syncLimit + 1 ticks (see the package doc).
 func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
 
 // CheckTTL implements lockstore.TTLChecker: a Locker's TTL longer than MaxTTL is refused when
 // the Locker is made.
 func (s *Store) CheckTTL(ttl time.Duration) error {
 	if ttl > s.maxTTL {
-		return fmt.Errorf("a lock TTL of %v is longer than this ZooKeeper session keeps a lock (%v: two thirds of the %v session timeout less two ticks); shorten the TTL or lengthen the session", ttl, s.maxTTL, s.session)
+		return fmt.Errorf("a lock TTL of %v is longer than this ZooKeeper session keeps a lock (%v: two thirds of the %v session timeout less syncLimit + 1 ticks); shorten the TTL or lengthen the session", ttl, s.maxTTL, s.session)
 	}
 	return nil
 }
@@ -360,16 +372,30 @@ func ownerHash(owner string) string {
 	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
-// Hold node names.
+// Hold node names. Every hold is named for its owner (the owner's hash, ownerHash): a grant's
+// holds appear under no other grant's node, so a call that names one (a release, a renewal, a
+// check in a multi) can never reach the next grant of the key, which ZooKeeper may give the
+// same node path and the same data version.
 const (
-	ownHold    = "own"
-	borrowPre  = "b-"
-	readerPre  = "r-"
-	placePre   = "p-"
+	ownPre     = "o-" // the acquisition's hold: "o-<owner hash>"
+	borrowPre  = "b-" // a re-entry from another process: "b-<owner hash>-<escaped hold name>"
+	readerPre  = "r-" // a read hold: "r-<reader's owner hash>"
+	placePre   = "p-" // a place in a fair line
 	readersTag = "~r" // the key node's owner while readers hold it
 	writerTag  = "~w" // left by the last reader to the writer that waited
 	markSuffix = " ~" // someone was refused while the lock was held
 )
+
+// ownName, borrowName and readerName are the hold names of owner.
+func ownName(owner string) string          { return ownPre + ownerHash(owner) }
+func borrowName(owner, hold string) string { return borrowPre + ownerHash(owner) + "-" + nodeName(hold) }
+func readerName(owner string) string       { return readerPre + ownerHash(owner) }
+
+// ofOwner reports whether hold node name is one of owner's (hash h): its acquisition's or a
+// re-entry's.
+func ofOwner(name, h string) bool {
+	return name == ownPre+h || strings.HasPrefix(name, borrowPre+h+"-")
+}
 
 // value is a key node's data: "<owner hash>[ <metadata>][ ~]".
 func value(owner, meta string) []byte {
