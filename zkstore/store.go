@@ -23,7 +23,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultRoot           = "/flightlock"
+	DefaultRoot = "/flightlock"
 	// DefaultSessionTimeout leaves 14.7s of lock TTL with the default tickTime and syncLimit
 	// (MaxTTL), above the Locker's default TTL, and is ZooKeeper's default maxSessionTimeout
 	// (20 ticks).
@@ -387,9 +387,11 @@ const (
 )
 
 // ownName, borrowName and readerName are the hold names of owner.
-func ownName(owner string) string          { return ownPre + ownerHash(owner) }
-func borrowName(owner, hold string) string { return borrowPre + ownerHash(owner) + "-" + nodeName(hold) }
-func readerName(owner string) string       { return readerPre + ownerHash(owner) }
+func ownName(owner string) string { return ownPre + ownerHash(owner) }
+func borrowName(owner, hold string) string {
+	return borrowPre + ownerHash(owner) + "-" + nodeName(hold)
+}
+func readerName(owner string) string { return readerPre + ownerHash(owner) }
 
 // ofOwner reports whether hold node name is one of owner's (hash h): its acquisition's or a
 // re-entry's.
