@@ -12,6 +12,7 @@ require (
 	github.com/flightlock/flightlock v0.0.0-00010101000000-000000000000
 	github.com/flightlock/flightlock/example v0.0.0-00010101000000-000000000000
 	github.com/go-redsync/redsync/v4 v4.18.1
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/redis/rueidis v1.0.79
 	github.com/zeromicro/go-zero v1.10.3

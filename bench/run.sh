@@ -8,7 +8,8 @@
 # and docs/benchmarks.json (scenarios 1-9), and docs/benchmarks-primitives.md (scenarios 10-12: semaphores,
 # read-write locks, fair locks; a
 # report of its own, which docs/benchmarks.md links), after the etcd rows (lockbench -store etcd: docs/benchmarks-etcd.md, also
-# included in docs/benchmarks.md). Scenario 6 runs the
+# included in docs/benchmarks.md) and the ZooKeeper rows (lockbench -store zookeeper:
+# docs/benchmarks-zookeeper.md, which docs/benchmarks.md points at). Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
@@ -99,10 +100,31 @@ if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
   etcdreport=(-etcd-report "$docs/benchmarks-etcd.md")
 fi
 
+zkreport=()
+# The ZooKeeper rows: lockbench -store zookeeper starts a private ZooKeeper server of its own
+# (Debian's zookeeper package, run with java), scenarios 1-3, and docs/benchmarks.md points at
+# their report with its goals (lockbench -zookeeper-report). Like the etcd rows, they run on
+# every full or quick run; LOCKBENCH_ZOOKEEPER=0 skips them.
+if [[ "${LOCKBENCH_ZOOKEEPER:-1}" != "0" && $etcd_rows == 1 ]]; then
+  if ! command -v java >/dev/null 2>&1 || [[ ! -f /usr/share/java/zookeeper.jar ]]; then
+    echo "run.sh: installing zookeeper with apt" >&2
+    sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+  fi
+  zkflags=()
+  ((quick)) && zkflags=(-quick)
+  echo "run.sh: ZooKeeper rows" >&2
+  (cd "$here" && "$work/lockbench" -store zookeeper -out "$docs/benchmarks-zookeeper.md" "${zkflags[@]}")
+  echo "run.sh: wrote ${docs#"$root"/}/benchmarks-zookeeper.md" >&2
+  zkreport=(-zookeeper-report "$docs/benchmarks-zookeeper.md")
+fi
+
 echo "run.sh: running scenarios" >&2
 (cd "$root" && "$work/lockbench" -out "$docs/benchmarks.md" -chart "$docs/benchmarks.png" \
   -json "$docs/benchmarks.json" -primitives-out "$docs/benchmarks-primitives.md" \
-  "${gobench[@]}" "${notes[@]}" "${example[@]}" "${etcdreport[@]}" "$@")
+  "${gobench[@]}" "${notes[@]}" "${example[@]}" "${etcdreport[@]}" "${zkreport[@]}" "$@")
 echo "run.sh: wrote what the scenarios run make of ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png," \
   "benchmarks.json (1-9) and benchmarks-primitives.md (10-12)" >&2
 

@@ -92,7 +92,7 @@ func etcdWorkerRow(id, endpoint string, lockTimeout time.Duration) (workerRow, e
 			holders: func(keys []string, n int) ([]contend.Holder, error) {
 				hs := make([]contend.Holder, n)
 				for i := range hs {
-					hs[i] = &etcdFlightHolder{l: l, keys: keys}
+					hs[i] = &lockerHolder{l: l, keys: keys}
 				}
 				return hs, nil
 			},

@@ -55,21 +55,22 @@ func fsy(x rowResult) float64  { return x.fsyncPerOp }
 func ecpu(x rowResult) float64 { return float64(x.etcdCPU) }
 func scpu(x rowResult) float64 { return float64(x.selfCPU) }
 
-type etcdGoal struct {
+// storeGoal is a goal of an etcd or ZooKeeper report: a ratio of two rows' medians against a bound.
+type storeGoal struct {
 	scenario             int
 	name, want, measured string
 	ratio, bound         float64
 	atMost               bool
 }
 
-func (g etcdGoal) met() bool {
+func (g storeGoal) met() bool {
 	if g.atMost {
 		return g.ratio > 0 && g.ratio <= g.bound
 	}
 	return g.ratio >= g.bound
 }
 
-func (g etcdGoal) verdict() string {
+func (g storeGoal) verdict() string {
 	if g.met() {
 		return "met"
 	}
@@ -78,11 +79,11 @@ func (g etcdGoal) verdict() string {
 
 // goals compares medians: scenario 1 on p50 latency, 2 and 3 on critical sections per second;
 // a scenario that did not run has no goal.
-func (r *etcdResults) goals(c *config) []etcdGoal {
+func (r *etcdResults) goals(c *config) []storeGoal {
 	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
 	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
 	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
-	all := []etcdGoal{
+	all := []storeGoal{
 		{
 			scenario: 1,
 			name:     "1. uncontended lock+unlock, flightlock / floor (p50)", want: "≤ 1.2x", atMost: true, bound: 1.2,
@@ -102,7 +103,7 @@ func (r *etcdResults) goals(c *config) []etcdGoal {
 			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, mu3), fl3, mu3),
 		},
 	}
-	var ran []etcdGoal
+	var ran []storeGoal
 	for _, g := range all {
 		if c.scenarios[g.scenario] {
 			ran = append(ran, g)
@@ -222,7 +223,7 @@ func (r *etcdResults) markdown(c *config, m etcdMachine) string {
 	if goals := r.goals(c); len(goals) > 0 {
 		p("## Goals")
 		p("")
-		p("| etcdGoal | wanted | measured | verdict |")
+		p("| goal | wanted | measured | verdict |")
 		p("|---|---|---|---|")
 		for _, g := range goals {
 			p("| %s | %s | %s | **%s** |", g.name, g.want, g.measured, g.verdict())
@@ -461,7 +462,7 @@ func (r *etcdResults) scalingSection(p printer, c *config) {
 		p("%s | | |", line)
 		p("")
 		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
-			// The etcdGoal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
+			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
 			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
 				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), etcdFallWords(f))
 				p("")

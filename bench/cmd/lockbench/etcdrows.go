@@ -284,14 +284,15 @@ func percentiles(v []int64) (p50, p99 time.Duration) {
 // hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
 const hotGoroutines = 64
 
-// etcdFlightHolder is a goroutine's hold on the flightlock row.
-type etcdFlightHolder struct {
+// lockerHolder is a goroutine's hold on a flightlock Locker, whatever its store (the etcd and
+// ZooKeeper rows).
+type lockerHolder struct {
 	l     *flightlock.Locker
 	keys  []string
 	lease *flightlock.Lease
 }
 
-func (h *etcdFlightHolder) Lock(ctx context.Context, k int) (int64, error) {
+func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
 	lease, err := h.l.Lock(ctx, h.keys[k])
 	if err != nil {
 		return 0, err
@@ -300,7 +301,7 @@ func (h *etcdFlightHolder) Lock(ctx context.Context, k int) (int64, error) {
 	return lease.Fence(), nil
 }
 
-func (h *etcdFlightHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
+func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
 
 // etcdMutexHolder holds one Mutex per key on its goroutine's own session (a Mutex belongs to
 // one session, and two Mutexes of one session on one key would both be granted), made on the
@@ -376,7 +377,7 @@ func (b *etcdBench) holders(row string, keys []string, n int, retries *atomic.In
 	for i := range hs {
 		switch row {
 		case rowFlight:
-			hs[i] = &etcdFlightHolder{l: b.l, keys: keys}
+			hs[i] = &lockerHolder{l: b.l, keys: keys}
 		case rowMutex:
 			hs[i] = &etcdMutexHolder{sess: b.hotSess[i], keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
 		case rowFloor:

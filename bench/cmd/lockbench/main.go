@@ -12,8 +12,13 @@
 //	                         the key on a lease if absent, then a delete), on a private etcd
 //	                         (-etcd, fsync on); writes docs/benchmarks-etcd.md (-out) and its
 //	                         scaling plots beside it
+//	lockbench -store zookeeper
+//	                         flightlock's ZooKeeper store (zkstore) against go-zookeeper's
+//	                         zk.NewLock and the bare Create + Delete floor, on a private
+//	                         ZooKeeper server (-java, -zk-jar, -zk-tick; transaction log
+//	                         fsynced); scenarios 1-3 only; writes docs/benchmarks-zookeeper.md (-out)
 //
-// Both stores run the same scenarios, under the same numbers (-scenario):
+// Redis and etcd run the same scenarios, under the same numbers (-scenario):
 //
 //  1. uncontended lock + unlock, a distinct key per operation, one goroutine;
 //  2. one hot key, goroutines of one process;
@@ -73,6 +78,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,7 +93,7 @@ const lastScenario = 12
 
 // config is the run's settings, for either store; a field that one store does not use says so.
 type config struct {
-	store       string // "redis" or "etcd"
+	store       string // "redis", "etcd" or "zookeeper"
 	scenarios   map[int]bool
 	reps        int
 	d1          time.Duration
@@ -108,6 +114,7 @@ type config struct {
 	goBench    string
 	notes      string
 	etcdReport string // the etcd rows' report (lockbench -store etcd -out), included as a section
+	zkReport   string // the ZooKeeper rows' report (lockbench -store zookeeper -out), pointed at with its goals
 	observe    bool
 
 	// Redis only, scenarios 10-12: in one process, and the target across processes
@@ -116,13 +123,21 @@ type config struct {
 	d12           time.Duration
 	primitivesOut string // the report of scenarios 10-12 (see the doc comment)
 
-	// etcd only
+	// etcd and ZooKeeper
 	lockTimeout time.Duration // bound of every Lock's context
 	warm        time.Duration // unmeasured warm-up per row of scenario 1
-	etcdBin     string
-	dataDir     string
+	dataDir     string        // parent of the server's temporary data directory
 	cmdline     string
 	startedAt   time.Time
+
+	// etcd only
+	etcdBin string
+
+	// ZooKeeper only
+	javaBin   string
+	zkJar     string
+	zkTick    time.Duration // the server's tickTime
+	zkSession time.Duration // the session timeout every client asks for
 
 	// scenario 8: points of each axis, duration per row and point
 	d8           time.Duration
@@ -182,6 +197,8 @@ func main() {
 		runRedis(cfg, prof)
 	case "etcd":
 		runEtcd(&cfg)
+	case "zookeeper":
+		runZooKeeper(&cfg)
 	}
 }
 
@@ -213,12 +230,19 @@ func parseFlags(args []string) (config, profiling) {
 	store, _ := benchflag.Peek(args, "store", false)
 	store = cmp.Or(store, "redis")
 	_, q := benchflag.Peek(args, "quick", true)
-	e := store == "etcd"
-	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis or etcd")
+	// ZooKeeper's rows take etcd's defaults: both write through a consensus log that fsyncs.
+	e := store == "etcd" || store == "zookeeper"
+	zkDefault := func(etcdLike, zookeeper string) string {
+		if store == "zookeeper" {
+			return zookeeper
+		}
+		return etcdLike
+	}
+	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis, etcd or zookeeper")
 	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	scen := fs.String("scenario", defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"),
-		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-12 are Redis only)")
+	scen := fs.String("scenario", zkDefault(defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"), "1,2,3"),
+		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-12 are Redis only; ZooKeeper runs 1-3)")
 	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
 	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
@@ -252,19 +276,29 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
 	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
 	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to include as a section")
+	fs.StringVar(&cfg.zkReport, "zookeeper-report", "", "Redis: the ZooKeeper rows' report (lockbench -store zookeeper -out) to point at, with its goals")
 	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
-	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", 10*time.Second, "etcd: bound of every Lock's context")
-	fs.DurationVar(&cfg.warm, "warm", time.Second, "etcd: unmeasured warm-up per row of scenario 1, before the first repetition")
+	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", 10*time.Second, "etcd, ZooKeeper: bound of every Lock's context")
+	warm := time.Second
+	if store == "zookeeper" {
+		warm = 5 * time.Second // the JVM compiles the server's hot paths meanwhile
+	}
+	fs.DurationVar(&cfg.warm, "warm", warm, "etcd, ZooKeeper: unmeasured warm-up per row of scenario 1, before the first repetition")
 	fs.StringVar(&cfg.etcdBin, "etcd", "/usr/bin/etcd", "etcd: the etcd server binary")
-	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd: parent of etcd's temporary data directory (default: $TMPDIR)")
+	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd, ZooKeeper: parent of the server's temporary data directory (default: $TMPDIR)")
+	fs.StringVar(&cfg.javaBin, "java", "java", "ZooKeeper: the java binary that runs the server")
+	fs.StringVar(&cfg.zkJar, "zk-jar", "/usr/share/java/zookeeper.jar", "ZooKeeper: the server's jar (Debian's zookeeper package)")
+	fs.DurationVar(&cfg.zkTick, "zk-tick", 2*time.Second, "ZooKeeper: the server's tickTime (ZooKeeper's sample configuration's)")
+	fs.DurationVar(&cfg.zkSession, "zk-session", 30*time.Second, "ZooKeeper: the session timeout of every client; "+
+		"zkstore's MaxTTL, two thirds of it less two ticks, must be at least the rows' 10s TTL")
 	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "Redis: write a CPU profile of this process")
 	fs.StringVar(&prof.trace, "trace", "", "Redis: write an execution trace of this process (go tool trace)")
 	rows := fs.String("rows", "", "Redis: comma-separated row ids to run (default all; tables that need a missing row skip it)")
 	_ = fs.Parse(args)
 
-	if cfg.store != "redis" && cfg.store != "etcd" {
-		fatalf("-store: %q is not a store (redis or etcd)", cfg.store)
+	if cfg.store != "redis" && cfg.store != "etcd" && cfg.store != "zookeeper" {
+		fatalf("-store: %q is not a store (redis, etcd or zookeeper)", cfg.store)
 	}
 	var err error
 	for _, l := range []struct {
@@ -282,6 +316,13 @@ func parseFlags(args []string) (config, profiling) {
 	for _, n := range primitiveScenarios {
 		if cfg.store == "etcd" && cfg.scenarios[n] {
 			fatalf("-scenario: %d (semaphores, read-write and fair locks: 10-12) runs on the Redis store only", n)
+		}
+	}
+	if cfg.store == "zookeeper" {
+		for n := range cfg.scenarios {
+			if cfg.scenarios[n] && !slices.Contains(zkScenarios, n) {
+				fatalf("-scenario: %d does not run on ZooKeeper (scenarios %v)", n, zkScenarios)
+			}
 		}
 	}
 	if cfg.reps < 1 || cfg.memWaiters < 0 {

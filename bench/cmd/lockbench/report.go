@@ -304,6 +304,11 @@ func (r *report) markdown() string {
 			w("%s", etcdSection(string(raw), filepath.Base(r.cfg.etcdReport)))
 		}
 	}
+	if r.cfg.zkReport != "" {
+		if raw, err := os.ReadFile(r.cfg.zkReport); err == nil {
+			w("%s", zkPointer(string(raw), filepath.Base(r.cfg.zkReport)))
+		}
+	}
 	if r.cfg.notes != "" {
 		if raw, err := os.ReadFile(r.cfg.notes); err == nil {
 			w("%s", string(raw))

@@ -73,9 +73,9 @@ func workerResults(lines []string) []workerResult {
 // workerMain is the entry point of a worker process.
 func workerMain(args []string) {
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
-	store := fs.String("store", "redis", "redis or etcd")
+	store := fs.String("store", "redis", "redis, etcd or zookeeper")
 	row := fs.String("row", "", "row id")
-	addr := fs.String("addr", "", "the store's address (etcd: its client URL)")
+	addr := fs.String("addr", "", "the store's address (etcd: its client URL; ZooKeeper: host:port)")
 	key := fs.String("key", "", "the hot key")
 	g := fs.Int("g", 16, "goroutines")
 	window := fs.Bool("window", false, "count the critical sections that end within -d of the start (contend.Window); "+
@@ -86,6 +86,7 @@ func workerMain(args []string) {
 	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context (contend.Window)")
 	shmPath := fs.String("shm", "", "guard file")
 	reads := fs.Int("reads", 0, "percent of Locks that take a read lock (Redis rows of read-write locks)")
+	zkSession := fs.Duration("zk-session", 30*time.Second, "ZooKeeper: the session timeout")
 	_ = fs.Parse(args)
 
 	var (
@@ -97,6 +98,8 @@ func workerMain(args []string) {
 		wr, err = redisWorkerRow(*row, *addr, *reads)
 	case "etcd":
 		wr, err = etcdWorkerRow(*row, *addr, *lockTimeout)
+	case "zookeeper":
+		wr, err = zkWorkerRow(*row, *addr, *zkSession, *lockTimeout)
 	default:
 		err = fmt.Errorf("unknown store %q", *store)
 	}
