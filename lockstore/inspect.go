@@ -92,7 +92,9 @@ type LockInfo struct {
 	// channel in Redis. Zero where the store cannot count them (etcd waiters watch the key).
 	Waiters int64
 	// Readers counts the live read holds of a key held for reading (lockstore.ReadOwner); 0
-	// for a key held by a writer. A read-held key lists no Owner: each reader has its own.
+	// for a key held by a writer. A read-held key's Owner is no token (each reader has its
+	// own): the Redis store shows the readers' marker, which ForceUnlock needs, etcd and
+	// ZooKeeper none.
 	Readers int
 	// Queued counts the places in the key's fair line (lockstore.FairQueuer): processes'
 	// requests waiting in order for it.

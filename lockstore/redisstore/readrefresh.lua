@@ -9,7 +9,7 @@
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
 local s = tonumber(redis.call('ZSCORE', KEYS[2], owner) or '0')
 local v = redis.call('GET', KEYS[1])
-if s == 0 or not v or string.sub(v, 1, 3) ~= '~r ' then
+if s == 0 or not v or string.sub(v, 1, 3) ~= '~r:' then
   return 0
 end
 local t = redis.call('TIME')

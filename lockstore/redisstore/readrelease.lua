@@ -21,7 +21,7 @@ if s == 0 then
 end
 redis.call('ZREM', KEYS[2], owner)
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 3) ~= '~r ' then
+if not v or string.sub(v, 1, 3) ~= '~r:' then
   return -1
 end
 local t = redis.call('TIME')
@@ -41,7 +41,7 @@ if #longest > 0 then
   return -1
 end
 if string.sub(v, -2) == ' ~' then
-  redis.call('SET', KEYS[1], '~w ' .. (string.match(v, '^~r (%d+)') or '0') .. ' 0 ~', 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], '~w ' .. (string.match(v, '^~r:%d+ (%d+)') or '0') .. ' 0 ~', 'PX', ARGV[3])
   local n = redis.call('PUBLISH', ARGV[2] .. KEYS[1], '1')
   if held then
     return n

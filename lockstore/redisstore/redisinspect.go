@@ -77,15 +77,11 @@ func (r *RedisInspector) Lookup(ctx context.Context, key string) (lockstore.Lock
 // ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is the owner and fence of
 // l, so a lock whose holds changed since is still removed, and one that changed hands is not.
 func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
-	owner := l.Owner
-	if owner == "" && l.Readers > 0 {
-		owner = readersOwner // the readers' grant, as parseLock read it
-	}
-	if owner == "" || l.Unrecognized != "" {
+	if l.Owner == "" || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
 	reply, err := forceReleaseScript.Run(ctx, r.client, []string{r.storeKey(l.Key)},
-		owner+" "+strconv.FormatInt(l.Fence, 10)+" ", r.channel(l.Key)).Slice()
+		l.Owner+" "+strconv.FormatInt(l.Fence, 10)+" ", r.channel(l.Key)).Slice()
 	if err != nil {
 		return 0, err
 	}
@@ -108,7 +104,7 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) 
 // Owners of the values a read-write lock's key has between its writers (readacquire.lua): held
 // by readers, and left by the last of them to the writer that waited.
 const (
-	readersOwner  = "~r"
+	readersOwner  = "~r:" // then the stamp of the group of readers
 	reservedOwner = "~w"
 )
 
@@ -230,11 +226,12 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 			l.TTL = d
 		}
 		parseLock(&l, v)
-		switch l.Owner {
-		case readersOwner:
+		switch {
+		case strings.HasPrefix(l.Owner, readersOwner):
+			// Owner stays the readers' marker (no token: each reader has its own, in the
+			// readers' set): with the fence it names this group of readers for ForceUnlock.
 			l.Readers = int(rs[i].readers.Val())
-			l.Owner = "" // each reader has its own token, in the readers' set
-		case reservedOwner:
+		case l.Owner == reservedOwner:
 			l.Owner = "" // nobody's: kept for the writer that waited, for a second
 		}
 		l.Queued = int(rs[i].line.Val())

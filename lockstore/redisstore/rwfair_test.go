@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,9 +140,9 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(locks) != 2 || locks[0].Key != "lock:order" || locks[0].Readers != 2 || locks[0].Owner != "" ||
+	if len(locks) != 2 || locks[0].Key != "lock:order" || locks[0].Readers != 2 || !strings.HasPrefix(locks[0].Owner, "~r:") ||
 		locks[1].Key != "lock:stock" || locks[1].Queued != 2 || locks[1].Owner != ownerA {
-		t.Fatalf("listed %+v, want lock:order with 2 readers (no owner) and lock:stock held by A with 2 in line", locks)
+		t.Fatalf("listed %+v, want lock:order with 2 readers (the readers' marker, no token) and lock:stock held by A with 2 in line", locks)
 	}
 	// An operator may force the readers out: the key goes, and so do their refreshes.
 	if _, err := in.ForceUnlock(ctx, locks[0]); err != nil {
@@ -229,5 +230,64 @@ func waitGone(t *testing.T, c *redis.Client, keys ...string) {
 			t.Fatalf("%v still there", keys)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A force unlock of a group of readers an operator saw removes that group only: the next group,
+// with no write between them, may carry the same fence, but not the same marker.
+func TestForceUnlockOfReadersSparesTheNextGroup(t *testing.T) {
+	b := miniBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:k"
+	if _, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
+	in := NewInspector(b.client, "lock:")
+	seen, err := in.Lookup(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // a new group, in another microsecond
+	next, err := s.Acquire(ctx, key, readerB, 10*time.Second, "")
+	if err != nil || !next.Acquired {
+		t.Fatal(next, err)
+	}
+	var changed *lockstore.ChangedError
+	if _, err := in.ForceUnlock(ctx, seen); !errors.As(err, &changed) {
+		t.Fatalf("force unlock of the group seen, with another group holding now: %v, want ChangedError", err)
+	}
+	if err := s.Refresh(ctx, key, readerB, 10*time.Second); err != nil {
+		t.Fatalf("the next group's reader after the refused force unlock: %v", err)
+	}
+}
+
+// A read's fence is at least the last write's also when Redis lost the fence counter (a restart
+// from an old snapshot): it is minted from the clock, as a write's is, and the next write's is
+// above it.
+func TestReadFenceFollowsTheLastWriteAfterTheCounterIsLost(t *testing.T) {
+	b := realBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:k"
+	w, err := s.Acquire(ctx, key, ownerA, 10*time.Second, "")
+	if err != nil || !w.Acquired {
+		t.Fatal(w, err)
+	}
+	if _, err := s.Release(ctx, key, ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	b.client.Del(ctx, lockstore.FenceKey(key)) // the counter's last writes are lost
+	r, err := s.Acquire(ctx, key, readerA, 10*time.Second, "")
+	if err != nil || r.Fence < w.Fence {
+		t.Fatalf("a read after the write with fence %d and a lost counter: %+v %v", w.Fence, r, err)
+	}
+	if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	w2, err := s.Acquire(ctx, key, ownerB, 10*time.Second, "")
+	if err != nil || w2.Fence <= r.Fence {
+		t.Fatalf("the write after the read with fence %d: %+v %v", r.Fence, w2, err)
 	}
 }
