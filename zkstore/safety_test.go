@@ -3,8 +3,12 @@ package zkstore
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock"
 
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
@@ -172,5 +176,48 @@ func TestFairWaiterWhosePlaceIsGoneTakesAnother(t *testing.T) {
 	}
 	if !got.Acquired {
 		t.Fatal("a waiter whose place is gone never took the free key")
+	}
+}
+
+// A hot key shared by four sessions keeps moving: no release is answered ErrNotHeld (a hold
+// lost to a stale mark or release), every session gets the key, and never two at once.
+func TestHotKeyAcrossSessionsKeepsMovingWithoutADoubleGrant(t *testing.T) {
+	srv := zktest.Start(t)
+	var (
+		c        inside
+		notHeld  atomic.Int64
+		perStore [4]atomic.Int64
+		wg       sync.WaitGroup
+	)
+	stop := time.Now().Add(2 * time.Second)
+	for i := range 4 {
+		l := mustLocker(t, dial(t, srv.Addr), flightlock.WithWait(5*time.Second))
+		for range 8 {
+			wg.Go(func() {
+				for time.Now().Before(stop) {
+					lease, err := l.Lock(context.Background(), "hot")
+					if err != nil {
+						continue
+					}
+					if c.enter(lease) {
+						perStore[i].Add(1)
+						c.now.Add(-1)
+					}
+					if err := lease.Release(context.Background()); errors.Is(err, flightlock.ErrNotHeld) {
+						notHeld.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if c.most.Load() > 1 || notHeld.Load() > 0 {
+		t.Fatalf("%d holders at once at most, %d releases answered ErrNotHeld", c.most.Load(), notHeld.Load())
+	}
+	for i := range perStore {
+		if perStore[i].Load() == 0 {
+			t.Fatalf("session %d never got the key (grants per session: %d %d %d %d)", i,
+				perStore[0].Load(), perStore[1].Load(), perStore[2].Load(), perStore[3].Load())
+		}
 	}
 }

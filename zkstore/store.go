@@ -249,6 +249,10 @@ func readEnsemble(cfg Config) (ensemble, error) {
 		}
 		return ens, nil
 	}
+	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks). A
+	// server whose bounds are narrower, and which also refuses "conf", would clamp the session
+	// without a word; its operators set TickTime to match, or allow "conf".
+	ens.minSession, ens.maxSession = 2*ens.tick, 20*ens.tick
 	return ens, nil
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 // zookeeperTarget applies the ZooKeeper flags over the file's Zookeeper section: -zookeeper
-// (hosts) and -zookeeper-root. The session timeout is the file's (default 30s): the servers
+// (hosts) and -zookeeper-root. The session timeout is the file's (default 40s): the servers
 // refuse one outside their bounds, as they would the service's.
 func zookeeperTarget(t target, o options, path string) (target, error) {
 	switch {

@@ -12,9 +12,9 @@ import (
 // one node under Root, named Lock.Prefix + the key, escaped so that a key never makes a path of
 // several nodes.
 //   - Hosts lists the servers (host:port). Empty (the default): no ZooKeeper.
-//   - SessionTimeout is the session's timeout (default 30s). ZooKeeper keeps a hold as long as
+//   - SessionTimeout is the session's timeout (default 40s). ZooKeeper keeps a hold as long as
 //     the session that made it, so it bounds the lock TTL: a rule on ZooKeeper needs a TTL of at
-//     most two thirds of it less two ticks (zkstore.Store.MaxTTL), and New refuses a longer one,
+//     most two thirds of it less syncLimit + 1 ticks (zkstore.Store.MaxTTL), and New refuses a longer one,
 //     naming the rule. It must also exceed syncLimit x tickTime + tickTime and lie within the
 //     servers' minSessionTimeout and maxSessionTimeout, or New refuses it (zkstore.Dial).
 //   - Root is the node the locks live under (default /flightlock), created when missing.
@@ -23,7 +23,7 @@ import (
 //     sample values, 2s and 5.
 type ZookeeperConf struct {
 	Hosts          []string      `json:",optional"`
-	SessionTimeout time.Duration `json:",default=30s"`
+	SessionTimeout time.Duration `json:",default=40s"`
 	Root           string        `json:",default=/flightlock"`
 	TickTime       time.Duration `json:",optional"`
 	SyncLimit      int           `json:",optional"`
@@ -99,5 +99,5 @@ func (z ZookeeperConf) checkTTL(field, rule string, ttl time.Duration) error {
 		on = rule + " runs on ZooKeeper"
 	}
 	return FieldError(field, "%v is too long for the %v session timeout (Lock.Zookeeper.SessionTimeout): %s, which keeps a lock "+
-		"at most two thirds of the session timeout less two ticks; shorten the TTL or lengthen the session", ttl, z.SessionTimeout, on)
+		"at most two thirds of the session timeout less syncLimit + 1 ticks; shorten the TTL or lengthen the session", ttl, z.SessionTimeout, on)
 }

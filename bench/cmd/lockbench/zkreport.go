@@ -114,7 +114,7 @@ func (r *zkResults) markdown(c *config, m zkMachine, maxTTL time.Duration) strin
 	p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 	p("  killed by its pid at the end.")
 	p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-	p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less two ticks), and flightlock's", c.zkSession, maxTTL)
+	p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks), and flightlock's", c.zkSession, maxTTL)
 	p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
 	p("  defaults (%d handoffs or %v per grant).", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow)
 	p("- zk.NewLock is the recipe as its package ships it: a protected ephemeral sequential node under the lock path, the")
