@@ -26,7 +26,8 @@ import (
 // least the fence of the write it follows, and below that of any write after it. A context
 // that holds the key's write lock re-enters it for a read; one that holds a read lock cannot
 // take the write lock (ErrUpgrade). Read locks are not handed to downstream services (the
-// zrpc interceptors pass write locks only). The store must keep read-write locks
+// zrpc interceptors pass write locks only); a read under a write handed over from upstream
+// re-enters that write. The store must keep read-write locks
 // (lockstore.ReadWriter); New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
@@ -86,7 +87,10 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 			return lease, err
 		}
 	}
-	if o, ok := handover.Lookup(ctx, rkey); ok && !l.cfg.read {
+	// A handed-over owner (always a write grant's: read leases are not handed over) is
+	// re-entered, for a read too: the caller's write covers it, and a read of its own would
+	// wait for the write it runs under.
+	if o, ok := handover.Lookup(ctx, rkey); ok {
 		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
 			return lease, err
 		}

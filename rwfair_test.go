@@ -536,3 +536,26 @@ func TestFairReleaseWakesOneWaiterPerProcess(t *testing.T) {
 		}
 	}
 }
+
+// A read under a write handed over by an upstream service (its owner in the call's metadata)
+// re-enters that write instead of waiting for it: a read of its own would wait for the write
+// it runs under until its budget ran out.
+func TestReadUnderAHandedOverWriteReentersIt(t *testing.T) {
+	s, _, _ := miniStore(t)
+	upstream := mustLocker(t, s)
+	down := mustLocker(t, s, WithRead(), WithWait(200*time.Millisecond))
+	ctx := context.Background()
+	w, err := upstream.Lock(ctx, "order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Release(ctx)
+	r, err := down.Lock(withOwner(ctx, "lock:order", w.Owner()), "order")
+	if err != nil {
+		t.Fatalf("a read under the handed-over write: %v", err)
+	}
+	if r.Grant() != GrantBorrowed {
+		t.Fatalf("the read's grant: %v, want a re-entry of the write (borrowed)", r.Grant())
+	}
+	_ = r.Release(ctx)
+}

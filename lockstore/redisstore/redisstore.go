@@ -204,12 +204,12 @@ func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Du
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner)
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner, s.releaseIfTaken(key, owner))
 }
 
 // acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua) and reads
-// its reply.
-func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner string) (lockstore.Acquisition, error) {
+// its reply. late gets the reply of a batched call whose caller left (batcher.run).
+func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	var (
 		code, n int64
 		value   string
@@ -218,7 +218,7 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 	if s.replicas > 0 {
 		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, "", acquireTaken, acquireReentered)
 	} else {
-		code, n, value, err = reply(s.run(ctx, script, keys, s.releaseIfTaken(key, owner), args...))
+		code, n, value, err = reply(s.run(ctx, script, keys, late, args...))
 	}
 	if isTryAgain(err) || isRedirect(err) {
 		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes, or

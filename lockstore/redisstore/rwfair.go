@@ -60,7 +60,18 @@ func (s *RedisStore) AcquireFair(ctx context.Context, key, owner string, ttl tim
 	if queue <= 0 {
 		args[4] = "0"
 	}
-	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner)
+	taken := s.releaseIfTaken(key, owner)
+	late := func(cmd *redis.Cmd) {
+		// The caller left (and left the line, or will): what the call did for it is undone,
+		// a grant given back, and a place it took (or kept) left, so that nobody waits behind it.
+		taken(cmd)
+		if code, _, _, err := reply(cmd); err == nil && code == acquireBusy {
+			ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+			defer cancel()
+			_ = s.LeaveQueue(ctx, key, owner)
+		}
+	}
+	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner, late)
 }
 
 // LeaveQueue implements lockstore.FairQueuer with leavequeue.lua.
