@@ -293,7 +293,7 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.zkJar, "zk-jar", "/usr/share/java/zookeeper.jar", "ZooKeeper: the server's jar (Debian's zookeeper package)")
 	fs.DurationVar(&cfg.zkTick, "zk-tick", 2*time.Second, "ZooKeeper: the server's tickTime (ZooKeeper's sample configuration's)")
 	fs.DurationVar(&cfg.zkSession, "zk-session", zkstore.DefaultSessionTimeout, "ZooKeeper: the session timeout of every client; "+
-		"zkstore's MaxTTL, two thirds of it less two ticks, must be at least the rows' 10s TTL")
+		"zkstore's MaxTTL, two thirds of it less syncLimit + 1 ticks (one tick on the standalone server), must be at least the rows' 10s TTL")
 	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "Redis: write a CPU profile of this process")
 	fs.StringVar(&prof.trace, "trace", "", "Redis: write an execution trace of this process (go tool trace)")
 	rows := fs.String("rows", "", "Redis: comma-separated row ids to run (default all; tables that need a missing row skip it)")

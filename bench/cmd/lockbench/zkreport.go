@@ -114,7 +114,9 @@ func (r *zkResults) markdown(c *config, m zkMachine, maxTTL time.Duration) strin
 	p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 	p("  killed by its pid at the end.")
 	p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-	p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks), and flightlock's", c.zkSession, maxTTL)
+	p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, maxTTL.Round(100*time.Millisecond))
+	p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
+		(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
 	p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
 	p("  defaults (%d handoffs or %v per grant).", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow)
 	p("- zk.NewLock is the recipe as its package ships it: a protected ephemeral sequential node under the lock path, the")
@@ -269,9 +271,10 @@ func (r *zkResults) howToRead(p printer, c *config) {
 		parts = append(parts, fmt.Sprintf("Scenario 1 is the price of one lock when nobody contends. The server fsyncs "+
 			"every write before it answers, so compare the requests and fsyncs per operation before the times. The floor "+
 			"is two requests, both writes (%s requests, %s fsyncs per operation measured). flightlock's Acquire is one "+
-			"multi (the key node, its ephemeral hold, and a set that reads the fence) and its Release reads the key node "+
-			"(owner, mark, version) before one multi deletes hold and node: %s requests and %s fsyncs, the floor's writes "+
-			"plus a read, in multis of two and three operations where the floor sends one each. So its p50 is %s against "+
+			"multi (the key node, its ephemeral hold, and a set that reads the fence) and its Release, when the hold is "+
+			"the grant's only one (no re-entry), one multi that deletes hold and node without reading either: %s requests "+
+			"and %s fsyncs, the floor's two writes, in multis of three and two operations where the floor sends one each "+
+			"(a node with other holds fails that multi whole, and only then does the Release read the node). So its p50 is %s against "+
 			"%s (%.2fx), with %s of server CPU against %s and %s of client CPU against %s per operation. zk.NewLock on an "+
 			"existing lock path is a create, a listing of the path's children and a delete (%s requests, p50 %s); on a "+
 			"fresh path it first looks the path up and creates it (%s requests, %s fsyncs, p50 %s).",
