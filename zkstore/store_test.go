@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
@@ -367,4 +369,34 @@ func TestInspectorListsAndForceUnlocks(t *testing.T) {
 		t.Fatal("a second force unlock of the same grant succeeded")
 	}
 	_ = y.Release(ctx)
+}
+
+// The server a holder talks to dies: the client moves to another server within the session, the
+// holder keeps its lock (its renewals go through the new server), and the key stays excluded.
+func TestHolderKeepsItsLockWhenItsServerDies(t *testing.T) {
+	ens := zktest.StartEnsemble(t, 3)
+	s := dial(t, ens.Addrs()...)
+	ctx := context.Background()
+	lease, err := mustLocker(t, s).Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	talksTo := s.Conn().Server()
+	for _, srv := range ens.Servers {
+		if srv.Addr == talksTo {
+			srv.Stop()
+		}
+	}
+	other := mustLocker(t, dial(t, ens.Addrs()...), flightlock.WithMode(flightlock.Reject))
+	waitFor(t, 20*time.Second, "the holder's client on another server", func() bool {
+		return s.Conn().Server() != talksTo && s.Conn().State() == zk.StateHasSession
+	})
+	time.Sleep(2 * time.Second) // two renewals through the new server
+	if lease.Lost() {
+		t.Fatal("the holder lost its lock when its server died; its session lives on another")
+	}
+	if _, err := other.Lock(ctx, "k"); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("another session while the holder holds: %v, want ErrBusy", err)
+	}
+	_ = lease.Release(ctx)
 }
