@@ -92,7 +92,7 @@ func allRows() []rowSpec {
 }
 
 func rowByID(id string) (rowSpec, bool) {
-	for _, r := range slices.Concat(allRows(), semaphoreRows(), rwRows(), fairRows()) {
+	for _, r := range slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()) {
 		if r.id == id {
 			return r, true
 		}
@@ -100,10 +100,30 @@ func rowByID(id string) (rowSpec, bool) {
 	return rowSpec{}, false
 }
 
-// newClient is the go-redis client we build for a row: one pool per row, with the identity
-// handshake off (Debian's Redis 7.0 rejects CLIENT SETINFO) and context deadlines on socket I/O.
-func newClient(addr string) (*redis.Client, *rtCounter) {
-	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, ContextTimeoutEnabled: true})
+// clientSetting is how a row's go-redis client is configured.
+type clientSetting string
+
+const (
+	// tunedClient is the bench's own client: the identity handshake off (Debian's Redis 7.0
+	// rejects CLIENT SETINFO) and context deadlines on socket I/O. Every row uses it unless it
+	// says otherwise.
+	tunedClient clientSetting = "tuned"
+	// defaultClient is redis.Options{Addr} and nothing else, as a user who never read the
+	// options would build it (pool 10 x GOMAXPROCS, no ContextTimeoutEnabled, CLIENT SETINFO
+	// sent on every new connection): an outside benchmark on such clients disagreed with the
+	// tuned rows (issue 37), so scenario 13 runs both.
+	defaultClient clientSetting = "default"
+)
+
+// newClient is the go-redis client we build for a row: one pool per row, tuned.
+func newClient(addr string) (*redis.Client, *rtCounter) { return newClientWith(addr, tunedClient) }
+
+func newClientWith(addr string, s clientSetting) (*redis.Client, *rtCounter) {
+	o := &redis.Options{Addr: addr}
+	if s == tunedClient {
+		o.DisableIdentity, o.ContextTimeoutEnabled = true, true
+	}
+	c := redis.NewClient(o)
 	h := &rtCounter{}
 	c.AddHook(h)
 	return c, h
@@ -124,9 +144,15 @@ func newFlightlock(addr string) (impl, error) { return newFlightlockWith(addr) }
 // newFlightlockWith is the flightlock row with more options (scenario 10's permits, scenario
 // 12's fairness) after the common ones.
 func newFlightlockWith(addr string, opts ...flightlock.Option) (*flightlockImpl, error) {
-	c, h := newClient(addr)
+	return newFlightlockOn(addr, tunedClient, append([]flightlock.Option{flightlock.WithPrefix("fl:")}, opts...)...)
+}
+
+// newFlightlockOn is the flightlock row on a client of setting s: the store with its defaults,
+// the common TTL and wait, then opts.
+func newFlightlockOn(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
+	c, h := newClientWith(addr, s)
 	store := redisstore.New(c)
-	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget), flightlock.WithPrefix("fl:")}, opts...)...)
+	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +205,11 @@ type redislockImpl struct {
 }
 
 func newRedislock(addr string, poll time.Duration) (impl, error) {
-	c, h := newClient(addr)
+	return newRedislockOn(addr, tunedClient, poll)
+}
+
+func newRedislockOn(addr string, s clientSetting, poll time.Duration) (impl, error) {
+	c, h := newClientWith(addr, s)
 	return &redislockImpl{client: c, rt: h, lc: redislock.New(c), poll: poll}, nil
 }
 
@@ -349,8 +379,10 @@ type floorImpl struct {
 	ping   bool
 }
 
-func newFloor(addr string, ping bool) (impl, error) {
-	c, h := newClient(addr)
+func newFloor(addr string, ping bool) (impl, error) { return newFloorOn(addr, tunedClient, ping) }
+
+func newFloorOn(addr string, s clientSetting, ping bool) (impl, error) {
+	c, h := newClientWith(addr, s)
 	return &floorImpl{client: c, rt: h, ping: ping}, nil
 }
 

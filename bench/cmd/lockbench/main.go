@@ -35,7 +35,9 @@
 //     readers and plain writers against a naive SET NX + sorted-set read-write lock that
 //     polls), in one process and in 4 processes x 16 goroutines;
 //  12. Redis only: what fairness costs, flightlock's default mutex against WithFair on one hot
-//     key, in one process and in 4 processes x 16 goroutines.
+//     key, in one process and in 4 processes x 16 goroutines;
+//  13. Redis only: the rows of 1, 8's key axis and 9's holding that issue 37 compares, on a
+//     default go-redis client beside the tuned one (-client), interleaved (defaultclient.go).
 //
 // Scenarios 10-12 are reported in a document of their own (-primitives-out,
 // docs/benchmarks-primitives.md): with only them in -scenario, -out gets that document (its
@@ -91,7 +93,7 @@ import (
 )
 
 // lastScenario is the number of the last scenario.
-const lastScenario = 12
+const lastScenario = 13
 
 // config is the run's settings, for either store; a field that one store does not use says so.
 type config struct {
@@ -150,6 +152,9 @@ type config struct {
 	memLocks   []int
 	memWaiters int
 	d9hold     time.Duration
+	// scenario 13: the go-redis client settings it runs, and its key counts
+	clients []clientSetting
+	s13Keys []int
 }
 
 var (
@@ -243,8 +248,8 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis, etcd or zookeeper")
 	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	scen := fs.String("scenario", zkDefault(defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9,10,11,12", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"), "1,2,3"),
-		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-12 are Redis only; ZooKeeper runs 1-3)")
+	scen := fs.String("scenario", zkDefault(defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"), "1,2,3"),
+		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-13 are Redis only; ZooKeeper runs 1-3)")
 	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
 	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
@@ -268,6 +273,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs.IntVar(&cfg.memWaiters, "mem-waiters", defaultFor(e, q, 1000, 200, 1000, 100), "scenario 9: goroutines waiting on one key (0: skip waiting)")
 	fs.DurationVar(&cfg.d9hold, "d9hold", defaultFor(e, q, 10*time.Second, 10*time.Second, 4*time.Second, time.Second),
 		"scenario 9: how long rows that renew hold their locks (Redis: 10s, a whole number of both renewing rows' periods; etcd: at least TTL/3, the watchdog's period)")
+	clients := fs.String("client", "both", "scenario 13: the go-redis client settings to run, tuned (the other scenarios' client), default "+
+		"(redis.Options{Addr} alone) or both; uses -d1, -d4, -mem-locks and -d9hold")
+	s13k := fs.String("s13-keys", defaultFor(false, q, "1000,100000", "1000,10000", "", ""), "scenario 13: distinct keys under 64 goroutines (empty: skip)")
 	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); etcd writes its scaling plots beside it")
 	fs.StringVar(&cfg.exampleConf, "example-config", defaultFor(e, q, "etc/flightlock-example-redis.yaml", "etc/flightlock-example-redis.yaml",
 		"etc/flightlock-example-etcd.yaml", "etc/flightlock-example-etcd.yaml"), "scenario 6: the example's config file (its stores and ports are replaced)")
@@ -307,7 +315,7 @@ func parseFlags(args []string) (config, profiling) {
 		name string
 		v    string
 		dst  *[]int
-	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}} {
+	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}, {"s13-keys", *s13k, &cfg.s13Keys}} {
 		if *l.dst, err = benchflag.Ints(l.v); err != nil {
 			fatalf("-%s: %v", l.name, err)
 		}
@@ -319,6 +327,17 @@ func parseFlags(args []string) (config, profiling) {
 		if cfg.store == "etcd" && cfg.scenarios[n] {
 			fatalf("-scenario: %d (semaphores, read-write and fair locks: 10-12) runs on the Redis store only", n)
 		}
+	}
+	if cfg.store == "etcd" && cfg.scenarios[13] {
+		fatalf("-scenario: 13 (go-redis client settings) runs on the Redis store only")
+	}
+	switch *clients {
+	case "both":
+		cfg.clients = []clientSetting{tunedClient, defaultClient}
+	case string(tunedClient), string(defaultClient):
+		cfg.clients = []clientSetting{clientSetting(*clients)}
+	default:
+		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
 	if cfg.store == "zookeeper" {
 		for n := range cfg.scenarios {
@@ -421,6 +440,9 @@ func runRedis(cfg config, prof profiling) {
 	}
 	if cfg.scenarios[9] {
 		rep.s9 = b.scenario9()
+	}
+	if cfg.scenarios[13] {
+		rep.s13 = b.scenario13()
 	}
 	if cfg.scenarios[10] {
 		rep.s10 = b.scenario10()

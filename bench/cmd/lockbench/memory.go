@@ -40,7 +40,10 @@ const (
 )
 
 // renewing says whether a row keeps its locks alive while held.
-func renewing(id string) bool { return id == "flightlock" || id == "rueidislock" }
+func renewing(id string) bool {
+	id = baseRow(id)
+	return id == "flightlock" || id == "rueidislock"
+}
 
 // renews says how a row keeps its locks alive while held.
 var renews = map[string]string{

@@ -44,6 +44,7 @@ type report struct {
 	s10     *s10Results // s10-s12 are written to the primitives report (primitivesMarkdown)
 	s11     *s11Results
 	s12     *s12Results
+	s13     *s13Results
 
 	primitivesName string // the primitives report's file name, for the main report's link
 }
@@ -55,7 +56,7 @@ func (r *report) raw() map[string]any {
 	}
 	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
-		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "quick": r.cfg.quick}
+		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "scenario13": r.s13, "quick": r.cfg.quick}
 }
 
 func find(rs []*result, id string) *result {
@@ -283,6 +284,7 @@ func (r *report) markdown() string {
 		{"7", "Duplicates of one request: shared response against 409", r.s7 != nil, r.s7Section},
 		{"8", "Scaling: cost as the work grows", r.s8 != nil, r.s8Section},
 		{"9", "Memory: what a held lock and a waiter cost", r.s9 != nil, r.s9Section},
+		{"13", "Default go-redis client", r.s13 != nil, r.s13Section},
 	} {
 		w("## %s. %s\n\n", sec.n, sec.title)
 		if sec.ran {

@@ -101,6 +101,11 @@ func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowS
 
 // s8Contend runs g goroutines over keys in this process for d8 and measures them.
 func (b *bench) s8Contend(im impl, keys []string, g int) (metrics, string) {
+	return b.contendFor(im, keys, g, b.cfg.d8)
+}
+
+// contendFor runs g goroutines over keys in this process for d and measures them.
+func (b *bench) contendFor(im impl, keys []string, g int, d time.Duration) (metrics, string) {
 	gds := make([]guard.Guard, len(keys))
 	for i := range gds {
 		gds[i] = guard.New()
@@ -108,8 +113,8 @@ func (b *bench) s8Contend(im impl, keys []string, g int) (metrics, string) {
 	s0 := b.snap()
 	start := time.Now().Add(20 * time.Millisecond)
 	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+b.cfg.d8, func() { close(stop) })
-	cr := contendImpl(im, keys, gds, g, start, stop, 0, start.Add(b.cfg.d8+waitBudget))
+	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
+	cr := contendImpl(im, keys, gds, g, start, stop, 0, start.Add(d+waitBudget))
 	t.Stop()
 	delta := diffStats(s0.cmds, b.stats())
 	var plain, viol int64

@@ -19,8 +19,10 @@ type storeImpl struct {
 	store  *redisstore.RedisStore
 }
 
-func newStoreRow(addr string) (impl, error) {
-	c, h := newClient(addr)
+func newStoreRow(addr string) (impl, error) { return newStoreRowOn(addr, tunedClient) }
+
+func newStoreRowOn(addr string, s clientSetting) (impl, error) {
+	c, h := newClientWith(addr, s)
 	return &storeImpl{client: c, rt: h, store: redisstore.New(c)}, nil
 }
 

@@ -1,0 +1,412 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+)
+
+// Scenario 13: the rows that matter to issue 37 on a default go-redis client beside the tuned
+// one the other scenarios use (clientSetting), every setting and library interleaved in each
+// repetition so that both settings see the same machine state:
+//   - uncontended lock + unlock (scenario 1's loop, -d1), with flightlock's RedisStore alone on
+//     each setting, to split the latency between the store and the Locker;
+//   - 64 goroutines over many keys (-s13-keys, scenario 8's loop for -d4);
+//   - live heap per held lock and what is left after releasing (scenario 9's holding, -mem-locks).
+//
+// -client picks the settings. Rows that do not run on a go-redis client of ours (rueidislock)
+// run once per repetition whatever it says.
+
+// defaultSuffix turns a row id into the id of the same row on a default go-redis client.
+const defaultSuffix = "@default"
+
+// baseRow is the id of the row a scenario 13 row varies (the row itself when it varies none).
+func baseRow(id string) string { return strings.TrimSuffix(id, defaultSuffix) }
+
+// settingOf is the client setting of a row.
+func settingOf(id string) clientSetting {
+	if strings.HasSuffix(id, defaultSuffix) {
+		return defaultClient
+	}
+	return tunedClient
+}
+
+// defaultClientRows are the go-redis rows of scenario 13 on a default client. flightlock is
+// built as the outside benchmark built it: the store with its defaults, the common TTL and
+// wait, nothing else (its tuned row adds a key prefix, which costs nothing measurable).
+func defaultClientRows() []rowSpec {
+	onDefault := func(id string, build func(a string) (impl, error)) rowSpec {
+		r, ok := rowByIDIn(allRows(), id)
+		if !ok {
+			panic("no row " + id)
+		}
+		r.id, r.build = id+defaultSuffix, build
+		return r
+	}
+	return []rowSpec{
+		onDefault("flightlock", func(a string) (impl, error) { return newFlightlockOn(a, defaultClient) }),
+		onDefault("store", func(a string) (impl, error) { return newStoreRowOn(a, defaultClient) }),
+		onDefault("redislock", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, redislockPoll) }),
+		onDefault("redislock-1ms", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, time.Millisecond) }),
+		onDefault("ping", func(a string) (impl, error) { return newFloorOn(a, defaultClient, true) }),
+		onDefault("setdel", func(a string) (impl, error) { return newFloorOn(a, defaultClient, false) }),
+	}
+}
+
+func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
+	for _, r := range rows {
+		if r.id == id {
+			return r, true
+		}
+	}
+	return rowSpec{}, false
+}
+
+// s13Pick is the rows of ids on every setting of settings, the settings of one library next
+// to each other; a row without a default variant runs once.
+func s13Pick(settings []clientSetting, ids ...string) []rowSpec {
+	var out []string
+	for _, id := range ids {
+		_, varies := rowByIDIn(defaultClientRows(), id+defaultSuffix)
+		if !varies {
+			out = append(out, id)
+			continue
+		}
+		for _, s := range settings {
+			if s == defaultClient {
+				out = append(out, id+defaultSuffix)
+			} else {
+				out = append(out, id)
+			}
+		}
+	}
+	return pick(out...)
+}
+
+type s13Results struct {
+	Settings    []clientSetting   `json:"settings"`
+	Uncontended []*result         `json:"uncontended"`
+	KeyPoints   []int             `json:"key_points"`
+	Keys        map[int][]*result `json:"keys"`
+	Sizes       []int             `json:"sizes"`
+	Held        map[int][]*result `json:"held"`
+}
+
+// s13Uncontended are the rows of the uncontended part: flightlock, its store alone, the peers
+// the goals compare with, and the floors.
+var s13Uncontended = []string{"flightlock", "store", "redislock", "rueidislock", "setdel", "ping"}
+
+// s13Keys are the rows of the many-keys part. bsm/redislock polls every 1 ms: at 100 ms, the
+// few operations that meet a held key (64 goroutines over 1,000 keys) would set its figure.
+var s13Keys = []string{"flightlock", "redislock-1ms", "rueidislock", "setdel"}
+
+func (b *bench) scenario13() *s13Results {
+	st := b.cfg.clients
+	out := &s13Results{Settings: st, KeyPoints: b.cfg.s13Keys, Keys: map[int][]*result{}, Sizes: b.cfg.memLocks, Held: map[int][]*result{}}
+
+	rows := s13Pick(st, s13Uncontended...)
+	b.warm(rows)
+	res := newResults(rows)
+	const maxOps = 200000
+	lat := make([]int64, maxOps)
+	for rep := range b.cfg.reps {
+		for _, r := range interleave.Rotate(rows, rep) {
+			im := b.impl(r)
+			keys := make([]string, maxOps)
+			for i := range keys {
+				keys[i] = im.key(fmt.Sprintf("s13u:%d:%d", rep, i))
+			}
+			m, d := b.uncontended(im, keys, b.cfg.d1, lat)
+			res[r.id].Reps = append(res[r.id].Reps, m)
+			res[r.id].Mix = mixString(d, int64(m["ops"]))
+			progress("s13 rep %d uncontended %-22s p50 %s (lock %s, unlock %s) %.2f RT/op err %d", rep+1, r.id, mdfmt.Dur(m["p50"]),
+				mdfmt.Dur(m["lock_p50"]), mdfmt.Dur(m["unlock_p50"]), m["rt"], int64(m["errors"]))
+		}
+	}
+	out.Uncontended = ordered(rows, res)
+
+	if len(out.KeyPoints) > 0 {
+		rows := s13Pick(st, s13Keys...)
+		b.warm(rows)
+		all := map[int]map[string]*result{}
+		for _, x := range out.KeyPoints {
+			all[x] = newResults(rows)
+		}
+		interleave.Points(b.cfg.reps, out.KeyPoints, rows, func(rep, x int, r rowSpec) {
+			im := b.impl(r)
+			keys := make([]string, x)
+			for i := range keys {
+				keys[i] = im.key(fmt.Sprintf("s13k:%d:%d:%d", x, rep, i))
+			}
+			m, firstErr := b.contendFor(im, keys, s8KeyGoroutines, b.cfg.d4)
+			if r.floor {
+				m["violations"] = 0 // not a lock: nothing to check
+			}
+			all[x][r.id].Reps = append(all[x][r.id].Reps, m)
+			progress("s13 rep %d keys=%-6d %-22s %9.0f cs/s cmds/cs %.3f viol %d err %d %s", rep+1, x, r.id, m["csps"], m["cmds"],
+				int64(m["violations"]), int64(m["errors"]), firstErr)
+		})
+		for _, x := range out.KeyPoints {
+			out.Keys[x] = ordered(rows, all[x])
+		}
+	}
+
+	if len(out.Sizes) > 0 {
+		rows := s13Pick(st, "flightlock")
+		all := map[int]map[string]*result{}
+		for _, n := range out.Sizes {
+			all[n] = newResults(rows)
+		}
+		interleave.Points(b.cfg.reps, out.Sizes, rows, func(rep, n int, r rowSpec) {
+			m := b.s9Hold(r, n)
+			all[n][r.id].Reps = append(all[n][r.id].Reps, m)
+			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
+				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))
+		})
+		for _, n := range out.Sizes {
+			out.Held[n] = ordered(rows, all[n])
+		}
+	}
+	return out
+}
+
+// on is the result of base's row on setting s among rs (a row that does not vary stands for
+// every setting).
+func on(rs []*result, base string, s clientSetting) *result {
+	if s == defaultClient {
+		if x := find(rs, base+defaultSuffix); x != nil {
+			return x
+		}
+	}
+	return find(rs, base)
+}
+
+// s13Label names a row in scenario 13's tables: its library (the waiting strategy too where
+// the row has a twin that waits otherwise), and a row that has no go-redis client of ours says
+// that its one run fills both settings' columns.
+func s13Label(x *result, withWait bool) string {
+	spec, ok := rowByID(x.Row)
+	if !ok {
+		return x.Label
+	}
+	l := spec.lib
+	if withWait {
+		l = spec.label()
+	}
+	if _, varies := rowByIDIn(defaultClientRows(), baseRow(x.Row)+defaultSuffix); !varies {
+		l += " (its own client: one run, in every setting's column)"
+	}
+	return l
+}
+
+func (s *s13Results) has(c clientSetting) bool {
+	for _, x := range s.Settings {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// goals37 are issue 37's goals on the default client (and, for comparison, on the tuned one).
+func (r *report) goals37() []goal {
+	s := r.s13
+	if s == nil {
+		return nil
+	}
+	var gs []goal
+	for _, c := range s.Settings {
+		name := func(what string) string { return fmt.Sprintf("%s, %s client", what, c) }
+		if fl, rl := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "redislock", c); fl != nil && rl != nil {
+			ratio := fl.med("p50") / rl.med("p50")
+			gs = append(gs, goal{name("uncontended lock + unlock"), "p50 ≤ bsm/redislock's",
+				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; lock %s vs %s, unlock %s vs %s)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
+					mdfmt.Dur(fl.med("lock_p50")), mdfmt.Dur(rl.med("lock_p50")), mdfmt.Dur(fl.med("unlock_p50")), mdfmt.Dur(rl.med("unlock_p50"))),
+				ratio <= 1})
+		}
+		for _, x := range s.KeyPoints {
+			fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c)
+			if fl == nil || rd == nil {
+				continue
+			}
+			ratio := fl.med("csps") / rd.med("csps")
+			gs = append(gs, goal{name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock",
+				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("csps")), mdfmt.Int(rd.med("csps")),
+					spread(fl, "csps"), spread(rd, "csps")), ratio >= 1.2 && fl.worst("violations") == 0})
+		}
+		for i, n := range s.Sizes {
+			fl := on(s.Held[n], "flightlock", c)
+			if fl == nil {
+				continue
+			}
+			gs = append(gs, goal{name(fmt.Sprintf("%s held locks", mdfmt.Int(float64(n)))), "≤ 300 B of live heap per held lock",
+				fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
+			if i == 0 {
+				gs = append(gs, goal{name(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
+					fmt.Sprintf("%s B per lock (repetitions %s), %s goroutines above the baseline", mdfmt.Float(fl.med("after_heap")),
+						spread(fl, "after_heap"), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
+			}
+		}
+	}
+	return gs
+}
+
+// spread is the lowest and highest repetition of a figure.
+func spread(x *result, metric string) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, m := range x.Reps {
+		lo, hi = min(lo, m[metric]), max(hi, m[metric])
+	}
+	if len(x.Reps) == 0 {
+		return "-"
+	}
+	f := mdfmt.Int
+	if hi < 100 {
+		f = mdfmt.Float
+	}
+	return f(lo) + "-" + f(hi)
+}
+
+func (r *report) s13Section(w func(string, ...any)) {
+	s := r.s13
+	both := s.has(tunedClient) && s.has(defaultClient)
+	w("Issue 37's rows on a go-redis v9 client with **default options** (`redis.NewClient(&redis.Options{Addr: addr})`: pool\n")
+	w("10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` sent on every new connection, which Redis 7.0 refuses and\n")
+	w("go-redis ignores) beside the **tuned** client of every other scenario (`DisableIdentity`, `ContextTimeoutEnabled`). On the\n")
+	w("default client flightlock is built as an outside benchmark built it, `flightlock.New(redisstore.New(client),\n")
+	w("WithTTL(%v), WithWait(%v))`; bsm/redislock gets the same client. rueidislock has no go-redis client and runs once per\n", lockTTL, waitBudget)
+	w("repetition, on its own settings (see Rows). Every row of every setting runs once per repetition, in an order rotated\n")
+	w("per repetition, so both settings see the same machine state; cells are medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
+	w("```\ncd bench && flock /tmp/flightlock-cpu.lock go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
+	settings := s.Settings
+	col := func(c clientSetting) string { return string(c) }
+
+	w("### Uncontended lock + unlock, a distinct key per operation\n\n")
+	w("Scenario 1's loop, %v per row and repetition; lock and unlock are also timed apart (their p50s need not add up to the\n", r.cfg.d1)
+	w("whole's). \"x bsm\" is the row's p50 over bsm/redislock's on the same setting.\n\n")
+	w("| row |")
+	for _, c := range settings {
+		w(" %s: p50 | lock p50 | unlock p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", col(c))
+	}
+	w(" server cmds/op |\n|---|%s---|\n", strings.Repeat("---|", 8*len(settings)))
+	for _, base := range s13Uncontended {
+		x0 := on(s.Uncontended, base, settings[0])
+		if x0 == nil {
+			continue
+		}
+		w("| %s |", s13Label(x0, false))
+		for _, c := range settings {
+			x, bsm := on(s.Uncontended, base, c), on(s.Uncontended, "redislock", c)
+			if x == nil {
+				w("%s", strings.Repeat(" |", 8))
+				continue
+			}
+			ratio := "-"
+			if bsm != nil {
+				ratio = fmt.Sprintf("%.2f", x.med("p50")/bsm.med("p50"))
+			}
+			w(" %s | %s | %s | %s | %s | %s | %s | %s |", mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("lock_p50")), mdfmt.Dur(x.med("unlock_p50")),
+				mdfmt.Dur(x.med("p99")), ratio, mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("ccpu")), mdfmt.Float(x.med("scpu")))
+		}
+		w(" %s |\n", mdfmt.Float(x0.med("cmds")))
+	}
+	w("\n")
+
+	w("**The split.** flightlock's `RedisStore` alone (`Acquire` + `Release`, the same scripts, keys and arguments, no Locker)\n")
+	w("against the whole Locker (`Lock` + `Release`): flightlock - store is the Locker's own part, store - bsm what the\n")
+	w("store's scripts and its path through go-redis add over bsm/redislock's.\n\n")
+	w("| setting | flightlock p50 | store alone p50 | Locker's part | bsm p50 | store - bsm | flightlock - bsm | lock: flightlock / store / bsm | unlock: flightlock / store / bsm |\n")
+	w("|---|---|---|---|---|---|---|---|---|\n")
+	for _, c := range settings {
+		fl, st, bsm := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "store", c), on(s.Uncontended, "redislock", c)
+		if fl == nil || st == nil || bsm == nil {
+			continue
+		}
+		d := func(a, b float64) string { return fmt.Sprintf("%+.1f µs", (a-b)/1e3) }
+		three := func(m string) string {
+			return mdfmt.Dur(fl.med(m)) + " / " + mdfmt.Dur(st.med(m)) + " / " + mdfmt.Dur(bsm.med(m))
+		}
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
+			mdfmt.Dur(bsm.med("p50")), d(st.med("p50"), bsm.med("p50")), d(fl.med("p50"), bsm.med("p50")), three("lock_p50"), three("unlock_p50"))
+	}
+	w("\n")
+	if both {
+		fl, fld := on(s.Uncontended, "flightlock", tunedClient), on(s.Uncontended, "flightlock", defaultClient)
+		bsm, bsmd := on(s.Uncontended, "redislock", tunedClient), on(s.Uncontended, "redislock", defaultClient)
+		if fl != nil && fld != nil && bsm != nil && bsmd != nil {
+			w("Default over tuned, p50: flightlock %.2fx, bsm/redislock %.2fx.\n\n", fld.med("p50")/fl.med("p50"), bsmd.med("p50")/bsm.med("p50"))
+		}
+	}
+
+	if len(s.KeyPoints) > 0 {
+		w("### 64 goroutines over many keys\n\n")
+		w("Scenario 8's key axis (each operation locks a key drawn uniformly, runs its critical section, releases), %v per row,\n", r.cfg.d4)
+		w("point and repetition. Each cell: critical sections per second; server commands per critical section · RT per\n")
+		w("critical section; the repetitions' lowest-highest.\n\n| row |")
+		for _, x := range s.KeyPoints {
+			for _, c := range settings {
+				w(" %s keys, %s |", mdfmt.Int(float64(x)), col(c))
+			}
+		}
+		w("\n|---|%s\n", strings.Repeat("---|", len(s.KeyPoints)*len(settings)))
+		for _, base := range s13Keys {
+			x0 := on(s.Keys[s.KeyPoints[0]], base, settings[0])
+			if x0 == nil {
+				continue
+			}
+			w("| %s |", s13Label(x0, true))
+			for _, x := range s.KeyPoints {
+				for _, c := range settings {
+					v := on(s.Keys[x], base, c)
+					cell := fmt.Sprintf(" %s<br>%s · %s<br>%s", mdfmt.Int(v.med("csps")), mdfmt.Float(v.med("cmds")), mdfmt.Float(v.med("rt")), spread(v, "csps"))
+					if e := v.worst("errors"); e > 0 {
+						cell += "<br>" + mdfmt.Int(e) + " errors"
+					}
+					if vi := v.worst("violations"); vi > 0 {
+						cell += "<br>**" + mdfmt.Int(vi) + " violations**"
+					}
+					w("%s |", cell)
+				}
+			}
+			w("\n")
+		}
+		w("| flightlock / rueidislock |")
+		for _, x := range s.KeyPoints {
+			for _, c := range settings {
+				fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c)
+				w(" %.2fx |", fl.med("csps")/rd.med("csps"))
+			}
+		}
+		w("\n\n")
+	}
+
+	if len(s.Sizes) > 0 {
+		w("### Live heap per held lock\n\n")
+		w("Scenario 9's holding (flightlock only, its watchdog renewing for %v), repeated %d times, the settings and sizes\n", r.cfg.d9hold, r.cfg.reps)
+		w("interleaved. Heap is `HeapAlloc` after `runtime.GC()` above the baseline, per lock; after release, what is still\n")
+		w("live above the baseline per lock.\n\n")
+		w("| setting | locks | heap B/lock | repetitions | stack B/lock | goroutines/lock | after release: B/lock | repetitions | after release: goroutines | errors |\n")
+		w("|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, n := range s.Sizes {
+			for _, c := range settings {
+				x := on(s.Held[n], "flightlock", c)
+				if x == nil {
+					continue
+				}
+				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
+					mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
+					mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+			}
+		}
+		w("\n")
+	}
+
+	if gs := r.goals37(); len(gs) > 0 {
+		w("### Issue 37's goals\n\nThe goals are set on the default client; the tuned client's rows are there to compare.\n\n")
+		goalTable(w, gs)
+	}
+}
