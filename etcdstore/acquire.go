@@ -146,16 +146,10 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)).
 		Commit()
 	if err != nil {
-		if isLeaseNotFound(err) && again {
-			s.loseLease(l)
-			return lockstore.Acquisition{}, errLeaseGone
-		}
-		s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
-		s.retire(l)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
 	}
 	if resp.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
 	}
 	kv := firstKV(resp.Responses[0])
 	if kv == nil {
@@ -273,6 +267,20 @@ func (s *Store) maybeTaken(key, owner, value string, id clientv3.LeaseID, until 
 	})
 }
 
+// acquireFailed answers an acquiring transaction of owner's on key, sent with lease l at start
+// for ttl, that failed with err: errLeaseGone when it was l that etcd no longer had (and the
+// caller may try again on a new lease), else err, after recording that the put may have gone
+// through unseen and retiring l.
+func (s *Store) acquireFailed(err error, key, owner, value string, l *lease, start time.Time, ttl time.Duration, again bool) error {
+	if isLeaseNotFound(err) && again {
+		s.loseLease(l)
+		return errLeaseGone
+	}
+	s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+	s.retire(l)
+	return fmt.Errorf("flightlock: acquire %q: %w", key, err)
+}
+
 // later returns the later of two times.
 func later(a, b time.Time) time.Time {
 	if b.After(a) {
@@ -282,25 +290,33 @@ func later(a, b time.Time) time.Time {
 }
 
 // granted records a grant at revision rev, which its holder counts on until until, and returns
-// it with its fence. A floor that makes no fence (written by hand) gives the key back rather
-// than hand out a fence that may repeat.
+// it with its fence; read tells a read hold (its key is readKey's, it is never simple: the
+// one-transaction release and Pass are a write's, and it leaves the key's refusals to the
+// write that sees them). A floor that makes no fence (written by hand) gives the grant back
+// rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
-	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
+	floor *mvccpb.KeyValue, until time.Time, read bool) (lockstore.Acquisition, error) {
 	d, err := floorOffset(floor)
 	var fence int64
 	if err == nil {
 		fence, err = fenceOf(rev, d)
 	}
 	if err != nil {
-		s.giveBack(ctx, key, value)
+		held := key
+		if read {
+			held = readKey(key, owner)
+		}
+		s.giveBack(ctx, held, value)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	s.update(key, owner, func(e *heldKey) {
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
-		e.simple, e.own, e.tries = true, true, 0
+		e.simple, e.own, e.tries = !read, true, 0
 		e.until = later(e.until, until)
-		_, e.contended = s.refused[key] // update holds s.mu
-		delete(s.refused, key)
+		if !read {
+			_, e.contended = s.refused[key] // update holds s.mu
+			delete(s.refused, key)
+		}
 	})
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
@@ -453,7 +469,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	out := make([]lockstore.Acquisition, len(keys))
 	if resp.Succeeded {
 		for i, k := range keys {
-			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
+			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl), false)
 			if err != nil {
 				for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
 					s.giveBack(ctx, g, value)

@@ -119,25 +119,19 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 			Else(els...).
 			Commit()
 		if err != nil {
-			if isLeaseNotFound(err) && again {
-				// The session lease, or the place's (kept alive at the start of this
-				// attempt, so only a very slow attempt outlives it): ask which.
-				if queue > 0 && p.lease != 0 {
-					if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
-						s.dropPlace(key, owner)
-						return lockstore.Acquisition{}, errLeaseGone
-					}
+			// The session lease, or the place's (kept alive at the start of this attempt, so
+			// only a very slow attempt outlives it), may be the one gone: ask which.
+			if isLeaseNotFound(err) && again && queue > 0 && p.lease != 0 {
+				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
+					s.dropPlace(key, owner)
+					return lockstore.Acquisition{}, errLeaseGone
 				}
-				s.loseLease(l)
-				return lockstore.Acquisition{}, errLeaseGone
 			}
-			s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
-			s.retire(l)
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+			return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
 		}
 		if resp.Succeeded {
 			s.dropPlace(key, owner)
-			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
 		}
 		kv := firstKV(resp.Responses[0])
 		if kv != nil && ownedBy(kv.Value, owner) {

@@ -76,13 +76,7 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		)).
 		Commit()
 	if err != nil {
-		if isLeaseNotFound(err) && again {
-			s.loseLease(l)
-			return lockstore.Acquisition{}, errLeaseGone
-		}
-		s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
-		s.retire(l)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+		return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
 	}
 	if resp.Succeeded {
 		kv := firstKV(resp.Responses[0])
@@ -93,11 +87,11 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 	}
 	first := resp.Responses[0].GetResponseTxn()
 	if first.Succeeded {
-		return s.readGranted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(first.Responses[1]), start.Add(ttl))
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(first.Responses[1]), start.Add(ttl), true)
 	}
 	second := first.Responses[0].GetResponseTxn()
 	if second.Succeeded {
-		return s.readGranted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(second.Responses[1]), start.Add(ttl))
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(second.Responses[1]), start.Add(ttl), true)
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	if kv := firstKV(second.Responses[0]); kv != nil {
@@ -117,28 +111,6 @@ func markOf(r *pb.ResponseOp) []byte {
 		return kv.Value
 	}
 	return nil
-}
-
-// readGranted records a read hold granted at revision rev and returns it with its fence, as
-// granted does for a write. The entry is not simple: the one-transaction release and Pass are
-// a write's.
-func (s *Store) readGranted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
-	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
-	d, err := floorOffset(floor)
-	var fence int64
-	if err == nil {
-		fence, err = fenceOf(rev, d)
-	}
-	if err != nil {
-		s.giveBack(ctx, readKey(key, owner), value)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	s.update(key, owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
-		e.simple, e.own, e.tries = false, true, 0
-		e.until = later(e.until, until)
-	})
-	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
 
 // readReentered answers a read acquisition of an owner that holds its read hold kv already:
