@@ -80,9 +80,16 @@ func (k *keeper) tooLate(sent time.Time) bool {
 // too late; ErrNotHeld is the usual, harmless answer. Redis was slow, so the cleanup is bounded
 // short: a hold it cannot give back runs out with its TTL.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
+	rctx, cancel := k.cleanupContext(ctx)
 	defer cancel()
 	_, _ = k.store.Release(rctx, key, owner, borrow, 0)
+}
+
+// cleanupContext bounds a clean-up after a call that went wrong (giveBack, leaveQueue): ctx's
+// values without its cancellation, for half a second at most: the store was slow, and what the
+// clean-up cannot undo runs out by itself.
+func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
 // giveBackLater is giveBack in the background, for a caller that gives up and returns: its

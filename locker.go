@@ -232,15 +232,8 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
-		if parent.h.reads() {
-			return nil, upgradeError(rkey)
-		}
-		lease, err := l.reenter(ctx, parent)
-		if !errors.Is(err, errGrantEnded) {
-			return lease, err
-		}
-		// Released while we looked: lock as a new owner.
+	if lease, err, done := l.reenterHeld(ctx, rkey); done {
+		return lease, err
 	}
 	b := budget{parent: ctx}
 	if wait {
@@ -307,6 +300,21 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
 	return newLease(ctx, h, grant, fence), nil
+}
+
+// reenterHeld re-enters the lease of rkey that ctx carries, if any (done): a write lease for
+// any Lock, a read lease for a read Lock; a write Lock under a read lease fails with
+// ErrUpgrade. A lease released while it looked is not done: the caller locks as a new owner.
+func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
+	parent := findLease(ctx, l.k.gate, rkey)
+	if parent == nil {
+		return nil, nil, false
+	}
+	if parent.h.reads() && !l.cfg.read {
+		return nil, upgradeError(rkey), true
+	}
+	lease, err = l.reenter(ctx, parent)
+	return lease, err, !errors.Is(err, errGrantEnded)
 }
 
 // reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters

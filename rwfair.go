@@ -78,14 +78,8 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
-		if parent.h.reads() && !l.cfg.read {
-			return nil, upgradeError(rkey)
-		}
-		lease, err := l.reenter(ctx, parent)
-		if !errors.Is(err, errGrantEnded) {
-			return lease, err
-		}
+	if lease, err, done := l.reenterHeld(ctx, rkey); done {
+		return lease, err
 	}
 	// A handed-over owner (always a write grant's: read leases are not handed over) is
 	// re-entered, for a read too: the caller's write covers it, and a read of its own would
@@ -143,7 +137,7 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 	if !ok {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
+	rctx, cancel := k.cleanupContext(ctx)
 	defer cancel()
 	_ = fq.LeaveQueue(rctx, key, owner)
 }
