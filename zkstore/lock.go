@@ -56,7 +56,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 		case errors.Is(err, zk.ErrNodeExists):
 			a, again, err := s.held(ctx, p, owner, false)
 			if a.Reentered && place != "" {
-				s.leavePlace(ctx, s.linePath(key), owner) // taken before: the place holds up the line
+				_ = s.LeaveQueue(ctx, key, owner) // taken before: the place holds up the line
 			}
 			if !again {
 				return a, err
@@ -101,7 +101,7 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 		}
 		// Nobody holds it: the holds went with their sessions. A delete of a node that gained
 		// a hold since fails (it has children), so only a node as empty as read goes.
-		_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(p, stat.Version) }, nil)
+		err := s.delete(ctx, p, stat.Version)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrBadVersion) {
 			return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: clear %s: %w", p, err)
 		}

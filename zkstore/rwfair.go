@@ -177,14 +177,6 @@ func (s *Store) dropPlace(line, owner string) {
 	s.mu.Unlock()
 }
 
-// leavePlace deletes owner's place in line, if it has one.
-func (s *Store) leavePlace(ctx context.Context, line, owner string) {
-	if place := s.placeOf(line, owner); place != "" {
-		_, _ = call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(place, -1) }, nil)
-		s.dropPlace(line, owner)
-	}
-}
-
 // LeaveQueue implements lockstore.FairQueuer: deletes owner's place. The next in line looks
 // again at its next look (the Locker's waiters look at least every FairLookEvery).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
@@ -193,8 +185,7 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if place == "" {
 		return nil
 	}
-	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(place, -1) }, nil)
-	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+	if err := s.delete(ctx, place, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
 	s.dropPlace(line, owner)

@@ -542,6 +542,12 @@ func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) 
 	return g.data, g.stat, err
 }
 
+// delete deletes a node at version (-1: any) under ctx.
+func (s *Store) delete(ctx context.Context, path string, version int32) error {
+	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(path, version) }, nil)
+	return err
+}
+
 // children lists a node's children under ctx.
 func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	return call(ctx, func() ([]string, error) {
