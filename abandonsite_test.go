@@ -1,8 +1,8 @@
 package flightlock
 
-// The place of a grant (gateEntry.site) belongs to the entry's current grant: one entry carries
-// several holds over time, and a lease made late on an abandoned hold (the woken waiter of
-// TestWokenWaiterGetsTheHoldItWasGranted) must neither overwrite the next grant's place nor race
+// The place of a grant (Lease.site) belongs to the grant: one gate entry carries several holds
+// over time, and a lease made late on an abandoned hold (the woken waiter of
+// TestWokenWaiterGetsTheHoldItWasGranted) must neither change the next grant's place nor race
 // with it.
 
 import (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -19,44 +20,66 @@ import (
 type hold struct {
 	k   *keeper
 	key string // full Redis key
-	// ext is what few holds need (live heap per held lock): the name of a borrowed
-	// hold, when the hold re-enters another process's lock (Store.Reenter), and an owner token
-	// that is not one of this process's (token). nil for the rest. Set when the hold is made
-	// (setOwner), never after.
-	ext *holdExt
+	// ext is what few holds need (live heap per held lock): the owner token of a hold whose
+	// token is not one of this process's (token), the name of a borrowed hold when the hold
+	// re-enters another process's lock (Store.Reenter), and the leases beyond the first. nil
+	// for the rest. Set when the hold is made (setOwner), or under mu when a second lease
+	// joins; read without mu through the atomic pointer: owner and borrow never change once
+	// it is set.
+	ext atomic.Pointer[holdExt]
 	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
 	// the handoff window counts from it. Written only by the owner of the gate slot, before it
 	// passes the slot on, and read by the owner.
 	acquired instant
-	entry    *gateEntry // the gate slot the grant owns; nil for borrowed holds
 
 	mu         sync.Mutex
-	fence      int64     // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil instant   // guarded by mu: the Redis lock lives at least until then
-	renewUntil instant   // guarded by mu: no renewal after this (MaxHold)
-	renewAt    instant   // guarded by mu: when the next renewal is due
-	holders    leaseList // guarded by mu: leases to cancel on loss
+	fence      int64   // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
+	validUntil instant // guarded by mu: the Redis lock lives at least until then
+	renewUntil instant // guarded by mu: no renewal after this (MaxHold)
+	renewAt    instant // guarded by mu: when the next renewal is due
+	first      *Lease  // guarded by mu: a lease to cancel on loss; the others are in ext.more
 
 	// The hold's place in its watchdog's heap, guarded by the watchdog's mu (k.wd.mu).
 	due  instant // when its pending event falls due
 	slot int32   // its index in the heap plus one; 0 when it has no pending event
 
 	live int32 // guarded by mu: unreleased leases of the current grant
-	// token is the owner token when ext is nil: one of the tokens this process mints
+	// token is the owner token when ext has none: one of the tokens this process mints
 	// (newOwnerToken), kept in the hold instead of as a string of its own (24 bytes
 	// of heap per held lock). Written by newHold before the hold is shared and never after, so
 	// owner can view it as a string without a copy.
 	token [ownerTokenLen]byte
-	local bool      // degraded: Redis was unreachable (WithFailOpen); only the gate excludes; set when made
+	kind  holdKind  // set when made, never after: read without mu
 	flags holdFlags // guarded by mu: what the hold's grant and lock went through (holdLost, ...)
-	// (live, slot, token, local and flags fill the last 32 bytes: a hold is 144 bytes.)
+	// A hold is 128 bytes (live heap per held lock): nearly every hold has one lease and a
+	// token of its own, so the rest waits in ext; the gate finds a hold's entry by its key.
 }
 
 // holdExt is the rare part of a hold (hold.ext).
 type holdExt struct {
-	owner  string // the owner token
-	borrow string // the name of a borrowed hold in the other process's lock; "" for none
+	owner  string   // the owner token; "" when it is the hold's own token
+	borrow string   // the name of a borrowed hold in the other process's lock; "" for none
+	more   []*Lease // guarded by the hold's mu: its leases beyond hold.first, in no order
 }
+
+// holdKind is what a hold is, one bit each, fixed when it is made.
+type holdKind uint8
+
+const (
+	// holdGated: the hold of a gate slot (the per-process gate, singleflight.go), released
+	// through the gate: handed to local waiters, passed, or given back to the store. The
+	// others (re-entries of other processes' locks, read and fair locks) are released
+	// straight to the store.
+	holdGated holdKind = 1 << iota
+	// holdDegraded: Redis was unreachable (WithFailOpen); only the gate excludes.
+	holdDegraded
+)
+
+// gated reports whether h is a gate slot's hold (holdGated).
+func (h *hold) gated() bool { return h.kind&holdGated != 0 }
+
+// degraded reports whether h holds only the gate (holdDegraded).
+func (h *hold) degraded() bool { return h.kind&holdDegraded != 0 }
 
 // holdFlags are the hold's states, one bit each, guarded by the hold's mu.
 type holdFlags uint8
@@ -81,43 +104,42 @@ func (h *hold) unset(f holdFlags) { h.flags &^= f }
 
 // owner returns the owner token of the lock.
 func (h *hold) owner() string {
-	if h.ext != nil {
-		return h.ext.owner
+	if e := h.ext.Load(); e != nil && e.owner != "" {
+		return e.owner
 	}
 	return unsafe.String(&h.token[0], len(h.token))
 }
 
-// leaseList is the leases of a hold, guarded by the hold's mu. Nearly every hold has one lease
-// at a time (re-entries and joins add more), so the first sits in the hold itself and only a
-// second one makes a slice (a slice header in every hold and an 8-byte array per held
-// lock before). Order carries no meaning.
-type leaseList struct {
-	first *Lease
-	more  *[]*Lease
-}
+// The leases of a hold, guarded by its mu. Nearly every hold has one lease at a time
+// (re-entries and joins add more), so the first sits in the hold itself and only a second one
+// makes a slice, in ext. Order carries no meaning.
 
-func (l *leaseList) add(x *Lease) {
-	switch {
-	case l.first == nil:
-		l.first = x
-	case l.more == nil:
-		l.more = &[]*Lease{x}
-	default:
-		*l.more = append(*l.more, x)
+// addLeaseLocked adds x to h's leases. h.mu must be held.
+func (h *hold) addLeaseLocked(x *Lease) {
+	if h.first == nil {
+		h.first = x
+		return
 	}
+	e := h.ext.Load()
+	if e == nil {
+		e = &holdExt{}
+		h.ext.Store(e)
+	}
+	e.more = append(e.more, x)
 }
 
-// remove takes x out of the list, if it is there.
-func (l *leaseList) remove(x *Lease) {
+// removeLeaseLocked takes x out of h's leases, if it is there. h.mu must be held.
+func (h *hold) removeLeaseLocked(x *Lease) {
 	var more []*Lease
-	if l.more != nil {
-		more = *l.more
+	e := h.ext.Load()
+	if e != nil {
+		more = e.more
 	}
-	if l.first == x {
-		l.first = nil
+	if h.first == x {
+		h.first = nil
 		if n := len(more); n > 0 {
-			l.first, more[n-1] = more[n-1], nil
-			*l.more = more[:n-1]
+			h.first, more[n-1] = more[n-1], nil
+			e.more = more[:n-1]
 		}
 		return
 	}
@@ -125,19 +147,19 @@ func (l *leaseList) remove(x *Lease) {
 		if y == x {
 			n := len(more)
 			more[i], more[n-1] = more[n-1], nil
-			*l.more = more[:n-1]
+			e.more = more[:n-1]
 			return
 		}
 	}
 }
 
-// end ends every lease of the list with cause (Lease.endLocked).
-func (l *leaseList) end(cause error) {
-	if l.first != nil {
-		l.first.endLocked(cause)
+// endLeasesLocked ends every lease of h with cause (Lease.endLocked). h.mu must be held.
+func (h *hold) endLeasesLocked(cause error) {
+	if h.first != nil {
+		h.first.endLocked(cause)
 	}
-	if l.more != nil {
-		for _, x := range *l.more {
+	if e := h.ext.Load(); e != nil {
+		for _, x := range e.more {
 			x.endLocked(cause)
 		}
 	}
@@ -145,9 +167,9 @@ func (l *leaseList) end(cause error) {
 
 // newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
 // another process's lock.
-func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time) *hold {
+func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time, kind holdKind) *hold {
 	at := k.instant(sent)
-	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1}
+	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1, kind: kind}
 	h.setOwner(owner, borrow)
 	h.mu.Lock() // the watchdog may take up the event before schedule returns
 	h.beginLocked(at)
@@ -170,7 +192,7 @@ func (h *hold) beginLocked(at instant) {
 // newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
 func newLocalHold(k *keeper, key, owner string) *hold {
 	now := k.nowInstant()
-	h := &hold{k: k, key: key, local: true, acquired: now, live: 1,
+	h := &hold{k: k, key: key, kind: holdGated | holdDegraded, acquired: now, live: 1,
 		validUntil: now.add(k.ttl), renewUntil: now.add(k.maxHold)}
 	h.setOwner(owner, "")
 	return h
@@ -183,19 +205,19 @@ func (h *hold) setOwner(owner, borrow string) {
 		copy(h.token[:], owner)
 		return
 	}
-	h.ext = &holdExt{owner: owner, borrow: borrow}
+	h.ext.Store(&holdExt{owner: owner, borrow: borrow})
 }
 
 // borrowed reports whether the hold re-entered the lock of an owner in another process: it is
 // released as one named hold, never through the gate.
-func (h *hold) borrowed() bool { return h.ext != nil && h.ext.borrow != "" }
+func (h *hold) borrowed() bool { return h.borrowName() != "" }
 
 // borrowName is the name of a borrowed hold in the other process's lock; "" for a hold of our own.
 func (h *hold) borrowName() string {
-	if h.ext == nil {
-		return ""
+	if e := h.ext.Load(); e != nil {
+		return e.borrow
 	}
-	return h.ext.borrow
+	return ""
 }
 
 // safety is how long before validUntil a lease is declared lost when renewals keep failing:
@@ -275,24 +297,14 @@ func (h *hold) currentFence() int64 {
 
 // join counts one more live lease of the current grant (a lease that joins the hold through a
 // handed-over owner), unless the grant has ended.
-func (h *hold) join() (fence int64, ok bool) {
+func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.live == 0 || h.has(holdStopped) {
-		return 0, false
+		return 0, 0, false
 	}
 	h.live++
-	return h.fence, true
-}
-
-// addLive counts one more live lease of the current grant. The caller holds the mu of a live
-// lease of the grant, so the grant cannot end meanwhile.
-func (h *hold) addLive() {
-	h.mu.Lock()
-	if !h.has(holdAbandoned) {
-		h.live++
-	}
-	h.mu.Unlock()
+	return h.fence, h.siteLocked(), true
 }
 
 // done counts one lease of the grant released; it reports whether it was the last. After the
@@ -312,26 +324,45 @@ func (h *hold) done() (last bool) {
 func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holders.add(lease)
+	h.addLeaseLocked(lease)
 	if h.has(holdLost) {
 		lease.endLocked(ErrLost)
 	}
 }
 
-// detach removes a released lease from the hold and ends its context.
-func (h *hold) detach(lease *Lease) {
+// release marks lease x of h released, takes it off h's leases, ends its context and counts
+// it (done): last reports whether it was the grant's last lease, lost whether the lock was
+// lost. It fails with ErrNotHeld when x was released already.
+func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holders.remove(lease)
-	lease.endLocked(nil)
+	if x.released {
+		return false, false, ErrNotHeld
+	}
+	x.released = true
+	h.removeLeaseLocked(x)
+	x.endLocked(nil)
+	if h.has(holdAbandoned) {
+		return false, h.has(holdLost), nil
+	}
+	h.live--
+	return h.live == 0, h.has(holdLost), nil
 }
 
-// share marks the owner token as given out: from now on the lock is released through Redis,
-// where re-entries of other processes are counted, and never handed to a local waiter.
-func (h *hold) share() {
-	h.mu.Lock()
-	h.set(holdShared)
-	h.mu.Unlock()
+// siteLocked is where h's current grant was taken, as its leases recorded it; 0 when none
+// did. h.mu must be held.
+func (h *hold) siteLocked() uintptr {
+	if h.first != nil && h.first.site != 0 {
+		return h.first.site
+	}
+	if e := h.ext.Load(); e != nil {
+		for _, x := range e.more {
+			if x.site != 0 {
+				return x.site
+			}
+		}
+	}
+	return 0
 }
 
 // stop turns the watchdog off before the lock is released; it returns the largest fence
@@ -341,7 +372,7 @@ func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.set(holdStopped)
-	if !h.local {
+	if !h.degraded() {
 		h.k.wd.unschedule(h)
 	}
 	if !h.has(holdHanded) {
@@ -452,8 +483,8 @@ func (h *hold) loseLocked() {
 	if o := h.k.observe; o != nil && o.Lost != nil {
 		o.Lost(h.key)
 	}
-	h.holders.end(ErrLost)
-	if !h.local && !h.has(holdStopped) {
+	h.endLeasesLocked(ErrLost)
+	if !h.degraded() && !h.has(holdStopped) {
 		// Wake up once Redis may have expired the key, to end a grant whose leases are never
 		// released (abandonLocked).
 		h.k.wd.schedule(h, h.validUntil)
@@ -508,5 +539,5 @@ func (h *hold) isLost() bool {
 func (h *hold) interrupt(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holders.end(cause)
+	h.endLeasesLocked(cause)
 }

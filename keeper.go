@@ -103,7 +103,7 @@ func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 // next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
 // one hold of a borrowed lock.
 func (k *keeper) endGrant(ctx context.Context, h *hold) error {
-	if h.entry == nil {
+	if !h.gated() {
 		// A hold outside the gate: one hold of another process's lock, counted down in the
 		// store, or a read or fair lock's own hold (lockDirect), released there.
 		h.stop()
@@ -111,8 +111,8 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 		k.gate.removeBorrowed(h)
 		return err
 	}
-	e := h.entry
-	switch k.gate.handoff(h.key, e, h, k.handoff, k.window) {
+	outcome, e := k.gate.handoff(h.key, h, k.handoff, k.window)
+	switch outcome {
 	case handedOff:
 		return nil
 	case turnOver:
@@ -127,7 +127,7 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 		notified int
 		err      error
 	)
-	if !h.local {
+	if !h.degraded() {
 		last := h.stop()
 		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", last)
 	}

@@ -3,7 +3,6 @@ package flightlock
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -48,7 +47,7 @@ type Lease struct {
 	h        *hold
 	kind     Grant
 	ended    endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
-	released bool     // guarded by mu
+	released bool     // guarded by h.mu
 	made     atomic.Bool
 	fence    int64
 
@@ -71,12 +70,16 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
-	// Lock order: a lease's mu before its hold's mu.
-	mu sync.Mutex
+	// site is where the lease's grant was taken (callerAbove; siteHandoff for a grant that came
+	// by handoff or pass; 0 when unknown), for the report of a grant whose leases were never
+	// released. Set before the lease is shared and never after.
+	site uintptr
+	// A lease has no mutex of its own: released is its hold's to guard, so that a lease and
+	// its hold never need two locks in an order (a Lease is 64 bytes: live heap per held lock).
 }
 
-func newLease(parent context.Context, h *hold, kind Grant, fence int64) *Lease {
-	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent)}
+func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
+	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent), site: site}
 	h.attach(lease)
 	return lease
 }
@@ -105,12 +108,12 @@ func (x *Lease) Owner() string {
 // the lease's fence, and marks the lock as shared (see Owner). ok is false once the lease was
 // released (its lock may already be another request's) and for a read lock.
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
 	if x.released || x.h.reads() {
 		return "", 0, false // a read lock is not handed over (WithRead)
 	}
-	x.h.share() // while x is live, its grant is current: it cannot have been handed off
+	x.h.set(holdShared) // while x is live, its grant is current: it cannot have been handed off
 	return x.h.owner(), x.fence, true
 }
 
@@ -210,9 +213,9 @@ func (x *Lease) endLocked(cause error) {
 // own cancellation), which a context keeps: ask the lease, not the context's cause. It
 // reports false once the lease was released.
 func (x *Lease) Lost() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return !x.released && x.h.isLost()
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
+	return !x.released && x.h.has(holdLost)
 }
 
 // Grant tells how the lease came to hold its lock: through Redis, by handoff from the previous
@@ -221,12 +224,12 @@ func (x *Lease) Grant() Grant { return x.kind }
 
 // Degraded reports whether the lease holds only the per-process gate because Redis could not
 // be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
-func (x *Lease) Degraded() bool { return x.h.local }
+func (x *Lease) Degraded() bool { return x.h.degraded() }
 
 // TTL returns the lock's remaining TTL in Redis, or ErrNotHeld once it is gone (and for a
 // degraded lease, which has no Redis lock).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
-	if !x.active() || x.h.local {
+	if !x.active() || x.h.degraded() {
 		return 0, ErrNotHeld
 	}
 	ctx, cancel := x.h.k.bound(ctx)
@@ -238,7 +241,7 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 // shortens it. It returns ErrNotHeld, and cancels the lease's context with ErrLost, when Redis
 // no longer has the lock for this owner.
 func (x *Lease) Refresh(ctx context.Context) error {
-	if !x.active() || x.h.local {
+	if !x.active() || x.h.degraded() {
 		return ErrNotHeld
 	}
 	ctx, cancel := x.h.k.bound(ctx)
@@ -266,20 +269,13 @@ func (x *Lease) Refresh(ctx context.Context) error {
 // is freed when the store answers, or runs out with its TTL when it never does. A request
 // whose context has already ended still releases its lock.
 func (x *Lease) Release(ctx context.Context) error {
-	x.mu.Lock()
-	if x.released {
-		x.mu.Unlock()
+	last, lost, err := x.h.release(x)
+	switch {
+	case err != nil:
+		return err
+	case !last && lost:
 		return ErrNotHeld
-	}
-	x.released = true
-	x.mu.Unlock()
-
-	x.h.detach(x) // and ends x's context
-	last := x.h.done()
-	if !last {
-		if x.h.isLost() {
-			return ErrNotHeld
-		}
+	case !last:
 		return nil
 	}
 	return x.h.k.endGrantBy(ctx, x.h)
@@ -289,19 +285,21 @@ func (x *Lease) Release(ctx context.Context) error {
 // It fails with errGrantEnded once x was released: its lock may already be the next request's,
 // and the caller then locks as a new owner.
 func (x *Lease) enter() error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
 	if x.released {
 		return errGrantEnded
 	}
-	x.h.addLive() // x is live, so its grant cannot end meanwhile
+	if !x.h.has(holdAbandoned) { // x is live, so its grant cannot have ended otherwise
+		x.h.live++
+	}
 	return nil
 }
 
 // active reports whether the lease has not been released.
 func (x *Lease) active() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
 	return !x.released
 }
 

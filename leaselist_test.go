@@ -5,27 +5,29 @@ import (
 	"testing"
 )
 
-// The hold's lease list keeps its first lease inline (issue 17: memory per held lock): adding
-// and removing in any order must keep exactly the leases added and not removed, since a lease
-// missing from it is never told ErrLost, and a lease left in it is ended twice.
-func TestLeaseListKeepsWhatWasAddedAndNotRemoved(t *testing.T) {
+// A hold keeps its first lease inline and the others in its rare part (memory per held lock):
+// adding and removing in any order must keep exactly the leases added and not removed, since a
+// lease missing from it is never told ErrLost, and a lease left in it is ended twice. The rare
+// part made for a second lease keeps the hold's owner token as it was.
+func TestHoldLeasesKeepWhatWasAddedAndNotRemoved(t *testing.T) {
 	leases := make([]*Lease, 5)
 	for i := range leases {
 		leases[i] = &Lease{fence: int64(i)}
 	}
-	contents := func(l *leaseList) []int64 {
+	contents := func(h *hold) []int64 {
 		var out []int64
-		if l.first != nil {
-			out = append(out, l.first.fence)
+		if h.first != nil {
+			out = append(out, h.first.fence)
 		}
-		if l.more != nil {
-			for _, x := range *l.more {
+		if e := h.ext.Load(); e != nil {
+			for _, x := range e.more {
 				out = append(out, x.fence)
 			}
 		}
 		slices.Sort(out)
 		return out
 	}
+	minted, foreign := newOwnerToken(), "an-owner-token-of-another-process"
 	for _, tc := range []struct {
 		name   string
 		add    []int
@@ -40,21 +42,27 @@ func TestLeaseListKeepsWhatWasAddedAndNotRemoved(t *testing.T) {
 		{"removing one not there changes nothing", []int{0, 1}, []int{3}, []int64{0, 1}},
 		{"removed twice", []int{0, 1, 2, 3, 4}, []int{3, 3, 0}, []int64{1, 2, 4}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var l leaseList
-			for _, i := range tc.add {
-				l.add(leases[i])
-			}
-			for _, i := range tc.remove {
-				l.remove(leases[i])
-			}
-			if got := contents(&l); !slices.Equal(got, tc.want) {
-				t.Errorf("list holds fences %v, want %v", got, tc.want)
-			}
-			l.add(leases[4])
-			if got := contents(&l); !slices.Contains(got, 4) || len(got) != len(tc.want)+1 {
-				t.Errorf("after one more add the list holds %v, want %v and 4", got, tc.want)
-			}
-		})
+		for _, owner := range []string{minted, foreign} {
+			t.Run(tc.name, func(t *testing.T) {
+				h := &hold{}
+				h.setOwner(owner, "")
+				for _, i := range tc.add {
+					h.addLeaseLocked(leases[i])
+				}
+				for _, i := range tc.remove {
+					h.removeLeaseLocked(leases[i])
+				}
+				if got := contents(h); !slices.Equal(got, tc.want) {
+					t.Errorf("hold keeps leases of fences %v, want %v", got, tc.want)
+				}
+				h.addLeaseLocked(leases[4])
+				if got := contents(h); !slices.Contains(got, 4) || len(got) != len(tc.want)+1 {
+					t.Errorf("after one more add the hold keeps %v, want %v and 4", got, tc.want)
+				}
+				if h.owner() != owner {
+					t.Errorf("owner token %q after the leases changed, want %q", h.owner(), owner)
+				}
+			})
+		}
 	}
 }

@@ -140,11 +140,11 @@ func TestHoldKeepsOwnerTokensOfAnyLength(t *testing.T) {
 		{strings.Repeat("o", 64), ""},
 		{minted, "borrowname000000"},
 	} {
-		h := newHold(l.k, "owner:key", tc.owner, 1, tc.borrow, time.Now())
+		h := newHold(l.k, "owner:key", tc.owner, 1, tc.borrow, time.Now(), 0)
 		if h.owner() != tc.owner || h.borrowName() != tc.borrow || h.borrowed() != (tc.borrow != "") {
 			t.Errorf("hold of owner %q, borrow %q: owner %q, borrow %q, borrowed %v", tc.owner, tc.borrow, h.owner(), h.borrowName(), h.borrowed())
 		}
-		if tc.borrow == "" && len(tc.owner) == ownerTokenLen && h.ext != nil {
+		if tc.borrow == "" && len(tc.owner) == ownerTokenLen && h.ext.Load() != nil {
 			t.Errorf("a minted token took a separate allocation (ext)")
 		}
 		h.stop()
@@ -159,9 +159,9 @@ func TestHeldLockObjectSizes(t *testing.T) {
 		name      string
 		size, max uintptr
 	}{
-		{"hold", unsafe.Sizeof(hold{}), 144},
+		{"hold", unsafe.Sizeof(hold{}), 128},
 		{"Lease", unsafe.Sizeof(Lease{}), 64},
-		{"gateEntry", unsafe.Sizeof(gateEntry{}), 32},
+		{"gateEntry", unsafe.Sizeof(gateEntry{}), 24},
 	} {
 		if tc.size > tc.max {
 			t.Errorf("%s is %d bytes, at most %d wanted", tc.name, tc.size, tc.max)

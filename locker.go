@@ -284,7 +284,7 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 	if h == nil {
 		grant = GrantRedis
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil)
+		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
 			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
@@ -293,13 +293,17 @@ func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, un
 			l.k.gate.leave(rkey, e, false)
 			return nil, err
 		}
-		l.k.gate.setHold(e, h, callerAbove(callerUp))
+		l.k.gate.setHold(e, h)
+	}
+	site := siteHandoff
+	if grant == GrantRedis {
+		site = callerAbove(callerUp)
 	}
 	fence, first := h.grantFence()
 	if grant == GrantHandoff && first {
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence), nil
+	return newLease(ctx, h, grant, fence, site), nil
 }
 
 // reenterHeld re-enters the lease of rkey that ctx carries, if any (done): a write lease for
@@ -323,16 +327,16 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLease(ctx, parent.h, GrantReentry, parent.fence), nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site), nil
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
 // by joining this process's hold when it is owner's, or by one more hold of the lock in Redis.
 // done is false when owner holds nothing: a handed-over token never takes a free key.
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
-	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.local {
-		if f, ok := h.join(); ok {
-			return newLease(ctx, h, GrantJoined, max(f, fence)), nil, true
+	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
+		if f, site, ok := h.join(); ok {
+			return newLease(ctx, h, GrantJoined, max(f, fence), site), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -362,9 +366,9 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		l.k.giveBackLater(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
-	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent)
+	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent, 0)
 	taken = h
-	return newLease(ctx, h, GrantBorrowed, h.currentFence()), nil, true
+	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
 }
 
 // acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
@@ -375,7 +379,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 // caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
 // nil, is the caller among its process's fair waiters of key: until it is their head it
 // neither watches the key nor looks again at its releases.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter) (h *hold, err error) {
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
 	wait := b.waits()
 	var (
 		fair  lockstore.FairQueuer
@@ -487,7 +491,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				l.k.giveBackLater(ctx, key, owner, "")
 				return nil, errLateReply
 			}
-			return newHold(l.k, key, owner, res.Fence, "", sent), nil
+			return newHold(l.k, key, owner, res.Fence, "", sent, kind), nil
 		}
 		holder = time.Now().Add(res.HolderTTL)
 		if check := l.cfg.holders; check != nil && res.Holder != "" {

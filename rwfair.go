@@ -122,12 +122,12 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 		site  uintptr
 	)
 	defer func() { l.k.gate.endBorrow(taken, site) }()
-	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw)
+	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw, 0)
 	if err != nil {
 		return nil, err
 	}
 	taken, site = h, callerAbove(callerUp)
-	return newLease(ctx, h, GrantRedis, h.currentFence()), nil
+	return newLease(ctx, h, GrantRedis, h.currentFence(), site), nil
 }
 
 // leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it
@@ -143,7 +143,7 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 }
 
 // reads reports whether h is a read lock's hold (WithRead).
-func (h *hold) reads() bool { return h.ext != nil && lockstore.IsReadOwner(h.ext.owner) }
+func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
 // fairWaiter is one fair Lock of this process waiting for a key (WithFair). Every waiter holds
 // its own place in the store's line, but only the first of the process's waiters of a key (its

@@ -55,10 +55,6 @@ type gateEntry struct {
 	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
-	// site is where the current grant was taken (callerAbove; siteHandoff for a grant that
-	// came by handoff or pass), for the report of a grant whose leases were never released.
-	// Guarded by the gate's mu: set with the hold it names (setHold, grantLocked).
-	site uintptr
 }
 
 // maxHandoffRun is the longest run of handoffs the gate counts (gateEntry.handoffs); a larger
@@ -269,23 +265,30 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After,
-// and where it was taken (site).
-func (g *gate) setHold(e *gateEntry, h *hold, site uintptr) {
+// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
+func (g *gate) setHold(e *gateEntry, h *hold) {
 	g.mu.Lock()
-	h.entry, e.hold, e.site = e, h, site
+	e.hold = h
 	g.mu.Unlock()
 }
 
-// siteOf is where h's current grant was taken: its entry's site, or for a hold outside the
-// gate the site endBorrow recorded; 0 when unknown.
+// siteOf is where h's current grant was taken: as its leases recorded it, or for a hold
+// outside the gate as endBorrow did; 0 when unknown. h.mu must not be held.
 func (g *gate) siteOf(h *hold) uintptr {
+	h.mu.Lock()
+	site, leaseless := h.siteLocked(), h.first == nil
+	h.mu.Unlock()
+	switch {
+	case site != 0:
+		return site
+	case leaseless && h.gated():
+		// A gate grant with no lease yet came by handoff or pass: its receiver was woken
+		// and has not made its lease.
+		return siteHandoff
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if h.entry == nil {
-		return g.borrowed[h]
-	}
-	return h.entry.site
+	return g.borrowed[h]
 }
 
 // Outcomes of gate.handoff.
@@ -300,27 +303,29 @@ const (
 // handoff passes h and the slot straight to the next queued waiter, if there is one, the
 // fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
 // window ago), and h has enough time left.
-func (g *gate) handoff(key string, e *gateEntry, h *hold, bound int, window time.Duration) handoffOutcome {
-	if h == nil || h.local || bound == 0 || window == 0 || !h.handable() {
-		return notHanded
-	}
-	late := h.k.sinceInstant(h.acquired) >= window
+//
+// It returns key's entry, which h's grant owns (a hold does not point to its entry: live heap
+// per held lock), for the caller to pass or leave the slot with.
+func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
+	handable := !h.degraded() && bound > 0 && window > 0 && h.handable()
+	late := handable && h.k.sinceInstant(h.acquired) >= window
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e.queued() == 0 || g.closed.Load() {
-		return notHanded
+	e := g.entries[key]
+	if !handable || e.queued() == 0 || g.closed.Load() {
+		return notHanded, e
 	}
 	if late || int(e.handoffs) >= bound {
-		return turnOver
+		return turnOver, e
 	}
 	if !h.nextGrant() { // a fence of its own for the next holder
-		return notHanded // lost meanwhile: the caller releases it
+		return notHanded, e // lost meanwhile: the caller releases it
 	}
 	e.handoffs++
 	e.hold = h
 	g.grantLocked(e, h)
 	g.dropLocked(key, e)
-	return handedOff
+	return handedOff, e
 }
 
 // passOn gives the slot and h, which a pass kept in Redis for a new turn (keeper.pass), to the
@@ -388,9 +393,6 @@ func (g *gate) taken(key string) bool {
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	w := e.pop()
 	w.hold = h
-	if h != nil {
-		e.site = siteHandoff
-	}
 	close(w.ready)
 }
 

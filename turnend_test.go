@@ -253,12 +253,8 @@ func TestPassCountsTheHoldsOwnTTL(t *testing.T) {
 	mr.FastForward(900 * time.Millisecond) // Redis's view: 2.1 s of the lock's 3 s left
 	// End the grant as a waiter of b does when it is handed the slot as its budget ends.
 	h := first.h
-	first.mu.Lock()
-	first.released = true
-	first.mu.Unlock()
-	h.detach(first)
-	if !h.done() {
-		t.Fatal("the first lease was not the grant's last")
+	if last, _, err := h.release(first); err != nil || !last {
+		t.Fatalf("the first lease's release: last %v, err %v; want its grant's last", last, err)
 	}
 	if err := b.k.endGrant(ctx, h); err != nil {
 		t.Fatal(err)
