@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"time"
 
@@ -94,6 +95,9 @@ type s13Results struct {
 	Keys        map[int][]*result `json:"keys"`
 	Sizes       []int             `json:"sizes"`
 	Held        map[int][]*result `json:"held"`
+	// HeldCold is Held measured cold (bench.s9HoldCold), on the default client only: as a
+	// program that measures its first locks sees them.
+	HeldCold map[int][]*result `json:"held_cold"`
 }
 
 // s13Uncontended are the rows of the uncontended part: flightlock, its store alone, the peers
@@ -104,27 +108,24 @@ var s13Uncontended = []string{"flightlock", "store", "redislock", "rueidislock",
 // few operations that meet a held key (64 goroutines over 1,000 keys) would set its figure.
 var s13Keys = []string{"flightlock", "redislock-1ms", "rueidislock", "setdel"}
 
+// s13MaxOps bounds the operations of one uncontended row per repetition (its keys are made
+// before the row runs): at 100 µs an operation, -d1 up to 10s.
+const s13MaxOps = 100000
+
 func (b *bench) scenario13() *s13Results {
 	st := b.cfg.clients
-	out := &s13Results{Settings: st, KeyPoints: b.cfg.s13Keys, Keys: map[int][]*result{}, Sizes: b.cfg.memLocks, Held: map[int][]*result{}}
+	out := &s13Results{Settings: st, KeyPoints: b.cfg.s13Keys, Keys: map[int][]*result{}, Sizes: b.cfg.memLocks, Held: map[int][]*result{}, HeldCold: map[int][]*result{}}
 
 	rows := s13Pick(st, s13Uncontended...)
 	b.warm(rows)
 	res := newResults(rows)
-	const maxOps = 200000
-	lat := make([]int64, maxOps)
 	for rep := range b.cfg.reps {
-		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			keys := make([]string, maxOps)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s13u:%d:%d", rep, i))
-			}
-			m, d := b.uncontended(im, keys, b.cfg.d1, lat)
+		ms := b.uncontendedSliced(rows, rep, b.cfg.d1, s13MaxOps)
+		for _, r := range rows {
+			m := ms[r.id]
 			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(d, int64(m["ops"]))
-			progress("s13 rep %d uncontended %-22s p50 %s (lock %s, unlock %s) %.2f RT/op err %d", rep+1, r.id, mdfmt.Dur(m["p50"]),
-				mdfmt.Dur(m["lock_p50"]), mdfmt.Dur(m["unlock_p50"]), m["rt"], int64(m["errors"]))
+			progress("s13 rep %d uncontended %-22s p50 %s (lock %s, unlock %s; in calls %s, outside %s) %.2f RT/op CPU µs/op client %.1f Redis %.1f allocs/op %.1f (%.0f B) err %d", rep+1, r.id,
+				mdfmt.Dur(m["p50"]), mdfmt.Dur(m["lock_p50"]), mdfmt.Dur(m["unlock_p50"]), mdfmt.Dur(m["calls_p50"]), mdfmt.Dur(m["outside_p50"]), m["rt"], m["ccpu"], m["scpu"], m["allocs"], m["bytes"], int64(m["errors"]))
 		}
 	}
 	out.Uncontended = ordered(rows, res)
@@ -136,20 +137,29 @@ func (b *bench) scenario13() *s13Results {
 		for _, x := range out.KeyPoints {
 			all[x] = newResults(rows)
 		}
-		interleave.Points(b.cfg.reps, out.KeyPoints, rows, func(rep, x int, r rowSpec) {
-			im := b.impl(r)
-			keys := make([]string, x)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s13k:%d:%d:%d", x, rep, i))
+		for rep := range b.cfg.reps {
+			for _, x := range out.KeyPoints {
+				keys := map[string][]string{}
+				for _, r := range rows {
+					im := b.impl(r)
+					ks := make([]string, x)
+					for i := range ks {
+						ks[i] = im.key(fmt.Sprintf("s13k:%d:%d:%d", x, rep, i))
+					}
+					keys[r.id] = ks
+				}
+				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.cfg.d4, rep)
+				for _, r := range rows {
+					m := ms[r.id]
+					if r.floor {
+						m["violations"] = 0 // not a lock: nothing to check
+					}
+					all[x][r.id].Reps = append(all[x][r.id].Reps, m)
+					progress("s13 rep %d keys=%-6d %-22s %9.0f cs/s cmds/cs %.3f CPU µs/cs client %.1f Redis %.1f viol %d err %d %s", rep+1, x, r.id,
+						m["csps"], m["cmds"], m["ccpu"], m["scpu"], int64(m["violations"]), int64(m["errors"]), errs[r.id])
+				}
 			}
-			m, firstErr := b.contendFor(im, keys, s8KeyGoroutines, b.cfg.d4)
-			if r.floor {
-				m["violations"] = 0 // not a lock: nothing to check
-			}
-			all[x][r.id].Reps = append(all[x][r.id].Reps, m)
-			progress("s13 rep %d keys=%-6d %-22s %9.0f cs/s cmds/cs %.3f viol %d err %d %s", rep+1, x, r.id, m["csps"], m["cmds"],
-				int64(m["violations"]), int64(m["errors"]), firstErr)
-		})
+		}
 		for _, x := range out.KeyPoints {
 			out.Keys[x] = ordered(rows, all[x])
 		}
@@ -157,18 +167,30 @@ func (b *bench) scenario13() *s13Results {
 
 	if len(out.Sizes) > 0 {
 		rows := s13Pick(st, "flightlock")
-		all := map[int]map[string]*result{}
+		all, cold := map[int]map[string]*result{}, map[int]map[string]*result{}
 		for _, n := range out.Sizes {
-			all[n] = newResults(rows)
+			all[n], cold[n] = newResults(rows), newResults(rows)
 		}
 		interleave.Points(b.cfg.reps, out.Sizes, rows, func(rep, n int, r rowSpec) {
 			m := b.s9Hold(r, n)
 			all[n][r.id].Reps = append(all[n][r.id].Reps, m)
 			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
 				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))
+			if settingOf(r.id) != defaultClient {
+				return
+			}
+			m = b.s9HoldCold(r, n)
+			cold[n][r.id].Reps = append(cold[n][r.id].Reps, m)
+			progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
+				rep+1, n, r.id, m["heap"], m["after_heap"], m["after_gor"], int64(m["errors"]))
 		})
 		for _, n := range out.Sizes {
 			out.Held[n] = ordered(rows, all[n])
+			for _, r := range rows {
+				if len(cold[n][r.id].Reps) > 0 {
+					out.HeldCold[n] = append(out.HeldCold[n], cold[n][r.id])
+				}
+			}
 		}
 	}
 	return out
@@ -251,8 +273,30 @@ func (r *report) goals37() []goal {
 						spread(fl, "after_heap"), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
 			}
 		}
+		for i, n := range s.Sizes {
+			fl := on(s.HeldCold[n], "flightlock", c)
+			if fl == nil || c != defaultClient {
+				continue
+			}
+			cold := func(what string) string { return fmt.Sprintf("%s, default client, cold", what) }
+			gs = append(gs, goal{cold(fmt.Sprintf("%s held locks", mdfmt.Int(float64(n)))), "≤ 300 B of live heap per held lock",
+				fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
+			if i == 0 {
+				gs = append(gs, goal{cold(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
+					fmt.Sprintf("%s B per lock (repetitions %s), %s goroutines above the baseline", mdfmt.Float(fl.med("after_heap")),
+						spread(fl, "after_heap"), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
+			}
+		}
 	}
 	return gs
+}
+
+// durOrDash is the median of a duration metric, or "-" for a row that has none.
+func durOrDash(x *result, metric string) string {
+	if len(x.Reps) == 0 || x.Reps[0][metric] == 0 {
+		return "-"
+	}
+	return mdfmt.Dur(x.med(metric))
 }
 
 // spread is the lowest and highest repetition of a figure.
@@ -279,20 +323,23 @@ func (r *report) s13Section(w func(string, ...any)) {
 	w("go-redis ignores) beside the **tuned** client of every other scenario (`DisableIdentity`, `ContextTimeoutEnabled`). On the\n")
 	w("default client flightlock is built as an outside benchmark built it, `flightlock.New(redisstore.New(client),\n")
 	w("WithTTL(%v), WithWait(%v))`; bsm/redislock gets the same client. rueidislock has no go-redis client and runs once per\n", lockTTL, waitBudget)
-	w("repetition, on its own settings (see Rows). Every row of every setting runs once per repetition, in an order rotated\n")
-	w("per repetition, so both settings see the same machine state; cells are medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
+	w("repetition, on its own settings (see Rows). Within a repetition the rows take turns in short slices (%v each in the\n", s13UncontendedSlice)
+	w("uncontended part, %v over many keys), every row of every setting once per round, in an order rotated every round, until\n", s13KeysSlice)
+	w("each has run its time: a drift of the shared machine lands on every row alike. Cells are medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
 	w("```\ncd bench && flock /tmp/flightlock-cpu.lock go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
 	settings := s.Settings
 	col := func(c clientSetting) string { return string(c) }
 
 	w("### Uncontended lock + unlock, a distinct key per operation\n\n")
 	w("Scenario 1's loop, %v per row and repetition; lock and unlock are also timed apart (their p50s need not add up to the\n", r.cfg.d1)
-	w("whole's). \"x bsm\" is the row's p50 over bsm/redislock's on the same setting.\n\n")
+	w("whole's). \"x bsm\" is the row's p50 over bsm/redislock's on the same setting. \"In calls\" is the time each operation spent\n")
+	w("inside the go-redis client's calls (a hook stamps each command's start and reply; the round trips and Redis's work),\n")
+	w("\"outside\" the rest of the operation, the library's own work (p50s over the operations; rueidislock has no go-redis client).\n\n")
 	w("| row |")
 	for _, c := range settings {
-		w(" %s: p50 | lock p50 | unlock p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", col(c))
+		w(" %s: p50 | lock p50 | unlock p50 | in calls p50 | outside p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", col(c))
 	}
-	w(" server cmds/op |\n|---|%s---|\n", strings.Repeat("---|", 8*len(settings)))
+	w(" server cmds/op |\n|---|%s---|\n", strings.Repeat("---|", 10*len(settings)))
 	for _, base := range s13Uncontended {
 		x0 := on(s.Uncontended, base, settings[0])
 		if x0 == nil {
@@ -302,15 +349,15 @@ func (r *report) s13Section(w func(string, ...any)) {
 		for _, c := range settings {
 			x, bsm := on(s.Uncontended, base, c), on(s.Uncontended, "redislock", c)
 			if x == nil {
-				w("%s", strings.Repeat(" |", 8))
+				w("%s", strings.Repeat(" |", 10))
 				continue
 			}
 			ratio := "-"
 			if bsm != nil {
 				ratio = fmt.Sprintf("%.2f", x.med("p50")/bsm.med("p50"))
 			}
-			w(" %s | %s | %s | %s | %s | %s | %s | %s |", mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("lock_p50")), mdfmt.Dur(x.med("unlock_p50")),
-				mdfmt.Dur(x.med("p99")), ratio, mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("ccpu")), mdfmt.Float(x.med("scpu")))
+			w(" %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("lock_p50")), mdfmt.Dur(x.med("unlock_p50")),
+				durOrDash(x, "calls_p50"), durOrDash(x, "outside_p50"), mdfmt.Dur(x.med("p99")), ratio, mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("ccpu")), mdfmt.Float(x.med("scpu")))
 		}
 		w(" %s |\n", mdfmt.Float(x0.med("cmds")))
 	}
@@ -319,8 +366,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 	w("**The split.** flightlock's `RedisStore` alone (`Acquire` + `Release`, the same scripts, keys and arguments, no Locker)\n")
 	w("against the whole Locker (`Lock` + `Release`): flightlock - store is the Locker's own part, store - bsm what the\n")
 	w("store's scripts and its path through go-redis add over bsm/redislock's.\n\n")
-	w("| setting | flightlock p50 | store alone p50 | Locker's part | bsm p50 | store - bsm | flightlock - bsm | lock: flightlock / store / bsm | unlock: flightlock / store / bsm |\n")
-	w("|---|---|---|---|---|---|---|---|---|\n")
+	w("| setting | flightlock p50 | store alone p50 | Locker's part | bsm p50 | store - bsm | flightlock - bsm | lock: flightlock / store / bsm | unlock: flightlock / store / bsm | in calls: flightlock / store / bsm | outside: flightlock / store / bsm | Redis CPU µs/op: flightlock / store / bsm |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range settings {
 		fl, st, bsm := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "store", c), on(s.Uncontended, "redislock", c)
 		if fl == nil || st == nil || bsm == nil {
@@ -330,8 +377,10 @@ func (r *report) s13Section(w func(string, ...any)) {
 		three := func(m string) string {
 			return mdfmt.Dur(fl.med(m)) + " / " + mdfmt.Dur(st.med(m)) + " / " + mdfmt.Dur(bsm.med(m))
 		}
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
-			mdfmt.Dur(bsm.med("p50")), d(st.med("p50"), bsm.med("p50")), d(fl.med("p50"), bsm.med("p50")), three("lock_p50"), three("unlock_p50"))
+		cpu := mdfmt.Float(fl.med("scpu")) + " / " + mdfmt.Float(st.med("scpu")) + " / " + mdfmt.Float(bsm.med("scpu"))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
+			mdfmt.Dur(bsm.med("p50")), d(st.med("p50"), bsm.med("p50")), d(fl.med("p50"), bsm.med("p50")), three("lock_p50"), three("unlock_p50"),
+			three("calls_p50"), three("outside_p50"), cpu)
 	}
 	w("\n")
 	if both {
@@ -346,7 +395,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("### 64 goroutines over many keys\n\n")
 		w("Scenario 8's key axis (each operation locks a key drawn uniformly, runs its critical section, releases), %v per row,\n", r.cfg.d4)
 		w("point and repetition. Each cell: critical sections per second; server commands per critical section · RT per\n")
-		w("critical section; the repetitions' lowest-highest.\n\n| row |")
+		w("critical section; CPU µs per critical section, client + Redis; the repetitions' lowest-highest. Client and Redis\n")
+		w("share the machine's %d cores, so the CPU a row spends per critical section bounds its rate.\n\n| row |", runtime.NumCPU())
 		for _, x := range s.KeyPoints {
 			for _, c := range settings {
 				w(" %s keys, %s |", mdfmt.Int(float64(x)), col(c))
@@ -362,7 +412,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 			for _, x := range s.KeyPoints {
 				for _, c := range settings {
 					v := on(s.Keys[x], base, c)
-					cell := fmt.Sprintf(" %s<br>%s · %s<br>%s", mdfmt.Int(v.med("csps")), mdfmt.Float(v.med("cmds")), mdfmt.Float(v.med("rt")), spread(v, "csps"))
+					cell := fmt.Sprintf(" %s<br>%s · %s<br>%s + %s µs<br>%s", mdfmt.Int(v.med("csps")), mdfmt.Float(v.med("cmds")), mdfmt.Float(v.med("rt")),
+						mdfmt.Float(v.med("ccpu")), mdfmt.Float(v.med("scpu")), spread(v, "csps"))
 					if e := v.worst("errors"); e > 0 {
 						cell += "<br>" + mdfmt.Int(e) + " errors"
 					}
@@ -388,7 +439,9 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("### Live heap per held lock\n\n")
 		w("Scenario 9's holding (flightlock only, its watchdog renewing for %v), repeated %d times, the settings and sizes\n", r.cfg.d9hold, r.cfg.reps)
 		w("interleaved. Heap is `HeapAlloc` after `runtime.GC()` above the baseline, per lock; after release, what is still\n")
-		w("live above the baseline per lock.\n\n")
+		w("live above the baseline per lock. Warm rows fill the client's pool before the baseline (scenario 9); *cold* rows\n")
+		w("measure a client and a Locker made for the measurement, with nothing locked before the baseline, as a program that\n")
+		w("measures its first locks would: the connections the locks open count as theirs.\n\n")
 		w("| setting | locks | heap B/lock | repetitions | stack B/lock | goroutines/lock | after release: B/lock | repetitions | after release: goroutines | errors |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range s.Sizes {
@@ -400,6 +453,11 @@ func (r *report) s13Section(w func(string, ...any)) {
 				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
 					mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
 					mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+				if x := on(s.HeldCold[n], "flightlock", c); x != nil && c == defaultClient {
+					w("| %s, cold | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
+						mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
+						mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+				}
 			}
 		}
 		w("\n")

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/bsm/redislock"
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
@@ -164,17 +162,6 @@ func newFlightlockOn(addr string, s clientSetting, opts ...flightlock.Option) (*
 }
 
 func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
-
-// warmFixed fills the store's table of fence counter names, one per Redis Cluster hash slot in
-// use (at most 16,384, about 650 KB when every slot is in use), which fills as lock keys touch
-// new slots: a cost of the process, not of the locks held (10,000 keys touch about 7,900
-// slots, and counted 16-22 B per held lock for the table in scenario 9 before). 300,000 hash
-// tags miss a slot with a probability of about 2e-4.
-func (f *flightlockImpl) warmFixed() {
-	for i := range 300000 {
-		_ = lockstore.FenceKey("{" + strconv.Itoa(i) + "}")
-	}
-}
 
 func (f *flightlockImpl) lock(ctx context.Context, key string) (any, error) {
 	return f.locker.Lock(ctx, key)

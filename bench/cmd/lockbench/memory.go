@@ -108,24 +108,33 @@ func warmPool(ctx context.Context, im impl, n int) {
 		}
 		return im.unlock(ctx, keys[i], h)
 	})
-	if w, ok := im.(fixedWarmer); ok {
-		w.warmFixed()
-	}
 }
 
-// fixedWarmer is a row whose client keeps tables of a fixed, bounded size that fill as the
-// locks touch them; warmFixed fills them before a memory baseline, as warmPool fills the pool.
-type fixedWarmer interface{ warmFixed() }
+func (b *bench) s9Hold(r rowSpec, n int) metrics { return b.s9HoldOn(r, b.impl(r), n, true) }
 
-func (b *bench) s9Hold(r rowSpec, n int) metrics {
-	im := b.impl(r)
+// s9HoldCold is s9Hold as a program that measures its first locks would see it: a client and a
+// Locker made for the measurement, nothing locked before the baseline, so that the connections
+// the locks open and anything the library fills on first use count as the locks' memory.
+func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
+	im, err := r.build(b.addr)
+	if err != nil {
+		fatalf("build %s: %v", r.id, err)
+	}
+	defer im.close()
+	return b.s9HoldOn(r, im, n, false)
+}
+
+// s9HoldOn measures n locks held at once on im; warm fills the client's pool first (warmPool).
+func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	ctx := context.Background()
 	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
 	hs := make([]any, n)
-	warmPool(ctx, im, n)
+	if warm {
+		warmPool(ctx, im, n)
+	}
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+)
+
+// Scenario 13 compares rows whose p50s differ by a few per cent on a shared machine whose speed
+// drifts by more than that within seconds. Run one after the other, 1.5 s per row, two runs of
+// the same code disagreed by 1.6x on a ratio. So its rows take turns in short slices instead:
+// every row runs for one slice, in an order rotated per round, until each has run its
+// duration; drift then lands on every row alike. Counters (server commands and CPU, client CPU,
+// round trips, allocations) are read around each slice and summed, outside the timed
+// operations.
+
+// How long a row runs before the next row's turn in scenario 13's uncontended and many-keys parts.
+const (
+	s13UncontendedSlice = 25 * time.Millisecond
+	s13KeysSlice        = 250 * time.Millisecond
+)
+
+// sliceSum is what one row gathered over its slices.
+type sliceSum struct {
+	ops, errs, rts    int64
+	elapsed           time.Duration
+	scpu              float64 // server CPU seconds
+	ccpu              time.Duration
+	mallocs, bytes    uint64
+	cmds              cmdDelta
+	lat, lockLat      []int64
+	inCalls, outside  []int64 // per operation: time inside the client's calls, and the rest
+	plain, violations int64
+	waits             []int64
+	firstErr          string
+	keysNext          int // the next of the row's keys to lock (uncontendedSliced)
+}
+
+// add counts the counters read before (s0) and now into the sum.
+func (s *sliceSum) add(b *bench, s0 snap) {
+	after := b.stats()
+	for k, v := range diffStats(s0.cmds, after) {
+		s.cmds[k] += v
+	}
+	s.scpu += b.adm.cpuSeconds(context.Background()) - s0.scpu
+	s.ccpu += cpustat.Self() - s0.ccpu
+}
+
+// uncontendedSliced is scenario 1's loop (bench.uncontended) for rows at once, in slices.
+func (b *bench) uncontendedSliced(rows []rowSpec, rep int, d time.Duration, maxOps int) map[string]metrics {
+	sums := map[string]*sliceSum{}
+	keys := map[string][]string{}
+	for _, r := range rows {
+		im := b.impl(r)
+		ks := make([]string, maxOps)
+		for i := range ks {
+			ks[i] = im.key(fmt.Sprintf("s13u:%d:%d", rep, i))
+		}
+		keys[r.id] = ks
+		sums[r.id] = &sliceSum{cmds: cmdDelta{}, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
+	}
+	ctx := context.Background()
+	runtime.GC()
+	for round := 0; ; round++ {
+		ran := false
+		for _, r := range interleave.Rotate(rows, rep+round) {
+			s, ks, im := sums[r.id], keys[r.id], b.impl(r)
+			if s.elapsed >= d || s.keysNext >= len(ks) {
+				continue
+			}
+			ran = true
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			s0, rt0 := b.snap(), im.roundTrips()
+			var rc *rtCounter
+			if ct, ok := im.(callTimer); ok {
+				rc = ct.counter()
+			}
+			start := time.Now()
+			end := start.Add(min(s13UncontendedSlice, d-s.elapsed))
+			for s.keysNext < len(ks) {
+				key := ks[s.keysNext]
+				s.keysNext++
+				if rc != nil {
+					rc.timeCalls(true)
+				}
+				t0 := time.Now()
+				h, err := im.lock(ctx, key)
+				t1 := time.Now()
+				if err == nil {
+					err = im.unlock(ctx, key, h)
+				}
+				t2 := time.Now()
+				s.lat = append(s.lat, int64(t2.Sub(t0)))
+				s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
+				if rc != nil {
+					var in time.Duration
+					for _, c := range rc.timeCalls(false) {
+						in += c.end.Sub(c.start)
+					}
+					s.inCalls = append(s.inCalls, int64(in))
+					s.outside = append(s.outside, int64(t2.Sub(t0)-in))
+				}
+				s.ops++
+				if err != nil {
+					s.errs++
+				}
+				if t2.After(end) {
+					break
+				}
+			}
+			s.elapsed += time.Since(start)
+			runtime.ReadMemStats(&m1)
+			s.rts += im.roundTrips() - rt0
+			s.mallocs += m1.Mallocs - m0.Mallocs
+			s.bytes += m1.TotalAlloc - m0.TotalAlloc
+			s.add(b, s0)
+		}
+		if !ran {
+			break
+		}
+	}
+	out := map[string]metrics{}
+	for _, r := range rows {
+		s := sums[r.id]
+		fn := float64(max(s.ops, 1))
+		unlock := make([]int64, len(s.lat))
+		for i := range unlock {
+			unlock[i] = s.lat[i] - s.lockLat[i]
+		}
+		sortInts(s.lat)
+		sortInts(s.lockLat)
+		sortInts(unlock)
+		sortInts(s.inCalls)
+		sortInts(s.outside)
+		out[r.id] = metrics{
+			"ops":        float64(s.ops),
+			"opsps":      float64(s.ops) / s.elapsed.Seconds(),
+			"p50":        percentile(s.lat, 0.50),
+			"p99":        percentile(s.lat, 0.99),
+			"lock_p50":   percentile(s.lockLat, 0.50),
+			"unlock_p50": percentile(unlock, 0.50),
+			"rt":         float64(s.rts) / fn,
+			"cmds":       float64(s.cmds.total()) / fn,
+			"allocs":     float64(s.mallocs) / fn,
+			"bytes":      float64(s.bytes) / fn,
+			"errors":     float64(s.errs),
+			"scpu":       s.scpu * 1e6 / fn,
+			"ccpu":       float64(s.ccpu.Microseconds()) / fn,
+		}
+		if len(s.inCalls) > 0 {
+			out[r.id]["calls_p50"] = percentile(s.inCalls, 0.50)
+			out[r.id]["outside_p50"] = percentile(s.outside, 0.50)
+		}
+	}
+	return out
+}
+
+// contendSliced is scenario 8's many-keys loop (bench.contendFor, g goroutines over keys) for
+// rows at once, in slices. Each row has keys of its own.
+func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
+	sums := map[string]*sliceSum{}
+	guards := map[string][]guard.Guard{}
+	for _, r := range rows {
+		sums[r.id] = &sliceSum{cmds: cmdDelta{}}
+		gds := make([]guard.Guard, len(keys[r.id]))
+		for i := range gds {
+			gds[i] = guard.New()
+		}
+		guards[r.id] = gds
+	}
+	for round := 0; ; round++ {
+		ran := false
+		for _, r := range interleave.Rotate(rows, rep+round) {
+			s, im := sums[r.id], b.impl(r)
+			if s.elapsed >= d {
+				continue
+			}
+			ran = true
+			slice := min(s13KeysSlice, d-s.elapsed)
+			s0 := b.snap()
+			start := time.Now().Add(5 * time.Millisecond)
+			stop := make(chan struct{})
+			t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
+			cr := contendImpl(im, keys[r.id], guards[r.id], g, start, stop, 0, start.Add(slice+waitBudget))
+			t.Stop()
+			s.add(b, s0)
+			s.ops += cr.Ops
+			s.errs += cr.Errors
+			s.rts += cr.RT
+			s.elapsed += time.Duration(cr.Elapsed)
+			s.waits = append(s.waits, cr.Waits...)
+			if s.firstErr == "" {
+				s.firstErr = cr.FirstErr
+			}
+		}
+		if !ran {
+			break
+		}
+	}
+	out, errs := map[string]metrics{}, map[string]string{}
+	for _, r := range rows {
+		s := sums[r.id]
+		for _, gd := range guards[r.id] {
+			s.plain += gd.Plain()
+			s.violations += gd.Violations()
+		}
+		m := contendMetrics(contendResult{Result: contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, RT: s.rts}, s.cmds, s.plain, s.violations)
+		fn := float64(max(s.ops, 1))
+		m["scpu"] = s.scpu * 1e6 / fn
+		m["ccpu"] = float64(s.ccpu.Microseconds()) / fn
+		out[r.id], errs[r.id] = m, s.firstErr
+	}
+	return out, errs
+}
