@@ -181,8 +181,8 @@ func (b *bench) scenario13() *s13Results {
 			}
 			m = b.s9HoldCold(r, n)
 			cold[n][r.id].Reps = append(cold[n][r.id].Reps, m)
-			progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
-				rep+1, n, r.id, m["heap"], m["after_heap"], m["after_gor"], int64(m["errors"]))
+			progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
+				rep+1, n, r.id, m["heap"], m["after_heap"], m["after_gor"], int64(m["errors"]), m["conns"], m["pipe_conns"], m["conn_bytes"])
 		})
 		for _, n := range out.Sizes {
 			out.Held[n] = ordered(rows, all[n])
@@ -283,8 +283,9 @@ func (r *report) goals37() []goal {
 				fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
 			if i == 0 {
 				gs = append(gs, goal{cold(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
-					fmt.Sprintf("%s B per lock (repetitions %s), %s goroutines above the baseline", mdfmt.Float(fl.med("after_heap")),
-						spread(fl, "after_heap"), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
+					fmt.Sprintf("%s B per lock (repetitions %s), of it %s B the buffers of the connections the client's pool kept (%s + %s pipeline); %s goroutines above the baseline",
+						mdfmt.Float(fl.med("after_heap")), spread(fl, "after_heap"), mdfmt.Float(fl.med("conn_bytes")), mdfmt.Int(fl.med("conns")),
+						mdfmt.Int(fl.med("pipe_conns")), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
 			}
 		}
 	}
@@ -441,7 +442,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("interleaved. Heap is `HeapAlloc` after `runtime.GC()` above the baseline, per lock; after release, what is still\n")
 		w("live above the baseline per lock. Warm rows fill the client's pool before the baseline (scenario 9); *cold* rows\n")
 		w("measure a client and a Locker made for the measurement, with nothing locked before the baseline, as a program that\n")
-		w("measures its first locks would: the connections the locks open count as theirs.\n\n")
+		w("measures its first locks would: the connections the locks open count as theirs. go-redis keeps 32 KiB read and\n")
+		w("32 KiB write buffers per pool connection, and 128 KiB each per connection of its pipeline pool (v9.23's defaults).\n\n")
 		w("| setting | locks | heap B/lock | repetitions | stack B/lock | goroutines/lock | after release: B/lock | repetitions | after release: goroutines | errors |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range s.Sizes {
@@ -454,9 +456,10 @@ func (r *report) s13Section(w func(string, ...any)) {
 					mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
 					mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
 				if x := on(s.HeldCold[n], "flightlock", c); x != nil && c == defaultClient {
-					w("| %s, cold | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
-						mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
-						mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+					w("| %s, cold | %s | %s | %s | %s | %s | %s (of it %s B/lock: the buffers of the %s + %s pipeline connections the pool kept) | %s | %s | %s |\n",
+						col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")),
+						mdfmt.Float(x.med("after_heap")), mdfmt.Float(x.med("conn_bytes")), mdfmt.Int(x.med("conns")), mdfmt.Int(x.med("pipe_conns")),
+						spread(x, "after_heap"), mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
 				}
 			}
 		}

@@ -121,7 +121,20 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 		fatalf("build %s: %v", r.id, err)
 	}
 	defer im.close()
-	return b.s9HoldOn(r, im, n, false)
+	m := b.s9HoldOn(r, im, n, false)
+	if f, ok := im.(*flightlockImpl); ok {
+		// What the client's pool kept of the connections the locks opened, at go-redis's
+		// default buffer sizes: 32 KiB to read and 32 KiB to write on a pool connection, 128 KiB
+		// each on a connection of its pipeline pool.
+		st := f.client.PoolStats()
+		conns, pipes := float64(st.TotalConns), 0.0
+		if st.PipelineStats != nil {
+			pipes = float64(st.PipelineStats.TotalConns)
+		}
+		m["conns"], m["pipe_conns"] = conns, pipes
+		m["conn_bytes"] = (conns*64*1024 + pipes*256*1024) / float64(n)
+	}
+	return m
 }
 
 // s9HoldOn measures n locks held at once on im; warm fills the client's pool first (warmPool).
