@@ -502,3 +502,47 @@ func TestLateHookRunsOnAnErrorAndOffTheLane(t *testing.T) {
 		t.Fatalf("acquire while a late hook is still running: %+v, %v; the hook holds the lane", res, err)
 	}
 }
+
+// A node client's batches run on connections of its main pool, not on go-redis's pipeline
+// pool, whose connections carry 128 KiB buffers each way: a process that once batched kept
+// four of them, 1 MB, after its locks were released.
+func TestBatchesKeepToTheClientsMainPool(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	h := newGateHook()
+	c.AddHook(h)
+	s := New(c, WithLanes(1))
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	ctx := context.Background()
+	laneFree := occupyLane(t, s, h)
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			key := "lock:pool" + strconv.Itoa(i)
+			if _, errs[i] = s.Acquire(ctx, key, ownerA, time.Minute, ""); errs[i] == nil {
+				_, errs[i] = s.Release(ctx, key, ownerA, "", 0)
+			}
+		})
+	}
+	waitQueued(t, s, n)
+	close(h.release)
+	wg.Wait()
+	<-laneFree
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if h.pipelines.Load() == 0 {
+		t.Fatal("no call was batched: the test proves nothing")
+	}
+	st := c.PoolStats()
+	if st.PipelineStats != nil && st.PipelineStats.TotalConns > 0 {
+		t.Fatalf("the batches opened %d connections of the pipeline pool", st.PipelineStats.TotalConns)
+	}
+	if st.TotalConns == 0 || st.TotalConns > 4 {
+		t.Fatalf("the main pool holds %d connections after the batches, want 1 to 4", st.TotalConns)
+	}
+}
