@@ -90,34 +90,7 @@ func newBatcher(client Client, lanes int) *batcher {
 	if !ok || lanes <= 0 {
 		return nil // calls go straight to the client
 	}
-	if c, ok := client.(*redis.Client); ok {
-		p = poolPipeliner{c}
-	}
 	return &batcher{client: p, scripter: client, lanes: lanes}
-}
-
-// poolPipeliner sends a node client's pipelines on a connection of its main pool. go-redis
-// (v9.23) gives pipelines a pool of their own whose connections read and write through
-// 128 KiB buffers each, four times a pool connection's: a store's batches, a few KB of
-// scripts, gain nothing from them, and a process whose lanes once batched kept 4 such
-// connections, 1 MB, after its locks were gone (TestBatchesKeepToTheClientsMainPool). The
-// lanes bound these pipelines, as the pipeline pool would.
-type poolPipeliner struct{ c *redis.Client }
-
-func (p poolPipeliner) Pipeline() redis.Pipeliner {
-	conn := p.c.Conn()
-	return &connPipeline{Pipeliner: conn.Pipeline(), conn: conn}
-}
-
-// connPipeline is a pipeline on one connection, given back to the pool once it has run.
-type connPipeline struct {
-	redis.Pipeliner
-	conn *redis.Conn
-}
-
-func (p *connPipeline) Exec(ctx context.Context) ([]redis.Cmder, error) {
-	defer func() { _ = p.conn.Close() }()
-	return p.Pipeliner.Exec(ctx)
 }
 
 // run runs script with keys and args, through a free lane or in the next batch. late, if not
