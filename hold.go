@@ -312,6 +312,11 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.doneLocked()
+}
+
+// doneLocked is done with h.mu held.
+func (h *hold) doneLocked() (last bool) {
 	if h.has(holdAbandoned) {
 		return false
 	}
@@ -342,11 +347,7 @@ func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	x.released = true
 	h.removeLeaseLocked(x)
 	x.endLocked(nil)
-	if h.has(holdAbandoned) {
-		return false, h.has(holdLost), nil
-	}
-	h.live--
-	return h.live == 0, h.has(holdLost), nil
+	return h.doneLocked(), h.has(holdLost), nil
 }
 
 // siteLocked is where h's current grant was taken, as its leases recorded it; 0 when none
