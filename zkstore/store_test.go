@@ -201,6 +201,31 @@ func TestFencesGrowAndHoldsSurviveALeaderChange(t *testing.T) {
 	_ = held.Release(ctx)
 }
 
+// toldLostBeforeGranted has holder lock key, cuts holder off (cut), has other lock key, and fails
+// unless holder's lease was told lost before other was granted.
+func toldLostBeforeGranted(t *testing.T, round int, holder, other *flightlock.Locker, key string, cut func()) {
+	t.Helper()
+	ctx := context.Background()
+	lease, err := holder.Lock(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut()
+	var lostAt time.Time
+	lostSeen := make(chan struct{})
+	go func() { <-lease.Context().Done(); lostAt = time.Now(); close(lostSeen) }()
+	got, err := other.Lock(ctx, key)
+	grantedAt := time.Now()
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lostSeen
+	if !lostAt.Before(grantedAt) {
+		t.Fatalf("round %d: the holder was told lost %v after the other session got the key", round, lostAt.Sub(grantedAt))
+	}
+	_ = got.Release(ctx)
+}
+
 // A holder whose link stalls past its session is told lost before another session is granted
 // the key: its lease counts only what the leader confirmed.
 func TestStalledHolderIsToldLostBeforeAnotherIsGranted(t *testing.T) {
@@ -209,27 +234,10 @@ func TestStalledHolderIsToldLostBeforeAnotherIsGranted(t *testing.T) {
 		proxy := startProxy(t, srv.Addr)
 		holder := mustLocker(t, dial(t, proxy.Addr))
 		other := mustLocker(t, dial(t, srv.Addr), flightlock.WithWait(30*time.Second))
-		ctx := context.Background()
-		key := "stalled-" + string(rune('a'+round))
-		lease, err := holder.Lock(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxy.SetDelay(time.Hour)
-		proxy.Stall(time.Hour)
-		var lostAt time.Time
-		lostSeen := make(chan struct{})
-		go func() { <-lease.Context().Done(); lostAt = time.Now(); close(lostSeen) }()
-		got, err := other.Lock(ctx, key)
-		grantedAt := time.Now()
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-lostSeen
-		if !lostAt.Before(grantedAt) {
-			t.Fatalf("round %d: the holder was told lost %v after the other session got the key", round, lostAt.Sub(grantedAt))
-		}
-		_ = got.Release(ctx)
+		toldLostBeforeGranted(t, round, holder, other, "stalled-"+string(rune('a'+round)), func() {
+			proxy.SetDelay(time.Hour)
+			proxy.Stall(time.Hour)
+		})
 		proxy.SetDelay(0)
 		_ = proxy.Close()
 	}
@@ -244,26 +252,7 @@ func TestHolderOnACutOffFollowerIsToldLostFirst(t *testing.T) {
 		leader := ens.Leader()
 		holder := mustLocker(t, dial(t, follower.Addr))
 		other := mustLocker(t, dial(t, leader.Addr), flightlock.WithWait(30*time.Second))
-		ctx := context.Background()
-		key := "cut-" + string(rune('a'+round))
-		lease, err := holder.Lock(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ens.Isolate(follower)
-		var lostAt time.Time
-		lostSeen := make(chan struct{})
-		go func() { <-lease.Context().Done(); lostAt = time.Now(); close(lostSeen) }()
-		got, err := other.Lock(ctx, key)
-		grantedAt := time.Now()
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-lostSeen
-		if !lostAt.Before(grantedAt) {
-			t.Fatalf("round %d: the holder was told lost %v after the other session got the key", round, lostAt.Sub(grantedAt))
-		}
-		_ = got.Release(ctx)
+		toldLostBeforeGranted(t, round, holder, other, "cut-"+string(rune('a'+round)), func() { ens.Isolate(follower) })
 		ens.Heal(follower)
 		ens.WaitReady(20 * time.Second)
 	}
