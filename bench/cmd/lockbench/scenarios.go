@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -179,30 +180,37 @@ func (b *bench) uncontended(im impl, keys []string, d time.Duration, lat []int64
 	delta := diffStats(s0.cmds, b.stats())
 	rts := im.roundTrips() - rt0
 	fn := float64(max(n, 1))
-	l := append([]int64(nil), lat[:n]...)
-	unlockLat := make([]int64, n)
+	m := latencyMetrics(append([]int64(nil), lat[:n]...), lockLat[:n])
+	maps.Copy(m, metrics{
+		"ops":    float64(n),
+		"opsps":  float64(n) / elapsed.Seconds(),
+		"rt":     float64(rts) / fn,
+		"cmds":   float64(delta.total()) / fn,
+		"allocs": float64(m1.Mallocs-m0.Mallocs) / fn,
+		"bytes":  float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
+		"errors": float64(errs),
+	})
+	b.cpu(m, s0, int64(n), true)
+	return m, delta
+}
+
+// latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
+// lat, and the p50s of their lock parts (lockLat) and unlock parts (the difference). It sorts
+// lat and lockLat in place.
+func latencyMetrics(lat, lockLat []int64) metrics {
+	unlockLat := make([]int64, len(lat))
 	for i := range unlockLat {
 		unlockLat[i] = lat[i] - lockLat[i]
 	}
-	lockLat = lockLat[:n]
-	sortInts(l)
+	sortInts(lat)
 	sortInts(lockLat)
 	sortInts(unlockLat)
-	m := metrics{
-		"ops":        float64(n),
-		"opsps":      float64(n) / elapsed.Seconds(),
-		"p50":        percentile(l, 0.50),
-		"p99":        percentile(l, 0.99),
+	return metrics{
+		"p50":        percentile(lat, 0.50),
+		"p99":        percentile(lat, 0.99),
 		"lock_p50":   percentile(lockLat, 0.50),
 		"unlock_p50": percentile(unlockLat, 0.50),
-		"rt":         float64(rts) / fn,
-		"cmds":       float64(delta.total()) / fn,
-		"allocs":     float64(m1.Mallocs-m0.Mallocs) / fn,
-		"bytes":      float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
-		"errors":     float64(errs),
 	}
-	b.cpu(m, s0, int64(n), true)
-	return m, delta
 }
 
 // --- scenario 2: one key, one process, g goroutines.

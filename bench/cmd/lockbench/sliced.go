@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"time"
 
@@ -130,34 +131,25 @@ func (b *bench) uncontendedSliced(rows []rowSpec, rep int, d time.Duration, maxO
 	for _, r := range rows {
 		s := sums[r.id]
 		fn := float64(max(s.ops, 1))
-		unlock := make([]int64, len(s.lat))
-		for i := range unlock {
-			unlock[i] = s.lat[i] - s.lockLat[i]
-		}
-		sortInts(s.lat)
-		sortInts(s.lockLat)
-		sortInts(unlock)
-		sortInts(s.inCalls)
-		sortInts(s.outside)
-		out[r.id] = metrics{
-			"ops":        float64(s.ops),
-			"opsps":      float64(s.ops) / s.elapsed.Seconds(),
-			"p50":        percentile(s.lat, 0.50),
-			"p99":        percentile(s.lat, 0.99),
-			"lock_p50":   percentile(s.lockLat, 0.50),
-			"unlock_p50": percentile(unlock, 0.50),
-			"rt":         float64(s.rts) / fn,
-			"cmds":       float64(s.cmds.total()) / fn,
-			"allocs":     float64(s.mallocs) / fn,
-			"bytes":      float64(s.bytes) / fn,
-			"errors":     float64(s.errs),
-			"scpu":       s.scpu * 1e6 / fn,
-			"ccpu":       float64(s.ccpu.Microseconds()) / fn,
-		}
+		m := latencyMetrics(s.lat, s.lockLat)
+		maps.Copy(m, metrics{
+			"ops":    float64(s.ops),
+			"opsps":  float64(s.ops) / s.elapsed.Seconds(),
+			"rt":     float64(s.rts) / fn,
+			"cmds":   float64(s.cmds.total()) / fn,
+			"allocs": float64(s.mallocs) / fn,
+			"bytes":  float64(s.bytes) / fn,
+			"errors": float64(s.errs),
+			"scpu":   s.scpu * 1e6 / fn,
+			"ccpu":   float64(s.ccpu.Microseconds()) / fn,
+		})
 		if len(s.inCalls) > 0 {
-			out[r.id]["calls_p50"] = percentile(s.inCalls, 0.50)
-			out[r.id]["outside_p50"] = percentile(s.outside, 0.50)
+			sortInts(s.inCalls)
+			sortInts(s.outside)
+			m["calls_p50"] = percentile(s.inCalls, 0.50)
+			m["outside_p50"] = percentile(s.outside, 0.50)
 		}
+		out[r.id] = m
 	}
 	return out
 }
