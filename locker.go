@@ -418,7 +418,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	if yield && wait {
 		watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !l.sleep(b.context(), watch, &timer, d) {
+		if !l.sleep(b.context(), watch.C(), &timer, d) {
 			return nil, l.gaveUp(ctx, &busyError{})
 		}
 	}
@@ -524,7 +524,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if fw != nil && !fw.isHead() {
 			// Another waiter of this process is before this one: it looks at each release;
 			// this one keeps its place at FairLookEvery, or looks as soon as it is first.
-			if !l.sleepUntilHead(b.context(), fw, &timer, FairLookEvery) {
+			if !l.sleep(b.context(), fw.head, &timer, FairLookEvery) {
 				return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
 			}
 			continue
@@ -543,7 +543,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				continue
 			}
 		}
-		if !l.sleep(b.context(), watch, &timer, delay) {
+		if !l.sleep(b.context(), watch.C(), &timer, delay) {
 			return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
@@ -630,27 +630,13 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	return l.busy(ctx, busy)
 }
 
-// sleep waits d between attempts on a held key, or less: until the key's release notification
-// (watch), ctx's end or a drain of the gate. It reports whether the next attempt may go.
-func (l *Locker) sleep(ctx context.Context, watch *lockstore.Watch, timer **time.Timer, d time.Duration) bool {
+// sleep waits d between attempts on a held key, or less: until wake fires (the key's release
+// notification; a fair waiter becoming its process's first), ctx's end or a drain of the
+// gate. It reports whether the next attempt may go. A nil wake never fires.
+func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, timer **time.Timer, d time.Duration) bool {
 	arm(timer, d)
 	select {
-	case <-watch.C():
-	case <-(*timer).C:
-	case <-ctx.Done():
-		return false
-	case <-l.k.gate.closing:
-		return false
-	}
-	return true
-}
-
-// sleepUntilHead is sleep for a fair waiter that is not its process's first: it waits d at
-// most, until it becomes the first, ctx ends or the gate drains.
-func (l *Locker) sleepUntilHead(ctx context.Context, fw *fairWaiter, timer **time.Timer, d time.Duration) bool {
-	arm(timer, d)
-	select {
-	case <-fw.head:
+	case <-wake:
 	case <-(*timer).C:
 	case <-ctx.Done():
 		return false

@@ -221,7 +221,7 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 		if len(watches) == 1 {
 			w = watches[0]
 		}
-		return l.sleep(ctx, w, timer, d)
+		return l.sleep(ctx, w.C(), timer, d)
 	}
 	arm(timer, d)
 	cases := make([]reflect.SelectCase, 0, len(watches)+3)
