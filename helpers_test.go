@@ -10,6 +10,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock/internal/handover"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -181,13 +182,7 @@ func (m *memStore) size() int {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	poll.Until(t, within, 2*time.Millisecond, what, cond)
 }
 
 // withOwner is what the zrpc server interceptor does for a handed-over owner.

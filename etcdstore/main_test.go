@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
@@ -87,11 +88,5 @@ func leaseTTL(t *testing.T, cli *clientv3.Client, key string) int64 {
 // waitFor polls cond every 10ms until it holds or within passes.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, within, 10*time.Millisecond, what, cond)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -223,11 +224,5 @@ func (tr *testRedis) isFree(key string) bool {
 // waitFor polls cond until it holds, failing the test after within.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, within, 5*time.Millisecond, what, cond)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -36,11 +37,5 @@ func mustLocker(t testing.TB, s lockstore.Store, opts ...flightlock.Option) *fli
 
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, within, 10*time.Millisecond, what, cond)
 }
