@@ -100,9 +100,40 @@ func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 }
 
 // endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
-// next local waiter when allowed, or releases it in Redis and frees the gate slot; gives up the
-// one hold of a borrowed lock.
+// next local waiter when allowed, or releases it in the store and frees the gate slot; gives up
+// the one hold of a borrowed lock.
 func (k *keeper) endGrant(ctx context.Context, h *hold) error {
+	rest, ended := k.endLocally(h)
+	if ended {
+		return nil
+	}
+	return rest.finish(ctx)
+}
+
+// grantEnd is what is left of ending a grant after its local part (endLocally): the store
+// call. A value, so that the hot path's ending costs no allocation.
+type grantEnd struct {
+	k       *keeper
+	h       *hold
+	outcome handoffOutcome
+	e       *gateEntry // the hold's gate entry; nil for a hold outside the gate
+}
+
+// endLocally does the part of ending h's grant that needs no store call: a gate hold is handed
+// to the next local waiter when the bounds allow it, and then ended is true. Otherwise it
+// returns the rest, which calls the store: release, or pass the lock on at the end of a turn.
+// Splitting the two lets endGrantBy hand a hot key on without a goroutine.
+func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
+	if !h.gated() {
+		return grantEnd{k: k, h: h}, false
+	}
+	outcome, e := k.gate.handoff(h.key, h, k.handoff, k.window)
+	return grantEnd{k: k, h: h, outcome: outcome, e: e}, outcome == handedOff
+}
+
+// finish makes the store call that ends the grant.
+func (g grantEnd) finish(ctx context.Context) error {
+	k, h := g.k, g.h
 	if !h.gated() {
 		// A hold outside the gate: one hold of another process's lock, counted down in the
 		// store, or a read or fair lock's own hold (lockDirect), released there.
@@ -111,17 +142,17 @@ func (k *keeper) endGrant(ctx context.Context, h *hold) error {
 		k.gate.removeBorrowed(h)
 		return err
 	}
-	outcome, e := k.gate.handoff(h.key, h, k.handoff, k.window)
-	switch outcome {
-	case handedOff:
-		return nil
-	case turnOver:
-		if h.k.passer != nil {
-			// The hold's own keeper: the TTL sent to Redis must be the one the hold counts
-			// its life with (restart), and the caller's keeper may be a Locker derived with
-			// another TTL (a waiter that gives the slot back as its budget ends, locker.go).
-			return h.k.pass(ctx, h, e)
-		}
+	return k.endTurn(ctx, h, g.outcome, g.e)
+}
+
+// endTurn ends a gate hold that was not handed on: passes the lock on in the store at the end
+// of a turn, or releases it and leaves the gate slot.
+func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e *gateEntry) error {
+	if outcome == turnOver && h.k.passer != nil {
+		// The hold's own keeper: the TTL sent to the store must be the one the hold counts its
+		// life with (restart), and the caller's keeper may be a Locker derived with another
+		// TTL (a waiter that gives the slot back as its budget ends, locker.go).
+		return h.k.pass(ctx, h, e)
 	}
 	var (
 		notified int
@@ -190,19 +221,25 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 // endGrantBy ends h's grant as endGrant does, and returns by the end of ctx whatever the store
 // does: a release that ctx's end cuts short goes on in the background on a context that keeps
 // ctx's values but not its cancellation, bounded by one TTL (releaseContext), and the caller
-// gets ErrReleasePending joined with ctx's cause. The lock is then freed when the store answers, or left to its TTL
-// when it never does; in both cases nobody else's lock is touched (the release is
-// owner-checked), and the gate slot is left only when the release has ended.
+// gets ErrReleasePending joined with ctx's cause. The lock is then freed when the store answers,
+// or left to its TTL when it never does; in both cases nobody else's lock is touched (the
+// release is owner-checked), and the gate slot is left only when the release has ended.
 //
-// A context that never ends (context.Background, context.WithoutCancel: the middleware's
-// release) waits for the release itself, bounded by one TTL, with no goroutine.
+// A grant handed to a local waiter ends here with no store call and no goroutine, whatever ctx:
+// that is the hot key's every release. A context that never ends (context.Background,
+// context.WithoutCancel: the middleware's release) waits for the store itself, bounded by one
+// TTL, with no goroutine either.
 func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
+	rest, ended := k.endLocally(h)
+	if ended {
+		return nil
+	}
 	done := ctx.Done()
 	if done == nil {
-		return k.endGrant(ctx, h)
+		return rest.finish(ctx)
 	}
 	result := make(chan error, 1)
-	go func() { result <- k.endGrant(context.WithoutCancel(ctx), h) }()
+	go func() { result <- rest.finish(context.WithoutCancel(ctx)) }()
 	select {
 	case err := <-result:
 		return err

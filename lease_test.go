@@ -351,3 +351,47 @@ func TestLeakedLeaseDoesNotBlockTheKeyForever(t *testing.T) {
 	}
 	_ = leaked.Release(ctx) // let goleak pass
 }
+
+// A Release that hands the lock to a goroutine of this process waiting for the key calls no
+// store, so it has ended by the time it returns, whatever its context: it reports success even
+// on a context that has already ended, and the waiter holds the key. (Run on its own goroutine
+// and raced against the context's end, the handoff could be reported as ErrReleasePending
+// although it had happened; that goroutine was also the hot key's largest cost.)
+func TestReleaseHandingToALocalWaiterSucceedsOnAnEndedContext(t *testing.T) {
+	l := mustLocker(t, newMemStore())
+	for i := range 200 {
+		held, err := l.Lock(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *Lease, 1)
+		go func() {
+			lease, err := l.Lock(context.Background(), "k")
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lease
+		}()
+		waitFor(t, 5*time.Second, "the second Lock queued in the gate", func() bool {
+			l.k.gate.mu.Lock()
+			defer l.k.gate.mu.Unlock()
+			e := l.k.gate.entries["lock:k"]
+			return e != nil && e.queued() == 1
+		})
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := held.Release(ended); err != nil {
+			t.Fatalf("round %d: a release handed to a local waiter on an ended context: %v, want nil", i, err)
+		}
+		next := <-got
+		if next == nil {
+			t.FailNow()
+		}
+		if next.Fence() <= held.Fence() {
+			t.Fatalf("round %d: the waiter's fence %d is not above the releaser's %d", i, next.Fence(), held.Fence())
+		}
+		if err := next.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

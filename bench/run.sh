@@ -53,7 +53,27 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 echo "run.sh: building" >&2
-(cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench)
+(cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench && go build -o "$work/hotkey" ./cmd/hotkey)
+
+# The headline's guard, first, on a quiet machine: one key under 64 and 1,024 goroutines of one
+# process and under 4 processes x 16, each figure beside the one recorded in bench/hotkey.json.
+# A figure more than 10% below its record fails the run at the end (exit 3), after the reports
+# are written; record new figures on purpose with: (cd bench && go run ./cmd/hotkey -record).
+hotkey_fell=0
+if [[ "${LOCKBENCH_HOTKEY:-1}" != "0" ]]; then
+  echo "run.sh: the hot key's guard (bench/cmd/hotkey)" >&2
+  hotkeyflags=()
+  ((quick)) && hotkeyflags=(-reps 3)
+  set +e
+  (cd "$here" && "$work/hotkey" "${hotkeyflags[@]}")
+  rc=$?
+  set -e
+  case $rc in
+    0) ;;
+    3) hotkey_fell=1 ;;
+    *) echo "run.sh: the hot key's guard failed (exit $rc)" >&2; exit $rc ;;
+  esac
+fi
 
 gobench=()
 if [[ "${LOCKBENCH_GOBENCH:-1}" != "0" ]]; then
@@ -127,4 +147,7 @@ echo "run.sh: running scenarios" >&2
   "${gobench[@]}" "${notes[@]}" "${example[@]}" "${etcdreport[@]}" "${zkreport[@]}" "$@")
 echo "run.sh: wrote what the scenarios run make of ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png," \
   "benchmarks.json (1-9) and benchmarks-primitives.md (10-12)" >&2
-
+if ((hotkey_fell)); then
+  echo "run.sh: REGRESSION: a hot-key figure fell more than 10% below bench/hotkey.json (see the table at the start)" >&2
+  exit 3
+fi

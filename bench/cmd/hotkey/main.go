@@ -1,0 +1,520 @@
+// Command hotkey measures the headline shape: many goroutines of one process, or a few
+// processes, taking turns on one key of a real redis-server through Locker.Lock and
+// Lease.Release, as a go-zero request calls them (on a context that can be cancelled), and
+// guards it: each figure is printed beside the one recorded in bench/hotkey.json, and a figure
+// more than 10% below its record is reported as a regression (exit status 3).
+//
+//	go run ./cmd/hotkey                  # from bench/: measure, compare with the record
+//	go run ./cmd/hotkey -record          # the same, then write the figures as the new record
+//
+// The shapes: 64 and 1,024 goroutines in one process, and 4 processes of 16 goroutines,
+// each sharing a number of critical sections (-cs, 16,000 by default) on one key. A run's
+// figure is critical sections per second from the common start to the last one's end; each
+// shape runs -reps times, the shapes interleaved, and the median is the shape's figure (the
+// spread is printed beside it). Every critical section checks that it is alone inside the
+// key (within a process), so a figure is never bought with a double grant.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/redis/go-redis/v9"
+)
+
+// shape is one measured configuration: procs processes of goroutines each.
+type shape struct {
+	name       string
+	procs      int
+	goroutines int
+}
+
+var shapes = []shape{
+	{"1 process x 64 goroutines", 1, 64},
+	{"1 process x 1024 goroutines", 1, 1024},
+	{"4 processes x 16 goroutines", 4, 16},
+}
+
+// regression is the fall below the record that is reported.
+const regression = 0.10
+
+func main() {
+	worker := flag.Bool("worker", false, "internal: run as a worker process of a multi-process shape")
+	addr := flag.String("addr", "", "internal: the worker's redis-server")
+	g := flag.Int("g", 16, "internal: the worker's goroutines")
+	cs := flag.Int("cs", 16000, "critical sections per run, shared by all goroutines of all processes")
+	reps := flag.Int("reps", 7, "runs per shape (the median is the figure)")
+	record := flag.Bool("record", false, "write this run's figures to the record file")
+	file := flag.String("file", defaultRecord(), "the record file")
+	profile := flag.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
+	flag.Parse()
+	if *profile != "" {
+		if err := profileHotKey(*profile, *cs*20); err != nil {
+			fmt.Fprintln(os.Stderr, "hotkey:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *worker {
+		if err := runWorker(*addr, *g, *cs); err != nil {
+			fmt.Fprintln(os.Stderr, "hotkey worker:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(*cs, *reps, *record, *file); err != nil {
+		fmt.Fprintln(os.Stderr, "hotkey:", err)
+		os.Exit(1)
+	}
+}
+
+// defaultRecord is bench/hotkey.json, from bench/ or from the repository root.
+func defaultRecord() string {
+	if _, err := os.Stat("cmd/hotkey"); err == nil {
+		return "hotkey.json"
+	}
+	return filepath.Join("bench", "hotkey.json")
+}
+
+func run(cs, reps int, record bool, file string) error {
+	srv, err := startRedis()
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	fmt.Printf("hotkey: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
+		redisVersion(srv.addr), srv.addr, runtime.GOMAXPROCS(0), cs, reps)
+
+	inproc, err := newHarness(srv.addr)
+	if err != nil {
+		return err
+	}
+	defer inproc.close()
+	// Warm-up: the script load, the pool's connections, the gate's first entry.
+	if _, err := inproc.run(64, cs/4); err != nil {
+		return err
+	}
+	figures := make(map[string][]float64)
+	var machine []float64
+	for r := 0; r < reps; r++ {
+		machine = append(machine, calibrate(cs))
+		// The order rotates each round so that a drift of the machine lands on every shape alike.
+		for i := range shapes {
+			s := shapes[(i+r)%len(shapes)]
+			var rate float64
+			if s.procs == 1 {
+				rate, err = inproc.run(s.goroutines, cs)
+			} else {
+				rate, err = runProcs(srv.addr, s, cs)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			figures[s.name] = append(figures[s.name], rate)
+		}
+	}
+
+	slices.Sort(machine)
+	pace := machine[len(machine)/2]
+	last, _ := readRecord(file)
+	// The guard compares figures relative to the machine's pace of the same run (calibrate):
+	// a busy hour slows both alike. Raw figures are printed beside them.
+	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), kiloOr(last.Pace))
+	fmt.Printf("%-30s %14s %16s %10s %10s %s\n", "shape", "CS/s (median)", "runs (min-max)", "recorded", "raw", "vs pace")
+	fell := false
+	now := make(map[string]float64)
+	for _, s := range shapes {
+		rs := figures[s.name]
+		slices.Sort(rs)
+		med := rs[len(rs)/2]
+		now[s.name] = med
+		rec, raw, rel, verdict := "-", "-", "-", ""
+		if old, ok := last.Figures[s.name]; ok && old > 0 {
+			rec = kilo(old)
+			raw = fmt.Sprintf("%+.1f%%", 100*(med/old-1))
+			if last.Pace > 0 {
+				d := (med/pace)/(old/last.Pace) - 1
+				rel = fmt.Sprintf("%+.1f%%", 100*d)
+				if d < -regression {
+					verdict = "  REGRESSION: more than 10% below the record, relative to the machine's pace"
+					fell = true
+				}
+			}
+		}
+		fmt.Printf("%-30s %14s %16s %10s %10s %s%s\n", s.name, kilo(med), kilo(rs[0])+"-"+kilo(rs[len(rs)-1]), rec, raw, rel, verdict)
+	}
+	if last.Commit != "" {
+		fmt.Printf("record: %s, %s\n", last.Commit, last.When)
+	}
+	if record {
+		if err := writeRecord(file, pace, now); err != nil {
+			return err
+		}
+		fmt.Printf("recorded in %s\n", file)
+	}
+	if fell {
+		os.Exit(3)
+	}
+	return nil
+}
+
+// profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
+func profileHotKey(file string, cs int) error {
+	srv, err := startRedis()
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	h, err := newHarness(srv.addr)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	if _, err := h.run(64, 4000); err != nil {
+		return err
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	rate, err := h.run(64, cs)
+	pprof.StopCPUProfile()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs)
+	return nil
+}
+
+// calibrate measures the machine's pace at the hot key's own cost, handing a turn from
+// goroutine to goroutine: 64 goroutines take turns through a channel of one slot (a waking
+// handoff each time), cs turns, no library code. Its rate moves with the machine's load and
+// speed as the hot key's does, so that a figure divided by it compares across quiet and busy
+// hours of one machine kind.
+func calibrate(cs int) float64 {
+	slot := make(chan struct{}, 1)
+	left := atomic.Int64{}
+	left.Store(int64(cs))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				slot <- struct{}{}
+				runtime.Gosched() // the holder's own work: another goroutine may run meanwhile
+				<-slot
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(cs) / time.Since(start).Seconds()
+}
+
+func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
+
+func kiloOr(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return kilo(v)
+}
+
+// recordFile is the last recorded figures: CS/s per shape, the commit and the time.
+type recordFile struct {
+	Commit  string             `json:"commit"`
+	When    string             `json:"when"`
+	Machine string             `json:"machine"`
+	Pace    float64            `json:"pace"` // calibrate's median of the same run
+	Figures map[string]float64 `json:"figures"`
+}
+
+func readRecord(file string) (recordFile, error) {
+	var r recordFile
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return r, err
+	}
+	err = json.Unmarshal(b, &r)
+	return r, err
+}
+
+func writeRecord(file string, pace float64, figures map[string]float64) error {
+	commit := "unknown"
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		commit = strings.TrimSpace(string(out))
+		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+			commit += " with uncommitted changes"
+		}
+	}
+	r := recordFile{Commit: commit, When: time.Now().UTC().Format(time.RFC3339),
+		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()), Pace: pace, Figures: figures}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, append(b, '\n'), 0o644)
+}
+
+// harness is one process's Locker on a default go-redis client, and the check that every
+// critical section is alone.
+type harness struct {
+	client *redis.Client
+	store  *redisstore.RedisStore
+	locker *flightlock.Locker
+	round  atomic.Int64
+}
+
+func newHarness(addr string) (*harness, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	store := redisstore.New(client)
+	l, err := flightlock.New(store)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return &harness{client: client, store: store, locker: l}, nil
+}
+
+func (h *harness) close() {
+	_ = h.store.Close()
+	_ = h.client.Close()
+}
+
+// run has g goroutines share cs critical sections on one key and returns critical sections
+// per second.
+func (h *harness) run(g, cs int) (float64, error) {
+	key := fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1))
+	left := atomic.Int64{}
+	left.Store(int64(cs))
+	var inside, violations atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A request's context: cancellable, with a deadline.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			for left.Add(-1) >= 0 {
+				lease, err := h.locker.Lock(ctx, key)
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					violations.Add(1)
+				}
+				inside.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err, _ := firstErr.Load().(error); err != nil {
+		return 0, err
+	}
+	if v := violations.Load(); v > 0 {
+		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
+	}
+	return float64(cs) / elapsed.Seconds(), nil
+}
+
+// runProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
+// up, then start together when told, and the figure runs from that start to the last one's end.
+func runProcs(addr string, s shape, cs int) (float64, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	type proc struct {
+		cmd *exec.Cmd
+		in  io.WriteCloser
+		out *bufio.Reader
+	}
+	procs := make([]proc, s.procs)
+	defer func() {
+		for _, p := range procs {
+			if p.cmd != nil && p.cmd.Process != nil {
+				_ = p.cmd.Process.Kill() // our own worker, by pid; a no-op once it has exited
+				_ = p.cmd.Wait()
+			}
+		}
+	}()
+	for i := range procs {
+		cmd := exec.Command(self, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs/s.procs))
+		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return 0, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return 0, err
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		procs[i] = proc{cmd: cmd, in: in, out: bufio.NewReader(out)}
+		if line, err := procs[i].out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "READY" {
+			return 0, fmt.Errorf("worker %d did not get ready: %q %v", i, line, err)
+		}
+	}
+	start := time.Now()
+	for _, p := range procs {
+		if _, err := fmt.Fprintln(p.in, "GO"); err != nil {
+			return 0, err
+		}
+	}
+	for i, p := range procs {
+		line, err := p.out.ReadString('\n')
+		if err != nil {
+			return 0, fmt.Errorf("worker %d: %w", i, err)
+		}
+		if !strings.HasPrefix(line, "DONE") {
+			return 0, fmt.Errorf("worker %d: %s", i, strings.TrimSpace(line))
+		}
+		_ = p.in.Close()
+	}
+	return float64(cs/s.procs*s.procs) / time.Since(start).Seconds(), nil
+}
+
+// runWorker is one process of a multi-process shape: the key is shared by every worker.
+func runWorker(addr string, g, cs int) error {
+	h, err := newHarness(addr)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	if _, err := h.run(g, 200); err != nil { // warm-up on a key of its own
+		return err
+	}
+	fmt.Println("READY")
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
+		return err
+	}
+	if err := h.shared(g, cs); err != nil {
+		fmt.Println("ERROR", err)
+		return nil
+	}
+	fmt.Println("DONE")
+	return nil
+}
+
+// shared runs cs critical sections on the key every worker shares.
+func (h *harness) shared(g, cs int) error {
+	left := atomic.Int64{}
+	left.Store(int64(cs))
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			for left.Add(-1) >= 0 {
+				lease, err := h.locker.Lock(ctx, "hot:shared")
+				if err == nil {
+					err = lease.Release(ctx)
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return err
+	}
+	return nil
+}
+
+// server is the redis-server this command started; it is ended by its pid.
+type server struct {
+	addr string
+	cmd  *exec.Cmd
+}
+
+func startRedis() (*server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, errors.New("redis-server not found (apt-get install -y redis-server)")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &server{addr: addr, cmd: cmd}
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c.Ping(context.Background()).Err() == nil {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, errors.New("redis-server did not answer PING within 10s")
+		}
+	}
+}
+
+func (s *server) stop() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+func redisVersion(addr string) string {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+			return v
+		}
+	}
+	return "?"
+}
