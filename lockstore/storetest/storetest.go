@@ -1,0 +1,555 @@
+// Package storetest is the conformance suite of the lockstore contract: one Run that every
+// store package calls from its tests against its real server (the embedded store against
+// miniredis), so that a guarantee is proved once for every store and a new store is added by
+// implementing the contract and calling Run.
+//
+// It proves, with two or more stores on one server standing for processes of their own:
+//   - exclusion between owners, the busy reply (holder's TTL and metadata, never the owner
+//     token), re-entry by the same owner with the same fence;
+//   - owner-checked Refresh and Release (another owner changes nothing; a second release of
+//     one hold is ErrNotHeld), TTL of a held and a free key, a lock that nobody refreshes
+//     running out after its TTL;
+//   - fences that grow strictly from one holder to the next and above a release's lastFence;
+//   - handed-over owners (Reenter): named holds counted down, never a free key taken;
+//   - a Watch that hears a release made elsewhere;
+//   - through flightlock Lockers: semaphores (never more than n holders across processes, a
+//     spent wait answered busy), read-write locks (readers share, a writer excludes them and
+//     is preferred, its fence above theirs, a refused writer never told that a reader who left
+//     holds the key) and fair order across processes.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Config describes the store under test.
+type Config struct {
+	// Open returns a new store on the server under test, as another process would have it (a
+	// client and a session of its own), closed when t ends.
+	Open func(t testing.TB) lockstore.Store
+	// TTL is the lock TTL the suite uses; the store must keep locks of this TTL. The suite
+	// waits about two TTLs where a lock must run out.
+	TTL time.Duration
+	// Sessions is true for a store whose locks live as long as their holder's session
+	// (ZooKeeper's ephemeral holds): it cannot tell how long a holder has left, so its busy
+	// replies may carry HolderTTL 0 and its TTL is the longest a lock outlives its holder's
+	// end; a lock runs out when its holder's session ends, not when refreshes stop.
+	Sessions bool
+}
+
+// Run runs the conformance suite against the store c describes.
+func Run(t *testing.T, c Config) {
+	if c.TTL <= 0 {
+		c.TTL = 2 * time.Second
+	}
+	s := suite{Config: c}
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"ExclusionBetweenOwners", s.exclusionBetweenOwners},
+		{"ReentryKeepsTheFence", s.reentryKeepsTheFence},
+		{"RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked},
+		{"TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys},
+		{"UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut},
+		{"FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence},
+		{"HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted},
+		{"WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere},
+		{"PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount},
+		{"SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy},
+		{"ReadersShareAndWritersExclude", s.readersShareAndWritersExclude},
+		{"RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds},
+		{"FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+}
+
+type suite struct{ Config }
+
+// Owner tokens as the Locker mints them: unpadded base64url, no spaces.
+const (
+	ownerA = "storetest-owner-aaaaaaaaaaaaaaaa"
+	ownerB = "storetest-owner-bbbbbbbbbbbbbbbb"
+	ownerC = "storetest-owner-cccccccccccccccc"
+)
+
+var keySeq atomic.Int64
+
+// key returns a key no other test of this run uses.
+func key(t *testing.T) string {
+	name := strings.NewReplacer("/", ":", " ", "_").Replace(t.Name())
+	return fmt.Sprintf("lock:storetest:%s:%d:%d", name, time.Now().UnixNano(), keySeq.Add(1))
+}
+
+func ctxOf(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustAcquire(t *testing.T, ctx context.Context, s lockstore.Store, k, owner string, ttl time.Duration, meta string) lockstore.Acquisition {
+	t.Helper()
+	got, err := s.Acquire(ctx, k, owner, ttl, meta)
+	if err != nil || !got.Acquired || got.Fence <= 0 {
+		t.Fatalf("Acquire(%q, %q) = %+v, %v; want acquired with a fence", k, owner, got, err)
+	}
+	return got
+}
+
+func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, hold string, last int64) {
+	t.Helper()
+	if _, err := s.Release(ctx, k, owner, hold, last); err != nil {
+		t.Fatalf("Release(%q, %q, %q) = %v", k, owner, hold, err)
+	}
+}
+
+// busy asserts that owner is refused key, and that the reply names the holder's metadata and
+// a TTL within the holder's (none on a store of sessions), never the holder's token.
+func (c suite) busy(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, holderMeta, holderToken string, ttl time.Duration) {
+	t.Helper()
+	got, err := s.Acquire(ctx, k, owner, ttl, "")
+	if err != nil {
+		t.Fatalf("Acquire of a held key: %v, want a busy reply", err)
+	}
+	if got.Acquired || got.Reentered || got.Fence != 0 {
+		t.Fatalf("Acquire of a key another owner holds = %+v: two holders", got)
+	}
+	if (got.HolderTTL <= 0 && !(c.Sessions && got.HolderTTL == 0)) || got.HolderTTL > ttl+2*time.Second {
+		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v] and a store's margin", got.HolderTTL, ttl)
+	}
+	if got.Holder != holderMeta {
+		t.Fatalf("busy reply's Holder %q, want the holder's metadata %q", got.Holder, holderMeta)
+	}
+	if holderToken != "" && strings.Contains(got.Holder, holderToken) {
+		t.Fatal("the holder's owner token left the store in a busy reply")
+	}
+}
+
+func (s suite) exclusionBetweenOwners(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "host=a pid=1")
+	for range 2 {
+		s.busy(t, ctx, b, k, ownerB, "host=a pid=1", ownerA, s.TTL)
+	}
+	// A token that is a prefix of the holder's is another owner.
+	if got, err := b.Acquire(ctx, k, ownerA[:10], s.TTL, ""); err != nil || got.Acquired {
+		t.Fatalf("a prefix of the holder's token: %+v, %v; want refused", got, err)
+	}
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	second := mustAcquire(t, ctx, b, k, ownerB, s.TTL, "")
+	if second.Fence <= first.Fence {
+		t.Fatalf("the next holder's fence %d is not above the last one's %d", second.Fence, first.Fence)
+	}
+	mustRelease(t, ctx, b, k, ownerB, "", 0)
+}
+
+func (s suite) reentryKeepsTheFence(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	// The same owner again, through this store or another (a re-sent acquisition that took
+	// another connection): a re-entry with the same fence.
+	for _, st := range []lockstore.Store{a, b} {
+		again, err := st.Acquire(ctx, k, ownerA, s.TTL, "")
+		if err != nil || !again.Acquired || !again.Reentered || again.Fence != first.Fence {
+			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, first.Fence)
+		}
+	}
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	if got, err := b.Acquire(ctx, k, ownerB, s.TTL, ""); err != nil || !got.Acquired {
+		t.Fatalf("after the owner's release: %+v, %v; want the key free (a re-entry is no second hold)", got, err)
+	}
+	mustRelease(t, ctx, b, k, ownerB, "", 0)
+}
+
+func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "meta")
+	if err := b.Refresh(ctx, k, ownerB, s.TTL); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("Refresh by another owner: %v, want ErrNotHeld", err)
+	}
+	if _, err := b.Release(ctx, k, ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("Release by another owner: %v, want ErrNotHeld", err)
+	}
+	s.busy(t, ctx, b, k, ownerB, "meta", ownerA, s.TTL) // still the holder's
+	if err := a.Refresh(ctx, k, ownerA, s.TTL); err != nil {
+		t.Fatalf("Refresh by the holder: %v", err)
+	}
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	if _, err := a.Release(ctx, k, ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a second Release of one hold: %v, want ErrNotHeld", err)
+	}
+	if err := a.Refresh(ctx, k, ownerA, s.TTL); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("Refresh after the release: %v, want ErrNotHeld", err)
+	}
+	// A stale release never frees the next owner's lock.
+	mustAcquire(t, ctx, b, k, ownerB, s.TTL, "next")
+	if _, err := a.Release(ctx, k, ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("the previous owner's stale release: %v, want ErrNotHeld", err)
+	}
+	s.busy(t, ctx, a, k, ownerC, "next", ownerB, s.TTL)
+	mustRelease(t, ctx, b, k, ownerB, "", 0)
+}
+
+func (s suite) ttlOfHeldAndFreeKeys(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a := s.Open(t)
+	if _, err := a.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("TTL of a free key: %v, want ErrNotHeld", err)
+	}
+	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	ttl, err := a.TTL(ctx, k)
+	bound := s.TTL + 2*time.Second
+	if s.Sessions {
+		bound = 30 * time.Second // the longest a lock outlives its holder's session
+	}
+	if err != nil || ttl <= 0 || ttl > bound {
+		t.Fatalf("TTL of a held key: %v, %v; want within (0, %v] and a store's margin", ttl, err, s.TTL)
+	}
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	if _, err := a.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("TTL of a released key: %v, want ErrNotHeld", err)
+	}
+}
+
+func (s suite) unrefreshedLockRunsOut(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	// A refresh never shortens a lock: one with half the TTL leaves it held past that.
+	if err := a.Refresh(ctx, k, ownerA, s.TTL/2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(s.TTL/2 + s.TTL/5)
+	s.busy(t, ctx, b, k, ownerB, "", ownerA, s.TTL)
+	if s.Sessions {
+		// The holder's process ends: its session, and the lock with it.
+		if err := a.(interface{ Close() error }).Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Nobody refreshes it: it runs out, and the next holder's fence is above.
+	deadline := time.Now().Add(3*s.TTL + 5*time.Second)
+	for {
+		got, err := b.Acquire(ctx, k, ownerB, s.TTL, "")
+		if err == nil && got.Acquired {
+			if got.Fence <= first.Fence {
+				t.Fatalf("fence %d after the lock ran out, not above %d", got.Fence, first.Fence)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a lock nobody refreshed was still held %v after its TTL of %v: %+v, %v", time.Until(deadline)+3*s.TTL+5*time.Second, s.TTL, got, err)
+		}
+		time.Sleep(s.TTL / 20)
+	}
+	if err := a.Refresh(ctx, k, ownerA, s.TTL); !s.Sessions && !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("Refresh of a lock that ran out and was taken: %v, want ErrNotHeld", err)
+	}
+	mustRelease(t, ctx, b, k, ownerB, "", 0)
+}
+
+func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	var last int64
+	for i := range 6 {
+		st, owner := a, ownerA
+		if i%2 == 1 {
+			st, owner = b, ownerB
+		}
+		got := mustAcquire(t, ctx, st, k, owner, s.TTL, "")
+		if got.Fence <= last {
+			t.Fatalf("grant %d: fence %d not above %d", i, got.Fence, last)
+		}
+		// The holder handed out a few fences of its own under the grant (in-process handoffs):
+		// the next grant must be above them.
+		last = got.Fence + 3
+		mustRelease(t, ctx, st, k, owner, "", last)
+	}
+}
+
+func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b, c := s.Open(t), s.Open(t), s.Open(t)
+	// A handed-over owner never takes a free key.
+	if got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL); err != nil || got.Acquired || got.HolderTTL != 0 {
+		t.Fatalf("Reenter of a free key = %+v, %v; want not acquired, HolderTTL 0", got, err)
+	}
+	if _, err := c.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a Reenter of a free key left it held: %v", err)
+	}
+	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	for range 2 { // naming a hold twice adds it once
+		got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL)
+		if err != nil || !got.Acquired || got.Fence != first.Fence {
+			t.Fatalf("Reenter by the holder's token = %+v, %v; want acquired with fence %d", got, err, first.Fence)
+		}
+	}
+	// Another owner's token re-enters nothing.
+	if got, err := b.Reenter(ctx, k, ownerB, "hold-2", s.TTL); err != nil || got.Acquired {
+		t.Fatalf("Reenter by another owner's token = %+v, %v; want refused", got, err)
+	}
+	// The acquisition's own hold ends; the named hold keeps the lock.
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	s.busy(t, ctx, c, k, ownerC, "", ownerA, s.TTL)
+	mustRelease(t, ctx, b, k, ownerA, "hold-1", 0)
+	if _, err := b.Release(ctx, k, ownerA, "hold-1", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a second release of a named hold: %v, want ErrNotHeld", err)
+	}
+	got := mustAcquire(t, ctx, c, k, ownerC, s.TTL, "")
+	if got.Fence <= first.Fence {
+		t.Fatalf("fence %d after the handed-over holds, not above %d", got.Fence, first.Fence)
+	}
+	mustRelease(t, ctx, c, k, ownerC, "", 0)
+}
+
+func (s suite) watchHearsAReleaseElsewhere(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	if got, err := b.Acquire(ctx, k, ownerB, s.TTL, ""); err != nil || got.Acquired {
+		t.Fatalf("busy: %+v, %v", got, err)
+	}
+	w, err := b.Watch(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	select {
+	case <-w.C():
+	case <-time.After(s.TTL):
+		t.Fatal("the watch heard no release within a TTL")
+	}
+	mustAcquire(t, ctx, b, k, ownerB, s.TTL, "")
+	mustRelease(t, ctx, b, k, ownerB, "", 0)
+}
+
+// locker returns a Locker on a store of its own (a process), with the suite's TTL.
+func (s suite) locker(t *testing.T, opts ...flightlock.Option) *flightlock.Locker {
+	t.Helper()
+	l, err := flightlock.New(s.Open(t), append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithPrefix("storetest:")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func (s suite) permitsNeverExceedTheirCount(t *testing.T) {
+	const permits, procs, perProc, rounds = 3, 3, 3, 6
+	ctx, k := ctxOf(t), key(t)
+	var inside, most atomic.Int64
+	var wg sync.WaitGroup
+	for range procs {
+		l := s.locker(t, flightlock.WithPermits(permits), flightlock.WithWait(20*time.Second))
+		for range perProc {
+			wg.Go(func() {
+				for range rounds {
+					lease, err := l.Lock(ctx, k)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := inside.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					time.Sleep(2 * time.Millisecond)
+					inside.Add(-1)
+					if err := lease.Release(ctx); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if m := most.Load(); m > permits {
+		t.Fatalf("%d holders inside at once, %d permits", m, permits)
+	}
+}
+
+func (s suite) spentPermitWaitIsBusy(t *testing.T) {
+	const permits = 3
+	ctx, k := ctxOf(t), key(t)
+	holder := s.locker(t, flightlock.WithPermits(permits))
+	var held []*flightlock.Lease
+	for range permits {
+		lease, err := holder.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, lease)
+	}
+	defer func() {
+		for _, l := range held {
+			_ = l.Release(ctx)
+		}
+	}()
+	// Budgets that end while a store call is on its way, at several points of the look.
+	for _, wait := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond} {
+		taker := s.locker(t, flightlock.WithPermits(permits), flightlock.WithWait(wait))
+		for i := range 3 {
+			if _, err := taker.Lock(context.Background(), k); !errors.Is(err, flightlock.ErrBusy) {
+				t.Fatalf("wait %v, try %d: a spent wait for permits held elsewhere: %v, want ErrBusy", wait, i, err)
+			}
+		}
+	}
+}
+
+// readWrite returns a writer's and a reader's Locker on a store of its own, or skips when the
+// store keeps no read-write locks.
+func (s suite) readWrite(t *testing.T, opts ...flightlock.Option) (w, r *flightlock.Locker) {
+	t.Helper()
+	w = s.locker(t, opts...)
+	if _, ok := w.Store().(lockstore.ReadWriter); !ok {
+		t.Skip("the store keeps no read-write locks")
+	}
+	r, err := w.With(flightlock.WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, r
+}
+
+func (s suite) readersShareAndWritersExclude(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	w, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	a, err := r.Lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r2.Lock(ctx, k)
+	if err != nil {
+		t.Fatalf("a second reader in another process: %v", err)
+	}
+	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a write beside readers: %v, want ErrBusy", err)
+	}
+	if _, err := r2.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a new reader after a writer was refused: %v, want ErrBusy (writer preference)", err)
+	}
+	_ = a.Release(ctx)
+	_ = b.Release(ctx)
+	x, err := w.Lock(ctx, k)
+	if err != nil || x.Fence() <= max(a.Fence(), b.Fence()) {
+		t.Fatalf("the write after the readers: %v, fence %d, want above the readers' %d", err, x.Fence(), a.Fence())
+	}
+	if _, err := r.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a read beside a writer: %v, want ErrBusy", err)
+	}
+	_ = x.Release(ctx)
+}
+
+// A writer refused by readers is told who holds the key through the metadata of a reader that
+// holds it, never of one that has left: the go-zero layer refuses a write at once when the
+// holder is a caller of its own request (same trace), and a departed reader's trace would
+// refuse a request that holds nothing.
+func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	meta := func(m string) flightlock.Option {
+		return flightlock.WithMetadata(func(context.Context) string { return m })
+	}
+	_, r1 := s.readWrite(t, meta("trace=T1"), flightlock.WithMode(flightlock.Reject))
+	_, r2 := s.readWrite(t, meta("trace=T2"), flightlock.WithMode(flightlock.Reject))
+	var told []string
+	w, _ := s.readWrite(t, meta("trace=T1"), flightlock.WithMode(flightlock.Reject), flightlock.WithHolderCheck(func(_ context.Context, holder string) error {
+		told = append(told, holder)
+		return nil
+	}))
+	a, err := r1.Lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r2.Lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a write beside a reader: %v, want ErrBusy", err)
+	}
+	if slices.Contains(told, "trace=T1") {
+		t.Fatalf("the refused writer was told the holder is %q, the reader that left (holders told: %q)", "trace=T1", told)
+	}
+	_ = b.Release(ctx)
+}
+
+// Fair order is the store's line, not which waiter asks first after a release: the waiters
+// take their places one after another, each from a process of its own, and after the release
+// each round lets every one that is still waiting ask again, the last in line first. (A store
+// orders its line by when each asked, clamped to its clock, or by arrival: both agree here.)
+func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	holder := s.Open(t)
+	if _, ok := holder.(lockstore.FairQueuer); !ok {
+		t.Skip("the store keeps no fair locks")
+	}
+	const waiters = 4
+	var (
+		stores []lockstore.FairQueuer
+		owners []string
+	)
+	for i := range waiters {
+		stores = append(stores, s.Open(t).(lockstore.FairQueuer))
+		owners = append(owners, fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i))
+	}
+	base := time.Now().Add(-500 * time.Millisecond) // within any store's clamp of a caller's clock
+	line := 3 * s.TTL
+	got, err := holder.(lockstore.FairQueuer).AcquireFair(ctx, k, ownerA, s.TTL, "", base, line)
+	if err != nil || !got.Acquired {
+		t.Fatalf("the first fair acquisition: %+v, %v", got, err)
+	}
+	asked := func(i int) time.Time { return base.Add(time.Duration(i+1) * 20 * time.Millisecond) }
+	for i := range waiters {
+		if got, err := stores[i].AcquireFair(ctx, k, owners[i], s.TTL, "", asked(i), line); err != nil || got.Acquired {
+			t.Fatalf("waiter %d while the key is held: %+v, %v; want a place in line", i, got, err)
+		}
+	}
+	mustRelease(t, ctx, holder, k, ownerA, "", 0)
+	var order []int
+	for len(order) < waiters {
+		granted := -1
+		for i := waiters - 1; i >= 0; i-- {
+			if slices.Contains(order, i) {
+				continue
+			}
+			got, err := stores[i].AcquireFair(ctx, k, owners[i], s.TTL, "", asked(i), line)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Acquired {
+				if granted >= 0 {
+					t.Fatalf("waiters %d and %d both hold the key", granted, i)
+				}
+				granted = i
+			}
+		}
+		if granted < 0 {
+			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
+		}
+		order = append(order, granted)
+		mustRelease(t, ctx, stores[granted].(lockstore.Store), k, owners[granted], "", 0)
+	}
+	if !slices.IsSorted(order) {
+		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
+	}
+}
