@@ -214,3 +214,38 @@ func TestWokenWaiterGetsTheHoldItWasGranted(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A grant the watchdog gave up (lost, past its expiry) admits no re-entry: a Lock on a context
+// that carries its lease without the lease's cancellation (a job started from the handler with
+// context.WithoutCancel) fails with ErrLost, as the holder's own context says, instead of
+// returning a lease of a lock another owner may hold by now.
+func TestAbandonedGrantAdmitsNoReentry(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	clk := newManualClock()
+	const ttl = 3 * time.Second
+	l := mustLocker(t, s, WithTTL(ttl), withClock(clk))
+	lease, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr.Del(l.cfg.prefix + "k") // the lock goes away in the store; the next renewal finds it gone
+	clk.Advance(ttl + time.Millisecond)
+	waitFor(t, 5*time.Second, "the watchdog to give the grant up", func() bool {
+		lease.h.mu.Lock()
+		defer lease.h.mu.Unlock()
+		return lease.h.has(holdAbandoned)
+	})
+	if !errors.Is(context.Cause(lease.Context()), ErrLost) {
+		t.Fatalf("the abandoned lease's context: %v, want ErrLost", context.Cause(lease.Context()))
+	}
+	again, err := l.Lock(context.WithoutCancel(lease.Context()), "k")
+	if err == nil {
+		_ = again.Release(ctx)
+		t.Fatalf("a re-entry into an abandoned grant returned a lease (fence %d, grant %v)", again.Fence(), again.Grant())
+	}
+	if !errors.Is(err, ErrLost) {
+		t.Fatalf("a re-entry into an abandoned grant: %v, want ErrLost", err)
+	}
+	_ = lease.Release(ctx)
+}

@@ -300,7 +300,7 @@ func (h *hold) currentFence() int64 {
 func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.live == 0 || h.has(holdStopped) {
+	if h.live == 0 || h.has(holdStopped|holdLost) {
 		return 0, 0, false
 	}
 	h.live++

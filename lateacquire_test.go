@@ -58,3 +58,45 @@ func TestLateAttemptsGiveBackDoesNotReleaseTheRetrysGrant(t *testing.T) {
 		t.Fatalf("another owner while the retry's grant is held: %v, want ErrBusy", err)
 	}
 }
+
+// lateOnceStore answers its first acquisition too late to be held: the keeper's clock moves a
+// whole TTL while the call is on its way, as during a store's leader election.
+type lateOnceStore struct {
+	*memStore
+	clk   *manualClock
+	ttl   time.Duration
+	calls atomic.Int64
+}
+
+func (s *lateOnceStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	if s.calls.Add(1) == 1 {
+		s.clk.Advance(s.ttl)
+	}
+	return s.memStore.Acquire(ctx, key, owner, ttl, meta)
+}
+
+// A grant whose reply came too late to be held is a passing condition of the store (an
+// election, a stall), not the end of a wait: a waiter gives it back and tries again within its
+// budget, and gets the key, instead of failing with the late reply.
+func TestWaiterRetriesAGrantThatCameTooLate(t *testing.T) {
+	clk := newManualClock()
+	const ttl = 3 * time.Second
+	s := &lateOnceStore{memStore: newMemStore(), clk: clk, ttl: ttl}
+	l := mustLocker(t, s, WithTTL(ttl), WithWait(10*time.Second), withClock(clk))
+	lease, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("a waiter whose first grant came too late: %v, want the key on a later attempt", err)
+	}
+	if n := s.calls.Load(); n < 2 {
+		t.Fatalf("%d acquisitions, want the late one and another", n)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Reject mode has no budget to retry in: the late reply is its answer.
+	s2 := &lateOnceStore{memStore: newMemStore(), clk: clk, ttl: ttl}
+	r := mustLocker(t, s2, WithTTL(ttl), WithMode(Reject), withClock(clk))
+	if _, err := r.Lock(context.Background(), "k"); !errors.Is(err, errLateReply) {
+		t.Fatalf("TryLock whose grant came too late: %v, want the late reply", err)
+	}
+}

@@ -3,6 +3,7 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -283,16 +284,19 @@ func (x *Lease) Release(ctx context.Context) error {
 
 // enter counts one more live lease of x's grant, for a re-entry by a holder of x's context.
 // It fails with errGrantEnded once x was released: its lock may already be the next request's,
-// and the caller then locks as a new owner.
+// and the caller then locks as a new owner. It fails with ErrLost once the grant was lost (and
+// so also once the watchdog gave it up): the owner no longer holds the key, which another owner
+// may hold by now, and its leases' contexts say so; a re-entry must not hand out a lease of it.
 func (x *Lease) enter() error {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	if x.released {
 		return errGrantEnded
 	}
-	if !x.h.has(holdAbandoned) { // x is live, so its grant cannot have ended otherwise
-		x.h.live++
+	if x.h.has(holdLost) {
+		return fmt.Errorf("%w: %q: the grant this context holds was lost; it admits no re-entry", ErrLost, x.h.key)
 	}
+	x.h.live++ // x is live and its grant not lost, so the grant has not ended
 	return nil
 }
 

@@ -170,10 +170,14 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	return g, nil
 }
 
+// redisKey is the store key of key: the prefix, then key with each "#" doubled, so that a
+// caller's key never ends in what the permits of another key end in ("#" and the permit's
+// number, PermitKey).
 func (l *Locker) redisKey(key string) (string, error) {
 	if key == "" {
 		return "", invalidKey("empty key")
 	}
+	key = escapeKey(key)
 	if n := len(l.cfg.prefix) + len(key); n > MaxKeyLen {
 		return "", invalidKey("key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
 	}
@@ -201,7 +205,11 @@ func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Tim
 	case l.cfg.read || l.cfg.fair:
 		return l.lockDirect(ctx, key, wait, start, callerUp+1)
 	}
-	return l.lockSince(ctx, key, wait, start, time.Time{}, callerUp+1)
+	rkey, err := l.redisKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return l.lockSince(ctx, rkey, wait, start, time.Time{}, callerUp+1)
 }
 
 // callerAbove is the program counter of the call that is up frames above the caller of
@@ -218,17 +226,13 @@ func callerAbove(up int) uintptr {
 // a fifth of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock for a wait that began at start (zero: now), so that one wait budget covers
+// lockSince is lock of rkey (a store key: redisKey's, or a permit's) for a wait that began at start (zero: now), so that one wait budget covers
 // every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
 // on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look).
 // Reject mode reads no clock: a busy key costs no time.Now. callerUp is how many frames above
 // lockSince the caller of the exported method is; a grant that goes to the store records that
 // caller's place (callerAbove), for the report of a lease that is never released.
-func (l *Locker) lockSince(ctx context.Context, key string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
-	rkey, err := l.redisKey(key)
-	if err != nil {
-		return nil, err
-	}
+func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -442,14 +446,15 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				// does not wait for it. The next attempt takes a new owner token: the call may
 				// still land later, and its store then gives back what it took by owner, which
 				// must not be the next attempt's grant.
+				// In the background either way: the store is failing, and a give-back bounded
+				// by its own half second would carry the caller past its deadline. Nothing is
+				// sent with the old token again.
+				l.k.giveBackLater(ctx, key, owner, "")
 				if again {
-					l.k.giveBack(ctx, key, owner, "")
 					if queue > 0 {
-						l.k.leaveQueue(ctx, key, owner) // the new owner takes a place of its own
+						go l.k.leaveQueue(ctx, key, owner) // the new owner takes a place of its own
 					}
 					owner = freshOwner(owner)
-				} else {
-					l.k.giveBackLater(ctx, key, owner, "")
 				}
 			}
 			if again {
@@ -487,9 +492,23 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if res.Acquired {
 			if l.k.tooLate(sent) {
 				// The lock's TTL counts from the send: too little of it is left to hold it
-				// safely. Give it back.
+				// safely. Give it back. For a waiter this is a passing condition of the store
+				// (a leader election, a stall), like an error after an answer: it tries again
+				// within its budget, as a new owner (the give-back runs by the old token).
 				l.k.giveBackLater(ctx, key, owner, "")
-				return nil, errLateReply
+				if !wait || b.spent() {
+					return nil, errLateReply
+				}
+				owner, storeErr = freshOwner(owner), errLateReply
+				attempt++
+				d, ok := l.cfg.retry(attempt)
+				if !ok || !l.sleep(b.context(), nil, &timer, d) {
+					if l.k.gate.closed.Load() {
+						return nil, ErrClosed
+					}
+					return nil, errLateReply
+				}
+				continue
 			}
 			return newHold(l.k, key, owner, res.Fence, "", sent, kind), nil
 		}

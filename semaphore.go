@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,9 +18,28 @@ import (
 // taker that finds them all busy has looked at every one.
 const MaxPermits = 64
 
-// PermitKey is the key of the i-th permit (1 <= i <= n) of a semaphore key (WithPermits): what
-// a permit's Lease names (with the prefix) and what `flightlock ls` lists.
-func PermitKey(key string, i int) string { return key + "#" + strconv.Itoa(i) }
+// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of a
+// semaphore key (WithPermits): what a permit's Lease names (with the prefix) and what
+// `flightlock ls` lists. Permit 1 is the key's own lock, so that a lock of the key and any
+// semaphore of it exclude each other on that permit, and changing a key's count from 1 to n
+// or back (a rolling deploy) never admits more holders than the larger count. The others are
+// the key, with each "#" doubled as in every store key, then "#" and the permit's number: no
+// key's lock or permit is another key's permit.
+func PermitKey(key string, i int) string {
+	key = escapeKey(key)
+	if i == 1 {
+		return key
+	}
+	return key + "#" + strconv.Itoa(i)
+}
+
+// escapeKey doubles each "#" of key (see PermitKey). A key without one is returned as it is.
+func escapeKey(key string) string {
+	if !strings.Contains(key, "#") {
+		return key
+	}
+	return strings.ReplaceAll(key, "#", "##")
+}
 
 // permitTurn spreads the takers of a semaphore over its permits: each taker starts its look
 // at the next permit, so that concurrent takers do not all race for the first.
@@ -46,17 +66,21 @@ func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 // lockPermit takes one of permits permits of key. callerUp is where the caller of the
 // exported method is, seen from lockPermit (as lockSince's, one frame nearer).
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	callerUp++ // seen from lockSince
-	if key == "" {
-		return nil, invalidKey("empty key")
+	callerUp++                   // seen from lockSince
+	base, err := l.redisKey(key) // permit 1's
+	if err != nil {
+		return nil, err
 	}
-	keys := make([]string, permits)
+	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
+		return nil, invalidKey("the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
+	}
+	keys := make([]string, permits) // the permits' store keys
 	for i := range keys {
-		keys[i] = PermitKey(key, i+1)
-		rkey, err := l.redisKey(keys[i])
-		if err != nil {
-			return nil, err
+		rkey := base
+		if i > 0 {
+			rkey = base + "#" + strconv.Itoa(i+1)
 		}
+		keys[i] = rkey
 		// A holder of a permit, in this process or handed over by the caller's service, takes
 		// that permit again: a second would count it twice against the others. A handed-over
 		// token that holds nothing takes nothing, and the look below goes on.
@@ -92,6 +116,9 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			timer.Stop()
 		}
 	}()
+	// answered records that the store replied (busy) to a look of this wait: a call that the
+	// wait's end cuts short is then a spent wait, not an outage (as for a lock's retries).
+	answered := false
 	// attempt counts the looks as the retry strategy counts a lock's attempts (from 1); the
 	// look after fresh watches is not one.
 	for attempt, recheck := 0, false; ; {
@@ -103,6 +130,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		var (
 			storeErr error // the store's error of this look, while waiting; nil when none failed
 			sawBusy  bool
+			cut      bool // the wait ran out while a call of this look was on its way
 		)
 		for j := range permits {
 			if wait && j > 0 && !time.Now().Before(deadline) {
@@ -110,6 +138,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			}
 			i := (first + j) % permits
 			// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
+			sentAt := time.Now()
 			lease, err := l.lockSince(ctx, keys[i], false, time.Time{}, deadline, callerUp)
 			if err == nil {
 				return lease, nil
@@ -121,13 +150,17 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 				if !wait || endsTheWait(ctx, err) {
 					return nil, err
 				}
+				if spentDuring(err, start, sentAt, deadline, answered) {
+					cut = true
+					break
+				}
 				storeErr = err
 				continue
 			}
 			if ctx.Err() != nil {
 				return nil, err
 			}
-			sawBusy = true
+			answered, sawBusy = true, true
 			if be.retryAfter > 0 && (busy.retryAfter == 0 || be.retryAfter < busy.retryAfter) {
 				busy.retryAfter = be.retryAfter
 			}
@@ -136,21 +169,21 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			// to the store is neither: queueing behind an owner that is only asking would send
 			// each queued taker to the store in turn.
 			switch {
-			case l.k.gate.lookupHold(l.cfg.prefix+keys[i]) != nil:
+			case l.k.gate.lookupHold(keys[i]) != nil:
 				if local < 0 {
 					local = i
 				}
-			case !l.k.gate.taken(l.cfg.prefix + keys[i]):
+			case !l.k.gate.taken(keys[i]):
 				remote = true
 			}
 		}
-		if !wait || l.k.gate.closed.Load() {
+		if !wait || cut || l.k.gate.closed.Load() {
 			return nil, l.gaveUp(ctx, busy)
 		}
 		now := time.Now()
 		delay, ok := l.cfg.retry(attempt)
 		if !ok || !now.Before(deadline) {
-			if storeErr != nil && !sawBusy {
+			if storeErr != nil && !sawBusy && !answered {
 				return nil, storeErr
 			}
 			return nil, l.gaveUp(ctx, busy)
@@ -168,14 +201,18 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		// missed a release: look once more first.
 		if _, shared := l.k.store.(lockstore.SharedWatcher); remote && watches == nil && shared {
 			fresh := false
+			// Subscribing waits for the store's confirmation: within the wait, not the caller's
+			// whole deadline.
+			wctx, cancel := context.WithDeadline(ctx, deadline)
 			for _, k := range keys {
-				w, err := l.k.store.Watch(ctx, l.cfg.prefix+k)
+				w, err := l.k.store.Watch(wctx, k)
 				if err != nil {
 					break // no notification: the delays alone pace the looks
 				}
 				watches = append(watches, w)
 				fresh = fresh || w.Fresh()
 			}
+			cancel()
 			if fresh {
 				recheck = true
 				continue
@@ -205,6 +242,18 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			return nil, l.gaveUp(ctx, busy)
 		}
 	}
+}
+
+// spentDuring reports whether err, a store call's error in a wait that began at start and ends
+// at deadline, is the wait running out during a call sent at sentAt: the call was cut by the
+// deadline, and either the store had answered this wait before (it is up, and the key busy) or
+// most of the wait had gone before the call was sent. A call given most of the wait that the
+// store never answered is the store's failure (a hung store is 503, not 409), as for a lock.
+func spentDuring(err error, start, sentAt, deadline time.Time, answered bool) bool {
+	if !errors.Is(err, context.DeadlineExceeded) || time.Now().Before(deadline) {
+		return false
+	}
+	return answered || sentAt.Sub(start) > deadline.Sub(start)/2
 }
 
 // endsTheWait reports whether err, from a look at one permit, ends a taker's wait: the

@@ -250,3 +250,76 @@ func TestBadPermitCountsAreRefused(t *testing.T) {
 		t.Errorf("empty key: %v, want ErrInvalidKey", err)
 	}
 }
+
+// A key's lock is permit 1 of its semaphore: processes that lock a key with Permits 1 (a lock)
+// and with Permits n (a rolling deploy that changes the count, or two rules of one key) never
+// admit more than n holders between them.
+func TestLockAndPermitOneAreOneKey(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	lock := mustLocker(t, s, WithMode(Reject))
+	sem := mustLocker(t, s, WithMode(Reject), WithPermits(3))
+	held, err := lock.Lock(ctx, "export")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var permits []*Lease
+	for {
+		p, err := sem.Lock(NewOwner(ctx), "export")
+		if errors.Is(err, ErrBusy) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		permits = append(permits, p)
+		if len(permits) > 3 {
+			break
+		}
+	}
+	if len(permits) != 2 {
+		t.Fatalf("beside a lock of the key, a semaphore of 3 admitted %d holders, want 2 (3 in all)", len(permits))
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	third, err := sem.Lock(NewOwner(ctx), "export")
+	if err != nil {
+		t.Fatalf("the lock's release freed permit 1: %v", err)
+	}
+	if _, err := lock.Lock(NewOwner(ctx), "export"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a lock of a key whose 3 permits are held: %v, want ErrBusy", err)
+	}
+	for _, p := range append(permits, third) {
+		_ = p.Release(ctx)
+	}
+}
+
+// No key's lock takes a permit of another key, whatever the key contains: "#" is doubled in
+// store keys, and a permit's key ends in a single "#" and its number.
+func TestPlainKeyNeverTakesAnotherKeysPermit(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	lock := mustLocker(t, s, WithMode(Reject))
+	sem := mustLocker(t, s, WithMode(Reject), WithPermits(2))
+	for _, k := range []string{"job:5#2", "job:5#1", "job:5##2"} {
+		l, err := lock.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release(ctx)
+	}
+	// A semaphore whose key ends in "#" is no other key either.
+	odd, err := sem.Lock(ctx, "job:5#")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer odd.Release(ctx)
+	for i := range 2 {
+		p, err := sem.Lock(NewOwner(ctx), "job:5")
+		if err != nil {
+			t.Fatalf("permit %d of job:5 beside locks of look-alike keys: %v", i+1, err)
+		}
+		defer p.Release(ctx)
+	}
+}

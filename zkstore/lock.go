@@ -18,6 +18,23 @@ import (
 // a read and the multi built on it): each lost round means someone else made progress.
 const attempts = 8
 
+// releaseRounds bounds the rounds of a release, which must not give up while others make
+// progress (the hold would keep the key until the session ends): past attempts, each round
+// waits a little first.
+const releaseRounds = 64
+
+// sleepCtx waits d, or less when ctx ends first (then its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Acquire implements lockstore.Store: one multi creates the key node, its "own" hold on this
 // session, and sets the node's data once more to read its creation zxid (the fence). A key node
 // that exists is read: held by owner already (a re-sent acquisition), busy (and marked), or left
@@ -342,7 +359,14 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 		}
 	}
-	for range attempts {
+	for round := range releaseRounds {
+		if round >= attempts {
+			// Readers that come and go move the key node's version under every round: back off
+			// a little, so that a release under a stream of them goes through within its call.
+			if err := sleepCtx(ctx, time.Duration(min(round-attempts+1, 20))*time.Millisecond); err != nil {
+				return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+			}
+		}
 		data, stat, err := s.get(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {
 			s.forget(p, owner, name)
@@ -355,6 +379,13 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 		hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 		var notified int
 		switch {
+		case stat.NumChildren > 1 && reader:
+			// The readers left are not named any more: the data may name this one.
+			left := []byte(readersTag)
+			if marked {
+				left = append(left, markSuffix...)
+			}
+			err = s.releaseNotLast(ctx, p, name, left, stat)
 		case stat.NumChildren > 1:
 			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:

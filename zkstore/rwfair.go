@@ -75,11 +75,13 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
 		}
 		// Join the readers read: the check of one of their holds fails on any node the key
-		// got since (holds are named for their owners), and writing the data back at the
-		// version read fails once a writer marked it.
+		// got since (holds are named for their owners), and writing the data at the version
+		// read fails once a writer marked it. The data names the reader that came last (a
+		// refused writer is told of a reader that holds the key; releaseHold clears it when
+		// a reader leaves others behind).
 		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 			&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
-			&zk.SetDataRequest{Path: p, Data: cur, Version: stat.Version},
+			&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
 			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
 		switch {
 		case err == nil:

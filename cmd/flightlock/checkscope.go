@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -209,10 +208,9 @@ type countedKey struct {
 	fair    bool
 }
 
-// checkPermitCounts warns of two rules that lock keys of one shape with different Permits. A
-// lock and the permits of a key are different keys (export:acme against export:acme#1 to #3),
-// so such rules never hold each other back; two counts share the lower one's permits, so the
-// higher count lets that many in beside the lower rule's holders. The first rule to lock a
+// checkPermitCounts warns of two rules that lock keys of one shape with different Permits. Two
+// counts share the lower one's permits (a lock is permit 1 of its key), so the higher count
+// lets that many in beside the lower rule's holders. The first rule to lock a
 // shape sets its count; each later rule with another count is reported once per shape.
 func (c *checker) checkPermitCounts() {
 	type scope struct{ prefix, shape string }
@@ -236,12 +234,9 @@ func (c *checker) checkPermitCounts() {
 		}
 		why := fmt.Sprintf("they share the first %d permits, so up to %d requests hold a key where one rule allows %d",
 			min(f.permits, k.permits), max(f.permits, k.permits), min(f.permits, k.permits))
-		if lock := cmp.Or(f.mode, k.mode); min(f.permits, k.permits) == 1 {
-			what := "a lock"
-			if lock != "" {
-				what = "a read-write lock"
-			}
-			why = what + " and the permits of a key are different keys (" + k.shape + " against " + k.shape + "#1 ...), so neither rule holds the other back"
+		if min(f.permits, k.permits) == 1 {
+			why = fmt.Sprintf("a lock is permit 1 of its key's semaphore, so up to %d requests hold a key where one rule allows one",
+				max(f.permits, k.permits))
 		}
 		c.warnAt(k.s, k.s.ruleNode(k.rule, "Key"), "%s locks %s with %s, and %s with %s: %s; give every rule on a key the same Permits",
 			k.s.field(fmt.Sprintf("Lock.Rules[%d]", k.rule)), k.shape, permitWords(k), other, permitWords(f), why)

@@ -14,7 +14,9 @@
 -- KEYS[3]  fence counter of KEYS[1]'s hash slot (see acquire.lua)
 -- ARGV[1]  the reader's owner token (lockstore.ReadOwner)
 -- ARGV[2]  TTL in whole milliseconds (> 0)
--- ARGV[3]  "" or " <metadata>" (kept with the first reader's value)
+-- ARGV[3]  "" or " <metadata>": the value carries the metadata of the reader that came last,
+--          and none once a reader left while others remain (readrelease.lua), so that a busy
+--          reply never names a reader that is gone
 --
 -- Replies as acquire.lua's: fence (taken), {2, fence} (re-entered: a re-sent acquisition),
 -- {0, pttl, value} (busy: a writer holds the key, or waits for the readers to finish: writer
@@ -51,6 +53,10 @@ if v then
     return {0, redis.call('PTTL', KEYS[1]), v} -- a writer waits for the readers before this one
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  local head = string.match(v, '^(~r:%d+ %d+ 1)')
+  if head then
+    redis.call('SET', KEYS[1], head .. ARGV[3], 'KEEPTTL')
+  end
 else
   local us = t[2]
   local stamp = t[1] .. string.sub('00000', #us) .. us

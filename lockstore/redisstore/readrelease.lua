@@ -33,6 +33,15 @@ if #longest > 0 then
   -- The key lives as long as its longest read hold, no longer: a writer gets in as soon as the
   -- readers that are left run out.
   local left = math.max(tonumber(longest[2]) - now, 1)
+  -- The value's metadata may be this reader's: the readers left are not named any more.
+  local head = string.match(v, '^(~r:%d+ %d+ 1)')
+  if head and #head < #v then
+    local mark = ''
+    if string.sub(v, -2) == ' ~' then
+      mark = ' ~'
+    end
+    redis.call('SET', KEYS[1], head .. mark)
+  end
   redis.call('PEXPIRE', KEYS[1], left)
   redis.call('PEXPIRE', KEYS[2], left)
   if held then
