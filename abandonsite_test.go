@@ -61,7 +61,7 @@ func TestAbandonReportNamesWhereTheAbandonedGrantWasTaken(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handed grant's abandon was not reported")
 	}
-	if xl.Grant() != GrantRedis {
+	if xl.Grant() != GrantStore {
 		t.Fatalf("the second waiter's grant is %v, want a store grant", xl.Grant())
 	}
 

@@ -12,8 +12,9 @@ import (
 type Grant uint8
 
 const (
-	// GrantRedis: acquired in Redis by this call. The lease owns the key's gate slot.
-	GrantRedis Grant = iota
+	// GrantStore: acquired in the store by this call. The lease owns the key's gate slot (a
+	// write lock's; a read or fair lock's is its own hold outside the gate).
+	GrantStore Grant = iota
 	// GrantHandoff: received from the previous holder in this process without a Redis
 	// command (WithHandoff), with a fence of its own. The lease owns the key's gate slot.
 	GrantHandoff
@@ -29,12 +30,22 @@ const (
 	// because nobody elsewhere had asked for the key (lockstore.Passer). The lease owns the
 	// key's gate slot.
 	GrantPass
+	// GrantShared: joined the read hold that another reader of this process took in the
+	// store, with no store command (WithRead): readers do not exclude each other.
+	GrantShared
 )
 
-var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed", "pass"}
+// GrantRedis is GrantStore's name from when Redis was the only store.
+//
+// Deprecated: use GrantStore.
+const GrantRedis = GrantStore
 
-// String returns the grant's name as metrics and traces label it: redis, handoff, reentry,
-// joined, borrowed or pass.
+// The names of grants as metrics label them. A store grant keeps the label "redis" that
+// dashboards know; the go-zero layer labels it with its store's name (etcd, zookeeper).
+var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed", "pass", "shared"}
+
+// String returns the grant's name as metrics and traces label it: redis (GrantStore),
+// handoff, reentry, joined, borrowed, pass or shared.
 func (g Grant) String() string {
 	if int(g) < len(grantNames) {
 		return grantNames[g]

@@ -170,10 +170,10 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	return g, nil
 }
 
-// redisKey is the store key of key: the prefix, then key with each "#" doubled, so that a
+// storeKey is the store key of key: the prefix, then key with each "#" doubled, so that a
 // caller's key never ends in what the permits of another key end in ("#" and the permit's
 // number, PermitKey).
-func (l *Locker) redisKey(key string) (string, error) {
+func (l *Locker) storeKey(key string) (string, error) {
 	if key == "" {
 		return "", invalidKey("empty key")
 	}
@@ -205,7 +205,7 @@ func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Tim
 	case l.cfg.read || l.cfg.fair:
 		return l.lockDirect(ctx, key, wait, start, callerUp+1)
 	}
-	rkey, err := l.redisKey(key)
+	rkey, err := l.storeKey(key)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +226,7 @@ func callerAbove(up int) uintptr {
 // a fifth of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey (a store key: redisKey's, or a permit's) for a wait that began at start (zero: now), so that one wait budget covers
+// lockSince is lock of rkey (a store key: storeKey's, or a permit's) for a wait that began at start (zero: now), so that one wait budget covers
 // every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
 // on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look).
 // Reject mode reads no clock: a busy key costs no time.Now. callerUp is how many frames above
@@ -286,7 +286,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	grant := GrantHandoff
 	if h == nil {
-		grant = GrantRedis
+		grant = GrantStore
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
@@ -300,7 +300,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		l.k.gate.setHold(e, h)
 	}
 	site := siteHandoff
-	if grant == GrantRedis {
+	if grant == GrantStore {
 		site = callerAbove(callerUp)
 	}
 	fence, first := h.grantFence()

@@ -19,7 +19,7 @@ func TestLeaseGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Grant() != GrantRedis {
+	if first.Grant() != GrantStore {
 		t.Fatalf("first lock: grant %v, want redis", first.Grant())
 	}
 	in, err := l.Lock(first.Context(), "g")

@@ -20,8 +20,11 @@ import (
 // cannot starve a writer (as sync.RWMutex: a read lock must not be taken by a second owner
 // while the first holds one and waits for it, or both wait for the writer between them).
 //
-// Each read lock is a store hold of its own, renewed, expiring and lost like a write's; reads
-// are not collapsed in the process: each one costs a round trip to take and one to release. A
+// The readers of one process share one store read hold of a key: the first takes it (a round
+// trip), later ones join it with no store command while it is fresh (the handoff window of
+// WithHandoff) and no writer of this process wants the key, and the last one releases it. The
+// hold is renewed, expires and is lost like a write's, and its loss ends every reader's lease
+// (ErrLost). A
 // read lock's Fence is the last fence the store handed out for the key when it was granted: at
 // least the fence of the write it follows, and below that of any write after it. A context
 // that holds the key's write lock re-enters it for a read; one that holds a read lock cannot
@@ -71,7 +74,7 @@ func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade
 // readers in single file and would reorder local fair waiters behind the process's queue. The
 // hold is counted with the gate's re-entries of other processes' locks, so a Drain waits for it.
 func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	rkey, err := l.redisKey(key)
+	rkey, err := l.storeKey(key)
 	if err != nil {
 		return nil, err
 	}
@@ -91,6 +94,11 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	}
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
+	}
+	if l.cfg.read {
+		if lease := l.joinRead(ctx, rkey); lease != nil {
+			return lease, nil
+		}
 	}
 	b := budget{parent: ctx}
 	if wait {
@@ -121,13 +129,73 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 		taken *hold
 		site  uintptr
 	)
-	defer func() { l.k.gate.endBorrow(taken, site) }()
+	defer func() {
+		l.k.gate.endBorrow(taken, site)
+		if taken != nil && l.cfg.read {
+			l.k.gate.shareRead(rkey, taken)
+		}
+	}()
 	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw, 0)
 	if err != nil {
 		return nil, err
 	}
 	taken, site = h, callerAbove(callerUp)
-	return newLease(ctx, h, GrantRedis, h.currentFence(), site), nil
+	return newLease(ctx, h, GrantStore, h.currentFence(), site), nil
+}
+
+// joinRead returns a lease on the read hold of rkey that this process's readers share, when
+// there is one that a new reader may still join; nil otherwise, and the caller takes a read hold
+// in the store. Readers do not exclude each other, so a read needs no store call of its own
+// while another reader of this process holds the key: the process's readers count up and down
+// one hold, renewed once and released by the last of them (GrantShared).
+//
+// Writers keep their preference. A new reader joins only while no goroutine of this process
+// owns the key's gate slot (a local writer on its way to the store, or waiting there) and only
+// within the handoff window of the hold's acquisition (WithHandoff), so that a writer of
+// another process, which the store makes new read holds wait for, waits for the readers of one
+// window at most; past it, a reader asks the store, which refuses it while a writer waits. A
+// hold that is lost, released, or has less than a third of its TTL left is never joined.
+func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
+	g := l.k.gate
+	g.mu.Lock()
+	h := g.reads[rkey]
+	if h == nil {
+		g.mu.Unlock()
+		return nil
+	}
+	var (
+		fence int64
+		site  uintptr
+		ok    bool
+	)
+	if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
+		h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
+		// g.mu before h.mu, as in handoff. join fails once the last reader has left: the hold
+		// is then on its way back to the store.
+		fence, site, ok = h.join()
+	}
+	if !ok {
+		delete(g.reads, rkey) // new readers go to the store from now on
+	}
+	g.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return newLease(ctx, h, GrantShared, fence, site)
+}
+
+// shareRead makes h, a read hold just taken in the store for rkey, the one that this process's
+// new readers join (joinRead), unless it has ended already.
+func (g *gate) shareRead(rkey string, h *hold) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, live := g.borrowed[h]; !live {
+		return // released before it could be shared
+	}
+	if g.reads == nil {
+		g.reads = make(map[string]*hold)
+	}
+	g.reads[rkey] = h
 }
 
 // leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it

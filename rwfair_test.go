@@ -3,7 +3,9 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -345,6 +347,11 @@ func fairRun(t *testing.T, holder *Locker, lockers []*Locker, waiters int) (aske
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
+	// The store's line says when a waiter has asked: the next one starts only then, so that
+	// the order of asking is the order of i on a loaded machine too (a sleep between the starts
+	// does not make a goroutine run).
+	rdb := holder.Store().(*redisstore.RedisStore).Client().(redis.UniversalClient)
+	line := lockstore.SideKey("line", holder.Prefix()+"order")
 	for i := range waiters {
 		l := lockers[i%len(lockers)]
 		asked = append(asked, i)
@@ -360,7 +367,10 @@ func fairRun(t *testing.T, holder *Locker, lockers []*Locker, waiters int) (aske
 			time.Sleep(time.Millisecond)
 			_ = lease.Release(ctx)
 		})
-		time.Sleep(5 * time.Millisecond) // well above the clock skew of one host and a round trip
+		waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d in the store's line", i), func() bool {
+			n, err := rdb.ZCard(ctx, line).Result()
+			return err == nil && n == int64(i+1)
+		})
 	}
 	_ = h.Release(ctx)
 	wg.Wait()
@@ -558,4 +568,145 @@ func TestReadUnderAHandedOverWriteReentersIt(t *testing.T) {
 		t.Fatalf("the read's grant: %v, want a re-entry of the write (borrowed)", r.Grant())
 	}
 	_ = r.Release(ctx)
+}
+
+// countingStore counts a store's acquisitions (all kinds), keeping every other part of it.
+type countingStore struct {
+	*redisstore.RedisStore
+	acquires atomic.Int64
+}
+
+func (c *countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	c.acquires.Add(1)
+	return c.RedisStore.Acquire(ctx, key, owner, ttl, meta)
+}
+
+// The readers of one process share one store read hold: while one holds the key, the others
+// join it with no store command and the same fence; the last to leave releases it, and a writer
+// then takes the key.
+func TestReadersOfAProcessShareOneStoreHold(t *testing.T) {
+	rs, _, _ := miniStore(t)
+	s := &countingStore{RedisStore: rs}
+	ctx := context.Background()
+	w := mustLocker(t, s, WithMode(Reject))
+	r, err := w.With(WithRead(), WithHandoff(DefaultHandoff, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []*Lease
+	for range 10 {
+		lease, err := r.Lock(NewOwner(ctx), "doc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	if n := s.acquires.Load(); n != 1 {
+		t.Fatalf("10 readers of one process made %d store acquisitions, want 1", n)
+	}
+	for _, l := range leases[1:] {
+		if l.Fence() != leases[0].Fence() || l.Grant() != GrantShared {
+			t.Fatalf("a joined reader: fence %d grant %v, want fence %d, shared", l.Fence(), l.Grant(), leases[0].Fence())
+		}
+	}
+	if _, err := w.Lock(NewOwner(ctx), "doc"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a write beside shared readers: %v, want ErrBusy", err)
+	}
+	for i, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if i < len(leases)-1 {
+			if _, err := w.Lock(NewOwner(ctx), "doc"); !errors.Is(err, ErrBusy) {
+				t.Fatalf("a write with %d readers left: %v, want ErrBusy", len(leases)-1-i, err)
+			}
+		}
+	}
+	// A writer that was refused marked the key: it may take it now, readers wait for it.
+	x, err := w.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatalf("the write after every reader left: %v", err)
+	}
+	if x.Fence() <= leases[0].Fence() {
+		t.Fatalf("write fence %d not above the readers' %d", x.Fence(), leases[0].Fence())
+	}
+	_ = x.Release(ctx)
+	if n := r.gateLen(); n != 0 {
+		t.Fatalf("%d gate entries left", n)
+	}
+	r.k.gate.mu.Lock()
+	left := len(r.k.gate.reads) + len(r.k.gate.borrowed)
+	r.k.gate.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d shared read holds left after every reader left", left)
+	}
+}
+
+// Writers keep their preference over readers that share: once a writer of the process is on
+// its way to the key, new readers of the process do not join the readers' hold and wait behind
+// it; and past the handoff window a reader asks the store, which makes it wait for a writer of
+// another process that waits.
+func TestSharedReadersStopJoiningWhenAWriterWaits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		local  bool // the writer is of the readers' process
+	}{
+		{"writer of the process", time.Hour, true},
+		{"writer of another process, past the window", 20 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, _ := miniStore(t)
+			ctx := context.Background()
+			w := mustLocker(t, s, WithWait(10*time.Second), WithHandoff(DefaultHandoff, tc.window))
+			if !tc.local {
+				w = mustLocker(t, s, WithWait(10*time.Second))
+			}
+			readers := mustLocker(t, s, WithRead(), WithWait(150*time.Millisecond), WithHandoff(DefaultHandoff, tc.window))
+			if tc.local {
+				var err error
+				if readers, err = w.With(WithRead(), WithWait(150*time.Millisecond)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first, err := readers.Lock(NewOwner(ctx), "doc")
+			if err != nil {
+				t.Fatal(err)
+			}
+			wrote := make(chan error, 1)
+			go func() {
+				x, err := w.Lock(NewOwner(ctx), "doc")
+				if err == nil {
+					err = x.Release(ctx)
+				}
+				wrote <- err
+			}()
+			// The writer waits: in the gate of the process, or marked in the store.
+			waitFor(t, 5*time.Second, "the writer to wait", func() bool {
+				if tc.local {
+					w.k.gate.mu.Lock()
+					defer w.k.gate.mu.Unlock()
+					e := w.k.gate.entries["lock:doc"]
+					return e != nil && e.taken
+				}
+				v, _ := s.Client().(*redis.Client).Get(ctx, "lock:doc").Result()
+				return strings.HasSuffix(v, " ~")
+			})
+			if !tc.local {
+				time.Sleep(2 * tc.window) // past the window of the readers' hold
+			}
+			if late, err := readers.Lock(NewOwner(ctx), "doc"); err == nil {
+				_ = late.Release(ctx)
+				t.Fatalf("a new reader got in (grant %v) while a writer waited", late.Grant())
+			} else if !errors.Is(err, ErrBusy) {
+				t.Fatalf("a new reader while a writer waits: %v, want ErrBusy", err)
+			}
+			if err := first.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-wrote; err != nil {
+				t.Fatalf("the writer: %v", err)
+			}
+		})
+	}
 }

@@ -67,7 +67,7 @@ func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 // exported method is, seen from lockPermit (as lockSince's, one frame nearer).
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	callerUp++                   // seen from lockSince
-	base, err := l.redisKey(key) // permit 1's
+	base, err := l.storeKey(key) // permit 1's
 	if err != nil {
 		return nil, err
 	}

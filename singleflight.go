@@ -31,6 +31,9 @@ type gate struct {
 	// guarded by mu: live holds outside the gate (re-entries of other processes' locks, read
 	// and fair locks), with where each was taken
 	borrowed map[*hold]uintptr
+	// guarded by mu: per key, the read hold that this process's new readers may join
+	// (rwfair.go: joinRead); each is also in borrowed while it lives.
+	reads map[string]*hold
 	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
 	// may list their holds before this process knows them, and a drain must wait for them.
 	borrowing int
@@ -440,6 +443,9 @@ func (g *gate) endBorrow(h *hold, site uintptr) {
 func (g *gate) removeBorrowed(h *hold) {
 	g.mu.Lock()
 	delete(g.borrowed, h)
+	if g.reads[h.key] == h {
+		delete(g.reads, h.key)
+	}
 	g.checkDrainedLocked()
 	g.mu.Unlock()
 }

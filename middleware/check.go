@@ -176,23 +176,43 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	}
 }
 
-// checkServer is Register's check of a server's services and interceptors.
+// checkServer is Register's check of a server's services and interceptors: each RPC rule needs
+// the interceptor of its method's kind (a unary method the unary one, a streaming method the
+// stream one), since a server runs each kind of call through its own chain only.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
-	if len(m.rpc) > 0 && !m.intercepting.Load() {
-		var first *compiledRule
-		for _, cr := range m.rules {
-			if cr.rpc != nil {
-				first = cr
-				break
-			}
+	for _, cr := range m.rules {
+		if cr.rpc == nil {
+			continue
 		}
-		return rules.FieldError(first.spec.Field, "%s is locked by no interceptor: the zrpc server was built without "+
-			"s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), so no RPC rule would lock anything", first.spec.RPC)
+		if streaming(info, cr.spec.RPC) {
+			if !m.streamIntercepting.Load() {
+				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server was built without "+
+					"s.AddStreamInterceptors(mw.StreamServerInterceptor()): its streams would run unlocked", cr.spec.RPC)
+			}
+			continue
+		}
+		if !m.unaryIntercepting.Load() {
+			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server was built without "+
+				"s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), so its calls would run unlocked", cr.spec.RPC)
+		}
 	}
 	if err := m.CheckMethods(info); err != nil {
 		return fmt.Errorf("%w (gRPC matches full method names case-sensitively)", err)
 	}
 	return nil
+}
+
+// streaming reports whether full (/package.Service/Method) is a streaming method of the
+// server, as its registered services say; a method it does not serve counts as unary (the
+// method check reports it).
+func streaming(info map[string]grpc.ServiceInfo, full string) bool {
+	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
+	for _, mi := range info[svc].Methods {
+		if mi.Name == method {
+			return mi.IsClientStream || mi.IsServerStream
+		}
+	}
+	return false
 }
 
 // routedRules are the rules given to Route and RouteFunc with a Method or a Path, and the

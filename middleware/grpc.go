@@ -14,7 +14,7 @@ import (
 // panics. With TrustOwner, lock owners propagated by UnaryClientInterceptor are honoured on
 // every method, so that locks the handler takes itself re-enter them too.
 func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
-	m.intercepting.Store(true)
+	m.unaryIntercepting.Store(true)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		ctx = m.owners.withIncomingOwners(ctx)
 		rl := m.rpc[info.FullMethod]
@@ -45,7 +45,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // message is locked when the handler receives the first message: that RecvMsg returns the
 // lock's error as a status, and the stream's Context carries the lease from then on.
 func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
-	m.intercepting.Store(true)
+	m.streamIntercepting.Store(true)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := m.owners.withIncomingOwners(ss.Context())
 		rl := m.rpc[info.FullMethod]

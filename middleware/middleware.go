@@ -36,8 +36,9 @@ type Middleware struct {
 	traceKeys bool            // LockConf.TraceKeys
 	logs      *logSummary
 	drain     drainer
-	// intercepting: a server interceptor was built, for Register's check that RPC rules lock.
-	intercepting atomic.Bool
+	// unaryIntercepting and streamIntercepting: the unary or the stream server interceptor was
+	// built, for Register's check that each RPC rule has the interceptor of its method's kind.
+	unaryIntercepting, streamIntercepting atomic.Bool
 	// sharing is the response sharing of share rules (middleware/share); nil when not linked.
 	sharing sharehook.Group
 }

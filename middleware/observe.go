@@ -232,13 +232,13 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 
 // grantOf is the grant label of an acquisition: that of its first lease (a multi-key rule's
 // leases are almost always granted alike), or "none". A grant by the store is named after
-// it: "redis" (flightlock.GrantRedis's name), "etcd" or "zookeeper".
+// it: "redis" (flightlock.GrantStore's name), "etcd" or "zookeeper".
 func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"
 	}
 	grant := g.Leases()[0].Grant()
-	if grant == flightlock.GrantRedis && st.store != "" {
+	if grant == flightlock.GrantStore && st.store != "" {
 		return st.store
 	}
 	return grant.String()

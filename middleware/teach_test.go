@@ -95,6 +95,25 @@ func TestRegisterChecksTheServer(t *testing.T) {
 	if code != -1 {
 		t.Errorf("a server wired right stopped: %q", msg)
 	}
+	// Each kind of call runs through its own chain: the stream interceptor alone leaves a
+	// unary method unlocked, and the unary one alone a streaming method.
+	m = newMW(fullMethod("Host"))
+	_ = m.StreamServerInterceptor()
+	start(m)
+	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddUnaryInterceptors") {
+		t.Errorf("a unary rule with only the stream interceptor: exit %d, %q", code, msg)
+	}
+	m = newMW(fullMethod("Stream"))
+	_ = m.UnaryServerInterceptor()
+	start(m)
+	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddStreamInterceptors") {
+		t.Errorf("a streaming rule with only the unary interceptor: exit %d, %q", code, msg)
+	}
+	_ = m.StreamServerInterceptor()
+	start(m)
+	if code != -1 {
+		t.Errorf("a streaming rule with the stream interceptor stopped: %q", msg)
+	}
 	m = newMW("/" + testService + "/host")
 	_ = m.UnaryServerInterceptor()
 	start(m)

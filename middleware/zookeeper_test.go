@@ -334,7 +334,7 @@ func TestZookeeperConfigErrors(t *testing.T) {
 	}
 
 	good := []LockConf{
-		{Zookeeper: zkHosts, Rules: []Rule{order(Rule{Mode: "read"}), {RPC: "/pkg.Svc/Fair", Key: "f:{id}", Fair: true},
+		{Zookeeper: zkHosts, Rules: []Rule{order(Rule{Mode: "read", ReadOnly: true}), {RPC: "/pkg.Svc/Fair", Key: "f:{id}", Fair: true},
 			{RPC: "/pkg.Svc/Do", Key: "x:{id}", Permits: 3}}},
 		{Redis: redis, Zookeeper: zkHosts, Rules: []Rule{order(Rule{Store: "redis", OnBusy: "share"}), {RPC: "/pkg.Svc/Do", Key: "x:{id}", Store: "Zookeeper"}}},
 		{Zookeeper: ZookeeperConf{Hosts: zkHosts.Hosts, SessionTimeout: 60 * time.Second}, TTL: 30 * time.Second},

@@ -4,10 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/example/app"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -79,56 +77,15 @@ func cli(t *testing.T, stdin io.Reader, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-// startExample runs the example system on srv with the config in exampleYAML, and returns the
-// config file's path and the order API's base URL.
-func startExample(t *testing.T, srv *redistest.Server) (string, string) {
+// exampleConfig writes exampleYAML for srv (the services' ports are not used: the CLI reads
+// the Lock sections only) and returns its path.
+func exampleConfig(t *testing.T, srv *redistest.Server) string {
 	t.Helper()
-	ports := make([]int, 3)
-	var ls []net.Listener
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		ls = append(ls, l) // held until all are chosen, so the three differ
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
 	path := filepath.Join(t.TempDir(), "example.yaml")
-	if err := os.WriteFile(path, fmt.Appendf(nil, exampleYAML, srv.Addr, ports[0], ports[1], ports[2]), 0o600); err != nil {
+	if err := os.WriteFile(path, fmt.Appendf(nil, exampleYAML, srv.Addr, 18080, 18081, 18082), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return path, startSystem(t, path, ports)
-}
-
-func startSystem(t *testing.T, path string, ports []int) string {
-	t.Helper()
-	c, err := app.LoadConfig(path)
-	if err != nil {
-		t.Fatalf("load %s: %v", path, err)
-	}
-	sys, err := app.New(c)
-	if err != nil {
-		t.Fatalf("start the example: %v", err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); sys.Start() }()
-	t.Cleanup(func() {
-		sys.Stop()
-		<-done
-		_ = sys.Close()
-	})
-	base := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	waitFor(t, "the order API to listen", func() bool {
-		conn, err := net.DialTimeout("tcp", base[len("http://"):], 100*time.Millisecond)
-		if err == nil {
-			_ = conn.Close()
-		}
-		return err == nil
-	})
-	return base
+	return path
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -142,46 +99,41 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func postOrder(base, uid string, delayMs int) (int, error) {
-	body := fmt.Sprintf(`{"uid":%q,"sku":"sku-1","qty":1,"delay_ms":%d}`, uid, delayMs)
-	resp, err := http.Post(base+"/api/order/create", "application/json", strings.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	return resp.StatusCode, nil
-}
-
-// TestCommandsAgainstRunningExample drives ls, show and unlock against locks that a running
-// example service holds in a real redis-server, read from the service's own YAML.
-func TestCommandsAgainstRunningExample(t *testing.T) {
-	srv := redistest.Start(t)
-	file, base := startExample(t, srv)
-	rdb := srv.Client()
-	ctx := context.Background()
-
-	// An order that holds lock:order:alice while its handler sleeps (delay_ms).
-	orderDone := make(chan int, 1)
-	go func() {
-		code, err := postOrder(base, "alice", 15000)
-		if err != nil {
-			t.Errorf("order: %v", err)
-		}
-		orderDone <- code
-	}()
-	waitFor(t, "the order's lock", func() bool { return rdb.Exists(ctx, "lock:order:alice").Val() == 1 })
-	// A duplicate is refused (409), which marks the lock contended.
-	if code, err := postOrder(base, "alice", 0); err != nil || code != http.StatusConflict {
-		t.Fatalf("duplicate order: status %d, err %v; want 409", code, err)
-	}
-	// A waiter in "another process" (its own Locker and store on the same Redis).
+// processLocker is a Locker of the service's kind on srv: the prefix of exampleYAML, the
+// default metadata (this host and pid), a store of its own (a process of its own).
+func processLocker(t *testing.T, srv *redistest.Server, opts ...flightlock.Option) *flightlock.Locker {
+	t.Helper()
 	store := redisstore.New(redis.NewClient(srv.Options()))
-	defer store.Close()
-	waiter, err := flightlock.New(store, flightlock.WithPrefix("lock:"), flightlock.WithWait(time.Minute))
+	t.Cleanup(func() { _ = store.Close() })
+	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithPrefix("lock:")}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// TestCommandsAgainstTheLocksOfARunningService drives ls, show and unlock against the locks
+// that processes of a service hold in a real redis-server, with the service's own YAML.
+func TestCommandsAgainstTheLocksOfARunningService(t *testing.T) {
+	srv := redistest.Start(t)
+	file := exampleConfig(t, srv)
+	rdb := srv.Client()
+	ctx := context.Background()
+
+	// An order in flight holds lock:order:alice in this process, as the example's order API
+	// does while its handler runs.
+	service := processLocker(t, srv, flightlock.WithMode(flightlock.Reject))
+	order, err := service.Lock(ctx, "order:alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer order.Release(ctx)
+	// A duplicate from another instance is refused, which marks the lock contended.
+	if _, err := processLocker(t, srv, flightlock.WithMode(flightlock.Reject)).Lock(ctx, "order:alice"); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("duplicate order: %v, want ErrBusy", err)
+	}
+	// A waiter in "another process" (its own Locker and store on the same Redis).
+	waiter := processLocker(t, srv, flightlock.WithWait(time.Minute))
 	waiterGot := make(chan *flightlock.Lease, 1)
 	go func() {
 		lease, err := waiter.Lock(ctx, "order:alice")
@@ -254,7 +206,7 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 		t.Fatalf("unlock answered n: exit %d, key exists %d: %s", code, rdb.Exists(ctx, "lock:order:alice").Val(), errs)
 	}
 	// Confirmed: removed, with a release notification that reached the waiter's process (woke
-	// 1), and the waiter gets the key while the order, whose handler sleeps for 15s, still runs.
+	// 1), and the waiter gets the key while the order still runs.
 	code, out, errs = cli(t, strings.NewReader("y\n"), "-f", file, "unlock", "order:alice")
 	if code != exitOK || !strings.Contains(out, "removed lock:order:alice: owner "+l.Owner) || !strings.Contains(out, "woke 1 waiting") {
 		t.Fatalf("unlock: exit %d:\n%s%s", code, out, errs)
@@ -270,19 +222,21 @@ func TestCommandsAgainstRunningExample(t *testing.T) {
 		if lease.Fence() <= l.Fence {
 			t.Errorf("the waiter's fence %d is not above the removed holder's %d", lease.Fence(), l.Fence)
 		}
-		select {
-		case <-orderDone:
-			t.Error("the order finished before the waiter got the lock: the unlock was not what let it in")
-		default:
-		}
 		if err := lease.Release(ctx); err != nil {
 			t.Errorf("waiter release: %v", err)
 		}
-	case code := <-orderDone:
-		t.Fatalf("the order finished (status %d) before the waiter got the unlocked key", code)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the unlocked key")
 	}
-	// The order's handler lost its lock; whatever it answers, it must end.
-	<-orderDone
+	// The order's lease is told it lost the lock (its next renewal finds another owner's).
+	select {
+	case <-order.Context().Done():
+		if !errors.Is(context.Cause(order.Context()), flightlock.ErrLost) {
+			t.Errorf("the unlocked order's context ended with %v, want ErrLost", context.Cause(order.Context()))
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the unlocked order was not told it lost its lock")
+	}
 }
 
 // TestUnlockRemovesOnlyTheGrantItShowed: when the lock changes hands between the read and the

@@ -29,9 +29,8 @@ func TestListAndShowReadersAndTheFairLine(t *testing.T) {
 		}
 		return l
 	}
-	readers := newLocker(flightlock.WithRead())
-	for range 2 {
-		lease, err := readers.Lock(ctx, "order:1")
+	for range 2 { // two processes' readers (one process's would share one hold)
+		lease, err := newLocker(flightlock.WithRead()).Lock(ctx, "order:1")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -106,7 +106,16 @@ type redisWatch struct {
 	keyspace          bool // events come from keyspace notifications; else from comparing reads
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
+	// gone are the keys a recent poll reported gone, with the number of that poll: a release
+	// notification of one of them that comes after the poll is the same release, not a second
+	// event. A mark lives for goneMarkPolls polls (a notification comes within one), so that
+	// keys released without a notification do not pile up.
+	gone  map[string]int
+	polls int
 }
+
+// goneMarkPolls is how many polls a key reported gone keeps its mark (redisWatch.gone).
+const goneMarkPolls = 3
 
 func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 	w.fn(lockstore.Event{Kind: kind, Lock: l})
@@ -144,10 +153,20 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 			w.emit(lockstore.EventContended, l)
 		}
 	}
+	w.polls++
+	for k, at := range w.gone {
+		if _, back := now[k]; back || w.polls-at >= goneMarkPolls {
+			delete(w.gone, k)
+		}
+	}
 	if report {
 		for _, k := range slices.Sorted(maps.Keys(w.held)) {
 			if _, ok := now[k]; !ok {
 				w.emit(lockstore.EventGone, w.held[k])
+				if w.gone == nil {
+					w.gone = make(map[string]int)
+				}
+				w.gone[k] = w.polls
 			}
 		}
 	}
@@ -183,6 +202,10 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 
 	if kind == lockstore.EventReleased || kind == lockstore.EventExpired {
 		l, seen := w.held[key]
+		if _, marked := w.gone[key]; !seen && marked {
+			delete(w.gone, key) // reported gone by the poll that read it released
+			return nil
+		}
 		if !seen {
 			l = lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}
 		}

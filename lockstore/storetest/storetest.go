@@ -69,6 +69,7 @@ func Run(t *testing.T, c Config) {
 		{"PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount},
 		{"SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy},
 		{"ReadersShareAndWritersExclude", s.readersShareAndWritersExclude},
+		{"ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold},
 		{"RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds},
 		{"FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder},
 	} {
@@ -442,8 +443,16 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
 		t.Fatalf("a write beside readers: %v, want ErrBusy", err)
 	}
-	if _, err := r2.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
+	// Writer preference: a reader of a third process is refused at once; a reader of a process
+	// that holds a read joins its hold only within the handoff window of that hold (bounded as
+	// a process's writers hand the key on within it), and past it is refused too.
+	_, r3 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	if _, err := r3.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
 		t.Fatalf("a new reader after a writer was refused: %v, want ErrBusy (writer preference)", err)
+	}
+	time.Sleep(2 * flightlock.DefaultHandoffWindow)
+	if _, err := r2.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a new reader of a reading process, past the handoff window, after a writer was refused: %v, want ErrBusy", err)
 	}
 	_ = a.Release(ctx)
 	_ = b.Release(ctx)
@@ -455,6 +464,30 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 		t.Fatalf("a read beside a writer: %v, want ErrBusy", err)
 	}
 	_ = x.Release(ctx)
+}
+
+// The readers of one process share one store read hold: a second reader joins the first's with
+// its fence and no store call, and a writer elsewhere still waits for both.
+func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
+	w, _ := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	a, err := r.Lock(flightlock.NewOwner(ctx), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Lock(flightlock.NewOwner(ctx), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Grant() != flightlock.GrantShared || b.Fence() != a.Fence() {
+		t.Fatalf("a second reader of the process: grant %v fence %d, want shared with fence %d", b.Grant(), b.Fence(), a.Fence())
+	}
+	_ = a.Release(ctx)
+	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a write while one of two sharing readers holds: %v, want ErrBusy", err)
+	}
+	_ = b.Release(ctx)
 }
 
 // A writer refused by readers is told who holds the key through the metadata of a reader that

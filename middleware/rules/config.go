@@ -462,8 +462,8 @@ type Rule struct {
 	// like counter on the same service fails open.
 	OnStoreError string `json:",optional"`
 	// Permits is how many requests may hold a key of the rule at once: a semaphore ("at most 3
-	// exports per tenant", flightlock.WithPermits). 0 or 1, the default, is a lock; at most
-	// flightlock.MaxPermits. Busy means every permit is taken. Every rule on a key must name
+	// exports per tenant", flightlock.WithPermits): 2 to flightlock.MaxPermits. Left out (0), the
+	// rule is a lock; 1 is refused, as a lock has no Permits. Busy means every permit is taken. Every rule on a key must name
 	// the same count.
 	Permits int `json:",optional"`
 	// Mode makes the rule's locks one side of a read-write lock, in any case: "read" (GET of
@@ -471,10 +471,14 @@ type Rule struct {
 	// read and write of the key), flightlock.WithRead. A writer is not starved: once one waits,
 	// new reads wait behind it. Empty (the default) is a plain lock, which is a write lock: a
 	// read rule and a plain rule on one key exclude each other as a read and a write rule do.
-	// Each read costs a round trip to take and one to release (reads are not collapsed in the
-	// process); a read lease is not handed to downstream services (PropagateTo). A read rule
+	// The reads of one process share a store read hold (the first takes it, the last releases
+	// it); a read lease is not handed to downstream services (PropagateTo). A read rule
 	// cannot have Permits, Fair, OnBusy share, or OnStoreError open.
 	Mode string `json:",optional"`
+	// ReadOnly says that a Mode read rule on a method other than GET or HEAD (a POST that
+	// only queries) is a read on purpose; without it such a rule is refused, since requests of
+	// those methods usually write, and reads run beside each other.
+	ReadOnly bool `json:",optional"`
 	// Fair grants each key of the rule in request order across processes (flightlock.WithFair),
 	// not only within one: a request that waits takes a place in a line the store keeps for the
 	// key, and a waiter whose process died leaves it flightlock.FairQueueTTL after its last
@@ -798,8 +802,10 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 		}
 	}
 	switch {
+	case r.Permits == 1:
+		return FieldError(name+".Permits", "1 is a lock, which has no Permits: leave Permits out for a lock, or give 2 to %d for a semaphore", flightlock.MaxPermits)
 	case r.Permits < 0 || r.Permits > flightlock.MaxPermits:
-		return FieldError(name+".Permits", "must be 0 to %d (0 and 1 are a lock), got %d", flightlock.MaxPermits, r.Permits)
+		return FieldError(name+".Permits", "must be 2 to %d (leave it out for a lock), got %d", flightlock.MaxPermits, r.Permits)
 	case r.Permits > 1 && r.OnBusy == OnBusyShare:
 		return FieldError(name+".Permits", "cannot be set with OnBusy share: a shared response is one run's, and %d may run at once", r.Permits)
 	}

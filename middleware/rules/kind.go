@@ -2,6 +2,7 @@ package rules
 
 import (
 	"cmp"
+	"net/http"
 
 	"github.com/flightlock/flightlock"
 )
@@ -21,10 +22,17 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	read := r.Mode == ModeRead
 	switch {
 	case r.Mode != "" && r.Permits > 1:
-		// A semaphore's permits are keys of their own (key#1 ...): no read or write lock of the
-		// key ever meets them.
-		return FieldError(name+".Permits", "cannot be set with Mode %s: permits are keys apart from the read-write lock of the key, "+
-			"so they would exclude neither reads nor writes; drop Permits, or Mode for a semaphore", r.Mode)
+		// A semaphore's permits beyond the first are keys of their own (key#2 ...): no read or
+		// write lock of the key ever meets them.
+		return FieldError(name+".Permits", "cannot be set with Mode %s: permits beyond the first are keys apart from the read-write lock "+
+			"of the key, so they would exclude neither reads nor writes; drop Permits, or Mode for a semaphore", r.Mode)
+	case read && r.Method != "" && r.Method != http.MethodGet && r.Method != http.MethodHead && !r.ReadOnly:
+		// Reads run beside each other: a rule whose requests write, read-locked, lets its
+		// writes run together, silently (torn data, not an error).
+		return FieldError(name+".Mode", "is read on %s, a method whose requests usually write, and reads run beside each other: "+
+			"use Mode write (or leave Mode out) for a handler that writes, or set ReadOnly: true on the rule if this %s only reads", r.Method, r.Method)
+	case r.ReadOnly && !read:
+		return FieldError(name+".ReadOnly", "is set on a rule without Mode read: it only lets a read rule be on a method other than GET or HEAD")
 	case read && r.Fair:
 		return FieldError(name+".Fair", "cannot be set with Mode read: reads of a key run together, there is no line to keep; "+
 			"set Fair on the write rules, or drop it")

@@ -41,6 +41,16 @@ func TestLockKindRefusesWhatTheCoreCannotKeep(t *testing.T) {
 			"Lock.Rules[0].OnStoreError", "set OnStoreError: closed on the rule"},
 		{"shadow read in an open section", func(r *Rule, c *LockConf) { r.Mode, r.Shadow, c.OnStoreError = "read", true, "open" },
 			"Lock.Rules[0].OnStoreError", "Lock.OnStoreError: open"},
+		// Rules that cannot mean what they say.
+		{"read on PUT", func(r *Rule, _ *LockConf) { r.Method, r.Mode = http.MethodPut, "read" }, "Lock.Rules[0].Mode", "use Mode write"},
+		{"read on POST", func(r *Rule, _ *LockConf) { r.Method, r.Mode = "post", "read" }, "Lock.Rules[0].Mode", "ReadOnly: true"},
+		{"read on a POST that only reads", func(r *Rule, _ *LockConf) { r.Method, r.Mode, r.ReadOnly = http.MethodPost, "read", true }, "", ""},
+		{"read on HEAD", func(r *Rule, _ *LockConf) { r.Method, r.Mode = http.MethodHead, "read" }, "", ""},
+		{"read on any method of a named rule", func(r *Rule, _ *LockConf) { r.Method, r.Path, r.Name, r.Mode = "", "", "Orders", "read" }, "", ""},
+		{"ReadOnly without Mode read", func(r *Rule, _ *LockConf) { r.Method, r.ReadOnly = http.MethodPost, true }, "Lock.Rules[0].ReadOnly", "Mode read"},
+		{"one permit", func(r *Rule, _ *LockConf) { r.Permits = 1 }, "Lock.Rules[0].Permits", "leave Permits out for a lock"},
+		{"no permits", func(r *Rule, _ *LockConf) { r.Permits = 0 }, "", ""},
+		{"permits above the bound", func(r *Rule, _ *LockConf) { r.Permits = flightlock.MaxPermits + 1 }, "Lock.Rules[0].Permits", "must be 2 to"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
