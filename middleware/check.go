@@ -180,6 +180,18 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 // the interceptor of its method's kind (a unary method the unary one, a streaming method the
 // stream one), since a server runs each kind of call through its own chain only.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
+	if len(m.rpc) == 0 {
+		// A Lock section wired into a zrpc server whose rules are all REST rules (a REST rule
+		// copied into an RPC service's YAML) locks nothing there: refuse it, as a rule for a
+		// method the server does not serve is refused. Rules built in Go for REST routes
+		// (Route, RouteFunc) are the service's own choice and are left alone.
+		for _, cr := range m.rules {
+			if cr.http != nil && cr.label == "" {
+				return rules.FieldError(cr.spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
+					"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
+			}
+		}
+	}
 	for _, cr := range m.rules {
 		if cr.rpc == nil {
 			continue

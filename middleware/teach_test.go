@@ -114,6 +114,17 @@ func TestRegisterChecksTheServer(t *testing.T) {
 	if code != -1 {
 		t.Errorf("a streaming rule with the stream interceptor stopped: %q", msg)
 	}
+	// A REST rule in a zrpc service's Lock section (and no RPC rule) would lock no call.
+	rest, err := New(LockConf{Rules: []Rule{{Method: "POST", Path: "/api/debit", Key: "acct:{body.account}"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rest.Close() })
+	_ = rest.UnaryServerInterceptor()
+	start(rest)
+	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "RPC: /package.Service/Method") {
+		t.Errorf("a REST rule on a zrpc server: exit %d, %q", code, msg)
+	}
 	m = newMW("/" + testService + "/host")
 	_ = m.UnaryServerInterceptor()
 	start(m)
