@@ -442,13 +442,11 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 		if err != nil {
 			again := wait && attempt > 0 && !b.spent()
 			if mayHaveRun(err) {
-				// What the call may have taken unseen is given back; a caller that gives up
-				// does not wait for it. The next attempt takes a new owner token: the call may
-				// still land later, and its store then gives back what it took by owner, which
-				// must not be the next attempt's grant.
-				// In the background either way: the store is failing, and a give-back bounded
-				// by its own half second would carry the caller past its deadline. Nothing is
-				// sent with the old token again.
+				// What the call may have taken unseen is given back, in the background: the
+				// store is failing, and a give-back bounded by its own half second would carry
+				// the caller past its deadline. The next attempt takes a new owner token: the
+				// call may still land later, and its store then gives back what it took by
+				// owner, which must not be the next attempt's grant.
 				l.k.giveBackLater(ctx, key, owner, "")
 				if again {
 					if queue > 0 {
@@ -462,15 +460,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 				// its way, which takes a second or two. Try again within the wait; a store
 				// still down when it runs out ends it with the store's error (storeErr).
 				storeErr = err
-				attempt++
-				d, ok := l.cfg.retry(attempt)
-				if !ok {
-					return nil, err
-				}
-				if !l.sleep(b.context(), nil, &timer, d) {
-					if l.k.gate.closed.Load() {
-						return nil, ErrClosed
-					}
+				if err := l.pauseAfterTrouble(b, &attempt, &timer, err); err != nil {
 					return nil, err
 				}
 				continue
@@ -500,13 +490,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 					return nil, errLateReply
 				}
 				owner, storeErr = freshOwner(owner), errLateReply
-				attempt++
-				d, ok := l.cfg.retry(attempt)
-				if !ok || !l.sleep(b.context(), nil, &timer, d) {
-					if l.k.gate.closed.Load() {
-						return nil, ErrClosed
-					}
-					return nil, errLateReply
+				if err := l.pauseAfterTrouble(b, &attempt, &timer, errLateReply); err != nil {
+					return nil, err
 				}
 				continue
 			}
@@ -566,6 +551,25 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
 		}
 	}
+}
+
+// pauseAfterTrouble is a waiter's pause before it tries again after the store's trouble (an
+// error after an earlier answer, a reply too late to hold): the retry strategy's next delay,
+// cut short by the wait's end. It returns nil when the next attempt may go, and otherwise what
+// the wait ends with: ErrClosed when the Locker drains, else trouble.
+func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
+	*attempt++
+	d, ok := l.cfg.retry(*attempt)
+	if !ok {
+		return trouble
+	}
+	if !l.sleep(b.context(), nil, timer, d) {
+		if l.k.gate.closed.Load() {
+			return ErrClosed
+		}
+		return trouble
+	}
+	return nil
 }
 
 // callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
