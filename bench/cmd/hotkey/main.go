@@ -19,11 +19,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,6 +35,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -96,21 +95,21 @@ func defaultRecord() string {
 }
 
 func run(cs, reps int, record bool, file string) error {
-	srv, err := startRedis()
+	srv, err := redisserver.Start("hotkey-redis-*.log")
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
+	defer srv.Stop()
 	fmt.Printf("hotkey: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
-		redisVersion(srv.addr), srv.addr, runtime.GOMAXPROCS(0), cs, reps)
+		redisVersion(srv.Addr), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
 
-	inproc, err := newHarness(srv.addr)
+	inproc, err := newHarness(srv.Addr)
 	if err != nil {
 		return err
 	}
 	defer inproc.close()
 	// Warm-up: the script load, the pool's connections, the gate's first entry.
-	if _, err := inproc.run(64, cs/4); err != nil {
+	if _, err := inproc.run(inproc.freshKey(), 64, cs/4); err != nil {
 		return err
 	}
 	figures := make(map[string][]float64)
@@ -122,9 +121,9 @@ func run(cs, reps int, record bool, file string) error {
 			s := shapes[(i+r)%len(shapes)]
 			var rate float64
 			if s.procs == 1 {
-				rate, err = inproc.run(s.goroutines, cs)
+				rate, err = inproc.run(inproc.freshKey(), s.goroutines, cs)
 			} else {
-				rate, err = runProcs(srv.addr, s, cs)
+				rate, err = runProcs(srv.Addr, s, cs)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name, err)
@@ -179,17 +178,17 @@ func run(cs, reps int, record bool, file string) error {
 
 // profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
 func profileHotKey(file string, cs int) error {
-	srv, err := startRedis()
+	srv, err := redisserver.Start("hotkey-redis-*.log")
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	h, err := newHarness(srv.addr)
+	defer srv.Stop()
+	h, err := newHarness(srv.Addr)
 	if err != nil {
 		return err
 	}
 	defer h.close()
-	if _, err := h.run(64, 4000); err != nil {
+	if _, err := h.run(h.freshKey(), 64, 4000); err != nil {
 		return err
 	}
 	f, err := os.Create(file)
@@ -200,7 +199,7 @@ func profileHotKey(file string, cs int) error {
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
-	rate, err := h.run(64, cs)
+	rate, err := h.run(h.freshKey(), 64, cs)
 	pprof.StopCPUProfile()
 	if err != nil {
 		return err
@@ -305,10 +304,12 @@ func (h *harness) close() {
 	_ = h.client.Close()
 }
 
-// run has g goroutines share cs critical sections on one key and returns critical sections
-// per second.
-func (h *harness) run(g, cs int) (float64, error) {
-	key := fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1))
+// freshKey is a key that no earlier run of this process used.
+func (h *harness) freshKey() string { return fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1)) }
+
+// run has g goroutines share cs critical sections on key and returns critical sections per
+// second. Every critical section checks that no other goroutine of this process is inside.
+func (h *harness) run(key string, g, cs int) (float64, error) {
 	left := atomic.Int64{}
 	left.Store(int64(cs))
 	var inside, violations atomic.Int64
@@ -416,7 +417,7 @@ func runWorker(addr string, g, cs int) error {
 		return err
 	}
 	defer h.close()
-	if _, err := h.run(g, 200); err != nil { // warm-up on a key of its own
+	if _, err := h.run(h.freshKey(), g, 200); err != nil { // warm-up on a key of its own
 		return err
 	}
 	fmt.Println("READY")
@@ -424,84 +425,12 @@ func runWorker(addr string, g, cs int) error {
 	if _, err := in.ReadString('\n'); err != nil {
 		return err
 	}
-	if err := h.shared(g, cs); err != nil {
+	if _, err := h.run("hot:shared", g, cs); err != nil {
 		fmt.Println("ERROR", err)
 		return nil
 	}
 	fmt.Println("DONE")
 	return nil
-}
-
-// shared runs cs critical sections on the key every worker shares.
-func (h *harness) shared(g, cs int) error {
-	left := atomic.Int64{}
-	left.Store(int64(cs))
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			for left.Add(-1) >= 0 {
-				lease, err := h.locker.Lock(ctx, "hot:shared")
-				if err == nil {
-					err = lease.Release(ctx)
-				}
-				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return err
-	}
-	return nil
-}
-
-// server is the redis-server this command started; it is ended by its pid.
-type server struct {
-	addr string
-	cmd  *exec.Cmd
-}
-
-func startRedis() (*server, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, errors.New("redis-server not found (apt-get install -y redis-server)")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{addr: addr, cmd: cmd}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c.Ping(context.Background()).Err() == nil {
-			return s, nil
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, errors.New("redis-server did not answer PING within 10s")
-		}
-	}
-}
-
-func (s *server) stop() {
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
 }
 
 func redisVersion(addr string) string {
