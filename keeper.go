@@ -77,13 +77,45 @@ func (k *keeper) tooLate(sent time.Time) bool {
 // giveBack releases a hold that this call took but will not use: the acquisition's own when
 // borrow is "", else the named re-entry. It runs after a timed-out call (go-redis re-sends a
 // command after a read timeout, so the call may have run unseen) and after a reply that came
-// too late; ErrNotHeld is the usual, harmless answer. Redis was slow, so the cleanup is bounded
-// short: a hold it cannot give back runs out with its TTL.
+// too late. Redis was slow, so each release is bounded short: a hold it cannot give back runs
+// out with its TTL.
+//
+// ErrNotHeld is the usual answer, but it can also mean the give-back overtook the call it
+// undoes: that call is still on its way to the server (queued behind a stall, on a connection
+// the server reads later) and takes the key after this release found it free, keeping it
+// refused for a whole TTL. So a not-held answer is asked again a few times, for about a second
+// or the TTL, whichever is shorter. Owner tokens are never reused after a give-back, so a later
+// release by owner can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
-	rctx, cancel := k.cleanupContext(ctx)
-	defer cancel()
-	_, _ = k.store.Release(rctx, key, owner, borrow, 0)
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	start := time.Now()
+	for pause := giveBackRecheck; ; pause *= 4 {
+		rctx, cancel := k.cleanupContext(ctx)
+		_, err := k.store.Release(rctx, key, owner, borrow, 0)
+		cancel()
+		if !errors.Is(err, lockstore.ErrNotHeld) || time.Since(start)+pause >= min(k.ttl, giveBackRecheckFor) {
+			return // given back, a store error (the TTL ends it), or past the time a late call lands
+		}
+		arm(&timer, pause)
+		select {
+		case <-timer.C:
+		case <-k.gate.closing:
+			return
+		}
+	}
 }
+
+// giveBackRecheck is the first pause before a give-back that found nothing asks again; each
+// pause is four times the one before, for giveBackRecheckFor in all.
+const (
+	giveBackRecheck    = 20 * time.Millisecond
+	giveBackRecheckFor = 2 * time.Second
+)
 
 // cleanupContext bounds a clean-up after a call that went wrong (giveBack, leaveQueue): ctx's
 // values without its cancellation, for half a second at most: the store was slow, and what the

@@ -356,10 +356,12 @@ func TestRESTStoreDown(t *testing.T) {
 // while the handler still runs; the lock stays held until the handler returns, then goes.
 func TestRESTTimeout(t *testing.T) {
 	tr := newTestRedis(t)
-	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/slow/:uid", Key: "slow:{uid}"}}})
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/slow/:uid", Key: "slow:{uid}", OnBusy: "reject"}}})
 	proceed := make(chan struct{})
 	done := make(chan error, 1)
-	s := serverless(t, restConf(t, 50*time.Millisecond), m, []rest.Route{{Method: http.MethodPost, Path: "/slow/:uid",
+	// The timeout counts from the request's start, the lock's acquisition included: long
+	// enough for that on a loaded machine, short enough to wait out twice.
+	s := serverless(t, restConf(t, time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/slow/:uid",
 		Handler: func(w http.ResponseWriter, r *http.Request) {
 			<-r.Context().Done() // the timeout fired
 			<-proceed
