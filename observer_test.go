@@ -14,7 +14,9 @@ import (
 func TestLeaseGrant(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()
-	l := mustLocker(t, s, WithWait(5*time.Second))
+	// A handoff window of an hour: the default 20 ms, counted from the acquisition, can pass on
+	// a loaded machine before the waiter has queued, and the lock then goes by the store.
+	l := mustLocker(t, s, WithWait(5*time.Second), WithHandoff(DefaultHandoff, time.Hour))
 	first, err := l.Lock(ctx, "g")
 	if err != nil {
 		t.Fatal(err)

@@ -203,7 +203,9 @@ func TestDeadHoldersPermitComesBackAfterItsTTL(t *testing.T) {
 // a round trip (a handoff), as a lock does.
 func TestReleasedPermitIsHandedToALocalWaiter(t *testing.T) {
 	s, _, _ := miniStore(t)
-	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2))
+	// A window of an hour: the default 20 ms, counted from the permit's acquisition, can pass
+	// on a loaded machine before the taker has queued, and the permit then goes by the store.
+	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2), WithHandoff(DefaultHandoff, time.Hour))
 	ctx := context.Background()
 	x, err := l.Lock(ctx, "export")
 	if err != nil {

@@ -195,7 +195,8 @@ func TestPermitTakersWatchOnlyWhereWatchesAreShared(t *testing.T) {
 func TestPermitTakerQueuesOnALocalPermitWhileAnotherIsHeldElsewhere(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()
-	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2))
+	// A handoff window of an hour: the default 20 ms can pass on a loaded machine first.
+	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2), WithHandoff(DefaultHandoff, time.Hour))
 	other := mustLocker(t, s, WithPermits(2)) // another process
 	local, err := l.Lock(ctx, "export")
 	if err != nil {

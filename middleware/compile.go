@@ -15,6 +15,7 @@ type rule struct {
 	shadow bool           // Rule.Shadow: counted, never enforced
 	onBusy string         // Rule.OnBusy, normalized: what a shadow conflict would have been
 	share  sharehook.Rule // OnBusy share: the sharing of its requests (middleware/share); nil otherwise
+	holds  holdTimes      // how long its locks are held, for the Retry-After of its busy answers
 }
 
 // compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the

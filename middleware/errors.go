@@ -81,7 +81,7 @@ func HTTPStatus(err error) int {
 
 // GRPCStatus returns the gRPC status that the interceptors answer for err, per the error table
 // of the package documentation: Aborted for flightlock.ErrBusy (with a RetryInfo detail holding
-// the holder's remaining TTL when it is known), InvalidArgument for ErrInvalidKey, Internal for
+// how long the key likely stays busy: the middleware's hint, or the holder's remaining TTL), InvalidArgument for ErrInvalidKey, Internal for
 // ErrConfig, Unavailable for the middleware's "lock store unavailable" and for ErrClosed (a
 // drain), Canceled and
 // DeadlineExceeded for the context errors. Any other error gets the status gRPC would send for
@@ -93,7 +93,7 @@ func GRPCStatus(err error) *status.Status {
 		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
 	case errors.Is(err, flightlock.ErrBusy):
 		st := status.New(codes.Aborted, msgBusy)
-		if d, ok := flightlock.RetryAfter(err); ok {
+		if d, ok := retryAfter(err); ok {
 			if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
 				st = withInfo
 			}
@@ -133,8 +133,9 @@ func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
 // httpx.ErrorCtx, so an error handler set with httpx.SetErrorHandlerCtx shapes the reply (it
 // sees err, which wraps flightlock.ErrBusy or ErrInvalidKey, and HTTPStatus(err) tells the
 // status); without one the reply is the status of HTTPStatus with a short text body. A busy
-// reply carries Retry-After in whole seconds, rounded up, from the holder's remaining TTL (1
-// when unknown), set before the error handler runs.
+// reply carries Retry-After in whole seconds, rounded up, from the rule's typical hold or the
+// holder's remaining TTL, whichever is shorter (hintBusy; 1 when neither is known), set before
+// the error handler runs.
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	err = lockError(err)
 	code := HTTPStatus(err)
@@ -150,7 +151,7 @@ func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func retryAfterSeconds(err error) int {
-	d, ok := flightlock.RetryAfter(err)
+	d, ok := retryAfter(err)
 	if !ok {
 		return 1
 	}

@@ -83,7 +83,7 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 			logx.Field("waited", waited))
 		return held{}, fmt.Errorf("%w: %w", errStore, err)
 	}
-	return held{}, err
+	return held{}, hintBusy(err, &rl.holds)
 }
 
 // countAcquire counts what an acquisition did, past the histogram. Only when metrics are on.
@@ -128,9 +128,11 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 		m.logs.error(ctx, st, "lock lost while the handler ran", flightlock.ErrLost,
 			logx.Field("fence", h.g.Leases()[0].Fence()))
 	}
+	heldFor := time.Since(h.at)
+	rl.holds.observe(heldFor)
 	if metricsOn() {
 		heldGauge.Dec(st.name, st.template, st.store)
-		holdDuration.ObserveFloat(ms(time.Since(h.at)), st.name, st.template, st.store)
+		holdDuration.ObserveFloat(ms(heldFor), st.name, st.template, st.store)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := h.g.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {

@@ -1,0 +1,78 @@
+package middleware
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightlock/flightlock"
+)
+
+// holdTimes estimates how long a rule's locks are held: a moving average of the time from
+// grant to release of its requests, which is what a busy answer's Retry-After should say. The
+// holder's remaining TTL, the only figure the store has, is the renewal period of a lock that
+// is renewed: a 1.5 s order answered "Retry-After: 10".
+//
+// Releases of different keys of one rule may update the average at once; one of their samples
+// can then be lost, which an estimate tolerates, so a Load and a Store serve without a CAS loop.
+type holdTimes struct {
+	avg atomic.Int64 // nanoseconds; 0 until the first release
+}
+
+// holdWeight is the weight of a new sample: 1/holdWeight, about the last 8 holds.
+const holdWeight = 8
+
+func (t *holdTimes) observe(d time.Duration) {
+	d = max(d, time.Microsecond) // 0 means no sample yet
+	old := t.avg.Load()
+	if old == 0 {
+		t.avg.Store(int64(d))
+		return
+	}
+	t.avg.Store(old + (int64(d)-old)/holdWeight)
+}
+
+// typical returns the average hold, and false before the first release.
+func (t *holdTimes) typical() (time.Duration, bool) {
+	d := time.Duration(t.avg.Load())
+	return d, d > 0
+}
+
+// retryHint is a busy error with the rule's estimate of how long the key stays busy.
+type retryHint struct {
+	error
+	after time.Duration
+}
+
+func (h *retryHint) Unwrap() error { return h.error }
+
+// defaultRetryAfter is a busy answer's hint when neither the holder's TTL nor a hold time is known:
+// a process's own single flight and a rule that has not released yet.
+const defaultRetryAfter = time.Second
+
+// hintBusy gives a busy err its Retry-After: the shorter of the holder's remaining TTL (the
+// lock cannot stay longer unless renewed) and the rule's typical hold, or defaultRetryAfter
+// when neither is known. Other errors are returned as they are.
+func hintBusy(err error, holds *holdTimes) error {
+	if !errors.Is(err, flightlock.ErrBusy) {
+		return err
+	}
+	d, known := flightlock.RetryAfter(err)
+	if typical, ok := holds.typical(); ok && (!known || typical < d) {
+		d, known = typical, true
+	}
+	if !known {
+		d = defaultRetryAfter
+	}
+	return &retryHint{error: err, after: d}
+}
+
+// retryAfter is the hint of a busy error: the middleware's (hintBusy), the Locker's (the
+// holder's remaining TTL), or false.
+func retryAfter(err error) (time.Duration, bool) {
+	var h *retryHint
+	if errors.As(err, &h) {
+		return h.after, true
+	}
+	return flightlock.RetryAfter(err)
+}
