@@ -6,6 +6,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"sync"
 	"time"
 
@@ -162,8 +163,12 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 // second argument). When the server starts and has registered them, it stops the service, with
 // one line naming the rule, when a rule names an RPC the server does not serve (with the
 // nearest method: names match as gRPC matches them, case-sensitively, as full names), or when
-// the Middleware has RPC rules but its server interceptor was never installed (the rules would
-// lock nothing):
+// the server's chain lacks the interceptor a rule's method needs (the unary one for unary
+// methods, the stream one for streams): its calls would run unlocked. To know the chain, it
+// adds a service of its own, flightlock.InterceptorProbeN, and calls it once in process (no
+// listener) before the server serves; an interceptor of the Middleware answers that call
+// itself. When another interceptor refuses the call first (zrpc's Auth), the interceptors
+// built with this Middleware count instead.
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
@@ -172,14 +177,24 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	return func(gs *grpc.Server) {
 		register(gs)
-		mustStart(m.checkServer(gs.GetServiceInfo()))
+		info := gs.GetServiceInfo() // the service's own, without the probe's
+		unary, stream := probeUnknown, probeUnknown
+		if len(m.rpc) > 0 {
+			p := newInterceptorProbe()
+			p.register(gs)
+			m.probe.Store(p)
+			unary, stream = p.run(gs)
+		}
+		mustStart(m.checkServer(info, unary, stream))
 	}
 }
 
 // checkServer is Register's check of a server's services and interceptors: each RPC rule needs
 // the interceptor of its method's kind (a unary method the unary one, a streaming method the
 // stream one), since a server runs each kind of call through its own chain only.
-func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
+// unary and stream are what the probe found out about the server's chains; where it could not
+// tell, what was built counts.
+func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
 	if len(m.rpc) == 0 {
 		// A Lock section wired into a zrpc server whose rules are all REST rules (a REST rule
 		// copied into an RPC service's YAML) locks nothing there: refuse it, as a rule for a
@@ -197,21 +212,30 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo) error {
 			continue
 		}
 		if streaming(info, cr.spec.RPC) {
-			if !m.streamIntercepting.Load() {
-				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server was built without "+
-					"s.AddStreamInterceptors(mw.StreamServerInterceptor()): its streams would run unlocked", cr.spec.RPC)
+			if !installed(stream, &m.streamIntercepting) {
+				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
+					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
 			}
 			continue
 		}
-		if !m.unaryIntercepting.Load() {
-			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server was built without "+
-				"s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), so its calls would run unlocked", cr.spec.RPC)
+		if !installed(unary, &m.unaryIntercepting) {
+			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server runs its unary calls without "+
+				"this Middleware's unary interceptor: add s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), or its calls run unlocked", cr.spec.RPC)
 		}
 	}
 	if err := m.CheckMethods(info); err != nil {
 		return fmt.Errorf("%w (gRPC matches full method names case-sensitively)", err)
 	}
 	return nil
+}
+
+// installed reports whether an interceptor is in the server's chain: as the probe found, or,
+// when it could not tell, whether it was built at all.
+func installed(v probeVerdict, built *atomic.Bool) bool {
+	if v == probeUnknown {
+		return built.Load()
+	}
+	return v == probeInstalled
 }
 
 // streaming reports whether full (/package.Service/Method) is a streaming method of the

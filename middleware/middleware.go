@@ -39,6 +39,8 @@ type Middleware struct {
 	// unaryIntercepting and streamIntercepting: the unary or the stream server interceptor was
 	// built, for Register's check that each RPC rule has the interceptor of its method's kind.
 	unaryIntercepting, streamIntercepting atomic.Bool
+	// probe is Register's check of the interceptors a server runs; nil before Register.
+	probe atomic.Pointer[interceptorProbe]
 	// sharing is the response sharing of share rules (middleware/share); nil when not linked.
 	sharing sharehook.Group
 }

@@ -3,6 +3,7 @@ package middleware
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -57,20 +58,21 @@ func TestMustNewExitsWithOneLine(t *testing.T) {
 	}
 }
 
-// Register: a server with RPC rules but without the interceptor, or with a rule for a method it
-// does not serve, stops at start-up with one line naming the rule (and the nearest method); a
-// server wired right starts.
+// Register: a server whose chain lacks the interceptor a rule's method needs, or with a rule for
+// a method it does not serve, stops at start-up with one line naming the rule (and the nearest
+// method); a server wired right starts. What counts is the server's chain, not which
+// interceptors were built: zrpc runs only those added to it.
 func TestRegisterChecksTheServer(t *testing.T) {
 	code, msg := -1, ""
 	exit = func(c int) { code = c }
 	defer func() { exit = os.Exit }()
 	register := func(gs *grpc.Server) { gs.RegisterService(testServiceDesc(echoLeases), nil) }
-	start := func(m *Middleware) {
+	start := func(m *Middleware, opts ...grpc.ServerOption) {
 		code = -1
 		r, w, _ := os.Pipe()
 		stderr := os.Stderr
 		os.Stderr = w
-		m.Register(register)(grpc.NewServer())
+		m.Register(register)(grpc.NewServer(opts...))
 		os.Stderr = stderr
 		_ = w.Close()
 		b, _ := io.ReadAll(r)
@@ -84,6 +86,8 @@ func TestRegisterChecksTheServer(t *testing.T) {
 		t.Cleanup(func() { _ = m.Close() })
 		return m
 	}
+	unary := func(m *Middleware) grpc.ServerOption { return grpc.ChainUnaryInterceptor(m.UnaryServerInterceptor()) }
+	stream := func(m *Middleware) grpc.ServerOption { return grpc.ChainStreamInterceptor(m.StreamServerInterceptor()) }
 
 	m := newMW(fullMethod("Host"))
 	start(m) // no interceptor built
@@ -91,28 +95,40 @@ func TestRegisterChecksTheServer(t *testing.T) {
 		t.Errorf("rules without the interceptor: exit %d, %q", code, msg)
 	}
 	_ = m.UnaryServerInterceptor()
-	start(m)
+	start(m) // built, and not added to the server
+	if code != 1 || !strings.Contains(msg, "AddUnaryInterceptors") {
+		t.Errorf("a unary interceptor built and not installed: exit %d, %q", code, msg)
+	}
+	start(m, unary(m))
 	if code != -1 {
 		t.Errorf("a server wired right stopped: %q", msg)
 	}
 	// Each kind of call runs through its own chain: the stream interceptor alone leaves a
-	// unary method unlocked, and the unary one alone a streaming method.
+	// unary method unlocked (both built), and the unary one alone a streaming method.
 	m = newMW(fullMethod("Host"))
-	_ = m.StreamServerInterceptor()
-	start(m)
+	_ = m.UnaryServerInterceptor()
+	start(m, stream(m))
 	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddUnaryInterceptors") {
-		t.Errorf("a unary rule with only the stream interceptor: exit %d, %q", code, msg)
+		t.Errorf("a unary rule with only the stream interceptor installed: exit %d, %q", code, msg)
 	}
 	m = newMW(fullMethod("Stream"))
-	_ = m.UnaryServerInterceptor()
-	start(m)
-	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddStreamInterceptors") {
-		t.Errorf("a streaming rule with only the unary interceptor: exit %d, %q", code, msg)
-	}
 	_ = m.StreamServerInterceptor()
-	start(m)
+	start(m, unary(m))
+	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "AddStreamInterceptors") {
+		t.Errorf("a streaming rule with only the unary interceptor installed: exit %d, %q", code, msg)
+	}
+	start(m, stream(m))
 	if code != -1 {
 		t.Errorf("a streaming rule with the stream interceptor stopped: %q", msg)
+	}
+	// Another interceptor that refuses every call before this one (zrpc's Auth): the probe
+	// cannot tell, and the interceptors built count.
+	m = newMW(fullMethod("Host"))
+	start(m, grpc.ChainUnaryInterceptor(func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) {
+		return nil, errors.New("unauthenticated")
+	}), unary(m))
+	if code != -1 {
+		t.Errorf("a server whose first interceptor refuses the probe, with this one installed after it, stopped: %q", msg)
 	}
 	// A REST rule in a zrpc service's Lock section (and no RPC rule) would lock no call.
 	rest, err := New(LockConf{Rules: []Rule{{Method: "POST", Path: "/api/debit", Key: "acct:{body.account}"}}})
@@ -120,14 +136,12 @@ func TestRegisterChecksTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rest.Close() })
-	_ = rest.UnaryServerInterceptor()
-	start(rest)
+	start(rest, unary(rest))
 	if code != 1 || !strings.Contains(msg, "Lock.Rules[0]") || !strings.Contains(msg, "RPC: /package.Service/Method") {
 		t.Errorf("a REST rule on a zrpc server: exit %d, %q", code, msg)
 	}
 	m = newMW("/" + testService + "/host")
-	_ = m.UnaryServerInterceptor()
-	start(m)
+	start(m, unary(m))
 	if code != 1 || !strings.Contains(msg, "did you mean /"+testService+"/Host?") || !strings.Contains(msg, "case-sensitively") {
 		t.Errorf("a rule for a method in the wrong case: exit %d, %q", code, msg)
 	}
