@@ -33,6 +33,17 @@ import (
 // inside the group whose @server block names its middleware. Rules that name only an RPC
 // method are left to CheckMethods.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
+	if !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
+		// A Lock section wired into a REST server whose rules are all RPC rules (an RPC rule
+		// copied into a REST service's YAML) locks nothing there, as Register refuses the
+		// reverse on a zrpc server.
+		for _, cr := range m.rules {
+			if cr.rpc != nil && cr.http == nil {
+				return rules.FieldError(cr.spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
+					"it would lock no request; name the route the rule is for with Method and Path (or Name for a goctl @server middleware)")
+			}
+		}
+	}
 	clean := make([]rest.Route, 0, len(routes))
 	for _, rt := range routes {
 		if rt.Path != "" && rt.Path[0] == '/' { // the router refuses the others

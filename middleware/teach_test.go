@@ -210,3 +210,27 @@ func TestMustCheckRoutesExitsWithOneLine(t *testing.T) {
 		t.Errorf("a rule without the group prefix: exit %d, stderr %q, want one line naming the rule and the route", code, msg)
 	}
 }
+
+// An RPC rule in the Lock section of a REST server (and no REST rule) would lock no request:
+// CheckRoutes refuses it, naming the rule and the fields a REST rule has.
+func TestCheckRoutesRefusesRPCRulesOnARESTServer(t *testing.T) {
+	m, err := New(LockConf{Rules: []Rule{{RPC: "/balance.Balance/Debit", Key: "acct:{account}"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	err = m.CheckRoutes([]rest.Route{{Method: "POST", Path: "/api/debit"}})
+	if err == nil || !strings.Contains(err.Error(), "Lock.Rules[0]") || !strings.Contains(err.Error(), "Method and Path") {
+		t.Fatalf("CheckRoutes with only an RPC rule: %v, want Lock.Rules[0] refused, naming Method and Path", err)
+	}
+	// Beside a REST rule, an RPC rule is the zrpc server's business (one Lock section for both).
+	both, err := New(LockConf{Rules: []Rule{{RPC: "/balance.Balance/Debit", Key: "acct:{account}"},
+		{Method: "POST", Path: "/api/debit", Key: "acct:{body.account}"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = both.Close() })
+	if err := both.CheckRoutes([]rest.Route{{Method: "POST", Path: "/api/debit"}}); err != nil {
+		t.Fatalf("CheckRoutes with a REST and an RPC rule: %v", err)
+	}
+}
