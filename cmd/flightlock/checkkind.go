@@ -16,7 +16,7 @@ func (k countedKey) ruleName(about countedKey) string {
 	return name
 }
 
-// checkFairness warns of rules that lock keys of one shape, some with Fair and some without.
+// checkFairness refuses rules that lock keys of one shape, some with Fair and some without.
 // Only fair rules keep the key's line: a request of a rule without Fair takes the key whenever
 // it is free, ahead of every fair waiter, so the fair rules' promise of request order does not
 // hold. Rules with different Permits lock different keys (checkPermitCounts says so) and are
@@ -38,7 +38,7 @@ func (c *checker) checkFairness() {
 			continue
 		}
 		id := fmt.Sprintf("%s\x00%s\x00%d\x00%s", k.s.file, k.s.path, k.rule, k.shape)
-		if f.fair == k.fair || k.mode == "read" || reported[id] {
+		if f.fair == k.fair || k.mode == "read" || reported[id] || f.s == k.s { // one section's: Problems refuses them
 			continue
 		}
 		reported[id] = true
@@ -47,7 +47,7 @@ func (c *checker) checkFairness() {
 		if !k.fair {
 			with, unfair = "without Fair, and %s with it", name
 		}
-		c.warnAt(k.s, k.s.ruleNode(k.rule, "Fair", "Key"), "%s locks %s "+with+": only fair rules keep the key's line, so a request "+
+		c.errorAt(k.s, k.s.ruleNode(k.rule, "Fair", "Key"), "%s locks %s "+with+": only fair rules keep the key's line, so a request "+
 			"of %s takes the key whenever it is free, ahead of the fair waiters; make every rule on a key fair, or none",
 			name, k.shape, f.ruleName(k), unfair)
 	}

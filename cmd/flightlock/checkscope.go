@@ -208,7 +208,7 @@ type countedKey struct {
 	fair    bool
 }
 
-// checkPermitCounts warns of two rules that lock keys of one shape with different Permits. Two
+// checkPermitCounts refuses two rules of two sections that lock keys of one shape with different Permits. Two
 // counts share the lower one's permits (a lock is permit 1 of its key), so the higher count
 // lets that many in beside the lower rule's holders. The first rule to lock a
 // shape sets its count; each later rule with another count is reported once per shape.
@@ -224,7 +224,9 @@ func (c *checker) checkPermitCounts() {
 			continue
 		}
 		id := fmt.Sprintf("%s\x00%s\x00%d\x00%s", k.s.file, k.s.path, k.rule, k.shape)
-		if f.permits == k.permits || reported[id] {
+		// Two rules of one section are refused by Problems (as at start-up); this is for rules
+		// of two services' sections.
+		if f.permits == k.permits || reported[id] || f.s == k.s {
 			continue
 		}
 		reported[id] = true
@@ -238,7 +240,7 @@ func (c *checker) checkPermitCounts() {
 			why = fmt.Sprintf("a lock is permit 1 of its key's semaphore, so up to %d requests hold a key where one rule allows one",
 				max(f.permits, k.permits))
 		}
-		c.warnAt(k.s, k.s.ruleNode(k.rule, "Key"), "%s locks %s with %s, and %s with %s: %s; give every rule on a key the same Permits",
+		c.errorAt(k.s, k.s.ruleNode(k.rule, "Key"), "%s locks %s with %s, and %s with %s: %s; give every rule on a key the same Permits",
 			k.s.field(fmt.Sprintf("Lock.Rules[%d]", k.rule)), k.shape, permitWords(k), other, permitWords(f), why)
 	}
 }

@@ -98,6 +98,9 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 		}
 		out = append(out, cr)
 	}
+	if err := checkRuleSet(specs); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 

@@ -77,7 +77,8 @@ func TestLockKindRefusesWhatTheCoreCannotKeep(t *testing.T) {
 }
 
 // Mode and Fair load from YAML in any case, and their rule's options are the core's read and
-// fair options: a write rule takes the same options as a plain one.
+// fair options: a write rule takes the same options as a plain one. (The plain rule locks
+// another key: rules on one key agree on Fair.)
 func TestModeAndFairLoadFromYAML(t *testing.T) {
 	var c struct{ Lock LockConf }
 	err := conf.LoadFromYamlBytes([]byte(`
@@ -85,7 +86,7 @@ Lock:
   Rules:
     - { Method: GET, Path: /api/order/:id, Key: "order:{path.id}", Mode: Read }
     - { Method: POST, Path: /api/order/:id, Key: "order:{path.id}", Mode: write, Fair: true }
-    - { Method: DELETE, Path: /api/order/:id, Key: "order:{path.id}" }
+    - { Method: DELETE, Path: /api/orders, Key: "orders" }
 `), &c)
 	if err != nil {
 		t.Fatal(err)
@@ -109,5 +110,65 @@ Lock:
 	}
 	if got := len(plain.LockOptions()); got != 0 {
 		t.Errorf("the plain rule has %d options, want none", got)
+	}
+}
+
+// Rules of one section that lock one key in ways that cannot exclude each other are refused at
+// start-up, naming the later rule's field and the earlier rule: different Permits on one key
+// shape, Fair on one rule and not another, a read rule and a write rule of one route keyed
+// apart. Rules that agree, and rules on other keys, pass.
+func TestRulesThatCannotExcludeEachOtherAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+		field string // "" when the set is fine
+		say   string
+	}{
+		{"semaphore beside a lock", []Rule{
+			{Method: "POST", Path: "/export/:t", Key: "export:{path.t}", Permits: 3},
+			{Method: "DELETE", Path: "/export/:t", Key: "export:{path.t}"},
+		}, "Lock.Rules[1].Permits", "Lock.Rules[0]"},
+		{"two counts", []Rule{
+			{Method: "POST", Path: "/export/:t", Key: "export:{path.t}", Permits: 3},
+			{Method: "PUT", Path: "/export/:t", Key: "export:{path.t}", Permits: 4},
+		}, "Lock.Rules[1].Permits", "Permits: 3"},
+		{"semaphore beside a read rule", []Rule{
+			{Method: "GET", Path: "/price/:sku", Key: "price:{path.sku}", Mode: "read"},
+			{Method: "POST", Path: "/price/:sku/batch", Key: "price:{path.sku}", Permits: 2},
+		}, "Lock.Rules[1].Permits", "Mode: read (no Permits)"},
+		{"fair and unfair", []Rule{
+			{Method: "POST", Path: "/ticket/:desk", Key: "desk:{path.desk}", Fair: true},
+			{Method: "PUT", Path: "/ticket/:desk", Key: "desk:{path.desk}"},
+		}, "Lock.Rules[1].Fair", "make every rule on a key fair"},
+		{"read and write keyed apart", []Rule{
+			{Method: "GET", Path: "/price/:sku", Key: "price:{path.sku}", Mode: "read"},
+			{Method: "PUT", Path: "/price/:id", Key: "prices:{path.id}", Mode: "write"},
+		}, "Lock.Rules[1].Key", "never exclude each other"},
+		{"read and a plain lock keyed apart", []Rule{
+			{Method: "PUT", Path: "/price/:sku", Key: "p:{path.sku}"},
+			{Method: "GET", Path: "/price/:sku", Key: "price:{path.sku}", Mode: "read"},
+		}, "Lock.Rules[1].Key", "same route /price/:sku"},
+		{"read and write of one key", []Rule{
+			{Method: "GET", Path: "/price/:sku", Key: "price:{path.sku}", Mode: "read"},
+			{Method: "PUT", Path: "/price/:id", Key: "price:{path.id}", Mode: "write"},
+			{Method: "POST", Path: "/export/:t", Key: "export:{path.t}", Permits: 3},
+			{Method: "POST", Path: "/ticket/:d", Key: "desk:{path.d}", Fair: true},
+			{Method: "PUT", Path: "/ticket/:d", Key: "desk:{path.d}", Fair: true},
+		}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := LockConf{Rules: tc.rules}
+			err := c.Validate()
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v, want nil", err)
+				}
+				return
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field || !strings.Contains(err.Error(), tc.say) {
+				t.Fatalf("Validate: %v, want a ConfigError of %s saying %q", err, tc.field, tc.say)
+			}
+		})
 	}
 }

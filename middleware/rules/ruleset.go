@@ -1,0 +1,108 @@
+package rules
+
+import (
+	"fmt"
+	"strings"
+)
+
+// checkRuleSet refuses rules of one Lock section that lock one key in ways that cannot exclude
+// each other, so they cannot mean what they say:
+//   - keys of one shape with different Permits (a lock is permit 1 of its key's semaphore: a
+//     semaphore of 3 beside a lock lets 3 in where the lock allows one);
+//   - keys of one shape locked with Fair by one rule and without by another (the rule without
+//     takes the key whenever it is free, ahead of the fair line);
+//   - a read rule and a write rule of one route (GET and PUT of /price/:sku) whose keys differ in
+//     shape: the read lock never meets the write lock, and reads see half-done writes.
+//
+// Shadow rules enforce nothing and are left out. Rules in other services' sections are the
+// flightlock CLI's to compare (check -f a.yaml -f b.yaml).
+func checkRuleSet(specs []Spec) error {
+	type use struct {
+		s       Spec
+		permits int
+	}
+	firstCount := make(map[string]use)     // shape => the first rule that locks it
+	firstFairness := make(map[string]Spec) // shape => the first rule that could be fair
+	shapes := make([][]string, len(specs))
+	for i, s := range specs {
+		if s.Shadow || s.Key == "" {
+			continue
+		}
+		keys, err := TemplateKeys(s.Key)
+		if err != nil {
+			continue // checkRule reported it
+		}
+		for _, k := range keys {
+			shapes[i] = append(shapes[i], k.Shape)
+			u := use{s: s, permits: max(s.Permits, 1)}
+			if f, ok := firstCount[k.Shape]; !ok {
+				firstCount[k.Shape] = u
+			} else if f.permits != u.permits {
+				return FieldError(s.Field+".Permits", "%s locks %s with %s, and %s with %s: a lock is permit 1 of its key's "+
+					"semaphore, so the rules share permits and up to %d requests hold a key where one rule allows %d; "+
+					"give every rule on a key the same Permits", s.Field, k.Shape, permitWords(u.s), f.s.Field,
+					permitWords(f.s), max(f.permits, u.permits), min(f.permits, u.permits))
+			}
+			if isRead(s) {
+				continue // a read rule cannot be fair: a waiting writer holds new reads back
+			}
+			if f, ok := firstFairness[k.Shape]; !ok {
+				firstFairness[k.Shape] = s
+			} else if f.Fair != s.Fair {
+				fair, unfair := s.Field, f.Field
+				if !s.Fair {
+					fair, unfair = f.Field, s.Field
+				}
+				return FieldError(s.Field+".Fair", "%s locks %s with Fair and %s without it: only fair rules keep the key's "+
+					"line, so a request of %s takes the key whenever it is free, ahead of the fair waiters; "+
+					"make every rule on a key fair, or none", fair, k.Shape, unfair, unfair)
+			}
+		}
+	}
+	for i, r := range specs {
+		if !isRead(r) || r.Path == "" || len(shapes[i]) == 0 {
+			continue
+		}
+		for j, w := range specs {
+			if !isWrite(w) || len(shapes[j]) == 0 || !sameRoute(r.Path, w.Path) || shareShape(shapes[i], shapes[j]) {
+				continue
+			}
+			at := r
+			if j > i {
+				at = w // the later rule is the one reported, as above
+			}
+			return FieldError(at.Field+".Key", "%s reads %s and %s writes %s on the same route %s: a read lock excludes "+
+				"only the writers of its own key, so these two never exclude each other and reads see half-done writes; "+
+				"lock one key in both", r.Field, strings.Join(shapes[i], "+"), w.Field, strings.Join(shapes[j], "+"), r.Path)
+		}
+	}
+	return nil
+}
+
+func isRead(s Spec) bool  { return strings.EqualFold(s.Mode, "read") }
+func isWrite(s Spec) bool { return !s.Shadow && !isRead(s) && s.Permits <= 1 }
+
+// sameRoute reports whether two route patterns are one route, variable names aside.
+func sameRoute(a, b string) bool { return a != "" && b != "" && RouteShape(a) == RouteShape(b) }
+
+func shareShape(a, b []string) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// permitWords is how a message names a rule's count: "Permits: 3", "Mode: read (no Permits)".
+func permitWords(s Spec) string {
+	switch {
+	case s.Permits > 1:
+		return fmt.Sprintf("Permits: %d", s.Permits)
+	case s.Mode != "":
+		return fmt.Sprintf("Mode: %s (no Permits)", strings.ToLower(s.Mode))
+	}
+	return "no Permits (a lock)"
+}
