@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/middleware/rules"
@@ -14,20 +13,26 @@ import (
 // ServiceContext field of that name to it, and the rule's key stays in the YAML.
 // It locks the requests of the group as Route locks them: those of the rule's Method and
 // Path when they are set, every request of the group when neither is; the others pass
-// through untouched. Handle leaves named rules alone, so a request is locked once.
+// through untouched. Several rules may share a name when each has its own Method or Path (a
+// group with a GET that reads and a PUT that writes one resource): a request is locked by the
+// first of them, in config order, that matches it. Handle leaves named rules alone, so a request is locked once.
 //
 // A name that no rule has is an error naming it ("Lock.Rules: has no rule named StockLock").
 // CheckRoutes reports a named rule that no Named middleware built and put on a route
 // (rest.WithMiddlewares does, when goctl's RegisterHandlers adds the group), and checks the
 // Method and Path of the others. Named is for route groups: server.Use takes Handle.
 func (m *Middleware) Named(name string) (rest.Middleware, error) {
-	i := slices.IndexFunc(m.rules, func(cr *compiledRule) bool { return cr.spec.Name == name })
-	if i < 0 {
+	var rls []*rule
+	for _, cr := range m.rules {
+		if cr.spec.Name == name {
+			rls = append(rls, cr.http)
+		}
+	}
+	if len(rls) == 0 {
 		return nil, m.unknownName(name)
 	}
-	cr := m.rules[i]
 	m.routed.build(name)
-	return m.groupMiddleware(cr.http, func() { m.routed.wrap(name) }), nil
+	return m.groupMiddleware(rls, func() { m.routed.wrap(name) }), nil
 }
 
 // MustNamed is Named for goctl's NewServiceContext, which returns no error: it exits through

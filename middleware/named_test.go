@@ -33,7 +33,15 @@ func TestNamedConfig(t *testing.T) {
 			{Name: "StockLock", Key: "s:{path.sku}"},
 			{Method: "GET", Path: "/x", Key: "x:{query.x}"},
 			{Name: "StockLock", Method: "POST", Key: "t:{path.sku}"},
-		}, "Lock.Rules[2].Name: StockLock is already the name of Lock.Rules[0]"},
+		}, "Lock.Rules[2].Name: StockLock is already the name of Lock.Rules[0]; rules that share a name each need their own Method or Path, the requests of the group they lock"},
+		{"shared name, same method", []Rule{
+			{Name: "PriceLock", Method: "GET", Key: "price:{path.sku}", Mode: "read"},
+			{Name: "PriceLock", Method: "get", Key: "price:{path.sku}"},
+		}, "Lock.Rules[1].Name: PriceLock is already the name of Lock.Rules[0]; rules that share a name each need their own Method or Path, the requests of the group they lock"},
+		{"shared name, a method each", []Rule{
+			{Name: "PriceLock", Method: "GET", Key: "price:{path.sku}", Mode: "read"},
+			{Name: "PriceLock", Method: "PUT", Key: "price:{path.sku}", Mode: "write"},
+		}, ""},
 		{"names differing in case", []Rule{{Name: "StockLock", Key: "s:{x}"}, {Name: "stocklock", Key: "t:{x}"}}, ""},
 		{"route of another rule", []Rule{
 			{Method: "POST", Path: "/api/stock/:sku/deduct", Key: "s:{path.sku}"},

@@ -111,35 +111,40 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	cr.spec.Field, cr.label = name, label
 	m.routed.add(cr)
-	return m.groupMiddleware(rl, func() { m.routed.wrapRoute(cr) }), nil
+	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrapRoute(cr) }), nil
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
 // of rl's Method and Path (each when set) per rl, and passes the others through untouched.
 // wrapped, when not nil, is called each time the middleware is put on a handler (go-zero's
 // rest.WithMiddlewares does that as the routes are built), for CheckRoutes.
-func (m *Middleware) groupMiddleware(rl *rule, wrapped func()) rest.Middleware {
-	// applies reports whether r is a request of the rule's method and route.
-	applies := func(*http.Request) bool { return true }
-	switch {
-	case rl.Route.Text != "":
-		var only httpRoutes
-		only.add(rl)
-		applies = func(r *http.Request) bool { return only.match(r) != nil }
-	case rl.Method != "":
-		method := rl.Method
-		applies = func(r *http.Request) bool { return r.Method == method }
+func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middleware {
+	// applies[i] reports whether r is a request of rls[i]'s method and route.
+	applies := make([]func(*http.Request) bool, len(rls))
+	for i, rl := range rls {
+		applies[i] = func(*http.Request) bool { return true }
+		switch {
+		case rl.Route.Text != "":
+			var only httpRoutes
+			only.add(rl)
+			applies[i] = func(r *http.Request) bool { return only.match(r) != nil }
+		case rl.Method != "":
+			method := rl.Method
+			applies[i] = func(r *http.Request) bool { return r.Method == method }
+		}
 	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
 		if wrapped != nil {
 			wrapped()
 		}
 		return func(w http.ResponseWriter, r *http.Request) {
-			if !applies(r) {
-				next(w, r)
-				return
+			for i, rl := range rls {
+				if applies[i](r) {
+					m.serveHTTP(rl, w, r, next)
+					return
+				}
 			}
-			m.serveHTTP(rl, w, r, next)
+			next(w, r)
 		}
 	}
 }

@@ -55,7 +55,7 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	specs = append(specs, extra...)
 	out := make([]*Compiled, 0, len(specs))
 	seenRPC := make(map[string]string)
-	seenName := make(map[string]string) // Rule.Name => the rule's spec name
+	seenName := make(map[string][]Spec) // Rule.Name => the rules of that name so far
 	for _, s := range specs {
 		if err := checkRule(s, c.OnStoreError); err != nil {
 			return nil, err
@@ -64,10 +64,16 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 			return nil, err
 		}
 		if s.Name != "" {
-			if prev, dup := seenName[s.Name]; dup {
-				return nil, FieldError(s.Field+".Name", "%s is already the name of %s", s.Name, prev)
+			// Rules may share a name (one goctl @server group) when each says which of the
+			// group's requests it locks: a Method or a Path, not both the same as another's.
+			for _, prev := range seenName[s.Name] {
+				if (s.Method == "" && s.Path == "") || (prev.Method == "" && prev.Path == "") ||
+					(strings.EqualFold(prev.Method, s.Method) && prev.Path == s.Path) {
+					return nil, FieldError(s.Field+".Name", "%s is already the name of %s; rules that share a name each need "+
+						"their own Method or Path, the requests of the group they lock", s.Name, prev.Field)
+				}
 			}
-			seenName[s.Name] = s.Field
+			seenName[s.Name] = append(seenName[s.Name], s)
 		}
 		cr := &Compiled{Spec: s}
 		if s.Path != "" || s.Name != "" { // a named rule is a REST middleware, with or without a Path

@@ -413,7 +413,8 @@ type Rule struct {
 	// call picks up is reported by CheckRoutes. A named rule may leave out Path (it then
 	// locks every request of its group) and Method; when set, they narrow the requests it
 	// locks, as with Route, and CheckRoutes checks them. A named rule has no RPC. Names are
-	// unique among the rules and matched exactly. Empty (the default): the rule is Handle's
+	// matched exactly; rules that share one (a group's GET that reads and PUT that writes)
+	// each need their own Method or Path. Empty (the default): the rule is Handle's
 	// and the interceptors'.
 	Name string `json:",optional"`
 	// Method is the REST route's HTTP method, in any case (post is POST); empty matches any
