@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -28,6 +29,9 @@ type keeper struct {
 	handoff   int           // handoffs in a row before a release goes through Redis
 	window    time.Duration // no handoff once the Redis acquisition is older than this
 	observe   *Observer     // nil without WithObserver
+	// lastDriftLog is when a drift was last logged (UnixNano), for a Locker without
+	// Observer.Drift: at most one line a minute.
+	lastDriftLog atomic.Int64
 	ttlBound  *sharedBound  // one-TTL bounds of calls that cannot be cancelled, a timer shared
 	waitBound *sharedBound  // wait-budget bounds of the same, for acquisitions
 }

@@ -21,8 +21,9 @@ import (
 // use, and its per-process gate only collapses contention among callers of the same Locker (or
 // of Lockers derived from it with With).
 type Locker struct {
-	k   *keeper // its store and gate are shared with every Locker derived by With
-	cfg config
+	k        *keeper // its store and gate are shared with every Locker derived by With
+	cfg      config
+	kindMeta kindMeta // the kind of its locks, as the store keeps it beside them (drift.go)
 }
 
 // New returns a Locker on store. Without options it waits up to 2s for busy keys (Wait mode),
@@ -45,7 +46,7 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if err := cfg.fitStore(store); err != nil {
 		return nil, err
 	}
-	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg}, nil
+	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
 // MustNew is New that panics on a bad option, for start-up code.
@@ -79,7 +80,7 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	if cfg.clock != l.cfg.clock {
 		wd = newWatchdog(cfg.clock) // one heap runs on one clock
 	}
-	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg}, nil
+	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new
@@ -400,10 +401,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			}()
 		}
 	}
-	var meta string
-	if l.cfg.metadata != nil {
-		meta = l.cfg.metadata(ctx)
-	}
+	meta := l.withKind(ctx)
 	var (
 		watch    *lockstore.Watch
 		timer    *time.Timer
@@ -498,6 +496,9 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 			return newHold(l.k, key, owner, res.Fence, "", sent, kind), nil
 		}
 		holder = time.Now().Add(res.HolderTTL)
+		if res.Holder != "" {
+			l.reportDrift(ctx, key, res.Holder)
+		}
 		if check := l.cfg.holders; check != nil && res.Holder != "" {
 			if cause := check(ctx, res.Holder); cause != nil {
 				// Busy (409 / Aborted, RetryAfter) and the caller's reason, for errors.Is.

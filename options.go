@@ -75,6 +75,9 @@ type config struct {
 	read     bool // WithRead: read locks
 	fair     bool // WithFair: grants in request order across processes
 	metadata func(context.Context) string
+	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata, whose string with
+	// the Locker's kind is made once)
+	metadataSet bool
 	holders  func(ctx context.Context, holder string) error
 	clock    clock // systemClock outside tests (withClock)
 	observer *Observer
@@ -220,9 +223,11 @@ func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token in the store, so
 // an operator can see who holds a lock. By default it is DefaultMetadata, the holder's host and
-// pid ("host=pod-7 pid=311"), which the stores' inspectors read back; nil stores nothing. It must not contain newlines; it is called once per store acquisition.
+// pid ("host=pod-7 pid=311"), which the stores' inspectors read back; nil stores nothing. The
+// kind of the Locker's locks follows it ("kind=permits:3"), so that other processes see drift
+// (Observer.Drift). It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
-	return func(c *config) { c.metadata = fn }
+	return func(c *config) { c.metadata, c.metadataSet = fn, true }
 }
 
 // WithHolderCheck sets a function that a Lock calls when the key it wants is held in Redis by
@@ -255,6 +260,12 @@ type Observer struct {
 	// MaxHold). at is where the grant was taken, "file:line (function)". Without it the report
 	// is an error line of log/slog's default logger.
 	Abandoned func(key, at string)
+	// Drift is called when a Lock finds key held by a lock of another kind that cannot be the
+	// same rule's: another permit count ("permits:3" here, "lock" or "permits:5" there), or a
+	// fair lock beside an unfair one. Instances of one service whose configs differ do this.
+	// here is this Locker's kind, holder the holder's, as the holder wrote it beside its lock.
+	// Without it, drift is logged at most once a minute.
+	Drift func(ctx context.Context, key, here, holder string)
 }
 
 // WithObserver installs an Observer for the locks taken through the Locker.

@@ -85,6 +85,9 @@ type LockInfo struct {
 	// Host, Pid and Trace are what the holder wrote of itself (host=, pid=, trace=, the first
 	// of each); Metadata is the rest of what it wrote.
 	Host, Pid, Trace, Metadata string
+	// Kind is the kind of the holder's locks, as it wrote it (kind=): "lock", "read", "fair"
+	// or "permits:N"; "" for a holder that wrote none.
+	Kind string
 	// Contended reports that a request was refused while the lock was held (Redis: the value's
 	// mark; etcd: the key's waiter mark).
 	Contended bool
@@ -177,8 +180,8 @@ type Event struct {
 	Revision int64
 }
 
-// ParseHolder fills Host, Pid, Trace and Metadata from the metadata a holder wrote with its
-// lock (the Locker's WithMetadata): host=, pid= and trace= (the first of each), and the rest,
+// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with its
+// lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and the rest,
 // in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
 // with this.
 func (l *LockInfo) ParseHolder(meta string) {
@@ -192,6 +195,8 @@ func (l *LockInfo) ParseHolder(meta string) {
 			l.Pid = v
 		case k == "trace" && l.Trace == "":
 			l.Trace = v
+		case k == "kind" && l.Kind == "":
+			l.Kind = v
 		default:
 			other = append(other, f)
 		}

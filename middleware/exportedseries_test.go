@@ -32,6 +32,7 @@ func exportedSeries(t *testing.T) map[string]exportedFamily {
 	busyTotal.Inc(r, r, r)
 	lostTotal.Inc(r, r, r)
 	abandonedTotal.Inc(r, r, r)
+	driftTotal.Inc(r, r, r)
 	handoffTotal.Inc(r, r, r)
 	renewalTotal.Inc(r, r, r, "ok")
 	storeErrorTotal.Inc(r, r, r, "acquire")

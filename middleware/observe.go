@@ -50,6 +50,11 @@ var (
 		Help:   "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.",
 		Labels: []string{"rule", "key", "store"},
 	})
+	driftTotal = metric.NewCounterVec(&metric.CounterVecOpts{
+		Namespace: "flightlock", Name: "drift_total",
+		Help:   "Acquisitions that found their key held by a lock of another kind (another Permits count, Fair beside no Fair): instances of one service whose rules differ.",
+		Labels: []string{"rule", "key", "store"},
+	})
 	abandonedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
 		Namespace: "flightlock", Name: "abandoned_total",
 		Help:   "Locks given up with a lease never released (a forgotten Release, or a handler stuck past MaxHold): each blocked its key for MaxHold plus a TTL.",
@@ -148,6 +153,11 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 		},
 		Lost: func(string) {
 			lostTotal.Inc(s.name, s.template, s.store)
+		},
+		Drift: func(ctx context.Context, key, here, holder string) {
+			driftTotal.Inc(s.name, s.template, s.store)
+			logs.error(ctx, s, "drift: another instance locks this rule's key in another way; give every instance the same Permits and Fair",
+				fmt.Errorf("here %s, holder %s (key %s)", here, holder, key))
 		},
 		Abandoned: func(key, at string) {
 			abandonedTotal.Inc(s.name, s.template, s.store)

@@ -1,0 +1,104 @@
+package flightlock
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Drift between processes: two instances of one service that lock one key with different
+// Permits, or one with Fair and one without, each keep their own promise and together keep
+// neither (a semaphore of 5 beside one of 3 admits 5; a rule without Fair takes the key ahead
+// of the fair line). No process sees the other's config, so each writes the kind of its locks
+// beside them in the store ("kind=permits:3" in the metadata), and a Lock that finds the key
+// held reads the holder's kind. A kind that cannot meet its own is drift: reported to the
+// Observer (the go-zero layer counts and logs it), or logged at most once a minute per Locker,
+// and the call goes on as it would have: the store still decides who holds the key.
+
+// kindTag is the kind of a Locker's locks as its metadata says it: "kind=lock" (a lock, or
+// the write side of a read-write lock), "kind=fair", "kind=read", "kind=permits:N".
+func (c *config) kindTag() string {
+	switch {
+	case c.permits > 1:
+		return "kind=permits:" + strconv.Itoa(c.permits)
+	case c.read:
+		return "kind=read"
+	case c.fair:
+		return "kind=fair"
+	}
+	return "kind=lock"
+}
+
+// withKind returns meta with the Locker's kind; the default metadata's is made once (meta
+// stored beside every lock costs no allocation then).
+func (l *Locker) withKind(ctx context.Context) string {
+	if l.cfg.metadata == nil {
+		return l.kindMeta.own
+	}
+	if !l.cfg.metadataSet {
+		return l.kindMeta.withDefault
+	}
+	if meta := l.cfg.metadata(ctx); meta != "" {
+		return meta + " " + l.kindMeta.own
+	}
+	return l.kindMeta.own
+}
+
+// kindMeta is a Locker's kind, as metadata, made when the Locker is.
+type kindMeta struct {
+	own         string // "kind=..."
+	withDefault string // DefaultMetadata's with it
+}
+
+func newKindMeta(c *config) kindMeta {
+	own := c.kindTag()
+	return kindMeta{own: own, withDefault: processHolder + " " + own}
+}
+
+// holderKind is the kind a holder's metadata names, or "" (a holder of an older version).
+func holderKind(meta string) string {
+	i := strings.LastIndex(meta, "kind=")
+	if i < 0 || (i > 0 && meta[i-1] != ' ') {
+		return ""
+	}
+	kind, _, _ := strings.Cut(meta[i:], " ")
+	return kind
+}
+
+// drifted reports whether locks of kinds own and holder cannot be one rule's: different permit
+// counts (a lock is permit 1), or a fair lock and an unfair one. Reads meet locks and fair
+// locks as the two sides of a read-write lock, which is what they are.
+func drifted(own, holder string) bool {
+	if holder == "" || own == holder {
+		return false
+	}
+	if own == "kind=read" || holder == "kind=read" {
+		return strings.HasPrefix(own, "kind=permits:") || strings.HasPrefix(holder, "kind=permits:")
+	}
+	return true
+}
+
+// driftLogEvery bounds the log lines of a Locker without an Observer.Drift.
+const driftLogEvery = time.Minute
+
+// reportDrift tells the Observer, or the log, that key is held by a lock of another kind.
+func (l *Locker) reportDrift(ctx context.Context, key, holderMeta string) {
+	holder := holderKind(holderMeta)
+	if !drifted(l.kindMeta.own, holder) {
+		return
+	}
+	own := strings.TrimPrefix(l.kindMeta.own, "kind=")
+	holder = strings.TrimPrefix(holder, "kind=")
+	if o := l.cfg.observer; o != nil && o.Drift != nil {
+		o.Drift(ctx, key, own, holder)
+		return
+	}
+	now := time.Now().UnixNano()
+	if last := l.k.lastDriftLog.Load(); now-last < int64(driftLogEvery) || !l.k.lastDriftLog.CompareAndSwap(last, now) {
+		return
+	}
+	slog.Warn("flightlock: drift: processes lock one key in two ways; give every instance the same Permits and Fair",
+		"key", key, "here", own, "holder", holder, "holder_metadata", holderMeta)
+}
