@@ -5,17 +5,15 @@
 # module, so the library never depends on its competitors), runs the library's Go benchmarks
 # and every scenario against a redis-server that lockbench starts on a free loopback port, and
 # writes docs/benchmarks.md, docs/benchmarks.png, docs/benchmarks-scaling-{goroutines,processes,keys}.png
-# and docs/benchmarks.json (scenarios 1-9), and docs/benchmarks-primitives.md (scenarios 10-12: semaphores,
-# read-write locks, fair locks; a
-# report of its own, which docs/benchmarks.md links), after the etcd rows (lockbench -store etcd: docs/benchmarks-etcd.md, also
-# included in docs/benchmarks.md) and the ZooKeeper rows (lockbench -store zookeeper:
-# docs/benchmarks-zookeeper.md, which docs/benchmarks.md points at). Scenario 6 runs the
+# and docs/benchmarks.json (scenarios 1-9 and 13), and docs/benchmarks-primitives.md (scenarios 10-12: semaphores,
+# read-write locks, fair locks), after the etcd rows (lockbench -store etcd: docs/benchmarks-etcd.md) and the
+# ZooKeeper rows (lockbench -store zookeeper: docs/benchmarks-zookeeper.md). docs/benchmarks.md links the other
+# three reports, with the goals of the etcd and ZooKeeper ones, and ends with bench/analysis.md. Scenario 6 runs the
 # example system (example/app, config etc/flightlock-example-redis.yaml) inside lockbench and
 # loads it with wrk.
 #
-# The full run should take about 23 minutes on 2 cores (an estimate from single repetitions of the
-# costliest points, before the first full run: scenario 8, scaling, about 11 of them; scenario 9,
-# memory, about 3; scenarios 10-12, the primitives, add about 3). Pass lockbench flags through, e.g.:
+# A full run takes about half an hour on 2 cores, the Redis scenarios about 22 minutes of it (scenario 8,
+# scaling, the longest). Pass lockbench flags through, e.g.:
 #   bench/run.sh -quick                    # every scenario, small sizes, one repetition: a few minutes;
 #                                          # writes bench/results/quick/ (git-ignored), not docs/
 #   bench/run.sh -scenario 1,5 -reps 1     # a quick look, without the Go benchmarks
@@ -96,7 +94,7 @@ example=(-example-config "$root/etc/flightlock-example-redis.yaml")
 etcdreport=()
 # The etcd rows: lockbench -store etcd starts a private etcd of its own (Debian's etcd-server).
 # They run on every full or quick run, before the Redis scenarios, and docs/benchmarks.md
-# includes their report as a section (lockbench -etcd-report); LOCKBENCH_ETCD=0 skips them, and
+# points at their report with its goals (lockbench -etcd-report); LOCKBENCH_ETCD=0 skips them, and
 # a run limited to some Redis scenarios (any flag but -quick) leaves them out. Its scenario 6
 # (HTTP end to end) runs the example with etc/flightlock-example-etcd.yaml; -quick gives it the
 # etcd quick sizes.

@@ -1,5 +1,5 @@
 // Package observe measures what flightlock's metrics, spans and shadow rules cost one request
-// through the go-zero middleware (issue 10), next to scenario 6 of bench/run.sh, which measures
+// through the go-zero middleware, next to scenario 6 of bench/run.sh, which measures
 // the same on the whole example under wrk but within the noise of a 2-core machine.
 //
 //	cd bench && go test -run '^$' -bench . -benchmem -count 1 ./observe

@@ -1,6 +1,5 @@
 // Package replicas measures what replica acknowledgement (Lock.Redis.Replicas: 1,
-// redisstore.WithReplicas) costs an acquisition, on a primary with one replica on loopback
-// (issue 11):
+// redisstore.WithReplicas) costs an acquisition, on a primary with one replica on loopback:
 //
 //	cd bench && go test -run '^$' -bench . -benchmem ./replicas
 package replicas

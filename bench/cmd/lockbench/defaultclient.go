@@ -11,8 +11,8 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// Scenario 13: the rows that matter to issue 37 on a default go-redis client beside the tuned
-// one the other scenarios use (clientSetting), every setting and library interleaved in each
+// Scenario 13: the rows of scenarios 1, 8 (key axis) and 9 (holding) on a default go-redis client
+// beside the tuned one the other scenarios use (clientSetting), every setting and library interleaved in each
 // repetition so that both settings see the same machine state:
 //   - uncontended lock + unlock (scenario 1's loop, -d1), with flightlock's RedisStore alone on
 //     each setting, to split the latency between the store and the Locker;
@@ -234,8 +234,9 @@ func (s *s13Results) has(c clientSetting) bool {
 	return false
 }
 
-// goals37 are issue 37's goals on the default client (and, for comparison, on the tuned one).
-func (r *report) goals37() []goal {
+// goalsDefaultClient are the goals set on a default go-redis client (and, for comparison, on the
+// tuned one).
+func (r *report) goalsDefaultClient() []goal {
 	s := r.s13
 	if s == nil {
 		return nil
@@ -319,23 +320,21 @@ func spread(x *result, metric string) string {
 func (r *report) s13Section(w func(string, ...any)) {
 	s := r.s13
 	both := s.has(tunedClient) && s.has(defaultClient)
-	w("Issue 37's rows on a go-redis v9 client with **default options** (`redis.NewClient(&redis.Options{Addr: addr})`: pool\n")
-	w("10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` sent on every new connection, which Redis 7.0 refuses and\n")
-	w("go-redis ignores) beside the **tuned** client of every other scenario (`DisableIdentity`, `ContextTimeoutEnabled`). On the\n")
-	w("default client flightlock is built as an outside benchmark built it, `flightlock.New(redisstore.New(client),\n")
-	w("WithTTL(%v), WithWait(%v))`; bsm/redislock gets the same client. rueidislock has no go-redis client and runs once per\n", lockTTL, waitBudget)
-	w("repetition, on its own settings (see Rows). Within a repetition the rows take turns in short slices (%v each in the\n", s13UncontendedSlice)
-	w("uncontended part, %v over many keys), every row of every setting once per round, in an order rotated every round, until\n", s13KeysSlice)
-	w("each has run its time: a drift of the shared machine lands on every row alike. Cells are medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
-	w("```\ncd bench && flock /tmp/flightlock-cpu.lock go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
+	w("The rows of scenarios 1, 8 (key axis) and 9 (holding) on a go-redis v9 client with **default options**\n")
+	w("(`redis.NewClient(&redis.Options{Addr: addr})`: pool 10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` on\n")
+	w("every new connection, which Redis 7.0 refuses and go-redis ignores) beside the **tuned** client of the other scenarios.\n")
+	w("On the default client flightlock has only its defaults, `flightlock.New(redisstore.New(client), WithTTL(%v),\n", lockTTL)
+	w("WithWait(%v))`, and bsm/redislock the same client; rueidislock has no go-redis client and runs once per repetition. The\n", waitBudget)
+	w("rows take turns in slices (%v uncontended, %v over many keys), every row of every setting once per round in a\n", s13UncontendedSlice, s13KeysSlice)
+	w("rotated order, so that a drift of the machine lands on every row alike. Medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
+	w("```\ncd bench && go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
 	settings := s.Settings
 	col := func(c clientSetting) string { return string(c) }
 
 	w("### Uncontended lock + unlock, a distinct key per operation\n\n")
-	w("Scenario 1's loop, %v per row and repetition; lock and unlock are also timed apart (their p50s need not add up to the\n", r.cfg.d1)
-	w("whole's). \"x bsm\" is the row's p50 over bsm/redislock's on the same setting. \"In calls\" is the time each operation spent\n")
-	w("inside the go-redis client's calls (a hook stamps each command's start and reply; the round trips and Redis's work),\n")
-	w("\"outside\" the rest of the operation, the library's own work (p50s over the operations; rueidislock has no go-redis client).\n\n")
+	w("Scenario 1's loop, %v per row and repetition, lock and unlock also timed apart. \"x bsm\" is the p50 over\n", r.cfg.d1)
+	w("bsm/redislock's on the same setting; \"in calls\" is the time inside the go-redis client's calls (a hook stamps each\n")
+	w("command; the round trips and Redis's work), \"outside\" the library's own (p50s over the operations).\n\n")
 	w("| row |")
 	for _, c := range settings {
 		w(" %s: p50 | lock p50 | unlock p50 | in calls p50 | outside p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", col(c))
@@ -364,9 +363,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 	}
 	w("\n")
 
-	w("**The split.** flightlock's `RedisStore` alone (`Acquire` + `Release`, the same scripts, keys and arguments, no Locker)\n")
-	w("against the whole Locker (`Lock` + `Release`): flightlock - store is the Locker's own part, store - bsm what the\n")
-	w("store's scripts and its path through go-redis add over bsm/redislock's.\n\n")
+	w("**The split.** flightlock's `RedisStore` alone (`Acquire` + `Release`, no Locker) against the whole Locker: flightlock -\n")
+	w("store is the Locker's own part, store - bsm what the store's scripts and its path through go-redis add over bsm's.\n\n")
 	w("| setting | flightlock p50 | store alone p50 | Locker's part | bsm p50 | store - bsm | flightlock - bsm | lock: flightlock / store / bsm | unlock: flightlock / store / bsm | in calls: flightlock / store / bsm | outside: flightlock / store / bsm | Redis CPU µs/op: flightlock / store / bsm |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range settings {
@@ -394,10 +392,9 @@ func (r *report) s13Section(w func(string, ...any)) {
 
 	if len(s.KeyPoints) > 0 {
 		w("### 64 goroutines over many keys\n\n")
-		w("Scenario 8's key axis (each operation locks a key drawn uniformly, runs its critical section, releases), %v per row,\n", r.cfg.d4)
-		w("point and repetition. Each cell: critical sections per second; server commands per critical section · RT per\n")
-		w("critical section; CPU µs per critical section, client + Redis; the repetitions' lowest-highest. Client and Redis\n")
-		w("share the machine's %d cores, so the CPU a row spends per critical section bounds its rate.\n\n| row |", runtime.NumCPU())
+		w("Scenario 8's key axis, %v per row, point and repetition. Each cell: critical sections per second; server commands ·\n", r.cfg.d4)
+		w("RT per critical section; CPU µs per critical section, client + Redis; the repetitions' lowest-highest. Client and\n")
+		w("Redis share %d cores, so the CPU a row spends per critical section bounds its rate.\n\n| row |", runtime.NumCPU())
 		for _, x := range s.KeyPoints {
 			for _, c := range settings {
 				w(" %s keys, %s |", mdfmt.Int(float64(x)), col(c))
@@ -438,12 +435,10 @@ func (r *report) s13Section(w func(string, ...any)) {
 
 	if len(s.Sizes) > 0 {
 		w("### Live heap per held lock\n\n")
-		w("Scenario 9's holding (flightlock only, its watchdog renewing for %v), repeated %d times, the settings and sizes\n", r.cfg.d9hold, r.cfg.reps)
-		w("interleaved. Heap is `HeapAlloc` after `runtime.GC()` above the baseline, per lock; after release, what is still\n")
-		w("live above the baseline per lock. Warm rows fill the client's pool before the baseline (scenario 9); *cold* rows\n")
-		w("measure a client and a Locker made for the measurement, with nothing locked before the baseline, as a program that\n")
-		w("measures its first locks would: the connections the locks open count as theirs. go-redis keeps 32 KiB read and\n")
-		w("32 KiB write buffers per pool connection, and 128 KiB each per connection of its pipeline pool (v9.23's defaults).\n\n")
+		w("Scenario 9's holding (flightlock only, its watchdog renewing for %v), %d times, settings and sizes interleaved:\n", r.cfg.d9hold, r.cfg.reps)
+		w("heap above the baseline per held lock, and what is still live per lock after release. Warm rows fill the client's\n")
+		w("pool before the baseline; *cold* rows measure a client and Locker made for the measurement, so the connections the\n")
+		w("locks open count as theirs (go-redis v9.23 keeps 64 KiB of buffers per pool connection, 256 KiB per pipeline one).\n\n")
 		w("| setting | locks | heap B/lock | repetitions | stack B/lock | goroutines/lock | after release: B/lock | repetitions | after release: goroutines | errors |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range s.Sizes {
@@ -466,8 +461,9 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("\n")
 	}
 
-	if gs := r.goals37(); len(gs) > 0 {
-		w("### Issue 37's goals\n\nThe goals are set on the default client; the tuned client's rows are there to compare.\n\n")
+	if gs := r.goalsDefaultClient(); len(gs) > 0 {
+		w("### Goals on a default go-redis client\n\nEach row holds one figure of the tables above against its target. The goals are set on the default\n")
+		w("client; the tuned client's rows are there to compare.\n\n")
 		goalTable(w, gs)
 	}
 }

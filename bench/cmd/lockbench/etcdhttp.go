@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,8 +158,7 @@ func (b *etcdBench) startSystem(r etcdHTTPRow, redisAddr string) *httpbench.Syst
 		// key, and an etcd lock's lease is Etcd.Key + Prefix + "order:" + uid. Installed this way
 		// the order is written unfenced, as in the other rows. Its Redis rules (place-order) go to
 		// the benchmark's redis-server.
-		lc := c.Order.Lock
-		lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
+		lc := etcdOrderLock(c.Order.Lock, redisAddr)
 		var closeMW func()
 		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
 			fatalf("s8 %s: %v", r.id, err)
@@ -252,4 +252,19 @@ func (b *etcdBench) getMedian(d time.Duration) float64 {
 		}
 	}
 	return stat.Median(lat)
+}
+
+// etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for
+// its Redis rules (place-order). The section names etcd alone, so a rule without a Store locks
+// in etcd; once it names a Redis too, such a rule must say so (the withdraw rule), or the
+// section does not compile.
+func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
+	lc.Rules = slices.Clone(lc.Rules)
+	for i := range lc.Rules {
+		if lc.Rules[i].Store == "" {
+			lc.Rules[i].Store = "etcd"
+		}
+	}
+	lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
+	return lc
 }

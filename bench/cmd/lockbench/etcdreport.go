@@ -170,7 +170,7 @@ func (r *etcdResults) markdown(c *config, m etcdMachine) string {
 	p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
 	p("  per repetition; then scenario 8 repeats each axis as often (every row at every point once per repetition,")
 	p("  rotated likewise), and scenario 9 runs once (its figures are counts, not timings); then scenarios 5, 6 and 7")
-	p("  run their own repetitions, as many, rows rotated likewise (8: three low-load rounds and one saturation run per")
+	p("  run their own repetitions, as many, rows rotated likewise (6: three low-load rounds and one saturation run per")
 	p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
 	p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, s1Slice, c.d2, c.d3)
 	p("  scenario 4 %v per row, scenario 8 %v per row and point, scenario 9 holds its locks %v, scenario 5 %v per row", c.d4, c.d8, c.d9hold, c.d5)
@@ -222,6 +222,8 @@ func (r *etcdResults) markdown(c *config, m etcdMachine) string {
 	p("")
 	if goals := r.goals(c); len(goals) > 0 {
 		p("## Goals")
+		p("")
+		p("Each goal holds one ratio of this run's medians, flightlock over the floor or over the Mutex, against its target.")
 		p("")
 		p("| goal | wanted | measured | verdict |")
 		p("|---|---|---|---|")

@@ -10,9 +10,9 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// goals17 are the goals of the memory and scaling work, each computed from this run's figures: met or missed,
+// goalsScaling are the goals of scaling and memory, each computed from this run's figures: met or missed,
 // with the measured ratio. A goal whose scenario (or row) did not run is left out.
-func (r *report) goals17() []goal {
+func (r *report) goalsScaling() []goal {
 	var gs []goal
 	add := func(name, target string, ratio float64, measure string, met bool) {
 		gs = append(gs, goal{name, target, measure, met && !math.IsNaN(ratio)})

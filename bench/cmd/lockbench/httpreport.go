@@ -114,22 +114,20 @@ func (r *report) s6Section(w func(string, ...any)) {
 		return
 	}
 	r.s6Intro(w, s)
-	r.httpTables(w, s)
+	r.httpTables(w, s, true)
 }
 
 // s6BareSection is scenario 6's rows over a bare handler.
 func (r *report) s6BareSection(w func(string, ...any)) {
 	s := r.s6bare
-	w("Scenario 6's rows, wrk script and load, with the order API's create-order route on a go-zero REST server of its own\n")
-	w("and nothing behind it (`bench/internal/httpbench/bare.go`): the handler binds the request as the example's does\n")
-	w("(`httpx.Parse` of uid, sku and qty) and answers at once, no zrpc call, no write. What a row adds over **no lock** is\n")
-	w("then most of the request, where in scenario 6 it is a small part of a request of three services. **flightlock** is\n")
-	w("the example's order rules (`Order.Lock`, reject mode) on the benchmark's Redis; the other rows are scenario 6's\n")
-	w("plain middlewares. Each row is one server in this process.\n\n")
+	w("Scenario 6's rows, wrk script and load on a go-zero REST server with the create-order route and nothing behind it\n")
+	w("(`bench/internal/httpbench/bare.go`: the handler binds uid, sku and qty with `httpx.Parse` and answers), so the lock\n")
+	w("is most of the request. **flightlock** is the example's order rules (`Order.Lock`, reject mode); the other rows are\n")
+	w("scenario 6's plain middlewares, each row one server in this process.\n\n")
 	if s.Observe {
 		w("**Metrics and tracing on** (`-observe`), in every row, as in scenario 6.\n\n")
 	}
-	r.httpTables(w, s)
+	r.httpTables(w, s, false)
 }
 
 // s6Intro describes scenario 6's systems and load.
@@ -140,38 +138,39 @@ func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 			conf = rel
 		}
 	}
-	w("The example (`example/app`, config `%s` with its Redis replaced by the benchmark's and free ports) runs in the\n", conf)
-	w("benchmark process, once per row (%d systems, each started once), all on the benchmark's `redis-server`. `wrk` (one\n", len(s.Sat))
-	w("thread, `bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU\n")
-	w("of the same name, both seeded before the run: no two requests share a lock key, so the figures are the cost of locking,\n")
-	w("not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory service and\n")
-	w("`Debit` on the balance service over zrpc (each under its own flightlock interceptor, in every row), and the fenced order\n")
-	w("write. Rows: **no lock** (`app.WithoutOrderLock()`); **flightlock**, the example as shipped (middleware from\n")
-	w("`Order.Lock`, reject mode, owner propagation to the zrpc calls); **bsm/redislock** in a plain go-zero middleware\n")
-	w("(`app.WithOrderLock`): uid from the JSON body (restored), `Obtain` of the same key with the same TTL and no retry (409\n")
-	w("when taken), the handler, `Release`; **floor**: the same middleware with a plain `SET PX` and `DEL` of the key, the two\n")
-	w("round trips any Redis lock needs and nothing else (not a lock). Without flightlock's lease the order is written\n")
-	w("unfenced. go-zero's REST and zrpc chains are the example's (tracing, logging at level `severe`, breakers, timeouts);\n")
-	w("load shedding is off. **flightlock, shadow** is the example with its order rule in shadow mode (`Shadow: true`): it\n")
-	w("never holds a request back and only counts the conflicts enforcement would have had.\n\n")
+	w("The example (`example/app`, config `%s`, its Redis replaced by the benchmark's and free ports) runs in the\n", conf)
+	w("benchmark process, once per row (%d systems). `wrk` (one thread, `bench/internal/httpbench/order.lua`) posts\n", len(s.Sat))
+	w("`/api/order/create` with a uid and a SKU of its own in every request, seeded before: no two requests share a lock key,\n")
+	w("so the figures are the cost of locking, not of contention. A request is the whole example: the order API's lock (the\n")
+	w("row), `Deduct` and `Debit` over zrpc on the inventory and balance services (each under its own flightlock interceptor\n")
+	w("in every row), and the order write. Rows: **no lock** (`app.WithoutOrderLock()`); **flightlock** as shipped\n")
+	w("(`Order.Lock`, reject mode, owner passed to the zrpc calls); **bsm/redislock** in a plain go-zero middleware\n")
+	w("(`app.WithOrderLock`: uid from the JSON body, `Obtain` without retry, 409 when taken, `Release`); **floor**: that\n")
+	w("middleware with a plain `SET PX` and `DEL`, two round trips and no lock; **flightlock, shadow**: the order rule with\n")
+	w("`Shadow: true`, which holds no request back and counts the conflicts enforcement would have had. Without flightlock's\n")
+	w("lease the order is written unfenced. go-zero's chains are the example's (tracing, logging at `severe`, breakers,\n")
+	w("timeouts; no load shedding).\n\n")
 	if s.Observe {
 		w("**Metrics and tracing on** (`-observe`), in every row: go-zero's Prometheus metrics enabled (flightlock's and\n")
 		w("go-zero's own series recorded) and every request traced, spans batched and encoded by go-zero's `file` exporter to\n")
 		w("`/dev/null`. Compare with a run without `-observe` for what flightlock's metrics and spans add.\n\n")
 	}
-	w("Low load: `wrk -c %d`; a round trip is the median of `PING` from a go-redis client of the same process, measured in\n", httpbench.LowConns)
-	w("each round (median %s). Saturation: `wrk -c %d` for %v per row and repetition. CPU: the benchmark\n", mdfmt.Dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
-	w("process's own `getrusage` (the service), `/proc/<pid>/stat` of `redis-server` and wrk's rusage as a child, over the\n")
-	w("run; shares are of %d cores × the run's wall time. Redis commands per request are `INFO commandstats` deltas (scripts'\n", runtime.NumCPU())
-	w("inner commands included). With every system up and no load, the benchmark process used %.1f %% of a core: that\n", 100*s.IdleCPU)
-	w("much of each run's service CPU is the idle systems' background.\n\n")
+	w("Low load: `wrk -c %d`; a round trip is the median `PING` of a go-redis client of this process in each round (median\n", httpbench.LowConns)
+	w("%s). Saturation: `wrk -c %d`, %v per row and repetition. CPU: the service's own `getrusage`, `/proc/<pid>/stat` of\n", mdfmt.Dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
+	w("`redis-server` and wrk's rusage, as shares of %d cores × the run's wall time. Redis commands per request are `INFO\n", runtime.NumCPU())
+	w("commandstats` deltas. With every system up and no load the process used %.1f %% of a core: the idle systems' background.\n\n", 100*s.IdleCPU)
 }
 
-// httpTables writes the low-load and saturation tables of an HTTP scenario.
-func (r *report) httpTables(w func(string, ...any), s *s6Results) {
+// httpTables writes the low-load and saturation tables of an HTTP scenario; the first one
+// (scenario 6) says how they are measured, the next (6b) points at it.
+func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 	w("### Low load (wrk -c %d)\n\n", httpbench.LowConns)
-	w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(r.cfg.d6low), httpbench.LowRounds)
-	w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")
+	if first {
+		w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(r.cfg.d6low), httpbench.LowRounds)
+		w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")
+	} else {
+		w("Latency and cost of a request under one connection, as in scenario 6.\n\n")
+	}
 	w("| row | p50 latency | added over no lock | in round trips (PING p50) | p90 | p99 | req/s | Redis cmds/req | service CPU µs/req | errors |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range s.Low {
@@ -184,8 +183,12 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 	}
 	w("\n### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
 	nsat := find(s.Sat, "none")
-	w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", r.cfg.reps)
-	w("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.\n\n", runtime.NumCPU())
+	if first {
+		w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", r.cfg.reps)
+		w("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.\n\n", runtime.NumCPU())
+	} else {
+		w("Throughput, latency and CPU under %d connections, as in scenario 6.\n\n", httpbench.SatConns)
+	}
 	w("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | Redis cmds/req | CPU µs/req: service / Redis / wrk | CPU share: service / Redis / wrk / other / idle | errors |\n")
 	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range s.Sat {
@@ -201,7 +204,9 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results) {
 	}
 	w("\nRedis command mix per request at saturation (last repetition):\n\n")
 	for _, x := range s.Sat {
-		w("- %s: %s\n", x.Label, x.Mix)
+		if x.Mix != "" {
+			w("- %s: %s\n", x.Label, x.Mix)
+		}
 	}
 	var wrapped float64
 	for _, rs := range [][]*result{s.Low, s.Sat} {

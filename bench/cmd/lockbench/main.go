@@ -36,8 +36,8 @@
 //     polls), in one process and in 4 processes x 16 goroutines;
 //  12. Redis only: what fairness costs, flightlock's default mutex against WithFair on one hot
 //     key, in one process and in 4 processes x 16 goroutines;
-//  13. Redis only: the rows of 1, 8's key axis and 9's holding that issue 37 compares, on a
-//     default go-redis client beside the tuned one (-client), interleaved (defaultclient.go).
+//  13. Redis only: the rows of 1, 8's key axis and 9's holding on a default go-redis client
+//     beside the tuned one (-client), interleaved (defaultclient.go).
 //
 // Scenarios 10-12 are reported in a document of their own (-primitives-out,
 // docs/benchmarks-primitives.md): with only them in -scenario, -out gets that document (its
@@ -117,7 +117,7 @@ type config struct {
 	jsonOut    string
 	goBench    string
 	notes      string
-	etcdReport string // the etcd rows' report (lockbench -store etcd -out), included as a section
+	etcdReport string // the etcd rows' report (lockbench -store etcd -out), pointed at with its goals
 	zkReport   string // the ZooKeeper rows' report (lockbench -store zookeeper -out), pointed at with its goals
 	observe    bool
 
@@ -132,6 +132,7 @@ type config struct {
 	warm        time.Duration // unmeasured warm-up per row of scenario 1
 	dataDir     string        // parent of the server's temporary data directory
 	cmdline     string
+	args        []string // the flags as given, for the report's command line
 	startedAt   time.Time
 
 	// etcd only
@@ -285,7 +286,7 @@ func parseFlags(args []string) (config, profiling) {
 	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON, written with the main report (not by scenarios 10-12 alone)")
 	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
 	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
-	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to include as a section")
+	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to point at, with its goals")
 	fs.StringVar(&cfg.zkReport, "zookeeper-report", "", "Redis: the ZooKeeper rows' report (lockbench -store zookeeper -out) to point at, with its goals")
 	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
@@ -355,7 +356,8 @@ func parseFlags(args []string) (config, profiling) {
 			onlyRows[strings.TrimSpace(id)] = true
 		}
 	}
-	cfg.cmdline = strings.Join(append([]string{"go run ./cmd/lockbench"}, args...), " ")
+	cfg.cmdline = strings.Join(append([]string{"go run ./cmd/lockbench"}, shownArgs(args)...), " ")
+	cfg.args = args
 	cfg.startedAt = time.Now()
 	return cfg, prof
 }

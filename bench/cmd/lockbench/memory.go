@@ -273,23 +273,20 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 
 func (r *report) s9Section(w func(string, ...any)) {
 	s := r.s9
-	w("What each held lock and each waiter costs the process and Redis. One repetition: these are counts, not timings\n")
-	w("(except the CPU and the grant times).\n\n")
+	w("What each held lock and each waiter costs the process and Redis; one repetition (counts, except CPU and grant times).\n\n")
 	if len(s.Sizes) > 0 {
 		w("**Holding.** The process takes n locks on distinct keys (%d goroutines at once), holds them, then releases them\n", s9Acquirers)
-		w("all. Heap is `runtime.MemStats.HeapAlloc` after two `runtime.GC()`, above the row's baseline taken just before (the\n")
-		w("keys and the slice of handles are built before the baseline, and up to %d locks of other keys are taken and released with\n", s9Warm)
-		w("the same concurrency first, so that the client's pool holds its connections before the baseline); goroutine stacks (`StackInuse`) are a column of their\n")
-		w("own. Goroutines likewise (`runtime.NumGoroutine`, above the baseline, per lock); peak is\n")
-		w("the highest count above the baseline, sampled every 2 ms while holding. Redis memory is the `used_memory` delta (INFO\n")
-		w("memory). Rows that renew hold for %v (flightlock renews every TTL/3 = %v, rueidislock every KeyValidity/2 = %v)", r.cfg.d9hold, (lockTTL / 3).Round(time.Millisecond), lockTTL/2)
+		w("all. Heap (`HeapAlloc` after two `runtime.GC()`), stacks (`StackInuse`) and goroutines are per lock above the row's\n")
+		w("baseline, taken once the keys are built and up to %d locks of other keys were taken and released (so the client's\n", s9Warm)
+		w("pool holds its connections); peak is the most goroutines above it, sampled every 2 ms. Redis memory is the\n")
+		w("`used_memory` delta. Rows that renew hold for %v (flightlock renews every TTL/3 = %v, rueidislock every\n", r.cfg.d9hold, (lockTTL / 3).Round(time.Millisecond))
+		w("KeyValidity/2 = %v)", lockTTL/2)
 		if whole(r.cfg.d9hold, lockTTL/3) && whole(r.cfg.d9hold, lockTTL/2) {
-			w(": a whole number of both\nperiods, so the window sees the same renewals of every lock whatever its phase")
+			w(", a whole number of both periods, so the window sees the same renewals of every lock")
 		}
-		w(";\nrows without renewal hold for %v, since their keys would run out. CPU is this\n", min(r.cfg.d9hold, s9HoldNoRenew))
-		w("process's user + system time per second of the window (the other rows' idle clients included, a few ms/s);\n")
-		w("commands per second are `INFO commandstats` deltas. After release: heap still live above the baseline per lock, and\n")
-		w("goroutines above the baseline (waited for up to 2 s to exit).\n\n")
+		w("; rows without\nrenewal hold for %v, since their keys would run out. CPU is this process's user + system time per second of\n", min(r.cfg.d9hold, s9HoldNoRenew))
+		w("the window; commands per second are `INFO commandstats` deltas. After release: heap still live above the baseline per\n")
+		w("lock, and goroutines above the baseline (waited for up to 2 s to exit).\n\n")
 		w("| row | renewal | locks | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | Redis B/lock | client CPU ms/s | server cmds/s | RT/s | acquire all | after release: B/lock | after release: goroutines | errors |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, n := range s.Sizes {
@@ -308,11 +305,11 @@ func (r *report) s9Section(w func(string, ...any)) {
 	}
 	if len(s.Waiters) > 0 {
 		w("**Waiting.** One key is held in this process; %s goroutines wait for it (each `lock` in its row's waiting\n", mdfmt.Int(float64(s.W)))
-		w("strategy, bounded to %v), arriving evenly over %v (started all at once, the fixed-interval pollers would retry in\n", s9Settle+s9WaitWindow+s9ServeBound, s9Arrive)
-		w("lockstep and serve a handful per interval). After %v of settling, heap and goroutines above the baseline taken before they started\n", s9Settle)
-		w("(per waiter; the waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU\n", s9WaitWindow)
-		w("per second, all waiters together. Then the key is released; every waiter, once granted, releases at once. Next grant\n")
-		w("and all served are times from the release call.\n\n")
+		w("strategy, bounded to %v), arriving evenly over %v (started at once, the fixed-interval pollers would retry in\n", s9Settle+s9WaitWindow+s9ServeBound, s9Arrive)
+		w("lockstep). After %v of settling, heap and goroutines above the baseline taken before they started, per waiter (the\n", s9Settle)
+		w("waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU per second, all\n", s9WaitWindow)
+		w("waiters together. Then the key is released; each waiter, once granted, releases at once. Next grant and all served\n")
+		w("are times from the release call.\n\n")
 		w("| row | heap B/waiter | stack B/waiter | goroutines/waiter | RT/s while waiting | server cmds/s | client CPU ms/s | release → next grant | release → all served | unserved | granted while held |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range s.Waiters {

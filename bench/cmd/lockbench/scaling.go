@@ -192,13 +192,11 @@ func (a *s8Axis) lead(x int) (float64, *result) {
 
 func (r *report) s8Section(w func(string, ...any)) {
 	s := r.s8
-	w("How the cost of a critical section grows with the work, along three axes, every lock row at every point: goroutines\n")
-	w("on one hot key in one process; processes of %d goroutines on one hot key (the binary re-executed as workers, as in\n", s8ProcGoroutines)
-	w("scenario 3, started together, run for a fixed time); distinct keys, %d goroutines each drawing a key uniformly per\n", s8KeyGoroutines)
-	w("operation (with the SET PX + DEL floor). The critical section and its checks are scenario 2's. %v per row, point and\n", r.cfg.d8)
-	w("repetition; waiting goroutines finish their critical section after the time is up, and count. Each cell: critical\n")
-	w("sections per second; server commands per critical section (`INFO commandstats`, scripts' inner commands included) ·\n")
-	w("p99 wait (call to lock held). The last line is flightlock over the best peer row at that point.\n\n")
+	w("How the cost of a critical section grows with the work, every lock row at every point, along three axes: goroutines\n")
+	w("on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3, for a fixed time);\n", s8ProcGoroutines)
+	w("distinct keys under %d goroutines, each drawing a key per operation (with the SET PX + DEL floor). Scenario 2's critical\n", s8KeyGoroutines)
+	w("section and checks, %v per row, point and repetition; critical sections begun in time count. Each cell: critical\n", r.cfg.d8)
+	w("sections per second; server commands per critical section · p99 wait. The last line is flightlock over the best peer.\n\n")
 	for _, ax := range s.axes() {
 		unit := map[string]string{"goroutines": "goroutines, one process, one key",
 			"processes": fmt.Sprintf("processes × %d goroutines, one key", s8ProcGoroutines),

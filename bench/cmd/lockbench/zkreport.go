@@ -46,7 +46,7 @@ func zkFsyncs(x zkResult) float64  { return x.fsyncsPerOp }
 func zkCPU(x zkResult) float64     { return float64(x.serverCPU) }
 func zkSelf(x zkResult) float64    { return float64(x.selfCPU) }
 
-// goals are the issue's: scenario 1 on p50 latency against the floor, scenario 2 on critical
+// goals are the ZooKeeper store's: scenario 1 on p50 latency against the floor, scenario 2 on critical
 // sections per second against zk.NewLock. Scenario 3 has none; its ratio is in its section.
 func (r *zkResults) goals(c *config) []storeGoal {
 	fl1, fo1 := r.med(1, rowFlight, zkP50), r.med(1, rowFloor, zkP50)
@@ -154,6 +154,8 @@ func (r *zkResults) markdown(c *config, m zkMachine, maxTTL time.Duration) strin
 	p("")
 	if goals := r.goals(c); len(goals) > 0 {
 		p("## Goals")
+		p("")
+		p("Each goal holds one ratio of this run's medians, flightlock over the floor or over zk.NewLock, against its target.")
 		p("")
 		p("| goal | wanted | measured | verdict |")
 		p("|---|---|---|---|")
@@ -327,22 +329,8 @@ func zkFenceViolations(x zkResult) int64 { return x.fenceViolations }
 // (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,
 // with its goals table; the rest stays in that report.
 func zkPointer(raw, name string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "## The ZooKeeper store\n\nThe ZooKeeper rows, from `lockbench -store zookeeper`, are in a report of their own, [%s](%s): "+
+	return storePointer(raw, fmt.Sprintf("## The ZooKeeper store\n\nThe ZooKeeper rows, from `lockbench -store zookeeper`, are in a report of their own, [%s](%s): "+
 		"flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an "+
 		"ephemeral node (the floor), uncontended, on one hot key in one process and across %d processes, on a private "+
-		"ZooKeeper server whose transaction log is fsynced. Its goals:\n\n", name, name, s3Procs)
-	in := false
-	for _, line := range strings.Split(raw, "\n") {
-		switch {
-		case line == "## Goals":
-			in = true
-		case in && strings.HasPrefix(line, "## "):
-			in = false
-		case in && strings.HasPrefix(line, "|"):
-			b.WriteString(line + "\n")
-		}
-	}
-	b.WriteString("\n")
-	return b.String()
+		"ZooKeeper server whose transaction log is fsynced. Its goals:\n\n", name, name, s3Procs))
 }
