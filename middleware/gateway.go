@@ -3,11 +3,13 @@ package middleware
 import (
 	"encoding/base64"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/proto"
@@ -91,4 +93,53 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 		}
 	}
 	return 0, false
+}
+
+// GatewayRoutes lists the REST routes that go-zero's gateway will serve from its config c, a
+// gateway.GatewayConf (or a pointer to one): the routes of its upstreams' Mappings, as the
+// gateway adds them (the method in upper case, the path as written). The gateway adds its
+// routes inside Start, so CheckRoutes before Start sees none of them and refuses every rule on
+// them; with these, the check runs at start-up as on any REST server:
+//
+//	gw := gateway.MustNewServer(c, gateway.WithMiddleware(flmw.Gateway))
+//	gw.Use(lock.Handle)
+//	lock.MustCheckRoutes(flmw.GatewayRoutes(c))
+//	gw.Start()
+//
+// Routes that a gRPC upstream declares in google.api.http annotations come from its
+// descriptors when the gateway starts and are not listed: map them in Mappings to have them
+// checked. c is read by field name (Upstreams, Mappings, Method, Path) rather than by type, so
+// that the middleware does not build the gateway package and its gRPC reflection
+// dependencies into every service; anything else gives no routes.
+func GatewayRoutes(c any) []rest.Route {
+	v := reflect.Indirect(reflect.ValueOf(c))
+	if v.Kind() != reflect.Struct {
+		return nil
+	}
+	ups := v.FieldByName("Upstreams")
+	if ups.Kind() != reflect.Slice {
+		return nil
+	}
+	var routes []rest.Route
+	for i := range ups.Len() {
+		up := reflect.Indirect(ups.Index(i))
+		if up.Kind() != reflect.Struct {
+			continue
+		}
+		maps := up.FieldByName("Mappings")
+		if maps.Kind() != reflect.Slice {
+			continue
+		}
+		for j := range maps.Len() {
+			m := reflect.Indirect(maps.Index(j))
+			if m.Kind() != reflect.Struct {
+				continue
+			}
+			method, path := m.FieldByName("Method"), m.FieldByName("Path")
+			if method.Kind() == reflect.String && path.Kind() == reflect.String {
+				routes = append(routes, rest.Route{Method: strings.ToUpper(method.String()), Path: path.String()})
+			}
+		}
+	}
+	return routes
 }

@@ -188,3 +188,36 @@ func writeProtoset(t *testing.T) string {
 	}
 	return file
 }
+
+// A rule on the gateway's own routes is checked before Start, when the gateway has added none
+// of them yet, against the routes its config maps: a typo stops the service at start-up
+// instead of locking nothing.
+func TestGatewayRoutesAreCheckedBeforeStart(t *testing.T) {
+	var gc gateway.GatewayConf
+	if err := conf.LoadFromYamlBytes([]byte(fmt.Sprintf(gatewayYAML, "0", "127.0.0.1:1", "balance.pb")), &gc); err != nil {
+		t.Fatal(err)
+	}
+	if routes := flmw.GatewayRoutes(&gc); len(routes) != 1 || routes[0].Method != http.MethodPost || routes[0].Path != "/debit" {
+		t.Fatalf("GatewayRoutes: %+v, want POST /debit", routes)
+	}
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	store := redisstore.New(rdb)
+	t.Cleanup(func() { _ = store.Close() })
+	check := func(path string) error {
+		lock, err := flmw.New(flmw.LockConf{Rules: []flmw.Rule{{Method: http.MethodPost, Path: path, Key: "acct:{body.account}"}}},
+			flmw.WithStore(store))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lock.Close()
+		return lock.CheckRoutes(flmw.GatewayRoutes(gc))
+	}
+	if err := check("/debit"); err != nil {
+		t.Fatalf("a rule on the gateway's mapped route: %v", err)
+	}
+	if err := check("/debt"); err == nil || !strings.Contains(err.Error(), "matches no route") {
+		t.Fatalf("a rule on a route the gateway does not map: %v, want it refused", err)
+	}
+}
