@@ -83,7 +83,7 @@ func TestStaleAndDoubleReleaseKeepNextOwner(t *testing.T) {
 	if err := a.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("stale Refresh: %v, want ErrNotHeld", err)
 	}
-	if v, want := c.Get(ctx, "lock:stale").Val(), fmt.Sprintf("%s %d 1 %s", b.Owner(), b.Fence(), processHolder); v != want {
+	if v, want := c.Get(ctx, "lock:stale").Val(), fmt.Sprintf("%s %d 1 %s kind=lock", b.Owner(), b.Fence(), processHolder); v != want {
 		t.Fatalf("next owner's lock was touched: value %q, want %q", v, want)
 	}
 }

@@ -681,13 +681,19 @@ func TestSharedReadersStopJoiningWhenAWriterWaits(t *testing.T) {
 				}
 				wrote <- err
 			}()
-			// The writer waits: in the gate of the process, or marked in the store.
+			// The writer waits: marked in the store (its first attempt found the reader), and,
+			// for a writer of the process, in the gate of the process. Taking the gate comes
+			// before that attempt lands: a reader that asks the store in between is not yet
+			// told of the writer.
 			waitFor(t, 5*time.Second, "the writer to wait", func() bool {
 				if tc.local {
 					w.k.gate.mu.Lock()
-					defer w.k.gate.mu.Unlock()
 					e := w.k.gate.entries["lock:doc"]
-					return e != nil && e.taken
+					taken := e != nil && e.taken
+					w.k.gate.mu.Unlock()
+					if !taken {
+						return false
+					}
 				}
 				v, _ := s.Client().(*redis.Client).Get(ctx, "lock:doc").Result()
 				return strings.HasSuffix(v, " ~")
