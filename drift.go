@@ -38,6 +38,11 @@ func (l *Locker) withKind(ctx context.Context) string {
 		return l.kindMeta.own
 	}
 	if !l.cfg.metadataSet {
+		if fn := l.cfg.holderFieldValue; fn != nil {
+			if v := fn(ctx); v != "" {
+				return processHolder + " " + l.cfg.holderFieldName + "=" + v + " " + l.kindMeta.own // one allocation
+			}
+		}
 		return l.kindMeta.withDefault
 	}
 	if meta := l.cfg.metadata(ctx); meta != "" {

@@ -87,8 +87,9 @@ func (k *keeper) tooLate(sent time.Time) bool {
 // ErrNotHeld is the usual answer, but it can also mean the give-back overtook the call it
 // undoes: that call is still on its way to the server (queued behind a stall, on a connection
 // the server reads later) and takes the key after this release found it free, keeping it
-// refused for a whole TTL. So a not-held answer is asked again a few times, for about a second
-// or the TTL, whichever is shorter. Owner tokens are never reused after a give-back, so a later
+// refused for a whole TTL. So a not-held answer is asked again a few times, for a quarter of
+// a second or the TTL, whichever is shorter: long enough for a call queued behind the
+// give-back on a busy server, short enough that the goroutine is gone soon after its caller. Owner tokens are never reused after a give-back, so a later
 // release by owner can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	var timer *time.Timer
@@ -117,8 +118,8 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 // giveBackRecheck is the first pause before a give-back that found nothing asks again; each
 // pause is four times the one before, for giveBackRecheckFor in all.
 const (
-	giveBackRecheck    = 20 * time.Millisecond
-	giveBackRecheckFor = 2 * time.Second
+	giveBackRecheck    = 10 * time.Millisecond
+	giveBackRecheckFor = 250 * time.Millisecond
 )
 
 // cleanupContext bounds a clean-up after a call that went wrong (giveBack, leaveQueue): ctx's

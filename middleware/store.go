@@ -101,9 +101,7 @@ func lockerOn(store lockstore.Store, c LockConf) (*flightlock.Locker, error) {
 		flightlock.WithMaxHold(c.MaxHold),
 		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.Strategy()),
-		flightlock.WithMetadata(func(ctx context.Context) string { // " trace=<id>" when the request has one
-			return strings.TrimSuffix(flightlock.DefaultMetadata(ctx)+" trace="+trace.TraceIDFromContext(ctx), " trace=")
-		}),
+		flightlock.WithHolderField("trace", trace.TraceIDFromContext), // " trace=<id>" when the request has one
 		flightlock.WithHolderCheck(sameTrace),
 		flightlock.WithObserver(newRuleStats("Locker", "", rules.StoreName(store), rules.Rule{}).observer(newLogSummary())),
 	)
