@@ -19,21 +19,21 @@ import (
 // never at the Locker: acquiring (retry, wait budget, modes) is the Locker's concern, keeping
 // and ending a grant is this one's.
 type keeper struct {
-	store     lockstore.Store
-	passer    lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
-	gate      *gate
-	wd        *watchdog // shared like the gate, unless a derived Locker runs on another clock
-	clock     clock
-	ttl       time.Duration
-	maxHold   time.Duration
-	handoff   int           // handoffs in a row before a release goes through Redis
-	window    time.Duration // no handoff once the Redis acquisition is older than this
-	observe   *Observer     // nil without WithObserver
+	store   lockstore.Store
+	passer  lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
+	gate    *gate
+	wd      *watchdog // shared like the gate, unless a derived Locker runs on another clock
+	clock   clock
+	ttl     time.Duration
+	maxHold time.Duration
+	handoff int           // handoffs in a row before a release goes through Redis
+	window  time.Duration // no handoff once the Redis acquisition is older than this
+	observe *Observer     // nil without WithObserver
 	// lastDriftLog is when a drift was last logged (UnixNano), for a Locker without
 	// Observer.Drift: at most one line a minute.
 	lastDriftLog atomic.Int64
-	ttlBound  *sharedBound  // one-TTL bounds of calls that cannot be cancelled, a timer shared
-	waitBound *sharedBound  // wait-budget bounds of the same, for acquisitions
+	ttlBound     *sharedBound // one-TTL bounds of calls that cannot be cancelled, a timer shared
+	waitBound    *sharedBound // wait-budget bounds of the same, for acquisitions
 }
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {

@@ -81,9 +81,9 @@ type config struct {
 	// holderField: WithHolderField's name and value, stored after DefaultMetadata
 	holderFieldName  string
 	holderFieldValue func(context.Context) string
-	holders  func(ctx context.Context, holder string) error
-	clock    clock // systemClock outside tests (withClock)
-	observer *Observer
+	holders          func(ctx context.Context, holder string) error
+	clock            clock // systemClock outside tests (withClock)
+	observer         *Observer
 }
 
 func defaultConfig() config {
