@@ -32,8 +32,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// readyTimeout bounds how long a member (or a cluster) may take to answer after it starts.
-const readyTimeout = 20 * time.Second
+// readyTimeout bounds how long a member (or a cluster) may take to answer after it starts: a
+// start-up, not a property under test, so generous for a machine loaded by the race detector
+// and a CPU-bound neighbour.
+const readyTimeout = 60 * time.Second
 
 // Binary returns the path of the etcd server, skipping tb when it is missing outside CI and
 // failing it under CI=true.

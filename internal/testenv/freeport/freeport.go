@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 )
 
@@ -34,7 +35,8 @@ func WithPeer(tb testing.TB, offset int) string {
 	for range 64 {
 		port := low + rand.IntN(high-offset-low+1)
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		if free(addr) && (offset == 0 || free(net.JoinHostPort("127.0.0.1", strconv.Itoa(port+offset)))) {
+		if free(addr) && (offset == 0 || free(net.JoinHostPort("127.0.0.1", strconv.Itoa(port+offset)))) &&
+			claim(port, offset) {
 			return addr
 		}
 	}
@@ -48,6 +50,31 @@ func WithPeer(tb testing.TB, offset int) string {
 	addr := l.Addr().String()
 	_ = l.Close()
 	return addr
+}
+
+// given holds the ports this process handed out (and port+offset of those asked with a peer):
+// a port is free until its server binds it, so a cluster's members, whose ports are all asked
+// for before the first starts, could otherwise get one port twice (seen: an etcd member's peer
+// port was another member's client port, "bind: address already in use"). Never released: a
+// test binary asks for far fewer than the range holds.
+var (
+	givenMu sync.Mutex
+	given   = map[int]bool{} // guarded by givenMu
+)
+
+// claim marks port (and port+offset when offset is not 0) as handed out, and reports false when
+// either was handed out before.
+func claim(port, offset int) bool {
+	givenMu.Lock()
+	defer givenMu.Unlock()
+	if given[port] || (offset != 0 && given[port+offset]) {
+		return false
+	}
+	given[port] = true
+	if offset != 0 {
+		given[port+offset] = true
+	}
+	return true
 }
 
 // free reports whether addr can be listened on now.
