@@ -268,22 +268,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		return nil, l.busy(ctx, err)
 	}
 	if closing := l.k.gate.closed.Load(); closing || b.spent() {
-		// The slot was granted just as the wait ended, or the Locker is draining: pass it on
-		// and give up. A handed hold goes through done, as a Release does: the watchdog may
-		// have abandoned the grant meanwhile (lost, and past its expiry), and then it ended the
-		// grant and passed the slot on itself; ending it again would give up a slot that
-		// another goroutine owns by then.
-		if h != nil {
-			if h.done() {
-				_ = l.k.endGrantBy(ctx, h)
-			}
-		} else {
-			l.k.gate.leave(rkey, e, false)
-		}
-		if closing {
-			return nil, ErrClosed
-		}
-		return nil, l.busy(ctx, &busyError{})
+		return nil, l.passSlotOn(ctx, rkey, e, h, closing)
 	}
 	grant := GrantHandoff
 	if h == nil {
@@ -309,6 +294,25 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
 	return newLease(ctx, h, grant, fence, site), nil
+}
+
+// passSlotOn gives up a gate slot granted just as the wait ended, or while the Locker drains,
+// and returns what the Lock answers then. A handed hold goes through done, as a Release does:
+// the watchdog may have abandoned the grant meanwhile (lost, and past its expiry), and then it
+// ended the grant and passed the slot on itself; ending it again would give up a slot that
+// another goroutine owns by then.
+func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
+	if h != nil {
+		if h.done() {
+			_ = l.k.endGrantBy(ctx, h)
+		}
+	} else {
+		l.k.gate.leave(rkey, e, false)
+	}
+	if closing {
+		return ErrClosed
+	}
+	return l.busy(ctx, &busyError{})
 }
 
 // reenterHeld re-enters the lease of rkey that ctx carries, if any (done): a write lease for
@@ -374,184 +378,6 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent, 0)
 	taken = h
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
-}
-
-// acquire talks to Redis for the gate's owner: one attempt, then in wait mode more attempts per
-// the retry strategy, each sleep cut short by the holder's release notification and never
-// longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
-// first, because waiters elsewhere were just woken by this process's release. A non-zero asked
-// makes it a fair acquisition (WithFair) of a Lock that began then: each attempt keeps the
-// caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
-// nil, is the caller among its process's fair waiters of key: until it is their head it
-// neither watches the key nor looks again at its releases.
-func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
-	wait := b.waits()
-	var (
-		fair  lockstore.FairQueuer
-		queue time.Duration // how long the caller's place in line lives; 0 takes none
-	)
-	if !asked.IsZero() {
-		fair, _ = l.k.store.(lockstore.FairQueuer) // fitStore made sure
-		if wait {
-			queue = FairQueueTTL
-			defer func() {
-				if err != nil { // a waiter that gives up must not hold up the line
-					go l.k.leaveQueue(ctx, key, owner)
-				}
-			}()
-		}
-	}
-	meta := l.withKind(ctx)
-	var (
-		watch    *lockstore.Watch
-		timer    *time.Timer
-		attempt  int
-		delay    time.Duration // the sleep before the next attempt, from the retry strategy
-		recheck  bool          // the next attempt is the look after a fresh watch (not counted)
-		storeErr error         // the store's error of the last attempt, while waiting; nil after a reply
-		holder   time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
-	)
-	defer func() {
-		watch.Close()
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	if yield && wait {
-		watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
-		d, _ := l.cfg.retry(1)
-		if !l.sleep(b.context(), watch.C(), &timer, d) {
-			return nil, l.gaveUp(ctx, &busyError{})
-		}
-	}
-	for {
-		callCtx, cancel := l.callContext(ctx, b)
-		sentAt, sent := time.Now(), l.k.now() // the wait's clock, and the lock's
-		var (
-			res lockstore.Acquisition
-			err error
-		)
-		if fair != nil {
-			res, err = fair.AcquireFair(callCtx, key, owner, l.cfg.ttl, meta, asked, queue)
-		} else {
-			res, err = l.k.store.Acquire(callCtx, key, owner, l.cfg.ttl, meta)
-		}
-		cancel()
-		if err != nil {
-			again := wait && attempt > 0 && !b.spent()
-			if mayHaveRun(err) {
-				// What the call may have taken unseen is given back, in the background: the
-				// store is failing, and a give-back bounded by its own half second would carry
-				// the caller past its deadline. The next attempt takes a new owner token: the
-				// call may still land later, and its store then gives back what it took by
-				// owner, which must not be the next attempt's grant.
-				l.k.giveBackLater(ctx, key, owner, "")
-				if again {
-					if queue > 0 {
-						go l.k.leaveQueue(ctx, key, owner) // the new owner takes a place of its own
-					}
-					owner = freshOwner(owner)
-				}
-			}
-			if again {
-				// A waiter: the store answered before, so this is a failover or a restart on
-				// its way, which takes a second or two. Try again within the wait; a store
-				// still down when it runs out ends it with the store's error (storeErr).
-				storeErr = err
-				if err := l.pauseAfterTrouble(b, &attempt, &timer, err); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			if storeErr != nil {
-				return nil, storeErr // down from the error before the deadline on
-			}
-			if wait && b.spent() && (attempt > 0 || b.mostlySpentAt(sentAt)) {
-				// The wait ran out while the store was being asked: busy, when it ran out
-				// during a retry of a key we saw held, or when most of it had gone before this
-				// first attempt was sent (queued in the process, or on an earlier key of a
-				// LockAll). A first attempt given most of the wait that the store did not
-				// answer is the store's error (a hung Redis answers 503, not 409).
-				return nil, l.busy(ctx, &busyError{retryAfter: max(time.Until(holder), 0)})
-			}
-			return nil, err
-		}
-		storeErr = nil
-		if res.Acquired {
-			if l.k.tooLate(sent) {
-				// The lock's TTL counts from the send: too little of it is left to hold it
-				// safely. Give it back. For a waiter this is a passing condition of the store
-				// (a leader election, a stall), like an error after an answer: it tries again
-				// within its budget, as a new owner (the give-back runs by the old token).
-				l.k.giveBackLater(ctx, key, owner, "")
-				if !wait || b.spent() {
-					return nil, errLateReply
-				}
-				owner, storeErr = freshOwner(owner), errLateReply
-				if err := l.pauseAfterTrouble(b, &attempt, &timer, errLateReply); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			return newHold(l.k, key, owner, res.Fence, "", sent, kind), nil
-		}
-		holder = time.Now().Add(res.HolderTTL)
-		if res.Holder != "" {
-			l.reportDrift(ctx, key, res.Holder)
-		}
-		if check := l.cfg.holders; check != nil && res.Holder != "" {
-			if cause := check(ctx, res.Holder); cause != nil {
-				// Busy (409 / Aborted, RetryAfter) and the caller's reason, for errors.Is.
-				return nil, fmt.Errorf("%w: %w", &busyError{retryAfter: res.HolderTTL}, cause)
-			}
-		}
-		if recheck {
-			// The look after a fresh watch is not an attempt of the retry strategy: it neither
-			// uses up a capped attempt nor moves the backoff on; the sleep is the one
-			// the attempt before it chose, cut to what is left of the holder's TTL.
-			recheck = false
-		} else {
-			attempt++
-			var ok bool
-			if delay, ok = l.cfg.retry(attempt); !wait || !ok {
-				return nil, &busyError{retryAfter: res.HolderTTL}
-			}
-			if o := l.cfg.observer; o != nil && o.Retry != nil {
-				o.Retry(ctx, key, attempt, res.HolderTTL)
-			}
-		}
-		if res.HolderTTL > 0 {
-			delay = min(delay, res.HolderTTL)
-		}
-		if fair != nil {
-			delay = min(delay, FairLookEvery) // keep the place in line
-		}
-		if fw != nil && !fw.isHead() {
-			// Another waiter of this process is before this one: it looks at each release;
-			// this one keeps its place at FairLookEvery, or looks as soon as it is first.
-			if !l.sleep(b.context(), fw.head, &timer, FairLookEvery) {
-				return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
-			}
-			continue
-		}
-		if watch == nil {
-			// Subscribing can fail (Redis down, cluster quirks): then we poll.
-			if watch, _ = l.k.store.Watch(b.context(), key); watch.Fresh() && !b.spent() {
-				if l.k.gate.closed.Load() {
-					// Drained while subscribing: answer as a sleeping owner does.
-					return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
-				}
-				// A release between the busy reply and the subscription published to nobody:
-				// look once more, now that a release would be heard, before sleeping (otherwise
-				// the waiter slept to its retry delay, or the holder's TTL, with the key free).
-				recheck = true
-				continue
-			}
-		}
-		if !l.sleep(b.context(), watch.C(), &timer, delay) {
-			return nil, l.gaveUp(ctx, &busyError{retryAfter: res.HolderTTL})
-		}
-	}
 }
 
 // pauseAfterTrouble is a waiter's pause before it tries again after the store's trouble (an
@@ -624,6 +450,15 @@ func (b *budget) spent() bool {
 		return true
 	}
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
+}
+
+// spentDuringCall reports whether the wait ran out while a store call sent at sentAt was on
+// its way, in a way that makes its failure the wait's end (busy) and not the store's: the wait
+// is over, and either the store had answered this wait before (it is up, and the key busy) or
+// most of the wait had gone before the call was sent. A call given most of the wait that the
+// store never answered is the store's failure: a hung store is 503 / Unavailable, not 409.
+func (b *budget) spentDuringCall(sentAt time.Time, answered bool) bool {
+	return b.spent() && (answered || b.mostlySpentAt(sentAt))
 }
 
 // mostlySpentAt reports whether more than half of the wait had gone by t.

@@ -66,194 +66,235 @@ func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 // lockPermit takes one of permits permits of key. callerUp is where the caller of the
 // exported method is, seen from lockPermit (as lockSince's, one frame nearer).
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	callerUp++                   // seen from lockSince
-	base, err := l.storeKey(key) // permit 1's
-	if err != nil {
+	callerUp++ // seen from lockSince
+	keys, lease, err, done := l.permitKeys(ctx, key, permits, wait, callerUp)
+	if done {
+		return lease, err
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
-		return nil, invalidKey("the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
+	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
+		first: int(permitTurn.Add(1) % uint32(permits))}
+	if wait {
+		if start.IsZero() {
+			start = time.Now()
+		}
+		pt.b = budget{parent: ctx, start: start, deadline: waitbudget.Deadline(ctx, start, l.cfg.wait)}
 	}
-	keys := make([]string, permits) // the permits' store keys
+	defer pt.close()
+	for {
+		if lease, err, done := pt.lookAndWait(); done {
+			return lease, err
+		}
+	}
+}
+
+// permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
+// caller holds already: a holder of a permit, in this process or handed over by the caller's
+// service, takes that permit again (a second would count it twice against the others). A
+// handed-over token that holds nothing takes nothing, and the look goes on.
+func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
+	base, err := l.storeKey(key) // permit 1's
+	if err != nil {
+		return nil, nil, err, true
+	}
+	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
+		return nil, nil, invalidKey("the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
+	}
+	keys = make([]string, permits)
 	for i := range keys {
 		rkey := base
 		if i > 0 {
 			rkey = base + "#" + strconv.Itoa(i+1)
 		}
 		keys[i] = rkey
-		// A holder of a permit, in this process or handed over by the caller's service, takes
-		// that permit again: a second would count it twice against the others. A handed-over
-		// token that holds nothing takes nothing, and the look below goes on.
 		if findLease(ctx, l.k.gate, rkey) != nil {
-			return l.lockSince(ctx, keys[i], wait, time.Time{}, time.Time{}, callerUp)
+			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
+			return nil, lease, err, true
 		}
 		if o, ok := handover.Lookup(ctx, rkey); ok {
 			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-				return lease, err
+				return nil, lease, err, true
 			}
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	var deadline time.Time
-	if wait {
-		if start.IsZero() {
-			start = time.Now()
-		}
-		deadline = waitbudget.Deadline(ctx, start, l.cfg.wait)
-	}
-	first := int(permitTurn.Add(1) % uint32(permits))
-	var (
-		watches []*lockstore.Watch
-		timer   *time.Timer
-	)
-	defer func() {
-		for _, w := range watches {
-			w.Close()
-		}
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	return keys, nil, nil, false
+}
+
+// permitTaker is one lockPermit's wait: its looks at every permit, and what they saw.
+type permitTaker struct {
+	l        *Locker
+	ctx      context.Context
+	keys     []string // the permits' store keys
+	wait     bool
+	b        budget // the wait; zero in Reject mode
+	first    int    // the permit each look starts at, so that takers spread over the permits
+	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
+
+	watches []*lockstore.Watch
+	timer   *time.Timer
 	// answered records that the store replied (busy) to a look of this wait: a call that the
 	// wait's end cuts short is then a spent wait, not an outage (as for a lock's retries).
-	answered := false
+	answered bool
 	// attempt counts the looks as the retry strategy counts a lock's attempts (from 1); the
 	// look after fresh watches is not one.
-	for attempt, recheck := 0, false; ; {
-		if !recheck {
-			attempt++
-		}
-		recheck = false
-		busy, local, remote := &busyError{}, -1, false
-		var (
-			storeErr error // the store's error of this look, while waiting; nil when none failed
-			sawBusy  bool
-			cut      bool // the wait ran out while a call of this look was on its way
-		)
-		for j := range permits {
-			if wait && j > 0 && !time.Now().Before(deadline) {
-				break // the budget ran out during the look
-			}
-			i := (first + j) % permits
-			// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
-			sentAt := time.Now()
-			lease, err := l.lockSince(ctx, keys[i], false, time.Time{}, deadline, callerUp)
-			if err == nil {
-				return lease, nil
-			}
-			var be *busyError
-			if !errors.As(err, &be) {
-				// A waiter rides out the store's errors within its budget, as a lock's does;
-				// a bad key, a drain or the caller's end stops it.
-				if !wait || endsTheWait(ctx, err) {
-					return nil, err
-				}
-				if spentDuring(err, start, sentAt, deadline, answered) {
-					cut = true
-					break
-				}
-				storeErr = err
-				continue
-			}
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			answered, sawBusy = true, true
-			if be.retryAfter > 0 && (busy.retryAfter == 0 || be.retryAfter < busy.retryAfter) {
-				busy.retryAfter = be.retryAfter
-			}
-			// A permit held in this process is local: queueing on it costs no round trip. One
-			// that no goroutine here owns is held elsewhere. One whose owner here is on its way
-			// to the store is neither: queueing behind an owner that is only asking would send
-			// each queued taker to the store in turn.
-			switch {
-			case l.k.gate.lookupHold(keys[i]) != nil:
-				if local < 0 {
-					local = i
-				}
-			case !l.k.gate.taken(keys[i]):
-				remote = true
-			}
-		}
-		if !wait || cut || l.k.gate.closed.Load() {
-			return nil, l.gaveUp(ctx, busy)
-		}
-		now := time.Now()
-		delay, ok := l.cfg.retry(attempt)
-		if !ok || !now.Before(deadline) {
-			if storeErr != nil && !sawBusy && !answered {
-				return nil, storeErr
-			}
-			return nil, l.gaveUp(ctx, busy)
-		}
-		if busy.retryAfter > 0 {
-			delay = min(delay, busy.retryAfter)
-		}
-		turnEnd := now.Add(delay)
-		if deadline.Before(turnEnd) {
-			turnEnd = deadline
-		}
-		// A permit held elsewhere is heard through the watches of the permits (on a store
-		// that shares watches; a store that does not would spend a watch per permit and
-		// waiter, and the delays alone pace the looks there). Watches made only now may have
-		// missed a release: look once more first.
-		if _, shared := l.k.store.(lockstore.SharedWatcher); remote && watches == nil && shared {
-			fresh := false
-			// Subscribing waits for the store's confirmation: within the wait, not the caller's
-			// whole deadline.
-			wctx, cancel := context.WithDeadline(ctx, deadline)
-			for _, k := range keys {
-				w, err := l.k.store.Watch(wctx, k)
-				if err != nil {
-					break // no notification: the delays alone pace the looks
-				}
-				watches = append(watches, w)
-				fresh = fresh || w.Fresh()
-			}
-			cancel()
-			if fresh {
-				recheck = true
-				continue
-			}
-		}
-		if local >= 0 {
-			// A permit is held in this process: queue on it for a delay, so that its release
-			// hands it over without a round trip (a hot permit then stays in its process within
-			// the handoff bounds, as a lock does). With permits held elsewhere too the turn is
-			// short (remoteTurn), so that the release of one of them is seen soon; waking every
-			// parked taker on every release elsewhere instead would send them all to the store
-			// each time.
-			if remote {
-				turnEnd = earliest(turnEnd, now.Add(remoteTurn))
-			}
-			lease, err := l.lockSince(ctx, keys[local], true, start, turnEnd, callerUp)
-			switch {
-			case err == nil:
-				return lease, nil
-			case endsTheWait(ctx, err):
-				return nil, err
-			}
-			continue // busy at the turn's end, or a store error to ride out: look again
-		}
-		// Every busy permit is held elsewhere: sleep until one of them is released, one delay at most.
-		if !l.sleepAny(ctx, watches, &timer, turnEnd.Sub(now)) {
-			return nil, l.gaveUp(ctx, busy)
-		}
+	attempt int
+	recheck bool
+}
+
+func (pt *permitTaker) close() {
+	for _, w := range pt.watches {
+		w.Close()
+	}
+	if pt.timer != nil {
+		pt.timer.Stop()
 	}
 }
 
-// spentDuring reports whether err, a store call's error in a wait that began at start and ends
-// at deadline, is the wait running out during a call sent at sentAt: the call was cut by the
-// deadline, and either the store had answered this wait before (it is up, and the key busy) or
-// most of the wait had gone before the call was sent. A call given most of the wait that the
-// store never answered is the store's failure (a hung store is 503, not 409), as for a lock.
-func spentDuring(err error, start, sentAt, deadline time.Time, answered bool) bool {
-	if !errors.Is(err, context.DeadlineExceeded) || time.Now().Before(deadline) {
+// permitLook is what one look at every permit saw.
+type permitLook struct {
+	busy     *busyError // the shortest time a holder had left
+	local    int        // a busy permit held in this process, or -1
+	remote   bool       // a busy permit is held elsewhere
+	storeErr error      // the store's error of this look, while waiting; nil when none failed
+	sawBusy  bool
+	cut      bool // the wait ran out while a call of this look was on its way
+}
+
+// look tries each permit once, from pt.first, and returns the lease of the first it gets.
+func (pt *permitTaker) look() (*Lease, error, permitLook) {
+	l, ctx, permits := pt.l, pt.ctx, len(pt.keys)
+	r := permitLook{busy: &busyError{}, local: -1}
+	for j := range permits {
+		if pt.wait && j > 0 && !time.Now().Before(pt.b.deadline) {
+			break // the budget ran out during the look
+		}
+		i := (pt.first + j) % permits
+		// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
+		sentAt := time.Now()
+		lease, err := l.lockSince(ctx, pt.keys[i], false, time.Time{}, pt.b.deadline, pt.callerUp+2)
+		if err == nil {
+			return lease, nil, r
+		}
+		var be *busyError
+		if !errors.As(err, &be) {
+			// A waiter rides out the store's errors within its budget, as a lock's does; a bad
+			// key, a drain or the caller's end stops it. The wait running out during the call
+			// is the lock's rule too (budget.spentDuringCall).
+			if !pt.wait || endsTheWait(ctx, err) {
+				return nil, err, r
+			}
+			if pt.b.spentDuringCall(sentAt, pt.answered) {
+				r.cut = true
+				break
+			}
+			r.storeErr = err
+			continue
+		}
+		if ctx.Err() != nil {
+			return nil, err, r
+		}
+		pt.answered, r.sawBusy = true, true
+		if be.retryAfter > 0 && (r.busy.retryAfter == 0 || be.retryAfter < r.busy.retryAfter) {
+			r.busy.retryAfter = be.retryAfter
+		}
+		// A permit held in this process is local: queueing on it costs no round trip. One that
+		// no goroutine here owns is held elsewhere. One whose owner here is on its way to the
+		// store is neither: queueing behind an owner that is only asking would send each
+		// queued taker to the store in turn.
+		switch {
+		case l.k.gate.lookupHold(pt.keys[i]) != nil:
+			if r.local < 0 {
+				r.local = i
+			}
+		case !l.k.gate.taken(pt.keys[i]):
+			r.remote = true
+		}
+	}
+	return nil, nil, r
+}
+
+// lookAndWait makes one look, and when every permit was busy, waits for one before the next:
+// queued on a permit of this process, or until a release elsewhere is heard. done ends
+// lockPermit with the lease or the error.
+func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
+	l, ctx := pt.l, pt.ctx
+	if !pt.recheck {
+		pt.attempt++
+	}
+	pt.recheck = false
+	lease, err, r := pt.look()
+	if lease != nil || err != nil {
+		return lease, err, true
+	}
+	if !pt.wait || r.cut || l.k.gate.closed.Load() {
+		return nil, l.gaveUp(ctx, r.busy), true
+	}
+	now := time.Now()
+	delay, ok := l.cfg.retry(pt.attempt)
+	if !ok || !now.Before(pt.b.deadline) {
+		if r.storeErr != nil && !r.sawBusy && !pt.answered {
+			return nil, r.storeErr, true
+		}
+		return nil, l.gaveUp(ctx, r.busy), true
+	}
+	if r.busy.retryAfter > 0 {
+		delay = min(delay, r.busy.retryAfter)
+	}
+	turnEnd := earliest(now.Add(delay), pt.b.deadline)
+	if r.remote && pt.watchFresh() {
+		pt.recheck = true // watches made only now may have missed a release: look once more first
+		return nil, nil, false
+	}
+	if r.local >= 0 {
+		// A permit is held in this process: queue on it for a delay, so that its release hands
+		// it over without a round trip (a hot permit then stays in its process within the
+		// handoff bounds, as a lock does). With permits held elsewhere too the turn is short
+		// (remoteTurn), so that the release of one of them is seen soon; waking every parked
+		// taker on every release elsewhere instead would send them all to the store each time.
+		if r.remote {
+			turnEnd = earliest(turnEnd, now.Add(remoteTurn))
+		}
+		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, turnEnd, pt.callerUp+1)
+		switch {
+		case err == nil:
+			return lease, nil, true
+		case endsTheWait(ctx, err):
+			return nil, err, true
+		}
+		return nil, nil, false // busy at the turn's end, or a store error to ride out: look again
+	}
+	// Every busy permit is held elsewhere: sleep until one of them is released, one delay at most.
+	if !l.sleepAny(ctx, pt.watches, &pt.timer, turnEnd.Sub(now)) {
+		return nil, l.gaveUp(ctx, r.busy), true
+	}
+	return nil, nil, false
+}
+
+// watchFresh makes the watches of the permits on the first look that found one held elsewhere,
+// on a store that shares watches (one that does not would spend a watch per permit and waiter,
+// and the delays alone pace the looks there), and reports whether any is fresh: made only now,
+// it may have missed a release.
+func (pt *permitTaker) watchFresh() bool {
+	l := pt.l
+	if _, shared := l.k.store.(lockstore.SharedWatcher); pt.watches != nil || !shared {
 		return false
 	}
-	return answered || sentAt.Sub(start) > deadline.Sub(start)/2
+	// Subscribing waits for the store's confirmation: within the wait, not the caller's whole
+	// deadline.
+	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline)
+	defer cancel()
+	fresh := false
+	for _, k := range pt.keys {
+		w, err := l.k.store.Watch(wctx, k)
+		if err != nil {
+			break // no notification: the delays alone pace the looks
+		}
+		pt.watches = append(pt.watches, w)
+		fresh = fresh || w.Fresh()
+	}
+	return fresh
 }
 
 // endsTheWait reports whether err, from a look at one permit, ends a taker's wait: the

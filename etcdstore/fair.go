@@ -96,28 +96,7 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 	value := newValue(owner, l.secs, meta)
 	pk := placeKey(key, owner)
 	for {
-		cmps := writable(key)
-		if p.rev > 0 {
-			cmps = append(cmps,
-				clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),
-				clientv3.Compare(clientv3.CreateRevision(lineDir(key)), ">", p.rev-1).WithPrefix())
-		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lineDir(key)), "=", 0).WithPrefix())
-		}
-		els := []clientv3.Op{
-			clientv3.OpGet(key),
-			clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)),
-			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
-		}
-		if queue > 0 && p.lease != 0 {
-			els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
-		}
-		resp, err := s.cli.Txn(ctx).
-			If(cmps...).
-			Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
-				clientv3.OpDelete(writerKey(key)), clientv3.OpDelete(pk)).
-			Else(els...).
-			Commit()
+		resp, err := s.fairTxn(ctx, key, pk, value, l.id, p, queue)
 		if err != nil {
 			// The session lease, or the place's (kept alive at the start of this attempt, so
 			// only a very slow attempt outlives it), may be the one gone: ask which.
@@ -143,17 +122,7 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
 		}
 		s.noteBusy(key, resp.Header.Revision)
-		var a lockstore.Acquisition
-		switch {
-		case kv != nil:
-			a = busy(kv)
-		case firstKV(resp.Responses[2]) != nil:
-			if secs, meta, ok := parseReadValue(firstKV(resp.Responses[2]).Value); ok {
-				a = lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
-			}
-		default:
-			// Free, but others are first in line: HolderTTL 0.
-		}
+		a := fairRefusal(resp)
 		if queue == 0 {
 			return a, nil
 		}
@@ -174,6 +143,48 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 		}
 		return a, nil
 	}
+}
+
+// fairTxn is one fair attempt's transaction: the key is taken when it is writable and the
+// owner is first in line (its place is the oldest, or there is no line); otherwise it reads the
+// holder, a reader, and marks a writer waiting, and keeps the owner's place when it has one.
+func (s *Store) fairTxn(ctx context.Context, key, pk, value string, lease clientv3.LeaseID, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
+	cmps := writable(key)
+	if p.rev > 0 {
+		cmps = append(cmps,
+			clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),
+			clientv3.Compare(clientv3.CreateRevision(lineDir(key)), ">", p.rev-1).WithPrefix())
+	} else {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lineDir(key)), "=", 0).WithPrefix())
+	}
+	els := []clientv3.Op{
+		clientv3.OpGet(key),
+		clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(lease)),
+		clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
+	}
+	if queue > 0 && p.lease != 0 {
+		els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
+	}
+	return s.cli.Txn(ctx).
+		If(cmps...).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(lease)), clientv3.OpGet(FloorKey(key)),
+			clientv3.OpDelete(writerKey(key)), clientv3.OpDelete(pk)).
+		Else(els...).
+		Commit()
+}
+
+// fairRefusal is the busy answer of a refused fair attempt: the holder's, a reader's, or, for
+// a free key with others first in line, HolderTTL 0.
+func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
+	if kv := firstKV(resp.Responses[0]); kv != nil {
+		return busy(kv)
+	}
+	if r := firstKV(resp.Responses[2]); r != nil {
+		if secs, meta, ok := parseReadValue(r.Value); ok {
+			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
+		}
+	}
+	return lockstore.Acquisition{}
 }
 
 // LeaveQueue implements lockstore.FairQueuer: it deletes owner's place in key's line, which

@@ -30,33 +30,8 @@ func Match(pattern, s string) bool {
 			if len(s) == 0 {
 				return false
 			}
-			pattern = pattern[1:]
-			not := len(pattern) > 0 && pattern[0] == '^'
-			if not {
-				pattern = pattern[1:]
-			}
-			match := false
-			for {
-				if len(pattern) == 0 {
-					break // unterminated: as Redis, the set ends the pattern
-				}
-				if pattern[0] == '\\' && len(pattern) >= 2 {
-					pattern = pattern[1:]
-					match = match || pattern[0] == s[0]
-				} else if pattern[0] == ']' {
-					break
-				} else if len(pattern) >= 3 && pattern[1] == '-' {
-					lo, hi := pattern[0], pattern[2]
-					if lo > hi {
-						lo, hi = hi, lo
-					}
-					match = match || lo <= s[0] && s[0] <= hi
-					pattern = pattern[2:]
-				} else {
-					match = match || pattern[0] == s[0]
-				}
-				pattern = pattern[1:]
-			}
+			var match, not bool
+			pattern, match, not = matchSet(pattern[1:], s[0])
 			if match == not {
 				return false
 			}
@@ -78,4 +53,32 @@ func Match(pattern, s string) bool {
 		pattern = pattern[1:]
 	}
 	return len(s) == 0
+}
+
+// matchSet reads a [set] (pattern starts after its '['), and returns the pattern from its
+// closing ']' on ("" for an unterminated set, which ends the pattern, as in Redis), whether c is
+// in the set, and whether the set is negated ([^...]).
+func matchSet(pattern string, c byte) (rest string, match, not bool) {
+	not = len(pattern) > 0 && pattern[0] == '^'
+	if not {
+		pattern = pattern[1:]
+	}
+	for len(pattern) > 0 && pattern[0] != ']' {
+		switch {
+		case pattern[0] == '\\' && len(pattern) >= 2:
+			pattern = pattern[1:]
+			match = match || pattern[0] == c
+		case len(pattern) >= 3 && pattern[1] == '-':
+			lo, hi := pattern[0], pattern[2]
+			if lo > hi {
+				lo, hi = hi, lo
+			}
+			match = match || lo <= c && c <= hi
+			pattern = pattern[2:]
+		default:
+			match = match || pattern[0] == c
+		}
+		pattern = pattern[1:]
+	}
+	return pattern, match, not
 }

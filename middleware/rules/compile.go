@@ -64,14 +64,8 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 			return nil, err
 		}
 		if s.Name != "" {
-			// Rules may share a name (one goctl @server group) when each says which of the
-			// group's requests it locks: a Method or a Path, not both the same as another's.
-			for _, prev := range seenName[s.Name] {
-				if (s.Method == "" && s.Path == "") || (prev.Method == "" && prev.Path == "") ||
-					(strings.EqualFold(prev.Method, s.Method) && prev.Path == s.Path) {
-					return nil, FieldError(s.Field+".Name", "%s is already the name of %s; rules that share a name each need "+
-						"their own Method or Path, the requests of the group they lock", s.Name, prev.Field)
-				}
+			if err := checkSharedName(s, seenName[s.Name]); err != nil {
+				return nil, err
 			}
 			seenName[s.Name] = append(seenName[s.Name], s)
 		}
@@ -108,6 +102,20 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// checkSharedName refuses s when an earlier rule of its Name (prev) locks the same requests of
+// the group. Rules may share a name (one goctl @server group) when each says which of the
+// group's requests it locks: a Method or a Path, not both the same as another's.
+func checkSharedName(s Spec, prev []Spec) error {
+	for _, p := range prev {
+		if (s.Method == "" && s.Path == "") || (p.Method == "" && p.Path == "") ||
+			(strings.EqualFold(p.Method, s.Method) && p.Path == s.Path) {
+			return FieldError(s.Field+".Name", "%s is already the name of %s; rules that share a name each need "+
+				"their own Method or Path, the requests of the group they lock", s.Name, p.Field)
+		}
+	}
+	return nil
 }
 
 // CompileHTTP compiles the REST part of a rule.

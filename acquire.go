@@ -1,0 +1,246 @@
+package flightlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// acquire talks to the store for the gate's owner: one attempt, then in wait mode more attempts
+// per the retry strategy, each sleep cut short by the holder's release notification and never
+// longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
+// first, because waiters elsewhere were just woken by this process's release. A non-zero asked
+// makes it a fair acquisition (WithFair) of a Lock that began then: each attempt keeps the
+// caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
+// nil, is the caller among its process's fair waiters of key: until it is their head it
+// neither watches the key nor looks again at its releases. Every primitive's store grant
+// comes through here (a lock, a permit, a read hold, a fair place), so the wait's rules live
+// once: how a spent wait is told from a store outage, retries after the store's trouble, the
+// bound of each call.
+func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
+	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
+	if !asked.IsZero() {
+		a.fair, _ = l.k.store.(lockstore.FairQueuer) // fitStore made sure
+		if a.wait {
+			a.queue = FairQueueTTL
+			defer func() {
+				if err != nil { // a waiter that gives up must not hold up the line
+					go l.k.leaveQueue(ctx, key, a.owner)
+				}
+			}()
+		}
+	}
+	a.meta = l.withKind(ctx)
+	defer a.close()
+	if yield && a.wait {
+		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
+		d, _ := l.cfg.retry(1)
+		if !l.sleep(b.context(), a.watch.C(), &a.timer, d) {
+			return nil, l.gaveUp(ctx, &busyError{})
+		}
+	}
+	for {
+		res, sentAt, sent, err := a.call(b)
+		var done bool
+		switch {
+		case err != nil:
+			done, err = a.afterError(b, err, sentAt)
+		case res.Acquired:
+			h, done, err = a.afterGrant(b, res, sent)
+		default:
+			done, err = a.afterBusy(b, res)
+		}
+		if done {
+			return h, err
+		}
+	}
+}
+
+// acquisition is the state of one acquire: the caller's, and what its attempts saw. The wait's
+// budget is passed to its methods, not kept in it: escape analysis does not tell its fields
+// apart, and a budget pointer kept here would move every Lock's budget to the heap.
+type acquisition struct {
+	l     *Locker
+	ctx   context.Context
+	key   string
+	owner string // changes when an attempt whose outcome is unknown is given back
+	asked time.Time
+	fw    *fairWaiter
+	kind  holdKind
+	wait  bool
+	fair  lockstore.FairQueuer // the store, for a fair acquisition; nil otherwise
+	queue time.Duration        // how long the caller's place in line lives; 0 takes none
+	meta  string
+
+	watch    *lockstore.Watch
+	timer    *time.Timer
+	attempt  int
+	delay    time.Duration // the sleep before the next attempt, from the retry strategy
+	recheck  bool          // the next attempt is the look after a fresh watch (not counted)
+	storeErr error         // the store's error of the last attempt, while waiting; nil after a reply
+	holder   time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
+}
+
+func (a *acquisition) close() {
+	a.watch.Close()
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+}
+
+// call makes one attempt, bounded by callContext. It returns when it was sent, on the wait's
+// clock and on the lock's.
+func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent time.Time, err error) {
+	l := a.l
+	callCtx, cancel := l.callContext(a.ctx, b)
+	sentAt, sent = time.Now(), l.k.now()
+	if a.fair != nil {
+		res, err = a.fair.AcquireFair(callCtx, a.key, a.owner, l.cfg.ttl, a.meta, a.asked, a.queue)
+	} else {
+		res, err = l.k.store.Acquire(callCtx, a.key, a.owner, l.cfg.ttl, a.meta)
+	}
+	cancel()
+	return res, sentAt, sent, err
+}
+
+// afterError handles an attempt that failed with err: a waiter whose store answered before
+// tries again within its wait; otherwise the wait ends, busy when it ran out during the call
+// and with the store's error when the store never answered in time.
+func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done bool, _ error) {
+	l := a.l
+	again := a.wait && a.attempt > 0 && !b.spent()
+	if mayHaveRun(err) {
+		// What the call may have taken unseen is given back, in the background: the store is
+		// failing, and a give-back bounded by its own half second would carry the caller past
+		// its deadline. The next attempt takes a new owner token: the call may still land
+		// later, and its store then gives back what it took by owner, which must not be the
+		// next attempt's grant.
+		l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+		if again {
+			if a.queue > 0 {
+				go l.k.leaveQueue(a.ctx, a.key, a.owner) // the new owner takes a place of its own
+			}
+			a.owner = freshOwner(a.owner)
+		}
+	}
+	if again {
+		// A waiter: the store answered before, so this is a failover or a restart on its way,
+		// which takes a second or two. Try again within the wait; a store still down when it
+		// runs out ends it with the store's error (storeErr).
+		a.storeErr = err
+		if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, err); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
+	if a.storeErr != nil {
+		return true, a.storeErr // down from the error before the deadline on
+	}
+	if a.wait && b.spentDuringCall(sentAt, a.attempt > 0) {
+		// The wait ran out while the store was being asked: busy, when it ran out during a
+		// retry of a key we saw held, or when most of it had gone before this first attempt
+		// was sent (queued in the process, or on an earlier key of a LockAll). A first attempt
+		// given most of the wait that the store did not answer is the store's error (a hung
+		// store answers 503, not 409).
+		return true, l.busy(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
+	}
+	return true, err
+}
+
+// afterGrant makes the hold of a granted attempt, or, when the reply came too late to hold the
+// lock safely, gives it back and tries again within the wait.
+func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time.Time) (*hold, bool, error) {
+	l := a.l
+	a.storeErr = nil
+	if !l.k.tooLate(sent) {
+		return newHold(l.k, a.key, a.owner, res.Fence, "", sent, a.kind), true, nil
+	}
+	// The lock's TTL counts from the send: too little of it is left to hold it safely. Give it
+	// back. For a waiter this is a passing condition of the store (a leader election, a
+	// stall), like an error after an answer: it tries again within its budget, as a new owner
+	// (the give-back runs by the old token).
+	l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+	if !a.wait || b.spent() {
+		return nil, true, errLateReply
+	}
+	a.owner, a.storeErr = freshOwner(a.owner), errLateReply
+	if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, errLateReply); err != nil {
+		return nil, true, err
+	}
+	return nil, false, nil
+}
+
+// afterBusy handles a busy reply: the holder check, the retry strategy's next delay, and the
+// sleep until the holder's release (or the delay) before the next attempt.
+func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, error) {
+	l, ctx := a.l, a.ctx
+	a.storeErr = nil
+	a.holder = time.Now().Add(res.HolderTTL)
+	if res.Holder != "" {
+		l.reportDrift(ctx, a.key, res.Holder)
+		if check := l.cfg.holders; check != nil {
+			if cause := check(ctx, res.Holder); cause != nil {
+				// Busy (409 / Aborted, RetryAfter) and the caller's reason, for errors.Is.
+				return true, fmt.Errorf("%w: %w", &busyError{retryAfter: res.HolderTTL}, cause)
+			}
+		}
+	}
+	if a.recheck {
+		// The look after a fresh watch is not an attempt of the retry strategy: it neither
+		// uses up a capped attempt nor moves the backoff on; the sleep is the one the attempt
+		// before it chose, cut to what is left of the holder's TTL.
+		a.recheck = false
+	} else {
+		a.attempt++
+		var ok bool
+		if a.delay, ok = l.cfg.retry(a.attempt); !a.wait || !ok {
+			return true, &busyError{retryAfter: res.HolderTTL}
+		}
+		if o := l.cfg.observer; o != nil && o.Retry != nil {
+			o.Retry(ctx, a.key, a.attempt, res.HolderTTL)
+		}
+	}
+	return a.sleepAfterBusy(b, res.HolderTTL)
+}
+
+// sleepAfterBusy sleeps before the next attempt on a busy key: until the holder's release is
+// heard, the delay, the holder's TTL or, for a fair waiter, its next look to keep its place.
+func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, error) {
+	l, ctx := a.l, a.ctx
+	delay := a.delay
+	if holderTTL > 0 {
+		delay = min(delay, holderTTL)
+	}
+	if a.fair != nil {
+		delay = min(delay, FairLookEvery) // keep the place in line
+	}
+	a.delay = delay // a recheck's sleep is this one, cut further by the holder's TTL then
+	if a.fw != nil && !a.fw.isHead() {
+		// Another waiter of this process is before this one: it looks at each release; this
+		// one keeps its place at FairLookEvery, or looks as soon as it is first.
+		if !l.sleep(b.context(), a.fw.head, &a.timer, FairLookEvery) {
+			return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+		}
+		return false, nil
+	}
+	if a.watch == nil {
+		// Subscribing can fail (the store down, cluster quirks): then we poll.
+		if a.watch, _ = l.k.store.Watch(b.context(), a.key); a.watch.Fresh() && !b.spent() {
+			if l.k.gate.closed.Load() {
+				// Drained while subscribing: answer as a sleeping owner does.
+				return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+			}
+			// A release between the busy reply and the subscription published to nobody: look
+			// once more, now that a release would be heard, before sleeping (otherwise the
+			// waiter slept to its retry delay, or the holder's TTL, with the key free).
+			a.recheck = true
+			return false, nil
+		}
+	}
+	if !l.sleep(b.context(), a.watch.C(), &a.timer, delay) {
+		return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+	}
+	return false, nil
+}
