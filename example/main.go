@@ -15,16 +15,19 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 
 	"github.com/flightlock/flightlock/example/app"
-	// Development only: a Lock section without a Redis host runs on an in-memory Redis.
-	_ "github.com/flightlock/flightlock/middleware/devstore"
-	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
-	_ "github.com/flightlock/flightlock/middleware/share"
+	"github.com/flightlock/flightlock/lockstore/embedded"
+	flmw "github.com/flightlock/flightlock/middleware"
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 var configFile = flag.String("f", "etc/flightlock-example.yaml", "the config file")
 
 func main() {
 	flag.Parse()
+	// Development only: a Lock section without a Redis host runs on an in-memory Redis.
+	flmw.EmbeddedStore = embedded.New
+	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
+	flmw.ResponseSharing = share.New
 
 	c, err := app.LoadConfig(*configFile)
 	logx.Must(err)

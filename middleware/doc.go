@@ -29,7 +29,7 @@
 //
 // A rule with OnBusy "share" runs the handler once for a request and its duplicates, which get
 // its response, marked Idempotent-Replayed. It needs response sharing linked into the binary:
-// import _ "github.com/flightlock/flightlock/middleware/share" in main.go (see that package).
+// flmw.ResponseSharing = share.New in main.go (see that package).
 //
 // Wiring, for a REST service:
 //

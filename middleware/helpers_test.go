@@ -3,6 +3,8 @@ package middleware
 import (
 	"context"
 	"errors"
+	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/middleware/share"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +25,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// As a development binary with share rules sets them in main: the embedded store for the
+	// configs that name no store, response sharing for OnBusy share.
+	EmbeddedStore, ResponseSharing = embedded.New, share.New
 	if addr := os.Getenv(drainHolderEnv); addr != "" {
 		os.Exit(drainHolder(addr)) // this process is the holder of TestDrainOnSIGTERM
 	}

@@ -86,14 +86,14 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		_ = m.Close()
 		return nil, err
 	}
-	if sharehook.New != nil {
+	if ResponseSharing != nil {
 		// Stored responses go under the etcd prefix the base Locker puts before lock keys
 		// (buildStores): Lock.Etcd.Key, or nothing for an injected Locker.
 		etcdPrefix := c.Etcd.Key
 		if m.injected {
 			etcdPrefix = ""
 		}
-		m.sharing = sharehook.New(sharehook.Config{Bases: m.bases, EtcdPrefix: etcdPrefix, Prefix: c.Prefix,
+		m.sharing = ResponseSharing(sharehook.Config{Bases: m.bases, EtcdPrefix: etcdPrefix, Prefix: c.Prefix,
 			Wait: c.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
 	}
 	for _, cr := range compiled {

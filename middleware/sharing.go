@@ -8,9 +8,18 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// shareImport is the package that links response sharing (OnBusy share) into a binary; the
-// middleware reaches it through sharehook only, and lends it each share rule's lock (shareLocks).
-const shareImport = "github.com/flightlock/flightlock/middleware/share"
+// ResponseSharing is the response sharing of OnBusy share rules; nil (the default) refuses such
+// a rule at start-up. A service with share rules sets it in main, before it builds the
+// middleware:
+//
+//	flmw.ResponseSharing = share.New // github.com/flightlock/flightlock/middleware/share
+//
+// Services without share rules leave it nil and do not link the package. The middleware
+// reaches it through sharehook only, and lends it each share rule's lock (shareLocks).
+var ResponseSharing func(sharehook.Config) sharehook.Group
+
+// responseSharingLine is the line that sets ResponseSharing, as an error names it.
+const responseSharingLine = "flmw.ResponseSharing = share.New (github.com/flightlock/flightlock/middleware/share)"
 
 // ReplayedHeader (REST) and ReplayedMetadata (zrpc, response header metadata) mark a response
 // that a duplicate received from the request that ran the handler (in this process or
@@ -26,8 +35,8 @@ const (
 var ErrPayloadMismatch = sharehook.ErrPayloadMismatch
 
 // shareParts gives the parts of cr, a rule that locks in store, their response sharing when
-// its OnBusy is share. Without middleware/share in the binary that is an error naming the
-// import (field names the rule); so is, when strict, a store that cannot keep responses: a
+// its OnBusy is share. Without ResponseSharing set that is an error naming the line that sets
+// it (field names the rule); so is, when strict, a store that cannot keep responses: a
 // rule built later with Route on one shares within its process only, its failures logged.
 func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bool) error {
 	if cr.spec.OnBusy != rules.OnBusyShare {
@@ -35,7 +44,7 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 	}
 	if m.sharing == nil {
 		return rules.FieldError(field+".OnBusy", "is share, and this binary does not link response sharing: "+
-			"add import _ %q to the service's main.go", shareImport)
+			"add %s to the service's main.go", responseSharingLine)
 	}
 	if err := m.sharing.StoreError(store); err != nil && strict {
 		return rules.FieldError(field+".OnBusy", "%v", err)

@@ -9,7 +9,6 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/flightlock/flightlock/middleware/internal/devhook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/logx"
@@ -44,12 +43,22 @@ func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.
 	return redisstore.New(client, all...), nil
 }
 
-// devstoreImport is the package that links the embedded store into a binary.
-const devstoreImport = "github.com/flightlock/flightlock/middleware/devstore"
+// EmbeddedStore opens the embedded in-memory Redis that a LockConf naming no store runs on, for
+// development; nil (the default) refuses such a config at start-up. A development binary sets
+// it in main, before it builds the middleware:
+//
+//	flmw.EmbeddedStore = embedded.New // github.com/flightlock/flightlock/lockstore/embedded
+//
+// Production binaries leave it nil, and then link neither miniredis nor its Lua interpreter.
+// New refuses the embedded store in pre and pro mode whatever this says.
+var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error)
+
+// embeddedStoreLine is the line that sets EmbeddedStore, as an error names it.
+const embeddedStoreLine = "flmw.EmbeddedStore = embedded.New (github.com/flightlock/flightlock/lockstore/embedded)"
 
 // newRedisLocker builds the store that c.Redis describes and the Locker on it, for a service in
 // go-zero mode mode ("" when unknown). Without a host the store is the embedded one, when the
-// binary links it (devstore), and never silently: refused in pre and pro, logged at error
+// binary sets EmbeddedStore, and never silently: refused in pre and pro, logged at error
 // level otherwise.
 func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, error) {
 	var (
@@ -66,13 +75,13 @@ func newRedisLocker(c LockConf, mode string) (*flightlock.Locker, func() error, 
 				"each process locks of its own; set %s (for per-process locks on purpose, pass an embedded "+
 				"store with WithStore)", mode, shared)
 		}
-		if devhook.Open == nil {
+		if EmbeddedStore == nil {
 			return nil, nil, rules.FieldError("Lock.Redis.Host", "is empty and this binary links no embedded store: set "+
-				"%s, or, for development, add import _ %q to the service's main.go", shared, devstoreImport)
+				"%s, or, for development, add %s to the service's main.go", shared, embeddedStoreLine)
 		}
 		logx.Errorf("flightlock: Lock.Redis.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
 			"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", cmp.Or(mode, "unknown"))
-		store, err = devhook.Open(c.Redis.StoreOptions()...)
+		store, err = EmbeddedStore(c.Redis.StoreOptions()...)
 	} else {
 		var client redis.UniversalClient
 		if client, err = c.Redis.Client(); err == nil {

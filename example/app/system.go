@@ -29,12 +29,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 
-	// The example runs its services on the embedded store when their config names no Redis.
 	flmw "github.com/flightlock/flightlock/middleware"
-	_ "github.com/flightlock/flightlock/middleware/devstore"
-
-	// The order API's place-order rule shares its response with duplicates (OnBusy: share).
-	_ "github.com/flightlock/flightlock/middleware/share"
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 // Demo data created at start-up when absent (Seed: true).
@@ -67,6 +63,12 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if flmw.ResponseSharing == nil {
+		// The order API's place-order rule shares its response with duplicates (OnBusy:
+		// share): set as the example's main.go sets it, for the binaries (tests, benchmarks)
+		// that build the system without that main.
+		flmw.ResponseSharing = share.New
 	}
 	s := &System{}
 	defer func() {

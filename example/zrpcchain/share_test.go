@@ -15,7 +15,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	flmw "github.com/flightlock/flightlock/middleware"
-	_ "github.com/flightlock/flightlock/middleware/share" // OnBusy: share, as a service with share rules links it
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 // Duplicates on two zrpc servers, each with its own Middleware (two processes on one Redis),
@@ -23,6 +23,7 @@ import (
 // replayed: go-zero's chain (breaker, timeout, tracing) neither retries nor cuts the shared
 // answer.
 func TestShareRepliesThroughZrpcServers(t *testing.T) {
+	flmw.ResponseSharing = share.New // as the main.go of a service with share rules sets it
 	srv := redistest.Start(t)
 	var runs atomic.Int64
 	handler := func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {

@@ -1,12 +1,12 @@
 // Package share links response sharing (OnBusy share) into a service: while a request holds
 // a rule's key, its duplicates wait (within the rule's Wait and their own deadline) and then get
-// its response instead of running the handler. Import it for its side effect, in the main
-// package of every service whose config has a rule with OnBusy share:
+// its response instead of running the handler. Every service whose config has a rule with
+// OnBusy share sets it in main, before it builds the middleware:
 //
-//	import _ "github.com/flightlock/flightlock/middleware/share"
+//	flmw.ResponseSharing = share.New
 //
 // Without it, middleware.New refuses such a config at start-up with an error that names this
-// import, and services without share rules do not link it.
+// line, and services without share rules do not link the package.
 //
 // In one process the duplicates join the first request's flight (golang.org/x/sync/singleflight,
 // in group.flights); across processes they queue for the lock, and the holder stores its
@@ -36,7 +36,8 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-func init() { sharehook.New = newGroup }
+// New is response sharing for one Middleware: what middleware.ResponseSharing takes.
+func New(c sharehook.Config) sharehook.Group { return newGroup(c) }
 
 // group is the response sharing of one Middleware.
 type group struct {

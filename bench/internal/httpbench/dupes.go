@@ -16,7 +16,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/stat"
 
 	flmw "github.com/flightlock/flightlock/middleware"
-	_ "github.com/flightlock/flightlock/middleware/share" // DupRule's OnBusy share
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 // The duplicates scenario: Dups concurrent duplicates of one request (one
@@ -45,6 +45,7 @@ type DupServer struct {
 
 // NewDupServer starts a DupServer on a free loopback port, its middleware built from conf.
 func NewDupServer(conf flmw.LockConf) (*DupServer, error) {
+	flmw.ResponseSharing = share.New // DupRule's OnBusy share, as a service's main.go sets it
 	m, err := flmw.New(conf)
 	if err != nil {
 		return nil, err

@@ -26,10 +26,6 @@ const (
 // another payload; the middleware exports it and maps it to 422 / InvalidArgument.
 var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
 
-// New builds the response sharing of one Middleware, once, in middleware.New; nil unless
-// middleware/share is linked into the binary.
-var New func(Config) Group
-
 // Config is what the response sharing of one Middleware is built from.
 type Config struct {
 	// Bases holds the base Locker of each store the rules lock in, by store name ("redis",
