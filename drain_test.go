@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Drain refuses new locks at once, lets the holders finish (re-entries included), answers
@@ -152,5 +154,99 @@ func TestDrainIdle(t *testing.T) {
 	}
 	if _, err := l.TryLock(context.Background(), "x"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("TryLock after Drain: %v, want ErrClosed", err)
+	}
+}
+
+// stallReenter is a store whose Reenter, once it has run, waits until the test lets its reply
+// go: a re-entry whose reply is on its way back while the process drains.
+type stallReenter struct {
+	lockstore.Store
+	ran     chan struct{}
+	release chan struct{}
+}
+
+func (s *stallReenter) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
+	a, err := s.Store.Reenter(ctx, key, owner, hold, ttl)
+	close(s.ran)
+	<-s.release
+	return a, err
+}
+
+// Drain returns only when the process holds no lock. A re-entry of another process's lock
+// through a handed-over owner (a borrowed hold) that was taken in Redis when Drain looked is
+// held by the process, but the gate only counted it once the reply came (addBorrowed then):
+// Drain returns nil in between, and a process that exits then leaves the hold in Redis, which
+// keeps the upstream's lock from its peers for a TTL after the upstream released it.
+func TestDrainWaitsForABorrowedHoldOnTheWire(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	upstream := mustLocker(t, s)
+	up, err := upstream.Lock(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Release(ctx)
+	owner := up.Owner()
+
+	st := &stallReenter{Store: s, ran: make(chan struct{}), release: make(chan struct{})}
+	l := mustLocker(t, st)
+	got := make(chan lockResult, 1)
+	go func() {
+		lease, err := l.Lock(withOwner(ctx, up.Key(), owner), "b")
+		got <- lockResult{lease, err}
+	}()
+	<-st.ran // the hold is listed in Redis; its reply has not come back
+
+	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	derr := l.Drain(dctx)
+	cancel()
+	close(st.release)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("borrowed re-entry: %v", r.err)
+	}
+	if derr == nil {
+		t.Errorf("Drain returned nil while the process held a re-entry of %q in Redis (value %q), granted %v",
+			up.Key(), mustGet(mr, up.Key()), r.lease.Grant())
+	}
+	_ = r.lease.Release(ctx)
+}
+
+// A caller that waits for a key held by another process waits in acquire's retry loop, not in
+// the gate's queue. Drain tells queued callers ErrClosed, but this one keeps retrying: Drain
+// waits for it as for a held lock (and reports it as held when its grace ends) though the
+// process holds nothing, and once the other process releases, the caller gets the lock after
+// the drain, with a context that the drain never cancels.
+func TestDrainAnswersACallerRetryingInRedis(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	other := mustLocker(t, s)
+	held, err := other.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mustLocker(t, s, WithWait(10*time.Second))
+	got := lockIn(l, "k")
+	waitFor(t, 5*time.Second, "the caller to own the gate slot", func() bool { return l.gateLen() == 1 })
+	time.Sleep(20 * time.Millisecond) // it is retrying in Redis
+
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	derr := l.Drain(dctx)
+	cancel()
+	if derr != nil {
+		t.Errorf("Drain while the process holds nothing (one caller retrying in Redis): %v", derr)
+	}
+	_ = held.Release(ctx)
+	select {
+	case r := <-got:
+		if r.err == nil {
+			t.Errorf("the caller got the lock after the drain (grant %v), context cause %v",
+				r.lease.Grant(), context.Cause(r.lease.Context()))
+			_ = r.lease.Release(ctx)
+		} else if !errors.Is(r.err, ErrClosed) {
+			t.Errorf("the caller: %v, want ErrClosed", r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the caller did not return")
 	}
 }

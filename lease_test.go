@@ -3,13 +3,17 @@ package flightlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
@@ -395,4 +399,478 @@ func TestReleaseHandingToALocalWaiterSucceedsOnAnEndedContext(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A lease makes its context only when Context is first called (issue 17: a lease held without
+// it costs no cancelable context). Whatever ended the lease before that call (loss, release,
+// drain, the caller's context) ends the context it then gets, with the same cause.
+func TestLeaseContextMadeLateCarriesItsEnd(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+
+	t.Run("lost", func(t *testing.T) {
+		clk := newManualClock()
+		fs := &faultStore{Store: newMemStore()}
+		l := mustLocker(t, fs, WithTTL(ttl), withClock(clk))
+		lease, err := l.Lock(ctx, "late:lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := lockstore.ErrNotHeld
+		fs.failRefresh.Store(&refused)
+		clk.Advance(ttl / 3)
+		if cause := context.Cause(lease.Context()); cause != ErrLost {
+			t.Fatalf("context asked for after the loss: cause %v, want ErrLost", cause)
+		}
+		_ = lease.Release(ctx)
+	})
+
+	t.Run("released", func(t *testing.T) {
+		l := mustLocker(t, newMemStore())
+		lease, err := l.Lock(ctx, "late:released")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := lease.Context().Err(); !errors.Is(err, context.Canceled) {
+			t.Fatalf("context asked for after release: %v, want context.Canceled", err)
+		}
+	})
+
+	t.Run("drained", func(t *testing.T) {
+		l := mustLocker(t, newMemStore())
+		lease, err := l.Lock(ctx, "late:drained")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := l.Drain(dctx); err == nil {
+			t.Fatal("drain with a lock held and an ended context reported nothing left")
+		}
+		if cause := context.Cause(lease.Context()); cause != ErrClosed {
+			t.Fatalf("context asked for after drain interrupted the lease: cause %v, want ErrClosed", cause)
+		}
+		_ = lease.Release(ctx)
+	})
+
+	t.Run("parent", func(t *testing.T) {
+		l := mustLocker(t, newMemStore())
+		pctx, cancel := context.WithCancelCause(ctx)
+		lease, err := l.Lock(pctx, "late:parent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := errors.New("caller gave up")
+		cancel(stop)
+		if cause := context.Cause(lease.Context()); cause != stop {
+			t.Fatalf("context asked for after its parent ended: cause %v, want the parent's", cause)
+		}
+		if FromContext(lease.Context()) != lease {
+			t.Fatal("the late context does not carry its lease")
+		}
+		_ = lease.Release(ctx)
+	})
+
+	// The first end wins, as with a context made by Lock: the lease's own end before its
+	// parent's, the parent's before the lease's.
+	t.Run("order", func(t *testing.T) {
+		l := mustLocker(t, newMemStore())
+		stop := errors.New("caller gave up")
+
+		pctx, cancel := context.WithCancelCause(ctx)
+		first, err := l.Lock(pctx, "late:order:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = first.Release(ctx)
+		cancel(stop)
+		if cause := context.Cause(first.Context()); cause != context.Canceled {
+			t.Fatalf("released, then the parent ended: cause %v, want context.Canceled", cause)
+		}
+
+		pctx, cancel = context.WithCancelCause(ctx)
+		second, err := l.Lock(pctx, "late:order:2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel(stop)
+		_ = second.Release(ctx)
+		if cause := context.Cause(second.Context()); cause != stop {
+			t.Fatalf("the parent ended, then released: cause %v, want the parent's", cause)
+		}
+	})
+
+	// Goroutines asking for the context while the lease is lost all get the one context,
+	// ended with ErrLost (run with -race).
+	t.Run("concurrent", func(t *testing.T) {
+		clk := asyncClock{newManualClock()}
+		fs := &faultStore{Store: newMemStore()}
+		l := mustLocker(t, fs, WithTTL(ttl), withClock(clk))
+		lease, err := l.Lock(ctx, "late:concurrent")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := lockstore.ErrNotHeld
+		fs.failRefresh.Store(&refused)
+		var wg sync.WaitGroup
+		got := make([]context.Context, 8)
+		for i := range got {
+			wg.Go(func() { got[i] = lease.Context() })
+		}
+		clk.Advance(ttl / 3)
+		wg.Wait()
+		waitFor(t, 5*time.Second, "the refused renewal to lose the lease", func() bool {
+			return context.Cause(lease.Context()) == ErrLost
+		})
+		for _, c := range got {
+			if c != lease.Context() {
+				t.Fatal("two contexts for one lease")
+			}
+		}
+		_ = lease.Release(ctx)
+	})
+}
+
+// A hold keeps its first lease inline and the others in its rare part (memory per held lock):
+// adding and removing in any order must keep exactly the leases added and not removed, since a
+// lease missing from it is never told ErrLost, and a lease left in it is ended twice. The rare
+// part made for a second lease keeps the hold's owner token as it was.
+func TestHoldLeasesKeepWhatWasAddedAndNotRemoved(t *testing.T) {
+	leases := make([]*Lease, 5)
+	for i := range leases {
+		leases[i] = &Lease{fence: int64(i)}
+	}
+	contents := func(h *hold) []int64 {
+		var out []int64
+		if h.first != nil {
+			out = append(out, h.first.fence)
+		}
+		if e := h.ext.Load(); e != nil {
+			for _, x := range e.more {
+				out = append(out, x.fence)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	minted, foreign := newOwnerToken(), "an-owner-token-of-another-process"
+	for _, tc := range []struct {
+		name   string
+		add    []int
+		remove []int
+		want   []int64
+	}{
+		{"one", []int{0}, nil, []int64{0}},
+		{"one removed", []int{0}, []int{0}, nil},
+		{"first removed, a later one moves up", []int{0, 1, 2}, []int{0}, []int64{1, 2}},
+		{"a later one removed", []int{0, 1, 2}, []int{1}, []int64{0, 2}},
+		{"all removed, then added again", []int{0, 1, 2}, []int{2, 0, 1}, nil},
+		{"removing one not there changes nothing", []int{0, 1}, []int{3}, []int64{0, 1}},
+		{"removed twice", []int{0, 1, 2, 3, 4}, []int{3, 3, 0}, []int64{1, 2, 4}},
+	} {
+		for _, owner := range []string{minted, foreign} {
+			t.Run(tc.name, func(t *testing.T) {
+				h := &hold{}
+				h.setOwner(owner, "")
+				for _, i := range tc.add {
+					h.addLeaseLocked(leases[i])
+				}
+				for _, i := range tc.remove {
+					h.removeLeaseLocked(leases[i])
+				}
+				if got := contents(h); !slices.Equal(got, tc.want) {
+					t.Errorf("hold keeps leases of fences %v, want %v", got, tc.want)
+				}
+				h.addLeaseLocked(leases[4])
+				if got := contents(h); !slices.Contains(got, 4) || len(got) != len(tc.want)+1 {
+					t.Errorf("after one more add the hold keeps %v, want %v and 4", got, tc.want)
+				}
+				if h.owner() != owner {
+					t.Errorf("owner token %q after the leases changed, want %q", h.owner(), owner)
+				}
+			})
+		}
+	}
+}
+
+// swapCtx is a context whose values change over time, as pooled framework contexts do (gin's
+// Context with ContextWithFallback reads c.Request.Context(), and gin reuses a Context for the
+// next request once the handler returned).
+type swapCtx struct {
+	mu    sync.Mutex
+	inner context.Context
+}
+
+func (s *swapCtx) get() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inner
+}
+func (s *swapCtx) set(c context.Context) {
+	s.mu.Lock()
+	s.inner = c
+	s.mu.Unlock()
+}
+func (s *swapCtx) Deadline() (time.Time, bool) { return s.get().Deadline() }
+func (s *swapCtx) Done() <-chan struct{}       { return s.get().Done() }
+func (s *swapCtx) Err() error                  { return s.get().Err() }
+func (s *swapCtx) Value(k any) any             { return s.get().Value(k) }
+
+// The outer lease of a lease is the one its parent context held when Lock was called, not
+// whatever the parent context holds when the chain is walked: after a pooled context moved on
+// to a request that holds B, work left over from the first request must wait for B, not
+// re-enter the other request's lease (review of 79205c8, which looked the outer lease up again
+// on every walk: two holders inside B, the re-entry with B's fence).
+func TestOuterLeaseIsTheOneHeldAtLock(t *testing.T) {
+	bg := context.Background()
+	l := mustLocker(t, newMemStore())
+	sc := &swapCtx{inner: bg}
+	a, err := l.Lock(sc, "swap:A") // request 1, in the pooled context
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover := context.WithoutCancel(a.Context()) // request 1's background work
+	_ = a.Release(bg)
+	b, err := l.Lock(bg, "swap:B") // request 2
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(bg)
+	sc.set(b.Context()) // the pooled context serves request 2 now
+
+	ctx, cancel := context.WithTimeout(leftover, 100*time.Millisecond)
+	defer cancel()
+	if x, err := l.Lock(ctx, "swap:B"); err == nil {
+		defer x.Release(bg)
+		t.Fatalf("request 1's work got B while request 2 holds it: grant %v, fence %d (B's %d)", x.Grant(), x.Fence(), b.Fence())
+	}
+}
+
+// The gate counts a run of handoffs in 16 bits: a larger WithHandoff bound counts as 65,535, so
+// the count can never wrap around and hand a hot key on forever (which would also break the
+// fence argument that bounds a run below the TTL's microseconds).
+func TestHandoffRunIsBoundedBy16Bits(t *testing.T) {
+	l := mustLocker(t, newMemStore(), WithHandoff(1<<30, time.Second), WithTTL(time.Hour))
+	if l.k.handoff != maxHandoffRun {
+		t.Fatalf("handoff bound %d, want %d (the gate's 16-bit count)", l.k.handoff, maxHandoffRun)
+	}
+	l = mustLocker(t, newMemStore(), WithHandoff(100, time.Second), WithTTL(time.Hour))
+	if l.k.handoff != 100 {
+		t.Fatalf("handoff bound %d, want the 100 asked for", l.k.handoff)
+	}
+}
+
+// A lease finds the lease of the context it was locked in through that context (Lease.outer),
+// before and after its own context is made, and AllFromContext lists the chain innermost first.
+func TestOuterLeaseThroughTheParentContext(t *testing.T) {
+	ctx := context.Background()
+	l := mustLocker(t, newMemStore())
+	a, err := l.Lock(ctx, "outer:a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	b, err := l.Lock(a.Context(), "outer:b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if got := b.outer; got != a {
+		t.Fatalf("before b's context is made: outer %p, want a %p", got, a)
+	}
+	all := AllFromContext(b.Context())
+	if len(all) != 2 || all[0] != b || all[1] != a {
+		t.Fatalf("AllFromContext = %v, want [b a]", all)
+	}
+	if got := b.outer; got != a {
+		t.Fatalf("after b's context is made: outer %p, want a %p", got, a)
+	}
+	if a.outer != nil {
+		t.Fatal("a was locked in a context without a lease, yet has an outer lease")
+	}
+}
+
+// A lease's context prints its key, not the lease's fields (which its locks guard): printing it
+// while the lease is released from another goroutine is no data race (go test -race).
+func TestLeaseContextPrintsItsKey(t *testing.T) {
+	ctx := context.Background()
+	l := mustLocker(t, newMemStore())
+	x, err := l.Lock(ctx, "print:me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx := x.Context()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = x.Release(ctx) })
+	s := fmt.Sprint(lctx)
+	wg.Wait()
+	if !strings.Contains(s, "print:me") {
+		t.Fatalf("the lease's context prints as %q, want its key", s)
+	}
+	if FromContext(lctx) != x || lctx.Err() == nil {
+		t.Fatalf("released lease's context: lease %p (want %p), err %v (want cancelled)", FromContext(lctx), x, lctx.Err())
+	}
+}
+
+// A hold keeps its owner token whatever its length: a token minted here lives in the hold
+// itself, one handed over by another process (any length) and a borrowed hold's name apart.
+func TestHoldKeepsOwnerTokensOfAnyLength(t *testing.T) {
+	l := mustLocker(t, newMemStore())
+	minted := newOwnerToken()
+	for _, tc := range []struct{ owner, borrow string }{
+		{minted, ""},
+		{"short", ""},
+		{strings.Repeat("o", 64), ""},
+		{minted, "borrowname000000"},
+	} {
+		h := newHold(l.k, "owner:key", tc.owner, 1, tc.borrow, time.Now(), 0)
+		if h.owner() != tc.owner || h.borrowName() != tc.borrow || h.borrowed() != (tc.borrow != "") {
+			t.Errorf("hold of owner %q, borrow %q: owner %q, borrow %q, borrowed %v", tc.owner, tc.borrow, h.owner(), h.borrowName(), h.borrowed())
+		}
+		if tc.borrow == "" && len(tc.owner) == ownerTokenLen && h.ext.Load() != nil {
+			t.Errorf("a minted token took a separate allocation (ext)")
+		}
+		h.stop()
+	}
+}
+
+// The objects a held lock keeps stay in their size classes:
+// a field added to one of them moves it to the next class for every held lock, which
+// TestReleasingEverythingReturnsToBaseline sees only once the total crosses its bound.
+func TestHeldLockObjectSizes(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		size, max uintptr
+	}{
+		{"hold", unsafe.Sizeof(hold{}), 128},
+		{"Lease", unsafe.Sizeof(Lease{}), 64},
+		{"gateEntry", unsafe.Sizeof(gateEntry{}), 24},
+	} {
+		if tc.size > tc.max {
+			t.Errorf("%s is %d bytes, at most %d wanted", tc.name, tc.size, tc.max)
+		}
+	}
+}
+
+// Lease.Grant tells a Redis acquisition, a handoff and a re-entry apart.
+func TestLeaseGrant(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	// A handoff window of an hour: the default 20 ms, counted from the acquisition, can pass on
+	// a loaded machine before the waiter has queued, and the lock then goes by the store.
+	l := mustLocker(t, s, WithWait(5*time.Second), WithHandoff(DefaultHandoff, time.Hour))
+	first, err := l.Lock(ctx, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Grant() != GrantStore {
+		t.Fatalf("first lock: grant %v, want redis", first.Grant())
+	}
+	in, err := l.Lock(first.Context(), "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Grant() != GrantReentry || in.Grant().String() != "reentry" {
+		t.Fatalf("nested lock: grant %v, want reentry", in.Grant())
+	}
+	_ = in.Release(ctx)
+	got := make(chan *Lease, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "g")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	waitFor(t, 2*time.Second, "a waiter", func() bool {
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return l.k.gate.entries["lock:g"].queued() == 1
+	})
+	_ = first.Release(ctx)
+	second := <-got
+	if second == nil {
+		t.FailNow()
+	}
+	defer second.Release(ctx)
+	if second.Grant() != GrantHandoff {
+		t.Fatalf("queued waiter: grant %v, want handoff", second.Grant())
+	}
+}
+
+// The Observer hears every retry of a wait, every renewal with its outcome, and a loss once.
+func TestObserver(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	ctx := context.Background()
+	var (
+		mu       sync.Mutex
+		retries  []int
+		renewals []error
+		lost     []string
+	)
+	obs := Observer{
+		Retry: func(_ context.Context, key string, attempt int, holderTTL time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			if key != "lock:busy" || holderTTL <= 0 {
+				t.Errorf("Retry(%q, %d, %v)", key, attempt, holderTTL)
+			}
+			retries = append(retries, attempt)
+		},
+		Renewed: func(key string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			renewals = append(renewals, err)
+		},
+		Lost: func(key string) {
+			mu.Lock()
+			defer mu.Unlock()
+			lost = append(lost, key)
+		},
+	}
+
+	other := mustLocker(t, s, WithTTL(time.Minute))
+	held, err := other.Lock(ctx, "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	waiter := mustLocker(t, s, WithWait(40*time.Millisecond), WithRetry(LinearRetry(5*time.Millisecond)), WithObserver(obs))
+	if _, err := waiter.Lock(ctx, "busy"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("%v, want ErrBusy", err)
+	}
+	mu.Lock()
+	if len(retries) < 2 || retries[0] != 1 || retries[1] != 2 {
+		t.Fatalf("retries %v, want 1, 2, ...", retries)
+	}
+	mu.Unlock()
+
+	clk := newManualClock()
+	fs := &faultStore{Store: s}
+	const ttl = 90 * time.Millisecond
+	l := mustLocker(t, fs, WithTTL(ttl), WithObserver(obs), withClock(clk))
+	lease, err := l.Lock(ctx, "renewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(mr, 2*ttl/3, time.Millisecond) // two renewals
+	refused := lockstore.ErrNotHeld
+	fs.failRefresh.Store(&refused)
+	clk.Step(mr, ttl/3, time.Millisecond) // refused: lost
+	clk.Step(mr, ttl, time.Millisecond)   // nothing more
+	mu.Lock()
+	defer mu.Unlock()
+	if len(renewals) != 3 || renewals[0] != nil || renewals[1] != nil || !errors.Is(renewals[2], ErrNotHeld) {
+		t.Fatalf("renewals %v, want two successes then ErrNotHeld", renewals)
+	}
+	if len(lost) != 1 || lost[0] != "lock:renewed" {
+		t.Fatalf("lost %v, want lock:renewed once", lost)
+	}
+	if context.Cause(lease.Context()) != ErrLost {
+		t.Fatalf("cause %v, want ErrLost", context.Cause(lease.Context()))
+	}
+	_ = lease.Release(ctx)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,7 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 )
 
@@ -984,4 +991,1127 @@ func TestLockReturnsByItsDeadlineWhileTheStoreHangs(t *testing.T) {
 		t.Fatalf("Lock on a frozen store returned %v after it began, its deadline was %v (%v)", took, deadline, err)
 	}
 	waitFor(t, 2*time.Second, "the give-back was sent", func() bool { return fs.releases.Load() >= 1 })
+}
+
+// criticalSection is a read-sleep-write of a counter: without mutual exclusion, concurrent
+// sections lose updates. inside counts holders at once; more than one is a violation.
+func runSections(t *testing.T, l *Locker, goroutines, sections int, counter *int, violations *atomic.Int64) {
+	t.Helper()
+	var (
+		inside atomic.Int64
+		start  = make(chan struct{})
+		wg     sync.WaitGroup
+		errs   = make(chan error, goroutines)
+	)
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := 0; i < sections; i++ {
+				err := l.Do(context.Background(), "exclusion", func(context.Context) error {
+					if inside.Add(1) != 1 {
+						violations.Add(1)
+					}
+					v := *counter
+					time.Sleep(50 * time.Microsecond)
+					*counter = v + 1
+					inside.Add(-1)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Do: %v", err)
+	}
+}
+
+func TestMutualExclusionInProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) lockstore.Store
+	}{
+		{"miniredis", func(t *testing.T) lockstore.Store { s, _, _ := miniStore(t); return s }},
+		{"redis-server", func(t *testing.T) lockstore.Store { s, _, _ := realStore(t); return s }},
+		{"redis-cluster", clusterStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, handoff := range []int{0, DefaultHandoff} {
+				l := mustLocker(t, tc.store(t), WithWait(30*time.Second), WithHandoff(handoff, time.Minute))
+				var counter int
+				var violations atomic.Int64
+				const goroutines, sections = 64, 5
+				runSections(t, l, goroutines, sections, &counter, &violations)
+				if counter != goroutines*sections || violations.Load() != 0 {
+					t.Fatalf("handoff %d: counter %d, want %d; %d overlapping holders",
+						handoff, counter, goroutines*sections, violations.Load())
+				}
+				if n := l.gateLen(); n != 0 {
+					t.Fatalf("gate keeps %d entries after all locks were released", n)
+				}
+			}
+		})
+	}
+}
+
+// The cross-process test re-executes the test binary as workers; each runs goroutines that
+// do read-sleep-write sections on a counter in Redis under the lock.
+const (
+	workerEnv       = "FLIGHTLOCK_EXCLUSION_WORKER"
+	workerAddrEnv   = "FLIGHTLOCK_EXCLUSION_ADDR"
+	workerGoroutine = 16
+	workerSections  = 5
+)
+
+func runExclusionWorker() int {
+	c := redis.NewClient(&redis.Options{Addr: os.Getenv(workerAddrEnv), DisableIdentity: true, ContextTimeoutEnabled: true})
+	defer c.Close()
+	store := redisstore.New(c)
+	defer store.Close()
+	l, err := New(store, WithWait(60*time.Second), WithTTL(5*time.Second))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Bool
+	for g := 0; g < workerGoroutine; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < workerSections; i++ {
+				err := l.Do(context.Background(), "xproc", func(ctx context.Context) error {
+					if n := c.Incr(ctx, "xproc:inside").Val(); n != 1 {
+						c.Incr(ctx, "xproc:violations")
+					}
+					v, _ := c.Get(ctx, "xproc:counter").Int()
+					time.Sleep(200 * time.Microsecond)
+					c.Set(ctx, "xproc:counter", v+1, 0)
+					c.Decr(ctx, "xproc:inside")
+					return nil
+				})
+				if err != nil {
+					fmt.Fprintln(os.Stderr, "worker:", err)
+					failed.Store(true)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() {
+		return 1
+	}
+	return 0
+}
+
+func TestMutualExclusionAcrossProcesses(t *testing.T) {
+	_, srv, c := realStore(t)
+	const processes = 4
+	var wg sync.WaitGroup
+	outs := make([][]byte, processes)
+	errs := make([]error, processes)
+	for p := 0; p < processes; p++ {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), workerEnv+"=1", workerAddrEnv+"="+srv.Addr)
+		childproc.Tie(cmd)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outs[p], errs[p] = cmd.CombinedOutput()
+		}()
+	}
+	wg.Wait()
+	for p := range errs {
+		if errs[p] != nil {
+			t.Fatalf("worker %d: %v\n%s", p, errs[p], outs[p])
+		}
+	}
+	ctx := context.Background()
+	got, _ := c.Get(ctx, "xproc:counter").Int()
+	violations, _ := c.Get(ctx, "xproc:violations").Int()
+	if want := processes * workerGoroutine * workerSections; got != want || violations != 0 {
+		t.Fatalf("counter %d, want %d; %d overlapping holders", got, want, violations)
+	}
+	if n, _ := c.Exists(ctx, "lock:xproc").Result(); n != 0 {
+		t.Fatal("lock key left behind after every worker released")
+	}
+}
+
+func TestRejectCostsNoRedisCommands(t *testing.T) {
+	ctx := context.Background()
+	check := func(t *testing.T, s lockstore.Store, commands func() int64, probeCost int64) {
+		l := mustLocker(t, s, WithTTL(time.Minute), WithMode(Reject))
+		lease, err := l.Lock(ctx, "hot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(ctx)
+		before := commands()
+		var wg sync.WaitGroup
+		var busy atomic.Int64
+		start := make(chan struct{})
+		for g := 0; g < 100; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for i := 0; i < 100; i++ {
+					if _, err := l.TryLock(ctx, "hot"); errors.Is(err, ErrBusy) {
+						busy.Add(1)
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if busy.Load() != 10000 {
+			t.Fatalf("%d of 10000 TryLocks were busy", busy.Load())
+		}
+		if d := commands() - before - probeCost; d != 0 {
+			t.Fatalf("10000 rejected TryLocks cost %d Redis commands, want 0", d)
+		}
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		s, mr, _ := miniStore(t)
+		check(t, s, func() int64 { return int64(mr.CommandCount()) }, 0)
+	})
+	t.Run("redis-server", func(t *testing.T) {
+		s, srv, c := realStore(t)
+		// INFO counts itself: measure the cost of the probe and subtract it.
+		a := srv.CommandCount(ctx, c)
+		probe := srv.CommandCount(ctx, c) - a
+		check(t, s, func() int64 { return srv.CommandCount(ctx, c) }, probe)
+	})
+}
+
+// A core Locker built with no options writes its holder's host and pid beside the owner token
+// (DefaultMetadata), so that `flightlock show` names the process of a job's lock too; the core
+// reads no trace (the go-zero layer adds it); WithMetadata(nil) stores nothing.
+func TestCoreLocksCarryHostAndPid(t *testing.T) {
+	store, _, client := miniStore(t)
+	inspect := redisstore.NewInspector(client, "lock:")
+	traceID := trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36}
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled}))
+	host, _ := os.Hostname()
+
+	lease, err := mustLocker(t, store).Lock(ctx, "job:interest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := inspect.Lookup(context.Background(), "job:interest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Host != host || info.Pid != strconv.Itoa(os.Getpid()) || info.Trace != "" {
+		t.Errorf("holder host=%q pid=%q trace=%q, want %q %d and no trace", info.Host, info.Pid, info.Trace, host, os.Getpid())
+	}
+	_ = lease.Release(context.Background())
+
+	lease, err = mustLocker(t, store, WithMetadata(nil)).Lock(context.Background(), "job:quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	if info, err := inspect.Lookup(context.Background(), "job:quiet"); err != nil || info.Host != "" || info.Pid != "" {
+		t.Errorf("WithMetadata(nil): holder %+v, %v; want no host or pid", info, err)
+	}
+}
+
+// Goroutines that carry a lease's context (mr.MapReduce, threading.GoSafe, a job started with
+// context.WithoutCancel) are the lease's owner: each re-enters at once, with the lease's fence,
+// while the others are inside. All of them wait inside for each other before leaving, so the
+// test only ends if they were inside together.
+func TestGoroutinesSharingALeaseContextEnterTogether(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	for _, mode := range []Mode{Wait, Reject} {
+		l := mustLocker(t, s, WithMode(mode), WithWait(5*time.Second))
+		outer, err := l.Lock(ctx, "fan")
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 3
+		var inside sync.WaitGroup
+		inside.Add(n)
+		errs := make(chan error, n)
+		for i := range n {
+			go func() {
+				lctx := outer.Context()
+				if i == 0 {
+					lctx = context.WithoutCancel(lctx) // a background job keeps the owner
+				}
+				lease, err := l.Lock(lctx, "fan")
+				if err != nil {
+					inside.Done()
+					errs <- err
+					return
+				}
+				if lease.Grant() != GrantReentry || lease.Fence() != outer.Fence() {
+					errs <- errors.New("not a re-entry of the holder's grant")
+				}
+				inside.Done()
+				inside.Wait() // every sibling is inside now
+				errs <- lease.Release(ctx)
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("mode %v: a goroutine with the holder's context: %v", mode, err)
+			}
+		}
+		if err := outer.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// NewOwner makes a goroutine of the holder a new owner: it is refused in reject mode, waits
+// behind the holder in wait mode, and takes the key with a fence of its own once the holder
+// released it (a job that outlives the request, so without the lease's cancellation). A
+// handed-over owner in its context is forgotten too.
+func TestNewOwnerWaitsBehindTheHolder(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(5*time.Second))
+	holder, err := l.Lock(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := NewOwner(holder.Context())
+	if FromContext(own) != nil {
+		t.Fatal("FromContext finds a lease in a new owner's context")
+	}
+	if _, err := l.TryLock(own, "job"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("TryLock as a new owner while the holder holds the key: %v, want ErrBusy", err)
+	}
+	handed := NewOwner(withOwner(ctx, holder.Key(), holder.Owner()))
+	if _, err := l.TryLock(handed, "job"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("TryLock as a new owner with the holder's owner handed over: %v, want ErrBusy", err)
+	}
+
+	got := make(chan *Lease, 1)
+	go func() {
+		lease, err := l.Lock(NewOwner(context.WithoutCancel(holder.Context())), "job")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	select {
+	case lease := <-got:
+		t.Fatalf("a new owner took the key while its holder held it (fence %d)", lease.Fence())
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := <-got
+	if lease == nil {
+		t.Fatal("no lease after the holder released")
+	}
+	if lease.Grant() == GrantReentry || lease.Fence() <= holder.Fence() {
+		t.Fatalf("the new owner's grant is %v with fence %d, want a grant of its own above %d", lease.Grant(), lease.Fence(), holder.Fence())
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A lease that was released admits no re-entry: a goroutine that still carries its context
+// locks as a new owner, behind whoever holds the key now.
+func TestReleasedLeaseAdmitsNoReentry(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(5*time.Second))
+	first, err := l.Lock(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := first.Context()
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Lock(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease, err := l.TryLock(context.WithoutCancel(stale), "r"); !errors.Is(err, ErrBusy) {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+		t.Fatalf("TryLock with a released lease's context while another request holds the key: %v, want ErrBusy", err)
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := l.TryLock(context.WithoutCancel(stale), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Grant() == GrantReentry || lease.Fence() <= next.Fence() {
+		t.Fatalf("lock with a released lease's context: %v grant, fence %d, want a grant of its own above %d", lease.Grant(), lease.Fence(), next.Fence())
+	}
+	_ = lease.Release(ctx)
+}
+
+// Deterministic replay of lock()'s steps: findLease sees the parent active, then the parent's
+// grant ends and is handed to a local waiter W (nextGrant sets live=1), then enterSlot runs.
+// The stale re-entry joins W's grant: two goroutines in the critical section, with the old fence.
+func TestStaleReentryNeverJoinsTheNextGrant(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(5*time.Second), WithHandoff(8, time.Minute))
+	g1, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wLease := make(chan *Lease, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "k")
+		if err != nil {
+			t.Error(err)
+		}
+		wLease <- lease
+	}()
+	waitFor(t, 2*time.Second, "waiter queued", func() bool {
+		l.k.gate.mu.Lock()
+		defer l.k.gate.mu.Unlock()
+		return l.k.gate.entries["lock:k"].queued() == 1
+	})
+	// X, a goroutine carrying g1's context (background job), is inside lock(): findLease found g1.
+	parent := findLease(g1.Context(), l.k.gate, "lock:k")
+	if parent != g1 {
+		t.Fatal("no parent")
+	}
+	// Meanwhile the handler returns: g1 released, the key handed to W.
+	if err := g1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := <-wLease
+	// X continues: re-enters the lease it found.
+	x, err := l.reenter(g1.Context(), parent)
+	if err != nil {
+		t.Logf("reenter refused (correct): %v", err)
+		_ = w.Release(ctx)
+		return
+	}
+	t.Errorf("stale re-entry granted while W holds the key: W fence %d, X fence %d (X's ctx err %v)", w.Fence(), x.Fence(), x.Context().Err())
+	_ = w.Release(ctx)
+	_ = x.Release(ctx)
+}
+
+// The same through the public API only: a background goroutine carrying the handler's context
+// (context.WithoutCancel, as the README allows) locks the key just as the handler releases it to
+// a queued request W. Only overlaps of W and the background job are counted (the handler itself
+// is documented as not excluded from re-entries it starts).
+func TestBackgroundReentryRacingHandoffNeverOverlaps(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(5*time.Second), WithHandoff(1<<20, time.Hour))
+	var inW, inBG, overlaps atomic.Int64
+	for i := 0; i < 1500 && overlaps.Load() == 0; i++ {
+		g1, err := l.Lock(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { // a queued request
+			defer wg.Done()
+			lease, err := l.Lock(ctx, "k")
+			if err != nil {
+				return
+			}
+			inW.Add(1)
+			if inBG.Load() > 0 {
+				overlaps.Add(1)
+			}
+			time.Sleep(50 * time.Microsecond)
+			inW.Add(-1)
+			_ = lease.Release(ctx)
+		}()
+		bg := context.WithoutCancel(g1.Context())
+		go func() { // a background job of the handler
+			defer wg.Done()
+			lease, err := l.Lock(bg, "k")
+			if err != nil {
+				return
+			}
+			inBG.Add(1)
+			if inW.Load() > 0 {
+				overlaps.Add(1)
+			}
+			time.Sleep(50 * time.Microsecond)
+			inBG.Add(-1)
+			_ = lease.Release(ctx)
+		}()
+		time.Sleep(time.Duration(i%7) * 10 * time.Microsecond)
+		_ = g1.Release(ctx)
+		wg.Wait()
+	}
+	if n := overlaps.Load(); n > 0 {
+		t.Errorf("%d overlaps of the queued request and the background job", n)
+	}
+}
+
+// A handler locks k; its service layer locks k again (a nested re-entry) and fans out with
+// mr.MapReduce-style goroutines that each lock k: every one of them carries the owner's
+// context, so each enters at once, from the grant as from inside the re-entry.
+func TestFanOutFromInsideAReentry(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	l := mustLocker(t, s, WithWait(300*time.Millisecond))
+	fanOut := func(ctx context.Context) error {
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lease, err := l.Lock(ctx, "k")
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				time.Sleep(time.Millisecond)
+				_ = lease.Release(ctx)
+			}()
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	outer, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outer.Release(ctx)
+	if err := fanOut(outer.Context()); err != nil {
+		t.Fatalf("fan-out from the grant holder: %v", err)
+	}
+	inner, err := l.Lock(outer.Context(), "k") // nested Lock in the same goroutine
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Release(ctx)
+	start := time.Now()
+	if err := fanOut(inner.Context()); err != nil {
+		t.Errorf("fan-out from inside a re-entry failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+}
+
+type valueKey struct{}
+
+// The shared bound keeps each call's deadline within [limit - span/16, limit], shares one
+// context between calls of the same window, keeps the caller's values, and ends with
+// DeadlineExceeded as a context of its own would.
+func TestSharedBoundDeadlines(t *testing.T) {
+	const span = 160 * time.Millisecond
+	b := &sharedBound{span: span}
+	caller := context.WithValue(context.Background(), valueKey{}, "span-1")
+
+	now := time.Now()
+	first := b.bound(caller, now, now.Add(span))
+	second := b.bound(context.Background(), now, now.Add(span+span/32)) // same window
+	third := b.bound(context.Background(), now, now.Add(span+span/8))   // too far: a new window
+
+	for i, tc := range []struct {
+		ctx   context.Context
+		limit time.Time
+	}{{first, now.Add(span)}, {second, now.Add(span + span/32)}, {third, now.Add(span + span/8)}} {
+		d, ok := tc.ctx.Deadline()
+		if !ok {
+			t.Fatalf("call %d: no deadline", i)
+		}
+		if d.After(tc.limit) || tc.limit.Sub(d) > span/16 {
+			t.Errorf("call %d: deadline %v before its limit, want within [0, %v]", i, tc.limit.Sub(d), span/16)
+		}
+	}
+	if first.(*boundCtx).Context != second.(*boundCtx).Context {
+		t.Error("two calls of one window got two timer contexts")
+	}
+	if second.(*boundCtx).Context == third.(*boundCtx).Context {
+		t.Error("a call whose limit is span/8 later shares the earlier window: it would end too soon")
+	}
+	// Near the end of a wait budget, a call keeps nearly all of what is left: 60ms left, and a
+	// window that ends 50ms before its limit is not shared with it.
+	wait := &sharedBound{span: 2 * time.Second}
+	start := time.Now()
+	early := wait.bound(context.Background(), start, start.Add(2*time.Second))
+	late := wait.bound(context.Background(), start.Add(1990*time.Millisecond), start.Add(2050*time.Millisecond))
+	if early.(*boundCtx).Context == late.(*boundCtx).Context {
+		t.Error("a call with 60ms left shares a window that ends 50ms before its limit")
+	}
+	if d, _ := late.Deadline(); !d.Equal(start.Add(2050 * time.Millisecond)) {
+		t.Errorf("late call's deadline %v after start, want its limit 2.05s", d.Sub(start))
+	}
+
+	if got := first.Value(valueKey{}); got != "span-1" {
+		t.Errorf("caller's value lost: got %v", got)
+	}
+	if got := second.Value(valueKey{}); got != nil {
+		t.Errorf("a value leaked between calls sharing a window: got %v", got)
+	}
+
+	// A context derived from it is cancelled with it (found through Value, not a goroutine).
+	derived, cancel := context.WithCancel(first)
+	defer cancel()
+	select {
+	case <-first.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the shared context never ended")
+	}
+	select {
+	case <-derived.Done():
+	case <-time.After(time.Second):
+		t.Fatal("a context derived from a bound call was not cancelled with it")
+	}
+	if !errors.Is(first.Err(), context.DeadlineExceeded) || !errors.Is(context.Cause(first), context.DeadlineExceeded) {
+		t.Errorf("Err %v, Cause %v: want DeadlineExceeded", first.Err(), context.Cause(first))
+	}
+}
+
+// Releases are bounded by one TTL even when the caller's context was cancelled (go-zero's
+// timeout handler): the release context has the caller's values, a deadline no later than one
+// TTL, and is not done.
+func TestReleaseContextOutlivesTheRequest(t *testing.T) {
+	k := &keeper{ttl: time.Second, ttlBound: &sharedBound{span: time.Second}}
+	req, cancel := context.WithCancel(context.WithValue(context.Background(), valueKey{}, "trace"))
+	cancel()
+	before := time.Now()
+	rctx := k.releaseContext(req)
+	if rctx.Err() != nil {
+		t.Fatalf("release context of a cancelled request is done: %v", rctx.Err())
+	}
+	d, ok := rctx.Deadline()
+	if !ok || d.After(time.Now().Add(time.Second)) || d.Before(before.Add(time.Second-time.Second/16)) {
+		t.Errorf("deadline %v from now, want within one TTL and no earlier than 15/16 of it", time.Until(d))
+	}
+	if rctx.Value(valueKey{}) != "trace" {
+		t.Error("the request's values are lost in the release")
+	}
+}
+
+// lostReplyStore runs every Acquire in the store and then answers with err, as a client whose
+// call reached the server but whose caller's context ended before the reply came back (go-redis
+// with ContextTimeoutEnabled, etcd's client): the lock is taken, and the caller does not know.
+type lostReplyStore struct {
+	lockstore.Store
+	err error
+}
+
+func (s *lostReplyStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	_, _ = s.Store.Acquire(context.WithoutCancel(ctx), key, owner, ttl, meta)
+	return lockstore.Acquisition{}, s.err
+}
+
+// An acquisition whose reply is lost because its caller's context ended, by deadline or by
+// cancellation (an HTTP client that went away, a gRPC call cancelled upstream), gives back the
+// lock it may have taken: nothing else will release it, and the key would stay refused for the
+// whole TTL (the same user's retry answered 409 for 10 s). It was given back for a deadline
+// only, not for a cancellation.
+func TestLostAcquireReplyGivesTheLockBack(t *testing.T) {
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			s, _, _ := miniStore(t)
+			ctx := context.Background()
+			l := mustLocker(t, &lostReplyStore{Store: s, err: cause}, WithTTL(10*time.Second), WithMode(Reject))
+			if _, err := l.Lock(ctx, "k"); !errors.Is(err, cause) {
+				t.Fatalf("Lock with a lost reply: %v, want %v", err, cause)
+			}
+			// Given back in the background: Lock does not wait for the store once more.
+			waitFor(t, time.Second, "the lock taken by the lost acquisition given back", func() bool {
+				_, err := s.TTL(ctx, "lock:k")
+				return errors.Is(err, ErrNotHeld)
+			})
+			other := mustLocker(t, s, WithMode(Reject))
+			lease, err := other.Lock(ctx, "k")
+			if err != nil {
+				t.Fatalf("another owner after the lost acquisition: %v", err)
+			}
+			_ = lease.Release(ctx)
+		})
+	}
+}
+
+// overtakenStore loses the reply of every Acquire when its caller's context ends, and lets the
+// call land only after the caller's give-back has reached the store: the give-back overtook
+// it (a stalled server that reads the give-back's connection first; miniredis under load).
+type overtakenStore struct {
+	lockstore.Store
+	releaseSeen chan struct{} // closed by the first Release
+	once        sync.Once
+	landed      chan struct{}
+}
+
+func (s *overtakenStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	<-ctx.Done()
+	go func() {
+		defer close(s.landed)
+		<-s.releaseSeen
+		_, _ = s.Store.Acquire(context.Background(), key, owner, ttl, meta)
+	}()
+	return lockstore.Acquisition{}, ctx.Err()
+}
+
+func (s *overtakenStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	n, err := s.Store.Release(ctx, key, owner, hold, lastFence)
+	s.once.Do(func() { close(s.releaseSeen) })
+	return n, err
+}
+
+// A give-back that reaches the store before the timed-out acquisition it undoes finds nothing
+// to release; the acquisition then takes the key for nobody. The give-back asks again, so the
+// key is free again well within the TTL instead of refused for all of it.
+func TestGiveBackOvertakingItsAcquisitionStillFreesTheKey(t *testing.T) {
+	s, _, _ := miniStore(t)
+	os := &overtakenStore{Store: s, releaseSeen: make(chan struct{}), landed: make(chan struct{})}
+	l := mustLocker(t, os, WithTTL(time.Minute), WithMode(Reject))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := l.Lock(ctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock whose reply was lost: %v, want context.DeadlineExceeded", err)
+	}
+	<-os.landed
+	if _, err := s.TTL(context.Background(), "lock:k"); err != nil {
+		t.Fatalf("the late acquisition did not take the key (%v): the test proves nothing", err)
+	}
+	waitFor(t, 5*time.Second, "the late acquisition given back", func() bool {
+		_, err := s.TTL(context.Background(), "lock:k")
+		return errors.Is(err, ErrNotHeld)
+	})
+}
+
+// lateStore answers the first Acquire busy and lets the second run past its call's deadline:
+// that one lands in the store late, after its caller gave it back and tried again, and its
+// store then gives back what it took for the caller that left (as the Redis store's late-reply
+// hook and the ZooKeeper store's do), by owner.
+type lateStore struct {
+	lockstore.Store
+	calls  atomic.Int64
+	landed chan struct{}
+}
+
+func (s *lateStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	switch s.calls.Add(1) {
+	case 1:
+		return lockstore.Acquisition{HolderTTL: time.Millisecond}, nil
+	case 2:
+		<-ctx.Done()
+		go func() {
+			defer close(s.landed)
+			time.Sleep(50 * time.Millisecond) // the retry has its grant by now
+			bg := context.Background()
+			if res, err := s.Store.Acquire(bg, key, owner, ttl, meta); err == nil && res.Acquired {
+				_, _ = s.Store.Release(bg, key, owner, "", 0)
+			}
+		}()
+		return lockstore.Acquisition{}, ctx.Err()
+	}
+	return s.Store.Acquire(ctx, key, owner, ttl, meta)
+}
+
+// An attempt that timed out while the wait went on, and landed late, is given back by owner:
+// the next attempt must not share its owner token, or that give-back releases the new grant
+// under its holder (who would learn it only at its next renewal, with someone else inside).
+func TestLateAttemptsGiveBackDoesNotReleaseTheRetrysGrant(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ls := &lateStore{Store: s, landed: make(chan struct{})}
+	const ttl = 300 * time.Millisecond
+	l := mustLocker(t, ls, WithTTL(ttl), WithWait(10*time.Second))
+	ctx := context.Background()
+	lease, err := l.Lock(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	<-ls.landed
+	if _, err := mustLocker(t, s, WithMode(Reject)).Lock(ctx, "k"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("another owner while the retry's grant is held: %v, want ErrBusy", err)
+	}
+}
+
+// lateOnceStore answers its first acquisition too late to be held: the keeper's clock moves a
+// whole TTL while the call is on its way, as during a store's leader election.
+type lateOnceStore struct {
+	*memStore
+	clk   *manualClock
+	ttl   time.Duration
+	calls atomic.Int64
+}
+
+func (s *lateOnceStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	if s.calls.Add(1) == 1 {
+		s.clk.Advance(s.ttl)
+	}
+	return s.memStore.Acquire(ctx, key, owner, ttl, meta)
+}
+
+// A grant whose reply came too late to be held is a passing condition of the store (an
+// election, a stall), not the end of a wait: a waiter gives it back and tries again within its
+// budget, and gets the key, instead of failing with the late reply.
+func TestWaiterRetriesAGrantThatCameTooLate(t *testing.T) {
+	clk := newManualClock()
+	const ttl = 3 * time.Second
+	s := &lateOnceStore{memStore: newMemStore(), clk: clk, ttl: ttl}
+	l := mustLocker(t, s, WithTTL(ttl), WithWait(10*time.Second), withClock(clk))
+	lease, err := l.Lock(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("a waiter whose first grant came too late: %v, want the key on a later attempt", err)
+	}
+	if n := s.calls.Load(); n < 2 {
+		t.Fatalf("%d acquisitions, want the late one and another", n)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Reject mode has no budget to retry in: the late reply is its answer.
+	s2 := &lateOnceStore{memStore: newMemStore(), clk: clk, ttl: ttl}
+	r := mustLocker(t, s2, WithTTL(ttl), WithMode(Reject), withClock(clk))
+	if _, err := r.Lock(context.Background(), "k"); !errors.Is(err, errLateReply) {
+		t.Fatalf("TryLock whose grant came too late: %v, want the late reply", err)
+	}
+}
+
+// Review 6 of 81be057/6de4ccd (fixed): the extra attempt that the Locker makes right after a
+// fresh Watch (locker.go acquire, "continue") was counted as one of the retry strategy's
+// attempts and skipped the wait between attempts, and it was made without looking at the
+// gate's closing.
+//
+//   - TestCappedAttemptsStillWait: with a capped strategy (LimitRetry, the middleware's
+//     Retry.Attempts), Attempts: 2 used to mean "one more attempt after a wait, woken by the
+//     release"; with the bug the second attempt was the extra one, made a round trip after the first,
+//     and the waiter answers busy at once although the key is released 100ms later, well
+//     within its 2s wait.
+//   - TestDrainWhileSubscribingAnswersErrClosed: a waiter that is between attempts when
+//     Drain starts must answer ErrClosed (Locker.Drain's contract); with the bug the extra attempt after
+//     the fresh watch went to the store anyway and takes the key during the drain.
+
+func TestCappedAttemptsStillWait(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	holder := mustLocker(t, s, WithTTL(5*time.Second))
+	lease, err := holder.TryLock(ctx, "capped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another process: a Locker of its own (its own gate).
+	waiter := mustLocker(t, s, WithTTL(5*time.Second), WithWait(2*time.Second),
+		WithRetry(LimitRetry(LinearRetry(time.Second), 2)))
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_ = lease.Release(ctx)
+	}()
+	start := time.Now()
+	got, err := waiter.Lock(ctx, "capped")
+	if err != nil {
+		t.Fatalf("Lock = %v after %v; the key was released 100ms in, within the 2s wait and the one "+
+			"retry (Attempts 2) the strategy allows: the extra attempt after the fresh watch used it up",
+			err, time.Since(start).Round(time.Millisecond))
+	}
+	_ = got.Release(ctx)
+}
+
+// drainGapStore starts a drain of l while the waiter subscribes, then frees the key.
+type drainGapStore struct {
+	*memStore
+	key, other string
+	l          *Locker
+	drained    chan error
+}
+
+func (g *drainGapStore) Watch(context.Context, string) (*lockstore.Watch, error) {
+	go func() { g.drained <- g.l.Drain(context.Background()) }()
+	for !g.l.k.gate.closed.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	_, _ = g.memStore.Release(context.Background(), g.key, g.other, "", 0)
+	return lockstore.NewFreshWatch(make(chan struct{}), func() {}), nil
+}
+
+func TestDrainWhileSubscribingAnswersErrClosed(t *testing.T) {
+	ctx := context.Background()
+	s := &drainGapStore{memStore: newMemStore(), key: "lock:drain", other: "someone-else", drained: make(chan error, 1)}
+	if got, err := s.Acquire(ctx, s.key, s.other, time.Minute, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	l := mustLocker(t, s, WithWait(2*time.Second), WithRetry(LinearRetry(10*time.Millisecond)))
+	s.l = l
+	lease, err := l.Lock(ctx, "drain")
+	if err == nil {
+		_ = lease.Release(ctx)
+		<-s.drained
+		t.Fatal("Lock took the key after Drain had started (the extra attempt after a fresh watch); want ErrClosed, " +
+			"as a waiter between attempts is told")
+	}
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("Lock = %v, want ErrClosed", err)
+	}
+	<-s.drained
+}
+
+// gapStore releases the other owner's lock while a waiter subscribes, and never notifies: the
+// release came between the waiter's busy reply and its subscription, and was published to
+// nobody (review 4, the Locker's part of the lost wake-up).
+type gapStore struct {
+	*memStore
+	key, other string
+}
+
+func (g *gapStore) Watch(context.Context, string) (*lockstore.Watch, error) {
+	_, _ = g.memStore.Release(context.Background(), g.key, g.other, "", 0)
+	return lockstore.NewFreshWatch(make(chan struct{}), func() {}), nil
+}
+
+// A waiter that was refused, then subscribed afresh (Watch.Fresh), tries once more before it sleeps: a release in
+// between would otherwise leave it asleep with the key free until its retry delay (here
+// longer than its whole wait, so it answered busy for a free key).
+func TestWaiterTriesAgainOnceItListens(t *testing.T) {
+	ctx := context.Background()
+	s := &gapStore{memStore: newMemStore(), key: "lock:gap", other: "someone-else"}
+	if got, err := s.Acquire(ctx, s.key, s.other, time.Minute, ""); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	l := mustLocker(t, s, WithWait(500*time.Millisecond), WithRetry(LinearRetry(10*time.Second)))
+	lease, err := l.Lock(ctx, "gap")
+	if errors.Is(err, ErrBusy) {
+		t.Fatalf("Lock = %v for a key released while the waiter subscribed, want the lock", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lease.Release(ctx)
+}
+
+func TestRetryStrategies(t *testing.T) {
+	if _, ok := NoRetry()(1); ok {
+		t.Fatal("NoRetry retried")
+	}
+	lin := LinearRetry(10 * time.Millisecond)
+	for n := 1; n <= 5; n++ {
+		if d, ok := lin(n); !ok || d != time.Duration(n)*10*time.Millisecond {
+			t.Fatalf("linear(%d) = %v, %v", n, d, ok)
+		}
+	}
+	exp := ExponentialRetry(4*time.Millisecond, 100*time.Millisecond)
+	for n := 1; n <= 80; n++ {
+		step := min(4*time.Millisecond<<min(n-1, 30), 100*time.Millisecond)
+		d, ok := exp(n)
+		if !ok || d < step/2 || d > step {
+			t.Fatalf("exponential(%d) = %v, want within [%v, %v]", n, d, step/2, step)
+		}
+	}
+	lim := LimitRetry(lin, 3)
+	if _, ok := lim(2); !ok {
+		t.Fatal("limit stopped early")
+	}
+	if _, ok := lim(3); ok {
+		t.Fatal("limit of 3 attempts allowed a fourth")
+	}
+}
+
+// A strategy shared by many goroutines gives each the same answers: it keeps no state.
+func TestRetryIsStateless(t *testing.T) {
+	lin := LimitRetry(LinearRetry(time.Millisecond), 5)
+	var wg sync.WaitGroup
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 1; n < 5; n++ {
+				if d, ok := lin(n); !ok || d != time.Duration(n)*time.Millisecond {
+					t.Errorf("attempt %d: %v %v", n, d, ok)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// faultSlack is how far past its caller's deadline a call may return through a fault: the
+// scheduling of a loaded machine under -race, not a wait of the Locker's.
+const faultSlack = 250 * time.Millisecond
+
+// redisFault is one fault between the Lockers of a test and their redis-server.
+type redisFault struct {
+	name        string
+	start, heal func()
+	passable    bool // a call may get through between its faults (resets): it need not fail
+}
+
+// proxiedRedis starts a redis-server behind a fault proxy and returns a store whose only path
+// to it is the proxy, a store straight to the server (another process's), and the faults.
+func proxiedRedis(t *testing.T) (through, direct *redisstore.RedisStore, faults []redisFault) {
+	t.Helper()
+	srv := redistest.Start(t)
+	p := redistest.StartProxy(t, srv.Addr)
+	opts := srv.Options()
+	opts.Addr = p.Addr
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	through = redisstore.New(c, redisstore.WithWatchLinger(0))
+	t.Cleanup(func() { _ = through.Close() })
+	direct = redisstore.New(srv.Client(), redisstore.WithWatchLinger(0))
+	t.Cleanup(func() { _ = direct.Close() })
+	stop := make(chan struct{})
+	resets := func() {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+					p.Cut()
+				}
+			}
+		}()
+	}
+	return through, direct, []redisFault{
+		{"replies held back", func() { p.SetDelay(time.Hour) }, func() { p.SetDelay(0); p.Cut() }, false},
+		{"black hole", func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }, false},
+		{"connections reset", resets, func() { stop <- struct{}{} }, true},
+		{"server down", srv.Stop, srv.Restart, false},
+	}
+}
+
+// Lock and Release of a permit and of a read lock return by their caller's deadline whatever
+// Redis does (replies held back, a black hole, connections reset, the server down), as a
+// lock's do: the wait loop, the calls and the give-backs of every primitive are bounded by the
+// caller's context, and what a call could not finish goes on in the background.
+func TestPermitsAndReadsReturnByTheirDeadlineThroughFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis-server")
+	}
+	through, direct, faults := proxiedRedis(t)
+	ctx := context.Background()
+	const budget = 600 * time.Millisecond
+	for _, kind := range []struct {
+		name  string
+		opts  []Option
+		other func() (release func()) // holds the key elsewhere, so that a Lock has to wait
+	}{
+		{"lock", nil, nil},
+		{"permits", []Option{WithPermits(3)}, nil},
+		{"read", []Option{WithRead()}, nil},
+		{"permits held elsewhere", []Option{WithPermits(2)}, func() func() {
+			other := mustLocker(t, direct, WithPermits(2), WithTTL(2*time.Second))
+			a, _ := other.Lock(ctx, "busy")
+			b, _ := other.Lock(ctx, "busy")
+			return func() { _ = a.Release(ctx); _ = b.Release(ctx) }
+		}},
+		{"read behind a writer elsewhere", []Option{WithRead()}, func() func() {
+			w, _ := mustLocker(t, direct, WithTTL(2*time.Second)).Lock(ctx, "busy")
+			return func() { _ = w.Release(ctx) }
+		}},
+	} {
+		l := mustLocker(t, through, append([]Option{WithTTL(2 * time.Second), WithWait(20 * time.Second)}, kind.opts...)...)
+		key := "k"
+		if kind.other != nil {
+			key = "busy"
+		}
+		for _, f := range faults {
+			t.Run(fmt.Sprintf("%s/%s", kind.name, f.name), func(t *testing.T) {
+				healthyLocker(t, l, "k")
+				// Release: the lease was taken before the fault.
+				var held *Lease
+				if kind.other == nil {
+					var err error
+					if held, err = l.Lock(ctx, key); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					release := kind.other()
+					defer release()
+				}
+				f.start()
+				defer func() { f.heal(); healthyLocker(t, l, "k") }()
+				if held != nil {
+					rctx, cancel := context.WithTimeout(ctx, budget)
+					deadline, _ := rctx.Deadline()
+					err := held.Release(rctx)
+					cancel()
+					if over := time.Since(deadline); over > faultSlack {
+						t.Errorf("Release returned %v past its deadline (%v)", over, err)
+					}
+				}
+				for i := range 2 {
+					lctx, cancel := context.WithTimeout(ctx, budget)
+					deadline, _ := lctx.Deadline()
+					lease, err := l.Lock(lctx, key)
+					cancel()
+					if over := time.Since(deadline); over > faultSlack {
+						t.Errorf("Lock #%d returned %v past its deadline (%v)", i+1, over, err)
+					}
+					if err == nil {
+						if !f.passable {
+							t.Errorf("Lock #%d succeeded through the fault", i+1)
+						}
+						_ = lease.Release(ctx)
+					} else if errors.Is(err, ErrInvalidKey) {
+						t.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// healthyLocker waits until l takes and releases key, failing t after 20s.
+func healthyLocker(t *testing.T, l *Locker, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		lease, err := l.Lock(ctx, key)
+		if err == nil {
+			_ = lease.Release(ctx)
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no lock once the fault healed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Any key is either refused with ErrInvalidKey (empty, too long) or locked under exactly
+// prefix+key and released without leaving anything behind.
+func FuzzLockKey(f *testing.F) {
+	for _, k := range []string{"", "a", "order:42", "\x00\xff", "a\nb", "ключ:🔒", "{x}", strings.Repeat("k", MaxKeyLen)} {
+		f.Add(k)
+	}
+	s := newMemStore()
+	l := MustNew(s, WithMode(Reject))
+	ctx := context.Background()
+	f.Fuzz(func(t *testing.T, key string) {
+		lease, err := l.Lock(ctx, key)
+		valid := key != "" && len(DefaultPrefix)+len(key) <= MaxKeyLen
+		if err != nil {
+			if !errors.Is(err, ErrInvalidKey) || valid {
+				t.Fatalf("Lock(%q) = %v", key, err)
+			}
+			return
+		}
+		if !valid {
+			t.Fatalf("Lock(%q) accepted an invalid key", key)
+		}
+		if lease.Key() != DefaultPrefix+key {
+			t.Fatalf("locked %q for key %q", lease.Key(), key)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s.size() != 0 || l.gateLen() != 0 {
+			t.Fatalf("key %q left %d locks and %d gate entries", key, s.size(), l.gateLen())
+		}
+	})
 }

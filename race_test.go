@@ -3,5 +3,5 @@
 package flightlock
 
 // raceEnabled reports whether the tests run under the race detector, which adds allocations
-// of its own to some paths (allocs_test.go).
+// of its own to some paths (memory_test.go).
 const raceEnabled = true
