@@ -1,6 +1,6 @@
 package flightlock_test
 
-// Benchmarks of the library's hot paths (issue 4). They run on a real redis-server started on
+// Benchmarks of the library's hot paths. They run on a real redis-server started on
 // a free loopback port when one is installed, and on the embedded miniredis otherwise; set
 // FLIGHTLOCK_BENCH_STORE=embedded to force miniredis. The side-by-side comparison with other
 // lock libraries lives in the bench/ module (bench/run.sh).

@@ -269,8 +269,7 @@ func queueHolders(t *testing.T, l *Locker, key string, n int) <-chan lockResult 
 
 // When a turn of the lock ends at the handoff bound with goroutines of this process still
 // queued and nobody elsewhere refused, the lock stays with the process: one round trip gives it
-// a new fence for the next local holder. It used to cost two, a release and a fresh acquisition
-// (issue 17: release -> next grant with 1,000 waiters took two round trips).
+// a new fence for the next local holder, not two (a release and a fresh acquisition).
 func TestTurnEndKeepsTheLockWhenNobodyElseWaits(t *testing.T) {
 	ms, mr, c := miniStore(t)
 	ctx := context.Background()
@@ -569,7 +568,7 @@ func (s limitedStore) MaxHandoffs() int { return s.max }
 var _ lockstore.HandoffLimiter = limitedStore{}
 
 // A handoff bound above what the store's fences allow is refused by New and With: a holder that
-// died after that many handoffs could see the next grant repeat one of its fences (issue 14).
+// died after that many handoffs could see the next grant repeat one of its fences.
 func TestHandoffBoundMustFitTheStore(t *testing.T) {
 	store := limitedStore{memStore: newMemStore(), max: 10}
 	if _, err := New(store, WithHandoff(11, time.Second)); !errors.Is(err, ErrConfig) {

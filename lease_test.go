@@ -401,7 +401,7 @@ func TestReleaseHandingToALocalWaiterSucceedsOnAnEndedContext(t *testing.T) {
 	}
 }
 
-// A lease makes its context only when Context is first called (issue 17: a lease held without
+// A lease makes its context only when Context is first called (a lease held without
 // it costs no cancelable context). Whatever ended the lease before that call (loss, release,
 // drain, the caller's context) ends the context it then gets, with the same cause.
 func TestLeaseContextMadeLateCarriesItsEnd(t *testing.T) {
@@ -622,8 +622,8 @@ func (s *swapCtx) Value(k any) any             { return s.get().Value(k) }
 // The outer lease of a lease is the one its parent context held when Lock was called, not
 // whatever the parent context holds when the chain is walked: after a pooled context moved on
 // to a request that holds B, work left over from the first request must wait for B, not
-// re-enter the other request's lease (review of 79205c8, which looked the outer lease up again
-// on every walk: two holders inside B, the re-entry with B's fence).
+// re-enter the other request's lease (a walk that looked the outer lease up again through the
+// reused context would put two holders inside B, the re-entry with B's fence).
 func TestOuterLeaseIsTheOneHeldAtLock(t *testing.T) {
 	bg := context.Background()
 	l := mustLocker(t, newMemStore())

@@ -526,8 +526,8 @@ func freshOwner(owner string) string {
 // caller's context ended while it was on the wire, by deadline or by cancellation (an HTTP
 // client that went away, a gRPC call cancelled upstream), or the network timed out. The caller
 // then gives back what the call may have taken, which can only be its own: nothing else would
-// release it before its TTL. A cancellation used to be left out, and the key stayed refused
-// for the whole TTL (TestLostAcquireReplyGivesTheLockBack).
+// release it before its TTL: left out, a cancelled acquisition keeps the key refused for the
+// whole TTL (TestLostAcquireReplyGivesTheLockBack).
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||

@@ -288,7 +288,7 @@ func TestWaitModeBudgetAndContext(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
 	_, err = l.Lock(cctx, "w")
-	// Issue 18: the wait gives up a reserve before the caller's deadline, so that the busy
+	// The wait gives up a reserve before the caller's deadline, so that the busy
 	// answer reaches the caller in time: ErrBusy with the holder's TTL, before the deadline.
 	if !errors.Is(err, ErrBusy) || errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil {
 		t.Fatalf("a wait bounded by the caller's deadline: %v (context %v), want ErrBusy before the deadline", err, cctx.Err())
@@ -1782,19 +1782,17 @@ func TestWaiterRetriesAGrantThatCameTooLate(t *testing.T) {
 	}
 }
 
-// Review 6 of 81be057/6de4ccd (fixed): the extra attempt that the Locker makes right after a
-// fresh Watch (locker.go acquire, "continue") was counted as one of the retry strategy's
-// attempts and skipped the wait between attempts, and it was made without looking at the
-// gate's closing.
+// The extra attempt that the Locker makes right after a fresh Watch (locker.go acquire,
+// "continue") is not one of the retry strategy's attempts, does not skip the wait between
+// attempts, and is not made once the gate is closing.
 //
 //   - TestCappedAttemptsStillWait: with a capped strategy (LimitRetry, the middleware's
-//     Retry.Attempts), Attempts: 2 used to mean "one more attempt after a wait, woken by the
-//     release"; with the bug the second attempt was the extra one, made a round trip after the first,
-//     and the waiter answers busy at once although the key is released 100ms later, well
-//     within its 2s wait.
+//     Retry.Attempts), Attempts: 2 means "one more attempt after a wait, woken by the
+//     release": the waiter gets the key released 100ms later, well within its 2s wait, and
+//     does not answer busy a round trip after its first attempt.
 //   - TestDrainWhileSubscribingAnswersErrClosed: a waiter that is between attempts when
-//     Drain starts must answer ErrClosed (Locker.Drain's contract); with the bug the extra attempt after
-//     the fresh watch went to the store anyway and takes the key during the drain.
+//     Drain starts must answer ErrClosed (Locker.Drain's contract); the extra attempt after
+//     the fresh watch does not go to the store and take the key during the drain.
 
 func TestCappedAttemptsStillWait(t *testing.T) {
 	s, _, _ := miniStore(t)
@@ -1860,8 +1858,8 @@ func TestDrainWhileSubscribingAnswersErrClosed(t *testing.T) {
 }
 
 // gapStore releases the other owner's lock while a waiter subscribes, and never notifies: the
-// release came between the waiter's busy reply and its subscription, and was published to
-// nobody (review 4, the Locker's part of the lost wake-up).
+// release comes between the waiter's busy reply and its subscription, and is published to
+// nobody (the Locker's part of a lost wake-up).
 type gapStore struct {
 	*memStore
 	key, other string
@@ -1874,7 +1872,7 @@ func (g *gapStore) Watch(context.Context, string) (*lockstore.Watch, error) {
 
 // A waiter that was refused, then subscribed afresh (Watch.Fresh), tries once more before it sleeps: a release in
 // between would otherwise leave it asleep with the key free until its retry delay (here
-// longer than its whole wait, so it answered busy for a free key).
+// longer than its whole wait, so it would answer busy for a free key).
 func TestWaiterTriesAgainOnceItListens(t *testing.T) {
 	ctx := context.Background()
 	s := &gapStore{memStore: newMemStore(), key: "lock:gap", other: "someone-else"}

@@ -47,25 +47,25 @@ func liveHeap() uint64 {
 	return m.HeapAlloc
 }
 
-// Bounds of what releasing every lock may leave behind (issue 17): live heap bytes per lock
-// that was held, and goroutines above the count before the locks were taken. Before the
-// holds shared one watchdog timer, 16 B per lock more stayed live: the timer heap of a P keeps
-// the capacity of its peak (a 16 B slot per timer) after the timers are gone.
+// Bounds of what releasing every lock may leave behind: live heap bytes per lock that was
+// held, and goroutines above the count before the locks were taken. The holds share one
+// watchdog timer: a timer per hold would leave 16 B per lock more live, as the timer heap of a
+// P keeps the capacity of its peak (a 16 B slot per timer) after the timers are gone.
 const (
 	releasedBytesPerLock  = 16
 	releasedGoroutineSlop = 0
 )
 
-// heldBytesPerLock bounds the live heap of one held lock (issue 37's goal is 300 B with the
+// heldBytesPerLock bounds the live heap of one held lock (the goal is 300 B with the
 // watchdog on; the grantStore keeps nothing, so this is the Locker's own): hold 128, lease 64,
 // gate entry 24, the gate map's slot about 30-45 (its load factor), the key, and the hold's
 // place in the watchdog's heap, 285 B in all. A change that adds to it fails here.
 const heldBytesPerLock = 292
 
 // Holding many locks and releasing them all returns the heap and the goroutine count to where
-// they were: no map, heap or queue keeps the size of its peak (issue 17). It failed before the
-// gate's map was rebuilt as it emptied (60 B per lock stayed live: Go maps never shrink), and
-// with a bound of 16 B before the holds shared one watchdog timer (19 B).
+// they were: no map, heap or queue keeps the size of its peak. The gate's map is rebuilt as it
+// empties (Go maps never shrink: 60 B per lock would stay live), and the holds share one
+// watchdog timer (a timer per hold leaves 19 B per lock, above the bound of 16 B).
 func TestReleasingEverythingReturnsToBaseline(t *testing.T) {
 	const n = 20000
 	ctx := context.Background()
@@ -123,7 +123,7 @@ func TestReleasingEverythingReturnsToBaseline(t *testing.T) {
 	}
 }
 
-// Allocation guards (issue 17): a change that makes the uncontended path or the rejection of a
+// Allocation guards: a change that makes the uncontended path or the rejection of a
 // duplicate allocate more fails here, without any timing. The store is memStore, which
 // allocates nothing for a key it has seen (checked first), so the counts are the Locker's own.
 // When a change lowers a count, lower its bound with it.

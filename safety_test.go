@@ -26,10 +26,10 @@ import (
 	"go.uber.org/goleak"
 )
 
-// Regression tests for the nine findings of issue 8 ("Exclusion that holds on every path").
-// Each one failed on 2294b23; the finding it answers is named in its comment.
+// Exclusion holds on every path: each test below covers one path by which two callers could
+// otherwise hold one key at once, or one fence be handed out twice.
 
-// Finding 2: a handed-over owner that holds nothing must not take a free key, and two callers
+// A handed-over owner that holds nothing must not take a free key, and two callers
 // with one made-up token must not both get in.
 func TestHandedOverOwnerNeverTakesAFreeKey(t *testing.T) {
 	s, _, c := miniStore(t)
@@ -65,7 +65,7 @@ func TestHandedOverOwnerNeverTakesAFreeKey(t *testing.T) {
 	}
 }
 
-// Finding 4: a refresh never shortens a lock.
+// A refresh never shortens a lock.
 func TestRefreshNeverShortensTheLock(t *testing.T) {
 	s, _, c := miniStore(t)
 	ctx := context.Background()
@@ -146,7 +146,7 @@ func TestLateAcquireReplyNeverOutlivesTheKey(t *testing.T) {
 	}
 }
 
-// Finding 6: fences keep increasing when the fence counter goes back (restart from a
+// Fences keep increasing when the fence counter goes back (restart from a
 // snapshot, lost writes, a lagging replica promoted).
 func TestFencesSurviveACounterRollback(t *testing.T) {
 	s, mr, c := miniStore(t)
@@ -185,7 +185,7 @@ func TestFencesSurviveACounterRollback(t *testing.T) {
 	}
 }
 
-// Finding 7: every grant, by Redis or by in-process handoff, has a fence above every earlier
+// Every grant, by Redis or by in-process handoff, has a fence above every earlier
 // grant of the key.
 func TestEveryHandoffGrantHasItsOwnFence(t *testing.T) {
 	s, _, _ := miniStore(t)
@@ -239,7 +239,7 @@ func TestEveryHandoffGrantHasItsOwnFence(t *testing.T) {
 	}
 }
 
-// Finding 8: a lease that joined a hold in this process keeps the key held until it ends;
+// A lease that joined a hold in this process keeps the key held until it ends;
 // the key is not granted to anyone else while it is live.
 func TestJoinedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 	s, _, c := miniStore(t)
@@ -271,7 +271,7 @@ func TestJoinedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 	}
 }
 
-// Finding 8, across processes: the upstream's release does not free the key while a
+// Across processes, the upstream's release does not free the key while a
 // downstream that re-entered it with the handed-over owner still runs, and a borrowed lease
 // whose lock went to another owner reports ErrNotHeld.
 func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
@@ -330,8 +330,8 @@ func TestBorrowedLeaseKeepsTheKeyUntilItEnds(t *testing.T) {
 	}
 }
 
-// MaxHold bounds a grant: re-entering over and over does not keep the lock past it (found by
-// the review of the issue 8 fixes: every re-entry restarted the MaxHold clock).
+// MaxHold bounds a grant: re-entering over and over does not keep the lock past it (no
+// re-entry restarts the MaxHold clock).
 func TestReentriesDoNotExtendMaxHold(t *testing.T) {
 	s, mr, _ := miniStore(t)
 	clk := newManualClock()
@@ -359,7 +359,7 @@ func TestReentriesDoNotExtendMaxHold(t *testing.T) {
 	}
 }
 
-// TestStressExclusionAndFences (issue 8, "Exclusion that holds on every path") runs worker
+// TestStressExclusionAndFences (exclusion that holds on every path) runs worker
 // processes (the test binary re-executed, as in TestMutualExclusionAcrossProcesses), each with
 // goroutines that lock a few hot keys through a fault proxy of their own (delayed replies,
 // stalled and cut connections, on a seeded random schedule), and a checker that decides on a
@@ -1320,7 +1320,7 @@ func (w *stressWorker) noteFirst(dst *string, err error) {
 	}
 }
 
-// Issue 19: an acquisition whose reply comes back late (0.57 x TTL after the send, a cold
+// An acquisition whose reply comes back late (0.57 x TTL after the send, a cold
 // Cluster client) is renewed in time, counted from the send, never declared lost while its key
 // is valid, on a real redis-server. The first renewal is due TTL/3 after the send, so here it
 // goes out as soon as the reply arrives.
@@ -1437,7 +1437,7 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// Issue 19: while a slot migrates, its lock and fence counter can be on two nodes and a script
+// While a slot migrates, its lock and fence counter can be on two nodes and a script
 // that touches both gets TRYAGAIN. No TRYAGAIN reaches a caller: a rejecting Lock is answered
 // busy, a waiting Lock waits and gets the lock once the migration is done, and a release during
 // the migration is sent again until it goes through.
@@ -1535,10 +1535,10 @@ func retryStoreErrors(t *testing.T, f func() error) error {
 	}
 }
 
-// Issue 19, the hole: on a real Cluster (3 masters, 3 replicas), a lock taken while its
-// master's replica receives nothing is lost when the master is killed and the replica
-// promoted, and a second holder is granted while the first still holds its lease. Asserting
-// the hole keeps the test below honest. The fence still increases (server-time clock).
+// The hole without replica acknowledgement: on a real Cluster (3 masters, 3 replicas), a lock
+// taken while its master's replica receives nothing is lost when the master is killed and the
+// replica promoted, and a second holder is granted while the first still holds its lease.
+// Asserting the hole keeps the test below honest. The fence still increases (server-time clock).
 func TestClusterFailoverWithoutReplicaAckGrantsASecondHolder(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a six-node Redis Cluster")
@@ -1573,7 +1573,7 @@ func TestClusterFailoverWithoutReplicaAckGrantsASecondHolder(t *testing.T) {
 	_ = lease1.Release(ctx)
 }
 
-// Issue 19 with Replicas: 1 on a real Cluster: a lock its master's replica cannot receive is
+// With Replicas: 1 on a real Cluster: a lock its master's replica cannot receive is
 // refused; one it acknowledged survives the master's death: the other locker finds it held,
 // never granted; the holder's renewals reach the promoted replica (the store reloads the slot
 // map on connection errors) within a measured time; fences increase across the promotion; and a

@@ -93,8 +93,8 @@ func (w *watchdog) state() (pending, capacity, workers int) {
 }
 
 // 2,000 held locks arm one timer on the clock between them, and each is renewed on its own
-// schedule: TTL/3 after its acquisition, then TTL/3 after each renewal (issue 17: every hold
-// had a timer of its own). After release the watchdog holds nothing.
+// schedule: TTL/3 after its acquisition, then TTL/3 after each renewal, with no timer of its
+// own. After release the watchdog holds nothing.
 func TestHoldsShareOneClockTimer(t *testing.T) {
 	const n, ttl = 2000, 300 * time.Millisecond
 	ctx := context.Background()
@@ -155,7 +155,7 @@ func TestHoldsShareOneClockTimer(t *testing.T) {
 
 // A loop of uncontended Lock + Release does not stop and re-arm the clock timer for every lock:
 // arming a runtime timer earlier than the network poller's sleep wakes the poller (a system
-// call and a thread wake-up), which showed as latency in scenario 1 of the benchmark (issue 17).
+// call and a thread wake-up), which shows as latency in scenario 1 of the benchmark (bench/).
 // The timer armed for the first lock stays armed; the next locks fall due after it.
 func TestUncontendedLocksDoNotRearmTheTimer(t *testing.T) {
 	ctx := context.Background()
@@ -211,10 +211,10 @@ func (s *stuckRefreshStore) RefreshAll(ctx context.Context, batch []lockstore.Re
 }
 
 // Renewals that fall due together go to a batching store together, maxBatch to a call, on a
-// bounded set of goroutines, never one per renewal (issue 17: up to 6,400 goroutines at once
-// while holding 100,000 locks), and a renewal that hangs on the wire does not keep a lease past
-// its loss deadline: TTL - TTL/10 after the send of the last successful acquire or refresh,
-// exactly.
+// bounded set of goroutines, never one per renewal (that would be up to 6,400 goroutines at
+// once while holding 100,000 locks), and a renewal that hangs on the wire does not keep a
+// lease past its loss deadline: TTL - TTL/10 after the send of the last successful acquire or
+// refresh, exactly.
 func TestQueuedRenewalKeepsTheLossDeadline(t *testing.T) {
 	const n, ttl = 2*maxBatch + 10, 300 * time.Millisecond
 	const calls = 3 // ceil(n / maxBatch)

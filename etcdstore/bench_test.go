@@ -10,7 +10,7 @@ import (
 )
 
 // BenchmarkUncontended compares one uncontended Acquire + Release of the store with the raw
-// floor of issue 14 (a transaction that puts the key with a lease, then a delete) on the same
+// floor (a transaction that puts the key with a lease, then a delete) on the same
 // member (fsync on) and client. The two alternate within each iteration, so that both see the
 // same machine (benchmarks elsewhere share it), and the ratio is reported: store/floor.
 //

@@ -13,7 +13,7 @@ import (
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
-// The fenced writes take a fence whichever store made it (issue 14): a holder of an etcd lock
+// The fenced writes take a fence whichever store made it: a holder of an etcd lock
 // that stalls until its lock is gone, while a holder in another process takes the key and
 // writes, is refused when it resumes; the newer holder's writes stand. The lock is in etcd, the
 // data in Redis, as a service that keeps its balances' locks in etcd and its data in Redis has.

@@ -29,7 +29,7 @@ import (
 )
 
 // An empty Lock: section loaded by go-zero and a LockConf built in Go get the same settings,
-// from one source, the tags (issue 9), and where the core has a default of the same meaning,
+// from one source, the tags, and where the core has a default of the same meaning,
 // the tag equals it. A bare "Lock:" is YAML null, which go-zero's loader refuses as a type
 // mismatch: "Lock: {}" is the empty section.
 func TestDefaultsHaveOneSource(t *testing.T) {
@@ -151,8 +151,8 @@ func TestRedisNonBlockPings(t *testing.T) {
 
 // Tls means what it means in go-zero: the connection is encrypted and the server's
 // certificate is not verified, so a Redis section that works for a service's go-zero Redis
-// client works for its locks too. (Before issue 9 the same YAML verified the certificate and
-// every lock failed against such a server.)
+// client works for its locks too. (A client that verified the certificate would fail every
+// lock against such a server.)
 func TestRedisTlsAsGoZero(t *testing.T) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartTLS(&tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}); err != nil {

@@ -3,7 +3,6 @@ package middleware
 import (
 	"strings"
 	"testing"
-
 )
 
 // A config with no store that runs in a binary without the embedded store is refused at

@@ -62,7 +62,7 @@ type serviceContext struct {
 
 // stockLockMiddleware is internal/middleware/stocklockmiddleware.go, the stub goctl writes
 // once for @server(middleware: StockLock) and never overwrites, made to delegate to the
-// YAML rule of that name (issue 15: the stub is kept, not left unused).
+// YAML rule of that name (the stub is kept, not left unused).
 type stockLockMiddleware struct {
 	lock rest.Middleware
 }

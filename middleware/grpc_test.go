@@ -438,8 +438,8 @@ func TestOwnerMetadata(t *testing.T) {
 	}
 }
 
-// Issue 8, finding 2: owner tokens go only to the downstream methods the config names. Before
-// the fix the client interceptor sent every held token to any method it was called for.
+// Owner tokens go only to the downstream methods the config names: the client interceptor
+// sends no held token to any other method it is called for.
 func TestOwnersGoOnlyToNamedMethods(t *testing.T) {
 	tr := newTestRedis(t)
 	l := tr.locker(t)

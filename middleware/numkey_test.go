@@ -1,17 +1,16 @@
 package middleware
 
-// Review 4, finding "numeric keys" (fixed by canonicalNumber): the key is the text of a value,
-// but go-zero's httpx.Parse binds a path variable, a form or query value and a header into an
-// integer field with strconv.ParseInt (core/mapping.convertTypeFromString), which reads "7",
-// "07", "007", "+7" as the same 7, and a JSON number into an integer field the same way ("0"
-// and "-0" are both 0; a float field takes 1, 1.0 and 1e0 alike). goctl generates int64 fields
-// for ids as often as strings. Two requests on the same entity therefore get two different lock
-// keys ("sku:7", "sku:07") and both run the handler at once: the invariant "the key is built
-// from the very value the handler reads" does not hold for numeric fields.
+// Numeric keys: go-zero's httpx.Parse binds a path variable, a form or query value and a
+// header into an integer field with strconv.ParseInt (core/mapping.convertTypeFromString),
+// which reads "7", "07", "007", "+7" as the same 7, and a JSON number into an integer field
+// the same way ("0" and "-0" are both 0; a float field takes 1, 1.0 and 1e0 alike). goctl
+// generates int64 fields for ids as often as strings. Keys made from the text would differ for
+// one entity ("sku:7", "sku:07") and let two requests on it run the handler at once;
+// canonicalNumber renders a value written as a number in one form, so that the key is built
+// from the very value the handler reads for numeric fields too.
 //
 // Each subtest holds the first request inside the handler (OnBusy reject) and sends the second,
-// which binds the same number: it must be refused with 409, and its handler must not run. Before
-// canonicalNumber it ran, concurrently with the first.
+// which binds the same number: it must be refused with 409, and its handler must not run.
 
 import (
 	"net/http"
@@ -125,21 +124,21 @@ type numFloatQueryReq struct {
 	Amount float64 `form:"amount"`
 }
 
-// Review 6 of ea28f3c (canonicalNumber; fixed but for 2^53, see below): values that go-zero's
-// httpx.Parse binds as one number still rendered as two keys, so two requests on one entity
-// both held "their" lock and ran the handler at once (mutual exclusion, DESIGN.md step 1: the key is built from the very value the
-// handler reads).
+// Values that go-zero's httpx.Parse binds as one number, in its less common spellings too,
+// render as one key, so two requests on one entity never both hold "their" lock and run the
+// handler at once (mutual exclusion, DESIGN.md step 1: the key is built from the very value
+// the handler reads).
 //
-//   - "int64 path 7 vs 65 zeros then 7": canonicalNumber leaves values over 64 bytes as
-//     written, but strconv.ParseInt (go-zero's core/mapping.convertTypeFromString) reads any
-//     number of leading zeros. Any client can take a second lock on entity 7 by padding its id;
-//     the 1024-byte key bound leaves ample room. The most serious case: int64 ids are the
+//   - "int64 path 7 vs 65 zeros then 7": strconv.ParseInt (go-zero's
+//     core/mapping.convertTypeFromString) reads any number of leading zeros, and
+//     canonicalNumber drops them at any length: no client takes a second lock on entity 7 by
+//     padding its id, which the 1024-byte key bound leaves ample room for. int64 ids are the
 //     common lock key.
 //   - float64 fields: ParseFloat reads "1_000" as 1000 (underscores between decimal digits)
-//     and "0x1p0" as 1, both left as written; an integer written without a point or exponent
-//     is kept exactly, while the float64 it binds to is not: "9007199254740993" and
-//     "9007199254740992" are one float64, and "1000000000000000000000" and "1e21" are one
-//     float64 but render as the digits and as "1e+21".
+//     and "0x1p0" as 1, and "1000000000000000000000" and "1e21" as one float64, rendered as
+//     its digits. An integer written without a point or exponent is kept exactly, while the
+//     float64 it binds to is not: "9007199254740993" and "9007199254740992" are one float64
+//     but two keys (not covered below).
 //
 // Each subtest holds the first request in the handler (OnBusy reject); the second binds the
 // same value and must be refused with 409.

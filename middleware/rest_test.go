@@ -122,7 +122,7 @@ func TestRESTKeySources(t *testing.T) {
 		{name: "form", method: "POST", target: "/api/any", ctype: "application/x-www-form-urlencoded", body: "uid=8&x=1", want: "lock:any:8"},
 		{name: "json body", method: "POST", target: "/api/any", ctype: "application/json", body: `{"uid":"9"}`, want: "lock:any:9"},
 		{name: "json number", method: "POST", target: "/api/any", ctype: "application/json", body: `{"uid":10}`, want: "lock:any:10"},
-		// The query used to win here while httpx.Parse handed the handler the body's "b" (issue 8).
+		// The query says "q" and httpx.Parse hands the handler the body's "b": refused, not guessed.
 		{name: "query and body disagree", method: "POST", target: "/api/any?uid=q", ctype: "application/json", body: `{"uid":"b"}`, wantErr: http.StatusBadRequest},
 		{name: "explicit sources", method: "POST", target: "/api/explicit/s1?w=north", header: map[string]string{"X-Tenant": "acme"}, want: "lock:sku:s1:north:acme"},
 		{name: "explicit form", method: "POST", target: "/api/form", ctype: "application/x-www-form-urlencoded", body: "uid=u%2B1", want: "lock:f:u%2B1"},

@@ -20,9 +20,9 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// These tests hold the key to the value that go-zero's httpx.Parse hands the handler (issue 8,
-// security finding 1): a bare {name} that two sources supply with different values used to
-// lock one value while the handler read another.
+// These tests hold the key to the value that go-zero's httpx.Parse hands the handler: a bare
+// {name} that two sources supply with different values never locks one value while the handler
+// reads another.
 
 // keyReq is one request of the key tests.
 type keyReq struct {
@@ -252,7 +252,7 @@ func TestRESTKeyAmbiguousIsInvalidKey(t *testing.T) {
 }
 
 // TestRESTKeyMatchesHandlerParse sends tricky requests to handlers that bind the request with
-// httpx.Parse, as goctl's handlers do, and checks the invariant of issue 8: the handler runs only
+// httpx.Parse, as goctl's handlers do, and checks the invariant: the handler runs only
 // under the key built from the very value it bound; otherwise the middleware answers 400.
 func TestRESTKeyMatchesHandlerParse(t *testing.T) {
 	// One request type per route, with the tags that goctl writes for such a route.

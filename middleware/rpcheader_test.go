@@ -1,13 +1,12 @@
 package middleware
 
-// Review 4, zrpc {header.x} (rpckey.go bindRPC): a metadata key sent with several values was
-// locked on the first one (md.Get(name)[0]) and the others are ignored, where the REST
-// middleware refuses a header with several values ("a name that several sources, or two values
-// of one source, give differently is refused rather than guessed", restkey.go, and DESIGN.md
-// step 1). A handler that reads another of the values (the last, or all of them: a tenant list)
-// then works on an entity that the lock does not cover: the call "x-tenant: a, x-tenant: b"
-// is locked on t:a and can run next to a call on t:b. The test expects InvalidArgument, as
-// REST answers 400.
+// zrpc {header.x} (rpckey.go bindRPC): a metadata key sent with several values is refused, as
+// the REST middleware refuses a header with several values ("a name that several sources, or
+// two values of one source, give differently is refused rather than guessed", restkey.go, and
+// DESIGN.md step 1). Locked on the first value (md.Get(name)[0]), the call "x-tenant: a,
+// x-tenant: b" would hold t:a and could run next to a call on t:b, while its handler reads
+// another of the values (the last, or all of them: a tenant list), an entity that the lock does
+// not cover. The test expects InvalidArgument, as REST answers 400.
 
 import (
 	"context"

@@ -11,7 +11,7 @@ import (
 )
 
 // A waiting rule whose Wait is not below the server's Timeout (go-zero's RestConf.Timeout or
-// RpcServerConf.Timeout, in ms) is logged once at start-up with the rule's name (issue 18):
+// RpcServerConf.Timeout, in ms) is logged once at start-up with the rule's name:
 // such a wait always runs to the end of the request's time, so the caller has none left to
 // retry. Rules below the timeout, reject rules and a disabled timeout (0) are not logged.
 func TestWaitNotBelowServerTimeoutIsLogged(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Shadow mode on etcd (issue 14: everything above the store works unchanged): two pods of one
+// Shadow mode on etcd (everything above the store works unchanged): two pods of one
 // service run a shadow rule on one etcd. A request that enforcing the rule would refuse, because
 // the other pod's request holds the key in etcd, still runs and answers 200, and is counted as a
 // conflict; the shadow lock lives in etcd under Prefix + "shadow:", apart from the enforced

@@ -31,8 +31,8 @@ func shareRuleWaiting(wait time.Duration) Rule {
 }
 
 // A duplicate that joins a run of this process waits within the rule's Wait, as one in another
-// process waits for the lock, and answers 409 with Retry-After: it used to wait on its own
-// context only, until go-zero's timeout answered 503, a 5xx that go-zero's breakers count.
+// process waits for the lock, and answers 409 with Retry-After, not go-zero's timeout 503 (a
+// 5xx that go-zero's breakers count) after waiting on its own context only.
 func TestShareDuplicateAnswersBusyWithinWait(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(100 * time.Millisecond)}})
@@ -94,9 +94,9 @@ func TestShareDuplicateCallAbortsWithinWait(t *testing.T) {
 	}
 }
 
-// The leading request's client leaving while it waits for the lock fails no duplicate: the
-// run used to be the leader's, on its context, and every duplicate got its 409 at once. Now a
-// duplicate still there leads the next run, which runs the handler once, for that duplicate.
+// The leading request's client leaving while it waits for the lock fails no duplicate (a run on
+// the leader's context would answer every duplicate 409 at once): a duplicate still there leads
+// the next run, which runs the handler once, for that duplicate.
 func TestShareLeaderLeavingFailsNoDuplicate(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
@@ -152,8 +152,8 @@ func (z *zeroBody) Read(p []byte) (int, error) {
 }
 
 // A share rule reads at most rules.MaxBodyBytes of a body for its fingerprint, as the other rules
-// read one for their keys, and refuses a longer one: it used to read a chunked body of any
-// size into memory (go-zero's MaxBytes checks Content-Length only).
+// read one for their keys, and refuses a longer one, chunked bodies included (go-zero's MaxBytes
+// checks Content-Length only).
 func TestShareBoundsChunkedBody(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(time.Second)}})
@@ -180,8 +180,7 @@ func TestShareBoundsChunkedBody(t *testing.T) {
 	}
 }
 
-// A 422 says why: the key was used with another payload. It used to say "lock store
-// unavailable" (publicMessage had no case for ErrPayloadMismatch).
+// A 422 says why: the key was used with another payload, not "lock store unavailable".
 func TestSharePayloadMismatchMessage(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(time.Second)}})
@@ -200,7 +199,7 @@ func TestSharePayloadMismatchMessage(t *testing.T) {
 }
 
 // A zrpc share rule answers the handler's error status whole, details included, to the call
-// that ran it and to a duplicate that replays it: it used to rebuild it from code and message.
+// that ran it and to a duplicate that replays it, not one rebuilt from code and message.
 func TestSharedRPCErrorKeepsDetails(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share",

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc"
 )
 
-// Issue 18: a key field spelled the Go way or the JSON way fails at start-up with the field the
+// A key field spelled the Go way or the JSON way fails at start-up with the field the
 // template needs and the fields the request has, as one line, without a stack trace.
 func TestKeyFieldErrorsTeach(t *testing.T) {
 	const method = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo" // request: ServerReflectionRequest
@@ -147,7 +147,7 @@ func TestRegisterChecksTheServer(t *testing.T) {
 	}
 }
 
-// Issue 15: a request whose key cannot be built is refused with 400, and the service's log
+// A request whose key cannot be built is refused with 400, and the service's log
 // says why (once per rule and interval, then counted), not only the access line.
 func TestBadKeyIsLogged(t *testing.T) {
 	tr := newTestRedis(t)
@@ -176,9 +176,9 @@ func TestBadKeyIsLogged(t *testing.T) {
 	}
 }
 
-// MustCheckRoutes (issue 15): a rule that matches no route stops the service with one line on
-// stderr naming the rule and the route it probably meant, exit status 1, no stack trace (the
-// README's recipe used logx.Must, which prints one); a rule that matches starts.
+// MustCheckRoutes: a rule that matches no route stops the service with one line on stderr
+// naming the rule and the route it probably meant, exit status 1, no stack trace (logx.Must
+// would print one); a rule that matches starts.
 func TestMustCheckRoutesExitsWithOneLine(t *testing.T) {
 	code := -1
 	exit = func(c int) { code = c }

@@ -10,8 +10,8 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 )
 
-// A Route middleware that is put on no route locks nothing: CheckRoutes says so, naming it
-// (found by the review of issue 9; it passed silently before).
+// A Route middleware that is put on no route locks nothing: CheckRoutes says so, naming it,
+// rather than passing silently.
 func TestRouteNeverWiredFailsTheCheck(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{})
@@ -50,7 +50,7 @@ func TestRouteNeverWiredFailsTheCheck(t *testing.T) {
 }
 
 // A route is locked by one rule: a Route on a route that a rule of Handle already locks is
-// refused, naming both (found by the review of issue 9: the key was taken twice).
+// refused, naming both, so that the key is not taken twice.
 func TestRouteOnARouteHandleLocksIsRefused(t *testing.T) {
 	tr := newTestRedis(t)
 	m := newMiddleware(t, tr, LockConf{Rules: []Rule{

@@ -692,7 +692,7 @@ func TestConfigFiles(t *testing.T) {
 			}
 			// Each Lock block of the Redis file carries the file's Redis, so that a block
 			// pasted into another service's file locks on a real Redis, not on the embedded
-			// store (issue 15).
+			// store.
 			for svc, lc := range map[string]flmw.LockConf{"Order": c.Order.Lock, "Inventory": c.Inventory.Lock, "Balance": c.Balance.Lock} {
 				if lc.Redis.Host != c.Redis.Host {
 					t.Errorf("%s.Lock.Redis.Host = %q, want the file's Redis.Host %q", svc, lc.Redis.Host, c.Redis.Host)

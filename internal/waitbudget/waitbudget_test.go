@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Issue 18: the wait for a busy key ends a reserve before the caller's deadline.
+// The wait for a busy key ends a reserve before the caller's deadline.
 func TestWaitDeadlineLeavesAReserve(t *testing.T) {
 	now := time.Now()
 	bg := context.Background()

@@ -30,9 +30,9 @@ type pipeliner interface {
 //
 // A call fails on its own deadline only, and nobody waits past their own deadline, even on a
 // hung Redis. A batch is bounded by the latest deadline among its callers (none if one of them
-// has none): it used to end at the earliest, and a call with 5 s left then failed after 151 ms
-// because a neighbour in its batch had 150 ms left, against a Redis answering in 400 ms, which
-// under load meant spurious 503s, failed releases and degraded leases. So
+// has none), not the earliest: ended at the earliest, a call with 5 s left would fail after
+// 151 ms because a neighbour in its batch had 150 ms left, against a Redis answering in 400 ms,
+// which under load means spurious 503s, failed releases and degraded leases. And
 // each caller leaves on its own context instead of waiting for the batch:
 //   - a call whose context ends while it is queued is dropped and never sent;
 //   - a call whose context ends while it is on the wire returns at once with its context's

@@ -331,10 +331,10 @@ func runAcquire(ctx context.Context, s *RedisStore, key, owner string, late func
 	return s.batch.run(ctx, acquireScript, []string{key, lockstore.FenceKey(key)}, late, acquireArgs(owner)...)
 }
 
-// A call fails on its own deadline only (issue 8, finding 9): a batch used to end at the
-// earliest deadline among its callers, so a call with 5 s left failed after 151 ms next to one
-// with 150 ms left, against a Redis that answered in 400 ms. Now the long call gets its reply,
-// and the short one leaves at its own deadline, without waiting for a reply it cannot use.
+// A call fails on its own deadline only, not at the earliest deadline among its batch's
+// callers: against a Redis that answers in 400 ms, a call with 5 s left next to one with 150 ms
+// left gets its reply, and the short one leaves at its own deadline, without waiting for a
+// reply it cannot use.
 func TestBatchCallFailsOnItsOwnDeadlineOnly(t *testing.T) {
 	s, _, h := oneLaneStore(t)
 	laneFree := occupyLane(t, s, h)

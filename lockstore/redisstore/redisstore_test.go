@@ -470,7 +470,7 @@ func TestBusyAcquisitionNamesTheHolder(t *testing.T) {
 // or with other text) is refused, and acquire.lua leaves both keys as it found them: the lock
 // is not taken (a grant with a fence that might repeat one is worse than none) and the
 // counter is not overwritten. acquire.lua writes the counter after the grant in one SET ...
-// GET (issue 17), so both refusals undo what the script wrote.
+// GET, so both refusals undo what the script wrote.
 func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()

@@ -71,9 +71,9 @@ func TestRefreshAll(t *testing.T) {
 	})
 }
 
-// lockstore.Renewal batches share the store's lanes (issue 17: after holding 10,000 locks the client's
-// pool stayed at 20 connections, 186 B per released lock, because up to 32 renewers pipelined
-// at once, each on a pooled connection of its own): no more RefreshAll pipelines than lanes are
+// lockstore.Renewal batches share the store's lanes (up to 32 renewers pipelining at once, each
+// on a pooled connection of its own, would leave the client's pool at 20 connections after
+// 10,000 locks are held, 186 B per released lock): no more RefreshAll pipelines than lanes are
 // on the wire at once, a batch waits for a free slot within its context, and one whose context
 // ends while it waits is not sent and reports the context's error for every lock.
 func TestRefreshAllPipelinesShareTheLanes(t *testing.T) {

@@ -11,8 +11,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Issue 8, finding 2: re-entry with a handed-over owner never takes a free key, and counts
-// holds so that the key is deleted only when the last one is released (finding 8).
+// Re-entry with a handed-over owner never takes a free key, and counts holds so that the key
+// is deleted only when the last one is released.
 func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
@@ -69,8 +69,8 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 	})
 }
 
-// Issue 8, finding 7: fences handed out locally (handoffs) are reported on release, and the
-// next acquisition counts on above them.
+// Fences handed out locally (handoffs) are reported on release, and the next acquisition
+// counts on above them.
 func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
@@ -96,8 +96,8 @@ func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 	})
 }
 
-// Issue 8, finding 6: a real redis-server restarted from an older RDB snapshot has an older
-// fence counter; fences still go on increasing.
+// A real redis-server restarted from an older RDB snapshot has an older fence counter; fences
+// still go on increasing.
 func TestFencesIncreaseAfterARestartFromASnapshot(t *testing.T) {
 	srv := redistest.StartIn(t, t.TempDir())
 	c := srv.Client()

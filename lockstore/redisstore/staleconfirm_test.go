@@ -1,18 +1,17 @@
 package redisstore
 
-// Review 6 of 81be057 (notifier.read; fixed): a channel's readiness was taken from any "subscribe"
-// confirmation for its name, including one that answers an earlier SUBSCRIBE of the same
-// channel, sent for a channelState that its linger has since expired (UNSUBSCRIBE sent). On a
-// pub/sub link slower than the linger, a watch that gave up waiting (its ctx ended), a linger
-// expiry and a new watch of the key leave the new watch marked active by the first
-// SUBSCRIBE's confirmation, while Redis is still to read the UNSUBSCRIBE and then the new
-// SUBSCRIBE: a release between those two publishes to nobody although it comes after lockstore.Watch
-// returned, which lockstore.Store.Watch promises is heard.
+// A channel's state is marked ready only by the "subscribe" confirmation that answers its own
+// SUBSCRIBE (the notifier counts, per channel, the SUBSCRIBEs sent and not yet confirmed), never
+// by one that answers an earlier SUBSCRIBE of the same channel, sent for a channelState that
+// its linger has since expired (UNSUBSCRIBE sent). On a pub/sub link slower than the linger, a
+// watch that gave up waiting (its ctx ended), a linger expiry and a new watch of the key would
+// otherwise leave the new watch marked active by the first SUBSCRIBE's confirmation, while
+// Redis is still to read the UNSUBSCRIBE and then the new SUBSCRIBE: a release between those
+// two would publish to nobody although it comes after lockstore.Watch returned, which
+// lockstore.Store.Watch promises is heard.
 //
 // Here the pub/sub link has 150ms of latency towards Redis (laggyConn, as in
-// TestWatchHearsAReleaseRightAfterIt) and the linger is 10ms. Fix idea: count the
-// SUBSCRIBEs sent per channel (or keep the state in the map until its UNSUBSCRIBE is
-// confirmed) and mark a state ready only on the confirmation that answers its own SUBSCRIBE.
+// TestWatchHearsAReleaseRightAfterIt) and the linger is 10ms.
 
 import (
 	"context"

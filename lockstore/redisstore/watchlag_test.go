@@ -12,24 +12,24 @@ import (
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
-// TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returned before its subscription was
-// active (review 4), so a release that happened after lockstore.Watch returned was not delivered; it
-// now waits for the confirmation (bounded by subscribeWait, 500ms, above the latency here).
+// TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returns once its subscription is
+// active, so a release that happens after lockstore.Watch returned is delivered. watch waits for
+// the subscription's confirmation (the *redis.Subscription message for the channel, read by
+// the notifier's reader and signalled to watch), bounded by subscribeWait, 500ms, above the
+// latency here.
 //
 // notifier.watch sends SUBSCRIBE with go-redis's PubSub.Subscribe, which only writes the
 // command and does not wait for Redis to confirm it. The subscription lives on a connection
 // of its own, and Redis orders nothing between two connections: a release sent on another
-// connection after lockstore.Watch returned can run (and PUBLISH to nobody) before the SUBSCRIBE is
-// read. Here the pub/sub connection has 150ms of latency towards Redis (a slow or congested
-// link); the release right after lockstore.Watch notifies 0 subscribers and the watch never fires.
-// A waiter that watches and then sleeps until its retry delay (the Locker) stays asleep
-// with the key free. Severity: lost wake-up (the waiter wakes at its next retry delay, capped
-// by the holder's TTL, instead of at the release).
+// connection can run (and PUBLISH to nobody) before the SUBSCRIBE is read. Here the pub/sub
+// connection has 150ms of latency towards Redis (a slow or congested link): without the wait
+// for the confirmation, the release right after lockstore.Watch would notify 0 subscribers and
+// the watch would never fire, and a waiter that watches and then sleeps until its retry delay
+// (the Locker) would stay asleep with the key free, a lost wake-up (it would wake at its next
+// retry delay, capped by the holder's TTL, instead of at the release).
 //
-// Fix: make watch wait for the subscription's confirmation (the *redis.Subscription message
-// for the channel, read by the notifier's reader and signalled to watch) before returning,
-// and have the Locker try once more after lockstore.Watch returns and before it sleeps, since a
-// release between the busy reply and the subscription is missed anyway.
+// A release between the busy reply and the subscription is missed anyway: the Locker tries once
+// more after lockstore.Watch returns and before it sleeps (TestWaiterTriesAgainOnceItListens).
 func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()

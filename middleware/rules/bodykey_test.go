@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-// decoderBodyValue is how {body.x.y} was read before the one-pass decode (issue 17): the
-// body's first value through a json.Decoder, then the field's value through another one with
-// UseNumber. bodyValue must give what it gave, for every body.
+// decoderBodyValue is the reference reading of {body.x.y}, with two decoders: the body's first
+// value through a json.Decoder, then the field's value through another one with UseNumber.
+// bodyValue, which decodes in one pass, must give what it gives, for every body.
 func decoderBodyValue(body string, path []string) (string, bool) {
 	var obj map[string]json.RawMessage
 	if len(body) > 0 && json.NewDecoder(strings.NewReader(body)).Decode(&obj) != nil {

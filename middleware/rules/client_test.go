@@ -33,7 +33,7 @@ func TestRedisConfIsGoZeros(t *testing.T) {
 		}
 	}
 	for i := range ot.NumField() {
-		// Lanes, and what go-zero's conf lacks for failover (issue 11), are flightlock's own.
+		// Lanes, and what go-zero's conf lacks for failover, are flightlock's own.
 		if name := ot.Field(i).Name; name != "Lanes" && name != "Sentinel" && name != "Replicas" && name != "ReplicaTimeout" {
 			if _, ok := zt.FieldByName(name); !ok {
 				t.Errorf("Lock.Redis.%s is not a field of go-zero's RedisConf", name)

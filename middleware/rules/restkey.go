@@ -421,8 +421,7 @@ func canonicalValue(v string) string {
 //
 // Integers (an optional sign and decimal digits) are rewritten exactly, at any length, so that
 // large ids such as snowflake int64s keep one key each: the sign of zero, a "+" and every
-// leading zero go (a value over 64 bytes was left as written, and 65 zeros before a 7
-// made a second lock on 7). Anything else that ParseFloat reads as a finite number, in the
+// leading zero go, whatever the value's length (65 zeros before a 7 are a 7). Anything else that ParseFloat reads as a finite number, in the
 // characters of Go's float literals, is written as the float64 it reads: its digits when it is
 // integral, else Go's shortest form. What stays apart: an integer beyond 2^53 written once as
 // an integer and once with a point or exponent, which a float field reads as one float64 (an

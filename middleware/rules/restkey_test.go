@@ -15,7 +15,7 @@ func TestCanonicalNumber(t *testing.T) {
 		{"-0.0", "0"}, {".5", "0.5"}, {"1e20", "100000000000000000000"},
 		{"1844674407370955161", "1844674407370955161"}, {"1844674407370955162", "1844674407370955162"},
 		{"123456789012345678901234567890", "123456789012345678901234567890"},
-		// Any length (review 6: 65 zeros before a 7 made a second lock on 7).
+		// Any length: 65 zeros before a 7 are 7, not a second lock on 7.
 		{strings.Repeat("0", 65) + "7", "7"}, {"-" + strings.Repeat("0", 900) + "42", "-42"},
 		// What ParseFloat reads too: underscores, hexadecimal floats; integral floats as digits.
 		{"1_000", "1000"}, {"0x1p0", "1"}, {"0X1P-2", "0.25"}, {"1e21", "1000000000000000000000"},
