@@ -1,11 +1,13 @@
 package etcdstore_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/storetest"
 )
@@ -22,6 +24,15 @@ func TestConformance(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = s.Close() })
 			return s
+		},
+		Faulty: func(t testing.TB) (lockstore.Store, func(), func()) {
+			p := redistest.StartProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+			s, err := etcdstore.New(etcdtest.NewClient(t, p.Addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s, func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }
 		},
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/storetest"
@@ -25,6 +26,16 @@ func TestConformance(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = s.Close() })
 			return s
+		},
+		Faulty: func(t testing.TB) (lockstore.Store, func(), func()) {
+			p := redistest.StartProxy(t, srv.Addr)
+			s, err := zkstore.Dial(zkstore.Config{Hosts: []string{p.Addr}, SessionTimeout: 9 * time.Second,
+				Root: "/flightlock-conformance", TickTime: 500 * time.Millisecond, SyncLimit: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return s, func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }
 		},
 	})
 }

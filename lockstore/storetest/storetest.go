@@ -15,7 +15,9 @@
 //   - through flightlock Lockers: semaphores (never more than n holders across processes, a
 //     spent wait answered busy), read-write locks (readers share, a writer excludes them and
 //     is preferred, its fence above theirs, a refused writer never told that a reader who left
-//     holds the key) and fair order across processes.
+//     holds the key) and fair order across processes;
+//   - with a fault proxy (Config.Faulty): Lock and Release of a lock, a permit and a read lock
+//     return by the caller's deadline when the server's replies are held back.
 package storetest
 
 import (
@@ -46,6 +48,11 @@ type Config struct {
 	// replies may carry HolderTTL 0 and its TTL is the longest a lock outlives its holder's
 	// end; a lock runs out when its holder's session ends, not when refreshes stop.
 	Sessions bool
+	// Faulty, when set, returns a new store whose only path to the server is a fault proxy,
+	// with how to start a fault (replies held back, a black hole) and how to heal it. The suite
+	// then proves that Lock and Release of a lock, a permit and a read return by the caller's
+	// deadline whatever the server does. Nil skips that part.
+	Faulty func(t testing.TB) (store lockstore.Store, fault, heal func())
 }
 
 // Run runs the conformance suite against the store c describes.
@@ -72,6 +79,7 @@ func Run(t *testing.T, c Config) {
 		{"ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold},
 		{"RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds},
 		{"FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder},
+		{"CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults},
 	} {
 		t.Run(tc.name, tc.fn)
 	}
@@ -584,5 +592,93 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	}
 	if !slices.IsSorted(order) {
 		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
+	}
+}
+
+// faultSlack is how far past its caller's deadline a call may return through a fault: the
+// scheduling of a machine loaded by the race detector, not a wait of the Locker's.
+const faultSlack = 250 * time.Millisecond
+
+// callsReturnByTheirDeadlineThroughFaults: while the server's replies are held back, Release of
+// a held lock, permit or read and new Locks of them return by the caller's deadline (what the
+// calls could not finish goes on in the background), and once the fault heals the keys are
+// taken again.
+func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
+	if s.Faulty == nil {
+		t.Skip("the store's test gives no fault proxy (Config.Faulty)")
+	}
+	ctx := context.Background()
+	const budget = 600 * time.Millisecond
+	var worst time.Duration // the latest return past a deadline, for the log
+	for _, kind := range []struct {
+		name string
+		opts []flightlock.Option
+	}{
+		{"lock", nil},
+		{"permits", []flightlock.Option{flightlock.WithPermits(3)}},
+		{"read", []flightlock.Option{flightlock.WithRead()}},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			store, fault, heal := s.Faulty(t)
+			l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithWait(20 * time.Second)}, kind.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "faults-" + kind.name
+			held := lockWithin(t, l, key, 30*time.Second)
+			fault()
+			healed := false
+			defer func() {
+				if !healed {
+					heal()
+				}
+			}()
+			rctx, cancel := context.WithTimeout(ctx, budget)
+			deadline, _ := rctx.Deadline()
+			err = held.Release(rctx)
+			cancel()
+			if over := time.Since(deadline); over > faultSlack {
+				t.Errorf("Release returned %v past its deadline (%v)", over, err)
+			} else {
+				worst = max(worst, over)
+			}
+			for i := range 2 {
+				lctx, cancel := context.WithTimeout(ctx, budget)
+				deadline, _ := lctx.Deadline()
+				lease, err := l.Lock(lctx, key)
+				cancel()
+				if over := time.Since(deadline); over > faultSlack {
+					t.Errorf("Lock #%d returned %v past its deadline (%v)", i+1, over, err)
+				} else {
+					worst = max(worst, over)
+				}
+				if err == nil {
+					t.Errorf("Lock #%d succeeded while the server's replies were held back", i+1)
+					_ = lease.Release(ctx)
+				}
+			}
+			heal()
+			healed = true
+			_ = lockWithin(t, l, key, 30*time.Second).Release(ctx)
+		})
+	}
+	t.Logf("latest return past a deadline: %v", worst)
+}
+
+// lockWithin locks key with l, trying again until within has passed (a store that heals
+// after a fault reconnects first).
+func lockWithin(t *testing.T, l *flightlock.Locker, key string, within time.Duration) *flightlock.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	for {
+		lease, err := l.Lock(ctx, key)
+		if err == nil {
+			return lease
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no lock of %s within %v: %v", key, within, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
