@@ -64,11 +64,15 @@ func New(c Config, opts ...Option) (_ *System, err error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// What the example's main.go sets, for the binaries (tests, benchmarks) that build the
+	// system without that main: the order API's place-order rule shares its response with
+	// duplicates (OnBusy: share), and a Lock section without a Redis host runs on the
+	// embedded store in development.
 	if flmw.ResponseSharing == nil {
-		// The order API's place-order rule shares its response with duplicates (OnBusy:
-		// share): set as the example's main.go sets it, for the binaries (tests, benchmarks)
-		// that build the system without that main.
 		flmw.ResponseSharing = share.New
+	}
+	if flmw.EmbeddedStore == nil {
+		flmw.EmbeddedStore = embedded.New
 	}
 	s := &System{}
 	defer func() {
