@@ -95,11 +95,6 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
 	}
-	if l.cfg.read {
-		if lease := l.joinRead(ctx, rkey); lease != nil {
-			return lease, nil
-		}
-	}
 	b := budget{parent: ctx}
 	if wait {
 		if start.IsZero() {
@@ -108,6 +103,13 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer b.stop()
+	if l.cfg.read {
+		lease, land, err := l.joinOrLeadRead(ctx, &b, rkey, wait)
+		if lease != nil || err != nil {
+			return lease, err
+		}
+		defer land()
+	}
 	owner := newOwnerToken()
 	if l.cfg.read {
 		owner = lockstore.ReadOwner(owner)
@@ -182,6 +184,51 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 		return nil
 	}
 	return newLease(ctx, h, GrantShared, fence, site)
+}
+
+// joinOrLeadRead joins the read hold this process's readers share (joinRead), or, when there
+// is none to join, waits for the one another reader of this process is taking in the store and
+// joins that; when none is being taken, the caller leads: it takes the hold, and land, which
+// it must call when it has (shared it or failed), wakes the readers that waited. A reader that
+// may not join (a writer of this process wants the key, the hold is past its window) waits for
+// the flight in progress all the same and then leads one of its own: readers of one process go
+// to the store one at a time rather than all at once. A waiting reader gives up with its wait:
+// busy, as in the store.
+func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
+	g := l.k.gate
+	for {
+		if lease := l.joinRead(ctx, rkey); lease != nil {
+			return lease, nil, nil
+		}
+		g.mu.Lock()
+		flight, inFlight := g.readFlights[rkey]
+		if !inFlight {
+			if g.readFlights == nil {
+				g.readFlights = make(map[string]chan struct{})
+			}
+			flight = make(chan struct{})
+			g.readFlights[rkey] = flight
+		}
+		g.mu.Unlock()
+		if !inFlight {
+			return nil, func() {
+				g.mu.Lock()
+				delete(g.readFlights, rkey)
+				g.mu.Unlock()
+				close(flight)
+			}, nil
+		}
+		if !wait {
+			return nil, func() {}, nil // TryLock asks the store at once, as before
+		}
+		select {
+		case <-flight:
+		case <-b.context().Done():
+			return nil, nil, l.gaveUp(ctx, &busyError{})
+		case <-g.closing:
+			return nil, nil, ErrClosed
+		}
+	}
 }
 
 // shareRead makes h, a read hold just taken in the store for rkey, the one that this process's

@@ -716,3 +716,61 @@ func TestSharedReadersStopJoiningWhenAWriterWaits(t *testing.T) {
 		})
 	}
 }
+
+// slowReadStore holds every read acquisition until gate is closed, counting them.
+type slowReadStore struct {
+	*redisstore.RedisStore
+	acquires atomic.Int64
+	gate     chan struct{}
+}
+
+func (s *slowReadStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+	if lockstore.IsReadOwner(owner) {
+		s.acquires.Add(1)
+		select {
+		case <-s.gate:
+		case <-ctx.Done():
+			return lockstore.Acquisition{}, ctx.Err()
+		}
+	}
+	return s.RedisStore.Acquire(ctx, key, owner, ttl, meta)
+}
+
+// Readers of one process that come while one of them is taking the key's store read hold wait
+// for it and join it, instead of each taking a hold of its own: eight readers at once, one
+// store acquisition, one fence, every reader inside together.
+func TestReadersThatComeWhileOneTakesTheHoldJoinIt(t *testing.T) {
+	rs, _, _ := miniStore(t)
+	s := &slowReadStore{RedisStore: rs, gate: make(chan struct{})}
+	ctx := context.Background()
+	r := mustLocker(t, s, WithRead(), WithWait(10*time.Second), WithHandoff(DefaultHandoff, time.Hour))
+	const readers = 8
+	leases := make(chan *Lease, readers)
+	for range readers {
+		go func() {
+			lease, err := r.Lock(NewOwner(ctx), "doc")
+			if err != nil {
+				t.Error(err)
+			}
+			leases <- lease
+		}()
+	}
+	waitFor(t, 5*time.Second, "the first reader to ask the store", func() bool { return s.acquires.Load() == 1 })
+	time.Sleep(50 * time.Millisecond) // the other readers arrive meanwhile
+	close(s.gate)
+	var fences []int64
+	for range readers {
+		lease := <-leases
+		if lease == nil {
+			t.FailNow()
+		}
+		defer lease.Release(ctx)
+		fences = append(fences, lease.Fence())
+	}
+	if n := s.acquires.Load(); n != 1 {
+		t.Fatalf("%d store read acquisitions for %d readers arriving together, want 1", n, readers)
+	}
+	if slices.Min(fences) != slices.Max(fences) {
+		t.Fatalf("fences %v, want the one hold's", fences)
+	}
+}

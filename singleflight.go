@@ -34,6 +34,10 @@ type gate struct {
 	// guarded by mu: per key, the read hold that this process's new readers may join
 	// (rwfair.go: joinRead); each is also in borrowed while it lives.
 	reads map[string]*hold
+	// guarded by mu: per key, the read hold that a reader of this process is taking in the
+	// store, closed when it is shared or failed (rwfair.go: readFlight): the readers that come
+	// meanwhile wait for it and join it, instead of each taking a hold of its own.
+	readFlights map[string]chan struct{}
 	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
 	// may list their holds before this process knows them, and a drain must wait for them.
 	borrowing int
