@@ -31,7 +31,7 @@ var rwMixes = []int{90, 50}
 // rwRows are scenario 11's rows.
 func rwRows() []rowSpec {
 	return []rowSpec{
-		{id: "flightlock-rw", lib: "flightlock, WithRead for reads", wait: "readers share a hold each; writer preference; release notification",
+		{id: "flightlock-rw", lib: "flightlock, WithRead for reads", wait: "a process's readers share one hold; writer preference; release notification",
 			rw: true, build: newFlightlockRW},
 		{id: "poll-rw", lib: "naive SET NX + ZSET read-write lock", wait: "poll " + semPoll.String(), rw: true, build: newPollRW},
 	}
@@ -367,7 +367,8 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
 	w("per critical section (read or write) are counted as in scenario 10.\n\n")
 	w("| row | waiting for a busy key |\n|---|---|\n")
-	w("| %s | a read is a store hold of its own (one round trip to take, one to release; reads are not collapsed in the process);"+
+	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
+		"those within the handoff window join it with no round trip, the last releases it);"+
 		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; a writer refused"+
 		" because of readers marks the key and new readers wait for it; waiters wake on the release notification or the retry delays |\n", rwRows()[0].label())
 	w("| %s | a writer `SET w NX PX`, polling every %v while another writer holds it, then polls `ZCOUNT` of the readers every %v until none is left;"+
