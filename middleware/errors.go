@@ -81,7 +81,8 @@ func HTTPStatus(err error) int {
 
 // GRPCStatus returns the gRPC status that the interceptors answer for err, per the error table
 // of the package documentation: Aborted for flightlock.ErrBusy (with a RetryInfo detail holding
-// how long the key likely stays busy: the middleware's hint, or the holder's remaining TTL), InvalidArgument for ErrInvalidKey, Internal for
+// how long the key likely stays busy: the middleware's hint, the holder's remaining TTL, or a
+// second when neither is known), InvalidArgument for ErrInvalidKey, Internal for
 // ErrConfig, Unavailable for the middleware's "lock store unavailable" and for ErrClosed (a
 // drain), Canceled and
 // DeadlineExceeded for the context errors. Any other error gets the status gRPC would send for
@@ -93,10 +94,12 @@ func GRPCStatus(err error) *status.Status {
 		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
 	case errors.Is(err, flightlock.ErrBusy):
 		st := status.New(codes.Aborted, msgBusy)
-		if d, ok := retryAfter(err); ok {
-			if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
-				st = withInfo
-			}
+		d, ok := retryAfter(err)
+		if !ok {
+			d = defaultRetryAfter // every busy answer says when to try again, as REST's Retry-After does
+		}
+		if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
+			st = withInfo
 		}
 		return st
 	case errors.Is(err, flightlock.ErrInvalidKey), errors.Is(err, ErrPayloadMismatch):

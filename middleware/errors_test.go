@@ -89,3 +89,18 @@ func TestGRPCStatusRetryInfo(t *testing.T) {
 		t.Fatalf("details %v, want a RetryInfo of at most the TTL (5s)", st.Details())
 	}
 }
+
+// A busy error that tells no holder's TTL (a duplicate of this process's own run, a busy error
+// built by hand) still answers a RetryInfo, as REST answers Retry-After: 1.
+func TestGRPCStatusOfABusyErrorWithoutAHintSaysASecond(t *testing.T) {
+	st := GRPCStatus(fmt.Errorf("wrapped: %w", flightlock.ErrBusy))
+	var delay time.Duration
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			delay = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	if st.Code() != codes.Aborted || delay != time.Second {
+		t.Fatalf("status %v, RetryInfo %v; want Aborted with 1s", st.Code(), delay)
+	}
+}
