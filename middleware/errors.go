@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/zeromicro/go-zero/rest/httpx"
@@ -94,11 +92,7 @@ func GRPCStatus(err error) *status.Status {
 		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
 	case errors.Is(err, flightlock.ErrBusy):
 		st := status.New(codes.Aborted, msgBusy)
-		d, ok := retryAfter(err)
-		if !ok {
-			d = defaultRetryAfter // every busy answer says when to try again, as REST's Retry-After does
-		}
-		if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); derr == nil {
+		if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay(err))}); derr == nil {
 			st = withInfo
 		}
 		return st
@@ -144,21 +138,13 @@ func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	code := HTTPStatus(err)
 	switch {
 	case code == http.StatusConflict:
-		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(err)))
+		w.Header().Set("Retry-After", wholeSeconds(retryDelay(err)))
 	case errors.Is(err, flightlock.ErrClosed):
 		w.Header().Set("Retry-After", "1") // another instance can serve it now
 	}
 	httpx.ErrorCtx(r.Context(), w, err, func(w http.ResponseWriter, err error) {
 		http.Error(w, publicMessage(err), code)
 	})
-}
-
-func retryAfterSeconds(err error) int {
-	d, ok := retryAfter(err)
-	if !ok {
-		return 1
-	}
-	return int((d + time.Second - 1) / time.Second)
 }
 
 func publicMessage(err error) string {

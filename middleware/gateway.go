@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"net/http"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,7 +62,7 @@ func (w *gatewayWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func (w *gatewayWriter) fixHeaders() {
 	h := w.Header()
 	if d, ok := detailsRetryDelay(h.Get(gatewayTrailerPrefix + "Grpc-Status-Details-Bin")); ok && h.Get("Retry-After") == "" {
-		h.Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+		h.Set("Retry-After", wholeSeconds(d))
 	}
 	for k, vs := range h {
 		if !strings.HasSuffix(k, "-Bin") {

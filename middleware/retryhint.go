@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -50,9 +51,9 @@ func (h *retryHint) Unwrap() error { return h.error }
 // a process's own single flight and a rule that has not released yet.
 const defaultRetryAfter = time.Second
 
-// hintBusy gives a busy err its Retry-After: the shorter of the holder's remaining TTL (the
-// lock cannot stay longer unless renewed) and the rule's typical hold, or defaultRetryAfter
-// when neither is known. Other errors are returned as they are.
+// hintBusy gives a busy err the rule's hint: the shorter of the holder's remaining TTL (the lock
+// cannot stay longer unless renewed) and the rule's typical hold. Other errors, and a busy err
+// with neither known, are returned as they are (retryDelay answers defaultRetryAfter for it).
 func hintBusy(err error, holds *holdTimes) error {
 	if !errors.Is(err, flightlock.ErrBusy) {
 		return err
@@ -62,17 +63,26 @@ func hintBusy(err error, holds *holdTimes) error {
 		d, known = typical, true
 	}
 	if !known {
-		d = defaultRetryAfter
+		return err
 	}
 	return &retryHint{error: err, after: d}
 }
 
-// retryAfter is the hint of a busy error: the middleware's (hintBusy), the Locker's (the
-// holder's remaining TTL), or false.
-func retryAfter(err error) (time.Duration, bool) {
+// retryDelay is how long a busy answer tells the client to wait: the middleware's hint
+// (hintBusy), else the Locker's (the holder's remaining TTL), else defaultRetryAfter. Every
+// busy answer carries it: Retry-After on REST, RetryInfo on gRPC.
+func retryDelay(err error) time.Duration {
 	var h *retryHint
 	if errors.As(err, &h) {
-		return h.after, true
+		return h.after
 	}
-	return flightlock.RetryAfter(err)
+	if d, ok := flightlock.RetryAfter(err); ok {
+		return d
+	}
+	return defaultRetryAfter
+}
+
+// wholeSeconds is d as Retry-After says it: whole seconds, rounded up.
+func wholeSeconds(d time.Duration) string {
+	return strconv.Itoa(int((d + time.Second - 1) / time.Second))
 }
