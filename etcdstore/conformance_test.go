@@ -25,14 +25,15 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
-		Faulty: func(t testing.TB) (lockstore.Store, func(), func()) {
+		Faulty: func(t testing.TB) (lockstore.Store, []storetest.Fault) {
 			p := redistest.StartProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
 			s, err := etcdstore.New(etcdtest.NewClient(t, p.Addr))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Close() })
-			return s, func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }
+			return s, []storetest.Fault{{Name: "black hole", Start: func() { p.SetDelay(time.Hour); p.Stall(time.Hour) },
+				Heal: func() { p.SetDelay(0); p.Cut() }}}
 		},
 	})
 }

@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
-		Faulty: func(t testing.TB) (lockstore.Store, func(), func()) {
+		Faulty: func(t testing.TB) (lockstore.Store, []storetest.Fault) {
 			p := redistest.StartProxy(t, srv.Addr)
 			s, err := zkstore.Dial(zkstore.Config{Hosts: []string{p.Addr}, SessionTimeout: 9 * time.Second,
 				Root: "/flightlock-conformance", TickTime: 500 * time.Millisecond, SyncLimit: 5})
@@ -35,7 +35,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = s.Close() })
-			return s, func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }
+			return s, []storetest.Fault{{Name: "black hole", Start: func() { p.SetDelay(time.Hour); p.Stall(time.Hour) },
+				Heal: func() { p.SetDelay(0); p.Cut() }}}
 		},
 	})
 }

@@ -21,14 +21,33 @@ func TestConformance(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close() })
 			return s
 		},
-		Faulty: func(t testing.TB) (lockstore.Store, func(), func()) {
+		Faulty: func(t testing.TB) (lockstore.Store, []storetest.Fault) {
 			p := redistest.StartProxy(t, srv.Addr)
 			opts := srv.Options()
 			opts.Addr = p.Addr
 			c := redis.NewClient(opts)
-			s := redisstore.New(c, redisstore.WithOnClose(c.Close))
+			s := redisstore.New(c, redisstore.WithOnClose(c.Close), redisstore.WithWatchLinger(0))
 			t.Cleanup(func() { _ = s.Close() })
-			return s, func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, func() { p.SetDelay(0); p.Cut() }
+			stop := make(chan struct{})
+			resets := func() {
+				go func() {
+					for {
+						select {
+						case <-stop:
+							return
+						case <-time.After(5 * time.Millisecond):
+							p.Cut()
+						}
+					}
+				}()
+			}
+			healed := func() { p.SetDelay(0); p.Cut() }
+			return s, []storetest.Fault{
+				{Name: "replies held back", Start: func() { p.SetDelay(time.Hour) }, Heal: healed},
+				{Name: "black hole", Start: func() { p.SetDelay(time.Hour); p.Stall(time.Hour) }, Heal: healed},
+				{Name: "connections reset", Start: resets, Heal: func() { stop <- struct{}{} }, Passable: true},
+				{Name: "server down", Start: srv.Stop, Heal: srv.Restart},
+			}
 		},
 	})
 }

@@ -16,8 +16,9 @@
 //     spent wait answered busy), read-write locks (readers share, a writer excludes them and
 //     is preferred, its fence above theirs, a refused writer never told that a reader who left
 //     holds the key) and fair order across processes;
-//   - with a fault proxy (Config.Faulty): Lock and Release of a lock, a permit and a read lock
-//     return by the caller's deadline when the server's replies are held back.
+//   - with a fault proxy (Config.Faulty): Lock and Release of a lock, a permit and a read lock,
+//     free or held elsewhere, return by the caller's deadline through each fault the store's
+//     test puts on the path (replies held back, a black hole, resets, the server down).
 package storetest
 
 import (
@@ -49,10 +50,20 @@ type Config struct {
 	// end; a lock runs out when its holder's session ends, not when refreshes stop.
 	Sessions bool
 	// Faulty, when set, returns a new store whose only path to the server is a fault proxy,
-	// with how to start a fault (replies held back, a black hole) and how to heal it. The suite
-	// then proves that Lock and Release of a lock, a permit and a read return by the caller's
-	// deadline whatever the server does. Nil skips that part.
-	Faulty func(t testing.TB) (store lockstore.Store, fault, heal func())
+	// and the faults the test can put on that path (replies held back, a black hole,
+	// connections reset, the server down). The suite then proves that Lock and Release of a
+	// lock, a permit and a read, free or held elsewhere, return by the caller's deadline
+	// whatever the server does. Nil skips that part.
+	Faulty func(t testing.TB) (store lockstore.Store, faults []Fault)
+}
+
+// Fault is one fault on the path of Config.Faulty's store.
+type Fault struct {
+	Name        string
+	Start, Heal func()
+	// Passable: a call may get through between the fault's strikes (connections reset every
+	// few milliseconds), so it need not fail; it must still return by its deadline.
+	Passable bool
 }
 
 // Run runs the conformance suite against the store c describes.
@@ -599,10 +610,10 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 // scheduling of a machine loaded by the race detector, not a wait of the Locker's.
 const faultSlack = 250 * time.Millisecond
 
-// callsReturnByTheirDeadlineThroughFaults: while the server's replies are held back, Release of
-// a held lock, permit or read and new Locks of them return by the caller's deadline (what the
-// calls could not finish goes on in the background), and once the fault heals the keys are
-// taken again.
+// callsReturnByTheirDeadlineThroughFaults: through each fault, Release of a held lock, permit
+// or read and new Locks of them, also of keys held elsewhere, return by the caller's deadline
+// (what the calls could not finish goes on in the background), and once the fault heals the
+// keys are taken again.
 func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	if s.Faulty == nil {
 		t.Skip("the store's test gives no fault proxy (Config.Faulty)")
@@ -610,59 +621,95 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	ctx := context.Background()
 	const budget = 600 * time.Millisecond
 	var worst time.Duration // the latest return past a deadline, for the log
+	within := func(t *testing.T, what string, deadline time.Time, err error) {
+		t.Helper()
+		if over := time.Since(deadline); over > faultSlack {
+			t.Errorf("%s returned %v past its deadline (%v)", what, over, err)
+		} else {
+			worst = max(worst, over)
+		}
+	}
 	for _, kind := range []struct {
-		name string
-		opts []flightlock.Option
+		name      string
+		opts      []flightlock.Option
+		elsewhere int                 // how many locks of the key another process holds through the faults
+		other     []flightlock.Option // of what kind (none: writers)
 	}{
-		{"lock", nil},
-		{"permits", []flightlock.Option{flightlock.WithPermits(3)}},
-		{"read", []flightlock.Option{flightlock.WithRead()}},
+		{"lock", nil, 0, nil},
+		{"permits", []flightlock.Option{flightlock.WithPermits(3)}, 0, nil},
+		{"read", []flightlock.Option{flightlock.WithRead()}, 0, nil},
+		{"permits held elsewhere", []flightlock.Option{flightlock.WithPermits(2)}, 2, []flightlock.Option{flightlock.WithPermits(2)}},
+		{"read behind a writer elsewhere", []flightlock.Option{flightlock.WithRead()}, 1, nil},
 	} {
-		t.Run(kind.name, func(t *testing.T) {
-			store, fault, heal := s.Faulty(t)
-			l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithWait(20 * time.Second)}, kind.opts...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key := "faults-" + kind.name
-			held := lockWithin(t, l, key, 30*time.Second)
-			fault()
-			healed := false
-			defer func() {
-				if !healed {
-					heal()
-				}
-			}()
-			rctx, cancel := context.WithTimeout(ctx, budget)
-			deadline, _ := rctx.Deadline()
-			err = held.Release(rctx)
-			cancel()
-			if over := time.Since(deadline); over > faultSlack {
-				t.Errorf("Release returned %v past its deadline (%v)", over, err)
-			} else {
-				worst = max(worst, over)
-			}
-			for i := range 2 {
-				lctx, cancel := context.WithTimeout(ctx, budget)
-				deadline, _ := lctx.Deadline()
-				lease, err := l.Lock(lctx, key)
-				cancel()
-				if over := time.Since(deadline); over > faultSlack {
-					t.Errorf("Lock #%d returned %v past its deadline (%v)", i+1, over, err)
+		store, faults := s.Faulty(t)
+		l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithWait(20 * time.Second)}, kind.opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := "faults-" + strings.ReplaceAll(kind.name, " ", "-")
+		for _, f := range faults {
+			t.Run(kind.name+"/"+f.Name, func(t *testing.T) {
+				_ = lockWithin(t, l, key, 30*time.Second).Release(ctx)
+				var held *flightlock.Lease
+				if kind.elsewhere == 0 {
+					held = lockWithin(t, l, key, 30*time.Second)
 				} else {
-					worst = max(worst, over)
+					defer s.holdElsewhere(t, key, kind.other, kind.elsewhere)()
 				}
-				if err == nil {
-					t.Errorf("Lock #%d succeeded while the server's replies were held back", i+1)
-					_ = lease.Release(ctx)
+				f.Start()
+				healed := false
+				defer func() {
+					if !healed {
+						f.Heal()
+					}
+				}()
+				if held != nil {
+					rctx, cancel := context.WithTimeout(ctx, budget)
+					deadline, _ := rctx.Deadline()
+					err := held.Release(rctx)
+					cancel()
+					within(t, "Release", deadline, err)
 				}
-			}
-			heal()
-			healed = true
-			_ = lockWithin(t, l, key, 30*time.Second).Release(ctx)
-		})
+				for i := range 2 {
+					lctx, cancel := context.WithTimeout(ctx, budget)
+					deadline, _ := lctx.Deadline()
+					lease, err := l.Lock(lctx, key)
+					cancel()
+					within(t, fmt.Sprintf("Lock #%d", i+1), deadline, err)
+					if err == nil {
+						if !f.Passable {
+							t.Errorf("Lock #%d succeeded through the fault", i+1)
+						}
+						_ = lease.Release(ctx)
+					}
+				}
+				f.Heal()
+				healed = true
+			})
+		}
+		_ = lockWithin(t, l, key, 30*time.Second).Release(ctx)
 	}
 	t.Logf("latest return past a deadline: %v", worst)
+}
+
+// holdElsewhere takes n locks of key, of opts' kind, through a store of another process on the
+// server, and returns what gives them back.
+func (s suite) holdElsewhere(t *testing.T, key string, opts []flightlock.Option, n int) func() {
+	t.Helper()
+	ctx := context.Background()
+	other, err := flightlock.New(s.Open(t), append([]flightlock.Option{flightlock.WithTTL(s.TTL)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []*flightlock.Lease
+	for range n {
+		leases = append(leases, lockWithin(t, other, key, 30*time.Second))
+	}
+	return func() {
+		for _, lease := range leases {
+			_ = lease.Release(ctx)
+		}
+	}
 }
 
 // lockWithin locks key with l, trying again until within has passed (a store that heals
