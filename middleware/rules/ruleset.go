@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -86,14 +87,7 @@ func isWrite(s Spec) bool { return !s.Shadow && !isRead(s) && s.Permits <= 1 }
 func sameRoute(a, b string) bool { return a != "" && b != "" && RouteShape(a) == RouteShape(b) }
 
 func shareShape(a, b []string) bool {
-	for _, x := range a {
-		for _, y := range b {
-			if x == y {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(a, func(x string) bool { return slices.Contains(b, x) })
 }
 
 // permitWords is how a message names a rule's count: "Permits: 3", "Mode: read (no Permits)".
