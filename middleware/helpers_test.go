@@ -164,6 +164,9 @@ func restConf(t *testing.T, timeout time.Duration) rest.RestConf {
 	c.Middlewares.Metrics = false
 	c.Middlewares.Trace = false
 	c.Middlewares.Log = false
+	// go-zero drops requests (503) when the CPU is busy and requests are in flight: these tests
+	// run beside a CPU-bound process in CI, and assert the lock's answers, not the shedder's.
+	c.Middlewares.Shedding = false
 	return c
 }
 

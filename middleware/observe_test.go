@@ -134,6 +134,9 @@ func TestMetricsScrapedFromGoZeroServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.Middlewares.Log = false
+	// go-zero drops requests (503) when the CPU is busy and requests are in flight: this test
+	// run beside a CPU-bound process in CI, and asserts the lock's answers, not the shedder's.
+	rc.Middlewares.Shedding = false
 	server := rest.MustNewServer(rc)
 
 	// A handoff window wide enough for the test to queue a request while the lock is held.
