@@ -21,8 +21,7 @@ import (
 // bound of each call.
 func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
 	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
-	if !asked.IsZero() {
-		a.fair, _ = l.k.store.(lockstore.FairQueuer) // fitStore made sure
+	if a.fair = !asked.IsZero(); a.fair {
 		if a.wait {
 			a.queue = FairQueueTTL
 			defer func() {
@@ -70,8 +69,8 @@ type acquisition struct {
 	fw    *fairWaiter
 	kind  holdKind
 	wait  bool
-	fair  lockstore.FairQueuer // the store, for a fair acquisition; nil otherwise
-	queue time.Duration        // how long the caller's place in line lives; 0 takes none
+	fair  bool          // a fair acquisition (asked is not zero)
+	queue time.Duration // how long the caller's place in line lives; 0 takes none
 	meta  string
 
 	watch    *lockstore.Watch
@@ -96,11 +95,7 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	l := a.l
 	callCtx, cancel := l.callContext(a.ctx, b)
 	sentAt, sent = time.Now(), l.k.now()
-	if a.fair != nil {
-		res, err = a.fair.AcquireFair(callCtx, a.key, a.owner, l.cfg.ttl, a.meta, a.asked, a.queue)
-	} else {
-		res, err = l.k.store.Acquire(callCtx, a.key, a.owner, l.cfg.ttl, a.meta)
-	}
+	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue})
 	cancel()
 	return res, sentAt, sent, err
 }
@@ -213,7 +208,7 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 	if holderTTL > 0 {
 		delay = min(delay, holderTTL)
 	}
-	if a.fair != nil {
+	if a.fair {
 		delay = min(delay, FairLookEvery) // keep the place in line
 	}
 	a.delay = delay // a recheck's sleep is this one, cut further by the holder's TTL then

@@ -557,15 +557,15 @@ func abandonedOf(h *hold) bool {
 	return h.has(holdAbandoned)
 }
 
-// limitedStore is a store whose fences leave room for few handoffs (lockstore.HandoffLimiter).
+// limitedStore is a store whose fences leave room for few handoffs (Capabilities.MaxHandoffs).
 type limitedStore struct {
 	*memStore
 	max int
 }
 
-func (s limitedStore) MaxHandoffs() int { return s.max }
-
-var _ lockstore.HandoffLimiter = limitedStore{}
+func (s limitedStore) Capabilities() lockstore.Capabilities {
+	return lockstore.Capabilities{MaxHandoffs: s.max}
+}
 
 // A handoff bound above what the store's fences allow is refused by New and With: a holder that
 // died after that many handoffs could see the next grant repeat one of its fences.

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // miniStore returns a store on a fresh miniredis; RESP2 so pub/sub notifications arrive.
@@ -76,19 +77,36 @@ type faultStore struct {
 	releases    atomic.Int64
 }
 
-func (f *faultStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+func (f *faultStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	f.acquires.Add(1)
 	if err := f.failAcquire.Load(); err != nil {
 		return lockstore.Acquisition{}, *err
 	}
-	if k := f.slowKey.Load(); k != nil && *k == key {
+	if k := f.slowKey.Load(); k != nil && *k == req.Key {
 		select {
 		case <-time.After(f.slowBy):
 		case <-ctx.Done():
 			return lockstore.Acquisition{}, ctx.Err()
 		}
 	}
-	return f.Store.Acquire(ctx, key, owner, ttl, meta)
+	return f.Store.Acquire(ctx, req)
+}
+
+func (f *faultStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, f.Refresh, batch)
+}
+
+// refreshEach is RefreshAll for a test store that refreshes one lock at a time (so that its
+// Refresh sees every renewal): each on a goroutine of its own, so that one refresh that hangs
+// holds up none of the others.
+func refreshEach(ctx context.Context, refresh func(context.Context, string, string, time.Duration) error, batch []lockstore.Renewal) []error {
+	errs := make([]error, len(batch))
+	var wg sync.WaitGroup
+	for i, r := range batch {
+		wg.Go(func() { errs[i] = refresh(ctx, r.Key, r.Owner, r.TTL) })
+	}
+	wg.Wait()
+	return errs
 }
 
 func (f *faultStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
@@ -118,7 +136,10 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{locks: make(map[string]string)} }
 
-func (m *memStore) Acquire(_ context.Context, key, owner string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+func (m *memStore) Capabilities() lockstore.Capabilities { return lockstore.Capabilities{Name: "memory"} }
+
+func (m *memStore) Acquire(_ context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner := req.Key, req.Owner
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if cur, ok := m.locks[key]; ok {
@@ -140,6 +161,12 @@ func (m *memStore) Refresh(_ context.Context, key, owner string, _ time.Duration
 	}
 	return nil
 }
+
+func (m *memStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, m.Refresh, batch)
+}
+
+func (m *memStore) LeaveQueue(context.Context, string, string) error { return nil }
 
 func (m *memStore) Reenter(_ context.Context, key, owner, _ string, _ time.Duration) (lockstore.Acquisition, error) {
 	m.mu.Lock()

@@ -1,7 +1,6 @@
 package flightlock
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -414,22 +413,6 @@ func (h *hold) onDue() {
 		h.k.wd.schedule(h, loss)
 		h.k.wd.enqueue(renewJob{h: h})
 	}
-}
-
-// renewNow refreshes the lock in Redis on its own; it runs on a renewer.
-func (h *hold) renewNow() {
-	deadline, ok := h.renewBegin()
-	if !ok {
-		return
-	}
-	// A timeout, not a deadline: deadline is on the keeper's clock, a context's on the system's.
-	// The call gives up at the loss deadline; the leases are cancelled then by the watchdog's
-	// timer, not by this call's return, which may hang.
-	ctx, cancel := context.WithTimeout(context.Background(), h.k.untilInstant(deadline))
-	sent := h.k.nowInstant()
-	err := h.k.store.Refresh(ctx, h.key, h.owner(), h.k.ttl)
-	cancel()
-	h.renewEnd(sent, err)
 }
 
 // renewBegin starts a renewal that the watchdog queued: it returns the loss deadline, past

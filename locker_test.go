@@ -14,12 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/testenv/childproc"
-	"github.com/flightlock/flightlock/lockstore"
-	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
+
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 func TestReentryByContext(t *testing.T) {
@@ -721,7 +722,7 @@ func TestHungRedisIsAStoreErrorNotBusy(t *testing.T) {
 // connection and never answers.
 type hangingStore struct{ lockstore.Store }
 
-func (h *hangingStore) Acquire(ctx context.Context, _, _ string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+func (h *hangingStore) Acquire(ctx context.Context, _ lockstore.Request) (lockstore.Acquisition, error) {
 	<-ctx.Done()
 	return lockstore.Acquisition{}, fmt.Errorf("acquire: %w", ctx.Err())
 }
@@ -832,7 +833,7 @@ type busyThenHangStore struct {
 	calls atomic.Int32
 }
 
-func (s *busyThenHangStore) Acquire(ctx context.Context, _, _ string, _ time.Duration, _ string) (lockstore.Acquisition, error) {
+func (s *busyThenHangStore) Acquire(ctx context.Context, _ lockstore.Request) (lockstore.Acquisition, error) {
 	if s.calls.Add(1) == 1 {
 		return lockstore.Acquisition{HolderTTL: s.ttl}, nil
 	}
@@ -1608,8 +1609,8 @@ type lostReplyStore struct {
 	err error
 }
 
-func (s *lostReplyStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
-	_, _ = s.Store.Acquire(context.WithoutCancel(ctx), key, owner, ttl, meta)
+func (s *lostReplyStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	_, _ = s.Store.Acquire(context.WithoutCancel(ctx), req)
 	return lockstore.Acquisition{}, s.err
 }
 
@@ -1652,12 +1653,12 @@ type overtakenStore struct {
 	landed      chan struct{}
 }
 
-func (s *overtakenStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+func (s *overtakenStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	<-ctx.Done()
 	go func() {
 		defer close(s.landed)
 		<-s.releaseSeen
-		_, _ = s.Store.Acquire(context.Background(), key, owner, ttl, meta)
+		_, _ = s.Store.Acquire(context.Background(), req)
 	}()
 	return lockstore.Acquisition{}, ctx.Err()
 }
@@ -1700,7 +1701,7 @@ type lateStore struct {
 	landed chan struct{}
 }
 
-func (s *lateStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+func (s *lateStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	switch s.calls.Add(1) {
 	case 1:
 		return lockstore.Acquisition{HolderTTL: time.Millisecond}, nil
@@ -1710,13 +1711,13 @@ func (s *lateStore) Acquire(ctx context.Context, key, owner string, ttl time.Dur
 			defer close(s.landed)
 			time.Sleep(50 * time.Millisecond) // the retry has its grant by now
 			bg := context.Background()
-			if res, err := s.Store.Acquire(bg, key, owner, ttl, meta); err == nil && res.Acquired {
-				_, _ = s.Store.Release(bg, key, owner, "", 0)
+			if res, err := s.Store.Acquire(bg, req); err == nil && res.Acquired {
+				_, _ = s.Store.Release(bg, req.Key, req.Owner, "", 0)
 			}
 		}()
 		return lockstore.Acquisition{}, ctx.Err()
 	}
-	return s.Store.Acquire(ctx, key, owner, ttl, meta)
+	return s.Store.Acquire(ctx, req)
 }
 
 // An attempt that timed out while the wait went on, and landed late, is given back by owner:
@@ -1748,11 +1749,11 @@ type lateOnceStore struct {
 	calls atomic.Int64
 }
 
-func (s *lateOnceStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+func (s *lateOnceStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if s.calls.Add(1) == 1 {
 		s.clk.Advance(s.ttl)
 	}
-	return s.memStore.Acquire(ctx, key, owner, ttl, meta)
+	return s.memStore.Acquire(ctx, req)
 }
 
 // A grant whose reply came too late to be held is a passing condition of the store (an
@@ -1838,7 +1839,7 @@ func (g *drainGapStore) Watch(context.Context, string) (*lockstore.Watch, error)
 func TestDrainWhileSubscribingAnswersErrClosed(t *testing.T) {
 	ctx := context.Background()
 	s := &drainGapStore{memStore: newMemStore(), key: "lock:drain", other: "someone-else", drained: make(chan error, 1)}
-	if got, err := s.Acquire(ctx, s.key, s.other, time.Minute, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: s.key, Owner: s.other, TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, s, WithWait(2*time.Second), WithRetry(LinearRetry(10*time.Millisecond)))
@@ -1875,7 +1876,7 @@ func (g *gapStore) Watch(context.Context, string) (*lockstore.Watch, error) {
 func TestWaiterTriesAgainOnceItListens(t *testing.T) {
 	ctx := context.Background()
 	s := &gapStore{memStore: newMemStore(), key: "lock:gap", other: "someone-else"}
-	if got, err := s.Acquire(ctx, s.key, s.other, time.Minute, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: s.key, Owner: s.other, TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, s, WithWait(500*time.Millisecond), WithRetry(LinearRetry(10*time.Second)))

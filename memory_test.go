@@ -18,7 +18,15 @@ type grantStore struct {
 	fence atomic.Int64
 }
 
-func (s *grantStore) Acquire(context.Context, string, string, time.Duration, string) (lockstore.Acquisition, error) {
+func (s *grantStore) Capabilities() lockstore.Capabilities { return lockstore.Capabilities{} }
+
+func (s *grantStore) RefreshAll(_ context.Context, batch []lockstore.Renewal) []error {
+	return make([]error, len(batch))
+}
+
+func (s *grantStore) LeaveQueue(context.Context, string, string) error { return nil }
+
+func (s *grantStore) Acquire(context.Context, lockstore.Request) (lockstore.Acquisition, error) {
 	return lockstore.Acquisition{Acquired: true, Fence: s.fence.Add(1)}, nil
 }
 
@@ -146,14 +154,14 @@ func allocsStore(t *testing.T, key string) *memStore {
 	t.Helper()
 	m := newMemStore()
 	ctx := context.Background()
-	if _, err := m.Acquire(ctx, key, "warm", 0, ""); err != nil {
+	if _, err := m.Acquire(ctx, lockstore.Request{Key: key, Owner: "warm", TTL: 0}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Release(ctx, key, "warm", "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if n := testing.AllocsPerRun(100, func() {
-		_, _ = m.Acquire(ctx, key, "owner", 0, "")
+		_, _ = m.Acquire(ctx, lockstore.Request{Key: key, Owner: "owner", TTL: 0})
 		_, _ = m.Release(ctx, key, "owner", "", 0)
 	}); n != 0 {
 		t.Fatalf("memStore allocates %v times per lock + release of a known key: the guards would count it", n)
@@ -232,7 +240,7 @@ func BenchmarkLockReleaseLockerOnly(b *testing.B) {
 	const key = "bench:locker"
 	m := newMemStore()
 	ctx := context.Background()
-	if _, err := m.Acquire(ctx, "lock:"+key, "warm", 0, ""); err != nil {
+	if _, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + key, Owner: "warm", TTL: 0}); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := m.Release(ctx, "lock:"+key, "warm", "", 0); err != nil {

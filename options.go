@@ -128,23 +128,16 @@ func withClock(c clock) Option {
 	return func(cfg *config) { cfg.clock = c }
 }
 
-// fitStore refuses a configuration that the store cannot honour: more handoffs under one grant
-// than its fences leave room for (lockstore.HandoffLimiter), which could repeat a fence after a
-// holder that died without releasing.
+// fitStore refuses a configuration that the store cannot honour (its Capabilities): a TTL
+// longer than it keeps a lock, or more handoffs under one grant than its fences leave room
+// for, which could repeat a fence after a holder that died without releasing.
 func (c *config) fitStore(store lockstore.Store) error {
-	if _, ok := store.(lockstore.ReadWriter); c.read && !ok {
-		return configError("WithRead: this store (%T) keeps no read-write locks", store)
+	caps := store.Capabilities()
+	if err := caps.CheckTTL(c.ttl); err != nil {
+		return configError("WithTTL: %v", err)
 	}
-	if _, ok := store.(lockstore.FairQueuer); c.fair && !ok {
-		return configError("WithFair: this store (%T) keeps no queue of waiters", store)
-	}
-	if tc, ok := store.(lockstore.TTLChecker); ok {
-		if err := tc.CheckTTL(c.ttl); err != nil {
-			return configError("WithTTL: %v", err)
-		}
-	}
-	if hl, ok := store.(lockstore.HandoffLimiter); ok && c.handoff > hl.MaxHandoffs() {
-		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, hl.MaxHandoffs())
+	if caps.MaxHandoffs > 0 && c.handoff > caps.MaxHandoffs {
+		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, caps.MaxHandoffs)
 	}
 	return nil
 }

@@ -30,8 +30,8 @@ import (
 // that holds the key's write lock re-enters it for a read; one that holds a read lock cannot
 // take the write lock (ErrUpgrade). Read locks are not handed to downstream services (the
 // zrpc interceptors pass write locks only); a read under a write handed over from upstream
-// re-enters that write. The store must keep read-write locks
-// (lockstore.ReadWriter); New refuses WithRead with WithPermits, WithFair or WithFailOpen.
+// re-enters that write. Every store keeps read holds
+// (lockstore.ReadOwner); New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
 // WithFair makes the Locker grant each key in request order across processes, not only within
@@ -44,8 +44,8 @@ func WithRead() Option { return func(c *config) { c.read = true } }
 //
 // Fairness costs the per-process gate: each Lock of a fair key talks to the store itself, with
 // no handoff between goroutines of a process; each release wakes the first waiter of each
-// process, and the others look every FairLookEvery to keep their places. The store
-// must keep lines (lockstore.FairQueuer); New refuses WithFair with WithRead, WithPermits or
+// process, and the others look every FairLookEvery to keep their places. Every store
+// keeps lines (lockstore.Request.Asked); New refuses WithFair with WithRead, WithPermits or
 // WithFailOpen. Only the Lockers made WithFair keep the line: a Lock of the same key without it
 // takes the key whenever it is free.
 func WithFair() Option { return func(c *config) { c.fair = true } }
@@ -248,13 +248,9 @@ func (g *gate) shareRead(rkey string, h *hold) {
 // leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it
 // cannot take away runs out after FairQueueTTL.
 func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
-	fq, ok := k.store.(lockstore.FairQueuer)
-	if !ok {
-		return
-	}
 	rctx, cancel := k.cleanupContext(ctx)
 	defer cancel()
-	_ = fq.LeaveQueue(rctx, key, owner)
+	_ = k.store.LeaveQueue(rctx, key, owner)
 }
 
 // reads reports whether h is a read lock's hold (WithRead).

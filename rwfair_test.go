@@ -312,9 +312,8 @@ func TestReadUnderWriteReentersAndWriteUnderReadIsRefused(t *testing.T) {
 	_ = y.Release(ctx)
 }
 
-// Options that cannot go together are refused, and a store without read-write locks refuses
-// WithRead and WithFair.
-func TestReadAndFairOptionsAreCheckedAgainstEachOtherAndTheStore(t *testing.T) {
+// Options that cannot go together are refused.
+func TestReadAndFairOptionsThatCannotGoTogetherAreRefused(t *testing.T) {
 	s, _, _ := miniStore(t)
 	for name, opts := range map[string][]Option{
 		"read+fair":     {WithRead(), WithFair()},
@@ -324,11 +323,6 @@ func TestReadAndFairOptionsAreCheckedAgainstEachOtherAndTheStore(t *testing.T) {
 	} {
 		if _, err := New(s, opts...); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: %v, want ErrConfig", name, err)
-		}
-	}
-	for name, opt := range map[string]Option{"WithRead": WithRead(), "WithFair": WithFair()} {
-		if _, err := New(newMemStore(), opt); !errors.Is(err, ErrConfig) {
-			t.Errorf("%s on a store without it: %v, want ErrConfig", name, err)
 		}
 	}
 }
@@ -450,7 +444,7 @@ func TestDeadFairWaiterLeavesTheLineAfterItsTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.AcquireFair(ctx, "lock:order", "dead-waiter", 10*time.Second, "", time.Now(), 300*time.Millisecond)
+	res, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order", Owner: "dead-waiter", TTL: 10 * time.Second, Asked: time.Now(), Queue: 300 * time.Millisecond})
 	if err != nil || res.Acquired {
 		t.Fatalf("the dead waiter's place: %+v, %v", res, err)
 	}
@@ -477,11 +471,13 @@ type fairLook struct {
 	owner string
 }
 
-func (f *fairLooks) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
-	f.mu.Lock()
-	f.looks = append(f.looks, fairLook{time.Now(), owner})
-	f.mu.Unlock()
-	return f.RedisStore.AcquireFair(ctx, key, owner, ttl, meta, asked, queue)
+func (f *fairLooks) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if !req.Asked.IsZero() {
+		f.mu.Lock()
+		f.looks = append(f.looks, fairLook{time.Now(), req.Owner})
+		f.mu.Unlock()
+	}
+	return f.RedisStore.Acquire(ctx, req)
 }
 
 // lookers counts the owners that looked in [from, to].
@@ -576,9 +572,9 @@ type countingStore struct {
 	acquires atomic.Int64
 }
 
-func (c *countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+func (c *countingStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	c.acquires.Add(1)
-	return c.RedisStore.Acquire(ctx, key, owner, ttl, meta)
+	return c.RedisStore.Acquire(ctx, req)
 }
 
 // The readers of one process share one store read hold: while one holds the key, the others
@@ -724,8 +720,8 @@ type slowReadStore struct {
 	gate     chan struct{}
 }
 
-func (s *slowReadStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
-	if lockstore.IsReadOwner(owner) {
+func (s *slowReadStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if lockstore.IsReadOwner(req.Owner) {
 		s.acquires.Add(1)
 		select {
 		case <-s.gate:
@@ -733,7 +729,7 @@ func (s *slowReadStore) Acquire(ctx context.Context, key, owner string, ttl time
 			return lockstore.Acquisition{}, ctx.Err()
 		}
 	}
-	return s.RedisStore.Acquire(ctx, key, owner, ttl, meta)
+	return s.RedisStore.Acquire(ctx, req)
 }
 
 // Readers of one process that come while one of them is taking the key's store read hold wait

@@ -17,13 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // Exclusion holds on every path: each test below covers one path by which two callers could
@@ -102,8 +103,8 @@ type slowAcquireStore struct {
 	delay time.Duration
 }
 
-func (s *slowAcquireStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
-	res, err := s.Store.Acquire(ctx, key, owner, ttl, meta)
+func (s *slowAcquireStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	res, err := s.Store.Acquire(ctx, req)
 	time.Sleep(s.delay)
 	return res, err
 }

@@ -278,7 +278,7 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 // it may have missed a release.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
-	if _, shared := l.k.store.(lockstore.SharedWatcher); pt.watches != nil || !shared {
+	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {
 		return false
 	}
 	// Subscribing waits for the store's confirmation: within the wait, not the caller's whole

@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // runPermitSections has goroutines on each Locker (each a process: a gate of its own, built
@@ -354,7 +355,7 @@ func TestPermitLookIsBoundedByTheWaitBudget(t *testing.T) {
 	k := "lock:" + PermitKey("export", 1)
 	f.slowKey.Store(&k)
 	// Permit 2 is another process's.
-	if got, err := s.Acquire(ctx, "lock:"+PermitKey("export", 2), "someone-else", time.Minute, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, f, WithWait(budget), WithPermits(2))
@@ -378,7 +379,7 @@ func TestCappedAttemptsBoundPermitLooks(t *testing.T) {
 	for _, attempts := range []int{1, 2} {
 		m := newMemStore() // no release notifications: the retry delays alone pace the looks
 		for i := 1; i <= 2; i++ {
-			if got, err := m.Acquire(ctx, "lock:"+PermitKey("export", i), "someone-else", time.Minute, ""); err != nil || !got.Acquired {
+			if got, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", i), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 				t.Fatal(got, err)
 			}
 		}
@@ -402,7 +403,7 @@ func TestCappedAttemptsBoundPermitLooks(t *testing.T) {
 func TestHandedOverPermitThatHoldsNothingTakesAFreePermit(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()
-	if got, err := s.Acquire(ctx, "lock:"+PermitKey("export", 1), "someone-else", time.Minute, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 1), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, s, WithWait(300*time.Millisecond), WithPermits(2))
@@ -458,10 +459,16 @@ func TestParkedPermitTakerHearsARemoteRelease(t *testing.T) {
 }
 
 // watchCounter is a store that counts Watch calls; it does not share watches
-// (lockstore.SharedWatcher), as the etcd store does not.
+// (Capabilities.SharedWatch), as the etcd store does not.
 type watchCounter struct {
 	lockstore.Store
 	watches atomic.Int32
+}
+
+func (w *watchCounter) Capabilities() lockstore.Capabilities {
+	caps := w.Store.Capabilities()
+	caps.SharedWatch = false
+	return caps
 }
 
 func (w *watchCounter) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {

@@ -20,10 +20,9 @@ const maxRenewers = 32
 // renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
 // clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000.
 // The timer only decides; I/O runs on at most maxRenewers goroutines that exist
-// while there is work. Renewals that fall due together go to the store together: on a
-// lockstore.BatchRefresher (the Redis store) up to maxBatch of them as one RefreshAll, one
-// round trip and no goroutine each; on another store one goroutine each, so that a slow store
-// never caps how many locks stay alive (see renew).
+// while there is work. Renewals that fall due together go to the store together: up to
+// maxBatch of them as one RefreshAll, one round trip (or a few) and no goroutine each, so that
+// a slow store never caps how many locks stay alive (see renew).
 //
 // The loss deadline never waits for a renewal: while a renewal is queued or on the wire, the
 // hold's event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or
@@ -218,27 +217,11 @@ func (w *watchdog) renewer() {
 // maxBatch bounds the renewals of one keeper that a renewer sends together.
 const maxBatch = 512
 
-// renew refreshes the locks of holds, which share one keeper. On a store that refreshes many
-// locks in one round trip (lockstore.BatchRefresher, as the Redis store does) they go out as one
-// call. On another store each goes out on a goroutine of its own, all at once: a renewer that
-// sent them one after the other would cap the renewals of the whole Locker at maxRenewers per
-// round trip, and a few refreshes hanging on a slow node would starve every other lock's
-// renewal until its leases were lost.
+// renew refreshes the locks of holds, which share one keeper, as one RefreshAll: the store
+// makes it one round trip or a few, so that a renewer does not cap the renewals of the whole
+// Locker at maxRenewers per round trip.
 func renew(holds []*hold) {
 	k := holds[0].k
-	br, ok := k.store.(lockstore.BatchRefresher)
-	if !ok {
-		if len(holds) == 1 {
-			holds[0].renewNow()
-			return
-		}
-		var wg sync.WaitGroup
-		for _, h := range holds {
-			wg.Go(h.renewNow)
-		}
-		wg.Wait()
-		return
-	}
 	live := holds[:0:0]
 	var latest instant
 	for _, h := range holds {
@@ -259,7 +242,7 @@ func renew(holds []*hold) {
 	// still serves the others. A timeout, not a deadline: instants are on the keeper's clock.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
 	sent := k.nowInstant()
-	errs := br.RefreshAll(ctx, batch)
+	errs := k.store.RefreshAll(ctx, batch)
 	cancel()
 	for i, h := range live {
 		h.renewEnd(sent, errs[i])

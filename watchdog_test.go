@@ -85,6 +85,10 @@ func (r *refreshLog) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	return r.Store.Refresh(ctx, key, owner, ttl)
 }
 
+func (r *refreshLog) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, r.Refresh, batch)
+}
+
 // state returns the watchdog's heap length and capacity and its renewers.
 func (w *watchdog) state() (pending, capacity, workers int) {
 	w.mu.Lock()
@@ -179,7 +183,7 @@ func TestUncontendedLocksDoNotRearmTheTimer(t *testing.T) {
 	}
 }
 
-// stuckRefreshStore is a Store that refreshes many locks in one call (lockstore.BatchRefresher),
+// stuckRefreshStore is a Store that refreshes many locks in one call (RefreshAll),
 // whose calls hang, ignoring their context, until release is closed; it counts the calls, the
 // renewals they carry, and the most calls on the wire at once.
 type stuckRefreshStore struct {
@@ -276,7 +280,7 @@ func TestQueuedRenewalKeepsTheLossDeadline(t *testing.T) {
 // slowStore delays every refresh by delay (honouring its context, as a go-redis client with
 // ContextTimeoutEnabled does), and never answers the refreshes of keys with "bad:" in them before
 // their context ends (an unreachable node, a stalled connection). With batch, it refreshes many
-// locks per call (lockstore.BatchRefresher), with the same delay per call.
+// locks per call (RefreshAll), with the same delay per call.
 type slowStore struct {
 	lockstore.Store
 	delay    time.Duration
@@ -300,6 +304,10 @@ func (s *slowStore) Refresh(ctx context.Context, key, owner string, ttl time.Dur
 		return ctx.Err()
 	}
 	return s.Store.Refresh(ctx, key, owner, ttl)
+}
+
+func (s *slowStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, s.Refresh, batch)
 }
 
 type slowBatchStore struct{ *slowStore }

@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // BenchmarkUncontended compares one uncontended Acquire + Release of the store with the raw
@@ -21,7 +23,7 @@ func BenchmarkUncontended(b *testing.B) {
 	ctx := context.Background()
 	s := newStore(b, cli)
 	// The floor's lease is the store's own (kept alive by it): the same lease, the same key size.
-	if _, err := s.Acquire(ctx, "bench:warm", ownerA, 10*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "bench:warm", Owner: ownerA, TTL: 10 * time.Second}); err != nil {
 		b.Fatal(err)
 	}
 	kv, err := cli.Get(ctx, "bench:warm")
@@ -42,7 +44,7 @@ func BenchmarkUncontended(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		got, err := s.Acquire(ctx, "bench:store", ownerA, 10*time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: "bench:store", Owner: ownerA, TTL: 10 * time.Second})
 		if err != nil || !got.Acquired {
 			b.Fatal(got, err)
 		}

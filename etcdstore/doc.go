@@ -1,5 +1,5 @@
 // Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and
-// lockstore.BatchRefresher) on go.etcd.io/etcd/client/v3, for the endpoints where a double
+// lockstore.Passer) on go.etcd.io/etcd/client/v3, for the endpoints where a double
 // grant costs money even across a failover. Raft keeps an acknowledged grant
 // through a leader's death, and the cluster's revision is a fence by construction.
 //
@@ -105,12 +105,12 @@
 //
 // # Read-write and fair locks
 //
-// The store keeps read-write locks (lockstore.ReadWriter, readwrite.go): a write lock is the
+// The store keeps read-write locks (lockstore.ReadOwner, readwrite.go): a write lock is the
 // lock key; a read hold is a key of its own in the key's side directory (one per read owner,
 // on the reader's session lease, with the per-lock bookkeeping above), and a write grant
 // compares that directory empty in its transaction. A writer refused by read holds sets a
 // writer mark with a deadline that new read holds wait for. It keeps fair lines too
-// (lockstore.FairQueuer, fair.go): places in the key's side directory, ranked by etcd
+// (a lockstore.Request with Asked, fair.go): places in the key's side directory, ranked by etcd
 // revision, each on a lease of the waiter's queue time. Watch hears deletions in the side
 // directory too, so the end of the last read hold, and a place that leaves the line, wake the
 // key's waiters.

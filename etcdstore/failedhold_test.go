@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Two re-entries of one owner's lock in one process (two downstream requests carrying the
@@ -17,11 +19,11 @@ func TestFailedHoldReleaseKeepsOtherHolds(t *testing.T) {
 	up, down := newStore(t, cli), newStore(t, cli) // two processes
 	other := newStore(t, cli)
 	const ttl = 5 * time.Second
-	if got, err := up.Acquire(ctx, "lock:h", ownerA, ttl, ""); err != nil || !got.Acquired {
+	if got, err := up.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	// The downstream process holds locks of its own: its store keeps a session lease alive.
-	if got, err := down.Acquire(ctx, "lock:own", ownerB, ttl, ""); err != nil || !got.Acquired {
+	if got, err := down.Acquire(ctx, lockstore.Request{Key: "lock:own", Owner: ownerB, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	for _, h := range []string{"h1", "h2"} {
@@ -47,7 +49,7 @@ func TestFailedHoldReleaseKeepsOtherHolds(t *testing.T) {
 	for time.Since(start) < ttl-time.Second {
 		kv := get(t, cli, "lock:h")
 		if kv == nil || !strings.Contains(string(kv.Value), ",h2") {
-			got, err := other.Acquire(ctx, "lock:h", ownerB, ttl, "")
+			got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerB, TTL: ttl})
 			t.Fatalf("%v after h2's refresh (which promised %v) its hold is gone: value %v; another owner's acquire = %+v, %v",
 				time.Since(start).Round(time.Millisecond), ttl, kv, got, err)
 		}

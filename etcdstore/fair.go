@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), on a
 // lease of its own, ordered by its create revision, the revision of the owner's first
-// AcquireFair that was refused. The line is ordered by etcd's revisions rather than by the
-// callers' clocks (AcquireFair's asked): the Locker calls AcquireFair as soon as a fair Lock
+// fair Acquire that was refused. The line is ordered by etcd's revisions rather than by the
+// callers' clocks (the request's Asked): the Locker makes a fair Acquire as soon as a fair Lock
 // begins, with no queue in the process before it, so the order in which first attempts reach
 // etcd is the order in which the Locks began, up to the difference in their round trips
 // (milliseconds), where ordering by asked would trust each host's clock (a host whose clock
@@ -25,9 +26,9 @@ import (
 // when it ends.
 //
 // A place lives on a lease of the queue time (whole seconds, rounded up; etcd raises one below
-// its minimum lease TTL), kept alive by each AcquireFair of its owner: a waiter that stops
+// its minimum lease TTL), kept alive by each fair Acquire of its owner: a waiter that stops
 // asking (its process died, or it gave up and LeaveQueue failed) leaves the line one lease TTL
-// after its last AcquireFair, and the lease's expiry deletes the place, which wakes the next
+// after its last fair Acquire, and the lease's expiry deletes the place, which wakes the next
 // in line (Watch hears deletions in the key's side directory). The grant deletes its place in
 // the granting transaction, and LeaveQueue deletes it at once.
 
@@ -37,9 +38,7 @@ type place struct {
 	rev   int64            // its create revision, its rank; 0 unknown
 }
 
-var _ lockstore.FairQueuer = (*Store)(nil)
-
-// AcquireFair implements lockstore.FairQueuer: Acquire of key in the order of the key's line.
+// acquireFair is Acquire of a fair request (one with Asked): Acquire of key in the order of the key's line.
 // Each attempt is one transaction (and, while the caller waits in line, a keep-alive of its
 // place's lease before it):
 //
@@ -54,8 +53,8 @@ var _ lockstore.FairQueuer = (*Store)(nil)
 // (TryLock) takes no place: it takes the key only when it is free and the line empty. The
 // lock granted is an ordinary lock of key (Refresh, Release, Pass and the Inspector treat it as
 // any other). asked is not used: the line is ordered by revision (see above).
-func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, _ time.Time,
-	queue time.Duration) (lockstore.Acquisition, error) {
+func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl, meta, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Queue
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
@@ -75,12 +74,12 @@ func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Dur
 	return a, err
 }
 
-// acquireFairOnce is one attempt of AcquireFair, as acquireOnce is of Acquire.
+// acquireFairOnce is one attempt of acquireFair, as acquireOnce is of Acquire.
 func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, queue time.Duration,
 	start time.Time, again bool) (lockstore.Acquisition, error) {
 	p := s.placeOf(key, owner)
 	if queue > 0 && p.lease != 0 {
-		// The place lives queue from now: this is the owner's latest AcquireFair.
+		// The place lives queue from now: this is the owner's latest fair Acquire.
 		if _, err := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(err) {
 			p = place{} // it ended with its lease: a new place, at the back of the line
 		} else if err != nil {
@@ -187,7 +186,7 @@ func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
 	return lockstore.Acquisition{}
 }
 
-// LeaveQueue implements lockstore.FairQueuer: it deletes owner's place in key's line, which
+// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which
 // wakes the key's waiters (their Watch hears deletions in the key's side directory), so that
 // the next in line takes the key at once when it is free.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {

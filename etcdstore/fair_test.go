@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // fairLockers returns n fair Lockers, each on a store and client of its own (n processes).
@@ -143,7 +145,7 @@ func TestFairWaiterThatGivesUpLeavesTheLine(t *testing.T) {
 	}
 }
 
-// A waiter whose process died (a place taken with AcquireFair and never asked for again)
+// A waiter whose process died (a place taken with a fair Acquire and never asked for again)
 // holds up the line for at most its queue time: its place's lease runs out and its deletion
 // wakes the next in line.
 func TestDeadFairWaiterBlocksTheLineAtMostItsQueueTime(t *testing.T) {
@@ -151,10 +153,10 @@ func TestDeadFairWaiterBlocksTheLineAtMostItsQueueTime(t *testing.T) {
 	ctx := bg(t)
 	holder, dead := newStore(t, c.Client(t)), newStore(t, c.Client(t))
 	const key = "lock:bed"
-	if r, err := holder.Acquire(ctx, key, ownerA, 2*time.Second, ""); err != nil || !r.Acquired {
+	if r, err := holder.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatalf("holder = %+v, %v", r, err)
 	}
-	r, err := dead.AcquireFair(ctx, key, ownerB, 2*time.Second, "", time.Now(), flightlock.FairQueueTTL)
+	r, err := dead.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 2 * time.Second, Asked: time.Now(), Queue: flightlock.FairQueueTTL})
 	if err != nil || r.Acquired {
 		t.Fatalf("the dead waiter's place = %+v, %v; want busy", r, err)
 	}
@@ -178,7 +180,7 @@ func TestDeadFairWaiterBlocksTheLineAtMostItsQueueTime(t *testing.T) {
 		t.Fatalf("the live waiter: %v", err)
 	}
 	blocked := at.Sub(lastAsked)
-	t.Logf("the live waiter got the key %v after the dead one's last AcquireFair", blocked)
+	t.Logf("the live waiter got the key %v after the dead one's last fair Acquire", blocked)
 	// etcd expires a lease within about half a second of its TTL.
 	if blocked < flightlock.FairQueueTTL-300*time.Millisecond || blocked > flightlock.FairQueueTTL+1200*time.Millisecond {
 		t.Fatalf("a dead waiter ahead held the line %v, want about its queue time %v", blocked, flightlock.FairQueueTTL)
@@ -194,14 +196,14 @@ func TestFairLineOnTheStore(t *testing.T) {
 	s := newStore(t, cli)
 	const key, ttl, queue = "lock:q", 2 * time.Second, 2 * time.Second
 	ownerC, ownerD := "cccccccccccccccccccccccccccccccc", "dddddddddddddddddddddddddddddddd"
-	if r, err := s.AcquireFair(ctx, key, ownerD, ttl, "host=x", time.Now(), queue); err != nil || !r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerD, TTL: ttl, Meta: "host=x", Asked: time.Now(), Queue: queue}); err != nil || !r.Acquired {
 		t.Fatalf("free key, empty line = %+v, %v", r, err)
 	}
 	if n := lineLen(t, cli, key); n != 0 {
 		t.Fatalf("a grant took %d places", n)
 	}
 	for _, o := range []string{ownerA, ownerB, ownerC} {
-		if r, err := s.AcquireFair(ctx, key, o, ttl, "", time.Now(), queue); err != nil || r.Acquired || r.HolderTTL != 3*time.Second {
+		if r, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: o, TTL: ttl, Asked: time.Now(), Queue: queue}); err != nil || r.Acquired || r.HolderTTL != 3*time.Second {
 			t.Fatalf("%s behind a holder = %+v, %v; want busy with the holder's TTL", o[:1], r, err)
 		}
 	}
@@ -212,14 +214,14 @@ func TestFairLineOnTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range []string{ownerB, ownerC} {
-		if r, err := s.AcquireFair(ctx, key, o, ttl, "", time.Now(), queue); err != nil || r.Acquired || r.HolderTTL != 0 {
+		if r, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: o, TTL: ttl, Asked: time.Now(), Queue: queue}); err != nil || r.Acquired || r.HolderTTL != 0 {
 			t.Fatalf("%s behind the first in line = %+v, %v; want busy with HolderTTL 0", o[:1], r, err)
 		}
 	}
-	if r, err := s.AcquireFair(ctx, key, ownerD, ttl, "", time.Now(), 0); err != nil || r.Acquired || r.HolderTTL != 0 {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerD, TTL: ttl, Asked: time.Now(), Queue: 0}); err != nil || r.Acquired || r.HolderTTL != 0 {
 		t.Fatalf("TryLock with a line = %+v, %v; want busy with HolderTTL 0", r, err)
 	}
-	a, err := s.AcquireFair(ctx, key, ownerA, ttl, "", time.Now(), queue)
+	a, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: ttl, Asked: time.Now(), Queue: queue})
 	if err != nil || !a.Acquired {
 		t.Fatalf("the first in line = %+v, %v; want the key", a, err)
 	}
@@ -245,7 +247,7 @@ func TestFairLineOnTheStore(t *testing.T) {
 	if err := s.LeaveQueue(ctx, key, ownerB); err != nil {
 		t.Fatalf("leaving a line one is not in: %v", err)
 	}
-	c, err := s.AcquireFair(ctx, key, ownerC, ttl, "", time.Now(), queue)
+	c, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerC, TTL: ttl, Asked: time.Now(), Queue: queue})
 	if err != nil || !c.Acquired || c.Fence <= a.Fence {
 		t.Fatalf("the next in line after one left = %+v, %v; want the key with a fence above %d", c, err, a.Fence)
 	}

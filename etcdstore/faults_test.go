@@ -13,12 +13,13 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // fencedCounter is the resource the locks protect: it refuses a second writer inside, and a
@@ -86,7 +87,7 @@ func worker(ctx context.Context, s *Store, key string, ttl time.Duration, c *fen
 		}
 		owner := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
 		callCtx, cancel := context.WithTimeout(ctx, ttl)
-		got, err := s.Acquire(callCtx, key, owner, ttl, "w")
+		got, err := s.Acquire(callCtx, lockstore.Request{Key: key, Owner: owner, TTL: ttl, Meta: "w"})
 		cancel()
 		if err != nil {
 			gctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -176,12 +177,12 @@ func TestLeaderKilledWhileLocksAreHeldAndWaitedOn(t *testing.T) {
 	fences := map[string]int64{}
 	var watches []*lockstore.Watch
 	for _, k := range keys {
-		got, err := holder.Acquire(ctx, k, ownerA, ttl, "holder")
+		got, err := holder.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: ttl, Meta: "holder"})
 		if err != nil || !got.Acquired {
 			t.Fatal(got, err)
 		}
 		fences[k] = got.Fence
-		if busy, err := waiter.Acquire(ctx, k, ownerB, ttl, ""); err != nil || busy.Acquired {
+		if busy, err := waiter.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl}); err != nil || busy.Acquired {
 			t.Fatal(busy, err)
 		}
 		w, err := waiter.Watch(ctx, k)
@@ -241,7 +242,7 @@ func TestLeaderKilledWhileLocksAreHeldAndWaitedOn(t *testing.T) {
 		}
 		for _, k := range keys {
 			actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			got, err := waiter.Acquire(actx, k, ownerB, ttl, "")
+			got, err := waiter.Acquire(actx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl})
 			cancel()
 			if err == nil && got.Acquired {
 				t.Fatalf("%s granted to a second holder %v after the leader was killed", k, time.Since(killed))
@@ -270,7 +271,7 @@ func TestLeaderKilledWhileLocksAreHeldAndWaitedOn(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("waiter on %s not woken by the release", k)
 		}
-		got, err := waiter.Acquire(ctx, k, ownerB, ttl, "")
+		got, err := waiter.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl})
 		if err != nil || !got.Acquired || got.Fence <= fences[k]+10 {
 			t.Fatalf("waiter's acquisition of %s = %+v, %v; want a fence above %d", k, got, err, fences[k]+10)
 		}
@@ -384,7 +385,7 @@ func TestHolderCutOffFromTheCluster(t *testing.T) {
 	next := newStore(t, direct)
 	const ttl = 2 * time.Second // a lease of 3s
 
-	first, err := cut.Acquire(ctx, "lock:p", ownerA, ttl, "")
+	first, err := cut.Acquire(ctx, lockstore.Request{Key: "lock:p", Owner: ownerA, TTL: ttl})
 	if err != nil || !first.Acquired {
 		t.Fatal(first, err)
 	}
@@ -409,7 +410,7 @@ func TestHolderCutOffFromTheCluster(t *testing.T) {
 	var got lockstore.Acquisition
 	for {
 		actx, cancel := context.WithTimeout(ctx, time.Second)
-		got, err = next.Acquire(actx, "lock:p", ownerB, 10*time.Second, "") // unrefreshed: long enough for the test
+		got, err = next.Acquire(actx, lockstore.Request{Key: "lock:p", Owner: ownerB, TTL: 10 * time.Second}) // unrefreshed: long enough for the test
 		cancel()
 		if err != nil {
 			t.Fatal(err)

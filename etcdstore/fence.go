@@ -6,6 +6,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Fences come from the cluster's revision, never from a clock.
@@ -43,7 +45,7 @@ import (
 // one grant and then never releases (its process dies, or its lock is lost and Release answers
 // ErrNotHeld) may see the next grant's fence at or below its own last ones. The store cannot
 // close it alone, because only the core knows how many fences it handed out: the store tells
-// the core its bound (MaxHandoffs, lockstore.HandoffLimiter), and flightlock.New and With
+// the core its bound (Capabilities.MaxHandoffs), and flightlock.New and With
 // refuse a WithHandoff above it, so the gap cannot be reached through the Locker.
 //
 // The revision budget: fences stay below 2^63 while the cluster's revision is below
@@ -57,10 +59,13 @@ const fenceShift = 20
 // of a later grant (the middleware's stored responses of share rules).
 func FenceRevision(fence int64) int64 { return fence >> fenceShift }
 
-// MaxHandoffs implements lockstore.HandoffLimiter: the handoffs in a row under one grant that
-// the fences leave room for, half of the 2<<fenceShift that the derivation above allows (a
-// handoff hands out one fence), so that the bound holds with room to spare.
-func (s *Store) MaxHandoffs() int { return 1 << fenceShift }
+// Capabilities implements lockstore.Store. MaxHandoffs is the handoffs in a row under one
+// grant that the fences leave room for, half of the 2<<fenceShift that the derivation above
+// allows (a handoff hands out one fence), so that the bound holds with room to spare. etcd
+// watches cost a goroutine each, so watches are not shared.
+func (s *Store) Capabilities() lockstore.Capabilities {
+	return lockstore.Capabilities{Name: "etcd", MaxHandoffs: 1 << fenceShift}
+}
 
 // maxGrantRevision is the largest create revision that still makes a fence (with room for a
 // floor offset of up to 2^62).

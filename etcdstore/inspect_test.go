@@ -51,14 +51,14 @@ func TestInspectorOnEtcd(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	in := NewInspector(cli, "p/")
-	a, err := s.Acquire(ctx, "p/order:1", ownerA, 5*time.Second, "host=h1 pid=42")
+	a, err := s.Acquire(ctx, lockstore.Request{Key: "p/order:1", Owner: ownerA, TTL: 5 * time.Second, Meta: "host=h1 pid=42"})
 	if err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v %v", a, err)
 	}
-	if b, err := s.Acquire(ctx, "p/order:1", ownerB, 5*time.Second, ""); err != nil || b.Acquired {
+	if b, err := s.Acquire(ctx, lockstore.Request{Key: "p/order:1", Owner: ownerB, TTL: 5 * time.Second}); err != nil || b.Acquired {
 		t.Fatalf("second owner: %+v %v", b, err) // refused: it sets the waiter mark
 	}
-	if _, err := s.Acquire(ctx, "p/acct:1", ownerA, 5*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "p/acct:1", Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 

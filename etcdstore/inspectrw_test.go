@@ -20,15 +20,15 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 	const ttl, queue = 2 * time.Second, 2 * time.Second
 	r1, r2 := lockstore.ReadOwner(ownerA), lockstore.ReadOwner(ownerB)
 	for _, o := range []string{r1, r2} {
-		if r, err := s.Acquire(ctx, "lock:orders", o, ttl, "host=r"); err != nil || !r.Acquired {
+		if r, err := s.Acquire(ctx, lockstore.Request{Key: "lock:orders", Owner: o, TTL: ttl, Meta: "host=r"}); err != nil || !r.Acquired {
 			t.Fatalf("read = %+v, %v", r, err)
 		}
 	}
-	if r, err := s.Acquire(ctx, "lock:orders/0", ownerA, ttl, "host=w"); err != nil || !r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: "lock:orders/0", Owner: ownerA, TTL: ttl, Meta: "host=w"}); err != nil || !r.Acquired {
 		t.Fatalf("write = %+v, %v", r, err)
 	}
 	for _, o := range []string{"cccccccccccccccccccccccccccccccc", "dddddddddddddddddddddddddddddddd"} {
-		if r, err := s.AcquireFair(ctx, "lock:orders/0", o, ttl, "", time.Now(), queue); err != nil || r.Acquired {
+		if r, err := s.Acquire(ctx, lockstore.Request{Key: "lock:orders/0", Owner: o, TTL: ttl, Asked: time.Now(), Queue: queue}); err != nil || r.Acquired {
 			t.Fatalf("waiter in line = %+v, %v", r, err)
 		}
 	}
@@ -75,7 +75,7 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 
 	// A read hold granted after the read is another grant: ForceUnlock removes nothing.
 	r3 := lockstore.ReadOwner("eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee")
-	if r, err := s.Acquire(ctx, "lock:orders", r3, ttl, ""); err != nil || !r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: "lock:orders", Owner: r3, TTL: ttl}); err != nil || !r.Acquired {
 		t.Fatalf("third read = %+v, %v", r, err)
 	}
 	var changed *lockstore.ChangedError
@@ -88,7 +88,7 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 	if err := s.Refresh(ctx, "lock:orders", r1, ttl); !errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("refresh of a force-unlocked read hold: %v", err)
 	}
-	if r, err := s.Acquire(ctx, "lock:orders", ownerB, ttl, ""); err != nil || !r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: "lock:orders", Owner: ownerB, TTL: ttl}); err != nil || !r.Acquired {
 		t.Fatalf("write after the read holds were removed = %+v, %v", r, err)
 	}
 }

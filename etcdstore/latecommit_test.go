@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
-	"github.com/flightlock/flightlock/lockstore"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // An acquisition times out on the client while its transaction is still on its way (a slow
@@ -32,11 +33,11 @@ func TestLateAppliedAcquireIsNotHeldForever(t *testing.T) {
 	s, other := newStore(t, cli), newStore(t, cli)
 	const ttl = time.Second
 	// The session lease exists (another lock of the same TTL), as in a running process.
-	if got, err := s.Acquire(ctx, "lock:busy", ownerB, ttl, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:busy", Owner: ownerB, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	lt.arm("lock:late")
-	if _, err := s.Acquire(ctx, "lock:late", ownerA, ttl, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:late", Owner: ownerA, TTL: ttl}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	// The Locker gives the acquisition back (keeper.giveBack): nothing is there yet.
@@ -49,7 +50,7 @@ func TestLateAppliedAcquireIsNotHeldForever(t *testing.T) {
 	deadline := time.Now().Add(ttl + 4*time.Second)
 	for get(t, cli, "lock:late") != nil {
 		if time.Now().After(deadline) {
-			got, err := other.Acquire(ctx, "lock:late", ownerB, ttl, "")
+			got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:late", Owner: ownerB, TTL: ttl})
 			t.Fatalf("the late-applied acquisition is still held %v after its TTL, by nobody (store entries %d); another owner's acquire = %+v, %v",
 				ttl+4*time.Second, s.Held(), got, err)
 		}
@@ -159,12 +160,12 @@ func TestRetiredLeaseKeepsItsLocks(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	const ttl = time.Second // a lease of 2s
-	if got, err := s.Acquire(ctx, "lock:keep", ownerB, ttl, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:keep", Owner: ownerB, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	old := get(t, cli, "lock:keep").Lease
 	lt.arm("lock:late")
-	if _, err := s.Acquire(ctx, "lock:late", ownerA, ttl, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:late", Owner: ownerA, TTL: ttl}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	_, _ = s.Release(ctx, "lock:late", ownerA, "", 0)
@@ -172,7 +173,7 @@ func TestRetiredLeaseKeepsItsLocks(t *testing.T) {
 	if kv := get(t, cli, "lock:late"); kv != nil && kv.Lease != old {
 		t.Fatalf("the late commit is on lease %x, not the one it was sent with (%x)", kv.Lease, old)
 	}
-	if got, err := s.Acquire(ctx, "lock:new", ownerB, ttl, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:new", Owner: ownerB, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	if get(t, cli, "lock:new").Lease == old {
@@ -218,7 +219,7 @@ func TestUnknownOutcomesDoNotPileUpLeases(t *testing.T) {
 	s := newStore(t, cli)
 	const ttl, rounds = 2 * time.Second, 4 // leases of 3s
 	var lateKeys, heldKeys []string
-	if _, err := s.Acquire(ctx, "lock:base", ownerB, ttl, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:base", Owner: ownerB, TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	heldKeys = append(heldKeys, "lock:base")
@@ -227,13 +228,13 @@ func TestUnknownOutcomesDoNotPileUpLeases(t *testing.T) {
 		k := fmt.Sprintf("lock:late%d", i)
 		lateKeys = append(lateKeys, k)
 		lt.arm(k)
-		if _, err := s.Acquire(ctx, k, ownerA, ttl, ""); err == nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: ttl}); err == nil {
 			t.Fatalf("round %d: the acquisition did not time out", i)
 		}
 		_, _ = s.Release(ctx, k, ownerA, "", 0)
 		h := fmt.Sprintf("lock:held%d", i)
 		heldKeys = append(heldKeys, h)
-		if got, err := s.Acquire(ctx, h, ownerB, ttl, ""); err != nil || !got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: h, Owner: ownerB, TTL: ttl}); err != nil || !got.Acquired {
 			t.Fatal(got, err)
 		}
 	}
@@ -256,7 +257,7 @@ func TestUnknownOutcomesDoNotPileUpLeases(t *testing.T) {
 		lt.arm(k)
 		var err error
 		if i%2 == 0 {
-			_, err = s.Acquire(ctx, k, ownerA, ttl, "")
+			_, err = s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: ttl})
 		} else {
 			keys = append(keys, k+"b")
 			_, err = s.AcquireAll(ctx, keys, ownerA, ttl, "")
@@ -316,11 +317,11 @@ func TestRevocationWaitsForAcquisitionsInFlight(t *testing.T) {
 		got lockstore.Acquisition
 		err error
 	)
-	wg.Go(func() { got, err = s.Acquire(ctx, "lock:a", ownerA, ttl, "") })
+	wg.Go(func() { got, err = s.Acquire(ctx, lockstore.Request{Key: "lock:a", Owner: ownerA, TTL: ttl}) })
 	<-committed
 	lease := get(t, cli, "lock:a").Lease
 	lost.Store(true)
-	if _, err := s.Acquire(ctx, "lock:b", ownerB, ttl, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:b", Owner: ownerB, TTL: ttl}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	if _, err := s.Release(ctx, "lock:b", ownerB, "", 0); err != nil {
@@ -372,15 +373,15 @@ func TestCloseRevokesUnusedRetiredLeases(t *testing.T) {
 	defer s.Close()
 	// A retired lease with a lock on it (TTL 3s), and one that nothing uses (TTL 2s), whose
 	// revocation stalls.
-	if _, err := s.Acquire(ctx, "lock:keep", ownerB, 3*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:keep", Owner: ownerB, TTL: 3 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	lt.arm("lock:lost1")
-	if _, err := s.Acquire(ctx, "lock:lost1", ownerA, 3*time.Second, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:lost1", Owner: ownerA, TTL: 3 * time.Second}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	_, _ = s.Release(ctx, "lock:lost1", ownerA, "", 0)
-	if _, err := s.Acquire(ctx, "lock:two", ownerB, 2*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:two", Owner: ownerB, TTL: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Release(ctx, "lock:two", ownerB, "", 0); err != nil {
@@ -391,7 +392,7 @@ func TestCloseRevokesUnusedRetiredLeases(t *testing.T) {
 	}
 	stall.Store(true)
 	lt.arm("lock:lost2")
-	if _, err := s.Acquire(ctx, "lock:lost2", ownerA, 2*time.Second, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:lost2", Owner: ownerA, TTL: 2 * time.Second}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	_, _ = s.Release(ctx, "lock:lost2", ownerA, "", 0)
@@ -433,16 +434,16 @@ func TestRetiredLeaseKeepAliveFailsThenGone(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	const ttl = 2 * time.Second
-	if _, err := s.Acquire(ctx, "lock:keep", ownerB, ttl, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:keep", Owner: ownerB, TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	old := get(t, cli, "lock:keep").Lease
 	lt.arm("lock:lost")
-	if _, err := s.Acquire(ctx, "lock:lost", ownerA, ttl, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:lost", Owner: ownerA, TTL: ttl}); err == nil {
 		t.Fatal("the acquisition did not time out")
 	}
 	_, _ = s.Release(ctx, "lock:lost", ownerA, "", 0)
-	if _, err := s.Acquire(ctx, "lock:new", ownerB, ttl, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:new", Owner: ownerB, TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
 	if get(t, cli, "lock:new").Lease == old {

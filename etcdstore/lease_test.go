@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Without background keep-alives, a lock lives as long as its refreshes keep it: past its TTL
@@ -19,7 +20,7 @@ func TestRefreshKeepsTheLockPastItsTTL(t *testing.T) {
 	ctx := bg(t)
 	s := quiet(newStore(t, cli))
 	// TTL 1s: a lease of 2s, etcd's minimum with default timings.
-	if got, err := s.Acquire(ctx, "lock:r", ownerA, time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	end := time.Now().Add(4 * time.Second)
@@ -49,7 +50,7 @@ func TestRefreshKeepsTheLockPastItsTTL(t *testing.T) {
 		t.Fatalf("%d entries after the loss", n)
 	}
 	// A later acquisition gets a new lease.
-	got, err := s.Acquire(ctx, "lock:r", ownerA, time.Second, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: time.Second})
 	if err != nil || !got.Acquired || got.Reentered {
 		t.Fatalf("acquire after the lease expired: %+v %v", got, err)
 	}
@@ -64,12 +65,12 @@ func TestAcquireOnAStaleLeaseKeepsItAliveFirst(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	s := quiet(newStore(t, cli))
-	if _, err := s.Acquire(ctx, "lock:a", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:a", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond) // beyond the margin: the lease has under 1s left
 	call := time.Now()
-	if got, err := s.Acquire(ctx, "lock:b", ownerA, time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:b", Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := s.ourLease(clientv3.LeaseID(get(t, cli, "lock:b").Lease))
@@ -89,7 +90,7 @@ func TestBackgroundKeepAlive(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	s := newStore(t, cli)
-	if _, err := s.Acquire(ctx, "lock:k", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	id := clientv3.LeaseID(get(t, cli, "lock:k").Lease)
@@ -102,7 +103,7 @@ func TestBackgroundKeepAlive(t *testing.T) {
 	if d := time.Since(s.byIDFresh(t, int64(id))); d > s.margin*3/4 {
 		t.Fatalf("last keep-alive %v ago, want within three margin/4 periods", d)
 	}
-	if _, err := s.Acquire(ctx, "lock:k2", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:k2", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if got := clientv3.LeaseID(get(t, cli, "lock:k2").Lease); got != id {
@@ -128,7 +129,7 @@ func TestLeaseLossIsErrNotHeld(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	for i := range 3 {
-		if _, err := s.Acquire(ctx, "lock:l"+strconv.Itoa(i), ownerA, time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:l" + strconv.Itoa(i), Owner: ownerA, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -149,7 +150,7 @@ func TestLeaseLossIsErrNotHeld(t *testing.T) {
 		t.Fatalf("release after the lease was revoked: %v, want ErrNotHeld", err)
 	}
 	waitFor(t, 2*time.Second, "entries dropped", func() bool { return s.Held() == 0 })
-	got, err := s.Acquire(ctx, "lock:l0", ownerA, time.Second, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:l0", Owner: ownerA, TTL: time.Second})
 	if err != nil || !got.Acquired || got.Reentered {
 		t.Fatalf("acquire after the loss: %+v %v", got, err)
 	}
@@ -167,14 +168,14 @@ func TestAcquireAfterAnUnnoticedLeaseLoss(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	s := quiet(newStore(t, cli))
-	if _, err := s.Acquire(ctx, "lock:u", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:u", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	old := get(t, cli, "lock:u").Lease
 	if _, err := cli.Revoke(ctx, clientv3.LeaseID(old)); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Acquire(ctx, "lock:u", ownerB, time.Second, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:u", Owner: ownerB, TTL: time.Second})
 	if err != nil || !got.Acquired {
 		t.Fatalf("acquire on a lease revoked unnoticed: %+v %v", got, err)
 	}
@@ -207,10 +208,10 @@ func TestWatchWakes(t *testing.T) {
 	}
 
 	// Release.
-	if _, err := holder.Acquire(ctx, "lock:w", ownerA, time.Second, ""); err != nil {
+	if _, err := holder.Acquire(ctx, lockstore.Request{Key: "lock:w", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := waiter.Acquire(ctx, "lock:w", ownerB, time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := waiter.Acquire(ctx, lockstore.Request{Key: "lock:w", Owner: ownerB, TTL: time.Second}); err != nil || busy.Acquired {
 		t.Fatal(busy, err)
 	}
 	w, err := waiter.Watch(ctx, "lock:w")
@@ -228,7 +229,7 @@ func TestWatchWakes(t *testing.T) {
 	wait(w, "release")
 
 	// Expiry of the holder's lease (no keep-alives: the quiet store's lease is 2s).
-	if _, err := holder.Acquire(ctx, "lock:w", ownerA, time.Second, ""); err != nil {
+	if _, err := holder.Acquire(ctx, lockstore.Request{Key: "lock:w", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	noWake(w, "a grant")
@@ -241,10 +242,10 @@ func TestWatchWakes(t *testing.T) {
 	w.Close()
 
 	// A release between the busy reply and the Watch.
-	if _, err := holder.Acquire(ctx, "lock:w", ownerA, time.Second, ""); err != nil {
+	if _, err := holder.Acquire(ctx, lockstore.Request{Key: "lock:w", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := waiter.Acquire(ctx, "lock:w", ownerB, time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := waiter.Acquire(ctx, lockstore.Request{Key: "lock:w", Owner: ownerB, TTL: time.Second}); err != nil || busy.Acquired {
 		t.Fatal(busy, err)
 	}
 	if _, err := holder.Release(ctx, "lock:w", ownerA, "", 0); err != nil {
@@ -275,13 +276,13 @@ func TestEntriesDoNotGrow(t *testing.T) {
 	s, other := newStore(t, cli), newStore(t, cli)
 	for i := range 300 {
 		k := "lock:m" + strconv.Itoa(i)
-		if _, err := s.Acquire(ctx, k, ownerA, 5*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Acquire(ctx, k, ownerA, 5*time.Second, ""); err != nil { // re-entry
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: 5 * time.Second}); err != nil { // re-entry
 			t.Fatal(err)
 		}
-		if busy, err := other.Acquire(ctx, k, ownerB, 5*time.Second, ""); err != nil || busy.Acquired {
+		if busy, err := other.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: 5 * time.Second}); err != nil || busy.Acquired {
 			t.Fatal(busy, err)
 		}
 		if _, err := s.Release(ctx, k, ownerA, "", 0); err != nil {
@@ -293,7 +294,7 @@ func TestEntriesDoNotGrow(t *testing.T) {
 	}
 	// Locks lost with their lease leave no entry either, once the loss is seen.
 	for i := range 50 {
-		if _, err := s.Acquire(ctx, "lock:x"+strconv.Itoa(i), ownerA, 5*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:x" + strconv.Itoa(i), Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -333,11 +334,11 @@ func TestCloseLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, ttl := range []time.Duration{5 * time.Second, 6 * time.Second} {
-		if _, err := s.Acquire(ctx, "lock:c"+strconv.Itoa(i), ownerA, ttl, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c" + strconv.Itoa(i), Owner: ownerA, TTL: ttl}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if busy, err := s.Acquire(ctx, "lock:c0", ownerB, 5*time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c0", Owner: ownerB, TTL: 5 * time.Second}); err != nil || busy.Acquired {
 		t.Fatal(busy, err)
 	}
 	w, err := s.Watch(ctx, "lock:c0")
@@ -354,7 +355,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("watch not woken")
 	}
-	if _, err := s.Acquire(ctx, "lock:c0", ownerA, 5*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c0", Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if errs := s.RefreshAll(ctx, []lockstore.Renewal{{Key: "lock:c0", Owner: ownerA, TTL: 5 * time.Second}}); errs[0] != nil {
@@ -375,7 +376,7 @@ func TestCloseLeavesNothing(t *testing.T) {
 	if ls, err := cli.Leases(ctx); err != nil || len(ls.Leases) != 0 {
 		t.Fatalf("leases after Close: %v %v", ls, err)
 	}
-	if _, err := s.Acquire(ctx, "lock:c0", ownerA, time.Second, ""); err == nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c0", Owner: ownerA, TTL: time.Second}); err == nil {
 		t.Fatal("Acquire after Close succeeded")
 	}
 	if _, err := s.Watch(ctx, "lock:c0"); err == nil {
@@ -402,11 +403,11 @@ func TestRefreshAll(t *testing.T) {
 	ctx := bg(t)
 	s, other := newStore(t, cli, WithMaxTxnOps(16)), newStore(t, cli)
 	for _, k := range []string{"lock:ra1", "lock:ra2"} {
-		if _, err := s.Acquire(ctx, k, ownerA, 2*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: 2 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := other.Acquire(ctx, "lock:rb", ownerB, 5*time.Second, ""); err != nil {
+	if _, err := other.Acquire(ctx, lockstore.Request{Key: "lock:rb", Owner: ownerB, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	batch := []lockstore.Renewal{
@@ -442,7 +443,7 @@ func TestRefreshAll(t *testing.T) {
 	var many []lockstore.Renewal
 	for i := range 100 {
 		k := "lock:many" + strconv.Itoa(i)
-		if _, err := s.Acquire(ctx, k, ownerA, 5*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		many = append(many, lockstore.Renewal{Key: k, Owner: ownerA, TTL: 5 * time.Second})

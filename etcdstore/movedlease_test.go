@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // The owner releases its own hold while a re-entry from another process remains: the key
@@ -46,7 +48,7 @@ func TestRefreshDuringAMoveKeepsItsPromise(t *testing.T) {
 	ctx := bg(t)
 	up, down, other := newStore(t, upCli), newStore(t, downCli), newStore(t, downCli)
 	const ttl = 2 * time.Second
-	if got, err := up.Acquire(ctx, "lock:m", ownerA, ttl, ""); err != nil || !got.Acquired {
+	if got, err := up.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	if got, err := down.Reenter(ctx, "lock:m", ownerA, "h1", ttl); err != nil || !got.Acquired {
@@ -71,7 +73,7 @@ func TestRefreshDuringAMoveKeepsItsPromise(t *testing.T) {
 	t.Logf("refresh %v after the release began", start.Sub(tg).Round(time.Millisecond))
 	for time.Since(start) < ttl-200*time.Millisecond {
 		if get(t, downCli, "lock:m") == nil {
-			got, err := other.Acquire(ctx, "lock:m", ownerB, ttl, "")
+			got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerB, TTL: ttl})
 			t.Fatalf("the re-entered lock is gone %v after a refresh that promised %v; another owner's acquire = %+v, %v",
 				time.Since(start).Round(time.Millisecond), ttl, got, err)
 		}

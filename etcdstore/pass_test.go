@@ -21,7 +21,7 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 	ctx := bg(t)
 	a, b := newStore(t, cli), newStore(t, cli)
 
-	got, err := a.Acquire(ctx, "lock:p", ownerA, 5*time.Second, "")
+	got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:p", Owner: ownerA, TTL: 5 * time.Second})
 	if err != nil || !got.Acquired {
 		t.Fatalf("acquire = %+v, %v", got, err)
 	}
@@ -43,7 +43,7 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 	if _, err := a.Release(ctx, "lock:p", ownerA, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	next, err := b.Acquire(ctx, "lock:p", ownerB, 5*time.Second, "")
+	next, err := b.Acquire(ctx, lockstore.Request{Key: "lock:p", Owner: ownerB, TTL: 5 * time.Second})
 	if err != nil || next.Fence <= fence+1 {
 		t.Fatalf("next grant = %+v, %v; want a fence above the passes' %d", next, err, fence+1)
 	}
@@ -57,10 +57,10 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 	}
 
 	// Marked: released, the waiter told.
-	if _, err := a.Acquire(ctx, "lock:m", ownerA, 5*time.Second, ""); err != nil {
+	if _, err := a.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := b.Acquire(ctx, "lock:m", ownerB, 5*time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := b.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerB, TTL: 5 * time.Second}); err != nil || busy.Acquired {
 		t.Fatalf("busy acquire = %+v, %v", busy, err)
 	}
 	if kept, _, n, err := a.Pass(ctx, "lock:m", ownerA, 5*time.Second, 0); err != nil || kept || n != 1 {
@@ -71,7 +71,7 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 	}
 
 	// Re-entered from another process: its own hold given up, the key stays.
-	if _, err := a.Acquire(ctx, "lock:r", ownerA, 5*time.Second, ""); err != nil {
+	if _, err := a.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if re, err := b.Reenter(ctx, "lock:r", ownerA, "h1", 5*time.Second); err != nil || !re.Acquired {
@@ -89,7 +89,7 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 
 	// Half the grant's fence room used: released, so that a dead holder's next turn could not
 	// reach the next grant's fences.
-	g, err := a.Acquire(ctx, "lock:h", ownerA, 5*time.Second, "")
+	g, err := a.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerA, TTL: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestPassKeepsAnUnaskedLockWithoutAWrite(t *testing.T) {
 	if get(t, cli, "lock:h") != nil {
 		t.Fatal("a lock past half its fence room was kept")
 	}
-	if after, err := b.Acquire(ctx, "lock:h", ownerB, 5*time.Second, ""); err != nil || after.Fence <= g.Fence+1<<fenceShift-1 {
+	if after, err := b.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerB, TTL: 5 * time.Second}); err != nil || after.Fence <= g.Fence+1<<fenceShift-1 {
 		t.Fatalf("next grant = %+v, %v; want above the reported fence", after, err)
 	}
 }
@@ -176,16 +176,16 @@ func TestPassAfterARefusalReleases(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	a, b := newStore(t, cli), newStore(t, cli)
-	if _, err := b.Acquire(ctx, "lock:c", ownerB, 5*time.Second, ""); err != nil {
+	if _, err := b.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerB, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if busy, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := a.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerA, TTL: 5 * time.Second}); err != nil || busy.Acquired {
 		t.Fatalf("acquire of a held key = %+v, %v; want busy", busy, err)
 	}
 	if _, err := b.Release(ctx, "lock:c", ownerB, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || !got.Acquired {
+	if got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerA, TTL: 5 * time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("acquire after the release = %+v, %v", got, err)
 	}
 	// Nobody marked it since (b has gone), yet the grant followed a refusal: released.
@@ -195,7 +195,7 @@ func TestPassAfterARefusalReleases(t *testing.T) {
 	if get(t, cli, "lock:c") != nil {
 		t.Fatal("a contended grant was kept")
 	}
-	if got, err := a.Acquire(ctx, "lock:c", ownerA, 5*time.Second, ""); err != nil || !got.Acquired {
+	if got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerA, TTL: 5 * time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("acquire of a free key = %+v, %v", got, err)
 	}
 	if kept, _, _, err := a.Pass(ctx, "lock:c", ownerA, 5*time.Second, 0); err != nil || !kept {

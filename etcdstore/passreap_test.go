@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // A pass whose compare transaction is slow (a leader election, say) must not let the moment
@@ -39,7 +41,7 @@ func TestPassRacesTheReaper(t *testing.T) {
 	ctx := bg(t)
 	a, b := newStore(t, cli), newStore(t, cli)
 	const ttl = 3 * time.Second
-	got, err := a.Acquire(ctx, "lock:x", ownerA, ttl, "")
+	got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:x", Owner: ownerA, TTL: ttl})
 	if err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
@@ -55,7 +57,7 @@ func TestPassRacesTheReaper(t *testing.T) {
 	// The pass promised the lock lives at least until start + TTL.
 	for time.Since(start) < ttl-200*time.Millisecond {
 		if get(t, cli, "lock:x") == nil {
-			o, err := b.Acquire(ctx, "lock:x", ownerB, ttl, "")
+			o, err := b.Acquire(ctx, lockstore.Request{Key: "lock:x", Owner: ownerB, TTL: ttl})
 			t.Fatalf("the kept lock was deleted %v after the pass began (promised %v); another owner's acquire = %+v, %v",
 				time.Since(start), ttl, o, err)
 		}

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
-// SharesReads implements lockstore.ReadWriter: an owner made by lockstore.ReadOwner takes a
+// Read-write locks: an owner made by lockstore.ReadOwner takes a
 // read hold of its own (readKey), shared with the key's other read holds.
 //
 // Exclusion is decided by one transaction on each side, so that it holds exactly whatever the
@@ -28,9 +29,6 @@ import (
 // deadline. The mark goes with the next write grant, or with its deadline (one lease TTL of its
 // writer after its last refusal) when the writer stopped asking: a writer that gave up holds
 // readers off no longer than that.
-func (s *Store) SharesReads() {}
-
-var _ lockstore.ReadWriter = (*Store)(nil)
 
 // acquireReadOnce is one attempt of Acquire for a read owner, one transaction:
 //

@@ -14,8 +14,6 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-var _ lockstore.ReadWriter = (*Store)(nil)
-
 // rwProcess is one process of a read-write test: a store on a client of its own, a Locker of
 // write locks and one of read locks sharing its gate.
 type rwProcess struct {
@@ -178,7 +176,7 @@ func TestDeadReadHoldRunsOutAfterItsTTL(t *testing.T) {
 	c := etcdtest.Start(t)
 	dead := newStore(t, c.Client(t))
 	ctx := bg(t)
-	got, err := dead.Acquire(ctx, "lock:cache", lockstore.ReadOwner(ownerA), 2*time.Second, "")
+	got, err := dead.Acquire(ctx, lockstore.Request{Key: "lock:cache", Owner: lockstore.ReadOwner(ownerA), TTL: 2 * time.Second})
 	if err != nil || !got.Acquired {
 		t.Fatalf("read acquire = %+v, %v", got, err)
 	}
@@ -210,17 +208,17 @@ func TestReadHoldsAndAWaitingWriter(t *testing.T) {
 	ra, rc := lockstore.ReadOwner(ownerA), lockstore.ReadOwner("cccccccccccccccccccccccccccccccc")
 	const k, ttl = "lock:k", 2 * time.Second
 
-	first, err := a.Acquire(ctx, k, ra, ttl, "host=r")
+	first, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: ra, TTL: ttl, Meta: "host=r"})
 	if err != nil || !first.Acquired || first.Reentered || first.Fence <= 0 {
 		t.Fatalf("read = %+v, %v", first, err)
 	}
 	if get(t, cli, k) != nil {
 		t.Fatal("a read hold wrote the lock key itself")
 	}
-	if again, err := a.Acquire(ctx, k, ra, ttl, ""); err != nil || !again.Reentered || again.Fence != first.Fence {
+	if again, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: ra, TTL: ttl}); err != nil || !again.Reentered || again.Fence != first.Fence {
 		t.Fatalf("read re-entry = %+v, %v; want reentered with fence %d", again, err, first.Fence)
 	}
-	shared, err := b.Acquire(ctx, k, rc, ttl, "")
+	shared, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: rc, TTL: ttl})
 	if err != nil || !shared.Acquired {
 		t.Fatalf("a second read = %+v, %v; want shared", shared, err)
 	}
@@ -234,7 +232,7 @@ func TestReadHoldsAndAWaitingWriter(t *testing.T) {
 		t.Fatalf("refresh of a read hold never taken: %v", err)
 	}
 
-	w, err := b.Acquire(ctx, k, ownerB, ttl, "host=w")
+	w, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl, Meta: "host=w"})
 	if err != nil || w.Acquired || w.HolderTTL != 3*time.Second || !strings.HasPrefix(w.Holder, "host=") {
 		t.Fatalf("write beside reads = %+v, %v; want busy with a reader's lease TTL and metadata", w, err)
 	}
@@ -242,10 +240,10 @@ func TestReadHoldsAndAWaitingWriter(t *testing.T) {
 		t.Fatal("a writer refused by reads left no writer mark")
 	}
 	late := lockstore.ReadOwner("dddddddddddddddddddddddddddddddd")
-	if r, err := a.Acquire(ctx, k, late, ttl, ""); err != nil || r.Acquired || r.HolderTTL <= 0 || r.Holder != "" {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: late, TTL: ttl}); err != nil || r.Acquired || r.HolderTTL <= 0 || r.Holder != "" {
 		t.Fatalf("a new read while a writer waits = %+v, %v; want busy, naming no holder", r, err)
 	}
-	if r, err := a.Acquire(ctx, k, ra, ttl, ""); err != nil || !r.Reentered {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: ra, TTL: ttl}); err != nil || !r.Reentered {
 		t.Fatalf("re-entry of a read hold while a writer waits = %+v, %v; want reentered", r, err)
 	}
 
@@ -269,27 +267,27 @@ func TestReadHoldsAndAWaitingWriter(t *testing.T) {
 		t.Fatal("the end of the last read hold did not wake the writer's watch")
 	}
 
-	wrote, err := b.Acquire(ctx, k, ownerB, ttl, "")
+	wrote, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl})
 	if err != nil || !wrote.Acquired || wrote.Fence <= max(first.Fence, shared.Fence) {
 		t.Fatalf("write after the reads = %+v, %v; want a fence above %d", wrote, err, max(first.Fence, shared.Fence))
 	}
 	if get(t, cli, writerKey(k)) != nil {
 		t.Fatal("the write grant left the writer mark")
 	}
-	if r, err := a.Acquire(ctx, k, late, ttl, ""); err != nil || r.Acquired || r.HolderTTL != 3*time.Second {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: late, TTL: ttl}); err != nil || r.Acquired || r.HolderTTL != 3*time.Second {
 		t.Fatalf("read while a writer holds = %+v, %v; want busy", r, err)
 	}
 	if _, err := b.Release(ctx, k, ownerB, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	after, err := a.Acquire(ctx, k, late, ttl, "")
+	after, err := a.Acquire(ctx, lockstore.Request{Key: k, Owner: late, TTL: ttl})
 	if err != nil || !after.Acquired || after.Fence < wrote.Fence {
 		t.Fatalf("read after the write = %+v, %v; want a fence of at least %d", after, err, wrote.Fence)
 	}
 	if _, err := a.Release(ctx, k, late, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	next, err := b.Acquire(ctx, k, ownerA, ttl, "")
+	next, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: ttl})
 	if err != nil || !next.Acquired || next.Fence <= after.Fence {
 		t.Fatalf("the next write = %+v, %v; want a fence above the read's %d", next, err, after.Fence)
 	}
@@ -308,19 +306,19 @@ func TestWriterMarkEndsWithItsDeadline(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	const k, ttl = "lock:k", 2 * time.Second
-	if r, err := s.Acquire(ctx, k, lockstore.ReadOwner(ownerA), ttl, ""); err != nil || !r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: lockstore.ReadOwner(ownerA), TTL: ttl}); err != nil || !r.Acquired {
 		t.Fatalf("read = %+v, %v", r, err)
 	}
-	if r, err := s.Acquire(ctx, k, ownerB, ttl, ""); err != nil || r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: ttl}); err != nil || r.Acquired {
 		t.Fatalf("write beside a read = %+v, %v", r, err)
 	}
 	marked := time.Now()
 	late := lockstore.ReadOwner(ownerB)
-	if r, err := s.Acquire(ctx, k, late, ttl, ""); err != nil || r.Acquired {
+	if r, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: late, TTL: ttl}); err != nil || r.Acquired {
 		t.Fatalf("read while the writer waits = %+v, %v; want busy", r, err)
 	}
 	waitFor(t, 5*time.Second, "a read after the gone writer's deadline", func() bool {
-		r, err := s.Acquire(ctx, k, late, ttl, "")
+		r, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: late, TTL: ttl})
 		return err == nil && r.Acquired
 	})
 	if took := time.Since(marked); took < 2500*time.Millisecond {

@@ -7,9 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Refresh implements lockstore.Store: RefreshAll of one lock.
@@ -17,7 +18,7 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	return s.RefreshAll(ctx, []lockstore.Renewal{{Key: key, Owner: owner, TTL: ttl}})[0]
 }
 
-// RefreshAll implements lockstore.BatchRefresher. When it returns nil for a lock, the lock
+// RefreshAll implements lockstore.Store. When it returns nil for a lock, the lock
 // lives at least its TTL counted from the moment RefreshAll was called: a keep-alive of the
 // lease the key is on, sent after that moment, succeeded (one per distinct lease, shared with
 // the store's other keep-alives of it), and a read of the key after that moment found it

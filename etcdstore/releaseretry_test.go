@@ -8,6 +8,7 @@ import (
 
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // A release that fails while etcd cannot be reached (its outcome unknown) is retried by the
@@ -22,7 +23,7 @@ func TestFailedReleaseIsRetriedSoonAfterTheOutage(t *testing.T) {
 	other := newStore(t, c.Client(t))
 	ctx := bg(t)
 	const ttl = 10 * time.Second
-	if got, err := cut.Acquire(ctx, "lock:r", ownerA, ttl, ""); err != nil || !got.Acquired {
+	if got, err := cut.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	p.Stall(time.Hour) // etcd stops answering this process
@@ -36,7 +37,7 @@ func TestFailedReleaseIsRetriedSoonAfterTheOutage(t *testing.T) {
 	p.Cut()                     // etcd answers again (the client reconnects)
 	healed := time.Now()
 	for {
-		got, err := other.Acquire(ctx, "lock:r", ownerB, ttl, "")
+		got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerB, TTL: ttl})
 		if err == nil && got.Acquired {
 			break
 		}

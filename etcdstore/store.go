@@ -9,9 +9,10 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/flightlock/flightlock/internal/mapshrink"
 	"github.com/flightlock/flightlock/lockstore"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // DefaultLeaseMargin is how much longer than the lock TTL the store's etcd leases last.
@@ -74,7 +75,7 @@ type Store struct {
 	// unsent lists the owners whose acquisition of a key gave up before any request went out
 	// (guarded by mu, bounded like waitRev), so that its give-back costs no round trip.
 	unsent map[entryKey]struct{}
-	// places are the places in fair lines that this store's callers of AcquireFair hold
+	// places are the places in fair lines that this store's fair acquirers hold
 	// (guarded by mu, bounded like waitRev): a place forgotten early costs its owner a refusal
 	// and a lease grant, never its rank (its key keeps its create revision).
 	places  map[entryKey]place

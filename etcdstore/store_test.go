@@ -8,16 +8,14 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/lockstore"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // The store is what the Locker takes.
-var (
-	_ lockstore.Store          = (*Store)(nil)
-	_ lockstore.BatchRefresher = (*Store)(nil)
-)
+var _ lockstore.Store = (*Store)(nil)
 
 // Acquire takes a free key in one transaction on the TTL's lease, re-enters it for the same
 // owner (same fence, hold count unchanged), and refuses another owner with the holder's lease
@@ -27,7 +25,7 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 	ctx := bg(t)
 	a, b := newStore(t, cli), newStore(t, cli)
 
-	got, err := a.Acquire(ctx, "lock:k", ownerA, 5*time.Second, "host=h pid=1")
+	got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 5 * time.Second, Meta: "host=h pid=1"})
 	if err != nil || !got.Acquired || got.Reentered || got.Fence <= 0 {
 		t.Fatalf("first acquire = %+v, %v; want acquired with a fence", got, err)
 	}
@@ -43,7 +41,7 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 		t.Fatalf("lease TTL %ds, want 6s (5s + 1s margin)", ttl)
 	}
 
-	again, err := a.Acquire(ctx, "lock:k", ownerA, 5*time.Second, "")
+	again, err := a.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 5 * time.Second})
 	if err != nil || !again.Acquired || !again.Reentered || again.Fence != got.Fence {
 		t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, got.Fence)
 	}
@@ -52,12 +50,12 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 	}
 	// The same owner through another store (a re-sent acquisition that reached etcd through
 	// another connection) re-enters too.
-	if other, err := b.Acquire(ctx, "lock:k", ownerA, 5*time.Second, ""); err != nil || !other.Reentered || other.Fence != got.Fence {
+	if other, err := b.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 5 * time.Second}); err != nil || !other.Reentered || other.Fence != got.Fence {
 		t.Fatalf("re-entry through another store = %+v, %v", other, err)
 	}
 
 	for i := range 2 {
-		busy, err := b.Acquire(ctx, "lock:k", ownerB, 5*time.Second, "")
+		busy, err := b.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerB, TTL: 5 * time.Second})
 		if err != nil || busy.Acquired || busy.HolderTTL != 6*time.Second || busy.Holder != "host=h pid=1" {
 			t.Fatalf("other owner (try %d) = %+v, %v; want busy with the holder's lease TTL and metadata", i, busy, err)
 		}
@@ -73,7 +71,7 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 		t.Fatalf("the waiter mark is on lease %x, want the waiter's own (holder's %x)", w.Lease, kv.Lease)
 	}
 	// A token that is a prefix of the holder's does not pass the owner check.
-	if res, err := b.Acquire(ctx, "lock:k", ownerA[:8], 5*time.Second, ""); err != nil || res.Acquired {
+	if res, err := b.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA[:8], TTL: 5 * time.Second}); err != nil || res.Acquired {
 		t.Fatalf("prefix of the owner token: %+v, %v", res, err)
 	}
 	if n, err := a.Release(ctx, "lock:k", ownerA, "", 0); err != nil || n != 1 {
@@ -83,7 +81,7 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 		t.Fatal("release left the lock or its waiter mark")
 	}
 	// An uncontended release notifies nobody.
-	if _, err := a.Acquire(ctx, "lock:k", ownerA, 5*time.Second, ""); err != nil {
+	if _, err := a.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := a.Release(ctx, "lock:k", ownerA, "", 0); err != nil || n != 0 {
@@ -97,7 +95,7 @@ func TestReleaseAndRefreshAreOwnerChecked(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	a, b := newStore(t, cli), newStore(t, cli)
-	if _, err := a.Acquire(ctx, "lock:o", ownerA, 5*time.Second, "meta"); err != nil {
+	if _, err := a.Acquire(ctx, lockstore.Request{Key: "lock:o", Owner: ownerA, TTL: 5 * time.Second, Meta: "meta"}); err != nil {
 		t.Fatal(err)
 	}
 	before := get(t, cli, "lock:o")
@@ -124,7 +122,7 @@ func TestReleaseAndRefreshAreOwnerChecked(t *testing.T) {
 	if _, err := a.Release(ctx, "lock:o", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("second release: %v, want ErrNotHeld", err)
 	}
-	next, err := b.Acquire(ctx, "lock:o", ownerB, 5*time.Second, "")
+	next, err := b.Acquire(ctx, lockstore.Request{Key: "lock:o", Owner: ownerB, TTL: 5 * time.Second})
 	if err != nil || !next.Acquired {
 		t.Fatal(next, err)
 	}
@@ -156,7 +154,7 @@ func TestReenterNamedHolds(t *testing.T) {
 	if get(t, cli, "lock:r") != nil {
 		t.Fatal("re-enter took a free key")
 	}
-	held, err := a.Acquire(ctx, "lock:r", ownerA, 5*time.Second, "")
+	held, err := a.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: 5 * time.Second})
 	if err != nil || !held.Acquired {
 		t.Fatal(held, err)
 	}
@@ -218,7 +216,7 @@ func TestReenterNamedHolds(t *testing.T) {
 	if _, err := b.Release(ctx, "lock:r", ownerA, "h1", 0); !errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("re-sent last release: %v, want ErrNotHeld", err)
 	}
-	next, err := a.Acquire(ctx, "lock:r", ownerB, time.Second, "")
+	next, err := a.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerB, TTL: time.Second})
 	if err != nil || next.Fence <= handed {
 		t.Fatalf("fence after the owner handed out up to %d = %d (%v)", handed, next.Fence, err)
 	}
@@ -235,7 +233,7 @@ func TestLastFenceRaisesTheNextFence(t *testing.T) {
 	s := newStore(t, cli)
 	acquire := func(owner string) int64 {
 		t.Helper()
-		got, err := s.Acquire(ctx, "lock:h", owner, 5*time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: owner, TTL: 5 * time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatal(got, err)
 		}
@@ -267,7 +265,7 @@ func TestLastFenceRaisesTheNextFence(t *testing.T) {
 		t.Fatalf("fence %d after handoffs up to %d", g, handed)
 	}
 	// Re-entry reports the fence of the holding, floor included.
-	if again, err := s.Acquire(ctx, "lock:h", ownerA, 5*time.Second, ""); err != nil || again.Fence != g {
+	if again, err := s.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerA, TTL: 5 * time.Second}); err != nil || again.Fence != g {
 		t.Fatalf("re-entry = %+v, %v; want fence %d", again, err, g)
 	}
 	// A refused release moves no floor.
@@ -314,7 +312,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 	var last int64
 	for i := range 60 {
 		s, owner := stores[i%2], []string{ownerA, ownerB}[i%3%2]
-		got, err := s.Acquire(ctx, "lock:f", owner, 5*time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: owner, TTL: 5 * time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatalf("acquire %d: %+v %v", i, got, err)
 		}
@@ -345,7 +343,7 @@ func TestTTLThatCannotBeHonouredIsRefused(t *testing.T) {
 		ctx := bg(t)
 		s := newStore(t, cli)
 		for _, ttl := range []time.Duration{1500 * time.Millisecond, 500 * time.Millisecond, time.Second + time.Nanosecond} {
-			if _, err := s.Acquire(ctx, "lock:t", ownerA, ttl, ""); err == nil || !strings.Contains(err.Error(), "whole seconds") {
+			if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:t", Owner: ownerA, TTL: ttl}); err == nil || !strings.Contains(err.Error(), "whole seconds") {
 				t.Fatalf("Acquire with TTL %v: %v, want a refusal naming whole seconds", ttl, err)
 			}
 			if err := s.Refresh(ctx, "lock:t", ownerA, ttl); err == nil {
@@ -367,7 +365,7 @@ func TestTTLThatCannotBeHonouredIsRefused(t *testing.T) {
 		ctx := bg(t)
 		s := newStore(t, cli)
 		for range 2 {
-			_, err := s.Acquire(ctx, "lock:t", ownerA, 2*time.Second, "")
+			_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:t", Owner: ownerA, TTL: 2 * time.Second})
 			if err == nil || !strings.Contains(err.Error(), "cannot be honoured") {
 				t.Fatalf("Acquire with TTL 2s under a 5s minimum: %v, want a refusal", err)
 			}
@@ -375,7 +373,7 @@ func TestTTLThatCannotBeHonouredIsRefused(t *testing.T) {
 		if ls, err := cli.Leases(ctx); err != nil || len(ls.Leases) != 0 {
 			t.Fatalf("the raised lease was not revoked: %v %v", ls, err)
 		}
-		if got, err := s.Acquire(ctx, "lock:t", ownerA, 4*time.Second, ""); err != nil || !got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:t", Owner: ownerA, TTL: 4 * time.Second}); err != nil || !got.Acquired {
 			t.Fatalf("Acquire with TTL 4s (a 5s lease): %+v %v", got, err)
 		}
 	})
@@ -398,7 +396,7 @@ func TestBadArguments(t *testing.T) {
 		{"negative ttl", "k", ownerA, -time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := s.Acquire(ctx, tc.key, tc.owner, tc.ttl, ""); err == nil {
+			if _, err := s.Acquire(ctx, lockstore.Request{Key: tc.key, Owner: tc.owner, TTL: tc.ttl}); err == nil {
 				t.Fatal("Acquire accepted it")
 			}
 			if err := s.Refresh(ctx, tc.key, tc.owner, tc.ttl); err == nil {
@@ -434,14 +432,14 @@ func TestOddKeys(t *testing.T) {
 	ctx := bg(t)
 	s := newStore(t, cli)
 	for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a b", "{tag}x", strings.Repeat("k", 4096)} {
-		got, err := s.Acquire(ctx, key, ownerA, 5*time.Second, "m\nx y")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 5 * time.Second, Meta: "m\nx y"})
 		if err != nil || !got.Acquired {
 			t.Fatalf("acquire %q: %+v %v", key, got, err)
 		}
 		if leaseTTL(t, cli, key) <= 0 {
 			t.Fatalf("%q written without a live lease", key)
 		}
-		if busy, err := s.Acquire(ctx, key, ownerB, 5*time.Second, ""); err != nil || busy.Holder != "m\nx y" {
+		if busy, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 5 * time.Second}); err != nil || busy.Holder != "m\nx y" {
 			t.Fatalf("busy %q: %+v %v", key, busy, err)
 		}
 		if _, err := s.Release(ctx, key, ownerA, "", 0); err != nil {
@@ -458,12 +456,12 @@ func TestStoreDownHonoursDeadlines(t *testing.T) {
 	s := newStore(t, cli)
 	ctx := bg(t)
 	for _, k := range []string{"lock:d", "lock:k"} {
-		if _, err := s.Acquire(ctx, k, ownerA, 10*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A lease for 1s locks, so that the acquisition below goes out on it.
-	if _, err := s.Acquire(ctx, "lock:s", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:s", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Release(ctx, "lock:s", ownerA, "", 0); err != nil {
@@ -472,11 +470,11 @@ func TestStoreDownHonoursDeadlines(t *testing.T) {
 	c.Members[0].Kill()
 	calls := map[string]func(context.Context) error{
 		"Acquire": func(ctx context.Context) error {
-			_, err := s.Acquire(ctx, "lock:e", ownerA, time.Second, "")
+			_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:e", Owner: ownerA, TTL: time.Second})
 			return err
 		},
 		"Acquire new TTL": func(ctx context.Context) error {
-			_, err := s.Acquire(ctx, "lock:e", ownerA, 7*time.Second, "")
+			_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:e", Owner: ownerA, TTL: 7 * time.Second})
 			return err
 		},
 		"Refresh": func(ctx context.Context) error { return s.Refresh(ctx, "lock:k", ownerA, 10*time.Second) },
@@ -538,10 +536,10 @@ func TestUnrefreshedLockIsReleasedAfterItsTTL(t *testing.T) {
 	ctx := bg(t)
 	s, other := newStore(t, cli), newStore(t, cli)
 	start := time.Now()
-	if _, err := s.Acquire(ctx, "lock:f", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctx, "lock:g", ownerA, 2*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:g", Owner: ownerA, TTL: 2 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	w, err := other.Watch(ctx, "lock:f")
@@ -567,7 +565,7 @@ func TestUnrefreshedLockIsReleasedAfterItsTTL(t *testing.T) {
 	if get(t, cli, "lock:g") == nil {
 		t.Fatal("a refreshed lock was released")
 	}
-	if got, err := other.Acquire(ctx, "lock:f", ownerB, time.Second, ""); err != nil || !got.Acquired {
+	if got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: ownerB, TTL: time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("the released lock: %+v %v", got, err)
 	}
 }
@@ -584,12 +582,12 @@ func TestCloseLeavesHeldKeysToTheirTTL(t *testing.T) {
 	}
 	defer s.Close()
 	const ttl = 2 * time.Second
-	if got, err := s.Acquire(ctx, "lock:held", ownerA, ttl, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:held", Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	held := get(t, cli, "lock:held")
 	// A lease of another TTL that nothing is on any more.
-	if _, err := s.Acquire(ctx, "lock:freed", ownerA, 3*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:freed", Owner: ownerA, TTL: 3 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Release(ctx, "lock:freed", ownerA, "", 0); err != nil {
@@ -606,7 +604,7 @@ func TestCloseLeavesHeldKeysToTheirTTL(t *testing.T) {
 		t.Fatalf("%d leases after Close, want only the one under the held lock", n)
 	}
 	other := newStore(t, cli)
-	if got, err := other.Acquire(ctx, "lock:held", ownerB, ttl, ""); err != nil || got.Acquired {
+	if got, err := other.Acquire(ctx, lockstore.Request{Key: "lock:held", Owner: ownerB, TTL: ttl}); err != nil || got.Acquired {
 		t.Fatalf("another owner after Close = %+v, %v; want busy", got, err)
 	}
 	// Nothing keeps the lease alive any more: it runs out within TTL + margin.

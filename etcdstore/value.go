@@ -56,11 +56,11 @@ func readDir(k string) string { return sideDir(k) + "r/" }
 func readKey(k, owner string) string { return readDir(k) + owner }
 
 // lineDir is the directory of k's fair line: one key per waiting owner, placeKey, ordered by
-// create revision (see AcquireFair).
+// create revision (see acquireFair).
 func lineDir(k string) string { return sideDir(k) + "q/" }
 
 // placeKey names owner's place in k's fair line, on a lease of its own that lives the caller's
-// queue time after its last AcquireFair.
+// queue time after its last fair Acquire.
 func placeKey(k, owner string) string { return lineDir(k) + owner }
 
 // Kinds of the keys under a sideDir.

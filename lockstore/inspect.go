@@ -99,7 +99,7 @@ type LockInfo struct {
 	// own): the Redis store shows the readers' marker, which ForceUnlock needs, etcd and
 	// ZooKeeper none.
 	Readers int
-	// Queued counts the places in the key's fair line (lockstore.FairQueuer): processes'
+	// Queued counts the places in the key's fair line (a Request with Asked): processes'
 	// requests waiting in order for it.
 	Queued int
 	// Unrecognized is the raw value (or the read's error, in parentheses) of a key under the

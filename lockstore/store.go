@@ -1,8 +1,8 @@
 // Package lockstore is what the flightlock core asks of a lock store, and what tools read of
 // one: the Store interface (acquire re-entrant for the same owner and minting a fencing token,
-// refresh, owner-checked release with a notification to waiters, the remaining TTL, and a
-// watch of one key's release), its optional extensions (BatchRefresher, Passer,
-// HandoffLimiter), the Inspector that lists, looks up, force-unlocks and watches locks, and
+// refresh, owner-checked release with a notification to waiters, fair lines, the remaining TTL,
+// and a watch of one key's release) with what differs between stores as Capabilities, its one
+// optional extension (Passer), the Inspector that lists, looks up, force-unlocks and watches locks, and
 // the types they share. Each store sits in a package of its own and owns its value format:
 // Redis in lockstore/redisstore (with lockstore/embedded for an in-process miniredis), etcd
 // in etcdstore. The package imports the standard library only and knows nothing about
@@ -12,6 +12,7 @@ package lockstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -38,14 +39,74 @@ type Acquisition struct {
 	Holder string
 }
 
-// Store is what flightlock needs from a lock backend. Implementations are safe for concurrent
-// use. Keys are full backend keys (prefix included); owners are opaque tokens without spaces.
+// Request is one acquisition: what Store.Acquire is asked to take.
+type Request struct {
+	// Key is the full store key (prefix included).
+	Key string
+	// Owner is the caller's token, without spaces. A token made by ReadOwner asks for a read
+	// hold (see ReadOwner); any other, for the key itself.
+	Owner string
+	// TTL is how long the lock lives without a refresh.
+	TTL time.Duration
+	// Meta is optional text kept with the lock for operators (who holds it); it may be empty.
+	Meta string
+	// Asked, when not zero, makes the acquisition fair: granted in request order across
+	// processes. It is when the caller's Lock began (the store may clamp it to its own clock,
+	// less a bound on clock skew); each fair acquirer takes a place in the key's line, ordered
+	// by Asked, and only the first in line may take the free key. A grant leaves the line.
+	Asked time.Time
+	// Queue, for a fair acquisition, is how long the caller's place lives without another
+	// Acquire from it: a waiter that stops asking (its process died) leaves the line by itself
+	// after Queue. 0 takes the key only when nobody is in line before the caller and takes no
+	// place (a TryLock). Busy replies of a fair acquisition have HolderTTL 0 when the key is
+	// free but others are first in line.
+	Queue time.Duration
+}
+
+// Capabilities states what differs between stores, as data the Locker reads once when it is
+// made. The zero value is a store without limits that watches each key on its own.
+type Capabilities struct {
+	// Name is the store's name as rules and metrics spell it: "redis", "etcd", "zookeeper".
+	Name string
+	// MaxHandoffs bounds the in-process handoffs under one grant, 0 when there is no bound.
+	// The Locker hands a held lock from goroutine to goroutine with the fences grant+1,
+	// grant+2, ..., and the store's next grant must exceed all of them even when the holder
+	// dies without releasing (and so without reporting the last one). etcd derives fences
+	// from revisions with 2^20 fences of room per grant, ZooKeeper from zxids with 2^16; the
+	// Redis store's hybrid clock needs no bound. New refuses a WithHandoff bound above it.
+	MaxHandoffs int
+	// MaxTTL is the longest lock TTL the store keeps, 0 when there is no bound (ZooKeeper: a
+	// share of its session timeout). MaxTTLReason completes the error that refuses a longer
+	// one, "a lock TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
+	MaxTTL       time.Duration
+	MaxTTLReason string
+	// SharedWatch is true when Watch calls on one key share one subscription, so that many
+	// watchers of a key cost about what one does (Redis). The Locker watches a semaphore's
+	// permits only on such a store, where every waiting taker watches every permit; elsewhere
+	// (etcd: a watch and a goroutine per call) its takers look again at the retry delays only.
+	SharedWatch bool
+}
+
+// CheckTTL returns why the store cannot keep a lock for ttl, or nil when it can.
+func (c Capabilities) CheckTTL(ttl time.Duration) error {
+	if c.MaxTTL > 0 && ttl > c.MaxTTL {
+		return fmt.Errorf("a lock TTL of %v is longer than %s", ttl, c.MaxTTLReason)
+	}
+	return nil
+}
+
+// Store is what flightlock needs from a lock backend: one contract for every store, with what
+// differs between them stated in Capabilities. Implementations are safe for concurrent use.
+// Keys are full backend keys (prefix included); owners are opaque tokens without spaces. The
+// storetest package checks an implementation against this contract.
 type Store interface {
-	// Acquire takes key for owner for ttl, or re-enters it if owner holds it already. meta is
-	// optional text kept with the lock for operators (who holds it); it may be empty.
-	// Acquiring again with the same owner is idempotent, so a request that a client re-sent
-	// after a timeout does no harm.
-	Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (Acquisition, error)
+	// Capabilities describes the store; it does not change after the store is made.
+	Capabilities() Capabilities
+	// Acquire takes req.Key for req.Owner for req.TTL, or re-enters it if the owner holds it
+	// already (Reentered; the TTL is reset). Acquiring again with the same owner is
+	// idempotent, so a request that a client re-sent after a timeout does no harm. A read
+	// owner (ReadOwner) takes a read hold, and a non-zero Asked a place in the key's line.
+	Acquire(ctx context.Context, req Request) (Acquisition, error)
 	// Reenter re-enters key for owner, a token handed over by another process, only when owner
 	// holds key now: it adds the hold named hold (Release with that name gives it up; naming
 	// it twice adds it once, so a re-sent call does no harm) and raises the TTL to ttl if the
@@ -54,6 +115,12 @@ type Store interface {
 	// Refresh makes key live at least ttl more if owner holds it (it never shortens a lock),
 	// and returns ErrNotHeld otherwise.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
+	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
+	// the error Refresh would have returned for it (nil: it lives at least its TTL more). The
+	// watchdog sends the renewals that fall due together as one call: a store makes it one
+	// round trip (or a few), so that a slow store cannot cap how many locks a process keeps
+	// alive.
+	RefreshAll(ctx context.Context, batch []Renewal) []error
 	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
 	// "", or the re-entry named hold. The last hold deletes key and notifies waiters, and
 	// Release returns how many waiters elsewhere were told. lastFence is the largest fence the
@@ -61,6 +128,9 @@ type Store interface {
 	// get larger fences. It returns ErrNotHeld, and changes nothing, when owner does not hold
 	// key or that hold was given up already.
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
+	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
+	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
+	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
 	// Watch starts listening for releases of key. The returned Watch must be closed. A release
@@ -77,21 +147,14 @@ type Renewal struct {
 	TTL        time.Duration
 }
 
-// BatchRefresher is a Store that refreshes many locks in one round trip. flightlock's watchdog
-// uses it when the store has it: the renewals that fall due together then cost one round trip
-// and one goroutine between them, not one each, and a slow store cannot cap how many
-// locks a process keeps alive.
-type BatchRefresher interface {
-	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
-	// the error Refresh would have returned for it (nil: it lives at least its TTL more).
-	RefreshAll(ctx context.Context, batch []Renewal) []error
-}
-
-// Passer is a Store that can keep a lock in its holder's process at the end of a turn. The
-// Locker hands a held lock from goroutine to goroutine within bounds (WithHandoff); at the
-// bound the turn ends, and without a Passer the lock goes back to the store (a release) and the
-// next local waiter acquires it again: two round trips. With one, it costs one, and the release
-// happens only when a waiter elsewhere asked for the key while it was held.
+// Passer is a Store that can keep a lock in its holder's process at the end of a turn. It is
+// optional because keeping a lock needs the store to know, atomically with the end of the
+// turn, whether anyone elsewhere asked for the key while it was held; a store that cannot tell
+// loses nothing without it. The Locker hands a held lock from goroutine to goroutine within
+// bounds (WithHandoff); at the bound the turn ends, and without a Passer the lock goes back to
+// the store (a release) and the next local waiter acquires it again: two round trips. With
+// one, it costs one, and the release happens only when a waiter elsewhere asked for the key
+// while it was held.
 type Passer interface {
 	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
 	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
@@ -101,34 +164,12 @@ type Passer interface {
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
-// HandoffLimiter is a Store whose fences leave room for a bounded number of in-process
-// handoffs under one grant: the Locker hands a held lock from goroutine to goroutine with the
-// fences grant+1, grant+2, ..., and the store's next grant must exceed all of them even when
-// the holder dies without releasing (and so without reporting the last one). The etcd store
-// derives fences from revisions, with 2^20 fences of room per grant; the Redis store's hybrid
-// clock needs no bound and does not implement this. New and With refuse a WithHandoff bound
-// above MaxHandoffs.
-type HandoffLimiter interface {
-	MaxHandoffs() int
-}
-
-// TTLChecker is a Store that keeps locks only up to some TTL (the ZooKeeper store: a share of
-// its session timeout). New and With refuse a Locker whose TTL CheckTTL refuses, with its reason.
-type TTLChecker interface {
-	CheckTTL(ttl time.Duration) error
-}
-
-// SharedWatcher is a Store whose Watch calls on one key share one subscription, so that many
-// watchers of a key cost about what one does. The Locker watches a semaphore's permits only on
-// such a store, where every waiting taker watches every permit; elsewhere (etcd: a watch and a
-// goroutine per call) its takers look again at the retry delays only.
-type SharedWatcher interface {
-	SharesWatches()
-}
-
 // ReadOwner returns the owner token of a read hold: token (one the caller minted, as for any
-// owner) marked so that a ReadWriter store takes, refreshes and releases a read hold with it.
-// Store methods given such an owner act on the key's read holds:
+// owner) marked so that the store takes, refreshes and releases a read hold with it. The mode
+// lives in the owner, not in an argument of each call, because the owner names the hold in
+// every later call (Refresh, RefreshAll, Release, and a give-back of an acquisition whose reply
+// was lost): a read hold then cannot be released or refreshed as a write, or the other way
+// round. Store methods given such an owner act on the key's read holds:
 //   - Acquire takes a read hold of key, shared with the other read holds of key. It is refused
 //     (Acquired false, with the holder's TTL) while a write hold (an owner not made by
 //     ReadOwner) holds key, and while a writer that was refused because of the read holds waits
@@ -152,28 +193,6 @@ func IsReadOwner(owner string) bool { return strings.HasPrefix(owner, readOwnerM
 // readOwnerMark starts the owner token of a read hold. The tokens flightlock mints are unpadded
 // base64url, which never contains it.
 const readOwnerMark = "~"
-
-// ReadWriter is a Store that keeps read-write locks: it understands the owners ReadOwner makes.
-// A Locker takes read locks (WithRead) only on such a store.
-type ReadWriter interface {
-	SharesReads()
-}
-
-// FairQueuer is a Store that grants a key in request order across processes (a Locker made
-// WithFair): each acquirer takes a place in the key's queue, ordered by when it asked, and only
-// the first in line may take the free key.
-type FairQueuer interface {
-	// AcquireFair is Acquire in request order. asked is when the caller's Lock began (the
-	// store may clamp it to its own clock, less a bound on clock skew); queue, when positive, is
-	// how long the caller's place lives without another AcquireFair from it: a waiter that
-	// stops asking (its process died) leaves the line by itself after queue. queue 0 takes the
-	// key only when nobody is in line before the caller and takes no place (TryLock). Acquired
-	// leaves the line. Busy replies have HolderTTL 0 when the key is free but others are first.
-	AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (Acquisition, error)
-	// LeaveQueue takes owner's place in key's line away (a waiter that gives up), and wakes the
-	// next in line when the key is free. Leaving a line one is not in does nothing.
-	LeaveQueue(ctx context.Context, key, owner string) error
-}
 
 // Watch delivers release notifications of one key. C receives a value after each release
 // (coalesced: a waiter only needs to know that it should try again). Close stops it.

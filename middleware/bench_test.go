@@ -17,7 +17,15 @@ import (
 // below then measure the middleware and the Locker, not a store's I/O.
 type instantStore struct{ fence atomic.Int64 }
 
-func (s *instantStore) Acquire(context.Context, string, string, time.Duration, string) (lockstore.Acquisition, error) {
+func (s *instantStore) Capabilities() lockstore.Capabilities { return lockstore.Capabilities{} }
+
+func (s *instantStore) RefreshAll(_ context.Context, batch []lockstore.Renewal) []error {
+	return make([]error, len(batch))
+}
+
+func (s *instantStore) LeaveQueue(context.Context, string, string) error { return nil }
+
+func (s *instantStore) Acquire(context.Context, lockstore.Request) (lockstore.Acquisition, error) {
 	return lockstore.Acquisition{Acquired: true, Fence: s.fence.Add(1)}, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
@@ -108,7 +107,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
 		if err != nil {
 			field := cr.spec.Field
-			if tc, ok := base.Store().(lockstore.TTLChecker); ok && cr.spec.TTL > 0 && tc.CheckTTL(cr.spec.TTL) != nil {
+			if cr.spec.TTL > 0 && base.Store().Capabilities().CheckTTL(cr.spec.TTL) != nil {
 				field += ".TTL" // longer than the store keeps a lock (ZooKeeper): name the setting to change
 			}
 			_ = m.Close()

@@ -139,7 +139,7 @@ func sameTrace(ctx context.Context, holder string) error {
 }
 
 // newStoreLocker opens the store of section (Lock.Etcd, Lock.Zookeeper) and builds the Locker
-// on it, under prefix + Prefix; a Lock.TTL the store cannot keep (lockstore.TTLChecker) is
+// on it, under prefix + Prefix; a Lock.TTL the store cannot keep (its Capabilities) is
 // refused naming Lock.TTL. The returned func closes the store.
 func newStoreLocker[S lockstore.Store](c LockConf, section, prefix string, open func() (S, func() error, error)) (*flightlock.Locker, func() error, error) {
 	store, closeStore, err := open()
@@ -147,8 +147,8 @@ func newStoreLocker[S lockstore.Store](c LockConf, section, prefix string, open 
 		return nil, nil, fmt.Errorf("%s: %w", section, err)
 	}
 	var l *flightlock.Locker
-	if tc, ok := any(store).(lockstore.TTLChecker); ok && tc.CheckTTL(c.TTL) != nil {
-		err = rules.FieldError("Lock.TTL", "%v", tc.CheckTTL(c.TTL))
+	if err = store.Capabilities().CheckTTL(c.TTL); err != nil {
+		err = rules.FieldError("Lock.TTL", "%v", err)
 	} else {
 		c.Prefix = prefix + c.Prefix
 		l, err = lockerOn(store, c)

@@ -16,10 +16,12 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/rest"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // WithStore builds the Locker from the LockConf on a shared store, and every lock it takes
@@ -99,7 +101,7 @@ func TestNewStoreLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	got, err := s.Acquire(context.Background(), "lock:n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", time.Second, "")
+	got, err := s.Acquire(context.Background(), lockstore.Request{Key: "lock:n", Owner: "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", TTL: time.Second})
 	if err != nil || !got.Acquired || !mr.Exists("lock:n") {
 		t.Fatalf("acquire: %+v %v", got, err)
 	}

@@ -1,6 +1,5 @@
 // Package zkstore keeps flightlock's locks in ZooKeeper: the lockstore.Store (with
-// lockstore.BatchRefresher, lockstore.HandoffLimiter, lockstore.ReadWriter,
-// lockstore.FairQueuer and an Inspector) on github.com/go-zookeeper/zk, for teams whose trusted
+// read holds, fair lines and an Inspector) on github.com/go-zookeeper/zk, for teams whose trusted
 // coordination service is a ZooKeeper ensemble. Only this package and the go-zero layer import
 // ZooKeeper: the Locker does not know which store it drives.
 //
@@ -61,7 +60,7 @@
 // A grant's fence is the creation zxid (czxid) of its key node shifted left by 16 bits: zxids
 // grow with every write of the ensemble, across leader changes, so the fences of successive
 // grants strictly grow, and the 16 bits leave room for 65,535 in-process handoffs under one
-// grant (MaxHandoffs).
+// grant (Capabilities.MaxHandoffs).
 //
 // # Calls and contexts
 //

@@ -39,7 +39,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // session, and sets the node's data once more to read its creation zxid (the fence). A key node
 // that exists is read: held by owner already (a re-sent acquisition), busy (and marked), or left
 // without holds by an expired session, which is deleted before another round.
-func (s *Store) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+//
+// A request with Asked takes a place in the key's line (acquireFair).
+func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if !req.Asked.IsZero() {
+		return s.acquireFair(ctx, req)
+	}
+	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := s.check(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
@@ -268,7 +274,7 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 // maxRefreshOps bounds the checks of one RefreshAll multi.
 const maxRefreshOps = 512
 
-// RefreshAll implements lockstore.BatchRefresher: the checks of many locks in one multi. When
+// RefreshAll implements lockstore.Store: the checks of many locks in one multi. When
 // it fails (one lock is gone), each lock is refreshed on its own to tell which.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))

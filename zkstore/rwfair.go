@@ -19,10 +19,9 @@ import (
 // readers before it left.
 const writerReserve = time.Second
 
-// SharesReads implements lockstore.ReadWriter. A read-held key node has the data "~r ..." and
-// one ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
+// Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
+// ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
 // held key), and readers refuse a marked node: writer preference.
-func (s *Store) SharesReads() {}
 
 // acquireRead takes a read hold of key for owner (lockstore.ReadOwner): a new readers' node with
 // the hold, or one more hold on a readers' node not marked by a waiting writer, created with a
@@ -96,14 +95,15 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 	return lockstore.Acquisition{}, nil
 }
 
-// AcquireFair implements lockstore.FairQueuer. A key's line is a node beside its key node
+// acquireFair is Acquire of a fair request (one with Asked). A key's line is a node beside its key node
 // (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
 // request reached the ensemble (their sequence numbers). asked is not used: ZooKeeper orders
 // them by construction, with no clock. The first in line takes a free key with a multi that
 // also deletes its place. A place lives as long as its session, so a waiter whose process died
 // leaves the line when its session expires (the session timeout, not queue), one that gives up
 // at once (LeaveQueue).
-func (s *Store) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl, meta, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Queue
 	if err := s.check(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
@@ -179,7 +179,7 @@ func (s *Store) dropPlace(line, owner string) {
 	s.mu.Unlock()
 }
 
-// LeaveQueue implements lockstore.FairQueuer: deletes owner's place. The next in line looks
+// LeaveQueue implements lockstore.Store: deletes owner's place. The next in line looks
 // again at its next look (the Locker's waiters look at least every FairLookEvery).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	line := s.linePath(key)

@@ -20,7 +20,7 @@ func TestRefreshOfAHolderForcedOutIsNotHeld(t *testing.T) {
 	srv := zktest.Start(t)
 	a, b := dial(t, srv.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	if r, err := a.Acquire(ctx, "k", "ownerX", 2*time.Second, ""); err != nil || !r.Acquired {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerX", TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}
 	in := NewInspector(b, "")
@@ -31,7 +31,7 @@ func TestRefreshOfAHolderForcedOutIsNotHeld(t *testing.T) {
 	if _, err := in.ForceUnlock(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := b.Acquire(ctx, "k", "ownerY", 2*time.Second, ""); err != nil || !r.Acquired {
+	if r, err := b.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerY", TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}
 	if err := a.Refresh(ctx, "k", "ownerX", 2*time.Second); !errors.Is(err, lockstore.ErrNotHeld) {
@@ -52,7 +52,7 @@ func TestBusyMarkNeverLandsOnTheNextOwnersNode(t *testing.T) {
 	srv := zktest.Start(t)
 	x, y, w := dial(t, srv.Addr), dial(t, srv.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	if r, err := x.Acquire(ctx, "k", "X", 2*time.Second, ""); err != nil || !r.Acquired {
+	if r, err := x.Acquire(ctx, lockstore.Request{Key: "k", Owner: "X", TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}
 	p := w.keyPath("k")
@@ -67,7 +67,7 @@ func TestBusyMarkNeverLandsOnTheNextOwnersNode(t *testing.T) {
 	if _, err := x.Release(ctx, "k", "X", "", 0); err != nil { // ...X released...
 		t.Fatal(err)
 	}
-	if r, err := y.Acquire(ctx, "k", "Y", 2*time.Second, ""); err != nil || !r.Acquired { // ...Y took it
+	if r, err := y.Acquire(ctx, lockstore.Request{Key: "k", Owner: "Y", TTL: 2 * time.Second}); err != nil || !r.Acquired { // ...Y took it
 		t.Fatal(r, err)
 	}
 	w.markBusy(ctx, p, data, stat, kids) // and the waiter's mark, built on its read, comes now
@@ -98,11 +98,11 @@ func TestLastTwoReadersReleasingTogetherLeaveTheKeyToTheWriter(t *testing.T) {
 		s     *Store
 		owner string
 	}{{a, r1}, {b, r2}} {
-		if r, err := c.s.Acquire(ctx, "k", c.owner, 2*time.Second, ""); err != nil || !r.Acquired {
+		if r, err := c.s.Acquire(ctx, lockstore.Request{Key: "k", Owner: c.owner, TTL: 2 * time.Second}); err != nil || !r.Acquired {
 			t.Fatal(r, err)
 		}
 	}
-	if r, _ := w.Acquire(ctx, "k", "writer", 2*time.Second, ""); r.Acquired {
+	if r, _ := w.Acquire(ctx, lockstore.Request{Key: "k", Owner: "writer", TTL: 2 * time.Second}); r.Acquired {
 		t.Fatal("a writer beside readers")
 	}
 	p := a.keyPath("k")
@@ -135,16 +135,16 @@ func TestReenteredFairAcquisitionLeavesItsPlace(t *testing.T) {
 	srv := zktest.Start(t)
 	a, b := dial(t, srv.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	if r, err := a.AcquireFair(ctx, "k", "X", 2*time.Second, "", time.Now(), 2*time.Second); err != nil || !r.Acquired {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "X", TTL: 2 * time.Second, Asked: time.Now(), Queue: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}
-	if r, err := a.AcquireFair(ctx, "k", "X", 2*time.Second, "", time.Now(), 2*time.Second); err != nil || !r.Reentered {
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "X", TTL: 2 * time.Second, Asked: time.Now(), Queue: 2 * time.Second}); err != nil || !r.Reentered {
 		t.Fatalf("X again: %+v %v", r, err)
 	}
 	if _, err := a.Release(ctx, "k", "X", "", 0); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := b.AcquireFair(ctx, "k", "Y", 2*time.Second, "", time.Now(), 2*time.Second); err != nil || !r.Acquired {
+	if r, err := b.Acquire(ctx, lockstore.Request{Key: "k", Owner: "Y", TTL: 2 * time.Second, Asked: time.Now(), Queue: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatalf("Y on the free key: %+v %v, want it (no place left before Y's)", r, err)
 	}
 }
@@ -155,10 +155,10 @@ func TestFairWaiterWhosePlaceIsGoneTakesAnother(t *testing.T) {
 	srv := zktest.Start(t)
 	a, z := dial(t, srv.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	if r, err := z.Acquire(ctx, "k", "Z", 2*time.Second, ""); err != nil || !r.Acquired {
+	if r, err := z.Acquire(ctx, lockstore.Request{Key: "k", Owner: "Z", TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}
-	if r, _ := a.AcquireFair(ctx, "k", "X", 2*time.Second, "", time.Now(), 2*time.Second); r.Acquired {
+	if r, _ := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "X", TTL: 2 * time.Second, Asked: time.Now(), Queue: 2 * time.Second}); r.Acquired {
 		t.Fatal("X took a held key")
 	}
 	place := a.placeOf(a.linePath("k"), "X")
@@ -170,7 +170,7 @@ func TestFairWaiterWhosePlaceIsGoneTakesAnother(t *testing.T) {
 	}
 	var got lockstore.Acquisition
 	for range 3 {
-		if got, _ = a.AcquireFair(ctx, "k", "X", 2*time.Second, "", time.Now(), 2*time.Second); got.Acquired {
+		if got, _ = a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "X", TTL: 2 * time.Second, Asked: time.Now(), Queue: 2 * time.Second}); got.Acquired {
 			break
 		}
 	}

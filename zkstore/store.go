@@ -77,19 +77,13 @@ type Store struct {
 	// owner: what Refresh checks. A hold's node goes with the session that made it, so the
 	// check of a node of this store's proves that its session still lives.
 	holds map[holdKey][]string // guarded by mu
-	// places are this store's places in fair lines (FairQueuer), per line node and owner.
+	// places are this store's places in fair lines (fair requests), per line node and owner.
 	places map[holdKey]string // guarded by mu
 }
 
 type holdKey struct{ node, owner string }
 
-var (
-	_ lockstore.Store          = (*Store)(nil)
-	_ lockstore.BatchRefresher = (*Store)(nil)
-	_ lockstore.HandoffLimiter = (*Store)(nil)
-	_ lockstore.ReadWriter     = (*Store)(nil)
-	_ lockstore.FairQueuer     = (*Store)(nil)
-)
+var _ lockstore.Store = (*Store)(nil)
 
 // errStoreClosed is returned by every call after Close.
 var errStoreClosed = errors.New("flightlock: zookeeper store closed")
@@ -281,17 +275,17 @@ func fourLetter(addr, word string, timeout time.Duration) (map[string]string, er
 // syncLimit + 1 ticks (see the package doc).
 func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
 
-// CheckTTL implements lockstore.TTLChecker: a Locker's TTL longer than MaxTTL is refused when
-// the Locker is made.
-func (s *Store) CheckTTL(ttl time.Duration) error {
-	if ttl > s.maxTTL {
-		return fmt.Errorf("a lock TTL of %v is longer than this ZooKeeper session keeps a lock (%v: two thirds of the %v session timeout less syncLimit + 1 ticks); shorten the TTL or lengthen the session", ttl, s.maxTTL, s.session)
+// Capabilities implements lockstore.Store: a Locker's TTL longer than MaxTTL is refused when
+// the Locker is made, and fences leave 16 bits below each grant's zxid for handoffs.
+func (s *Store) Capabilities() lockstore.Capabilities {
+	return lockstore.Capabilities{
+		Name:        "zookeeper",
+		MaxHandoffs: 1<<fenceShift - 1,
+		MaxTTL:      s.maxTTL,
+		MaxTTLReason: fmt.Sprintf("this ZooKeeper session keeps a lock (%v: two thirds of the %v session timeout less syncLimit + 1 ticks); shorten the TTL or lengthen the session",
+			s.maxTTL, s.session),
 	}
-	return nil
 }
-
-// MaxHandoffs implements lockstore.HandoffLimiter: fences leave 16 bits below each grant's zxid.
-func (s *Store) MaxHandoffs() int { return 1<<fenceShift - 1 }
 
 // fenceShift is how far a key node's creation zxid is shifted to make a fence: the room for
 // in-process handoffs under one grant. zxids carry the leader's epoch in their top 32 bits; 16
@@ -434,7 +428,7 @@ func (s *Store) check(key, owner string, ttl time.Duration) error {
 	case ttl <= 0:
 		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
 	case ttl > s.maxTTL:
-		return fmt.Errorf("flightlock: %w", s.CheckTTL(ttl))
+		return fmt.Errorf("flightlock: %w", s.Capabilities().CheckTTL(ttl))
 	}
 	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 const (
@@ -22,12 +24,12 @@ func TestEmbeddedClockMoves(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, "lock:m", ownerA, 50*time.Millisecond, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerA, TTL: 50 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		got, err := s.Acquire(ctx, "lock:m", ownerB, time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerB, TTL: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +51,7 @@ func TestEmbeddedCloseStopsServer(t *testing.T) {
 	}
 	addr := s.Client().(*redis.Client).Options().Addr
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, "lock:c", ownerA, time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerA, TTL: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -58,7 +60,7 @@ func TestEmbeddedCloseStopsServer(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if _, err := s.Acquire(ctx, "lock:c", ownerB, time.Second, ""); !errors.Is(err, redis.ErrClosed) {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:c", Owner: ownerB, TTL: time.Second}); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("acquire after Close: %v, want redis.ErrClosed", err)
 	}
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {

@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // gateHook holds the first single command sent while armed until release is closed, so a test
@@ -148,7 +149,7 @@ func TestBusyLanesBatchCalls(t *testing.T) {
 			if i%2 == 1 {
 				key = "lock:shared"
 			}
-			results[i], errs[i] = s.Acquire(ctx, key, "owner"+strconv.Itoa(i), time.Minute, "")
+			results[i], errs[i] = s.Acquire(ctx, lockstore.Request{Key: key, Owner: "owner" + strconv.Itoa(i), TTL: time.Minute})
 		}()
 	}
 	waitQueued(t, s, n)
@@ -193,7 +194,7 @@ func TestAbandonedCallIsNeverSent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := s.Acquire(ctx, "lock:late", ownerB, time.Minute, "")
+	_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:late", Owner: ownerB, TTL: time.Minute})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("queued acquire past its deadline: %v, want DeadlineExceeded", err)
 	}
@@ -204,7 +205,7 @@ func TestAbandonedCallIsNeverSent(t *testing.T) {
 	<-laneFree
 	// The lane took the queue when its call returned, found only the abandoned call, and sent
 	// nothing.
-	got, err := s.Acquire(context.Background(), "lock:probe", ownerA, time.Minute, "")
+	got, err := s.Acquire(context.Background(), lockstore.Request{Key: "lock:probe", Owner: ownerA, TTL: time.Minute})
 	if err != nil || !got.Acquired {
 		t.Fatalf("store unusable after an abandoned call: %+v %v", got, err)
 	}
@@ -224,7 +225,7 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := s.Acquire(ctx, "lock:nf"+strconv.Itoa(i), ownerA, time.Minute, "")
+			res, err := s.Acquire(ctx, lockstore.Request{Key: "lock:nf" + strconv.Itoa(i), Owner: ownerA, TTL: time.Minute})
 			if err == nil && !res.Acquired {
 				err = errors.New("not acquired")
 			}
@@ -278,7 +279,7 @@ func TestLanesComeBackAfterAStorm(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), d)
 					key := "lock:storm" + strconv.Itoa((g*31+i)%50)
 					owner := "o" + strconv.Itoa(g)
-					if res, err := b.store.Acquire(ctx, key, owner, time.Minute, ""); err == nil && res.Acquired {
+					if res, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: time.Minute}); err == nil && res.Acquired {
 						_, _ = b.store.Release(context.Background(), key, owner, "", 0)
 					}
 					cancel()
@@ -309,7 +310,7 @@ func TestAbandonedCallsDoNotPileUp(t *testing.T) {
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
 	for i := range 10 * compactAt {
-		if _, err := s.Acquire(done, "lock:gone"+strconv.Itoa(i), ownerA, time.Minute, ""); err == nil {
+		if _, err := s.Acquire(done, lockstore.Request{Key: "lock:gone" + strconv.Itoa(i), Owner: ownerA, TTL: time.Minute}); err == nil {
 			t.Fatal("acquire with a cancelled context succeeded while the lane hung")
 		}
 	}
@@ -352,7 +353,7 @@ func TestBatchCallFailsOnItsOwnDeadlineOnly(t *testing.T) {
 		start := time.Now()
 		go func() {
 			defer cancel()
-			res, err := s.Acquire(ctx, key, ownerA, time.Minute, "")
+			res, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Minute})
 			out <- result{res, err, time.Since(start)}
 		}()
 		return out
@@ -399,7 +400,7 @@ func TestLateAcquireReplyIsReleased(t *testing.T) {
 			s, c, h := oneLaneStore(t)
 			bg := context.Background()
 			if tc.holder != "" {
-				if res, err := s.Acquire(bg, key, tc.holder, time.Minute, ""); err != nil || !res.Acquired {
+				if res, err := s.Acquire(bg, lockstore.Request{Key: key, Owner: tc.holder, TTL: time.Minute}); err != nil || !res.Acquired {
 					t.Fatalf("setup: %+v, %v", res, err)
 				}
 			}
@@ -498,7 +499,7 @@ func TestLateHookRunsOnAnErrorAndOffTheLane(t *testing.T) {
 	<-laneFree
 	next, cancelNext := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancelNext()
-	if res, err := s.Acquire(next, "lock:next", ownerA, time.Minute, ""); err != nil || !res.Acquired {
+	if res, err := s.Acquire(next, lockstore.Request{Key: "lock:next", Owner: ownerA, TTL: time.Minute}); err != nil || !res.Acquired {
 		t.Fatalf("acquire while a late hook is still running: %+v, %v; the hook holds the lane", res, err)
 	}
 }

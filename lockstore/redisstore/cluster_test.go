@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // On a real Redis Cluster every script must keep its keys in one slot (no CROSSSLOT error,
@@ -34,11 +35,11 @@ func TestCluster(t *testing.T) {
 	}
 
 	for _, key := range []string{"lock:order:42", "lock:{user:7}:pay", "a}b", "\xff}\x00{", "}{x}", "ключ"} {
-		first, err := s.Acquire(ctx, key, ownerA, time.Second, "host=h")
+		first, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second, Meta: "host=h"})
 		if err != nil || !first.Acquired {
 			t.Fatalf("acquire %q: %+v %v", key, first, err)
 		}
-		busy, err := s.Acquire(ctx, key, ownerB, time.Second, "")
+		busy, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: time.Second})
 		if err != nil || busy.Acquired || busy.HolderTTL <= 0 {
 			t.Fatalf("busy %q: %+v %v", key, busy, err)
 		}
@@ -48,7 +49,7 @@ func TestCluster(t *testing.T) {
 		if _, err := s.Release(ctx, key, ownerA, "", 0); err != nil {
 			t.Fatalf("release %q: %v", key, err)
 		}
-		second, err := s.Acquire(ctx, key, ownerB, time.Second, "")
+		second, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: time.Second})
 		if err != nil || second.Fence <= first.Fence {
 			t.Fatalf("fence %q: %d after %d (%v)", key, second.Fence, first.Fence, err)
 		}
@@ -64,10 +65,10 @@ func TestCluster(t *testing.T) {
 	}
 	defer w.Close()
 	for {
-		if _, err := s.Acquire(ctx, "lock:watched", ownerA, time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:watched", Owner: ownerA, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Acquire(ctx, "lock:watched", ownerB, time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:watched", Owner: ownerB, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Release(ctx, "lock:watched", ownerA, "", 0); err != nil {
@@ -118,7 +119,7 @@ func TestRenewalsAndReleasesFollowASlotMigration(t *testing.T) {
 				keys = append(keys, "lock:{migrating-"+tc.name+"}:"+strconv.Itoa(i))
 			}
 			for _, key := range keys {
-				if got, err := s.Acquire(ctx, key, ownerA, ttl, ""); err != nil || !got.Acquired {
+				if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 					t.Fatalf("acquire %q: %+v %v", key, got, err)
 				}
 			}
@@ -182,7 +183,7 @@ func TestRenewalsAndReleasesFollowASlotMigration(t *testing.T) {
 			// A fresh lock of the slot (while the slot migrated, Redis answered TRYAGAIN to a
 			// new key beside the fence counter: busy, until now).
 			fresh := "lock:{migrating-" + tc.name + "}:fresh"
-			if got, err := s.Acquire(ctx, fresh, ownerA, ttl, ""); err != nil || !got.Acquired {
+			if got, err := s.Acquire(ctx, lockstore.Request{Key: fresh, Owner: ownerA, TTL: ttl}); err != nil || !got.Acquired {
 				t.Errorf("slot moved: acquire of %q: %+v %v", fresh, got, err)
 			} else {
 				held = append(held, fresh)

@@ -1,5 +1,5 @@
 // Package redisstore keeps flightlock's locks in Redis: RedisStore implements lockstore.Store
-// (and BatchRefresher, Passer, HandoffLimiter) on go-redis v9's UniversalClient (single node,
+// (and Passer) on go-redis v9's UniversalClient (single node,
 // Sentinel failover or Cluster), with one Lua script per operation beside the Go that runs it,
 // release notifications over pub/sub, calls batched into pipelines per lane, and optional
 // replica acknowledgement (WAIT). RedisInspector reads the values those scripts write, for

@@ -1,4 +1,4 @@
--- fairacquire.lua: take a lock in request order across processes (lockstore.FairQueuer).
+-- fairacquire.lua: take a lock in request order across processes (a lockstore.Request with Asked).
 --
 -- KEYS[1]  lock key (value as in acquire.lua; a grant here is an ordinary lock, released by
 --          release.lua)

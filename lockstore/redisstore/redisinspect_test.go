@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // inspected is a store and its inspector on one miniredis, with the prefix "lock:".
@@ -52,11 +53,11 @@ func TestInspectorReadsWhatTheStoreWrote(t *testing.T) {
 	s, in, _ := inspected(t)
 	ctx := context.Background()
 	const owner = "ownerAAAAAAAAAAAAAAAAA"
-	a, err := s.Acquire(ctx, "lock:order:1", owner, time.Minute, "host=h1 pid=42 trace=t zone=eu")
+	a, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:1", Owner: owner, TTL: time.Minute, Meta: "host=h1 pid=42 trace=t zone=eu"})
 	if err != nil || !a.Acquired {
 		t.Fatalf("acquire: %+v %v", a, err)
 	}
-	if b, err := s.Acquire(ctx, "lock:order:1", "ownerBBBBBBBBBBBBBBBBBB", time.Minute, ""); err != nil || b.Acquired {
+	if b, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:1", Owner: "ownerBBBBBBBBBBBBBBBBBB", TTL: time.Minute}); err != nil || b.Acquired {
 		t.Fatalf("second owner: %+v %v", b, err) // refused: the lock is marked contended
 	}
 	w, err := s.Watch(ctx, "lock:order:1") // a waiter of this process, subscribed to its release
@@ -65,7 +66,7 @@ func TestInspectorReadsWhatTheStoreWrote(t *testing.T) {
 	}
 	defer w.Close()
 	for _, k := range []string{"lock:order:2", "lock:shadow:order:3", "lock:acct:1"} {
-		if _, err := s.Acquire(ctx, k, owner, time.Minute, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -107,7 +108,7 @@ func TestInspectorReadsWhatTheStoreWrote(t *testing.T) {
 func TestListShowsAForeignKeyBesideTheLocks(t *testing.T) {
 	s, in, c := inspected(t)
 	ctx := context.Background()
-	if _, err := s.Acquire(ctx, "lock:order:1", "ownerAAAAAAAAAAAAAAAAA", time.Minute, "host=h pid=1"); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:1", Owner: "ownerAAAAAAAAAAAAAAAAA", TTL: time.Minute, Meta: "host=h pid=1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.HSet(ctx, "lock:a-hash", "f", "v").Err(); err != nil { // sorted before order:1
@@ -133,7 +134,7 @@ func TestForceUnlockRemovesOnlyTheGrantItRead(t *testing.T) {
 	s, in, c := inspected(t)
 	ctx := context.Background()
 	const first, second = "ownerAAAAAAAAAAAAAAAAA", "ownerBBBBBBBBBBBBBBBBBB"
-	if _, err := s.Acquire(ctx, "lock:k", first, time.Minute, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: first, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	read, err := in.Lookup(ctx, "k")
@@ -147,7 +148,7 @@ func TestForceUnlockRemovesOnlyTheGrantItRead(t *testing.T) {
 	if _, err := in.ForceUnlock(ctx, read); !errors.As(err, &changed) || changed.Now != nil {
 		t.Fatalf("ForceUnlock of a released lock: %v, want a lockstore.ChangedError with nothing now", err)
 	}
-	next, err := s.Acquire(ctx, "lock:k", second, time.Minute, "")
+	next, err := s.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: second, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func TestWatchByPollingReportsEachChange(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const owner, other = "ownerAAAAAAAAAAAAAAAAA", "ownerBBBBBBBBBBBBBBBBBB"
-	if _, err := s.Acquire(ctx, "lock:order:0", owner, time.Minute, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:0", Owner: owner, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	var (
@@ -230,12 +231,18 @@ func TestWatchByPollingReportsEachChange(t *testing.T) {
 		}
 		waitUntil(t, seen(n))
 	}
-	step(2, func() error { _, err := s.Acquire(ctx, "lock:order:1", owner, time.Minute, ""); return err })
-	step(3, func() error { _, err := s.Acquire(ctx, "lock:order:1", other, time.Minute, ""); return err })
+	step(2, func() error {
+		_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:1", Owner: owner, TTL: time.Minute})
+		return err
+	})
+	step(3, func() error {
+		_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order:1", Owner: other, TTL: time.Minute})
+		return err
+	})
 	step(4, func() error { _, err := s.Reenter(ctx, "lock:order:1", owner, "r1", time.Minute); return err })
 	step(5, func() error { _, err := s.Release(ctx, "lock:order:1", owner, "r1", 0); return err })
 	step(6, func() error { _, err := s.Release(ctx, "lock:order:0", owner, "", 0); return err })
-	if _, err := s.Acquire(ctx, "lock:shadow:order:2", owner, time.Minute, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:shadow:order:2", Owner: owner, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	step(7, func() error { _, err := s.Release(ctx, "lock:order:1", owner, "", 0); return err })
@@ -277,7 +284,7 @@ func TestPolledReleaseIsReportedOnce(t *testing.T) {
 		events = append(events, string(e.Kind)+" "+e.Lock.Key)
 	}}
 	for _, k := range []string{"lock:order:1", "lock:order:2"} {
-		if _, err := s.Acquire(ctx, k, owner, time.Minute, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 var (
@@ -192,8 +193,13 @@ func (s *RedisStore) Preload(ctx context.Context) error {
 	return nil
 }
 
-// Acquire implements lockstore.Store.
-func (s *RedisStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration, meta string) (lockstore.Acquisition, error) {
+// Acquire implements lockstore.Store: acquire.lua, readacquire.lua for a read owner, and
+// fairacquire.lua for a fair request (acquireFair).
+func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if !req.Asked.IsZero() {
+		return s.acquireFair(ctx, req)
+	}
+	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
@@ -380,7 +386,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	return nil
 }
 
-// RefreshAll implements BatchRefresher: the refreshes go out as one pipeline, on a connection
+// RefreshAll implements lockstore.Store: the refreshes go out as one pipeline, on a connection
 // of their own beside the lanes, so renewals that fall due together cost one round trip. With
 // WithReplicas, or on a client that cannot pipeline, each lock is refreshed by Refresh, all at
 // once (each needs its own WAIT).
@@ -532,9 +538,11 @@ func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, e
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
 
-// SharesWatches implements lockstore.SharedWatcher: the watches of one key share one channel
-// subscription.
-func (s *RedisStore) SharesWatches() {}
+// Capabilities implements lockstore.Store: no bound on TTLs or handoffs (fences come from a
+// hybrid clock), and the watches of one key share one channel subscription.
+func (s *RedisStore) Capabilities() lockstore.Capabilities {
+	return lockstore.Capabilities{Name: "redis", SharedWatch: true}
+}
 
 // Close stops the notification subscriber, then runs the functions given with WithOnClose,
 // last added first: stores that built their own client (or their own embedded server) close

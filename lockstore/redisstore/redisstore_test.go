@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // backend is a Redis the store suite runs against: miniredis (fast, clock under the test's
@@ -61,7 +62,7 @@ const (
 func TestAcquireReentryAndBusy(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		got, err := b.store.Acquire(ctx, "lock:k", ownerA, time.Second, "host=h pid=1")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: time.Second, Meta: "host=h pid=1"})
 		if err != nil || !got.Acquired || got.Reentered || got.Fence <= 0 {
 			t.Fatalf("first acquire = %+v, %v; want acquired with a fence", got, err)
 		}
@@ -69,7 +70,7 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 		if v := b.client.Get(ctx, "lock:k").Val(); v != ownerA+" "+strconv.FormatInt(got.Fence, 10)+" 1 host=h pid=1" {
 			t.Fatalf("stored value %q", v)
 		}
-		again, err := b.store.Acquire(ctx, "lock:k", ownerA, 5*time.Second, "")
+		again, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 5 * time.Second})
 		if err != nil || !again.Acquired || !again.Reentered || again.Fence != got.Fence {
 			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, got.Fence)
 		}
@@ -77,18 +78,18 @@ func TestAcquireReentryAndBusy(t *testing.T) {
 			t.Fatalf("re-entry with a longer TTL left PTTL %v", ttl)
 		}
 		// Re-entry never shortens a lock.
-		if _, err := b.store.Acquire(ctx, "lock:k", ownerA, 100*time.Millisecond, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: 100 * time.Millisecond}); err != nil {
 			t.Fatal(err)
 		}
 		if ttl := b.client.PTTL(ctx, "lock:k").Val(); ttl <= time.Second {
 			t.Fatalf("re-entry with a shorter TTL shortened PTTL to %v", ttl)
 		}
-		busy, err := b.store.Acquire(ctx, "lock:k", ownerB, time.Second, "")
+		busy, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerB, TTL: time.Second})
 		if err != nil || busy.Acquired || busy.HolderTTL <= time.Second || busy.HolderTTL > 5*time.Second {
 			t.Fatalf("other owner = %+v, %v; want busy with the holder's TTL", busy, err)
 		}
 		// An owner that is a prefix of the holder's value must not pass the owner check.
-		if res, _ := b.store.Acquire(ctx, "lock:k", ownerA[:8], time.Second, ""); res.Acquired {
+		if res, _ := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA[:8], TTL: time.Second}); res.Acquired {
 			t.Fatal("prefix of the owner token re-entered the lock")
 		}
 	})
@@ -103,7 +104,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 			if i%2 == 1 {
 				owner = ownerB
 			}
-			got, err := b.store.Acquire(ctx, "lock:f", owner, time.Second, "")
+			got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: owner, TTL: time.Second})
 			if err != nil || !got.Acquired {
 				t.Fatalf("acquire %d: %+v %v", i, got, err)
 			}
@@ -119,13 +120,13 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		// that stepped back).
 		ahead := last + int64(time.Hour/time.Microsecond)
 		b.client.Set(ctx, lockstore.FenceKey("lock:f"), ahead, 0)
-		got, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, "")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: ownerA, TTL: time.Second})
 		if err != nil || got.Fence != ahead+1 {
 			t.Fatalf("fence after a clock step back = %d (%v), want %d", got.Fence, err, ahead+1)
 		}
 		// Re-entry reports the fence of the holding, although the counter moved on.
 		b.client.Set(ctx, lockstore.FenceKey("lock:f"), ahead+100, 0)
-		if again, err := b.store.Acquire(ctx, "lock:f", ownerA, time.Second, ""); err != nil || !again.Reentered || again.Fence != got.Fence {
+		if again, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:f", Owner: ownerA, TTL: time.Second}); err != nil || !again.Reentered || again.Fence != got.Fence {
 			t.Fatalf("re-entry = %+v, %v; want fence %d", again, err, got.Fence)
 		}
 		if _, err := b.store.Release(ctx, "lock:f", ownerA, "", 0); err != nil {
@@ -133,7 +134,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 		}
 		// A counter that was lost (eviction, FLUSHDB) restarts from server time, which is above
 		// every fence counted from an earlier seed.
-		before, err := b.store.Acquire(ctx, "lock:g", ownerA, time.Second, "")
+		before, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:g", Owner: ownerA, TTL: time.Second})
 		if err != nil || !before.Acquired {
 			t.Fatalf("acquire: %+v %v", before, err)
 		}
@@ -141,7 +142,7 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.client.Del(ctx, lockstore.FenceKey("lock:g"))
-		after, err := b.store.Acquire(ctx, "lock:g", ownerB, time.Second, "")
+		after, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:g", Owner: ownerB, TTL: time.Second})
 		if err != nil || after.Fence <= before.Fence {
 			t.Fatalf("fence after the counter was lost = %d (%v), the one before was %d", after.Fence, err, before.Fence)
 		}
@@ -153,14 +154,14 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if _, err := b.store.Acquire(ctx, "lock:e", ownerA, 200*time.Millisecond, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:e", Owner: ownerA, TTL: 200 * time.Millisecond}); err != nil {
 			t.Fatal(err)
 		}
 		if ttl := b.client.PTTL(ctx, "lock:e").Val(); ttl <= 0 {
 			t.Fatalf("lock has no expiry (PTTL %v): a lock must never be immortal", ttl)
 		}
 		b.advance(300 * time.Millisecond)
-		got, err := b.store.Acquire(ctx, "lock:e", ownerB, time.Second, "")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:e", Owner: ownerB, TTL: time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatalf("expired lock not free: %+v %v", got, err)
 		}
@@ -171,7 +172,7 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 		for i := range 3000 {
 			k := "lock:many:" + strconv.Itoa(i)
 			slots[lockstore.KeySlot(k)] = true
-			if _, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil {
+			if _, err := b.store.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: time.Second}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := b.store.Release(ctx, k, ownerA, "", 0); err != nil {
@@ -193,7 +194,7 @@ func TestLocksExpireAndFenceCountersStayBounded(t *testing.T) {
 func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if _, err := b.store.Acquire(ctx, "lock:o", ownerA, time.Second, "meta"); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:o", Owner: ownerA, TTL: time.Second, Meta: "meta"}); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.store.Refresh(ctx, "lock:o", ownerB, time.Minute); !errors.Is(err, lockstore.ErrNotHeld) {
@@ -215,7 +216,7 @@ func TestRefreshAndReleaseAreOwnerChecked(t *testing.T) {
 			t.Fatalf("release by the owner: %v", err)
 		}
 		// A stale second release must not free the next owner's lock.
-		if _, err := b.store.Acquire(ctx, "lock:o", ownerB, time.Second, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:o", Owner: ownerB, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := b.store.Release(ctx, "lock:o", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
@@ -241,7 +242,7 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 		defer w.Close()
 
 		// An uncontended release publishes nothing.
-		if _, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:n", Owner: ownerA, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := b.store.Release(ctx, "lock:n", ownerA, "", 0); err != nil || n != 0 {
@@ -251,11 +252,11 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 		// A refused acquirer marks the lock; its release then notifies. The subscription is
 		// asynchronous: repeat, boundedly, until the watcher hears one.
 		for {
-			held, err := b.store.Acquire(ctx, "lock:n", ownerA, time.Second, "host=h")
+			held, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:n", Owner: ownerA, TTL: time.Second, Meta: "host=h"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			busy, err := b.store.Acquire(ctx, "lock:n", ownerB, time.Second, "")
+			busy, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:n", Owner: ownerB, TTL: time.Second})
 			if err != nil || busy.Acquired {
 				t.Fatalf("second owner: %+v %v", busy, err)
 			}
@@ -287,7 +288,7 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 func TestMetadataCannotFakeTheWaitersMark(t *testing.T) {
 	b := miniBackend(t)
 	ctx := context.Background()
-	got, err := b.store.Acquire(ctx, "lock:m", ownerA, time.Second, "req=1 ~")
+	got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:m", Owner: ownerA, TTL: time.Second, Meta: "req=1 ~"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +361,7 @@ func TestBadArguments(t *testing.T) {
 		{"negative ttl", "k", ownerA, -time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := b.store.Acquire(ctx, tc.key, tc.owner, tc.ttl, ""); err == nil {
+			if _, err := b.store.Acquire(ctx, lockstore.Request{Key: tc.key, Owner: tc.owner, TTL: tc.ttl}); err == nil {
 				t.Fatal("Acquire accepted it")
 			}
 			if err := b.store.Refresh(ctx, tc.key, tc.owner, tc.ttl); err == nil {
@@ -377,7 +378,7 @@ func TestOddKeys(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a}b", "{tag}x", "{}", strings.Repeat("k", 4096)} {
-			got, err := b.store.Acquire(ctx, key, ownerA, time.Second, "")
+			got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second})
 			if err != nil || !got.Acquired {
 				t.Fatalf("acquire %q: %+v %v", key, got, err)
 			}
@@ -400,7 +401,7 @@ func TestStoreDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	if _, err := s.Acquire(ctx, "lock:d", ownerA, time.Second, ""); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:d", Owner: ownerA, TTL: time.Second}); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
 		t.Fatalf("acquire on a stopped Redis: %v, want a store error", err)
 	}
 	if _, err := s.Release(ctx, "lock:d", ownerA, "", 0); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
@@ -412,7 +413,7 @@ func TestStoreDown(t *testing.T) {
 	if err := mr.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.Acquire(context.Background(), "lock:d", ownerA, time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(context.Background(), lockstore.Request{Key: "lock:d", Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("after restart: %+v %v", got, err)
 	}
 }
@@ -445,11 +446,11 @@ func TestWithOnClose(t *testing.T) {
 func TestBusyAcquisitionNamesTheHolder(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		if _, err := b.store.Acquire(ctx, "lock:who", ownerA, time.Second, "host=h pid=1 trace=t1"); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:who", Owner: ownerA, TTL: time.Second, Meta: "host=h pid=1 trace=t1"}); err != nil {
 			t.Fatal(err)
 		}
 		for range 2 { // the second sees the waiters mark (" ~") too
-			busy, err := b.store.Acquire(ctx, "lock:who", ownerB, time.Second, "")
+			busy, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:who", Owner: ownerB, TTL: time.Second})
 			if err != nil || busy.Acquired || busy.Holder != "host=h pid=1 trace=t1" {
 				t.Fatalf("busy: %+v %v, want the holder's metadata", busy, err)
 			}
@@ -457,10 +458,10 @@ func TestBusyAcquisitionNamesTheHolder(t *testing.T) {
 				t.Fatal("the holder's owner token left the store")
 			}
 		}
-		if _, err := b.store.Acquire(ctx, "lock:bare", ownerA, time.Second, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:bare", Owner: ownerA, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		if busy, _ := b.store.Acquire(ctx, "lock:bare", ownerB, time.Second, ""); busy.Holder != "" {
+		if busy, _ := b.store.Acquire(ctx, lockstore.Request{Key: "lock:bare", Owner: ownerB, TTL: time.Second}); busy.Holder != "" {
 			t.Fatalf("a holder without metadata: Holder %q", busy.Holder)
 		}
 	})
@@ -498,7 +499,7 @@ func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
 				if err := tc.set(fk); err != nil {
 					t.Fatal(err)
 				}
-				got, err := b.store.Acquire(ctx, key, ownerA, time.Second, "")
+				got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second})
 				if err == nil || got.Acquired {
 					t.Fatalf("acquire with a bad fence counter = %+v, %v; want an error", got, err)
 				}
@@ -512,7 +513,7 @@ func TestBadFenceCounterIsRefusedAndLeftAlone(t *testing.T) {
 					t.Fatalf("the refused acquire changed the counter: %q", diff)
 				}
 				b.client.Del(ctx, fk)
-				if got, err := b.store.Acquire(ctx, key, ownerA, time.Second, ""); err != nil || !got.Acquired {
+				if got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 					t.Fatalf("acquire after the counter was removed = %+v, %v", got, err)
 				}
 			})
@@ -528,7 +529,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		// Metadata that ends in " 1" is kept apart from the hold list.
-		if _, err := b.store.Acquire(ctx, "lock:rs1", ownerA, time.Minute, "x 1"); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs1", Owner: ownerA, TTL: time.Minute, Meta: "x 1"}); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := b.store.Release(ctx, "lock:rs1", ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
@@ -554,10 +555,10 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if _, err := b.store.Acquire(ctx, "lock:rs2", ownerA, time.Minute, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs2", Owner: ownerA, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := b.store.Acquire(ctx, "lock:rs2", ownerB, time.Minute, ""); got.Acquired {
+		if got, _ := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs2", Owner: ownerB, TTL: time.Minute}); got.Acquired {
 			t.Fatal("busy lock granted")
 		}
 		if _, err := b.store.Release(ctx, "lock:rs2", ownerA, "", 0); err != nil {
@@ -569,7 +570,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 			t.Fatal("release of a marked lock published nothing")
 		}
 		// A re-entry from another process keeps the lock past the acquisition's release.
-		if _, err := b.store.Acquire(ctx, "lock:rs3", ownerA, time.Minute, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs3", Owner: ownerA, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := b.store.Reenter(ctx, "lock:rs3", ownerA, "h1", time.Minute); err != nil || !got.Acquired {
@@ -588,7 +589,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 			t.Fatalf("release of the last hold = %v, key left: %d", err, b.client.Exists(ctx, "lock:rs3").Val())
 		}
 		// A release that reports fences handed out locally raises the counter.
-		got, err := b.store.Acquire(ctx, "lock:rs4", ownerA, time.Minute, "")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs4", Owner: ownerA, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -599,7 +600,7 @@ func TestReleaseShortPathBoundaries(t *testing.T) {
 		if v, _ := b.client.Get(ctx, lockstore.FenceKey("lock:rs4")).Int64(); v != used {
 			t.Fatalf("counter after a release that used fence %d = %d", used, v)
 		}
-		if next, err := b.store.Acquire(ctx, "lock:rs4", ownerB, time.Minute, ""); err != nil || next.Fence != used+1 {
+		if next, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rs4", Owner: ownerB, TTL: time.Minute}); err != nil || next.Fence != used+1 {
 			t.Fatalf("next grant = %+v, %v; want fence %d", next, err, used+1)
 		}
 	})
@@ -613,7 +614,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		ctx := context.Background()
 		// Kept: a new fence above the local ones, the counter raised to it, the metadata and
 		// a longer TTL kept (a pass never shortens a lock).
-		got, err := b.store.Acquire(ctx, "lock:p1", ownerA, time.Minute, "req=1")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p1", Owner: ownerA, TTL: time.Minute, Meta: "req=1"})
 		if err != nil || !got.Acquired {
 			t.Fatalf("acquire = %+v, %v", got, err)
 		}
@@ -640,7 +641,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:p1", ownerA, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		if after, err := b.store.Acquire(ctx, "lock:p1", ownerB, time.Second, ""); err != nil || after.Fence <= fence {
+		if after, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p1", Owner: ownerB, TTL: time.Second}); err != nil || after.Fence <= fence {
 			t.Fatalf("next owner = %+v, %v; want a fence above the pass's %d", after, err, fence)
 		}
 
@@ -663,10 +664,10 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		}
 		defer w.Close()
 		for delivered := false; !delivered; { // the subscription is asynchronous: repeat
-			if _, err := b.store.Acquire(ctx, "lock:p2", ownerA, time.Minute, ""); err != nil {
+			if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p2", Owner: ownerA, TTL: time.Minute}); err != nil {
 				t.Fatal(err)
 			}
-			if busy, _ := b.store.Acquire(ctx, "lock:p2", ownerB, time.Minute, ""); busy.Acquired {
+			if busy, _ := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p2", Owner: ownerB, TTL: time.Minute}); busy.Acquired {
 				t.Fatal("busy lock granted")
 			}
 			kept, _, n, err := b.store.Pass(ctx, "lock:p2", ownerA, time.Second, 0)
@@ -687,7 +688,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 		}
 
 		// Re-entered from another process: the acquisition's hold is given up, the key stays.
-		if _, err := b.store.Acquire(ctx, "lock:p3", ownerA, time.Minute, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p3", Owner: ownerA, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := b.store.Reenter(ctx, "lock:p3", ownerA, "h1", time.Minute); err != nil || !got.Acquired {
@@ -705,7 +706,7 @@ func TestPassKeepsOnlyALockNobodyElseAskedFor(t *testing.T) {
 
 		// A counter the script cannot read: released rather than kept, the counter as found.
 		fk := lockstore.FenceKey("lock:p4")
-		if _, err := b.store.Acquire(ctx, "lock:p4", ownerA, time.Minute, ""); err != nil {
+		if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:p4", Owner: ownerA, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		b.client.Set(ctx, fk, "not a fence", 0)
@@ -729,7 +730,7 @@ func TestPassWithReplicasReleases(t *testing.T) {
 	b := miniBackend(t)
 	s := New(b.client, WithReplicas(1, 20*time.Millisecond))
 	ctx := context.Background()
-	if _, err := b.store.Acquire(ctx, "lock:pr", ownerA, time.Minute, ""); err != nil {
+	if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:pr", Owner: ownerA, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	if kept, _, _, err := s.Pass(ctx, "lock:pr", ownerA, time.Second, 0); err != nil || kept {

@@ -17,11 +17,11 @@ func TestRefreshAll(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		for _, k := range []string{"lock:ra1", "lock:ra2"} {
-			if got, err := b.store.Acquire(ctx, k, ownerA, time.Second, ""); err != nil || !got.Acquired {
+			if got, err := b.store.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 				t.Fatalf("Acquire %s: %+v %v", k, got, err)
 			}
 		}
-		if got, err := b.store.Acquire(ctx, "lock:rb", ownerB, 30*time.Second, ""); err != nil || !got.Acquired {
+		if got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:rb", Owner: ownerB, TTL: 30 * time.Second}); err != nil || !got.Acquired {
 			t.Fatalf("Acquire lock:rb: %+v %v", got, err)
 		}
 		batch := []lockstore.Renewal{
@@ -80,7 +80,7 @@ func TestRefreshAllPipelinesShareTheLanes(t *testing.T) {
 	s, c, h := oneLaneStore(t)
 	ctx := context.Background()
 	for _, k := range []string{"lock:ra1", "lock:ra2"} {
-		if a, err := s.Acquire(ctx, k, ownerA, time.Minute, ""); err != nil || !a.Acquired {
+		if a, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: time.Minute}); err != nil || !a.Acquired {
 			t.Fatalf("acquire %s: %+v %v", k, a, err)
 		}
 	}

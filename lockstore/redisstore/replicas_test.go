@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // WithReplicas: grants and refreshes count only with the replicas' acknowledgement; without
@@ -23,7 +24,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 
 	// No replica at all: nothing is handed out, nothing is left.
-	_, err := s.Acquire(ctx, "lock:r", ownerA, 10*time.Second, "")
+	_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: 10 * time.Second})
 	if !errors.Is(err, ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1 within 50ms") {
 		t.Fatalf("Acquire without a replica: %v, want ErrNotReplicated, 0 of 1", err)
 	}
@@ -38,7 +39,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 	// under load (a CI run failed here: 0 of 1 within 50ms). Wait for that, with a budget of
 	// its own, so the 50ms bound below is the store's and not the replica's start-up.
 	waitAcknowledging(t, client, 1)
-	got, err := s.Acquire(ctx, "lock:r", ownerA, 10*time.Second, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: 10 * time.Second})
 	if err != nil || !got.Acquired || got.Fence <= 0 {
 		t.Fatalf("Acquire with a replica: %+v %v", got, err)
 	}
@@ -49,7 +50,7 @@ func TestReplicaAcknowledgement(t *testing.T) {
 		t.Fatalf("Reenter with a replica: %+v %v", re, err)
 	}
 	// Busy answers take nothing and need no acknowledgement.
-	if busy, err := s.Acquire(ctx, "lock:r", ownerB, 10*time.Second, ""); err != nil || busy.Acquired {
+	if busy, err := s.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerB, TTL: 10 * time.Second}); err != nil || busy.Acquired {
 		t.Fatalf("Acquire of a held key: %+v %v", busy, err)
 	}
 
@@ -89,7 +90,7 @@ func TestReplicaAcknowledgementOnCluster(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	for _, key := range []string{"lock:a", "lock:b", "lock:c", "lock:{x}1"} {
-		_, err := s.Acquire(ctx, key, ownerA, time.Second, "")
+		_, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second})
 		if !errors.Is(err, ErrNotReplicated) || !strings.Contains(err.Error(), "0 of 1") {
 			t.Errorf("Acquire %q on a cluster without replicas: %v, want ErrNotReplicated from the key's master", key, err)
 		}

@@ -6,12 +6,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
-// A read-write lock (lockstore.ReadWriter) keeps its read holds in a sorted set beside the lock
-// key, and a fair lock (lockstore.FairQueuer) its line in two: both in the lock key's Redis
+// A read-write lock (lockstore.ReadOwner) keeps its read holds in a sorted set beside the lock
+// key, and a fair lock (a lockstore.Request with Asked) its line in two: both in the lock key's Redis
 // Cluster hash slot (lockstore.SideKey), so one script sees all of them. The lock key itself
 // says who holds it, for every script: a writer's value as always, "~r ..." while readers hold
 // it (readacquire.lua), so that the scripts of plain locks need no change to exclude readers.
@@ -31,10 +32,6 @@ const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
 
-// SharesReads implements lockstore.ReadWriter: an owner made by lockstore.ReadOwner takes,
-// refreshes and releases a read hold.
-func (s *RedisStore) SharesReads() {}
-
 // refreshCall is the script and keys that refresh owner's hold of key: a read hold's, or a
 // lock's.
 func refreshCall(key, owner string) (*redis.Script, []string) {
@@ -44,8 +41,9 @@ func refreshCall(key, owner string) (*redis.Script, []string) {
 	return refreshScript, []string{key}
 }
 
-// AcquireFair implements lockstore.FairQueuer with fairacquire.lua.
-func (s *RedisStore) AcquireFair(ctx context.Context, key, owner string, ttl time.Duration, meta string, asked time.Time, queue time.Duration) (lockstore.Acquisition, error) {
+// acquireFair is Acquire of a fair request, with fairacquire.lua.
+func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl, meta, asked, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Asked, req.Queue
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
@@ -74,7 +72,7 @@ func (s *RedisStore) AcquireFair(ctx context.Context, key, owner string, ttl tim
 	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner, late)
 }
 
-// LeaveQueue implements lockstore.FairQueuer with leavequeue.lua.
+// LeaveQueue implements lockstore.Store with leavequeue.lua.
 func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := checkArgs(key, owner, time.Millisecond); err != nil {
 		return err

@@ -27,17 +27,17 @@ func TestReadHoldsShareAndTheLastLeavesTheKeyToTheWaitingWriter(t *testing.T) {
 		ctx := context.Background()
 		s, key := b.store, "lock:order"
 		for _, r := range []string{readerA, readerB} {
-			if got, err := s.Acquire(ctx, key, r, 10*time.Second, "host=a"); err != nil || !got.Acquired {
+			if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: r, TTL: 10 * time.Second, Meta: "host=a"}); err != nil || !got.Acquired {
 				t.Fatalf("read hold %s: %+v %v", r, got, err)
 			}
 		}
-		if got, err := s.Acquire(ctx, key, ownerC, 10*time.Second, ""); err != nil || got.Acquired || got.HolderTTL <= 0 || got.Holder != "host=a" {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerC, TTL: 10 * time.Second}); err != nil || got.Acquired || got.HolderTTL <= 0 || got.Holder != "host=a" {
 			t.Fatalf("a writer beside readers: %+v %v, want busy with their time and metadata", got, err)
 		}
-		if got, err := s.Acquire(ctx, key, lockstore.ReadOwner("late"), 10*time.Second, ""); err != nil || got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: lockstore.ReadOwner("late"), TTL: 10 * time.Second}); err != nil || got.Acquired {
 			t.Fatalf("a reader after a writer was refused: %+v %v, want busy (writer preference)", got, err)
 		}
-		if again, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil || !again.Reentered {
+		if again, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil || !again.Reentered {
 			t.Fatalf("a re-sent read acquisition: %+v %v, want a re-entry", again, err)
 		}
 		w, err := s.Watch(ctx, key)
@@ -56,17 +56,17 @@ func TestReadHoldsShareAndTheLastLeavesTheKeyToTheWaitingWriter(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("the last reader's release woke nobody")
 		}
-		if got, err := s.Acquire(ctx, key, lockstore.ReadOwner("late"), 10*time.Second, ""); err != nil || got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: lockstore.ReadOwner("late"), TTL: 10 * time.Second}); err != nil || got.Acquired {
 			t.Fatalf("a reader once the readers left: %+v %v, want busy: the key is the writer's", got, err)
 		}
-		got, err := s.Acquire(ctx, key, ownerC, 10*time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerC, TTL: 10 * time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatalf("the waiting writer: %+v %v", got, err)
 		}
 		if n, err := s.Release(ctx, key, ownerC, "", 0); err != nil || n != 1 {
 			t.Fatalf("the writer's release: %d %v, want the waiting reader woken", n, err)
 		}
-		if got, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil || !got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
 			t.Fatalf("a reader after the writer: %+v %v", got, err)
 		}
 		if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
@@ -84,10 +84,10 @@ func TestReadHoldsRefreshAndReleaseAloneAndAreNeverReentered(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		s, key := b.store, "lock:order"
-		if _, err := s.Acquire(ctx, key, readerA, time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Acquire(ctx, key, readerB, 10*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerB, TTL: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Refresh(ctx, key, readerA, 10*time.Second); err != nil {
@@ -123,15 +123,15 @@ func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
 	ctx := context.Background()
 	s := b.store
 	for _, r := range []string{readerA, readerB} {
-		if _, err := s.Acquire(ctx, "lock:order", r, 10*time.Second, ""); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order", Owner: r, TTL: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), 10*time.Second); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:stock", Owner: ownerA, TTL: 10 * time.Second, Asked: time.Now(), Queue: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range []string{ownerB, ownerC} {
-		if got, err := s.AcquireFair(ctx, "lock:stock", o, 10*time.Second, "", time.Now(), 10*time.Second); err != nil || got.Acquired {
+		if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:stock", Owner: o, TTL: 10 * time.Second, Asked: time.Now(), Queue: 10 * time.Second}); err != nil || got.Acquired {
 			t.Fatalf("a second fair acquirer: %+v %v", got, err)
 		}
 	}
@@ -160,7 +160,7 @@ func TestFairPlaceIsClampedToTheStoresClock(t *testing.T) {
 	b := realBackend(t)
 	ctx := context.Background()
 	s, key := b.store, "lock:stock"
-	if _, err := s.AcquireFair(ctx, key, ownerA, 10*time.Second, "", time.Now(), 10*time.Second); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second, Asked: time.Now(), Queue: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []struct {
@@ -171,7 +171,7 @@ func TestFairPlaceIsClampedToTheStoresClock(t *testing.T) {
 		{ownerC, time.Now().Add(-time.Hour)},
 		{"ahead", time.Now().Add(time.Hour)},
 	} {
-		if _, err := s.AcquireFair(ctx, key, p.owner, 10*time.Second, "", p.asked, 10*time.Second); err != nil {
+		if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: p.owner, TTL: 10 * time.Second, Asked: p.asked, Queue: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -182,7 +182,7 @@ func TestFairPlaceIsClampedToTheStoresClock(t *testing.T) {
 	if gap := line[1].Score - line[0].Score; gap > 0.7e6 {
 		t.Fatalf("C went %.0fµs before B, which asked 0.5s ago: more than the 1s clamp allows", gap)
 	}
-	if got, err := s.AcquireFair(ctx, key, "try", 10*time.Second, "", time.Now(), 0); err != nil || got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: "try", TTL: 10 * time.Second, Asked: time.Now(), Queue: 0}); err != nil || got.Acquired {
 		t.Fatalf("TryLock with others in line: %+v %v", got, err)
 	}
 	if n := b.client.ZCard(ctx, lineKey(key)).Val(); n != 3 {
@@ -198,10 +198,10 @@ func TestReadAndFairGrantsNeedTheReplicasAcknowledgement(t *testing.T) {
 	client := primary.Client()
 	s := New(client, WithReplicas(1, 50*time.Millisecond))
 	t.Cleanup(func() { _ = s.Close() })
-	if _, err := s.Acquire(ctx, "lock:order", readerA, 10*time.Second, ""); !errors.Is(err, ErrNotReplicated) {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order", Owner: readerA, TTL: 10 * time.Second}); !errors.Is(err, ErrNotReplicated) {
 		t.Fatalf("a read hold without a replica: %v, want ErrNotReplicated", err)
 	}
-	if _, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), time.Second); !errors.Is(err, ErrNotReplicated) {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: "lock:stock", Owner: ownerA, TTL: 10 * time.Second, Asked: time.Now(), Queue: time.Second}); !errors.Is(err, ErrNotReplicated) {
 		t.Fatalf("a fair grant without a replica: %v, want ErrNotReplicated", err)
 	}
 	waitGone(t, client, "lock:order", "lock:stock")
@@ -210,13 +210,13 @@ func TestReadAndFairGrantsNeedTheReplicasAcknowledgement(t *testing.T) {
 	}
 	redistest.StartReplica(t, primary.Addr)
 	waitAcknowledging(t, client, 1)
-	if got, err := s.Acquire(ctx, "lock:order", readerA, 10*time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:order", Owner: readerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("a read hold with a replica: %+v %v", got, err)
 	}
 	if err := s.Refresh(ctx, "lock:order", readerA, 10*time.Second); err != nil {
 		t.Fatalf("its refresh with a replica: %v", err)
 	}
-	if got, err := s.AcquireFair(ctx, "lock:stock", ownerA, 10*time.Second, "", time.Now(), time.Second); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:stock", Owner: ownerA, TTL: 10 * time.Second, Asked: time.Now(), Queue: time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("a fair grant with a replica: %+v %v", got, err)
 	}
 }
@@ -239,7 +239,7 @@ func TestForceUnlockOfReadersSparesTheNextGroup(t *testing.T) {
 	b := miniBackend(t)
 	ctx := context.Background()
 	s, key := b.store, "lock:k"
-	if _, err := s.Acquire(ctx, key, readerA, 10*time.Second, ""); err != nil {
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	in := NewInspector(b.client, "lock:")
@@ -251,7 +251,7 @@ func TestForceUnlockOfReadersSparesTheNextGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Millisecond) // a new group, in another microsecond
-	next, err := s.Acquire(ctx, key, readerB, 10*time.Second, "")
+	next, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerB, TTL: 10 * time.Second})
 	if err != nil || !next.Acquired {
 		t.Fatal(next, err)
 	}
@@ -271,7 +271,7 @@ func TestReadFenceFollowsTheLastWriteAfterTheCounterIsLost(t *testing.T) {
 	b := realBackend(t)
 	ctx := context.Background()
 	s, key := b.store, "lock:k"
-	w, err := s.Acquire(ctx, key, ownerA, 10*time.Second, "")
+	w, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second})
 	if err != nil || !w.Acquired {
 		t.Fatal(w, err)
 	}
@@ -279,14 +279,14 @@ func TestReadFenceFollowsTheLastWriteAfterTheCounterIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.client.Del(ctx, lockstore.FenceKey(key)) // the counter's last writes are lost
-	r, err := s.Acquire(ctx, key, readerA, 10*time.Second, "")
+	r, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second})
 	if err != nil || r.Fence < w.Fence {
 		t.Fatalf("a read after the write with fence %d and a lost counter: %+v %v", w.Fence, r, err)
 	}
 	if _, err := s.Release(ctx, key, readerA, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	w2, err := s.Acquire(ctx, key, ownerB, 10*time.Second, "")
+	w2, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second})
 	if err != nil || w2.Fence <= r.Fence {
 		t.Fatalf("the write after the read with fence %d: %+v %v", r.Fence, w2, err)
 	}

@@ -22,7 +22,7 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 		if n := b.client.Exists(ctx, "lock:r").Val(); n != 0 {
 			t.Fatal("re-enter took the free key")
 		}
-		held, err := b.store.Acquire(ctx, "lock:r", ownerA, time.Minute, "")
+		held, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:r", Owner: ownerA, TTL: time.Minute})
 		if err != nil || !held.Acquired {
 			t.Fatal(held, err)
 		}
@@ -74,7 +74,7 @@ func TestReenterNeverTakesAFreeKeyAndCountsHolds(t *testing.T) {
 func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		got, err := b.store.Acquire(ctx, "lock:h", ownerA, time.Second, "")
+		got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerA, TTL: time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatal(got, err)
 		}
@@ -82,7 +82,7 @@ func TestReleaseRaisesTheFenceCounter(t *testing.T) {
 		if _, err := b.store.Release(ctx, "lock:h", ownerA, "", handed); err != nil {
 			t.Fatal(err)
 		}
-		next, err := b.store.Acquire(ctx, "lock:h", ownerB, time.Second, "")
+		next, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:h", Owner: ownerB, TTL: time.Second})
 		if err != nil || next.Fence <= handed {
 			t.Fatalf("fence after handoffs up to %d = %d (%v)", handed, next.Fence, err)
 		}
@@ -107,7 +107,7 @@ func TestFencesIncreaseAfterARestartFromASnapshot(t *testing.T) {
 	var last int64
 	acquire := func() {
 		t.Helper()
-		got, err := s.Acquire(ctx, "lock:snap", ownerA, time.Second, "")
+		got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:snap", Owner: ownerA, TTL: time.Second})
 		if err != nil || !got.Acquired {
 			t.Fatal(got, err)
 		}
@@ -136,7 +136,7 @@ func TestFencesIncreaseAfterARestartFromASnapshot(t *testing.T) {
 	if v, _ := c.Get(ctx, lockstore.FenceKey("lock:snap")).Int64(); v >= last {
 		t.Fatalf("the counter survived the restart (%d): the test did not roll it back", v)
 	}
-	got, err := s.Acquire(ctx, "lock:snap", ownerB, time.Second, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:snap", Owner: ownerB, TTL: time.Second})
 	if err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {
@@ -59,10 +60,10 @@ func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {
 	w1.Close() // linger 10ms, then UNSUBSCRIBE (reaches Redis about t0+180ms)
 	time.Sleep(time.Until(t0.Add(100 * time.Millisecond)))
 	// The key is held and marked (a refused acquire), so its release publishes.
-	if got, err := s.Acquire(ctx, key, ownerA, 10*time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("acquire: %+v %v", got, err)
 	}
-	if got, err := s.Acquire(ctx, key, ownerB, 10*time.Second, ""); err != nil || got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second}); err != nil || got.Acquired {
 		t.Fatalf("busy acquire: %+v %v", got, err)
 	}
 	w2, err := s.Watch(ctx, key) // its SUBSCRIBE reaches Redis about t0+250ms

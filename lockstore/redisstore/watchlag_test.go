@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // TestWatchHearsAReleaseRightAfterIt: RedisStore.Watch returns once its subscription is
@@ -46,11 +47,11 @@ func TestWatchHearsAReleaseRightAfterIt(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close(); _ = sub.Close() })
 
 	const key = "lock:notify"
-	if got, err := s.Acquire(ctx, key, ownerA, 10*time.Second, ""); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("acquire: %+v %v", got, err)
 	}
 	// B is refused: the lock is marked, so its release publishes.
-	if got, err := s.Acquire(ctx, key, ownerB, 10*time.Second, ""); err != nil || got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second}); err != nil || got.Acquired {
 		t.Fatalf("busy acquire: %+v %v", got, err)
 	}
 	w, err := s.Watch(ctx, key)

@@ -121,7 +121,7 @@ func ctxOf(t *testing.T) context.Context {
 
 func mustAcquire(t *testing.T, ctx context.Context, s lockstore.Store, k, owner string, ttl time.Duration, meta string) lockstore.Acquisition {
 	t.Helper()
-	got, err := s.Acquire(ctx, k, owner, ttl, meta)
+	got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: ttl, Meta: meta})
 	if err != nil || !got.Acquired || got.Fence <= 0 {
 		t.Fatalf("Acquire(%q, %q) = %+v, %v; want acquired with a fence", k, owner, got, err)
 	}
@@ -139,7 +139,7 @@ func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner,
 // a TTL within the holder's (none on a store of sessions), never the holder's token.
 func (c suite) busy(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, holderMeta, holderToken string, ttl time.Duration) {
 	t.Helper()
-	got, err := s.Acquire(ctx, k, owner, ttl, "")
+	got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: ttl})
 	if err != nil {
 		t.Fatalf("Acquire of a held key: %v, want a busy reply", err)
 	}
@@ -165,7 +165,7 @@ func (s suite) exclusionBetweenOwners(t *testing.T) {
 		s.busy(t, ctx, b, k, ownerB, "host=a pid=1", ownerA, s.TTL)
 	}
 	// A token that is a prefix of the holder's is another owner.
-	if got, err := b.Acquire(ctx, k, ownerA[:10], s.TTL, ""); err != nil || got.Acquired {
+	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA[:10], TTL: s.TTL}); err != nil || got.Acquired {
 		t.Fatalf("a prefix of the holder's token: %+v, %v; want refused", got, err)
 	}
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
@@ -183,13 +183,13 @@ func (s suite) reentryKeepsTheFence(t *testing.T) {
 	// The same owner again, through this store or another (a re-sent acquisition that took
 	// another connection): a re-entry with the same fence.
 	for _, st := range []lockstore.Store{a, b} {
-		again, err := st.Acquire(ctx, k, ownerA, s.TTL, "")
+		again, err := st.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: s.TTL})
 		if err != nil || !again.Acquired || !again.Reentered || again.Fence != first.Fence {
 			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, first.Fence)
 		}
 	}
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	if got, err := b.Acquire(ctx, k, ownerB, s.TTL, ""); err != nil || !got.Acquired {
+	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL}); err != nil || !got.Acquired {
 		t.Fatalf("after the owner's release: %+v, %v; want the key free (a re-entry is no second hold)", got, err)
 	}
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
@@ -265,7 +265,7 @@ func (s suite) unrefreshedLockRunsOut(t *testing.T) {
 	// Nobody refreshes it: it runs out, and the next holder's fence is above.
 	deadline := time.Now().Add(3*s.TTL + 5*time.Second)
 	for {
-		got, err := b.Acquire(ctx, k, ownerB, s.TTL, "")
+		got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL})
 		if err == nil && got.Acquired {
 			if got.Fence <= first.Fence {
 				t.Fatalf("fence %d after the lock ran out, not above %d", got.Fence, first.Fence)
@@ -342,7 +342,7 @@ func (s suite) watchHearsAReleaseElsewhere(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
 	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
-	if got, err := b.Acquire(ctx, k, ownerB, s.TTL, ""); err != nil || got.Acquired {
+	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL}); err != nil || got.Acquired {
 		t.Fatalf("busy: %+v, %v", got, err)
 	}
 	w, err := b.Watch(ctx, k)
@@ -432,14 +432,10 @@ func (s suite) spentPermitWaitIsBusy(t *testing.T) {
 	}
 }
 
-// readWrite returns a writer's and a reader's Locker on a store of its own, or skips when the
-// store keeps no read-write locks.
+// readWrite returns a writer's and a reader's Locker on a store of its own.
 func (s suite) readWrite(t *testing.T, opts ...flightlock.Option) (w, r *flightlock.Locker) {
 	t.Helper()
 	w = s.locker(t, opts...)
-	if _, ok := w.Store().(lockstore.ReadWriter); !ok {
-		t.Skip("the store keeps no read-write locks")
-	}
 	r, err := w.With(flightlock.WithRead())
 	if err != nil {
 		t.Fatal(err)
@@ -552,27 +548,24 @@ func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
 func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	holder := s.Open(t)
-	if _, ok := holder.(lockstore.FairQueuer); !ok {
-		t.Skip("the store keeps no fair locks")
-	}
 	const waiters = 4
 	var (
-		stores []lockstore.FairQueuer
+		stores []lockstore.Store
 		owners []string
 	)
 	for i := range waiters {
-		stores = append(stores, s.Open(t).(lockstore.FairQueuer))
+		stores = append(stores, s.Open(t))
 		owners = append(owners, fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i))
 	}
 	base := time.Now().Add(-500 * time.Millisecond) // within any store's clamp of a caller's clock
 	line := 3 * s.TTL
-	got, err := holder.(lockstore.FairQueuer).AcquireFair(ctx, k, ownerA, s.TTL, "", base, line)
+	got, err := holder.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: s.TTL, Asked: base, Queue: line})
 	if err != nil || !got.Acquired {
 		t.Fatalf("the first fair acquisition: %+v, %v", got, err)
 	}
 	asked := func(i int) time.Time { return base.Add(time.Duration(i+1) * 20 * time.Millisecond) }
 	for i := range waiters {
-		if got, err := stores[i].AcquireFair(ctx, k, owners[i], s.TTL, "", asked(i), line); err != nil || got.Acquired {
+		if got, err := stores[i].Acquire(ctx, lockstore.Request{Key: k, Owner: owners[i], TTL: s.TTL, Asked: asked(i), Queue: line}); err != nil || got.Acquired {
 			t.Fatalf("waiter %d while the key is held: %+v, %v; want a place in line", i, got, err)
 		}
 	}
@@ -584,7 +577,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			if slices.Contains(order, i) {
 				continue
 			}
-			got, err := stores[i].AcquireFair(ctx, k, owners[i], s.TTL, "", asked(i), line)
+			got, err := stores[i].Acquire(ctx, lockstore.Request{Key: k, Owner: owners[i], TTL: s.TTL, Asked: asked(i), Queue: line})
 			if err != nil {
 				t.Fatal(err)
 			}

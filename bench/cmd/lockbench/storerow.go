@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 
-	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // storeImpl drives flightlock's RedisStore directly, without the Locker: the same scripts,
@@ -32,7 +34,7 @@ func (s *storeImpl) lock(ctx context.Context, key string) (any, error) {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	owner := hex.EncodeToString(b[:])
-	a, err := s.store.Acquire(ctx, key, owner, lockTTL, "")
+	a, err := s.store.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: lockTTL})
 	if err != nil {
 		return nil, err
 	}
