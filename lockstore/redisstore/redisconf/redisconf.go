@@ -197,7 +197,7 @@ func (r Conf) checkFailover(section string) error {
 	return nil
 }
 
-// zero is r as go-zero's redis.RedisConf, for NewRedisClient. DisableIdentity is true, which is how
+// zero is r as go-zero's redis.RedisConf, for NewClient. DisableIdentity is true, which is how
 // the store's client behaves anyway.
 func (r Conf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
