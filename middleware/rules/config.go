@@ -191,10 +191,8 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 		}
 		return "", OneOf(s.Field+".Store", s.Store, names...)
 	}
-	if !sec.Configured() {
-		if err := sec.Check(sec.Field, lockstore.Use{Field: s.Field}); err != nil {
-			return "", err
-		}
+	if err := sec.Check(sec.Field, lockstore.Use{Field: s.Field}); err != nil { // a section that names no store
+		return "", err
 	}
 	return s.Store, nil
 }
