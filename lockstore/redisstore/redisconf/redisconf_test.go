@@ -68,4 +68,3 @@ func tagDefault(f reflect.StructField) string {
 	}
 	return ""
 }
-
