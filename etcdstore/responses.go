@@ -14,6 +14,9 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
+// The middleware finds a store's name and response store through Describer, at run time.
+var _ lockstore.Describer = (*Store)(nil)
+
 // Describe implements lockstore.Describer: the store as "etcd", its inspector and its response
 // store, for keys under prefix (Lock.Etcd.Key + Lock.Prefix in a service).
 func (s *Store) Describe(prefix string) *lockstore.Backend {

@@ -10,6 +10,9 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
+// The middleware finds a store's name and response store through Describer, at run time.
+var _ lockstore.Describer = (*RedisStore)(nil)
+
 // Describe implements lockstore.Describer: the store as "redis", its inspector when its client
 // is a go-redis UniversalClient, and its response store, for keys under prefix.
 func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
