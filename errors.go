@@ -25,7 +25,7 @@ var (
 	// ErrConfig means a Locker's options (New, With) or a middleware's configuration are
 	// invalid: a TTL that is not positive, a prefix that leaves no room for a key, an unknown
 	// value. It is a start-up error, unlike ErrInvalidKey, which is the request's fault.
-	ErrConfig = errors.New("flightlock: invalid configuration")
+	ErrConfig = lockstore.ErrConfig
 	// ErrClosed is returned by Lock once the Locker drains (Drain): the process is shutting
 	// down and takes no new lock. It is also the cause with which Drain cancels the contexts of
 	// leases still held when its grace period ends.

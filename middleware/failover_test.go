@@ -70,11 +70,16 @@ func (r *failoverRig) conf(t *testing.T, replicas int) LockConf {
 // built as New builds the Middleware's.
 func (r *failoverRig) locker(t *testing.T, replicas int) *flightlock.Locker {
 	t.Helper()
-	l, closeStore, err := newRedisLocker(r.conf(t, replicas), "")
+	c := r.conf(t, replicas)
+	b, err := openSection(c.Sections()[0], c, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = closeStore() })
+	t.Cleanup(func() { _ = b.Close() })
+	l, err := baseOn(b, c)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return l
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
@@ -22,8 +23,11 @@ type Middleware struct {
 	// bases holds the base Locker of each store the rules lock in, by store name, each with
 	// its own gate. With WithLocker (or WithStore when the section names Redis only) it holds
 	// the injected one only, and every rule locks there (injected); see buildStores.
-	bases     map[string]*flightlock.Locker
-	injected  bool
+	bases    map[string]*flightlock.Locker
+	injected bool
+	// responses holds the response store of each base's store, by store name; nil for a
+	// store that keeps none.
+	responses map[string]lockstore.ResponseStore
 	closers   []func() error // the stores New built; nil once closed
 	conf      LockConf       // normalized: the store choices of Route and RouteFunc rules
 	owners    ownerPolicy
@@ -86,13 +90,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		return nil, err
 	}
 	if ResponseSharing != nil {
-		// Stored responses go under the etcd prefix the base Locker puts before lock keys
-		// (buildStores): Lock.Etcd.Key, or nothing for an injected Locker.
-		etcdPrefix := c.Etcd.Key
-		if m.injected {
-			etcdPrefix = ""
-		}
-		m.sharing = ResponseSharing(sharehook.Config{Bases: m.bases, EtcdPrefix: etcdPrefix, Prefix: c.Prefix,
+		m.sharing = ResponseSharing(sharehook.Config{Bases: m.bases, Responses: m.responses,
 			Wait: c.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
 	}
 	for _, cr := range compiled {
@@ -167,67 +165,74 @@ func (m *Middleware) Close() error {
 	return errors.Join(errs...)
 }
 
-// buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names Redis
-// only), or those of the stores that c names and its rules lock in, built here except the one
-// of the kind of a store given with WithStore.
+// buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names
+// Redis only, or no store), or one for each store that c names or its rules lock in, opened
+// through its section's driver, except the one of the kind of a store given with WithStore,
+// which takes its place. Each base's response store goes in m.responses.
 func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options) error {
 	m.bases = make(map[string]*flightlock.Locker)
+	m.responses = make(map[string]lockstore.ResponseStore)
+	primary, ambiguous := c.DefaultStore()
+	keyPrefix := func(name string) string {
+		if sec, ok := c.Section(name); ok {
+			return sec.KeyPrefix(c.Prefix)
+		}
+		return c.Prefix
+	}
 	switch {
 	case o.locker != nil:
-		m.locker, m.injected = o.locker, true
-	case o.store != nil && !c.Etcd.Named() && !c.Zookeeper.Named():
-		l, err := lockerOn(o.store, c)
-		if err != nil {
-			return err
-		}
-		m.locker, m.injected = l, true
-	case o.store != nil: // it takes the place of the store of its kind; the other is built
-		lc := c
-		if rules.StoreName(o.store) == rules.StoreEtcd {
-			lc.Prefix = c.Etcd.Key + c.Prefix
-		}
-		l, err := lockerOn(o.store, lc)
-		if err != nil {
-			return err
-		}
-		m.bases[rules.StoreName(o.store)] = l
-	}
-	if m.injected {
-		m.bases[rules.StoreName(m.locker.Store())] = m.locker
+		b := describe(o.locker.Store(), func(string) string { return c.Prefix })
+		m.locker, m.injected, m.bases[b.Name], m.responses[b.Name] = o.locker, true, o.locker, b.Responses
 		return nil
+	case o.store != nil && primary == rules.StoreRedis && !ambiguous:
+		b := describe(o.store, func(string) string { return c.Prefix })
+		l, err := lockerOn(b.Store, b.Name, c)
+		if err != nil {
+			return err
+		}
+		m.locker, m.injected, m.bases[b.Name], m.responses[b.Name] = l, true, l, b.Responses
+		return nil
+	case o.store != nil: // it takes the place of the store of its kind; the others are opened
+		b := describe(o.store, keyPrefix)
+		c := c
+		c.Prefix = b.Prefix
+		l, err := lockerOn(b.Store, b.Name, c)
+		if err != nil {
+			return err
+		}
+		m.bases[b.Name], m.responses[b.Name] = l, b.Responses
 	}
-	primary, _ := c.DefaultStore()
-	redisUsed := primary == rules.StoreRedis
+	used := map[string]bool{primary: true}
 	for _, cr := range compiled {
-		redisUsed = redisUsed || cr.spec.Store == rules.StoreRedis
+		used[cr.spec.Store] = true
 	}
-	if c.Etcd.Named() && m.bases[rules.StoreEtcd] == nil {
-		l, closeStore, err := newStoreLocker(c, "Lock.Etcd", c.Etcd.Key, c.Etcd.Store)
+	for _, sec := range c.Sections() {
+		// A section that names no store is opened (the embedded store) only when rules lock in
+		// it and its driver allows that.
+		if m.bases[sec.Name()] != nil || !sec.Configured() && (!used[sec.Name()] || sec.Check(sec.Field, lockstore.Use{}) != nil) {
+			continue
+		}
+		b, err := openSection(sec, c, o.mode)
 		if err != nil {
 			return err
 		}
-		m.bases[rules.StoreEtcd], m.closers = l, append(m.closers, closeStore)
-	}
-	if c.Zookeeper.Named() && m.bases[rules.StoreZookeeper] == nil {
-		l, closeStore, err := newStoreLocker(c, "Lock.Zookeeper", "", c.Zookeeper.Store)
+		l, err := baseOn(b, c)
 		if err != nil {
+			_ = b.Close()
 			return err
 		}
-		// Ending the session deletes its holds at once: locks a drain left held (Shutdown) go
-		// with the session when the process exits instead, as on Redis with their TTL.
-		m.bases[rules.StoreZookeeper], m.closers = l, append(m.closers, func() error {
-			if m.drain.err != nil {
-				return nil
+		closeStore := b.Close
+		if b.CloseEndsHolds {
+			// Locks a drain left held (Shutdown) are not ended at once: they go when the
+			// process exits, as on Redis with their TTL.
+			closeStore = func() error {
+				if m.drain.err != nil {
+					return nil
+				}
+				return b.Close()
 			}
-			return closeStore()
-		})
-	}
-	if (redisUsed || !c.Redis.Embedded()) && m.bases[rules.StoreRedis] == nil {
-		l, closeStore, err := newRedisLocker(c, o.mode)
-		if err != nil {
-			return err
 		}
-		m.bases[rules.StoreRedis], m.closers = l, append(m.closers, closeStore)
+		m.bases[sec.Name()], m.responses[sec.Name()], m.closers = l, b.Responses, append(m.closers, closeStore)
 	}
 	m.locker = m.bases[primary]
 	return nil
@@ -236,7 +241,9 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 // baseFor returns the store that rule s locks in and its base Locker.
 func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
 	if m.injected {
-		return rules.StoreName(m.locker.Store()), m.locker, nil
+		for name, l := range m.bases { // its only entry
+			return name, l, nil
+		}
 	}
 	store, err := m.conf.StoreOf(s)
 	if err != nil {

@@ -47,7 +47,7 @@ func main() {
 	redis.SetLogger(silent{}) // failures reach the operator as errors, once, not as pool logs
 	if os.Getenv("ETCD_CLIENT_DEBUG") == "" {
 		// The same for the etcd client's retry warnings: middleware.EtcdConf.Client builds its
-		// logger from this variable (connectEtcd drops the client's logs once it is built).
+		// logger from this variable.
 		_ = os.Setenv("ETCD_CLIENT_DEBUG", "fatal")
 	}
 	os.Exit(run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr))

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +15,7 @@ import (
 	"github.com/zeromicro/go-zero/core/conf"
 	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
 
-	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/middleware"
 )
 
@@ -36,14 +37,16 @@ type target struct {
 	from   string // for messages: "etc/x.yaml (Order.Lock)", "-addr", "-etcd" or "-zookeeper"
 }
 
-// keyPrefix is what goes before a rendered key in the store: Prefix in Redis, Etcd.Key +
-// Prefix in etcd; in ZooKeeper Prefix, in the key's node name under Zookeeper.Root.
-func (t target) keyPrefix() string {
-	if t.store == storeEtcd {
-		return t.etcd.Key + t.prefix
-	}
-	return t.prefix
+// driver is the section of the target's store, with the flags applied: what opens it.
+func (t target) driver() lockstore.Driver {
+	sec, _ := middleware.LockConf{Redis: t.redis, Etcd: t.etcd, Zookeeper: t.zk}.Section(t.store)
+	return sec.Driver
 }
+
+// keyPrefix is what goes before a rendered key in the store, as its driver says: Prefix in
+// Redis, Etcd.Key + Prefix in etcd; in ZooKeeper Prefix, in the key's node name under
+// Zookeeper.Root.
+func (t target) keyPrefix() string { return t.driver().KeyPrefix(t.prefix) }
 
 // resolveTarget reads the Lock section of o.file, if any, chooses its store and applies the
 // flags over it. The store is the one -store names, etcd with -etcd, ZooKeeper with
@@ -121,6 +124,7 @@ func resolveTarget(o options) (target, error) {
 	if o.tls {
 		t.redis.Tls = true
 	}
+	t.redis.NonBlock = true // connect reads the store within -timeout instead of a ping at start
 	t.redis.Type = strings.ToLower(cmp.Or(t.redis.Type, "node"))
 	if t.redis.Type != "node" && t.redis.Type != "cluster" {
 		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
@@ -146,6 +150,7 @@ func etcdTarget(t target, o options, path string) (target, error) {
 	if o.etcdKey != "" {
 		t.etcd.Key = o.etcdKey
 	}
+	t.etcd.DialTimeout = o.timeout
 	if o.user != "" {
 		t.etcd.User = o.user
 	}
@@ -311,32 +316,61 @@ func topLevelRedisHint(file string) string {
 	return " If it locks on a Redis set in code, pass -addr."
 }
 
-// connect opens the target's store.
-func connect(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
-	switch t.store {
-	case storeEtcd:
-		return connectEtcd(ctx, t, timeout)
-	case storeZookeeper:
-		return connectZookeeper(ctx, t, timeout)
-	}
-	return connectRedis(ctx, t, timeout)
-}
+// reachKey is the key that connect looks up: a lock key no template renders, so that any
+// answer but "not held" is a store that cannot be read.
+const reachKey = "flightlock:cli:probe"
 
-// connectRedis builds the client that the service's own store would build (RedisConf.Client),
-// and pings it, so that a wrong address fails here with the address in the message. The locks
-// are read through lockstore's inspector.
-func connectRedis(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
-	rc := t.redis
-	rc.NonBlock = true // pinged below, within -timeout and ctx
-	rdb, err := rc.Client()
-	if err != nil {
-		return nil, err
+// connect opens the target's store as the service's own opens it (its section's driver:
+// hosts, account, TLS, a ZooKeeper session timeout checked against the servers'), within
+// -timeout, and looks up one key, so that a wrong address or account fails here with the
+// address in the message. The locks are read through the store's inspector, which never hands
+// out an owner token. The CLI's connections and session are its own: closing them touches no
+// service's hold.
+func connect(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
+	type opened struct {
+		b   *lockstore.Backend
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() { // a ZooKeeper session is awaited up to a session timeout, without a context
+		b, err := t.driver().Open(t.prefix)
+		done <- opened{b, err}
+	}()
+	// The grace lets a client that bounds its own dial by -timeout (etcd) report why.
+	tctx, cancel := context.WithTimeout(ctx, timeout+openGrace)
+	defer cancel()
+	var b *lockstore.Backend
+	select {
+	case o := <-done:
+		if o.err != nil {
+			return nil, t.unreachable(o.err)
+		}
+		b = o.b
+	case <-tctx.Done():
+		go func() { // a store that opens after all is closed at once
+			if o := <-done; o.err == nil {
+				_ = o.b.Close()
+			}
+		}()
+		return nil, t.unreachable(fmt.Errorf("no session within %v", timeout))
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, fmt.Errorf("cannot reach Redis at %s (from %s): %w", t.where(), t.from, err)
+	if _, err := b.Inspector.Lookup(pctx, reachKey); err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+		_ = b.Close()
+		return nil, t.unreachable(err)
 	}
-	return &backend{Inspector: redisstore.NewInspector(rdb, t.prefix), target: t, close: func() { _ = rdb.Close() }}, nil
+	return &backend{Inspector: b.Inspector, target: t, close: func() { _ = b.Close() }}, nil
+}
+
+// openGrace is how much longer than -timeout connect waits for a store to open.
+const openGrace = 250 * time.Millisecond
+
+// unreachable is err, of a store that connect could not open or read, with its address.
+func (t target) unreachable(err error) error {
+	where := t.where()
+	if t.store == storeRedis {
+		where = "Redis at " + where
+	}
+	return fmt.Errorf("cannot reach %s (from %s): %w", where, t.from, err)
 }

@@ -2,10 +2,8 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/flightlock/flightlock/zkstore"
 )
@@ -26,37 +24,4 @@ func zookeeperTarget(t target, o options, path string) (target, error) {
 	t.zk.Root = cmp.Or(o.zkRoot, t.zk.Root, zkstore.DefaultRoot)
 	t.zk.SessionTimeout = cmp.Or(t.zk.SessionTimeout, zkstore.DefaultSessionTimeout)
 	return t, nil
-}
-
-// connectZookeeper opens a session as the service's own store does (ZookeeperConf.Store:
-// hosts, session timeout checked against the servers', Root), so that a wrong address fails
-// here, within -timeout, with the address in the message. The locks are read through
-// zkstore's inspector, which never hands out an owner token (the nodes hold a hash of it).
-// The CLI's session is its own: closing it touches no service's hold.
-func connectZookeeper(ctx context.Context, t target, timeout time.Duration) (*backend, error) {
-	type dialed struct {
-		store *zkstore.Store
-		err   error
-	}
-	done := make(chan dialed, 1)
-	go func() { // Dial waits up to a session timeout for a session, and takes no context
-		s, _, err := t.zk.Store()
-		done <- dialed{s, err}
-	}()
-	tctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	select {
-	case d := <-done:
-		if d.err != nil {
-			return nil, fmt.Errorf("cannot reach %s (from %s): %w", t.where(), t.from, d.err)
-		}
-		return &backend{Inspector: zkstore.NewInspector(d.store, t.prefix), target: t, close: func() { _ = d.store.Close() }}, nil
-	case <-tctx.Done():
-		go func() { // a session that comes after all is ended at once
-			if d := <-done; d.err == nil {
-				_ = d.store.Close()
-			}
-		}()
-		return nil, fmt.Errorf("cannot reach %s (from %s): no session within %v", t.where(), t.from, timeout)
-	}
 }

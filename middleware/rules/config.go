@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/flightlock/flightlock/etcdstore/etcdconf"
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore/redisconf"
+	"github.com/flightlock/flightlock/zkstore/zkconf"
 	"github.com/zeromicro/go-zero/core/conf"
-	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 )
 
 // Values of Rule.OnBusy, LockConf.OnStoreError and RetryConf.Backoff, as normalized (lower
@@ -33,6 +34,40 @@ const (
 	ModeRead           = "read"
 	ModeWrite          = "write"
 )
+
+// The sections of the stores, each owned by its store's package (lockstore.Driver).
+type (
+	// RedisConf is go-zero's redis.RedisConf with Sentinel, Lanes and Replicas; see redisconf.Conf.
+	RedisConf = redisconf.Conf
+	// SentinelConf locates the primary through Redis Sentinel; see redisconf.SentinelConf.
+	SentinelConf = redisconf.SentinelConf
+	// EtcdConf is an etcd cluster for the locks, as go-zero's discov.EtcdConf; see etcdconf.Conf.
+	EtcdConf = etcdconf.Conf
+	// ZookeeperConf is a ZooKeeper ensemble for the locks; see zkconf.Conf.
+	ZookeeperConf = zkconf.Conf
+)
+
+// Section is one store's section of a LockConf: its path in the YAML file and its driver.
+type Section struct {
+	Field string // "Lock.Etcd"
+	lockstore.Driver
+}
+
+// Sections are the store sections of c, in the order Redis, etcd, ZooKeeper: the one list of
+// the stores a LockConf can name.
+func (c LockConf) Sections() []Section {
+	return []Section{{"Lock.Redis", c.Redis}, {"Lock.Etcd", c.Etcd}, {"Lock.Zookeeper", c.Zookeeper}}
+}
+
+// Section returns the section of the store named name; ok is false for no such store.
+func (c LockConf) Section(name string) (s Section, ok bool) {
+	for _, s := range c.Sections() {
+		if s.Name() == name {
+			return s, true
+		}
+	}
+	return Section{}, false
+}
 
 // HTTPMethods are the values of Rule.Method, as normalized (upper case).
 var HTTPMethods = []string{
@@ -115,150 +150,6 @@ type LockConf struct {
 	Rules []Rule `json:",optional"`
 }
 
-// RedisConf is go-zero's redis.RedisConf, field for field with go-zero's names, defaults and
-// meanings, so a service's Redis section can be copied under Lock: as it is, plus Lanes
-// . Where it differs:
-//   - Host is optional: no Host means the embedded in-memory store (one process only).
-//   - The words of Type and MaintNotifications are taken in any case, and a bad one is
-//     refused by Validate naming the field, rather than by go-zero's options= check.
-//   - DisableIdentity is not a field: the store's client never sends CLIENT SETINFO (Redis 7.0
-//     rejects it), as go-zero's client does with DisableIdentity: true. The key is ignored.
-//
-// The fields, with go-zero's meanings:
-//   - Type is "node" (default; Host is one address) or "cluster" (Host lists seed addresses,
-//     comma separated). User and Pass authenticate.
-//   - Tls encrypts the connection without verifying the server's certificate, as go-zero's
-//     Redis client does (InsecureSkipVerify). To verify it, build a go-redis client with your
-//     tls.Config and pass redisstore.New(client) to New with WithStore.
-//   - NonBlock false makes New ping Redis and fail when it does not answer within PingTimeout
-//     (default 1s), as go-zero's redis.NewRedis does. NonBlock true (the default in YAML)
-//     starts without a round trip, and the first lock finds out. A LockConf built in Go has
-//     NonBlock false unless it sets it, so it pings, as a redis.RedisConf built in Go does.
-//   - Protocol is the RESP version, 2 or 3 (default).
-//   - MaintNotifications is go-redis's CLIENT MAINT_NOTIFICATIONS handshake: "disabled"
-//     (default; the command is never sent), "enabled" or "auto".
-//
-// Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
-// further concurrent calls wait for the next free lane and share one pipeline. 0 means the
-// default (redisstore.DefaultLanes, 4); -1 sends every call on its own, like a plain client.
-//
-// Sentinel, which go-zero's RedisConf does not have, finds the primary through Redis Sentinel
-// (go-redis's failover client; every lock command goes to the primary): set Sentinel.MasterName
-// and Sentinel.Addrs and leave Host empty. User and Pass authenticate to the Redis nodes,
-// Sentinel.User and Sentinel.Pass to the Sentinels.
-//
-// Replicas makes a lock count only once that many replicas acknowledged it (WAIT, in the same
-// round trip as the acquisition), within ReplicaTimeout (default 100ms): a failover that
-// promotes a replica can then not lose a granted lock to a second holder. An acquisition not
-// acknowledged in time is released and answered as a store error (OnStoreError); a renewal
-// not acknowledged does not extend the lease. 0 (the default) waits for none, as every Redis
-// lock library does; see the README's "Failover and fencing".
-type RedisConf struct {
-	Host               string        `json:",optional"`
-	Type               string        `json:",default=node"`
-	User               string        `json:",optional"`
-	Pass               string        `json:",optional"`
-	Tls                bool          `json:",optional"`
-	NonBlock           bool          `json:",default=true"`
-	Protocol           int           `json:",default=3"`
-	MaintNotifications string        `json:",default=disabled"`
-	PingTimeout        time.Duration `json:",default=1s"`
-	Lanes              int           `json:",optional"`
-	Sentinel           SentinelConf  `json:",optional"`
-	Replicas           int           `json:",optional"`
-	ReplicaTimeout     time.Duration `json:",default=100ms"`
-}
-
-// EtcdConf is go-zero's discov.EtcdConf, field for field with go-zero's names and meanings,
-// so the Etcd section of a zrpc service can be copied under Lock: and its Key changed (see
-// below). The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key.
-//   - Hosts lists the members' client addresses (host:port), as for discovery. Empty: no etcd.
-//   - User and Pass authenticate (both or neither, as go-zero's HasAccount requires).
-//   - CertFile, CertKeyFile and CACertFile are the client certificate, its key and the CA
-//     that signed the members' certificates: all three or none (go-zero's HasTLS).
-//     InsecureSkipVerify skips the verification of the members' certificates, as in go-zero.
-//
-// Where it differs from discov.EtcdConf:
-//   - Key is the prefix of the lock keys, not a service's name, and is optional: default
-//     "flightlock/". Never give it a service's discovery Key: zrpc clients watch every key
-//     under Key + "/" and would dial the locks as server addresses. New refuses a Key whose
-//     first segment (up to the first "/") ends in ".rpc", goctl's naming of discovery keys;
-//     it cannot know the other services' keys, so keep the locks under a name of their own.
-//   - ID is not a field: it names a service's registration lease, which the locks do not use
-//     (flightlock check accepts it, so a copied section passes).
-//   - DialTimeout (default 5s, go-zero's) bounds the connection at start-up and each dial.
-//   - LeaseMargin (default 1s, whole seconds) is how much longer than a lock's TTL its etcd
-//     lease lasts (etcdstore.WithLeaseMargin).
-//
-// etcd leases last whole seconds: a rule on etcd needs a TTL of whole seconds, at least 1s,
-// that the cluster grants with the margin added (TTL + LeaseMargin at least its minimum lease
-// TTL, 2s with etcd's default timings). New refuses other TTLs, naming the field; nothing is
-// rounded.
-type EtcdConf struct {
-	Hosts              []string      `json:",optional"`
-	Key                string        `json:",default=flightlock/"`
-	User               string        `json:",optional"`
-	Pass               string        `json:",optional"`
-	CertFile           string        `json:",optional"`
-	CertKeyFile        string        `json:",optional"`
-	CACertFile         string        `json:",optional"`
-	InsecureSkipVerify bool          `json:",optional"`
-	DialTimeout        time.Duration `json:",default=5s"`
-	LeaseMargin        time.Duration `json:",default=1s"`
-}
-
-// Named reports whether e names an etcd cluster.
-func (e EtcdConf) Named() bool { return len(e.Hosts) > 0 }
-
-// problems validates the settings of e when it names a cluster.
-func (e EtcdConf) problems(prefix string) []error {
-	var ps []error
-	if !e.Named() {
-		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
-			ps = append(ps, FieldError("Lock.Etcd.Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
-		}
-		return ps
-	}
-	for i, h := range e.Hosts {
-		if strings.TrimSpace(h) == "" {
-			ps = append(ps, FieldError(fmt.Sprintf("Lock.Etcd.Hosts[%d]", i), "is empty"))
-		}
-	}
-	if first, _, _ := strings.Cut(e.Key+prefix, "/"); strings.HasSuffix(first, ".rpc") {
-		ps = append(ps, FieldError("Lock.Etcd.Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
-			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
-			"such as the default \"flightlock/\"", e.Key, first+"/"))
-	}
-	if (e.User == "") != (e.Pass == "") {
-		ps = append(ps, FieldError("Lock.Etcd.Pass", "and User must be set together (go-zero's HasAccount)"))
-	}
-	tls := []string{e.CertFile, e.CertKeyFile, e.CACertFile}
-	if n := len(tls) - len(slices.DeleteFunc(tls, func(s string) bool { return s == "" })); n > 0 && n < 3 {
-		ps = append(ps, FieldError("Lock.Etcd.CertFile", "CertFile, CertKeyFile and CACertFile must be set together (go-zero's HasTLS)"))
-	}
-	if e.DialTimeout < 0 {
-		ps = append(ps, FieldError("Lock.Etcd.DialTimeout", "must not be negative, got %v", e.DialTimeout))
-	}
-	if e.LeaseMargin < time.Second || e.LeaseMargin%time.Second != 0 {
-		ps = append(ps, FieldError("Lock.Etcd.LeaseMargin", "must be whole seconds, at least 1s, got %v", e.LeaseMargin))
-	}
-	return ps
-}
-
-// checkEtcdTTL refuses a lock TTL that an etcd lease cannot honour: field names the setting
-// it came from (Lock.TTL or Lock.Rules[i].TTL), rule the rule that runs on etcd with it.
-func checkEtcdTTL(field, rule string, ttl time.Duration) error {
-	if ttl >= time.Second && ttl%time.Second == 0 {
-		return nil
-	}
-	on := "the locks run on etcd"
-	if rule != "" {
-		on = rule + " runs on etcd"
-	}
-	return FieldError(field, "%v is not a whole number of seconds, at least 1s: %s, whose leases last whole seconds "+
-		"(nothing is rounded)", ttl, on)
-}
-
 // DefaultStore is the store of a rule that names none: the one store the section names (etcd
 // or ZooKeeper by their Hosts, Redis by its Host or Sentinel), else Redis (the embedded one
 // without a Host). ambiguous reports that it names several; store is then the first of Redis,
@@ -274,101 +165,56 @@ func (c LockConf) DefaultStore() (store string, ambiguous bool) {
 // namedStores are the stores c names, in the order Redis, etcd, ZooKeeper.
 func (c LockConf) namedStores() []string {
 	var named []string
-	if !c.Redis.Embedded() {
-		named = append(named, StoreRedis)
-	}
-	if c.Etcd.Named() {
-		named = append(named, StoreEtcd)
-	}
-	if c.Zookeeper.Named() {
-		named = append(named, StoreZookeeper)
+	for _, s := range c.Sections() {
+		if s.Configured() {
+			named = append(named, s.Name())
+		}
 	}
 	return named
 }
 
 // StoreOf is the store that rule s of c runs on, or a problem naming the field.
 func (c LockConf) StoreOf(s Spec) (string, error) {
-	switch s.Store {
-	case "":
+	if s.Store == "" {
 		store, ambiguous := c.DefaultStore()
 		if ambiguous {
 			return "", FieldError(s.Field+".Store", "is empty, but Lock names several stores (a Redis by Redis.Host or Sentinel, "+
 				"etcd by Etcd.Hosts, ZooKeeper by Zookeeper.Hosts): say which this rule locks in, %s", strings.Join(c.namedStores(), " or "))
 		}
 		return store, nil
-	case StoreRedis:
-		return StoreRedis, nil
-	case StoreEtcd:
-		if !c.Etcd.Named() {
-			return "", FieldError(s.Field+".Store", "is etcd, but Lock.Etcd.Hosts is empty: an etcd store with no hosts")
-		}
-		return StoreEtcd, nil
-	case StoreZookeeper:
-		if !c.Zookeeper.Named() {
-			return "", FieldError(s.Field+".Store", "is zookeeper, but Lock.Zookeeper.Hosts is empty: a ZooKeeper store with no hosts")
-		}
-		return StoreZookeeper, nil
 	}
-	return "", OneOf(s.Field+".Store", s.Store, StoreRedis, StoreEtcd, StoreZookeeper)
+	sec, ok := c.Section(s.Store)
+	if !ok {
+		var names []string
+		for _, sec := range c.Sections() {
+			names = append(names, sec.Name())
+		}
+		return "", OneOf(s.Field+".Store", s.Store, names...)
+	}
+	if err := sec.Check(sec.Field, lockstore.Use{Field: s.Field}); err != nil { // a section that names no store
+		return "", err
+	}
+	return s.Store, nil
 }
 
-// CheckRuleStore validates the store of rule s of c: which one, and what etcd requires of it
-// (whole-second TTLs; a share rule's Replay is rounded up instead, see middleware/share/etcd.go)
-// or ZooKeeper (a TTL below two thirds of the session timeout; no share rule, as it keeps no
-// responses).
+// CheckRuleStore validates the store of rule s of c: which one, and what that store's driver
+// requires of the rule (lockstore.Driver.Check): etcd whole-second TTLs (a share rule's Replay
+// is rounded up instead), ZooKeeper a TTL below two thirds of the session timeout and no share
+// rule, as it keeps no responses.
 func (c LockConf) CheckRuleStore(s Spec) error {
 	store, err := c.StoreOf(s)
-	if err != nil || store == StoreRedis {
+	if err != nil {
 		return err
 	}
-	primary, _ := c.DefaultStore()
-	if store == StoreZookeeper {
-		if s.OnBusy == OnBusyShare {
-			return FieldError(s.Field+".OnBusy", "is share, but the rule locks in ZooKeeper, which keeps no stored responses: "+
-				"lock it in Redis or etcd, or use wait")
-		}
-		if s.TTL > 0 {
-			return c.Zookeeper.checkTTL(s.Field+".TTL", s.Field, s.TTL)
-		}
-		if primary == StoreZookeeper {
-			return nil // Lock.TTL is checked once, with the scalars
-		}
-		return c.Zookeeper.checkTTL("Lock.TTL", s.Field, c.TTL)
+	sec, _ := c.Section(store)
+	u := lockstore.Use{Field: s.Field, Share: s.OnBusy == OnBusyShare}
+	switch primary, _ := c.DefaultStore(); {
+	case s.TTL > 0:
+		u.TTLField, u.TTL = s.Field+".TTL", s.TTL
+	case primary != store: // else Lock.TTL is checked once, with the scalars
+		u.TTLField, u.TTL = "Lock.TTL", c.TTL
 	}
-	if s.TTL > 0 {
-		return checkEtcdTTL(s.Field+".TTL", s.Field, s.TTL)
-	}
-	if primary == StoreEtcd {
-		return nil // Lock.TTL is checked once, with the scalars
-	}
-	return checkEtcdTTL("Lock.TTL", s.Field, c.TTL)
-}
-
-// SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
-// the Sentinels' addresses (host:port), and the credentials of the Sentinels themselves.
-type SentinelConf struct {
-	MasterName string   `json:",optional"`
-	Addrs      []string `json:",optional"`
-	User       string   `json:",optional"`
-	Pass       string   `json:",optional"`
-}
-
-// Embedded reports whether r names no Redis at all: no Host and no Sentinel.
-func (r RedisConf) Embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
-
-// StoreOptions are the lockstore options that r sets.
-func (r RedisConf) StoreOptions() []redisstore.Option {
-	var opts []redisstore.Option
-	switch {
-	case r.Lanes < 0:
-		opts = append(opts, redisstore.WithLanes(0))
-	case r.Lanes > 0:
-		opts = append(opts, redisstore.WithLanes(r.Lanes))
-	}
-	if r.Replicas > 0 {
-		opts = append(opts, redisstore.WithReplicas(r.Replicas, r.ReplicaTimeout))
-	}
-	return opts
+	return sec.Check(sec.Field, u)
 }
 
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
@@ -512,13 +358,13 @@ func (c LockConf) Problems() []error {
 		// compileRules checks the scalars first: give it good ones, naming the same stores
 		// (the rules' store checks read which), with c's TTL when that one is good.
 		base = LockConf{}.Normalized()
-		if !n.Redis.Embedded() {
+		if n.Redis.Configured() {
 			base.Redis.Host = "redis"
 		}
-		if n.Etcd.Named() {
+		if n.Etcd.Configured() {
 			base.Etcd.Hosts = []string{"etcd"}
 		}
-		if n.Zookeeper.Named() {
+		if n.Zookeeper.Configured() {
 			base.Zookeeper.Hosts = []string{"zookeeper"}
 			if n.Zookeeper.SessionTimeout > 0 {
 				base.Zookeeper.SessionTimeout = n.Zookeeper.SessionTimeout
@@ -648,56 +494,15 @@ func (c LockConf) problems() []error {
 		add(FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
 	}
 	add(OneOf("Lock.OnStoreError", c.OnStoreError, StoreErrorsClosed, StoreErrorsOpen))
-	add(OneOf("Lock.Redis.Type", c.Redis.Type, zeroredis.NodeType, zeroredis.ClusterType))
 	add(checkPropagateTo(c.PropagateTo))
-	if c.Redis.Lanes < -1 {
-		add(FieldError("Lock.Redis.Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", c.Redis.Lanes))
+	for _, s := range c.Sections() {
+		ps = append(ps, s.Validate(s.Field, c.Prefix)...)
 	}
-	switch c.Redis.Protocol {
-	case 0, 2, 3:
-	default:
-		add(FieldError("Lock.Redis.Protocol", "must be one of 2, 3; got %d", c.Redis.Protocol))
-	}
-	add(OneOf("Lock.Redis.MaintNotifications", c.Redis.MaintNotifications, string(maintnotifications.ModeDisabled),
-		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)))
-	if c.Redis.PingTimeout < 0 {
-		add(FieldError("Lock.Redis.PingTimeout", "must not be negative, got %v", c.Redis.PingTimeout))
-	}
-	add(c.Redis.checkFailover())
-	ps = append(ps, c.Etcd.problems(c.Prefix)...)
-	ps = append(ps, c.Zookeeper.problems()...)
-	switch store, _ := c.DefaultStore(); {
-	case store == StoreEtcd && c.TTL >= 0:
-		add(checkEtcdTTL("Lock.TTL", "", c.TTL))
-	case store == StoreZookeeper && c.TTL >= 0:
-		add(c.Zookeeper.checkTTL("Lock.TTL", "", c.TTL))
+	if store, _ := c.DefaultStore(); c.TTL >= 0 {
+		sec, _ := c.Section(store)
+		add(sec.Check(sec.Field, lockstore.Use{TTLField: "Lock.TTL", TTL: c.TTL}))
 	}
 	return append(ps, c.Retry.problems()...)
-}
-
-// checkFailover validates Sentinel and Replicas.
-func (r RedisConf) checkFailover() error {
-	sn := r.Sentinel
-	switch {
-	case sn.MasterName == "" && (len(sn.Addrs) > 0 || sn.User != "" || sn.Pass != ""):
-		return FieldError("Lock.Redis.Sentinel.MasterName", "is empty, but the Sentinel section sets other fields: name the master")
-	case sn.MasterName != "" && len(sn.Addrs) == 0:
-		return FieldError("Lock.Redis.Sentinel.Addrs", "is empty: list the Sentinels (host:port)")
-	case sn.MasterName != "" && r.Host != "":
-		return FieldError("Lock.Redis.Host", "is set together with Sentinel: the Sentinels name the primary; leave Host empty")
-	case sn.MasterName != "" && r.Type == zeroredis.ClusterType:
-		return FieldError("Lock.Redis.Type", "is cluster together with Sentinel: a Cluster fails over on its own")
-	case r.Replicas < 0:
-		return FieldError("Lock.Redis.Replicas", "must not be negative, got %d", r.Replicas)
-	case r.ReplicaTimeout < 0:
-		return FieldError("Lock.Redis.ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
-	}
-	for i, a := range sn.Addrs {
-		if strings.TrimSpace(a) == "" {
-			return FieldError(fmt.Sprintf("Lock.Redis.Sentinel.Addrs[%d]", i), "is empty")
-		}
-	}
-	return nil
 }
 
 // problems validates the settings of r, one problem per field at most.
@@ -742,23 +547,6 @@ func (r RetryConf) Strategy() flightlock.Retry {
 		s = flightlock.LimitRetry(s, r.Attempts)
 	}
 	return s
-}
-
-// zero is r as go-zero's redis.RedisConf, for NewRedisClient. DisableIdentity is true, which is how
-// the store's client behaves anyway.
-func (r RedisConf) zero() zeroredis.RedisConf {
-	return zeroredis.RedisConf{
-		Host:               r.Host,
-		Type:               r.Type,
-		User:               r.User,
-		Pass:               r.Pass,
-		Tls:                r.Tls,
-		NonBlock:           r.NonBlock,
-		DisableIdentity:    true,
-		Protocol:           r.Protocol,
-		MaintNotifications: r.MaintNotifications,
-		PingTimeout:        r.PingTimeout,
-	}
 }
 
 // checkRule validates the settings of a rule other than its key template.
@@ -854,23 +642,17 @@ func OneOf(field, v string, allowed ...string) error {
 	return FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// FieldError names the bad field first, as go-zero's conf loader does, in an error that wraps
-// flightlock.ErrConfig.
+// FieldError names the bad field first, as go-zero's conf loader does, in a *ConfigError,
+// which wraps flightlock.ErrConfig.
 func FieldError(field, format string, args ...any) error {
-	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+	return lockstore.FieldError(field, format, args...)
 }
 
-// ConfigError is a bad setting, as Validate, Problems and New report it. Error names the field
+// ConfigError is a bad setting, as Validate, Problems and New report it: Error names the field
 // first, by its path in the YAML file ("Lock.Rules[1].OnBusy: must be one of ..."), and
 // errors.Is matches flightlock.ErrConfig as well as what Err wraps. Field is that path, for
 // tools that point at the line (flightlock check).
-type ConfigError struct {
-	Field string // "Lock.Rules[1].OnBusy"
-	Err   error  // what is wrong with it
-}
-
-func (e *ConfigError) Error() string   { return e.Field + ": " + e.Err.Error() }
-func (e *ConfigError) Unwrap() []error { return []error{flightlock.ErrConfig, e.Err} }
+type ConfigError = lockstore.ConfigError
 
 // checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".
 func checkPropagateTo(to []string) error {

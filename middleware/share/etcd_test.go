@@ -41,7 +41,7 @@ func TestEtcdReplaySaveNeverOverwritesALock(t *testing.T) {
 	if len(before.Kvs) != 1 || strings.HasPrefix(string(before.Kvs[0].Value), "{") {
 		t.Fatalf("the lock at %s: %v, want a lock value", k, before.Kvs)
 	}
-	replays := newEtcdReplays(cli, "flightlock/")
+	replays := replays{store: store.Describe("flightlock/").Responses}
 	rec := &record{Status: http.StatusOK, Body: []byte("new"), Print: "p"}
 	if err := replays.save(ctx, "lock:replay:a:u1", rec, time.Second); err == nil {
 		t.Error("save over a lock succeeded")
@@ -79,7 +79,12 @@ func TestEtcdReplaySaveKeepsTheLaterGrantsRecord(t *testing.T) {
 	ec := etcdtest.Start(t)
 	cli := ec.Client(t)
 	ctx := context.Background()
-	rp := newEtcdReplays(cli, "flk/")
+	store, err := etcdstore.New(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	rp := replays{store: store.Describe("flk/").Responses}
 	save := func(key string, fence int64, body string) {
 		t.Helper()
 		if err := rp.save(ctx, key, &record{Status: 200, Body: []byte(body), Fence: fence, Print: "abc"}, 10*time.Second); err != nil {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // replaySet refuses to replace the stored response of a later grant (a larger fence) and
@@ -18,7 +20,9 @@ func TestReplaySetKeepsTheLaterGrantsRecord(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true})
 	defer client.Close()
 	ctx := context.Background()
-	rp := &redisReplays{client: client}
+	store := redisstore.New(client)
+	defer store.Close()
+	rp := replays{store: store.Describe("").Responses}
 	save := func(fence int64, body string) {
 		t.Helper()
 		if err := rp.save(ctx, "lock:replay:k", &record{Status: 200, Header: http.Header{"X-F": {`"f":1,"p":"x"}`}},

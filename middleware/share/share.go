@@ -42,19 +42,16 @@ func New(c sharehook.Config) sharehook.Group { return newGroup(c) }
 // group is the response sharing of one Middleware.
 type group struct {
 	conf    sharehook.Config
-	flights singleflight.Group     // one run per key in this process
-	stores  map[string]replayStore // the replay store of each base store, by store name
+	flights singleflight.Group // one run per key in this process
+	stores  map[string]replays // the replays of each base store, by store name
 }
 
 func newGroup(c sharehook.Config) sharehook.Group {
-	return &group{conf: c, stores: newReplayStores(c.Bases, c.EtcdPrefix)}
+	return &group{conf: c, stores: newReplays(c.Bases, c.Responses)}
 }
 
 func (g *group) StoreError(store string) error {
-	if refused, ok := g.stores[store].(refusedReplays); ok {
-		return refused.err
-	}
-	return nil
+	return g.stores[store].err
 }
 
 func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan, store string) sharehook.Rule {
@@ -72,7 +69,7 @@ type rule struct {
 	g       *group
 	locks   sharehook.Locks // the rule's lock, logs and counter, in the middleware
 	plan    *rules.Plan
-	replays replayStore // that of the store the rule locks in
+	replays replays // those of the store the rule locks in
 	policy  policy
 }
 
@@ -263,7 +260,7 @@ func matchPrint(rec *record, print string) error {
 
 // replayKey is the key of the stored response of a request locked on keys.
 func (rl *rule) replayKey(keys []string) string {
-	return rl.g.conf.Prefix + rules.ReplayPrefix + strings.Join(keys, "+")
+	return rules.ReplayPrefix + strings.Join(keys, "+") // under the prefix of the rule's lock keys
 }
 
 // lead is the leader's run of a share rule, for both transports, for the request of ctx and t:

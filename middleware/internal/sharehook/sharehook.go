@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
@@ -29,13 +30,11 @@ var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request 
 // Config is what the response sharing of one Middleware is built from.
 type Config struct {
 	// Bases holds the base Locker of each store the rules lock in, by store name ("redis",
-	// "etcd"): share rules keep their responses in the store they lock in.
-	Bases map[string]*flightlock.Locker
-	// EtcdPrefix is put before the keys of responses in an etcd store, as its base Locker puts
-	// it before lock keys (Lock.Etcd.Key; empty for an injected Locker).
-	EtcdPrefix string
-	Prefix     string        // LockConf.Prefix, before every stored response's key
-	Wait       time.Duration // LockConf.Wait: the wait of a share rule without one of its own
+	// "etcd"), and Responses its response store, nil for a store that keeps none: share rules
+	// keep their responses in the store they lock in, under its lock keys' prefix.
+	Bases     map[string]*flightlock.Locker
+	Responses map[string]lockstore.ResponseStore
+	Wait      time.Duration // LockConf.Wait: the wait of a share rule without one of its own
 	// HTTPError and RPCError answer a failed request as the middleware answers its own errors
 	// (ErrBusy 409 / Aborted, ErrInvalidKey 400 / InvalidArgument, ...).
 	HTTPError func(w http.ResponseWriter, r *http.Request, err error)

@@ -36,15 +36,13 @@ func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) 
 	}
 }
 
-// lockPrefix is the Locker's prefix: the LockConf's, or the Locker's default when built in
-// Go; in etcd (a Lock section that names etcd and no Redis, as in
-// etc/flightlock-example-etcd.yaml) the lock keys start with Etcd.Key too.
+// lockPrefix is the prefix of the lock keys in the Lock section's store: the LockConf's
+// Prefix, or the Locker's default when built in Go, as the store's driver puts it (in etcd,
+// as in etc/flightlock-example-etcd.yaml, after Etcd.Key).
 func lockPrefix(c flmw.LockConf) string {
-	prefix := cmp.Or(c.Prefix, flightlock.DefaultPrefix)
-	if len(c.Etcd.Hosts) > 0 && c.Redis.Host == "" && c.Redis.Sentinel.MasterName == "" {
-		prefix = c.Etcd.Key + prefix
-	}
-	return prefix
+	store, _ := c.DefaultStore()
+	sec, _ := c.Section(store)
+	return sec.KeyPrefix(cmp.Or(c.Prefix, flightlock.DefaultPrefix))
 }
 
 // AccountLock is the key (in Redis or etcd) of the lock "acct:{account}" that guards account's balance.

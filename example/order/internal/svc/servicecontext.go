@@ -61,8 +61,8 @@ func NewServiceContext(c config.Config, st *state.Store, lock *flmw.Middleware) 
 	if lock != nil {
 		// The Locker's prefix: the LockConf's, or the Locker's default when built in Go.
 		s.Lock, s.LockPrefix = lock.Handle, cmp.Or(c.Lock.Prefix, flightlock.DefaultPrefix)
-		if len(c.Lock.Etcd.Hosts) > 0 {
-			s.EtcdLockPrefix = c.Lock.Etcd.Key + s.LockPrefix
+		if c.Lock.Etcd.Configured() {
+			s.EtcdLockPrefix = c.Lock.Etcd.KeyPrefix(s.LockPrefix)
 		}
 		// The client interceptor sends the owners of the locks this request holds to the
 		// services it calls; a service with TrustOwner re-enters them.

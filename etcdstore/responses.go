@@ -1,8 +1,7 @@
-package share
+package etcdstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -11,11 +10,22 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Stored responses of share rules that lock in etcd. Each lives under the key the
-// Redis store would use (Prefix + "replay:" + the rendered keys), after Lock.Etcd.Key, as the
-// rule's locks do, on an etcd lease, so that etcd deletes it once the rule's Replay time is
+// The middleware finds a store's name and response store through Describer, at run time.
+var _ lockstore.Describer = (*Store)(nil)
+
+// Describe implements lockstore.Describer: the store as "etcd", its inspector and its response
+// store, for keys under prefix (Lock.Etcd.Key + Lock.Prefix in a service).
+func (s *Store) Describe(prefix string) *lockstore.Backend {
+	return &lockstore.Backend{Name: "etcd", Store: s, Prefix: prefix, Inspector: NewInspector(s.cli, prefix),
+		Responses: &responses{cli: s.cli, prefix: prefix, leases: make(map[int64]*replayLease)}}
+}
+
+// Stored responses of share rules that lock in etcd (lockstore.ResponseStore). Each lives
+// under the Backend's prefix, as the rule's locks do, on an etcd lease, so that etcd deletes it once the rule's Replay time is
 // over.
 //
 // etcd leases last whole seconds, so the time a response is kept is rounded up: a response
@@ -45,10 +55,10 @@ const replayLeaseSlack = time.Second
 // response is then shared within the process only, and the failure logged).
 const replaySaveBound = time.Second
 
-// etcdReplays keeps share rules' responses in etcd, on the lock store's client.
-type etcdReplays struct {
+// responses keeps share rules' responses in etcd, on the lock store's client.
+type responses struct {
 	cli    *clientv3.Client
-	prefix string // put before replay keys: the etcd prefix of the rules' lock keys (Lock.Etcd.Key)
+	prefix string // put before keys: the prefix of the rules' lock keys
 
 	mu     sync.Mutex
 	leases map[int64]*replayLease // guarded by mu: the shared lease of each life, in whole seconds
@@ -61,29 +71,18 @@ type replayLease struct {
 	until time.Time        // guarded by mu: etcd expires the lease no earlier (grant sent + granted TTL)
 }
 
-func newEtcdReplays(cli *clientv3.Client, prefix string) *etcdReplays {
-	return &etcdReplays{cli: cli, prefix: prefix, leases: make(map[int64]*replayLease)}
-}
-
-func (s *etcdReplays) load(ctx context.Context, key string) (*record, error) {
+func (s *responses) Load(ctx context.Context, key string) ([]byte, error) {
 	resp, err := s.cli.Get(ctx, s.prefix+key)
-	if err != nil {
+	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, nil
-	}
-	return decodeRecord(key, resp.Kvs[0].Value)
+	return resp.Kvs[0].Value, nil
 }
 
-// save stores rec under key for at least ttl, in one transaction (see put), unless key holds a
-// lock or the record of a later grant.
-func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	v := grantTag(rec.Fence) + `",` + string(b[1:]) // b is a JSON object with fields: "{...}"
+// Save stores record under key for at least ttl, in one transaction (see put), unless key
+// holds a lock or the record of a later grant.
+func (s *responses) Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error {
+	v := grantTag(fence) + `",` + string(record[1:]) // record is a JSON object with fields: "{...}"
 	ctx, cancel := context.WithTimeout(ctx, replaySaveBound)
 	defer cancel()
 	secs := int64((ttl + time.Second - 1) / time.Second)
@@ -92,7 +91,7 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 		if err != nil {
 			return err
 		}
-		err = s.put(ctx, s.prefix+key, v, lease, rec.Fence)
+		err = s.put(ctx, s.prefix+key, v, lease, fence)
 		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
 		// granted anew, once: its until said it had time left, so this is no expiry of ours.
 		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
@@ -107,7 +106,7 @@ func (s *etcdReplays) save(ctx context.Context, key string, rec *record, ttl tim
 // string, its first field: {"g":"0000000000123456789",<the record's other fields>}. etcd can
 // compare values as bytes only, and fixed-width decimals compare as bytes as they do as
 // numbers, so a transaction can tell whether the stored record comes from a later grant than
-// the saver's, as the Redis save compares the record's "f". decodeRecord ignores the field.
+// the saver's, as the Redis save compares the record's "f". A reader ignores the field.
 const (
 	grantTagStart = `{"g":"`
 	grantDigits   = 19 // every int64 fits
@@ -135,7 +134,7 @@ func grantTag(fence int64) string {
 // '9', so every value that starts with the 19 digits lies below the bound). etcd fails
 // every value comparison on a missing key, hence the nested transactions instead of one
 // compare; it ANDs a transaction's compares, and an empty list holds.
-func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
+func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
 	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
 	isRecord := []clientv3.Cmp{
 		clientv3.Compare(clientv3.Value(k), ">", "{"),
@@ -177,7 +176,7 @@ func (s *etcdReplays) put(ctx context.Context, k, v string, lease clientv3.Lease
 
 // lease returns the shared lease of a life of secs seconds, granting one when there is none
 // or the current one has less than secs seconds left.
-func (s *etcdReplays) lease(ctx context.Context, secs int64) (clientv3.LeaseID, error) {
+func (s *responses) lease(ctx context.Context, secs int64) (clientv3.LeaseID, error) {
 	s.mu.Lock()
 	l := s.leases[secs]
 	if l == nil {
@@ -204,7 +203,7 @@ func (s *etcdReplays) lease(ctx context.Context, secs int64) (clientv3.LeaseID, 
 
 // forget drops the shared lease id of a life of secs seconds, unless another save has already
 // replaced it.
-func (s *etcdReplays) forget(secs int64, id clientv3.LeaseID) {
+func (s *responses) forget(secs int64, id clientv3.LeaseID) {
 	s.mu.Lock()
 	l := s.leases[secs]
 	s.mu.Unlock()

@@ -1,0 +1,254 @@
+// Package etcdconf is the Etcd section of a go-zero service's Lock configuration: an etcd
+// cluster for the locks, as go-zero's discov.EtcdConf, and how to open the store on it
+// (lockstore.Driver). It is apart from etcdstore so that a program that uses the store
+// without the configuration does not link go-zero.
+package etcdconf
+
+import (
+	"cmp"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/etcdstore"
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// Conf is go-zero's discov.EtcdConf, field for field with go-zero's names and meanings,
+// so the Etcd section of a zrpc service can be copied under Lock: and its Key changed (see
+// below). The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key.
+//   - Hosts lists the members' client addresses (host:port), as for discovery. Empty: no etcd.
+//   - User and Pass authenticate (both or neither, as go-zero's HasAccount requires).
+//   - CertFile, CertKeyFile and CACertFile are the client certificate, its key and the CA
+//     that signed the members' certificates: all three or none (go-zero's HasTLS).
+//     InsecureSkipVerify skips the verification of the members' certificates, as in go-zero.
+//
+// Where it differs from discov.EtcdConf:
+//   - Key is the prefix of the lock keys, not a service's name, and is optional: default
+//     "flightlock/". Never give it a service's discovery Key: zrpc clients watch every key
+//     under Key + "/" and would dial the locks as server addresses. New refuses a Key whose
+//     first segment (up to the first "/") ends in ".rpc", goctl's naming of discovery keys;
+//     it cannot know the other services' keys, so keep the locks under a name of their own.
+//   - ID is not a field: it names a service's registration lease, which the locks do not use
+//     (flightlock check accepts it, so a copied section passes).
+//   - DialTimeout (default 5s, go-zero's) bounds the connection at start-up and each dial.
+//   - LeaseMargin (default 1s, whole seconds) is how much longer than a lock's TTL its etcd
+//     lease lasts (the store's lease margin).
+//
+// etcd leases last whole seconds: a rule on etcd needs a TTL of whole seconds, at least 1s,
+// that the cluster grants with the margin added (TTL + LeaseMargin at least its minimum lease
+// TTL, 2s with etcd's default timings). New refuses other TTLs, naming the field; nothing is
+// rounded.
+type Conf struct {
+	Hosts              []string      `json:",optional"`
+	Key                string        `json:",default=flightlock/"`
+	User               string        `json:",optional"`
+	Pass               string        `json:",optional"`
+	CertFile           string        `json:",optional"`
+	CertKeyFile        string        `json:",optional"`
+	CACertFile         string        `json:",optional"`
+	InsecureSkipVerify bool          `json:",optional"`
+	DialTimeout        time.Duration `json:",default=5s"`
+	LeaseMargin        time.Duration `json:",default=1s"`
+}
+
+// Name implements lockstore.Driver.
+func (e Conf) Name() string { return "etcd" }
+
+// Configured reports whether e names an etcd cluster.
+func (e Conf) Configured() bool { return len(e.Hosts) > 0 }
+
+// KeyPrefix is Key + prefix: the locks and stored responses of a service live under its Key.
+// Every user of the etcd keys (the store, the inspector, the CLI) takes the prefix from here.
+func (e Conf) KeyPrefix(prefix string) string { return e.Key + prefix }
+
+// Store builds the etcd client (Client) and the store that e describes, as New does; close
+// closes the store and then the client, and a lock still held then runs out with its lease.
+func (e Conf) Store() (store *etcdstore.Store, close func() error, err error) {
+	cli, err := e.Client()
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := etcdstore.New(cli, etcdstore.WithLeaseMargin(e.LeaseMargin))
+	if err != nil {
+		_ = cli.Close()
+		return nil, nil, err
+	}
+	return s, func() error { return errors.Join(s.Close(), cli.Close()) }, nil
+}
+
+// Open implements lockstore.Driver: Store, described for keys under KeyPrefix(prefix).
+func (e Conf) Open(prefix string) (*lockstore.Backend, error) {
+	s, closeStore, err := e.Store()
+	if err != nil {
+		return nil, err
+	}
+	b := s.Describe(e.KeyPrefix(prefix))
+	b.Close = closeStore
+	return b, nil
+}
+
+// Validate implements lockstore.Driver: the settings of e when it names a cluster.
+func (e Conf) Validate(section, prefix string) []error {
+	var ps []error
+	if !e.Configured() {
+		if e.User != "" || e.Pass != "" || e.CertFile != "" || e.CertKeyFile != "" || e.CACertFile != "" {
+			ps = append(ps, lockstore.FieldError(section+".Hosts", "is empty, but the Etcd section sets other fields: an etcd store with no hosts"))
+		}
+		return ps
+	}
+	for i, h := range e.Hosts {
+		if strings.TrimSpace(h) == "" {
+			ps = append(ps, lockstore.FieldError(fmt.Sprintf("%s.Hosts[%d]", section, i), "is empty"))
+		}
+	}
+	if first, _, _ := strings.Cut(e.KeyPrefix(prefix), "/"); strings.HasSuffix(first, ".rpc") {
+		ps = append(ps, lockstore.FieldError(section+".Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
+			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
+			"such as the default \"flightlock/\"", e.Key, first+"/"))
+	}
+	if (e.User == "") != (e.Pass == "") {
+		ps = append(ps, lockstore.FieldError(section+".Pass", "and User must be set together (go-zero's HasAccount)"))
+	}
+	tls := []string{e.CertFile, e.CertKeyFile, e.CACertFile}
+	if n := len(tls) - len(slices.DeleteFunc(tls, func(s string) bool { return s == "" })); n > 0 && n < 3 {
+		ps = append(ps, lockstore.FieldError(section+".CertFile", "CertFile, CertKeyFile and CACertFile must be set together (go-zero's HasTLS)"))
+	}
+	if e.DialTimeout < 0 {
+		ps = append(ps, lockstore.FieldError(section+".DialTimeout", "must not be negative, got %v", e.DialTimeout))
+	}
+	if e.LeaseMargin < time.Second || e.LeaseMargin%time.Second != 0 {
+		ps = append(ps, lockstore.FieldError(section+".LeaseMargin", "must be whole seconds, at least 1s, got %v", e.LeaseMargin))
+	}
+	return ps
+}
+
+// Check implements lockstore.Driver: etcd leases last whole seconds, so a lock TTL must be
+// whole seconds, at least 1s (nothing is rounded).
+func (e Conf) Check(section string, u lockstore.Use) error {
+	switch {
+	case !e.Configured():
+		return lockstore.FieldError(u.Field+".Store", "is etcd, but %s.Hosts is empty: an etcd store with no hosts", section)
+	case u.TTLField == "" || u.TTL >= time.Second && u.TTL%time.Second == 0:
+		return nil
+	}
+	return lockstore.FieldError(u.TTLField, "%v is not a whole number of seconds, at least 1s: %s etcd, whose leases last whole seconds "+
+		"(nothing is rounded)", u.TTL, u.On())
+}
+
+// Client is the etcd client that New builds for e, as go-zero's discov does
+// (core/discov/internal: DialClient and AddTLS): e.Hosts as endpoints, User and Pass when both
+// are set, TLS from CertFile, CertKeyFile and CACertFile when all three are set (with
+// InsecureSkipVerify), AutoSyncInterval one minute, RejectOldCluster and PermitWithoutStream.
+// DialTimeout (0 means 5s, go-zero's) bounds the first connection: New fails when no member
+// answers within it. For tools that read the locks (cmd/flightlock) and stores built with
+// etcdstore.New and options of their own. The caller closes it.
+func (e Conf) Client() (*clientv3.Client, error) {
+	hosts := make([]string, 0, len(e.Hosts))
+	for _, h := range e.Hosts {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(hosts) == 0 {
+		return nil, lockstore.FieldError("Lock.Etcd.Hosts", "is empty: list the etcd members to connect to")
+	}
+	cfg := clientv3.Config{
+		Endpoints:           hosts,
+		AutoSyncInterval:    time.Minute,
+		DialTimeout:         cmp.Or(e.DialTimeout, defaultEtcdDialTimeout),
+		RejectOldCluster:    true,
+		PermitWithoutStream: true,
+		// Pings find a member cut off with its connections open (frozen, or behind a black
+		// hole): without them the client keeps sending a share of its calls there, and a
+		// waiter's attempts can land on it until its wait runs out. Six seconds is the first
+		// whole second etcd accepts by default (--grpc-keepalive-min-time 5s).
+		DialKeepAliveTime:    6 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+	}
+	if e.User != "" && e.Pass != "" {
+		cfg.Username, cfg.Password = e.User, e.Pass
+	}
+	if e.CertFile != "" && e.CertKeyFile != "" && e.CACertFile != "" {
+		cert, err := tls.LoadX509KeyPair(e.CertFile, e.CertKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("flightlock: Etcd.CertFile and CertKeyFile: %w", err)
+		}
+		ca, err := os.ReadFile(e.CACertFile)
+		if err != nil {
+			return nil, fmt.Errorf("flightlock: Etcd.CACertFile: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, fmt.Errorf("flightlock: Etcd.CACertFile %s holds no PEM certificate", e.CACertFile)
+		}
+		cfg.TLS = &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			Certificates:       []tls.Certificate{cert},
+			RootCAs:            pool,
+			InsecureSkipVerify: e.InsecureSkipVerify, //nolint:gosec // go-zero's InsecureSkipVerify, off by default
+		}
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		if cfg.TLS != nil {
+			// The etcd client retries a failed handshake until DialTimeout and then reports
+			// only the timeout; the certificate error that caused it went to its log. Ask
+			// the first member once more to put the cause in the error.
+			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
+				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
+			}
+		}
+		return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w", hosts, err)
+	}
+	return cli, nil
+}
+
+// tlsHandshakeError dials host (an etcd endpoint: "https://h:p" or "h:p") within d, runs the
+// TLS handshake with conf as the etcd client would (the server name from the endpoint), and
+// reads once, so that a client certificate the member refuses (reported after the handshake
+// in TLS 1.3) shows too. It returns the first error of those, or nil when none came in time.
+func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
+	addr := host
+	if u, err := url.Parse(host); err == nil && u.Host != "" {
+		addr = u.Host
+	}
+	name, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	c := conf.Clone()
+	if c.ServerName == "" {
+		c.ServerName = name
+	}
+	c.NextProtos = []string{"h2"}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: d}, "tcp", addr, c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(d))
+	if _, err := conn.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+		return err
+	}
+	return nil
+}
+
+// isTimeout reports whether err is a deadline that passed (a member that accepted the
+// handshake and waits for the client to speak first).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// defaultEtcdDialTimeout is go-zero's dial timeout for etcd (core/discov/internal/vars.go).
+const defaultEtcdDialTimeout = 5 * time.Second

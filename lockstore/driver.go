@@ -1,0 +1,113 @@
+package lockstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Driver is a store's section of a service's configuration (Lock.Redis, Lock.Etcd,
+// Lock.Zookeeper): the store's package owns its type (its client settings, defaults and
+// checks) and opens it. The go-zero layer validates and opens every section through this
+// interface, never by the store's name or type, in the manner of database/sql's drivers.
+type Driver interface {
+	// Name is the store's name as a rule's Store names it and the metrics label it: "redis",
+	// "etcd", "zookeeper".
+	Name() string
+	// Configured reports whether the section names a store to connect to (its hosts).
+	Configured() bool
+	// Validate returns every bad setting of the section, each a *ConfigError named by its
+	// path under section ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix, which the store's
+	// keys start with after KeyPrefix.
+	Validate(section, prefix string) []error
+	// Check refuses a use of the store that it cannot serve, a *ConfigError naming its field:
+	// a rule that locks in it although the section names no store, a share rule on a store
+	// that keeps no responses, a TTL it cannot keep.
+	Check(section string, u Use) error
+	// KeyPrefix is what goes before a rendered key in the store, for a lock prefix: the prefix
+	// itself, or with the store's own namespace in front (etcd's Key). Open, the go-zero
+	// layer and the CLI all take it from here.
+	KeyPrefix(prefix string) string
+	// Open connects to the store the section names and returns it as a Backend for the keys
+	// under KeyPrefix(prefix). It fails, naming the field, when the section names none.
+	Open(prefix string) (*Backend, error)
+}
+
+// Use is one use of a store that Driver.Check judges: the section's lock TTL, or one rule.
+type Use struct {
+	Field    string        // the rule's path, "Lock.Rules[2]"; empty for the section's TTL
+	TTLField string        // the setting TTL comes from, "Lock.TTL" or "Lock.Rules[2].TTL"; empty: no TTL to check
+	TTL      time.Duration // the lock TTL
+	Share    bool          // the rule keeps responses (OnBusy share)
+}
+
+// On names u in messages: "the locks run on", or the rule's path and "runs on".
+func (u Use) On() string {
+	if u.Field == "" {
+		return "the locks run on"
+	}
+	return u.Field + " runs on"
+}
+
+// Backend is an opened store, or one that describes itself (Describer): what the layers
+// above need of it, whatever store it is.
+type Backend struct {
+	// Name is the store's name, as Driver.Name.
+	Name string
+	// Store is the lock store, for the Locker.
+	Store Store
+	// Prefix is the key prefix the Locker puts before rendered keys: Driver.KeyPrefix's.
+	Prefix string
+	// Inspector reads the locks under Prefix, for tools; nil when the store has none.
+	Inspector Inspector
+	// Responses keeps share rules' responses under Prefix; nil when the store cannot keep
+	// them (ZooKeeper).
+	Responses ResponseStore
+	// Close closes the store and the client Open built; nil for a store given in Go, which
+	// its owner closes.
+	Close func() error
+	// CloseEndsHolds reports that Close ends the locks still held at once (ZooKeeper's
+	// session), rather than leaving them to run out with their TTL.
+	CloseEndsHolds bool
+}
+
+// Describer is a Store that describes itself as a Backend for keys under prefix (Close nil):
+// a store built in Go and given to the middleware says its name and gives its response store.
+// The stores of this module implement it.
+type Describer interface {
+	Describe(prefix string) *Backend
+}
+
+// ResponseStore keeps the responses of share rules (OnBusy share) for their duplicates in
+// other processes, in the store the rule locks in, under keys relative to the Backend's
+// Prefix. A record is a JSON object ({...}) whose last two fields are the fence of the grant
+// that produced it, "f", and a string "p" (middleware/share writes it so); a store may put a
+// field of its own in front, which a reader ignores.
+type ResponseStore interface {
+	// Load returns the record stored under key, nil when there is none.
+	Load(ctx context.Context, key string) ([]byte, error)
+	// Save stores record under key for at least ttl, unless key holds something that is not a
+	// record (a lock whose key renders as this one) or the record of a later grant (a fence
+	// above fence; 0 compares nothing): those are never overwritten.
+	Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error
+}
+
+// ErrConfig is flightlock.ErrConfig: a configuration that cannot run.
+var ErrConfig = errors.New("flightlock: invalid configuration")
+
+// ConfigError is a bad setting, named by its path in the YAML file: Error names the field
+// first ("Lock.Etcd.Hosts[1]: is empty"), and errors.Is matches ErrConfig as well as what Err
+// wraps.
+type ConfigError struct {
+	Field string // "Lock.Rules[1].OnBusy"
+	Err   error  // what is wrong with it
+}
+
+func (e *ConfigError) Error() string   { return e.Field + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() []error { return []error{ErrConfig, e.Err} }
+
+// FieldError is a *ConfigError for field, its message formatted as fmt.Errorf does.
+func FieldError(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+}

@@ -1,0 +1,331 @@
+// Package redisconf is the Redis section of a go-zero service's Lock configuration: go-zero's
+// redis.RedisConf with Sentinel, Lanes and Replicas, and how to open the store on it
+// (lockstore.Driver). It is apart from redisstore so that a program that uses the store
+// without the configuration does not link go-zero.
+package redisconf
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/lockstore/redisstore"
+)
+
+// Conf is go-zero's redis.RedisConf, field for field with go-zero's names, defaults and
+// meanings, so a service's Redis section can be copied under Lock: as it is, plus Lanes
+// . Where it differs:
+//   - Host is optional: no Host means the embedded in-memory store (one process only).
+//   - The words of Type and MaintNotifications are taken in any case, and a bad one is
+//     refused by Validate naming the field, rather than by go-zero's options= check.
+//   - DisableIdentity is not a field: the store's client never sends CLIENT SETINFO (Redis 7.0
+//     rejects it), as go-zero's client does with DisableIdentity: true. The key is ignored.
+//
+// The fields, with go-zero's meanings:
+//   - Type is "node" (default; Host is one address) or "cluster" (Host lists seed addresses,
+//     comma separated). User and Pass authenticate.
+//   - Tls encrypts the connection without verifying the server's certificate, as go-zero's
+//     Redis client does (InsecureSkipVerify). To verify it, build a go-redis client with your
+//     tls.Config and give the middleware redisstore.New(client) (WithStore).
+//   - NonBlock false makes New ping Redis and fail when it does not answer within PingTimeout
+//     (default 1s), as go-zero's redis.NewRedis does. NonBlock true (the default in YAML)
+//     starts without a round trip, and the first lock finds out. A LockConf built in Go has
+//     NonBlock false unless it sets it, so it pings, as a redis.RedisConf built in Go does.
+//   - Protocol is the RESP version, 2 or 3 (default).
+//   - MaintNotifications is go-redis's CLIENT MAINT_NOTIFICATIONS handshake: "disabled"
+//     (default; the command is never sent), "enabled" or "auto".
+//
+// Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
+// further concurrent calls wait for the next free lane and share one pipeline. 0 means the
+// default (the store's default, 4); -1 sends every call on its own, like a plain client.
+//
+// Sentinel, which go-zero's RedisConf does not have, finds the primary through Redis Sentinel
+// (go-redis's failover client; every lock command goes to the primary): set Sentinel.MasterName
+// and Sentinel.Addrs and leave Host empty. User and Pass authenticate to the Redis nodes,
+// Sentinel.User and Sentinel.Pass to the Sentinels.
+//
+// Replicas makes a lock count only once that many replicas acknowledged it (WAIT, in the same
+// round trip as the acquisition), within ReplicaTimeout (default 100ms): a failover that
+// promotes a replica can then not lose a granted lock to a second holder. An acquisition not
+// acknowledged in time is released and answered as a store error (OnStoreError); a renewal
+// not acknowledged does not extend the lease. 0 (the default) waits for none, as every Redis
+// lock library does; see the README's "Failover and fencing".
+type Conf struct {
+	Host               string        `json:",optional"`
+	Type               string        `json:",default=node"`
+	User               string        `json:",optional"`
+	Pass               string        `json:",optional"`
+	Tls                bool          `json:",optional"`
+	NonBlock           bool          `json:",default=true"`
+	Protocol           int           `json:",default=3"`
+	MaintNotifications string        `json:",default=disabled"`
+	PingTimeout        time.Duration `json:",default=1s"`
+	Lanes              int           `json:",optional"`
+	Sentinel           SentinelConf  `json:",optional"`
+	Replicas           int           `json:",optional"`
+	ReplicaTimeout     time.Duration `json:",default=100ms"`
+}
+
+// SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
+// the Sentinels' addresses (host:port), and the credentials of the Sentinels themselves.
+type SentinelConf struct {
+	MasterName string   `json:",optional"`
+	Addrs      []string `json:",optional"`
+	User       string   `json:",optional"`
+	Pass       string   `json:",optional"`
+}
+
+// Embedded reports whether r names no Redis at all: no Host and no Sentinel (the embedded
+// in-memory store, in development).
+func (r Conf) Embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
+
+// StoreOptions are the store options that r sets (Lanes, Replicas).
+func (r Conf) StoreOptions() []redisstore.Option {
+	var opts []redisstore.Option
+	switch {
+	case r.Lanes < 0:
+		opts = append(opts, redisstore.WithLanes(0))
+	case r.Lanes > 0:
+		opts = append(opts, redisstore.WithLanes(r.Lanes))
+	}
+	if r.Replicas > 0 {
+		opts = append(opts, redisstore.WithReplicas(r.Replicas, r.ReplicaTimeout))
+	}
+	return opts
+}
+
+// Name implements lockstore.Driver.
+func (r Conf) Name() string { return "redis" }
+
+// Configured reports whether r names a Redis: a Host or a Sentinel.
+func (r Conf) Configured() bool { return !r.Embedded() }
+
+// KeyPrefix is prefix: a lock's Redis key is prefix + key.
+func (r Conf) KeyPrefix(prefix string) string { return prefix }
+
+// Check implements lockstore.Driver: Redis serves every use, and without a Host the embedded
+// store does (the go-zero layer opens it).
+func (r Conf) Check(string, lockstore.Use) error { return nil }
+
+// Open implements lockstore.Driver: the store on Client, with StoreOptions; closing it closes
+// the client.
+func (r Conf) Open(prefix string) (*lockstore.Backend, error) {
+	client, err := r.Client()
+	if err != nil {
+		return nil, err
+	}
+	s := redisstore.New(client, append(r.StoreOptions(), redisstore.WithOnClose(client.Close))...)
+	b := s.Describe(r.KeyPrefix(prefix))
+	b.Close = s.Close
+	return b, nil
+}
+
+// NewStore is the store on NewClient(conf), with opts; closing it closes the client.
+func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.RedisStore, error) {
+	client, err := NewClient(conf)
+	if err != nil {
+		return nil, err
+	}
+	return redisstore.New(client, append(slices.Clip(opts), redisstore.WithOnClose(client.Close))...), nil
+}
+
+// Validate implements lockstore.Driver.
+func (r Conf) Validate(section, _ string) []error {
+	var ps []error
+	add := func(err error) {
+		if err != nil {
+			ps = append(ps, err)
+		}
+	}
+	add(oneOf(section+".Type", r.Type, zeroredis.NodeType, zeroredis.ClusterType))
+	if r.Lanes < -1 {
+		add(lockstore.FieldError(section+".Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", r.Lanes))
+	}
+	switch r.Protocol {
+	case 0, 2, 3:
+	default:
+		add(lockstore.FieldError(section+".Protocol", "must be one of 2, 3; got %d", r.Protocol))
+	}
+	add(oneOf(section+".MaintNotifications", r.MaintNotifications, string(maintnotifications.ModeDisabled),
+		string(maintnotifications.ModeEnabled), string(maintnotifications.ModeAuto)))
+	if r.PingTimeout < 0 {
+		add(lockstore.FieldError(section+".PingTimeout", "must not be negative, got %v", r.PingTimeout))
+	}
+	add(r.checkFailover(section))
+	return ps
+}
+
+// oneOf checks that v is empty (the default) or one of allowed.
+func oneOf(field, v string, allowed ...string) error {
+	if v == "" || slices.Contains(allowed, v) {
+		return nil
+	}
+	return lockstore.FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
+}
+
+// checkFailover validates Sentinel and Replicas.
+func (r Conf) checkFailover(section string) error {
+	sn := r.Sentinel
+	switch {
+	case sn.MasterName == "" && (len(sn.Addrs) > 0 || sn.User != "" || sn.Pass != ""):
+		return lockstore.FieldError(section+".Sentinel.MasterName", "is empty, but the Sentinel section sets other fields: name the master")
+	case sn.MasterName != "" && len(sn.Addrs) == 0:
+		return lockstore.FieldError(section+".Sentinel.Addrs", "is empty: list the Sentinels (host:port)")
+	case sn.MasterName != "" && r.Host != "":
+		return lockstore.FieldError(section+".Host", "is set together with Sentinel: the Sentinels name the primary; leave Host empty")
+	case sn.MasterName != "" && r.Type == zeroredis.ClusterType:
+		return lockstore.FieldError(section+".Type", "is cluster together with Sentinel: a Cluster fails over on its own")
+	case r.Replicas < 0:
+		return lockstore.FieldError(section+".Replicas", "must not be negative, got %d", r.Replicas)
+	case r.ReplicaTimeout < 0:
+		return lockstore.FieldError(section+".ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
+	}
+	for i, a := range sn.Addrs {
+		if strings.TrimSpace(a) == "" {
+			return lockstore.FieldError(fmt.Sprintf("%s.Sentinel.Addrs[%d]", section, i), "is empty")
+		}
+	}
+	return nil
+}
+
+// zero is r as go-zero's redis.RedisConf, for NewClient. DisableIdentity is true, which is how
+// the store's client behaves anyway.
+func (r Conf) zero() zeroredis.RedisConf {
+	return zeroredis.RedisConf{
+		Host:               r.Host,
+		Type:               r.Type,
+		User:               r.User,
+		Pass:               r.Pass,
+		Tls:                r.Tls,
+		NonBlock:           r.NonBlock,
+		DisableIdentity:    true,
+		Protocol:           r.Protocol,
+		MaintNotifications: r.MaintNotifications,
+		PingTimeout:        r.PingTimeout,
+	}
+}
+
+// NewClient is the go-redis client that NewStore builds for conf.
+func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
+	if strings.TrimSpace(conf.Host) == "" {
+		return nil, errors.New("flightlock: Redis.Host is empty (for an in-memory store, lockstore/embedded.New)")
+	}
+	var tlsConfig *tls.Config
+	if conf.Tls {
+		// go-zero's meaning of Tls (core/stores/redis: redisclientmanager.go and
+		// redisclustermanager.go): encrypted, the certificate not verified. The same YAML
+		// must not fail here when it works for the service's other Redis clients.
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
+	}
+	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
+	if maint.Mode == "" {
+		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
+	}
+	var client redis.UniversalClient
+	switch conf.Type {
+	case "", zeroredis.NodeType:
+		client = redis.NewClient(&redis.Options{
+			Addr:                     conf.Host,
+			Username:                 conf.User,
+			Password:                 conf.Pass,
+			TLSConfig:                tlsConfig,
+			Protocol:                 conf.Protocol,
+			MaintNotificationsConfig: maint,
+			DisableIdentity:          true,
+			ContextTimeoutEnabled:    true,
+		})
+	case zeroredis.ClusterType:
+		client = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                    splitHosts(conf.Host),
+			Username:                 conf.User,
+			Password:                 conf.Pass,
+			TLSConfig:                tlsConfig,
+			Protocol:                 conf.Protocol,
+			MaintNotificationsConfig: maint,
+			DisableIdentity:          true,
+			ContextTimeoutEnabled:    true,
+		})
+	default:
+		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
+	}
+	if !conf.NonBlock {
+		if err := ping(client, conf.PingTimeout); err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("flightlock: redis connect error, addr: %s: %w", conf.Host, err)
+		}
+	}
+	return client, nil
+}
+
+// Client is the go-redis client that New builds for r: go-zero's meanings for Host, Type,
+// User, Pass, Tls, Protocol, MaintNotifications, NonBlock and PingTimeout (as NewStore), or,
+// with Sentinel set, go-redis's failover client on the primary that the Sentinels name. For
+// tools that read the locks (cmd/flightlock) and for stores built with redisstore.New and
+// options of their own. The caller closes it.
+func (r Conf) Client() (redis.UniversalClient, error) {
+	if r.Embedded() {
+		return nil, lockstore.FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
+			"the Middleware's Locker() (New(c.Lock).Locker()), which runs on the embedded store in development")
+	}
+	if r.Sentinel.MasterName == "" {
+		return NewClient(r.zero())
+	}
+	var tlsConfig *tls.Config
+	if r.Tls {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
+	}
+	// go-redis's failover client has no maintenance notifications: MaintNotifications is not used.
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            r.Sentinel.MasterName,
+		SentinelAddrs:         r.Sentinel.Addrs,
+		SentinelUsername:      r.Sentinel.User,
+		SentinelPassword:      r.Sentinel.Pass,
+		Username:              r.User,
+		Password:              r.Pass,
+		TLSConfig:             tlsConfig,
+		Protocol:              r.Protocol,
+		DisableIdentity:       true,
+		ContextTimeoutEnabled: true,
+	})
+	if !r.NonBlock {
+		if err := ping(client, r.PingTimeout); err != nil {
+			_ = client.Close()
+			return nil, fmt.Errorf("flightlock: redis connect error, sentinel master %s at %v: %w", r.Sentinel.MasterName, r.Sentinel.Addrs, err)
+		}
+	}
+	return client, nil
+}
+
+// defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
+// redis.NewRedis.
+const defaultPingTimeout = time.Second
+
+// ping checks that Redis answers within timeout (0: defaultPingTimeout), for NonBlock false.
+func ping(client redis.UniversalClient, timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = defaultPingTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return client.Ping(ctx).Err()
+}
+
+// splitHosts returns the comma-separated addresses in hosts, trimmed, without empty ones.
+func splitHosts(hosts string) []string {
+	var out []string
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}

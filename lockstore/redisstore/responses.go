@@ -1,0 +1,77 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// The middleware finds a store's name and response store through Describer, at run time.
+var _ lockstore.Describer = (*RedisStore)(nil)
+
+// Describe implements lockstore.Describer: the store as "redis", its inspector when its client
+// is a go-redis UniversalClient, and its response store, for keys under prefix.
+func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
+	b := &lockstore.Backend{Name: "redis", Store: s, Prefix: prefix, Responses: &responses{client: s.client, prefix: prefix}}
+	if uc, ok := s.client.(redis.UniversalClient); ok {
+		b.Inspector = NewInspector(uc, prefix)
+	}
+	return b
+}
+
+// Scripts on the store's own client (a Client is a Scripter: GET and SET through one-line
+// scripts work on every go-redis client, Cluster included; the key is the only key).
+var (
+	responseGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
+	// responseSet never overwrites what is not a record (a record is JSON: '{'): a lock of
+	// another rule whose key renders as this one's keeps its value and its owner. Nor does it
+	// replace the record of a later grant of the lock (a larger fence than ARGV[3]; a save
+	// without a fence, of a degraded run, compares nothing): a holder that lost its lock
+	// while its handler ran must not overwrite the response of the holder after it. The fence
+	// is the record's "f", just before its last field, "p" (lockstore.ResponseStore); strings
+	// in a record are JSON-escaped, so the pattern cannot match inside one.
+	responseSet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, 1) ~= '{' then
+  return redis.error_reply('flightlock: ' .. KEYS[1] .. ' holds a lock, not a stored response')
+end
+if v then
+  local f = tonumber(string.match(v, '"f":(%-?%d+),"p":"[^"]*"}$') or '')
+  local mine = tonumber(ARGV[3])
+  if f and mine > 0 and f > mine then
+    return 0
+  end
+end
+return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
+)
+
+// saveBound bounds a save: it runs under the lock, on a context without the request's
+// cancellation, and must not hold the lock long when Redis is slow.
+const saveBound = time.Second
+
+// responses keeps share rules' responses in Redis, on the lock store's client.
+type responses struct {
+	client Client
+	prefix string
+}
+
+func (s *responses) Load(ctx context.Context, key string) ([]byte, error) {
+	v, err := responseGet.Run(ctx, s.client, []string{s.prefix + key}).Text()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []byte(v), nil
+}
+
+// Save stores record under key for ttl, in milliseconds.
+func (s *responses) Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, saveBound)
+	defer cancel()
+	return responseSet.Run(ctx, s.client, []string{s.prefix + key}, record, max(ttl.Milliseconds(), 1), fence).Err()
+}

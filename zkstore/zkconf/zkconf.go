@@ -1,0 +1,128 @@
+// Package zkconf is the Zookeeper section of a go-zero service's Lock configuration: a
+// ZooKeeper ensemble for the locks, and how to open the store on it (lockstore.Driver). It is
+// apart from zkstore so that a program that uses the store without the configuration does not
+// link it.
+package zkconf
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/flightlock/flightlock/lockstore"
+	"github.com/flightlock/flightlock/zkstore"
+)
+
+// Conf is a ZooKeeper ensemble for the locks (zkstore). The lock of a rendered key is one node
+// under Root, named Lock.Prefix + the key, escaped so that a key never makes a path of several
+// nodes.
+//   - Hosts lists the servers (host:port). Empty (the default): no ZooKeeper.
+//   - SessionTimeout is the session's timeout (default 40s). ZooKeeper keeps a hold as long as
+//     the session that made it, so it bounds the lock TTL: a rule on ZooKeeper needs a TTL of at
+//     most two thirds of it less syncLimit + 1 ticks (the store's MaxTTL), and New refuses a
+//     longer one, naming the rule. It must also exceed syncLimit x tickTime + tickTime and lie
+//     within the servers' minSessionTimeout and maxSessionTimeout, or New refuses it.
+//   - Root is the node the locks live under (default /flightlock), created when missing.
+//   - TickTime and SyncLimit are the ensemble's settings, used only when its servers do not
+//     answer the "conf" four-letter word (4lw.commands.whitelist); zero means ZooKeeper's
+//     sample values, 2s and 5.
+type Conf struct {
+	Hosts          []string      `json:",optional"`
+	SessionTimeout time.Duration `json:",default=40s"`
+	Root           string        `json:",default=/flightlock"`
+	TickTime       time.Duration `json:",optional"`
+	SyncLimit      int           `json:",optional"`
+}
+
+// Name implements lockstore.Driver.
+func (z Conf) Name() string { return "zookeeper" }
+
+// Configured reports whether z names a ZooKeeper ensemble.
+func (z Conf) Configured() bool { return len(z.Hosts) > 0 }
+
+// KeyPrefix is prefix: the locks are nodes under Root, named prefix + key.
+func (z Conf) KeyPrefix(prefix string) string { return prefix }
+
+// Config is z as zkstore's Config, with the hosts trimmed.
+func (z Conf) Config() zkstore.Config {
+	var hosts []string
+	for _, h := range z.Hosts {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	return zkstore.Config{Hosts: hosts, SessionTimeout: z.SessionTimeout, Root: z.Root, TickTime: z.TickTime, SyncLimit: z.SyncLimit}
+}
+
+// Store connects to the ensemble z names and returns its store as New builds it, once the
+// session is up and its timeout checked against the servers' settings. For tools that read
+// the locks and services that build a Locker of their own on it. close is the store's Close:
+// it ends the session, and with it every hold it made.
+func (z Conf) Store() (store *zkstore.Store, close func() error, err error) {
+	cfg := z.Config()
+	if len(cfg.Hosts) == 0 {
+		return nil, nil, lockstore.FieldError("Lock.Zookeeper.Hosts", "is empty: list the ZooKeeper servers to connect to")
+	}
+	if store, err = zkstore.Dial(cfg); err != nil {
+		return nil, nil, err
+	}
+	return store, store.Close, nil
+}
+
+// Open implements lockstore.Driver: Store, described for keys under prefix.
+func (z Conf) Open(prefix string) (*lockstore.Backend, error) {
+	s, closeStore, err := z.Store()
+	if err != nil {
+		return nil, err
+	}
+	b := s.Describe(z.KeyPrefix(prefix))
+	b.Close = closeStore
+	return b, nil
+}
+
+// Validate implements lockstore.Driver.
+func (z Conf) Validate(section, _ string) []error {
+	var ps []error
+	if !z.Configured() {
+		if z.TickTime != 0 || z.SyncLimit != 0 {
+			ps = append(ps, lockstore.FieldError(section+".Hosts", "is empty, but the Zookeeper section sets other fields: a ZooKeeper store with no hosts"))
+		}
+		return ps
+	}
+	for i, h := range z.Hosts {
+		if strings.TrimSpace(h) == "" {
+			ps = append(ps, lockstore.FieldError(fmt.Sprintf("%s.Hosts[%d]", section, i), "is empty"))
+		}
+	}
+	if z.SessionTimeout <= 0 {
+		ps = append(ps, lockstore.FieldError(section+".SessionTimeout", "must be positive, got %v", z.SessionTimeout))
+	}
+	if root := strings.TrimRight(z.Root, "/"); !strings.HasPrefix(root, "/") || strings.Contains(root, "//") {
+		ps = append(ps, lockstore.FieldError(section+".Root", "%q must be an absolute node path, such as /flightlock", z.Root))
+	}
+	if z.TickTime < 0 {
+		ps = append(ps, lockstore.FieldError(section+".TickTime", "must not be negative, got %v", z.TickTime))
+	}
+	if z.SyncLimit < 0 {
+		ps = append(ps, lockstore.FieldError(section+".SyncLimit", "must not be negative, got %d", z.SyncLimit))
+	}
+	return ps
+}
+
+// Check implements lockstore.Driver: ZooKeeper keeps no responses, and no lock TTL that a
+// session of z's timeout does not keep, whatever the ensemble's tickTime: at least two thirds
+// of the timeout. The exact bound (less syncLimit + 1 ticks, the tick read from the servers)
+// is checked when the store is dialled.
+func (z Conf) Check(section string, u lockstore.Use) error {
+	switch {
+	case !z.Configured():
+		return lockstore.FieldError(u.Field+".Store", "is zookeeper, but %s.Hosts is empty: a ZooKeeper store with no hosts", section)
+	case u.Share:
+		return lockstore.FieldError(u.Field+".OnBusy", "is share, but the rule locks in ZooKeeper, which keeps no stored responses: "+
+			"lock it in Redis or etcd, or use wait")
+	case u.TTLField == "" || z.SessionTimeout <= 0 || u.TTL < z.SessionTimeout*2/3:
+		return nil
+	}
+	return lockstore.FieldError(u.TTLField, "%v is too long for the %v session timeout (%s.SessionTimeout): %s ZooKeeper, which keeps a lock "+
+		"at most two thirds of the session timeout less syncLimit + 1 ticks; shorten the TTL or lengthen the session", u.TTL, z.SessionTimeout, section, u.On())
+}
