@@ -8,9 +8,8 @@ import (
 
 // Inspector reads and changes the locks of one store for the tools that operate it (the
 // flightlock CLI). Each store implements it beside the code that writes its values, so a tool
-// never parses a store's bytes: this Redis store (NewInspector) and the etcd store
-// (etcdstore.NewInspector). Keys are lock keys as the rules render them, without the prefix the
-// inspector was made with. Implementations are safe for concurrent use.
+// never parses a store's bytes. Keys are lock keys as the rules render them, without the
+// prefix the inspector was made with. Implementations are safe for concurrent use.
 type Inspector interface {
 	// List returns the held locks whose key matches the glob pattern (as Redis's SCAN MATCH
 	// reads it: *, ?, [set], \ escapes), sorted by key, at most opts.Limit of them (0: all),
@@ -23,9 +22,7 @@ type Inspector interface {
 	// ForceUnlock removes the grant l, as Lookup or List read it, whatever its holds, and
 	// wakes the processes waiting for it. It removes nothing, and returns a *ChangedError, when
 	// the key no longer holds that grant: the operator agreed to remove one holder, not
-	// whoever holds the key now. notified is what Release reports for the same deletion: the
-	// processes its release notification reached (Redis), 1 when a waiter mark was deleted
-	// with the key (etcd).
+	// whoever holds the key now. notified is what Release reports for the same deletion.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
 	// Watch reports the changes of the locks matching pattern to fn, from the goroutine that
 	// called Watch, one event at a time: first EventWatching with the locks held, then the
@@ -46,9 +43,8 @@ type ListOptions struct {
 type WatchOptions struct {
 	// Skip leaves out the keys it returns true for, as ListOptions.Skip. Nil skips none.
 	Skip func(key string) bool
-	// Interval is how often a watch reads the locks again (the Redis inspector: each read
-	// refreshes the TTLs, and without keyspace notifications it is how changes are found).
-	// Zero means DefaultWatchInterval.
+	// Interval is how often a watch reads the locks again (refreshing their TTLs, and finding
+	// changes where the store does not send them). Zero means DefaultWatchInterval.
 	Interval time.Duration
 	// Timeout bounds each call the watch makes to the store, and how long a watch that the
 	// store ended tries to start again (etcd). Zero means DefaultWatchTimeout.
@@ -94,10 +90,9 @@ type LockInfo struct {
 	// Waiters counts the processes waiting for its release now: subscribers of its release
 	// channel in Redis. Zero where the store cannot count them (etcd waiters watch the key).
 	Waiters int64
-	// Readers counts the live read holds of a key held for reading (lockstore.ReadOwner); 0
-	// for a key held by a writer. A read-held key's Owner is no token (each reader has its
-	// own): the Redis store shows the readers' marker, which ForceUnlock needs, etcd and
-	// ZooKeeper none.
+	// Readers counts the live read holds of a key held for reading (ReadOwner); 0 for a key
+	// held by a writer. A read-held key's Owner is no token (each reader has its own): the
+	// Redis store shows the readers' marker, which ForceUnlock needs, the others none.
 	Readers int
 	// Queued counts the places in the key's fair line (a Request with Asked): processes'
 	// requests waiting in order for it.
@@ -180,10 +175,9 @@ type Event struct {
 	Revision int64
 }
 
-// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with its
-// lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and the rest,
-// in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
-// with this.
+// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with
+// its lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and
+// the rest, in order, as Metadata.
 func (l *LockInfo) ParseHolder(meta string) {
 	var other []string
 	for _, f := range strings.Fields(meta) {

@@ -80,14 +80,7 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	p := in.s.keyPath(in.prefix + key)
 	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
-	data, stat, err := in.s.get(ctx, p)
-	if errors.Is(err, zk.ErrNoNode) {
-		return l, lockstore.ErrNotHeld
-	}
-	if err != nil {
-		return l, err
-	}
-	kids, err := in.s.children(ctx, p)
+	data, stat, kids, err := in.s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) || err == nil && len(kids) == 0 {
 		return l, lockstore.ErrNotHeld // released, or left by an expired session
 	}
@@ -180,10 +173,7 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 	}
 	locks, err := read()
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
+		return quiet(ctx, err)
 	}
 	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
 	held := index(locks)
@@ -197,10 +187,7 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 		}
 		locks, err := read()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+			return quiet(ctx, err)
 		}
 		now := index(locks)
 		for _, l := range locks {
@@ -225,6 +212,14 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 		fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
 		held = now
 	}
+}
+
+// quiet drops the error of a watch that was ended on purpose.
+func quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 func index(locks []lockstore.LockInfo) map[string]lockstore.LockInfo {
