@@ -31,8 +31,7 @@
 // it, and the leader expires sessions on tick boundaries: a session seen live by a committed
 // call outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That is MaxTTL,
 // the longest lock TTL the store accepts, so a Locker's lease ends before the session can.
-// Dial refuses a session timeout the servers would clamp, one no longer than syncLimit x
-// tickTime + tickTime, or one that leaves less than a second of lock TTL.
+// checkSession refuses the session timeouts this argument cannot hold for.
 //
 // # Fences
 //

@@ -90,15 +90,11 @@ var errStoreClosed = errors.New("flightlock: zookeeper store closed")
 // Dial checks the session timeout against the ensemble's settings, connects, waits for a
 // session (at most one session timeout) and returns the store. Close ends the session.
 func Dial(cfg Config) (*Store, error) {
-	cfg = withDefaults(cfg)
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("flightlock: zookeeper: no hosts")
 	}
-	ens, err := readEnsemble(cfg)
+	cfg, ens, err := settle(cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
 		return nil, err
 	}
 	conn, events, err := zk.Connect(cfg.Hosts, cfg.SessionTimeout, zk.WithLogger(log.New(io.Discard, "", 0)))
@@ -131,12 +127,8 @@ func Dial(cfg Config) (*Store, error) {
 // New returns the store on conn, a connection of the caller's made with cfg.SessionTimeout
 // (Close leaves it open). cfg.Hosts, when set, are asked for the ensemble's settings.
 func New(conn *zk.Conn, cfg Config) (*Store, error) {
-	cfg = withDefaults(cfg)
-	ens, err := readEnsemble(cfg)
+	cfg, ens, err := settle(cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
 		return nil, err
 	}
 	return newStore(conn, cfg, ens)
@@ -160,14 +152,17 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	return s, nil
 }
 
-func withDefaults(cfg Config) Config {
+// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
+// against them.
+func settle(cfg Config) (Config, ensemble, error) {
 	if cfg.SessionTimeout == 0 {
 		cfg.SessionTimeout = DefaultSessionTimeout
 	}
 	if cfg.Root == "" {
 		cfg.Root = DefaultRoot
 	}
-	return cfg
+	ens := readEnsemble(cfg)
+	return cfg, ens, checkSession(cfg.SessionTimeout, ens)
 }
 
 // maxTTL is the longest lock TTL a session of timeout session keeps (see the package doc).
@@ -200,7 +195,7 @@ func checkSession(session time.Duration, ens ensemble) error {
 
 // readEnsemble asks the servers for their settings with the "conf" four-letter word, and falls
 // back on cfg's when none answers it.
-func readEnsemble(cfg Config) (ensemble, error) {
+func readEnsemble(cfg Config) ensemble {
 	ens := ensemble{tick: cfg.TickTime, syncLimit: cfg.SyncLimit}
 	if ens.tick <= 0 {
 		ens.tick = DefaultTickTime
@@ -236,11 +231,11 @@ func readEnsemble(cfg Config) (ensemble, error) {
 		if n, ok := read("maxSessionTimeout"); ok && n > 0 {
 			ens.maxSession = time.Duration(n) * time.Millisecond
 		}
-		return ens, nil
+		return ens
 	}
 	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks).
 	ens.minSession, ens.maxSession = 2*ens.tick, 20*ens.tick
-	return ens, nil
+	return ens
 }
 
 // fourLetter sends a four-letter word to the server at addr and reads its "name=value" lines.

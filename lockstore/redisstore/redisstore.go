@@ -83,8 +83,7 @@ func WithChannelPrefix(p string) Option {
 }
 
 // WithWatchLinger sets how long a notification subscription is kept after its last watcher
-// left (default one second), so a key that is waited on again and again is not re-subscribed
-// for every wait.
+// left (default one second), so a key waited on again and again is not re-subscribed each time.
 func WithWatchLinger(d time.Duration) Option {
 	return func(s *RedisStore) {
 		if d >= 0 {
@@ -152,8 +151,7 @@ func New(client Client, opts ...Option) *RedisStore {
 }
 
 // Lanes returns how many script calls the store sends at once before it batches further
-// concurrent calls into pipelines; 0 when it never batches (WithLanes(0), or a client without
-// pipelines).
+// calls into pipelines; 0 when it never batches (WithLanes(0), or a client without pipelines).
 func (s *RedisStore) Lanes() int {
 	if s.batch == nil {
 		return 0
@@ -202,25 +200,26 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner, s.releaseIfTaken(key, owner))
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseIfTaken(key, owner))
 }
 
-// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua) and reads
-// its reply; late is batcher.run's.
-func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
+// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the
+// named hold, reenter.lua) and reads its reply; late is batcher.run's.
+func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	var (
 		code, n int64
 		value   string
 		err     error
 	)
 	if s.replicas > 0 {
-		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, "", acquireTaken, acquireReentered)
+		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, hold, acquireTaken, acquireReentered)
 	} else {
 		code, n, value, err = reply(s.run(ctx, script, keys, late, args...))
 	}
-	if isTryAgain(err) || isRedirect(err) {
+	if hold == "" && (isTryAgain(err) || isRedirect(err)) {
 		// The slot migrates: nothing was taken. Busy, with no holder's TTL: a waiting caller
 		// retries by its strategy, a rejecting one is answered busy, not with a store error.
+		// A re-entry reports the error: its busy reply with no TTL would say the grant is gone.
 		if isRedirect(err) {
 			s.reloadSlots()
 		}
@@ -238,6 +237,8 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 	case acquireBusy:
 		// PTTL -1 (a key without expiry, not ours) is reported as unknown: 0.
 		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
+	case reenterFree:
+		return lockstore.Acquisition{}, nil
 	default:
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: unexpected reply code %d", op, key, code)
 	}
@@ -257,29 +258,8 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 		return lockstore.Acquisition{}, nil
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
-	var (
-		code, n int64
-		err     error
-	)
-	if s.replicas > 0 {
-		code, n, _, err = s.acked(ctx, reenterScript, keys, args, key, owner, hold, acquireReentered)
-	} else {
-		code, n, _, err = reply(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
-	}
-	if err != nil {
-		s.reloadOnNetworkError(err)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
-	}
-	switch code {
-	case acquireReentered:
-		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
-	case acquireBusy:
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
-	case reenterFree:
-		return lockstore.Acquisition{}, nil
-	default:
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
-	}
+	late := s.releaseOnReply(key, owner, hold, acquireReentered)
+	return s.acquire(ctx, "re-enter", reenterScript, keys, args, key, owner, hold, late)
 }
 
 // acked runs an acquiring script with WAIT (runAcked) and reads its reply. A reply whose code

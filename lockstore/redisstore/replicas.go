@@ -208,7 +208,6 @@ func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
 		DisableIdentity:            o.DisableIdentity,
 		IdentitySuffix:             o.IdentitySuffix,
 		TLSConfig:                  o.TLSConfig,
-		UnstableResp3:              o.UnstableResp3,
 		MaintNotificationsConfig:   maint,
 	}
 }

@@ -50,28 +50,21 @@ func Run(t *testing.T, c Config) {
 		c.TTL = 2 * time.Second
 	}
 	s := suite{Config: c}
-	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T)
-	}{
-		{"ExclusionBetweenOwners", s.exclusionBetweenOwners},
-		{"ReentryKeepsTheFence", s.reentryKeepsTheFence},
-		{"RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked},
-		{"TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys},
-		{"UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut},
-		{"FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence},
-		{"HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted},
-		{"WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere},
-		{"PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount},
-		{"SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy},
-		{"ReadersShareAndWritersExclude", s.readersShareAndWritersExclude},
-		{"ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold},
-		{"RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds},
-		{"FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder},
-		{"CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults},
-	} {
-		t.Run(tc.name, tc.fn)
-	}
+	t.Run("ExclusionBetweenOwners", s.exclusionBetweenOwners)
+	t.Run("ReentryKeepsTheFence", s.reentryKeepsTheFence)
+	t.Run("RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked)
+	t.Run("TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys)
+	t.Run("UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut)
+	t.Run("FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence)
+	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
+	t.Run("WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere)
+	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
+	t.Run("SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy)
+	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
+	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
+	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
+	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
+	t.Run("CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults)
 }
 
 type suite struct{ Config }
@@ -564,7 +557,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
 		}
 		order = append(order, granted)
-		mustRelease(t, ctx, stores[granted].(lockstore.Store), k, owners[granted], "", 0)
+		mustRelease(t, ctx, stores[granted], k, owners[granted], "", 0)
 	}
 	if !slices.IsSorted(order) {
 		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
