@@ -154,21 +154,18 @@ type Passer interface {
 // names the hold in every later call (Refresh, RefreshAll, Release, a give-back of a lost
 // reply), so a read hold cannot be released or refreshed as a write, or the other way round.
 // Store methods given such an owner act on the key's read holds:
-//   - Acquire takes a read hold of key, shared with the other read holds of key. It is refused
-//     (Acquired false, with the holder's TTL) while a write hold (an owner not made by
-//     ReadOwner) holds key, and while a writer that was refused because of the read holds waits
-//     for them to end (writer preference: a stream of readers cannot starve a writer). A read
-//     hold's Fence is the last fence the store handed out for key's family when it was granted:
-//     at least the fence of the last write it follows and below the fence of every write after
-//     it. Acquiring again with the same owner re-enters (Reentered), as for a write.
+//   - Acquire takes a read hold of key, shared with its other read holds. It is refused (with
+//     the holder's TTL) while a write hold holds key, and, once a write Acquire was refused
+//     because of the read holds (it marks the key), until a writer had its turn (writer
+//     preference: a stream of readers cannot starve a writer). A read hold's Fence is the last
+//     fence the store handed out for key's family when it was granted: at least the fence of
+//     the last write it follows and below that of every write after it. Acquiring again with
+//     the same owner re-enters (Reentered), as for a write.
 //   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
 //     of the last read hold notifies the key's watchers when a writer waits.
-//   - Reenter never grants a read owner anything (Acquired false): read holds are not handed
-//     over to other processes.
+//   - Reenter never grants a read owner anything: read holds are not handed over.
 //
-// A write Acquire of a key with live read holds is refused and marks the key, so that new read
-// holds are refused until a writer had its turn. Every read and write hold has its own lease:
-// it expires on its own a TTL after its last refresh.
+// Every read and write hold has its own lease: it expires a TTL after its last refresh.
 func ReadOwner(token string) string { return readOwnerMark + token }
 
 // IsReadOwner reports whether owner was made by ReadOwner.

@@ -165,61 +165,51 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 	if timeout <= 0 {
 		timeout = lockstore.DefaultWatchTimeout
 	}
-	read := func() ([]lockstore.LockInfo, error) {
-		rctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
-		return locks, err
-	}
-	locks, err := read()
-	if err != nil {
-		return quiet(ctx, err)
-	}
-	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
-	held := index(locks)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	var held map[string]lockstore.LockInfo // nil until the first read
 	for {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // ended on purpose
+			}
+			return err
+		}
+		now := index(locks)
+		if held == nil {
+			fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
+		} else {
+			for _, l := range locks {
+				prev, seen := held[l.Key]
+				switch {
+				case !seen || prev.Fence != l.Fence:
+					fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
+					if l.Contended {
+						fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+					}
+				case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
+					fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
+				case l.Contended && !prev.Contended:
+					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+				}
+			}
+			for _, k := range slices.Sorted(maps.Keys(held)) {
+				if _, ok := now[k]; !ok {
+					fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
+				}
+			}
+			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
+		}
+		held = now
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		locks, err := read()
-		if err != nil {
-			return quiet(ctx, err)
-		}
-		now := index(locks)
-		for _, l := range locks {
-			prev, seen := held[l.Key]
-			switch {
-			case !seen || prev.Fence != l.Fence:
-				fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
-				if l.Contended {
-					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-				}
-			case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
-				fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
-			case l.Contended && !prev.Contended:
-				fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(held)) {
-			if _, ok := now[k]; !ok {
-				fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
-			}
-		}
-		fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
-		held = now
 	}
-}
-
-// quiet drops the error of a watch that was ended on purpose.
-func quiet(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 func index(locks []lockstore.LockInfo) map[string]lockstore.LockInfo {

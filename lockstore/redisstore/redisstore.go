@@ -205,7 +205,8 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 
 // acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the
 // named hold, reenter.lua) and reads its reply; late is batcher.run's.
-func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
+func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
+	key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	var (
 		code, n int64
 		value   string

@@ -11,10 +11,9 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// A read-write lock keeps its read holds in a sorted set beside the lock key, and a fair lock
-// its line in two, all in the lock key's hash slot (lockstore.SideKey) so one script sees
-// them. The lock key says who holds it: a writer's value, or "~r ..." while readers hold it,
-// so that the scripts of plain locks exclude readers unchanged.
+// The side keys of read-write and fair locks live in the lock key's hash slot
+// (lockstore.SideKey), so one script sees them all; readacquire.lua and fairacquire.lua say
+// what they hold.
 
 // readersKey names the sorted set of key's read holds (readacquire.lua).
 func readersKey(key string) string { return lockstore.SideKey("readers", key) }
