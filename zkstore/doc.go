@@ -20,6 +20,9 @@
 // expired session left: the next acquirer deletes it (a delete of a node with children fails,
 // so a node that gained a hold meanwhile stays) and takes the key.
 //
+// A grant's fence is its key node's creation zxid, which grows across leader changes, shifted
+// left by fenceShift.
+//
 // # Sessions and the lease the Locker counts on
 //
 // A hold lives as long as its session. A follower cut off from the quorum keeps answering its
@@ -32,18 +35,4 @@
 // call outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That is MaxTTL,
 // the longest lock TTL the store accepts, so a Locker's lease ends before the session can.
 // checkSession refuses the session timeouts this argument cannot hold for.
-//
-// # Fences
-//
-// A grant's fence is its key node's creation zxid shifted left by 16 bits: zxids grow across
-// leader changes, and the 16 bits leave room for 65,535 in-process handoffs per grant.
-//
-// # Calls and contexts
-//
-// The ZooKeeper client takes no context: each call runs on a goroutine of its own (call), and
-// an acquisition or re-entry whose answer comes after its caller left is given back when it
-// comes. A release that fails is retried in the background while the session lives.
-//
-// Close ends the session, and ZooKeeper deletes its holds at once: drain the Lockers on the
-// store first (flightlock.Locker.Drain).
 package zkstore

@@ -249,7 +249,7 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	}
 }
 
-// maxRefreshOps bounds the checks of one RefreshAll multi.
+// maxRefreshOps bounds the locks checked in one RefreshAll multi (each with its holds).
 const maxRefreshOps = 512
 
 // RefreshAll implements lockstore.Store: the checks of many locks in one multi. When it fails

@@ -287,7 +287,7 @@ func (s *Store) Conn() *zk.Conn { return s.conn }
 func (s *Store) Root() string { return s.root }
 
 // Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
-// on the store first.
+// on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
