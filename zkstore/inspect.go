@@ -15,8 +15,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix: it reads
-// the key nodes under the store's root. Create it with NewInspector.
+// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix. Create it
+// with NewInspector.
 type Inspector struct {
 	s      *Store
 	prefix string
@@ -28,8 +28,7 @@ var _ lockstore.Inspector = (*Inspector)(nil)
 func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, prefix: prefix} }
 
 // List implements lockstore.Inspector: the key nodes under the root whose keys carry the prefix
-// and match pattern. Nodes that are no key of this store (a line beside a key node) are not
-// listed.
+// and match pattern; other nodes (a line beside a key node) are not listed.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	names, err := in.s.children(ctx, in.s.root)
 	if err != nil {
@@ -127,8 +126,7 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 			return 0, &lockstore.ChangedError{Now: &now}
 		}
 		// The holds listed between two reads of the same grant (the same creation zxid) are
-		// that grant's: holds are named for their owners, so a delete of one fails on any node
-		// the key gets later, and so does the whole multi.
+		// that grant's, and a delete of one fails on any node the key gets later.
 		_, first, err := in.s.get(ctx, p)
 		if err != nil {
 			continue

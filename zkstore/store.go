@@ -50,7 +50,6 @@ type Config struct {
 	SyncLimit int
 }
 
-// ensemble is what the store knows of the servers' settings.
 type ensemble struct {
 	tick                   time.Duration
 	syncLimit              int
@@ -300,8 +299,7 @@ func (s *Store) Close() error {
 
 func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key) }
 
-// linePath is the node of key's fair line: beside the key node, named with a "." that no
-// escaped key contains.
+// linePath is the node of key's fair line, beside the key node: no escaped key has a ".".
 func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
 
 // nodeName escapes key into one node name: bytes other than ASCII letters, digits and
@@ -358,8 +356,7 @@ func borrowName(owner, hold string) string {
 }
 func readerName(owner string) string { return readerPre + ownerHash(owner) }
 
-// ofOwner reports whether hold node name is one of owner's (hash h): its acquisition's or a
-// re-entry's.
+// ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
 func ofOwner(name, h string) bool {
 	return name == ownPre+h || strings.HasPrefix(name, borrowPre+h+"-")
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // DefaultLanes is how many script calls a RedisStore keeps on the wire at once before it
-// starts batching (WithLanes).
+// batches (WithLanes).
 const DefaultLanes = 4
 
 // pipeliner is what batching needs from the client; every go-redis client has it.
@@ -114,9 +114,8 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	}
 }
 
-// compactAt is the queue length from which calls that gave up are dropped from the queue
-// (checked at every power of two, so the work is amortised): on a hung Redis the lanes do not
-// come back before their deadlines, and callers that left must not pile up meanwhile.
+// compactAt is the queue length from which calls that gave up are dropped (checked at every
+// power of two, amortised), so that on a hung Redis callers that left do not pile up.
 const compactAt = 1024
 
 // compactLocked drops the calls whose callers gave up. b.mu must be held.

@@ -9,9 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// isTryAgain reports a TRYAGAIN reply: a script's keys (a lock and its slot's fence counter)
-// are split between two nodes while their slot migrates. Nothing ran; the same call succeeds
-// once the migration moved both keys.
+// isTryAgain reports a TRYAGAIN reply: a script's keys are split between two nodes while their
+// slot migrates. Nothing ran; the same call succeeds once the migration moved both keys.
 func isTryAgain(err error) bool {
 	if err == nil {
 		return false // before the variable below, which escapes: no allocation on success
@@ -50,8 +49,8 @@ func (s *RedisStore) reloadSlots() {
 	}
 }
 
-// isRedisReply reports an error that Redis itself replied (an error reply), as opposed to one
-// of the connection or of the caller's context.
+// isRedisReply reports an error reply of Redis, as opposed to an error of the connection or of
+// the caller's context.
 func isRedisReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re) && !errors.Is(err, redis.ErrClosed)

@@ -118,7 +118,7 @@ func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 }
 
 // poll reads the matching locks and makes them the ones held; with report, it first reports
-// how they differ from those held before (grants in key order, then the locks gone, by key).
+// how they differ from those held before (grants, then the locks gone, each by key).
 func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()

@@ -12,8 +12,7 @@ import (
 )
 
 // notifier multiplexes release notifications of many keys over one pub/sub connection. A
-// channel is subscribed while someone watches it, plus a short linger, so that a key waited on
-// over and over costs one SUBSCRIBE rather than one per wait.
+// channel is subscribed while someone watches it, plus a linger (WithWatchLinger).
 type notifier struct {
 	client Client
 	linger time.Duration
@@ -75,8 +74,7 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	}
 	st := n.channels[channel]
 	if st == nil {
-		// SUBSCRIBE is sent under mu so that it cannot overtake the UNSUBSCRIBE of a linger
-		// timer for the same channel.
+		// Sent under mu, so that it cannot overtake a linger timer's UNSUBSCRIBE of it.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)

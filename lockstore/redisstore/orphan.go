@@ -8,8 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// orphanReleaseTimeout bounds the release of a lock that an acquire took after its caller left.
-// A release that does not finish in time leaves the lock to its TTL, as a failed release does.
+// orphanReleaseTimeout bounds the release of a lock that an acquire took after its caller left;
+// one that does not finish in time leaves the lock to its TTL.
 const orphanReleaseTimeout = time.Second
 
 // releaseIfTaken returns the late hook of an acquire of key by owner (see batcher.run): when

@@ -173,8 +173,8 @@ func (r *redirectNodes) close() error {
 	return err
 }
 
-// nodeOptions are the options of a client of the Cluster node at addr: what go-redis gives its
-// own node clients (ClusterOptions.clientOptions), from the fields it exports.
+// nodeOptions are the options go-redis gives its own client of the Cluster node at addr
+// (ClusterOptions.clientOptions), from the fields it exports.
 func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
 	var maint *maintnotifications.Config // each client needs its own copy, as go-redis makes
 	if o.MaintNotificationsConfig != nil {
@@ -213,8 +213,7 @@ func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
 }
 
 // primaryFor is the client of the primary that holds key: the master of its slot on a Cluster,
-// the client itself otherwise (a node, or Sentinel's failover client, which talks to the
-// primary).
+// the client itself otherwise (a node, or Sentinel's failover client).
 func (s *RedisStore) primaryFor(ctx context.Context, key string) (pipeliner, error) {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, key)

@@ -29,8 +29,7 @@ const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
 
-// refreshCall is the script and keys that refresh owner's hold of key: a read hold's, or a
-// lock's.
+// refreshCall is the script and keys that refresh owner's hold of key.
 func refreshCall(key, owner string) (*redis.Script, []string) {
 	if lockstore.IsReadOwner(owner) {
 		return readRefreshScript, []string{key, readersKey(key)}
