@@ -20,7 +20,7 @@ import (
 const attempts = 8
 
 // releaseRounds bounds the rounds of a release, which must not give up while others make
-// progress (the hold would keep the key until the session ends); past attempts, each waits.
+// progress (its hold would keep the key); past attempts, each round waits first.
 const releaseRounds = 64
 
 // sleepCtx waits d, or less when ctx ends first (then its error).
@@ -35,9 +35,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold on this
-// session, and sets the node's data once more to read its creation zxid (the fence). A key node
-// that exists is read (held).
+// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
+// sets the node's data once more to read its creation zxid (the fence); see held for a key
+// node that exists.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
@@ -392,9 +392,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 }
 
 // releaseNotLast deletes hold name under key node p, read as data and stat with other holds
-// beside it, and writes the node's data back unchanged at the version read: that moves its
-// version, so of two holders releasing at once from the same read the second fails (a bad
-// version), reads again, and finds itself last.
+// beside it, and writes the data back at the version read: of two holders releasing at once
+// from the same read, the second fails (a bad version), reads again and finds itself last.
 func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
 	_, err := s.multi(ctx, nil,
 		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
@@ -419,8 +418,7 @@ func (s *Store) releaseLater(p, owner, name string) {
 	}
 }
 
-// TTL implements lockstore.Store. ZooKeeper keeps no TTL: a held lock reports MaxTTL, the most
-// a session keeps it, and a free one ErrNotHeld.
+// TTL implements lockstore.Store: MaxTTL (the most a session keeps a lock) for a held key.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	_, stat, err := s.get(ctx, s.keyPath(key))
 	if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {

@@ -564,8 +564,8 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	}
 }
 
-// faultSlack is how far past its caller's deadline a call may return through a fault: the
-// scheduling of a loaded machine, not a wait of the Locker's.
+// faultSlack is how far past its deadline a call may return through a fault: a loaded
+// machine's scheduling, not a wait of the Locker's.
 const faultSlack = 250 * time.Millisecond
 
 // Through each fault, Release of a held lock, permit or read and new Locks of them, also of
