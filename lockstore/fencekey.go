@@ -12,32 +12,22 @@ import (
 const FenceKeyPrefix = "flightlock:fence:"
 
 // FenceKey names the fence counter of lock key k: the last fence handed out in k's hash slot,
-// which the next grant of any key of that slot exceeds. For tools that inspect locks.
-func FenceKey(k string) string { return fenceKey(k) }
-
-// fenceKey names the fence counter of lock key k. acquire.lua touches both keys, so the counter
-// must live in k's Redis Cluster hash slot; one counter per slot (rather than per lock key)
-// keeps the number of counters bounded, so they can live forever and need no expiry of their
-// own. On a single node the slot is only a way to spread the counters.
-//
-// The name is built on every call (one short string) rather than kept per slot: a process
-// that once locked keys of every slot would keep 16,384 names live, which a measurement of
-// its first 10,000 locks counts as some 30 bytes per lock that releasing does not give back.
-func fenceKey(k string) string {
+// which the next grant of any key of that slot exceeds. acquire.lua touches both keys, so the
+// counter lives in k's Redis Cluster hash slot; one counter per slot keeps their number
+// bounded, so they need no expiry. The name is built on every call rather than kept per slot,
+// so that a process that locked keys of every slot does not keep 16,384 names live.
+func FenceKey(k string) string {
 	var buf [len(FenceKeyPrefix) + len("{4294967295}")]byte
 	b := append(buf[:0], FenceKeyPrefix...)
 	b = append(b, '{')
-	b = strconv.AppendUint(b, uint64(slotTag(keySlot(k))), 10)
+	b = strconv.AppendUint(b, uint64(slotTag(KeySlot(k))), 10)
 	b = append(b, '}')
 	return string(b)
 }
 
-// keySlot is Redis Cluster's slot of k: CRC16/XMODEM of the key (or its hash tag) mod 16384.
-// KeySlot is the Redis Cluster hash slot of k (CRC16 of its hash tag, or of the whole key,
-// modulo 16384).
-func KeySlot(k string) uint16 { return keySlot(k) }
-
-func keySlot(k string) uint16 {
+// KeySlot is the Redis Cluster hash slot of k: CRC16/XMODEM of its hash tag, or of the whole
+// key, modulo 16384.
+func KeySlot(k string) uint16 {
 	if open := strings.IndexByte(k, '{'); open >= 0 {
 		if end := strings.IndexByte(k[open+1:], '}'); end > 0 {
 			k = k[open+1 : open+1+end]
@@ -46,8 +36,8 @@ func keySlot(k string) uint16 {
 	return crc16(k) % 16384
 }
 
-// crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), the checksum
-// Redis Cluster hashes keys with, a byte at a time through crc16Table.
+// crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), a byte at a time
+// through crc16Table.
 func crc16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
@@ -75,8 +65,7 @@ var crc16Table = func() (t [256]uint16) {
 var (
 	slotTagsOnce sync.Once
 	// slotTags[s] is the smallest number whose decimal string hashes to slot s; read-only once
-	// filled. An array, not a slice: it lives in the binary's data, not in the heap that a
-	// measurement of held locks counts.
+	// filled. An array: it lives in the binary's data, not in the heap.
 	slotTags [16384]uint32
 )
 
@@ -111,5 +100,5 @@ func SideKey(kind, k string) string {
 		}
 	}
 	// "#", not ":": this side key of "k" must differ from the tagged one of "{<tag>}k".
-	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(keySlot(k))), 10) + "}" + k
+	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + k
 }

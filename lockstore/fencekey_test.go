@@ -11,12 +11,12 @@ func TestFenceKeySameSlot(t *testing.T) {
 	if crc16("123456789") != 0x31c3 {
 		t.Fatalf("crc16 check value = %#x, want 0x31c3", crc16("123456789"))
 	}
-	if keySlot("foo") != 12182 || keySlot("{user1000}.following") != keySlot("user1000") {
-		t.Fatal("keySlot disagrees with Redis Cluster's specification examples")
+	if KeySlot("foo") != 12182 || KeySlot("{user1000}.following") != KeySlot("user1000") {
+		t.Fatal("KeySlot disagrees with Redis Cluster's specification examples")
 	}
 	for _, k := range []string{"lock:a", "lock:{u1}:x", "a}b", "}{", "{}x}", "x{}y}", "\xff}", "{a"} {
-		if fk := FenceKey(k); keySlot(fk) != keySlot(k) || fk == k {
-			t.Errorf("FenceKey(%q) = %q in slot %d, lock in slot %d", k, fk, keySlot(fk), keySlot(k))
+		if fk := FenceKey(k); KeySlot(fk) != KeySlot(k) || fk == k {
+			t.Errorf("FenceKey(%q) = %q in slot %d, lock in slot %d", k, fk, KeySlot(fk), KeySlot(k))
 		}
 	}
 }
@@ -26,7 +26,7 @@ func FuzzFenceKeySameSlot(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, k string) {
-		if keySlot(FenceKey(k)) != keySlot(k) {
+		if KeySlot(FenceKey(k)) != KeySlot(k) {
 			t.Fatalf("FenceKey(%q) in another slot", k)
 		}
 	})

@@ -8,14 +8,12 @@ import (
 
 // Inspector reads and changes the locks of one store for the tools that operate it (the
 // flightlock CLI). Each store implements it beside the code that writes its values, so a tool
-// never parses a store's bytes: this Redis store (NewInspector) and the etcd store
-// (etcdstore.NewInspector). Keys are lock keys as the rules render them, without the prefix the
-// inspector was made with. Implementations are safe for concurrent use.
+// never parses a store's bytes. Keys are lock keys as the rules render them, without the
+// prefix the inspector was made with. Implementations are safe for concurrent use.
 type Inspector interface {
-	// List returns the held locks whose key matches the glob pattern (as Redis's SCAN MATCH
-	// reads it: *, ?, [set], \ escapes), sorted by key, at most opts.Limit of them (0: all),
-	// and how many more matched. A key under the prefix that is not a lock of this store is
-	// listed with Unrecognized set.
+	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
+	// as Redis's SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more
+	// matched. A key under the prefix that is not a lock of this store has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
 	// Lookup reads one lock in full, with its fence counter (FenceCounterKey). It returns an
 	// error wrapping ErrNotHeld when the key does not exist.
@@ -23,13 +21,11 @@ type Inspector interface {
 	// ForceUnlock removes the grant l, as Lookup or List read it, whatever its holds, and
 	// wakes the processes waiting for it. It removes nothing, and returns a *ChangedError, when
 	// the key no longer holds that grant: the operator agreed to remove one holder, not
-	// whoever holds the key now. notified is what Release reports for the same deletion: the
-	// processes its release notification reached (Redis), 1 when a waiter mark was deleted
-	// with the key (etcd).
+	// whoever holds the key now. notified is what Release reports for the same deletion.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
-	// Watch reports the changes of the locks matching pattern to fn, from the goroutine that
-	// called Watch, one event at a time: first EventWatching with the locks held, then the
-	// changes. It returns nil when ctx ends, and an error when the store cannot be read.
+	// Watch reports the changes of the locks matching pattern to fn, one event at a time from
+	// the calling goroutine: first EventWatching with the locks held, then the changes. It
+	// returns nil when ctx ends, and an error when the store cannot be read.
 	Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error
 }
 
@@ -37,8 +33,8 @@ type Inspector interface {
 type ListOptions struct {
 	// Limit is the most locks returned; 0 returns all.
 	Limit int
-	// Skip leaves out the keys it returns true for (and does not count them in more): keys
-	// that other layers keep under the same prefix. Nil skips none.
+	// Skip leaves out (and does not count in more) the keys it returns true for: keys other
+	// layers keep under the same prefix. Nil skips none.
 	Skip func(key string) bool
 }
 
@@ -46,12 +42,11 @@ type ListOptions struct {
 type WatchOptions struct {
 	// Skip leaves out the keys it returns true for, as ListOptions.Skip. Nil skips none.
 	Skip func(key string) bool
-	// Interval is how often a watch reads the locks again (the Redis inspector: each read
-	// refreshes the TTLs, and without keyspace notifications it is how changes are found).
-	// Zero means DefaultWatchInterval.
+	// Interval is how often a watch reads the locks again (refreshing their TTLs, and finding
+	// changes where the store does not send them). Zero means DefaultWatchInterval.
 	Interval time.Duration
-	// Timeout bounds each call the watch makes to the store, and how long a watch that the
-	// store ended tries to start again (etcd). Zero means DefaultWatchTimeout.
+	// Timeout bounds each call the watch makes to the store, and how long a watch the store
+	// ended tries to start again. Zero means DefaultWatchTimeout.
 	Timeout time.Duration
 }
 
@@ -61,61 +56,54 @@ const (
 	DefaultWatchTimeout  = 10 * time.Second
 )
 
-// NoTTL is LockInfo.TTL of a key without an expiry (not written by flightlock), and of a lock
-// that an event names without having read it.
+// NoTTL is LockInfo.TTL of a key without an expiry, and of a lock an event names unread.
 const NoTTL time.Duration = -1
 
 // LockInfo is one lock as an Inspector reads it.
 type LockInfo struct {
 	// Key is the lock key as the rule rendered it, without the prefix; StoreKey is the key in
-	// the store (the prefix and Key).
+	// the store.
 	Key, StoreKey string
-	// Owner is the holder's owner token; empty in a store that never shows it (etcd: a
-	// propagated owner token lets its bearer re-enter the lock).
+	// Owner is the holder's owner token; empty in a store that never shows it (a token lets
+	// its bearer re-enter the lock).
 	Owner string
 	// Fence is the fence of the store's grant; in-process handoffs count up from it.
 	Fence int64
-	// TTL is the time left: Redis's PTTL; in etcd the time left on the key's lease, in whole
-	// seconds. NoTTL when the key has none or was not read.
+	// TTL is the time left (etcd: on the key's lease, in whole seconds); NoTTL when the key
+	// has none or was not read.
 	TTL time.Duration
 	// Own reports that the acquisition's own hold is still held; Borrowed lists the named
 	// holds of re-entries from other processes. The key goes with its last hold.
 	Own      bool
 	Borrowed []string
-	// Host, Pid and Trace are what the holder wrote of itself (host=, pid=, trace=, the first
-	// of each); Metadata is the rest of what it wrote.
+	// Host, Pid, Trace and Kind ("lock", "read", "fair", "permits:N") are what the holder
+	// wrote of itself (see ParseHolder); Metadata is the rest of what it wrote.
 	Host, Pid, Trace, Metadata string
-	// Kind is the kind of the holder's locks, as it wrote it (kind=): "lock", "read", "fair"
-	// or "permits:N"; "" for a holder that wrote none.
-	Kind string
-	// Contended reports that a request was refused while the lock was held (Redis: the value's
-	// mark; etcd: the key's waiter mark).
+	Kind                       string
+	// Contended reports that a request was refused while the lock was held.
 	Contended bool
-	// Waiters counts the processes waiting for its release now: subscribers of its release
-	// channel in Redis. Zero where the store cannot count them (etcd waiters watch the key).
+	// Waiters counts the processes waiting for its release now (Redis: subscribers of its
+	// release channel); zero where the store cannot count them.
 	Waiters int64
-	// Readers counts the live read holds of a key held for reading (lockstore.ReadOwner); 0
-	// for a key held by a writer. A read-held key's Owner is no token (each reader has its
-	// own): the Redis store shows the readers' marker, which ForceUnlock needs, etcd and
-	// ZooKeeper none.
+	// Readers counts the live read holds of a key held for reading (ReadOwner); 0 for a key
+	// held by a writer. A read-held key's Owner is no token (each reader has its own): the
+	// Redis store shows the readers' marker, which ForceUnlock needs, the others none.
 	Readers int
-	// Queued counts the places in the key's fair line (a Request with Asked): processes'
-	// requests waiting in order for it.
+	// Queued counts the places in the key's fair line.
 	Queued int
 	// Unrecognized is the raw value (or the read's error, in parentheses) of a key under the
-	// prefix that is not a lock of this store; the other fields but the keys and TTL are then
-	// empty.
+	// prefix that is not a lock of this store; then only the keys and TTL are set.
 	Unrecognized string
 
-	// FenceCounterKey and FenceCounter, set by Lookup only: in Redis the fence counter of the
-	// key's hash slot and the last fence handed out in it; in etcd the key's fence floor and
-	// its value. FenceCounter is nil when the key is unset.
+	// FenceCounterKey and FenceCounter, set by Lookup only, name the key that bounds the next
+	// fence (Redis: the slot's fence counter; etcd: the key's fence floor) and its value; nil
+	// when it is unset.
 	FenceCounterKey string
 	FenceCounter    *int64
 
-	// Lease, CreateRevision and ModRevision are etcd's: the lease the key is on (hex, as
-	// etcdctl prints it), the revision of the grant (from which its fence derives), and the
-	// revision of the value read (ForceUnlock removes only that).
+	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl
+	// prints it), the grant's revision (its fence's source), and the value's (ForceUnlock
+	// removes only that).
 	Lease                       string
 	CreateRevision, ModRevision int64
 }
@@ -138,8 +126,7 @@ type EventKind string
 
 // Kinds of Event. The values are the words the CLI prints.
 const (
-	// EventWatching starts every watch: Locks are the matching locks held, Mode says how the
-	// watch hears changes.
+	// EventWatching starts every watch: Locks are the matching locks held.
 	EventWatching EventKind = "watching"
 	// EventAcquired: a new grant of the key (a new owner or fence).
 	EventAcquired EventKind = "acquired"
@@ -153,12 +140,11 @@ const (
 	EventExpired EventKind = "expired"
 	// EventGone: released or expired between two reads of a watch that polls.
 	EventGone EventKind = "gone"
-	// EventRead: a periodic read of the locks, which reports no change by itself: Locks are the
-	// matching locks held now, with their TTLs.
+	// EventRead: a periodic read, no change by itself: Locks are the matching locks held now.
 	EventRead EventKind = "read"
-	// EventResumed: the store ended the watch (Reason) and the watch began again from a fresh
-	// read at Revision; Locks are the locks held now, and the changes in between follow as
-	// events (the ends first, by key, then the grants).
+	// EventResumed: the store ended the watch (Reason) and it began again from a fresh read at
+	// Revision; Locks are the locks held now, and the changes in between follow (the ends
+	// first, by key, then the grants).
 	EventResumed EventKind = "resumed"
 )
 
@@ -166,13 +152,11 @@ const (
 type Event struct {
 	Kind EventKind
 	// Lock is the lock the event is about, as read then (for a release or expiry, as last
-	// seen; NoTTL and no grant when it was never read). Empty for EventWatching, EventRead
-	// and EventResumed.
-	Lock LockInfo
-	// Locks are the locks held, for EventWatching, EventRead and EventResumed.
+	// seen; NoTTL and no grant when never read). Locks are the locks held, for EventWatching,
+	// EventRead and EventResumed, which have no Lock.
+	Lock  LockInfo
 	Locks []LockInfo
-	// Mode says how the watch hears changes ("keyspace notifications", "polling every
-	// 500ms", "etcd watch"), for EventWatching.
+	// Mode says how the watch hears changes ("polling every 500ms", ...), for EventWatching.
 	Mode string
 	// Reason and Revision are EventResumed's: why the store ended the watch, and the
 	// revision it resumed from.
@@ -180,10 +164,9 @@ type Event struct {
 	Revision int64
 }
 
-// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with its
-// lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and the rest,
-// in order, as Metadata. Every store keeps that metadata as written; its inspector reads it
-// with this.
+// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with
+// its lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and
+// the rest, in order, as Metadata.
 func (l *LockInfo) ParseHolder(meta string) {
 	var other []string
 	for _, f := range strings.Fields(meta) {

@@ -1,12 +1,8 @@
-// Package lockstore is what the flightlock core asks of a lock store, and what tools read of
-// one: the Store interface (acquire re-entrant for the same owner and minting a fencing token,
-// refresh, owner-checked release with a notification to waiters, fair lines, the remaining TTL,
-// and a watch of one key's release) with what differs between stores as Capabilities, its one
-// optional extension (Passer), the Inspector that lists, looks up, force-unlocks and watches locks, and
-// the types they share. Each store sits in a package of its own and owns its value format:
-// Redis in lockstore/redisstore (with lockstore/embedded for an in-process miniredis), etcd
-// in etcdstore. The package imports the standard library only and knows nothing about
-// requests or transports.
+// Package lockstore is the contract between the flightlock core and a lock store: Store (what
+// differs between stores is Capabilities data), its one optional extension Passer, the
+// Inspector that tools use to list, look up, force-unlock and watch locks, and the types they
+// share. Each store is a package of its own that owns its value format (lockstore/redisstore,
+// lockstore/embedded, etcdstore, zkstore). It imports the standard library only.
 package lockstore
 
 import (
@@ -33,9 +29,9 @@ type Acquisition struct {
 	Fence int64
 	// HolderTTL is how long the current holder's lock has left when not acquired.
 	HolderTTL time.Duration
-	// Holder is the metadata the current holder stored with its lock (Acquire's meta) when
-	// not acquired, "" when it stored none: who holds it, for operators and for the caller's
-	// checks (the go-zero layer compares trace ids to tell a nested call of the same request).
+	// Holder is the metadata the current holder stored with its lock (Request.Meta) when not
+	// acquired, "" when it stored none; the go-zero layer compares its trace id to tell a
+	// nested call of the same request.
 	Holder string
 }
 
@@ -68,12 +64,10 @@ type Request struct {
 type Capabilities struct {
 	// Name is the store's name as rules and metrics spell it: "redis", "etcd", "zookeeper".
 	Name string
-	// MaxHandoffs bounds the in-process handoffs under one grant, 0 when there is no bound.
-	// The Locker hands a held lock from goroutine to goroutine with the fences grant+1,
-	// grant+2, ..., and the store's next grant must exceed all of them even when the holder
-	// dies without releasing (and so without reporting the last one). etcd derives fences
-	// from revisions with 2^20 fences of room per grant, ZooKeeper from zxids with 2^16; the
-	// Redis store's hybrid clock needs no bound. New refuses a WithHandoff bound above it.
+	// MaxHandoffs bounds the in-process handoffs under one grant, 0 when there is no bound:
+	// the Locker hands a held lock on with the fences grant+1, grant+2, ..., and the store's
+	// next grant must exceed all of them even when the holder dies without reporting the last
+	// (etcd leaves 2^20 fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
 	MaxHandoffs int
 	// MaxTTL is the longest lock TTL the store keeps, 0 when there is no bound (ZooKeeper: a
 	// share of its session timeout). MaxTTLReason completes the error that refuses a longer
@@ -81,9 +75,8 @@ type Capabilities struct {
 	MaxTTL       time.Duration
 	MaxTTLReason string
 	// SharedWatch is true when Watch calls on one key share one subscription, so that many
-	// watchers of a key cost about what one does (Redis). The Locker watches a semaphore's
-	// permits only on such a store, where every waiting taker watches every permit; elsewhere
-	// (etcd: a watch and a goroutine per call) its takers look again at the retry delays only.
+	// watchers of a key cost about what one does (Redis). Only then does the Locker have every
+	// waiting semaphore taker watch every permit; elsewhere they look again at retry delays.
 	SharedWatch bool
 }
 
@@ -116,10 +109,8 @@ type Store interface {
 	// and returns ErrNotHeld otherwise.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
 	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
-	// the error Refresh would have returned for it (nil: it lives at least its TTL more). The
-	// watchdog sends the renewals that fall due together as one call: a store makes it one
-	// round trip (or a few), so that a slow store cannot cap how many locks a process keeps
-	// alive.
+	// the error Refresh would have returned for it. A store makes it one round trip (or a
+	// few), so that a slow store cannot cap how many locks a process keeps alive.
 	RefreshAll(ctx context.Context, batch []Renewal) []error
 	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
 	// "", or the re-entry named hold. The last hold deletes key and notifies waiters, and
@@ -133,11 +124,9 @@ type Store interface {
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
-	// Watch starts listening for releases of key. The returned Watch must be closed. A release
-	// that comes after Watch returned is heard (the Redis store waits for its subscription's
-	// confirmation, a bounded while; the etcd store watches from the revision of its last busy
-	// reply), and one before it too unless Watch.Fresh: a caller that was refused and tries
-	// once more after a fresh Watch, before it sleeps, misses no release.
+	// Watch starts listening for releases of key; the returned Watch must be closed. A release
+	// after Watch returned is heard, and one before it too unless Watch.Fresh: a refused
+	// caller that tries once more after a fresh Watch, before it sleeps, misses no release.
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
@@ -147,14 +136,10 @@ type Renewal struct {
 	TTL        time.Duration
 }
 
-// Passer is a Store that can keep a lock in its holder's process at the end of a turn. It is
-// optional because keeping a lock needs the store to know, atomically with the end of the
-// turn, whether anyone elsewhere asked for the key while it was held; a store that cannot tell
-// loses nothing without it. The Locker hands a held lock from goroutine to goroutine within
-// bounds (WithHandoff); at the bound the turn ends, and without a Passer the lock goes back to
-// the store (a release) and the next local waiter acquires it again: two round trips. With
-// one, it costs one, and the release happens only when a waiter elsewhere asked for the key
-// while it was held.
+// Passer is a Store that can keep a lock in its holder's process at the end of a turn (the
+// WithHandoff bound): one round trip instead of a release and a new acquisition, releasing
+// only when a waiter elsewhere asked for the key while it was held. It is optional because
+// the store must tell that atomically with the end of the turn.
 type Passer interface {
 	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
 	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
@@ -164,27 +149,23 @@ type Passer interface {
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
-// ReadOwner returns the owner token of a read hold: token (one the caller minted, as for any
-// owner) marked so that the store takes, refreshes and releases a read hold with it. The mode
-// lives in the owner, not in an argument of each call, because the owner names the hold in
-// every later call (Refresh, RefreshAll, Release, and a give-back of an acquisition whose reply
-// was lost): a read hold then cannot be released or refreshed as a write, or the other way
-// round. Store methods given such an owner act on the key's read holds:
-//   - Acquire takes a read hold of key, shared with the other read holds of key. It is refused
-//     (Acquired false, with the holder's TTL) while a write hold (an owner not made by
-//     ReadOwner) holds key, and while a writer that was refused because of the read holds waits
-//     for them to end (writer preference: a stream of readers cannot starve a writer). A read
-//     hold's Fence is the last fence the store handed out for key's family when it was granted:
-//     at least the fence of the last write it follows and below the fence of every write after
-//     it. Acquiring again with the same owner re-enters (Reentered), as for a write.
+// ReadOwner returns the owner token of a read hold: token marked so that the store takes,
+// refreshes and releases a read hold with it. The mode lives in the owner because the owner
+// names the hold in every later call (Refresh, RefreshAll, Release, a give-back of a lost
+// reply), so a read hold cannot be released or refreshed as a write, or the other way round.
+// Store methods given such an owner act on the key's read holds:
+//   - Acquire takes a read hold of key, shared with its other read holds. It is refused (with
+//     the holder's TTL) while a write hold holds key, and, once a write Acquire was refused
+//     because of the read holds (it marks the key), until a writer had its turn (writer
+//     preference: a stream of readers cannot starve a writer). A read hold's Fence is the last
+//     fence the store handed out for key's family when it was granted: at least the fence of
+//     the last write it follows and below that of every write after it. Acquiring again with
+//     the same owner re-enters (Reentered), as for a write.
 //   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
 //     of the last read hold notifies the key's watchers when a writer waits.
-//   - Reenter never grants a read owner anything (Acquired false): read holds are not handed
-//     over to other processes.
+//   - Reenter never grants a read owner anything: read holds are not handed over.
 //
-// A write Acquire of a key with live read holds is refused and marks the key, so that new read
-// holds are refused until a writer had its turn. Every read and write hold has its own lease:
-// it expires on its own a TTL after its last refresh.
+// Every read and write hold has its own lease: it expires a TTL after its last refresh.
 func ReadOwner(token string) string { return readOwnerMark + token }
 
 // IsReadOwner reports whether owner was made by ReadOwner.
@@ -203,10 +184,9 @@ type Watch struct {
 }
 
 // Fresh reports whether the watch began to listen only now: a release between the caller's
-// last look at the key (a busy reply) and Watch may have gone unheard, so a caller that was
-// refused looks once more before it sleeps. False for a Redis channel that was subscribed
-// already (its releases were heard all along) and for the etcd store, which watches from the
-// revision of its last busy reply.
+// last look at the key (a busy reply) and Watch may have gone unheard, so a refused caller
+// looks once more before it sleeps. False for a Redis channel subscribed already and for the
+// etcd store, which watches from the revision of its last busy reply.
 func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
@@ -237,6 +217,6 @@ func (w *Watch) C() <-chan struct{} {
 // Close stops the watch. It is safe to call more than once, and on a nil Watch.
 func (w *Watch) Close() {
 	if w != nil && w.close != nil {
-		w.close() // runs its stop function once
+		w.close()
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix: it reads
-// the key nodes under the store's root. Create it with NewInspector.
+// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix. Create it
+// with NewInspector.
 type Inspector struct {
 	s      *Store
 	prefix string
@@ -28,8 +28,7 @@ var _ lockstore.Inspector = (*Inspector)(nil)
 func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, prefix: prefix} }
 
 // List implements lockstore.Inspector: the key nodes under the root whose keys carry the prefix
-// and match pattern. Nodes that are no key of this store (a line beside a key node) are not
-// listed.
+// and match pattern; other nodes (a line beside a key node) are not listed.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	names, err := in.s.children(ctx, in.s.root)
 	if err != nil {
@@ -80,14 +79,7 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	p := in.s.keyPath(in.prefix + key)
 	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
-	data, stat, err := in.s.get(ctx, p)
-	if errors.Is(err, zk.ErrNoNode) {
-		return l, lockstore.ErrNotHeld
-	}
-	if err != nil {
-		return l, err
-	}
-	kids, err := in.s.children(ctx, p)
+	data, stat, kids, err := in.s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) || err == nil && len(kids) == 0 {
 		return l, lockstore.ErrNotHeld // released, or left by an expired session
 	}
@@ -134,8 +126,7 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 			return 0, &lockstore.ChangedError{Now: &now}
 		}
 		// The holds listed between two reads of the same grant (the same creation zxid) are
-		// that grant's: holds are named for their owners, so a delete of one fails on any node
-		// the key gets later, and so does the whole multi.
+		// that grant's, and a delete of one fails on any node the key gets later.
 		_, first, err := in.s.get(ctx, p)
 		if err != nil {
 			continue
@@ -172,58 +163,50 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 	if timeout <= 0 {
 		timeout = lockstore.DefaultWatchTimeout
 	}
-	read := func() ([]lockstore.LockInfo, error) {
-		rctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
-		return locks, err
-	}
-	locks, err := read()
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
-	held := index(locks)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	var held map[string]lockstore.LockInfo // nil until the first read
 	for {
+		rctx, cancel := context.WithTimeout(ctx, timeout)
+		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // ended on purpose
+			}
+			return err
+		}
+		now := index(locks)
+		if held == nil {
+			fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
+		} else {
+			for _, l := range locks {
+				prev, seen := held[l.Key]
+				switch {
+				case !seen || prev.Fence != l.Fence:
+					fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
+					if l.Contended {
+						fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+					}
+				case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
+					fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
+				case l.Contended && !prev.Contended:
+					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
+				}
+			}
+			for _, k := range slices.Sorted(maps.Keys(held)) {
+				if _, ok := now[k]; !ok {
+					fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
+				}
+			}
+			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
+		}
+		held = now
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		locks, err := read()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		now := index(locks)
-		for _, l := range locks {
-			prev, seen := held[l.Key]
-			switch {
-			case !seen || prev.Fence != l.Fence:
-				fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
-				if l.Contended {
-					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-				}
-			case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
-				fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
-			case l.Contended && !prev.Contended:
-				fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(held)) {
-			if _, ok := now[k]; !ok {
-				fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
-			}
-		}
-		fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
-		held = now
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -19,8 +20,7 @@ import (
 const attempts = 8
 
 // releaseRounds bounds the rounds of a release, which must not give up while others make
-// progress (the hold would keep the key until the session ends): past attempts, each round
-// waits a little first.
+// progress (its hold would keep the key); past attempts, each round waits first.
 const releaseRounds = 64
 
 // sleepCtx waits d, or less when ctx ends first (then its error).
@@ -35,12 +35,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// Acquire implements lockstore.Store: one multi creates the key node, its "own" hold on this
-// session, and sets the node's data once more to read its creation zxid (the fence). A key node
-// that exists is read: held by owner already (a re-sent acquisition), busy (and marked), or left
-// without holds by an expired session, which is deleted before another round.
-//
-// A request with Asked takes a place in the key's line (acquireFair).
+// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
+// sets the node's data once more to read its creation zxid (the fence); see held for a key
+// node that exists.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
@@ -103,16 +100,9 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 // (busy, marked so that waiters know), or without holds (an expired session's: deleted, and
 // again is true). reader tells a read acquisition, which shares a readers' node.
 func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a lockstore.Acquisition, again bool, err error) {
-	data, stat, err := s.get(ctx, p)
+	data, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return lockstore.Acquisition{}, true, nil // released meanwhile
-	}
-	if err != nil {
-		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
-	}
-	kids, err := s.children(ctx, p)
-	if errors.Is(err, zk.ErrNoNode) {
-		return lockstore.Acquisition{}, true, nil
 	}
 	if err != nil {
 		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
@@ -122,8 +112,7 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 		if holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
 			return lockstore.Acquisition{}, false, nil // kept for the writer that waited
 		}
-		// Nobody holds it: the holds went with their sessions. A delete of a node that gained
-		// a hold since fails (it has children), so only a node as empty as read goes.
+		// The holds went with their sessions; a node that gained a hold since is not deleted.
 		err := s.delete(ctx, p, stat.Version)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrBadVersion) {
 			return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: clear %s: %w", p, err)
@@ -143,11 +132,9 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 	return lockstore.Acquisition{Holder: meta}, false, nil
 }
 
-// markBusy marks key node p, read as data, stat and its holds kids, as contended: waiters
-// elsewhere watch its holds, and the mark tells readers that a writer waits, and operators that
-// the lock was contended. The mark goes in a multi that checks one of the holds read: names are
-// the owners', so a node the key got since (which ZooKeeper may give the same version) fails the
-// check and keeps its data. A lost race changes nothing.
+// markBusy marks key node p, read as data, stat and its holds kids, as contended: the mark
+// tells readers that a writer waits, and operators that the lock was contended. The multi
+// checks one of the holds read, so a node the key got since keeps its data.
 func (s *Store) markBusy(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) {
 	if len(kids) == 0 {
 		return
@@ -166,7 +153,7 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	defer s.mu.Unlock()
 	seen, ok := s.reservedSeen[k]
 	if !ok {
-		for old, at := range s.reservedSeen { // forget the ones long past, so the map stays small
+		for old, at := range s.reservedSeen { // the map stays small
 			if now.Sub(at) > 2*writerReserve {
 				delete(s.reservedSeen, old)
 			}
@@ -204,14 +191,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	}
 	p, name, h := s.keyPath(key), borrowName(owner, hold), ownerHash(owner)
 	for range attempts {
-		_, stat, err := s.get(ctx, p)
-		if errors.Is(err, zk.ErrNoNode) {
-			return lockstore.Acquisition{}, nil
-		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
-		}
-		kids, err := s.children(ctx, p)
+		_, stat, kids, err := s.node(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
 			return lockstore.Acquisition{}, nil
 		}
@@ -222,8 +202,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		if anchor < 0 {
 			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
 		}
-		// The new hold goes in only while a hold of owner's is there: owner's grant holds
-		// the key (holds are named for their owners, so no other grant has it).
+		// The new hold goes in only while a hold of owner's is there: owner's grant holds it.
 		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 			&zk.CheckVersionRequest{Path: p + "/" + kids[anchor], Version: -1},
 			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
@@ -241,9 +220,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 }
 
 // Refresh implements lockstore.Store: a multi of existence checks of the holds this store made
-// for owner under key. It changes nothing, but as a write it goes through the leader, which
-// refuses it once the session expired (see the package doc), and the holds are ephemeral on
-// this session: success means the lock lives at least MaxTTL from the send.
+// for owner under key. As a write it goes through the leader, which refuses it once the session
+// expired: success means the lock lives at least MaxTTL from the send (see the package doc).
 func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := s.check(key, owner, ttl); err != nil {
 		return err
@@ -271,11 +249,11 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	}
 }
 
-// maxRefreshOps bounds the checks of one RefreshAll multi.
+// maxRefreshOps bounds the locks checked in one RefreshAll multi (each with its holds).
 const maxRefreshOps = 512
 
-// RefreshAll implements lockstore.Store: the checks of many locks in one multi. When
-// it fails (one lock is gone), each lock is refreshed on its own to tell which.
+// RefreshAll implements lockstore.Store: the checks of many locks in one multi. When it fails
+// (one lock is gone), each lock is refreshed on its own to tell which.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))
 	for start := 0; start < len(batch); start += maxRefreshOps {
@@ -300,30 +278,21 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if _, err := s.multi(ctx, nil, ops...); err == nil {
 			continue
 		}
-		done := make(chan struct{})
+		var wg sync.WaitGroup
 		for i, r := range part {
-			if errs[start+i] != nil {
-				done <- struct{}{}
-				continue
+			if errs[start+i] == nil {
+				wg.Go(func() { errs[start+i] = s.Refresh(ctx, r.Key, r.Owner, r.TTL) })
 			}
-			go func() {
-				errs[start+i] = s.Refresh(ctx, r.Key, r.Owner, r.TTL)
-				done <- struct{}{}
-			}()
 		}
-		for range part {
-			<-done
-		}
+		wg.Wait()
 	}
 	return errs
 }
 
-// Release implements lockstore.Store: deletes owner's hold (the acquisition's, or the
-// re-entry named hold), and with the last hold the key node, in one multi that checks the
-// node's version as read. It reports 1 notified when the lock was marked (someone was refused
-// while it was held and watches it), else 0. A release that fails on the store's error is tried
-// again in the background while the session lives: a hold left behind would keep the key from
-// everyone until this process ends.
+// Release implements lockstore.Store: deletes owner's hold, and with the last hold the key
+// node, in one multi that checks the node's version as read. It reports 1 notified when the
+// lock was marked (someone was refused while it was held), else 0. A release that fails on the
+// store's error is tried again in the background (releaseLater).
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := s.check(key, owner, time.Millisecond); err != nil {
 		return 0, err
@@ -344,15 +313,14 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 }
 
 // releaseHold deletes hold name of owner under key node p (see Release). Every multi it sends
-// deletes that hold, which exists under no other grant's node: a read that a new grant of the key
-// overtook makes the multi fail (no node), never touch the new grant.
+// deletes that hold, which exists under no other grant's node: a read that a new grant of the
+// key overtook fails the multi, never touches the new grant.
 func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, error) {
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
 		// The common case first, in one request: the grant's only hold goes with its node. A
-		// node with other holds (re-entries) fails it whole, and the general case below reads
-		// it. It reports no waiter notified: whether one marked the lock is not read here, and
-		// waiters elsewhere hear the node go through their watches all the same.
+		// node with other holds fails it whole, and the general case below reads it. It reads
+		// no mark, so reports none notified; the waiters' watches hear the node go all the same.
 		_, err := s.multi(ctx, nil, &zk.DeleteRequest{Path: p + "/" + name, Version: -1}, &zk.DeleteRequest{Path: p, Version: -1})
 		switch {
 		case err == nil:
@@ -367,8 +335,7 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	}
 	for round := range releaseRounds {
 		if round >= attempts {
-			// Readers that come and go move the key node's version under every round: back off
-			// a little, so that a release under a stream of them goes through within its call.
+			// Readers that come and go move the key node's version under every round: back off.
 			if err := sleepCtx(ctx, time.Duration(min(round-attempts+1, 20))*time.Millisecond); err != nil {
 				return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 			}
@@ -395,8 +362,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 		case stat.NumChildren > 1:
 			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
-			// The last reader of a key a writer waits for leaves it to writers: no holds, so
-			// any writer clears and takes it, while readers wait out writerReserve.
+			// The last reader leaves it to writers: with no holds any writer clears and takes
+			// it, while readers wait out writerReserve.
 			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
 			notified = 1
 		default:
@@ -425,9 +392,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 }
 
 // releaseNotLast deletes hold name under key node p, read as data and stat with other holds
-// beside it, and writes the node's data back unchanged at the version read: that moves its
-// version, so of two holders releasing at once from the same read the second fails (a bad
-// version), reads again, and finds itself last.
+// beside it, and writes the data back at the version read: of two holders releasing at once
+// from the same read, the second fails (a bad version), reads again and finds itself last.
 func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
 	_, err := s.multi(ctx, nil,
 		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
@@ -436,7 +402,7 @@ func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte,
 }
 
 // releaseLater retries a release that failed, until it goes through, the hold is gone, or the
-// store closes: while the session lives the hold would keep the key.
+// store closes: while the session lives the hold would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)
@@ -452,8 +418,7 @@ func (s *Store) releaseLater(p, owner, name string) {
 	}
 }
 
-// TTL implements lockstore.Store. ZooKeeper keeps no TTL: a held lock reports MaxTTL, the most
-// a session keeps it, and a free one ErrNotHeld.
+// TTL implements lockstore.Store: MaxTTL (the most a session keeps a lock) for a held key.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	_, stat, err := s.get(ctx, s.keyPath(key))
 	if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {

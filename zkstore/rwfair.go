@@ -14,18 +14,17 @@ import (
 )
 
 // writerReserve is how long the last reader of a key a writer waited for keeps it for writers
-// (releaseHold): long enough for the writer, woken by its watch, to take it before the readers it
-// held back; and the longest a writer that stopped waiting holds new readers back after the
-// readers before it left.
+// (releaseHold): long enough for the writer, woken by its watch, to take it before the readers
+// it held back; and the longest a writer that stopped waiting holds new readers back.
 const writerReserve = time.Second
 
 // Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
 // ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
 // held key), and readers refuse a marked node: writer preference.
 
-// acquireRead takes a read hold of key for owner (lockstore.ReadOwner): a new readers' node with
-// the hold, or one more hold on a readers' node not marked by a waiting writer, created with a
-// multi that checks the node's version as read (a mark changes it).
+// acquireRead takes a read hold of key for owner: a new readers' node with the hold, or one
+// more hold on a readers' node not marked by a waiting writer, created with a multi that checks
+// the node's version as read (a mark changes it).
 func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (lockstore.Acquisition, error) {
 	p, name := s.keyPath(key), readerName(owner)
 	data := value(readersTag, meta)
@@ -46,14 +45,7 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 		case !errors.Is(err, zk.ErrNodeExists):
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 		}
-		cur, stat, err := s.get(ctx, p)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		kids, err := s.children(ctx, p)
+		cur, stat, kids, err := s.node(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
@@ -74,10 +66,9 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
 		}
 		// Join the readers read: the check of one of their holds fails on any node the key
-		// got since (holds are named for their owners), and writing the data at the version
-		// read fails once a writer marked it. The data names the reader that came last (a
-		// refused writer is told of a reader that holds the key; releaseHold clears it when
-		// a reader leaves others behind).
+		// got since, and writing the data at the version read fails once a writer marked it.
+		// The data names the reader that came last, so a refused writer is told of a reader
+		// that holds the key (releaseHold clears it when a reader leaves others behind).
 		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 			&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
 			&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
@@ -95,13 +86,11 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 	return lockstore.Acquisition{}, nil
 }
 
-// acquireFair is Acquire of a fair request (one with Asked). A key's line is a node beside its key node
+// acquireFair is Acquire of a fair request. A key's line is a node beside its key node
 // (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
-// request reached the ensemble (their sequence numbers). asked is not used: ZooKeeper orders
-// them by construction, with no clock. The first in line takes a free key with a multi that
-// also deletes its place. A place lives as long as its session, so a waiter whose process died
-// leaves the line when its session expires (the session timeout, not queue), one that gives up
-// at once (LeaveQueue).
+// request reached the ensemble, so Asked is not used. The first in line takes a free key with a
+// multi that also deletes its place. A place lives as long as its session: a waiter whose
+// process died leaves the line when its session expires (not after Queue).
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Queue
 	if err := s.check(key, owner, ttl); err != nil {
@@ -179,8 +168,8 @@ func (s *Store) dropPlace(line, owner string) {
 	s.mu.Unlock()
 }
 
-// LeaveQueue implements lockstore.Store: deletes owner's place. The next in line looks
-// again at its next look (the Locker's waiters look at least every FairLookEvery).
+// LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
+// next look (the Locker's waiters look at least every FairLookEvery).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	line := s.linePath(key)
 	place := s.placeOf(line, owner)

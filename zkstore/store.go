@@ -10,6 +10,8 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,9 +26,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultRoot = "/flightlock"
-	// DefaultSessionTimeout leaves 14.7s of lock TTL with the default tickTime and syncLimit
-	// (MaxTTL), above the Locker's default TTL, and is ZooKeeper's default maxSessionTimeout
-	// (20 ticks).
+	// DefaultSessionTimeout is ZooKeeper's default maxSessionTimeout (20 ticks), and leaves
+	// a MaxTTL of 14.7s with the default tickTime and syncLimit, above the Locker's default TTL.
 	DefaultSessionTimeout = 40 * time.Second
 	// DefaultTickTime and DefaultSyncLimit are ZooKeeper's sample configuration's, assumed when
 	// the servers do not answer the "conf" four-letter word and Config does not say.
@@ -49,7 +50,6 @@ type Config struct {
 	SyncLimit int
 }
 
-// ensemble is what the store knows of the servers' settings.
 type ensemble struct {
 	tick                   time.Duration
 	syncLimit              int
@@ -71,13 +71,12 @@ type Store struct {
 	mu sync.Mutex
 	// reservedSeen is when this store first saw each key node that the last reader left to a
 	// waiting writer (by path and modification zxid): readers wait writerReserve from then, on
-	// this process's clock rather than by comparing it with the server's.
+	// this process's clock, never compared with the server's.
 	reservedSeen map[string]time.Time // guarded by mu
 	// holds are the hold nodes this store created and has not released, per key node and
-	// owner: what Refresh checks. A hold's node goes with the session that made it, so the
-	// check of a node of this store's proves that its session still lives.
+	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
 	holds map[holdKey][]string // guarded by mu
-	// places are this store's places in fair lines (fair requests), per line node and owner.
+	// places are this store's places in fair lines, per line node and owner.
 	places map[holdKey]string // guarded by mu
 }
 
@@ -85,22 +84,16 @@ type holdKey struct{ node, owner string }
 
 var _ lockstore.Store = (*Store)(nil)
 
-// errStoreClosed is returned by every call after Close.
 var errStoreClosed = errors.New("flightlock: zookeeper store closed")
 
-// Dial connects to the ensemble, waits for a session (at most one session timeout), checks
-// the session timeout against the ensemble's settings, and returns the store. Close ends the
-// session.
+// Dial checks the session timeout against the ensemble's settings, connects, waits for a
+// session (at most one session timeout) and returns the store. Close ends the session.
 func Dial(cfg Config) (*Store, error) {
-	cfg = withDefaults(cfg)
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("flightlock: zookeeper: no hosts")
 	}
-	ens, err := readEnsemble(cfg)
+	cfg, ens, err := settle(cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
 		return nil, err
 	}
 	conn, events, err := zk.Connect(cfg.Hosts, cfg.SessionTimeout, zk.WithLogger(log.New(io.Discard, "", 0)))
@@ -117,7 +110,7 @@ func Dial(cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("flightlock: zookeeper: no session with %v within %v", cfg.Hosts, cfg.SessionTimeout)
 		}
 	}
-	go func() { // the client blocks on a full event channel: drain it for as long as it lives
+	go func() { // the client blocks on a full event channel
 		for range events {
 		}
 	}()
@@ -133,12 +126,8 @@ func Dial(cfg Config) (*Store, error) {
 // New returns the store on conn, a connection of the caller's made with cfg.SessionTimeout
 // (Close leaves it open). cfg.Hosts, when set, are asked for the ensemble's settings.
 func New(conn *zk.Conn, cfg Config) (*Store, error) {
-	cfg = withDefaults(cfg)
-	ens, err := readEnsemble(cfg)
+	cfg, ens, err := settle(cfg)
 	if err != nil {
-		return nil, err
-	}
-	if err := checkSession(cfg.SessionTimeout, ens); err != nil {
 		return nil, err
 	}
 	return newStore(conn, cfg, ens)
@@ -162,20 +151,20 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	return s, nil
 }
 
-func withDefaults(cfg Config) Config {
+// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
+// against them.
+func settle(cfg Config) (Config, ensemble, error) {
 	if cfg.SessionTimeout == 0 {
 		cfg.SessionTimeout = DefaultSessionTimeout
 	}
 	if cfg.Root == "" {
 		cfg.Root = DefaultRoot
 	}
-	return cfg
+	ens := readEnsemble(cfg)
+	return cfg, ens, checkSession(cfg.SessionTimeout, ens)
 }
 
-// maxTTL is the longest lock TTL a session of timeout session keeps (see the package doc): two
-// thirds of it (this client touches the session at least every third), less syncLimit ticks (a
-// follower may lag that long before it reports the touches it saw to the leader) and one more
-// (the leader's expiry runs on tick boundaries).
+// maxTTL is the longest lock TTL a session of timeout session keeps (see the package doc).
 func maxTTL(session, tick time.Duration, syncLimit int) time.Duration {
 	return session*2/3 - time.Duration(syncLimit+1)*tick
 }
@@ -205,7 +194,7 @@ func checkSession(session time.Duration, ens ensemble) error {
 
 // readEnsemble asks the servers for their settings with the "conf" four-letter word, and falls
 // back on cfg's when none answers it.
-func readEnsemble(cfg Config) (ensemble, error) {
+func readEnsemble(cfg Config) ensemble {
 	ens := ensemble{tick: cfg.TickTime, syncLimit: cfg.SyncLimit}
 	if ens.tick <= 0 {
 		ens.tick = DefaultTickTime
@@ -215,8 +204,8 @@ func readEnsemble(cfg Config) (ensemble, error) {
 	}
 	for _, h := range cfg.Hosts {
 		conf, err := fourLetter(h, "conf", 3*time.Second)
-		if err != nil || len(conf) == 0 {
-			conf, err = fourLetter(h, "conf", 3*time.Second) // a server busy starting up: once more
+		if err != nil || len(conf) == 0 { // a server busy starting up: once more
+			conf, err = fourLetter(h, "conf", 3*time.Second)
 		}
 		if err != nil {
 			continue
@@ -241,13 +230,11 @@ func readEnsemble(cfg Config) (ensemble, error) {
 		if n, ok := read("maxSessionTimeout"); ok && n > 0 {
 			ens.maxSession = time.Duration(n) * time.Millisecond
 		}
-		return ens, nil
+		return ens
 	}
-	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks). A
-	// server whose bounds are narrower, and which also refuses "conf", would clamp the session
-	// without a word; its operators set TickTime to match, or allow "conf".
+	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks).
 	ens.minSession, ens.maxSession = 2*ens.tick, 20*ens.tick
-	return ens, nil
+	return ens
 }
 
 // fourLetter sends a four-letter word to the server at addr and reads its "name=value" lines.
@@ -272,11 +259,10 @@ func fourLetter(addr, word string, timeout time.Duration) (map[string]string, er
 }
 
 // MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less
-// syncLimit + 1 ticks (see the package doc).
+// syncLimit + 1 ticks.
 func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
 
-// Capabilities implements lockstore.Store: a Locker's TTL longer than MaxTTL is refused when
-// the Locker is made, and fences leave 16 bits below each grant's zxid for handoffs.
+// Capabilities implements lockstore.Store: MaxTTL, and 16 bits of fences per grant for handoffs.
 func (s *Store) Capabilities() lockstore.Capabilities {
 	return lockstore.Capabilities{
 		Name:        "zookeeper",
@@ -287,9 +273,8 @@ func (s *Store) Capabilities() lockstore.Capabilities {
 	}
 }
 
-// fenceShift is how far a key node's creation zxid is shifted to make a fence: the room for
-// in-process handoffs under one grant. zxids carry the leader's epoch in their top 32 bits; 16
-// more bits leave 2^15 leader elections before a fence would overflow.
+// fenceShift is how far a key node's creation zxid is shifted to make a fence. zxids carry the
+// leader's epoch in their top 32 bits; 16 more leave 2^15 elections before a fence overflows.
 const fenceShift = 16
 
 func fence(czxid int64) int64 { return czxid << fenceShift }
@@ -300,8 +285,8 @@ func (s *Store) Conn() *zk.Conn { return s.conn }
 // Root returns the node the locks live under.
 func (s *Store) Root() string { return s.root }
 
-// Close ends the session when Dial made it: ZooKeeper deletes this session's holds at once, so
-// drain the Lockers on the store first.
+// Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
+// on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
 	if s.closed.Swap(true) {
 		return nil
@@ -312,11 +297,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// keyPath is the node of key.
 func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key) }
 
-// linePath is the node of key's fair line: beside the key node, named with a "." that no
-// escaped key contains.
+// linePath is the node of key's fair line, beside the key node: no escaped key has a ".".
 func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
 
 // nodeName escapes key into one node name: bytes other than ASCII letters, digits and
@@ -341,27 +324,11 @@ func nodeName(key string) string {
 
 // keyOf is the key a node name escapes; false for a name nodeName does not make.
 func keyOf(name string) (string, bool) {
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if c != '%' {
-			if c == '.' || c == '/' {
-				return "", false
-			}
-			b.WriteByte(c)
-			continue
-		}
-		if i+2 >= len(name) {
-			return "", false
-		}
-		n, err := strconv.ParseUint(name[i+1:i+3], 16, 8)
-		if err != nil {
-			return "", false
-		}
-		b.WriteByte(byte(n))
-		i += 2
+	if strings.ContainsAny(name, "./") {
+		return "", false
 	}
-	return b.String(), true
+	key, err := url.PathUnescape(name)
+	return key, err == nil
 }
 
 // ownerHash names an owner in the tree without giving its token away: 128 bits of its SHA-256.
@@ -370,10 +337,8 @@ func ownerHash(owner string) string {
 	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
-// Hold node names. Every hold is named for its owner (the owner's hash, ownerHash): a grant's
-// holds appear under no other grant's node, so a call that names one (a release, a renewal, a
-// check in a multi) can never reach the next grant of the key, which ZooKeeper may give the
-// same node path and the same data version.
+// Hold node names, each named for its owner (ownerHash) so that a call that names one never
+// reaches the next grant of the key (see the package doc).
 const (
 	ownPre     = "o-" // the acquisition's hold: "o-<owner hash>"
 	borrowPre  = "b-" // a re-entry from another process: "b-<owner hash>-<escaped hold name>"
@@ -391,8 +356,7 @@ func borrowName(owner, hold string) string {
 }
 func readerName(owner string) string { return readerPre + ownerHash(owner) }
 
-// ofOwner reports whether hold node name is one of owner's (hash h): its acquisition's or a
-// re-entry's.
+// ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
 func ofOwner(name, h string) bool {
 	return name == ownPre+h || strings.HasPrefix(name, borrowPre+h+"-")
 }
@@ -416,7 +380,6 @@ func parseValue(data []byte) (owner, meta string, marked bool) {
 	return owner, meta, marked
 }
 
-// check refuses what makes no lock.
 func (s *Store) check(key, owner string, ttl time.Duration) error {
 	switch {
 	case s.closed.Load():
@@ -438,12 +401,9 @@ func (s *Store) remember(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := holdKey{node, owner}
-	for _, h := range s.holds[k] {
-		if h == hold {
-			return
-		}
+	if !slices.Contains(s.holds[k], hold) {
+		s.holds[k] = append(s.holds[k], hold)
 	}
-	s.holds[k] = append(s.holds[k], hold)
 }
 
 func (s *Store) forget(node, owner, hold string) {
@@ -451,11 +411,8 @@ func (s *Store) forget(node, owner, hold string) {
 	defer s.mu.Unlock()
 	k := holdKey{node, owner}
 	hs := s.holds[k]
-	for i, h := range hs {
-		if h == hold {
-			hs = append(hs[:i], hs[i+1:]...)
-			break
-		}
+	if i := slices.Index(hs, hold); i >= 0 {
+		hs = slices.Delete(hs, i, i+1)
 	}
 	if len(hs) == 0 {
 		delete(s.holds, k)
@@ -468,12 +425,12 @@ func (s *Store) forget(node, owner, hold string) {
 func (s *Store) holdsOf(node, owner string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]string(nil), s.holds[holdKey{node, owner}]...)
+	return slices.Clone(s.holds[holdKey{node, owner}])
 }
 
 // call runs fn, a call of the ZooKeeper client (which takes no context), and returns when fn
-// does or ctx ends. late, when not nil, gets fn's outcome if ctx ended first: what the call
-// took for a caller that left must be given back.
+// does or ctx ends. late, when not nil, gets fn's outcome if ctx ended first, to give back what
+// the call took for a caller that left.
 func call[T any](ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
 	if ctx.Done() == nil {
 		return fn()
@@ -523,7 +480,6 @@ func opError(res []zk.MultiResponse, err error) error {
 	return err
 }
 
-// get reads a node's data and stat under ctx.
 func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) {
 	type got struct {
 		data []byte
@@ -536,18 +492,26 @@ func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) 
 	return g.data, g.stat, err
 }
 
-// delete deletes a node at version (-1: any) under ctx.
 func (s *Store) delete(ctx context.Context, path string, version int32) error {
 	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, s.conn.Delete(path, version) }, nil)
 	return err
 }
 
-// children lists a node's children under ctx.
 func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	return call(ctx, func() ([]string, error) {
 		kids, _, err := s.conn.Children(path)
 		return kids, err
 	}, nil)
+}
+
+// node reads key node p's data, stat and holds.
+func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
+	data, stat, err := s.get(ctx, p)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	kids, err := s.children(ctx, p)
+	return data, stat, kids, err
 }
 
 // ensurePath creates path and its parents as persistent nodes where missing.

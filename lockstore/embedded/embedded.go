@@ -1,13 +1,12 @@
 // Package embedded runs flightlock's Redis store on an in-process miniredis, for development
 // and tests when no shared Redis exists. Locks taken on it protect only the processes that use
-// the store: it is not for production.
-//
-// It is a package of its own so that the lock core (flightlock and lockstore) depends on
-// go-redis and the standard library only.
+// the store: it is not for production. It is a package of its own so that the lock core does
+// not depend on miniredis.
 package embedded
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,16 +15,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// tick is how often the embedded server's clock is moved forward. Lock TTLs on the embedded
-// store are accurate to about this much.
+// tick is how often the embedded server's clock is moved forward: miniredis expires keys only
+// when its clock moves, so lock TTLs are accurate to about this much.
 const tick = 10 * time.Millisecond
 
 // New starts an in-process miniredis on a free loopback port and returns a store on it, with
-// opts applied. Close stops the server and closes the store's client.
-//
-// miniredis expires keys only when its clock is moved, so a goroutine advances it in real time
-// (every 10ms); TTLs then behave as on a real server. The client speaks RESP2, the protocol
-// with which miniredis delivers pub/sub messages.
+// opts applied. Close stops the server and closes the store's client. The client speaks RESP2,
+// the protocol with which miniredis delivers pub/sub messages.
 func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
@@ -39,9 +35,7 @@ func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	})
 	stop := make(chan struct{})
 	var ticker sync.WaitGroup
-	ticker.Add(1)
-	go func() {
-		defer ticker.Done()
+	ticker.Go(func() {
 		t := time.NewTicker(tick)
 		defer t.Stop()
 		last := time.Now()
@@ -54,12 +48,10 @@ func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 				last = now
 			}
 		}
-	}()
+	})
 
 	// Close runs these last first: the client is closed, then the clock and the server stop.
-	all := make([]redisstore.Option, 0, len(opts)+2)
-	all = append(all, opts...)
-	all = append(all, redisstore.WithOnClose(func() error {
+	all := append(slices.Clip(opts), redisstore.WithOnClose(func() error {
 		close(stop)
 		ticker.Wait()
 		mr.Close()

@@ -10,11 +10,10 @@ import (
 )
 
 // DefaultLanes is how many script calls a RedisStore keeps on the wire at once before it
-// starts batching (WithLanes).
+// batches (WithLanes).
 const DefaultLanes = 4
 
-// pipeliner is what batching needs from the client; redis.Cmdable (every go-redis client)
-// has it.
+// pipeliner is what batching needs from the client; every go-redis client has it.
 type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
@@ -22,36 +21,24 @@ type pipeliner interface {
 // batcher sends the scripts of concurrent callers (acquire, refresh, release) to Redis.
 //
 // Up to lanes calls go out at once, each on its own pooled connection with its caller's
-// context, as plain go-redis calls: at low concurrency nothing changes. A call that finds every
-// lane busy queues; when a lane's call or batch returns, the lane takes the whole queue and
-// sends it as one pipeline. Under load this turns N round trips into one on both sides (one
-// write and one read system call for the client and for Redis), which is where a lock spends
-// its CPU: the scripts themselves cost Redis microseconds, the system calls tens of them.
+// context, as plain go-redis calls. A call that finds every lane busy queues; when a lane's
+// call or batch returns, the lane takes the whole queue and sends it as one pipeline: under
+// load N round trips become one, and so do the system calls, where a lock spends its CPU.
 //
-// A call fails on its own deadline only, and nobody waits past their own deadline, even on a
-// hung Redis. A batch is bounded by the latest deadline among its callers (none if one of them
-// has none), not the earliest: ended at the earliest, a call with 5 s left would fail after
-// 151 ms because a neighbour in its batch had 150 ms left, against a Redis answering in 400 ms,
-// which under load means spurious 503s, failed releases and degraded leases. And
-// each caller leaves on its own context instead of waiting for the batch:
+// Nobody waits past their own deadline, even on a hung Redis (which go-redis's AutoPipeline
+// does not promise: there a call waits for its batch however short its context). A batch is
+// bounded by the latest deadline among its callers (batchContext), so that a neighbour's short
+// deadline never fails a call early, and each caller leaves on its own context:
 //   - a call whose context ends while it is queued is dropped and never sent;
-//   - a call whose context ends while it is on the wire returns at once with its context's
-//     error (context.Cause). The command still runs, and the batch's other callers still get
-//     their replies. When its reply arrives (or the batch fails), the lane hands the reply to
-//     the call's late hook, in a goroutine of its own so that a slow clean-up never holds the
-//     lane. An acquire needs one (RedisStore.releaseIfTaken): a lock it took that nobody
-//     learns about would stay held until its TTL, and a release sent after the caller gave up
-//     could overtake it. Refresh and release need none: a late refresh extends a lock that
-//     its holder still releases, and a late release did what its caller asked.
+//   - a call whose context ends while it is on the wire returns at once with context.Cause.
+//     The command still runs, and when its reply arrives (or the batch fails) the lane hands
+//     it to the call's late hook, in a goroutine of its own so that a slow clean-up never
+//     holds the lane. An acquire needs one (RedisStore.releaseIfTaken): a lock it took that
+//     nobody learns about would stay held until its TTL. Refresh and release need none: a
+//     late refresh extends a lock its holder still releases; a late release did its job.
 //
-// A call on a free lane runs on its caller's own context, as a plain go-redis call does, and
-// never needs its hook: it ends by its caller's deadline, and a reply go-redis gave up on is
-// gone.
-//
-// go-redis has an automatic pipeliner of its own (Client.AutoPipeline, v9.23, experimental),
-// but there a call waits for its batch however short its context: against a stopped server a
-// call with a 200 ms deadline returned after 35 s, which breaks "a hung Redis fails the
-// request within its deadline".
+// A call on a free lane runs on its caller's context and needs no hook: a reply go-redis gave
+// up on is gone.
 type batcher struct {
 	client   pipeliner
 	scripter redis.Scripter // the same client, for calls on a free lane
@@ -94,15 +81,14 @@ func newBatcher(client Client, lanes int) *batcher {
 }
 
 // run runs script with keys and args, through a free lane or in the next batch. late, if not
-// nil, gets the reply of a batched call whose caller's context ended while it was on the wire
-// (the caller itself returns at once with context.Cause); it runs in a goroutine of its own,
-// also when the reply is an error, and must bound its own work.
+// nil, gets the reply of a batched call whose caller's context ended while it was on the wire;
+// it runs in a goroutine of its own, also when the reply is an error, and must bound its work.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
 		b.busy++
 		b.mu.Unlock()
-		cmd := script.Run(ctx, b.scripter, keys, args...) // the caller's context: late is not needed
+		cmd := script.Run(ctx, b.scripter, keys, args...)
 		b.laneDone()
 		return cmd
 	}
@@ -128,9 +114,8 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	}
 }
 
-// compactAt is the queue length from which calls that gave up are dropped from the queue
-// (checked at every power of two, so the work is amortised): on a hung Redis the lanes do not
-// come back before their deadlines, and callers that left must not pile up meanwhile.
+// compactAt is the queue length from which calls that gave up are dropped (checked at every
+// power of two, amortised), so that on a hung Redis callers that left do not pile up.
 const compactAt = 1024
 
 // compactLocked drops the calls whose callers gave up. b.mu must be held.
@@ -192,9 +177,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
 
-	// The server lost its script cache (restart, SCRIPT FLUSH): EVAL loads the scripts again,
-	// in one more pipeline. A call whose caller left is not run again (nothing ran), and its
-	// hook sees the NOSCRIPT error.
+	// The server lost its script cache: EVAL loads the scripts again, in one more pipeline. A
+	// call whose caller left is not run again (nothing ran); its hook sees the NOSCRIPT error.
 	var again []*queuedCall
 	for _, q := range calls {
 		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") && q.state.Load() == callSent {
@@ -211,10 +195,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 }
 
 // batchContext bounds a batch by the latest deadline among its callers, or by none if one of
-// them has none: each caller leaves on its own context, so the earliest deadline would only
-// fail the others early, and a reply that comes after a caller left still
-// serves its late hook. Values (tracing) come from the first caller; cancellation comes from
-// none.
+// them has none: each caller leaves on its own context, and a reply that comes after a caller
+// left still serves its late hook. Values come from the first caller; cancellation from none.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(live[0].ctx)
 	var latest time.Time

@@ -9,9 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// isTryAgain reports a TRYAGAIN reply: a script's keys (a lock and its slot's fence counter)
-// are split between two nodes while their slot migrates. Nothing ran; the same call succeeds
-// once the migration moved both keys.
+// isTryAgain reports a TRYAGAIN reply: a script's keys are split between two nodes while their
+// slot migrates. Nothing ran; the same call succeeds once the migration moved both keys.
 func isTryAgain(err error) bool {
 	if err == nil {
 		return false // before the variable below, which escapes: no allocation on success
@@ -20,10 +19,8 @@ func isTryAgain(err error) bool {
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "TRYAGAIN")
 }
 
-// isRedirect reports a MOVED or ASK reply that reached the store: go-redis's Cluster client
-// follows them itself, and the pipeline of an acknowledged call (WithReplicas), which goes to
-// one node's client, follows them in runAcked, each up to a bound; a redirect past that bound
-// ends here. The slot moved or is moving; nothing ran.
+// isRedirect reports a MOVED or ASK reply past the bound of redirects that go-redis's Cluster
+// client (or runAcked) follows: the slot moved or is moving; nothing ran.
 func isRedirect(err error) bool {
 	if err == nil {
 		return false
@@ -36,11 +33,8 @@ func isRedirect(err error) bool {
 const tryAgainPause = 10 * time.Millisecond
 
 // reloadOnNetworkError makes a Cluster client reload its slot map after a call failed without
-// a reply from Redis (connection refused, reset, timed out): the master of the slot may have
-// died and a replica been promoted, which the client would otherwise learn only from a MOVED
-// reply or its periodic reload, a minute later. Renewals, releases and waiters then reach the
-// promoted replica as soon as the cluster has elected it. Redis error replies reload nothing
-// (go-redis follows MOVED and ASK itself), and a reload already under way is not repeated.
+// a reply from Redis: the slot's master may have died and a replica been promoted, which the
+// client would otherwise learn only from a MOVED reply or its periodic reload, a minute later.
 func (s *RedisStore) reloadOnNetworkError(err error) {
 	if err == nil || isRedisReply(err) {
 		return
@@ -48,17 +42,15 @@ func (s *RedisStore) reloadOnNetworkError(err error) {
 	s.reloadSlots()
 }
 
-// reloadSlots makes a Cluster client reload its slot map (lazily, one reload at a time): after
-// a call failed without a reply (reloadOnNetworkError), or an acknowledged call's pipeline,
-// sent to the node the map named, met a MOVED (runAcked).
+// reloadSlots makes a Cluster client reload its slot map (lazily, one reload at a time).
 func (s *RedisStore) reloadSlots() {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
 }
 
-// isRedisReply reports an error that Redis itself replied (an error reply), as opposed to one
-// of the connection or of the caller's context.
+// isRedisReply reports an error reply of Redis, as opposed to an error of the connection or of
+// the caller's context.
 func isRedisReply(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re) && !errors.Is(err, redis.ErrClosed)

@@ -13,11 +13,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lockstore.Watch implements lockstore.Inspector with keyspace notifications when the server sends them (not on a
-// Cluster, where they are per node), else by reading the locks every opts.Interval and
-// comparing; in that mode the releases of contended locks are heard at once on their release
-// channels, the rest at the next read. Either way it reads the locks every opts.Interval
-// (lockstore.EventRead), so TTLs stay current.
+// Watch implements lockstore.Inspector with keyspace notifications when the server sends them
+// (not on a Cluster, where they are per node), else by reading the locks every opts.Interval
+// and comparing, hearing the releases of contended locks at once on their release channels.
+// Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
 		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo)}
@@ -81,8 +80,7 @@ func quiet(ctx context.Context, err error) error {
 }
 
 // keyspaceEnabled says whether the server publishes the keyspace notifications a watch needs:
-// K (keyspace channels) with string ($), generic (g) and expired (x) events, or A for all.
-// A server that refuses CONFIG (managed Redis) is polled.
+// K with $, g and x events, or A for all. A server that refuses CONFIG is polled.
 func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 	if _, ok := client.(*redis.ClusterClient); ok {
 		return false // notifications are per node; polling sees every master
@@ -96,7 +94,7 @@ func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 	return has("K") && (has("A") || has("$") && has("g") && has("x"))
 }
 
-// redisWatch is the state of one lockstore.Watch, owned by its goroutine.
+// redisWatch is the state of one Watch call, owned by its goroutine.
 type redisWatch struct {
 	r                 *RedisInspector
 	pattern           string
@@ -107,14 +105,12 @@ type redisWatch struct {
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
 	// gone are the keys a recent poll reported gone, with the number of that poll: a release
-	// notification of one of them that comes after the poll is the same release, not a second
-	// event. A mark lives for goneMarkPolls polls (a notification comes within one), so that
-	// keys released without a notification do not pile up.
+	// notification of one of them after the poll is the same release, not a second event. A
+	// mark lives goneMarkPolls polls, so keys released without a notification do not pile up.
 	gone  map[string]int
 	polls int
 }
 
-// goneMarkPolls is how many polls a key reported gone keeps its mark (redisWatch.gone).
 const goneMarkPolls = 3
 
 func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
@@ -122,7 +118,7 @@ func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 }
 
 // poll reads the matching locks and makes them the ones held; with report, it first reports
-// how they differ from those held before (grants in key order, then the locks gone, by key).
+// how they differ from those held before (grants, then the locks gone, each by key).
 func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -174,15 +170,15 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 	return locks, nil
 }
 
-// notified handles a message: a keyspace event, or (polling) a release notification.
+// notified handles a keyspace event, or (polling) a release notification.
 func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 	var storeKey string
 	var kind lockstore.EventKind
 	if w.keyspace {
 		_, storeKey, _ = strings.Cut(m.Channel, "__:")
 		switch m.Payload {
-		case "set":
-			kind = lockstore.EventAcquired // or EventChanged: told apart below
+		case "set": // or EventChanged: told apart below
+			kind = lockstore.EventAcquired
 		case "append":
 			kind = lockstore.EventContended
 		case "del":
@@ -219,8 +215,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 	if err != nil {
 		return err
 	}
-	if len(locks) == 0 {
-		// Released before it could be read; its del event follows.
+	if len(locks) == 0 { // released before it could be read; its del event follows
 		w.emit(kind, lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL})
 		return nil
 	}

@@ -12,8 +12,7 @@ import (
 )
 
 // notifier multiplexes release notifications of many keys over one pub/sub connection. A
-// channel is subscribed while someone watches it, plus a short linger, so that a key waited on
-// over and over costs one SUBSCRIBE rather than one per wait.
+// channel is subscribed while someone watches it, plus a linger (WithWatchLinger).
 type notifier struct {
 	client Client
 	linger time.Duration
@@ -22,9 +21,8 @@ type notifier struct {
 	ps       *redis.PubSub            // guarded by mu; nil until the first watch
 	channels map[string]*channelState // guarded by mu
 	// unconfirmed counts, per channel, the SUBSCRIBEs sent and not yet confirmed (guarded by
-	// mu). A channel state is ready only at the confirmation of its own SUBSCRIBE: one of an
-	// earlier subscription of the channel, given up and unsubscribed since, can still be on its
-	// way when a new one is sent.
+	// mu): a channel state is ready only at its own SUBSCRIBE's confirmation, not at that of
+	// an earlier subscription of the channel given up since.
 	unconfirmed map[string]int
 	closed      bool           // guarded by mu
 	reader      sync.WaitGroup // the goroutine reading ps
@@ -57,11 +55,9 @@ func newNotifier(client Client) *notifier {
 var errStoreClosed = errors.New("flightlock: store closed")
 
 // watch returns once Redis has confirmed the channel's subscription, or after subscribeWait or
-// when ctx ends, whichever comes first (the watch is returned all the same: it hears what
-// comes once the SUBSCRIBE is read). go-redis's Subscribe only writes the command, and Redis
-// orders nothing between the pub/sub connection and the others: a release sent after watch
-// returned could run before the SUBSCRIBE and publish to nobody, and the waiter slept on with
-// the key free (TestWatchHearsAReleaseRightAfterIt).
+// when ctx ends, whichever comes first. go-redis's Subscribe only writes the command, and Redis
+// orders nothing between the pub/sub connection and the others: without the wait, a release
+// sent after watch returned could run before the SUBSCRIBE and publish to nobody.
 func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch, error) {
 	c := make(chan struct{}, 1)
 
@@ -78,8 +74,7 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	}
 	st := n.channels[channel]
 	if st == nil {
-		// SUBSCRIBE is sent under mu so that it cannot overtake the UNSUBSCRIBE of a linger
-		// timer for the same channel.
+		// Sent under mu, so that it cannot overtake a linger timer's UNSUBSCRIBE of it.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
@@ -103,8 +98,6 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	w := lockstore.NewWatch(c, stop)
 	if !active {
 		w = lockstore.NewFreshWatch(c, stop)
-	}
-	if !active {
 		t := time.NewTimer(subscribeWait)
 		select {
 		case <-ready:
@@ -116,10 +109,9 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	return w, nil
 }
 
-// subscribeWait bounds how long watch waits for Redis to confirm a subscription. Redis answers
-// in a round trip, and a slow link (hundreds of milliseconds) is still heard; a pub/sub
-// connection that never answers (broken, reconnecting) keeps a waiter from its next attempt
-// this long, once per wait, about as long as a few retry delays.
+// subscribeWait bounds how long watch waits for Redis to confirm a subscription: a slow link
+// is still heard, and a pub/sub connection that never answers delays a waiter's next attempt
+// by about a few retry delays, once per wait.
 const subscribeWait = 500 * time.Millisecond
 
 func (n *notifier) unwatch(channel string, c chan struct{}) {
@@ -169,9 +161,7 @@ func (n *notifier) read(msgs <-chan any) {
 			case st == nil:
 			case st.skip > 0:
 				st.skip-- // an earlier subscription's, given up and unsubscribed since
-			case !st.active:
-				// The confirmation watch waits for (or go-redis subscribing again after a
-				// reconnect, which confirms the subscription as well).
+			case !st.active: // the confirmation watch waits for (or a resubscription's)
 				st.active = true
 				close(st.ready)
 			default:

@@ -20,8 +20,8 @@ var (
 	forceReleaseScript = redis.NewScript(forceReleaseLua)
 )
 
-// RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix. Create it
-// with NewInspector.
+// RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix.
+// Create it with NewInspector.
 type RedisInspector struct {
 	client redis.UniversalClient
 	prefix string
@@ -29,9 +29,9 @@ type RedisInspector struct {
 
 var _ lockstore.Inspector = (*RedisInspector)(nil)
 
-// NewInspector returns the lockstore.Inspector of the locks under prefix (the Locker's WithPrefix; the
-// middleware's Prefix) on client, whose release channels have DefaultChannelPrefix. On a
-// Cluster it reads every master. It leaves client open.
+// NewInspector returns the inspector of the locks under prefix (the Locker's WithPrefix) on
+// client, whose release channels have DefaultChannelPrefix. On a Cluster it reads every
+// master. It leaves client open.
 func NewInspector(client redis.UniversalClient, prefix string) *RedisInspector {
 	return &RedisInspector{client: client, prefix: prefix}
 }
@@ -42,8 +42,8 @@ func (r *RedisInspector) channel(key string) string {
 	return DefaultChannelPrefix + r.storeKey(key)
 }
 
-// List implements Inspector: a SCAN of every master, then the values, TTLs and waiters of the
-// first opts.Limit keys.
+// List implements lockstore.Inspector: a SCAN of every master, then the values, TTLs and
+// waiters of the first opts.Limit keys.
 func (r *RedisInspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	keys, err := r.scanKeys(ctx, pattern, opts.Skip)
 	if err != nil {
@@ -74,8 +74,8 @@ func (r *RedisInspector) Lookup(ctx context.Context, key string) (lockstore.Lock
 	return l, nil
 }
 
-// ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is the owner and fence of
-// l, so a lock whose holds changed since is still removed, and one that changed hands is not.
+// ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is l's owner and
+// fence, so a lock whose holds changed since is still removed, and one that changed hands not.
 func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.Owner == "" || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
@@ -86,7 +86,7 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) 
 		return 0, err
 	}
 	if len(reply) != 2 {
-		return 0, fmt.Errorf("%w %v", errUnexpectedReply, reply)
+		return 0, fmt.Errorf("unexpected reply %v", reply)
 	}
 	if done, _ := reply[0].(int64); done != 1 {
 		changed := &lockstore.ChangedError{}
@@ -101,16 +101,15 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) 
 	return int(woken), nil
 }
 
-// Owners of the values a read-write lock's key has between its writers (readacquire.lua): held
-// by readers, and left by the last of them to the writer that waited.
+// Owners of a read-write lock's value between its writers (readacquire.lua): held by readers,
+// and left by the last of them to the writer that waited.
 const (
 	readersOwner  = "~r:" // then the stamp of the group of readers
 	reservedOwner = "~w"
 )
 
 // parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
-// (acquire.lua; the owner is readersOwner or reservedOwner for a read-write lock between
-// writers); a value this store does not write goes to l.Unrecognized.
+// (acquire.lua); a value this store does not write goes to l.Unrecognized.
 func parseLock(l *lockstore.LockInfo, value string) {
 	fields := strings.SplitN(value, " ", 4)
 	if len(fields) < 3 || fields[0] == "" {
@@ -201,10 +200,9 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		}
 		return nil
 	})
-	// Pipelined reports the first command's error. A reply error of one key (nil for a key
-	// released since the scan, WRONGTYPE for a key under the prefix that is not a lock) is
-	// that key's business, handled below; only a failure to talk to Redis fails the read, so
-	// one foreign key under the prefix cannot hide the locks.
+	// Pipelined reports the first command's error. A reply error of one key (nil, WRONGTYPE)
+	// is that key's business, handled below: one foreign key under the prefix cannot hide the
+	// locks. Only a failure to talk to Redis fails the read.
 	var replyErr redis.Error
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
@@ -228,8 +226,8 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		parseLock(&l, v)
 		switch {
 		case strings.HasPrefix(l.Owner, readersOwner):
-			// Owner stays the readers' marker (no token: each reader has its own, in the
-			// readers' set): with the fence it names this group of readers for ForceUnlock.
+			// Owner stays the readers' marker: with the fence it names this group of readers
+			// for ForceUnlock.
 			l.Readers = int(rs[i].readers.Val())
 		case l.Owner == reservedOwner:
 			l.Owner = "" // nobody's: kept for the writer that waited, for a second
@@ -275,6 +273,3 @@ func (r *RedisInspector) numSub(ctx context.Context, channels []string) (map[str
 	}
 	return total, count(ctx, r.client)
 }
-
-// errUnexpectedReply is wrapped by the inspector's errors about a reply of the wrong shape.
-var errUnexpectedReply = errors.New("unexpected reply")

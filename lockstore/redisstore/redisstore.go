@@ -35,7 +35,6 @@ var (
 	//go:embed leavequeue.lua
 	leaveQueueLua string
 
-	// Each script is wrapped once; Run sends EVALSHA and falls back to EVAL only on NOSCRIPT.
 	acquireScript = redis.NewScript(acquireLua)
 	refreshScript = redis.NewScript(refreshLua)
 	releaseScript = redis.NewScript(releaseLua)
@@ -66,9 +65,8 @@ const (
 // DefaultChannelPrefix is put before a lock key to name its release notification channel.
 const DefaultChannelPrefix = "flightlock:released:"
 
-// Client is the part of go-redis that RedisStore uses. redis.UniversalClient (and so
-// *redis.Client, *redis.ClusterClient and the Sentinel failover client) satisfies it; tests
-// can wrap one to inject faults.
+// Client is the part of go-redis that RedisStore uses; redis.UniversalClient satisfies it, and
+// tests can wrap one to inject faults.
 type Client interface {
 	redis.Scripter
 	PTTL(ctx context.Context, key string) *redis.DurationCmd
@@ -85,8 +83,7 @@ func WithChannelPrefix(p string) Option {
 }
 
 // WithWatchLinger sets how long a notification subscription is kept after its last watcher
-// left (default one second), so a key that is waited on again and again is not re-subscribed
-// for every wait.
+// left (default one second), so a key waited on again and again is not re-subscribed each time.
 func WithWatchLinger(d time.Duration) Option {
 	return func(s *RedisStore) {
 		if d >= 0 {
@@ -97,8 +94,7 @@ func WithWatchLinger(d time.Duration) Option {
 
 // WithLanes sets how many script calls go to Redis at once, each as its own round trip, before
 // further calls are batched into one pipeline per lane (default DefaultLanes). 0 turns
-// batching off: every call then takes a pooled connection of its own, as with a plain go-redis
-// client.
+// batching off: every call then takes a pooled connection of its own.
 func WithLanes(n int) Option {
 	return func(s *RedisStore) {
 		if n >= 0 {
@@ -107,9 +103,9 @@ func WithLanes(n int) Option {
 	}
 }
 
-// WithOnClose adds fn to what Close does after it stops the notification subscriber: a
-// constructor that builds its own client or server closes them with it. Close runs them once,
-// last added first, and joins their errors. Without it, Close leaves the client open (New).
+// WithOnClose adds fn to what Close does after it stops the notification subscriber, for a
+// constructor that builds its own client or server. Close runs them once, last added first,
+// and joins their errors. Without it, Close leaves the client open.
 func WithOnClose(fn func() error) Option {
 	return func(s *RedisStore) {
 		if fn != nil {
@@ -118,18 +114,15 @@ func WithOnClose(fn func() error) Option {
 	}
 }
 
-// RedisStore is the lockstore.Store on Redis. Create it with New (or, in the packages above this one,
-// embedded.New for an in-process server and middleware.NewStore for go-zero's RedisConf); it
-// is safe for concurrent use. Close it to stop its notification subscriber.
+// RedisStore is the lockstore.Store on Redis. Create it with New (or embedded.New,
+// middleware.NewStore); it is safe for concurrent use. Close stops its notification subscriber.
 type RedisStore struct {
 	client        Client
 	channelPrefix string
 	lanes         int
 	batch         *batcher // nil: every script call goes straight to the client
-	// renewSlots bounds the RefreshAll pipelines on the wire at once to the lane count (a
-	// send takes a slot, its return gives it back): each pipeline holds a pooled connection,
-	// and with a renewer per batch of due locks the pool grew to 20 connections (64 KiB of
-	// buffers each) while 10,000 locks were held, and kept them after they were released.
+	// renewSlots bounds the RefreshAll pipelines on the wire at once to the lane count: each
+	// holds a pooled connection, and the pool keeps the connections it grew to.
 	renewSlots chan struct{}
 	notify     *notifier
 	closers    []func() error // run by Close, last first
@@ -158,8 +151,7 @@ func New(client Client, opts ...Option) *RedisStore {
 }
 
 // Lanes returns how many script calls the store sends at once before it batches further
-// concurrent calls into pipelines; 0 when it never batches (WithLanes(0), or a client without
-// pipelines).
+// calls into pipelines; 0 when it never batches (WithLanes(0), or a client without pipelines).
 func (s *RedisStore) Lanes() int {
 	if s.batch == nil {
 		return 0
@@ -167,9 +159,8 @@ func (s *RedisStore) Lanes() int {
 	return s.batch.lanes
 }
 
-// run runs script through the batcher, or straight on the client when the store does not batch.
-// late, when not nil, gets the reply of a batched call whose caller left while it was on the
-// wire (batcher.run).
+// run runs script through the batcher (see batcher.run for late), or straight on the client
+// when the store does not batch.
 func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	if s.batch == nil {
 		return script.Run(ctx, s.client, keys, args...)
@@ -180,9 +171,8 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 // Client returns the go-redis client the store runs its commands on.
 func (s *RedisStore) Client() Client { return s.client }
 
-// Preload loads the scripts into the server's script cache, so that the first calls do not pay
-// for a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional: the
-// scripts fall back to EVAL on their own.
+// Preload loads the scripts into the server's script cache, so that the first calls do not get
+// a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional.
 func (s *RedisStore) Preload(ctx context.Context) error {
 	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript, reenterScript,
 		readAcquireScript, readRefreshScript, readReleaseScript, fairAcquireScript, leaveQueueScript} {
@@ -210,28 +200,27 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner, s.releaseIfTaken(key, owner))
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseIfTaken(key, owner))
 }
 
-// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua) and reads
-// its reply. late gets the reply of a batched call whose caller left (batcher.run).
-func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any, key, owner string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
+// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the
+// named hold, reenter.lua) and reads its reply; late is batcher.run's.
+func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
+	key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	var (
 		code, n int64
 		value   string
 		err     error
 	)
 	if s.replicas > 0 {
-		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, "", acquireTaken, acquireReentered)
+		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, hold, acquireTaken, acquireReentered)
 	} else {
 		code, n, value, err = reply(s.run(ctx, script, keys, late, args...))
 	}
-	if isTryAgain(err) || isRedirect(err) {
-		// The slot migrates (TRYAGAIN: the lock and its fence counter are on two nodes, or
-		// the key is new and the counter already moved; a redirect beyond the ones an
-		// acknowledged call follows): nothing was taken. Busy, with no
-		// holder's TTL to wait for: a waiting caller retries by its strategy, a rejecting one
-		// is answered busy rather than with a store error.
+	if hold == "" && (isTryAgain(err) || isRedirect(err)) {
+		// The slot migrates: nothing was taken. Busy, with no holder's TTL: a waiting caller
+		// retries by its strategy, a rejecting one is answered busy, not with a store error.
+		// A re-entry reports the error: its busy reply with no TTL would say the grant is gone.
 		if isRedirect(err) {
 			s.reloadSlots()
 		}
@@ -247,9 +236,10 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 	case acquireReentered:
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
 	case acquireBusy:
-		// PTTL is -1 for a key without expiry (never written by us) and -2 if it vanished
-		// between the two calls inside the script (it cannot); report both as "unknown".
+		// PTTL -1 (a key without expiry, not ours) is reported as unknown: 0.
 		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
+	case reenterFree:
+		return lockstore.Acquisition{}, nil
 	default:
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: unexpected reply code %d", op, key, code)
 	}
@@ -265,39 +255,17 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	}
 	if lockstore.IsReadOwner(owner) {
 		// Read holds are not handed over, and "~r"/"~w" values must never be re-entered by
-		// a token that names them: such an owner holds nothing.
+		// a token that names them.
 		return lockstore.Acquisition{}, nil
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
-	var (
-		code, n int64
-		err     error
-	)
-	if s.replicas > 0 {
-		code, n, _, err = s.acked(ctx, reenterScript, keys, args, key, owner, hold, acquireReentered)
-	} else {
-		code, n, _, err = reply(s.run(ctx, reenterScript, keys, s.releaseOnReply(key, owner, hold, acquireReentered), args...))
-	}
-	if err != nil {
-		s.reloadOnNetworkError(err)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
-	}
-	switch code {
-	case acquireReentered:
-		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
-	case acquireBusy:
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond}, nil
-	case reenterFree:
-		return lockstore.Acquisition{}, nil
-	default:
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: unexpected reply code %d", key, code)
-	}
+	late := s.releaseOnReply(key, owner, hold, acquireReentered)
+	return s.acquire(ctx, "re-enter", reenterScript, keys, args, key, owner, hold, late)
 }
 
-// acked runs an acquiring script (acquire.lua, reenter.lua) with WAIT (runAcked) and reads its
-// reply. A reply whose code is one of granted counted a hold for owner (named hold); when too
-// few replicas acknowledged it, that hold is given up again and the call fails with
-// ErrNotReplicated.
+// acked runs an acquiring script with WAIT (runAcked) and reads its reply. A reply whose code
+// is one of granted counted a hold for owner (named hold); when too few replicas acknowledged
+// it, that hold is given up again and the call fails with ErrNotReplicated.
 func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []string, args []any,
 	key, owner, hold string, granted ...int64) (int64, int64, string, error) {
 	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
@@ -386,10 +354,9 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	return nil
 }
 
-// RefreshAll implements lockstore.Store: the refreshes go out as one pipeline, on a connection
-// of their own beside the lanes, so renewals that fall due together cost one round trip. With
-// WithReplicas, or on a client that cannot pipeline, each lock is refreshed by Refresh, all at
-// once (each needs its own WAIT).
+// RefreshAll implements lockstore.Store: one pipeline, on a connection of its own beside the
+// lanes. With WithReplicas (each needs its own WAIT), or on a client that cannot pipeline,
+// each lock is refreshed by Refresh, all at once.
 func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))
 	if s.replicas > 0 || s.batch == nil {
@@ -417,9 +384,7 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 	select {
 	case s.renewSlots <- struct{}{}:
 		defer func() { <-s.renewSlots }()
-	case <-ctx.Done():
-		// Nothing was sent: every lock of the batch is as it was, and the watchdog counts
-		// on what it knew (a renewal that comes too late is a renewal that failed).
+	case <-ctx.Done(): // nothing was sent
 		err := fmt.Errorf("flightlock: refresh: waiting for a lane: %w", context.Cause(ctx))
 		for _, i := range index {
 			errs[i] = err
@@ -453,8 +418,8 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	return n, err
 }
 
-// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock would need
-// its own WAIT, and the Locker's fresh acquisition brings one.
+// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock
+// would need its own WAIT, and the Locker's fresh acquisition brings one.
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
@@ -469,8 +434,8 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 	return s.release(ctx, "pass", key, owner, "", lastFence, passTTL)
 }
 
-// release runs release.lua: a release of hold, or with passTTL set, a pass (lockstore.Passer). The
-// caller checked the arguments.
+// release runs release.lua (readrelease.lua for a read owner): a release of hold, or with
+// passTTL set, a pass. The caller checked the arguments.
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
 	for {
@@ -484,9 +449,8 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 		if !isTryAgain(err) && !isRedirect(err) {
 			break
 		}
-		// The slot migrates (see Acquire; an ASK or MOVED that a batched pipeline did not
-		// follow): nothing ran; send it again until the caller's deadline, so that a lock is
-		// not left to its TTL for a migration of milliseconds.
+		// The slot migrates: nothing ran. Send it again until the caller's deadline, so that
+		// a lock is not left to its TTL for a migration of milliseconds.
 		if isRedirect(err) {
 			s.reloadSlots()
 		}
@@ -533,7 +497,7 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 	return d, nil
 }
 
-// lockstore.Watch implements lockstore.Store.
+// Watch implements lockstore.Store.
 func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
@@ -545,8 +509,7 @@ func (s *RedisStore) Capabilities() lockstore.Capabilities {
 }
 
 // Close stops the notification subscriber, then runs the functions given with WithOnClose,
-// last added first: stores that built their own client (or their own embedded server) close
-// those too.
+// last added first.
 func (s *RedisStore) Close() error {
 	err := errors.Join(s.notify.close(), s.redirects.close())
 	for i := len(s.closers) - 1; i >= 0; i-- {
@@ -557,7 +520,7 @@ func (s *RedisStore) Close() error {
 }
 
 // trimMeta cuts what metadata must not end with: " ~" at the end of a value is the waiters
-// mark of acquire.lua, which metadata cannot fake.
+// mark of acquire.lua.
 func trimMeta(meta string) string { return strings.TrimRight(meta, " ~") }
 
 // checkArgs refuses requests that Redis would accept but that make no lock: an empty key, an

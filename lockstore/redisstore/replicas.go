@@ -15,25 +15,22 @@ import (
 
 // ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
 // store built WithReplicas when fewer replicas than required acknowledged the write in time.
-// An acquisition or re-entry that was not acknowledged has been given up again; a refresh
-// that was not acknowledged did not extend the lease. Callers treat it as a store error.
+// An acquisition or re-entry that was not acknowledged has been given up again; such a
+// refresh did not extend the lease. Callers treat it as a store error.
 var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough replicas")
 
 // WithReplicas makes every write that grants or extends a lock (Acquire, Reenter, Refresh)
-// count only once n replicas acknowledged it within timeout: the script and a WAIT n timeout
-// go to the key's primary in one pipeline, one round trip. An acquisition a failover could
-// lose is then not handed out: without enough acknowledgements it is released again and
-// Acquire returns ErrNotReplicated (a store error); a refresh without them returns
-// ErrNotReplicated and the lease keeps the validity of its last acknowledged write.
+// count only once n replicas acknowledged it within timeout: the script and a WAIT go to the
+// key's primary in one pipeline. An acquisition a failover could lose is not handed out:
+// without enough acknowledgements it is released again and Acquire returns ErrNotReplicated;
+// a refresh without them returns ErrNotReplicated, and the lease keeps the validity of its
+// last acknowledged write. Releases do not wait: one lost in a failover leaves the key to its
+// TTL, which delays the next holder but never admits two.
 //
-// Releases do not wait: a release lost in a failover leaves the key to expire with its TTL,
-// which delays the next holder but never admits two.
-//
-// WAIT is per connection, so these calls do not join the batched pipelines (WithLanes): each
-// takes a connection of its own. n is at most the replicas the primary has; n <= 0 turns the
-// acknowledgement off (the default). On a Cluster the pipeline goes to the master of the key's
-// slot, so WAIT counts that shard's replicas; a MOVED or ASK reply (the slot migrates, or a
-// replica was promoted) sends it on to the node named, and WAIT counts that node's.
+// WAIT is per connection, so these calls do not join the batched pipelines: each takes a
+// connection of its own. n is at most the replicas the primary has; n <= 0 (the default) turns
+// the acknowledgement off. On a Cluster WAIT counts the replicas of the node that ran the
+// script: the master of the key's slot, or the node a MOVED or ASK reply named.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(s *RedisStore) {
 		s.replicas, s.replicaTimeout = max(n, 0), max(timeout, time.Millisecond)
@@ -44,13 +41,10 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // the script's reply and how many replicas acknowledged it. A NOSCRIPT reply loads the script
 // on that node and sends the pipeline once more (the script did not run).
 //
-// On a Cluster the pipeline goes to one node's client, which does not follow redirects, so
-// runAcked follows them itself, up to maxRedirects: a MOVED reply (the slot has a new master)
-// sends the pipeline to the node it names and reloads the slot map for the next calls; an ASK
-// reply (the slot migrates and the key is already on the target) sends it to the target,
-// preceded by ASKING. WAIT then runs on the node that ran the script, and counts that node's
-// replicas. Without this, every renewal of a lock whose slot migrates fails from the moment
-// its key moves until the client's slot map catches up, and the lock is lost meanwhile.
+// A node's client does not follow redirects, so runAcked does, up to maxRedirects: MOVED sends
+// the pipeline to the node it names and reloads the slot map; ASK sends it to the target,
+// preceded by ASKING. Otherwise every renewal of a lock whose slot migrates would fail until
+// the client's slot map caught up, and the lock would be lost meanwhile.
 func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, int64, error) {
 	node, err := s.primaryFor(ctx, keys[0])
 	if err != nil {
@@ -90,7 +84,7 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 			}
 		}
 		if err != nil {
-			return cmd, 0, nil // the script's own error (or a redirect not followed); the caller reports it
+			return cmd, 0, nil // the script's own error, for the caller to report
 		}
 		acked, err := wait.Int64()
 		if err != nil {
@@ -101,9 +95,7 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 }
 
 // maxRedirects bounds the MOVED and ASK replies one acknowledged call follows, as go-redis's
-// Cluster client bounds its own (ClusterOptions.MaxRedirects, 3 by default): a migration
-// redirects a call once or twice (ASK to the target, MOVED after it), and a call redirected
-// more often meets a cluster still changing, which a later renewal or retry finds settled.
+// ClusterOptions.MaxRedirects does (3 by default): a migration redirects a call once or twice.
 const maxRedirects = 3
 
 // redirectTo parses a MOVED or ASK reply ("MOVED <slot> <host:port>", "ASK <slot> <host:port>")
@@ -140,10 +132,8 @@ func (s *RedisStore) redirectNode(addr string) (pipeliner, bool) {
 	return s.redirects.get(addr, cc.Options())
 }
 
-// redirectNodes keeps one client per Cluster node that a redirect named, made with the Cluster
-// client's options, so that following a redirect costs no new connection once a node has one.
-// go-redis keeps its node clients to itself; these are the store's, closed by Close. There are
-// at most as many as the cluster has nodes.
+// redirectNodes keeps one client per Cluster node that a redirect named (go-redis keeps its
+// own to itself), made with the Cluster client's options and closed by Close.
 type redirectNodes struct {
 	mu      sync.Mutex
 	clients map[string]*redis.Client // guarded by mu: by address
@@ -183,8 +173,8 @@ func (r *redirectNodes) close() error {
 	return err
 }
 
-// nodeOptions are the options of a client of the Cluster node at addr: what go-redis gives its
-// own node clients (ClusterOptions.clientOptions), from the fields it exports.
+// nodeOptions are the options go-redis gives its own client of the Cluster node at addr
+// (ClusterOptions.clientOptions), from the fields it exports.
 func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
 	var maint *maintnotifications.Config // each client needs its own copy, as go-redis makes
 	if o.MaintNotificationsConfig != nil {
@@ -218,14 +208,12 @@ func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
 		DisableIdentity:            o.DisableIdentity,
 		IdentitySuffix:             o.IdentitySuffix,
 		TLSConfig:                  o.TLSConfig,
-		UnstableResp3:              o.UnstableResp3,
 		MaintNotificationsConfig:   maint,
 	}
 }
 
 // primaryFor is the client of the primary that holds key: the master of its slot on a Cluster,
-// the client itself otherwise (a node, or Sentinel's failover client, which talks to the
-// primary).
+// the client itself otherwise (a node, or Sentinel's failover client).
 func (s *RedisStore) primaryFor(ctx context.Context, key string) (pipeliner, error) {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, key)

@@ -11,11 +11,9 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// A read-write lock (lockstore.ReadOwner) keeps its read holds in a sorted set beside the lock
-// key, and a fair lock (a lockstore.Request with Asked) its line in two: both in the lock key's Redis
-// Cluster hash slot (lockstore.SideKey), so one script sees all of them. The lock key itself
-// says who holds it, for every script: a writer's value as always, "~r ..." while readers hold
-// it (readacquire.lua), so that the scripts of plain locks need no change to exclude readers.
+// The side keys of read-write and fair locks live in the lock key's hash slot
+// (lockstore.SideKey), so one script sees them all; readacquire.lua and fairacquire.lua say
+// what they hold.
 
 // readersKey names the sorted set of key's read holds (readacquire.lua).
 func readersKey(key string) string { return lockstore.SideKey("readers", key) }
@@ -25,15 +23,13 @@ func lineKey(key string) string    { return lockstore.SideKey("line", key) }
 func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
 
 // writerReserve is how long the last reader of a key that a writer waited for keeps it for
-// writers (readrelease.lua): long enough for the writer woken by the release notification, or
-// by its next look, to take it before the readers it held back; and the longest a writer that
-// stopped waiting holds new readers back after the readers before it are gone.
+// writers (readrelease.lua): long enough for the woken writer to take it before the readers it
+// held back; and the longest a writer that stopped waiting holds new readers back.
 const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
 
-// refreshCall is the script and keys that refresh owner's hold of key: a read hold's, or a
-// lock's.
+// refreshCall is the script and keys that refresh owner's hold of key.
 func refreshCall(key, owner string) (*redis.Script, []string) {
 	if lockstore.IsReadOwner(owner) {
 		return readRefreshScript, []string{key, readersKey(key)}
@@ -60,8 +56,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 	}
 	taken := s.releaseIfTaken(key, owner)
 	late := func(cmd *redis.Cmd) {
-		// The caller left (and left the line, or will): what the call did for it is undone,
-		// a grant given back, and a place it took (or kept) left, so that nobody waits behind it.
+		// The caller left: a grant is given back, and a place left, so nobody waits behind it.
 		taken(cmd)
 		if code, _, _, err := reply(cmd); err == nil && code == acquireBusy {
 			ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
@@ -69,7 +64,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 			_ = s.LeaveQueue(ctx, key, owner)
 		}
 	}
-	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner, late)
+	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner, "", late)
 }
 
 // LeaveQueue implements lockstore.Store with leavequeue.lua.

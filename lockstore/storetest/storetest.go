@@ -1,24 +1,7 @@
 // Package storetest is the conformance suite of the lockstore contract: one Run that every
-// store package calls from its tests against its real server (the embedded store against
-// miniredis), so that a guarantee is proved once for every store and a new store is added by
-// implementing the contract and calling Run.
-//
-// It proves, with two or more stores on one server standing for processes of their own:
-//   - exclusion between owners, the busy reply (holder's TTL and metadata, never the owner
-//     token), re-entry by the same owner with the same fence;
-//   - owner-checked Refresh and Release (another owner changes nothing; a second release of
-//     one hold is ErrNotHeld), TTL of a held and a free key, a lock that nobody refreshes
-//     running out after its TTL;
-//   - fences that grow strictly from one holder to the next and above a release's lastFence;
-//   - handed-over owners (Reenter): named holds counted down, never a free key taken;
-//   - a Watch that hears a release made elsewhere;
-//   - through flightlock Lockers: semaphores (never more than n holders across processes, a
-//     spent wait answered busy), read-write locks (readers share, a writer excludes them and
-//     is preferred, its fence above theirs, a refused writer never told that a reader who left
-//     holds the key) and fair order across processes;
-//   - with a fault proxy (Config.Faulty): Lock and Release of a lock, a permit and a read lock,
-//     free or held elsewhere, return by the caller's deadline through each fault the store's
-//     test puts on the path (replies held back, a black hole, resets, the server down).
+// store package calls from its tests against its real server, with two or more stores on one
+// server standing for processes of their own, so that a guarantee is proved once for every
+// store. docs/stores.md ("Adding a store") lists what it proves; the subtests of Run name it.
 package storetest
 
 import (
@@ -38,22 +21,18 @@ import (
 
 // Config describes the store under test.
 type Config struct {
-	// Open returns a new store on the server under test, as another process would have it (a
-	// client and a session of its own), closed when t ends.
+	// Open returns a new store on the server under test, as another process would have it,
+	// closed when t ends.
 	Open func(t testing.TB) lockstore.Store
-	// TTL is the lock TTL the suite uses; the store must keep locks of this TTL. The suite
-	// waits about two TTLs where a lock must run out.
+	// TTL is the lock TTL the suite uses (default 2s); the store must keep locks of this TTL.
 	TTL time.Duration
 	// Sessions is true for a store whose locks live as long as their holder's session
-	// (ZooKeeper's ephemeral holds): it cannot tell how long a holder has left, so its busy
-	// replies may carry HolderTTL 0 and its TTL is the longest a lock outlives its holder's
-	// end; a lock runs out when its holder's session ends, not when refreshes stop.
+	// (ZooKeeper): its busy replies may carry HolderTTL 0, its TTL is the longest a lock
+	// outlives its holder, and a lock runs out when its holder's session ends.
 	Sessions bool
 	// Faulty, when set, returns a new store whose only path to the server is a fault proxy,
-	// and the faults the test can put on that path (replies held back, a black hole,
-	// connections reset, the server down). The suite then proves that Lock and Release of a
-	// lock, a permit and a read, free or held elsewhere, return by the caller's deadline
-	// whatever the server does. Nil skips that part.
+	// and the faults the test can put on that path, for the check that calls return by their
+	// deadline through them. Nil skips that part.
 	Faulty func(t testing.TB) (store lockstore.Store, faults []Fault)
 }
 
@@ -61,8 +40,7 @@ type Config struct {
 type Fault struct {
 	Name        string
 	Start, Heal func()
-	// Passable: a call may get through between the fault's strikes (connections reset every
-	// few milliseconds), so it need not fail; it must still return by its deadline.
+	// Passable: a call may get through between the fault's strikes, so it need not fail.
 	Passable bool
 }
 
@@ -72,33 +50,26 @@ func Run(t *testing.T, c Config) {
 		c.TTL = 2 * time.Second
 	}
 	s := suite{Config: c}
-	for _, tc := range []struct {
-		name string
-		fn   func(*testing.T)
-	}{
-		{"ExclusionBetweenOwners", s.exclusionBetweenOwners},
-		{"ReentryKeepsTheFence", s.reentryKeepsTheFence},
-		{"RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked},
-		{"TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys},
-		{"UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut},
-		{"FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence},
-		{"HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted},
-		{"WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere},
-		{"PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount},
-		{"SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy},
-		{"ReadersShareAndWritersExclude", s.readersShareAndWritersExclude},
-		{"ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold},
-		{"RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds},
-		{"FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder},
-		{"CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults},
-	} {
-		t.Run(tc.name, tc.fn)
-	}
+	t.Run("ExclusionBetweenOwners", s.exclusionBetweenOwners)
+	t.Run("ReentryKeepsTheFence", s.reentryKeepsTheFence)
+	t.Run("RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked)
+	t.Run("TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys)
+	t.Run("UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut)
+	t.Run("FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence)
+	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
+	t.Run("WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere)
+	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
+	t.Run("SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy)
+	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
+	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
+	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
+	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
+	t.Run("CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults)
 }
 
 type suite struct{ Config }
 
-// Owner tokens as the Locker mints them: unpadded base64url, no spaces.
+// Owner tokens without spaces, as the Locker mints them.
 const (
 	ownerA = "storetest-owner-aaaaaaaaaaaaaaaa"
 	ownerB = "storetest-owner-bbbbbbbbbbbbbbbb"
@@ -135,8 +106,8 @@ func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner,
 	}
 }
 
-// busy asserts that owner is refused key, and that the reply names the holder's metadata and
-// a TTL within the holder's (none on a store of sessions), never the holder's token.
+// busy asserts that owner is refused key with the holder's metadata and a TTL within the
+// holder's (none on a store of sessions), never the holder's token.
 func (c suite) busy(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, holderMeta, holderToken string, ttl time.Duration) {
 	t.Helper()
 	got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: ttl})
@@ -180,8 +151,7 @@ func (s suite) reentryKeepsTheFence(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
 	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
-	// The same owner again, through this store or another (a re-sent acquisition that took
-	// another connection): a re-entry with the same fence.
+	// The same owner again, through this store or another: a re-entry with the same fence.
 	for _, st := range []lockstore.Store{a, b} {
 		again, err := st.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: s.TTL})
 		if err != nil || !again.Acquired || !again.Reentered || again.Fence != first.Fence {
@@ -296,8 +266,7 @@ func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
 		if got.Fence <= last {
 			t.Fatalf("grant %d: fence %d not above %d", i, got.Fence, last)
 		}
-		// The holder handed out a few fences of its own under the grant (in-process handoffs):
-		// the next grant must be above them.
+		// The holder handed out a few fences of its own under the grant: the next is above.
 		last = got.Fence + 3
 		mustRelease(t, ctx, st, k, owner, "", last)
 	}
@@ -459,8 +428,7 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 		t.Fatalf("a write beside readers: %v, want ErrBusy", err)
 	}
 	// Writer preference: a reader of a third process is refused at once; a reader of a process
-	// that holds a read joins its hold only within the handoff window of that hold (bounded as
-	// a process's writers hand the key on within it), and past it is refused too.
+	// that holds a read joins its hold only within the handoff window, and past it is refused.
 	_, r3 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
 	if _, err := r3.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
 		t.Fatalf("a new reader after a writer was refused: %v, want ErrBusy (writer preference)", err)
@@ -505,10 +473,8 @@ func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
 	_ = b.Release(ctx)
 }
 
-// A writer refused by readers is told who holds the key through the metadata of a reader that
-// holds it, never of one that has left: the go-zero layer refuses a write at once when the
-// holder is a caller of its own request (same trace), and a departed reader's trace would
-// refuse a request that holds nothing.
+// A writer refused by readers is told the metadata of a reader that holds the key, never of
+// one that left: the go-zero layer refuses a write at once when the holder has its own trace.
 func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	meta := func(m string) flightlock.Option {
@@ -543,8 +509,7 @@ func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
 
 // Fair order is the store's line, not which waiter asks first after a release: the waiters
 // take their places one after another, each from a process of its own, and after the release
-// each round lets every one that is still waiting ask again, the last in line first. (A store
-// orders its line by when each asked, clamped to its clock, or by arrival: both agree here.)
+// each round lets every one still waiting ask again, the last in line first.
 func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	holder := s.Open(t)
@@ -592,21 +557,19 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
 		}
 		order = append(order, granted)
-		mustRelease(t, ctx, stores[granted].(lockstore.Store), k, owners[granted], "", 0)
+		mustRelease(t, ctx, stores[granted], k, owners[granted], "", 0)
 	}
 	if !slices.IsSorted(order) {
 		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
 	}
 }
 
-// faultSlack is how far past its caller's deadline a call may return through a fault: the
-// scheduling of a machine loaded by the race detector, not a wait of the Locker's.
+// faultSlack is how far past its deadline a call may return through a fault: a loaded
+// machine's scheduling, not a wait of the Locker's.
 const faultSlack = 250 * time.Millisecond
 
-// callsReturnByTheirDeadlineThroughFaults: through each fault, Release of a held lock, permit
-// or read and new Locks of them, also of keys held elsewhere, return by the caller's deadline
-// (what the calls could not finish goes on in the background), and once the fault heals the
-// keys are taken again.
+// Through each fault, Release of a held lock, permit or read and new Locks of them, also of
+// keys held elsewhere, return by the caller's deadline, and once it heals the keys are taken.
 func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	if s.Faulty == nil {
 		t.Skip("the store's test gives no fault proxy (Config.Faulty)")
@@ -625,7 +588,7 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	for _, kind := range []struct {
 		name      string
 		opts      []flightlock.Option
-		elsewhere int                 // how many locks of the key another process holds through the faults
+		elsewhere int                 // locks of the key another process holds through the faults
 		other     []flightlock.Option // of what kind (none: writers)
 	}{
 		{"lock", nil, 0, nil},
@@ -685,8 +648,8 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	t.Logf("latest return past a deadline: %v", worst)
 }
 
-// holdElsewhere takes n locks of key, of opts' kind, through a store of another process on the
-// server, and returns what gives them back.
+// holdElsewhere takes n locks of key, of opts' kind, in another process, and returns what
+// gives them back.
 func (s suite) holdElsewhere(t *testing.T, key string, opts []flightlock.Option, n int) func() {
 	t.Helper()
 	ctx := context.Background()
