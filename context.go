@@ -10,11 +10,9 @@ import (
 type leaseKey struct{}
 
 // leaseContext is a lease's context: the Lease itself, seen through a type of its own so that
-// Lease does not carry a context's methods in its API and the context costs no allocation or
-// field. Its cancellation comes from the lease's ctx, and it answers the lease key itself, so a
-// lease needs no extra context.WithValue. The leases of a context chain are linked by
-// Lease.outer, innermost first. Only Lease.Context hands one out, once the lease's ctx is made
-// and no longer changes.
+// Lease does not carry a context's methods in its API and the context costs no allocation. Its
+// cancellation comes from the lease's ctx, and it answers the lease key itself. Only
+// Lease.Context hands one out, once the lease's ctx is made and no longer changes.
 type leaseContext Lease
 
 func (c *leaseContext) Deadline() (time.Time, bool) { return c.ctx.Deadline() }
@@ -64,16 +62,12 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 // neither the leases of ctx nor the owners an upstream service handed over. A Lock in it is a
 // new owner's and waits its turn behind the holder like any other request.
 //
-// Everything that carries a lease's context is that lease's owner and re-enters its locks at
-// once; concurrency inside one owner is the owner's own business, as it is for goroutines
-// started by the holder of a sync.Mutex. A goroutine of the holder that must exclude its
-// siblings locks through NewOwner. The holder must then not wait for that goroutine while it
-// holds the key: the goroutine waits for the holder's release, the holder for the goroutine,
-// and both give up only when the goroutine's wait budget runs out (ErrBusy).
-//
-// The returned context ends when ctx does, and a lease's context ends when the lease is
-// released: a goroutine that is to take the key after its holder released it (a job that
-// outlives the request) starts from NewOwner(context.WithoutCancel(ctx)).
+// Everything that carries a lease's context re-enters its locks at once, as goroutines share a
+// sync.Mutex's holder; a goroutine that must exclude its siblings locks through NewOwner. The
+// holder must then not wait for it while holding the key, or both wait until the goroutine's
+// budget runs out (ErrBusy): a goroutine that takes the key after its holder released it (a job
+// that outlives the request) starts from NewOwner(context.WithoutCancel(ctx)), as a lease's
+// context ends with the lease.
 func NewOwner(ctx context.Context) context.Context {
 	return context.WithValue(handover.Without(ctx), leaseKey{}, (*Lease)(nil))
 }

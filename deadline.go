@@ -8,20 +8,11 @@ import (
 )
 
 // sharedBound hands out contexts that end a fixed span from now (one TTL, one wait budget)
-// without a timer of their own.
-//
-// Every release, and every acquisition whose caller's context cannot be cancelled, is bounded
-// (by one TTL, or by the wait budget) so that no store call outlives the lock it is about.
-// context.WithTimeout per call cost a timer, three allocations and 8 % of the client CPU of 64
-// goroutines over 1,000 keys. Here the calls of one window share a timer context: a
-// call gets the current one when it ends no later than the call's limit and at most span/16
-// before it (a sixteenth of the time left, when less is left), else a new one is made, ending
-// at that limit, for the calls after it. About 17
-// are alive at once; each ends on its own timer, and none is cancelled early (calls still use
-// it).
-//
-// The shared context has no values. A call's own values (its trace span, go-zero's logging
-// fields) stay reachable through boundCtx, which answers Value from the caller's context first.
+// without a timer of their own, for the store calls whose caller's context cannot be cancelled:
+// every release, and such acquisitions, is bounded so that no store call outlives the lock it
+// is about, and a context.WithTimeout per call would cost a timer and three allocations. The
+// calls of one window share one timer context instead (current); none is cancelled early, as
+// calls still use it. A call's own values stay reachable (boundCtx).
 type sharedBound struct {
 	span time.Duration
 	cur  atomic.Pointer[sharedDeadline] // the window's context; replaced under mu
@@ -31,14 +22,13 @@ type sharedBound struct {
 type sharedDeadline struct {
 	ctx      context.Context
 	deadline time.Time
-	// cancel is never called: calls still running use ctx until its deadline, when its own
-	// timer releases it. Kept so that the context is visibly owned here.
-	cancel context.CancelFunc
+	cancel   context.CancelFunc // never called: ctx's own timer releases it at the deadline
 }
 
 // current returns a shared context that ends no later than limit and no earlier than a
-// sixteenth of the span, or of the time left until limit if that is shorter, before it: a
-// call near the end of its wait budget keeps nearly all of what is left.
+// sixteenth of the span, or of the time left until limit if that is shorter, before it: a call
+// near the end of its wait budget keeps nearly all of what is left. Otherwise it makes a new
+// one, ending at limit, for the calls after it.
 func (b *sharedBound) current(now, limit time.Time) context.Context {
 	slack := min(b.span, limit.Sub(now)) / 16
 	if s := b.cur.Load(); s != nil && fits(s, limit, slack) {
@@ -73,10 +63,9 @@ type boundCtx struct {
 	values          context.Context // the caller's context, never cancelled (Done is nil)
 }
 
-// Value answers from the caller's context first. A key it does not know goes to the shared
-// context, which knows only the context package's own: contexts derived from this one (and
-// context.Cause) then find the shared context's cancellation instead of starting a goroutine
-// to watch it.
+// Value answers from the caller's context first. Other keys go to the shared context, which
+// knows only the context package's own: contexts derived from this one (and context.Cause)
+// then find its cancellation instead of starting a goroutine to watch it.
 func (c *boundCtx) Value(key any) any {
 	if v := c.values.Value(key); v != nil {
 		return v

@@ -8,14 +8,11 @@ import (
 	"time"
 )
 
-// Drift between processes: two instances of one service that lock one key with different
-// Permits, or one with Fair and one without, each keep their own promise and together keep
-// neither (a semaphore of 5 beside one of 3 admits 5; a rule without Fair takes the key ahead
-// of the fair line). No process sees the other's config, so each writes the kind of its locks
-// beside them in the store ("kind=permits:3" in the metadata), and a Lock that finds the key
-// held reads the holder's kind. A kind that cannot meet its own is drift: reported to the
-// Observer (the go-zero layer counts and logs it), or logged at most once a minute per Locker,
-// and the call goes on as it would have: the store still decides who holds the key.
+// Drift: two instances that lock one key with different Permits, or one with Fair and one
+// without, together keep neither promise (a semaphore of 5 beside one of 3 admits 5). Each
+// writes the kind of its locks beside them ("kind=permits:3" in the metadata), and a Lock that
+// finds the key held compares the holder's kind with its own; drift is reported (Observer.Drift
+// or the log) and the call goes on: the store still decides who holds the key.
 
 // kindTag is the kind of a Locker's locks as its metadata says it: "kind=lock" (a lock, or
 // the write side of a read-write lock), "kind=fair", "kind=read", "kind=permits:N".
@@ -31,8 +28,8 @@ func (c *config) kindTag() string {
 	return "kind=lock"
 }
 
-// withKind returns meta with the Locker's kind; the default metadata's is made once (meta
-// stored beside every lock costs no allocation then).
+// withKind returns the metadata of an acquisition, with the Locker's kind; the default's is
+// made once, so that it costs no allocation.
 func (l *Locker) withKind(ctx context.Context) string {
 	if l.cfg.metadata == nil {
 		return l.kindMeta.own
@@ -88,7 +85,7 @@ func drifted(own, holder string) bool {
 // driftLogEvery bounds the log lines of a Locker without an Observer.Drift.
 const driftLogEvery = time.Minute
 
-// reportDrift tells the Observer, or the log, that key is held by a lock of another kind.
+// reportDrift tells the Observer, or the log, when key is held by a lock of a drifted kind.
 func (l *Locker) reportDrift(ctx context.Context, key, holderMeta string) {
 	holder := holderKind(holderMeta)
 	if !drifted(l.kindMeta.own, holder) {

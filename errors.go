@@ -20,7 +20,7 @@ var (
 	// longer be trusted: a renewal was refused, or the lease ran out before it could be renewed.
 	ErrLost = errors.New("flightlock: lock lost")
 	// ErrInvalidKey means the lock request is malformed: an empty key, or a key longer than
-	// MaxKeyLen (prefix included). Nothing was sent to Redis.
+	// MaxKeyLen (prefix included). Nothing was sent to the store.
 	ErrInvalidKey = errors.New("flightlock: invalid lock key")
 	// ErrConfig means a Locker's options (New, With) or a middleware's configuration are
 	// invalid: a TTL that is not positive, a prefix that leaves no room for a key, an unknown
@@ -36,16 +36,16 @@ var (
 	ErrReleasePending = errors.New("flightlock: release not confirmed before the context ended; it goes on in the background")
 )
 
-// errLateReply is the store error of an acquisition whose reply came back so late that its lock
-// could expire before a holder could use it; the lock was given back.
+// errLateReply is the error of an acquisition whose reply came too late to hold its lock
+// safely; the lock was given back.
 var errLateReply = errors.New("flightlock: the lock store replied too late to hold the lock safely")
 
 // errGrantEnded tells a re-entry that the lease it found ended meanwhile.
 var errGrantEnded = errors.New("flightlock: grant ended")
 
-// MaxKeyLen is the longest Redis key, prefix included, that a Locker accepts. Longer keys are
-// refused with ErrInvalidKey: they cost Redis memory and bandwidth on every call and almost
-// always mean a template took in a whole request body.
+// MaxKeyLen is the longest store key, prefix included, that a Locker accepts. Longer keys are
+// refused with ErrInvalidKey: they cost the store on every call and almost always mean a
+// template took in a whole request body.
 const MaxKeyLen = 1024
 
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.

@@ -58,9 +58,9 @@ func MustNew(store lockstore.Store, opts ...Option) *Locker {
 	return l
 }
 
-// Prefix returns what the Locker puts before every key (WithPrefix): a key k is locked as the
-// store key Prefix() + k. Layers that derive Lockers of their own (With) and name keys beside
-// the locks' (the go-zero layer's shadow locks) start from it.
+// Prefix returns what the Locker puts before every key (WithPrefix): a key k without "#" is
+// locked as the store key Prefix() + k (each "#" is doubled, PermitKey). Layers that name keys
+// beside the locks' (the go-zero layer's shadow locks) start from it.
 func (l *Locker) Prefix() string { return l.cfg.prefix }
 
 // With returns a Locker with other options on the same store and the same per-process gate,
@@ -83,18 +83,17 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
-// Drain stops this Locker, and every Locker that shares its gate (With), from taking new
-// locks, and waits until this process holds none: for a service that shuts down, so that its
-// peers get the keys as soon as its last holder is done instead of a TTL later. From the call
-// on, Lock and TryLock answer ErrClosed, also to callers queued for a key or waiting between
-// attempts on a key another process holds; re-entries of locks held go on, so that their
-// holders can finish, and Drain waits for the ones still on their way to Redis too.
+// Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
+// and waits until this process holds none, so that a service shutting down gives its keys to
+// its peers as soon as its last holder is done instead of a TTL later. From the call on, Lock
+// and TryLock answer ErrClosed, also to callers queued or waiting between attempts; re-entries
+// of held locks go on so that their holders can finish, and Drain waits for those still on
+// their way to the store too.
 //
-// When ctx ends first, Drain cancels the contexts of the leases still held, with cause
-// ErrClosed, so that their holders stop, and returns an error that says how many locks remain.
-// They are released as their holders release them (call Drain again to wait for that), or
-// run out with their TTL once the process exits. Drain never releases a lock whose holder may
-// still run: a second holder would walk in while the first one writes.
+// When ctx ends first, Drain cancels the contexts of the leases still held with cause ErrClosed
+// and returns an error that says how many locks remain. They are released by their holders
+// (call Drain again to wait for that) or run out with their TTL. Drain never releases a lock
+// whose holder may still run: a second holder would walk in while the first one writes.
 func (l *Locker) Drain(ctx context.Context) error {
 	if n := l.k.gate.drain(ctx); n > 0 {
 		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
@@ -130,8 +129,6 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		return err
 	}
 	defer func() {
-		// A release still on its way when ctx ended is no failure of fn's: it finishes in the
-		// background, or the key runs out with its TTL.
 		if rerr := lease.Release(ctx); err == nil && !errors.Is(rerr, ErrReleasePending) {
 			err = rerr
 		}
@@ -213,9 +210,8 @@ func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Tim
 	return l.lockSince(ctx, rkey, wait, start, time.Time{}, callerUp+1)
 }
 
-// callerAbove is the program counter of the call that is up frames above the caller of
-// callerAbove: where a lease was taken, resolved to file:line only if the lease is reported as
-// never released (keeper.reportAbandoned).
+// callerAbove is the program counter of the call up frames above callerAbove's caller: where
+// a lease was taken, resolved only if it is reported as never released (reportAbandoned).
 func callerAbove(up int) uintptr {
 	var pc [1]uintptr
 	runtime.Callers(2+up, pc[:]) // 0 is runtime.Callers, 1 callerAbove, 2 its caller
@@ -223,16 +219,14 @@ func callerAbove(up int) uintptr {
 }
 
 // siteHandoff marks a grant that came by handoff or pass from another goroutine of this
-// process: its caller's place is not looked up, because on a hot key that lookup would cost
-// a fifth of a handoff.
+// process: its caller's place is not looked up, which would cost a hot key much of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey (a store key: storeKey's, or a permit's) for a wait that began at start (zero: now), so that one wait budget covers
-// every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
-// on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look).
-// Reject mode reads no clock: a busy key costs no time.Now. callerUp is how many frames above
-// lockSince the caller of the exported method is; a grant that goes to the store records that
-// caller's place (callerAbove), for the report of a lease that is never released.
+// lockSince is lock of rkey (storeKey's, or a permit's) for a wait that began at start (zero:
+// now), so that one wait budget covers every key of a LockAll, and that ends by until when it
+// is set and earlier (a semaphore's turn on one permit); in Reject mode until cuts each store
+// call (a semaphore's look), and no clock is read: a busy key costs no time.Now. callerUp is as
+// in take; a store grant records that caller's place (callerAbove).
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -298,9 +292,8 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 
 // passSlotOn gives up a gate slot granted just as the wait ended, or while the Locker drains,
 // and returns what the Lock answers then. A handed hold goes through done, as a Release does:
-// the watchdog may have abandoned the grant meanwhile (lost, and past its expiry), and then it
-// ended the grant and passed the slot on itself; ending it again would give up a slot that
-// another goroutine owns by then.
+// the watchdog may have abandoned the grant and passed the slot on itself meanwhile, and
+// ending it again would give up a slot that another goroutine owns by then.
 func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
 	if h != nil {
 		if h.done() {
@@ -349,8 +342,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
-	// Counted before it goes on the wire: Redis may list the hold before the reply comes, and
-	// a drain waits for it (TestDrainWaitsForABorrowedHoldOnTheWire).
+	// Counted before it goes on the wire: the store may list the hold before the reply comes.
 	l.k.gate.beginBorrow()
 	var taken *hold
 	defer func() { l.k.gate.endBorrow(taken, 0) }()
@@ -359,8 +351,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
 	if err != nil && mayHaveRun(err) {
-		// The call may have run unseen: give up the hold it would have added (only ours:
-		// borrow names this call's hold alone).
+		// borrow names this call's hold alone: the give-back touches nothing else.
 		l.k.giveBackLater(ctx, rkey, owner, borrow)
 	}
 	switch {
@@ -380,10 +371,9 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
 }
 
-// pauseAfterTrouble is a waiter's pause before it tries again after the store's trouble (an
-// error after an earlier answer, a reply too late to hold): the retry strategy's next delay,
-// cut short by the wait's end. It returns nil when the next attempt may go, and otherwise what
-// the wait ends with: ErrClosed when the Locker drains, else trouble.
+// pauseAfterTrouble is a waiter's pause after the store's trouble (an error after an earlier
+// answer, a reply too late to hold): the retry strategy's next delay, cut short by the wait's
+// end. It returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
 func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
 	*attempt++
 	d, ok := l.cfg.retry(*attempt)
@@ -452,11 +442,10 @@ func (b *budget) spent() bool {
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
 }
 
-// spentDuringCall reports whether the wait ran out while a store call sent at sentAt was on
-// its way, in a way that makes its failure the wait's end (busy) and not the store's: the wait
-// is over, and either the store had answered this wait before (it is up, and the key busy) or
-// most of the wait had gone before the call was sent. A call given most of the wait that the
-// store never answered is the store's failure: a hung store is 503 / Unavailable, not 409.
+// spentDuringCall reports whether a store call sent at sentAt that failed is the wait's end
+// (busy), not the store's failure: the wait is over, and either the store answered this wait
+// before (it is up, the key busy) or most of the wait had gone before the call was sent. A
+// call given most of the wait that the store never answered is a hung store: 503, not 409.
 func (b *budget) spentDuringCall(sentAt time.Time, answered bool) bool {
 	return b.spent() && (answered || b.mostlySpentAt(sentAt))
 }
@@ -523,11 +512,9 @@ func freshOwner(owner string) string {
 }
 
 // mayHaveRun reports whether a store call that failed with err may have run unseen: its
-// caller's context ended while it was on the wire, by deadline or by cancellation (an HTTP
-// client that went away, a gRPC call cancelled upstream), or the network timed out. The caller
-// then gives back what the call may have taken, which can only be its own: nothing else would
-// release it before its TTL: left out, a cancelled acquisition keeps the key refused for the
-// whole TTL (TestLostAcquireReplyGivesTheLockBack).
+// context ended while it was on the wire (deadline, or a caller that went away), or the
+// network timed out. The caller then gives back what the call may have taken by its owner;
+// nothing else would, and the key would stay refused for a whole TTL.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
@@ -539,8 +526,7 @@ func mayHaveRun(err error) bool {
 const ownerTokenLen = 22
 
 // newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
-// base64: space-free text, as the stores keep owners. A held lock keeps its token inside its
-// hold (hold.token), not as this string (live heap per held lock).
+// base64: space-free text, as the stores keep owners.
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)

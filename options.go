@@ -20,7 +20,7 @@ const (
 	// the context ends. It is the default.
 	Wait Mode = iota
 	// Reject fails at once with ErrBusy. A key held by another goroutine of this process is
-	// refused without any Redis command.
+	// refused without any store command.
 	Reject
 )
 
@@ -42,14 +42,9 @@ const (
 	DefaultMaxHold = time.Minute
 	DefaultPrefix  = "lock:"
 	// DefaultHandoff and DefaultHandoffWindow bound how long a process keeps a lock by handing
-	// it from one of its goroutines to the next (see WithHandoff). The window is the fairness
-	// bound that matters for critical sections of a millisecond or more; the count only bites
-	// when they take microseconds. It was 64, and then a process gave the key up every 0.3 ms
-	// on a hot key: each turn's end cost a release, a notification and an attempt from every
-	// other waiting process, and from 1 to 8 processes the critical sections per second fell
-	// 2.2x. At 1024 a turn lasts about 1.5 ms at those rates (700,000 critical
-	// sections a second in one process) and the fall is 1.5x; the slowest of 4 processes
-	// finishes 1.2x after the first (1.1x at 512, 1.3x at 2048).
+	// it from one of its goroutines to the next (WithHandoff). The window is the bound that
+	// matters for critical sections of a millisecond or more; the count only bites when they
+	// take microseconds (docs/design-notes.md has the measurements behind 1024).
 	DefaultHandoff       = 1024
 	DefaultHandoffWindow = 20 * time.Millisecond
 	// DefaultRetryMin and DefaultRetryMax are the first and the longest delay of DefaultRetry.
@@ -72,14 +67,12 @@ type config struct {
 	window   time.Duration
 	failOpen bool
 	permits  int  // WithPermits: more than 1 makes each key a semaphore
-	read     bool // WithRead: read locks
-	fair     bool // WithFair: grants in request order across processes
+	read     bool // WithRead
+	fair     bool // WithFair
 	metadata func(context.Context) string
-	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata, whose string with
-	// the Locker's kind is made once)
-	metadataSet bool
-	// holderField: WithHolderField's name and value, stored after DefaultMetadata
-	holderFieldName  string
+	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata: kindMeta)
+	metadataSet      bool
+	holderFieldName  string // WithHolderField's
 	holderFieldValue func(context.Context) string
 	holders          func(ctx context.Context, holder string) error
 	clock            clock // systemClock outside tests (withClock)
@@ -102,8 +95,7 @@ func defaultConfig() config {
 }
 
 // processHolder is "host=<hostname> pid=<pid>", the metadata that names this process. Blanks
-// in the hostname become "_": the value's fields are separated by spaces, and a newline would
-// end it.
+// in the hostname become "_": fields are separated by spaces, and a newline would end them.
 var processHolder = func() string {
 	host, _ := os.Hostname()
 	host = strings.Map(func(r rune) rune {
@@ -120,17 +112,16 @@ var processHolder = func() string {
 // go-zero layer adds the request's trace id to it.
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// withClock replaces the system clock of the watchdog and of lease expiry, for tests that step
-// through a lock's life instead of sleeping through it. Unexported: a Locker on another clock
-// than the Redis server's is only meaningful against a Redis whose clock is moved in step
-// (miniredis's FastForward).
+// withClock replaces the system clock of the watchdog and of lease expiry, for tests.
+// Unexported: another clock than the store's is only meaningful against a store whose clock is
+// moved in step (miniredis's FastForward).
 func withClock(c clock) Option {
 	return func(cfg *config) { cfg.clock = c }
 }
 
-// fitStore refuses a configuration that the store cannot honour (its Capabilities): a TTL
-// longer than it keeps a lock, or more handoffs under one grant than its fences leave room
-// for, which could repeat a fence after a holder that died without releasing.
+// fitStore refuses what the store cannot honour (Capabilities): a TTL longer than it keeps a
+// lock, or more handoffs under one grant than its fences leave room for, which could repeat a
+// fence after a holder that died without releasing.
 func (c *config) fitStore(store lockstore.Store) error {
 	caps := store.Capabilities()
 	if err := caps.CheckTTL(c.ttl); err != nil {
@@ -195,26 +186,25 @@ func WithRetry(r Retry) Option { return func(c *config) { c.retry = r } }
 // WithMode sets what Lock does with a busy key (default Wait). TryLock always rejects.
 func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 
-// WithPrefix sets the prefix of every Redis key (default "lock:").
+// WithPrefix sets the prefix of every store key (default "lock:").
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // WithHandoff bounds the direct handoff of a lock between goroutines of this process. When a
 // holder releases while other goroutines of the process wait for the key, the lock goes to the
-// first of them without a Redis round trip, as long as it was handed over fewer than n times in
-// a row and was acquired in Redis less than within ago (defaults 1024 and 20ms). Past either
-// bound it is released in Redis, so waiters in other processes get their turn: the bounds trade
-// throughput on a hot key for fairness between processes. n = 0 disables handoff. n counts
-// as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md, Fences).
+// first of them without a round trip, as long as it was handed over fewer than n times in a
+// row and was acquired in the store less than within ago (defaults 1024 and 20ms). Past either
+// bound the turn ends in the store, so waiters in other processes get their turn: the bounds
+// trade throughput on a hot key for fairness between processes. n = 0 disables handoff. n
+// counts as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }
 
-// WithFailOpen makes Lock fall back to the per-process gate when Redis cannot be reached:
-// instead of the store's error it returns a degraded lease (Lease.Degraded), which excludes
-// the goroutines of this process that lock the key through this Locker (or one derived with
-// With), but not other processes. Its Fence is 0, so writes fenced by larger fences refuse it.
-// Off by default: Lock returns the store error. Busy keys, bad keys and ended contexts are
-// never turned into degraded leases.
+// WithFailOpen makes Lock fall back to the per-process gate when the store cannot be reached:
+// instead of the store's error (the default) it returns a degraded lease (Lease.Degraded),
+// which excludes the goroutines of this process that lock the key through this Locker (or one
+// derived with With), but not other processes. Its Fence is 0. Busy keys, bad keys and ended
+// contexts are never turned into degraded leases.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token in the store, so
@@ -228,9 +218,8 @@ func WithMetadata(fn func(ctx context.Context) string) Option {
 
 // WithHolderField stores name=value after DefaultMetadata ("host=pod-7 pid=311 trace=4bf9...")
 // beside each lock, value being what fn returns for the acquisition's context; an empty value
-// adds nothing. It is WithMetadata for one field of the caller's (the go-zero layer's trace
-// id) at the cost of the default metadata: the whole string is made in one allocation. It
-// replaces WithMetadata, and WithMetadata replaces it.
+// adds nothing. It is WithMetadata for one field (the go-zero layer's trace id) in one
+// allocation. It replaces WithMetadata, and WithMetadata replaces it.
 func WithHolderField(name string, fn func(ctx context.Context) string) Option {
 	return func(c *config) {
 		c.metadata, c.metadataSet = DefaultMetadata, false
@@ -238,7 +227,7 @@ func WithHolderField(name string, fn func(ctx context.Context) string) Option {
 	}
 }
 
-// WithHolderCheck sets a function that a Lock calls when the key it wants is held in Redis by
+// WithHolderCheck sets a function that a Lock calls when the key it wants is held in the store by
 // another owner, with the holder's metadata (what the holder's WithMetadata stored; the call is
 // skipped when there is none). A non-nil error ends the Lock at once, as ErrBusy wrapping that
 // error, instead of waiting: the go-zero layer uses it to tell a nested call that would wait
@@ -247,12 +236,10 @@ func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
 	return func(c *config) { c.holders = fn }
 }
 
-// Observer is told what a Locker's locks do that its callers cannot see: retries while waiting
-// for a key held elsewhere, watchdog renewals, and losses. The go-zero layer turns it into
-// metrics, trace events and logs. Each func may be nil. They run synchronously, on the
-// goroutine of the event (the caller's for Retry, a watchdog renewer's for Renewed, the
-// watchdog's for Lost, with the lock's state locked), so they must be quick and must not call
-// into the Locker.
+// Observer is told what a Locker's locks do that its callers cannot see (the go-zero layer
+// makes metrics, trace events and logs of it). Each func may be nil. They run synchronously on
+// the event's goroutine (the caller's for Retry, a renewer's for Renewed, the watchdog's for
+// Lost, with the lock's state locked), so they must be quick and must not call into the Locker.
 type Observer struct {
 	// Retry is called before a Lock in Wait mode sleeps to try a busy key again: attempt
 	// counts the failed attempts so far, holderTTL is what the holder had left.
@@ -264,14 +251,13 @@ type Observer struct {
 	Lost func(key string)
 	// Abandoned is called, on a renewer, when a grant is given up with a lease never released:
 	// its lock was lost (past MaxHold, or a renewal failed), the store may have expired it, and
-	// a holder still neither released nor returned (a forgotten Release, a handler stuck past
-	// MaxHold). at is where the grant was taken, "file:line (function)". Without it the report
-	// is an error line of log/slog's default logger.
+	// a holder still has not released it (a forgotten Release, a handler stuck past MaxHold).
+	// at is where the grant was taken, "file:line (function)". Without it the report is an
+	// error line of log/slog's default logger.
 	Abandoned func(key, at string)
-	// Drift is called when a Lock finds key held by a lock of another kind that cannot be the
-	// same rule's: another permit count ("permits:3" here, "lock" or "permits:5" there), or a
-	// fair lock beside an unfair one. Instances of one service whose configs differ do this.
-	// here is this Locker's kind, holder the holder's, as the holder wrote it beside its lock.
+	// Drift is called when a Lock finds key held by a lock of a kind that cannot be the same
+	// rule's (drift.go): another permit count ("permits:3" here, "lock" or "permits:5" there),
+	// or a fair lock beside an unfair one. here is this Locker's kind, holder the holder's.
 	// Without it, drift is logged at most once a minute.
 	Drift func(ctx context.Context, key, here, holder string)
 }

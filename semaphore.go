@@ -19,12 +19,11 @@ import (
 const MaxPermits = 64
 
 // PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of a
-// semaphore key (WithPermits): what a permit's Lease names (with the prefix) and what
-// `flightlock ls` lists. Permit 1 is the key's own lock, so that a lock of the key and any
-// semaphore of it exclude each other on that permit, and changing a key's count from 1 to n
-// or back (a rolling deploy) never admits more holders than the larger count. The others are
-// the key, with each "#" doubled as in every store key, then "#" and the permit's number: no
-// key's lock or permit is another key's permit.
+// semaphore key (WithPermits), as `flightlock ls` lists it. Permit 1 is the key's own lock, so
+// that a lock of the key and any semaphore of it exclude each other, and changing a key's count
+// (a rolling deploy) never admits more holders than the larger count. The others are the key,
+// with each "#" doubled as in every store key, then "#" and the permit's number: no key's lock
+// or permit is another key's permit.
 func PermitKey(key string, i int) string {
 	key = escapeKey(key)
 	if i == 1 {
@@ -45,26 +44,23 @@ func escapeKey(key string) string {
 // at the next permit, so that concurrent takers do not all race for the first.
 var permitTurn atomic.Uint32
 
-// WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1,
-// the default, is a lock): at most n leases of a key are held at once, across processes ("at
-// most 3 exports per tenant"). Lock, TryLock, Do and LockAll take one permit of each key. Each
-// permit is a lock of its own, PermitKey(key, i) for i in 1..n, with everything a lock has:
-// renewal while held, expiry a TTL after its holder died, a fence (per permit, growing from
-// one holder of that permit to the next), ErrLost, one release; and a context that holds a
-// permit of a key re-enters it instead of taking a second. Every taker of a key must name the
-// same count: a lower one leaves the permits above it to those that named more.
+// WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1, the
+// default, is a lock): at most n leases of a key are held at once, across processes. Lock,
+// TryLock, Do and LockAll take one permit of each key. Each permit is a lock of its own,
+// PermitKey(key, i), with everything a lock has: renewal, expiry a TTL after its holder died, a
+// fence per permit, ErrLost, one release; and a context that holds a permit of a key re-enters
+// it instead of taking a second. Every taker of a key must name the same count: a lower one
+// leaves the permits above it to those that named more.
 //
 // A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
-// the wait budget is spent, with the shortest time a holder had left (RetryAfter); each look's
-// store calls end with the budget. While a permit is held in this process a waiter queues (FIFO)
-// on it, whose release hands it over without a round trip, for a retry delay at a time, and for
-// 50ms at most while others are held elsewhere; while every busy permit is held elsewhere it
-// looks at all of them again as soon as one is released, and at the Locker's retry delays. A look at a permit held in another process costs a round trip, so a
-// taker that finds every permit taken has paid up to n.
+// the wait budget is spent, with the shortest time a holder had left (RetryAfter). While a
+// permit is held in this process a waiter queues on it (FIFO), for a retry delay at a time and
+// at most remoteTurn while others are held elsewhere; while every busy permit is held elsewhere
+// it looks at all of them again as soon as one is released, and at the retry delays. A look at
+// a permit held in another process costs a round trip: up to n for a taker that finds all busy.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
-// lockPermit takes one of permits permits of key. callerUp is where the caller of the
-// exported method is, seen from lockPermit (as lockSince's, one frame nearer).
+// lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	callerUp++ // seen from lockSince
 	keys, lease, err, done := l.permitKeys(ctx, key, permits, wait, callerUp)
@@ -91,9 +87,8 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 }
 
 // permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
-// caller holds already: a holder of a permit, in this process or handed over by the caller's
-// service, takes that permit again (a second would count it twice against the others). A
-// handed-over token that holds nothing takes nothing, and the look goes on.
+// caller holds already, in this process or handed over: a second permit would count it twice.
+// A handed-over token that holds nothing takes nothing, and the look goes on.
 func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
 	base, err := l.storeKey(key) // permit 1's
 	if err != nil {
@@ -104,10 +99,7 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 	}
 	keys = make([]string, permits)
 	for i := range keys {
-		rkey := base
-		if i > 0 {
-			rkey = base + "#" + strconv.Itoa(i+1)
-		}
+		rkey := l.cfg.prefix + PermitKey(key, i+1)
 		keys[i] = rkey
 		if findLease(ctx, l.k.gate, rkey) != nil {
 			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
@@ -132,15 +124,11 @@ type permitTaker struct {
 	first    int    // the permit each look starts at, so that takers spread over the permits
 	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
 
-	watches []*lockstore.Watch
-	timer   *time.Timer
-	// answered records that the store replied (busy) to a look of this wait: a call that the
-	// wait's end cuts short is then a spent wait, not an outage (as for a lock's retries).
-	answered bool
-	// attempt counts the looks as the retry strategy counts a lock's attempts (from 1); the
-	// look after fresh watches is not one.
-	attempt int
-	recheck bool
+	watches  []*lockstore.Watch
+	timer    *time.Timer
+	answered bool // the store replied (busy) to a look of this wait (budget.spentDuringCall)
+	attempt  int  // the looks, as the retry strategy counts attempts; a recheck is not one
+	recheck  bool // the next look follows fresh watches
 }
 
 func (pt *permitTaker) close() {
@@ -171,7 +159,6 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 			break // the budget ran out during the look
 		}
 		i := (pt.first + j) % permits
-		// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
 		sentAt := time.Now()
 		lease, err := l.lockSince(ctx, pt.keys[i], false, time.Time{}, pt.b.deadline, pt.callerUp+2)
 		if err == nil {
@@ -179,9 +166,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		}
 		var be *busyError
 		if !errors.As(err, &be) {
-			// A waiter rides out the store's errors within its budget, as a lock's does; a bad
-			// key, a drain or the caller's end stops it. The wait running out during the call
-			// is the lock's rule too (budget.spentDuringCall).
+			// A waiter rides out the store's errors within its budget, as a lock's does.
 			if !pt.wait || endsTheWait(ctx, err) {
 				return nil, err, r
 			}
@@ -200,9 +185,8 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 			r.busy.retryAfter = be.retryAfter
 		}
 		// A permit held in this process is local: queueing on it costs no round trip. One that
-		// no goroutine here owns is held elsewhere. One whose owner here is on its way to the
-		// store is neither: queueing behind an owner that is only asking would send each
-		// queued taker to the store in turn.
+		// no goroutine here owns is held elsewhere. One whose owner here is only asking the
+		// store is neither: queueing behind it would send each queued taker to the store in turn.
 		switch {
 		case l.k.gate.lookupHold(pt.keys[i]) != nil:
 			if r.local < 0 {
@@ -248,11 +232,9 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		return nil, nil, false
 	}
 	if r.local >= 0 {
-		// A permit is held in this process: queue on it for a delay, so that its release hands
-		// it over without a round trip (a hot permit then stays in its process within the
-		// handoff bounds, as a lock does). With permits held elsewhere too the turn is short
-		// (remoteTurn), so that the release of one of them is seen soon; waking every parked
-		// taker on every release elsewhere instead would send them all to the store each time.
+		// Queue on the local permit for a delay: its release hands it over without a round
+		// trip. With permits held elsewhere too the turn is short (remoteTurn), so that the
+		// release of one of them is seen soon without waking every parked taker each time.
 		if r.remote {
 			turnEnd = earliest(turnEnd, now.Add(remoteTurn))
 		}
@@ -273,23 +255,20 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 }
 
 // watchFresh makes the watches of the permits on the first look that found one held elsewhere,
-// on a store that shares watches (one that does not would spend a watch per permit and waiter,
-// and the delays alone pace the looks there), and reports whether any is fresh: made only now,
-// it may have missed a release.
+// on a store that shares watches (elsewhere the delays alone pace the looks), and reports
+// whether any is fresh: made only now, it may have missed a release.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
 	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {
 		return false
 	}
-	// Subscribing waits for the store's confirmation: within the wait, not the caller's whole
-	// deadline.
-	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline)
+	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline) // subscribing waits for the store
 	defer cancel()
 	fresh := false
 	for _, k := range pt.keys {
 		w, err := l.k.store.Watch(wctx, k)
 		if err != nil {
-			break // no notification: the delays alone pace the looks
+			break
 		}
 		pt.watches = append(pt.watches, w)
 		fresh = fresh || w.Fresh()
@@ -306,7 +285,7 @@ func endsTheWait(ctx context.Context, err error) bool {
 // sleepAny is sleep for the watches of several keys: it waits d at most, until one of them is
 // signalled, ctx ends or the gate drains, and reports whether the next look may go.
 func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
-	if len(watches) <= 1 { // no reflection for one watch or none (a store whose watches are not shared)
+	if len(watches) <= 1 { // no reflection for one watch or none
 		var w *lockstore.Watch
 		if len(watches) == 1 {
 			w = watches[0]
@@ -330,7 +309,6 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 // permits are held elsewhere: how late it may see one of those released.
 const remoteTurn = 50 * time.Millisecond
 
-// earliest returns the earlier of a and b.
 func earliest(a, b time.Time) time.Time {
 	if b.Before(a) {
 		return b

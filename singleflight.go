@@ -10,21 +10,16 @@ import (
 	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
-// gate is the per-process single flight for each key: at most one goroutine of the process
-// owns a key at a time, from the start of its Redis acquisition to the end of its release.
-// Everyone else is rejected without a Redis command, or queues in FIFO order.
-//
-// The gate replaces golang.org/x/sync/singleflight, which the design first named: singleflight
-// shares one result among concurrent callers, but a lock can be held by one caller only, so the
-// others would still have to queue somewhere and would each talk to Redis again. The gate
-// queues them itself, and hands a held lock to the next in line without a Redis round trip.
+// gate is the per-process single flight for each key: at most one goroutine of the process owns
+// a key at a time, from the start of its store acquisition to the end of its release. Everyone
+// else is rejected without a store command, or queues in FIFO order. Unlike
+// x/sync/singleflight, which shares one result, it hands a held lock to the next in line
+// without a round trip: a lock has one holder at a time.
 type gate struct {
 	mu      sync.Mutex
 	entries map[string]*gateEntry // guarded by mu
-	// peak is the most entries held since entries was made (guarded by mu). Go maps never
-	// give their buckets back, so a map that once held 100,000 keys keeps their memory after
-	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
-	// the map when it falls to a quarter of its peak.
+	// peak is the most entries held since entries was made (guarded by mu): Go maps never give
+	// their buckets back, so dropLocked rebuilds the map when it falls to a quarter of it.
 	peak int
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
@@ -34,32 +29,30 @@ type gate struct {
 	// guarded by mu: per key, the read hold that this process's new readers may join
 	// (rwfair.go: joinRead); each is also in borrowed while it lives.
 	reads map[string]*hold
-	// guarded by mu: per key, the read hold that a reader of this process is taking in the
-	// store, closed when it is shared or failed (rwfair.go: readFlight): the readers that come
+	// guarded by mu: per key, a flight of the read hold a reader of this process is taking in
+	// the store (joinOrLeadRead), closed when it is shared or failed: the readers that come
 	// meanwhile wait for it and join it, instead of each taking a hold of its own.
 	readFlights map[string]chan struct{}
-	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
-	// may list their holds before this process knows them, and a drain must wait for them.
+	// guarded by mu: holds outside the gate on the wire (beginBorrow): the store may list
+	// them before this process knows them, and a drain must wait for them.
 	borrowing int
 	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
-	// closing is closed when the Locker drains (with closed): it wakes owners that sleep
-	// between attempts in the store, so that they answer ErrClosed as queued waiters do
-	// rather than take the key after the drain.
+	// closing is closed when the Locker drains: owners sleeping between attempts wake and
+	// answer ErrClosed, as queued waiters do, rather than take the key after the drain.
 	closing chan struct{}
 	// closed is set (under mu) when the Locker drains: no new owner enters. Read without mu
-	// on the way in, so that a Lock pays an atomic load for it, not a lock.
+	// on the way in: a Lock pays an atomic load for it, not a lock.
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes: one lives
-// for each held key (live heap per held lock), so the queue, which only a contended
-// key needs, sits behind a pointer, the count of queued goroutines is 32 bits and the run of
-// handoffs 16 (the keeper bounds a run to maxHandoffRun).
+// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes (one per held
+// key: live heap per held lock), so the queue, which only a contended key needs, sits behind a
+// pointer and the counts are narrow (the keeper bounds a run of handoffs to maxHandoffRun).
 type gateEntry struct {
 	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
 	hold     *hold      // the owner's Redis lock once acquired; survives handoffs
 	refs     int32      // the owner plus queued waiters; the entry is deleted at zero
-	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
+	handoffs uint16     // consecutive handoffs of hold without a round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
 }
@@ -68,22 +61,18 @@ type gateEntry struct {
 // WithHandoff bound counts as this one.
 const maxHandoffRun = math.MaxUint16
 
-// gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry
-// (a hot key queues again and again); its backing array is let go whenever it empties.
+// gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry (a
+// hot key queues again and again); its backing array is let go whenever it empties.
 //
 // The waiters' wait budgets share one timer per queue, armed for the earliest deadline among
-// them (expire). A context with a deadline per waiter made a runtime timer for every wait: on
-// a hot key, where every Lock waits, creating and stopping them took a fifth of the CPU, and
-// more as the runtime's timer heap grew with the waiters (one hot key, 4 -> 1,024
-// goroutines). With one budget for all, deadlines arrive in queue order and the timer fires
-// about once per budget, finding waiters that were served long before.
+// them (expire), rather than a runtime timer per wait, which on a hot key cost much of the CPU.
+// Deadlines arrive in queue order, so the timer fires about once per budget.
 type gateQueue struct {
 	waiters []*gateWaiter
 	timer   *time.Timer // fires expire at armed; made by the first waiter with a budget
 	armed   time.Time   // the deadline the timer is set for; zero when it is stopped
 }
 
-// queued is the number of goroutines waiting for e's slot.
 func (e *gateEntry) queued() int {
 	if e.queue == nil {
 		return 0
@@ -91,7 +80,6 @@ func (e *gateEntry) queued() int {
 	return len(e.queue.waiters)
 }
 
-// push queues w last.
 func (e *gateEntry) push(w *gateWaiter) {
 	if e.queue == nil {
 		e.queue = &gateQueue{}
@@ -148,17 +136,23 @@ type gateWaiter struct {
 }
 
 // testHookWoken, when set by a test, runs in a queued caller between its wake-up and its look
-// at what it was granted: where a slow goroutine may stop for a while.
+// at what it was granted.
 var testHookWoken func()
 
 func newGate() *gate {
-	return &gate{entries: make(map[string]*gateEntry), closing: make(chan struct{})}
+	return &gate{
+		entries:     make(map[string]*gateEntry),
+		fair:        make(map[string][]*fairWaiter),
+		borrowed:    make(map[*hold]uintptr),
+		reads:       make(map[string]*hold),
+		readFlights: make(map[string]chan struct{}),
+		closing:     make(chan struct{}),
+	}
 }
 
 // enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
-// a busy error and costs no Redis command. With wait the caller queues until the slot is
-// granted or its budget ends. It returns the entry and the hold handed over by the previous
-// owner, if any.
+// a busy error and no store command; with wait the caller queues until the slot is granted or
+// its budget ends. It returns the entry and the hold handed over by the previous owner, if any.
 func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error) {
 	if g.closed.Load() {
 		return nil, nil, ErrClosed
@@ -201,9 +195,8 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 			w.expired = true // left on its own
 		}
 		g.mu.Unlock()
-		// Otherwise the slot was granted (or the budget expired) while ctx ended: ready is
-		// closed, and a granted caller owns the slot and must pass it on. It reports ready,
-		// so the caller hands the slot back through exit; it sees ctx ended and gives up.
+		// Otherwise the slot was granted (or the budget expired) as ctx ended: a granted
+		// caller owns the slot and must pass it on, which it does on seeing ctx ended.
 	}
 	if testHookWoken != nil {
 		testHookWoken()
@@ -217,10 +210,10 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		}
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	// The hold granted with the slot, not e.hold now: between the grant and this read the
-	// watchdog may have abandoned that hold and passed the slot on, and e.hold may then be the
-	// next owner's (a lease on it would let two goroutines in). A hold abandoned meanwhile
-	// gives a lease that is lost at once, whose Release leaves the gate alone (hold.done).
+	// The hold granted with the slot, not e.hold: the watchdog may have abandoned that hold and
+	// passed the slot on meanwhile, and a lease on the next owner's hold would let two
+	// goroutines in. An abandoned hold gives a lease lost at once, whose Release leaves the gate
+	// alone (hold.done).
 	return e, w.hold, nil
 }
 
@@ -239,8 +232,8 @@ func (g *gate) armLocked(key string, e *gateEntry, deadline time.Time) {
 }
 
 // expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue
-// (each learns it from expired when its ready closes) and arms the timer for the earliest
-// deadline left. The entry may have left the map meanwhile; its queue is then empty.
+// (expired) and arms the timer for the earliest deadline left. The entry may have left the map
+// meanwhile; its queue is then empty.
 func (g *gate) expire(key string, e *gateEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -272,7 +265,7 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
+// setHold records the owner's store lock, for reentry by handed-over owners and Retry-After.
 func (g *gate) setHold(e *gateEntry, h *hold) {
 	g.mu.Lock()
 	e.hold = h
@@ -289,9 +282,7 @@ func (g *gate) siteOf(h *hold) uintptr {
 	case site != 0:
 		return site
 	case leaseless && h.gated():
-		// A gate grant with no lease yet came by handoff or pass: its receiver was woken
-		// and has not made its lease.
-		return siteHandoff
+		return siteHandoff // its receiver was woken and has not made its lease yet
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -308,11 +299,9 @@ const (
 )
 
 // handoff passes h and the slot straight to the next queued waiter, if there is one, the
-// fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
-// window ago), and h has enough time left.
-//
-// It returns key's entry, which h's grant owns (a hold does not point to its entry: live heap
-// per held lock), for the caller to pass or leave the slot with.
+// fairness bounds allow it (fewer than bound handoffs in a row, h acquired less than window
+// ago), and h has enough time left. It returns key's entry, which h's grant owns, for the
+// caller to pass or leave the slot with.
 func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
 	handable := !h.degraded() && bound > 0 && window > 0 && h.handable()
 	late := handable && h.k.sinceInstant(h.acquired) >= window
@@ -335,7 +324,7 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 	return handedOff, e
 }
 
-// passOn gives the slot and h, which a pass kept in Redis for a new turn (keeper.pass), to the
+// passOn gives the slot and h, which a pass kept in the store for a new turn (keeper.pass), to the
 // next queued waiter. It reports false when nobody waits any more or the gate closed: the
 // caller then releases h.
 func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
@@ -351,8 +340,8 @@ func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	return true
 }
 
-// leave gives up the slot after its Redis lock (if any) was released; released tells whether
-// waiters in other processes were notified, in which case the next local owner yields to them.
+// leave gives up the slot after its store lock (if any) was released; when notifiedOthers,
+// waiters in other processes were woken and the next local owner yields to them.
 func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -435,9 +424,6 @@ func (g *gate) endBorrow(h *hold, site uintptr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h != nil {
-		if g.borrowed == nil {
-			g.borrowed = make(map[*hold]uintptr)
-		}
 		g.borrowed[h] = site
 	}
 	g.borrowing--
@@ -454,14 +440,13 @@ func (g *gate) removeBorrowed(h *hold) {
 	g.mu.Unlock()
 }
 
-// emptyLocked reports whether the process holds no lock through the gate: no key with an entry,
-// no re-entry of another process's lock live or on the wire. g.mu must be held.
+// emptyLocked reports whether the process holds no lock through the gate: no key with an
+// entry, no hold outside it live or on the wire. g.mu must be held.
 func (g *gate) emptyLocked() bool {
 	return len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0
 }
 
-// checkDrainedLocked tells a waiting drain that the process holds no lock any more. g.mu
-// must be held.
+// checkDrainedLocked tells a waiting drain that the process holds no lock. g.mu must be held.
 func (g *gate) checkDrainedLocked() {
 	if g.drained != nil && g.emptyLocked() {
 		close(g.drained)

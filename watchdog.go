@@ -13,30 +13,25 @@ import (
 const maxRenewers = 32
 
 // watchdog keeps the holds of a Locker, and of every Locker derived from it with With, alive:
-// it renews each Redis lock every TTL/3 while its holders run, and cancels their leases with
-// ErrLost before Redis may expire the lock.
+// it renews each store lock every TTL/3 while its holders run, and cancels their leases with
+// ErrLost before the store may expire the lock.
 //
-// Each hold has at most one pending event (its next renewal, or the moment it is lost while a
-// renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
-// clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000.
-// The timer only decides; I/O runs on at most maxRenewers goroutines that exist
-// while there is work. Renewals that fall due together go to the store together: up to
-// maxBatch of them as one RefreshAll, one round trip (or a few) and no goroutine each, so that
-// a slow store never caps how many locks stay alive (see renew).
+// Each hold has at most one pending event (its next renewal, its loss deadline while a renewal
+// is under way, or the end of an abandoned grant) in one min-heap, behind a single clock timer
+// armed for the earliest. The timer only decides; I/O runs on at most maxRenewers goroutines
+// that exist while there is work, and renewals that fall due together go out together (renew).
 //
-// The loss deadline never waits for a renewal: while a renewal is queued or on the wire, the
-// hold's event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or
-// refresh), and the timer cancels the leases then, whether or not the renewal ever returns.
+// The loss deadline never waits for a renewal: while one is queued or on the wire, the hold's
+// event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or refresh).
 //
 // Lock order: a hold's mu before the watchdog's mu. The timer callback and the renewers take a
 // hold's mu only after they have let go of the watchdog's.
 type watchdog struct {
 	clock clock
 	epoch time.Time // instant 0: when the watchdog was made
-	// settle is set for a clock whose timers fire inside the caller's own call (the tests'
-	// manual clock, which fires them in Advance): a firing then waits until the renewals it
-	// started are done, so that every step of a test sees their outcome. Timers of the system
-	// clock fire on goroutines of their own, and a firing never waits.
+	// settle is set for a clock without concurrentTimers (the tests' manual clock fires timers
+	// inside Advance): a firing then waits until the renewals it started are done, so that
+	// every step of a test sees their outcome.
 	settle bool
 
 	mu      sync.Mutex
@@ -80,13 +75,9 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	w.mu.Unlock()
 }
 
-// unschedule drops h's pending event, if any. h.mu must be held.
-//
-// The timer stays armed when the heap empties: it fires once more, finds nothing due and stays
-// off (fire). Stopping it here made a loop of uncontended Lock + Release stop and re-arm the
-// runtime timer on every lock, and arming a timer earlier than the network poller's sleep wakes
-// the poller (a system call and a thread wake-up each time); left armed, the next
-// lock's renewal falls due after it and arms nothing.
+// unschedule drops h's pending event, if any. h.mu must be held. The timer stays armed when
+// the heap empties (it fires once, finding nothing): stopping and re-arming it on every
+// uncontended Lock and Release would wake the network poller each time.
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
@@ -107,8 +98,7 @@ func (w *watchdog) armLocked(at instant) {
 }
 
 // fire runs on the clock timer: it takes every event that is due off the heap, re-arms the
-// timer for the next one, and lets each hold act on its event (onDue), which queues the I/O
-// for the renewers.
+// timer for the next one, and lets each hold act on its event (onDue).
 func (w *watchdog) fire() {
 	now := w.now()
 	var buf [16]*hold
@@ -137,9 +127,8 @@ func (w *watchdog) fire() {
 	}
 }
 
-// instant is a moment on a watchdog's clock, in nanoseconds since its epoch. Holds keep their
-// deadlines as instants: 8 bytes each instead of a time.Time's 24, five per hold
-// (live heap per held lock). An int64 of nanoseconds lasts 292 years.
+// instant is a moment on a watchdog's clock, in nanoseconds since its epoch: 8 bytes instead
+// of a time.Time's 24, several per hold (live heap per held lock).
 type instant int64
 
 func (i instant) add(d time.Duration) instant { return i + instant(d) }
@@ -175,7 +164,7 @@ func (w *watchdog) startRenewers() {
 }
 
 // renewer runs queued jobs until none is left. A renewal takes the renewals queued right behind
-// it for the same keeper (up to maxBatch) along: renewals fall due together, and go out together.
+// it for the same keeper along, up to maxBatch.
 func (w *watchdog) renewer() {
 	var batch []*hold
 	for {
@@ -204,9 +193,9 @@ func (w *watchdog) renewer() {
 		}
 		w.mu.Unlock()
 		if j.abandon {
-			j.h.k.reportAbandoned(j.h) // before endGrant passes the slot, and its site, on
-			// Redis may have expired the key: ErrNotHeld is the usual answer.
-			_ = j.h.k.endGrant(context.Background(), j.h)
+			// Reported before the slot, and its site, passes on; ErrNotHeld is the usual answer.
+			j.h.k.reportAbandoned(j.h)
+			_ = j.h.k.endGrantBy(context.Background(), j.h)
 		} else {
 			renew(batch)
 		}
@@ -217,9 +206,8 @@ func (w *watchdog) renewer() {
 // maxBatch bounds the renewals of one keeper that a renewer sends together.
 const maxBatch = 512
 
-// renew refreshes the locks of holds, which share one keeper, as one RefreshAll: the store
-// makes it one round trip or a few, so that a renewer does not cap the renewals of the whole
-// Locker at maxRenewers per round trip.
+// renew refreshes the locks of holds, which share one keeper, as one RefreshAll (a round trip
+// or a few), so that a slow store never caps how many locks stay alive.
 func renew(holds []*hold) {
 	k := holds[0].k
 	live := holds[:0:0]
@@ -237,9 +225,9 @@ func renew(holds []*hold) {
 	for i, h := range live {
 		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
-	// Bounded by the latest loss deadline of the batch: a lock whose own deadline passes first
-	// is lost by the watchdog's timer at that deadline, whatever this call does, and the reply
-	// still serves the others. A timeout, not a deadline: instants are on the keeper's clock.
+	// Bounded by the latest loss deadline of the batch: a lock whose deadline passes first is
+	// lost by the timer then, and the reply still serves the others. A timeout, not a
+	// deadline: instants are on the keeper's clock.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
 	sent := k.nowInstant()
 	errs := k.store.RefreshAll(ctx, batch)
@@ -250,7 +238,7 @@ func renew(holds []*hold) {
 }
 
 // The heap is ordered by hold.due; hold.slot is a hold's index in it plus one, so that a hold's
-// event can be moved or dropped in O(log n). w.mu must be held by all three.
+// event moves or drops in O(log n). w.mu must be held by up, down and removeLocked.
 
 // up moves the hold at i towards the root while it is due before its parent; it reports
 // whether it moved.
@@ -307,7 +295,7 @@ func (w *watchdog) removeLocked(i int) {
 }
 
 // shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array or
-// less: a heap or a queue that once held 100,000 holds does not keep their memory.
+// less, so that a heap or a queue does not keep the memory of its peak.
 func shrink[T any](s []T) []T {
 	if cap(s) <= 64 || len(s) > cap(s)/4 {
 		return s
