@@ -216,3 +216,18 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 func withOwner(ctx context.Context, key, owner string) context.Context {
 	return handover.With(ctx, handover.Owner{Key: key, Token: owner})
 }
+
+// gateLen is the number of keys in the per-process gate.
+func (l *Locker) gateLen() int {
+	g := l.k.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.entries)
+}
+
+// isLost reports whether the lock can no longer be trusted.
+func (h *hold) isLost() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.has(holdLost)
+}

@@ -9,29 +9,24 @@ import (
 )
 
 // hold is one store lock held by this process, from the acquisition to the release, across
-// handoffs between local goroutines. The watchdog (watchdog.go) renews it while a holder runs
-// and cancels the holders' contexts with ErrLost before the store may expire it.
-//
-// A grant is one turn of the hold: the lease that acquired it, or received it by handoff, and
-// every lease that re-entered or joined that one. The grant ends when the last of them is
-// released (live reaches 0); only then does the lock go to the next local waiter or back to the
-// store, so no lease of a grant outlives it.
-//
-// A hold is 128 bytes (live heap per held lock): nearly every hold has one lease and a token of
-// its own, so the rest waits in ext; the gate finds a hold's entry by its key.
+// handoffs between local goroutines; the watchdog renews it and ends its leases with ErrLost
+// before the store may expire it. A grant is the lease that acquired it or received it by
+// handoff, with every lease that re-entered or joined that one; only when the last of them is
+// released (live reaches 0) does the lock go on, so no lease of a grant outlives it. A hold is
+// 128 bytes (live heap per held lock): what few holds need waits in ext.
 type hold struct {
 	k   *keeper
 	key string // full store key
-	// ext is nil for most holds. Set when the hold is made (setOwner), or under mu when a
-	// second lease joins; read without mu: owner and borrow never change once it is set.
+	// ext is set when the hold is made, or under mu when a second lease joins; read without
+	// mu: owner and borrow never change once it is set.
 	ext atomic.Pointer[holdExt]
-	// acquired is when the acquisition, or the pass that began the turn (restart), was sent:
-	// the handoff window counts from it. Written and read only by the gate slot's owner.
+	// acquired is when the turn's acquisition or pass was sent, for the handoff window; only
+	// the gate slot's owner writes it.
 	acquired instant
 
 	mu         sync.Mutex
 	fence      int64   // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil instant // guarded by mu: the Redis lock lives at least until then
+	validUntil instant // guarded by mu: the store lock lives at least until then
 	renewUntil instant // guarded by mu: no renewal after this (MaxHold)
 	renewAt    instant // guarded by mu: when the next renewal is due
 	first      *Lease  // guarded by mu: a lease to cancel on loss; the others are in ext.more
@@ -41,8 +36,7 @@ type hold struct {
 	slot int32   // its index in the heap plus one; 0 when it has no pending event
 
 	live int32 // guarded by mu: unreleased leases of the current grant
-	// token is the owner token when ext has none (newOwnerToken's), inline instead of a string
-	// of its own. Written before the hold is shared and never after: owner views it uncopied.
+	// token is the owner token when ext has none; written before the hold is shared.
 	token [ownerTokenLen]byte
 	kind  holdKind  // set when made, never after: read without mu
 	flags holdFlags // guarded by mu: what the hold's grant and lock went through (holdLost, ...)
@@ -59,9 +53,8 @@ type holdExt struct {
 type holdKind uint8
 
 const (
-	// holdGated: a gate slot's hold (singleflight.go), released through the gate: handed to
-	// local waiters, passed, or given back. The others (re-entries of other processes' locks,
-	// read and fair locks) are released straight to the store.
+	// holdGated: a gate slot's hold, released through the gate; the others (borrowed, read and
+	// fair holds) are released straight to the store.
 	holdGated holdKind = 1 << iota
 	// holdDegraded: the store was unreachable (WithFailOpen); only the gate excludes.
 	holdDegraded
@@ -90,7 +83,6 @@ func (h *hold) set(f holdFlags) { h.flags |= f }
 
 func (h *hold) unset(f holdFlags) { h.flags &^= f }
 
-// owner returns the owner token of the lock.
 func (h *hold) owner() string {
 	if e := h.ext.Load(); e != nil && e.owner != "" {
 		return e.owner
@@ -149,8 +141,7 @@ func (h *hold) endLeasesLocked(cause error) {
 	}
 }
 
-// newHold is the hold of an acquisition sent at sent, or with borrow set, of a re-entry of
-// another process's lock.
+// newHold is the hold of an acquisition sent at sent (with borrow, a re-entry's).
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time, kind holdKind) *hold {
 	at := k.instant(sent)
 	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1, kind: kind}
@@ -161,14 +152,13 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 	return h
 }
 
-// beginLocked counts the life of a turn whose store call (an acquisition, or a pass) was sent
-// at at: the lock lives at least a TTL from the send, not from the reply (the watchdog must not
-// count time it does not have), MaxHold counts from now. h.mu must be held.
+// beginLocked counts a turn whose store call was sent at at: the lock lives at least a TTL from
+// the send, never from the reply, and MaxHold counts from now. h.mu must be held.
 func (h *hold) beginLocked(at instant) {
 	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
 	h.renewAt = at.add(h.k.ttl / 3)
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
 }
 
 // newLocalHold is the hold of a degraded lease: no store lock, no watchdog, fence 0.
@@ -189,16 +179,13 @@ func (h *hold) setOwner(owner, borrow string) {
 	h.ext.Store(&holdExt{owner: owner, borrow: borrow})
 }
 
-// borrowName is the name of a hold that re-entered another process's lock, released as one
-// named hold, never through the gate; "" for a hold of our own.
+// borrowName is the name of a hold in another process's lock; "" for a hold of our own.
 func (h *hold) borrowName() string {
 	if e := h.ext.Load(); e != nil {
 		return e.borrow
 	}
 	return ""
 }
-
-func (h *hold) safety() time.Duration { return h.k.safety() }
 
 // remaining is how long the lock is known to live, for Retry-After.
 func (h *hold) remaining() time.Duration {
@@ -207,8 +194,8 @@ func (h *hold) remaining() time.Duration {
 	return max(h.k.untilInstant(h.validUntil), 0)
 }
 
-// handable reports whether the lock can go to another local holder: not lost, never shared
-// with another process, with more than a third of its TTL left.
+// handable reports whether the lock can go to another local holder: not lost or shared, with
+// more than a third of its TTL left.
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -216,10 +203,9 @@ func (h *hold) handable() bool {
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff, with the next
-// fence; the release reports the last one to the store, so later grants count on above it. It
-// reports false, and changes nothing, when the hold was lost since handable looked: the
-// watchdog may have scheduled nothing more, and a grant that nothing ends would strand the
-// queue behind it. The caller then releases the hold instead.
+// fence (stop reports the last one). It reports false, and the caller releases the hold, when
+// it was lost since handable looked: the watchdog may have scheduled nothing more, and a grant
+// that nothing ends would strand the queue behind it.
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -233,9 +219,8 @@ func (h *hold) nextGrant() bool {
 	return true
 }
 
-// restart begins a new turn of a hold that a pass kept in the store (keeper.pass) after stop: the
-// lock lives at least a TTL from sent, and the turn's first grant has fence, which the store
-// minted. It reports false, and leaves the hold stopped, when the hold was lost meanwhile.
+// restart begins a new turn, from sent, of a hold that a pass kept after stop, with the fence
+// the store minted. It reports false, and leaves the hold stopped, when it was lost meanwhile.
 func (h *hold) restart(sent time.Time, fence int64) bool {
 	at := h.k.instant(sent)
 	h.mu.Lock()
@@ -252,8 +237,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	return true
 }
 
-// grantFence returns the fence of the current grant, and whether it is the first grant of its
-// turn (the store minted it: an acquisition or a pass), not a handoff's.
+// grantFence returns the current grant's fence, and whether the store minted it.
 func (h *hold) grantFence() (fence int64, first bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -266,8 +250,8 @@ func (h *hold) currentFence() int64 {
 	return h.fence
 }
 
-// join counts one more live lease of the current grant (a lease that joins the hold through a
-// handed-over owner), unless the grant has ended.
+// join counts one more live lease of the current grant (a handed-over owner's, a reader's),
+// unless the grant has ended.
 func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -278,7 +262,7 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	return h.fence, h.siteLocked(), true
 }
 
-// done counts one lease of the grant released; it reports whether it was the last. After the
+// done counts one lease of the grant released and reports whether it was the last; after the
 // grant was abandoned it counts nothing.
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
@@ -294,8 +278,7 @@ func (h *hold) doneLocked() (last bool) {
 	return h.live == 0
 }
 
-// attach registers a lease to cancel on loss. MaxHold bounds a grant, so a re-entry does not
-// restart its clock (a handler that re-enters over and over must not hold the lock forever).
+// attach registers a lease to cancel on loss. A re-entry does not restart the grant's MaxHold.
 func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -305,9 +288,8 @@ func (h *hold) attach(lease *Lease) {
 	}
 }
 
-// release marks lease x of h released, takes it off h's leases, ends its context and counts
-// it (done): last reports whether it was the grant's last lease, lost whether the lock was
-// lost. It fails with ErrNotHeld when x was released already.
+// release marks lease x released, ends its context and counts it (done): last reports whether
+// it was the grant's last lease, lost whether the lock was lost. A second call is ErrNotHeld.
 func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -320,8 +302,8 @@ func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	return h.doneLocked(), h.has(holdLost), nil
 }
 
-// siteLocked is where h's current grant was taken, as its leases recorded it; 0 when none
-// did. h.mu must be held.
+// siteLocked is where h's current grant was taken, as its leases recorded it, or 0. h.mu must
+// be held.
 func (h *hold) siteLocked() uintptr {
 	if h.first != nil && h.first.site != 0 {
 		return h.first.site
@@ -336,9 +318,8 @@ func (h *hold) siteLocked() uintptr {
 	return 0
 }
 
-// stop turns the watchdog off before the lock is released; it returns the largest fence
-// handed out by handoff under the hold, or 0 when there was no handoff (the release then does
-// not touch the fence counter).
+// stop turns the watchdog off before the lock is released; it returns the largest fence handed
+// out by handoff under the hold, or 0 when there was none (the fence counter stays as it is).
 func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -352,10 +333,9 @@ func (h *hold) stop() int64 {
 	return h.fence
 }
 
-// onDue runs on the watchdog's timer when the hold's event falls due. It decides from the
-// hold's state, not from which event it was (it may have been replaced): a lost hold ends its
-// grant once the store may have expired the key; a hold at its loss deadline is lost, renewal
-// under way or not; a hold whose renewal is due queues it. Each is scheduled again as needed.
+// onDue runs on the watchdog's timer when the hold's event falls due, and decides from the
+// hold's state, not from which event it was: a lost hold is abandoned, a hold at its loss
+// deadline is lost (renewal under way or not), a due renewal is queued.
 func (h *hold) onDue() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -367,13 +347,12 @@ func (h *hold) onDue() {
 		h.abandonLocked(now)
 		return
 	}
-	loss := h.validUntil.add(-h.safety())
+	loss := h.validUntil.add(-h.k.safety())
 	switch {
 	case now >= loss:
 		h.loseLocked()
 	case h.has(holdRenewing) || now > h.renewUntil:
-		// A renewal that waits or hangs, or MaxHold reached: the next event is the loss
-		// deadline of the last successful acquire or refresh, which only a reply moves.
+		// A renewal under way, or MaxHold reached: only a reply moves the loss deadline.
 		h.k.wd.schedule(h, loss)
 	case now < h.renewAt:
 		h.k.wd.schedule(h, min(h.renewAt, loss))
@@ -384,8 +363,8 @@ func (h *hold) onDue() {
 	}
 }
 
-// renewBegin starts a queued renewal: it returns the loss deadline, past which the refresh is
-// of no use, or false when the hold ended or was lost meanwhile (nothing is sent).
+// renewBegin starts a queued renewal: it returns the loss deadline, or false when the hold
+// ended or was lost meanwhile.
 func (h *hold) renewBegin() (deadline instant, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -393,7 +372,7 @@ func (h *hold) renewBegin() (deadline instant, ok bool) {
 		h.unset(holdRenewing)
 		return 0, false
 	}
-	return h.validUntil.add(-h.safety()), true
+	return h.validUntil.add(-h.k.safety()), true
 }
 
 // renewEnd takes the outcome of a refresh sent at sent (the lease counts from the send, never
@@ -418,14 +397,14 @@ func (h *hold) renewEnd(sent instant, err error) {
 		return
 	default:
 		// No answer: try again soon, and give up before the lock may expire.
-		left := h.k.untilInstant(h.validUntil) - h.safety()
+		left := h.k.untilInstant(h.validUntil) - h.k.safety()
 		if left <= 0 {
 			h.loseLocked()
 			return
 		}
 		h.renewAt = h.k.nowInstant().add(min(left, max(h.k.ttl/10, time.Millisecond)))
 	}
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
 }
 
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
@@ -440,10 +419,9 @@ func (h *hold) loseLocked() {
 	}
 }
 
-// abandonLocked acts on the event of a lost hold: once the store may have expired the key, a
-// grant whose leases were told (ErrLost) but not all released is ended on a renewer, so that a
-// forgotten Release does not keep the key from this process forever (the store lets others in
-// then anyway). Leases released later count nothing. h.mu must be held.
+// abandonLocked ends, once the store may have expired the key, a lost grant whose leases are
+// not all released, so that a forgotten Release does not keep the key from this process
+// forever. Leases released later count nothing. h.mu must be held.
 func (h *hold) abandonLocked(now instant) {
 	if h.has(holdAbandoned) || h.live == 0 {
 		return
@@ -475,15 +453,7 @@ func (h *hold) markLost() {
 	}
 }
 
-// isLost reports whether the lock can no longer be trusted.
-func (h *hold) isLost() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.has(holdLost)
-}
-
-// interrupt cancels the contexts of the leases on the hold with cause (Drain), without
-// touching the lock: their holders are asked to stop and release.
+// interrupt cancels the leases' contexts with cause (Drain), without touching the lock.
 func (h *hold) interrupt(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -12,10 +12,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// keeper is what a hold needs of the Locker that made it, and no more: the store, the gate,
-// the clock, and the TTL, MaxHold and handoff bounds. Lockers derived with With share the
-// store and the gate but have keepers of their own (their TTLs may differ). Acquiring is the
-// Locker's concern; keeping and ending a grant is this one's.
+// keeper is what a hold needs of the Locker that made it: store, gate, clock and bounds. Each
+// Locker has its own (a derived one's TTL may differ); keeping and ending grants is its job.
 type keeper struct {
 	store   lockstore.Store
 	passer  lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
@@ -35,9 +33,8 @@ type keeper struct {
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
 	passer, _ := store.(lockstore.Passer)
-	// A holder that dies after n handoffs leaves fences up to its grant's + n behind, and the
-	// next grant comes a TTL later at a fence of at least the server time in microseconds:
-	// fewer handoffs than the TTL has microseconds keep it above them (docs/guarantees.md, Fences).
+	// Fewer handoffs than the TTL has microseconds keep the next grant's fence (server time in
+	// microseconds, a TTL after a holder died) above them (docs/guarantees.md, Fences).
 	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: handoff, window: cfg.window, observe: cfg.observer,
@@ -57,25 +54,19 @@ func (k *keeper) sinceInstant(i instant) time.Duration { return time.Duration(k.
 
 func (k *keeper) untilInstant(i instant) time.Duration { return time.Duration(i - k.wd.now()) }
 
-// safety is how long before a lock may expire in the store its leases are cancelled (lost,
-// when renewals keep failing): the holder must stop before the key can go to someone else.
+// safety is how long before a lock may expire its leases are cancelled when renewals fail.
 func (k *keeper) safety() time.Duration { return k.ttl / 10 }
 
-// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held:
-// its leases would have to be cancelled at once.
+// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held.
 func (k *keeper) tooLate(sent time.Time) bool {
 	return k.since(sent) >= k.ttl-k.safety()
 }
 
-// giveBack releases a hold that this call took but will not use (the acquisition's own when
-// borrow is "", else the named re-entry), after a call that may have run unseen or a reply that
-// came too late. The store was slow, so each release is bounded short: a hold it cannot give
-// back runs out with its TTL.
-//
-// ErrNotHeld can also mean the give-back overtook the call it undoes, which then takes the key
-// for a whole TTL; so a not-held answer is asked again for giveBackRecheckFor or the TTL,
-// whichever is shorter. Owner tokens are never reused after a give-back, so a later release by
-// owner can only end that late grant.
+// giveBack releases a hold that a call may have taken unseen, or too late (the acquisition's own
+// when borrow is "", else the named re-entry), each release bounded short (cleanupContext). A
+// not-held answer may mean the give-back overtook that call, so it is asked again for
+// giveBackRecheckFor or the TTL. Owner tokens are never reused after a give-back, so a later
+// release by owner can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	var timer *time.Timer
 	defer func() {
@@ -100,29 +91,26 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	}
 }
 
-// giveBackRecheck is the first pause before a give-back that found nothing asks again; each
-// pause is four times the one before, for giveBackRecheckFor in all: long enough for a call
-// queued behind the give-back on a busy server, short enough to end soon after its caller.
+// giveBackRecheck is the first pause before a give-back that found nothing asks again; each is
+// four times the one before, for giveBackRecheckFor in all: long enough for a call queued
+// behind the give-back on a busy server, short enough to end soon after its caller.
 const (
 	giveBackRecheck    = 10 * time.Millisecond
 	giveBackRecheckFor = 250 * time.Millisecond
 )
 
-// cleanupContext bounds a clean-up after a call that went wrong (giveBack, leaveQueue): ctx's
-// values without its cancellation, for half a second at most; what it cannot undo runs out.
+// cleanupContext bounds a clean-up (giveBack, leaveQueue): ctx's values, half a second at most.
 func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
-// giveBackLater is giveBack in the background, so that a caller's return does not wait for a
-// store that did not answer in time. Only when nothing more is sent with owner: a later
-// acquisition with the same token could be the one given back.
+// giveBackLater is giveBack in the background. Only when nothing more is sent with owner: a
+// later acquisition with the same token could be the one given back.
 func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 	go k.giveBack(ctx, key, owner, borrow)
 }
 
-// grantEnd is what is left of ending a grant after its local part (endLocally): the store
-// call. A value, so that the hot path's ending costs no allocation.
+// grantEnd is the store call left of ending a grant after endLocally; a value: no allocation.
 type grantEnd struct {
 	k       *keeper
 	h       *hold
@@ -131,8 +119,7 @@ type grantEnd struct {
 }
 
 // endLocally hands a gate hold to the next local waiter when the bounds allow it (ended), or
-// returns the rest, which calls the store: release, or a pass at the end of a turn. The split
-// lets endGrantBy hand a hot key on without a goroutine.
+// returns the rest, which calls the store (release or pass).
 func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
 	if !h.gated() {
 		return grantEnd{k: k, h: h}, false
@@ -154,12 +141,10 @@ func (g grantEnd) finish(ctx context.Context) error {
 	return k.endTurn(ctx, h, g.outcome, g.e)
 }
 
-// endTurn ends a gate hold that was not handed on: passes the lock on in the store at the end
-// of a turn, or releases it and leaves the gate slot.
+// endTurn ends a gate hold that was not handed on: a pass at the end of a turn, or a release.
 func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e *gateEntry) error {
 	if outcome == turnOver && h.k.passer != nil {
-		// The hold's own keeper: the TTL sent must be the one the hold counts its life with
-		// (restart), and k may be a derived Locker's with another TTL (passSlotOn).
+		// The hold's own keeper, whose TTL the hold counts with: k may be a derived Locker's.
 		return h.k.pass(ctx, h, e)
 	}
 	var (
@@ -174,17 +159,15 @@ func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e
 	return err
 }
 
-// pass ends a turn of h at the handoff bounds while goroutines of this process wait for the
-// key: the store keeps the lock for the next of them with a fresh fence, in one round trip
-// instead of a release and an acquisition, unless a waiter elsewhere was refused meanwhile;
-// then the lock is released, and the next local owner lets the other processes go first.
+// pass ends a turn of h at the handoff bounds while local goroutines wait: the store keeps the
+// lock for the next of them with a fresh fence, in one round trip, unless a waiter elsewhere
+// was refused meanwhile; then the lock is released and the next local owner yields.
 func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	last := h.stop()
 	sent := k.now()
 	kept, fence, notified, err := k.passer.Pass(k.releaseContext(ctx), h.key, h.owner(), k.ttl, last)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
-		// The pass may have run unseen and kept the lock: release it (an owner-checked release
-		// of our own lock; the counter learns last either way).
+		// The pass may have run unseen and kept the lock: release it (owner-checked).
 		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", last)
 	}
 	if kept {
@@ -201,9 +184,8 @@ func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	return err
 }
 
-// releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
-// timeout handler cancels the request context while the handler still runs), bounded by one
-// TTL.
+// releaseContext is ctx's values without its cancellation (go-zero's timeout handler cancels
+// the request context while the handler runs), bounded by one TTL.
 func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -224,13 +206,10 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, k.ttl)
 }
 
-// endGrantBy ends the grant of a hold whose last lease was released: a gate hold goes to the
-// next local waiter when allowed (with no store call and no goroutine: the hot key's every
-// release), or is released or passed in the store; a borrowed hold is given up there. It
-// returns by the end of ctx whatever the store does: a store call that ctx's end cuts short
-// goes on in the background (releaseContext), and the caller gets ErrReleasePending joined with
-// ctx's cause; the gate slot is left only when the call has ended. A ctx that never ends waits
-// for the store itself, with no goroutine.
+// endGrantBy ends the grant of a hold whose last lease was released: handed to the next local
+// waiter (no store call, no goroutine), or released or passed in the store. It returns by ctx's
+// end: a store call that it cuts short goes on in the background, and the caller gets
+// ErrReleasePending joined with ctx's cause; the gate slot is left only when the call ends.
 func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	rest, ended := k.endLocally(h)
 	if ended {
@@ -255,8 +234,7 @@ func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	}
 }
 
-// reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned,
-// by default log/slog): a leaked lease blocks its key for MaxHold plus a TTL each time.
+// reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned).
 func (k *keeper) reportAbandoned(h *hold) {
 	key, site := h.key, k.gate.siteOf(h)
 	at := "unknown"

@@ -22,14 +22,12 @@ const (
 	// GrantJoined: joined this process's lock through an owner handed over by an upstream call.
 	GrantJoined
 	// GrantBorrowed: re-entered another process's lock through an owner handed over by an
-	// upstream call, as one more hold of that lock in Redis.
+	// upstream call, as one more hold of that lock in the store.
 	GrantBorrowed
-	// GrantPass: received from the previous holder in this process at the end of its turn
-	// (WithHandoff's bounds), which one store command kept in the process with a new fence
-	// because nobody elsewhere had asked for the key (lockstore.Passer).
+	// GrantPass: received from the previous holder in this process at the end of its turn,
+	// which one store command kept here with a new fence (lockstore.Passer).
 	GrantPass
-	// GrantShared: joined the read hold that another reader of this process took in the
-	// store, with no store command (WithRead): readers do not exclude each other.
+	// GrantShared: joined the read hold of another reader of this process (WithRead).
 	GrantShared
 )
 
@@ -38,12 +36,11 @@ const (
 // Deprecated: use GrantStore.
 const GrantRedis = GrantStore
 
-// grantNames label grants in metrics; the go-zero layer labels a store grant with its store's
-// name (etcd, zookeeper).
+// grantNames label grants in metrics; a store grant keeps the "redis" that dashboards know.
 var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed", "pass", "shared"}
 
-// String returns the grant's name as metrics and traces label it: redis (GrantStore),
-// handoff, reentry, joined, borrowed, pass or shared.
+// String returns the grant's name as metrics and traces label it: redis (GrantStore), handoff,
+// reentry, joined, borrowed, pass or shared.
 func (g Grant) String() string {
 	if int(g) < len(grantNames) {
 		return grantNames[g]
@@ -64,23 +61,17 @@ type Lease struct {
 	made     atomic.Bool
 	fence    int64
 
-	// outer is the lease that Lock's context held when the lease was made: the next lease of a
-	// context chain. Read once, never looked up again through the parent: a context whose values
-	// change after Lock returned (a framework's pooled request context) would lead a walk to
-	// another request's lease. Set before the lease is shared and never after.
+	// outer is the lease that Lock's context held: the next of a context chain. Set once, as a
+	// pooled request context reused after Lock returned would lead a walk to another request.
 	outer *Lease
 
-	// The lease's context is made by the first Context call, not by Lock, so that a lease held
-	// without it costs no cancelable context. Until then ctx is Lock's context, and an end that
-	// comes before that context's own is recorded in ended and applied when the context is made,
-	// with the cause it would have had. ctx and cancel are written under h.mu before made is
-	// set, and only read after it is.
+	// The lease's context is made by the first Context call, so that a lease held without it
+	// costs none. Until then ctx is Lock's context, and an earlier end is kept in ended. ctx
+	// and cancel are written under h.mu before made is set, and only read after it is.
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
-	// site is where the lease's grant was taken (callerAbove, siteHandoff, 0 when unknown), for
-	// reportAbandoned. Set before the lease is shared and never after.
-	site uintptr
+	site uintptr // where the grant was taken (callerAbove), for reportAbandoned; set once
 }
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
@@ -92,13 +83,11 @@ func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uin
 // Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token: 128 random bits as 22 characters of base64, or a handed-over
-// owner's token. Anyone who has it can re-enter the lock from another process while it is held
-// (the zrpc interceptors hand it over), so calling Owner marks the lock as shared: it is then
-// released through the store, where such re-entries are listed, and never handed straight to
-// the next goroutine of this process. It returns "" for a read lock (read locks are not handed
-// over) and once the lease was released: the token may by then be another local goroutine's
-// grant (a handoff or a pass keeps it), and must not leave.
+// Owner returns the owner token (22 characters of base64, or a handed-over owner's). Anyone who
+// has it can re-enter the lock from another process while it is held, so calling Owner marks
+// the lock as shared: it is then released through the store and never handed to the next
+// goroutine of this process. It returns "" for a read lock, and once the lease was released
+// (the token may by then be another local goroutine's grant).
 func (x *Lease) Owner() string {
 	owner, _, ok := x.handover()
 	if !ok {
@@ -107,9 +96,8 @@ func (x *Lease) Owner() string {
 	return owner
 }
 
-// handover returns what a downstream service needs to re-enter the lock: the owner token and
-// the lease's fence, and marks the lock as shared (see Owner). ok is false once the lease was
-// released (its lock may already be another request's) and for a read lock.
+// handover returns the owner token and the lease's fence for a downstream service, and marks
+// the lock as shared (see Owner); ok is false when Owner would return "".
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -120,17 +108,14 @@ func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	return x.h.owner(), x.fence, true
 }
 
-// Fence returns the fencing token of the grant: every grant of a key, through the store or by
-// handoff between goroutines of this process, has a fence strictly larger than every earlier
-// grant of that key; a re-entry keeps the fence of the lease it re-entered. A store that
-// remembers the largest fence it saw and refuses writes with a smaller one cannot be corrupted
-// by a holder that stalled past its TTL.
+// Fence returns the fencing token of the grant: every grant of a key, handoffs included, has a
+// fence strictly larger than every earlier grant's; a re-entry keeps its lease's. A store that
+// refuses writes with a fence below the largest it saw is safe from a holder that stalled.
 func (x *Lease) Fence() int64 { return x.fence }
 
 // Context returns a context derived from the one Lock was called with. It carries the lease
-// (FromContext) and is cancelled with cause ErrLost before the earliest moment the store may
-// expire the lock, and when the lease is released. It is made by the first call, already
-// cancelled if the lease ended before; every call returns the same context.
+// (FromContext) and is cancelled with cause ErrLost before the store may expire the lock, and
+// when the lease is released. Every call returns the same context.
 func (x *Lease) Context() context.Context {
 	if x.made.Load() {
 		return (*leaseContext)(x)
@@ -143,8 +128,7 @@ func (x *Lease) Context() context.Context {
 	return (*leaseContext)(x)
 }
 
-// makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu
-// must be held.
+// makeContextLocked makes the lease's context, ended if the lease has. x.h.mu must be held.
 func (x *Lease) makeContextLocked() {
 	parent := x.ctx
 	if x.ended != endNone {
@@ -159,8 +143,7 @@ func (x *Lease) makeContextLocked() {
 	x.made.Store(true)
 }
 
-// endCause is how a lease ended before its context was made: one byte instead of an error's
-// two words.
+// endCause is how a lease ended before its context was made: a byte, not an error's two words.
 type endCause uint8
 
 const (
@@ -181,8 +164,8 @@ func (c endCause) err() error {
 	}
 }
 
-// endLocked ends the lease's context with cause (context.Canceled when nil), now or, when it
-// is not made yet, when it is; the first cause wins, as with a context's. x.h.mu must be held.
+// endLocked ends the lease's context with cause (nil: context.Canceled), now or when it is
+// made; the first cause wins. x.h.mu must be held.
 func (x *Lease) endLocked(cause error) {
 	if cause == nil {
 		cause = context.Canceled
@@ -208,10 +191,9 @@ func (x *Lease) endLocked(cause error) {
 }
 
 // Lost reports whether the lock was lost while this lease held it: a renewal was refused, or
-// could not reach the store before the lock may have expired. The lease's context is then
-// cancelled with cause ErrLost, unless it had ended before with another cause (the request's
-// own cancellation), which a context keeps: ask the lease, not the context's cause. It
-// reports false once the lease was released.
+// could not reach the store before the lock may have expired. The lease's context then ends
+// with cause ErrLost unless it had ended before with another cause, which a context keeps: ask
+// the lease. It reports false once the lease was released.
 func (x *Lease) Lost() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -225,8 +207,8 @@ func (x *Lease) Grant() Grant { return x.kind }
 // not be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
 func (x *Lease) Degraded() bool { return x.h.degraded() }
 
-// TTL returns the lock's remaining TTL in the store, or ErrNotHeld once it is gone (and for a
-// degraded lease, which has no store lock).
+// TTL returns the lock's remaining TTL in the store, or ErrNotHeld once it is gone or for a
+// degraded lease.
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if !x.active() || x.h.degraded() {
 		return 0, ErrNotHeld
@@ -236,9 +218,8 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	return x.h.k.store.TTL(ctx, x.h.key)
 }
 
-// Refresh makes the lock live at least a TTL more now, in addition to the watchdog; it never
-// shortens it. It returns ErrNotHeld, and cancels the lease's context with ErrLost, when the
-// store no longer has the lock for this owner.
+// Refresh makes the lock live at least a TTL more now, besides the watchdog. It returns
+// ErrNotHeld, and cancels the lease's context with ErrLost, when the store no longer has it.
 func (x *Lease) Refresh(ctx context.Context) error {
 	if !x.active() || x.h.degraded() {
 		return ErrNotHeld
@@ -256,16 +237,14 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	return err
 }
 
-// Release gives up the lease. When it was the last lease of its grant (the one that acquired
-// the lock, and every re-entry of it), the key is handed to the next goroutine of this process
-// that waits for it, or released in the store, owner-checked, which also wakes waiters
-// elsewhere. A second Release returns ErrNotHeld and changes nothing; so does the Release of a
-// lease whose lock was lost and taken by another owner meanwhile.
+// Release gives up the lease. When it was the last lease of its grant (the lock and its
+// re-entries), the key is handed to the next local waiter, or released in the store,
+// owner-checked, waking waiters elsewhere. A second Release returns ErrNotHeld and changes
+// nothing; so does the Release of a lease whose lock was lost and taken by another owner.
 //
-// Release returns by ctx's end whatever the store does. A release that ctx's end cuts short, or
-// that starts after it, goes on in the background on ctx's values (bounded by one TTL), and
-// Release returns an error wrapping ErrReleasePending and ctx's cause: the key is freed when
-// the store answers, or runs out with its TTL. A request whose context ended still releases.
+// Release returns by ctx's end: a release cut short by it, or begun after it, goes on in the
+// background (bounded by one TTL), and Release returns an error wrapping ErrReleasePending and
+// ctx's cause.
 func (x *Lease) Release(ctx context.Context) error {
 	last, lost, err := x.h.release(x)
 	switch {
@@ -280,9 +259,8 @@ func (x *Lease) Release(ctx context.Context) error {
 }
 
 // enter counts one more live lease of x's grant, for a re-entry by a holder of x's context.
-// It fails with errGrantEnded once x was released (its lock may be the next request's; the
-// caller locks as a new owner), and with ErrLost once the grant was lost: another owner may
-// hold the key by now, and a re-entry must not hand out a lease of it.
+// It fails with errGrantEnded once x was released (the caller locks as a new owner), and with
+// ErrLost once the grant was lost: another owner may hold the key by now.
 func (x *Lease) enter() error {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -310,8 +288,8 @@ type Group struct {
 // Leases returns the leases in the order they were taken.
 func (g *Group) Leases() []*Lease { return g.leases }
 
-// Context returns the context of the last lease: it carries every lease of the group and is
-// cancelled when any of them is lost.
+// Context returns the last lease's context, which carries every lease of the group and ends
+// when any of them is lost.
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
 
 // Lost reports whether any lease of the group was lost while held (Lease.Lost).

@@ -18,8 +18,8 @@ import (
 )
 
 // Locker takes locks on a Store. Build it once with New and share it: it is safe for concurrent
-// use, and its per-process gate only collapses contention among callers of the same Locker (or
-// of Lockers derived from it with With).
+// use, and its per-process gate collapses contention among the callers of it and of the Lockers
+// derived from it with With.
 type Locker struct {
 	k        *keeper // its store and gate are shared with every Locker derived by With
 	cfg      config
@@ -85,15 +85,12 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
 // and waits until this process holds none, so that a service shutting down gives its keys to
-// its peers as soon as its last holder is done instead of a TTL later. From the call on, Lock
-// and TryLock answer ErrClosed, also to callers queued or waiting between attempts; re-entries
-// of held locks go on so that their holders can finish, and Drain waits for those still on
-// their way to the store too.
+// its peers as soon as its last holder is done. From the call on, Lock and TryLock answer
+// ErrClosed, also to callers already waiting; re-entries of held locks go on.
 //
 // When ctx ends first, Drain cancels the contexts of the leases still held with cause ErrClosed
-// and returns an error that says how many locks remain. They are released by their holders
-// (call Drain again to wait for that) or run out with their TTL. Drain never releases a lock
-// whose holder may still run: a second holder would walk in while the first one writes.
+// and returns an error that says how many locks remain (call Drain again to wait for them). It
+// never releases a lock whose holder may still run.
 func (l *Locker) Drain(ctx context.Context) error {
 	if n := l.k.gate.drain(ctx); n > 0 {
 		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
@@ -108,21 +105,20 @@ func (l *Locker) Store() lockstore.Store { return l.k.store }
 // Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
 // ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
 // A ctx that already holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err()
-// when ctx ended before the call, or the store's error when Redis cannot be reached.
+// when ctx ended before the call, or the store's error when it cannot be reached.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	return l.lock(ctx, key, l.cfg.mode == Wait)
 }
 
 // TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
-// process costs no Redis command.
+// process costs no store command.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
 	return l.lock(ctx, key, false)
 }
 
-// Do runs fn under the lock of key and releases it when fn returns or panics (the panic goes
-// on). fn gets the lease's context. Do returns fn's error; ErrLost if fn succeeded but the lock
-// was lost while it ran; or the release's error if that failed (a release that ctx's end left
-// to finish in the background is not an error of Do's).
+// Do runs fn under the lock of key, with the lease's context, and releases it when fn returns
+// or panics. Do returns fn's error; ErrLost if fn succeeded but the lock was lost meanwhile; or
+// the release's error, unless it was only left to finish in the background (ErrReleasePending).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
 	lease, err := l.lock(ctx, key, l.cfg.mode == Wait)
 	if err != nil {
@@ -140,10 +136,9 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return err
 }
 
-// LockAll takes several keys, all or nothing. Keys are locked in sorted order, so two callers
-// that need overlapping sets cannot deadlock; duplicates are locked once. One wait budget
-// covers all the keys. On failure every key already taken is released and the error of the
-// failing key returned.
+// LockAll takes several keys, all or nothing, in sorted order, so that callers of overlapping
+// sets cannot deadlock; duplicates are locked once, and one wait budget covers all. On failure
+// the keys taken are released and the failing key's error returned.
 func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
 		return nil, invalidKey("no keys")
@@ -168,9 +163,7 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	return g, nil
 }
 
-// storeKey is the store key of key: the prefix, then key with each "#" doubled, so that a
-// caller's key never ends in what the permits of another key end in ("#" and the permit's
-// number, PermitKey).
+// storeKey is the store key of key: the prefix, then key with each "#" doubled (PermitKey).
 func (l *Locker) storeKey(key string) (string, error) {
 	if key == "" {
 		return "", invalidKey("empty key")
@@ -181,8 +174,7 @@ func (l *Locker) storeKey(key string) (string, error) {
 	}
 	rkey := l.cfg.prefix + key
 	if strings.HasPrefix(rkey, lockstore.FenceKeyPrefix) {
-		// A lock under the fence counters' names would be overwritten by the next grant in
-		// its slot (acquire.lua writes the counter): refuse it rather than lose it.
+		// The next grant in its slot would overwrite a lock under a fence counter's name.
 		return "", invalidKey("key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
 	}
 	return rkey, nil
@@ -193,9 +185,8 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
 }
 
-// take takes key, or one of its permits when the Locker has them (WithPermits), for a wait
-// that began at start (lockSince). callerUp is how many frames above take the caller of the
-// exported method is.
+// take takes key, or one of its permits (WithPermits), for a wait that began at start
+// (lockSince). callerUp is how many frames above take the exported method's caller is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	switch {
 	case l.cfg.permits > 1:
@@ -222,11 +213,9 @@ func callerAbove(up int) uintptr {
 // process: its caller's place is not looked up, which would cost a hot key much of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey (storeKey's, or a permit's) for a wait that began at start (zero:
-// now), so that one wait budget covers every key of a LockAll, and that ends by until when it
-// is set and earlier (a semaphore's turn on one permit); in Reject mode until cuts each store
-// call (a semaphore's look), and no clock is read: a busy key costs no time.Now. callerUp is as
-// in take; a store grant records that caller's place (callerAbove).
+// lockSince is lock of rkey for a wait that began at start (zero: now; a LockAll's first key)
+// and ends by until when set (a semaphore's turn); in Reject mode until cuts each store call,
+// and no clock is read. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -270,7 +259,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
+			// The store is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
 		if err != nil {
@@ -290,10 +279,9 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	return newLease(ctx, h, grant, fence, site), nil
 }
 
-// passSlotOn gives up a gate slot granted just as the wait ended, or while the Locker drains,
-// and returns what the Lock answers then. A handed hold goes through done, as a Release does:
-// the watchdog may have abandoned the grant and passed the slot on itself meanwhile, and
-// ending it again would give up a slot that another goroutine owns by then.
+// passSlotOn gives up a gate slot granted as the wait ended or the Locker drains. A handed hold
+// goes through done, as a Release does: the watchdog may have abandoned the grant and passed
+// the slot on itself meanwhile, which may be another goroutine's by now.
 func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
 	if h != nil {
 		if h.done() {
@@ -308,9 +296,8 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	return l.busy(ctx, &busyError{})
 }
 
-// reenterHeld re-enters the lease of rkey that ctx carries, if any (done): a write lease for
-// any Lock, a read lease for a read Lock; a write Lock under a read lease fails with
-// ErrUpgrade. A lease released while it looked is not done: the caller locks as a new owner.
+// reenterHeld re-enters the lease of rkey that ctx carries, if any (done); a write Lock under a
+// read lease fails with ErrUpgrade. A lease released meanwhile is not done.
 func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
 	parent := findLease(ctx, l.k.gate, rkey)
 	if parent == nil {
@@ -323,8 +310,7 @@ func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, er
 	return lease, err, !errors.Is(err, errGrantEnded)
 }
 
-// reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters
-// at once, with parent's fence and no store command, whatever goroutine calls.
+// reenter re-enters parent, a live lease that ctx carries, with its fence and no store command.
 func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
@@ -333,7 +319,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 }
 
 // lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
-// by joining this process's hold when it is owner's, or by one more hold of the lock in Redis.
+// by joining this process's hold when it is owner's, or by one more hold of it in the store.
 // done is false when owner holds nothing: a handed-over token never takes a free key.
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
@@ -389,8 +375,8 @@ func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, 
 	return nil
 }
 
-// callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
-// always, unless the caller's own deadline is sooner (then ctx is used as is, allocation-free).
+// callContext bounds one acquisition call by the wait budget in wait mode and by one TTL
+// always; a sooner deadline of ctx's own is kept as is.
 func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	limit, bound := now.Add(l.cfg.ttl), l.k.ttlBound
@@ -431,7 +417,6 @@ func (b *budget) context() context.Context {
 	return b.ctx
 }
 
-// waits reports whether the Lock call waits for a busy key (Wait mode).
 func (b *budget) waits() bool { return !b.deadline.IsZero() }
 
 // spent reports whether the wait is over: budget used up or the caller's context ended.
@@ -442,17 +427,12 @@ func (b *budget) spent() bool {
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
 }
 
-// spentDuringCall reports whether a store call sent at sentAt that failed is the wait's end
-// (busy), not the store's failure: the wait is over, and either the store answered this wait
-// before (it is up, the key busy) or most of the wait had gone before the call was sent. A
-// call given most of the wait that the store never answered is a hung store: 503, not 409.
+// spentDuringCall reports whether a failed store call sent at sentAt is the wait's end (busy),
+// not the store's failure: the wait is over, and the store answered this wait before or most of
+// the wait had gone before the call. A call given most of the wait is a hung store: 503.
 func (b *budget) spentDuringCall(sentAt time.Time, answered bool) bool {
-	return b.spent() && (answered || b.mostlySpentAt(sentAt))
-}
-
-// mostlySpentAt reports whether more than half of the wait had gone by t.
-func (b *budget) mostlySpentAt(t time.Time) bool {
-	return !b.deadline.IsZero() && t.Sub(b.start) > b.deadline.Sub(b.start)/2
+	mostly := !b.deadline.IsZero() && sentAt.Sub(b.start) > b.deadline.Sub(b.start)/2
+	return b.spent() && (answered || mostly)
 }
 
 func (b *budget) stop() {
@@ -478,9 +458,8 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	return l.busy(ctx, busy)
 }
 
-// sleep waits d between attempts on a held key, or less: until wake fires (the key's release
-// notification; a fair waiter becoming its process's first), ctx's end or a drain of the
-// gate. It reports whether the next attempt may go. A nil wake never fires.
+// sleep waits d between attempts, or until wake fires (nil never does), ctx ends or the gate
+// drains. It reports whether the next attempt may go.
 func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, timer **time.Timer, d time.Duration) bool {
 	arm(timer, d)
 	select {
@@ -494,7 +473,6 @@ func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, timer **time.T
 	return true
 }
 
-// arm starts *timer for d, making it on first use.
 func arm(timer **time.Timer, d time.Duration) {
 	if *timer == nil {
 		*timer = time.NewTimer(d)
@@ -511,19 +489,15 @@ func freshOwner(owner string) string {
 	return newOwnerToken()
 }
 
-// mayHaveRun reports whether a store call that failed with err may have run unseen: its
-// context ended while it was on the wire (deadline, or a caller that went away), or the
-// network timed out. The caller then gives back what the call may have taken by its owner;
-// nothing else would, and the key would stay refused for a whole TTL.
+// mayHaveRun reports whether a store call that failed with err may have run unseen (its
+// context ended, or the network timed out): the caller gives back what it may have taken.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		(errors.As(err, &ne) && ne.Timeout())
 }
 
-// ownerTokenLen is the length of the owner tokens this process mints: 128 bits in unpadded
-// base64.
-const ownerTokenLen = 22
+const ownerTokenLen = 22 // newOwnerToken's
 
 // newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
 // base64: space-free text, as the stores keep owners.
@@ -534,6 +508,3 @@ func newOwnerToken() string {
 	base64.RawURLEncoding.Encode(t[:], b[:])
 	return string(t[:])
 }
-
-// gateLen is the number of keys in the per-process gate, for tests.
-func (l *Locker) gateLen() int { return l.k.gate.len() }

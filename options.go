@@ -41,10 +41,8 @@ const (
 	DefaultWait    = 2 * time.Second
 	DefaultMaxHold = time.Minute
 	DefaultPrefix  = "lock:"
-	// DefaultHandoff and DefaultHandoffWindow bound how long a process keeps a lock by handing
-	// it from one of its goroutines to the next (WithHandoff). The window is the bound that
-	// matters for critical sections of a millisecond or more; the count only bites when they
-	// take microseconds (docs/design-notes.md has the measurements behind 1024).
+	// DefaultHandoff and DefaultHandoffWindow are WithHandoff's bounds. The window is the one
+	// that matters for critical sections of a millisecond or more (docs/design-notes.md).
 	DefaultHandoff       = 1024
 	DefaultHandoffWindow = 20 * time.Millisecond
 	// DefaultRetryMin and DefaultRetryMax are the first and the longest delay of DefaultRetry.
@@ -112,16 +110,14 @@ var processHolder = func() string {
 // go-zero layer adds the request's trace id to it.
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// withClock replaces the system clock of the watchdog and of lease expiry, for tests.
-// Unexported: another clock than the store's is only meaningful against a store whose clock is
-// moved in step (miniredis's FastForward).
+// withClock replaces the system clock of the watchdog and of lease expiry, for tests against a
+// store whose clock is moved in step (miniredis's FastForward).
 func withClock(c clock) Option {
 	return func(cfg *config) { cfg.clock = c }
 }
 
 // fitStore refuses what the store cannot honour (Capabilities): a TTL longer than it keeps a
-// lock, or more handoffs under one grant than its fences leave room for, which could repeat a
-// fence after a holder that died without releasing.
+// lock, or more handoffs under one grant than its fences leave room for.
 func (c *config) fitStore(store lockstore.Store) error {
 	caps := store.Capabilities()
 	if err := caps.CheckTTL(c.ttl); err != nil {
@@ -189,28 +185,25 @@ func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 // WithPrefix sets the prefix of every store key (default "lock:").
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithHandoff bounds the direct handoff of a lock between goroutines of this process. When a
-// holder releases while other goroutines of the process wait for the key, the lock goes to the
-// first of them without a round trip, as long as it was handed over fewer than n times in a
-// row and was acquired in the store less than within ago (defaults 1024 and 20ms). Past either
-// bound the turn ends in the store, so waiters in other processes get their turn: the bounds
-// trade throughput on a hot key for fairness between processes. n = 0 disables handoff. n
-// counts as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md).
+// WithHandoff bounds the direct handoff of a lock between goroutines of this process: a lock
+// released while others of the process wait goes to the first of them without a round trip
+// while it was handed over fewer than n times in a row and acquired less than within ago
+// (defaults 1024 and 20ms); past either bound the turn ends in the store, so that other
+// processes get theirs. n = 0 disables handoff; n counts as at most 65,535, and as fewer than
+// the TTL has microseconds (docs/guarantees.md).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }
 
 // WithFailOpen makes Lock fall back to the per-process gate when the store cannot be reached:
 // instead of the store's error (the default) it returns a degraded lease (Lease.Degraded),
-// which excludes the goroutines of this process that lock the key through this Locker (or one
-// derived with With), but not other processes. Its Fence is 0. Busy keys, bad keys and ended
-// contexts are never turned into degraded leases.
+// which excludes this Locker's goroutines (and those of Lockers derived with With) but not
+// other processes; its Fence is 0. Busy keys, bad keys and ended contexts never degrade.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
-// WithMetadata sets a function whose result is stored beside the owner token in the store, so
-// an operator can see who holds a lock. By default it is DefaultMetadata, the holder's host and
-// pid ("host=pod-7 pid=311"), which the stores' inspectors read back; nil stores nothing. The
-// kind of the Locker's locks follows it ("kind=permits:3"), so that other processes see drift
+// WithMetadata sets a function whose result is stored beside the owner token, so an operator
+// can see who holds a lock (default DefaultMetadata; nil stores nothing). The kind of the
+// Locker's locks follows it ("kind=permits:3"), so that other processes see drift
 // (Observer.Drift). It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata, c.metadataSet, c.holderFieldValue = fn, true, nil }
@@ -227,11 +220,10 @@ func WithHolderField(name string, fn func(ctx context.Context) string) Option {
 	}
 }
 
-// WithHolderCheck sets a function that a Lock calls when the key it wants is held in the store by
-// another owner, with the holder's metadata (what the holder's WithMetadata stored; the call is
-// skipped when there is none). A non-nil error ends the Lock at once, as ErrBusy wrapping that
-// error, instead of waiting: the go-zero layer uses it to tell a nested call that would wait
-// for its own caller (the same trace id) from real contention.
+// WithHolderCheck sets a function that a Lock calls when the key it wants is held by another
+// owner, with the holder's metadata (skipped when there is none). A non-nil error ends the
+// Lock at once, as ErrBusy wrapping that error: the go-zero layer uses it to tell a nested
+// call that would wait for its own caller (the same trace id) from real contention.
 func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
 	return func(c *config) { c.holders = fn }
 }
@@ -249,16 +241,14 @@ type Observer struct {
 	// Lost is called once when a lock can no longer be trusted: its leases' contexts are being
 	// cancelled with cause ErrLost.
 	Lost func(key string)
-	// Abandoned is called, on a renewer, when a grant is given up with a lease never released:
-	// its lock was lost (past MaxHold, or a renewal failed), the store may have expired it, and
-	// a holder still has not released it (a forgotten Release, a handler stuck past MaxHold).
-	// at is where the grant was taken, "file:line (function)". Without it the report is an
-	// error line of log/slog's default logger.
+	// Abandoned is called, on a renewer, when a grant whose lock was lost and may have expired
+	// is given up with a lease never released (a forgotten Release, a handler stuck past
+	// MaxHold). at is where the grant was taken, "file:line (function)". Without it the
+	// report is an error line of log/slog's default logger.
 	Abandoned func(key, at string)
 	// Drift is called when a Lock finds key held by a lock of a kind that cannot be the same
-	// rule's (drift.go): another permit count ("permits:3" here, "lock" or "permits:5" there),
-	// or a fair lock beside an unfair one. here is this Locker's kind, holder the holder's.
-	// Without it, drift is logged at most once a minute.
+	// rule's: another permit count ("permits:3" here, "lock" there), or a fair lock beside an
+	// unfair one. Without it, drift is logged at most once a minute.
 	Drift func(ctx context.Context, key, here, holder string)
 }
 

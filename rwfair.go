@@ -13,19 +13,16 @@ import (
 )
 
 // WithRead makes the Locker's locks read locks of a read-write lock: a read lock of a key
-// shares with every other read lock of it, in this process and elsewhere, and excludes the
-// key's write locks, which are the locks of a Locker without WithRead. A writer refused because
-// of readers marks the key, and new readers wait until a writer had its turn, so readers cannot
-// starve a writer (as with sync.RWMutex, a read lock must not be taken by a second owner while
-// the first holds one and waits for it).
+// shares with every other read lock of it, anywhere, and excludes the key's write locks (the
+// locks of a Locker without WithRead). A writer refused because of readers marks the key, and
+// new readers wait until it had its turn, so readers cannot starve a writer (as with
+// sync.RWMutex, a read lock must not be taken by a second owner while the first holds one).
 //
-// The readers of one process share one store read hold of a key: the first takes it, later ones
-// join it with no store command while it is within the handoff window (WithHandoff) and no
-// writer of this process wants the key, and the last one releases it. The hold is renewed,
-// expires and is lost like a write's; its loss ends every reader's lease (ErrLost). A read
-// lock's Fence is the last fence the store handed out for the key: at least the fence of the
-// write it follows, and below that of any write after it. A context that holds the key's write
-// lock re-enters it for a read (also one handed over from upstream); one that holds a read lock
+// The readers of one process share one store read hold of a key, joined with no store command
+// within the handoff window (WithHandoff) while no writer of this process wants the key; its
+// loss ends every reader's lease (ErrLost). A read lock's Fence is the last fence the store
+// handed out for the key: at least the fence of the write it follows, below any later write's.
+// A context that holds the key's write lock re-enters it for a read; one that holds a read lock
 // cannot take the write lock (ErrUpgrade). Read locks are not handed to downstream services.
 // New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
@@ -134,14 +131,11 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 }
 
 // joinRead returns a lease on the read hold of rkey that this process's readers share, when a
-// new reader may still join it (GrantShared); nil otherwise, and the caller takes a read hold
-// in the store.
-//
-// Writers keep their preference. A new reader joins only while no goroutine of this process
-// owns the key's gate slot (a local writer) and only within the handoff window of the hold's
-// acquisition, so that a writer of another process waits for the readers of one window at most;
-// past it, a reader asks the store, which refuses it while a writer waits. A hold that is lost,
-// released, or has less than a third of its TTL left is never joined.
+// new reader may still join it (GrantShared), or nil. Writers keep their preference: a reader
+// joins only while no local writer owns the key's gate slot and within the handoff window of
+// the hold, so that a writer elsewhere waits for the readers of one window at most (past it the
+// store refuses new readers while a writer waits). A hold that is lost, released, or has less
+// than a third of its TTL left is never joined.
 func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	g := l.k.gate
 	g.mu.Lock()
@@ -227,7 +221,6 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 	_ = k.store.LeaveQueue(rctx, key, owner)
 }
 
-// reads reports whether h is a read lock's hold (WithRead).
 func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
 // fairWaiter is one fair Lock of this process waiting for a key (WithFair). Every waiter holds
@@ -248,8 +241,7 @@ func (w *fairWaiter) isHead() bool {
 	}
 }
 
-// joinFair adds a waiter that asked for key at asked to the process's waiters of key, in the
-// order they asked.
+// joinFair adds a waiter that asked at asked to the process's waiters of key, in asking order.
 func (g *gate) joinFair(key string, asked time.Time) *fairWaiter {
 	w := &fairWaiter{asked: asked, head: make(chan struct{})}
 	g.mu.Lock()

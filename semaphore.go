@@ -14,16 +14,14 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// MaxPermits bounds the permits of a semaphore key: each permit is a lock of its own, and a
-// taker that finds them all busy has looked at every one.
+// MaxPermits bounds a semaphore key's permits: a taker that finds all busy has asked each one.
 const MaxPermits = 64
 
 // PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of a
-// semaphore key (WithPermits), as `flightlock ls` lists it. Permit 1 is the key's own lock, so
-// that a lock of the key and any semaphore of it exclude each other, and changing a key's count
-// (a rolling deploy) never admits more holders than the larger count. The others are the key,
-// with each "#" doubled as in every store key, then "#" and the permit's number: no key's lock
-// or permit is another key's permit.
+// semaphore key (WithPermits). Permit 1 is the key's own lock, so that a lock of the key and any
+// semaphore of it exclude each other, and a rolling change of the count never admits more
+// holders than the larger count. The others are the key, with each "#" doubled as in every
+// store key, then "#" and the permit's number: no key's lock or permit is another key's permit.
 func PermitKey(key string, i int) string {
 	key = escapeKey(key)
 	if i == 1 {
@@ -40,24 +38,21 @@ func escapeKey(key string) string {
 	return strings.ReplaceAll(key, "#", "##")
 }
 
-// permitTurn spreads the takers of a semaphore over its permits: each taker starts its look
-// at the next permit, so that concurrent takers do not all race for the first.
+// permitTurn spreads a semaphore's takers over its permits: each starts at the next one.
 var permitTurn atomic.Uint32
 
 // WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1, the
 // default, is a lock): at most n leases of a key are held at once, across processes. Lock,
 // TryLock, Do and LockAll take one permit of each key. Each permit is a lock of its own,
-// PermitKey(key, i), with everything a lock has: renewal, expiry a TTL after its holder died, a
-// fence per permit, ErrLost, one release; and a context that holds a permit of a key re-enters
-// it instead of taking a second. Every taker of a key must name the same count: a lower one
-// leaves the permits above it to those that named more.
+// PermitKey(key, i), with everything a lock has (renewal, expiry, a fence, ErrLost, one
+// release), and a context that holds a permit of a key re-enters it. Every taker of a key must
+// name the same count: a lower one leaves the permits above it to those that named more.
 //
 // A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
-// the wait budget is spent, with the shortest time a holder had left (RetryAfter). While a
-// permit is held in this process a waiter queues on it (FIFO), for a retry delay at a time and
-// at most remoteTurn while others are held elsewhere; while every busy permit is held elsewhere
-// it looks at all of them again as soon as one is released, and at the retry delays. A look at
-// a permit held in another process costs a round trip: up to n for a taker that finds all busy.
+// the wait budget is spent, with the shortest time a holder had left (RetryAfter). A waiter
+// queues on a permit held in this process, a retry delay at a time; while every busy permit is
+// held elsewhere it looks at all of them again when one is released, at most every retry delay.
+// A look costs up to n round trips.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
@@ -87,8 +82,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 }
 
 // permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
-// caller holds already, in this process or handed over: a second permit would count it twice.
-// A handed-over token that holds nothing takes nothing, and the look goes on.
+// caller holds already, in this process or handed over: a second would count it twice.
 func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
 	base, err := l.storeKey(key) // permit 1's
 	if err != nil {
@@ -200,8 +194,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 }
 
 // lookAndWait makes one look, and when every permit was busy, waits for one before the next:
-// queued on a permit of this process, or until a release elsewhere is heard. done ends
-// lockPermit with the lease or the error.
+// queued on a permit of this process, or until a release elsewhere is heard.
 func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	l, ctx := pt.l, pt.ctx
 	if !pt.recheck {
@@ -254,9 +247,8 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	return nil, nil, false
 }
 
-// watchFresh makes the watches of the permits on the first look that found one held elsewhere,
-// on a store that shares watches (elsewhere the delays alone pace the looks), and reports
-// whether any is fresh: made only now, it may have missed a release.
+// watchFresh watches the permits, once, on a store that shares watches (elsewhere the delays
+// pace the looks), and reports whether any watch is fresh: it may have missed a release.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
 	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {

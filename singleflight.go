@@ -11,62 +11,45 @@ import (
 )
 
 // gate is the per-process single flight for each key: at most one goroutine of the process owns
-// a key at a time, from the start of its store acquisition to the end of its release. Everyone
-// else is rejected without a store command, or queues in FIFO order. Unlike
-// x/sync/singleflight, which shares one result, it hands a held lock to the next in line
-// without a round trip: a lock has one holder at a time.
+// a key at a time, from the start of its store acquisition to the end of its release. The others
+// are rejected without a store command, or queue in FIFO order for the lock to be handed over.
 type gate struct {
 	mu      sync.Mutex
 	entries map[string]*gateEntry // guarded by mu
-	// peak is the most entries held since entries was made (guarded by mu): Go maps never give
-	// their buckets back, so dropLocked rebuilds the map when it falls to a quarter of it.
-	peak int
+	peak    int                   // guarded by mu: the high-water mark of entries (shrinkLocked)
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
-	// guarded by mu: live holds outside the gate (re-entries of other processes' locks, read
-	// and fair locks), with where each was taken
+	// guarded by mu: live holds outside the gate (borrowed, read and fair), with their sites
 	borrowed map[*hold]uintptr
-	// guarded by mu: per key, the read hold that this process's new readers may join
-	// (rwfair.go: joinRead); each is also in borrowed while it lives.
+	// guarded by mu: per key, the read hold new readers may join (joinRead); also in borrowed
 	reads map[string]*hold
-	// guarded by mu: per key, a flight of the read hold a reader of this process is taking in
-	// the store (joinOrLeadRead), closed when it is shared or failed: the readers that come
-	// meanwhile wait for it and join it, instead of each taking a hold of its own.
+	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
-	// guarded by mu: holds outside the gate on the wire (beginBorrow): the store may list
-	// them before this process knows them, and a drain must wait for them.
+	// guarded by mu: store calls for holds outside the gate on the wire (beginBorrow)
 	borrowing int
 	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
-	// closing is closed when the Locker drains: owners sleeping between attempts wake and
-	// answer ErrClosed, as queued waiters do, rather than take the key after the drain.
-	closing chan struct{}
-	// closed is set (under mu) when the Locker drains: no new owner enters. Read without mu
-	// on the way in: a Lock pays an atomic load for it, not a lock.
+	closing   chan struct{} // closed on drain: owners sleeping between attempts wake (ErrClosed)
+	// closed is set (under mu) on drain: no new owner enters. Read without mu on the way in.
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes (one per held
-// key: live heap per held lock), so the queue, which only a contended key needs, sits behind a
-// pointer and the counts are narrow (the keeper bounds a run of handoffs to maxHandoffRun).
+// gateEntry is one key's slot, guarded by gate.mu. It is 24 bytes (live heap per held lock): the
+// queue, which only a contended key needs, sits behind a pointer, and the counts are narrow.
 type gateEntry struct {
 	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
-	hold     *hold      // the owner's Redis lock once acquired; survives handoffs
+	hold     *hold      // the owner's store lock once acquired; survives handoffs
 	refs     int32      // the owner plus queued waiters; the entry is deleted at zero
 	handoffs uint16     // consecutive handoffs of hold without a round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
 }
 
-// maxHandoffRun is the longest run of handoffs the gate counts (gateEntry.handoffs); a larger
-// WithHandoff bound counts as this one.
+// maxHandoffRun is the longest run of handoffs gateEntry counts; a larger bound counts as it.
 const maxHandoffRun = math.MaxUint16
 
-// gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry (a
-// hot key queues again and again); its backing array is let go whenever it empties.
-//
-// The waiters' wait budgets share one timer per queue, armed for the earliest deadline among
-// them (expire), rather than a runtime timer per wait, which on a hot key cost much of the CPU.
-// Deadlines arrive in queue order, so the timer fires about once per budget.
+// gateQueue is the FIFO of an entry's waiting goroutines; it stays with its entry, and its
+// backing array is let go whenever it empties. The waiters' budgets share one timer, armed for
+// the earliest deadline (expire): a runtime timer per wait would cost a hot key much of its CPU.
 type gateQueue struct {
 	waiters []*gateWaiter
 	timer   *time.Timer // fires expire at armed; made by the first waiter with a budget
@@ -97,7 +80,6 @@ func (e *gateEntry) pop() *gateWaiter {
 	return w
 }
 
-// remove takes w off the queue, and reports whether it was there.
 func (e *gateEntry) remove(w *gateWaiter) bool {
 	if e.queue == nil {
 		return false
@@ -112,8 +94,8 @@ func (e *gateEntry) remove(w *gateWaiter) bool {
 	return false
 }
 
-// emptied lets the backing array and the timer go once the queue is empty: a stopped timer
-// keeps nothing alive, so an idle entry can be collected as soon as the gate drops it.
+// emptied lets the backing array and the timer go once the queue is empty, so that an idle
+// entry can be collected as soon as the gate drops it.
 func (q *gateQueue) emptied() {
 	if len(q.waiters) > 0 {
 		return
@@ -125,9 +107,8 @@ func (q *gateQueue) emptied() {
 	}
 }
 
-// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it, or when
-// its wait budget ended first (expired). Granted, it owns the slot (and any hold handed with
-// it) and must pass it on.
+// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it (it must
+// then pass it on), or when its wait budget ended first (expired).
 type gateWaiter struct {
 	ready    chan struct{}
 	deadline time.Time // end of its wait budget; zero for none
@@ -150,9 +131,8 @@ func newGate() *gate {
 	}
 }
 
-// enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
-// a busy error and no store command; with wait the caller queues until the slot is granted or
-// its budget ends. It returns the entry and the hold handed over by the previous owner, if any.
+// enter makes the caller the owner of key's slot, or fails busy: at once without wait, else
+// when its budget ends. It returns the entry and the hold handed over, if any.
 func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error) {
 	if g.closed.Load() {
 		return nil, nil, ErrClosed
@@ -195,8 +175,7 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 			w.expired = true // left on its own
 		}
 		g.mu.Unlock()
-		// Otherwise the slot was granted (or the budget expired) as ctx ended: a granted
-		// caller owns the slot and must pass it on, which it does on seeing ctx ended.
+		// Otherwise it was granted (or expired) as ctx ended: a granted caller passes it on.
 	}
 	if testHookWoken != nil {
 		testHookWoken()
@@ -210,10 +189,8 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		}
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	// The hold granted with the slot, not e.hold: the watchdog may have abandoned that hold and
-	// passed the slot on meanwhile, and a lease on the next owner's hold would let two
-	// goroutines in. An abandoned hold gives a lease lost at once, whose Release leaves the gate
-	// alone (hold.done).
+	// The hold granted with the slot, not e.hold, which may be the next owner's by now if the
+	// watchdog abandoned this one (a lease lost at once, whose Release leaves the gate alone).
 	return e, w.hold, nil
 }
 
@@ -232,8 +209,7 @@ func (g *gate) armLocked(key string, e *gateEntry, deadline time.Time) {
 }
 
 // expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue
-// (expired) and arms the timer for the earliest deadline left. The entry may have left the map
-// meanwhile; its queue is then empty.
+// (expired) and arms the timer for the earliest deadline left.
 func (g *gate) expire(key string, e *gateEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -265,15 +241,15 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's store lock, for reentry by handed-over owners and Retry-After.
+// setHold records the owner's store lock, for handed-over owners and Retry-After.
 func (g *gate) setHold(e *gateEntry, h *hold) {
 	g.mu.Lock()
 	e.hold = h
 	g.mu.Unlock()
 }
 
-// siteOf is where h's current grant was taken: as its leases recorded it, or for a hold
-// outside the gate as endBorrow did; 0 when unknown. h.mu must not be held.
+// siteOf is where h's current grant was taken (its leases', or endBorrow's); 0 when unknown.
+// h.mu must not be held.
 func (g *gate) siteOf(h *hold) uintptr {
 	h.mu.Lock()
 	site, leaseless := h.siteLocked(), h.first == nil
@@ -298,10 +274,9 @@ const (
 	turnOver                        // waiters queue and h could go on, but the bounds end its turn
 )
 
-// handoff passes h and the slot straight to the next queued waiter, if there is one, the
-// fairness bounds allow it (fewer than bound handoffs in a row, h acquired less than window
-// ago), and h has enough time left. It returns key's entry, which h's grant owns, for the
-// caller to pass or leave the slot with.
+// handoff passes h and the slot to the next queued waiter, if any, when the fairness bounds
+// allow it (fewer than bound handoffs in a row, h acquired less than window ago) and h has
+// enough time left. It returns key's entry, for the caller to pass or leave the slot with.
 func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
 	handable := !h.degraded() && bound > 0 && window > 0 && h.handable()
 	late := handable && h.k.sinceInstant(h.acquired) >= window
@@ -324,9 +299,9 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 	return handedOff, e
 }
 
-// passOn gives the slot and h, which a pass kept in the store for a new turn (keeper.pass), to the
-// next queued waiter. It reports false when nobody waits any more or the gate closed: the
-// caller then releases h.
+// passOn gives the slot and h, which a pass kept for a new turn (keeper.pass), to the next
+// queued waiter. It reports false, and the caller releases h, when nobody waits or the gate
+// closed.
 func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -366,7 +341,6 @@ func (g *gate) yielding(e *gateEntry) bool {
 	return y
 }
 
-// lookupHold returns the hold of key's current owner, if any.
 func (g *gate) lookupHold(key string) *hold {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -376,24 +350,22 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
-// taken reports whether a goroutine of this process owns key's slot: it holds the key, or is
-// on its way to the store for it.
+// taken reports whether a goroutine of this process owns key's slot (holds or asks for it).
 func (g *gate) taken(key string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.entries[key] != nil
 }
 
-// grantLocked passes the slot, with h (nil for none), to the first waiter; taken stays true.
-// g.mu must be held.
+// grantLocked passes the slot, with h (or nil), to the first waiter. g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	w := e.pop()
 	w.hold = h
 	close(w.ready)
 }
 
-// dropLocked removes one reference and deletes the entry when nobody uses it, so that any
-// number of distinct keys leaves no memory behind. g.mu must be held.
+// dropLocked removes one reference and deletes the entry when nobody uses it. g.mu must be
+// held.
 func (g *gate) dropLocked(key string, e *gateEntry) {
 	e.refs--
 	if e.refs == 0 {
@@ -409,17 +381,16 @@ func (g *gate) shrinkLocked() {
 	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
-// beginBorrow, endBorrow and removeBorrowed track the holds that have no gate entry (re-entries
-// of other processes' locks, read and fair locks), on the wire and then live, so that Drain
-// waits for them too.
+// beginBorrow, endBorrow and removeBorrowed track the holds that have no gate entry, on the wire
+// (the store may list them before the reply) and then live, so that Drain waits for them too.
 func (g *gate) beginBorrow() {
 	g.mu.Lock()
 	g.borrowing++
 	g.mu.Unlock()
 }
 
-// endBorrow ends a store call counted by beginBorrow; h is the hold it took, nil for none,
-// which is live from now on until removeBorrowed, and site where it was taken (siteOf).
+// endBorrow ends a store call counted by beginBorrow; h is the hold it took (live until
+// removeBorrowed), nil for none, and site where it was taken.
 func (g *gate) endBorrow(h *hold, site uintptr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -440,8 +411,7 @@ func (g *gate) removeBorrowed(h *hold) {
 	g.mu.Unlock()
 }
 
-// emptyLocked reports whether the process holds no lock through the gate: no key with an
-// entry, no hold outside it live or on the wire. g.mu must be held.
+// emptyLocked reports whether the process holds no lock, live or on the wire. g.mu must be held.
 func (g *gate) emptyLocked() bool {
 	return len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0
 }
@@ -454,8 +424,8 @@ func (g *gate) checkDrainedLocked() {
 	}
 }
 
-// drain closes the gate to new owners and waits until no key is held or ctx ends; then it
-// interrupts the leases still held and returns how many locks remain (see Locker.Drain).
+// drain closes the gate and waits until no key is held or ctx ends; then it interrupts the
+// leases still held and returns how many locks remain (Locker.Drain).
 func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
 	if !g.closed.Swap(true) {
@@ -491,11 +461,4 @@ func (g *gate) drain(ctx context.Context) int {
 		h.interrupt(ErrClosed)
 	}
 	return n
-}
-
-// len returns the number of keys with an entry, for tests.
-func (g *gate) len() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.entries)
 }

@@ -8,30 +8,21 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// maxRenewers bounds the goroutines that run renewals (and the release of abandoned grants) at
-// once, for all the holds of a watchdog.
+// maxRenewers bounds a watchdog's goroutines that run renewals and end abandoned grants.
 const maxRenewers = 32
 
-// watchdog keeps the holds of a Locker, and of every Locker derived from it with With, alive:
-// it renews each store lock every TTL/3 while its holders run, and cancels their leases with
-// ErrLost before the store may expire the lock.
+// watchdog renews the store locks of a Locker's holds (and its derived Lockers') every TTL/3
+// and cancels their leases with ErrLost before the store may expire them. Each hold has at
+// most one pending event in one min-heap, behind a single clock timer that only decides; I/O
+// runs on at most maxRenewers goroutines, and the loss deadline never waits for a renewal.
 //
-// Each hold has at most one pending event (its next renewal, its loss deadline while a renewal
-// is under way, or the end of an abandoned grant) in one min-heap, behind a single clock timer
-// armed for the earliest. The timer only decides; I/O runs on at most maxRenewers goroutines
-// that exist while there is work, and renewals that fall due together go out together (renew).
-//
-// The loss deadline never waits for a renewal: while one is queued or on the wire, the hold's
-// event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or refresh).
-//
-// Lock order: a hold's mu before the watchdog's mu. The timer callback and the renewers take a
+// Lock order: a hold's mu before the watchdog's mu; the timer callback and the renewers take a
 // hold's mu only after they have let go of the watchdog's.
 type watchdog struct {
 	clock clock
 	epoch time.Time // instant 0: when the watchdog was made
-	// settle is set for a clock without concurrentTimers (the tests' manual clock fires timers
-	// inside Advance): a firing then waits until the renewals it started are done, so that
-	// every step of a test sees their outcome.
+	// settle is set for a clock without concurrentTimers (the tests', which fires timers in
+	// Advance): a firing then waits for the renewals it started, so a test step sees them.
 	settle bool
 
 	mu      sync.Mutex
@@ -75,9 +66,8 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	w.mu.Unlock()
 }
 
-// unschedule drops h's pending event, if any. h.mu must be held. The timer stays armed when
-// the heap empties (it fires once, finding nothing): stopping and re-arming it on every
-// uncontended Lock and Release would wake the network poller each time.
+// unschedule drops h's pending event, if any. h.mu must be held. The timer stays armed: to
+// stop and re-arm it on every uncontended Lock and Release would wake the network poller.
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
@@ -97,8 +87,8 @@ func (w *watchdog) armLocked(at instant) {
 	w.timer.Reset(d)
 }
 
-// fire runs on the clock timer: it takes every event that is due off the heap, re-arms the
-// timer for the next one, and lets each hold act on its event (onDue).
+// fire runs on the clock timer: it takes the events due off the heap, re-arms the timer for
+// the next one, and lets each hold act on its event (onDue).
 func (w *watchdog) fire() {
 	now := w.now()
 	var buf [16]*hold
@@ -127,20 +117,19 @@ func (w *watchdog) fire() {
 	}
 }
 
-// instant is a moment on a watchdog's clock, in nanoseconds since its epoch: 8 bytes instead
-// of a time.Time's 24, several per hold (live heap per held lock).
+// instant is nanoseconds since a watchdog's epoch: 8 bytes, not a time.Time's 24 (per hold).
 type instant int64
 
 func (i instant) add(d time.Duration) instant { return i + instant(d) }
 
-// now is the current instant, read from the monotonic clock (Since).
+// now is the current instant, from the monotonic clock.
 func (w *watchdog) now() instant { return instant(w.clock.Since(w.epoch)) }
 
 // enqueue queues a job for the renewers; fire starts them once it has queued every job due.
 func (w *watchdog) enqueue(j renewJob) {
 	w.mu.Lock()
 	if w.head > 0 && w.head >= len(w.queue)/2 {
-		// Move the jobs left to the front, so that a queue that never empties does not grow.
+		// Move the jobs left to the front: a queue that never empties must not grow.
 		n := copy(w.queue, w.queue[w.head:])
 		clear(w.queue[n:])
 		w.queue, w.head = w.queue[:n], 0
@@ -150,7 +139,6 @@ func (w *watchdog) enqueue(j renewJob) {
 }
 
 // startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
-// Renewers already running take jobs too, until the queue is empty.
 func (w *watchdog) startRenewers() {
 	w.mu.Lock()
 	n := min(maxRenewers-w.workers, (len(w.queue)-w.head+maxBatch-1)/maxBatch)
@@ -163,8 +151,7 @@ func (w *watchdog) startRenewers() {
 	}
 }
 
-// renewer runs queued jobs until none is left. A renewal takes the renewals queued right behind
-// it for the same keeper along, up to maxBatch.
+// renewer runs queued jobs until none is left, batching a keeper's renewals up to maxBatch.
 func (w *watchdog) renewer() {
 	var batch []*hold
 	for {
@@ -206,8 +193,7 @@ func (w *watchdog) renewer() {
 // maxBatch bounds the renewals of one keeper that a renewer sends together.
 const maxBatch = 512
 
-// renew refreshes the locks of holds, which share one keeper, as one RefreshAll (a round trip
-// or a few), so that a slow store never caps how many locks stay alive.
+// renew refreshes the locks of holds, which share one keeper, as one RefreshAll.
 func renew(holds []*hold) {
 	k := holds[0].k
 	live := holds[:0:0]
@@ -225,9 +211,8 @@ func renew(holds []*hold) {
 	for i, h := range live {
 		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
-	// Bounded by the latest loss deadline of the batch: a lock whose deadline passes first is
-	// lost by the timer then, and the reply still serves the others. A timeout, not a
-	// deadline: instants are on the keeper's clock.
+	// Bounded by the batch's latest loss deadline (a lock whose deadline passes first is lost
+	// by the timer then): a timeout, as instants are on the keeper's clock.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
 	sent := k.nowInstant()
 	errs := k.store.RefreshAll(ctx, batch)
@@ -237,11 +222,10 @@ func renew(holds []*hold) {
 	}
 }
 
-// The heap is ordered by hold.due; hold.slot is a hold's index in it plus one, so that a hold's
-// event moves or drops in O(log n). w.mu must be held by up, down and removeLocked.
+// The heap is ordered by hold.due; hold.slot is a hold's index plus one. w.mu must be held.
 
 // up moves the hold at i towards the root while it is due before its parent; it reports
-// whether it moved.
+// whether it moved. down moves it the other way.
 func (w *watchdog) up(i int) bool {
 	h, start := w.heap[i], i
 	for i > 0 {
@@ -257,7 +241,6 @@ func (w *watchdog) up(i int) bool {
 	return i != start
 }
 
-// down moves the hold at i away from the root while a child is due before it.
 func (w *watchdog) down(i int) {
 	h, n := w.heap[i], len(w.heap)
 	for {
@@ -278,7 +261,6 @@ func (w *watchdog) down(i int) {
 	w.heap[i], h.slot = h, int32(i+1)
 }
 
-// removeLocked takes the hold at i off the heap.
 func (w *watchdog) removeLocked(i int) {
 	h, last := w.heap[i], len(w.heap)-1
 	if i != last {
@@ -294,8 +276,8 @@ func (w *watchdog) removeLocked(i int) {
 	w.heap = shrink(w.heap)
 }
 
-// shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array or
-// less, so that a heap or a queue does not keep the memory of its peak.
+// shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array,
+// so that a heap or a queue does not keep the memory of its peak.
 func shrink[T any](s []T) []T {
 	if cap(s) <= 64 || len(s) > cap(s)/4 {
 		return s
