@@ -8,13 +8,10 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// acquire takes key in the store: one attempt, then in wait mode more attempts per the retry
-// strategy, each sleep cut short by the holder's release notification and never longer than the
-// holder's TTL. yield makes it wait for one notification (or one retry delay) first: waiters
-// elsewhere were just woken by this process's release. A non-zero asked makes it a fair
-// acquisition (WithFair) of a Lock that began then, and fw, when not nil, is the caller among
-// its process's fair waiters (fairWaiter). Every primitive's store grant comes through here, so
-// the wait's rules live once.
+// acquire takes key in the store for every primitive: one attempt, then in wait mode more per
+// the retry strategy. yield makes it wait for one release notification (or retry delay) first,
+// as waiters elsewhere were just woken by this process's release. A non-zero asked makes it a
+// fair acquisition of a Lock that began then; fw is the caller among its process's fair waiters.
 func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
 	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
 	if a.fair = !asked.IsZero(); a.fair {
@@ -84,8 +81,7 @@ func (a *acquisition) close() {
 	}
 }
 
-// call makes one attempt, bounded by callContext; sentAt is on the wait's clock, sent on the
-// lock's.
+// call makes one attempt; sentAt is on the wait's clock, sent on the lock's.
 func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent time.Time, err error) {
 	l := a.l
 	callCtx, cancel := l.callContext(a.ctx, b)
@@ -95,9 +91,8 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	return res, sentAt, sent, err
 }
 
-// afterError handles an attempt that failed with err: a waiter whose store answered before
-// (a failover, a restart) tries again within its wait; otherwise the wait ends, busy when it
-// ran out during the call (budget.spentDuringCall), else with the store's error.
+// afterError handles a failed attempt: a waiter whose store answered before (a failover) tries
+// again within its wait; otherwise the wait ends, busy or not (budget.spentDuringCall).
 func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done bool, _ error) {
 	l := a.l
 	again := a.wait && a.attempt > 0 && !b.spent()
@@ -128,17 +123,15 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 	return true, err
 }
 
-// afterGrant makes the hold of a granted attempt, or, when the reply came too late to hold the
-// lock safely, gives it back and tries again within the wait.
+// afterGrant makes the hold of a granted attempt, or gives back one granted too late.
 func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time.Time) (*hold, bool, error) {
 	l := a.l
 	a.storeErr = nil
 	if !l.k.tooLate(sent) {
 		return newHold(l.k, a.key, a.owner, res.Fence, "", sent, a.kind), true, nil
 	}
-	// Too little of the TTL, which counts from the send, is left. For a waiter this is a
-	// passing condition of the store (a leader election, a stall): it tries again within its
-	// budget, as a new owner (the give-back runs by the old token).
+	// A waiter rides out a passing stall of the store, as a new owner (the give-back runs by
+	// the old token).
 	l.k.giveBackLater(a.ctx, a.key, a.owner, "")
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply
@@ -150,8 +143,7 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	return nil, false, nil
 }
 
-// afterBusy handles a busy reply: the holder check, the retry strategy's next delay, and the
-// sleep until the holder's release (or the delay) before the next attempt.
+// afterBusy handles a busy reply: the holder check, the next delay, and the sleep.
 func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, error) {
 	l, ctx := a.l, a.ctx
 	a.storeErr = nil
@@ -165,8 +157,7 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 		}
 	}
 	if a.recheck {
-		// Not an attempt of the retry strategy: the sleep is the one the attempt before it
-		// chose, cut to what is left of the holder's TTL.
+		// Not an attempt of the retry strategy: the sleep is the previous attempt's delay.
 		a.recheck = false
 	} else {
 		a.attempt++
@@ -181,8 +172,7 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 	return a.sleepAfterBusy(b, res.HolderTTL)
 }
 
-// sleepAfterBusy sleeps before the next attempt on a busy key: until the holder's release is
-// heard, the delay, the holder's TTL or, for a fair waiter, its next look to keep its place.
+// sleepAfterBusy sleeps until the holder's release is heard, at most the delay.
 func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, error) {
 	l, ctx := a.l, a.ctx
 	delay := a.delay

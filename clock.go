@@ -2,14 +2,11 @@ package flightlock
 
 import "time"
 
-// clock is where the lifecycle of a hold reads the time and arms its watchdog: the system
-// clock in production, a manual one in tests, which step through a lock's life instead of
-// sleeping through it. Context deadlines (wait budgets, call bounds) stay on the system clock:
-// a context cannot be driven by anything else.
+// clock is where a hold's life reads the time and arms its watchdog (a manual one in tests).
+// Context deadlines stay on the system clock: nothing else can drive a context.
 type clock interface {
 	Now() time.Time
-	// Since is Now().Sub(t); the system clock's reads only the monotonic clock, half the cost
-	// of Now on the busy-key path.
+	// Since is Now().Sub(t), on the system clock half the cost of Now (monotonic only).
 	Since(t time.Time) time.Duration
 	AfterFunc(d time.Duration, f func()) clockTimer
 }

@@ -8,14 +8,9 @@ import (
 	"time"
 )
 
-// Drift: two instances that lock one key with different Permits, or one with Fair and one
-// without, together keep neither promise (a semaphore of 5 beside one of 3 admits 5). Each
-// writes the kind of its locks beside them ("kind=permits:3" in the metadata), and a Lock that
-// finds the key held compares the holder's kind with its own; drift is reported (Observer.Drift
-// or the log) and the call goes on: the store still decides who holds the key.
-
-// kindTag is the kind of a Locker's locks as its metadata says it: "kind=lock" (a lock, or
-// the write side of a read-write lock), "kind=fair", "kind=read", "kind=permits:N".
+// kindTag is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), so that a
+// Lock that finds its key held by an instance configured otherwise (other Permits, Fair beside
+// no Fair) sees the drift: reported (Observer.Drift, or the log), and the store still decides.
 func (c *config) kindTag() string {
 	switch {
 	case c.permits > 1:
@@ -28,8 +23,7 @@ func (c *config) kindTag() string {
 	return "kind=lock"
 }
 
-// withKind returns the metadata of an acquisition, with the Locker's kind; the default's is
-// made once, so that it costs no allocation.
+// withKind returns an acquisition's metadata with the kind; the default's costs no allocation.
 func (l *Locker) withKind(ctx context.Context) string {
 	if l.cfg.metadata == nil {
 		return l.kindMeta.own
@@ -69,9 +63,8 @@ func holderKind(meta string) string {
 	return kind
 }
 
-// drifted reports whether locks of kinds own and holder cannot be one rule's: different permit
-// counts (a lock is permit 1), or a fair lock and an unfair one. Reads meet locks and fair
-// locks as the two sides of a read-write lock, which is what they are.
+// drifted reports whether locks of kinds own and holder cannot be one rule's. Reads meet locks
+// and fair locks as the two sides of a read-write lock.
 func drifted(own, holder string) bool {
 	if holder == "" || own == holder {
 		return false

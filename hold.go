@@ -8,20 +8,16 @@ import (
 	"unsafe"
 )
 
-// hold is one store lock held by this process, from the acquisition to the release, across
-// handoffs between local goroutines; the watchdog renews it and ends its leases with ErrLost
-// before the store may expire it. A grant is the lease that acquired it or received it by
-// handoff, with every lease that re-entered or joined that one; only when the last of them is
-// released (live reaches 0) does the lock go on, so no lease of a grant outlives it. A hold is
-// 128 bytes (live heap per held lock): what few holds need waits in ext.
+// hold is one store lock held by this process, across handoffs between local goroutines. A
+// grant is the lease that acquired it or received it by handoff, with every lease that
+// re-entered or joined that one; only when the last is released (live reaches 0) does the lock
+// go on, so no lease of a grant outlives it. 128 bytes (live heap per held lock).
 type hold struct {
 	k   *keeper
 	key string // full store key
-	// ext is set when the hold is made, or under mu when a second lease joins; read without
-	// mu: owner and borrow never change once it is set.
+	// ext is set when made, or under mu for a second lease; owner and borrow never change.
 	ext atomic.Pointer[holdExt]
-	// acquired is when the turn's acquisition or pass was sent, for the handoff window; only
-	// the gate slot's owner writes it.
+	// acquired is when the turn's store call was sent (handoff window); the slot owner's.
 	acquired instant
 
 	mu         sync.Mutex
@@ -53,8 +49,7 @@ type holdExt struct {
 type holdKind uint8
 
 const (
-	// holdGated: a gate slot's hold, released through the gate; the others (borrowed, read and
-	// fair holds) are released straight to the store.
+	// holdGated: a gate slot's hold; the others (borrowed, read, fair) go straight to the store.
 	holdGated holdKind = 1 << iota
 	// holdDegraded: the store was unreachable (WithFailOpen); only the gate excludes.
 	holdDegraded
@@ -152,8 +147,7 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 	return h
 }
 
-// beginLocked counts a turn whose store call was sent at at: the lock lives at least a TTL from
-// the send, never from the reply, and MaxHold counts from now. h.mu must be held.
+// beginLocked counts a turn from the send of its store call, not the reply. h.mu must be held.
 func (h *hold) beginLocked(at instant) {
 	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
 	h.renewAt = at.add(h.k.ttl / 3)
@@ -194,8 +188,7 @@ func (h *hold) remaining() time.Duration {
 	return max(h.k.untilInstant(h.validUntil), 0)
 }
 
-// handable reports whether the lock can go to another local holder: not lost or shared, with
-// more than a third of its TTL left.
+// handable reports whether the lock can go to a local waiter: not lost or shared, > TTL/3 left.
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -219,8 +212,8 @@ func (h *hold) nextGrant() bool {
 	return true
 }
 
-// restart begins a new turn, from sent, of a hold that a pass kept after stop, with the fence
-// the store minted. It reports false, and leaves the hold stopped, when it was lost meanwhile.
+// restart begins a new turn, from sent, of a hold that a pass kept, with the store's fence; it
+// reports false, and leaves the hold stopped, when it was lost meanwhile.
 func (h *hold) restart(sent time.Time, fence int64) bool {
 	at := h.k.instant(sent)
 	h.mu.Lock()
@@ -250,8 +243,7 @@ func (h *hold) currentFence() int64 {
 	return h.fence
 }
 
-// join counts one more live lease of the current grant (a handed-over owner's, a reader's),
-// unless the grant has ended.
+// join counts one more live lease of the current grant, unless the grant has ended.
 func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -262,8 +254,7 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	return h.fence, h.siteLocked(), true
 }
 
-// done counts one lease of the grant released and reports whether it was the last; after the
-// grant was abandoned it counts nothing.
+// done counts a lease released and reports whether it was the grant's last (none if abandoned).
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -302,8 +293,7 @@ func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	return h.doneLocked(), h.has(holdLost), nil
 }
 
-// siteLocked is where h's current grant was taken, as its leases recorded it, or 0. h.mu must
-// be held.
+// siteLocked is where h's current grant was taken, as its leases say, or 0. h.mu must be held.
 func (h *hold) siteLocked() uintptr {
 	if h.first != nil && h.first.site != 0 {
 		return h.first.site
@@ -318,8 +308,7 @@ func (h *hold) siteLocked() uintptr {
 	return 0
 }
 
-// stop turns the watchdog off before the lock is released; it returns the largest fence handed
-// out by handoff under the hold, or 0 when there was none (the fence counter stays as it is).
+// stop turns the watchdog off before a release; it returns the last fence handed off, or 0.
 func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -363,8 +352,7 @@ func (h *hold) onDue() {
 	}
 }
 
-// renewBegin starts a queued renewal: it returns the loss deadline, or false when the hold
-// ended or was lost meanwhile.
+// renewBegin returns a queued renewal's loss deadline, or false when the hold ended or was lost.
 func (h *hold) renewBegin() (deadline instant, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -375,8 +363,7 @@ func (h *hold) renewBegin() (deadline instant, ok bool) {
 	return h.validUntil.add(-h.k.safety()), true
 }
 
-// renewEnd takes the outcome of a refresh sent at sent (the lease counts from the send, never
-// from the reply) and schedules the hold's next event.
+// renewEnd takes the outcome of a refresh sent at sent and schedules the hold's next event.
 func (h *hold) renewEnd(sent instant, err error) {
 	if o := h.k.observe; o != nil && o.Renewed != nil {
 		o.Renewed(h.key, err)

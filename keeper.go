@@ -12,8 +12,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// keeper is what a hold needs of the Locker that made it: store, gate, clock and bounds. Each
-// Locker has its own (a derived one's TTL may differ); keeping and ending grants is its job.
+// keeper is what a hold needs of its Locker: store, gate, clock and bounds (a derived Locker's
+// TTL may differ). Acquiring is the Locker's job; keeping and ending grants is this one's.
 type keeper struct {
 	store   lockstore.Store
 	passer  lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
@@ -62,11 +62,9 @@ func (k *keeper) tooLate(sent time.Time) bool {
 	return k.since(sent) >= k.ttl-k.safety()
 }
 
-// giveBack releases a hold that a call may have taken unseen, or too late (the acquisition's own
-// when borrow is "", else the named re-entry), each release bounded short (cleanupContext). A
-// not-held answer may mean the give-back overtook that call, so it is asked again for
-// giveBackRecheckFor or the TTL. Owner tokens are never reused after a give-back, so a later
-// release by owner can only end that late grant.
+// giveBack releases a hold that a call may have taken unseen or too late (the named re-entry,
+// with borrow). A not-held answer may mean it overtook that call, so it asks again for a while;
+// owner tokens are never reused after a give-back, so this can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	var timer *time.Timer
 	defer func() {
@@ -91,9 +89,8 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	}
 }
 
-// giveBackRecheck is the first pause before a give-back that found nothing asks again; each is
-// four times the one before, for giveBackRecheckFor in all: long enough for a call queued
-// behind the give-back on a busy server, short enough to end soon after its caller.
+// giveBackRecheck is the first pause of a give-back that asks again, each four times the last,
+// for giveBackRecheckFor: long enough for a call queued behind it on a busy server.
 const (
 	giveBackRecheck    = 10 * time.Millisecond
 	giveBackRecheckFor = 250 * time.Millisecond
@@ -104,8 +101,7 @@ func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
-// giveBackLater is giveBack in the background. Only when nothing more is sent with owner: a
-// later acquisition with the same token could be the one given back.
+// giveBackLater is giveBack in the background; owner must not be used again.
 func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 	go k.giveBack(ctx, key, owner, borrow)
 }
@@ -118,8 +114,7 @@ type grantEnd struct {
 	e       *gateEntry // the hold's gate entry; nil for a hold outside the gate
 }
 
-// endLocally hands a gate hold to the next local waiter when the bounds allow it (ended), or
-// returns the rest, which calls the store (release or pass).
+// endLocally hands a gate hold on locally (ended), or returns the store call left to make.
 func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
 	if !h.gated() {
 		return grantEnd{k: k, h: h}, false
@@ -184,8 +179,7 @@ func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	return err
 }
 
-// releaseContext is ctx's values without its cancellation (go-zero's timeout handler cancels
-// the request context while the handler runs), bounded by one TTL.
+// releaseContext is ctx's values, bounded by one TTL: go-zero cancels a handler's ctx early.
 func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)

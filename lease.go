@@ -14,15 +14,13 @@ type Grant uint8
 const (
 	// GrantStore: acquired in the store by this call.
 	GrantStore Grant = iota
-	// GrantHandoff: received from the previous holder in this process without a store
-	// command (WithHandoff), with a fence of its own.
+	// GrantHandoff: handed over by the previous holder in this process (WithHandoff).
 	GrantHandoff
 	// GrantReentry: re-entered a lease that its context carried (a nested lock).
 	GrantReentry
 	// GrantJoined: joined this process's lock through an owner handed over by an upstream call.
 	GrantJoined
-	// GrantBorrowed: re-entered another process's lock through an owner handed over by an
-	// upstream call, as one more hold of that lock in the store.
+	// GrantBorrowed: one more hold of another process's lock, through a handed-over owner.
 	GrantBorrowed
 	// GrantPass: received from the previous holder in this process at the end of its turn,
 	// which one store command kept here with a new fence (lockstore.Passer).
@@ -51,8 +49,7 @@ func (g Grant) String() string {
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
 //
-// A lease has no mutex of its own: its hold's mu guards it, so that the two never need two
-// locks in an order (a Lease is 64 bytes: live heap per held lock).
+// A lease has no mutex of its own: its hold's mu guards it (no lock order to keep).
 type Lease struct {
 	h        *hold
 	kind     Grant
@@ -65,9 +62,8 @@ type Lease struct {
 	// pooled request context reused after Lock returned would lead a walk to another request.
 	outer *Lease
 
-	// The lease's context is made by the first Context call, so that a lease held without it
-	// costs none. Until then ctx is Lock's context, and an earlier end is kept in ended. ctx
-	// and cancel are written under h.mu before made is set, and only read after it is.
+	// ctx is Lock's context until the first Context call makes the lease's (ended keeps an end
+	// before that); ctx and cancel are written under h.mu before made is set, read after.
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
@@ -83,10 +79,9 @@ func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uin
 // Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token (22 characters of base64, or a handed-over owner's). Anyone who
-// has it can re-enter the lock from another process while it is held, so calling Owner marks
-// the lock as shared: it is then released through the store and never handed to the next
-// goroutine of this process. It returns "" for a read lock, and once the lease was released
+// Owner returns the owner token, with which another process can re-enter the lock while it is
+// held: calling it marks the lock as shared, released through the store and never handed to
+// the next local goroutine. It returns "" for a read lock, and once the lease was released
 // (the token may by then be another local goroutine's grant).
 func (x *Lease) Owner() string {
 	owner, _, ok := x.handover()
@@ -96,8 +91,7 @@ func (x *Lease) Owner() string {
 	return owner
 }
 
-// handover returns the owner token and the lease's fence for a downstream service, and marks
-// the lock as shared (see Owner); ok is false when Owner would return "".
+// handover is Owner with the lease's fence, for a downstream service.
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -113,9 +107,8 @@ func (x *Lease) handover() (owner string, fence int64, ok bool) {
 // refuses writes with a fence below the largest it saw is safe from a holder that stalled.
 func (x *Lease) Fence() int64 { return x.fence }
 
-// Context returns a context derived from the one Lock was called with. It carries the lease
-// (FromContext) and is cancelled with cause ErrLost before the store may expire the lock, and
-// when the lease is released. Every call returns the same context.
+// Context returns the lease's context, derived from Lock's: it carries the lease (FromContext)
+// and ends with cause ErrLost before the store may expire the lock, or when it is released.
 func (x *Lease) Context() context.Context {
 	if x.made.Load() {
 		return (*leaseContext)(x)
@@ -164,8 +157,7 @@ func (c endCause) err() error {
 	}
 }
 
-// endLocked ends the lease's context with cause (nil: context.Canceled), now or when it is
-// made; the first cause wins. x.h.mu must be held.
+// endLocked ends the context with cause (nil: Canceled), now or once made. x.h.mu must be held.
 func (x *Lease) endLocked(cause error) {
 	if cause == nil {
 		cause = context.Canceled
@@ -190,10 +182,9 @@ func (x *Lease) endLocked(cause error) {
 	}
 }
 
-// Lost reports whether the lock was lost while this lease held it: a renewal was refused, or
-// could not reach the store before the lock may have expired. The lease's context then ends
-// with cause ErrLost unless it had ended before with another cause, which a context keeps: ask
-// the lease. It reports false once the lease was released.
+// Lost reports whether the lock was lost while this lease held it (a renewal refused, or too
+// late); its context then ends with ErrLost unless it had ended before with another cause. It
+// reports false once the lease was released.
 func (x *Lease) Lost() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -203,12 +194,11 @@ func (x *Lease) Lost() bool {
 // Grant tells how the lease came to hold its lock.
 func (x *Lease) Grant() Grant { return x.kind }
 
-// Degraded reports whether the lease holds only the per-process gate because the store could
-// not be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
+// Degraded reports whether the lease holds only the per-process gate (WithFailOpen): other
+// processes are not excluded, and Fence is 0.
 func (x *Lease) Degraded() bool { return x.h.degraded() }
 
-// TTL returns the lock's remaining TTL in the store, or ErrNotHeld once it is gone or for a
-// degraded lease.
+// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (gone, or degraded).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if !x.active() || x.h.degraded() {
 		return 0, ErrNotHeld
@@ -242,9 +232,8 @@ func (x *Lease) Refresh(ctx context.Context) error {
 // owner-checked, waking waiters elsewhere. A second Release returns ErrNotHeld and changes
 // nothing; so does the Release of a lease whose lock was lost and taken by another owner.
 //
-// Release returns by ctx's end: a release cut short by it, or begun after it, goes on in the
-// background (bounded by one TTL), and Release returns an error wrapping ErrReleasePending and
-// ctx's cause.
+// Release returns by ctx's end: a release cut short by it goes on in the background (bounded by
+// one TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause.
 func (x *Lease) Release(ctx context.Context) error {
 	last, lost, err := x.h.release(x)
 	switch {

@@ -17,18 +17,16 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Locker takes locks on a Store. Build it once with New and share it: it is safe for concurrent
-// use, and its per-process gate collapses contention among the callers of it and of the Lockers
-// derived from it with With.
+// Locker takes locks on a Store. Build it once with New and share it (it is safe for concurrent
+// use): its gate collapses contention among its callers and those of Lockers derived by With.
 type Locker struct {
 	k        *keeper // its store and gate are shared with every Locker derived by With
 	cfg      config
 	kindMeta kindMeta // the kind of its locks, as the store keeps it beside them (drift.go)
 }
 
-// New returns a Locker on store. Without options it waits up to 2s for busy keys (Wait mode),
-// holds locks with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with
-// "lock:".
+// New returns a Locker on store. Without options it waits up to 2s for busy keys, holds locks
+// with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with "lock:".
 //
 // A go-redis client behind the store should have ContextTimeoutEnabled set (embedded.New and
 // middleware.NewStore do), or an unreachable Redis blocks calls past their context's deadline.
@@ -59,8 +57,7 @@ func MustNew(store lockstore.Store, opts ...Option) *Locker {
 }
 
 // Prefix returns what the Locker puts before every key (WithPrefix): a key k without "#" is
-// locked as the store key Prefix() + k (each "#" is doubled, PermitKey). Layers that name keys
-// beside the locks' (the go-zero layer's shadow locks) start from it.
+// locked as the store key Prefix() + k ("#" is doubled, PermitKey).
 func (l *Locker) Prefix() string { return l.cfg.prefix }
 
 // With returns a Locker with other options on the same store and the same per-process gate,
@@ -103,9 +100,9 @@ func (l *Locker) Drain(ctx context.Context) error {
 func (l *Locker) Store() lockstore.Store { return l.k.store }
 
 // Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
-// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
-// A ctx that already holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err()
-// when ctx ended before the call, or the store's error when it cannot be reached.
+// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx. A
+// ctx that holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err() when ctx
+// ended before the call, or the store's error.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	return l.lock(ctx, key, l.cfg.mode == Wait)
 }
@@ -141,7 +138,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 // the keys taken are released and the failing key's error returned.
 func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
-		return nil, invalidKey("no keys")
+		return nil, wrapf(ErrInvalidKey, "no keys")
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
@@ -166,16 +163,16 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 // storeKey is the store key of key: the prefix, then key with each "#" doubled (PermitKey).
 func (l *Locker) storeKey(key string) (string, error) {
 	if key == "" {
-		return "", invalidKey("empty key")
+		return "", wrapf(ErrInvalidKey, "empty key")
 	}
 	key = escapeKey(key)
 	if n := len(l.cfg.prefix) + len(key); n > MaxKeyLen {
-		return "", invalidKey("key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
+		return "", wrapf(ErrInvalidKey, "key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
 	}
 	rkey := l.cfg.prefix + key
 	if strings.HasPrefix(rkey, lockstore.FenceKeyPrefix) {
 		// The next grant in its slot would overwrite a lock under a fence counter's name.
-		return "", invalidKey("key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
+		return "", wrapf(ErrInvalidKey, "key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
 	}
 	return rkey, nil
 }
@@ -185,8 +182,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
 }
 
-// take takes key, or one of its permits (WithPermits), for a wait that began at start
-// (lockSince). callerUp is how many frames above take the exported method's caller is.
+// take takes key, or one of its permits; callerUp is how far up the exported method's caller is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	switch {
 	case l.cfg.permits > 1:
@@ -201,16 +197,14 @@ func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Tim
 	return l.lockSince(ctx, rkey, wait, start, time.Time{}, callerUp+1)
 }
 
-// callerAbove is the program counter of the call up frames above callerAbove's caller: where
-// a lease was taken, resolved only if it is reported as never released (reportAbandoned).
+// callerAbove is the program counter up frames above its caller, for reportAbandoned.
 func callerAbove(up int) uintptr {
 	var pc [1]uintptr
 	runtime.Callers(2+up, pc[:]) // 0 is runtime.Callers, 1 callerAbove, 2 its caller
 	return pc[0]
 }
 
-// siteHandoff marks a grant that came by handoff or pass from another goroutine of this
-// process: its caller's place is not looked up, which would cost a hot key much of a handoff.
+// siteHandoff is the site of a handed grant: looking it up would cost much of a handoff.
 const siteHandoff uintptr = 1
 
 // lockSince is lock of rkey for a wait that began at start (zero: now; a LockAll's first key)
@@ -279,9 +273,8 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	return newLease(ctx, h, grant, fence, site), nil
 }
 
-// passSlotOn gives up a gate slot granted as the wait ended or the Locker drains. A handed hold
-// goes through done, as a Release does: the watchdog may have abandoned the grant and passed
-// the slot on itself meanwhile, which may be another goroutine's by now.
+// passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
+// hold goes through done, as the watchdog may have abandoned it and passed the slot on.
 func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
 	if h != nil {
 		if h.done() {
@@ -318,9 +311,8 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site), nil
 }
 
-// lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
-// by joining this process's hold when it is owner's, or by one more hold of it in the store.
-// done is false when owner holds nothing: a handed-over token never takes a free key.
+// lockHanded re-enters the lock that owner, handed over by an upstream call, holds: by joining
+// this process's hold, or by one more hold in the store; done is false when owner holds nothing.
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
 		if f, site, ok := h.join(); ok {
@@ -357,9 +349,8 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
 }
 
-// pauseAfterTrouble is a waiter's pause after the store's trouble (an error after an earlier
-// answer, a reply too late to hold): the retry strategy's next delay, cut short by the wait's
-// end. It returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
+// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
+// returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
 func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
 	*attempt++
 	d, ok := l.cfg.retry(*attempt)
@@ -396,8 +387,7 @@ func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, c
 	return context.WithDeadline(ctx, limit)
 }
 
-// budget is the wait of one Lock call: a deadline fixed when the call starts, made into a
-// context only when the call really has to wait, so an uncontended Lock allocates none.
+// budget is the wait of one Lock call, made into a context only when it really waits.
 type budget struct {
 	parent   context.Context
 	start    time.Time // when the wait began
@@ -427,9 +417,8 @@ func (b *budget) spent() bool {
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
 }
 
-// spentDuringCall reports whether a failed store call sent at sentAt is the wait's end (busy),
-// not the store's failure: the wait is over, and the store answered this wait before or most of
-// the wait had gone before the call. A call given most of the wait is a hung store: 503.
+// spentDuringCall reports whether a failed store call sent at sentAt is the wait's end (busy):
+// the store answered this wait before, or most of it had gone; otherwise the store hung (503).
 func (b *budget) spentDuringCall(sentAt time.Time, answered bool) bool {
 	mostly := !b.deadline.IsZero() && sentAt.Sub(b.start) > b.deadline.Sub(b.start)/2
 	return b.spent() && (answered || mostly)
@@ -449,8 +438,7 @@ func (l *Locker) busy(ctx context.Context, err error) error {
 	return err
 }
 
-// gaveUp answers an owner whose wait between attempts ended without the key: ErrClosed when
-// the Locker drains, as a queued waiter is told, and the busy error otherwise.
+// gaveUp answers a wait between attempts that ended: ErrClosed when draining, else busy.
 func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	if l.k.gate.closed.Load() {
 		return ErrClosed
@@ -489,8 +477,8 @@ func freshOwner(owner string) string {
 	return newOwnerToken()
 }
 
-// mayHaveRun reports whether a store call that failed with err may have run unseen (its
-// context ended, or the network timed out): the caller gives back what it may have taken.
+// mayHaveRun reports whether a store call that failed with err may have run unseen (its context
+// ended, or the network timed out): the caller gives back what it may have taken by owner.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
@@ -499,8 +487,8 @@ func mayHaveRun(err error) bool {
 
 const ownerTokenLen = 22 // newOwnerToken's
 
-// newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
-// base64: space-free text, as the stores keep owners.
+// newOwnerToken returns 128 random bits as 22 characters of unpadded URL-safe base64: text
+// without spaces, as the stores keep owners.
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)

@@ -13,10 +13,9 @@ import (
 )
 
 // WithRead makes the Locker's locks read locks of a read-write lock: a read lock of a key
-// shares with every other read lock of it, anywhere, and excludes the key's write locks (the
-// locks of a Locker without WithRead). A writer refused because of readers marks the key, and
-// new readers wait until it had its turn, so readers cannot starve a writer (as with
-// sync.RWMutex, a read lock must not be taken by a second owner while the first holds one).
+// shares with every other, anywhere, and excludes the key's write locks (those of a Locker
+// without WithRead). A writer refused because of readers holds new readers back until its turn
+// (as with sync.RWMutex, a read lock must not be taken by a second owner while one is held).
 //
 // The readers of one process share one store read hold of a key, joined with no store command
 // within the handoff window (WithHandoff) while no writer of this process wants the key; its
@@ -27,17 +26,14 @@ import (
 // New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
-// WithFair makes the Locker grant each key in request order across processes, not only within
-// one: every Lock takes a place in a line the store keeps for the key, ordered by when the Lock
-// began (within the clock skew between the hosts, bounded by one second), and only the first in
-// line may take the free key. A waiter keeps its place by looking at the key at least every
-// FairLookEvery; one that stops (its process died) leaves the line FairQueueTTL after its last
-// look, and one that gives up leaves at once. TryLock takes no place: it takes the key only
-// when it is free and nobody is in line. A Lock of the key without WithFair ignores the line.
-//
-// Fairness costs the per-process gate: each Lock of a fair key talks to the store itself, with
-// no handoff; each release wakes the first waiter of each process, and the others look every
-// FairLookEvery. New refuses WithFair with WithRead, WithPermits or WithFailOpen.
+// WithFair makes the Locker grant each key in request order across processes: every Lock takes
+// a place in a line the store keeps for the key, ordered by when the Lock began (within the
+// hosts' clock skew, at most a second), and only the first in line may take the free key. A
+// waiter looks at the key at least every FairLookEvery to keep its place, which lives
+// FairQueueTTL after its last look; one that gives up leaves at once. TryLock takes no place:
+// it takes the key only when it is free and nobody is in line. A Lock without WithFair ignores
+// the line. Fairness costs the per-process gate: each fair Lock talks to the store itself. New
+// refuses WithFair with WithRead, WithPermits or WithFailOpen.
 func WithFair() Option { return func(c *config) { c.fair = true } }
 
 // Bounds of a fair waiter's place in line (WithFair).
@@ -45,23 +41,20 @@ const (
 	// FairQueueTTL is how long a waiter's place lives after its last look at the key: how long
 	// a waiter whose process died can hold up the line.
 	FairQueueTTL = 2 * time.Second
-	// FairLookEvery is the longest a fair waiter sleeps between looks, well within
-	// FairQueueTTL.
+	// FairLookEvery is the longest a fair waiter sleeps between looks.
 	FairLookEvery = FairQueueTTL / 4
 )
 
-// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key: the
-// write would wait for its own read. Release the read lock first, or take the write lock from
-// the start.
+// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key, for
+// which the write would wait: release the read lock first, or take the write lock at once.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
 // upgradeError is ErrUpgrade naming the key, and an ErrConfig: locks nested the wrong way are
 // a misconfiguration, which no retry mends.
 func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
-// lockDirect takes key with a store hold of its own, outside the per-process gate, for a read
-// lock or a fair lock: the gate would put local readers in single file and reorder local fair
-// waiters. The hold is counted with the gate's borrowed holds, so a Drain waits for it.
+// lockDirect takes a read or fair lock with a store hold of its own, outside the gate, which
+// would put local readers in single file and reorder fair waiters. Drain waits for it.
 func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	rkey, err := l.storeKey(key)
 	if err != nil {
@@ -164,11 +157,8 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	return newLease(ctx, h, GrantShared, fence, site)
 }
 
-// joinOrLeadRead joins the read hold this process's readers share (joinRead), or waits for the
-// one another local reader is taking in the store and tries again; when none is being taken,
-// the caller leads: it takes the hold and calls land when it has shared it or failed, which
-// wakes the readers that waited. So readers of one process go to the store one at a time. A
-// waiting reader gives up with its wait: busy, as in the store.
+// joinOrLeadRead joins the local readers' hold (joinRead), or waits for the one being taken;
+// else the caller leads, and calls land when it has shared the hold or failed.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
 	for {
@@ -203,8 +193,7 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 	}
 }
 
-// shareRead makes h, a read hold just taken in the store for rkey, the one that this process's
-// new readers join (joinRead), unless it has ended already.
+// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinRead).
 func (g *gate) shareRead(rkey string, h *hold) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -213,8 +202,7 @@ func (g *gate) shareRead(rkey string, h *hold) {
 	}
 }
 
-// leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it
-// cannot take away runs out after FairQueueTTL.
+// leaveQueue takes owner's place in key's line away; one it cannot runs out (FairQueueTTL).
 func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 	rctx, cancel := k.cleanupContext(ctx)
 	defer cancel()
@@ -223,10 +211,8 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 
 func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
-// fairWaiter is one fair Lock of this process waiting for a key (WithFair). Every waiter holds
-// its own place in the store's line, but only the first of the process's waiters of a key (its
-// head) watches the key and looks again at each release; the others look every FairLookEvery
-// until they become the head. A release then costs one look per process, not one per waiter.
+// fairWaiter is a fair Lock of this process waiting for a key. Only the process's first (its
+// head) looks at each release; the others look every FairLookEvery, to keep their places.
 type fairWaiter struct {
 	asked time.Time
 	head  chan struct{} // closed when the waiter becomes its process's first for the key

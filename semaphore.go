@@ -17,11 +17,10 @@ import (
 // MaxPermits bounds a semaphore key's permits: a taker that finds all busy has asked each one.
 const MaxPermits = 64
 
-// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of a
-// semaphore key (WithPermits). Permit 1 is the key's own lock, so that a lock of the key and any
-// semaphore of it exclude each other, and a rolling change of the count never admits more
-// holders than the larger count. The others are the key, with each "#" doubled as in every
-// store key, then "#" and the permit's number: no key's lock or permit is another key's permit.
+// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of key.
+// Permit 1 is the key's own lock, so that a lock and any semaphore of the key exclude each
+// other, and a rolling change of the count never admits more than the larger. The others are
+// the key with each "#" doubled, then "#" and i: no key's lock or permit is another's permit.
 func PermitKey(key string, i int) string {
 	key = escapeKey(key)
 	if i == 1 {
@@ -30,7 +29,7 @@ func PermitKey(key string, i int) string {
 	return key + "#" + strconv.Itoa(i)
 }
 
-// escapeKey doubles each "#" of key (see PermitKey). A key without one is returned as it is.
+// escapeKey doubles each "#" of key (see PermitKey).
 func escapeKey(key string) string {
 	if !strings.Contains(key, "#") {
 		return key
@@ -48,11 +47,9 @@ var permitTurn atomic.Uint32
 // release), and a context that holds a permit of a key re-enters it. Every taker of a key must
 // name the same count: a lower one leaves the permits above it to those that named more.
 //
-// A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
-// the wait budget is spent, with the shortest time a holder had left (RetryAfter). A waiter
-// queues on a permit held in this process, a retry delay at a time; while every busy permit is
-// held elsewhere it looks at all of them again when one is released, at most every retry delay.
-// A look costs up to n round trips.
+// A busy key means every permit is taken (ErrBusy, with the shortest time a holder had left).
+// A waiter queues on a permit held in this process, a retry delay at a time; while all are
+// held elsewhere it looks again when one is released. A look costs up to n round trips.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
@@ -89,7 +86,7 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 		return nil, nil, err, true
 	}
 	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
-		return nil, nil, invalidKey("the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
+		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
 	}
 	keys = make([]string, permits)
 	for i := range keys {
@@ -108,7 +105,7 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 	return keys, nil, nil, false
 }
 
-// permitTaker is one lockPermit's wait: its looks at every permit, and what they saw.
+// permitTaker is one lockPermit's wait.
 type permitTaker struct {
 	l        *Locker
 	ctx      context.Context
@@ -178,9 +175,8 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		if be.retryAfter > 0 && (r.busy.retryAfter == 0 || be.retryAfter < r.busy.retryAfter) {
 			r.busy.retryAfter = be.retryAfter
 		}
-		// A permit held in this process is local: queueing on it costs no round trip. One that
-		// no goroutine here owns is held elsewhere. One whose owner here is only asking the
-		// store is neither: queueing behind it would send each queued taker to the store in turn.
+		// A permit whose owner here is only asking the store is neither local nor remote:
+		// queueing behind it would send each queued taker to the store in turn.
 		switch {
 		case l.k.gate.lookupHold(pt.keys[i]) != nil:
 			if r.local < 0 {
@@ -193,8 +189,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 	return nil, nil, r
 }
 
-// lookAndWait makes one look, and when every permit was busy, waits for one before the next:
-// queued on a permit of this process, or until a release elsewhere is heard.
+// lookAndWait makes one look, and when every permit was busy, waits for one.
 func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	l, ctx := pt.l, pt.ctx
 	if !pt.recheck {
@@ -219,19 +214,17 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	if r.busy.retryAfter > 0 {
 		delay = min(delay, r.busy.retryAfter)
 	}
-	turnEnd := earliest(now.Add(delay), pt.b.deadline)
+	delay = min(delay, pt.b.deadline.Sub(now))
 	if r.remote && pt.watchFresh() {
 		pt.recheck = true // watches made only now may have missed a release: look once more first
 		return nil, nil, false
 	}
 	if r.local >= 0 {
-		// Queue on the local permit for a delay: its release hands it over without a round
-		// trip. With permits held elsewhere too the turn is short (remoteTurn), so that the
-		// release of one of them is seen soon without waking every parked taker each time.
+		// Queue on the local permit; for remoteTurn at most while others are held elsewhere.
 		if r.remote {
-			turnEnd = earliest(turnEnd, now.Add(remoteTurn))
+			delay = min(delay, remoteTurn)
 		}
-		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, turnEnd, pt.callerUp+1)
+		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, now.Add(delay), pt.callerUp+1)
 		switch {
 		case err == nil:
 			return lease, nil, true
@@ -240,15 +233,14 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		}
 		return nil, nil, false // busy at the turn's end, or a store error to ride out: look again
 	}
-	// Every busy permit is held elsewhere: sleep until one of them is released, one delay at most.
-	if !l.sleepAny(ctx, pt.watches, &pt.timer, turnEnd.Sub(now)) {
+	// Every busy permit is held elsewhere: sleep until one is released, one delay at most.
+	if !l.sleepAny(ctx, pt.watches, &pt.timer, delay) {
 		return nil, l.gaveUp(ctx, r.busy), true
 	}
 	return nil, nil, false
 }
 
-// watchFresh watches the permits, once, on a store that shares watches (elsewhere the delays
-// pace the looks), and reports whether any watch is fresh: it may have missed a release.
+// watchFresh watches the permits on a store that shares watches, and reports a fresh one.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
 	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {
@@ -268,14 +260,12 @@ func (pt *permitTaker) watchFresh() bool {
 	return fresh
 }
 
-// endsTheWait reports whether err, from a look at one permit, ends a taker's wait: the
-// caller's end, a bad key or a drain. Busy permits and the store's errors do not.
+// endsTheWait reports whether err, from a look at one permit, ends a taker's wait.
 func endsTheWait(ctx context.Context, err error) bool {
 	return ctx.Err() != nil || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrClosed)
 }
 
-// sleepAny is sleep for the watches of several keys: it waits d at most, until one of them is
-// signalled, ctx ends or the gate drains, and reports whether the next look may go.
+// sleepAny is sleep for the watches of several keys.
 func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
 	if len(watches) <= 1 { // no reflection for one watch or none
 		var w *lockstore.Watch
@@ -297,13 +287,5 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 	return chosen != 1 && chosen != 2
 }
 
-// remoteTurn bounds a semaphore taker's turn queued on a permit of its process while other
-// permits are held elsewhere: how late it may see one of those released.
+// remoteTurn bounds a taker's turn queued on a local permit while others are held elsewhere.
 const remoteTurn = 50 * time.Millisecond
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}

@@ -33,8 +33,7 @@ type gate struct {
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot, guarded by gate.mu. It is 24 bytes (live heap per held lock): the
-// queue, which only a contended key needs, sits behind a pointer, and the counts are narrow.
+// gateEntry is one key's slot, guarded by gate.mu: 24 bytes (live heap per held lock).
 type gateEntry struct {
 	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
 	hold     *hold      // the owner's store lock once acquired; survives handoffs
@@ -47,9 +46,8 @@ type gateEntry struct {
 // maxHandoffRun is the longest run of handoffs gateEntry counts; a larger bound counts as it.
 const maxHandoffRun = math.MaxUint16
 
-// gateQueue is the FIFO of an entry's waiting goroutines; it stays with its entry, and its
-// backing array is let go whenever it empties. The waiters' budgets share one timer, armed for
-// the earliest deadline (expire): a runtime timer per wait would cost a hot key much of its CPU.
+// gateQueue is an entry's FIFO. Its waiters' budgets share one timer, armed for the earliest
+// deadline (expire): a runtime timer per wait would cost a hot key much of its CPU.
 type gateQueue struct {
 	waiters []*gateWaiter
 	timer   *time.Timer // fires expire at armed; made by the first waiter with a budget
@@ -94,8 +92,7 @@ func (e *gateEntry) remove(w *gateWaiter) bool {
 	return false
 }
 
-// emptied lets the backing array and the timer go once the queue is empty, so that an idle
-// entry can be collected as soon as the gate drops it.
+// emptied lets the backing array and the timer go once the queue is empty.
 func (q *gateQueue) emptied() {
 	if len(q.waiters) > 0 {
 		return
@@ -116,8 +113,7 @@ type gateWaiter struct {
 	expired  bool      // guarded by gate.mu: taken off the queue by expire, not granted
 }
 
-// testHookWoken, when set by a test, runs in a queued caller between its wake-up and its look
-// at what it was granted.
+// testHookWoken, when set by a test, runs in a queued caller between wake-up and its grant.
 var testHookWoken func()
 
 func newGate() *gate {
@@ -208,8 +204,7 @@ func (g *gate) armLocked(key string, e *gateEntry, deadline time.Time) {
 	q.timer.Reset(time.Until(deadline))
 }
 
-// expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue
-// (expired) and arms the timer for the earliest deadline left.
+// expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue.
 func (g *gate) expire(key string, e *gateEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -299,9 +294,7 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 	return handedOff, e
 }
 
-// passOn gives the slot and h, which a pass kept for a new turn (keeper.pass), to the next
-// queued waiter. It reports false, and the caller releases h, when nobody waits or the gate
-// closed.
+// passOn gives the slot and h, kept by a pass, to the next waiter; false: none, or closed.
 func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -315,8 +308,7 @@ func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	return true
 }
 
-// leave gives up the slot after its store lock (if any) was released; when notifiedOthers,
-// waiters in other processes were woken and the next local owner yields to them.
+// leave gives up the slot after its release; when notifiedOthers, the next owner yields.
 func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -364,8 +356,7 @@ func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	close(w.ready)
 }
 
-// dropLocked removes one reference and deletes the entry when nobody uses it. g.mu must be
-// held.
+// dropLocked removes one reference, and the entry at zero. g.mu must be held.
 func (g *gate) dropLocked(key string, e *gateEntry) {
 	e.refs--
 	if e.refs == 0 {
@@ -375,22 +366,19 @@ func (g *gate) dropLocked(key string, e *gateEntry) {
 	}
 }
 
-// shrinkLocked rebuilds the entries map once it holds a quarter of its peak or less
-// (mapshrink). g.mu must be held.
+// shrinkLocked rebuilds the entries map at a quarter of its peak. g.mu must be held.
 func (g *gate) shrinkLocked() {
 	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
-// beginBorrow, endBorrow and removeBorrowed track the holds that have no gate entry, on the wire
-// (the store may list them before the reply) and then live, so that Drain waits for them too.
+// beginBorrow, endBorrow and removeBorrowed track holds outside the gate, for Drain.
 func (g *gate) beginBorrow() {
 	g.mu.Lock()
 	g.borrowing++
 	g.mu.Unlock()
 }
 
-// endBorrow ends a store call counted by beginBorrow; h is the hold it took (live until
-// removeBorrowed), nil for none, and site where it was taken.
+// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil), at site.
 func (g *gate) endBorrow(h *hold, site uintptr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -424,8 +412,7 @@ func (g *gate) checkDrainedLocked() {
 	}
 }
 
-// drain closes the gate and waits until no key is held or ctx ends; then it interrupts the
-// leases still held and returns how many locks remain (Locker.Drain).
+// drain closes the gate and waits for it to empty (Locker.Drain).
 func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
 	if !g.closed.Swap(true) {

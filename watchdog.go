@@ -11,10 +11,9 @@ import (
 // maxRenewers bounds a watchdog's goroutines that run renewals and end abandoned grants.
 const maxRenewers = 32
 
-// watchdog renews the store locks of a Locker's holds (and its derived Lockers') every TTL/3
-// and cancels their leases with ErrLost before the store may expire them. Each hold has at
-// most one pending event in one min-heap, behind a single clock timer that only decides; I/O
-// runs on at most maxRenewers goroutines, and the loss deadline never waits for a renewal.
+// watchdog renews its holds every TTL/3 and cancels their leases with ErrLost before the store
+// may expire them. Each hold has at most one pending event in one min-heap, behind one timer;
+// I/O runs on at most maxRenewers goroutines, and the loss deadline never waits for a renewal.
 //
 // Lock order: a hold's mu before the watchdog's mu; the timer callback and the renewers take a
 // hold's mu only after they have let go of the watchdog's.
@@ -87,8 +86,7 @@ func (w *watchdog) armLocked(at instant) {
 	w.timer.Reset(d)
 }
 
-// fire runs on the clock timer: it takes the events due off the heap, re-arms the timer for
-// the next one, and lets each hold act on its event (onDue).
+// fire runs on the clock timer: each hold whose event is due acts on it (onDue).
 func (w *watchdog) fire() {
 	now := w.now()
 	var buf [16]*hold
@@ -211,8 +209,7 @@ func renew(holds []*hold) {
 	for i, h := range live {
 		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
-	// Bounded by the batch's latest loss deadline (a lock whose deadline passes first is lost
-	// by the timer then): a timeout, as instants are on the keeper's clock.
+	// Bounded by the batch's latest loss deadline, as a timeout: instants are the keeper's.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
 	sent := k.nowInstant()
 	errs := k.store.RefreshAll(ctx, batch)
@@ -224,8 +221,7 @@ func renew(holds []*hold) {
 
 // The heap is ordered by hold.due; hold.slot is a hold's index plus one. w.mu must be held.
 
-// up moves the hold at i towards the root while it is due before its parent; it reports
-// whether it moved. down moves it the other way.
+// up moves the hold at i towards the root, and reports whether it moved; down, away from it.
 func (w *watchdog) up(i int) bool {
 	h, start := w.heap[i], i
 	for i > 0 {
@@ -276,8 +272,7 @@ func (w *watchdog) removeLocked(i int) {
 	w.heap = shrink(w.heap)
 }
 
-// shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array,
-// so that a heap or a queue does not keep the memory of its peak.
+// shrink returns s, or a copy in a smaller array once s fills a quarter of its array.
 func shrink[T any](s []T) []T {
 	if cap(s) <= 64 || len(s) > cap(s)/4 {
 		return s
