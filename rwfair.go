@@ -45,8 +45,8 @@ const (
 	FairLookEvery = FairQueueTTL / 4
 )
 
-// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key, for
-// which the write would wait: release the read lock first, or take the write lock at once.
+// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key: it
+// would wait for its own read. Release the read first, or take the write lock from the start.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
 // upgradeError is ErrUpgrade naming the key, and an ErrConfig: locks nested the wrong way are
