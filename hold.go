@@ -8,10 +8,12 @@ import (
 	"unsafe"
 )
 
-// hold is one store lock held by this process, across handoffs between local goroutines. A
-// grant is the lease that acquired it or received it by handoff, with every lease that
-// re-entered or joined that one; only when the last is released (live reaches 0) does the lock
-// go on, so no lease of a grant outlives it. 128 bytes (live heap per held lock).
+// hold is one store lock held by this process, across handoffs between local goroutines; the
+// watchdog renews it and ends its leases with ErrLost before the store may expire it. A grant
+// is the lease that acquired it or received it by handoff, with every lease that re-entered or
+// joined that one; only when the last is released (live reaches 0) does the lock go on, so no
+// lease of a grant outlives it. A hold is 128 bytes (live heap per held lock): the rare parts
+// wait in ext.
 type hold struct {
 	k   *keeper
 	key string // full store key

@@ -33,8 +33,9 @@ type keeper struct {
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
 	passer, _ := store.(lockstore.Passer)
-	// Fewer handoffs than the TTL has microseconds keep the next grant's fence (server time in
-	// microseconds, a TTL after a holder died) above them (docs/guarantees.md, Fences).
+	// A holder that dies after n handoffs leaves fences up to its grant's + n behind; the next
+	// grant, a TTL later, draws at least the server time in microseconds, which stays above
+	// them while n is below the TTL's microseconds (docs/guarantees.md, Fences).
 	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: handoff, window: cfg.window, observe: cfg.observer,

@@ -58,8 +58,8 @@ type Lease struct {
 	made     atomic.Bool
 	fence    int64
 
-	// outer is the lease that Lock's context held: the next of a context chain. Set once, as a
-	// pooled request context reused after Lock returned would lead a walk to another request.
+	// outer is the lease that Lock's context held: the next of a context chain. Read from the
+	// parent once: a pooled request context reused after Lock returned would lead elsewhere.
 	outer *Lease
 
 	// ctx is Lock's context until the first Context call makes the lease's (ended keeps an end

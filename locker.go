@@ -207,9 +207,9 @@ func callerAbove(up int) uintptr {
 // siteHandoff is the site of a handed grant: looking it up would cost much of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey for a wait that began at start (zero: now; a LockAll's first key)
-// and ends by until when set (a semaphore's turn); in Reject mode until cuts each store call,
-// and no clock is read. callerUp is as in take.
+// lockSince is lock of rkey for a wait that began at start (zero: now; one budget covers a
+// LockAll's keys) and ends by until when set (a semaphore's turn); in Reject mode until cuts
+// each store call, and no clock is read. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
