@@ -177,9 +177,10 @@ func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // WithHandoff bounds the handoff of a released lock to the next waiting goroutine of this
-// process, with no round trip: fewer than n in a row, within of the acquisition (defaults 1024
-// and 20ms); then the turn ends in the store, for other processes. n = 0 disables handoff; n
-// counts as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md).
+// process, with no round trip: fewer than n in a row, and less than within after the store
+// acquisition (defaults 1024 and 20ms); then the turn ends in the store, so that other
+// processes get theirs. n = 0 disables handoff; n counts as at most 65,535, and as fewer than
+// the TTL has microseconds (docs/guarantees.md).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }

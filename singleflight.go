@@ -412,7 +412,8 @@ func (g *gate) checkDrainedLocked() {
 	}
 }
 
-// drain closes the gate and waits for it to empty (Locker.Drain).
+// drain closes the gate and waits for it to empty; when ctx ends first, it interrupts the leases
+// still held and returns how many locks remain (Locker.Drain).
 func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
 	if !g.closed.Swap(true) {
