@@ -198,9 +198,8 @@ func (h *hold) handable() bool {
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff, with the next
-// fence (stop reports the last one). It reports false, and the caller releases the hold, when
-// it was lost since handable looked: the watchdog may have scheduled nothing more, and a grant
-// that nothing ends would strand the queue behind it.
+// fence. It reports false, and the caller releases the hold, when it was lost since handable
+// looked: the watchdog may schedule nothing more, and an unended grant would strand the queue.
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -102,7 +102,8 @@ func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
-// giveBackLater is giveBack in the background; owner must not be used again.
+// giveBackLater is giveBack in the background. Nothing more may be sent as owner (with borrow):
+// a later grant to it could be the one given back.
 func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
 	go k.giveBack(ctx, key, owner, borrow)
 }

@@ -125,10 +125,9 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 
 // joinRead returns a lease on the read hold of rkey that this process's readers share, when a
 // new reader may still join it (GrantShared), or nil. Writers keep their preference: a reader
-// joins only while no local writer owns the key's gate slot and within the handoff window of
-// the hold, so that a writer elsewhere waits for the readers of one window at most (past it the
-// store refuses new readers while a writer waits). A hold that is lost, released, or has less
-// than a third of its TTL left is never joined.
+// joins only while no local writer owns the key's gate slot and within the hold's handoff
+// window, so that a writer elsewhere (the store lets no new reader past it) waits for one
+// window of readers at most. A lost, released or nearly expired hold is never joined (handable).
 func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	g := l.k.gate
 	g.mu.Lock()
