@@ -8,24 +8,17 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// acquire talks to the store for the gate's owner: one attempt, then in wait mode more attempts
-// per the retry strategy, each sleep cut short by the holder's release notification and never
-// longer than the holder's TTL. yield makes it wait for one notification (or one retry delay)
-// first, because waiters elsewhere were just woken by this process's release. A non-zero asked
-// makes it a fair acquisition (WithFair) of a Lock that began then: each attempt keeps the
-// caller's place in the store's line, and no sleep is longer than FairLookEvery. fw, when not
-// nil, is the caller among its process's fair waiters of key: until it is their head it
-// neither watches the key nor looks again at its releases. Every primitive's store grant
-// comes through here (a lock, a permit, a read hold, a fair place), so the wait's rules live
-// once: how a spent wait is told from a store outage, retries after the store's trouble, the
-// bound of each call.
+// acquire takes key in the store for every primitive: one attempt, then in wait mode more per
+// the retry strategy. yield makes it wait for one release notification (or retry delay) first,
+// as waiters elsewhere were just woken by this process's release. A non-zero asked makes it a
+// fair acquisition of a Lock that began then; fw is the caller among its process's fair waiters.
 func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
 	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
 	if a.fair = !asked.IsZero(); a.fair {
 		if a.wait {
 			a.queue = FairQueueTTL
 			defer func() {
-				if err != nil { // a waiter that gives up must not hold up the line
+				if err != nil { // a waiter that gives up leaves the line
 					go l.k.leaveQueue(ctx, key, a.owner)
 				}
 			}()
@@ -34,7 +27,7 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	a.meta = l.withKind(ctx)
 	defer a.close()
 	if yield && a.wait {
-		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay still bounds the sleep
+		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay bounds the sleep
 		d, _ := l.cfg.retry(1)
 		if !l.sleep(b.context(), a.watch.C(), &a.timer, d) {
 			return nil, l.gaveUp(ctx, &busyError{})
@@ -57,9 +50,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 }
 
-// acquisition is the state of one acquire: the caller's, and what its attempts saw. The wait's
-// budget is passed to its methods, not kept in it: escape analysis does not tell its fields
-// apart, and a budget pointer kept here would move every Lock's budget to the heap.
+// acquisition is the state of one acquire. The wait's budget is passed to its methods, not
+// kept in it: a budget pointer kept here would move every Lock's budget to the heap.
 type acquisition struct {
 	l     *Locker
 	ctx   context.Context
@@ -69,7 +61,7 @@ type acquisition struct {
 	fw    *fairWaiter
 	kind  holdKind
 	wait  bool
-	fair  bool          // a fair acquisition (asked is not zero)
+	fair  bool          // asked is not zero
 	queue time.Duration // how long the caller's place in line lives; 0 takes none
 	meta  string
 
@@ -79,7 +71,7 @@ type acquisition struct {
 	delay    time.Duration // the sleep before the next attempt, from the retry strategy
 	recheck  bool          // the next attempt is the look after a fresh watch (not counted)
 	storeErr error         // the store's error of the last attempt, while waiting; nil after a reply
-	holder   time.Time     // when the holder's lock runs out, as last seen (for Retry-After)
+	holder   time.Time     // when the holder's lock runs out, as last seen (Retry-After)
 }
 
 func (a *acquisition) close() {
@@ -89,8 +81,7 @@ func (a *acquisition) close() {
 	}
 }
 
-// call makes one attempt, bounded by callContext. It returns when it was sent, on the wait's
-// clock and on the lock's.
+// call makes one attempt; sentAt is on the wait's clock, sent on the lock's.
 func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent time.Time, err error) {
 	l := a.l
 	callCtx, cancel := l.callContext(a.ctx, b)
@@ -100,18 +91,14 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	return res, sentAt, sent, err
 }
 
-// afterError handles an attempt that failed with err: a waiter whose store answered before
-// tries again within its wait; otherwise the wait ends, busy when it ran out during the call
-// and with the store's error when the store never answered in time.
+// afterError handles a failed attempt: a waiter whose store answered before (a failover) tries
+// again within its wait; otherwise the wait ends, busy or not (budget.spentDuringCall).
 func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done bool, _ error) {
 	l := a.l
 	again := a.wait && a.attempt > 0 && !b.spent()
 	if mayHaveRun(err) {
-		// What the call may have taken unseen is given back, in the background: the store is
-		// failing, and a give-back bounded by its own half second would carry the caller past
-		// its deadline. The next attempt takes a new owner token: the call may still land
-		// later, and its store then gives back what it took by owner, which must not be the
-		// next attempt's grant.
+		// The next attempt takes a new owner token: the call may still land later, and the
+		// give-back by owner must not end the next attempt's grant.
 		l.k.giveBackLater(a.ctx, a.key, a.owner, "")
 		if again {
 			if a.queue > 0 {
@@ -121,10 +108,7 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		}
 	}
 	if again {
-		// A waiter: the store answered before, so this is a failover or a restart on its way,
-		// which takes a second or two. Try again within the wait; a store still down when it
-		// runs out ends it with the store's error (storeErr).
-		a.storeErr = err
+		a.storeErr = err // a store still down when the wait runs out ends it with this
 		if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, err); err != nil {
 			return true, err
 		}
@@ -134,28 +118,20 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		return true, a.storeErr // down from the error before the deadline on
 	}
 	if a.wait && b.spentDuringCall(sentAt, a.attempt > 0) {
-		// The wait ran out while the store was being asked: busy, when it ran out during a
-		// retry of a key we saw held, or when most of it had gone before this first attempt
-		// was sent (queued in the process, or on an earlier key of a LockAll). A first attempt
-		// given most of the wait that the store did not answer is the store's error (a hung
-		// store answers 503, not 409).
 		return true, l.busy(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
 	}
 	return true, err
 }
 
-// afterGrant makes the hold of a granted attempt, or, when the reply came too late to hold the
-// lock safely, gives it back and tries again within the wait.
+// afterGrant makes the hold of a granted attempt, or gives back one granted too late.
 func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time.Time) (*hold, bool, error) {
 	l := a.l
 	a.storeErr = nil
 	if !l.k.tooLate(sent) {
 		return newHold(l.k, a.key, a.owner, res.Fence, "", sent, a.kind), true, nil
 	}
-	// The lock's TTL counts from the send: too little of it is left to hold it safely. Give it
-	// back. For a waiter this is a passing condition of the store (a leader election, a
-	// stall), like an error after an answer: it tries again within its budget, as a new owner
-	// (the give-back runs by the old token).
+	// A waiter rides out a passing stall of the store, as a new owner (the give-back runs by
+	// the old token).
 	l.k.giveBackLater(a.ctx, a.key, a.owner, "")
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply
@@ -167,8 +143,7 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	return nil, false, nil
 }
 
-// afterBusy handles a busy reply: the holder check, the retry strategy's next delay, and the
-// sleep until the holder's release (or the delay) before the next attempt.
+// afterBusy handles a busy reply: the holder check, the next delay, and the sleep.
 func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, error) {
 	l, ctx := a.l, a.ctx
 	a.storeErr = nil
@@ -177,15 +152,12 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 		l.reportDrift(ctx, a.key, res.Holder)
 		if check := l.cfg.holders; check != nil {
 			if cause := check(ctx, res.Holder); cause != nil {
-				// Busy (409 / Aborted, RetryAfter) and the caller's reason, for errors.Is.
 				return true, fmt.Errorf("%w: %w", &busyError{retryAfter: res.HolderTTL}, cause)
 			}
 		}
 	}
 	if a.recheck {
-		// The look after a fresh watch is not an attempt of the retry strategy: it neither
-		// uses up a capped attempt nor moves the backoff on; the sleep is the one the attempt
-		// before it chose, cut to what is left of the holder's TTL.
+		// Not an attempt of the retry strategy: the sleep is the previous attempt's delay.
 		a.recheck = false
 	} else {
 		a.attempt++
@@ -200,8 +172,7 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 	return a.sleepAfterBusy(b, res.HolderTTL)
 }
 
-// sleepAfterBusy sleeps before the next attempt on a busy key: until the holder's release is
-// heard, the delay, the holder's TTL or, for a fair waiter, its next look to keep its place.
+// sleepAfterBusy sleeps until the holder's release is heard, at most the delay.
 func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, error) {
 	l, ctx := a.l, a.ctx
 	delay := a.delay
@@ -211,10 +182,9 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 	if a.fair {
 		delay = min(delay, FairLookEvery) // keep the place in line
 	}
-	a.delay = delay // a recheck's sleep is this one, cut further by the holder's TTL then
+	a.delay = delay
 	if a.fw != nil && !a.fw.isHead() {
-		// Another waiter of this process is before this one: it looks at each release; this
-		// one keeps its place at FairLookEvery, or looks as soon as it is first.
+		// Not its process's first: keep the place at FairLookEvery, or look once first.
 		if !l.sleep(b.context(), a.fw.head, &a.timer, FairLookEvery) {
 			return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
 		}
@@ -223,13 +193,11 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 	if a.watch == nil {
 		// Subscribing can fail (the store down, cluster quirks): then we poll.
 		if a.watch, _ = l.k.store.Watch(b.context(), a.key); a.watch.Fresh() && !b.spent() {
-			if l.k.gate.closed.Load() {
-				// Drained while subscribing: answer as a sleeping owner does.
+			if l.k.gate.closed.Load() { // drained while subscribing
 				return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
 			}
-			// A release between the busy reply and the subscription published to nobody: look
-			// once more, now that a release would be heard, before sleeping (otherwise the
-			// waiter slept to its retry delay, or the holder's TTL, with the key free).
+			// A release between the busy reply and the subscription published to nobody:
+			// look once more, now that a release would be heard, before sleeping.
 			a.recheck = true
 			return false, nil
 		}

@@ -2,17 +2,12 @@ package flightlock
 
 import "time"
 
-// clock is where the lifecycle of a hold reads the time and arms its watchdog: the system
-// clock in production, a manual one in tests (so watchdog and expiry tests step through a
-// lock's life instead of sleeping through it). Deadlines of contexts (wait budgets, call
-// bounds) stay on the system clock: a context cannot be driven by anything else.
+// clock is where a hold's life reads the time and arms its watchdog (a manual one in tests).
+// Context deadlines stay on the system clock: nothing else can drive a context.
 type clock interface {
 	Now() time.Time
-	// Since and Until are Now().Sub(t) and t.Sub(Now()); the system clock's read only the
-	// monotonic clock, half the cost of Now on the busy-key path (TryLock on a held
-	// key measured 109 -> 141 ns when they were written with Now).
+	// Since is Now().Sub(t), on the system clock half the cost of Now (monotonic only).
 	Since(t time.Time) time.Duration
-	Until(t time.Time) time.Duration
 	AfterFunc(d time.Duration, f func()) clockTimer
 }
 
@@ -28,12 +23,8 @@ func (systemClock) Now() time.Time { return time.Now() }
 
 func (systemClock) Since(t time.Time) time.Duration { return time.Since(t) }
 
-func (systemClock) Until(t time.Time) time.Duration { return time.Until(t) }
-
 func (systemClock) AfterFunc(d time.Duration, f func()) clockTimer { return time.AfterFunc(d, f) }
 
 // concurrentTimers marks a clock whose timers fire on goroutines of their own, as time.AfterFunc
-// does: the watchdog's timer callback then never waits for the renewals it starts. A clock
-// without it (the tests' manual clock fires timers inside Advance, on the test's goroutine)
-// has the callback wait for them, so that each step of a test sees their outcome.
+// does (watchdog.settle).
 func (systemClock) concurrentTimers() {}

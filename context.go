@@ -9,12 +9,9 @@ import (
 
 type leaseKey struct{}
 
-// leaseContext is a lease's context: the Lease itself, seen through a type of its own so that
-// Lease does not carry a context's methods in its API and the context costs no allocation or
-// field. Its cancellation comes from the lease's ctx, and it answers the lease key itself, so a
-// lease needs no extra context.WithValue. The leases of a context chain are linked by
-// Lease.outer, innermost first. Only Lease.Context hands one out, once the lease's ctx is made
-// and no longer changes.
+// leaseContext is a lease's context: the Lease itself under a type of its own, so that it costs
+// no allocation and Lease's API has no context methods. Only Lease.Context hands one out, once
+// the lease's ctx is made and no longer changes.
 type leaseContext Lease
 
 func (c *leaseContext) Deadline() (time.Time, bool) { return c.ctx.Deadline() }
@@ -31,15 +28,13 @@ func (c *leaseContext) Value(key any) any {
 // String names the context without printing the lease's fields (which its locks guard).
 func (c *leaseContext) String() string { return "flightlock.Lease(" + c.h.key + ").Context" }
 
-// FromContext returns the innermost lease held by ctx (a lease's Context, or a context derived
-// from it), or nil.
+// FromContext returns the innermost lease held by ctx (a lease's Context, or derived), or nil.
 func FromContext(ctx context.Context) *Lease {
 	lease, _ := ctx.Value(leaseKey{}).(*Lease)
 	return lease
 }
 
-// AllFromContext returns every lease that ctx holds and that is not released yet, innermost
-// first, for propagation to a downstream service.
+// AllFromContext returns every unreleased lease that ctx holds, innermost first.
 func AllFromContext(ctx context.Context) []*Lease {
 	var out []*Lease
 	for x := FromContext(ctx); x != nil; x = x.outer {
@@ -60,20 +55,12 @@ func findLease(ctx context.Context, g *gate, key string) *Lease {
 	return nil
 }
 
-// NewOwner returns a context with ctx's values and cancellation in which no lock is held:
-// neither the leases of ctx nor the owners an upstream service handed over. A Lock in it is a
-// new owner's and waits its turn behind the holder like any other request.
-//
-// Everything that carries a lease's context is that lease's owner and re-enters its locks at
-// once; concurrency inside one owner is the owner's own business, as it is for goroutines
-// started by the holder of a sync.Mutex. A goroutine of the holder that must exclude its
-// siblings locks through NewOwner. The holder must then not wait for that goroutine while it
-// holds the key: the goroutine waits for the holder's release, the holder for the goroutine,
-// and both give up only when the goroutine's wait budget runs out (ErrBusy).
-//
-// The returned context ends when ctx does, and a lease's context ends when the lease is
-// released: a goroutine that is to take the key after its holder released it (a job that
-// outlives the request) starts from NewOwner(context.WithoutCancel(ctx)).
+// NewOwner returns a context with ctx's values and cancellation in which no lock is held,
+// neither ctx's leases nor owners handed over: a Lock in it waits behind the holder like any
+// other request's. Everything that carries a lease's context re-enters its locks at once; a
+// goroutine that must exclude its siblings locks through NewOwner. The holder must not wait for
+// it while holding the key, or both wait until its budget runs out (ErrBusy); a job that
+// outlives the request starts from NewOwner(context.WithoutCancel(ctx)).
 func NewOwner(ctx context.Context) context.Context {
 	return context.WithValue(handover.Without(ctx), leaseKey{}, (*Lease)(nil))
 }

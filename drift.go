@@ -8,17 +8,9 @@ import (
 	"time"
 )
 
-// Drift between processes: two instances of one service that lock one key with different
-// Permits, or one with Fair and one without, each keep their own promise and together keep
-// neither (a semaphore of 5 beside one of 3 admits 5; a rule without Fair takes the key ahead
-// of the fair line). No process sees the other's config, so each writes the kind of its locks
-// beside them in the store ("kind=permits:3" in the metadata), and a Lock that finds the key
-// held reads the holder's kind. A kind that cannot meet its own is drift: reported to the
-// Observer (the go-zero layer counts and logs it), or logged at most once a minute per Locker,
-// and the call goes on as it would have: the store still decides who holds the key.
-
-// kindTag is the kind of a Locker's locks as its metadata says it: "kind=lock" (a lock, or
-// the write side of a read-write lock), "kind=fair", "kind=read", "kind=permits:N".
+// kindTag is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), so that a
+// Lock that finds its key held by an instance configured otherwise (other Permits, Fair beside
+// no Fair) sees the drift: reported (Observer.Drift, or the log), and the store still decides.
 func (c *config) kindTag() string {
 	switch {
 	case c.permits > 1:
@@ -31,8 +23,7 @@ func (c *config) kindTag() string {
 	return "kind=lock"
 }
 
-// withKind returns meta with the Locker's kind; the default metadata's is made once (meta
-// stored beside every lock costs no allocation then).
+// withKind returns an acquisition's metadata with the kind; the default's costs no allocation.
 func (l *Locker) withKind(ctx context.Context) string {
 	if l.cfg.metadata == nil {
 		return l.kindMeta.own
@@ -72,9 +63,8 @@ func holderKind(meta string) string {
 	return kind
 }
 
-// drifted reports whether locks of kinds own and holder cannot be one rule's: different permit
-// counts (a lock is permit 1), or a fair lock and an unfair one. Reads meet locks and fair
-// locks as the two sides of a read-write lock, which is what they are.
+// drifted reports whether locks of kinds own and holder cannot be one rule's. Reads meet locks
+// and fair locks as the two sides of a read-write lock.
 func drifted(own, holder string) bool {
 	if holder == "" || own == holder {
 		return false
@@ -88,7 +78,7 @@ func drifted(own, holder string) bool {
 // driftLogEvery bounds the log lines of a Locker without an Observer.Drift.
 const driftLogEvery = time.Minute
 
-// reportDrift tells the Observer, or the log, that key is held by a lock of another kind.
+// reportDrift tells the Observer, or the log, when key is held by a lock of a drifted kind.
 func (l *Locker) reportDrift(ctx context.Context, key, holderMeta string) {
 	holder := holderKind(holderMeta)
 	if !drifted(l.kindMeta.own, holder) {

@@ -9,9 +9,9 @@ import (
 )
 
 var (
-	// ErrBusy means another owner holds the key: at once in reject mode, or after the wait
-	// budget was spent in wait mode. When the caller's context ended the wait, the error is
-	// errors.Join(ErrBusy, ctx.Err()). RetryAfter tells how long the holder has left.
+	// ErrBusy means another owner holds the key (in wait mode, past the wait budget). When the
+	// caller's context ended the wait, the error is errors.Join(ErrBusy, ctx.Err()).
+	// RetryAfter tells how long the holder has left.
 	ErrBusy = errors.New("flightlock: lock busy")
 	// ErrNotHeld is returned by Release and Refresh of a lock that is not held by the lease:
 	// released already, expired, or taken over. Nothing of the other owner was touched.
@@ -20,32 +20,27 @@ var (
 	// longer be trusted: a renewal was refused, or the lease ran out before it could be renewed.
 	ErrLost = errors.New("flightlock: lock lost")
 	// ErrInvalidKey means the lock request is malformed: an empty key, or a key longer than
-	// MaxKeyLen (prefix included). Nothing was sent to Redis.
+	// MaxKeyLen (prefix included). Nothing was sent to the store.
 	ErrInvalidKey = errors.New("flightlock: invalid lock key")
 	// ErrConfig means a Locker's options (New, With) or a middleware's configuration are
-	// invalid: a TTL that is not positive, a prefix that leaves no room for a key, an unknown
-	// value. It is a start-up error, unlike ErrInvalidKey, which is the request's fault.
+	// invalid: a start-up error, unlike ErrInvalidKey, which is the request's fault.
 	ErrConfig = lockstore.ErrConfig
-	// ErrClosed is returned by Lock once the Locker drains (Drain): the process is shutting
-	// down and takes no new lock. It is also the cause with which Drain cancels the contexts of
-	// leases still held when its grace period ends.
+	// ErrClosed is returned by Lock once the Locker drains (Drain), and is the cause with
+	// which Drain cancels the leases still held when its grace period ends.
 	ErrClosed = errors.New("flightlock: draining, no new locks")
 	// ErrReleasePending is returned by a Release whose context ended before the store
-	// confirmed the release: it goes on in the background, and the key is freed when the store
-	// answers, or runs out with its TTL when it never does. Nobody else's lock is touched.
+	// confirmed it: it goes on in the background, or the key runs out with its TTL.
 	ErrReleasePending = errors.New("flightlock: release not confirmed before the context ended; it goes on in the background")
 )
 
-// errLateReply is the store error of an acquisition whose reply came back so late that its lock
-// could expire before a holder could use it; the lock was given back.
+// errLateReply is an acquisition's reply too late to hold its lock safely (given back).
 var errLateReply = errors.New("flightlock: the lock store replied too late to hold the lock safely")
 
 // errGrantEnded tells a re-entry that the lease it found ended meanwhile.
 var errGrantEnded = errors.New("flightlock: grant ended")
 
-// MaxKeyLen is the longest Redis key, prefix included, that a Locker accepts. Longer keys are
-// refused with ErrInvalidKey: they cost Redis memory and bandwidth on every call and almost
-// always mean a template took in a whole request body.
+// MaxKeyLen is the longest store key, prefix included, that a Locker accepts (ErrInvalidKey):
+// a longer one almost always means a template took in a whole request body.
 const MaxKeyLen = 1024
 
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.
@@ -62,8 +57,8 @@ func (e *busyError) Error() string {
 
 func (e *busyError) Is(target error) bool { return target == ErrBusy }
 
-// RetryAfter returns how long the holder of a busy key still had when err was made, if err is
-// an ErrBusy that knows it.
+// RetryAfter returns how long the holder of a busy key had left, when err is an ErrBusy that
+// knows it.
 func RetryAfter(err error) (time.Duration, bool) {
 	var be *busyError
 	if errors.As(err, &be) && be.retryAfter > 0 {
@@ -72,11 +67,7 @@ func RetryAfter(err error) (time.Duration, bool) {
 	return 0, false
 }
 
-func invalidKey(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidKey}, args...)...)
-}
-
-// configError wraps ErrConfig; format names the option first ("WithTTL: must be positive").
-func configError(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+// wrapf wraps sentinel in a message; ErrConfig's names the option first ("WithTTL: ...").
+func wrapf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)
 }

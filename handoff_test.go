@@ -426,7 +426,7 @@ func TestPassCountsTheHoldsOwnTTL(t *testing.T) {
 	if last, _, err := h.release(first); err != nil || !last {
 		t.Fatalf("the first lease's release: last %v, err %v; want its grant's last", last, err)
 	}
-	if err := b.k.endGrant(ctx, h); err != nil {
+	if err := b.k.endGrantBy(ctx, h); err != nil {
 		t.Fatal(err)
 	}
 	next := (<-got).must(t)

@@ -136,7 +136,9 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{locks: make(map[string]string)} }
 
-func (m *memStore) Capabilities() lockstore.Capabilities { return lockstore.Capabilities{Name: "memory"} }
+func (m *memStore) Capabilities() lockstore.Capabilities {
+	return lockstore.Capabilities{Name: "memory"}
+}
 
 func (m *memStore) Acquire(_ context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner := req.Key, req.Owner
@@ -215,4 +217,19 @@ func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) 
 // withOwner is what the zrpc server interceptor does for a handed-over owner.
 func withOwner(ctx context.Context, key, owner string) context.Context {
 	return handover.With(ctx, handover.Owner{Key: key, Token: owner})
+}
+
+// gateLen is the number of keys in the per-process gate.
+func (l *Locker) gateLen() int {
+	g := l.k.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.entries)
+}
+
+// isLost reports whether the lock can no longer be trusted.
+func (h *hold) isLost() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.has(holdLost)
 }

@@ -8,32 +8,23 @@ import (
 	"unsafe"
 )
 
-// hold is one Redis lock held by this process: from the acquisition to the release, across
-// handoffs between local goroutines. The Locker's watchdog (watchdog.go) renews it every TTL/3
-// while a holder runs and cancels the holders' contexts with ErrLost before Redis may expire it.
-//
-// A grant is one turn of the hold: the lease that acquired it, or received it by handoff, and
-// every lease that re-entered or joined that one. The grant ends when the last of them is
-// released (live reaches 0); only then does the lock go to the next local waiter or back to
-// Redis, so no lease of a grant outlives it.
+// hold is one store lock held by this process, across handoffs between local goroutines; the
+// watchdog renews it and ends its leases with ErrLost before the store may expire it. A grant
+// is the lease that acquired it or received it by handoff, with every lease that re-entered or
+// joined that one; only when the last is released (live reaches 0) does the lock go on, so no
+// lease of a grant outlives it. A hold is 128 bytes (live heap per held lock): the rare parts
+// wait in ext.
 type hold struct {
 	k   *keeper
-	key string // full Redis key
-	// ext is what few holds need (live heap per held lock): the owner token of a hold whose
-	// token is not one of this process's (token), the name of a borrowed hold when the hold
-	// re-enters another process's lock (Store.Reenter), and the leases beyond the first. nil
-	// for the rest. Set when the hold is made (setOwner), or under mu when a second lease
-	// joins; read without mu through the atomic pointer: owner and borrow never change once
-	// it is set.
+	key string // full store key
+	// ext is set when made, or under mu for a second lease; owner and borrow never change.
 	ext atomic.Pointer[holdExt]
-	// When the Redis acquisition, or the pass that began the current turn (restart), was sent:
-	// the handoff window counts from it. Written only by the owner of the gate slot, before it
-	// passes the slot on, and read by the owner.
+	// acquired is when the turn's store call was sent (handoff window); the slot owner's.
 	acquired instant
 
 	mu         sync.Mutex
 	fence      int64   // guarded by mu: fence of the current grant (handoffs count up from the acquisition's)
-	validUntil instant // guarded by mu: the Redis lock lives at least until then
+	validUntil instant // guarded by mu: the store lock lives at least until then
 	renewUntil instant // guarded by mu: no renewal after this (MaxHold)
 	renewAt    instant // guarded by mu: when the next renewal is due
 	first      *Lease  // guarded by mu: a lease to cancel on loss; the others are in ext.more
@@ -43,21 +34,16 @@ type hold struct {
 	slot int32   // its index in the heap plus one; 0 when it has no pending event
 
 	live int32 // guarded by mu: unreleased leases of the current grant
-	// token is the owner token when ext has none: one of the tokens this process mints
-	// (newOwnerToken), kept in the hold instead of as a string of its own (24 bytes
-	// of heap per held lock). Written by newHold before the hold is shared and never after, so
-	// owner can view it as a string without a copy.
+	// token is the owner token when ext has none; written before the hold is shared.
 	token [ownerTokenLen]byte
 	kind  holdKind  // set when made, never after: read without mu
 	flags holdFlags // guarded by mu: what the hold's grant and lock went through (holdLost, ...)
-	// A hold is 128 bytes (live heap per held lock): nearly every hold has one lease and a
-	// token of its own, so the rest waits in ext; the gate finds a hold's entry by its key.
 }
 
 // holdExt is the rare part of a hold (hold.ext).
 type holdExt struct {
-	owner  string   // the owner token; "" when it is the hold's own token
-	borrow string   // the name of a borrowed hold in the other process's lock; "" for none
+	owner  string   // the owner token, when not one this process minted; "" for hold.token
+	borrow string   // the name of a borrowed hold in the other process's lock (Store.Reenter)
 	more   []*Lease // guarded by the hold's mu: its leases beyond hold.first, in no order
 }
 
@@ -65,19 +51,14 @@ type holdExt struct {
 type holdKind uint8
 
 const (
-	// holdGated: the hold of a gate slot (the per-process gate, singleflight.go), released
-	// through the gate: handed to local waiters, passed, or given back to the store. The
-	// others (re-entries of other processes' locks, read and fair locks) are released
-	// straight to the store.
+	// holdGated: a gate slot's hold; the others (borrowed, read, fair) go straight to the store.
 	holdGated holdKind = 1 << iota
-	// holdDegraded: Redis was unreachable (WithFailOpen); only the gate excludes.
+	// holdDegraded: the store was unreachable (WithFailOpen); only the gate excludes.
 	holdDegraded
 )
 
-// gated reports whether h is a gate slot's hold (holdGated).
 func (h *hold) gated() bool { return h.kind&holdGated != 0 }
 
-// degraded reports whether h holds only the gate (holdDegraded).
 func (h *hold) degraded() bool { return h.kind&holdDegraded != 0 }
 
 // holdFlags are the hold's states, one bit each, guarded by the hold's mu.
@@ -92,26 +73,19 @@ const (
 	holdShared                          // the owner token left this lease (Lease.Owner): never handed off
 )
 
-// has reports whether flag f is set. h.mu must be held.
+// has, set and unset read and write flags; h.mu must be held.
 func (h *hold) has(f holdFlags) bool { return h.flags&f != 0 }
 
-// set sets flag f. h.mu must be held.
 func (h *hold) set(f holdFlags) { h.flags |= f }
 
-// unset clears flag f. h.mu must be held.
 func (h *hold) unset(f holdFlags) { h.flags &^= f }
 
-// owner returns the owner token of the lock.
 func (h *hold) owner() string {
 	if e := h.ext.Load(); e != nil && e.owner != "" {
 		return e.owner
 	}
 	return unsafe.String(&h.token[0], len(h.token))
 }
-
-// The leases of a hold, guarded by its mu. Nearly every hold has one lease at a time
-// (re-entries and joins add more), so the first sits in the hold itself and only a second one
-// makes a slice, in ext. Order carries no meaning.
 
 // addLeaseLocked adds x to h's leases. h.mu must be held.
 func (h *hold) addLeaseLocked(x *Lease) {
@@ -164,8 +138,7 @@ func (h *hold) endLeasesLocked(cause error) {
 	}
 }
 
-// newHold is the hold of a Redis acquisition sent at sent, or with borrow set, of a re-entry of
-// another process's lock.
+// newHold is the hold of an acquisition sent at sent (with borrow, a re-entry's).
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time, kind holdKind) *hold {
 	at := k.instant(sent)
 	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1, kind: kind}
@@ -176,19 +149,15 @@ func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time
 	return h
 }
 
-// beginLocked counts the life of a turn whose store call (an acquisition, or a pass) was sent
-// at at: the lock lives at least a TTL from the send, MaxHold counts from now, and the watchdog
-// gets the hold's next event. The first renewal is due TTL/3 after the send, not after the
-// reply: a late reply leaves less of the TTL, and the watchdog must not count time it does not
-// have. h.mu must be held.
+// beginLocked counts a turn from the send of its store call, not the reply. h.mu must be held.
 func (h *hold) beginLocked(at instant) {
 	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
 	h.renewAt = at.add(h.k.ttl / 3)
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
 }
 
-// newLocalHold is the hold of a degraded lease: no Redis lock, no watchdog, fence 0.
+// newLocalHold is the hold of a degraded lease: no store lock, no watchdog, fence 0.
 func newLocalHold(k *keeper, key, owner string) *hold {
 	now := k.nowInstant()
 	h := &hold{k: k, key: key, kind: holdGated | holdDegraded, acquired: now, live: 1,
@@ -197,8 +166,7 @@ func newLocalHold(k *keeper, key, owner string) *hold {
 	return h
 }
 
-// setOwner records the owner token and, for a borrowed hold, its name; only while the hold is
-// made, before anyone else sees it.
+// setOwner records the owner token and a borrowed hold's name, before anyone else sees h.
 func (h *hold) setOwner(owner, borrow string) {
 	if len(owner) == len(h.token) && borrow == "" {
 		copy(h.token[:], owner)
@@ -207,21 +175,13 @@ func (h *hold) setOwner(owner, borrow string) {
 	h.ext.Store(&holdExt{owner: owner, borrow: borrow})
 }
 
-// borrowed reports whether the hold re-entered the lock of an owner in another process: it is
-// released as one named hold, never through the gate.
-func (h *hold) borrowed() bool { return h.borrowName() != "" }
-
-// borrowName is the name of a borrowed hold in the other process's lock; "" for a hold of our own.
+// borrowName is the name of a hold in another process's lock; "" for a hold of our own.
 func (h *hold) borrowName() string {
 	if e := h.ext.Load(); e != nil {
 		return e.borrow
 	}
 	return ""
 }
-
-// safety is how long before validUntil a lease is declared lost when renewals keep failing:
-// its holder must stop before Redis can hand the key to someone else.
-func (h *hold) safety() time.Duration { return h.k.safety() }
 
 // remaining is how long the lock is known to live, for Retry-After.
 func (h *hold) remaining() time.Duration {
@@ -230,23 +190,16 @@ func (h *hold) remaining() time.Duration {
 	return max(h.k.untilInstant(h.validUntil), 0)
 }
 
-// handable reports whether the lock can go to another local holder: not lost, never shared
-// with another process, with more than a third of its TTL left.
+// handable reports whether the lock can go to a local waiter: not lost or shared, > TTL/3 left.
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return !h.has(holdLost) && !h.has(holdStopped) && !h.has(holdShared) && h.k.untilInstant(h.validUntil) > h.k.ttl/3
 }
 
-// nextGrant starts the grant of a local waiter that receives the hold by handoff: it gets the
-// next fence, above every earlier grant of the key. The fences handed out here are reported to
-// Redis on release, so later acquisitions count on above them.
-//
-// It reports false, and changes nothing, when the hold was lost since handable looked: the
-// watchdog may have found the grant ended (no live lease) and scheduled nothing more, so a
-// waiter given it would hold a grant that nothing ends, with the queue behind it stranded
-// while the key is free (TestHandoffOfAHoldLostMeanwhileReleasesIt). The caller then
-// releases the hold instead.
+// nextGrant starts the grant of a local waiter that receives the hold by handoff, with the next
+// fence. It reports false, and the caller releases the hold, when it was lost since handable
+// looked: the watchdog may schedule nothing more, and an unended grant would strand the queue.
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -260,9 +213,8 @@ func (h *hold) nextGrant() bool {
 	return true
 }
 
-// restart begins a new turn of a hold that a pass kept in Redis (keeper.pass) after stop: the
-// lock lives at least a TTL from sent, and the turn's first grant has fence, which the store
-// minted. It reports false, and leaves the hold stopped, when the hold was lost meanwhile.
+// restart begins a new turn, from sent, of a hold that a pass kept, with the store's fence; it
+// reports false, and leaves the hold stopped, when it was lost meanwhile.
 func (h *hold) restart(sent time.Time, fence int64) bool {
 	at := h.k.instant(sent)
 	h.mu.Lock()
@@ -279,23 +231,20 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	return true
 }
 
-// grantFence returns the fence of the current grant, and whether it is the first grant of its
-// turn (the store minted it: an acquisition or a pass), not a handoff's.
+// grantFence returns the current grant's fence, and whether the store minted it.
 func (h *hold) grantFence() (fence int64, first bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.fence, !h.has(holdHanded)
 }
 
-// currentFence returns the fence of the current grant.
 func (h *hold) currentFence() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.fence
 }
 
-// join counts one more live lease of the current grant (a lease that joins the hold through a
-// handed-over owner), unless the grant has ended.
+// join counts one more live lease of the current grant, unless the grant has ended.
 func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -306,15 +255,13 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	return h.fence, h.siteLocked(), true
 }
 
-// done counts one lease of the grant released; it reports whether it was the last. After the
-// grant was abandoned it counts nothing.
+// done counts a lease released and reports whether it was the grant's last (none if abandoned).
 func (h *hold) done() (last bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.doneLocked()
 }
 
-// doneLocked is done with h.mu held.
 func (h *hold) doneLocked() (last bool) {
 	if h.has(holdAbandoned) {
 		return false
@@ -323,8 +270,7 @@ func (h *hold) doneLocked() (last bool) {
 	return h.live == 0
 }
 
-// attach registers a lease to cancel on loss. MaxHold bounds a grant, so a re-entry does not
-// restart its clock (a handler that re-enters over and over must not hold the lock forever).
+// attach registers a lease to cancel on loss. A re-entry does not restart the grant's MaxHold.
 func (h *hold) attach(lease *Lease) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -334,9 +280,8 @@ func (h *hold) attach(lease *Lease) {
 	}
 }
 
-// release marks lease x of h released, takes it off h's leases, ends its context and counts
-// it (done): last reports whether it was the grant's last lease, lost whether the lock was
-// lost. It fails with ErrNotHeld when x was released already.
+// release marks lease x released, ends its context and counts it (done): last reports whether
+// it was the grant's last lease, lost whether the lock was lost. A second call is ErrNotHeld.
 func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -349,8 +294,7 @@ func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	return h.doneLocked(), h.has(holdLost), nil
 }
 
-// siteLocked is where h's current grant was taken, as its leases recorded it; 0 when none
-// did. h.mu must be held.
+// siteLocked is where h's current grant was taken, as its leases say, or 0. h.mu must be held.
 func (h *hold) siteLocked() uintptr {
 	if h.first != nil && h.first.site != 0 {
 		return h.first.site
@@ -365,9 +309,7 @@ func (h *hold) siteLocked() uintptr {
 	return 0
 }
 
-// stop turns the watchdog off before the lock is released; it returns the largest fence
-// handed out by handoff under the hold, or 0 when there was no handoff (the release then does
-// not touch the fence counter).
+// stop turns the watchdog off before a release; it returns the last fence handed off, or 0.
 func (h *hold) stop() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -381,11 +323,9 @@ func (h *hold) stop() int64 {
 	return h.fence
 }
 
-// onDue runs on the watchdog's timer when the hold's pending event falls due. It decides from
-// the hold's state, not from which event it was (an event may have been replaced meanwhile):
-// a lost hold ends its grant once Redis may have expired the key; a hold at its loss deadline
-// is lost, whether or not a renewal is under way; a hold whose renewal is due queues it for a
-// renewer. Every hold that needs another event is scheduled again.
+// onDue runs on the watchdog's timer when the hold's event falls due, and decides from the
+// hold's state, not from which event it was: a lost hold is abandoned, a hold at its loss
+// deadline is lost (renewal under way or not), a due renewal is queued.
 func (h *hold) onDue() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -397,14 +337,12 @@ func (h *hold) onDue() {
 		h.abandonLocked(now)
 		return
 	}
-	loss := h.validUntil.add(-h.safety())
+	loss := h.validUntil.add(-h.k.safety())
 	switch {
 	case now >= loss:
 		h.loseLocked()
 	case h.has(holdRenewing) || now > h.renewUntil:
-		// A renewal is queued or on the wire, or MaxHold is reached and the lease runs out:
-		// the next event is the loss deadline of the last successful acquire or refresh. A
-		// renewal that waits or hangs never moves it.
+		// A renewal under way, or MaxHold reached: only a reply moves the loss deadline.
 		h.k.wd.schedule(h, loss)
 	case now < h.renewAt:
 		h.k.wd.schedule(h, min(h.renewAt, loss))
@@ -415,9 +353,7 @@ func (h *hold) onDue() {
 	}
 }
 
-// renewBegin starts a renewal that the watchdog queued: it returns the loss deadline, past
-// which the refresh is of no use, or false when the hold ended or was lost meanwhile (then
-// nothing is sent).
+// renewBegin returns a queued renewal's loss deadline, or false when the hold ended or was lost.
 func (h *hold) renewBegin() (deadline instant, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -425,11 +361,10 @@ func (h *hold) renewBegin() (deadline instant, ok bool) {
 		h.unset(holdRenewing)
 		return 0, false
 	}
-	return h.validUntil.add(-h.safety()), true
+	return h.validUntil.add(-h.k.safety()), true
 }
 
-// renewEnd takes the outcome of a refresh sent at sent (read before the call went out, so that
-// the lease is counted from the send, never from the reply) and schedules the hold's next event.
+// renewEnd takes the outcome of a refresh sent at sent and schedules the hold's next event.
 func (h *hold) renewEnd(sent instant, err error) {
 	if o := h.k.observe; o != nil && o.Renewed != nil {
 		o.Renewed(h.key, err)
@@ -442,23 +377,22 @@ func (h *hold) renewEnd(sent instant, err error) {
 	}
 	switch {
 	case err == nil:
-		// The lock lives at least a TTL from the send (a refresh never shortens it), and the
-		// next renewal is due a third of it from the send.
+		// A refresh never shortens the lock.
 		h.validUntil = max(h.validUntil, sent.add(h.k.ttl))
 		h.renewAt = sent.add(h.k.ttl / 3)
 	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
 		return
 	default:
-		// Redis did not answer: try again soon, and give up before the lock may expire.
-		left := h.k.untilInstant(h.validUntil) - h.safety()
+		// No answer: try again soon, and give up before the lock may expire.
+		left := h.k.untilInstant(h.validUntil) - h.k.safety()
 		if left <= 0 {
 			h.loseLocked()
 			return
 		}
 		h.renewAt = h.k.nowInstant().add(min(left, max(h.k.ttl/10, time.Millisecond)))
 	}
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.safety())))
+	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
 }
 
 // loseLocked marks the lock lost and cancels every holder's context. h.mu must be held.
@@ -469,17 +403,13 @@ func (h *hold) loseLocked() {
 	}
 	h.endLeasesLocked(ErrLost)
 	if !h.degraded() && !h.has(holdStopped) {
-		// Wake up once Redis may have expired the key, to end a grant whose leases are never
-		// released (abandonLocked).
-		h.k.wd.schedule(h, h.validUntil)
+		h.k.wd.schedule(h, h.validUntil) // abandonLocked, if leases are never released
 	}
 }
 
-// abandonLocked acts on the watchdog's event of a lost hold. Once Redis may have expired the
-// key, a grant whose leases were told (ErrLost) but not all released is ended, on a renewer,
-// so that a forgotten Release does not keep the key from the other goroutines of this process
-// forever; Redis lets other processes in at that moment anyway. Leases released later count
-// nothing. h.mu must be held.
+// abandonLocked ends, once the store may have expired the key, a lost grant whose leases are
+// not all released, so that a forgotten Release does not keep the key from this process
+// forever. Leases released later count nothing. h.mu must be held.
 func (h *hold) abandonLocked(now instant) {
 	if h.has(holdAbandoned) || h.live == 0 {
 		return
@@ -502,7 +432,7 @@ func (h *hold) extend(sent time.Time) {
 	}
 }
 
-// markLost records that Redis refused the owner.
+// markLost records that the store refused the owner.
 func (h *hold) markLost() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -511,15 +441,7 @@ func (h *hold) markLost() {
 	}
 }
 
-// isLost reports whether the lock can no longer be trusted.
-func (h *hold) isLost() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.has(holdLost)
-}
-
-// interrupt cancels the contexts of the leases on the hold with cause (Drain), without
-// touching the lock: their holders are asked to stop and release.
+// interrupt cancels the leases' contexts with cause (Drain), without touching the lock.
 func (h *hold) interrupt(cause error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -12,12 +12,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// keeper is what a hold needs of the Locker that made it, and no more: the store to renew and
-// release it, the gate to hand it on, the clock, and the TTL, MaxHold and handoff bounds of
-// that Locker's configuration. A Locker has one; Lockers derived with With share the store and
-// the gate but have keepers of their own (their TTLs may differ). Holds and leases point here,
-// never at the Locker: acquiring (retry, wait budget, modes) is the Locker's concern, keeping
-// and ending a grant is this one's.
+// keeper is what a hold needs of its Locker: store, gate, clock and bounds (a derived Locker's
+// TTL may differ). Acquiring is the Locker's job; keeping and ending grants is this one's.
 type keeper struct {
 	store   lockstore.Store
 	passer  lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
@@ -26,11 +22,10 @@ type keeper struct {
 	clock   clock
 	ttl     time.Duration
 	maxHold time.Duration
-	handoff int           // handoffs in a row before a release goes through Redis
-	window  time.Duration // no handoff once the Redis acquisition is older than this
+	handoff int           // handoffs in a row before a release goes through the store
+	window  time.Duration // no handoff once the store acquisition is older than this
 	observe *Observer     // nil without WithObserver
-	// lastDriftLog is when a drift was last logged (UnixNano), for a Locker without
-	// Observer.Drift: at most one line a minute.
+	// lastDriftLog is the UnixNano of the last drift logged without Observer.Drift.
 	lastDriftLog atomic.Int64
 	ttlBound     *sharedBound // one-TTL bounds of calls that cannot be cancelled, a timer shared
 	waitBound    *sharedBound // wait-budget bounds of the same, for acquisitions
@@ -38,10 +33,9 @@ type keeper struct {
 
 func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keeper {
 	passer, _ := store.(lockstore.Passer)
-	// A holder that dies after n handoffs leaves fences up to its grant's + n behind, and the
-	// next grant comes a TTL later, at a fence of at least the server time in microseconds:
-	// fewer handoffs than the TTL has microseconds keep it above them (docs/guarantees.md, Fences).
-	// The gate counts a run of handoffs in 16 bits (gateEntry.handoffs), which also bounds it.
+	// A holder that dies after n handoffs leaves fences up to its grant's + n behind; the next
+	// grant, a TTL later, draws at least the server time in microseconds, which stays above
+	// them while n is below the TTL's microseconds (docs/guarantees.md, Fences).
 	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
 	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: handoff, window: cfg.window, observe: cfg.observer,
@@ -50,47 +44,28 @@ func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keepe
 
 func (k *keeper) now() time.Time { return k.clock.Now() }
 
-// since is the time passed since t on the keeper's clock.
+// since, instant and the other readings below are on the keeper's clock.
 func (k *keeper) since(t time.Time) time.Duration { return k.clock.Since(t) }
 
-// until is the time left until t on the keeper's clock.
-func (k *keeper) until(t time.Time) time.Duration { return k.clock.Until(t) }
-
-// instant returns t, a time on the keeper's clock, as an instant.
 func (k *keeper) instant(t time.Time) instant { return instant(t.Sub(k.wd.epoch)) }
 
-// nowInstant is the current instant on the keeper's clock.
 func (k *keeper) nowInstant() instant { return k.wd.now() }
 
-// sinceInstant is the time passed since i on the keeper's clock.
 func (k *keeper) sinceInstant(i instant) time.Duration { return time.Duration(k.wd.now() - i) }
 
-// untilInstant is the time left until i on the keeper's clock.
 func (k *keeper) untilInstant(i instant) time.Duration { return time.Duration(i - k.wd.now()) }
 
-// safety is how long before a lock may expire in Redis its leases are cancelled: the holder
-// must have stopped by then.
+// safety is how long before a lock may expire its leases are cancelled when renewals fail.
 func (k *keeper) safety() time.Duration { return k.ttl / 10 }
 
-// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held:
-// its leases would have to be cancelled at once.
+// tooLate reports whether an acquisition sent at sent left too little of its TTL to be held.
 func (k *keeper) tooLate(sent time.Time) bool {
 	return k.since(sent) >= k.ttl-k.safety()
 }
 
-// giveBack releases a hold that this call took but will not use: the acquisition's own when
-// borrow is "", else the named re-entry. It runs after a timed-out call (go-redis re-sends a
-// command after a read timeout, so the call may have run unseen) and after a reply that came
-// too late. Redis was slow, so each release is bounded short: a hold it cannot give back runs
-// out with its TTL.
-//
-// ErrNotHeld is the usual answer, but it can also mean the give-back overtook the call it
-// undoes: that call is still on its way to the server (queued behind a stall, on a connection
-// the server reads later) and takes the key after this release found it free, keeping it
-// refused for a whole TTL. So a not-held answer is asked again a few times, for a quarter of
-// a second or the TTL, whichever is shorter: long enough for a call queued behind the
-// give-back on a busy server, short enough that the goroutine is gone soon after its caller. Owner tokens are never reused after a give-back, so a later
-// release by owner can only end that late grant.
+// giveBack releases a hold that a call may have taken unseen or too late (the named re-entry,
+// with borrow). A not-held answer may mean it overtook that call, so it asks again for a while;
+// owner tokens are never reused after a give-back, so this can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	var timer *time.Timer
 	defer func() {
@@ -115,40 +90,25 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 	}
 }
 
-// giveBackRecheck is the first pause before a give-back that found nothing asks again; each
-// pause is four times the one before, for giveBackRecheckFor in all.
+// giveBackRecheck is the first pause of a give-back that asks again, each four times the last,
+// for giveBackRecheckFor: long enough for a call queued behind it on a busy server.
 const (
 	giveBackRecheck    = 10 * time.Millisecond
 	giveBackRecheckFor = 250 * time.Millisecond
 )
 
-// cleanupContext bounds a clean-up after a call that went wrong (giveBack, leaveQueue): ctx's
-// values without its cancellation, for half a second at most: the store was slow, and what the
-// clean-up cannot undo runs out by itself.
+// cleanupContext bounds a clean-up (giveBack, leaveQueue): ctx's values, half a second at most.
 func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
-// giveBackLater is giveBack in the background, for a caller that gives up and returns: its
-// return must not wait for a store that did not answer in time. Only when nothing more is sent
-// with owner: a later acquisition with the same token could be the one given back.
+// giveBackLater is giveBack in the background. Nothing more may be sent as owner (with borrow):
+// a later grant to it could be the one given back.
 func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
-	go k.giveBack(ctx, key, owner, borrow) // giveBack keeps ctx's values, not its cancellation
+	go k.giveBack(ctx, key, owner, borrow)
 }
 
-// endGrant ends the grant of a hold whose last lease was released: hands a gate hold to the
-// next local waiter when allowed, or releases it in the store and frees the gate slot; gives up
-// the one hold of a borrowed lock.
-func (k *keeper) endGrant(ctx context.Context, h *hold) error {
-	rest, ended := k.endLocally(h)
-	if ended {
-		return nil
-	}
-	return rest.finish(ctx)
-}
-
-// grantEnd is what is left of ending a grant after its local part (endLocally): the store
-// call. A value, so that the hot path's ending costs no allocation.
+// grantEnd is the store call left of ending a grant after endLocally; a value: no allocation.
 type grantEnd struct {
 	k       *keeper
 	h       *hold
@@ -156,10 +116,7 @@ type grantEnd struct {
 	e       *gateEntry // the hold's gate entry; nil for a hold outside the gate
 }
 
-// endLocally does the part of ending h's grant that needs no store call: a gate hold is handed
-// to the next local waiter when the bounds allow it, and then ended is true. Otherwise it
-// returns the rest, which calls the store: release, or pass the lock on at the end of a turn.
-// Splitting the two lets endGrantBy hand a hot key on without a goroutine.
+// endLocally hands a gate hold on locally (ended), or returns the store call left to make.
 func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
 	if !h.gated() {
 		return grantEnd{k: k, h: h}, false
@@ -172,8 +129,7 @@ func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
 func (g grantEnd) finish(ctx context.Context) error {
 	k, h := g.k, g.h
 	if !h.gated() {
-		// A hold outside the gate: one hold of another process's lock, counted down in the
-		// store, or a read or fair lock's own hold (lockDirect), released there.
+		// A borrowed hold of another process's lock, or a read or fair lock's own hold.
 		h.stop()
 		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner(), h.borrowName(), 0)
 		k.gate.removeBorrowed(h)
@@ -182,13 +138,10 @@ func (g grantEnd) finish(ctx context.Context) error {
 	return k.endTurn(ctx, h, g.outcome, g.e)
 }
 
-// endTurn ends a gate hold that was not handed on: passes the lock on in the store at the end
-// of a turn, or releases it and leaves the gate slot.
+// endTurn ends a gate hold that was not handed on: a pass at the end of a turn, or a release.
 func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e *gateEntry) error {
 	if outcome == turnOver && h.k.passer != nil {
-		// The hold's own keeper: the TTL sent to the store must be the one the hold counts its
-		// life with (restart), and the caller's keeper may be a Locker derived with another
-		// TTL (a waiter that gives the slot back as its budget ends, locker.go).
+		// The hold's own keeper, whose TTL the hold counts with: k may be a derived Locker's.
 		return h.k.pass(ctx, h, e)
 	}
 	var (
@@ -203,19 +156,15 @@ func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e
 	return err
 }
 
-// pass ends a turn of h at the handoff bounds while goroutines of this process wait for the
-// key: the store keeps the lock for the next of them, with a fresh fence (Redis: one script;
-// etcd: a read and a refresh, no write), unless a waiter elsewhere was refused meanwhile; then
-// the lock is released as endGrant releases it, and the next local owner lets the other
-// processes go first. Without a pass, the end of a turn cost a release and a fresh
-// acquisition, two round trips in a row.
+// pass ends a turn of h at the handoff bounds while local goroutines wait: the store keeps the
+// lock for the next of them with a fresh fence, in one round trip, unless a waiter elsewhere
+// was refused meanwhile; then the lock is released and the next local owner yields.
 func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	last := h.stop()
 	sent := k.now()
 	kept, fence, notified, err := k.passer.Pass(k.releaseContext(ctx), h.key, h.owner(), k.ttl, last)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
-		// The pass may have run unseen and kept the lock: release it (an owner-checked release
-		// of our own lock; the counter learns last either way).
+		// The pass may have run unseen and kept the lock: release it (owner-checked).
 		notified, err = k.store.Release(k.releaseContext(ctx), h.key, h.owner(), "", last)
 	}
 	if kept {
@@ -232,9 +181,7 @@ func (k *keeper) pass(ctx context.Context, h *hold, e *gateEntry) error {
 	return err
 }
 
-// releaseContext is the context of a release: ctx's values without its cancellation (go-zero's
-// timeout handler cancels the request context while the handler still runs), bounded by one
-// TTL.
+// releaseContext is ctx's values, bounded by one TTL: go-zero cancels a handler's ctx early.
 func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -255,17 +202,10 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, k.ttl)
 }
 
-// endGrantBy ends h's grant as endGrant does, and returns by the end of ctx whatever the store
-// does: a release that ctx's end cuts short goes on in the background on a context that keeps
-// ctx's values but not its cancellation, bounded by one TTL (releaseContext), and the caller
-// gets ErrReleasePending joined with ctx's cause. The lock is then freed when the store answers,
-// or left to its TTL when it never does; in both cases nobody else's lock is touched (the
-// release is owner-checked), and the gate slot is left only when the release has ended.
-//
-// A grant handed to a local waiter ends here with no store call and no goroutine, whatever ctx:
-// that is the hot key's every release. A context that never ends (context.Background,
-// context.WithoutCancel: the middleware's release) waits for the store itself, bounded by one
-// TTL, with no goroutine either.
+// endGrantBy ends the grant of a hold whose last lease was released: handed to the next local
+// waiter (no store call, no goroutine), or released or passed in the store. It returns by ctx's
+// end: a store call that it cuts short goes on in the background, and the caller gets
+// ErrReleasePending joined with ctx's cause; the gate slot is left only when the call ends.
 func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	rest, ended := k.endLocally(h)
 	if ended {
@@ -290,9 +230,7 @@ func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	}
 }
 
-// reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned),
-// by default as an error line of log/slog: a leaked lease blocks its key for MaxHold plus a TTL
-// each time, and nothing else would say so.
+// reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned).
 func (k *keeper) reportAbandoned(h *hold) {
 	key, site := h.key, k.gate.siteOf(h)
 	at := "unknown"

@@ -12,26 +12,20 @@ import (
 type Grant uint8
 
 const (
-	// GrantStore: acquired in the store by this call. The lease owns the key's gate slot (a
-	// write lock's; a read or fair lock's is its own hold outside the gate).
+	// GrantStore: acquired in the store by this call.
 	GrantStore Grant = iota
-	// GrantHandoff: received from the previous holder in this process without a Redis
-	// command (WithHandoff), with a fence of its own. The lease owns the key's gate slot.
+	// GrantHandoff: handed over by the previous holder in this process (WithHandoff).
 	GrantHandoff
 	// GrantReentry: re-entered a lease that its context carried (a nested lock).
 	GrantReentry
 	// GrantJoined: joined this process's lock through an owner handed over by an upstream call.
 	GrantJoined
-	// GrantBorrowed: re-entered another process's lock through an owner handed over by an
-	// upstream call, as one more hold of that lock in Redis.
+	// GrantBorrowed: one more hold of another process's lock, through a handed-over owner.
 	GrantBorrowed
-	// GrantPass: received from the previous holder in this process at the end of its turn
-	// (WithHandoff's bounds), which one Redis command kept in the process with a new fence
-	// because nobody elsewhere had asked for the key (lockstore.Passer). The lease owns the
-	// key's gate slot.
+	// GrantPass: received from the previous holder in this process at the end of its turn,
+	// which one store command kept here with a new fence (lockstore.Passer).
 	GrantPass
-	// GrantShared: joined the read hold that another reader of this process took in the
-	// store, with no store command (WithRead): readers do not exclude each other.
+	// GrantShared: joined the read hold of another reader of this process (WithRead).
 	GrantShared
 )
 
@@ -40,12 +34,11 @@ const (
 // Deprecated: use GrantStore.
 const GrantRedis = GrantStore
 
-// The names of grants as metrics label them. A store grant keeps the label "redis" that
-// dashboards know; the go-zero layer labels it with its store's name (etcd, zookeeper).
+// grantNames label grants in metrics; a store grant keeps the "redis" that dashboards know.
 var grantNames = [...]string{"redis", "handoff", "reentry", "joined", "borrowed", "pass", "shared"}
 
-// String returns the grant's name as metrics and traces label it: redis (GrantStore),
-// handoff, reentry, joined, borrowed, pass or shared.
+// String returns the grant's name as metrics and traces label it: redis (GrantStore), handoff,
+// reentry, joined, borrowed, pass or shared.
 func (g Grant) String() string {
 	if int(g) < len(grantNames) {
 		return grantNames[g]
@@ -55,6 +48,8 @@ func (g Grant) String() string {
 
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
+//
+// A lease has no mutex of its own: its hold's mu guards it (no lock order to keep).
 type Lease struct {
 	h        *hold
 	kind     Grant
@@ -63,31 +58,16 @@ type Lease struct {
 	made     atomic.Bool
 	fence    int64
 
-	// outer is the lease that the context Lock was called with held, read when the lease was
-	// made: the next lease of a context chain, innermost first. Set before the lease is shared
-	// and never after, so it is read without a lock. Read once, not looked up again through the
-	// parent context whenever the chain is walked: a context whose values change after Lock
-	// returned (a framework's pooled request context reused by the next request) would
-	// otherwise lead a walk to another request's lease.
+	// outer is the lease that Lock's context held: the next of a context chain. Read from the
+	// parent once: a pooled request context reused after Lock returned would lead elsewhere.
 	outer *Lease
 
-	// The lease's context is made when Context is first called, not by Lock: a lease held
-	// without it (a lock around a write) costs no cancelable context (live heap per
-	// held lock). Until then ctx is the context Lock was called with, and the first
-	// end (loss, release, drain) that comes before that context's own is recorded in ended and
-	// applied when the lease's context is made, so that it ends with the cause it would have
-	// had if made by Lock. ctx and cancel are written under h.mu before made is set, and only
-	// read after it is. The lease itself is its context's value (leaseContext), so that takes
-	// no field. (The small fields above share one word.)
+	// ctx is Lock's context until the first Context call makes the lease's (ended keeps an end
+	// before that); ctx and cancel are written under h.mu before made is set, read after.
 	ctx    context.Context
 	cancel context.CancelCauseFunc // guarded by h.mu: nil until made
 
-	// site is where the lease's grant was taken (callerAbove; siteHandoff for a grant that came
-	// by handoff or pass; 0 when unknown), for the report of a grant whose leases were never
-	// released. Set before the lease is shared and never after.
-	site uintptr
-	// A lease has no mutex of its own: released is its hold's to guard, so that a lease and
-	// its hold never need two locks in an order (a Lease is 64 bytes: live heap per held lock).
+	site uintptr // where the grant was taken (callerAbove), for reportAbandoned; set once
 }
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
@@ -96,18 +76,13 @@ func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uin
 	return lease
 }
 
-// Key returns the locked Redis key, prefix included.
+// Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token: 128 random bits as 22 characters of base64, or a handed-over
-// owner's token.
-// Anyone who has it can re-enter the lock from another process while it is held (the zrpc
-// interceptors hand it over),
-// so calling Owner marks the lock as shared: it is then released through Redis, where such
-// re-entries are listed, and never handed straight to the next goroutine of this process.
-// A read lock's lease (WithRead) returns "": read locks are not handed over.
-// Once the lease was released it returns "": the token may by then be the current grant's of
-// another goroutine of this process (a handoff or a pass keeps it), and must not leave.
+// Owner returns the owner token, with which another process can re-enter the lock while it is
+// held: calling it marks the lock as shared, released through the store and never handed to
+// the next local goroutine. It returns "" for a read lock, and once the lease was released
+// (the token may by then be another local goroutine's grant).
 func (x *Lease) Owner() string {
 	owner, _, ok := x.handover()
 	if !ok {
@@ -116,30 +91,24 @@ func (x *Lease) Owner() string {
 	return owner
 }
 
-// handover returns what a downstream service needs to re-enter the lock: the owner token and
-// the lease's fence, and marks the lock as shared (see Owner). ok is false once the lease was
-// released (its lock may already be another request's) and for a read lock.
+// handover is Owner with the lease's fence, for a downstream service.
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	if x.released || x.h.reads() {
-		return "", 0, false // a read lock is not handed over (WithRead)
+		return "", 0, false
 	}
 	x.h.set(holdShared) // while x is live, its grant is current: it cannot have been handed off
 	return x.h.owner(), x.fence, true
 }
 
-// Fence returns the fencing token of the grant: every grant of a key, through Redis or by
-// handoff between goroutines of this process, has a fence strictly larger than every earlier
-// grant of that key; a re-entry keeps the fence of the lease it re-entered. A store that
-// remembers the largest fence it saw and refuses writes with a smaller one cannot be corrupted
-// by a holder that stalled past its TTL.
+// Fence returns the fencing token of the grant: every grant of a key, handoffs included, has a
+// fence strictly larger than every earlier grant's; a re-entry keeps its lease's. A store that
+// refuses writes with a fence below the largest it saw is safe from a holder that stalled.
 func (x *Lease) Fence() int64 { return x.fence }
 
-// Context returns a context derived from the one Lock was called with. It carries the lease
-// (FromContext) and is cancelled with cause ErrLost before the earliest moment Redis may
-// expire the lock, and when the lease is released. It is made by the first call, already
-// cancelled if the lease ended before; every call returns the same context.
+// Context returns the lease's context, derived from Lock's: it carries the lease (FromContext)
+// and ends with cause ErrLost before the store may expire the lock, or when it is released.
 func (x *Lease) Context() context.Context {
 	if x.made.Load() {
 		return (*leaseContext)(x)
@@ -152,13 +121,11 @@ func (x *Lease) Context() context.Context {
 	return (*leaseContext)(x)
 }
 
-// makeContextLocked makes the lease's context, ended already if the lease has ended. x.h.mu
-// must be held.
+// makeContextLocked makes the lease's context, ended if the lease has. x.h.mu must be held.
 func (x *Lease) makeContextLocked() {
 	parent := x.ctx
 	if x.ended != endNone {
-		// The lease ended before its parent did: the parent's later end must not take the
-		// cause's place. Values stay; a done context needs no deadline.
+		// The parent's later end must not take the cause's place.
 		parent = context.WithoutCancel(parent)
 	}
 	cctx, cancel := context.WithCancelCause(parent)
@@ -169,8 +136,7 @@ func (x *Lease) makeContextLocked() {
 	x.made.Store(true)
 }
 
-// endCause is how a lease ended before its context was made: one byte instead of an error's
-// two words.
+// endCause is how a lease ended before its context was made: a byte, not an error's two words.
 type endCause uint8
 
 const (
@@ -191,8 +157,7 @@ func (c endCause) err() error {
 	}
 }
 
-// endLocked ends the lease's context with cause (context.Canceled when nil), now or, when it
-// is not made yet, when it is; the first cause wins, as with a context's. x.h.mu must be held.
+// endLocked ends the context with cause (nil: Canceled), now or once made. x.h.mu must be held.
 func (x *Lease) endLocked(cause error) {
 	if cause == nil {
 		cause = context.Canceled
@@ -211,18 +176,14 @@ func (x *Lease) endLocked(cause error) {
 		}
 		x.makeContextLocked() // a cause without a code: made now, to carry it
 	}
-	// Made: the context keeps its first cause itself. Not made but ended already, or the
-	// parent ended first: the lease's context will carry that first cause, as a context made
-	// by Lock would.
+	// Not made but ended already, or the parent ended first: the first cause stays.
 	if x.cancel != nil {
 		x.cancel(cause)
 	}
 }
 
-// Lost reports whether the lock was lost while this lease held it: a renewal was refused, or
-// could not reach the store before the lock may have expired. The lease's context is then
-// cancelled with cause ErrLost, unless it had ended before with another cause (the request's
-// own cancellation), which a context keeps: ask the lease, not the context's cause. It
+// Lost reports whether the lock was lost while this lease held it (a renewal refused, or too
+// late); its context then ends with ErrLost unless it had ended before with another cause. It
 // reports false once the lease was released.
 func (x *Lease) Lost() bool {
 	x.h.mu.Lock()
@@ -230,16 +191,14 @@ func (x *Lease) Lost() bool {
 	return !x.released && x.h.has(holdLost)
 }
 
-// Grant tells how the lease came to hold its lock: through Redis, by handoff from the previous
-// holder in this process, or by re-entry.
+// Grant tells how the lease came to hold its lock.
 func (x *Lease) Grant() Grant { return x.kind }
 
-// Degraded reports whether the lease holds only the per-process gate because Redis could not
-// be reached (WithFailOpen): other processes are not excluded, and Fence is 0.
+// Degraded reports whether the lease holds only the per-process gate (WithFailOpen): other
+// processes are not excluded, and Fence is 0.
 func (x *Lease) Degraded() bool { return x.h.degraded() }
 
-// TTL returns the lock's remaining TTL in Redis, or ErrNotHeld once it is gone (and for a
-// degraded lease, which has no Redis lock).
+// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (gone, or degraded).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if !x.active() || x.h.degraded() {
 		return 0, ErrNotHeld
@@ -249,9 +208,8 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	return x.h.k.store.TTL(ctx, x.h.key)
 }
 
-// Refresh makes the lock live at least a TTL more now, in addition to the watchdog; it never
-// shortens it. It returns ErrNotHeld, and cancels the lease's context with ErrLost, when Redis
-// no longer has the lock for this owner.
+// Refresh makes the lock live at least a TTL more now, besides the watchdog. It returns
+// ErrNotHeld, and cancels the lease's context with ErrLost, when the store no longer has it.
 func (x *Lease) Refresh(ctx context.Context) error {
 	if !x.active() || x.h.degraded() {
 		return ErrNotHeld
@@ -269,17 +227,13 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	return err
 }
 
-// Release gives up the lease. When it was the last lease of its grant (the one that acquired
-// the lock, and every re-entry of it), the key is handed to the next goroutine of this process
-// that waits for it, or released in Redis with an owner-checked script that also wakes waiters
-// elsewhere. A second Release returns ErrNotHeld and changes nothing; so does the Release of a
-// lease whose lock was lost and taken by another owner meanwhile.
+// Release gives up the lease. When it was the last lease of its grant (the lock and its
+// re-entries), the key is handed to the next local waiter, or released in the store,
+// owner-checked, waking waiters elsewhere. A second Release returns ErrNotHeld and changes
+// nothing; so does the Release of a lease whose lock was lost and taken by another owner.
 //
-// Release returns by ctx's end whatever the store does. A release that ctx's end cuts short,
-// or that starts after it, goes on in the background on a context with ctx's values (bounded
-// by one TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause: the key
-// is freed when the store answers, or runs out with its TTL when it never does. A request
-// whose context has already ended still releases its lock.
+// Release returns by ctx's end: a release cut short by it goes on in the background (bounded by
+// one TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause.
 func (x *Lease) Release(ctx context.Context) error {
 	last, lost, err := x.h.release(x)
 	switch {
@@ -294,10 +248,8 @@ func (x *Lease) Release(ctx context.Context) error {
 }
 
 // enter counts one more live lease of x's grant, for a re-entry by a holder of x's context.
-// It fails with errGrantEnded once x was released: its lock may already be the next request's,
-// and the caller then locks as a new owner. It fails with ErrLost once the grant was lost (and
-// so also once the watchdog gave it up): the owner no longer holds the key, which another owner
-// may hold by now, and its leases' contexts say so; a re-entry must not hand out a lease of it.
+// It fails with errGrantEnded once x was released (the caller locks as a new owner), and with
+// ErrLost once the grant was lost: another owner may hold the key by now.
 func (x *Lease) enter() error {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -311,7 +263,6 @@ func (x *Lease) enter() error {
 	return nil
 }
 
-// active reports whether the lease has not been released.
 func (x *Lease) active() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -326,8 +277,8 @@ type Group struct {
 // Leases returns the leases in the order they were taken.
 func (g *Group) Leases() []*Lease { return g.leases }
 
-// Context returns the context of the last lease: it carries every lease of the group and is
-// cancelled when any of them is lost.
+// Context returns the last lease's context, which carries every lease of the group and ends
+// when any of them is lost.
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
 
 // Lost reports whether any lease of the group was lost while held (Lease.Lost).

@@ -17,18 +17,16 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Locker takes locks on a Store. Build it once with New and share it: it is safe for concurrent
-// use, and its per-process gate only collapses contention among callers of the same Locker (or
-// of Lockers derived from it with With).
+// Locker takes locks on a Store. Build it once with New and share it (it is safe for concurrent
+// use): its gate collapses contention among its callers and those of Lockers derived by With.
 type Locker struct {
 	k        *keeper // its store and gate are shared with every Locker derived by With
 	cfg      config
 	kindMeta kindMeta // the kind of its locks, as the store keeps it beside them (drift.go)
 }
 
-// New returns a Locker on store. Without options it waits up to 2s for busy keys (Wait mode),
-// holds locks with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with
-// "lock:".
+// New returns a Locker on store. Without options it waits up to 2s for busy keys, holds locks
+// with a 10s TTL renewed every TTL/3 for at most a minute, and prefixes keys with "lock:".
 //
 // A go-redis client behind the store should have ContextTimeoutEnabled set (embedded.New and
 // middleware.NewStore do), or an unreachable Redis blocks calls past their context's deadline.
@@ -58,9 +56,8 @@ func MustNew(store lockstore.Store, opts ...Option) *Locker {
 	return l
 }
 
-// Prefix returns what the Locker puts before every key (WithPrefix): a key k is locked as the
-// store key Prefix() + k. Layers that derive Lockers of their own (With) and name keys beside
-// the locks' (the go-zero layer's shadow locks) start from it.
+// Prefix returns what the Locker puts before every key (WithPrefix): a key k without "#" is
+// locked as the store key Prefix() + k ("#" is doubled, PermitKey).
 func (l *Locker) Prefix() string { return l.cfg.prefix }
 
 // With returns a Locker with other options on the same store and the same per-process gate,
@@ -83,18 +80,14 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
-// Drain stops this Locker, and every Locker that shares its gate (With), from taking new
-// locks, and waits until this process holds none: for a service that shuts down, so that its
-// peers get the keys as soon as its last holder is done instead of a TTL later. From the call
-// on, Lock and TryLock answer ErrClosed, also to callers queued for a key or waiting between
-// attempts on a key another process holds; re-entries of locks held go on, so that their
-// holders can finish, and Drain waits for the ones still on their way to Redis too.
+// Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
+// and waits until this process holds none, so that a service shutting down gives its keys to
+// its peers as soon as its last holder is done. From the call on, Lock and TryLock answer
+// ErrClosed, also to callers already waiting; re-entries of held locks go on.
 //
-// When ctx ends first, Drain cancels the contexts of the leases still held, with cause
-// ErrClosed, so that their holders stop, and returns an error that says how many locks remain.
-// They are released as their holders release them (call Drain again to wait for that), or
-// run out with their TTL once the process exits. Drain never releases a lock whose holder may
-// still run: a second holder would walk in while the first one writes.
+// When ctx ends first, Drain cancels the contexts of the leases still held with cause ErrClosed
+// and returns an error that says how many locks remain (call Drain again to wait for them). It
+// never releases a lock whose holder may still run.
 func (l *Locker) Drain(ctx context.Context) error {
 	if n := l.k.gate.drain(ctx); n > 0 {
 		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
@@ -107,31 +100,28 @@ func (l *Locker) Drain(ctx context.Context) error {
 func (l *Locker) Store() lockstore.Store { return l.k.store }
 
 // Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
-// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx.
-// A ctx that already holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err()
-// when ctx ended before the call, or the store's error when Redis cannot be reached.
+// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx. A
+// ctx that holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err() when ctx
+// ended before the call, or the store's error.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	return l.lock(ctx, key, l.cfg.mode == Wait)
 }
 
 // TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
-// process costs no Redis command.
+// process costs no store command.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
 	return l.lock(ctx, key, false)
 }
 
-// Do runs fn under the lock of key and releases it when fn returns or panics (the panic goes
-// on). fn gets the lease's context. Do returns fn's error; ErrLost if fn succeeded but the lock
-// was lost while it ran; or the release's error if that failed (a release that ctx's end left
-// to finish in the background is not an error of Do's).
+// Do runs fn under the lock of key, with the lease's context, and releases it when fn returns
+// or panics. Do returns fn's error; ErrLost if fn succeeded but the lock was lost meanwhile; or
+// the release's error, unless it was only left to finish in the background (ErrReleasePending).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
 	lease, err := l.lock(ctx, key, l.cfg.mode == Wait)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		// A release still on its way when ctx ended is no failure of fn's: it finishes in the
-		// background, or the key runs out with its TTL.
 		if rerr := lease.Release(ctx); err == nil && !errors.Is(rerr, ErrReleasePending) {
 			err = rerr
 		}
@@ -143,13 +133,12 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return err
 }
 
-// LockAll takes several keys, all or nothing. Keys are locked in sorted order, so two callers
-// that need overlapping sets cannot deadlock; duplicates are locked once. One wait budget
-// covers all the keys. On failure every key already taken is released and the error of the
-// failing key returned.
+// LockAll takes several keys, all or nothing, in sorted order, so that callers of overlapping
+// sets cannot deadlock; duplicates are locked once, and one wait budget covers all. On failure
+// the keys taken are released and the failing key's error returned.
 func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
-		return nil, invalidKey("no keys")
+		return nil, wrapf(ErrInvalidKey, "no keys")
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
@@ -171,22 +160,19 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	return g, nil
 }
 
-// storeKey is the store key of key: the prefix, then key with each "#" doubled, so that a
-// caller's key never ends in what the permits of another key end in ("#" and the permit's
-// number, PermitKey).
+// storeKey is the store key of key: the prefix, then key with each "#" doubled (PermitKey).
 func (l *Locker) storeKey(key string) (string, error) {
 	if key == "" {
-		return "", invalidKey("empty key")
+		return "", wrapf(ErrInvalidKey, "empty key")
 	}
 	key = escapeKey(key)
 	if n := len(l.cfg.prefix) + len(key); n > MaxKeyLen {
-		return "", invalidKey("key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
+		return "", wrapf(ErrInvalidKey, "key is %d bytes with its prefix, at most %d allowed", n, MaxKeyLen)
 	}
 	rkey := l.cfg.prefix + key
 	if strings.HasPrefix(rkey, lockstore.FenceKeyPrefix) {
-		// A lock under the fence counters' names would be overwritten by the next grant in
-		// its slot (acquire.lua writes the counter): refuse it rather than lose it.
-		return "", invalidKey("key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
+		// The next grant in its slot would overwrite a lock under a fence counter's name.
+		return "", wrapf(ErrInvalidKey, "key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
 	}
 	return rkey, nil
 }
@@ -196,9 +182,7 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
 }
 
-// take takes key, or one of its permits when the Locker has them (WithPermits), for a wait
-// that began at start (lockSince). callerUp is how many frames above take the caller of the
-// exported method is.
+// take takes key, or one of its permits; callerUp is how far up the exported method's caller is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	switch {
 	case l.cfg.permits > 1:
@@ -213,26 +197,19 @@ func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Tim
 	return l.lockSince(ctx, rkey, wait, start, time.Time{}, callerUp+1)
 }
 
-// callerAbove is the program counter of the call that is up frames above the caller of
-// callerAbove: where a lease was taken, resolved to file:line only if the lease is reported as
-// never released (keeper.reportAbandoned).
+// callerAbove is the program counter up frames above its caller, for reportAbandoned.
 func callerAbove(up int) uintptr {
 	var pc [1]uintptr
 	runtime.Callers(2+up, pc[:]) // 0 is runtime.Callers, 1 callerAbove, 2 its caller
 	return pc[0]
 }
 
-// siteHandoff marks a grant that came by handoff or pass from another goroutine of this
-// process: its caller's place is not looked up, because on a hot key that lookup would cost
-// a fifth of a handoff.
+// siteHandoff is the site of a handed grant: looking it up would cost much of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey (a store key: storeKey's, or a permit's) for a wait that began at start (zero: now), so that one wait budget covers
-// every key of a LockAll, and ends by until when that is set and earlier (a semaphore's turn
-// on one permit); in Reject mode until, when set, cuts each store call (a semaphore's look).
-// Reject mode reads no clock: a busy key costs no time.Now. callerUp is how many frames above
-// lockSince the caller of the exported method is; a grant that goes to the store records that
-// caller's place (callerAbove), for the report of a lease that is never released.
+// lockSince is lock of rkey for a wait that began at start (zero: now; one budget covers a
+// LockAll's keys) and ends by until when set (a semaphore's turn); in Reject mode until cuts
+// each store call, and no clock is read. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -276,7 +253,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// Redis is unreachable and the caller chose to go on: hold the gate slot only.
+			// The store is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
 		if err != nil {
@@ -296,11 +273,8 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	return newLease(ctx, h, grant, fence, site), nil
 }
 
-// passSlotOn gives up a gate slot granted just as the wait ended, or while the Locker drains,
-// and returns what the Lock answers then. A handed hold goes through done, as a Release does:
-// the watchdog may have abandoned the grant meanwhile (lost, and past its expiry), and then it
-// ended the grant and passed the slot on itself; ending it again would give up a slot that
-// another goroutine owns by then.
+// passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
+// hold goes through done, as the watchdog may have abandoned it and passed the slot on.
 func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
 	if h != nil {
 		if h.done() {
@@ -315,9 +289,8 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	return l.busy(ctx, &busyError{})
 }
 
-// reenterHeld re-enters the lease of rkey that ctx carries, if any (done): a write lease for
-// any Lock, a read lease for a read Lock; a write Lock under a read lease fails with
-// ErrUpgrade. A lease released while it looked is not done: the caller locks as a new owner.
+// reenterHeld re-enters the lease of rkey that ctx carries, if any (done); a write Lock under a
+// read lease fails with ErrUpgrade. A lease released meanwhile is not done.
 func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
 	parent := findLease(ctx, l.k.gate, rkey)
 	if parent == nil {
@@ -330,8 +303,7 @@ func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, er
 	return lease, err, !errors.Is(err, errGrantEnded)
 }
 
-// reenter re-enters parent, a live lease that ctx carries: ctx is parent's owner, so it enters
-// at once, with parent's fence and no store command, whatever goroutine calls.
+// reenter re-enters parent, a live lease that ctx carries, with its fence and no store command.
 func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
@@ -339,9 +311,8 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site), nil
 }
 
-// lockHanded re-enters the lock that owner, a token handed over by an upstream call, holds:
-// by joining this process's hold when it is owner's, or by one more hold of the lock in Redis.
-// done is false when owner holds nothing: a handed-over token never takes a free key.
+// lockHanded re-enters the lock that owner, handed over by an upstream call, holds: by joining
+// this process's hold, or by one more hold in the store; done is false when owner holds nothing.
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
 		if f, site, ok := h.join(); ok {
@@ -349,8 +320,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
-	// Counted before it goes on the wire: Redis may list the hold before the reply comes, and
-	// a drain waits for it (TestDrainWaitsForABorrowedHoldOnTheWire).
+	// Counted before it goes on the wire: the store may list the hold before the reply comes.
 	l.k.gate.beginBorrow()
 	var taken *hold
 	defer func() { l.k.gate.endBorrow(taken, 0) }()
@@ -359,8 +329,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)
 	cancel()
 	if err != nil && mayHaveRun(err) {
-		// The call may have run unseen: give up the hold it would have added (only ours:
-		// borrow names this call's hold alone).
+		// borrow names this call's hold alone: the give-back touches nothing else.
 		l.k.giveBackLater(ctx, rkey, owner, borrow)
 	}
 	switch {
@@ -380,10 +349,8 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
 }
 
-// pauseAfterTrouble is a waiter's pause before it tries again after the store's trouble (an
-// error after an earlier answer, a reply too late to hold): the retry strategy's next delay,
-// cut short by the wait's end. It returns nil when the next attempt may go, and otherwise what
-// the wait ends with: ErrClosed when the Locker drains, else trouble.
+// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
+// returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
 func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
 	*attempt++
 	d, ok := l.cfg.retry(*attempt)
@@ -399,8 +366,8 @@ func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, 
 	return nil
 }
 
-// callContext bounds one acquisition call: by the wait budget in wait mode, and by one TTL
-// always, unless the caller's own deadline is sooner (then ctx is used as is, allocation-free).
+// callContext bounds one acquisition call by the wait budget in wait mode and by one TTL
+// always; a sooner deadline of ctx's own is kept as is.
 func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	limit, bound := now.Add(l.cfg.ttl), l.k.ttlBound
@@ -420,8 +387,7 @@ func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, c
 	return context.WithDeadline(ctx, limit)
 }
 
-// budget is the wait of one Lock call: a deadline fixed when the call starts, made into a
-// context only when the call really has to wait, so an uncontended Lock allocates none.
+// budget is the wait of one Lock call, made into a context only when it really waits.
 type budget struct {
 	parent   context.Context
 	start    time.Time // when the wait began
@@ -441,7 +407,6 @@ func (b *budget) context() context.Context {
 	return b.ctx
 }
 
-// waits reports whether the Lock call waits for a busy key (Wait mode).
 func (b *budget) waits() bool { return !b.deadline.IsZero() }
 
 // spent reports whether the wait is over: budget used up or the caller's context ended.
@@ -452,18 +417,11 @@ func (b *budget) spent() bool {
 	return !b.deadline.IsZero() && !time.Now().Before(b.deadline)
 }
 
-// spentDuringCall reports whether the wait ran out while a store call sent at sentAt was on
-// its way, in a way that makes its failure the wait's end (busy) and not the store's: the wait
-// is over, and either the store had answered this wait before (it is up, and the key busy) or
-// most of the wait had gone before the call was sent. A call given most of the wait that the
-// store never answered is the store's failure: a hung store is 503 / Unavailable, not 409.
+// spentDuringCall reports whether a failed store call sent at sentAt is the wait's end (busy):
+// the store answered this wait before, or most of it had gone; otherwise the store hung (503).
 func (b *budget) spentDuringCall(sentAt time.Time, answered bool) bool {
-	return b.spent() && (answered || b.mostlySpentAt(sentAt))
-}
-
-// mostlySpentAt reports whether more than half of the wait had gone by t.
-func (b *budget) mostlySpentAt(t time.Time) bool {
-	return !b.deadline.IsZero() && t.Sub(b.start) > b.deadline.Sub(b.start)/2
+	mostly := !b.deadline.IsZero() && sentAt.Sub(b.start) > b.deadline.Sub(b.start)/2
+	return b.spent() && (answered || mostly)
 }
 
 func (b *budget) stop() {
@@ -480,8 +438,7 @@ func (l *Locker) busy(ctx context.Context, err error) error {
 	return err
 }
 
-// gaveUp answers an owner whose wait between attempts ended without the key: ErrClosed when
-// the Locker drains, as a queued waiter is told, and the busy error otherwise.
+// gaveUp answers a wait between attempts that ended: ErrClosed when draining, else busy.
 func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	if l.k.gate.closed.Load() {
 		return ErrClosed
@@ -489,9 +446,8 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	return l.busy(ctx, busy)
 }
 
-// sleep waits d between attempts on a held key, or less: until wake fires (the key's release
-// notification; a fair waiter becoming its process's first), ctx's end or a drain of the
-// gate. It reports whether the next attempt may go. A nil wake never fires.
+// sleep waits d between attempts, or until wake fires (nil never does), ctx ends or the gate
+// drains. It reports whether the next attempt may go.
 func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, timer **time.Timer, d time.Duration) bool {
 	arm(timer, d)
 	select {
@@ -505,7 +461,6 @@ func (l *Locker) sleep(ctx context.Context, wake <-chan struct{}, timer **time.T
 	return true
 }
 
-// arm starts *timer for d, making it on first use.
 func arm(timer **time.Timer, d time.Duration) {
 	if *timer == nil {
 		*timer = time.NewTimer(d)
@@ -522,25 +477,18 @@ func freshOwner(owner string) string {
 	return newOwnerToken()
 }
 
-// mayHaveRun reports whether a store call that failed with err may have run unseen: its
-// caller's context ended while it was on the wire, by deadline or by cancellation (an HTTP
-// client that went away, a gRPC call cancelled upstream), or the network timed out. The caller
-// then gives back what the call may have taken, which can only be its own: nothing else would
-// release it before its TTL: left out, a cancelled acquisition keeps the key refused for the
-// whole TTL (TestLostAcquireReplyGivesTheLockBack).
+// mayHaveRun reports whether a store call that failed with err may have run unseen (its context
+// ended, or the network timed out): the caller gives back what it may have taken by owner.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		(errors.As(err, &ne) && ne.Timeout())
 }
 
-// ownerTokenLen is the length of the owner tokens this process mints: 128 bits in unpadded
-// base64.
-const ownerTokenLen = 22
+const ownerTokenLen = 22 // newOwnerToken's
 
-// newOwnerToken returns 128 random bits from crypto/rand as 22 characters of unpadded URL-safe
-// base64: space-free text, as the stores keep owners. A held lock keeps its token inside its
-// hold (hold.token), not as this string (live heap per held lock).
+// newOwnerToken returns 128 random bits as 22 characters of unpadded URL-safe base64: text
+// without spaces, as the stores keep owners.
 func newOwnerToken() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
@@ -548,6 +496,3 @@ func newOwnerToken() string {
 	base64.RawURLEncoding.Encode(t[:], b[:])
 	return string(t[:])
 }
-
-// gateLen is the number of keys in the per-process gate, for tests.
-func (l *Locker) gateLen() int { return l.k.gate.len() }

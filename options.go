@@ -16,11 +16,9 @@ import (
 type Mode int
 
 const (
-	// Wait queues for the key, in FIFO order within the process, until the wait budget or
-	// the context ends. It is the default.
+	// Wait (the default) queues for the key (FIFO in the process) until the budget or ctx ends.
 	Wait Mode = iota
-	// Reject fails at once with ErrBusy. A key held by another goroutine of this process is
-	// refused without any Redis command.
+	// Reject fails at once with ErrBusy, with no store command for a key held in the process.
 	Reject
 )
 
@@ -41,15 +39,8 @@ const (
 	DefaultWait    = 2 * time.Second
 	DefaultMaxHold = time.Minute
 	DefaultPrefix  = "lock:"
-	// DefaultHandoff and DefaultHandoffWindow bound how long a process keeps a lock by handing
-	// it from one of its goroutines to the next (see WithHandoff). The window is the fairness
-	// bound that matters for critical sections of a millisecond or more; the count only bites
-	// when they take microseconds. It was 64, and then a process gave the key up every 0.3 ms
-	// on a hot key: each turn's end cost a release, a notification and an attempt from every
-	// other waiting process, and from 1 to 8 processes the critical sections per second fell
-	// 2.2x. At 1024 a turn lasts about 1.5 ms at those rates (700,000 critical
-	// sections a second in one process) and the fall is 1.5x; the slowest of 4 processes
-	// finishes 1.2x after the first (1.1x at 512, 1.3x at 2048).
+	// DefaultHandoff and DefaultHandoffWindow are WithHandoff's bounds. The window is the one
+	// that matters for critical sections of a millisecond or more (docs/design-notes.md).
 	DefaultHandoff       = 1024
 	DefaultHandoffWindow = 20 * time.Millisecond
 	// DefaultRetryMin and DefaultRetryMax are the first and the longest delay of DefaultRetry.
@@ -57,8 +48,7 @@ const (
 	DefaultRetryMax = 200 * time.Millisecond
 )
 
-// DefaultRetry is the retry strategy of a Locker built without WithRetry: ExponentialRetry
-// from DefaultRetryMin to DefaultRetryMax.
+// DefaultRetry is ExponentialRetry(DefaultRetryMin, DefaultRetryMax), WithRetry's default.
 var DefaultRetry = ExponentialRetry(DefaultRetryMin, DefaultRetryMax)
 
 type config struct {
@@ -72,14 +62,12 @@ type config struct {
 	window   time.Duration
 	failOpen bool
 	permits  int  // WithPermits: more than 1 makes each key a semaphore
-	read     bool // WithRead: read locks
-	fair     bool // WithFair: grants in request order across processes
+	read     bool // WithRead
+	fair     bool // WithFair
 	metadata func(context.Context) string
-	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata, whose string with
-	// the Locker's kind is made once)
-	metadataSet bool
-	// holderField: WithHolderField's name and value, stored after DefaultMetadata
-	holderFieldName  string
+	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata: kindMeta)
+	metadataSet      bool
+	holderFieldName  string // WithHolderField's
 	holderFieldValue func(context.Context) string
 	holders          func(ctx context.Context, holder string) error
 	clock            clock // systemClock outside tests (withClock)
@@ -101,9 +89,7 @@ func defaultConfig() config {
 	}
 }
 
-// processHolder is "host=<hostname> pid=<pid>", the metadata that names this process. Blanks
-// in the hostname become "_": the value's fields are separated by spaces, and a newline would
-// end it.
+// processHolder is "host=<hostname> pid=<pid>", with "_" for blanks, which would split it.
 var processHolder = func() string {
 	host, _ := os.Hostname()
 	host = strings.Map(func(r rune) rune {
@@ -116,28 +102,23 @@ var processHolder = func() string {
 }()
 
 // DefaultMetadata is what a Locker stores beside each lock unless WithMetadata says otherwise:
-// "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show). The
-// go-zero layer adds the request's trace id to it.
+// "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show).
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// withClock replaces the system clock of the watchdog and of lease expiry, for tests that step
-// through a lock's life instead of sleeping through it. Unexported: a Locker on another clock
-// than the Redis server's is only meaningful against a Redis whose clock is moved in step
-// (miniredis's FastForward).
+// withClock replaces the system clock of the watchdog and of lease expiry, for tests.
 func withClock(c clock) Option {
 	return func(cfg *config) { cfg.clock = c }
 }
 
-// fitStore refuses a configuration that the store cannot honour (its Capabilities): a TTL
-// longer than it keeps a lock, or more handoffs under one grant than its fences leave room
-// for, which could repeat a fence after a holder that died without releasing.
+// fitStore refuses a TTL or a handoff bound that the store cannot honour (Capabilities).
 func (c *config) fitStore(store lockstore.Store) error {
 	caps := store.Capabilities()
 	if err := caps.CheckTTL(c.ttl); err != nil {
-		return configError("WithTTL: %v", err)
+		return wrapf(ErrConfig, "WithTTL: %v", err)
 	}
 	if caps.MaxHandoffs > 0 && c.handoff > caps.MaxHandoffs {
-		return configError("WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", c.handoff, caps.MaxHandoffs)
+		return wrapf(ErrConfig, "WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)",
+			c.handoff, caps.MaxHandoffs)
 	}
 	return nil
 }
@@ -145,92 +126,82 @@ func (c *config) fitStore(store lockstore.Store) error {
 func (c *config) validate() error {
 	switch {
 	case c.ttl <= 0:
-		return configError("WithTTL: must be positive, got %v", c.ttl)
+		return wrapf(ErrConfig, "WithTTL: must be positive, got %v", c.ttl)
 	case c.wait < 0:
-		return configError("WithWait: must not be negative, got %v", c.wait)
+		return wrapf(ErrConfig, "WithWait: must not be negative, got %v", c.wait)
 	case c.maxHold <= 0:
-		return configError("WithMaxHold: must be positive, got %v", c.maxHold)
+		return wrapf(ErrConfig, "WithMaxHold: must be positive, got %v", c.maxHold)
 	case c.retry == nil:
-		return configError("WithRetry: the retry strategy is nil")
+		return wrapf(ErrConfig, "WithRetry: the retry strategy is nil")
 	case c.mode != Wait && c.mode != Reject:
-		return configError("WithMode: unknown mode %v, want Wait or Reject", c.mode)
+		return wrapf(ErrConfig, "WithMode: unknown mode %v, want Wait or Reject", c.mode)
 	case c.handoff < 0 || c.window < 0:
-		return configError("WithHandoff: bounds must not be negative, got %d and %v", c.handoff, c.window)
+		return wrapf(ErrConfig, "WithHandoff: bounds must not be negative, got %d and %v", c.handoff, c.window)
 	case len(c.prefix) >= MaxKeyLen:
-		return configError("WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
+		return wrapf(ErrConfig, "WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
 	case c.permits < 0 || c.permits > MaxPermits:
-		return configError("WithPermits: must be 1 to %d (0 means 1), got %d", MaxPermits, c.permits)
+		return wrapf(ErrConfig, "WithPermits: must be 1 to %d (0 means 1), got %d", MaxPermits, c.permits)
 	case c.read && c.permits > 1, c.fair && c.permits > 1:
-		return configError("WithPermits: a semaphore cannot be a read lock or fair (WithRead, WithFair)")
+		return wrapf(ErrConfig, "WithPermits: a semaphore cannot be a read lock or fair (WithRead, WithFair)")
 	case c.read && c.fair:
-		return configError("WithFair: read locks share, so they have no order to keep; only write locks are fair")
+		return wrapf(ErrConfig, "WithFair: read locks share, so they have no order to keep; only write locks are fair")
 	case c.read && c.failOpen, c.fair && c.failOpen:
-		return configError("WithFailOpen: a read or fair lock has no per-process gate to fall back on")
+		return wrapf(ErrConfig, "WithFailOpen: a read or fair lock has no per-process gate to fall back on")
 	}
 	return nil
 }
 
-// Option configures a Locker. New and With refuse a bad option with an error that wraps
-// ErrConfig and names the option.
+// Option configures a Locker; New and With refuse a bad one with an ErrConfig naming it.
 type Option func(*config)
 
-// WithTTL sets the lease TTL (default 10s): how long the lock outlives a holder that died.
-// A watchdog renews it every TTL/3 while the holder runs. It must be positive.
+// WithTTL sets the lease TTL (default 10s), how long the lock outlives a holder that died; a
+// watchdog renews it every TTL/3 while the holder runs. It must be positive.
 func WithTTL(ttl time.Duration) Option { return func(c *config) { c.ttl = ttl } }
 
 // WithWait sets the wait budget of wait mode (default 2s): the longest a Lock waits for a busy
-// key, locally and for other processes, before it returns ErrBusy. The context's deadline
-// shortens it, less a reserve for the busy answer to reach the caller in time: a tenth of the
-// time left, at least 1ms and at most 100ms.
+// key before it returns ErrBusy. The context's deadline shortens it, less a reserve for the busy
+// answer to reach the caller in time: a tenth of the time left, from 1ms to 100ms.
 func WithWait(d time.Duration) Option { return func(c *config) { c.wait = d } }
 
 // WithMaxHold bounds how long one holder keeps a lock (default 1m): the watchdog stops
 // renewing after it, and the lease is lost one TTL later.
 func WithMaxHold(d time.Duration) Option { return func(c *config) { c.maxHold = d } }
 
-// WithRetry sets the retry strategy of waits for a lock held by another process (default
-// DefaultRetry).
+// WithRetry sets the retry strategy for a lock held elsewhere (default DefaultRetry).
 func WithRetry(r Retry) Option { return func(c *config) { c.retry = r } }
 
 // WithMode sets what Lock does with a busy key (default Wait). TryLock always rejects.
 func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 
-// WithPrefix sets the prefix of every Redis key (default "lock:").
+// WithPrefix sets the prefix of every store key (default "lock:").
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithHandoff bounds the direct handoff of a lock between goroutines of this process. When a
-// holder releases while other goroutines of the process wait for the key, the lock goes to the
-// first of them without a Redis round trip, as long as it was handed over fewer than n times in
-// a row and was acquired in Redis less than within ago (defaults 1024 and 20ms). Past either
-// bound it is released in Redis, so waiters in other processes get their turn: the bounds trade
-// throughput on a hot key for fairness between processes. n = 0 disables handoff. n counts
-// as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md, Fences).
+// WithHandoff bounds the handoff of a released lock to the next waiting goroutine of this
+// process, with no round trip: fewer than n in a row, and less than within after the store
+// acquisition (defaults 1024 and 20ms); then the turn ends in the store, so that other
+// processes get theirs. n = 0 disables handoff; n counts as at most 65,535, and as fewer than
+// the TTL has microseconds (docs/guarantees.md).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }
 
-// WithFailOpen makes Lock fall back to the per-process gate when Redis cannot be reached:
-// instead of the store's error it returns a degraded lease (Lease.Degraded), which excludes
-// the goroutines of this process that lock the key through this Locker (or one derived with
-// With), but not other processes. Its Fence is 0, so writes fenced by larger fences refuse it.
-// Off by default: Lock returns the store error. Busy keys, bad keys and ended contexts are
-// never turned into degraded leases.
+// WithFailOpen makes Lock answer a store that cannot be reached with a degraded lease
+// (Lease.Degraded, Fence 0) instead of its error: it excludes the goroutines of this Locker and
+// those derived from it, but not other processes. Busy keys, bad keys and ended contexts
+// never degrade.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
-// WithMetadata sets a function whose result is stored beside the owner token in the store, so
-// an operator can see who holds a lock. By default it is DefaultMetadata, the holder's host and
-// pid ("host=pod-7 pid=311"), which the stores' inspectors read back; nil stores nothing. The
-// kind of the Locker's locks follows it ("kind=permits:3"), so that other processes see drift
+// WithMetadata sets a function whose result is stored beside the owner token, so an operator
+// can see who holds a lock (default DefaultMetadata; nil stores nothing). The kind of the
+// Locker's locks follows it ("kind=permits:3"), so that other processes see drift
 // (Observer.Drift). It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata, c.metadataSet, c.holderFieldValue = fn, true, nil }
 }
 
 // WithHolderField stores name=value after DefaultMetadata ("host=pod-7 pid=311 trace=4bf9...")
-// beside each lock, value being what fn returns for the acquisition's context; an empty value
-// adds nothing. It is WithMetadata for one field of the caller's (the go-zero layer's trace
-// id) at the cost of the default metadata: the whole string is made in one allocation. It
-// replaces WithMetadata, and WithMetadata replaces it.
+// beside each lock, value being fn's for the acquisition's context (empty adds nothing), in one
+// allocation. It replaces WithMetadata, and WithMetadata replaces it.
 func WithHolderField(name string, fn func(ctx context.Context) string) Option {
 	return func(c *config) {
 		c.metadata, c.metadataSet = DefaultMetadata, false
@@ -238,41 +209,32 @@ func WithHolderField(name string, fn func(ctx context.Context) string) Option {
 	}
 }
 
-// WithHolderCheck sets a function that a Lock calls when the key it wants is held in Redis by
-// another owner, with the holder's metadata (what the holder's WithMetadata stored; the call is
-// skipped when there is none). A non-nil error ends the Lock at once, as ErrBusy wrapping that
-// error, instead of waiting: the go-zero layer uses it to tell a nested call that would wait
-// for its own caller (the same trace id) from real contention.
+// WithHolderCheck sets a function that a Lock calls when the key it wants is held by another
+// owner, with the holder's metadata (skipped when there is none). A non-nil error ends the
+// Lock at once, as ErrBusy wrapping that error: the go-zero layer uses it to tell a nested
+// call that would wait for its own caller (the same trace id) from real contention.
 func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
 	return func(c *config) { c.holders = fn }
 }
 
-// Observer is told what a Locker's locks do that its callers cannot see: retries while waiting
-// for a key held elsewhere, watchdog renewals, and losses. The go-zero layer turns it into
-// metrics, trace events and logs. Each func may be nil. They run synchronously, on the
-// goroutine of the event (the caller's for Retry, a watchdog renewer's for Renewed, the
-// watchdog's for Lost, with the lock's state locked), so they must be quick and must not call
-// into the Locker.
+// Observer is told what a Locker's locks do that its callers cannot see. Each func may be nil.
+// They run synchronously on the event's goroutine, Lost with the lock's state locked, so they
+// must be quick and must not call into the Locker.
 type Observer struct {
-	// Retry is called before a Lock in Wait mode sleeps to try a busy key again: attempt
-	// counts the failed attempts so far, holderTTL is what the holder had left.
+	// Retry is called before a waiting Lock sleeps after its attempt-th busy answer;
+	// holderTTL is what the holder had left.
 	Retry func(ctx context.Context, key string, attempt int, holderTTL time.Duration)
 	// Renewed is called after each watchdog renewal, with the store's error (nil on success).
 	Renewed func(key string, err error)
-	// Lost is called once when a lock can no longer be trusted: its leases' contexts are being
-	// cancelled with cause ErrLost.
+	// Lost is called once when a lock can no longer be trusted (its leases end with ErrLost).
 	Lost func(key string)
-	// Abandoned is called, on a renewer, when a grant is given up with a lease never released:
-	// its lock was lost (past MaxHold, or a renewal failed), the store may have expired it, and
-	// a holder still neither released nor returned (a forgotten Release, a handler stuck past
-	// MaxHold). at is where the grant was taken, "file:line (function)". Without it the report
-	// is an error line of log/slog's default logger.
+	// Abandoned is called, on a renewer, when a lost grant is given up with a lease never
+	// released (a forgotten Release, a handler stuck past MaxHold); at is where it was taken,
+	// "file:line (function)". Without it the report is an error line of log/slog.
 	Abandoned func(key, at string)
-	// Drift is called when a Lock finds key held by a lock of another kind that cannot be the
-	// same rule's: another permit count ("permits:3" here, "lock" or "permits:5" there), or a
-	// fair lock beside an unfair one. Instances of one service whose configs differ do this.
-	// here is this Locker's kind, holder the holder's, as the holder wrote it beside its lock.
-	// Without it, drift is logged at most once a minute.
+	// Drift is called when a Lock finds key held by a lock of a kind that cannot be the same
+	// rule's: another permit count ("permits:3" here, "lock" there), or a fair lock beside an
+	// unfair one. Without it, drift is logged at most once a minute.
 	Drift func(ctx context.Context, key, here, holder string)
 }
 

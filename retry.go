@@ -5,13 +5,9 @@ import (
 	"time"
 )
 
-// Retry says how long a waiter sleeps after its n-th failed attempt (n starts at 1) before it
-// tries again, and whether it tries again at all. A Retry is a pure function of n: one value
-// can be shared by every goroutine and lock without shared counters.
-//
-// The delay is an upper bound: a waiter also wakes when the holder releases (a Redis
-// notification), never sleeps past the holder's remaining TTL, and stops when its wait budget
-// or context ends.
+// Retry says how long a waiter sleeps after its n-th failed attempt (n from 1), and whether
+// it tries again: a pure function of n, and an upper bound (a waiter also wakes on a release,
+// never sleeps past the holder's TTL, and stops with its budget or context).
 type Retry func(attempt int) (delay time.Duration, ok bool)
 
 // NoRetry makes a single attempt: a busy key fails at once with ErrBusy.
@@ -27,8 +23,8 @@ func LinearRetry(step time.Duration) Retry {
 	}
 }
 
-// ExponentialRetry doubles the wait from min up to max, with jitter: each delay is drawn
-// uniformly from the upper half of its step, so waiters that started together spread out.
+// ExponentialRetry doubles the wait from min up to max, each delay drawn uniformly from the
+// upper half of its step, so that waiters that started together spread out.
 func ExponentialRetry(minDelay, maxDelay time.Duration) Retry {
 	minDelay = max(minDelay, time.Millisecond)
 	maxDelay = max(maxDelay, minDelay)

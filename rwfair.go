@@ -12,42 +12,28 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// WithRead makes the Locker's locks read locks of a read-write lock ("GETs of an order run
-// together, a write excludes them"): a read lock of a key shares with every other read lock of
-// it, in this process and elsewhere, and excludes the key's write locks, which are the locks of
-// a Locker without WithRead (plain locks are write locks). A writer refused because of readers
-// marks the key, and new readers wait until a writer had its turn, so a stream of readers
-// cannot starve a writer (as sync.RWMutex: a read lock must not be taken by a second owner
-// while the first holds one and waits for it, or both wait for the writer between them).
+// WithRead makes the Locker's locks read locks of a read-write lock: a read lock of a key
+// shares with every other, anywhere, and excludes the key's write locks (those of a Locker
+// without WithRead). A writer refused because of readers holds new readers back until its turn
+// (as with sync.RWMutex, a read lock must not be taken by a second owner while one is held).
 //
-// The readers of one process share one store read hold of a key: the first takes it (a round
-// trip), later ones join it with no store command while it is fresh (the handoff window of
-// WithHandoff) and no writer of this process wants the key, and the last one releases it. The
-// hold is renewed, expires and is lost like a write's, and its loss ends every reader's lease
-// (ErrLost). A
-// read lock's Fence is the last fence the store handed out for the key when it was granted: at
-// least the fence of the write it follows, and below that of any write after it. A context
-// that holds the key's write lock re-enters it for a read; one that holds a read lock cannot
-// take the write lock (ErrUpgrade). Read locks are not handed to downstream services (the
-// zrpc interceptors pass write locks only); a read under a write handed over from upstream
-// re-enters that write. Every store keeps read holds
-// (lockstore.ReadOwner); New refuses WithRead with WithPermits, WithFair or WithFailOpen.
+// The readers of one process share one store read hold of a key, joined with no store command
+// within the handoff window (WithHandoff) while no writer of this process wants the key; its
+// loss ends every reader's lease (ErrLost). A read lock's Fence is the last fence the store
+// handed out for the key: at least the fence of the write it follows, below any later write's.
+// A context that holds the key's write lock re-enters it for a read; one that holds a read lock
+// cannot take the write lock (ErrUpgrade). Read locks are not handed to downstream services.
+// New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
-// WithFair makes the Locker grant each key in request order across processes, not only within
-// one: every Lock takes a place in a line the store keeps for the key, ordered by when the Lock
-// began (within the clock skew between the hosts, bounded by one second), and only the first in
-// line may take the free key. A waiter keeps its place by looking at the key at least every
-// FairLookEvery; one that stops (its process died) leaves the line FairQueueTTL after its last
-// look, and one that gives up leaves at once. TryLock takes no place: it takes the key only
-// when it is free and nobody is in line.
-//
-// Fairness costs the per-process gate: each Lock of a fair key talks to the store itself, with
-// no handoff between goroutines of a process; each release wakes the first waiter of each
-// process, and the others look every FairLookEvery to keep their places. Every store
-// keeps lines (lockstore.Request.Asked); New refuses WithFair with WithRead, WithPermits or
-// WithFailOpen. Only the Lockers made WithFair keep the line: a Lock of the same key without it
-// takes the key whenever it is free.
+// WithFair makes the Locker grant each key in request order across processes: every Lock takes
+// a place in a line the store keeps for the key, ordered by when the Lock began (within the
+// hosts' clock skew, at most a second), and only the first in line may take the free key. A
+// waiter looks at the key at least every FairLookEvery to keep its place, which lives
+// FairQueueTTL after its last look; one that gives up leaves at once. TryLock takes no place:
+// it takes the key only when it is free and nobody is in line. A Lock without WithFair ignores
+// the line. Fairness costs the per-process gate: each fair Lock talks to the store itself. New
+// refuses WithFair with WithRead, WithPermits or WithFailOpen.
 func WithFair() Option { return func(c *config) { c.fair = true } }
 
 // Bounds of a fair waiter's place in line (WithFair).
@@ -55,24 +41,20 @@ const (
 	// FairQueueTTL is how long a waiter's place lives after its last look at the key: how long
 	// a waiter whose process died can hold up the line.
 	FairQueueTTL = 2 * time.Second
-	// FairLookEvery is the longest a fair waiter sleeps between looks, well within
-	// FairQueueTTL.
+	// FairLookEvery is the longest a fair waiter sleeps between looks.
 	FairLookEvery = FairQueueTTL / 4
 )
 
-// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key: the
-// write would wait for its own read. Release the read lock first, or take the write lock from
-// the start.
+// ErrUpgrade is returned by a write Lock whose context holds a read lock of the same key: it
+// would wait for its own read. Release the read first, or take the write lock from the start.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
-// upgradeError is ErrUpgrade naming the key. It is also an ErrConfig: the caller's locks are
-// nested the wrong way, which no retry mends (the go-zero layer answers it as a misconfiguration).
+// upgradeError is ErrUpgrade naming the key, and an ErrConfig: locks nested the wrong way are
+// a misconfiguration, which no retry mends.
 func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
-// lockDirect takes key with a store hold of its own, outside the per-process gate, for a read
-// lock or a fair lock: the gate admits one grant of a key per process, which would put local
-// readers in single file and would reorder local fair waiters behind the process's queue. The
-// hold is counted with the gate's re-entries of other processes' locks, so a Drain waits for it.
+// lockDirect takes a read or fair lock with a store hold of its own, outside the gate, which
+// would put local readers in single file and reorder fair waiters. Drain waits for it.
 func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	rkey, err := l.storeKey(key)
 	if err != nil {
@@ -84,8 +66,7 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	if lease, err, done := l.reenterHeld(ctx, rkey); done {
 		return lease, err
 	}
-	// A handed-over owner (always a write grant's: read leases are not handed over) is
-	// re-entered, for a read too: the caller's write covers it, and a read of its own would
+	// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
 	// wait for the write it runs under.
 	if o, ok := handover.Lookup(ctx, rkey); ok {
 		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
@@ -95,11 +76,11 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
 	}
+	if start.IsZero() && (wait || l.cfg.fair) {
+		start = time.Now()
+	}
 	b := budget{parent: ctx}
 	if wait {
-		if start.IsZero() {
-			start = time.Now()
-		}
 		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer b.stop()
@@ -114,12 +95,9 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	if l.cfg.read {
 		owner = lockstore.ReadOwner(owner)
 	}
-	var asked time.Time
+	var asked time.Time // zero: not fair
 	if l.cfg.fair {
 		asked = start
-		if asked.IsZero() {
-			asked = time.Now()
-		}
 	}
 	var fw *fairWaiter
 	if l.cfg.fair && wait {
@@ -145,18 +123,11 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 	return newLease(ctx, h, GrantStore, h.currentFence(), site), nil
 }
 
-// joinRead returns a lease on the read hold of rkey that this process's readers share, when
-// there is one that a new reader may still join; nil otherwise, and the caller takes a read hold
-// in the store. Readers do not exclude each other, so a read needs no store call of its own
-// while another reader of this process holds the key: the process's readers count up and down
-// one hold, renewed once and released by the last of them (GrantShared).
-//
-// Writers keep their preference. A new reader joins only while no goroutine of this process
-// owns the key's gate slot (a local writer on its way to the store, or waiting there) and only
-// within the handoff window of the hold's acquisition (WithHandoff), so that a writer of
-// another process, which the store makes new read holds wait for, waits for the readers of one
-// window at most; past it, a reader asks the store, which refuses it while a writer waits. A
-// hold that is lost, released, or has less than a third of its TTL left is never joined.
+// joinRead returns a lease on the read hold of rkey that this process's readers share, when a
+// new reader may still join it (GrantShared), or nil. Writers keep their preference: a reader
+// joins only while no local writer owns the key's gate slot and within the hold's handoff
+// window, so that a writer elsewhere (the store lets no new reader past it) waits for one
+// window of readers at most. A lost, released or nearly expired hold is never joined (handable).
 func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	g := l.k.gate
 	g.mu.Lock()
@@ -172,8 +143,7 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	)
 	if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
 		h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
-		// g.mu before h.mu, as in handoff. join fails once the last reader has left: the hold
-		// is then on its way back to the store.
+		// g.mu before h.mu, as in handoff. join fails once the last reader has left.
 		fence, site, ok = h.join()
 	}
 	if !ok {
@@ -186,14 +156,8 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	return newLease(ctx, h, GrantShared, fence, site)
 }
 
-// joinOrLeadRead joins the read hold this process's readers share (joinRead), or, when there
-// is none to join, waits for the one another reader of this process is taking in the store and
-// joins that; when none is being taken, the caller leads: it takes the hold, and land, which
-// it must call when it has (shared it or failed), wakes the readers that waited. A reader that
-// may not join (a writer of this process wants the key, the hold is past its window) waits for
-// the flight in progress all the same and then leads one of its own: readers of one process go
-// to the store one at a time rather than all at once. A waiting reader gives up with its wait:
-// busy, as in the store.
+// joinOrLeadRead joins the local readers' hold (joinRead), or waits for the one being taken;
+// else the caller leads, and calls land when it has shared the hold or failed.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
 	for {
@@ -203,9 +167,6 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 		g.mu.Lock()
 		flight, inFlight := g.readFlights[rkey]
 		if !inFlight {
-			if g.readFlights == nil {
-				g.readFlights = make(map[string]chan struct{})
-			}
 			flight = make(chan struct{})
 			g.readFlights[rkey] = flight
 		}
@@ -219,7 +180,7 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 			}, nil
 		}
 		if !wait {
-			return nil, func() {}, nil // TryLock asks the store at once, as before
+			return nil, func() {}, nil // TryLock asks the store at once
 		}
 		select {
 		case <-flight:
@@ -231,43 +192,31 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 	}
 }
 
-// shareRead makes h, a read hold just taken in the store for rkey, the one that this process's
-// new readers join (joinRead), unless it has ended already.
+// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinRead).
 func (g *gate) shareRead(rkey string, h *hold) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if _, live := g.borrowed[h]; !live {
-		return // released before it could be shared
+	if _, live := g.borrowed[h]; live { // not released before it could be shared
+		g.reads[rkey] = h
 	}
-	if g.reads == nil {
-		g.reads = make(map[string]*hold)
-	}
-	g.reads[rkey] = h
 }
 
-// leaveQueue takes owner's place in key's line away, bounded short as giveBack is: a place it
-// cannot take away runs out after FairQueueTTL.
+// leaveQueue takes owner's place in key's line away; one it cannot runs out (FairQueueTTL).
 func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 	rctx, cancel := k.cleanupContext(ctx)
 	defer cancel()
 	_ = k.store.LeaveQueue(rctx, key, owner)
 }
 
-// reads reports whether h is a read lock's hold (WithRead).
 func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
-// fairWaiter is one fair Lock of this process waiting for a key (WithFair). Every waiter holds
-// its own place in the store's line, but only the first of the process's waiters of a key (its
-// head) watches the key and looks again at each release; the others look only every
-// FairLookEvery, to keep their places, until they become the head. A release then costs one
-// look per process, not one per waiter: the store's line decides who is next, and a process's
-// waiters come up in it in the order they asked, as they do here.
+// fairWaiter is a fair Lock of this process waiting for a key. Only the process's first (its
+// head) looks at each release; the others look every FairLookEvery, to keep their places.
 type fairWaiter struct {
 	asked time.Time
 	head  chan struct{} // closed when the waiter becomes its process's first for the key
 }
 
-// isHead reports whether w is the first of its process's waiters for its key.
 func (w *fairWaiter) isHead() bool {
 	select {
 	case <-w.head:
@@ -277,29 +226,22 @@ func (w *fairWaiter) isHead() bool {
 	}
 }
 
-// joinFair adds a waiter that asked for key at asked to the process's waiters of key, in the
-// order they asked.
+// joinFair adds a waiter that asked at asked to the process's waiters of key, in asking order.
 func (g *gate) joinFair(key string, asked time.Time) *fairWaiter {
 	w := &fairWaiter{asked: asked, head: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.fair == nil {
-		g.fair = make(map[string][]*fairWaiter)
-	}
 	line := g.fair[key]
 	i := len(line)
 	for i > 0 && w.asked.Before(line[i-1].asked) {
 		i--
 	}
 	if i == 0 && len(line) > 0 {
-		// It goes before the head: the head looks on as one more waiter would (it stays
-		// promoted; a second head costs one look per release more, for a moment).
+		// It goes before the head, which stays promoted: a second head costs one look per
+		// release more, for a moment.
 		i = 1
 	}
-	line = append(line, nil)
-	copy(line[i+1:], line[i:])
-	line[i] = w
-	g.fair[key] = line
+	g.fair[key] = slices.Insert(line, i, w)
 	if i == 0 {
 		close(w.head)
 	}

@@ -14,17 +14,13 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// MaxPermits bounds the permits of a semaphore key: each permit is a lock of its own, and a
-// taker that finds them all busy has looked at every one.
+// MaxPermits bounds a semaphore key's permits: a taker that finds all busy has asked each one.
 const MaxPermits = 64
 
-// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of a
-// semaphore key (WithPermits): what a permit's Lease names (with the prefix) and what
-// `flightlock ls` lists. Permit 1 is the key's own lock, so that a lock of the key and any
-// semaphore of it exclude each other on that permit, and changing a key's count from 1 to n
-// or back (a rolling deploy) never admits more holders than the larger count. The others are
-// the key, with each "#" doubled as in every store key, then "#" and the permit's number: no
-// key's lock or permit is another key's permit.
+// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of key.
+// Permit 1 is the key's own lock, so that a lock and any semaphore of the key exclude each
+// other, and a rolling change of the count never admits more than the larger. The others are
+// the key with each "#" doubled, then "#" and i: no key's lock or permit is another's permit.
 func PermitKey(key string, i int) string {
 	key = escapeKey(key)
 	if i == 1 {
@@ -33,7 +29,7 @@ func PermitKey(key string, i int) string {
 	return key + "#" + strconv.Itoa(i)
 }
 
-// escapeKey doubles each "#" of key (see PermitKey). A key without one is returned as it is.
+// escapeKey doubles each "#" of key (see PermitKey).
 func escapeKey(key string) string {
 	if !strings.Contains(key, "#") {
 		return key
@@ -41,30 +37,22 @@ func escapeKey(key string) string {
 	return strings.ReplaceAll(key, "#", "##")
 }
 
-// permitTurn spreads the takers of a semaphore over its permits: each taker starts its look
-// at the next permit, so that concurrent takers do not all race for the first.
+// permitTurn spreads a semaphore's takers over its permits: each starts at the next one.
 var permitTurn atomic.Uint32
 
-// WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1,
-// the default, is a lock): at most n leases of a key are held at once, across processes ("at
-// most 3 exports per tenant"). Lock, TryLock, Do and LockAll take one permit of each key. Each
-// permit is a lock of its own, PermitKey(key, i) for i in 1..n, with everything a lock has:
-// renewal while held, expiry a TTL after its holder died, a fence (per permit, growing from
-// one holder of that permit to the next), ErrLost, one release; and a context that holds a
-// permit of a key re-enters it instead of taking a second. Every taker of a key must name the
-// same count: a lower one leaves the permits above it to those that named more.
+// WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1, the
+// default, is a lock): at most n leases of a key are held at once, across processes. Lock,
+// TryLock, Do and LockAll take one permit of each key. Each permit is a lock of its own,
+// PermitKey(key, i), with everything a lock has (renewal, expiry, a fence, ErrLost, one
+// release), and a context that holds a permit of a key re-enters it. Every taker of a key must
+// name the same count: a lower one leaves the permits above it to those that named more.
 //
-// A busy key means every permit is taken: ErrBusy at once in Reject mode, and in Wait mode once
-// the wait budget is spent, with the shortest time a holder had left (RetryAfter); each look's
-// store calls end with the budget. While a permit is held in this process a waiter queues (FIFO)
-// on it, whose release hands it over without a round trip, for a retry delay at a time, and for
-// 50ms at most while others are held elsewhere; while every busy permit is held elsewhere it
-// looks at all of them again as soon as one is released, and at the Locker's retry delays. A look at a permit held in another process costs a round trip, so a
-// taker that finds every permit taken has paid up to n.
+// A busy key means every permit is taken (ErrBusy, with the shortest time a holder had left).
+// A waiter queues on a permit held in this process, a retry delay at a time; while all are
+// held elsewhere it looks again when one is released. A look costs up to n round trips.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
-// lockPermit takes one of permits permits of key. callerUp is where the caller of the
-// exported method is, seen from lockPermit (as lockSince's, one frame nearer).
+// lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	callerUp++ // seen from lockSince
 	keys, lease, err, done := l.permitKeys(ctx, key, permits, wait, callerUp)
@@ -91,23 +79,18 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 }
 
 // permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
-// caller holds already: a holder of a permit, in this process or handed over by the caller's
-// service, takes that permit again (a second would count it twice against the others). A
-// handed-over token that holds nothing takes nothing, and the look goes on.
+// caller holds already, in this process or handed over: a second would count it twice.
 func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
 	base, err := l.storeKey(key) // permit 1's
 	if err != nil {
 		return nil, nil, err, true
 	}
 	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
-		return nil, nil, invalidKey("the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
+		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
 	}
 	keys = make([]string, permits)
 	for i := range keys {
-		rkey := base
-		if i > 0 {
-			rkey = base + "#" + strconv.Itoa(i+1)
-		}
+		rkey := l.cfg.prefix + PermitKey(key, i+1)
 		keys[i] = rkey
 		if findLease(ctx, l.k.gate, rkey) != nil {
 			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
@@ -122,7 +105,7 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 	return keys, nil, nil, false
 }
 
-// permitTaker is one lockPermit's wait: its looks at every permit, and what they saw.
+// permitTaker is one lockPermit's wait.
 type permitTaker struct {
 	l        *Locker
 	ctx      context.Context
@@ -132,15 +115,11 @@ type permitTaker struct {
 	first    int    // the permit each look starts at, so that takers spread over the permits
 	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
 
-	watches []*lockstore.Watch
-	timer   *time.Timer
-	// answered records that the store replied (busy) to a look of this wait: a call that the
-	// wait's end cuts short is then a spent wait, not an outage (as for a lock's retries).
-	answered bool
-	// attempt counts the looks as the retry strategy counts a lock's attempts (from 1); the
-	// look after fresh watches is not one.
-	attempt int
-	recheck bool
+	watches  []*lockstore.Watch
+	timer    *time.Timer
+	answered bool // the store replied (busy) to a look of this wait (budget.spentDuringCall)
+	attempt  int  // the looks, as the retry strategy counts attempts; a recheck is not one
+	recheck  bool // the next look follows fresh watches
 }
 
 func (pt *permitTaker) close() {
@@ -171,7 +150,6 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 			break // the budget ran out during the look
 		}
 		i := (pt.first + j) % permits
-		// In Wait mode each call is cut at the wait's deadline, as a lock's attempt is.
 		sentAt := time.Now()
 		lease, err := l.lockSince(ctx, pt.keys[i], false, time.Time{}, pt.b.deadline, pt.callerUp+2)
 		if err == nil {
@@ -179,9 +157,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		}
 		var be *busyError
 		if !errors.As(err, &be) {
-			// A waiter rides out the store's errors within its budget, as a lock's does; a bad
-			// key, a drain or the caller's end stops it. The wait running out during the call
-			// is the lock's rule too (budget.spentDuringCall).
+			// A waiter rides out the store's errors within its budget, as a lock's does.
 			if !pt.wait || endsTheWait(ctx, err) {
 				return nil, err, r
 			}
@@ -199,10 +175,8 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		if be.retryAfter > 0 && (r.busy.retryAfter == 0 || be.retryAfter < r.busy.retryAfter) {
 			r.busy.retryAfter = be.retryAfter
 		}
-		// A permit held in this process is local: queueing on it costs no round trip. One that
-		// no goroutine here owns is held elsewhere. One whose owner here is on its way to the
-		// store is neither: queueing behind an owner that is only asking would send each
-		// queued taker to the store in turn.
+		// A permit whose owner here is only asking the store is neither local nor remote:
+		// queueing behind it would send each queued taker to the store in turn.
 		switch {
 		case l.k.gate.lookupHold(pt.keys[i]) != nil:
 			if r.local < 0 {
@@ -215,9 +189,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 	return nil, nil, r
 }
 
-// lookAndWait makes one look, and when every permit was busy, waits for one before the next:
-// queued on a permit of this process, or until a release elsewhere is heard. done ends
-// lockPermit with the lease or the error.
+// lookAndWait makes one look, and when every permit was busy, waits for one.
 func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	l, ctx := pt.l, pt.ctx
 	if !pt.recheck {
@@ -242,21 +214,17 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	if r.busy.retryAfter > 0 {
 		delay = min(delay, r.busy.retryAfter)
 	}
-	turnEnd := earliest(now.Add(delay), pt.b.deadline)
+	delay = min(delay, pt.b.deadline.Sub(now))
 	if r.remote && pt.watchFresh() {
 		pt.recheck = true // watches made only now may have missed a release: look once more first
 		return nil, nil, false
 	}
 	if r.local >= 0 {
-		// A permit is held in this process: queue on it for a delay, so that its release hands
-		// it over without a round trip (a hot permit then stays in its process within the
-		// handoff bounds, as a lock does). With permits held elsewhere too the turn is short
-		// (remoteTurn), so that the release of one of them is seen soon; waking every parked
-		// taker on every release elsewhere instead would send them all to the store each time.
+		// Queue on the local permit; for remoteTurn at most while others are held elsewhere.
 		if r.remote {
-			turnEnd = earliest(turnEnd, now.Add(remoteTurn))
+			delay = min(delay, remoteTurn)
 		}
-		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, turnEnd, pt.callerUp+1)
+		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, now.Add(delay), pt.callerUp+1)
 		switch {
 		case err == nil:
 			return lease, nil, true
@@ -265,31 +233,26 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		}
 		return nil, nil, false // busy at the turn's end, or a store error to ride out: look again
 	}
-	// Every busy permit is held elsewhere: sleep until one of them is released, one delay at most.
-	if !l.sleepAny(ctx, pt.watches, &pt.timer, turnEnd.Sub(now)) {
+	// Every busy permit is held elsewhere: sleep until one is released, one delay at most.
+	if !l.sleepAny(ctx, pt.watches, &pt.timer, delay) {
 		return nil, l.gaveUp(ctx, r.busy), true
 	}
 	return nil, nil, false
 }
 
-// watchFresh makes the watches of the permits on the first look that found one held elsewhere,
-// on a store that shares watches (one that does not would spend a watch per permit and waiter,
-// and the delays alone pace the looks there), and reports whether any is fresh: made only now,
-// it may have missed a release.
+// watchFresh watches the permits on a store that shares watches, and reports a fresh one.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
 	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {
 		return false
 	}
-	// Subscribing waits for the store's confirmation: within the wait, not the caller's whole
-	// deadline.
-	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline)
+	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline) // subscribing waits for the store
 	defer cancel()
 	fresh := false
 	for _, k := range pt.keys {
 		w, err := l.k.store.Watch(wctx, k)
 		if err != nil {
-			break // no notification: the delays alone pace the looks
+			break
 		}
 		pt.watches = append(pt.watches, w)
 		fresh = fresh || w.Fresh()
@@ -297,16 +260,14 @@ func (pt *permitTaker) watchFresh() bool {
 	return fresh
 }
 
-// endsTheWait reports whether err, from a look at one permit, ends a taker's wait: the
-// caller's end, a bad key or a drain. Busy permits and the store's errors do not.
+// endsTheWait reports whether err, from a look at one permit, ends a taker's wait.
 func endsTheWait(ctx context.Context, err error) bool {
 	return ctx.Err() != nil || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrClosed)
 }
 
-// sleepAny is sleep for the watches of several keys: it waits d at most, until one of them is
-// signalled, ctx ends or the gate drains, and reports whether the next look may go.
+// sleepAny is sleep for the watches of several keys.
 func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
-	if len(watches) <= 1 { // no reflection for one watch or none (a store whose watches are not shared)
+	if len(watches) <= 1 { // no reflection for one watch or none
 		var w *lockstore.Watch
 		if len(watches) == 1 {
 			w = watches[0]
@@ -326,14 +287,5 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 	return chosen != 1 && chosen != 2
 }
 
-// remoteTurn bounds a semaphore taker's turn queued on a permit of its process while other
-// permits are held elsewhere: how late it may see one of those released.
+// remoteTurn bounds a taker's turn queued on a local permit while others are held elsewhere.
 const remoteTurn = 50 * time.Millisecond
-
-// earliest returns the earlier of a and b.
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}

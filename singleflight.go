@@ -10,80 +10,50 @@ import (
 	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
-// gate is the per-process single flight for each key: at most one goroutine of the process
-// owns a key at a time, from the start of its Redis acquisition to the end of its release.
-// Everyone else is rejected without a Redis command, or queues in FIFO order.
-//
-// The gate replaces golang.org/x/sync/singleflight, which the design first named: singleflight
-// shares one result among concurrent callers, but a lock can be held by one caller only, so the
-// others would still have to queue somewhere and would each talk to Redis again. The gate
-// queues them itself, and hands a held lock to the next in line without a Redis round trip.
+// gate is the per-process single flight for each key: at most one goroutine of the process owns
+// a key at a time, from the start of its store acquisition to the end of its release. The others
+// are rejected without a store command, or queue in FIFO order for the lock to be handed over.
 type gate struct {
 	mu      sync.Mutex
 	entries map[string]*gateEntry // guarded by mu
-	// peak is the most entries held since entries was made (guarded by mu). Go maps never
-	// give their buckets back, so a map that once held 100,000 keys keeps their memory after
-	// they are gone (29-60 B per released lock stayed live); dropLocked rebuilds
-	// the map when it falls to a quarter of its peak.
-	peak int
+	peak    int                   // guarded by mu: the high-water mark of entries (shrinkLocked)
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
-	// guarded by mu: live holds outside the gate (re-entries of other processes' locks, read
-	// and fair locks), with where each was taken
+	// guarded by mu: live holds outside the gate (borrowed, read and fair), with their sites
 	borrowed map[*hold]uintptr
-	// guarded by mu: per key, the read hold that this process's new readers may join
-	// (rwfair.go: joinRead); each is also in borrowed while it lives.
+	// guarded by mu: per key, the read hold new readers may join (joinRead); also in borrowed
 	reads map[string]*hold
-	// guarded by mu: per key, the read hold that a reader of this process is taking in the
-	// store, closed when it is shared or failed (rwfair.go: readFlight): the readers that come
-	// meanwhile wait for it and join it, instead of each taking a hold of its own.
+	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
-	// guarded by mu: re-entries of other processes' locks on the wire (lockHanded): Redis
-	// may list their holds before this process knows them, and a drain must wait for them.
+	// guarded by mu: store calls for holds outside the gate on the wire (beginBorrow)
 	borrowing int
 	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
-	// closing is closed when the Locker drains (with closed): it wakes owners that sleep
-	// between attempts in the store, so that they answer ErrClosed as queued waiters do
-	// rather than take the key after the drain.
-	closing chan struct{}
-	// closed is set (under mu) when the Locker drains: no new owner enters. Read without mu
-	// on the way in, so that a Lock pays an atomic load for it, not a lock.
+	closing   chan struct{} // closed on drain: owners sleeping between attempts wake (ErrClosed)
+	// closed is set (under mu) on drain: no new owner enters. Read without mu on the way in.
 	closed atomic.Bool
 }
 
-// gateEntry is one key's slot. All fields are guarded by gate.mu. It is 24 bytes: one lives
-// for each held key (live heap per held lock), so the queue, which only a contended
-// key needs, sits behind a pointer, the count of queued goroutines is 32 bits and the run of
-// handoffs 16 (the keeper bounds a run to maxHandoffRun).
+// gateEntry is one key's slot, guarded by gate.mu: 24 bytes (live heap per held lock).
 type gateEntry struct {
 	queue    *gateQueue // FIFO of goroutines waiting for the slot; nil until the first one queues
-	hold     *hold      // the owner's Redis lock once acquired; survives handoffs
+	hold     *hold      // the owner's store lock once acquired; survives handoffs
 	refs     int32      // the owner plus queued waiters; the entry is deleted at zero
-	handoffs uint16     // consecutive handoffs of hold without a Redis round trip, at most maxHandoffRun
+	handoffs uint16     // consecutive handoffs of hold without a round trip, at most maxHandoffRun
 	taken    bool       // a goroutine owns the key: acquiring, holding, or releasing
 	yield    bool       // the last release woke other processes: let them go first
 }
 
-// maxHandoffRun is the longest run of handoffs the gate counts (gateEntry.handoffs); a larger
-// WithHandoff bound counts as this one.
+// maxHandoffRun is the longest run of handoffs gateEntry counts; a larger bound counts as it.
 const maxHandoffRun = math.MaxUint16
 
-// gateQueue is the FIFO of an entry's waiting goroutines. Once made it stays with its entry
-// (a hot key queues again and again); its backing array is let go whenever it empties.
-//
-// The waiters' wait budgets share one timer per queue, armed for the earliest deadline among
-// them (expire). A context with a deadline per waiter made a runtime timer for every wait: on
-// a hot key, where every Lock waits, creating and stopping them took a fifth of the CPU, and
-// more as the runtime's timer heap grew with the waiters (one hot key, 4 -> 1,024
-// goroutines). With one budget for all, deadlines arrive in queue order and the timer fires
-// about once per budget, finding waiters that were served long before.
+// gateQueue is an entry's FIFO. Its waiters' budgets share one timer, armed for the earliest
+// deadline (expire): a runtime timer per wait would cost a hot key much of its CPU.
 type gateQueue struct {
 	waiters []*gateWaiter
 	timer   *time.Timer // fires expire at armed; made by the first waiter with a budget
 	armed   time.Time   // the deadline the timer is set for; zero when it is stopped
 }
 
-// queued is the number of goroutines waiting for e's slot.
 func (e *gateEntry) queued() int {
 	if e.queue == nil {
 		return 0
@@ -91,7 +61,6 @@ func (e *gateEntry) queued() int {
 	return len(e.queue.waiters)
 }
 
-// push queues w last.
 func (e *gateEntry) push(w *gateWaiter) {
 	if e.queue == nil {
 		e.queue = &gateQueue{}
@@ -109,7 +78,6 @@ func (e *gateEntry) pop() *gateWaiter {
 	return w
 }
 
-// remove takes w off the queue, and reports whether it was there.
 func (e *gateEntry) remove(w *gateWaiter) bool {
 	if e.queue == nil {
 		return false
@@ -124,8 +92,7 @@ func (e *gateEntry) remove(w *gateWaiter) bool {
 	return false
 }
 
-// emptied lets the backing array and the timer go once the queue is empty: a stopped timer
-// keeps nothing alive, so an idle entry can be collected as soon as the gate drops it.
+// emptied lets the backing array and the timer go once the queue is empty.
 func (q *gateQueue) emptied() {
 	if len(q.waiters) > 0 {
 		return
@@ -137,9 +104,8 @@ func (q *gateQueue) emptied() {
 	}
 }
 
-// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it, or when
-// its wait budget ended first (expired). Granted, it owns the slot (and any hold handed with
-// it) and must pass it on.
+// gateWaiter is a queued goroutine. ready is closed when the slot is granted to it (it must
+// then pass it on), or when its wait budget ended first (expired).
 type gateWaiter struct {
 	ready    chan struct{}
 	deadline time.Time // end of its wait budget; zero for none
@@ -147,18 +113,22 @@ type gateWaiter struct {
 	expired  bool      // guarded by gate.mu: taken off the queue by expire, not granted
 }
 
-// testHookWoken, when set by a test, runs in a queued caller between its wake-up and its look
-// at what it was granted: where a slow goroutine may stop for a while.
+// testHookWoken, when set by a test, runs in a queued caller between wake-up and its grant.
 var testHookWoken func()
 
 func newGate() *gate {
-	return &gate{entries: make(map[string]*gateEntry), closing: make(chan struct{})}
+	return &gate{
+		entries:     make(map[string]*gateEntry),
+		fair:        make(map[string][]*fairWaiter),
+		borrowed:    make(map[*hold]uintptr),
+		reads:       make(map[string]*hold),
+		readFlights: make(map[string]chan struct{}),
+		closing:     make(chan struct{}),
+	}
 }
 
-// enter makes the caller the owner of key's slot. Without wait a taken slot fails at once with
-// a busy error and costs no Redis command. With wait the caller queues until the slot is
-// granted or its budget ends. It returns the entry and the hold handed over by the previous
-// owner, if any.
+// enter makes the caller the owner of key's slot, or fails busy: at once without wait, else
+// when its budget ends. It returns the entry and the hold handed over, if any.
 func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error) {
 	if g.closed.Load() {
 		return nil, nil, ErrClosed
@@ -201,9 +171,7 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 			w.expired = true // left on its own
 		}
 		g.mu.Unlock()
-		// Otherwise the slot was granted (or the budget expired) while ctx ended: ready is
-		// closed, and a granted caller owns the slot and must pass it on. It reports ready,
-		// so the caller hands the slot back through exit; it sees ctx ended and gives up.
+		// Otherwise it was granted (or expired) as ctx ended: a granted caller passes it on.
 	}
 	if testHookWoken != nil {
 		testHookWoken()
@@ -217,10 +185,8 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		}
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	// The hold granted with the slot, not e.hold now: between the grant and this read the
-	// watchdog may have abandoned that hold and passed the slot on, and e.hold may then be the
-	// next owner's (a lease on it would let two goroutines in). A hold abandoned meanwhile
-	// gives a lease that is lost at once, whose Release leaves the gate alone (hold.done).
+	// The hold granted with the slot, not e.hold, which may be the next owner's by now if the
+	// watchdog abandoned this one (a lease lost at once, whose Release leaves the gate alone).
 	return e, w.hold, nil
 }
 
@@ -238,9 +204,7 @@ func (g *gate) armLocked(key string, e *gateEntry, deadline time.Time) {
 	q.timer.Reset(time.Until(deadline))
 }
 
-// expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue
-// (each learns it from expired when its ready closes) and arms the timer for the earliest
-// deadline left. The entry may have left the map meanwhile; its queue is then empty.
+// expire runs on e's queue timer: it takes the waiters whose budget has ended off the queue.
 func (g *gate) expire(key string, e *gateEntry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -272,15 +236,15 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's Redis lock, for reentry by handed-over owners and Retry-After.
+// setHold records the owner's store lock, for handed-over owners and Retry-After.
 func (g *gate) setHold(e *gateEntry, h *hold) {
 	g.mu.Lock()
 	e.hold = h
 	g.mu.Unlock()
 }
 
-// siteOf is where h's current grant was taken: as its leases recorded it, or for a hold
-// outside the gate as endBorrow did; 0 when unknown. h.mu must not be held.
+// siteOf is where h's current grant was taken (its leases', or endBorrow's); 0 when unknown.
+// h.mu must not be held.
 func (g *gate) siteOf(h *hold) uintptr {
 	h.mu.Lock()
 	site, leaseless := h.siteLocked(), h.first == nil
@@ -289,9 +253,7 @@ func (g *gate) siteOf(h *hold) uintptr {
 	case site != 0:
 		return site
 	case leaseless && h.gated():
-		// A gate grant with no lease yet came by handoff or pass: its receiver was woken
-		// and has not made its lease.
-		return siteHandoff
+		return siteHandoff // its receiver was woken and has not made its lease yet
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -307,12 +269,9 @@ const (
 	turnOver                        // waiters queue and h could go on, but the bounds end its turn
 )
 
-// handoff passes h and the slot straight to the next queued waiter, if there is one, the
-// fairness bounds allow it (fewer than bound handoffs in a row, h acquired in Redis less than
-// window ago), and h has enough time left.
-//
-// It returns key's entry, which h's grant owns (a hold does not point to its entry: live heap
-// per held lock), for the caller to pass or leave the slot with.
+// handoff passes h and the slot to the next queued waiter, if any, when the fairness bounds
+// allow it (fewer than bound handoffs in a row, h acquired less than window ago) and h has
+// enough time left. It returns key's entry, for the caller to pass or leave the slot with.
 func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
 	handable := !h.degraded() && bound > 0 && window > 0 && h.handable()
 	late := handable && h.k.sinceInstant(h.acquired) >= window
@@ -335,9 +294,7 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 	return handedOff, e
 }
 
-// passOn gives the slot and h, which a pass kept in Redis for a new turn (keeper.pass), to the
-// next queued waiter. It reports false when nobody waits any more or the gate closed: the
-// caller then releases h.
+// passOn gives the slot and h, kept by a pass, to the next waiter; false: none, or closed.
 func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -351,8 +308,7 @@ func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	return true
 }
 
-// leave gives up the slot after its Redis lock (if any) was released; released tells whether
-// waiters in other processes were notified, in which case the next local owner yields to them.
+// leave gives up the slot after its release; when notifiedOthers, the next owner yields.
 func (g *gate) leave(key string, e *gateEntry, notifiedOthers bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -377,7 +333,6 @@ func (g *gate) yielding(e *gateEntry) bool {
 	return y
 }
 
-// lookupHold returns the hold of key's current owner, if any.
 func (g *gate) lookupHold(key string) *hold {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -387,24 +342,21 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
-// taken reports whether a goroutine of this process owns key's slot: it holds the key, or is
-// on its way to the store for it.
+// taken reports whether a goroutine of this process owns key's slot (holds or asks for it).
 func (g *gate) taken(key string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.entries[key] != nil
 }
 
-// grantLocked passes the slot, with h (nil for none), to the first waiter; taken stays true.
-// g.mu must be held.
+// grantLocked passes the slot, with h (or nil), to the first waiter. g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	w := e.pop()
 	w.hold = h
 	close(w.ready)
 }
 
-// dropLocked removes one reference and deletes the entry when nobody uses it, so that any
-// number of distinct keys leaves no memory behind. g.mu must be held.
+// dropLocked removes one reference, and the entry at zero. g.mu must be held.
 func (g *gate) dropLocked(key string, e *gateEntry) {
 	e.refs--
 	if e.refs == 0 {
@@ -414,30 +366,23 @@ func (g *gate) dropLocked(key string, e *gateEntry) {
 	}
 }
 
-// shrinkLocked rebuilds the entries map once it holds a quarter of its peak or less
-// (mapshrink). g.mu must be held.
+// shrinkLocked rebuilds the entries map at a quarter of its peak. g.mu must be held.
 func (g *gate) shrinkLocked() {
 	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
-// beginBorrow, endBorrow and removeBorrowed track the holds that have no gate entry (re-entries
-// of other processes' locks, read and fair locks), on the wire and then live, so that Drain
-// waits for them too.
+// beginBorrow, endBorrow and removeBorrowed track holds outside the gate, for Drain.
 func (g *gate) beginBorrow() {
 	g.mu.Lock()
 	g.borrowing++
 	g.mu.Unlock()
 }
 
-// endBorrow ends a store call counted by beginBorrow; h is the hold it took, nil for none,
-// which is live from now on until removeBorrowed, and site where it was taken (siteOf).
+// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil), at site.
 func (g *gate) endBorrow(h *hold, site uintptr) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h != nil {
-		if g.borrowed == nil {
-			g.borrowed = make(map[*hold]uintptr)
-		}
 		g.borrowed[h] = site
 	}
 	g.borrowing--
@@ -454,14 +399,12 @@ func (g *gate) removeBorrowed(h *hold) {
 	g.mu.Unlock()
 }
 
-// emptyLocked reports whether the process holds no lock through the gate: no key with an entry,
-// no re-entry of another process's lock live or on the wire. g.mu must be held.
+// emptyLocked reports whether the process holds no lock, live or on the wire. g.mu must be held.
 func (g *gate) emptyLocked() bool {
 	return len(g.entries) == 0 && len(g.borrowed) == 0 && g.borrowing == 0
 }
 
-// checkDrainedLocked tells a waiting drain that the process holds no lock any more. g.mu
-// must be held.
+// checkDrainedLocked tells a waiting drain that the process holds no lock. g.mu must be held.
 func (g *gate) checkDrainedLocked() {
 	if g.drained != nil && g.emptyLocked() {
 		close(g.drained)
@@ -469,8 +412,8 @@ func (g *gate) checkDrainedLocked() {
 	}
 }
 
-// drain closes the gate to new owners and waits until no key is held or ctx ends; then it
-// interrupts the leases still held and returns how many locks remain (see Locker.Drain).
+// drain closes the gate and waits for it to empty; when ctx ends first, it interrupts the leases
+// still held and returns how many locks remain (Locker.Drain).
 func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
 	if !g.closed.Swap(true) {
@@ -506,11 +449,4 @@ func (g *gate) drain(ctx context.Context) int {
 		h.interrupt(ErrClosed)
 	}
 	return n
-}
-
-// len returns the number of keys with an entry, for tests.
-func (g *gate) len() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.entries)
 }

@@ -8,35 +8,20 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// maxRenewers bounds the goroutines that run renewals (and the release of abandoned grants) at
-// once, for all the holds of a watchdog.
+// maxRenewers bounds a watchdog's goroutines that run renewals and end abandoned grants.
 const maxRenewers = 32
 
-// watchdog keeps the holds of a Locker, and of every Locker derived from it with With, alive:
-// it renews each Redis lock every TTL/3 while its holders run, and cancels their leases with
-// ErrLost before Redis may expire the lock.
+// watchdog renews its holds every TTL/3 and cancels their leases with ErrLost before the store
+// may expire them. Each hold has at most one pending event in one min-heap, behind one timer;
+// I/O runs on at most maxRenewers goroutines, and the loss deadline never waits for a renewal.
 //
-// Each hold has at most one pending event (its next renewal, or the moment it is lost while a
-// renewal is under way, or the moment an abandoned grant ends) in one min-heap, behind a single
-// clock timer armed for the earliest: holding 100,000 locks costs one timer, not 100,000.
-// The timer only decides; I/O runs on at most maxRenewers goroutines that exist
-// while there is work. Renewals that fall due together go to the store together: up to
-// maxBatch of them as one RefreshAll, one round trip (or a few) and no goroutine each, so that
-// a slow store never caps how many locks stay alive (see renew).
-//
-// The loss deadline never waits for a renewal: while a renewal is queued or on the wire, the
-// hold's event is its loss deadline (sent + TTL - TTL/10 of the last successful acquire or
-// refresh), and the timer cancels the leases then, whether or not the renewal ever returns.
-//
-// Lock order: a hold's mu before the watchdog's mu. The timer callback and the renewers take a
+// Lock order: a hold's mu before the watchdog's mu; the timer callback and the renewers take a
 // hold's mu only after they have let go of the watchdog's.
 type watchdog struct {
 	clock clock
 	epoch time.Time // instant 0: when the watchdog was made
-	// settle is set for a clock whose timers fire inside the caller's own call (the tests'
-	// manual clock, which fires them in Advance): a firing then waits until the renewals it
-	// started are done, so that every step of a test sees their outcome. Timers of the system
-	// clock fire on goroutines of their own, and a firing never waits.
+	// settle is set for a clock without concurrentTimers (the tests', which fires timers in
+	// Advance): a firing then waits for the renewals it started, so a test step sees them.
 	settle bool
 
 	mu      sync.Mutex
@@ -80,13 +65,8 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	w.mu.Unlock()
 }
 
-// unschedule drops h's pending event, if any. h.mu must be held.
-//
-// The timer stays armed when the heap empties: it fires once more, finds nothing due and stays
-// off (fire). Stopping it here made a loop of uncontended Lock + Release stop and re-arm the
-// runtime timer on every lock, and arming a timer earlier than the network poller's sleep wakes
-// the poller (a system call and a thread wake-up each time); left armed, the next
-// lock's renewal falls due after it and arms nothing.
+// unschedule drops h's pending event, if any. h.mu must be held. The timer stays armed: to
+// stop and re-arm it on every uncontended Lock and Release would wake the network poller.
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
@@ -106,9 +86,7 @@ func (w *watchdog) armLocked(at instant) {
 	w.timer.Reset(d)
 }
 
-// fire runs on the clock timer: it takes every event that is due off the heap, re-arms the
-// timer for the next one, and lets each hold act on its event (onDue), which queues the I/O
-// for the renewers.
+// fire runs on the clock timer: each hold whose event is due acts on it (onDue).
 func (w *watchdog) fire() {
 	now := w.now()
 	var buf [16]*hold
@@ -137,21 +115,19 @@ func (w *watchdog) fire() {
 	}
 }
 
-// instant is a moment on a watchdog's clock, in nanoseconds since its epoch. Holds keep their
-// deadlines as instants: 8 bytes each instead of a time.Time's 24, five per hold
-// (live heap per held lock). An int64 of nanoseconds lasts 292 years.
+// instant is nanoseconds since a watchdog's epoch: 8 bytes, not a time.Time's 24 (per hold).
 type instant int64
 
 func (i instant) add(d time.Duration) instant { return i + instant(d) }
 
-// now is the current instant, read from the monotonic clock (Since).
+// now is the current instant, from the monotonic clock.
 func (w *watchdog) now() instant { return instant(w.clock.Since(w.epoch)) }
 
 // enqueue queues a job for the renewers; fire starts them once it has queued every job due.
 func (w *watchdog) enqueue(j renewJob) {
 	w.mu.Lock()
 	if w.head > 0 && w.head >= len(w.queue)/2 {
-		// Move the jobs left to the front, so that a queue that never empties does not grow.
+		// Move the jobs left to the front: a queue that never empties must not grow.
 		n := copy(w.queue, w.queue[w.head:])
 		clear(w.queue[n:])
 		w.queue, w.head = w.queue[:n], 0
@@ -161,7 +137,6 @@ func (w *watchdog) enqueue(j renewJob) {
 }
 
 // startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
-// Renewers already running take jobs too, until the queue is empty.
 func (w *watchdog) startRenewers() {
 	w.mu.Lock()
 	n := min(maxRenewers-w.workers, (len(w.queue)-w.head+maxBatch-1)/maxBatch)
@@ -174,8 +149,7 @@ func (w *watchdog) startRenewers() {
 	}
 }
 
-// renewer runs queued jobs until none is left. A renewal takes the renewals queued right behind
-// it for the same keeper (up to maxBatch) along: renewals fall due together, and go out together.
+// renewer runs queued jobs until none is left, batching a keeper's renewals up to maxBatch.
 func (w *watchdog) renewer() {
 	var batch []*hold
 	for {
@@ -204,9 +178,9 @@ func (w *watchdog) renewer() {
 		}
 		w.mu.Unlock()
 		if j.abandon {
-			j.h.k.reportAbandoned(j.h) // before endGrant passes the slot, and its site, on
-			// Redis may have expired the key: ErrNotHeld is the usual answer.
-			_ = j.h.k.endGrant(context.Background(), j.h)
+			// Reported before the slot, and its site, passes on; ErrNotHeld is the usual answer.
+			j.h.k.reportAbandoned(j.h)
+			_ = j.h.k.endGrantBy(context.Background(), j.h)
 		} else {
 			renew(batch)
 		}
@@ -217,9 +191,7 @@ func (w *watchdog) renewer() {
 // maxBatch bounds the renewals of one keeper that a renewer sends together.
 const maxBatch = 512
 
-// renew refreshes the locks of holds, which share one keeper, as one RefreshAll: the store
-// makes it one round trip or a few, so that a renewer does not cap the renewals of the whole
-// Locker at maxRenewers per round trip.
+// renew refreshes the locks of holds, which share one keeper, as one RefreshAll.
 func renew(holds []*hold) {
 	k := holds[0].k
 	live := holds[:0:0]
@@ -237,9 +209,7 @@ func renew(holds []*hold) {
 	for i, h := range live {
 		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
-	// Bounded by the latest loss deadline of the batch: a lock whose own deadline passes first
-	// is lost by the watchdog's timer at that deadline, whatever this call does, and the reply
-	// still serves the others. A timeout, not a deadline: instants are on the keeper's clock.
+	// Bounded by the batch's latest loss deadline, as a timeout: instants are the keeper's.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
 	sent := k.nowInstant()
 	errs := k.store.RefreshAll(ctx, batch)
@@ -249,11 +219,9 @@ func renew(holds []*hold) {
 	}
 }
 
-// The heap is ordered by hold.due; hold.slot is a hold's index in it plus one, so that a hold's
-// event can be moved or dropped in O(log n). w.mu must be held by all three.
+// The heap is ordered by hold.due; hold.slot is a hold's index plus one. w.mu must be held.
 
-// up moves the hold at i towards the root while it is due before its parent; it reports
-// whether it moved.
+// up moves the hold at i towards the root, and reports whether it moved; down, away from it.
 func (w *watchdog) up(i int) bool {
 	h, start := w.heap[i], i
 	for i > 0 {
@@ -269,7 +237,6 @@ func (w *watchdog) up(i int) bool {
 	return i != start
 }
 
-// down moves the hold at i away from the root while a child is due before it.
 func (w *watchdog) down(i int) {
 	h, n := w.heap[i], len(w.heap)
 	for {
@@ -290,7 +257,6 @@ func (w *watchdog) down(i int) {
 	w.heap[i], h.slot = h, int32(i+1)
 }
 
-// removeLocked takes the hold at i off the heap.
 func (w *watchdog) removeLocked(i int) {
 	h, last := w.heap[i], len(w.heap)-1
 	if i != last {
@@ -306,8 +272,7 @@ func (w *watchdog) removeLocked(i int) {
 	w.heap = shrink(w.heap)
 }
 
-// shrink returns s, or a copy of it in a smaller array once it fills a quarter of its array or
-// less: a heap or a queue that once held 100,000 holds does not keep their memory.
+// shrink returns s, or a copy in a smaller array once s fills a quarter of its array.
 func shrink[T any](s []T) []T {
 	if cap(s) <= 64 || len(s) > cap(s)/4 {
 		return s

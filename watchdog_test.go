@@ -455,8 +455,6 @@ func (c *manualClock) Now() time.Time {
 
 func (c *manualClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
 
-func (c *manualClock) Until(t time.Time) time.Duration { return t.Sub(c.Now()) }
-
 func (c *manualClock) AfterFunc(d time.Duration, f func()) clockTimer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
