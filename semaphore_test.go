@@ -205,7 +205,10 @@ func TestReleasedPermitIsHandedToALocalWaiter(t *testing.T) {
 	s, _, _ := miniStore(t)
 	// A window of an hour: the default 20 ms, counted from the permit's acquisition, can pass
 	// on a loaded machine before the taker has queued, and the permit then goes by the store.
-	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2), WithHandoff(DefaultHandoff, time.Hour))
+	// A retry delay of a minute keeps the taker queued on the local permit until the release
+	// (it leaves the queue to look again at each delay's end).
+	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2), WithHandoff(DefaultHandoff, time.Hour),
+		WithRetry(LinearRetry(time.Minute)))
 	ctx := context.Background()
 	x, err := l.Lock(ctx, "export")
 	if err != nil {
@@ -520,32 +523,46 @@ func TestPermitTakerQueuesOnALocalPermitWhileAnotherIsHeldElsewhere(t *testing.T
 	// A handoff window of an hour: the default 20 ms can pass on a loaded machine first.
 	l := mustLocker(t, s, WithWait(10*time.Second), WithPermits(2), WithHandoff(DefaultHandoff, time.Hour))
 	other := mustLocker(t, s, WithPermits(2)) // another process
-	local, err := l.Lock(ctx, "export")
-	if err != nil {
-		t.Fatal(err)
-	}
 	remote, err := other.Lock(ctx, "export")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer remote.Release(ctx)
-	got := make(chan lockResult, 1)
-	go func() {
-		lease, err := l.Lock(ctx, "export")
-		got <- lockResult{lease, err}
-	}()
-	waitFor(t, 5*time.Second, "the taker to queue on the local permit", func() bool {
-		return queuedOn(l, local.Key()[len("lock:"):]) == 1
-	})
-	if err := local.Release(ctx); err != nil {
+	local, err := l.Lock(ctx, "export")
+	if err != nil {
 		t.Fatal(err)
 	}
-	r := <-got
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	defer r.lease.Release(ctx)
-	if r.lease.Key() != local.Key() || r.lease.Grant() != GrantHandoff {
-		t.Fatalf("the taker got %q by %v, want %q handed over", r.lease.Key(), r.lease.Grant(), local.Key())
+	// The taker's turn on the local permit lasts remoteTurn, then it looks at the store again:
+	// a release that a loaded machine delays past the turn goes by the store, and the taker
+	// takes it from there. Each round below releases while the taker is queued as far as the
+	// test can tell; one round of three must see the handoff.
+	for round := 1; ; round++ {
+		got := make(chan lockResult, 1)
+		go func() {
+			lease, err := l.Lock(ctx, "export")
+			got <- lockResult{lease, err}
+		}()
+		waitFor(t, 5*time.Second, "the taker to queue on the local permit", func() bool {
+			return queuedOn(l, local.Key()[len("lock:"):]) == 1
+		})
+		if err := local.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.lease.Key() != local.Key() {
+			t.Fatalf("the taker got %q, want the local permit %q", r.lease.Key(), local.Key())
+		}
+		if r.lease.Grant() == GrantHandoff {
+			_ = r.lease.Release(ctx)
+			return
+		}
+		if round == 3 {
+			t.Fatalf("the taker got the local permit by %v in 3 rounds, want it handed over", r.lease.Grant())
+		}
+		t.Logf("round %d: the release came after the taker's turn (grant %v); again", round, r.lease.Grant())
+		local = r.lease // the next taker queues on it
 	}
 }
