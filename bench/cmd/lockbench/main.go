@@ -203,10 +203,8 @@ func main() {
 	switch cfg.store {
 	case "redis":
 		runRedis(cfg, prof)
-	case "etcd":
-		runEtcd(&cfg)
-	case "zookeeper":
-		runZooKeeper(&cfg)
+	default:
+		runStore(&cfg, backendFor(cfg.store))
 	}
 }
 
@@ -324,14 +322,6 @@ func parseFlags(args []string) (config, profiling) {
 	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
-	for _, n := range primitiveScenarios {
-		if cfg.store == "etcd" && cfg.scenarios[n] {
-			fatalf("-scenario: %d (semaphores, read-write and fair locks: 10-12) runs on the Redis store only", n)
-		}
-	}
-	if cfg.store == "etcd" && cfg.scenarios[13] {
-		fatalf("-scenario: 13 (go-redis client settings) runs on the Redis store only")
-	}
 	switch *clients {
 	case "both":
 		cfg.clients = []clientSetting{tunedClient, defaultClient}
@@ -340,10 +330,10 @@ func parseFlags(args []string) (config, profiling) {
 	default:
 		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
-	if cfg.store == "zookeeper" {
-		for n := range cfg.scenarios {
-			if cfg.scenarios[n] && !slices.Contains(zkScenarios, n) {
-				fatalf("-scenario: %d does not run on ZooKeeper (scenarios %v)", n, zkScenarios)
+	if be := backendFor(cfg.store); be != nil {
+		for n := 1; n <= lastScenario; n++ {
+			if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
+				fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
 			}
 		}
 	}

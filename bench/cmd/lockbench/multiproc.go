@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/workerproc"
 )
 
 // Scenario 3 runs the contention of scenario 2 in several processes (worker.go): each Redis
@@ -104,14 +102,7 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
 		"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
 		"-hard", hard.String(), "-shm", shm}, extra...)
-	cmds := make([]*exec.Cmd, procs)
-	for i := range cmds {
-		cmds[i] = workerCommand(args...)
-	}
-	grp, err := workerproc.StartGroup(cmds, workers, time.Minute)
-	if err != nil {
-		fatalf("s3 %s: %v", r.id, err)
-	}
+	grp := startWorkers(r.id, procs, args, time.Minute)
 	s0 := b.snap()
 	grp.Release(time.Now().Add(50 * time.Millisecond))
 	lines, err := grp.Results(hard + 30*time.Second)

@@ -59,6 +59,19 @@ func workerCommand(args ...string) *exec.Cmd {
 	return exec.Command(self, append([]string{workerArg}, args...)...)
 }
 
+// startWorkers starts procs workers with args and waits (up to ready) until each says READY.
+func startWorkers(row string, procs int, args []string, ready time.Duration) *workerproc.Group {
+	cmds := make([]*exec.Cmd, procs)
+	for i := range cmds {
+		cmds[i] = workerCommand(args...)
+	}
+	grp, err := workerproc.StartGroup(cmds, workers, ready)
+	if err != nil {
+		fatalf("workers of %s: %v", row, err)
+	}
+	return grp
+}
+
 // workerResults parses the workers' result lines.
 func workerResults(lines []string) []workerResult {
 	out := make([]workerResult, len(lines))
@@ -93,14 +106,11 @@ func workerMain(args []string) {
 		wr  workerRow
 		err error
 	)
-	switch *store {
-	case "redis":
+	if be := backendFor(*store); be != nil {
+		wr, err = storeWorkerRow(be, *row, workerOpts{addr: *addr, lockTimeout: *lockTimeout, zkSession: *zkSession})
+	} else if *store == "redis" {
 		wr, err = redisWorkerRow(*row, *addr, *reads)
-	case "etcd":
-		wr, err = etcdWorkerRow(*row, *addr, *lockTimeout)
-	case "zookeeper":
-		wr, err = zkWorkerRow(*row, *addr, *zkSession, *lockTimeout)
-	default:
+	} else {
 		err = fmt.Errorf("unknown store %q", *store)
 	}
 	if err != nil {
