@@ -903,7 +903,7 @@ func (e *etcdBackend) notes() storeNotes {
 			p("")
 		},
 		machine: []string{fmt.Sprintf("| etcd (`etcd --version`) | %s |", e.version)},
-		dataDir:  fmt.Sprintf("| etcd data directory | %s (fsync on) |", e.fsType),
+		dataDir: fmt.Sprintf("| etcd data directory | %s (fsync on) |", e.fsType),
 		s1Intro: func(c *config) string {
 			return fmt.Sprintf("One goroutine, a distinct key per operation, %v per row and repetition, the rows taking turns in slices of %v\n"+
 				"(so that etcd getting faster or slower within a repetition falls on every row alike); a row's figures sum its slices.", c.d1, s1Slice)
@@ -952,4 +952,3 @@ func etcdWhy(r *storeResults, c *config) string {
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
 		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
 }
-

@@ -21,8 +21,8 @@ type storeNotes struct {
 	peerThe                 string // the peer in the goals' lead sentence
 	labels, plotLabels      map[string]string
 	rejectLabels            map[string]string
-	hotClientCPU            bool // the hot-key tables have a client CPU column
-	s3Goal                  bool // scenario 3 has a goal
+	hotClientCPU            bool                       // the hot-key tables have a client CPU column
+	s3Goal                  bool                       // scenario 3 has a goal
 	head                    func(p printer, c *config) // the title, the intro and how it was run
 	machine                 []string                   // the Machine table's rows on the server's versions
 	dataDir                 string                     // the Machine table's row on the data directory

@@ -171,6 +171,7 @@ func chartPath(out, axis string) string {
 	}
 	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
+
 // plotColor keeps a row's colour the same in every plot (flightlock red, as in the Redis charts).
 func plotColor(row string) color.RGBA {
 	switch row {
@@ -205,6 +206,7 @@ func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
 	}
 	return err
 }
+
 // Scenario 5, reject mode, as for the Redis rows: a key is held in this
 // process; one goroutine then tries it again and again for c.d5 (flightlock: TryLock on a
 // Reject Locker of the same gate, which answers ErrBusy without an RPC; concurrency.Mutex:
@@ -338,6 +340,7 @@ func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
 	}
 	return out
 }
+
 // Scenario 7, duplicates of one request, as for the Redis rows: httpbench.Dups concurrent duplicates of one request (one Idempotency-Key, one
 // body) through go-zero's REST chain and flightlock's middleware with its rule on the
 // benchmark's server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
@@ -376,6 +379,7 @@ func (b *storeBench) dups(fb fullBackend) map[string][]map[string]float64 {
 	}
 	return out
 }
+
 // Scenario 9: what each held lock and each waiter costs, as for the Redis rows. One
 // repetition: these are counts, not timings.
 //
@@ -647,4 +651,3 @@ func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() err
 	r.next, r.all = m.Next, m.All
 	return r
 }
-

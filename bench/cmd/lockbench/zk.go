@@ -65,7 +65,9 @@ func (z *zkBackend) name() string     { return "zookeeper" }
 func (z *zkBackend) title() string    { return "ZooKeeper" }
 func (z *zkBackend) scenarios() []int { return []int{1, 2, 3} }
 func (z *zkBackend) peer() string     { return rowZKLock }
-func (z *zkBackend) s1Rows() []string { return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh} }
+func (z *zkBackend) s1Rows() []string {
+	return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh}
+}
 func (z *zkBackend) describe() string {
 	return fmt.Sprintf("zookeeper %s (pid %d, %s) on %s, tickTime %v, data in %s (%s)", z.version, z.pid(), z.java, z.addr, z.tick, z.dir, z.fsType)
 }
@@ -403,7 +405,6 @@ func (b *zkBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
 		close: conn.Close,
 	}, nil
 }
-
 
 func (z *zkBackend) notes() storeNotes {
 	return storeNotes{
