@@ -225,7 +225,7 @@ func runStore(c *config, be backend) {
 			for _, row := range order {
 				r := rs[row]
 				res.add(1, row, r)
-				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, etcdDur(r.p50), r.rate, unit, r.reqPerOp, r.errors+r.releaseErrors)
+				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, durStr(r.p50), r.rate, unit, r.reqPerOp, r.errors+r.releaseErrors)
 			}
 		}
 		for _, row := range interleave.Rotate(s2, rep) {

@@ -110,7 +110,7 @@ func (r *storeResults) goals(c *config, be backend) []storeGoal {
 			scenario: 1,
 			name:     fmt.Sprintf("1. uncontended lock+unlock, flightlock / %s (p50)", n.floorShort), want: "≤ 1.2x", atMost: true, bound: 1.2,
 			ratio:    safeDiv(fl1, fo1),
-			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), etcdDur(time.Duration(fl1)), etcdDur(time.Duration(fo1))),
+			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), durStr(time.Duration(fl1)), durStr(time.Duration(fo1))),
 		},
 		{
 			scenario: 2,
@@ -158,8 +158,8 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// etcdDur writes a duration of the etcd report.
-func etcdDur(d time.Duration) string { return mdfmt.Dur(float64(d)) }
+// durStr writes a duration of a backend's report.
+func durStr(d time.Duration) string { return mdfmt.Dur(float64(d)) }
 
 // printer writes one line of the report.
 type printer func(format string, args ...any)
@@ -208,10 +208,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		for _, row := range be.s1Rows() {
 			xs := r.rows[1][row]
 			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
-				etcdDur(time.Duration(r.med(1, row, p50))), etcdDur(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-				perRep(xs, func(x rowResult) string { return etcdDur(x.p50) }),
+				durStr(time.Duration(r.med(1, row, p50))), durStr(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
+				perRep(xs, func(x rowResult) string { return durStr(x.p50) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
-				etcdDur(time.Duration(r.med(1, row, scpu))), etcdDur(time.Duration(r.med(1, row, ccpu))),
+				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
 				r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
 		p("")
@@ -264,8 +264,8 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
-				etcdDur(time.Duration(r.med(4, row, p50))), etcdDur(time.Duration(r.med(4, row, p99))),
-				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), etcdDur(time.Duration(r.med(4, row, scpu))),
+				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
+				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
 				r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
 				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
@@ -322,15 +322,15 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 		}
 		self := ""
 		if n.hotClientCPU {
-			self = " " + etcdDur(time.Duration(r.med(sc, row, ccpu))) + " |"
+			self = " " + durStr(time.Duration(r.med(sc, row, ccpu))) + " |"
 			if sc == 3 {
 				self = " n/a |"
 			}
 		}
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %d / %s | %d |", n.labels[row], r.med(sc, row, rate),
 			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
-			etcdDur(time.Duration(r.med(sc, row, p50))), etcdDur(time.Duration(r.med(sc, row, p99))),
-			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), etcdDur(time.Duration(r.med(sc, row, scpu))), self,
+			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
+			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
 			r.sum(sc, row, func(x rowResult) int64 { return x.violations }), fence,
 			r.sum(sc, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 	}
@@ -383,7 +383,7 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			line := "| " + n.labels[row] + " |"
 			var viol, fenceViol, errs int64
 			for _, x := range ax.points {
-				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), etcdDur(time.Duration(ax.res.med(x, row, p99))))
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), durStr(time.Duration(ax.res.med(x, row, p99))))
 				if rt := ax.res.sum(x, row, func(x rowResult) int64 { return x.retries }); rt > 0 {
 					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
 				}
@@ -402,7 +402,7 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			}
 			fall := "n/a"
 			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
-				fall = etcdFallWords(f)
+				fall = fallsWords(f)
 			}
 			fence := fmt.Sprint(fenceViol)
 			if row != rowFlight {
@@ -419,15 +419,15 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
 			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
 			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), etcdFallWords(f))
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallsWords(f))
 				p("")
 			}
 		}
 	}
 }
 
-// fallWords says a fall factor f (above 1: fewer at the last point) in words.
-func etcdFallWords(f float64) string {
+// fallsWords says a fall factor f (above 1: fewer at the last point) in words.
+func fallsWords(f float64) string {
 	if f >= 1 {
 		return fmt.Sprintf("falls %.2fx", f)
 	}
@@ -469,7 +469,7 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 				rss = "RSS fell"
 			}
 			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", n.labels[h.row], countStr(h.n),
-				etcdDur(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.reqs, h.keepAlives, etcdDur(h.release),
+				durStr(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.reqs, h.keepAlives, durStr(h.release),
 				h.afterHeap, h.afterGor, h.errors+h.releaseFails)
 		}
 		p("")
@@ -503,7 +503,7 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 				fence = "n/a"
 			}
 			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %d / %s |", n.labels[w.row], countStr(w.w),
-				sessHeap, sessGor, w.heap, w.stack, w.gor, w.reqs, w.keepAlives, w.cpuMs, etcdDur(w.next), etcdDur(w.all),
+				sessHeap, sessGor, w.heap, w.stack, w.gor, w.reqs, w.keepAlives, w.cpuMs, durStr(w.next), durStr(w.all),
 				w.served, w.errors, w.violations, fence)
 		}
 		p("")
@@ -527,7 +527,7 @@ func scenarioList(c *config) string {
 	return strings.Join(s, ", ")
 }
 
-// ints lists an axis's points, or says it was skipped.
+// pointList lists an axis's points, or says it was skipped.
 func pointList(xs []int) string {
 	if len(xs) == 0 {
 		return "skipped"
@@ -539,17 +539,8 @@ func pointList(xs []int) string {
 	return strings.Join(s, ", ")
 }
 
-// count writes n with thousands separators, as the report's prose does (10,000).
-func countStr(n int) string {
-	if n < 0 {
-		return "-" + countStr(-n)
-	}
-	s := fmt.Sprint(n)
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	return s
-}
+// countStr writes n with thousands separators, as the report's prose does (10,000).
+func countStr(n int) string { return mdfmt.Int(float64(n)) }
 
 // httpResults is scenario 6.
 type httpResults struct {
@@ -616,7 +607,7 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 			countStr(int(med(row, func(x rejectResult) float64 { return x.bytes }))),
 			perOp(med(row, func(x rejectResult) float64 { return x.reqs })),
 			perOp(med(row, func(x rejectResult) float64 { return x.fsyncs })),
-			etcdDur(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.serverCPU) }))),
+			durStr(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.serverCPU) }))),
 			countStr(int(med(row, func(x rejectResult) float64 { return x.parNs }))),
 			countStr(int(med(row, func(x rejectResult) float64 { return x.parRate }))),
 			perOp(med(row, func(x rejectResult) float64 { return x.parReqs })), wrong)
@@ -693,7 +684,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
 	p("")
 	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", etcdDur(time.Duration(stat.Median(h.getRT))))
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(stat.Median(h.getRT))))
 	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
 	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
 	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
@@ -713,8 +704,8 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		if d, rt, ok := h.added(row.id); ok && row.id != "none" {
 			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, etcdDur(time.Duration(medOf(runs, "p50"))), added, rts,
-			etcdDur(time.Duration(medOf(runs, "p90"))), etcdDur(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
+		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, durStr(time.Duration(medOf(runs, "p50"))), added, rts,
+			durStr(time.Duration(medOf(runs, "p90"))), durStr(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
 			medOf(runs, "rpcs"), medOf(runs, "fsyncs"), medOf(runs, "svc_cpu"), worstOf(runs, "errors"))
 	}
 	p("")
@@ -734,8 +725,8 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		share := func(name string) float64 { return 100 * medOf(runs, name) }
 		idle := 100 - share("svc_share") - share("etcd_share") - share("redis_share") - share("wrk_share") - share("other_share")
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %.0f |",
-			row.label, medOf(runs, "rps"), ratio, etcdDur(time.Duration(medOf(runs, "p50"))), etcdDur(time.Duration(medOf(runs, "p90"))),
-			etcdDur(time.Duration(medOf(runs, "p99"))), etcdDur(time.Duration(medOf(runs, "p999"))), etcdDur(time.Duration(medOf(runs, "max"))),
+			row.label, medOf(runs, "rps"), ratio, durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p90"))),
+			durStr(time.Duration(medOf(runs, "p99"))), durStr(time.Duration(medOf(runs, "p999"))), durStr(time.Duration(medOf(runs, "max"))),
 			medOf(runs, "rpcs"), medOf(runs, "fsyncs"),
 			medOf(runs, "svc_cpu"), medOf(runs, "etcd_cpu"), medOf(runs, "redis_cpu"), medOf(runs, "wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
@@ -783,8 +774,8 @@ func (r *storeResults) dupsSection(p printer, c *config, title string) {
 	for _, row := range storeDupRows {
 		runs := r.dups[row.id]
 		p("| flightlock on %s, OnBusy %s | %.2f | %.1f | %.1f | %.1f | %s | %s | %s |", title, row.onBusy, medOf(runs, "runs"), medOf(runs, "identical"),
-			medOf(runs, "busy"), medOf(runs, "other"), etcdDur(time.Duration(medOf(runs, "p50"))), etcdDur(time.Duration(medOf(runs, "p99"))),
-			etcdDur(time.Duration(medOf(runs, "max"))))
+			medOf(runs, "busy"), medOf(runs, "other"), durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p99"))),
+			durStr(time.Duration(medOf(runs, "max"))))
 	}
 	p("")
 }

@@ -136,7 +136,7 @@ func (b *storeBench) measureAxis(fb fullBackend, name string, points []int, rows
 		r := run(row, x, rep)
 		ax.res.add(x, row, r)
 		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  %s/CS %.2f",
-			rep+1, name, x, row, r.rate, etcdDur(r.p99), r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, fb.notes().reqUnit, r.reqPerOp)
+			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, fb.notes().reqUnit, r.reqPerOp)
 	})
 	return ax
 }
@@ -335,7 +335,7 @@ func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
 			r := b.rejectRow(fb, row, rep)
 			out[row] = append(out[row], r)
 			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %d",
-				row, etcdDur(time.Duration(r.ns)), r.allocs, r.reqs, s5Goroutines, etcdDur(time.Duration(r.parNs)), r.parRate, r.wrong)
+				row, durStr(time.Duration(r.ns)), r.allocs, r.reqs, s5Goroutines, durStr(time.Duration(r.parNs)), r.parRate, r.wrong)
 		}
 	}
 	return out
@@ -374,7 +374,7 @@ func (b *storeBench) dups(fb fullBackend) map[string][]map[string]float64 {
 			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
 			out[id] = append(out[id], m)
 			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
-				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], etcdDur(time.Duration(m["p50"])), etcdDur(time.Duration(m["p99"])))
+				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], durStr(time.Duration(m["p50"])), durStr(time.Duration(m["p99"])))
 		}
 	}
 	return out
@@ -462,7 +462,7 @@ func (b *storeBench) memory(fb fullBackend) *memoryResults {
 			}
 			out.wait = append(out.wait, r)
 			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %d, violations %d/%d, errors %d %v",
-				w, row, r.heap, r.gor, r.reqs, etcdDur(r.next), etcdDur(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
+				w, row, r.heap, r.gor, r.reqs, durStr(r.next), durStr(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
 		}
 	}
 	return out

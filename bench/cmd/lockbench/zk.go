@@ -506,12 +506,12 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			"fresh path it first looks the path up and creates it (%s requests, %s fsyncs, p50 %s).",
 			perOp(r.med(1, rowFloor, reqs)), perOp(r.med(1, rowFloor, fsy)),
 			perOp(r.med(1, rowFlight, reqs)), perOp(r.med(1, rowFlight, fsy)),
-			etcdDur(time.Duration(fl)), etcdDur(time.Duration(fo)), safeDiv(fl, fo),
-			etcdDur(time.Duration(r.med(1, rowFlight, scpu))), etcdDur(time.Duration(r.med(1, rowFloor, scpu))),
-			etcdDur(time.Duration(r.med(1, rowFlight, ccpu))), etcdDur(time.Duration(r.med(1, rowFloor, ccpu))),
-			perOp(r.med(1, rowZKLock, reqs)), etcdDur(time.Duration(r.med(1, rowZKLock, p50))),
+			durStr(time.Duration(fl)), durStr(time.Duration(fo)), safeDiv(fl, fo),
+			durStr(time.Duration(r.med(1, rowFlight, scpu))), durStr(time.Duration(r.med(1, rowFloor, scpu))),
+			durStr(time.Duration(r.med(1, rowFlight, ccpu))), durStr(time.Duration(r.med(1, rowFloor, ccpu))),
+			perOp(r.med(1, rowZKLock, reqs)), durStr(time.Duration(r.med(1, rowZKLock, p50))),
 			perOp(r.med(1, rowZKLockFresh, reqs)), perOp(r.med(1, rowZKLockFresh, fsy)),
-			etcdDur(time.Duration(r.med(1, rowZKLockFresh, p50)))))
+			durStr(time.Duration(r.med(1, rowZKLockFresh, p50)))))
 	}
 	if c.scenarios[2] || c.scenarios[3] {
 		fl2, zl2 := r.med(2, rowFlight, rate), r.med(2, rowZKLock, rate)
