@@ -221,7 +221,7 @@ func (r *report) markdown() string {
 				continue
 			}
 			w("### %d goroutines\n\n", g)
-			contendTable(w, rs, false)
+			contendTable(w, rs, false, false)
 		}
 		w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
 		for _, g := range s2Goroutines {
@@ -247,7 +247,7 @@ func (r *report) markdown() string {
 		w("repetition lasts about %v, every process running the same number of critical sections; `fair` is the last\n", r.cfg.d3)
 		w("process's finish time over the first's (starvation shows as a large ratio). The guard counters live in a file all\n")
 		w("workers map, so exclusion is checked across processes. CS/s = all critical sections over the last finish time.\n\n")
-		contendTable(w, r.s3, true)
+		contendTable(w, r.s3, true, false)
 	}
 	if r.s4 != nil {
 		fl0 := find(r.s4, "setdel")
@@ -338,19 +338,28 @@ func viol(x *result) string {
 	return mdfmt.Int(x.worst("violations"))
 }
 
-func contendTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | violations | errors |")
+// contendTable writes the rows of a contention run: with procs, the fairness and quota of a run
+// across processes; with peak, the most holders the hold's guard saw at once (a semaphore).
+func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
+	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max |")
+	rule := "|---|---|---|---|---|---|---|---|---|---|---|"
+	if peak {
+		w(" most holders at once |")
+		rule += "---|"
+	}
+	w(" violations | errors |")
 	if procs {
 		w(" fair (median / worst) | CS per process |")
+		rule += "---|---|"
 	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
+	w(" server command mix per CS |\n%s---|\n", rule)
 	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
-			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")), viol(x), mdfmt.Int(x.worst("errors")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
+			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
+		if peak {
+			w(" %s |", mdfmt.Int(x.worst("peak")))
+		}
+		w(" %s | %s |", viol(x), mdfmt.Int(x.worst("errors")))
 		if procs {
 			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
 		}

@@ -180,7 +180,7 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 			start := time.Now().Add(5 * time.Millisecond)
 			stop := make(chan struct{})
 			t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
-			cr := contendImpl(im, keys[r.id], guards[r.id], g, start, stop, 0, start.Add(slice+waitBudget))
+			cr := contendImpl(im, implHolders(im, keys[r.id], g), guards[r.id], start, stop, 0, start.Add(slice+waitBudget))
 			t.Stop()
 			s.add(b, s0)
 			s.ops += cr.Ops

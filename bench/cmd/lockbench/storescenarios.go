@@ -239,8 +239,6 @@ func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult
 	key := fmt.Sprintf("s7-%d", rep)
 	var try tryer
 	var release func()
-	// How many calls between two reads of the clock: flightlock's refusal takes about a
-	// hundred nanoseconds, of which time.Now would be a fair part; a Mutex's takes milliseconds.
 	every := int64(1)
 	switch row {
 	case rowFlight:
@@ -281,50 +279,56 @@ func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	s0 := b.stats()
-	start := time.Now()
-	deadline := start.Add(b.c.d5)
-	var n int64
-	for ; n == 0 || n%every != 0 || time.Now().Before(deadline); n++ {
+	n, win := rejectLoop(1, b.c.d5, every, func(int) {
 		busy, err := try(ctx, 0)
 		note(busy, err)
 		if !busy && r.firstErr == nil {
 			r.firstErr = err
 		}
-	}
-	r.serialWin = time.Since(start)
+	})
 	runtime.ReadMemStats(&m1)
 	st := b.stats().sub(s0)
-	r.calls = n
+	r.calls, r.serialWin = n, win
 	r.ns = float64(r.serialWin.Nanoseconds()) / float64(n)
 	r.allocs = float64(m1.Mallocs-m0.Mallocs) / float64(n)
 	r.bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
 	r.reqs, r.fsyncs, r.serverCPU = st.reqs/float64(n), st.fsyncs/float64(n), st.cpu/time.Duration(n)
 
 	// Parallel: s5Goroutines goroutines at once.
-	var pn atomic.Int64
-	var wg sync.WaitGroup
 	p0 := b.stats()
-	pstart := time.Now()
-	pdeadline := pstart.Add(b.c.d5)
-	for i := range s5Goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var c int64
-			for ; c == 0 || c%every != 0 || time.Now().Before(pdeadline); c++ {
-				note(try(ctx, i))
-			}
-			pn.Add(c)
-		}()
-	}
-	wg.Wait()
-	r.parWindow = time.Since(pstart)
+	r.parCalls, r.parWindow = rejectLoop(s5Goroutines, b.c.d5, every, func(i int) { note(try(ctx, i)) })
 	pst := b.stats().sub(p0)
-	r.parCalls = pn.Load()
 	r.parNs = float64(r.parWindow.Nanoseconds()) / float64(r.parCalls)
 	r.parRate = float64(r.parCalls) / r.parWindow.Seconds()
 	r.parReqs, r.parFsyncs = pst.reqs/float64(r.parCalls), pst.fsyncs/float64(r.parCalls)
 	return r
+}
+
+// rejectLoop has n goroutines call try (with their index) until d has passed, each reading
+// the clock every `every` calls (flightlock's refusal takes about a hundred nanoseconds, of
+// which time.Now would be a fair part; a refusal that takes a round trip reads it every call),
+// and returns the calls made and the wall time they took.
+func rejectLoop(n int, d time.Duration, every int64, try func(i int)) (int64, time.Duration) {
+	var calls atomic.Int64
+	start := time.Now()
+	deadline := start.Add(d)
+	loop := func(i int) {
+		var c int64
+		for ; c == 0 || c%every != 0 || time.Now().Before(deadline); c++ {
+			try(i)
+		}
+		calls.Add(c)
+	}
+	if n == 1 {
+		loop(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { loop(i) })
+		}
+		wg.Wait()
+	}
+	return calls.Load(), time.Since(start)
 }
 
 // reject runs every row once per repetition, in the rotated order.

@@ -46,8 +46,6 @@ type workerResult struct {
 	contend.Result
 	RT  int64 `json:"rt"`  // the client's round trips (Redis rows)
 	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
-
-	serverCPU, workersCPU float64 // µs per critical section, filled in by the parent on results[0]
 }
 
 // workerCommand is the command line of one worker.
