@@ -771,7 +771,7 @@ func (r *storeResults) dupsSection(p printer, c *config, title string) {
 	p("")
 	p("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |")
 	p("|---|---|---|---|---|---|---|---|")
-	for _, row := range storeDupRows {
+	for _, row := range dupRows {
 		runs := r.dups[row.id]
 		p("| flightlock on %s, OnBusy %s | %.2f | %.1f | %.1f | %.1f | %s | %s | %s |", title, row.onBusy, medOf(runs, "runs"), medOf(runs, "identical"),
 			medOf(runs, "busy"), medOf(runs, "other"), durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p99"))),

@@ -68,7 +68,7 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 		res.http = fb.http(b)
 	}
 	if c.scenarios[7] {
-		res.dups = b.dups(fb)
+		res.dups = dupBursts(fb.dupConf(), c.reps)
 	}
 }
 
@@ -351,10 +351,13 @@ func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
 // duplicate gets its response, stored in etcd for Replay) and OnBusy reject (one run, the
 // others answered 409 at once). Each burst uses a key of its own.
 
-// storeDupRows are the rows of scenario 7: id and the rule's OnBusy.
-var storeDupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
+// dupRows are the rows of scenario 7: id and the rule's OnBusy.
+var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
 
-func (b *storeBench) dups(fb fullBackend) map[string][]map[string]float64 {
+// dupBursts runs scenario 7 on every store: a server per row on the middleware's Lock section
+// conf with that row's rule, reps repetitions of the rows in rotated order; per row, one
+// httpbench.DupServer.Bursts per repetition.
+func dupBursts(conf flmw.LockConf, reps int) map[string][]map[string]float64 {
 	servers := map[string]*httpbench.DupServer{}
 	defer func() {
 		for _, s := range servers {
@@ -362,18 +365,17 @@ func (b *storeBench) dups(fb fullBackend) map[string][]map[string]float64 {
 		}
 	}()
 	var ids []string
-	for _, row := range storeDupRows {
-		conf := fb.dupConf()
+	for _, row := range dupRows {
 		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
 		s, err := httpbench.NewDupServer(conf)
 		if err != nil {
-			fatalf("s9 %s: %v", row.id, err)
+			fatalf("s7 %s: %v", row.id, err)
 		}
 		servers[row.id] = s
 		ids = append(ids, row.id)
 	}
 	out := map[string][]map[string]float64{}
-	for rep := range b.c.reps {
+	for rep := range reps {
 		for _, id := range interleave.Rotate(ids, rep) {
 			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
 			out[id] = append(out[id], m)
