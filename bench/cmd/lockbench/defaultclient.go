@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,12 +60,11 @@ func defaultClientRows() []rowSpec {
 }
 
 func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
-	for _, r := range rows {
-		if r.id == id {
-			return r, true
-		}
+	i := slices.IndexFunc(rows, func(r rowSpec) bool { return r.id == id })
+	if i < 0 {
+		return rowSpec{}, false
 	}
-	return rowSpec{}, false
+	return rows[i], true
 }
 
 // s13Pick is the rows of ids on every setting of settings, the settings of one library next
@@ -120,7 +120,7 @@ func (b *bench) scenario13() *s13Results {
 	b.warm(rows)
 	res := newResults(rows)
 	for rep := range b.cfg.reps {
-		ms := b.uncontendedSliced(rows, rep, b.cfg.d1, s13MaxOps)
+		ms, _ := b.uncontendedSliced(rows, "s13u", rep, b.cfg.d1, s13UncontendedSlice, s13MaxOps, true)
 		for _, r := range rows {
 			m := ms[r.id]
 			res[r.id].Reps = append(res[r.id].Reps, m)
@@ -225,15 +225,6 @@ func s13Label(x *result, withWait bool) string {
 	return l
 }
 
-func (s *s13Results) has(c clientSetting) bool {
-	for _, x := range s.Settings {
-		if x == c {
-			return true
-		}
-	}
-	return false
-}
-
 // goalsDefaultClient are the goals set on a default go-redis client (and, for comparison, on the
 // tuned one).
 func (r *report) goalsDefaultClient() []goal {
@@ -319,7 +310,7 @@ func spread(x *result, metric string) string {
 
 func (r *report) s13Section(w func(string, ...any)) {
 	s := r.s13
-	both := s.has(tunedClient) && s.has(defaultClient)
+	both := slices.Contains(s.Settings, tunedClient) && slices.Contains(s.Settings, defaultClient)
 	w("The rows of scenarios 1, 8 (key axis) and 9 (holding) on a go-redis v9 client with **default options**\n")
 	w("(`redis.NewClient(&redis.Options{Addr: addr})`: pool 10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` on\n")
 	w("every new connection, which Redis 7.0 refuses and go-redis ignores) beside the **tuned** client of the other scenarios.\n")

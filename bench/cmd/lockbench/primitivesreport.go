@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,16 +20,7 @@ var primitiveScenarios = []int{10, 11, 12}
 // ranMain says whether any scenario of the main report ran.
 func ranMain(c config) bool {
 	for n := 1; n <= lastScenario; n++ {
-		if c.scenarios[n] && !isPrimitive(n) {
-			return true
-		}
-	}
-	return false
-}
-
-func isPrimitive(n int) bool {
-	for _, p := range primitiveScenarios {
-		if p == n {
+		if c.scenarios[n] && !slices.Contains(primitiveScenarios, n) {
 			return true
 		}
 	}

@@ -198,7 +198,8 @@ func (r *report) markdown() string {
 		w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
 		w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
 		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
-		w("keys are built before). %v per row and repetition.\n\n", r.cfg.d1)
+		w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", r.cfg.d1, s1Slice)
+		w("the machine's speed within a repetition falls on every row alike).\n\n")
 		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range r.s1 {
@@ -374,12 +375,14 @@ func (r *report) chart(path string) error {
 		"critical sections / s (log)", s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
 }
 
-// rowColor gives every library one colour in every chart, whatever rows a run has.
+// rowColor gives every library one colour in every chart, whatever store and rows a run has:
+// flightlock red, a store's own lock (bsm/redislock, etcd's Mutex, ZooKeeper's lock) blue, the
+// floors grey.
 func rowColor(id string) color.RGBA {
 	switch strings.TrimSuffix(id, "-1ms") {
 	case "flightlock":
 		return color.RGBA{214, 39, 40, 255}
-	case "redislock":
+	case "redislock", rowMutex, rowZKLock:
 		return color.RGBA{31, 119, 180, 255}
 	case "redsync":
 		return color.RGBA{44, 160, 44, 255}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"runtime"
 	"time"
 
@@ -118,77 +117,24 @@ func ordered(rows []rowSpec, m map[string]*result) []*result {
 
 // --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
 
+// s1MaxOps bounds the operations of one row per repetition (its keys are made before the rows
+// run): at 10 µs an operation, -d1 up to 2s.
+const s1MaxOps = 200000
+
 func (b *bench) scenario1() []*result {
 	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "store", "ping", "setdel")
 	b.warm(rows)
 	res := newResults(rows)
-	const maxOps = 200000
-	lat := make([]int64, maxOps)
 	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			keys := make([]string, maxOps)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s1:%d:%d", rep, i))
-			}
-			m, d := b.uncontended(im, keys, b.cfg.d1, lat)
+		ms, cmds := b.uncontendedSliced(rows, "s1", rep, b.cfg.d1, s1Slice, s1MaxOps, false)
+		for _, r := range rows {
+			m := ms[r.id]
 			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(d, int64(m["ops"]))
+			res[r.id].Mix = mixString(cmds[r.id], int64(m["ops"]))
 			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, m["opsps"], mdfmt.Dur(m["p50"]))
 		}
 	}
 	return ordered(rows, res)
-}
-
-// uncontended runs lock + unlock on keys, one after the other, until d has passed or the keys
-// (and lat, as long) run out, and measures it: the whole operation's latency and, apart, the
-// lock's and the unlock's (an outside benchmark reported them apart), round trips, server
-// commands, CPU and allocations per operation. It returns the server commands it saw too.
-func (b *bench) uncontended(im impl, keys []string, d time.Duration, lat []int64) (metrics, cmdDelta) {
-	maxOps := min(len(keys), len(lat))
-	lockLat := make([]int64, maxOps) // before the baseline: not the row's allocations
-	ctx := context.Background()
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	s0, rt0 := b.snap(), im.roundTrips()
-	var errs int64
-	start := time.Now()
-	deadline := start.Add(d)
-	n := 0
-	for ; n < maxOps; n++ {
-		if n%64 == 0 && time.Now().After(deadline) {
-			break
-		}
-		t0 := time.Now()
-		h, err := im.lock(ctx, keys[n])
-		t1 := time.Now()
-		if err == nil {
-			err = im.unlock(ctx, keys[n], h)
-		}
-		lat[n] = int64(time.Since(t0))
-		lockLat[n] = int64(t1.Sub(t0))
-		if err != nil {
-			errs++
-		}
-	}
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&m1)
-	delta := diffStats(s0.cmds, b.stats())
-	rts := im.roundTrips() - rt0
-	fn := float64(max(n, 1))
-	m := latencyMetrics(append([]int64(nil), lat[:n]...), lockLat[:n])
-	maps.Copy(m, metrics{
-		"ops":    float64(n),
-		"opsps":  float64(n) / elapsed.Seconds(),
-		"rt":     float64(rts) / fn,
-		"cmds":   float64(delta.total()) / fn,
-		"allocs": float64(m1.Mallocs-m0.Mallocs) / fn,
-		"bytes":  float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
-		"errors": float64(errs),
-	})
-	b.cpu(m, s0, int64(n), true)
-	return m, delta
 }
 
 // latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -276,18 +277,13 @@ type s1Row struct {
 }
 
 // uncontended runs scenario 1 for rows in one repetition rep, d per row, the rows taking turns
-// in slices of s1Slice in the order given.
+// in slices of s1Slice (interleave.Slices), from the order given.
 func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]rowResult {
 	acc := make([]*s1Row, len(rows))
 	for i, row := range rows {
 		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
 	}
-	for left := d; left > 0; left -= s1Slice {
-		slice := min(left, s1Slice)
-		for _, a := range acc {
-			b.runSlice(a, slice)
-		}
-	}
+	interleave.Slices(acc, 0, d, s1Slice, func(a *s1Row, d time.Duration) (time.Duration, bool) { return b.runSlice(a, d), true })
 	out := make(map[string]rowResult, len(rows))
 	for i, row := range rows {
 		a := acc[i]
@@ -313,9 +309,10 @@ func (b *storeBench) s1Op(row, rep string) func(ctx context.Context, i int) (err
 	}
 }
 
-// runSlice runs the row's operations for d; a failed lock is counted and followed by a short
-// pause, so that a server that refuses does not turn the loop into a spin.
-func (b *storeBench) runSlice(a *s1Row, d time.Duration) {
+// runSlice runs the row's operations for d and returns how long they ran; a failed lock is
+// counted and followed by a short pause, so that a server that refuses does not turn the loop
+// into a spin.
+func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
 	s0 := b.stats()
 	start := time.Now()
 	end := start.Add(d)
@@ -336,8 +333,10 @@ func (b *storeBench) runSlice(a *s1Row, d time.Duration) {
 			a.lats = append(a.lats, int64(took))
 		}
 	}
-	a.r.window += time.Since(start)
+	ran := time.Since(start)
+	a.r.window += ran
 	a.server = a.server.add(b.statsCPUFirst().sub(s0))
+	return ran
 }
 
 func percentiles(v []int64) (p50, p99 time.Duration) {
@@ -476,7 +475,7 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 		waits = append(waits, w.Waits...)
 		if w.FirstErr != "" {
 			progress("  %s: a worker's first error: %s", row, w.FirstErr)
-			r.firstErr = cmpOr(r.firstErr, w.FirstErr)
+			r.firstErr = cmp.Or(r.firstErr, w.FirstErr)
 		}
 	}
 	r.rate = float64(r.ops) / d.Seconds()
@@ -485,13 +484,6 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	r.setServer(s1.sub(s0))
 	r.selfCPU = 0 // the workers' CPU, not this process's
 	return r
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // storeWorkerRow builds a row of a backend in a worker process: flightlock on a Locker and

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"image/color"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -172,17 +171,6 @@ func chartPath(out, axis string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
 
-// plotColor keeps a row's colour the same in every plot (flightlock red, as in the Redis charts).
-func plotColor(row string) color.RGBA {
-	switch row {
-	case rowFlight:
-		return color.RGBA{214, 39, 40, 255}
-	case rowFloor:
-		return color.RGBA{127, 127, 127, 255}
-	}
-	return color.RGBA{31, 119, 180, 255}
-}
-
 // drawScalingChart draws one scenario 8 axis as a PNG: median critical sections per second
 // against the axis's points, both axes logarithmic, one line per row; a point without data is
 // left out.
@@ -197,7 +185,7 @@ func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
 		for _, x := range ax.points {
 			y[x] = ax.res.med(x, row, rate)
 		}
-		c.Lines = append(c.Lines, logchart.Line{Label: labels[row], Color: plotColor(row), Y: y,
+		c.Lines = append(c.Lines, logchart.Line{Label: labels[row], Color: rowColor(row), Y: y,
 			Bold: row == rowFlight, Dashed: row == rowFloor})
 	}
 	drawn, err := logchart.Draw(path, c)
