@@ -588,24 +588,10 @@ func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
 		held.Unlock)
 }
 
-// Scenario 6 on etcd, HTTP end to end, as for the Redis rows: the example's
-// create-order endpoint under wrk, every request on a uid of its own, with the order API's
-// lock on the benchmark's etcd:
-//
-//   - none: app.WithoutOrderLock();
-//   - flightlock: the example's order rules (-example-config, the etcd example) with the
-//     create-order rule moved to etcd (Store: etcd), its middleware built from Order.Lock and
-//     installed with app.WithOrderLock like the other rows' (see startSystem);
-//   - mutex: app.WithOrderLock(httpbench.OrderMiddleware(...)) around concurrency.Mutex's
-//     TryLock on one session (11s lease, the store's TTL + margin), a plain go-zero middleware;
-//   - floor: the same middleware with the raw floor of scenario 1 (a transaction that puts the
-//     key on a lease if its create revision is 0, 409 otherwise; then a delete).
-//
-// The example keeps its state (stock, balances, orders) and its Redis locks (the inventory
-// service's SKU lock) in Redis: a redis-server this command starts for the scenario, as
-// the Redis rows'; the balance service locks its accounts in etcd, as the etcd example does. Each
-// row is a whole system of its own in this process, started once; only the order API's lock
-// differs between rows, and in every row the order is written unfenced.
+// Scenario 6 on etcd, HTTP end to end (httpSection says what each row is): the example's
+// create-order endpoint under wrk with the order API's lock on the benchmark's etcd. The
+// example keeps its state and its Redis locks in a redis-server this command starts for the
+// scenario; each row is a whole system of its own in this process, started once.
 
 // httpRow is one lock of the order API; prefix starts the uids of its requests.
 type httpRow struct{ id, label, prefix string }

@@ -20,18 +20,9 @@ import (
 )
 
 // Scenario 6: the example's create-order endpoint (example/app, on the benchmark's
-// redis-server) under wrk, every request on a uid of its own, with three locks on the order API:
-//
-//   - none: app.WithoutOrderLock();
-//   - flightlock: the example as shipped, its middleware built from Order.Lock;
-//   - bsm/redislock: app.WithOrderLock(redislockMiddleware(...)), a plain go-zero middleware;
-//   - floor: the same middleware with a plain SET PX and DEL instead of a lock: the two round
-//     trips any Redis lock needs, with nothing else (no owner check, no exclusion).
-//
-// Each row is a whole system of its own (order API, inventory and balance zrpc services) in
-// this process, started once; the runs of a repetition go through the rows in the rotated
-// order of the other scenarios. The inventory and balance services lock with flightlock in
-// every row, as the example does: only the order API's lock differs.
+// redis-server) under wrk, every request on a uid of its own, with the locks of s6Rows on the
+// order API. Each row is a whole system of its own (order API, inventory and balance zrpc
+// services, which lock with flightlock in every row) in this process, started once.
 
 // s6Row is one lock of the order API. uid starts the uids of its requests, distinct per row.
 type s6Row struct {

@@ -13,21 +13,10 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
-// Scenario 9: what each held lock and each waiter costs.
-//
-// Holding: one process takes n locks on distinct keys (s9Acquirers goroutines at once), keeps
-// them for a while and releases them all. Measured: live heap (runtime.MemStats.HeapAlloc
-// after runtime.GC) and goroutines above the row's baseline while holding and after releasing,
-// the peak goroutine count while holding, Redis memory (INFO memory used_memory delta), and
-// the client CPU, server commands and round trips per second while holding. Rows that renew
-// (flightlock's watchdog, rueidislock's extend loop) hold for d9hold, long enough for every
-// lock to be renewed; rows that cannot renew hold for at most s9HoldNoRenew (their keys would
-// expire).
-//
-// Waiting: one key is held; w goroutines wait for it; after a settling time their heap and
-// goroutines are measured, then the round trips, commands and CPU of s9WaitWindow of waiting;
-// then the key is released, and each waiter, once granted, releases at once. Measured: time
-// from the release to the first grant and to the last.
+// Scenario 9: what each held lock and each waiter costs (s9Section says what is measured).
+// Rows that renew (flightlock's watchdog, rueidislock's extend loop) hold for d9hold, long
+// enough for every lock to be renewed; rows that cannot renew hold for at most s9HoldNoRenew,
+// since their keys would expire.
 
 const (
 	s9Acquirers   = 32
@@ -90,12 +79,10 @@ func (b *bench) scenario9() *s9Results {
 }
 
 // warmPool locks and releases up to s9Warm keys of its own with the concurrency of the measured
-// acquisition, before the baseline: the client's pool then holds the connections it will use (go-redis keeps
-// 32 KiB read and 32 KiB write buffers per connection), which are the client's fixed cost, not
-// the locks'. Without it, "after release" counted the connections the acquisition opened as
-// memory the locks left behind (1.1-1.6 MB whatever the number of locks in the 13:35 run; the
-// first size of a row paid it, the next one found the pool warm: 0.15 B per lock at 100,000).
-// 128 keys were too few to grow the pool as 10,000 do (266 B per lock still, in the 14:37 run).
+// acquisition, before the baseline: the client's pool then holds the connections it will use
+// (go-redis keeps 32 KiB read and 32 KiB write buffers per connection), which are the client's
+// fixed cost, not the locks'. Fewer keys (128) leave the pool smaller than 10,000 locks grow it,
+// and "after release" would count the connections the acquisition opened as the locks' memory.
 func warmPool(ctx context.Context, im impl, n int) {
 	keys := make([]string, min(n, s9Warm))
 	for i := range keys {

@@ -71,15 +71,9 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 	}
 }
 
-// Scenario 8: how the cost of a critical section grows as the work grows, along three
-// axes, as for the Redis rows:
-//   - goroutines on one hot key in one process (scenario 2's loop, contendRun);
-//   - processes of s8ProcGoroutines goroutines on one hot key (scenario 3's workers, runProcs);
-//   - distinct keys under s8KeyGoroutines goroutines of this process (scenario 4's loop,
-//     keysRun), with the floor beside the locks: on one hot key the floor is no lock, only a
-//     spin on put-if-absent, so it has no place on the first two axes.
-// Every point runs c.d8 per row and repetition; the rows of a point are interleaved in the
-// rotated order of the other scenarios, and every key is fresh.
+// Scenario 8: critical sections per second as the work grows, along the Redis rows' three
+// axes (scalingSection says what each measures). On one hot key the floor is no lock, only a
+// spin on put-if-absent, so it runs on the keys axis alone. Every key is fresh.
 
 // scalingAxis is one axis of scenario 8: its points, its rows, and per point the rows'
 // results (a results keyed by point instead of by scenario).
@@ -195,12 +189,8 @@ func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
 	return err
 }
 
-// Scenario 5, reject mode, as for the Redis rows: a key is held in this
-// process; one goroutine then tries it again and again for c.d5 (flightlock: TryLock on a
-// Reject Locker of the same gate, which answers ErrBusy without an RPC; concurrency.Mutex:
-// TryLock of a Mutex on another session, which puts its own key, reads the owner, finds
-// another, deletes its key and answers ErrLocked), then s5Goroutines goroutines do the same
-// at once for c.d5 (wall time per call over all of them, as a burst of double clicks would).
+// Scenario 5, reject mode (rejectSection says what is measured): flightlock's refusal of a key
+// held in this process takes no RPC, the peer's takes its own round trips.
 
 // s5Goroutines try the held key at once in the parallel part.
 const s5Goroutines = 64
@@ -333,11 +323,8 @@ func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
 	return out
 }
 
-// Scenario 7, duplicates of one request, as for the Redis rows: httpbench.Dups concurrent duplicates of one request (one Idempotency-Key, one
-// body) through go-zero's REST chain and flightlock's middleware with its rule on the
-// benchmark's server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
-// duplicate gets its response, stored in etcd for Replay) and OnBusy reject (one run, the
-// others answered 409 at once). Each burst uses a key of its own.
+// Scenario 7: duplicates of one request through the middleware, on every store (dupsSection
+// and the Redis report's s7Section say what is measured).
 
 // dupRows are the rows of scenario 7: id and the rule's OnBusy.
 var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
@@ -374,23 +361,9 @@ func dupBursts(conf flmw.LockConf, reps int) map[string][]map[string]float64 {
 	return out
 }
 
-// Scenario 9: what each held lock and each waiter costs, as for the Redis rows. One
-// repetition: these are counts, not timings.
-//
-// Holding: this process takes c.memLocks locks on distinct keys (s9Acquirers goroutines at
-// once), holds them for c.d9hold and releases them all. flightlock runs as users run it: a
-// Locker of its own on the etcd store, its watchdog renewing every lock every TTL/3 and the
-// store keeping its session lease alive; concurrency.Mutex holds a Mutex per key on one
-// session (whose lease its client keeps alive). Measured: live heap and goroutines above the
-// row's baseline while holding and after releasing, the peak goroutine count while holding,
-// etcd's resident memory growth, and client CPU, etcd RPCs and keep-alives per second while
-// holding.
-//
-// Waiting: one key is held by the benchmark; c.memWaiters goroutines wait for it; after
-// s9Settle their heap and goroutines are measured, then the RPCs, keep-alives and CPU of
-// s9WaitWindow of waiting; then the key is released, and each waiter, once granted, runs the
-// critical section's checks and releases at once. Measured: the time from the release to the
-// first grant and to the last.
+// Scenario 9: what each held lock and each waiter costs (memorySection says what is measured).
+// One repetition: these are counts, not timings. flightlock runs as users run it, on a Locker
+// and store of its own whose watchdog and session lease are live while the locks are held.
 
 // holdWarm is how many locks are taken and released before a holding row's baseline, at
 // the same concurrency.
