@@ -412,14 +412,9 @@ func runWorker(addr string, g, cs int) error {
 func redisVersion(addr string) string {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	info, err := c.Info(context.Background(), "server").Result()
+	m, err := c.InfoMap(context.Background(), "server").Result()
 	if err != nil {
 		return "?"
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
-		}
-	}
-	return "?"
+	return m["Server"]["redis_version"]
 }
