@@ -26,6 +26,13 @@ func machineInfo(redisVersion string) machine {
 	return machine{Machine: hostinfo.Collect(), Redis: redisVersion}
 }
 
+// machineTable is the Redis reports' table of the machine, its load at the start and now.
+func (r *report) machineTable(w func(string, ...any)) {
+	m := r.machine
+	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
+		m.CPUs, m.CPU, m.Redis, m.Go, m.OS, m.Kernel, m.Load, hostinfo.LoadNow())
+}
+
 type report struct {
 	cfg     config
 	machine machine
@@ -153,8 +160,7 @@ func (r *report) markdown() string {
 		w("**This is a quick run (`-quick`)**: small sizes, short durations, one repetition. Its figures show that every\n")
 		w("scenario runs; they are not the benchmark's results.\n\n")
 	}
-	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
-		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, hostinfo.LoadNow())
+	r.machineTable(w)
 	w("The benchmark process, scenario 3's workers, `redis-server` and, in scenario 6, the services and `wrk` share these\n")
 	w("cores: a loopback round trip is mostly CPU (syscalls, scheduling), not wire.\n\n")
 
