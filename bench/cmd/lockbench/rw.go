@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 
 	"github.com/flightlock/flightlock"
@@ -154,46 +153,6 @@ func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
 	return hs
 }
 
-// rwSpanHolder is spanHolder for a read-write lock: it marks its goroutine inside span, as a
-// reader or as a writer, from the grant's return to the release call, and yields the
-// processor once in between, for the reason spanHolder does: without the yield, no more than
-// GOMAXPROCS readers could ever be seen sharing, nor a writer beside them.
-type rwSpanHolder struct {
-	contend.ReadHolder
-	span guard.Guard // ReadWrite
-}
-
-func (x *rwSpanHolder) Lock(ctx context.Context, k int) (int64, error) {
-	fence, err := x.ReadHolder.Lock(ctx, k)
-	if err == nil {
-		if x.Reading() {
-			x.span.EnterRead()
-		} else {
-			x.span.Enter(0)
-		}
-		runtime.Gosched()
-	}
-	return fence, err
-}
-
-func (x *rwSpanHolder) Unlock(ctx context.Context) error {
-	if x.Reading() {
-		x.span.ExitRead()
-	} else {
-		x.span.Exit()
-	}
-	return x.ReadHolder.Unlock(ctx)
-}
-
-// rwSpanHolders wraps every holder (a contend.ReadHolder) in an rwSpanHolder on span.
-func rwSpanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
-	out := make([]contend.Holder, len(hs))
-	for i, h := range hs {
-		out[i] = &rwSpanHolder{ReadHolder: h.(contend.ReadHolder), span: span}
-	}
-	return out
-}
-
 // --- scenario 11
 
 // s11Mix is scenario 11's rows at one mix.
@@ -269,7 +228,7 @@ func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
 	im := b.impl(r)
 	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
 	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
-	hs := rwSpanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
+	hs := spanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
 	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
 		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
 	})

@@ -83,31 +83,45 @@ func (z *zsetSemImpl) close()            { _ = z.client.Close() }
 
 // --- holders that span their hold
 
-// spanHolder marks its goroutine inside span from the moment Lock returns a permit to the
-// moment it calls Unlock, and yields the processor once in between (runtime.Gosched). The
-// span lies within the permit's time on the server (entered after the grant, left before the
-// release is sent), so more than n inside is a real violation. The yield is what lets the
-// bound be reached: a hold that never blocks is inside only while its goroutine runs, so
-// without it no more than GOMAXPROCS holders (2 on the benchmark machine) could ever be
-// seen at once, whatever the semaphore let through.
+// spanHolder marks its goroutine inside span, as a reader (a contend.ReadHolder's read) or as a
+// holder of a permit or write, from the moment Lock returns a hold to the moment it calls
+// Unlock, and yields the processor once in between (runtime.Gosched). The span lies within the
+// hold's time on the server (entered after the grant, left before the release is sent), so a
+// span guard that finds too many inside saw a real violation. The yield is what lets the bound
+// be reached: a hold that never blocks is inside only while its goroutine runs, so without it
+// no more than GOMAXPROCS holders (2 on the benchmark machine) could ever be seen at once,
+// whatever the lock let through.
 type spanHolder struct {
 	contend.Holder
-	span guard.Guard
+	span    guard.Guard
+	reading bool // the current hold is a read
 }
 
 func (x *spanHolder) Lock(ctx context.Context, k int) (int64, error) {
 	fence, err := x.Holder.Lock(ctx, k)
 	if err == nil {
-		x.span.Enter(0)
+		rh, ok := x.Holder.(contend.ReadHolder)
+		if x.reading = ok && rh.Reading(); x.reading {
+			x.span.EnterRead()
+		} else {
+			x.span.Enter(0)
+		}
 		runtime.Gosched()
 	}
 	return fence, err
 }
 
 func (x *spanHolder) Unlock(ctx context.Context) error {
-	x.span.Exit()
+	if x.reading {
+		x.span.ExitRead()
+	} else {
+		x.span.Exit()
+	}
 	return x.Holder.Unlock(ctx)
 }
+
+// Reading makes a spanHolder a contend.ReadHolder: it says whether the current hold is a read.
+func (x *spanHolder) Reading() bool { return x.reading }
 
 // spanHolders wraps every holder in a spanHolder on span.
 func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {

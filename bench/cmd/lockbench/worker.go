@@ -131,7 +131,7 @@ func workerMain(args []string) {
 		defer unmapSpan()
 		if wr.readWrite {
 			gd = gd.ReadWrite()
-			hs = rwSpanHolders(hs, span.ReadWrite())
+			hs = spanHolders(hs, span.ReadWrite())
 		} else {
 			gd = gd.Admitting(int64(wr.permits))
 			hs = spanHolders(hs, span.Admitting(int64(wr.permits)))
