@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
@@ -194,47 +192,31 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 
 func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	im := b.impl(r)
-	bg := context.Background()
 	key := im.key("s9w:" + strconv.Itoa(w))
-	held, err := im.lock(bg, key)
+	held, err := im.lock(context.Background(), key)
 	if err != nil {
 		fatalf("s9 %s: hold: %v", r.id, err)
 	}
 	var (
-		released atomic.Bool
-		early    atomic.Int64
-		ccpu     time.Duration
-		delta    cmdDelta
-		rts      int64
+		ccpu  time.Duration
+		delta cmdDelta
+		rts   int64
 	)
 	hs := make([]any, w)
-	res := memstat.Wait(memstat.Waiting{
-		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
-		Lock: func(ctx context.Context, i int) (err error) {
+	res, g := waitOn(w, 0, waitBudget,
+		func(ctx context.Context, i int) (_ int64, err error) {
 			hs[i], err = im.lock(ctx, key)
-			return err
+			return 0, err
 		},
-		Granted: func(int) {
-			if !released.Load() {
-				early.Add(1) // a violation: granted while the key was held
-			}
-		},
-		Unlock: func(i int) error { return im.unlock(bg, key, hs[i]) },
-		Window: func() {
+		func(ctx context.Context, i int) error { return im.unlock(ctx, key, hs[i]) },
+		func(ctx context.Context) error { return im.unlock(ctx, key, held) },
+		func() {
 			s0, rt0 := b.snap(), im.roundTrips()
 			time.Sleep(s9WaitWindow)
 			ccpu = cpustat.Self() - s0.ccpu
 			delta = diffStats(s0.cmds, b.stats())
 			rts = im.roundTrips() - rt0
-		},
-		Release: func() error {
-			released.Store(true)
-			if err := im.unlock(bg, key, held); err != nil {
-				return fmt.Errorf("release of the held key: %w", err)
-			}
-			return nil
-		},
-	})
+		})
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
@@ -249,7 +231,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
 		"served":  float64(res.Served),
 		"errors":  float64(int64(w) - res.Served),
-		"early":   float64(early.Load()),
+		"early":   float64(g.Violations()),
 	}
 	if res.Served > 0 {
 		m["next"] = float64(res.Next)

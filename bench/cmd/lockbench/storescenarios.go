@@ -566,8 +566,6 @@ func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() err
 	release func(ctx context.Context) error,
 ) waitResult {
 	r := waitResult{row: row, w: w, sessionHeap: -1, sessionGor: -1}
-	g := guard.New()
-	g.Enter(heldFence) // the benchmark is inside until it releases: a waiter granted before is a violation
 	if prepare != nil {
 		l0 := memstat.Live()
 		if err := prepare(); err != nil {
@@ -576,37 +574,11 @@ func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() err
 		lp := memstat.Live()
 		r.sessionHeap, r.sessionGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 	}
-	fences := make([]int64, w)
 	var d serverStats
-	m := memstat.Wait(memstat.Waiting{
-		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
-		Lock: func(ctx context.Context, i int) (err error) {
-			fences[i], err = lock(ctx, i)
-			return err
-		},
-		Granted: func(i int) { g.Critical(fences[i]) },
-		Unlock: func(i int) error {
-			ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-			defer cancel()
-			if err := unlock(ctx, i); err != nil {
-				return fmt.Errorf("release: %w", err)
-			}
-			return nil
-		},
-		Window: func() {
-			s0 := b.stats()
-			time.Sleep(s9WaitWindow)
-			d = b.stats().sub(s0)
-		},
-		Release: func() error {
-			g.Exit()
-			ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-			defer cancel()
-			if err := release(ctx); err != nil {
-				return fmt.Errorf("release of the held key: %w", err)
-			}
-			return nil
-		},
+	m, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
+		s0 := b.stats()
+		time.Sleep(s9WaitWindow)
+		d = b.stats().sub(s0)
 	})
 	l0, l1 := m.Base, m.Waiting
 	fw := float64(w)
@@ -617,4 +589,46 @@ func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() err
 	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
 	r.next, r.all = m.Next, m.All
 	return r
+}
+
+// waitOn is scenario 9's waiting on any store. The key is held (with fence heldFence, 0: none)
+// when it is called, and the holder counts as inside the key's guard until release gives it up,
+// so that a waiter granted before is a violation. w goroutines wait for it (lock, each bounded
+// at lockTimeout past the settling and window); once they settled, window runs while they wait;
+// then the key is released and each waiter, once granted, runs the critical section's checks
+// and unlocks at once. It returns the measurement and the guard that checked them.
+func waitOn(w int, heldFence int64, lockTimeout time.Duration, lock func(ctx context.Context, i int) (int64, error),
+	unlock func(ctx context.Context, i int) error, release func(ctx context.Context) error, window func(),
+) (memstat.Waited, guard.Guard) {
+	g := guard.New()
+	g.Enter(heldFence)
+	fences := make([]int64, w)
+	bounded := func(fn func(ctx context.Context) error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+		defer cancel()
+		return fn(ctx)
+	}
+	m := memstat.Wait(memstat.Waiting{
+		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
+		Lock: func(ctx context.Context, i int) (err error) {
+			fences[i], err = lock(ctx, i)
+			return err
+		},
+		Granted: func(i int) { g.Critical(fences[i]) },
+		Unlock: func(i int) error {
+			if err := bounded(func(ctx context.Context) error { return unlock(ctx, i) }); err != nil {
+				return fmt.Errorf("release: %w", err)
+			}
+			return nil
+		},
+		Window: window,
+		Release: func() error {
+			g.Exit()
+			if err := bounded(release); err != nil {
+				return fmt.Errorf("release of the held key: %w", err)
+			}
+			return nil
+		},
+	})
+	return m, g
 }
