@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
@@ -105,37 +104,18 @@ type procsRun struct {
 // 3, the process axis of scenario 8, scenarios 10-12); extra are more arguments of the workers
 // (scenario 11's -reads).
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration, extra ...string) procsRun {
-	shm := workerShm(r.id, key)
-	cs, unmap, err := guard.Map(shm, true)
-	if err != nil {
-		fatalf("%s: guard file: %v", r.id, err)
-	}
-	defer unmap()
-	defer os.Remove(shm)
-	span := guard.New()
-	if r.permits > 1 || r.rw {
-		var unmapSpan func()
-		if span, unmapSpan, err = guard.Map(spanShm(shm), true); err != nil {
-			fatalf("%s: span guard file: %v", r.id, err)
-		}
-		defer unmapSpan()
-		defer os.Remove(spanShm(shm))
-	}
-	if r.rw {
-		cs, span = cs.ReadWrite(), span.ReadWrite()
-	}
 	hard := 6*d + 10*time.Second
 	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
 		"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
-		"-hard", hard.String(), "-shm", shm}, extra...)
-	grp := startWorkers(r.id, procs, args, time.Minute)
-	s0 := b.snap()
-	grp.Release(time.Now().Add(50 * time.Millisecond))
-	lines, err := grp.Results(hard + 30*time.Second)
-	if err != nil {
-		fatalf("%s: %v", r.id, err)
+		"-hard", hard.String()}, extra...)
+	var s0 snap
+	wr, cs, span, done := workerRun(r.id, key, procs, r.permits > 1 || r.rw, args, 50*time.Millisecond, hard+30*time.Second,
+		func(time.Time) { s0 = b.snap() })
+	defer done()
+	if r.rw {
+		cs, span = cs.ReadWrite(), span.ReadWrite()
 	}
-	pr := procsRun{wr: workerResults(lines), delta: diffStats(s0.cmds, b.stats())}
+	pr := procsRun{wr: wr, delta: diffStats(s0.cmds, b.stats())}
 	pr.all = sumWorkers(pr.wr)
 	var cpu int64
 	for _, w := range pr.wr {

@@ -443,31 +443,20 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 // inside one common window d, and sums their results (scenario 3, and scenario 8's processes
 // axis).
 func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) rowResult {
-	shm := workerShm(row, key)
-	g, unmap, err := guard.Map(shm, true)
-	if err != nil {
-		fatalf("map guard: %v", err)
-	}
-	defer unmap()
-	defer os.Remove(shm)
-
 	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc), "-window",
-		"-d", d.String(), "-shm", shm, "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
-	grp := startWorkers(row, procs, args, 60*time.Second)
-	start := time.Now().Add(200 * time.Millisecond)
-	grp.Release(start)
-	time.Sleep(time.Until(start))
-	s0 := b.stats()
-	time.Sleep(time.Until(start.Add(d)))
-	s1 := b.statsCPUFirst()
-	lines, err := grp.Results(b.c.lockTimeout + 30*time.Second)
-	if err != nil {
-		fatalf("s3 %s: %v", row, err)
-	}
+		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
+	var s0, s1 serverStats
+	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
+		time.Sleep(time.Until(start))
+		s0 = b.stats()
+		time.Sleep(time.Until(start.Add(d)))
+		s1 = b.statsCPUFirst()
+	})
+	defer done()
 
 	r := rowResult{window: d}
 	var waits []int64
-	for _, w := range workerResults(lines) {
+	for _, w := range wr {
 		r.ops += w.Ops
 		r.errors += w.Errors
 		r.releaseErrors += w.ReleaseErrors

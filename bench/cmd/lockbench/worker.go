@@ -70,6 +70,37 @@ func startWorkers(row string, procs int, args []string, ready time.Duration) *wo
 	return grp
 }
 
+// workerRun runs one measurement in procs worker processes of row: it maps the guard file they
+// all share (and with spanFile the whole hold's beside it, for a semaphore or read-write row),
+// starts the workers with args and the file's -shm flag, releases them at a start lead after
+// all are ready and calls during meanwhile (the parent's readings), then reads their results,
+// waiting up to within for each. The guards are to be read before done unmaps them.
+func workerRun(row, key string, procs int, spanFile bool, args []string, lead, within time.Duration, during func(start time.Time)) (res []workerResult, cs, span guard.Guard, done func()) {
+	shm := workerShm(row, key)
+	cs, unmap, err := guard.Map(shm, true)
+	if err != nil {
+		fatalf("%s: guard file: %v", row, err)
+	}
+	done = func() { unmap(); os.Remove(shm) }
+	span = guard.New()
+	if spanFile {
+		var unmapSpan func()
+		if span, unmapSpan, err = guard.Map(spanShm(shm), true); err != nil {
+			fatalf("%s: span guard file: %v", row, err)
+		}
+		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
+	}
+	grp := startWorkers(row, procs, append(args, "-shm", shm), time.Minute)
+	start := time.Now().Add(lead)
+	grp.Release(start)
+	during(start)
+	lines, err := grp.Results(within)
+	if err != nil {
+		fatalf("%s: %v", row, err)
+	}
+	return workerResults(lines), cs, span, done
+}
+
 // workerResults parses the workers' result lines.
 func workerResults(lines []string) []workerResult {
 	out := make([]workerResult, len(lines))
