@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -312,6 +313,6 @@ func pingMedian(im impl, d time.Duration) float64 {
 		}
 		lat = append(lat, int64(time.Since(t0)))
 	}
-	sortInts(lat)
+	slices.Sort(lat)
 	return percentile(lat, 0.5)
 }

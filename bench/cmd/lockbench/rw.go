@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 
 	"github.com/flightlock/flightlock"
@@ -240,8 +241,8 @@ func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
 // saw; violations: of both guards; peak: the most readers at once), with the writes' lost
 // updates.
 func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
-	sortInts(cr.Waits)
-	sortInts(cr.ReadWaits)
+	slices.Sort(cr.Waits)
+	slices.Sort(cr.ReadWaits)
 	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
 	secs := float64(cr.Elapsed) / 1e9
 	return metrics{

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
@@ -145,9 +146,9 @@ func latencyMetrics(lat, lockLat []int64) metrics {
 	for i := range unlockLat {
 		unlockLat[i] = lat[i] - lockLat[i]
 	}
-	sortInts(lat)
-	sortInts(lockLat)
-	sortInts(unlockLat)
+	slices.Sort(lat)
+	slices.Sort(lockLat)
+	slices.Sort(unlockLat)
 	return metrics{
 		"p50":        percentile(lat, 0.50),
 		"p99":        percentile(lat, 0.99),
@@ -190,7 +191,7 @@ func (b *bench) scenario2() map[int][]*result {
 }
 
 func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
-	sortInts(cr.Waits)
+	slices.Sort(cr.Waits)
 	ops := max(cr.Ops, 1)
 	lost := cr.Ops - plain
 	return metrics{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
@@ -138,8 +139,8 @@ func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, sli
 			"ccpu":   float64(s.ccpu.Microseconds()) / fn,
 		})
 		if len(s.inCalls) > 0 {
-			sortInts(s.inCalls)
-			sortInts(s.outside)
+			slices.Sort(s.inCalls)
+			slices.Sort(s.outside)
 			m["calls_p50"] = percentile(s.inCalls, 0.50)
 			m["outside_p50"] = percentile(s.outside, 0.50)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -339,13 +340,11 @@ func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
 	return ran
 }
 
+// percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
+// count them (stat.Percentile, nearest rank).
 func percentiles(v []int64) (p50, p99 time.Duration) {
-	if len(v) == 0 {
-		return 0, 0
-	}
 	slices.Sort(v)
-	at := func(p float64) time.Duration { return time.Duration(v[int(p*float64(len(v)-1))]) }
-	return at(0.50), at(0.99)
+	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
 }
 
 // lockerHolder is a goroutine's hold on a flightlock Locker, whatever its store.
