@@ -141,12 +141,7 @@ func (b *bench) scenario13() *s13Results {
 			for _, x := range out.KeyPoints {
 				keys := map[string][]string{}
 				for _, r := range rows {
-					im := b.impl(r)
-					ks := make([]string, x)
-					for i := range ks {
-						ks[i] = im.key(fmt.Sprintf("s13k:%d:%d:%d", x, rep, i))
-					}
-					keys[r.id] = ks
+					keys[r.id] = rowKeys(b.impl(r), fmt.Sprintf("s13k:%d:%d:", x, rep), x)
 				}
 				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.cfg.d4, rep)
 				for _, r := range rows {

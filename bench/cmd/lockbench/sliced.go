@@ -62,11 +62,7 @@ func (s *sliceSum) add(b *bench, s0 snap) {
 func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, slice time.Duration, maxOps int, timeCalls bool) (map[string]metrics, map[string]cmdDelta) {
 	sums := map[string]*sliceSum{}
 	for _, r := range rows {
-		im := b.impl(r)
-		ks := make([]string, maxOps)
-		for i := range ks {
-			ks[i] = im.key(fmt.Sprintf("%s:%d:%d", prefix, rep, i))
-		}
+		ks := rowKeys(b.impl(r), fmt.Sprintf("%s:%d:", prefix, rep), maxOps)
 		sums[r.id] = &sliceSum{cmds: cmdDelta{}, keys: ks, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
 	}
 	ctx := context.Background()
