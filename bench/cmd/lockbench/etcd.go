@@ -28,7 +28,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/example/app"
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
@@ -653,8 +652,11 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
 			return e.wrkRun(b, wrk, s, conns, d, expect, rs.Pid())
 		},
-		RoundTrip: func() float64 { return e.getMedian(b, 300*time.Millisecond) },
-		Logf:      logf,
+		RoundTrip: func() float64 {
+			// A linearizable Get (the client's default) of an absent key: etcd's PING.
+			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err })
+		},
+		Logf: logf,
 		SatNote: func(m map[string]float64) string {
 			return fmt.Sprintf("RPC/req %.2f cpu svc %.0f%% etcd %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", m["rpcs"],
 				100*m["svc_share"], 100*m["etcd_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
@@ -775,24 +777,6 @@ func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.Sys
 	m["svc_share"], m["etcd_share"], m["redis_share"] = run.Share(st.self), run.Share(st.cpu), run.Share(redisCPU)
 	m["other_share"] = run.Share(max(busy-st.self-st.cpu-redisCPU-run.CPU, 0))
 	return m, nil
-}
-
-// getMedian is the median latency of an etcd Get (linearizable, the client's default) of one
-// absent key from the benchmark's client over d: the round trip that scenario 6's added
-// latency is counted in, as lockbench counts it in PINGs.
-func (e *etcdBackend) getMedian(b *storeBench, d time.Duration) float64 {
-	var lat []float64
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-		t0 := time.Now()
-		_, err := e.cli.Get(ctx, "lockbench/get-floor")
-		lat = append(lat, float64(time.Since(t0)))
-		cancel()
-		if err != nil {
-			fatalf("s8: etcd Get: %v", err)
-		}
-	}
-	return stat.Median(lat)
 }
 
 // etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for

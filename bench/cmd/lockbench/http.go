@@ -130,8 +130,10 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 			}
 			return w.m, nil
 		},
-		RoundTrip: func() float64 { return pingMedian(ping, 300*time.Millisecond) },
-		Logf:      logf,
+		RoundTrip: func() float64 {
+			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
+		},
+		Logf: logf,
 		SatNote: func(m map[string]float64) string {
 			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
 		},
@@ -301,17 +303,19 @@ func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d tim
 	return wrkResult{m: m, mix: mixString(delta, run.Requests)}
 }
 
-// pingMedian is the median latency of PING from a go-redis client of this process, over d:
-// the round trip that scenario 6's added latency is counted in.
-func pingMedian(im impl, d time.Duration) float64 {
-	ctx := context.Background()
+// roundTripMedian is the median latency of op, called one after the other for d: the round
+// trip of a store (Redis's PING, etcd's Get) that scenario 6's added latency is counted in.
+func roundTripMedian(d time.Duration, op func(ctx context.Context) error) float64 {
 	var lat []int64
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		ctx, cancel := context.WithTimeout(context.Background(), waitBudget)
 		t0 := time.Now()
-		if _, err := im.lock(ctx, ""); err != nil {
-			fatalf("s6: PING: %v", err)
-		}
+		err := op(ctx)
 		lat = append(lat, int64(time.Since(t0)))
+		cancel()
+		if err != nil {
+			fatalf("s6: round trip: %v", err)
+		}
 	}
 	slices.Sort(lat)
 	return percentile(lat, 0.5)
