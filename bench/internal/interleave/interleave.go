@@ -1,6 +1,7 @@
 // Package interleave orders the rows of a benchmark scenario: in every repetition each row
-// runs once, one after the other, and the order is rotated per repetition, so that machine
-// noise and a store's drift fall on every row alike and no row always runs first or last.
+// runs once (or, with Slices, in turns of a short slice), one after the other, and the order is
+// rotated per repetition, so that machine noise and a store's drift fall on every row alike
+// and no row always runs first or last.
 package interleave
 
 import "time"
