@@ -95,7 +95,7 @@ type workerOpts struct {
 	zkSession   time.Duration
 }
 
-// backendFor is the backend of -store name (redis has none: its rows are rows.go's).
+// backendFor is the backend of -store name (redis has none: its rows are libs.go's).
 func backendFor(name string) backend {
 	switch name {
 	case "etcd":
