@@ -158,6 +158,21 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
+// violCell is a table's "violations (inside / fence)" cell: a row other than flightlock's has
+// no fences to check.
+func violCell(row string, inside, fence int64) string {
+	if row != rowFlight {
+		return fmt.Sprintf("%d / n/a", inside)
+	}
+	return fmt.Sprintf("%d / %d", inside, fence)
+}
+
+// violCell is violCell of a row's violations summed over the repetitions of a scenario.
+func (r *storeResults) violCell(scenario int, row string) string {
+	return violCell(row, r.sum(scenario, row, func(x rowResult) int64 { return x.violations }),
+		r.sum(scenario, row, func(x rowResult) int64 { return x.fenceViolations }))
+}
+
 // durStr writes a duration of a backend's report.
 func durStr(d time.Duration) string { return mdfmt.Dur(float64(d)) }
 
@@ -254,19 +269,15 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range []string{rowFloor, rowFlight, peer} {
 			xs := r.rows[4][row]
-			fence := fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.fenceViolations }))
-			if row != rowFlight {
-				fence = "n/a"
-			}
 			retries := "n/a"
 			if row == rowFloor {
 				retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
 			}
-			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %d / %s | %s | %d |", label[row], r.med(4, row, rate),
+			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
 				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
 				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
-				r.sum(4, row, func(x rowResult) int64 { return x.violations }), fence, retries,
+				r.violCell(4, row), retries,
 				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 		}
 		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, peer, rate)
@@ -316,10 +327,6 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("|---|---|---|---|---|---|---|---|%s---|---|", clientRule)
 	for _, row := range []string{rowFlight, peer} {
 		xs := r.rows[sc][row]
-		fence := fmt.Sprint(r.sum(sc, row, func(x rowResult) int64 { return x.fenceViolations }))
-		if row != rowFlight {
-			fence = "n/a"
-		}
 		self := ""
 		if n.hotClientCPU {
 			self = " " + durStr(time.Duration(r.med(sc, row, ccpu))) + " |"
@@ -327,11 +334,11 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 				self = " n/a |"
 			}
 		}
-		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %d / %s | %d |", n.labels[row], r.med(sc, row, rate),
+		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %s | %d |", n.labels[row], r.med(sc, row, rate),
 			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
 			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
 			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
-			r.sum(sc, row, func(x rowResult) int64 { return x.violations }), fence,
+			r.violCell(sc, row),
 			r.sum(sc, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
 	}
 	p("")
@@ -404,11 +411,7 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
 				fall = fallsWords(f)
 			}
-			fence := fmt.Sprint(fenceViol)
-			if row != rowFlight {
-				fence = "n/a"
-			}
-			p("%s %s | %d / %s | %d |", line, fall, viol, fence, errs)
+			p("%s %s | %s | %d |", line, fall, violCell(row, viol, fenceViol), errs)
 		}
 		line := "| flightlock / " + n.peerShort + " |"
 		for _, x := range ax.points {
@@ -498,13 +501,9 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 			if w.sessionHeap >= 0 {
 				sessHeap, sessGor = fmt.Sprintf("%.0f", w.sessionHeap), fmt.Sprintf("%.2f", w.sessionGor)
 			}
-			fence := fmt.Sprint(w.fenceViolations)
-			if w.row != rowFlight {
-				fence = "n/a"
-			}
-			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %d / %s |", n.labels[w.row], countStr(w.w),
+			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %s |", n.labels[w.row], countStr(w.w),
 				sessHeap, sessGor, w.heap, w.stack, w.gor, w.reqs, w.keepAlives, w.cpuMs, durStr(w.next), durStr(w.all),
-				w.served, w.errors, w.violations, fence)
+				w.served, w.errors, violCell(w.row, w.violations, w.fenceViolations))
 		}
 		p("")
 		for _, w := range m.wait {
