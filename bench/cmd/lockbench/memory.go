@@ -8,7 +8,6 @@ import (
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
 // Scenario 9: what each held lock and each waiter costs (s9Section says what is measured).
@@ -18,7 +17,7 @@ import (
 
 const (
 	s9Acquirers   = 32
-	s9Warm        = 10000 // locks taken and released before a row's baseline (warmPool)
+	s9Warm        = 10000 // locks taken and released before a row's baseline (s9HoldOn)
 	s9HoldNoRenew = 2 * time.Second
 	s9Settle      = 500 * time.Millisecond
 	s9Arrive      = 250 * time.Millisecond // waiters arrive spread over this, within the settling
@@ -76,25 +75,6 @@ func (b *bench) scenario9() *s9Results {
 	return out
 }
 
-// warmPool locks and releases up to s9Warm keys of its own with the concurrency of the measured
-// acquisition, before the baseline: the client's pool then holds the connections it will use
-// (go-redis keeps 32 KiB read and 32 KiB write buffers per connection), which are the client's
-// fixed cost, not the locks'. Fewer keys (128) leave the pool smaller than 10,000 locks grow it,
-// and "after release" would count the connections the acquisition opened as the locks' memory.
-func warmPool(ctx context.Context, im impl, n int) {
-	keys := make([]string, min(n, s9Warm))
-	for i := range keys {
-		keys[i] = im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
-	}
-	_, _ = memstat.Parallel(len(keys), s9Acquirers, func(i int) error {
-		h, err := im.lock(ctx, keys[i])
-		if err != nil {
-			return err
-		}
-		return im.unlock(ctx, keys[i], h)
-	})
-}
-
 func (b *bench) s9Hold(r rowSpec, n int) metrics { return b.s9HoldOn(r, b.impl(r), n, true) }
 
 // s9HoldCold is s9Hold as a program that measures its first locks would see it: a client and a
@@ -122,7 +102,7 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 	return m
 }
 
-// s9HoldOn measures n locks held at once on im; warm fills the client's pool first (warmPool).
+// s9HoldOn measures n locks held at once on im; warm fills the client's pool first.
 func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	ctx := context.Background()
 	keys := make([]string, n)
@@ -130,9 +110,16 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
 	hs := make([]any, n)
+	// With warm, the client's pool holds the connections the locks will use before the
+	// baseline (go-redis keeps 32 KiB read and 32 KiB write buffers per connection): they are the
+	// client's fixed cost, not the locks'. A warm-up of 128 locks leaves the pool smaller than
+	// 10,000 locks grow it, and "after release" would count the connections the acquisition
+	// opened as the locks' memory.
+	warmN := 0
 	if warm {
-		warmPool(ctx, im, n)
+		warmN = s9Warm
 	}
+	warmKey := func(i int) string { return im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i)) }
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
@@ -142,13 +129,19 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 		delta cmdDelta
 		rts   int64
 	)
-	h := memstat.Hold(memstat.Holding{
-		N: n, Acquirers: s9Acquirers,
-		Lock: func(i int) (err error) {
+	h := holdOn(n, warmN,
+		func(i int) error {
+			h, err := im.lock(ctx, warmKey(i))
+			if err != nil {
+				return err
+			}
+			return im.unlock(ctx, warmKey(i), h)
+		},
+		func(i int) (err error) {
 			hs[i], err = im.lock(ctx, keys[i])
 			return err
 		},
-		Unlock: func(i int) error {
+		func(i int) error {
 			if hs[i] == nil {
 				return nil
 			}
@@ -156,15 +149,14 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 			hs[i] = nil
 			return err
 		},
-		ServerMemory: func() int64 { return b.adm.usedMemory(ctx) },
-		Window: func() {
+		func() int64 { return b.adm.usedMemory(ctx) },
+		func() {
 			s0, rt0 := b.snap(), im.roundTrips()
 			time.Sleep(window)
 			ccpu = cpustat.Self() - s0.ccpu
 			delta = diffStats(s0.cmds, b.stats())
 			rts = im.roundTrips() - rt0
-		},
-	})
+		})
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
 	runtime.KeepAlive(hs)
 	if h.FirstErr != nil {

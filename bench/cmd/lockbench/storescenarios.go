@@ -493,17 +493,11 @@ func (b *storeBench) holdFlight(n int) holdResult {
 // slices, built before the baseline, live through all three measurements.
 func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
 	h := holdResult{row: row, n: n, window: b.c.d9hold}
-	memstat.Parallel(min(n, holdWarm), s9Acquirers, b.bounded(warm))
 	var d serverStats
-	m := memstat.Hold(memstat.Holding{
-		N: n, Acquirers: s9Acquirers,
-		Lock: b.bounded(lock), Unlock: b.bounded(unlock),
-		ServerMemory: func() int64 { return procRSS(b.be.pid()) },
-		Window: func() {
-			s0 := b.stats()
-			time.Sleep(b.c.d9hold)
-			d = b.stats().sub(s0)
-		},
+	m := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.pid()) }, func() {
+		s0 := b.stats()
+		time.Sleep(b.c.d9hold)
+		d = b.stats().sub(s0)
 	})
 	keepAlive()
 	l0, l1, l2 := m.Base, m.Holding, m.After
@@ -589,6 +583,15 @@ func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() err
 	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
 	r.next, r.all = m.Next, m.All
 	return r
+}
+
+// holdOn is scenario 9's holding on any store: up to warmN locks of other keys taken and
+// released at the holding's concurrency (warm), so that the client's connections and the row's
+// lease are in place before the baseline, then n locks held at once (lock and unlock the i-th)
+// while window runs.
+func holdOn(n, warmN int, warm, lock, unlock func(i int) error, serverMemory func() int64, window func()) memstat.Held {
+	memstat.Parallel(min(n, warmN), s9Acquirers, warm)
+	return memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, Lock: lock, Unlock: unlock, ServerMemory: serverMemory, Window: window})
 }
 
 // waitOn is scenario 9's waiting on any store. The key is held (with fence heldFence, 0: none)
