@@ -145,15 +145,14 @@ func (a *s8Axis) fall(x0, x1 int) (float64, bool) {
 	return f0 / f1, true
 }
 
-// lead is flightlock's critical sections per second over the best peer's at point x (floors
-// are not peers), and that peer.
-func (a *s8Axis) lead(x int) (float64, *result) {
-	rs := a.Res[x]
+// leadOf is flightlock's critical sections per second over the best peer's among rs (floors
+// are not peers), with both rows; nil rows when either is missing or the peer ran none.
+func leadOf(rs []*result) (float64, *result, *result) {
 	fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
 	if fl == nil || best == nil || best.med("csps") <= 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
-	return fl.med("csps") / best.med("csps"), best
+	return fl.med("csps") / best.med("csps"), fl, best
 }
 
 func (r *report) s8Section(w func(string, ...any)) {
@@ -193,7 +192,7 @@ func (r *report) s8Section(w func(string, ...any)) {
 		}
 		w("| flightlock / best peer |")
 		for _, x := range ax.Points {
-			if ratio, best := ax.lead(x); best != nil {
+			if ratio, _, best := leadOf(ax.Res[x]); best != nil {
 				w(" %.1fx %s |", ratio, best.Label)
 			} else {
 				w(" |")
