@@ -30,7 +30,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/example/app"
-	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
@@ -51,7 +50,6 @@ type etcdBackend struct {
 	clientURL string
 	version   string // first line of `etcd --version`
 	fsType    string // file system of the data directory
-	log       string
 
 	c          *config
 	cli        *clientv3.Client
@@ -88,14 +86,14 @@ func (e *etcdBackend) start(c *config) error {
 	s := e
 	s.dir, s.clientURL = dir, "http://"+freeAddr()
 	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
-	s.log = filepath.Join(dir, "etcd.log")
 	peer := "http://" + freeAddr()
-	logf, err := os.Create(s.log)
+	cli, err := etcdClient(s.clientURL)
 	if err != nil {
+		_ = os.RemoveAll(dir)
 		return err
 	}
-	defer logf.Close()
-	s.cmd = exec.Command(bin,
+	defer cli.Close()
+	return s.run("etcd", exec.Command(bin,
 		"--name", "bench",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", s.clientURL,
@@ -105,34 +103,12 @@ func (e *etcdBackend) start(c *config) error {
 		"--initial-cluster", "bench="+peer,
 		"--initial-cluster-state", "new",
 		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
-	)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	childproc.Tie(s.cmd)
-	if err := s.cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return err
-	}
-	cli, err := etcdClient(s.clientURL)
-	if err != nil {
-		s.stop()
-		return err
-	}
-	defer cli.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	), 20*time.Second, func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		st, err := cli.Status(ctx, s.clientURL)
-		cancel()
-		if err == nil && st.Leader != 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			tail, _ := os.ReadFile(s.log)
-			s.stop()
-			return fmt.Errorf("etcd not ready after 20s: %v\n%s", err, tail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && st.Leader != 0, err
+	})
 }
 
 func etcdClient(endpoint string) (*clientv3.Client, error) {

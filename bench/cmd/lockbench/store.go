@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/stat"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -573,6 +575,37 @@ func (s *serverProc) pid() int {
 		return 0
 	}
 	return s.cmd.Process.Pid
+}
+
+// run starts cmd as the server named name, its output in a log file in the server's directory,
+// and asks ready every 50ms until it says so; past within, the server is stopped and the log's
+// tail is in the error.
+func (s *serverProc) run(name string, cmd *exec.Cmd, within time.Duration, ready func() (bool, error)) error {
+	log := filepath.Join(s.dir, name+".log")
+	logf, err := os.Create(log)
+	if err != nil {
+		_ = os.RemoveAll(s.dir)
+		return err
+	}
+	defer logf.Close()
+	s.cmd = cmd
+	cmd.Stdout, cmd.Stderr = logf, logf
+	childproc.Tie(cmd)
+	if err := cmd.Start(); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return err
+	}
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		ok, err := ready()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			tail, _ := os.ReadFile(log)
+			s.stop()
+			return fmt.Errorf("%s not ready after %v: %v\n%s", name, within, err, tail)
+		}
+	}
 }
 
 // stop kills the server by its pid, waits for it, and removes its directory.

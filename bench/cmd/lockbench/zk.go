@@ -19,7 +19,6 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -51,7 +50,6 @@ type zkBackend struct {
 	version string // from the srvr four-letter word
 	java    string // first line of `java -version`
 	fsType  string // file system of the data directory
-	log     string
 
 	c          *config
 	conn       *zk.Conn // the floor's and zk.NewLock's session
@@ -108,7 +106,7 @@ func (z *zkBackend) start(c *config) error {
 		return err
 	}
 	s := z
-	s.dir, s.addr, s.tick, s.fsType, s.log = dir, freeAddr(), tick, fsType(dir), filepath.Join(dir, "zookeeper.log")
+	s.dir, s.addr, s.tick, s.fsType = dir, freeAddr(), tick, fsType(dir)
 	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
 		s.java = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	}
@@ -125,41 +123,23 @@ func (z *zkBackend) start(c *config) error {
 		_ = os.RemoveAll(dir)
 		return err
 	}
-	logf, err := os.Create(s.log)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return err
-	}
-	defer logf.Close()
 	args := append(append([]string{}, zkJVMFlags...), "-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf)
-	s.cmd = exec.Command(java, args...)
-	s.cmd.Dir = dir
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	childproc.Tie(s.cmd)
-	if err := s.cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return err
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		srvr, _ := zkWord(s.addr, "srvr")
-		if strings.Contains(srvr, "Mode: standalone") {
-			for _, line := range strings.Split(srvr, "\n") {
-				if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
-					s.version, _, _ = strings.Cut(v, ",")
-					// Debian's build leaves its git id unexpanded: "3.8.0-${mvngit.commit.id}".
-					s.version, _, _ = strings.Cut(s.version, "-${")
-				}
+	cmd := exec.Command(java, args...)
+	cmd.Dir = dir
+	return s.run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
+		srvr, err := zkWord(s.addr, "srvr")
+		if !strings.Contains(srvr, "Mode: standalone") {
+			return false, err
+		}
+		for _, line := range strings.Split(srvr, "\n") {
+			if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
+				s.version, _, _ = strings.Cut(v, ",")
+				// Debian's build leaves its git id unexpanded: "3.8.0-${mvngit.commit.id}".
+				s.version, _, _ = strings.Cut(s.version, "-${")
 			}
-			return nil
 		}
-		if time.Now().After(deadline) {
-			tail, _ := os.ReadFile(s.log)
-			s.stop()
-			return fmt.Errorf("zookeeper not serving after 60s:\n%s", tail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return true, nil
+	})
 }
 
 func fileExists(path string) bool {
