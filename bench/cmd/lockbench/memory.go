@@ -150,13 +150,7 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 			return err
 		},
 		func() int64 { return b.adm.usedMemory(ctx) },
-		func() {
-			s0, rt0 := b.snap(), im.roundTrips()
-			time.Sleep(window)
-			ccpu = cpustat.Self() - s0.ccpu
-			delta = diffStats(s0.cmds, b.stats())
-			rts = im.roundTrips() - rt0
-		})
+		func() { ccpu, delta, rts = b.window(im, window) })
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
 	runtime.KeepAlive(hs)
 	if h.FirstErr != nil {
@@ -182,6 +176,14 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	}
 }
 
+// window sleeps d and returns what this process and the server did meanwhile: this process's
+// CPU, the server's commands and im's round trips.
+func (b *bench) window(im impl, d time.Duration) (time.Duration, cmdDelta, int64) {
+	s0, rt0 := b.snap(), im.roundTrips()
+	time.Sleep(d)
+	return cpustat.Self() - s0.ccpu, diffStats(s0.cmds, b.stats()), im.roundTrips() - rt0
+}
+
 func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	im := b.impl(r)
 	key := im.key("s9w:" + strconv.Itoa(w))
@@ -202,13 +204,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 		},
 		func(ctx context.Context, i int) error { return im.unlock(ctx, key, hs[i]) },
 		func(ctx context.Context) error { return im.unlock(ctx, key, held) },
-		func() {
-			s0, rt0 := b.snap(), im.roundTrips()
-			time.Sleep(s9WaitWindow)
-			ccpu = cpustat.Self() - s0.ccpu
-			delta = diffStats(s0.cmds, b.stats())
-			rts = im.roundTrips() - rt0
-		})
+		func() { ccpu, delta, rts = b.window(im, s9WaitWindow) })
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
