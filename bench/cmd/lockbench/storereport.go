@@ -621,36 +621,14 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 	p("")
 }
 
-// added is how much row adds to the no-lock row's median latency at low load: the median over
-// the rounds of its p50 minus the no-lock p50 of the same round, and of that difference divided
-// by the round's etcd Get p50.
+// added is httpbench.Added of row over the no-lock row, in etcd Gets.
 func (h *httpResults) added(row string) (ns, rts float64, ok bool) {
-	x, none := h.low[row], h.low["none"]
-	if len(x) == 0 || len(x) != len(none) || len(x) != len(h.getRT) {
-		return 0, 0, false
-	}
-	var diffs, ratios []float64
-	for k := range x {
-		d := x[k]["p50"] - none[k]["p50"]
-		diffs = append(diffs, d)
-		ratios = append(ratios, d/h.getRT[k])
-	}
-	return stat.Median(diffs), stat.Median(ratios), true
+	return httpbench.Added(h.low[row], h.low["none"], h.getRT)
 }
 
-// xNone is the median over the repetitions of row's saturation req/s over the no-lock row's in
-// the same repetition: rows run one after the other, so a repetition disturbed by the machine
-// moves both, and the ratio less than either.
+// xNone is httpbench.Paired of row's saturation req/s over the no-lock row's.
 func (h *httpResults) xNone(row string) (float64, bool) {
-	x, none := h.sat[row], h.sat["none"]
-	if len(x) == 0 || len(x) != len(none) {
-		return 0, false
-	}
-	var v []float64
-	for i := range x {
-		v = append(v, safeDiv(x[i]["rps"], none[i]["rps"]))
-	}
-	return stat.Median(v), true
+	return httpbench.Paired(h.sat[row], h.sat["none"], "rps")
 }
 
 func (r *storeResults) httpSection(p printer, c *config) {
