@@ -24,7 +24,6 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
@@ -727,31 +726,17 @@ func (e *etcdBackend) floorLock(ctx context.Context, key string, _ time.Duration
 	}, nil
 }
 
-// wrkRun runs wrk against s and returns the run's figures (httpbench.Run.Metrics) with, per
-// request, the etcd unary RPCs and fsyncs, the CPU µs of the service (this process), etcd and
-// redis-server (pid redisPid); and their shares of the cores over the run, with the rest of the
-// machine's busy time as "other".
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, etcd, redis-server
+// of pid redisPid and wrk) and returns the run's figures with the etcd unary RPCs and fsyncs
+// per request.
 func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
-	var (
-		st0           serverStats
-		redis0, busy0 time.Duration
-	)
-	run, err := wrk.Run(s, conns, d, expect, func() {
-		st0, redis0, busy0 = b.stats(), cpustat.Proc(redisPid), cpustat.MachineBusy()
-	})
+	var st0 serverStats
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.pid(), "redis": redisPid}, func() { st0 = b.stats() })
 	if err != nil {
 		return nil, err
 	}
 	st := b.stats().sub(st0)
-	redisCPU, busy := cpustat.Proc(redisPid)-redis0, cpustat.MachineBusy()-busy0
-	n := float64(run.Requests)
-	m := run.Metrics()
-	m["rpcs"], m["fsyncs"] = st.reqs/n, st.fsyncs/n
-	m["svc_cpu"] = float64(st.self.Microseconds()) / n
-	m["etcd_cpu"] = float64(st.cpu.Microseconds()) / n
-	m["redis_cpu"] = float64(redisCPU.Microseconds()) / n
-	m["svc_share"], m["etcd_share"], m["redis_share"] = run.Share(st.self), run.Share(st.cpu), run.Share(redisCPU)
-	m["other_share"] = run.Share(max(busy-st.self-st.cpu-redisCPU-run.CPU, 0))
+	m["rpcs"], m["fsyncs"] = st.reqs/float64(run.Requests), st.fsyncs/float64(run.Requests)
 	return m, nil
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
 
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
@@ -274,32 +273,16 @@ type wrkResult struct {
 	mix string // Redis command mix per request
 }
 
-// wrkRun runs wrk against s (httpbench.Wrk.Run) and returns the run's figures with the CPU
-// time of the service (this process), redis-server and wrk, and the Redis commands, over the
-// run.
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, redis-server and
+// wrk) and returns the run's figures with the Redis commands per request.
 func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64) wrkResult {
-	var (
-		cmds0               map[string]int64
-		svc0, redis0, busy0 time.Duration
-	)
-	run, err := wrk.Run(s, conns, d, expect, func() {
-		cmds0, svc0, redis0, busy0 = b.stats(), cpustat.Self(), cpustat.Proc(srv.Pid()), cpustat.MachineBusy()
-	})
+	var cmds0 map[string]int64
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"redis": srv.Pid()}, func() { cmds0 = b.stats() })
 	if err != nil {
 		fatalf("s6 %s: %v", s.ID, err)
 	}
-	svc, redisCPU, busy := cpustat.Self()-svc0, cpustat.Proc(srv.Pid())-redis0, cpustat.MachineBusy()-busy0
 	delta := diffStats(cmds0, b.stats())
-	n := float64(run.Requests)
-	m := metrics(run.Metrics())
-	m["cmds"] = float64(delta.total()) / n
-	m["svc_cpu"] = float64(svc.Microseconds()) / n
-	m["redis_cpu"] = float64(redisCPU.Microseconds()) / n
-	m["svc_share"] = run.Share(svc)
-	m["redis_share"] = run.Share(redisCPU)
-	// Everything else that ran on the machine meanwhile (other processes, the kernel's own
-	// threads): what makes one repetition differ from the next.
-	m["other_share"] = run.Share(max(busy-svc-redisCPU-run.CPU, 0))
+	m["cmds"] = float64(delta.total()) / float64(run.Requests)
 	return wrkResult{m: m, mix: mixString(delta, run.Requests)}
 }
 
