@@ -595,13 +595,8 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	if res.note = httpbench.NotRunnable(b.c.exampleConf); res.note != "" {
 		return res
 	}
-	wrk, err := httpbench.NewWrk()
-	if err != nil {
-		fatalf("s8: %v", err)
-	}
+	wrk, logf := newWrk("  6 ")
 	defer wrk.Close()
-	logf := func(format string, args ...any) { progress("  6 "+format, args...) }
-	wrk.Track, wrk.Logf = workers.Track, logf
 
 	rs, err := redisserver.Start("lockbench-etcd-state-redis-*.log")
 	if err != nil {

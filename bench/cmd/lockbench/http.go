@@ -91,14 +91,8 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if res.Note = httpbench.NotRunnable(b.cfg.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, err := httpbench.NewWrk()
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	wrk, logf := newWrk("s6 ")
 	defer wrk.Close()
-	wrk.Track = workers.Track
-	logf := func(format string, args ...any) { progress("s6 "+format, args...) }
-	wrk.Logf = logf
 
 	var rows []s6Row
 	for _, r := range all {
@@ -157,6 +151,18 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		res.Low, res.Sat = append(res.Low, low), append(res.Sat, sat)
 	}
 	return res
+}
+
+// newWrk is scenario 6's wrk on every store: tracked among the processes this run started, its
+// progress lines (and the scenario's, logf) behind tag.
+func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
+	wrk, err := httpbench.NewWrk()
+	if err != nil {
+		fatalf("%s%v", tag, err)
+	}
+	logf := func(format string, args ...any) { progress(tag+format, args...) }
+	wrk.Track, wrk.Logf = workers.Track, logf
+	return wrk, logf
 }
 
 // startSystem builds and starts the example for one row from the example's own config file,
