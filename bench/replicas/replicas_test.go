@@ -15,16 +15,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/redisproc"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // BenchmarkLockRelease is one Lock and Release of a key of its own, one goroutine, without and
 // with the replica's acknowledgement of the acquisition (releases never wait).
 func BenchmarkLockRelease(b *testing.B) {
-	primary := redisproc.Start(b)
+	primary := redisserver.ForTest(b)
 	host, port, _ := net.SplitHostPort(primary)
-	replica := redisproc.Start(b, "--replicaof", host, port)
+	replica := redisserver.ForTest(b, "--replicaof", host, port)
 	rc := redis.NewClient(&redis.Options{Addr: replica, DisableIdentity: true})
 	defer rc.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; {

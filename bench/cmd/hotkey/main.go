@@ -16,12 +16,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +34,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/bench/internal/workerproc"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -352,65 +351,42 @@ func (h *harness) run(key string, g, cs int) (float64, error) {
 }
 
 // runProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
-// up, then start together when told, and the figure runs from that start to the last one's end.
+// up, then start together at the time they are told, and the figure runs from that start to
+// the last one's end.
 func runProcs(addr string, s shape, cs int) (float64, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return 0, err
 	}
-	type proc struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Reader
+	cmds := make([]*exec.Cmd, s.procs)
+	for i := range cmds {
+		cmds[i] = exec.Command(self, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs/s.procs))
 	}
-	procs := make([]proc, s.procs)
-	defer func() {
-		for _, p := range procs {
-			if p.cmd != nil && p.cmd.Process != nil {
-				_ = p.cmd.Process.Kill() // our own worker, by pid; a no-op once it has exited
-				_ = p.cmd.Wait()
-			}
-		}
-	}()
-	for i := range procs {
-		cmd := exec.Command(self, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs/s.procs))
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			return 0, err
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return 0, err
-		}
-		if err := cmd.Start(); err != nil {
-			return 0, err
-		}
-		procs[i] = proc{cmd: cmd, in: in, out: bufio.NewReader(out)}
-		if line, err := procs[i].out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "READY" {
-			return 0, fmt.Errorf("worker %d did not get ready: %q %v", i, line, err)
-		}
+	grp, err := workerproc.StartGroup(cmds, &workerproc.Set{}, time.Minute)
+	if err != nil {
+		return 0, err
 	}
-	start := time.Now()
-	for _, p := range procs {
-		if _, err := fmt.Fprintln(p.in, "GO"); err != nil {
-			return 0, err
-		}
+	defer grp.Kill()
+	start := time.Now().Add(20 * time.Millisecond)
+	grp.Release(start)
+	lines, err := grp.Results(10 * time.Minute)
+	if err != nil {
+		return 0, err
 	}
-	for i, p := range procs {
-		line, err := p.out.ReadString('\n')
-		if err != nil {
-			return 0, fmt.Errorf("worker %d: %w", i, err)
+	var end int64
+	for i, line := range lines {
+		ns, ok := strings.CutPrefix(line, "DONE ")
+		if !ok {
+			return 0, fmt.Errorf("worker %d: %s", i, line)
 		}
-		if !strings.HasPrefix(line, "DONE") {
-			return 0, fmt.Errorf("worker %d: %s", i, strings.TrimSpace(line))
-		}
-		_ = p.in.Close()
+		n, _ := strconv.ParseInt(ns, 10, 64)
+		end = max(end, n)
 	}
-	return float64(cs/s.procs*s.procs) / time.Since(start).Seconds(), nil
+	return float64(cs/s.procs*s.procs) / time.Unix(0, end).Sub(start).Seconds(), nil
 }
 
-// runWorker is one process of a multi-process shape: the key is shared by every worker.
+// runWorker is one process of a multi-process shape: the key is shared by every worker. It
+// prints when it ended, so that the parent's figure does not count the workers' exits.
 func runWorker(addr string, g, cs int) error {
 	h, err := newHarness(addr)
 	if err != nil {
@@ -420,30 +396,25 @@ func runWorker(addr string, g, cs int) error {
 	if _, err := h.run(h.freshKey(), g, 200); err != nil { // warm-up on a key of its own
 		return err
 	}
-	fmt.Println("READY")
-	in := bufio.NewReader(os.Stdin)
-	if _, err := in.ReadString('\n'); err != nil {
+	start, err := workerproc.AwaitStart()
+	if err != nil {
 		return err
 	}
+	time.Sleep(time.Until(start))
 	if _, err := h.run("hot:shared", g, cs); err != nil {
 		fmt.Println("ERROR", err)
 		return nil
 	}
-	fmt.Println("DONE")
+	fmt.Println("DONE", time.Now().UnixNano())
 	return nil
 }
 
 func redisVersion(addr string) string {
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	info, err := c.Info(context.Background(), "server").Result()
+	m, err := c.InfoMap(context.Background(), "server").Result()
 	if err != nil {
 		return "?"
 	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
-		}
-	}
-	return "?"
+	return m["Server"]["redis_version"]
 }

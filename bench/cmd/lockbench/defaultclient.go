@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,12 +60,11 @@ func defaultClientRows() []rowSpec {
 }
 
 func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
-	for _, r := range rows {
-		if r.id == id {
-			return r, true
-		}
+	i := slices.IndexFunc(rows, func(r rowSpec) bool { return r.id == id })
+	if i < 0 {
+		return rowSpec{}, false
 	}
-	return rowSpec{}, false
+	return rows[i], true
 }
 
 // s13Pick is the rows of ids on every setting of settings, the settings of one library next
@@ -120,7 +120,7 @@ func (b *bench) scenario13() *s13Results {
 	b.warm(rows)
 	res := newResults(rows)
 	for rep := range b.cfg.reps {
-		ms := b.uncontendedSliced(rows, rep, b.cfg.d1, s13MaxOps)
+		ms, _ := b.uncontendedSliced(rows, "s13u", rep, b.cfg.d1, s13UncontendedSlice, s13MaxOps, true)
 		for _, r := range rows {
 			m := ms[r.id]
 			res[r.id].Reps = append(res[r.id].Reps, m)
@@ -141,12 +141,7 @@ func (b *bench) scenario13() *s13Results {
 			for _, x := range out.KeyPoints {
 				keys := map[string][]string{}
 				for _, r := range rows {
-					im := b.impl(r)
-					ks := make([]string, x)
-					for i := range ks {
-						ks[i] = im.key(fmt.Sprintf("s13k:%d:%d:%d", x, rep, i))
-					}
-					keys[r.id] = ks
+					keys[r.id] = rowKeys(b.impl(r), fmt.Sprintf("s13k:%d:%d:", x, rep), x)
 				}
 				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.cfg.d4, rep)
 				for _, r := range rows {
@@ -223,15 +218,6 @@ func s13Label(x *result, withWait bool) string {
 		l += " (its own client: one run, in every setting's column)"
 	}
 	return l
-}
-
-func (s *s13Results) has(c clientSetting) bool {
-	for _, x := range s.Settings {
-		if x == c {
-			return true
-		}
-	}
-	return false
 }
 
 // goalsDefaultClient are the goals set on a default go-redis client (and, for comparison, on the
@@ -319,7 +305,7 @@ func spread(x *result, metric string) string {
 
 func (r *report) s13Section(w func(string, ...any)) {
 	s := r.s13
-	both := s.has(tunedClient) && s.has(defaultClient)
+	both := slices.Contains(s.Settings, tunedClient) && slices.Contains(s.Settings, defaultClient)
 	w("The rows of scenarios 1, 8 (key axis) and 9 (holding) on a go-redis v9 client with **default options**\n")
 	w("(`redis.NewClient(&redis.Options{Addr: addr})`: pool 10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` on\n")
 	w("every new connection, which Redis 7.0 refuses and go-redis ignores) beside the **tuned** client of the other scenarios.\n")

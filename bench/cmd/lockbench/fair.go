@@ -2,10 +2,8 @@ package main
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -36,49 +34,22 @@ func (b *bench) scenario12() *s12Results {
 	rows := pick("flightlock", "flightlock-fair")
 	b.warm(rows)
 	inProc, procs := newResults(rows), newResults(rows)
-	// A 1 s pilot per row sets each process's quota, as in scenarios 3 and 10.
-	quotas := make(map[string]int64)
-	for _, r := range rows {
-		wr, _, _, unmap := b.runProcs(r, "s12:pilot", s3Procs, s3Goroutines, 0, time.Second)
-		unmap()
-		all := sumWorkers(wr)
-		rate := float64(all.Ops) / (float64(all.Elapsed) / 1e9)
-		quotas[r.id] = max(int64(rate*b.cfg.d12.Seconds()/s3Procs), 20)
-		progress("s12 pilot %-16s %9.0f cs/s -> %d critical sections per process", r.id, rate, quotas[r.id])
-	}
+	quotas := b.pilotQuotas("s12", rows, "s12:pilot", b.cfg.d12)
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			key := im.key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))
-			gd := guard.New()
-			s0 := b.snap()
-			start := time.Now().Add(20 * time.Millisecond)
-			stop := make(chan struct{})
-			t := time.AfterFunc(time.Until(start)+b.cfg.d12, func() { close(stop) })
-			cr := contendImpl(im, []string{key}, []guard.Guard{gd}, s10Goroutines, start, stop, 0, start.Add(b.cfg.d12+waitBudget))
-			t.Stop()
-			delta := diffStats(s0.cmds, b.stats())
-			m := contendMetrics(cr, delta, gd.Plain(), gd.Violations())
-			b.cpu(m, s0, cr.Ops, true)
+			m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))}, s10Goroutines, b.cfg.d12)
 			inProc[r.id].Reps = append(inProc[r.id].Reps, m)
 			inProc[r.id].Mix = mixString(delta, cr.Ops)
 			progress("s12 rep %d g=%d %-16s %9.0f cs/s rt/cs %.2f cmds/cs %.2f p99 %s max %s viol %d err %d %s", rep+1, s10Goroutines, r.id,
 				m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), mdfmt.Dur(m["max"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
 		}
 		for _, r := range interleave.Rotate(rows, rep) {
-			q := quotas[r.id]
-			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s12:%d", rep), s3Procs, s3Goroutines, q, b.cfg.d12)
-			all := sumWorkers(wr)
-			m := contendMetrics(all, delta, gd.Plain(), gd.Violations())
-			unmap()
-			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
-			m["fair"] = finishSpread(wr)
-			m["quota"] = float64(q)
-			m["unfinished"] = float64(q*s3Procs - all.Ops)
+			pr := b.runProcs(r, fmt.Sprintf("s12:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d12)
+			m := pr.quota(pr.metrics(), quotas[r.id])
 			procs[r.id].Reps = append(procs[r.id].Reps, m)
-			procs[r.id].Mix = mixString(delta, all.Ops)
+			procs[r.id].Mix = mixString(pr.delta, pr.all.Ops)
 			progress("s12 rep %d %dx%d %-16s %9.0f cs/s rt/cs %.2f cmds/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, s3Procs, s3Goroutines, r.id,
-				m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), all.Errors, all.FirstErr)
+				m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
 		}
 	}
 	return &s12Results{InProcess: ordered(rows, inProc), Procs: ordered(rows, procs)}
@@ -104,13 +75,13 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("\n")
 	if len(s.InProcess) > 0 {
 		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d12)
-		fairTable(w, s.InProcess, false)
+		contendTable(w, s.InProcess, false, false)
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
 		w("Scenario 3's workers; a 1 s pilot per row sets each process's critical sections so that a repetition lasts about %v;\n", r.cfg.d12)
 		w("`fair` is the last process's finish time over the first's (1.00: every process got through its quota at the same pace).\n\n")
-		fairTable(w, s.Procs, true)
+		contendTable(w, s.Procs, true, false)
 	}
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)
 	w("server cmds/CS says where it goes: with the default, grants pass between goroutines of a process without Redis, so it is\n")
@@ -124,26 +95,4 @@ func (r *report) s12Section(w func(string, ...any)) {
 func defaultRow() rowSpec {
 	r, _ := rowByID("flightlock")
 	return r
-}
-
-func fairTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | violations | errors |")
-	if procs {
-		w(" fair (median / worst) | CS per process |")
-	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")),
-			mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")),
-			mdfmt.Dur(x.med("max")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
-		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
-		}
-		w(" %s |\n", x.Mix)
-	}
-	w("\n")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -13,25 +14,15 @@ import (
 	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
 
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
 // Scenario 6: the example's create-order endpoint (example/app, on the benchmark's
-// redis-server) under wrk, every request on a uid of its own, with three locks on the order API:
-//
-//   - none: app.WithoutOrderLock();
-//   - flightlock: the example as shipped, its middleware built from Order.Lock;
-//   - bsm/redislock: app.WithOrderLock(redislockMiddleware(...)), a plain go-zero middleware;
-//   - floor: the same middleware with a plain SET PX and DEL instead of a lock: the two round
-//     trips any Redis lock needs, with nothing else (no owner check, no exclusion).
-//
-// Each row is a whole system of its own (order API, inventory and balance zrpc services) in
-// this process, started once; the runs of a repetition go through the rows in the rotated
-// order of the other scenarios. The inventory and balance services lock with flightlock in
-// every row, as the example does: only the order API's lock differs.
+// redis-server) under wrk, every request on a uid of its own, with the locks of s6Rows on the
+// order API. Each row is a whole system of its own (order API, inventory and balance zrpc
+// services, which lock with flightlock in every row) in this process, started once.
 
 // s6Row is one lock of the order API. uid starts the uids of its requests, distinct per row.
 type s6Row struct {
@@ -100,14 +91,8 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if res.Note = httpbench.NotRunnable(b.cfg.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, err := httpbench.NewWrk()
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	wrk, logf := newWrk("s6 ")
 	defer wrk.Close()
-	wrk.Track = workers.Track
-	logf := func(format string, args ...any) { progress("s6 "+format, args...) }
-	wrk.Logf = logf
 
 	var rows []s6Row
 	for _, r := range all {
@@ -138,8 +123,10 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 			}
 			return w.m, nil
 		},
-		RoundTrip: func() float64 { return pingMedian(ping, 300*time.Millisecond) },
-		Logf:      logf,
+		RoundTrip: func() float64 {
+			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
+		},
+		Logf: logf,
 		SatNote: func(m map[string]float64) string {
 			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
 		},
@@ -164,6 +151,18 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		res.Low, res.Sat = append(res.Low, low), append(res.Sat, sat)
 	}
 	return res
+}
+
+// newWrk is scenario 6's wrk on every store: tracked among the processes this run started, its
+// progress lines (and the scenario's, logf) behind tag.
+func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
+	wrk, err := httpbench.NewWrk()
+	if err != nil {
+		fatalf("%s%v", tag, err)
+	}
+	logf := func(format string, args ...any) { progress(tag+format, args...) }
+	wrk.Track, wrk.Logf = workers.Track, logf
+	return wrk, logf
 }
 
 // startSystem builds and starts the example for one row from the example's own config file,
@@ -280,47 +279,33 @@ type wrkResult struct {
 	mix string // Redis command mix per request
 }
 
-// wrkRun runs wrk against s (httpbench.Wrk.Run) and returns the run's figures with the CPU
-// time of the service (this process), redis-server and wrk, and the Redis commands, over the
-// run.
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, redis-server and
+// wrk) and returns the run's figures with the Redis commands per request.
 func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64) wrkResult {
-	var (
-		cmds0               map[string]int64
-		svc0, redis0, busy0 time.Duration
-	)
-	run, err := wrk.Run(s, conns, d, expect, func() {
-		cmds0, svc0, redis0, busy0 = b.stats(), cpustat.Self(), cpustat.Proc(srv.Pid()), cpustat.MachineBusy()
-	})
+	var cmds0 map[string]int64
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"redis": srv.Pid()}, func() { cmds0 = b.stats() })
 	if err != nil {
 		fatalf("s6 %s: %v", s.ID, err)
 	}
-	svc, redisCPU, busy := cpustat.Self()-svc0, cpustat.Proc(srv.Pid())-redis0, cpustat.MachineBusy()-busy0
 	delta := diffStats(cmds0, b.stats())
-	n := float64(run.Requests)
-	m := metrics(run.Metrics())
-	m["cmds"] = float64(delta.total()) / n
-	m["svc_cpu"] = float64(svc.Microseconds()) / n
-	m["redis_cpu"] = float64(redisCPU.Microseconds()) / n
-	m["svc_share"] = run.Share(svc)
-	m["redis_share"] = run.Share(redisCPU)
-	// Everything else that ran on the machine meanwhile (other processes, the kernel's own
-	// threads): what makes one repetition differ from the next.
-	m["other_share"] = run.Share(max(busy-svc-redisCPU-run.CPU, 0))
+	m["cmds"] = float64(delta.total()) / float64(run.Requests)
 	return wrkResult{m: m, mix: mixString(delta, run.Requests)}
 }
 
-// pingMedian is the median latency of PING from a go-redis client of this process, over d:
-// the round trip that scenario 6's added latency is counted in.
-func pingMedian(im impl, d time.Duration) float64 {
-	ctx := context.Background()
+// roundTripMedian is the median latency of op, called one after the other for d: the round
+// trip of a store (Redis's PING, etcd's Get) that scenario 6's added latency is counted in.
+func roundTripMedian(d time.Duration, op func(ctx context.Context) error) float64 {
 	var lat []int64
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); {
+		ctx, cancel := context.WithTimeout(context.Background(), waitBudget)
 		t0 := time.Now()
-		if _, err := im.lock(ctx, ""); err != nil {
-			fatalf("s6: PING: %v", err)
-		}
+		err := op(ctx)
 		lat = append(lat, int64(time.Since(t0)))
+		cancel()
+		if err != nil {
+			fatalf("s6: round trip: %v", err)
+		}
 	}
-	sortInts(lat)
+	slices.Sort(lat)
 	return percentile(lat, 0.5)
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // s6Goals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
@@ -46,58 +45,25 @@ func (r *report) s6Goals() []goal {
 	return gs
 }
 
-// added is how much row x adds to the no-lock row's median latency at low load: the median
-// over the rounds of x's p50 minus the no-lock p50 of the same round, and of that difference
-// divided by the round's PING p50.
+// added is httpbench.Added of row x over the no-lock row, in PINGs (the round trips of the rounds).
 func (s *s6Results) added(x *result) (ns, rts float64, ok bool) {
 	none := find(s.Low, "none")
 	if x == nil || none == nil || s.Ping == nil {
 		return 0, 0, false
 	}
-	base, ping := map[float64]float64{}, map[float64]float64{}
-	for _, m := range none.Reps {
-		base[m["round"]] = m["p50"]
-	}
+	var rt []float64
 	for _, m := range s.Ping.Reps {
-		ping[m["round"]] = m["p50"]
+		rt = append(rt, m["p50"])
 	}
-	var diffs, ratios []float64
-	for _, m := range x.Reps {
-		b, okb := base[m["round"]]
-		p, okp := ping[m["round"]]
-		if !okb || !okp || p <= 0 {
-			continue
-		}
-		diffs = append(diffs, m["p50"]-b)
-		ratios = append(ratios, (m["p50"]-b)/p)
-	}
-	if len(diffs) == 0 {
-		return 0, 0, false
-	}
-	return stat.Median(diffs), stat.Median(ratios), true
+	return httpbench.Added(x.Reps, none.Reps, rt)
 }
 
-// pairedRatio is the median over the repetitions of x's metric over y's in the same
-// repetition: rows run one after the other, so a repetition disturbed by the machine moves
-// both, and the ratio less than either.
+// pairedRatio is httpbench.Paired of two rows.
 func pairedRatio(x, y *result, metric string) (float64, bool) {
 	if x == nil || y == nil {
 		return 0, false
 	}
-	by := map[float64]float64{}
-	for _, m := range y.Reps {
-		by[m["rep"]] = m[metric]
-	}
-	var ratios []float64
-	for _, m := range x.Reps {
-		if v, ok := by[m["rep"]]; ok && v > 0 {
-			ratios = append(ratios, m[metric]/v)
-		}
-	}
-	if len(ratios) == 0 {
-		return 0, false
-	}
-	return stat.Median(ratios), true
+	return httpbench.Paired(x.Reps, y.Reps, metric)
 }
 
 func errNote(x *result) string {

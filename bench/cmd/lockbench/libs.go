@@ -90,12 +90,7 @@ func allRows() []rowSpec {
 }
 
 func rowByID(id string) (rowSpec, bool) {
-	for _, r := range slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()) {
-		if r.id == id {
-			return r, true
-		}
-	}
-	return rowSpec{}, false
+	return rowByIDIn(slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()), id)
 }
 
 // clientSetting is how a row's go-redis client is configured.

@@ -45,23 +45,22 @@
 // main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
 // beside -out.
 //
-// The loops of the contention scenarios (2, 3, 4, 10-12 and the axes of 8: bench/internal/contend),
-// the workers of 3, 8 and 10-12 (worker.go), the order of the rows (bench/internal/interleave), the
-// memory measurement of 9 (bench/internal/memstat) and the HTTP systems of 6 and 7
-// (bench/internal/httpbench) are shared; each store keeps its rows, its server, its counters
-// (Redis: INFO commandstats and client round trips; etcd: /metrics RPCs and fsyncs) and its
-// report. The two count a contention run differently, as they always have, so that figures
-// stay comparable with earlier runs of the same store: the Redis rows count every critical
-// section begun before the end (contend.Until; scenario 3 runs a quota per process), the etcd
-// rows those that end inside a fixed window (contend.Window; scenario 3 sums the workers over
-// one common window). With -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5,
-// 6 and 7, each with its own repetitions; its scenario 6 also starts a redis-server for the
-// example's state.
-//
-// The etcd scenarios had numbers of their own in an earlier command (etcdbench): its 1-4 are
-// 1-4 here, its 5 (scaling) is 8, its 6 (memory) is 9, its 7 (reject) is 5, its 8 (HTTP) is 6
-// and its 9 (duplicates) is 7; its flags -d5, -s5-*, -d6hold, -d7, -d8 and -d8low are -d8,
-// -s8-*, -d9hold, -d5, -d6 and -d6low here.
+// Shared by every store: the loops of the contention scenarios (2, 3, 4, 10-12 and the axes of
+// 8: bench/internal/contend), the workers of 3, 8 and 10-12 (worker.go), the order of the rows
+// and scenario 1's turns in slices (bench/internal/interleave), scenario 5's loops (rejectLoop),
+// scenario 7's bursts (dupBursts), the memory measurement of 9 (bench/internal/memstat) and the
+// HTTP systems of 6 (bench/internal/httpbench). etcd and ZooKeeper are backends (store.go: a
+// server, a flightlock store, the store's own lock as the peer row, a floor, the server's
+// counters and the report's notes; etcd.go, zk.go) whose scenarios, rows and report are written
+// once (store.go, storescenarios.go, storereport.go); the Redis rows (libs.go, scenarios.go and
+// the files named after their scenarios) and their report (report.go) are written apart, since
+// they measure what only Redis reports (round trips, the command mix, allocations per call).
+// The Redis rows count a contention run by every critical section begun before the end
+// (contend.Until; scenario 3 runs a quota per process), the backends' rows by those that end
+// inside a fixed window (contend.Window; scenario 3 sums the workers over one common window), so
+// that figures stay comparable with earlier runs of the same store. With -store etcd, scenarios
+// 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own repetitions; its
+// scenario 6 also starts a redis-server for the example's state.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:
@@ -203,10 +202,8 @@ func main() {
 	switch cfg.store {
 	case "redis":
 		runRedis(cfg, prof)
-	case "etcd":
-		runEtcd(&cfg)
-	case "zookeeper":
-		runZooKeeper(&cfg)
+	default:
+		runStore(&cfg, backendFor(cfg.store))
 	}
 }
 
@@ -324,14 +321,6 @@ func parseFlags(args []string) (config, profiling) {
 	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
-	for _, n := range primitiveScenarios {
-		if cfg.store == "etcd" && cfg.scenarios[n] {
-			fatalf("-scenario: %d (semaphores, read-write and fair locks: 10-12) runs on the Redis store only", n)
-		}
-	}
-	if cfg.store == "etcd" && cfg.scenarios[13] {
-		fatalf("-scenario: 13 (go-redis client settings) runs on the Redis store only")
-	}
 	switch *clients {
 	case "both":
 		cfg.clients = []clientSetting{tunedClient, defaultClient}
@@ -340,10 +329,10 @@ func parseFlags(args []string) (config, profiling) {
 	default:
 		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
-	if cfg.store == "zookeeper" {
-		for n := range cfg.scenarios {
-			if cfg.scenarios[n] && !slices.Contains(zkScenarios, n) {
-				fatalf("-scenario: %d does not run on ZooKeeper (scenarios %v)", n, zkScenarios)
+	if be := backendFor(cfg.store); be != nil {
+		for n := 1; n <= lastScenario; n++ {
+			if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
+				fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
 			}
 		}
 	}

@@ -2,36 +2,22 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"runtime"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/memstat"
 )
 
-// Scenario 9: what each held lock and each waiter costs.
-//
-// Holding: one process takes n locks on distinct keys (s9Acquirers goroutines at once), keeps
-// them for a while and releases them all. Measured: live heap (runtime.MemStats.HeapAlloc
-// after runtime.GC) and goroutines above the row's baseline while holding and after releasing,
-// the peak goroutine count while holding, Redis memory (INFO memory used_memory delta), and
-// the client CPU, server commands and round trips per second while holding. Rows that renew
-// (flightlock's watchdog, rueidislock's extend loop) hold for d9hold, long enough for every
-// lock to be renewed; rows that cannot renew hold for at most s9HoldNoRenew (their keys would
-// expire).
-//
-// Waiting: one key is held; w goroutines wait for it; after a settling time their heap and
-// goroutines are measured, then the round trips, commands and CPU of s9WaitWindow of waiting;
-// then the key is released, and each waiter, once granted, releases at once. Measured: time
-// from the release to the first grant and to the last.
+// Scenario 9: what each held lock and each waiter costs (s9Section says what is measured).
+// Rows that renew (flightlock's watchdog, rueidislock's extend loop) hold for d9hold, long
+// enough for every lock to be renewed; rows that cannot renew hold for at most s9HoldNoRenew,
+// since their keys would expire.
 
 const (
 	s9Acquirers   = 32
-	s9Warm        = 10000 // locks taken and released before a row's baseline (warmPool)
+	s9Warm        = 10000 // locks taken and released before a row's baseline (s9HoldOn)
 	s9HoldNoRenew = 2 * time.Second
 	s9Settle      = 500 * time.Millisecond
 	s9Arrive      = 250 * time.Millisecond // waiters arrive spread over this, within the settling
@@ -89,27 +75,6 @@ func (b *bench) scenario9() *s9Results {
 	return out
 }
 
-// warmPool locks and releases up to s9Warm keys of its own with the concurrency of the measured
-// acquisition, before the baseline: the client's pool then holds the connections it will use (go-redis keeps
-// 32 KiB read and 32 KiB write buffers per connection), which are the client's fixed cost, not
-// the locks'. Without it, "after release" counted the connections the acquisition opened as
-// memory the locks left behind (1.1-1.6 MB whatever the number of locks in the 13:35 run; the
-// first size of a row paid it, the next one found the pool warm: 0.15 B per lock at 100,000).
-// 128 keys were too few to grow the pool as 10,000 do (266 B per lock still, in the 14:37 run).
-func warmPool(ctx context.Context, im impl, n int) {
-	keys := make([]string, min(n, s9Warm))
-	for i := range keys {
-		keys[i] = im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
-	}
-	_, _ = memstat.Parallel(len(keys), s9Acquirers, func(i int) error {
-		h, err := im.lock(ctx, keys[i])
-		if err != nil {
-			return err
-		}
-		return im.unlock(ctx, keys[i], h)
-	})
-}
-
 func (b *bench) s9Hold(r rowSpec, n int) metrics { return b.s9HoldOn(r, b.impl(r), n, true) }
 
 // s9HoldCold is s9Hold as a program that measures its first locks would see it: a client and a
@@ -137,7 +102,7 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 	return m
 }
 
-// s9HoldOn measures n locks held at once on im; warm fills the client's pool first (warmPool).
+// s9HoldOn measures n locks held at once on im; warm fills the client's pool first.
 func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	ctx := context.Background()
 	keys := make([]string, n)
@@ -145,9 +110,16 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
 	hs := make([]any, n)
+	// With warm, the client's pool holds the connections the locks will use before the
+	// baseline (go-redis keeps 32 KiB read and 32 KiB write buffers per connection): they are the
+	// client's fixed cost, not the locks'. A warm-up of 128 locks leaves the pool smaller than
+	// 10,000 locks grow it, and "after release" would count the connections the acquisition
+	// opened as the locks' memory.
+	warmN := 0
 	if warm {
-		warmPool(ctx, im, n)
+		warmN = s9Warm
 	}
+	warmKey := func(i int) string { return im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i)) }
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
@@ -157,13 +129,19 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 		delta cmdDelta
 		rts   int64
 	)
-	h := memstat.Hold(memstat.Holding{
-		N: n, Acquirers: s9Acquirers,
-		Lock: func(i int) (err error) {
+	h := holdOn(n, warmN,
+		func(i int) error {
+			h, err := im.lock(ctx, warmKey(i))
+			if err != nil {
+				return err
+			}
+			return im.unlock(ctx, warmKey(i), h)
+		},
+		func(i int) (err error) {
 			hs[i], err = im.lock(ctx, keys[i])
 			return err
 		},
-		Unlock: func(i int) error {
+		func(i int) error {
 			if hs[i] == nil {
 				return nil
 			}
@@ -171,15 +149,8 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 			hs[i] = nil
 			return err
 		},
-		ServerMemory: func() int64 { return b.adm.usedMemory(ctx) },
-		Window: func() {
-			s0, rt0 := b.snap(), im.roundTrips()
-			time.Sleep(window)
-			ccpu = cpustat.Self() - s0.ccpu
-			delta = diffStats(s0.cmds, b.stats())
-			rts = im.roundTrips() - rt0
-		},
-	})
+		func() int64 { return b.adm.usedMemory(ctx) },
+		func() { ccpu, delta, rts = b.window(im, window) })
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
 	runtime.KeepAlive(hs)
 	if h.FirstErr != nil {
@@ -205,49 +176,35 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	}
 }
 
+// window sleeps d and returns what this process and the server did meanwhile: this process's
+// CPU, the server's commands and im's round trips.
+func (b *bench) window(im impl, d time.Duration) (time.Duration, cmdDelta, int64) {
+	s0, rt0 := b.snap(), im.roundTrips()
+	time.Sleep(d)
+	return cpustat.Self() - s0.ccpu, diffStats(s0.cmds, b.stats()), im.roundTrips() - rt0
+}
+
 func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	im := b.impl(r)
-	bg := context.Background()
 	key := im.key("s9w:" + strconv.Itoa(w))
-	held, err := im.lock(bg, key)
+	held, err := im.lock(context.Background(), key)
 	if err != nil {
 		fatalf("s9 %s: hold: %v", r.id, err)
 	}
 	var (
-		released atomic.Bool
-		early    atomic.Int64
-		ccpu     time.Duration
-		delta    cmdDelta
-		rts      int64
+		ccpu  time.Duration
+		delta cmdDelta
+		rts   int64
 	)
 	hs := make([]any, w)
-	res := memstat.Wait(memstat.Waiting{
-		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
-		Lock: func(ctx context.Context, i int) (err error) {
+	res, g := waitOn(w, 0, waitBudget,
+		func(ctx context.Context, i int) (_ int64, err error) {
 			hs[i], err = im.lock(ctx, key)
-			return err
+			return 0, err
 		},
-		Granted: func(int) {
-			if !released.Load() {
-				early.Add(1) // a violation: granted while the key was held
-			}
-		},
-		Unlock: func(i int) error { return im.unlock(bg, key, hs[i]) },
-		Window: func() {
-			s0, rt0 := b.snap(), im.roundTrips()
-			time.Sleep(s9WaitWindow)
-			ccpu = cpustat.Self() - s0.ccpu
-			delta = diffStats(s0.cmds, b.stats())
-			rts = im.roundTrips() - rt0
-		},
-		Release: func() error {
-			released.Store(true)
-			if err := im.unlock(bg, key, held); err != nil {
-				return fmt.Errorf("release of the held key: %w", err)
-			}
-			return nil
-		},
-	})
+		func(ctx context.Context, i int) error { return im.unlock(ctx, key, hs[i]) },
+		func(ctx context.Context) error { return im.unlock(ctx, key, held) },
+		func() { ccpu, delta, rts = b.window(im, s9WaitWindow) })
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
@@ -262,7 +219,7 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
 		"served":  float64(res.Served),
 		"errors":  float64(int64(w) - res.Served),
-		"early":   float64(early.Load()),
+		"early":   float64(g.Violations()),
 	}
 	if res.Served > 0 {
 		m["next"] = float64(res.Next)

@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/workerproc"
 )
 
 // Scenario 3 runs the contention of scenario 2 in several processes (worker.go): each Redis
@@ -90,91 +87,99 @@ func sumWorkers(wr []workerResult) contendResult {
 	return all
 }
 
+// procsRun is one run of a Redis row in worker processes: each worker's result and their sum,
+// the server's commands, and the guards' counts: the critical section's plain counter, the
+// violations of both guards (the critical section's and, for a semaphore or read-write row,
+// the whole hold's) and the most holders the hold's guard saw at once.
+type procsRun struct {
+	wr                []workerResult
+	all               contendResult
+	delta             cmdDelta
+	plain, violations int64
+	peak              int64
+	scpu, wcpu        float64 // µs per critical section: the server's and the workers' CPU
+}
+
 // runProcs runs one repetition of a row in procs worker processes of g goroutines each (scenario
-// 3, and the process axis of scenario 8) and returns each worker's result; extra are more
-// arguments of the workers (scenario 11's -reads).
-func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration, extra ...string) ([]workerResult, cmdDelta, guard.Guard, func()) {
-	shm := workerShm(r.id, key)
-	gd, unmap, err := guard.Map(shm, true)
-	if err != nil {
-		fatalf("s3: guard file: %v", err)
-	}
-	defer os.Remove(shm)
+// 3, the process axis of scenario 8, scenarios 10-12); extra are more arguments of the workers
+// (scenario 11's -reads).
+func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d time.Duration, extra ...string) procsRun {
 	hard := 6*d + 10*time.Second
 	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
 		"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
-		"-hard", hard.String(), "-shm", shm}, extra...)
-	cmds := make([]*exec.Cmd, procs)
-	for i := range cmds {
-		cmds[i] = workerCommand(args...)
+		"-hard", hard.String()}, extra...)
+	var s0 snap
+	wr, cs, span, done := workerRun(r.id, key, procs, r.permits > 1 || r.rw, args, 50*time.Millisecond, hard+30*time.Second,
+		func(time.Time) { s0 = b.snap() })
+	defer done()
+	if r.rw {
+		cs, span = cs.ReadWrite(), span.ReadWrite()
 	}
-	grp, err := workerproc.StartGroup(cmds, workers, time.Minute)
-	if err != nil {
-		fatalf("s3 %s: %v", r.id, err)
-	}
-	s0 := b.snap()
-	grp.Release(time.Now().Add(50 * time.Millisecond))
-	lines, err := grp.Results(hard + 30*time.Second)
-	if err != nil {
-		fatalf("s3 %s: %v", r.id, err)
-	}
-	results := workerResults(lines)
-	delta := diffStats(s0.cmds, b.stats())
-	var ops, cpu int64
-	for _, w := range results {
-		ops += w.Ops
+	pr := procsRun{wr: wr, delta: diffStats(s0.cmds, b.stats())}
+	pr.all = sumWorkers(pr.wr)
+	var cpu int64
+	for _, w := range pr.wr {
 		cpu += w.CPU
 	}
 	m := metrics{}
-	b.cpu(m, s0, ops, false)
-	results[0].serverCPU = m["scpu"]
-	results[0].workersCPU = float64(cpu) / 1e3 / float64(max(ops, 1))
-	return results, delta, gd, unmap
+	b.cpu(m, s0, pr.all.Ops, false)
+	pr.scpu, pr.wcpu = m["scpu"], float64(cpu)/1e3/float64(max(pr.all.Ops, 1))
+	pr.plain, pr.violations, pr.peak = cs.Plain(), cs.Violations()+span.Violations(), span.Peak()
+	return pr
+}
+
+// metrics are the run's figures as scenario 2's (contendMetrics), with the server's CPU and
+// the workers' per critical section.
+func (pr procsRun) metrics() metrics {
+	m := contendMetrics(pr.all, pr.delta, pr.plain, pr.violations)
+	m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
+	return m
+}
+
+// quota adds to m what a run of a quota per process shows: how evenly the processes got
+// through it (fair: the last one's finish time over the first's), the quota and the critical
+// sections left undone.
+func (pr procsRun) quota(m metrics, quota int64) metrics {
+	var first, last int64 = 1 << 62, 0
+	for _, w := range pr.wr {
+		first = min(first, w.Elapsed)
+		last = max(last, w.Elapsed)
+	}
+	m["fair"] = float64(last) / float64(max(first, 1))
+	m["quota"] = float64(quota)
+	m["unfinished"] = float64(quota*int64(len(pr.wr)) - pr.all.Ops)
+	return m
+}
+
+// pilotQuotas runs a 1 s pilot of each row in s3Procs workers of s3Goroutines goroutines and
+// returns each process's quota for d: every process then runs the same number of critical
+// sections, about d long in all, and the finish times show whether one was starved.
+func (b *bench) pilotQuotas(what string, rows []rowSpec, key string, d time.Duration, extra ...string) map[string]int64 {
+	quotas := make(map[string]int64)
+	for _, r := range rows {
+		pr := b.runProcs(r, key, s3Procs, s3Goroutines, 0, time.Second, extra...)
+		rate := float64(pr.all.Ops) / (float64(pr.all.Elapsed) / 1e9)
+		quotas[r.id] = max(int64(rate*d.Seconds()/s3Procs), 20)
+		progress("%s pilot %-18s %9.0f cs/s -> %d critical sections per process", what, r.id, rate, quotas[r.id])
+	}
+	return quotas
 }
 
 func (b *bench) scenario3() []*result {
 	rows := lockRows()
 	b.warm(rows)
 	res := newResults(rows)
-	// A 1 s pilot per row sets the work: each process then runs the same number of critical
-	// sections, about d3 long in all, and the finish times show whether one was starved.
-	quotas := make(map[string]int64)
-	for _, r := range rows {
-		wr, _, _, unmap := b.runProcs(r, "s3:pilot", s3Procs, s3Goroutines, 0, time.Second)
-		unmap()
-		var ops int64
-		var maxEl int64
-		for _, w := range wr {
-			ops += w.Ops
-			maxEl = max(maxEl, w.Elapsed)
-		}
-		rate := float64(ops) / (float64(maxEl) / 1e9)
-		quotas[r.id] = max(int64(rate*b.cfg.d3.Seconds()/s3Procs), 20)
-		progress("s3 pilot %-14s %9.0f cs/s -> %d critical sections per process", r.id, rate, quotas[r.id])
-	}
+	quotas := b.pilotQuotas("s3", rows, "s3:pilot", b.cfg.d3)
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
-			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
-			all := sumWorkers(wr)
-			var first, last int64 = 1 << 62, 0
-			finishes := make([]float64, 0, len(wr))
-			for _, w := range wr {
-				first = min(first, w.Elapsed)
-				last = max(last, w.Elapsed)
-				finishes = append(finishes, float64(w.Elapsed))
-			}
-			m := contendMetrics(all, delta, gd.Plain(), gd.Violations())
-			unmap()
-			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
-			m["fair"] = float64(last) / float64(max(first, 1))
-			m["quota"] = float64(quotas[r.id])
-			m["unfinished"] = float64(quotas[r.id]*s3Procs - all.Ops)
-			for i, f := range finishes {
-				m["finish"+strconv.Itoa(i)] = f
+			pr := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
+			m := pr.quota(pr.metrics(), quotas[r.id])
+			for i, w := range pr.wr {
+				m["finish"+strconv.Itoa(i)] = float64(w.Elapsed)
 			}
 			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(delta, all.Ops)
-			progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), all.Errors, all.FirstErr)
+			res[r.id].Mix = mixString(pr.delta, pr.all.Ops)
+			progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
 		}
 	}
 	return ordered(rows, res)

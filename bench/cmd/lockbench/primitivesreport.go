@@ -2,10 +2,9 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
-
-	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 )
 
 // The primitives report holds the scenarios of flightlock's primitives beyond the mutex
@@ -19,16 +18,7 @@ var primitiveScenarios = []int{10, 11, 12}
 // ranMain says whether any scenario of the main report ran.
 func ranMain(c config) bool {
 	for n := 1; n <= lastScenario; n++ {
-		if c.scenarios[n] && !isPrimitive(n) {
-			return true
-		}
-	}
-	return false
-}
-
-func isPrimitive(n int) bool {
-	for _, p := range primitiveScenarios {
-		if p == n {
+		if c.scenarios[n] && !slices.Contains(primitiveScenarios, n) {
 			return true
 		}
 	}
@@ -52,8 +42,7 @@ func (r *report) primitivesMarkdown() string {
 		w("**This is a quick run (`-quick`)**: short durations, one repetition. Its figures show that the scenario runs;\n")
 		w("they are not the benchmark's results.\n\n")
 	}
-	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
-		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, hostinfo.LoadNow())
+	r.machineTable(w)
 	w("The benchmark process, its worker processes and `redis-server` share these cores; one round trip on loopback is mostly\n")
 	w("CPU (syscalls, scheduling), not wire.\n\n")
 	if r.s10 != nil {

@@ -26,6 +26,13 @@ func machineInfo(redisVersion string) machine {
 	return machine{Machine: hostinfo.Collect(), Redis: redisVersion}
 }
 
+// machineTable is the Redis reports' table of the machine, its load at the start and now.
+func (r *report) machineTable(w func(string, ...any)) {
+	m := r.machine
+	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
+		m.CPUs, m.CPU, m.Redis, m.Go, m.OS, m.Kernel, m.Load, hostinfo.LoadNow())
+}
+
 type report struct {
 	cfg     config
 	machine machine
@@ -153,8 +160,7 @@ func (r *report) markdown() string {
 		w("**This is a quick run (`-quick`)**: small sizes, short durations, one repetition. Its figures show that every\n")
 		w("scenario runs; they are not the benchmark's results.\n\n")
 	}
-	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
-		r.machine.CPUs, r.machine.CPU, r.machine.Redis, r.machine.Go, r.machine.OS, r.machine.Kernel, r.machine.Load, hostinfo.LoadNow())
+	r.machineTable(w)
 	w("The benchmark process, scenario 3's workers, `redis-server` and, in scenario 6, the services and `wrk` share these\n")
 	w("cores: a loopback round trip is mostly CPU (syscalls, scheduling), not wire.\n\n")
 
@@ -198,7 +204,8 @@ func (r *report) markdown() string {
 		w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
 		w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
 		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
-		w("keys are built before). %v per row and repetition.\n\n", r.cfg.d1)
+		w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", r.cfg.d1, s1Slice)
+		w("the machine's speed within a repetition falls on every row alike).\n\n")
 		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
 		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, x := range r.s1 {
@@ -221,7 +228,7 @@ func (r *report) markdown() string {
 				continue
 			}
 			w("### %d goroutines\n\n", g)
-			contendTable(w, rs, false)
+			contendTable(w, rs, false, false)
 		}
 		w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
 		for _, g := range s2Goroutines {
@@ -247,7 +254,7 @@ func (r *report) markdown() string {
 		w("repetition lasts about %v, every process running the same number of critical sections; `fair` is the last\n", r.cfg.d3)
 		w("process's finish time over the first's (starvation shows as a large ratio). The guard counters live in a file all\n")
 		w("workers map, so exclusion is checked across processes. CS/s = all critical sections over the last finish time.\n\n")
-		contendTable(w, r.s3, true)
+		contendTable(w, r.s3, true, false)
 	}
 	if r.s4 != nil {
 		fl0 := find(r.s4, "setdel")
@@ -338,19 +345,28 @@ func viol(x *result) string {
 	return mdfmt.Int(x.worst("violations"))
 }
 
-func contendTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | violations | errors |")
+// contendTable writes the rows of a contention run: with procs, the fairness and quota of a run
+// across processes; with peak, the most holders the hold's guard saw at once (a semaphore).
+func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
+	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max |")
+	rule := "|---|---|---|---|---|---|---|---|---|---|---|"
+	if peak {
+		w(" most holders at once |")
+		rule += "---|"
+	}
+	w(" violations | errors |")
 	if procs {
 		w(" fair (median / worst) | CS per process |")
+		rule += "---|---|"
 	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
+	w(" server command mix per CS |\n%s---|\n", rule)
 	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
-			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")), viol(x), mdfmt.Int(x.worst("errors")))
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
+			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
+		if peak {
+			w(" %s |", mdfmt.Int(x.worst("peak")))
+		}
+		w(" %s | %s |", viol(x), mdfmt.Int(x.worst("errors")))
 		if procs {
 			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
 		}
@@ -365,12 +381,14 @@ func (r *report) chart(path string) error {
 		"critical sections / s (log)", s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
 }
 
-// rowColor gives every library one colour in every chart, whatever rows a run has.
+// rowColor gives every library one colour in every chart, whatever store and rows a run has:
+// flightlock red, a store's own lock (bsm/redislock, etcd's Mutex, ZooKeeper's lock) blue, the
+// floors grey.
 func rowColor(id string) color.RGBA {
 	switch strings.TrimSuffix(id, "-1ms") {
 	case "flightlock":
 		return color.RGBA{214, 39, 40, 255}
-	case "redislock":
+	case "redislock", rowMutex, rowZKLock:
 		return color.RGBA{31, 119, 180, 255}
 	case "redsync":
 		return color.RGBA{44, 160, 44, 255}

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"runtime"
+	"slices"
 	"strconv"
-	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
@@ -156,46 +154,6 @@ func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
 	return hs
 }
 
-// rwSpanHolder is spanHolder for a read-write lock: it marks its goroutine inside span, as a
-// reader or as a writer, from the grant's return to the release call, and yields the
-// processor once in between, for the reason spanHolder does: without the yield, no more than
-// GOMAXPROCS readers could ever be seen sharing, nor a writer beside them.
-type rwSpanHolder struct {
-	contend.ReadHolder
-	span guard.Guard // ReadWrite
-}
-
-func (x *rwSpanHolder) Lock(ctx context.Context, k int) (int64, error) {
-	fence, err := x.ReadHolder.Lock(ctx, k)
-	if err == nil {
-		if x.Reading() {
-			x.span.EnterRead()
-		} else {
-			x.span.Enter(0)
-		}
-		runtime.Gosched()
-	}
-	return fence, err
-}
-
-func (x *rwSpanHolder) Unlock(ctx context.Context) error {
-	if x.Reading() {
-		x.span.ExitRead()
-	} else {
-		x.span.Exit()
-	}
-	return x.ReadHolder.Unlock(ctx)
-}
-
-// rwSpanHolders wraps every holder (a contend.ReadHolder) in an rwSpanHolder on span.
-func rwSpanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
-	out := make([]contend.Holder, len(hs))
-	for i, h := range hs {
-		out[i] = &rwSpanHolder{ReadHolder: h.(contend.ReadHolder), span: span}
-	}
-	return out
-}
-
 // --- scenario 11
 
 // s11Mix is scenario 11's rows at one mix.
@@ -217,16 +175,8 @@ func (b *bench) scenario11() *s11Results {
 	inProc, procs := map[int]map[string]*result{}, map[int]map[string]*result{}
 	quotas := map[int]map[string]int64{}
 	for _, mix := range rwMixes {
-		inProc[mix], procs[mix], quotas[mix] = newResults(rows), newResults(rows), map[string]int64{}
-		// A 1 s pilot per row and mix sets each process's quota, as in scenarios 3 and 10.
-		for _, r := range rows {
-			wr, _, _, _, unmap := b.runRWProcs(r, fmt.Sprintf("s11:%d:pilot", mix), mix, 0, time.Second)
-			unmap()
-			all := sumWorkers(wr)
-			rate := float64(all.Ops) / (float64(all.Elapsed) / 1e9)
-			quotas[mix][r.id] = max(int64(rate*b.cfg.d11.Seconds()/s3Procs), 20)
-			progress("s11 pilot %d%% reads %-14s %9.0f cs/s -> %d critical sections per process", mix, r.id, rate, quotas[mix][r.id])
-		}
+		inProc[mix], procs[mix] = newResults(rows), newResults(rows)
+		quotas[mix] = b.pilotQuotas(fmt.Sprintf("s11 %d%% reads", mix), rows, fmt.Sprintf("s11:%d:pilot", mix), b.cfg.d11, "-reads", strconv.Itoa(mix))
 	}
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, mix := range rwMixes {
@@ -239,18 +189,14 @@ func (b *bench) scenario11() *s11Results {
 			}
 			for _, r := range interleave.Rotate(rows, rep) {
 				q := quotas[mix][r.id]
-				wr, delta, cs, span, unmap := b.runRWProcs(r, fmt.Sprintf("s11:%d:%d", mix, rep), mix, q, b.cfg.d11)
-				all := sumWorkers(wr)
-				m := rwMetrics(all, delta, cs, span)
-				unmap()
-				m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
-				m["fair"] = finishSpread(wr)
-				m["quota"] = float64(q)
-				m["unfinished"] = float64(q*s3Procs - all.Ops)
+				pr := b.runProcs(r, fmt.Sprintf("s11:%d:%d", mix, rep), s3Procs, s3Goroutines, q, b.cfg.d11, "-reads", strconv.Itoa(mix))
+				m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
+				m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
+				pr.quota(m, q)
 				procs[mix][r.id].Reps = append(procs[mix][r.id].Reps, m)
-				procs[mix][r.id].Mix = mixString(delta, all.Ops)
+				procs[mix][r.id].Mix = mixString(pr.delta, pr.all.Ops)
 				progress("s11 rep %d %d%% reads %dx%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f fair %.2f peak %d viol %d err %d %s", rep+1, mix, s3Procs, s3Goroutines, r.id,
-					m["rps"], m["wps"], m["rt"], m["fair"], int64(m["peak"]), int64(m["violations"]), all.Errors, all.FirstErr)
+					m["rps"], m["wps"], m["rt"], m["fair"], int64(m["peak"]), int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
 			}
 		}
 	}
@@ -283,28 +229,20 @@ func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
 	im := b.impl(r)
 	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
 	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
-	hs := rwSpanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
-	d := b.cfg.d11
-	s0, rt0 := b.snap(), im.roundTrips()
-	start := time.Now().Add(20 * time.Millisecond)
-	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-	res := contend.Run(hs, []guard.Guard{cs}, start, uint64(start.UnixNano()), contend.Until(stop, 0, start.Add(d+waitBudget)))
-	t.Stop()
-	res.Errors += res.ReleaseErrors // a failed release is an error, as in scenario 2
-	res.ReleaseErrors = 0
-	cr := contendResult{Result: res, RT: im.roundTrips() - rt0}
-	delta := diffStats(s0.cmds, b.stats())
-	m := rwMetrics(cr, delta, cs, span)
-	b.cpu(m, s0, cr.Ops, true)
+	hs := spanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
+	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
+		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
+	})
 	return m, delta
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
-// apart, and the checks of both guards, with the writes' lost updates.
-func rwMetrics(cr contendResult, d cmdDelta, cs, span guard.Guard) metrics {
-	sortInts(cr.Waits)
-	sortInts(cr.ReadWaits)
+// apart, and the checks of both guards (plain: the writes the critical section's plain counter
+// saw; violations: of both guards; peak: the most readers at once), with the writes' lost
+// updates.
+func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
+	slices.Sort(cr.Waits)
+	slices.Sort(cr.ReadWaits)
 	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
 	secs := float64(cr.Elapsed) / 1e9
 	return metrics{
@@ -320,35 +258,10 @@ func rwMetrics(cr contendResult, d cmdDelta, cs, span guard.Guard) metrics {
 		"wp50":       percentile(cr.Waits, 0.50),
 		"wp99":       percentile(cr.Waits, 0.99),
 		"wmax":       percentile(cr.Waits, 1),
-		"peak":       float64(span.Peak()),
-		"violations": float64(cs.Violations() + span.Violations() + max(writes-cs.Plain(), 0)),
+		"peak":       float64(peak),
+		"violations": float64(violations + max(writes-plain, 0)),
 		"errors":     float64(cr.Errors),
 	}
-}
-
-// runRWProcs is runProcs (s3Procs workers of s3Goroutines goroutines) for a row of scenario 11
-// at a mix, with the span guard's file beside the critical section's: it returns both guards
-// (ReadWrite) and the function that unmaps them.
-func (b *bench) runRWProcs(r rowSpec, key string, mix int, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard.Guard, guard.Guard, func()) {
-	path := spanShm(workerShm(r.id, key))
-	span, unmapSpan, err := guard.Map(path, true)
-	if err != nil {
-		fatalf("s11: span guard file: %v", err)
-	}
-	defer os.Remove(path)
-	wr, delta, cs, unmap := b.runProcs(r, key, s3Procs, s3Goroutines, quota, d, "-reads", strconv.Itoa(mix))
-	return wr, delta, cs.ReadWrite(), span.ReadWrite(), func() { unmap(); unmapSpan() }
-}
-
-// finishSpread is the last worker's finish time over the first's: 1 when every process got
-// through its quota at the same pace.
-func finishSpread(wr []workerResult) float64 {
-	var first, last int64 = 1 << 62, 0
-	for _, w := range wr {
-		first = min(first, w.Elapsed)
-		last = max(last, w.Elapsed)
-	}
-	return float64(last) / float64(max(first, 1))
 }
 
 // --- the report

@@ -5,9 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
@@ -48,36 +46,32 @@ func (b *bench) scenario8() *s8Results {
 	b.warm(append(rows, pick("setdel")...))
 	if len(b.cfg.s8Goroutines) > 0 {
 		out.Goroutines = b.s8Run("goroutines", b.cfg.s8Goroutines, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			im := b.impl(r)
-			key := im.key(fmt.Sprintf("s8g:%d:%d", x, rep))
-			return b.s8Contend(im, []string{key}, x)
+			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8)
+			return m, cr.FirstErr
 		})
 	}
 	if len(b.cfg.s8Procs) > 0 {
 		out.Procs = b.s8Run("processes", b.cfg.s8Procs, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			wr, delta, gd, unmap := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
-			defer unmap()
-			all := sumWorkers(wr)
-			m := contendMetrics(all, delta, gd.Plain(), gd.Violations())
-			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
-			return m, all.FirstErr
+			pr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
+			return pr.metrics(), pr.all.FirstErr
 		})
 	}
 	if len(b.cfg.s8Keys) > 0 {
 		out.Keys = b.s8Run("keys", b.cfg.s8Keys, append(rows, pick("setdel")...), func(r rowSpec, x, rep int) (metrics, string) {
-			im := b.impl(r)
-			keys := make([]string, x)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s8k:%d:%d:%d", x, rep, i))
-			}
-			m, firstErr := b.s8Contend(im, keys, s8KeyGoroutines)
-			if r.floor {
-				m["violations"] = 0 // not a lock: nothing to check
-			}
-			return m, firstErr
+			m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8)
+			return m, cr.FirstErr
 		})
 	}
 	return out
+}
+
+// rowKeys are n keys named after prefix, as im names them.
+func rowKeys(im impl, prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = im.key(prefix + strconv.Itoa(i))
+	}
+	return keys
 }
 
 // s8Run measures every row at every point of one axis, reps times, and logs each measurement.
@@ -97,34 +91,6 @@ func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowS
 		ax.Res[x] = ordered(rows, all[x])
 	}
 	return ax
-}
-
-// s8Contend runs g goroutines over keys in this process for d8 and measures them.
-func (b *bench) s8Contend(im impl, keys []string, g int) (metrics, string) {
-	return b.contendFor(im, keys, g, b.cfg.d8)
-}
-
-// contendFor runs g goroutines over keys in this process for d and measures them.
-func (b *bench) contendFor(im impl, keys []string, g int, d time.Duration) (metrics, string) {
-	gds := make([]guard.Guard, len(keys))
-	for i := range gds {
-		gds[i] = guard.New()
-	}
-	s0 := b.snap()
-	start := time.Now().Add(20 * time.Millisecond)
-	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-	cr := contendImpl(im, keys, gds, g, start, stop, 0, start.Add(d+waitBudget))
-	t.Stop()
-	delta := diffStats(s0.cmds, b.stats())
-	var plain, viol int64
-	for _, gd := range gds {
-		plain += gd.Plain()
-		viol += gd.Violations()
-	}
-	m := contendMetrics(cr, delta, plain, viol)
-	b.cpu(m, s0, cr.Ops, true)
-	return m, cr.FirstErr
 }
 
 // chartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
@@ -179,15 +145,14 @@ func (a *s8Axis) fall(x0, x1 int) (float64, bool) {
 	return f0 / f1, true
 }
 
-// lead is flightlock's critical sections per second over the best peer's at point x (floors
-// are not peers), and that peer.
-func (a *s8Axis) lead(x int) (float64, *result) {
-	rs := a.Res[x]
+// leadOf is flightlock's critical sections per second over the best peer's among rs (floors
+// are not peers), with both rows; nil rows when either is missing or the peer ran none.
+func leadOf(rs []*result) (float64, *result, *result) {
 	fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
 	if fl == nil || best == nil || best.med("csps") <= 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
-	return fl.med("csps") / best.med("csps"), best
+	return fl.med("csps") / best.med("csps"), fl, best
 }
 
 func (r *report) s8Section(w func(string, ...any)) {
@@ -227,7 +192,7 @@ func (r *report) s8Section(w func(string, ...any)) {
 		}
 		w("| flightlock / best peer |")
 		for _, x := range ax.Points {
-			if ratio, best := ax.lead(x); best != nil {
+			if ratio, _, best := leadOf(ax.Res[x]); best != nil {
 				w(" %.1fx %s |", ratio, best.Label)
 			} else {
 				w(" |")

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"runtime"
-	"sync"
-	"sync/atomic"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
@@ -121,77 +118,24 @@ func ordered(rows []rowSpec, m map[string]*result) []*result {
 
 // --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
 
+// s1MaxOps bounds the operations of one row per repetition (its keys are made before the rows
+// run): at 10 µs an operation, -d1 up to 2s.
+const s1MaxOps = 200000
+
 func (b *bench) scenario1() []*result {
 	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "store", "ping", "setdel")
 	b.warm(rows)
 	res := newResults(rows)
-	const maxOps = 200000
-	lat := make([]int64, maxOps)
 	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			keys := make([]string, maxOps)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s1:%d:%d", rep, i))
-			}
-			m, d := b.uncontended(im, keys, b.cfg.d1, lat)
+		ms, cmds := b.uncontendedSliced(rows, "s1", rep, b.cfg.d1, s1Slice, s1MaxOps, false)
+		for _, r := range rows {
+			m := ms[r.id]
 			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(d, int64(m["ops"]))
+			res[r.id].Mix = mixString(cmds[r.id], int64(m["ops"]))
 			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, m["opsps"], mdfmt.Dur(m["p50"]))
 		}
 	}
 	return ordered(rows, res)
-}
-
-// uncontended runs lock + unlock on keys, one after the other, until d has passed or the keys
-// (and lat, as long) run out, and measures it: the whole operation's latency and, apart, the
-// lock's and the unlock's (an outside benchmark reported them apart), round trips, server
-// commands, CPU and allocations per operation. It returns the server commands it saw too.
-func (b *bench) uncontended(im impl, keys []string, d time.Duration, lat []int64) (metrics, cmdDelta) {
-	maxOps := min(len(keys), len(lat))
-	lockLat := make([]int64, maxOps) // before the baseline: not the row's allocations
-	ctx := context.Background()
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	s0, rt0 := b.snap(), im.roundTrips()
-	var errs int64
-	start := time.Now()
-	deadline := start.Add(d)
-	n := 0
-	for ; n < maxOps; n++ {
-		if n%64 == 0 && time.Now().After(deadline) {
-			break
-		}
-		t0 := time.Now()
-		h, err := im.lock(ctx, keys[n])
-		t1 := time.Now()
-		if err == nil {
-			err = im.unlock(ctx, keys[n], h)
-		}
-		lat[n] = int64(time.Since(t0))
-		lockLat[n] = int64(t1.Sub(t0))
-		if err != nil {
-			errs++
-		}
-	}
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&m1)
-	delta := diffStats(s0.cmds, b.stats())
-	rts := im.roundTrips() - rt0
-	fn := float64(max(n, 1))
-	m := latencyMetrics(append([]int64(nil), lat[:n]...), lockLat[:n])
-	maps.Copy(m, metrics{
-		"ops":    float64(n),
-		"opsps":  float64(n) / elapsed.Seconds(),
-		"rt":     float64(rts) / fn,
-		"cmds":   float64(delta.total()) / fn,
-		"allocs": float64(m1.Mallocs-m0.Mallocs) / fn,
-		"bytes":  float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
-		"errors": float64(errs),
-	})
-	b.cpu(m, s0, int64(n), true)
-	return m, delta
 }
 
 // latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
@@ -202,9 +146,9 @@ func latencyMetrics(lat, lockLat []int64) metrics {
 	for i := range unlockLat {
 		unlockLat[i] = lat[i] - lockLat[i]
 	}
-	sortInts(lat)
-	sortInts(lockLat)
-	sortInts(unlockLat)
+	slices.Sort(lat)
+	slices.Sort(lockLat)
+	slices.Sort(unlockLat)
 	return metrics{
 		"p50":        percentile(lat, 0.50),
 		"p99":        percentile(lat, 0.99),
@@ -233,18 +177,7 @@ func (b *bench) scenario2() map[int][]*result {
 				d = b.cfg.d2small
 			}
 			for _, r := range interleave.Rotate(rows, rep) {
-				im := b.impl(r)
-				key := im.key(fmt.Sprintf("s2:%d:%d", g, rep))
-				gd := guard.New()
-				s0 := b.snap()
-				start := time.Now().Add(20 * time.Millisecond)
-				stop := make(chan struct{})
-				t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-				cr := contendImpl(im, []string{key}, []guard.Guard{gd}, g, start, stop, 0, start.Add(d+waitBudget))
-				t.Stop()
-				delta := diffStats(s0.cmds, b.stats())
-				m := contendMetrics(cr, delta, gd.Plain(), gd.Violations())
-				b.cpu(m, s0, cr.Ops, true)
+				m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
 				all[g][r.id].Reps = append(all[g][r.id].Reps, m)
 				all[g][r.id].Mix = mixString(delta, cr.Ops)
 				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
@@ -258,7 +191,7 @@ func (b *bench) scenario2() map[int][]*result {
 }
 
 func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
-	sortInts(cr.Waits)
+	slices.Sort(cr.Waits)
 	ops := max(cr.Ops, 1)
 	lost := cr.Ops - plain
 	return metrics{
@@ -283,45 +216,13 @@ func (b *bench) scenario4() []*result {
 	rows := append(lockRows(), pick("setdel")...)
 	b.warm(rows)
 	res := newResults(rows)
-	const nkeys, g = manyKeys, 64
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			keys := make([]string, nkeys)
-			guards := make([]guard.Guard, nkeys)
-			for i := range keys {
-				keys[i] = im.key(fmt.Sprintf("s4:%d:%d", rep, i))
-				guards[i] = guard.New()
-			}
-			s0 := b.snap()
-			start := time.Now()
-			stop := make(chan struct{})
-			t := time.AfterFunc(b.cfg.d4, func() { close(stop) })
-			cr := contendImpl(im, keys, guards, g, start, stop, 0, start.Add(b.cfg.d4+waitBudget))
-			t.Stop()
-			delta := diffStats(s0.cmds, b.stats())
-			var viol, plain int64
-			for _, gd := range guards {
-				viol += gd.Violations()
-				plain += gd.Plain()
-			}
-			if r.floor {
-				viol = 0 // not a lock: nothing to check
-			} else {
-				viol += max(cr.Ops-plain, 0)
-			}
-			n := max(cr.Ops, 1)
-			m := metrics{
-				"ops":        float64(cr.Ops),
-				"opsps":      float64(cr.Ops) / (float64(cr.Elapsed) / 1e9),
-				"rt":         float64(cr.RT) / float64(n),
-				"cmds":       float64(delta.total()) / float64(n),
-				"violations": float64(viol),
-				"errors":     float64(cr.Errors),
-			}
-			b.cpu(m, s0, n, true)
+			m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4)
+			m["opsps"] = m["csps"]
+			delete(m, "csps")
 			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(delta, n)
+			res[r.id].Mix = mixString(delta, max(cr.Ops, 1))
 			progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
 		}
 	}
@@ -343,18 +244,17 @@ func (b *bench) scenario5() []*result {
 			if err != nil {
 				fatalf("s5 %s: hold: %v", r.id, err)
 			}
+			every := int64(1) // a refusal of the others is a round trip (rejectLoop)
+			if r.id == "flightlock" {
+				every = 256
+			}
 			// Serial: one goroutine retries the held key.
 			runtime.GC()
 			var m0, m1 runtime.MemStats
 			runtime.ReadMemStats(&m0)
 			s0, rt0 := b.snap(), im.roundTrips()
-			var n, wrong int64
-			start := time.Now()
-			deadline := start.Add(b.cfg.d5)
-			for ; ; n++ {
-				if n%256 == 0 && time.Now().After(deadline) {
-					break
-				}
+			var wrong int64
+			n, elapsed := rejectLoop(1, b.cfg.d5, every, func(int) {
 				h, err := im.tryLock(ctx, key)
 				if !errors.Is(err, errBusy) {
 					wrong++
@@ -362,35 +262,17 @@ func (b *bench) scenario5() []*result {
 						_ = im.unlock(ctx, key, h)
 					}
 				}
-			}
-			elapsed := time.Since(start)
+			})
 			runtime.ReadMemStats(&m1)
 			d := diffStats(s0.cmds, b.stats())
 			rts := im.roundTrips() - rt0
 
 			// Parallel: 64 goroutines at once, as a burst of double clicks would.
-			var pn atomic.Int64
-			pdeadline := time.Now().Add(b.cfg.d5)
-			pstart := time.Now()
-			var wg sync.WaitGroup
-			for w := 0; w < 64; w++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var c int64
-					for ; ; c++ {
-						if c%64 == 0 && time.Now().After(pdeadline) {
-							break
-						}
-						if h, err := im.tryLock(ctx, key); err == nil {
-							_ = im.unlock(ctx, key, h)
-						}
-					}
-					pn.Add(c)
-				}()
-			}
-			wg.Wait()
-			pelapsed := time.Since(pstart)
+			pn, pelapsed := rejectLoop(s5Goroutines, b.cfg.d5, every, func(int) {
+				if h, err := im.tryLock(ctx, key); err == nil {
+					_ = im.unlock(ctx, key, h)
+				}
+			})
 			_ = im.unlock(ctx, key, held)
 
 			res[r.id].Reps = append(res[r.id].Reps, metrics{
@@ -400,8 +282,8 @@ func (b *bench) scenario5() []*result {
 				"cmds":    float64(d.total()) / float64(n),
 				"rt":      float64(rts) / float64(n),
 				"wrong":   float64(wrong),
-				"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn.Load()),
-				"par_ops": float64(pn.Load()) / pelapsed.Seconds(),
+				"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn),
+				"par_ops": float64(pn) / pelapsed.Seconds(),
 			})
 			progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(float64(elapsed.Nanoseconds())/float64(n)), float64(m1.Mallocs-m0.Mallocs)/float64(n), float64(d.total())/float64(n))
 		}

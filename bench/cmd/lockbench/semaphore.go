@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"strconv"
 	"time"
@@ -84,31 +83,45 @@ func (z *zsetSemImpl) close()            { _ = z.client.Close() }
 
 // --- holders that span their hold
 
-// spanHolder marks its goroutine inside span from the moment Lock returns a permit to the
-// moment it calls Unlock, and yields the processor once in between (runtime.Gosched). The
-// span lies within the permit's time on the server (entered after the grant, left before the
-// release is sent), so more than n inside is a real violation. The yield is what lets the
-// bound be reached: a hold that never blocks is inside only while its goroutine runs, so
-// without it no more than GOMAXPROCS holders (2 on the benchmark machine) could ever be
-// seen at once, whatever the semaphore let through.
+// spanHolder marks its goroutine inside span, as a reader (a contend.ReadHolder's read) or as a
+// holder of a permit or write, from the moment Lock returns a hold to the moment it calls
+// Unlock, and yields the processor once in between (runtime.Gosched). The span lies within the
+// hold's time on the server (entered after the grant, left before the release is sent), so a
+// span guard that finds too many inside saw a real violation. The yield is what lets the bound
+// be reached: a hold that never blocks is inside only while its goroutine runs, so without it
+// no more than GOMAXPROCS holders (2 on the benchmark machine) could ever be seen at once,
+// whatever the lock let through.
 type spanHolder struct {
 	contend.Holder
-	span guard.Guard
+	span    guard.Guard
+	reading bool // the current hold is a read
 }
 
 func (x *spanHolder) Lock(ctx context.Context, k int) (int64, error) {
 	fence, err := x.Holder.Lock(ctx, k)
 	if err == nil {
-		x.span.Enter(0)
+		rh, ok := x.Holder.(contend.ReadHolder)
+		if x.reading = ok && rh.Reading(); x.reading {
+			x.span.EnterRead()
+		} else {
+			x.span.Enter(0)
+		}
 		runtime.Gosched()
 	}
 	return fence, err
 }
 
 func (x *spanHolder) Unlock(ctx context.Context) error {
-	x.span.Exit()
+	if x.reading {
+		x.span.ExitRead()
+	} else {
+		x.span.Exit()
+	}
 	return x.Holder.Unlock(ctx)
 }
+
+// Reading makes a spanHolder a contend.ReadHolder: it says whether the current hold is a read.
+func (x *spanHolder) Reading() bool { return x.reading }
 
 // spanHolders wraps every holder in a spanHolder on span.
 func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
@@ -134,20 +147,7 @@ func (b *bench) scenario10() *s10Results {
 	rows := pick("flightlock-permits", "zset-permits")
 	b.warm(rows)
 	inProc, procs := newResults(rows), newResults(rows)
-	// A 1 s pilot per row sets each process's quota, as in scenario 3.
-	quotas := make(map[string]int64)
-	for _, r := range rows {
-		wr, _, _, _, unmap := b.runSemaphoreProcs(r, "s10:pilot", 0, time.Second)
-		unmap()
-		var ops, last int64
-		for _, w := range wr {
-			ops += w.Ops
-			last = max(last, w.Elapsed)
-		}
-		rate := float64(ops) / (float64(last) / 1e9)
-		quotas[r.id] = max(int64(rate*b.cfg.d10.Seconds()/s3Procs), 20)
-		progress("s10 pilot %-18s %9.0f cs/s -> %d critical sections per process", r.id, rate, quotas[r.id])
-	}
+	quotas := b.pilotQuotas("s10", rows, "s10:pilot", b.cfg.d10)
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
 			m, mix := b.semaphoreInProcess(r, rep)
@@ -157,24 +157,13 @@ func (b *bench) scenario10() *s10Results {
 				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
 		}
 		for _, r := range interleave.Rotate(rows, rep) {
-			wr, delta, cs, span, unmap := b.runSemaphoreProcs(r, fmt.Sprintf("s10:%d", rep), quotas[r.id], b.cfg.d10)
-			all := sumWorkers(wr)
-			var first, last int64 = 1 << 62, 0
-			for _, w := range wr {
-				first = min(first, w.Elapsed)
-				last = max(last, w.Elapsed)
-			}
-			m := contendMetrics(all, delta, cs.Plain(), cs.Violations()+span.Violations())
-			m["peak"] = float64(span.Peak())
-			unmap()
-			m["scpu"], m["ccpu"] = wr[0].serverCPU, wr[0].workersCPU
-			m["fair"] = float64(last) / float64(max(first, 1))
-			m["quota"] = float64(quotas[r.id])
-			m["unfinished"] = float64(quotas[r.id]*s3Procs - all.Ops)
+			pr := b.runProcs(r, fmt.Sprintf("s10:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d10)
+			m := pr.quota(pr.metrics(), quotas[r.id])
+			m["peak"] = float64(pr.peak)
 			procs[r.id].Reps = append(procs[r.id].Reps, m)
-			procs[r.id].Mix = mixString(delta, all.Ops)
+			procs[r.id].Mix = mixString(pr.delta, pr.all.Ops)
 			progress("s10 rep %d %dx%d %-18s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f peak %d viol %d err %d %s", rep+1, s3Procs, s3Goroutines, r.id,
-				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["peak"]), int64(m["violations"]), all.Errors, all.FirstErr)
+				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["peak"]), int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
 		}
 	}
 	return &s10Results{InProcess: ordered(rows, inProc), Procs: ordered(rows, procs)}
@@ -186,40 +175,13 @@ func (b *bench) semaphoreInProcess(r rowSpec, rep int) (metrics, string) {
 	im := b.impl(r)
 	key := im.key(fmt.Sprintf("s10:%d:%d", s10Goroutines, rep))
 	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
-	hs := make([]contend.Holder, s10Goroutines)
-	for i := range hs {
-		hs[i] = &implHolder{im: im, keys: []string{key}}
-	}
-	hs = spanHolders(hs, span)
-	d := b.cfg.d10
-	s0, rt0 := b.snap(), im.roundTrips()
-	start := time.Now().Add(20 * time.Millisecond)
-	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-	res := contend.Run(hs, []guard.Guard{cs}, start, uint64(start.UnixNano()), contend.Until(stop, 0, start.Add(d+waitBudget)))
-	t.Stop()
-	res.Errors += res.ReleaseErrors // a failed release is an error, as in scenario 2
-	res.ReleaseErrors = 0
-	cr := contendResult{Result: res, RT: im.roundTrips() - rt0}
-	delta := diffStats(s0.cmds, b.stats())
-	m := contendMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations())
-	m["peak"] = float64(span.Peak())
-	b.cpu(m, s0, cr.Ops, true)
+	hs := spanHolders(implHolders(im, []string{key}, s10Goroutines), span)
+	m, cr, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d10, func(cr contendResult, delta cmdDelta) metrics {
+		m := contendMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations())
+		m["peak"] = float64(span.Peak())
+		return m
+	})
 	return m, mixString(delta, cr.Ops)
-}
-
-// runSemaphoreProcs is runProcs (s3Procs workers of s3Goroutines goroutines) for a row of
-// scenario 10, with the span guard's file beside the critical section's: it returns both
-// guards and the function that unmaps them.
-func (b *bench) runSemaphoreProcs(r rowSpec, key string, quota int64, d time.Duration) ([]workerResult, cmdDelta, guard.Guard, guard.Guard, func()) {
-	path := spanShm(workerShm(r.id, key))
-	span, unmapSpan, err := guard.Map(path, true)
-	if err != nil {
-		fatalf("s10: span guard file: %v", err)
-	}
-	defer os.Remove(path)
-	wr, delta, cs, unmap := b.runProcs(r, key, s3Procs, s3Goroutines, quota, d)
-	return wr, delta, cs, span, func() { unmap(); unmapSpan() }
 }
 
 // --- the report
@@ -251,7 +213,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("its score every TTL/3 from a goroutine of its own and releases with `ZREM`. No queue, no notification.\n\n")
 	if len(s.InProcess) > 0 {
 		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d10)
-		semaphoreTable(w, s.InProcess, false)
+		contendTable(w, s.InProcess, false, true)
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
@@ -259,32 +221,10 @@ func (r *report) s10Section(w func(string, ...any)) {
 		w("each process's number of critical sections so that a repetition lasts about %v; `fair` is the last process's\n", r.cfg.d10)
 		w("finish time over the first's. Both checks live in files that every worker maps, so they span the processes.\n")
 		w("CS/s = all critical sections over the last finish time; client CPU is the workers' sum.\n\n")
-		semaphoreTable(w, s.Procs, true)
+		contendTable(w, s.Procs, true, true)
 	}
 	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")
 	w("of the same process queues on it passes to that waiter without a round trip (up to the hand-off limits of `WithHandoff`).\n")
 	w("The checks were themselves checked once, by building the naive semaphore with 4 permits under the same 3-permit guards:\n")
 	w("both parts then reported violations and 4 holders at once.\n\n")
-}
-
-func semaphoreTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max | most holders at once | violations | errors |")
-	if procs {
-		w(" fair (median / worst) | CS per process |")
-	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")),
-			mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")),
-			mdfmt.Dur(x.med("max")), mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
-		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
-		}
-		w(" %s |\n", x.Mix)
-	}
-	w("\n")
 }

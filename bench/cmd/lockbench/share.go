@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	flmw "github.com/flightlock/flightlock/middleware"
@@ -10,41 +8,19 @@ import (
 
 // Scenario 7: 64 concurrent duplicates of one request (one idempotency key, one
 // body) through go-zero's REST chain and flightlock's middleware on the benchmark's
-// redis-server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
-// duplicate gets its response) and OnBusy reject (one run, 63 answered 409 at once). Each
-// repetition uses a key of its own. etcdshare.go runs it on etcd.
-
-var s7Rows = []struct{ id, label, onBusy string }{
-	{"share", "flightlock, OnBusy share", "share"},
-	{"reject", "flightlock, OnBusy reject", "reject"},
-}
+// redis-server, the handler taking httpbench.DupWork (dupBursts, as on every store). Rows:
+// OnBusy share (one run, every duplicate gets its response) and OnBusy reject (one run, 63
+// answered 409 at once). Each burst uses a key of its own.
 
 func (b *bench) scenario7() []*result {
+	runs := dupBursts(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}}, b.cfg.reps)
 	var out []*result
-	servers := map[string]*httpbench.DupServer{}
-	defer func() {
-		for _, s := range servers {
-			s.Close()
-		}
-	}()
-	for _, row := range s7Rows {
-		if onlyRows != nil && !onlyRows[row.id] {
-			continue
-		}
-		out = append(out, &result{Row: row.id, Label: row.label})
-		s, err := httpbench.NewDupServer(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}, Rules: []flmw.Rule{httpbench.DupRule(row.onBusy)}})
-		if err != nil {
-			fatalf("s7: %v", err)
-		}
-		servers[row.id] = s
-	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, x := range out {
-			m := metrics(servers[x.Row].Bursts(fmt.Sprintf("r%d-%s-", rep, x.Row)))
+	for _, row := range dupRows {
+		x := &result{Row: row.id, Label: "flightlock, OnBusy " + row.onBusy}
+		for _, m := range runs[row.id] {
 			x.Reps = append(x.Reps, m)
-			progress("s7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, x.Row,
-				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], mdfmt.Dur(m["p50"]), mdfmt.Dur(m["p99"]))
 		}
+		out = append(out, x)
 	}
 	return out
 }

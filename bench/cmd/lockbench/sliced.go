@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
@@ -13,13 +14,12 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 )
 
-// Scenario 13 compares rows whose p50s differ by a few per cent on a shared machine whose speed
-// drifts by more than that within seconds. Run one after the other, 1.5 s per row, two runs of
-// the same code disagreed by 1.6x on a ratio. So its rows take turns in short slices instead:
-// every row runs for one slice, in an order rotated per round, until each has run its
-// duration; drift then lands on every row alike. Counters (server commands and CPU, client CPU,
-// round trips, allocations) are read around each slice and summed, outside the timed
-// operations.
+// The uncontended rows (scenarios 1 and 13) and scenario 13's many-keys rows compare figures
+// that differ by a few per cent on a shared machine whose speed drifts by more than that
+// within seconds: run one after the other, 1.5 s per row, two runs of the same code disagreed
+// by 1.6x on a ratio. So their rows take turns in short slices (interleave.Slices), as the
+// other stores' scenario 1 does. Counters (server commands and CPU, client CPU, round trips,
+// allocations) are read around each slice and summed, outside the timed operations.
 
 // How long a row runs before the next row's turn in scenario 13's uncontended and many-keys parts.
 const (
@@ -40,7 +40,8 @@ type sliceSum struct {
 	plain, violations int64
 	waits             []int64
 	firstErr          string
-	keysNext          int // the next of the row's keys to lock (uncontendedSliced)
+	keys              []string // the row's keys (uncontendedSliced: one per operation)
+	keysNext          int      // the next of the row's keys to lock (uncontendedSliced)
 }
 
 // add counts the counters read before (s0) and now into the sum.
@@ -53,81 +54,71 @@ func (s *sliceSum) add(b *bench, s0 snap) {
 	s.ccpu += cpustat.Self() - s0.ccpu
 }
 
-// uncontendedSliced is scenario 1's loop (bench.uncontended) for rows at once, in slices.
-func (b *bench) uncontendedSliced(rows []rowSpec, rep int, d time.Duration, maxOps int) map[string]metrics {
+// uncontendedSliced runs lock + unlock for rows in one repetition, one operation after the other
+// on keys named after prefix, each row for d (or up to maxOps operations) in slices, and
+// measures it: the whole operation's latency and, apart, the lock's and the unlock's, round
+// trips, server commands, CPU and allocations per operation. With timeCalls, a row whose client
+// times its calls (callTimer) has its operations split into the time inside them and the rest.
+func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, slice time.Duration, maxOps int, timeCalls bool) (map[string]metrics, map[string]cmdDelta) {
 	sums := map[string]*sliceSum{}
-	keys := map[string][]string{}
 	for _, r := range rows {
-		im := b.impl(r)
-		ks := make([]string, maxOps)
-		for i := range ks {
-			ks[i] = im.key(fmt.Sprintf("s13u:%d:%d", rep, i))
-		}
-		keys[r.id] = ks
-		sums[r.id] = &sliceSum{cmds: cmdDelta{}, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
+		ks := rowKeys(b.impl(r), fmt.Sprintf("%s:%d:", prefix, rep), maxOps)
+		sums[r.id] = &sliceSum{cmds: cmdDelta{}, keys: ks, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
 	}
 	ctx := context.Background()
 	runtime.GC()
-	for round := 0; ; round++ {
-		ran := false
-		for _, r := range interleave.Rotate(rows, rep+round) {
-			s, ks, im := sums[r.id], keys[r.id], b.impl(r)
-			if s.elapsed >= d || s.keysNext >= len(ks) {
-				continue
-			}
-			ran = true
-			var m0, m1 runtime.MemStats
-			runtime.ReadMemStats(&m0)
-			s0, rt0 := b.snap(), im.roundTrips()
-			var rc *rtCounter
-			if ct, ok := im.(callTimer); ok {
-				rc = ct.counter()
-			}
-			start := time.Now()
-			end := start.Add(min(s13UncontendedSlice, d-s.elapsed))
-			for s.keysNext < len(ks) {
-				key := ks[s.keysNext]
-				s.keysNext++
-				if rc != nil {
-					rc.timeCalls(true)
-				}
-				t0 := time.Now()
-				h, err := im.lock(ctx, key)
-				t1 := time.Now()
-				if err == nil {
-					err = im.unlock(ctx, key, h)
-				}
-				t2 := time.Now()
-				s.lat = append(s.lat, int64(t2.Sub(t0)))
-				s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
-				if rc != nil {
-					var in time.Duration
-					for _, c := range rc.timeCalls(false) {
-						in += c.end.Sub(c.start)
-					}
-					s.inCalls = append(s.inCalls, int64(in))
-					s.outside = append(s.outside, int64(t2.Sub(t0)-in))
-				}
-				s.ops++
-				if err != nil {
-					s.errs++
-				}
-				if t2.After(end) {
-					break
-				}
-			}
-			s.elapsed += time.Since(start)
-			runtime.ReadMemStats(&m1)
-			s.rts += im.roundTrips() - rt0
-			s.mallocs += m1.Mallocs - m0.Mallocs
-			s.bytes += m1.TotalAlloc - m0.TotalAlloc
-			s.add(b, s0)
+	interleave.Slices(rows, rep, d, slice, func(r rowSpec, d time.Duration) (time.Duration, bool) {
+		s, im := sums[r.id], b.impl(r)
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		s0, rt0 := b.snap(), im.roundTrips()
+		var rc *rtCounter
+		if ct, ok := im.(callTimer); ok && timeCalls {
+			rc = ct.counter()
 		}
-		if !ran {
-			break
+		start := time.Now()
+		end := start.Add(d)
+		for s.keysNext < len(s.keys) {
+			key := s.keys[s.keysNext]
+			s.keysNext++
+			if rc != nil {
+				rc.timeCalls(true)
+			}
+			t0 := time.Now()
+			h, err := im.lock(ctx, key)
+			t1 := time.Now()
+			if err == nil {
+				err = im.unlock(ctx, key, h)
+			}
+			t2 := time.Now()
+			s.lat = append(s.lat, int64(t2.Sub(t0)))
+			s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
+			if rc != nil {
+				var in time.Duration
+				for _, c := range rc.timeCalls(false) {
+					in += c.end.Sub(c.start)
+				}
+				s.inCalls = append(s.inCalls, int64(in))
+				s.outside = append(s.outside, int64(t2.Sub(t0)-in))
+			}
+			s.ops++
+			if err != nil {
+				s.errs++
+			}
+			if t2.After(end) {
+				break
+			}
 		}
-	}
-	out := map[string]metrics{}
+		ran := time.Since(start)
+		s.elapsed += ran
+		runtime.ReadMemStats(&m1)
+		s.rts += im.roundTrips() - rt0
+		s.mallocs += m1.Mallocs - m0.Mallocs
+		s.bytes += m1.TotalAlloc - m0.TotalAlloc
+		s.add(b, s0)
+		return ran, s.keysNext < len(s.keys)
+	})
+	out, cmds := map[string]metrics{}, map[string]cmdDelta{}
 	for _, r := range rows {
 		s := sums[r.id]
 		fn := float64(max(s.ops, 1))
@@ -144,14 +135,14 @@ func (b *bench) uncontendedSliced(rows []rowSpec, rep int, d time.Duration, maxO
 			"ccpu":   float64(s.ccpu.Microseconds()) / fn,
 		})
 		if len(s.inCalls) > 0 {
-			sortInts(s.inCalls)
-			sortInts(s.outside)
+			slices.Sort(s.inCalls)
+			slices.Sort(s.outside)
 			m["calls_p50"] = percentile(s.inCalls, 0.50)
 			m["outside_p50"] = percentile(s.outside, 0.50)
 		}
-		out[r.id] = m
+		out[r.id], cmds[r.id] = m, s.cmds
 	}
-	return out
+	return out, cmds
 }
 
 // contendSliced is scenario 8's many-keys loop (bench.contendFor, g goroutines over keys) for
@@ -161,48 +152,31 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	guards := map[string][]guard.Guard{}
 	for _, r := range rows {
 		sums[r.id] = &sliceSum{cmds: cmdDelta{}}
-		gds := make([]guard.Guard, len(keys[r.id]))
-		for i := range gds {
-			gds[i] = guard.New()
-		}
-		guards[r.id] = gds
+		guards[r.id] = newGuards(len(keys[r.id]))
 	}
-	for round := 0; ; round++ {
-		ran := false
-		for _, r := range interleave.Rotate(rows, rep+round) {
-			s, im := sums[r.id], b.impl(r)
-			if s.elapsed >= d {
-				continue
-			}
-			ran = true
-			slice := min(s13KeysSlice, d-s.elapsed)
-			s0 := b.snap()
-			start := time.Now().Add(5 * time.Millisecond)
-			stop := make(chan struct{})
-			t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
-			cr := contendImpl(im, keys[r.id], guards[r.id], g, start, stop, 0, start.Add(slice+waitBudget))
-			t.Stop()
-			s.add(b, s0)
-			s.ops += cr.Ops
-			s.errs += cr.Errors
-			s.rts += cr.RT
-			s.elapsed += time.Duration(cr.Elapsed)
-			s.waits = append(s.waits, cr.Waits...)
-			if s.firstErr == "" {
-				s.firstErr = cr.FirstErr
-			}
+	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
+		s, im := sums[r.id], b.impl(r)
+		s0 := b.snap()
+		start := time.Now().Add(5 * time.Millisecond)
+		stop := make(chan struct{})
+		t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
+		cr := contendImpl(im, implHolders(im, keys[r.id], g), guards[r.id], start, stop, 0, start.Add(slice+waitBudget))
+		t.Stop()
+		s.add(b, s0)
+		s.ops += cr.Ops
+		s.errs += cr.Errors
+		s.rts += cr.RT
+		s.elapsed += time.Duration(cr.Elapsed)
+		s.waits = append(s.waits, cr.Waits...)
+		if s.firstErr == "" {
+			s.firstErr = cr.FirstErr
 		}
-		if !ran {
-			break
-		}
-	}
+		return time.Duration(cr.Elapsed), true
+	})
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
 		s := sums[r.id]
-		for _, gd := range guards[r.id] {
-			s.plain += gd.Plain()
-			s.violations += gd.Violations()
-		}
+		s.plain, s.violations = guardSums(guards[r.id])
 		m := contendMetrics(contendResult{Result: contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, RT: s.rts}, s.cmds, s.plain, s.violations)
 		fn := float64(max(s.ops, 1))
 		m["scpu"] = s.scpu * 1e6 / fn

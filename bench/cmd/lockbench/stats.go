@@ -1,7 +1,6 @@
 package main
 
 import (
-	"slices"
 	"sort"
 	"strings"
 
@@ -49,8 +48,6 @@ func (r *result) worst(name string) float64 {
 
 // percentile of sorted durations (nanoseconds), nearest rank.
 var percentile = stat.Percentile
-
-func sortInts(v []int64) { slices.Sort(v) }
 
 // mixString formats a command delta divided by ops, biggest first: "evalsha 1, get 1, set 2".
 func mixString(d cmdDelta, ops int64) string {

@@ -46,8 +46,6 @@ type workerResult struct {
 	contend.Result
 	RT  int64 `json:"rt"`  // the client's round trips (Redis rows)
 	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
-
-	serverCPU, workersCPU float64 // µs per critical section, filled in by the parent on results[0]
 }
 
 // workerCommand is the command line of one worker.
@@ -57,6 +55,50 @@ func workerCommand(args ...string) *exec.Cmd {
 		fatalf("worker: %v", err)
 	}
 	return exec.Command(self, append([]string{workerArg}, args...)...)
+}
+
+// startWorkers starts procs workers with args and waits (up to ready) until each says READY.
+func startWorkers(row string, procs int, args []string, ready time.Duration) *workerproc.Group {
+	cmds := make([]*exec.Cmd, procs)
+	for i := range cmds {
+		cmds[i] = workerCommand(args...)
+	}
+	grp, err := workerproc.StartGroup(cmds, workers, ready)
+	if err != nil {
+		fatalf("workers of %s: %v", row, err)
+	}
+	return grp
+}
+
+// workerRun runs one measurement in procs worker processes of row: it maps the guard file they
+// all share (and with spanFile the whole hold's beside it, for a semaphore or read-write row),
+// starts the workers with args and the file's -shm flag, releases them at a start lead after
+// all are ready and calls during meanwhile (the parent's readings), then reads their results,
+// waiting up to within for each. The guards are to be read before done unmaps them.
+func workerRun(row, key string, procs int, spanFile bool, args []string, lead, within time.Duration, during func(start time.Time)) (res []workerResult, cs, span guard.Guard, done func()) {
+	shm := workerShm(row, key)
+	cs, unmap, err := guard.Map(shm, true)
+	if err != nil {
+		fatalf("%s: guard file: %v", row, err)
+	}
+	done = func() { unmap(); os.Remove(shm) }
+	span = guard.New()
+	if spanFile {
+		var unmapSpan func()
+		if span, unmapSpan, err = guard.Map(spanShm(shm), true); err != nil {
+			fatalf("%s: span guard file: %v", row, err)
+		}
+		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
+	}
+	grp := startWorkers(row, procs, append(args, "-shm", shm), time.Minute)
+	start := time.Now().Add(lead)
+	grp.Release(start)
+	during(start)
+	lines, err := grp.Results(within)
+	if err != nil {
+		fatalf("%s: %v", row, err)
+	}
+	return workerResults(lines), cs, span, done
 }
 
 // workerResults parses the workers' result lines.
@@ -93,14 +135,11 @@ func workerMain(args []string) {
 		wr  workerRow
 		err error
 	)
-	switch *store {
-	case "redis":
+	if be := backendFor(*store); be != nil {
+		wr, err = storeWorkerRow(be, *row, workerOpts{addr: *addr, lockTimeout: *lockTimeout, zkSession: *zkSession})
+	} else if *store == "redis" {
 		wr, err = redisWorkerRow(*row, *addr, *reads)
-	case "etcd":
-		wr, err = etcdWorkerRow(*row, *addr, *lockTimeout)
-	case "zookeeper":
-		wr, err = zkWorkerRow(*row, *addr, *zkSession, *lockTimeout)
-	default:
+	} else {
 		err = fmt.Errorf("unknown store %q", *store)
 	}
 	if err != nil {
@@ -123,7 +162,7 @@ func workerMain(args []string) {
 		defer unmapSpan()
 		if wr.readWrite {
 			gd = gd.ReadWrite()
-			hs = rwSpanHolders(hs, span.ReadWrite())
+			hs = spanHolders(hs, span.ReadWrite())
 		} else {
 			gd = gd.Admitting(int64(wr.permits))
 			hs = spanHolders(hs, span.Admitting(int64(wr.permits)))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // The load of the HTTP end-to-end scenario: one connection for latency, SatConns for
@@ -113,3 +114,47 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 
 // ms rounds a latency in ns for a progress line.
 func ms(ns float64) time.Duration { return time.Duration(ns).Round(10 * time.Microsecond) }
+
+// Added is how much the low-load runs x add to base's median latency, runs of the same rounds
+// (Loads.Low): the median over the rounds of x's p50 minus base's p50 of the same round, and of
+// that difference divided by the round's round trip (rt, by round: Loads.RoundTrips).
+func Added[M ~map[string]float64](x, base []M, rt []float64) (ns, rts float64, ok bool) {
+	byRound := map[float64]float64{}
+	for _, m := range base {
+		byRound[m["round"]] = m["p50"]
+	}
+	var diffs, ratios []float64
+	for _, m := range x {
+		b, okb := byRound[m["round"]]
+		k := int(m["round"])
+		if !okb || k >= len(rt) || rt[k] <= 0 {
+			continue
+		}
+		diffs = append(diffs, m["p50"]-b)
+		ratios = append(ratios, (m["p50"]-b)/rt[k])
+	}
+	if len(diffs) == 0 {
+		return 0, 0, false
+	}
+	return stat.Median(diffs), stat.Median(ratios), true
+}
+
+// Paired is the median over the repetitions of the saturation runs x's metric over y's in the
+// same repetition (Loads.Sat): rows run one after the other, so a repetition disturbed by the
+// machine moves both, and the ratio less than either.
+func Paired[M ~map[string]float64](x, y []M, metric string) (float64, bool) {
+	byRep := map[float64]float64{}
+	for _, m := range y {
+		byRep[m["rep"]] = m[metric]
+	}
+	var ratios []float64
+	for _, m := range x {
+		if v, ok := byRep[m["rep"]]; ok && v > 0 {
+			ratios = append(ratios, m[metric]/v)
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	return stat.Median(ratios), true
+}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
@@ -132,6 +133,38 @@ func (w *Wrk) Run(s *System, conns int, d time.Duration, expect float64, before 
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// RunCPU is Run with the CPU around it: the run's Metrics with, per request (µs) and as shares
+// of the cores over the run, the CPU of this process (svc_cpu, svc_share: the service) and of
+// each server process of procs (name -> pid: <name>_cpu, <name>_share), and the rest of the
+// machine's busy time (other_share: other processes, the kernel's own threads), which is what
+// makes one repetition differ from the next. before is Run's.
+func (w *Wrk) RunCPU(s *System, conns int, d time.Duration, expect float64, procs map[string]int, before func()) (map[string]float64, Run, error) {
+	var svc0, busy0 time.Duration
+	cpu0 := map[string]time.Duration{}
+	run, err := w.Run(s, conns, d, expect, func() {
+		before()
+		for name, pid := range procs {
+			cpu0[name] = cpustat.Proc(pid)
+		}
+		svc0, busy0 = cpustat.Self(), cpustat.MachineBusy()
+	})
+	if err != nil {
+		return nil, run, err
+	}
+	svc, busy := cpustat.Self()-svc0, cpustat.MachineBusy()-busy0
+	n := float64(run.Requests)
+	m := run.Metrics()
+	m["svc_cpu"], m["svc_share"] = float64(svc.Microseconds())/n, run.Share(svc)
+	rest := busy - svc - run.CPU
+	for name, pid := range procs {
+		c := cpustat.Proc(pid) - cpu0[name]
+		m[name+"_cpu"], m[name+"_share"] = float64(c.Microseconds())/n, run.Share(c)
+		rest -= c
+	}
+	m["other_share"] = run.Share(max(rest, 0))
+	return m, run, nil
 }
 
 var errNoReply = errors.New("wrk reported no requests")

@@ -68,11 +68,10 @@ func (r *report) goalsScaling() []goal {
 
 	// Hot key: 64 goroutines (scenario 2), four processes (scenario 3).
 	lead := func(name string, rs []*result) {
-		fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
-		if fl == nil || best == nil {
+		ratio, fl, best := leadOf(rs)
+		if best == nil {
 			return
 		}
-		ratio := fl.med("csps") / best.med("csps")
 		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps"))), ratio >= 10)
 	}
 	lead("2: one hot key, 64 goroutines", r.s2[64])
@@ -99,7 +98,7 @@ func (r *report) goalsScaling() []goal {
 		var behind []string
 		for _, ax := range s.axes() {
 			for _, x := range ax.Points {
-				ratio, best := ax.lead(x)
+				ratio, _, best := leadOf(ax.Res[x])
 				if best == nil {
 					continue
 				}

@@ -1,0 +1,880 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeromicro/go-zero/rest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/memstat"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/etcdstore"
+	"github.com/flightlock/flightlock/example/app"
+	flmw "github.com/flightlock/flightlock/middleware"
+)
+
+// The etcd rows (-store etcd): flightlock on etcdstore, etcd's own concurrency.Mutex (the
+// peer), and the floor, a transaction that puts the key on a lease if its create revision is
+// 0, then a delete; on one private etcd member started here: a fresh data directory (fsync on,
+// etcd's default), free loopback ports, killed by its pid at the end. They run scenarios 1-9.
+
+// rowMutex is concurrency.Mutex's row.
+const rowMutex = "mutex"
+
+// leaseSeconds is the lease of the floor and of concurrency.Mutex's sessions: flightTTL + 1s,
+// as the store's own leases are (its default lease margin).
+const leaseSeconds = 11
+
+type etcdBackend struct {
+	serverProc
+	clientURL string
+	version   string // first line of `etcd --version`
+	fsType    string // file system of the data directory
+
+	c          *config
+	cli        *clientv3.Client
+	store      *etcdstore.Store // the bench's Locker's
+	floorLease clientv3.LeaseID
+	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
+	sess       *concurrency.Session   // scenario 1's Mutex session
+	hotSess    []*concurrency.Session // one per goroutine (a Mutex is one session's)
+	kaCancel   context.CancelFunc
+}
+
+func (e *etcdBackend) name() string     { return "etcd" }
+func (e *etcdBackend) title() string    { return "etcd" }
+func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
+func (e *etcdBackend) peer() string     { return rowMutex }
+func (e *etcdBackend) s1Rows() []string { return []string{rowFloor, rowFlight, rowMutex} }
+func (e *etcdBackend) describe() string {
+	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.pid(), e.clientURL, e.dir, e.fsType)
+}
+
+func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.clientURL} }
+
+func (e *etcdBackend) start(c *config) error {
+	bin, parent := c.etcdBin, c.dataDir
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", bin, err)
+	}
+	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	dir, err := os.MkdirTemp(parent, "lockbench-etcd-")
+	if err != nil {
+		return err
+	}
+	s := e
+	s.dir, s.clientURL = dir, "http://"+freeAddr()
+	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
+	peer := "http://" + freeAddr()
+	cli, err := etcdClient(s.clientURL)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	defer cli.Close()
+	return s.run("etcd", exec.Command(bin,
+		"--name", "bench",
+		"--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", s.clientURL,
+		"--advertise-client-urls", s.clientURL,
+		"--listen-peer-urls", peer,
+		"--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "bench="+peer,
+		"--initial-cluster-state", "new",
+		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
+	), 20*time.Second, func() (bool, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err := cli.Status(ctx, s.clientURL)
+		return err == nil && st.Leader != 0, err
+	})
+}
+
+func etcdClient(endpoint string) (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{
+		Endpoints:   []string{endpoint},
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+}
+
+// counters reads etcd's /metrics.
+func (e *etcdBackend) counters() serverStats {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(e.clientURL + "/metrics")
+	if err != nil {
+		return serverStats{}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return serverStats{}
+	}
+	var st serverStats
+	for _, line := range strings.Split(string(body), "\n") {
+		switch {
+		case strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`):
+			st.reqs += lastFloat(line)
+			st.ok = true
+		case strings.HasPrefix(line, "grpc_server_msg_received_total{") && strings.Contains(line, `grpc_method="LeaseKeepAlive"`):
+			st.keepAlives += lastFloat(line)
+		case strings.HasPrefix(line, "etcd_disk_wal_fsync_duration_seconds_count"):
+			st.fsyncs += lastFloat(line)
+		}
+	}
+	return st
+}
+
+func lastFloat(line string) float64 {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+	return v
+}
+
+func (e *etcdBackend) open(c *config) (*flightlock.Locker, error) {
+	e.c = c
+	cli, err := etcdClient(e.clientURL)
+	if err != nil {
+		return nil, err
+	}
+	e.cli = cli
+	var l *flightlock.Locker
+	if e.store, l, err = newEtcdFlightlock(cli, c.lockTimeout); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Warm-up, and the value flightlock writes: the floor puts a value of the same bytes.
+	lease, err := l.Lock(ctx, "warm")
+	if err != nil {
+		return nil, fmt.Errorf("warm-up lock: %w", err)
+	}
+	kv, err := cli.Get(ctx, "lock:warm")
+	if err != nil || len(kv.Kvs) == 0 {
+		return nil, fmt.Errorf("read the warm-up key: %v (%d keys)", err, len(kv.Kvs))
+	}
+	e.floorValue = string(kv.Kvs[0].Value)
+	if err := lease.Release(ctx); err != nil {
+		return nil, fmt.Errorf("warm-up release: %w", err)
+	}
+	g, err := cli.Grant(ctx, leaseSeconds)
+	if err != nil {
+		return nil, fmt.Errorf("grant the floor's lease: %w", err)
+	}
+	e.floorLease = g.ID
+	kaCtx, kaCancel := context.WithCancel(context.Background())
+	e.kaCancel = kaCancel
+	ka, err := cli.KeepAlive(kaCtx, g.ID)
+	if err != nil {
+		return nil, fmt.Errorf("keep the floor's lease alive: %w", err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
+		return nil, fmt.Errorf("mutex session: %w", err)
+	}
+	if err := e.sessions(hotGoroutines); err != nil {
+		return nil, err
+	}
+	// Warm the Mutex path too (one lock on a key of its own).
+	m := concurrency.NewMutex(e.sess, "/mutex/warm")
+	if err := m.Lock(ctx); err != nil {
+		return nil, fmt.Errorf("mutex warm-up: %w", err)
+	}
+	_ = m.Unlock(ctx)
+	return l, nil
+}
+
+func newEtcdFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
+	store, err := etcdstore.New(cli)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The wait budget is as long as the Lock's context bound, so a Lock ends on the bound (an
+	// error counted), not on the default 2s budget. Handoff keeps its defaults (64, 20ms).
+	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
+	if err != nil {
+		return nil, nil, err
+	}
+	return store, l, nil
+}
+
+func (e *etcdBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
+	store, l, err := newEtcdFlightlock(e.cli, wait)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, store.Close) }, nil
+}
+
+func (e *etcdBackend) close() {
+	if e.store != nil {
+		_ = e.store.Close()
+	}
+	for _, s := range append([]*concurrency.Session{e.sess}, e.hotSess...) {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+	if e.kaCancel != nil {
+		e.kaCancel()
+	}
+	if e.cli != nil {
+		_ = e.cli.Close()
+	}
+}
+
+// floorPut is the floor's lock: a transaction that puts key on the floor's lease if its
+// create revision is 0; false when the key is taken.
+func (e *etcdBackend) floorPut(ctx context.Context, key string) (bool, error) {
+	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, e.floorValue, clientv3.WithLease(e.floorLease))).Commit()
+	if err != nil {
+		return false, err
+	}
+	return resp.Succeeded, nil
+}
+
+func (e *etcdBackend) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
+	switch row {
+	case rowFloor:
+		return func(ctx context.Context, i int) (error, error) {
+			k := fmt.Sprintf("lock:f-%s-%d", rep, i)
+			if _, err := e.floorPut(ctx, k); err != nil {
+				return nil, err
+			}
+			_, err := e.cli.Delete(ctx, k)
+			return err, nil
+		}
+	case rowMutex:
+		return func(ctx context.Context, i int) (error, error) {
+			m := concurrency.NewMutex(e.sess, fmt.Sprintf("/mutex/u-%s-%d", rep, i))
+			if err := m.Lock(ctx); err != nil {
+				return nil, err
+			}
+			return m.Unlock(ctx), nil
+		}
+	}
+	panic("scenario 1: no row " + row)
+}
+
+// etcdMutexHolder holds one Mutex per key on its goroutine's own session (a Mutex belongs to
+// one session, and two Mutexes of one session on one key would both be granted), made on the
+// key's first use.
+type etcdMutexHolder struct {
+	sess *concurrency.Session
+	keys []string
+	ms   map[int]*concurrency.Mutex
+	held *concurrency.Mutex
+}
+
+func (h *etcdMutexHolder) Lock(ctx context.Context, k int) (int64, error) {
+	m := h.ms[k]
+	if m == nil {
+		m = concurrency.NewMutex(h.sess, h.keys[k])
+		h.ms[k] = m
+	}
+	if err := m.Lock(ctx); err != nil {
+		return 0, err
+	}
+	h.held = m
+	return 0, nil
+}
+
+func (h *etcdMutexHolder) Unlock(ctx context.Context) error { return h.held.Unlock(ctx) }
+
+// etcdFloorHolder is the floor: floorPut, retried at once while the key is taken (each such
+// attempt counted in retries, not as a lock), then a delete.
+type etcdFloorHolder struct {
+	e       *etcdBackend
+	keys    []string
+	held    string
+	retries *atomic.Int64
+}
+
+func (h *etcdFloorHolder) Lock(ctx context.Context, k int) (int64, error) {
+	for {
+		ok, err := h.e.floorPut(ctx, h.keys[k])
+		if err != nil {
+			return 0, err
+		}
+		if ok {
+			h.held = h.keys[k]
+			return 0, nil
+		}
+		h.retries.Add(1)
+	}
+}
+
+func (h *etcdFloorHolder) Unlock(ctx context.Context) error {
+	_, err := h.e.cli.Delete(ctx, h.held)
+	return err
+}
+
+// holders returns n holders of row on keys: a Mutex goroutine on session i (e.sessions(n)
+// must have made them), the floor on its lease.
+func (e *etcdBackend) holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder {
+	hs := make([]contend.Holder, n)
+	for i := range hs {
+		switch row {
+		case rowMutex:
+			hs[i] = &etcdMutexHolder{sess: e.hotSess[i], keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+		case rowFloor:
+			hs[i] = &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
+		default:
+			fatalf("etcd: no row %q", row)
+		}
+	}
+	return hs
+}
+
+// sessions makes sure e.hotSess holds at least n Mutex sessions (a Mutex is one session's, so
+// every goroutine contending for one key needs a session of its own). The new ones are
+// granted sessionMakers at a time: one lease grant each, one Raft write.
+func (e *etcdBackend) sessions(n int) error {
+	add := n - len(e.hotSess)
+	if add <= 0 {
+		return nil
+	}
+	made := make([]*concurrency.Session, add)
+	errs, first := memstat.Parallel(add, sessionMakers, func(i int) (err error) {
+		made[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
+		return err
+	})
+	for _, s := range made {
+		if s != nil {
+			e.hotSess = append(e.hotSess, s)
+		}
+	}
+	if errs > 0 {
+		return fmt.Errorf("%d of %d mutex sessions: %w", errs, add, first)
+	}
+	return nil
+}
+
+// peerGoroutines makes sure n Mutex goroutines can run at once.
+func (e *etcdBackend) peerGoroutines(n int) error { return e.sessions(n) }
+
+// dropGoroutinesBeyond closes the Mutex sessions past the first n (their leases' keep-alives
+// would otherwise load etcd and this process in the scenarios that follow).
+func (e *etcdBackend) dropGoroutinesBeyond(n int) {
+	if len(e.hotSess) <= n {
+		return
+	}
+	extra := e.hotSess[n:]
+	e.hotSess = e.hotSess[:n]
+	memstat.Parallel(len(extra), sessionMakers, func(i int) error { return extra[i].Close() })
+}
+
+// sessionMakers is how many goroutines grant or revoke sessions at once.
+const sessionMakers = 32
+
+func (e *etcdBackend) workerLocker(o workerOpts) (*flightlock.Locker, func(), error) {
+	cli, err := etcdClient(o.addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("client: %w", err)
+	}
+	store, l, err := newEtcdFlightlock(cli, o.lockTimeout)
+	if err != nil {
+		_ = cli.Close()
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, store.Close); _ = cli.Close() }, nil
+}
+
+// workerPeer builds the Mutex row in a worker, a session per goroutine on a client of its own.
+func (e *etcdBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
+	if row != rowMutex {
+		return workerRow{}, fmt.Errorf("unknown row %q", row)
+	}
+	cli, err := etcdClient(o.addr)
+	if err != nil {
+		return workerRow{}, fmt.Errorf("client: %w", err)
+	}
+	var sessions []*concurrency.Session
+	return workerRow{
+		holders: func(keys []string, n int) ([]contend.Holder, error) {
+			hs := make([]contend.Holder, n)
+			for i := range hs {
+				s, err := concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds))
+				if err != nil {
+					return nil, fmt.Errorf("session: %w", err)
+				}
+				sessions = append(sessions, s)
+				hs[i] = &etcdMutexHolder{sess: s, keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+			}
+			return hs, nil
+		},
+		warm: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			m := concurrency.NewMutex(sessions[0], fmt.Sprintf("/mutex/warm-%d", os.Getpid()))
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		},
+		close: func() {
+			for _, s := range sessions {
+				_ = s.Close()
+			}
+			_ = cli.Close()
+		},
+	}, nil
+}
+
+// rejectPeer holds key with a Mutex and returns the TryLock of goroutine i on a session of its
+// own, none the holder's (two Mutexes of one session on one key would both be granted).
+func (e *etcdBackend) rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error) {
+	if err := e.sessions(n); err != nil {
+		return nil, nil, err
+	}
+	held := concurrency.NewMutex(e.sess, "/mutex/"+key)
+	if err := held.Lock(ctx); err != nil {
+		return nil, nil, fmt.Errorf("hold: %w", err)
+	}
+	ms := make([]*concurrency.Mutex, n)
+	for i := range ms {
+		ms[i] = concurrency.NewMutex(e.hotSess[i], "/mutex/"+key)
+	}
+	try := func(ctx context.Context, i int) (bool, error) {
+		err := ms[i].TryLock(ctx)
+		if err == nil {
+			_ = ms[i].Unlock(ctx)
+			return false, nil
+		}
+		return errors.Is(err, concurrency.ErrLocked), err
+	}
+	return try, func() { _ = held.Unlock(ctx) }, nil
+}
+
+// dupConf is the middleware's Lock section of scenario 7: its rule on the benchmark's etcd.
+func (e *etcdBackend) dupConf() flmw.LockConf {
+	return flmw.LockConf{Etcd: flmw.EtcdConf{Hosts: []string{strings.TrimPrefix(e.clientURL, "http://")}}}
+}
+
+// holdMutex holds n concurrency.Mutexes on distinct keys, all on one session of their own.
+func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
+	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
+	if err != nil {
+		fatalf("scenario 9: mutex session: %v", err)
+	}
+	defer sess.Close()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("/mutex/m6h-%d", i)
+	}
+	ms := make([]*concurrency.Mutex, n)
+	return b.hold(rowMutex, n,
+		func(ctx context.Context, i int) error {
+			m := concurrency.NewMutex(sess, fmt.Sprintf("/mutex/m6w-%d", i))
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			return m.Unlock(ctx)
+		},
+		func(ctx context.Context, i int) error {
+			m := concurrency.NewMutex(sess, keys[i])
+			if err := m.Lock(ctx); err != nil {
+				return err
+			}
+			ms[i] = m
+			return nil
+		},
+		func(ctx context.Context, i int) error {
+			if ms[i] == nil {
+				return nil
+			}
+			err := ms[i].Unlock(ctx)
+			ms[i] = nil
+			return err
+		},
+		func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
+}
+
+// waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
+// Mutexes of one session on one key are the same holder: both would be granted), made after
+// the baseline and measured apart from the waiting itself.
+func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
+	holder, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
+	if err != nil {
+		fatalf("scenario 9: mutex session: %v", err)
+	}
+	defer holder.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
+	defer cancel()
+	key := fmt.Sprintf("/mutex/m6wait-%d", w)
+	held := concurrency.NewMutex(holder, key)
+	if err := held.Lock(ctx); err != nil {
+		fatalf("scenario 9: hold %s: %v", key, err)
+	}
+	sessions := make([]*concurrency.Session, w)
+	defer func() {
+		memstat.Parallel(w, sessionMakers, func(i int) error {
+			if sessions[i] == nil {
+				return nil
+			}
+			return sessions[i].Close()
+		})
+	}()
+	ms := make([]*concurrency.Mutex, w)
+	return b.wait(rowMutex, w, 0,
+		func() error {
+			errs, first := memstat.Parallel(w, sessionMakers, func(i int) (err error) {
+				sessions[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
+				return err
+			})
+			if errs > 0 {
+				return fmt.Errorf("%d of %d waiter sessions: %w", errs, w, first)
+			}
+			return nil
+		},
+		func(ctx context.Context, i int) (int64, error) {
+			ms[i] = concurrency.NewMutex(sessions[i], key)
+			return 0, ms[i].Lock(ctx)
+		},
+		func(ctx context.Context, i int) error { return ms[i].Unlock(ctx) },
+		held.Unlock)
+}
+
+// Scenario 6 on etcd, HTTP end to end (httpSection says what each row is): the example's
+// create-order endpoint under wrk with the order API's lock on the benchmark's etcd. The
+// example keeps its state and its Redis locks in a redis-server this command starts for the
+// scenario; each row is a whole system of its own in this process, started once.
+
+// httpRow is one lock of the order API; prefix starts the uids of its requests.
+type httpRow struct{ id, label, prefix string }
+
+var etcdHTTPRows = []httpRow{
+	{"none", "no lock", "n"},
+	{rowFlight, "flightlock (the example's order rules, create-order on etcd)", "f"},
+	{rowMutex, "etcd concurrency.Mutex TryLock (plain go-zero middleware)", "m"},
+	{rowFloor, "floor: txn put on a lease if absent + delete (plain middleware)", "s"},
+}
+
+// The redis-server of the example's state, while scenario 6 runs; a signal ends it by pid.
+var (
+	stateRedisMu sync.Mutex
+	stateRedis   *redisserver.Server
+)
+
+func stopStateRedis() {
+	stateRedisMu.Lock()
+	defer stateRedisMu.Unlock()
+	stateRedis.Stop()
+	stateRedis = nil
+}
+
+func (e *etcdBackend) http(b *storeBench) *httpResults {
+	res := &httpResults{conf: b.c.exampleConf}
+	if res.note = httpbench.NotRunnable(b.c.exampleConf); res.note != "" {
+		return res
+	}
+	wrk, logf := newWrk("  6 ")
+	defer wrk.Close()
+
+	rs, err := redisserver.Start("lockbench-etcd-state-redis-*.log")
+	if err != nil {
+		fatalf("s8: %v", err)
+	}
+	stateRedisMu.Lock()
+	stateRedis = rs
+	stateRedisMu.Unlock()
+	defer stopStateRedis()
+	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
+
+	res.rows = etcdHTTPRows
+	var systems []*httpbench.System
+	for _, r := range etcdHTTPRows {
+		systems = append(systems, e.startSystem(b, r, rs.Addr))
+	}
+	defer httpbench.Stop(systems, logf)
+
+	loads, err := httpbench.Schedule{
+		Reps: b.c.reps,
+		Low:  httpbench.WholeSeconds(b.c.d6low),
+		Sat:  httpbench.WholeSeconds(b.c.d6),
+		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
+			return e.wrkRun(b, wrk, s, conns, d, expect, rs.Pid())
+		},
+		RoundTrip: func() float64 {
+			// A linearizable Get (the client's default) of an absent key: etcd's PING.
+			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err })
+		},
+		Logf: logf,
+		SatNote: func(m map[string]float64) string {
+			return fmt.Sprintf("RPC/req %.2f cpu svc %.0f%% etcd %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", m["rpcs"],
+				100*m["svc_share"], 100*m["etcd_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
+		},
+	}.Run(systems)
+	if err != nil {
+		fatalf("s8 %v", err)
+	}
+	res.low, res.sat, res.getRT, res.idleCPU = loads.Low, loads.Sat, loads.RoundTrips, loads.IdleCPU
+	return res
+}
+
+// startSystem builds and starts the example for one row from the example's config file,
+// its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
+func (e *etcdBackend) startSystem(b *storeBench, r httpRow, redisAddr string) *httpbench.System {
+	c, ports, err := httpbench.Load(b.c.exampleConf)
+	if err != nil {
+		fatalf("s8: %v", err)
+	}
+	httpbench.PointRedis(&c, redisAddr)
+	if len(c.Order.Lock.Etcd.Hosts) == 0 {
+		fatalf("s8: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
+	}
+	// The services' etcd sections (Order's, Balance's) go to the benchmark's etcd.
+	host := strings.TrimPrefix(e.clientURL, "http://")
+	for _, ec := range []*flmw.EtcdConf{&c.Order.Lock.Etcd, &c.Inventory.Lock.Etcd, &c.Balance.Lock.Etcd} {
+		if len(ec.Hosts) > 0 {
+			ec.Hosts = []string{host}
+		}
+	}
+	// The replaced rows lock the key flightlock would: Etcd.Key + Prefix + "order:" + uid.
+	prefix := c.Order.Lock.Etcd.Key + c.Order.Lock.Prefix
+	var (
+		mw     rest.Middleware // nil: no lock (app.WithoutOrderLock)
+		closes []func()
+	)
+	switch r.id {
+	case rowFlight:
+		// The order API's own rules with create-order moved to etcd (Store: etcd), in a
+		// middleware of their own, as every other row installs its lock. Installed as shipped
+		// (app.New builds it from Order.Lock) every create-order would answer 500: the example's
+		// order logic looks for its fencing lease under Prefix + "order:" + uid, a Redis rule's
+		// key, and an etcd lock's lease is Etcd.Key + Prefix + "order:" + uid. Installed this way
+		// the order is written unfenced, as in the other rows. Its Redis rules (place-order) go to
+		// the benchmark's redis-server.
+		lc := etcdOrderLock(c.Order.Lock, redisAddr)
+		var closeMW func()
+		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
+			fatalf("s8 %s: %v", r.id, err)
+		}
+		closes = append(closes, closeMW)
+	case rowMutex:
+		mw = httpbench.OrderMiddleware(mutexTryLock(e.sess), prefix, c.Order.Lock.TTL)
+	case rowFloor:
+		mw = httpbench.OrderMiddleware(e.floorLock, prefix, c.Order.Lock.TTL)
+	}
+	s, err := httpbench.Start(r.id, r.prefix, c, ports, closes, app.WithOrderLock(mw))
+	if err != nil {
+		fatalf("s8 %s: %v", r.id, err)
+	}
+	return s
+}
+
+// mutexTryLock is one concurrency.Mutex TryLock on session s (the example's OnBusy: reject);
+// the lock lives as long as the session's lease is kept alive, whatever ttl says.
+func mutexTryLock(s *concurrency.Session) httpbench.LockFunc {
+	return func(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+		m := concurrency.NewMutex(s, key)
+		if err := m.TryLock(ctx); err != nil {
+			if errors.Is(err, concurrency.ErrLocked) {
+				return nil, httpbench.ErrBusy
+			}
+			return nil, err
+		}
+		return m.Unlock, nil
+	}
+}
+
+// floorLock is the raw floor in a lock's place: put the key on the floor's lease if its
+// create revision is 0 (busy otherwise), then delete it. No owner check on the delete.
+func (e *etcdBackend) floorLock(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+	ok, err := e.floorPut(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, httpbench.ErrBusy
+	}
+	return func(ctx context.Context) error {
+		_, err := e.cli.Delete(ctx, key)
+		return err
+	}, nil
+}
+
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, etcd, redis-server
+// of pid redisPid and wrk) and returns the run's figures with the etcd unary RPCs and fsyncs
+// per request.
+func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
+	var st0 serverStats
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.pid(), "redis": redisPid}, func() { st0 = b.stats() })
+	if err != nil {
+		return nil, err
+	}
+	st := b.stats().sub(st0)
+	m["rpcs"], m["fsyncs"] = st.reqs/float64(run.Requests), st.fsyncs/float64(run.Requests)
+	return m, nil
+}
+
+// etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for
+// its Redis rules (place-order). The section names etcd alone, so a rule without a Store locks
+// in etcd; once it names a Redis too, such a rule must say so (the withdraw rule), or the
+// section does not compile.
+func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
+	lc.Rules = slices.Clone(lc.Rules)
+	for i := range lc.Rules {
+		if lc.Rules[i].Store == "" {
+			lc.Rules[i].Store = "etcd"
+		}
+	}
+	lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
+	return lc
+}
+
+// etcdLabel names the etcd rows in the report's tables.
+var etcdLabel = map[string]string{
+	rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
+	rowFlight: "flightlock on etcdstore (Lock + Release)",
+	rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
+}
+
+func (e *etcdBackend) notes() storeNotes {
+	return storeNotes{
+		reqUnit: "RPC", reqCol: "etcd RPCs", cpuCol: "etcd CPU", floorShort: "floor", peerShort: "Mutex", peerThe: "the Mutex",
+		labels: etcdLabel, plotLabels: map[string]string{
+			rowFlight: "flightlock (etcdstore)",
+			rowMutex:  "etcd concurrency.Mutex",
+			rowFloor:  "floor (txn put on a lease, then delete)",
+		},
+		rejectLabels: map[string]string{
+			rowFlight: "flightlock on etcdstore (TryLock, Reject Locker)",
+			rowMutex:  "etcd concurrency.Mutex (TryLock)",
+		},
+		s3Goal: true,
+		head: func(p printer, c *config) {
+			p("# etcd benchmarks")
+			p("")
+			p("Generated by `bench/cmd/lockbench -store etcd` on %s. flightlock's etcd store (`etcdstore`) against etcd's own", c.startedAt.Format("2006-01-02 15:04 MST"))
+			p("`concurrency.Mutex` (go.etcd.io/etcd/client/v3 v3.5.21, the version go-zero requires) and the raw etcd floor,")
+			p("on one private etcd server. The Redis rows are in [benchmarks.md](benchmarks.md).")
+			p("")
+			p("## How it was run")
+			p("")
+			p("```")
+			p("cd bench && %s", c.cmdline)
+			p("```")
+			p("")
+			p("- One etcd member started by the command: `/usr/bin/etcd` on free loopback ports, a fresh data directory")
+			p("  on %s (fsync on, etcd's default), default Raft timings; killed by its pid at the end.", e.fsType)
+			p("- Scenarios run: %s (`-scenario`).", scenarioList(c))
+			p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
+			p("  per repetition; then scenario 8 repeats each axis as often (every row at every point once per repetition,")
+			p("  rotated likewise), and scenario 9 runs once (its figures are counts, not timings); then scenarios 5, 6 and 7")
+			p("  run their own repetitions, as many, rows rotated likewise (6: three low-load rounds and one saturation run per")
+			p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
+			p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, s1Slice, c.d2, c.d3)
+			p("  scenario 4 %v per row, scenario 8 %v per row and point, scenario 9 holds its locks %v, scenario 5 %v per row", c.d4, c.d8, c.d9hold, c.d5)
+			p("  and part, scenario 6 %v per wrk run at saturation and %v at low load, scenario 7 %d bursts per row;",
+				httpbench.WholeSeconds(c.d6), httpbench.WholeSeconds(c.d6low), httpbench.DupRounds)
+			p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
+			p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTimeout)
+			p("  (%d handoffs or %v per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, leaseSeconds)
+			p("  (TTL + 1s margin). One Mutex session per goroutine in scenarios 2 and 3 (a Mutex belongs to one session);")
+			p("  one session reused in scenario 1.")
+			p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", hotGoroutines, manyKeys)
+			p("  per row and repetition) with a guard per key; flightlock as in scenario 2, Mutex with one session per goroutine")
+			p("  and a Mutex per key per session, the floor as in scenario 1 but an attempt that finds the key taken is retried at")
+			p("  once (counted as a retry, not as a lock). No goal is set; the Redis report's scenario 4 compares")
+			p("  against SET+DEL.")
+			p("- Scenario 8, scaling: critical sections per second as the work grows, along three axes: goroutines on one hot")
+			p("  key in one process (%s; scenario 2's loop), processes of %d goroutines on one hot key (%s; scenario 3's", pointList(c.s8Goroutines), s8ProcGoroutines, pointList(c.s8Procs))
+			p("  workers), distinct keys under %d goroutines (%s; scenario 4's loop, with the floor, which on one hot key", s8KeyGoroutines, pointList(c.s8Keys))
+			p("  would be no lock but a spin). A fresh key (or key set) per row, point and repetition; Mutex goroutines have a")
+			p("  session each, made before the scenario and closed after it. A table and a PNG plot (log x) per axis.")
+			p("- Scenario 9, memory: %s locks held at once on distinct keys, then %s goroutines waiting on one held key;", pointList(c.memLocks), countStr(c.memWaiters))
+			p("  flightlock on a Locker and store of their own, with the watchdog and the store's lease keep-alive running as")
+			p("  users run them; Mutex: one session and a Mutex per key for holding, a session per waiter for waiting. Heap is")
+			p("  `runtime.MemStats.HeapAlloc` after two `runtime.GC()`; etcd's memory is its resident set (`VmRSS`).")
+			p("- Scenarios 5-7 are those of the Redis report (reject mode, HTTP end to end, duplicates of one request), on")
+			p("  etcd; their sections say how each is measured. Scenario 6 also starts a `redis-server` (free loopback port,")
+			p("  no persistence, killed by its pid) for the example's state, as the Redis rows' scenario 6 runs on one.")
+			p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTimeout)
+			p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
+			p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
+			p("  fence violation). In scenario 3 both words live in a file every worker process maps, so the checks span")
+			p("  processes. The critical section does nothing else.")
+			p("- etcd RPCs and fsyncs per operation: deltas of etcd's `/metrics` over the row (unary gRPC calls handled,")
+			p("  i.e. Txn, Range, DeleteRange, LeaseGrant...; keep-alives and watches are streams and not counted; WAL")
+			p("  fsyncs), divided by the operations or critical sections counted; likewise the CPU time of the etcd process")
+			p("  (from /proc, 10ms ticks) and, in scenario 1, of the benchmark process (the client).")
+			p("")
+		},
+		machine: []string{fmt.Sprintf("| etcd (`etcd --version`) | %s |", e.version)},
+		dataDir: fmt.Sprintf("| etcd data directory | %s (fsync on) |", e.fsType),
+		s1Intro: func(c *config) string {
+			return fmt.Sprintf("One goroutine, a distinct key per operation, %v per row and repetition, the rows taking turns in slices of %v\n"+
+				"(so that etcd getting faster or slower within a repetition falls on every row alike); a row's figures sum its slices.", c.d1, s1Slice)
+		},
+		s1Ratios: func(r *storeResults) string {
+			fo, fr := r.med(1, rowFloor, p50), r.med(1, rowFloor, rate)
+			return fmt.Sprintf("Ratios to the floor: p50 flightlock %.2fx, Mutex %.2fx; ops/s flightlock %.2fx, Mutex %.2fx of the floor's.",
+				safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowMutex, p50), fo),
+				safeDiv(r.med(1, rowFlight, rate), fr), safeDiv(r.med(1, rowMutex, rate), fr))
+		},
+		hotSetup: func(sc int, c *config) string {
+			if sc == 2 {
+				return fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", hotGoroutines, c.d2)
+			}
+			return fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", s3Procs, s3Goroutines, c.d3)
+		},
+		closing: func(p printer, r *storeResults, c *config) {
+			if c.scenarios[2] && c.scenarios[3] {
+				p("## Why flightlock is faster on a hot key")
+				p("")
+				p("%s", etcdWhy(r, c))
+			}
+		},
+	}
+}
+
+// why is the explanation paragraph, with this run's figures.
+func etcdWhy(r *storeResults, c *config) string {
+	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
+	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
+	return fmt.Sprintf("concurrency.Mutex makes every critical section pay etcd: each contender puts its own key "+
+		"(one Raft write, one fsync) and waits on a watch for its predecessor's deletion, and each unlock is "+
+		"another write, so the hot key moves at the speed of etcd's commits: %.0f critical sections per second here with "+
+		"%s etcd RPCs and %s fsyncs per section (%d goroutines in one process), %.0f/s across %d processes. flightlock's "+
+		"gate lets at most one goroutine per process talk to etcd for a key; the others queue in process, and a release "+
+		"hands the lock to the next local waiter with no round trip (up to %d handoffs or %v per grant from etcd, then "+
+		"a real release so other processes get their turn). So etcd sees one acquisition and one release per batch of "+
+		"handoffs: %s RPCs and %s fsyncs per critical section in one process, %s and %s across %d processes, and the "+
+		"hot key runs at %.0f critical sections per second in one process (%.1fx Mutex) and %.0f/s across processes (%.1fx). "+
+		"The exclusion checks over every repetition of both scenarios counted %d inside and %d fence violations for flightlock.",
+		mu2, perOp(r.med(2, rowMutex, reqs)), perOp(r.med(2, rowMutex, fsy)), hotGoroutines, mu3, s3Procs,
+		flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
+		perOp(r.med(2, rowFlight, reqs)), perOp(r.med(2, rowFlight, fsy)),
+		perOp(r.med(3, rowFlight, reqs)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
+		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
+		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
+		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
+}

@@ -1,0 +1,618 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/hostinfo"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/stat"
+	"github.com/flightlock/flightlock/internal/testenv/childproc"
+)
+
+// The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
+// store's flightlock store, the store's own lock recipe (the peer), and a floor, the bare writes
+// any lock of that store needs. Each store is a backend (etcd.go, zk.go); the scenarios, their
+// rows' results and the report are written once here and in storereport.go.
+
+// Row names, as they appear in the report and in the workers' -row flag.
+const (
+	rowFloor  = "floor"
+	rowFlight = "flightlock"
+)
+
+// flightTTL is the TTL of every flightlock lock of these rows; a backend's own leases or
+// sessions last at least as long.
+const flightTTL = 10 * time.Second
+
+// hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
+const hotGoroutines = 64
+
+// s1Slice is how long one row runs at a time in scenario 1: the rows take turns in slices of
+// it, so that a drift of the server's speed within a repetition (its log and backend commits,
+// a JVM still compiling) falls on every row alike instead of on whichever row ran when the
+// server was slower. A row's figures sum its slices.
+const s1Slice = 200 * time.Millisecond
+
+// backend is one store with a server of its own: how to start that server and read its
+// counters, how to make flightlock on it, and its peer rows (the store's own recipe and the
+// floor). Scenario 1 runs s1Rows; 2 and 3 flightlock and peer; 4 and the key axis of 8 adds the
+// floor. A backend that runs more than scenarios 1-3 implements fullBackend too.
+type backend interface {
+	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
+	name() string
+	title() string
+	// scenarios are those the backend runs.
+	scenarios() []int
+	// start starts the server on free loopback ports (stop ends it by its pid, removes its
+	// data, and may be called twice); describe is its progress line.
+	start(c *config) error
+	stop()
+	describe() string
+	pid() int
+	// counters reads the server's request and fsync counters (no CPU: storeBench adds it).
+	counters() serverStats
+	// open makes this process's clients, the bench's Locker (TTL flightTTL, wait c.lockTimeout)
+	// and what the peer rows need; close undoes it.
+	open(c *config) (*flightlock.Locker, error)
+	close()
+	// newLocker is a Locker on a store of its own, on the bench's client, and its teardown.
+	newLocker(wait time.Duration) (*flightlock.Locker, func(), error)
+	// peer is the row of the store's own lock; s1Rows are scenario 1's rows.
+	peer() string
+	s1Rows() []string
+	// s1Op is one operation of a peer or floor row in scenario 1: lock and unlock the i-th key
+	// of repetition rep.
+	s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error)
+	// holders are n goroutines' holds of a peer or floor row on keys; the floor counts the
+	// attempts that find a key taken in retries.
+	holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder
+	// workerArgs are the flags a worker needs to reach the server; workerLocker and workerPeer
+	// build a row in a worker process, on clients of its own.
+	workerArgs(c *config) []string
+	workerLocker(o workerOpts) (*flightlock.Locker, func(), error)
+	workerPeer(row string, o workerOpts) (workerRow, error)
+	notes() storeNotes
+}
+
+// workerOpts are what a worker of a store row is told on its command line.
+type workerOpts struct {
+	addr        string
+	lockTimeout time.Duration
+	zkSession   time.Duration
+}
+
+// backendFor is the backend of -store name (redis has none: its rows are libs.go's).
+func backendFor(name string) backend {
+	switch name {
+	case "etcd":
+		return &etcdBackend{}
+	case "zookeeper":
+		return &zkBackend{}
+	}
+	return nil
+}
+
+// serverStats are a server's counters: the requests it handled (etcd: unary gRPC calls, keep-
+// alives and watches are streams and not counted; ZooKeeper: every packet received, pings
+// included), the lease keep-alive requests it received (etcd), the fsyncs of its log, and the
+// CPU used by the server process and by this one.
+type serverStats struct {
+	reqs       float64
+	keepAlives float64
+	fsyncs     float64
+	ok         bool
+	cpu, self  time.Duration
+}
+
+func (a serverStats) sub(b serverStats) serverStats {
+	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
+		ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+}
+
+func (a serverStats) add(b serverStats) serverStats {
+	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
+		ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+}
+
+// rowResult is one row in one repetition.
+type rowResult struct {
+	ops             int64         // operations (scenario 1) or critical sections in the window
+	window          time.Duration // the measured window
+	rate            float64       // ops or critical sections per second
+	p50, p99        time.Duration // scenario 1: lock + unlock latency; 2 and 3: Lock's wait
+	errors          int64         // failed Locks (each under a bounded context)
+	releaseErrors   int64         // failed Releases / Unlocks
+	violations      int64         // a critical section that found another one inside
+	fenceViolations int64         // flightlock: a fence not larger than the last one seen
+	reqPerOp        float64       // server requests per operation / critical section; -1: unknown
+	fsyncPerOp      float64       // server log fsyncs per operation / critical section; -1: unknown
+	serverCPU       time.Duration // CPU of the server per operation / critical section
+	selfCPU         time.Duration // CPU of this process per operation (0 in scenario 3: the workers')
+	perProc         []int64       // scenario 3: critical sections of each process
+	retries         int64         // scenario 4, floor: put-if-absent attempts that found the key taken
+	firstErr        string        // the first error, of any goroutine or process
+}
+
+func (r *rowResult) setServer(st serverStats) {
+	if !st.ok || r.ops == 0 {
+		r.reqPerOp, r.fsyncPerOp = -1, -1
+		return
+	}
+	r.reqPerOp = st.reqs / float64(r.ops)
+	r.fsyncPerOp = st.fsyncs / float64(r.ops)
+	r.serverCPU = st.cpu / time.Duration(r.ops)
+	r.selfCPU = st.self / time.Duration(r.ops)
+}
+
+// storeBench is what the scenarios of a backend's rows share.
+type storeBench struct {
+	c  *config
+	be backend
+	l  *flightlock.Locker
+}
+
+func (b *storeBench) stats() serverStats {
+	st := b.be.counters()
+	st.cpu, st.self = cpustat.Proc(b.be.pid()), cpustat.Self()
+	return st
+}
+
+// statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
+// a window, which should not count the server CPU that answering the reading takes.
+func (b *storeBench) statsCPUFirst() serverStats {
+	cpu, self := cpustat.Proc(b.be.pid()), cpustat.Self()
+	st := b.be.counters()
+	st.cpu, st.self = cpu, self
+	return st
+}
+
+// runStore runs a backend's scenarios on a private server of their own: 1-4 in every
+// repetition, then 8, 9, 5, 6 and 7, each with its own repetitions.
+func runStore(c *config, be backend) {
+	if err := be.start(c); err != nil {
+		fatalf("start %s: %v", be.name(), err)
+	}
+	stopServers = func() {
+		stopStateRedis()
+		be.stop()
+	}
+	progress("%s", be.describe())
+	l, err := be.open(c)
+	if err != nil {
+		fatalf("setup: %v", err)
+	}
+	b := &storeBench{c: c, be: be, l: l}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.Drain(ctx)
+		be.close()
+	}()
+
+	// A freshly started server commits its first writes more slowly (a JVM compiles meanwhile),
+	// which would tilt the first repetition against its first row.
+	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
+	b.uncontended(be.s1Rows(), "w", c.warm)
+	res := newStoreResults()
+	rowsIf := func(scenario int, rows ...string) []string {
+		if !c.scenarios[scenario] {
+			return nil
+		}
+		return rows
+	}
+	unit := be.notes().reqUnit
+	s1 := rowsIf(1, be.s1Rows()...)
+	s2 := rowsIf(2, rowFlight, be.peer())
+	s3 := rowsIf(3, rowFlight, be.peer())
+	s4 := rowsIf(4, rowFloor, rowFlight, be.peer())
+	for rep := 0; rep < c.reps && c.ranAny(1, 2, 3, 4); rep++ {
+		progress("repetition %d/%d", rep+1, c.reps)
+		if len(s1) > 0 {
+			order := interleave.Rotate(s1, rep)
+			rs := b.uncontended(order, fmt.Sprint(rep), c.d1)
+			for _, row := range order {
+				r := rs[row]
+				res.add(1, row, r)
+				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, durStr(r.p50), r.rate, unit, r.reqPerOp, r.errors+r.releaseErrors)
+			}
+		}
+		for _, row := range interleave.Rotate(s2, rep) {
+			r := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
+			res.add(2, row, r)
+			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", hotGoroutines, row, r.rate, r.violations, r.fenceViolations, r.errors+r.releaseErrors, unit, r.reqPerOp)
+		}
+		for _, row := range interleave.Rotate(s3, rep) {
+			r := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
+			res.add(3, row, r)
+			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", s3Procs, s3Goroutines, row, r.rate, r.violations, r.fenceViolations, r.errors+r.releaseErrors, unit, r.reqPerOp)
+		}
+		for _, row := range interleave.Rotate(s4, rep) {
+			r := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
+			res.add(4, row, r)
+			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %d/%d  retries %d  errors %d  %s/op %.2f", hotGoroutines, manyKeys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, unit, r.reqPerOp)
+		}
+	}
+	if fb, ok := be.(fullBackend); ok {
+		b.runMore(fb, res)
+	}
+
+	report := res.markdown(c, be, hostinfo.Collect())
+	if c.out == "" {
+		fmt.Print(report)
+	} else if err := os.WriteFile(c.out, []byte(report), 0o644); err != nil {
+		fatalf("write %s: %v", c.out, err)
+	} else {
+		progress("wrote %s", c.out)
+	}
+	for _, g := range res.goals(c, be) {
+		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measured)
+	}
+}
+
+// ranAny says whether any of the scenarios runs.
+func (c *config) ranAny(scenarios ...int) bool {
+	return slices.ContainsFunc(scenarios, func(n int) bool { return c.scenarios[n] })
+}
+
+// s1Row is what a row of scenario 1 gathers over its slices.
+type s1Row struct {
+	op     func(ctx context.Context, i int) (releaseErr, err error)
+	next   int // the index of the row's next key
+	r      rowResult
+	lats   []int64
+	server serverStats // summed over the slices
+}
+
+// uncontended runs scenario 1 for rows in one repetition rep, d per row, the rows taking turns
+// in slices of s1Slice (interleave.Slices), from the order given.
+func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]rowResult {
+	acc := make([]*s1Row, len(rows))
+	for i, row := range rows {
+		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
+	}
+	interleave.Slices(acc, 0, d, s1Slice, func(a *s1Row, d time.Duration) (time.Duration, bool) { return b.runSlice(a, d), true })
+	out := make(map[string]rowResult, len(rows))
+	for i, row := range rows {
+		a := acc[i]
+		a.r.ops = int64(len(a.lats))
+		a.r.rate = float64(a.r.ops) / a.r.window.Seconds()
+		a.r.p50, a.r.p99 = percentiles(a.lats)
+		a.r.setServer(a.server)
+		out[row] = a.r
+	}
+	return out
+}
+
+func (b *storeBench) s1Op(row, rep string) func(ctx context.Context, i int) (error, error) {
+	if row != rowFlight {
+		return b.be.s1Op(row, rep)
+	}
+	return func(ctx context.Context, i int) (error, error) {
+		lease, err := b.l.Lock(ctx, fmt.Sprintf("u-%s-%d", rep, i))
+		if err != nil {
+			return nil, err
+		}
+		return lease.Release(ctx), nil
+	}
+}
+
+// runSlice runs the row's operations for d and returns how long they ran; a failed lock is
+// counted and followed by a short pause, so that a server that refuses does not turn the loop
+// into a spin.
+func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
+	s0 := b.stats()
+	start := time.Now()
+	end := start.Add(d)
+	for time.Now().Before(end) {
+		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
+		t0 := time.Now()
+		rerr, err := a.op(ctx, a.next)
+		took := time.Since(t0)
+		cancel()
+		a.next++
+		switch {
+		case err != nil:
+			a.r.errors++
+			time.Sleep(time.Millisecond)
+		case rerr != nil:
+			a.r.releaseErrors++
+		default:
+			a.lats = append(a.lats, int64(took))
+		}
+	}
+	ran := time.Since(start)
+	a.r.window += ran
+	a.server = a.server.add(b.statsCPUFirst().sub(s0))
+	return ran
+}
+
+// percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
+// count them (stat.Percentile, nearest rank).
+func percentiles(v []int64) (p50, p99 time.Duration) {
+	slices.Sort(v)
+	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
+}
+
+// lockerHolder is a goroutine's hold on a flightlock Locker, whatever its store.
+type lockerHolder struct {
+	l     *flightlock.Locker
+	keys  []string
+	lease *flightlock.Lease
+}
+
+func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
+	lease, err := h.l.Lock(ctx, h.keys[k])
+	if err != nil {
+		return 0, err
+	}
+	h.lease = lease
+	return lease.Fence(), nil
+}
+
+func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
+
+func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder {
+	hs := make([]contend.Holder, n)
+	for i := range hs {
+		hs[i] = &lockerHolder{l: l, keys: keys}
+	}
+	return hs
+}
+
+// prefixed is keys, each behind prefix: the key names of one row.
+func prefixed(prefix string, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = prefix + k
+	}
+	return out
+}
+
+// keysRun runs n goroutines of this process for d over nkeys fresh keys named after prefix
+// (scenario 4, and scenario 8's keys axis).
+func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) rowResult {
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return b.contendRun(row, keys, n, d, seed)
+}
+
+// contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
+// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): the shared loop
+// under contend.Window, a critical section counting when it ends inside the window. The
+// server's counters are read at the window's start and end.
+func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) rowResult {
+	var retries atomic.Int64
+	var hs []contend.Holder
+	if row == rowFlight {
+		hs = lockerHolders(b.l, keys, n)
+	} else {
+		hs = b.be.holders(row, keys, n, &retries)
+	}
+	gs := make([]guard.Guard, len(keys))
+	for i := range gs {
+		gs[i] = guard.New()
+	}
+	start := time.Now().Add(20 * time.Millisecond)
+	end := start.Add(d)
+	var s0, s1 serverStats
+	statsDone := make(chan struct{})
+	go func() {
+		time.Sleep(time.Until(start))
+		s0 = b.stats()
+		time.Sleep(time.Until(end))
+		s1 = b.statsCPUFirst()
+		close(statsDone)
+	}()
+	cr := contend.Run(hs, gs, start, seed, contend.Window(end, b.c.lockTimeout))
+	<-statsDone
+	r := rowResult{
+		ops: cr.Ops, window: d, rate: float64(cr.Ops) / d.Seconds(),
+		errors: cr.Errors, releaseErrors: cr.ReleaseErrors, retries: retries.Load(), firstErr: cr.FirstErr,
+	}
+	if cr.FirstErr != "" {
+		progress("  %s: first error: %s", row, cr.FirstErr)
+	}
+	for _, g := range gs {
+		r.violations += g.Violations()
+		r.fenceViolations += g.FenceViolations()
+	}
+	r.p50, r.p99 = percentiles(cr.Waits)
+	r.setServer(s1.sub(s0))
+	return r
+}
+
+// runProcs starts procs worker processes (worker.go) of perProc goroutines each on one fresh
+// key, every one with clients of its own, lets them count the critical sections that end
+// inside one common window d, and sums their results (scenario 3, and scenario 8's processes
+// axis).
+func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) rowResult {
+	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc), "-window",
+		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
+	var s0, s1 serverStats
+	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
+		time.Sleep(time.Until(start))
+		s0 = b.stats()
+		time.Sleep(time.Until(start.Add(d)))
+		s1 = b.statsCPUFirst()
+	})
+	defer done()
+
+	r := rowResult{window: d}
+	var waits []int64
+	for _, w := range wr {
+		r.ops += w.Ops
+		r.errors += w.Errors
+		r.releaseErrors += w.ReleaseErrors
+		r.perProc = append(r.perProc, w.Ops)
+		waits = append(waits, w.Waits...)
+		if w.FirstErr != "" {
+			progress("  %s: a worker's first error: %s", row, w.FirstErr)
+			r.firstErr = cmp.Or(r.firstErr, w.FirstErr)
+		}
+	}
+	r.rate = float64(r.ops) / d.Seconds()
+	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
+	r.p50, r.p99 = percentiles(waits)
+	r.setServer(s1.sub(s0))
+	r.selfCPU = 0 // the workers' CPU, not this process's
+	return r
+}
+
+// storeWorkerRow builds a row of a backend in a worker process: flightlock on a Locker and
+// store of the worker's own, warmed on keys of its own (the store's session or lease granted,
+// the connection open), or the backend's peer row.
+func storeWorkerRow(be backend, row string, o workerOpts) (workerRow, error) {
+	if row != rowFlight {
+		return be.workerPeer(row, o)
+	}
+	l, closeL, err := be.workerLocker(o)
+	if err != nil {
+		return workerRow{}, err
+	}
+	return workerRow{
+		holders: func(keys []string, n int) ([]contend.Holder, error) { return lockerHolders(l, keys, n), nil },
+		warm: func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for i := range 5 {
+				lease, err := l.Lock(ctx, fmt.Sprintf("warm-%d-%d", os.Getpid(), i))
+				if err != nil {
+					return err
+				}
+				_ = lease.Release(ctx)
+			}
+			return nil
+		},
+		close: closeL,
+	}, nil
+}
+
+// drainClose drains a Locker and closes its store (revoking its lease or session).
+func drainClose(l *flightlock.Locker, closeStore func() error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = l.Drain(ctx)
+	_ = closeStore()
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
+// point that is a prefix of dir).
+func fsType(dir string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	best, typ := "", "unknown"
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		mp := fields[4]
+		if strings.HasPrefix(dir, mp) && len(mp) > len(best) {
+			best, typ = mp, fields[sep+1]
+		}
+	}
+	return typ
+}
+
+// procRSS is a process's resident memory in bytes (VmRSS in /proc/<pid>/status); 0 if unknown.
+func procRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest) // "<n> kB"
+			if len(f) == 2 && f[1] == "kB" {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// serverProc is a server process this run started, with the temporary directory of its data.
+type serverProc struct {
+	cmd *exec.Cmd
+	dir string
+}
+
+func (s *serverProc) pid() int {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// run starts cmd as the server named name, its output in a log file in the server's directory,
+// and asks ready every 50ms until it says so; past within, the server is stopped and the log's
+// tail is in the error.
+func (s *serverProc) run(name string, cmd *exec.Cmd, within time.Duration, ready func() (bool, error)) error {
+	log := filepath.Join(s.dir, name+".log")
+	logf, err := os.Create(log)
+	if err != nil {
+		_ = os.RemoveAll(s.dir)
+		return err
+	}
+	defer logf.Close()
+	s.cmd = cmd
+	cmd.Stdout, cmd.Stderr = logf, logf
+	childproc.Tie(cmd)
+	if err := cmd.Start(); err != nil {
+		_ = os.RemoveAll(s.dir)
+		return err
+	}
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		ok, err := ready()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			tail, _ := os.ReadFile(log)
+			s.stop()
+			return fmt.Errorf("%s not ready after %v: %v\n%s", name, within, err, tail)
+		}
+	}
+}
+
+// stop kills the server by its pid, waits for it, and removes its directory.
+func (s *serverProc) stop() {
+	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+	_ = os.RemoveAll(s.dir)
+}

@@ -1,0 +1,540 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/zkstore"
+)
+
+// The ZooKeeper rows (-store zookeeper): flightlock on zkstore, go-zookeeper's own lock recipe
+// (zk.NewLock, the peer), and the floor, a bare Create + Delete of an ephemeral node; on one
+// private standalone ZooKeeper server started here: Debian's package run as
+// `java ... QuorumPeerMain zoo.cfg` on a free loopback port, a fresh data directory (the
+// transaction log fsynced, ZooKeeper's default), killed by its pid at the end. They run
+// scenarios 1-3.
+const (
+	// rowZKLock is zk.NewLock on a lock node that exists: the recipe's steady state on a key
+	// it has seen (it never deletes the node it locks under).
+	rowZKLock = "zklock"
+	// rowZKLockFresh is zk.NewLock on a path of its own per operation: the recipe's first use
+	// of a key, which creates the lock node (and leaves it behind).
+	rowZKLockFresh = "zklock-fresh"
+)
+
+// The nodes each row works under; flightlock's are zkstore's default root.
+const (
+	zkFloorRoot = "/floor"
+	zkLockRoot  = "/zklock"
+)
+
+type zkBackend struct {
+	serverProc
+	addr    string // 127.0.0.1:port, the client port
+	tick    time.Duration
+	version string // from the srvr four-letter word
+	java    string // first line of `java -version`
+	fsType  string // file system of the data directory
+
+	c          *config
+	conn       *zk.Conn // the floor's and zk.NewLock's session
+	store      *zkstore.Store
+	acl        []zk.ACL
+	floorValue []byte   // the bytes flightlock writes in a key node
+	s1Lock     *zk.Lock // scenario 1's zk.NewLock on a node that exists
+}
+
+func (z *zkBackend) name() string     { return "zookeeper" }
+func (z *zkBackend) title() string    { return "ZooKeeper" }
+func (z *zkBackend) scenarios() []int { return []int{1, 2, 3} }
+func (z *zkBackend) peer() string     { return rowZKLock }
+func (z *zkBackend) s1Rows() []string {
+	return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh}
+}
+func (z *zkBackend) describe() string {
+	return fmt.Sprintf("zookeeper %s (pid %d, %s) on %s, tickTime %v, data in %s (%s)", z.version, z.pid(), z.java, z.addr, z.tick, z.dir, z.fsType)
+}
+
+func (z *zkBackend) workerArgs(c *config) []string {
+	return []string{"-addr", z.addr, "-zk-session", c.zkSession.String()}
+}
+
+// zkJVMFlags keep the JVM's own choices (JIT, collector) as a server started by zkServer.sh
+// would, bound its heap, and quiet its log. The test harness (internal/testenv/zktest) stops
+// the JIT at C1 and fsyncs nothing, which makes a server start fast but serve slower than one
+// in production; a benchmark wants the latter.
+var zkJVMFlags = []string{
+	"-Xms256m", "-Xmx512m", "-XX:-UsePerfData",
+	"-Djava.net.preferIPv4Stack=true",
+	"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+}
+
+// start starts the server with tickTime tick under a temporary directory in parent
+// ("" for $TMPDIR) and waits until it serves.
+func (z *zkBackend) start(c *config) error {
+	javaBin, jar, parent, tick := c.javaBin, c.zkJar, c.dataDir, c.zkTick
+	java, err := exec.LookPath(javaBin)
+	if err != nil {
+		return fmt.Errorf("java: %v (apt-get install zookeeper)", err)
+	}
+	if _, err := os.Stat(jar); err != nil {
+		return fmt.Errorf("zookeeper jar: %v (apt-get install zookeeper)", err)
+	}
+	classpath := jar
+	// slf4j-simple (libslf4j-java, a dependency of the package) gives the server a log; the
+	// jar's manifest names the other libraries it needs.
+	if simple := filepath.Join(filepath.Dir(jar), "slf4j-simple.jar"); fileExists(simple) {
+		classpath += string(os.PathListSeparator) + simple
+	}
+	dir, err := os.MkdirTemp(parent, "lockbench-zk-")
+	if err != nil {
+		return err
+	}
+	s := z
+	s.dir, s.addr, s.tick, s.fsType = dir, freeAddr(), tick, fsType(dir)
+	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
+		s.java = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+	}
+	host, port, _ := net.SplitHostPort(s.addr)
+	conf := filepath.Join(dir, "zoo.cfg")
+	// The session timeouts a server grants run from 2 to 20 ticks by default; syncLimit is the
+	// sample configuration's (zkstore checks a session against both).
+	body := fmt.Sprintf("tickTime=%d\ninitLimit=10\nsyncLimit=5\ndataDir=%s\nclientPort=%s\nclientPortAddress=%s\n"+
+		// No admin server: it would bind port 8080. The four-letter words tell zkstore the
+		// ensemble's settings and this benchmark the server's counters.
+		"admin.enableServer=false\n4lw.commands.whitelist=*\n",
+		tick.Milliseconds(), filepath.Join(dir, "data"), port, host)
+	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	args := append(append([]string{}, zkJVMFlags...), "-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf)
+	cmd := exec.Command(java, args...)
+	cmd.Dir = dir
+	return s.run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
+		srvr, err := zkWord(s.addr, "srvr")
+		if !strings.Contains(srvr, "Mode: standalone") {
+			return false, err
+		}
+		for _, line := range strings.Split(srvr, "\n") {
+			if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
+				s.version, _, _ = strings.Cut(v, ",")
+				// Debian's build leaves its git id unexpanded: "3.8.0-${mvngit.commit.id}".
+				s.version, _, _ = strings.Cut(s.version, "-${")
+			}
+		}
+		return true, nil
+	})
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// zkWord sends a four-letter word to the server at addr and returns its whole answer.
+func zkWord(addr, word string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, word); err != nil {
+		return "", err
+	}
+	out, err := io.ReadAll(c)
+	return string(out), err
+}
+
+// counters reads the server's mntr: the packets (requests, pings included) it received from
+// clients, and the fsyncs of its transaction log.
+func (z *zkBackend) counters() serverStats {
+	out, err := zkWord(z.addr, "mntr")
+	if err != nil {
+		return serverStats{}
+	}
+	var st serverStats
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "zk_packets_received":
+			st.reqs, st.ok = v, true
+		case "zk_cnt_fsynctime":
+			st.fsyncs = v
+		}
+	}
+	return st
+}
+
+// zkConnect opens a session on the server at addr and waits for it, as zkstore.Dial does; the
+// client's log is discarded.
+func zkConnect(addr string, session time.Duration) (*zk.Conn, error) {
+	conn, events, err := zk.Connect([]string{addr}, session, zk.WithLogger(log.New(io.Discard, "", 0)))
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.After(session)
+	for up := false; !up; {
+		select {
+		case ev := <-events:
+			up = ev.State == zk.StateHasSession
+		case <-deadline:
+			conn.Close()
+			return nil, fmt.Errorf("no session with %s within %v", addr, session)
+		}
+	}
+	go func() { // the client blocks on a full event channel: drain it for as long as it lives
+		for range events {
+		}
+	}()
+	return conn, nil
+}
+
+// newZKFlightlock dials zkstore and builds the Locker of every flightlock row: the TTL of the
+// other stores' rows (which the session must keep: zkstore.Store.MaxTTL) and a wait budget as
+// long as the Lock's context bound.
+func newZKFlightlock(addr string, session, wait time.Duration) (*zkstore.Store, *flightlock.Locker, error) {
+	store, err := zkstore.Dial(zkstore.Config{Hosts: []string{addr}, SessionTimeout: session})
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
+	if err != nil {
+		_ = store.Close()
+		return nil, nil, fmt.Errorf("%w (zkstore's MaxTTL is %v with a %v session)", err, store.MaxTTL(), session)
+	}
+	return store, l, nil
+}
+
+func (b *zkBackend) open(c *config) (*flightlock.Locker, error) {
+	b.c, b.acl = c, zk.WorldACL(zk.PermAll)
+	var err error
+	if b.conn, err = zkConnect(b.addr, c.zkSession); err != nil {
+		return nil, err
+	}
+	var l *flightlock.Locker
+	if b.store, l, err = newZKFlightlock(b.addr, c.zkSession, c.lockTimeout); err != nil {
+		return nil, err
+	}
+	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.store.MaxTTL(), flightTTL)
+	for _, p := range []string{zkFloorRoot, zkLockRoot} {
+		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil {
+			return nil, fmt.Errorf("create %s: %w", p, err)
+		}
+	}
+	// The floor writes what flightlock writes in a key node: read it off a held lock.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := l.Lock(ctx, "warm")
+	if err != nil {
+		return nil, fmt.Errorf("warm-up lock: %w", err)
+	}
+	if b.floorValue, _, err = b.conn.Get(b.store.Root() + "/lock:warm"); err != nil { // the Locker's default key prefix
+		return nil, fmt.Errorf("read the warm-up key node: %w", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		return nil, fmt.Errorf("warm-up release: %w", err)
+	}
+	b.s1Lock = zk.NewLock(b.conn, zkLockRoot+"/s1", b.acl)
+	return l, nil
+}
+
+func (b *zkBackend) close() {
+	if b.store != nil {
+		_ = b.store.Close()
+	}
+	if b.conn != nil {
+		b.conn.Close()
+	}
+}
+
+// newLocker is a Locker on a zkstore of its own, with a session of its own.
+func (b *zkBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
+	store, l, err := newZKFlightlock(b.addr, b.c.zkSession, wait)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, store.Close) }, nil
+}
+
+func (b *zkBackend) workerLocker(o workerOpts) (*flightlock.Locker, func(), error) {
+	store, l, err := newZKFlightlock(o.addr, o.zkSession, o.lockTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, store.Close) }, nil
+}
+
+// s1Op is one operation of scenario 1's row: lock and unlock the i-th key of repetition rep.
+func (b *zkBackend) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
+	switch row {
+	case rowFloor:
+		return func(_ context.Context, i int) (error, error) {
+			p := fmt.Sprintf("%s/f-%s-%d", zkFloorRoot, rep, i)
+			if _, err := b.conn.Create(p, b.floorValue, zk.FlagEphemeral, b.acl); err != nil {
+				return nil, err
+			}
+			return b.conn.Delete(p, -1), nil
+		}
+	case rowZKLock:
+		return func(context.Context, int) (error, error) {
+			if err := b.s1Lock.Lock(); err != nil {
+				return nil, err
+			}
+			return b.s1Lock.Unlock(), nil
+		}
+	case rowZKLockFresh:
+		return func(_ context.Context, i int) (error, error) {
+			l := zk.NewLock(b.conn, fmt.Sprintf("%s/u-%s-%d", zkLockRoot, rep, i), b.acl)
+			if err := l.Lock(); err != nil {
+				return nil, err
+			}
+			return l.Unlock(), nil
+		}
+	}
+	panic("scenario 1: no row " + row)
+}
+
+// zkLockHolder is a goroutine's zk.NewLock on each key it uses, made on the key's first use:
+// a zk.Lock is one holder's (it remembers the node it created), and every holder of a process
+// shares the process's session, as the goroutines of a service share its client.
+type zkLockHolder struct {
+	conn *zk.Conn
+	acl  []zk.ACL
+	keys []string
+	ls   map[int]*zk.Lock
+	held *zk.Lock
+}
+
+// Lock takes key k. The recipe takes no context: it waits until it holds the lock or the
+// session fails, so the Lock's bound does not apply to this row.
+func (h *zkLockHolder) Lock(_ context.Context, k int) (int64, error) {
+	l := h.ls[k]
+	if l == nil {
+		l = zk.NewLock(h.conn, zkLockRoot+"/"+h.keys[k], h.acl)
+		h.ls[k] = l
+	}
+	if err := l.Lock(); err != nil {
+		return 0, err
+	}
+	h.held = l
+	return 0, nil
+}
+
+func (h *zkLockHolder) Unlock(context.Context) error { return h.held.Unlock() }
+
+// holders returns n zk.NewLock holders on the benchmark's session.
+func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) []contend.Holder {
+	if row != rowZKLock {
+		fatalf("zookeeper: no contended row %q", row)
+	}
+	return zkLockHolders(b.conn, b.acl, keys, n)
+}
+
+func zkLockHolders(conn *zk.Conn, acl []zk.ACL, keys []string, n int) []contend.Holder {
+	hs := make([]contend.Holder, n)
+	for i := range hs {
+		hs[i] = &zkLockHolder{conn: conn, acl: acl, keys: keys, ls: map[int]*zk.Lock{}}
+	}
+	return hs
+}
+
+// workerPeer builds zk.NewLock holders in a worker, on a session of its own.
+func (b *zkBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
+	if row != rowZKLock {
+		return workerRow{}, fmt.Errorf("unknown row %q", row)
+	}
+	conn, err := zkConnect(o.addr, o.zkSession)
+	if err != nil {
+		return workerRow{}, err
+	}
+	acl := zk.WorldACL(zk.PermAll)
+	return workerRow{
+		holders: func(keys []string, n int) ([]contend.Holder, error) { return zkLockHolders(conn, acl, keys, n), nil },
+		warm: func() error {
+			l := zk.NewLock(conn, fmt.Sprintf("%s/warm-%d", zkLockRoot, os.Getpid()), acl)
+			if err := l.Lock(); err != nil {
+				return err
+			}
+			return l.Unlock()
+		},
+		close: conn.Close,
+	}, nil
+}
+
+func (z *zkBackend) notes() storeNotes {
+	return storeNotes{
+		reqUnit: "requests", reqCol: "requests", cpuCol: "server CPU", floorShort: "bare create+delete", peerShort: "zk.NewLock", peerThe: "zk.NewLock",
+		labels: map[string]string{
+			rowFloor:       "bare Create + Delete of an ephemeral node (the floor)",
+			rowFlight:      "flightlock on zkstore (Lock + Release)",
+			rowZKLock:      "go-zookeeper zk.NewLock (Lock + Unlock), lock node exists",
+			rowZKLockFresh: "go-zookeeper zk.NewLock (Lock + Unlock), a fresh lock path per operation",
+		},
+		hotClientCPU: true,
+		head: func(p printer, c *config) {
+			p("# ZooKeeper benchmarks")
+			p("")
+			p("Generated by `bench/cmd/lockbench -store zookeeper` on %s. flightlock's ZooKeeper store (`zkstore`) against", c.startedAt.Format("2006-01-02 15:04 MST"))
+			p("go-zookeeper's own lock recipe, `zk.NewLock` (github.com/go-zookeeper/zk v1.0.4, the client `zkstore` runs on), and")
+			p("the floor, a bare `Create` + `Delete` of an ephemeral node, on one private ZooKeeper server. The Redis rows are in")
+			p("[benchmarks.md](benchmarks.md), the etcd rows in [benchmarks-etcd.md](benchmarks-etcd.md).")
+			p("")
+			p("## How it was run")
+			p("")
+			p("```")
+			p("cd bench && %s", c.cmdline)
+			p("```")
+			p("")
+			p("- One standalone ZooKeeper server started by the command: Debian's package run as `java %s -cp %s:slf4j-simple.jar", strings.Join(zkJVMFlags, " "), c.zkJar)
+			p("  org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg` (the JVM's own JIT and collector otherwise), on a free")
+			p("  loopback port, a fresh data directory on %s; `tickTime=%d`, `initLimit=10`, `syncLimit=5`, the session", z.fsType, c.zkTick.Milliseconds())
+			p("  timeouts it grants at their defaults (2 to 20 ticks), the transaction log fsynced before a write is")
+			p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
+			p("  killed by its pid at the end.")
+			p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
+			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.store.MaxTTL().Round(100*time.Millisecond))
+			p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
+				(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
+			p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
+			p("  defaults (%d handoffs or %v per grant).", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow)
+			p("- zk.NewLock is the recipe as its package ships it: a protected ephemeral sequential node under the lock path, the")
+			p("  path's children listed, a watch on the predecessor, the node deleted on Unlock. One `zk.Lock` per goroutine and")
+			p("  key (a Lock remembers its node), all on their process's one session. Its Lock takes no context, so the Lock")
+			p("  bound below does not apply to it. It never deletes the lock path: on a key it has seen the path exists (the")
+			p("  \"lock node exists\" row); the first use of a key creates it (an `Exists` per level, a `Create`), which the")
+			p("  \"fresh lock path\" row pays every time.")
+			p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of every scenario runs once, rows", scenarioList(c), c.reps)
+			p("  interleaved and their order rotated per repetition; figures are medians over the repetitions. Before the first,")
+			p("  every row of scenario 1 runs %v unmeasured (the JVM compiles the server's hot paths meanwhile).", c.warm)
+			p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row.", c.d1, s1Slice, c.d2, c.d3)
+			p("- Every flightlock Lock runs under a context bounded at %v; a failed Lock or release is counted as an error.", c.lockTimeout)
+			p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and a plain counter")
+			p("  that a lost update leaves short, and, for flightlock, that its lease's fence is strictly larger than the last")
+			p("  fence seen on the key (zk.NewLock has no fence). In scenario 3 these words live in a file every worker process")
+			p("  maps, so the checks span processes. The critical section does nothing else.")
+			p("- Requests and fsyncs per operation: deltas of the server's `mntr` counters over the row (`zk_packets_received`,")
+			p("  every request of every client, session pings included; `zk_cnt_fsynctime`, the fsyncs of the transaction")
+			p("  log), divided by the operations or critical sections counted; likewise the CPU time of the server process")
+			p("  (from /proc, 10ms ticks) and, in scenarios 1 and 2, of the benchmark process (the client).")
+			p("")
+		},
+		machine: []string{fmt.Sprintf("| ZooKeeper (`srvr`) | %s |", z.version), fmt.Sprintf("| JVM (`java -version`) | %s |", z.java)},
+		dataDir: fmt.Sprintf("| ZooKeeper data directory | %s (transaction log fsynced) |", z.fsType),
+		s1Intro: func(c *config) string {
+			return fmt.Sprintf("One goroutine, a distinct key per operation (zk.NewLock's first row: one lock path, locked and unlocked again),\n"+
+				"%v per row and repetition, the rows taking turns in slices of %v; a row's figures sum its slices.", c.d1, s1Slice)
+		},
+		s1Ratios: func(r *storeResults) string {
+			fo := r.med(1, rowFloor, p50)
+			return fmt.Sprintf("p50 against the floor's: flightlock %.2fx, zk.NewLock %.2fx (lock node exists), %.2fx (fresh lock path).",
+				safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowZKLock, p50), fo), safeDiv(r.med(1, rowZKLockFresh, p50), fo))
+		},
+		hotSetup: func(sc int, c *config) string {
+			if sc == 2 {
+				return fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; "+
+					"%v per row and repetition, counting the critical sections that end inside it.", hotGoroutines, c.d2)
+			}
+			return fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each process with its own "+
+				"session (and its own Locker and store, or its own zk.NewLock holders), counting over one common window "+
+				"of %v; the table sums them (client CPU is not counted here).", s3Procs, s3Goroutines, c.d3)
+		},
+		closing: zkHowToRead,
+	}
+}
+
+// howToRead is the closing paragraph, with this run's figures.
+func zkHowToRead(p printer, r *storeResults, c *config) {
+	p("## How to read it")
+	p("")
+	var parts []string
+	if c.scenarios[1] {
+		fo, fl := r.med(1, rowFloor, p50), r.med(1, rowFlight, p50)
+		parts = append(parts, fmt.Sprintf("Scenario 1 is the price of one lock when nobody contends. The server fsyncs "+
+			"every write before it answers, so compare the requests and fsyncs per operation before the times. The floor "+
+			"is two requests, both writes (%s requests, %s fsyncs per operation measured). flightlock's Acquire is one "+
+			"multi (the key node, its ephemeral hold, and a set that reads the fence) and its Release, when the hold is "+
+			"the grant's only one (no re-entry), one multi that deletes hold and node without reading either: %s requests "+
+			"and %s fsyncs, the floor's two writes, in multis of three and two operations where the floor sends one each "+
+			"(a node with other holds fails that multi whole, and only then does the Release read the node). So its p50 is %s against "+
+			"%s (%.2fx), with %s of server CPU against %s and %s of client CPU against %s per operation. zk.NewLock on an "+
+			"existing lock path is a create, a listing of the path's children and a delete (%s requests, p50 %s); on a "+
+			"fresh path it first looks the path up and creates it (%s requests, %s fsyncs, p50 %s).",
+			perOp(r.med(1, rowFloor, reqs)), perOp(r.med(1, rowFloor, fsy)),
+			perOp(r.med(1, rowFlight, reqs)), perOp(r.med(1, rowFlight, fsy)),
+			durStr(time.Duration(fl)), durStr(time.Duration(fo)), safeDiv(fl, fo),
+			durStr(time.Duration(r.med(1, rowFlight, scpu))), durStr(time.Duration(r.med(1, rowFloor, scpu))),
+			durStr(time.Duration(r.med(1, rowFlight, ccpu))), durStr(time.Duration(r.med(1, rowFloor, ccpu))),
+			perOp(r.med(1, rowZKLock, reqs)), durStr(time.Duration(r.med(1, rowZKLock, p50))),
+			perOp(r.med(1, rowZKLockFresh, reqs)), perOp(r.med(1, rowZKLockFresh, fsy)),
+			durStr(time.Duration(r.med(1, rowZKLockFresh, p50)))))
+	}
+	if c.scenarios[2] || c.scenarios[3] {
+		fl2, zl2 := r.med(2, rowFlight, rate), r.med(2, rowZKLock, rate)
+		fl3, zl3 := r.med(3, rowFlight, rate), r.med(3, rowZKLock, rate)
+		parts = append(parts, fmt.Sprintf("On a hot key zk.NewLock makes every critical section pay the server: "+
+			"each contender creates its node and lists the path, each waiter watches its predecessor, and each "+
+			"unlock is another write, so the key moves at the speed of the server's commits (%.0f critical sections "+
+			"per second in one process, %s requests and %s fsyncs each; %.0f/s across %d processes). flightlock's gate "+
+			"lets one goroutine per process ask the server for a key; the others queue in the process and a release "+
+			"hands the lock to the next of them without a request (up to %d handoffs or %v per grant, then a real "+
+			"release so other processes get their turn): %s requests per critical section in one process, %s across "+
+			"processes, and %.0f critical sections per second (%.1fx zk.NewLock) and %.0f/s across processes (%.1fx). "+
+			"The checks counted %d inside and %d fence violations for flightlock and %d inside violations for "+
+			"zk.NewLock over every repetition.",
+			zl2, perOp(r.med(2, rowZKLock, reqs)), perOp(r.med(2, rowZKLock, fsy)), zl3, s3Procs,
+			flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
+			perOp(r.med(2, rowFlight, reqs)), perOp(r.med(3, rowFlight, reqs)),
+			fl2, safeDiv(fl2, zl2), fl3, safeDiv(fl3, zl3),
+			r.sum(2, rowFlight, zkViolations)+r.sum(3, rowFlight, zkViolations),
+			r.sum(2, rowFlight, zkFenceViolations)+r.sum(3, rowFlight, zkFenceViolations),
+			r.sum(2, rowZKLock, zkViolations)+r.sum(3, rowZKLock, zkViolations)))
+	}
+	if n := r.sum(2, rowFlight, zkErrors) + r.sum(3, rowFlight, zkErrors); n > 0 {
+		parts = append(parts, fmt.Sprintf("flightlock's Locks failed %d times in scenarios 2 and 3 of this run (the "+
+			"first errors are under their tables): its rows there count what got through before, and are not the "+
+			"store's throughput on a hot key.", n))
+	}
+	for _, part := range parts {
+		p("%s", part)
+		p("")
+	}
+}
+
+func zkViolations(x rowResult) int64      { return x.violations }
+func zkErrors(x rowResult) int64          { return x.errors + x.releaseErrors }
+func zkFenceViolations(x rowResult) int64 { return x.fenceViolations }
+
+// zkPointer is the main report's section on the ZooKeeper rows: a pointer to their report
+// (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,
+// with its goals table; the rest stays in that report.
+func zkPointer(raw, name string) string {
+	return storePointer(raw, fmt.Sprintf("## The ZooKeeper store\n\nThe ZooKeeper rows, from `lockbench -store zookeeper`, are in a report of their own, [%s](%s): "+
+		"flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an "+
+		"ephemeral node (the floor), uncontended, on one hot key in one process and across %d processes, on a private "+
+		"ZooKeeper server whose transaction log is fsynced. Its goals:\n\n", name, name, s3Procs))
+}
