@@ -47,8 +47,8 @@ func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	return out, nil
 }
 
-// setStats gives the transports of cr their labels (store is the store it locks in) and shadow settings, and returns the
-// stats that the observer of cr's Locker reports under (its REST part's, else its zrpc's).
+// setStats gives the transports of cr their labels, store and shadow settings, and returns
+// the stats that the observer of cr's Locker reports under (its REST part's, else zrpc's).
 func (cr *compiledRule) setStats(store string) *ruleStats {
 	template := cmpTemplate(cr.spec)
 	var first *ruleStats

@@ -145,8 +145,8 @@ func CompileHTTP(s Spec) (*Plan, error) {
 	if err != nil {
 		return nil, FieldError(s.Field+".Key", "%v", err)
 	}
-	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan))
-	rl.HTTPReplayKeys = templateHTTPRawKeys(plan)
+	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan, false))
+	rl.HTTPReplayKeys = templateHTTPKeys(plan, true)
 	return rl, nil
 }
 
