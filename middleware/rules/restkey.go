@@ -57,8 +57,7 @@ type httpSource struct {
 	jsonDone bool
 }
 
-// readBody reads the body up to MaxBodyBytes and puts it back, so that the handler's
-// httpx.Parse reads it again.
+// readBody reads the body up to MaxBodyBytes and puts back what it read, for the handler.
 func (s *httpSource) readBody() ([]byte, error) {
 	if s.bodyRead {
 		return s.body, s.bodyErr
@@ -69,7 +68,6 @@ func (s *httpSource) readBody() ([]byte, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(s.r.Body, MaxBodyBytes+1))
 	_ = s.r.Body.Close()
-	// Whatever happened, the handler gets what was read: nothing is lost for it.
 	s.r.Body = io.NopCloser(bytes.NewReader(b))
 	switch {
 	case err != nil:
@@ -111,7 +109,8 @@ func (s *httpSource) parseForm() error {
 	s.formDone = true
 	r := s.r
 	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
-	c.Form, c.PostForm = cloneValues(r.Form), cloneValues(r.PostForm)
+	// Deep copies (http.Header.Clone, the same map type), nil staying nil.
+	c.Form, c.PostForm = url.Values(http.Header(r.Form).Clone()), url.Values(http.Header(r.PostForm).Clone())
 	if r.Body != nil { // a nil body is "missing form body" for net/http, as for the handler
 		c.Body = http.NoBody
 		if formReadsBody(r) {
@@ -140,17 +139,6 @@ func (s *httpSource) parseForm() error {
 	s.form, s.postForm = c.Form, c.PostForm
 	s.query, _ = url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
 	return nil
-}
-
-func cloneValues(v url.Values) url.Values {
-	if v == nil {
-		return nil
-	}
-	out := make(url.Values, len(v))
-	for k, vs := range v {
-		out[k] = slices.Clone(vs)
-	}
-	return out
 }
 
 // formField returns the values of name that go-zero's form binding sees, "name[]" included and

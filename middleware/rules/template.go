@@ -88,17 +88,13 @@ func parseTemplate(s string) ([]keyTemplate, error) {
 // ("body.uid"), in order, or its syntax error as Validate words it, for tools (flightlock
 // check). Which references a transport resolves is not checked here.
 func TemplateRefs(s string) ([]string, error) {
-	keys, err := parseTemplate(s)
+	keys, err := TemplateKeys(s)
 	if err != nil {
 		return nil, err
 	}
 	var refs []string
 	for _, k := range keys {
-		for _, sg := range k.segs {
-			if sg.ref != "" {
-				refs = append(refs, sg.ref)
-			}
-		}
+		refs = append(refs, k.Refs...)
 	}
 	return refs, nil
 }
