@@ -240,8 +240,8 @@ func streaming(info map[string]grpc.ServiceInfo, full string) bool {
 	return false
 }
 
-// routedRules are the rules given to Route and RouteFunc with a Method or a Path, and the
-// middlewares that Named built, for CheckRoutes.
+// routedRules are the Route and RouteFunc rules and the middlewares Named built, for
+// CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
 	rules []*compiledRule       // guarded by mu
@@ -285,8 +285,7 @@ func (r *routedRules) wrap(name string) {
 	r.named[name]++
 }
 
-// wired reports whether Named built the middleware of the rule named name, and on how many
-// handlers it was put.
+// wired reports whether Named built the middleware of name, and on how many handlers.
 func (r *routedRules) wired(name string) (built bool, handlers int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

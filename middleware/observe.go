@@ -129,8 +129,8 @@ func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
 	}}
 }
 
-// observer is the Locker observer of a rule: renewals and losses, counted per rule, and
-// retries, as events of the acquisition's span.
+// observer is the Locker observer of a rule: renewals and losses counted, retries as events
+// of the acquisition's span.
 func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	return flightlock.Observer{
 		Retry: func(ctx context.Context, _ string, attempt int, holderTTL time.Duration) {
@@ -260,8 +260,8 @@ func degraded(g *flightlock.Group) bool {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// logSummary keeps the error log readable during an outage: for each rule and kind of error,
-// the first of an interval is logged at once, the others summed up in one line at its end.
+// logSummary logs the first error of each rule and kind in an interval at once, and sums up
+// the others in one line at its end, so that an outage makes a handful of lines.
 type logSummary struct {
 	interval time.Duration
 	mu       sync.Mutex
@@ -277,11 +277,8 @@ type summaryWindow struct {
 	last string // the last one's error
 }
 
-// defaultLogInterval is the interval of logSummary.
-const defaultLogInterval = 10 * time.Second
-
 func newLogSummary() *logSummary {
-	return &logSummary{interval: defaultLogInterval, open: make(map[summaryKey]*summaryWindow), errorw: logc.Errorw}
+	return &logSummary{interval: 10 * time.Second, open: make(map[summaryKey]*summaryWindow), errorw: logc.Errorw}
 }
 
 // error logs (or counts) an error of a rule: what failed, and its cause.

@@ -160,8 +160,7 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	case protoreflect.BytesKind:
 		return string(v.Bytes()), true
 	case protoreflect.BoolKind:
-		// As a REST rule renders the bool its handler binds (canonicalValue): a rule that
-		// locks a route and a method with one template locks one entity through both.
+		// As REST renders a bool (canonicalValue): one template locks one entity in both.
 		if v.Bool() {
 			return "1", true
 		}
