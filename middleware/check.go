@@ -17,26 +17,20 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// CheckRoutes reports the first rule whose Method and Path name no route in routes
-// ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the server"): such a rule would
-// lock nothing, silently. A rule names a route when its Method is empty or the route's, and its
-// Path is the route's pattern once both are cleaned (path.Clean, as go-zero's router does),
-// variable names included (/api/sku/:sku names no route /api/sku/:id). It checks the rules of
-// Route and RouteFunc too, reports a named rule that no Named(Name) middleware is on (naming
-// it: "Lock.Rules[0] (StockLock): ..."), and a Route or RouteFunc middleware on no route. Call
-// it at start-up, after the routes are added and before Start:
+// CheckRoutes reports the first rule whose Method and Path name no route in routes, which
+// would silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the
+// server"). A rule names a route when its Method is empty or the route's and its Path is the
+// route's pattern, both cleaned as go-zero's router cleans them, variable names included. It
+// also reports a named rule that no Named(Name) middleware is on, and a Route or RouteFunc
+// middleware on no route. Call it after the routes are added and before Start:
 //
 //	mw.MustCheckRoutes(server.Routes())
 //
-// It cannot see whether server.Use(mw.Handle) was called (go-zero applies such middlewares
-// only at Start), nor which route group a Route or Named middleware wraps: keep a rule's Path
-// inside the group whose @server block names its middleware. Rules that name only an RPC
-// method are left to CheckMethods.
+// It cannot see whether server.Use(mw.Handle) was called, nor which group a Route or Named
+// middleware wraps: keep a rule's Path inside its group. RPC-only rules are CheckMethods'.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	if !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
-		// A Lock section wired into a REST server whose rules are all RPC rules (an RPC rule
-		// copied into a REST service's YAML) locks nothing there, as Register refuses the
-		// reverse on a zrpc server.
+		// RPC rules alone lock nothing on a REST server (Register refuses the reverse).
 		for _, cr := range m.rules {
 			if cr.rpc != nil && cr.http == nil {
 				return rules.FieldError(cr.spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
@@ -79,27 +73,21 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	}
 	for _, cr := range m.routed.list() {
 		if m.routed.routeWraps(cr) == 0 {
-			// Built, but on no handler: the goctl ServiceContext field is set while the .api
-			// file's @server block does not list the middleware. It would lock nothing.
+			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
 	}
 	return nil
 }
 
-// MustCheckRoutes is CheckRoutes for start-up code: a rule that matches no route stops the
-// service with one line on stderr and in the log, naming the rule and the route it probably
-// meant, and exit status 1, as MustNew does (logx.Must would add a stack trace that says
-// nothing more). Call it after the routes are added and before Start:
-//
-//	ctx.Lock.MustCheckRoutes(server.Routes())
+// MustCheckRoutes is CheckRoutes for start-up code: a problem stops the service as MustNew
+// does, with one line naming the rule and the route it probably meant.
 func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 	mustStart(m.CheckRoutes(routes))
 }
 
-// checkNamed reports a named rule whose middleware is not on any route: Named never built it
-// (the ServiceContext field is not set with Named), or built it but no route was added with
-// it (the .api file's @server block lacks the middleware). Either way the rule locks nothing.
+// checkNamed reports a named rule whose middleware Named never built, or built but put on no
+// route.
 func (m *Middleware) checkNamed(s rules.Spec) error {
 	if s.Name == "" {
 		return nil
@@ -113,9 +101,8 @@ func (m *Middleware) checkNamed(s rules.Spec) error {
 	return nil
 }
 
-// nearRoute finds the route that a rule matching no route most likely meant: the same
-// pattern for another method, the same pattern with other variable names, or the pattern
-// behind a group prefix that the rule's Path lacks (goctl's @server(prefix: ...)).
+// nearRoute finds the route a rule matching none most likely meant: its pattern for another
+// method, with other variable names, or behind a group prefix its Path lacks.
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 	shape := rules.RouteShape(rl.Route.Text)
 	for _, near := range []func(rest.Route) bool{
@@ -134,10 +121,9 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 	return rest.Route{}, false
 }
 
-// CheckMethods reports the first rule with an RPC that names no method in info, naming the
-// rule: "Lock.Rules[3]: /inventory.Inventory/Dedcut matches no method of the server". info is
-// what grpc.Server.GetServiceInfo returns once the services are registered; with zrpc, check
-// at the end of the function that registers them, which zrpc runs before it serves:
+// CheckMethods reports the first rule with an RPC that names no method in info, as
+// grpc.Server.GetServiceInfo returns it once the services are registered; with zrpc, check at
+// the end of the function that registers them (or use Register):
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
@@ -171,15 +157,12 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 }
 
 // Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's
-// second argument). When the server starts and has registered them, it stops the service, with
-// one line naming the rule, when a rule names an RPC the server does not serve (with the
-// nearest method: names match as gRPC matches them, case-sensitively, as full names), or when
-// the server's chain lacks the interceptor a rule's method needs (the unary one for unary
-// methods, the stream one for streams): its calls would run unlocked. To know the chain, it
-// adds a service of its own, flightlock.InterceptorProbeN, and calls it once in process (no
-// listener) before the server serves; an interceptor of the Middleware answers that call
-// itself. When another interceptor refuses the call first (zrpc's Auth), the interceptors
-// built with this Middleware count instead.
+// second argument). Once they are registered, it stops the service with one line naming the
+// rule when a rule names an RPC the server does not serve, or when the server's chain lacks
+// the interceptor (unary or stream) the rule's method needs. To see the chain, it registers
+// flightlock.InterceptorProbeN and calls it once in process, which the Middleware's
+// interceptor answers; when another interceptor refuses the call first (zrpc's Auth), the
+// interceptors built with this Middleware count instead.
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
@@ -200,17 +183,13 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	}
 }
 
-// checkServer is Register's check of a server's services and interceptors: each RPC rule needs
-// the interceptor of its method's kind (a unary method the unary one, a streaming method the
-// stream one), since a server runs each kind of call through its own chain only.
-// unary and stream are what the probe found out about the server's chains; where it could not
-// tell, what was built counts.
+// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind,
+// as a server runs each kind of call through its own chain. unary and stream are the probe's
+// verdicts.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
 	if len(m.rpc) == 0 {
-		// A Lock section wired into a zrpc server whose rules are all REST rules (a REST rule
-		// copied into an RPC service's YAML) locks nothing there: refuse it, as a rule for a
-		// method the server does not serve is refused. Rules built in Go for REST routes
-		// (Route, RouteFunc) are the service's own choice and are left alone.
+		// YAML REST rules alone lock nothing on a zrpc server; Route rules built in Go are
+		// the service's own choice.
 		for _, cr := range m.rules {
 			if cr.http != nil && cr.label == "" {
 				return rules.FieldError(cr.spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
@@ -240,8 +219,8 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 	return nil
 }
 
-// installed reports whether an interceptor is in the server's chain: as the probe found, or,
-// when it could not tell, whether it was built at all.
+// installed reports whether an interceptor is in the chain, as the probe found or else as
+// built.
 func installed(v probeVerdict, built *atomic.Bool) bool {
 	if v == probeUnknown {
 		return built.Load()
@@ -249,9 +228,8 @@ func installed(v probeVerdict, built *atomic.Bool) bool {
 	return v == probeInstalled
 }
 
-// streaming reports whether full (/package.Service/Method) is a streaming method of the
-// server, as its registered services say; a method it does not serve counts as unary (the
-// method check reports it).
+// streaming reports whether full is a streaming method of the server; one it does not serve
+// counts as unary (CheckMethods reports it).
 func streaming(info map[string]grpc.ServiceInfo, full string) bool {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 	for _, mi := range info[svc].Methods {
@@ -262,8 +240,8 @@ func streaming(info map[string]grpc.ServiceInfo, full string) bool {
 	return false
 }
 
-// routedRules are the rules given to Route and RouteFunc with a Method or a Path, and the
-// middlewares that Named built, for CheckRoutes.
+// routedRules are the Route and RouteFunc rules and the middlewares Named built, for
+// CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
 	rules []*compiledRule       // guarded by mu
@@ -271,8 +249,7 @@ type routedRules struct {
 	wraps map[*compiledRule]int // guarded by mu; Route rule => handlers its middleware wraps
 }
 
-// wrapRoute records that the middleware of a Route rule was put on a handler (go-zero's
-// rest.WithMiddlewares wraps the handlers of a group when the routes are added).
+// wrapRoute records that the middleware of a Route rule was put on a handler.
 func (r *routedRules) wrapRoute(cr *compiledRule) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -308,8 +285,7 @@ func (r *routedRules) wrap(name string) {
 	r.named[name]++
 }
 
-// wired reports whether Named built the middleware of the rule named name, and on how many
-// handlers its middlewares were put.
+// wired reports whether Named built the middleware of name, and on how many handlers.
 func (r *routedRules) wired(name string) (built bool, handlers int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -329,10 +305,9 @@ func (r *routedRules) list() []*compiledRule {
 	return slices.Clone(r.rules)
 }
 
-// logWaitsPastTimeout logs, at error level, each rule of rules that waits for a busy key (wait
-// and share, not in shadow) with a Wait not below timeout, go-zero's server timeout (0: none).
-// Such a rule is not refused: the wait still ends a reserve before the request's deadline, so
-// the busy answer arrives, but it arrives when the caller has no time left to retry.
+// logWaitsPastTimeout logs, at error level, each waiting rule whose Wait is not below timeout,
+// go-zero's server timeout (0: none). It is not refused: the busy answer still arrives, but
+// with no time left to retry.
 func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Duration) {
 	if timeout <= 0 {
 		return
@@ -349,11 +324,8 @@ func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Dura
 	}
 }
 
-// logTrustWithoutSecret logs, at error level, a section that honours propagated owners
-// (TrustOwner) without checking their signature (no OwnerSecret): any client that reaches the
-// service may name an owner token it learned (from a log line, from flightlock ls) and
-// re-enter that lock beside its holder. It is not refused: a closed network may be trust
-// enough, as the README says.
+// logTrustWithoutSecret logs, at error level, TrustOwner without OwnerSecret. It is not
+// refused: a closed network may be trust enough.
 func logTrustWithoutSecret(c LockConf) {
 	if !c.TrustOwner || c.OwnerSecret != "" {
 		return

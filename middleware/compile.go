@@ -18,8 +18,7 @@ type rule struct {
 	holds  holdTimes      // how long its locks are held, for the Retry-After of its busy answers
 }
 
-// compiledRule is a rule as compiled for each transport: the REST and zrpc parts share the
-// Locker but not the key plan.
+// compiledRule is a rule as compiled for each transport, whose parts share the Locker.
 type compiledRule struct {
 	spec  rules.Spec
 	http  *rule  // REST part, or nil
@@ -27,8 +26,8 @@ type compiledRule struct {
 	label string // Route and RouteFunc rules: "Route(POST /path)", for CheckRoutes
 }
 
-// compileRules compiles c's rules and the rules built in Go (rules.Compile) into the rules the
-// transports run; New gives them their Lockers.
+// compileRules compiles c's rules and those built in Go (rules.Compile); New gives them their
+// Lockers.
 func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	compiled, err := rules.Compile(c, extra)
 	if err != nil {
@@ -47,8 +46,8 @@ func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	return out, nil
 }
 
-// setStats gives the transports of cr their labels (store is the store it locks in) and shadow settings, and returns the
-// stats that the observer of cr's Locker reports under (its REST part's, else its zrpc's).
+// setStats gives the transports of cr their labels, store and shadow settings, and returns
+// the stats that the observer of cr's Locker reports under (its REST part's, else zrpc's).
 func (cr *compiledRule) setStats(store string) *ruleStats {
 	template := cmpTemplate(cr.spec)
 	var first *ruleStats

@@ -16,20 +16,15 @@
 //	OnBusy share: a key reused, other payload 422                 codes.InvalidArgument
 //
 // Contention never answers 5xx, so go-zero's breakers do not count it. REST errors go through
-// httpx.ErrorCtx, so a service's own httpx.SetErrorHandlerCtx shapes the body. With
-// OnStoreError "open", a request whose lock cannot be taken because Redis is unreachable runs
-// under a degraded lease (flightlock.WithFailOpen) that excludes the other requests of this
-// process but not those of other processes: the middleware logs it with logc and counts it in
-// flightlock_fail_open_total; choose it only where a duplicate across pods is cheaper than an
-// outage. A rule's own OnStoreError overrides the section's.
+// httpx.ErrorCtx, so a service's own httpx.SetErrorHandlerCtx shapes the body. OnStoreError
+// "open" runs the handler under a degraded lease (flightlock.WithFailOpen) that excludes only
+// this process's requests: choose it where a duplicate across pods is cheaper than an outage.
 //
-// The handler runs with the lease's context, so flightlock.FromContext works in it, and the
-// lock is released when it returns or panics, on a context that go-zero's timeout handler
-// has not cancelled.
+// The handler runs with the lease's context (flightlock.FromContext works in it), and the lock
+// is released when it returns or panics, on a context go-zero's timeout has not cancelled.
 //
 // A rule with OnBusy "share" runs the handler once for a request and its duplicates, which get
-// its response, marked Idempotent-Replayed. It needs response sharing linked into the binary:
-// flmw.ResponseSharing = share.New in main.go (see that package).
+// its response; it needs flmw.ResponseSharing = share.New in main.go (see that package).
 //
 // Wiring, for a REST service:
 //
@@ -40,14 +35,12 @@
 //
 //	orderLock, err := lock.Route(middleware.Rule{Key: "order:{body.uid}"})
 //
-// and for a zrpc service, with its client's interceptor so that a downstream method that
-// PropagateTo names, on a service whose config sets TrustOwner, re-enters the caller's locks
-// instead of deadlocking on them:
+// and for a zrpc service, with its client's interceptor so that a downstream service (with
+// PropagateTo and TrustOwner) re-enters the caller's locks instead of deadlocking on them:
 //
 //	s.AddUnaryInterceptors(lock.UnaryServerInterceptor())
 //	s.AddStreamInterceptors(lock.StreamServerInterceptor())
 //	zrpc.MustNewClient(c.InventoryRpc, zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()))
 //
-// The middleware logs through go-zero's logx; the layers below return errors, and log (slog)
-// only a lease never released when no Observer hears of it.
+// The middleware logs through go-zero's logx; the layers below return errors.
 package middleware

@@ -11,8 +11,7 @@ import (
 )
 
 // drainStragglers is how long handlers get to return once the grace period ended and their
-// contexts were cancelled: go-zero's default Shutdown.WaitTime leaves 5.5s - 1s wrap-up for
-// the shutdown listeners, and the default Drain takes 3s of it.
+// contexts were cancelled: with the default Drain, within go-zero's default Shutdown.WaitTime.
 const drainStragglers = time.Second
 
 // drainer runs a Middleware's drain once, from go-zero's shutdown listeners or Shutdown.
@@ -28,17 +27,11 @@ func (m *Middleware) listen() {
 	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
 }
 
-// Shutdown drains the Middleware, once, and then closes the store it built: from the call on,
-// locked routes answer 503 / Unavailable with Retry-After: 1 (the request goes to another
-// instance on retry) and take no lock; the handlers that hold one get LockConf.Drain to
-// finish, each lock released in Redis as its handler returns, with the waiters of other
-// processes woken. Past Drain (or ctx's end, if sooner) their contexts are cancelled with
-// cause flightlock.ErrClosed and they get one more second to return. Locks still held after
-// that are not released: their handlers may still run, and a second holder must not walk in
-// (they run out with their TTL, on ZooKeeper with the session, once the process exits).
-//
-// go-zero calls Shutdown from its shutdown listeners (New registers it): a goctl service needs
-// no code for it. Call it yourself where the service stops otherwise, as tests do.
+// Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,
+// ends the grace period), and then closes the store it built. Locks still held after that are
+// not released, since their handlers may still run: they run out with their TTL (on ZooKeeper,
+// with the session) once the process exits. go-zero calls Shutdown from its shutdown
+// listeners (New registers it); call it yourself where the service stops otherwise.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	m.drain.once.Do(func() {
 		grace, cancel := context.WithTimeout(ctx, m.drain.grace)

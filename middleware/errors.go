@@ -37,10 +37,9 @@ var ErrNestedLock = errors.New("the key is held by a caller of this request (the
 	"(UnaryClientInterceptor on the calling client, PropagateTo) and set TrustOwner, OwnerSecret and " +
 	"the same Prefix on this service")
 
-// HTTPStatus returns the REST status that the middleware answers for err, per the error table
-// of the package documentation, or 0 when err is none of the errors below. It is for a
-// service that shapes its error replies itself (httpx.SetErrorHandlerCtx), which would
-// otherwise answer a lock error with its own status:
+// HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is
+// none of the errors below, for a service that shapes its error replies itself
+// (httpx.SetErrorHandlerCtx):
 //
 //	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
 //	wraps flightlock.ErrInvalidKey                                400 Bad Request
@@ -51,9 +50,7 @@ var ErrNestedLock = errors.New("the key is held by a caller of this request (the
 //	wraps context.Canceled (the client went away)                 499
 //	wraps context.DeadlineExceeded (the request timed out)        503 Service Unavailable
 //
-// Contention is below 500, so that go-zero's breakers do not count it as a failure. The
-// middleware sets Retry-After on a busy reply before the error handler runs, so the header
-// stays whatever the handler returns.
+// The middleware sets Retry-After on a busy reply before the error handler runs.
 func HTTPStatus(err error) int {
 	switch {
 	case errors.Is(err, flightlock.ErrBusy):
@@ -64,9 +61,7 @@ func HTTPStatus(err error) int {
 		return http.StatusUnprocessableEntity
 	case errors.Is(err, flightlock.ErrConfig):
 		return http.StatusInternalServerError
-	case errors.Is(err, flightlock.ErrClosed):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, errStore):
+	case errors.Is(err, flightlock.ErrClosed), errors.Is(err, errStore):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.Canceled):
 		return statusClientClosedRequest
@@ -77,14 +72,11 @@ func HTTPStatus(err error) int {
 	}
 }
 
-// GRPCStatus returns the gRPC status that the interceptors answer for err, per the error table
-// of the package documentation: Aborted for flightlock.ErrBusy (with a RetryInfo detail holding
-// how long the key likely stays busy: the middleware's hint, the holder's remaining TTL, or a
-// second when neither is known), InvalidArgument for ErrInvalidKey, Internal for
-// ErrConfig, Unavailable for the middleware's "lock store unavailable" and for ErrClosed (a
-// drain), Canceled and
-// DeadlineExceeded for the context errors. Any other error gets the status gRPC would send for
-// it (status.Convert: its own status, or Unknown), so GRPCStatus(err).Err() is never nil for a
+// GRPCStatus returns the gRPC status that the interceptors answer for err: Aborted for
+// flightlock.ErrBusy (with a RetryInfo detail: how long the key likely stays busy, a second
+// when unknown), InvalidArgument for ErrInvalidKey, Internal for ErrConfig, Unavailable for
+// the store being unavailable and for ErrClosed, Canceled and DeadlineExceeded for the context
+// errors. Any other error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a
 // non-nil err.
 func GRPCStatus(err error) *status.Status {
 	switch {
@@ -113,9 +105,8 @@ func GRPCStatus(err error) *status.Status {
 	}
 }
 
-// lockError returns err, an error of a request's lock, as HTTPStatus and GRPCStatus know it:
-// one they do not know came from the store (a store error that came back as the request
-// ended), and is marked as such.
+// lockError returns err, an error of a request's lock, marked as the store's when HTTPStatus
+// does not know it.
 func lockError(err error) error {
 	if HTTPStatus(err) == 0 {
 		return fmt.Errorf("%w: %w", errStore, err)
@@ -126,13 +117,9 @@ func lockError(err error) error {
 // grpcStatus is the status the interceptors answer for err, an error of a request's lock.
 func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
 
-// writeHTTPError answers a request whose lock could not be taken. It goes through
-// httpx.ErrorCtx, so an error handler set with httpx.SetErrorHandlerCtx shapes the reply (it
-// sees err, which wraps flightlock.ErrBusy or ErrInvalidKey, and HTTPStatus(err) tells the
-// status); without one the reply is the status of HTTPStatus with a short text body. A busy
-// reply carries Retry-After in whole seconds, rounded up, from the rule's typical hold or the
-// holder's remaining TTL, whichever is shorter (hintBusy; 1 when neither is known), set before
-// the error handler runs.
+// writeHTTPError answers a request whose lock could not be taken, through httpx.ErrorCtx so
+// that a service's error handler shapes the reply; without one, HTTPStatus's status and a
+// short text. A busy reply carries Retry-After in whole seconds, rounded up (retryDelay).
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	err = lockError(err)
 	code := HTTPStatus(err)

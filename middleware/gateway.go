@@ -18,12 +18,10 @@ import (
 //
 //	gw := gateway.MustNewServer(c, gateway.WithMiddleware(flmw.Gateway))
 //
-// The gateway answers a busy lock of the service behind it with 409 (codes.Aborted), and copies
-// the call's trailers into response headers as they are. The status details, which carry the
-// busy answer's RetryInfo, are binary (grpc-status-details-bin), and a header of raw bytes is
-// one that Go's net/http client, and other strict clients, refuse: the whole response is lost,
-// not only the hint. Gateway turns the RetryInfo into Retry-After (whole seconds, rounded up)
-// and writes every binary header in base64, as gRPC sends them, before the response goes out.
+// The gateway copies the call's trailers into response headers as they are, and strict
+// clients (Go's net/http) refuse a header of raw bytes such as grpc-status-details-bin, losing
+// the whole response. Gateway turns the busy answer's RetryInfo into Retry-After (whole
+// seconds, rounded up) and writes every binary header in base64, as gRPC sends them.
 func Gateway(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		next(&gatewayWriter{ResponseWriter: w}, r)
@@ -94,22 +92,18 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 	return 0, false
 }
 
-// GatewayRoutes lists the REST routes that go-zero's gateway will serve from its config c, a
-// gateway.GatewayConf (or a pointer to one): the routes of its upstreams' Mappings, as the
-// gateway adds them (the method in upper case, the path as written). The gateway adds its
-// routes inside Start, so CheckRoutes before Start sees none of them and refuses every rule on
-// them; with these, the check runs at start-up as on any REST server:
+// GatewayRoutes lists the REST routes of the Mappings of go-zero's gateway config c (a
+// gateway.GatewayConf or a pointer to one), as the gateway adds them inside Start, so that
+// CheckRoutes can run before Start:
 //
 //	gw := gateway.MustNewServer(c, gateway.WithMiddleware(flmw.Gateway))
 //	gw.Use(lock.Handle)
 //	lock.MustCheckRoutes(flmw.GatewayRoutes(c))
 //	gw.Start()
 //
-// Routes that a gRPC upstream declares in google.api.http annotations come from its
-// descriptors when the gateway starts and are not listed: map them in Mappings to have them
-// checked. c is read by field name (Upstreams, Mappings, Method, Path) rather than by type, so
-// that the middleware does not build the gateway package and its gRPC reflection
-// dependencies into every service; anything else gives no routes.
+// Routes from google.api.http annotations are not listed: map them in Mappings to have them
+// checked. c is read by field name, so that every service does not link the gateway package
+// and its gRPC reflection; anything else gives no routes.
 func GatewayRoutes(c any) []rest.Route {
 	v := reflect.Indirect(reflect.ValueOf(c))
 	if v.Kind() != reflect.Struct {

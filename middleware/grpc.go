@@ -9,11 +9,10 @@ import (
 )
 
 // UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for
-// zrpc's server.AddUnaryInterceptors. A busy key answers codes.Aborted, a key that cannot be
-// built InvalidArgument, and an unreachable store Unavailable (unless OnStoreError is
-// "open"). The handler gets the lease's context; the lock is released when it returns or
-// panics. With TrustOwner, lock owners propagated by UnaryClientInterceptor are honoured on
-// every method, so that locks the handler takes itself re-enter them too.
+// zrpc's server.AddUnaryInterceptors, answering as GRPCStatus says. The handler gets the
+// lease's context; the lock is released when it returns or panics. With TrustOwner, owners
+// propagated by UnaryClientInterceptor are honoured on every method, so that locks the
+// handler takes itself re-enter them too.
 func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	m.unaryIntercepting.Store(true)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -170,13 +169,11 @@ func (s *lockedStream) release() {
 	}
 }
 
-// UnaryClientInterceptor propagates the locks held by the calling request's context
-// (flightlock.AllFromContext) in the metadata of calls to the methods that LockConf.PropagateTo
-// names, as Redis key, owner and fence (signed with OwnerSecret when set), for
-// zrpc.WithUnaryClientInterceptor. A downstream service whose LockConf sets TrustOwner then
-// re-enters those locks at once, as the caller's own: the call carries the lease's context, so
-// it is the lock's owner. Calls to other methods, and calls made outside a lock, are unchanged:
-// an owner token lets its bearer into the lock.
+// UnaryClientInterceptor propagates the locks of the calling request's context, as store key,
+// owner and fence (signed with OwnerSecret when set), in the metadata of calls to the methods
+// LockConf.PropagateTo names, for zrpc.WithUnaryClientInterceptor. A downstream service with
+// TrustOwner then re-enters those locks as the caller's own. Other calls are unchanged: an
+// owner token lets its bearer into the lock.
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -184,8 +181,7 @@ func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	}
 }
 
-// StreamClientInterceptor is UnaryClientInterceptor for streaming calls. The stream is
-// returned as gRPC made it.
+// StreamClientInterceptor is UnaryClientInterceptor for streaming calls.
 func (m *Middleware) StreamClientInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
 		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {

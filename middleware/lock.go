@@ -13,10 +13,9 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
-// ruleLocker derives the Locker of one rule from the base Locker of its store: same store and gate, the rule's mode, overrides
-// and observer. r is normalized, so OnBusy holds its tag's default when the rule left it out.
-// A shadow rule's Locker never waits and keeps its locks apart from the enforced ones (see
-// rules.ShadowPrefix), so that it cannot hold back a request of an enforced rule on the same key.
+// ruleLocker derives the Locker of one rule, normalized, from the base Locker of its store:
+// same store and gate, the rule's mode, overrides and observer. A shadow rule's Locker never
+// waits and keeps its locks apart (rules.ShadowPrefix), so it holds back no enforced request.
 func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStats) (*flightlock.Locker, error) {
 	failOpen := cmp.Or(r.OnStoreError, m.conf.OnStoreError) == rules.StoreErrorsOpen
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(failOpen),
@@ -25,8 +24,7 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 		opts[0] = flightlock.WithMode(flightlock.Wait)
 	}
 	if r.Shadow {
-		// After the base Locker's own prefix, which on etcd starts with Lock.Etcd.Key: shadow
-		// locks stay inside the section's key space (and inside what an etcd account may write).
+		// After the base's prefix (on etcd, Etcd.Key): inside the section's key space.
 		opts = append(opts, flightlock.WithPrefix(base.Prefix()+rules.ShadowPrefix), flightlock.WithFailOpen(false))
 	}
 	opts = append(opts, r.LockOptions()...) // a shadow rule's too: it tries the kind of lock the rule takes
@@ -48,10 +46,8 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, e
 	return m.lockEnforced(ctx, rl, keys)
 }
 
-// lockEnforced takes the keys of one request, and measures, traces and logs it. With
-// OnStoreError "open" the Locker turns an unreachable store into degraded leases that hold
-// the per-process gate only: the handler then runs excluded from the other requests of this
-// process but not of other processes, and the request is counted and logged.
+// lockEnforced takes the keys of one request, and measures, traces and logs it; a degraded
+// lease (OnStoreError "open") is counted and logged.
 func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) (held, error) {
 	st, metrics := rl.stats, metricsOn()
 	if metrics {
@@ -108,9 +104,8 @@ func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.G
 	}
 }
 
-// release releases a request's lock after the handler returned, on a context that keeps ctx's
-// values but not its cancellation: go-zero's timeout handler cancels the request context while
-// the handler may still run, and the lock must be released all the same.
+// release releases a request's lock after the handler returned, on a context without ctx's
+// cancellation, which go-zero's timeout handler may have cancelled.
 func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	if h.g == nil {
 		return
@@ -122,8 +117,7 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	st := rl.stats
 	lost := h.g.Lost() // not the context's cause: a request that ended first keeps Canceled
 	if lost {
-		// The handler ran past the moment its lock could be trusted: say so on the request's
-		// span, and in the log (the counter was bumped when the watchdog found out).
+		// The counter was bumped when the watchdog found out.
 		oteltrace.SpanFromContext(ctx).AddEvent("flightlock.lost")
 		m.logs.error(ctx, st, "lock lost while the handler ran", flightlock.ErrLost,
 			logx.Field("fence", h.g.Leases()[0].Fence()))

@@ -20,13 +20,11 @@ import (
 // at start-up and share it: it is safe for concurrent use.
 type Middleware struct {
 	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
-	// bases holds the base Locker of each store the rules lock in, by store name, each with
-	// its own gate. With WithLocker (or WithStore when the section names Redis only) it holds
-	// the injected one only, and every rule locks there (injected); see buildStores.
-	bases    map[string]*flightlock.Locker
-	injected bool
-	// responses holds the response store of each base's store, by store name; nil for a
-	// store that keeps none.
+	// bases holds the base Locker of each store the rules lock in, by store name, and
+	// responses its response store (nil: it keeps none). When injected, bases holds the one
+	// Locker every rule locks with (see buildStores).
+	bases     map[string]*flightlock.Locker
+	injected  bool
 	responses map[string]lockstore.ResponseStore
 	closers   []func() error // the stores New built; nil once closed
 	conf      LockConf       // normalized: the store choices of Route and RouteFunc rules
@@ -39,8 +37,7 @@ type Middleware struct {
 	traceKeys bool            // LockConf.TraceKeys
 	logs      *logSummary
 	drain     drainer
-	// unaryIntercepting and streamIntercepting: the unary or the stream server interceptor was
-	// built, for Register's check that each RPC rule has the interceptor of its method's kind.
+	// unaryIntercepting and streamIntercepting: that server interceptor was built (Register).
 	unaryIntercepting, streamIntercepting atomic.Bool
 	// probe is Register's check of the interceptors a server runs; nil before Register.
 	probe atomic.Pointer[interceptorProbe]
@@ -48,10 +45,8 @@ type Middleware struct {
 	sharing sharehook.Group
 }
 
-// New validates c and builds the store, the Locker and the compiled rules, once. Without a
-// Redis host the store is an embedded in-memory Redis, logged as an error (development only),
-// and refused in go-zero's pre and pro modes (WithServiceMode). With Redis.NonBlock false, New
-// fails when Redis does not answer a ping within Redis.PingTimeout.
+// New validates c and builds the stores, the Lockers and the compiled rules, once. A LockConf
+// naming no store runs on the embedded store (see EmbeddedStore and WithServiceMode).
 func New(c LockConf, opts ...Option) (*Middleware, error) {
 	c = c.Normalized() // the tags' defaults in zero fields; values in any case: "Wait", "post"
 	var o options
@@ -126,9 +121,9 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	return m, nil
 }
 
-// MustNew is New for start-up code: on a bad config it logs the error, naming the field, and
-// exits with status 1 (as go-zero's logx.Must does, without its stack trace: the error says
-// what to fix, the stack says nothing more).
+// MustNew is New for start-up code: a bad config stops the service with one line naming the
+// field, on stderr and in the log, and exit status 1 (logx.Must's stack trace would add
+// nothing).
 func MustNew(c LockConf, opts ...Option) *Middleware {
 	m, err := New(c, opts...)
 	mustStart(err)
@@ -148,13 +143,12 @@ func mustStart(err error) {
 	exit(1)
 }
 
-// Locker returns the Locker the Middleware locks with, for handlers that lock more keys
-// themselves: that of the Lock section's store (rules.LockConf.DefaultStore: Redis, etcd or
-// ZooKeeper; the first of them when it names several). Locks it takes share its gate.
+// Locker returns the Locker of the Lock section's store (rules.LockConf.DefaultStore), for
+// handlers that lock more keys themselves; its locks share the rules' gate.
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 
-// Close closes the stores the Middleware built (not one given with WithLocker or WithStore):
-// Redis and its client, etcd (revoking its leases) and its client, ZooKeeper (ending its session).
+// Close closes the stores the Middleware built, with their clients (not one given with
+// WithLocker or WithStore).
 func (m *Middleware) Close() error {
 	closers := m.closers
 	m.closers = nil
@@ -166,9 +160,8 @@ func (m *Middleware) Close() error {
 }
 
 // buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names
-// Redis only, or no store), or one for each store that c names or its rules lock in, opened
-// through its section's driver, except the one of the kind of a store given with WithStore,
-// which takes its place. Each base's response store goes in m.responses.
+// Redis only, or no store), or one for each store that c names or its rules lock in, with a
+// store given with WithStore in the place of the one of its kind.
 func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options) error {
 	m.bases = make(map[string]*flightlock.Locker)
 	m.responses = make(map[string]lockstore.ResponseStore)
@@ -207,8 +200,7 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 		used[cr.spec.Store] = true
 	}
 	for _, sec := range c.Sections() {
-		// A section that names no store is opened (the embedded store) only when rules lock in
-		// it and its driver allows that.
+		// A section naming no store is opened (embedded) only if rules use it and it may be.
 		if m.bases[sec.Name()] != nil || !sec.Configured() && (!used[sec.Name()] || sec.Check(sec.Field, lockstore.Use{}) != nil) {
 			continue
 		}
@@ -223,8 +215,7 @@ func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options
 		}
 		closeStore := b.Close
 		if b.CloseEndsHolds {
-			// Locks a drain left held (Shutdown) are not ended at once: they go when the
-			// process exits, as on Redis with their TTL.
+			// Locks a drain left held end when the process exits, as on Redis with their TTL.
 			closeStore = func() error {
 				if m.drain.err != nil {
 					return nil

@@ -8,19 +8,11 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 )
 
-// Named returns the rest.Middleware of the rule of the LockConf whose Name is name, for the
-// route group of a goctl @server(middleware: name) block: goctl's NewServiceContext sets its
-// ServiceContext field of that name to it, and the rule's key stays in the YAML.
-// It locks the requests of the group as Route locks them: those of the rule's Method and
-// Path when they are set, every request of the group when neither is; the others pass
-// through untouched. Several rules may share a name when each has its own Method or Path (a
-// group with a GET that reads and a PUT that writes one resource): a request is locked by the
-// first of them, in config order, that matches it. Handle leaves named rules alone, so a request is locked once.
-//
-// A name that no rule has is an error naming it ("Lock.Rules: has no rule named StockLock").
-// CheckRoutes reports a named rule that no Named middleware built and put on a route
-// (rest.WithMiddlewares does, when goctl's RegisterHandlers adds the group), and checks the
-// Method and Path of the others. Named is for route groups: server.Use takes Handle.
+// Named returns the rest.Middleware of the LockConf rules named name, for the route group of
+// a goctl @server(middleware: name) block, so that the key stays in the YAML. It locks the
+// requests of the group as Route does; of several rules of one name, the first in config order
+// that matches a request locks it. A name no rule has is an error; CheckRoutes reports a named
+// rule whose middleware is on no route.
 func (m *Middleware) Named(name string) (rest.Middleware, error) {
 	var rls []*rule
 	for _, cr := range m.rules {
@@ -35,8 +27,8 @@ func (m *Middleware) Named(name string) (rest.Middleware, error) {
 	return m.groupMiddleware(rls, func() { m.routed.wrap(name) }), nil
 }
 
-// MustNamed is Named for goctl's NewServiceContext, which returns no error: it exits through
-// mustStart (one line, exit status 1) when no rule has the name, as MustNew does on a bad config.
+// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service as
+// MustNew does.
 func (m *Middleware) MustNamed(name string) rest.Middleware {
 	mw, err := m.Named(name)
 	mustStart(err)

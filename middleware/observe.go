@@ -20,13 +20,10 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
-// The metrics go through go-zero's core/metric, so they appear on the service's own Prometheus
-// endpoint (DevServer or Prometheus in its config) next to go-zero's, and cost nothing when
-// that is off. They are labelled by rule: its name (the route or the RPC) and its key template
-// ("order:{body.uid}"), never by a rendered key, which holds user ids and has no bound, and by
-// the store the rule locks in (label store, after rule and key, so older selectors still match).
-// A rule's kind of lock (mode, fair, permits) is on its spans: the rule label names it already.
-// Durations are in milliseconds, as go-zero's own request histograms are.
+// The metrics go through go-zero's core/metric, on the service's own Prometheus endpoint, and
+// cost nothing when that is off. They are labelled by rule name, key template and store, never
+// by a rendered key, which holds user ids and has no bound. Durations are in milliseconds, as
+// go-zero's are.
 var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
@@ -132,8 +129,8 @@ func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
 	}}
 }
 
-// observer is the Locker observer of a rule: renewals and losses, counted per rule, and
-// retries, as events of the acquisition's span.
+// observer is the Locker observer of a rule: renewals and losses counted, retries as events
+// of the acquisition's span.
 func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	return flightlock.Observer{
 		Retry: func(ctx context.Context, _ string, attempt int, holderTTL time.Duration) {
@@ -167,15 +164,13 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	}
 }
 
-// acquireSpanKey carries the acquisition's span to the Retry observer. It is not the current
-// span of the context (trace.ContextWithSpan): the handler runs under the lease's context,
-// derived from this one, and its spans belong under the request's span, not under a span that
-// ended when the lock was taken.
+// acquireSpanKey carries the acquisition's span to the Retry observer. It is not the context's
+// current span: the handler's spans, under the lease's context derived from this one, belong
+// under the request's span.
 type acquireSpanKey struct{}
 
-// traceAcquire starts the span of one acquisition under the request's span. It returns ctx
-// unchanged and a nil span when the request is not traced (no sampled span, or tracing off),
-// so that an untraced request pays for no attribute.
+// traceAcquire starts the span of one acquisition under the request's span; an untraced
+// request gets ctx unchanged and a nil span, and pays for no attribute.
 func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) (context.Context, oteltrace.Span) {
 	if !oteltrace.SpanFromContext(ctx).IsRecording() {
 		return ctx, nil
@@ -240,9 +235,8 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	}
 }
 
-// grantOf is the grant label of an acquisition: that of its first lease (a multi-key rule's
-// leases are almost always granted alike), or "none". A grant by the store is named after
-// it: "redis" (flightlock.GrantStore's name), "etcd" or "zookeeper".
+// grantOf is the grant label of an acquisition: that of its first lease, with a store's grant
+// named after the store, or "none".
 func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"
@@ -266,9 +260,8 @@ func degraded(g *flightlock.Group) bool {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// logSummary keeps the error log readable during an outage: for each rule and kind of error,
-// the first one of an interval is logged at once, with its fields, and the others are counted
-// and summed up in one line when the interval ends, instead of one line per request.
+// logSummary logs the first error of each rule and kind in an interval at once, and sums up
+// the others in one line at its end, so that an outage makes a handful of lines.
 type logSummary struct {
 	interval time.Duration
 	mu       sync.Mutex
@@ -284,16 +277,11 @@ type summaryWindow struct {
 	last string // the last one's error
 }
 
-// defaultLogInterval is the interval of logSummary: often enough to see an outage go on, rare
-// enough that thousands of failing requests make a handful of lines.
-const defaultLogInterval = 10 * time.Second
-
 func newLogSummary() *logSummary {
-	return &logSummary{interval: defaultLogInterval, open: make(map[summaryKey]*summaryWindow), errorw: logc.Errorw}
+	return &logSummary{interval: 10 * time.Second, open: make(map[summaryKey]*summaryWindow), errorw: logc.Errorw}
 }
 
-// error logs (or counts) an error of a rule: what says what failed ("lock store unreachable,
-// request refused"), err is the cause.
+// error logs (or counts) an error of a rule: what failed, and its cause.
 func (s *logSummary) error(ctx context.Context, rs *ruleStats, what string, err error, fields ...logx.LogField) {
 	k := summaryKey{rule: rs.name, what: what}
 	s.mu.Lock()

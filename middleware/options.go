@@ -20,36 +20,26 @@ type options struct {
 	serverTimeout int64
 }
 
-// WithServiceMode tells New the mode of the go-zero service it runs in: c.Mode of the
-// service's RestConf or RpcServerConf (go-zero's ServiceConf.Mode: dev, test, rt, pre or pro,
-// and pro when the YAML leaves it out). In pre and pro, a LockConf without Redis.Host is
-// refused at start-up, naming Lock.Redis.Host, instead of falling back to the embedded
-// in-memory store, whose locks no other process sees; to run such a service on
-// per-process locks on purpose, give it an embedded store with WithStore. In the other modes,
-// and without this option, the embedded store is used and logged at error level.
+// WithServiceMode tells New the go-zero service mode it runs in (c.Mode of its RestConf or
+// RpcServerConf). In pre and pro, a LockConf naming no store is refused instead of running on
+// the embedded store, whose locks no other process sees (give one with WithStore to do so on
+// purpose); otherwise the embedded store is used and logged at error level.
 func WithServiceMode(mode string) Option {
 	return func(o *options) { o.mode = mode }
 }
 
-// WithServerTimeout tells New the service's server timeout: c.Timeout of its RestConf or
-// RpcServerConf, in milliseconds as go-zero writes it (go-zero's defaults are 3000 for REST and
-// 2000 for zrpc; 0 means no timeout). New logs at error level, once, every waiting rule whose
-// Wait is not below it: the wait is cut before the deadline, so the caller still
-// gets the busy answer, but only after spending its whole time waiting, with none left to
-// retry. flightlock check reports the same from the YAML.
+// WithServerTimeout tells New the service's server timeout in milliseconds (c.Timeout of its
+// RestConf or RpcServerConf; 0 means none), so that New logs every waiting rule whose Wait is
+// not below it: its caller would get the busy answer with no time left to retry.
 func WithServerTimeout(ms int64) Option {
 	return func(o *options) { o.serverTimeout = ms }
 }
 
-// WithStore makes the Middleware build its Locker from the LockConf (Prefix, TTL, MaxHold,
-// Wait, Retry) on store instead of on a store of its own, so that several services of one
-// process share one store (one connection pool, one embedded Redis). Each Middleware still
-// has its own per-process gate, as separate processes would. Close leaves store open.
-//
-// When the LockConf names etcd or ZooKeeper (Hosts), store takes the place of the store of its
-// kind only (Redis: Lock.Redis; etcd: Lock.Etcd, under Etcd.Key + Prefix; ZooKeeper:
-// Lock.Zookeeper), and the others are built from the LockConf as usual: a service can share
-// one Redis store with others and lock some rules in etcd. Otherwise every rule locks in store.
+// WithStore makes the Middleware build its Locker from the LockConf on store instead of on a
+// store of its own, so that several services of one process share one store; each Middleware
+// keeps its own per-process gate. When the LockConf names etcd or ZooKeeper, store takes the
+// place of the store of its kind only, and the others are built as usual; otherwise every
+// rule locks in store. Close leaves store open.
 func WithStore(store lockstore.Store) Option {
 	return func(o *options) { o.store = store }
 }

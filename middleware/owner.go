@@ -25,10 +25,9 @@ const (
 	ownerMACLen     = 16 // truncated HMAC-SHA256: 128 bits, as strong as the token itself
 )
 
-// ownerPolicy says where owner tokens may go and which ones are believed.
-// A token lets its bearer re-enter a held lock, so it is sent only to the downstream methods the
-// config names (PropagateTo), accepted only by a service that says so (TrustOwner), and, with
-// an OwnerSecret, only with a signature of the key, owner and fence made with that secret.
+// ownerPolicy says where owner tokens may go and which ones are believed. A token lets its
+// bearer re-enter a held lock, so it goes only to PropagateTo, is accepted only with
+// TrustOwner, and, with an OwnerSecret, only signed with it.
 type ownerPolicy struct {
 	trust  bool
 	to     []string // full methods, or services ending in '/'
@@ -47,7 +46,7 @@ func (p *ownerPolicy) propagates(method string) bool {
 
 // withOwners returns the context of a call to method: when the policy sends owners there, the
 // owner of each lock that ctx holds (the innermost live lease of each key) goes in its outgoing
-// metadata, so that the downstream service re-enters those locks as the caller's own.
+// metadata.
 func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Context {
 	if !p.propagates(method) {
 		return ctx
@@ -125,9 +124,8 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 }
 
 // withIncomingOwners hands the owners of an inbound call's metadata to the locks of ctx
-// (internal/handover), when the policy trusts them; otherwise ctx is returned as is.
-// Malformed or badly signed values are skipped. A handed-over owner only re-enters a lock it
-// holds; it never takes a free key.
+// (internal/handover) when the policy trusts them, skipping malformed or badly signed values.
+// A handed-over owner only re-enters a lock it holds; it never takes a free key.
 func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
 	if !p.trust {
 		return ctx

@@ -14,10 +14,8 @@ import (
 )
 
 // interceptorProbe finds out which of a Middleware's server interceptors a grpc.Server really
-// runs, for Register: building an interceptor does not install it (a server built with the
-// stream interceptor alone runs its unary calls unlocked). Register adds a small service of
-// its own to the server and calls its two methods in process, through the server's handler
-// (grpc.Server.ServeHTTP, so that nothing listens and the server is not yet serving). The
+// runs, for Register: building an interceptor does not install it. Register adds a service of
+// its own and calls its two methods in process (grpc.Server.ServeHTTP: nothing listens). The
 // interceptor answers a probe call itself; a call that reaches the probe's handler went
 // through a chain without it.
 type interceptorProbe struct {

@@ -11,14 +11,8 @@ import (
 )
 
 // Handle is a rest.Middleware for server.Use: it locks the requests of every route that a
-// rule names by Method and Path, and passes the others through untouched.
-//
-// go-zero gives a server.Use middleware no route, so Handle finds it from the request as
-// go-zero's router found it: the rule patterns sit in go-zero's own search trees, per method
-// and per set of path variables, and the pattern found for the cleaned path must yield exactly
-// the path variables that the router set. That tells /sku/:id from a static /sku/list, with
-// the router's precedence (see httpRoutes). CheckRoutes tells at start-up whether each rule
-// names a route of the server at all.
+// rule names by Method and Path, and passes the others through untouched. go-zero gives such
+// a middleware no route, so Handle finds it as go-zero's router did (see httpRoutes).
 func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	if m.http.empty() {
 		return next
@@ -32,20 +26,16 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Route returns a rest.Middleware that locks the requests it sees per rule: for
-// rest.WithMiddlewares on a route group, or the middleware of a goctl @server(middleware: X)
-// block. A rule with a Method locks only requests of that method, and a rule with a Path only
-// requests of that route (matched as Handle matches), so one middleware on a goctl group can
-// lock its POST /api/stock/:sku/deduct and leave its GET /api/stock/:sku alone; the other
-// requests pass through untouched. Without Method and Path it locks every request of the
-// group. rule.RPC and rule.Name are ignored: Named gives the middleware of a rule of the
-// LockConf. CheckRoutes also checks the rules given to Route.
+// Route returns a rest.Middleware that locks the requests it sees per rule, for
+// rest.WithMiddlewares on a route group or a goctl @server(middleware: X) block. Method and
+// Path, when set, narrow the requests it locks (matched as Handle matches); the others pass
+// through untouched. rule.RPC and rule.Name are ignored (see Named).
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route(rules.Spec{Rule: rule, Field: "Rule"})
 }
 
-// MustRoute is Route for start-up code such as goctl's NewServiceContext, which returns no
-// error: it exits with the rule's error in one line on a bad rule, as MustNew does.
+// MustRoute is Route for start-up code such as goctl's NewServiceContext: a bad rule stops
+// the service as MustNew does.
 func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	mw, err := m.Route(rule)
 	mustStart(err)
@@ -100,8 +90,7 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	label := strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))
 	if s.Path != "" {
-		// One route is locked by one rule: a Route on a route that a rule of Handle locks
-		// would take its lock twice (and two keys in two orders can answer 409 for nothing).
+		// One route is locked by one rule: two keys in two orders can answer 409 for nothing.
 		for _, prev := range m.rules {
 			if p := prev.http; p != nil && prev.spec.Name == "" && p.Route.Text == rl.Route.Text &&
 				(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
@@ -115,9 +104,8 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
-// of rl's Method and Path (each when set) per rl, and passes the others through untouched.
-// wrapped, when not nil, is called each time the middleware is put on a handler (go-zero's
-// rest.WithMiddlewares does that as the routes are built), for CheckRoutes.
+// of each rule's Method and Path (when set). wrapped, when not nil, is called each time the
+// middleware is put on a handler, for CheckRoutes.
 func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middleware {
 	// applies[i] reports whether r is a request of rls[i]'s method and route.
 	applies := make([]func(*http.Request) bool, len(rls))
@@ -149,10 +137,8 @@ func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middlewar
 	}
 }
 
-// serveHTTP runs next under the lock of rl's keys for r. The handler gets the lease's context
-// (flightlock.FromContext works in it) and the body as it came, even when the key read it.
-// The lock is released when next returns or panics; the panic then goes on to go-zero's
-// recover handler.
+// serveHTTP runs next under the lock of rl's keys for r, with the lease's context and the body
+// as it came. The lock is released when next returns or panics.
 func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	ctx := r.Context()
 	keys, err := rl.HTTPKeys(r)

@@ -9,13 +9,10 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// holdTimes estimates how long a rule's locks are held: a moving average of the time from
-// grant to release of its requests, which is what a busy answer's Retry-After should say. The
-// holder's remaining TTL, the only figure the store has, is the renewal period of a lock that
-// is renewed: a 1.5 s order answered "Retry-After: 10".
-//
-// Releases of different keys of one rule may update the average at once; one of their samples
-// can then be lost, which an estimate tolerates, so a Load and a Store serve without a CAS loop.
+// holdTimes estimates how long a rule's locks are held, a moving average from grant to
+// release, for a busy answer's Retry-After: the holder's remaining TTL is only the renewal
+// period of a renewed lock. Concurrent releases may lose a sample, which an estimate
+// tolerates, so a Load and a Store serve without a CAS loop.
 type holdTimes struct {
 	avg atomic.Int64 // nanoseconds; 0 until the first release
 }
@@ -47,13 +44,12 @@ type retryHint struct {
 
 func (h *retryHint) Unwrap() error { return h.error }
 
-// defaultRetryAfter is a busy answer's hint when neither the holder's TTL nor a hold time is known:
-// a process's own single flight and a rule that has not released yet.
+// defaultRetryAfter is a busy answer's hint when neither the holder's TTL nor a hold time is
+// known.
 const defaultRetryAfter = time.Second
 
-// hintBusy gives a busy err the rule's hint: the shorter of the holder's remaining TTL (the lock
-// cannot stay longer unless renewed) and the rule's typical hold. Other errors, and a busy err
-// with neither known, are returned as they are (retryDelay answers defaultRetryAfter for it).
+// hintBusy gives a busy err the rule's hint: the shorter of the holder's remaining TTL and the
+// rule's typical hold. Other errors, and a busy err with neither known, are returned as is.
 func hintBusy(err error, holds *holdTimes) error {
 	if !errors.Is(err, flightlock.ErrBusy) {
 		return err
@@ -68,9 +64,8 @@ func hintBusy(err error, holds *holdTimes) error {
 	return &retryHint{error: err, after: d}
 }
 
-// retryDelay is how long a busy answer tells the client to wait: the middleware's hint
-// (hintBusy), else the Locker's (the holder's remaining TTL), else defaultRetryAfter. Every
-// busy answer carries it: Retry-After on REST, RetryInfo on gRPC.
+// retryDelay is how long a busy answer (Retry-After, RetryInfo) tells the client to wait: the
+// middleware's hint (hintBusy), else the holder's remaining TTL, else defaultRetryAfter.
 func retryDelay(err error) time.Duration {
 	var h *retryHint
 	if errors.As(err, &h) {

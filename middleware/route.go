@@ -11,8 +11,8 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// routerMethods are the methods go-zero's router accepts (rest/router/patrouter.go,
-// validMethod): a rule without a Method stands in the tree of each.
+// routerMethods are the methods go-zero's router accepts: a rule without a Method stands in
+// the tree of each.
 var routerMethods = [...]string{
 	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
 	http.MethodPatch, http.MethodPost, http.MethodPut,
@@ -20,19 +20,12 @@ var routerMethods = [...]string{
 
 // httpRoutes finds the rule that names the route go-zero's router dispatched a request to.
 //
-// The router (rest/router/patrouter.go) keeps one core/search.Tree of route patterns per
-// method, searches it for the cleaned path, and stores the variables of the route it found in
-// the request (pathvar.WithVars); a server.Use middleware sees the method, the path and those
-// variables, not the route. So the rule patterns sit in search.Trees too, one per method and
-// per set of variable names: only the tree of the route's method and variable names can hold a
-// rule naming it, search.Tree's own precedence (a static segment before a variable,
-// backtracking when a branch fails) picks the pattern the router picks, and the pattern found
-// must yield the very values the router set. A rule /sku/:id thus never locks a request that
-// the router sent to /sku/list (no variables) or to /sku/:sku (other names).
-//
-// What stays ambiguous is ambiguous for the router too: two patterns with the same variable
-// names that both match a path with the same values (/p/:x and /:x/p on /p/p). The router
-// takes the first in its precedence, and so does the tree.
+// A server.Use middleware sees the method, the path and the route's variables
+// (pathvar.Vars), not the route. So the rule patterns sit in core/search.Trees, as the
+// router's do, one per method and set of variable names: search.Tree's precedence picks the
+// pattern the router picks, and the pattern found must yield the very values the router set.
+// A rule /sku/:id thus never locks a request routed to /sku/list or /sku/:sku. What stays
+// ambiguous (/p/:x and /:x/p on /p/p) is resolved as the router resolves it.
 type httpRoutes struct {
 	byMethod map[string][]routeTree // built by New, read-only after
 }
@@ -44,8 +37,7 @@ type routeTree struct {
 }
 
 // add puts a rule with a Path in the tree of its method, or of every method the router
-// accepts when it has none. compileRules has refused two rules on one pattern and method,
-// the only way a search.Tree refuses an item, so add cannot fail.
+// accepts. compileRules refused two rules on one pattern and method, so add cannot fail.
 func (h *httpRoutes) add(r *rule) {
 	if h.byMethod == nil {
 		h.byMethod = make(map[string][]routeTree)

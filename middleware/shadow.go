@@ -8,8 +8,8 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// shadowBound is the longest a shadow rule waits for Redis to answer its try-lock: a shadow
-// rule must not delay a request by more than a round trip, also when Redis is slow or down.
+// shadowBound is the longest a shadow rule waits for its store's try-lock, so that it delays
+// no request by more than a round trip, even when the store is slow or down.
 const shadowBound = 50 * time.Millisecond
 
 // Values of the "would" label of shadow conflicts, besides the rule's OnBusy.
@@ -18,10 +18,9 @@ const (
 	wouldStoreError = "store_error"
 )
 
-// lockShadow runs a shadow rule: it tries the lock (never waiting), counts a conflict when
-// enforcing the rule would have held the request back, and always lets the request through,
-// on its own context. A lock it got is released after the handler, so that concurrent
-// duplicates see it.
+// lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict when
+// enforcing would have held the request back, and always lets it through, on its own context.
+// A lock it got is released after the handler, so that concurrent duplicates see it.
 func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string) held {
 	sctx, cancel := context.WithTimeout(ctx, shadowBound)
 	g, err := rl.locker.LockAll(sctx, keys...)
@@ -63,9 +62,8 @@ func (m *Middleware) badKey(ctx context.Context, rl *rule, err error) (goOn bool
 	if metricsOn() {
 		acquireDuration.ObserveFloat(0, rl.stats.name, rl.stats.template, rl.stats.store, outcomeInvalidKey, "none")
 	}
-	// Said in the service's log, summarised per rule: a template that names a field the
-	// requests never carry ({userId} for uid) refuses every request with 400, and the access
-	// log alone does not say why.
+	// Logged, summarised per rule: a template naming a field requests never carry refuses
+	// every request, and the access log alone does not say why.
 	m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", err)
 	return false
 }

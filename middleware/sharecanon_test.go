@@ -2,7 +2,7 @@ package middleware
 
 // A lock key renders every REST value written as a number in one form, so "007" and "7" make
 // one key. A share rule's stored responses are keyed by the values as written
-// (templateHTTPRawKeys): a duplicate is recognised by its key and by a fingerprint of method,
+// (templateHTTPKeys with raw): a duplicate is recognised by its key and by a fingerprint of method,
 // path, query and body only (middleware/share), so when the number comes from a header (or a
 // JWT claim) the two requests have the same fingerprint, and the request of account "7" must
 // not receive the response the handler gave to account "007" (a string field: another account).

@@ -9,13 +9,9 @@ import (
 )
 
 // ResponseSharing is the response sharing of OnBusy share rules; nil (the default) refuses such
-// a rule at start-up. A service with share rules sets it in main, before it builds the
-// middleware:
+// a rule at start-up. A service with share rules sets it in main (see package share):
 //
 //	flmw.ResponseSharing = share.New // github.com/flightlock/flightlock/middleware/share
-//
-// Services without share rules leave it nil and do not link the package. The middleware
-// reaches it through sharehook only, and lends it each share rule's lock (shareLocks).
 var ResponseSharing func(sharehook.Config) sharehook.Group
 
 // responseSharingLine is the line that sets ResponseSharing, as an error names it.
@@ -30,14 +26,12 @@ const (
 )
 
 // ErrPayloadMismatch answers a request of an OnBusy share rule whose key was used by a request
-// with another payload (an idempotency key reused for a different request): 422
-// Unprocessable Entity / InvalidArgument, as the IETF Idempotency-Key draft says.
+// with another payload: 422 / InvalidArgument, as the IETF Idempotency-Key draft says.
 var ErrPayloadMismatch = sharehook.ErrPayloadMismatch
 
 // shareParts gives the parts of cr, a rule that locks in store, their response sharing when
-// its OnBusy is share. Without ResponseSharing set that is an error naming the line that sets
-// it (field names the rule); so is, when strict, a store that cannot keep responses: a
-// rule built later with Route on one shares within its process only, its failures logged.
+// its OnBusy is share: an error without ResponseSharing, and, when strict, on a store that
+// keeps no responses (a Route rule on one shares within its process only).
 func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bool) error {
 	if cr.spec.OnBusy != rules.OnBusyShare {
 		return nil

@@ -18,41 +18,26 @@ import (
 )
 
 // NewStore builds a lock store and its go-redis client from go-zero's RedisConf, with go-zero's
-// meanings: Type "node" (Host is one address; empty means node) or "cluster" (Host lists seed
-// addresses, comma separated); User and Pass; Tls, which encrypts without verifying the
-// server's certificate, as go-zero's own client does (InsecureSkipVerify; to verify, build the
-// go-redis client with your tls.Config and give it to the Redis store's New); Protocol (0 means go-redis's
-// default, 3); MaintNotifications ("" means disabled, as in go-zero). With NonBlock false, as
-// in a RedisConf built in Go, NewStore pings Redis and fails when it does not answer within
-// PingTimeout (0 means 1s), as go-zero's redis.NewRedis does; go-zero's conf loader defaults
-// NonBlock to true, which starts without a round trip. For Sentinel, build a
-// redis.NewFailoverClient and give it to the Redis store's New; for an in-memory store,
-// lockstore/embedded.
-//
-// The client is built for locking: CLIENT SETINFO is never sent, whatever DisableIdentity says
-// (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
-// unreachable Redis fails a request within its deadline instead of after go-redis's read
-// timeouts and retries. Close the store to close the client.
+// meanings (see redisconf.Conf); with NonBlock false it pings Redis within PingTimeout. For
+// Sentinel, give a redis.NewFailoverClient to redisstore.New. The client never sends CLIENT
+// SETINFO (Redis 7.0 rejects it), and a call's context deadline bounds its socket I/O, so an
+// unreachable Redis fails a request within its deadline. Close the store to close the client.
 func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	return redisconf.NewStore(conf, opts...)
 }
 
 // EmbeddedStore opens the embedded in-memory Redis that a LockConf naming no store runs on, for
-// development; nil (the default) refuses such a config at start-up. A development binary sets
-// it in main, before it builds the middleware:
+// development; nil (the default) refuses such a config, so that production binaries link no
+// miniredis. New refuses it in pre and pro mode whatever this says. A development main sets:
 //
 //	flmw.EmbeddedStore = embedded.New // github.com/flightlock/flightlock/lockstore/embedded
-//
-// Production binaries leave it nil, and then link neither miniredis nor its Lua interpreter.
-// New refuses the embedded store in pre and pro mode whatever this says.
 var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error)
 
 // embeddedStoreLine is the line that sets EmbeddedStore, as an error names it.
 const embeddedStoreLine = "flmw.EmbeddedStore = embedded.New (github.com/flightlock/flightlock/lockstore/embedded)"
 
 // openSection opens the store that sec names, through its driver; a section that names none
-// (no Redis Host: the only one that rules may use unnamed, lockstore.Driver.Check) opens the
-// embedded store, for a service in go-zero mode mode ("" when unknown).
+// opens the embedded store, for a service in go-zero mode mode ("" when unknown).
 func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend, error) {
 	if !sec.Configured() {
 		return openEmbedded(sec, c, mode)
@@ -92,9 +77,8 @@ func openEmbedded(sec rules.Section, c LockConf, mode string) (*lockstore.Backen
 }
 
 // describe is the Backend of a store given in Go (WithStore, WithLocker), for keys under
-// prefix(its name, Capabilities().Name): what the store says of itself (lockstore.Describer),
-// or, for a store that describes nothing (one a test injected), a store that keeps no
-// responses, named as its Capabilities say or "redis" when they name nothing.
+// prefix(its name): what the store says of itself (lockstore.Describer), else a store that
+// keeps no responses, named by its Capabilities or "redis".
 func describe(s lockstore.Store, prefix func(name string) string) *lockstore.Backend {
 	name := cmp.Or(s.Capabilities().Name, rules.StoreRedis)
 	if d, ok := s.(lockstore.Describer); ok {
@@ -113,10 +97,9 @@ func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 	return lockerOn(b.Store, b.Name, c)
 }
 
-// lockerOn builds the Locker that c, normalized (its defaults filled from the tags), describes
-// on store, named name (its metrics label). Its locks carry the host, pid and go-zero trace id
-// of their holder beside the owner token, which sameTrace reads back. What the locks of Locker() do (a job's, a handler's own)
-// is counted and logged as the rule "Locker".
+// lockerOn builds the Locker that c, normalized, describes on store, named name (its metrics
+// label). Its locks carry their holder's trace id, which sameTrace reads back. What the locks
+// of Locker() do is counted and logged as the rule "Locker".
 func lockerOn(store lockstore.Store, name string, c LockConf) (*flightlock.Locker, error) {
 	l, err := flightlock.New(store,
 		flightlock.WithPrefix(c.Prefix),
@@ -135,10 +118,9 @@ func lockerOn(store lockstore.Store, name string, c LockConf) (*flightlock.Locke
 }
 
 // sameTrace refuses to wait for a key whose holder belongs to the request's own trace: a
-// nested call (a zrpc method called while its caller holds the key, go-zero propagating the
-// trace) that locks its caller's key would wait for its own caller until a deadline. Different
-// traces, or a request without one, wait as usual. Calls of one trace that are not nested
-// (siblings that lock one key) are refused too: the check cannot tell them apart.
+// nested call that locks its caller's key would wait for its own caller until a deadline.
+// Sibling calls of one trace that lock one key are refused too: the check cannot tell them
+// apart.
 func sameTrace(ctx context.Context, holder string) error {
 	id := trace.TraceIDFromContext(ctx)
 	if id == "" {

@@ -23,31 +23,21 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Conf is go-zero's discov.EtcdConf, field for field with go-zero's names and meanings,
-// so the Etcd section of a zrpc service can be copied under Lock: and its Key changed (see
-// below). The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key.
-//   - Hosts lists the members' client addresses (host:port), as for discovery. Empty: no etcd.
-//   - User and Pass authenticate (both or neither, as go-zero's HasAccount requires).
-//   - CertFile, CertKeyFile and CACertFile are the client certificate, its key and the CA
-//     that signed the members' certificates: all three or none (go-zero's HasTLS).
-//     InsecureSkipVerify skips the verification of the members' certificates, as in go-zero.
-//
-// Where it differs from discov.EtcdConf:
-//   - Key is the prefix of the lock keys, not a service's name, and is optional: default
-//     "flightlock/". Never give it a service's discovery Key: zrpc clients watch every key
-//     under Key + "/" and would dial the locks as server addresses. New refuses a Key whose
-//     first segment (up to the first "/") ends in ".rpc", goctl's naming of discovery keys;
-//     it cannot know the other services' keys, so keep the locks under a name of their own.
-//   - ID is not a field: it names a service's registration lease, which the locks do not use
-//     (flightlock check accepts it, so a copied section passes).
-//   - DialTimeout (default 5s, go-zero's) bounds the connection at start-up and each dial.
+// Conf is go-zero's discov.EtcdConf, with its names and meanings (Hosts; User and Pass, both
+// or neither; CertFile, CertKeyFile and CACertFile, all three or none; InsecureSkipVerify), so
+// that a zrpc service's Etcd section can be copied under Lock: with another Key. The lock of a
+// rendered key is the etcd key Key + Lock.Prefix + rendered key. docs/configuration.md
+// describes every field. Where it differs:
+//   - Key is the prefix of the lock keys (default "flightlock/"), never a service's discovery
+//     Key: zrpc clients would dial the locks as server addresses. New refuses a Key whose first
+//     segment ends in ".rpc", goctl's naming of discovery keys.
+//   - ID is not a field (flightlock check accepts it in a copied section).
+//   - DialTimeout (default 5s) bounds the connection at start-up and each dial.
 //   - LeaseMargin (default 1s, whole seconds) is how much longer than a lock's TTL its etcd
-//     lease lasts (the store's lease margin).
+//     lease lasts.
 //
-// etcd leases last whole seconds: a rule on etcd needs a TTL of whole seconds, at least 1s,
-// that the cluster grants with the margin added (TTL + LeaseMargin at least its minimum lease
-// TTL, 2s with etcd's default timings). New refuses other TTLs, naming the field; nothing is
-// rounded.
+// etcd leases last whole seconds, so a lock TTL on etcd must be whole seconds, at least 1s
+// (Check); nothing is rounded.
 type Conf struct {
 	Hosts              []string      `json:",optional"`
 	Key                string        `json:",default=flightlock/"`
@@ -67,8 +57,8 @@ func (e Conf) Name() string { return "etcd" }
 // Configured reports whether e names an etcd cluster.
 func (e Conf) Configured() bool { return len(e.Hosts) > 0 }
 
-// KeyPrefix is Key + prefix: the locks and stored responses of a service live under its Key.
-// Every user of the etcd keys (the store, the inspector, the CLI) takes the prefix from here.
+// KeyPrefix is Key + prefix, the one prefix of the locks and stored responses for every user
+// of the etcd keys (the store, the inspector, the CLI).
 func (e Conf) KeyPrefix(prefix string) string { return e.Key + prefix }
 
 // Store builds the etcd client (Client) and the store that e describes, as New does; close
@@ -132,8 +122,7 @@ func (e Conf) Validate(section, prefix string) []error {
 	return ps
 }
 
-// Check implements lockstore.Driver: etcd leases last whole seconds, so a lock TTL must be
-// whole seconds, at least 1s (nothing is rounded).
+// Check implements lockstore.Driver: a lock TTL must be whole seconds, at least 1s.
 func (e Conf) Check(section string, u lockstore.Use) error {
 	switch {
 	case !e.Configured():
@@ -145,13 +134,9 @@ func (e Conf) Check(section string, u lockstore.Use) error {
 		"(nothing is rounded)", u.TTL, u.On())
 }
 
-// Client is the etcd client that New builds for e, as go-zero's discov does
-// (core/discov/internal: DialClient and AddTLS): e.Hosts as endpoints, User and Pass when both
-// are set, TLS from CertFile, CertKeyFile and CACertFile when all three are set (with
-// InsecureSkipVerify), AutoSyncInterval one minute, RejectOldCluster and PermitWithoutStream.
-// DialTimeout (0 means 5s, go-zero's) bounds the first connection: New fails when no member
-// answers within it. For tools that read the locks (cmd/flightlock) and stores built with
-// etcdstore.New and options of their own. The caller closes it.
+// Client is the etcd client that New builds for e, as go-zero's discov builds it (DialClient,
+// AddTLS); it fails when no member answers within DialTimeout (0 means 5s). For tools and for
+// stores built with options of their own; the caller closes it.
 func (e Conf) Client() (*clientv3.Client, error) {
 	hosts := make([]string, 0, len(e.Hosts))
 	for _, h := range e.Hosts {
@@ -165,13 +150,12 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints:           hosts,
 		AutoSyncInterval:    time.Minute,
-		DialTimeout:         cmp.Or(e.DialTimeout, defaultEtcdDialTimeout),
+		DialTimeout:         cmp.Or(e.DialTimeout, 5*time.Second), // go-zero's
 		RejectOldCluster:    true,
 		PermitWithoutStream: true,
-		// Pings find a member cut off with its connections open (frozen, or behind a black
-		// hole): without them the client keeps sending a share of its calls there, and a
-		// waiter's attempts can land on it until its wait runs out. Six seconds is the first
-		// whole second etcd accepts by default (--grpc-keepalive-min-time 5s).
+		// Pings find a member cut off with its connections open, which would otherwise keep
+		// a share of the calls; 6s is the first whole second above etcd's default
+		// --grpc-keepalive-min-time.
 		DialKeepAliveTime:    6 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 	}
@@ -201,9 +185,8 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		if cfg.TLS != nil {
-			// The etcd client retries a failed handshake until DialTimeout and then reports
-			// only the timeout; the certificate error that caused it went to its log. Ask
-			// the first member once more to put the cause in the error.
+			// The client reports only the timeout of a failed handshake: ask the first
+			// member once more to put the cause in the error.
 			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
 				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
 			}
@@ -213,10 +196,9 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// tlsHandshakeError dials host (an etcd endpoint: "https://h:p" or "h:p") within d, runs the
-// TLS handshake with conf as the etcd client would (the server name from the endpoint), and
-// reads once, so that a client certificate the member refuses (reported after the handshake
-// in TLS 1.3) shows too. It returns the first error of those, or nil when none came in time.
+// tlsHandshakeError runs the TLS handshake with host (an etcd endpoint) within d as the etcd
+// client would, and reads once, so that a client certificate refused after the handshake (TLS
+// 1.3) shows too; nil when no error came in time.
 func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	addr := host
 	if u, err := url.Parse(host); err == nil && u.Host != "" {
@@ -249,6 +231,3 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
-
-// defaultEtcdDialTimeout is go-zero's dial timeout for etcd (core/discov/internal/vars.go).
-const defaultEtcdDialTimeout = 5 * time.Second

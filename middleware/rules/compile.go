@@ -41,9 +41,8 @@ type Plan struct {
 	FromMessage bool
 }
 
-// Compile checks c, normalized, and compiles its rules, then those built in Go (extra, whose
-// Rules are normalized too), without building any store. The middleware runs the result; the
-// flightlock CLI's check reports its errors.
+// Compile checks c, normalized, and compiles its rules, then those built in Go (extra,
+// normalized too), without building any store, for the middleware and flightlock check.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	if err := c.check(); err != nil {
 		return nil, err
@@ -105,8 +104,7 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 }
 
 // checkSharedName refuses s when an earlier rule of its Name (prev) locks the same requests of
-// the group. Rules may share a name (one goctl @server group) when each says which of the
-// group's requests it locks: a Method or a Path, not both the same as another's.
+// the group: each needs a Method or Path of its own.
 func checkSharedName(s Spec, prev []Spec) error {
 	for _, p := range prev {
 		if (s.Method == "" && s.Path == "") || (p.Method == "" && p.Path == "") ||
@@ -134,20 +132,30 @@ func CompileHTTP(s Spec) (*Plan, error) {
 		rl.HTTPKeys = ownKeysApartHTTP(s, funcHTTPKeys(s.HTTPKey))
 		return rl, nil
 	}
+	_, plan, err := compileKey(s, bindHTTP(route))
+	if err != nil {
+		return nil, err
+	}
+	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan, false))
+	rl.HTTPReplayKeys = templateHTTPKeys(plan, true)
+	return rl, nil
+}
+
+// compileKey parses s's key template, refuses one among the middleware's own keys (unless s
+// is a shadow rule, whose keys live apart) and binds it with bind.
+func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]keyTemplate, keyPlan[S], error) {
 	keys, err := parseTemplate(s.Key)
 	if err == nil && !s.Shadow {
 		err = checkOwnKeys(keys)
 	}
-	if err != nil {
-		return nil, FieldError(s.Field+".Key", "%v", err)
+	var plan keyPlan[S]
+	if err == nil {
+		plan, err = bindPlan(keys, bind)
 	}
-	plan, err := bindPlan(keys, bindHTTP(route))
 	if err != nil {
-		return nil, FieldError(s.Field+".Key", "%v", err)
+		return nil, nil, FieldError(s.Field+".Key", "%v", err)
 	}
-	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan))
-	rl.HTTPReplayKeys = templateHTTPRawKeys(plan)
-	return rl, nil
+	return keys, plan, nil
 }
 
 // ownKeysApartHTTP refuses the keys of an enforced rule's request that fall among the
@@ -175,16 +183,9 @@ func compileRPC(s Spec) (*Plan, error) {
 		rl.FromMessage = true
 		return rl, nil
 	}
-	keys, err := parseTemplate(s.Key)
-	if err == nil && !s.Shadow {
-		err = checkOwnKeys(keys)
-	}
+	keys, plan, err := compileKey(s, bindRPC(methodInput(s.RPC)))
 	if err != nil {
-		return nil, FieldError(s.Field+".Key", "%v", err)
-	}
-	plan, err := bindPlan(keys, bindRPC(methodInput(s.RPC)))
-	if err != nil {
-		return nil, FieldError(s.Field+".Key", "%v", err)
+		return nil, err
 	}
 	rl.RPCKeys = ownKeysApartRPC(s, templateRPCKeys(plan))
 	rl.FromMessage = usesMessage(keys)

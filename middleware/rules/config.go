@@ -35,15 +35,11 @@ const (
 	ModeWrite          = "write"
 )
 
-// The sections of the stores, each owned by its store's package (lockstore.Driver).
+// The store sections, each owned by its store's package (lockstore.Driver), which documents it.
 type (
-	// RedisConf is go-zero's redis.RedisConf with Sentinel, Lanes and Replicas; see redisconf.Conf.
-	RedisConf = redisconf.Conf
-	// SentinelConf locates the primary through Redis Sentinel; see redisconf.SentinelConf.
-	SentinelConf = redisconf.SentinelConf
-	// EtcdConf is an etcd cluster for the locks, as go-zero's discov.EtcdConf; see etcdconf.Conf.
-	EtcdConf = etcdconf.Conf
-	// ZookeeperConf is a ZooKeeper ensemble for the locks; see zkconf.Conf.
+	RedisConf     = redisconf.Conf
+	SentinelConf  = redisconf.SentinelConf
+	EtcdConf      = etcdconf.Conf
 	ZookeeperConf = zkconf.Conf
 )
 
@@ -53,8 +49,7 @@ type Section struct {
 	lockstore.Driver
 }
 
-// Sections are the store sections of c, in the order Redis, etcd, ZooKeeper: the one list of
-// the stores a LockConf can name.
+// Sections are the store sections of c, in the order Redis, etcd, ZooKeeper.
 func (c LockConf) Sections() []Section {
 	return []Section{{"Lock.Redis", c.Redis}, {"Lock.Etcd", c.Etcd}, {"Lock.Zookeeper", c.Zookeeper}}
 }
@@ -76,31 +71,21 @@ var HTTPMethods = []string{
 }
 
 // LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`.
-// The tags hold the defaults, and nothing else does: go-zero's conf loader fills them in a
-// loaded config, and New and Validate fill the same ones, taken from the tags by go-zero's
-// conf.FillDefault, in the zero fields of a LockConf built in Go (an empty Prefix means
-// "lock:", a zero TTL 10s, and so on). A bool is never filled: false is a value, so that
-// Redis.NonBlock: false in YAML keeps its meaning; in a LockConf built in Go, NonBlock is
-// therefore false unless set (see RedisConf).
+// The tags hold the only defaults: go-zero's loader fills them in a loaded config, and New and
+// Validate fill the zero fields of a LockConf built in Go from the same tags (conf.FillDefault).
+// A bool is never filled, since false is a value (Redis.NonBlock: false keeps its meaning).
 //
-// The words of OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's
-// OnBusy, Mode and Method are matched in any case (OnBusy: Wait, Method: post as goctl's .api files spell it). The tags
-// have no options= on purpose: go-zero's loader would refuse a bad value before Validate runs,
-// case-sensitively and without naming the field; Validate names it and lists the
-// values it accepts.
+// OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's OnBusy, Mode
+// and Method are matched in any case. The tags have no options= on purpose: go-zero's loader
+// would refuse a bad value case-sensitively without naming the field; Validate names it.
 type LockConf struct {
-	// Redis is the shared Redis, as go-zero's redis.RedisConf (see RedisConf). Without a Host
-	// the locks live in an embedded in-memory Redis that only this process sees, for
-	// development and tests: New logs it as an error, and refuses it in go-zero's pre and pro
-	// modes (WithServiceMode).
+	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
+	// that only this process sees: New logs it as an error and refuses it in go-zero's pre and
+	// pro modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
-	// Etcd is an etcd cluster for the locks, as go-zero's discov.EtcdConf (see EtcdConf): with
-	// Hosts set and no Redis Host or Sentinel, every rule locks in etcd; with both, each rule
-	// says which with Rule.Store. Empty (the default): no etcd.
-	Etcd EtcdConf `json:",optional"`
-	// Zookeeper is a ZooKeeper ensemble for the locks (see ZookeeperConf), chosen as Etcd is:
-	// with Hosts set and no other store named, every rule locks in it; with several stores
-	// named, each rule says which with Rule.Store. Empty (the default): no ZooKeeper.
+	// Etcd and Zookeeper are the other stores (empty by default). The one store Lock names
+	// serves every rule; with several named, each rule says which with Rule.Store.
+	Etcd      EtcdConf      `json:",optional"`
 	Zookeeper ZookeeperConf `json:",optional"`
 	// Prefix is put before every rendered key (default "lock:"); in etcd, after Etcd.Key.
 	Prefix string `json:",default=lock:"`
@@ -109,39 +94,32 @@ type LockConf struct {
 	TTL time.Duration `json:",default=10s"`
 	// MaxHold bounds how long one request keeps a lock (default 60s).
 	MaxHold time.Duration `json:",default=60s"`
-	// Wait is how long a rule with OnBusy "wait" queues for a busy key (default 2s); the
-	// request's deadline shortens it, less a reserve for the busy answer (a tenth of the time
-	// left, 1-100ms), so that the 409 / Aborted arrives before go-zero's server timeout.
+	// Wait is how long a rule with OnBusy "wait" queues for a busy key (default 2s), cut to
+	// end a reserve (a tenth of the time left, 1-100ms) before the request's deadline.
 	Wait time.Duration `json:",default=2s"`
 	// Retry is how a waiter polls a key held by another process between release notifications.
 	Retry RetryConf `json:",optional"`
-	// OnStoreError says what a locked route does when Redis cannot be reached: "closed"
+	// OnStoreError says what a locked route does when the store cannot be reached: "closed"
 	// (default) answers 503 / Unavailable; "open" runs the handler under this process's lock
-	// only (a degraded lease: other processes are not excluded, Fence is 0), and counts
-	// and logs it.
+	// only (a degraded lease: Fence is 0), counted and logged.
 	OnStoreError string `json:",default=closed"`
-	// TrustOwner makes the zrpc server interceptors honour lock owners that an upstream
-	// service propagated in the call's metadata (UnaryClientInterceptor), so a downstream lock
-	// of the same key re-enters instead of deadlocking. A handed-over owner only re-enters a
-	// lock it holds, never a free key. Off by default: enable it only on services that
-	// untrusted clients cannot call, and set OwnerSecret on both sides.
+	// TrustOwner makes the zrpc server interceptors honour lock owners an upstream service
+	// propagated (UnaryClientInterceptor), so a downstream lock of the same key re-enters
+	// instead of deadlocking; such an owner only re-enters a lock it holds. Off by default:
+	// enable it only where untrusted clients cannot call, with OwnerSecret on both sides.
 	TrustOwner bool `json:",optional"`
-	// PropagateTo names the downstream zrpc methods that receive the owners of the locks a
-	// request holds (UnaryClientInterceptor): full methods ("/balance.Balance/Debit") or whole
-	// services ("/balance.Balance/"). Empty (the default): owners go nowhere.
+	// PropagateTo names the downstream zrpc methods that receive the owners of the request's
+	// locks: full methods ("/balance.Balance/Debit") or services ("/balance.Balance/").
 	PropagateTo []string `json:",optional"`
 	// OwnerSecret, when set, signs the owners sent downstream (HMAC-SHA256 of key, owner and
-	// fence) and makes TrustOwner accept only owners signed with the same secret, so that only
-	// services that share it can hand a lock over. Every service of a call chain sets the same.
+	// fence), and TrustOwner accepts only owners signed with it. Every service of a chain sets
+	// the same.
 	OwnerSecret string `json:",optional"`
-	// Drain is the grace period of a shutdown (default 3s). When go-zero's shutdown listeners
-	// run (SIGTERM), the Middleware takes no new lock (503 / Unavailable, Retry-After: 1) and
-	// gives the handlers that hold one up to Drain to finish; each lock is released as its
-	// handler returns, so peers get it at once instead of a TTL later. Past Drain the
-	// handlers' contexts are cancelled with cause flightlock.ErrClosed, and they get one more
-	// second to return. A lock whose handler still runs then is never released under it: it
-	// runs out with its TTL once the process exits. Keep Drain below go-zero's Shutdown.WaitTime
-	// (5.5s) minus its WrapUpTime (1s).
+	// Drain is the grace period of a shutdown (default 3s): once go-zero's shutdown listeners
+	// run, no new lock is taken (503 / Unavailable, Retry-After: 1) and the holders get Drain to
+	// finish, each lock released as its handler returns. Then their contexts are cancelled
+	// (cause flightlock.ErrClosed) with one more second to return; a lock still held after
+	// that runs out with its TTL. Keep Drain below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
 	// TraceKeys puts the rendered keys of a request in its lock span (attribute
 	// flightlock.keys). Off by default: keys hold user ids, account numbers and the like.
@@ -150,10 +128,9 @@ type LockConf struct {
 	Rules []Rule `json:",optional"`
 }
 
-// DefaultStore is the store of a rule that names none: the one store the section names (etcd
-// or ZooKeeper by their Hosts, Redis by its Host or Sentinel), else Redis (the embedded one
-// without a Host). ambiguous reports that it names several; store is then the first of Redis,
-// etcd and ZooKeeper that it names (Middleware.Locker's).
+// DefaultStore is the store of a rule that names none: the one store c names, else Redis (the
+// embedded one). ambiguous reports that c names several; store is then the first of them
+// (Middleware.Locker's).
 func (c LockConf) DefaultStore() (store string, ambiguous bool) {
 	named := c.namedStores()
 	if len(named) == 0 {
@@ -197,10 +174,8 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 	return s.Store, nil
 }
 
-// CheckRuleStore validates the store of rule s of c: which one, and what that store's driver
-// requires of the rule (lockstore.Driver.Check): etcd whole-second TTLs (a share rule's Replay
-// is rounded up instead), ZooKeeper a TTL below two thirds of the session timeout and no share
-// rule, as it keeps no responses.
+// CheckRuleStore validates the store of rule s of c and what that store's driver requires of
+// the rule (lockstore.Driver.Check).
 func (c LockConf) CheckRuleStore(s Spec) error {
 	store, err := c.StoreOf(s)
 	if err != nil {
@@ -218,9 +193,8 @@ func (c LockConf) CheckRuleStore(s Spec) error {
 }
 
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
-// "exponential" (default; from Min to Max, jittered), "linear" (Min, 2*Min, ... up to Max)
-// or "none" (one attempt). Attempts caps the attempts per acquisition; 0 means until the wait
-// budget ends.
+// "exponential" (default; Min to Max, jittered), "linear" (Min, 2*Min, ... up to Max) or
+// "none". Attempts caps the attempts per acquisition; 0 means until the wait budget ends.
 type RetryConf struct {
 	Backoff  string        `json:",default=exponential"`
 	Min      time.Duration `json:",default=5ms"`
@@ -231,40 +205,24 @@ type RetryConf struct {
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
 // that Key renders from each request.
 //
-// Key is a template: literal text with {name} references, for example "order:{body.uid}". For
-// REST a reference names its source: {path.x}, {query.x}, {form.x} (an urlencoded or multipart
-// body), {body.a.b} (a dotted path into a JSON body), {header.X-Name} and {jwt.claim} (a custom
-// claim that go-zero's JWT handler put in the context). Each source is read only when, and as,
-// go-zero's httpx.Parse reads it, so that the key is built from the value the handler binds: a
-// JSON body only with a Content-Length above 0 and a Content-Type containing application/json,
-// and {query.x} and {form.x} are refused when the query and the form body, which go-zero binds
-// as one form, hold more than one distinct value of x. A bare {name} is looked up in every
-// source Parse could bind it from, in Parse's order: path variable, form (query and body),
-// header, top-level JSON body field; it is refused as ambiguous when they give different
-// values, so prefer the explicit form. For zrpc a reference names a field of the request
-// message by its proto name ({sku}, nested {order.uid}), and {header.x} reads the call's
-// metadata. "+" joins keys that are locked together, all or nothing, in a canonical order:
-// "acct:{from}+acct:{to}". Two references in one key must be separated by literal text
-// containing ':', so that different values never render the same key. A reference that is
-// missing, empty or ambiguous fails the request with 400 / InvalidArgument.
-//
-// A rule with a Name is the rule of a goctl middleware: Named(Name) returns the rest.Middleware
-// that @server(middleware: Name) puts on a route group, so the key stays in YAML.
+// Key is a template: literal text with {name} references, as "order:{body.uid}" (REST sources
+// path, query, form, body, header and jwt; for zrpc a request field by proto name, or header
+// for metadata). Each source is read only as go-zero's httpx.Parse reads it, so the key holds
+// the value the handler binds; a bare {name} must agree across every source Parse could bind
+// it from. "+" joins keys locked together, all or nothing: "acct:{from}+acct:{to}". Two
+// references in one key are separated by literal text containing ':', so that different
+// values never render the same key. A missing, empty or ambiguous reference fails the request
+// with 400 / InvalidArgument. docs/configuration.md gives the sources' rules in full.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
-	// Name, when set, gives the rule to the middleware that Named(Name) returns, for the
-	// route group of a goctl @server(middleware: Name) block; Handle leaves a named rule
-	// alone, so that a request is locked by one middleware, and a named rule that no Named
-	// call picks up is reported by CheckRoutes. A named rule may leave out Path (it then
-	// locks every request of its group) and Method; when set, they narrow the requests it
-	// locks, as with Route, and CheckRoutes checks them. A named rule has no RPC. Names are
-	// matched exactly; rules that share one (a group's GET that reads and PUT that writes)
-	// each need their own Method or Path. Empty (the default): the rule is Handle's
-	// and the interceptors'.
+	// Name gives the rule to the middleware Named(Name) returns, for a goctl
+	// @server(middleware: Name) group; Handle leaves a named rule alone, so that one
+	// middleware locks a request, and CheckRoutes reports a name no Named call picks up. A
+	// named rule has no RPC; Path (without it, every request of the group) and Method narrow
+	// it, as with Route. Rules that share a name each need their own Method or Path.
 	Name string `json:",optional"`
-	// Method is the REST route's HTTP method, in any case (post is POST); empty matches any
-	// method.
+	// Method is the REST route's HTTP method, in any case; empty matches any method.
 	Method string `json:",optional"`
 	// Path is the REST route's go-zero pattern, such as /api/sku/:sku/deduct.
 	Path string `json:",optional"`
@@ -272,91 +230,72 @@ type Rule struct {
 	RPC string `json:",optional"`
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
-	// OnBusy is what a request does when another holds the key: "wait" (default) queues, in
-	// FIFO order, up to the Wait budget (ending before the request's deadline), then answers
-	// 409 / Aborted; "reject" answers 409 / Aborted at once, for duplicate-submission rules
-	// (a double "create order"); "share" waits as "wait" and then answers with the holder's
-	// response instead of running the handler (see Replay).
+	// OnBusy is what a request does when another holds the key: "wait" (default) queues in
+	// FIFO order up to the Wait budget, then answers 409 / Aborted; "reject" answers so at
+	// once; "share" waits, then answers with the holder's response (see Replay).
 	OnBusy string `json:",default=wait"`
-	// Replay is how long a share rule keeps a response in its store for duplicates that come
-	// later, in any process (default 10s; on etcd rounded up to whole seconds, and kept up to
-	// one second longer). Only responses of the ReplayStatus classes (default
-	// 2xx) whose body is at most ReplayMaxBytes (default 64 KiB) are stored; the others are
-	// shared only with the duplicates that waited in the same process, and a retry runs the
-	// handler again. A duplicate with another payload (method, path, query and body; for zrpc
-	// the request message) under the same key is answered 422 / InvalidArgument.
+	// Replay is how long a share rule keeps a response in its store for later duplicates, in
+	// any process (default 10s; on etcd rounded up to whole seconds). Only responses of the
+	// ReplayStatus classes (default 2xx) up to ReplayMaxBytes (default 64 KiB) are stored; the
+	// others reach only the duplicates that waited in the same process. A duplicate with
+	// another payload under the same key is answered 422 / InvalidArgument.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
 	// TTL and Wait override LockConf's for this rule when positive.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
-	// Shadow runs the rule without enforcing it, to roll it out safely: no request is held
-	// back, queued or refused, and every request that enforcing the rule would have refused
-	// or queued (its key busy, a key that cannot be built, Redis unreachable) is counted in
-	// flightlock_shadow_conflicts_total, labelled by what OnBusy would have done. A shadow
-	// rule costs one Redis round trip per request at most (bounded at 50ms); its locks live
-	// under Prefix + "shadow:", apart from the enforced rules' locks. Delete the line to
-	// enforce the rule as written.
+	// Shadow runs the rule without enforcing it: no request is held back, and each that the
+	// rule would have refused or queued is counted in flightlock_shadow_conflicts_total, by
+	// what OnBusy would have done. It costs one store round trip per request at most (bounded
+	// at 50ms); its locks live under Prefix + "shadow:".
 	Shadow bool `json:",optional"`
 	// Store is the store the rule locks in, "redis", "etcd" or "zookeeper", in any case. Empty
-	// (the default): the one Lock names; a Lock that names several (Redis.Host or Sentinel,
-	// Etcd.Hosts, Zookeeper.Hosts) needs it on every rule. A share rule keeps its responses in
-	// the store it locks in, which cannot be ZooKeeper.
+	// (the default): the one Lock names; with several named, every rule needs it. A share rule
+	// keeps its responses in its store, which cannot be ZooKeeper.
 	Store string `json:",optional"`
-	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case: "closed" or
-	// "open". Empty (the default): the Lock section's. A stock rule can fail closed while a
-	// like counter on the same service fails open.
+	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case.
 	OnStoreError string `json:",optional"`
-	// Permits is how many requests may hold a key of the rule at once: a semaphore ("at most 3
-	// exports per tenant", flightlock.WithPermits): 2 to flightlock.MaxPermits. Left out (0), the
-	// rule is a lock; 1 is refused, as a lock has no Permits. Busy means every permit is taken. Every rule on a key must name
-	// the same count.
+	// Permits makes the rule a semaphore (flightlock.WithPermits): 2 to flightlock.MaxPermits
+	// requests may hold a key at once. Left out (0), the rule is a lock; 1 is refused. Every
+	// rule on a key must name the same count.
 	Permits int `json:",optional"`
-	// Mode makes the rule's locks one side of a read-write lock, in any case: "read" (GET of
-	// an order: reads of a key run together) or "write" (its updates: a write excludes every
-	// read and write of the key), flightlock.WithRead. A writer is not starved: once one waits,
-	// new reads wait behind it. Empty (the default) is a plain lock, which is a write lock: a
-	// read rule and a plain rule on one key exclude each other as a read and a write rule do.
-	// The reads of one process share a store read hold (the first takes it, the last releases
-	// it); a read lease is not handed to downstream services (PropagateTo). A read rule
-	// cannot have Permits, Fair, OnBusy share, or OnStoreError open.
+	// Mode makes the rule's locks one side of a read-write lock (flightlock.WithRead), in any
+	// case: "read" (reads of a key run together) or "write" (excludes every read and write).
+	// Empty (the default) is a plain lock, which excludes reads as a write does. Once a writer
+	// waits, new reads wait behind it. The reads of one process share one store hold, and a
+	// read lease is not propagated downstream. A read rule cannot have Permits, Fair, OnBusy
+	// share, or OnStoreError open.
 	Mode string `json:",optional"`
-	// ReadOnly says that a Mode read rule on a method other than GET or HEAD (a POST that
-	// only queries) is a read on purpose; without it such a rule is refused, since requests of
-	// those methods usually write, and reads run beside each other.
+	// ReadOnly says that a read rule on a method other than GET or HEAD is a read on purpose;
+	// without it such a rule is refused, since those methods usually write.
 	ReadOnly bool `json:",optional"`
-	// Fair grants each key of the rule in request order across processes (flightlock.WithFair),
-	// not only within one: a request that waits takes a place in a line the store keeps for the
-	// key, and a waiter whose process died leaves it flightlock.FairQueueTTL after its last
-	// look. It costs the per-process single flight: each request talks to the store itself, and
-	// a release wakes every waiter. Only fair rules keep the line, so every rule on a key should
-	// be fair. Not with Mode read, Permits or OnStoreError open.
+	// Fair grants each key in request order across processes (flightlock.WithFair): a waiter
+	// takes a place in a line the store keeps, which it leaves flightlock.FairQueueTTL after its
+	// process dies. It costs the per-process single flight. Every rule on a key should be fair.
+	// Not with Mode read, Permits or OnStoreError open.
 	Fair bool `json:",optional"`
 }
 
-// Validate reports the first bad field of c, named as in the YAML file
-// (Lock.Rules[1].Key: ...), in an error that wraps flightlock.ErrConfig. New calls it. go-zero's
-// conf loader calls it too when LockConf is the config it loads, but not for a LockConf inside a
-// service's config: there New reports a bad field at start-up.
+// Validate reports the first bad field of c, named as in the YAML file (Lock.Rules[1].Key:
+// ...), in an error that wraps flightlock.ErrConfig. New calls it; go-zero's loader calls it
+// only when LockConf is the whole config it loads.
 func (c LockConf) Validate() error {
 	_, err := Compile(c.Normalized(), nil)
 	return err
 }
 
-// Problems reports every bad field of c, each a *ConfigError, where Validate stops at the
-// first: the scalar settings, then each rule in order, compiled after the good rules before it
-// (so a rule that repeats another's route or name is reported as Validate would report it).
-// The first problem is the one Validate returns; none means Validate returns nil. It is for
-// tools that list all the mistakes of a file at once (flightlock check).
+// Problems reports every bad field of c, each a *ConfigError, for tools that list all the
+// mistakes of a file (flightlock check): the scalar settings, then each rule compiled after
+// the good rules before it. The first is the one Validate returns.
 func (c LockConf) Problems() []error {
 	n := c.Normalized()
 	ps := n.problems()
 	base := n
 	base.Rules = nil
 	if len(ps) > 0 {
-		// compileRules checks the scalars first: give it good ones, naming the same stores
-		// (the rules' store checks read which), with c's TTL when that one is good.
+		// Compile checks the scalars first: give it good ones naming the same stores (the
+		// rules' store checks read them), with c's TTL when it is good.
 		base = LockConf{}.Normalized()
 		if n.Redis.Configured() {
 			base.Redis.Host = "redis"
@@ -388,11 +327,9 @@ func (c LockConf) Problems() []error {
 	return ps
 }
 
-// Normalized returns c with the defaults of the tags in its zero fields (confDefaults) and the
-// words matched in any case spelled as the checks and the Middleware compare them:
-// OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and rule OnBusy in lower
-// case, rule Method in upper case. c's Rules are copied, not changed. New and Validate call it
-// once, before anything reads c.
+// Normalized returns c with the tags' defaults in its zero fields and the words matched in any
+// case spelled as they are compared (Method upper case, the others lower). c's slices are
+// copied, not changed.
 func (c LockConf) Normalized() LockConf {
 	fillZero(reflect.ValueOf(&c).Elem(), reflect.ValueOf(confDefaults().lock))
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
@@ -415,9 +352,7 @@ func (c LockConf) Normalized() LockConf {
 	return c
 }
 
-// Normalized returns r with the defaults of Rule's tags in its zero fields (OnBusy "wait"),
-// OnBusy, Mode, Store and OnStoreError in lower case and Method in upper case, for rules built in Go (WithHTTPRule,
-// WithRPCRule, Route) as for those of a LockConf.
+// Normalized returns r as LockConf.Normalized returns a rule, for rules built in Go too.
 func (r Rule) Normalized() Rule {
 	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
 	r.Method = strings.ToUpper(r.Method)
@@ -428,10 +363,8 @@ func (r Rule) Normalized() Rule {
 	return r
 }
 
-// confDefaults returns a LockConf and a Rule that hold the defaults of their tags and nothing
-// else, filled once by go-zero's conf.FillDefault: the go-zero layer's one source of defaults
-// , for configs built in Go. FillDefault fails only on a malformed tag, a bug that
-// every test would hit, hence the panic.
+// confDefaults holds a LockConf and a Rule with only their tags' defaults, for configs built in
+// Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence the panic.
 var confDefaults = sync.OnceValue(func() (d struct {
 	lock LockConf
 	rule Rule
@@ -445,11 +378,9 @@ var confDefaults = sync.OnceValue(func() (d struct {
 	return d
 })
 
-// fillZero sets each zero field of the struct dst to the same field of def, recursing into
-// nested structs (Redis, Retry). conf.FillDefault cannot do it in place: it refuses a struct
-// with any field set. Bools are left alone, because false is a value, not an absence: a
-// loaded Redis.NonBlock: false must stay false. Slices are left alone too: the defaults have
-// none, and rules are filled one by one (Rule.normalized).
+// fillZero sets each zero field of the struct dst to the same field of def, recursively;
+// conf.FillDefault refuses a struct with any field set. Bools stay (false is a value), and so
+// do slices (the defaults have none; rules are normalized one by one).
 func fillZero(dst, def reflect.Value) {
 	for i := range dst.NumField() {
 		f := dst.Field(i)
@@ -464,7 +395,7 @@ func fillZero(dst, def reflect.Value) {
 	}
 }
 
-// check validates the scalar settings of c: the first of its problems.
+// check returns the first problem of c's scalar settings.
 func (c LockConf) check() error {
 	if ps := c.problems(); len(ps) > 0 {
 		return ps[0]
@@ -472,8 +403,7 @@ func (c LockConf) check() error {
 	return nil
 }
 
-// problems validates the scalar settings of c, in the order check reports them, and returns
-// every bad one.
+// problems validates the scalar settings of c.
 func (c LockConf) problems() []error {
 	var ps []error
 	add := func(err error) {
@@ -526,8 +456,7 @@ func (r RetryConf) problems() []error {
 	return ps
 }
 
-// Strategy returns the flightlock retry strategy r describes, once normalized filled its
-// defaults (Min and Max from the tags, which equal flightlock.DefaultRetryMin and Max).
+// Strategy returns the flightlock retry strategy r describes, once normalized.
 func (r RetryConf) Strategy() flightlock.Retry {
 	lo, hi := r.Min, r.Max
 	var s flightlock.Retry
@@ -629,12 +558,8 @@ func checkFullMethod(m string) error {
 	return nil
 }
 
-// validMethod reports whether m is an HTTP method, as normalized (upper case).
-func validMethod(m string) bool { return slices.Contains(HTTPMethods, m) }
-
-// OneOf checks that v, normalized, is empty (the default) or one of allowed, and otherwise
-// names the field and the values it accepts: Lock.Rules[0].OnBusy: must be one of reject,
-// wait; got "bogus".
+// OneOf checks that v, normalized, is empty (the default) or one of allowed, else names the
+// field and the values it accepts.
 func OneOf(field, v string, allowed ...string) error {
 	if v == "" || slices.Contains(allowed, v) {
 		return nil
@@ -648,10 +573,8 @@ func FieldError(field, format string, args ...any) error {
 	return lockstore.FieldError(field, format, args...)
 }
 
-// ConfigError is a bad setting, as Validate, Problems and New report it: Error names the field
-// first, by its path in the YAML file ("Lock.Rules[1].OnBusy: must be one of ..."), and
-// errors.Is matches flightlock.ErrConfig as well as what Err wraps. Field is that path, for
-// tools that point at the line (flightlock check).
+// ConfigError is a bad setting, as Validate, Problems and New report it; see
+// lockstore.ConfigError.
 type ConfigError = lockstore.ConfigError
 
 // checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".

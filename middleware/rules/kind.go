@@ -7,14 +7,9 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// The kinds of lock a rule takes: a plain lock (a write lock), a semaphore (Permits), a read
-// or write lock of a read-write lock (Mode), each fair or not (Fair). The core refuses the
-// combinations that make no sense (flightlock.New's ConfigError); checkLockKind refuses them
-// first, in the rule's own words, so that a bad rule fails at start-up and in flightlock
-// check with the field to change.
-
-// checkLockKind validates Mode and Fair against the rest of a normalized rule. storeErrors is
-// the Lock section's OnStoreError, which a rule without its own follows.
+// checkLockKind validates Mode and Fair against the rest of a normalized rule, refusing in
+// the rule's own words what the core would refuse (flightlock.New's ConfigError). storeErrors
+// is the Lock section's OnStoreError, which a rule without its own follows.
 func checkLockKind(name string, r Rule, storeErrors string) error {
 	if err := OneOf(name+".Mode", r.Mode, ModeRead, ModeWrite); err != nil {
 		return err
@@ -22,13 +17,10 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	read := r.Mode == ModeRead
 	switch {
 	case r.Mode != "" && r.Permits > 1:
-		// A semaphore's permits beyond the first are keys of their own (key#2 ...): no read or
-		// write lock of the key ever meets them.
 		return FieldError(name+".Permits", "cannot be set with Mode %s: permits beyond the first are keys apart from the read-write lock "+
 			"of the key, so they would exclude neither reads nor writes; drop Permits, or Mode for a semaphore", r.Mode)
 	case read && r.Method != "" && r.Method != http.MethodGet && r.Method != http.MethodHead && !r.ReadOnly:
-		// Reads run beside each other: a rule whose requests write, read-locked, lets its
-		// writes run together, silently (torn data, not an error).
+		// Read-locked writes would run together, silently.
 		return FieldError(name+".Mode", "is read on %s, a method whose requests usually write, and reads run beside each other: "+
 			"use Mode write (or leave Mode out) for a handler that writes, or set ReadOnly: true on the rule if this %s only reads", r.Method, r.Method)
 	case r.ReadOnly && !read:
@@ -49,9 +41,8 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	if !read {
 		what = "a fair lock"
 	}
-	// A rule that falls open runs under the process's gate when the store is down; read and
-	// fair locks are taken outside that gate (it would put local readers in single file, and
-	// reorder a fair line), so there is nothing to fall back on.
+	// Read and fair locks are taken outside the per-process gate that a rule falling open
+	// runs under.
 	switch {
 	case r.OnStoreError == StoreErrorsOpen:
 		return FieldError(name+".OnStoreError", "cannot be open for %s: it has no per-process lock to fall back on "+
@@ -63,9 +54,8 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	return nil
 }
 
-// LockOptions are the flightlock options of r's own settings: its TTL and Wait overrides and
-// its kind of lock (WithPermits, WithRead, WithFair). r is normalized and checked
-// (checkLockKind), so the core accepts them together.
+// LockOptions are the flightlock options of r's own settings, normalized and checked
+// (checkLockKind): its TTL and Wait overrides and its kind of lock.
 func (r Rule) LockOptions() []flightlock.Option {
 	var opts []flightlock.Option
 	if r.TTL > 0 {
@@ -87,6 +77,5 @@ func (r Rule) LockOptions() []flightlock.Option {
 }
 
 // LockMode is the mode r's locks take, as traces and tools name it: "read" for Mode read,
-// "write" for every other rule (a plain lock and a permit exclude the other holders of their
-// key as a write does).
+// "write" for every other rule (plain locks and permits exclude as a write does).
 func (r Rule) LockMode() string { return cmp.Or(r.Mode, ModeWrite) }

@@ -18,31 +18,23 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// KeyFunc computes the lock key of a REST request in Go, for WithHTTPRule and RouteFunc. An error,
-// an empty key or a key among the middleware's own ("replay:...", "shadow:...") answers 400
-// without running the handler; the error need not wrap flightlock.ErrInvalidKey. The key is
-// used as is: escape user input so that different requests cannot forge each other's key.
+// KeyFunc computes the lock key of a REST request in Go, for WithHTTPRule and RouteFunc. An
+// error, an empty key or one of the middleware's own ("replay:...", "shadow:...") answers 400
+// without running the handler. The key is used as is: escape user input so that different
+// requests cannot forge each other's key.
 type KeyFunc func(r *http.Request) (string, error)
 
 // MaxBodyBytes bounds the request body that a template reads for {form.x} and {body.x}:
 // a larger body answers 400 (before go-zero's MaxBytes, which is 1 MiB by default, too).
 const MaxBodyBytes = 1 << 20
 
-// The key must be built from the value that the handler binds with go-zero's httpx.Parse,
-// so every getter reads a source exactly when, and as, Parse
-// would (go-zero v1.10.3, rest/httpx/requests.go and util.go):
-//   - ParsePath binds the route's path variables (pathvar.Vars);
-//   - ParseForm binds r.Form after r.ParseForm and r.ParseMultipartForm (GetFormValues): the URL
-//     query, plus an urlencoded body of POST, PUT and PATCH, plus the text fields of a
-//     multipart/form-data body. Empty values are dropped, "name[]" binds as "name", and a
-//     scalar field takes the first of several values;
-//   - ParseHeaders binds the header's values (a field tagged header:"uid" reads the header Uid);
-//   - ParseJsonBody decodes the first JSON value of the body only when ContentLength > 0 and
-//     the Content-Type contains "application/json" (withJsonBody); a chunked body, one of
-//     unknown length or a JSON body sent as text/plain is not read.
-// Parse binds them in that order, each over the fields its tag names, so which value a field
-// ends with depends on the handler's struct. A name that two sources, or two values of one
-// source, give differently is therefore refused rather than guessed.
+// The key must be built from the value that the handler binds with go-zero's httpx.Parse
+// (v1.10.3), so every getter reads a source exactly when, and as, Parse would: path variables;
+// the form (query, urlencoded body of POST, PUT and PATCH, multipart text fields; empty values
+// dropped, "name[]" as "name"); headers; the first JSON value of a body with ContentLength > 0
+// and a Content-Type containing "application/json". Which value a field ends with depends on
+// the handler's struct, so a name that sources, or values of one, give differently is refused
+// rather than guessed.
 
 // httpSource is one request as seen by the key getters. The body, the form and the JSON
 // object are read once, on first use.
@@ -65,8 +57,7 @@ type httpSource struct {
 	jsonDone bool
 }
 
-// readBody reads the body up to MaxBodyBytes and puts it back, so that the handler's
-// httpx.Parse reads it again.
+// readBody reads the body up to MaxBodyBytes and puts back what it read, for the handler.
 func (s *httpSource) readBody() ([]byte, error) {
 	if s.bodyRead {
 		return s.body, s.bodyErr
@@ -77,7 +68,6 @@ func (s *httpSource) readBody() ([]byte, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(s.r.Body, MaxBodyBytes+1))
 	_ = s.r.Body.Close()
-	// Whatever happened, the handler gets what was read: nothing is lost for it.
 	s.r.Body = io.NopCloser(bytes.NewReader(b))
 	switch {
 	case err != nil:
@@ -89,10 +79,9 @@ func (s *httpSource) readBody() ([]byte, error) {
 	return s.body, s.bodyErr
 }
 
-// formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body:
-// net/http reads an urlencoded body of POST, PUT and PATCH only (parsePostForm, which also
-// reads it when a media type parameter is malformed), and a multipart/form-data body of any
-// method (multipartReader), each once.
+// formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body: an
+// urlencoded one of POST, PUT and PATCH (even with a malformed media type parameter), a
+// multipart/form-data one of any method, each once.
 func formReadsBody(r *http.Request) bool {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
@@ -111,10 +100,8 @@ func readsJSONBody(r *http.Request) bool {
 		!formReadsBody(r)
 }
 
-// parseForm fills s.form as httpx.GetFormValues sees r.Form, by running net/http's own
-// ParseForm and ParseMultipartForm on a copy of the request that reads the buffered body; r
-// keeps its body and its unparsed form for the handler. An error is one that makes Parse
-// fail too.
+// parseForm fills s.form as httpx.GetFormValues sees r.Form, by running net/http's parsers on
+// a copy of r that reads the buffered body: r keeps its body and unparsed form for the handler.
 func (s *httpSource) parseForm() error {
 	if s.formDone {
 		return s.formErr
@@ -122,7 +109,8 @@ func (s *httpSource) parseForm() error {
 	s.formDone = true
 	r := s.r
 	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
-	c.Form, c.PostForm = cloneValues(r.Form), cloneValues(r.PostForm)
+	// Deep copies (http.Header.Clone, the same map type), nil staying nil.
+	c.Form, c.PostForm = url.Values(http.Header(r.Form).Clone()), url.Values(http.Header(r.PostForm).Clone())
 	if r.Body != nil { // a nil body is "missing form body" for net/http, as for the handler
 		c.Body = http.NoBody
 		if formReadsBody(r) {
@@ -151,17 +139,6 @@ func (s *httpSource) parseForm() error {
 	s.form, s.postForm = c.Form, c.PostForm
 	s.query, _ = url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
 	return nil
-}
-
-func cloneValues(v url.Values) url.Values {
-	if v == nil {
-		return nil
-	}
-	out := make(url.Values, len(v))
-	for k, vs := range v {
-		out[k] = slices.Clone(vs)
-	}
-	return out
 }
 
 // formField returns the values of name that go-zero's form binding sees, "name[]" included and
@@ -198,9 +175,8 @@ func formSources(inQuery, inBody bool) []string {
 	return []string{"the form"}
 }
 
-// formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part of the
-// request, and go-zero's form binding, which merges the query with the form body, must see no
-// other value.
+// formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part, and
+// the form go-zero binds (query and body merged) must hold no other.
 func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, error) {
 	vals, inQuery, inBody, err := s.formField(name)
 	if err != nil || (fromQuery && !inQuery) || (!fromQuery && !inBody) {
@@ -229,11 +205,8 @@ func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}
-	// A body that is one JSON value is decoded in one pass, without a Decoder's copy of it
-	// (the body key was a third of the middleware's allocations). Unmarshal refuses
-	// data after the first value, which go-zero's decoder ignores: such a body is decoded again
-	// as that decoder reads it, the first value only. Either way the result is the one the
-	// Decoder alone gave.
+	// Unmarshal avoids a Decoder's copy of the body but refuses data after the first value,
+	// which go-zero's Decoder ignores: such a body is decoded again as the Decoder reads it.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
@@ -245,9 +218,8 @@ func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
 	return s.json, nil
 }
 
-// bodyValue follows a dotted path into a JSON body object. Only the objects on the path are
-// split into fields, and only the value at its end is decoded: a large body costs a scan, not a
-// tree of maps.
+// bodyValue follows a dotted path into a JSON body object, splitting only the objects on the
+// path: a large body costs a scan, not a tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	obj, err := s.jsonObject()
 	if err != nil {
@@ -270,10 +242,8 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	return str, ok, nil
 }
 
-// scalarJSON is the key text of raw, a JSON value that a decoder has already checked (a field
-// of a decoded object): what decoding it with UseNumber gives to scalar, without a Decoder: a
-// string unescaped, a number as written (json.Number keeps the literal), true or false; no
-// text for null, an object or an array.
+// scalarJSON is the key text of raw, an already checked JSON value, as decoding it with
+// UseNumber gives it to scalar: a string unescaped, a number as written, true or false.
 func scalarJSON(raw json.RawMessage) (string, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -301,8 +271,7 @@ func scalarJSON(raw json.RawMessage) (string, bool) {
 	return "", false // null, an object or an array
 }
 
-// headerValue resolves {header.X}. go-zero binds headers too, and a repeated header with
-// different values has no single value to lock.
+// headerValue resolves {header.X}; a repeated header with different values has none.
 func (s *httpSource) headerValue(ref, name string) (string, bool, error) {
 	var c candidates
 	c.add("the header", s.r.Header.Values(name)...)
@@ -315,6 +284,7 @@ type candidates struct {
 	sources []string // the sources that gave a value, in the order seen
 }
 
+// add adds the values that source gives.
 func (c *candidates) add(source string, vals ...string) {
 	c.addFrom([]string{source}, vals)
 }
@@ -367,9 +337,8 @@ func scalar(v any) (string, bool) {
 	return "", false
 }
 
-// bindHTTP binds a template reference to its REST getter. route, when known, lets {path.x}
-// be checked at start-up. Every value is rendered in its canonical form when it is written as
-// a bool or a number (canonicalValue).
+// bindHTTP binds a template reference to its REST getter, rendering values canonically
+// (canonicalValue). route, when known, lets {path.x} be checked at start-up.
 func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
@@ -387,16 +356,10 @@ func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 }
 
 // canonicalValue returns v in one form for every way of writing the bool or the number that
-// httpx.Parse binds from it, and v itself when it writes neither.
-//
-// go-zero binds a bool field from a path variable, a form value, a header or a JSON string
-// (under a ",string" tag) with core/mapping.convertTypeFromString: "1" and every case of
-// "true" (strings.EqualFold) are true, "0" and every case of "false" are false; a JSON true
-// or false binds the same bools. So "true", "TRUE", "True" and "1" are one bool to the
-// handler and render as "1", and "false", "FALSE" and "0" as "0": the numeric form, which an
-// integer field's 1 and 0 render too, so that no integer key changes, and a zrpc bool renders
-// alike (scalarField). As with numbers, a string field that holds "true" then shares a lock
-// with "1": a wait, never a second holder.
+// httpx.Parse binds from it, and v itself when it writes neither. go-zero binds "1" and any
+// case of "true" as true, "0" and any case of "false" as false: they render as "1" and "0",
+// as integers do (and zrpc bools, scalarField). A string field holding "true" then shares a
+// lock with "1": a wait, never a second holder.
 func canonicalValue(v string) string {
 	switch {
 	case strings.EqualFold(v, "true"):
@@ -408,24 +371,15 @@ func canonicalValue(v string) string {
 }
 
 // canonicalNumber returns v in one form for every way of writing its number, and v itself
-// when it is not written as a number.
+// when it is not written as a number. httpx.Parse binds "7", "07" and "+7" as one integer,
+// and 1, 1.0, 1e0 and 0x1p0 as one float; not knowing the handler's field types, the
+// middleware renders them alike, so two requests on one entity never both hold "their" lock
+// (a string field holding "007" then shares a lock with "7": a wait, never a second holder).
 //
-// httpx.Parse binds a path variable, a query or form value, a header and a JSON number into an
-// integer field with strconv.ParseInt, and into a float field with strconv.ParseFloat: "7",
-// "07", "+7" and "007" are all 7 to the handler, "0" and "-0" are 0, and 1, 1.0, 1e0, 0x1p0
-// and 1_0e-1 are one float. Keys rendered from the text were different for one entity, and two
-// requests on it both held "their" lock. The middleware does not know the handler's
-// field types, so every value written as a number is rendered in one form; a string field that
-// holds "007" and another that holds "7" then share a lock, which costs a wait, never a second
-// holder. (Share rules keep the values as written for their stored responses: replayKeys.)
-//
-// Integers (an optional sign and decimal digits) are rewritten exactly, at any length, so that
-// large ids such as snowflake int64s keep one key each: the sign of zero, a "+" and every
-// leading zero go, whatever the value's length (65 zeros before a 7 are a 7). Anything else that ParseFloat reads as a finite number, in the
-// characters of Go's float literals, is written as the float64 it reads: its digits when it is
-// integral, else Go's shortest form. What stays apart: an integer beyond 2^53 written once as
-// an integer and once with a point or exponent, which a float field reads as one float64 (an
-// integer field cannot take the second; lock on integer ids, not floats).
+// Integers are rewritten exactly, at any length, so that large ids keep one key each: the
+// sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads in Go's
+// float literal characters is written as that float64: its digits when integral, else Go's
+// shortest form. An integer beyond 2^53 written once with a point or exponent stays apart.
 func canonicalNumber(v string) string {
 	if v == "" {
 		return v
@@ -473,15 +427,10 @@ func isDigits(s string) bool {
 	return true
 }
 
-// nonFinite returns the one form of an infinity or NaN that ParseFloat reads from v ("Inf",
-// "-Inf", "NaN"), and v itself when v is no such word. ParseFloat, with which go-zero binds a
-// float field, reads "inf" and "infinity" in any case, with an optional sign, and "nan" in any
-// case: "Inf", "+inf" and "INFINITY" are one float to the handler. Every NaN binds as the same
-// NaN, so they share one key too. (A literal whose value overflows, such as "1e400", is not
-// read by ParseFloat without an error, and go-zero refuses it: it stays as written.)
+// nonFinite returns the one form ("Inf", "-Inf", "NaN") of an infinity or NaN that ParseFloat
+// reads from v in any case ("+inf", "INFINITY"), and v itself when v is no such word.
 func nonFinite(v string) string {
-	// Only a word of at most 9 bytes ("+infinity") that starts, after a sign, with i or n can
-	// be one: anything else is left before ParseFloat, whose error would cost an allocation.
+	// Skip ParseFloat, whose error allocates, unless v can be such a word.
 	w := strings.TrimLeft(v, "+-")
 	if len(v) > len("+infinity") || w == "" || !strings.ContainsRune("iInN", rune(w[0])) {
 		return v
@@ -501,8 +450,7 @@ func nonFinite(v string) string {
 }
 
 // floatLiteral reports whether s has a decimal digit and only the characters of Go's float
-// literals (ParseFloat's syntax: signs, digits, hexadecimal digits, '.', '_', and the x, e and
-// p markers); infinities and NaN are words, left to nonFinite.
+// literals (infinities and NaN are words, left to nonFinite).
 func floatLiteral(s string) bool {
 	digit := false
 	for i := 0; i < len(s); i++ {
@@ -543,8 +491,7 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	case "header":
 		return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
 	case "jwt":
-		// go-zero's JWT handler stores each custom claim under its name as a plain
-		// string context key (rest/handler/authhandler.go); standard claims are not kept.
+		// go-zero's JWT handler stores each custom claim under its name, a string context key.
 		return func(s *httpSource) (string, bool, error) {
 			v, ok := scalar(s.r.Context().Value(name))
 			return v, ok && v != "", nil
@@ -553,11 +500,8 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	return nil, fmt.Errorf("unknown source %q in {%s} (path, query, form, body, header or jwt)", src, ref)
 }
 
-// defaultGetter resolves a bare name from every source that httpx.Parse could bind a field of
-// that name from, in the order Parse binds them: the path variable, the form (the query and
-// an urlencoded or multipart body), the header of that name, and a top-level field of a JSON
-// body that Parse decodes. One value, however many sources give it, is the key; different
-// values are refused, since the handler's struct decides which of them it ends with.
+// defaultGetter resolves a bare name from every source httpx.Parse could bind it from, in
+// Parse's order; different values are refused, as the handler's struct decides which wins.
 func defaultGetter(name string) getter[*httpSource] {
 	path := []string{name}
 	hint := fmt.Sprintf("send one value, or name the source the handler binds, such as {path.%[1]s}, {query.%[1]s}, {form.%[1]s}, {header.%[1]s} or {body.%[1]s}", name)
@@ -586,19 +530,11 @@ func defaultGetter(name string) getter[*httpSource] {
 // httpKeys computes the keys of one REST request for a rule.
 type httpKeys func(r *http.Request) ([]string, error)
 
-func templateHTTPKeys(plan keyPlan[*httpSource]) httpKeys {
+// templateHTTPKeys renders plan's keys; raw keeps the values as the request wrote them, for the
+// keys a share rule stores responses under: "007" and "7" share a lock, but never a response.
+func templateHTTPKeys(plan keyPlan[*httpSource], raw bool) httpKeys {
 	return func(r *http.Request) ([]string, error) {
-		return plan.render(&httpSource{r: r})
-	}
-}
-
-// templateHTTPRawKeys renders plan's keys with the values as the request wrote them. A share
-// rule stores and replays responses under them: numbers written two ways ("007", "7") share a
-// lock, a wait, but never a stored response, which a handler reading a string field would
-// give to the wrong entity.
-func templateHTTPRawKeys(plan keyPlan[*httpSource]) httpKeys {
-	return func(r *http.Request) ([]string, error) {
-		return plan.render(&httpSource{r: r, raw: true})
+		return plan.render(&httpSource{r: r, raw: raw})
 	}
 }
 

@@ -43,9 +43,8 @@ func ParseRoute(p string) (Route, error) {
 
 func (rp Route) Has(param string) bool { return slices.Contains(rp.Params, param) }
 
-// RouteShape is a route pattern with its variable names left out: /sku/:id and /sku/:uid have
-// the one shape /sku/:, so that the middleware's and the CLI's suggestions find a rule naming
-// the right route with another variable name.
+// RouteShape is a route pattern with its variable names left out (/sku/:id and /sku/:uid are
+// /sku/:), for suggestions of the route a rule meant.
 func RouteShape(p string) string {
 	segs := strings.Split(p, "/")
 	for i, s := range segs {

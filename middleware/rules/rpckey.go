@@ -14,11 +14,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
-// RPCKeyFunc computes the lock key of a zrpc call in Go, for WithRPCRule. req is the
-// request message (the first message of a client stream). An error, an empty key or a key
-// among the middleware's own ("replay:...", "shadow:...") answers InvalidArgument without
-// running the handler. The key is used as is: escape user input so that different requests
-// cannot forge each other's key.
+// RPCKeyFunc is KeyFunc's zrpc twin, for WithRPCRule: req is the request message (the first
+// message of a client stream), and a bad key answers InvalidArgument.
 type RPCKeyFunc func(ctx context.Context, req any) (string, error)
 
 // rpcSource is one call as seen by the key getters.
@@ -34,9 +31,7 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 	return func(ref string) (getter[rpcSource], error) {
 		if name, ok := strings.CutPrefix(ref, "header."); ok {
 			name = strings.ToLower(name)
-			// Several different values of one key are refused, as the REST middleware refuses a
-			// header with several values: the lock cannot tell which of them the handler reads
-			// ("x-tenant: a, x-tenant: b" was locked on the first value only).
+			// Different values are refused, as in REST: which one the handler reads is unknown.
 			return func(s rpcSource) (string, bool, error) {
 				md, _ := metadata.FromIncomingContext(s.ctx)
 				var c candidates
@@ -81,19 +76,11 @@ func usesMessage(keys []keyTemplate) bool {
 // file is registered (generated code registers itself when the service package is linked).
 func methodInput(fullMethod string) protoreflect.MessageDescriptor {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc))
-	if err != nil {
-		return nil
+	d, _ := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc + "." + method))
+	if md, ok := d.(protoreflect.MethodDescriptor); ok {
+		return md.Input()
 	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	md := sd.Methods().ByName(protoreflect.Name(method))
-	if md == nil {
-		return nil
-	}
-	return md.Input()
+	return nil
 }
 
 // checkFieldPath makes sure path names singular message fields down to a singular scalar.
@@ -120,9 +107,8 @@ func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
 	return nil
 }
 
-// unknownField is the error of a template that names a field md lacks: it names the fields md
-// has, by the proto names a template uses, and the one that was probably meant when the name
-// was written the Go way (AccountId) or the JSON way (accountId).
+// unknownField is the error of a template that names a field md lacks: it lists md's proto
+// field names, and the one probably meant when written the Go or JSON way (AccountId).
 func unknownField(md protoreflect.MessageDescriptor, name string) error {
 	fields := md.Fields()
 	names := make([]string, 0, fields.Len())
@@ -146,9 +132,8 @@ func unknownField(md protoreflect.MessageDescriptor, name string) error {
 // alike.
 func fold(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
 
-// fieldValue reads a field path of m. A field that is not set (in proto3 without presence:
-// one at its zero value) is missing, so that requests that lack it are not all serialised
-// on one key such as "order:0".
+// fieldValue reads a field path of m. A field not set (in proto3 without presence, one at its
+// zero value) is missing, so that requests lacking it do not all share a key like "order:0".
 func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 	for i, name := range path {
 		fd := m.Descriptor().Fields().ByName(protoreflect.Name(name))
@@ -175,8 +160,7 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	case protoreflect.BytesKind:
 		return string(v.Bytes()), true
 	case protoreflect.BoolKind:
-		// As a REST rule renders the bool its handler binds (canonicalValue): a rule that
-		// locks a route and a method with one template locks one entity through both.
+		// As REST renders a bool (canonicalValue): one template locks one entity in both.
 		if v.Bool() {
 			return "1", true
 		}

@@ -33,7 +33,7 @@ func TestRPCBoolRendersTheRESTKey(t *testing.T) {
 		value bool
 	}{{"1", true}, {"true", true}, {"TRUE", true}, {"0", false}, {"false", false}, {"False", false}} {
 		r := httptest.NewRequest("POST", "/coupon?bool_value="+tc.query, nil)
-		restKeys, err := templateHTTPKeys(restPlan)(r)
+		restKeys, err := templateHTTPKeys(restPlan, false)(r)
 		if err != nil {
 			t.Fatal(err)
 		}

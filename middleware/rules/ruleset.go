@@ -6,17 +6,10 @@ import (
 	"strings"
 )
 
-// checkRuleSet refuses rules of one Lock section that lock one key in ways that cannot exclude
-// each other, so they cannot mean what they say:
-//   - keys of one shape with different Permits (a lock is permit 1 of its key's semaphore: a
-//     semaphore of 3 beside a lock lets 3 in where the lock allows one);
-//   - keys of one shape locked with Fair by one rule and without by another (the rule without
-//     takes the key whenever it is free, ahead of the fair line);
-//   - a read rule and a write rule of one route (GET and PUT of /price/:sku) whose keys differ in
-//     shape: the read lock never meets the write lock, and reads see half-done writes.
-//
-// Shadow rules enforce nothing and are left out. Rules in other services' sections are the
-// flightlock CLI's to compare (check -f a.yaml -f b.yaml).
+// checkRuleSet refuses enforced rules of one Lock section that lock one key in ways that
+// cannot exclude each other: keys of one shape with different Permits, or with Fair on one
+// rule only (the other jumps the line), and a read and a write rule of one route whose keys
+// differ in shape (reads would see half-done writes). flightlock check compares sections.
 func checkRuleSet(specs []Spec) error {
 	type use struct {
 		s       Spec

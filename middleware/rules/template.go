@@ -8,10 +8,6 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// A key template ("acct:{from}+acct:{to}") is parsed once, at start-up, into keyTemplates,
-// one per "+"-joined key. Each transport then binds every reference to a getter and renders
-// keys per request with render.
-
 // segment is literal text, or a reference when ref is not empty.
 type segment struct {
 	lit string
@@ -24,8 +20,8 @@ type keyTemplate struct {
 	segs []segment
 }
 
-// parseTemplate splits s into its "+"-joined keys and parses each. It checks the syntax only;
-// the transports decide which references they can resolve.
+// parseTemplate splits s into its "+"-joined keys and parses each, at start-up. It checks the
+// syntax only; each transport binds the references to getters (bindPlan).
 func parseTemplate(s string) ([]keyTemplate, error) {
 	if s == "" {
 		return nil, errors.New("is empty")
@@ -89,21 +85,16 @@ func parseTemplate(s string) ([]keyTemplate, error) {
 }
 
 // TemplateRefs returns the references of the key template s as written between the braces
-// ("uid", "body.uid", "header.Idempotency-Key"), in order, or its syntax error as Validate
-// words it. It is for tools that check templates against an API definition (flightlock
-// check); which references a transport resolves is not checked here.
+// ("body.uid"), in order, or its syntax error as Validate words it, for tools (flightlock
+// check). Which references a transport resolves is not checked here.
 func TemplateRefs(s string) ([]string, error) {
-	keys, err := parseTemplate(s)
+	keys, err := TemplateKeys(s)
 	if err != nil {
 		return nil, err
 	}
 	var refs []string
 	for _, k := range keys {
-		for _, sg := range k.segs {
-			if sg.ref != "" {
-				refs = append(refs, sg.ref)
-			}
-		}
+		refs = append(refs, k.Refs...)
 	}
 	return refs, nil
 }
@@ -113,16 +104,15 @@ func TemplateRefs(s string) ([]string, error) {
 type TemplateKey struct {
 	// Text is the key as written: "acct:{body.from}".
 	Text string
-	// Shape is Text with every reference written {}: "acct:{}". Two keys of one shape
-	// render the same key for the same values, whatever their references are named.
+	// Shape is Text with every reference written {}: "acct:{}". Keys of one shape render
+	// the same key for the same values.
 	Shape string
 	// Refs are the references, in order, as written between the braces: "body.from".
 	Refs []string
 }
 
 // Namespace is the literal text of k before its first reference ("acct:" for
-// "acct:{body.from}"): "" for a key that starts with a reference ("{body.to}"), which then
-// shares no namespace with any key that starts with text.
+// "acct:{body.from}"), "" for a key that starts with one.
 func (k TemplateKey) Namespace() string {
 	ns, _, _ := strings.Cut(k.Shape, "{}")
 	return ns
@@ -154,9 +144,8 @@ func TemplateKeys(s string) ([]TemplateKey, error) {
 }
 
 // checkSeparators makes sure that the literal text between two references contains a ':'.
-// Rendered values never contain a bare ':' (escape encodes it), so the ':'s of the literal
-// text mark where each value ends, and two different sets of values cannot render the same
-// key: with "{a}-{b}" the values ("x-y", "z") and ("x", "y-z") would both give "x-y-z".
+// Values never hold a bare ':' (escape), so it marks where each ends: with "{a}-{b}", ("x-y",
+// "z") and ("x", "y-z") would both render "x-y-z".
 func (t keyTemplate) checkSeparators() error {
 	prevRef := ""
 	sepSeen := true
@@ -252,8 +241,7 @@ func (p keyPlan[S]) render(src S) ([]string, error) {
 	return keys, nil
 }
 
-// namespace is a start of keys that the middleware writes itself, under the same Prefix as
-// the rules' locks.
+// namespace is a start of keys that the middleware writes itself, under the rules' Prefix.
 type namespace struct {
 	prefix string
 	holds  string // what lives there, for messages
@@ -262,20 +250,15 @@ type namespace struct {
 // ReplayPrefix is put after LockConf.Prefix before the keys of stored responses (share rules).
 const ReplayPrefix = "replay:"
 
-// ShadowPrefix is put after LockConf.Prefix before the keys of shadow rules. Their locks live
-// apart from the enforced rules' locks, so a shadow rule never holds back an enforced request.
+// ShadowPrefix is put after LockConf.Prefix before the keys of shadow rules, so that a shadow
+// rule never holds back an enforced request.
 const ShadowPrefix = "shadow:"
 
-// internalNamespaces are the middleware's own keys beside the locks of enforced rules. The key
-// of an enforced rule never starts with one: a lock taken on a share rule's stored response
-// finds it "held" and marks it for waiters (acquire.lua appends to the value), so the record
-// no longer decodes and its duplicates run the handler again; a lock among a shadow rule's
-// would hold back, or be held back by, requests that a shadow rule must never affect. A
-// template whose text starts a key with one is refused at start-up (checkOwnKeys); a key whose
-// values start it with one ("{kind}:x" with kind "replay"), or a KeyFunc's, is refused per
-// request (notInternal). A shadow rule's keys live under ShadowPrefix themselves, after which
-// none of these starts. (The store's own keys, fence counters and etcd's waiter marks, are
-// under lockstore.FenceKeyPrefix, which the Locker refuses for every lock key.)
+// internalNamespaces are the middleware's own keys beside the locks of enforced rules, which
+// an enforced rule's key never starts with: a lock on a stored response would corrupt the
+// record (acquire.lua appends to the value), and one among a shadow rule's would hold back
+// requests a shadow rule must never affect. Templates are checked at start-up (checkOwnKeys),
+// rendered keys per request (notInternal).
 var internalNamespaces = [...]namespace{
 	{ReplayPrefix, "the stored responses of share rules"},
 	{ShadowPrefix, "the locks of shadow rules"},
@@ -307,8 +290,8 @@ func checkOwnKeys(keys []keyTemplate) error {
 }
 
 // notInternal passes on the rendered keys of a request of an enforced rule, or refuses them
-// with ErrInvalidKey when one falls among the middleware's own keys (never naming the key: the
-// message goes back to the client).
+// with ErrInvalidKey when one falls among the middleware's own keys, without naming the key
+// (the message goes back to the client).
 func notInternal(keys []string, err error) ([]string, error) {
 	if err != nil {
 		return nil, err
@@ -322,8 +305,8 @@ func notInternal(keys []string, err error) ([]string, error) {
 }
 
 // escape writes v to b with '%', ':', '+', '{', '}', control bytes and DEL percent-encoded,
-// so that a value cannot forge a key separator, a multi-key join or a Redis Cluster hash tag.
-// Escaping '%' itself keeps the encoding reversible: different values stay different.
+// so that a value cannot forge a separator, a join or a hash tag; escaping '%' itself keeps
+// different values different.
 func escape(b *strings.Builder, v string) {
 	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {

@@ -105,9 +105,7 @@ func (rl *rule) runRPC(ctx context.Context, t *turn, req any, handler grpc.Unary
 	})
 }
 
-// rpcClass is the HTTP status class a gRPC code answers for, as go-zero's gateway maps them:
-// 2 for OK, 4 for the caller's mistakes, 5 for the server's (Unavailable, Internal, ...), which
-// are never stored by default so that a retry runs the handler again.
+// rpcClass is the HTTP status class a gRPC code answers for, as go-zero's gateway maps them.
 func rpcClass(c codes.Code) int {
 	switch c {
 	case codes.OK:

@@ -32,18 +32,15 @@ type record struct {
 }
 
 // replays is where share rules keep responses for duplicates in other processes: the
-// response store of the store the rule locks in (lockstore.ResponseStore), so that a rule
-// needs no second store and its responses fail over with its locks. Keys are relative to the
-// prefix of the rule's lock keys.
+// response store of the store the rule locks in, so that its responses fail over with its
+// locks. Keys are relative to the prefix of the rule's lock keys.
 type replays struct {
 	store lockstore.ResponseStore
 	err   error // why the lock store keeps no responses; store is nil then
 }
 
-// newReplays returns the replays of each base Locker's store, by store name, built once at
-// start-up (no I/O). A store without a response store gets replays that refuse, with the
-// reason: middleware.New names it for a share rule in the config, and a share rule built in Go
-// on it shares within its process only, its failures logged.
+// newReplays returns the replays of each base Locker's store, by store name, without I/O. A
+// store without a response store gets replays that refuse, with the reason (see shareParts).
 func newReplays(bases map[string]*flightlock.Locker, stores map[string]lockstore.ResponseStore) map[string]replays {
 	out := make(map[string]replays, len(bases))
 	for name, base := range bases {

@@ -73,9 +73,9 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	_, _ = w.Write(rec.Body)
 }
 
-// readSharedBody reads r's body for the fingerprint, up to rules.MaxBodyBytes as the rules' keys read
-// it (go-zero's MaxBytes checks Content-Length only: a chunked body has none), and puts it
-// back for the handler. A longer body is refused 400 (ErrInvalidKey), unread past the bound.
+// readSharedBody reads r's body for the fingerprint, up to rules.MaxBodyBytes as the keys read
+// it (go-zero's MaxBytes misses a chunked body), and puts it back for the handler. A longer
+// body is refused 400 (ErrInvalidKey), unread past the bound.
 func readSharedBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil

@@ -1,18 +1,13 @@
 // Package share links response sharing (OnBusy share) into a service: while a request holds
-// a rule's key, its duplicates wait (within the rule's Wait and their own deadline) and then get
-// its response instead of running the handler. Every service whose config has a rule with
-// OnBusy share sets it in main, before it builds the middleware:
+// a rule's key, its duplicates wait and then get its response instead of running the handler.
+// A service with share rules sets, in main, before it builds the middleware:
 //
 //	flmw.ResponseSharing = share.New
 //
-// Without it, middleware.New refuses such a config at start-up with an error that names this
-// line, and services without share rules do not link the package.
-//
-// In one process the duplicates join the first request's flight (golang.org/x/sync/singleflight,
-// in group.flights); across processes they queue for the lock, and the holder stores its
-// response in the rule's store (Redis or etcd) under Prefix + "replay:" + the key (on etcd,
-// after Etcd.Key) before it releases, for the rule's Replay time, so that a duplicate that gets
-// the lock next, or arrives later, replays it without running the handler.
+// (middleware.New refuses such a config without it), so services without share rules do not
+// link the package. In one process the duplicates join the first request's singleflight;
+// across processes the holder stores its response under Prefix + "replay:" + the key before it
+// releases, for the rule's Replay time. docs/share.md says more.
 package share
 
 import (
@@ -58,8 +53,7 @@ func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan, stor
 	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
 	return &rule{g: g, locks: locks, plan: plan, replays: g.stores[store], policy: policy{
 		classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
-		// Rule.Wait, else the section's (with WithLocker, the section's default where the
-		// injected Locker may have another; the root package does not tell its Locker's wait).
+		// Rule.Wait, else the section's (even with WithLocker, whose wait is not told).
 		wait: cmp.Or(r.Wait, g.conf.Wait),
 	}}
 }
@@ -108,20 +102,16 @@ func (p *panicError) Error() string {
 	return fmt.Sprintf("flightlock: the shared handler panicked: %v", p.value)
 }
 
-// errLeaderLeft ends a shared run whose leading request left (its client went away, or its
-// wait ran out and it was answered busy) before the handler ran for it: the handler does not
-// run for a request that is no longer there, and the duplicates still waiting start another
-// run, led by one of them, instead of getting that request's error.
+// errLeaderLeft ends a shared run whose leading request left (gone, or answered busy) before
+// the handler ran for it; the duplicates still waiting start another run instead.
 var errLeaderLeft = errors.New("flightlock: the request leading a shared run left before it ran")
 
-// errShareWait answers a duplicate whose wait for the run in flight used up the rule's wait
-// budget: 409 with Retry-After / Aborted, as a wait for the lock does.
+// errShareWait answers a duplicate whose wait for the run in flight used up its budget.
 var errShareWait = fmt.Errorf("%w: the request in flight with this key did not finish within Wait", flightlock.ErrBusy)
 
-// turn is one request's part in the shared runs of its key. A run that the request leads runs
-// the handler for it only while the request still waits for the answer (start), so that no
-// handler runs for a request already answered, busy or gone; once the handler runs, the
-// request waits for it to return, as it would without a share rule.
+// turn is one request's part in the shared runs of its key. A run it leads runs the handler
+// only while the request still waits (start), never for one already answered; once the
+// handler runs, the request waits for it to return.
 type turn struct {
 	mu     sync.Mutex
 	state  int                // guarded by mu: turnWaiting, turnRunning or turnLeft
@@ -160,8 +150,8 @@ func (t *turn) start() bool {
 }
 
 // leave marks the request as answered without a run and ends the lock wait of a run it leads,
-// unless the handler already runs for it, or unless it leads a run and lockBounds says that the
-// Locker ends that run's wait itself; it reports whether the request left.
+// unless the handler runs for it or, with lockBounds, the Locker ends that wait itself; it
+// reports whether the request left.
 func (t *turn) leave(lockBounds bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -183,16 +173,11 @@ func (t *turn) is(s int) (in, led bool) {
 }
 
 // share runs a share rule for one request: replay a stored response, or join (or lead) the
-// flight of its key in this process. run is the leader's work (see lead): take the lock on
-// the context it is given, replay what a previous holder stored, or run the handler and store
-// its response; it returns the record.
+// flight of its key in this process; run is the leader's work (see lead).
 //
-// A request waits for the run it joined within its own wait budget (the rule's Wait from the
-// moment it came, ending before its deadline as a wait for the lock does) and then answers
-// 409 / Aborted: contention stays below 500, and the caller gets it before its deadline. Each
-// request waits on its own context, so one that leaves fails no other: when the request
-// leading the run leaves before the handler ran for it, the run ends with errLeaderLeft and
-// the others start another.
+// A request waits for the run it joined within its own wait budget, as a wait for the lock
+// does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
+// other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
 func (rl *rule) share(ctx context.Context, rkey, print string,
 	run func(ctx context.Context, t *turn) (*record, error)) (*record, error) {
 	if rec, err := rl.replays.load(ctx, rkey); err != nil {
@@ -211,10 +196,8 @@ func (rl *rule) share(ctx context.Context, rkey, print string,
 		select {
 		case res = <-ch:
 		case <-budget.C:
-			// The first run this request leads waits for the lock within the Locker's wait, which
-			// ends at this same deadline and answers busy with the holder's TTL (Retry-After):
-			// that answer is left to it. A duplicate, or the leader of a later run (whose Locker
-			// wait began after the request came), gives up here.
+			// The Locker's wait of the first run this request leads ends at this deadline with
+			// the holder's Retry-After: that answer is left to it. Anyone else gives up here.
 			if t.leave(!retry) {
 				return nil, errShareWait
 			}
@@ -263,14 +246,11 @@ func (rl *rule) replayKey(keys []string) string {
 	return rules.ReplayPrefix + strings.Join(keys, "+") // under the prefix of the rule's lock keys
 }
 
-// lead is the leader's run of a share rule, for both transports, for the request of ctx and t:
-// it takes the lock, replays what a holder in another process stored just before releasing, or
-// else runs the handler (run, on the lease's context, with its fence) and stores the record
-// when stores says the rule keeps responses of its kind, before the lock is released. The
-// handler runs with the leading request's context (its values and deadline) and only while
-// that request still waits: when it left first, the run ends with errLeaderLeft and the lock,
-// if taken, is released unused. A panic in run becomes a panicError, logged once, as go-zero's
-// recover handler would log it: every duplicate answers 500.
+// lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
+// replays what another process's holder stored, or else runs the handler (on the lease's
+// context) and stores the record before the lock is released. The handler runs only while
+// the request still waits: else the run ends with errLeaderLeft, the lock released unused. A
+// panic in run becomes a panicError, logged once: every duplicate answers 500.
 func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
 	run func(ctx context.Context, fence int64) (rec *record, stores bool, err error)) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
@@ -281,10 +261,8 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
 	h, err := rl.locks.Lock(lctx, keys)
 	if err != nil {
 		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
-			// The request left, or its client went away, while it waited, or its own wait for
-			// the lock ran out (it answers busy, with the holder's Retry-After): duplicates
-			// that came after it have wait left, and go on without it (they were
-			// all answered 409 at the leader's deadline).
+			// The request left, or its own wait ran out (it answers busy): later duplicates
+			// have wait left, and go on without it.
 			t.leave(false)
 			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
 		}
@@ -316,10 +294,8 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
 	if g := h.Group(); g != nil && g.Lost() {
-		// The lock was lost while the handler ran: another holder may have run it since and
-		// stored its response, which duplicates must get, not this one. The save
-		// itself refuses to replace a record of a later grant (replaySet), for a loss that
-		// comes after this look.
+		// Another holder may have run since and stored the response duplicates must get;
+		// replaySet refuses a later grant's record for a loss after this look.
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
 		return rec, nil
 	}
@@ -328,7 +304,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
 }
 
 // storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
-// and it fits the size bound, before the lock is released (the caller releases after).
+// and it fits the size bound; the caller releases the lock after.
 func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
 	p := rl.policy
 	switch {

@@ -14,18 +14,14 @@ import (
 )
 
 // Conf is a ZooKeeper ensemble for the locks (zkstore). The lock of a rendered key is one node
-// under Root, named Lock.Prefix + the key, escaped so that a key never makes a path of several
-// nodes.
+// under Root, named Lock.Prefix + the key, escaped into a single node name.
 //   - Hosts lists the servers (host:port). Empty (the default): no ZooKeeper.
-//   - SessionTimeout is the session's timeout (default 40s). ZooKeeper keeps a hold as long as
-//     the session that made it, so it bounds the lock TTL: a rule on ZooKeeper needs a TTL of at
-//     most two thirds of it less syncLimit + 1 ticks (the store's MaxTTL), and New refuses a
-//     longer one, naming the rule. It must also exceed syncLimit x tickTime + tickTime and lie
-//     within the servers' minSessionTimeout and maxSessionTimeout, or New refuses it.
+//   - SessionTimeout is the session's timeout (default 40s). A hold lives as long as its
+//     session, so a lock TTL may be at most two thirds of it less syncLimit + 1 ticks (the
+//     store's MaxTTL). New refuses a longer TTL, and a timeout the servers would not grant.
 //   - Root is the node the locks live under (default /flightlock), created when missing.
-//   - TickTime and SyncLimit are the ensemble's settings, used only when its servers do not
-//     answer the "conf" four-letter word (4lw.commands.whitelist); zero means ZooKeeper's
-//     sample values, 2s and 5.
+//   - TickTime and SyncLimit are the ensemble's settings, used only when no server answers
+//     the "conf" four-letter word; zero means ZooKeeper's sample values, 2s and 5.
 type Conf struct {
 	Hosts          []string      `json:",optional"`
 	SessionTimeout time.Duration `json:",default=40s"`
@@ -55,9 +51,8 @@ func (z Conf) Config() zkstore.Config {
 }
 
 // Store connects to the ensemble z names and returns its store as New builds it, once the
-// session is up and its timeout checked against the servers' settings. For tools that read
-// the locks and services that build a Locker of their own on it. close is the store's Close:
-// it ends the session, and with it every hold it made.
+// session is up and its timeout checked against the servers'. close ends the session, and with
+// it every hold it made.
 func (z Conf) Store() (store *zkstore.Store, close func() error, err error) {
 	cfg := z.Config()
 	if len(cfg.Hosts) == 0 {
@@ -109,10 +104,9 @@ func (z Conf) Validate(section, _ string) []error {
 	return ps
 }
 
-// Check implements lockstore.Driver: ZooKeeper keeps no responses, and no lock TTL that a
-// session of z's timeout does not keep, whatever the ensemble's tickTime: at least two thirds
-// of the timeout. The exact bound (less syncLimit + 1 ticks, the tick read from the servers)
-// is checked when the store is dialled.
+// Check implements lockstore.Driver: ZooKeeper keeps no responses, and no lock TTL of two
+// thirds of the session timeout or more; the exact bound, which needs the servers' tick, is
+// checked when the store is dialled.
 func (z Conf) Check(section string, u lockstore.Use) error {
 	switch {
 	case !z.Configured():

@@ -21,44 +21,22 @@ import (
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
-// Conf is go-zero's redis.RedisConf, field for field with go-zero's names, defaults and
-// meanings, so a service's Redis section can be copied under Lock: as it is, plus Lanes
-// . Where it differs:
-//   - Host is optional: no Host means the embedded in-memory store (one process only).
-//   - The words of Type and MaintNotifications are taken in any case, and a bad one is
-//     refused by Validate naming the field, rather than by go-zero's options= check.
-//   - DisableIdentity is not a field: the store's client never sends CLIENT SETINFO (Redis 7.0
-//     rejects it), as go-zero's client does with DisableIdentity: true. The key is ignored.
+// Conf is go-zero's redis.RedisConf, field for field with its names, defaults and meanings
+// (Type "node" or "cluster", User and Pass, Tls without certificate verification, NonBlock
+// false pinging within PingTimeout, Protocol, MaintNotifications), so that a service's Redis
+// section can be copied under Lock: as it is. docs/configuration.md describes every field.
+// Where it differs:
+//   - Host is optional: no Host and no Sentinel means the embedded in-memory store.
+//   - Type and MaintNotifications are taken in any case; Validate names a bad one.
+//   - DisableIdentity is not a field: the client never sends CLIENT SETINFO (Redis 7.0
+//     rejects it). A LockConf built in Go has NonBlock false unless set, so it pings.
 //
-// The fields, with go-zero's meanings:
-//   - Type is "node" (default; Host is one address) or "cluster" (Host lists seed addresses,
-//     comma separated). User and Pass authenticate.
-//   - Tls encrypts the connection without verifying the server's certificate, as go-zero's
-//     Redis client does (InsecureSkipVerify). To verify it, build a go-redis client with your
-//     tls.Config and give the middleware redisstore.New(client) (WithStore).
-//   - NonBlock false makes New ping Redis and fail when it does not answer within PingTimeout
-//     (default 1s), as go-zero's redis.NewRedis does. NonBlock true (the default in YAML)
-//     starts without a round trip, and the first lock finds out. A LockConf built in Go has
-//     NonBlock false unless it sets it, so it pings, as a redis.RedisConf built in Go does.
-//   - Protocol is the RESP version, 2 or 3 (default).
-//   - MaintNotifications is go-redis's CLIENT MAINT_NOTIFICATIONS handshake: "disabled"
-//     (default; the command is never sent), "enabled" or "auto".
-//
-// Lanes is how many lock script calls go to Redis at once, each as a round trip of its own;
-// further concurrent calls wait for the next free lane and share one pipeline. 0 means the
-// default (the store's default, 4); -1 sends every call on its own, like a plain client.
-//
-// Sentinel, which go-zero's RedisConf does not have, finds the primary through Redis Sentinel
-// (go-redis's failover client; every lock command goes to the primary): set Sentinel.MasterName
-// and Sentinel.Addrs and leave Host empty. User and Pass authenticate to the Redis nodes,
-// Sentinel.User and Sentinel.Pass to the Sentinels.
-//
-// Replicas makes a lock count only once that many replicas acknowledged it (WAIT, in the same
-// round trip as the acquisition), within ReplicaTimeout (default 100ms): a failover that
-// promotes a replica can then not lose a granted lock to a second holder. An acquisition not
-// acknowledged in time is released and answered as a store error (OnStoreError); a renewal
-// not acknowledged does not extend the lease. 0 (the default) waits for none, as every Redis
-// lock library does; see the README's "Failover and fencing".
+// It adds Lanes (lock script calls in flight at once, further ones pipelined behind them; 0
+// the store's default, -1 no batching), Sentinel (find the primary through Redis Sentinel;
+// leave Host empty) and Replicas (a lock counts only once that many replicas acknowledged it
+// with WAIT within ReplicaTimeout, so that a failover cannot hand it to a second holder; an
+// acquisition not acknowledged is released and answered as a store error, a renewal not
+// acknowledged does not extend the lease).
 type Conf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
@@ -75,8 +53,8 @@ type Conf struct {
 	ReplicaTimeout     time.Duration `json:",default=100ms"`
 }
 
-// SentinelConf locates the primary through Redis Sentinel: the name of the monitored master,
-// the Sentinels' addresses (host:port), and the credentials of the Sentinels themselves.
+// SentinelConf locates the primary through Redis Sentinel: the monitored master's name, the
+// Sentinels' addresses (host:port) and their own credentials.
 type SentinelConf struct {
 	MasterName string   `json:",optional"`
 	Addrs      []string `json:",optional"`
@@ -197,8 +175,7 @@ func (r Conf) checkFailover(section string) error {
 	return nil
 }
 
-// zero is r as go-zero's redis.RedisConf, for NewClient. DisableIdentity is true, which is how
-// the store's client behaves anyway.
+// zero is r as go-zero's redis.RedisConf, for NewClient.
 func (r Conf) zero() zeroredis.RedisConf {
 	return zeroredis.RedisConf{
 		Host:               r.Host,
@@ -219,44 +196,28 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
 		return nil, errors.New("flightlock: Redis.Host is empty (for an in-memory store, lockstore/embedded.New)")
 	}
-	var tlsConfig *tls.Config
-	if conf.Tls {
-		// go-zero's meaning of Tls (core/stores/redis: redisclientmanager.go and
-		// redisclustermanager.go): encrypted, the certificate not verified. The same YAML
-		// must not fail here when it works for the service's other Redis clients.
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
-	}
 	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
 	if maint.Mode == "" {
 		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
 	}
-	var client redis.UniversalClient
+	opts := &redis.UniversalOptions{
+		Username:                 conf.User,
+		Password:                 conf.Pass,
+		TLSConfig:                goZeroTLS(conf.Tls),
+		Protocol:                 conf.Protocol,
+		MaintNotificationsConfig: maint,
+		DisableIdentity:          true,
+		ContextTimeoutEnabled:    true,
+	}
 	switch conf.Type {
 	case "", zeroredis.NodeType:
-		client = redis.NewClient(&redis.Options{
-			Addr:                     conf.Host,
-			Username:                 conf.User,
-			Password:                 conf.Pass,
-			TLSConfig:                tlsConfig,
-			Protocol:                 conf.Protocol,
-			MaintNotificationsConfig: maint,
-			DisableIdentity:          true,
-			ContextTimeoutEnabled:    true,
-		})
+		opts.Addrs = []string{conf.Host}
 	case zeroredis.ClusterType:
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    splitHosts(conf.Host),
-			Username:                 conf.User,
-			Password:                 conf.Pass,
-			TLSConfig:                tlsConfig,
-			Protocol:                 conf.Protocol,
-			MaintNotificationsConfig: maint,
-			DisableIdentity:          true,
-			ContextTimeoutEnabled:    true,
-		})
+		opts.Addrs, opts.IsClusterMode = splitHosts(conf.Host), true
 	default:
 		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
 	}
+	client := redis.NewUniversalClient(opts) // a node's one address never makes a cluster
 	if !conf.NonBlock {
 		if err := ping(client, conf.PingTimeout); err != nil {
 			_ = client.Close()
@@ -266,11 +227,9 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	return client, nil
 }
 
-// Client is the go-redis client that New builds for r: go-zero's meanings for Host, Type,
-// User, Pass, Tls, Protocol, MaintNotifications, NonBlock and PingTimeout (as NewStore), or,
-// with Sentinel set, go-redis's failover client on the primary that the Sentinels name. For
-// tools that read the locks (cmd/flightlock) and for stores built with redisstore.New and
-// options of their own. The caller closes it.
+// Client is the go-redis client that New builds for r (as NewClient, or with Sentinel set
+// go-redis's failover client), for tools and for stores built with options of their own. The
+// caller closes it.
 func (r Conf) Client() (redis.UniversalClient, error) {
 	if r.Embedded() {
 		return nil, lockstore.FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
@@ -278,10 +237,6 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 	}
 	if r.Sentinel.MasterName == "" {
 		return NewClient(r.zero())
-	}
-	var tlsConfig *tls.Config
-	if r.Tls {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 	}
 	// go-redis's failover client has no maintenance notifications: MaintNotifications is not used.
 	client := redis.NewFailoverClient(&redis.FailoverOptions{
@@ -291,7 +246,7 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 		SentinelPassword:      r.Sentinel.Pass,
 		Username:              r.User,
 		Password:              r.Pass,
-		TLSConfig:             tlsConfig,
+		TLSConfig:             goZeroTLS(r.Tls),
 		Protocol:              r.Protocol,
 		DisableIdentity:       true,
 		ContextTimeoutEnabled: true,
@@ -305,14 +260,20 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 	return client, nil
 }
 
-// defaultPingTimeout bounds the start-up ping when PingTimeout is 0, as in go-zero's
-// redis.NewRedis.
-const defaultPingTimeout = time.Second
+// goZeroTLS is go-zero's meaning of Tls: encrypted, the certificate not verified, so that YAML
+// that works for the service's other Redis clients does not fail here.
+func goZeroTLS(on bool) *tls.Config {
+	if !on {
+		return nil
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
+}
 
-// ping checks that Redis answers within timeout (0: defaultPingTimeout), for NonBlock false.
+// ping checks that Redis answers within timeout (0: 1s, as go-zero's redis.NewRedis), for
+// NonBlock false.
 func ping(client redis.UniversalClient, timeout time.Duration) error {
 	if timeout <= 0 {
-		timeout = defaultPingTimeout
+		timeout = time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

@@ -1,6 +1,7 @@
 // Package sharehook connects the middleware to response sharing (OnBusy share), which
-// middleware/share implements and registers in its init, so that only the binaries that import
-// it link it. The middleware depends on these types only, and share never on the middleware.
+// middleware/share implements and a service's main hands to middleware.ResponseSharing, so
+// that only the binaries that use it link it. The middleware depends on these types only, and
+// share never on the middleware.
 package sharehook
 
 import (
@@ -29,14 +30,12 @@ var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request 
 
 // Config is what the response sharing of one Middleware is built from.
 type Config struct {
-	// Bases holds the base Locker of each store the rules lock in, by store name ("redis",
-	// "etcd"), and Responses its response store, nil for a store that keeps none: share rules
-	// keep their responses in the store they lock in, under its lock keys' prefix.
+	// Bases holds the base Locker of each store the rules lock in, by store name, and
+	// Responses its response store (nil: it keeps none), where share rules keep responses.
 	Bases     map[string]*flightlock.Locker
 	Responses map[string]lockstore.ResponseStore
 	Wait      time.Duration // LockConf.Wait: the wait of a share rule without one of its own
-	// HTTPError and RPCError answer a failed request as the middleware answers its own errors
-	// (ErrBusy 409 / Aborted, ErrInvalidKey 400 / InvalidArgument, ...).
+	// HTTPError and RPCError answer a failed request as the middleware answers its own errors.
 	HTTPError func(w http.ResponseWriter, r *http.Request, err error)
 	RPCError  func(err error) error
 }
@@ -74,7 +73,6 @@ type Locks interface {
 type Held interface {
 	Context() context.Context // the handler's context: the lease's
 	Group() *flightlock.Group // the request's leases
-	// Release releases the lock after the handler returned, on a context that keeps ctx's
-	// values but not its cancellation.
+	// Release releases the lock after the handler returned, ignoring ctx's cancellation.
 	Release(ctx context.Context)
 }
