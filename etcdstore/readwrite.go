@@ -2,11 +2,9 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -74,14 +72,15 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		)).
 		Commit()
 	if err != nil {
-		return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
+			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
 	}
 	if resp.Succeeded {
 		kv := firstKV(resp.Responses[0])
 		if kv == nil {
 			return lockstore.Acquisition{}, nil // cannot happen within one transaction
 		}
-		return s.readReentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
+		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start, true)
 	}
 	first := resp.Responses[0].GetResponseTxn()
 	if first.Succeeded {
@@ -97,57 +96,12 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 	}
 	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
 	// holds nothing yet, so the reply names no holder.
-	if secs, ok := parseMarkValue(markOf(second.Responses[2])); ok {
-		return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
+	if kv := firstKV(second.Responses[2]); kv != nil {
+		if secs, ok := parseMarkValue(kv.Value); ok {
+			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
+		}
 	}
 	return lockstore.Acquisition{}, nil
-}
-
-// markOf is the value a get of the writer mark read (nil when there was none).
-func markOf(r *pb.ResponseOp) []byte {
-	if kv := firstKV(r); kv != nil {
-		return kv.Value
-	}
-	return nil
-}
-
-// readReentered answers a read acquisition of an owner that holds its read hold kv already:
-// the fence of the hold, after making sure it lives at least ttl from start, as reentered does
-// for a write.
-func (s *Store) readReentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time) (lockstore.Acquisition, error) {
-	d, err := floorOffset(floor)
-	var fence int64
-	if err == nil {
-		fence, err = fenceOf(kv.CreateRevision, d)
-	}
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	id := clientv3.LeaseID(kv.Lease)
-	kl := s.ourLease(id)
-	if id != l.id {
-		secs, err := s.keepAliveOnce(ctx, id, start)
-		if errors.Is(err, errLeaseGone) {
-			return lockstore.Acquisition{}, nil // deleted with its lease: try again
-		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if time.Duration(secs)*time.Second < ttl {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: read hold on an etcd lease of %ds, "+
-				"shorter than the lock TTL %v", key, secs, ttl)
-		}
-	}
-	if !s.updateOn(kl, key, owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id, kv.CreateRevision,
-			kv.ModRevision, fence, floor != nil
-		e.simple, e.own, e.tries = false, true, 0
-		e.until = later(e.until, start.Add(ttl))
-	}) {
-		return lockstore.Acquisition{}, nil // going with its retired lease: try again
-	}
-	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 }
 
 // releaseShared ends owner's read hold of key, one transaction:

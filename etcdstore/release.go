@@ -222,11 +222,7 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 			return 0, nil
 		}
 		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		d, err := floorOffset(floor)
-		var fence int64
-		if err == nil {
-			fence, err = fenceOf(kv.CreateRevision, d)
-		}
+		fence, err := fenceOf(kv.CreateRevision, floor)
 		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
 		// the lock is released all the same.
 		if err == nil {
