@@ -64,11 +64,10 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
-// again (doubling per attempt, at most maxResendAfter). A proposal lost with a leader change is
-// answered only at etcd's request timeout (5s plus two election timeouts), usually past the
-// caller's deadline, though a new leader took over within a second or two. Sending again is
-// safe: an acquisition is idempotent for its owner, and an attempt cut short is an unknown
-// outcome whose lease is retired (maybeTaken, retire), so a late commit of it frees itself.
+// again (doubling, at most maxResendAfter): a proposal lost with a leader change is answered
+// only at etcd's request timeout (5s plus two election timeouts), usually past the caller's
+// deadline. Sending again is safe: an acquisition is idempotent for its owner, and an attempt
+// cut short retires its lease (acquireFailed), so a late commit of it frees itself.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
@@ -133,9 +132,8 @@ func transient(err error) bool {
 // is dropped and reported as errLeaseGone, for the caller to try once more.
 func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
 	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -176,9 +174,8 @@ func writable(key string) []clientv3.Cmp {
 }
 
 // markWriter keeps readers from starving a refused write acquisition: when key has read holds,
-// it sets the writer mark on the writer's lease l with a deadline one lease TTL away (the writer
-// asks again within that, at each end of a read hold, which its Watch hears), and reads one
-// read hold for the busy reply.
+// it sets the writer mark on lease l, with a deadline one lease TTL away (the writer asks again
+// before it, at each read hold's end), and reads one read hold for the busy reply.
 func markWriter(key string, l *lease) clientv3.Op {
 	life := time.Duration(l.secs) * time.Second
 	return clientv3.OpTxn(
@@ -214,17 +211,20 @@ func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 
 // freshLease returns the lease of ttl, pinned (the caller unpins it once the outcome is
 // recorded) and known to live at least ttl from start: fresh from the store's keep-alives, or
-// kept alive now by a keep-alive sent after start.
-func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time) (*lease, error) {
+// kept alive now by a keep-alive sent after start. When it fails, owner's acquisition of keys
+// sent nothing (noteUnsent).
+func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
-	if err != nil {
-		return nil, err
-	}
-	if !l.liveFor(start, ttl) {
-		if err := s.renewAfter(ctx, l, start); err != nil {
+	if err == nil && !l.liveFor(start, ttl) {
+		if err = s.renewAfter(ctx, l, start); err != nil {
 			s.unpin(l)
-			return nil, err
 		}
+	}
+	if err != nil {
+		for _, k := range keys {
+			s.noteUnsent(k, owner)
+		}
+		return nil, err
 	}
 	return l, nil
 }
@@ -257,11 +257,10 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 			nil)})
 }
 
-// acquireFailed deals with an acquiring transaction of owner's on keys, sent with lease l, that
-// failed with err: errLeaseGone when etcd no longer had l and again is set (the caller may try
-// on a new lease); else err, after recording that each put may have gone through unseen (the
-// store releases the key once until passes unless the owner refreshes it) and retiring l, so
-// that a commit after the store released the key goes with l.
+// acquireFailed answers an acquiring transaction on keys, sent on lease l, that failed with err:
+// errLeaseGone when etcd no longer had l and again is set; else err, after recording that each
+// put may have gone through (the reaper releases it past until unless refreshed) and retiring
+// l, so that a commit after that release goes with l.
 func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value string, until time.Time, keys ...string) error {
 	if isLeaseNotFound(err) && again {
 		s.loseLease(l)
@@ -288,11 +287,10 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// granted records a grant at revision rev, which its holder counts on until until, and returns
-// it with its fence. read tells a read hold (its key is readKey's; never simple, since the
-// one-transaction release and Pass are a write's; it leaves the key's refusals to the write
-// that sees them). A floor that makes no fence (written by hand) gives the grant back rather
-// than hand out a fence that may repeat.
+// granted records a grant at revision rev, counted on until until, and returns its fence. A
+// read hold (read) is never simple (the one-transaction release and Pass are a write's) and
+// leaves the key's refusals to the write. A floor that makes no fence (written by hand) gives
+// the grant back rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
 	floor *mvccpb.KeyValue, until time.Time, read bool) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
@@ -323,10 +321,9 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 }
 
-// reentered answers an acquisition of a key owner holds already (kv: the lock key, or for a
-// read owner its read hold): the holding's fence, after making sure it lives at least ttl from
-// start (its lease is the fresh l, or is kept alive now). floor is the key's fence floor; nil
-// reads it (none is read too).
+// reentered answers an acquisition of a key owner holds already (kv: the lock key, or the read
+// hold of a read owner): the holding's fence, once it lives at least ttl from start (its lease
+// is the fresh l, or is kept alive now). A nil floor is read here.
 func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
 	l *lease, start time.Time, read bool) (lockstore.Acquisition, error) {
 	simple, what := false, "read hold"
@@ -387,13 +384,10 @@ func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
 }
 
-// AcquireAll takes every key of keys for owner for ttl in one transaction, all or none: when
-// all are free it takes them (each with its fence), when owner holds all of them already it
-// re-enters them (as Acquire), and otherwise it takes none and marks the keys held by others
-// as waited on; their Acquisitions carry HolderTTL and Holder. The Acquisitions are in keys'
-// order. Each key is released on its own (Release). At most half the cluster's --max-txn-ops
-// keys (64 by default) go in one call; keys must be distinct. It is the seam for a core that
-// takes several keys in one round trip (the Locker's LockAll takes them one by one).
+// AcquireAll takes every key of keys (distinct, at most half of --max-txn-ops) for owner in one
+// transaction, all or none: free keys are taken, keys owner holds all re-entered (as Acquire);
+// otherwise none is taken and the keys held by others are marked waited on, their Acquisitions
+// (in keys' order) carrying HolderTTL and Holder. Each key is released on its own (Release).
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("flightlock: no keys")
@@ -429,11 +423,8 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 // acquireAllOnce is one attempt of AcquireAll, as acquireOnce is of Acquire.
 func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
 	start time.Time, again bool) ([]lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
 	if err != nil {
-		for _, k := range keys {
-			s.noteUnsent(k, owner)
-		}
 		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
 	}
 	defer s.unpin(l)
@@ -498,10 +489,9 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 }
 
 // Reenter implements lockstore.Store: owner, a token another process holds key with, adds the
-// hold named hold. It reads the key, then writes the hold with a compare on the revision it
-// read (two round trips; a re-sent call finds the hold listed and writes nothing), while a
-// keep-alive of the key's lease sent after the call started makes it live at least ttl more.
-// A ttl longer than the holder's lease lasts is refused.
+// hold named hold: a read, then a write compared on the revision read (a re-sent call finds
+// the hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
+// longer than the holder's lease lasts is refused.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
@@ -526,9 +516,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case kv == nil:
 			return lockstore.Acquisition{}, nil // free: a handed-over token takes nothing
 		case !ownedBy(kv.Value, owner):
-			a := busy(kv)
-			a.Holder = "" // Reenter reports no holder (as the Redis store)
-			return a, nil
+			return lockstore.Acquisition{HolderTTL: busy(kv).HolderTTL}, nil // no holder, as the Redis store
 		}
 		v, ok := parseValue(kv.Value)
 		if !ok {

@@ -56,9 +56,8 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: keep its place in line: %w", key, err)
 		}
 	}
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)

@@ -11,22 +11,17 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Read-write locks: an owner made by lockstore.ReadOwner takes a
-// read hold of its own (readKey), shared with the key's other read holds.
+// Read-write locks: an owner made by lockstore.ReadOwner takes a read hold of its own
+// (readKey), shared with the key's other read holds. One transaction on each side decides
+// exclusion, whatever the interleaving: a write grant compares that the key does not exist and
+// its read directory is empty (writable); a read grant, that the key does not exist and no
+// writer mark is live. A read hold lives on its reader's session lease and in held like a lock;
+// its end deletes its key, which every waiter's Watch hears.
 //
-// Exclusion is decided by one transaction on each side, so that it holds exactly whatever the
-// interleaving: a write grant compares that the key does not exist and that its read directory
-// is empty (writable); a read grant compares that the key does not exist (no writer holds it)
-// and that no writer mark is live. A read hold lives on its reader's session lease and in the
-// store's per-lock bookkeeping like a lock: it ends with its release, with the reaper once its
-// holder's guarantee ran out unrefreshed, or with its lease. Its end deletes its key, which the
-// Watch of every waiter of the lock key hears (the watch covers the key's read directory).
-//
-// Writer preference: a write acquisition refused by read holds sets the writer mark (writerKey,
-// markWriter); a read acquisition is refused while the mark is there and not past its
-// deadline. The mark goes with the next write grant, or with its deadline (one lease TTL of its
-// writer after its last refusal) when the writer stopped asking: a writer that gave up holds
-// readers off no longer than that.
+// Writer preference: a write acquisition refused by read holds sets the writer mark
+// (markWriter), and read acquisitions are refused while it is there and not past its deadline
+// (one lease TTL of its writer after its last refusal): a writer that gave up holds readers off
+// no longer than that.
 
 // acquireReadOnce is one attempt of Acquire for a read owner, one transaction:
 //
@@ -38,17 +33,14 @@ import (
 //	          then put(read hold, lease); get(floor); delete(mark)
 //	          else get(key); put(waiter, lease); get(mark)
 //
-// A read hold's fence is the revision of its grant, shifted, plus the key's floor offset, as a
-// write's (fence.go): every write it follows was deleted before it, at a lower revision, so
-// its fence exceeds theirs and every fence they handed out (the floor covers those beyond the
-// revision's room); the next write is granted only once this read hold is deleted, at a higher
-// revision, and no release writes the floor in between (only a write's release does), so that
-// write's fence exceeds it.
+// A read hold's fence is made as a write's (fence.go): every write it follows was deleted at a
+// lower revision, so it exceeds their fences (the floor covers those beyond the revision's
+// room); the next write is granted only after this hold's deletion, at a higher revision, with
+// no floor written in between (only a write's release writes one), so its fence exceeds it.
 func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
 	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -109,9 +101,9 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 //	if   create_revision(read hold) > 0
 //	then count(read holds); count(mark); delete(read hold)
 //
-// Read holds have no named holds (Reenter grants none) and hand out no fences beyond their
-// own, so hold must be "" and lastFence is not kept. It returns 1 when it ended the last read
-// hold while a writer waits (the writer mark), whose Watch hears the deletion.
+// Read holds have no named holds and hand out no fences beyond their own: hold must be "", and
+// no lastFence is kept. It returns 1 when it ended the last read hold while a writer waits (the
+// writer mark).
 func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int, error) {
 	if hold != "" {
 		return 0, lockstore.ErrNotHeld
