@@ -2,7 +2,8 @@
 // on go.etcd.io/etcd/client/v3, for endpoints where a double grant costs money even across a
 // failover. Raft keeps an acknowledged grant through a leader's death, and the cluster's
 // revision is a fence by construction. New takes a *clientv3.Client that the caller owns; keys
-// are full etcd keys (the Locker adds its prefix).
+// are full etcd keys (the Locker adds its prefix). docs/guarantees.md says how each of
+// flightlock's promises holds on etcd; this is what the code keeps.
 //
 // # Exclusion
 //
@@ -15,23 +16,18 @@
 //
 // # Leases and TTLs
 //
-// The locks of one TTL (one Locker session) ride on one etcd lease, granted on first use and
-// kept alive in the background. Leases last whole seconds: a lock TTL that is not whole seconds
-// is refused, and so is one whose lease etcd would raise (its minimum lease TTL, 2s with
-// default timings); nothing is rounded.
-//
-// The lease of a TTL of n seconds lasts n + m seconds, m the lease margin (WithLeaseMargin),
-// because the Locker counts a lock's life from the send time of its acquisition and etcd
-// counts the lease's from its last keep-alive. Keep-alives go every m/4; an acquisition sent
-// within m of the last one that succeeded is one transaction (the lease lives at least n
-// seconds from the send), a staler one first waits for a keep-alive sent after it started.
+// The locks of one TTL (one Locker session) ride on one etcd lease, granted on first use.
+// Leases last whole seconds: other lock TTLs, and those whose lease etcd would raise to its
+// minimum, are refused, never rounded. The lease of a TTL of n seconds lasts n + m seconds, m
+// the lease margin (WithLeaseMargin), because the Locker counts a lock's life from the send
+// time of its acquisition and etcd counts the lease's from its last keep-alive. Keep-alives go
+// every m/4; an acquisition sent within m of the last one that succeeded is one transaction
+// (the lease lives at least n seconds from the send), a staler one first waits for a
+// keep-alive sent after it started.
 // Refresh and RefreshAll send a keep-alive after the call started and check on a later read
 // that the key is the owner's and on that lease. So every guarantee holds from the send time,
 // and a dead holder's lock lasts at most n + m seconds after its last keep-alive. A lease etcd
 // no longer has took every key on it: refreshes answer lockstore.ErrNotHeld.
-//
-// Close revokes only the leases no lock is on: a held lock runs out one lease TTL after its
-// last keep-alive, as a Redis key with its TTL, since its holder may still be writing.
 //
 // An acquisition whose outcome is unknown (the client gave up with its transaction on the
 // wire) may commit after it was given back, leaving a key held by nobody on a lease the store
@@ -61,34 +57,21 @@
 // client with DialKeepAliveTime and DialKeepAliveTimeout set (etcd refuses pings more frequent
 // than its --grpc-keepalive-min-time, 5s by default).
 //
-// # Fences
+// # Fences and waiters
 //
-// A fence is the granting transaction's revision shifted left by 20 bits, so in-process handoffs
-// (fence+1, fence+2, ...) stay below the next grant's, plus a per-key floor offset that a release
-// writes only after more than 2^21 fences under one grant (never with the default handoff
-// bound). fence.go has the derivation and the exact bound.
-//
-// # Waking waiters
-//
-// Watch is an etcd watch that fires on the key's deletion: a release, or the expiry of the
-// holder's lease. A refused acquisition sets the key's waiter mark (WaiterKey, on the waiter's
+// Fences come from the granting transaction's revision (fence.go has the derivation and the
+// exact bound). Watch fires on the key's deletion: a release, or the expiry of the holder's
+// lease. A refused acquisition sets the key's waiter mark (WaiterKey, on the waiter's
 // lease); the release deletes it and returns 1 when it existed, so the releasing process lets
 // waiters elsewhere go first. A mark lives until the key's next release or the marking waiter's
 // session ends (after an expiry, the next holder's release reports it: one needless yield).
-// Across processes, the next acquiring transaction after the deletion wins; there is no queue.
+// Across processes, the next acquiring transaction after the deletion wins, unless the
+// request is fair (fair.go: a line ordered by etcd revision).
 //
-// # Read-write and fair locks
+// # Read-write locks, fair lines and the store's own keys
 //
-// A write lock is the lock key; a read hold (lockstore.ReadOwner, readwrite.go) is a key of its
-// own in the key's side directory, and a write grant compares that directory empty. A writer
-// refused by read holds sets a writer mark with a deadline that new read holds wait for. A
-// fair line (a Request with Asked, fair.go) is places in the side directory, ranked by etcd
-// revision. Watch hears deletions in the side directory too.
-//
-// # Keys
-//
-// Besides lock keys, the store writes under lockstore.FenceKeyPrefix, which the Locker and this
-// store refuse as lock keys: fence floors (FloorKey, no lease, rare), waiter marks (WaiterKey),
-// writer marks and side directories (sideDir), whose read holds are "r/<owner>" and places
-// "q/<owner>".
+// A read hold (lockstore.ReadOwner, readwrite.go) and a place in a fair line (a Request with
+// Asked, fair.go) are keys in the lock key's side directory (sideDir), whose deletions Watch
+// hears too. The store's own keys live under lockstore.FenceKeyPrefix, which the Locker and
+// this store refuse as lock keys (value.go).
 package etcdstore

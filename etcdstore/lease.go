@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
 // errNoAnswer is reported by a call the store bounds itself when etcd did not answer in time
@@ -166,10 +170,7 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 // revokeRetired revokes the retired lease l, bounded by a second; one it cannot revoke expires
 // unrenewed, or Close revokes it.
 func (s *Store) revokeRetired(l *lease) {
-	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-	_, err := s.cli.Revoke(ctx, l.id)
-	cancel()
-	if err != nil && !isLeaseNotFound(err) && s.isClosed() {
+	if err := s.revoke(s.ctx, l.id); err != nil && !isLeaseNotFound(err) && s.isClosed() {
 		return
 	}
 	s.mu.Lock()
@@ -187,9 +188,7 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 	sent := time.Now()
 	resp, err := s.cli.Grant(ctx, secs)
 	if err == nil && (resp.TTL != secs || s.isClosed()) {
-		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, _ = s.cli.Revoke(rctx, resp.ID)
-		cancel()
+		_ = s.revoke(context.Background(), resp.ID)
 		if resp.TTL != secs {
 			// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
 			slot.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
@@ -219,6 +218,14 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 	}
 }
 
+// revoke revokes lease id, bounded by a second.
+func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := s.cli.Revoke(ctx, id)
+	return err
+}
+
 // dropLease forgets a lease etcd no longer has, and every lock on it (deleted with it).
 func (s *Store) dropLease(l *lease) {
 	s.mu.Lock()
@@ -234,7 +241,7 @@ func (s *Store) dropLease(l *lease) {
 			delete(s.held, k)
 		}
 	}
-	s.shrinkHeldLocked()
+	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
 }
 
 // ourLease returns the store's lease with id, or nil.
@@ -257,10 +264,7 @@ func (s *Store) keepAliveLoop() {
 		case now := <-t.C:
 			now = time.Now() // the tick may have waited
 			s.mu.Lock()
-			ls := make([]*lease, 0, len(s.byID))
-			for _, l := range s.byID {
-				ls = append(ls, l)
-			}
+			ls := slices.Collect(maps.Values(s.byID))
 			s.mu.Unlock()
 			for _, l := range ls {
 				l.mu.Lock()

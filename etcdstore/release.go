@@ -149,8 +149,8 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
 	var moved clientv3.LeaseID // a lease granted to move the key onto; revoked if unused
 	defer func() {
-		if moved != 0 {
-			s.revokeLater(moved)
+		if moved != 0 { // on a goroutine of the store; one it cannot revoke expires unused
+			s.spawn(func() { _ = s.revoke(s.ctx, moved) })
 		}
 	}()
 	for {
@@ -213,10 +213,9 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 			return 0, nil
 		}
 		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		fence, err := fenceOf(kv.CreateRevision, floor)
 		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
 		// the lock is released all the same.
-		if err == nil {
+		if fence, err := fenceOf(kv.CreateRevision, floor); err == nil {
 			if op, ok := floorOp(key, kv.CreateRevision, max(fence, nv.last), floor != nil); ok {
 				ops = append(ops, op)
 			}
@@ -232,16 +231,6 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 		s.forget(key, owner)
 		return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
 	}
-}
-
-// revokeLater revokes a lease the store granted but did not use, bounded, on a goroutine of
-// the store; a lease it cannot revoke expires unused.
-func (s *Store) revokeLater(id clientv3.LeaseID) {
-	s.spawn(func() {
-		ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-		defer cancel()
-		_, _ = s.cli.Revoke(ctx, id)
-	})
 }
 
 // releaseFailed records a release that may not have happened, for the store to retry.

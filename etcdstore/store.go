@@ -58,7 +58,7 @@ type Store struct {
 	leases   map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
 	byID     map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
 	held     map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
-	heldPeak int                          // guarded by mu: len(held)'s peak, for shrinkHeldLocked
+	heldPeak int                          // guarded by mu: len(held)'s peak, for dropLocked
 	waitRev  map[string]int64             // guarded by mu: revision of the last busy reply per key, for Watch
 	// The next three maps are guarded by mu and bounded like waitRev (maxWaitRevs).
 	refused map[string]struct{}   // keys this store was refused since it last granted them: Pass releases their grant
@@ -97,7 +97,7 @@ type heldKey struct {
 	own       bool             // the acquisition's own hold is the owner's through this store
 	holds     []string         // named holds (Reenter) this store added; never changed in place
 	until     time.Time        // the holder counts on the lock until then; released once past it
-	last      int64            // the largest fence handed out under the grant that the store knows: a pass's, or the lastFence of a release that failed, for its retry
+	last      int64            // the largest fence known handed out under the grant (a pass's, or a failed release's lastFence)
 	tries     int              // releases of it that failed in a row
 	reaping   bool             // a release of it by the store is under way
 }
@@ -177,10 +177,7 @@ func (s *Store) Close() error {
 
 	var errs []error
 	for _, id := range ids {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := s.cli.Revoke(ctx, id)
-		cancel()
-		if err != nil && !isLeaseNotFound(err) {
+		if err := s.revoke(context.Background(), id); err != nil && !isLeaseNotFound(err) {
 			errs = append(errs, fmt.Errorf("flightlock: revoke etcd lease %x: %w", int64(id), err))
 		}
 	}
@@ -214,9 +211,7 @@ func (s *Store) entry(key, owner string) (heldKey, bool) {
 // update runs f on the entry of key for owner (a new one when there is none) and drops the
 // entry when f leaves it holding nothing.
 func (s *Store) update(key, owner string, f func(e *heldKey)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.updateLocked(key, owner, f)
+	s.updateOn(nil, key, owner, f)
 }
 
 // updateOn is update for a re-entry that found the key on lease l (nil: not the store's) and
@@ -228,12 +223,6 @@ func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	if l != nil && l.revoking {
 		return false
 	}
-	s.updateLocked(key, owner, f)
-	return true
-}
-
-// updateLocked is update with s.mu held.
-func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 	k := entryKey{key, owner}
 	e := s.held[k]
 	if e == nil {
@@ -245,18 +234,19 @@ func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 	was := e.lease
 	f(e)
 	if !e.own && len(e.holds) == 0 {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(was, 0)
-		return
+		s.dropLocked(k, was)
+	} else {
+		s.relinkLocked(was, e.lease)
 	}
-	s.relinkLocked(was, e.lease)
+	return true
 }
 
-// shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less (mapshrink).
-// s.mu must be held.
-func (s *Store) shrinkHeldLocked() {
+// dropLocked drops the entry k, counted on lease id, and rebuilds held once it falls to a
+// quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
+func (s *Store) dropLocked(k entryKey, id clientv3.LeaseID) {
+	delete(s.held, k)
 	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak)
+	s.relinkLocked(id, 0)
 }
 
 // forget drops the entry of key for owner: the key is gone or another owner's.
@@ -265,9 +255,7 @@ func (s *Store) forget(key, owner string) {
 	defer s.mu.Unlock()
 	k := entryKey{key, owner}
 	if e := s.held[k]; e != nil {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(e.lease, 0)
+		s.dropLocked(k, e.lease)
 	}
 }
 
@@ -286,9 +274,7 @@ func (s *Store) released(key, owner, hold string) {
 		e.holds = slices.DeleteFunc(slices.Clone(e.holds), func(h string) bool { return h == hold })
 	}
 	if !e.own && len(e.holds) == 0 {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(e.lease, 0)
+		s.dropLocked(k, e.lease)
 	}
 }
 
