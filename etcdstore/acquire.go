@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -25,15 +24,11 @@ import (
 //	then put(key, value, lease); get(floor); delete(writer mark)
 //	else get(key); put(waiter, "", lease); if read holds: put(writer mark, lease); get(one read hold)
 //
-// The first branch is a grant: its revision makes the fence (fence.go). The second is busy (the
-// holder's or a reader's lease TTL and metadata; the waiter mark makes the holder's release
-// report a waiter, the writer mark keeps new readers out, readwrite.go) or, when owner holds
-// key already, a re-entry (the holding's fence, hold count unchanged; the floor is read in a
-// second round trip). The waiter mark is written unconditionally: a nested transaction that
-// writes it only when needed costs every acquisition more than a needless yield costs a release.
-//
-// A read owner (lockstore.ReadOwner) takes a read hold instead (acquireReadOnce), and a request
-// with Asked a place in the key's line (acquireFairOnce).
+// The first branch is a grant (its revision makes the fence); the second is busy, or a re-entry
+// when owner holds key already. The waiter mark is written unconditionally: a nested transaction
+// that writes it only when needed costs every acquisition more than a needless yield costs. A
+// read owner takes a read hold instead (acquireReadOnce), a request with Asked a place in the
+// key's line (acquireFairOnce).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := checkArgs(key, owner, ttl); err != nil {
@@ -196,8 +191,7 @@ func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 	return readerBusy(firstKV(t.Responses[1]))
 }
 
-// readerBusy is an acquisition refused by the read hold kv (nil: none): its lease TTL and
-// metadata.
+// readerBusy is an acquisition refused by the read hold kv (nil: none).
 func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	if kv == nil {
 		return lockstore.Acquisition{}
@@ -209,10 +203,8 @@ func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
-// freshLease returns the lease of ttl, pinned (the caller unpins it once the outcome is
-// recorded) and known to live at least ttl from start: fresh from the store's keep-alives, or
-// kept alive now by a keep-alive sent after start. When it fails, owner's acquisition of keys
-// sent nothing (noteUnsent).
+// freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
+// live at least ttl from start. When it fails, owner's acquisition of keys sent nothing.
 func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
 	if err == nil && !l.liveFor(start, ttl) {
@@ -375,7 +367,7 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 }
 
 // busy is the acquisition refused by the holder of kv: its lease TTL (how long the lock lasts
-// should its holder stop now, less at most one keep-alive period of its store) and metadata.
+// should its holder stop now) and metadata.
 func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	v, ok := parseValue(kv.Value)
 	if !ok {
@@ -532,14 +524,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		}
 		id := clientv3.LeaseID(kv.Lease)
 		value := string(kv.Value)
-		var (
-			wg      sync.WaitGroup
-			secs    int64
-			kaErr   error
-			written = true
-		)
 		kl := s.ourLease(id) // before the keep-alive, as in reentered
-		wg.Go(func() { secs, kaErr = s.keepAliveOnce(ctx, id, start) })
+		ka, written := s.startKeepAlive(ctx, id, start), true
 		if nv := v.withHold(hold); nv.holds != v.holds {
 			value = nv.String()
 			put, err := s.cli.Txn(ctx).
@@ -547,7 +533,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 				Then(clientv3.OpPut(key, value, clientv3.WithIgnoreLease())).
 				Commit()
 			if err != nil {
-				wg.Wait()
+				ka.join()
 				// The hold may be written: the store gives it up once ttl passes unrefreshed.
 				s.update(key, owner, func(e *heldKey) {
 					e.holds = withHold(e.holds, hold)
@@ -557,7 +543,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			}
 			written = put.Succeeded
 		}
-		wg.Wait()
+		secs, kaErr := ka.wait(ctx)
+		ka.join()
 		if !written {
 			continue // the lock changed since it was read: read it again
 		}
@@ -583,8 +570,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	}
 }
 
-// giveUpHold releases a hold that a call added but will not report, bounded: a hold it cannot
-// give up stays listed until the lock ends.
+// giveUpHold releases, bounded, a hold that a call added but will not report (one it cannot
+// give up stays listed until the lock ends).
 func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()

@@ -30,10 +30,9 @@ import (
 //     top - Rd<<fenceShift >= top + 1<<fenceShift > top.
 //
 // The release writes the floor exactly when the first case could fail, top >= (R+2)<<fenceShift,
-// and otherwise deletes a floor it read at the grant (the next grant's revision alone exceeds
-// top). Through the Locker, top - f stays below 2<<fenceShift (Pass keeps a grant only while
-// its room is less than half used, and a run has at most 65,535 handoffs), so no floor is
-// written and none is left behind.
+// and otherwise deletes a floor read at the grant. Through the Locker, top - f stays below
+// 2<<fenceShift (Pass keeps a grant while under half its room is used, and a run has at most
+// 65,535 handoffs), so no floor is written.
 //
 // The remaining gap: a holder that hands out 2<<fenceShift or more fences under one grant and
 // then never releases may see the next grant's fence at or below its own last ones. Only the
@@ -44,11 +43,10 @@ import (
 // writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
 
-// FenceRevision returns the revision of the grant that minted fence, or one above it (fence
-// >> fenceShift: the floor offset and the handoffs under one grant add less than 2<<fenceShift
-// through the Locker). A write made by a later grant's holder comes at a revision at least two
-// above, so "written before FenceRevision(fence)" tells a record of an earlier grant from one
-// of a later grant (the middleware's stored responses of share rules).
+// FenceRevision returns the revision of the grant that minted fence, or one above it (the floor
+// offset and a grant's handoffs add less than 2<<fenceShift through the Locker). A later grant's
+// holder writes at a revision at least two above, so "written before FenceRevision(fence)"
+// tells a record of an earlier grant from a later one's (the middleware's shared responses).
 func FenceRevision(fence int64) int64 { return fence >> fenceShift }
 
 // Capabilities implements lockstore.Store. MaxHandoffs is half of the 2<<fenceShift fences a

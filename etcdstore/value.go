@@ -9,9 +9,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Key names of the store's own keys. They start with lockstore.FenceKeyPrefix, a namespace that
-// flightlock's Locker refuses for lock keys and that this store refuses too, so a lock key can
-// never be one of them.
+// Key names of the store's own keys, under lockstore.FenceKeyPrefix, which the Locker and this
+// store refuse as lock keys.
 const (
 	floorPrefix  = lockstore.FenceKeyPrefix + "etcd/floor/"
 	waiterPrefix = lockstore.FenceKeyPrefix + "etcd/waiter/"
@@ -29,10 +28,8 @@ func FloorKey(k string) string { return floorPrefix + k }
 // reports one notified waiter. For tools that inspect locks.
 func WaiterKey(k string) string { return waiterPrefix + k }
 
-// writerKey names the writer mark of lock key k (readwrite.go): set, on the writer's lease, by
-// a write acquisition refused by read holds; new read holds are refused until its deadline
-// (markValue). Deleted by every write grant of k, and by the first read acquisition that finds
-// it past its deadline.
+// writerKey names the writer mark of lock key k (markWriter, readwrite.go), deleted by every
+// write grant of k and by the first read acquisition that finds it past its deadline.
 func writerKey(k string) string { return writerPrefix + k }
 
 // sideDir is the directory of lock key k's read holds and fair-line places:
@@ -40,15 +37,13 @@ func writerKey(k string) string { return writerPrefix + k }
 //	flightlock:fence:etcd/key/<len(k)>:<k>/
 //
 // The length keeps one key's directory from being a prefix of another's ("6:orders/" against
-// "8:orders/0/"), so a range read or watch of it never sees another key's holds, whatever bytes
-// keys and owners contain.
+// "8:orders/0/"), whatever bytes keys and owners contain.
 func sideDir(k string) string { return sidePrefix + strconv.Itoa(len(k)) + ":" + k + "/" }
 
 // readDir is the directory of k's read holds: one key per read owner, readKey.
 func readDir(k string) string { return sideDir(k) + "r/" }
 
-// readKey names owner's read hold on k, on the reader's session lease, with the value of
-// readValue; its create revision makes the fence.
+// readKey names owner's read hold on k, with the value of readValue.
 func readKey(k, owner string) string { return readDir(k) + owner }
 
 // lineDir is the directory of k's fair line (fair.go): one key per waiting owner, placeKey.
@@ -82,9 +77,8 @@ func parseSideKey(full string) (k string, kind byte, owner string, ok bool) {
 	return k, rest[1], rest[3:], true
 }
 
-// readValue is the value of a read hold: "<lease seconds>[ <meta>]", the TTL of its lease (a
-// writer it refuses waits at most that long) and the reader's metadata; the owner is the key's
-// last segment.
+// readValue is the value of a read hold: "<lease seconds>[ <meta>]" (a writer it refuses waits
+// at most that long); the owner is the key's last segment.
 func readValue(secs int64, meta string) string {
 	v := strconv.FormatInt(secs, 10)
 	if meta != "" {
