@@ -11,20 +11,17 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), on a
-// lease of its own, ranked by its create revision, that of the owner's first refused fair
-// Acquire. Revisions rather than the callers' clocks (the request's Asked, unused here) order
-// the line: the Locker makes a fair Acquire as soon as a fair Lock begins, so the order first
-// attempts reach etcd is the order the Locks began, up to their round trips, with no trust in
-// each host's clock. And the granting transaction can check a revision exactly: "every place
-// has a create revision at or above mine" is one range compare, so only the first in line
-// takes the free key, whatever the interleaving. A re-put place keeps its create revision, so
-// it loses its rank only when it ends.
+// A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), ranked
+// by its create revision, that of the owner's first refused fair Acquire (kept across re-puts).
+// Revisions, not the callers' clocks (Asked is unused), order the line: the Locker makes a fair
+// Acquire as soon as a fair Lock begins, so first attempts reach etcd in the order the Locks
+// began, up to their round trips, and no host's clock is trusted. The granting transaction
+// checks the rank with one range compare (every place's create revision >= mine), so only the
+// first in line takes a free key, whatever the interleaving.
 //
-// A place lives on a lease of the queue time (whole seconds, rounded up), kept alive by each
-// fair Acquire of its owner: a waiter that stops asking leaves the line one lease TTL after its
-// last fair Acquire, and the deletion wakes the next in line (Watch hears the key's side
-// directory). The grant deletes its place in the granting transaction, LeaveQueue at once.
+// A place lives on a lease of the queue time (whole seconds, rounded up) that each fair Acquire
+// of its owner keeps alive: a waiter that stops asking leaves the line one lease TTL later, and
+// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once.
 
 // place is one owner's place in a key's line, as the store knows it.
 type place struct {
@@ -42,9 +39,8 @@ type place struct {
 //	else get(key); put(waiter, lease); get(one read hold); [put(place, place lease); get(place)]
 //
 // A caller with queue > 0 refused for the first time is given a place lease and makes the
-// attempt once more at once, now putting its place (its rank is that revision). queue 0
-// (TryLock) takes the key only when it is free and the line empty. The lock granted is an
-// ordinary lock of key.
+// attempt once more at once, putting its place. queue 0 (TryLock) takes the key only when it is
+// free and the line empty. The lock granted is an ordinary lock of key.
 func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, queue time.Duration,
 	start time.Time, again bool) (lockstore.Acquisition, error) {
 	p := s.placeOf(key, owner)
@@ -151,9 +147,8 @@ func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
 	return readerBusy(firstKV(resp.Responses[2]))
 }
 
-// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which
-// wakes the key's waiters (their Watch hears deletions in the key's side directory), so that
-// the next in line takes the key at once when it is free.
+// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
+// the key's waiters, so that the next in line takes a free key at once.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -196,8 +191,7 @@ func (s *Store) setPlace(key, owner string, p place) {
 	s.places[entryKey{key, owner}] = p
 }
 
-// dropPlace forgets owner's place in key's line: it was granted, left, or lost with its lease.
-// The lease expires unused.
+// dropPlace forgets owner's place in key's line (granted, left, or lost with its lease).
 func (s *Store) dropPlace(key, owner string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

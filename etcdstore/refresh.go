@@ -119,7 +119,7 @@ func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Unlock()
 }
 
-// keepAliveCall is one keep-alive that RefreshAll waits for.
+// keepAliveCall is one keep-alive that RefreshAll or Reenter waits for.
 type keepAliveCall struct {
 	r    *renewal      // the store's lease: its shared keep-alive; nil when already fresh
 	l    *lease        // the store's lease, or nil
@@ -168,15 +168,15 @@ func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
 	return c.secs, c.err
 }
 
-// join waits for a call's goroutine, so that none outlives RefreshAll.
+// join waits for a call's goroutine, so that none outlives its caller.
 func (c *keepAliveCall) join() {
 	if c.done != nil {
 		<-c.done
 	}
 }
 
-// readKeys reads keys with linearizable read transactions of at most maxTxnOps gets each,
-// all at once. A transaction that fails sets the error of each of its keys.
+// readKeys reads keys with concurrent read transactions of at most maxTxnOps gets each; a
+// transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
 	kvs := make(map[string]*mvccpb.KeyValue, len(keys))
 	errs := make(map[string]error)
