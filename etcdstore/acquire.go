@@ -315,7 +315,8 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 
 // reentered answers an acquisition of a key owner holds already (kv: the lock key, or the read
 // hold of a read owner): the holding's fence, once it lives at least ttl from start (its lease
-// is the fresh l, or is kept alive now). A nil floor is read here.
+// is the fresh l, or is kept alive now). A write's nil floor is read here; a read re-entry's
+// comes from its transaction, nil when there is none.
 func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
 	l *lease, start time.Time, read bool) (lockstore.Acquisition, error) {
 	simple, what := false, "read hold"
@@ -326,7 +327,7 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		simple, what = v.simple(), "held"
 	}
-	if floor == nil {
+	if floor == nil && !read {
 		resp, err := s.cli.Get(ctx, FloorKey(key))
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
