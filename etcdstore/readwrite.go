@@ -74,21 +74,20 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		}
 		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start, true)
 	}
-	first := resp.Responses[0].GetResponseTxn()
-	if first.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(first.Responses[1]), start.Add(ttl), true)
+	txn := resp.Responses[0].GetResponseTxn()
+	if !txn.Succeeded {
+		txn = txn.Responses[0].GetResponseTxn() // a live mark, or a writer: is the mark past its deadline?
 	}
-	second := first.Responses[0].GetResponseTxn()
-	if second.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(second.Responses[1]), start.Add(ttl), true)
+	if txn.Succeeded {
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl), true)
 	}
 	s.noteBusy(key, resp.Header.Revision)
-	if kv := firstKV(second.Responses[0]); kv != nil {
+	if kv := firstKV(txn.Responses[0]); kv != nil {
 		return busy(kv), nil // a writer holds the key
 	}
 	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
 	// holds nothing yet, so the reply names no holder.
-	if kv := firstKV(second.Responses[2]); kv != nil {
+	if kv := firstKV(txn.Responses[2]); kv != nil {
 		if secs, ok := parseMarkValue(kv.Value); ok {
 			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
 		}
