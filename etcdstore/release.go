@@ -17,21 +17,16 @@ import (
 //	if   mod_revision(key) == written
 //	then delete(key); delete(waiter); [put or delete the fence floor]
 //
-// Otherwise (a named hold, a re-entered lock, a lock this store did not write, or a compare
-// that failed) the key is read and rewritten with a compare on the revision read, until that
-// compare holds: giving up one hold rewrites the value (with lastFence in it when other holds
-// remain); giving up the last one deletes the key as above. When the owner's own hold goes and
-// re-entries from other processes remain, the key moves to a lease of its own that only their
-// refreshes keep alive, so it does not outlive them on this process's session lease.
+// Otherwise the key is read and rewritten with a compare on the revision read until it holds:
+// giving up one hold rewrites the value (with lastFence when holds remain), the last deletes
+// the key. When only re-entries from other processes remain, the key moves to a lease of its
+// own that only their refreshes keep alive, so it does not outlive them on this session lease.
 //
-// It returns 1 when the deleted lock carried a waiter mark (someone elsewhere was refused
-// while it was held, and its Watch fires on this deletion), else 0. A release that fails is
-// retried in the background until etcd answers.
-//
-// Giving back the own hold of an acquisition the store never saw granted costs no round trip,
-// so that it never holds the caller past a deadline that cut the acquisition short: when no
-// request of it went out, Release answers ErrNotHeld; when its outcome is unknown, nil, and the
-// store releases the key in the background, owner-checked (giveBackLater).
+// It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires on this
+// deletion), else 0. A failed release is retried in the background until etcd answers. Giving
+// back an acquisition the store never saw granted costs no round trip, so that it never holds
+// the caller past the deadline that cut it short: ErrNotHeld when no request of it went out;
+// nil when its outcome is unknown, the store releasing the key in the background.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
