@@ -23,11 +23,11 @@
 // time of its acquisition and etcd counts the lease's from its last keep-alive. Keep-alives go
 // every m/4; an acquisition sent within m of the last one that succeeded is one transaction
 // (the lease lives at least n seconds from the send), a staler one first waits for a
-// keep-alive sent after it started.
-// Refresh and RefreshAll send a keep-alive after the call started and check on a later read
-// that the key is the owner's and on that lease. So every guarantee holds from the send time,
-// and a dead holder's lock lasts at most n + m seconds after its last keep-alive. A lease etcd
-// no longer has took every key on it: refreshes answer lockstore.ErrNotHeld.
+// keep-alive sent after it started. Refresh and RefreshAll send a keep-alive after the call
+// started and check on a later read that the key is the owner's and on that lease. So every
+// guarantee holds from the send time, and a dead holder's lock lasts at most n + m seconds
+// after its last keep-alive. A lease etcd no longer has took every key on it: refreshes answer
+// lockstore.ErrNotHeld.
 //
 // An acquisition whose outcome is unknown (the client gave up with its transaction on the
 // wire) may commit after it was given back, leaving a key held by nobody on a lease the store
