@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -25,52 +24,45 @@ import (
 //	then put(key, value, lease); get(floor); delete(writer mark)
 //	else get(key); put(waiter, "", lease); if read holds: put(writer mark, lease); get(one read hold)
 //
-// The first branch is a grant: its revision makes the fence (fence.go). The second is busy: the
-// holder's value gives its lease TTL (HolderTTL) and metadata (Holder), and the waiter mark is
-// set so that the holder's release reports a waiter; when read holds refused it, the writer
-// mark keeps new readers out until this writer had its turn, and one read hold gives HolderTTL
-// and Holder (readwrite.go); or, when owner holds key already, a
-// re-entry (the fence of the holding, the hold count unchanged; it reads the floor in a second
-// round trip and sets the mark too, which costs the holder's release at most a needless yield).
-// The mark is written unconditionally: a nested transaction that writes it only when needed
-// made every acquisition 3% slower, measured against the floor (a bare txn put on a lease + delete).
-//
-// An owner made by lockstore.ReadOwner takes a read hold instead (acquireReadOnce), and a
-// request with Asked a place in the key's line (acquireFair).
+// The first branch is a grant (its revision makes the fence); the second is busy, or a re-entry
+// when owner holds key already. The waiter mark is written unconditionally: a nested transaction
+// that writes it only when needed costs every acquisition more than a needless yield costs. A
+// read owner takes a read hold instead (acquireReadOnce), a request with Asked a place in the
+// key's line (acquireFairOnce).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	if !req.Asked.IsZero() {
-		return s.acquireFair(ctx, req)
-	}
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
+	}
+	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(owner)
+	if fair && read {
+		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
 	}
 	if s.isClosed() {
 		return lockstore.Acquisition{}, errStoreClosed
 	}
 	start := time.Now()
-	once := s.acquireOnce
-	if lockstore.IsReadOwner(owner) {
-		once = s.acquireReadOnce
-	}
 	var a lockstore.Acquisition
 	err := s.resending(ctx, func(ctx context.Context, again bool) error {
 		var err error
-		a, err = once(ctx, key, owner, ttl, meta, start, again)
+		switch {
+		case fair:
+			a, err = s.acquireFairOnce(ctx, key, owner, ttl, meta, max(req.Queue, 0), start, again)
+		case read:
+			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
+		default:
+			a, err = s.acquireOnce(ctx, key, owner, ttl, meta, start, again)
+		}
 		return err
 	})
 	return a, err
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
-// again (doubling per attempt, at most maxResendAfter). A proposal that a leader change loses
-// (sent to a leader that died, or to a member cut off from the others) is answered only at
-// etcd's request timeout, 5s plus two election timeouts, usually after the caller's deadline,
-// though a new leader took over within one or two seconds: a waiter with most of its wait
-// budget left would give up. An acquisition is idempotent for its owner (sent again, it finds
-// the key its own, or busy), and an attempt cut short is an unknown outcome like any other: its
-// lease is retired (maybeTaken, retire), so a late commit of it frees itself. The bound costs
-// a timer per acquisition, against a call stuck for etcd's request timeout.
+// again (doubling, at most maxResendAfter): a proposal lost with a leader change is answered
+// only at etcd's request timeout (5s plus two election timeouts), usually past the caller's
+// deadline. Sending again is safe: an acquisition is idempotent for its owner, and an attempt
+// cut short retires its lease (acquireFailed), so a late commit of it frees itself.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
@@ -83,12 +75,10 @@ const (
 	retryPauseMax = 400 * time.Millisecond
 )
 
-// resending runs attempt until it succeeds, fails for good, or ctx ends, so that a leader
-// change or a member that does not answer costs a waiter time, not its wait: an attempt that
-// gets no answer within resendAfter, or fails with an error the cluster recovers from
-// (transient), is made again after a short pause, on the caller's context. Only the end of
-// ctx, or an error that is not transient, ends it; it returns by ctx's deadline. again is set
-// for an attempt that may drop a lease etcd no longer has (errLeaseGone) and be made once more.
+// resending runs attempt until it succeeds, fails for good, or ctx ends (it returns by ctx's
+// deadline): an attempt that gets no answer within resendAfter, or fails transiently, is made
+// again after a short pause. again is set for an attempt that may drop a lease etcd no longer
+// has (errLeaseGone) and be made once more.
 func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context, again bool) error) error {
 	bound, pause, again := resendAfter, retryPauseMin, true
 	for {
@@ -116,10 +106,9 @@ func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context,
 	}
 }
 
-// transient reports whether err is a failure the cluster recovers from by itself: no leader,
-// a leader change, a proposal that timed out, a member that cannot be reached (etcd and gRPC
-// answer codes.Unavailable for each), or a call of the store's own that got no answer in time
-// (errNoAnswer). The caller's own deadline or cancellation is not one.
+// transient reports whether err is a failure the cluster recovers from by itself: no leader, a
+// leader change, a proposal that timed out, an unreachable member (codes.Unavailable for each),
+// or errNoAnswer. The caller's own deadline or cancellation is not one.
 func transient(err error) bool {
 	if errors.Is(err, errNoAnswer) {
 		return true
@@ -138,9 +127,8 @@ func transient(err error) bool {
 // is dropped and reported as errLeaseGone, for the caller to try once more.
 func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
 	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -152,7 +140,8 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)).
 		Commit()
 	if err != nil {
-		return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
+			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
 	}
 	if resp.Succeeded {
 		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
@@ -164,15 +153,14 @@ func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Dur
 		return readersBusy(resp.Responses[2]), nil
 	}
 	if ownedBy(kv.Value, owner) {
-		return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+		return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	return busy(kv), nil
 }
 
 // writable is the compare of a write grant of key: no writer holds it (it does not exist) and
-// no reader does (its read directory is empty; a compare over a range holds when every key
-// in it passes, and so when there is none).
+// no reader does (a compare over an empty range holds).
 func writable(key string) []clientv3.Cmp {
 	return []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
@@ -180,10 +168,9 @@ func writable(key string) []clientv3.Cmp {
 	}
 }
 
-// markWriter is the part of a refused write acquisition that keeps readers from starving it:
-// when key has read holds, it sets the writer mark on the writer's lease l, until a deadline
-// of one lease TTL (the writer asks again within the TTL of the read holds, and at each end of
-// one, which its Watch hears), and reads one read hold for the busy reply.
+// markWriter keeps readers from starving a refused write acquisition: when key has read holds,
+// it sets the writer mark on lease l, with a deadline one lease TTL away (the writer asks again
+// before it, at each read hold's end), and reads one read hold for the busy reply.
 func markWriter(key string, l *lease) clientv3.Op {
 	life := time.Duration(l.secs) * time.Second
 	return clientv3.OpTxn(
@@ -195,15 +182,17 @@ func markWriter(key string, l *lease) clientv3.Op {
 		nil)
 }
 
-// readersBusy is a write acquisition refused by read holds, from the reply of markWriter: the
-// lease TTL and metadata of one of them.
+// readersBusy is a write acquisition refused by read holds, from markWriter's reply.
 func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 	t := r.GetResponseTxn()
 	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
-		// Neither a writer nor a reader, yet refused: cannot happen within one transaction.
-		return lockstore.Acquisition{}
+		return lockstore.Acquisition{} // neither writer nor reader: cannot happen in one transaction
 	}
-	kv := firstKV(t.Responses[1])
+	return readerBusy(firstKV(t.Responses[1]))
+}
+
+// readerBusy is an acquisition refused by the read hold kv (nil: none).
+func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	if kv == nil {
 		return lockstore.Acquisition{}
 	}
@@ -214,19 +203,20 @@ func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
-// freshLease returns the lease of ttl, pinned (the caller unpins it once the outcome is
-// recorded) and known to live at least ttl counted from start: fresh from the store's
-// keep-alives, or kept alive now by a keep-alive sent after start.
-func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time) (*lease, error) {
+// freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
+// live at least ttl from start. When it fails, owner's acquisition of keys sent nothing.
+func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
-	if err != nil {
-		return nil, err
-	}
-	if !l.liveFor(start, ttl) {
-		if err := s.renewAfter(ctx, l, start); err != nil {
+	if err == nil && !l.liveFor(start, ttl) {
+		if err = s.renewAfter(ctx, l, start); err != nil {
 			s.unpin(l)
-			return nil, err
 		}
+	}
+	if err != nil {
+		for _, k := range keys {
+			s.noteUnsent(k, owner)
+		}
+		return nil, err
 	}
 	return l, nil
 }
@@ -259,32 +249,26 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 			nil)})
 }
 
-// maybeTaken records an acquisition whose outcome is unknown (its reply was lost): the store
-// releases the key once until passes unless the owner refreshes it (a timed-out acquisition
-// the Locker gives back is released at once). A release that finds the key absent forgets it,
-// yet the transaction may still commit after that: its caller retires the lease (retire).
-func (s *Store) maybeTaken(key, owner, value string, id clientv3.LeaseID, until time.Time) {
-	s.update(key, owner, func(e *heldKey) {
-		e.own = true
-		if e.value == "" {
-			e.value, e.lease = value, id
-		}
-		e.until = later(e.until, until)
-	})
-}
-
-// acquireFailed answers an acquiring transaction of owner's on key, sent with lease l at start
-// for ttl, that failed with err: errLeaseGone when it was l that etcd no longer had (and the
-// caller may try again on a new lease), else err, after recording that the put may have gone
-// through unseen and retiring l.
-func (s *Store) acquireFailed(err error, key, owner, value string, l *lease, start time.Time, ttl time.Duration, again bool) error {
+// acquireFailed answers an acquiring transaction on keys, sent on lease l, that failed with err:
+// errLeaseGone when etcd no longer had l and again is set; else err, after recording that each
+// put may have gone through (the reaper releases it past until unless refreshed) and retiring
+// l, so that a commit after that release goes with l.
+func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value string, until time.Time, keys ...string) error {
 	if isLeaseNotFound(err) && again {
 		s.loseLease(l)
 		return errLeaseGone
 	}
-	s.maybeTaken(key, owner, value, l.id, start.Add(ttl))
+	for _, key := range keys {
+		s.update(key, owner, func(e *heldKey) {
+			e.own = true
+			if e.value == "" {
+				e.value, e.lease = value, l.id
+			}
+			e.until = later(e.until, until)
+		})
+	}
 	s.retire(l)
-	return fmt.Errorf("flightlock: acquire %q: %w", key, err)
+	return err
 }
 
 // later returns the later of two times.
@@ -295,18 +279,13 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// granted records a grant at revision rev, which its holder counts on until until, and returns
-// it with its fence; read tells a read hold (its key is readKey's, it is never simple: the
-// one-transaction release and Pass are a write's, and it leaves the key's refusals to the
-// write that sees them). A floor that makes no fence (written by hand) gives the grant back
-// rather than hand out a fence that may repeat.
+// granted records a grant at revision rev, counted on until until, and returns its fence. A
+// read hold (read) is never simple (the one-transaction release and Pass are a write's) and
+// leaves the key's refusals to the write. A floor that makes no fence (written by hand) gives
+// the grant back rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
 	floor *mvccpb.KeyValue, until time.Time, read bool) (lockstore.Acquisition, error) {
-	d, err := floorOffset(floor)
-	var fence int64
-	if err == nil {
-		fence, err = fenceOf(rev, d)
-	}
+	fence, err := fenceOf(rev, floor)
 	if err != nil {
 		held := key
 		if read {
@@ -334,16 +313,21 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 }
 
-// reentered answers an acquisition of a key owner holds already: the fence of the holding,
-// after making sure the key lives at least ttl from start (its lease is the fresh l, or is
-// kept alive now). floor is the key's fence floor; nil reads it (none is read too).
+// reentered answers an acquisition of a key owner holds already (kv: the lock key, or the read
+// hold of a read owner): the holding's fence, once it lives at least ttl from start (its lease
+// is the fresh l, or is kept alive now). A write's nil floor is read here; a read re-entry's
+// comes from its transaction, nil when there is none.
 func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time) (lockstore.Acquisition, error) {
-	v, ok := parseValue(kv.Value)
-	if !ok {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unreadable lock value %q", key, kv.Value)
+	l *lease, start time.Time, read bool) (lockstore.Acquisition, error) {
+	simple, what := false, "read hold"
+	if !read {
+		v, ok := parseValue(kv.Value)
+		if !ok {
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unreadable lock value %q", key, kv.Value)
+		}
+		simple, what = v.simple(), "held"
 	}
-	if floor == nil {
+	if floor == nil && !read {
 		resp, err := s.cli.Get(ctx, FloorKey(key))
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
@@ -352,19 +336,15 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 			floor = resp.Kvs[0]
 		}
 	}
-	d, err := floorOffset(floor)
-	var fence int64
-	if err == nil {
-		fence, err = fenceOf(kv.CreateRevision, d)
-	}
+	fence, err := fenceOf(kv.CreateRevision, floor)
 	if err != nil {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
-	// The store's lease the key is on, if any, as it was before the keep-alive: a retired one
-	// may be revoked meanwhile (updateOn).
-	kl := s.ourLease(clientv3.LeaseID(kv.Lease))
-	if clientv3.LeaseID(kv.Lease) != l.id {
-		secs, err := s.keepAliveOnce(ctx, clientv3.LeaseID(kv.Lease), start)
+	// Looked up before the keep-alive: a retired lease may be revoked meanwhile (updateOn).
+	id := clientv3.LeaseID(kv.Lease)
+	kl := s.ourLease(id)
+	if id != l.id {
+		secs, err := s.keepAliveOnce(ctx, id, start)
 		if errors.Is(err, errLeaseGone) {
 			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
 		}
@@ -372,14 +352,14 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 		}
 		if time.Duration(secs)*time.Second < ttl {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: held on an etcd lease of %ds, "+
-				"shorter than the lock TTL %v", key, secs, ttl)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %s on an etcd lease of %ds, "+
+				"shorter than the lock TTL %v", key, what, secs, ttl)
 		}
 	}
 	if !s.updateOn(kl, key, owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), clientv3.LeaseID(kv.Lease),
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id,
 			kv.CreateRevision, kv.ModRevision, fence, floor != nil
-		e.simple, e.own, e.tries = v.simple(), true, 0
+		e.simple, e.own, e.tries = simple, true, 0
 		e.until = later(e.until, start.Add(ttl))
 	}) {
 		return lockstore.Acquisition{}, nil // going with its retired lease: free soon, try again
@@ -388,7 +368,7 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 }
 
 // busy is the acquisition refused by the holder of kv: its lease TTL (how long the lock lasts
-// should its holder stop now, less at most one keep-alive period of its store) and metadata.
+// should its holder stop now) and metadata.
 func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	v, ok := parseValue(kv.Value)
 	if !ok {
@@ -397,15 +377,10 @@ func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
 }
 
-// AcquireAll takes every key of keys for owner for ttl in one transaction, all or none: when
-// all are free it takes them (each with its fence), when owner holds all of them already it
-// re-enters them (as Acquire), and otherwise it takes none and marks the keys held by others
-// as waited on; their Acquisitions carry HolderTTL and Holder. The Acquisitions are in keys'
-// order. Each key is released on its own (Release). At most half the cluster's --max-txn-ops
-// keys (64 by default) go in one call; keys must be distinct.
-//
-// flightlock's Locker takes several keys one by one (LockAll); this is the seam for a core
-// that takes them in one round trip.
+// AcquireAll takes every key of keys (distinct, at most half of --max-txn-ops) for owner in one
+// transaction, all or none: free keys are taken, keys owner holds all re-entered (as Acquire);
+// otherwise none is taken and the keys held by others are marked waited on, their Acquisitions
+// (in keys' order) carrying HolderTTL and Holder. Each key is released on its own (Release).
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("flightlock: no keys")
@@ -441,11 +416,8 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 // acquireAllOnce is one attempt of AcquireAll, as acquireOnce is of Acquire.
 func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
 	start time.Time, again bool) ([]lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
 	if err != nil {
-		for _, k := range keys {
-			s.noteUnsent(k, owner)
-		}
 		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
 	}
 	defer s.unpin(l)
@@ -462,15 +434,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	}
 	resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
-		if isLeaseNotFound(err) && again {
-			s.loseLease(l)
-			return nil, errLeaseGone
-		}
-		for _, k := range keys {
-			s.maybeTaken(k, owner, value, l.id, start.Add(ttl))
-		}
-		s.retire(l)
-		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
+		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, s.acquireFailed(err, l, again, owner, value, start.Add(ttl), keys...))
 	}
 	out := make([]lockstore.Acquisition, len(keys))
 	if resp.Succeeded {
@@ -508,7 +472,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		return out, nil
 	}
 	for i, k := range keys {
-		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
+		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start, false)
 		if err != nil || !a.Acquired {
 			return make([]lockstore.Acquisition, len(keys)), err
 		}
@@ -518,11 +482,9 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 }
 
 // Reenter implements lockstore.Store: owner, a token another process holds key with, adds the
-// hold named hold. It reads the key, then writes the hold with a compare on the revision it
-// read (two round trips; a re-sent call finds the hold listed and writes nothing), while a
-// keep-alive of the key's lease sent after the call started makes it live at least ttl more.
-// A ttl longer than the holder's lease lasts is refused: a keep-alive of that lease cannot
-// honour it.
+// hold named hold: a read, then a write compared on the revision read (a re-sent call finds
+// the hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
+// longer than the holder's lease lasts is refused.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
@@ -547,9 +509,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case kv == nil:
 			return lockstore.Acquisition{}, nil // free: a handed-over token takes nothing
 		case !ownedBy(kv.Value, owner):
-			a := busy(kv)
-			a.Holder = "" // Reenter reports no holder (as the Redis store)
-			return a, nil
+			return lockstore.Acquisition{HolderTTL: busy(kv).HolderTTL}, nil // no holder, as the Redis store
 		}
 		v, ok := parseValue(kv.Value)
 		if !ok {
@@ -559,24 +519,14 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its holder's etcd lease lasts %ds, "+
 				"so this TTL cannot be honoured", key, ttl, v.secs)
 		}
-		d, err := floorOffset(floor)
-		var fence int64
-		if err == nil {
-			fence, err = fenceOf(kv.CreateRevision, d)
-		}
+		fence, err := fenceOf(kv.CreateRevision, floor)
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
 		id := clientv3.LeaseID(kv.Lease)
 		value := string(kv.Value)
-		var (
-			wg      sync.WaitGroup
-			secs    int64
-			kaErr   error
-			written = true
-		)
 		kl := s.ourLease(id) // before the keep-alive, as in reentered
-		wg.Go(func() { secs, kaErr = s.keepAliveOnce(ctx, id, start) })
+		ka, written := s.startKeepAlive(ctx, id, start), true
 		if nv := v.withHold(hold); nv.holds != v.holds {
 			value = nv.String()
 			put, err := s.cli.Txn(ctx).
@@ -584,7 +534,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 				Then(clientv3.OpPut(key, value, clientv3.WithIgnoreLease())).
 				Commit()
 			if err != nil {
-				wg.Wait()
+				ka.join()
 				// The hold may be written: the store gives it up once ttl passes unrefreshed.
 				s.update(key, owner, func(e *heldKey) {
 					e.holds = withHold(e.holds, hold)
@@ -594,7 +544,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			}
 			written = put.Succeeded
 		}
-		wg.Wait()
+		secs, kaErr := ka.wait(ctx)
+		ka.join()
 		if !written {
 			continue // the lock changed since it was read: read it again
 		}
@@ -620,8 +571,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	}
 }
 
-// giveUpHold releases a hold that a call added but will not report, bounded: a hold it cannot
-// give up stays listed until the lock ends.
+// giveUpHold releases, bounded, a hold that a call added but will not report (one it cannot
+// give up stays listed until the lock ends).
 func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()

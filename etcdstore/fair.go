@@ -11,26 +11,17 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), on a
-// lease of its own, ordered by its create revision, the revision of the owner's first
-// fair Acquire that was refused. The line is ordered by etcd's revisions rather than by the
-// callers' clocks (the request's Asked): the Locker makes a fair Acquire as soon as a fair Lock
-// begins, with no queue in the process before it, so the order in which first attempts reach
-// etcd is the order in which the Locks began, up to the difference in their round trips
-// (milliseconds), where ordering by asked would trust each host's clock (a host whose clock
-// lags would go ahead of requests made up to the skew bound before its own). A revision is also
-// what a compare in the granting transaction can check exactly: "every place in the line has
-// a create revision at or above mine" is one range compare, so "only the first in line takes
-// the free key" holds whatever the interleaving. A place keeps its create revision while its
-// owner re-puts it (etcd keeps a key's create revision across puts), and loses its rank only
-// when it ends.
+// A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), ranked
+// by its create revision, that of the owner's first refused fair Acquire (kept across re-puts).
+// Revisions, not the callers' clocks (Asked is unused), order the line: the Locker makes a fair
+// Acquire as soon as a fair Lock begins, so first attempts reach etcd in the order the Locks
+// began, up to their round trips, and no host's clock is trusted. The granting transaction
+// checks the rank with one range compare (every place's create revision >= mine), so only the
+// first in line takes a free key, whatever the interleaving.
 //
-// A place lives on a lease of the queue time (whole seconds, rounded up; etcd raises one below
-// its minimum lease TTL), kept alive by each fair Acquire of its owner: a waiter that stops
-// asking (its process died, or it gave up and LeaveQueue failed) leaves the line one lease TTL
-// after its last fair Acquire, and the lease's expiry deletes the place, which wakes the next
-// in line (Watch hears deletions in the key's side directory). The grant deletes its place in
-// the granting transaction, and LeaveQueue deletes it at once.
+// A place lives on a lease of the queue time (whole seconds, rounded up) that each fair Acquire
+// of its owner keeps alive: a waiter that stops asking leaves the line one lease TTL later, and
+// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once.
 
 // place is one owner's place in a key's line, as the store knows it.
 type place struct {
@@ -38,9 +29,8 @@ type place struct {
 	rev   int64            // its create revision, its rank; 0 unknown
 }
 
-// acquireFair is Acquire of a fair request (one with Asked): Acquire of key in the order of the key's line.
-// Each attempt is one transaction (and, while the caller waits in line, a keep-alive of its
-// place's lease before it):
+// acquireFairOnce is one attempt of Acquire of a fair request, one transaction (and, while
+// the caller waits in line, a keep-alive of its place's lease before it):
 //
 //	if   create_revision(key) == 0 && no read holds
 //	     && (rank known: create_revision(place) == rank && every place's create revision >= rank
@@ -48,33 +38,9 @@ type place struct {
 //	then put(key, value, lease); get(floor); delete(writer mark); delete(place)
 //	else get(key); put(waiter, lease); get(one read hold); [put(place, place lease); get(place)]
 //
-// A caller with queue > 0 that is refused for the first time is given a place lease and makes
-// the attempt once more at once, now putting its place (its rank is that revision). queue 0
-// (TryLock) takes no place: it takes the key only when it is free and the line empty. The
-// lock granted is an ordinary lock of key (Refresh, Release, Pass and the Inspector treat it as
-// any other). asked is not used: the line is ordered by revision (see above).
-func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, meta, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Queue
-	if err := checkArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if lockstore.IsReadOwner(owner) {
-		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
-	}
-	if s.isClosed() {
-		return lockstore.Acquisition{}, errStoreClosed
-	}
-	start := time.Now()
-	var a lockstore.Acquisition
-	err := s.resending(ctx, func(ctx context.Context, again bool) error {
-		var err error
-		a, err = s.acquireFairOnce(ctx, key, owner, ttl, meta, max(queue, 0), start, again)
-		return err
-	})
-	return a, err
-}
-
-// acquireFairOnce is one attempt of acquireFair, as acquireOnce is of Acquire.
+// A caller with queue > 0 refused for the first time is given a place lease and makes the
+// attempt once more at once, putting its place. queue 0 (TryLock) takes the key only when it is
+// free and the line empty. The lock granted is an ordinary lock of key.
 func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, queue time.Duration,
 	start time.Time, again bool) (lockstore.Acquisition, error) {
 	p := s.placeOf(key, owner)
@@ -86,9 +52,8 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: keep its place in line: %w", key, err)
 		}
 	}
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -105,7 +70,8 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 					return lockstore.Acquisition{}, errLeaseGone
 				}
 			}
-			return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
+				s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
 		}
 		if resp.Succeeded {
 			s.dropPlace(key, owner)
@@ -118,7 +84,7 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 			if queue > 0 && p.lease != 0 {
 				s.leaveLine(ctx, key, owner)
 			}
-			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
 		}
 		s.noteBusy(key, resp.Header.Revision)
 		a := fairRefusal(resp)
@@ -146,7 +112,7 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 
 // fairTxn is one fair attempt's transaction: the key is taken when it is writable and the
 // owner is first in line (its place is the oldest, or there is no line); otherwise it reads the
-// holder, a reader, and marks a writer waiting, and keeps the owner's place when it has one.
+// holder and a reader, sets the waiter mark, and keeps the owner's place when it has one.
 func (s *Store) fairTxn(ctx context.Context, key, pk, value string, lease clientv3.LeaseID, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
 	cmps := writable(key)
 	if p.rev > 0 {
@@ -178,17 +144,11 @@ func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
 	if kv := firstKV(resp.Responses[0]); kv != nil {
 		return busy(kv)
 	}
-	if r := firstKV(resp.Responses[2]); r != nil {
-		if secs, meta, ok := parseReadValue(r.Value); ok {
-			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
-		}
-	}
-	return lockstore.Acquisition{}
+	return readerBusy(firstKV(resp.Responses[2]))
 }
 
-// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which
-// wakes the key's waiters (their Watch hears deletions in the key's side directory), so that
-// the next in line takes the key at once when it is free.
+// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
+// the key's waiters, so that the next in line takes a free key at once.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -231,8 +191,7 @@ func (s *Store) setPlace(key, owner string, p place) {
 	s.places[entryKey{key, owner}] = p
 }
 
-// dropPlace forgets owner's place in key's line: it was granted, left, or lost with its lease.
-// The lease expires unused.
+// dropPlace forgets owner's place in key's line (granted, left, or lost with its lease).
 func (s *Store) dropPlace(key, owner string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

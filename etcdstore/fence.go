@@ -10,10 +10,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Fences come from the cluster's revision, never from a clock.
-//
-// A grant of key k is the transaction that created k, at revision R (k's create revision).
-// Its fence is
+// Fences come from the cluster's revision, never from a clock. A grant of key k is the
+// transaction that created k, at revision R (k's create revision). Its fence is
 //
 //	fence = R<<fenceShift + D
 //
@@ -24,45 +22,36 @@ import (
 // Release's lastFence.
 //
 // Why fences strictly increase. Let grant g be at revision R with fence f and its successor g'
-// at R'. k was deleted in between (released, or its lease expired) at a revision of its own, so
-// R' >= R+2; the floor is written only by the release that deletes k, so g' reads the floor
-// g read, or the one g's release wrote:
-//   - same floor (g was never released with a floor write): f' = f + (R'-R)<<fenceShift >=
-//     f + 2<<fenceShift, above every fence g handed out as long as it handed out fewer than
-//     2<<fenceShift (2,097,152) beyond f;
+// at R'. k was deleted in between at a revision of its own, so R' >= R+2; the floor is written
+// only by the release that deletes k, so g' reads the floor g read, or the one g's release wrote:
+//   - same floor: f' = f + (R'-R)<<fenceShift >= f + 2<<fenceShift, above every fence g handed
+//     out as long as it handed out fewer than 2<<fenceShift (2,097,152) beyond f;
 //   - floor F = top written at the release's revision Rd (R < Rd < R'): f' = R'<<fenceShift +
 //     top - Rd<<fenceShift >= top + 1<<fenceShift > top.
 //
 // The release writes the floor exactly when the first case could fail, top >= (R+2)<<fenceShift,
-// and otherwise deletes a floor it read at the grant (D then no longer matters: the next grant's
-// revision alone exceeds top). Through flightlock's Locker, top - f stays below 1<<fenceShift
-// plus one run of handoffs (Pass keeps a grant only while its room is less than half used, and
-// the gate counts at most 65,535 handoffs in a run; WithHandoff is 1,024 by default), below
-// 2<<fenceShift: the floor is never written, the acquiring transaction only reads a key that
-// does not exist, and no floor key is left behind.
+// and otherwise deletes a floor read at the grant. Through the Locker, top - f stays below
+// 2<<fenceShift (Pass keeps a grant while under half its room is used, and a run has at most
+// 65,535 handoffs), so no floor is written.
 //
-// The remaining gap, stated exactly: a holder that hands out 2<<fenceShift or more fences under
-// one grant and then never releases (its process dies, or its lock is lost and Release answers
-// ErrNotHeld) may see the next grant's fence at or below its own last ones. The store cannot
-// close it alone, because only the core knows how many fences it handed out: the store tells
-// the core its bound (Capabilities.MaxHandoffs), and flightlock.New and With
-// refuse a WithHandoff above it, so the gap cannot be reached through the Locker.
+// The remaining gap: a holder that hands out 2<<fenceShift or more fences under one grant and
+// then never releases may see the next grant's fence at or below its own last ones. Only the
+// core knows how many fences it handed out, so the store states its bound
+// (Capabilities.MaxHandoffs), and flightlock.New and With refuse a WithHandoff above it.
 //
-// The revision budget: fences stay below 2^63 while the cluster's revision is below
-// 2^(63-fenceShift) = 2^43 (8.8e12 writes); a grant beyond that is refused, never wrapped.
+// Fences stay below 2^63 while the cluster's revision is below 2^(63-fenceShift) = 2^43 (8.8e12
+// writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
 
-// FenceRevision returns the revision of the grant that minted fence, or one above it (fence
-// >> fenceShift: the floor offset and the handoffs under one grant add less than 2<<fenceShift
-// through the Locker). A write made by a later grant's holder comes at a revision at least two
-// above, so "written before FenceRevision(fence)" tells a record of an earlier grant from one
-// of a later grant (the middleware's stored responses of share rules).
+// FenceRevision returns the revision of the grant that minted fence, or one above it (the floor
+// offset and a grant's handoffs add less than 2<<fenceShift through the Locker). A later grant's
+// holder writes at a revision at least two above, so "written before FenceRevision(fence)"
+// tells a record of an earlier grant from a later one's (the middleware's shared responses).
 func FenceRevision(fence int64) int64 { return fence >> fenceShift }
 
-// Capabilities implements lockstore.Store. MaxHandoffs is the handoffs in a row under one
-// grant that the fences leave room for, half of the 2<<fenceShift that the derivation above
-// allows (a handoff hands out one fence), so that the bound holds with room to spare. etcd
-// watches cost a goroutine each, so watches are not shared.
+// Capabilities implements lockstore.Store. MaxHandoffs is half of the 2<<fenceShift fences a
+// grant has room for (a handoff hands out one), so that the bound holds with room to spare.
+// etcd watches cost a goroutine each, so watches are not shared.
 func (s *Store) Capabilities() lockstore.Capabilities {
 	return lockstore.Capabilities{Name: "etcd", MaxHandoffs: 1 << fenceShift}
 }
@@ -71,7 +60,7 @@ func (s *Store) Capabilities() lockstore.Capabilities {
 // floor offset of up to 2^62).
 const maxGrantRevision = 1<<(62-fenceShift) - 1
 
-// floorOffset returns D for the floor key kv (nil when there is none).
+// floorOffset returns D for the floor key kv (nil when there is none), 0 with the error.
 func floorOffset(kv *mvccpb.KeyValue) (int64, error) {
 	if kv == nil {
 		return 0, nil
@@ -86,8 +75,12 @@ func floorOffset(kv *mvccpb.KeyValue) (int64, error) {
 	return max(f-kv.ModRevision<<fenceShift, 0), nil
 }
 
-// fenceOf is the fence of a grant at revision rev whose floor had offset d.
-func fenceOf(rev, d int64) (int64, error) {
+// fenceOf is the fence of a grant at revision rev that read the floor key floor (nil: none).
+func fenceOf(rev int64, floor *mvccpb.KeyValue) (int64, error) {
+	d, err := floorOffset(floor)
+	if err != nil {
+		return 0, err
+	}
 	if rev <= 0 || rev > maxGrantRevision {
 		return 0, fmt.Errorf("flightlock: etcd revision %d is beyond the fence space (2^%d)", rev, 62-fenceShift)
 	}

@@ -19,15 +19,10 @@ import (
 // with NewInspector. It never reads an owner token into a LockInfo: a propagated token lets its
 // bearer re-enter the lock, so tools cannot print what they are never given.
 //
-// What it reads: a lock is the key prefix + rendered key, on its holder's session lease, with
-// the value of value.go; its fence derives from the key's create revision and its fence floor
-// (fence.go); its waiter mark is set by every acquisition refused while it is held
-// (Contended). Waiters wait on a watch of the key's deletion, which etcd does not let a client
-// count, so Waiters stays 0. The store's own keys (floors, marks, read holds, places in fair
-// lines) live under lockstore.FenceKeyPrefix, and are never listed should the prefix cover
-// them. A key held for reading has no lock key of its own: it is listed from its read holds
-// (sideDir), with Readers their count and no owner (each read hold's key names its owner, which
-// the inspector never reads out); Queued counts the places in a held key's fair line.
+// Contended is the waiter mark. Waiters stays 0: they wait on watches, which etcd does not let
+// a client count. The store's own keys are never listed, should the prefix cover them. A key
+// held for reading is listed from its read holds (sideDir), with Readers their count and no
+// owner; Queued counts the places in a held key's fair line.
 type Inspector struct {
 	cli    *clientv3.Client
 	prefix string
@@ -67,18 +62,13 @@ func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue
 	}
 	l.Own, l.Borrowed = holds[0] == "1", holds[1:]
 	l.ParseHolder(v.meta)
-	// A floor that is not a fence adds nothing here; the store's next grant refuses it.
-	d, err := floorOffset(floor)
-	if err != nil {
-		d = 0
-	}
+	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
 	l.Fence = kv.CreateRevision<<fenceShift + d
 	return l
 }
 
-// leaseTTLs sets the TTL of each lock to the time left on its lease (whole seconds), asking
-// etcd once per lease: a session lease carries every lock of one TTL in one process. A lease
-// that etcd no longer has (its keys are being deleted) leaves 0.
+// leaseTTLs sets the TTL of each lock to the time left on its lease (whole seconds; 0 when etcd
+// no longer has it), asking etcd once per lease.
 func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) error {
 	left := make(map[string]int64)
 	for i, l := range locks {
@@ -100,9 +90,8 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 	return nil
 }
 
-// snapshot reads, in one transaction (one revision), the keys under the prefix, their waiter
-// marks and fence floors, and returns the matching locks sorted by key (etcd's order) with the
-// revision they were read at. TTLs are not read.
+// snapshot reads, in one transaction, the keys under the prefix with their marks, floors and
+// side keys, and returns the matching locks sorted by key with the revision read. No TTLs.
 func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(string) bool) ([]lockstore.LockInfo, int64, error) {
 	p := in.prefix
 	resp, err := in.cli.Txn(ctx).Then(
@@ -163,8 +152,7 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 	return locks, resp.Header.Revision, nil
 }
 
-// sideCount sums up the side keys of one lock key (sideDir): its read holds and its places in
-// line.
+// sideCount sums up the side keys of one lock key (sideDir): its read holds and places in line.
 type sideCount struct {
 	readers, queued int
 	lease           int64 // the lease of one read hold
@@ -186,19 +174,15 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	}
 }
 
-// readLockOf is the LockInfo of full, held for reading as sc counts: the fence of its latest
-// read grant, the TTL (left to leaseTTLs) of one read hold's lease, no owner and no holds.
-// marked tells whether its waiter mark is set, floor is its fence floor key (nil: none).
+// readLockOf is lockOf for full, held for reading as sc counts: the fence of its latest read
+// grant, the lease of one read hold, no owner and no holds.
 func readLockOf(key, full string, sc *sideCount, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, Readers: sc.readers, Queued: sc.queued,
 		CreateRevision: sc.createRev, ModRevision: sc.modRev, Contended: marked}
 	if sc.lease != 0 {
 		l.Lease = strconv.FormatInt(sc.lease, 16)
 	}
-	d, err := floorOffset(floor)
-	if err != nil {
-		d = 0
-	}
+	d, _ := floorOffset(floor) // as in lockOf
 	l.Fence = sc.createRev<<fenceShift + d
 	return l
 }
@@ -208,8 +192,8 @@ func readHeld(l lockstore.LockInfo) bool {
 	return l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == ""
 }
 
-// List implements lockstore.Inspector: one range read of the prefix (with the marks and
-// floors), filtered by pattern here, then the leases of the first opts.Limit locks.
+// List implements lockstore.Inspector: one snapshot, filtered here, then the leases of the
+// first opts.Limit locks.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	locks, _, err := in.snapshot(ctx, pattern, opts.Skip)
 	if err != nil {
@@ -245,10 +229,7 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 	if len(kvs) == 0 && sc.readers == 0 {
 		return lockstore.LockInfo{}, fmt.Errorf("etcd key %q: %w", full, lockstore.ErrNotHeld)
 	}
-	var floor *mvccpb.KeyValue
-	if f := resp.Responses[2].GetResponseRange().Kvs; len(f) > 0 {
-		floor = f[0]
-	}
+	floor := firstKV(resp.Responses[2])
 	marked := len(resp.Responses[1].GetResponseRange().Kvs) > 0
 	var l lockstore.LockInfo
 	if len(kvs) == 0 {
@@ -272,15 +253,11 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 	return locks[0], nil
 }
 
-// ForceUnlock implements lockstore.Inspector: it deletes the key only while it is still at the
-// revision l was read at (the same grant with the same holds), with its waiter mark, in one
-// transaction. Waiters elsewhere watch the key's deletion, so the delete wakes them; the mark
-// goes as the store's own release deletes it. The holder learns of the loss at its next
-// refresh (the key is gone).
-//
-// Like the death of a holder, a forced release writes no fence floor: the next grant's fence
-// exceeds the holder's as long as it handed out fewer than 2<<fenceShift fences under its grant
-// (fence.go), far above the Locker's handoff bound.
+// ForceUnlock implements lockstore.Inspector: it deletes the key and its waiter mark in one
+// transaction, only while the key is still at the revision l was read at (the same grant and
+// holds). The deletion wakes the waiters; the holder learns of the loss at its next refresh.
+// Like a holder's death, it writes no fence floor (fence.go: the Locker's handoff bound keeps
+// the next grant's fence above the holder's).
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
@@ -304,17 +281,12 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		}
 		return 0, changed
 	}
-	if resp.Responses[1].GetResponseDeleteRange().Deleted > 0 {
-		return 1, nil
-	}
-	return 0, nil
+	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil // one mark at most
 }
 
-// forceUnlockReads is ForceUnlock of a key held for reading: it deletes every read hold of the
-// key, with its waiter mark, only while no writer holds the key and no read hold was granted or
-// rewritten since l was read (every read hold's revision is at most l.ModRevision), in one
-// transaction. Read holds that ended since are gone already; new ones are another grant, which
-// the operator did not agree to remove. The deletions wake the key's waiters.
+// forceUnlockReads is ForceUnlock of a key held for reading: it deletes every read hold and
+// the waiter mark in one transaction, only while no writer holds the key and no read hold is
+// newer than l (a new one is a grant the operator did not agree to remove).
 func (in *Inspector) forceUnlockReads(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	rd := readDir(l.StoreKey)
 	resp, err := in.cli.Txn(ctx).
@@ -340,8 +312,5 @@ func (in *Inspector) forceUnlockReads(ctx context.Context, l lockstore.LockInfo)
 	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return 0, &lockstore.ChangedError{} // every read hold ended since
 	}
-	if resp.Responses[1].GetResponseDeleteRange().Deleted > 0 {
-		return 1, nil
-	}
-	return 0, nil
+	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
 }

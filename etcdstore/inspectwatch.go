@@ -23,17 +23,15 @@ const (
 )
 
 // Watch implements lockstore.Inspector. It reads the matching locks, then watches the prefix
-// and the waiter marks from the next revision, so nothing between the read and the watch is
-// missed: a creation of a lock key is an acquisition, another put of it a change of its holds,
-// a deletion a release or, when the key's lease is gone by then, an expiry (leaseEnd), a put of
-// its waiter mark contention (every refused acquisition writes it; so does a re-entry by the
-// holder's own owner). The two watches are separate streams: a contention may be reported
-// before the acquisition it followed when both come within a moment.
+// and the waiter marks from the next revision, so nothing in between is missed: a lock key's
+// creation is an acquisition, another put a change of its holds, a deletion a release or an
+// expiry (leaseEnd), a put of its waiter mark contention (a re-entry by the holder's own owner
+// writes it too). The two watches are separate streams: a contention may be reported before
+// the acquisition it followed.
 //
-// When etcd ends the watch (a compaction past the watch's revision, a member without a
-// leader, a read that failed), Watch resumes from a fresh read (EventResumed), reporting what
-// changed meanwhile, and gives up only when etcd stays unreachable for opts.Timeout.
-// opts.Interval is not used: etcd tells every change, TTLs are read with each event.
+// When etcd ends the watch (compaction, no leader, a failed read), Watch resumes from a fresh
+// read (EventResumed) and reports what changed meanwhile; it gives up only when etcd stays
+// unreachable for opts.Timeout. opts.Interval is not used: etcd tells every change.
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	w := &etcdWatch{in: in, pattern: pattern, skip: opts.Skip, fn: fn, timeout: opts.Timeout}
 	if w.timeout <= 0 {
@@ -89,8 +87,7 @@ func (w *etcdWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 
 // follow watches from rev until ctx ends (nil) or etcd ends the watch (why it did).
 func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
-	// WithRequireLeader: a member cut off from its cluster ends the watch (etcdserver: no
-	// leader) instead of going silent, so that resume can read from a member that has one.
+	// A member cut off from its leader then ends the watch instead of going silent.
 	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer stop()
 	p := w.in.prefix
@@ -126,10 +123,9 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 	}
 }
 
-// resume reads the matching locks again after etcd ended the watch for the reason ended,
-// reports that the watch resumed and how the locks differ from those held as last seen (the
-// ends first, by key, then the grants in the read's order), and returns the revision read. It
-// retries the read with a backoff and gives up after the watch's timeout.
+// resume reads the matching locks again (with a backoff, for up to the watch's timeout) after
+// etcd ended the watch for the reason ended, reports how they differ from those last seen (the
+// ends first, by key, then the grants in the read's order), and returns the revision read.
 func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -189,11 +185,9 @@ func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
 type leaseEnds map[string]lockstore.EventKind
 
 // leaseEnd tells how a deleted lock on lease (hex, as LockInfo has it; "" for none) ended:
-// EventExpired when etcd no longer has the lease (a TTL of -1: its holder's process stopped
-// keeping it alive, or it was revoked), else EventReleased (by its holder, or by ForceUnlock).
-// A holder that releases and closes its store within a moment reads as an expiry: Close
-// revokes the leases that hold no lock. When etcd does not answer within the watch's timeout, it says EventReleased, as it
-// cannot tell.
+// EventExpired when etcd no longer has the lease (expired or revoked: a holder that releases
+// and closes its store at once reads as one), else EventReleased, which is also the answer
+// when etcd does not answer within the watch's timeout.
 func (w *etcdWatch) leaseEnd(ctx context.Context, lease string, ends leaseEnds) lockstore.EventKind {
 	if lease == "" {
 		return lockstore.EventReleased
@@ -241,8 +235,7 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	}
 	var floor *mvccpb.KeyValue
 	if !seen || prev.CreateRevision != ev.Kv.CreateRevision {
-		// The floor the grant read: the one at its revision (a floor changes only with a
-		// deletion of the key).
+		// The floor the grant read (it changes only with a deletion of the key).
 		rctx, cancel := context.WithTimeout(ctx, w.timeout)
 		resp, err := w.in.cli.Get(rctx, FloorKey(string(ev.Kv.Key)), clientv3.WithRev(ev.Kv.CreateRevision))
 		if err != nil { // compacted: the floor now is the same while the grant lasts

@@ -4,19 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
-// errNoAnswer is what a call the store bounds on its own reports when etcd did not answer in
-// time (transient: sent again, it may reach a member that answers).
+// errNoAnswer is reported by a call the store bounds itself when etcd did not answer in time
+// (transient: sent again, it may reach a member that answers).
 var errNoAnswer = errors.New("flightlock: etcd did not answer in time")
 
-// errLeaseGone is what a keep-alive of a lease etcd no longer has reports: every key on it was
-// deleted with it.
+// errLeaseGone reports a lease etcd no longer has: every key on it was deleted with it.
 var errLeaseGone = errors.New("flightlock: etcd lease expired or revoked")
 
 func isLeaseNotFound(err error) bool {
@@ -31,15 +34,9 @@ type leaseSlot struct {
 }
 
 // lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it.
-// It lasts ttl + margin seconds; the store keeps it alive in the background and on demand.
-//
-// An acquisition whose outcome is unknown (its reply was lost) may still commit later, on this
-// lease: a key that nobody holds and whose lease the store would keep alive for as long as it
-// lives (TestLateAppliedAcquireIsNotHeldForever). So such an acquisition retires its
-// lease: new acquisitions of its TTL take a new one, and the store revokes the retired lease
-// once no entry of held and no acquisition on the wire uses it. A late commit then fails (etcd
-// refuses a put on a revoked lease) or goes with the lease. Until then the lease is kept alive
-// like any other, so the locks on it keep every guarantee.
+// It lasts ttl + margin seconds; the store keeps it alive in the background and on demand. A
+// retired lease (see the package doc) is kept alive like any other until it is revoked, so
+// the locks on it keep every guarantee.
 type lease struct {
 	id   clientv3.LeaseID
 	ttl  time.Duration // the lock TTL it serves
@@ -58,15 +55,13 @@ type lease struct {
 	sending bool      // guarded by mu: a sender goroutine runs
 }
 
-// renewal is one keep-alive of a lease, shared by every caller that queued for it before it
-// was sent.
+// renewal is one keep-alive of a lease, shared by every caller that queued before it was sent.
 type renewal struct {
 	done chan struct{} // closed when err is set
 	err  error
 }
 
-// liveFor reports whether the lease is known to live at least d more, counting from now: a
-// keep-alive sent at fresh keeps it until fresh + secs at the earliest.
+// liveFor reports whether the lease lives at least d from now: to fresh + secs at the earliest.
 func (l *lease) liveFor(now time.Time, d time.Duration) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -112,9 +107,8 @@ func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error)
 }
 
 // pin counts an acquisition that is about to write on l, until unpin, so that a retired l is
-// not revoked under a key the acquisition put on it before the store recorded the key
-// (TestRevocationWaitsForAcquisitionsInFlight). It reports false when l is retired: no new
-// acquisition goes on it.
+// not revoked under a key put on it before the store recorded the key. It reports false when
+// l is retired: no new acquisition goes on it.
 func (s *Store) pin(l *lease) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -159,9 +153,8 @@ func (s *Store) relinkLocked(from, to clientv3.LeaseID) {
 	}
 }
 
-// revokeIfUnusedLocked starts the revocation of l when it is retired and nothing uses it. From
-// then on the store treats it as gone (no keep-alive, no pin, refreshes answer ErrNotHeld):
-// no lock of this store is on it, only keys that nobody holds. s.mu must be held.
+// revokeIfUnusedLocked starts the revocation of l when it is retired and nothing uses it; from
+// then on l is gone to the store (only keys nobody holds are on it). s.mu must be held.
 func (s *Store) revokeIfUnusedLocked(l *lease) {
 	if !l.retired || l.revoking || l.inflight > 0 || l.entries > 0 || s.byID[l.id] != l {
 		return
@@ -174,14 +167,10 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 	s.spawn(func() { s.revokeRetired(l) })
 }
 
-// revokeRetired revokes the retired lease l, bounded by a second. A lease it cannot revoke
-// expires on its own, one lease TTL after its last keep-alive, since the store sends none
-// (l is gone to it); if the store is closing, Close revokes it instead.
+// revokeRetired revokes the retired lease l, bounded by a second; one it cannot revoke expires
+// unrenewed, or Close revokes it.
 func (s *Store) revokeRetired(l *lease) {
-	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-	_, err := s.cli.Revoke(ctx, l.id)
-	cancel()
-	if err != nil && !isLeaseNotFound(err) && s.isClosed() {
+	if err := s.revoke(s.ctx, l.id); err != nil && !isLeaseNotFound(err) && s.isClosed() {
 		return
 	}
 	s.mu.Lock()
@@ -198,19 +187,14 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 	secs := int64((ttl + s.margin) / time.Second)
 	sent := time.Now()
 	resp, err := s.cli.Grant(ctx, secs)
-	if err == nil && resp.TTL != secs {
-		// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
-		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, _ = s.cli.Revoke(rctx, resp.ID)
-		cancel()
-		slot.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
-			"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
-		return
-	}
-	if err == nil && s.isClosed() {
-		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, _ = s.cli.Revoke(rctx, resp.ID)
-		cancel()
+	if err == nil && (resp.TTL != secs || s.isClosed()) {
+		_ = s.revoke(context.Background(), resp.ID)
+		if resp.TTL != secs {
+			// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
+			slot.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
+				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
+			return
+		}
 		err = errStoreClosed
 	}
 	if err != nil {
@@ -234,8 +218,15 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 	}
 }
 
-// dropLease forgets a lease etcd no longer has, and every lock on it: they were deleted with
-// it. The next acquisition of its TTL grants a new lease.
+// revoke revokes lease id, bounded by a second.
+func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := s.cli.Revoke(ctx, id)
+	return err
+}
+
+// dropLease forgets a lease etcd no longer has, and every lock on it (deleted with it).
 func (s *Store) dropLease(l *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,7 +241,7 @@ func (s *Store) dropLease(l *lease) {
 			delete(s.held, k)
 		}
 	}
-	s.shrinkHeldLocked()
+	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
 }
 
 // ourLease returns the store's lease with id, or nil.
@@ -260,9 +251,8 @@ func (s *Store) ourLease(id clientv3.LeaseID) *lease {
 	return s.byID[id]
 }
 
-// keepAliveLoop keeps every lease of the store alive, four times per margin, so that an
-// acquisition finds its lease fresh (sent within one margin) and needs no keep-alive of its own.
-// A keep-alive that finds its lease gone drops it with its locks.
+// keepAliveLoop keeps every lease of the store alive four times per margin, so that an
+// acquisition finds its lease fresh and needs no keep-alive of its own, and starts the reaper.
 func (s *Store) keepAliveLoop() {
 	period := s.margin / 4
 	t := time.NewTicker(period)
@@ -274,10 +264,7 @@ func (s *Store) keepAliveLoop() {
 		case now := <-t.C:
 			now = time.Now() // the tick may have waited
 			s.mu.Lock()
-			ls := make([]*lease, 0, len(s.byID))
-			for _, l := range s.byID {
-				ls = append(ls, l)
-			}
+			ls := slices.Collect(maps.Values(s.byID))
 			s.mu.Unlock()
 			for _, l := range ls {
 				l.mu.Lock()
@@ -307,23 +294,21 @@ func (s *Store) startReaper(now time.Time) {
 		s.reaping = true
 	}
 	s.mu.Unlock()
-	if due && !s.spawn(func() {
-		defer func() {
-			s.mu.Lock()
-			s.reaping = false
-			s.mu.Unlock()
-		}()
-		s.reap(now)
-	}) {
+	done := func() {
 		s.mu.Lock()
 		s.reaping = false
 		s.mu.Unlock()
 	}
+	if due && !s.spawn(func() {
+		defer done()
+		s.reap(now)
+	}) {
+		done()
+	}
 }
 
-// renewAfter returns nil once a keep-alive of l that was sent at or after t succeeded: l then
-// lives at least its TTL counted from t. Callers that queue while a keep-alive is on the wire
-// share the next one.
+// renewAfter returns nil once a keep-alive of l sent at or after t succeeded: l then lives at
+// least its TTL from t. Callers that queue while a keep-alive is on the wire share the next.
 func (s *Store) renewAfter(ctx context.Context, l *lease, t time.Time) error {
 	l.mu.Lock()
 	if l.gone {
@@ -381,9 +366,8 @@ func (s *Store) sendKeepAlives(l *lease) {
 		l.mu.Unlock()
 
 		sent := time.Now()
-		// One keep-alive waits at most resendAfter: one that went to a member that no longer
-		// answers (dead, frozen, cut off) would otherwise hold every caller queued behind it
-		// until the lease's TTL, while the next one, sent again, reaches a member that answers.
+		// Bounded by resendAfter: one sent to a silent member would hold every caller queued
+		// behind it until the lease's TTL, while the next may reach a member that answers.
 		ctx, cancel := context.WithTimeout(s.ctx, min(time.Duration(l.secs)*time.Second, resendAfter))
 		_, err := s.cli.KeepAliveOnce(ctx, l.id)
 		cut := ctx.Err() != nil
@@ -414,9 +398,8 @@ func (s *Store) sendKeepAlives(l *lease) {
 	}
 }
 
-// keepAliveOnce keeps the lease id alive with a keep-alive sent after t, through the store's
-// own lease when it is one (sharing its keep-alives), else on its own. It returns the lease's
-// TTL in seconds, or errLeaseGone.
+// keepAliveOnce keeps lease id alive with a keep-alive sent after t (shared, when the lease is
+// the store's) and returns its TTL in seconds, or errLeaseGone.
 func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID, t time.Time) (int64, error) {
 	if l := s.ourLease(id); l != nil {
 		if err := s.renewAfter(ctx, l, t); err != nil {

@@ -2,33 +2,26 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Read-write locks: an owner made by lockstore.ReadOwner takes a
-// read hold of its own (readKey), shared with the key's other read holds.
+// Read-write locks: an owner made by lockstore.ReadOwner takes a read hold of its own
+// (readKey), shared with the key's other read holds. One transaction on each side decides
+// exclusion, whatever the interleaving: a write grant compares that the key does not exist and
+// its read directory is empty (writable); a read grant, that the key does not exist and no
+// writer mark is live. A read hold lives on its reader's session lease and in held like a lock;
+// its end deletes its key, which every waiter's Watch hears.
 //
-// Exclusion is decided by one transaction on each side, so that it holds exactly whatever the
-// interleaving: a write grant compares that the key does not exist and that its read directory
-// is empty (writable); a read grant compares that the key does not exist (no writer holds it)
-// and that no writer mark is live. A read hold lives on its reader's session lease and in the
-// store's per-lock bookkeeping like a lock: it ends with its release, with the reaper once its
-// holder's guarantee ran out unrefreshed, or with its lease. Its end deletes its key, which the
-// Watch of every waiter of the lock key hears (the watch covers the key's read directory).
-//
-// Writer preference: a write acquisition refused by read holds sets the writer mark (writerKey,
-// markWriter); a read acquisition is refused while the mark is there and not past its
-// deadline. The mark goes with the next write grant, or with its deadline (one lease TTL of its
-// writer after its last refusal) when the writer stopped asking: a writer that gave up holds
-// readers off no longer than that.
+// Writer preference: a write acquisition refused by read holds sets the writer mark
+// (markWriter), and read acquisitions are refused while it is there and not past its deadline
+// (one lease TTL of its writer after its last refusal): a writer that gave up holds readers off
+// no longer than that.
 
 // acquireReadOnce is one attempt of Acquire for a read owner, one transaction:
 //
@@ -40,17 +33,14 @@ import (
 //	          then put(read hold, lease); get(floor); delete(mark)
 //	          else get(key); put(waiter, lease); get(mark)
 //
-// A read hold's fence is the revision of its grant, shifted, plus the key's floor offset, as a
-// write's (fence.go): every write it follows was deleted before it, at a lower revision, so
-// its fence exceeds theirs and every fence they handed out (the floor covers those beyond the
-// revision's room); the next write is granted only once this read hold is deleted, at a higher
-// revision, and no release writes the floor in between (only a write's release does), so that
-// write's fence exceeds it.
+// A read hold's fence is made as a write's (fence.go): every write it follows was deleted at a
+// lower revision, so it exceeds their fences (the floor covers those beyond the revision's
+// room); the next write is granted only after this hold's deletion, at a higher revision, with
+// no floor written in between (only a write's release writes one), so its fence exceeds it.
 func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
 	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start)
+	l, err := s.freshLease(ctx, ttl, start, owner, key)
 	if err != nil {
-		s.noteUnsent(key, owner)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	defer s.unpin(l)
@@ -74,80 +64,35 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		)).
 		Commit()
 	if err != nil {
-		return lockstore.Acquisition{}, s.acquireFailed(err, key, owner, value, l, start, ttl, again)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
+			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
 	}
 	if resp.Succeeded {
 		kv := firstKV(resp.Responses[0])
 		if kv == nil {
 			return lockstore.Acquisition{}, nil // cannot happen within one transaction
 		}
-		return s.readReentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
+		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start, true)
 	}
-	first := resp.Responses[0].GetResponseTxn()
-	if first.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(first.Responses[1]), start.Add(ttl), true)
+	txn := resp.Responses[0].GetResponseTxn()
+	if !txn.Succeeded {
+		txn = txn.Responses[0].GetResponseTxn() // a live mark, or a writer: is the mark past its deadline?
 	}
-	second := first.Responses[0].GetResponseTxn()
-	if second.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(second.Responses[1]), start.Add(ttl), true)
+	if txn.Succeeded {
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl), true)
 	}
 	s.noteBusy(key, resp.Header.Revision)
-	if kv := firstKV(second.Responses[0]); kv != nil {
+	if kv := firstKV(txn.Responses[0]); kv != nil {
 		return busy(kv), nil // a writer holds the key
 	}
 	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
 	// holds nothing yet, so the reply names no holder.
-	if secs, ok := parseMarkValue(markOf(second.Responses[2])); ok {
-		return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
+	if kv := firstKV(txn.Responses[2]); kv != nil {
+		if secs, ok := parseMarkValue(kv.Value); ok {
+			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
+		}
 	}
 	return lockstore.Acquisition{}, nil
-}
-
-// markOf is the value a get of the writer mark read (nil when there was none).
-func markOf(r *pb.ResponseOp) []byte {
-	if kv := firstKV(r); kv != nil {
-		return kv.Value
-	}
-	return nil
-}
-
-// readReentered answers a read acquisition of an owner that holds its read hold kv already:
-// the fence of the hold, after making sure it lives at least ttl from start, as reentered does
-// for a write.
-func (s *Store) readReentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time) (lockstore.Acquisition, error) {
-	d, err := floorOffset(floor)
-	var fence int64
-	if err == nil {
-		fence, err = fenceOf(kv.CreateRevision, d)
-	}
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	id := clientv3.LeaseID(kv.Lease)
-	kl := s.ourLease(id)
-	if id != l.id {
-		secs, err := s.keepAliveOnce(ctx, id, start)
-		if errors.Is(err, errLeaseGone) {
-			return lockstore.Acquisition{}, nil // deleted with its lease: try again
-		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if time.Duration(secs)*time.Second < ttl {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: read hold on an etcd lease of %ds, "+
-				"shorter than the lock TTL %v", key, secs, ttl)
-		}
-	}
-	if !s.updateOn(kl, key, owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id, kv.CreateRevision,
-			kv.ModRevision, fence, floor != nil
-		e.simple, e.own, e.tries = false, true, 0
-		e.until = later(e.until, start.Add(ttl))
-	}) {
-		return lockstore.Acquisition{}, nil // going with its retired lease: try again
-	}
-	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 }
 
 // releaseShared ends owner's read hold of key, one transaction:
@@ -155,9 +100,9 @@ func (s *Store) readReentered(ctx context.Context, key, owner string, ttl time.D
 //	if   create_revision(read hold) > 0
 //	then count(read holds); count(mark); delete(read hold)
 //
-// Read holds have no named holds (Reenter grants none) and hand out no fences beyond their
-// own, so hold must be "" and lastFence is not kept. It returns 1 when it ended the last read
-// hold while a writer waits (the writer mark), whose Watch hears the deletion.
+// Read holds have no named holds and hand out no fences beyond their own: hold must be "", and
+// no lastFence is kept. It returns 1 when it ended the last read hold while a writer waits (the
+// writer mark).
 func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int, error) {
 	if hold != "" {
 		return 0, lockstore.ErrNotHeld

@@ -18,14 +18,13 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	return s.RefreshAll(ctx, []lockstore.Renewal{{Key: key, Owner: owner, TTL: ttl}})[0]
 }
 
-// RefreshAll implements lockstore.Store. When it returns nil for a lock, the lock
-// lives at least its TTL counted from the moment RefreshAll was called: a keep-alive of the
-// lease the key is on, sent after that moment, succeeded (one per distinct lease, shared with
-// the store's other keep-alives of it), and a read of the key after that moment found it
-// owned by the owner and on that lease (one linearizable read transaction per --max-txn-ops
-// keys). A read owner's refresh reads and keeps alive its own read hold (readKey) alone. A lease etcd no longer has lost every key on it: ErrNotHeld. A key's lease that the
-// store did not know of (a lock another store wrote) is kept alive after the read, which costs
-// a second round trip. A TTL longer than the key's lease lasts is an error, not a refresh.
+// RefreshAll implements lockstore.Store. When it returns nil for a lock, the lock lives at
+// least its TTL from the call: a keep-alive of the key's lease sent after the call succeeded
+// (one per distinct lease, shared with the store's other keep-alives of it), and a later read
+// found the key the owner's and on that lease (one linearizable read per --max-txn-ops keys).
+// A read owner's refresh covers its own read hold alone. A lease etcd no longer has lost every
+// key on it: ErrNotHeld. A lease the store did not know of (a lock another store wrote) is
+// kept alive after the read, a second round trip. A TTL longer than the lease is an error.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	start := time.Now()
 	errs := make([]error, len(batch))
@@ -96,8 +95,8 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// touch moves the moment the holder of key counts on it to until (never back), before a
-// refresh is sent: the store must not release a lock while its refresh is on the wire. It
+// touch moves the moment the holder of key counts on it to until (never back) before a
+// refresh is sent, so the reaper cannot release a lock whose refresh is on the wire. It
 // returns the lease the store knows the key is on.
 func (s *Store) touch(key, owner string, until time.Time) (clientv3.LeaseID, bool) {
 	s.mu.Lock()
@@ -120,7 +119,7 @@ func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Unlock()
 }
 
-// keepAliveCall is one keep-alive that RefreshAll waits for.
+// keepAliveCall is one keep-alive that RefreshAll or Reenter waits for.
 type keepAliveCall struct {
 	r    *renewal      // the store's lease: its shared keep-alive; nil when already fresh
 	l    *lease        // the store's lease, or nil
@@ -169,15 +168,15 @@ func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
 	return c.secs, c.err
 }
 
-// join waits for a call's goroutine, so that none outlives RefreshAll.
+// join waits for a call's goroutine, so that none outlives its caller.
 func (c *keepAliveCall) join() {
 	if c.done != nil {
 		<-c.done
 	}
 }
 
-// readKeys reads keys with linearizable read transactions of at most maxTxnOps gets each,
-// all at once. A transaction that fails sets the error of each of its keys.
+// readKeys reads keys with concurrent read transactions of at most maxTxnOps gets each; a
+// transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
 	kvs := make(map[string]*mvccpb.KeyValue, len(keys))
 	errs := make(map[string]error)
@@ -194,10 +193,9 @@ func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb
 		mu.Lock()
 		defer mu.Unlock()
 		for i, k := range chunk {
-			switch {
-			case err != nil:
+			if err != nil {
 				errs[k] = err
-			default:
+			} else {
 				kvs[k] = firstKV(resp.Responses[i])
 			}
 		}
@@ -214,10 +212,9 @@ func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb
 	return kvs, errs
 }
 
-// TTL implements lockstore.Store: the remaining TTL of the lease key is on, in whole seconds
-// as etcd reports it (for a key held for reading, the lease of its first read hold); ErrNotHeld
-// when nobody holds key. Two round trips (the key, then its lease); for operators, not for
-// the lock path.
+// TTL implements lockstore.Store: the remaining TTL, in whole seconds, of the lease key is on
+// (for a key held for reading, its first read hold's); ErrNotHeld when nobody holds key. Two
+// round trips: for operators, not for the lock path.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err

@@ -17,27 +17,16 @@ import (
 //	if   mod_revision(key) == written
 //	then delete(key); delete(waiter); [put or delete the fence floor]
 //
-// Otherwise (a named hold, a re-entered lock, a lock this store did not write, or a compare
-// that failed) the key is read and rewritten with a compare on the revision read, until that
-// compare holds: giving up one hold rewrites the value (with lastFence in it when other holds
-// remain); giving up the last one deletes the key as above. When the owner's own hold goes and
-// re-entries from other processes remain, the key moves to a lease of its own that nobody keeps
-// alive but their refreshes, so it does not outlive them on this process's session lease.
+// Otherwise the key is read and rewritten with a compare on the revision read until it holds:
+// giving up one hold rewrites the value (with lastFence when holds remain), the last deletes
+// the key. When only re-entries from other processes remain, the key moves to a lease of its
+// own that only their refreshes keep alive, so it does not outlive them on this session lease.
 //
-// The count it returns is 1 when the deleted lock carried a waiter mark, else 0: some acquirer
-// in another process (or another store) was refused while the lock was held, and its Watch
-// fires on this deletion. It does not count waiters: one mark stands for all of them.
-//
-// A release that fails (the cluster did not answer in time) is retried by the store in the
-// background until etcd answers, since the session lease would otherwise keep the lock.
-//
-// Releasing the acquisition's own hold of a lock the store never saw granted costs the caller
-// no round trip, so that giving back an acquisition that failed (the Locker does when the
-// caller's deadline cut it short, often while etcd is unreachable) never holds the caller past
-// that deadline: when no request of that acquisition went out (its lease could not be granted
-// or kept alive in time), Release answers ErrNotHeld at once; when its outcome is unknown (the
-// transaction went out and no reply came), Release answers nil at once and the store releases
-// the key in the background, owner-checked, as soon as etcd answers.
+// It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires on this
+// deletion), else 0. A failed release is retried in the background until etcd answers. Giving
+// back an acquisition the store never saw granted costs no round trip, so that it never holds
+// the caller past the deadline that cut it short: ErrNotHeld when no request of it went out;
+// nil when its outcome is unknown, the store releasing the key in the background.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
@@ -80,10 +69,9 @@ const (
 )
 
 // giveBackLater decides how the own hold of owner on key is released (see Release). An entry
-// that the store never saw granted (no create revision) and that has no named hold is that of
-// an acquisition whose outcome is unknown, or of a release that failed: the store makes it due
-// at once and lets its reaper release it, owner-checked, retrying until etcd answers. Nobody
-// counts on it any more: its owner is giving it up.
+// never seen granted (no create revision) with no named hold is an acquisition whose outcome
+// is unknown, or a failed release: nobody counts on it any more, so it is made due at once
+// for the reaper.
 func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -108,9 +96,9 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
 	return inBackground
 }
 
-// noteUnsent records that an acquisition of key by owner gave up before any request went out,
-// unless the store holds an entry for them: its give-back then needs no round trip
-// (giveBackLater). Bounded like waitRev; a record dropped early costs one round trip.
+// noteUnsent records that an acquisition of key by owner gave up before any request went out
+// (unless the store has an entry for them), for giveBackLater. A record dropped early (the
+// map is bounded like waitRev) costs one round trip.
 func (s *Store) noteUnsent(key, owner string) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -133,8 +121,8 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		if op, ok := floorOp(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor); ok {
 			ops = append(ops, op)
 		}
-		// No else branch: reading there made every release 2% slower, and the compare fails
-		// only for a lock re-entered from elsewhere or lost.
+		// No else branch: reading there costs every release, and the compare fails only for a
+		// lock re-entered from elsewhere or lost.
 		resp, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
 			Then(ops...).
@@ -156,8 +144,8 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
 	var moved clientv3.LeaseID // a lease granted to move the key onto; revoked if unused
 	defer func() {
-		if moved != 0 {
-			s.revokeLater(moved)
+		if moved != 0 { // on a goroutine of the store; one it cannot revoke expires unused
+			s.spawn(func() { _ = s.revoke(s.ctx, moved) })
 		}
 	}()
 	for {
@@ -210,11 +198,9 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 				continue
 			}
 			if hold == "" {
-				// A refresh by a re-entry's holder that read the key on the session lease
-				// before this commit promised its TTL from its own start; the new lease counts
-				// from its grant, which may be earlier by as long as the commit took. One
-				// keep-alive sent after the commit makes it count from later than any such
-				// start (TestRefreshDuringAMoveKeepsItsPromise).
+				// A re-entry's refresh that read the key on the session lease before this
+				// commit promised its TTL from its own start, which may be later than the new
+				// lease's grant: a keep-alive sent after the commit covers any such start.
 				s.keepMovedAlive(moved, time.Now())
 				moved = 0 // in use
 			}
@@ -222,14 +208,9 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 			return 0, nil
 		}
 		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		d, err := floorOffset(floor)
-		var fence int64
-		if err == nil {
-			fence, err = fenceOf(kv.CreateRevision, d)
-		}
 		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
 		// the lock is released all the same.
-		if err == nil {
+		if fence, err := fenceOf(kv.CreateRevision, floor); err == nil {
 			if op, ok := floorOp(key, kv.CreateRevision, max(fence, nv.last), floor != nil); ok {
 				ops = append(ops, op)
 			}
@@ -247,16 +228,6 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 	}
 }
 
-// revokeLater revokes a lease the store granted but did not use, bounded, on a goroutine of
-// the store; a lease it cannot revoke expires unused.
-func (s *Store) revokeLater(id clientv3.LeaseID) {
-	s.spawn(func() {
-		ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-		defer cancel()
-		_, _ = s.cli.Revoke(ctx, id)
-	})
-}
-
 // releaseFailed records a release that may not have happened, for the store to retry.
 func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 	s.update(key, owner, func(e *heldKey) {
@@ -269,30 +240,25 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		e.tries++
 		retry := time.Now().Add(retryPause(e.tries))
 		if len(e.holds) == 0 {
-			// No hold of this store counts on the lock any more: its holder gave it up, so
-			// the retry need not wait for the promise made to that holder. Waiting for it
-			// kept the key busy for other processes for up to a TTL after an outage.
+			// Nobody here counts on the lock any more: retry without waiting for the
+			// promise made to the holder that gave it up.
 			e.until = retry
 			return
 		}
-		// Never earlier than the entry's deadline: the entry is shared by every hold of this
-		// owner in this store, and the reaper releases all of them when it passes, so pulling it
-		// in for one failed release would take away the others' refreshed guarantee
-		// (TestFailedHoldReleaseKeepsOtherHolds).
+		// Never earlier: the reaper releases every hold of the entry once until passes, so
+		// pulling it in would take away the other holds' refreshed guarantee.
 		e.until = later(e.until, retry)
 	})
 }
 
-// retryPause is how long the store waits before its try-th release of a lock: from a quarter
-// second, doubling, at most one second, so that a key is given back within about a second of
-// etcd answering again. A retry that finds etcd still away costs one bounded call.
+// retryPause is the pause before the try-th retry of a release: a quarter second, doubling,
+// at most a second, so that a key is given back within about a second of etcd answering.
 func retryPause(try int) time.Duration {
 	return min(250*time.Millisecond<<min(try-1, 2), time.Second)
 }
 
-// reap releases, owner-checked, every lock whose holder's guarantee ran out without a refresh
-// or release (see heldKey), one at a time, each bounded by a second. It runs on a goroutine of
-// the store started by the keep-alive loop, one at a time.
+// reap releases, owner-checked, every entry past its until (heldKey), one at a time, each
+// bounded by a second. At most one reap runs (startReaper).
 func (s *Store) reap(now time.Time) {
 	type job struct {
 		key, owner string
@@ -332,15 +298,13 @@ func (s *Store) reap(now time.Time) {
 }
 
 // Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other
-// process re-entered and that no acquirer was refused while it was held (no waiter mark) goes
-// on under the same grant: the lock is refreshed as Refresh does (it lives at least ttl from
-// the call), and the next local grant gets the fence after every fence handed out under the
-// grant, in the room that the grant's revision leaves (fence.go). That costs etcd a read-only
-// transaction (the lock's revision, the mark) and the refresh's keep-alive and read, and no
-// write: a release and an acquisition were two Raft writes, each an fsync. Once the grant has
-// used half its room, so that the next turn's handoffs (at most MaxHandoffs) still fit, when
-// the lock is marked, re-entered or not this store's own, or when the grant followed a refusal
-// of this store (other processes compete for the key), Pass releases as Release does.
+// process re-entered and that nobody was refused while it was held (no waiter mark) goes on
+// under the same grant: the lock is refreshed as Refresh does, and the next local grant gets
+// the fence after every fence handed out under the grant (fence.go). That costs a read-only
+// transaction and the refresh, no write (a release and an acquisition are two Raft writes).
+// Pass releases as Release does when the lock is marked, re-entered or not this store's, when
+// the grant has used half its fence room (so that the next turn's handoffs still fit), or when
+// it followed a refusal of this store (contended: other processes compete for the key).
 func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
@@ -354,14 +318,12 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 		n, err := s.Release(ctx, key, owner, "", 0)
 		return false, 0, n, err
 	}
-	// A grant that followed a refusal (contended) is one that other processes compete for: its
-	// turn ends with a release at once, without the read that would find the mark (with 8
-	// processes on one key, that read before every release cost 15-25 % of the throughput).
+	// A contended grant is one other processes compete for: its turn ends with a release at
+	// once, without the read that would find the mark (a read that costs every release).
 	if e, ok := s.claimPass(key, owner, time.Now().Add(ttl)); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
-			// A read-only transaction: the lock is as this store wrote it (no re-entry from
-			// another process rewrote it) and nobody was refused (no waiter mark).
+			// The lock is as this store wrote it, and nobody was refused.
 			resp, err := s.cli.Txn(ctx).If(
 				clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev),
 				clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0),
@@ -384,12 +346,10 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	return false, 0, n, err
 }
 
-// claimPass returns a copy of the entry of key for owner and moves the moment the store counts
-// on the lock until (heldKey.until) to until before the pass goes on the wire, as RefreshAll's
-// touch does for a refresh: otherwise a slow pass could let it run out, and the store's reaper
-// would delete the lock that the pass then reports kept (with the compare
-// transaction taking 1.3 s, the lock went 2.2 s after a pass that promised 3 s). ok is false
-// when the reaper has the entry or its guarantee ran out already: the pass then releases.
+// claimPass returns a copy of the entry of key for owner, after moving its until to until
+// before the pass goes on the wire (as touch does for a refresh), so that the reaper cannot
+// delete a lock that a slow pass then reports kept. ok is false when the reaper has the entry
+// or its guarantee ran out already: the pass then releases.
 func (s *Store) claimPass(key, owner string, until time.Time) (heldKey, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -401,8 +361,8 @@ func (s *Store) claimPass(key, owner string, until time.Time) (heldKey, bool) {
 	return *e, true
 }
 
-// keepMovedAlive sends one keep-alive of lease id after t, on a goroutine of the store, and
-// tries again every 100 ms until one succeeds, the lease is gone or the store closes.
+// keepMovedAlive sends a keep-alive of lease id after t on a goroutine of the store, every
+// 100 ms until one succeeds, the lease is gone or the store closes.
 func (s *Store) keepMovedAlive(id clientv3.LeaseID, t time.Time) {
 	s.spawn(func() {
 		for {

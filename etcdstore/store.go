@@ -18,9 +18,7 @@ import (
 // DefaultLeaseMargin is how much longer than the lock TTL the store's etcd leases last.
 const DefaultLeaseMargin = time.Second
 
-// DefaultMaxTxnOps is etcd's default limit of operations per transaction branch
-// (--max-txn-ops): RefreshAll reads at most this many keys per transaction, and AcquireAll
-// takes at most half of it.
+// DefaultMaxTxnOps is etcd's default --max-txn-ops (operations per transaction branch).
 const DefaultMaxTxnOps = 128
 
 // errStoreClosed is returned by every call after Close.
@@ -34,23 +32,20 @@ type options struct {
 	maxTxnOps int
 }
 
-// WithLeaseMargin sets how much longer than the lock TTL each etcd lease lasts (default
-// DefaultLeaseMargin, one second; it must be whole seconds, at least one). The store keeps its
-// leases alive four times per margin, and an acquisition sent within one margin of the last
-// keep-alive that succeeded needs no keep-alive of its own (see the package documentation).
-// A larger margin tolerates slower keep-alives; a crashed holder's locks then last longer.
+// WithLeaseMargin sets how much longer than the lock TTL each etcd lease lasts: whole seconds,
+// at least one (default DefaultLeaseMargin). Leases are kept alive four times per margin; a
+// larger margin tolerates slower keep-alives, and a crashed holder's locks then last longer.
 func WithLeaseMargin(d time.Duration) Option {
 	return func(o *options) { o.margin = d }
 }
 
-// WithMaxTxnOps sets the cluster's --max-txn-ops (default DefaultMaxTxnOps), which bounds how
-// many keys one transaction of RefreshAll reads and how many AcquireAll takes.
+// WithMaxTxnOps sets the cluster's --max-txn-ops (default DefaultMaxTxnOps): RefreshAll reads
+// at most that many keys per transaction, and AcquireAll takes at most half as many.
 func WithMaxTxnOps(n int) Option {
 	return func(o *options) { o.maxTxnOps = n }
 }
 
 // Store is the lockstore.Store on etcd. Create it with New; it is safe for concurrent use.
-// Close it to stop its goroutines; it revokes only the leases that hold no lock.
 type Store struct {
 	cli       *clientv3.Client
 	margin    time.Duration
@@ -59,25 +54,17 @@ type Store struct {
 	ctx    context.Context // cancelled by Close: ends keep-alives and watches
 	cancel context.CancelFunc
 
-	mu     sync.Mutex
-	leases map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
-	byID   map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
-	held   map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
-	// heldPeak is the most entries held has had since it was made (guarded by mu): Go maps
-	// never give their buckets back, so shrinkHeldLocked rebuilds held when it falls to a
-	// quarter of its peak (78 B per released lock stayed live without it).
-	heldPeak int
-	waitRev  map[string]int64 // guarded by mu: revision of the last busy reply per key, for Watch
-	// refused lists the keys whose acquisition this store was refused since it last granted
-	// them (guarded by mu, bounded like waitRev): a grant that follows a refusal is one other
-	// processes compete for, and its turn ends with a release, not a pass (Pass).
-	refused map[string]struct{}
-	// unsent lists the owners whose acquisition of a key gave up before any request went out
-	// (guarded by mu, bounded like waitRev), so that its give-back costs no round trip.
-	unsent map[entryKey]struct{}
-	// places are the places in fair lines that this store's fair acquirers hold
-	// (guarded by mu, bounded like waitRev): a place forgotten early costs its owner a refusal
-	// and a lease grant, never its rank (its key keeps its create revision).
+	mu       sync.Mutex
+	leases   map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
+	byID     map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
+	held     map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
+	heldPeak int                          // guarded by mu: len(held)'s peak, for dropLocked
+	waitRev  map[string]int64             // guarded by mu: revision of the last busy reply per key, for Watch
+	// The next three maps are guarded by mu and bounded like waitRev (maxWaitRevs).
+	refused map[string]struct{}   // keys this store was refused since it last granted them: Pass releases their grant
+	unsent  map[entryKey]struct{} // acquisitions that gave up before sending: their give-back needs no round trip
+	// places are this store's fair acquirers' places in line: one forgotten early costs its
+	// owner a refusal and a lease grant, never its rank (its key keeps its create revision).
 	places  map[entryKey]place
 	ticking bool // guarded by mu: the keep-alive loop runs (or, in tests, must not)
 	reaping bool // guarded by mu: a reap goroutine runs
@@ -90,18 +77,14 @@ type Store struct {
 // entryKey names the entry of one owner's lock.
 type entryKey struct{ key, owner string }
 
-// heldKey is what the store knows of a lock one owner holds (or may hold) through it: enough
-// to release it in one transaction, to know which lease a refresh keeps alive, and when the
-// holder stops counting on it. Every write that relies on it is guarded by a compare in etcd:
-// a stale entry costs a round trip, never a wrong write.
+// heldKey is what the store knows of a lock one owner holds (or may hold) through it. Every
+// write that relies on it is guarded by a compare in etcd: a stale entry costs a round trip,
+// never a wrong write.
 //
-// until makes the session lease behave like a TTL. The store keeps its leases alive whatever
-// the Locker does, so a lock the Locker stopped refreshing (lost, past MaxHold, abandoned) or
-// failed to release (the release's reply was lost, the cluster had no leader), or an
-// acquisition whose reply never came, would stay held for as long as the process lives. So
-// each entry carries the moment its holder's guarantee runs out (the send time of the last
-// acquisition or refresh plus its TTL); the keep-alive loop releases, owner-checked, every
-// entry past it, and retries failed releases, until etcd answers (released, or not held).
+// until makes the session lease behave like a TTL: the store keeps its leases alive whatever
+// the Locker does, so a lock stopped being refreshed, a release that failed or an acquisition
+// whose reply never came would otherwise stay held as long as the process lives. The reaper
+// releases, owner-checked, every entry past until, retrying until etcd answers.
 type heldKey struct {
 	value     string           // the value as this store last wrote or read it; "" unknown
 	lease     clientv3.LeaseID // the lease the key is on; 0 unknown (changed with relinkLocked, which counts entries per lease)
@@ -114,7 +97,7 @@ type heldKey struct {
 	own       bool             // the acquisition's own hold is the owner's through this store
 	holds     []string         // named holds (Reenter) this store added; never changed in place
 	until     time.Time        // the holder counts on the lock until then; released once past it
-	last      int64            // the largest fence handed out under the grant that the store knows: a pass's, or the lastFence of a release that failed, for its retry
+	last      int64            // the largest fence known handed out under the grant (a pass's, or a failed release's lastFence)
 	tries     int              // releases of it that failed in a row
 	reaping   bool             // a release of it by the store is under way
 }
@@ -157,14 +140,12 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 // Client returns the etcd client the store works on.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// Close stops the store's goroutines (keep-alives, watches, releases retried in the
-// background) and refuses later calls. It never ends a grant whose holder may still run: a
-// lease that a lock of the store is on, or that an acquisition is writing on, is left to run
-// out, so those locks go one lease TTL (lock TTL + margin) after its last keep-alive at the
-// latest, as a Redis key runs out with its TTL, and a second holder cannot walk in while the
-// first one still writes. Leases that hold nothing are revoked, each within a second; one it
-// cannot revoke expires on its own. Release the locks first (Locker.Drain) to free them at
-// once. It is safe to call more than once.
+// Close stops the store's goroutines (keep-alives, watches, background releases) and refuses
+// later calls; it is safe to call more than once. A lease that a lock or an acquisition in
+// flight is on is left to run out one lease TTL (lock TTL + margin) after its last keep-alive,
+// as a Redis key with its TTL: its holder may still run, and a second one must not walk in
+// while it writes. Other leases are revoked, each bounded by a second. Release the locks first
+// (Locker.Drain) to free them at once.
 func (s *Store) Close() error {
 	s.goMu.Lock()
 	if s.closed {
@@ -182,8 +163,7 @@ func (s *Store) Close() error {
 		if l.entries > 0 || l.inflight > 0 {
 			continue // a holder may still count on it
 		}
-		// No acquisition or re-entry records a key on it from now on (pin, updateOn).
-		l.retired, l.revoking = true, true
+		l.retired, l.revoking = true, true // nothing records a key on it now (pin, updateOn)
 		ids = append(ids, id)
 	}
 	clear(s.leases)
@@ -197,10 +177,7 @@ func (s *Store) Close() error {
 
 	var errs []error
 	for _, id := range ids {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := s.cli.Revoke(ctx, id)
-		cancel()
-		if err != nil && !isLeaseNotFound(err) {
+		if err := s.revoke(context.Background(), id); err != nil && !isLeaseNotFound(err) {
 			errs = append(errs, fmt.Errorf("flightlock: revoke etcd lease %x: %w", int64(id), err))
 		}
 	}
@@ -234,26 +211,18 @@ func (s *Store) entry(key, owner string) (heldKey, bool) {
 // update runs f on the entry of key for owner (a new one when there is none) and drops the
 // entry when f leaves it holding nothing.
 func (s *Store) update(key, owner string, f func(e *heldKey)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.updateLocked(key, owner, f)
+	s.updateOn(nil, key, owner, f)
 }
 
-// updateOn is update for a re-entry that found the key on lease l (nil when not the store's)
-// and kept l alive: when l is being revoked since, which takes the key with it, it records
-// nothing and reports false. Once recorded, the entry keeps l from being revoked.
+// updateOn is update for a re-entry that found the key on lease l (nil: not the store's) and
+// kept it alive. It records nothing and reports false when l is being revoked since (the key
+// goes with it); once recorded, the entry keeps l from being revoked.
 func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l != nil && l.revoking {
 		return false
 	}
-	s.updateLocked(key, owner, f)
-	return true
-}
-
-// updateLocked is update with s.mu held.
-func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 	k := entryKey{key, owner}
 	e := s.held[k]
 	if e == nil {
@@ -265,18 +234,19 @@ func (s *Store) updateLocked(key, owner string, f func(e *heldKey)) {
 	was := e.lease
 	f(e)
 	if !e.own && len(e.holds) == 0 {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(was, 0)
-		return
+		s.dropLocked(k, was)
+	} else {
+		s.relinkLocked(was, e.lease)
 	}
-	s.relinkLocked(was, e.lease)
+	return true
 }
 
-// shrinkHeldLocked rebuilds held once it holds a quarter of its peak or less (mapshrink).
-// s.mu must be held.
-func (s *Store) shrinkHeldLocked() {
+// dropLocked drops the entry k, counted on lease id, and rebuilds held once it falls to a
+// quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
+func (s *Store) dropLocked(k entryKey, id clientv3.LeaseID) {
+	delete(s.held, k)
 	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak)
+	s.relinkLocked(id, 0)
 }
 
 // forget drops the entry of key for owner: the key is gone or another owner's.
@@ -285,9 +255,7 @@ func (s *Store) forget(key, owner string) {
 	defer s.mu.Unlock()
 	k := entryKey{key, owner}
 	if e := s.held[k]; e != nil {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(e.lease, 0)
+		s.dropLocked(k, e.lease)
 	}
 }
 
@@ -306,9 +274,7 @@ func (s *Store) released(key, owner, hold string) {
 		e.holds = slices.DeleteFunc(slices.Clone(e.holds), func(h string) bool { return h == hold })
 	}
 	if !e.own && len(e.holds) == 0 {
-		delete(s.held, k)
-		s.shrinkHeldLocked()
-		s.relinkLocked(e.lease, 0)
+		s.dropLocked(k, e.lease)
 	}
 }
 
@@ -320,8 +286,8 @@ func withHold(holds []string, hold string) []string {
 	return append(slices.Clone(holds), hold)
 }
 
-// Held returns how many locks the store keeps an entry for: those it took or re-entered and
-// has not yet seen released or lost. For tests and metrics.
+// Held returns how many locks the store keeps an entry for (taken or re-entered, not yet seen
+// released or lost). For tests and metrics.
 func (s *Store) Held() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -343,8 +309,8 @@ func (s *Store) noteBusy(key string, rev int64) {
 	s.mu.Unlock()
 }
 
-// checkArgs refuses what makes no lock (etcd would take an empty owner or a key among the
-// store's own), and TTLs an etcd lease cannot honour: leases are whole seconds.
+// checkArgs refuses what makes no lock (etcd would take an empty owner, or a key among the
+// store's own) and TTLs that a lease of whole seconds cannot honour.
 func checkArgs(key, owner string, ttl time.Duration) error {
 	if err := checkKey(key); err != nil {
 		return err

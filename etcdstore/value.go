@@ -9,9 +9,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Key names of the store's own keys. They start with lockstore.FenceKeyPrefix, a namespace that
-// flightlock's Locker refuses for lock keys and that this store refuses too, so a lock key can
-// never be one of them.
+// Key names of the store's own keys, under lockstore.FenceKeyPrefix, which the Locker and this
+// store refuse as lock keys.
 const (
 	floorPrefix  = lockstore.FenceKeyPrefix + "etcd/floor/"
 	waiterPrefix = lockstore.FenceKeyPrefix + "etcd/waiter/"
@@ -20,47 +19,37 @@ const (
 )
 
 // FloorKey names the fence floor of lock key k: the largest fence handed out under an earlier
-// grant of k, written (without a lease) by a release only when the next grant's revision alone
-// might not exceed it, and deleted by the first release that finds it obsolete (see fence.go).
-// For tools that inspect locks.
+// grant of k, written without a lease by a release only when the next grant's revision alone
+// might not exceed it (fence.go). For tools that inspect locks.
 func FloorKey(k string) string { return floorPrefix + k }
 
 // WaiterKey names the waiter mark of lock key k: written, on the waiter's lease, by an
-// acquisition that found k held by another owner; deleted by the grant and by the release of k
-// (whose Release then reports one notified waiter). For tools that inspect locks.
+// acquisition that found k held by another owner; deleted by the release of k, which then
+// reports one notified waiter. For tools that inspect locks.
 func WaiterKey(k string) string { return waiterPrefix + k }
 
-// writerKey names the writer mark of lock key k: set, on the writer's lease, by a write
-// acquisition refused because k has read holds, so that new read holds are refused until a
-// writer had its turn (writer preference). Its value starts with a deadline (markValue): a
-// writer that stopped asking without taking k blocks readers no longer than that. Deleted by
-// every write grant of k, and by the first read acquisition that finds it past its deadline.
+// writerKey names the writer mark of lock key k (markWriter, readwrite.go), deleted by every
+// write grant of k and by the first read acquisition that finds it past its deadline.
 func writerKey(k string) string { return writerPrefix + k }
 
 // sideDir is the directory of lock key k's read holds and fair-line places:
 //
 //	flightlock:fence:etcd/key/<len(k)>:<k>/
 //
-// The length makes each key's directory exact: the directory of "orders" is not a prefix of
-// the directory of "orders/0" ("6:orders/" against "8:orders/0/"), so a range read or watch of
-// one key's directory never sees another key's holds, whatever bytes keys and owners contain.
-// An etcd watch of the directory hears every read hold and place that ends (Watch).
+// The length keeps one key's directory from being a prefix of another's ("6:orders/" against
+// "8:orders/0/"), whatever bytes keys and owners contain.
 func sideDir(k string) string { return sidePrefix + strconv.Itoa(len(k)) + ":" + k + "/" }
 
 // readDir is the directory of k's read holds: one key per read owner, readKey.
 func readDir(k string) string { return sideDir(k) + "r/" }
 
-// readKey names the read hold of owner (made by lockstore.ReadOwner) on k. It lives on the
-// reader's session lease, with the value of readValue, from its grant (its create revision
-// makes the fence) to its release or expiry.
+// readKey names owner's read hold on k, with the value of readValue.
 func readKey(k, owner string) string { return readDir(k) + owner }
 
-// lineDir is the directory of k's fair line: one key per waiting owner, placeKey, ordered by
-// create revision (see acquireFair).
+// lineDir is the directory of k's fair line (fair.go): one key per waiting owner, placeKey.
 func lineDir(k string) string { return sideDir(k) + "q/" }
 
-// placeKey names owner's place in k's fair line, on a lease of its own that lives the caller's
-// queue time after its last fair Acquire.
+// placeKey names owner's place in k's fair line.
 func placeKey(k, owner string) string { return lineDir(k) + owner }
 
 // Kinds of the keys under a sideDir.
@@ -88,9 +77,8 @@ func parseSideKey(full string) (k string, kind byte, owner string, ok bool) {
 	return k, rest[1], rest[3:], true
 }
 
-// readValue is the value of a read hold: "<lease seconds>[ <meta>]", the TTL of the etcd
-// lease it is on (a writer it refuses waits at most that long) and what the reader said of
-// itself. The owner is the key's last segment.
+// readValue is the value of a read hold: "<lease seconds>[ <meta>]" (a writer it refuses waits
+// at most that long); the owner is the key's last segment.
 func readValue(secs int64, meta string) string {
 	v := strconv.FormatInt(secs, 10)
 	if meta != "" {
@@ -110,8 +98,7 @@ func parseReadValue(b []byte) (secs int64, meta string, ok bool) {
 }
 
 // markValue is the value of a writer mark: "<deadline> <lease seconds>", the deadline in Unix
-// milliseconds as 20 digits, so that etcd's byte-wise comparison of values orders deadlines
-// (a read acquisition compares the mark with markClock of its own now).
+// milliseconds as 20 digits (markClock), so that etcd's byte-wise comparison orders deadlines.
 func markValue(deadline time.Time, secs int64) string {
 	return markClock(deadline) + " " + strconv.FormatInt(secs, 10)
 }
@@ -130,14 +117,11 @@ func parseMarkValue(b []byte) (secs int64, ok bool) {
 //
 //	"<owner> <lease seconds> <holds> <last>[ <meta>]"
 //
-// owner is the owner token (no spaces); lease seconds the TTL of the etcd lease the key is on,
-// so that a re-entry from another process knows how long a keep-alive of it lasts; holds the
-// holds of the owner token as in the Redis store: "1" (the acquisition's, "0" once released),
-// then ",<id>" for each named re-entry (Reenter); last the largest fence handed out under the
-// grant so far, reported by a release that left other holds (0 when none); meta what the
-// holder said about itself, for operators. The fence is not in the value: it is derived from
-// the key's create revision (fence.go), which the acquiring transaction cannot know before it
-// commits.
+// lease seconds is the TTL of the key's lease (a re-entry from another process keeps it alive);
+// holds are as in the Redis store: "1" (the acquisition's, "0" once released), then ",<id>" per
+// named re-entry (Reenter); last is the largest fence handed out under the grant, reported by a
+// release that left other holds (0: none); meta is for operators. The fence derives from the
+// key's create revision (fence.go), which the acquiring transaction cannot know.
 type lockValue struct {
 	owner string
 	secs  int64
@@ -148,25 +132,25 @@ type lockValue struct {
 
 // newValue is the value of a fresh acquisition: one hold, the owner's.
 func newValue(owner string, secs int64, meta string) string {
-	var b strings.Builder
-	b.Grow(len(owner) + len(meta) + 16)
-	b.WriteString(owner)
-	b.WriteByte(' ')
-	b.WriteString(strconv.FormatInt(secs, 10))
-	b.WriteString(" 1 0")
-	if meta != "" {
-		b.WriteByte(' ')
-		b.WriteString(meta)
-	}
-	return b.String()
+	return lockValue{owner: owner, secs: secs, holds: "1", meta: meta}.String()
 }
 
+// String builds the value in one allocation: it is on every acquisition's path.
 func (v lockValue) String() string {
-	s := v.owner + " " + strconv.FormatInt(v.secs, 10) + " " + v.holds + " " + strconv.FormatInt(v.last, 10)
+	var b strings.Builder
+	b.Grow(len(v.owner) + len(v.holds) + len(v.meta) + 44)
+	b.WriteString(v.owner)
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatInt(v.secs, 10))
+	b.WriteByte(' ')
+	b.WriteString(v.holds)
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatInt(v.last, 10))
 	if v.meta != "" {
-		s += " " + v.meta
+		b.WriteByte(' ')
+		b.WriteString(v.meta)
 	}
-	return s
+	return b.String()
 }
 
 // parseValue reads a lock value; ok is false for a value this store did not write.

@@ -13,15 +13,12 @@ import (
 const rewatchPause = 100 * time.Millisecond
 
 // Watch implements lockstore.Store with etcd watches that signal each deletion of key (a
-// release, or the expiry of the holder's lease) and of any key in key's side directory (the end
-// of a read hold, which a writer waits for, and a place leaving the fair line, which the next
-// in line waits for). It starts at the revision of this store's last busy reply for key when
-// there is one, so a release between that reply and the watch is not missed. When etcd ends
-// the watch (the member lost its leader, the revision was compacted), the channel is
-// signalled, so the waiter tries again instead of sleeping on a dead watch, and the watch
-// starts again. It ends with ctx, Close of the Watch, or Close of the store. One goroutine per
-// Watch: flightlock's gate lets one goroutine per process wait on a key (and each read or fair
-// Lock waits on its own).
+// release, or the expiry of the holder's lease) and of any key in its side directory (a read
+// hold's end, which a writer waits for; a place leaving the fair line). It starts at the
+// revision of this store's last busy reply for key, so a release between that reply and the
+// watch is not missed. When etcd ends the watch (no leader, compaction), the channel is
+// signalled, so the waiter tries again, and the watch starts again. It ends with ctx, Close of
+// the Watch, or Close of the store. One goroutine per Watch.
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -64,8 +61,7 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 		default: // one pending wake-up is enough
 		}
 	}
-	// Without a leader the member cannot tell deletions; WithRequireLeader makes it end the
-	// watch rather than leave it silent.
+	// A member without a leader cannot tell deletions: it ends the watch rather than go silent.
 	lctx := clientv3.WithRequireLeader(ctx)
 	// revs[0] is where the watch of key goes on from, revs[1] that of its side directory.
 	revs := [2]int64{rev, rev}
@@ -87,8 +83,7 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 				i = 1
 			}
 			if !ok {
-				// A cancelled watch (resp.Canceled) is followed by the channel's close: both
-				// start again, each from where it got to.
+				// A cancelled watch is followed by the channel's close: both start again.
 				ended = true
 				continue
 			}
