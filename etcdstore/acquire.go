@@ -182,11 +182,12 @@ func markWriter(key string, l *lease) clientv3.Op {
 		nil)
 }
 
-// readersBusy is a write acquisition refused by read holds, from markWriter's reply.
+// readersBusy is a write acquisition refused by read holds, from markWriter's reply; HolderTTL
+// 0 when no reader holds the key.
 func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 	t := r.GetResponseTxn()
 	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
-		return lockstore.Acquisition{} // neither writer nor reader: cannot happen in one transaction
+		return lockstore.Acquisition{} // no reader: a fair attempt behind others in line (HolderTTL 0)
 	}
 	return readerBusy(firstKV(t.Responses[1]))
 }

@@ -60,7 +60,7 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 	value := newValue(owner, l.secs, meta)
 	pk := placeKey(key, owner)
 	for {
-		resp, err := s.fairTxn(ctx, key, pk, value, l.id, p, queue)
+		resp, err := s.fairTxn(ctx, key, pk, value, l, p, queue)
 		if err != nil {
 			// The session lease, or the place's (kept alive at the start of this attempt, so
 			// only a very slow attempt outlives it), may be the one gone: ask which.
@@ -112,8 +112,10 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 
 // fairTxn is one fair attempt's transaction: the key is taken when it is writable and the
 // owner is first in line (its place is the oldest, or there is no line); otherwise it reads the
-// holder and a reader, sets the waiter mark, and keeps the owner's place when it has one.
-func (s *Store) fairTxn(ctx context.Context, key, pk, value string, lease clientv3.LeaseID, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
+// holder, sets the waiter mark, sets the writer mark when readers hold the key (markWriter: a
+// fair writer holds new readers off as any writer does), and keeps the owner's place when it
+// has one.
+func (s *Store) fairTxn(ctx context.Context, key, pk, value string, l *lease, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
 	cmps := writable(key)
 	if p.rev > 0 {
 		cmps = append(cmps,
@@ -124,15 +126,15 @@ func (s *Store) fairTxn(ctx context.Context, key, pk, value string, lease client
 	}
 	els := []clientv3.Op{
 		clientv3.OpGet(key),
-		clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(lease)),
-		clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
+		clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)),
+		markWriter(key, l),
 	}
 	if queue > 0 && p.lease != 0 {
 		els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
 	}
 	return s.cli.Txn(ctx).
 		If(cmps...).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(lease)), clientv3.OpGet(FloorKey(key)),
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
 			clientv3.OpDelete(writerKey(key)), clientv3.OpDelete(pk)).
 		Else(els...).
 		Commit()
@@ -144,7 +146,7 @@ func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
 	if kv := firstKV(resp.Responses[0]); kv != nil {
 		return busy(kv)
 	}
-	return readerBusy(firstKV(resp.Responses[2]))
+	return readersBusy(resp.Responses[2])
 }
 
 // LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes

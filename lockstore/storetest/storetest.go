@@ -61,6 +61,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
 	t.Run("SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy)
 	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
+	t.Run("FairWriterHoldsNewReadersOff", s.fairWriterHoldsNewReadersOff)
 	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
 	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
 	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
@@ -445,6 +446,31 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 	}
 	if _, err := r.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
 		t.Fatalf("a read beside a writer: %v, want ErrBusy", err)
+	}
+	_ = x.Release(ctx)
+}
+
+// A fair writer refused by readers holds new readers off as any writer does (writer
+// preference), so that a stream of readers cannot starve it, and takes the key when they leave.
+func (s suite) fairWriterHoldsNewReadersOff(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	fw := s.locker(t, flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
+	a, err := r.Lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fw.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a fair write beside a reader: %v, want ErrBusy", err)
+	}
+	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+	if _, err := r2.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("a new reader after a fair writer was refused: %v, want ErrBusy (writer preference)", err)
+	}
+	_ = a.Release(ctx)
+	x, err := fw.Lock(ctx, k)
+	if err != nil || x.Fence() <= a.Fence() {
+		t.Fatalf("the fair write after the reader: %v, fence %d, want above the reader's %d", err, x.Fence(), a.Fence())
 	}
 	_ = x.Release(ctx)
 }
