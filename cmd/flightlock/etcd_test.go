@@ -209,27 +209,6 @@ func TestEtcdCommands(t *testing.T) {
 	}
 }
 
-// TestEtcdUnlockRemovesOnlyTheGrantItShowed: a lock that changes hands between the read and
-// the confirmation is not removed (the revision compare), here with -etcd and no file.
-func TestEtcdUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
-	c := etcdtest.Start(t)
-	ctx := context.Background()
-	l := etcdLocker(t, c)
-	first, err := l.Lock(ctx, "stock:7")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var second *flightlock.Lease
-	stdin := regrabOnPrompt(t, l, first, "stock:7", &second)
-	code, _, errs := cli(t, stdin, "-etcd", c.Endpoints()[0], "unlock", "stock:7")
-	if code != exitError || !strings.Contains(errs, "changed after it was read (now held by a new grant") || !strings.Contains(errs, "nothing removed") {
-		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
-	}
-	if err := second.Release(ctx); err != nil {
-		t.Errorf("the second holder's lock was touched: %v", err)
-	}
-}
-
 // TestEtcdWatch follows locks through acquisition, contention (another process refused) and
 // release with an etcd watch, leaving out a key the pattern does not match, and a lock held
 // before the watch started; -for ends it.
@@ -294,82 +273,6 @@ func TestEtcdWatch(t *testing.T) {
 	if !strings.Contains(lines, "watching flightlock/lock:order:* on etcd "+c.Endpoints()[0]+" (etcd watch); 1 held") ||
 		!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)) || strings.Contains(lines, "owner=") {
 		t.Errorf("watch lines:\n%s", lines)
-	}
-}
-
-// TestResolveEtcdTarget: which store a Lock section and the flags choose, and the etcd
-// settings they give.
-func TestResolveEtcdTarget(t *testing.T) {
-	cases := []struct {
-		name, content string
-		o             options
-		store, hosts  string // want
-		prefix        string // Etcd.Key + Prefix
-		user, pass    string
-		err           string
-	}{
-		{name: "etcd only", content: "Lock:\n  Etcd: {Hosts: ['e:1', 'e:2']}\n", store: "etcd", hosts: "e:1,e:2", prefix: "flightlock/lock:"},
-		{name: "etcd with key, prefix, account", content: "Lock:\n  Etcd: {Hosts: ['e:1'], Key: 'k/', User: u, Pass: p}\n  Prefix: 'p:'\n",
-			store: "etcd", hosts: "e:1", prefix: "k/p:", user: "u", pass: "p"},
-		{name: "both: Redis", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", store: "redis", prefix: "lock:"},
-		{name: "both, -store etcd", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd"},
-			store: "etcd", hosts: "e:1", prefix: "flightlock/lock:"},
-		{name: "flags over the file", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
-			o: options{etcd: "x:1,x:2", etcdKey: "fl/", prefix: "q:", pass: "P"}, store: "etcd", hosts: "x:1,x:2", prefix: "fl/q:", user: "u", pass: "P"},
-		{name: "FLIGHTLOCK_REDIS_PASS is Redis's", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
-			o: options{pass: "env", passFromEnv: true}, store: "etcd", hosts: "e:1", prefix: "flightlock/lock:", user: "u", pass: "p"},
-		{name: "-etcd over a Redis section", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{etcd: "e:9"},
-			store: "etcd", hosts: "e:9", prefix: "flightlock/lock:"},
-		{name: "-addr over an etcd section", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{addr: "r:2"}, store: "redis", prefix: "lock:"},
-		{name: "-store etcd, no hosts", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{store: "etcd"}, err: "Lock.Etcd.Hosts is empty: pass -etcd"},
-		{name: "-store etcd with -addr", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd", addr: "r:1"}, err: "are Redis's"},
-		{name: "no file, -etcd", o: options{etcd: "e:3"}, store: "etcd", hosts: "e:3", prefix: "flightlock/lock:"},
-		{name: "sections on different etcd clusters", content: "A:\n  Lock: {Etcd: {Hosts: ['e:1']}}\nB:\n  Lock: {Etcd: {Hosts: ['e:2']}}\n",
-			err: "choose one with -lock"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			o := c.o
-			if c.content != "" {
-				o.file = writeFile(t, "x.yaml", c.content)
-			}
-			got, err := resolveTarget(o)
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("error %v, want one containing %q", err, c.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.store != c.store || got.keyPrefix() != c.prefix {
-				t.Errorf("store %q prefix %q, want %q %q", got.store, got.keyPrefix(), c.store, c.prefix)
-			}
-			if c.store == storeEtcd && (strings.Join(got.etcd.Hosts, ",") != c.hosts || got.etcd.User != c.user || got.etcd.Pass != c.pass) {
-				t.Errorf("hosts %v user %q pass %q, want %s %q %q", got.etcd.Hosts, got.etcd.User, got.etcd.Pass, c.hosts, c.user, c.pass)
-			}
-		})
-	}
-}
-
-func TestEtcdUsageErrors(t *testing.T) {
-	t.Setenv("ETCD_CLIENT_DEBUG", "fatal") // as main sets it: no retry warnings
-	closed := closedAddr(t)
-	cases := []struct {
-		args []string
-		code int
-		msg  string
-	}{
-		{[]string{"-addr", "a:1", "-etcd", "e:1", "ls"}, exitUsage, "-addr (Redis), -etcd and -zookeeper name different stores"},
-		{[]string{"-etcd", "e:1", "-store", "zk", "ls"}, exitUsage, "-store must be redis, etcd or zookeeper"},
-		{[]string{"-etcd", "e:1", "-store", "redis", "ls"}, exitUsage, "-store redis with another store's flags"},
-		{[]string{"-etcd", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach etcd " + closed + " (from -etcd)"},
-	}
-	for _, c := range cases {
-		if code, _, errs := cli(t, nil, c.args...); code != c.code || !strings.Contains(errs, c.msg) {
-			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
-		}
 	}
 }
 

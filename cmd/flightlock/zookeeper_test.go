@@ -159,28 +159,6 @@ func TestZookeeperCommands(t *testing.T) {
 	}
 }
 
-// TestZookeeperUnlockRemovesOnlyTheGrantItShowed: a lock that changes hands between the read
-// and the confirmation is not removed (another node, another fence), here with -zookeeper and
-// no file.
-func TestZookeeperUnlockRemovesOnlyTheGrantItShowed(t *testing.T) {
-	srv := zktest.Start(t)
-	ctx := context.Background()
-	l, _ := zkLocker(t, srv.Addr)
-	first, err := l.Lock(ctx, "stock:7")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var second *flightlock.Lease
-	stdin := regrabOnPrompt(t, l, first, "stock:7", &second)
-	code, _, errs := cli(t, stdin, "-zookeeper", srv.Addr, "unlock", "stock:7")
-	if code != exitError || !strings.Contains(errs, "changed after it was read (now held by a new grant") || !strings.Contains(errs, "nothing removed") {
-		t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
-	}
-	if err := second.Release(ctx); err != nil {
-		t.Errorf("the second holder's lock was touched: %v", err)
-	}
-}
-
 // TestZookeeperWatch follows locks through acquisition, contention (another process refused)
 // and release by polling ZooKeeper, leaving out a key the pattern does not match; -for ends it.
 func TestZookeeperWatch(t *testing.T) {
@@ -238,84 +216,6 @@ func TestZookeeperWatch(t *testing.T) {
 	if !strings.Contains(lines, "watching lock:order:* on zookeeper "+srv.Addr+" under /flightlock (polling every 100ms); 1 held") ||
 		!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)+" ttl=session") || strings.Contains(lines, "owner=") {
 		t.Errorf("watch lines:\n%s", lines)
-	}
-}
-
-// TestResolveZookeeperTarget: which store a Lock section and the flags choose, and the
-// ZooKeeper settings they give.
-func TestResolveZookeeperTarget(t *testing.T) {
-	cases := []struct {
-		name, content string
-		o             options
-		store, hosts  string // want
-		root, prefix  string
-		session       time.Duration
-		err           string
-	}{
-		{name: "zookeeper only", content: "Lock:\n  Zookeeper: {Hosts: ['z:1', 'z:2']}\n", store: "zookeeper", hosts: "z:1,z:2",
-			root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
-		{name: "root, session, prefix", content: "Lock:\n  Zookeeper: {Hosts: ['z:1'], Root: /locks/svc, SessionTimeout: 12s}\n  Prefix: 'p:'\n  TTL: 5s\n",
-			store: "zookeeper", hosts: "z:1", root: "/locks/svc", prefix: "p:", session: 12 * time.Second},
-		{name: "Redis and zookeeper: Redis", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Zookeeper: {Hosts: ['z:1']}\n", store: "redis", prefix: "lock:"},
-		{name: "etcd and zookeeper: etcd", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n  Zookeeper: {Hosts: ['z:1']}\n", store: "etcd",
-			prefix: "flightlock/lock:"},
-		{name: "-store zookeeper", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{store: "zookeeper"},
-			store: "zookeeper", hosts: "z:1", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
-		{name: "flags over the file", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{zk: "y:1,y:2", zkRoot: "/other", prefix: "q:"},
-			store: "zookeeper", hosts: "y:1,y:2", root: "/other", prefix: "q:", session: 40 * time.Second},
-		{name: "-zookeeper over a Redis section", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{zk: "z:9"},
-			store: "zookeeper", hosts: "z:9", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
-		{name: "-addr over a zookeeper section", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{addr: "r:2"}, store: "redis", prefix: "lock:"},
-		{name: "-store zookeeper, no hosts", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{store: "zookeeper"},
-			err: "Lock.Zookeeper.Hosts is empty: pass -zookeeper"},
-		{name: "-store zookeeper with -user", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{store: "zookeeper", user: "u"},
-			err: "are Redis's or etcd's"},
-		{name: "no file, -zookeeper", o: options{zk: "z:3"}, store: "zookeeper", hosts: "z:3", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
-		{name: "sections on different roots", content: "A:\n  Lock: {Zookeeper: {Hosts: ['z:1']}}\nB:\n  Lock: {Zookeeper: {Hosts: ['z:1'], Root: /b}}\n",
-			err: "choose one with -lock"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			o := c.o
-			if c.content != "" {
-				o.file = writeFile(t, "x.yaml", c.content)
-			}
-			got, err := resolveTarget(o)
-			if c.err != "" {
-				if err == nil || !strings.Contains(err.Error(), c.err) {
-					t.Fatalf("error %v, want one containing %q", err, c.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.store != c.store || got.keyPrefix() != c.prefix {
-				t.Errorf("store %q prefix %q, want %q %q", got.store, got.keyPrefix(), c.store, c.prefix)
-			}
-			if c.store == storeZookeeper && (strings.Join(got.zk.Hosts, ",") != c.hosts || got.zk.Root != c.root || got.zk.SessionTimeout != c.session) {
-				t.Errorf("hosts %v root %q session %v, want %s %q %v", got.zk.Hosts, got.zk.Root, got.zk.SessionTimeout, c.hosts, c.root, c.session)
-			}
-		})
-	}
-}
-
-func TestZookeeperUsageErrors(t *testing.T) {
-	closed := closedAddr(t)
-	cases := []struct {
-		args []string
-		code int
-		msg  string
-	}{
-		{[]string{"-addr", "a:1", "-zookeeper", "z:1", "ls"}, exitUsage, "name different stores"},
-		{[]string{"-etcd", "e:1", "-zookeeper", "z:1", "ls"}, exitUsage, "name different stores"},
-		{[]string{"-zookeeper", "z:1", "-store", "etcd", "ls"}, exitUsage, "-store etcd with another store's flags"},
-		{[]string{"-zookeeper", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach zookeeper " + closed + " under /flightlock (from -zookeeper)"},
-	}
-	for _, c := range cases {
-		if code, _, errs := cli(t, nil, c.args...); code != c.code || !strings.Contains(errs, c.msg) {
-			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
-		}
 	}
 }
 

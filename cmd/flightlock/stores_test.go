@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
+)
+
+// storeServer is a store the CLI is run against: started for one test, with a Locker of its
+// own process in the service's key layout, and the flags that name it without a file.
+type storeServer struct {
+	locker func(opts ...flightlock.Option) *flightlock.Locker
+	flags  []string
+	// changed is how unlock says the lock it read is now another grant's: Redis names the
+	// new owner, etcd and ZooKeeper have none to name.
+	changed string
+}
+
+// cliStores are the stores the CLI reads, each started on a loopback port of its own.
+var cliStores = []struct {
+	name  string
+	start func(t *testing.T) storeServer
+}{
+	{"redis", func(t *testing.T) storeServer {
+		srv := redistest.Start(t)
+		return storeServer{
+			locker:  func(opts ...flightlock.Option) *flightlock.Locker { return processLocker(t, srv, opts...) },
+			flags:   []string{"-addr", srv.Addr},
+			changed: "changed after it was read (now held by ",
+		}
+	}},
+	{"etcd", func(t *testing.T) storeServer {
+		c := etcdtest.Start(t)
+		return storeServer{
+			locker:  func(opts ...flightlock.Option) *flightlock.Locker { return etcdLocker(t, c, opts...) },
+			flags:   []string{"-etcd", c.Endpoints()[0]},
+			changed: "changed after it was read (now held by a new grant",
+		}
+	}},
+	{"zookeeper", func(t *testing.T) storeServer {
+		srv := zktest.Start(t)
+		return storeServer{
+			locker: func(opts ...flightlock.Option) *flightlock.Locker {
+				l, _ := zkLocker(t, srv.Addr, opts...)
+				return l
+			},
+			flags:   []string{"-zookeeper", srv.Addr},
+			changed: "changed after it was read (now held by a new grant",
+		}
+	}},
+}
+
+// TestUnlockRemovesOnlyTheGrantItShowedOnEveryStore: when the lock changes hands between the
+// read and the confirmation, unlock removes nothing (the operator agreed to remove one holder,
+// not the next): on Redis, on etcd (the revision compare) and on ZooKeeper (another node,
+// another fence), each named by its flag and no file.
+func TestUnlockRemovesOnlyTheGrantItShowedOnEveryStore(t *testing.T) {
+	for _, store := range cliStores {
+		t.Run(store.name, func(t *testing.T) {
+			s := store.start(t)
+			ctx := context.Background()
+			l := s.locker()
+			first, err := l.Lock(ctx, "stock:7")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var second *flightlock.Lease
+			// The operator reads, then (while the prompt waits) the first holder releases and
+			// a second one takes the key; then the operator says yes.
+			stdin := regrabOnPrompt(t, l, first, "stock:7", &second)
+			code, _, errs := cli(t, stdin, append(s.flags, "unlock", "stock:7")...)
+			if code != exitError || !strings.Contains(errs, s.changed) || !strings.Contains(errs, "nothing removed") {
+				t.Fatalf("unlock of a lock that changed hands: exit %d: %s", code, errs)
+			}
+			if err := second.Release(ctx); err != nil {
+				t.Errorf("the second holder's lock was touched: %v", err)
+			}
+		})
+	}
+}
+
+// resolveCase is a Lock section and flags, and the target resolveTarget makes of them: the
+// store, the key prefix, and the settings of the store chosen; or an error.
+type resolveCase struct {
+	name, content string
+	o             options
+	store, hosts  string // want
+	prefix        string // the whole key prefix: Etcd.Key + Prefix on etcd
+	user, pass    string // etcd's
+	root          string // ZooKeeper's
+	session       time.Duration
+	err           string
+}
+
+// TestResolveTargetReadsEachStoresSection: which store a Lock section and the flags choose,
+// and, for etcd and for ZooKeeper, the settings of that store they give (hosts and account on
+// etcd; hosts, root and session timeout on ZooKeeper), checked when that store is the one
+// chosen.
+func TestResolveTargetReadsEachStoresSection(t *testing.T) {
+	stores := []struct {
+		name     string
+		cases    []resolveCase
+		settings func(t *testing.T, got target, c resolveCase) // of the target on this store
+	}{
+		{name: storeEtcd, cases: []resolveCase{
+			{name: "etcd only", content: "Lock:\n  Etcd: {Hosts: ['e:1', 'e:2']}\n", store: "etcd", hosts: "e:1,e:2", prefix: "flightlock/lock:"},
+			{name: "etcd with key, prefix, account", content: "Lock:\n  Etcd: {Hosts: ['e:1'], Key: 'k/', User: u, Pass: p}\n  Prefix: 'p:'\n",
+				store: "etcd", hosts: "e:1", prefix: "k/p:", user: "u", pass: "p"},
+			{name: "both: Redis", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", store: "redis", prefix: "lock:"},
+			{name: "both, -store etcd", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd"},
+				store: "etcd", hosts: "e:1", prefix: "flightlock/lock:"},
+			{name: "flags over the file", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
+				o: options{etcd: "x:1,x:2", etcdKey: "fl/", prefix: "q:", pass: "P"}, store: "etcd", hosts: "x:1,x:2", prefix: "fl/q:", user: "u", pass: "P"},
+			{name: "FLIGHTLOCK_REDIS_PASS is Redis's", content: "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n",
+				o: options{pass: "env", passFromEnv: true}, store: "etcd", hosts: "e:1", prefix: "flightlock/lock:", user: "u", pass: "p"},
+			{name: "-etcd over a Redis section", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{etcd: "e:9"},
+				store: "etcd", hosts: "e:9", prefix: "flightlock/lock:"},
+			{name: "-addr over an etcd section", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{addr: "r:2"}, store: "redis", prefix: "lock:"},
+			{name: "-store etcd, no hosts", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{store: "etcd"}, err: "Lock.Etcd.Hosts is empty: pass -etcd"},
+			{name: "-store etcd with -addr", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n", o: options{store: "etcd", addr: "r:1"}, err: "are Redis's"},
+			{name: "no file, -etcd", o: options{etcd: "e:3"}, store: "etcd", hosts: "e:3", prefix: "flightlock/lock:"},
+			{name: "sections on different etcd clusters", content: "A:\n  Lock: {Etcd: {Hosts: ['e:1']}}\nB:\n  Lock: {Etcd: {Hosts: ['e:2']}}\n",
+				err: "choose one with -lock"},
+		}, settings: func(t *testing.T, got target, c resolveCase) {
+			if strings.Join(got.etcd.Hosts, ",") != c.hosts || got.etcd.User != c.user || got.etcd.Pass != c.pass {
+				t.Errorf("hosts %v user %q pass %q, want %s %q %q", got.etcd.Hosts, got.etcd.User, got.etcd.Pass, c.hosts, c.user, c.pass)
+			}
+		}},
+		{name: storeZookeeper, cases: []resolveCase{
+			{name: "zookeeper only", content: "Lock:\n  Zookeeper: {Hosts: ['z:1', 'z:2']}\n", store: "zookeeper", hosts: "z:1,z:2",
+				root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
+			{name: "root, session, prefix", content: "Lock:\n  Zookeeper: {Hosts: ['z:1'], Root: /locks/svc, SessionTimeout: 12s}\n  Prefix: 'p:'\n  TTL: 5s\n",
+				store: "zookeeper", hosts: "z:1", root: "/locks/svc", prefix: "p:", session: 12 * time.Second},
+			{name: "Redis and zookeeper: Redis", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Zookeeper: {Hosts: ['z:1']}\n", store: "redis", prefix: "lock:"},
+			{name: "etcd and zookeeper: etcd", content: "Lock:\n  Etcd: {Hosts: ['e:1']}\n  Zookeeper: {Hosts: ['z:1']}\n", store: "etcd",
+				prefix: "flightlock/lock:"},
+			{name: "-store zookeeper", content: "Lock:\n  Redis: {Host: 'r:1'}\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{store: "zookeeper"},
+				store: "zookeeper", hosts: "z:1", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
+			{name: "flags over the file", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{zk: "y:1,y:2", zkRoot: "/other", prefix: "q:"},
+				store: "zookeeper", hosts: "y:1,y:2", root: "/other", prefix: "q:", session: 40 * time.Second},
+			{name: "-zookeeper over a Redis section", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{zk: "z:9"},
+				store: "zookeeper", hosts: "z:9", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
+			{name: "-addr over a zookeeper section", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{addr: "r:2"}, store: "redis", prefix: "lock:"},
+			{name: "-store zookeeper, no hosts", content: "Lock:\n  Redis: {Host: 'r:1'}\n", o: options{store: "zookeeper"},
+				err: "Lock.Zookeeper.Hosts is empty: pass -zookeeper"},
+			{name: "-store zookeeper with -user", content: "Lock:\n  Zookeeper: {Hosts: ['z:1']}\n", o: options{store: "zookeeper", user: "u"},
+				err: "are Redis's or etcd's"},
+			{name: "no file, -zookeeper", o: options{zk: "z:3"}, store: "zookeeper", hosts: "z:3", root: "/flightlock", prefix: "lock:", session: 40 * time.Second},
+			{name: "sections on different roots", content: "A:\n  Lock: {Zookeeper: {Hosts: ['z:1']}}\nB:\n  Lock: {Zookeeper: {Hosts: ['z:1'], Root: /b}}\n",
+				err: "choose one with -lock"},
+		}, settings: func(t *testing.T, got target, c resolveCase) {
+			if strings.Join(got.zk.Hosts, ",") != c.hosts || got.zk.Root != c.root || got.zk.SessionTimeout != c.session {
+				t.Errorf("hosts %v root %q session %v, want %s %q %v", got.zk.Hosts, got.zk.Root, got.zk.SessionTimeout, c.hosts, c.root, c.session)
+			}
+		}},
+	}
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			for _, c := range store.cases {
+				t.Run(c.name, func(t *testing.T) {
+					o := c.o
+					if c.content != "" {
+						o.file = writeFile(t, "x.yaml", c.content)
+					}
+					got, err := resolveTarget(o)
+					if c.err != "" {
+						if err == nil || !strings.Contains(err.Error(), c.err) {
+							t.Fatalf("error %v, want one containing %q", err, c.err)
+						}
+						return
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got.store != c.store || got.keyPrefix() != c.prefix {
+						t.Errorf("store %q prefix %q, want %q %q", got.store, got.keyPrefix(), c.store, c.prefix)
+					}
+					if c.store == store.name {
+						store.settings(t, got, c)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestUsageErrorsOfEachStoresFlags: the flags of etcd and of ZooKeeper that name different
+// stores, a -store that contradicts them, and a server that cannot be reached, each with its
+// exit code and message.
+func TestUsageErrorsOfEachStoresFlags(t *testing.T) {
+	closed := closedAddr(t)
+	type usageCase struct {
+		args []string
+		code int
+		msg  string
+	}
+	stores := []struct {
+		name  string
+		env   map[string]string
+		cases []usageCase
+	}{
+		{name: storeEtcd, env: map[string]string{"ETCD_CLIENT_DEBUG": "fatal"}, // as main sets it: no retry warnings
+			cases: []usageCase{
+				{[]string{"-addr", "a:1", "-etcd", "e:1", "ls"}, exitUsage, "-addr (Redis), -etcd and -zookeeper name different stores"},
+				{[]string{"-etcd", "e:1", "-store", "zk", "ls"}, exitUsage, "-store must be redis, etcd or zookeeper"},
+				{[]string{"-etcd", "e:1", "-store", "redis", "ls"}, exitUsage, "-store redis with another store's flags"},
+				{[]string{"-etcd", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach etcd " + closed + " (from -etcd)"},
+			}},
+		{name: storeZookeeper, cases: []usageCase{
+			{[]string{"-addr", "a:1", "-zookeeper", "z:1", "ls"}, exitUsage, "name different stores"},
+			{[]string{"-etcd", "e:1", "-zookeeper", "z:1", "ls"}, exitUsage, "name different stores"},
+			{[]string{"-zookeeper", "z:1", "-store", "etcd", "ls"}, exitUsage, "-store etcd with another store's flags"},
+			{[]string{"-zookeeper", closed, "-timeout", "1s", "ls"}, exitError, "cannot reach zookeeper " + closed + " under /flightlock (from -zookeeper)"},
+		}},
+	}
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			for k, v := range store.env {
+				t.Setenv(k, v)
+			}
+			for _, c := range store.cases {
+				if code, _, errs := cli(t, nil, c.args...); code != c.code || !strings.Contains(errs, c.msg) {
+					t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
+				}
+			}
+		})
+	}
+}
