@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,6 +232,104 @@ func TestUsageErrorsOfEachStoresFlags(t *testing.T) {
 				if code, _, errs := cli(t, nil, c.args...); code != c.code || !strings.Contains(errs, c.msg) {
 					t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
 				}
+			}
+		})
+	}
+}
+
+// TestWatchFollowsLocksOnEveryStore follows locks through acquisition, contention (another
+// process refused) and release, on etcd with an etcd watch and on ZooKeeper by polling,
+// leaving out a key the pattern does not match, and a lock held before the watch started;
+// -for ends it. The lines say what is watched and how, give the fence (and, on ZooKeeper,
+// ttl=session), and never the owner; on etcd the JSON acquisition has the fence, the holder
+// and a TTL.
+func TestWatchFollowsLocksOnEveryStore(t *testing.T) {
+	stores := []struct {
+		name string
+		// start starts the store and gives two Lockers of processes of their own, the watch's
+		// arguments before its command, and the first line it prints with "1 held".
+		start func(t *testing.T) (holder, other *flightlock.Locker, args []string, watching string)
+		gap   time.Duration // between changes: the streams (or polls) see each one apart
+		gone  string        // the event of a release
+		ttl   string        // what the lines say of the TTL after the fence
+		first func(t *testing.T, ev event, lease *flightlock.Lease)
+	}{
+		{name: storeEtcd, start: func(t *testing.T) (*flightlock.Locker, *flightlock.Locker, []string, string) {
+			c := etcdtest.Start(t)
+			return etcdLocker(t, c), etcdLocker(t, c), []string{"-etcd", c.Endpoints()[0], "-for", "4s"},
+				"watching flightlock/lock:order:* on etcd " + c.Endpoints()[0] + " (etcd watch); 1 held"
+		}, gap: 200 * time.Millisecond, gone: "released", first: func(t *testing.T, ev event, lease *flightlock.Lease) {
+			if ev.Lock.Fence != lease.Fence() || ev.Lock.Host != "h1" || ev.Lock.TTLMillis <= 0 {
+				t.Errorf("acquired: %+v, want fence %d, holder h1 and a TTL", ev.Lock, lease.Fence())
+			}
+		}},
+		{name: storeZookeeper, start: func(t *testing.T) (*flightlock.Locker, *flightlock.Locker, []string, string) {
+			srv := zktest.Start(t)
+			holder, _ := zkLocker(t, srv.Addr)
+			other, _ := zkLocker(t, srv.Addr)
+			return holder, other, []string{"-zookeeper", srv.Addr, "-interval", "100ms", "-for", "5s"},
+				"watching lock:order:* on zookeeper " + srv.Addr + " under /flightlock (polling every 100ms); 1 held"
+		}, gap: 300 * time.Millisecond, gone: "gone", ttl: " ttl=session"},
+	}
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			ctx := context.Background()
+			holder, other, args, watching := store.start(t)
+			before, err := holder.Lock(ctx, "order:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out, text syncBuffer
+			done := make(chan int, 2)
+			args = append(args, "watch", "order:*")
+			go func() {
+				done <- run(ctx, append([]string{"-o", "json"}, args...), strings.NewReader(""), &out, io.Discard)
+			}()
+			go func() { done <- run(ctx, args, strings.NewReader(""), &text, io.Discard) }() // the same as lines, for people
+			waitFor(t, "watch to start", func() bool { return strings.Contains(text.String(), "1 held") })
+			time.Sleep(store.gap) // the JSON one too
+
+			lease, err := holder.Lock(ctx, "order:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(store.gap) // the contention after the acquisition
+			if _, err := other.TryLock(ctx, "order:1"); !errors.Is(err, flightlock.ErrBusy) {
+				t.Fatalf("a second owner on a held lock: %v, want ErrBusy", err)
+			}
+			time.Sleep(store.gap)
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(store.gap)
+			if err := before.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			acct, err := holder.Lock(ctx, "acct:1") // not matched: never reported
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = acct.Release(ctx)
+
+			want := []string{"acquired order:1", "contended order:1", store.gone + " order:1", store.gone + " order:0"}
+			waitFor(t, "the events", func() bool { return len(events(t, out.String())) >= len(want) })
+			for range 2 {
+				if code := <-done; code != exitOK {
+					t.Fatalf("watch: exit %d", code)
+				}
+			}
+			if got := events(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			if store.first != nil {
+				var first event
+				_ = json.Unmarshal([]byte(strings.SplitN(out.String(), "\n", 2)[0]), &first)
+				store.first(t, first, lease)
+			}
+			lines := text.String()
+			if !strings.Contains(lines, watching) ||
+				!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)+store.ttl) || strings.Contains(lines, "owner=") {
+				t.Errorf("watch lines:\n%s", lines)
 			}
 		})
 	}

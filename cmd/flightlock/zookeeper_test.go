@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -156,66 +154,6 @@ func TestZookeeperCommands(t *testing.T) {
 	}
 	if code, _, errs = cli(t, nil, "-f", file, "-yes", "unlock", "order:alice"); code != exitError || !strings.Contains(errs, "not held") {
 		t.Errorf("unlock of a free key: exit %d: %s", code, errs)
-	}
-}
-
-// TestZookeeperWatch follows locks through acquisition, contention (another process refused)
-// and release by polling ZooKeeper, leaving out a key the pattern does not match; -for ends it.
-func TestZookeeperWatch(t *testing.T) {
-	srv := zktest.Start(t)
-	ctx := context.Background()
-	holder, _ := zkLocker(t, srv.Addr)
-	other, _ := zkLocker(t, srv.Addr)
-	before, err := holder.Lock(ctx, "order:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out, text syncBuffer
-	done := make(chan int, 2)
-	args := []string{"-zookeeper", srv.Addr, "-interval", "100ms", "-for", "5s", "watch", "order:*"}
-	go func() {
-		done <- run(ctx, append([]string{"-o", "json"}, args...), strings.NewReader(""), &out, io.Discard)
-	}()
-	go func() { done <- run(ctx, args, strings.NewReader(""), &text, io.Discard) }()
-	waitFor(t, "watch to start", func() bool { return strings.Contains(text.String(), "1 held") })
-	time.Sleep(300 * time.Millisecond) // the JSON one too
-
-	lease, err := holder.Lock(ctx, "order:1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond) // a poll between each change
-	if _, err := other.TryLock(ctx, "order:1"); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a second owner on a held lock: %v, want ErrBusy", err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
-	if err := before.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	acct, err := holder.Lock(ctx, "acct:1") // not matched: never reported
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = acct.Release(ctx)
-
-	want := []string{"acquired order:1", "contended order:1", "gone order:1", "gone order:0"}
-	waitFor(t, "the events", func() bool { return len(events(t, out.String())) >= len(want) })
-	for range 2 {
-		if code := <-done; code != exitOK {
-			t.Fatalf("watch: exit %d", code)
-		}
-	}
-	if got := events(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
-	lines := text.String()
-	if !strings.Contains(lines, "watching lock:order:* on zookeeper "+srv.Addr+" under /flightlock (polling every 100ms); 1 held") ||
-		!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)+" ttl=session") || strings.Contains(lines, "owner=") {
-		t.Errorf("watch lines:\n%s", lines)
 	}
 }
 
