@@ -4,16 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
+	"github.com/flightlock/flightlock/zkstore"
 )
 
 // storeServer is a store the CLI is run against: started for one test, with a Locker of its
@@ -330,6 +334,273 @@ func TestWatchFollowsLocksOnEveryStore(t *testing.T) {
 			if !strings.Contains(lines, watching) ||
 				!strings.Contains(lines, "acquired  order:1 fence="+strconv.FormatInt(lease.Fence(), 10)+store.ttl) || strings.Contains(lines, "owner=") {
 				t.Errorf("watch lines:\n%s", lines)
+			}
+		})
+	}
+}
+
+// commandsStore is a store with the locks of a service's processes, for ls, show and unlock.
+type commandsStore struct {
+	file            string // the service's YAML, with a Lock section that names this store only
+	holder, waiter  *flightlock.Locker
+	key             string                             // where order:alice is held: etcd key or znode
+	noMatch         string                             // what ls of stock:* says
+	owner           func() string                      // the holder's owner token; nil: none to read
+	marked, held    func(ctx context.Context) bool     // order:alice's waiter mark; order:alice
+	lsLock          func(t *testing.T, l lockInfo)     // the store's own fields of order:alice in ls -o json
+	tableHas        []string                           // more in ls's table of order:*
+	showJSON        func(t *testing.T, shown lockInfo) // checks of show -o json; nil: not run
+	showLabel       string                             // the name of the key's line in show
+	showHas         []string                           // more in show's table
+	markGoneChecked bool                               // after the unlock, marked is checked false
+}
+
+// TestLsShowUnlockOnEveryStore takes locks with the store's package and flightlock, then runs
+// ls, show and unlock on them from the service's YAML, on etcd and on ZooKeeper: the locks
+// with their keys (etcd key or znode), fences, holders and waiter marks, never the owner
+// token (on etcd, where it can be read, its text is looked for in every output), a TTL on
+// etcd's lease and none on ZooKeeper (a hold lives with its session); ls's globs and limit;
+// show's details and the refusal of a free key; unlock removes nothing unconfirmed, then the
+// key and its mark, and the waiter of another process gets the lock (with a higher fence)
+// while the holder still runs; a second unlock finds nothing held.
+func TestLsShowUnlockOnEveryStore(t *testing.T) {
+	const lease5s = 6_000 // the 5s TTL of etcdLocker plus the 1s margin, in ms
+	stores := []struct {
+		name  string
+		start func(t *testing.T, ctx context.Context, fence func() int64) commandsStore
+	}{
+		{name: storeEtcd, start: func(t *testing.T, ctx context.Context, fence func() int64) commandsStore {
+			c := etcdtest.Start(t)
+			ecli := c.Client(t)
+			const full = "flightlock/lock:order:alice"
+			count := func(key string) int {
+				resp, err := ecli.Get(ctx, key)
+				if err != nil {
+					return -1
+				}
+				return len(resp.Kvs)
+			}
+			return commandsStore{
+				file:    writeFile(t, "svc.yaml", fmt.Sprintf("Name: svc\nLock:\n  Etcd: {Hosts: [%q]}\n  Rules: []\n", c.Endpoints()[0])),
+				holder:  etcdLocker(t, c),
+				waiter:  etcdLocker(t, c, flightlock.WithWait(time.Minute)),
+				key:     full,
+				noMatch: "no lock held matches flightlock/lock:stock:*",
+				owner:   func() string { return ownerOf(t, ecli, full) },
+				marked:  func(context.Context) bool { return count(etcdstore.WaiterKey(full)) == 1 },
+				held:    func(context.Context) bool { return count(full) == 1 },
+				lsLock: func(t *testing.T, l lockInfo) {
+					if l.Store != storeEtcd || l.EtcdKey != full || l.Owner != "" {
+						t.Errorf("store %q key %q owner %q, want etcd, %s, no owner", l.Store, l.EtcdKey, l.Owner, full)
+					}
+					if l.TTLMillis <= 0 || l.TTLMillis > lease5s || l.Lease == "" {
+						t.Errorf("ttl %dms on lease %q, want within the 5s TTL plus the 1s margin", l.TTLMillis, l.Lease)
+					}
+					if l.Waiters != 0 {
+						t.Errorf("waiters %d: want the waiter mark, no count", l.Waiters)
+					}
+				},
+				// show: the revision unlock compares, the lease, the fence floor key.
+				showJSON: func(t *testing.T, shown lockInfo) {
+					resp, err := ecli.Get(ctx, full)
+					if err != nil {
+						t.Fatal(err)
+					}
+					kv := resp.Kvs[0]
+					if shown.Fence != fence() || shown.ModRevision != kv.ModRevision || shown.CreateRevision != kv.CreateRevision ||
+						shown.Lease != strconv.FormatInt(kv.Lease, 16) || shown.FenceCounterKey != etcdstore.FloorKey(full) || shown.FenceCounter != nil || !shown.Contended {
+						t.Errorf("show: %+v; want the key's revisions %d/%d, lease %x, fence %d, no floor, the mark", shown, kv.CreateRevision, kv.ModRevision, kv.Lease, fence())
+					}
+				},
+				showLabel:       "etcd key",
+				showHas:         []string{"owner"},
+				markGoneChecked: true,
+			}
+		}},
+		{name: storeZookeeper, start: func(t *testing.T, ctx context.Context, fence func() int64) commandsStore {
+			srv := zktest.Start(t)
+			const node = "/flightlock/lock:order:alice"
+			holder, store := zkLocker(t, srv.Addr)
+			waiter, _ := zkLocker(t, srv.Addr, flightlock.WithWait(time.Minute))
+			in := zkstore.NewInspector(store, "lock:")
+			return commandsStore{
+				file:    writeFile(t, "svc.yaml", "Name: svc\nLock:\n  Zookeeper: {Hosts: ['"+srv.Addr+"'], SessionTimeout: 10s}\n  TTL: 3s\n  Rules: []\n"),
+				holder:  holder,
+				waiter:  waiter,
+				key:     node,
+				noMatch: "no lock held matches lock:stock:* on zookeeper " + srv.Addr + " under /flightlock",
+				marked: func(ctx context.Context) bool {
+					l, err := in.Lookup(ctx, "order:alice")
+					return err == nil && l.Contended
+				},
+				held: func(ctx context.Context) bool {
+					_, err := in.Lookup(ctx, "order:alice")
+					return err == nil
+				},
+				lsLock: func(t *testing.T, l lockInfo) {
+					if l.Store != storeZookeeper || l.ZNode != node || l.Owner != "" {
+						t.Errorf("store %q node %q owner %q, want zookeeper, %s, no owner", l.Store, l.ZNode, l.Owner, node)
+					}
+					if l.TTLMillis != -1 {
+						t.Errorf("ttl %dms, want -1: a hold lives as long as its session", l.TTLMillis)
+					}
+				},
+				tableHas:  []string{"session"},
+				showLabel: "znode",
+				showHas:   []string{"ZooKeeper session"},
+			}
+		}},
+	}
+	for _, store := range stores {
+		t.Run(store.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var lease *flightlock.Lease
+			s := store.start(t, ctx, func() int64 { return lease.Fence() })
+			var err error
+			if lease, err = s.holder.Lock(ctx, "order:alice"); err != nil {
+				t.Fatal(err)
+			}
+			other, err := s.holder.Lock(ctx, "acct:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = other.Release(ctx) }()
+			noOwner := func(what, out string) {}
+			if s.owner != nil {
+				owner := s.owner()
+				noOwner = func(what, out string) {
+					t.Helper()
+					if strings.Contains(out, owner) || strings.Contains(out, owner[:8]) {
+						t.Errorf("%s printed the owner token %s:\n%s", what, owner, out)
+					}
+				}
+			}
+
+			// A waiter in another process: refused, it sets the waiter mark and watches the key.
+			waiterGot := make(chan *flightlock.Lease, 1)
+			go func() {
+				l, err := s.waiter.Lock(ctx, "order:alice")
+				if err != nil {
+					t.Errorf("waiter: %v", err)
+				}
+				waiterGot <- l
+			}()
+			waitFor(t, "the waiter's mark", func() bool { return s.marked(ctx) })
+
+			// ls -o json: both locks, with key, fence, holder, waiter mark, and no owner field.
+			code, out, errs := cli(t, nil, "-f", s.file, "ls", "-o", "json")
+			if code != exitOK {
+				t.Fatalf("ls: exit %d: %s", code, errs)
+			}
+			noOwner("ls -o json", out)
+			if strings.Contains(out, `"owner"`) || strings.Contains(out, `"redis_key"`) {
+				t.Errorf("ls -o json has owner or redis_key fields:\n%s", out)
+			}
+			var locks []lockInfo
+			if err := json.Unmarshal([]byte(out), &locks); err != nil {
+				t.Fatalf("ls -o json: %v\n%s", err, out)
+			}
+			if len(locks) != 2 || locks[0].Key != "acct:1" || locks[1].Key != "order:alice" {
+				t.Fatalf("ls: %+v, want acct:1 and order:alice", locks)
+			}
+			l := locks[1]
+			s.lsLock(t, l)
+			if l.Fence != lease.Fence() || !l.Own || len(l.Reentries) != 0 {
+				t.Errorf("fence %d own %v reentries %v, want the lease's fence %d and the own hold only", l.Fence, l.Own, l.Reentries, lease.Fence())
+			}
+			if l.Host != "h1" || l.Pid != "42" {
+				t.Errorf("holder host=%q pid=%q, want h1 42", l.Host, l.Pid)
+			}
+			if !l.Contended || locks[0].Contended {
+				t.Errorf("contended %v and %v, want order:alice's mark only", l.Contended, locks[0].Contended)
+			}
+
+			// Tables, with the glob on the rendered key.
+			code, out, _ = cli(t, nil, "-f", s.file, "ls", "order:*")
+			noOwner("ls table", out)
+			if code != exitOK || !strings.Contains(out, "order:alice") || strings.Contains(out, "acct:1") ||
+				!strings.Contains(out, "refused") || !strings.Contains(out, "pid=42") || !strings.Contains(out, strconv.FormatInt(l.Fence, 10)) {
+				t.Errorf("ls order:* table: exit %d:\n%s", code, out)
+			}
+			for _, has := range s.tableHas {
+				if !strings.Contains(out, has) {
+					t.Errorf("ls order:* table has no %q:\n%s", has, out)
+				}
+			}
+			if code, out, _ = cli(t, nil, "-f", s.file, "ls", "acct:?"); code != exitOK || !strings.Contains(out, "acct:1") || strings.Contains(out, "order:alice") {
+				t.Errorf("ls acct:? table: exit %d:\n%s", code, out)
+			}
+			if code, out, _ = cli(t, nil, "-f", s.file, "ls", "stock:*"); code != exitOK || !strings.Contains(out, s.noMatch) {
+				t.Errorf("ls of a pattern with no lock: exit %d: %s", code, out)
+			}
+			if code, out, _ = cli(t, nil, "-f", s.file, "ls", "-limit", "1"); code != exitOK || !strings.Contains(out, "acct:1") || !strings.Contains(out, "and 1 more") {
+				t.Errorf("ls -limit 1: exit %d:\n%s", code, out)
+			}
+
+			if s.showJSON != nil {
+				code, out, errs = cli(t, nil, "-f", s.file, "show", "order:alice", "-o", "json")
+				noOwner("show -o json", out)
+				var shown lockInfo
+				if code != exitOK || json.Unmarshal([]byte(out), &shown) != nil {
+					t.Fatalf("show: exit %d: %s %s", code, out, errs)
+				}
+				s.showJSON(t, shown)
+			}
+			code, out, _ = cli(t, nil, "-f", s.file, "show", "order:alice")
+			noOwner("show", out)
+			if code != exitOK || !regexp.MustCompile(`(?m)^`+s.showLabel+` +`+s.key+`$`).MatchString(out) || !strings.Contains(out, "waiter mark set") ||
+				!strings.Contains(out, "not shown") {
+				t.Errorf("show table: exit %d:\n%s", code, out)
+			}
+			for _, has := range s.showHas {
+				if !strings.Contains(out, has) {
+					t.Errorf("show table has no %q:\n%s", has, out)
+				}
+			}
+			if code, _, errs = cli(t, nil, "-f", s.file, "show", "order:bob"); code != exitError || !strings.Contains(errs, "not held") {
+				t.Errorf("show of a free key: exit %d: %s", code, errs)
+			}
+
+			// unlock, not confirmed: nothing removed.
+			code, _, errs = cli(t, strings.NewReader("n\n"), "-f", s.file, "unlock", "order:alice")
+			noOwner("unlock's prompt", errs)
+			if code != exitError || !strings.Contains(errs, "not confirmed") || !strings.Contains(errs, "Force-release "+s.key+"?") {
+				t.Fatalf("unlock answered n: exit %d: %s", code, errs)
+			}
+			if !s.held(ctx) {
+				t.Fatal("unlock answered n removed the lock")
+			}
+			// -yes: the key and its mark go, and the waiter gets the lock while the holder
+			// still holds its lease (it learns of the loss at its next refresh).
+			code, out, errs = cli(t, nil, "-f", s.file, "-yes", "unlock", "order:alice")
+			noOwner("unlock", out+errs)
+			if code != exitOK || !strings.Contains(out, "removed "+s.key+": fence "+strconv.FormatInt(lease.Fence(), 10)) ||
+				!strings.Contains(out, "deleted its waiter mark") {
+				t.Fatalf("unlock -yes: exit %d:\n%s%s", code, out, errs)
+			}
+			select {
+			case got := <-waiterGot:
+				if got == nil {
+					t.Fatal("the waiter got no lease")
+				}
+				if got.Fence() <= lease.Fence() {
+					t.Errorf("the waiter's fence %d is not above the removed holder's %d", got.Fence(), lease.Fence())
+				}
+				if err := got.Release(ctx); err != nil {
+					t.Errorf("waiter release: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter was not woken by the unlock")
+			}
+			if err := lease.Release(ctx); err == nil {
+				t.Error("the removed holder's release succeeded")
+			}
+			if s.markGoneChecked && s.marked(ctx) {
+				t.Error("the waiter mark is still there")
+			}
+			if code, _, errs = cli(t, nil, "-f", s.file, "-yes", "unlock", "order:alice"); code != exitError || !strings.Contains(errs, "not held") {
+				t.Errorf("unlock of a free key: exit %d: %s", code, errs)
 			}
 		})
 	}
