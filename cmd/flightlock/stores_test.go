@@ -97,25 +97,70 @@ func TestUnlockRemovesOnlyTheGrantItShowedOnEveryStore(t *testing.T) {
 // store, the key prefix, and the settings of the store chosen; or an error.
 type resolveCase struct {
 	name, content string
+	file          string // the file's name; x.yaml if empty
 	o             options
 	store, hosts  string // want
 	prefix        string // the whole key prefix: Etcd.Key + Prefix on etcd
 	user, pass    string // etcd's
 	root          string // ZooKeeper's
 	session       time.Duration
+	host, typ     string // Redis's
 	err           string
 }
 
-// TestResolveTargetReadsEachStoresSection: which store a Lock section and the flags choose,
-// and, for etcd and for ZooKeeper, the settings of that store they give (hosts and account on
-// etcd; hosts, root and session timeout on ZooKeeper), checked when that store is the one
-// chosen.
+// TestResolveTargetReadsEachStoresSection: which store a Lock section (found in a YAML or
+// JSON file, with its keys in any case and the environment expanded) and the flags choose,
+// and, for Redis, etcd and ZooKeeper, the settings of that store they give (host, prefix and
+// type on Redis; hosts and account on etcd; hosts, root and session timeout on ZooKeeper),
+// checked when that store is the one chosen; or the error, naming what is wrong.
 func TestResolveTargetReadsEachStoresSection(t *testing.T) {
+	t.Setenv("FLIGHTLOCK_TEST_HOST", "10.0.0.9:6379")
 	stores := []struct {
 		name     string
 		cases    []resolveCase
 		settings func(t *testing.T, got target, c resolveCase) // of the target on this store
 	}{
+		{name: storeRedis, cases: []resolveCase{
+			{name: "top-level Lock with defaults", file: "a.yaml", content: "Name: x\nLock:\n  Redis: {Host: 'r:1'}\n",
+				store: "redis", host: "r:1", prefix: "lock:", typ: "node"},
+			{name: "keys in any case, env expanded", file: "a.yaml",
+				content: "lock:\n  redis: {host: '${FLIGHTLOCK_TEST_HOST}', type: Cluster}\n  prefix: 'l:'\n",
+				store:   "redis", host: "10.0.0.9:6379", prefix: "l:", typ: "cluster"},
+			{name: "several sections on one Redis", file: "a.yaml",
+				content: "Order:\n  Lock: {Redis: {Host: 'r:1'}}\nBalance:\n  Lock: {Redis: {Host: 'r:1'}}\n",
+				store:   "redis", host: "r:1", prefix: "lock:", typ: "node"},
+			{name: "several sections on different Redis", file: "a.yaml",
+				content: "Order:\n  Lock: {Redis: {Host: 'r:1'}}\nBalance:\n  Lock: {Redis: {Host: 'r:2'}}\n",
+				err:     "choose one with -lock"},
+			{name: "-lock chooses", file: "a.yaml", o: options{section: "balance.lock"},
+				content: "Order:\n  Lock: {Redis: {Host: 'r:1'}}\nBalance:\n  Lock: {Redis: {Host: 'r:2'}, Prefix: 'b:'}\n",
+				store:   "redis", host: "r:2", prefix: "b:", typ: "node"},
+			{name: "-lock names no section", file: "a.yaml", o: options{section: "Nope.Lock"},
+				content: "Order:\n  Lock: {Redis: {Host: 'r:1'}}\n", err: "has no Lock section Nope.Lock; it has Order.Lock"},
+			{name: "Lock without Redis: embedded", file: "a.yaml",
+				content: "Redis: {Host: 'shared:6379'}\nOrder:\n  Lock: {Rules: []}\n",
+				err:     "pass -addr shared:6379"},
+			{name: "Lock without any store names both", file: "a.yaml",
+				content: "Order:\n  Lock: {Rules: []}\n",
+				err:     "Order.Lock names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts"},
+			{name: "Lock on etcd read in Redis lacks a Redis only", file: "a.yaml", o: options{store: "redis"},
+				content: "Order:\n  Lock: {Etcd: {Hosts: ['e:1']}}\n",
+				err:     "Order.Lock.Redis has no Host: that service"},
+			{name: "Lock without Redis, -addr given", file: "a.yaml", o: options{addr: "x:2"},
+				content: "Order:\n  Lock: {Prefix: 'o:'}\n", store: "redis", host: "x:2", prefix: "o:", typ: "node"},
+			{name: "flags override the file", file: "a.yaml", o: options{addr: "x:3", prefix: "p:", typ: "CLUSTER"},
+				content: "Lock: {Redis: {Host: 'r:1'}}\n", store: "redis", host: "x:3", prefix: "p:", typ: "cluster"},
+			{name: "no Lock section", file: "a.yaml", content: "Name: x\n", err: "has no Lock section"},
+			{name: "bad YAML", file: "a.yaml", content: "Lock: [\n", err: "a.yaml"},
+			{name: "JSON", file: "a.json", content: `{"Lock": {"Redis": {"Host": "j:1"}}}`, store: "redis", host: "j:1", prefix: "lock:", typ: "node"},
+			{name: "TOML", file: "a.toml", content: "[Lock]\n", err: "only YAML and JSON"},
+			{name: "bad type", file: "a.yaml", content: "Lock: {Redis: {Host: 'r:1', Type: sentinel}}\n", err: "Lock.Redis.Type: must be one of node, cluster"},
+			{name: "no file", o: options{addr: "a:1"}, store: "redis", host: "a:1", prefix: "lock:", typ: "node"},
+		}, settings: func(t *testing.T, got target, c resolveCase) {
+			if got.redis.Host != c.host || got.prefix != c.prefix || got.redis.Type != c.typ {
+				t.Errorf("host %q prefix %q type %q, want %q %q %q", got.redis.Host, got.prefix, got.redis.Type, c.host, c.prefix, c.typ)
+			}
+		}},
 		{name: storeEtcd, cases: []resolveCase{
 			{name: "etcd only", content: "Lock:\n  Etcd: {Hosts: ['e:1', 'e:2']}\n", store: "etcd", hosts: "e:1,e:2", prefix: "flightlock/lock:"},
 			{name: "etcd with key, prefix, account", content: "Lock:\n  Etcd: {Hosts: ['e:1'], Key: 'k/', User: u, Pass: p}\n  Prefix: 'p:'\n",
@@ -173,7 +218,10 @@ func TestResolveTargetReadsEachStoresSection(t *testing.T) {
 			for _, c := range store.cases {
 				t.Run(c.name, func(t *testing.T) {
 					o := c.o
-					if c.content != "" {
+					switch {
+					case c.file != "":
+						o.file = writeFile(t, c.file, c.content)
+					case c.content != "":
 						o.file = writeFile(t, "x.yaml", c.content)
 					}
 					got, err := resolveTarget(o)
