@@ -1,11 +1,13 @@
 package zkstore
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/poll"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -38,4 +40,25 @@ func mustLocker(t testing.TB, s lockstore.Store, opts ...flightlock.Option) *fli
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
 	poll.Until(t, within, 10*time.Millisecond, what, cond)
+}
+
+// forcedOut returns two stores (processes) of one new server, after a's lock of "k" (owner
+// "ownerX") was forced out by an operator through b's inspector: a still thinks it holds it.
+func forcedOut(t *testing.T) (a, b *Store) {
+	t.Helper()
+	srv := zktest.Start(t)
+	a, b = dial(t, srv.Addr), dial(t, srv.Addr)
+	ctx := context.Background()
+	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerX", TTL: 2 * time.Second}); err != nil || !r.Acquired {
+		t.Fatal(r, err)
+	}
+	in := NewInspector(b, "")
+	l, err := in.Lookup(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.ForceUnlock(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
 }

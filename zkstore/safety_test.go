@@ -17,20 +17,8 @@ import (
 // A holder forced out by an operator is told so at its next renewal, also when another owner
 // took the key meanwhile: a renewal checks the holder's own hold, not any hold of the key.
 func TestRefreshOfAHolderForcedOutIsNotHeld(t *testing.T) {
-	srv := zktest.Start(t)
-	a, b := dial(t, srv.Addr), dial(t, srv.Addr)
+	a, b := forcedOut(t)
 	ctx := context.Background()
-	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerX", TTL: 2 * time.Second}); err != nil || !r.Acquired {
-		t.Fatal(r, err)
-	}
-	in := NewInspector(b, "")
-	l, err := in.Lookup(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.ForceUnlock(ctx, l); err != nil {
-		t.Fatal(err)
-	}
 	if r, err := b.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerY", TTL: 2 * time.Second}); err != nil || !r.Acquired {
 		t.Fatal(r, err)
 	}

@@ -396,20 +396,8 @@ func TestHolderKeepsItsLockWhenItsServerDies(t *testing.T) {
 // A RefreshAll whose multi fails (one lock's hold is gone) while another lock of the batch was
 // refused before the multi (this store holds it not) returns, with ErrNotHeld for both.
 func TestRefreshAllWithAnUnheldLockAndAGoneHoldReturns(t *testing.T) {
-	srv := zktest.Start(t)
-	a, b := dial(t, srv.Addr), dial(t, srv.Addr)
+	a, _ := forcedOut(t)
 	ctx := context.Background()
-	if r, err := a.Acquire(ctx, lockstore.Request{Key: "k", Owner: "ownerX", TTL: 2 * time.Second}); err != nil || !r.Acquired {
-		t.Fatal(r, err)
-	}
-	in := NewInspector(b, "")
-	l, err := in.Lookup(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := in.ForceUnlock(ctx, l); err != nil {
-		t.Fatal(err)
-	}
 	batch := []lockstore.Renewal{{Key: "never", Owner: "ownerZ", TTL: 2 * time.Second}, {Key: "k", Owner: "ownerX", TTL: 2 * time.Second}}
 	done := make(chan []error, 1)
 	go func() { done <- a.RefreshAll(ctx, batch) }()
