@@ -756,3 +756,13 @@ func (r *storeResults) dupsSection(p printer, c *config, title string) {
 	}
 	p("")
 }
+
+// howItWasRun opens a store report's "How it was run" section with the command that made it.
+func howItWasRun(p printer, c *config) {
+	p("## How it was run")
+	p("")
+	p("```")
+	p("cd bench && %s", c.cmdline)
+	p("```")
+	p("")
+}
