@@ -17,6 +17,7 @@ import (
 type keeper struct {
 	store   lockstore.Store
 	passer  lockstore.Passer // the store, when it can keep a lock at the end of a turn; nil otherwise
+	shared  bool             // the store's watches of a key share one subscription (Capabilities)
 	gate    *gate
 	wd      *watchdog // shared like the gate, unless a derived Locker runs on another clock
 	clock   clock
@@ -37,7 +38,7 @@ func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keepe
 	// grant, a TTL later, draws at least the server time in microseconds, which stays above
 	// them while n is below the TTL's microseconds (docs/guarantees.md, Fences).
 	handoff := min(cfg.handoff, max(int(cfg.ttl/time.Microsecond)-1, 0), maxHandoffRun)
-	return &keeper{store: store, passer: passer, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
+	return &keeper{store: store, passer: passer, shared: store.Capabilities().SharedWatch, gate: g, wd: wd, clock: cfg.clock, ttl: cfg.ttl, maxHold: cfg.maxHold,
 		handoff: handoff, window: cfg.window, observe: cfg.observer,
 		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
 }

@@ -243,7 +243,7 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 // watchFresh watches the permits on a store that shares watches, and reports a fresh one.
 func (pt *permitTaker) watchFresh() bool {
 	l := pt.l
-	if pt.watches != nil || !l.k.store.Capabilities().SharedWatch {
+	if pt.watches != nil || !l.k.shared {
 		return false
 	}
 	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline) // subscribing waits for the store
