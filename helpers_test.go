@@ -233,3 +233,13 @@ func (h *hold) isLost() bool {
 	defer h.mu.Unlock()
 	return h.has(holdLost)
 }
+
+// queued is how many goroutines wait in the gate for key (a store key, prefix included).
+func (l *Locker) queued(key string) int {
+	l.k.gate.mu.Lock()
+	defer l.k.gate.mu.Unlock()
+	if e := l.k.gate.entries[key]; e != nil {
+		return e.queued()
+	}
+	return 0
+}

@@ -71,6 +71,7 @@ const (
 	holdLost                            // the lock can no longer be trusted
 	holdAbandoned                       // lost and past its expiry: the grant was ended without its leases
 	holdShared                          // the owner token left this lease (Lease.Owner): never handed off
+	holdReaders                         // the current grant is shared by readers of this process (gate.enterRead)
 )
 
 // has, set and unset read and write flags; h.mu must be held.
@@ -208,6 +209,7 @@ func (h *hold) nextGrant() bool {
 	}
 	h.fence++
 	h.set(holdHanded)
+	h.unset(holdReaders)
 	h.live = 1
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold) // MaxHold counts per grant
 	return true
@@ -225,7 +227,7 @@ func (h *hold) restart(sent time.Time, fence int64) bool {
 	h.unset(holdStopped)
 	h.acquired = at
 	h.fence = fence
-	h.unset(holdHanded)
+	h.unset(holdHanded | holdReaders)
 	h.live = 1
 	h.beginLocked(at)
 	return true
@@ -253,6 +255,20 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 	}
 	h.live++
 	return h.fence, h.siteLocked(), true
+}
+
+// joinReaders counts one more lease of a readers' grant (holdReaders) while new readers may
+// join it: the grant is live, the hold handable, and its turn began less than window ago, so
+// that a writer elsewhere waits for one window of this process's readers at most.
+func (h *hold) joinReaders(window time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.has(holdReaders) || h.live == 0 || h.has(holdStopped|holdLost|holdShared) ||
+		h.k.sinceInstant(h.acquired) >= window || h.k.untilInstant(h.validUntil) <= h.k.ttl/3 {
+		return false
+	}
+	h.live++
+	return true
 }
 
 // done counts a lease released and reports whether it was the grant's last (none if abandoned).

@@ -55,6 +55,7 @@ type Lease struct {
 	kind     Grant
 	ended    endCause // guarded by h.mu: before made, the first end of the lease; endNone while it lives
 	released bool     // guarded by h.mu
+	read     bool     // a read lease of a write hold (a readers' grant in the gate); set once
 	made     atomic.Bool
 	fence    int64
 
@@ -71,10 +72,18 @@ type Lease struct {
 }
 
 func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
-	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent), site: site}
+	return newLeaseOf(parent, h, kind, fence, site, false)
+}
+
+// newLeaseOf is newLease; read makes it a read lease of a write hold.
+func newLeaseOf(parent context.Context, h *hold, kind Grant, fence int64, site uintptr, read bool) *Lease {
+	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent), site: site, read: read}
 	h.attach(lease)
 	return lease
 }
+
+// reads reports whether x is a read lock: of a read hold, or of a readers' grant.
+func (x *Lease) reads() bool { return x.read || x.h.reads() }
 
 // Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
@@ -95,7 +104,7 @@ func (x *Lease) Owner() string {
 func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
-	if x.released || x.h.reads() {
+	if x.released || x.reads() {
 		return "", 0, false
 	}
 	x.h.set(holdShared) // while x is live, its grant is current: it cannot have been handed off

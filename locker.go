@@ -184,11 +184,8 @@ func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error
 
 // take takes key, or one of its permits; callerUp is how far up the exported method's caller is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	switch {
-	case l.cfg.permits > 1:
+	if l.cfg.permits > 1 {
 		return l.lockPermit(ctx, key, l.cfg.permits, wait, start, callerUp+1)
-	case l.cfg.read || l.cfg.fair:
-		return l.lockDirect(ctx, key, wait, start, callerUp+1)
 	}
 	rkey, err := l.storeKey(key)
 	if err != nil {
@@ -209,7 +206,7 @@ const siteHandoff uintptr = 1
 
 // lockSince is lock of rkey for a wait that began at start (zero: now; one budget covers a
 // LockAll's keys) and ends by until when set (a semaphore's turn); in Reject mode until cuts
-// each store call, and no clock is read. callerUp is as in take.
+// each store call, and no clock is read but a fair Lock's. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -217,11 +214,11 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	if lease, err, done := l.reenterHeld(ctx, rkey); done {
 		return lease, err
 	}
+	if start.IsZero() && (wait || l.cfg.fair) {
+		start = time.Now()
+	}
 	b := budget{parent: ctx}
 	if wait {
-		if start.IsZero() {
-			start = time.Now()
-		}
 		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 		if !until.IsZero() && until.Before(b.deadline) {
 			b.deadline = until
@@ -231,12 +228,19 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	defer b.stop()
 	if o, ok := handover.Lookup(ctx, rkey); ok {
+		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
+		// wait for the write it runs under.
 		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
 			return lease, err
 		}
 		// The token holds nothing: it grants nothing, and we lock as a new owner.
 	}
-
+	switch {
+	case l.cfg.fair:
+		return l.lockFair(ctx, &b, rkey, wait, start, callerUp+1)
+	case l.cfg.read:
+		return l.lockRead(ctx, &b, rkey, wait, callerUp+1)
+	}
 	e, h, err := l.k.gate.enter(&b, rkey, wait)
 	if err != nil {
 		if err == ErrClosed {
@@ -244,6 +248,13 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		}
 		return nil, l.busy(ctx, err)
 	}
+	return l.inSlot(ctx, &b, rkey, e, h, false, callerUp+1)
+}
+
+// inSlot makes the lease of a caller that owns rkey's gate slot e: on h, granted with the slot,
+// or on the store lock it acquires when h is nil. A reader's is a read lease of its readers'
+// grant (gate.enterRead). callerUp is as in take.
+func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntry, h *hold, read bool, callerUp int) (_ *Lease, err error) {
 	if closing := l.k.gate.closed.Load(); closing || b.spent() {
 		return nil, l.passSlotOn(ctx, rkey, e, h, closing)
 	}
@@ -251,7 +262,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	if h == nil {
 		grant = GrantStore
 		owner := newOwnerToken()
-		h, err = l.acquire(ctx, &b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
+		h, err = l.acquire(ctx, b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
 			// The store is unreachable and the caller chose to go on: hold the gate slot only.
 			h, err = newLocalHold(l.k, rkey, owner), nil
@@ -260,7 +271,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 			l.k.gate.leave(rkey, e, false)
 			return nil, err
 		}
-		l.k.gate.setHold(e, h)
+		l.k.gate.setHold(e, h, read)
 	}
 	site := siteHandoff
 	if grant == GrantStore {
@@ -270,7 +281,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	if grant == GrantHandoff && first {
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence, site), nil
+	return newLeaseOf(ctx, h, grant, fence, site, read), nil
 }
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
@@ -296,7 +307,7 @@ func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, er
 	if parent == nil {
 		return nil, nil, false
 	}
-	if parent.h.reads() && !l.cfg.read {
+	if parent.reads() && !l.cfg.read {
 		return nil, upgradeError(rkey), true
 	}
 	lease, err = l.reenter(ctx, parent)
@@ -308,7 +319,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site), nil
+	return newLeaseOf(ctx, parent.h, GrantReentry, parent.fence, parent.site, parent.read), nil
 }
 
 // lockHanded re-enters the lock that owner, handed over by an upstream call, holds: by joining

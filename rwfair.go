@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/handover"
-	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -53,56 +51,51 @@ var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the ke
 // a misconfiguration, which no retry mends.
 func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
-// lockDirect takes a read or fair lock with a store hold of its own, outside the gate, which
-// would put local readers in single file and reorder fair waiters. Drain waits for it.
-func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	rkey, err := l.storeKey(key)
-	if err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if lease, err, done := l.reenterHeld(ctx, rkey); done {
-		return lease, err
-	}
-	// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
-	// wait for the write it runs under.
-	if o, ok := handover.Lookup(ctx, rkey); ok {
-		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-			return lease, err
-		}
-	}
-	if l.k.gate.closed.Load() {
-		return nil, ErrClosed
-	}
-	if start.IsZero() && (wait || l.cfg.fair) {
-		start = time.Now()
-	}
-	b := budget{parent: ctx}
+// lockFair takes a fair lock with a store hold of its own, outside the gate, which would
+// reorder fair waiters. callerUp is as in take.
+func (l *Locker) lockFair(ctx context.Context, b *budget, rkey string, wait bool, asked time.Time, callerUp int) (*Lease, error) {
+	var fw *fairWaiter
 	if wait {
-		b.start, b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
+		fw = l.k.gate.joinFair(rkey, asked)
+		defer l.k.gate.leaveFair(rkey, fw)
 	}
-	defer b.stop()
-	if l.cfg.read {
-		lease, land, err := l.joinOrLeadRead(ctx, &b, rkey, wait)
+	return l.lockOutside(ctx, b, rkey, newOwnerToken(), asked, fw, callerUp+1)
+}
+
+// lockRead takes a read lock. While a goroutine of this process owns the key's gate slot (a
+// writer, or readers sharing its hold), the gate arbitrates: readers share the slot's write
+// hold and queue behind writers, with no store command. Otherwise the process's readers share
+// one store read hold, outside the gate, which would put them in single file.
+func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool, callerUp int) (*Lease, error) {
+	g := l.k.gate
+	for {
+		e, h, joined, err := g.enterRead(b, rkey, wait, l.k.window)
+		switch {
+		case err == ErrClosed:
+			return nil, err
+		case err != nil:
+			return nil, l.busy(ctx, err)
+		case joined:
+			return newLeaseOf(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
+		case e != nil:
+			return l.inSlot(ctx, b, rkey, e, h, true, callerUp+1)
+		}
+		lease, land, err := l.joinOrLeadRead(ctx, b, rkey, wait)
 		if lease != nil || err != nil {
 			return lease, err
 		}
-		defer land()
+		if land != nil {
+			defer land()
+			return l.lockOutside(ctx, b, rkey, lockstore.ReadOwner(newOwnerToken()), time.Time{}, nil, callerUp+1)
+		}
 	}
-	owner := newOwnerToken()
-	if l.cfg.read {
-		owner = lockstore.ReadOwner(owner)
-	}
-	var asked time.Time // zero: not fair
-	if l.cfg.fair {
-		asked = start
-	}
-	var fw *fairWaiter
-	if l.cfg.fair && wait {
-		fw = l.k.gate.joinFair(rkey, asked)
-		defer l.k.gate.leaveFair(rkey, fw)
+}
+
+// lockOutside takes a read or fair lock's store hold of its own, outside the gate; Drain waits
+// for it. A read hold becomes the one the process's new readers join (shareRead).
+func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, fw *fairWaiter, callerUp int) (*Lease, error) {
+	if l.k.gate.closed.Load() {
+		return nil, ErrClosed
 	}
 	l.k.gate.beginBorrow()
 	var (
@@ -115,7 +108,7 @@ func (l *Locker) lockDirect(ctx context.Context, key string, wait bool, start ti
 			l.k.gate.shareRead(rkey, taken)
 		}
 	}()
-	h, err := l.acquire(ctx, &b, rkey, owner, false, asked, fw, 0)
+	h, err := l.acquire(ctx, b, rkey, owner, false, asked, fw, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -156,39 +149,39 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	return newLease(ctx, h, GrantShared, fence, site)
 }
 
-// joinOrLeadRead joins the local readers' hold (joinRead), or waits for the one being taken;
-// else the caller leads, and calls land when it has shared the hold or failed.
+// joinOrLeadRead joins the local readers' hold (joinRead); or makes the caller the one that
+// takes the store read hold, who calls land when it has shared the hold or failed; or waits
+// for the one being taken and returns nothing, for the caller to look again.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
-	for {
-		if lease := l.joinRead(ctx, rkey); lease != nil {
-			return lease, nil, nil
-		}
-		g.mu.Lock()
-		flight, inFlight := g.readFlights[rkey]
-		if !inFlight {
-			flight = make(chan struct{})
-			g.readFlights[rkey] = flight
-		}
-		g.mu.Unlock()
-		if !inFlight {
-			return nil, func() {
-				g.mu.Lock()
-				delete(g.readFlights, rkey)
-				g.mu.Unlock()
-				close(flight)
-			}, nil
-		}
-		if !wait {
-			return nil, func() {}, nil // TryLock asks the store at once
-		}
-		select {
-		case <-flight:
-		case <-b.context().Done():
-			return nil, nil, l.gaveUp(ctx, &busyError{})
-		case <-g.closing:
-			return nil, nil, ErrClosed
-		}
+	if lease := l.joinRead(ctx, rkey); lease != nil {
+		return lease, nil, nil
+	}
+	g.mu.Lock()
+	flight, inFlight := g.readFlights[rkey]
+	if !inFlight {
+		flight = make(chan struct{})
+		g.readFlights[rkey] = flight
+	}
+	g.mu.Unlock()
+	if !inFlight {
+		return nil, func() {
+			g.mu.Lock()
+			delete(g.readFlights, rkey)
+			g.mu.Unlock()
+			close(flight)
+		}, nil
+	}
+	if !wait {
+		return nil, func() {}, nil // TryLock asks the store at once
+	}
+	select {
+	case <-flight:
+		return nil, nil, nil
+	case <-b.context().Done():
+		return nil, nil, l.gaveUp(ctx, &busyError{})
+	case <-g.closing:
+		return nil, nil, ErrClosed
 	}
 }
 

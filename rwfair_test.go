@@ -770,3 +770,141 @@ func TestReadersThatComeWhileOneTakesTheHoldJoinIt(t *testing.T) {
 		t.Fatalf("fences %v, want the one hold's", fences)
 	}
 }
+
+// While a writer of the process holds the key, the process's readers queue in its gate and,
+// when it is done, share its store lock all together (one grant, one fence above the write's),
+// and a writer that came after them waits for them and takes it next: reads and writes of one
+// process take turns on one store acquisition, with no store command.
+func TestReadersAndWritersOfAProcessTakeTurnsOnOneStoreLock(t *testing.T) {
+	rs, _, _ := miniStore(t)
+	s := &countingStore{RedisStore: rs}
+	ctx := context.Background()
+	w := mustLocker(t, s, WithWait(10*time.Second), WithHandoff(DefaultHandoff, time.Hour))
+	r, err := w.With(WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const readers = 6
+	reads := make(chan *Lease, readers)
+	for range readers {
+		go func() {
+			lease, err := r.Lock(NewOwner(ctx), "doc")
+			if err != nil {
+				t.Error(err)
+			}
+			reads <- lease
+		}()
+	}
+	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == readers })
+	wrote := make(chan *Lease, 1)
+	go func() {
+		lease, err := w.Lock(NewOwner(ctx), "doc")
+		if err != nil {
+			t.Error(err)
+		}
+		wrote <- lease
+	}()
+	waitFor(t, 5*time.Second, "the second writer to queue", func() bool { return w.queued("lock:doc") == readers+1 })
+	if late, err := r.TryLock(NewOwner(ctx), "doc"); err == nil {
+		t.Fatalf("a reader got in (grant %v) beside a write", late.Grant())
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*Lease
+	for range readers {
+		lease := <-reads
+		if lease == nil {
+			t.FailNow()
+		}
+		leases = append(leases, lease)
+		if lease.Fence() <= first.Fence() || lease.Fence() != leases[0].Fence() {
+			t.Fatalf("reader fence %d, want one fence above the write's %d (first reader's %d)", lease.Fence(), first.Fence(), leases[0].Fence())
+		}
+		if lease.Owner() != "" {
+			t.Fatal("a read lease gave out the owner token of the write lock it shares")
+		}
+	}
+	// A writer waits: new readers queue behind it instead of joining.
+	if late, err := r.TryLock(NewOwner(ctx), "doc"); err == nil {
+		t.Fatalf("a reader joined (grant %v) while a writer waits", late.Grant())
+	}
+	if _, err := w.Lock(leases[0].Context(), "doc"); !errors.Is(err, ErrUpgrade) {
+		t.Fatalf("a write under a read lease: %v, want ErrUpgrade", err)
+	}
+	select {
+	case <-wrote:
+		t.Fatal("the writer got in beside readers")
+	case <-time.After(20 * time.Millisecond):
+	}
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second := <-wrote
+	if second == nil {
+		t.FailNow()
+	}
+	if second.Fence() <= leases[0].Fence() {
+		t.Fatalf("write fence %d not above the readers' %d", second.Fence(), leases[0].Fence())
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.acquires.Load(); n != 1 {
+		t.Fatalf("a write, %d reads and a write of one process made %d store acquisitions, want 1", readers, n)
+	}
+	waitFor(t, 5*time.Second, "the gate to empty", func() bool { return r.gateLen() == 0 })
+}
+
+// Readers that queued in the gate behind a writer of the process, with no writer behind them,
+// go back to sharing a store read hold once the write lock has gone back to the store: a
+// reader of another process then reads beside them.
+func TestReadersLeftWithoutALocalWriterShareWithReadersElsewhere(t *testing.T) {
+	s, _, _ := miniStore(t)
+	ctx := context.Background()
+	w := mustLocker(t, s, WithWait(10*time.Second), WithHandoff(DefaultHandoff, 0))
+	r, err := w.With(WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := mustLocker(t, s, WithRead(), WithMode(Reject))
+	first, err := w.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := make(chan *Lease, 3)
+	for range 3 {
+		go func() {
+			lease, err := r.Lock(NewOwner(ctx), "doc")
+			if err != nil {
+				t.Error(err)
+			}
+			reads <- lease
+		}()
+	}
+	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == 3 })
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		lease := <-reads
+		if lease == nil {
+			t.FailNow()
+		}
+		defer lease.Release(ctx)
+		if g := lease.Grant(); g == GrantHandoff || g == GrantPass {
+			t.Fatalf("a reader kept the write lock (grant %v) with no writer waiting", g)
+		}
+	}
+	elsewhere, err := other.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatalf("a reader of another process beside the readers: %v", err)
+	}
+	_ = elsewhere.Release(ctx)
+}

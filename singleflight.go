@@ -111,6 +111,8 @@ type gateWaiter struct {
 	deadline time.Time // end of its wait budget; zero for none
 	hold     *hold     // guarded by gate.mu: the hold granted with the slot; nil for none
 	expired  bool      // guarded by gate.mu: taken off the queue by expire, not granted
+	read     bool      // a reader (enterRead): it shares its grant with the readers beside it
+	outside  bool      // guarded by gate.mu: a reader let go to the store read path, not granted
 }
 
 // testHookWoken, when set by a test, runs in a queued caller between wake-up and its grant.
@@ -146,6 +148,38 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		g.mu.Unlock()
 		return e, nil, nil
 	}
+	return g.queue(b, key, e, wait, false)
+}
+
+// enterRead is enter for a reader (WithRead) while a goroutine of this process owns key's slot:
+// it joins the readers' grant of the slot's hold when new readers may (hold.joinReaders, with
+// no waiter queued: a queued writer keeps its preference), else it queues like a writer. With
+// the slot free it returns a nil entry, and the reader takes the store read path (Locker.lockRead),
+// where the process's readers share a read hold; so does a queued reader that the slot's owner
+// let go with no local writer left to wait for (gate.grantLocked).
+func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration) (e *gateEntry, h *hold, joined bool, err error) {
+	if g.closed.Load() {
+		return nil, nil, false, ErrClosed
+	}
+	g.mu.Lock()
+	e = g.entries[key]
+	if e == nil || !e.taken {
+		g.mu.Unlock()
+		return nil, nil, false, nil
+	}
+	// g.mu before h.mu, as in handoff.
+	if h := e.hold; h != nil && e.queued() == 0 && h.joinReaders(window) {
+		g.mu.Unlock()
+		return e, h, true, nil
+	}
+	e, h, err = g.queue(b, key, e, wait, true)
+	return e, h, false, err
+}
+
+// queue puts the caller in e's line (g.mu held, and unlocked here) and waits for the slot, or
+// fails busy: at once without wait, else when its budget ends. A reader let go to the store
+// read path gets a nil entry.
+func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gateEntry, *hold, error) {
 	if !wait {
 		var retryAfter time.Duration
 		if e.hold != nil {
@@ -154,7 +188,7 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		g.mu.Unlock()
 		return nil, nil, &busyError{retryAfter: retryAfter}
 	}
-	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline}
+	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline, read: read}
 	e.push(w)
 	e.refs++
 	if !w.deadline.IsZero() {
@@ -178,12 +212,15 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if w.expired {
+	switch {
+	case w.expired:
 		var retryAfter time.Duration
 		if e.hold != nil {
 			retryAfter = e.hold.remaining()
 		}
 		return nil, nil, &busyError{retryAfter: retryAfter}
+	case w.outside:
+		return nil, nil, nil
 	}
 	// The hold granted with the slot, not e.hold, which may be the next owner's by now if the
 	// watchdog abandoned this one (a lease lost at once, whose Release leaves the gate alone).
@@ -236,10 +273,14 @@ func (g *gate) expire(key string, e *gateEntry) {
 	}
 }
 
-// setHold records the owner's store lock, for handed-over owners and Retry-After.
-func (g *gate) setHold(e *gateEntry, h *hold) {
+// setHold records the owner's store lock, for handed-over owners and Retry-After. A reader's
+// hold is its readers' grant: the readers queued right behind it come in with it.
+func (g *gate) setHold(e *gateEntry, h *hold, read bool) {
 	g.mu.Lock()
 	e.hold = h
+	if read {
+		g.admitReadersLocked(e, h)
+	}
 	g.mu.Unlock()
 }
 
@@ -282,6 +323,11 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 		return notHanded, e
 	}
 	if late || int(e.handoffs) >= bound {
+		if !e.writerQueued() {
+			// Only readers wait: the lock goes back to the store and they to its read path,
+			// where they share with readers elsewhere (grantLocked).
+			return notHanded, e
+		}
 		return turnOver, e
 	}
 	if !h.nextGrant() { // a fence of its own for the next holder
@@ -349,11 +395,58 @@ func (g *gate) taken(key string) bool {
 	return g.entries[key] != nil
 }
 
-// grantLocked passes the slot, with h (or nil), to the first waiter. g.mu must be held.
+// grantLocked passes the slot, with h (or nil), to the first waiter. A reader's grant of h takes
+// in the readers queued right behind it. The slot with no hold is not taken by readers that no
+// local writer waits behind: they are let go to the store read path, and the slot is free.
+// g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
+	if h == nil && e.queue.waiters[0].read && !e.writerQueued() {
+		for _, w := range e.queue.waiters {
+			w.outside = true
+			close(w.ready)
+			e.refs-- // the caller's own reference keeps the entry until it drops it
+		}
+		clear(e.queue.waiters)
+		e.queue.waiters = e.queue.waiters[:0]
+		e.queue.emptied()
+		e.taken, e.yield = false, false
+		return
+	}
 	w := e.pop()
 	w.hold = h
 	close(w.ready)
+	if w.read && h != nil {
+		g.admitReadersLocked(e, h)
+	}
+}
+
+// admitReadersLocked makes h's grant, just given to a reader, a readers' grant, and gives it
+// to each reader queued right behind (up to the first writer). Their references to the entry
+// go: the slot's owner is the grant, which holds one. g.mu must be held.
+func (g *gate) admitReadersLocked(e *gateEntry, h *hold) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.set(holdReaders)
+	for e.queued() > 0 && e.queue.waiters[0].read && h.live > 0 {
+		w := e.pop()
+		h.live++
+		w.hold = h
+		close(w.ready)
+		e.refs--
+	}
+}
+
+// writerQueued reports whether a writer is in e's line. g.mu must be held.
+func (e *gateEntry) writerQueued() bool {
+	if e.queue == nil {
+		return false
+	}
+	for _, w := range e.queue.waiters {
+		if !w.read {
+			return true
+		}
+	}
+	return false
 }
 
 // dropLocked removes one reference, and the entry at zero. g.mu must be held.
