@@ -278,7 +278,10 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 		site = callerAbove(callerUp)
 	}
 	fence, first := h.grantFence()
-	if grant == GrantHandoff && first {
+	switch {
+	case grant == GrantHandoff && first && read:
+		grant = GrantShared // a reader admitted beside the one that took the lock (setHold)
+	case grant == GrantHandoff && first:
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
 	return newLeaseOf(ctx, h, grant, fence, site, read), nil

@@ -162,6 +162,10 @@ func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration)
 		return nil, nil, false, ErrClosed
 	}
 	g.mu.Lock()
+	if g.closed.Load() { // drain sets it under g.mu: no join after it
+		g.mu.Unlock()
+		return nil, nil, false, ErrClosed
+	}
 	e = g.entries[key]
 	if e == nil || !e.taken {
 		g.mu.Unlock()
@@ -344,7 +348,7 @@ func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (ha
 func (g *gate) passOn(key string, e *gateEntry, h *hold) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if e.queued() == 0 || g.closed.Load() {
+	if !e.writerQueued() || g.closed.Load() { // only readers: see handoff's turn over
 		return false
 	}
 	e.handoffs = 0
