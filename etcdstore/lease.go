@@ -281,29 +281,22 @@ func (s *Store) keepAliveLoop() {
 // startReaper starts reap when a lock is past its holder's guarantee and no reaper runs.
 func (s *Store) startReaper(now time.Time) {
 	s.mu.Lock()
-	due := false
-	if !s.reaping {
-		for _, e := range s.held {
-			if !e.reaping && now.After(e.until) {
-				due = true
-				break
-			}
+	defer s.mu.Unlock()
+	if s.reaping {
+		return
+	}
+	for _, e := range s.held {
+		if !e.reaping && now.After(e.until) {
+			s.reaping = s.spawn(func() {
+				defer func() {
+					s.mu.Lock()
+					s.reaping = false
+					s.mu.Unlock()
+				}()
+				s.reap(now)
+			})
+			return
 		}
-	}
-	if due {
-		s.reaping = true
-	}
-	s.mu.Unlock()
-	done := func() {
-		s.mu.Lock()
-		s.reaping = false
-		s.mu.Unlock()
-	}
-	if due && !s.spawn(func() {
-		defer done()
-		s.reap(now)
-	}) {
-		done()
 	}
 }
 

@@ -61,7 +61,8 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 			continue
 		}
 		kv := kvs[hk]
-		if !heldBy(kv, r.Owner) {
+		// A read hold's key names its owner; a lock key's value does.
+		if kv == nil || !lockstore.IsReadOwner(r.Owner) && !ownedBy(kv.Value, r.Owner) {
 			s.forget(r.Key, r.Owner)
 			errs[i] = lockstore.ErrNotHeld
 			continue

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -31,8 +30,8 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	if owner == "" || strings.ContainsAny(owner, " ") {
-		return 0, errors.New("flightlock: owner token must be non-empty and without spaces")
+	if err := checkOwner(owner); err != nil {
+		return 0, err
 	}
 	if err := checkHold(hold, true); err != nil {
 		return 0, err
@@ -106,10 +105,7 @@ func (s *Store) noteUnsent(key, owner string) {
 	if s.held[k] != nil {
 		return
 	}
-	if len(s.unsent) >= maxWaitRevs {
-		clear(s.unsent)
-	}
-	s.unsent[k] = struct{}{}
+	putBounded(s.unsent, k, struct{}{})
 }
 
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
@@ -117,15 +113,11 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		return s.releaseShared(ctx, key, owner, hold)
 	}
 	if e, ok := s.entry(key, owner); ok && e.simple && e.own && e.modRev > 0 && hold == "" {
-		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		if op, ok := floorOp(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor); ok {
-			ops = append(ops, op)
-		}
 		// No else branch: reading there costs every release, and the compare fails only for a
 		// lock re-entered from elsewhere or lost.
 		resp, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
-			Then(ops...).
+			Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
 			Commit()
 		if err != nil {
 			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
@@ -173,59 +165,68 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 		nv, left := v.withoutHold(hold)
 		e, _ := s.entry(key, owner)
 		nv.last = max(nv.last, lastFence, e.last)
-		same := clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
-		if left {
-			put := clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())
-			if hold == "" {
-				// Only re-entries from other processes are left: off the session lease.
-				if moved == 0 {
-					l, err := s.cli.Grant(ctx, v.secs)
-					if err != nil {
-						return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
-					}
-					moved = l.ID
+		var ops []clientv3.Op
+		switch {
+		case left && hold == "":
+			// Only re-entries from other processes are left: off the session lease.
+			if moved == 0 {
+				l, err := s.cli.Grant(ctx, v.secs)
+				if err != nil {
+					return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
 				}
-				put = clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))
+				moved = l.ID
 			}
-			resp, err := s.cli.Txn(ctx).If(same).Then(put).Else(reads...).Commit()
-			if err != nil {
-				// The key may be on the new lease now: keep it (unused, it expires on its own).
-				moved = 0
-				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))}
+		case left:
+			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}
+		default:
+			// An unreadable floor (written by hand) is left for the next acquisition to
+			// refuse (top 0 writes none); the lock is released all the same.
+			fence, err := fenceOf(kv.CreateRevision, floor)
+			if err == nil {
+				fence = max(fence, nv.last)
 			}
-			if !resp.Succeeded {
-				read = resp
-				continue
-			}
-			if hold == "" {
-				// A re-entry's refresh that read the key on the session lease before this
-				// commit promised its TTL from its own start, which may be later than the new
-				// lease's grant: a keep-alive sent after the commit covers any such start.
-				s.keepMovedAlive(moved, time.Now())
-				moved = 0 // in use
-			}
-			s.released(key, owner, hold)
-			return 0, nil
+			ops = deleteOps(key, kv.CreateRevision, fence, err == nil && floor != nil)
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
-		// the lock is released all the same.
-		if fence, err := fenceOf(kv.CreateRevision, floor); err == nil {
-			if op, ok := floorOp(key, kv.CreateRevision, max(fence, nv.last), floor != nil); ok {
-				ops = append(ops, op)
-			}
-		}
-		resp, err := s.cli.Txn(ctx).If(same).Then(ops...).Else(reads...).Commit()
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(ops...).
+			Else(reads...).
+			Commit()
 		if err != nil {
+			if left {
+				moved = 0 // the key may be on the new lease now: keep it (unused, it expires on its own)
+			}
 			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 		}
 		if !resp.Succeeded {
 			read = resp
 			continue
 		}
-		s.forget(key, owner)
-		return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+		if !left {
+			s.forget(key, owner)
+			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+		}
+		if moved != 0 {
+			// A re-entry's refresh that read the key on the session lease before this commit
+			// promised its TTL from its own start, which may be later than the new lease's
+			// grant: a keep-alive sent after the commit covers any such start.
+			s.keepMovedAlive(moved, time.Now())
+			moved = 0 // in use
+		}
+		s.released(key, owner, hold)
+		return 0, nil
 	}
+}
+
+// deleteOps deletes lock key k and its waiter mark, and writes or deletes its fence floor as
+// floorOp says.
+func deleteOps(k string, rev, top int64, hadFloor bool) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(WaiterKey(k))}
+	if op, ok := floorOp(k, rev, top, hadFloor); ok {
+		ops = append(ops, op)
+	}
+	return ops
 }
 
 // releaseFailed records a release that may not have happened, for the store to retry.
@@ -238,7 +239,9 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 			e.holds = withHold(e.holds, hold)
 		}
 		e.tries++
-		retry := time.Now().Add(retryPause(e.tries))
+		// A quarter second, doubling, at most a second: the key is given back within about a
+		// second of etcd answering.
+		retry := time.Now().Add(min(250*time.Millisecond<<min(e.tries-1, 2), time.Second))
 		if len(e.holds) == 0 {
 			// Nobody here counts on the lock any more: retry without waiting for the
 			// promise made to the holder that gave it up.
@@ -249,12 +252,6 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		// pulling it in would take away the other holds' refreshed guarantee.
 		e.until = later(e.until, retry)
 	})
-}
-
-// retryPause is the pause before the try-th retry of a release: a quarter second, doubling,
-// at most a second, so that a key is given back within about a second of etcd answering.
-func retryPause(try int) time.Duration {
-	return min(250*time.Millisecond<<min(try-1, 2), time.Second)
 }
 
 // reap releases, owner-checked, every entry past its until (heldKey), one at a time, each
