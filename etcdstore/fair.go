@@ -170,14 +170,12 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// placeOf returns what the store knows of owner's place in key's line.
 func (s *Store) placeOf(key, owner string) place {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.places[entryKey{key, owner}]
 }
 
-// setPlace records owner's place in key's line.
 func (s *Store) setPlace(key, owner string, p place) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -41,11 +41,8 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 	lastFence = max(lastFence, 0)
 	if hold == "" {
-		switch s.giveBackLater(key, owner, lastFence) {
-		case neverSent:
-			return 0, lockstore.ErrNotHeld
-		case inBackground:
-			return 0, nil
+		if given, err := s.giveBackLater(key, owner, lastFence); given {
+			return 0, err
 		}
 	}
 	return s.releaseNow(ctx, key, owner, hold, lastFence)
@@ -60,18 +57,12 @@ func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFen
 	return n, err
 }
 
-// giveBack outcomes: how Release deals with the own hold of owner on key.
-const (
-	onTheWire    = iota // a grant the store knows of, or a lock it did not take: release now
-	neverSent           // no request of the acquisition went out: nothing to release
-	inBackground        // the acquisition's outcome is unknown: the reaper releases it
-)
-
-// giveBackLater decides how the own hold of owner on key is released (see Release). An entry
-// never seen granted (no create revision) with no named hold is an acquisition whose outcome
-// is unknown, or a failed release: nobody counts on it any more, so it is made due at once
-// for the reaper.
-func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
+// giveBackLater gives back, with no round trip, the own hold of owner on key when the store
+// never saw it granted, and reports whether it did: ErrNotHeld when no request of the
+// acquisition went out; nil when its outcome is unknown (no create revision, no named hold)
+// or it is a failed release: nobody counts on it any more, so it is made due at once for the
+// reaper. A grant the store knows of, or a lock it did not take, is released on the wire.
+func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
 	e := s.held[k]
@@ -81,18 +72,18 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
 		delete(s.unsent, k)
 		s.mu.Unlock()
 		if unsent {
-			return neverSent
+			return true, lockstore.ErrNotHeld
 		}
-		return onTheWire
+		return false, nil
 	case !e.own || e.createRev != 0 || len(e.holds) > 0:
 		s.mu.Unlock()
-		return onTheWire
+		return false, nil
 	}
 	e.last = max(e.last, lastFence)
 	e.until = time.Time{}
 	s.mu.Unlock()
 	s.startReaper(time.Now())
-	return inBackground
+	return true, nil
 }
 
 // noteUnsent records that an acquisition of key by owner gave up before any request went out
@@ -219,16 +210,6 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 	}
 }
 
-// deleteOps deletes lock key k and its waiter mark, and writes or deletes its fence floor as
-// floorOp says.
-func deleteOps(k string, rev, top int64, hadFloor bool) []clientv3.Op {
-	ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(WaiterKey(k))}
-	if op, ok := floorOp(k, rev, top, hadFloor); ok {
-		ops = append(ops, op)
-	}
-	return ops
-}
-
 // releaseFailed records a release that may not have happened, for the store to retry.
 func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 	s.update(key, owner, func(e *heldKey) {
@@ -333,7 +314,7 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 					return false, 0, 0, err
 				}
 				next := top + 1
-				// The store reports it on release, so that the floor covers it (floorOp).
+				// The store reports it on release, so that the floor covers it (deleteOps).
 				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, next) })
 				return true, next, 0, nil
 			}

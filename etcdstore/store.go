@@ -200,7 +200,6 @@ func (s *Store) spawn(f func()) bool {
 	return true
 }
 
-// isClosed reports whether Close was called.
 func (s *Store) isClosed() bool { return s.ctx.Err() != nil }
 
 // entry returns a copy of the entry of key for owner.
