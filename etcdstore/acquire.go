@@ -160,7 +160,7 @@ func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
 	if err == nil && !l.liveFor(start, ttl) {
-		if err = s.renewAfter(ctx, l, start); err != nil {
+		if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
 			s.unpin(l)
 		}
 	}
@@ -218,7 +218,6 @@ func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value stri
 	return err
 }
 
-// later returns the later of two times.
 func later(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
@@ -388,7 +387,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		for i, k := range keys {
 			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl), false)
 			if err != nil {
-				for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
+				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
 					s.giveBack(ctx, g, value)
 					s.released(g, owner, "")
 				}
@@ -526,7 +525,6 @@ func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	_, _ = s.Release(ctx, key, owner, hold, 0)
 }
 
-// firstKV returns the first key of a range response, or nil.
 func firstKV(r *pb.ResponseOp) *mvccpb.KeyValue {
 	if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
 		return rr.Kvs[0]

@@ -120,10 +120,9 @@ func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Unlock()
 }
 
-// keepAliveCall is one keep-alive that RefreshAll or Reenter waits for.
+// keepAliveCall is one keep-alive of a lease, waited for with wait.
 type keepAliveCall struct {
-	r    *renewal      // the store's lease: its shared keep-alive; nil when already fresh
-	l    *lease        // the store's lease, or nil
+	r    *renewal      // the store's lease: its shared keep-alive; nil when none is needed
 	done chan struct{} // a lease of another store: closed when secs and err are set
 	secs int64
 	err  error
@@ -133,16 +132,7 @@ type keepAliveCall struct {
 // leases, a call of its own (on a goroutine joined by join) for another's.
 func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAliveCall {
 	if l := s.ourLease(id); l != nil {
-		c := &keepAliveCall{l: l}
-		l.mu.Lock()
-		switch {
-		case l.gone:
-			c.err = errLeaseGone
-		case l.fresh.Before(t):
-			c.r = s.queueLocked(l)
-		}
-		l.mu.Unlock()
-		return c
+		return s.ownKeepAlive(l, t)
 	}
 	c := &keepAliveCall{done: make(chan struct{})}
 	go func() {
@@ -154,18 +144,13 @@ func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.
 
 // wait returns the lease's TTL in seconds once the keep-alive succeeded.
 func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
-	if c.l != nil {
-		if c.err != nil {
-			return 0, c.err
+	if c.done != nil {
+		<-c.done // bounded by ctx: the call returns when ctx ends
+	} else if c.r != nil {
+		if err := c.r.wait(ctx); err != nil {
+			return 0, err
 		}
-		if c.r != nil {
-			if err := c.r.wait(ctx); err != nil {
-				return 0, err
-			}
-		}
-		return c.l.secs, nil
 	}
-	<-c.done // bounded by ctx: the call returns when ctx ends
 	return c.secs, c.err
 }
 
