@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -212,10 +213,7 @@ func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
 	}
-	kv := firstKV(resp.Responses[0])
-	if kv == nil {
-		kv = firstKV(resp.Responses[1])
-	}
+	kv := cmp.Or(firstKV(resp.Responses[0]), firstKV(resp.Responses[1]))
 	if kv == nil {
 		return 0, lockstore.ErrNotHeld
 	}

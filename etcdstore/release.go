@@ -23,9 +23,8 @@ import (
 //
 // It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires on this
 // deletion), else 0. A failed release is retried in the background until etcd answers. Giving
-// back an acquisition the store never saw granted costs no round trip, so that it never holds
-// the caller past the deadline that cut it short: ErrNotHeld when no request of it went out;
-// nil when its outcome is unknown, the store releasing the key in the background.
+// back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
+// it never holds the caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
@@ -61,7 +60,8 @@ func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFen
 // never saw it granted, and reports whether it did: ErrNotHeld when no request of the
 // acquisition went out; nil when its outcome is unknown (no create revision, no named hold)
 // or it is a failed release: nobody counts on it any more, so it is made due at once for the
-// reaper. A grant the store knows of, or a lock it did not take, is released on the wire.
+// reaper, which releases the key in the background. A grant the store knows of, or a lock it
+// did not take, is released on the wire.
 func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
