@@ -99,6 +99,8 @@ func (s *Store) noteUnsent(key, owner string) {
 	putBounded(s.unsent, k, struct{}{})
 }
 
+// release is Release on the wire: the one-transaction release when it applies, else by read and
+// compare-and-write.
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if lockstore.IsReadOwner(owner) {
 		return s.releaseShared(ctx, key, owner, hold)
@@ -118,14 +120,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
 		}
 	}
-	return s.releaseRead(ctx, key, owner, hold, lastFence, nil)
-}
-
-// releaseRead is Release by read and compare-and-write: read (when not nil) holds the key and
-// its floor as last read.
-func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFence int64, read *clientv3.TxnResponse) (int, error) {
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
-	var moved clientv3.LeaseID // a lease granted to move the key onto; revoked if unused
+	var read *clientv3.TxnResponse // the key and its floor as last read (a failed compare's Else)
+	var moved clientv3.LeaseID     // a lease granted to move the key onto; revoked if unused
 	defer func() {
 		if moved != 0 { // on a goroutine of the store; one it cannot revoke expires unused
 			s.spawn(func() { _ = s.revoke(s.ctx, moved) })
