@@ -25,7 +25,8 @@ func FloorKey(k string) string { return floorPrefix + k }
 
 // WaiterKey names the waiter mark of lock key k: written, on the waiter's lease, by an
 // acquisition that found k held by another owner; deleted by the release of k, which then
-// reports one notified waiter. For tools that inspect locks.
+// reports one notified waiter (after an expiry, the next holder's: one needless yield). For
+// tools that inspect locks.
 func WaiterKey(k string) string { return waiterPrefix + k }
 
 // writerKey names the writer mark of lock key k (markWriter, readwrite.go), deleted by every
