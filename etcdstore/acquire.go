@@ -18,17 +18,8 @@ import (
 )
 
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
-// is fresh, which the store's keep-alives see to):
-//
-//	if   create_revision(key) == 0 && no read holds of key
-//	then put(key, value, lease); get(floor); delete(writer mark)
-//	else get(key); put(waiter, "", lease); if read holds: put(writer mark, lease); get(one read hold)
-//
-// The first branch is a grant (its revision makes the fence); the second is busy, or a re-entry
-// when owner holds key already. The waiter mark is written unconditionally: a nested transaction
-// that writes it only when needed costs every acquisition more than a needless yield costs. A
-// read owner takes a read hold instead (acquireReadOnce), a request with Asked a place in the
-// key's line (acquireFairOnce).
+// is fresh, which the store's keep-alives see to). A write owner's is acquireWriteOnce's, a read
+// owner's takes a read hold (acquireReadOnce).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := checkArgs(key, owner, ttl); err != nil {
@@ -41,17 +32,17 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	if s.isClosed() {
 		return lockstore.Acquisition{}, errStoreClosed
 	}
-	start := time.Now()
+	start, queue := time.Now(), time.Duration(0)
+	if fair {
+		queue = max(req.Queue, 0)
+	}
 	var a lockstore.Acquisition
 	err := s.resending(ctx, func(ctx context.Context, again bool) error {
 		var err error
-		switch {
-		case fair:
-			a, err = s.acquireFairOnce(ctx, key, owner, ttl, meta, max(req.Queue, 0), start, again)
-		case read:
+		if read {
 			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
-		default:
-			a, err = s.acquireOnce(ctx, key, owner, ttl, meta, start, again)
+		} else {
+			a, err = s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
 		}
 		return err
 	})
@@ -123,42 +114,6 @@ func transient(err error) bool {
 	return status.Code(err) == codes.Unavailable
 }
 
-// acquireOnce is one attempt of Acquire. When again is set, a lease that etcd no longer has
-// is dropped and reported as errLeaseGone, for the caller to try once more.
-func (s *Store) acquireOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
-	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start, owner, key)
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	defer s.unpin(l)
-	value := newValue(owner, l.secs, meta)
-	resp, err := s.cli.Txn(ctx).
-		If(writable(key)...).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
-			clientv3.OpDelete(writerKey(key))).
-		Else(clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)).
-		Commit()
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
-			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
-	}
-	if resp.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
-	}
-	kv := firstKV(resp.Responses[0])
-	if kv == nil {
-		// Free of writers, so held by readers: the writer mark is set now.
-		s.noteBusy(key, resp.Header.Revision)
-		return readersBusy(resp.Responses[2]), nil
-	}
-	if ownedBy(kv.Value, owner) {
-		return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
-	}
-	s.noteBusy(key, resp.Header.Revision)
-	return busy(kv), nil
-}
-
 // writable is the compare of a write grant of key: no writer holds it (it does not exist) and
 // no reader does (a compare over an empty range holds).
 func writable(key string) []clientv3.Cmp {
@@ -182,18 +137,14 @@ func markWriter(key string, l *lease) clientv3.Op {
 		nil)
 }
 
-// readersBusy is a write acquisition refused by read holds, from markWriter's reply; HolderTTL
-// 0 when no reader holds the key.
+// readersBusy is a write acquisition refused by read holds, from markWriter's reply: the read
+// hold it read; HolderTTL 0 when no reader holds the key (a fair attempt behind others in line).
 func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
 	t := r.GetResponseTxn()
 	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
-		return lockstore.Acquisition{} // no reader: a fair attempt behind others in line (HolderTTL 0)
+		return lockstore.Acquisition{}
 	}
-	return readerBusy(firstKV(t.Responses[1]))
-}
-
-// readerBusy is an acquisition refused by the read hold kv (nil: none).
-func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
+	kv := firstKV(t.Responses[1])
 	if kv == nil {
 		return lockstore.Acquisition{}
 	}
@@ -209,7 +160,7 @@ func readerBusy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
 	l, err := s.leaseFor(ctx, ttl)
 	if err == nil && !l.liveFor(start, ttl) {
-		if err = s.renewAfter(ctx, l, start); err != nil {
+		if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
 			s.unpin(l)
 		}
 	}
@@ -220,14 +171,6 @@ func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Ti
 		return nil, err
 	}
 	return l, nil
-}
-
-// loseLease records that etcd no longer has l (a put on it was refused).
-func (s *Store) loseLease(l *lease) {
-	l.mu.Lock()
-	l.gone = true
-	l.mu.Unlock()
-	s.dropLease(l)
 }
 
 // markWaiter is AcquireAll's mark: a nested transaction that sets key's waiter mark on the
@@ -256,7 +199,10 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 // l, so that a commit after that release goes with l.
 func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value string, until time.Time, keys ...string) error {
 	if isLeaseNotFound(err) && again {
-		s.loseLease(l)
+		l.mu.Lock()
+		l.gone = true
+		l.mu.Unlock()
+		s.dropLease(l)
 		return errLeaseGone
 	}
 	for _, key := range keys {
@@ -272,7 +218,6 @@ func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value stri
 	return err
 }
 
-// later returns the later of two times.
 func later(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
@@ -414,7 +359,7 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 	return out, err
 }
 
-// acquireAllOnce is one attempt of AcquireAll, as acquireOnce is of Acquire.
+// acquireAllOnce is one attempt of AcquireAll, as acquireWriteOnce is of Acquire.
 func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
 	start time.Time, again bool) ([]lockstore.Acquisition, error) {
 	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
@@ -442,7 +387,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		for i, k := range keys {
 			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl), false)
 			if err != nil {
-				for _, g := range keys[:i] { // give back what was recorded; the rest was given back by granted
+				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
 					s.giveBack(ctx, g, value)
 					s.released(g, owner, "")
 				}
@@ -580,7 +525,6 @@ func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	_, _ = s.Release(ctx, key, owner, hold, 0)
 }
 
-// firstKV returns the first key of a range response, or nil.
 func firstKV(r *pb.ResponseOp) *mvccpb.KeyValue {
 	if rr := r.GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
 		return rr.Kvs[0]

@@ -21,7 +21,8 @@ import (
 //
 // A place lives on a lease of the queue time (whole seconds, rounded up) that each fair Acquire
 // of its owner keeps alive: a waiter that stops asking leaves the line one lease TTL later, and
-// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once.
+// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once. The
+// lock granted is an ordinary lock of key (acquireWriteOnce).
 
 // place is one owner's place in a key's line, as the store knows it.
 type place struct {
@@ -29,21 +30,28 @@ type place struct {
 	rev   int64            // its create revision, its rank; 0 unknown
 }
 
-// acquireFairOnce is one attempt of Acquire of a fair request, one transaction (and, while
-// the caller waits in line, a keep-alive of its place's lease before it):
+// acquireWriteOnce is one attempt of Acquire for a write owner, one transaction (and, while a
+// fair caller waits in line, a keep-alive of its place's lease before it):
 //
 //	if   create_revision(key) == 0 && no read holds
-//	     && (rank known: create_revision(place) == rank && every place's create revision >= rank
-//	         else: the line is empty)
-//	then put(key, value, lease); get(floor); delete(writer mark); delete(place)
-//	else get(key); put(waiter, lease); get(one read hold); [put(place, place lease); get(place)]
+//	     && fair: (rank known: create_revision(place) == rank && every place's create revision >= rank
+//	               else: the line is empty)
+//	then put(key, value, lease); get(floor); delete(writer mark); fair: delete(place)
+//	else get(key); put(waiter, lease); markWriter; fair, queued: put(place, place lease); get(place)
 //
-// A caller with queue > 0 refused for the first time is given a place lease and makes the
-// attempt once more at once, putting its place. queue 0 (TryLock) takes the key only when it is
-// free and the line empty. The lock granted is an ordinary lock of key.
-func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, queue time.Duration,
-	start time.Time, again bool) (lockstore.Acquisition, error) {
-	p := s.placeOf(key, owner)
+// The first branch is a grant (its revision makes the fence); the second is busy, or a re-entry
+// when owner holds key already. The waiter mark is written unconditionally: a nested transaction
+// that writes it only when needed costs every acquisition more than a needless yield costs. A
+// fair caller with queue > 0 refused for the first time is given a place lease and makes the
+// attempt once more at once, putting its place; queue 0 (TryLock) takes the key only when it is
+// free and the line empty. When again is set, a lease that etcd no longer has is dropped and
+// reported as errLeaseGone, for the caller to try once more.
+func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, fair bool,
+	queue time.Duration, start time.Time, again bool) (lockstore.Acquisition, error) {
+	var p place
+	if fair {
+		p = s.placeOf(key, owner)
+	}
 	if queue > 0 && p.lease != 0 {
 		// The place lives queue from now: this is the owner's latest fair Acquire.
 		if _, err := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(err) {
@@ -58,9 +66,8 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 	}
 	defer s.unpin(l)
 	value := newValue(owner, l.secs, meta)
-	pk := placeKey(key, owner)
 	for {
-		resp, err := s.fairTxn(ctx, key, pk, value, l, p, queue)
+		resp, err := s.writeTxn(ctx, key, owner, value, l, fair, p, queue)
 		if err != nil {
 			// The session lease, or the place's (kept alive at the start of this attempt, so
 			// only a very slow attempt outlives it), may be the one gone: ask which.
@@ -74,20 +81,29 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 				s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
 		}
 		if resp.Succeeded {
-			s.dropPlace(key, owner)
+			if fair {
+				s.dropPlace(key, owner)
+			}
 			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
 		}
 		kv := firstKV(resp.Responses[0])
 		if kv != nil && ownedBy(kv.Value, owner) {
 			// The owner holds the key already (a re-sent attempt): a place left over would
 			// hold up the line behind a caller that no longer waits.
-			if queue > 0 && p.lease != 0 {
-				s.leaveLine(ctx, key, owner)
+			if queue > 0 && p.lease != 0 { // bounded; a place it cannot delete ends with its lease
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+				_ = s.LeaveQueue(lctx, key, owner)
+				cancel()
 			}
 			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
 		}
 		s.noteBusy(key, resp.Header.Revision)
-		a := fairRefusal(resp)
+		// Busy with the holder's reply; with no writer, a reader's (the writer mark is set now),
+		// or, for a free key with others first in line, HolderTTL 0.
+		a := readersBusy(resp.Responses[2])
+		if kv != nil {
+			a = busy(kv)
+		}
 		if queue == 0 {
 			return a, nil
 		}
@@ -110,43 +126,29 @@ func (s *Store) acquireFairOnce(ctx context.Context, key, owner string, ttl time
 	}
 }
 
-// fairTxn is one fair attempt's transaction: the key is taken when it is writable and the
-// owner is first in line (its place is the oldest, or there is no line); otherwise it reads the
-// holder, sets the waiter mark, sets the writer mark when readers hold the key (markWriter: a
-// fair writer holds new readers off as any writer does), and keeps the owner's place when it
-// has one.
-func (s *Store) fairTxn(ctx context.Context, key, pk, value string, l *lease, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
+// writeTxn is acquireWriteOnce's transaction. markWriter sets the writer mark when readers hold
+// the key: a fair writer holds new readers off as any writer does.
+func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease, fair bool, p place,
+	queue time.Duration) (*clientv3.TxnResponse, error) {
 	cmps := writable(key)
-	if p.rev > 0 {
-		cmps = append(cmps,
-			clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),
-			clientv3.Compare(clientv3.CreateRevision(lineDir(key)), ">", p.rev-1).WithPrefix())
-	} else {
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lineDir(key)), "=", 0).WithPrefix())
+	then := []clientv3.Op{clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
+		clientv3.OpDelete(writerKey(key))}
+	els := []clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)}
+	if fair {
+		pk := placeKey(key, owner)
+		if p.rev > 0 {
+			cmps = append(cmps,
+				clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),
+				clientv3.Compare(clientv3.CreateRevision(lineDir(key)), ">", p.rev-1).WithPrefix())
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lineDir(key)), "=", 0).WithPrefix())
+		}
+		then = append(then, clientv3.OpDelete(pk))
+		if queue > 0 && p.lease != 0 {
+			els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
+		}
 	}
-	els := []clientv3.Op{
-		clientv3.OpGet(key),
-		clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)),
-		markWriter(key, l),
-	}
-	if queue > 0 && p.lease != 0 {
-		els = append(els, clientv3.OpPut(pk, "", clientv3.WithLease(p.lease)), clientv3.OpGet(pk))
-	}
-	return s.cli.Txn(ctx).
-		If(cmps...).
-		Then(clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
-			clientv3.OpDelete(writerKey(key)), clientv3.OpDelete(pk)).
-		Else(els...).
-		Commit()
-}
-
-// fairRefusal is the busy answer of a refused fair attempt: the holder's, a reader's, or, for
-// a free key with others first in line, HolderTTL 0.
-func fairRefusal(resp *clientv3.TxnResponse) lockstore.Acquisition {
-	if kv := firstKV(resp.Responses[0]); kv != nil {
-		return busy(kv)
-	}
-	return readersBusy(resp.Responses[2])
+	return s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 }
 
 // LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
@@ -168,29 +170,16 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// leaveLine is LeaveQueue bounded by a second, for a place the store itself finds left over.
-// A place it cannot delete ends with its lease.
-func (s *Store) leaveLine(ctx context.Context, key, owner string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_ = s.LeaveQueue(ctx, key, owner)
-}
-
-// placeOf returns what the store knows of owner's place in key's line.
 func (s *Store) placeOf(key, owner string) place {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.places[entryKey{key, owner}]
 }
 
-// setPlace records owner's place in key's line.
 func (s *Store) setPlace(key, owner string, p place) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.places) >= maxWaitRevs {
-		clear(s.places)
-	}
-	s.places[entryKey{key, owner}] = p
+	putBounded(s.places, entryKey{key, owner}, p)
 }
 
 // dropPlace forgets owner's place in key's line (granted, left, or lost with its lease).

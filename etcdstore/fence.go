@@ -87,16 +87,17 @@ func fenceOf(rev int64, floor *mvccpb.KeyValue) (int64, error) {
 	return rev<<fenceShift + d, nil
 }
 
-// floorOp is what the release that deletes k does to k's floor, for a grant at revision rev,
-// top the largest fence handed out under it (its own included), and hadFloor whether the grant
-// read a floor key: write top when the next grant's revision alone might not exceed it, delete
-// an obsolete floor, or nothing (ok false).
-func floorOp(k string, rev, top int64, hadFloor bool) (op clientv3.Op, ok bool) {
-	if top >= (rev+2)<<fenceShift {
-		return clientv3.OpPut(FloorKey(k), strconv.FormatInt(top, 10)), true
+// deleteOps are the release that deletes k: k, its waiter mark, and what it does to k's floor,
+// for a grant at revision rev, top the largest fence handed out under it (its own included),
+// and hadFloor whether the grant read a floor key: write top when the next grant's revision
+// alone might not exceed it, delete an obsolete floor, or nothing.
+func deleteOps(k string, rev, top int64, hadFloor bool) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(WaiterKey(k))}
+	switch {
+	case top >= (rev+2)<<fenceShift:
+		ops = append(ops, clientv3.OpPut(FloorKey(k), strconv.FormatInt(top, 10)))
+	case hadFloor:
+		ops = append(ops, clientv3.OpDelete(FloorKey(k)))
 	}
-	if hadFloor {
-		return clientv3.OpDelete(FloorKey(k)), true
-	}
-	return clientv3.Op{}, false
+	return ops
 }

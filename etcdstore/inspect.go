@@ -46,24 +46,32 @@ func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string
 	return key, true
 }
 
-// lockOf reads the lock key kv: marked tells whether its waiter mark is set, floor is its fence
-// floor key (nil: none). The TTL is left to leaseTTLs.
-func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
-	l := lockstore.LockInfo{Key: key, StoreKey: string(kv.Key), TTL: lockstore.NoTTL,
-		CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Contended: marked}
-	if kv.Lease != 0 {
-		l.Lease = strconv.FormatInt(kv.Lease, 16)
+// newInfo is the LockInfo of a grant at createRev that read the fence floor key floor (nil:
+// none), with no TTL read yet.
+func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
+	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, CreateRevision: createRev, ModRevision: modRev,
+		Contended: marked}
+	if lease != 0 {
+		l.Lease = strconv.FormatInt(lease, 16)
 	}
+	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
+	l.Fence = createRev<<fenceShift + d
+	return l
+}
+
+// lockOf reads the lock key kv: marked tells whether its waiter mark is set, floor is its fence
+// floor key (nil: none).
+func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	v, ok := parseValue(kv.Value)
 	holds := strings.Split(v.holds, ",")
 	if !ok || holds[0] != "0" && holds[0] != "1" {
-		l.Unrecognized, l.Contended = string(kv.Value), false
+		l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, false, nil)
+		l.Unrecognized, l.Fence = string(kv.Value), 0
 		return l
 	}
+	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	l.Own, l.Borrowed = holds[0] == "1", holds[1:]
 	l.ParseHolder(v.meta)
-	d, _ := floorOffset(floor) // 0 for a floor that is not a fence: the next grant refuses it
-	l.Fence = kv.CreateRevision<<fenceShift + d
 	return l
 }
 
@@ -90,20 +98,24 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 	return nil
 }
 
-// snapshot reads, in one transaction, the keys under the prefix with their marks, floors and
-// side keys, and returns the matching locks sorted by key with the revision read. No TTLs.
-func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(string) bool) ([]lockstore.LockInfo, int64, error) {
-	p := in.prefix
+// snapshot reads, in one transaction, the lock keys under the prefix (one: the key full
+// alone) with their marks, floors and side keys, and returns those keyOf lists, sorted by key,
+// with the revision read. No TTLs; one's lock has its fence counter.
+func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool)) ([]lockstore.LockInfo, int64, error) {
+	rng, side := []clientv3.OpOption{clientv3.WithPrefix()}, sidePrefix
+	if one {
+		rng, side = nil, sideDir(full)
+	}
 	resp, err := in.cli.Txn(ctx).Then(
-		clientv3.OpGet(p, clientv3.WithPrefix()),
-		clientv3.OpGet(WaiterKey(p), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(FloorKey(p), clientv3.WithPrefix()),
+		clientv3.OpGet(full, rng...),
+		clientv3.OpGet(WaiterKey(full), append(rng, clientv3.WithKeysOnly())...),
+		clientv3.OpGet(FloorKey(full), rng...),
 		// Side directories are named by the key's length first, so the prefix's are not one
 		// range: all of them are read, and those of other prefixes left out here.
-		clientv3.OpGet(sidePrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(side, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", p, err)
+		return nil, 0, fmt.Errorf("read %s: %w", full, err)
 	}
 	marks := make(map[string]bool)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -116,7 +128,7 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 	sides := make(map[string]*sideCount)
 	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
 		full, kind, _, ok := parseSideKey(string(kv.Key))
-		if !ok || !strings.HasPrefix(full, p) {
+		if !ok || !strings.HasPrefix(full, in.prefix) {
 			continue
 		}
 		if sides[full] == nil {
@@ -126,7 +138,7 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 	}
 	var locks []lockstore.LockInfo
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		key, ok := in.keyOf(string(kv.Key), pattern, skip)
+		key, ok := keyOf(string(kv.Key))
 		if !ok {
 			continue
 		}
@@ -139,17 +151,36 @@ func (in *Inspector) snapshot(ctx context.Context, pattern string, skip func(str
 	}
 	read := false
 	for full, sc := range sides {
-		key, ok := in.keyOf(full, pattern, skip)
+		key, ok := keyOf(full)
 		if !ok || sc.readers == 0 {
 			continue // a line of a free key is a moment between two grants
 		}
-		locks = append(locks, readLockOf(key, full, sc, marks[full], floors[full]))
+		l := newInfo(key, full, sc.lease, sc.createRev, sc.modRev, marks[full], floors[full])
+		l.Readers, l.Queued = sc.readers, sc.queued
+		locks = append(locks, l)
 		read = true
 	}
 	if read {
 		slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
 	}
+	if one && len(locks) == 1 {
+		locks[0].FenceCounterKey = FloorKey(full)
+		if floor := floors[full]; floor != nil {
+			if n, err := strconv.ParseInt(string(floor.Value), 10, 64); err == nil {
+				locks[0].FenceCounter = &n
+			}
+		}
+	}
 	return locks, resp.Header.Revision, nil
+}
+
+// listed returns snapshot of the locks that pattern and skip list (keyOf), with their TTLs.
+func (in *Inspector) listed(ctx context.Context, pattern string, skip func(string) bool) ([]lockstore.LockInfo, int64, error) {
+	locks, rev, err := in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, skip) })
+	if err == nil {
+		err = in.leaseTTLs(ctx, locks)
+	}
+	return locks, rev, err
 }
 
 // sideCount sums up the side keys of one lock key (sideDir): its read holds and places in line.
@@ -174,20 +205,7 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	}
 }
 
-// readLockOf is lockOf for full, held for reading as sc counts: the fence of its latest read
-// grant, the lease of one read hold, no owner and no holds.
-func readLockOf(key, full string, sc *sideCount, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
-	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, Readers: sc.readers, Queued: sc.queued,
-		CreateRevision: sc.createRev, ModRevision: sc.modRev, Contended: marked}
-	if sc.lease != 0 {
-		l.Lease = strconv.FormatInt(sc.lease, 16)
-	}
-	d, _ := floorOffset(floor) // as in lockOf
-	l.Fence = sc.createRev<<fenceShift + d
-	return l
-}
-
-// readHeld reports whether l is a key held for reading, as readLockOf reads it.
+// readHeld reports whether l is a key held for reading (no lock key, only read holds).
 func readHeld(l lockstore.LockInfo) bool {
 	return l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == ""
 }
@@ -195,7 +213,7 @@ func readHeld(l lockstore.LockInfo) bool {
 // List implements lockstore.Inspector: one snapshot, filtered here, then the leases of the
 // first opts.Limit locks.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
-	locks, _, err := in.snapshot(ctx, pattern, opts.Skip)
+	locks, _, err := in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, opts.Skip) })
 	if err != nil {
 		return nil, 0, err
 	}
@@ -206,47 +224,17 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 	return locks, more, in.leaseTTLs(ctx, locks)
 }
 
-// Lookup implements lockstore.Inspector: value, waiter mark and fence floor in one
+// Lookup implements lockstore.Inspector: value, waiter mark, fence floor and side keys in one
 // transaction, then the time left on its lease.
 func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	full := in.prefix + key
-	resp, err := in.cli.Txn(ctx).Then(
-		clientv3.OpGet(full),
-		clientv3.OpGet(WaiterKey(full), clientv3.WithKeysOnly()),
-		clientv3.OpGet(FloorKey(full)),
-		clientv3.OpGet(sideDir(full), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-	).Commit()
+	locks, _, err := in.snapshot(ctx, full, true, func(string) (string, bool) { return key, true })
 	if err != nil {
-		return lockstore.LockInfo{}, fmt.Errorf("read %s: %w", full, err)
+		return lockstore.LockInfo{}, err
 	}
-	var sc sideCount
-	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
-		if _, kind, _, ok := parseSideKey(string(kv.Key)); ok {
-			sc.add(kind, kv)
-		}
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 && sc.readers == 0 {
+	if len(locks) == 0 {
 		return lockstore.LockInfo{}, fmt.Errorf("etcd key %q: %w", full, lockstore.ErrNotHeld)
 	}
-	floor := firstKV(resp.Responses[2])
-	marked := len(resp.Responses[1].GetResponseRange().Kvs) > 0
-	var l lockstore.LockInfo
-	if len(kvs) == 0 {
-		l = readLockOf(key, full, &sc, marked, floor)
-	} else {
-		l = lockOf(key, kvs[0], marked, floor)
-		if l.Unrecognized == "" {
-			l.Readers, l.Queued = sc.readers, sc.queued
-		}
-	}
-	l.FenceCounterKey = FloorKey(full)
-	if floor != nil {
-		if n, err := strconv.ParseInt(string(floor.Value), 10, 64); err == nil {
-			l.FenceCounter = &n
-		}
-	}
-	locks := []lockstore.LockInfo{l}
 	if err := in.leaseTTLs(ctx, locks); err != nil {
 		return lockstore.LockInfo{}, err
 	}

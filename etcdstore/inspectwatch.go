@@ -38,10 +38,7 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 		w.timeout = lockstore.DefaultWatchTimeout
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
-	locks, rev, err := in.snapshot(rctx, pattern, w.skip)
-	if err == nil {
-		err = in.leaseTTLs(rctx, locks)
-	}
+	locks, rev, err := in.listed(rctx, pattern, w.skip)
 	cancel()
 	if err != nil {
 		return unlessEnded(ctx, err)
@@ -135,11 +132,7 @@ func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
 		err   error
 	)
 	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
-		locks, rev, err = w.in.snapshot(rctx, w.pattern, w.skip)
-		if err == nil {
-			err = w.in.leaseTTLs(rctx, locks)
-		}
-		if err == nil {
+		if locks, rev, err = w.in.listed(rctx, w.pattern, w.skip); err == nil {
 			break
 		}
 		select {

@@ -244,7 +244,6 @@ func (s *Store) dropLease(l *lease) {
 	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
 }
 
-// ourLease returns the store's lease with id, or nil.
 func (s *Store) ourLease(id clientv3.LeaseID) *lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -281,47 +280,38 @@ func (s *Store) keepAliveLoop() {
 // startReaper starts reap when a lock is past its holder's guarantee and no reaper runs.
 func (s *Store) startReaper(now time.Time) {
 	s.mu.Lock()
-	due := false
-	if !s.reaping {
-		for _, e := range s.held {
-			if !e.reaping && now.After(e.until) {
-				due = true
-				break
-			}
+	defer s.mu.Unlock()
+	if s.reaping {
+		return
+	}
+	for _, e := range s.held {
+		if !e.reaping && now.After(e.until) {
+			s.reaping = s.spawn(func() {
+				defer func() {
+					s.mu.Lock()
+					s.reaping = false
+					s.mu.Unlock()
+				}()
+				s.reap(now)
+			})
+			return
 		}
-	}
-	if due {
-		s.reaping = true
-	}
-	s.mu.Unlock()
-	done := func() {
-		s.mu.Lock()
-		s.reaping = false
-		s.mu.Unlock()
-	}
-	if due && !s.spawn(func() {
-		defer done()
-		s.reap(now)
-	}) {
-		done()
 	}
 }
 
-// renewAfter returns nil once a keep-alive of l sent at or after t succeeded: l then lives at
-// least its TTL from t. Callers that queue while a keep-alive is on the wire share the next.
-func (s *Store) renewAfter(ctx context.Context, l *lease, t time.Time) error {
+// ownKeepAlive is a keep-alive of the store's lease l sent at or after t: once it succeeded, l
+// lives at least its TTL from t. None is sent when one has succeeded already; callers that
+// queue while a keep-alive is on the wire share the next.
+func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAliveCall {
 	l.mu.Lock()
-	if l.gone {
-		l.mu.Unlock()
-		return errLeaseGone
+	defer l.mu.Unlock()
+	switch {
+	case l.gone:
+		return &keepAliveCall{err: errLeaseGone}
+	case l.fresh.Before(t):
+		return &keepAliveCall{r: s.queueLocked(l), secs: l.secs}
 	}
-	if !l.fresh.Before(t) {
-		l.mu.Unlock()
-		return nil
-	}
-	r := s.queueLocked(l)
-	l.mu.Unlock()
-	return r.wait(ctx)
+	return &keepAliveCall{secs: l.secs}
 }
 
 func (r *renewal) wait(ctx context.Context) error {
@@ -402,10 +392,7 @@ func (s *Store) sendKeepAlives(l *lease) {
 // the store's) and returns its TTL in seconds, or errLeaseGone.
 func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID, t time.Time) (int64, error) {
 	if l := s.ourLease(id); l != nil {
-		if err := s.renewAfter(ctx, l, t); err != nil {
-			return 0, err
-		}
-		return l.secs, nil
+		return s.ownKeepAlive(l, t).wait(ctx)
 	}
 	resp, err := s.cli.KeepAliveOnce(ctx, id)
 	switch {

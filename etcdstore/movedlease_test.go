@@ -16,7 +16,7 @@ import (
 )
 
 // The owner releases its own hold while a re-entry from another process remains: the key
-// moves to a lease granted for it (release.go, releaseRead). The grant and the move are two
+// moves to a lease granted for it (release.go, release). The grant and the move are two
 // round trips; when the move is slow, a refresh of the re-entry that reads the key still on
 // the owner's session lease in between returns nil, promising the lock its TTL from the
 // refresh, while the key then sits on the new lease, whose TTL started before that refresh.

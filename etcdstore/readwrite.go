@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -129,17 +128,6 @@ func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int
 		return 1, nil
 	}
 	return 0, nil
-}
-
-// heldBy reports whether kv, read at the key where owner's hold lives (holdKey), is owner's.
-func heldBy(kv *mvccpb.KeyValue, owner string) bool {
-	if kv == nil {
-		return false
-	}
-	if lockstore.IsReadOwner(owner) {
-		return true // the read hold's key names its owner
-	}
-	return ownedBy(kv.Value, owner)
 }
 
 // holdKey is the etcd key that holds owner's hold of key: the key itself for a write, the read

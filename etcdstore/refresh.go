@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,7 +62,8 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 			continue
 		}
 		kv := kvs[hk]
-		if !heldBy(kv, r.Owner) {
+		// A read hold's key names its owner; a lock key's value does.
+		if kv == nil || !lockstore.IsReadOwner(r.Owner) && !ownedBy(kv.Value, r.Owner) {
 			s.forget(r.Key, r.Owner)
 			errs[i] = lockstore.ErrNotHeld
 			continue
@@ -119,10 +121,9 @@ func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Unlock()
 }
 
-// keepAliveCall is one keep-alive that RefreshAll or Reenter waits for.
+// keepAliveCall is one keep-alive of a lease, waited for with wait.
 type keepAliveCall struct {
-	r    *renewal      // the store's lease: its shared keep-alive; nil when already fresh
-	l    *lease        // the store's lease, or nil
+	r    *renewal      // the store's lease: its shared keep-alive; nil when none is needed
 	done chan struct{} // a lease of another store: closed when secs and err are set
 	secs int64
 	err  error
@@ -132,16 +133,7 @@ type keepAliveCall struct {
 // leases, a call of its own (on a goroutine joined by join) for another's.
 func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAliveCall {
 	if l := s.ourLease(id); l != nil {
-		c := &keepAliveCall{l: l}
-		l.mu.Lock()
-		switch {
-		case l.gone:
-			c.err = errLeaseGone
-		case l.fresh.Before(t):
-			c.r = s.queueLocked(l)
-		}
-		l.mu.Unlock()
-		return c
+		return s.ownKeepAlive(l, t)
 	}
 	c := &keepAliveCall{done: make(chan struct{})}
 	go func() {
@@ -153,18 +145,13 @@ func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.
 
 // wait returns the lease's TTL in seconds once the keep-alive succeeded.
 func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
-	if c.l != nil {
-		if c.err != nil {
-			return 0, c.err
+	if c.done != nil {
+		<-c.done // bounded by ctx: the call returns when ctx ends
+	} else if c.r != nil {
+		if err := c.r.wait(ctx); err != nil {
+			return 0, err
 		}
-		if c.r != nil {
-			if err := c.r.wait(ctx); err != nil {
-				return 0, err
-			}
-		}
-		return c.l.secs, nil
 	}
-	<-c.done // bounded by ctx: the call returns when ctx ends
 	return c.secs, c.err
 }
 
@@ -226,10 +213,7 @@ func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
 	}
-	kv := firstKV(resp.Responses[0])
-	if kv == nil {
-		kv = firstKV(resp.Responses[1])
-	}
+	kv := cmp.Or(firstKV(resp.Responses[0]), firstKV(resp.Responses[1]))
 	if kv == nil {
 		return 0, lockstore.ErrNotHeld
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -24,15 +23,14 @@ import (
 //
 // It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires on this
 // deletion), else 0. A failed release is retried in the background until etcd answers. Giving
-// back an acquisition the store never saw granted costs no round trip, so that it never holds
-// the caller past the deadline that cut it short: ErrNotHeld when no request of it went out;
-// nil when its outcome is unknown, the store releasing the key in the background.
+// back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
+// it never holds the caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	if owner == "" || strings.ContainsAny(owner, " ") {
-		return 0, errors.New("flightlock: owner token must be non-empty and without spaces")
+	if err := checkOwner(owner); err != nil {
+		return 0, err
 	}
 	if err := checkHold(hold, true); err != nil {
 		return 0, err
@@ -42,11 +40,8 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 	lastFence = max(lastFence, 0)
 	if hold == "" {
-		switch s.giveBackLater(key, owner, lastFence) {
-		case neverSent:
-			return 0, lockstore.ErrNotHeld
-		case inBackground:
-			return 0, nil
+		if given, err := s.giveBackLater(key, owner, lastFence); given {
+			return 0, err
 		}
 	}
 	return s.releaseNow(ctx, key, owner, hold, lastFence)
@@ -61,18 +56,13 @@ func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFen
 	return n, err
 }
 
-// giveBack outcomes: how Release deals with the own hold of owner on key.
-const (
-	onTheWire    = iota // a grant the store knows of, or a lock it did not take: release now
-	neverSent           // no request of the acquisition went out: nothing to release
-	inBackground        // the acquisition's outcome is unknown: the reaper releases it
-)
-
-// giveBackLater decides how the own hold of owner on key is released (see Release). An entry
-// never seen granted (no create revision) with no named hold is an acquisition whose outcome
-// is unknown, or a failed release: nobody counts on it any more, so it is made due at once
-// for the reaper.
-func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
+// giveBackLater gives back, with no round trip, the own hold of owner on key when the store
+// never saw it granted, and reports whether it did: ErrNotHeld when no request of the
+// acquisition went out; nil when its outcome is unknown (no create revision, no named hold)
+// or it is a failed release: nobody counts on it any more, so it is made due at once for the
+// reaper, which releases the key in the background. A grant the store knows of, or a lock it
+// did not take, is released on the wire.
+func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
 	e := s.held[k]
@@ -82,18 +72,18 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) int {
 		delete(s.unsent, k)
 		s.mu.Unlock()
 		if unsent {
-			return neverSent
+			return true, lockstore.ErrNotHeld
 		}
-		return onTheWire
+		return false, nil
 	case !e.own || e.createRev != 0 || len(e.holds) > 0:
 		s.mu.Unlock()
-		return onTheWire
+		return false, nil
 	}
 	e.last = max(e.last, lastFence)
 	e.until = time.Time{}
 	s.mu.Unlock()
 	s.startReaper(time.Now())
-	return inBackground
+	return true, nil
 }
 
 // noteUnsent records that an acquisition of key by owner gave up before any request went out
@@ -106,26 +96,21 @@ func (s *Store) noteUnsent(key, owner string) {
 	if s.held[k] != nil {
 		return
 	}
-	if len(s.unsent) >= maxWaitRevs {
-		clear(s.unsent)
-	}
-	s.unsent[k] = struct{}{}
+	putBounded(s.unsent, k, struct{}{})
 }
 
+// release is Release on the wire: the one-transaction release when it applies, else by read and
+// compare-and-write.
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if lockstore.IsReadOwner(owner) {
 		return s.releaseShared(ctx, key, owner, hold)
 	}
 	if e, ok := s.entry(key, owner); ok && e.simple && e.own && e.modRev > 0 && hold == "" {
-		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		if op, ok := floorOp(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor); ok {
-			ops = append(ops, op)
-		}
 		// No else branch: reading there costs every release, and the compare fails only for a
 		// lock re-entered from elsewhere or lost.
 		resp, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
-			Then(ops...).
+			Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
 			Commit()
 		if err != nil {
 			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
@@ -135,14 +120,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
 		}
 	}
-	return s.releaseRead(ctx, key, owner, hold, lastFence, nil)
-}
-
-// releaseRead is Release by read and compare-and-write: read (when not nil) holds the key and
-// its floor as last read.
-func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFence int64, read *clientv3.TxnResponse) (int, error) {
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
-	var moved clientv3.LeaseID // a lease granted to move the key onto; revoked if unused
+	var read *clientv3.TxnResponse // the key and its floor as last read (a failed compare's Else)
+	var moved clientv3.LeaseID     // a lease granted to move the key onto; revoked if unused
 	defer func() {
 		if moved != 0 { // on a goroutine of the store; one it cannot revoke expires unused
 			s.spawn(func() { _ = s.revoke(s.ctx, moved) })
@@ -173,58 +153,57 @@ func (s *Store) releaseRead(ctx context.Context, key, owner, hold string, lastFe
 		nv, left := v.withoutHold(hold)
 		e, _ := s.entry(key, owner)
 		nv.last = max(nv.last, lastFence, e.last)
-		same := clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
-		if left {
-			put := clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())
-			if hold == "" {
-				// Only re-entries from other processes are left: off the session lease.
-				if moved == 0 {
-					l, err := s.cli.Grant(ctx, v.secs)
-					if err != nil {
-						return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
-					}
-					moved = l.ID
+		var ops []clientv3.Op
+		switch {
+		case left && hold == "":
+			// Only re-entries from other processes are left: off the session lease.
+			if moved == 0 {
+				l, err := s.cli.Grant(ctx, v.secs)
+				if err != nil {
+					return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
 				}
-				put = clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))
+				moved = l.ID
 			}
-			resp, err := s.cli.Txn(ctx).If(same).Then(put).Else(reads...).Commit()
-			if err != nil {
-				// The key may be on the new lease now: keep it (unused, it expires on its own).
-				moved = 0
-				return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))}
+		case left:
+			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}
+		default:
+			// An unreadable floor (written by hand) is left for the next acquisition to
+			// refuse (top 0 writes none); the lock is released all the same.
+			fence, err := fenceOf(kv.CreateRevision, floor)
+			if err == nil {
+				fence = max(fence, nv.last)
 			}
-			if !resp.Succeeded {
-				read = resp
-				continue
-			}
-			if hold == "" {
-				// A re-entry's refresh that read the key on the session lease before this
-				// commit promised its TTL from its own start, which may be later than the new
-				// lease's grant: a keep-alive sent after the commit covers any such start.
-				s.keepMovedAlive(moved, time.Now())
-				moved = 0 // in use
-			}
-			s.released(key, owner, hold)
-			return 0, nil
+			ops = deleteOps(key, kv.CreateRevision, fence, err == nil && floor != nil)
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(WaiterKey(key))}
-		// An unreadable floor (written by hand) is left for the next acquisition to refuse;
-		// the lock is released all the same.
-		if fence, err := fenceOf(kv.CreateRevision, floor); err == nil {
-			if op, ok := floorOp(key, kv.CreateRevision, max(fence, nv.last), floor != nil); ok {
-				ops = append(ops, op)
-			}
-		}
-		resp, err := s.cli.Txn(ctx).If(same).Then(ops...).Else(reads...).Commit()
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(ops...).
+			Else(reads...).
+			Commit()
 		if err != nil {
+			if left {
+				moved = 0 // the key may be on the new lease now: keep it (unused, it expires on its own)
+			}
 			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
 		}
 		if !resp.Succeeded {
 			read = resp
 			continue
 		}
-		s.forget(key, owner)
-		return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+		if !left {
+			s.forget(key, owner)
+			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+		}
+		if moved != 0 {
+			// A re-entry's refresh that read the key on the session lease before this commit
+			// promised its TTL from its own start, which may be later than the new lease's
+			// grant: a keep-alive sent after the commit covers any such start.
+			s.keepMovedAlive(moved, time.Now())
+			moved = 0 // in use
+		}
+		s.released(key, owner, hold)
+		return 0, nil
 	}
 }
 
@@ -238,7 +217,9 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 			e.holds = withHold(e.holds, hold)
 		}
 		e.tries++
-		retry := time.Now().Add(retryPause(e.tries))
+		// A quarter second, doubling, at most a second: the key is given back within about a
+		// second of etcd answering.
+		retry := time.Now().Add(min(250*time.Millisecond<<min(e.tries-1, 2), time.Second))
 		if len(e.holds) == 0 {
 			// Nobody here counts on the lock any more: retry without waiting for the
 			// promise made to the holder that gave it up.
@@ -249,12 +230,6 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		// pulling it in would take away the other holds' refreshed guarantee.
 		e.until = later(e.until, retry)
 	})
-}
-
-// retryPause is the pause before the try-th retry of a release: a quarter second, doubling,
-// at most a second, so that a key is given back within about a second of etcd answering.
-func retryPause(try int) time.Duration {
-	return min(250*time.Millisecond<<min(try-1, 2), time.Second)
 }
 
 // reap releases, owner-checked, every entry past its until (heldKey), one at a time, each
@@ -336,7 +311,7 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 					return false, 0, 0, err
 				}
 				next := top + 1
-				// The store reports it on release, so that the floor covers it (floorOp).
+				// The store reports it on release, so that the floor covers it (deleteOps).
 				s.update(key, owner, func(e *heldKey) { e.last = max(e.last, next) })
 				return true, next, 0, nil
 			}

@@ -2,13 +2,11 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -24,35 +22,23 @@ func (s *Store) Describe(prefix string) *lockstore.Backend {
 		Responses: &responses{cli: s.cli, prefix: prefix, leases: make(map[int64]*replayLease)}}
 }
 
-// Stored responses of share rules that lock in etcd (lockstore.ResponseStore). Each lives
-// under the Backend's prefix, as the rule's locks do, on an etcd lease, so that etcd deletes it once the rule's Replay time is
-// over.
+// Stored responses of share rules live under the Backend's prefix, as the rule's locks do, on
+// an etcd lease, so that etcd deletes them once the rule's Replay time is over. Leases last
+// whole seconds, so the time a response is kept is rounded up (docs/stores.md): keeping a
+// response a little longer is harmless, unlike a lock's TTL, which is refused instead.
 //
-// etcd leases last whole seconds, so the time a response is kept is rounded up: a response
-// lives at least Replay, and at most Replay rounded up to whole seconds plus one second (the
-// lease-sharing window below), or etcd's minimum lease TTL when that is longer (1.5 election
-// timeouts rounded up: 2s with etcd's default timings). Unlike a lock's TTL, which is refused
-// when it is not whole seconds, keeping a response a little longer is harmless: a duplicate
-// that comes in that extra time gets the response it would have got a moment earlier.
-//
-// Saves share leases instead of granting one per save: a grant is a Raft write (an fsync on
-// every member), as costly as the save itself, and every live lease is work for etcd's lessor.
-// The saves of one whole-second life share one lease of that life plus one second, used for as
-// long as it has at least the life left (its first second), then replaced by a new grant. So a
-// process grants at most about one lease per second per Replay time its rules use, however
-// many responses it stores, and no lease outlives its last response by more than a second.
-// Nothing revokes a lease: it expires with the responses on it. (A new etcd leader renews
-// every lease to its full TTL: across a leader change a response may live one lease longer,
-// never shorter.)
+// Saves share leases instead of granting one per save: a grant is a Raft write, as costly as
+// the save itself, and every live lease is work for etcd's lessor. The saves of one whole-second
+// life share one lease of that life plus replayLeaseSlack while it has at least the life left,
+// then a new one is granted. Nothing revokes a lease: it expires with the responses on it.
 
 // replayLeaseSlack is how much longer than the stored life each shared lease is granted: the
 // window in which saves reuse it, and so the most a response may outlive its rounded life.
 const replayLeaseSlack = time.Second
 
-// replaySaveBound bounds a save (a grant, when one is due, and the transaction). The holder
-// saves before it releases the lock, with a context that no longer ends with the request: a
-// save must not hold the lock longer than that when etcd is slow or unreachable (the
-// response is then shared within the process only, and the failure logged).
+// replaySaveBound bounds a save (a grant, when one is due, and the transaction): the holder
+// saves before it releases the lock, so a slow or unreachable etcd must not hold the lock
+// longer than that (the response is then shared within the process only).
 const replaySaveBound = time.Second
 
 // responses keeps share rules' responses in etcd, on the lock store's client.
@@ -94,7 +80,7 @@ func (s *responses) Save(ctx context.Context, key string, record []byte, fence i
 		err = s.put(ctx, s.prefix+key, v, lease, fence)
 		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
 		// granted anew, once: its until said it had time left, so this is no expiry of ours.
-		if attempt == 0 && (errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)) {
+		if attempt == 0 && isLeaseNotFound(err) {
 			s.forget(secs, lease)
 			continue
 		}
@@ -102,11 +88,10 @@ func (s *responses) Save(ctx context.Context, key string, record []byte, fence i
 	}
 }
 
-// A record in etcd starts with the fence of the grant that produced it, as a fixed-width
-// string, its first field: {"g":"0000000000123456789",<the record's other fields>}. etcd can
-// compare values as bytes only, and fixed-width decimals compare as bytes as they do as
-// numbers, so a transaction can tell whether the stored record comes from a later grant than
-// the saver's, as the Redis save compares the record's "f". A reader ignores the field.
+// A record in etcd starts with the fence of the grant that produced it as a fixed-width
+// string: {"g":"0000000000123456789",<the record's other fields>}. Fixed-width decimals compare
+// as bytes as they do as numbers, so a transaction can tell whether the stored record comes
+// from a later grant than the saver's. A reader ignores the field.
 const (
 	grantTagStart = `{"g":"`
 	grantDigits   = 19 // every int64 fits
@@ -119,21 +104,15 @@ func grantTag(fence int64) string {
 }
 
 // put is save's transaction: v under the etcd key k on lease, unless k holds a lock or the
-// record of a later grant than the one of fence. A stored record's grant is compared, never
-// when it was written: a holder A whose lock was lost while its handler ran may save after its
-// successor B was granted, or after B saved; in both orders B's record is the one that stays,
-// the one duplicates must get. Fences grow with every grant and handoff of the key, so "a
-// later grant" is a larger fence. A save without a fence (a degraded run, fail-open) and a
-// record without its grant in front (an older encoding) compare nothing: the save replaces it,
-// as the Redis save replaces a record whose fence it cannot read.
+// record of a later grant (a larger fence) than the one of fence. The grant is compared, never
+// when a record was written: a holder whose lock was lost while its handler ran may save after
+// its successor did, and the successor's record must stay. A save without a fence (fail-open)
+// and a record without a grant tag compare nothing: the save replaces it, as on Redis.
 //
-// k holds a stored response when its value is a JSON object: it starts with '{', compared as
-// bytes greater than "{" and less than "|", the next byte (a record is never the single byte
-// "{"). It holds the record of a later grant when its value lies in (grantTag(fence+1),
-// grantTagStart+":"): the start, then 19 digits at least fence+1 and more bytes (':' follows
-// '9', so every value that starts with the 19 digits lies below the bound). etcd fails
-// every value comparison on a missing key, hence the nested transactions instead of one
-// compare; it ANDs a transaction's compares, and an empty list holds.
+// k holds a stored response when its value starts with '{' (between "{" and "|" as bytes), and
+// the record of a later grant when its value lies in (grantTag(fence+1), grantTagStart+":"),
+// ':' following '9'. etcd fails every value comparison on a missing key, hence the nested
+// transactions instead of one compare.
 func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
 	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
 	isRecord := []clientv3.Cmp{

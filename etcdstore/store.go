@@ -59,15 +59,14 @@ type Store struct {
 	byID     map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
 	held     map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
 	heldPeak int                          // guarded by mu: len(held)'s peak, for dropLocked
-	waitRev  map[string]int64             // guarded by mu: revision of the last busy reply per key, for Watch
-	// The next three maps are guarded by mu and bounded like waitRev (maxWaitRevs).
+	// The next four maps are guarded by mu and bounded (putBounded); an entry forgotten early
+	// costs a round trip (a forgotten place: a refusal and a lease grant, never its rank).
+	waitRev map[string]int64      // revision of the last busy reply per key, for Watch
 	refused map[string]struct{}   // keys this store was refused since it last granted them: Pass releases their grant
 	unsent  map[entryKey]struct{} // acquisitions that gave up before sending: their give-back needs no round trip
-	// places are this store's fair acquirers' places in line: one forgotten early costs its
-	// owner a refusal and a lease grant, never its rank (its key keeps its create revision).
-	places  map[entryKey]place
-	ticking bool // guarded by mu: the keep-alive loop runs (or, in tests, must not)
-	reaping bool // guarded by mu: a reap goroutine runs
+	places  map[entryKey]place    // this store's fair acquirers' places in line
+	ticking bool                  // guarded by mu: the keep-alive loop runs (or, in tests, must not)
+	reaping bool                  // guarded by mu: a reap goroutine runs
 
 	goMu   sync.Mutex     // guards closed and wg.Add, so nothing starts after Close waits
 	closed bool           // guarded by goMu
@@ -79,12 +78,9 @@ type entryKey struct{ key, owner string }
 
 // heldKey is what the store knows of a lock one owner holds (or may hold) through it. Every
 // write that relies on it is guarded by a compare in etcd: a stale entry costs a round trip,
-// never a wrong write.
-//
-// until makes the session lease behave like a TTL: the store keeps its leases alive whatever
-// the Locker does, so a lock stopped being refreshed, a release that failed or an acquisition
-// whose reply never came would otherwise stay held as long as the process lives. The reaper
-// releases, owner-checked, every entry past until, retrying until etcd answers.
+// never a wrong write. until gives the lock a Redis key's life on a session lease that the
+// store keeps alive whatever the Locker does: the reaper releases, owner-checked, every entry
+// past it (a lock no longer refreshed, a failed release, an acquisition whose reply never came).
 type heldKey struct {
 	value     string           // the value as this store last wrote or read it; "" unknown
 	lease     clientv3.LeaseID // the lease the key is on; 0 unknown (changed with relinkLocked, which counts entries per lease)
@@ -102,8 +98,17 @@ type heldKey struct {
 	reaping   bool             // a release of it by the store is under way
 }
 
-// maxWaitRevs bounds waitRev: busy replies in Reject mode are never followed by a Watch.
+// maxWaitRevs bounds waitRev and its kin: busy replies in Reject mode are never followed by a
+// Watch.
 const maxWaitRevs = 4096
+
+// putBounded sets m[k] to v, first emptying m when it holds maxWaitRevs entries.
+func putBounded[K comparable, V any](m map[K]V, k K, v V) {
+	if len(m) >= maxWaitRevs {
+		clear(m)
+	}
+	m[k] = v
+}
 
 // New returns a store on cli, which the caller owns: Close does not close it.
 func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
@@ -195,7 +200,6 @@ func (s *Store) spawn(f func()) bool {
 	return true
 }
 
-// isClosed reports whether Close was called.
 func (s *Store) isClosed() bool { return s.ctx.Err() != nil }
 
 // entry returns a copy of the entry of key for owner.
@@ -298,14 +302,8 @@ func (s *Store) Held() int {
 // starts there and misses no release in between.
 func (s *Store) noteBusy(key string, rev int64) {
 	s.mu.Lock()
-	if len(s.waitRev) >= maxWaitRevs {
-		clear(s.waitRev)
-	}
-	s.waitRev[key] = rev
-	if len(s.refused) >= maxWaitRevs {
-		clear(s.refused)
-	}
-	s.refused[key] = struct{}{}
+	putBounded(s.waitRev, key, rev)
+	putBounded(s.refused, key, struct{}{})
 	s.mu.Unlock()
 }
 
@@ -315,13 +313,21 @@ func checkArgs(key, owner string, ttl time.Duration) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
+	if err := checkOwner(owner); err != nil {
+		return err
+	}
 	switch {
-	case owner == "" || strings.ContainsAny(owner, " "):
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	case ttl <= 0:
 		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
 	case ttl%time.Second != 0:
 		return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
+	}
+	return nil
+}
+
+func checkOwner(owner string) error {
+	if owner == "" || strings.ContainsAny(owner, " ") {
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	}
 	return nil
 }

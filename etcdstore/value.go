@@ -25,7 +25,8 @@ func FloorKey(k string) string { return floorPrefix + k }
 
 // WaiterKey names the waiter mark of lock key k: written, on the waiter's lease, by an
 // acquisition that found k held by another owner; deleted by the release of k, which then
-// reports one notified waiter. For tools that inspect locks.
+// reports one notified waiter (after an expiry, the next holder's: one needless yield). For
+// tools that inspect locks.
 func WaiterKey(k string) string { return waiterPrefix + k }
 
 // writerKey names the writer mark of lock key k (markWriter, readwrite.go), deleted by every
@@ -183,11 +184,10 @@ func (v lockValue) simple() bool { return v.holds == "1" }
 
 // hasHold reports whether the hold named hold ("" for the acquisition's own) is listed.
 func (v lockValue) hasHold(hold string) bool {
-	own, borrows := v.holds[:1], v.holds[1:]
 	if hold == "" {
-		return own == "1"
+		return v.holds[0] == '1'
 	}
-	return strings.Contains(borrows+",", ","+hold+",")
+	return strings.Contains(v.holds[1:]+",", ","+hold+",")
 }
 
 // withHold lists hold (a named re-entry) once.
@@ -199,17 +199,13 @@ func (v lockValue) withHold(hold string) lockValue {
 }
 
 // withoutHold gives up hold ("" for the acquisition's own), which must be listed, and reports
-// whether any hold is left.
+// whether any hold is left (holds "0" is none).
 func (v lockValue) withoutHold(hold string) (lockValue, bool) {
-	own, borrows := v.holds[:1], v.holds[1:]
 	if hold == "" {
-		own = "0"
+		v.holds = "0" + v.holds[1:]
 	} else {
-		list := borrows + ","
-		i := strings.Index(list, ","+hold+",")
-		list = list[:i] + list[i+len(hold)+1:]
-		borrows = list[:len(list)-1]
+		list := strings.Replace(v.holds+",", ","+hold+",", ",", 1)
+		v.holds = list[:len(list)-1]
 	}
-	v.holds = own + borrows
-	return v, own == "1" || borrows != ""
+	return v, v.holds != "0"
 }

@@ -63,13 +63,14 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 	}
 	// A member without a leader cannot tell deletions: it ends the watch rather than go silent.
 	lctx := clientv3.WithRequireLeader(ctx)
-	// revs[0] is where the watch of key goes on from, revs[1] that of its side directory.
+	// revs[0] is where the watch of key goes on from, revs[1] that of its side directory (0:
+	// from now, as etcd takes a watch with no start revision).
 	revs := [2]int64{rev, rev}
 	for {
 		rctx, cancel := context.WithCancel(lctx)
 		watches := [2]clientv3.WatchChan{
-			s.cli.Watch(rctx, key, watchOptions(revs[0])...),
-			s.cli.Watch(rctx, sideDir(key), append(watchOptions(revs[1]), clientv3.WithPrefix())...),
+			s.cli.Watch(rctx, key, clientv3.WithFilterPut(), clientv3.WithRev(revs[0])),
+			s.cli.Watch(rctx, sideDir(key), clientv3.WithFilterPut(), clientv3.WithRev(revs[1]), clientv3.WithPrefix()),
 		}
 		for ended := false; !ended; {
 			var (
@@ -111,13 +112,4 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 		case <-t.C:
 		}
 	}
-}
-
-// watchOptions are the options of a watch of deletions from rev (0: from now).
-func watchOptions(rev int64) []clientv3.OpOption {
-	opts := []clientv3.OpOption{clientv3.WithFilterPut()}
-	if rev > 0 {
-		opts = append(opts, clientv3.WithRev(rev))
-	}
-	return opts
 }

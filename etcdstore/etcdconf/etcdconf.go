@@ -23,21 +23,13 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Conf is go-zero's discov.EtcdConf, with its names and meanings (Hosts; User and Pass, both
-// or neither; CertFile, CertKeyFile and CACertFile, all three or none; InsecureSkipVerify), so
-// that a zrpc service's Etcd section can be copied under Lock: with another Key. The lock of a
-// rendered key is the etcd key Key + Lock.Prefix + rendered key. docs/configuration.md
-// describes every field. Where it differs:
-//   - Key is the prefix of the lock keys (default "flightlock/"), never a service's discovery
-//     Key: zrpc clients would dial the locks as server addresses. New refuses a Key whose first
-//     segment ends in ".rpc", goctl's naming of discovery keys.
-//   - ID is not a field (flightlock check accepts it in a copied section).
-//   - DialTimeout (default 5s) bounds the connection at start-up and each dial.
-//   - LeaseMargin (default 1s, whole seconds) is how much longer than a lock's TTL its etcd
-//     lease lasts.
-//
-// etcd leases last whole seconds, so a lock TTL on etcd must be whole seconds, at least 1s
-// (Check); nothing is rounded.
+// Conf is go-zero's discov.EtcdConf, with its names and meanings, so that a zrpc service's
+// Etcd section can be copied under Lock: with another Key; docs/configuration.md describes
+// every field. The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key. Key
+// (default "flightlock/") is never a service's discovery Key, which zrpc clients would dial as
+// server addresses; ID is not a field. DialTimeout (default 5s) bounds each dial; LeaseMargin
+// (default 1s, whole seconds) is how much longer than a lock's TTL its etcd lease lasts. Lock
+// TTLs on etcd must be whole seconds, at least 1s (Check); nothing is rounded.
 type Conf struct {
 	Hosts              []string      `json:",optional"`
 	Key                string        `json:",default=flightlock/"`
