@@ -183,8 +183,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	if err := s.check(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if hold == "" || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
+	if err := lockstore.CheckHold(hold, false); err != nil {
+		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed over

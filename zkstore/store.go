@@ -380,17 +380,15 @@ func parseValue(data []byte) (owner, meta string, marked bool) {
 	return owner, meta, marked
 }
 
+// check refuses a call on a closed store, lockstore.CheckArgs's refusals and a TTL above MaxTTL.
 func (s *Store) check(key, owner string, ttl time.Duration) error {
-	switch {
-	case s.closed.Load():
+	if s.closed.Load() {
 		return errStoreClosed
-	case key == "":
-		return errors.New("flightlock: empty lock key")
-	case owner == "" || strings.ContainsAny(owner, " \n"):
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
-	case ttl <= 0:
-		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
-	case ttl > s.maxTTL:
+	}
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
+		return err
+	}
+	if ttl > s.maxTTL {
 		return fmt.Errorf("flightlock: %w", s.Capabilities().CheckTTL(ttl))
 	}
 	return nil

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -18,14 +16,9 @@ import (
 // and comparing, hearing the releases of contended locks at once on their release channels.
 // Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
+	opts = opts.WithDefaults()
 	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
-		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo)}
-	if w.interval <= 0 {
-		w.interval = lockstore.DefaultWatchInterval
-	}
-	if w.timeout <= 0 {
-		w.timeout = lockstore.DefaultWatchTimeout
-	}
+		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo), gone: make(map[string]int)}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	w.keyspace = keyspaceEnabled(rctx, r.client)
 	cancel()
@@ -118,7 +111,7 @@ func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 }
 
 // poll reads the matching locks and makes them the ones held; with report, it first reports
-// how they differ from those held before (grants, then the locks gone, each by key).
+// how they differ from those held before (lockstore.Changes).
 func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -130,41 +123,19 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 	if err != nil {
 		return nil, err
 	}
-	now := make(map[string]lockstore.LockInfo, len(locks))
-	for _, l := range locks {
-		now[l.Key] = l
-		if !report {
-			continue
-		}
-		prev, seen := w.held[l.Key]
-		switch {
-		case !seen || prev.Owner != l.Owner || prev.Fence != l.Fence:
-			w.emit(lockstore.EventAcquired, l)
-			if l.Contended {
-				w.emit(lockstore.EventContended, l)
-			}
-		case prev.Own != l.Own || !slices.Equal(prev.Borrowed, l.Borrowed):
-			w.emit(lockstore.EventChanged, l)
-		case l.Contended && !prev.Contended:
-			w.emit(lockstore.EventContended, l)
-		}
+	held, fn := w.held, w.fn
+	if !report {
+		held, fn = nil, func(lockstore.Event) {}
 	}
+	now, gone := lockstore.Changes(held, locks, fn)
 	w.polls++
 	for k, at := range w.gone {
 		if _, back := now[k]; back || w.polls-at >= goneMarkPolls {
 			delete(w.gone, k)
 		}
 	}
-	if report {
-		for _, k := range slices.Sorted(maps.Keys(w.held)) {
-			if _, ok := now[k]; !ok {
-				w.emit(lockstore.EventGone, w.held[k])
-				if w.gone == nil {
-					w.gone = make(map[string]int)
-				}
-				w.gone[k] = w.polls
-			}
-		}
+	for _, k := range gone {
+		w.gone[k] = w.polls
 	}
 	w.held = now
 	return locks, nil

@@ -190,7 +190,7 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 		return s.acquireFair(ctx, req)
 	}
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if meta = trimMeta(meta); meta != "" {
@@ -247,10 +247,10 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 
 // Reenter implements lockstore.Store.
 func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if err := checkHold(hold, false); err != nil {
+	if err := lockstore.CheckHold(hold, false); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -325,7 +325,7 @@ func holderMetadata(value string) string {
 
 // Refresh implements lockstore.Store.
 func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return err
 	}
 	var (
@@ -370,7 +370,7 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 	calls := make([]*queuedCall, 0, len(batch))
 	index := make([]int, 0, len(batch)) // calls[j] refreshes batch[index[j]]
 	for i, r := range batch {
-		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
+		if errs[i] = lockstore.CheckArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
 			continue
 		}
 		script, keys := refreshCall(r.Key, r.Owner)
@@ -408,10 +408,10 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 
 // Release implements lockstore.Store.
 func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	if err := checkHold(hold, true); err != nil {
+	if err := lockstore.CheckHold(hold, true); err != nil {
 		return 0, err
 	}
 	_, _, n, err := s.release(ctx, "release", key, owner, hold, lastFence, "")
@@ -421,7 +421,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 // Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock
 // would need its own WAIT, and the Locker's fresh acquisition brings one.
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -522,29 +522,6 @@ func (s *RedisStore) Close() error {
 // trimMeta cuts what metadata must not end with: " ~" at the end of a value is the waiters
 // mark of acquire.lua.
 func trimMeta(meta string) string { return strings.TrimRight(meta, " ~") }
-
-// checkArgs refuses requests that Redis would accept but that make no lock: an empty key, an
-// owner that cannot be told apart from metadata, or a lock that never expires.
-func checkArgs(key, owner string, ttl time.Duration) error {
-	switch {
-	case key == "":
-		return errors.New("flightlock: empty lock key")
-	case owner == "" || strings.ContainsAny(owner, " "):
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
-	case ttl <= 0:
-		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
-	}
-	return nil
-}
-
-// checkHold refuses hold names that the lock value cannot list: empty (unless it names the
-// acquisition's own hold), or with a space or comma.
-func checkHold(hold string, ownAllowed bool) error {
-	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
-		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
-	}
-	return nil
-}
 
 // ttlMillis rounds ttl up to whole milliseconds, so a sub-millisecond TTL is never 0 (which
 // Redis rejects) and never shorter than asked.

@@ -40,7 +40,7 @@ func refreshCall(key, owner string) (*redis.Script, []string) {
 // acquireFair is Acquire of a fair request, with fairacquire.lua.
 func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta, asked, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Asked, req.Queue
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -69,7 +69,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 
 // LeaveQueue implements lockstore.Store with leavequeue.lua.
 func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
-	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
 		return err
 	}
 	keys := []string{key, lineKey(key), lineDueKey(key)}
