@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -41,9 +40,6 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 func (s *RedisStore) giveUp(key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
-	if lockstore.IsReadOwner(owner) {
-		_ = readReleaseScript.Run(ctx, s.client, []string{key, readersKey(key)}, owner, s.channelPrefix, writerReserveMillis).Err()
-		return
-	}
-	_ = releaseScript.Run(ctx, s.client, []string{key, lockstore.FenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
+	script, keys, args := s.releaseCall(key, owner, hold, 0, "")
+	_ = script.Run(ctx, s.client, keys, args...).Err()
 }

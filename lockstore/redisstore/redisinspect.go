@@ -123,15 +123,9 @@ func parseLock(l *lockstore.LockInfo, value string) {
 		return
 	}
 	l.Owner, l.Fence, l.Own, l.Borrowed = fields[0], fence, holds[0] == "1", holds[1:]
-	rest := ""
-	if len(fields) == 4 {
-		rest = fields[3]
-	}
-	if rest == "~" || strings.HasSuffix(rest, " ~") {
-		l.Contended = true
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
-	}
-	l.ParseHolder(rest)
+	var meta string
+	meta, l.Contended = valueMeta(value)
+	l.ParseHolder(meta)
 }
 
 // globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.

@@ -189,14 +189,11 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
 	}
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
+	key, owner, ttl := req.Key, req.Owner, req.TTL
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if meta = trimMeta(meta); meta != "" {
-		meta = " " + meta
-	}
-	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), metaArg(req.Meta)}
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
@@ -237,7 +234,8 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
 	case acquireBusy:
 		// PTTL -1 (a key without expiry, not ours) is reported as unknown: 0.
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
+		meta, _ := valueMeta(value)
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: meta}, nil
 	case reenterFree:
 		return lockstore.Acquisition{}, nil
 	default:
@@ -309,18 +307,18 @@ func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 	return code, n, value, nil
 }
 
-// holderMetadata is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"):
-// what the holder said about itself, without its owner token, which must not leave the store.
-func holderMetadata(value string) string {
+// valueMeta is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"),
+// what the holder said about itself without its owner token (which must not leave the store),
+// and whether the value ends with the waiters mark.
+func valueMeta(value string) (meta string, marked bool) {
 	f := strings.SplitN(value, " ", 4)
 	if len(f) < 4 {
-		return ""
+		return "", false
 	}
-	meta := f[3]
-	if meta == "~" {
-		return ""
+	if f[3] == "~" || strings.HasSuffix(f[3], " ~") {
+		return strings.TrimSuffix(strings.TrimSuffix(f[3], "~"), " "), true
 	}
-	return strings.TrimSuffix(meta, " ~")
+	return f[3], false
 }
 
 // Refresh implements lockstore.Store.
@@ -328,22 +326,23 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	var (
-		n   int64
-		err error
-	)
 	script, keys := refreshCall(key, owner)
-	if s.replicas > 0 {
-		var cmd *redis.Cmd
-		var acked int64
-		if cmd, acked, err = s.runAcked(ctx, script, keys, owner, ttlMillis(ttl)); err == nil {
-			if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
-				err = s.notReplicated(acked)
-			}
-		}
-	} else {
-		n, err = s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
+	if s.replicas == 0 {
+		n, err := s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
+		return s.refreshed(key, n, err)
 	}
+	var n int64
+	cmd, acked, err := s.runAcked(ctx, script, keys, owner, ttlMillis(ttl))
+	if err == nil {
+		if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
+			err = s.notReplicated(acked)
+		}
+	}
+	return s.refreshed(key, n, err)
+}
+
+// refreshed is the outcome of a refresh of key whose script replied n, or failed with err.
+func (s *RedisStore) refreshed(key string, n int64, err error) error {
 	if err != nil {
 		s.reloadOnNetworkError(err)
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
@@ -393,15 +392,8 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 	}
 	pipeline(ctx, s.batch.client, calls)
 	for j, q := range calls {
-		i := index[j]
 		n, err := q.cmd.Int64()
-		switch {
-		case err != nil:
-			s.reloadOnNetworkError(err)
-			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", batch[i].Key, err)
-		case n != 1:
-			errs[i] = lockstore.ErrNotHeld
-		}
+		errs[index[j]] = s.refreshed(batch[index[j]].Key, n, err)
 	}
 	return errs
 }
@@ -438,13 +430,9 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 // passTTL set, a pass. The caller checked the arguments.
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
+	script, keys, args := s.releaseCall(key, owner, hold, lastFence, passTTL)
 	for {
-		if lockstore.IsReadOwner(owner) {
-			cmd = s.run(ctx, readReleaseScript, []string{key, readersKey(key)}, nil, owner, s.channelPrefix, writerReserveMillis)
-		} else {
-			cmd = s.run(ctx, releaseScript, []string{key, lockstore.FenceKey(key)}, nil, owner, s.channelPrefix,
-				strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
-		}
+		cmd = s.run(ctx, script, keys, nil, args...)
 		err = cmd.Err()
 		if !isTryAgain(err) && !isRedirect(err) {
 			break
@@ -479,6 +467,16 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 		return false, 0, 0, nil
 	}
 	return false, 0, int(n), nil
+}
+
+// releaseCall is the script, keys and arguments of a release (release.lua, readrelease.lua for a
+// read owner) of hold, or with passTTL set, of a pass.
+func (s *RedisStore) releaseCall(key, owner, hold string, lastFence int64, passTTL string) (*redis.Script, []string, []any) {
+	if lockstore.IsReadOwner(owner) {
+		return readReleaseScript, []string{key, readersKey(key)}, []any{owner, s.channelPrefix, writerReserveMillis}
+	}
+	return releaseScript, []string{key, lockstore.FenceKey(key)},
+		[]any{owner, s.channelPrefix, strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL}
 }
 
 // TTL implements lockstore.Store.
@@ -519,9 +517,14 @@ func (s *RedisStore) Close() error {
 	return err
 }
 
-// trimMeta cuts what metadata must not end with: " ~" at the end of a value is the waiters
-// mark of acquire.lua.
-func trimMeta(meta string) string { return strings.TrimRight(meta, " ~") }
+// metaArg is a request's metadata as the acquiring scripts take it, "" or " <meta>", without
+// what a value must not end with: " ~" at its end is the waiters mark of acquire.lua.
+func metaArg(meta string) string {
+	if meta = strings.TrimRight(meta, " ~"); meta != "" {
+		return " " + meta
+	}
+	return ""
+}
 
 // ttlMillis rounds ttl up to whole milliseconds, so a sub-millisecond TTL is never 0 (which
 // Redis rejects) and never shorter than asked.

@@ -39,18 +39,15 @@ func refreshCall(key, owner string) (*redis.Script, []string) {
 
 // acquireFair is Acquire of a fair request, with fairacquire.lua.
 func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, meta, asked, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Asked, req.Queue
+	key, owner, ttl, queue := req.Key, req.Owner, req.TTL, req.Queue
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
 	}
-	if meta = trimMeta(meta); meta != "" {
-		meta = " " + meta
-	}
 	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
-	args := []any{owner, ttlMillis(ttl), meta, strconv.FormatInt(asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(queue, 0)), 10)}
+	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(queue, 0)), 10)}
 	if queue <= 0 {
 		args[4] = "0"
 	}
