@@ -129,7 +129,6 @@ type RedisStore struct {
 
 	replicas       int           // WithReplicas: acknowledgements a grant or refresh needs; 0: none
 	replicaTimeout time.Duration // WithReplicas: how long WAIT waits for them
-	redirects      redirectNodes // WithReplicas on a Cluster: clients of the nodes MOVED and ASK name
 }
 
 // New returns a store on an existing go-redis client. Closing the store does not close client.
@@ -509,7 +508,7 @@ func (s *RedisStore) Capabilities() lockstore.Capabilities {
 // Close stops the notification subscriber, then runs the functions given with WithOnClose,
 // last added first.
 func (s *RedisStore) Close() error {
-	err := errors.Join(s.notify.close(), s.redirects.close())
+	err := s.notify.close()
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		err = errors.Join(err, s.closers[i]())
 	}
