@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -153,11 +154,8 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	defer s.mu.Unlock()
 	seen, ok := s.reservedSeen[k]
 	if !ok {
-		for old, at := range s.reservedSeen { // the map stays small
-			if now.Sub(at) > 2*writerReserve {
-				delete(s.reservedSeen, old)
-			}
-		}
+		// The map stays small.
+		maps.DeleteFunc(s.reservedSeen, func(_ string, at time.Time) bool { return now.Sub(at) > 2*writerReserve })
 		s.reservedSeen[k], seen = now, now
 	}
 	return now.Sub(seen) < writerReserve

@@ -408,10 +408,7 @@ func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := holdKey{node, owner}
-	hs := s.holds[k]
-	if i := slices.Index(hs, hold); i >= 0 {
-		hs = slices.Delete(hs, i, i+1)
-	}
+	hs := slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
 	if len(hs) == 0 {
 		delete(s.holds, k)
 	} else {

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,14 +121,8 @@ const compactAt = 1024
 
 // compactLocked drops the calls whose callers gave up. b.mu must be held.
 func (b *batcher) compactLocked() {
-	kept := b.queue[:0]
-	for _, q := range b.queue {
-		if q.state.Load() != callAbandoned {
-			kept = append(kept, q)
-		}
-	}
-	clear(b.queue[len(kept):]) // let the dropped calls be collected
-	b.queue = kept
+	// DeleteFunc clears the tail: the dropped calls can be collected.
+	b.queue = slices.DeleteFunc(b.queue, func(q *queuedCall) bool { return q.state.Load() == callAbandoned })
 }
 
 // laneDone frees a lane, or hands it the queued calls as one batch.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -129,11 +130,10 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 	}
 	now, gone := lockstore.Changes(held, locks, fn)
 	w.polls++
-	for k, at := range w.gone {
-		if _, back := now[k]; back || w.polls-at >= goneMarkPolls {
-			delete(w.gone, k)
-		}
-	}
+	maps.DeleteFunc(w.gone, func(k string, at int) bool {
+		_, back := now[k]
+		return back || w.polls-at >= goneMarkPolls
+	})
 	for _, k := range gone {
 		w.gone[k] = w.polls
 	}
