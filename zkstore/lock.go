@@ -40,12 +40,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // sets the node's data once more to read its creation zxid (the fence); see held for a key
 // node that exists.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, meta := req.Key, req.Owner, req.Meta
+	if err := s.check(key, owner, req.TTL); err != nil {
+		return lockstore.Acquisition{}, err
+	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
-	}
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	if err := s.check(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
 		return s.acquireRead(ctx, key, owner, meta)

@@ -185,12 +185,12 @@ func (s *RedisStore) Preload(ctx context.Context) error {
 // Acquire implements lockstore.Store: acquire.lua, readacquire.lua for a read owner, and
 // fairacquire.lua for a fair request (acquireFair).
 func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	if !req.Asked.IsZero() {
-		return s.acquireFair(ctx, req)
-	}
 	key, owner, ttl := req.Key, req.Owner, req.TTL
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
+	}
+	if !req.Asked.IsZero() {
+		return s.acquireFair(ctx, req)
 	}
 	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), metaArg(req.Meta)}
 	if lockstore.IsReadOwner(owner) {

@@ -37,20 +37,14 @@ func refreshCall(key, owner string) (*redis.Script, []string) {
 	return refreshScript, []string{key}
 }
 
-// acquireFair is Acquire of a fair request, with fairacquire.lua.
+// acquireFair is Acquire of a fair request, with fairacquire.lua. Acquire checked the arguments.
 func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, queue := req.Key, req.Owner, req.TTL, req.Queue
-	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
+	key, owner, ttl := req.Key, req.Owner, req.TTL
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
 	}
 	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
-	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(queue, 0)), 10)}
-	if queue <= 0 {
-		args[4] = "0"
-	}
+	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(req.Queue, 0)), 10)}
 	taken := s.releaseIfTaken(key, owner)
 	late := func(cmd *redis.Cmd) {
 		// The caller left: a grant is given back, and a place left, so nobody waits behind it.
