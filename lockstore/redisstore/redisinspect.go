@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,11 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed forcerelease.lua
-	forceReleaseLua    string
-	forceReleaseScript = redis.NewScript(forceReleaseLua)
-)
+var forceReleaseScript = script("forcerelease.lua")
 
 // RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix.
 // Create it with NewInspector.

@@ -2,7 +2,7 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -15,36 +15,30 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
+// scripts holds the Lua scripts, one operation a file, each opening with its contract.
+//
+//go:embed *.lua
+var scripts embed.FS
+
+// script wraps the script in file once, so that it runs by EVALSHA.
+func script(file string) *redis.Script {
+	src, err := scripts.ReadFile(file)
+	if err != nil {
+		panic(err) // embedded above: only a misspelt name fails
+	}
+	return redis.NewScript(string(src))
+}
+
 var (
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed refresh.lua
-	refreshLua string
-	//go:embed release.lua
-	releaseLua string
-	//go:embed reenter.lua
-	reenterLua string
-	//go:embed readacquire.lua
-	readAcquireLua string
-	//go:embed readrefresh.lua
-	readRefreshLua string
-	//go:embed readrelease.lua
-	readReleaseLua string
-	//go:embed fairacquire.lua
-	fairAcquireLua string
-	//go:embed leavequeue.lua
-	leaveQueueLua string
-
-	acquireScript = redis.NewScript(acquireLua)
-	refreshScript = redis.NewScript(refreshLua)
-	releaseScript = redis.NewScript(releaseLua)
-	reenterScript = redis.NewScript(reenterLua)
-
-	readAcquireScript = redis.NewScript(readAcquireLua)
-	readRefreshScript = redis.NewScript(readRefreshLua)
-	readReleaseScript = redis.NewScript(readReleaseLua)
-	fairAcquireScript = redis.NewScript(fairAcquireLua)
-	leaveQueueScript  = redis.NewScript(leaveQueueLua)
+	acquireScript     = script("acquire.lua")
+	refreshScript     = script("refresh.lua")
+	releaseScript     = script("release.lua")
+	reenterScript     = script("reenter.lua")
+	readAcquireScript = script("readacquire.lua")
+	readRefreshScript = script("readrefresh.lua")
+	readReleaseScript = script("readrelease.lua")
+	fairAcquireScript = script("fairacquire.lua")
+	leaveQueueScript  = script("leavequeue.lua")
 )
 
 // Reply codes of acquire.lua.
