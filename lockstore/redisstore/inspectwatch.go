@@ -18,15 +18,14 @@ import (
 // Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
-	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
-		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo), gone: make(map[string]int)}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, held: make(map[string]lockstore.LockInfo), gone: make(map[string]int)}
+	rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	w.keyspace = keyspaceEnabled(rctx, r.client)
 	cancel()
 	mode := "keyspace notifications"
 	channel := "__keyspace@*__:" + globEscape(r.prefix) + pattern
 	if !w.keyspace {
-		mode = "polling every " + w.interval.String()
+		mode = "polling every " + w.opts.Interval.String()
 		channel = DefaultChannelPrefix + globEscape(r.prefix) + pattern
 	}
 
@@ -42,7 +41,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 		return quiet(ctx, err)
 	}
 	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: mode})
-	tick := time.NewTicker(w.interval)
+	tick := time.NewTicker(w.opts.Interval)
 	defer tick.Stop()
 	for {
 		select {
@@ -90,12 +89,11 @@ func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 
 // redisWatch is the state of one Watch call, owned by its goroutine.
 type redisWatch struct {
-	r                 *RedisInspector
-	pattern           string
-	skip              func(string) bool
-	fn                func(lockstore.Event)
-	interval, timeout time.Duration
-	keyspace          bool // events come from keyspace notifications; else from comparing reads
+	r        *RedisInspector
+	pattern  string
+	opts     lockstore.WatchOptions // with defaults
+	fn       func(lockstore.Event)
+	keyspace bool // events come from keyspace notifications; else from comparing reads
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
 	// gone are the keys a recent poll reported gone, with the number of that poll: a release
@@ -114,9 +112,9 @@ func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 // poll reads the matching locks and makes them the ones held; with report, it first reports
 // how they differ from those held before (lockstore.Changes).
 func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
 	defer cancel()
-	keys, err := w.r.scanKeys(rctx, w.pattern, w.skip)
+	keys, err := w.r.scanKeys(rctx, w.pattern, w.opts.Skip)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +161,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
 	}
 	key, ok := strings.CutPrefix(storeKey, w.r.prefix)
-	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.skip != nil && w.skip(key) {
+	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.opts.Skip != nil && w.opts.Skip(key) {
 		return nil
 	}
 
@@ -180,7 +178,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		w.emit(kind, l)
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
 	defer cancel()
 	locks, err := w.r.read(rctx, []string{key})
 	if err != nil {
