@@ -210,12 +210,8 @@ func readEnsemble(cfg Config) ensemble {
 		if err != nil {
 			continue
 		}
-		read := func(name string) (int64, bool) {
-			v, ok := conf[name]
-			if !ok {
-				return 0, false
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
+		read := func(name string) (int64, bool) { // false when absent ("") or not a number
+			n, err := strconv.ParseInt(conf[name], 10, 64)
 			return n, err == nil
 		}
 		tick, ok := read("tickTime")

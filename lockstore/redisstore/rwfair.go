@@ -11,10 +11,6 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// The side keys of read-write and fair locks live in the lock key's hash slot
-// (lockstore.SideKey), so one script sees them all; readacquire.lua and fairacquire.lua say
-// what they hold.
-
 // readersKey names the sorted set of key's read holds (readacquire.lua).
 func readersKey(key string) string { return lockstore.SideKey("readers", key) }
 
