@@ -126,11 +126,7 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		}
 		// The holds listed between two reads of the same grant (the same creation zxid) are
 		// that grant's, and a delete of one fails on any node the key gets later.
-		_, first, err := in.s.get(ctx, p)
-		if err != nil {
-			continue
-		}
-		kids, err := in.s.children(ctx, p)
+		_, first, kids, err := in.s.node(ctx, p)
 		if err != nil {
 			continue
 		}

@@ -139,26 +139,24 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 	return locks, nil
 }
 
+// keyspaceKinds are the events of the keyspace notifications a watch reports; others (pexpire,
+// a renewal) are not. A set is an acquisition or, of the same grant, a change: notified tells.
+var keyspaceKinds = map[string]lockstore.EventKind{
+	"set":     lockstore.EventAcquired,
+	"append":  lockstore.EventContended,
+	"del":     lockstore.EventReleased,
+	"expired": lockstore.EventExpired,
+}
+
 // notified handles a keyspace event, or (polling) a release notification.
 func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
-	var storeKey string
-	var kind lockstore.EventKind
+	storeKey, kind := strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
 	if w.keyspace {
-		_, storeKey, _ = strings.Cut(m.Channel, "__:")
-		switch m.Payload {
-		case "set": // or EventChanged: told apart below
-			kind = lockstore.EventAcquired
-		case "append":
-			kind = lockstore.EventContended
-		case "del":
-			kind = lockstore.EventReleased
-		case "expired":
-			kind = lockstore.EventExpired
-		default:
-			return nil // pexpire (a renewal) and the like
+		var ok bool
+		if kind, ok = keyspaceKinds[m.Payload]; !ok {
+			return nil
 		}
-	} else {
-		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
+		_, storeKey, _ = strings.Cut(m.Channel, "__:")
 	}
 	key, ok := strings.CutPrefix(storeKey, w.r.prefix)
 	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.opts.Skip != nil && w.opts.Skip(key) {
