@@ -34,7 +34,7 @@ type pipeliner interface {
 //   - a call whose context ends while it is on the wire returns at once with context.Cause.
 //     The command still runs, and when its reply arrives (or the batch fails) the lane hands
 //     it to the call's late hook, in a goroutine of its own so that a slow clean-up never
-//     holds the lane. An acquire needs one (RedisStore.releaseIfTaken): a lock it took that
+//     holds the lane. An acquire needs one (RedisStore.releaseOnReply): a lock it took that
 //     nobody learns about would stay held until its TTL. Refresh and release need none: a
 //     late refresh extends a lock its holder still releases; a late release did its job.
 //

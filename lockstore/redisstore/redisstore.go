@@ -190,7 +190,7 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseIfTaken(key, owner))
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
 }
 
 // acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the

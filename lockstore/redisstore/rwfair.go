@@ -41,7 +41,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 	}
 	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
 	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(req.Queue, 0)), 10)}
-	taken := s.releaseIfTaken(key, owner)
+	taken := s.releaseOnReply(key, owner, "", acquireTaken)
 	late := func(cmd *redis.Cmd) {
 		// The caller left: a grant is given back, and a place left, so nobody waits behind it.
 		taken(cmd)
