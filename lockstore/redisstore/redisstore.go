@@ -482,10 +482,7 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 	if d == -2 {
 		return 0, lockstore.ErrNotHeld
 	}
-	if d < 0 {
-		return 0, nil
-	}
-	return d, nil
+	return max(d, 0), nil
 }
 
 // Watch implements lockstore.Store.

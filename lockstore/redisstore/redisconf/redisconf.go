@@ -128,9 +128,7 @@ func (r Conf) Validate(section, _ string) []error {
 	if r.Lanes < -1 {
 		add(lockstore.FieldError(section+".Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", r.Lanes))
 	}
-	switch r.Protocol {
-	case 0, 2, 3:
-	default:
+	if !slices.Contains([]int{0, 2, 3}, r.Protocol) {
 		add(lockstore.FieldError(section+".Protocol", "must be one of 2, 3; got %d", r.Protocol))
 	}
 	add(oneOf(section+".MaintNotifications", r.MaintNotifications, string(maintnotifications.ModeDisabled),
