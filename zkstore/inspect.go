@@ -36,11 +36,8 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 	var keys []string
 	for _, n := range names {
 		full, ok := keyOf(n)
-		if !ok || !strings.HasPrefix(full, in.prefix) {
-			continue
-		}
-		k := full[len(in.prefix):]
-		if opts.Skip != nil && opts.Skip(k) || !glob.Match(pattern, k) {
+		k, under := strings.CutPrefix(full, in.prefix)
+		if !ok || !under || opts.Skip != nil && opts.Skip(k) || !glob.Match(pattern, k) {
 			continue
 		}
 		keys = append(keys, k)
