@@ -71,7 +71,7 @@ type IncrOption func(*incr)
 
 type incr struct {
 	floor    string // "" or the decimal lowest value
-	existing bool
+	existing string // "" or "1": refuse a missing field
 }
 
 // AtLeast refuses an increment that would take the field below floor (ErrBelowFloor): stock
@@ -83,7 +83,7 @@ func AtLeast(floor int64) IncrOption {
 // Existing refuses to increment a field that does not exist (ErrMissing) instead of counting
 // it from 0: an unknown SKU or account is an error, not a new one.
 func Existing() IncrOption {
-	return func(o *incr) { o.existing = true }
+	return func(o *incr) { o.existing = "1" }
 }
 
 // HIncrBy adds delta to the integer field of the hash key, fenced by fence, and returns the new
@@ -96,11 +96,7 @@ func HIncrBy(ctx context.Context, rdb redis.Scripter, key, field string, delta, 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	existing := ""
-	if o.existing {
-		existing = "1"
-	}
-	code, n, err := pair(hincrbyScript.Run(ctx, rdb, []string{key}, field, delta, fence, o.floor, existing))
+	code, n, err := pair(hincrbyScript.Run(ctx, rdb, []string{key}, field, delta, fence, o.floor, o.existing))
 	if err != nil {
 		return 0, fmt.Errorf("fenced: hincrby %s %s: %w", key, field, err)
 	}

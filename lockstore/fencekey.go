@@ -28,12 +28,18 @@ func FenceKey(k string) string {
 // KeySlot is the Redis Cluster hash slot of k: CRC16/XMODEM of its hash tag, or of the whole
 // key, modulo 16384.
 func KeySlot(k string) uint16 {
-	if open := strings.IndexByte(k, '{'); open >= 0 {
-		if end := strings.IndexByte(k[open+1:], '}'); end > 0 {
-			k = k[open+1 : open+1+end]
-		}
+	if tag, ok := hashTag(k); ok {
+		k = tag
 	}
 	return crc16(k) % 16384
+}
+
+// hashTag is what k's first "{" and the next "}" enclose, when that is not empty: the part of
+// k that Redis Cluster hashes.
+func hashTag(k string) (string, bool) {
+	_, rest, open := strings.Cut(k, "{")
+	tag, _, closed := strings.Cut(rest, "}")
+	return tag, open && closed && tag != ""
 }
 
 // crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), a byte at a time
@@ -94,10 +100,8 @@ func slotTag(s uint16) uint32 {
 // hash tag keeps it (the prefix adds no brace before it); any other gets a tag that hashes to
 // its slot, and a separator of its own, so that it can never equal a tagged key's.
 func SideKey(kind, k string) string {
-	if open := strings.IndexByte(k, '{'); open >= 0 {
-		if end := strings.IndexByte(k[open+1:], '}'); end > 0 {
-			return FenceKeyPrefix + kind + ":" + k
-		}
+	if _, ok := hashTag(k); ok {
+		return FenceKeyPrefix + kind + ":" + k
 	}
 	// "#", not ":": this side key of "k" must differ from the tagged one of "{<tag>}k".
 	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + k

@@ -2,6 +2,8 @@ package lockstore
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -55,6 +57,51 @@ const (
 	DefaultWatchInterval = 500 * time.Millisecond
 	DefaultWatchTimeout  = 10 * time.Second
 )
+
+// WithDefaults returns o with DefaultWatchInterval and DefaultWatchTimeout in place of an
+// Interval and a Timeout that are not positive.
+func (o WatchOptions) WithDefaults() WatchOptions {
+	if o.Interval <= 0 {
+		o.Interval = DefaultWatchInterval
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultWatchTimeout
+	}
+	return o
+}
+
+// Changes reports to fn how locks, a new read of the locks a watch follows, differ from held,
+// the read before it by key, so that a watch that polls reports a change alike on every store.
+// For each lock in turn: EventAcquired for a new grant (another owner or fence), followed by
+// EventContended when it was refused already; EventChanged when the grant's holds changed (Own,
+// Borrowed, Readers); or EventContended at its first refusal. Then EventGone for each lock of
+// held not read again, by key. It returns locks by key, held for the next read, and the keys
+// gone.
+func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
+	now = make(map[string]LockInfo, len(locks))
+	for _, l := range locks {
+		now[l.Key] = l
+		prev, seen := held[l.Key]
+		switch {
+		case !seen || prev.Owner != l.Owner || prev.Fence != l.Fence:
+			fn(Event{Kind: EventAcquired, Lock: l})
+			if l.Contended {
+				fn(Event{Kind: EventContended, Lock: l})
+			}
+		case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
+			fn(Event{Kind: EventChanged, Lock: l})
+		case l.Contended && !prev.Contended:
+			fn(Event{Kind: EventContended, Lock: l})
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(held)) {
+		if _, ok := now[k]; !ok {
+			fn(Event{Kind: EventGone, Lock: held[k]})
+			gone = append(gone, k)
+		}
+	}
+	return now, gone
+}
 
 // NoTTL is LockInfo.TTL of a key without an expiry, and of a lock an event names unread.
 const NoTTL time.Duration = -1

@@ -80,6 +80,31 @@ type Capabilities struct {
 	SharedWatch bool
 }
 
+// CheckArgs refuses what makes no lock on any store, although a store might accept it: an empty
+// key, an owner that cannot be told apart from what a store writes beside it (empty, or with a
+// space), or a TTL that never runs out.
+func CheckArgs(key, owner string, ttl time.Duration) error {
+	switch {
+	case key == "":
+		return errors.New("flightlock: empty lock key")
+	case owner == "" || strings.Contains(owner, " "):
+		return errors.New("flightlock: owner token must be non-empty and without spaces")
+	case ttl <= 0:
+		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+	}
+	return nil
+}
+
+// CheckHold refuses a hold name (Reenter, Release) that a store cannot list beside others: empty
+// unless ownAllowed (Release's "" names the acquisition's own hold), longer than 64 bytes, or
+// with a space or comma.
+func CheckHold(hold string, ownAllowed bool) error {
+	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
+		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
+	}
+	return nil
+}
+
 // CheckTTL returns why the store cannot keep a lock for ttl, or nil when it can.
 func (c Capabilities) CheckTTL(ttl time.Duration) error {
 	if c.MaxTTL > 0 && ttl > c.MaxTTL {

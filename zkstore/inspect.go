@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -37,11 +36,8 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 	var keys []string
 	for _, n := range names {
 		full, ok := keyOf(n)
-		if !ok || !strings.HasPrefix(full, in.prefix) {
-			continue
-		}
-		k := full[len(in.prefix):]
-		if opts.Skip != nil && opts.Skip(k) || !glob.Match(pattern, k) {
+		k, under := strings.CutPrefix(full, in.prefix)
+		if !ok || !under || opts.Skip != nil && opts.Skip(k) || !glob.Match(pattern, k) {
 			continue
 		}
 		keys = append(keys, k)
@@ -127,11 +123,7 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		}
 		// The holds listed between two reads of the same grant (the same creation zxid) are
 		// that grant's, and a delete of one fails on any node the key gets later.
-		_, first, err := in.s.get(ctx, p)
-		if err != nil {
-			continue
-		}
-		kids, err := in.s.children(ctx, p)
+		_, first, kids, err := in.s.node(ctx, p)
 		if err != nil {
 			continue
 		}
@@ -156,18 +148,12 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 
 // Watch implements lockstore.Inspector by reading the locks every opts.Interval and comparing.
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
-	interval, timeout := opts.Interval, opts.Timeout
-	if interval <= 0 {
-		interval = lockstore.DefaultWatchInterval
-	}
-	if timeout <= 0 {
-		timeout = lockstore.DefaultWatchTimeout
-	}
-	tick := time.NewTicker(interval)
+	opts = opts.WithDefaults()
+	tick := time.NewTicker(opts.Interval)
 	defer tick.Stop()
 	var held map[string]lockstore.LockInfo // nil until the first read
 	for {
-		rctx, cancel := context.WithTimeout(ctx, timeout)
+		rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
 		cancel()
 		if err != nil {
@@ -176,44 +162,17 @@ func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.W
 			}
 			return err
 		}
-		now := index(locks)
 		if held == nil {
-			fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + interval.String()})
+			fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + opts.Interval.String()})
+			held, _ = lockstore.Changes(nil, locks, func(lockstore.Event) {})
 		} else {
-			for _, l := range locks {
-				prev, seen := held[l.Key]
-				switch {
-				case !seen || prev.Fence != l.Fence:
-					fn(lockstore.Event{Kind: lockstore.EventAcquired, Lock: l})
-					if l.Contended {
-						fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-					}
-				case prev.Own != l.Own || prev.Readers != l.Readers || !slices.Equal(prev.Borrowed, l.Borrowed):
-					fn(lockstore.Event{Kind: lockstore.EventChanged, Lock: l})
-				case l.Contended && !prev.Contended:
-					fn(lockstore.Event{Kind: lockstore.EventContended, Lock: l})
-				}
-			}
-			for _, k := range slices.Sorted(maps.Keys(held)) {
-				if _, ok := now[k]; !ok {
-					fn(lockstore.Event{Kind: lockstore.EventGone, Lock: held[k]})
-				}
-			}
+			held, _ = lockstore.Changes(held, locks, fn)
 			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
 		}
-		held = now
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
 	}
-}
-
-func index(locks []lockstore.LockInfo) map[string]lockstore.LockInfo {
-	m := make(map[string]lockstore.LockInfo, len(locks))
-	for _, l := range locks {
-		m[l.Key] = l
-	}
-	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,12 +40,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // sets the node's data once more to read its creation zxid (the fence); see held for a key
 // node that exists.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, meta := req.Key, req.Owner, req.Meta
+	if err := s.check(key, owner, req.TTL); err != nil {
+		return lockstore.Acquisition{}, err
+	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
-	}
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	if err := s.check(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
 		return s.acquireRead(ctx, key, owner, meta)
@@ -153,11 +154,8 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	defer s.mu.Unlock()
 	seen, ok := s.reservedSeen[k]
 	if !ok {
-		for old, at := range s.reservedSeen { // the map stays small
-			if now.Sub(at) > 2*writerReserve {
-				delete(s.reservedSeen, old)
-			}
-		}
+		// The map stays small.
+		maps.DeleteFunc(s.reservedSeen, func(_ string, at time.Time) bool { return now.Sub(at) > 2*writerReserve })
 		s.reservedSeen[k], seen = now, now
 	}
 	return now.Sub(seen) < writerReserve
@@ -183,8 +181,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	if err := s.check(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if hold == "" || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
+	if err := lockstore.CheckHold(hold, false); err != nil {
+		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed over

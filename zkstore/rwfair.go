@@ -90,12 +90,10 @@ func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (locks
 // (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
 // request reached the ensemble, so Asked is not used. The first in line takes a free key with a
 // multi that also deletes its place. A place lives as long as its session: a waiter whose
-// process died leaves the line when its session expires (not after Queue).
+// process died leaves the line when its session expires (not after Queue). Acquire checked the
+// arguments.
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, meta, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Queue
-	if err := s.check(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
+	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
 	}

@@ -210,12 +210,8 @@ func readEnsemble(cfg Config) ensemble {
 		if err != nil {
 			continue
 		}
-		read := func(name string) (int64, bool) {
-			v, ok := conf[name]
-			if !ok {
-				return 0, false
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
+		read := func(name string) (int64, bool) { // false when absent ("") or not a number
+			n, err := strconv.ParseInt(conf[name], 10, 64)
 			return n, err == nil
 		}
 		tick, ok := read("tickTime")
@@ -380,17 +376,15 @@ func parseValue(data []byte) (owner, meta string, marked bool) {
 	return owner, meta, marked
 }
 
+// check refuses a call on a closed store, lockstore.CheckArgs's refusals and a TTL above MaxTTL.
 func (s *Store) check(key, owner string, ttl time.Duration) error {
-	switch {
-	case s.closed.Load():
+	if s.closed.Load() {
 		return errStoreClosed
-	case key == "":
-		return errors.New("flightlock: empty lock key")
-	case owner == "" || strings.ContainsAny(owner, " \n"):
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
-	case ttl <= 0:
-		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
-	case ttl > s.maxTTL:
+	}
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
+		return err
+	}
+	if ttl > s.maxTTL {
 		return fmt.Errorf("flightlock: %w", s.Capabilities().CheckTTL(ttl))
 	}
 	return nil
@@ -410,10 +404,7 @@ func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := holdKey{node, owner}
-	hs := s.holds[k]
-	if i := slices.Index(hs, hold); i >= 0 {
-		hs = slices.Delete(hs, i, i+1)
-	}
+	hs := slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
 	if len(hs) == 0 {
 		delete(s.holds, k)
 	} else {

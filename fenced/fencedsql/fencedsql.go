@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 
 	"github.com/zeromicro/go-zero/core/stores/sqlx"
 
@@ -55,12 +56,7 @@ func Update(ctx context.Context, session sqlx.Session, fence int64, table, set s
 		return 0, errors.New("fencedsql: Update needs a SET list and a WHERE condition")
 	}
 	query := fmt.Sprintf("UPDATE %s SET %s, `%s` = ? WHERE (%s) AND `%s` <= ?", table, set, Column, where, Column)
-	args := make([]any, 0, len(setArgs)+len(whereArgs)+2)
-	args = append(args, setArgs...)
-	args = append(args, fence)
-	args = append(args, whereArgs...)
-	args = append(args, fence)
-	res, err := session.ExecCtx(ctx, query, args...)
+	res, err := session.ExecCtx(ctx, query, slices.Concat(setArgs, []any{fence}, whereArgs, []any{fence})...)
 	if err != nil {
 		return 0, fmt.Errorf("fencedsql: update %s: %w", table, err)
 	}

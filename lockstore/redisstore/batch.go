@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,7 @@ type pipeliner interface {
 //   - a call whose context ends while it is on the wire returns at once with context.Cause.
 //     The command still runs, and when its reply arrives (or the batch fails) the lane hands
 //     it to the call's late hook, in a goroutine of its own so that a slow clean-up never
-//     holds the lane. An acquire needs one (RedisStore.releaseIfTaken): a lock it took that
+//     holds the lane. An acquire needs one (RedisStore.releaseOnReply): a lock it took that
 //     nobody learns about would stay held until its TTL. Refresh and release need none: a
 //     late refresh extends a lock its holder still releases; a late release did its job.
 //
@@ -120,14 +121,8 @@ const compactAt = 1024
 
 // compactLocked drops the calls whose callers gave up. b.mu must be held.
 func (b *batcher) compactLocked() {
-	kept := b.queue[:0]
-	for _, q := range b.queue {
-		if q.state.Load() != callAbandoned {
-			kept = append(kept, q)
-		}
-	}
-	clear(b.queue[len(kept):]) // let the dropped calls be collected
-	b.queue = kept
+	// DeleteFunc clears the tail: the dropped calls can be collected.
+	b.queue = slices.DeleteFunc(b.queue, func(q *queuedCall) bool { return q.state.Load() == callAbandoned })
 }
 
 // laneDone frees a lane, or hands it the queued calls as one batch.

@@ -414,7 +414,7 @@ func TestLateAcquireReplyIsReleased(t *testing.T) {
 			ctx, cancel := context.WithCancel(bg)
 			defer cancel()
 			hooked := make(chan int64, 1)
-			release := s.releaseIfTaken(key, ownerB)
+			release := s.releaseOnReply(key, ownerB, "", acquireTaken)
 			late := func(cmd *redis.Cmd) {
 				release(cmd)
 				code := int64(-1)

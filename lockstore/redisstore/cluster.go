@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,22 +10,13 @@ import (
 
 // isTryAgain reports a TRYAGAIN reply: a script's keys are split between two nodes while their
 // slot migrates. Nothing ran; the same call succeeds once the migration moved both keys.
-func isTryAgain(err error) bool {
-	if err == nil {
-		return false // before the variable below, which escapes: no allocation on success
-	}
-	var re redis.Error
-	return errors.As(err, &re) && strings.HasPrefix(re.Error(), "TRYAGAIN")
-}
+// Both check err for nil first: HasErrorPrefix allocates, and a success must not.
+func isTryAgain(err error) bool { return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN") }
 
 // isRedirect reports a MOVED or ASK reply past the bound of redirects that go-redis's Cluster
 // client (or runAcked) follows: the slot moved or is moving; nothing ran.
 func isRedirect(err error) bool {
-	if err == nil {
-		return false
-	}
-	var re redis.Error
-	return errors.As(err, &re) && (strings.HasPrefix(re.Error(), "MOVED ") || strings.HasPrefix(re.Error(), "ASK "))
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK "))
 }
 
 // tryAgainPause is how long a release waits before it sends a call that got TRYAGAIN again.

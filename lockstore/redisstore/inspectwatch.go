@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -18,21 +17,15 @@ import (
 // and comparing, hearing the releases of contended locks at once on their release channels.
 // Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
-	w := &redisWatch{r: r, pattern: pattern, skip: opts.Skip, fn: fn,
-		interval: opts.Interval, timeout: opts.Timeout, held: make(map[string]lockstore.LockInfo)}
-	if w.interval <= 0 {
-		w.interval = lockstore.DefaultWatchInterval
-	}
-	if w.timeout <= 0 {
-		w.timeout = lockstore.DefaultWatchTimeout
-	}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	opts = opts.WithDefaults()
+	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, held: make(map[string]lockstore.LockInfo), gone: make(map[string]int)}
+	rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	w.keyspace = keyspaceEnabled(rctx, r.client)
 	cancel()
 	mode := "keyspace notifications"
 	channel := "__keyspace@*__:" + globEscape(r.prefix) + pattern
 	if !w.keyspace {
-		mode = "polling every " + w.interval.String()
+		mode = "polling every " + w.opts.Interval.String()
 		channel = DefaultChannelPrefix + globEscape(r.prefix) + pattern
 	}
 
@@ -48,7 +41,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 		return quiet(ctx, err)
 	}
 	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: mode})
-	tick := time.NewTicker(w.interval)
+	tick := time.NewTicker(w.opts.Interval)
 	defer tick.Stop()
 	for {
 		select {
@@ -96,12 +89,11 @@ func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 
 // redisWatch is the state of one Watch call, owned by its goroutine.
 type redisWatch struct {
-	r                 *RedisInspector
-	pattern           string
-	skip              func(string) bool
-	fn                func(lockstore.Event)
-	interval, timeout time.Duration
-	keyspace          bool // events come from keyspace notifications; else from comparing reads
+	r        *RedisInspector
+	pattern  string
+	opts     lockstore.WatchOptions // with defaults
+	fn       func(lockstore.Event)
+	keyspace bool // events come from keyspace notifications; else from comparing reads
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
 	// gone are the keys a recent poll reported gone, with the number of that poll: a release
@@ -118,11 +110,11 @@ func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
 }
 
 // poll reads the matching locks and makes them the ones held; with report, it first reports
-// how they differ from those held before (grants, then the locks gone, each by key).
+// how they differ from those held before (lockstore.Changes).
 func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
 	defer cancel()
-	keys, err := w.r.scanKeys(rctx, w.pattern, w.skip)
+	keys, err := w.r.scanKeys(rctx, w.pattern, w.opts.Skip)
 	if err != nil {
 		return nil, err
 	}
@@ -130,69 +122,44 @@ func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInf
 	if err != nil {
 		return nil, err
 	}
-	now := make(map[string]lockstore.LockInfo, len(locks))
-	for _, l := range locks {
-		now[l.Key] = l
-		if !report {
-			continue
-		}
-		prev, seen := w.held[l.Key]
-		switch {
-		case !seen || prev.Owner != l.Owner || prev.Fence != l.Fence:
-			w.emit(lockstore.EventAcquired, l)
-			if l.Contended {
-				w.emit(lockstore.EventContended, l)
-			}
-		case prev.Own != l.Own || !slices.Equal(prev.Borrowed, l.Borrowed):
-			w.emit(lockstore.EventChanged, l)
-		case l.Contended && !prev.Contended:
-			w.emit(lockstore.EventContended, l)
-		}
+	held, fn := w.held, w.fn
+	if !report {
+		held, fn = nil, func(lockstore.Event) {}
 	}
+	now, gone := lockstore.Changes(held, locks, fn)
 	w.polls++
-	for k, at := range w.gone {
-		if _, back := now[k]; back || w.polls-at >= goneMarkPolls {
-			delete(w.gone, k)
-		}
-	}
-	if report {
-		for _, k := range slices.Sorted(maps.Keys(w.held)) {
-			if _, ok := now[k]; !ok {
-				w.emit(lockstore.EventGone, w.held[k])
-				if w.gone == nil {
-					w.gone = make(map[string]int)
-				}
-				w.gone[k] = w.polls
-			}
-		}
+	maps.DeleteFunc(w.gone, func(k string, at int) bool {
+		_, back := now[k]
+		return back || w.polls-at >= goneMarkPolls
+	})
+	for _, k := range gone {
+		w.gone[k] = w.polls
 	}
 	w.held = now
 	return locks, nil
 }
 
+// keyspaceKinds are the events of the keyspace notifications a watch reports; others (pexpire,
+// a renewal) are not. A set is an acquisition or, of the same grant, a change: notified tells.
+var keyspaceKinds = map[string]lockstore.EventKind{
+	"set":     lockstore.EventAcquired,
+	"append":  lockstore.EventContended,
+	"del":     lockstore.EventReleased,
+	"expired": lockstore.EventExpired,
+}
+
 // notified handles a keyspace event, or (polling) a release notification.
 func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
-	var storeKey string
-	var kind lockstore.EventKind
+	storeKey, kind := strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
 	if w.keyspace {
-		_, storeKey, _ = strings.Cut(m.Channel, "__:")
-		switch m.Payload {
-		case "set": // or EventChanged: told apart below
-			kind = lockstore.EventAcquired
-		case "append":
-			kind = lockstore.EventContended
-		case "del":
-			kind = lockstore.EventReleased
-		case "expired":
-			kind = lockstore.EventExpired
-		default:
-			return nil // pexpire (a renewal) and the like
+		var ok bool
+		if kind, ok = keyspaceKinds[m.Payload]; !ok {
+			return nil
 		}
-	} else {
-		storeKey, kind = strings.TrimPrefix(m.Channel, DefaultChannelPrefix), lockstore.EventReleased
+		_, storeKey, _ = strings.Cut(m.Channel, "__:")
 	}
 	key, ok := strings.CutPrefix(storeKey, w.r.prefix)
-	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.skip != nil && w.skip(key) {
+	if !ok || strings.HasPrefix(storeKey, lockstore.FenceKeyPrefix) || w.opts.Skip != nil && w.opts.Skip(key) {
 		return nil
 	}
 
@@ -209,7 +176,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		w.emit(kind, l)
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
 	defer cancel()
 	locks, err := w.r.read(rctx, []string{key})
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -12,19 +11,14 @@ import (
 // one that does not finish in time leaves the lock to its TTL.
 const orphanReleaseTimeout = time.Second
 
-// releaseIfTaken returns the late hook of an acquire of key by owner (see batcher.run): when
-// the reply arrives after its caller left and says the key was taken for owner, nobody knows
-// of that lock, so the hook releases it rather than leave it held until its TTL. Other replies
-// leave the key alone: busy took nothing; re-entered means owner already held the key for a
-// hold still counted on (or this call ran twice after go-redis re-sent it, which the store
-// cannot tell apart; the Locker gives back an acquisition it gave up on); an error says
-// nothing about what ran.
-func (s *RedisStore) releaseIfTaken(key, owner string) func(*redis.Cmd) {
-	return s.releaseOnReply(key, owner, "", acquireTaken)
-}
-
-// releaseOnReply returns a late hook that gives up one hold of key for owner when a script reply
-// (as reply reads it) has code, the code of a reply that counted a hold for this very call.
+// releaseOnReply returns the late hook (see batcher.run) of a call that takes hold (the
+// acquisition's own when "") of key for owner: when the reply arrives after its caller left and
+// has code, that of a reply that counted a hold for this very call (acquireTaken for an
+// acquire), nobody knows of that hold, so the hook gives it up rather than leave it held until
+// its TTL. Other replies leave the key alone: busy took nothing; an error says nothing about
+// what ran; an acquire's re-entered means owner already held the key for a hold still counted
+// on (or this call ran twice after go-redis re-sent it, which the store cannot tell apart; the
+// Locker gives back an acquisition it gave up on).
 func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
 		if got, _, _, err := reply(cmd); err != nil || got != code {
@@ -41,9 +35,6 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 func (s *RedisStore) giveUp(key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
-	if lockstore.IsReadOwner(owner) {
-		_ = readReleaseScript.Run(ctx, s.client, []string{key, readersKey(key)}, owner, s.channelPrefix, writerReserveMillis).Err()
-		return
-	}
-	_ = releaseScript.Run(ctx, s.client, []string{key, lockstore.FenceKey(key)}, owner, s.channelPrefix, "0", hold, "").Err()
+	script, keys, args := s.releaseCall(key, owner, hold, 0, "")
+	_ = script.Run(ctx, s.client, keys, args...).Err()
 }

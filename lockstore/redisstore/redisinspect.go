@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,11 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed forcerelease.lua
-	forceReleaseLua    string
-	forceReleaseScript = redis.NewScript(forceReleaseLua)
-)
+var forceReleaseScript = script("forcerelease.lua")
 
 // RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix.
 // Create it with NewInspector.
@@ -123,15 +118,9 @@ func parseLock(l *lockstore.LockInfo, value string) {
 		return
 	}
 	l.Owner, l.Fence, l.Own, l.Borrowed = fields[0], fence, holds[0] == "1", holds[1:]
-	rest := ""
-	if len(fields) == 4 {
-		rest = fields[3]
-	}
-	if rest == "~" || strings.HasSuffix(rest, " ~") {
-		l.Contended = true
-		rest = strings.TrimSuffix(strings.TrimSuffix(rest, "~"), " ")
-	}
-	l.ParseHolder(rest)
+	var meta string
+	meta, l.Contended = valueMeta(value)
+	l.ParseHolder(meta)
 }
 
 // globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.

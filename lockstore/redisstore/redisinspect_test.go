@@ -280,7 +280,7 @@ func TestPolledReleaseIsReportedOnce(t *testing.T) {
 	ctx := context.Background()
 	const owner = "ownerAAAAAAAAAAAAAAAAA"
 	var events []string
-	w := &redisWatch{r: in, pattern: "*", timeout: time.Second, fn: func(e lockstore.Event) {
+	w := &redisWatch{r: in, pattern: "*", opts: lockstore.WatchOptions{Timeout: time.Second}, gone: make(map[string]int), fn: func(e lockstore.Event) {
 		events = append(events, string(e.Kind)+" "+e.Lock.Key)
 	}}
 	for _, k := range []string{"lock:order:1", "lock:order:2"} {

@@ -2,7 +2,7 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -15,36 +15,30 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
+// scripts holds the Lua scripts, one operation a file, each opening with its contract.
+//
+//go:embed *.lua
+var scripts embed.FS
+
+// script wraps the script in file once, so that it runs by EVALSHA.
+func script(file string) *redis.Script {
+	src, err := scripts.ReadFile(file)
+	if err != nil {
+		panic(err) // embedded above: only a misspelt name fails
+	}
+	return redis.NewScript(string(src))
+}
+
 var (
-	//go:embed acquire.lua
-	acquireLua string
-	//go:embed refresh.lua
-	refreshLua string
-	//go:embed release.lua
-	releaseLua string
-	//go:embed reenter.lua
-	reenterLua string
-	//go:embed readacquire.lua
-	readAcquireLua string
-	//go:embed readrefresh.lua
-	readRefreshLua string
-	//go:embed readrelease.lua
-	readReleaseLua string
-	//go:embed fairacquire.lua
-	fairAcquireLua string
-	//go:embed leavequeue.lua
-	leaveQueueLua string
-
-	acquireScript = redis.NewScript(acquireLua)
-	refreshScript = redis.NewScript(refreshLua)
-	releaseScript = redis.NewScript(releaseLua)
-	reenterScript = redis.NewScript(reenterLua)
-
-	readAcquireScript = redis.NewScript(readAcquireLua)
-	readRefreshScript = redis.NewScript(readRefreshLua)
-	readReleaseScript = redis.NewScript(readReleaseLua)
-	fairAcquireScript = redis.NewScript(fairAcquireLua)
-	leaveQueueScript  = redis.NewScript(leaveQueueLua)
+	acquireScript     = script("acquire.lua")
+	refreshScript     = script("refresh.lua")
+	releaseScript     = script("release.lua")
+	reenterScript     = script("reenter.lua")
+	readAcquireScript = script("readacquire.lua")
+	readRefreshScript = script("readrefresh.lua")
+	readReleaseScript = script("readrelease.lua")
+	fairAcquireScript = script("fairacquire.lua")
+	leaveQueueScript  = script("leavequeue.lua")
 )
 
 // Reply codes of acquire.lua.
@@ -129,7 +123,6 @@ type RedisStore struct {
 
 	replicas       int           // WithReplicas: acknowledgements a grant or refresh needs; 0: none
 	replicaTimeout time.Duration // WithReplicas: how long WAIT waits for them
-	redirects      redirectNodes // WithReplicas on a Cluster: clients of the nodes MOVED and ASK name
 }
 
 // New returns a store on an existing go-redis client. Closing the store does not close client.
@@ -186,21 +179,18 @@ func (s *RedisStore) Preload(ctx context.Context) error {
 // Acquire implements lockstore.Store: acquire.lua, readacquire.lua for a read owner, and
 // fairacquire.lua for a fair request (acquireFair).
 func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl := req.Key, req.Owner, req.TTL
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
+		return lockstore.Acquisition{}, err
+	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
 	}
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	if err := checkArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if meta = trimMeta(meta); meta != "" {
-		meta = " " + meta
-	}
-	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), meta}
+	script, keys, args := acquireScript, []string{key, lockstore.FenceKey(key)}, []any{owner, ttlMillis(ttl), metaArg(req.Meta)}
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseIfTaken(key, owner))
+	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
 }
 
 // acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the
@@ -237,7 +227,8 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
 	case acquireBusy:
 		// PTTL -1 (a key without expiry, not ours) is reported as unknown: 0.
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: holderMetadata(value)}, nil
+		meta, _ := valueMeta(value)
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: meta}, nil
 	case reenterFree:
 		return lockstore.Acquisition{}, nil
 	default:
@@ -247,10 +238,10 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 
 // Reenter implements lockstore.Store.
 func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if err := checkHold(hold, false); err != nil {
+	if err := lockstore.CheckHold(hold, false); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -309,41 +300,42 @@ func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 	return code, n, value, nil
 }
 
-// holderMetadata is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"):
-// what the holder said about itself, without its owner token, which must not leave the store.
-func holderMetadata(value string) string {
+// valueMeta is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"),
+// what the holder said about itself without its owner token (which must not leave the store),
+// and whether the value ends with the waiters mark.
+func valueMeta(value string) (meta string, marked bool) {
 	f := strings.SplitN(value, " ", 4)
 	if len(f) < 4 {
-		return ""
+		return "", false
 	}
-	meta := f[3]
-	if meta == "~" {
-		return ""
+	if f[3] == "~" || strings.HasSuffix(f[3], " ~") {
+		return strings.TrimSuffix(strings.TrimSuffix(f[3], "~"), " "), true
 	}
-	return strings.TrimSuffix(meta, " ~")
+	return f[3], false
 }
 
 // Refresh implements lockstore.Store.
 func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	var (
-		n   int64
-		err error
-	)
 	script, keys := refreshCall(key, owner)
-	if s.replicas > 0 {
-		var cmd *redis.Cmd
-		var acked int64
-		if cmd, acked, err = s.runAcked(ctx, script, keys, owner, ttlMillis(ttl)); err == nil {
-			if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
-				err = s.notReplicated(acked)
-			}
-		}
-	} else {
-		n, err = s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
+	if s.replicas == 0 {
+		n, err := s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
+		return s.refreshed(key, n, err)
 	}
+	var n int64
+	cmd, acked, err := s.runAcked(ctx, script, keys, owner, ttlMillis(ttl))
+	if err == nil {
+		if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
+			err = s.notReplicated(acked)
+		}
+	}
+	return s.refreshed(key, n, err)
+}
+
+// refreshed is the outcome of a refresh of key whose script replied n, or failed with err.
+func (s *RedisStore) refreshed(key string, n int64, err error) error {
 	if err != nil {
 		s.reloadOnNetworkError(err)
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
@@ -370,7 +362,7 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 	calls := make([]*queuedCall, 0, len(batch))
 	index := make([]int, 0, len(batch)) // calls[j] refreshes batch[index[j]]
 	for i, r := range batch {
-		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
+		if errs[i] = lockstore.CheckArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
 			continue
 		}
 		script, keys := refreshCall(r.Key, r.Owner)
@@ -393,25 +385,18 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 	}
 	pipeline(ctx, s.batch.client, calls)
 	for j, q := range calls {
-		i := index[j]
 		n, err := q.cmd.Int64()
-		switch {
-		case err != nil:
-			s.reloadOnNetworkError(err)
-			errs[i] = fmt.Errorf("flightlock: refresh %q: %w", batch[i].Key, err)
-		case n != 1:
-			errs[i] = lockstore.ErrNotHeld
-		}
+		errs[index[j]] = s.refreshed(batch[index[j]].Key, n, err)
 	}
 	return errs
 }
 
 // Release implements lockstore.Store.
 func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	if err := checkHold(hold, true); err != nil {
+	if err := lockstore.CheckHold(hold, true); err != nil {
 		return 0, err
 	}
 	_, _, n, err := s.release(ctx, "release", key, owner, hold, lastFence, "")
@@ -421,7 +406,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 // Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock
 // would need its own WAIT, and the Locker's fresh acquisition brings one.
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -438,13 +423,9 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 // passTTL set, a pass. The caller checked the arguments.
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
+	script, keys, args := s.releaseCall(key, owner, hold, lastFence, passTTL)
 	for {
-		if lockstore.IsReadOwner(owner) {
-			cmd = s.run(ctx, readReleaseScript, []string{key, readersKey(key)}, nil, owner, s.channelPrefix, writerReserveMillis)
-		} else {
-			cmd = s.run(ctx, releaseScript, []string{key, lockstore.FenceKey(key)}, nil, owner, s.channelPrefix,
-				strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL)
-		}
+		cmd = s.run(ctx, script, keys, nil, args...)
 		err = cmd.Err()
 		if !isTryAgain(err) && !isRedirect(err) {
 			break
@@ -481,6 +462,16 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 	return false, 0, int(n), nil
 }
 
+// releaseCall is the script, keys and arguments of a release (release.lua, readrelease.lua for a
+// read owner) of hold, or with passTTL set, of a pass.
+func (s *RedisStore) releaseCall(key, owner, hold string, lastFence int64, passTTL string) (*redis.Script, []string, []any) {
+	if lockstore.IsReadOwner(owner) {
+		return readReleaseScript, []string{key, readersKey(key)}, []any{owner, s.channelPrefix, writerReserveMillis}
+	}
+	return releaseScript, []string{key, lockstore.FenceKey(key)},
+		[]any{owner, s.channelPrefix, strconv.FormatInt(max(lastFence, 0), 10), hold, passTTL}
+}
+
 // TTL implements lockstore.Store.
 func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error) {
 	d, err := s.client.PTTL(ctx, key).Result()
@@ -491,10 +482,7 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 	if d == -2 {
 		return 0, lockstore.ErrNotHeld
 	}
-	if d < 0 {
-		return 0, nil
-	}
-	return d, nil
+	return max(d, 0), nil
 }
 
 // Watch implements lockstore.Store.
@@ -511,7 +499,7 @@ func (s *RedisStore) Capabilities() lockstore.Capabilities {
 // Close stops the notification subscriber, then runs the functions given with WithOnClose,
 // last added first.
 func (s *RedisStore) Close() error {
-	err := errors.Join(s.notify.close(), s.redirects.close())
+	err := s.notify.close()
 	for i := len(s.closers) - 1; i >= 0; i-- {
 		err = errors.Join(err, s.closers[i]())
 	}
@@ -519,31 +507,13 @@ func (s *RedisStore) Close() error {
 	return err
 }
 
-// trimMeta cuts what metadata must not end with: " ~" at the end of a value is the waiters
-// mark of acquire.lua.
-func trimMeta(meta string) string { return strings.TrimRight(meta, " ~") }
-
-// checkArgs refuses requests that Redis would accept but that make no lock: an empty key, an
-// owner that cannot be told apart from metadata, or a lock that never expires.
-func checkArgs(key, owner string, ttl time.Duration) error {
-	switch {
-	case key == "":
-		return errors.New("flightlock: empty lock key")
-	case owner == "" || strings.ContainsAny(owner, " "):
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
-	case ttl <= 0:
-		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
+// metaArg is a request's metadata as the acquiring scripts take it, "" or " <meta>", without
+// what a value must not end with: " ~" at its end is the waiters mark of acquire.lua.
+func metaArg(meta string) string {
+	if meta = strings.TrimRight(meta, " ~"); meta != "" {
+		return " " + meta
 	}
-	return nil
-}
-
-// checkHold refuses hold names that the lock value cannot list: empty (unless it names the
-// acquisition's own hold), or with a space or comma.
-func checkHold(hold string, ownAllowed bool) error {
-	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
-		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
-	}
-	return nil
+	return ""
 }
 
 // ttlMillis rounds ttl up to whole milliseconds, so a sub-millisecond TTL is never 0 (which

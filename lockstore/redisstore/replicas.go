@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
@@ -74,7 +73,7 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 			}
 		}
 		if addr, ask, ok := redirectTo(err, node); ok && redirects < maxRedirects {
-			if next, ok := s.redirectNode(addr); ok {
+			if next, ok := s.redirectNode(ctx, addr); ok {
 				if !ask {
 					s.reloadSlots() // later calls go to the new master through the slot map
 				}
@@ -122,94 +121,27 @@ func redirectTo(err error, node pipeliner) (addr string, ask, ok bool) {
 	return addr, f[0] == "ASK", true
 }
 
-// redirectNode returns a client of the Cluster node at addr, for a pipeline that follows a
-// redirect; false when the store's client is not a Cluster client, or the store is closed.
-func (s *RedisStore) redirectNode(addr string) (pipeliner, bool) {
+// redirectNode returns go-redis's client of the Cluster node at addr, for a pipeline that
+// follows a redirect; false when the store's client is not a Cluster client, or knows no node
+// at addr (the caller then reports the redirect, and the call is tried again later).
+func (s *RedisStore) redirectNode(ctx context.Context, addr string) (pipeliner, bool) {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return nil, false
 	}
-	return s.redirects.get(addr, cc.Options())
-}
-
-// redirectNodes keeps one client per Cluster node that a redirect named (go-redis keeps its
-// own to itself), made with the Cluster client's options and closed by Close.
-type redirectNodes struct {
-	mu      sync.Mutex
-	clients map[string]*redis.Client // guarded by mu: by address
-	closed  bool                     // guarded by mu
-}
-
-func (r *redirectNodes) get(addr string, o *redis.ClusterOptions) (*redis.Client, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, false
-	}
-	if c := r.clients[addr]; c != nil {
-		return c, true
-	}
-	if r.clients == nil {
-		r.clients = make(map[string]*redis.Client)
-	}
-	newClient := o.NewClient
-	if newClient == nil {
-		newClient = redis.NewClient
-	}
-	c := newClient(nodeOptions(o, addr))
-	r.clients[addr] = c
-	return c, true
-}
-
-func (r *redirectNodes) close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.closed = true
-	var err error
-	for _, c := range r.clients {
-		err = errors.Join(err, c.Close())
-	}
-	r.clients = nil
-	return err
-}
-
-// nodeOptions are the options go-redis gives its own client of the Cluster node at addr
-// (ClusterOptions.clientOptions), from the fields it exports.
-func nodeOptions(o *redis.ClusterOptions, addr string) *redis.Options {
-	var maint *maintnotifications.Config // each client needs its own copy, as go-redis makes
-	if o.MaintNotificationsConfig != nil {
-		c := *o.MaintNotificationsConfig
-		maint = &c
-	}
-	return &redis.Options{
-		Addr:                       addr,
-		ClientName:                 o.ClientName,
-		Dialer:                     o.Dialer,
-		OnConnect:                  o.OnConnect,
-		Protocol:                   o.Protocol,
-		Username:                   o.Username,
-		Password:                   o.Password,
-		CredentialsProvider:        o.CredentialsProvider,
-		CredentialsProviderContext: o.CredentialsProviderContext,
-		MaxRetries:                 o.MaxRetries,
-		MinRetryBackoff:            o.MinRetryBackoff,
-		MaxRetryBackoff:            o.MaxRetryBackoff,
-		DialTimeout:                o.DialTimeout,
-		ReadTimeout:                o.ReadTimeout,
-		WriteTimeout:               o.WriteTimeout,
-		ContextTimeoutEnabled:      o.ContextTimeoutEnabled,
-		PoolFIFO:                   o.PoolFIFO,
-		PoolSize:                   o.PoolSize,
-		PoolTimeout:                o.PoolTimeout,
-		MaxIdleConns:               o.MaxIdleConns,
-		MaxActiveConns:             o.MaxActiveConns,
-		ConnMaxIdleTime:            o.ConnMaxIdleTime,
-		ConnMaxLifetime:            o.ConnMaxLifetime,
-		DisableIdentity:            o.DisableIdentity,
-		IdentitySuffix:             o.IdentitySuffix,
-		TLSConfig:                  o.TLSConfig,
-		MaintNotificationsConfig:   maint,
-	}
+	var (
+		mu   sync.Mutex
+		node *redis.Client
+	)
+	_ = cc.ForEachShard(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			node = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	return node, node != nil
 }
 
 // primaryFor is the client of the primary that holds key: the master of its slot on a Cluster,

@@ -11,10 +11,6 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// The side keys of read-write and fair locks live in the lock key's hash slot
-// (lockstore.SideKey), so one script sees them all; readacquire.lua and fairacquire.lua say
-// what they hold.
-
 // readersKey names the sorted set of key's read holds (readacquire.lua).
 func readersKey(key string) string { return lockstore.SideKey("readers", key) }
 
@@ -37,24 +33,15 @@ func refreshCall(key, owner string) (*redis.Script, []string) {
 	return refreshScript, []string{key}
 }
 
-// acquireFair is Acquire of a fair request, with fairacquire.lua.
+// acquireFair is Acquire of a fair request, with fairacquire.lua. Acquire checked the arguments.
 func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, meta, asked, queue := req.Key, req.Owner, req.TTL, req.Meta, req.Asked, req.Queue
-	if err := checkArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
+	key, owner, ttl := req.Key, req.Owner, req.TTL
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: fair acquire %q: read holds share and keep no line", key)
 	}
-	if meta = trimMeta(meta); meta != "" {
-		meta = " " + meta
-	}
 	keys := []string{key, lineKey(key), lineDueKey(key), lockstore.FenceKey(key)}
-	args := []any{owner, ttlMillis(ttl), meta, strconv.FormatInt(asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(queue, 0)), 10)}
-	if queue <= 0 {
-		args[4] = "0"
-	}
-	taken := s.releaseIfTaken(key, owner)
+	args := []any{owner, ttlMillis(ttl), metaArg(req.Meta), strconv.FormatInt(req.Asked.UnixMicro(), 10), strconv.FormatInt(ttlMillis(max(req.Queue, 0)), 10)}
+	taken := s.releaseOnReply(key, owner, "", acquireTaken)
 	late := func(cmd *redis.Cmd) {
 		// The caller left: a grant is given back, and a place left, so nobody waits behind it.
 		taken(cmd)
@@ -69,7 +56,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 
 // LeaveQueue implements lockstore.Store with leavequeue.lua.
 func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
-	if err := checkArgs(key, owner, time.Millisecond); err != nil {
+	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
 		return err
 	}
 	keys := []string{key, lineKey(key), lineDueKey(key)}

@@ -107,6 +107,24 @@ func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner,
 	}
 }
 
+// mustLock locks k with l, failing the test when it cannot.
+func mustLock(t *testing.T, ctx context.Context, l *flightlock.Locker, k string) *flightlock.Lease {
+	t.Helper()
+	lease, err := l.Lock(ctx, k)
+	if err != nil {
+		t.Fatalf("Lock(%q): %v", k, err)
+	}
+	return lease
+}
+
+// mustBeBusy asserts that l refuses k with ErrBusy; what names the refused lock.
+func mustBeBusy(t *testing.T, ctx context.Context, l *flightlock.Locker, k, what string) {
+	t.Helper()
+	if _, err := l.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("%s: %v, want ErrBusy", what, err)
+	}
+}
+
 // busy asserts that owner is refused key with the holder's metadata and a TTL within the
 // holder's (none on a store of sessions), never the holder's token.
 func (c suite) busy(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, holderMeta, holderToken string, ttl time.Duration) {
@@ -380,11 +398,7 @@ func (s suite) spentPermitWaitIsBusy(t *testing.T) {
 	holder := s.locker(t, flightlock.WithPermits(permits))
 	var held []*flightlock.Lease
 	for range permits {
-		lease, err := holder.Lock(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, lease)
+		held = append(held, mustLock(t, ctx, holder, k))
 	}
 	defer func() {
 		for _, l := range held {
@@ -395,9 +409,7 @@ func (s suite) spentPermitWaitIsBusy(t *testing.T) {
 	for _, wait := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond} {
 		taker := s.locker(t, flightlock.WithPermits(permits), flightlock.WithWait(wait))
 		for i := range 3 {
-			if _, err := taker.Lock(context.Background(), k); !errors.Is(err, flightlock.ErrBusy) {
-				t.Fatalf("wait %v, try %d: a spent wait for permits held elsewhere: %v, want ErrBusy", wait, i, err)
-			}
+			mustBeBusy(t, context.Background(), taker, k, fmt.Sprintf("wait %v, try %d: a spent wait for permits held elsewhere", wait, i))
 		}
 	}
 }
@@ -417,36 +429,22 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	w, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
 	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	a, err := r.Lock(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := r2.Lock(ctx, k)
-	if err != nil {
-		t.Fatalf("a second reader in another process: %v", err)
-	}
-	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a write beside readers: %v, want ErrBusy", err)
-	}
+	a := mustLock(t, ctx, r, k)
+	b := mustLock(t, ctx, r2, k)
+	mustBeBusy(t, ctx, w, k, "a write beside readers")
 	// Writer preference: a reader of a third process is refused at once; a reader of a process
 	// that holds a read joins its hold only within the handoff window, and past it is refused.
 	_, r3 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	if _, err := r3.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a new reader after a writer was refused: %v, want ErrBusy (writer preference)", err)
-	}
+	mustBeBusy(t, ctx, r3, k, "a new reader after a writer was refused (writer preference)")
 	time.Sleep(2 * flightlock.DefaultHandoffWindow)
-	if _, err := r2.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a new reader of a reading process, past the handoff window, after a writer was refused: %v, want ErrBusy", err)
-	}
+	mustBeBusy(t, flightlock.NewOwner(ctx), r2, k, "a new reader of a reading process, past the handoff window, after a writer was refused")
 	_ = a.Release(ctx)
 	_ = b.Release(ctx)
 	x, err := w.Lock(ctx, k)
 	if err != nil || x.Fence() <= max(a.Fence(), b.Fence()) {
 		t.Fatalf("the write after the readers: %v, fence %d, want above the readers' %d", err, x.Fence(), a.Fence())
 	}
-	if _, err := r.Lock(flightlock.NewOwner(ctx), k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a read beside a writer: %v, want ErrBusy", err)
-	}
+	mustBeBusy(t, flightlock.NewOwner(ctx), r, k, "a read beside a writer")
 	_ = x.Release(ctx)
 }
 
@@ -456,17 +454,10 @@ func (s suite) fairWriterHoldsNewReadersOff(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
 	fw := s.locker(t, flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
-	a, err := r.Lock(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fw.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a fair write beside a reader: %v, want ErrBusy", err)
-	}
+	a := mustLock(t, ctx, r, k)
+	mustBeBusy(t, ctx, fw, k, "a fair write beside a reader")
 	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	if _, err := r2.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a new reader after a fair writer was refused: %v, want ErrBusy (writer preference)", err)
-	}
+	mustBeBusy(t, ctx, r2, k, "a new reader after a fair writer was refused (writer preference)")
 	_ = a.Release(ctx)
 	x, err := fw.Lock(ctx, k)
 	if err != nil || x.Fence() <= a.Fence() {
@@ -481,21 +472,13 @@ func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
 	w, _ := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	a, err := r.Lock(flightlock.NewOwner(ctx), k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := r.Lock(flightlock.NewOwner(ctx), k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustLock(t, flightlock.NewOwner(ctx), r, k)
+	b := mustLock(t, flightlock.NewOwner(ctx), r, k)
 	if b.Grant() != flightlock.GrantShared || b.Fence() != a.Fence() {
 		t.Fatalf("a second reader of the process: grant %v fence %d, want shared with fence %d", b.Grant(), b.Fence(), a.Fence())
 	}
 	_ = a.Release(ctx)
-	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a write while one of two sharing readers holds: %v, want ErrBusy", err)
-	}
+	mustBeBusy(t, ctx, w, k, "a write while one of two sharing readers holds")
 	_ = b.Release(ctx)
 }
 
@@ -513,20 +496,12 @@ func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
 		told = append(told, holder)
 		return nil
 	}))
-	a, err := r1.Lock(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := r2.Lock(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := mustLock(t, ctx, r1, k)
+	b := mustLock(t, ctx, r2, k)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("a write beside a reader: %v, want ErrBusy", err)
-	}
+	mustBeBusy(t, ctx, w, k, "a write beside a reader")
 	if slices.Contains(told, "trace=T1") {
 		t.Fatalf("the refused writer was told the holder is %q, the reader that left (holders told: %q)", "trace=T1", told)
 	}

@@ -128,9 +128,7 @@ func (r Conf) Validate(section, _ string) []error {
 	if r.Lanes < -1 {
 		add(lockstore.FieldError(section+".Lanes", "must be -1 (no batching), 0 (the default) or a number of lanes, got %d", r.Lanes))
 	}
-	switch r.Protocol {
-	case 0, 2, 3:
-	default:
+	if !slices.Contains([]int{0, 2, 3}, r.Protocol) {
 		add(lockstore.FieldError(section+".Protocol", "must be one of 2, 3; got %d", r.Protocol))
 	}
 	add(oneOf(section+".MaintNotifications", r.MaintNotifications, string(maintnotifications.ModeDisabled),
@@ -217,14 +215,8 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	default:
 		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
 	}
-	client := redis.NewUniversalClient(opts) // a node's one address never makes a cluster
-	if !conf.NonBlock {
-		if err := ping(client, conf.PingTimeout); err != nil {
-			_ = client.Close()
-			return nil, fmt.Errorf("flightlock: redis connect error, addr: %s: %w", conf.Host, err)
-		}
-	}
-	return client, nil
+	// A node's one address never makes a cluster.
+	return connect(redis.NewUniversalClient(opts), conf.NonBlock, conf.PingTimeout, "addr: "+conf.Host)
 }
 
 // Client is the go-redis client that New builds for r (as NewClient, or with Sentinel set
@@ -251,13 +243,7 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 		DisableIdentity:       true,
 		ContextTimeoutEnabled: true,
 	})
-	if !r.NonBlock {
-		if err := ping(client, r.PingTimeout); err != nil {
-			_ = client.Close()
-			return nil, fmt.Errorf("flightlock: redis connect error, sentinel master %s at %v: %w", r.Sentinel.MasterName, r.Sentinel.Addrs, err)
-		}
-	}
-	return client, nil
+	return connect(client, r.NonBlock, r.PingTimeout, fmt.Sprintf("sentinel master %s at %v", r.Sentinel.MasterName, r.Sentinel.Addrs))
 }
 
 // goZeroTLS is go-zero's meaning of Tls: encrypted, the certificate not verified, so that YAML
@@ -269,15 +255,23 @@ func goZeroTLS(on bool) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 }
 
-// ping checks that Redis answers within timeout (0: 1s, as go-zero's redis.NewRedis), for
-// NonBlock false.
-func ping(client redis.UniversalClient, timeout time.Duration) error {
+// connect returns client, once it checked that Redis answers within timeout (0: 1s, as
+// go-zero's redis.NewRedis) unless nonBlock; a client whose Redis does not answer is closed, and
+// the error names its Redis as where does.
+func connect(client redis.UniversalClient, nonBlock bool, timeout time.Duration, where string) (redis.UniversalClient, error) {
+	if nonBlock {
+		return client, nil
+	}
 	if timeout <= 0 {
 		timeout = time.Second
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return client.Ping(ctx).Err()
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("flightlock: redis connect error, %s: %w", where, err)
+	}
+	return client, nil
 }
 
 // splitHosts returns the comma-separated addresses in hosts, trimmed, without empty ones.
