@@ -195,12 +195,15 @@ func TestRetiredLeaseKeepsItsLocks(t *testing.T) {
 	if _, err := s.Release(ctx, "lock:keep", ownerB, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the retired lease revoked", func() bool { return !leaseAlive(t, cli, old) })
+	// The lock on the new lease is kept meanwhile: revoking the retired one must not touch it.
+	waitFor(t, 5*time.Second, "the retired lease revoked", func() bool {
+		if err := s.Refresh(ctx, "lock:new", ownerB, ttl); err != nil {
+			t.Fatalf("the lock on the new lease: %v", err)
+		}
+		return !leaseAlive(t, cli, old)
+	})
 	if get(t, cli, "lock:late") != nil {
 		t.Fatal("the late commit outlived its lease")
-	}
-	if err := s.Refresh(ctx, "lock:new", ownerB, ttl); err != nil {
-		t.Fatalf("the lock on the new lease: %v", err)
 	}
 	if n := leaseCount(t, cli); n != 1 {
 		t.Fatalf("%d leases, want the new one only", n)
