@@ -72,7 +72,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
 	for _, cr := range m.routed.list() {
-		if m.routed.routeWraps(cr) == 0 {
+		if _, handlers := m.routed.wired(cr); handlers == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
@@ -244,59 +244,43 @@ func streaming(info map[string]grpc.ServiceInfo, full string) bool {
 // CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
-	rules []*compiledRule       // guarded by mu
-	named map[string]int        // guarded by mu; Rule.Name => handlers its Named middlewares wrap
-	wraps map[*compiledRule]int // guarded by mu; Route rule => handlers its middleware wraps
+	rules []*compiledRule // guarded by mu
+	// wraps holds, for each middleware built, the handlers it was put on: by Route rule, and
+	// by Rule.Name for Named's. Guarded by mu.
+	wraps map[any]int
 }
 
-// wrapRoute records that the middleware of a Route rule was put on a handler.
-func (r *routedRules) wrapRoute(cr *compiledRule) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.wraps == nil {
-		r.wraps = make(map[*compiledRule]int)
-	}
-	r.wraps[cr]++
-}
-
-// routeWraps returns on how many handlers the middleware of a Route rule was put.
-func (r *routedRules) routeWraps(cr *compiledRule) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.wraps[cr]
-}
-
-// build records that Named built the middleware of the rule named name.
-func (r *routedRules) build(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.named == nil {
-		r.named = make(map[string]int)
-	}
-	if _, ok := r.named[name]; !ok {
-		r.named[name] = 0
-	}
-}
-
-// wrap records that a Named middleware of the rule named name was put on a handler.
-func (r *routedRules) wrap(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.named[name]++
-}
-
-// wired reports whether Named built the middleware of name, and on how many handlers.
-func (r *routedRules) wired(name string) (built bool, handlers int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	handlers, built = r.named[name]
-	return built, handlers
-}
-
+// add records a Route or RouteFunc rule, whose middleware is built.
 func (r *routedRules) add(cr *compiledRule) {
+	r.build(cr)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rules = append(r.rules, cr)
+}
+
+// build records that the middleware of k (a Route rule, or a name given to Named) was built.
+func (r *routedRules) build(k any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wraps == nil {
+		r.wraps = make(map[any]int)
+	}
+	r.wraps[k] += 0 // an entry, at 0 until the middleware is put on a handler
+}
+
+// wrap records that the middleware of k was put on a handler.
+func (r *routedRules) wrap(k any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wraps[k]++
+}
+
+// wired reports whether the middleware of k was built, and on how many handlers.
+func (r *routedRules) wired(k any) (built bool, handlers int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	handlers, built = r.wraps[k]
+	return built, handlers
 }
 
 func (r *routedRules) list() []*compiledRule {

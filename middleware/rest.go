@@ -100,7 +100,7 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	cr.spec.Field, cr.label = name, label
 	m.routed.add(cr)
-	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrapRoute(cr) }), nil
+	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrap(cr) }), nil
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
