@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -336,18 +337,11 @@ func (c LockConf) Normalized() LockConf {
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
 	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
 	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
-	if c.Etcd.Hosts != nil {
-		c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts)
-	}
-	if c.Zookeeper.Hosts != nil {
-		c.Zookeeper.Hosts = slices.Clone(c.Zookeeper.Hosts)
-	}
-	if c.Rules != nil {
-		rules := make([]Rule, len(c.Rules))
-		for i, r := range c.Rules {
-			rules[i] = r.Normalized()
-		}
-		c.Rules = rules
+	c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts) // nil stays nil
+	c.Zookeeper.Hosts = slices.Clone(c.Zookeeper.Hosts)
+	c.Rules = slices.Clone(c.Rules)
+	for i, r := range c.Rules {
+		c.Rules[i] = r.Normalized()
 	}
 	return c
 }
@@ -411,15 +405,9 @@ func (c LockConf) problems() []error {
 			ps = append(ps, err)
 		}
 	}
-	if c.TTL < 0 {
-		add(FieldError("Lock.TTL", "must not be negative, got %v", c.TTL))
-	}
-	if c.MaxHold < 0 {
-		add(FieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold))
-	}
-	if c.Wait < 0 {
-		add(FieldError("Lock.Wait", "must not be negative, got %v", c.Wait))
-	}
+	add(negative("Lock.TTL", c.TTL))
+	add(negative("Lock.MaxHold", c.MaxHold))
+	add(negative("Lock.Wait", c.Wait))
 	if len(c.Prefix) >= flightlock.MaxKeyLen {
 		add(FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
 	}
@@ -437,23 +425,21 @@ func (c LockConf) problems() []error {
 
 // problems validates the settings of r, one problem per field at most.
 func (r RetryConf) problems() []error {
-	var ps []error
-	if err := OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential); err != nil {
-		ps = append(ps, err)
+	maxErr := negative("Lock.Retry.Max", r.Max)
+	if maxErr == nil && r.Max > 0 && r.Max < r.Min {
+		maxErr = FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min)
 	}
-	if r.Min < 0 {
-		ps = append(ps, FieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min))
+	ps := []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
+		negative("Lock.Retry.Min", r.Min), maxErr, negative("Lock.Retry.Attempts", r.Attempts)}
+	return slices.DeleteFunc(ps, func(err error) bool { return err == nil })
+}
+
+// negative names field when v, a duration or a count, is below zero.
+func negative[T time.Duration | int](field string, v T) error {
+	if v < 0 {
+		return FieldError(field, "must not be negative, got %v", v)
 	}
-	switch {
-	case r.Max < 0:
-		ps = append(ps, FieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max))
-	case r.Max > 0 && r.Max < r.Min:
-		ps = append(ps, FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min))
-	}
-	if r.Attempts < 0 {
-		ps = append(ps, FieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts))
-	}
-	return ps
+	return nil
 }
 
 // Strategy returns the flightlock retry strategy r describes, once normalized.
@@ -505,19 +491,10 @@ func checkRule(r Spec, storeErrors string) error {
 // CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
 // Wait. storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
 func CheckLockSettings(name string, r Rule, storeErrors string) error {
-	switch {
-	case r.TTL < 0:
-		return FieldError(name+".TTL", "must not be negative, got %v", r.TTL)
-	case r.Wait < 0:
-		return FieldError(name+".Wait", "must not be negative, got %v", r.Wait)
-	}
-	if err := OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare); err != nil {
+	if err := cmp.Or(negative(name+".TTL", r.TTL), negative(name+".Wait", r.Wait),
+		OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare),
+		OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen)); err != nil {
 		return err
-	}
-	if r.OnStoreError != "" {
-		if err := OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen); err != nil {
-			return err
-		}
 	}
 	switch {
 	case r.Permits == 1:
@@ -538,11 +515,9 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 		return FieldError(name+".Shadow", "cannot be set with OnBusy share: a shared response is not a shadow's to give")
 	case r.Replay <= 0:
 		return FieldError(name+".Replay", "must be positive, got %v", r.Replay)
-	case r.ReplayMaxBytes < 0:
-		return FieldError(name+".ReplayMaxBytes", "must not be negative, got %d", r.ReplayMaxBytes)
 	}
 	_, err := ParseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
-	return err
+	return cmp.Or(negative(name+".ReplayMaxBytes", r.ReplayMaxBytes), err)
 }
 
 // checkFullMethod accepts gRPC full method names: /package.Service/Method.
