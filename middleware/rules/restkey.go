@@ -526,20 +526,3 @@ func defaultGetter(name string) getter[*httpSource] {
 		return c.one(name, hint)
 	}
 }
-
-// httpKeys computes the keys of one REST request for a rule.
-type httpKeys func(r *http.Request) ([]string, error)
-
-// templateHTTPKeys renders plan's keys; raw keeps the values as the request wrote them, for the
-// keys a share rule stores responses under: "007" and "7" share a lock, but never a response.
-func templateHTTPKeys(plan keyPlan[*httpSource], raw bool) httpKeys {
-	return func(r *http.Request) ([]string, error) {
-		return plan.render(&httpSource{r: r, raw: raw})
-	}
-}
-
-func funcHTTPKeys(fn KeyFunc) httpKeys {
-	return func(r *http.Request) ([]string, error) {
-		return userKey(fn(r))
-	}
-}

@@ -183,21 +183,6 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	return "", false
 }
 
-// rpcKeys computes the keys of one call for a rule.
-type rpcKeys func(ctx context.Context, req any) ([]string, error)
-
-func templateRPCKeys(plan keyPlan[rpcSource]) rpcKeys {
-	return func(ctx context.Context, req any) ([]string, error) {
-		return plan.render(rpcSource{ctx: ctx, req: req})
-	}
-}
-
-func funcRPCKeys(fn RPCKeyFunc) rpcKeys {
-	return func(ctx context.Context, req any) ([]string, error) {
-		return userKey(fn(ctx, req))
-	}
-}
-
 // userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad
 // input (ErrInvalidKey), whatever the function returned.
 func userKey(key string, err error) ([]string, error) {
