@@ -57,26 +57,31 @@ type httpSource struct {
 	jsonDone bool
 }
 
-// readBody reads the body up to MaxBodyBytes and puts back what it read, for the handler.
+// readBody reads the body once (ReadBody).
 func (s *httpSource) readBody() ([]byte, error) {
-	if s.bodyRead {
-		return s.body, s.bodyErr
+	if !s.bodyRead {
+		s.bodyRead = true
+		s.body, s.bodyErr = ReadBody(s.r)
 	}
-	s.bodyRead = true
-	if s.r.Body == nil || s.r.Body == http.NoBody {
+	return s.body, s.bodyErr
+}
+
+// ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler. A
+// larger body, or one that fails to read, is an ErrInvalidKey (400).
+func ReadBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(s.r.Body, MaxBodyBytes+1))
-	_ = s.r.Body.Close()
-	s.r.Body = io.NopCloser(bytes.NewReader(b))
+	b, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(b))
 	switch {
 	case err != nil:
-		s.bodyErr = fmt.Errorf("%w: read request body: %v", flightlock.ErrInvalidKey, err)
+		return b, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
 	case len(b) > MaxBodyBytes:
-		s.bodyErr = fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, MaxBodyBytes)
+		return b, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, MaxBodyBytes)
 	}
-	s.body = b
-	return s.body, s.bodyErr
+	return b, nil
 }
 
 // formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body: an
