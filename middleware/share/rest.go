@@ -47,8 +47,14 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	rkey := rl.replayKey(replayKeys)
 
-	rec, err := rl.share(ctx, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
-		return rl.runHTTP(ctx, t, r, body, next, keys, rkey, print)
+	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
+		rr := &recorder{header: http.Header{}, status: http.StatusOK}
+		r := r.WithContext(ctx)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next(rr, r)
+		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
+			Print: print, own: rr.header}
+		return rec, rl.policy.storesHTTP(rec.Status), nil
 	})
 	var pe *panicError
 	switch {
@@ -71,20 +77,6 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body)
-}
-
-// runHTTP is the leader's run of a REST share rule (see share and lead); ctx is r's.
-func (rl *rule) runHTTP(ctx context.Context, t *turn, r *http.Request, body []byte,
-	next http.HandlerFunc, keys []string, rkey, print string) (*record, error) {
-	return rl.lead(ctx, t, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
-		rr := &recorder{header: http.Header{}, status: http.StatusOK}
-		r = r.WithContext(ctx)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next(rr, r)
-		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
-			Print: print, own: rr.header}
-		return rec, rl.policy.storesHTTP(rec.Status), nil
-	})
 }
 
 // recorder captures a handler's response for sharing.
