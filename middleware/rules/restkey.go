@@ -393,7 +393,7 @@ func canonicalNumber(v string) string {
 	if v[0] == '+' || v[0] == '-' {
 		digits = v[1:]
 	}
-	if isDigits(digits) {
+	if digits != "" && strings.Trim(digits, "0123456789") == "" {
 		d := strings.TrimLeft(digits, "0")
 		switch {
 		case d == "":
@@ -417,19 +417,6 @@ func canonicalNumber(v string) string {
 		return strconv.FormatFloat(f, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
-}
-
-// isDigits reports whether s is one or more decimal digits.
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // nonFinite returns the one form ("Inf", "-Inf", "NaN") of an infinity or NaN that ParseFloat
