@@ -144,8 +144,8 @@ func CompileHTTP(s Spec) (*Plan, error) {
 
 // compileKey parses s's key template, refuses one among the middleware's own keys (unless s
 // is a shadow rule, whose keys live apart) and binds it with bind.
-func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]keyTemplate, keyPlan[S], error) {
-	keys, err := parseTemplate(s.Key)
+func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]TemplateKey, keyPlan[S], error) {
+	keys, err := TemplateKeys(s.Key)
 	if err == nil && !s.Shadow {
 		err = checkOwnKeys(keys)
 	}

@@ -61,10 +61,10 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 }
 
 // usesMessage reports whether a template reads the request message.
-func usesMessage(keys []keyTemplate) bool {
+func usesMessage(keys []TemplateKey) bool {
 	for _, k := range keys {
-		for _, s := range k.segs {
-			if s.ref != "" && !strings.HasPrefix(s.ref, "header.") {
+		for _, ref := range k.Refs {
+			if !strings.HasPrefix(ref, "header.") {
 				return true
 			}
 		}

@@ -16,7 +16,7 @@ import (
 // same bool renders in a zrpc request message (true and false alike: a oneof field has
 // presence, so false is a value, not a missing field).
 func TestRPCBoolRendersTheRESTKey(t *testing.T) {
-	keys, err := parseTemplate("coupon:{bool_value}")
+	keys, err := TemplateKeys("coupon:{bool_value}")
 	if err != nil {
 		t.Fatal(err)
 	}
