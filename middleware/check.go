@@ -29,14 +29,10 @@ import (
 // It cannot see whether server.Use(mw.Handle) was called, nor which group a Route or Named
 // middleware wraps: keep a rule's Path inside its group. RPC-only rules are CheckMethods'.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
-	if !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
+	if len(m.rules) > 0 && !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
 		// RPC rules alone lock nothing on a REST server (Register refuses the reverse).
-		for _, cr := range m.rules {
-			if cr.rpc != nil && cr.http == nil {
-				return rules.FieldError(cr.spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
-					"it would lock no request; name the route the rule is for with Method and Path (or Name for a goctl @server middleware)")
-			}
-		}
+		return rules.FieldError(m.rules[0].spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
+			"it would lock no request; name the route the rule is for with Method and Path (or Name for a goctl @server middleware)")
 	}
 	clean := make([]rest.Route, 0, len(routes))
 	for _, rt := range routes {
@@ -137,8 +133,8 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 			continue
 		}
 		full := cr.spec.RPC
-		svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
-		if slices.ContainsFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method }) {
+		svc, _, ok := methodInfo(info, full)
+		if ok {
 			continue
 		}
 		for name, si := range info {
@@ -187,21 +183,17 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 // as a server runs each kind of call through its own chain. unary and stream are the probe's
 // verdicts.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
-	if len(m.rpc) == 0 {
-		// YAML REST rules alone lock nothing on a zrpc server; Route rules built in Go are
-		// the service's own choice.
-		for _, cr := range m.rules {
-			if cr.http != nil && cr.label == "" {
-				return rules.FieldError(cr.spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
-					"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
-			}
-		}
+	if len(m.rpc) == 0 && len(m.rules) > 0 {
+		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
+		// service's own choice.
+		return rules.FieldError(m.rules[0].spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
+			"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
 	}
 	for _, cr := range m.rules {
 		if cr.rpc == nil {
 			continue
 		}
-		if streaming(info, cr.spec.RPC) {
+		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
 			if !installed(stream, &m.streamIntercepting) {
 				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
 					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
@@ -228,16 +220,15 @@ func installed(v probeVerdict, built *atomic.Bool) bool {
 	return v == probeInstalled
 }
 
-// streaming reports whether full is a streaming method of the server; one it does not serve
-// counts as unary (CheckMethods reports it).
-func streaming(info map[string]grpc.ServiceInfo, full string) bool {
+// methodInfo returns the service of full, a full method name, and the method's info if the
+// server serves it (else a zero info: a unary method).
+func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi grpc.MethodInfo, ok bool) {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
-	for _, mi := range info[svc].Methods {
-		if mi.Name == method {
-			return mi.IsClientStream || mi.IsServerStream
-		}
+	i := slices.IndexFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method })
+	if i < 0 {
+		return svc, mi, false
 	}
-	return false
+	return svc, info[svc].Methods[i], true
 }
 
 // routedRules are the Route and RouteFunc rules and the middlewares Named built, for
