@@ -288,14 +288,14 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 				rec, err = nil, pe
 			}
 		}()
-		rec, stores, err = run(h.Context(), fenceOf(h.Group()))
+		rec, stores, err = run(h.Ctx, fenceOf(h.Group))
 	}()
 	if err != nil {
 		return nil, err
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
-	if g := h.Group(); g != nil && g.Lost() {
+	if g := h.Group; g != nil && g.Lost() {
 		// Another holder may have run since and stored the response duplicates must get;
 		// replaySet refuses a later grant's record for a loss after this look.
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
