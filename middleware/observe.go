@@ -185,7 +185,7 @@ func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *fligh
 // outcomeOf names the outcome of m.lock's call to LockAll.
 func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	switch {
-	case err == nil && degraded(g):
+	case err == nil && slices.ContainsFunc(g.Leases(), (*flightlock.Lease).Degraded): // OnStoreError: open
 		return outcomeDegraded
 	case err == nil:
 		return outcomeAcquired
@@ -213,16 +213,6 @@ func grantOf(st *ruleStats, g *flightlock.Group) string {
 		return st.store
 	}
 	return grant.String()
-}
-
-// degraded reports whether a lease of g holds this process's gate only (OnStoreError: open).
-func degraded(g *flightlock.Group) bool {
-	for _, l := range g.Leases() {
-		if l.Degraded() {
-			return true
-		}
-	}
-	return false
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
