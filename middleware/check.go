@@ -29,14 +29,10 @@ import (
 // It cannot see whether server.Use(mw.Handle) was called, nor which group a Route or Named
 // middleware wraps: keep a rule's Path inside its group. RPC-only rules are CheckMethods'.
 func (m *Middleware) CheckRoutes(routes []rest.Route) error {
-	if !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
+	if len(m.rules) > 0 && !slices.ContainsFunc(m.rules, func(cr *compiledRule) bool { return cr.http != nil }) {
 		// RPC rules alone lock nothing on a REST server (Register refuses the reverse).
-		for _, cr := range m.rules {
-			if cr.rpc != nil && cr.http == nil {
-				return rules.FieldError(cr.spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
-					"it would lock no request; name the route the rule is for with Method and Path (or Name for a goctl @server middleware)")
-			}
-		}
+		return rules.FieldError(m.rules[0].spec.Field, "is an RPC rule in the Lock section of a REST server, which has no REST rule: "+
+			"it would lock no request; name the route the rule is for with Method and Path (or Name for a goctl @server middleware)")
 	}
 	clean := make([]rest.Route, 0, len(routes))
 	for _, rt := range routes {
@@ -72,7 +68,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
 	for _, cr := range m.routed.list() {
-		if m.routed.routeWraps(cr) == 0 {
+		if _, handlers := m.routed.wired(cr); handlers == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
@@ -137,8 +133,8 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 			continue
 		}
 		full := cr.spec.RPC
-		svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
-		if slices.ContainsFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method }) {
+		svc, _, ok := methodInfo(info, full)
+		if ok {
 			continue
 		}
 		for name, si := range info {
@@ -187,21 +183,17 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 // as a server runs each kind of call through its own chain. unary and stream are the probe's
 // verdicts.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
-	if len(m.rpc) == 0 {
-		// YAML REST rules alone lock nothing on a zrpc server; Route rules built in Go are
-		// the service's own choice.
-		for _, cr := range m.rules {
-			if cr.http != nil && cr.label == "" {
-				return rules.FieldError(cr.spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
-					"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
-			}
-		}
+	if len(m.rpc) == 0 && len(m.rules) > 0 {
+		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
+		// service's own choice.
+		return rules.FieldError(m.rules[0].spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
+			"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
 	}
 	for _, cr := range m.rules {
 		if cr.rpc == nil {
 			continue
 		}
-		if streaming(info, cr.spec.RPC) {
+		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
 			if !installed(stream, &m.streamIntercepting) {
 				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
 					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
@@ -228,75 +220,58 @@ func installed(v probeVerdict, built *atomic.Bool) bool {
 	return v == probeInstalled
 }
 
-// streaming reports whether full is a streaming method of the server; one it does not serve
-// counts as unary (CheckMethods reports it).
-func streaming(info map[string]grpc.ServiceInfo, full string) bool {
+// methodInfo returns the service of full, a full method name, and the method's info if the
+// server serves it (else a zero info: a unary method).
+func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi grpc.MethodInfo, ok bool) {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
-	for _, mi := range info[svc].Methods {
-		if mi.Name == method {
-			return mi.IsClientStream || mi.IsServerStream
-		}
+	i := slices.IndexFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method })
+	if i < 0 {
+		return svc, mi, false
 	}
-	return false
+	return svc, info[svc].Methods[i], true
 }
 
 // routedRules are the Route and RouteFunc rules and the middlewares Named built, for
 // CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
-	rules []*compiledRule       // guarded by mu
-	named map[string]int        // guarded by mu; Rule.Name => handlers its Named middlewares wrap
-	wraps map[*compiledRule]int // guarded by mu; Route rule => handlers its middleware wraps
+	rules []*compiledRule // guarded by mu
+	// wraps holds, for each middleware built, the handlers it was put on: by Route rule, and
+	// by Rule.Name for Named's. Guarded by mu.
+	wraps map[any]int
 }
 
-// wrapRoute records that the middleware of a Route rule was put on a handler.
-func (r *routedRules) wrapRoute(cr *compiledRule) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.wraps == nil {
-		r.wraps = make(map[*compiledRule]int)
-	}
-	r.wraps[cr]++
-}
-
-// routeWraps returns on how many handlers the middleware of a Route rule was put.
-func (r *routedRules) routeWraps(cr *compiledRule) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.wraps[cr]
-}
-
-// build records that Named built the middleware of the rule named name.
-func (r *routedRules) build(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.named == nil {
-		r.named = make(map[string]int)
-	}
-	if _, ok := r.named[name]; !ok {
-		r.named[name] = 0
-	}
-}
-
-// wrap records that a Named middleware of the rule named name was put on a handler.
-func (r *routedRules) wrap(name string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.named[name]++
-}
-
-// wired reports whether Named built the middleware of name, and on how many handlers.
-func (r *routedRules) wired(name string) (built bool, handlers int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	handlers, built = r.named[name]
-	return built, handlers
-}
-
+// add records a Route or RouteFunc rule, whose middleware is built.
 func (r *routedRules) add(cr *compiledRule) {
+	r.build(cr)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.rules = append(r.rules, cr)
+}
+
+// build records that the middleware of k (a Route rule, or a name given to Named) was built.
+func (r *routedRules) build(k any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.wraps == nil {
+		r.wraps = make(map[any]int)
+	}
+	r.wraps[k] += 0 // an entry, at 0 until the middleware is put on a handler
+}
+
+// wrap records that the middleware of k was put on a handler.
+func (r *routedRules) wrap(k any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wraps[k]++
+}
+
+// wired reports whether the middleware of k was built, and on how many handlers.
+func (r *routedRules) wired(k any) (built bool, handlers int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	handlers, built = r.wraps[k]
+	return built, handlers
 }
 
 func (r *routedRules) list() []*compiledRule {

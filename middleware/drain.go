@@ -3,6 +3,8 @@ package middleware
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,18 +60,11 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 
 // drainAll drains every base Locker of m at once (one per store), within ctx.
 func (m *Middleware) drainAll(ctx context.Context) error {
-	errs := make([]error, 0, len(m.bases))
-	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
-	)
-	for _, l := range m.bases {
-		wg.Go(func() {
-			err := l.Drain(ctx)
-			mu.Lock()
-			errs = append(errs, err)
-			mu.Unlock()
-		})
+	lockers := slices.Collect(maps.Values(m.bases))
+	errs := make([]error, len(lockers))
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Go(func() { errs[i] = l.Drain(ctx) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)

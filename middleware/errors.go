@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,24 +53,38 @@ var ErrNestedLock = errors.New("the key is held by a caller of this request (the
 //
 // The middleware sets Retry-After on a busy reply before the error handler runs.
 func HTTPStatus(err error) int {
-	switch {
-	case errors.Is(err, flightlock.ErrBusy):
-		return http.StatusConflict
-	case errors.Is(err, flightlock.ErrInvalidKey):
-		return http.StatusBadRequest
-	case errors.Is(err, ErrPayloadMismatch):
-		return http.StatusUnprocessableEntity
-	case errors.Is(err, flightlock.ErrConfig):
-		return http.StatusInternalServerError
-	case errors.Is(err, flightlock.ErrClosed), errors.Is(err, errStore):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, context.Canceled):
-		return statusClientClosedRequest
-	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
-	default:
-		return 0
+	a, _ := answerOf(err)
+	return a.http
+}
+
+// answer is what the middleware answers for the errors that wrap target, on each transport.
+type answer struct {
+	target error
+	http   int
+	grpc   codes.Code
+	msg    string // the public message; "" for the error's own text, which names what is wrong
+}
+
+// answers are in the order of HTTPStatus's table: the first whose target an error wraps applies.
+var answers = [...]answer{
+	{flightlock.ErrBusy, http.StatusConflict, codes.Aborted, msgBusy},
+	{flightlock.ErrInvalidKey, http.StatusBadRequest, codes.InvalidArgument, ""},
+	{ErrPayloadMismatch, http.StatusUnprocessableEntity, codes.InvalidArgument, ""},
+	{flightlock.ErrConfig, http.StatusInternalServerError, codes.Internal, msgConfig},
+	{flightlock.ErrClosed, http.StatusServiceUnavailable, codes.Unavailable, msgDraining},
+	{errStore, http.StatusServiceUnavailable, codes.Unavailable, msgUnavailable},
+	{context.Canceled, statusClientClosedRequest, codes.Canceled, msgEnded},
+	{context.DeadlineExceeded, http.StatusServiceUnavailable, codes.DeadlineExceeded, msgEnded},
+}
+
+// answerOf returns the answer to err, and false for an error none of answers is.
+func answerOf(err error) (answer, bool) {
+	for _, a := range answers {
+		if errors.Is(err, a.target) {
+			return a, true
+		}
 	}
+	return answer{}, false
 }
 
 // GRPCStatus returns the gRPC status that the interceptors answer for err: Aborted for
@@ -79,30 +94,20 @@ func HTTPStatus(err error) int {
 // errors. Any other error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a
 // non-nil err.
 func GRPCStatus(err error) *status.Status {
-	switch {
-	case errors.Is(err, ErrNestedLock):
+	if errors.Is(err, ErrNestedLock) {
 		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
-	case errors.Is(err, flightlock.ErrBusy):
-		st := status.New(codes.Aborted, msgBusy)
+	}
+	a, ok := answerOf(err)
+	if !ok {
+		return status.Convert(err)
+	}
+	st := status.New(a.grpc, cmp.Or(a.msg, err.Error()))
+	if a.target == flightlock.ErrBusy {
 		if withInfo, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelay(err))}); derr == nil {
 			st = withInfo
 		}
-		return st
-	case errors.Is(err, flightlock.ErrInvalidKey), errors.Is(err, ErrPayloadMismatch):
-		return status.New(codes.InvalidArgument, err.Error())
-	case errors.Is(err, flightlock.ErrConfig):
-		return status.New(codes.Internal, msgConfig)
-	case errors.Is(err, flightlock.ErrClosed):
-		return status.New(codes.Unavailable, msgDraining)
-	case errors.Is(err, errStore):
-		return status.New(codes.Unavailable, msgUnavailable)
-	case errors.Is(err, context.Canceled):
-		return status.New(codes.Canceled, msgEnded)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.New(codes.DeadlineExceeded, msgEnded)
-	default:
-		return status.Convert(err)
 	}
+	return st
 }
 
 // lockError returns err, an error of a request's lock, marked as the store's when HTTPStatus
@@ -122,35 +127,14 @@ func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
 // short text. A busy reply carries Retry-After in whole seconds, rounded up (retryDelay).
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	err = lockError(err)
-	code := HTTPStatus(err)
+	a, _ := answerOf(err)
 	switch {
-	case code == http.StatusConflict:
+	case a.target == flightlock.ErrBusy:
 		w.Header().Set("Retry-After", wholeSeconds(retryDelay(err)))
 	case errors.Is(err, flightlock.ErrClosed):
 		w.Header().Set("Retry-After", "1") // another instance can serve it now
 	}
 	httpx.ErrorCtx(r.Context(), w, err, func(w http.ResponseWriter, err error) {
-		http.Error(w, publicMessage(err), code)
+		http.Error(w, cmp.Or(a.msg, err.Error()), a.http)
 	})
-}
-
-func publicMessage(err error) string {
-	switch {
-	case errors.Is(err, flightlock.ErrBusy):
-		return msgBusy
-	case errors.Is(err, flightlock.ErrInvalidKey):
-		return err.Error() // tells the client which value is missing
-	case errors.Is(err, ErrPayloadMismatch):
-		return ErrPayloadMismatch.Error() // the client's own request was refused: the store is fine
-	case errors.Is(err, flightlock.ErrConfig):
-		return msgConfig
-	case errors.Is(err, flightlock.ErrClosed):
-		return msgDraining
-	case errors.Is(err, errStore):
-		return msgUnavailable
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return msgEnded
-	default:
-		return msgUnavailable
-	}
 }

@@ -105,26 +105,10 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 // checked. c is read by field name, so that every service does not link the gateway package
 // and its gRPC reflection; anything else gives no routes.
 func GatewayRoutes(c any) []rest.Route {
-	v := reflect.Indirect(reflect.ValueOf(c))
-	if v.Kind() != reflect.Struct {
-		return nil
-	}
-	ups := v.FieldByName("Upstreams")
-	if ups.Kind() != reflect.Slice {
-		return nil
-	}
 	var routes []rest.Route
-	for i := range ups.Len() {
-		up := reflect.Indirect(ups.Index(i))
-		if up.Kind() != reflect.Struct {
-			continue
-		}
-		maps := up.FieldByName("Mappings")
-		if maps.Kind() != reflect.Slice {
-			continue
-		}
-		for j := range maps.Len() {
-			m := reflect.Indirect(maps.Index(j))
+	for _, up := range sliceField(reflect.ValueOf(c), "Upstreams") {
+		for _, m := range sliceField(up, "Mappings") {
+			m = reflect.Indirect(m)
 			if m.Kind() != reflect.Struct {
 				continue
 			}
@@ -135,4 +119,19 @@ func GatewayRoutes(c any) []rest.Route {
 		}
 	}
 	return routes
+}
+
+// sliceField returns the elements of the slice field name of v, a struct or a pointer to one;
+// none when v is neither or has no such field.
+func sliceField(v reflect.Value, name string) []reflect.Value {
+	if v = reflect.Indirect(v); v.Kind() != reflect.Struct {
+		return nil
+	}
+	var out []reflect.Value
+	if f := v.FieldByName(name); f.Kind() == reflect.Slice {
+		for i := range f.Len() {
+			out = append(out, f.Index(i))
+		}
+	}
+	return out
 }

@@ -25,16 +25,10 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return handler(ctx, req)
 		}
 		keys, err := rl.RPCKeys(ctx, req)
-		if err != nil {
-			if m.badKey(ctx, rl, err) {
-				return handler(ctx, req)
-			}
-			return nil, grpcStatus(err).Err()
-		}
-		if rl.share != nil {
+		if err == nil && rl.share != nil {
 			return rl.share.HandleRPC(ctx, req, info, handler, keys)
 		}
-		h, err := m.lock(ctx, rl, keys)
+		h, err := m.enter(ctx, rl, keys, err)
 		if err != nil {
 			return nil, grpcStatus(err).Err()
 		}
@@ -71,13 +65,7 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		keys, err := rl.RPCKeys(ctx, nil)
-		if err != nil {
-			if m.badKey(ctx, rl, err) {
-				return handler(srv, &lockedStream{ServerStream: ss, ctx: ctx, done: true})
-			}
-			return grpcStatus(err).Err()
-		}
-		h, err := m.lock(ctx, rl, keys)
+		h, err := m.enter(ctx, rl, keys, err)
 		if err != nil {
 			return grpcStatus(err).Err()
 		}
@@ -136,7 +124,8 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	ctx := s.ctx
 	s.mu.Unlock()
 
-	h, err := s.lockFirst(ctx, msg)
+	keys, err := s.rl.RPCKeys(ctx, msg)
+	h, err := s.m.enter(ctx, s.rl, keys, err)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err != nil {
@@ -145,17 +134,6 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	}
 	s.held, s.ctx = h, h.ctx
 	return nil
-}
-
-func (s *lockedStream) lockFirst(ctx context.Context, msg any) (held, error) {
-	keys, err := s.rl.RPCKeys(ctx, msg)
-	if err != nil {
-		if s.m.badKey(ctx, s.rl, err) {
-			return held{ctx: ctx}, nil
-		}
-		return held{}, err
-	}
-	return s.m.lock(ctx, s.rl, keys)
 }
 
 // release releases the lock taken on the first message, after the handler returned.

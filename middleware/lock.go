@@ -38,6 +38,18 @@ type held struct {
 	at  time.Time         // when the lock was granted
 }
 
+// enter locks the keys of one request, rendered with keyErr: a key that cannot be built is
+// refused, or, for a shadow rule, let through unlocked on ctx (badKey).
+func (m *Middleware) enter(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
+	if keyErr != nil {
+		if m.badKey(ctx, rl, keyErr) {
+			return held{ctx: ctx}, nil
+		}
+		return held{}, keyErr
+	}
+	return m.lock(ctx, rl, keys)
+}
+
 // lock takes the keys of one request; see lockEnforced and lockShadow.
 func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, error) {
 	if rl.shadow {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,76 +29,42 @@ var (
 	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "acquire_duration_ms",
 		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, etcd or zookeeper: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
-		Labels:  []string{"rule", "key", "store", "outcome", "grant"},
+		Labels:  append(slices.Clip(ruleLabels), "outcome", "grant"),
 		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
 	})
 	holdDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
 		Namespace: "flightlock", Name: "hold_duration_ms",
 		Help:    "How long a request held its lock: from the grant to the release.",
-		Labels:  []string{"rule", "key", "store"},
+		Labels:  ruleLabels,
 		Buckets: []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
 	})
-	busyTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "busy_total",
-		Help:   "Requests answered busy (409 Conflict / Aborted) because another holder had the key.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	lostTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "lost_total",
-		Help:   "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	driftTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "drift_total",
-		Help:   "Acquisitions that found their key held by a lock of another kind (another Permits count, Fair beside no Fair): instances of one service whose rules differ.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	abandonedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "abandoned_total",
-		Help:   "Locks given up with a lease never released (a forgotten Release, or a handler stuck past MaxHold): each blocked its key for MaxHold plus a TTL.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	handoffTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "handoffs_total",
-		Help:   "Locks handed from one request to the next in this process without a round trip to the store.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	renewalTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "renewals_total",
-		Help:   "Watchdog renewals of held locks, by result (ok, failed).",
-		Labels: []string{"rule", "key", "store", "result"},
-	})
-	storeErrorTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "store_errors_total",
-		Help:   "Lock store (Redis, etcd or ZooKeeper) errors, by operation (acquire, release).",
-		Labels: []string{"rule", "key", "store", "op"},
-	})
-	failOpenTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "fail_open_total",
-		Help:   "Requests served under this process's lock only because the lock store was unreachable (OnStoreError: open).",
-		Labels: []string{"rule", "key", "store"},
-	})
-	shadowConflictTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "shadow_conflicts_total",
-		Help:   "Requests of a shadow rule that enforcing it would have held back, by what it would have done (reject, wait, invalid_key, store_error).",
-		Labels: []string{"rule", "key", "store", "would"},
-	})
-	sharedTotal = metric.NewCounterVec(&metric.CounterVecOpts{
-		Namespace: "flightlock", Name: "shared_total",
-		Help:   "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: the rule's store, Redis or etcd), and responses too large to store (too_large).",
-		Labels: []string{"rule", "key", "store", "how"},
-	})
-	heldGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
-		Namespace: "flightlock", Name: "held",
-		Help:   "Requests holding their lock now.",
-		Labels: []string{"rule", "key", "store"},
-	})
-	waitingGauge = metric.NewGaugeVec(&metric.GaugeVecOpts{
-		Namespace: "flightlock", Name: "waiting",
-		Help:   "Requests taking their lock now: queued for a busy key, or waiting for Redis.",
-		Labels: []string{"rule", "key", "store"},
-	})
+	busyTotal           = ruleCounter("busy_total", "Requests answered busy (409 Conflict / Aborted) because another holder had the key.")
+	lostTotal           = ruleCounter("lost_total", "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.")
+	driftTotal          = ruleCounter("drift_total", "Acquisitions that found their key held by a lock of another kind (another Permits count, Fair beside no Fair): instances of one service whose rules differ.")
+	abandonedTotal      = ruleCounter("abandoned_total", "Locks given up with a lease never released (a forgotten Release, or a handler stuck past MaxHold): each blocked its key for MaxHold plus a TTL.")
+	handoffTotal        = ruleCounter("handoffs_total", "Locks handed from one request to the next in this process without a round trip to the store.")
+	renewalTotal        = ruleCounter("renewals_total", "Watchdog renewals of held locks, by result (ok, failed).", "result")
+	storeErrorTotal     = ruleCounter("store_errors_total", "Lock store (Redis, etcd or ZooKeeper) errors, by operation (acquire, release).", "op")
+	failOpenTotal       = ruleCounter("fail_open_total", "Requests served under this process's lock only because the lock store was unreachable (OnStoreError: open).")
+	shadowConflictTotal = ruleCounter("shadow_conflicts_total", "Requests of a shadow rule that enforcing it would have held back, by what it would have done (reject, wait, invalid_key, store_error).", "would")
+	sharedTotal         = ruleCounter("shared_total", "Requests of share rules answered without running the handler, by where the response came from (inflight: a request of this process; stored: the rule's store, Redis or etcd), and responses too large to store (too_large).", "how")
+	heldGauge           = ruleGauge("held", "Requests holding their lock now.")
+	waitingGauge        = ruleGauge("waiting", "Requests taking their lock now: queued for a busy key, or waiting for Redis.")
 )
+
+// ruleLabels are the labels of every metric: rule name, key template and store.
+var ruleLabels = []string{"rule", "key", "store"}
+
+// ruleCounter is a flightlock counter labelled by ruleLabels, then by extra.
+func ruleCounter(name, help string, extra ...string) metric.CounterVec {
+	return metric.NewCounterVec(&metric.CounterVecOpts{Namespace: "flightlock", Name: name, Help: help,
+		Labels: append(slices.Clip(ruleLabels), extra...)})
+}
+
+// ruleGauge is a flightlock gauge labelled by ruleLabels.
+func ruleGauge(name, help string) metric.GaugeVec {
+	return metric.NewGaugeVec(&metric.GaugeVecOpts{Namespace: "flightlock", Name: name, Help: help, Labels: ruleLabels})
+}
 
 // Outcomes of an acquisition, as labelled.
 const (
@@ -218,7 +185,7 @@ func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *fligh
 // outcomeOf names the outcome of m.lock's call to LockAll.
 func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	switch {
-	case err == nil && degraded(g):
+	case err == nil && slices.ContainsFunc(g.Leases(), (*flightlock.Lease).Degraded): // OnStoreError: open
 		return outcomeDegraded
 	case err == nil:
 		return outcomeAcquired
@@ -246,16 +213,6 @@ func grantOf(st *ruleStats, g *flightlock.Group) string {
 		return st.store
 	}
 	return grant.String()
-}
-
-// degraded reports whether a lease of g holds this process's gate only (OnStoreError: open).
-func degraded(g *flightlock.Group) bool {
-	for _, l := range g.Leases() {
-		if l.Degraded() {
-			return true
-		}
-	}
-	return false
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -100,7 +100,7 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	cr.spec.Field, cr.label = name, label
 	m.routed.add(cr)
-	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrapRoute(cr) }), nil
+	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrap(cr) }), nil
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
@@ -142,19 +142,11 @@ func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middlewar
 func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	ctx := r.Context()
 	keys, err := rl.HTTPKeys(r)
-	if err != nil {
-		if m.badKey(ctx, rl, err) {
-			next(w, r)
-			return
-		}
-		writeHTTPError(w, r, err)
-		return
-	}
-	if rl.share != nil {
+	if err == nil && rl.share != nil {
 		rl.share.HandleHTTP(w, r, next, keys)
 		return
 	}
-	h, err := m.lock(ctx, rl, keys)
+	h, err := m.enter(ctx, rl, keys, err)
 	if err != nil {
 		writeHTTPError(w, r, err)
 		return

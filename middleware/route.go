@@ -89,13 +89,8 @@ func (h *httpRoutes) match(r *http.Request) *rule {
 
 // declares reports whether the patterns of t declare exactly the variables in vars.
 func (t *routeTree) declares(vars map[string]string) bool {
-	if len(t.params) != len(vars) {
-		return false
-	}
-	for _, p := range t.params {
-		if _, ok := vars[p]; !ok {
-			return false
-		}
-	}
-	return true
+	return len(t.params) == len(vars) && !slices.ContainsFunc(t.params, func(p string) bool {
+		_, ok := vars[p]
+		return !ok
+	})
 }

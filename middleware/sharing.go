@@ -3,7 +3,6 @@ package middleware
 import (
 	"context"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
@@ -60,9 +59,9 @@ type shareLocks struct {
 func (s shareLocks) Lock(ctx context.Context, keys []string) (sharehook.Held, error) {
 	h, err := s.m.lock(ctx, s.rl, keys)
 	if err != nil {
-		return nil, err
+		return sharehook.Held{}, err
 	}
-	return &sharedHeld{s, h}, nil
+	return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: func(ctx context.Context) { s.m.release(ctx, s.rl, h) }}, nil
 }
 
 func (s shareLocks) LogError(ctx context.Context, what string, err error) {
@@ -74,13 +73,3 @@ func (s shareLocks) CountShared(how string) {
 		sharedTotal.Inc(st.name, st.template, st.store, how)
 	}
 }
-
-// sharedHeld is the lock a request of a share rule holds.
-type sharedHeld struct {
-	shareLocks
-	h held
-}
-
-func (s *sharedHeld) Context() context.Context    { return s.h.ctx }
-func (s *sharedHeld) Group() *flightlock.Group    { return s.h.g }
-func (s *sharedHeld) Release(ctx context.Context) { s.m.release(ctx, s.rl, s.h) }

@@ -129,22 +129,23 @@ func CompileHTTP(s Spec) (*Plan, error) {
 		rl.Name = cmp.Or(s.Method, "*") + " " + rp.Text
 	}
 	if s.HTTPKey != nil {
-		rl.HTTPKeys = ownKeysApartHTTP(s, funcHTTPKeys(s.HTTPKey))
+		rl.HTTPKeys = func(r *http.Request) ([]string, error) { return s.apart(userKey(s.HTTPKey(r))) }
 		return rl, nil
 	}
 	_, plan, err := compileKey(s, bindHTTP(route))
 	if err != nil {
 		return nil, err
 	}
-	rl.HTTPKeys = ownKeysApartHTTP(s, templateHTTPKeys(plan, false))
-	rl.HTTPReplayKeys = templateHTTPKeys(plan, true)
+	rl.HTTPKeys = func(r *http.Request) ([]string, error) { return s.apart(plan.render(&httpSource{r: r})) }
+	// The values as the request wrote them: "007" and "7" share a lock, but never a response.
+	rl.HTTPReplayKeys = func(r *http.Request) ([]string, error) { return plan.render(&httpSource{r: r, raw: true}) }
 	return rl, nil
 }
 
 // compileKey parses s's key template, refuses one among the middleware's own keys (unless s
 // is a shadow rule, whose keys live apart) and binds it with bind.
-func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]keyTemplate, keyPlan[S], error) {
-	keys, err := parseTemplate(s.Key)
+func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]TemplateKey, keyPlan[S], error) {
+	keys, err := TemplateKeys(s.Key)
 	if err == nil && !s.Shadow {
 		err = checkOwnKeys(keys)
 	}
@@ -158,28 +159,20 @@ func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]keyT
 	return keys, plan, nil
 }
 
-// ownKeysApartHTTP refuses the keys of an enforced rule's request that fall among the
-// middleware's own keys (notInternal); a shadow rule's keys live apart already.
-func ownKeysApartHTTP(s Spec, keys httpKeys) httpKeys {
+// apart passes on the keys of a request of s, refusing those of an enforced rule that fall
+// among the middleware's own keys (notInternal); a shadow rule's keys live apart already.
+func (s Spec) apart(keys []string, err error) ([]string, error) {
 	if s.Shadow {
-		return keys
+		return keys, err
 	}
-	return func(r *http.Request) ([]string, error) { return notInternal(keys(r)) }
-}
-
-// ownKeysApartRPC is ownKeysApartHTTP for zrpc.
-func ownKeysApartRPC(s Spec, keys rpcKeys) rpcKeys {
-	if s.Shadow {
-		return keys
-	}
-	return func(ctx context.Context, req any) ([]string, error) { return notInternal(keys(ctx, req)) }
+	return notInternal(keys, err)
 }
 
 // compileRPC compiles the zrpc part of a rule.
 func compileRPC(s Spec) (*Plan, error) {
 	rl := &Plan{Name: s.RPC}
 	if s.RPCKey != nil {
-		rl.RPCKeys = ownKeysApartRPC(s, funcRPCKeys(s.RPCKey))
+		rl.RPCKeys = func(ctx context.Context, req any) ([]string, error) { return s.apart(userKey(s.RPCKey(ctx, req))) }
 		rl.FromMessage = true
 		return rl, nil
 	}
@@ -187,7 +180,9 @@ func compileRPC(s Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	rl.RPCKeys = ownKeysApartRPC(s, templateRPCKeys(plan))
+	rl.RPCKeys = func(ctx context.Context, req any) ([]string, error) {
+		return s.apart(plan.render(rpcSource{ctx: ctx, req: req}))
+	}
 	rl.FromMessage = usesMessage(keys)
 	return rl, nil
 }

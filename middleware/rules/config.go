@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -70,59 +71,50 @@ var HTTPMethods = []string{
 	http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace,
 }
 
-// LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`.
-// The tags hold the only defaults: go-zero's loader fills them in a loaded config, and New and
-// Validate fill the zero fields of a LockConf built in Go from the same tags (conf.FillDefault).
-// A bool is never filled, since false is a value (Redis.NonBlock: false keeps its meaning).
+// LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`;
+// docs/configuration.md gives each field in full. The tags hold the only defaults: go-zero's
+// loader fills them in a loaded config, and New and Validate fill the zero fields of a LockConf
+// built in Go from the same tags. A bool is never filled, since false is a value.
 //
 // OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's OnBusy, Mode
 // and Method are matched in any case. The tags have no options= on purpose: go-zero's loader
 // would refuse a bad value case-sensitively without naming the field; Validate names it.
 type LockConf struct {
 	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
-	// that only this process sees: New logs it as an error and refuses it in go-zero's pre and
-	// pro modes (WithServiceMode).
+	// that only this process sees, refused in go-zero's pre and pro modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
-	// Etcd and Zookeeper are the other stores (empty by default). The one store Lock names
-	// serves every rule; with several named, each rule says which with Rule.Store.
+	// Etcd and Zookeeper are the other stores. With several named, rules say which (Rule.Store).
 	Etcd      EtcdConf      `json:",optional"`
 	Zookeeper ZookeeperConf `json:",optional"`
-	// Prefix is put before every rendered key (default "lock:"); in etcd, after Etcd.Key.
+	// Prefix is put before every rendered key; in etcd, after Etcd.Key.
 	Prefix string `json:",default=lock:"`
-	// TTL is how long a lock outlives a holder that died (default 10s); a watchdog renews it
-	// every TTL/3 while the handler runs.
+	// TTL is how long a lock outlives a holder that died; a watchdog renews it every TTL/3.
 	TTL time.Duration `json:",default=10s"`
-	// MaxHold bounds how long one request keeps a lock (default 60s).
+	// MaxHold bounds how long one request keeps a lock.
 	MaxHold time.Duration `json:",default=60s"`
-	// Wait is how long a rule with OnBusy "wait" queues for a busy key (default 2s), cut to
-	// end a reserve (a tenth of the time left, 1-100ms) before the request's deadline.
+	// Wait is how long a rule with OnBusy "wait" queues for a busy key, cut to end a reserve
+	// (a tenth of the time left, 1-100ms) before the request's deadline.
 	Wait time.Duration `json:",default=2s"`
 	// Retry is how a waiter polls a key held by another process between release notifications.
 	Retry RetryConf `json:",optional"`
-	// OnStoreError says what a locked route does when the store cannot be reached: "closed"
-	// (default) answers 503 / Unavailable; "open" runs the handler under this process's lock
-	// only (a degraded lease: Fence is 0), counted and logged.
+	// OnStoreError is what a locked route does when the store cannot be reached: "closed"
+	// answers 503 / Unavailable; "open" runs the handler under this process's lock only.
 	OnStoreError string `json:",default=closed"`
 	// TrustOwner makes the zrpc server interceptors honour lock owners an upstream service
-	// propagated (UnaryClientInterceptor), so a downstream lock of the same key re-enters
-	// instead of deadlocking; such an owner only re-enters a lock it holds. Off by default:
-	// enable it only where untrusted clients cannot call, with OwnerSecret on both sides.
+	// propagated, which only re-enter locks they hold. Enable it only where untrusted clients
+	// cannot call, with OwnerSecret on both sides.
 	TrustOwner bool `json:",optional"`
 	// PropagateTo names the downstream zrpc methods that receive the owners of the request's
 	// locks: full methods ("/balance.Balance/Debit") or services ("/balance.Balance/").
 	PropagateTo []string `json:",optional"`
-	// OwnerSecret, when set, signs the owners sent downstream (HMAC-SHA256 of key, owner and
-	// fence), and TrustOwner accepts only owners signed with it. Every service of a chain sets
-	// the same.
+	// OwnerSecret, when set, signs the owners sent downstream, and TrustOwner accepts only
+	// owners signed with it. Every service of a chain sets the same.
 	OwnerSecret string `json:",optional"`
-	// Drain is the grace period of a shutdown (default 3s): once go-zero's shutdown listeners
-	// run, no new lock is taken (503 / Unavailable, Retry-After: 1) and the holders get Drain to
-	// finish, each lock released as its handler returns. Then their contexts are cancelled
-	// (cause flightlock.ErrClosed) with one more second to return; a lock still held after
-	// that runs out with its TTL. Keep Drain below Shutdown.WaitTime minus WrapUpTime.
+	// Drain is the grace period of a shutdown for the handlers that hold locks (see
+	// Middleware.Shutdown). Keep it below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
-	// TraceKeys puts the rendered keys of a request in its lock span (attribute
-	// flightlock.keys). Off by default: keys hold user ids, account numbers and the like.
+	// TraceKeys puts the rendered keys of a request in its lock span (flightlock.keys). Off by
+	// default: keys hold user ids, account numbers and the like.
 	TraceKeys bool `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
@@ -203,7 +195,7 @@ type RetryConf struct {
 }
 
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
-// that Key renders from each request.
+// that Key renders from each request; docs/configuration.md gives each field in full.
 //
 // Key is a template: literal text with {name} references, as "order:{body.uid}" (REST sources
 // path, query, form, body, header and jwt; for zrpc a request field by proto name, or header
@@ -212,15 +204,13 @@ type RetryConf struct {
 // it from. "+" joins keys locked together, all or nothing: "acct:{from}+acct:{to}". Two
 // references in one key are separated by literal text containing ':', so that different
 // values never render the same key. A missing, empty or ambiguous reference fails the request
-// with 400 / InvalidArgument. docs/configuration.md gives the sources' rules in full.
+// with 400 / InvalidArgument.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
 	// Name gives the rule to the middleware Named(Name) returns, for a goctl
-	// @server(middleware: Name) group; Handle leaves a named rule alone, so that one
-	// middleware locks a request, and CheckRoutes reports a name no Named call picks up. A
-	// named rule has no RPC; Path (without it, every request of the group) and Method narrow
-	// it, as with Route. Rules that share a name each need their own Method or Path.
+	// @server(middleware: Name) group, instead of Handle. Path and Method narrow it; rules
+	// that share a name each need their own.
 	Name string `json:",optional"`
 	// Method is the REST route's HTTP method, in any case; empty matches any method.
 	Method string `json:",optional"`
@@ -230,50 +220,38 @@ type Rule struct {
 	RPC string `json:",optional"`
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
-	// OnBusy is what a request does when another holds the key: "wait" (default) queues in
-	// FIFO order up to the Wait budget, then answers 409 / Aborted; "reject" answers so at
-	// once; "share" waits, then answers with the holder's response (see Replay).
+	// OnBusy is what a request does when another holds the key: "wait" queues in FIFO order
+	// up to the Wait budget, then answers 409 / Aborted; "reject" answers so at once; "share"
+	// waits, then answers with the holder's response.
 	OnBusy string `json:",default=wait"`
-	// Replay is how long a share rule keeps a response in its store for later duplicates, in
-	// any process (default 10s; on etcd rounded up to whole seconds). Only responses of the
-	// ReplayStatus classes (default 2xx) up to ReplayMaxBytes (default 64 KiB) are stored; the
-	// others reach only the duplicates that waited in the same process. A duplicate with
-	// another payload under the same key is answered 422 / InvalidArgument.
+	// Replay is how long a share rule keeps a response of the ReplayStatus classes, up to
+	// ReplayMaxBytes, in its store for later duplicates in any process.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
 	// TTL and Wait override LockConf's for this rule when positive.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
-	// Shadow runs the rule without enforcing it: no request is held back, and each that the
-	// rule would have refused or queued is counted in flightlock_shadow_conflicts_total, by
-	// what OnBusy would have done. It costs one store round trip per request at most (bounded
-	// at 50ms); its locks live under Prefix + "shadow:".
+	// Shadow runs the rule without enforcing it: each request it would have refused or queued
+	// is counted in flightlock_shadow_conflicts_total. Its locks live under Prefix + "shadow:".
 	Shadow bool `json:",optional"`
-	// Store is the store the rule locks in, "redis", "etcd" or "zookeeper", in any case. Empty
-	// (the default): the one Lock names; with several named, every rule needs it. A share rule
-	// keeps its responses in its store, which cannot be ZooKeeper.
+	// Store is the store the rule locks in, "redis", "etcd" or "zookeeper", in any case; empty,
+	// the one Lock names. A share rule cannot lock in ZooKeeper, which keeps no responses.
 	Store string `json:",optional"`
 	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case.
 	OnStoreError string `json:",optional"`
 	// Permits makes the rule a semaphore (flightlock.WithPermits): 2 to flightlock.MaxPermits
-	// requests may hold a key at once. Left out (0), the rule is a lock; 1 is refused. Every
-	// rule on a key must name the same count.
+	// requests may hold a key at once. Left out (0), the rule is a lock; 1 is refused.
 	Permits int `json:",optional"`
 	// Mode makes the rule's locks one side of a read-write lock (flightlock.WithRead), in any
-	// case: "read" (reads of a key run together) or "write" (excludes every read and write).
-	// Empty (the default) is a plain lock, which excludes reads as a write does. Once a writer
-	// waits, new reads wait behind it. The reads of one process share one store hold, and a
-	// read lease is not propagated downstream. A read rule cannot have Permits, Fair, OnBusy
-	// share, or OnStoreError open.
+	// case: "read" (reads of a key run together) or "write". Empty is a plain lock, which
+	// excludes reads as a write does.
 	Mode string `json:",optional"`
 	// ReadOnly says that a read rule on a method other than GET or HEAD is a read on purpose;
 	// without it such a rule is refused, since those methods usually write.
 	ReadOnly bool `json:",optional"`
-	// Fair grants each key in request order across processes (flightlock.WithFair): a waiter
-	// takes a place in a line the store keeps, which it leaves flightlock.FairQueueTTL after its
-	// process dies. It costs the per-process single flight. Every rule on a key should be fair.
-	// Not with Mode read, Permits or OnStoreError open.
+	// Fair grants each key in request order across processes (flightlock.WithFair), at the
+	// cost of the per-process single flight.
 	Fair bool `json:",optional"`
 }
 
@@ -336,18 +314,11 @@ func (c LockConf) Normalized() LockConf {
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
 	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
 	c.Retry.Backoff = strings.ToLower(c.Retry.Backoff)
-	if c.Etcd.Hosts != nil {
-		c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts)
-	}
-	if c.Zookeeper.Hosts != nil {
-		c.Zookeeper.Hosts = slices.Clone(c.Zookeeper.Hosts)
-	}
-	if c.Rules != nil {
-		rules := make([]Rule, len(c.Rules))
-		for i, r := range c.Rules {
-			rules[i] = r.Normalized()
-		}
-		c.Rules = rules
+	c.Etcd.Hosts = slices.Clone(c.Etcd.Hosts) // nil stays nil
+	c.Zookeeper.Hosts = slices.Clone(c.Zookeeper.Hosts)
+	c.Rules = slices.Clone(c.Rules)
+	for i, r := range c.Rules {
+		c.Rules[i] = r.Normalized()
 	}
 	return c
 }
@@ -411,15 +382,9 @@ func (c LockConf) problems() []error {
 			ps = append(ps, err)
 		}
 	}
-	if c.TTL < 0 {
-		add(FieldError("Lock.TTL", "must not be negative, got %v", c.TTL))
-	}
-	if c.MaxHold < 0 {
-		add(FieldError("Lock.MaxHold", "must not be negative, got %v", c.MaxHold))
-	}
-	if c.Wait < 0 {
-		add(FieldError("Lock.Wait", "must not be negative, got %v", c.Wait))
-	}
+	add(negative("Lock.TTL", c.TTL))
+	add(negative("Lock.MaxHold", c.MaxHold))
+	add(negative("Lock.Wait", c.Wait))
 	if len(c.Prefix) >= flightlock.MaxKeyLen {
 		add(FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
 	}
@@ -437,23 +402,21 @@ func (c LockConf) problems() []error {
 
 // problems validates the settings of r, one problem per field at most.
 func (r RetryConf) problems() []error {
-	var ps []error
-	if err := OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential); err != nil {
-		ps = append(ps, err)
+	maxErr := negative("Lock.Retry.Max", r.Max)
+	if maxErr == nil && r.Max > 0 && r.Max < r.Min {
+		maxErr = FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min)
 	}
-	if r.Min < 0 {
-		ps = append(ps, FieldError("Lock.Retry.Min", "must not be negative, got %v", r.Min))
+	ps := []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
+		negative("Lock.Retry.Min", r.Min), maxErr, negative("Lock.Retry.Attempts", r.Attempts)}
+	return slices.DeleteFunc(ps, func(err error) bool { return err == nil })
+}
+
+// negative names field when v, a duration or a count, is below zero.
+func negative[T time.Duration | int](field string, v T) error {
+	if v < 0 {
+		return FieldError(field, "must not be negative, got %v", v)
 	}
-	switch {
-	case r.Max < 0:
-		ps = append(ps, FieldError("Lock.Retry.Max", "must not be negative, got %v", r.Max))
-	case r.Max > 0 && r.Max < r.Min:
-		ps = append(ps, FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min))
-	}
-	if r.Attempts < 0 {
-		ps = append(ps, FieldError("Lock.Retry.Attempts", "must not be negative, got %d", r.Attempts))
-	}
-	return ps
+	return nil
 }
 
 // Strategy returns the flightlock retry strategy r describes, once normalized.
@@ -505,19 +468,10 @@ func checkRule(r Spec, storeErrors string) error {
 // CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
 // Wait. storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
 func CheckLockSettings(name string, r Rule, storeErrors string) error {
-	switch {
-	case r.TTL < 0:
-		return FieldError(name+".TTL", "must not be negative, got %v", r.TTL)
-	case r.Wait < 0:
-		return FieldError(name+".Wait", "must not be negative, got %v", r.Wait)
-	}
-	if err := OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare); err != nil {
+	if err := cmp.Or(negative(name+".TTL", r.TTL), negative(name+".Wait", r.Wait),
+		OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare),
+		OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen)); err != nil {
 		return err
-	}
-	if r.OnStoreError != "" {
-		if err := OneOf(name+".OnStoreError", r.OnStoreError, StoreErrorsClosed, StoreErrorsOpen); err != nil {
-			return err
-		}
 	}
 	switch {
 	case r.Permits == 1:
@@ -538,11 +492,9 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 		return FieldError(name+".Shadow", "cannot be set with OnBusy share: a shared response is not a shadow's to give")
 	case r.Replay <= 0:
 		return FieldError(name+".Replay", "must be positive, got %v", r.Replay)
-	case r.ReplayMaxBytes < 0:
-		return FieldError(name+".ReplayMaxBytes", "must not be negative, got %d", r.ReplayMaxBytes)
 	}
 	_, err := ParseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
-	return err
+	return cmp.Or(negative(name+".ReplayMaxBytes", r.ReplayMaxBytes), err)
 }
 
 // checkFullMethod accepts gRPC full method names: /package.Service/Method.

@@ -57,26 +57,31 @@ type httpSource struct {
 	jsonDone bool
 }
 
-// readBody reads the body up to MaxBodyBytes and puts back what it read, for the handler.
+// readBody reads the body once (ReadBody).
 func (s *httpSource) readBody() ([]byte, error) {
-	if s.bodyRead {
-		return s.body, s.bodyErr
+	if !s.bodyRead {
+		s.bodyRead = true
+		s.body, s.bodyErr = ReadBody(s.r)
 	}
-	s.bodyRead = true
-	if s.r.Body == nil || s.r.Body == http.NoBody {
+	return s.body, s.bodyErr
+}
+
+// ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler. A
+// larger body, or one that fails to read, is an ErrInvalidKey (400).
+func ReadBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	b, err := io.ReadAll(io.LimitReader(s.r.Body, MaxBodyBytes+1))
-	_ = s.r.Body.Close()
-	s.r.Body = io.NopCloser(bytes.NewReader(b))
+	b, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	_ = r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(b))
 	switch {
 	case err != nil:
-		s.bodyErr = fmt.Errorf("%w: read request body: %v", flightlock.ErrInvalidKey, err)
+		return b, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
 	case len(b) > MaxBodyBytes:
-		s.bodyErr = fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, MaxBodyBytes)
+		return b, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, MaxBodyBytes)
 	}
-	s.body = b
-	return s.body, s.bodyErr
+	return b, nil
 }
 
 // formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body: an
@@ -388,7 +393,7 @@ func canonicalNumber(v string) string {
 	if v[0] == '+' || v[0] == '-' {
 		digits = v[1:]
 	}
-	if isDigits(digits) {
+	if digits != "" && strings.Trim(digits, "0123456789") == "" {
 		d := strings.TrimLeft(digits, "0")
 		switch {
 		case d == "":
@@ -412,19 +417,6 @@ func canonicalNumber(v string) string {
 		return strconv.FormatFloat(f, 'f', -1, 64)
 	}
 	return strconv.FormatFloat(f, 'g', -1, 64)
-}
-
-// isDigits reports whether s is one or more decimal digits.
-func isDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
 }
 
 // nonFinite returns the one form ("Inf", "-Inf", "NaN") of an infinity or NaN that ParseFloat
@@ -524,22 +516,5 @@ func defaultGetter(name string) getter[*httpSource] {
 			c.add("the JSON body", v) // "" too: Parse binds it over the form's value
 		}
 		return c.one(name, hint)
-	}
-}
-
-// httpKeys computes the keys of one REST request for a rule.
-type httpKeys func(r *http.Request) ([]string, error)
-
-// templateHTTPKeys renders plan's keys; raw keeps the values as the request wrote them, for the
-// keys a share rule stores responses under: "007" and "7" share a lock, but never a response.
-func templateHTTPKeys(plan keyPlan[*httpSource], raw bool) httpKeys {
-	return func(r *http.Request) ([]string, error) {
-		return plan.render(&httpSource{r: r, raw: raw})
-	}
-}
-
-func funcHTTPKeys(fn KeyFunc) httpKeys {
-	return func(r *http.Request) ([]string, error) {
-		return userKey(fn(r))
 	}
 }

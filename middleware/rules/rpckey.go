@@ -61,10 +61,10 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 }
 
 // usesMessage reports whether a template reads the request message.
-func usesMessage(keys []keyTemplate) bool {
+func usesMessage(keys []TemplateKey) bool {
 	for _, k := range keys {
-		for _, s := range k.segs {
-			if s.ref != "" && !strings.HasPrefix(s.ref, "header.") {
+		for _, ref := range k.Refs {
+			if !strings.HasPrefix(ref, "header.") {
 				return true
 			}
 		}
@@ -181,21 +181,6 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 		return strconv.Itoa(int(v.Enum())), true
 	}
 	return "", false
-}
-
-// rpcKeys computes the keys of one call for a rule.
-type rpcKeys func(ctx context.Context, req any) ([]string, error)
-
-func templateRPCKeys(plan keyPlan[rpcSource]) rpcKeys {
-	return func(ctx context.Context, req any) ([]string, error) {
-		return plan.render(rpcSource{ctx: ctx, req: req})
-	}
-}
-
-func funcRPCKeys(fn RPCKeyFunc) rpcKeys {
-	return func(ctx context.Context, req any) ([]string, error) {
-		return userKey(fn(ctx, req))
-	}
 }
 
 // userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad

@@ -16,7 +16,7 @@ import (
 // same bool renders in a zrpc request message (true and false alike: a oneof field has
 // presence, so false is a value, not a missing field).
 func TestRPCBoolRendersTheRESTKey(t *testing.T) {
-	keys, err := parseTemplate("coupon:{bool_value}")
+	keys, err := TemplateKeys("coupon:{bool_value}")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,11 +33,11 @@ func TestRPCBoolRendersTheRESTKey(t *testing.T) {
 		value bool
 	}{{"1", true}, {"true", true}, {"TRUE", true}, {"0", false}, {"false", false}, {"False", false}} {
 		r := httptest.NewRequest("POST", "/coupon?bool_value="+tc.query, nil)
-		restKeys, err := templateHTTPKeys(restPlan, false)(r)
+		restKeys, err := restPlan.render(&httpSource{r: r})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rpcKeys, err := templateRPCKeys(rpcPlan)(context.Background(), structpb.NewBoolValue(tc.value))
+		rpcKeys, err := rpcPlan.render(rpcSource{ctx: context.Background(), req: structpb.NewBoolValue(tc.value)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,33 +14,31 @@ type segment struct {
 	ref string // as written between the braces: "uid", "path.sku", "body.a.b"
 }
 
-// keyTemplate is one key of a template.
-type keyTemplate struct {
-	text string // as written, for messages
-	segs []segment
-}
-
-// parseTemplate splits s into its "+"-joined keys and parses each, at start-up. It checks the
-// syntax only; each transport binds the references to getters (bindPlan).
-func parseTemplate(s string) ([]keyTemplate, error) {
+// TemplateKeys returns the "+"-joined keys of the key template s, or its syntax error as
+// Validate words it. It checks the syntax only; each transport binds the references to
+// getters (bindPlan).
+func TemplateKeys(s string) ([]TemplateKey, error) {
 	if s == "" {
 		return nil, errors.New("is empty")
 	}
 	var (
-		out  []keyTemplate
-		cur  keyTemplate
-		lit  strings.Builder
-		from int // start of the current key in s
+		out   []TemplateKey
+		cur   TemplateKey
+		lit   strings.Builder
+		shape strings.Builder
+		from  int // start of the current key in s
 	)
 	flushLit := func() {
 		if lit.Len() > 0 {
 			cur.segs = append(cur.segs, segment{lit: lit.String()})
+			shape.WriteString(lit.String())
 			lit.Reset()
 		}
 	}
 	endKey := func(end int) error {
 		flushLit()
-		cur.text = s[from:end]
+		cur.Text, cur.Shape = s[from:end], shape.String()
+		shape.Reset()
 		if len(cur.segs) == 0 {
 			return fmt.Errorf("has an empty key at offset %d (%q)", from, s)
 		}
@@ -48,7 +46,7 @@ func parseTemplate(s string) ([]keyTemplate, error) {
 			return err
 		}
 		out = append(out, cur)
-		cur = keyTemplate{}
+		cur = TemplateKey{}
 		return nil
 	}
 	for i := 0; i < len(s); i++ {
@@ -64,6 +62,8 @@ func parseTemplate(s string) ([]keyTemplate, error) {
 			}
 			flushLit()
 			cur.segs = append(cur.segs, segment{ref: name})
+			cur.Refs = append(cur.Refs, name)
+			shape.WriteString("{}")
 			i += end + 1
 		case c == '}':
 			return nil, fmt.Errorf("has an unopened '}' at offset %d", i)
@@ -109,6 +109,7 @@ type TemplateKey struct {
 	Shape string
 	// Refs are the references, in order, as written between the braces: "body.from".
 	Refs []string
+	segs []segment
 }
 
 // Namespace is the literal text of k before its first reference ("acct:" for
@@ -118,35 +119,10 @@ func (k TemplateKey) Namespace() string {
 	return ns
 }
 
-// TemplateKeys returns the "+"-joined keys of the key template s, or its syntax error as
-// Validate words it. Which references a transport resolves is not checked here.
-func TemplateKeys(s string) ([]TemplateKey, error) {
-	keys, err := parseTemplate(s)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]TemplateKey, 0, len(keys))
-	for _, k := range keys {
-		tk := TemplateKey{Text: k.text}
-		var shape strings.Builder
-		for _, sg := range k.segs {
-			if sg.ref == "" {
-				shape.WriteString(sg.lit)
-				continue
-			}
-			shape.WriteString("{}")
-			tk.Refs = append(tk.Refs, sg.ref)
-		}
-		tk.Shape = shape.String()
-		out = append(out, tk)
-	}
-	return out, nil
-}
-
 // checkSeparators makes sure that the literal text between two references contains a ':'.
 // Values never hold a bare ':' (escape), so it marks where each ends: with "{a}-{b}", ("x-y",
 // "z") and ("x", "y-z") would both render "x-y-z".
-func (t keyTemplate) checkSeparators() error {
+func (t TemplateKey) checkSeparators() error {
 	prevRef := ""
 	sepSeen := true
 	for _, s := range t.segs {
@@ -155,7 +131,7 @@ func (t keyTemplate) checkSeparators() error {
 			continue
 		}
 		if !sepSeen {
-			return fmt.Errorf("{%s} and {%s} in %q must be separated by text containing ':' so that different values cannot render the same key", prevRef, s.ref, t.text)
+			return fmt.Errorf("{%s} and {%s} in %q must be separated by text containing ':' so that different values cannot render the same key", prevRef, s.ref, t.Text)
 		}
 		prevRef, sepSeen = s.ref, false
 	}
@@ -195,7 +171,7 @@ type piece[S any] struct {
 type keyPlan[S any] [][]piece[S]
 
 // bindPlan binds every reference of keys with bind.
-func bindPlan[S any](keys []keyTemplate, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
+func bindPlan[S any](keys []TemplateKey, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
 	plan := make(keyPlan[S], 0, len(keys))
 	for _, k := range keys {
 		pieces := make([]piece[S], 0, len(k.segs))
@@ -277,12 +253,12 @@ func internalNamespace(key string) *namespace {
 
 // checkOwnKeys refuses a template of an enforced rule that starts a key, in its text, among
 // the middleware's own keys.
-func checkOwnKeys(keys []keyTemplate) error {
+func checkOwnKeys(keys []TemplateKey) error {
 	for _, k := range keys {
 		if first := k.segs[0]; first.ref == "" {
 			if ns := internalNamespace(first.lit); ns != nil {
 				return fmt.Errorf("%q puts its keys among %s (%s*), which a lock would corrupt or hold back: "+
-					"start it with another word", k.text, ns.holds, ns.prefix)
+					"start it with another word", k.Text, ns.holds, ns.prefix)
 			}
 		}
 	}

@@ -37,24 +37,24 @@ func TestParseTemplate(t *testing.T) {
 		{"line\n{a}", 0},
 	}
 	for _, tt := range tests {
-		keys, err := parseTemplate(tt.tmpl)
+		keys, err := TemplateKeys(tt.tmpl)
 		if tt.keys == 0 {
 			if err == nil {
-				t.Errorf("parseTemplate(%q) = %v, want an error", tt.tmpl, keys)
+				t.Errorf("TemplateKeys(%q) = %v, want an error", tt.tmpl, keys)
 			}
 			continue
 		}
 		if err != nil || len(keys) != tt.keys {
-			t.Errorf("parseTemplate(%q) = %d keys, %v; want %d keys", tt.tmpl, len(keys), err, tt.keys)
+			t.Errorf("TemplateKeys(%q) = %d keys, %v; want %d keys", tt.tmpl, len(keys), err, tt.keys)
 		}
 	}
 }
 
 // renderWith renders tmpl with the values of refs in order.
 func renderWith(t testing.TB, tmpl string, values []string) ([]string, error) {
-	keys, err := parseTemplate(tmpl)
+	keys, err := TemplateKeys(tmpl)
 	if err != nil {
-		t.Fatalf("parseTemplate(%q): %v", tmpl, err)
+		t.Fatalf("TemplateKeys(%q): %v", tmpl, err)
 	}
 	i := 0
 	plan, err := bindPlan(keys, func(string) (getter[[]string], error) {
@@ -138,14 +138,14 @@ func FuzzTemplate(f *testing.F) {
 	f.Add("k:{a}:{b}:{c}", "%|:|+", "%25|%3A|%2B")
 	f.Add("{a}x:y{b}", "1x|y2", "1|x:y2")
 	f.Fuzz(func(t *testing.T, tmpl, x, y string) {
-		keys, err := parseTemplate(tmpl)
+		keys, err := TemplateKeys(tmpl)
 		if err != nil {
 			return
 		}
 		refs := 0
 		for _, k := range keys {
-			if k.text == "" || len(k.segs) == 0 {
-				t.Fatalf("parseTemplate(%q) gave an empty key", tmpl)
+			if k.Text == "" || len(k.segs) == 0 {
+				t.Fatalf("TemplateKeys(%q) gave an empty key", tmpl)
 			}
 			for _, s := range k.segs {
 				if s.ref != "" {

@@ -31,8 +31,28 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 	}
 	print := fingerprint([]byte(info.FullMethod), payload)
 	rkey := rl.replayKey(keys)
-	rec, err := rl.share(ctx, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
-		return rl.runRPC(ctx, t, req, handler, keys, rkey, print)
+	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
+		resp, herr := handler(ctx, req)
+		rec := &record{Fence: fence, Print: print}
+		if herr != nil {
+			st := status.Convert(herr)
+			// Code and Msg too, for processes of an earlier version that read this record.
+			rec.Code, rec.Msg, rec.err = int(st.Code()), st.Message(), herr
+			if b, err := proto.Marshal(st.Proto()); err == nil {
+				rec.St = b
+			}
+			return rec, rl.policy.classes[rpcClass(st.Code())], nil
+		}
+		msg, ok := resp.(proto.Message)
+		if !ok {
+			return nil, false, fmt.Errorf("flightlock: the reply %T of a share rule is not a proto message", resp)
+		}
+		b, err := proto.Marshal(msg)
+		if err != nil {
+			return nil, false, fmt.Errorf("flightlock: marshal the shared reply: %w", err)
+		}
+		rec.Type, rec.Body, rec.reply = string(msg.ProtoReflect().Descriptor().FullName()), b, msg
+		return rec, rl.policy.classes[2], nil
 	})
 	var pe *panicError
 	switch {
@@ -75,34 +95,6 @@ func (rec *record) rpcError() error {
 		}
 	}
 	return status.Error(codes.Code(rec.Code), rec.Msg)
-}
-
-// runRPC is the leader's run of a zrpc share rule (see share and lead).
-func (rl *rule) runRPC(ctx context.Context, t *turn, req any, handler grpc.UnaryHandler,
-	keys []string, rkey, print string) (*record, error) {
-	return rl.lead(ctx, t, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
-		resp, herr := handler(ctx, req)
-		rec := &record{Fence: fence, Print: print}
-		if herr != nil {
-			st := status.Convert(herr)
-			// Code and Msg too, for processes of an earlier version that read this record.
-			rec.Code, rec.Msg, rec.err = int(st.Code()), st.Message(), herr
-			if b, err := proto.Marshal(st.Proto()); err == nil {
-				rec.St = b
-			}
-			return rec, rl.policy.classes[rpcClass(st.Code())], nil
-		}
-		msg, ok := resp.(proto.Message)
-		if !ok {
-			return nil, false, fmt.Errorf("flightlock: the reply %T of a share rule is not a proto message", resp)
-		}
-		b, err := proto.Marshal(msg)
-		if err != nil {
-			return nil, false, fmt.Errorf("flightlock: marshal the shared reply: %w", err)
-		}
-		rec.Type, rec.Body, rec.reply = string(msg.ProtoReflect().Descriptor().FullName()), b, msg
-		return rec, rl.policy.classes[2], nil
-	})
 }
 
 // rpcClass is the HTTP status class a gRPC code answers for, as go-zero's gateway maps them.

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
@@ -30,7 +28,9 @@ func shareable(h http.Header) http.Header {
 // body of the request that ran the handler.
 func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
 	ctx := r.Context()
-	body, err := readSharedBody(r)
+	// The fingerprint's body, up to rules.MaxBodyBytes as the keys read it: go-zero's MaxBytes
+	// misses a chunked body.
+	body, err := rules.ReadBody(r)
 	if err != nil {
 		rl.g.conf.HTTPError(w, r, err)
 		return
@@ -47,8 +47,14 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	rkey := rl.replayKey(replayKeys)
 
-	rec, err := rl.share(ctx, rkey, print, func(ctx context.Context, t *turn) (*record, error) {
-		return rl.runHTTP(ctx, t, r, body, next, keys, rkey, print)
+	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
+		rr := &recorder{header: http.Header{}, status: http.StatusOK}
+		r := r.WithContext(ctx)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next(rr, r)
+		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
+			Print: print, own: rr.header}
+		return rec, rl.policy.storesHTTP(rec.Status), nil
 	})
 	var pe *panicError
 	switch {
@@ -71,38 +77,6 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	w.WriteHeader(rec.Status)
 	_, _ = w.Write(rec.Body)
-}
-
-// readSharedBody reads r's body for the fingerprint, up to rules.MaxBodyBytes as the keys read
-// it (go-zero's MaxBytes misses a chunked body), and puts it back for the handler. A longer
-// body is refused 400 (ErrInvalidKey), unread past the bound.
-func readSharedBody(r *http.Request) ([]byte, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, rules.MaxBodyBytes+1))
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("%w: read request body: %w", flightlock.ErrInvalidKey, err)
-	case len(body) > rules.MaxBodyBytes:
-		return nil, fmt.Errorf("%w: request body over %d bytes", flightlock.ErrInvalidKey, rules.MaxBodyBytes)
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	return body, nil
-}
-
-// runHTTP is the leader's run of a REST share rule (see share and lead); ctx is r's.
-func (rl *rule) runHTTP(ctx context.Context, t *turn, r *http.Request, body []byte,
-	next http.HandlerFunc, keys []string, rkey, print string) (*record, error) {
-	return rl.lead(ctx, t, keys, rkey, func(ctx context.Context, fence int64) (*record, bool, error) {
-		rr := &recorder{header: http.Header{}, status: http.StatusOK}
-		r = r.WithContext(ctx)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		next(rr, r)
-		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
-			Print: print, own: rr.header}
-		return rec, rl.policy.storesHTTP(rec.Status), nil
-	})
 }
 
 // recorder captures a handler's response for sharing.

@@ -172,14 +172,13 @@ func (t *turn) is(s int) (in, led bool) {
 	return t.state == s, t.led
 }
 
-// share runs a share rule for one request: replay a stored response, or join (or lead) the
-// flight of its key in this process; run is the leader's work (see lead).
+// share runs a share rule for one request locked on keys: replay a stored response, or join
+// (or lead) the flight of its key in this process; run is the handler's run (see lead).
 //
 // A request waits for the run it joined within its own wait budget, as a wait for the lock
 // does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
 // other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
-func (rl *rule) share(ctx context.Context, rkey, print string,
-	run func(ctx context.Context, t *turn) (*record, error)) (*record, error) {
+func (rl *rule) share(ctx context.Context, keys []string, rkey, print string, run runFunc) (*record, error) {
 	if rec, err := rl.replays.load(ctx, rkey); err != nil {
 		rl.locks.LogError(ctx, "reading a stored response failed; running the request", err)
 	} else if rec != nil {
@@ -191,7 +190,7 @@ func (rl *rule) share(ctx context.Context, rkey, print string,
 	defer budget.Stop()
 	t := new(turn)
 	for retry := false; ; retry = true {
-		ch := rl.g.flights.DoChan(rkey, func() (any, error) { return run(ctx, t) })
+		ch := rl.g.flights.DoChan(rkey, func() (any, error) { return rl.lead(ctx, t, keys, rkey, run) })
 		var res singleflight.Result
 		select {
 		case res = <-ch:
@@ -246,13 +245,16 @@ func (rl *rule) replayKey(keys []string) string {
 	return rules.ReplayPrefix + strings.Join(keys, "+") // under the prefix of the rule's lock keys
 }
 
+// runFunc runs the handler of a share rule on the lease's context, with the fence of the
+// request's first lock, and says whether the rule stores the record it returns.
+type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, err error)
+
 // lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
 // replays what another process's holder stored, or else runs the handler (on the lease's
 // context) and stores the record before the lock is released. The handler runs only while
 // the request still waits: else the run ends with errLeaderLeft, the lock released unused. A
 // panic in run becomes a panicError, logged once: every duplicate answers 500.
-func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
-	run func(ctx context.Context, fence int64) (rec *record, stores bool, err error)) (rec *record, err error) {
+func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, run runFunc) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
 	if !ok {
 		return nil, errLeaderLeft
@@ -286,14 +288,14 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string,
 				rec, err = nil, pe
 			}
 		}()
-		rec, stores, err = run(h.Context(), fenceOf(h.Group()))
+		rec, stores, err = run(h.Ctx, fenceOf(h.Group))
 	}()
 	if err != nil {
 		return nil, err
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
-	if g := h.Group(); g != nil && g.Lost() {
+	if g := h.Group; g != nil && g.Lost() {
 		// Another holder may have run since and stored the response duplicates must get;
 		// replaySet refuses a later grant's record for a loss after this look.
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)

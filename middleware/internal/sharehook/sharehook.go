@@ -70,9 +70,9 @@ type Locks interface {
 }
 
 // Held is the lock a request holds, from Locks.Lock to Release.
-type Held interface {
-	Context() context.Context // the handler's context: the lease's
-	Group() *flightlock.Group // the request's leases
+type Held struct {
+	Ctx   context.Context   // the handler's context: the lease's
+	Group *flightlock.Group // the request's leases
 	// Release releases the lock after the handler returned, ignoring ctx's cancellation.
-	Release(ctx context.Context)
+	Release func(ctx context.Context)
 }
