@@ -48,9 +48,9 @@ type report struct {
 	s7      []*result
 	s8      *s8Results
 	s9      *s9Results
-	s10     *s10Results // s10-s12 are written to the primitives report (primitivesMarkdown)
+	s10     *inAndAcross // s10-s12 are written to the primitives report (primitivesMarkdown)
 	s11     *s11Results
-	s12     *s12Results
+	s12     *inAndAcross
 	s13     *s13Results
 
 	primitivesName string // the primitives report's file name, for the main report's link

@@ -11,7 +11,6 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/pollrw"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -158,9 +157,8 @@ func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
 
 // s11Mix is scenario 11's rows at one mix.
 type s11Mix struct {
-	Reads     int       `json:"reads"` // percent of Locks that are reads
-	InProcess []*result `json:"in_process"`
-	Procs     []*result `json:"procs"`
+	Reads int `json:"reads"` // percent of Locks that are reads
+	inAndAcross
 }
 
 // s11Results are scenario 11's rows, mix by mix.
@@ -172,37 +170,16 @@ func (b *bench) scenario11() *s11Results {
 	rows := pick("flightlock-rw", "poll-rw")
 	b.warm(rows)
 	b.warmReads(rows)
-	inProc, procs := map[int]map[string]*result{}, map[int]map[string]*result{}
-	quotas := map[int]map[string]int64{}
-	for _, mix := range rwMixes {
-		inProc[mix], procs[mix] = newResults(rows), newResults(rows)
-		quotas[mix] = b.pilotQuotas(fmt.Sprintf("s11 %d%% reads", mix), rows, fmt.Sprintf("s11:%d:pilot", mix), b.cfg.d11, "-reads", strconv.Itoa(mix))
-	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, mix := range rwMixes {
-			for _, r := range interleave.Rotate(rows, rep) {
-				m, delta := b.rwInProcess(r, mix, rep)
-				inProc[mix][r.id].Reps = append(inProc[mix][r.id].Reps, m)
-				inProc[mix][r.id].Mix = mixString(delta, int64(m["ops"]))
-				progress("s11 rep %d %d%% reads g=%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f peak %d viol %d err %d", rep+1, mix, s10Goroutines, r.id,
-					m["rps"], m["wps"], m["rt"], int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
-			}
-			for _, r := range interleave.Rotate(rows, rep) {
-				q := quotas[mix][r.id]
-				pr := b.runProcs(r, fmt.Sprintf("s11:%d:%d", mix, rep), s3Procs, s3Goroutines, q, b.cfg.d11, "-reads", strconv.Itoa(mix))
-				m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
-				m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
-				pr.quota(m, q)
-				procs[mix][r.id].Reps = append(procs[mix][r.id].Reps, m)
-				procs[mix][r.id].Mix = mixString(pr.delta, pr.all.Ops)
-				progress("s11 rep %d %d%% reads %dx%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f fair %.2f peak %d viol %d err %d %s", rep+1, mix, s3Procs, s3Goroutines, r.id,
-					m["rps"], m["wps"], m["rt"], m["fair"], int64(m["peak"]), int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
-			}
-		}
-	}
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, InProcess: ordered(rows, inProc[mix]), Procs: ordered(rows, procs[mix])})
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, func(r rowSpec, rep int) (metrics, string) {
+			return b.rwInProcess(r, mix, rep)
+		}, func(pr procsRun) metrics {
+			m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
+			m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
+			return m
+		}, "-reads", strconv.Itoa(mix))
+		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
 }
@@ -224,8 +201,8 @@ func (b *bench) warmReads(rows []rowSpec) {
 }
 
 // rwInProcess runs one repetition of a row at a mix with s10Goroutines goroutines on one key
-// for d11 and returns its figures and server commands.
-func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
+// for d11 and returns its figures and server command mix.
+func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, string) {
 	im := b.impl(r)
 	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
 	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
@@ -233,7 +210,7 @@ func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
 	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
 		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
 	})
-	return m, delta
+	return m, mixString(delta, int64(m["ops"]))
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
