@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -41,22 +40,13 @@ func settingOf(id string) clientSetting {
 // built as the outside benchmark built it: the store with its defaults, the common TTL and
 // wait, nothing else (its tuned row adds a key prefix, which costs nothing measurable).
 func defaultClientRows() []rowSpec {
-	onDefault := func(id string, build func(a string) (impl, error)) rowSpec {
-		r, ok := rowByIDIn(allRows(), id)
-		if !ok {
-			panic("no row " + id)
-		}
-		r.id, r.build = id+defaultSuffix, build
-		return r
+	var out []rowSpec
+	for _, id := range []string{"flightlock", "store", "redislock", "redislock-1ms", "ping", "setdel"} {
+		r, _ := rowByIDIn(allRows(), id)
+		r.id, r.client = id+defaultSuffix, defaultClient
+		out = append(out, r)
 	}
-	return []rowSpec{
-		onDefault("flightlock", func(a string) (impl, error) { return newFlightlockOn(a, defaultClient) }),
-		onDefault("store", func(a string) (impl, error) { return newStoreRowOn(a, defaultClient) }),
-		onDefault("redislock", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, redislockPoll) }),
-		onDefault("redislock-1ms", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, time.Millisecond) }),
-		onDefault("ping", func(a string) (impl, error) { return newFloorOn(a, defaultClient, true) }),
-		onDefault("setdel", func(a string) (impl, error) { return newFloorOn(a, defaultClient, false) }),
-	}
+	return out
 }
 
 func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {

@@ -18,7 +18,7 @@ import (
 func fairRows() []rowSpec {
 	return []rowSpec{
 		{id: "flightlock-fair", lib: "flightlock, WithFair()", wait: "a place in a line in Redis + release notification to each process's first waiter",
-			build: func(a string) (impl, error) { return newFlightlockWith(a, flightlock.WithFair()) }},
+			build: func(a string, s clientSetting) (impl, error) { return newFlightlock(a, s, flightlock.WithFair()) }},
 	}
 }
 

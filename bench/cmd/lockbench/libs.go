@@ -56,8 +56,11 @@ type rowSpec struct {
 	permits int
 	// rw says the row is a read-write lock (scenario 11): its impl is an rwImpl, and its
 	// holders draw reads and writes.
-	rw    bool
-	build func(addr string) (impl, error)
+	rw bool
+	// client is the setting of the row's go-redis client (tuned if empty); a row without a
+	// go-redis client of ours ignores it.
+	client clientSetting
+	build  func(addr string, s clientSetting) (impl, error)
 }
 
 func (r rowSpec) label() string {
@@ -75,17 +78,17 @@ const (
 
 func allRows() []rowSpec {
 	return []rowSpec{
-		{id: "flightlock", lib: "flightlock", wait: "gate + release notification", build: newFlightlock},
-		{id: "redislock", lib: "bsm/redislock", wait: "LinearBackoff 100ms", build: func(a string) (impl, error) { return newRedislock(a, redislockPoll) }},
-		{id: "redislock-1ms", lib: "bsm/redislock", wait: "LinearBackoff 1ms", build: func(a string) (impl, error) { return newRedislock(a, time.Millisecond) }},
-		{id: "redsync", lib: "redsync", wait: "built-in retry, 50-250ms random", build: func(a string) (impl, error) { return newRedsync(a, 0) }},
-		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string) (impl, error) { return newRedsync(a, time.Millisecond) }},
-		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string) (impl, error) { return newGozero(a, gozeroPoll) }},
-		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string) (impl, error) { return newGozero(a, time.Millisecond) }},
+		{id: "flightlock", lib: "flightlock", wait: "gate + release notification", build: func(a string, s clientSetting) (impl, error) { return newFlightlock(a, s) }},
+		{id: "redislock", lib: "bsm/redislock", wait: "LinearBackoff 100ms", build: func(a string, s clientSetting) (impl, error) { return newRedislock(a, s, redislockPoll) }},
+		{id: "redislock-1ms", lib: "bsm/redislock", wait: "LinearBackoff 1ms", build: func(a string, s clientSetting) (impl, error) { return newRedislock(a, s, time.Millisecond) }},
+		{id: "redsync", lib: "redsync", wait: "built-in retry, 50-250ms random", build: func(a string, s clientSetting) (impl, error) { return newRedsync(a, s, 0) }},
+		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string, s clientSetting) (impl, error) { return newRedsync(a, s, time.Millisecond) }},
+		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string, _ clientSetting) (impl, error) { return newGozero(a, gozeroPoll) }},
+		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string, _ clientSetting) (impl, error) { return newGozero(a, time.Millisecond) }},
 		{id: "rueidislock", lib: "rueidislock", wait: "client-side caching invalidation", build: newRueidislock},
 		{id: "store", lib: "flightlock's RedisStore alone", wait: "scenario 1 only: its acquire and release scripts without the Locker (no gate, no lease, no watchdog), to split flightlock's cost", floor: true, build: newStoreRow},
-		{id: "ping", lib: "floor: PING", floor: true, build: func(a string) (impl, error) { return newFloor(a, true) }},
-		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string) (impl, error) { return newFloor(a, false) }},
+		{id: "ping", lib: "floor: PING", floor: true, build: func(a string, s clientSetting) (impl, error) { return newFloor(a, s, true) }},
+		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string, s clientSetting) (impl, error) { return newFloor(a, s, false) }},
 	}
 }
 
@@ -108,12 +111,10 @@ const (
 	defaultClient clientSetting = "default"
 )
 
-// newClient is the go-redis client we build for a row: one pool per row, tuned.
-func newClient(addr string) (*redis.Client, *rtCounter) { return newClientWith(addr, tunedClient) }
-
-func newClientWith(addr string, s clientSetting) (*redis.Client, *rtCounter) {
+// newClient is the go-redis client we build for a row, one pool per row, on setting s.
+func newClient(addr string, s clientSetting) (*redis.Client, *rtCounter) {
 	o := &redis.Options{Addr: addr}
-	if s == tunedClient {
+	if s != defaultClient {
 		o.DisableIdentity, o.ContextTimeoutEnabled = true, true
 	}
 	c := redis.NewClient(o)
@@ -132,20 +133,18 @@ type flightlockImpl struct {
 	reject *flightlock.Locker
 }
 
-func newFlightlock(addr string) (impl, error) { return newFlightlockWith(addr) }
-
-// newFlightlockWith is the flightlock row with more options (scenario 10's permits, scenario
-// 12's fairness) after the common ones.
-func newFlightlockWith(addr string, opts ...flightlock.Option) (*flightlockImpl, error) {
-	return newFlightlockOn(addr, tunedClient, append([]flightlock.Option{flightlock.WithPrefix("fl:")}, opts...)...)
-}
-
-// newFlightlockOn is the flightlock row on a client of setting s: the store with its defaults,
-// the common TTL and wait, then opts.
-func newFlightlockOn(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
-	c, h := newClientWith(addr, s)
+// newFlightlock is the flightlock row on a client of setting s: the store with its defaults,
+// the common TTL and wait, then opts (scenario 10's permits, scenario 12's fairness). On the
+// tuned client the keys get a prefix; the default-client row is built as a benchmark written
+// outside this repository builds it, with nothing more.
+func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
+	c, h := newClient(addr, s)
 	store := redisstore.New(c)
-	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}, opts...)...)
+	common := []flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}
+	if s != defaultClient {
+		common = append(common, flightlock.WithPrefix("fl:"))
+	}
+	l, err := flightlock.New(store, append(common, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -186,12 +185,8 @@ type redislockImpl struct {
 	poll   time.Duration
 }
 
-func newRedislock(addr string, poll time.Duration) (impl, error) {
-	return newRedislockOn(addr, tunedClient, poll)
-}
-
-func newRedislockOn(addr string, s clientSetting, poll time.Duration) (impl, error) {
-	c, h := newClientWith(addr, s)
+func newRedislock(addr string, s clientSetting, poll time.Duration) (impl, error) {
+	c, h := newClient(addr, s)
 	return &redislockImpl{client: c, rt: h, lc: redislock.New(c), poll: poll}, nil
 }
 
@@ -226,8 +221,8 @@ type redsyncImpl struct {
 	opts   []redsync.Option
 }
 
-func newRedsync(addr string, delay time.Duration) (impl, error) {
-	c, h := newClient(addr)
+func newRedsync(addr string, s clientSetting, delay time.Duration) (impl, error) {
+	c, h := newClient(addr, s)
 	opts := []redsync.Option{redsync.WithExpiry(lockTTL), redsync.WithTries(math.MaxInt32)}
 	if delay > 0 {
 		opts = append(opts, redsync.WithRetryDelay(delay))
@@ -361,10 +356,8 @@ type floorImpl struct {
 	ping   bool
 }
 
-func newFloor(addr string, ping bool) (impl, error) { return newFloorOn(addr, tunedClient, ping) }
-
-func newFloorOn(addr string, s clientSetting, ping bool) (impl, error) {
-	c, h := newClientWith(addr, s)
+func newFloor(addr string, s clientSetting, ping bool) (impl, error) {
+	c, h := newClient(addr, s)
 	return &floorImpl{client: c, rt: h, ping: ping}, nil
 }
 

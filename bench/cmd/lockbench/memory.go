@@ -81,7 +81,7 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics { return b.s9HoldOn(r, b.impl(r
 // Locker made for the measurement, nothing locked before the baseline, so that the connections
 // the locks open and anything the library fills on first use count as the locks' memory.
 func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
-	im, err := r.build(b.addr)
+	im, err := r.build(b.addr, r.client)
 	if err != nil {
 		fatalf("build %s: %v", r.id, err)
 	}

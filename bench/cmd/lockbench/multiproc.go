@@ -28,7 +28,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 	if !ok {
 		return workerRow{}, fmt.Errorf("unknown row %q", id)
 	}
-	im, err := spec.build(addr)
+	im, err := spec.build(addr, spec.client)
 	if err != nil {
 		return workerRow{}, err
 	}

@@ -48,8 +48,8 @@ type flightlockRWImpl struct {
 	read *flightlock.Locker // WithRead, on the write Locker's store and gate
 }
 
-func newFlightlockRW(addr string) (impl, error) {
-	f, err := newFlightlockWith(addr)
+func newFlightlockRW(addr string, s clientSetting) (impl, error) {
+	f, err := newFlightlock(addr, s)
 	if err != nil {
 		return nil, err
 	}
@@ -76,8 +76,8 @@ type pollRWImpl struct {
 	l      *pollrw.RWLock
 }
 
-func newPollRW(addr string) (impl, error) {
-	c, h := newClient(addr)
+func newPollRW(addr string, s clientSetting) (impl, error) {
+	c, h := newClient(addr, s)
 	return &pollRWImpl{client: c, rt: h, l: pollrw.New(c, lockTTL, semPoll)}, nil
 }
 

@@ -25,7 +25,7 @@ func (b *bench) impl(r rowSpec) impl {
 	if im, ok := b.impls[r.id]; ok {
 		return im
 	}
-	im, err := r.build(b.addr)
+	im, err := r.build(b.addr, r.client)
 	if err != nil {
 		fatalf("build %s: %v", r.id, err)
 	}

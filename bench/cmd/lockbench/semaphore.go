@@ -37,8 +37,8 @@ func semaphoreRows() []rowSpec {
 	return []rowSpec{
 		{id: "flightlock-permits", lib: "flightlock, WithPermits(" + strconv.Itoa(semPermits) + ")",
 			wait:    "permit hand-over + release notification",
-			permits: semPermits, build: func(a string) (impl, error) {
-				return newFlightlockWith(a, flightlock.WithPermits(semPermits))
+			permits: semPermits, build: func(a string, s clientSetting) (impl, error) {
+				return newFlightlock(a, s, flightlock.WithPermits(semPermits))
 			}},
 		{id: "zset-permits", lib: "naive ZSET semaphore (" + strconv.Itoa(semPermits) + " permits)",
 			wait: "poll " + semPoll.String(), permits: semPermits, build: newZsetSem},
@@ -53,8 +53,8 @@ type zsetSemImpl struct {
 	sem    *zsetsem.Semaphore
 }
 
-func newZsetSem(addr string) (impl, error) {
-	c, h := newClient(addr)
+func newZsetSem(addr string, s clientSetting) (impl, error) {
+	c, h := newClient(addr, s)
 	return &zsetSemImpl{client: c, rt: h, sem: zsetsem.New(c, semPermits, lockTTL, semPoll)}, nil
 }
 

@@ -21,10 +21,8 @@ type storeImpl struct {
 	store  *redisstore.RedisStore
 }
 
-func newStoreRow(addr string) (impl, error) { return newStoreRowOn(addr, tunedClient) }
-
-func newStoreRowOn(addr string, s clientSetting) (impl, error) {
-	c, h := newClientWith(addr, s)
+func newStoreRow(addr string, s clientSetting) (impl, error) {
+	c, h := newClient(addr, s)
 	return &storeImpl{client: c, rt: h, store: redisstore.New(c)}, nil
 }
 
