@@ -189,15 +189,13 @@ func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, inProc 
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
 			m, mix := inProc(r, rep)
-			in[r.id].Reps = append(in[r.id].Reps, m)
-			in[r.id].Mix = mix
+			in.add(r.id, m, mix)
 			logRun(rep, fmt.Sprintf("g=%d", s10Goroutines), r, m, "")
 		}
 		for _, r := range interleave.Rotate(rows, rep) {
 			pr := b.runProcs(r, fmt.Sprintf("%s:%d", tag, rep), s3Procs, s3Goroutines, quotas[r.id], d, extra...)
 			m := pr.quota(across(pr), quotas[r.id])
-			procs[r.id].Reps = append(procs[r.id].Reps, m)
-			procs[r.id].Mix = mixString(pr.delta, pr.all.Ops)
+			procs.add(r.id, m, mixString(pr.delta, pr.all.Ops))
 			logRun(rep, fmt.Sprintf("%dx%d", s3Procs, s3Goroutines), r, m, pr.all.FirstErr)
 		}
 	}
@@ -207,19 +205,14 @@ func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, inProc 
 func (b *bench) scenario3() []*result {
 	rows := lockRows()
 	b.warm(rows)
-	res := newResults(rows)
 	quotas := b.pilotQuotas("s3", rows, "s3:pilot", b.cfg.d3)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			pr := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
-			m := pr.quota(pr.metrics(), quotas[r.id])
-			for i, w := range pr.wr {
-				m["finish"+strconv.Itoa(i)] = float64(w.Elapsed)
-			}
-			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(pr.delta, pr.all.Ops)
-			progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
+	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
+		pr := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
+		m := pr.quota(pr.metrics(), quotas[r.id])
+		for i, w := range pr.wr {
+			m["finish"+strconv.Itoa(i)] = float64(w.Elapsed)
 		}
-	}
-	return ordered(rows, res)
+		progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
+		return m, mixString(pr.delta, pr.all.Ops)
+	})
 }
