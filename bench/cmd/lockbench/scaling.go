@@ -112,7 +112,7 @@ func (r *report) s8Charts() error {
 			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
 			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
 		}[ax.Name]
-		if err := drawLogChart(path, title, ax.Name+" (log)", "critical sections / s (log)", ax.Points, ax.at, "csps"); err != nil {
+		if err := drawResultsChart(path, title, ax.Name+" (log)", ax.Points, ax.at); err != nil {
 			return err
 		}
 	}

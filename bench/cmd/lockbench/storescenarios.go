@@ -16,7 +16,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
-	"github.com/flightlock/flightlock/bench/internal/logchart"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -170,19 +169,8 @@ func chartPath(out, axis string) string {
 // left out.
 func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
 	labels := b.be.notes().plotLabels
-	c := logchart.Chart{
-		Title:  fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()),
-		XLabel: ax.name + " (log)", YLabel: "critical sections / s (log)", X: ax.points, XTick: func(x int) string { return fmt.Sprint(x) },
-	}
-	for _, row := range ax.rows {
-		y := make(map[int]float64, len(ax.points))
-		for _, x := range ax.points {
-			y[x] = ax.res.med(x, row, rate)
-		}
-		c.Lines = append(c.Lines, logchart.Line{Label: labels[row], Color: rowColor(row), Y: y,
-			Bold: row == rowFlight, Dashed: row == rowFloor})
-	}
-	drawn, err := logchart.Draw(path, c)
+	drawn, err := drawChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()), ax.name+" (log)",
+		ax.points, ax.rows, func(row string) string { return labels[row] }, func(x int, row string) float64 { return ax.res.med(x, row, rate) })
 	if err == nil && !drawn {
 		err = fmt.Errorf("no row measured a critical section on the %s axis", ax.name)
 	}
