@@ -308,14 +308,12 @@ func (r *report) markdown() string {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem . ./middleware`: the root package's `bench_test.go` on a real redis-server, and `BenchmarkRESTRequest`, the middleware's own CPU and allocations per request beside a bare handler (a store that answers at once, so no round trip is counted):\n\n```\n%s```\n\n", goBenchText(string(raw)))
 		}
 	}
-	if r.cfg.etcdReport != "" {
-		if raw, err := os.ReadFile(r.cfg.etcdReport); err == nil {
-			w("%s", etcdPointer(string(raw), filepath.Base(r.cfg.etcdReport)))
-		}
-	}
-	if r.cfg.zkReport != "" {
-		if raw, err := os.ReadFile(r.cfg.zkReport); err == nil {
-			w("%s", zkPointer(string(raw), filepath.Base(r.cfg.zkReport)))
+	for _, p := range []struct {
+		path    string
+		pointer func(raw, name string) string
+	}{{r.cfg.etcdReport, etcdPointer}, {r.cfg.zkReport, zkPointer}} {
+		if raw, err := os.ReadFile(p.path); p.path != "" && err == nil {
+			w("%s", p.pointer(string(raw), filepath.Base(p.path)))
 		}
 	}
 	if r.cfg.notes != "" {

@@ -205,15 +205,17 @@ func (r *report) s8Section(w func(string, ...any)) {
 				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
 			}
 			if f, ok := ax.fall(first, last); ok {
-				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f))
+				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f, ""))
 			}
 		}
 	}
 }
 
-func fallWords(f float64) string {
+// fallWords says a fall factor f (above 1: fewer at the last point) in words, the verbs
+// ending in s ("falls") or not ("fall").
+func fallWords(f float64, s string) string {
 	if f >= 1 {
-		return "fall " + strconv.FormatFloat(f, 'f', 2, 64) + "x"
+		return fmt.Sprintf("fall%s %.2fx", s, f)
 	}
-	return "grow " + strconv.FormatFloat(1/f, 'f', 2, 64) + "x"
+	return fmt.Sprintf("grow%s %.2fx", s, 1/f)
 }

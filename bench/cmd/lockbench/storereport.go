@@ -409,7 +409,7 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			}
 			fall := "n/a"
 			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
-				fall = fallsWords(f)
+				fall = fallWords(f, "s")
 			}
 			p("%s %s | %s | %d |", line, fall, violCell(row, viol, fenceViol), errs)
 		}
@@ -422,19 +422,11 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
 			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
 			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallsWords(f))
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallWords(f, "s"))
 				p("")
 			}
 		}
 	}
-}
-
-// fallsWords says a fall factor f (above 1: fewer at the last point) in words.
-func fallsWords(f float64) string {
-	if f >= 1 {
-		return fmt.Sprintf("falls %.2fx", f)
-	}
-	return fmt.Sprintf("grows %.2fx", 1/f)
 }
 
 // memorySection writes scenario 9: what each held lock and each waiter costs.
