@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"time"
@@ -69,24 +68,9 @@ func workerRun(row, key string, procs int, spanFile bool, args []string, lead, w
 		}
 		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
-	cmds := make([]*exec.Cmd, procs)
-	for i := range cmds {
-		cmds[i] = exec.Command(self, slices.Concat([]string{workerArg}, args, []string{"-shm", shm})...)
-	}
-	grp, err := workerproc.StartGroup(cmds, workers, time.Minute)
+	lines, _, err := workerproc.Run(procs, slices.Concat([]string{workerArg}, args, []string{"-shm", shm}), workers, lead, within, during)
 	if err != nil {
 		fatalf("workers of %s: %v", row, err)
-	}
-	start := time.Now().Add(lead)
-	grp.Release(start)
-	during(start)
-	lines, err := grp.Results(within)
-	if err != nil {
-		fatalf("%s: %v", row, err)
 	}
 	return workerResults(lines), cs, span, done
 }
