@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -76,21 +75,12 @@ func rowKeys(im impl, prefix string, n int) []string {
 
 // s8Run measures every row at every point of one axis, reps times, and logs each measurement.
 func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) *s8Axis {
-	ax := &s8Axis{Name: name, Points: points, Res: map[int][]*result{}}
-	all := map[int]map[string]*result{}
-	for _, x := range points {
-		all[x] = newResults(rows)
-	}
-	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
+	return &s8Axis{Name: name, Points: points, Res: b.atPoints(points, rows, func(r rowSpec, x, rep int) (metrics, string) {
 		m, firstErr := run(r, x, rep)
-		all[x][r.id].Reps = append(all[x][r.id].Reps, m)
 		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
 			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
-	})
-	for _, x := range points {
-		ax.Res[x] = ordered(rows, all[x])
-	}
-	return ax
+		return m, ""
+	})}
 }
 
 // chartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.

@@ -130,6 +130,24 @@ func (b *bench) repeat(rows []rowSpec, run func(r rowSpec, rep int) (metrics, st
 	return ordered(rows, res)
 }
 
+// atPoints runs every row at every point of an axis, reps times (interleave.Points), and
+// records the figures and command mix of each run, point by point.
+func (b *bench) atPoints(points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
+	all := map[int]results{}
+	for _, x := range points {
+		all[x] = newResults(rows)
+	}
+	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
+		m, mix := run(r, x, rep)
+		all[x].add(r.id, m, mix)
+	})
+	out := make(map[int][]*result, len(points))
+	for _, x := range points {
+		out[x] = ordered(rows, all[x])
+	}
+	return out
+}
+
 func ordered(rows []rowSpec, m results) []*result {
 	var out []*result
 	for _, r := range rows {
@@ -186,28 +204,15 @@ var s2Goroutines = []int{1, 4, 16, 64}
 func (b *bench) scenario2() map[int][]*result {
 	rows := lockRows()
 	b.warm(rows)
-	out := make(map[int][]*result)
-	all := make(map[int]results)
-	for _, g := range s2Goroutines {
-		all[g] = newResults(rows)
-	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, g := range s2Goroutines {
-			d := b.cfg.d2
-			if g < 16 {
-				d = b.cfg.d2small
-			}
-			for _, r := range interleave.Rotate(rows, rep) {
-				m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
-				all[g].add(r.id, m, mixString(delta, cr.Ops))
-				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
-			}
+	return b.atPoints(s2Goroutines, rows, func(r rowSpec, g, rep int) (metrics, string) {
+		d := b.cfg.d2
+		if g < 16 {
+			d = b.cfg.d2small
 		}
-	}
-	for _, g := range s2Goroutines {
-		out[g] = ordered(rows, all[g])
-	}
-	return out
+		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
+		progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
+		return m, mixString(delta, cr.Ops)
+	})
 }
 
 func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
