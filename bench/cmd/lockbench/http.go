@@ -140,15 +140,8 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		res.Ping.Reps = append(res.Ping.Reps, metrics{"p50": rt, "round": float64(k)})
 	}
 	for _, r := range rows {
-		low := &result{Row: r.id, Label: r.label, Mix: lowMix[r.id]}
-		sat := &result{Row: r.id, Label: r.label, Mix: satMix[r.id]}
-		for _, m := range loads.Low[r.id] {
-			low.Reps = append(low.Reps, m)
-		}
-		for _, m := range loads.Sat[r.id] {
-			sat.Reps = append(sat.Reps, m)
-		}
-		res.Low, res.Sat = append(res.Low, low), append(res.Sat, sat)
+		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: lowMix[r.id], Reps: loads.Low[r.id]})
+		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: satMix[r.id], Reps: loads.Sat[r.id]})
 	}
 	return res
 }

@@ -8,8 +8,9 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
-// metrics is one repetition of one row: named figures, all float64.
-type metrics map[string]float64
+// metrics is one repetition of one row: named figures, all float64, as the shared loops
+// (httpbench, dupBursts) return them.
+type metrics = map[string]float64
 
 // result collects every repetition of a row in one scenario configuration.
 type result struct {
@@ -25,13 +26,7 @@ func (r *result) med(name string) float64 {
 	if r == nil {
 		return 0
 	}
-	var v []float64
-	for _, m := range r.Reps {
-		if x, ok := m[name]; ok {
-			v = append(v, x)
-		}
-	}
-	return stat.Median(v)
+	return medOf(r.Reps, name)
 }
 
 // worst is the maximum of one figure over the repetitions.
@@ -39,8 +34,24 @@ func (r *result) worst(name string) float64 {
 	if r == nil {
 		return 0
 	}
+	return worstOf(r.Reps, name)
+}
+
+// medOf is the median of one figure over runs that have it.
+func medOf(runs []metrics, name string) float64 {
+	var v []float64
+	for _, m := range runs {
+		if x, ok := m[name]; ok {
+			v = append(v, x)
+		}
+	}
+	return stat.Median(v)
+}
+
+// worstOf is the largest value of one figure over runs (0 for none).
+func worstOf(runs []metrics, name string) float64 {
 	var w float64
-	for _, m := range r.Reps {
+	for _, m := range runs {
 		w = max(w, m[name])
 	}
 	return w

@@ -544,24 +544,6 @@ type httpResults struct {
 	note     string // why the scenario did not run
 }
 
-// medOf is the median of one figure over a row's runs.
-func medOf(runs []map[string]float64, name string) float64 {
-	var v []float64
-	for _, m := range runs {
-		v = append(v, m[name])
-	}
-	return stat.Median(v)
-}
-
-// worstOf is the largest value of one figure over a row's runs.
-func worstOf(runs []map[string]float64, name string) float64 {
-	var w float64
-	for _, m := range runs {
-		w = max(w, m[name])
-	}
-	return w
-}
-
 func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer string) {
 	p("## 5. Reject mode: duplicates of a key held in this process")
 	p("")
