@@ -89,11 +89,19 @@ func bestCompetitor(rs []*result, metric string) *result {
 	return best
 }
 
+// goal is one row of a report's goals: a figure of this run against its target.
 type goal struct {
 	name    string
 	target  string
 	measure string
 	met     bool
+}
+
+func (g goal) verdict() string {
+	if g.met {
+		return "met"
+	}
+	return "missed"
 }
 
 func (r *report) goals() []goal {

@@ -261,7 +261,7 @@ func runStore(c *config, be backend) {
 		progress("wrote %s", c.out)
 	}
 	for _, g := range res.goals(c, be) {
-		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measured)
+		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measure)
 	}
 }
 
