@@ -870,6 +870,6 @@ func etcdWhy(r *storeResults, c *config) string {
 		perOp(r.med(2, rowFlight, reqs)), perOp(r.med(2, rowFlight, fsy)),
 		perOp(r.med(3, rowFlight, reqs)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
 		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
-		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
-		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
+		r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
+		r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations))
 }

@@ -75,6 +75,11 @@ func fsy(x rowResult) float64  { return x.fsyncPerOp }
 func scpu(x rowResult) float64 { return float64(x.serverCPU) }
 func ccpu(x rowResult) float64 { return float64(x.selfCPU) }
 
+func failures(x rowResult) int64        { return x.errors + x.releaseErrors }
+func violations(x rowResult) int64      { return x.violations }
+func fenceViolations(x rowResult) int64 { return x.fenceViolations }
+func retries(x rowResult) int64         { return x.retries }
+
 // goals compares medians: scenario 1 on p50 latency against the floor (at most 1.2x), 2 (and
 // 3, where the store sets it) on critical sections per second against the peer (at least
 // 50x, 5x); a scenario that did not run has no goal.
@@ -134,8 +139,8 @@ func violCell(row string, inside, fence int64) string {
 
 // violCell is violCell of a row's violations summed over the repetitions of a scenario.
 func (r *storeResults) violCell(scenario int, row string) string {
-	return violCell(row, r.sum(scenario, row, func(x rowResult) int64 { return x.violations }),
-		r.sum(scenario, row, func(x rowResult) int64 { return x.fenceViolations }))
+	return violCell(row, r.sum(scenario, row, violations),
+		r.sum(scenario, row, fenceViolations))
 }
 
 // durStr writes a duration of a backend's report.
@@ -192,7 +197,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 				perRep(xs, func(x rowResult) string { return durStr(x.p50) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
 				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
-				r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+				r.sum(1, row, failures))
 		}
 		p("")
 		p("%s", n.s1Ratios(r))
@@ -234,16 +239,16 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range []string{rowFloor, rowFlight, peer} {
 			xs := r.rows[4][row]
-			retries := "n/a"
+			retried := "n/a"
 			if row == rowFloor {
-				retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
+				retried = fmt.Sprint(r.sum(4, row, retries))
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
 				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
 				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
-				r.violCell(4, row), retries,
-				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+				r.violCell(4, row), retried,
+				r.sum(4, row, failures))
 		}
 		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, peer, rate)
 		var perRepRatios []string
@@ -304,7 +309,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
 			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
 			r.violCell(sc, row),
-			r.sum(sc, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+			r.sum(sc, row, failures))
 	}
 	p("")
 	p("flightlock / %s: %.1fx.", n.peerShort, safeDiv(r.med(sc, rowFlight, rate), r.med(sc, peer, rate)))
@@ -356,10 +361,10 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			var viol, fenceViol, errs int64
 			for _, x := range ax.points {
 				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), durStr(time.Duration(ax.res.med(x, row, p99))))
-				if rt := ax.res.sum(x, row, func(x rowResult) int64 { return x.retries }); rt > 0 {
+				if rt := ax.res.sum(x, row, retries); rt > 0 {
 					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
 				}
-				e := ax.res.sum(x, row, func(x rowResult) int64 { return x.errors + x.releaseErrors })
+				e := ax.res.sum(x, row, failures)
 				if e > 0 {
 					cell += fmt.Sprintf("<br>%d errors", e)
 				}
@@ -368,8 +373,8 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 					cell += fmt.Sprintf("<br>**%d violations**", v)
 				}
 				line += cell + " |"
-				viol += ax.res.sum(x, row, func(x rowResult) int64 { return x.violations })
-				fenceViol += ax.res.sum(x, row, func(x rowResult) int64 { return x.fenceViolations })
+				viol += ax.res.sum(x, row, violations)
+				fenceViol += ax.res.sum(x, row, fenceViolations)
 				errs += e
 			}
 			fall := "n/a"

@@ -505,11 +505,11 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
 			perOp(r.med(2, rowFlight, reqs)), perOp(r.med(3, rowFlight, reqs)),
 			fl2, safeDiv(fl2, zl2), fl3, safeDiv(fl3, zl3),
-			r.sum(2, rowFlight, zkViolations)+r.sum(3, rowFlight, zkViolations),
-			r.sum(2, rowFlight, zkFenceViolations)+r.sum(3, rowFlight, zkFenceViolations),
-			r.sum(2, rowZKLock, zkViolations)+r.sum(3, rowZKLock, zkViolations)))
+			r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
+			r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations),
+			r.sum(2, rowZKLock, violations)+r.sum(3, rowZKLock, violations)))
 	}
-	if n := r.sum(2, rowFlight, zkErrors) + r.sum(3, rowFlight, zkErrors); n > 0 {
+	if n := r.sum(2, rowFlight, failures) + r.sum(3, rowFlight, failures); n > 0 {
 		parts = append(parts, fmt.Sprintf("flightlock's Locks failed %d times in scenarios 2 and 3 of this run (the "+
 			"first errors are under their tables): its rows there count what got through before, and are not the "+
 			"store's throughput on a hot key.", n))
@@ -519,10 +519,6 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 		p("")
 	}
 }
-
-func zkViolations(x rowResult) int64      { return x.violations }
-func zkErrors(x rowResult) int64          { return x.errors + x.releaseErrors }
-func zkFenceViolations(x rowResult) int64 { return x.fenceViolations }
 
 // zkPointer is the main report's section on the ZooKeeper rows: a pointer to their report
 // (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,
