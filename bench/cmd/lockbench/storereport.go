@@ -75,7 +75,7 @@ func fsy(x rowResult) float64  { return x.fsyncPerOp }
 func scpu(x rowResult) float64 { return float64(x.serverCPU) }
 func ccpu(x rowResult) float64 { return float64(x.selfCPU) }
 
-func failures(x rowResult) int64        { return x.errors + x.releaseErrors }
+func failures(x rowResult) int64        { return x.errors }
 func violations(x rowResult) int64      { return x.violations }
 func fenceViolations(x rowResult) int64 { return x.fenceViolations }
 func retries(x rowResult) int64         { return x.retries }
@@ -316,7 +316,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("")
 	for _, row := range []string{rowFlight, peer} {
 		for i, x := range r.rows[sc][row] {
-			if e := x.errors + x.releaseErrors; e > 0 {
+			if e := x.errors; e > 0 {
 				p("%s, repetition %d: %d errors, the first `%s`.", n.labels[row], i+1, e, x.firstErr)
 				p("")
 			}

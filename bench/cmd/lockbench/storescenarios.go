@@ -128,7 +128,7 @@ func (b *storeBench) measureAxis(fb fullBackend, name string, points []int, rows
 		r := run(row, x, rep)
 		ax.res.add(x, row, r)
 		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  %s/CS %.2f",
-			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, fb.notes().reqUnit, r.reqPerOp)
+			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors, fb.notes().reqUnit, r.reqPerOp)
 	})
 	return ax
 }
