@@ -234,7 +234,7 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 // writes it without flightlock (httpbench.OrderMiddleware), with the prefix and TTL of the
 // example's Lock section lc, on a client of its own that the returned func closes.
 func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
-	client, _ := newClient(b.addr, tunedClient)
+	client := newClient(b.addr, tunedClient).client
 	lock := setDelLock(client)
 	if id == "redislock" {
 		lock = redislockLock(redislock.New(client))

@@ -111,23 +111,32 @@ const (
 	defaultClient clientSetting = "default"
 )
 
-// newClient is the go-redis client we build for a row, one pool per row, on setting s.
-func newClient(addr string, s clientSetting) (*redis.Client, *rtCounter) {
+// goredisRow is what every row on a go-redis client of ours has: the client, one pool per
+// row, and the hook that counts its round trips.
+type goredisRow struct {
+	client *redis.Client
+	rt     *rtCounter
+}
+
+// newClient is a row's go-redis client on setting s.
+func newClient(addr string, s clientSetting) goredisRow {
 	o := &redis.Options{Addr: addr}
 	if s != defaultClient {
 		o.DisableIdentity, o.ContextTimeoutEnabled = true, true
 	}
-	c := redis.NewClient(o)
-	h := &rtCounter{}
-	c.AddHook(h)
-	return c, h
+	c := goredisRow{client: redis.NewClient(o), rt: &rtCounter{}}
+	c.client.AddHook(c.rt)
+	return c
 }
+
+func (g goredisRow) roundTrips() int64   { return g.rt.load() }
+func (g goredisRow) counter() *rtCounter { return g.rt }
+func (g goredisRow) close()              { _ = g.client.Close() }
 
 // --- flightlock
 
 type flightlockImpl struct {
-	client *redis.Client
-	rt     *rtCounter
+	goredisRow
 	store  *redisstore.RedisStore
 	locker *flightlock.Locker
 	reject *flightlock.Locker
@@ -138,8 +147,8 @@ type flightlockImpl struct {
 // tuned client the keys get a prefix; the default-client row is built as a benchmark written
 // outside this repository builds it, with nothing more.
 func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
-	c, h := newClient(addr, s)
-	store := redisstore.New(c)
+	c := newClient(addr, s)
+	store := redisstore.New(c.client)
 	common := []flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}
 	if s != defaultClient {
 		common = append(common, flightlock.WithPrefix("fl:"))
@@ -152,7 +161,7 @@ func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*fl
 	if err != nil {
 		return nil, err
 	}
-	return &flightlockImpl{client: c, rt: h, store: store, locker: l, reject: r}, nil
+	return &flightlockImpl{goredisRow: c, store: store, locker: l, reject: r}, nil
 }
 
 func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
@@ -173,21 +182,19 @@ func (f *flightlockImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*flightlock.Lease).Release(ctx)
 }
 
-func (f *flightlockImpl) roundTrips() int64 { return f.rt.load() }
-func (f *flightlockImpl) close()            { _ = f.store.Close(); _ = f.client.Close() }
+func (f *flightlockImpl) close() { _ = f.store.Close(); _ = f.client.Close() }
 
 // --- bsm/redislock
 
 type redislockImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	lc     *redislock.Client
-	poll   time.Duration
+	goredisRow
+	lc   *redislock.Client
+	poll time.Duration
 }
 
 func newRedislock(addr string, s clientSetting, poll time.Duration) (impl, error) {
-	c, h := newClient(addr, s)
-	return &redislockImpl{client: c, rt: h, lc: redislock.New(c), poll: poll}, nil
+	c := newClient(addr, s)
+	return &redislockImpl{goredisRow: c, lc: redislock.New(c.client), poll: poll}, nil
 }
 
 func (r *redislockImpl) key(base string) string { return "rl:" + base }
@@ -209,25 +216,21 @@ func (r *redislockImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*redislock.Lock).Release(ctx)
 }
 
-func (r *redislockImpl) roundTrips() int64 { return r.rt.load() }
-func (r *redislockImpl) close()            { _ = r.client.Close() }
-
 // --- redsync
 
 type redsyncImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	rs     *redsync.Redsync
-	opts   []redsync.Option
+	goredisRow
+	rs   *redsync.Redsync
+	opts []redsync.Option
 }
 
 func newRedsync(addr string, s clientSetting, delay time.Duration) (impl, error) {
-	c, h := newClient(addr, s)
+	c := newClient(addr, s)
 	opts := []redsync.Option{redsync.WithExpiry(lockTTL), redsync.WithTries(math.MaxInt32)}
 	if delay > 0 {
 		opts = append(opts, redsync.WithRetryDelay(delay))
 	}
-	return &redsyncImpl{client: c, rt: h, rs: redsync.New(redsyncgoredis.NewPool(c)), opts: opts}, nil
+	return &redsyncImpl{goredisRow: c, rs: redsync.New(redsyncgoredis.NewPool(c.client)), opts: opts}, nil
 }
 
 func (r *redsyncImpl) key(base string) string { return "rs:" + base }
@@ -260,9 +263,6 @@ func (r *redsyncImpl) unlock(ctx context.Context, _ string, h any) error {
 	}
 	return err
 }
-
-func (r *redsyncImpl) roundTrips() int64 { return r.rt.load() }
-func (r *redsyncImpl) close()            { _ = r.client.Close() }
 
 // --- go-zero RedisLock
 
@@ -351,14 +351,13 @@ func (g *gozeroImpl) close()            {} // the client belongs to go-zero's pr
 // --- floors
 
 type floorImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	ping   bool
+	goredisRow
+	ping bool
 }
 
 func newFloor(addr string, s clientSetting, ping bool) (impl, error) {
-	c, h := newClient(addr, s)
-	return &floorImpl{client: c, rt: h, ping: ping}, nil
+	c := newClient(addr, s)
+	return &floorImpl{goredisRow: c, ping: ping}, nil
 }
 
 func (f *floorImpl) key(base string) string { return "floor:" + base }
@@ -378,6 +377,3 @@ func (f *floorImpl) unlock(ctx context.Context, key string, _ any) error {
 	}
 	return f.client.Del(ctx, key).Err()
 }
-
-func (f *floorImpl) roundTrips() int64 { return f.rt.load() }
-func (f *floorImpl) close()            { _ = f.client.Close() }

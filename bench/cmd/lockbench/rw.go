@@ -14,7 +14,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/pollrw"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // Scenario 11 (Redis only): a read-write lock on one hot key, built as scenario 10: s10Goroutines
@@ -71,14 +70,13 @@ func (f *flightlockRWImpl) runlock(ctx context.Context, _ string, h any) error {
 // --- the naive read-write lock as a row
 
 type pollRWImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	l      *pollrw.RWLock
+	goredisRow
+	l *pollrw.RWLock
 }
 
 func newPollRW(addr string, s clientSetting) (impl, error) {
-	c, h := newClient(addr, s)
-	return &pollRWImpl{client: c, rt: h, l: pollrw.New(c, lockTTL, semPoll)}, nil
+	c := newClient(addr, s)
+	return &pollRWImpl{goredisRow: c, l: pollrw.New(c.client, lockTTL, semPoll)}, nil
 }
 
 func (p *pollRWImpl) key(base string) string { return "prw:" + base }
@@ -102,9 +100,6 @@ func (p *pollRWImpl) rlock(ctx context.Context, key string) (any, error) { retur
 func (p *pollRWImpl) runlock(ctx context.Context, key string, h any) error {
 	return p.unlock(ctx, key, h)
 }
-
-func (p *pollRWImpl) roundTrips() int64 { return p.rt.load() }
-func (p *pollRWImpl) close()            { _ = p.client.Close() }
 
 // --- holders
 

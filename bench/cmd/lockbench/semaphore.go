@@ -13,7 +13,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/zsetsem"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // Scenario 10 (Redis only): a counting semaphore of semPermits permits on one hot key, taken
@@ -48,14 +47,13 @@ func semaphoreRows() []rowSpec {
 // --- the naive ZSET semaphore as a row
 
 type zsetSemImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	sem    *zsetsem.Semaphore
+	goredisRow
+	sem *zsetsem.Semaphore
 }
 
 func newZsetSem(addr string, s clientSetting) (impl, error) {
-	c, h := newClient(addr, s)
-	return &zsetSemImpl{client: c, rt: h, sem: zsetsem.New(c, semPermits, lockTTL, semPoll)}, nil
+	c := newClient(addr, s)
+	return &zsetSemImpl{goredisRow: c, sem: zsetsem.New(c.client, semPermits, lockTTL, semPoll)}, nil
 }
 
 func (z *zsetSemImpl) key(base string) string { return "zs:" + base }
@@ -75,9 +73,6 @@ func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
 func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*zsetsem.Permit).Release(ctx)
 }
-
-func (z *zsetSemImpl) roundTrips() int64 { return z.rt.load() }
-func (z *zsetSemImpl) close()            { _ = z.client.Close() }
 
 // --- holders that span their hold
 
