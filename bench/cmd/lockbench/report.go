@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,10 +68,8 @@ func (r *report) raw() map[string]any {
 }
 
 func find(rs []*result, id string) *result {
-	for _, x := range rs {
-		if x.Row == id {
-			return x
-		}
+	if i := slices.IndexFunc(rs, func(x *result) bool { return x.Row == id }); i >= 0 {
+		return rs[i]
 	}
 	return nil
 }

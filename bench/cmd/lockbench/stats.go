@@ -1,7 +1,8 @@
 package main
 
 import (
-	"sort"
+	"cmp"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -73,12 +74,7 @@ func mixString(d cmdDelta, ops int64) string {
 	for k, v := range d {
 		all = append(all, kv{k, v})
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if all[i].v != all[j].v {
-			return all[i].v > all[j].v
-		}
-		return all[i].k < all[j].k
-	})
+	slices.SortFunc(all, func(a, b kv) int { return cmp.Or(cmp.Compare(b.v, a.v), cmp.Compare(a.k, b.k)) })
 	var parts []string
 	for _, e := range all {
 		per := float64(e.v) / float64(ops)
