@@ -489,32 +489,13 @@ func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("/mutex/m6h-%d", i)
 	}
-	ms := make([]*concurrency.Mutex, n)
-	return b.hold(rowMutex, n,
-		func(ctx context.Context, i int) error {
-			m := concurrency.NewMutex(sess, fmt.Sprintf("/mutex/m6w-%d", i))
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
+	warm, lock, unlock, ms := heldKeys(keys, func(i int) string { return fmt.Sprintf("/mutex/m6w-%d", i) },
+		func(ctx context.Context, key string) (*concurrency.Mutex, error) {
+			m := concurrency.NewMutex(sess, key)
+			return m, m.Lock(ctx)
 		},
-		func(ctx context.Context, i int) error {
-			m := concurrency.NewMutex(sess, keys[i])
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			ms[i] = m
-			return nil
-		},
-		func(ctx context.Context, i int) error {
-			if ms[i] == nil {
-				return nil
-			}
-			err := ms[i].Unlock(ctx)
-			ms[i] = nil
-			return err
-		},
-		func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
+		func(ctx context.Context, _ string, m *concurrency.Mutex) error { return m.Unlock(ctx) })
+	return b.hold(rowMutex, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
 }
 
 // waitMutex: one session holds the key; each of the w waiters needs a session of its own (two

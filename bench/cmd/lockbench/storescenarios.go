@@ -451,28 +451,42 @@ func (b *storeBench) holdFlight(n int) holdResult {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("m6h-%d", i)
 	}
-	leases := make([]*flightlock.Lease, n)
-	return b.hold(rowFlight, n,
-		func(ctx context.Context, i int) error {
-			lease, err := l.Lock(ctx, fmt.Sprintf("m6w-%d", i))
-			if err != nil {
-				return err
-			}
-			return lease.Release(ctx)
-		},
-		func(ctx context.Context, i int) (err error) {
-			leases[i], err = l.Lock(ctx, keys[i])
+	warm, lock, unlock, leases := heldKeys(keys, func(i int) string { return fmt.Sprintf("m6w-%d", i) }, l.Lock,
+		func(ctx context.Context, _ string, lease *flightlock.Lease) error { return lease.Release(ctx) })
+	return b.hold(rowFlight, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+}
+
+// heldKeys are the steps of a holding row of scenario 9 on keys, whatever its store and lock:
+// warm takes and releases warmKey(i), lock holds keys[i] (its handle kept in held, which the
+// caller keeps live through the measurement), unlock releases it if it is held.
+func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func(ctx context.Context, key string) (H, error),
+	unlock func(ctx context.Context, key string, h H) error,
+) (warm, lockI, unlockI func(ctx context.Context, i int) error, held []H) {
+	held = make([]H, len(keys))
+	var none H
+	warm = func(ctx context.Context, i int) error {
+		h, err := lock(ctx, warmKey(i))
+		if err != nil {
 			return err
-		},
-		func(ctx context.Context, i int) error {
-			if leases[i] == nil {
-				return nil
-			}
-			err := leases[i].Release(ctx)
-			leases[i] = nil
-			return err
-		},
-		func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+		}
+		return unlock(ctx, warmKey(i), h)
+	}
+	lockI = func(ctx context.Context, i int) error {
+		h, err := lock(ctx, keys[i])
+		if err == nil {
+			held[i] = h
+		}
+		return err
+	}
+	unlockI = func(ctx context.Context, i int) error {
+		if held[i] == none {
+			return nil
+		}
+		err := unlock(ctx, keys[i], held[i])
+		held[i] = none
+		return err
+	}
+	return warm, lockI, unlockI, held
 }
 
 // hold measures one holding row: warm (up to holdWarm locks of other keys taken and released
