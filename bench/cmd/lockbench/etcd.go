@@ -283,30 +283,14 @@ func (e *etcdBackend) s1Op(row, rep string) func(ctx context.Context, i int) (re
 	panic("scenario 1: no row " + row)
 }
 
-// etcdMutexHolder holds one Mutex per key on its goroutine's own session (a Mutex belongs to
-// one session, and two Mutexes of one session on one key would both be granted), made on the
-// key's first use.
-type etcdMutexHolder struct {
-	sess *concurrency.Session
-	keys []string
-	ms   map[int]*concurrency.Mutex
-	held *concurrency.Mutex
+// mutexHolder holds one Mutex per key on its goroutine's own session sess (a Mutex belongs to
+// one session, and two Mutexes of one session on one key would both be granted).
+func mutexHolder(sess *concurrency.Session, keys []string) contend.Holder {
+	return &perKeyHolder[*concurrency.Mutex]{keys: prefixed("/mutex/", keys),
+		newLock: func(key string) *concurrency.Mutex { return concurrency.NewMutex(sess, key) },
+		lock:    func(ctx context.Context, m *concurrency.Mutex) error { return m.Lock(ctx) },
+		unlock:  func(ctx context.Context, m *concurrency.Mutex) error { return m.Unlock(ctx) }}
 }
-
-func (h *etcdMutexHolder) Lock(ctx context.Context, k int) (int64, error) {
-	m := h.ms[k]
-	if m == nil {
-		m = concurrency.NewMutex(h.sess, h.keys[k])
-		h.ms[k] = m
-	}
-	if err := m.Lock(ctx); err != nil {
-		return 0, err
-	}
-	h.held = m
-	return 0, nil
-}
-
-func (h *etcdMutexHolder) Unlock(ctx context.Context) error { return h.held.Unlock(ctx) }
 
 // etcdFloorHolder is the floor: floorPut, retried at once while the key is taken (each such
 // attempt counted in retries, not as a lock), then a delete.
@@ -343,7 +327,7 @@ func (e *etcdBackend) holders(row string, keys []string, n int, retries *atomic.
 	for i := range hs {
 		switch row {
 		case rowMutex:
-			hs[i] = &etcdMutexHolder{sess: e.hotSess[i], keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+			hs[i] = mutexHolder(e.hotSess[i], keys)
 		case rowFloor:
 			hs[i] = &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
 		default:
@@ -426,7 +410,7 @@ func (e *etcdBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
 					return nil, fmt.Errorf("session: %w", err)
 				}
 				sessions = append(sessions, s)
-				hs[i] = &etcdMutexHolder{sess: s, keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+				hs[i] = mutexHolder(s, keys)
 			}
 			return hs, nil
 		},

@@ -373,6 +373,34 @@ func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder 
 	return hs
 }
 
+// perKeyHolder is a goroutine's hold with a lock of its own per key (newLock), made on the
+// key's first use, for a store's recipe whose lock object belongs to one holder.
+type perKeyHolder[L any] struct {
+	keys         []string
+	newLock      func(key string) L
+	lock, unlock func(ctx context.Context, l L) error
+	ls           map[int]L
+	held         L
+}
+
+func (h *perKeyHolder[L]) Lock(ctx context.Context, k int) (int64, error) {
+	l, ok := h.ls[k]
+	if !ok {
+		if h.ls == nil {
+			h.ls = map[int]L{}
+		}
+		l = h.newLock(h.keys[k])
+		h.ls[k] = l
+	}
+	if err := h.lock(ctx, l); err != nil {
+		return 0, err
+	}
+	h.held = l
+	return 0, nil
+}
+
+func (h *perKeyHolder[L]) Unlock(ctx context.Context) error { return h.unlock(ctx, h.held) }
+
 // prefixed is keys, each behind prefix: the key names of one row.
 func prefixed(prefix string, keys []string) []string {
 	out := make([]string, len(keys))

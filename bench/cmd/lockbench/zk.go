@@ -319,34 +319,6 @@ func (b *zkBackend) s1Op(row, rep string) func(ctx context.Context, i int) (rele
 	panic("scenario 1: no row " + row)
 }
 
-// zkLockHolder is a goroutine's zk.NewLock on each key it uses, made on the key's first use:
-// a zk.Lock is one holder's (it remembers the node it created), and every holder of a process
-// shares the process's session, as the goroutines of a service share its client.
-type zkLockHolder struct {
-	conn *zk.Conn
-	acl  []zk.ACL
-	keys []string
-	ls   map[int]*zk.Lock
-	held *zk.Lock
-}
-
-// Lock takes key k. The recipe takes no context: it waits until it holds the lock or the
-// session fails, so the Lock's bound does not apply to this row.
-func (h *zkLockHolder) Lock(_ context.Context, k int) (int64, error) {
-	l := h.ls[k]
-	if l == nil {
-		l = zk.NewLock(h.conn, zkLockRoot+"/"+h.keys[k], h.acl)
-		h.ls[k] = l
-	}
-	if err := l.Lock(); err != nil {
-		return 0, err
-	}
-	h.held = l
-	return 0, nil
-}
-
-func (h *zkLockHolder) Unlock(context.Context) error { return h.held.Unlock() }
-
 // holders returns n zk.NewLock holders on the benchmark's session.
 func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) []contend.Holder {
 	if row != rowZKLock {
@@ -358,7 +330,14 @@ func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) [
 func zkLockHolders(conn *zk.Conn, acl []zk.ACL, keys []string, n int) []contend.Holder {
 	hs := make([]contend.Holder, n)
 	for i := range hs {
-		hs[i] = &zkLockHolder{conn: conn, acl: acl, keys: keys, ls: map[int]*zk.Lock{}}
+		// A zk.Lock is one holder's (it remembers the node it created); every holder of a process
+		// shares the process's session, as the goroutines of a service share its client. The
+		// recipe takes no context: it waits until it holds the lock or the session fails, so the
+		// Lock's bound does not apply to this row.
+		hs[i] = &perKeyHolder[*zk.Lock]{keys: keys,
+			newLock: func(key string) *zk.Lock { return zk.NewLock(conn, zkLockRoot+"/"+key, acl) },
+			lock:    func(_ context.Context, l *zk.Lock) error { return l.Lock() },
+			unlock:  func(_ context.Context, l *zk.Lock) error { return l.Unlock() }}
 	}
 	return hs
 }
