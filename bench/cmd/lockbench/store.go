@@ -17,7 +17,6 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/stat"
@@ -432,10 +431,7 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 	} else {
 		hs = b.be.holders(row, keys, n, &retries)
 	}
-	gs := make([]guard.Guard, len(keys))
-	for i := range gs {
-		gs[i] = guard.New()
-	}
+	gs := newGuards(len(keys))
 	start := time.Now().Add(20 * time.Millisecond)
 	end := start.Add(d)
 	var s0, s1 serverStats
