@@ -323,18 +323,16 @@ func (h *etcdFloorHolder) Unlock(ctx context.Context) error {
 // holders returns n holders of row on keys: a Mutex goroutine on session i (e.sessions(n)
 // must have made them), the floor on its lease.
 func (e *etcdBackend) holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
+	return holdersOf(n, func(i int) contend.Holder {
 		switch row {
 		case rowMutex:
-			hs[i] = mutexHolder(e.hotSess[i], keys)
+			return mutexHolder(e.hotSess[i], keys)
 		case rowFloor:
-			hs[i] = &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
-		default:
-			fatalf("etcd: no row %q", row)
+			return &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
 		}
-	}
-	return hs
+		fatalf("etcd: no row %q", row)
+		return nil
+	})
 }
 
 // sessions makes sure e.hotSess holds at least n Mutex sessions (a Mutex is one session's, so

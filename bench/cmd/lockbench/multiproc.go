@@ -41,11 +41,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 			if spec.rw {
 				return rwHolders(im, mapped, n, reads), nil
 			}
-			hs := make([]contend.Holder, n)
-			for i := range hs {
-				hs[i] = &implHolder{im: im, keys: mapped}
-			}
-			return hs, nil
+			return implHolders(im, mapped, n), nil
 		},
 		warm: func() error {
 			for i := 0; i < 50; i++ {

@@ -141,11 +141,7 @@ func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
 	if !ok {
 		fatalf("row %T keeps no read locks", im)
 	}
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = &rwHolder{im: rim, keys: keys, reads: reads}
-	}
-	return hs
+	return holdersOf(n, func(int) contend.Holder { return &rwHolder{im: rim, keys: keys, reads: reads} })
 }
 
 // --- scenario 11

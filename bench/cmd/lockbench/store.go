@@ -365,11 +365,7 @@ func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
 func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
 
 func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = &lockerHolder{l: l, keys: keys}
-	}
-	return hs
+	return holdersOf(n, func(int) contend.Holder { return &lockerHolder{l: l, keys: keys} })
 }
 
 // perKeyHolder is a goroutine's hold with a lock of its own per key (newLock), made on the

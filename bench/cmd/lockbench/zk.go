@@ -328,18 +328,16 @@ func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) [
 }
 
 func zkLockHolders(conn *zk.Conn, acl []zk.ACL, keys []string, n int) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		// A zk.Lock is one holder's (it remembers the node it created); every holder of a process
-		// shares the process's session, as the goroutines of a service share its client. The
-		// recipe takes no context: it waits until it holds the lock or the session fails, so the
-		// Lock's bound does not apply to this row.
-		hs[i] = &perKeyHolder[*zk.Lock]{keys: keys,
+	// A zk.Lock is one holder's (it remembers the node it created); every holder of a process
+	// shares the process's session, as the goroutines of a service share its client. The recipe
+	// takes no context: it waits until it holds the lock or the session fails, so the Lock's
+	// bound does not apply to this row.
+	return holdersOf(n, func(int) contend.Holder {
+		return &perKeyHolder[*zk.Lock]{keys: keys,
 			newLock: func(key string) *zk.Lock { return zk.NewLock(conn, zkLockRoot+"/"+key, acl) },
 			lock:    func(_ context.Context, l *zk.Lock) error { return l.Lock() },
 			unlock:  func(_ context.Context, l *zk.Lock) error { return l.Unlock() }}
-	}
-	return hs
+	})
 }
 
 // workerPeer builds zk.NewLock holders in a worker, on a session of its own.
