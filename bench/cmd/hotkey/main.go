@@ -354,22 +354,8 @@ func (h *harness) run(key string, g, cs int) (float64, error) {
 // up, then start together at the time they are told, and the figure runs from that start to
 // the last one's end.
 func runProcs(addr string, s shape, cs int) (float64, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	cmds := make([]*exec.Cmd, s.procs)
-	for i := range cmds {
-		cmds[i] = exec.Command(self, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs/s.procs))
-	}
-	grp, err := workerproc.StartGroup(cmds, &workerproc.Set{}, time.Minute)
-	if err != nil {
-		return 0, err
-	}
-	defer grp.Kill()
-	start := time.Now().Add(20 * time.Millisecond)
-	grp.Release(start)
-	lines, err := grp.Results(10 * time.Minute)
+	lines, start, err := workerproc.Run(s.procs, []string{"-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs / s.procs)},
+		&workerproc.Set{}, 20*time.Millisecond, 10*time.Minute, nil)
 	if err != nil {
 		return 0, err
 	}

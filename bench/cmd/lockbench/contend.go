@@ -34,9 +34,14 @@ func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx,
 
 // implHolders are n holders of im on keys.
 func implHolders(im impl, keys []string, n int) []contend.Holder {
+	return holdersOf(n, func(int) contend.Holder { return &implHolder{im: im, keys: keys} })
+}
+
+// holdersOf are n holders of one row, the i-th made by mk(i).
+func holdersOf(n int, mk func(i int) contend.Holder) []contend.Holder {
 	hs := make([]contend.Holder, n)
 	for i := range hs {
-		hs[i] = &implHolder{im: im, keys: keys}
+		hs[i] = mk(i)
 	}
 	return hs
 }

@@ -6,9 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -41,22 +39,13 @@ func settingOf(id string) clientSetting {
 // built as the outside benchmark built it: the store with its defaults, the common TTL and
 // wait, nothing else (its tuned row adds a key prefix, which costs nothing measurable).
 func defaultClientRows() []rowSpec {
-	onDefault := func(id string, build func(a string) (impl, error)) rowSpec {
-		r, ok := rowByIDIn(allRows(), id)
-		if !ok {
-			panic("no row " + id)
-		}
-		r.id, r.build = id+defaultSuffix, build
-		return r
+	var out []rowSpec
+	for _, id := range []string{"flightlock", "store", "redislock", "redislock-1ms", "ping", "setdel"} {
+		r, _ := rowByIDIn(allRows(), id)
+		r.id, r.client = id+defaultSuffix, defaultClient
+		out = append(out, r)
 	}
-	return []rowSpec{
-		onDefault("flightlock", func(a string) (impl, error) { return newFlightlockOn(a, defaultClient) }),
-		onDefault("store", func(a string) (impl, error) { return newStoreRowOn(a, defaultClient) }),
-		onDefault("redislock", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, redislockPoll) }),
-		onDefault("redislock-1ms", func(a string) (impl, error) { return newRedislockOn(a, defaultClient, time.Millisecond) }),
-		onDefault("ping", func(a string) (impl, error) { return newFloorOn(a, defaultClient, true) }),
-		onDefault("setdel", func(a string) (impl, error) { return newFloorOn(a, defaultClient, false) }),
-	}
+	return out
 }
 
 func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
@@ -162,25 +151,23 @@ func (b *bench) scenario13() *s13Results {
 
 	if len(out.Sizes) > 0 {
 		rows := s13Pick(st, "flightlock")
-		all, cold := map[int]map[string]*result{}, map[int]map[string]*result{}
+		cold := map[int]results{}
 		for _, n := range out.Sizes {
-			all[n], cold[n] = newResults(rows), newResults(rows)
+			cold[n] = newResults(rows)
 		}
-		interleave.Points(b.cfg.reps, out.Sizes, rows, func(rep, n int, r rowSpec) {
+		out.Held = b.atPoints(out.Sizes, rows, func(r rowSpec, n, rep int) (metrics, string) {
 			m := b.s9Hold(r, n)
-			all[n][r.id].Reps = append(all[n][r.id].Reps, m)
 			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
 				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))
-			if settingOf(r.id) != defaultClient {
-				return
+			if settingOf(r.id) == defaultClient {
+				c := b.s9HoldCold(r, n)
+				cold[n].add(r.id, c, "")
+				progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
+					rep+1, n, r.id, c["heap"], c["after_heap"], c["after_gor"], int64(c["errors"]), c["conns"], c["pipe_conns"], c["conn_bytes"])
 			}
-			m = b.s9HoldCold(r, n)
-			cold[n][r.id].Reps = append(cold[n][r.id].Reps, m)
-			progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
-				rep+1, n, r.id, m["heap"], m["after_heap"], m["after_gor"], int64(m["errors"]), m["conns"], m["pipe_conns"], m["conn_bytes"])
+			return m, ""
 		})
 		for _, n := range out.Sizes {
-			out.Held[n] = ordered(rows, all[n])
 			for _, r := range rows {
 				if len(cold[n][r.id].Reps) > 0 {
 					out.HeldCold[n] = append(out.HeldCold[n], cold[n][r.id])

@@ -283,30 +283,14 @@ func (e *etcdBackend) s1Op(row, rep string) func(ctx context.Context, i int) (re
 	panic("scenario 1: no row " + row)
 }
 
-// etcdMutexHolder holds one Mutex per key on its goroutine's own session (a Mutex belongs to
-// one session, and two Mutexes of one session on one key would both be granted), made on the
-// key's first use.
-type etcdMutexHolder struct {
-	sess *concurrency.Session
-	keys []string
-	ms   map[int]*concurrency.Mutex
-	held *concurrency.Mutex
+// mutexHolder holds one Mutex per key on its goroutine's own session sess (a Mutex belongs to
+// one session, and two Mutexes of one session on one key would both be granted).
+func mutexHolder(sess *concurrency.Session, keys []string) contend.Holder {
+	return &perKeyHolder[*concurrency.Mutex]{keys: prefixed("/mutex/", keys),
+		newLock: func(key string) *concurrency.Mutex { return concurrency.NewMutex(sess, key) },
+		lock:    func(ctx context.Context, m *concurrency.Mutex) error { return m.Lock(ctx) },
+		unlock:  func(ctx context.Context, m *concurrency.Mutex) error { return m.Unlock(ctx) }}
 }
-
-func (h *etcdMutexHolder) Lock(ctx context.Context, k int) (int64, error) {
-	m := h.ms[k]
-	if m == nil {
-		m = concurrency.NewMutex(h.sess, h.keys[k])
-		h.ms[k] = m
-	}
-	if err := m.Lock(ctx); err != nil {
-		return 0, err
-	}
-	h.held = m
-	return 0, nil
-}
-
-func (h *etcdMutexHolder) Unlock(ctx context.Context) error { return h.held.Unlock(ctx) }
 
 // etcdFloorHolder is the floor: floorPut, retried at once while the key is taken (each such
 // attempt counted in retries, not as a lock), then a delete.
@@ -339,18 +323,16 @@ func (h *etcdFloorHolder) Unlock(ctx context.Context) error {
 // holders returns n holders of row on keys: a Mutex goroutine on session i (e.sessions(n)
 // must have made them), the floor on its lease.
 func (e *etcdBackend) holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
+	return holdersOf(n, func(i int) contend.Holder {
 		switch row {
 		case rowMutex:
-			hs[i] = &etcdMutexHolder{sess: e.hotSess[i], keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+			return mutexHolder(e.hotSess[i], keys)
 		case rowFloor:
-			hs[i] = &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
-		default:
-			fatalf("etcd: no row %q", row)
+			return &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
 		}
-	}
-	return hs
+		fatalf("etcd: no row %q", row)
+		return nil
+	})
 }
 
 // sessions makes sure e.hotSess holds at least n Mutex sessions (a Mutex is one session's, so
@@ -426,7 +408,7 @@ func (e *etcdBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
 					return nil, fmt.Errorf("session: %w", err)
 				}
 				sessions = append(sessions, s)
-				hs[i] = &etcdMutexHolder{sess: s, keys: prefixed("/mutex/", keys), ms: map[int]*concurrency.Mutex{}}
+				hs[i] = mutexHolder(s, keys)
 			}
 			return hs, nil
 		},
@@ -489,32 +471,13 @@ func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("/mutex/m6h-%d", i)
 	}
-	ms := make([]*concurrency.Mutex, n)
-	return b.hold(rowMutex, n,
-		func(ctx context.Context, i int) error {
-			m := concurrency.NewMutex(sess, fmt.Sprintf("/mutex/m6w-%d", i))
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
+	warm, lock, unlock, ms := heldKeys(keys, func(i int) string { return fmt.Sprintf("/mutex/m6w-%d", i) },
+		func(ctx context.Context, key string) (*concurrency.Mutex, error) {
+			m := concurrency.NewMutex(sess, key)
+			return m, m.Lock(ctx)
 		},
-		func(ctx context.Context, i int) error {
-			m := concurrency.NewMutex(sess, keys[i])
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			ms[i] = m
-			return nil
-		},
-		func(ctx context.Context, i int) error {
-			if ms[i] == nil {
-				return nil
-			}
-			err := ms[i].Unlock(ctx)
-			ms[i] = nil
-			return err
-		},
-		func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
+		func(ctx context.Context, _ string, m *concurrency.Mutex) error { return m.Unlock(ctx) })
+	return b.hold(rowMutex, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
 }
 
 // waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
@@ -870,6 +833,6 @@ func etcdWhy(r *storeResults, c *config) string {
 		perOp(r.med(2, rowFlight, reqs)), perOp(r.med(2, rowFlight, fsy)),
 		perOp(r.med(3, rowFlight, reqs)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
 		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
-		r.sum(2, rowFlight, func(x rowResult) int64 { return x.violations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.violations }),
-		r.sum(2, rowFlight, func(x rowResult) int64 { return x.fenceViolations })+r.sum(3, rowFlight, func(x rowResult) int64 { return x.fenceViolations }))
+		r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
+		r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations))
 }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/interleave"
-	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
@@ -20,39 +18,18 @@ import (
 func fairRows() []rowSpec {
 	return []rowSpec{
 		{id: "flightlock-fair", lib: "flightlock, WithFair()", wait: "a place in a line in Redis + release notification to each process's first waiter",
-			build: func(a string) (impl, error) { return newFlightlockWith(a, flightlock.WithFair()) }},
+			build: func(a string, s clientSetting) (impl, error) { return newFlightlock(a, s, flightlock.WithFair()) }},
 	}
 }
 
-// s12Results are scenario 12's rows in one process and across processes.
-type s12Results struct {
-	InProcess []*result `json:"in_process"`
-	Procs     []*result `json:"procs"`
-}
-
-func (b *bench) scenario12() *s12Results {
+func (b *bench) scenario12() *inAndAcross {
 	rows := pick("flightlock", "flightlock-fair")
 	b.warm(rows)
-	inProc, procs := newResults(rows), newResults(rows)
-	quotas := b.pilotQuotas("s12", rows, "s12:pilot", b.cfg.d12)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))}, s10Goroutines, b.cfg.d12)
-			inProc[r.id].Reps = append(inProc[r.id].Reps, m)
-			inProc[r.id].Mix = mixString(delta, cr.Ops)
-			progress("s12 rep %d g=%d %-16s %9.0f cs/s rt/cs %.2f cmds/cs %.2f p99 %s max %s viol %d err %d %s", rep+1, s10Goroutines, r.id,
-				m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), mdfmt.Dur(m["max"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
-		}
-		for _, r := range interleave.Rotate(rows, rep) {
-			pr := b.runProcs(r, fmt.Sprintf("s12:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d12)
-			m := pr.quota(pr.metrics(), quotas[r.id])
-			procs[r.id].Reps = append(procs[r.id].Reps, m)
-			procs[r.id].Mix = mixString(pr.delta, pr.all.Ops)
-			progress("s12 rep %d %dx%d %-16s %9.0f cs/s rt/cs %.2f cmds/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, s3Procs, s3Goroutines, r.id,
-				m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
-		}
-	}
-	return &s12Results{InProcess: ordered(rows, inProc), Procs: ordered(rows, procs)}
+	s := b.inAndAcross("s12", rows, b.cfg.d12, func(r rowSpec, rep int) (metrics, string) {
+		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))}, s10Goroutines, b.cfg.d12)
+		return m, mixString(delta, cr.Ops)
+	}, procsRun.metrics)
+	return &s
 }
 
 // --- the report

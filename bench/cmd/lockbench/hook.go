@@ -36,13 +36,8 @@ func (h *rtCounter) timeCalls(on bool) []callSpan {
 	return nil
 }
 
-// callTimer is a row whose go-redis client carries an rtCounter.
+// callTimer is a row whose go-redis client carries an rtCounter (goredisRow).
 type callTimer interface{ counter() *rtCounter }
-
-func (f *flightlockImpl) counter() *rtCounter { return f.rt }
-func (r *redislockImpl) counter() *rtCounter  { return r.rt }
-func (s *storeImpl) counter() *rtCounter      { return s.rt }
-func (f *floorImpl) counter() *rtCounter      { return f.rt }
 
 func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {

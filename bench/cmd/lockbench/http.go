@@ -140,15 +140,8 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		res.Ping.Reps = append(res.Ping.Reps, metrics{"p50": rt, "round": float64(k)})
 	}
 	for _, r := range rows {
-		low := &result{Row: r.id, Label: r.label, Mix: lowMix[r.id]}
-		sat := &result{Row: r.id, Label: r.label, Mix: satMix[r.id]}
-		for _, m := range loads.Low[r.id] {
-			low.Reps = append(low.Reps, m)
-		}
-		for _, m := range loads.Sat[r.id] {
-			sat.Reps = append(sat.Reps, m)
-		}
-		res.Low, res.Sat = append(res.Low, low), append(res.Sat, sat)
+		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: lowMix[r.id], Reps: loads.Low[r.id]})
+		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: satMix[r.id], Reps: loads.Sat[r.id]})
 	}
 	return res
 }
@@ -241,7 +234,7 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 // writes it without flightlock (httpbench.OrderMiddleware), with the prefix and TTL of the
 // example's Lock section lc, on a client of its own that the returned func closes.
 func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
-	client, _ := newClient(b.addr)
+	client := newClient(b.addr, tunedClient).client
 	lock := setDelLock(client)
 	if id == "redislock" {
 		lock = redislockLock(redislock.New(client))

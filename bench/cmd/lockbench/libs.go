@@ -56,8 +56,11 @@ type rowSpec struct {
 	permits int
 	// rw says the row is a read-write lock (scenario 11): its impl is an rwImpl, and its
 	// holders draw reads and writes.
-	rw    bool
-	build func(addr string) (impl, error)
+	rw bool
+	// client is the setting of the row's go-redis client (tuned if empty); a row without a
+	// go-redis client of ours ignores it.
+	client clientSetting
+	build  func(addr string, s clientSetting) (impl, error)
 }
 
 func (r rowSpec) label() string {
@@ -75,17 +78,17 @@ const (
 
 func allRows() []rowSpec {
 	return []rowSpec{
-		{id: "flightlock", lib: "flightlock", wait: "gate + release notification", build: newFlightlock},
-		{id: "redislock", lib: "bsm/redislock", wait: "LinearBackoff 100ms", build: func(a string) (impl, error) { return newRedislock(a, redislockPoll) }},
-		{id: "redislock-1ms", lib: "bsm/redislock", wait: "LinearBackoff 1ms", build: func(a string) (impl, error) { return newRedislock(a, time.Millisecond) }},
-		{id: "redsync", lib: "redsync", wait: "built-in retry, 50-250ms random", build: func(a string) (impl, error) { return newRedsync(a, 0) }},
-		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string) (impl, error) { return newRedsync(a, time.Millisecond) }},
-		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string) (impl, error) { return newGozero(a, gozeroPoll) }},
-		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string) (impl, error) { return newGozero(a, time.Millisecond) }},
+		{id: "flightlock", lib: "flightlock", wait: "gate + release notification", build: func(a string, s clientSetting) (impl, error) { return newFlightlock(a, s) }},
+		{id: "redislock", lib: "bsm/redislock", wait: "LinearBackoff 100ms", build: func(a string, s clientSetting) (impl, error) { return newRedislock(a, s, redislockPoll) }},
+		{id: "redislock-1ms", lib: "bsm/redislock", wait: "LinearBackoff 1ms", build: func(a string, s clientSetting) (impl, error) { return newRedislock(a, s, time.Millisecond) }},
+		{id: "redsync", lib: "redsync", wait: "built-in retry, 50-250ms random", build: func(a string, s clientSetting) (impl, error) { return newRedsync(a, s, 0) }},
+		{id: "redsync-1ms", lib: "redsync", wait: "retry delay 1ms", build: func(a string, s clientSetting) (impl, error) { return newRedsync(a, s, time.Millisecond) }},
+		{id: "gozero", lib: "go-zero RedisLock", wait: "poll 100ms", build: func(a string, _ clientSetting) (impl, error) { return newGozero(a, gozeroPoll) }},
+		{id: "gozero-1ms", lib: "go-zero RedisLock", wait: "poll 1ms", build: func(a string, _ clientSetting) (impl, error) { return newGozero(a, time.Millisecond) }},
 		{id: "rueidislock", lib: "rueidislock", wait: "client-side caching invalidation", build: newRueidislock},
 		{id: "store", lib: "flightlock's RedisStore alone", wait: "scenario 1 only: its acquire and release scripts without the Locker (no gate, no lease, no watchdog), to split flightlock's cost", floor: true, build: newStoreRow},
-		{id: "ping", lib: "floor: PING", floor: true, build: func(a string) (impl, error) { return newFloor(a, true) }},
-		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string) (impl, error) { return newFloor(a, false) }},
+		{id: "ping", lib: "floor: PING", floor: true, build: func(a string, s clientSetting) (impl, error) { return newFloor(a, s, true) }},
+		{id: "setdel", lib: "floor: SET PX + DEL", floor: true, build: func(a string, s clientSetting) (impl, error) { return newFloor(a, s, false) }},
 	}
 }
 
@@ -108,44 +111,49 @@ const (
 	defaultClient clientSetting = "default"
 )
 
-// newClient is the go-redis client we build for a row: one pool per row, tuned.
-func newClient(addr string) (*redis.Client, *rtCounter) { return newClientWith(addr, tunedClient) }
+// goredisRow is what every row on a go-redis client of ours has: the client, one pool per
+// row, and the hook that counts its round trips.
+type goredisRow struct {
+	client *redis.Client
+	rt     *rtCounter
+}
 
-func newClientWith(addr string, s clientSetting) (*redis.Client, *rtCounter) {
+// newClient is a row's go-redis client on setting s.
+func newClient(addr string, s clientSetting) goredisRow {
 	o := &redis.Options{Addr: addr}
-	if s == tunedClient {
+	if s != defaultClient {
 		o.DisableIdentity, o.ContextTimeoutEnabled = true, true
 	}
-	c := redis.NewClient(o)
-	h := &rtCounter{}
-	c.AddHook(h)
-	return c, h
+	c := goredisRow{client: redis.NewClient(o), rt: &rtCounter{}}
+	c.client.AddHook(c.rt)
+	return c
 }
+
+func (g goredisRow) roundTrips() int64   { return g.rt.load() }
+func (g goredisRow) counter() *rtCounter { return g.rt }
+func (g goredisRow) close()              { _ = g.client.Close() }
 
 // --- flightlock
 
 type flightlockImpl struct {
-	client *redis.Client
-	rt     *rtCounter
+	goredisRow
 	store  *redisstore.RedisStore
 	locker *flightlock.Locker
 	reject *flightlock.Locker
 }
 
-func newFlightlock(addr string) (impl, error) { return newFlightlockWith(addr) }
-
-// newFlightlockWith is the flightlock row with more options (scenario 10's permits, scenario
-// 12's fairness) after the common ones.
-func newFlightlockWith(addr string, opts ...flightlock.Option) (*flightlockImpl, error) {
-	return newFlightlockOn(addr, tunedClient, append([]flightlock.Option{flightlock.WithPrefix("fl:")}, opts...)...)
-}
-
-// newFlightlockOn is the flightlock row on a client of setting s: the store with its defaults,
-// the common TTL and wait, then opts.
-func newFlightlockOn(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
-	c, h := newClientWith(addr, s)
-	store := redisstore.New(c)
-	l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}, opts...)...)
+// newFlightlock is the flightlock row on a client of setting s: the store with its defaults,
+// the common TTL and wait, then opts (scenario 10's permits, scenario 12's fairness). On the
+// tuned client the keys get a prefix; the default-client row is built as a benchmark written
+// outside this repository builds it, with nothing more.
+func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
+	c := newClient(addr, s)
+	store := redisstore.New(c.client)
+	common := []flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}
+	if s != defaultClient {
+		common = append(common, flightlock.WithPrefix("fl:"))
+	}
+	l, err := flightlock.New(store, append(common, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +161,7 @@ func newFlightlockOn(addr string, s clientSetting, opts ...flightlock.Option) (*
 	if err != nil {
 		return nil, err
 	}
-	return &flightlockImpl{client: c, rt: h, store: store, locker: l, reject: r}, nil
+	return &flightlockImpl{goredisRow: c, store: store, locker: l, reject: r}, nil
 }
 
 func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
@@ -174,25 +182,19 @@ func (f *flightlockImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*flightlock.Lease).Release(ctx)
 }
 
-func (f *flightlockImpl) roundTrips() int64 { return f.rt.load() }
-func (f *flightlockImpl) close()            { _ = f.store.Close(); _ = f.client.Close() }
+func (f *flightlockImpl) close() { _ = f.store.Close(); _ = f.client.Close() }
 
 // --- bsm/redislock
 
 type redislockImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	lc     *redislock.Client
-	poll   time.Duration
+	goredisRow
+	lc   *redislock.Client
+	poll time.Duration
 }
 
-func newRedislock(addr string, poll time.Duration) (impl, error) {
-	return newRedislockOn(addr, tunedClient, poll)
-}
-
-func newRedislockOn(addr string, s clientSetting, poll time.Duration) (impl, error) {
-	c, h := newClientWith(addr, s)
-	return &redislockImpl{client: c, rt: h, lc: redislock.New(c), poll: poll}, nil
+func newRedislock(addr string, s clientSetting, poll time.Duration) (impl, error) {
+	c := newClient(addr, s)
+	return &redislockImpl{goredisRow: c, lc: redislock.New(c.client), poll: poll}, nil
 }
 
 func (r *redislockImpl) key(base string) string { return "rl:" + base }
@@ -214,25 +216,21 @@ func (r *redislockImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*redislock.Lock).Release(ctx)
 }
 
-func (r *redislockImpl) roundTrips() int64 { return r.rt.load() }
-func (r *redislockImpl) close()            { _ = r.client.Close() }
-
 // --- redsync
 
 type redsyncImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	rs     *redsync.Redsync
-	opts   []redsync.Option
+	goredisRow
+	rs   *redsync.Redsync
+	opts []redsync.Option
 }
 
-func newRedsync(addr string, delay time.Duration) (impl, error) {
-	c, h := newClient(addr)
+func newRedsync(addr string, s clientSetting, delay time.Duration) (impl, error) {
+	c := newClient(addr, s)
 	opts := []redsync.Option{redsync.WithExpiry(lockTTL), redsync.WithTries(math.MaxInt32)}
 	if delay > 0 {
 		opts = append(opts, redsync.WithRetryDelay(delay))
 	}
-	return &redsyncImpl{client: c, rt: h, rs: redsync.New(redsyncgoredis.NewPool(c)), opts: opts}, nil
+	return &redsyncImpl{goredisRow: c, rs: redsync.New(redsyncgoredis.NewPool(c.client)), opts: opts}, nil
 }
 
 func (r *redsyncImpl) key(base string) string { return "rs:" + base }
@@ -265,9 +263,6 @@ func (r *redsyncImpl) unlock(ctx context.Context, _ string, h any) error {
 	}
 	return err
 }
-
-func (r *redsyncImpl) roundTrips() int64 { return r.rt.load() }
-func (r *redsyncImpl) close()            { _ = r.client.Close() }
 
 // --- go-zero RedisLock
 
@@ -356,16 +351,13 @@ func (g *gozeroImpl) close()            {} // the client belongs to go-zero's pr
 // --- floors
 
 type floorImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	ping   bool
+	goredisRow
+	ping bool
 }
 
-func newFloor(addr string, ping bool) (impl, error) { return newFloorOn(addr, tunedClient, ping) }
-
-func newFloorOn(addr string, s clientSetting, ping bool) (impl, error) {
-	c, h := newClientWith(addr, s)
-	return &floorImpl{client: c, rt: h, ping: ping}, nil
+func newFloor(addr string, s clientSetting, ping bool) (impl, error) {
+	c := newClient(addr, s)
+	return &floorImpl{goredisRow: c, ping: ping}, nil
 }
 
 func (f *floorImpl) key(base string) string { return "floor:" + base }
@@ -385,6 +377,3 @@ func (f *floorImpl) unlock(ctx context.Context, key string, _ any) error {
 	}
 	return f.client.Del(ctx, key).Err()
 }
-
-func (f *floorImpl) roundTrips() int64 { return f.rt.load() }
-func (f *floorImpl) close()            { _ = f.client.Close() }

@@ -402,47 +402,32 @@ func runRedis(cfg config, prof profiling) {
 
 	b := &bench{addr: srv.Addr, adm: newAdmin(srv.Addr), cfg: cfg, impls: map[string]impl{}}
 	rep := &report{cfg: cfg, machine: machineInfo(b.adm.version(context.Background())), started: time.Now()}
-	if cfg.scenarios[1] {
-		rep.s1 = b.scenario1()
-	}
-	if cfg.scenarios[2] {
-		rep.s2 = b.scenario2()
-	}
-	if cfg.scenarios[3] {
-		rep.s3 = b.scenario3()
-	}
-	if cfg.scenarios[4] {
-		rep.s4 = b.scenario4()
-	}
-	if cfg.scenarios[5] {
-		rep.s5 = b.scenario5()
-	}
-	if cfg.scenarios[6] {
-		rep.s6 = b.scenario6()
-		if rep.s6.Note == "" {
-			rep.s6bare = b.scenario6Bare()
+	// 13 runs before 10-12, whose report is another document.
+	for _, sc := range []struct {
+		n   int
+		run func()
+	}{
+		{1, func() { rep.s1 = b.scenario1() }},
+		{2, func() { rep.s2 = b.scenario2() }},
+		{3, func() { rep.s3 = b.scenario3() }},
+		{4, func() { rep.s4 = b.scenario4() }},
+		{5, func() { rep.s5 = b.scenario5() }},
+		{6, func() {
+			if rep.s6 = b.scenario6(); rep.s6.Note == "" {
+				rep.s6bare = b.scenario6Bare()
+			}
+		}},
+		{7, func() { rep.s7 = b.scenario7() }},
+		{8, func() { rep.s8 = b.scenario8() }},
+		{9, func() { rep.s9 = b.scenario9() }},
+		{13, func() { rep.s13 = b.scenario13() }},
+		{10, func() { rep.s10 = b.scenario10() }},
+		{11, func() { rep.s11 = b.scenario11() }},
+		{12, func() { rep.s12 = b.scenario12() }},
+	} {
+		if cfg.scenarios[sc.n] {
+			sc.run()
 		}
-	}
-	if cfg.scenarios[7] {
-		rep.s7 = b.scenario7()
-	}
-	if cfg.scenarios[8] {
-		rep.s8 = b.scenario8()
-	}
-	if cfg.scenarios[9] {
-		rep.s9 = b.scenario9()
-	}
-	if cfg.scenarios[13] {
-		rep.s13 = b.scenario13()
-	}
-	if cfg.scenarios[10] {
-		rep.s10 = b.scenario10()
-	}
-	if cfg.scenarios[11] {
-		rep.s11 = b.scenario11()
-	}
-	if cfg.scenarios[12] {
-		rep.s12 = b.scenario12()
 	}
 	rep.elapsed = time.Since(rep.started)
 	for _, im := range b.impls {

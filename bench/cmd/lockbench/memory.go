@@ -81,7 +81,7 @@ func (b *bench) s9Hold(r rowSpec, n int) metrics { return b.s9HoldOn(r, b.impl(r
 // Locker made for the measurement, nothing locked before the baseline, so that the connections
 // the locks open and anything the library fills on first use count as the locks' memory.
 func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
-	im, err := r.build(b.addr)
+	im, err := r.build(b.addr, r.client)
 	if err != nil {
 		fatalf("build %s: %v", r.id, err)
 	}
@@ -109,7 +109,6 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	for i := range keys {
 		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
 	}
-	hs := make([]any, n)
 	// With warm, the client's pool holds the connections the locks will use before the
 	// baseline (go-redis keeps 32 KiB read and 32 KiB write buffers per connection): they are the
 	// client's fixed cost, not the locks'. A warm-up of 128 locks leaves the pool smaller than
@@ -129,26 +128,11 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 		delta cmdDelta
 		rts   int64
 	)
-	h := holdOn(n, warmN,
-		func(i int) error {
-			h, err := im.lock(ctx, warmKey(i))
-			if err != nil {
-				return err
-			}
-			return im.unlock(ctx, warmKey(i), h)
-		},
-		func(i int) (err error) {
-			hs[i], err = im.lock(ctx, keys[i])
-			return err
-		},
-		func(i int) error {
-			if hs[i] == nil {
-				return nil
-			}
-			err := im.unlock(ctx, keys[i], hs[i])
-			hs[i] = nil
-			return err
-		},
+	warmI, lock, unlock, hs := heldKeys(keys, warmKey, im.lock, im.unlock)
+	bg := func(step func(ctx context.Context, i int) error) func(i int) error {
+		return func(i int) error { return step(ctx, i) }
+	}
+	h := holdOn(n, warmN, bg(warmI), bg(lock), bg(unlock),
 		func() int64 { return b.adm.usedMemory(ctx) },
 		func() { ccpu, delta, rts = b.window(im, window) })
 	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements

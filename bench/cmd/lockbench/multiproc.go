@@ -28,7 +28,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 	if !ok {
 		return workerRow{}, fmt.Errorf("unknown row %q", id)
 	}
-	im, err := spec.build(addr)
+	im, err := spec.build(addr, spec.client)
 	if err != nil {
 		return workerRow{}, err
 	}
@@ -41,11 +41,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 			if spec.rw {
 				return rwHolders(im, mapped, n, reads), nil
 			}
-			hs := make([]contend.Holder, n)
-			for i := range hs {
-				hs[i] = &implHolder{im: im, keys: mapped}
-			}
-			return hs, nil
+			return implHolders(im, mapped, n), nil
 		},
 		warm: func() error {
 			for i := 0; i < 50; i++ {
@@ -165,22 +161,54 @@ func (b *bench) pilotQuotas(what string, rows []rowSpec, key string, d time.Dura
 	return quotas
 }
 
+// inAndAcross are the rows of a scenario of the primitives report, in one process and across
+// processes.
+type inAndAcross struct {
+	InProcess []*result `json:"in_process"`
+	Procs     []*result `json:"procs"`
+}
+
+// inAndAcross runs a scenario of the primitives report (10-12) on rows, tagged tag in the keys
+// and the progress lines: in each repetition every row in one process (inProc: the figures and
+// the server command mix), then in s3Procs workers of s3Goroutines goroutines with quotas from
+// a pilot (across: the figures of the workers' run), both in the rotated order. extra are more
+// arguments of the workers.
+func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, inProc func(r rowSpec, rep int) (metrics, string),
+	across func(pr procsRun) metrics, extra ...string,
+) inAndAcross {
+	in, procs := newResults(rows), newResults(rows)
+	quotas := b.pilotQuotas(tag, rows, tag+":pilot", d, extra...)
+	logRun := func(rep int, shape string, r rowSpec, m metrics, firstErr string) {
+		progress("%s rep %d %s %-18s %9.0f cs/s rt/cs %.2f cmds/cs %.2f p99 %s fair %.2f peak %d viol %d err %d %s", tag, rep+1, shape, r.id,
+			m["csps"], m["rt"], m["cmds"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["peak"]), int64(m["violations"]), int64(m["errors"]), firstErr)
+	}
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, mix := inProc(r, rep)
+			in.add(r.id, m, mix)
+			logRun(rep, fmt.Sprintf("g=%d", s10Goroutines), r, m, "")
+		}
+		for _, r := range interleave.Rotate(rows, rep) {
+			pr := b.runProcs(r, fmt.Sprintf("%s:%d", tag, rep), s3Procs, s3Goroutines, quotas[r.id], d, extra...)
+			m := pr.quota(across(pr), quotas[r.id])
+			procs.add(r.id, m, mixString(pr.delta, pr.all.Ops))
+			logRun(rep, fmt.Sprintf("%dx%d", s3Procs, s3Goroutines), r, m, pr.all.FirstErr)
+		}
+	}
+	return inAndAcross{InProcess: ordered(rows, in), Procs: ordered(rows, procs)}
+}
+
 func (b *bench) scenario3() []*result {
 	rows := lockRows()
 	b.warm(rows)
-	res := newResults(rows)
 	quotas := b.pilotQuotas("s3", rows, "s3:pilot", b.cfg.d3)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			pr := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
-			m := pr.quota(pr.metrics(), quotas[r.id])
-			for i, w := range pr.wr {
-				m["finish"+strconv.Itoa(i)] = float64(w.Elapsed)
-			}
-			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(pr.delta, pr.all.Ops)
-			progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
+	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
+		pr := b.runProcs(r, fmt.Sprintf("s3:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d3)
+		m := pr.quota(pr.metrics(), quotas[r.id])
+		for i, w := range pr.wr {
+			m["finish"+strconv.Itoa(i)] = float64(w.Elapsed)
 		}
-	}
-	return ordered(rows, res)
+		progress("s3 rep %d %-14s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f viol %d err %d %s", rep+1, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
+		return m, mixString(pr.delta, pr.all.Ops)
+	})
 }

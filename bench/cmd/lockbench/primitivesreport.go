@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -12,18 +11,8 @@ import (
 // machine header of the main report, so that a run of these scenarios alone never rewrites
 // the main report's figures.
 
-// primitiveScenarios are the scenarios whose sections go in the primitives report.
-var primitiveScenarios = []int{10, 11, 12}
-
-// ranMain says whether any scenario of the main report ran.
-func ranMain(c config) bool {
-	for n := 1; n <= lastScenario; n++ {
-		if c.scenarios[n] && !slices.Contains(primitiveScenarios, n) {
-			return true
-		}
-	}
-	return false
-}
+// ranMain says whether any scenario of the main report (all but 10-12) ran.
+func ranMain(c config) bool { return c.ranAny(1, 2, 3, 4, 5, 6, 7, 8, 9, 13) }
 
 // ranPrimitives says whether any scenario of the primitives report ran.
 func (r *report) ranPrimitives() bool { return r.s10 != nil || r.s11 != nil || r.s12 != nil }

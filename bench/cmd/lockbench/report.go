@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,9 +49,9 @@ type report struct {
 	s7      []*result
 	s8      *s8Results
 	s9      *s9Results
-	s10     *s10Results // s10-s12 are written to the primitives report (primitivesMarkdown)
+	s10     *inAndAcross // s10-s12 are written to the primitives report (primitivesMarkdown)
 	s11     *s11Results
-	s12     *s12Results
+	s12     *inAndAcross
 	s13     *s13Results
 
 	primitivesName string // the primitives report's file name, for the main report's link
@@ -67,10 +68,8 @@ func (r *report) raw() map[string]any {
 }
 
 func find(rs []*result, id string) *result {
-	for _, x := range rs {
-		if x.Row == id {
-			return x
-		}
+	if i := slices.IndexFunc(rs, func(x *result) bool { return x.Row == id }); i >= 0 {
+		return rs[i]
 	}
 	return nil
 }
@@ -89,11 +88,19 @@ func bestCompetitor(rs []*result, metric string) *result {
 	return best
 }
 
+// goal is one row of a report's goals: a figure of this run against its target.
 type goal struct {
 	name    string
 	target  string
 	measure string
 	met     bool
+}
+
+func (g goal) verdict() string {
+	if g.met {
+		return "met"
+	}
+	return "missed"
 }
 
 func (r *report) goals() []goal {
@@ -308,14 +315,12 @@ func (r *report) markdown() string {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem . ./middleware`: the root package's `bench_test.go` on a real redis-server, and `BenchmarkRESTRequest`, the middleware's own CPU and allocations per request beside a bare handler (a store that answers at once, so no round trip is counted):\n\n```\n%s```\n\n", goBenchText(string(raw)))
 		}
 	}
-	if r.cfg.etcdReport != "" {
-		if raw, err := os.ReadFile(r.cfg.etcdReport); err == nil {
-			w("%s", etcdPointer(string(raw), filepath.Base(r.cfg.etcdReport)))
-		}
-	}
-	if r.cfg.zkReport != "" {
-		if raw, err := os.ReadFile(r.cfg.zkReport); err == nil {
-			w("%s", zkPointer(string(raw), filepath.Base(r.cfg.zkReport)))
+	for _, p := range []struct {
+		path    string
+		pointer func(raw, name string) string
+	}{{r.cfg.etcdReport, etcdPointer}, {r.cfg.zkReport, zkPointer}} {
+		if raw, err := os.ReadFile(p.path); p.path != "" && err == nil {
+			w("%s", p.pointer(string(raw), filepath.Base(p.path)))
 		}
 	}
 	if r.cfg.notes != "" {
@@ -377,8 +382,8 @@ func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
 
 // chart draws scenario 2's critical sections per second against goroutines, one line per row.
 func (r *report) chart(path string) error {
-	return drawLogChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		"critical sections / s (log)", s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
+	return drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
+		s2Goroutines, func(g int) []*result { return r.s2[g] })
 }
 
 // rowColor gives every library one colour in every chart, whatever store and rows a run has:
@@ -401,20 +406,34 @@ func rowColor(id string) color.RGBA {
 	}
 }
 
-// drawLogChart draws one metric's medians against xs on log-log axes, one line per row of
-// at(xs[0]) (rows are matched by id at the other points; a point without data is left out).
-func drawLogChart(path, title, xlabel, ylabel string, xs []int, at func(x int) []*result, metric string) error {
-	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: ylabel, X: xs,
+// drawChart draws, for every store, the median critical sections per second of rows (ids,
+// named by label) against xs on log-log axes, csps(x, row) at each point (a point without data
+// is left out): flightlock bold, the 1 ms pollers and the floor dashed. It says whether there
+// was anything to draw.
+func drawChart(path, title, xlabel string, xs []int, rows []string, label func(row string) string, csps func(x int, row string) float64) (bool, error) {
+	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: "critical sections / s (log)", X: xs,
 		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
-	for _, row := range at(xs[0]) {
+	for _, row := range rows {
 		y := make(map[int]float64, len(xs))
 		for _, x := range xs {
-			y[x] = find(at(x), row.Row).med(metric)
+			y[x] = csps(x, row)
 		}
-		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
-			Bold: row.Row == "flightlock", Dashed: strings.HasSuffix(row.Row, "-1ms")})
+		c.Lines = append(c.Lines, logchart.Line{Label: label(row), Color: rowColor(row), Y: y,
+			Bold: row == rowFlight, Dashed: strings.HasSuffix(row, "-1ms") || row == rowFloor})
 	}
-	_, err := logchart.Draw(path, c) // nothing measured: no chart
+	return logchart.Draw(path, c)
+}
+
+// drawResultsChart is drawChart of the Redis rows of at(xs[0]), matched by id at the other
+// points; nothing measured, no chart.
+func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result) error {
+	labels := map[string]string{}
+	var rows []string
+	for _, x := range at(xs[0]) {
+		rows, labels[x.Row] = append(rows, x.Row), x.Label
+	}
+	_, err := drawChart(path, title, xlabel, xs, rows, func(row string) string { return labels[row] },
+		func(x int, row string) float64 { return find(at(x), row).med("csps") })
 	return err
 }
 

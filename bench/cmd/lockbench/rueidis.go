@@ -66,7 +66,7 @@ type rueidisImpl struct {
 // newRueidislock builds rueidislock at its strongest honest settings: one key per lock
 // (KeyMajority 1, a single Redis), CLIENT TRACKING with NOLOOP (Redis >= 7.0.5), and the
 // common TTL as its KeyValidity (renewed every KeyValidity/2 while held).
-func newRueidislock(addr string) (impl, error) {
+func newRueidislock(addr string, _ clientSetting) (impl, error) {
 	n := &atomic.Int64{}
 	l, err := rueidislock.NewLocker(rueidislock.LockerOption{
 		ClientOption: rueidis.ClientOption{

@@ -11,11 +11,9 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/pollrw"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // Scenario 11 (Redis only): a read-write lock on one hot key, built as scenario 10: s10Goroutines
@@ -49,8 +47,8 @@ type flightlockRWImpl struct {
 	read *flightlock.Locker // WithRead, on the write Locker's store and gate
 }
 
-func newFlightlockRW(addr string) (impl, error) {
-	f, err := newFlightlockWith(addr)
+func newFlightlockRW(addr string, s clientSetting) (impl, error) {
+	f, err := newFlightlock(addr, s)
 	if err != nil {
 		return nil, err
 	}
@@ -72,14 +70,13 @@ func (f *flightlockRWImpl) runlock(ctx context.Context, _ string, h any) error {
 // --- the naive read-write lock as a row
 
 type pollRWImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	l      *pollrw.RWLock
+	goredisRow
+	l *pollrw.RWLock
 }
 
-func newPollRW(addr string) (impl, error) {
-	c, h := newClient(addr)
-	return &pollRWImpl{client: c, rt: h, l: pollrw.New(c, lockTTL, semPoll)}, nil
+func newPollRW(addr string, s clientSetting) (impl, error) {
+	c := newClient(addr, s)
+	return &pollRWImpl{goredisRow: c, l: pollrw.New(c.client, lockTTL, semPoll)}, nil
 }
 
 func (p *pollRWImpl) key(base string) string { return "prw:" + base }
@@ -103,9 +100,6 @@ func (p *pollRWImpl) rlock(ctx context.Context, key string) (any, error) { retur
 func (p *pollRWImpl) runlock(ctx context.Context, key string, h any) error {
 	return p.unlock(ctx, key, h)
 }
-
-func (p *pollRWImpl) roundTrips() int64 { return p.rt.load() }
-func (p *pollRWImpl) close()            { _ = p.client.Close() }
 
 // --- holders
 
@@ -147,20 +141,15 @@ func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
 	if !ok {
 		fatalf("row %T keeps no read locks", im)
 	}
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = &rwHolder{im: rim, keys: keys, reads: reads}
-	}
-	return hs
+	return holdersOf(n, func(int) contend.Holder { return &rwHolder{im: rim, keys: keys, reads: reads} })
 }
 
 // --- scenario 11
 
 // s11Mix is scenario 11's rows at one mix.
 type s11Mix struct {
-	Reads     int       `json:"reads"` // percent of Locks that are reads
-	InProcess []*result `json:"in_process"`
-	Procs     []*result `json:"procs"`
+	Reads int `json:"reads"` // percent of Locks that are reads
+	inAndAcross
 }
 
 // s11Results are scenario 11's rows, mix by mix.
@@ -172,37 +161,16 @@ func (b *bench) scenario11() *s11Results {
 	rows := pick("flightlock-rw", "poll-rw")
 	b.warm(rows)
 	b.warmReads(rows)
-	inProc, procs := map[int]map[string]*result{}, map[int]map[string]*result{}
-	quotas := map[int]map[string]int64{}
-	for _, mix := range rwMixes {
-		inProc[mix], procs[mix] = newResults(rows), newResults(rows)
-		quotas[mix] = b.pilotQuotas(fmt.Sprintf("s11 %d%% reads", mix), rows, fmt.Sprintf("s11:%d:pilot", mix), b.cfg.d11, "-reads", strconv.Itoa(mix))
-	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, mix := range rwMixes {
-			for _, r := range interleave.Rotate(rows, rep) {
-				m, delta := b.rwInProcess(r, mix, rep)
-				inProc[mix][r.id].Reps = append(inProc[mix][r.id].Reps, m)
-				inProc[mix][r.id].Mix = mixString(delta, int64(m["ops"]))
-				progress("s11 rep %d %d%% reads g=%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f peak %d viol %d err %d", rep+1, mix, s10Goroutines, r.id,
-					m["rps"], m["wps"], m["rt"], int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
-			}
-			for _, r := range interleave.Rotate(rows, rep) {
-				q := quotas[mix][r.id]
-				pr := b.runProcs(r, fmt.Sprintf("s11:%d:%d", mix, rep), s3Procs, s3Goroutines, q, b.cfg.d11, "-reads", strconv.Itoa(mix))
-				m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
-				m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
-				pr.quota(m, q)
-				procs[mix][r.id].Reps = append(procs[mix][r.id].Reps, m)
-				procs[mix][r.id].Mix = mixString(pr.delta, pr.all.Ops)
-				progress("s11 rep %d %d%% reads %dx%d %-14s %8.0f reads/s %7.0f writes/s rt/cs %.2f fair %.2f peak %d viol %d err %d %s", rep+1, mix, s3Procs, s3Goroutines, r.id,
-					m["rps"], m["wps"], m["rt"], m["fair"], int64(m["peak"]), int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
-			}
-		}
-	}
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, InProcess: ordered(rows, inProc[mix]), Procs: ordered(rows, procs[mix])})
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, func(r rowSpec, rep int) (metrics, string) {
+			return b.rwInProcess(r, mix, rep)
+		}, func(pr procsRun) metrics {
+			m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
+			m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
+			return m
+		}, "-reads", strconv.Itoa(mix))
+		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
 }
@@ -224,8 +192,8 @@ func (b *bench) warmReads(rows []rowSpec) {
 }
 
 // rwInProcess runs one repetition of a row at a mix with s10Goroutines goroutines on one key
-// for d11 and returns its figures and server commands.
-func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
+// for d11 and returns its figures and server command mix.
+func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, string) {
 	im := b.impl(r)
 	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
 	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
@@ -233,7 +201,7 @@ func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, cmdDelta) {
 	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
 		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
 	})
-	return m, delta
+	return m, mixString(delta, int64(m["ops"]))
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits

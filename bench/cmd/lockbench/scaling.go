@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -76,21 +75,12 @@ func rowKeys(im impl, prefix string, n int) []string {
 
 // s8Run measures every row at every point of one axis, reps times, and logs each measurement.
 func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) *s8Axis {
-	ax := &s8Axis{Name: name, Points: points, Res: map[int][]*result{}}
-	all := map[int]map[string]*result{}
-	for _, x := range points {
-		all[x] = newResults(rows)
-	}
-	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
+	return &s8Axis{Name: name, Points: points, Res: b.atPoints(points, rows, func(r rowSpec, x, rep int) (metrics, string) {
 		m, firstErr := run(r, x, rep)
-		all[x][r.id].Reps = append(all[x][r.id].Reps, m)
 		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
 			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
-	})
-	for _, x := range points {
-		ax.Res[x] = ordered(rows, all[x])
-	}
-	return ax
+		return m, ""
+	})}
 }
 
 // chartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
@@ -112,7 +102,7 @@ func (r *report) s8Charts() error {
 			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
 			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
 		}[ax.Name]
-		if err := drawLogChart(path, title, ax.Name+" (log)", "critical sections / s (log)", ax.Points, ax.at, "csps"); err != nil {
+		if err := drawResultsChart(path, title, ax.Name+" (log)", ax.Points, ax.at); err != nil {
 			return err
 		}
 	}
@@ -205,15 +195,17 @@ func (r *report) s8Section(w func(string, ...any)) {
 				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
 			}
 			if f, ok := ax.fall(first, last); ok {
-				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f))
+				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f, ""))
 			}
 		}
 	}
 }
 
-func fallWords(f float64) string {
+// fallWords says a fall factor f (above 1: fewer at the last point) in words, the verbs
+// ending in s ("falls") or not ("fall").
+func fallWords(f float64, s string) string {
 	if f >= 1 {
-		return "fall " + strconv.FormatFloat(f, 'f', 2, 64) + "x"
+		return fmt.Sprintf("fall%s %.2fx", s, f)
 	}
-	return "grow " + strconv.FormatFloat(1/f, 'f', 2, 64) + "x"
+	return fmt.Sprintf("grow%s %.2fx", s, 1/f)
 }

@@ -25,7 +25,7 @@ func (b *bench) impl(r rowSpec) impl {
 	if im, ok := b.impls[r.id]; ok {
 		return im
 	}
-	im, err := r.build(b.addr)
+	im, err := r.build(b.addr, r.client)
 	if err != nil {
 		fatalf("build %s: %v", r.id, err)
 	}
@@ -100,15 +100,55 @@ func (b *bench) warm(rows []rowSpec) {
 	}
 }
 
-func newResults(rows []rowSpec) map[string]*result {
-	m := make(map[string]*result)
+// results are the results of a scenario's rows, by row id.
+type results map[string]*result
+
+func newResults(rows []rowSpec) results {
+	m := make(results)
 	for _, r := range rows {
 		m[r.id] = &result{Row: r.id, Label: r.label()}
 	}
 	return m
 }
 
-func ordered(rows []rowSpec, m map[string]*result) []*result {
+// add records one repetition of row id: its figures and the server command mix it ran.
+func (rs results) add(id string, m metrics, mix string) {
+	rs[id].Reps = append(rs[id].Reps, m)
+	rs[id].Mix = mix
+}
+
+// repeat runs every row once per repetition, in the order rotated per repetition, and records
+// the figures and command mix of each run.
+func (b *bench) repeat(rows []rowSpec, run func(r rowSpec, rep int) (metrics, string)) []*result {
+	res := newResults(rows)
+	for rep := 0; rep < b.cfg.reps; rep++ {
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, mix := run(r, rep)
+			res.add(r.id, m, mix)
+		}
+	}
+	return ordered(rows, res)
+}
+
+// atPoints runs every row at every point of an axis, reps times (interleave.Points), and
+// records the figures and command mix of each run, point by point.
+func (b *bench) atPoints(points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
+	all := map[int]results{}
+	for _, x := range points {
+		all[x] = newResults(rows)
+	}
+	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
+		m, mix := run(r, x, rep)
+		all[x].add(r.id, m, mix)
+	})
+	out := make(map[int][]*result, len(points))
+	for _, x := range points {
+		out[x] = ordered(rows, all[x])
+	}
+	return out
+}
+
+func ordered(rows []rowSpec, m results) []*result {
 	var out []*result
 	for _, r := range rows {
 		out = append(out, m[r.id])
@@ -130,8 +170,7 @@ func (b *bench) scenario1() []*result {
 		ms, cmds := b.uncontendedSliced(rows, "s1", rep, b.cfg.d1, s1Slice, s1MaxOps, false)
 		for _, r := range rows {
 			m := ms[r.id]
-			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(cmds[r.id], int64(m["ops"]))
+			res.add(r.id, m, mixString(cmds[r.id], int64(m["ops"])))
 			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, m["opsps"], mdfmt.Dur(m["p50"]))
 		}
 	}
@@ -165,29 +204,15 @@ var s2Goroutines = []int{1, 4, 16, 64}
 func (b *bench) scenario2() map[int][]*result {
 	rows := lockRows()
 	b.warm(rows)
-	out := make(map[int][]*result)
-	all := make(map[int]map[string]*result)
-	for _, g := range s2Goroutines {
-		all[g] = newResults(rows)
-	}
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, g := range s2Goroutines {
-			d := b.cfg.d2
-			if g < 16 {
-				d = b.cfg.d2small
-			}
-			for _, r := range interleave.Rotate(rows, rep) {
-				m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
-				all[g][r.id].Reps = append(all[g][r.id].Reps, m)
-				all[g][r.id].Mix = mixString(delta, cr.Ops)
-				progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
-			}
+	return b.atPoints(s2Goroutines, rows, func(r rowSpec, g, rep int) (metrics, string) {
+		d := b.cfg.d2
+		if g < 16 {
+			d = b.cfg.d2small
 		}
-	}
-	for _, g := range s2Goroutines {
-		out[g] = ordered(rows, all[g])
-	}
-	return out
+		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
+		progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
+		return m, mixString(delta, cr.Ops)
+	})
 }
 
 func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
@@ -215,18 +240,13 @@ const manyKeys = 1000
 func (b *bench) scenario4() []*result {
 	rows := append(lockRows(), pick("setdel")...)
 	b.warm(rows)
-	res := newResults(rows)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4)
-			m["opsps"] = m["csps"]
-			delete(m, "csps")
-			res[r.id].Reps = append(res[r.id].Reps, m)
-			res[r.id].Mix = mixString(delta, max(cr.Ops, 1))
-			progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
-		}
-	}
-	return ordered(rows, res)
+	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
+		m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4)
+		m["opsps"] = m["csps"]
+		delete(m, "csps")
+		progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
+		return m, mixString(delta, max(cr.Ops, 1))
+	})
 }
 
 // --- scenario 5: reject mode, duplicates of a key held in this process.
@@ -234,59 +254,56 @@ func (b *bench) scenario4() []*result {
 func (b *bench) scenario5() []*result {
 	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock")
 	b.warm(rows)
-	res := newResults(rows)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			im := b.impl(r)
-			key := im.key(fmt.Sprintf("s5:%d", rep))
-			ctx := context.Background()
-			held, err := im.lock(ctx, key)
-			if err != nil {
-				fatalf("s5 %s: hold: %v", r.id, err)
-			}
-			every := int64(1) // a refusal of the others is a round trip (rejectLoop)
-			if r.id == "flightlock" {
-				every = 256
-			}
-			// Serial: one goroutine retries the held key.
-			runtime.GC()
-			var m0, m1 runtime.MemStats
-			runtime.ReadMemStats(&m0)
-			s0, rt0 := b.snap(), im.roundTrips()
-			var wrong int64
-			n, elapsed := rejectLoop(1, b.cfg.d5, every, func(int) {
-				h, err := im.tryLock(ctx, key)
-				if !errors.Is(err, errBusy) {
-					wrong++
-					if err == nil {
-						_ = im.unlock(ctx, key, h)
-					}
-				}
-			})
-			runtime.ReadMemStats(&m1)
-			d := diffStats(s0.cmds, b.stats())
-			rts := im.roundTrips() - rt0
-
-			// Parallel: 64 goroutines at once, as a burst of double clicks would.
-			pn, pelapsed := rejectLoop(s5Goroutines, b.cfg.d5, every, func(int) {
-				if h, err := im.tryLock(ctx, key); err == nil {
+	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
+		im := b.impl(r)
+		key := im.key(fmt.Sprintf("s5:%d", rep))
+		ctx := context.Background()
+		held, err := im.lock(ctx, key)
+		if err != nil {
+			fatalf("s5 %s: hold: %v", r.id, err)
+		}
+		every := int64(1) // a refusal of the others is a round trip (rejectLoop)
+		if r.id == "flightlock" {
+			every = 256
+		}
+		// Serial: one goroutine retries the held key.
+		runtime.GC()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		s0, rt0 := b.snap(), im.roundTrips()
+		var wrong int64
+		n, elapsed := rejectLoop(1, b.cfg.d5, every, func(int) {
+			h, err := im.tryLock(ctx, key)
+			if !errors.Is(err, errBusy) {
+				wrong++
+				if err == nil {
 					_ = im.unlock(ctx, key, h)
 				}
-			})
-			_ = im.unlock(ctx, key, held)
+			}
+		})
+		runtime.ReadMemStats(&m1)
+		d := diffStats(s0.cmds, b.stats())
+		rts := im.roundTrips() - rt0
 
-			res[r.id].Reps = append(res[r.id].Reps, metrics{
-				"ns":      float64(elapsed.Nanoseconds()) / float64(n),
-				"allocs":  float64(m1.Mallocs-m0.Mallocs) / float64(n),
-				"bytes":   float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n),
-				"cmds":    float64(d.total()) / float64(n),
-				"rt":      float64(rts) / float64(n),
-				"wrong":   float64(wrong),
-				"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn),
-				"par_ops": float64(pn) / pelapsed.Seconds(),
-			})
-			progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(float64(elapsed.Nanoseconds())/float64(n)), float64(m1.Mallocs-m0.Mallocs)/float64(n), float64(d.total())/float64(n))
+		// Parallel: 64 goroutines at once, as a burst of double clicks would.
+		pn, pelapsed := rejectLoop(s5Goroutines, b.cfg.d5, every, func(int) {
+			if h, err := im.tryLock(ctx, key); err == nil {
+				_ = im.unlock(ctx, key, h)
+			}
+		})
+		_ = im.unlock(ctx, key, held)
+		fn := float64(n)
+		m := metrics{
+			"ns":      float64(elapsed.Nanoseconds()) / fn,
+			"allocs":  float64(m1.Mallocs-m0.Mallocs) / fn,
+			"bytes":   float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
+			"cmds":    float64(d.total()) / fn,
+			"rt":      float64(rts) / fn,
+			"wrong":   float64(wrong),
+			"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn),
+			"par_ops": float64(pn) / pelapsed.Seconds(),
 		}
-	}
-	return ordered(rows, res)
+		progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(m["ns"]), m["allocs"], m["cmds"])
+		return m, ""
+	})
 }

@@ -11,11 +11,8 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/interleave"
-	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/zsetsem"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // Scenario 10 (Redis only): a counting semaphore of semPermits permits on one hot key, taken
@@ -39,8 +36,8 @@ func semaphoreRows() []rowSpec {
 	return []rowSpec{
 		{id: "flightlock-permits", lib: "flightlock, WithPermits(" + strconv.Itoa(semPermits) + ")",
 			wait:    "permit hand-over + release notification",
-			permits: semPermits, build: func(a string) (impl, error) {
-				return newFlightlockWith(a, flightlock.WithPermits(semPermits))
+			permits: semPermits, build: func(a string, s clientSetting) (impl, error) {
+				return newFlightlock(a, s, flightlock.WithPermits(semPermits))
 			}},
 		{id: "zset-permits", lib: "naive ZSET semaphore (" + strconv.Itoa(semPermits) + " permits)",
 			wait: "poll " + semPoll.String(), permits: semPermits, build: newZsetSem},
@@ -50,14 +47,13 @@ func semaphoreRows() []rowSpec {
 // --- the naive ZSET semaphore as a row
 
 type zsetSemImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	sem    *zsetsem.Semaphore
+	goredisRow
+	sem *zsetsem.Semaphore
 }
 
-func newZsetSem(addr string) (impl, error) {
-	c, h := newClient(addr)
-	return &zsetSemImpl{client: c, rt: h, sem: zsetsem.New(c, semPermits, lockTTL, semPoll)}, nil
+func newZsetSem(addr string, s clientSetting) (impl, error) {
+	c := newClient(addr, s)
+	return &zsetSemImpl{goredisRow: c, sem: zsetsem.New(c.client, semPermits, lockTTL, semPoll)}, nil
 }
 
 func (z *zsetSemImpl) key(base string) string { return "zs:" + base }
@@ -77,9 +73,6 @@ func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
 func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*zsetsem.Permit).Release(ctx)
 }
-
-func (z *zsetSemImpl) roundTrips() int64 { return z.rt.load() }
-func (z *zsetSemImpl) close()            { _ = z.client.Close() }
 
 // --- holders that span their hold
 
@@ -137,36 +130,15 @@ func spanShm(shm string) string { return shm + ".span" }
 
 // --- scenario 10
 
-// s10Results are scenario 10's rows in one process and across processes.
-type s10Results struct {
-	InProcess []*result `json:"in_process"`
-	Procs     []*result `json:"procs"`
-}
-
-func (b *bench) scenario10() *s10Results {
+func (b *bench) scenario10() *inAndAcross {
 	rows := pick("flightlock-permits", "zset-permits")
 	b.warm(rows)
-	inProc, procs := newResults(rows), newResults(rows)
-	quotas := b.pilotQuotas("s10", rows, "s10:pilot", b.cfg.d10)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			m, mix := b.semaphoreInProcess(r, rep)
-			inProc[r.id].Reps = append(inProc[r.id].Reps, m)
-			inProc[r.id].Mix = mix
-			progress("s10 rep %d g=%d %-18s %9.0f cs/s rt/cs %.2f p99 %s peak %d viol %d err %d", rep+1, s10Goroutines, r.id,
-				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["peak"]), int64(m["violations"]), int64(m["errors"]))
-		}
-		for _, r := range interleave.Rotate(rows, rep) {
-			pr := b.runProcs(r, fmt.Sprintf("s10:%d", rep), s3Procs, s3Goroutines, quotas[r.id], b.cfg.d10)
-			m := pr.quota(pr.metrics(), quotas[r.id])
-			m["peak"] = float64(pr.peak)
-			procs[r.id].Reps = append(procs[r.id].Reps, m)
-			procs[r.id].Mix = mixString(pr.delta, pr.all.Ops)
-			progress("s10 rep %d %dx%d %-18s %9.0f cs/s rt/cs %.2f p99 %s fair %.2f peak %d viol %d err %d %s", rep+1, s3Procs, s3Goroutines, r.id,
-				m["csps"], m["rt"], mdfmt.Dur(m["p99"]), m["fair"], int64(m["peak"]), int64(m["violations"]), pr.all.Errors, pr.all.FirstErr)
-		}
-	}
-	return &s10Results{InProcess: ordered(rows, inProc), Procs: ordered(rows, procs)}
+	s := b.inAndAcross("s10", rows, b.cfg.d10, b.semaphoreInProcess, func(pr procsRun) metrics {
+		m := pr.metrics()
+		m["peak"] = float64(pr.peak)
+		return m
+	})
+	return &s
 }
 
 // semaphoreInProcess runs one repetition of a row with s10Goroutines goroutines on one key for

@@ -16,11 +16,7 @@ func (b *bench) scenario7() []*result {
 	runs := dupBursts(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}}, b.cfg.reps)
 	var out []*result
 	for _, row := range dupRows {
-		x := &result{Row: row.id, Label: "flightlock, OnBusy " + row.onBusy}
-		for _, m := range runs[row.id] {
-			x.Reps = append(x.Reps, m)
-		}
-		out = append(out, x)
+		out = append(out, &result{Row: row.id, Label: "flightlock, OnBusy " + row.onBusy, Reps: runs[row.id]})
 	}
 	return out
 }

@@ -1,15 +1,17 @@
 package main
 
 import (
-	"sort"
+	"cmp"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
-// metrics is one repetition of one row: named figures, all float64.
-type metrics map[string]float64
+// metrics is one repetition of one row: named figures, all float64, as the shared loops
+// (httpbench, dupBursts) return them.
+type metrics = map[string]float64
 
 // result collects every repetition of a row in one scenario configuration.
 type result struct {
@@ -25,13 +27,7 @@ func (r *result) med(name string) float64 {
 	if r == nil {
 		return 0
 	}
-	var v []float64
-	for _, m := range r.Reps {
-		if x, ok := m[name]; ok {
-			v = append(v, x)
-		}
-	}
-	return stat.Median(v)
+	return medOf(r.Reps, name)
 }
 
 // worst is the maximum of one figure over the repetitions.
@@ -39,8 +35,24 @@ func (r *result) worst(name string) float64 {
 	if r == nil {
 		return 0
 	}
+	return worstOf(r.Reps, name)
+}
+
+// medOf is the median of one figure over runs that have it.
+func medOf(runs []metrics, name string) float64 {
+	var v []float64
+	for _, m := range runs {
+		if x, ok := m[name]; ok {
+			v = append(v, x)
+		}
+	}
+	return stat.Median(v)
+}
+
+// worstOf is the largest value of one figure over runs (0 for none).
+func worstOf(runs []metrics, name string) float64 {
 	var w float64
-	for _, m := range r.Reps {
+	for _, m := range runs {
 		w = max(w, m[name])
 	}
 	return w
@@ -62,12 +74,7 @@ func mixString(d cmdDelta, ops int64) string {
 	for k, v := range d {
 		all = append(all, kv{k, v})
 	}
-	sort.Slice(all, func(i, j int) bool {
-		if all[i].v != all[j].v {
-			return all[i].v > all[j].v
-		}
-		return all[i].k < all[j].k
-	})
+	slices.SortFunc(all, func(a, b kv) int { return cmp.Or(cmp.Compare(b.v, a.v), cmp.Compare(a.k, b.k)) })
 	var parts []string
 	for _, e := range all {
 		per := float64(e.v) / float64(ops)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -18,7 +17,6 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/stat"
@@ -136,8 +134,7 @@ type rowResult struct {
 	window          time.Duration // the measured window
 	rate            float64       // ops or critical sections per second
 	p50, p99        time.Duration // scenario 1: lock + unlock latency; 2 and 3: Lock's wait
-	errors          int64         // failed Locks (each under a bounded context)
-	releaseErrors   int64         // failed Releases / Unlocks
+	errors          int64         // failed Locks (each under a bounded context) and Releases / Unlocks
 	violations      int64         // a critical section that found another one inside
 	fenceViolations int64         // flightlock: a fence not larger than the last one seen
 	reqPerOp        float64       // server requests per operation / critical section; -1: unknown
@@ -229,23 +226,23 @@ func runStore(c *config, be backend) {
 			for _, row := range order {
 				r := rs[row]
 				res.add(1, row, r)
-				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, durStr(r.p50), r.rate, unit, r.reqPerOp, r.errors+r.releaseErrors)
+				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, durStr(r.p50), r.rate, unit, r.reqPerOp, r.errors)
 			}
 		}
 		for _, row := range interleave.Rotate(s2, rep) {
 			r := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
 			res.add(2, row, r)
-			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", hotGoroutines, row, r.rate, r.violations, r.fenceViolations, r.errors+r.releaseErrors, unit, r.reqPerOp)
+			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", hotGoroutines, row, r.rate, r.violations, r.fenceViolations, r.errors, unit, r.reqPerOp)
 		}
 		for _, row := range interleave.Rotate(s3, rep) {
 			r := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
 			res.add(3, row, r)
-			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", s3Procs, s3Goroutines, row, r.rate, r.violations, r.fenceViolations, r.errors+r.releaseErrors, unit, r.reqPerOp)
+			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", s3Procs, s3Goroutines, row, r.rate, r.violations, r.fenceViolations, r.errors, unit, r.reqPerOp)
 		}
 		for _, row := range interleave.Rotate(s4, rep) {
 			r := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
 			res.add(4, row, r)
-			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %d/%d  retries %d  errors %d  %s/op %.2f", hotGoroutines, manyKeys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, unit, r.reqPerOp)
+			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %d/%d  retries %d  errors %d  %s/op %.2f", hotGoroutines, manyKeys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors, unit, r.reqPerOp)
 		}
 	}
 	if fb, ok := be.(fullBackend); ok {
@@ -261,7 +258,7 @@ func runStore(c *config, be backend) {
 		progress("wrote %s", c.out)
 	}
 	for _, g := range res.goals(c, be) {
-		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measured)
+		progress("goal %-40s %s (%s)", g.name, g.verdict(), g.measure)
 	}
 }
 
@@ -331,7 +328,7 @@ func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
 			a.r.errors++
 			time.Sleep(time.Millisecond)
 		case rerr != nil:
-			a.r.releaseErrors++
+			a.r.errors++
 		default:
 			a.lats = append(a.lats, int64(took))
 		}
@@ -368,12 +365,36 @@ func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
 func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
 
 func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = &lockerHolder{l: l, keys: keys}
-	}
-	return hs
+	return holdersOf(n, func(int) contend.Holder { return &lockerHolder{l: l, keys: keys} })
 }
+
+// perKeyHolder is a goroutine's hold with a lock of its own per key (newLock), made on the
+// key's first use, for a store's recipe whose lock object belongs to one holder.
+type perKeyHolder[L any] struct {
+	keys         []string
+	newLock      func(key string) L
+	lock, unlock func(ctx context.Context, l L) error
+	ls           map[int]L
+	held         L
+}
+
+func (h *perKeyHolder[L]) Lock(ctx context.Context, k int) (int64, error) {
+	l, ok := h.ls[k]
+	if !ok {
+		if h.ls == nil {
+			h.ls = map[int]L{}
+		}
+		l = h.newLock(h.keys[k])
+		h.ls[k] = l
+	}
+	if err := h.lock(ctx, l); err != nil {
+		return 0, err
+	}
+	h.held = l
+	return 0, nil
+}
+
+func (h *perKeyHolder[L]) Unlock(ctx context.Context) error { return h.unlock(ctx, h.held) }
 
 // prefixed is keys, each behind prefix: the key names of one row.
 func prefixed(prefix string, keys []string) []string {
@@ -406,10 +427,7 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 	} else {
 		hs = b.be.holders(row, keys, n, &retries)
 	}
-	gs := make([]guard.Guard, len(keys))
-	for i := range gs {
-		gs[i] = guard.New()
-	}
+	gs := newGuards(len(keys))
 	start := time.Now().Add(20 * time.Millisecond)
 	end := start.Add(d)
 	var s0, s1 serverStats
@@ -425,7 +443,7 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 	<-statsDone
 	r := rowResult{
 		ops: cr.Ops, window: d, rate: float64(cr.Ops) / d.Seconds(),
-		errors: cr.Errors, releaseErrors: cr.ReleaseErrors, retries: retries.Load(), firstErr: cr.FirstErr,
+		errors: cr.Errors + cr.ReleaseErrors, retries: retries.Load(), firstErr: cr.FirstErr,
 	}
 	if cr.FirstErr != "" {
 		progress("  %s: first error: %s", row, cr.FirstErr)
@@ -455,22 +473,16 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	})
 	defer done()
 
-	r := rowResult{window: d}
-	var waits []int64
+	all := sumWorkers(wr)
+	r := rowResult{window: d, ops: all.Ops, rate: float64(all.Ops) / d.Seconds(), errors: all.Errors, firstErr: all.FirstErr}
 	for _, w := range wr {
-		r.ops += w.Ops
-		r.errors += w.Errors
-		r.releaseErrors += w.ReleaseErrors
 		r.perProc = append(r.perProc, w.Ops)
-		waits = append(waits, w.Waits...)
 		if w.FirstErr != "" {
 			progress("  %s: a worker's first error: %s", row, w.FirstErr)
-			r.firstErr = cmp.Or(r.firstErr, w.FirstErr)
 		}
 	}
-	r.rate = float64(r.ops) / d.Seconds()
 	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
-	r.p50, r.p99 = percentiles(waits)
+	r.p50, r.p99 = percentiles(all.Waits)
 	r.setServer(s1.sub(s0))
 	r.selfCPU = 0 // the workers' CPU, not this process's
 	return r

@@ -75,65 +75,35 @@ func fsy(x rowResult) float64  { return x.fsyncPerOp }
 func scpu(x rowResult) float64 { return float64(x.serverCPU) }
 func ccpu(x rowResult) float64 { return float64(x.selfCPU) }
 
-// storeGoal is a goal of an etcd or ZooKeeper report: a ratio of two rows' medians against a bound.
-type storeGoal struct {
-	scenario             int
-	name, want, measured string
-	ratio, bound         float64
-	atMost               bool
-}
+func failures(x rowResult) int64        { return x.errors }
+func violations(x rowResult) int64      { return x.violations }
+func fenceViolations(x rowResult) int64 { return x.fenceViolations }
+func retries(x rowResult) int64         { return x.retries }
 
-func (g storeGoal) met() bool {
-	if g.atMost {
-		return g.ratio > 0 && g.ratio <= g.bound
-	}
-	return g.ratio >= g.bound
-}
-
-func (g storeGoal) verdict() string {
-	if g.met() {
-		return "met"
-	}
-	return "missed"
-}
-
-// goals compares medians: scenario 1 on p50 latency against the floor, 2 (and 3, where the
-// store sets it) on critical sections per second against the peer; a scenario that did not
-// run has no goal.
-func (r *storeResults) goals(c *config, be backend) []storeGoal {
+// goals compares medians: scenario 1 on p50 latency against the floor (at most 1.2x), 2 (and
+// 3, where the store sets it) on critical sections per second against the peer (at least
+// 50x, 5x); a scenario that did not run has no goal.
+func (r *storeResults) goals(c *config, be backend) []goal {
 	n, peer := be.notes(), be.peer()
-	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
-	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
-	fl3, pe3 := r.med(3, rowFlight, rate), r.med(3, peer, rate)
-	all := []storeGoal{
-		{
-			scenario: 1,
-			name:     fmt.Sprintf("1. uncontended lock+unlock, flightlock / %s (p50)", n.floorShort), want: "≤ 1.2x", atMost: true, bound: 1.2,
-			ratio:    safeDiv(fl1, fo1),
-			measured: fmt.Sprintf("%.2fx (%s / %s)", safeDiv(fl1, fo1), durStr(time.Duration(fl1)), durStr(time.Duration(fo1))),
-		},
-		{
-			scenario: 2,
-			name:     fmt.Sprintf("2. one hot key, %d goroutines, flightlock / %s", hotGoroutines, n.peerShort), want: "≥ 50x", bound: 50,
-			ratio:    safeDiv(fl2, pe2),
-			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, pe2), fl2, pe2),
-		},
-	}
-	if n.s3Goal {
-		all = append(all, storeGoal{
-			scenario: 3,
-			name:     fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / %s", s3Procs, s3Goroutines, n.peerShort), want: "≥ 5x", bound: 5,
-			ratio:    safeDiv(fl3, pe3),
-			measured: fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, pe3), fl3, pe3),
-		})
-	}
-	var ran []storeGoal
-	for _, g := range all {
-		if c.scenarios[g.scenario] {
-			ran = append(ran, g)
+	var gs []goal
+	add := func(sc int, name, want string, met bool, measured string) {
+		if c.scenarios[sc] {
+			gs = append(gs, goal{name, want, measured, met})
 		}
 	}
-	return ran
+	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
+	ratio := safeDiv(fl1, fo1)
+	add(1, fmt.Sprintf("1. uncontended lock+unlock, flightlock / %s (p50)", n.floorShort), "≤ 1.2x", ratio > 0 && ratio <= 1.2,
+		fmt.Sprintf("%.2fx (%s / %s)", ratio, durStr(time.Duration(fl1)), durStr(time.Duration(fo1))))
+	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
+	add(2, fmt.Sprintf("2. one hot key, %d goroutines, flightlock / %s", hotGoroutines, n.peerShort), "≥ 50x", safeDiv(fl2, pe2) >= 50,
+		fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, pe2), fl2, pe2))
+	if n.s3Goal {
+		fl3, pe3 := r.med(3, rowFlight, rate), r.med(3, peer, rate)
+		add(3, fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / %s", s3Procs, s3Goroutines, n.peerShort), "≥ 5x", safeDiv(fl3, pe3) >= 5,
+			fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, pe3), fl3, pe3))
+	}
+	return gs
 }
 
 func safeDiv(a, b float64) float64 {
@@ -169,8 +139,8 @@ func violCell(row string, inside, fence int64) string {
 
 // violCell is violCell of a row's violations summed over the repetitions of a scenario.
 func (r *storeResults) violCell(scenario int, row string) string {
-	return violCell(row, r.sum(scenario, row, func(x rowResult) int64 { return x.violations }),
-		r.sum(scenario, row, func(x rowResult) int64 { return x.fenceViolations }))
+	return violCell(row, r.sum(scenario, row, violations),
+		r.sum(scenario, row, fenceViolations))
 }
 
 // durStr writes a duration of a backend's report.
@@ -208,7 +178,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("| goal | wanted | measured | verdict |")
 		p("|---|---|---|---|")
 		for _, g := range goals {
-			p("| %s | %s | %s | **%s** |", g.name, g.want, g.measured, g.verdict())
+			p("| %s | %s | %s | **%s** |", g.name, g.target, g.measure, g.verdict())
 		}
 		p("")
 	}
@@ -227,7 +197,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 				perRep(xs, func(x rowResult) string { return durStr(x.p50) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
 				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
-				r.sum(1, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+				r.sum(1, row, failures))
 		}
 		p("")
 		p("%s", n.s1Ratios(r))
@@ -269,16 +239,16 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range []string{rowFloor, rowFlight, peer} {
 			xs := r.rows[4][row]
-			retries := "n/a"
+			retried := "n/a"
 			if row == rowFloor {
-				retries = fmt.Sprint(r.sum(4, row, func(x rowResult) int64 { return x.retries }))
+				retried = fmt.Sprint(r.sum(4, row, retries))
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
 				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
 				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
-				r.violCell(4, row), retries,
-				r.sum(4, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+				r.violCell(4, row), retried,
+				r.sum(4, row, failures))
 		}
 		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, peer, rate)
 		var perRepRatios []string
@@ -339,14 +309,14 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
 			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
 			r.violCell(sc, row),
-			r.sum(sc, row, func(x rowResult) int64 { return x.errors + x.releaseErrors }))
+			r.sum(sc, row, failures))
 	}
 	p("")
 	p("flightlock / %s: %.1fx.", n.peerShort, safeDiv(r.med(sc, rowFlight, rate), r.med(sc, peer, rate)))
 	p("")
 	for _, row := range []string{rowFlight, peer} {
 		for i, x := range r.rows[sc][row] {
-			if e := x.errors + x.releaseErrors; e > 0 {
+			if e := x.errors; e > 0 {
 				p("%s, repetition %d: %d errors, the first `%s`.", n.labels[row], i+1, e, x.firstErr)
 				p("")
 			}
@@ -391,10 +361,10 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 			var viol, fenceViol, errs int64
 			for _, x := range ax.points {
 				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), durStr(time.Duration(ax.res.med(x, row, p99))))
-				if rt := ax.res.sum(x, row, func(x rowResult) int64 { return x.retries }); rt > 0 {
+				if rt := ax.res.sum(x, row, retries); rt > 0 {
 					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
 				}
-				e := ax.res.sum(x, row, func(x rowResult) int64 { return x.errors + x.releaseErrors })
+				e := ax.res.sum(x, row, failures)
 				if e > 0 {
 					cell += fmt.Sprintf("<br>%d errors", e)
 				}
@@ -403,13 +373,13 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 					cell += fmt.Sprintf("<br>**%d violations**", v)
 				}
 				line += cell + " |"
-				viol += ax.res.sum(x, row, func(x rowResult) int64 { return x.violations })
-				fenceViol += ax.res.sum(x, row, func(x rowResult) int64 { return x.fenceViolations })
+				viol += ax.res.sum(x, row, violations)
+				fenceViol += ax.res.sum(x, row, fenceViolations)
 				errs += e
 			}
 			fall := "n/a"
 			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
-				fall = fallsWords(f)
+				fall = fallWords(f, "s")
 			}
 			p("%s %s | %s | %d |", line, fall, violCell(row, viol, fenceViol), errs)
 		}
@@ -422,19 +392,11 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
 			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
 			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallsWords(f))
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallWords(f, "s"))
 				p("")
 			}
 		}
 	}
-}
-
-// fallsWords says a fall factor f (above 1: fewer at the last point) in words.
-func fallsWords(f float64) string {
-	if f >= 1 {
-		return fmt.Sprintf("falls %.2fx", f)
-	}
-	return fmt.Sprintf("grows %.2fx", 1/f)
 }
 
 // memorySection writes scenario 9: what each held lock and each waiter costs.
@@ -550,24 +512,6 @@ type httpResults struct {
 	idleCPU  float64   // cores this process used with every system up and no load
 	conf     string
 	note     string // why the scenario did not run
-}
-
-// medOf is the median of one figure over a row's runs.
-func medOf(runs []map[string]float64, name string) float64 {
-	var v []float64
-	for _, m := range runs {
-		v = append(v, m[name])
-	}
-	return stat.Median(v)
-}
-
-// worstOf is the largest value of one figure over a row's runs.
-func worstOf(runs []map[string]float64, name string) float64 {
-	var w float64
-	for _, m := range runs {
-		w = max(w, m[name])
-	}
-	return w
 }
 
 func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer string) {

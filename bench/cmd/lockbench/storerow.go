@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
@@ -16,16 +14,13 @@ import (
 // watchdog). Scenario 1 runs it beside the flightlock row to split the cost of an uncontended
 // lock between the store (scripts, round trips) and the Locker above it.
 type storeImpl struct {
-	client *redis.Client
-	rt     *rtCounter
-	store  *redisstore.RedisStore
+	goredisRow
+	store *redisstore.RedisStore
 }
 
-func newStoreRow(addr string) (impl, error) { return newStoreRowOn(addr, tunedClient) }
-
-func newStoreRowOn(addr string, s clientSetting) (impl, error) {
-	c, h := newClientWith(addr, s)
-	return &storeImpl{client: c, rt: h, store: redisstore.New(c)}, nil
+func newStoreRow(addr string, s clientSetting) (impl, error) {
+	c := newClient(addr, s)
+	return &storeImpl{goredisRow: c, store: redisstore.New(c.client)}, nil
 }
 
 func (s *storeImpl) key(base string) string { return "fls:" + base }
@@ -51,5 +46,4 @@ func (s *storeImpl) unlock(ctx context.Context, key string, h any) error {
 	return err
 }
 
-func (s *storeImpl) roundTrips() int64 { return s.rt.load() }
-func (s *storeImpl) close()            { _ = s.store.Close(); _ = s.client.Close() }
+func (s *storeImpl) close() { _ = s.store.Close(); _ = s.client.Close() }

@@ -16,7 +16,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
-	"github.com/flightlock/flightlock/bench/internal/logchart"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -129,7 +128,7 @@ func (b *storeBench) measureAxis(fb fullBackend, name string, points []int, rows
 		r := run(row, x, rep)
 		ax.res.add(x, row, r)
 		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  %s/CS %.2f",
-			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors+r.releaseErrors, fb.notes().reqUnit, r.reqPerOp)
+			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors, fb.notes().reqUnit, r.reqPerOp)
 	})
 	return ax
 }
@@ -170,19 +169,8 @@ func chartPath(out, axis string) string {
 // left out.
 func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
 	labels := b.be.notes().plotLabels
-	c := logchart.Chart{
-		Title:  fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()),
-		XLabel: ax.name + " (log)", YLabel: "critical sections / s (log)", X: ax.points, XTick: func(x int) string { return fmt.Sprint(x) },
-	}
-	for _, row := range ax.rows {
-		y := make(map[int]float64, len(ax.points))
-		for _, x := range ax.points {
-			y[x] = ax.res.med(x, row, rate)
-		}
-		c.Lines = append(c.Lines, logchart.Line{Label: labels[row], Color: rowColor(row), Y: y,
-			Bold: row == rowFlight, Dashed: row == rowFloor})
-	}
-	drawn, err := logchart.Draw(path, c)
+	drawn, err := drawChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()), ax.name+" (log)",
+		ax.points, ax.rows, func(row string) string { return labels[row] }, func(x int, row string) float64 { return ax.res.med(x, row, rate) })
 	if err == nil && !drawn {
 		err = fmt.Errorf("no row measured a critical section on the %s axis", ax.name)
 	}
@@ -463,28 +451,42 @@ func (b *storeBench) holdFlight(n int) holdResult {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("m6h-%d", i)
 	}
-	leases := make([]*flightlock.Lease, n)
-	return b.hold(rowFlight, n,
-		func(ctx context.Context, i int) error {
-			lease, err := l.Lock(ctx, fmt.Sprintf("m6w-%d", i))
-			if err != nil {
-				return err
-			}
-			return lease.Release(ctx)
-		},
-		func(ctx context.Context, i int) (err error) {
-			leases[i], err = l.Lock(ctx, keys[i])
+	warm, lock, unlock, leases := heldKeys(keys, func(i int) string { return fmt.Sprintf("m6w-%d", i) }, l.Lock,
+		func(ctx context.Context, _ string, lease *flightlock.Lease) error { return lease.Release(ctx) })
+	return b.hold(rowFlight, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+}
+
+// heldKeys are the steps of a holding row of scenario 9 on keys, whatever its store and lock:
+// warm takes and releases warmKey(i), lock holds keys[i] (its handle kept in held, which the
+// caller keeps live through the measurement), unlock releases it if it is held.
+func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func(ctx context.Context, key string) (H, error),
+	unlock func(ctx context.Context, key string, h H) error,
+) (warm, lockI, unlockI func(ctx context.Context, i int) error, held []H) {
+	held = make([]H, len(keys))
+	var none H
+	warm = func(ctx context.Context, i int) error {
+		h, err := lock(ctx, warmKey(i))
+		if err != nil {
 			return err
-		},
-		func(ctx context.Context, i int) error {
-			if leases[i] == nil {
-				return nil
-			}
-			err := leases[i].Release(ctx)
-			leases[i] = nil
-			return err
-		},
-		func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+		}
+		return unlock(ctx, warmKey(i), h)
+	}
+	lockI = func(ctx context.Context, i int) error {
+		h, err := lock(ctx, keys[i])
+		if err == nil {
+			held[i] = h
+		}
+		return err
+	}
+	unlockI = func(ctx context.Context, i int) error {
+		if held[i] == none {
+			return nil
+		}
+		err := unlock(ctx, keys[i], held[i])
+		held[i] = none
+		return err
+	}
+	return warm, lockI, unlockI, held
 }
 
 // hold measures one holding row: warm (up to holdWarm locks of other keys taken and released

@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,28 +48,6 @@ type workerResult struct {
 	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
 }
 
-// workerCommand is the command line of one worker.
-func workerCommand(args ...string) *exec.Cmd {
-	self, err := os.Executable()
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
-	return exec.Command(self, append([]string{workerArg}, args...)...)
-}
-
-// startWorkers starts procs workers with args and waits (up to ready) until each says READY.
-func startWorkers(row string, procs int, args []string, ready time.Duration) *workerproc.Group {
-	cmds := make([]*exec.Cmd, procs)
-	for i := range cmds {
-		cmds[i] = workerCommand(args...)
-	}
-	grp, err := workerproc.StartGroup(cmds, workers, ready)
-	if err != nil {
-		fatalf("workers of %s: %v", row, err)
-	}
-	return grp
-}
-
 // workerRun runs one measurement in procs worker processes of row: it maps the guard file they
 // all share (and with spanFile the whole hold's beside it, for a semaphore or read-write row),
 // starts the workers with args and the file's -shm flag, releases them at a start lead after
@@ -90,13 +68,9 @@ func workerRun(row, key string, procs int, spanFile bool, args []string, lead, w
 		}
 		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
 	}
-	grp := startWorkers(row, procs, append(args, "-shm", shm), time.Minute)
-	start := time.Now().Add(lead)
-	grp.Release(start)
-	during(start)
-	lines, err := grp.Results(within)
+	lines, _, err := workerproc.Run(procs, slices.Concat([]string{workerArg}, args, []string{"-shm", shm}), workers, lead, within, during)
 	if err != nil {
-		fatalf("%s: %v", row, err)
+		fatalf("workers of %s: %v", row, err)
 	}
 	return workerResults(lines), cs, span, done
 }

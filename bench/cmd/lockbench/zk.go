@@ -319,34 +319,6 @@ func (b *zkBackend) s1Op(row, rep string) func(ctx context.Context, i int) (rele
 	panic("scenario 1: no row " + row)
 }
 
-// zkLockHolder is a goroutine's zk.NewLock on each key it uses, made on the key's first use:
-// a zk.Lock is one holder's (it remembers the node it created), and every holder of a process
-// shares the process's session, as the goroutines of a service share its client.
-type zkLockHolder struct {
-	conn *zk.Conn
-	acl  []zk.ACL
-	keys []string
-	ls   map[int]*zk.Lock
-	held *zk.Lock
-}
-
-// Lock takes key k. The recipe takes no context: it waits until it holds the lock or the
-// session fails, so the Lock's bound does not apply to this row.
-func (h *zkLockHolder) Lock(_ context.Context, k int) (int64, error) {
-	l := h.ls[k]
-	if l == nil {
-		l = zk.NewLock(h.conn, zkLockRoot+"/"+h.keys[k], h.acl)
-		h.ls[k] = l
-	}
-	if err := l.Lock(); err != nil {
-		return 0, err
-	}
-	h.held = l
-	return 0, nil
-}
-
-func (h *zkLockHolder) Unlock(context.Context) error { return h.held.Unlock() }
-
 // holders returns n zk.NewLock holders on the benchmark's session.
 func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) []contend.Holder {
 	if row != rowZKLock {
@@ -356,11 +328,16 @@ func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) [
 }
 
 func zkLockHolders(conn *zk.Conn, acl []zk.ACL, keys []string, n int) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = &zkLockHolder{conn: conn, acl: acl, keys: keys, ls: map[int]*zk.Lock{}}
-	}
-	return hs
+	// A zk.Lock is one holder's (it remembers the node it created); every holder of a process
+	// shares the process's session, as the goroutines of a service share its client. The recipe
+	// takes no context: it waits until it holds the lock or the session fails, so the Lock's
+	// bound does not apply to this row.
+	return holdersOf(n, func(int) contend.Holder {
+		return &perKeyHolder[*zk.Lock]{keys: keys,
+			newLock: func(key string) *zk.Lock { return zk.NewLock(conn, zkLockRoot+"/"+key, acl) },
+			lock:    func(_ context.Context, l *zk.Lock) error { return l.Lock() },
+			unlock:  func(_ context.Context, l *zk.Lock) error { return l.Unlock() }}
+	})
 }
 
 // workerPeer builds zk.NewLock holders in a worker, on a session of its own.
@@ -505,11 +482,11 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
 			perOp(r.med(2, rowFlight, reqs)), perOp(r.med(3, rowFlight, reqs)),
 			fl2, safeDiv(fl2, zl2), fl3, safeDiv(fl3, zl3),
-			r.sum(2, rowFlight, zkViolations)+r.sum(3, rowFlight, zkViolations),
-			r.sum(2, rowFlight, zkFenceViolations)+r.sum(3, rowFlight, zkFenceViolations),
-			r.sum(2, rowZKLock, zkViolations)+r.sum(3, rowZKLock, zkViolations)))
+			r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
+			r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations),
+			r.sum(2, rowZKLock, violations)+r.sum(3, rowZKLock, violations)))
 	}
-	if n := r.sum(2, rowFlight, zkErrors) + r.sum(3, rowFlight, zkErrors); n > 0 {
+	if n := r.sum(2, rowFlight, failures) + r.sum(3, rowFlight, failures); n > 0 {
 		parts = append(parts, fmt.Sprintf("flightlock's Locks failed %d times in scenarios 2 and 3 of this run (the "+
 			"first errors are under their tables): its rows there count what got through before, and are not the "+
 			"store's throughput on a hot key.", n))
@@ -519,10 +496,6 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 		p("")
 	}
 }
-
-func zkViolations(x rowResult) int64      { return x.violations }
-func zkErrors(x rowResult) int64          { return x.errors + x.releaseErrors }
-func zkFenceViolations(x rowResult) int64 { return x.fenceViolations }
 
 // zkPointer is the main report's section on the ZooKeeper rows: a pointer to their report
 // (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,

@@ -44,8 +44,8 @@ func (s *Set) KillAll() {
 	}
 }
 
-// ReadLine reads one line from r without its line ending, giving up after within.
-func ReadLine(r *bufio.Reader, within time.Duration) (string, error) {
+// readLine reads one line from r without its line ending, giving up after within.
+func readLine(r *bufio.Reader, within time.Duration) (string, error) {
 	type res struct {
 		s   string
 		err error
@@ -63,52 +63,77 @@ func ReadLine(r *bufio.Reader, within time.Duration) (string, error) {
 	}
 }
 
-// Group is the workers of one measurement, started together.
-type Group struct {
-	Procs   []*Proc
+// Run re-executes this binary as procs workers with args, tracked in set, waits up to a
+// minute for each to say READY, sends them all a start lead ahead, calls during(start) (nil:
+// nothing) and returns their result lines, waiting up to within for each, and the start.
+func Run(procs int, args []string, set *Set, lead, within time.Duration, during func(start time.Time)) ([]string, time.Time, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	cmds := make([]*exec.Cmd, procs)
+	for i := range cmds {
+		cmds[i] = exec.Command(self, args...)
+	}
+	g, err := startGroup(cmds, set, time.Minute)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	start := time.Now().Add(lead)
+	g.release(start)
+	if during != nil {
+		during(start)
+	}
+	lines, err := g.results(within)
+	return lines, start, err
+}
+
+// group is the workers of one measurement, started together.
+type group struct {
+	Procs   []*proc
 	set     *Set
 	untrack []func()
 }
 
-// StartGroup starts a worker per command, tracked in set, and waits up to ready for each
+// startGroup starts a worker per command, tracked in set, and waits up to ready for each
 // one's READY line (it has connected and warmed up).
-func StartGroup(cmds []*exec.Cmd, set *Set, ready time.Duration) (*Group, error) {
-	g := &Group{set: set}
+func startGroup(cmds []*exec.Cmd, set *Set, ready time.Duration) (*group, error) {
+	g := &group{set: set}
 	for _, cmd := range cmds {
-		p, err := Start(cmd)
+		p, err := start(cmd)
 		if err != nil {
-			g.Kill()
+			g.kill()
 			return nil, err
 		}
 		g.Procs = append(g.Procs, p)
 		g.untrack = append(g.untrack, set.Track(cmd))
 	}
 	for i, p := range g.Procs {
-		line, err := ReadLine(p.Out, ready)
+		line, err := readLine(p.Out, ready)
 		if err != nil || line != "READY" {
-			g.Kill()
+			g.kill()
 			return nil, fmt.Errorf("worker %d (pid %d) not ready: %q %v", i, p.Cmd.Process.Pid, line, err)
 		}
 	}
 	return g, nil
 }
 
-// Release sends every worker the common start time.
-func (g *Group) Release(start time.Time) {
+// release sends every worker the common start time.
+func (g *group) release(start time.Time) {
 	for _, p := range g.Procs {
 		_, _ = fmt.Fprintf(p.Stdin, "%d\n", start.UnixNano())
 		_ = p.Stdin.Close()
 	}
 }
 
-// Results reads each worker's result line, waiting up to within for each, and waits for the
+// results reads each worker's result line, waiting up to within for each, and waits for the
 // workers to exit (after their own clean-up, which releases what they hold on the server).
-func (g *Group) Results(within time.Duration) ([]string, error) {
+func (g *group) results(within time.Duration) ([]string, error) {
 	lines := make([]string, len(g.Procs))
 	for i, p := range g.Procs {
-		line, err := ReadLine(p.Out, within)
+		line, err := readLine(p.Out, within)
 		if err != nil {
-			g.Kill()
+			g.kill()
 			return nil, fmt.Errorf("worker %d (pid %d): no result: %v", i, p.Cmd.Process.Pid, err)
 		}
 		lines[i] = line
@@ -121,8 +146,8 @@ func (g *Group) Results(within time.Duration) ([]string, error) {
 	return lines, nil
 }
 
-// Kill kills the workers that are still running, waits for them and untracks them.
-func (g *Group) Kill() {
+// kill kills the workers that are still running, waits for them and untracks them.
+func (g *group) kill() {
 	for i, p := range g.Procs {
 		_ = p.Cmd.Process.Kill() // a no-op for a worker that has exited
 		_ = p.Cmd.Wait()

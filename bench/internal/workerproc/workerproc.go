@@ -1,7 +1,7 @@
 // Package workerproc starts the worker processes of the benchmarks' multi-process scenarios
-// (lockbench re-executes itself as workers): the parent writes the common
-// start time to a worker's standard input and reads its READY line and its result from its
-// standard output.
+// (lockbench and hotkey re-execute themselves as workers): the parent writes the common start
+// time to a worker's standard input and reads its READY line and its result from its standard
+// output.
 package workerproc
 
 import (
@@ -14,16 +14,16 @@ import (
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
-// Proc is a started worker.
-type Proc struct {
+// proc is a started worker.
+type proc struct {
 	Cmd   *exec.Cmd
 	Stdin io.WriteCloser
 	Out   *bufio.Reader
 }
 
-// Start starts cmd (its standard error goes to this process's) with pipes to its standard
+// start starts cmd (its standard error goes to this process's) with pipes to its standard
 // input and output.
-func Start(cmd *exec.Cmd) (*Proc, error) {
+func start(cmd *exec.Cmd) (*proc, error) {
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -37,5 +37,5 @@ func Start(cmd *exec.Cmd) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start worker: %w", err)
 	}
-	return &Proc{Cmd: cmd, Stdin: in, Out: bufio.NewReader(out)}, nil
+	return &proc{Cmd: cmd, Stdin: in, Out: bufio.NewReader(out)}, nil
 }
