@@ -27,7 +27,7 @@ var rwMixes = []int{90, 50}
 // rwRows are scenario 11's rows.
 func rwRows() []rowSpec {
 	return []rowSpec{
-		{id: "flightlock-rw", lib: "flightlock, WithRead for reads", wait: "a process's readers share one hold; writer preference; release notification",
+		{id: "flightlock-rw", lib: "flightlock, WithRead for reads", wait: "a process's readers share one hold, and take turns with its writers in the gate; writer preference; release notification",
 			rw: true, build: newFlightlockRW},
 		{id: "poll-rw", lib: "naive SET NX + ZSET read-write lock", wait: "poll " + semPoll.String(), rw: true, build: newPollRW},
 	}
@@ -250,8 +250,10 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("| row | waiting for a busy key |\n|---|---|\n")
 	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
 		"those within the handoff window join it with no round trip, the last releases it);"+
-		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; a writer refused"+
-		" because of readers marks the key and new readers wait for it; waiters wake on the release notification or the retry delays |\n", rwRows()[0].label())
+		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; while a writer of the process"+
+		" holds or waits for the key, the process's readers queue behind it in the gate and then share its store lock together (handed"+
+		" on as between writers, no store command); a writer refused because of readers marks the key and new readers wait for it;"+
+		" waiters wake on the release notification or the retry delays |\n", rwRows()[0].label())
 	w("| %s | a writer `SET w NX PX`, polling every %v while another writer holds it, then polls `ZCOUNT` of the readers every %v until none is left;"+
 		" a reader pipelines `ZADD` of itself + `PEXPIRE` + `EXISTS w`, and if a writer holds `w` takes itself out (`ZREM`) and polls `EXISTS w` every %v |\n",
 		rwRows()[1].label(), semPoll, semPoll, semPoll)
