@@ -3,6 +3,8 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -45,24 +47,20 @@ func lineLen(t *testing.T, cli *clientv3.Client, key string) int64 {
 func TestFairLocksGrantInRequestOrderAcrossProcesses(t *testing.T) {
 	c := etcdtest.Start(t)
 	lockers := fairLockers(t, c, 4)
+	cli := c.Client(t)
 	ctx := bg(t)
 	first, err := lockers[0].Lock(ctx, "ticket")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const waiters, spacing = 12, 40 * time.Millisecond
+	const waiters = 12
 	var (
 		mu      sync.Mutex
-		began   = make([]time.Time, waiters) // guarded by mu
-		granted []int                        // guarded by mu: waiters in grant order
+		granted []int // guarded by mu: waiters in grant order
 		wg      sync.WaitGroup
 	)
 	for i := range waiters {
-		time.Sleep(spacing)
 		wg.Go(func() {
-			mu.Lock()
-			began[i] = time.Now()
-			mu.Unlock()
 			lease, err := lockers[i%4].Lock(ctx, "ticket")
 			if err != nil {
 				t.Errorf("waiter %d: %v", i, err)
@@ -76,24 +74,24 @@ func TestFairLocksGrantInRequestOrderAcrossProcesses(t *testing.T) {
 				t.Errorf("waiter %d release: %v", i, err)
 			}
 		})
+		// The line says when a waiter has asked: the next one starts only then, so that the
+		// order of asking is the order of i on a loaded machine too.
+		waitFor(t, 10*time.Second, fmt.Sprintf("waiter %d in the line", i), func() bool {
+			return lineLen(t, cli, "lock:ticket") == int64(i+1)
+		})
 	}
-	time.Sleep(200 * time.Millisecond) // every waiter is in line
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	// A waiter may go before one that began less than skew earlier: the line is ordered by
-	// when the first attempts reached etcd.
-	const skew = 20 * time.Millisecond
-	for g := 1; g < len(granted); g++ {
-		before, after := granted[g-1], granted[g]
-		if began[after].Add(skew).Before(began[before]) {
-			t.Errorf("waiter %d (began %v) granted before waiter %d (began %v earlier)",
-				before, began[before].Sub(began[0]), after, began[before].Sub(began[after]))
-		}
+	want := make([]int, waiters)
+	for i := range want {
+		want[i] = i
 	}
-	t.Logf("grant order %v", granted)
-	if n := lineLen(t, c.Client(t), "lock:ticket"); n != 0 {
+	if !slices.Equal(granted, want) {
+		t.Fatalf("granted in order %v, asked in %v", granted, want)
+	}
+	if n := lineLen(t, cli, "lock:ticket"); n != 0 {
 		t.Fatalf("%d places left in line", n)
 	}
 }
