@@ -63,6 +63,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
 	t.Run("FairWriterHoldsNewReadersOff", s.fairWriterHoldsNewReadersOff)
 	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
+	t.Run("ReadersAndWritersOfAProcessTakeTurns", s.readersAndWritersOfAProcessTakeTurns)
 	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
 	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
 	t.Run("CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults)
@@ -480,6 +481,103 @@ func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
 	_ = a.Release(ctx)
 	mustBeBusy(t, ctx, w, k, "a write while one of two sharing readers holds")
 	_ = b.Release(ctx)
+}
+
+// The readers and writers of a process take turns on one store lock: readers that wait behind
+// a writer of the process share one grant after it, with one fence at least the write's, while
+// a writer elsewhere is refused; it takes the key after them with a larger fence. Across two
+// processes that each read and write the key, no write overlaps a read or another write.
+func (s suite) readersAndWritersOfAProcessTakeTurns(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	w, r := s.readWrite(t, flightlock.WithWait(10*time.Second), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
+	elsewhere := s.locker(t, flightlock.WithMode(flightlock.Reject))
+	first := mustLock(t, flightlock.NewOwner(ctx), w, k)
+	const readers = 4
+	reads := make(chan *flightlock.Lease, readers)
+	for range readers {
+		go func() {
+			lease, err := r.Lock(flightlock.NewOwner(ctx), k)
+			if err != nil {
+				t.Error(err)
+			}
+			reads <- lease
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // they wait behind the writer; a late one joins them
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*flightlock.Lease
+	for range readers {
+		lease := <-reads
+		if lease == nil {
+			t.FailNow()
+		}
+		leases = append(leases, lease)
+		if lease.Fence() != leases[0].Fence() || lease.Fence() < first.Fence() {
+			t.Fatalf("reader fences %d and %d, want one fence at least the write's %d", leases[0].Fence(), lease.Fence(), first.Fence())
+		}
+	}
+	mustBeBusy(t, ctx, elsewhere, k, "a write elsewhere beside the readers of a process")
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x := lockWithin(t, elsewhere, k, 5*time.Second)
+	if x.Fence() <= leases[0].Fence() {
+		t.Fatalf("the write elsewhere after the readers: fence %d, want above theirs %d", x.Fence(), leases[0].Fence())
+	}
+	_ = x.Release(ctx)
+
+	var inside struct {
+		sync.Mutex
+		readers, writers, overlaps int
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		w, r := s.readWrite(t, flightlock.WithWait(30*time.Second))
+		for i := range 4 {
+			l, write := r, i == 3
+			if write {
+				l = w
+			}
+			wg.Go(func() {
+				for range 15 {
+					lease, err := l.Lock(flightlock.NewOwner(ctx), k)
+					if err != nil {
+						t.Errorf("Lock (write %v): %v", write, err)
+						return
+					}
+					inside.Lock()
+					if inside.writers > 0 || (write && inside.readers > 0) {
+						inside.overlaps++
+					}
+					if write {
+						inside.writers++
+					} else {
+						inside.readers++
+					}
+					inside.Unlock()
+					time.Sleep(time.Millisecond)
+					inside.Lock()
+					if write {
+						inside.writers--
+					} else {
+						inside.readers--
+					}
+					inside.Unlock()
+					if err := lease.Release(ctx); err != nil {
+						t.Errorf("Release: %v", err)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if inside.overlaps > 0 {
+		t.Fatalf("a write overlapped a read or a write %d times", inside.overlaps)
+	}
 }
 
 // A writer refused by readers is told the metadata of a reader that holds the key, never of
