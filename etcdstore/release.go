@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -105,19 +106,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	if lockstore.IsReadOwner(owner) {
 		return s.releaseShared(ctx, key, owner, hold)
 	}
-	if e, ok := s.entry(key, owner); ok && e.simple && e.own && e.modRev > 0 && hold == "" {
-		// No else branch: reading there costs every release, and the compare fails only for a
-		// lock re-entered from elsewhere or lost.
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
-			Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
-			Commit()
-		if err != nil {
-			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
-		}
-		if resp.Succeeded {
-			s.forget(key, owner)
-			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+	if hold == "" {
+		if n, done, err := s.releaseAtOnce(ctx, key, owner, lastFence); done {
+			return n, err
 		}
 	}
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
@@ -150,31 +141,9 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 			s.released(key, owner, hold)
 			return 0, lockstore.ErrNotHeld
 		}
-		nv, left := v.withoutHold(hold)
-		e, _ := s.entry(key, owner)
-		nv.last = max(nv.last, lastFence, e.last)
-		var ops []clientv3.Op
-		switch {
-		case left && hold == "":
-			// Only re-entries from other processes are left: off the session lease.
-			if moved == 0 {
-				l, err := s.cli.Grant(ctx, v.secs)
-				if err != nil {
-					return 0, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
-				}
-				moved = l.ID
-			}
-			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithLease(moved))}
-		case left:
-			ops = []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}
-		default:
-			// An unreadable floor (written by hand) is left for the next acquisition to
-			// refuse (top 0 writes none); the lock is released all the same.
-			fence, err := fenceOf(kv.CreateRevision, floor)
-			if err == nil {
-				fence = max(fence, nv.last)
-			}
-			ops = deleteOps(key, kv.CreateRevision, fence, err == nil && floor != nil)
+		ops, left, err := s.releaseOps(ctx, key, owner, hold, lastFence, v, kv, floor, &moved)
+		if err != nil {
+			return 0, err
 		}
 		resp, err := s.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
@@ -205,6 +174,60 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		s.released(key, owner, hold)
 		return 0, nil
 	}
+}
+
+// releaseAtOnce is the one-transaction release of a plain lock this store took and knows
+// unchanged; done is false when it does not apply or the key changed since (read and compare).
+func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence int64) (n int, done bool, err error) {
+	e, ok := s.entry(key, owner)
+	if !ok || !e.simple || !e.own || e.modRev == 0 {
+		return 0, false, nil
+	}
+	// No else branch: reading there costs every release, and the compare fails only for a
+	// lock re-entered from elsewhere or lost.
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
+		Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
+		Commit()
+	if err != nil {
+		return 0, true, fmt.Errorf("flightlock: release %q: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return 0, false, nil
+	}
+	s.forget(key, owner)
+	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), true, nil
+}
+
+// releaseOps are the writes that release hold (or the owner's own hold) from the lock value v
+// read in kv, with its floor: the value without it, or the key's deletion when no hold is
+// left (left is false). Holds of other processes left alone move off the session lease, onto
+// *moved, granted here once per release.
+func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFence int64, v lockValue, kv, floor *mvccpb.KeyValue, moved *clientv3.LeaseID) (ops []clientv3.Op, left bool, err error) {
+	nv, left := v.withoutHold(hold)
+	e, _ := s.entry(key, owner)
+	nv.last = max(nv.last, lastFence, e.last)
+	switch {
+	case left && hold == "":
+		// Only re-entries from other processes are left: off the session lease.
+		if *moved == 0 {
+			l, err := s.cli.Grant(ctx, v.secs)
+			if err != nil {
+				return nil, true, fmt.Errorf("flightlock: release %q: lease for the re-entries left: %w", key, err)
+			}
+			*moved = l.ID
+		}
+		return []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithLease(*moved))}, true, nil
+	case left:
+		return []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}, true, nil
+	}
+	// An unreadable floor (written by hand) is left for the next acquisition to refuse (top 0
+	// writes none); the lock is released all the same.
+	fence, ferr := fenceOf(kv.CreateRevision, floor)
+	if ferr == nil {
+		fence = max(fence, nv.last)
+	}
+	return deleteOps(key, kv.CreateRevision, fence, ferr == nil && floor != nil), false, nil
 }
 
 // releaseFailed records a release that may not have happened, for the store to retry.
