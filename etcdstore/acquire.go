@@ -435,7 +435,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	if err := checkHold(hold, false); err != nil {
+	if err := lockstore.CheckHold(hold, false); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if s.isClosed() {

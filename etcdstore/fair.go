@@ -2,7 +2,6 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -154,11 +153,8 @@ func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease
 // LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
 // the key's waiters, so that the next in line takes a free key at once.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
-	if err := checkKey(key); err != nil {
+	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err
-	}
-	if owner == "" {
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	}
 	if s.isClosed() {
 		return errStoreClosed

@@ -43,12 +43,6 @@ import (
 // writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
 
-// FenceRevision returns the revision of the grant that minted fence, or one above it (the floor
-// offset and a grant's handoffs add less than 2<<fenceShift through the Locker). A later grant's
-// holder writes at a revision at least two above, so "written before FenceRevision(fence)"
-// tells a record of an earlier grant from a later one's (the middleware's shared responses).
-func FenceRevision(fence int64) int64 { return fence >> fenceShift }
-
 // Capabilities implements lockstore.Store. MaxHandoffs is half of the 2<<fenceShift fences a
 // grant has room for (a handoff hands out one), so that the bound holds with room to spare.
 // etcd watches cost a goroutine each, so watches are not shared.

@@ -33,10 +33,8 @@ const (
 // read (EventResumed) and reports what changed meanwhile; it gives up only when etcd stays
 // unreachable for opts.Timeout. opts.Interval is not used: etcd tells every change.
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
+	opts = opts.WithDefaults()
 	w := &etcdWatch{in: in, pattern: pattern, skip: opts.Skip, fn: fn, timeout: opts.Timeout}
-	if w.timeout <= 0 {
-		w.timeout = lockstore.DefaultWatchTimeout
-	}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	locks, rev, err := in.listed(rctx, pattern, w.skip)
 	cancel()

@@ -27,13 +27,10 @@ import (
 // back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
 // it never holds the caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := checkKey(key); err != nil {
+	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return 0, err
 	}
-	if err := checkOwner(owner); err != nil {
-		return 0, err
-	}
-	if err := checkHold(hold, true); err != nil {
+	if err := lockstore.CheckHold(hold, true); err != nil {
 		return 0, err
 	}
 	if s.isClosed() {

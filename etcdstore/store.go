@@ -307,45 +307,25 @@ func (s *Store) noteBusy(key string, rev int64) {
 	s.mu.Unlock()
 }
 
-// checkArgs refuses what makes no lock (etcd would take an empty owner, or a key among the
-// store's own) and TTLs that a lease of whole seconds cannot honour.
+// checkArgs is lockstore.CheckArgs, then etcd's own refusals: a key among the store's own keys,
+// and a TTL that a lease of whole seconds cannot honour.
 func checkArgs(key, owner string, ttl time.Duration) error {
-	if err := checkKey(key); err != nil {
+	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return err
 	}
-	if err := checkOwner(owner); err != nil {
-		return err
-	}
-	switch {
-	case ttl <= 0:
-		return fmt.Errorf("flightlock: lock TTL must be positive, got %v", ttl)
-	case ttl%time.Second != 0:
+	if ttl%time.Second != 0 {
 		return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
 	}
-	return nil
+	return checkKey(key)
 }
 
-func checkOwner(owner string) error {
-	if owner == "" || strings.ContainsAny(owner, " ") {
-		return errors.New("flightlock: owner token must be non-empty and without spaces")
-	}
-	return nil
-}
-
+// checkKey refuses a key that makes no lock: empty, or among the store's own keys.
 func checkKey(key string) error {
 	switch {
 	case key == "":
 		return errors.New("flightlock: empty lock key")
 	case strings.HasPrefix(key, lockstore.FenceKeyPrefix):
 		return fmt.Errorf("flightlock: lock key %q falls among the store's own keys (%s*)", key, lockstore.FenceKeyPrefix)
-	}
-	return nil
-}
-
-// checkHold refuses hold names that the lock value cannot list.
-func checkHold(hold string, ownAllowed bool) error {
-	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
-		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
 	}
 	return nil
 }
