@@ -25,7 +25,8 @@ const (
 	// GrantPass: received from the previous holder in this process at the end of its turn,
 	// which one store command kept here with a new fence (lockstore.Passer).
 	GrantPass
-	// GrantShared: joined the read hold of another reader of this process (WithRead).
+	// GrantShared: joined the read hold of another reader of this process, or the grant that
+	// the readers queued behind a writer of this process share (WithRead).
 	GrantShared
 )
 

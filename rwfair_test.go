@@ -905,3 +905,78 @@ func TestReadersLeftWithoutALocalWriterShareWithReadersElsewhere(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// A readers' grant of a write lock is lost as any grant is: when the store refuses its
+// renewal, every reader's lease ends with ErrLost, no new reader joins it, and once they are
+// released the key is taken afresh in the store, with a larger fence.
+func TestReadersSharingAWriteLockAllLoseItTogether(t *testing.T) {
+	rs, mr, _ := miniStore(t)
+	fs := &faultStore{Store: rs}
+	ctx := context.Background()
+	w := mustLocker(t, fs, WithTTL(300*time.Millisecond), WithWait(5*time.Second), WithHandoff(DefaultHandoff, time.Hour))
+	r, err := w.With(WithRead())
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const readers = 3
+	reads := make(chan *Lease, readers)
+	for range readers {
+		go func() {
+			lease, err := r.Lock(NewOwner(ctx), "doc")
+			if err != nil {
+				t.Error(err)
+			}
+			reads <- lease
+		}()
+	}
+	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == readers })
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*Lease
+	for range readers {
+		lease := <-reads
+		if lease == nil {
+			t.FailNow()
+		}
+		leases = append(leases, lease)
+	}
+	notHeld := error(ErrNotHeld)
+	fs.failRefresh.Store(&notHeld)
+	mr.Del("lock:doc")
+	waitFor(t, 5*time.Second, "every reader told of the loss", func() bool {
+		for _, l := range leases {
+			if l.Context().Err() == nil {
+				return false
+			}
+		}
+		return true
+	})
+	for _, l := range leases {
+		if cause := context.Cause(l.Context()); !errors.Is(cause, ErrLost) {
+			t.Fatalf("a reader's lease ended with %v, want ErrLost", cause)
+		}
+	}
+	if late, err := r.TryLock(NewOwner(ctx), "doc"); err == nil {
+		t.Fatalf("a new reader joined a lost grant (grant %v)", late.Grant())
+	}
+	fs.failRefresh.Store(nil)
+	for _, l := range leases {
+		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("release of a lost read lease: %v", err)
+		}
+	}
+	next, err := w.Lock(NewOwner(ctx), "doc")
+	if err != nil {
+		t.Fatalf("a write after the lost readers released: %v", err)
+	}
+	if next.Context().Err() != nil || next.Fence() <= leases[0].Fence() {
+		t.Fatalf("the write after the loss: context %v, fence %d, want live and above %d", next.Context().Err(), next.Fence(), leases[0].Fence())
+	}
+	_ = next.Release(ctx)
+	waitFor(t, 5*time.Second, "the gate to empty", func() bool { return w.gateLen() == 0 })
+}
