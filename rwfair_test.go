@@ -789,17 +789,7 @@ func TestReadersAndWritersOfAProcessTakeTurnsOnOneStoreLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	const readers = 6
-	reads := make(chan *Lease, readers)
-	for range readers {
-		go func() {
-			lease, err := r.Lock(NewOwner(ctx), "doc")
-			if err != nil {
-				t.Error(err)
-			}
-			reads <- lease
-		}()
-	}
-	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == readers })
+	reads := queueReaders(t, w, r, readers)
 	wrote := make(chan *Lease, 1)
 	go func() {
 		lease, err := w.Lock(NewOwner(ctx), "doc")
@@ -878,17 +868,7 @@ func TestReadersLeftWithoutALocalWriterShareWithReadersElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads := make(chan *Lease, 3)
-	for range 3 {
-		go func() {
-			lease, err := r.Lock(NewOwner(ctx), "doc")
-			if err != nil {
-				t.Error(err)
-			}
-			reads <- lease
-		}()
-	}
-	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == 3 })
+	reads := queueReaders(t, w, r, 3)
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -923,17 +903,7 @@ func TestReadersSharingAWriteLockAllLoseItTogether(t *testing.T) {
 		t.Fatal(err)
 	}
 	const readers = 3
-	reads := make(chan *Lease, readers)
-	for range readers {
-		go func() {
-			lease, err := r.Lock(NewOwner(ctx), "doc")
-			if err != nil {
-				t.Error(err)
-			}
-			reads <- lease
-		}()
-	}
-	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == readers })
+	reads := queueReaders(t, w, r, readers)
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -979,4 +949,22 @@ func TestReadersSharingAWriteLockAllLoseItTogether(t *testing.T) {
 	}
 	_ = next.Release(ctx)
 	waitFor(t, 5*time.Second, "the gate to empty", func() bool { return w.gateLen() == 0 })
+}
+
+// queueReaders has n readers of r (a reader of w's gate) ask for "doc" while a writer of w
+// holds it, and returns their leases' channel once all n wait in the gate.
+func queueReaders(t *testing.T, w, r *Locker, n int) <-chan *Lease {
+	t.Helper()
+	reads := make(chan *Lease, n)
+	for range n {
+		go func() {
+			lease, err := r.Lock(NewOwner(context.Background()), "doc")
+			if err != nil {
+				t.Error(err)
+			}
+			reads <- lease
+		}()
+	}
+	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == n })
+	return reads
 }
