@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -788,6 +789,9 @@ func TestReadersAndWritersOfAProcessTakeTurnsOnOneStoreLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if late, err := r.TryLock(NewOwner(ctx), "doc"); err == nil {
+		t.Fatalf("a reader joined a write's grant (grant %v)", late.Grant())
+	}
 	const readers = 6
 	reads := queueReaders(t, w, r, readers)
 	wrote := make(chan *Lease, 1)
@@ -967,4 +971,88 @@ func queueReaders(t *testing.T, w, r *Locker, n int) <-chan *Lease {
 	}
 	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == n })
 	return reads
+}
+
+// Readers and writers of two processes, with waits cut short at random, TryLocks and nested
+// writes under reads, never overlap a write, whatever the handoff bounds (which decide when
+// readers share a writer's lock, and when the lock goes back to the store): a read lease gives
+// out no owner token, a write under a read is refused, and both gates empty at the end.
+func TestReadersAndWritersNeverOverlapUnderAnyHandoffBounds(t *testing.T) {
+	for _, hb := range []struct {
+		n      int
+		window time.Duration
+	}{{DefaultHandoff, 3 * time.Millisecond}, {0, 0}, {2, time.Second}, {DefaultHandoff, 50 * time.Microsecond}} {
+		t.Run(fmt.Sprintf("%d handoffs within %v", hb.n, hb.window), func(t *testing.T) {
+			s, _, _ := miniStore(t)
+			ctx := context.Background()
+			var readers, writers, overlaps atomic.Int32
+			var procs [][2]*Locker
+			for range 2 {
+				w := mustLocker(t, s, WithWait(300*time.Millisecond), WithHandoff(hb.n, hb.window))
+				r, err := w.With(WithRead())
+				if err != nil {
+					t.Fatal(err)
+				}
+				procs = append(procs, [2]*Locker{w, r})
+			}
+			end := time.Now().Add(time.Second)
+			var wg sync.WaitGroup
+			for _, p := range procs {
+				for range 4 {
+					wg.Go(func() {
+						for time.Now().Before(end) {
+							read := rand.IntN(10) < 7
+							l := p[0]
+							if read {
+								l = p[1]
+							}
+							lctx, cancel := context.WithTimeout(NewOwner(ctx), time.Duration(rand.IntN(400))*time.Millisecond)
+							lock := l.Lock
+							if rand.IntN(8) == 0 {
+								lock = l.TryLock
+							}
+							lease, err := lock(lctx, "k")
+							if err != nil {
+								cancel()
+								continue
+							}
+							if read {
+								readers.Add(1)
+								if writers.Load() != 0 {
+									overlaps.Add(1)
+								}
+								if lease.Owner() != "" {
+									t.Errorf("a read lease gave out an owner token (grant %v)", lease.Grant())
+								}
+								if rand.IntN(20) == 0 {
+									if _, err := p[0].Lock(lease.Context(), "k"); !errors.Is(err, ErrUpgrade) {
+										t.Errorf("a write under a read: %v, want ErrUpgrade", err)
+									}
+								}
+							} else if writers.Add(1) != 1 || readers.Load() != 0 {
+								overlaps.Add(1)
+							}
+							time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
+							if read {
+								readers.Add(-1)
+							} else {
+								writers.Add(-1)
+							}
+							if err := lease.Release(ctx); err != nil {
+								t.Errorf("Release: %v", err)
+							}
+							cancel()
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if n := overlaps.Load(); n > 0 {
+				t.Fatalf("a write overlapped a read or a write %d times", n)
+			}
+			for _, p := range procs {
+				waitFor(t, 3*time.Second, "the gate to empty", func() bool { return p[0].gateLen() == 0 })
+			}
+		})
+	}
 }
