@@ -809,13 +809,8 @@ func TestReadersAndWritersOfAProcessTakeTurnsOnOneStoreLock(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var leases []*Lease
-	for range readers {
-		lease := <-reads
-		if lease == nil {
-			t.FailNow()
-		}
-		leases = append(leases, lease)
+	leases := receiveLeases(t, reads, readers)
+	for _, lease := range leases {
 		if lease.Fence() <= first.Fence() || lease.Fence() != leases[0].Fence() {
 			t.Fatalf("reader fence %d, want one fence above the write's %d (first reader's %d)", lease.Fence(), first.Fence(), leases[0].Fence())
 		}
@@ -876,12 +871,8 @@ func TestReadersLeftWithoutALocalWriterShareWithReadersElsewhere(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		lease := <-reads
-		if lease == nil {
-			t.FailNow()
-		}
-		defer lease.Release(ctx)
+	for _, l := range receiveLeases(t, reads, 3) {
+		defer l.Release(ctx)
 	}
 	lease, err := other.Lock(NewOwner(ctx), "doc")
 	if err != nil {
@@ -911,14 +902,7 @@ func TestReadersSharingAWriteLockAllLoseItTogether(t *testing.T) {
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var leases []*Lease
-	for range readers {
-		lease := <-reads
-		if lease == nil {
-			t.FailNow()
-		}
-		leases = append(leases, lease)
-	}
+	leases := receiveLeases(t, reads, readers)
 	notHeld := error(ErrNotHeld)
 	fs.failRefresh.Store(&notHeld)
 	mr.Del("lock:doc")
@@ -971,6 +955,20 @@ func queueReaders(t *testing.T, w, r *Locker, n int) <-chan *Lease {
 	}
 	waitFor(t, 5*time.Second, "the readers to queue", func() bool { return w.queued("lock:doc") == n })
 	return reads
+}
+
+// receiveLeases takes n readers' leases from reads; a reader that got none failed the test.
+func receiveLeases(t *testing.T, reads <-chan *Lease, n int) []*Lease {
+	t.Helper()
+	leases := make([]*Lease, 0, n)
+	for range n {
+		lease := <-reads
+		if lease == nil {
+			t.FailNow()
+		}
+		leases = append(leases, lease)
+	}
+	return leases
 }
 
 // Readers and writers of two processes, with waits cut short at random, TryLocks and nested
