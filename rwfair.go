@@ -20,8 +20,9 @@ import (
 // loss ends every reader's lease (ErrLost). While a writer of this process holds or waits for
 // the key, its readers queue behind it in the process and then share its store lock, handed on
 // as between writers; readers elsewhere wait for them as for a writer, and so do the readers
-// of this process that come after the handoff window, until those reads end. A read lock's Fence is the last fence the store
-// handed out for the key: at least the fence of the write it follows, below any later write's.
+// of this process that come after the handoff window, until those reads end. A read lock's
+// Fence is the last fence handed out for the key: at least the fence of the write it follows,
+// below any later write's.
 // A context that holds the key's write lock re-enters it for a read; one that holds a read lock
 // cannot take the write lock (ErrUpgrade). Read locks are not handed to downstream services.
 // New refuses WithRead with WithPermits, WithFair or WithFailOpen.
