@@ -50,13 +50,33 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 }
 
+// acquirePermit is a semaphore's look: one store request for the first free of keys, whose
+// gate slots the caller owns; i is the index of the key granted. b does not wait: one request.
+func (l *Locker) acquirePermit(ctx context.Context, b *budget, keys []string) (h *hold, i int, err error) {
+	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, owner: newOwnerToken(), kind: holdGated}
+	a.meta = l.withKind(ctx)
+	defer a.close()
+	res, sentAt, sent, err := a.call(b)
+	switch {
+	case err != nil:
+		_, err = a.afterError(b, err, sentAt)
+	case res.Acquired:
+		a.key = keys[res.Permit]
+		h, _, err = a.afterGrant(b, res, sent)
+	default:
+		_, err = a.afterBusy(b, res)
+	}
+	return h, res.Permit, err
+}
+
 // acquisition is the state of one acquire. The wait's budget is passed to its methods, not
 // kept in it: a budget pointer kept here would move every Lock's budget to the heap.
 type acquisition struct {
 	l     *Locker
 	ctx   context.Context
-	key   string
-	owner string // changes when an attempt whose outcome is unknown is given back
+	key   string   // with permits: the one granted, once granted
+	keys  []string // a semaphore's look: the permits asked for in one request (acquirePermit)
+	owner string   // changes when an attempt whose outcome is unknown is given back
 	asked time.Time
 	fw    *fairWaiter
 	kind  holdKind
@@ -86,7 +106,7 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	l := a.l
 	callCtx, cancel := l.callContext(a.ctx, b)
 	sentAt, sent = time.Now(), l.k.now()
-	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue})
+	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue, Permits: a.keys})
 	cancel()
 	return res, sentAt, sent, err
 }
@@ -98,8 +118,14 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 	again := a.wait && a.attempt > 0 && !b.spent()
 	if mayHaveRun(err) {
 		// The next attempt takes a new owner token: the call may still land later, and the
-		// give-back by owner must not end the next attempt's grant.
-		l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+		// give-back by owner must not end the next attempt's grant. A look at permits may have
+		// taken any of them: each goes back (the owner holds at most one, and no other owner's).
+		if a.keys == nil {
+			l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+		}
+		for _, key := range a.keys {
+			l.k.giveBackLater(a.ctx, key, a.owner, "")
+		}
 		if again {
 			if a.queue > 0 {
 				go l.k.leaveQueue(a.ctx, a.key, a.owner) // the new owner takes a place of its own

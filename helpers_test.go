@@ -140,7 +140,10 @@ func (m *memStore) Capabilities() lockstore.Capabilities {
 	return lockstore.Capabilities{Name: "memory"}
 }
 
-func (m *memStore) Acquire(_ context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+func (m *memStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if len(req.Permits) > 0 {
+		return lockstore.AcquireEach(ctx, req, m.Acquire)
+	}
 	key, owner := req.Key, req.Owner
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -141,50 +141,54 @@ type permitLook struct {
 	cut      bool // the wait ran out while a call of this look was on its way
 }
 
-// look tries each permit once, from pt.first, and returns the lease of the first it gets.
+// look asks the store once for the first free permit among those whose slots are free in this
+// process, from pt.first on (gate.claim), and returns its lease.
 func (pt *permitTaker) look() (*Lease, error, permitLook) {
-	l, ctx, permits := pt.l, pt.ctx, len(pt.keys)
+	l, ctx := pt.l, pt.ctx
 	r := permitLook{busy: &busyError{}, local: -1}
-	for j := range permits {
-		if pt.wait && j > 0 && !time.Now().Before(pt.b.deadline) {
-			break // the budget ran out during the look
+	claimed, entries, local, err := l.k.gate.claim(pt.keys, pt.first)
+	if err != nil {
+		return nil, err, r
+	}
+	r.local = local
+	if len(claimed) == 0 {
+		return nil, nil, r
+	}
+	keys := make([]string, len(claimed))
+	for j, i := range claimed {
+		keys[j] = pt.keys[i]
+	}
+	b := budget{parent: ctx, bound: pt.b.deadline}
+	defer b.stop()
+	sentAt := time.Now()
+	h, granted, err := l.acquirePermit(ctx, &b, keys)
+	if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
+		// The store is unreachable and the caller chose to go on: hold a gate slot only.
+		h, granted, err = newLocalHold(l.k, keys[0], newOwnerToken()), 0, nil
+	}
+	for j, e := range entries {
+		if h == nil || j != granted {
+			l.k.gate.leave(keys[j], e, false)
 		}
-		i := (pt.first + j) % permits
-		sentAt := time.Now()
-		lease, err := l.lockSince(ctx, pt.keys[i], false, time.Time{}, pt.b.deadline, pt.callerUp+2)
-		if err == nil {
-			return lease, nil, r
-		}
-		var be *busyError
-		if !errors.As(err, &be) {
-			// A waiter rides out the store's errors within its budget, as a lock's does.
-			if !pt.wait || endsTheWait(ctx, err) {
-				return nil, err, r
-			}
-			if pt.b.spentDuringCall(sentAt, pt.answered) {
-				r.cut = true
-				break
-			}
-			r.storeErr = err
-			continue
-		}
+	}
+	if h != nil {
+		l.k.gate.setHold(entries[granted], h, false)
+		fence, _ := h.grantFence()
+		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+1), false), nil, r
+	}
+	var be *busyError
+	switch {
+	case errors.As(err, &be):
 		if ctx.Err() != nil {
 			return nil, err, r
 		}
-		pt.answered, r.sawBusy = true, true
-		if be.retryAfter > 0 && (r.busy.retryAfter == 0 || be.retryAfter < r.busy.retryAfter) {
-			r.busy.retryAfter = be.retryAfter
-		}
-		// A permit whose owner here is only asking the store is neither local nor remote:
-		// queueing behind it would send each queued taker to the store in turn.
-		switch {
-		case l.k.gate.lookupHold(pt.keys[i]) != nil:
-			if r.local < 0 {
-				r.local = i
-			}
-		case !l.k.gate.taken(pt.keys[i]):
-			r.remote = true
-		}
+		pt.answered, r.sawBusy, r.remote, r.busy = true, true, true, be
+	case !pt.wait || endsTheWait(ctx, err):
+		return nil, err, r
+	case pt.b.spentDuringCall(sentAt, pt.answered):
+		r.cut = true
+	default:
+		r.storeErr = err // a waiter rides out the store's errors within its budget, as a lock's does
 	}
 	return nil, nil, r
 }

@@ -151,6 +151,38 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 	return g.queue(b, key, e, wait, false)
 }
 
+// claim makes the caller the owner of the free slots among keys, from keys[first] on, for a
+// semaphore's look: it returns their indexes and entries, and local, the first key whose slot
+// holds a lock of this process (-1 when none). A slot whose owner only asks the store is
+// neither claimed nor local. Each claimed slot is left, or kept with the permit granted.
+func (g *gate) claim(keys []string, first int) (claimed []int, entries []*gateEntry, local int, err error) {
+	local = -1
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed.Load() {
+		return nil, nil, -1, ErrClosed
+	}
+	for j := range keys {
+		i := (first + j) % len(keys)
+		e := g.entries[keys[i]]
+		switch {
+		case e == nil:
+			e = &gateEntry{}
+			g.entries[keys[i]] = e
+		case e.taken:
+			if e.hold != nil && local < 0 {
+				local = i
+			}
+			continue
+		}
+		e.taken = true
+		e.refs++
+		claimed, entries = append(claimed, i), append(entries, e)
+	}
+	g.peak = max(g.peak, len(g.entries))
+	return claimed, entries, local, nil
+}
+
 // enterRead is enter for a reader (WithRead) while a goroutine of this process owns key's slot:
 // it joins the readers' grant of the slot's hold when new readers may (hold.joinReaders, with
 // no waiter queued: a queued writer keeps its preference), else it queues like a writer. With

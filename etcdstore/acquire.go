@@ -21,6 +21,12 @@ import (
 // is fresh, which the store's keep-alives see to). A write owner's is acquireWriteOnce's, a read
 // owner's takes a read hold (acquireReadOnce).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if len(req.Permits) > 0 {
+		if err := lockstore.CheckPermits(req); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		return lockstore.AcquireEach(ctx, req, s.Acquire)
+	}
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	if err := checkArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err

@@ -27,7 +27,11 @@ type Acquisition struct {
 	// Fence is the fencing token of the holding: it only grows between successive owners of a
 	// key. Zero when not acquired.
 	Fence int64
-	// HolderTTL is how long the current holder's lock has left when not acquired.
+	// Permit is, for a request with Permits, the index in Permits of the key granted or
+	// re-entered; 0 otherwise.
+	Permit int
+	// HolderTTL is how long the current holder's lock has left when not acquired (with
+	// Permits, the shortest of the busy keys').
 	HolderTTL time.Duration
 	// Holder is the metadata the current holder stored with its lock (Request.Meta) when not
 	// acquired, "" when it stored none; the go-zero layer compares its trace id to tell a
@@ -51,6 +55,14 @@ type Request struct {
 	// less a bound on clock skew); each fair acquirer takes a place in the key's line, ordered
 	// by Asked, and only the first in line may take the free key. A grant leaves the line.
 	Asked time.Time
+	// Permits, when not empty, asks for one of several keys (a semaphore's permits) instead of
+	// Key: the first of them, in order, that Acquire of that key alone would grant, and
+	// Acquisition.Permit says which. A store looks at them all in one request where it can
+	// (AcquireEach is the fallback), and then a re-sent request re-enters the key its first try
+	// took. The Locker does not rely on that: it gives back every key of a request whose
+	// outcome it does not know, and asks again as a new owner. A permit request is neither a
+	// read nor a fair one: Owner is not a ReadOwner and Asked is zero.
+	Permits []string
 	// Queue, for a fair acquisition, is how long the caller's place lives without another
 	// Acquire from it: a waiter that stops asking (its process died) leaves the line by itself
 	// after Queue. 0 takes the key only when nobody is in line before the caller and takes no
@@ -153,6 +165,38 @@ type Store interface {
 	// after Watch returned is heard, and one before it too unless Watch.Fresh: a refused
 	// caller that tries once more after a fresh Watch, before it sleeps, misses no release.
 	Watch(ctx context.Context, key string) (*Watch, error)
+}
+
+// AcquireEach serves a request with Permits one key at a time through acquire (the store's
+// Acquire of one key), in order, for a store that cannot look at several keys in one request.
+func AcquireEach(ctx context.Context, req Request, acquire func(context.Context, Request) (Acquisition, error)) (Acquisition, error) {
+	var busy Acquisition
+	for i, key := range req.Permits {
+		one := req
+		one.Key, one.Permits = key, nil
+		res, err := acquire(ctx, one)
+		if err != nil || res.Acquired {
+			res.Permit = i
+			return res, err
+		}
+		if i == 0 || res.HolderTTL < busy.HolderTTL {
+			busy.HolderTTL, busy.Holder = res.HolderTTL, res.Holder
+		}
+	}
+	return busy, nil
+}
+
+// CheckPermits refuses a request with Permits that is a read or a fair one, or names an empty key.
+func CheckPermits(req Request) error {
+	if IsReadOwner(req.Owner) || !req.Asked.IsZero() {
+		return errors.New("flightlock: a permit request cannot be a read or a fair one")
+	}
+	for _, k := range req.Permits {
+		if k == "" {
+			return errors.New("flightlock: empty lock key")
+		}
+	}
+	return nil
 }
 
 // Renewal is one lock of a RefreshAll call: Refresh's arguments.

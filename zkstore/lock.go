@@ -40,6 +40,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // sets the node's data once more to read its creation zxid (the fence); see held for a key
 // node that exists.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if len(req.Permits) > 0 {
+		if err := lockstore.CheckPermits(req); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		return lockstore.AcquireEach(ctx, req, s.Acquire)
+	}
 	key, owner, meta := req.Key, req.Owner, req.Meta
 	if err := s.check(key, owner, req.TTL); err != nil {
 		return lockstore.Acquisition{}, err

@@ -1,4 +1,5 @@
--- acquire.lua: take a lock, or re-enter it for the same owner, and mint a fencing token.
+-- acquire.lua: take a lock, or re-enter it for the same owner, and mint a fencing token; or
+-- take the first free of a semaphore's permits (more than one pair of KEYS, see the end).
 --
 -- KEYS[1]  lock key; its value is "<owner> <fence> <holds>", then " <metadata>" when there is
 --          some, then the waiters mark " ~" once someone was refused (see below). holds lists
@@ -40,55 +41,107 @@
 -- script write the counter and the lock's value once more with last + 1. Nothing outside the
 -- script sees the value in between: a script runs alone.
 --
+-- Permits: KEYS holds pairs (a permit's lock key, its slot's fence counter), in the order to
+-- try them, all in one hash slot on a Cluster. The script first looks for a permit ARGV[1]
+-- holds (a re-sent call: {2, fence, i}), then takes the first it can take as above
+-- ({1, fence, i}, i the pair's place from 1), else marks every busy one and replies
+-- {0, shortest pttl, first busy value}.
+--
 -- Arguments reach redis.call as the strings they came in: a Lua number would be formatted with
 -- "%.17g" on every call, which costs more than the SET itself.
 local owner = ARGV[1]
 local now = redis.call('TIME') -- {seconds, microseconds}, both decimal strings
 local us = now[2]
-local f = now[1] .. string.sub('00000', #us) .. us -- seconds and six digits of microseconds
+local now_fence = now[1] .. string.sub('00000', #us) .. us -- seconds and six digits of microseconds
 
-local taken = redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2])
-local mark, current = '', nil
-if not taken then
-  current = redis.call('GET', KEYS[1])
-  if string.sub(current, 1, 3) == '~w ' then
+-- take tries the lock at KEYS[i] and its counter KEYS[i + 1]: the fence when taken, else nil
+-- and the lock's value.
+local function take(i)
+  local key, f = KEYS[i], now_fence
+  local taken = redis.call('SET', key, owner .. ' ' .. f .. ' 1' .. ARGV[3], 'NX', 'PX', ARGV[2])
+  local mark, current = '', nil
+  if not taken then
+    current = redis.call('GET', key)
+    if string.sub(current, 1, 3) ~= '~w ' then
+      return nil, current
+    end
     -- The last reader of a read-write lock left the key to the writer that waited for it
     -- (readrelease.lua): any writer takes it. The readers held back wait for its release.
     mark = ' ~'
-    taken = redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'PX', ARGV[2])
+    redis.call('SET', key, owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'PX', ARGV[2])
   end
-end
-if taken then
-  local last = redis.pcall('SET', KEYS[2], f, 'GET') -- SET ... GET: Redis 6.2 or later
+  local last = redis.pcall('SET', KEYS[i + 1], f, 'GET') -- SET ... GET: Redis 6.2 or later
   if type(last) == 'table' and last.err then
     -- The counter is of another type (WRONGTYPE), or the server is older than 6.2: nothing was
     -- written to it; give the lock back and say why.
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ': ' .. last.err)
+    redis.call('DEL', key)
+    return redis.error_reply('flightlock: fence counter ' .. KEYS[i + 1] .. ': ' .. last.err)
   end
   local n = last and tonumber(last)
   if last and (not n or n ~= n or n >= 9007199254740992) then
     -- Not a number below 2^53 (beyond which a Lua number no longer counts by one): refuse
     -- rather than repeat a fence, and leave both keys as found.
-    redis.call('DEL', KEYS[1])
-    redis.call('SET', KEYS[2], last)
-    return redis.error_reply('flightlock: fence counter ' .. KEYS[2] .. ' is not a number below 2^53')
+    redis.call('DEL', key)
+    redis.call('SET', KEYS[i + 1], last)
+    return redis.error_reply('flightlock: fence counter ' .. KEYS[i + 1] .. ' is not a number below 2^53')
   end
   if n and n >= tonumber(f) then
     f = string.format('%d', n + 1)
-    redis.call('SET', KEYS[2], f)
-    redis.call('SET', KEYS[1], owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'KEEPTTL')
+    redis.call('SET', KEYS[i + 1], f)
+    redis.call('SET', key, owner .. ' ' .. f .. ' 1' .. ARGV[3] .. mark, 'KEEPTTL')
   end
   return tonumber(f)
 end
 
-if string.sub(current, 1, #owner + 1) == owner .. ' ' then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- held reports the fence of ARGV[1]'s lock at KEYS[i] when value is its, raising its TTL.
+local function held(i, value)
+  if value and string.sub(value, 1, #owner + 1) == owner .. ' ' then
+    if redis.call('PTTL', KEYS[i]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    end
+    return tonumber(string.match(value, '^%S+ (%d+)') or '0')
   end
-  return {2, tonumber(string.match(current, '^%S+ (%d+)') or '0')}
+  return nil
 end
-if string.sub(current, -2) ~= ' ~' then
-  redis.call('APPEND', KEYS[1], ' ~') -- APPEND keeps the TTL
+
+-- busy marks the lock at KEYS[i] so that its release publishes, and returns its pttl.
+local function busy(i, value)
+  if string.sub(value, -2) ~= ' ~' then
+    redis.call('APPEND', KEYS[i], ' ~') -- APPEND keeps the TTL
+  end
+  return redis.call('PTTL', KEYS[i])
 end
-return {0, redis.call('PTTL', KEYS[1]), current}
+
+if #KEYS == 2 then
+  local f, current = take(1)
+  if f then
+    return f
+  end
+  local fence = held(1, current)
+  if fence then
+    return {2, fence}
+  end
+  return {0, busy(1, current), current}
+end
+
+for i = 1, #KEYS, 2 do
+  local fence = held(i, redis.call('GET', KEYS[i]))
+  if fence then
+    return {2, fence, (i + 1) / 2}
+  end
+end
+local pttl, first = nil, nil
+for i = 1, #KEYS, 2 do
+  local f, current = take(i)
+  if type(f) == 'table' then
+    return f -- an error reply
+  elseif f then
+    return {1, f, (i + 1) / 2}
+  end
+  local left = busy(i, current)
+  if not pttl or (left >= 0 and (pttl < 0 or left < pttl)) then
+    pttl = left
+  end
+  first = first or current
+end
+return {0, pttl, first}

@@ -176,9 +176,12 @@ func (s *RedisStore) Preload(ctx context.Context) error {
 	return nil
 }
 
-// Acquire implements lockstore.Store: acquire.lua, readacquire.lua for a read owner, and
-// fairacquire.lua for a fair request (acquireFair).
+// Acquire implements lockstore.Store: acquire.lua (for permits too, acquirePermits),
+// readacquire.lua for a read owner, and fairacquire.lua for a fair request (acquireFair).
 func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if len(req.Permits) > 0 {
+		return s.acquirePermits(ctx, req)
+	}
 	key, owner, ttl := req.Key, req.Owner, req.TTL
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return lockstore.Acquisition{}, err

@@ -60,6 +60,8 @@ func Run(t *testing.T, c Config) {
 	t.Run("WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere)
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
 	t.Run("SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy)
+	t.Run("PermitRequestTakesTheFirstFreeKey", s.permitRequestTakesTheFirstFreeKey)
+	t.Run("PermitLookIsOneRequest", s.permitLookIsOneRequest)
 	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
 	t.Run("FairWriterHoldsNewReadersOff", s.fairWriterHoldsNewReadersOff)
 	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
@@ -413,6 +415,90 @@ func (s suite) spentPermitWaitIsBusy(t *testing.T) {
 			mustBeBusy(t, context.Background(), taker, k, fmt.Sprintf("wait %v, try %d: a spent wait for permits held elsewhere", wait, i))
 		}
 	}
+}
+
+func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
+	ctx, st, k := ctxOf(t), s.Open(t), key(t)
+	keys := []string{k + ":1", k + ":2", k + ":3"}
+	held := mustAcquire(t, ctx, st, keys[0], ownerA, s.TTL, "meta-a")
+	ask := func(owner string) lockstore.Acquisition {
+		t.Helper()
+		got, err := st.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Owner: owner, TTL: s.TTL, Meta: "meta-" + owner[len(owner)-1:]})
+		if err != nil {
+			t.Fatalf("Acquire of permits %q for %s: %v", keys, owner, err)
+		}
+		return got
+	}
+	got := ask(ownerB)
+	if !got.Acquired || got.Reentered || got.Permit != 1 || got.Fence <= 0 {
+		t.Fatalf("permits with the first held = %+v, want the second acquired with a fence", got)
+	}
+	if err := st.Refresh(ctx, keys[1], ownerB, s.TTL); err != nil {
+		t.Fatalf("the permit granted is not the owner's: Refresh = %v", err)
+	}
+	if _, err := st.TTL(ctx, keys[2]); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a permit after the one granted was touched: TTL = %v, want ErrNotHeld", err)
+	}
+	if got := ask(ownerC); !got.Acquired || got.Permit != 2 {
+		t.Fatalf("permits with two held = %+v, want the third", got)
+	}
+	// All held: busy, with the shortest time a holder has left and one holder's metadata.
+	const ownerD = "storetest-owner-dddddddddddddddd"
+	busy := ask(ownerD)
+	if busy.Acquired || busy.Fence != 0 {
+		t.Fatalf("permits all held = %+v: a fourth holder", busy)
+	}
+	if (busy.HolderTTL <= 0 && !(s.Sessions && busy.HolderTTL == 0)) || busy.HolderTTL > s.TTL+2*time.Second {
+		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v]", busy.HolderTTL, s.TTL)
+	}
+	if !slices.Contains([]string{"meta-a", "meta-b", "meta-c"}, busy.Holder) {
+		t.Fatalf("busy reply's Holder %q, want a holder's metadata", busy.Holder)
+	}
+	// The first freed is the next taker's, with a fence above its last holder's.
+	mustRelease(t, ctx, st, keys[0], ownerA, "", 0)
+	if got := ask(ownerD); !got.Acquired || got.Permit != 0 || got.Fence <= held.Fence {
+		t.Fatalf("permits with the first freed = %+v, want the first with a fence above %d", got, held.Fence)
+	}
+	for _, bad := range []lockstore.Request{
+		{Key: keys[0], Permits: keys, Owner: lockstore.ReadOwner(ownerA), TTL: s.TTL},
+		{Key: keys[0], Permits: []string{keys[0], ""}, Owner: ownerA, TTL: s.TTL},
+	} {
+		if got, err := st.Acquire(ctx, bad); err == nil {
+			t.Fatalf("Acquire(%+v) = %+v, want an error", bad, got)
+		}
+	}
+}
+
+// countingStore counts a store's Acquire calls.
+type countingStore struct {
+	lockstore.Store
+	acquires atomic.Int64
+}
+
+func (c *countingStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	c.acquires.Add(1)
+	return c.Store.Acquire(ctx, req)
+}
+
+func (s suite) permitLookIsOneRequest(t *testing.T) {
+	const permits = 8
+	ctx, k := ctxOf(t), key(t)
+	release := s.holdElsewhere(t, k, []flightlock.Option{flightlock.WithPermits(permits)}, permits)
+	defer release()
+	cs := &countingStore{Store: s.Open(t)}
+	taker, err := flightlock.New(cs, flightlock.WithTTL(s.TTL), flightlock.WithPermits(permits))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := taker.TryLock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("TryLock with every permit held elsewhere: %v, want ErrBusy", err)
+	}
+	if n := cs.acquires.Load(); n != 1 {
+		t.Fatalf("a look at %d permits held elsewhere made %d store requests, want 1", permits, n)
+	}
+	release()
+	lease := mustLock(t, ctx, taker, k)
+	defer lease.Release(ctx)
 }
 
 // readWrite returns a writer's and a reader's Locker on a store of its own.

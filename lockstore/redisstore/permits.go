@@ -1,0 +1,124 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
+)
+
+// acquirePermits serves a request with Permits: one acquire.lua call over all of them, which
+// takes the first free one. On a Cluster a script's keys must share a hash slot, so each run
+// of consecutive permits in one slot is a call of its own: a semaphore key with a hash tag
+// ("{tenant:7}:export") keeps all its permits in one slot, and one call.
+func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if err := lockstore.CheckPermits(req); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	_, cluster := s.client.(*redis.ClusterClient)
+	var busy lockstore.Acquisition
+	for from := 0; from < len(req.Permits); {
+		to := from + 1
+		for cluster && to < len(req.Permits) && lockstore.KeySlot(req.Permits[to]) == lockstore.KeySlot(req.Permits[from]) {
+			to++
+		}
+		res, err := s.acquireRun(ctx, req, req.Permits[from:to])
+		res.Permit += from
+		if err != nil || res.Acquired {
+			return res, err
+		}
+		if from == 0 || res.HolderTTL < busy.HolderTTL {
+			busy.HolderTTL, busy.Holder = res.HolderTTL, res.Holder
+		}
+		from = to
+	}
+	return busy, nil
+}
+
+// acquireRun is one acquire.lua call over permits, which share a hash slot.
+func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, permits []string) (lockstore.Acquisition, error) {
+	keys := make([]string, 0, 2*len(permits))
+	for _, k := range permits {
+		if err := lockstore.CheckArgs(k, req.Owner, req.TTL); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		keys = append(keys, k, lockstore.FenceKey(k))
+	}
+	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta)}
+	var (
+		cmd   *redis.Cmd
+		acked int64
+		err   error
+	)
+	if s.replicas > 0 {
+		cmd, acked, err = s.runAcked(ctx, acquireScript, keys, args...)
+	} else {
+		cmd = s.run(ctx, acquireScript, keys, func(late *redis.Cmd) {
+			// An orphan: whichever permit the call took goes back.
+			if code, _, i, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
+				s.giveUp(permits[i], req.Owner, "")
+			}
+		}, args...)
+		err = cmd.Err()
+	}
+	code, n, i, value, rerr := permitReply(cmd, permits)
+	if err == nil {
+		err = rerr
+	}
+	if isTryAgain(err) || isRedirect(err) {
+		if isRedirect(err) {
+			s.reloadSlots()
+		}
+		return lockstore.Acquisition{}, nil // nothing was taken: busy, as for one key
+	}
+	if err != nil {
+		s.reloadOnNetworkError(err)
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", permits[0], err)
+	}
+	switch code {
+	case acquireTaken, acquireReentered:
+		if s.replicas > 0 && acked < int64(s.replicas) {
+			s.giveUp(permits[i], req.Owner, "")
+			return lockstore.Acquisition{}, s.notReplicated(acked)
+		}
+		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered, Fence: n, Permit: i}, nil
+	case acquireBusy:
+		meta, _ := valueMeta(value)
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: meta}, nil
+	}
+	return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", permits[0], code)
+}
+
+// permitReply reads acquire.lua's reply to a call over permits: one permit's replies (see
+// reply), or {1 or 2, fence, place from 1} and {0, pttl, value} for several. i is the index
+// of the permit taken or re-entered.
+func permitReply(cmd *redis.Cmd, permits []string) (code, n int64, i int, value string, err error) {
+	if len(permits) == 1 {
+		code, n, value, err = reply(cmd)
+		return code, n, 0, value, err
+	}
+	r, err := cmd.Slice()
+	if err != nil {
+		return 0, 0, 0, "", err
+	}
+	if len(r) != 3 {
+		return 0, 0, 0, "", fmt.Errorf("unexpected reply %v", r)
+	}
+	code, ok1 := r[0].(int64)
+	n, ok2 := r[1].(int64)
+	if !ok1 || !ok2 {
+		return 0, 0, 0, "", fmt.Errorf("unexpected reply types %T, %T", r[0], r[1])
+	}
+	if code == acquireBusy {
+		value, _ = r[2].(string)
+		return code, n, 0, value, nil
+	}
+	place, ok := r[2].(int64)
+	if !ok || place < 1 || int(place) > len(permits) {
+		return 0, 0, 0, "", fmt.Errorf("unexpected permit %v of %d", r[2], len(permits))
+	}
+	return code, n, int(place) - 1, "", nil
+}
