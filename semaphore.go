@@ -14,7 +14,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// MaxPermits bounds a semaphore key's permits: a taker that finds all busy has asked each one.
+// MaxPermits bounds a semaphore key's permits: a look names each one in a single store request
+// (etcd refuses a transaction of more than 128 operations by default).
 const MaxPermits = 64
 
 // PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of key.
@@ -49,7 +50,9 @@ var permitTurn atomic.Uint32
 //
 // A busy key means every permit is taken (ErrBusy, with the shortest time a holder had left).
 // A waiter queues on a permit held in this process, a retry delay at a time; while all are
-// held elsewhere it looks again when one is released. A look costs up to n round trips.
+// held elsewhere it looks again when one is released. A look is one store request for the
+// permits no goroutine of this process holds or asks for (on a Redis Cluster, one per hash
+// slot among them: give a semaphore's key a hash tag, "{tenant:7}:export", for one in all).
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,6 +59,42 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// A look at a semaphore's permits is one script call per run of permits in one slot: one
+	// for a key with a hash tag, and it takes the first free permit across slots without one.
+	calls := &scriptCalls{}
+	client.AddHook(calls)
+	for _, base := range []string{"lock:sem", "lock:{sem}"} {
+		permits := []string{base}
+		for i := 2; i <= 8; i++ {
+			permits = append(permits, base+"#"+strconv.Itoa(i))
+		}
+		for _, k := range permits {
+			if got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
+				t.Fatalf("acquire %q: %+v %v", k, got, err)
+			}
+		}
+		runs := 1
+		for i := 1; i < len(permits); i++ {
+			if lockstore.KeySlot(permits[i]) != lockstore.KeySlot(permits[i-1]) {
+				runs++
+			}
+		}
+		calls.n.Store(0)
+		req := lockstore.Request{Key: base, Permits: permits, Owner: ownerB, TTL: time.Second}
+		if got, err := s.Acquire(ctx, req); err != nil || got.Acquired || got.HolderTTL <= 0 {
+			t.Fatalf("permits of %q all held: %+v %v", base, got, err)
+		}
+		if n := calls.n.Load(); n != int64(runs) {
+			t.Fatalf("a look at the permits of %q made %d script calls, want %d (one per slot run)", base, n, runs)
+		}
+		if _, err := s.Release(ctx, permits[5], ownerA, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Acquire(ctx, req); err != nil || !got.Acquired || got.Permit != 5 {
+			t.Fatalf("permits of %q with the sixth freed: %+v %v", base, got, err)
+		}
+	}
+
 	// A watcher hears the release of a marked lock, whichever node holds its key.
 	w, err := s.Watch(ctx, "lock:watched")
 	if err != nil {
@@ -82,6 +119,24 @@ func TestCluster(t *testing.T) {
 			t.Fatal("no release notification on the cluster")
 		}
 	}
+}
+
+// scriptCalls counts the scripts a client sends (EVALSHA, and EVAL after NOSCRIPT).
+type scriptCalls struct{ n atomic.Int64 }
+
+func (*scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // A holder keeps renewing its locks while their slot migrates to another master, through every
