@@ -259,6 +259,7 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
 	fs.DurationVar(&cfg.d10, "d10", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
 		"scenario 10 (Redis): duration per row and repetition in one process, and the target across processes")
+	fs.IntVar(&semPermits, "permits", semPermits, "scenario 10 (Redis): the permits of the hot key, 2 to 64")
 	fs.DurationVar(&cfg.d11, "d11", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
 		"scenario 11 (Redis): duration per row, mix and repetition in one process, and the target across processes")
 	fs.DurationVar(&cfg.d12, "d12", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),

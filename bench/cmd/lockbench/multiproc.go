@@ -104,6 +104,9 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
 		"-g", strconv.Itoa(g), "-quota", strconv.FormatInt(quota, 10), "-d", d.String(),
 		"-hard", hard.String()}, extra...)
+	if r.permits > 1 {
+		args = append(args, "-permits", strconv.Itoa(r.permits))
+	}
 	var s0 snap
 	wr, cs, span, done := workerRun(r.id, key, procs, r.permits > 1 || r.rw, args, 50*time.Millisecond, hard+30*time.Second,
 		func(time.Time) { s0 = b.snap() })

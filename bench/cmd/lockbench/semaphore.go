@@ -21,9 +21,10 @@ import (
 // naive sorted-set semaphore that polls (bench/internal/zsetsem). Its report is a document of
 // its own (-primitives-out), so that the figures of scenarios 1-9 stay where they are.
 
+// semPermits is the permits of the hot key (-permits; the workers get it too).
+var semPermits = 3
+
 const (
-	// semPermits is the permits of the hot key.
-	semPermits = 3
 	// semPoll is how long the naive semaphore's refused taker sleeps before it tries again:
 	// the fixed interval of the classic recipe, short enough not to flatter flightlock.
 	semPoll = 5 * time.Millisecond

@@ -103,6 +103,7 @@ func workerMain(args []string) {
 	shmPath := fs.String("shm", "", "guard file")
 	reads := fs.Int("reads", 0, "percent of Locks that take a read lock (Redis rows of read-write locks)")
 	zkSession := fs.Duration("zk-session", 30*time.Second, "ZooKeeper: the session timeout")
+	fs.IntVar(&semPermits, "permits", semPermits, "scenario 10: the permits of the hot key")
 	_ = fs.Parse(args)
 
 	var (
