@@ -144,21 +144,22 @@ type permitLook struct {
 	cut      bool // the wait ran out while a call of this look was on its way
 }
 
-// look asks the store once for the first free permit among those whose slots are free in this
-// process, from pt.first on (gate.claim), and returns its lease.
+// look asks the store once for the first free permit among those not held in this process,
+// from pt.first on, and returns its lease. Looks of several goroutines run at once: the store
+// grants each a permit of its own, and its gate slot is entered only then (gate.enterGranted).
 func (pt *permitTaker) look() (*Lease, error, permitLook) {
 	l, ctx := pt.l, pt.ctx
 	r := permitLook{busy: &busyError{}, local: -1}
-	claimed, entries, local, err := l.k.gate.claim(pt.keys, pt.first)
+	free, local, err := l.k.gate.unheld(pt.keys, pt.first)
 	if err != nil {
 		return nil, err, r
 	}
 	r.local = local
-	if len(claimed) == 0 {
+	if len(free) == 0 {
 		return nil, nil, r
 	}
-	keys := make([]string, len(claimed))
-	for j, i := range claimed {
+	keys := make([]string, len(free))
+	for j, i := range free {
 		keys[j] = pt.keys[i]
 	}
 	b := budget{parent: ctx, bound: pt.b.deadline}
@@ -169,13 +170,17 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		// The store is unreachable and the caller chose to go on: hold a gate slot only.
 		h, granted, err = newLocalHold(l.k, keys[0], newOwnerToken()), 0, nil
 	}
-	for j, e := range entries {
-		if h == nil || j != granted {
-			l.k.gate.leave(keys[j], e, false)
-		}
-	}
 	if h != nil {
-		l.k.gate.setHold(entries[granted], h, false)
+		e, ok := l.k.gate.enterGranted(h.key)
+		if !ok {
+			if !h.degraded() {
+				h.stop()
+				l.k.giveBackLater(ctx, h.key, h.owner(), "")
+			}
+			r.local = free[granted] // its owner here holds it, or soon will: queue on it
+			return nil, nil, r
+		}
+		l.k.gate.setHold(e, h, false)
 		fence, _ := h.grantFence()
 		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+1), false), nil, r
 	}

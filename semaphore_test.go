@@ -566,3 +566,64 @@ func TestPermitTakerQueuesOnALocalPermitWhileAnotherIsHeldElsewhere(t *testing.T
 		local = r.lease // the next taker queues on it
 	}
 }
+
+// slowPlainStore holds a plain (one-key) acquisition of key until release is closed.
+type slowPlainStore struct {
+	lockstore.Store
+	key     string
+	asked   chan struct{} // closed when the plain acquisition arrived
+	release chan struct{}
+}
+
+func (s *slowPlainStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if req.Permits == nil && req.Key == s.key {
+		close(s.asked)
+		<-s.release
+	}
+	return s.Store.Acquire(ctx, req)
+}
+
+// A look can be granted a permit whose gate slot a goroutine of the process owns while it asks
+// the store for that key alone: the slot keeps one owner, so the grant goes back, and the
+// goroutine that owns the slot gets the lock.
+func TestPermitGrantedWhileItsSlotIsOwnedHereGoesBack(t *testing.T) {
+	ctx := context.Background()
+	m := newMemStore()
+	if got, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	s := &slowPlainStore{Store: m, key: "lock:export", asked: make(chan struct{}), release: make(chan struct{})}
+	sem := mustLocker(t, s, WithPermits(2))
+	plain, err := sem.With(WithPermits(1), WithWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainDone := make(chan error, 1)
+	go func() {
+		lease, err := plain.Lock(ctx, "export")
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		plainDone <- err
+	}()
+	<-s.asked
+	if lease, err := sem.TryLock(ctx, "export"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("TryLock of a semaphore whose free permit's slot is owned here: %v, %v; want ErrBusy", lease, err)
+	}
+	// The grant went back, so the goroutine that owns the slot takes the lock.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		m.mu.Lock()
+		_, held := m.locks["lock:export"]
+		m.mu.Unlock()
+		if !held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the permit granted to the look was not given back")
+		}
+	}
+	close(s.release)
+	if err := <-plainDone; err != nil {
+		t.Fatalf("the slot's owner could not take the lock after the look's grant went back: %v", err)
+	}
+}

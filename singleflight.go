@@ -151,36 +151,45 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 	return g.queue(b, key, e, wait, false)
 }
 
-// claim makes the caller the owner of the free slots among keys, from keys[first] on, for a
-// semaphore's look: it returns their indexes and entries, and local, the first key whose slot
-// holds a lock of this process (-1 when none). A slot whose owner only asks the store is
-// neither claimed nor local. Each claimed slot is left, or kept with the permit granted.
-func (g *gate) claim(keys []string, first int) (claimed []int, entries []*gateEntry, local int, err error) {
+// unheld returns, for a semaphore's look, the indexes of keys from keys[first] on whose slots
+// hold no lock of this process, and local, the first key whose slot does (-1 when none).
+func (g *gate) unheld(keys []string, first int) (free []int, local int, err error) {
 	local = -1
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed.Load() {
-		return nil, nil, -1, ErrClosed
+		return nil, -1, ErrClosed
 	}
 	for j := range keys {
 		i := (first + j) % len(keys)
-		e := g.entries[keys[i]]
-		switch {
-		case e == nil:
-			e = &gateEntry{}
-			g.entries[keys[i]] = e
-		case e.taken:
-			if e.hold != nil && local < 0 {
-				local = i
-			}
-			continue
+		switch e := g.entries[keys[i]]; {
+		case e == nil || e.hold == nil:
+			free = append(free, i)
+		case local < 0:
+			local = i
 		}
-		e.taken = true
-		e.refs++
-		claimed, entries = append(claimed, i), append(entries, e)
 	}
-	g.peak = max(g.peak, len(g.entries))
-	return claimed, entries, local, nil
+	return free, local, nil
+}
+
+// enterGranted makes the caller, granted key's lock in the store by a look, the owner of key's
+// slot; false when a goroutine of this process owns it (one finishing its release of that
+// lock, or one asking the store for it alone), and the grant must go back.
+func (g *gate) enterGranted(key string) (*gateEntry, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entries[key]
+	switch {
+	case e == nil:
+		e = &gateEntry{}
+		g.entries[key] = e
+		g.peak = max(g.peak, len(g.entries))
+	case e.taken:
+		return nil, false
+	}
+	e.taken = true
+	e.refs++
+	return e, true
 }
 
 // enterRead is enter for a reader (WithRead) while a goroutine of this process owns key's slot:

@@ -44,8 +44,8 @@
 -- Permits: KEYS holds pairs (a permit's lock key, its slot's fence counter), in the order to
 -- try them, all in one hash slot on a Cluster. The script first looks for a permit ARGV[1]
 -- holds (a re-sent call: {2, fence, i}), then takes the first it can take as above
--- ({1, fence, i}, i the pair's place from 1), else marks every busy one and replies
--- {0, shortest pttl, first busy value}.
+-- ({1, fence, i}, i the pair's place from 1), else marks every one and replies
+-- {0, shortest pttl, the first one's value}.
 --
 -- Arguments reach redis.call as the strings they came in: a Lua number would be formatted with
 -- "%.17g" on every call, which costs more than the SET itself.
@@ -130,18 +130,21 @@ for i = 1, #KEYS, 2 do
     return {2, fence, (i + 1) / 2}
   end
 end
-local pttl, first = nil, nil
+local values = {}
 for i = 1, #KEYS, 2 do
   local f, current = take(i)
   if type(f) == 'table' then
     return f -- an error reply
   elseif f then
-    return {1, f, (i + 1) / 2}
+    return {1, f, (i + 1) / 2} -- the permits passed over stay unmarked: this taker waits for none
   end
-  local left = busy(i, current)
+  values[i] = current
+end
+local pttl = nil
+for i = 1, #KEYS, 2 do
+  local left = busy(i, values[i])
   if not pttl or (left >= 0 and (pttl < 0 or left < pttl)) then
     pttl = left
   end
-  first = first or current
 end
-return {0, pttl, first}
+return {0, pttl, values[1]}
