@@ -1,6 +1,7 @@
 package zkstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,13 +39,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
 // sets the node's data once more to read its creation zxid (the fence); see held for a key
-// node that exists.
+// node that exists, and acquirePermits for a request with Permits.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if len(req.Permits) > 0 {
-		if err := lockstore.CheckPermits(req); err != nil {
-			return lockstore.Acquisition{}, err
-		}
-		return lockstore.AcquireEach(ctx, req, s.Acquire)
+		return s.acquirePermits(ctx, req)
 	}
 	key, owner, meta := req.Key, req.Owner, req.Meta
 	if err := s.check(key, owner, req.TTL); err != nil {
@@ -57,6 +55,67 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 		return s.acquireRead(ctx, key, owner, meta)
 	}
 	return s.acquire(ctx, key, owner, meta, "")
+}
+
+// acquirePermits serves a request with Permits. It reads every permit's key node at once, in
+// one round trip (the session's connection carries the reads together), then takes with
+// acquire a permit that owner holds already (a re-sent request re-enters it), else the first
+// the read found free or without holds (acquire clears such a node). A read that fails fails
+// the request: that permit may be owner's. Only when it takes none does it mark the busy ones,
+// each as acquire marks a key it is refused, all at once.
+func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if err := lockstore.CheckPermits(req); err != nil {
+		return lockstore.Acquisition{}, err
+	}
+	for _, k := range req.Permits {
+		if err := s.check(k, req.Owner, req.TTL); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+	}
+	type look struct {
+		data []byte
+		stat *zk.Stat
+		kids []string
+		err  error
+		busy lockstore.Acquisition // set by refuse
+	}
+	looks := make([]look, len(req.Permits))
+	var wg sync.WaitGroup
+	for i, k := range req.Permits {
+		wg.Go(func() { looks[i].data, looks[i].stat, looks[i].kids, looks[i].err = s.node(ctx, s.keyPath(k)) })
+	}
+	wg.Wait()
+	var mine, free, taken []int
+	for i, n := range looks {
+		switch {
+		case errors.Is(n.err, zk.ErrNoNode) || n.err == nil && len(n.kids) == 0:
+			free = append(free, i)
+		case n.err != nil:
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", req.Permits[i], n.err)
+		case slices.Contains(n.kids, ownName(req.Owner)):
+			mine = append(mine, i)
+		default:
+			taken = append(taken, i)
+		}
+	}
+	var busy lockstore.Acquisition
+	for _, i := range append(mine, free...) {
+		a, err := s.acquire(ctx, req.Permits[i], req.Owner, req.Meta, "")
+		if err != nil || a.Acquired {
+			a.Permit = i
+			return a, err
+		}
+		busy = a // taken since the read: acquire marked it
+	}
+	for _, i := range taken {
+		n := &looks[i]
+		wg.Go(func() { n.busy = s.refuse(ctx, s.keyPath(req.Permits[i]), n.data, n.stat, n.kids) })
+	}
+	wg.Wait()
+	for _, i := range taken {
+		busy.Holder = cmp.Or(busy.Holder, looks[i].busy.Holder)
+	}
+	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
 // acquire takes key for owner; place, when set, is owner's place in the key's fair line, which
@@ -114,9 +173,8 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 	if err != nil {
 		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
 	}
-	holder, meta, marked := parseValue(data)
 	if len(kids) == 0 {
-		if holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
+		if holder, _, _ := parseValue(data); holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
 			return lockstore.Acquisition{}, false, nil // kept for the writer that waited
 		}
 		// The holds went with their sessions; a node that gained a hold since is not deleted.
@@ -130,13 +188,20 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 		s.remember(p, owner, ownName(owner))
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, false, nil
 	}
+	return s.refuse(ctx, p, data, stat, kids), false, nil
+}
+
+// refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
+// another's grant: the holder's metadata, and the node marked (markBusy) if it was not.
+func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
+	holder, meta, marked := parseValue(data)
 	if !marked {
 		s.markBusy(ctx, p, data, stat, kids)
 	}
 	if holder == readersTag || holder == writerTag {
 		meta = ""
 	}
-	return lockstore.Acquisition{Holder: meta}, false, nil
+	return lockstore.Acquisition{Holder: meta}
 }
 
 // markBusy marks key node p, read as data, stat and its holds kids, as contended: the mark

@@ -495,14 +495,36 @@ func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	}, nil)
 }
 
-// node reads key node p's data, stat and holds.
+// node reads key node p's data, stat and holds. The two reads travel together, in one round
+// trip; as the server may answer them on either side of a change of hands, they are sent again
+// until both saw the same node (creation zxid).
 func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
-	data, stat, err := s.get(ctx, p)
-	if err != nil {
-		return nil, nil, nil, err
+	type holds struct {
+		kids []string
+		stat *zk.Stat
 	}
-	kids, err := s.children(ctx, p)
-	return data, stat, kids, err
+	for range attempts {
+		var (
+			h    holds
+			herr error
+			wg   sync.WaitGroup
+		)
+		wg.Go(func() {
+			h, herr = call(ctx, func() (holds, error) {
+				kids, stat, err := s.conn.Children(p)
+				return holds{kids, stat}, err
+			}, nil)
+		})
+		data, stat, err := s.get(ctx, p)
+		wg.Wait()
+		if err == nil {
+			err = herr
+		}
+		if err != nil || stat.Czxid == h.stat.Czxid {
+			return data, stat, h.kids, err
+		}
+	}
+	return nil, nil, nil, fmt.Errorf("flightlock: read %s: the key node kept changing", p)
 }
 
 // ensurePath creates path and its parents as persistent nodes where missing.

@@ -3,6 +3,7 @@ package zkstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -169,6 +170,59 @@ func TestReadWriteFairAndPermitsOnZooKeeper(t *testing.T) {
 	}
 	_ = p1.Release(ctx)
 	_ = p2.Release(ctx)
+}
+
+// A look at a semaphore's permits is one round trip however many there are, and one that finds
+// a permit free costs one more, the acquisition; a re-sent request re-enters its permit even
+// when an earlier one is free. Behind a proxy that holds every reply back d, one key at a time
+// (lockstore.AcquireEach) the busy look would take two round trips per permit, 16d.
+func TestPermitLookIsOneRoundTrip(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	ctx := context.Background()
+	const d, holder, taker = 250 * time.Millisecond, "holder-token", "taker-token"
+	keys := make([]string, 8)
+	for i := range keys {
+		keys[i] = flightlock.PermitKey("sem", i+1)
+		if a, err := other.Acquire(ctx, lockstore.Request{Key: keys[i], Owner: holder, TTL: time.Second, Meta: "m"}); err != nil || !a.Acquired {
+			t.Fatal(a, err)
+		}
+	}
+	proxy.SetDelay(d)
+	look := func(what string, within time.Duration) lockstore.Acquisition {
+		t.Helper()
+		start := time.Now()
+		a, err := s.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Owner: taker, TTL: time.Second})
+		if took := time.Since(start); err != nil || took >= within {
+			t.Fatalf("%s: %+v, %v after %v, want within %v", what, a, err, took, within)
+		}
+		return a
+	}
+	// The first look also marks the permits busy, all at once.
+	for i, within := range []time.Duration{3 * d, 2 * d} {
+		if a := look(fmt.Sprintf("look #%d at %d permits held elsewhere", i+1, len(keys)), within); a.Acquired || a.Holder != "m" {
+			t.Fatalf("look #%d at permits held elsewhere: %+v, want busy with the holder's metadata", i+1, a)
+		}
+	}
+	for _, k := range keys {
+		if data, _, err := other.get(ctx, other.keyPath(k)); err != nil || !strings.HasSuffix(string(data), markSuffix) {
+			t.Fatalf("permit %q after a refused look: %q, %v; want it marked", k, data, err)
+		}
+	}
+	if _, err := other.Release(ctx, keys[6], holder, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	got := look("a look with one permit free", 3*d)
+	if !got.Acquired || got.Reentered || got.Permit != 6 {
+		t.Fatalf("a look with the seventh permit free: %+v, want it taken", got)
+	}
+	if _, err := other.Release(ctx, keys[0], holder, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if a := look("a re-sent look", 4*d); !a.Acquired || !a.Reentered || a.Permit != 6 || a.Fence != got.Fence {
+		t.Fatalf("a re-sent request with the first permit free: %+v, want the seventh re-entered with fence %d", a, got.Fence)
+	}
 }
 
 // Fences strictly grow across a leader change, and a holder keeps its lock through one (its
