@@ -181,7 +181,7 @@ func TestPermitLookIsOneRoundTrip(t *testing.T) {
 	proxy := startProxy(t, srv.Addr)
 	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	const d, holder, taker = 250 * time.Millisecond, "holder-token", "taker-token"
+	const d, holder, taker = 400 * time.Millisecond, "holder-token", "taker-token"
 	keys := make([]string, 8)
 	for i := range keys {
 		keys[i] = flightlock.PermitKey("sem", i+1)
