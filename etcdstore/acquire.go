@@ -19,17 +19,24 @@ import (
 
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
 // is fresh, which the store's keep-alives see to). A write owner's is acquireWriteOnce's, a read
-// owner's takes a read hold (acquireReadOnce).
+// owner's takes a read hold (acquireReadOnce), and a request with Permits looks at them all in
+// one (acquirePermitsOnce).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
+	keys := []string{key}
 	if len(req.Permits) > 0 {
 		if err := lockstore.CheckPermits(req); err != nil {
 			return lockstore.Acquisition{}, err
 		}
-		return lockstore.AcquireEach(ctx, req, s.Acquire)
+		if len(req.Permits)+permitLookOps > s.maxTxnOps {
+			return lockstore.AcquireEach(ctx, req, s.Acquire)
+		}
+		keys = req.Permits
 	}
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	if err := checkArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
+	for _, k := range keys {
+		if err := checkArgs(k, owner, ttl); err != nil {
+			return lockstore.Acquisition{}, err
+		}
 	}
 	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(owner)
 	if fair && read {
@@ -45,14 +52,102 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	var a lockstore.Acquisition
 	err := s.resending(ctx, func(ctx context.Context, again bool) error {
 		var err error
-		if read {
+		switch {
+		case len(req.Permits) > 0:
+			a, err = s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, start, again)
+		case read:
 			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
-		} else {
+		default:
 			a, err = s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
 		}
 		return err
 	})
 	return a, err
+}
+
+// permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
+// operation per permit: etcd counts each nested transaction's operations against what its
+// parent branch leaves, and a refusal (3) nests markWriter (2). A cluster that allows fewer is
+// asked one permit at a time (lockstore.AcquireEach).
+const permitLookOps = 5
+
+// acquirePermitsOnce is one attempt of Acquire with Permits keys: one transaction looks at them
+// all, refusing each one held as acquireWriteOnce does (writeOps):
+//
+//	if   writable(keys[0])                        (unless owner may hold one of keys)
+//	then grant(keys[0])
+//	else for each k: if writable(k) then nothing else refusal(k)
+//
+// A permit the owner holds (an earlier Acquire's, or an attempt's whose reply was lost) is
+// re-entered, so the first permit is granted at once only while the store knows of no entry
+// of owner's for keys. Otherwise the first free permit seen is taken on the one-key path (one
+// more round trip), or the next if another owner took it since. A busy reply carries the
+// shortest HolderTTL of the permits, and that holder's metadata.
+func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
+	start time.Time, again bool) (lockstore.Acquisition, error) {
+	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, owner); return ok })
+	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
+	if err != nil {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0], err)
+	}
+	defer s.unpin(l)
+	value := newValue(owner, l.secs, meta)
+	looks := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		cmps, _, refused := writeOps(k, value, l)
+		looks[i] = clientv3.OpTxn(cmps, nil, refused)
+	}
+	txn, taken := s.cli.Txn(ctx).Then(looks...), keys[:0]
+	if !mayHold {
+		cmps, grant, _ := writeOps(keys[0], value, l)
+		txn, taken = s.cli.Txn(ctx).If(cmps...).Then(grant...).Else(looks...), keys[:1]
+	}
+	resp, err := txn.Commit()
+	if err != nil {
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
+			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
+	}
+	if !mayHold && resp.Succeeded {
+		return s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
+	}
+	var out lockstore.Acquisition
+	var free []int
+	seen := false
+	shorter := func(a lockstore.Acquisition) {
+		if !seen || a.HolderTTL < out.HolderTTL {
+			out, seen = a, true
+		}
+	}
+	for i, k := range keys {
+		t := resp.Responses[i].GetResponseTxn()
+		if t.Succeeded {
+			free = append(free, i)
+			continue
+		}
+		kv, a := refusal(t.Responses)
+		if kv != nil && ownedBy(kv.Value, owner) {
+			a, err := s.reentered(ctx, k, owner, ttl, kv, nil, l, start, false)
+			return permit(a, i), err
+		}
+		s.noteBusy(k, resp.Header.Revision)
+		shorter(a)
+	}
+	for _, i := range free {
+		a, err := s.acquireWriteOnce(ctx, keys[i], owner, ttl, meta, false, 0, start, again)
+		if err != nil || a.Acquired {
+			return permit(a, i), err
+		}
+		shorter(a)
+	}
+	return out, nil
+}
+
+// permit is a, the outcome of Acquire of permit i alone, as the request's.
+func permit(a lockstore.Acquisition, i int) lockstore.Acquisition {
+	if a.Acquired {
+		a.Permit = i
+	}
+	return a
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
@@ -127,6 +222,26 @@ func writable(key string) []clientv3.Cmp {
 		clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
 		clientv3.Compare(clientv3.CreateRevision(readDir(key)), "=", 0).WithPrefix(),
 	}
+}
+
+// writeOps are a write acquisition's transaction on key with value on lease l: the compare
+// (writable), the grant (its revision makes the fence; floor read second) and the refusal (the
+// holder read first, the waiter mark, markWriter).
+func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused []clientv3.Op) {
+	return writable(key),
+		[]clientv3.Op{clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
+			clientv3.OpDelete(writerKey(key))},
+		[]clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)}
+}
+
+// refusal reads the replies rs of writeOps' refusal: the holder's key (nil when no writer holds
+// it) and the busy reply, the holder's; with no writer, a reader's (the writer mark is set now),
+// or, for a free key with others first in fair line, HolderTTL 0.
+func refusal(rs []*pb.ResponseOp) (*mvccpb.KeyValue, lockstore.Acquisition) {
+	if kv := firstKV(rs[0]); kv != nil {
+		return kv, busy(kv)
+	}
+	return nil, readersBusy(rs[2])
 }
 
 // markWriter keeps readers from starving a refused write acquisition: when key has read holds,

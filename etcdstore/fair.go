@@ -85,7 +85,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			}
 			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
 		}
-		kv := firstKV(resp.Responses[0])
+		kv, a := refusal(resp.Responses)
 		if kv != nil && ownedBy(kv.Value, owner) {
 			// The owner holds the key already (a re-sent attempt): a place left over would
 			// hold up the line behind a caller that no longer waits.
@@ -97,12 +97,6 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
 		}
 		s.noteBusy(key, resp.Header.Revision)
-		// Busy with the holder's reply; with no writer, a reader's (the writer mark is set now),
-		// or, for a free key with others first in line, HolderTTL 0.
-		a := readersBusy(resp.Responses[2])
-		if kv != nil {
-			a = busy(kv)
-		}
 		if queue == 0 {
 			return a, nil
 		}
@@ -129,10 +123,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 // the key: a fair writer holds new readers off as any writer does.
 func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease, fair bool, p place,
 	queue time.Duration) (*clientv3.TxnResponse, error) {
-	cmps := writable(key)
-	then := []clientv3.Op{clientv3.OpPut(key, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key)),
-		clientv3.OpDelete(writerKey(key))}
-	els := []clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)}
+	cmps, then, els := writeOps(key, value, l)
 	if fair {
 		pk := placeKey(key, owner)
 		if p.rev > 0 {

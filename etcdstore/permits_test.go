@@ -2,13 +2,21 @@ package etcdstore
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // Three processes (a store and a client each) share 3 permits of a key on etcd, 4 goroutines
@@ -64,5 +72,139 @@ func TestPermitsOnEtcdNeverExceedTheirCount(t *testing.T) {
 	}
 	if len(lastFence) != permits {
 		t.Errorf("permits used: %v, want all %d", lastFence, permits)
+	}
+}
+
+// kvCounter counts the KV requests (transactions, gets, puts, deletes) a client sends, and
+// makes the next transaction whose first compare is on failKey commit but answer Unavailable
+// (a reply lost on the way back).
+type kvCounter struct {
+	n       atomic.Int64
+	failKey atomic.Pointer[string]
+}
+
+func (c *kvCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if strings.HasPrefix(method, "/etcdserverpb.KV/") {
+		c.n.Add(1)
+	}
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if k := c.failKey.Load(); err == nil && k != nil && txnKey(req) == *k && c.failKey.CompareAndSwap(k, nil) {
+		return status.Error(codes.Unavailable, "reply lost")
+	}
+	return err
+}
+
+// permitKeys returns n permit keys of key, as the Locker names them.
+func permitKeys(key string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "lock:" + flightlock.PermitKey(key, i+1)
+	}
+	return keys
+}
+
+// A look at permits that another owner holds is one transaction, whatever their number (up to
+// MaxPermits within etcd's default --max-txn-ops), and marks each one waited on (its release
+// notifies) and a read-held one wanted by a writer; a free permit costs one more, none when it
+// is the first.
+func TestPermitLookIsOneTransaction(t *testing.T) {
+	c := etcdtest.Start(t)
+	kc := &kvCounter{}
+	ctx, holder, reader := bg(t), newStore(t, c.Client(t)), newStore(t, c.Client(t))
+	taker := newStore(t, faultyClient(t, c, kc.intercept, nil))
+	const ttl = 2 * time.Second
+	take := func(keys []string) (lockstore.Acquisition, int64) {
+		t.Helper()
+		kc.n.Store(0)
+		got, err := taker.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Owner: ownerA, TTL: ttl})
+		if err != nil {
+			t.Fatalf("Acquire of %d permits: %v", len(keys), err)
+		}
+		return got, kc.n.Load()
+	}
+	if _, err := taker.Acquire(ctx, lockstore.Request{Key: "lock:warm", Owner: ownerA, TTL: ttl}); err != nil {
+		t.Fatal(err) // the session lease exists, as in a running process
+	}
+
+	keys := permitKeys("eight", 8)
+	if _, err := holder.AcquireAll(ctx, slices.Concat(keys[:3], keys[4:]), ownerB, ttl, "meta-b"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := reader.Acquire(ctx, lockstore.Request{Key: keys[3], Owner: lockstore.ReadOwner(ownerA), TTL: ttl}); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	got, n := take(keys)
+	if got.Acquired || got.HolderTTL <= 0 || got.Holder != "meta-b" || n != 1 {
+		t.Fatalf("8 permits held elsewhere = %+v in %d KV requests; want busy with a holder in 1", got, n)
+	}
+	for i, k := range keys {
+		if get(t, c.Client(t), WaiterKey(k)) == nil {
+			t.Errorf("permit %d has no waiter mark: its release would notify nobody", i)
+		}
+	}
+	if get(t, c.Client(t), writerKey(keys[3])) == nil {
+		t.Error("the read-held permit has no writer mark: readers may starve the taker")
+	}
+
+	many := permitKeys("many", flightlock.MaxPermits)
+	for _, half := range [][]string{many[:32], many[32:]} {
+		if _, err := holder.AcquireAll(ctx, half, ownerB, ttl, "meta-b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, n := take(many); got.Acquired || n != 1 {
+		t.Fatalf("%d permits held elsewhere = %+v in %d KV requests, want busy in 1", len(many), got, n)
+	}
+	mustRelease(t, holder, many[40], ownerB)
+	if got, n := take(many); !got.Acquired || got.Permit != 40 || got.Fence <= 0 || n != 2 {
+		t.Fatalf("permit 40 free = %+v in %d KV requests, want it acquired in 2", got, n)
+	}
+	// Asked again, the owner re-enters the permit it holds, although the first is free now.
+	mustRelease(t, holder, many[0], ownerB)
+	if got, _ := take(many); !got.Acquired || !got.Reentered || got.Permit != 40 {
+		t.Fatalf("permits asked again by their holder = %+v, want permit 40 re-entered", got)
+	}
+	if got, n := take(permitKeys("free", 8)); !got.Acquired || got.Permit != 0 || n != 1 {
+		t.Fatalf("free permits = %+v in %d KV requests, want the first acquired in 1", got, n)
+	}
+}
+
+// A look whose reply is lost after it took a permit is sent again: it re-enters that permit
+// with its fence, and takes no second one.
+func TestResentPermitLookReentersWhatItTook(t *testing.T) {
+	c := etcdtest.Start(t)
+	kc := &kvCounter{}
+	ctx, holder := bg(t), newStore(t, c.Client(t))
+	taker := newStore(t, faultyClient(t, c, kc.intercept, nil))
+	const ttl = 2 * time.Second
+	for _, taken := range []int{0, 2} { // by the look itself, and on the one-key path after it
+		keys := permitKeys(fmt.Sprint("resent", taken), 4)
+		if taken > 0 {
+			if _, err := holder.AcquireAll(ctx, keys[:taken], ownerB, ttl, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		kc.failKey.Store(&keys[taken])
+		got, err := taker.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Owner: ownerA, TTL: ttl})
+		if err != nil || !got.Acquired || !got.Reentered || got.Permit != taken || got.Fence <= 0 {
+			t.Fatalf("permit %d taken by a look whose reply was lost: %+v, %v; want it re-entered", taken, got, err)
+		}
+		if kc.failKey.Load() != nil {
+			t.Fatal("no reply was lost")
+		}
+		for i, k := range keys {
+			if kv := get(t, c.Client(t), k); i != taken && kv != nil && ownedBy(kv.Value, ownerA) {
+				t.Errorf("the owner holds permit %d beside permit %d", i, taken)
+			}
+		}
+	}
+}
+
+// mustRelease releases owner's own hold of key on s.
+func mustRelease(t *testing.T, s *Store, key, owner string) {
+	t.Helper()
+	if _, err := s.Release(context.Background(), key, owner, "", 0); err != nil {
+		t.Fatalf("Release(%q): %v", key, err)
 	}
 }
