@@ -444,7 +444,12 @@ func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
 }
 
-// AcquireAll takes every key of keys (distinct, at most half of --max-txn-ops) for owner in one
+// maxAcquireAll is how many keys AcquireAll takes under --max-txn-ops n: two operations each in
+// its branches, and etcd counts the two levels of a waiter mark (markWaiter) against what the
+// branch leaves of n.
+func maxAcquireAll(n int) int { return (n - 4) / 2 }
+
+// AcquireAll takes every key of keys (distinct, at most maxAcquireAll(--max-txn-ops)) for owner in one
 // transaction, all or none: free keys are taken, keys owner holds all re-entered (as Acquire);
 // otherwise none is taken and the keys held by others are marked waited on, their Acquisitions
 // (in keys' order) carrying HolderTTL and Holder. Each key is released on its own (Release).
@@ -452,9 +457,9 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 	if len(keys) == 0 {
 		return nil, errors.New("flightlock: no keys")
 	}
-	if 2*len(keys) > s.maxTxnOps {
+	if most := maxAcquireAll(s.maxTxnOps); len(keys) > most {
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
-			len(keys), s.maxTxnOps/2, s.maxTxnOps)
+			len(keys), most, s.maxTxnOps)
 	}
 	for _, k := range keys {
 		if err := checkArgs(k, owner, ttl); err != nil {

@@ -3,7 +3,9 @@ package etcdstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -456,6 +458,36 @@ func TestRefreshAll(t *testing.T) {
 	}
 	if s.byIDFresh(t, get(t, cli, "lock:many0").Lease).Before(call) {
 		t.Fatal("RefreshAll returned without a keep-alive sent after the call")
+	}
+}
+
+// AcquireAll takes as many keys as its limit says, and refuses more itself, naming the limit:
+// etcd counts a nested transaction's operations against what its parent leaves of
+// --max-txn-ops, so each key's waiter mark costs more than its own two operations.
+func TestAcquireAllTakesAsManyKeysAsItsLimitSays(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	s, other := newStore(t, cli), newStore(t, cli)
+	most := (DefaultMaxTxnOps - 4) / 2
+	keys := make([]string, most+1)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("many:%d", i)
+	}
+	if _, err := other.Acquire(ctx, lockstore.Request{Key: keys[most-1], Owner: ownerB, TTL: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.AcquireAll(ctx, keys[:most], ownerA, 5*time.Second, "")
+	if err != nil || got[0].Acquired || got[most-1].Acquired || got[most-1].HolderTTL <= 0 {
+		t.Fatalf("AcquireAll of %d keys, one held elsewhere = %v, %v; want all refused", most, got, err)
+	}
+	if _, err := other.Release(ctx, keys[most-1], ownerB, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.AcquireAll(ctx, keys[:most], ownerA, 5*time.Second, ""); err != nil || !got[most-1].Acquired {
+		t.Fatalf("AcquireAll of %d free keys = %v, %v", most, got, err)
+	}
+	if _, err := s.AcquireAll(ctx, keys, ownerB, 5*time.Second, ""); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("at most %d", most)) {
+		t.Fatalf("AcquireAll of %d keys: %v, want the limit of %d named", len(keys), err, most)
 	}
 }
 

@@ -40,7 +40,7 @@ func WithLeaseMargin(d time.Duration) Option {
 }
 
 // WithMaxTxnOps sets the cluster's --max-txn-ops (default DefaultMaxTxnOps): RefreshAll reads
-// at most that many keys per transaction, and AcquireAll takes at most half as many.
+// at most that many keys per transaction, and AcquireAll at most (n-4)/2 keys, 62 by default.
 func WithMaxTxnOps(n int) Option {
 	return func(o *options) { o.maxTxnOps = n }
 }
