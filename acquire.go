@@ -50,23 +50,39 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	}
 }
 
-// acquirePermit is a semaphore's look: one store request for the first free of keys, whose
-// gate slots the caller owns; i is the index of the key granted. b does not wait: one request.
-func (l *Locker) acquirePermit(ctx context.Context, b *budget, keys []string) (h *hold, i int, err error) {
-	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, owner: newOwnerToken(), kind: holdGated}
+// permitGrant is a permit a look was granted: its index in the look's keys, and its hold.
+type permitGrant struct {
+	i int
+	h *hold
+}
+
+// acquirePermits is a semaphore's look: one store request for up to want of keys, the first
+// free ones. b does not wait: one request.
+func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, want int) ([]permitGrant, error) {
+	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated}
 	a.meta = l.withKind(ctx)
 	defer a.close()
 	res, sentAt, sent, err := a.call(b)
 	switch {
 	case err != nil:
 		_, err = a.afterError(b, err, sentAt)
-	case res.Acquired:
-		a.key = keys[res.Permit]
-		h, _, err = a.afterGrant(b, res, sent)
-	default:
+		return nil, err
+	case !res.Acquired:
 		_, err = a.afterBusy(b, res)
+		return nil, err
 	}
-	return h, res.Permit, err
+	granted := append([]lockstore.PermitGrant{{Permit: res.Permit, Fence: res.Fence}}, res.More...)
+	if l.k.tooLate(sent) {
+		for _, g := range granted {
+			l.k.giveBackLater(ctx, keys[g.Permit], a.owner, "")
+		}
+		return nil, errLateReply
+	}
+	grants := make([]permitGrant, len(granted))
+	for j, g := range granted {
+		grants[j] = permitGrant{i: g.Permit, h: newHold(l.k, keys[g.Permit], a.owner, g.Fence, "", sent, holdGated)}
+	}
+	return grants, nil
 }
 
 // acquisition is the state of one acquire. The wait's budget is passed to its methods, not
@@ -75,7 +91,8 @@ type acquisition struct {
 	l     *Locker
 	ctx   context.Context
 	key   string   // with permits: the one granted, once granted
-	keys  []string // a semaphore's look: the permits asked for in one request (acquirePermit)
+	keys  []string // a semaphore's look: the permits asked for in one request (acquirePermits)
+	want  int      // how many of keys the look may take
 	owner string   // changes when an attempt whose outcome is unknown is given back
 	asked time.Time
 	fw    *fairWaiter
@@ -106,7 +123,7 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	l := a.l
 	callCtx, cancel := l.callContext(a.ctx, b)
 	sentAt, sent = time.Now(), l.k.now()
-	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue, Permits: a.keys})
+	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue, Permits: a.keys, Want: a.want})
 	cancel()
 	return res, sentAt, sent, err
 }

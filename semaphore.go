@@ -144,59 +144,219 @@ type permitLook struct {
 	cut      bool // the wait ran out while a call of this look was on its way
 }
 
-// look asks the store once for the first free permit among those not held in this process,
-// from pt.first on, and returns its lease. Looks of several goroutines run at once: the store
-// grants each a permit of its own, and its gate slot is entered only then (gate.enterGranted).
+// permitFlight is the look at a semaphore's permits on its way in this process (gate.looks):
+// the takers that come meanwhile wait for its outcome instead of asking the store too, and the
+// look asks for a permit for each of those that came before it was sent. Guarded by gate.mu.
+type permitFlight struct {
+	waiters []*flightWaiter
+}
+
+// flightWaiter is a taker waiting for a look of another goroutine. Guarded by gate.mu.
+type flightWaiter struct {
+	ready chan struct{} // closed with the outcome
+	left  bool          // gave up before the outcome
+	grant permitGrant   // the permit handed to it (grant.h nil when none)
+	busy  *busyError    // the store refused the look: every permit it asked for is held
+	local int           // as permitLook.local, when busy
+	lead  *permitFlight // it leads the next look, for that look's waiters
+}
+
+// look makes one look at the permits: it asks the store, once, for the first free ones among
+// those whose slots are free in this process (it owns those slots meanwhile), or, when another
+// goroutine's look is on its way, waits for a permit of that one (follow).
 func (pt *permitTaker) look() (*Lease, error, permitLook) {
-	l, ctx := pt.l, pt.ctx
+	g := pt.l.k.gate
 	r := permitLook{busy: &busyError{}, local: -1}
-	free, local, err := l.k.gate.unheld(pt.keys, pt.first)
-	if err != nil {
-		return nil, err, r
+	g.mu.Lock()
+	if g.closed.Load() {
+		g.mu.Unlock()
+		return nil, ErrClosed, r
 	}
-	r.local = local
-	if len(free) == 0 {
-		return nil, nil, r
+	if f := g.looks[pt.keys[0]]; f != nil {
+		w := &flightWaiter{ready: make(chan struct{})}
+		f.waiters = append(f.waiters, w)
+		g.mu.Unlock()
+		return pt.follow(w, r)
 	}
-	keys := make([]string, len(free))
-	for j, i := range free {
-		keys[j] = pt.keys[i]
-	}
-	b := budget{parent: ctx, bound: pt.b.deadline}
-	defer b.stop()
-	sentAt := time.Now()
-	h, granted, err := l.acquirePermit(ctx, &b, keys)
-	if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-		// The store is unreachable and the caller chose to go on: hold a gate slot only.
-		h, granted, err = newLocalHold(l.k, keys[0], newOwnerToken()), 0, nil
-	}
-	if h != nil {
-		e, ok := l.k.gate.enterGranted(h.key)
-		if !ok {
-			if !h.degraded() {
-				h.stop()
-				l.k.giveBackLater(ctx, h.key, h.owner(), "")
-			}
-			r.local = free[granted] // its owner here holds it, or soon will: queue on it
-			return nil, nil, r
+	f := &permitFlight{}
+	g.looks[pt.keys[0]] = f
+	return pt.lead(f, r, 1)
+}
+
+// lead sends look f, asking for a permit for the caller and for each of f's waiters so far; g.mu
+// is held, and unlocked here. up is how far below look the caller is.
+func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, error, permitLook) {
+	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
+	claimed, entries := g.claimLocked(pt.keys, pt.first, &r.local)
+	want := 1 + len(f.waiters)
+	g.mu.Unlock()
+
+	var (
+		grants []permitGrant
+		err    error
+		sentAt time.Time
+	)
+	if len(claimed) > 0 {
+		keys := make([]string, len(claimed))
+		for j, i := range claimed {
+			keys[j] = pt.keys[i]
 		}
-		l.k.gate.setHold(e, h, false)
-		fence, _ := h.grantFence()
-		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+1), false), nil, r
+		b := budget{parent: ctx, bound: pt.b.deadline}
+		sentAt = time.Now()
+		grants, err = l.acquirePermits(ctx, &b, keys, min(want, len(keys)))
+		b.stop()
+		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
+			// The store is unreachable and the caller chose to go on: hold a gate slot only.
+			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
+		}
 	}
 	var be *busyError
+	if errors.As(err, &be) {
+		r.busy = be
+	}
+	var refused *busyError // what waiters learn when every permit asked for was busy
+	if be != nil && ctx.Err() == nil {
+		refused = be
+	}
+	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
+	if mine.h != nil {
+		fence, _ := mine.h.grantFence()
+		return newLeaseOf(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil, r
+	}
 	switch {
-	case errors.As(err, &be):
+	case len(claimed) == 0:
+	case be != nil:
 		if ctx.Err() != nil {
 			return nil, err, r
 		}
-		pt.answered, r.sawBusy, r.remote, r.busy = true, true, true, be
+		pt.answered, r.sawBusy, r.remote = true, true, true
 	case !pt.wait || endsTheWait(ctx, err):
 		return nil, err, r
 	case pt.b.spentDuringCall(sentAt, pt.answered):
 		r.cut = true
 	default:
 		r.storeErr = err // a waiter rides out the store's errors within its budget, as a lock's does
+	}
+	return nil, nil, r
+}
+
+// claimLocked makes the caller the owner of the free slots among keys, from keys[first] on, and
+// returns their indexes and entries; *local is set to the first key whose slot holds a lock of
+// this process (-1 when none). A slot whose owner only asks the store is neither. g.mu held.
+func (g *gate) claimLocked(keys []string, first int, local *int) (claimed []int, entries []*gateEntry) {
+	for j := range keys {
+		i := (first + j) % len(keys)
+		e := g.entries[keys[i]]
+		switch {
+		case e == nil:
+			e = &gateEntry{}
+			g.entries[keys[i]] = e
+		case e.taken:
+			if e.hold != nil && *local < 0 {
+				*local = i
+			}
+			continue
+		}
+		e.taken = true
+		e.refs++
+		claimed, entries = append(claimed, i), append(entries, e)
+	}
+	g.peak = max(g.peak, len(g.entries))
+	return claimed, entries
+}
+
+// settle ends look f: the slots of the permits granted get their holds and the other claimed
+// slots are left; the first grant is the caller's, the next ones go to the waiters in order,
+// and a grant nobody waits for any more is released. Waiters without a grant learn that every
+// permit was busy (busy), or else wait for the next look, which the first of them leads.
+func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
+	g := pt.l.k.gate
+	granted := make(map[int]*hold, len(grants))
+	for _, gr := range grants {
+		granted[gr.i] = gr.h
+	}
+	for j, e := range entries {
+		if h := granted[j]; h != nil {
+			g.setHold(e, h, false)
+		} else {
+			g.leave(pt.keys[claimed[j]], e, false)
+		}
+	}
+	g.mu.Lock()
+	delete(g.looks, pt.keys[0])
+	if len(grants) > 0 {
+		mine, grants = grants[0], grants[1:]
+	}
+	var next *permitFlight // the waiters left without a permit by a look that was not refused
+	for _, w := range f.waiters {
+		switch {
+		case w.left:
+			continue
+		case len(grants) > 0:
+			w.grant, grants = grants[0], grants[1:]
+		case busy != nil:
+			w.busy, w.local = busy, local
+		case next == nil:
+			// The first leads the next look, for the others too (and those that come meanwhile).
+			next = &permitFlight{}
+			g.looks[pt.keys[0]] = next
+			w.lead = next
+		default:
+			next.waiters = append(next.waiters, w)
+			continue // it waits for the next look's outcome
+		}
+		close(w.ready)
+	}
+	g.mu.Unlock()
+	for _, gr := range grants { // their takers left
+		if gr.h.done() {
+			_ = pt.l.k.endGrantBy(context.WithoutCancel(pt.ctx), gr.h)
+		}
+	}
+	return mine
+}
+
+// follow waits for the outcome of another goroutine's look, within the caller's wait.
+func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, permitLook) {
+	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
+	var expired <-chan time.Time
+	if !pt.b.deadline.IsZero() {
+		t := time.NewTimer(time.Until(pt.b.deadline))
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+	case <-expired:
+	}
+	g.mu.Lock()
+	select {
+	case <-w.ready:
+	default:
+		w.left = true // the look is still on its way: it gives this one's permit to no one
+	}
+	g.mu.Unlock()
+	h := w.grant.h
+	switch {
+	case w.left && ctx.Err() != nil:
+		return nil, ctx.Err(), r
+	case w.left:
+		r.cut = true // the wait ran out while the look was on its way
+	case h != nil && ctx.Err() != nil:
+		if h.done() {
+			_ = l.k.endGrantBy(context.WithoutCancel(ctx), h)
+		}
+		return nil, ctx.Err(), r
+	case h != nil:
+		fence, _ := h.grantFence()
+		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
+	case w.busy != nil:
+		pt.answered, r.sawBusy, r.remote, r.local = true, true, true, w.local
+		r.busy = &busyError{retryAfter: w.busy.retryAfter}
+	case w.lead != nil:
+		g.mu.Lock()
+		return pt.lead(w.lead, r, 2)
 	}
 	return nil, nil, r
 }

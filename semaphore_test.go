@@ -583,10 +583,10 @@ func (s *slowPlainStore) Acquire(ctx context.Context, req lockstore.Request) (lo
 	return s.Store.Acquire(ctx, req)
 }
 
-// A look can be granted a permit whose gate slot a goroutine of the process owns while it asks
-// the store for that key alone: the slot keeps one owner, so the grant goes back, and the
-// goroutine that owns the slot gets the lock.
-func TestPermitGrantedWhileItsSlotIsOwnedHereGoesBack(t *testing.T) {
+// A look never asks for a permit whose gate slot a goroutine of the process owns while it asks
+// the store for that key alone (the slot has one owner): the look is busy, nothing of that key
+// is taken, and the goroutine that owns the slot gets the lock.
+func TestLookSkipsAPermitWhoseSlotIsOwnedHere(t *testing.T) {
 	ctx := context.Background()
 	m := newMemStore()
 	if got, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
@@ -610,7 +610,7 @@ func TestPermitGrantedWhileItsSlotIsOwnedHereGoesBack(t *testing.T) {
 	if lease, err := sem.TryLock(ctx, "export"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("TryLock of a semaphore whose free permit's slot is owned here: %v, %v; want ErrBusy", lease, err)
 	}
-	// The grant went back, so the goroutine that owns the slot takes the lock.
+	// Nothing was taken, so the goroutine that owns the slot takes the lock.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		m.mu.Lock()
 		_, held := m.locks["lock:export"]
@@ -619,11 +619,154 @@ func TestPermitGrantedWhileItsSlotIsOwnedHereGoesBack(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the permit granted to the look was not given back")
+			t.Fatal("the look took the permit whose slot was owned here")
 		}
 	}
 	close(s.release)
 	if err := <-plainDone; err != nil {
 		t.Fatalf("the slot's owner could not take the lock after the look's grant went back: %v", err)
 	}
+}
+
+// heldLooks holds each permit look at the store until it is let go (one receive per look).
+type heldLooks struct {
+	lockstore.Store
+	arrived chan lockstore.Request // each permit look, as it arrives
+	letGo   chan struct{}
+}
+
+func newHeldLooks(s lockstore.Store) *heldLooks {
+	return &heldLooks{Store: s, arrived: make(chan lockstore.Request, 16), letGo: make(chan struct{})}
+}
+
+func (h *heldLooks) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if req.Permits != nil {
+		h.arrived <- req
+		<-h.letGo
+	}
+	return h.Store.Acquire(ctx, req)
+}
+
+// lookWaiters is how many takers of this process wait for the look at key's permits.
+func (l *Locker) lookWaiters(key string) int {
+	l.k.gate.mu.Lock()
+	defer l.k.gate.mu.Unlock()
+	if f := l.k.gate.looks[l.cfg.prefix+PermitKey(key, 1)]; f != nil {
+		return len(f.waiters)
+	}
+	return 0
+}
+
+// The takers of a process that come while a look at a key's permits is on its way ask the store
+// nothing: the next look asks for a permit for each of them, in one request, and hands them out.
+// A taker that gives up meanwhile is left out, and a permit granted for one that left after the
+// look was sent goes back.
+func TestTakersOfAProcessShareALookAtThePermits(t *testing.T) {
+	ctx := context.Background()
+	m := newMemStore()
+	h := newHeldLooks(wantStore{m})
+	l := mustLocker(t, h, WithPermits(8), WithWait(10*time.Second))
+	type got struct {
+		lease *Lease
+		err   error
+	}
+	results := make(chan got, 8)
+	take := func(ctx context.Context) {
+		lease, err := l.Lock(ctx, "export")
+		results <- got{lease, err}
+	}
+	go take(ctx)
+	first := <-h.arrived // the first look is on its way, for one permit
+	if first.Want != 1 {
+		t.Fatalf("the first look asked for %d permits, want 1", first.Want)
+	}
+	leaving, leave := context.WithCancel(ctx)
+	go take(leaving) // gives up before the first look's outcome
+	waitFor(t, 5*time.Second, "the first waiter", func() bool { return l.lookWaiters("export") == 1 })
+	for range 3 {
+		go take(ctx)
+	}
+	waitFor(t, 5*time.Second, "four waiters", func() bool { return l.lookWaiters("export") == 4 })
+	counted, cancelCounted := context.WithCancel(ctx)
+	go take(counted) // counted in the next look, then gives up before its outcome
+	waitFor(t, 5*time.Second, "five waiters", func() bool { return l.lookWaiters("export") == 5 })
+	leave()
+	if r := <-results; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("a taker that gave up while it waited for a look: %v, %v", r.lease, r.err)
+	}
+	h.letGo <- struct{}{}
+	var leases []*Lease
+	if r := <-results; r.err != nil {
+		t.Fatal(r.err)
+	} else {
+		leases = append(leases, r.lease)
+	}
+	next := <-h.arrived // led by the first of the four left, for all of them
+	if next.Want != 4 {
+		t.Fatalf("the next look asked for %d permits, want 4", next.Want)
+	}
+	cancelCounted()
+	if r := <-results; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("a taker that gave up while the look counted for it was on its way: %v, %v", r.lease, r.err)
+	}
+	h.letGo <- struct{}{}
+	for range 3 {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		leases = append(leases, r.lease)
+	}
+	seen := map[string]bool{}
+	for _, lease := range leases {
+		if seen[lease.Key()] {
+			t.Fatalf("two takers hold %q", lease.Key())
+		}
+		seen[lease.Key()] = true
+	}
+	m.mu.Lock()
+	held := len(m.locks)
+	m.mu.Unlock()
+	if held != 4 {
+		t.Fatalf("%d permits held in the store for 4 leases: the permit of the taker that left was kept", held)
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 5*time.Second, "every permit back", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return len(m.locks) == 0 })
+}
+
+// wantStore grants up to Want of a request's Permits, one key at a time, as a store that asks
+// for several at once does.
+type wantStore struct{ *memStore }
+
+func (w wantStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if req.Permits == nil {
+		return w.memStore.Acquire(ctx, req)
+	}
+	var out lockstore.Acquisition
+	for i, k := range req.Permits {
+		one := req
+		one.Key, one.Permits = k, nil
+		a, err := w.memStore.Acquire(ctx, one)
+		if err != nil {
+			return out, err
+		}
+		switch {
+		case !a.Acquired:
+		case !out.Acquired:
+			out, out.Permit = a, i
+		default:
+			out.More = append(out.More, lockstore.PermitGrant{Permit: i, Fence: a.Fence})
+		}
+		if out.Acquired && 1+len(out.More) == max(req.Want, 1) {
+			break
+		}
+	}
+	if !out.Acquired {
+		out.HolderTTL = time.Second
+	}
+	return out, nil
 }

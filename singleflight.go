@@ -25,6 +25,8 @@ type gate struct {
 	reads map[string]*hold
 	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
+	// guarded by mu: per semaphore (its first permit's store key), the look on its way
+	looks map[string]*permitFlight
 	// guarded by mu: store calls for holds outside the gate on the wire (beginBorrow)
 	borrowing int
 	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
@@ -125,6 +127,7 @@ func newGate() *gate {
 		borrowed:    make(map[*hold]uintptr),
 		reads:       make(map[string]*hold),
 		readFlights: make(map[string]chan struct{}),
+		looks:       make(map[string]*permitFlight),
 		closing:     make(chan struct{}),
 	}
 }
@@ -149,47 +152,6 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 		return e, nil, nil
 	}
 	return g.queue(b, key, e, wait, false)
-}
-
-// unheld returns, for a semaphore's look, the indexes of keys from keys[first] on whose slots
-// hold no lock of this process, and local, the first key whose slot does (-1 when none).
-func (g *gate) unheld(keys []string, first int) (free []int, local int, err error) {
-	local = -1
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed.Load() {
-		return nil, -1, ErrClosed
-	}
-	for j := range keys {
-		i := (first + j) % len(keys)
-		switch e := g.entries[keys[i]]; {
-		case e == nil || e.hold == nil:
-			free = append(free, i)
-		case local < 0:
-			local = i
-		}
-	}
-	return free, local, nil
-}
-
-// enterGranted makes the caller, granted key's lock in the store by a look, the owner of key's
-// slot; false when a goroutine of this process owns it (one finishing its release of that
-// lock, or one asking the store for it alone), and the grant must go back.
-func (g *gate) enterGranted(key string) (*gateEntry, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	e := g.entries[key]
-	switch {
-	case e == nil:
-		e = &gateEntry{}
-		g.entries[key] = e
-		g.peak = max(g.peak, len(g.entries))
-	case e.taken:
-		return nil, false
-	}
-	e.taken = true
-	e.refs++
-	return e, true
 }
 
 // enterRead is enter for a reader (WithRead) while a goroutine of this process owns key's slot:

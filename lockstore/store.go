@@ -30,6 +30,9 @@ type Acquisition struct {
 	// Permit is, for a request with Permits, the index in Permits of the key granted or
 	// re-entered; 0 otherwise.
 	Permit int
+	// More are, for a request with Permits and a Want above 1, the permits granted beside
+	// Permit, each with its own fence; every one is held by the request's owner.
+	More []PermitGrant
 	// HolderTTL is how long the current holder's lock has left when not acquired (with
 	// Permits, the shortest of the busy keys').
 	HolderTTL time.Duration
@@ -63,6 +66,10 @@ type Request struct {
 	// outcome it does not know, and asks again as a new owner. A permit request is neither a
 	// read nor a fair one: Owner is not a ReadOwner and Asked is zero.
 	Permits []string
+	// Want, with Permits, is how many of them the request may take at once (0 is 1): a process
+	// whose goroutines wait for permits of one key asks for them together. A store may grant
+	// fewer than Want, but at least one while one is free (Acquisition.More has the others).
+	Want int
 	// Queue, for a fair acquisition, is how long the caller's place lives without another
 	// Acquire from it: a waiter that stops asking (its process died) leaves the line by itself
 	// after Queue. 0 takes the key only when nobody is in line before the caller and takes no
@@ -197,6 +204,12 @@ func CheckPermits(req Request) error {
 		}
 	}
 	return nil
+}
+
+// PermitGrant is one permit of Acquisition.More: its index in Request.Permits and its fence.
+type PermitGrant struct {
+	Permit int
+	Fence  int64
 }
 
 // Renewal is one lock of a RefreshAll call: Refresh's arguments.

@@ -42,10 +42,10 @@
 -- script sees the value in between: a script runs alone.
 --
 -- Permits: KEYS holds pairs (a permit's lock key, its slot's fence counter), in the order to
--- try them, all in one hash slot on a Cluster. The script first looks for a permit ARGV[1]
--- holds (a re-sent call: {2, fence, i}), then takes the first it can take as above
--- ({1, fence, i}, i the pair's place from 1), else marks every one and replies
--- {0, shortest pttl, the first one's value}.
+-- try them, all in one hash slot on a Cluster; ARGV[4] is how many to take at most. The script
+-- first looks for the permits ARGV[1] holds (a re-sent call: {2, fence, i, fence, i, ...}, i a
+-- pair's place from 1), then takes the first it can take as above, up to ARGV[4] of them
+-- ({1, fence, i, ...}), else marks every one and replies {0, shortest pttl, the first value}.
 --
 -- Arguments reach redis.call as the strings they came in: a Lua number would be formatted with
 -- "%.17g" on every call, which costs more than the SET itself.
@@ -124,21 +124,34 @@ if #KEYS == 2 then
   return {0, busy(1, current), current}
 end
 
+local out = {2}
 for i = 1, #KEYS, 2 do
   local fence = held(i, redis.call('GET', KEYS[i]))
   if fence then
-    return {2, fence, (i + 1) / 2}
+    out[#out + 1] = fence
+    out[#out + 1] = (i + 1) / 2
   end
 end
-local values = {}
+if #out > 1 then
+  return out
+end
+local want, values = tonumber(ARGV[4]), {}
+out[1] = 1
 for i = 1, #KEYS, 2 do
   local f, current = take(i)
   if type(f) == 'table' then
     return f -- an error reply
   elseif f then
-    return {1, f, (i + 1) / 2} -- the permits passed over stay unmarked: this taker waits for none
+    out[#out + 1] = f
+    out[#out + 1] = (i + 1) / 2
+    if (#out - 1) / 2 >= want then
+      break
+    end
   end
   values[i] = current
+end
+if #out > 1 then
+  return out -- the permits passed over stay unmarked: this taker waits for none
 end
 local pttl = nil
 for i = 1, #KEYS, 2 do

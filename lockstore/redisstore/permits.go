@@ -22,11 +22,14 @@ func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) 
 	var busy lockstore.Acquisition
 	for from := 0; from < len(req.Permits); {
 		to := from + 1
-		for cluster && to < len(req.Permits) && lockstore.KeySlot(req.Permits[to]) == lockstore.KeySlot(req.Permits[from]) {
+		for to < len(req.Permits) && (!cluster || lockstore.KeySlot(req.Permits[to]) == lockstore.KeySlot(req.Permits[from])) {
 			to++
 		}
 		res, err := s.acquireRun(ctx, req, req.Permits[from:to])
 		res.Permit += from
+		for i := range res.More {
+			res.More[i].Permit += from
+		}
 		if err != nil || res.Acquired {
 			return res, err
 		}
@@ -47,7 +50,7 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		}
 		keys = append(keys, k, lockstore.FenceKey(k))
 	}
-	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta)}
+	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}
 	var (
 		cmd   *redis.Cmd
 		acked int64
@@ -57,14 +60,16 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		cmd, acked, err = s.runAcked(ctx, acquireScript, keys, args...)
 	} else {
 		cmd = s.run(ctx, acquireScript, keys, func(late *redis.Cmd) {
-			// An orphan: whichever permit the call took goes back.
-			if code, _, i, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
-				s.giveUp(permits[i], req.Owner, "")
+			// An orphan: whichever permits the call took go back.
+			if code, grants, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
+				for _, g := range grants {
+					s.giveUp(permits[g.Permit], req.Owner, "")
+				}
 			}
 		}, args...)
 		err = cmd.Err()
 	}
-	code, n, i, value, rerr := permitReply(cmd, permits)
+	code, grants, value, rerr := permitReply(cmd, permits)
 	if err == nil {
 		err = rerr
 	}
@@ -81,44 +86,48 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 	switch code {
 	case acquireTaken, acquireReentered:
 		if s.replicas > 0 && acked < int64(s.replicas) {
-			s.giveUp(permits[i], req.Owner, "")
+			for _, g := range grants {
+				s.giveUp(permits[g.Permit], req.Owner, "")
+			}
 			return lockstore.Acquisition{}, s.notReplicated(acked)
 		}
-		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered, Fence: n, Permit: i}, nil
+		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
+			Fence: grants[0].Fence, Permit: grants[0].Permit, More: grants[1:]}, nil
 	case acquireBusy:
 		meta, _ := valueMeta(value)
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: meta}, nil
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(grants[0].Fence, 0)) * time.Millisecond, Holder: meta}, nil
 	}
 	return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", permits[0], code)
 }
 
 // permitReply reads acquire.lua's reply to a call over permits: one permit's replies (see
-// reply), or {1 or 2, fence, place from 1} and {0, pttl, value} for several. i is the index
-// of the permit taken or re-entered.
-func permitReply(cmd *redis.Cmd, permits []string) (code, n int64, i int, value string, err error) {
+// reply), or for several {1 or 2, then a fence and a place from 1 per permit taken or
+// re-entered} and {0, pttl, value}. A busy reply's pttl is in grants[0].Fence.
+func permitReply(cmd *redis.Cmd, permits []string) (code int64, grants []lockstore.PermitGrant, value string, err error) {
 	if len(permits) == 1 {
-		code, n, value, err = reply(cmd)
-		return code, n, 0, value, err
+		code, n, value, err := reply(cmd)
+		return code, []lockstore.PermitGrant{{Fence: n}}, value, err
 	}
 	r, err := cmd.Slice()
 	if err != nil {
-		return 0, 0, 0, "", err
+		return 0, nil, "", err
 	}
-	if len(r) != 3 {
-		return 0, 0, 0, "", fmt.Errorf("unexpected reply %v", r)
-	}
-	code, ok1 := r[0].(int64)
-	n, ok2 := r[1].(int64)
-	if !ok1 || !ok2 {
-		return 0, 0, 0, "", fmt.Errorf("unexpected reply types %T, %T", r[0], r[1])
+	code, ok := r[0].(int64)
+	if !ok || len(r) < 3 || len(r)%2 != 1 {
+		return 0, nil, "", fmt.Errorf("unexpected reply %v", r)
 	}
 	if code == acquireBusy {
+		pttl, _ := r[1].(int64)
 		value, _ = r[2].(string)
-		return code, n, 0, value, nil
+		return code, []lockstore.PermitGrant{{Fence: pttl}}, value, nil
 	}
-	place, ok := r[2].(int64)
-	if !ok || place < 1 || int(place) > len(permits) {
-		return 0, 0, 0, "", fmt.Errorf("unexpected permit %v of %d", r[2], len(permits))
+	for j := 1; j < len(r); j += 2 {
+		fence, ok1 := r[j].(int64)
+		place, ok2 := r[j+1].(int64)
+		if !ok1 || !ok2 || place < 1 || int(place) > len(permits) {
+			return 0, nil, "", fmt.Errorf("unexpected permit reply %v of %d permits", r, len(permits))
+		}
+		grants = append(grants, lockstore.PermitGrant{Permit: int(place) - 1, Fence: fence})
 	}
-	return code, n, int(place) - 1, "", nil
+	return code, grants, "", nil
 }
