@@ -124,38 +124,44 @@ if #KEYS == 2 then
   return {0, busy(1, current), current}
 end
 
-local out = {2}
+-- Permits: one MGET reads them all; then the ones ARGV[1] holds are re-entered, or up to
+-- ARGV[4] of the free ones are taken in order, or, with none free, each is marked.
+local locks = {}
 for i = 1, #KEYS, 2 do
-  local fence = held(i, redis.call('GET', KEYS[i]))
+  locks[#locks + 1] = KEYS[i]
+end
+local values, out, free = redis.call('MGET', unpack(locks)), {2}, {}
+for j, v in ipairs(values) do
+  local i = 2 * j - 1
+  local fence = held(i, v)
   if fence then
     out[#out + 1] = fence
-    out[#out + 1] = (i + 1) / 2
+    out[#out + 1] = j
+  elseif not v or string.sub(v, 1, 3) == '~w ' then
+    free[#free + 1] = i
   end
 end
 if #out > 1 then
   return out
 end
-local want, values = tonumber(ARGV[4]), {}
 out[1] = 1
-for i = 1, #KEYS, 2 do
-  local f, current = take(i)
+for _, i in ipairs(free) do
+  local f = take(i) -- it takes a free key
   if type(f) == 'table' then
     return f -- an error reply
-  elseif f then
-    out[#out + 1] = f
-    out[#out + 1] = (i + 1) / 2
-    if (#out - 1) / 2 >= want then
-      break
-    end
   end
-  values[i] = current
+  out[#out + 1] = f
+  out[#out + 1] = (i + 1) / 2
+  if (#out - 1) / 2 >= tonumber(ARGV[4]) then
+    break
+  end
 end
 if #out > 1 then
   return out -- the permits passed over stay unmarked: this taker waits for none
 end
 local pttl = nil
-for i = 1, #KEYS, 2 do
-  local left = busy(i, values[i])
+for j, v in ipairs(values) do
+  local left = busy(2 * j - 1, v)
   if not pttl or (left >= 0 and (pttl < 0 or left < pttl)) then
     pttl = left
   end
