@@ -459,6 +459,24 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	if got := ask(ownerD); !got.Acquired || got.Permit != 0 || got.Fence <= held.Fence {
 		t.Fatalf("permits with the first freed = %+v, want the first with a fence above %d", got, held.Fence)
 	}
+	// Want: at least one permit while one is free, at most Want, each the owner's.
+	wide := []string{k + ":w1", k + ":w2", k + ":w3"}
+	const ownerE = "storetest-owner-eeeeeeeeeeeeeeee"
+	many, err := st.Acquire(ctx, lockstore.Request{Key: wide[0], Permits: wide, Want: 2, Owner: ownerE, TTL: s.TTL})
+	if err != nil || !many.Acquired || len(many.More) > 1 {
+		t.Fatalf("Want 2 of 3 free permits = %+v, %v; want one or two granted", many, err)
+	}
+	for _, g := range append([]lockstore.PermitGrant{{Permit: many.Permit, Fence: many.Fence}}, many.More...) {
+		if g.Fence <= 0 {
+			t.Fatalf("grant %+v of %+v has no fence", g, many)
+		}
+		if err := st.Refresh(ctx, wide[g.Permit], ownerE, s.TTL); err != nil {
+			t.Fatalf("permit %d granted with Want is not the owner's: %v", g.Permit, err)
+		}
+	}
+	if len(many.More) == 1 && many.More[0].Permit == many.Permit {
+		t.Fatalf("one permit granted twice: %+v", many)
+	}
 	for _, bad := range []lockstore.Request{
 		{Key: keys[0], Permits: keys, Owner: lockstore.ReadOwner(ownerA), TTL: s.TTL},
 		{Key: keys[0], Permits: []string{keys[0], ""}, Owner: ownerA, TTL: s.TTL},
