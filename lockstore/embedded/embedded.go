@@ -19,6 +19,18 @@ import (
 // when its clock moves, so lock TTLs are accurate to about this much.
 const tick = 10 * time.Millisecond
 
+// advance moves mr's clock on by the time from last to now, at most maxStep (see there), and
+// returns now.
+func advance(mr *miniredis.Miniredis, last, now time.Time) time.Time {
+	mr.FastForward(min(now.Sub(last), maxStep))
+	return now
+}
+
+// maxStep bounds one move of the clock. A ticker held up (a starved process) would otherwise
+// move it by the whole wait at once, taking time from keys set meanwhile that they never lived,
+// so that a lock ran out before its TTL. A clock that falls behind only makes locks live longer.
+const maxStep = 2 * tick
+
 // New starts an in-process miniredis on a free loopback port and returns a store on it, with
 // opts applied. Close stops the server and closes the store's client. The client speaks RESP2,
 // the protocol with which miniredis delivers pub/sub messages.
@@ -44,8 +56,7 @@ func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 			case <-stop:
 				return
 			case now := <-t.C:
-				mr.FastForward(now.Sub(last))
-				last = now
+				last = advance(mr, last, now)
 			}
 		}
 	})
