@@ -59,10 +59,11 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 
 // acquirePermits serves a request with Permits. It reads every permit's key node at once, in
 // one round trip (the session's connection carries the reads together), then takes with
-// acquire a permit that owner holds already (a re-sent request re-enters it), else the first
-// the read found free or without holds (acquire clears such a node). A read that fails fails
-// the request: that permit may be owner's. Only when it takes none does it mark the busy ones,
-// each as acquire marks a key it is refused, all at once.
+// takePermits every permit that owner holds already (a re-sent request re-enters them all and
+// takes no more), else up to Want of those the read found free or without holds (acquire
+// clears such a node). A read that fails fails the request: that permit may be owner's. Only
+// when it takes none does it mark the busy ones, each as acquire marks a key it is refused,
+// all at once.
 func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -98,14 +99,12 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 			taken = append(taken, i)
 		}
 	}
-	var busy lockstore.Acquisition
-	for _, i := range append(mine, free...) {
-		a, err := s.acquire(ctx, req.Permits[i], req.Owner, req.Meta, "")
-		if err != nil || a.Acquired {
-			a.Permit = i
-			return a, err
-		}
-		busy = a // taken since the read: acquire marked it
+	busy, err := s.takePermits(ctx, req, mine, len(mine))
+	if !busy.Acquired && err == nil {
+		busy, err = s.takePermits(ctx, req, free, max(req.Want, 1))
+	}
+	if err != nil || busy.Acquired {
+		return busy, err
 	}
 	for _, i := range taken {
 		n := &looks[i]
@@ -116,6 +115,54 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		busy.Holder = cmp.Or(busy.Holder, looks[i].busy.Holder)
 	}
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
+}
+
+// takePermits takes up to want of the permits at places idx of req.Permits, in order, each with
+// acquire: they are different keys, so the takes of a round go out together. One taken since
+// the look is refused (busy, marked by acquire) and the next is tried in its place. A take
+// that fails ends the rounds, and its error is the reply only when none was granted: otherwise
+// the grants are, and that permit, which the take may have got, goes back in the background
+// (the caller holds only what the reply names).
+func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
+	var (
+		grants      []lockstore.PermitGrant
+		busy, first lockstore.Acquisition
+		failed      []int
+		err         error
+	)
+	for len(idx) > 0 && len(grants) < want && failed == nil {
+		round := idx[:min(want-len(grants), len(idx))]
+		idx = idx[len(round):]
+		res, errs := make([]lockstore.Acquisition, len(round)), make([]error, len(round))
+		var wg sync.WaitGroup
+		for j, i := range round {
+			wg.Go(func() { res[j], errs[j] = s.acquire(ctx, req.Permits[i], req.Owner, req.Meta, "") })
+		}
+		wg.Wait()
+		for j, i := range round {
+			switch {
+			case errs[j] != nil:
+				failed, err = append(failed, i), cmp.Or(err, errs[j])
+			case !res[j].Acquired:
+				busy = res[j]
+			default:
+				if grants == nil {
+					first = res[j]
+				}
+				grants = append(grants, lockstore.PermitGrant{Permit: i, Fence: res[j].Fence})
+			}
+		}
+	}
+	if grants == nil {
+		return busy, err
+	}
+	for _, i := range failed {
+		p, own := s.keyPath(req.Permits[i]), ownName(req.Owner)
+		s.remember(p, req.Owner, own) // releaseLater gives back only what it finds remembered
+		go s.releaseLater(p, req.Owner, own)
+	}
+	first.Permit, first.More = grants[0].Permit, grants[1:]
+	return first, nil
 }
 
 // acquire takes key for owner; place, when set, is owner's place in the key's fair line, which

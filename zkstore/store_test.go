@@ -225,6 +225,61 @@ func TestPermitLookIsOneRoundTrip(t *testing.T) {
 	}
 }
 
+// A look with Want 3 at 5 permits of which 3 are free takes those 3, each the owner's with a
+// fence, in the look's two round trips (the reads, then the takes together); sent again, it
+// re-enters all 3 and takes nothing more, though another permit was freed meanwhile.
+func TestPermitLookTakesUpToWantAndASentAgainReentersThemAll(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	ctx := context.Background()
+	const d, holder, taker = 300 * time.Millisecond, "holder-token", "taker-token"
+	keys := make([]string, 5)
+	for i := range keys {
+		keys[i] = flightlock.PermitKey("sem-want", i+1)
+	}
+	for _, i := range []int{1, 3} {
+		if a, err := other.Acquire(ctx, lockstore.Request{Key: keys[i], Owner: holder, TTL: time.Second}); err != nil || !a.Acquired {
+			t.Fatal(a, err)
+		}
+	}
+	proxy.SetDelay(d)
+	look := func(what string, within time.Duration) lockstore.Acquisition {
+		t.Helper()
+		start := time.Now()
+		a, err := s.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Want: 3, Owner: taker, TTL: time.Second})
+		if took := time.Since(start); err != nil || took >= within {
+			t.Fatalf("%s: %+v, %v after %v, want within %v", what, a, err, took, within)
+		}
+		return a
+	}
+	grants := func(a lockstore.Acquisition) []lockstore.PermitGrant {
+		return append([]lockstore.PermitGrant{{Permit: a.Permit, Fence: a.Fence}}, a.More...)
+	}
+	got := look("a look with Want 3 and 3 permits free", 3*d)
+	if !got.Acquired || got.Reentered || len(got.More) != 2 {
+		t.Fatalf("a look with Want 3 and 3 permits free: %+v, want all 3 taken", got)
+	}
+	for j, g := range grants(got) {
+		if want := []int{0, 2, 4}[j]; g.Permit != want || g.Fence <= 0 {
+			t.Fatalf("grant #%d of %+v: %+v, want permit %d with a fence", j, got, g, want)
+		}
+		if err := s.Refresh(ctx, keys[g.Permit], taker, time.Second); err != nil {
+			t.Fatalf("permit %d granted is not the owner's: Refresh = %v", g.Permit, err)
+		}
+	}
+	if _, err := other.Release(ctx, keys[1], holder, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	again := look("a re-sent look", 4*d)
+	if !again.Acquired || !again.Reentered || !slices.Equal(grants(again), grants(got)) {
+		t.Fatalf("a re-sent look: %+v, want %+v re-entered", again, got)
+	}
+	if _, err := other.TTL(ctx, keys[1]); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a re-sent look took a permit freed since: TTL = %v, want ErrNotHeld", err)
+	}
+}
+
 // Fences strictly grow across a leader change, and a holder keeps its lock through one (its
 // refreshes retry until the new leader answers, well within the TTL).
 func TestFencesGrowAndHoldsSurviveALeaderChange(t *testing.T) {
