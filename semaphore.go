@@ -52,7 +52,9 @@ var permitTurn atomic.Uint32
 // A waiter queues on a permit held in this process, a retry delay at a time; while all are
 // held elsewhere it looks again when one is released. A look is one store request for the
 // permits no goroutine of this process holds or asks for (on a Redis Cluster, one per hash
-// slot among them: give a semaphore's key a hash tag, "{tenant:7}:export", for one in all).
+// slot among them: give a semaphore's key a hash tag, "{tenant:7}:export", for one in all),
+// and the takers of a process share looks: one at a time is on its way, and the next asks for
+// a permit for each taker that waits for it.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
