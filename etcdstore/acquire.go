@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -54,7 +55,7 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 		var err error
 		switch {
 		case len(req.Permits) > 0:
-			a, err = s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, start, again)
+			a, err = s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
 		case read:
 			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
 		default:
@@ -67,24 +68,26 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 
 // permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
 // operation per permit: etcd counts each nested transaction's operations against what its
-// parent branch leaves, and a refusal (3) nests markWriter (2). A cluster that allows fewer is
+// parent branch leaves, and a refusal (3) nests markWriter (2); the grant's branch and its
+// looks at the other permits (2 compares each) need 4. A cluster that allows fewer is
 // asked one permit at a time (lockstore.AcquireEach).
 const permitLookOps = 5
 
-// acquirePermitsOnce is one attempt of Acquire with Permits keys: one transaction looks at them
-// all, refusing each one held as acquireWriteOnce does (writeOps):
+// acquirePermitsOnce is one attempt of Acquire with Permits keys, of which it takes up to want:
+// one transaction looks at them all, refusing each one held as acquireWriteOnce does (writeOps):
 //
 //	if   writable(keys[0])                        (unless owner may hold one of keys)
-//	then grant(keys[0])
+//	then grant(keys[0]); for each other k: writable(k)     (the looks with want > 1)
 //	else for each k: if writable(k) then nothing else refusal(k)
 //
-// A permit the owner holds (an earlier Acquire's, or an attempt's whose reply was lost) is
-// re-entered, so the first permit is granted at once only while the store knows of no entry
-// of owner's for keys. Otherwise the first free permit seen is taken on the one-key path (one
-// more round trip), or the next if another owner took it since. A busy reply carries the
-// shortest HolderTTL of the permits, and that holder's metadata.
+// The permits the owner holds (an earlier Acquire's, or an attempt's whose reply was lost) are
+// re-entered, all of them and nothing more, so the first permit is granted at once only while
+// the store knows of no entry of owner's for keys. Otherwise the free permits seen are taken on
+// the one-key path (one more round trip: the takes go at once), the next ones in place of those
+// another owner took since, until want are held. A busy reply carries the shortest HolderTTL
+// of the permits, and that holder's metadata.
 func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
-	start time.Time, again bool) (lockstore.Acquisition, error) {
+	want int, start time.Time, again bool) (lockstore.Acquisition, error) {
 	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, owner); return ok })
 	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
 	if err != nil {
@@ -100,6 +103,11 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 	txn, taken := s.cli.Txn(ctx).Then(looks...), keys[:0]
 	if !mayHold {
 		cmps, grant, _ := writeOps(keys[0], value, l)
+		if want > 1 { // which others are free; no marks, as a grant makes no busy reply
+			for _, k := range keys[1:] {
+				grant = append(grant, clientv3.OpTxn(writable(k), nil, nil))
+			}
+		}
 		txn, taken = s.cli.Txn(ctx).If(cmps...).Then(grant...).Else(looks...), keys[:1]
 	}
 	resp, err := txn.Commit()
@@ -107,47 +115,90 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
 			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
 	}
-	if !mayHold && resp.Succeeded {
-		return s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
-	}
 	var out lockstore.Acquisition
-	var free []int
-	seen := false
-	shorter := func(a lockstore.Acquisition) {
-		if !seen || a.HolderTTL < out.HolderTTL {
+	seen, got := false, 0 // got: permits in out
+	// add takes the outcomes in permit order: the first grant, More, or the shortest busy reply.
+	add := func(i int, a lockstore.Acquisition) {
+		if a.Acquired {
+			got++
+		}
+		switch {
+		case a.Acquired && out.Acquired:
+			out.More = append(out.More, lockstore.PermitGrant{Permit: i, Fence: a.Fence})
+		case a.Acquired:
+			out, out.Permit = a, i
+		case !out.Acquired && (!seen || a.HolderTTL < out.HolderTTL):
 			out, seen = a, true
 		}
 	}
-	for i, k := range keys {
-		t := resp.Responses[i].GetResponseTxn()
-		if t.Succeeded {
-			free = append(free, i)
-			continue
+	// each runs one for each permit of is at once (each on a key of its own, so they are
+	// independent) and adds their outcomes. A failure is the error when nothing is granted, or
+	// when its lease is gone (the grants on it went with it); else the one-key path cleans up.
+	each := func(is []int, one func(int) (lockstore.Acquisition, error)) error {
+		as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
+		var wg sync.WaitGroup
+		for j, i := range is {
+			wg.Go(func() { as[j], errs[j] = one(i) })
 		}
-		kv, a := refusal(t.Responses)
-		if kv != nil && ownedBy(kv.Value, owner) {
-			a, err := s.reentered(ctx, k, owner, ttl, kv, nil, l, start, false)
-			return permit(a, i), err
+		wg.Wait()
+		for j, i := range is {
+			add(i, as[j])
 		}
-		s.noteBusy(k, resp.Header.Revision)
-		shorter(a)
+		for _, err := range errs {
+			if err != nil && (got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) {
+				return err
+			}
+		}
+		return nil
 	}
-	for _, i := range free {
-		a, err := s.acquireWriteOnce(ctx, keys[i], owner, ttl, meta, false, 0, start, again)
-		if err != nil || a.Acquired {
-			return permit(a, i), err
+	var free, held []int
+	ours := make([]*mvccpb.KeyValue, len(keys))
+	if !mayHold && resp.Succeeded {
+		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
+		if err != nil {
+			return a, err
 		}
-		shorter(a)
+		add(0, a)
+		for i, r := range resp.Responses[3:] {
+			if r.GetResponseTxn().Succeeded {
+				free = append(free, i+1)
+			}
+		}
+	} else {
+		for i, k := range keys {
+			t := resp.Responses[i].GetResponseTxn()
+			if t.Succeeded {
+				free = append(free, i)
+				continue
+			}
+			kv, a := refusal(t.Responses)
+			if kv != nil && ownedBy(kv.Value, owner) {
+				held, ours[i] = append(held, i), kv
+				continue
+			}
+			s.noteBusy(k, resp.Header.Revision)
+			add(i, a)
+		}
+	}
+	if len(held) > 0 {
+		out, seen = lockstore.Acquisition{}, false // the permits held are the answer, busy or not
+		if err := each(held, func(i int) (lockstore.Acquisition, error) {
+			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start, false)
+		}); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		return out, nil
+	}
+	for len(free) > 0 && got < want {
+		n := min(len(free), want-got)
+		if err := each(free[:n], func(i int) (lockstore.Acquisition, error) {
+			return s.acquireWriteOnce(ctx, keys[i], owner, ttl, meta, false, 0, start, again)
+		}); err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		free = free[n:]
 	}
 	return out, nil
-}
-
-// permit is a, the outcome of Acquire of permit i alone, as the request's.
-func permit(a lockstore.Acquisition, i int) lockstore.Acquisition {
-	if a.Acquired {
-		a.Permit = i
-	}
-	return a
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent

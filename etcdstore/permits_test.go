@@ -201,6 +201,65 @@ func TestResentPermitLookReentersWhatItTook(t *testing.T) {
 	}
 }
 
+// A look with Want 3 over 5 permits, 3 of them free, takes those 3 (whether the first is among
+// them or not), each the owner's with a fence of its own, in one look and a take each of the
+// others at once; sent again, it re-enters all 3 and takes nothing more.
+func TestPermitLookTakesWantOfTheFree(t *testing.T) {
+	c := etcdtest.Start(t)
+	kc := &kvCounter{}
+	ctx, holder := bg(t), newStore(t, c.Client(t))
+	taker := newStore(t, faultyClient(t, c, kc.intercept, nil))
+	const ttl = 2 * time.Second
+	for _, tc := range []struct {
+		busy, free []int
+		requests   int64 // KV requests: the look (granting the first when free), and a take each
+	}{
+		{busy: []int{1, 3}, free: []int{0, 2, 4}, requests: 3},
+		{busy: []int{0, 2}, free: []int{1, 3, 4}, requests: 4},
+	} {
+		keys := permitKeys(fmt.Sprint("want", tc.busy), 5)
+		var others []string
+		for _, i := range tc.busy {
+			others = append(others, keys[i])
+		}
+		if _, err := holder.AcquireAll(ctx, others, ownerB, ttl, ""); err != nil {
+			t.Fatal(err)
+		}
+		req := lockstore.Request{Key: keys[0], Permits: keys, Want: 3, Owner: ownerA, TTL: ttl}
+		kc.n.Store(0)
+		got, err := taker.Acquire(ctx, req)
+		if err != nil || !got.Acquired || got.Reentered {
+			t.Fatalf("Want 3 with permits %v free = %+v, %v; want them acquired", tc.free, got, err)
+		}
+		if n := kc.n.Load(); n != tc.requests {
+			t.Errorf("Want 3 with permits %v free took %d KV requests, want %d", tc.free, n, tc.requests)
+		}
+		grants := append([]lockstore.PermitGrant{{Permit: got.Permit, Fence: got.Fence}}, got.More...)
+		var permits []int
+		for _, g := range grants {
+			permits = append(permits, g.Permit)
+			if g.Fence <= 0 {
+				t.Errorf("permit %d granted with fence %d", g.Permit, g.Fence)
+			}
+			if err := taker.Refresh(ctx, keys[g.Permit], ownerA, ttl); err != nil {
+				t.Errorf("permit %d granted is not the owner's: Refresh = %v", g.Permit, err)
+			}
+		}
+		if !slices.Equal(permits, tc.free) {
+			t.Fatalf("Want 3 with permits %v free granted %v (%+v)", tc.free, permits, got)
+		}
+		// Sent again with a permit freed since: the same 3 re-entered, nothing more taken.
+		mustRelease(t, holder, others[0], ownerB)
+		again, err := taker.Acquire(ctx, req)
+		if err != nil || !again.Acquired || !again.Reentered || again.Permit != got.Permit || !slices.Equal(again.More, got.More) {
+			t.Fatalf("Want 3 sent again = %+v, %v; want %+v re-entered", again, err, got)
+		}
+		if kv := get(t, c.Client(t), others[0]); kv != nil {
+			t.Errorf("a request sent again took permit %q beside those it holds", others[0])
+		}
+	}
+}
+
 // mustRelease releases owner's own hold of key on s.
 func mustRelease(t *testing.T, s *Store, key, owner string) {
 	t.Helper()
