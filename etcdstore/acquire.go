@@ -115,90 +115,109 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
 			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
 	}
-	var out lockstore.Acquisition
-	seen, got := false, 0 // got: permits in out
-	// add takes the outcomes in permit order: the first grant, More, or the shortest busy reply.
-	add := func(i int, a lockstore.Acquisition) {
-		if a.Acquired {
-			got++
-		}
-		switch {
-		case a.Acquired && out.Acquired:
-			out.More = append(out.More, lockstore.PermitGrant{Permit: i, Fence: a.Fence})
-		case a.Acquired:
-			out, out.Permit = a, i
-		case !out.Acquired && (!seen || a.HolderTTL < out.HolderTTL):
-			out, seen = a, true
-		}
+	var p permitReplies
+	free, held, ours, err := s.sortPermits(ctx, resp, keys, owner, value, l, !mayHold && resp.Succeeded, start, ttl, &p)
+	if err != nil {
+		return lockstore.Acquisition{}, err
 	}
-	// each runs one for each permit of is at once (each on a key of its own, so they are
-	// independent) and adds their outcomes. A failure is the error when nothing is granted, or
-	// when its lease is gone (the grants on it went with it); else the one-key path cleans up.
-	each := func(is []int, one func(int) (lockstore.Acquisition, error)) error {
-		as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
-		var wg sync.WaitGroup
-		for j, i := range is {
-			wg.Go(func() { as[j], errs[j] = one(i) })
-		}
-		wg.Wait()
-		for j, i := range is {
-			add(i, as[j])
-		}
-		for _, err := range errs {
-			if err != nil && (got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) {
-				return err
-			}
-		}
-		return nil
-	}
-	var free, held []int
-	ours := make([]*mvccpb.KeyValue, len(keys))
-	if !mayHold && resp.Succeeded {
-		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
-		if err != nil {
-			return a, err
-		}
-		add(0, a)
-		for i, r := range resp.Responses[3:] {
-			if r.GetResponseTxn().Succeeded {
-				free = append(free, i+1)
-			}
-		}
-	} else {
-		for i, k := range keys {
-			t := resp.Responses[i].GetResponseTxn()
-			if t.Succeeded {
-				free = append(free, i)
-				continue
-			}
-			kv, a := refusal(t.Responses)
-			if kv != nil && ownedBy(kv.Value, owner) {
-				held, ours[i] = append(held, i), kv
-				continue
-			}
-			s.noteBusy(k, resp.Header.Revision)
-			add(i, a)
-		}
-	}
-	if len(held) > 0 {
-		out, seen = lockstore.Acquisition{}, false // the permits held are the answer, busy or not
-		if err := each(held, func(i int) (lockstore.Acquisition, error) {
+	if len(held) > 0 { // the permits held are the answer, busy or not
+		p = permitReplies{}
+		if err := p.each(held, func(i int) (lockstore.Acquisition, error) {
 			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start, false)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
-		return out, nil
+		return p.out, nil
 	}
-	for len(free) > 0 && got < want {
-		n := min(len(free), want-got)
-		if err := each(free[:n], func(i int) (lockstore.Acquisition, error) {
+	for len(free) > 0 && p.got < want {
+		n := min(len(free), want-p.got)
+		if err := p.each(free[:n], func(i int) (lockstore.Acquisition, error) {
 			return s.acquireWriteOnce(ctx, keys[i], owner, ttl, meta, false, 0, start, again)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
 		free = free[n:]
 	}
-	return out, nil
+	return p.out, nil
+}
+
+// sortPermits reads the reply of a permit look: the first permit when the look granted it
+// (added to p), the free permits, and those owner holds (ours has their keys), in permit order;
+// each busy permit's reply is added to p.
+func (s *Store) sortPermits(ctx context.Context, resp *clientv3.TxnResponse, keys []string, owner, value string, l *lease,
+	granted bool, start time.Time, ttl time.Duration, p *permitReplies) (free, held []int, ours []*mvccpb.KeyValue, err error) {
+	if granted {
+		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		p.add(0, a)
+		for i, r := range resp.Responses[3:] {
+			if r.GetResponseTxn().Succeeded {
+				free = append(free, i+1)
+			}
+		}
+		return free, nil, nil, nil
+	}
+	ours = make([]*mvccpb.KeyValue, len(keys))
+	for i, k := range keys {
+		t := resp.Responses[i].GetResponseTxn()
+		if t.Succeeded {
+			free = append(free, i)
+			continue
+		}
+		kv, a := refusal(t.Responses)
+		if kv != nil && ownedBy(kv.Value, owner) {
+			held, ours[i] = append(held, i), kv
+			continue
+		}
+		s.noteBusy(k, resp.Header.Revision)
+		p.add(i, a)
+	}
+	return free, held, ours, nil
+}
+
+// permitReplies gathers the outcomes of a permit request in permit order: the first grant,
+// More, or the shortest busy reply.
+type permitReplies struct {
+	out  lockstore.Acquisition
+	seen bool // out holds a busy reply
+	got  int  // permits in out
+}
+
+func (p *permitReplies) add(i int, a lockstore.Acquisition) {
+	if a.Acquired {
+		p.got++
+	}
+	switch {
+	case a.Acquired && p.out.Acquired:
+		p.out.More = append(p.out.More, lockstore.PermitGrant{Permit: i, Fence: a.Fence})
+	case a.Acquired:
+		p.out, p.out.Permit = a, i
+	case !p.out.Acquired && (!p.seen || a.HolderTTL < p.out.HolderTTL):
+		p.out, p.seen = a, true
+	}
+}
+
+// each runs one for each permit of is at once (each on a key of its own, so they are
+// independent) and adds their outcomes. A failure is the error when nothing is granted, or when
+// its lease is gone (the grants on it went with it); else the one-key path cleans up.
+func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, error)) error {
+	as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
+	var wg sync.WaitGroup
+	for j, i := range is {
+		wg.Go(func() { as[j], errs[j] = one(i) })
+	}
+	wg.Wait()
+	for j, i := range is {
+		p.add(i, as[j])
+	}
+	for _, err := range errs {
+		if err != nil && (p.got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) {
+			return err
+		}
+	}
+	return nil
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
