@@ -155,7 +155,7 @@ func (b *bench) scenario13() *s13Results {
 		for _, n := range out.Sizes {
 			cold[n] = newResults(rows)
 		}
-		out.Held = b.atPoints(out.Sizes, rows, func(r rowSpec, n, rep int) (metrics, string) {
+		out.Held = atPoints(b.cfg.reps, out.Sizes, rows, rowSpec.spec, func(r rowSpec, n, rep int) (metrics, string) {
 			m := b.s9Hold(r, n)
 			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
 				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))

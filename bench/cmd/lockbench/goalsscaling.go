@@ -83,7 +83,7 @@ func (r *report) goalsScaling() []goal {
 			if !slices.Contains(ax.Points, x0) || !slices.Contains(ax.Points, x1) {
 				return
 			}
-			if f, ok := ax.fall(x0, x1); ok {
+			if f, ok := ax.fall("flightlock", "csps", x0, x1); ok {
 				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f, ""),
 					mdfmt.Int(find(ax.Res[x0], "flightlock").med("csps")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
 			}

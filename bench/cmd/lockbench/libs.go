@@ -92,6 +92,9 @@ func allRows() []rowSpec {
 	}
 }
 
+// spec is the row's id and label.
+func (r rowSpec) spec() (id, label string) { return r.id, r.label() }
+
 func rowByID(id string) (rowSpec, bool) {
 	return rowByIDIn(slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()), id)
 }

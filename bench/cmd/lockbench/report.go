@@ -382,8 +382,9 @@ func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
 
 // chart draws scenario 2's critical sections per second against goroutines, one line per row.
 func (r *report) chart(path string) error {
-	return drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		s2Goroutines, func(g int) []*result { return r.s2[g] })
+	_, err := drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
+		s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
+	return err
 }
 
 // rowColor gives every library one colour in every chart, whatever store and rows a run has:
@@ -406,35 +407,22 @@ func rowColor(id string) color.RGBA {
 	}
 }
 
-// drawChart draws, for every store, the median critical sections per second of rows (ids,
-// named by label) against xs on log-log axes, csps(x, row) at each point (a point without data
-// is left out): flightlock bold, the 1 ms pollers and the floor dashed. It says whether there
-// was anything to draw.
-func drawChart(path, title, xlabel string, xs []int, rows []string, label func(row string) string, csps func(x int, row string) float64) (bool, error) {
+// drawResultsChart draws, for every store, the median of metric (critical sections per second)
+// of the rows of at(xs[0]) against xs on log-log axes, each row matched by id at the other points
+// (a point without data is left out): flightlock bold, the 1 ms pollers and the floor dashed. It
+// says whether there was anything to draw.
+func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result, metric string) (bool, error) {
 	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: "critical sections / s (log)", X: xs,
 		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
-	for _, row := range rows {
+	for _, row := range at(xs[0]) {
 		y := make(map[int]float64, len(xs))
 		for _, x := range xs {
-			y[x] = csps(x, row)
+			y[x] = find(at(x), row.Row).med(metric)
 		}
-		c.Lines = append(c.Lines, logchart.Line{Label: label(row), Color: rowColor(row), Y: y,
-			Bold: row == rowFlight, Dashed: strings.HasSuffix(row, "-1ms") || row == rowFloor})
+		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
+			Bold: row.Row == rowFlight, Dashed: strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor})
 	}
 	return logchart.Draw(path, c)
-}
-
-// drawResultsChart is drawChart of the Redis rows of at(xs[0]), matched by id at the other
-// points; nothing measured, no chart.
-func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result) error {
-	labels := map[string]string{}
-	var rows []string
-	for _, x := range at(xs[0]) {
-		rows, labels[x.Row] = append(rows, x.Row), x.Label
-	}
-	_, err := drawChart(path, title, xlabel, xs, rows, func(row string) string { return labels[row] },
-		func(x int, row string) float64 { return find(at(x), row).med("csps") })
-	return err
 }
 
 // whereTheTimeGoes writes the "where the time goes" table for one uncontended lock +

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,52 +34,40 @@ type storeNotes struct {
 }
 
 type storeResults struct {
-	rows    map[int]map[string][]rowResult  // scenario -> row -> one result per repetition
-	reject  map[string][]rejectResult       // scenario 5: row -> one result per repetition
-	http    *httpResults                    // scenario 6
-	dups    map[string][]map[string]float64 // scenario 7: row -> httpbench.DupServer.Bursts per repetition
-	scaling []*scalingAxis                  // scenario 8
-	memory  *memoryResults                  // scenario 9
+	rows    map[int]results   // scenarios 1-4: scenario -> row -> its repetitions
+	reject  results           // scenario 5
+	http    *httpResults      // scenario 6
+	dups    []*result         // scenario 7
+	scaling []*s8Axis         // scenario 8
+	charts  map[string]string // scenario 8: the PNG written for an axis, by its name
+	memory  *memoryResults    // scenario 9
 }
 
-func newStoreResults() *storeResults { return &storeResults{rows: map[int]map[string][]rowResult{}} }
-
-func (r *storeResults) add(scenario int, row string, x rowResult) {
+// add records one repetition of row in scenario, with its first error ("": none).
+func (r *storeResults) add(scenario int, row string, m metrics, firstErr string) {
+	if r.rows == nil {
+		r.rows = map[int]results{}
+	}
 	if r.rows[scenario] == nil {
-		r.rows[scenario] = map[string][]rowResult{}
+		r.rows[scenario] = results{}
 	}
-	r.rows[scenario][row] = append(r.rows[scenario][row], x)
+	x := r.rows[scenario][row]
+	if x == nil {
+		x = &result{Row: row}
+		r.rows[scenario][row] = x
+	}
+	x.Reps, x.FirstErrs = append(x.Reps, m), append(x.FirstErrs, firstErr)
 }
 
-// med is the median over repetitions of f.
-func (r *storeResults) med(scenario int, row string, f func(rowResult) float64) float64 {
-	var v []float64
-	for _, x := range r.rows[scenario][row] {
-		v = append(v, f(x))
-	}
-	return stat.Median(v)
+// med is the median of a figure of row in scenario over the repetitions.
+func (r *storeResults) med(scenario int, row, name string) float64 {
+	return r.rows[scenario][row].med(name)
 }
 
-func (r *storeResults) sum(scenario int, row string, f func(rowResult) int64) int64 {
-	var n int64
-	for _, x := range r.rows[scenario][row] {
-		n += f(x)
-	}
-	return n
+// sum is a count of row in scenario summed over the repetitions.
+func (r *storeResults) sum(scenario int, row, name string) int64 {
+	return int64(r.rows[scenario][row].sum(name))
 }
-
-func p50(x rowResult) float64  { return float64(x.p50) }
-func p99(x rowResult) float64  { return float64(x.p99) }
-func rate(x rowResult) float64 { return x.rate }
-func reqs(x rowResult) float64 { return x.reqPerOp }
-func fsy(x rowResult) float64  { return x.fsyncPerOp }
-func scpu(x rowResult) float64 { return float64(x.serverCPU) }
-func ccpu(x rowResult) float64 { return float64(x.selfCPU) }
-
-func failures(x rowResult) int64        { return x.errors }
-func violations(x rowResult) int64      { return x.violations }
-func fenceViolations(x rowResult) int64 { return x.fenceViolations }
-func retries(x rowResult) int64         { return x.retries }
 
 // goals compares medians: scenario 1 on p50 latency against the floor (at most 1.2x), 2 (and
 // 3, where the store sets it) on critical sections per second against the peer (at least
@@ -113,10 +102,11 @@ func safeDiv(a, b float64) float64 {
 	return a / b
 }
 
-func perRep(xs []rowResult, f func(rowResult) string) string {
+// perRep lists f of each repetition of x.
+func perRep(x *result, f func(metrics) string) string {
 	var s []string
-	for _, x := range xs {
-		s = append(s, f(x))
+	for _, m := range x.reps() {
+		s = append(s, f(m))
 	}
 	return strings.Join(s, ", ")
 }
@@ -151,7 +141,8 @@ type printer func(format string, args ...any)
 
 func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) string {
 	var b strings.Builder
-	var p printer = func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	var p printer = func(format string, args ...any) { w(format+"\n", args...) }
 	n := be.notes()
 	label, peer := n.labels, be.peer()
 
@@ -191,10 +182,9 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("| row | p50 | p99 | ops/s | p50 per repetition | %s/op | fsyncs/op | %s/op | client CPU/op | errors |", n.reqCol, n.cpuCol)
 		p("|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range be.s1Rows() {
-			xs := r.rows[1][row]
 			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
 				durStr(time.Duration(r.med(1, row, p50))), durStr(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-				perRep(xs, func(x rowResult) string { return durStr(x.p50) }),
+				perRep(r.rows[1][row], func(m metrics) string { return durStr(time.Duration(m[p50])) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
 				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
 				r.sum(1, row, failures))
@@ -202,9 +192,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("%s", n.s1Ratios(r))
 		var ratios []string
-		for i, x := range r.rows[1][rowFlight] {
-			if i < len(r.rows[1][rowFloor]) {
-				ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(float64(x.p50), float64(r.rows[1][rowFloor][i].p50))))
+		fo := r.rows[1][rowFloor]
+		for i, m := range r.rows[1][rowFlight].reps() {
+			if i < len(fo.reps()) {
+				ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(m[p50], fo.Reps[i][p50])))
 			}
 		}
 		p("flightlock / floor p50 within each repetition: %s.", strings.Join(ratios, ", "))
@@ -219,14 +210,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("Critical sections per process (flightlock | %s), per repetition:", n.peerShort)
 		p("")
 		for i := range c.reps {
-			var f, pe []int64
-			if xs := r.rows[3][rowFlight]; i < len(xs) {
-				f = xs[i].perProc
-			}
-			if xs := r.rows[3][peer]; i < len(xs) {
-				pe = xs[i].perProc
-			}
-			p("- repetition %d: %v | %v", i+1, f, pe)
+			p("- repetition %d: %v | %v", i+1, procCounts(r.rows[3][rowFlight], i), procCounts(r.rows[3][peer], i))
 		}
 		p("")
 	}
@@ -238,13 +222,12 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
 		p("|---|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range []string{rowFloor, rowFlight, peer} {
-			xs := r.rows[4][row]
 			retried := "n/a"
 			if row == rowFloor {
 				retried = fmt.Sprint(r.sum(4, row, retries))
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
-				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+				perRep(r.rows[4][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
 				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
 				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
 				r.violCell(4, row), retried,
@@ -252,10 +235,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		}
 		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, peer, rate)
 		var perRepRatios []string
-		for i, x := range r.rows[4][rowFlight] {
-			if i < len(r.rows[4][rowFloor]) && i < len(r.rows[4][peer]) {
-				perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx",
-					safeDiv(x.rate, r.rows[4][rowFloor][i].rate), safeDiv(x.rate, r.rows[4][peer][i].rate)))
+		fo, pe := r.rows[4][rowFloor], r.rows[4][peer]
+		for i, m := range r.rows[4][rowFlight].reps() {
+			if i < len(fo.reps()) && i < len(pe.reps()) {
+				perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx", safeDiv(m[rate], fo.Reps[i][rate]), safeDiv(m[rate], pe.Reps[i][rate])))
 			}
 		}
 		p("")
@@ -270,10 +253,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		r.httpSection(p, c)
 	}
 	if c.scenarios[7] {
-		r.dupsSection(p, c, be.title())
+		r.dupsSection(p, w, c)
 	}
 	if c.scenarios[8] {
-		r.scalingSection(p, c, n)
+		r.scalingSection(p, c, n, peer)
 	}
 	if c.scenarios[9] {
 		r.memorySection(p, c, n)
@@ -296,7 +279,6 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("| row | critical sections/s | per repetition | Lock wait p50 | Lock wait p99 | %s/CS | fsyncs/CS | %s/CS |%s violations (inside / fence) | errors |", n.reqCol, n.cpuCol, client)
 	p("|---|---|---|---|---|---|---|---|%s---|---|", clientRule)
 	for _, row := range []string{rowFlight, peer} {
-		xs := r.rows[sc][row]
 		self := ""
 		if n.hotClientCPU {
 			self = " " + durStr(time.Duration(r.med(sc, row, ccpu))) + " |"
@@ -305,7 +287,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 			}
 		}
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %s | %d |", n.labels[row], r.med(sc, row, rate),
-			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+			perRep(r.rows[sc][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
 			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
 			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
 			r.violCell(sc, row),
@@ -315,9 +297,10 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("flightlock / %s: %.1fx.", n.peerShort, safeDiv(r.med(sc, rowFlight, rate), r.med(sc, peer, rate)))
 	p("")
 	for _, row := range []string{rowFlight, peer} {
-		for i, x := range r.rows[sc][row] {
-			if e := x.errors; e > 0 {
-				p("%s, repetition %d: %d errors, the first `%s`.", n.labels[row], i+1, e, x.firstErr)
+		x := r.rows[sc][row]
+		for i, m := range x.reps() {
+			if e := m[failures]; e > 0 {
+				p("%s, repetition %d: %.0f errors, the first `%s`.", n.labels[row], i+1, e, x.FirstErrs[i])
 				p("")
 			}
 		}
@@ -327,7 +310,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 // scalingSection writes scenario 8: a table per axis (median critical sections per second at
 // every point, with etcd RPCs per critical section and the p99 wait), its plot, and per row the
 // fall from the first point to the last.
-func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
+func (r *storeResults) scalingSection(p printer, c *config, n storeNotes, peer string) {
 	p("## 8. Scaling: cost as the work grows")
 	p("")
 	p("The scaling scenario on etcd (the Redis rows are scenario 8 of benchmarks.md): how many critical sections per second")
@@ -343,56 +326,53 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 	p("window mostly sees the queue being built and drained.")
 	p("")
 	for _, ax := range r.scaling {
-		p("### %s", ax.unit())
+		first, last := ax.Points[0], ax.Points[len(ax.Points)-1]
+		p("### %s", axisUnit(ax.Name))
 		p("")
-		if ax.chart != "" {
-			p("![critical sections per second against %s](%s)", ax.name, filepath.Base(ax.chart))
+		if chart := r.charts[ax.Name]; chart != "" {
+			p("![critical sections per second against %s](%s)", ax.Name, filepath.Base(chart))
 			p("")
 		}
-		head, rule := "| row |", "|---|"
-		for _, x := range ax.points {
-			head += fmt.Sprintf(" %s |", countStr(x))
-			rule += "---|"
+		cols := []string{"row"}
+		for _, x := range ax.Points {
+			cols = append(cols, countStr(x))
 		}
-		p("%s fall, %s → %s | violations (inside / fence) | errors |", head, countStr(ax.points[0]), countStr(ax.points[len(ax.points)-1]))
-		p("%s---|---|---|", rule)
-		for _, row := range ax.rows {
+		p("%s", mdfmt.Head(append(cols, fmt.Sprintf("fall, %s → %s", countStr(first), countStr(last)), "violations (inside / fence)", "errors")...))
+		for _, x0 := range ax.Res[first] {
+			row := x0.Row
 			line := "| " + n.labels[row] + " |"
-			var viol, fenceViol, errs int64
-			for _, x := range ax.points {
-				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), durStr(time.Duration(ax.res.med(x, row, p99))))
-				if rt := ax.res.sum(x, row, retries); rt > 0 {
-					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
+			var viol, fenceViol, errs float64
+			for _, x := range ax.Points {
+				c := find(ax.Res[x], row)
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", c.med(rate), perOp(c.med(reqs)), durStr(time.Duration(c.med(p99))))
+				if rt := c.sum(retries); rt > 0 {
+					cell += fmt.Sprintf("<br>%.0f retries", rt) // the floor's put-if-absent on a taken key
 				}
-				e := ax.res.sum(x, row, failures)
-				if e > 0 {
-					cell += fmt.Sprintf("<br>%d errors", e)
+				if e := c.sum(failures); e > 0 {
+					cell += fmt.Sprintf("<br>%.0f errors", e)
 				}
-				v := ax.res.sum(x, row, func(x rowResult) int64 { return x.violations + x.fenceViolations })
-				if v > 0 {
-					cell += fmt.Sprintf("<br>**%d violations**", v)
+				if v := c.sum(violations) + c.sum(fenceViolations); v > 0 {
+					cell += fmt.Sprintf("<br>**%.0f violations**", v)
 				}
 				line += cell + " |"
-				viol += ax.res.sum(x, row, violations)
-				fenceViol += ax.res.sum(x, row, fenceViolations)
-				errs += e
+				viol, fenceViol, errs = viol+c.sum(violations), fenceViol+c.sum(fenceViolations), errs+c.sum(failures)
 			}
 			fall := "n/a"
-			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
+			if f, ok := ax.fall(row, rate, first, last); ok {
 				fall = fallWords(f, "s")
 			}
-			p("%s %s | %s | %d |", line, fall, violCell(row, viol, fenceViol), errs)
+			p("%s %s | %s | %.0f |", line, fall, violCell(row, int64(viol), int64(fenceViol)), errs)
 		}
 		line := "| flightlock / " + n.peerShort + " |"
-		for _, x := range ax.points {
-			line += fmt.Sprintf(" %.1fx |", safeDiv(ax.res.med(x, rowFlight, rate), ax.res.med(x, ax.peer, rate)))
+		for _, x := range ax.Points {
+			line += fmt.Sprintf(" %.1fx |", safeDiv(find(ax.Res[x], rowFlight).med(rate), find(ax.Res[x], peer).med(rate)))
 		}
 		p("%s | | |", line)
 		p("")
-		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
+		if ax.Name == "goroutines" && len(ax.Points) > 2 && first == 1 {
 			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
-			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallWords(f, "s"))
+			if f, ok := ax.fall(rowFlight, rate, ax.Points[1], last); ok {
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.Points[1]), countStr(last), fallWords(f, "s"))
 				p("")
 			}
 		}
@@ -528,40 +508,19 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 	p("")
 	p("| row | ns/call | allocs/call | B/call | etcd RPCs/call | fsyncs/call | etcd CPU/call | %d goroutines: ns/call | calls/s | %d goroutines: RPCs/call | not busy |", s5Goroutines, s5Goroutines)
 	p("|---|---|---|---|---|---|---|---|---|---|---|")
-	med := func(row string, f func(rejectResult) float64) float64 {
-		var v []float64
-		for _, x := range r.reject[row] {
-			v = append(v, f(x))
-		}
-		return stat.Median(v)
-	}
 	for _, row := range []string{rowFlight, peer} {
-		var wrong int64
-		var firstErr error
-		for _, x := range r.reject[row] {
-			wrong += x.wrong
-			if firstErr == nil {
-				firstErr = x.firstErr
-			}
-		}
-		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %d |", n.rejectLabels[row],
-			countStr(int(med(row, func(x rejectResult) float64 { return x.ns }))),
-			med(row, func(x rejectResult) float64 { return x.allocs }),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.bytes }))),
-			perOp(med(row, func(x rejectResult) float64 { return x.reqs })),
-			perOp(med(row, func(x rejectResult) float64 { return x.fsyncs })),
-			durStr(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.serverCPU) }))),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.parNs }))),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.parRate }))),
-			perOp(med(row, func(x rejectResult) float64 { return x.parReqs })), wrong)
-		if firstErr != nil {
-			defer p("First call of %s that did not answer busy: `%v`.\n", n.rejectLabels[row], firstErr)
+		x := r.reject[row]
+		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f |", n.rejectLabels[row], countStr(int(x.med("ns"))), x.med("allocs"),
+			countStr(int(x.med("bytes"))), perOp(x.med(reqs)), perOp(x.med(fsy)), durStr(time.Duration(x.med(scpu))),
+			countStr(int(x.med("par_ns"))), countStr(int(x.med("par_rate"))), perOp(x.med("par_reqs")), x.sum("wrong"))
+		if i := slices.IndexFunc(x.FirstErrs, func(e string) bool { return e != "" }); i >= 0 {
+			defer p("First call of %s that did not answer busy: `%s`.\n", n.rejectLabels[row], x.FirstErrs[i])
 		}
 	}
-	fl, mu := med(rowFlight, func(x rejectResult) float64 { return x.ns }), med(peer, func(x rejectResult) float64 { return x.ns })
-	flp, mup := med(rowFlight, func(x rejectResult) float64 { return x.parRate }), med(peer, func(x rejectResult) float64 { return x.parRate })
+	fl, mu := r.reject[rowFlight], r.reject[peer]
 	p("")
-	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.", safeDiv(mu, fl), s5Goroutines, safeDiv(flp, mup))
+	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.",
+		safeDiv(mu.med("ns"), fl.med("ns")), s5Goroutines, safeDiv(fl.med("par_rate"), mu.med("par_rate")))
 	p("")
 }
 
@@ -681,7 +640,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("")
 }
 
-func (r *storeResults) dupsSection(p printer, c *config, title string) {
+func (r *storeResults) dupsSection(p printer, w func(string, ...any), c *config) {
 	p("## 7. Duplicates of one request: shared response against 409")
 	p("")
 	p("The Redis rows are scenario 7 of benchmarks.md. %d concurrent duplicates of one request (one `Idempotency-Key`, one body)", httpbench.Dups)
@@ -690,15 +649,7 @@ func (r *storeResults) dupsSection(p printer, c *config, title string) {
 	p("each; figures per burst, medians over %d repetitions. *share*: duplicates wait and get the response of the one run", c.reps)
 	p("(stored in etcd for `Replay`, 10s by default); *reject*: they are answered 409 at once.")
 	p("")
-	p("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |")
-	p("|---|---|---|---|---|---|---|---|")
-	for _, row := range dupRows {
-		runs := r.dups[row.id]
-		p("| flightlock on %s, OnBusy %s | %.2f | %.1f | %.1f | %.1f | %s | %s | %s |", title, row.onBusy, medOf(runs, "runs"), medOf(runs, "identical"),
-			medOf(runs, "busy"), medOf(runs, "other"), durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p99"))),
-			durStr(time.Duration(medOf(runs, "max"))))
-	}
-	p("")
+	dupsTable(w, r.dups)
 }
 
 // howItWasRun opens a store report's "How it was run" section with the command that made it.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -42,17 +42,22 @@ type fullBackend interface {
 func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 	c := b.c
 	if c.scenarios[8] {
-		res.scaling = b.scaling(fb)
+		res.scaling, res.charts = b.scaling(fb), map[string]string{}
 		for _, ax := range res.scaling {
-			path := chartPath(c.out, ax.name)
+			path := chartPath(c.out, ax.Name)
 			if path == "" {
 				continue
 			}
-			if err := b.drawScalingChart(path, ax); err != nil {
+			drawn, err := drawResultsChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(ax.Name)),
+				ax.Name+" (log)", ax.Points, ax.at, rate)
+			if err == nil && !drawn {
+				err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
+			}
+			if err != nil {
 				progress("plot %s: %v (the report goes without it)", path, err)
 				continue
 			}
-			ax.chart = path
+			res.charts[ax.Name] = path
 			progress("wrote %s", path)
 		}
 	}
@@ -66,7 +71,7 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 		res.http = fb.http(b)
 	}
 	if c.scenarios[7] {
-		res.dups = dupBursts(fb.dupConf(), c.reps)
+		res.dups = dupBursts(fb.dupConf(), c.reps, "flightlock on "+b.be.title())
 	}
 }
 
@@ -74,21 +79,10 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 // axes (scalingSection says what each measures). On one hot key the floor is no lock, only a
 // spin on put-if-absent, so it runs on the keys axis alone. Every key is fresh.
 
-// scalingAxis is one axis of scenario 8: its points, its rows, and per point the rows'
-// results (a results keyed by point instead of by scenario).
-type scalingAxis struct {
-	name   string // "goroutines", "processes" or "keys"
-	points []int
-	rows   []string
-	peer   string
-	res    *storeResults
-	chart  string // the PNG written for the axis ("" if none was)
-}
-
-func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
+func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	c := b.c
 	locks := []string{rowFlight, fb.peer()}
-	var axes []*scalingAxis
+	var axes []*s8Axis
 	need := 0
 	if len(c.s8Goroutines) > 0 {
 		need = slices.Max(c.s8Goroutines)
@@ -102,18 +96,18 @@ func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
 	defer fb.dropGoroutinesBeyond(hotGoroutines)
 
 	if len(c.s8Goroutines) > 0 {
-		axes = append(axes, b.measureAxis(fb, "goroutines", c.s8Goroutines, locks, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("goroutines", c.s8Goroutines, locks, func(row string, x, rep int) (metrics, string) {
 			return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
 		}))
 	}
 	if len(c.s8Procs) > 0 {
-		axes = append(axes, b.measureAxis(fb, "processes", c.s8Procs, locks, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("processes", c.s8Procs, locks, func(row string, x, rep int) (metrics, string) {
 			return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
 		}))
 	}
 	if len(c.s8Keys) > 0 {
 		rows := []string{rowFloor, rowFlight, fb.peer()}
-		axes = append(axes, b.measureAxis(fb, "keys", c.s8Keys, rows, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("keys", c.s8Keys, rows, func(row string, x, rep int) (metrics, string) {
 			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
 		}))
 	}
@@ -121,31 +115,21 @@ func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
 }
 
 // measureAxis measures every row at every point of one axis, c.reps times, and logs each
-// measurement.
-func (b *storeBench) measureAxis(fb fullBackend, name string, points []int, rows []string, run func(row string, x, rep int) rowResult) *scalingAxis {
-	ax := &scalingAxis{name: name, points: points, rows: rows, peer: fb.peer(), res: newStoreResults()}
-	interleave.Points(b.c.reps, points, rows, func(rep, x int, row string) {
-		r := run(row, x, rep)
-		ax.res.add(x, row, r)
-		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  %s/CS %.2f",
-			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors, fb.notes().reqUnit, r.reqPerOp)
-	})
-	return ax
+// measurement; run returns a row's figures and first error.
+func (b *storeBench) measureAxis(name string, points []int, rows []string, run func(row string, x, rep int) (metrics, string)) *s8Axis {
+	n := b.be.notes()
+	spec := func(row string) (string, string) { return row, n.plotLabels[row] }
+	return &s8Axis{Name: name, Points: points, Res: atPoints(b.c.reps, points, rows, spec, func(row string, x, rep int) (metrics, string) {
+		r, _ := run(row, x, rep)
+		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
+			rep+1, name, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
+		return r, ""
+	})}
 }
 
-// fall is how many times row's median critical sections per second fall from point x0 to x1
-// (above 1: fewer at x1); false when either is zero.
-func (a *scalingAxis) fall(row string, x0, x1 int) (float64, bool) {
-	f0, f1 := a.res.med(x0, row, rate), a.res.med(x1, row, rate)
-	if f0 <= 0 || f1 <= 0 {
-		return 0, false
-	}
-	return f0 / f1, true
-}
-
-// unit says what the axis counts, for headings and plots.
-func (a *scalingAxis) unit() string {
-	switch a.name {
+// axisUnit says what a scenario 8 axis counts, for headings and plots.
+func axisUnit(name string) string {
+	switch name {
 	case "goroutines":
 		return "goroutines on one hot key, one process"
 	case "processes":
@@ -164,43 +148,17 @@ func chartPath(out, axis string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
 
-// drawScalingChart draws one scenario 8 axis as a PNG: median critical sections per second
-// against the axis's points, both axes logarithmic, one line per row; a point without data is
-// left out.
-func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
-	labels := b.be.notes().plotLabels
-	drawn, err := drawChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()), ax.name+" (log)",
-		ax.points, ax.rows, func(row string) string { return labels[row] }, func(x int, row string) float64 { return ax.res.med(x, row, rate) })
-	if err == nil && !drawn {
-		err = fmt.Errorf("no row measured a critical section on the %s axis", ax.name)
-	}
-	return err
-}
-
 // Scenario 5, reject mode (rejectSection says what is measured): flightlock's refusal of a key
 // held in this process takes no RPC, the peer's takes its own round trips.
 
 // s5Goroutines try the held key at once in the parallel part.
 const s5Goroutines = 64
 
-// rejectResult is one row of scenario 5 in one repetition.
-type rejectResult struct {
-	ns, allocs, bytes    float64       // per call, serial
-	reqs, fsyncs         float64       // server requests and log fsyncs per call, serial
-	serverCPU            time.Duration // the server's CPU per call, serial
-	wrong                int64         // calls that did not answer busy (serial and parallel)
-	parNs, parRate       float64       // parallel: wall ns per call, calls per second
-	parReqs, parFsyncs   float64       // parallel: server requests and fsyncs per call
-	calls, parCalls      int64
-	firstErr             error // the first call that did not answer busy with another error
-	serialWin, parWindow time.Duration
-}
-
 // tryer makes one attempt at the held key from goroutine i; busy reports a refusal, err any
 // other failure; a grant is released before it returns (and counted as wrong by the caller).
 type tryer func(ctx context.Context, i int) (busy bool, err error)
 
-func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult {
+func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) (metrics, string) {
 	ctx := context.Background()
 	key := fmt.Sprintf("s7-%d", rep)
 	var try tryer
@@ -233,41 +191,56 @@ func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult
 		}
 	}
 	defer release()
-	var r rejectResult
-	note := func(busy bool, err error) {
-		if !busy {
-			atomic.AddInt64(&r.wrong, 1)
+	var wrong atomic.Int64
+	var firstErr string
+	var st [2]serverStats
+	parts := rejectParts(b.c.d5, every, func(part, i int) {
+		if busy, err := try(ctx, i); !busy {
+			wrong.Add(1)
+			if part == 0 && firstErr == "" && err != nil {
+				firstErr = err.Error()
+			}
 		}
-	}
+	}, func(part int) func() {
+		s0 := b.stats()
+		return func() { st[part] = b.stats().sub(s0) }
+	})
+	n, pn := float64(parts[0].calls), float64(parts[1].calls)
+	return metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes,
+		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong.Load()),
+		"par_ns": parts[1].perCall(), "par_rate": parts[1].rate(), "par_reqs": st[1].reqs / pn}, firstErr
+}
 
-	// Serial: one goroutine retries the held key.
+// rejectPart is one part of scenario 5: the calls made, their wall time, and (serial part
+// only) the allocations per call, from runtime.MemStats.
+type rejectPart struct {
+	calls         int64
+	wall          time.Duration
+	allocs, bytes float64
+}
+
+func (p rejectPart) perCall() float64 { return float64(p.wall.Nanoseconds()) / float64(p.calls) }
+func (p rejectPart) rate() float64    { return float64(p.calls) / p.wall.Seconds() }
+
+// rejectParts runs scenario 5 on a held key, on every store: one goroutine calls try(0, 0) for
+// d (the serial part, its allocations counted), then s5Goroutines goroutines call try(1, i) at
+// once for d (the parallel part). around(part) is called before each part and the func it
+// returns after it, to read the store's counters.
+func rejectParts(d time.Duration, every int64, try func(part, i int), around func(part int) func()) [2]rejectPart {
+	var parts [2]rejectPart
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	s0 := b.stats()
-	n, win := rejectLoop(1, b.c.d5, every, func(int) {
-		busy, err := try(ctx, 0)
-		note(busy, err)
-		if !busy && r.firstErr == nil {
-			r.firstErr = err
-		}
-	})
+	after := around(0)
+	parts[0].calls, parts[0].wall = rejectLoop(1, d, every, func(i int) { try(0, i) })
 	runtime.ReadMemStats(&m1)
-	st := b.stats().sub(s0)
-	r.calls, r.serialWin = n, win
-	r.ns = float64(r.serialWin.Nanoseconds()) / float64(n)
-	r.allocs = float64(m1.Mallocs-m0.Mallocs) / float64(n)
-	r.bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
-	r.reqs, r.fsyncs, r.serverCPU = st.reqs/float64(n), st.fsyncs/float64(n), st.cpu/time.Duration(n)
-
-	// Parallel: s5Goroutines goroutines at once.
-	p0 := b.stats()
-	r.parCalls, r.parWindow = rejectLoop(s5Goroutines, b.c.d5, every, func(i int) { note(try(ctx, i)) })
-	pst := b.stats().sub(p0)
-	r.parNs = float64(r.parWindow.Nanoseconds()) / float64(r.parCalls)
-	r.parRate = float64(r.parCalls) / r.parWindow.Seconds()
-	r.parReqs, r.parFsyncs = pst.reqs/float64(r.parCalls), pst.fsyncs/float64(r.parCalls)
-	return r
+	after()
+	parts[0].allocs = float64(m1.Mallocs-m0.Mallocs) / float64(parts[0].calls)
+	parts[0].bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(parts[0].calls)
+	after = around(1)
+	parts[1].calls, parts[1].wall = rejectLoop(s5Goroutines, d, every, func(i int) { try(1, i) })
+	after()
+	return parts
 }
 
 // rejectLoop has n goroutines call try (with their index) until d has passed, each reading
@@ -298,52 +271,17 @@ func rejectLoop(n int, d time.Duration, every int64, try func(i int)) (int64, ti
 }
 
 // reject runs every row once per repetition, in the rotated order.
-func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
-	out := map[string][]rejectResult{}
+func (b *storeBench) reject(fb fullBackend) results {
+	out := results{}
 	for rep := range b.c.reps {
 		for _, row := range interleave.Rotate([]string{rowFlight, fb.peer()}, rep) {
-			r := b.rejectRow(fb, row, rep)
-			out[row] = append(out[row], r)
-			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %d",
-				row, durStr(time.Duration(r.ns)), r.allocs, r.reqs, s5Goroutines, durStr(time.Duration(r.parNs)), r.parRate, r.wrong)
-		}
-	}
-	return out
-}
-
-// Scenario 7: duplicates of one request through the middleware, on every store (dupsSection
-// and the Redis report's s7Section say what is measured).
-
-// dupRows are the rows of scenario 7: id and the rule's OnBusy.
-var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
-
-// dupBursts runs scenario 7 on every store: a server per row on the middleware's Lock section
-// conf with that row's rule, reps repetitions of the rows in rotated order; per row, one
-// httpbench.DupServer.Bursts per repetition.
-func dupBursts(conf flmw.LockConf, reps int) map[string][]map[string]float64 {
-	servers := map[string]*httpbench.DupServer{}
-	defer func() {
-		for _, s := range servers {
-			s.Close()
-		}
-	}()
-	var ids []string
-	for _, row := range dupRows {
-		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
-		s, err := httpbench.NewDupServer(conf)
-		if err != nil {
-			fatalf("s7 %s: %v", row.id, err)
-		}
-		servers[row.id] = s
-		ids = append(ids, row.id)
-	}
-	out := map[string][]map[string]float64{}
-	for rep := range reps {
-		for _, id := range interleave.Rotate(ids, rep) {
-			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
-			out[id] = append(out[id], m)
-			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
-				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], durStr(time.Duration(m["p50"])), durStr(time.Duration(m["p99"])))
+			r, firstErr := b.rejectRow(fb, row, rep)
+			if out[row] == nil {
+				out[row] = &result{Row: row}
+			}
+			out[row].Reps, out[row].FirstErrs = append(out[row].Reps, r), append(out[row].FirstErrs, firstErr)
+			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %.0f",
+				row, mdfmt.Dur(r["ns"]), r["allocs"], r[reqs], s5Goroutines, mdfmt.Dur(r["par_ns"]), r["par_rate"], r["wrong"])
 		}
 	}
 	return out
