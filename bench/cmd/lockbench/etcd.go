@@ -461,7 +461,7 @@ func (e *etcdBackend) dupConf() flmw.LockConf {
 }
 
 // holdMutex holds n concurrency.Mutexes on distinct keys, all on one session of their own.
-func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
+func (e *etcdBackend) holdPeer(b *storeBench, n int) (metrics, error) {
 	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
 		fatalf("scenario 9: mutex session: %v", err)
@@ -483,7 +483,7 @@ func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
 // waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
 // Mutexes of one session on one key are the same holder: both would be granted), made after
 // the baseline and measured apart from the waiting itself.
-func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
+func (e *etcdBackend) waitPeer(b *storeBench, w int) (metrics, error) {
 	holder, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
 		fatalf("scenario 9: mutex session: %v", err)
@@ -506,7 +506,7 @@ func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
 		})
 	}()
 	ms := make([]*concurrency.Mutex, w)
-	return b.wait(rowMutex, w, 0,
+	return b.wait(w, 0,
 		func() error {
 			errs, first := memstat.Parallel(w, sessionMakers, func(i int) (err error) {
 				sessions[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))

@@ -140,24 +140,12 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	if h.FirstErr != nil {
 		progress("s9 hold %d %s: %v", n, r.id, h.FirstErr)
 	}
-	fn := float64(n)
-	l0, l1, l2 := h.Base, h.Holding, h.After
-	return metrics{
-		"n":          fn,
-		"acquire":    float64(h.Acquire.Nanoseconds()),
-		"heap":       (l1.Heap - l0.Heap) / fn,
-		"stack":      (l1.Stack - l0.Stack) / fn,
-		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
-		"peak_gor":   float64(h.PeakGoroutines - l0.Goroutines),
-		"redis":      (float64(h.ServerHolding) - float64(h.ServerBefore)) / fn,
-		"window":     window.Seconds(),
-		"ccpu_ms":    float64(ccpu.Microseconds()) / 1e3 / window.Seconds(),
-		"cmds_s":     float64(delta.total()) / window.Seconds(),
-		"rt_s":       float64(rts) / window.Seconds(),
-		"after_heap": (l2.Heap - l0.Heap) / fn,
-		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
-		"errors":     float64(h.LockErrors + h.UnlockErrors),
-	}
+	m, secs := heldMetrics(h, n), window.Seconds()
+	delete(m, "release")
+	m["redis"] = (float64(h.ServerHolding) - float64(h.ServerBefore)) / float64(n)
+	m["window"], m["ccpu_ms"] = secs, float64(ccpu.Microseconds())/1e3/secs
+	m["cmds_s"], m["rt_s"] = float64(delta.total())/secs, float64(rts)/secs
+	return m
 }
 
 // window sleeps d and returns what this process and the server did meanwhile: this process's
@@ -192,23 +180,9 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
-	l0, l1 := res.Base, res.Waiting
-	m := metrics{
-		"w":       float64(w),
-		"heap":    (l1.Heap - l0.Heap) / float64(w),
-		"stack":   (l1.Stack - l0.Stack) / float64(w),
-		"gor":     float64(l1.Goroutines-l0.Goroutines) / float64(w),
-		"rt_s":    float64(rts) / s9WaitWindow.Seconds(),
-		"cmds_s":  float64(delta.total()) / s9WaitWindow.Seconds(),
-		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
-		"served":  float64(res.Served),
-		"errors":  float64(int64(w) - res.Served),
-		"early":   float64(g.Violations()),
-	}
-	if res.Served > 0 {
-		m["next"] = float64(res.Next)
-		m["all"] = float64(res.All)
-	}
+	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
+	m["rt_s"], m["cmds_s"], m["ccpu_ms"] = float64(rts)/secs, float64(delta.total())/secs, float64(ccpu.Microseconds())/1e3/secs
+	m["errors"], m["early"] = float64(int64(w)-res.Served), float64(g.Violations())
 	return m
 }
 

@@ -408,22 +408,18 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("")
 		p("| row | locks | acquire all | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | etcd RSS B/lock | client CPU ms/s | etcd RPCs/s | keep-alives/s | release all | after release: B/lock | after release: goroutines | errors |")
 		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-		for _, h := range m.hold {
-			rss := fmt.Sprintf("%.0f", h.serverRSS)
-			if h.serverRSS < 0 {
+		for _, x := range m.hold {
+			h := x.Reps[0]
+			rss := fmt.Sprintf("%.0f", h["server_rss"])
+			if h["server_rss"] < 0 {
 				rss = "RSS fell"
 			}
-			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", n.labels[h.row], countStr(h.n),
-				durStr(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.reqs, h.keepAlives, durStr(h.release),
-				h.afterHeap, h.afterGor, h.errors+h.releaseFails)
+			p("| %s | %s | %s | %.0f | %.0f | %.3f | %.0f | %s | %.1f | %.1f | %.1f | %s | %.1f | %.0f | %.0f |", n.labels[x.Row], countStr(int(h["n"])),
+				mdfmt.Dur(h["acquire"]), h["heap"], h["stack"], h["gor"], h["peak_gor"], rss, h["ccpu_ms"], h["reqs_s"], h["keepalives_s"],
+				mdfmt.Dur(h["release"]), h["after_heap"], h["after_gor"], h["errors"])
 		}
 		p("")
-		for _, h := range m.hold {
-			if h.firstErr != nil {
-				p("First error of %s: `%v`.", h.row, h.firstErr)
-				p("")
-			}
-		}
+		firstErrs(p, m.hold)
 	}
 	if len(m.wait) > 0 {
 		p("**Waiting.** The benchmark holds one key; %s goroutines of this process wait for it, each Lock bounded at %v,", countStr(c.memWaiters), s9Settle+s9WaitWindow+s9ServeBound)
@@ -438,21 +434,27 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("")
 		p("| row | waiters | session B/waiter | session goroutines/waiter | heap B/waiter | stack B/waiter | goroutines/waiter | etcd RPCs/s while waiting | keep-alives/s | client CPU ms/s | release → next grant | release → all served | served | errors | violations (inside / fence) |")
 		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-		for _, w := range m.wait {
+		for _, x := range m.wait {
+			w := x.Reps[0]
 			sessHeap, sessGor := "none", "none"
-			if w.sessionHeap >= 0 {
-				sessHeap, sessGor = fmt.Sprintf("%.0f", w.sessionHeap), fmt.Sprintf("%.2f", w.sessionGor)
+			if w["session_heap"] >= 0 {
+				sessHeap, sessGor = fmt.Sprintf("%.0f", w["session_heap"]), fmt.Sprintf("%.2f", w["session_gor"])
 			}
-			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %s |", n.labels[w.row], countStr(w.w),
-				sessHeap, sessGor, w.heap, w.stack, w.gor, w.reqs, w.keepAlives, w.cpuMs, durStr(w.next), durStr(w.all),
-				w.served, w.errors, violCell(w.row, w.violations, w.fenceViolations))
+			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %.0f | %.0f | %s |", n.labels[x.Row], countStr(int(w["w"])),
+				sessHeap, sessGor, w["heap"], w["stack"], w["gor"], w["reqs_s"], w["keepalives_s"], w["ccpu_ms"], mdfmt.Dur(w["next"]), mdfmt.Dur(w["all"]),
+				w["served"], w["errors"], violCell(x.Row, int64(w[violations]), int64(w[fenceViolations])))
 		}
 		p("")
-		for _, w := range m.wait {
-			if w.firstErr != nil {
-				p("First error of %s: `%v`.", w.row, w.firstErr)
-				p("")
-			}
+		firstErrs(p, m.wait)
+	}
+}
+
+// firstErrs writes the first error of each row of rs that had one.
+func firstErrs(p printer, rs []*result) {
+	for _, x := range rs {
+		if e := x.FirstErrs[0]; e != "" {
+			p("First error of %s: `%s`.", x.Row, e)
+			p("")
 		}
 	}
 }

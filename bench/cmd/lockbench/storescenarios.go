@@ -34,8 +34,8 @@ type fullBackend interface {
 	http(b *storeBench) *httpResults
 	dupConf() flmw.LockConf
 	// holdPeer and waitPeer are the peer's rows of scenario 9 (storeBench.hold, storeBench.wait).
-	holdPeer(b *storeBench, n int) holdResult
-	waitPeer(b *storeBench, w int) waitResult
+	holdPeer(b *storeBench, n int) (metrics, error)
+	waitPeer(b *storeBench, w int) (metrics, error)
 }
 
 // runMore runs scenarios 8, 9, 5, 6 and 7, each with its own repetitions.
@@ -295,72 +295,46 @@ func (b *storeBench) reject(fb fullBackend) results {
 // the same concurrency.
 const holdWarm = 1000
 
-// holdResult is one row of scenario 9's holding table.
-type holdResult struct {
-	row                  string
-	n                    int
-	acquire, release     time.Duration // taking all n locks, releasing all of them
-	heap, stack, gor     float64       // per held lock, above the baseline
-	peakGor              int           // highest goroutine count above the baseline while holding
-	serverRSS            float64       // the server's resident memory growth per held lock (bytes)
-	window               time.Duration // how long the locks were held while measured
-	cpuMs                float64       // this process's CPU, ms per second of the window
-	reqs, keepAlives     float64       // per second of the window
-	afterHeap            float64       // per lock, above the baseline after releasing all
-	afterGor             int           // above the baseline after releasing all
-	errors, releaseFails int64
-	firstErr             error
-}
-
-// waitResult is one row of scenario 9's waiting table.
-type waitResult struct {
-	row                         string
-	w                           int
-	sessionHeap, sessionGor     float64 // per waiter: the Mutex session each needs (-1: none)
-	heap, stack, gor            float64 // per waiter, above the baseline while waiting
-	reqs, keepAlives, cpuMs     float64 // per second while waiting
-	next, all                   time.Duration
-	served, errors              int64
-	violations, fenceViolations int64
-	firstErr                    error
-}
-
-type memoryResults struct {
-	hold []holdResult
-	wait []waitResult
-}
+// memoryResults are scenario 9's holding and waiting rows, one repetition each.
+type memoryResults struct{ hold, wait []*result }
 
 func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	out := &memoryResults{}
+	one := func(row string, m metrics, err error) *result {
+		x := &result{Row: row, Reps: []metrics{m}, FirstErrs: []string{""}}
+		if err != nil {
+			x.FirstErrs[0] = err.Error()
+		}
+		return x
+	}
 	for _, n := range b.c.memLocks {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			var h holdResult
-			if row == rowFlight {
-				h = b.holdFlight(n)
-			} else {
-				h = fb.holdPeer(b, n)
+			hold := b.holdFlight
+			if row != rowFlight {
+				hold = func(n int) (metrics, error) { return fb.holdPeer(b, n) }
 			}
-			out.hold = append(out.hold, h)
-			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%d, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+d goroutines; errors %d %v",
-				n, row, h.heap, h.gor, h.peakGor, h.serverRSS, h.cpuMs, h.reqs, h.keepAlives, h.afterHeap, h.afterGor, h.errors+h.releaseFails, errText(h.firstErr))
+			h, err := hold(n)
+			out.hold = append(out.hold, one(row, h, err))
+			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%.0f, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+.0f goroutines; errors %.0f %v",
+				n, row, h["heap"], h["gor"], h["peak_gor"], h["server_rss"], h["ccpu_ms"], h["reqs_s"], h["keepalives_s"], h["after_heap"], h["after_gor"], h["errors"], errText(err))
 		}
 	}
 	if w := b.c.memWaiters; w > 0 {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			var r waitResult
-			if row == rowFlight {
-				r = b.waitFlight(w)
-			} else {
-				r = fb.waitPeer(b, w)
+			wait := b.waitFlight
+			if row != rowFlight {
+				wait = func(w int) (metrics, error) { return fb.waitPeer(b, w) }
 			}
-			out.wait = append(out.wait, r)
-			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %d, violations %d/%d, errors %d %v",
-				w, row, r.heap, r.gor, r.reqs, durStr(r.next), durStr(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
+			r, err := wait(w)
+			out.wait = append(out.wait, one(row, r, err))
+			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %.0f, violations %.0f/%.0f, errors %.0f %v",
+				w, row, r["heap"], r["gor"], r["reqs_s"], mdfmt.Dur(r["next"]), mdfmt.Dur(r["all"]), r["served"], r[violations], r[fenceViolations], r["errors"], errText(err))
 		}
 	}
 	return out
 }
 
+// errText is err for a progress line ("": none).
 func errText(err error) string {
 	if err == nil {
 		return ""
@@ -379,7 +353,7 @@ func (b *storeBench) bounded(fn func(ctx context.Context, i int) error) func(i i
 
 // holdFlight holds n locks with a Locker and store of their own (their baseline and what
 // stays after release are theirs alone), on the benchmark's client.
-func (b *storeBench) holdFlight(n int) holdResult {
+func (b *storeBench) holdFlight(n int) (metrics, error) {
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
@@ -431,33 +405,25 @@ func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func
 // at the same concurrency, so the client's buffers and the row's lease are in place before the
 // baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
 // slices, built before the baseline, live through all three measurements.
-func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
-	h := holdResult{row: row, n: n, window: b.c.d9hold}
+func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
 	var d serverStats
-	m := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.pid()) }, func() {
+	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.pid()) }, func() {
 		s0 := b.stats()
 		time.Sleep(b.c.d9hold)
 		d = b.stats().sub(s0)
 	})
 	keepAlive()
-	l0, l1, l2 := m.Base, m.Holding, m.After
-	h.acquire, h.release = m.Acquire, m.Release
-	h.errors, h.releaseFails, h.firstErr = m.LockErrors, m.UnlockErrors, m.FirstErr
-	h.peakGor = m.PeakGoroutines - l0.Goroutines
-	fn := float64(n)
-	h.heap, h.stack, h.gor = (l1.Heap-l0.Heap)/fn, (l1.Stack-l0.Stack)/fn, float64(l1.Goroutines-l0.Goroutines)/fn
-	if m.ServerBefore > 0 && m.ServerHolding > 0 {
-		h.serverRSS = float64(m.ServerHolding-m.ServerBefore) / fn
+	m, secs := heldMetrics(h, n), b.c.d9hold.Seconds()
+	if h.ServerBefore > 0 && h.ServerHolding > 0 {
+		m["server_rss"] = float64(h.ServerHolding-h.ServerBefore) / float64(n)
 	}
-	h.cpuMs = float64(d.self.Microseconds()) / 1e3 / b.c.d9hold.Seconds()
-	h.reqs, h.keepAlives = d.reqs/b.c.d9hold.Seconds(), d.keepAlives/b.c.d9hold.Seconds()
-	h.afterHeap, h.afterGor = (l2.Heap-l0.Heap)/fn, l2.Goroutines-l0.Goroutines
-	return h
+	m["ccpu_ms"], m["reqs_s"], m["keepalives_s"] = float64(d.self.Microseconds())/1e3/secs, d.reqs/secs, d.keepAlives/secs
+	return m, h.FirstErr
 }
 
 // waitFlight: a Locker of its own holds the key; w goroutines of this process wait on it
 // through the same Locker, as a service's concurrent requests for one key do.
-func (b *storeBench) waitFlight(w int) waitResult {
+func (b *storeBench) waitFlight(w int) (metrics, error) {
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
@@ -478,7 +444,7 @@ func (b *storeBench) waitFlight(w int) waitResult {
 		fatalf("scenario 9: hold %s: %v", key, err)
 	}
 	leases := make([]*flightlock.Lease, w)
-	r := b.wait(rowFlight, w, held.Fence(), nil,
+	return b.wait(w, held.Fence(), nil,
 		func(ctx context.Context, i int) (int64, error) {
 			lease, err := l.Lock(ctx, key)
 			if err != nil {
@@ -489,40 +455,75 @@ func (b *storeBench) waitFlight(w int) waitResult {
 		},
 		func(ctx context.Context, i int) error { return leases[i].Release(ctx) },
 		held.Release)
-	return r
 }
 
 // wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is
 // called; prepare (nil: none) makes what each waiter needs before it can wait, measured apart;
 // release gives the held key up.
-func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() error,
+func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
 	lock func(ctx context.Context, i int) (int64, error), unlock func(ctx context.Context, i int) error,
 	release func(ctx context.Context) error,
-) waitResult {
-	r := waitResult{row: row, w: w, sessionHeap: -1, sessionGor: -1}
+) (metrics, error) {
+	sessHeap, sessGor := -1.0, -1.0
 	if prepare != nil {
 		l0 := memstat.Live()
 		if err := prepare(); err != nil {
 			fatalf("scenario 9: %v", err)
 		}
 		lp := memstat.Live()
-		r.sessionHeap, r.sessionGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
+		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 	}
 	var d serverStats
-	m, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
+	res, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
 		s0 := b.stats()
 		time.Sleep(s9WaitWindow)
 		d = b.stats().sub(s0)
 	})
-	l0, l1 := m.Base, m.Waiting
+	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
+	m["session_heap"], m["session_gor"], m["errors"] = sessHeap, sessGor, float64(res.Errors)
+	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
+	m[violations], m[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
+	m["next"], m["all"] = float64(res.Next), float64(res.All)
+	return m, res.FirstErr
+}
+
+// heldMetrics are a holding row's figures on every store, per held lock above the baseline:
+// heap, stack and goroutines while holding and heap and goroutines after releasing all, with
+// the peak goroutines above it, the time to acquire and to release all, and the failures.
+func heldMetrics(h memstat.Held, n int) metrics {
+	fn := float64(n)
+	l0, l1, l2 := h.Base, h.Holding, h.After
+	return metrics{
+		"n":          fn,
+		"acquire":    float64(h.Acquire.Nanoseconds()),
+		"release":    float64(h.Release.Nanoseconds()),
+		"heap":       (l1.Heap - l0.Heap) / fn,
+		"stack":      (l1.Stack - l0.Stack) / fn,
+		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
+		"peak_gor":   float64(h.PeakGoroutines - l0.Goroutines),
+		"after_heap": (l2.Heap - l0.Heap) / fn,
+		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
+		"errors":     float64(h.LockErrors + h.UnlockErrors),
+	}
+}
+
+// waitedMetrics are a waiting row's figures on every store: heap, stack and goroutines per
+// waiter above the baseline while waiting, the waiters served and (when any was) the times
+// from the release to the next grant and to the last.
+func waitedMetrics(res memstat.Waited, w int) metrics {
 	fw := float64(w)
-	r.heap, r.stack, r.gor = (l1.Heap-l0.Heap)/fw, (l1.Stack-l0.Stack)/fw, float64(l1.Goroutines-l0.Goroutines)/fw
-	r.reqs, r.keepAlives = d.reqs/s9WaitWindow.Seconds(), d.keepAlives/s9WaitWindow.Seconds()
-	r.cpuMs = float64(d.self.Microseconds()) / 1e3 / s9WaitWindow.Seconds()
-	r.served, r.errors, r.firstErr = m.Served, m.Errors, m.FirstErr
-	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
-	r.next, r.all = m.Next, m.All
-	return r
+	l0, l1 := res.Base, res.Waiting
+	m := metrics{
+		"w":      fw,
+		"heap":   (l1.Heap - l0.Heap) / fw,
+		"stack":  (l1.Stack - l0.Stack) / fw,
+		"gor":    float64(l1.Goroutines-l0.Goroutines) / fw,
+		"served": float64(res.Served),
+	}
+	if res.Served > 0 {
+		m["next"], m["all"] = float64(res.Next), float64(res.All)
+	}
+	return m
 }
 
 // holdOn is scenario 9's holding on any store: up to warmN locks of other keys taken and
