@@ -94,7 +94,7 @@ func defaultRecord() string {
 }
 
 func run(cs, reps int, record bool, file string) error {
-	srv, err := redisserver.Start("hotkey-redis-*.log")
+	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func run(cs, reps int, record bool, file string) error {
 
 // profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
 func profileHotKey(file string, cs int) error {
-	srv, err := redisserver.Start("hotkey-redis-*.log")
+	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ const rowMutex = "mutex"
 const leaseSeconds = 11
 
 type etcdBackend struct {
-	serverProc
+	redisserver.Proc
 	clientURL string
 	version   string // first line of `etcd --version`
 	fsType    string // file system of the data directory
@@ -66,7 +66,7 @@ func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9
 func (e *etcdBackend) peer() string     { return rowMutex }
 func (e *etcdBackend) s1Rows() []string { return []string{rowFloor, rowFlight, rowMutex} }
 func (e *etcdBackend) describe() string {
-	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.pid(), e.clientURL, e.dir, e.fsType)
+	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.Pid(), e.clientURL, e.Dir, e.fsType)
 }
 
 func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.clientURL} }
@@ -83,7 +83,7 @@ func (e *etcdBackend) start(c *config) error {
 		return err
 	}
 	s := e
-	s.dir, s.clientURL = dir, "http://"+freeAddr()
+	s.Dir, s.clientURL = dir, "http://"+freeAddr()
 	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
 	peer := "http://" + freeAddr()
 	cli, err := etcdClient(s.clientURL)
@@ -92,7 +92,7 @@ func (e *etcdBackend) start(c *config) error {
 		return err
 	}
 	defer cli.Close()
-	return s.run("etcd", exec.Command(bin,
+	return s.Run("etcd", exec.Command(bin,
 		"--name", "bench",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", s.clientURL,
@@ -549,8 +549,10 @@ var (
 func stopStateRedis() {
 	stateRedisMu.Lock()
 	defer stateRedisMu.Unlock()
-	stateRedis.Stop()
-	stateRedis = nil
+	if stateRedis != nil {
+		stateRedis.Stop()
+		stateRedis = nil
+	}
 }
 
 func (e *etcdBackend) http(b *storeBench) *httpResults {
@@ -561,7 +563,7 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	wrk, logf := newWrk("  6 ")
 	defer wrk.Close()
 
-	rs, err := redisserver.Start("lockbench-etcd-state-redis-*.log")
+	rs, err := redisserver.Start("lockbench-etcd-state-redis")
 	if err != nil {
 		fatalf("s8: %v", err)
 	}
@@ -689,7 +691,7 @@ func (e *etcdBackend) floorLock(ctx context.Context, key string, _ time.Duration
 // per request.
 func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
 	var st0 serverStats
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.pid(), "redis": redisPid}, func() { st0 = b.stats() })
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": redisPid}, func() { st0 = b.stats() })
 	if err != nil {
 		return nil, err
 	}

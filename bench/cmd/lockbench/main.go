@@ -376,7 +376,7 @@ func writeReport(path, md string) {
 // runRedis runs the Redis rows' scenarios on a redis-server of their own.
 func runRedis(cfg config, prof profiling) {
 	var err error
-	srv, err = redisserver.Start("lockbench-redis-*.log")
+	srv, err = redisserver.Start("lockbench-redis")
 	if err != nil {
 		fatalf("%v", err)
 	}

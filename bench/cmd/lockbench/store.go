@@ -4,10 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,8 +17,8 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/stat"
-	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -58,12 +55,12 @@ type backend interface {
 	title() string
 	// scenarios are those the backend runs.
 	scenarios() []int
-	// start starts the server on free loopback ports (stop ends it by its pid, removes its
+	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
 	// data, and may be called twice); describe is its progress line.
 	start(c *config) error
-	stop()
+	Stop()
 	describe() string
-	pid() int
+	Pid() int
 	// counters reads the server's request and fsync counters (no CPU: storeBench adds it).
 	counters() serverStats
 	// open makes this process's clients, the bench's Locker (TTL flightTTL, wait c.lockTimeout)
@@ -164,14 +161,14 @@ type storeBench struct {
 
 func (b *storeBench) stats() serverStats {
 	st := b.be.counters()
-	st.cpu, st.self = cpustat.Proc(b.be.pid()), cpustat.Self()
+	st.cpu, st.self = cpustat.Proc(b.be.Pid()), cpustat.Self()
 	return st
 }
 
 // statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
 // a window, which should not count the server CPU that answering the reading takes.
 func (b *storeBench) statsCPUFirst() serverStats {
-	cpu, self := cpustat.Proc(b.be.pid()), cpustat.Self()
+	cpu, self := cpustat.Proc(b.be.Pid()), cpustat.Self()
 	st := b.be.counters()
 	st.cpu, st.self = cpu, self
 	return st
@@ -185,7 +182,7 @@ func runStore(c *config, be backend) {
 	}
 	stopServers = func() {
 		stopStateRedis()
-		be.stop()
+		be.Stop()
 	}
 	progress("%s", be.describe())
 	l, err := be.open(c)
@@ -515,12 +512,11 @@ func drainClose(l *flightlock.Locker, closeStore func() error) {
 }
 
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := redisserver.FreeAddr()
 	if err != nil {
 		fatalf("free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
@@ -563,59 +559,6 @@ func procRSS(pid int) int64 {
 		}
 	}
 	return 0
-}
-
-// serverProc is a server process this run started, with the temporary directory of its data.
-type serverProc struct {
-	cmd *exec.Cmd
-	dir string
-}
-
-func (s *serverProc) pid() int {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
-
-// run starts cmd as the server named name, its output in a log file in the server's directory,
-// and asks ready every 50ms until it says so; past within, the server is stopped and the log's
-// tail is in the error.
-func (s *serverProc) run(name string, cmd *exec.Cmd, within time.Duration, ready func() (bool, error)) error {
-	log := filepath.Join(s.dir, name+".log")
-	logf, err := os.Create(log)
-	if err != nil {
-		_ = os.RemoveAll(s.dir)
-		return err
-	}
-	defer logf.Close()
-	s.cmd = cmd
-	cmd.Stdout, cmd.Stderr = logf, logf
-	childproc.Tie(cmd)
-	if err := cmd.Start(); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return err
-	}
-	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
-		ok, err := ready()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			tail, _ := os.ReadFile(log)
-			s.stop()
-			return fmt.Errorf("%s not ready after %v: %v\n%s", name, within, err, tail)
-		}
-	}
-}
-
-// stop kills the server by its pid, waits for it, and removes its directory.
-func (s *serverProc) stop() {
-	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
-	_ = os.RemoveAll(s.dir)
 }
 
 // procCounts are the critical sections of each worker in repetition i of x (scenario 3).

@@ -407,7 +407,7 @@ func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func
 // slices, built before the baseline, live through all three measurements.
 func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
 	var d serverStats
-	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.pid()) }, func() {
+	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.Pid()) }, func() {
 		s0 := b.stats()
 		time.Sleep(b.c.d9hold)
 		d = b.stats().sub(s0)
