@@ -207,9 +207,9 @@ func s13Label(x *result, withWait bool) string {
 	return l
 }
 
-// goalsDefaultClient are the goals set on a default go-redis client (and, for comparison, on the
+// defaultClientGoals are the goals set on a default go-redis client (and, for comparison, on the
 // tuned one).
-func (r *report) goalsDefaultClient() []goal {
+func (r *report) defaultClientGoals() []goal {
 	s := r.s13
 	if s == nil {
 		return nil
@@ -434,7 +434,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("\n")
 	}
 
-	if gs := r.goalsDefaultClient(); len(gs) > 0 {
+	if gs := r.defaultClientGoals(); len(gs) > 0 {
 		w("### Goals on a default go-redis client\n\nEach row holds one figure of the tables above against its target. The goals are set on the default\n")
 		w("client; the tuned client's rows are there to compare.\n\n")
 		goalTable(w, gs)

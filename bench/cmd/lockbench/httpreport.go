@@ -11,10 +11,10 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// s6Goals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
+// httpGoals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
 // (PING medians of the same run) to the no-lock row's median latency; at saturation flightlock
 // serves at least the requests/s of bsm/redislock. A row with errors misses its goal.
-func (r *report) s6Goals() []goal {
+func (r *report) httpGoals() []goal {
 	s := r.s6
 	if s == nil || s.Ping == nil {
 		return nil

@@ -138,7 +138,7 @@ func (r *report) goals() []goal {
 			// background goroutines over millions of calls show in the third decimal.
 			fl.worst("cmds") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
 	}
-	gs = append(gs, r.s6Goals()...)
+	gs = append(gs, r.httpGoals()...)
 	return gs
 }
 
@@ -195,8 +195,8 @@ func (r *report) markdown() string {
 	w("`used_cpu_user + used_cpu_sys` delta per operation; **client CPU** the benchmark process's user + system time\n")
 	w("(getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
 
-	if gs := r.goalsScaling(); len(gs) > 0 {
-		w("## Goals: scaling and memory\n\n")
+	if gs := r.peerGoals(); len(gs) > 0 {
+		w("## Goals: against the peers, scaling and memory\n\n")
 		w("Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).\n\n")
 		goalTable(w, gs)
 	}
