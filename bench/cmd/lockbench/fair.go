@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
@@ -25,10 +23,7 @@ func fairRows() []rowSpec {
 func (b *bench) scenario12() *inAndAcross {
 	rows := pick("flightlock", "flightlock-fair")
 	b.warm(rows)
-	s := b.inAndAcross("s12", rows, b.cfg.d12, func(r rowSpec, rep int) (metrics, string) {
-		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))}, s10Goroutines, b.cfg.d12)
-		return m, mixString(delta, cr.Ops)
-	}, procsRun.metrics)
+	s := b.inAndAcross("s12", rows, b.cfg.d12, 0)
 	return &s
 }
 

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/pollrw"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -163,13 +161,7 @@ func (b *bench) scenario11() *s11Results {
 	b.warmReads(rows)
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, func(r rowSpec, rep int) (metrics, string) {
-			return b.rwInProcess(r, mix, rep)
-		}, func(pr procsRun) metrics {
-			m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
-			m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
-			return m
-		}, "-reads", strconv.Itoa(mix))
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, mix)
 		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
@@ -189,19 +181,6 @@ func (b *bench) warmReads(rows []rowSpec) {
 			_ = im.runlock(context.Background(), k, h)
 		}
 	}
-}
-
-// rwInProcess runs one repetition of a row at a mix with s10Goroutines goroutines on one key
-// for d11 and returns its figures and server command mix.
-func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, string) {
-	im := b.impl(r)
-	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
-	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
-	hs := spanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
-	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
-		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
-	})
-	return m, mixString(delta, int64(m["ops"]))
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"strconv"
 	"time"
@@ -134,27 +133,8 @@ func spanShm(shm string) string { return shm + ".span" }
 func (b *bench) scenario10() *inAndAcross {
 	rows := pick("flightlock-permits", "zset-permits")
 	b.warm(rows)
-	s := b.inAndAcross("s10", rows, b.cfg.d10, b.semaphoreInProcess, func(pr procsRun) metrics {
-		m := pr.metrics()
-		m["peak"] = float64(pr.peak)
-		return m
-	})
+	s := b.inAndAcross("s10", rows, b.cfg.d10, 0)
 	return &s
-}
-
-// semaphoreInProcess runs one repetition of a row with s10Goroutines goroutines on one key for
-// d10 and returns its figures and server command mix.
-func (b *bench) semaphoreInProcess(r rowSpec, rep int) (metrics, string) {
-	im := b.impl(r)
-	key := im.key(fmt.Sprintf("s10:%d:%d", s10Goroutines, rep))
-	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
-	hs := spanHolders(implHolders(im, []string{key}, s10Goroutines), span)
-	m, cr, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d10, func(cr contendResult, delta cmdDelta) metrics {
-		m := contendMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations())
-		m["peak"] = float64(span.Peak())
-		return m
-	})
-	return m, mixString(delta, cr.Ops)
 }
 
 // --- the report
