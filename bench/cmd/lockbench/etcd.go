@@ -530,10 +530,7 @@ func (e *etcdBackend) waitPeer(b *storeBench, w int) (metrics, error) {
 // example keeps its state and its Redis locks in a redis-server this command starts for the
 // scenario; each row is a whole system of its own in this process, started once.
 
-// httpRow is one lock of the order API; prefix starts the uids of its requests.
-type httpRow struct{ id, label, prefix string }
-
-var etcdHTTPRows = []httpRow{
+var etcdHTTPRows = []s6Row{
 	{"none", "no lock", "n"},
 	{rowFlight, "flightlock (the example's order rules, create-order on etcd)", "f"},
 	{rowMutex, "etcd concurrency.Mutex TryLock (plain go-zero middleware)", "m"},
@@ -555,9 +552,9 @@ func stopStateRedis() {
 	}
 }
 
-func (e *etcdBackend) http(b *storeBench) *httpResults {
-	res := &httpResults{conf: b.c.exampleConf}
-	if res.note = httpbench.NotRunnable(b.c.exampleConf); res.note != "" {
+func (e *etcdBackend) http(b *storeBench) *s6Results {
+	res := &s6Results{Conf: b.c.exampleConf}
+	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
 	wrk, logf := newWrk("  6 ")
@@ -573,7 +570,6 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	defer stopStateRedis()
 	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
 
-	res.rows = etcdHTTPRows
 	var systems []*httpbench.System
 	for _, r := range etcdHTTPRows {
 		systems = append(systems, e.startSystem(b, r, rs.Addr))
@@ -600,13 +596,13 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	if err != nil {
 		fatalf("s8 %v", err)
 	}
-	res.low, res.sat, res.getRT, res.idleCPU = loads.Low, loads.Sat, loads.RoundTrips, loads.IdleCPU
+	res.addLoads(loads, etcdHTTPRows, nil, nil)
 	return res
 }
 
 // startSystem builds and starts the example for one row from the example's config file,
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
-func (e *etcdBackend) startSystem(b *storeBench, r httpRow, redisAddr string) *httpbench.System {
+func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s8: %v", err)
@@ -648,7 +644,7 @@ func (e *etcdBackend) startSystem(b *storeBench, r httpRow, redisAddr string) *h
 	case rowFloor:
 		mw = httpbench.OrderMiddleware(e.floorLock, prefix, c.Order.Lock.TTL)
 	}
-	s, err := httpbench.Start(r.id, r.prefix, c, ports, closes, app.WithOrderLock(mw))
+	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {
 		fatalf("s8 %s: %v", r.id, err)
 	}

@@ -174,15 +174,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 			w("- %s: %s\n", x.Label, x.Mix)
 		}
 	}
-	var wrapped float64
-	for _, rs := range [][]*result{s.Low, s.Sat} {
-		for _, x := range rs {
-			for _, m := range x.Reps {
-				wrapped += m["wrapped"]
-			}
-		}
-	}
-	if wrapped > 0 {
+	if wrapped := s.wrapped(); wrapped > 0 {
 		w("\n%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n", int(wrapped))
 	}
 	w("\n")

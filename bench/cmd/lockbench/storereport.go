@@ -11,7 +11,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // storeNotes are what a backend's report says of its own store: the names of its counters and
@@ -36,7 +35,7 @@ type storeNotes struct {
 type storeResults struct {
 	rows    map[int]results   // scenarios 1-4: scenario -> row -> its repetitions
 	reject  results           // scenario 5
-	http    *httpResults      // scenario 6
+	http    *s6Results        // scenario 6
 	dups    []*result         // scenario 7
 	scaling []*s8Axis         // scenario 8
 	charts  map[string]string // scenario 8: the PNG written for an axis, by its name
@@ -485,17 +484,6 @@ func pointList(xs []int) string {
 // countStr writes n with thousands separators, as the report's prose does (10,000).
 func countStr(n int) string { return mdfmt.Int(float64(n)) }
 
-// httpResults is scenario 6.
-type httpResults struct {
-	rows []httpRow
-	// low[row][k] is low-load round k (of every repetition); sat[row][rep] a saturation run.
-	low, sat map[string][]map[string]float64
-	getRT    []float64 // per low-load round: median latency of an etcd Get, ns
-	idleCPU  float64   // cores this process used with every system up and no load
-	conf     string
-	note     string // why the scenario did not run
-}
-
 func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer string) {
 	p("## 5. Reject mode: duplicates of a key held in this process")
 	p("")
@@ -526,29 +514,19 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 	p("")
 }
 
-// added is httpbench.Added of row over the no-lock row, in etcd Gets.
-func (h *httpResults) added(row string) (ns, rts float64, ok bool) {
-	return httpbench.Added(h.low[row], h.low["none"], h.getRT)
-}
-
-// xNone is httpbench.Paired of row's saturation req/s over the no-lock row's.
-func (h *httpResults) xNone(row string) (float64, bool) {
-	return httpbench.Paired(h.sat[row], h.sat["none"], "rps")
-}
-
 func (r *storeResults) httpSection(p printer, c *config) {
 	h := r.http
 	p("## 6. HTTP end to end")
 	p("")
-	if h.note != "" {
-		p("%s", h.note)
+	if h.Note != "" {
+		p("%s", h.Note)
 		p("")
 		return
 	}
 	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
-	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.conf))
+	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
 	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")
-	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.rows))
+	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.Sat))
 	p("`bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU of")
 	p("the same name, both seeded in Redis before the run: no two requests share a lock key, so the figures are the cost of")
 	p("locking, not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory")
@@ -566,29 +544,28 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
 	p("")
 	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(stat.Median(h.getRT))))
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(h.Ping.med("p50"))))
 	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
 	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
 	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
 	p("run; shares are of %d cores × the run's wall time. With every system up and no load, the benchmark process used", runtime.NumCPU())
-	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.idleCPU)
+	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.IdleCPU)
 	p("")
 	p("### Low load (wrk -c %d)", httpbench.LowConns)
 	p("")
-	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.getRT), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
+	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.Ping.Reps), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
 	p("minus the no-lock p50 of the same round, and in round trips divided by that round's etcd Get p50.")
 	p("")
 	p("| row | p50 latency | added over no lock | in round trips (etcd Get p50) | p90 | p99 | req/s | etcd RPCs/req | fsyncs/req | service CPU µs/req | errors |")
 	p("|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range h.rows {
-		runs := h.low[row.id]
+	for _, x := range h.Low {
 		added, rts := "", ""
-		if d, rt, ok := h.added(row.id); ok && row.id != "none" {
+		if d, rt, ok := h.added(x); ok && x.Row != "none" {
 			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, durStr(time.Duration(medOf(runs, "p50"))), added, rts,
-			durStr(time.Duration(medOf(runs, "p90"))), durStr(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
-			medOf(runs, "rpcs"), medOf(runs, "fsyncs"), medOf(runs, "svc_cpu"), worstOf(runs, "errors"))
+		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", x.Label, durStr(time.Duration(x.med("p50"))), added, rts,
+			durStr(time.Duration(x.med("p90"))), durStr(time.Duration(x.med("p99"))), x.med("rps"),
+			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.worst("errors"))
 	}
 	p("")
 	p("### Saturation (wrk -c %d)", httpbench.SatConns)
@@ -598,27 +575,25 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("")
 	p("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | etcd RPCs/req | fsyncs/req | CPU µs/req: service / etcd / Redis / wrk | CPU share: service / etcd / Redis / wrk / other / idle | errors |")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range h.rows {
-		runs := h.sat[row.id]
+	for _, x := range h.Sat {
 		ratio := ""
-		if v, ok := h.xNone(row.id); ok {
+		if v, ok := pairedRatio(x, find(h.Sat, "none"), "rps"); ok {
 			ratio = fmt.Sprintf("%.2f", v)
 		}
-		share := func(name string) float64 { return 100 * medOf(runs, name) }
+		share := func(name string) float64 { return 100 * x.med(name) }
 		idle := 100 - share("svc_share") - share("etcd_share") - share("redis_share") - share("wrk_share") - share("other_share")
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %.0f |",
-			row.label, medOf(runs, "rps"), ratio, durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p90"))),
-			durStr(time.Duration(medOf(runs, "p99"))), durStr(time.Duration(medOf(runs, "p999"))), durStr(time.Duration(medOf(runs, "max"))),
-			medOf(runs, "rpcs"), medOf(runs, "fsyncs"),
-			medOf(runs, "svc_cpu"), medOf(runs, "etcd_cpu"), medOf(runs, "redis_cpu"), medOf(runs, "wrk_cpu"),
+			x.Label, x.med("rps"), ratio, durStr(time.Duration(x.med("p50"))), durStr(time.Duration(x.med("p90"))),
+			durStr(time.Duration(x.med("p99"))), durStr(time.Duration(x.med("p999"))), durStr(time.Duration(x.med("max"))),
+			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.med("etcd_cpu"), x.med("redis_cpu"), x.med("wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
-			worstOf(runs, "errors"))
+			x.worst("errors"))
 	}
 	var disturbed []string
-	for _, row := range h.rows {
-		for _, m := range h.sat[row.id] {
+	for _, x := range h.Sat {
+		for _, m := range x.Reps {
 			if m["other_share"] > 0.1 {
-				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", row.id, m["rep"]+1, 100*m["other_share"]))
+				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", x.Row, m["rep"]+1, 100*m["other_share"]))
 			}
 		}
 	}
@@ -627,15 +602,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		p("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the")
 		p("medians): %s.", strings.Join(disturbed, ", "))
 	}
-	var wrapped float64
-	for _, byRow := range []map[string][]map[string]float64{h.low, h.sat} {
-		for _, runs := range byRow {
-			for _, m := range runs {
-				wrapped += m["wrapped"]
-			}
-		}
-	}
-	if wrapped > 0 {
+	if wrapped := h.wrapped(); wrapped > 0 {
 		p("")
 		p("%.0f runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).", wrapped)
 	}

@@ -31,7 +31,7 @@ type fullBackend interface {
 	// the hold's release.
 	rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error)
 	// http runs scenario 6; dupConf is the middleware's Lock section of scenario 7.
-	http(b *storeBench) *httpResults
+	http(b *storeBench) *s6Results
 	dupConf() flmw.LockConf
 	// holdPeer and waitPeer are the peer's rows of scenario 9 (storeBench.hold, storeBench.wait).
 	holdPeer(b *storeBench, n int) (metrics, error)
