@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -44,20 +43,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 			}
 			return implHolders(im, mapped, n), nil
 		},
-		warm: func() error {
-			for i := 0; i < 50; i++ {
-				k := im.key(fmt.Sprintf("warm:%d:%d", os.Getpid(), i))
-				if h, err := im.lock(context.Background(), k); err == nil {
-					_ = im.unlock(context.Background(), k, h)
-				}
-				if rim, ok := im.(rwImpl); ok {
-					if h, err := rim.rlock(context.Background(), k); err == nil {
-						_ = rim.runlock(context.Background(), k, h)
-					}
-				}
-			}
-			return nil
-		},
+		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm:%d", os.Getpid()), 50) },
 		roundTrips: im.roundTrips,
 		close:      im.close,
 		permits:    spec.permits,

@@ -158,29 +158,12 @@ type s11Results struct {
 func (b *bench) scenario11() *s11Results {
 	rows := pick("flightlock-rw", "poll-rw")
 	b.warm(rows)
-	b.warmReads(rows)
 	out := &s11Results{}
 	for _, mix := range rwMixes {
 		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, mix)
 		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
-}
-
-// warmReads takes and releases a few read locks on each row, so that the read scripts are
-// loaded before anything is measured.
-func (b *bench) warmReads(rows []rowSpec) {
-	for _, r := range rows {
-		im := b.impl(r).(rwImpl)
-		for i := 0; i < 200; i++ {
-			k := im.key(fmt.Sprintf("warm:r:%d", i))
-			h, err := im.rlock(context.Background(), k)
-			if err != nil {
-				fatalf("warm-up %s: %v", r.id, err)
-			}
-			_ = im.runlock(context.Background(), k, h)
-		}
-	}
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits

@@ -87,16 +87,32 @@ func lockRows() []rowSpec {
 // before anything is measured.
 func (b *bench) warm(rows []rowSpec) {
 	for _, r := range rows {
-		im := b.impl(r)
-		for i := 0; i < 200; i++ {
-			k := im.key(fmt.Sprintf("warm:%d", i))
-			h, err := im.lock(context.Background(), k)
-			if err != nil {
-				fatalf("warm-up %s: %v", r.id, err)
-			}
-			_ = im.unlock(context.Background(), k, h)
+		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
+			fatalf("warm-up %s: %v", r.id, err)
 		}
 	}
+}
+
+// warmImpl takes and releases n keys named after prefix on im, and read locks too on a
+// read-write row, so that its scripts are loaded and its connections open.
+func warmImpl(im impl, prefix string, n int) error {
+	ctx := context.Background()
+	rim, rw := im.(rwImpl)
+	for i := range n {
+		k := im.key(fmt.Sprintf("%s:%d", prefix, i))
+		h, err := im.lock(ctx, k)
+		if err != nil {
+			return err
+		}
+		_ = im.unlock(ctx, k, h)
+		if rw {
+			if h, err = rim.rlock(ctx, k); err != nil {
+				return err
+			}
+			_ = rim.runlock(ctx, k, h)
+		}
+	}
+	return nil
 }
 
 // results are the results of a scenario's rows, by row id.
