@@ -5,6 +5,7 @@
 package redisserver
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
@@ -118,6 +121,17 @@ func Start(name string, extra ...string) (*Server, error) {
 		err := redistest.AwaitPing(addr, 100*time.Millisecond)
 		return err == nil, err
 	})
+}
+
+// Version is the server's redis_version ("unknown" if it does not answer).
+func (s *Server) Version() string {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer c.Close()
+	m, err := c.InfoMap(context.Background(), "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	return m["Server"]["redis_version"]
 }
 
 // ForTest starts a server for a Go benchmark or test and ends it when tb ends; without the
