@@ -275,7 +275,7 @@ type gozeroImpl struct {
 	poll  time.Duration
 }
 
-// gozeroClients: go-zero keeps one client per address in a process-wide manager, so the hook
+// gozeroRT: go-zero keeps one client per address in a process-wide manager, so the hook
 // passed to the first Redis built for an address counts every later one too.
 var gozeroRT = map[string]*rtCounter{}
 

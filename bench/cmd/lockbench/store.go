@@ -244,12 +244,7 @@ func runStore(c *config, be backend) {
 		b.runMore(fb, res)
 	}
 
-	report := res.markdown(c, be, hostinfo.Collect())
-	if c.out == "" {
-		fmt.Print(report)
-	} else if err := os.WriteFile(c.out, []byte(report), 0o644); err != nil {
-		fatalf("write %s: %v", c.out, err)
-	} else {
+	if writeReport(c.out, res.markdown(c, be, hostinfo.Collect())); c.out != "" {
 		progress("wrote %s", c.out)
 	}
 	for _, g := range res.goals(c, be) {
