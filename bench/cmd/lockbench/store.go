@@ -244,7 +244,8 @@ func runStore(c *config, be backend) {
 		b.runMore(fb, res)
 	}
 
-	if writeReport(c.out, res.markdown(c, be, hostinfo.Collect())); c.out != "" {
+	writeReport(c.out, res.markdown(c, be, hostinfo.Collect()))
+	if c.out != "" {
 		progress("wrote %s", c.out)
 	}
 	for _, g := range res.goals(c, be) {
