@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
@@ -38,7 +39,7 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("hook; pub/sub connections not counted), server cmds/CS every command Redis ran per critical section (INFO\n")
 	w("commandstats, commands inside scripts included); wait = the call to holding the key. Medians over %d repetitions, rows\n", r.cfg.reps)
 	w("rotated per repetition.\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | one Lock per key and process goes to Redis; the process's other goroutines queue on it and a release hands the key"+
 		" to the next of them without a round trip (up to `WithHandoff`'s limits); a key held elsewhere wakes the waiter by its release notification |\n", defaultRow().label())
 	w("| %s | every Lock takes a place in the key's line in Redis, ordered by when it began, and only the first in line may take the"+

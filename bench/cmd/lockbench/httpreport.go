@@ -137,8 +137,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 	} else {
 		w("Latency and cost of a request under one connection, as in scenario 6.\n\n")
 	}
-	w("| row | p50 latency | added over no lock | in round trips (PING p50) | p90 | p99 | req/s | Redis cmds/req | service CPU µs/req | errors |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "p50 latency", "added over no lock", "in round trips (PING p50)", "p90", "p99", "req/s", "Redis cmds/req", "service CPU µs/req", "errors"))
 	for _, x := range s.Low {
 		added, rts := "", ""
 		if d, rt, ok := s.added(x); ok && x.Row != "none" {
@@ -155,8 +154,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 	} else {
 		w("Throughput, latency and CPU under %d connections, as in scenario 6.\n\n", httpbench.SatConns)
 	}
-	w("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | Redis cmds/req | CPU µs/req: service / Redis / wrk | CPU share: service / Redis / wrk / other / idle | errors |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "req/s", "x no lock", "p50", "p90", "p99", "p99.9", "max", "Redis cmds/req", "CPU µs/req: service / Redis / wrk", "CPU share: service / Redis / wrk / other / idle", "errors"))
 	for _, x := range s.Sat {
 		ratio := ""
 		if v, ok := pairedRatio(x, nsat, "rps"); ok {

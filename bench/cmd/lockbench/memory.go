@@ -202,8 +202,7 @@ func (r *report) s9Section(w func(string, ...any)) {
 		w("; rows without\nrenewal hold for %v, since their keys would run out. CPU is this process's user + system time per second of\n", min(r.cfg.d9hold, s9HoldNoRenew))
 		w("the window; commands per second are `INFO commandstats` deltas. After release: heap still live above the baseline per\n")
 		w("lock, and goroutines above the baseline (waited for up to 2 s to exit).\n\n")
-		w("| row | renewal | locks | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | Redis B/lock | client CPU ms/s | server cmds/s | RT/s | acquire all | after release: B/lock | after release: goroutines | errors |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "renewal", "locks", "heap B/lock", "stack B/lock", "goroutines/lock", "peak goroutines", "Redis B/lock", "client CPU ms/s", "server cmds/s", "RT/s", "acquire all", "after release: B/lock", "after release: goroutines", "errors"))
 		for _, n := range s.Sizes {
 			for _, x := range s.Held[n] {
 				lib := x.Label // holding does not wait: the library's name says it
@@ -225,8 +224,7 @@ func (r *report) s9Section(w func(string, ...any)) {
 		w("waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU per second, all\n", s9WaitWindow)
 		w("waiters together. Then the key is released; each waiter, once granted, releases at once. Next grant and all served\n")
 		w("are times from the release call.\n\n")
-		w("| row | heap B/waiter | stack B/waiter | goroutines/waiter | RT/s while waiting | server cmds/s | client CPU ms/s | release → next grant | release → all served | unserved | granted while held |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "heap B/waiter", "stack B/waiter", "goroutines/waiter", "RT/s while waiting", "server cmds/s", "client CPU ms/s", "release → next grant", "release → all served", "unserved", "granted while held"))
 		for _, x := range s.Waiters {
 			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("heap")), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")),
 				mdfmt.Int(x.med("rt_s")), mdfmt.Int(x.med("cmds_s")), mdfmt.Float(x.med("ccpu_ms")), mdfmt.Dur(x.med("next")), mdfmt.Dur(x.med("all")),

@@ -213,8 +213,7 @@ func (r *report) markdown() string {
 		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
 		w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", r.cfg.d1, s1Slice)
 		w("the machine's speed within a repetition falls on every row alike).\n\n")
-		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "p50 latency", "x PING", "x SET+DEL", "p99", "ops/s", "RT/op", "server cmds/op", "Redis CPU µs/op", "client CPU µs/op", "allocs/op", "B/op", "server command mix per op"))
 		for _, x := range r.s1 {
 			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")),
 				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("opsps")),
@@ -279,7 +278,7 @@ func (r *report) markdown() string {
 		w("The key is held; then one goroutine tries it again and again (flightlock: `TryLock` on a `Reject` Locker; the others:\n")
 		w("one attempt without retry, which costs them a round trip). \"64 goroutines\" is the same with 64 goroutines at once\n")
 		w("(wall time per call over all of them). %v per row and repetition.\n\n", r.cfg.d5)
-		w("| row | ns/call | allocs/call | B/call | server cmds/call | RT/call | 64 goroutines: ns/call | calls/s |\n|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "ns/call", "allocs/call", "B/call", "server cmds/call", "RT/call", "64 goroutines: ns/call", "calls/s"))
 		for _, x := range r.s5 {
 			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("ns")), mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")),
 				mdfmt.Float(x.worst("cmds")), mdfmt.Float(x.med("rt")), mdfmt.Int(x.med("par_ns")), mdfmt.Int(x.med("par_ops")))

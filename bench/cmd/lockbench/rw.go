@@ -209,7 +209,7 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
 	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
 	w("per critical section (read or write) are counted as in scenario 10.\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
 		"those within the handoff window join it with no round trip, the last releases it);"+
 		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; while a writer of the process"+

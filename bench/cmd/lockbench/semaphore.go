@@ -10,6 +10,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/zsetsem"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
@@ -153,7 +154,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("the call to holding a permit. Medians over %d repetitions; in each, the rows run one after\n", r.cfg.reps)
 	w("the other in an order rotated per repetition. RT and server commands are counted as in the main report (pub/sub\n")
 	w("connections are not in RT).\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | a waiter queues (FIFO) on a permit held in this process, whose release hands it over without a round trip;"+
 		" a permit held elsewhere wakes it by its release notification, or the retry delays do |\n", semaphoreRows()[0].label())
 	w("| %s | sleeps %v and tries again |\n", semaphoreRows()[1].label(), semPoll)

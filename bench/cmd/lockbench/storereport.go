@@ -165,8 +165,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", n.peerThe)
 		p("")
-		p("| goal | wanted | measured | verdict |")
-		p("|---|---|---|---|")
+		p("%s", mdfmt.Head("goal", "wanted", "measured", "verdict"))
 		for _, g := range goals {
 			p("| %s | %s | %s | **%s** |", g.name, g.target, g.measure, g.verdict())
 		}
@@ -218,8 +217,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal is set for this scenario; the Redis report's scenario 4 compares against SET+DEL.", hotGoroutines, manyKeys, c.d4)
 		p("")
-		p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|")
+		p("%s", mdfmt.Head("row", "ops/s", "per repetition", "Lock wait p50", "Lock wait p99", "etcd RPCs/op", "fsyncs/op", "etcd CPU/op", "violations (inside / fence)", "floor retries", "errors"))
 		for _, row := range []string{rowFloor, rowFlight, peer} {
 			retried := "n/a"
 			if row == rowFloor {
@@ -405,8 +403,7 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("etcd unary RPCs and lease keep-alive requests are per second of holding. After release: live heap still above the")
 		p("baseline per lock, and goroutines above the baseline (waited for up to 2s to exit).")
 		p("")
-		p("| row | locks | acquire all | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | etcd RSS B/lock | client CPU ms/s | etcd RPCs/s | keep-alives/s | release all | after release: B/lock | after release: goroutines | errors |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		p("%s", mdfmt.Head("row", "locks", "acquire all", "heap B/lock", "stack B/lock", "goroutines/lock", "peak goroutines", "etcd RSS B/lock", "client CPU ms/s", "etcd RPCs/s", "keep-alives/s", "release all", "after release: B/lock", "after release: goroutines", "errors"))
 		for _, x := range m.hold {
 			h := x.Reps[0]
 			rss := fmt.Sprintf("%.0f", h["server_rss"])
@@ -431,8 +428,7 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("release, so a waiter granted before it is a violation; flightlock's fences must rise) and releases at once. Next")
 		p("grant and all served are times from the release call.")
 		p("")
-		p("| row | waiters | session B/waiter | session goroutines/waiter | heap B/waiter | stack B/waiter | goroutines/waiter | etcd RPCs/s while waiting | keep-alives/s | client CPU ms/s | release → next grant | release → all served | served | errors | violations (inside / fence) |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		p("%s", mdfmt.Head("row", "waiters", "session B/waiter", "session goroutines/waiter", "heap B/waiter", "stack B/waiter", "goroutines/waiter", "etcd RPCs/s while waiting", "keep-alives/s", "client CPU ms/s", "release → next grant", "release → all served", "served", "errors", "violations (inside / fence)"))
 		for _, x := range m.wait {
 			w := x.Reps[0]
 			sessHeap, sessGor := "none", "none"
@@ -556,8 +552,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.Ping.Reps), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
 	p("minus the no-lock p50 of the same round, and in round trips divided by that round's etcd Get p50.")
 	p("")
-	p("| row | p50 latency | added over no lock | in round trips (etcd Get p50) | p90 | p99 | req/s | etcd RPCs/req | fsyncs/req | service CPU µs/req | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|")
+	p("%s", mdfmt.Head("row", "p50 latency", "added over no lock", "in round trips (etcd Get p50)", "p90", "p99", "req/s", "etcd RPCs/req", "fsyncs/req", "service CPU µs/req", "errors"))
 	for _, x := range h.Low {
 		added, rts := "", ""
 		if d, rt, ok := h.added(x); ok && x.Row != "none" {
@@ -573,8 +568,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of", c.reps)
 	p("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.", runtime.NumCPU())
 	p("")
-	p("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | etcd RPCs/req | fsyncs/req | CPU µs/req: service / etcd / Redis / wrk | CPU share: service / etcd / Redis / wrk / other / idle | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	p("%s", mdfmt.Head("row", "req/s", "x no lock", "p50", "p90", "p99", "p99.9", "max", "etcd RPCs/req", "fsyncs/req", "CPU µs/req: service / etcd / Redis / wrk", "CPU share: service / etcd / Redis / wrk / other / idle", "errors"))
 	for _, x := range h.Sat {
 		ratio := ""
 		if v, ok := pairedRatio(x, find(h.Sat, "none"), "rps"); ok {
