@@ -94,13 +94,13 @@ func defaultRecord() string {
 }
 
 func run(cs, reps int, record bool, file string) error {
-	srv, err := redisserver.Start("hotkey-redis-*.log")
+	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	fmt.Printf("hotkey: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
-		redisVersion(srv.Addr), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
+		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
 
 	inproc, err := newHarness(srv.Addr)
 	if err != nil {
@@ -177,7 +177,7 @@ func run(cs, reps int, record bool, file string) error {
 
 // profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
 func profileHotKey(file string, cs int) error {
-	srv, err := redisserver.Start("hotkey-redis-*.log")
+	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return err
 	}
@@ -393,14 +393,4 @@ func runWorker(addr string, g, cs int) error {
 	}
 	fmt.Println("DONE", time.Now().UnixNano())
 	return nil
-}
-
-func redisVersion(addr string) string {
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	m, err := c.InfoMap(context.Background(), "server").Result()
-	if err != nil {
-		return "?"
-	}
-	return m["Server"]["redis_version"]
 }

@@ -66,15 +66,6 @@ func (d cmdDelta) total() int64 {
 	return t
 }
 
-// version returns the server's redis_version.
-func (a *admin) version(ctx context.Context) string {
-	m, err := a.c.InfoMap(ctx, "server").Result()
-	if err != nil {
-		return "unknown"
-	}
-	return m["Server"]["redis_version"]
-}
-
 // cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu).
 func (a *admin) cpuSeconds(ctx context.Context) float64 {
 	m, err := a.c.InfoMap(ctx, "cpu").Result()

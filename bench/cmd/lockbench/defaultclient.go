@@ -155,7 +155,7 @@ func (b *bench) scenario13() *s13Results {
 		for _, n := range out.Sizes {
 			cold[n] = newResults(rows)
 		}
-		out.Held = b.atPoints(out.Sizes, rows, func(r rowSpec, n, rep int) (metrics, string) {
+		out.Held = atPoints(b.cfg.reps, out.Sizes, rows, rowSpec.spec, func(r rowSpec, n, rep int) (metrics, string) {
 			m := b.s9Hold(r, n)
 			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
 				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))
@@ -207,9 +207,9 @@ func s13Label(x *result, withWait bool) string {
 	return l
 }
 
-// goalsDefaultClient are the goals set on a default go-redis client (and, for comparison, on the
+// defaultClientGoals are the goals set on a default go-redis client (and, for comparison, on the
 // tuned one).
-func (r *report) goalsDefaultClient() []goal {
+func (r *report) defaultClientGoals() []goal {
 	s := r.s13
 	if s == nil {
 		return nil
@@ -338,8 +338,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 
 	w("**The split.** flightlock's `RedisStore` alone (`Acquire` + `Release`, no Locker) against the whole Locker: flightlock -\n")
 	w("store is the Locker's own part, store - bsm what the store's scripts and its path through go-redis add over bsm's.\n\n")
-	w("| setting | flightlock p50 | store alone p50 | Locker's part | bsm p50 | store - bsm | flightlock - bsm | lock: flightlock / store / bsm | unlock: flightlock / store / bsm | in calls: flightlock / store / bsm | outside: flightlock / store / bsm | Redis CPU µs/op: flightlock / store / bsm |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("%s\n", mdfmt.Head("setting", "flightlock p50", "store alone p50", "Locker's part", "bsm p50", "store - bsm", "flightlock - bsm", "lock: flightlock / store / bsm", "unlock: flightlock / store / bsm", "in calls: flightlock / store / bsm", "outside: flightlock / store / bsm", "Redis CPU µs/op: flightlock / store / bsm"))
 	for _, c := range settings {
 		fl, st, bsm := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "store", c), on(s.Uncontended, "redislock", c)
 		if fl == nil || st == nil || bsm == nil {
@@ -412,8 +411,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("heap above the baseline per held lock, and what is still live per lock after release. Warm rows fill the client's\n")
 		w("pool before the baseline; *cold* rows measure a client and Locker made for the measurement, so the connections the\n")
 		w("locks open count as theirs (go-redis v9.23 keeps 64 KiB of buffers per pool connection, 256 KiB per pipeline one).\n\n")
-		w("| setting | locks | heap B/lock | repetitions | stack B/lock | goroutines/lock | after release: B/lock | repetitions | after release: goroutines | errors |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("setting", "locks", "heap B/lock", "repetitions", "stack B/lock", "goroutines/lock", "after release: B/lock", "repetitions", "after release: goroutines", "errors"))
 		for _, n := range s.Sizes {
 			for _, c := range settings {
 				x := on(s.Held[n], "flightlock", c)
@@ -434,7 +432,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("\n")
 	}
 
-	if gs := r.goalsDefaultClient(); len(gs) > 0 {
+	if gs := r.defaultClientGoals(); len(gs) > 0 {
 		w("### Goals on a default go-redis client\n\nEach row holds one figure of the tables above against its target. The goals are set on the default\n")
 		w("client; the tuned client's rows are there to compare.\n\n")
 		goalTable(w, gs)

@@ -45,7 +45,7 @@ const rowMutex = "mutex"
 const leaseSeconds = 11
 
 type etcdBackend struct {
-	serverProc
+	redisserver.Proc
 	clientURL string
 	version   string // first line of `etcd --version`
 	fsType    string // file system of the data directory
@@ -66,7 +66,7 @@ func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9
 func (e *etcdBackend) peer() string     { return rowMutex }
 func (e *etcdBackend) s1Rows() []string { return []string{rowFloor, rowFlight, rowMutex} }
 func (e *etcdBackend) describe() string {
-	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.pid(), e.clientURL, e.dir, e.fsType)
+	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.Pid(), e.clientURL, e.Dir, e.fsType)
 }
 
 func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.clientURL} }
@@ -83,7 +83,7 @@ func (e *etcdBackend) start(c *config) error {
 		return err
 	}
 	s := e
-	s.dir, s.clientURL = dir, "http://"+freeAddr()
+	s.Dir, s.clientURL = dir, "http://"+freeAddr()
 	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
 	peer := "http://" + freeAddr()
 	cli, err := etcdClient(s.clientURL)
@@ -92,7 +92,7 @@ func (e *etcdBackend) start(c *config) error {
 		return err
 	}
 	defer cli.Close()
-	return s.run("etcd", exec.Command(bin,
+	return s.Run("etcd", exec.Command(bin,
 		"--name", "bench",
 		"--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", s.clientURL,
@@ -461,7 +461,7 @@ func (e *etcdBackend) dupConf() flmw.LockConf {
 }
 
 // holdMutex holds n concurrency.Mutexes on distinct keys, all on one session of their own.
-func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
+func (e *etcdBackend) holdPeer(b *storeBench, n int) (metrics, error) {
 	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
 		fatalf("scenario 9: mutex session: %v", err)
@@ -483,7 +483,7 @@ func (e *etcdBackend) holdPeer(b *storeBench, n int) holdResult {
 // waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
 // Mutexes of one session on one key are the same holder: both would be granted), made after
 // the baseline and measured apart from the waiting itself.
-func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
+func (e *etcdBackend) waitPeer(b *storeBench, w int) (metrics, error) {
 	holder, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
 	if err != nil {
 		fatalf("scenario 9: mutex session: %v", err)
@@ -506,7 +506,7 @@ func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
 		})
 	}()
 	ms := make([]*concurrency.Mutex, w)
-	return b.wait(rowMutex, w, 0,
+	return b.wait(w, 0,
 		func() error {
 			errs, first := memstat.Parallel(w, sessionMakers, func(i int) (err error) {
 				sessions[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
@@ -530,10 +530,7 @@ func (e *etcdBackend) waitPeer(b *storeBench, w int) waitResult {
 // example keeps its state and its Redis locks in a redis-server this command starts for the
 // scenario; each row is a whole system of its own in this process, started once.
 
-// httpRow is one lock of the order API; prefix starts the uids of its requests.
-type httpRow struct{ id, label, prefix string }
-
-var etcdHTTPRows = []httpRow{
+var etcdHTTPRows = []s6Row{
 	{"none", "no lock", "n"},
 	{rowFlight, "flightlock (the example's order rules, create-order on etcd)", "f"},
 	{rowMutex, "etcd concurrency.Mutex TryLock (plain go-zero middleware)", "m"},
@@ -549,19 +546,21 @@ var (
 func stopStateRedis() {
 	stateRedisMu.Lock()
 	defer stateRedisMu.Unlock()
-	stateRedis.Stop()
-	stateRedis = nil
+	if stateRedis != nil {
+		stateRedis.Stop()
+		stateRedis = nil
+	}
 }
 
-func (e *etcdBackend) http(b *storeBench) *httpResults {
-	res := &httpResults{conf: b.c.exampleConf}
-	if res.note = httpbench.NotRunnable(b.c.exampleConf); res.note != "" {
+func (e *etcdBackend) http(b *storeBench) *s6Results {
+	res := &s6Results{Conf: b.c.exampleConf}
+	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
 	wrk, logf := newWrk("  6 ")
 	defer wrk.Close()
 
-	rs, err := redisserver.Start("lockbench-etcd-state-redis-*.log")
+	rs, err := redisserver.Start("lockbench-etcd-state-redis")
 	if err != nil {
 		fatalf("s8: %v", err)
 	}
@@ -571,7 +570,6 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	defer stopStateRedis()
 	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
 
-	res.rows = etcdHTTPRows
 	var systems []*httpbench.System
 	for _, r := range etcdHTTPRows {
 		systems = append(systems, e.startSystem(b, r, rs.Addr))
@@ -598,13 +596,13 @@ func (e *etcdBackend) http(b *storeBench) *httpResults {
 	if err != nil {
 		fatalf("s8 %v", err)
 	}
-	res.low, res.sat, res.getRT, res.idleCPU = loads.Low, loads.Sat, loads.RoundTrips, loads.IdleCPU
+	res.addLoads(loads, etcdHTTPRows, nil, nil)
 	return res
 }
 
 // startSystem builds and starts the example for one row from the example's config file,
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
-func (e *etcdBackend) startSystem(b *storeBench, r httpRow, redisAddr string) *httpbench.System {
+func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s8: %v", err)
@@ -646,7 +644,7 @@ func (e *etcdBackend) startSystem(b *storeBench, r httpRow, redisAddr string) *h
 	case rowFloor:
 		mw = httpbench.OrderMiddleware(e.floorLock, prefix, c.Order.Lock.TTL)
 	}
-	s, err := httpbench.Start(r.id, r.prefix, c, ports, closes, app.WithOrderLock(mw))
+	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {
 		fatalf("s8 %s: %v", r.id, err)
 	}
@@ -689,7 +687,7 @@ func (e *etcdBackend) floorLock(ctx context.Context, key string, _ time.Duration
 // per request.
 func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
 	var st0 serverStats
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.pid(), "redis": redisPid}, func() { st0 = b.stats() })
+	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": redisPid}, func() { st0 = b.stats() })
 	if err != nil {
 		return nil, err
 	}

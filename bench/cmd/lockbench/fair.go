@@ -1,9 +1,8 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
@@ -25,10 +24,7 @@ func fairRows() []rowSpec {
 func (b *bench) scenario12() *inAndAcross {
 	rows := pick("flightlock", "flightlock-fair")
 	b.warm(rows)
-	s := b.inAndAcross("s12", rows, b.cfg.d12, func(r rowSpec, rep int) (metrics, string) {
-		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s12:%d:%d", s10Goroutines, rep))}, s10Goroutines, b.cfg.d12)
-		return m, mixString(delta, cr.Ops)
-	}, procsRun.metrics)
+	s := b.inAndAcross("s12", rows, b.cfg.d12, 0)
 	return &s
 }
 
@@ -43,7 +39,7 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("hook; pub/sub connections not counted), server cmds/CS every command Redis ran per critical section (INFO\n")
 	w("commandstats, commands inside scripts included); wait = the call to holding the key. Medians over %d repetitions, rows\n", r.cfg.reps)
 	w("rotated per repetition.\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | one Lock per key and process goes to Redis; the process's other goroutines queue on it and a release hands the key"+
 		" to the next of them without a round trip (up to `WithHandoff`'s limits); a key held elsewhere wakes the waiter by its release notification |\n", defaultRow().label())
 	w("| %s | every Lock takes a place in the key's line in Redis, ordered by when it began, and only the first in line may take the"+

@@ -24,7 +24,8 @@ import (
 // order API. Each row is a whole system of its own (order API, inventory and balance zrpc
 // services, which lock with flightlock in every row) in this process, started once.
 
-// s6Row is one lock of the order API. uid starts the uids of its requests, distinct per row.
+// s6Row is one lock of the order API, on every store. uid starts the uids of its requests,
+// distinct per row.
 type s6Row struct {
 	id, label, uid string
 }
@@ -134,6 +135,14 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if err != nil {
 		fatalf("s6 %v", err)
 	}
+	res.addLoads(loads, rows, lowMix, satMix)
+	return res
+}
+
+// addLoads records scenario 6's schedule on every store: each row's low-load and saturation
+// runs, with its command mix where the store has one, and the store's round trip of every
+// low-load round as the PING row.
+func (res *s6Results) addLoads(loads httpbench.Loads, rows []s6Row, lowMix, satMix map[string]string) {
 	res.IdleCPU = loads.IdleCPU
 	res.Ping = &result{Row: "ping", Label: "floor: PING"}
 	for k, rt := range loads.RoundTrips {
@@ -143,7 +152,15 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: lowMix[r.id], Reps: loads.Low[r.id]})
 		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: satMix[r.id], Reps: loads.Sat[r.id]})
 	}
-	return res
+}
+
+// wrapped counts the runs that reused uids.
+func (res *s6Results) wrapped() float64 {
+	var n float64
+	for _, x := range append(res.Low, res.Sat...) {
+		n += x.sum("wrapped")
+	}
+	return n
 }
 
 // newWrk is scenario 6's wrk on every store: tracked among the processes this run started, its

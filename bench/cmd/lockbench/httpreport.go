@@ -11,10 +11,10 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// s6Goals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
+// httpGoals are scenario 6's goals: at low load the lock adds at most 2.5 round trips
 // (PING medians of the same run) to the no-lock row's median latency; at saturation flightlock
 // serves at least the requests/s of bsm/redislock. A row with errors misses its goal.
-func (r *report) s6Goals() []goal {
+func (r *report) httpGoals() []goal {
 	s := r.s6
 	if s == nil || s.Ping == nil {
 		return nil
@@ -137,8 +137,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 	} else {
 		w("Latency and cost of a request under one connection, as in scenario 6.\n\n")
 	}
-	w("| row | p50 latency | added over no lock | in round trips (PING p50) | p90 | p99 | req/s | Redis cmds/req | service CPU µs/req | errors |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "p50 latency", "added over no lock", "in round trips (PING p50)", "p90", "p99", "req/s", "Redis cmds/req", "service CPU µs/req", "errors"))
 	for _, x := range s.Low {
 		added, rts := "", ""
 		if d, rt, ok := s.added(x); ok && x.Row != "none" {
@@ -155,8 +154,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 	} else {
 		w("Throughput, latency and CPU under %d connections, as in scenario 6.\n\n", httpbench.SatConns)
 	}
-	w("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | Redis cmds/req | CPU µs/req: service / Redis / wrk | CPU share: service / Redis / wrk / other / idle | errors |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "req/s", "x no lock", "p50", "p90", "p99", "p99.9", "max", "Redis cmds/req", "CPU µs/req: service / Redis / wrk", "CPU share: service / Redis / wrk / other / idle", "errors"))
 	for _, x := range s.Sat {
 		ratio := ""
 		if v, ok := pairedRatio(x, nsat, "rps"); ok {
@@ -174,15 +172,7 @@ func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
 			w("- %s: %s\n", x.Label, x.Mix)
 		}
 	}
-	var wrapped float64
-	for _, rs := range [][]*result{s.Low, s.Sat} {
-		for _, x := range rs {
-			for _, m := range x.Reps {
-				wrapped += m["wrapped"]
-			}
-		}
-	}
-	if wrapped > 0 {
+	if wrapped := s.wrapped(); wrapped > 0 {
 		w("\n%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n", int(wrapped))
 	}
 	w("\n")

@@ -92,6 +92,9 @@ func allRows() []rowSpec {
 	}
 }
 
+// spec is the row's id and label.
+func (r rowSpec) spec() (id, label string) { return r.id, r.label() }
+
 func rowByID(id string) (rowSpec, bool) {
 	return rowByIDIn(slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()), id)
 }
@@ -272,7 +275,7 @@ type gozeroImpl struct {
 	poll  time.Duration
 }
 
-// gozeroClients: go-zero keeps one client per address in a process-wide manager, so the hook
+// gozeroRT: go-zero keeps one client per address in a process-wide manager, so the hook
 // passed to the first Redis built for an address counts every later one too.
 var gozeroRT = map[string]*rtCounter{}
 

@@ -45,22 +45,15 @@
 // main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
 // beside -out.
 //
-// Shared by every store: the loops of the contention scenarios (2, 3, 4, 10-12 and the axes of
-// 8: bench/internal/contend), the workers of 3, 8 and 10-12 (worker.go), the order of the rows
-// and scenario 1's turns in slices (bench/internal/interleave), scenario 5's loops (rejectLoop),
-// scenario 7's bursts (dupBursts), the memory measurement of 9 (bench/internal/memstat) and the
-// HTTP systems of 6 (bench/internal/httpbench). etcd and ZooKeeper are backends (store.go: a
-// server, a flightlock store, the store's own lock as the peer row, a floor, the server's
-// counters and the report's notes; etcd.go, zk.go) whose scenarios, rows and report are written
-// once (store.go, storescenarios.go, storereport.go); the Redis rows (libs.go, scenarios.go and
-// the files named after their scenarios) and their report (report.go) are written apart, since
-// they measure what only Redis reports (round trips, the command mix, allocations per call).
-// The Redis rows count a contention run by every critical section begun before the end
-// (contend.Until; scenario 3 runs a quota per process), the backends' rows by those that end
-// inside a fixed window (contend.Window; scenario 3 sums the workers over one common window), so
-// that figures stay comparable with earlier runs of the same store. With -store etcd, scenarios
-// 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own repetitions; its
-// scenario 6 also starts a redis-server for the example's state.
+// The contention loops, the workers, the order of the rows, the memory measurement and the
+// HTTP systems are shared by every store (bench/internal/...); etcd and ZooKeeper are backends
+// of one runner and report (store.go), the Redis rows have their own, since they measure what
+// only Redis reports (round trips, the command mix, allocations per call). The Redis rows count
+// a contention run by every critical section begun before the end (contend.Until; scenario 3
+// runs a quota per process), the backends' rows by those that end inside a fixed window
+// (contend.Window), so that figures stay comparable with earlier runs of the same store. With
+// -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own
+// repetitions; its scenario 6 also starts a redis-server for the example's state.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:
@@ -70,7 +63,6 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -376,7 +368,7 @@ func writeReport(path, md string) {
 // runRedis runs the Redis rows' scenarios on a redis-server of their own.
 func runRedis(cfg config, prof profiling) {
 	var err error
-	srv, err = redisserver.Start("lockbench-redis-*.log")
+	srv, err = redisserver.Start("lockbench-redis")
 	if err != nil {
 		fatalf("%v", err)
 	}
@@ -402,7 +394,7 @@ func runRedis(cfg config, prof profiling) {
 	}
 
 	b := &bench{addr: srv.Addr, adm: newAdmin(srv.Addr), cfg: cfg, impls: map[string]impl{}}
-	rep := &report{cfg: cfg, machine: machineInfo(b.adm.version(context.Background())), started: time.Now()}
+	rep := &report{cfg: cfg, machine: machineInfo(srv.Version()), started: time.Now()}
 	// 13 runs before 10-12, whose report is another document.
 	for _, sc := range []struct {
 		n   int

@@ -140,24 +140,12 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	if h.FirstErr != nil {
 		progress("s9 hold %d %s: %v", n, r.id, h.FirstErr)
 	}
-	fn := float64(n)
-	l0, l1, l2 := h.Base, h.Holding, h.After
-	return metrics{
-		"n":          fn,
-		"acquire":    float64(h.Acquire.Nanoseconds()),
-		"heap":       (l1.Heap - l0.Heap) / fn,
-		"stack":      (l1.Stack - l0.Stack) / fn,
-		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
-		"peak_gor":   float64(h.PeakGoroutines - l0.Goroutines),
-		"redis":      (float64(h.ServerHolding) - float64(h.ServerBefore)) / fn,
-		"window":     window.Seconds(),
-		"ccpu_ms":    float64(ccpu.Microseconds()) / 1e3 / window.Seconds(),
-		"cmds_s":     float64(delta.total()) / window.Seconds(),
-		"rt_s":       float64(rts) / window.Seconds(),
-		"after_heap": (l2.Heap - l0.Heap) / fn,
-		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
-		"errors":     float64(h.LockErrors + h.UnlockErrors),
-	}
+	m, secs := heldMetrics(h, n), window.Seconds()
+	delete(m, "release")
+	m["redis"] = (float64(h.ServerHolding) - float64(h.ServerBefore)) / float64(n)
+	m["window"], m["ccpu_ms"] = secs, float64(ccpu.Microseconds())/1e3/secs
+	m["cmds_s"], m["rt_s"] = float64(delta.total())/secs, float64(rts)/secs
+	return m
 }
 
 // window sleeps d and returns what this process and the server did meanwhile: this process's
@@ -192,23 +180,9 @@ func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
-	l0, l1 := res.Base, res.Waiting
-	m := metrics{
-		"w":       float64(w),
-		"heap":    (l1.Heap - l0.Heap) / float64(w),
-		"stack":   (l1.Stack - l0.Stack) / float64(w),
-		"gor":     float64(l1.Goroutines-l0.Goroutines) / float64(w),
-		"rt_s":    float64(rts) / s9WaitWindow.Seconds(),
-		"cmds_s":  float64(delta.total()) / s9WaitWindow.Seconds(),
-		"ccpu_ms": float64(ccpu.Microseconds()) / 1e3 / s9WaitWindow.Seconds(),
-		"served":  float64(res.Served),
-		"errors":  float64(int64(w) - res.Served),
-		"early":   float64(g.Violations()),
-	}
-	if res.Served > 0 {
-		m["next"] = float64(res.Next)
-		m["all"] = float64(res.All)
-	}
+	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
+	m["rt_s"], m["cmds_s"], m["ccpu_ms"] = float64(rts)/secs, float64(delta.total())/secs, float64(ccpu.Microseconds())/1e3/secs
+	m["errors"], m["early"] = float64(int64(w)-res.Served), float64(g.Violations())
 	return m
 }
 
@@ -228,8 +202,7 @@ func (r *report) s9Section(w func(string, ...any)) {
 		w("; rows without\nrenewal hold for %v, since their keys would run out. CPU is this process's user + system time per second of\n", min(r.cfg.d9hold, s9HoldNoRenew))
 		w("the window; commands per second are `INFO commandstats` deltas. After release: heap still live above the baseline per\n")
 		w("lock, and goroutines above the baseline (waited for up to 2 s to exit).\n\n")
-		w("| row | renewal | locks | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | Redis B/lock | client CPU ms/s | server cmds/s | RT/s | acquire all | after release: B/lock | after release: goroutines | errors |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "renewal", "locks", "heap B/lock", "stack B/lock", "goroutines/lock", "peak goroutines", "Redis B/lock", "client CPU ms/s", "server cmds/s", "RT/s", "acquire all", "after release: B/lock", "after release: goroutines", "errors"))
 		for _, n := range s.Sizes {
 			for _, x := range s.Held[n] {
 				lib := x.Label // holding does not wait: the library's name says it
@@ -251,8 +224,7 @@ func (r *report) s9Section(w func(string, ...any)) {
 		w("waiting goroutine itself is one), then %v of waiting: round trips, server commands and client CPU per second, all\n", s9WaitWindow)
 		w("waiters together. Then the key is released; each waiter, once granted, releases at once. Next grant and all served\n")
 		w("are times from the release call.\n\n")
-		w("| row | heap B/waiter | stack B/waiter | goroutines/waiter | RT/s while waiting | server cmds/s | client CPU ms/s | release → next grant | release → all served | unserved | granted while held |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "heap B/waiter", "stack B/waiter", "goroutines/waiter", "RT/s while waiting", "server cmds/s", "client CPU ms/s", "release → next grant", "release → all served", "unserved", "granted while held"))
 		for _, x := range s.Waiters {
 			w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("heap")), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")),
 				mdfmt.Int(x.med("rt_s")), mdfmt.Int(x.med("cmds_s")), mdfmt.Float(x.med("ccpu_ms")), mdfmt.Dur(x.med("next")), mdfmt.Dur(x.med("all")),

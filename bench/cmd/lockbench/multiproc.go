@@ -1,13 +1,13 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
@@ -43,20 +43,7 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 			}
 			return implHolders(im, mapped, n), nil
 		},
-		warm: func() error {
-			for i := 0; i < 50; i++ {
-				k := im.key(fmt.Sprintf("warm:%d:%d", os.Getpid(), i))
-				if h, err := im.lock(context.Background(), k); err == nil {
-					_ = im.unlock(context.Background(), k, h)
-				}
-				if rim, ok := im.(rwImpl); ok {
-					if h, err := rim.rlock(context.Background(), k); err == nil {
-						_ = rim.runlock(context.Background(), k, h)
-					}
-				}
-			}
-			return nil
-		},
+		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm:%d", os.Getpid()), 50) },
 		roundTrips: im.roundTrips,
 		close:      im.close,
 		permits:    spec.permits,
@@ -88,6 +75,7 @@ func sumWorkers(wr []workerResult) contendResult {
 // violations of both guards (the critical section's and, for a semaphore or read-write row,
 // the whole hold's) and the most holders the hold's guard saw at once.
 type procsRun struct {
+	row               rowSpec
 	wr                []workerResult
 	all               contendResult
 	delta             cmdDelta
@@ -114,7 +102,7 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	if r.rw {
 		cs, span = cs.ReadWrite(), span.ReadWrite()
 	}
-	pr := procsRun{wr: wr, delta: diffStats(s0.cmds, b.stats())}
+	pr := procsRun{row: r, wr: wr, delta: diffStats(s0.cmds, b.stats())}
 	pr.all = sumWorkers(pr.wr)
 	var cpu int64
 	for _, w := range pr.wr {
@@ -127,11 +115,24 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, quota int64, d tim
 	return pr
 }
 
-// metrics are the run's figures as scenario 2's (contendMetrics), with the server's CPU and
-// the workers' per critical section.
+// metrics are the run's figures as in one process (hotMetrics), with the server's CPU and the
+// workers' per critical section.
 func (pr procsRun) metrics() metrics {
-	m := contendMetrics(pr.all, pr.delta, pr.plain, pr.violations)
+	m := hotMetrics(pr.row, pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
 	m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
+	return m
+}
+
+// hotMetrics are the figures of a run of row on one hot key: a read-write lock's (rwMetrics),
+// else scenario 2's (contendMetrics) with, for a semaphore, the most holders at once (peak).
+func hotMetrics(row rowSpec, cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
+	if row.rw {
+		return rwMetrics(cr, d, plain, violations, peak)
+	}
+	m := contendMetrics(cr, d, plain, violations)
+	if row.permits > 1 {
+		m["peak"] = float64(peak)
+	}
 	return m
 }
 
@@ -172,13 +173,14 @@ type inAndAcross struct {
 }
 
 // inAndAcross runs a scenario of the primitives report (10-12) on rows, tagged tag in the keys
-// and the progress lines: in each repetition every row in one process (inProc: the figures and
-// the server command mix), then in s3Procs workers of s3Goroutines goroutines with quotas from
-// a pilot (across: the figures of the workers' run), both in the rotated order. extra are more
-// arguments of the workers.
-func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, inProc func(r rowSpec, rep int) (metrics, string),
-	across func(pr procsRun) metrics, extra ...string,
-) inAndAcross {
+// and the progress lines: in each repetition every row in one process (hotInProcess), then in
+// s3Procs workers of s3Goroutines goroutines with quotas from a pilot, both in the rotated
+// order; reads is the percentage of Locks that are reads, for read-write rows.
+func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, reads int) inAndAcross {
+	var extra []string
+	if reads > 0 {
+		extra = []string{"-reads", strconv.Itoa(reads)}
+	}
 	in, procs := newResults(rows), newResults(rows)
 	quotas := b.pilotQuotas(tag, rows, tag+":pilot", d, extra...)
 	logRun := func(rep int, shape string, r rowSpec, m metrics, firstErr string) {
@@ -187,18 +189,41 @@ func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, inProc 
 	}
 	for rep := 0; rep < b.cfg.reps; rep++ {
 		for _, r := range interleave.Rotate(rows, rep) {
-			m, mix := inProc(r, rep)
+			m, mix := b.hotInProcess(r, fmt.Sprintf("%s:%d:%d", tag, s10Goroutines, rep), d, reads)
 			in.add(r.id, m, mix)
 			logRun(rep, fmt.Sprintf("g=%d", s10Goroutines), r, m, "")
 		}
 		for _, r := range interleave.Rotate(rows, rep) {
 			pr := b.runProcs(r, fmt.Sprintf("%s:%d", tag, rep), s3Procs, s3Goroutines, quotas[r.id], d, extra...)
-			m := pr.quota(across(pr), quotas[r.id])
+			m := pr.quota(pr.metrics(), quotas[r.id])
 			procs.add(r.id, m, mixString(pr.delta, pr.all.Ops))
 			logRun(rep, fmt.Sprintf("%dx%d", s3Procs, s3Goroutines), r, m, pr.all.FirstErr)
 		}
 	}
 	return inAndAcross{InProcess: ordered(rows, in), Procs: ordered(rows, procs)}
+}
+
+// hotInProcess runs one repetition of row r with s10Goroutines goroutines of this process on
+// key for d (scenarios 10-12), and returns its figures and server command mix. A mutex runs
+// scenario 2's loop; a semaphore or read-write lock (reads% of its Locks reads) runs under
+// two checks of its kind, one around the critical section and one around the whole hold.
+func (b *bench) hotInProcess(r rowSpec, key string, d time.Duration, reads int) (metrics, string) {
+	im := b.impl(r)
+	keys := []string{im.key(key)}
+	if r.permits <= 1 && !r.rw {
+		m, cr, delta := b.contendFor(r, keys, s10Goroutines, d)
+		return m, mixString(delta, cr.Ops)
+	}
+	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
+	hs := implHolders(im, keys, s10Goroutines)
+	if r.rw {
+		cs, span = guard.New().ReadWrite(), guard.New().ReadWrite()
+		hs = rwHolders(im, keys, s10Goroutines, reads)
+	}
+	m, cr, delta := b.timedRun(im, spanHolders(hs, span), []guard.Guard{cs}, d, func(cr contendResult, delta cmdDelta) metrics {
+		return hotMetrics(r, cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
+	})
+	return m, mixString(delta, cr.Ops)
 }
 
 func (b *bench) scenario3() []*result {

@@ -138,7 +138,7 @@ func (r *report) goals() []goal {
 			// background goroutines over millions of calls show in the third decimal.
 			fl.worst("cmds") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
 	}
-	gs = append(gs, r.s6Goals()...)
+	gs = append(gs, r.httpGoals()...)
 	return gs
 }
 
@@ -195,8 +195,8 @@ func (r *report) markdown() string {
 	w("`used_cpu_user + used_cpu_sys` delta per operation; **client CPU** the benchmark process's user + system time\n")
 	w("(getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
 
-	if gs := r.goalsScaling(); len(gs) > 0 {
-		w("## Goals: scaling and memory\n\n")
+	if gs := r.peerGoals(); len(gs) > 0 {
+		w("## Goals: against the peers, scaling and memory\n\n")
 		w("Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).\n\n")
 		goalTable(w, gs)
 	}
@@ -213,8 +213,7 @@ func (r *report) markdown() string {
 		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
 		w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", r.cfg.d1, s1Slice)
 		w("the machine's speed within a repetition falls on every row alike).\n\n")
-		w("| row | p50 latency | x PING | x SET+DEL | p99 | ops/s | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | allocs/op | B/op | server command mix per op |\n")
-		w("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "p50 latency", "x PING", "x SET+DEL", "p99", "ops/s", "RT/op", "server cmds/op", "Redis CPU µs/op", "client CPU µs/op", "allocs/op", "B/op", "server command mix per op"))
 		for _, x := range r.s1 {
 			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")),
 				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("opsps")),
@@ -279,7 +278,7 @@ func (r *report) markdown() string {
 		w("The key is held; then one goroutine tries it again and again (flightlock: `TryLock` on a `Reject` Locker; the others:\n")
 		w("one attempt without retry, which costs them a round trip). \"64 goroutines\" is the same with 64 goroutines at once\n")
 		w("(wall time per call over all of them). %v per row and repetition.\n\n", r.cfg.d5)
-		w("| row | ns/call | allocs/call | B/call | server cmds/call | RT/call | 64 goroutines: ns/call | calls/s |\n|---|---|---|---|---|---|---|---|\n")
+		w("%s\n", mdfmt.Head("row", "ns/call", "allocs/call", "B/call", "server cmds/call", "RT/call", "64 goroutines: ns/call", "calls/s"))
 		for _, x := range r.s5 {
 			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("ns")), mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")),
 				mdfmt.Float(x.worst("cmds")), mdfmt.Float(x.med("rt")), mdfmt.Int(x.med("par_ns")), mdfmt.Int(x.med("par_ops")))
@@ -382,8 +381,9 @@ func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
 
 // chart draws scenario 2's critical sections per second against goroutines, one line per row.
 func (r *report) chart(path string) error {
-	return drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		s2Goroutines, func(g int) []*result { return r.s2[g] })
+	_, err := drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
+		s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
+	return err
 }
 
 // rowColor gives every library one colour in every chart, whatever store and rows a run has:
@@ -406,35 +406,22 @@ func rowColor(id string) color.RGBA {
 	}
 }
 
-// drawChart draws, for every store, the median critical sections per second of rows (ids,
-// named by label) against xs on log-log axes, csps(x, row) at each point (a point without data
-// is left out): flightlock bold, the 1 ms pollers and the floor dashed. It says whether there
-// was anything to draw.
-func drawChart(path, title, xlabel string, xs []int, rows []string, label func(row string) string, csps func(x int, row string) float64) (bool, error) {
+// drawResultsChart draws, for every store, the median of metric (critical sections per second)
+// of the rows of at(xs[0]) against xs on log-log axes, each row matched by id at the other points
+// (a point without data is left out): flightlock bold, the 1 ms pollers and the floor dashed. It
+// says whether there was anything to draw.
+func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result, metric string) (bool, error) {
 	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: "critical sections / s (log)", X: xs,
 		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
-	for _, row := range rows {
+	for _, row := range at(xs[0]) {
 		y := make(map[int]float64, len(xs))
 		for _, x := range xs {
-			y[x] = csps(x, row)
+			y[x] = find(at(x), row.Row).med(metric)
 		}
-		c.Lines = append(c.Lines, logchart.Line{Label: label(row), Color: rowColor(row), Y: y,
-			Bold: row == rowFlight, Dashed: strings.HasSuffix(row, "-1ms") || row == rowFloor})
+		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
+			Bold: row.Row == rowFlight, Dashed: strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor})
 	}
 	return logchart.Draw(path, c)
-}
-
-// drawResultsChart is drawChart of the Redis rows of at(xs[0]), matched by id at the other
-// points; nothing measured, no chart.
-func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result) error {
-	labels := map[string]string{}
-	var rows []string
-	for _, x := range at(xs[0]) {
-		rows, labels[x.Row] = append(rows, x.Row), x.Label
-	}
-	_, err := drawChart(path, title, xlabel, xs, rows, func(row string) string { return labels[row] },
-		func(x int, row string) float64 { return find(at(x), row).med("csps") })
-	return err
 }
 
 // whereTheTimeGoes writes the "where the time goes" table for one uncontended lock +

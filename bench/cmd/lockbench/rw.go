@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/pollrw"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -160,48 +158,12 @@ type s11Results struct {
 func (b *bench) scenario11() *s11Results {
 	rows := pick("flightlock-rw", "poll-rw")
 	b.warm(rows)
-	b.warmReads(rows)
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, func(r rowSpec, rep int) (metrics, string) {
-			return b.rwInProcess(r, mix, rep)
-		}, func(pr procsRun) metrics {
-			m := rwMetrics(pr.all, pr.delta, pr.plain, pr.violations, pr.peak)
-			m["scpu"], m["ccpu"] = pr.scpu, pr.wcpu
-			return m
-		}, "-reads", strconv.Itoa(mix))
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, mix)
 		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
-}
-
-// warmReads takes and releases a few read locks on each row, so that the read scripts are
-// loaded before anything is measured.
-func (b *bench) warmReads(rows []rowSpec) {
-	for _, r := range rows {
-		im := b.impl(r).(rwImpl)
-		for i := 0; i < 200; i++ {
-			k := im.key(fmt.Sprintf("warm:r:%d", i))
-			h, err := im.rlock(context.Background(), k)
-			if err != nil {
-				fatalf("warm-up %s: %v", r.id, err)
-			}
-			_ = im.runlock(context.Background(), k, h)
-		}
-	}
-}
-
-// rwInProcess runs one repetition of a row at a mix with s10Goroutines goroutines on one key
-// for d11 and returns its figures and server command mix.
-func (b *bench) rwInProcess(r rowSpec, mix, rep int) (metrics, string) {
-	im := b.impl(r)
-	key := im.key(fmt.Sprintf("s11:%d:%d:%d", mix, s10Goroutines, rep))
-	cs, span := guard.New().ReadWrite(), guard.New().ReadWrite()
-	hs := spanHolders(rwHolders(im, []string{key}, s10Goroutines, mix), span)
-	m, _, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d11, func(cr contendResult, delta cmdDelta) metrics {
-		return rwMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
-	})
-	return m, mixString(delta, int64(m["ops"]))
 }
 
 // rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
@@ -247,7 +209,7 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
 	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
 	w("per critical section (read or write) are counted as in scenario 10.\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
 		"those within the handoff window join it with no round trip, the last releases it);"+
 		" a write is the mutex's Locker, with its gate and hand-over between the goroutines of a process; while a writer of the process"+

@@ -75,7 +75,7 @@ func rowKeys(im impl, prefix string, n int) []string {
 
 // s8Run measures every row at every point of one axis, reps times, and logs each measurement.
 func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) *s8Axis {
-	return &s8Axis{Name: name, Points: points, Res: b.atPoints(points, rows, func(r rowSpec, x, rep int) (metrics, string) {
+	return &s8Axis{Name: name, Points: points, Res: atPoints(b.cfg.reps, points, rows, rowSpec.spec, func(r rowSpec, x, rep int) (metrics, string) {
 		m, firstErr := run(r, x, rep)
 		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
 			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
@@ -102,7 +102,7 @@ func (r *report) s8Charts() error {
 			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
 			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
 		}[ax.Name]
-		if err := drawResultsChart(path, title, ax.Name+" (log)", ax.Points, ax.at); err != nil {
+		if _, err := drawResultsChart(path, title, ax.Name+" (log)", ax.Points, ax.at, "csps"); err != nil {
 			return err
 		}
 	}
@@ -122,13 +122,13 @@ func (s *s8Results) axes() []*s8Axis {
 	return out
 }
 
-// fall is how many times flightlock's critical sections per second fall from point x0 to x1
-// of an axis (above 1: fewer at x1).
-func (a *s8Axis) fall(x0, x1 int) (float64, bool) {
+// fall is how many times row's median of metric falls from point x0 to x1 of an axis (above
+// 1: lower at x1); false when either is zero.
+func (a *s8Axis) fall(row, metric string, x0, x1 int) (float64, bool) {
 	if a == nil {
 		return 0, false
 	}
-	f0, f1 := find(a.Res[x0], "flightlock").med("csps"), find(a.Res[x1], "flightlock").med("csps")
+	f0, f1 := find(a.Res[x0], row).med(metric), find(a.Res[x1], row).med(metric)
 	if f0 <= 0 || f1 <= 0 {
 		return 0, false
 	}
@@ -194,7 +194,7 @@ func (r *report) s8Section(w func(string, ...any)) {
 			if ax.Name == "goroutines" && n > 2 {
 				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
 			}
-			if f, ok := ax.fall(first, last); ok {
+			if f, ok := ax.fall("flightlock", "csps", first, last); ok {
 				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f, ""))
 			}
 		}

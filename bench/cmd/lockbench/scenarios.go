@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"time"
 
@@ -88,16 +87,32 @@ func lockRows() []rowSpec {
 // before anything is measured.
 func (b *bench) warm(rows []rowSpec) {
 	for _, r := range rows {
-		im := b.impl(r)
-		for i := 0; i < 200; i++ {
-			k := im.key(fmt.Sprintf("warm:%d", i))
-			h, err := im.lock(context.Background(), k)
-			if err != nil {
-				fatalf("warm-up %s: %v", r.id, err)
-			}
-			_ = im.unlock(context.Background(), k, h)
+		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
+			fatalf("warm-up %s: %v", r.id, err)
 		}
 	}
+}
+
+// warmImpl takes and releases n keys named after prefix on im, and read locks too on a
+// read-write row, so that its scripts are loaded and its connections open.
+func warmImpl(im impl, prefix string, n int) error {
+	ctx := context.Background()
+	rim, rw := im.(rwImpl)
+	for i := range n {
+		k := im.key(fmt.Sprintf("%s:%d", prefix, i))
+		h, err := im.lock(ctx, k)
+		if err != nil {
+			return err
+		}
+		_ = im.unlock(ctx, k, h)
+		if rw {
+			if h, err = rim.rlock(ctx, k); err != nil {
+				return err
+			}
+			_ = rim.runlock(ctx, k, h)
+		}
+	}
+	return nil
 }
 
 // results are the results of a scenario's rows, by row id.
@@ -131,20 +146,22 @@ func (b *bench) repeat(rows []rowSpec, run func(r rowSpec, rep int) (metrics, st
 }
 
 // atPoints runs every row at every point of an axis, reps times (interleave.Points), and
-// records the figures and command mix of each run, point by point.
-func (b *bench) atPoints(points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
-	all := map[int]results{}
-	for _, x := range points {
-		all[x] = newResults(rows)
-	}
-	interleave.Points(b.cfg.reps, points, rows, func(rep, x int, r rowSpec) {
-		m, mix := run(r, x, rep)
-		all[x].add(r.id, m, mix)
-	})
+// records the figures and server command mix of each run, point by point, in the rows' order;
+// spec names a row by its id and label.
+func atPoints[R any](reps int, points []int, rows []R, spec func(R) (id, label string), run func(r R, x, rep int) (metrics, string)) map[int][]*result {
 	out := make(map[int][]*result, len(points))
 	for _, x := range points {
-		out[x] = ordered(rows, all[x])
+		for _, r := range rows {
+			id, label := spec(r)
+			out[x] = append(out[x], &result{Row: id, Label: label})
+		}
 	}
+	interleave.Points(reps, points, rows, func(rep, x int, r R) {
+		m, mix := run(r, x, rep)
+		id, _ := spec(r)
+		res := find(out[x], id)
+		res.Reps, res.Mix = append(res.Reps, m), mix
+	})
 	return out
 }
 
@@ -204,7 +221,7 @@ var s2Goroutines = []int{1, 4, 16, 64}
 func (b *bench) scenario2() map[int][]*result {
 	rows := lockRows()
 	b.warm(rows)
-	return b.atPoints(s2Goroutines, rows, func(r rowSpec, g, rep int) (metrics, string) {
+	return atPoints(b.cfg.reps, s2Goroutines, rows, rowSpec.spec, func(r rowSpec, g, rep int) (metrics, string) {
 		d := b.cfg.d2
 		if g < 16 {
 			d = b.cfg.d2small
@@ -266,43 +283,32 @@ func (b *bench) scenario5() []*result {
 		if r.id == "flightlock" {
 			every = 256
 		}
-		// Serial: one goroutine retries the held key.
-		runtime.GC()
-		var m0, m1 runtime.MemStats
-		runtime.ReadMemStats(&m0)
-		s0, rt0 := b.snap(), im.roundTrips()
-		var wrong int64
-		n, elapsed := rejectLoop(1, b.cfg.d5, every, func(int) {
+		var (
+			wrong int64
+			d     cmdDelta
+			rts   int64
+		)
+		parts := rejectParts(b.cfg.d5, every, func(part, _ int) {
 			h, err := im.tryLock(ctx, key)
 			if !errors.Is(err, errBusy) {
-				wrong++
+				if part == 0 {
+					wrong++
+				}
 				if err == nil {
 					_ = im.unlock(ctx, key, h)
 				}
 			}
-		})
-		runtime.ReadMemStats(&m1)
-		d := diffStats(s0.cmds, b.stats())
-		rts := im.roundTrips() - rt0
-
-		// Parallel: 64 goroutines at once, as a burst of double clicks would.
-		pn, pelapsed := rejectLoop(s5Goroutines, b.cfg.d5, every, func(int) {
-			if h, err := im.tryLock(ctx, key); err == nil {
-				_ = im.unlock(ctx, key, h)
+		}, func(part int) func() {
+			if part == 1 {
+				return func() {}
 			}
+			s0, rt0 := b.snap(), im.roundTrips()
+			return func() { d, rts = diffStats(s0.cmds, b.stats()), im.roundTrips()-rt0 }
 		})
 		_ = im.unlock(ctx, key, held)
-		fn := float64(n)
-		m := metrics{
-			"ns":      float64(elapsed.Nanoseconds()) / fn,
-			"allocs":  float64(m1.Mallocs-m0.Mallocs) / fn,
-			"bytes":   float64(m1.TotalAlloc-m0.TotalAlloc) / fn,
-			"cmds":    float64(d.total()) / fn,
-			"rt":      float64(rts) / fn,
-			"wrong":   float64(wrong),
-			"par_ns":  float64(pelapsed.Nanoseconds()) / float64(pn),
-			"par_ops": float64(pn) / pelapsed.Seconds(),
-		}
+		fn := float64(parts[0].calls)
+		m := metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes, "cmds": float64(d.total()) / fn,
+			"rt": float64(rts) / fn, "wrong": float64(wrong), "par_ns": parts[1].perCall(), "par_ops": parts[1].rate()}
 		progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(m["ns"]), m["allocs"], m["cmds"])
 		return m, ""
 	})

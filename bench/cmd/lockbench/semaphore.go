@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"strconv"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/zsetsem"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
@@ -134,27 +134,8 @@ func spanShm(shm string) string { return shm + ".span" }
 func (b *bench) scenario10() *inAndAcross {
 	rows := pick("flightlock-permits", "zset-permits")
 	b.warm(rows)
-	s := b.inAndAcross("s10", rows, b.cfg.d10, b.semaphoreInProcess, func(pr procsRun) metrics {
-		m := pr.metrics()
-		m["peak"] = float64(pr.peak)
-		return m
-	})
+	s := b.inAndAcross("s10", rows, b.cfg.d10, 0)
 	return &s
-}
-
-// semaphoreInProcess runs one repetition of a row with s10Goroutines goroutines on one key for
-// d10 and returns its figures and server command mix.
-func (b *bench) semaphoreInProcess(r rowSpec, rep int) (metrics, string) {
-	im := b.impl(r)
-	key := im.key(fmt.Sprintf("s10:%d:%d", s10Goroutines, rep))
-	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
-	hs := spanHolders(implHolders(im, []string{key}, s10Goroutines), span)
-	m, cr, delta := b.timedRun(im, hs, []guard.Guard{cs}, b.cfg.d10, func(cr contendResult, delta cmdDelta) metrics {
-		m := contendMetrics(cr, delta, cs.Plain(), cs.Violations()+span.Violations())
-		m["peak"] = float64(span.Peak())
-		return m
-	})
-	return m, mixString(delta, cr.Ops)
 }
 
 // --- the report
@@ -173,7 +154,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("the call to holding a permit. Medians over %d repetitions; in each, the rows run one after\n", r.cfg.reps)
 	w("the other in an order rotated per repetition. RT and server commands are counted as in the main report (pub/sub\n")
 	w("connections are not in RT).\n\n")
-	w("| row | waiting for a busy key |\n|---|---|\n")
+	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | a waiter queues (FIFO) on a permit held in this process, whose release hands it over without a round trip;"+
 		" a permit held elsewhere wakes it by its release notification, or the retry delays do |\n", semaphoreRows()[0].label())
 	w("| %s | sleeps %v and tries again |\n", semaphoreRows()[1].label(), semPoll)

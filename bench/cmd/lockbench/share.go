@@ -1,32 +1,75 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Scenario 7: 64 concurrent duplicates of one request (one idempotency key, one
-// body) through go-zero's REST chain and flightlock's middleware on the benchmark's
-// redis-server, the handler taking httpbench.DupWork (dupBursts, as on every store). Rows:
-// OnBusy share (one run, every duplicate gets its response) and OnBusy reject (one run, 63
-// answered 409 at once). Each burst uses a key of its own.
+// Scenario 7, on every store: httpbench.Dups concurrent duplicates of one request (one
+// idempotency key, one body) through go-zero's REST chain and flightlock's middleware on the
+// benchmark's server, the handler taking httpbench.DupWork. Rows: OnBusy share (one run, every
+// duplicate gets its response) and OnBusy reject (one run, the others answered 409 at once).
+// Each burst uses a key of its own.
+
+// dupRows are the rows of scenario 7: id and the rule's OnBusy.
+var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
 
 func (b *bench) scenario7() []*result {
-	runs := dupBursts(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}}, b.cfg.reps)
-	var out []*result
+	return dupBursts(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}}, b.cfg.reps, "flightlock")
+}
+
+// dupBursts runs scenario 7: a server per row on the middleware's Lock section conf with that
+// row's rule, reps repetitions of the rows in rotated order, one httpbench.DupServer.Bursts per
+// row and repetition. Rows are labelled lib + ", OnBusy " + the rule's OnBusy.
+func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
+	servers := map[string]*httpbench.DupServer{}
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
+	var ids []string
+	out := results{}
 	for _, row := range dupRows {
-		out = append(out, &result{Row: row.id, Label: "flightlock, OnBusy " + row.onBusy, Reps: runs[row.id]})
+		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
+		s, err := httpbench.NewDupServer(conf)
+		if err != nil {
+			fatalf("s7 %s: %v", row.id, err)
+		}
+		servers[row.id] = s
+		ids = append(ids, row.id)
+		out[row.id] = &result{Row: row.id, Label: lib + ", OnBusy " + row.onBusy}
 	}
-	return out
+	for rep := range reps {
+		for _, id := range interleave.Rotate(ids, rep) {
+			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
+			out.add(id, m, "")
+			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
+				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], mdfmt.Dur(m["p50"]), mdfmt.Dur(m["p99"]))
+		}
+	}
+	var rs []*result
+	for _, id := range ids {
+		rs = append(rs, out[id])
+	}
+	return rs
 }
 
 func (r *report) s7Section(w func(string, ...any)) {
 	w("%d concurrent duplicates of one request (one `Idempotency-Key`, one body) through go-zero's REST chain and the\n", httpbench.Dups)
 	w("middleware, the handler taking %v; %d bursts per repetition, a key of its own each; figures per burst, medians over\n", httpbench.DupWork, httpbench.DupRounds)
 	w("%d repetitions. *share*: duplicates wait and get the response of the one run; *reject*: they are answered 409 at once.\n\n", r.cfg.reps)
-	w("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |\n|---|---|---|---|---|---|---|---|\n")
-	for _, x := range r.s7 {
+	dupsTable(w, r.s7)
+}
+
+// dupsTable writes scenario 7's table, on every store.
+func dupsTable(w func(string, ...any), rs []*result) {
+	w("%s\n", mdfmt.Head("row", "handler runs per burst", "identical 200 responses", "409s", "other", "p50 latency", "p99", "max"))
+	for _, x := range rs {
 		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Float(x.med("runs")), mdfmt.Float(x.med("identical")),
 			mdfmt.Float(x.med("busy")), mdfmt.Float(x.med("other")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
 	}

@@ -15,11 +15,12 @@ type metrics = map[string]float64
 
 // result collects every repetition of a row in one scenario configuration.
 type result struct {
-	Row   string            `json:"row"`   // row id
-	Label string            `json:"label"` // row label
-	Reps  []metrics         `json:"reps"`
-	Mix   string            `json:"mix,omitempty"` // server command mix of the last repetition, per op
-	Notes map[string]string `json:"notes,omitempty"`
+	Row   string    `json:"row"`   // row id
+	Label string    `json:"label"` // row label
+	Reps  []metrics `json:"reps"`
+	Mix   string    `json:"mix,omitempty"` // server command mix of the last repetition, per op
+	// FirstErrs are the first error of each repetition ("": none), where a row keeps them.
+	FirstErrs []string `json:"first_errors,omitempty"`
 }
 
 // med is the median of one figure over the repetitions.
@@ -36,6 +37,25 @@ func (r *result) worst(name string) float64 {
 		return 0
 	}
 	return worstOf(r.Reps, name)
+}
+
+// reps are the repetitions of r (none for a nil r).
+func (r *result) reps() []metrics {
+	if r == nil {
+		return nil
+	}
+	return r.Reps
+}
+
+// sum is the total of one figure over the repetitions.
+func (r *result) sum(name string) float64 {
+	var t float64
+	if r != nil {
+		for _, m := range r.Reps {
+			t += m[name]
+		}
+	}
+	return t
 }
 
 // medOf is the median of one figure over runs that have it.

@@ -4,10 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,8 +16,9 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/stat"
-	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -57,12 +55,12 @@ type backend interface {
 	title() string
 	// scenarios are those the backend runs.
 	scenarios() []int
-	// start starts the server on free loopback ports (stop ends it by its pid, removes its
+	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
 	// data, and may be called twice); describe is its progress line.
 	start(c *config) error
-	stop()
+	Stop()
 	describe() string
-	pid() int
+	Pid() int
 	// counters reads the server's request and fsync counters (no CPU: storeBench adds it).
 	counters() serverStats
 	// open makes this process's clients, the bench's Locker (TTL flightTTL, wait c.lockTimeout)
@@ -128,33 +126,30 @@ func (a serverStats) add(b serverStats) serverStats {
 		ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
 }
 
-// rowResult is one row in one repetition.
-type rowResult struct {
-	ops             int64         // operations (scenario 1) or critical sections in the window
-	window          time.Duration // the measured window
-	rate            float64       // ops or critical sections per second
-	p50, p99        time.Duration // scenario 1: lock + unlock latency; 2 and 3: Lock's wait
-	errors          int64         // failed Locks (each under a bounded context) and Releases / Unlocks
-	violations      int64         // a critical section that found another one inside
-	fenceViolations int64         // flightlock: a fence not larger than the last one seen
-	reqPerOp        float64       // server requests per operation / critical section; -1: unknown
-	fsyncPerOp      float64       // server log fsyncs per operation / critical section; -1: unknown
-	serverCPU       time.Duration // CPU of the server per operation / critical section
-	selfCPU         time.Duration // CPU of this process per operation (0 in scenario 3: the workers')
-	perProc         []int64       // scenario 3: critical sections of each process
-	retries         int64         // scenario 4, floor: put-if-absent attempts that found the key taken
-	firstErr        string        // the first error, of any goroutine or process
-}
+// The figures of a store row's repetition (its metrics' keys): rate is operations (scenario 1)
+// or critical sections per second; p50 and p99 scenario 1's lock + unlock latency or the
+// Lock's wait (ns); reqs and fsyncs the server's requests and log fsyncs per operation (-1:
+// unknown); scpu and ccpu the server's and this process's CPU per operation (ns; ccpu is 0
+// when workers ran it); errors counts failed Locks and Releases; violations a critical section
+// that found another one inside, fence_violations a flightlock fence not larger than the last
+// one seen; retries the floor's put-if-absent attempts that found the key taken; procN the
+// critical sections of worker N (scenario 3).
+const (
+	p50, p99, rate, reqs, fsy, scpu, ccpu          = "p50", "p99", "rate", "reqs", "fsyncs", "scpu", "ccpu"
+	failures, violations, fenceViolations, retries = "errors", "violations", "fence_violations", "retries"
+)
 
-func (r *rowResult) setServer(st serverStats) {
-	if !st.ok || r.ops == 0 {
-		r.reqPerOp, r.fsyncPerOp = -1, -1
-		return
+// rowMetrics are a row's figures: ops operations or critical sections in window, their
+// latencies or waits (ns, sorted in place), errs failures, and the server's counters st.
+func rowMetrics(ops int64, window time.Duration, lats []int64, errs int64, st serverStats) metrics {
+	q50, q99 := percentiles(lats)
+	m := metrics{"ops": float64(ops), rate: float64(ops) / window.Seconds(), p50: float64(q50), p99: float64(q99),
+		failures: float64(errs), reqs: -1, fsy: -1, scpu: 0, ccpu: 0}
+	if st.ok && ops > 0 {
+		n := float64(ops)
+		m[reqs], m[fsy], m[scpu], m[ccpu] = st.reqs/n, st.fsyncs/n, float64(st.cpu/time.Duration(ops)), float64(st.self/time.Duration(ops))
 	}
-	r.reqPerOp = st.reqs / float64(r.ops)
-	r.fsyncPerOp = st.fsyncs / float64(r.ops)
-	r.serverCPU = st.cpu / time.Duration(r.ops)
-	r.selfCPU = st.self / time.Duration(r.ops)
+	return m
 }
 
 // storeBench is what the scenarios of a backend's rows share.
@@ -166,14 +161,14 @@ type storeBench struct {
 
 func (b *storeBench) stats() serverStats {
 	st := b.be.counters()
-	st.cpu, st.self = cpustat.Proc(b.be.pid()), cpustat.Self()
+	st.cpu, st.self = cpustat.Proc(b.be.Pid()), cpustat.Self()
 	return st
 }
 
 // statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
 // a window, which should not count the server CPU that answering the reading takes.
 func (b *storeBench) statsCPUFirst() serverStats {
-	cpu, self := cpustat.Proc(b.be.pid()), cpustat.Self()
+	cpu, self := cpustat.Proc(b.be.Pid()), cpustat.Self()
 	st := b.be.counters()
 	st.cpu, st.self = cpu, self
 	return st
@@ -187,7 +182,7 @@ func runStore(c *config, be backend) {
 	}
 	stopServers = func() {
 		stopStateRedis()
-		be.stop()
+		be.Stop()
 	}
 	progress("%s", be.describe())
 	l, err := be.open(c)
@@ -206,7 +201,7 @@ func runStore(c *config, be backend) {
 	// which would tilt the first repetition against its first row.
 	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
 	b.uncontended(be.s1Rows(), "w", c.warm)
-	res := newStoreResults()
+	res := &storeResults{}
 	rowsIf := func(scenario int, rows ...string) []string {
 		if !c.scenarios[scenario] {
 			return nil
@@ -225,36 +220,32 @@ func runStore(c *config, be backend) {
 			rs := b.uncontended(order, fmt.Sprint(rep), c.d1)
 			for _, row := range order {
 				r := rs[row]
-				res.add(1, row, r)
-				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %d", row, durStr(r.p50), r.rate, unit, r.reqPerOp, r.errors)
+				res.add(1, row, r, "")
+				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %.0f", row, mdfmt.Dur(r[p50]), r[rate], unit, r[reqs], r[failures])
 			}
 		}
 		for _, row := range interleave.Rotate(s2, rep) {
-			r := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
-			res.add(2, row, r)
-			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", hotGoroutines, row, r.rate, r.violations, r.fenceViolations, r.errors, unit, r.reqPerOp)
+			r, firstErr := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
+			res.add(2, row, r, firstErr)
+			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", hotGoroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s3, rep) {
-			r := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
-			res.add(3, row, r)
-			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %d/%d  errors %d  %s/CS %.3f", s3Procs, s3Goroutines, row, r.rate, r.violations, r.fenceViolations, r.errors, unit, r.reqPerOp)
+			r, firstErr := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
+			res.add(3, row, r, firstErr)
+			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", s3Procs, s3Goroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s4, rep) {
-			r := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
-			res.add(4, row, r)
-			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %d/%d  retries %d  errors %d  %s/op %.2f", hotGoroutines, manyKeys, row, r.rate, r.violations, r.fenceViolations, r.retries, r.errors, unit, r.reqPerOp)
+			r, firstErr := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
+			res.add(4, row, r, firstErr)
+			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/op %.2f", hotGoroutines, manyKeys, row, r[rate], r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs])
 		}
 	}
 	if fb, ok := be.(fullBackend); ok {
 		b.runMore(fb, res)
 	}
 
-	report := res.markdown(c, be, hostinfo.Collect())
-	if c.out == "" {
-		fmt.Print(report)
-	} else if err := os.WriteFile(c.out, []byte(report), 0o644); err != nil {
-		fatalf("write %s: %v", c.out, err)
-	} else {
+	writeReport(c.out, res.markdown(c, be, hostinfo.Collect()))
+	if c.out != "" {
 		progress("wrote %s", c.out)
 	}
 	for _, g := range res.goals(c, be) {
@@ -271,27 +262,24 @@ func (c *config) ranAny(scenarios ...int) bool {
 type s1Row struct {
 	op     func(ctx context.Context, i int) (releaseErr, err error)
 	next   int // the index of the row's next key
-	r      rowResult
+	errs   int64
+	window time.Duration
 	lats   []int64
 	server serverStats // summed over the slices
 }
 
 // uncontended runs scenario 1 for rows in one repetition rep, d per row, the rows taking turns
 // in slices of s1Slice (interleave.Slices), from the order given.
-func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]rowResult {
+func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]metrics {
 	acc := make([]*s1Row, len(rows))
 	for i, row := range rows {
 		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
 	}
 	interleave.Slices(acc, 0, d, s1Slice, func(a *s1Row, d time.Duration) (time.Duration, bool) { return b.runSlice(a, d), true })
-	out := make(map[string]rowResult, len(rows))
+	out := make(map[string]metrics, len(rows))
 	for i, row := range rows {
 		a := acc[i]
-		a.r.ops = int64(len(a.lats))
-		a.r.rate = float64(a.r.ops) / a.r.window.Seconds()
-		a.r.p50, a.r.p99 = percentiles(a.lats)
-		a.r.setServer(a.server)
-		out[row] = a.r
+		out[row] = rowMetrics(int64(len(a.lats)), a.window, a.lats, a.errs, a.server)
 	}
 	return out
 }
@@ -325,23 +313,23 @@ func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
 		a.next++
 		switch {
 		case err != nil:
-			a.r.errors++
+			a.errs++
 			time.Sleep(time.Millisecond)
 		case rerr != nil:
-			a.r.errors++
+			a.errs++
 		default:
 			a.lats = append(a.lats, int64(took))
 		}
 	}
 	ran := time.Since(start)
-	a.r.window += ran
+	a.window += ran
 	a.server = a.server.add(b.statsCPUFirst().sub(s0))
 	return ran
 }
 
 // percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
 // count them (stat.Percentile, nearest rank).
-func percentiles(v []int64) (p50, p99 time.Duration) {
+func percentiles(v []int64) (time.Duration, time.Duration) {
 	slices.Sort(v)
 	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
 }
@@ -407,7 +395,7 @@ func prefixed(prefix string, keys []string) []string {
 
 // keysRun runs n goroutines of this process for d over nkeys fresh keys named after prefix
 // (scenario 4, and scenario 8's keys axis).
-func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) rowResult {
+func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) (metrics, string) {
 	keys := make([]string, nkeys)
 	for i := range keys {
 		keys[i] = prefix + strconv.Itoa(i)
@@ -418,14 +406,14 @@ func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, 
 // contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
 // uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): the shared loop
 // under contend.Window, a critical section counting when it ends inside the window. The
-// server's counters are read at the window's start and end.
-func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) rowResult {
-	var retries atomic.Int64
+// server's counters are read at the window's start and end. It returns the first error too.
+func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) (metrics, string) {
+	var nretries atomic.Int64
 	var hs []contend.Holder
 	if row == rowFlight {
 		hs = lockerHolders(b.l, keys, n)
 	} else {
-		hs = b.be.holders(row, keys, n, &retries)
+		hs = b.be.holders(row, keys, n, &nretries)
 	}
 	gs := newGuards(len(keys))
 	start := time.Now().Add(20 * time.Millisecond)
@@ -441,27 +429,23 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 	}()
 	cr := contend.Run(hs, gs, start, seed, contend.Window(end, b.c.lockTimeout))
 	<-statsDone
-	r := rowResult{
-		ops: cr.Ops, window: d, rate: float64(cr.Ops) / d.Seconds(),
-		errors: cr.Errors + cr.ReleaseErrors, retries: retries.Load(), firstErr: cr.FirstErr,
-	}
+	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, s1.sub(s0))
+	m[retries] = float64(nretries.Load())
 	if cr.FirstErr != "" {
 		progress("  %s: first error: %s", row, cr.FirstErr)
 	}
 	for _, g := range gs {
-		r.violations += g.Violations()
-		r.fenceViolations += g.FenceViolations()
+		m[violations] += float64(g.Violations())
+		m[fenceViolations] += float64(g.FenceViolations())
 	}
-	r.p50, r.p99 = percentiles(cr.Waits)
-	r.setServer(s1.sub(s0))
-	return r
+	return m, cr.FirstErr
 }
 
 // runProcs starts procs worker processes (worker.go) of perProc goroutines each on one fresh
 // key, every one with clients of its own, lets them count the critical sections that end
 // inside one common window d, and sums their results (scenario 3, and scenario 8's processes
-// axis).
-func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) rowResult {
+// axis), with the first error.
+func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) (metrics, string) {
 	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc), "-window",
 		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
 	var s0, s1 serverStats
@@ -474,18 +458,16 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	defer done()
 
 	all := sumWorkers(wr)
-	r := rowResult{window: d, ops: all.Ops, rate: float64(all.Ops) / d.Seconds(), errors: all.Errors, firstErr: all.FirstErr}
-	for _, w := range wr {
-		r.perProc = append(r.perProc, w.Ops)
+	m := rowMetrics(all.Ops, d, all.Waits, all.Errors, s1.sub(s0))
+	for i, w := range wr {
+		m["proc"+strconv.Itoa(i)] = float64(w.Ops)
 		if w.FirstErr != "" {
 			progress("  %s: a worker's first error: %s", row, w.FirstErr)
 		}
 	}
-	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
-	r.p50, r.p99 = percentiles(all.Waits)
-	r.setServer(s1.sub(s0))
-	r.selfCPU = 0 // the workers' CPU, not this process's
-	return r
+	m[violations], m[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
+	m[ccpu] = 0 // the workers' CPU, not this process's
+	return m, all.FirstErr
 }
 
 // storeWorkerRow builds a row of a backend in a worker process: flightlock on a Locker and
@@ -526,12 +508,11 @@ func drainClose(l *flightlock.Locker, closeStore func() error) {
 }
 
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := redisserver.FreeAddr()
 	if err != nil {
 		fatalf("free port: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
@@ -576,55 +557,17 @@ func procRSS(pid int) int64 {
 	return 0
 }
 
-// serverProc is a server process this run started, with the temporary directory of its data.
-type serverProc struct {
-	cmd *exec.Cmd
-	dir string
-}
-
-func (s *serverProc) pid() int {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
-
-// run starts cmd as the server named name, its output in a log file in the server's directory,
-// and asks ready every 50ms until it says so; past within, the server is stopped and the log's
-// tail is in the error.
-func (s *serverProc) run(name string, cmd *exec.Cmd, within time.Duration, ready func() (bool, error)) error {
-	log := filepath.Join(s.dir, name+".log")
-	logf, err := os.Create(log)
-	if err != nil {
-		_ = os.RemoveAll(s.dir)
-		return err
-	}
-	defer logf.Close()
-	s.cmd = cmd
-	cmd.Stdout, cmd.Stderr = logf, logf
-	childproc.Tie(cmd)
-	if err := cmd.Start(); err != nil {
-		_ = os.RemoveAll(s.dir)
-		return err
-	}
-	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
-		ok, err := ready()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			tail, _ := os.ReadFile(log)
-			s.stop()
-			return fmt.Errorf("%s not ready after %v: %v\n%s", name, within, err, tail)
+// procCounts are the critical sections of each worker in repetition i of x (scenario 3).
+func procCounts(x *result, i int) []int64 {
+	var n []int64
+	if i < len(x.reps()) {
+		for w := 0; ; w++ {
+			v, ok := x.Reps[i]["proc"+strconv.Itoa(w)]
+			if !ok {
+				break
+			}
+			n = append(n, int64(v))
 		}
 	}
-}
-
-// stop kills the server by its pid, waits for it, and removes its directory.
-func (s *serverProc) stop() {
-	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
-	_ = os.RemoveAll(s.dir)
+	return n
 }

@@ -4,13 +4,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // storeNotes are what a backend's report says of its own store: the names of its counters and
@@ -33,52 +33,40 @@ type storeNotes struct {
 }
 
 type storeResults struct {
-	rows    map[int]map[string][]rowResult  // scenario -> row -> one result per repetition
-	reject  map[string][]rejectResult       // scenario 5: row -> one result per repetition
-	http    *httpResults                    // scenario 6
-	dups    map[string][]map[string]float64 // scenario 7: row -> httpbench.DupServer.Bursts per repetition
-	scaling []*scalingAxis                  // scenario 8
-	memory  *memoryResults                  // scenario 9
+	rows    map[int]results   // scenarios 1-4: scenario -> row -> its repetitions
+	reject  results           // scenario 5
+	http    *s6Results        // scenario 6
+	dups    []*result         // scenario 7
+	scaling []*s8Axis         // scenario 8
+	charts  map[string]string // scenario 8: the PNG written for an axis, by its name
+	memory  *memoryResults    // scenario 9
 }
 
-func newStoreResults() *storeResults { return &storeResults{rows: map[int]map[string][]rowResult{}} }
-
-func (r *storeResults) add(scenario int, row string, x rowResult) {
+// add records one repetition of row in scenario, with its first error ("": none).
+func (r *storeResults) add(scenario int, row string, m metrics, firstErr string) {
+	if r.rows == nil {
+		r.rows = map[int]results{}
+	}
 	if r.rows[scenario] == nil {
-		r.rows[scenario] = map[string][]rowResult{}
+		r.rows[scenario] = results{}
 	}
-	r.rows[scenario][row] = append(r.rows[scenario][row], x)
+	x := r.rows[scenario][row]
+	if x == nil {
+		x = &result{Row: row}
+		r.rows[scenario][row] = x
+	}
+	x.Reps, x.FirstErrs = append(x.Reps, m), append(x.FirstErrs, firstErr)
 }
 
-// med is the median over repetitions of f.
-func (r *storeResults) med(scenario int, row string, f func(rowResult) float64) float64 {
-	var v []float64
-	for _, x := range r.rows[scenario][row] {
-		v = append(v, f(x))
-	}
-	return stat.Median(v)
+// med is the median of a figure of row in scenario over the repetitions.
+func (r *storeResults) med(scenario int, row, name string) float64 {
+	return r.rows[scenario][row].med(name)
 }
 
-func (r *storeResults) sum(scenario int, row string, f func(rowResult) int64) int64 {
-	var n int64
-	for _, x := range r.rows[scenario][row] {
-		n += f(x)
-	}
-	return n
+// sum is a count of row in scenario summed over the repetitions.
+func (r *storeResults) sum(scenario int, row, name string) int64 {
+	return int64(r.rows[scenario][row].sum(name))
 }
-
-func p50(x rowResult) float64  { return float64(x.p50) }
-func p99(x rowResult) float64  { return float64(x.p99) }
-func rate(x rowResult) float64 { return x.rate }
-func reqs(x rowResult) float64 { return x.reqPerOp }
-func fsy(x rowResult) float64  { return x.fsyncPerOp }
-func scpu(x rowResult) float64 { return float64(x.serverCPU) }
-func ccpu(x rowResult) float64 { return float64(x.selfCPU) }
-
-func failures(x rowResult) int64        { return x.errors }
-func violations(x rowResult) int64      { return x.violations }
-func fenceViolations(x rowResult) int64 { return x.fenceViolations }
-func retries(x rowResult) int64         { return x.retries }
 
 // goals compares medians: scenario 1 on p50 latency against the floor (at most 1.2x), 2 (and
 // 3, where the store sets it) on critical sections per second against the peer (at least
@@ -113,10 +101,11 @@ func safeDiv(a, b float64) float64 {
 	return a / b
 }
 
-func perRep(xs []rowResult, f func(rowResult) string) string {
+// perRep lists f of each repetition of x.
+func perRep(x *result, f func(metrics) string) string {
 	var s []string
-	for _, x := range xs {
-		s = append(s, f(x))
+	for _, m := range x.reps() {
+		s = append(s, f(m))
 	}
 	return strings.Join(s, ", ")
 }
@@ -151,7 +140,8 @@ type printer func(format string, args ...any)
 
 func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) string {
 	var b strings.Builder
-	var p printer = func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	var p printer = func(format string, args ...any) { w(format+"\n", args...) }
 	n := be.notes()
 	label, peer := n.labels, be.peer()
 
@@ -175,8 +165,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", n.peerThe)
 		p("")
-		p("| goal | wanted | measured | verdict |")
-		p("|---|---|---|---|")
+		p("%s", mdfmt.Head("goal", "wanted", "measured", "verdict"))
 		for _, g := range goals {
 			p("| %s | %s | %s | **%s** |", g.name, g.target, g.measure, g.verdict())
 		}
@@ -191,10 +180,9 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("| row | p50 | p99 | ops/s | p50 per repetition | %s/op | fsyncs/op | %s/op | client CPU/op | errors |", n.reqCol, n.cpuCol)
 		p("|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range be.s1Rows() {
-			xs := r.rows[1][row]
 			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
 				durStr(time.Duration(r.med(1, row, p50))), durStr(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-				perRep(xs, func(x rowResult) string { return durStr(x.p50) }),
+				perRep(r.rows[1][row], func(m metrics) string { return durStr(time.Duration(m[p50])) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
 				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
 				r.sum(1, row, failures))
@@ -202,9 +190,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("%s", n.s1Ratios(r))
 		var ratios []string
-		for i, x := range r.rows[1][rowFlight] {
-			if i < len(r.rows[1][rowFloor]) {
-				ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(float64(x.p50), float64(r.rows[1][rowFloor][i].p50))))
+		fo := r.rows[1][rowFloor]
+		for i, m := range r.rows[1][rowFlight].reps() {
+			if i < len(fo.reps()) {
+				ratios = append(ratios, fmt.Sprintf("%.2fx", safeDiv(m[p50], fo.Reps[i][p50])))
 			}
 		}
 		p("flightlock / floor p50 within each repetition: %s.", strings.Join(ratios, ", "))
@@ -219,14 +208,7 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("Critical sections per process (flightlock | %s), per repetition:", n.peerShort)
 		p("")
 		for i := range c.reps {
-			var f, pe []int64
-			if xs := r.rows[3][rowFlight]; i < len(xs) {
-				f = xs[i].perProc
-			}
-			if xs := r.rows[3][peer]; i < len(xs) {
-				pe = xs[i].perProc
-			}
-			p("- repetition %d: %v | %v", i+1, f, pe)
+			p("- repetition %d: %v | %v", i+1, procCounts(r.rows[3][rowFlight], i), procCounts(r.rows[3][peer], i))
 		}
 		p("")
 	}
@@ -235,16 +217,14 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("")
 		p("%d goroutines of this process; each operation locks a key drawn uniformly from %d, runs the critical section's checks against that key's guard, and releases; %v per row and repetition. The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op. No goal is set for this scenario; the Redis report's scenario 4 compares against SET+DEL.", hotGoroutines, manyKeys, c.d4)
 		p("")
-		p("| row | ops/s | per repetition | Lock wait p50 | Lock wait p99 | etcd RPCs/op | fsyncs/op | etcd CPU/op | violations (inside / fence) | floor retries | errors |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|")
+		p("%s", mdfmt.Head("row", "ops/s", "per repetition", "Lock wait p50", "Lock wait p99", "etcd RPCs/op", "fsyncs/op", "etcd CPU/op", "violations (inside / fence)", "floor retries", "errors"))
 		for _, row := range []string{rowFloor, rowFlight, peer} {
-			xs := r.rows[4][row]
 			retried := "n/a"
 			if row == rowFloor {
 				retried = fmt.Sprint(r.sum(4, row, retries))
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
-				perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+				perRep(r.rows[4][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
 				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
 				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
 				r.violCell(4, row), retried,
@@ -252,10 +232,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		}
 		fl4, fo4, mu4 := r.med(4, rowFlight, rate), r.med(4, rowFloor, rate), r.med(4, peer, rate)
 		var perRepRatios []string
-		for i, x := range r.rows[4][rowFlight] {
-			if i < len(r.rows[4][rowFloor]) && i < len(r.rows[4][peer]) {
-				perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx",
-					safeDiv(x.rate, r.rows[4][rowFloor][i].rate), safeDiv(x.rate, r.rows[4][peer][i].rate)))
+		fo, pe := r.rows[4][rowFloor], r.rows[4][peer]
+		for i, m := range r.rows[4][rowFlight].reps() {
+			if i < len(fo.reps()) && i < len(pe.reps()) {
+				perRepRatios = append(perRepRatios, fmt.Sprintf("%.2fx / %.2fx", safeDiv(m[rate], fo.Reps[i][rate]), safeDiv(m[rate], pe.Reps[i][rate])))
 			}
 		}
 		p("")
@@ -270,10 +250,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		r.httpSection(p, c)
 	}
 	if c.scenarios[7] {
-		r.dupsSection(p, c, be.title())
+		r.dupsSection(p, w, c)
 	}
 	if c.scenarios[8] {
-		r.scalingSection(p, c, n)
+		r.scalingSection(p, c, n, peer)
 	}
 	if c.scenarios[9] {
 		r.memorySection(p, c, n)
@@ -296,7 +276,6 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("| row | critical sections/s | per repetition | Lock wait p50 | Lock wait p99 | %s/CS | fsyncs/CS | %s/CS |%s violations (inside / fence) | errors |", n.reqCol, n.cpuCol, client)
 	p("|---|---|---|---|---|---|---|---|%s---|---|", clientRule)
 	for _, row := range []string{rowFlight, peer} {
-		xs := r.rows[sc][row]
 		self := ""
 		if n.hotClientCPU {
 			self = " " + durStr(time.Duration(r.med(sc, row, ccpu))) + " |"
@@ -305,7 +284,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 			}
 		}
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %s | %d |", n.labels[row], r.med(sc, row, rate),
-			perRep(xs, func(x rowResult) string { return fmt.Sprintf("%.0f", x.rate) }),
+			perRep(r.rows[sc][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
 			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
 			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
 			r.violCell(sc, row),
@@ -315,9 +294,10 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	p("flightlock / %s: %.1fx.", n.peerShort, safeDiv(r.med(sc, rowFlight, rate), r.med(sc, peer, rate)))
 	p("")
 	for _, row := range []string{rowFlight, peer} {
-		for i, x := range r.rows[sc][row] {
-			if e := x.errors; e > 0 {
-				p("%s, repetition %d: %d errors, the first `%s`.", n.labels[row], i+1, e, x.firstErr)
+		x := r.rows[sc][row]
+		for i, m := range x.reps() {
+			if e := m[failures]; e > 0 {
+				p("%s, repetition %d: %.0f errors, the first `%s`.", n.labels[row], i+1, e, x.FirstErrs[i])
 				p("")
 			}
 		}
@@ -327,7 +307,7 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 // scalingSection writes scenario 8: a table per axis (median critical sections per second at
 // every point, with etcd RPCs per critical section and the p99 wait), its plot, and per row the
 // fall from the first point to the last.
-func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
+func (r *storeResults) scalingSection(p printer, c *config, n storeNotes, peer string) {
 	p("## 8. Scaling: cost as the work grows")
 	p("")
 	p("The scaling scenario on etcd (the Redis rows are scenario 8 of benchmarks.md): how many critical sections per second")
@@ -343,56 +323,53 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes) {
 	p("window mostly sees the queue being built and drained.")
 	p("")
 	for _, ax := range r.scaling {
-		p("### %s", ax.unit())
+		first, last := ax.Points[0], ax.Points[len(ax.Points)-1]
+		p("### %s", axisUnit(ax.Name))
 		p("")
-		if ax.chart != "" {
-			p("![critical sections per second against %s](%s)", ax.name, filepath.Base(ax.chart))
+		if chart := r.charts[ax.Name]; chart != "" {
+			p("![critical sections per second against %s](%s)", ax.Name, filepath.Base(chart))
 			p("")
 		}
-		head, rule := "| row |", "|---|"
-		for _, x := range ax.points {
-			head += fmt.Sprintf(" %s |", countStr(x))
-			rule += "---|"
+		cols := []string{"row"}
+		for _, x := range ax.Points {
+			cols = append(cols, countStr(x))
 		}
-		p("%s fall, %s → %s | violations (inside / fence) | errors |", head, countStr(ax.points[0]), countStr(ax.points[len(ax.points)-1]))
-		p("%s---|---|---|", rule)
-		for _, row := range ax.rows {
+		p("%s", mdfmt.Head(append(cols, fmt.Sprintf("fall, %s → %s", countStr(first), countStr(last)), "violations (inside / fence)", "errors")...))
+		for _, x0 := range ax.Res[first] {
+			row := x0.Row
 			line := "| " + n.labels[row] + " |"
-			var viol, fenceViol, errs int64
-			for _, x := range ax.points {
-				cell := fmt.Sprintf(" %.0f<br>%s · %s", ax.res.med(x, row, rate), perOp(ax.res.med(x, row, reqs)), durStr(time.Duration(ax.res.med(x, row, p99))))
-				if rt := ax.res.sum(x, row, retries); rt > 0 {
-					cell += fmt.Sprintf("<br>%d retries", rt) // the floor's put-if-absent on a taken key
+			var viol, fenceViol, errs float64
+			for _, x := range ax.Points {
+				c := find(ax.Res[x], row)
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", c.med(rate), perOp(c.med(reqs)), durStr(time.Duration(c.med(p99))))
+				if rt := c.sum(retries); rt > 0 {
+					cell += fmt.Sprintf("<br>%.0f retries", rt) // the floor's put-if-absent on a taken key
 				}
-				e := ax.res.sum(x, row, failures)
-				if e > 0 {
-					cell += fmt.Sprintf("<br>%d errors", e)
+				if e := c.sum(failures); e > 0 {
+					cell += fmt.Sprintf("<br>%.0f errors", e)
 				}
-				v := ax.res.sum(x, row, func(x rowResult) int64 { return x.violations + x.fenceViolations })
-				if v > 0 {
-					cell += fmt.Sprintf("<br>**%d violations**", v)
+				if v := c.sum(violations) + c.sum(fenceViolations); v > 0 {
+					cell += fmt.Sprintf("<br>**%.0f violations**", v)
 				}
 				line += cell + " |"
-				viol += ax.res.sum(x, row, violations)
-				fenceViol += ax.res.sum(x, row, fenceViolations)
-				errs += e
+				viol, fenceViol, errs = viol+c.sum(violations), fenceViol+c.sum(fenceViolations), errs+c.sum(failures)
 			}
 			fall := "n/a"
-			if f, ok := ax.fall(row, ax.points[0], ax.points[len(ax.points)-1]); ok {
+			if f, ok := ax.fall(row, rate, first, last); ok {
 				fall = fallWords(f, "s")
 			}
-			p("%s %s | %s | %d |", line, fall, violCell(row, viol, fenceViol), errs)
+			p("%s %s | %s | %.0f |", line, fall, violCell(row, int64(viol), int64(fenceViol)), errs)
 		}
 		line := "| flightlock / " + n.peerShort + " |"
-		for _, x := range ax.points {
-			line += fmt.Sprintf(" %.1fx |", safeDiv(ax.res.med(x, rowFlight, rate), ax.res.med(x, ax.peer, rate)))
+		for _, x := range ax.Points {
+			line += fmt.Sprintf(" %.1fx |", safeDiv(find(ax.Res[x], rowFlight).med(rate), find(ax.Res[x], peer).med(rate)))
 		}
 		p("%s | | |", line)
 		p("")
-		if ax.name == "goroutines" && len(ax.points) > 2 && ax.points[0] == 1 {
+		if ax.Name == "goroutines" && len(ax.Points) > 2 && first == 1 {
 			// The goal for the Redis rows reads from 4 goroutines: 1 has no one to hand over to.
-			if f, ok := ax.fall(rowFlight, ax.points[1], ax.points[len(ax.points)-1]); ok {
-				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.points[1]), countStr(ax.points[len(ax.points)-1]), fallWords(f, "s"))
+			if f, ok := ax.fall(rowFlight, rate, ax.Points[1], last); ok {
+				p("flightlock from %s to %s goroutines (one goroutine has no one to hand over to): %s.", countStr(ax.Points[1]), countStr(last), fallWords(f, "s"))
 				p("")
 			}
 		}
@@ -426,24 +403,19 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("etcd unary RPCs and lease keep-alive requests are per second of holding. After release: live heap still above the")
 		p("baseline per lock, and goroutines above the baseline (waited for up to 2s to exit).")
 		p("")
-		p("| row | locks | acquire all | heap B/lock | stack B/lock | goroutines/lock | peak goroutines | etcd RSS B/lock | client CPU ms/s | etcd RPCs/s | keep-alives/s | release all | after release: B/lock | after release: goroutines | errors |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-		for _, h := range m.hold {
-			rss := fmt.Sprintf("%.0f", h.serverRSS)
-			if h.serverRSS < 0 {
+		p("%s", mdfmt.Head("row", "locks", "acquire all", "heap B/lock", "stack B/lock", "goroutines/lock", "peak goroutines", "etcd RSS B/lock", "client CPU ms/s", "etcd RPCs/s", "keep-alives/s", "release all", "after release: B/lock", "after release: goroutines", "errors"))
+		for _, x := range m.hold {
+			h := x.Reps[0]
+			rss := fmt.Sprintf("%.0f", h["server_rss"])
+			if h["server_rss"] < 0 {
 				rss = "RSS fell"
 			}
-			p("| %s | %s | %s | %.0f | %.0f | %.3f | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %d | %d |", n.labels[h.row], countStr(h.n),
-				durStr(h.acquire), h.heap, h.stack, h.gor, h.peakGor, rss, h.cpuMs, h.reqs, h.keepAlives, durStr(h.release),
-				h.afterHeap, h.afterGor, h.errors+h.releaseFails)
+			p("| %s | %s | %s | %.0f | %.0f | %.3f | %.0f | %s | %.1f | %.1f | %.1f | %s | %.1f | %.0f | %.0f |", n.labels[x.Row], countStr(int(h["n"])),
+				mdfmt.Dur(h["acquire"]), h["heap"], h["stack"], h["gor"], h["peak_gor"], rss, h["ccpu_ms"], h["reqs_s"], h["keepalives_s"],
+				mdfmt.Dur(h["release"]), h["after_heap"], h["after_gor"], h["errors"])
 		}
 		p("")
-		for _, h := range m.hold {
-			if h.firstErr != nil {
-				p("First error of %s: `%v`.", h.row, h.firstErr)
-				p("")
-			}
-		}
+		firstErrs(p, m.hold)
 	}
 	if len(m.wait) > 0 {
 		p("**Waiting.** The benchmark holds one key; %s goroutines of this process wait for it, each Lock bounded at %v,", countStr(c.memWaiters), s9Settle+s9WaitWindow+s9ServeBound)
@@ -456,23 +428,28 @@ func (r *storeResults) memorySection(p printer, c *config, n storeNotes) {
 		p("release, so a waiter granted before it is a violation; flightlock's fences must rise) and releases at once. Next")
 		p("grant and all served are times from the release call.")
 		p("")
-		p("| row | waiters | session B/waiter | session goroutines/waiter | heap B/waiter | stack B/waiter | goroutines/waiter | etcd RPCs/s while waiting | keep-alives/s | client CPU ms/s | release → next grant | release → all served | served | errors | violations (inside / fence) |")
-		p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-		for _, w := range m.wait {
+		p("%s", mdfmt.Head("row", "waiters", "session B/waiter", "session goroutines/waiter", "heap B/waiter", "stack B/waiter", "goroutines/waiter", "etcd RPCs/s while waiting", "keep-alives/s", "client CPU ms/s", "release → next grant", "release → all served", "served", "errors", "violations (inside / fence)"))
+		for _, x := range m.wait {
+			w := x.Reps[0]
 			sessHeap, sessGor := "none", "none"
-			if w.sessionHeap >= 0 {
-				sessHeap, sessGor = fmt.Sprintf("%.0f", w.sessionHeap), fmt.Sprintf("%.2f", w.sessionGor)
+			if w["session_heap"] >= 0 {
+				sessHeap, sessGor = fmt.Sprintf("%.0f", w["session_heap"]), fmt.Sprintf("%.2f", w["session_gor"])
 			}
-			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %d | %d | %s |", n.labels[w.row], countStr(w.w),
-				sessHeap, sessGor, w.heap, w.stack, w.gor, w.reqs, w.keepAlives, w.cpuMs, durStr(w.next), durStr(w.all),
-				w.served, w.errors, violCell(w.row, w.violations, w.fenceViolations))
+			p("| %s | %s | %s | %s | %.0f | %.0f | %.2f | %.1f | %.1f | %.1f | %s | %s | %.0f | %.0f | %s |", n.labels[x.Row], countStr(int(w["w"])),
+				sessHeap, sessGor, w["heap"], w["stack"], w["gor"], w["reqs_s"], w["keepalives_s"], w["ccpu_ms"], mdfmt.Dur(w["next"]), mdfmt.Dur(w["all"]),
+				w["served"], w["errors"], violCell(x.Row, int64(w[violations]), int64(w[fenceViolations])))
 		}
 		p("")
-		for _, w := range m.wait {
-			if w.firstErr != nil {
-				p("First error of %s: `%v`.", w.row, w.firstErr)
-				p("")
-			}
+		firstErrs(p, m.wait)
+	}
+}
+
+// firstErrs writes the first error of each row of rs that had one.
+func firstErrs(p printer, rs []*result) {
+	for _, x := range rs {
+		if e := x.FirstErrs[0]; e != "" {
+			p("First error of %s: `%s`.", x.Row, e)
+			p("")
 		}
 	}
 }
@@ -503,17 +480,6 @@ func pointList(xs []int) string {
 // countStr writes n with thousands separators, as the report's prose does (10,000).
 func countStr(n int) string { return mdfmt.Int(float64(n)) }
 
-// httpResults is scenario 6.
-type httpResults struct {
-	rows []httpRow
-	// low[row][k] is low-load round k (of every repetition); sat[row][rep] a saturation run.
-	low, sat map[string][]map[string]float64
-	getRT    []float64 // per low-load round: median latency of an etcd Get, ns
-	idleCPU  float64   // cores this process used with every system up and no load
-	conf     string
-	note     string // why the scenario did not run
-}
-
 func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer string) {
 	p("## 5. Reject mode: duplicates of a key held in this process")
 	p("")
@@ -528,66 +494,35 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 	p("")
 	p("| row | ns/call | allocs/call | B/call | etcd RPCs/call | fsyncs/call | etcd CPU/call | %d goroutines: ns/call | calls/s | %d goroutines: RPCs/call | not busy |", s5Goroutines, s5Goroutines)
 	p("|---|---|---|---|---|---|---|---|---|---|---|")
-	med := func(row string, f func(rejectResult) float64) float64 {
-		var v []float64
-		for _, x := range r.reject[row] {
-			v = append(v, f(x))
-		}
-		return stat.Median(v)
-	}
 	for _, row := range []string{rowFlight, peer} {
-		var wrong int64
-		var firstErr error
-		for _, x := range r.reject[row] {
-			wrong += x.wrong
-			if firstErr == nil {
-				firstErr = x.firstErr
-			}
-		}
-		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %d |", n.rejectLabels[row],
-			countStr(int(med(row, func(x rejectResult) float64 { return x.ns }))),
-			med(row, func(x rejectResult) float64 { return x.allocs }),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.bytes }))),
-			perOp(med(row, func(x rejectResult) float64 { return x.reqs })),
-			perOp(med(row, func(x rejectResult) float64 { return x.fsyncs })),
-			durStr(time.Duration(med(row, func(x rejectResult) float64 { return float64(x.serverCPU) }))),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.parNs }))),
-			countStr(int(med(row, func(x rejectResult) float64 { return x.parRate }))),
-			perOp(med(row, func(x rejectResult) float64 { return x.parReqs })), wrong)
-		if firstErr != nil {
-			defer p("First call of %s that did not answer busy: `%v`.\n", n.rejectLabels[row], firstErr)
+		x := r.reject[row]
+		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f |", n.rejectLabels[row], countStr(int(x.med("ns"))), x.med("allocs"),
+			countStr(int(x.med("bytes"))), perOp(x.med(reqs)), perOp(x.med(fsy)), durStr(time.Duration(x.med(scpu))),
+			countStr(int(x.med("par_ns"))), countStr(int(x.med("par_rate"))), perOp(x.med("par_reqs")), x.sum("wrong"))
+		if i := slices.IndexFunc(x.FirstErrs, func(e string) bool { return e != "" }); i >= 0 {
+			defer p("First call of %s that did not answer busy: `%s`.\n", n.rejectLabels[row], x.FirstErrs[i])
 		}
 	}
-	fl, mu := med(rowFlight, func(x rejectResult) float64 { return x.ns }), med(peer, func(x rejectResult) float64 { return x.ns })
-	flp, mup := med(rowFlight, func(x rejectResult) float64 { return x.parRate }), med(peer, func(x rejectResult) float64 { return x.parRate })
+	fl, mu := r.reject[rowFlight], r.reject[peer]
 	p("")
-	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.", safeDiv(mu, fl), s5Goroutines, safeDiv(flp, mup))
+	p("A refusal costs Mutex %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.",
+		safeDiv(mu.med("ns"), fl.med("ns")), s5Goroutines, safeDiv(fl.med("par_rate"), mu.med("par_rate")))
 	p("")
-}
-
-// added is httpbench.Added of row over the no-lock row, in etcd Gets.
-func (h *httpResults) added(row string) (ns, rts float64, ok bool) {
-	return httpbench.Added(h.low[row], h.low["none"], h.getRT)
-}
-
-// xNone is httpbench.Paired of row's saturation req/s over the no-lock row's.
-func (h *httpResults) xNone(row string) (float64, bool) {
-	return httpbench.Paired(h.sat[row], h.sat["none"], "rps")
 }
 
 func (r *storeResults) httpSection(p printer, c *config) {
 	h := r.http
 	p("## 6. HTTP end to end")
 	p("")
-	if h.note != "" {
-		p("%s", h.note)
+	if h.Note != "" {
+		p("%s", h.Note)
 		p("")
 		return
 	}
 	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
-	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.conf))
+	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
 	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")
-	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.rows))
+	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.Sat))
 	p("`bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU of")
 	p("the same name, both seeded in Redis before the run: no two requests share a lock key, so the figures are the cost of")
 	p("locking, not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory")
@@ -605,29 +540,27 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
 	p("")
 	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(stat.Median(h.getRT))))
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(h.Ping.med("p50"))))
 	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
 	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
 	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
 	p("run; shares are of %d cores × the run's wall time. With every system up and no load, the benchmark process used", runtime.NumCPU())
-	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.idleCPU)
+	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.IdleCPU)
 	p("")
 	p("### Low load (wrk -c %d)", httpbench.LowConns)
 	p("")
-	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.getRT), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
+	p("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50", len(h.Ping.Reps), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
 	p("minus the no-lock p50 of the same round, and in round trips divided by that round's etcd Get p50.")
 	p("")
-	p("| row | p50 latency | added over no lock | in round trips (etcd Get p50) | p90 | p99 | req/s | etcd RPCs/req | fsyncs/req | service CPU µs/req | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range h.rows {
-		runs := h.low[row.id]
+	p("%s", mdfmt.Head("row", "p50 latency", "added over no lock", "in round trips (etcd Get p50)", "p90", "p99", "req/s", "etcd RPCs/req", "fsyncs/req", "service CPU µs/req", "errors"))
+	for _, x := range h.Low {
 		added, rts := "", ""
-		if d, rt, ok := h.added(row.id); ok && row.id != "none" {
+		if d, rt, ok := h.added(x); ok && x.Row != "none" {
 			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", row.label, durStr(time.Duration(medOf(runs, "p50"))), added, rts,
-			durStr(time.Duration(medOf(runs, "p90"))), durStr(time.Duration(medOf(runs, "p99"))), medOf(runs, "rps"),
-			medOf(runs, "rpcs"), medOf(runs, "fsyncs"), medOf(runs, "svc_cpu"), worstOf(runs, "errors"))
+		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", x.Label, durStr(time.Duration(x.med("p50"))), added, rts,
+			durStr(time.Duration(x.med("p90"))), durStr(time.Duration(x.med("p99"))), x.med("rps"),
+			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.worst("errors"))
 	}
 	p("")
 	p("### Saturation (wrk -c %d)", httpbench.SatConns)
@@ -635,29 +568,26 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of", c.reps)
 	p("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.", runtime.NumCPU())
 	p("")
-	p("| row | req/s | x no lock | p50 | p90 | p99 | p99.9 | max | etcd RPCs/req | fsyncs/req | CPU µs/req: service / etcd / Redis / wrk | CPU share: service / etcd / Redis / wrk / other / idle | errors |")
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, row := range h.rows {
-		runs := h.sat[row.id]
+	p("%s", mdfmt.Head("row", "req/s", "x no lock", "p50", "p90", "p99", "p99.9", "max", "etcd RPCs/req", "fsyncs/req", "CPU µs/req: service / etcd / Redis / wrk", "CPU share: service / etcd / Redis / wrk / other / idle", "errors"))
+	for _, x := range h.Sat {
 		ratio := ""
-		if v, ok := h.xNone(row.id); ok {
+		if v, ok := pairedRatio(x, find(h.Sat, "none"), "rps"); ok {
 			ratio = fmt.Sprintf("%.2f", v)
 		}
-		share := func(name string) float64 { return 100 * medOf(runs, name) }
+		share := func(name string) float64 { return 100 * x.med(name) }
 		idle := 100 - share("svc_share") - share("etcd_share") - share("redis_share") - share("wrk_share") - share("other_share")
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %.0f |",
-			row.label, medOf(runs, "rps"), ratio, durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p90"))),
-			durStr(time.Duration(medOf(runs, "p99"))), durStr(time.Duration(medOf(runs, "p999"))), durStr(time.Duration(medOf(runs, "max"))),
-			medOf(runs, "rpcs"), medOf(runs, "fsyncs"),
-			medOf(runs, "svc_cpu"), medOf(runs, "etcd_cpu"), medOf(runs, "redis_cpu"), medOf(runs, "wrk_cpu"),
+			x.Label, x.med("rps"), ratio, durStr(time.Duration(x.med("p50"))), durStr(time.Duration(x.med("p90"))),
+			durStr(time.Duration(x.med("p99"))), durStr(time.Duration(x.med("p999"))), durStr(time.Duration(x.med("max"))),
+			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.med("etcd_cpu"), x.med("redis_cpu"), x.med("wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
-			worstOf(runs, "errors"))
+			x.worst("errors"))
 	}
 	var disturbed []string
-	for _, row := range h.rows {
-		for _, m := range h.sat[row.id] {
+	for _, x := range h.Sat {
+		for _, m := range x.Reps {
 			if m["other_share"] > 0.1 {
-				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", row.id, m["rep"]+1, 100*m["other_share"]))
+				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", x.Row, m["rep"]+1, 100*m["other_share"]))
 			}
 		}
 	}
@@ -666,22 +596,14 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		p("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the")
 		p("medians): %s.", strings.Join(disturbed, ", "))
 	}
-	var wrapped float64
-	for _, byRow := range []map[string][]map[string]float64{h.low, h.sat} {
-		for _, runs := range byRow {
-			for _, m := range runs {
-				wrapped += m["wrapped"]
-			}
-		}
-	}
-	if wrapped > 0 {
+	if wrapped := h.wrapped(); wrapped > 0 {
 		p("")
 		p("%.0f runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).", wrapped)
 	}
 	p("")
 }
 
-func (r *storeResults) dupsSection(p printer, c *config, title string) {
+func (r *storeResults) dupsSection(p printer, w func(string, ...any), c *config) {
 	p("## 7. Duplicates of one request: shared response against 409")
 	p("")
 	p("The Redis rows are scenario 7 of benchmarks.md. %d concurrent duplicates of one request (one `Idempotency-Key`, one body)", httpbench.Dups)
@@ -690,15 +612,7 @@ func (r *storeResults) dupsSection(p printer, c *config, title string) {
 	p("each; figures per burst, medians over %d repetitions. *share*: duplicates wait and get the response of the one run", c.reps)
 	p("(stored in etcd for `Replay`, 10s by default); *reject*: they are answered 409 at once.")
 	p("")
-	p("| row | handler runs per burst | identical 200 responses | 409s | other | p50 latency | p99 | max |")
-	p("|---|---|---|---|---|---|---|---|")
-	for _, row := range dupRows {
-		runs := r.dups[row.id]
-		p("| flightlock on %s, OnBusy %s | %.2f | %.1f | %.1f | %.1f | %s | %s | %s |", title, row.onBusy, medOf(runs, "runs"), medOf(runs, "identical"),
-			medOf(runs, "busy"), medOf(runs, "other"), durStr(time.Duration(medOf(runs, "p50"))), durStr(time.Duration(medOf(runs, "p99"))),
-			durStr(time.Duration(medOf(runs, "max"))))
-	}
-	p("")
+	dupsTable(w, r.dups)
 }
 
 // howItWasRun opens a store report's "How it was run" section with the command that made it.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -31,28 +31,33 @@ type fullBackend interface {
 	// the hold's release.
 	rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error)
 	// http runs scenario 6; dupConf is the middleware's Lock section of scenario 7.
-	http(b *storeBench) *httpResults
+	http(b *storeBench) *s6Results
 	dupConf() flmw.LockConf
 	// holdPeer and waitPeer are the peer's rows of scenario 9 (storeBench.hold, storeBench.wait).
-	holdPeer(b *storeBench, n int) holdResult
-	waitPeer(b *storeBench, w int) waitResult
+	holdPeer(b *storeBench, n int) (metrics, error)
+	waitPeer(b *storeBench, w int) (metrics, error)
 }
 
 // runMore runs scenarios 8, 9, 5, 6 and 7, each with its own repetitions.
 func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 	c := b.c
 	if c.scenarios[8] {
-		res.scaling = b.scaling(fb)
+		res.scaling, res.charts = b.scaling(fb), map[string]string{}
 		for _, ax := range res.scaling {
-			path := chartPath(c.out, ax.name)
+			path := chartPath(c.out, ax.Name)
 			if path == "" {
 				continue
 			}
-			if err := b.drawScalingChart(path, ax); err != nil {
+			drawn, err := drawResultsChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(ax.Name)),
+				ax.Name+" (log)", ax.Points, ax.at, rate)
+			if err == nil && !drawn {
+				err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
+			}
+			if err != nil {
 				progress("plot %s: %v (the report goes without it)", path, err)
 				continue
 			}
-			ax.chart = path
+			res.charts[ax.Name] = path
 			progress("wrote %s", path)
 		}
 	}
@@ -66,7 +71,7 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 		res.http = fb.http(b)
 	}
 	if c.scenarios[7] {
-		res.dups = dupBursts(fb.dupConf(), c.reps)
+		res.dups = dupBursts(fb.dupConf(), c.reps, "flightlock on "+b.be.title())
 	}
 }
 
@@ -74,21 +79,10 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 // axes (scalingSection says what each measures). On one hot key the floor is no lock, only a
 // spin on put-if-absent, so it runs on the keys axis alone. Every key is fresh.
 
-// scalingAxis is one axis of scenario 8: its points, its rows, and per point the rows'
-// results (a results keyed by point instead of by scenario).
-type scalingAxis struct {
-	name   string // "goroutines", "processes" or "keys"
-	points []int
-	rows   []string
-	peer   string
-	res    *storeResults
-	chart  string // the PNG written for the axis ("" if none was)
-}
-
-func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
+func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	c := b.c
 	locks := []string{rowFlight, fb.peer()}
-	var axes []*scalingAxis
+	var axes []*s8Axis
 	need := 0
 	if len(c.s8Goroutines) > 0 {
 		need = slices.Max(c.s8Goroutines)
@@ -102,18 +96,18 @@ func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
 	defer fb.dropGoroutinesBeyond(hotGoroutines)
 
 	if len(c.s8Goroutines) > 0 {
-		axes = append(axes, b.measureAxis(fb, "goroutines", c.s8Goroutines, locks, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("goroutines", c.s8Goroutines, locks, func(row string, x, rep int) (metrics, string) {
 			return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
 		}))
 	}
 	if len(c.s8Procs) > 0 {
-		axes = append(axes, b.measureAxis(fb, "processes", c.s8Procs, locks, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("processes", c.s8Procs, locks, func(row string, x, rep int) (metrics, string) {
 			return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
 		}))
 	}
 	if len(c.s8Keys) > 0 {
 		rows := []string{rowFloor, rowFlight, fb.peer()}
-		axes = append(axes, b.measureAxis(fb, "keys", c.s8Keys, rows, func(row string, x, rep int) rowResult {
+		axes = append(axes, b.measureAxis("keys", c.s8Keys, rows, func(row string, x, rep int) (metrics, string) {
 			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
 		}))
 	}
@@ -121,31 +115,21 @@ func (b *storeBench) scaling(fb fullBackend) []*scalingAxis {
 }
 
 // measureAxis measures every row at every point of one axis, c.reps times, and logs each
-// measurement.
-func (b *storeBench) measureAxis(fb fullBackend, name string, points []int, rows []string, run func(row string, x, rep int) rowResult) *scalingAxis {
-	ax := &scalingAxis{name: name, points: points, rows: rows, peer: fb.peer(), res: newStoreResults()}
-	interleave.Points(b.c.reps, points, rows, func(rep, x int, row string) {
-		r := run(row, x, rep)
-		ax.res.add(x, row, r)
-		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %d/%d  retries %d  errors %d  %s/CS %.2f",
-			rep+1, name, x, row, r.rate, durStr(r.p99), r.violations, r.fenceViolations, r.retries, r.errors, fb.notes().reqUnit, r.reqPerOp)
-	})
-	return ax
+// measurement; run returns a row's figures and first error.
+func (b *storeBench) measureAxis(name string, points []int, rows []string, run func(row string, x, rep int) (metrics, string)) *s8Axis {
+	n := b.be.notes()
+	spec := func(row string) (string, string) { return row, n.plotLabels[row] }
+	return &s8Axis{Name: name, Points: points, Res: atPoints(b.c.reps, points, rows, spec, func(row string, x, rep int) (metrics, string) {
+		r, _ := run(row, x, rep)
+		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
+			rep+1, name, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
+		return r, ""
+	})}
 }
 
-// fall is how many times row's median critical sections per second fall from point x0 to x1
-// (above 1: fewer at x1); false when either is zero.
-func (a *scalingAxis) fall(row string, x0, x1 int) (float64, bool) {
-	f0, f1 := a.res.med(x0, row, rate), a.res.med(x1, row, rate)
-	if f0 <= 0 || f1 <= 0 {
-		return 0, false
-	}
-	return f0 / f1, true
-}
-
-// unit says what the axis counts, for headings and plots.
-func (a *scalingAxis) unit() string {
-	switch a.name {
+// axisUnit says what a scenario 8 axis counts, for headings and plots.
+func axisUnit(name string) string {
+	switch name {
 	case "goroutines":
 		return "goroutines on one hot key, one process"
 	case "processes":
@@ -164,43 +148,17 @@ func chartPath(out, axis string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
 
-// drawScalingChart draws one scenario 8 axis as a PNG: median critical sections per second
-// against the axis's points, both axes logarithmic, one line per row; a point without data is
-// left out.
-func (b *storeBench) drawScalingChart(path string, ax *scalingAxis) error {
-	labels := b.be.notes().plotLabels
-	drawn, err := drawChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), ax.unit()), ax.name+" (log)",
-		ax.points, ax.rows, func(row string) string { return labels[row] }, func(x int, row string) float64 { return ax.res.med(x, row, rate) })
-	if err == nil && !drawn {
-		err = fmt.Errorf("no row measured a critical section on the %s axis", ax.name)
-	}
-	return err
-}
-
 // Scenario 5, reject mode (rejectSection says what is measured): flightlock's refusal of a key
 // held in this process takes no RPC, the peer's takes its own round trips.
 
 // s5Goroutines try the held key at once in the parallel part.
 const s5Goroutines = 64
 
-// rejectResult is one row of scenario 5 in one repetition.
-type rejectResult struct {
-	ns, allocs, bytes    float64       // per call, serial
-	reqs, fsyncs         float64       // server requests and log fsyncs per call, serial
-	serverCPU            time.Duration // the server's CPU per call, serial
-	wrong                int64         // calls that did not answer busy (serial and parallel)
-	parNs, parRate       float64       // parallel: wall ns per call, calls per second
-	parReqs, parFsyncs   float64       // parallel: server requests and fsyncs per call
-	calls, parCalls      int64
-	firstErr             error // the first call that did not answer busy with another error
-	serialWin, parWindow time.Duration
-}
-
 // tryer makes one attempt at the held key from goroutine i; busy reports a refusal, err any
 // other failure; a grant is released before it returns (and counted as wrong by the caller).
 type tryer func(ctx context.Context, i int) (busy bool, err error)
 
-func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult {
+func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) (metrics, string) {
 	ctx := context.Background()
 	key := fmt.Sprintf("s7-%d", rep)
 	var try tryer
@@ -233,41 +191,56 @@ func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) rejectResult
 		}
 	}
 	defer release()
-	var r rejectResult
-	note := func(busy bool, err error) {
-		if !busy {
-			atomic.AddInt64(&r.wrong, 1)
+	var wrong atomic.Int64
+	var firstErr string
+	var st [2]serverStats
+	parts := rejectParts(b.c.d5, every, func(part, i int) {
+		if busy, err := try(ctx, i); !busy {
+			wrong.Add(1)
+			if part == 0 && firstErr == "" && err != nil {
+				firstErr = err.Error()
+			}
 		}
-	}
+	}, func(part int) func() {
+		s0 := b.stats()
+		return func() { st[part] = b.stats().sub(s0) }
+	})
+	n, pn := float64(parts[0].calls), float64(parts[1].calls)
+	return metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes,
+		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong.Load()),
+		"par_ns": parts[1].perCall(), "par_rate": parts[1].rate(), "par_reqs": st[1].reqs / pn}, firstErr
+}
 
-	// Serial: one goroutine retries the held key.
+// rejectPart is one part of scenario 5: the calls made, their wall time, and (serial part
+// only) the allocations per call, from runtime.MemStats.
+type rejectPart struct {
+	calls         int64
+	wall          time.Duration
+	allocs, bytes float64
+}
+
+func (p rejectPart) perCall() float64 { return float64(p.wall.Nanoseconds()) / float64(p.calls) }
+func (p rejectPart) rate() float64    { return float64(p.calls) / p.wall.Seconds() }
+
+// rejectParts runs scenario 5 on a held key, on every store: one goroutine calls try(0, 0) for
+// d (the serial part, its allocations counted), then s5Goroutines goroutines call try(1, i) at
+// once for d (the parallel part). around(part) is called before each part and the func it
+// returns after it, to read the store's counters.
+func rejectParts(d time.Duration, every int64, try func(part, i int), around func(part int) func()) [2]rejectPart {
+	var parts [2]rejectPart
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
-	s0 := b.stats()
-	n, win := rejectLoop(1, b.c.d5, every, func(int) {
-		busy, err := try(ctx, 0)
-		note(busy, err)
-		if !busy && r.firstErr == nil {
-			r.firstErr = err
-		}
-	})
+	after := around(0)
+	parts[0].calls, parts[0].wall = rejectLoop(1, d, every, func(i int) { try(0, i) })
 	runtime.ReadMemStats(&m1)
-	st := b.stats().sub(s0)
-	r.calls, r.serialWin = n, win
-	r.ns = float64(r.serialWin.Nanoseconds()) / float64(n)
-	r.allocs = float64(m1.Mallocs-m0.Mallocs) / float64(n)
-	r.bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(n)
-	r.reqs, r.fsyncs, r.serverCPU = st.reqs/float64(n), st.fsyncs/float64(n), st.cpu/time.Duration(n)
-
-	// Parallel: s5Goroutines goroutines at once.
-	p0 := b.stats()
-	r.parCalls, r.parWindow = rejectLoop(s5Goroutines, b.c.d5, every, func(i int) { note(try(ctx, i)) })
-	pst := b.stats().sub(p0)
-	r.parNs = float64(r.parWindow.Nanoseconds()) / float64(r.parCalls)
-	r.parRate = float64(r.parCalls) / r.parWindow.Seconds()
-	r.parReqs, r.parFsyncs = pst.reqs/float64(r.parCalls), pst.fsyncs/float64(r.parCalls)
-	return r
+	after()
+	parts[0].allocs = float64(m1.Mallocs-m0.Mallocs) / float64(parts[0].calls)
+	parts[0].bytes = float64(m1.TotalAlloc-m0.TotalAlloc) / float64(parts[0].calls)
+	after = around(1)
+	parts[1].calls, parts[1].wall = rejectLoop(s5Goroutines, d, every, func(i int) { try(1, i) })
+	after()
+	return parts
 }
 
 // rejectLoop has n goroutines call try (with their index) until d has passed, each reading
@@ -298,52 +271,17 @@ func rejectLoop(n int, d time.Duration, every int64, try func(i int)) (int64, ti
 }
 
 // reject runs every row once per repetition, in the rotated order.
-func (b *storeBench) reject(fb fullBackend) map[string][]rejectResult {
-	out := map[string][]rejectResult{}
+func (b *storeBench) reject(fb fullBackend) results {
+	out := results{}
 	for rep := range b.c.reps {
 		for _, row := range interleave.Rotate([]string{rowFlight, fb.peer()}, rep) {
-			r := b.rejectRow(fb, row, rep)
-			out[row] = append(out[row], r)
-			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %d",
-				row, durStr(time.Duration(r.ns)), r.allocs, r.reqs, s5Goroutines, durStr(time.Duration(r.parNs)), r.parRate, r.wrong)
-		}
-	}
-	return out
-}
-
-// Scenario 7: duplicates of one request through the middleware, on every store (dupsSection
-// and the Redis report's s7Section say what is measured).
-
-// dupRows are the rows of scenario 7: id and the rule's OnBusy.
-var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
-
-// dupBursts runs scenario 7 on every store: a server per row on the middleware's Lock section
-// conf with that row's rule, reps repetitions of the rows in rotated order; per row, one
-// httpbench.DupServer.Bursts per repetition.
-func dupBursts(conf flmw.LockConf, reps int) map[string][]map[string]float64 {
-	servers := map[string]*httpbench.DupServer{}
-	defer func() {
-		for _, s := range servers {
-			s.Close()
-		}
-	}()
-	var ids []string
-	for _, row := range dupRows {
-		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
-		s, err := httpbench.NewDupServer(conf)
-		if err != nil {
-			fatalf("s7 %s: %v", row.id, err)
-		}
-		servers[row.id] = s
-		ids = append(ids, row.id)
-	}
-	out := map[string][]map[string]float64{}
-	for rep := range reps {
-		for _, id := range interleave.Rotate(ids, rep) {
-			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
-			out[id] = append(out[id], m)
-			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
-				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], durStr(time.Duration(m["p50"])), durStr(time.Duration(m["p99"])))
+			r, firstErr := b.rejectRow(fb, row, rep)
+			if out[row] == nil {
+				out[row] = &result{Row: row}
+			}
+			out[row].Reps, out[row].FirstErrs = append(out[row].Reps, r), append(out[row].FirstErrs, firstErr)
+			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %.0f",
+				row, mdfmt.Dur(r["ns"]), r["allocs"], r[reqs], s5Goroutines, mdfmt.Dur(r["par_ns"]), r["par_rate"], r["wrong"])
 		}
 	}
 	return out
@@ -357,72 +295,46 @@ func dupBursts(conf flmw.LockConf, reps int) map[string][]map[string]float64 {
 // the same concurrency.
 const holdWarm = 1000
 
-// holdResult is one row of scenario 9's holding table.
-type holdResult struct {
-	row                  string
-	n                    int
-	acquire, release     time.Duration // taking all n locks, releasing all of them
-	heap, stack, gor     float64       // per held lock, above the baseline
-	peakGor              int           // highest goroutine count above the baseline while holding
-	serverRSS            float64       // the server's resident memory growth per held lock (bytes)
-	window               time.Duration // how long the locks were held while measured
-	cpuMs                float64       // this process's CPU, ms per second of the window
-	reqs, keepAlives     float64       // per second of the window
-	afterHeap            float64       // per lock, above the baseline after releasing all
-	afterGor             int           // above the baseline after releasing all
-	errors, releaseFails int64
-	firstErr             error
-}
-
-// waitResult is one row of scenario 9's waiting table.
-type waitResult struct {
-	row                         string
-	w                           int
-	sessionHeap, sessionGor     float64 // per waiter: the Mutex session each needs (-1: none)
-	heap, stack, gor            float64 // per waiter, above the baseline while waiting
-	reqs, keepAlives, cpuMs     float64 // per second while waiting
-	next, all                   time.Duration
-	served, errors              int64
-	violations, fenceViolations int64
-	firstErr                    error
-}
-
-type memoryResults struct {
-	hold []holdResult
-	wait []waitResult
-}
+// memoryResults are scenario 9's holding and waiting rows, one repetition each.
+type memoryResults struct{ hold, wait []*result }
 
 func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	out := &memoryResults{}
+	one := func(row string, m metrics, err error) *result {
+		x := &result{Row: row, Reps: []metrics{m}, FirstErrs: []string{""}}
+		if err != nil {
+			x.FirstErrs[0] = err.Error()
+		}
+		return x
+	}
 	for _, n := range b.c.memLocks {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			var h holdResult
-			if row == rowFlight {
-				h = b.holdFlight(n)
-			} else {
-				h = fb.holdPeer(b, n)
+			hold := b.holdFlight
+			if row != rowFlight {
+				hold = func(n int) (metrics, error) { return fb.holdPeer(b, n) }
 			}
-			out.hold = append(out.hold, h)
-			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%d, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+d goroutines; errors %d %v",
-				n, row, h.heap, h.gor, h.peakGor, h.serverRSS, h.cpuMs, h.reqs, h.keepAlives, h.afterHeap, h.afterGor, h.errors+h.releaseFails, errText(h.firstErr))
+			h, err := hold(n)
+			out.hold = append(out.hold, one(row, h, err))
+			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%.0f, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+.0f goroutines; errors %.0f %v",
+				n, row, h["heap"], h["gor"], h["peak_gor"], h["server_rss"], h["ccpu_ms"], h["reqs_s"], h["keepalives_s"], h["after_heap"], h["after_gor"], h["errors"], errText(err))
 		}
 	}
 	if w := b.c.memWaiters; w > 0 {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			var r waitResult
-			if row == rowFlight {
-				r = b.waitFlight(w)
-			} else {
-				r = fb.waitPeer(b, w)
+			wait := b.waitFlight
+			if row != rowFlight {
+				wait = func(w int) (metrics, error) { return fb.waitPeer(b, w) }
 			}
-			out.wait = append(out.wait, r)
-			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %d, violations %d/%d, errors %d %v",
-				w, row, r.heap, r.gor, r.reqs, durStr(r.next), durStr(r.all), r.served, r.violations, r.fenceViolations, r.errors, errText(r.firstErr))
+			r, err := wait(w)
+			out.wait = append(out.wait, one(row, r, err))
+			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %.0f, violations %.0f/%.0f, errors %.0f %v",
+				w, row, r["heap"], r["gor"], r["reqs_s"], mdfmt.Dur(r["next"]), mdfmt.Dur(r["all"]), r["served"], r[violations], r[fenceViolations], r["errors"], errText(err))
 		}
 	}
 	return out
 }
 
+// errText is err for a progress line ("": none).
 func errText(err error) string {
 	if err == nil {
 		return ""
@@ -441,7 +353,7 @@ func (b *storeBench) bounded(fn func(ctx context.Context, i int) error) func(i i
 
 // holdFlight holds n locks with a Locker and store of their own (their baseline and what
 // stays after release are theirs alone), on the benchmark's client.
-func (b *storeBench) holdFlight(n int) holdResult {
+func (b *storeBench) holdFlight(n int) (metrics, error) {
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
@@ -493,33 +405,25 @@ func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func
 // at the same concurrency, so the client's buffers and the row's lease are in place before the
 // baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
 // slices, built before the baseline, live through all three measurements.
-func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) holdResult {
-	h := holdResult{row: row, n: n, window: b.c.d9hold}
+func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
 	var d serverStats
-	m := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.pid()) }, func() {
+	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.Pid()) }, func() {
 		s0 := b.stats()
 		time.Sleep(b.c.d9hold)
 		d = b.stats().sub(s0)
 	})
 	keepAlive()
-	l0, l1, l2 := m.Base, m.Holding, m.After
-	h.acquire, h.release = m.Acquire, m.Release
-	h.errors, h.releaseFails, h.firstErr = m.LockErrors, m.UnlockErrors, m.FirstErr
-	h.peakGor = m.PeakGoroutines - l0.Goroutines
-	fn := float64(n)
-	h.heap, h.stack, h.gor = (l1.Heap-l0.Heap)/fn, (l1.Stack-l0.Stack)/fn, float64(l1.Goroutines-l0.Goroutines)/fn
-	if m.ServerBefore > 0 && m.ServerHolding > 0 {
-		h.serverRSS = float64(m.ServerHolding-m.ServerBefore) / fn
+	m, secs := heldMetrics(h, n), b.c.d9hold.Seconds()
+	if h.ServerBefore > 0 && h.ServerHolding > 0 {
+		m["server_rss"] = float64(h.ServerHolding-h.ServerBefore) / float64(n)
 	}
-	h.cpuMs = float64(d.self.Microseconds()) / 1e3 / b.c.d9hold.Seconds()
-	h.reqs, h.keepAlives = d.reqs/b.c.d9hold.Seconds(), d.keepAlives/b.c.d9hold.Seconds()
-	h.afterHeap, h.afterGor = (l2.Heap-l0.Heap)/fn, l2.Goroutines-l0.Goroutines
-	return h
+	m["ccpu_ms"], m["reqs_s"], m["keepalives_s"] = float64(d.self.Microseconds())/1e3/secs, d.reqs/secs, d.keepAlives/secs
+	return m, h.FirstErr
 }
 
 // waitFlight: a Locker of its own holds the key; w goroutines of this process wait on it
 // through the same Locker, as a service's concurrent requests for one key do.
-func (b *storeBench) waitFlight(w int) waitResult {
+func (b *storeBench) waitFlight(w int) (metrics, error) {
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
@@ -540,7 +444,7 @@ func (b *storeBench) waitFlight(w int) waitResult {
 		fatalf("scenario 9: hold %s: %v", key, err)
 	}
 	leases := make([]*flightlock.Lease, w)
-	r := b.wait(rowFlight, w, held.Fence(), nil,
+	return b.wait(w, held.Fence(), nil,
 		func(ctx context.Context, i int) (int64, error) {
 			lease, err := l.Lock(ctx, key)
 			if err != nil {
@@ -551,40 +455,75 @@ func (b *storeBench) waitFlight(w int) waitResult {
 		},
 		func(ctx context.Context, i int) error { return leases[i].Release(ctx) },
 		held.Release)
-	return r
 }
 
 // wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is
 // called; prepare (nil: none) makes what each waiter needs before it can wait, measured apart;
 // release gives the held key up.
-func (b *storeBench) wait(row string, w int, heldFence int64, prepare func() error,
+func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
 	lock func(ctx context.Context, i int) (int64, error), unlock func(ctx context.Context, i int) error,
 	release func(ctx context.Context) error,
-) waitResult {
-	r := waitResult{row: row, w: w, sessionHeap: -1, sessionGor: -1}
+) (metrics, error) {
+	sessHeap, sessGor := -1.0, -1.0
 	if prepare != nil {
 		l0 := memstat.Live()
 		if err := prepare(); err != nil {
 			fatalf("scenario 9: %v", err)
 		}
 		lp := memstat.Live()
-		r.sessionHeap, r.sessionGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
+		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 	}
 	var d serverStats
-	m, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
+	res, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
 		s0 := b.stats()
 		time.Sleep(s9WaitWindow)
 		d = b.stats().sub(s0)
 	})
-	l0, l1 := m.Base, m.Waiting
+	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
+	m["session_heap"], m["session_gor"], m["errors"] = sessHeap, sessGor, float64(res.Errors)
+	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
+	m[violations], m[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
+	m["next"], m["all"] = float64(res.Next), float64(res.All)
+	return m, res.FirstErr
+}
+
+// heldMetrics are a holding row's figures on every store, per held lock above the baseline:
+// heap, stack and goroutines while holding and heap and goroutines after releasing all, with
+// the peak goroutines above it, the time to acquire and to release all, and the failures.
+func heldMetrics(h memstat.Held, n int) metrics {
+	fn := float64(n)
+	l0, l1, l2 := h.Base, h.Holding, h.After
+	return metrics{
+		"n":          fn,
+		"acquire":    float64(h.Acquire.Nanoseconds()),
+		"release":    float64(h.Release.Nanoseconds()),
+		"heap":       (l1.Heap - l0.Heap) / fn,
+		"stack":      (l1.Stack - l0.Stack) / fn,
+		"gor":        float64(l1.Goroutines-l0.Goroutines) / fn,
+		"peak_gor":   float64(h.PeakGoroutines - l0.Goroutines),
+		"after_heap": (l2.Heap - l0.Heap) / fn,
+		"after_gor":  float64(l2.Goroutines - l0.Goroutines),
+		"errors":     float64(h.LockErrors + h.UnlockErrors),
+	}
+}
+
+// waitedMetrics are a waiting row's figures on every store: heap, stack and goroutines per
+// waiter above the baseline while waiting, the waiters served and (when any was) the times
+// from the release to the next grant and to the last.
+func waitedMetrics(res memstat.Waited, w int) metrics {
 	fw := float64(w)
-	r.heap, r.stack, r.gor = (l1.Heap-l0.Heap)/fw, (l1.Stack-l0.Stack)/fw, float64(l1.Goroutines-l0.Goroutines)/fw
-	r.reqs, r.keepAlives = d.reqs/s9WaitWindow.Seconds(), d.keepAlives/s9WaitWindow.Seconds()
-	r.cpuMs = float64(d.self.Microseconds()) / 1e3 / s9WaitWindow.Seconds()
-	r.served, r.errors, r.firstErr = m.Served, m.Errors, m.FirstErr
-	r.violations, r.fenceViolations = g.Violations(), g.FenceViolations()
-	r.next, r.all = m.Next, m.All
-	return r
+	l0, l1 := res.Base, res.Waiting
+	m := metrics{
+		"w":      fw,
+		"heap":   (l1.Heap - l0.Heap) / fw,
+		"stack":  (l1.Stack - l0.Stack) / fw,
+		"gor":    float64(l1.Goroutines-l0.Goroutines) / fw,
+		"served": float64(res.Served),
+	}
+	if res.Served > 0 {
+		m["next"], m["all"] = float64(res.Next), float64(res.All)
+	}
+	return m
 }
 
 // holdOn is scenario 9's holding on any store: up to warmN locks of other keys taken and

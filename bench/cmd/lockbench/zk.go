@@ -19,6 +19,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -44,7 +45,7 @@ const (
 )
 
 type zkBackend struct {
-	serverProc
+	redisserver.Proc
 	addr    string // 127.0.0.1:port, the client port
 	tick    time.Duration
 	version string // from the srvr four-letter word
@@ -67,7 +68,7 @@ func (z *zkBackend) s1Rows() []string {
 	return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh}
 }
 func (z *zkBackend) describe() string {
-	return fmt.Sprintf("zookeeper %s (pid %d, %s) on %s, tickTime %v, data in %s (%s)", z.version, z.pid(), z.java, z.addr, z.tick, z.dir, z.fsType)
+	return fmt.Sprintf("zookeeper %s (pid %d, %s) on %s, tickTime %v, data in %s (%s)", z.version, z.Pid(), z.java, z.addr, z.tick, z.Dir, z.fsType)
 }
 
 func (z *zkBackend) workerArgs(c *config) []string {
@@ -106,7 +107,7 @@ func (z *zkBackend) start(c *config) error {
 		return err
 	}
 	s := z
-	s.dir, s.addr, s.tick, s.fsType = dir, freeAddr(), tick, fsType(dir)
+	s.Dir, s.addr, s.tick, s.fsType = dir, freeAddr(), tick, fsType(dir)
 	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
 		s.java = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 	}
@@ -126,7 +127,7 @@ func (z *zkBackend) start(c *config) error {
 	args := append(append([]string{}, zkJVMFlags...), "-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf)
 	cmd := exec.Command(java, args...)
 	cmd.Dir = dir
-	return s.run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
+	return s.Run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
 		srvr, err := zkWord(s.addr, "srvr")
 		if !strings.Contains(srvr, "Mode: standalone") {
 			return false, err

@@ -4,6 +4,7 @@ package mdfmt
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -70,4 +71,9 @@ func SignedDur(ns float64) string {
 		return "-" + Dur(-ns)
 	}
 	return "+" + Dur(ns)
+}
+
+// Head is a Markdown table's header row of cols and the rule under it (no newline after the rule).
+func Head(cols ...string) string {
+	return "| " + strings.Join(cols, " | ") + " |\n|" + strings.Repeat("---|", len(cols))
 }

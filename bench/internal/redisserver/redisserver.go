@@ -1,88 +1,137 @@
-// Package redisserver starts the redis-server processes of the bench module (lockbench's Redis
-// rows and the example's state, hotkey's server, the Go benchmarks' servers) on free loopback
-// ports, without persistence, and ends them by their pid, never by name.
+// Package redisserver starts the server processes of the bench module on free loopback ports
+// (redis-server for lockbench's Redis rows and the example's state, hotkey's server and the Go
+// benchmarks' servers, without persistence; etcd and ZooKeeper for lockbench's other stores)
+// and ends them by their pid, never by name.
 package redisserver
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
-// Server is a redis-server process this benchmark started and owns.
-type Server struct {
-	Addr string // host:port on loopback
-	cmd  *exec.Cmd
-	dir  string // its working directory (a primary writes an RDB file there for a replica's sync)
+// Proc is a server process this benchmark started and owns, with the temporary directory of
+// its data and its log.
+type Proc struct {
+	Dir string
+	cmd *exec.Cmd
 }
 
-// Start runs redis-server on a free loopback port, without persistence, and waits until it
-// answers PING. Its own log (start-up banner, overcommit warning) goes to a temporary file
-// named after logPattern (os.CreateTemp's pattern), not to our output. extra are more
-// arguments of the server (--replicaof).
-func Start(logPattern string, extra ...string) (*Server, error) {
-	bin, err := exec.LookPath("redis-server")
+// Run starts cmd as the server named name, its output in name.log in Dir, tied to this process
+// so that it dies with the benchmark however the benchmark ends, and asks ready every 50ms
+// until it says so; past within, the server is stopped and the log's tail is in the error.
+func (s *Proc) Run(name string, cmd *exec.Cmd, within time.Duration, ready func() (bool, error)) error {
+	log := filepath.Join(s.Dir, name+".log")
+	logf, err := os.Create(log)
 	if err != nil {
-		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	_, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
-	cmd.Args = append(cmd.Args, extra...)
-	dir, err := os.MkdirTemp("", "redis-server-")
-	if err != nil {
-		return nil, err
-	}
-	cmd.Dir = dir
-	logf, err := os.CreateTemp("", logPattern)
-	if err != nil {
-		return nil, err
+		_ = os.RemoveAll(s.Dir)
+		return err
 	}
 	defer logf.Close()
+	s.cmd = cmd
 	cmd.Stdout, cmd.Stderr = logf, logf
-	childproc.Tie(cmd) // the server dies with the benchmark, however the benchmark ends
+	childproc.Tie(cmd)
 	if err := cmd.Start(); err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("start redis-server: %w", err)
+		_ = os.RemoveAll(s.Dir)
+		return fmt.Errorf("start %s: %w", name, err)
 	}
-	s := &Server{Addr: addr, cmd: cmd, dir: dir}
-	if err := redistest.AwaitPing(addr, 10*time.Second); err != nil {
-		s.Stop()
-		return nil, err
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		ok, err := ready()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			tail, _ := os.ReadFile(log)
+			s.Stop()
+			return fmt.Errorf("%s not ready after %v: %v\n%s", name, within, err, tail)
+		}
 	}
-	return s, nil
 }
 
-// Pid is the server's process id (0 once stopped).
-func (s *Server) Pid() int {
+// Pid is the server's process id (0 if it never started).
+func (s *Proc) Pid() int {
 	if s == nil || s.cmd == nil || s.cmd.Process == nil {
 		return 0
 	}
 	return s.cmd.Process.Pid
 }
 
-// Stop kills the server this process started (by pid) and reaps it. A nil or stopped Server
-// is left alone.
-func (s *Server) Stop() {
-	if s == nil || s.cmd == nil || s.cmd.Process == nil {
+// Stop kills the server by its pid, reaps it and removes its directory. A nil or stopped
+// server is left alone; Stop may be called twice.
+func (s *Proc) Stop() {
+	if s == nil {
 		return
 	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	_ = os.RemoveAll(s.dir)
-	s.cmd = nil
+	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+	_ = os.RemoveAll(s.Dir)
+}
+
+// FreeAddr is a free loopback address (host:port).
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// Server is a redis-server process this benchmark started and owns.
+type Server struct {
+	Addr string // host:port on loopback
+	Proc        // its directory is its working directory (a primary writes an RDB file there for a replica's sync)
+}
+
+// Start runs redis-server on a free loopback port, without persistence, and waits until it
+// answers PING. Its own log (start-up banner, overcommit warning) goes to a file in its
+// directory named after name, not to our output. extra are more arguments of the server
+// (--replicaof).
+func Start(name string, extra ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
+	cmd.Args = append(cmd.Args, extra...)
+	s := &Server{Addr: addr}
+	if s.Dir, err = os.MkdirTemp("", "redis-server-"); err != nil {
+		return nil, err
+	}
+	cmd.Dir = s.Dir
+	return s, s.Run(name, cmd, 10*time.Second, func() (bool, error) {
+		err := redistest.AwaitPing(addr, 100*time.Millisecond)
+		return err == nil, err
+	})
+}
+
+// Version is the server's redis_version ("unknown" if it does not answer).
+func (s *Server) Version() string {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	defer c.Close()
+	m, err := c.InfoMap(context.Background(), "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	return m["Server"]["redis_version"]
 }
 
 // ForTest starts a server for a Go benchmark or test and ends it when tb ends; without the
@@ -92,7 +141,7 @@ func ForTest(tb testing.TB, extra ...string) string {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Skip("redis-server not installed (apt-get install redis-server)")
 	}
-	s, err := Start("bench-redis-*.log", extra...)
+	s, err := Start("bench-redis", extra...)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -10,9 +10,10 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// goalsScaling are the goals of scaling and memory, each computed from this run's figures: met or missed,
-// with the measured ratio. A goal whose scenario (or row) did not run is left out.
-func (r *report) goalsScaling() []goal {
+// peerGoals are the goals that hold flightlock against the best peer rows and the floors, as
+// the work grows and in memory, each computed from this run's figures: met or missed, with the
+// measured ratio. A goal whose scenario (or row) did not run is left out.
+func (r *report) peerGoals() []goal {
 	var gs []goal
 	add := func(name, target string, ratio float64, measure string, met bool) {
 		gs = append(gs, goal{name, target, measure, met && !math.IsNaN(ratio)})
@@ -83,7 +84,7 @@ func (r *report) goalsScaling() []goal {
 			if !slices.Contains(ax.Points, x0) || !slices.Contains(ax.Points, x1) {
 				return
 			}
-			if f, ok := ax.fall(x0, x1); ok {
+			if f, ok := ax.fall("flightlock", "csps", x0, x1); ok {
 				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f, ""),
 					mdfmt.Int(find(ax.Res[x0], "flightlock").med("csps")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
 			}
