@@ -71,6 +71,9 @@ func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, w
 		_, err = a.afterBusy(b, res)
 		return nil, err
 	}
+	if res.Holder != "" {
+		l.reportDrift(ctx, a.key, res.Holder) // a busy permit passed over: holders of another kind?
+	}
 	granted := append([]lockstore.PermitGrant{{Permit: res.Permit, Fence: res.Fence}}, res.More...)
 	if l.k.tooLate(sent) {
 		for _, g := range granted {

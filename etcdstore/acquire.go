@@ -138,6 +138,9 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		}
 		free = free[n:]
 	}
+	if p.out.Acquired {
+		p.out.Holder = p.passed
+	}
 	return p.out, nil
 }
 
@@ -180,14 +183,17 @@ func (s *Store) sortPermits(ctx context.Context, resp *clientv3.TxnResponse, key
 // permitReplies gathers the outcomes of a permit request in permit order: the first grant,
 // More, or the shortest busy reply.
 type permitReplies struct {
-	out  lockstore.Acquisition
-	seen bool // out holds a busy reply
-	got  int  // permits in out
+	out    lockstore.Acquisition
+	seen   bool   // out holds a busy reply
+	got    int    // permits in out
+	passed string // the first busy permit's holder (Acquisition.Holder of a grant)
 }
 
 func (p *permitReplies) add(i int, a lockstore.Acquisition) {
 	if a.Acquired {
 		p.got++
+	} else if !p.seen {
+		p.passed = a.Holder
 	}
 	switch {
 	case a.Acquired && p.out.Acquired:

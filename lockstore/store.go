@@ -38,7 +38,9 @@ type Acquisition struct {
 	HolderTTL time.Duration
 	// Holder is the metadata the current holder stored with its lock (Request.Meta) when not
 	// acquired, "" when it stored none; the go-zero layer compares its trace id to tell a
-	// nested call of the same request.
+	// nested call of the same request. With Permits it is also set when acquired: the metadata
+	// of a busy permit the request passed over, if any, so that holders of another kind (a
+	// lock on permit 1, another count) are seen while permits are still free.
 	Holder string
 }
 
@@ -183,7 +185,7 @@ func AcquireEach(ctx context.Context, req Request, acquire func(context.Context,
 		one.Key, one.Permits = key, nil
 		res, err := acquire(ctx, one)
 		if err != nil || res.Acquired {
-			res.Permit = i
+			res.Permit, res.Holder = i, busy.Holder
 			return res, err
 		}
 		if i == 0 || res.HolderTTL < busy.HolderTTL {

@@ -41,8 +41,8 @@ func TestDriftBetweenInstancesIsCounted(t *testing.T) {
 		done <- w.Code
 	}()
 	waitFor(t, 5*time.Second, "the old instance's export to hold the key", func() bool { return !tr.isFree("export:acme") })
-	// The updated instance looks at permit 1 within three requests (its looks start at a
-	// rotating permit), finds the old instance's lock there, and counts drift.
+	// The updated instance's look finds the old instance's lock on permit 1, busy, while it
+	// takes another permit, and counts drift.
 	for range 3 {
 		w := httptest.NewRecorder()
 		updated.Serve(w, httptest.NewRequest(http.MethodPost, "/export/acme", http.NoBody))

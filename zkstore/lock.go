@@ -104,6 +104,9 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 		busy, err = s.takePermits(ctx, req, free, max(req.Want, 1))
 	}
 	if err != nil || busy.Acquired {
+		if busy.Acquired && len(mine) == 0 && len(taken) > 0 {
+			busy.Holder = holderMeta(looks[taken[0]].data) // a busy permit passed over
+		}
 		return busy, err
 	}
 	for _, i := range taken {
@@ -241,14 +244,18 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 // refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
 // another's grant: the holder's metadata, and the node marked (markBusy) if it was not.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
-	holder, meta, marked := parseValue(data)
-	if !marked {
+	if _, _, marked := parseValue(data); !marked {
 		s.markBusy(ctx, p, data, stat, kids)
 	}
-	if holder == readersTag || holder == writerTag {
-		meta = ""
+	return lockstore.Acquisition{Holder: holderMeta(data)}
+}
+
+// holderMeta is the metadata of a key node's holder, as data says; none for readers.
+func holderMeta(data []byte) string {
+	if holder, meta, _ := parseValue(data); holder != readersTag && holder != writerTag {
+		return meta
 	}
-	return lockstore.Acquisition{Holder: meta}
+	return ""
 }
 
 // markBusy marks key node p, read as data, stat and its holds kids, as contended: the mark

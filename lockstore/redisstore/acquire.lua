@@ -43,9 +43,10 @@
 --
 -- Permits: KEYS holds pairs (a permit's lock key, its slot's fence counter), in the order to
 -- try them, all in one hash slot on a Cluster; ARGV[4] is how many to take at most. The script
--- first looks for the permits ARGV[1] holds (a re-sent call: {2, fence, i, fence, i, ...}, i a
--- pair's place from 1), then takes the first it can take as above, up to ARGV[4] of them
--- ({1, fence, i, ...}), else marks every one and replies {0, shortest pttl, the first value}.
+-- first looks for the permits ARGV[1] holds (a re-sent call: {2, '', fence, i, fence, i, ...},
+-- i a pair's place from 1), then takes the first it can take as above, up to ARGV[4] of them
+-- ({1, the value of the first busy permit passed over or '', fence, i, ...}), else marks every
+-- one and replies {0, shortest pttl, the first value}.
 --
 -- Arguments reach redis.call as the strings they came in: a Lua number would be formatted with
 -- "%.17g" on every call, which costs more than the SET itself.
@@ -130,7 +131,7 @@ local locks = {}
 for i = 1, #KEYS, 2 do
   locks[#locks + 1] = KEYS[i]
 end
-local values, out, free = redis.call('MGET', unpack(locks)), {2}, {}
+local values, out, free, passed = redis.call('MGET', unpack(locks)), {2, ''}, {}, nil
 for j, v in ipairs(values) do
   local i = 2 * j - 1
   local fence = held(i, v)
@@ -139,12 +140,14 @@ for j, v in ipairs(values) do
     out[#out + 1] = j
   elseif not v or string.sub(v, 1, 3) == '~w ' then
     free[#free + 1] = i
+  else
+    passed = passed or v
   end
 end
-if #out > 1 then
+if #out > 2 then
   return out
 end
-out[1] = 1
+out[1], out[2] = 1, passed or ''
 for _, i in ipairs(free) do
   local f = take(i) -- it takes a free key
   if type(f) == 'table' then
@@ -152,11 +155,11 @@ for _, i in ipairs(free) do
   end
   out[#out + 1] = f
   out[#out + 1] = (i + 1) / 2
-  if (#out - 1) / 2 >= tonumber(ARGV[4]) then
+  if (#out - 2) / 2 >= tonumber(ARGV[4]) then
     break
   end
 end
-if #out > 1 then
+if #out > 2 then
   return out -- the permits passed over stay unmarked: this taker waits for none
 end
 local pttl = nil

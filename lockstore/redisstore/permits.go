@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -31,6 +32,7 @@ func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) 
 			res.More[i].Permit += from
 		}
 		if err != nil || res.Acquired {
+			res.Holder = cmp.Or(res.Holder, busy.Holder)
 			return res, err
 		}
 		if from == 0 || res.HolderTTL < busy.HolderTTL {
@@ -91,8 +93,9 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 			}
 			return lockstore.Acquisition{}, s.notReplicated(acked)
 		}
+		meta, _ := valueMeta(value)
 		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
-			Fence: grants[0].Fence, Permit: grants[0].Permit, More: grants[1:]}, nil
+			Fence: grants[0].Fence, Permit: grants[0].Permit, More: grants[1:], Holder: meta}, nil
 	case acquireBusy:
 		meta, _ := valueMeta(value)
 		return lockstore.Acquisition{HolderTTL: time.Duration(max(grants[0].Fence, 0)) * time.Millisecond, Holder: meta}, nil
@@ -101,8 +104,9 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 }
 
 // permitReply reads acquire.lua's reply to a call over permits: one permit's replies (see
-// reply), or for several {1 or 2, then a fence and a place from 1 per permit taken or
-// re-entered} and {0, pttl, value}. A busy reply's pttl is in grants[0].Fence.
+// reply), or for several {1 or 2, a value, then a fence and a place from 1 per permit taken or
+// re-entered} and {0, pttl, value}. A busy reply's pttl is in grants[0].Fence; a grant's value
+// is that of a busy permit it passed over.
 func permitReply(cmd *redis.Cmd, permits []string) (code int64, grants []lockstore.PermitGrant, value string, err error) {
 	if len(permits) == 1 {
 		code, n, value, err := reply(cmd)
@@ -113,15 +117,16 @@ func permitReply(cmd *redis.Cmd, permits []string) (code int64, grants []locksto
 		return 0, nil, "", err
 	}
 	code, ok := r[0].(int64)
-	if !ok || len(r) < 3 || len(r)%2 != 1 {
-		return 0, nil, "", fmt.Errorf("unexpected reply %v", r)
-	}
-	if code == acquireBusy {
+	if code == acquireBusy && ok && len(r) == 3 {
 		pttl, _ := r[1].(int64)
 		value, _ = r[2].(string)
 		return code, []lockstore.PermitGrant{{Fence: pttl}}, value, nil
 	}
-	for j := 1; j < len(r); j += 2 {
+	if !ok || len(r) < 4 || len(r)%2 != 0 {
+		return 0, nil, "", fmt.Errorf("unexpected reply %v", r)
+	}
+	value, _ = r[1].(string)
+	for j := 2; j < len(r); j += 2 {
 		fence, ok1 := r[j].(int64)
 		place, ok2 := r[j+1].(int64)
 		if !ok1 || !ok2 || place < 1 || int(place) > len(permits) {
@@ -129,5 +134,5 @@ func permitReply(cmd *redis.Cmd, permits []string) (code int64, grants []locksto
 		}
 		grants = append(grants, lockstore.PermitGrant{Permit: int(place) - 1, Fence: fence})
 	}
-	return code, grants, "", nil
+	return code, grants, value, nil
 }

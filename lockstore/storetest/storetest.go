@@ -434,6 +434,9 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	if !got.Acquired || got.Reentered || got.Permit != 1 || got.Fence <= 0 {
 		t.Fatalf("permits with the first held = %+v, want the second acquired with a fence", got)
 	}
+	if got.Holder != "meta-a" {
+		t.Fatalf("a grant that passed over a busy permit says its holder is %q, want the first's metadata %q", got.Holder, "meta-a")
+	}
 	if err := st.Refresh(ctx, keys[1], ownerB, s.TTL); err != nil {
 		t.Fatalf("the permit granted is not the owner's: Refresh = %v", err)
 	}
