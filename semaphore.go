@@ -175,6 +175,13 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		return nil, ErrClosed, r
 	}
 	if f := g.looks[pt.keys[0]]; f != nil {
+		if local := g.localLocked(pt.keys, pt.first); local >= 0 && pt.wait {
+			// A permit held here is handed on at its release, sooner than the look's outcome
+			// comes, and a release with nobody queued on it would go to the store.
+			g.mu.Unlock()
+			r.local, r.remote = local, true
+			return nil, nil, r
+		}
 		w := &flightWaiter{ready: make(chan struct{})}
 		f.waiters = append(f.waiters, w)
 		g.mu.Unlock()
@@ -240,6 +247,18 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 		r.storeErr = err // a waiter rides out the store's errors within its budget, as a lock's does
 	}
 	return nil, nil, r
+}
+
+// localLocked is the first of keys, from keys[first] on, whose slot holds a lock of this process
+// (-1 when none). g.mu must be held.
+func (g *gate) localLocked(keys []string, first int) int {
+	for j := range keys {
+		i := (first + j) % len(keys)
+		if e := g.entries[keys[i]]; e != nil && e.hold != nil {
+			return i
+		}
+	}
+	return -1
 }
 
 // claimLocked makes the caller the owner of the free slots among keys, from keys[first] on, and
