@@ -144,6 +144,7 @@ type permitLook struct {
 	storeErr error      // the store's error of this look, while waiting; nil when none failed
 	sawBusy  bool
 	cut      bool // the wait ran out while a call of this look was on its way
+	lookOn   bool // another goroutine's look is on its way: queue on local for a short turn
 }
 
 // permitFlight is the look at a semaphore's permits on its way in this process (gate.looks):
@@ -179,7 +180,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 			// A permit held here is handed on at its release, sooner than the look's outcome
 			// comes, and a release with nobody queued on it would go to the store.
 			g.mu.Unlock()
-			r.local, r.remote = local, true
+			r.local, r.lookOn = local, true
 			return nil, nil, r
 		}
 		w := &flightWaiter{ready: make(chan struct{})}
@@ -413,8 +414,9 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		return nil, nil, false
 	}
 	if r.local >= 0 {
-		// Queue on the local permit; for remoteTurn at most while others are held elsewhere.
-		if r.remote {
+		// Queue on the local permit; for remoteTurn at most while others are held elsewhere or
+		// another goroutine's look may bring one.
+		if r.remote || r.lookOn {
 			delay = min(delay, remoteTurn)
 		}
 		lease, err := l.lockSince(ctx, pt.keys[r.local], true, pt.b.start, now.Add(delay), pt.callerUp+1)
