@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -18,16 +17,14 @@ import (
 // (etcd refuses a transaction of more than 128 operations by default).
 const MaxPermits = 64
 
-// PermitKey is the store key, without the prefix, of the i-th permit (1 <= i <= n) of key.
-// Permit 1 is the key's own lock, so that a lock and any semaphore of the key exclude each
-// other, and a rolling change of the count never admits more than the larger. The others are
-// the key with each "#" doubled, then "#" and i: no key's lock or permit is another's permit.
-func PermitKey(key string, i int) string {
-	key = escapeKey(key)
-	if i == 1 {
-		return key
-	}
-	return key + "#" + strconv.Itoa(i)
+// PermitKey is the store key of the i-th permit (1 <= i <= n) of key under prefix (a Locker's
+// Prefix()). Permit 1 is the key's own lock, Prefix() + key with each "#" doubled, so that a
+// lock and any semaphore of the key exclude each other, and a rolling change of the count never
+// admits more than the larger. The others are that, a single "#" and i, with a Redis Cluster
+// hash tag between when the key has none, so that a semaphore's permits share its hash slot
+// (lockstore.PermitKey): no key's lock or permit is another's permit.
+func PermitKey(prefix, key string, i int) string {
+	return lockstore.PermitKey(prefix+escapeKey(key), i)
 }
 
 // escapeKey doubles each "#" of key (see PermitKey).
@@ -44,16 +41,15 @@ var permitTurn atomic.Uint32
 // WithPermits makes the Locker's keys counting semaphores of n permits (2 to MaxPermits; 1, the
 // default, is a lock): at most n leases of a key are held at once, across processes. Lock,
 // TryLock, Do and LockAll take one permit of each key. Each permit is a lock of its own,
-// PermitKey(key, i), with everything a lock has (renewal, expiry, a fence, ErrLost, one
+// PermitKey(Prefix(), key, i), with everything a lock has (renewal, expiry, a fence, ErrLost, one
 // release), and a context that holds a permit of a key re-enters it. Every taker of a key must
 // name the same count: a lower one leaves the permits above it to those that named more.
 //
 // A busy key means every permit is taken (ErrBusy, with the shortest time a holder had left).
 // A waiter queues on a permit held in this process, a retry delay at a time; while all are
 // held elsewhere it looks again when one is released. A look is one store request for the
-// permits no goroutine of this process holds or asks for (on a Redis Cluster, one per hash
-// slot among them: give a semaphore's key a hash tag, "{tenant:7}:export", for one in all),
-// and the takers of a process share looks: one at a time is on its way, and the next asks for
+// permits no goroutine of this process holds or asks for (the permits share the key's Redis
+// Cluster hash slot), and the takers of a process share looks: one at a time is on its way, and the next asks for
 // a permit for each taker that waits for it.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
@@ -90,12 +86,12 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 	if err != nil {
 		return nil, nil, err, true
 	}
-	if n := len(base) + len(strconv.Itoa(permits)) + 1; n > MaxKeyLen {
+	if n := len(lockstore.PermitKey(base, permits)); n > MaxKeyLen {
 		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
 	}
 	keys = make([]string, permits)
 	for i := range keys {
-		rkey := l.cfg.prefix + PermitKey(key, i+1)
+		rkey := lockstore.PermitKey(base, i+1)
 		keys[i] = rkey
 		if findLease(ctx, l.k.gate, rkey) != nil {
 			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)

@@ -228,7 +228,7 @@ func TestReleasedPermitIsHandedToALocalWaiter(t *testing.T) {
 		got <- y
 	}()
 	waitFor(t, 5*time.Second, "the taker to queue on a permit", func() bool {
-		return queuedOn(l, PermitKey("export", 1))+queuedOn(l, PermitKey("export", 2)) == 1
+		return queuedOn(l, PermitKey("", "export", 1))+queuedOn(l, PermitKey("", "export", 2)) == 1
 	})
 	if queuedOn(l, x.Key()[len("lock:"):]) == 0 { // it queued on the other: swap the roles
 		x, x2 = x2, x
@@ -355,10 +355,10 @@ func TestPermitLookIsBoundedByTheWaitBudget(t *testing.T) {
 
 	s, _, _ := miniStore(t)
 	f := &faultStore{Store: s, slowBy: slow}
-	k := "lock:" + PermitKey("export", 1)
+	k := PermitKey("lock:", "export", 1)
 	f.slowKey.Store(&k)
 	// Permit 2 is another process's.
-	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: PermitKey("lock:", "export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, f, WithWait(budget), WithPermits(2))
@@ -382,7 +382,7 @@ func TestCappedAttemptsBoundPermitLooks(t *testing.T) {
 	for _, attempts := range []int{1, 2} {
 		m := newMemStore() // no release notifications: the retry delays alone pace the looks
 		for i := 1; i <= 2; i++ {
-			if got, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", i), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
+			if got, err := m.Acquire(ctx, lockstore.Request{Key: PermitKey("lock:", "export", i), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 				t.Fatal(got, err)
 			}
 		}
@@ -406,11 +406,11 @@ func TestCappedAttemptsBoundPermitLooks(t *testing.T) {
 func TestHandedOverPermitThatHoldsNothingTakesAFreePermit(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()
-	if got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 1), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: PermitKey("lock:", "export", 1), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	l := mustLocker(t, s, WithWait(300*time.Millisecond), WithPermits(2))
-	hctx := withOwner(ctx, "lock:"+PermitKey("export", 1), newOwnerToken()) // holds nothing
+	hctx := withOwner(ctx, PermitKey("lock:", "export", 1), newOwnerToken()) // holds nothing
 	lease, err := l.Lock(hctx, "export")
 	if err != nil {
 		t.Fatalf("Lock with a stale handed-over owner of permit 1: %v; permit 2 was free", err)
@@ -589,7 +589,7 @@ func (s *slowPlainStore) Acquire(ctx context.Context, req lockstore.Request) (lo
 func TestLookSkipsAPermitWhoseSlotIsOwnedHere(t *testing.T) {
 	ctx := context.Background()
 	m := newMemStore()
-	if got, err := m.Acquire(ctx, lockstore.Request{Key: "lock:" + PermitKey("export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
+	if got, err := m.Acquire(ctx, lockstore.Request{Key: PermitKey("lock:", "export", 2), Owner: "someone-else", TTL: time.Minute}); err != nil || !got.Acquired {
 		t.Fatal(got, err)
 	}
 	s := &slowPlainStore{Store: m, key: "lock:export", asked: make(chan struct{}), release: make(chan struct{})}
@@ -651,7 +651,7 @@ func (h *heldLooks) Acquire(ctx context.Context, req lockstore.Request) (locksto
 func (l *Locker) lookWaiters(key string) int {
 	l.k.gate.mu.Lock()
 	defer l.k.gate.mu.Unlock()
-	if f := l.k.gate.looks[l.cfg.prefix+PermitKey(key, 1)]; f != nil {
+	if f := l.k.gate.looks[PermitKey(l.cfg.prefix, key, 1)]; f != nil {
 		return len(f.waiters)
 	}
 	return 0

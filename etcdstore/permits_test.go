@@ -99,7 +99,7 @@ func (c *kvCounter) intercept(ctx context.Context, method string, req, reply any
 func permitKeys(key string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = "lock:" + flightlock.PermitKey(key, i+1)
+		keys[i] = flightlock.PermitKey("lock:", key, i+1)
 	}
 	return keys
 }

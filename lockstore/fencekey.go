@@ -106,3 +106,21 @@ func SideKey(kind, k string) string {
 	// "#", not ":": this side key of "k" must differ from the tagged one of "{<tag>}k".
 	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + k
 }
+
+// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is the lock key k:
+// permit 1 is k itself; the others are k, "#" and a part that keeps them in k's Redis Cluster
+// hash slot, so that one script call looks at them all. A k with a hash tag keeps it
+// ("k#i"); a k with no "{" gets the tag of its slot ("k#{<tag>}i"); a k with a "{" that opens
+// no tag is split into slots ("k#i"). A caller that doubles each "#" of its keys (as the
+// Locker does) keeps every permit key distinct from every lock key and every other permit key:
+// only a permit key has a lone "#", and the "{" after it, or its absence, says which form it is.
+func PermitKey(k string, i int) string {
+	if i == 1 {
+		return k
+	}
+	n := strconv.Itoa(i)
+	if _, tagged := hashTag(k); tagged || strings.Contains(k, "{") {
+		return k + "#" + n
+	}
+	return k + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + n
+}

@@ -79,3 +79,45 @@ func TestNamingEverySlotsCounterKeepsNoHeap(t *testing.T) {
 		t.Fatalf("naming the counters of 16,384 slots left %d bytes live (last name %q)", grown, sink)
 	}
 }
+
+// A semaphore's permits live in its key's hash slot whenever Redis Cluster lets them (the key
+// has a hash tag, or no "{" at all), so that one script call looks at them all; and no permit
+// key of one key is a lock key or a permit key of another, for keys whose "#" are doubled.
+func TestPermitKeysShareTheKeysSlotAndNeverCollide(t *testing.T) {
+	keys := []string{"lock:export:acme", "lock:{tenant-7}:export", "lock:a}b", "lock:x##y", "lock:x##", "lock:",
+		"lock:{x}", "lock:x", "{lock:x}", "lock:{", "lock:a{}b", "lock:}{x}"}
+	keys = append(keys, PermitKey("lock:x", 2)[:len("lock:x#")-1]+"##"+PermitKey("lock:x", 2)[len("lock:x#"):]) // looks like x's permit 2, "#" doubled
+	seen := map[string]string{}
+	for _, k := range keys {
+		for i := 1; i <= 4; i++ {
+			p := PermitKey(k, i)
+			if prev, dup := seen[p]; dup {
+				t.Errorf("PermitKey(%q, %d) = %q, as for %s", k, i, p, prev)
+			}
+			seen[p] = k + " #" + strconv.Itoa(i)
+			_, tagged := hashTag(k)
+			if shares := tagged || !strings.Contains(k, "{"); shares && KeySlot(p) != KeySlot(k) {
+				t.Errorf("PermitKey(%q, %d) = %q is in slot %d, the key in %d", k, i, p, KeySlot(p), KeySlot(k))
+			}
+			if i == 1 && p != k {
+				t.Errorf("PermitKey(%q, 1) = %q, want the key itself", k, p)
+			}
+		}
+	}
+}
+
+func FuzzPermitKeySharesTheSlot(f *testing.F) {
+	for _, s := range []string{"a", "}", "{a}b", "a}{b}", "a{"} {
+		f.Add(s, 2)
+	}
+	f.Fuzz(func(t *testing.T, k string, i int) {
+		if i < 2 || i > 64 || strings.Contains(k, "{") {
+			if _, tagged := hashTag(k); !tagged || i < 2 || i > 64 {
+				return
+			}
+		}
+		if KeySlot(PermitKey(k, i)) != KeySlot(k) {
+			t.Fatalf("PermitKey(%q, %d) = %q in another slot", k, i, PermitKey(k, i))
+		}
+	})
+}

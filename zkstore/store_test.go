@@ -184,7 +184,7 @@ func TestPermitLookIsOneRoundTrip(t *testing.T) {
 	const d, holder, taker = 400 * time.Millisecond, "holder-token", "taker-token"
 	keys := make([]string, 8)
 	for i := range keys {
-		keys[i] = flightlock.PermitKey("sem", i+1)
+		keys[i] = flightlock.PermitKey("", "sem", i+1)
 		if a, err := other.Acquire(ctx, lockstore.Request{Key: keys[i], Owner: holder, TTL: time.Second, Meta: "m"}); err != nil || !a.Acquired {
 			t.Fatal(a, err)
 		}
@@ -236,7 +236,7 @@ func TestPermitLookTakesUpToWantAndASentAgainReentersThemAll(t *testing.T) {
 	const d, holder, taker = 300 * time.Millisecond, "holder-token", "taker-token"
 	keys := make([]string, 5)
 	for i := range keys {
-		keys[i] = flightlock.PermitKey("sem-want", i+1)
+		keys[i] = flightlock.PermitKey("", "sem-want", i+1)
 	}
 	for _, i := range []int{1, 3} {
 		if a, err := other.Acquire(ctx, lockstore.Request{Key: keys[i], Owner: holder, TTL: time.Second}); err != nil || !a.Acquired {

@@ -306,7 +306,6 @@ func (c *checker) checkSection(s *section, topRedis bool) {
 	st.rules += len(s.conf.Rules)
 	c.checkStore(s, topRedis)
 	c.checkWaits(s)
-	c.checkClusterPermits(s)
 	c.checkMaxHold(s)
 	c.checkOwnerTrust(s)
 	for i, r := range s.conf.Rules {

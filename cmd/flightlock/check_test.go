@@ -300,17 +300,3 @@ Lock:
 		t.Fatalf("exit %d, output:\n%s", code, out)
 	}
 }
-
-func TestCheckSaysASemaphoreOnARedisClusterCostsACallPerPermit(t *testing.T) {
-	path := writeConfig(t, `Lock:
-  Redis: {Host: "127.0.0.1:7000,127.0.0.1:7001", Type: cluster}
-  Rules:
-    - {Method: POST, Path: /export/:tenant, Key: "export:{path.tenant}", Permits: 3}
-    - {Method: POST, Path: /order, Key: "order:{uid}"}
-`)
-	code, out, _ := cli(t, nil, "check", "-q", "-f", path)
-	if code != exitOK || !strings.Contains(out, ":4: warning: Lock.Rules[0] takes 3 permits on a Redis Cluster") ||
-		strings.Contains(out, "Lock.Rules[1] takes") {
-		t.Fatalf("exit %d, output:\n%s", code, out)
-	}
-}

@@ -339,24 +339,6 @@ func (s *section) serverTimeout(r middleware.Rule) (ms int64, from string) {
 // Timeout of 3000ms), so a service on the defaults gets no warning.
 const handlerShare = 3
 
-// checkClusterPermits warns of a semaphore rule that locks in a Redis Cluster: its permits are
-// keys in hash slots of their own (a key template cannot write a hash tag), so a look at them
-// costs a call per permit, where a Redis node or Sentinel takes one for all.
-func (c *checker) checkClusterPermits(s *section) {
-	if !strings.EqualFold(s.conf.Redis.Type, "cluster") {
-		return
-	}
-	others := len(s.conf.Etcd.Hosts) > 0 || len(s.conf.Zookeeper.Hosts) > 0
-	for i, r := range s.conf.Rules {
-		if r.Permits > 1 && (strings.EqualFold(r.Store, "redis") || r.Store == "" && !others) {
-			c.warnAt(s, s.ruleNode(i, "Permits", "Key"),
-				"%s takes %d permits on a Redis Cluster, where each permit is a key in a hash slot of its own: "+
-					"a look at them costs up to %d calls, where a Redis node or Sentinel takes one for all",
-				s.field(fmt.Sprintf("Lock.Rules[%d]", i)), r.Permits, r.Permits)
-		}
-	}
-}
-
 // checkWaits warns of a waiting rule whose wait budget is not below the server's timeout
 // (the middleware ends the wait before the deadline, with a reserve for the busy answer, so
 // the Wait written is never what a request waits), or leaves the handler less than a third of

@@ -60,13 +60,14 @@ func TestCluster(t *testing.T) {
 	}
 
 	// A look at a semaphore's permits is one script call per run of permits in one slot: one
-	// for a key with a hash tag, and it takes the first free permit across slots without one.
+	// for a key with a hash tag or no "{" (the permits' keys share its slot), and it takes the
+	// first free permit across slots for a key whose "{" opens no tag.
 	calls := &scriptCalls{}
 	client.AddHook(calls)
-	for _, base := range []string{"lock:sem", "lock:{sem}"} {
+	for _, base := range []string{"lock:sem", "lock:{sem}", "lock:sem{"} {
 		permits := []string{base}
 		for i := 2; i <= 8; i++ {
-			permits = append(permits, base+"#"+strconv.Itoa(i))
+			permits = append(permits, lockstore.PermitKey(base, i))
 		}
 		for _, k := range permits {
 			if got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
@@ -78,6 +79,9 @@ func TestCluster(t *testing.T) {
 			if lockstore.KeySlot(permits[i]) != lockstore.KeySlot(permits[i-1]) {
 				runs++
 			}
+		}
+		if runs != 1 && base != "lock:sem{" {
+			t.Fatalf("the permits of %q are in %d runs of slots, want one", base, runs)
 		}
 		calls.n.Store(0)
 		req := lockstore.Request{Key: base, Permits: permits, Owner: ownerB, TTL: time.Second}

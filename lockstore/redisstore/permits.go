@@ -13,8 +13,9 @@ import (
 
 // acquirePermits serves a request with Permits: one acquire.lua call over all of them, which
 // takes the first free one. On a Cluster a script's keys must share a hash slot, so each run
-// of consecutive permits in one slot is a call of its own: a semaphore key with a hash tag
-// ("{tenant:7}:export") keeps all its permits in one slot, and one call.
+// of consecutive permits in one slot is a call of its own; lockstore.PermitKey keeps a
+// semaphore's permits in one slot, and so one call, unless its key has a "{" that opens no
+// hash tag.
 func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err

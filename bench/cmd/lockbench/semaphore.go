@@ -160,7 +160,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("| %s | sleeps %v and tries again |\n", semaphoreRows()[1].label(), semPoll)
 	w("\nflightlock runs in Wait mode with its defaults (retry delays, hand-off window, %d store lanes) but for the settings every\n", redisstore.DefaultLanes)
 	w("row of the main report gets: a %v TTL and a %v wait budget (a Lock that runs out of it would count as an error),\n", lockTTL, waitBudget)
-	w("on a go-redis v9 client of its own, built as for flightlock's mutex row. Each permit is a lock of its own (`key`, `key#2` .. `key#%d`).\n", semPermits)
+	w("on a go-redis v9 client of its own, built as for flightlock's mutex row. Each permit is a lock of its own (`key`, `key#{tag}2` .. `key#{tag}%d`).\n", semPermits)
 	w("The naive semaphore is the classic sorted-set recipe (`bench/internal/zsetsem`, written for this benchmark): one Lua\n")
 	w("script removes the expired members (`ZREMRANGEBYSCORE` up to the server's `TIME`) and, if `ZCARD` < %d, adds the\n", semPermits)
 	w("taker scored with its expiry (%v TTL), else refuses; a refused taker sleeps %v and tries again; a holder renews\n", lockTTL, semPoll)
