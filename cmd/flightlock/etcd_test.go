@@ -238,12 +238,15 @@ func TestEtcdWatchResumesAfterEtcdEndsIt(t *testing.T) {
 
 	want := []string{"resumed", "released order:0", "expired order:2", "acquired order:1"}
 	waitFor(t, "the resumed watch", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
+	// The text watch resumes on its own schedule: a release before it has seen the lock taken
+	// would fall between its listings, and it would rightly report nothing.
+	waitForText(t, "the resumed text watch to see order:1 taken", &text, "acquired  order:1")
 	if err := taken.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	want = append(want, "released order:1")
 	waitFor(t, "the release after the resume", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
-	waitFor(t, "the text watch", func() bool { return strings.Contains(text.String(), "released  order:1") })
+	waitForText(t, "the text watch to report the release", &text, "released  order:1")
 
 	cancel()
 	for range 2 {

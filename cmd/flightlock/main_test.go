@@ -99,6 +99,18 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// waitForText waits until out holds want, and fails with what it holds if it does not.
+func waitForText(t *testing.T, what string, out *syncBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(out.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s (%q); the output:\n%s", what, want, out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // processLocker is a Locker of the service's kind on srv: the prefix of exampleYAML, the
 // default metadata (this host and pid), a store of its own (a process of its own).
 func processLocker(t *testing.T, srv *redistest.Server, opts ...flightlock.Option) *flightlock.Locker {
