@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -259,5 +260,81 @@ func BenchmarkLockReleaseLockerOnly(b *testing.B) {
 		if err := lease.Release(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// parkedLooks is a grantStore that, once park is set, holds every look at permits until open
+// is closed.
+type parkedLooks struct {
+	grantStore
+	park   atomic.Bool
+	parked atomic.Int64
+	open   chan struct{}
+}
+
+func (s *parkedLooks) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	if len(req.Permits) > 0 && s.park.Load() {
+		s.parked.Add(1)
+		<-s.open
+	}
+	return s.grantStore.Acquire(ctx, req)
+}
+
+// Looks at the permits of many semaphores at once leave no map of their peak behind: the
+// gate's table of looks on their way is rebuilt as it empties, as its table of keys is.
+func TestManyLooksAtOnceLeaveNoMapBehind(t *testing.T) {
+	const n = 4000
+	ctx := context.Background()
+	s := &parkedLooks{open: make(chan struct{})}
+	l := mustLocker(t, s, WithTTL(time.Minute), WithMaxHold(time.Hour), WithPermits(2))
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "sem:" + strconv.Itoa(i)
+	}
+	for _, k := range keys[:64] { // warm up, as the test above
+		lease, err := l.Lock(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = lease.Release(ctx)
+	}
+	s.park.Store(true)
+	leases := make([]*Lease, n)
+	var wg sync.WaitGroup
+	for i, k := range keys {
+		wg.Go(func() {
+			lease, err := l.Lock(ctx, k)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			leases[i] = lease
+		})
+	}
+	waitFor(t, 10*time.Second, "every look to reach the store", func() bool { return s.parked.Load() == n })
+	l.k.gate.mu.Lock()
+	looks := len(l.k.gate.looks)
+	l.k.gate.mu.Unlock()
+	if looks != n {
+		t.Fatalf("%d looks on their way, want %d", looks, n)
+	}
+	close(s.open)
+	wg.Wait()
+	for _, lease := range leases {
+		if lease != nil {
+			_ = lease.Release(ctx)
+		}
+	}
+	// What the table of looks keeps is what a fresh one gives back.
+	g := l.k.gate
+	kept := liveHeap()
+	g.mu.Lock()
+	left := len(g.looks)
+	g.looks = make(map[string]*permitFlight)
+	g.mu.Unlock()
+	perLook := float64(int64(kept)-int64(liveHeap())) / n
+	t.Logf("after %d looks at once, the table of looks keeps %.1f B per look (%d left in it)", n, perLook, left)
+	if left != 0 || perLook > releasedBytesPerLock {
+		t.Errorf("after %d looks at once, the table of looks keeps %d of them and %.1f B per look", n, left, perLook)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/handover"
+	"github.com/flightlock/flightlock/internal/mapshrink"
 	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -49,8 +50,8 @@ var permitTurn atomic.Uint32
 // A waiter queues on a permit held in this process, a retry delay at a time; while all are
 // held elsewhere it looks again when one is released. A look is one store request for the
 // permits no goroutine of this process holds or asks for (the permits share the key's Redis
-// Cluster hash slot), and the takers of a process share looks: one at a time is on its way, and the next asks for
-// a permit for each taker that waits for it.
+// Cluster hash slot), and the takers of a process share looks: one at a time is on its way,
+// and the next asks for a permit for each taker that waits for it.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
@@ -186,6 +187,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 	}
 	f := &permitFlight{}
 	g.looks[pt.keys[0]] = f
+	g.looksPeak = max(g.looksPeak, len(g.looks))
 	return pt.lead(f, r, 1)
 }
 
@@ -302,6 +304,7 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEnt
 	}
 	g.mu.Lock()
 	delete(g.looks, pt.keys[0])
+	g.looks, g.looksPeak = mapshrink.Shrink(g.looks, g.looksPeak)
 	if len(grants) > 0 {
 		mine, grants = grants[0], grants[1:]
 	}

@@ -26,7 +26,8 @@ type gate struct {
 	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
 	// guarded by mu: per semaphore (its first permit's store key), the look on its way
-	looks map[string]*permitFlight
+	looks     map[string]*permitFlight
+	looksPeak int // guarded by mu: the high-water mark of looks (mapshrink)
 	// guarded by mu: store calls for holds outside the gate on the wire (beginBorrow)
 	borrowing int
 	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
