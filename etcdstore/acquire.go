@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,9 +20,8 @@ import (
 )
 
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
-// is fresh, which the store's keep-alives see to). A write owner's is acquireWriteOnce's, a read
-// owner's takes a read hold (acquireReadOnce), and a request with Permits looks at them all in
-// one (acquirePermitsOnce).
+// is fresh, which the store's keep-alives see to): acquireWriteOnce, acquireReadOnce for a read
+// owner, or acquirePermitsOnce, which looks at every permit at once.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	keys := []string{key}
@@ -34,17 +34,12 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 		}
 		keys = req.Permits
 	}
-	for _, k := range keys {
-		if err := checkArgs(k, owner, ttl); err != nil {
-			return lockstore.Acquisition{}, err
-		}
-	}
 	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(owner)
 	if fair && read {
 		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
 	}
-	if s.isClosed() {
-		return lockstore.Acquisition{}, errStoreClosed
+	if err := s.check(owner, ttl, keys...); err != nil {
+		return lockstore.Acquisition{}, err
 	}
 	start, queue := time.Now(), time.Duration(0)
 	if fair {
@@ -67,10 +62,9 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 }
 
 // permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
-// operation per permit: etcd counts each nested transaction's operations against what its
-// parent branch leaves, and a refusal (3) nests markWriter (2); the grant's branch and its
-// looks at the other permits (2 compares each) need 4. A cluster that allows fewer is
-// asked one permit at a time (lockstore.AcquireEach).
+// operation per permit: etcd counts a nested transaction's operations against its parent
+// branch, and a refusal (3) nests markWriter (2). A cluster that allows fewer is asked one
+// permit at a time (lockstore.AcquireEach).
 const permitLookOps = 5
 
 // acquirePermitsOnce is one attempt of Acquire with Permits keys, of which it takes up to want:
@@ -80,12 +74,10 @@ const permitLookOps = 5
 //	then grant(keys[0]); for each other k: writable(k)     (the looks with want > 1)
 //	else for each k: if writable(k) then nothing else refusal(k)
 //
-// The permits the owner holds (an earlier Acquire's, or an attempt's whose reply was lost) are
-// re-entered, all of them and nothing more, so the first permit is granted at once only while
-// the store knows of no entry of owner's for keys. Otherwise the free permits seen are taken on
-// the one-key path (one more round trip: the takes go at once), the next ones in place of those
-// another owner took since, until want are held. A busy reply carries the shortest HolderTTL
-// of the permits, and that holder's metadata.
+// The permits owner holds (an earlier Acquire's, or one whose reply was lost) are re-entered,
+// all of them and nothing more, so the first permit is granted at once only while the store
+// knows of no entry of owner's for keys. Otherwise the free permits seen are taken at once on
+// the one-key path, until want are held. A busy reply is the busy permit's of shortest HolderTTL.
 func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
 	want int, start time.Time, again bool) (lockstore.Acquisition, error) {
 	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, owner); return ok })
@@ -337,19 +329,12 @@ func markWriter(key string, l *lease) clientv3.Op {
 // readersBusy is a write acquisition refused by read holds, from markWriter's reply: the read
 // hold it read; HolderTTL 0 when no reader holds the key (a fair attempt behind others in line).
 func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
-	t := r.GetResponseTxn()
-	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
-		return lockstore.Acquisition{}
+	if t := r.GetResponseTxn(); t != nil && t.Succeeded && len(t.Responses) >= 2 {
+		if kv := firstKV(t.Responses[1]); kv != nil {
+			return busyFor(parseReadValue(kv.Value))
+		}
 	}
-	kv := firstKV(t.Responses[1])
-	if kv == nil {
-		return lockstore.Acquisition{}
-	}
-	secs, meta, ok := parseReadValue(kv.Value)
-	if !ok {
-		return lockstore.Acquisition{}
-	}
-	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
+	return lockstore.Acquisition{}
 }
 
 // freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
@@ -514,10 +499,15 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 // should its holder stop now) and metadata.
 func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	v, ok := parseValue(kv.Value)
+	return busyFor(v.secs, v.meta, ok)
+}
+
+// busyFor is a refusal by a holder whose lease lasts secs, with metadata meta; empty unless ok.
+func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 	if !ok {
 		return lockstore.Acquisition{}
 	}
-	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
+	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
 // maxAcquireAll is how many keys AcquireAll takes under --max-txn-ops n: two operations each in
@@ -537,19 +527,14 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
 	}
-	for _, k := range keys {
-		if err := checkArgs(k, owner, ttl); err != nil {
-			return nil, err
-		}
-	}
 	if lockstore.IsReadOwner(owner) {
 		return nil, errors.New("flightlock: AcquireAll takes write locks only, not read holds")
 	}
 	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
 		return nil, errors.New("flightlock: duplicate key in AcquireAll")
 	}
-	if s.isClosed() {
-		return nil, errStoreClosed
+	if err := s.check(owner, ttl, keys...); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	var out []lockstore.Acquisition
@@ -605,14 +590,12 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	ours := 0
 	for i, k := range keys {
 		kv := firstKV(resp.Responses[2*i])
-		switch {
-		case kv == nil:
-			// Free of writers, so held by readers: busy, with no writer to wait for.
-			s.noteBusy(k, resp.Header.Revision)
-		case ownedBy(kv.Value, owner):
+		if kv != nil && ownedBy(kv.Value, owner) {
 			ours++
-		default:
-			s.noteBusy(k, resp.Header.Revision)
+			continue
+		}
+		s.noteBusy(k, resp.Header.Revision)
+		if kv != nil { // else free of writers, so held by readers: no writer to wait for
 			out[i] = busy(kv)
 		}
 	}
@@ -634,14 +617,8 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 // the hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
 // longer than the holder's lease lasts is refused.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := cmp.Or(s.check(owner, ttl, key), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
-	}
-	if err := lockstore.CheckHold(hold, false); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if s.isClosed() {
-		return lockstore.Acquisition{}, errStoreClosed
 	}
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed to other processes

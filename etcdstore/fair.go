@@ -144,11 +144,8 @@ func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease
 // LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
 // the key's waiters, so that the next in line takes a free key at once.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
-	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
+	if err := s.check(owner, time.Second, key); err != nil { // any valid TTL: none is asked
 		return err
-	}
-	if s.isClosed() {
-		return errStoreClosed
 	}
 	s.dropPlace(key, owner)
 	if _, err := s.cli.Delete(ctx, placeKey(key, owner)); err != nil {

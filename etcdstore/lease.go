@@ -51,14 +51,8 @@ type lease struct {
 	mu      sync.Mutex
 	fresh   time.Time // guarded by mu: send time of the last keep-alive (or grant) that succeeded
 	gone    bool      // guarded by mu: etcd no longer has it
-	next    *renewal  // guarded by mu: the keep-alive to send when the one on the wire returns
+	next    *keepAlive // guarded by mu: the keep-alive to send when the one on the wire returns
 	sending bool      // guarded by mu: a sender goroutine runs
-}
-
-// renewal is one keep-alive of a lease, shared by every caller that queued before it was sent.
-type renewal struct {
-	done chan struct{} // closed when err is set
-	err  error
 }
 
 // liveFor reports whether the lease lives at least d from now: to fresh + secs at the earliest.
@@ -302,32 +296,23 @@ func (s *Store) startReaper(now time.Time) {
 // ownKeepAlive is a keep-alive of the store's lease l sent at or after t: once it succeeded, l
 // lives at least its TTL from t. None is sent when one has succeeded already; callers that
 // queue while a keep-alive is on the wire share the next.
-func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAliveCall {
+func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.gone:
-		return &keepAliveCall{err: errLeaseGone}
+		return &keepAlive{err: errLeaseGone}
 	case l.fresh.Before(t):
-		return &keepAliveCall{r: s.queueLocked(l), secs: l.secs}
+		return s.queueLocked(l)
 	}
-	return &keepAliveCall{secs: l.secs}
-}
-
-func (r *renewal) wait(ctx context.Context) error {
-	select {
-	case <-r.done:
-		return r.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return &keepAlive{secs: l.secs}
 }
 
 // queueLocked returns the keep-alive of l that is still to be sent, starting a sender when
 // none runs. l.mu must be held.
-func (s *Store) queueLocked(l *lease) *renewal {
+func (s *Store) queueLocked(l *lease) *keepAlive {
 	if l.next == nil {
-		l.next = &renewal{done: make(chan struct{})}
+		l.next = &keepAlive{done: make(chan struct{}), shared: true, secs: l.secs}
 	}
 	r := l.next
 	if !l.sending {

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,14 +28,9 @@ import (
 // back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
 // it never holds the caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
+	// Any valid TTL: none is asked.
+	if err := cmp.Or(s.check(owner, time.Second, key), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
-	}
-	if err := lockstore.CheckHold(hold, true); err != nil {
-		return 0, err
-	}
-	if s.isClosed() {
-		return 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
 	if hold == "" {
@@ -301,11 +297,8 @@ func (s *Store) reap(now time.Time) {
 // the grant has used half its fence room (so that the next turn's handoffs still fit), or when
 // it followed a refusal of this store (contended: other processes compete for the key).
 func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := s.check(owner, ttl, key); err != nil {
 		return false, 0, 0, err
-	}
-	if s.isClosed() {
-		return false, 0, 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
 	if lockstore.IsReadOwner(owner) {
