@@ -107,15 +107,39 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
 			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
 	}
-	var p permitReplies
-	free, held, ours, err := s.sortPermits(ctx, resp, keys, owner, value, l, !mayHold && resp.Succeeded, start, ttl, &p)
-	if err != nil {
-		return lockstore.Acquisition{}, err
+	var p permitReplies // each busy permit's reply, and the first permit if the look granted it
+	var free, held []int
+	ours := make([]*mvccpb.KeyValue, len(keys)) // the keys of the permits held
+	if !mayHold && resp.Succeeded {
+		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		if err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		p.add(0, a)
+		for i, r := range resp.Responses[3:] {
+			if r.GetResponseTxn().Succeeded {
+				free = append(free, i+1)
+			}
+		}
+	} else {
+		for i, k := range keys {
+			t := resp.Responses[i].GetResponseTxn()
+			if t.Succeeded {
+				free = append(free, i)
+				continue
+			}
+			if kv, a := refusal(t.Responses); kv != nil && ownedBy(kv.Value, owner) {
+				held, ours[i] = append(held, i), kv
+			} else {
+				s.noteBusy(k, resp.Header.Revision)
+				p.add(i, a)
+			}
+		}
 	}
 	if len(held) > 0 { // the permits held are the answer, busy or not
 		p = permitReplies{}
 		if err := p.each(held, func(i int) (lockstore.Acquisition, error) {
-			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start, false)
+			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
@@ -134,42 +158,6 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		p.out.Holder = p.passed
 	}
 	return p.out, nil
-}
-
-// sortPermits reads the reply of a permit look: the first permit when the look granted it
-// (added to p), the free permits, and those owner holds (ours has their keys), in permit order;
-// each busy permit's reply is added to p.
-func (s *Store) sortPermits(ctx context.Context, resp *clientv3.TxnResponse, keys []string, owner, value string, l *lease,
-	granted bool, start time.Time, ttl time.Duration, p *permitReplies) (free, held []int, ours []*mvccpb.KeyValue, err error) {
-	if granted {
-		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		p.add(0, a)
-		for i, r := range resp.Responses[3:] {
-			if r.GetResponseTxn().Succeeded {
-				free = append(free, i+1)
-			}
-		}
-		return free, nil, nil, nil
-	}
-	ours = make([]*mvccpb.KeyValue, len(keys))
-	for i, k := range keys {
-		t := resp.Responses[i].GetResponseTxn()
-		if t.Succeeded {
-			free = append(free, i)
-			continue
-		}
-		kv, a := refusal(t.Responses)
-		if kv != nil && ownedBy(kv.Value, owner) {
-			held, ours[i] = append(held, i), kv
-			continue
-		}
-		s.noteBusy(k, resp.Header.Revision)
-		p.add(i, a)
-	}
-	return free, held, ours, nil
 }
 
 // permitReplies gathers the outcomes of a permit request in permit order: the first grant,
@@ -222,17 +210,13 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 // again (doubling, at most maxResendAfter): a proposal lost with a leader change is answered
 // only at etcd's request timeout (5s plus two election timeouts), usually past the caller's
 // deadline. Sending again is safe: an acquisition is idempotent for its owner, and an attempt
-// cut short retires its lease (acquireFailed), so a late commit of it frees itself.
+// cut short retires its lease (acquireFailed), so a late commit of it frees itself. The pause
+// before an attempt is sent again doubles from retryPauseMin to retryPauseMax.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
-)
-
-// retryPauseMin and retryPauseMax bound the pause before an acquisition is sent again after
-// a transient failure of the cluster (doubling from the first to the second).
-const (
-	retryPauseMin = 50 * time.Millisecond
-	retryPauseMax = 400 * time.Millisecond
+	retryPauseMin  = 50 * time.Millisecond
+	retryPauseMax  = 400 * time.Millisecond
 )
 
 // resending runs attempt until it succeeds, fails for good, or ctx ends (it returns by ctx's
@@ -270,14 +254,13 @@ func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context,
 // leader change, a proposal that timed out, an unreachable member (codes.Unavailable for each),
 // or errNoAnswer. The caller's own deadline or cancellation is not one.
 func transient(err error) bool {
-	if errors.Is(err, errNoAnswer) {
-		return true
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
-	}
 	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.Is(err, errNoAnswer):
+		return true
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return false
+	case errors.As(err, &ee):
 		return ee.Code() == codes.Unavailable
 	}
 	return status.Code(err) == codes.Unavailable
@@ -303,13 +286,18 @@ func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused 
 }
 
 // refusal reads the replies rs of writeOps' refusal: the holder's key (nil when no writer holds
-// it) and the busy reply, the holder's; with no writer, a reader's (the writer mark is set now),
-// or, for a free key with others first in fair line, HolderTTL 0.
+// it) and the busy reply, the holder's; with no writer, the read hold markWriter read (the
+// writer mark is set now), or, for a free key with others first in fair line, HolderTTL 0.
 func refusal(rs []*pb.ResponseOp) (*mvccpb.KeyValue, lockstore.Acquisition) {
 	if kv := firstKV(rs[0]); kv != nil {
 		return kv, busy(kv)
 	}
-	return nil, readersBusy(rs[2])
+	if t := rs[2].GetResponseTxn(); t != nil && t.Succeeded && len(t.Responses) >= 2 {
+		if kv := firstKV(t.Responses[1]); kv != nil {
+			return nil, busyFor(parseReadValue(kv.Value))
+		}
+	}
+	return nil, lockstore.Acquisition{}
 }
 
 // markWriter keeps readers from starving a refused write acquisition: when key has read holds,
@@ -324,17 +312,6 @@ func markWriter(key string, l *lease) clientv3.Op {
 			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
 		},
 		nil)
-}
-
-// readersBusy is a write acquisition refused by read holds, from markWriter's reply: the read
-// hold it read; HolderTTL 0 when no reader holds the key (a fair attempt behind others in line).
-func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
-	if t := r.GetResponseTxn(); t != nil && t.Succeeded && len(t.Responses) >= 2 {
-		if kv := firstKV(t.Responses[1]); kv != nil {
-			return busyFor(parseReadValue(kv.Value))
-		}
-	}
-	return lockstore.Acquisition{}
 }
 
 // freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
@@ -408,20 +385,17 @@ func later(a, b time.Time) time.Time {
 }
 
 // granted records a grant at revision rev, counted on until until, and returns its fence. A
-// read hold (read) is never simple (the one-transaction release and Pass are a write's) and
-// leaves the key's refusals to the write. A floor that makes no fence (written by hand) gives
-// the grant back rather than hand out a fence that may repeat.
+// read hold is never simple (the one-transaction release and Pass are a write's) and leaves the
+// key's refusals to the write. A floor that makes no fence (written by hand) gives the grant
+// back rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
-	floor *mvccpb.KeyValue, until time.Time, read bool) (lockstore.Acquisition, error) {
+	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
 	if err != nil {
-		held := key
-		if read {
-			held = readKey(key, owner)
-		}
-		s.giveBack(ctx, held, value)
+		s.giveBack(ctx, holdKey(key, owner), value)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
+	read := lockstore.IsReadOwner(owner)
 	s.update(key, owner, func(e *heldKey) {
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
 		e.simple, e.own, e.tries = !read, true, 0
@@ -446,7 +420,8 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 // is the fresh l, or is kept alive now). A write's nil floor is read here; a read re-entry's
 // comes from its transaction, nil when there is none.
 func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time, read bool) (lockstore.Acquisition, error) {
+	l *lease, start time.Time) (lockstore.Acquisition, error) {
+	read := lockstore.IsReadOwner(owner)
 	simple, what := false, "read hold"
 	if !read {
 		v, ok := parseValue(kv.Value)
@@ -455,13 +430,10 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		simple, what = v.simple(), "held"
 	}
+	var err error
 	if floor == nil && !read {
-		resp, err := s.cli.Get(ctx, FloorKey(key))
-		if err != nil {
+		if floor, err = getKV(ctx, s.cli, FloorKey(key)); err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if len(resp.Kvs) > 0 {
-			floor = resp.Kvs[0]
 		}
 	}
 	fence, err := fenceOf(kv.CreateRevision, floor)
@@ -572,7 +544,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	out := make([]lockstore.Acquisition, len(keys))
 	if resp.Succeeded {
 		for i, k := range keys {
-			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl), false)
+			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
 			if err != nil {
 				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
 					s.giveBack(ctx, g, value)
@@ -603,7 +575,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		return out, nil
 	}
 	for i, k := range keys {
-		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start, false)
+		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
 		if err != nil || !a.Acquired {
 			return make([]lockstore.Acquisition, len(keys)), err
 		}
@@ -702,6 +674,15 @@ func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_, _ = s.Release(ctx, key, owner, hold, 0)
+}
+
+// getKV reads key (with opts, as clientv3.KV.Get); nil when it does not exist.
+func getKV(ctx context.Context, kv clientv3.KV, key string, opts ...clientv3.OpOption) (*mvccpb.KeyValue, error) {
+	resp, err := kv.Get(ctx, key, opts...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return resp.Kvs[0], nil
 }
 
 func firstKV(r *pb.ResponseOp) *mvccpb.KeyValue {

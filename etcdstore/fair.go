@@ -83,7 +83,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			if fair {
 				s.dropPlace(key, owner)
 			}
-			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
+			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
 		}
 		kv, a := refusal(resp.Responses)
 		if kv != nil && ownedBy(kv.Value, owner) {
@@ -94,7 +94,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 				_ = s.LeaveQueue(lctx, key, owner)
 				cancel()
 			}
-			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
+			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
 		}
 		s.noteBusy(key, resp.Header.Revision)
 		if queue == 0 {

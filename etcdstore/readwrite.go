@@ -71,14 +71,14 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		if kv == nil {
 			return lockstore.Acquisition{}, nil // cannot happen within one transaction
 		}
-		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start, true)
+		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
 	}
 	txn := resp.Responses[0].GetResponseTxn()
 	if !txn.Succeeded {
 		txn = txn.Responses[0].GetResponseTxn() // a live mark, or a writer: is the mark past its deadline?
 	}
 	if txn.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl), true)
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl))
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	if kv := firstKV(txn.Responses[0]); kv != nil {

@@ -58,11 +58,11 @@ type replayLease struct {
 }
 
 func (s *responses) Load(ctx context.Context, key string) ([]byte, error) {
-	resp, err := s.cli.Get(ctx, s.prefix+key)
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := getKV(ctx, s.cli, s.prefix+key)
+	if kv == nil {
 		return nil, err
 	}
-	return resp.Kvs[0].Value, nil
+	return kv.Value, nil
 }
 
 // Save stores record under key for at least ttl, in one transaction (see put), unless key
