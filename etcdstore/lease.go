@@ -49,10 +49,10 @@ type lease struct {
 	revoking bool // retired and unused: being revoked, no re-entry may record a key on it (updateOn)
 
 	mu      sync.Mutex
-	fresh   time.Time // guarded by mu: send time of the last keep-alive (or grant) that succeeded
-	gone    bool      // guarded by mu: etcd no longer has it
+	fresh   time.Time  // guarded by mu: send time of the last keep-alive (or grant) that succeeded
+	gone    bool       // guarded by mu: etcd no longer has it
 	next    *keepAlive // guarded by mu: the keep-alive to send when the one on the wire returns
-	sending bool      // guarded by mu: a sender goroutine runs
+	sending bool       // guarded by mu: a sender goroutine runs
 }
 
 // liveFor reports whether the lease lives at least d from now: to fresh + secs at the earliest.

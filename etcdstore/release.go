@@ -52,10 +52,9 @@ func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFen
 
 // giveBackLater gives back, with no round trip, the own hold of owner on key when the store
 // never saw it granted, and reports whether it did: ErrNotHeld when no request of the
-// acquisition went out; nil when its outcome is unknown (no create revision, no named hold)
-// or it is a failed release: nobody counts on it any more, so it is made due at once for the
-// reaper, which releases the key in the background. A grant the store knows of, or a lock it
-// did not take, is released on the wire.
+// acquisition went out; nil when its outcome is unknown (no create revision, no named hold) or
+// it is a failed release, which is made due at once for the reaper. A grant the store knows of,
+// or a lock it did not take, is released on the wire.
 func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -81,8 +80,7 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) 
 }
 
 // noteUnsent records that an acquisition of key by owner gave up before any request went out
-// (unless the store has an entry for them), for giveBackLater. A record dropped early (the
-// map is bounded like waitRev) costs one round trip.
+// (unless the store has an entry for them), for giveBackLater.
 func (s *Store) noteUnsent(key, owner string) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -271,14 +269,10 @@ func (s *Store) reap(now time.Time) {
 			return
 		}
 		for _, h := range j.holds {
-			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.releaseNow(ctx, j.key, j.owner, h, 0)
-			cancel()
+			s.releaseBounded(j.key, j.owner, h, 0)
 		}
 		if j.own {
-			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.releaseNow(ctx, j.key, j.owner, "", j.last)
-			cancel()
+			s.releaseBounded(j.key, j.owner, "", j.last)
 		}
 		s.mu.Lock()
 		if e := s.held[entryKey{j.key, j.owner}]; e != nil {
@@ -286,6 +280,13 @@ func (s *Store) reap(now time.Time) {
 		}
 		s.mu.Unlock()
 	}
+}
+
+// releaseBounded is releaseNow on the store's context, bounded by a second.
+func (s *Store) releaseBounded(key, owner, hold string, lastFence int64) {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+	defer cancel()
+	_, _ = s.releaseNow(ctx, key, owner, hold, lastFence)
 }
 
 // Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other
