@@ -72,7 +72,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			// only a very slow attempt outlives it), may be the one gone: ask which.
 			if isLeaseNotFound(err) && again && queue > 0 && p.lease != 0 {
 				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
-					s.dropPlace(key, owner)
+					s.setPlace(key, owner, place{})
 					return lockstore.Acquisition{}, errLeaseGone
 				}
 			}
@@ -81,7 +81,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 		}
 		if resp.Succeeded {
 			if fair {
-				s.dropPlace(key, owner)
+				s.setPlace(key, owner, place{})
 			}
 			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
 		}
@@ -147,7 +147,7 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := s.check(owner, time.Second, key); err != nil { // any valid TTL: none is asked
 		return err
 	}
-	s.dropPlace(key, owner)
+	s.setPlace(key, owner, place{})
 	if _, err := s.cli.Delete(ctx, placeKey(key, owner)); err != nil {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
@@ -160,15 +160,14 @@ func (s *Store) placeOf(key, owner string) place {
 	return s.places[entryKey{key, owner}]
 }
 
+// setPlace records owner's place in key's line; the zero place forgets it (granted, left, or
+// lost with its lease).
 func (s *Store) setPlace(key, owner string, p place) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	putBounded(s.places, entryKey{key, owner}, p)
-}
-
-// dropPlace forgets owner's place in key's line (granted, left, or lost with its lease).
-func (s *Store) dropPlace(key, owner string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.places, entryKey{key, owner})
+	if p == (place{}) {
+		delete(s.places, entryKey{key, owner})
+	} else {
+		putBounded(s.places, entryKey{key, owner}, p)
+	}
 }
