@@ -117,11 +117,10 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", full, err)
 	}
-	marks := make(map[string]bool)
+	marks, floors := make(map[string]bool), make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		marks[strings.TrimPrefix(string(kv.Key), waiterPrefix)] = true
 	}
-	floors := make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		floors[strings.TrimPrefix(string(kv.Key), floorPrefix)] = kv
 	}
@@ -149,7 +148,6 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		delete(sides, string(kv.Key))
 		locks = append(locks, l)
 	}
-	read := false
 	for full, sc := range sides {
 		key, ok := keyOf(full)
 		if !ok || sc.readers == 0 {
@@ -158,11 +156,9 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		l := newInfo(key, full, sc.lease, sc.createRev, sc.modRev, marks[full], floors[full])
 		l.Readers, l.Queued = sc.readers, sc.queued
 		locks = append(locks, l)
-		read = true
 	}
-	if read {
-		slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
-	}
+	// etcd returned the lock keys sorted; the keys held for reading come after them.
+	slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
 	if one && len(locks) == 1 {
 		locks[0].FenceCounterKey = FloorKey(full)
 		if floor := floors[full]; floor != nil {

@@ -230,11 +230,7 @@ func (s *Store) dropLease(l *lease) {
 	if !l.revoking { // else revokeRetired removes it, once revoked (or Close does)
 		delete(s.byID, l.id)
 	}
-	for k, e := range s.held {
-		if e.lease == l.id {
-			delete(s.held, k)
-		}
-	}
+	maps.DeleteFunc(s.held, func(_ entryKey, e *heldKey) bool { return e.lease == l.id })
 	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
 }
 

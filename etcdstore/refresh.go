@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -162,35 +163,28 @@ func (k *keepAlive) join() {
 // readKeys reads keys with concurrent read transactions of at most maxTxnOps gets each; a
 // transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
-	kvs := make(map[string]*mvccpb.KeyValue, len(keys))
-	errs := make(map[string]error)
+	kvs, errs := make(map[string]*mvccpb.KeyValue, len(keys)), make(map[string]error)
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	read := func(chunk []string) {
-		ops := make([]clientv3.Op, len(chunk))
-		for i, k := range chunk {
-			ops[i] = clientv3.OpGet(k)
-		}
-		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
-		mu.Lock()
-		defer mu.Unlock()
-		for i, k := range chunk {
-			if err != nil {
-				errs[k] = err
-			} else {
-				kvs[k] = firstKV(resp.Responses[i])
+	for chunk := range slices.Chunk(keys, s.maxTxnOps) {
+		wg.Go(func() {
+			ops := make([]clientv3.Op, len(chunk))
+			for i, k := range chunk {
+				ops[i] = clientv3.OpGet(k)
 			}
-		}
-	}
-	for len(keys) > s.maxTxnOps {
-		chunk := keys[:s.maxTxnOps]
-		keys = keys[s.maxTxnOps:]
-		wg.Go(func() { read(chunk) })
-	}
-	if len(keys) > 0 {
-		read(keys)
+			resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+			mu.Lock()
+			defer mu.Unlock()
+			for i, k := range chunk {
+				if err != nil {
+					errs[k] = err
+				} else {
+					kvs[k] = firstKV(resp.Responses[i])
+				}
+			}
+		})
 	}
 	wg.Wait()
 	return kvs, errs
