@@ -45,20 +45,15 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	if fair {
 		queue = max(req.Queue, 0)
 	}
-	var a lockstore.Acquisition
-	err := s.resending(ctx, func(ctx context.Context, again bool) error {
-		var err error
+	return resending(ctx, s, func(ctx context.Context, again bool) (lockstore.Acquisition, error) {
 		switch {
 		case len(req.Permits) > 0:
-			a, err = s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
+			return s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
 		case read:
-			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
-		default:
-			a, err = s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
+			return s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
 		}
-		return err
+		return s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
 	})
-	return a, err
 }
 
 // permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
@@ -219,31 +214,31 @@ const (
 	retryPauseMax  = 400 * time.Millisecond
 )
 
-// resending runs attempt until it succeeds, fails for good, or ctx ends (it returns by ctx's
-// deadline): an attempt that gets no answer within resendAfter, or fails transiently, is made
-// again after a short pause. again is set for an attempt that may drop a lease etcd no longer
-// has (errLeaseGone) and be made once more.
-func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context, again bool) error) error {
+// resending runs attempt on s until it succeeds, fails for good, or ctx ends (it returns by
+// ctx's deadline), and returns the last attempt's outcome: an attempt that gets no answer within
+// resendAfter, or fails transiently, is made again after a short pause. again is set for an
+// attempt that may drop a lease etcd no longer has (errLeaseGone) and be made once more.
+func resending[T any](ctx context.Context, s *Store, attempt func(ctx context.Context, again bool) (T, error)) (T, error) {
 	bound, pause, again := resendAfter, retryPauseMin, true
 	for {
 		actx, cancel := context.WithTimeout(ctx, bound)
-		err := attempt(actx, again)
+		v, err := attempt(actx, again)
 		cut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
 		switch {
 		case err == nil:
-			return nil
+			return v, nil
 		case errors.Is(err, errLeaseGone) && again:
 			again = false // dropped with its locks: the next round grants a new lease
 			continue
 		case ctx.Err() != nil || s.isClosed() || !cut && !transient(err):
-			return err
+			return v, err
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return v, err
 		case <-t.C:
 		}
 		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
@@ -509,13 +504,9 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 		return nil, err
 	}
 	start := time.Now()
-	var out []lockstore.Acquisition
-	err := s.resending(ctx, func(ctx context.Context, again bool) error {
-		var err error
-		out, err = s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
-		return err
+	return resending(ctx, s, func(ctx context.Context, again bool) ([]lockstore.Acquisition, error) {
+		return s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
 	})
-	return out, err
 }
 
 // acquireAllOnce is one attempt of AcquireAll, as acquireWriteOnce is of Acquire.

@@ -116,8 +116,11 @@ func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 		err   error
 	)
 	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
-		if locks, _, rev, err = w.in.listed(rctx, w.pattern, w.skip, 0); err == nil || ended == nil {
+		if locks, _, rev, err = w.in.listed(rctx, w.pattern, w.skip, 0); err == nil {
 			break
+		}
+		if ended == nil {
+			return 0, err // the first read is not made again
 		}
 		select {
 		case <-rctx.Done():
@@ -130,11 +133,9 @@ func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 		now[l.Key] = l
 	}
 	if ended == nil {
-		if err == nil {
-			w.held = now
-			w.fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "etcd watch"})
-		}
-		return rev, err
+		w.held = now
+		w.fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "etcd watch"})
+		return rev, nil
 	}
 	w.fn(lockstore.Event{Kind: lockstore.EventResumed, Locks: locks, Reason: ended, Revision: rev})
 	ends := make(leaseEnds)
@@ -172,14 +173,11 @@ type leaseEnds map[string]lockstore.EventKind
 // and closes its store at once reads as one), else EventReleased, which is also the answer
 // when etcd does not answer within the watch's timeout.
 func (w *etcdWatch) leaseEnd(ctx context.Context, lease string, ends leaseEnds) lockstore.EventKind {
-	if lease == "" {
-		return lockstore.EventReleased
-	}
 	if kind, ok := ends[lease]; ok {
 		return kind
 	}
 	id, err := strconv.ParseInt(lease, 16, 64)
-	if err != nil {
+	if err != nil { // "": no lease
 		return lockstore.EventReleased
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)

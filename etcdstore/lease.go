@@ -250,8 +250,8 @@ func (s *Store) keepAliveLoop() {
 		select {
 		case <-s.ctx.Done():
 			return
-		case now := <-t.C:
-			now = time.Now() // the tick may have waited
+		case <-t.C:
+			now := time.Now() // the tick's time may be stale: it may have waited
 			s.mu.Lock()
 			ls := slices.Collect(maps.Values(s.byID))
 			s.mu.Unlock()
