@@ -87,9 +87,8 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
 	// holds nothing yet, so the reply names no holder.
 	if kv := firstKV(txn.Responses[2]); kv != nil {
-		if secs, ok := parseMarkValue(kv.Value); ok {
-			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
-		}
+		secs, ok := parseMarkValue(kv.Value)
+		return busyFor(secs, "", ok), nil
 	}
 	return lockstore.Acquisition{}, nil
 }
@@ -122,8 +121,7 @@ func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int
 	if !resp.Succeeded {
 		return 0, lockstore.ErrNotHeld
 	}
-	readers := resp.Responses[0].GetResponseRange().Count
-	marks := resp.Responses[1].GetResponseRange().Count
+	readers, marks := resp.Responses[0].GetResponseRange().Count, resp.Responses[1].GetResponseRange().Count
 	if readers == 1 && marks > 0 {
 		return 1, nil
 	}

@@ -312,7 +312,6 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	if e, ok := s.claimPass(key, owner, time.Now().Add(ttl)); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
-			// The lock is as this store wrote it, and nobody was refused.
 			resp, err := s.cli.Txn(ctx).If(
 				clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev),
 				clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0),
