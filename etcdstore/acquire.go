@@ -617,10 +617,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		ka, written := s.startKeepAlive(ctx, id, start), true
 		if nv := v.withHold(hold); nv.holds != v.holds {
 			value = nv.String()
-			put, err := s.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-				Then(clientv3.OpPut(key, value, clientv3.WithIgnoreLease())).
-				Commit()
+			put, err := s.atRevision(ctx, key, kv.ModRevision, []clientv3.Op{clientv3.OpPut(key, value, clientv3.WithIgnoreLease())}, nil)
 			if err != nil {
 				ka.join()
 				// The hold may be written: the store gives it up once ttl passes unrefreshed.

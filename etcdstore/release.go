@@ -136,11 +136,7 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		if err != nil {
 			return 0, err
 		}
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(ops...).
-			Else(reads...).
-			Commit()
+		resp, err := s.atRevision(ctx, key, kv.ModRevision, ops, reads)
 		if err != nil {
 			if left {
 				moved = 0 // the key may be on the new lease now: keep it (unused, it expires on its own)
@@ -167,6 +163,12 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 }
 
+// atRevision commits then when key is still at the mod revision rev, else els: no write of the
+// store goes to a key that changed since the store wrote or read it.
+func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	return s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(then...).Else(els...).Commit()
+}
+
 // releaseAtOnce is the one-transaction release of a plain lock this store took and knows
 // unchanged; done is false when it does not apply or the key changed since (read and compare).
 func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence int64) (n int, done bool, err error) {
@@ -176,10 +178,7 @@ func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence 
 	}
 	// No else branch: reading there costs every release, and the compare fails only for a
 	// lock re-entered from elsewhere or lost.
-	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
-		Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
-		Commit()
+	resp, err := s.atRevision(ctx, key, e.modRev, deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor), nil)
 	if err != nil {
 		return 0, true, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
@@ -250,17 +249,15 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 // bounded by a second. At most one reap runs (startReaper).
 func (s *Store) reap(now time.Time) {
 	type job struct {
-		key, owner string
-		own        bool
-		holds      []string
-		last       int64
+		entryKey
+		heldKey // a copy, as the entry was when due
 	}
 	s.mu.Lock()
 	var jobs []job
 	for k, e := range s.held {
 		if !e.reaping && now.After(e.until) {
 			e.reaping = true
-			jobs = append(jobs, job{k.key, k.owner, e.own, e.holds, e.last})
+			jobs = append(jobs, job{k, *e})
 		}
 	}
 	s.mu.Unlock()
@@ -275,7 +272,7 @@ func (s *Store) reap(now time.Time) {
 			s.releaseBounded(j.key, j.owner, "", j.last)
 		}
 		s.mu.Lock()
-		if e := s.held[entryKey{j.key, j.owner}]; e != nil {
+		if e := s.held[j.entryKey]; e != nil {
 			e.reaping = false
 		}
 		s.mu.Unlock()
