@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,9 +20,8 @@ import (
 )
 
 // Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
-// is fresh, which the store's keep-alives see to). A write owner's is acquireWriteOnce's, a read
-// owner's takes a read hold (acquireReadOnce), and a request with Permits looks at them all in
-// one (acquirePermitsOnce).
+// is fresh, which the store's keep-alives see to): acquireWriteOnce, acquireReadOnce for a read
+// owner, or acquirePermitsOnce, which looks at every permit at once.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
 	keys := []string{key}
@@ -34,43 +34,32 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 		}
 		keys = req.Permits
 	}
-	for _, k := range keys {
-		if err := checkArgs(k, owner, ttl); err != nil {
-			return lockstore.Acquisition{}, err
-		}
-	}
 	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(owner)
 	if fair && read {
 		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
 	}
-	if s.isClosed() {
-		return lockstore.Acquisition{}, errStoreClosed
+	if err := s.check(owner, ttl, keys...); err != nil {
+		return lockstore.Acquisition{}, err
 	}
 	start, queue := time.Now(), time.Duration(0)
 	if fair {
 		queue = max(req.Queue, 0)
 	}
-	var a lockstore.Acquisition
-	err := s.resending(ctx, func(ctx context.Context, again bool) error {
-		var err error
+	return resending(ctx, s, func(ctx context.Context, again bool) (lockstore.Acquisition, error) {
 		switch {
 		case len(req.Permits) > 0:
-			a, err = s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
+			return s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
 		case read:
-			a, err = s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
-		default:
-			a, err = s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
+			return s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
 		}
-		return err
+		return s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
 	})
-	return a, err
 }
 
 // permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
-// operation per permit: etcd counts each nested transaction's operations against what its
-// parent branch leaves, and a refusal (3) nests markWriter (2); the grant's branch and its
-// looks at the other permits (2 compares each) need 4. A cluster that allows fewer is
-// asked one permit at a time (lockstore.AcquireEach).
+// operation per permit: etcd counts a nested transaction's operations against its parent
+// branch, and a refusal (3) nests markWriter (2). A cluster that allows fewer is asked one
+// permit at a time (lockstore.AcquireEach).
 const permitLookOps = 5
 
 // acquirePermitsOnce is one attempt of Acquire with Permits keys, of which it takes up to want:
@@ -80,12 +69,10 @@ const permitLookOps = 5
 //	then grant(keys[0]); for each other k: writable(k)     (the looks with want > 1)
 //	else for each k: if writable(k) then nothing else refusal(k)
 //
-// The permits the owner holds (an earlier Acquire's, or an attempt's whose reply was lost) are
-// re-entered, all of them and nothing more, so the first permit is granted at once only while
-// the store knows of no entry of owner's for keys. Otherwise the free permits seen are taken on
-// the one-key path (one more round trip: the takes go at once), the next ones in place of those
-// another owner took since, until want are held. A busy reply carries the shortest HolderTTL
-// of the permits, and that holder's metadata.
+// The permits owner holds (an earlier Acquire's, or one whose reply was lost) are re-entered,
+// all of them and nothing more, so the first permit is granted at once only while the store
+// knows of no entry of owner's for keys. Otherwise the free permits seen are taken at once on
+// the one-key path, until want are held. A busy reply is the busy permit's of shortest HolderTTL.
 func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
 	want int, start time.Time, again bool) (lockstore.Acquisition, error) {
 	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, owner); return ok })
@@ -115,15 +102,39 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
 			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
 	}
-	var p permitReplies
-	free, held, ours, err := s.sortPermits(ctx, resp, keys, owner, value, l, !mayHold && resp.Succeeded, start, ttl, &p)
-	if err != nil {
-		return lockstore.Acquisition{}, err
+	var p permitReplies // each busy permit's reply, and the first permit if the look granted it
+	var free, held []int
+	ours := make([]*mvccpb.KeyValue, len(keys)) // the keys of the permits held
+	if !mayHold && resp.Succeeded {
+		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		if err != nil {
+			return lockstore.Acquisition{}, err
+		}
+		p.add(0, a)
+		for i, r := range resp.Responses[3:] {
+			if r.GetResponseTxn().Succeeded {
+				free = append(free, i+1)
+			}
+		}
+	} else {
+		for i, k := range keys {
+			t := resp.Responses[i].GetResponseTxn()
+			if t.Succeeded {
+				free = append(free, i)
+				continue
+			}
+			if kv, a := refusal(t.Responses); kv != nil && ownedBy(kv.Value, owner) {
+				held, ours[i] = append(held, i), kv
+			} else {
+				s.noteBusy(k, resp.Header.Revision)
+				p.add(i, a)
+			}
+		}
 	}
 	if len(held) > 0 { // the permits held are the answer, busy or not
 		p = permitReplies{}
 		if err := p.each(held, func(i int) (lockstore.Acquisition, error) {
-			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start, false)
+			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
@@ -142,42 +153,6 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 		p.out.Holder = p.passed
 	}
 	return p.out, nil
-}
-
-// sortPermits reads the reply of a permit look: the first permit when the look granted it
-// (added to p), the free permits, and those owner holds (ours has their keys), in permit order;
-// each busy permit's reply is added to p.
-func (s *Store) sortPermits(ctx context.Context, resp *clientv3.TxnResponse, keys []string, owner, value string, l *lease,
-	granted bool, start time.Time, ttl time.Duration, p *permitReplies) (free, held []int, ours []*mvccpb.KeyValue, err error) {
-	if granted {
-		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		p.add(0, a)
-		for i, r := range resp.Responses[3:] {
-			if r.GetResponseTxn().Succeeded {
-				free = append(free, i+1)
-			}
-		}
-		return free, nil, nil, nil
-	}
-	ours = make([]*mvccpb.KeyValue, len(keys))
-	for i, k := range keys {
-		t := resp.Responses[i].GetResponseTxn()
-		if t.Succeeded {
-			free = append(free, i)
-			continue
-		}
-		kv, a := refusal(t.Responses)
-		if kv != nil && ownedBy(kv.Value, owner) {
-			held, ours[i] = append(held, i), kv
-			continue
-		}
-		s.noteBusy(k, resp.Header.Revision)
-		p.add(i, a)
-	}
-	return free, held, ours, nil
 }
 
 // permitReplies gathers the outcomes of a permit request in permit order: the first grant,
@@ -230,44 +205,40 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 // again (doubling, at most maxResendAfter): a proposal lost with a leader change is answered
 // only at etcd's request timeout (5s plus two election timeouts), usually past the caller's
 // deadline. Sending again is safe: an acquisition is idempotent for its owner, and an attempt
-// cut short retires its lease (acquireFailed), so a late commit of it frees itself.
+// cut short retires its lease (acquireFailed), so a late commit of it frees itself. The pause
+// before an attempt is sent again doubles from retryPauseMin to retryPauseMax.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
+	retryPauseMin  = 50 * time.Millisecond
+	retryPauseMax  = 400 * time.Millisecond
 )
 
-// retryPauseMin and retryPauseMax bound the pause before an acquisition is sent again after
-// a transient failure of the cluster (doubling from the first to the second).
-const (
-	retryPauseMin = 50 * time.Millisecond
-	retryPauseMax = 400 * time.Millisecond
-)
-
-// resending runs attempt until it succeeds, fails for good, or ctx ends (it returns by ctx's
-// deadline): an attempt that gets no answer within resendAfter, or fails transiently, is made
-// again after a short pause. again is set for an attempt that may drop a lease etcd no longer
-// has (errLeaseGone) and be made once more.
-func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context, again bool) error) error {
+// resending runs attempt on s until it succeeds, fails for good, or ctx ends (it returns by
+// ctx's deadline), and returns the last attempt's outcome: an attempt that gets no answer within
+// resendAfter, or fails transiently, is made again after a short pause. again is set for an
+// attempt that may drop a lease etcd no longer has (errLeaseGone) and be made once more.
+func resending[T any](ctx context.Context, s *Store, attempt func(ctx context.Context, again bool) (T, error)) (T, error) {
 	bound, pause, again := resendAfter, retryPauseMin, true
 	for {
 		actx, cancel := context.WithTimeout(ctx, bound)
-		err := attempt(actx, again)
+		v, err := attempt(actx, again)
 		cut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
 		switch {
 		case err == nil:
-			return nil
+			return v, nil
 		case errors.Is(err, errLeaseGone) && again:
 			again = false // dropped with its locks: the next round grants a new lease
 			continue
 		case ctx.Err() != nil || s.isClosed() || !cut && !transient(err):
-			return err
+			return v, err
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return v, err
 		case <-t.C:
 		}
 		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
@@ -278,14 +249,13 @@ func (s *Store) resending(ctx context.Context, attempt func(ctx context.Context,
 // leader change, a proposal that timed out, an unreachable member (codes.Unavailable for each),
 // or errNoAnswer. The caller's own deadline or cancellation is not one.
 func transient(err error) bool {
-	if errors.Is(err, errNoAnswer) {
-		return true
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
-	}
 	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
+	switch {
+	case errors.Is(err, errNoAnswer):
+		return true
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+		return false
+	case errors.As(err, &ee):
 		return ee.Code() == codes.Unavailable
 	}
 	return status.Code(err) == codes.Unavailable
@@ -311,13 +281,18 @@ func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused 
 }
 
 // refusal reads the replies rs of writeOps' refusal: the holder's key (nil when no writer holds
-// it) and the busy reply, the holder's; with no writer, a reader's (the writer mark is set now),
-// or, for a free key with others first in fair line, HolderTTL 0.
+// it) and the busy reply, the holder's; with no writer, the read hold markWriter read (the
+// writer mark is set now), or, for a free key with others first in fair line, HolderTTL 0.
 func refusal(rs []*pb.ResponseOp) (*mvccpb.KeyValue, lockstore.Acquisition) {
 	if kv := firstKV(rs[0]); kv != nil {
 		return kv, busy(kv)
 	}
-	return nil, readersBusy(rs[2])
+	if t := rs[2].GetResponseTxn(); t != nil && t.Succeeded && len(t.Responses) >= 2 {
+		if kv := firstKV(t.Responses[1]); kv != nil {
+			return nil, busyFor(parseReadValue(kv.Value))
+		}
+	}
+	return nil, lockstore.Acquisition{}
 }
 
 // markWriter keeps readers from starving a refused write acquisition: when key has read holds,
@@ -332,24 +307,6 @@ func markWriter(key string, l *lease) clientv3.Op {
 			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
 		},
 		nil)
-}
-
-// readersBusy is a write acquisition refused by read holds, from markWriter's reply: the read
-// hold it read; HolderTTL 0 when no reader holds the key (a fair attempt behind others in line).
-func readersBusy(r *pb.ResponseOp) lockstore.Acquisition {
-	t := r.GetResponseTxn()
-	if t == nil || !t.Succeeded || len(t.Responses) < 2 {
-		return lockstore.Acquisition{}
-	}
-	kv := firstKV(t.Responses[1])
-	if kv == nil {
-		return lockstore.Acquisition{}
-	}
-	secs, meta, ok := parseReadValue(kv.Value)
-	if !ok {
-		return lockstore.Acquisition{}
-	}
-	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
 // freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
@@ -423,20 +380,17 @@ func later(a, b time.Time) time.Time {
 }
 
 // granted records a grant at revision rev, counted on until until, and returns its fence. A
-// read hold (read) is never simple (the one-transaction release and Pass are a write's) and
-// leaves the key's refusals to the write. A floor that makes no fence (written by hand) gives
-// the grant back rather than hand out a fence that may repeat.
+// read hold is never simple (the one-transaction release and Pass are a write's) and leaves the
+// key's refusals to the write. A floor that makes no fence (written by hand) gives the grant
+// back rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
-	floor *mvccpb.KeyValue, until time.Time, read bool) (lockstore.Acquisition, error) {
+	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
 	if err != nil {
-		held := key
-		if read {
-			held = readKey(key, owner)
-		}
-		s.giveBack(ctx, held, value)
+		s.giveBack(ctx, holdKey(key, owner), value)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
+	read := lockstore.IsReadOwner(owner)
 	s.update(key, owner, func(e *heldKey) {
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
 		e.simple, e.own, e.tries = !read, true, 0
@@ -461,7 +415,8 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 // is the fresh l, or is kept alive now). A write's nil floor is read here; a read re-entry's
 // comes from its transaction, nil when there is none.
 func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time, read bool) (lockstore.Acquisition, error) {
+	l *lease, start time.Time) (lockstore.Acquisition, error) {
+	read := lockstore.IsReadOwner(owner)
 	simple, what := false, "read hold"
 	if !read {
 		v, ok := parseValue(kv.Value)
@@ -470,13 +425,10 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 		}
 		simple, what = v.simple(), "held"
 	}
+	var err error
 	if floor == nil && !read {
-		resp, err := s.cli.Get(ctx, FloorKey(key))
-		if err != nil {
+		if floor, err = getKV(ctx, s.cli, FloorKey(key)); err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		if len(resp.Kvs) > 0 {
-			floor = resp.Kvs[0]
 		}
 	}
 	fence, err := fenceOf(kv.CreateRevision, floor)
@@ -514,10 +466,15 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 // should its holder stop now) and metadata.
 func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	v, ok := parseValue(kv.Value)
+	return busyFor(v.secs, v.meta, ok)
+}
+
+// busyFor is a refusal by a holder whose lease lasts secs, with metadata meta; empty unless ok.
+func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 	if !ok {
 		return lockstore.Acquisition{}
 	}
-	return lockstore.Acquisition{HolderTTL: time.Duration(v.secs) * time.Second, Holder: v.meta}
+	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
 // maxAcquireAll is how many keys AcquireAll takes under --max-txn-ops n: two operations each in
@@ -537,28 +494,19 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
 	}
-	for _, k := range keys {
-		if err := checkArgs(k, owner, ttl); err != nil {
-			return nil, err
-		}
-	}
 	if lockstore.IsReadOwner(owner) {
 		return nil, errors.New("flightlock: AcquireAll takes write locks only, not read holds")
 	}
 	if sorted := slices.Sorted(slices.Values(keys)); len(slices.Compact(sorted)) != len(keys) {
 		return nil, errors.New("flightlock: duplicate key in AcquireAll")
 	}
-	if s.isClosed() {
-		return nil, errStoreClosed
+	if err := s.check(owner, ttl, keys...); err != nil {
+		return nil, err
 	}
 	start := time.Now()
-	var out []lockstore.Acquisition
-	err := s.resending(ctx, func(ctx context.Context, again bool) error {
-		var err error
-		out, err = s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
-		return err
+	return resending(ctx, s, func(ctx context.Context, again bool) ([]lockstore.Acquisition, error) {
+		return s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
 	})
-	return out, err
 }
 
 // acquireAllOnce is one attempt of AcquireAll, as acquireWriteOnce is of Acquire.
@@ -587,7 +535,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	out := make([]lockstore.Acquisition, len(keys))
 	if resp.Succeeded {
 		for i, k := range keys {
-			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl), false)
+			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
 			if err != nil {
 				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
 					s.giveBack(ctx, g, value)
@@ -605,14 +553,12 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 	ours := 0
 	for i, k := range keys {
 		kv := firstKV(resp.Responses[2*i])
-		switch {
-		case kv == nil:
-			// Free of writers, so held by readers: busy, with no writer to wait for.
-			s.noteBusy(k, resp.Header.Revision)
-		case ownedBy(kv.Value, owner):
+		if kv != nil && ownedBy(kv.Value, owner) {
 			ours++
-		default:
-			s.noteBusy(k, resp.Header.Revision)
+			continue
+		}
+		s.noteBusy(k, resp.Header.Revision)
+		if kv != nil { // else free of writers, so held by readers: no writer to wait for
 			out[i] = busy(kv)
 		}
 	}
@@ -620,7 +566,7 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		return out, nil
 	}
 	for i, k := range keys {
-		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start, false)
+		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
 		if err != nil || !a.Acquired {
 			return make([]lockstore.Acquisition, len(keys)), err
 		}
@@ -634,14 +580,8 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 // the hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
 // longer than the holder's lease lasts is refused.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := cmp.Or(s.check(owner, ttl, key), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
-	}
-	if err := lockstore.CheckHold(hold, false); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if s.isClosed() {
-		return lockstore.Acquisition{}, errStoreClosed
 	}
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed to other processes
@@ -677,10 +617,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		ka, written := s.startKeepAlive(ctx, id, start), true
 		if nv := v.withHold(hold); nv.holds != v.holds {
 			value = nv.String()
-			put, err := s.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-				Then(clientv3.OpPut(key, value, clientv3.WithIgnoreLease())).
-				Commit()
+			put, err := s.atRevision(ctx, key, kv.ModRevision, []clientv3.Op{clientv3.OpPut(key, value, clientv3.WithIgnoreLease())}, nil)
 			if err != nil {
 				ka.join()
 				// The hold may be written: the store gives it up once ttl passes unrefreshed.
@@ -725,6 +662,15 @@ func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_, _ = s.Release(ctx, key, owner, hold, 0)
+}
+
+// getKV reads key (with opts, as clientv3.KV.Get); nil when it does not exist.
+func getKV(ctx context.Context, kv clientv3.KV, key string, opts ...clientv3.OpOption) (*mvccpb.KeyValue, error) {
+	resp, err := kv.Get(ctx, key, opts...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return resp.Kvs[0], nil
 }
 
 func firstKV(r *pb.ResponseOp) *mvccpb.KeyValue {

@@ -1,16 +1,18 @@
 // Package etcdstore keeps flightlock's locks in etcd: the lockstore.Store (and lockstore.Passer)
 // on go.etcd.io/etcd/client/v3, for endpoints where a double grant costs money even across a
 // failover. Raft keeps an acknowledged grant through a leader's death, and the cluster's
-// revision is a fence by construction. New takes a *clientv3.Client that the caller owns; keys
-// are full etcd keys (the Locker adds its prefix). docs/guarantees.md says how each of
-// flightlock's promises holds on etcd; this is what the code keeps.
+// revision is a fence by construction (fence.go). New takes a *clientv3.Client that the caller
+// owns; keys are full etcd keys (the Locker adds its prefix). docs/guarantees.md says how each
+// of flightlock's promises holds on etcd; this is what the code keeps.
 //
 // # Exclusion
 //
 // A lock is one etcd key whose value names its owner token (lockValue); acquisitions, AcquireAll
-// included, are single transactions (acquire.go). No write touches a key another owner holds:
-// releases compare the exact revision this store wrote or read, refreshes check the owner on a
-// read after the call started.
+// included, are single transactions. No write touches a key another owner holds: releases
+// compare the exact revision this store wrote or read, refreshes check the owner on a read after
+// the call started. Read holds (readwrite.go) and places in a fair line (fair.go) are keys in the
+// lock key's side directory (sideDir); the store's own keys live under lockstore.FenceKeyPrefix,
+// which the Locker and this store refuse as lock keys.
 //
 // # Leases and TTLs
 //
@@ -37,14 +39,4 @@
 // DialKeepAliveTime and DialKeepAliveTimeout set, or the client's round robin keeps sending a
 // share of the calls to the silent member (etcd refuses pings more frequent than its
 // --grpc-keepalive-min-time, 5s by default).
-//
-// # Fences, waiters and side keys
-//
-// Fences come from the granting transaction's revision (fence.go). Watch fires on the key's
-// deletion: a release, or the expiry of the holder's lease. A refused acquisition sets the
-// key's waiter mark (WaiterKey, on the waiter's lease); the release deletes it and returns 1
-// when it existed, so the releasing process lets waiters elsewhere go first. Read holds
-// (readwrite.go) and places in a fair line (fair.go) are keys in the lock key's side directory
-// (sideDir), whose deletions Watch hears too. The store's own keys live under
-// lockstore.FenceKeyPrefix, which the Locker and this store refuse as lock keys.
 package etcdstore

@@ -72,7 +72,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			// only a very slow attempt outlives it), may be the one gone: ask which.
 			if isLeaseNotFound(err) && again && queue > 0 && p.lease != 0 {
 				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
-					s.dropPlace(key, owner)
+					s.setPlace(key, owner, place{})
 					return lockstore.Acquisition{}, errLeaseGone
 				}
 			}
@@ -81,9 +81,9 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 		}
 		if resp.Succeeded {
 			if fair {
-				s.dropPlace(key, owner)
+				s.setPlace(key, owner, place{})
 			}
-			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl), false)
+			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
 		}
 		kv, a := refusal(resp.Responses)
 		if kv != nil && ownedBy(kv.Value, owner) {
@@ -94,7 +94,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 				_ = s.LeaveQueue(lctx, key, owner)
 				cancel()
 			}
-			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start, false)
+			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
 		}
 		s.noteBusy(key, resp.Header.Revision)
 		if queue == 0 {
@@ -144,13 +144,10 @@ func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease
 // LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
 // the key's waiters, so that the next in line takes a free key at once.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
-	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
+	if err := s.check(owner, time.Second, key); err != nil { // any valid TTL: none is asked
 		return err
 	}
-	if s.isClosed() {
-		return errStoreClosed
-	}
-	s.dropPlace(key, owner)
+	s.setPlace(key, owner, place{})
 	if _, err := s.cli.Delete(ctx, placeKey(key, owner)); err != nil {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
@@ -163,15 +160,14 @@ func (s *Store) placeOf(key, owner string) place {
 	return s.places[entryKey{key, owner}]
 }
 
+// setPlace records owner's place in key's line; the zero place forgets it (granted, left, or
+// lost with its lease).
 func (s *Store) setPlace(key, owner string, p place) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	putBounded(s.places, entryKey{key, owner}, p)
-}
-
-// dropPlace forgets owner's place in key's line (granted, left, or lost with its lease).
-func (s *Store) dropPlace(key, owner string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.places, entryKey{key, owner})
+	if p == (place{}) {
+		delete(s.places, entryKey{key, owner})
+	} else {
+		putBounded(s.places, entryKey{key, owner}, p)
+	}
 }

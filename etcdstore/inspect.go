@@ -117,11 +117,10 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", full, err)
 	}
-	marks := make(map[string]bool)
+	marks, floors := make(map[string]bool), make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		marks[strings.TrimPrefix(string(kv.Key), waiterPrefix)] = true
 	}
-	floors := make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 		floors[strings.TrimPrefix(string(kv.Key), floorPrefix)] = kv
 	}
@@ -149,7 +148,6 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		delete(sides, string(kv.Key))
 		locks = append(locks, l)
 	}
-	read := false
 	for full, sc := range sides {
 		key, ok := keyOf(full)
 		if !ok || sc.readers == 0 {
@@ -158,11 +156,9 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		l := newInfo(key, full, sc.lease, sc.createRev, sc.modRev, marks[full], floors[full])
 		l.Readers, l.Queued = sc.readers, sc.queued
 		locks = append(locks, l)
-		read = true
 	}
-	if read {
-		slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
-	}
+	// etcd returned the lock keys sorted; the keys held for reading come after them.
+	slices.SortFunc(locks, func(a, b lockstore.LockInfo) int { return strings.Compare(a.Key, b.Key) })
 	if one && len(locks) == 1 {
 		locks[0].FenceCounterKey = FloorKey(full)
 		if floor := floors[full]; floor != nil {
@@ -174,13 +170,18 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 	return locks, resp.Header.Revision, nil
 }
 
-// listed returns snapshot of the locks that pattern and skip list (keyOf), with their TTLs.
-func (in *Inspector) listed(ctx context.Context, pattern string, skip func(string) bool) ([]lockstore.LockInfo, int64, error) {
+// listed returns snapshot of the locks that pattern and skip list (keyOf), the first limit of
+// them (0: all) with their TTLs, how many more there are, and the revision read.
+func (in *Inspector) listed(ctx context.Context, pattern string, skip func(string) bool, limit int) ([]lockstore.LockInfo, int, int64, error) {
 	locks, rev, err := in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, skip) })
-	if err == nil {
-		err = in.leaseTTLs(ctx, locks)
+	if err != nil {
+		return nil, 0, 0, err
 	}
-	return locks, rev, err
+	more := 0
+	if limit > 0 && len(locks) > limit {
+		locks, more = locks[:limit], len(locks)-limit
+	}
+	return locks, more, rev, in.leaseTTLs(ctx, locks)
 }
 
 // sideCount sums up the side keys of one lock key (sideDir): its read holds and places in line.
@@ -213,15 +214,8 @@ func readHeld(l lockstore.LockInfo) bool {
 // List implements lockstore.Inspector: one snapshot, filtered here, then the leases of the
 // first opts.Limit locks.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
-	locks, _, err := in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, opts.Skip) })
-	if err != nil {
-		return nil, 0, err
-	}
-	more := 0
-	if opts.Limit > 0 && len(locks) > opts.Limit {
-		locks, more = locks[:opts.Limit], len(locks)-opts.Limit
-	}
-	return locks, more, in.leaseTTLs(ctx, locks)
+	locks, more, _, err := in.listed(ctx, pattern, opts.Skip, opts.Limit)
+	return locks, more, err
 }
 
 // Lookup implements lockstore.Inspector: value, waiter mark, fence floor and side keys in one
@@ -246,59 +240,39 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 // holds). The deletion wakes the waiters; the holder learns of the loss at its next refresh.
 // Like a holder's death, it writes no fence floor (fence.go: the Locker's handoff bound keeps
 // the next grant's fence above the holder's).
+//
+// A key held for reading loses every read hold instead, only while no writer holds it and no
+// read hold is newer than l (a new one is a grant the operator did not agree to remove).
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
-	if readHeld(l) {
-		return in.forceUnlockReads(ctx, l)
+	read, rd := readHeld(l), readDir(l.StoreKey)
+	cmps, del := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)}, clientv3.OpDelete(l.StoreKey)
+	if read {
+		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.StoreKey), "=", 0),
+			clientv3.Compare(clientv3.ModRevision(rd), "<", l.ModRevision+1).WithPrefix()}
+		del = clientv3.OpDelete(rd, clientv3.WithPrefix())
 	}
-	resp, err := in.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)).
-		Then(clientv3.OpDelete(l.StoreKey), clientv3.OpDelete(WaiterKey(l.StoreKey))).
-		Else(clientv3.OpGet(l.StoreKey)).
-		Commit()
-	if err != nil {
+	resp, err := in.cli.Txn(ctx).If(cmps...).Then(del, clientv3.OpDelete(WaiterKey(l.StoreKey))).
+		Else(clientv3.OpGet(l.StoreKey)).Commit()
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	if !resp.Succeeded {
+	case !resp.Succeeded && read:
+		if now, err := in.Lookup(ctx, l.Key); err == nil {
+			return 0, &lockstore.ChangedError{Now: &now}
+		}
+		return 0, &lockstore.ChangedError{}
+	case !resp.Succeeded:
 		changed := &lockstore.ChangedError{}
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			now := lockOf(l.Key, kvs[0], false, nil)
 			changed.Now = &now
 		}
 		return 0, changed
-	}
-	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil // one mark at most
-}
-
-// forceUnlockReads is ForceUnlock of a key held for reading: it deletes every read hold and
-// the waiter mark in one transaction, only while no writer holds the key and no read hold is
-// newer than l (a new one is a grant the operator did not agree to remove).
-func (in *Inspector) forceUnlockReads(ctx context.Context, l lockstore.LockInfo) (int, error) {
-	rd := readDir(l.StoreKey)
-	resp, err := in.cli.Txn(ctx).
-		If(
-			clientv3.Compare(clientv3.CreateRevision(l.StoreKey), "=", 0),
-			clientv3.Compare(clientv3.ModRevision(rd), "<", l.ModRevision+1).WithPrefix(),
-		).
-		Then(
-			clientv3.OpDelete(rd, clientv3.WithPrefix()),
-			clientv3.OpDelete(WaiterKey(l.StoreKey)),
-		).
-		Commit()
-	if err != nil {
-		return 0, err
-	}
-	if !resp.Succeeded {
-		now, err := in.Lookup(ctx, l.Key)
-		if err != nil {
-			return 0, &lockstore.ChangedError{}
-		}
-		return 0, &lockstore.ChangedError{Now: &now}
-	}
-	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
+	case read && resp.Responses[0].GetResponseDeleteRange().Deleted == 0:
 		return 0, &lockstore.ChangedError{} // every read hold ended since
 	}
-	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
+	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil // one mark at most
 }

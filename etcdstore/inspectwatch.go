@@ -35,34 +35,19 @@ const (
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	w := &etcdWatch{in: in, pattern: pattern, skip: opts.Skip, fn: fn, timeout: opts.Timeout}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
-	locks, rev, err := in.listed(rctx, pattern, w.skip)
-	cancel()
-	if err != nil {
-		return unlessEnded(ctx, err)
-	}
-	w.held = make(map[string]lockstore.LockInfo, len(locks))
-	for _, l := range locks {
-		w.held[l.Key] = l
-	}
-	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "etcd watch"})
+	var ended error // nil for the first read
 	for {
-		ended := w.follow(ctx, rev)
-		if ctx.Err() != nil {
+		rev, err := w.read(ctx, ended)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // ended on purpose
+			}
+			return err
+		}
+		if ended = w.follow(ctx, rev); ctx.Err() != nil {
 			return nil
 		}
-		if rev, err = w.resume(ctx, ended); err != nil {
-			return unlessEnded(ctx, err)
-		}
 	}
-}
-
-// unlessEnded drops the error of a watch that was ended on purpose.
-func unlessEnded(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
 }
 
 // etcdWatch is the state of one Watch, owned by its goroutine.
@@ -118,10 +103,11 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 	}
 }
 
-// resume reads the matching locks again (with a backoff, for up to the watch's timeout) after
-// etcd ended the watch for the reason ended, reports how they differ from those last seen (the
-// ends first, by key, then the grants in the read's order), and returns the revision read.
-func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
+// read reads the matching locks, within the watch's timeout, and returns the revision read.
+// The first read reports them (EventWatching). After etcd ended the watch for the reason ended,
+// a failed read is made again with a backoff, and the read reports how the locks differ from
+// those last seen: the ends first, by key, then the grants in the read's order.
+func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	var (
@@ -130,8 +116,11 @@ func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
 		err   error
 	)
 	for backoff := resumeFirstBackoff; ; backoff = min(2*backoff, resumeMaxBackoff) {
-		if locks, rev, err = w.in.listed(rctx, w.pattern, w.skip); err == nil {
+		if locks, _, rev, err = w.in.listed(rctx, w.pattern, w.skip, 0); err == nil {
 			break
+		}
+		if ended == nil {
+			return 0, err // the first read is not made again
 		}
 		select {
 		case <-rctx.Done():
@@ -139,10 +128,14 @@ func (w *etcdWatch) resume(ctx context.Context, ended error) (int64, error) {
 		case <-time.After(backoff):
 		}
 	}
-
 	now := make(map[string]lockstore.LockInfo, len(locks))
 	for _, l := range locks {
 		now[l.Key] = l
+	}
+	if ended == nil {
+		w.held = now
+		w.fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "etcd watch"})
+		return rev, nil
 	}
 	w.fn(lockstore.Event{Kind: lockstore.EventResumed, Locks: locks, Reason: ended, Revision: rev})
 	ends := make(leaseEnds)
@@ -180,14 +173,11 @@ type leaseEnds map[string]lockstore.EventKind
 // and closes its store at once reads as one), else EventReleased, which is also the answer
 // when etcd does not answer within the watch's timeout.
 func (w *etcdWatch) leaseEnd(ctx context.Context, lease string, ends leaseEnds) lockstore.EventKind {
-	if lease == "" {
-		return lockstore.EventReleased
-	}
 	if kind, ok := ends[lease]; ok {
 		return kind
 	}
 	id, err := strconv.ParseInt(lease, 16, 64)
-	if err != nil {
+	if err != nil { // "": no lease
 		return lockstore.EventReleased
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
@@ -228,16 +218,15 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	if !seen || prev.CreateRevision != ev.Kv.CreateRevision {
 		// The floor the grant read (it changes only with a deletion of the key).
 		rctx, cancel := context.WithTimeout(ctx, w.timeout)
-		resp, err := w.in.cli.Get(rctx, FloorKey(string(ev.Kv.Key)), clientv3.WithRev(ev.Kv.CreateRevision))
+		fk := FloorKey(string(ev.Kv.Key))
+		var err error
+		floor, err = getKV(rctx, w.in.cli, fk, clientv3.WithRev(ev.Kv.CreateRevision))
 		if err != nil { // compacted: the floor now is the same while the grant lasts
-			resp, err = w.in.cli.Get(rctx, FloorKey(string(ev.Kv.Key)))
+			floor, err = getKV(rctx, w.in.cli, fk)
 		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("read the fence floor of %s: %w", ev.Kv.Key, err)
-		}
-		if len(resp.Kvs) > 0 {
-			floor = resp.Kvs[0]
 		}
 	}
 	l := lockOf(key, ev.Kv, seen && prev.Contended, floor)

@@ -49,16 +49,10 @@ type lease struct {
 	revoking bool // retired and unused: being revoked, no re-entry may record a key on it (updateOn)
 
 	mu      sync.Mutex
-	fresh   time.Time // guarded by mu: send time of the last keep-alive (or grant) that succeeded
-	gone    bool      // guarded by mu: etcd no longer has it
-	next    *renewal  // guarded by mu: the keep-alive to send when the one on the wire returns
-	sending bool      // guarded by mu: a sender goroutine runs
-}
-
-// renewal is one keep-alive of a lease, shared by every caller that queued before it was sent.
-type renewal struct {
-	done chan struct{} // closed when err is set
-	err  error
+	fresh   time.Time  // guarded by mu: send time of the last keep-alive (or grant) that succeeded
+	gone    bool       // guarded by mu: etcd no longer has it
+	next    *keepAlive // guarded by mu: the keep-alive to send when the one on the wire returns
+	sending bool       // guarded by mu: a sender goroutine runs
 }
 
 // liveFor reports whether the lease lives at least d from now: to fresh + secs at the earliest.
@@ -236,11 +230,7 @@ func (s *Store) dropLease(l *lease) {
 	if !l.revoking { // else revokeRetired removes it, once revoked (or Close does)
 		delete(s.byID, l.id)
 	}
-	for k, e := range s.held {
-		if e.lease == l.id {
-			delete(s.held, k)
-		}
-	}
+	maps.DeleteFunc(s.held, func(_ entryKey, e *heldKey) bool { return e.lease == l.id })
 	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
 }
 
@@ -260,8 +250,8 @@ func (s *Store) keepAliveLoop() {
 		select {
 		case <-s.ctx.Done():
 			return
-		case now := <-t.C:
-			now = time.Now() // the tick may have waited
+		case <-t.C:
+			now := time.Now() // the tick's time may be stale: it may have waited
 			s.mu.Lock()
 			ls := slices.Collect(maps.Values(s.byID))
 			s.mu.Unlock()
@@ -302,32 +292,23 @@ func (s *Store) startReaper(now time.Time) {
 // ownKeepAlive is a keep-alive of the store's lease l sent at or after t: once it succeeded, l
 // lives at least its TTL from t. None is sent when one has succeeded already; callers that
 // queue while a keep-alive is on the wire share the next.
-func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAliveCall {
+func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.gone:
-		return &keepAliveCall{err: errLeaseGone}
+		return &keepAlive{err: errLeaseGone}
 	case l.fresh.Before(t):
-		return &keepAliveCall{r: s.queueLocked(l), secs: l.secs}
+		return s.queueLocked(l)
 	}
-	return &keepAliveCall{secs: l.secs}
-}
-
-func (r *renewal) wait(ctx context.Context) error {
-	select {
-	case <-r.done:
-		return r.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return &keepAlive{secs: l.secs}
 }
 
 // queueLocked returns the keep-alive of l that is still to be sent, starting a sender when
 // none runs. l.mu must be held.
-func (s *Store) queueLocked(l *lease) *renewal {
+func (s *Store) queueLocked(l *lease) *keepAlive {
 	if l.next == nil {
-		l.next = &renewal{done: make(chan struct{})}
+		l.next = &keepAlive{done: make(chan struct{}), shared: true, secs: l.secs}
 	}
 	r := l.next
 	if !l.sending {

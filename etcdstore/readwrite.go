@@ -71,14 +71,14 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 		if kv == nil {
 			return lockstore.Acquisition{}, nil // cannot happen within one transaction
 		}
-		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start, true)
+		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
 	}
 	txn := resp.Responses[0].GetResponseTxn()
 	if !txn.Succeeded {
 		txn = txn.Responses[0].GetResponseTxn() // a live mark, or a writer: is the mark past its deadline?
 	}
 	if txn.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl), true)
+		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl))
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	if kv := firstKV(txn.Responses[0]); kv != nil {
@@ -87,9 +87,8 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
 	// holds nothing yet, so the reply names no holder.
 	if kv := firstKV(txn.Responses[2]); kv != nil {
-		if secs, ok := parseMarkValue(kv.Value); ok {
-			return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second}, nil
-		}
+		secs, ok := parseMarkValue(kv.Value)
+		return busyFor(secs, "", ok), nil
 	}
 	return lockstore.Acquisition{}, nil
 }
@@ -122,8 +121,7 @@ func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int
 	if !resp.Succeeded {
 		return 0, lockstore.ErrNotHeld
 	}
-	readers := resp.Responses[0].GetResponseRange().Count
-	marks := resp.Responses[1].GetResponseRange().Count
+	readers, marks := resp.Responses[0].GetResponseRange().Count, resp.Responses[1].GetResponseRange().Count
 	if readers == 1 && marks > 0 {
 		return 1, nil
 	}

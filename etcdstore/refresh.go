@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,18 +30,12 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	start := time.Now()
 	errs := make([]error, len(batch))
-	if s.isClosed() {
-		for i := range errs {
-			errs[i] = errStoreClosed
-		}
-		return errs
-	}
 	// Keep-alives of the leases the store knows the keys are on go out at once, beside the reads.
-	kas := make(map[clientv3.LeaseID]*keepAliveCall)
+	kas := make(map[clientv3.LeaseID]*keepAlive)
 	var keys []string
 	seen := make(map[string]bool, len(batch))
 	for i, r := range batch {
-		if errs[i] = checkArgs(r.Key, r.Owner, r.TTL); errs[i] != nil {
+		if errs[i] = s.check(r.Owner, r.TTL, r.Key); errs[i] != nil {
 			continue
 		}
 		if id, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL)); ok && id != 0 && kas[id] == nil {
@@ -121,79 +116,75 @@ func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
 	s.mu.Unlock()
 }
 
-// keepAliveCall is one keep-alive of a lease, waited for with wait.
-type keepAliveCall struct {
-	r    *renewal      // the store's lease: its shared keep-alive; nil when none is needed
-	done chan struct{} // a lease of another store: closed when secs and err are set
-	secs int64
-	err  error
+// keepAlive is one keep-alive of a lease: of the store's own, the one shared by every caller
+// that queued before it was sent (shared); of another's, a call of its own on a goroutine.
+type keepAlive struct {
+	done   chan struct{} // closed once secs and err are set; nil when none is sent
+	shared bool
+	secs   int64
+	err    error
 }
 
 // startKeepAlive starts a keep-alive of id sent after t: the store's shared one for its own
 // leases, a call of its own (on a goroutine joined by join) for another's.
-func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAliveCall {
+func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAlive {
 	if l := s.ourLease(id); l != nil {
 		return s.ownKeepAlive(l, t)
 	}
-	c := &keepAliveCall{done: make(chan struct{})}
+	k := &keepAlive{done: make(chan struct{})}
 	go func() {
-		defer close(c.done)
-		c.secs, c.err = s.keepAliveOnce(ctx, id, t)
+		defer close(k.done)
+		k.secs, k.err = s.keepAliveOnce(ctx, id, t)
 	}()
-	return c
+	return k
 }
 
-// wait returns the lease's TTL in seconds once the keep-alive succeeded.
-func (c *keepAliveCall) wait(ctx context.Context) (int64, error) {
-	if c.done != nil {
-		<-c.done // bounded by ctx: the call returns when ctx ends
-	} else if c.r != nil {
-		if err := c.r.wait(ctx); err != nil {
-			return 0, err
+// wait returns the lease's TTL in seconds once the keep-alive succeeded. A call of its own is
+// bounded by ctx already; a shared one is given up when ctx ends.
+func (k *keepAlive) wait(ctx context.Context) (int64, error) {
+	if k.shared {
+		select {
+		case <-k.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
 		}
 	}
-	return c.secs, c.err
+	k.join()
+	return k.secs, k.err
 }
 
 // join waits for a call's goroutine, so that none outlives its caller.
-func (c *keepAliveCall) join() {
-	if c.done != nil {
-		<-c.done
+func (k *keepAlive) join() {
+	if !k.shared && k.done != nil {
+		<-k.done
 	}
 }
 
 // readKeys reads keys with concurrent read transactions of at most maxTxnOps gets each; a
 // transaction that fails sets the error of each of its keys.
 func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, map[string]error) {
-	kvs := make(map[string]*mvccpb.KeyValue, len(keys))
-	errs := make(map[string]error)
+	kvs, errs := make(map[string]*mvccpb.KeyValue, len(keys)), make(map[string]error)
 	var (
 		mu sync.Mutex
 		wg sync.WaitGroup
 	)
-	read := func(chunk []string) {
-		ops := make([]clientv3.Op, len(chunk))
-		for i, k := range chunk {
-			ops[i] = clientv3.OpGet(k)
-		}
-		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
-		mu.Lock()
-		defer mu.Unlock()
-		for i, k := range chunk {
-			if err != nil {
-				errs[k] = err
-			} else {
-				kvs[k] = firstKV(resp.Responses[i])
+	for chunk := range slices.Chunk(keys, s.maxTxnOps) {
+		wg.Go(func() {
+			ops := make([]clientv3.Op, len(chunk))
+			for i, k := range chunk {
+				ops[i] = clientv3.OpGet(k)
 			}
-		}
-	}
-	for len(keys) > s.maxTxnOps {
-		chunk := keys[:s.maxTxnOps]
-		keys = keys[s.maxTxnOps:]
-		wg.Go(func() { read(chunk) })
-	}
-	if len(keys) > 0 {
-		read(keys)
+			resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+			mu.Lock()
+			defer mu.Unlock()
+			for i, k := range chunk {
+				if err != nil {
+					errs[k] = err
+				} else {
+					kvs[k] = firstKV(resp.Responses[i])
+				}
+			}
+		})
 	}
 	wg.Wait()
 	return kvs, errs

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,14 +28,9 @@ import (
 // back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
 // it never holds the caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := checkArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
+	// Any valid TTL: none is asked.
+	if err := cmp.Or(s.check(owner, time.Second, key), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
-	}
-	if err := lockstore.CheckHold(hold, true); err != nil {
-		return 0, err
-	}
-	if s.isClosed() {
-		return 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
 	if hold == "" {
@@ -56,10 +52,9 @@ func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFen
 
 // giveBackLater gives back, with no round trip, the own hold of owner on key when the store
 // never saw it granted, and reports whether it did: ErrNotHeld when no request of the
-// acquisition went out; nil when its outcome is unknown (no create revision, no named hold)
-// or it is a failed release: nobody counts on it any more, so it is made due at once for the
-// reaper, which releases the key in the background. A grant the store knows of, or a lock it
-// did not take, is released on the wire.
+// acquisition went out; nil when its outcome is unknown (no create revision, no named hold) or
+// it is a failed release, which is made due at once for the reaper. A grant the store knows of,
+// or a lock it did not take, is released on the wire.
 func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -85,8 +80,7 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) 
 }
 
 // noteUnsent records that an acquisition of key by owner gave up before any request went out
-// (unless the store has an entry for them), for giveBackLater. A record dropped early (the
-// map is bounded like waitRev) costs one round trip.
+// (unless the store has an entry for them), for giveBackLater.
 func (s *Store) noteUnsent(key, owner string) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -142,11 +136,7 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		if err != nil {
 			return 0, err
 		}
-		resp, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(ops...).
-			Else(reads...).
-			Commit()
+		resp, err := s.atRevision(ctx, key, kv.ModRevision, ops, reads)
 		if err != nil {
 			if left {
 				moved = 0 // the key may be on the new lease now: keep it (unused, it expires on its own)
@@ -173,6 +163,12 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 }
 
+// atRevision commits then when key is still at the mod revision rev, else els: no write of the
+// store goes to a key that changed since the store wrote or read it.
+func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	return s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(then...).Else(els...).Commit()
+}
+
 // releaseAtOnce is the one-transaction release of a plain lock this store took and knows
 // unchanged; done is false when it does not apply or the key changed since (read and compare).
 func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence int64) (n int, done bool, err error) {
@@ -182,10 +178,7 @@ func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence 
 	}
 	// No else branch: reading there costs every release, and the compare fails only for a
 	// lock re-entered from elsewhere or lost.
-	resp, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev)).
-		Then(deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor)...).
-		Commit()
+	resp, err := s.atRevision(ctx, key, e.modRev, deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor), nil)
 	if err != nil {
 		return 0, true, fmt.Errorf("flightlock: release %q: %w", key, err)
 	}
@@ -256,17 +249,15 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 // bounded by a second. At most one reap runs (startReaper).
 func (s *Store) reap(now time.Time) {
 	type job struct {
-		key, owner string
-		own        bool
-		holds      []string
-		last       int64
+		entryKey
+		heldKey // a copy, as the entry was when due
 	}
 	s.mu.Lock()
 	var jobs []job
 	for k, e := range s.held {
 		if !e.reaping && now.After(e.until) {
 			e.reaping = true
-			jobs = append(jobs, job{k.key, k.owner, e.own, e.holds, e.last})
+			jobs = append(jobs, job{k, *e})
 		}
 	}
 	s.mu.Unlock()
@@ -275,21 +266,24 @@ func (s *Store) reap(now time.Time) {
 			return
 		}
 		for _, h := range j.holds {
-			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.releaseNow(ctx, j.key, j.owner, h, 0)
-			cancel()
+			s.releaseBounded(j.key, j.owner, h, 0)
 		}
 		if j.own {
-			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, _ = s.releaseNow(ctx, j.key, j.owner, "", j.last)
-			cancel()
+			s.releaseBounded(j.key, j.owner, "", j.last)
 		}
 		s.mu.Lock()
-		if e := s.held[entryKey{j.key, j.owner}]; e != nil {
+		if e := s.held[j.entryKey]; e != nil {
 			e.reaping = false
 		}
 		s.mu.Unlock()
 	}
+}
+
+// releaseBounded is releaseNow on the store's context, bounded by a second.
+func (s *Store) releaseBounded(key, owner, hold string, lastFence int64) {
+	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+	defer cancel()
+	_, _ = s.releaseNow(ctx, key, owner, hold, lastFence)
 }
 
 // Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other
@@ -301,11 +295,8 @@ func (s *Store) reap(now time.Time) {
 // the grant has used half its fence room (so that the next turn's handoffs still fit), or when
 // it followed a refusal of this store (contended: other processes compete for the key).
 func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
-	if err := checkArgs(key, owner, ttl); err != nil {
+	if err := s.check(owner, ttl, key); err != nil {
 		return false, 0, 0, err
-	}
-	if s.isClosed() {
-		return false, 0, 0, errStoreClosed
 	}
 	lastFence = max(lastFence, 0)
 	if lockstore.IsReadOwner(owner) {
@@ -318,7 +309,6 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	if e, ok := s.claimPass(key, owner, time.Now().Add(ttl)); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
-			// The lock is as this store wrote it, and nobody was refused.
 			resp, err := s.cli.Txn(ctx).If(
 				clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev),
 				clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0),

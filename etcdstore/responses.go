@@ -58,11 +58,11 @@ type replayLease struct {
 }
 
 func (s *responses) Load(ctx context.Context, key string) ([]byte, error) {
-	resp, err := s.cli.Get(ctx, s.prefix+key)
-	if err != nil || len(resp.Kvs) == 0 {
+	kv, err := getKV(ctx, s.cli, s.prefix+key)
+	if kv == nil {
 		return nil, err
 	}
-	return resp.Kvs[0].Value, nil
+	return kv.Value, nil
 }
 
 // Save stores record under key for at least ttl, in one transaction (see put), unless key
@@ -72,19 +72,19 @@ func (s *responses) Save(ctx context.Context, key string, record []byte, fence i
 	ctx, cancel := context.WithTimeout(ctx, replaySaveBound)
 	defer cancel()
 	secs := int64((ttl + time.Second - 1) / time.Second)
-	for attempt := 0; ; attempt++ {
-		lease, err := s.lease(ctx, secs)
+	var stale clientv3.LeaseID
+	for {
+		lease, err := s.lease(ctx, secs, stale)
 		if err != nil {
 			return err
 		}
 		err = s.put(ctx, s.prefix+key, v, lease, fence)
-		// A lease etcd no longer has (revoked by an operator, lost in a restore) is dropped and
-		// granted anew, once: its until said it had time left, so this is no expiry of ours.
-		if attempt == 0 && isLeaseNotFound(err) {
-			s.forget(secs, lease)
-			continue
+		// A lease etcd no longer has (revoked by an operator, lost in a restore) is granted
+		// anew, once: its until said it had time left, so this is no expiry of ours.
+		if stale != 0 || !isLeaseNotFound(err) {
+			return err
 		}
-		return err
+		stale = lease
 	}
 }
 
@@ -153,9 +153,9 @@ func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID
 	return fmt.Errorf("flightlock: storing the response %s: unexpected etcd reply %v", k, resp.Responses)
 }
 
-// lease returns the shared lease of a life of secs seconds, granting one when there is none
-// or the current one has less than secs seconds left.
-func (s *responses) lease(ctx context.Context, secs int64) (clientv3.LeaseID, error) {
+// lease returns the shared lease of a life of secs seconds, granting one when there is none,
+// the current one has less than secs seconds left, or it is stale, which etcd no longer has.
+func (s *responses) lease(ctx context.Context, secs int64, stale clientv3.LeaseID) (clientv3.LeaseID, error) {
 	s.mu.Lock()
 	l := s.leases[secs]
 	if l == nil {
@@ -167,7 +167,7 @@ func (s *responses) lease(ctx context.Context, secs int64) (clientv3.LeaseID, er
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	life := time.Duration(secs) * time.Second
-	if l.id != 0 && time.Until(l.until) >= life {
+	if l.id != 0 && l.id != stale && time.Until(l.until) >= life {
 		return l.id, nil
 	}
 	sent := time.Now()
@@ -178,17 +178,4 @@ func (s *responses) lease(ctx context.Context, secs int64) (clientv3.LeaseID, er
 	// etcd raises a TTL below its minimum and says so in the reply: count the granted one.
 	l.id, l.until = resp.ID, sent.Add(time.Duration(resp.TTL)*time.Second)
 	return l.id, nil
-}
-
-// forget drops the shared lease id of a life of secs seconds, unless another save has already
-// replaced it.
-func (s *responses) forget(secs int64, id clientv3.LeaseID) {
-	s.mu.Lock()
-	l := s.leases[secs]
-	s.mu.Unlock()
-	l.mu.Lock()
-	if l.id == id {
-		l.id = 0
-	}
-	l.mu.Unlock()
 }

@@ -307,16 +307,24 @@ func (s *Store) noteBusy(key string, rev int64) {
 	s.mu.Unlock()
 }
 
-// checkArgs is lockstore.CheckArgs, then etcd's own refusals: a key among the store's own keys,
-// and a TTL that a lease of whole seconds cannot honour.
-func checkArgs(key, owner string, ttl time.Duration) error {
-	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
-		return err
+// check is lockstore.CheckArgs of each key, then etcd's own refusals: a key among the store's
+// own keys, a TTL that a lease of whole seconds cannot honour, and any call after Close.
+func (s *Store) check(owner string, ttl time.Duration, keys ...string) error {
+	for _, key := range keys {
+		if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
+			return err
+		}
+		if ttl%time.Second != 0 {
+			return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
+		}
+		if err := checkKey(key); err != nil {
+			return err
+		}
 	}
-	if ttl%time.Second != 0 {
-		return fmt.Errorf("flightlock: etcd leases last whole seconds: a lock TTL of %v cannot be honoured", ttl)
+	if s.isClosed() {
+		return errStoreClosed
 	}
-	return checkKey(key)
+	return nil
 }
 
 // checkKey refuses a key that makes no lock: empty, or among the store's own keys.

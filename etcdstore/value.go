@@ -9,8 +9,7 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Key names of the store's own keys, under lockstore.FenceKeyPrefix, which the Locker and this
-// store refuse as lock keys.
+// Prefixes of the store's own keys.
 const (
 	floorPrefix  = lockstore.FenceKeyPrefix + "etcd/floor/"
 	waiterPrefix = lockstore.FenceKeyPrefix + "etcd/waiter/"
@@ -41,23 +40,20 @@ func writerKey(k string) string { return writerPrefix + k }
 // "8:orders/0/"), whatever bytes keys and owners contain.
 func sideDir(k string) string { return sidePrefix + strconv.Itoa(len(k)) + ":" + k + "/" }
 
-// readDir is the directory of k's read holds: one key per read owner, readKey.
-func readDir(k string) string { return sideDir(k) + "r/" }
-
-// readKey names owner's read hold on k, with the value of readValue.
-func readKey(k, owner string) string { return readDir(k) + owner }
-
-// lineDir is the directory of k's fair line (fair.go): one key per waiting owner, placeKey.
-func lineDir(k string) string { return sideDir(k) + "q/" }
-
-// placeKey names owner's place in k's fair line.
-func placeKey(k, owner string) string { return lineDir(k) + owner }
-
-// Kinds of the keys under a sideDir.
+// Kinds of the keys under a sideDir: read holds (readKey, one per read owner, with the value of
+// readValue) and places in k's fair line (placeKey, one per waiting owner).
 const (
 	sideRead  = 'r'
 	sidePlace = 'q'
 )
+
+func readDir(k string) string { return sideDir(k) + "r/" }
+
+func readKey(k, owner string) string { return readDir(k) + owner }
+
+func lineDir(k string) string { return sideDir(k) + "q/" }
+
+func placeKey(k, owner string) string { return lineDir(k) + owner }
 
 // parseSideKey splits a key under sidePrefix into the lock key, the kind (sideRead or
 // sidePlace) and the owner; ok is false for anything else.
@@ -88,7 +84,6 @@ func readValue(secs int64, meta string) string {
 	return v
 }
 
-// parseReadValue reads a read hold's value.
 func parseReadValue(b []byte) (secs int64, meta string, ok bool) {
 	n, meta, _ := strings.Cut(string(b), " ")
 	secs, err := strconv.ParseInt(n, 10, 64)
@@ -104,7 +99,6 @@ func markValue(deadline time.Time, secs int64) string {
 	return markClock(deadline) + " " + strconv.FormatInt(secs, 10)
 }
 
-// markClock is t as a writer mark's deadline is written.
 func markClock(t time.Time) string { return fmt.Sprintf("%020d", t.UnixMilli()) }
 
 // parseMarkValue reads a writer mark's lease seconds.
@@ -136,28 +130,20 @@ func newValue(owner string, secs int64, meta string) string {
 	return lockValue{owner: owner, secs: secs, holds: "1", meta: meta}.String()
 }
 
-// String builds the value in one allocation: it is on every acquisition's path.
+// String builds the value with one concatenation, one allocation: it is on every
+// acquisition's path.
 func (v lockValue) String() string {
-	var b strings.Builder
-	b.Grow(len(v.owner) + len(v.holds) + len(v.meta) + 44)
-	b.WriteString(v.owner)
-	b.WriteByte(' ')
-	b.WriteString(strconv.FormatInt(v.secs, 10))
-	b.WriteByte(' ')
-	b.WriteString(v.holds)
-	b.WriteByte(' ')
-	b.WriteString(strconv.FormatInt(v.last, 10))
+	sep := ""
 	if v.meta != "" {
-		b.WriteByte(' ')
-		b.WriteString(v.meta)
+		sep = " "
 	}
-	return b.String()
+	return v.owner + " " + strconv.FormatInt(v.secs, 10) + " " + v.holds + " " + strconv.FormatInt(v.last, 10) + sep + v.meta
 }
 
 // parseValue reads a lock value; ok is false for a value this store did not write.
 func parseValue(b []byte) (v lockValue, ok bool) {
-	f := strings.SplitN(string(b), " ", 5)
-	if len(f) < 4 || f[0] == "" || f[2] == "" {
+	f := append(strings.SplitN(string(b), " ", 5), "")
+	if len(f) < 5 || f[0] == "" || f[2] == "" {
 		return lockValue{}, false
 	}
 	secs, err1 := strconv.ParseInt(f[1], 10, 64)
@@ -165,11 +151,7 @@ func parseValue(b []byte) (v lockValue, ok bool) {
 	if err1 != nil || err2 != nil || secs <= 0 || last < 0 || (f[2][0] != '0' && f[2][0] != '1') {
 		return lockValue{}, false
 	}
-	v = lockValue{owner: f[0], secs: secs, holds: f[2], last: last}
-	if len(f) == 5 {
-		v.meta = f[4]
-	}
-	return v, true
+	return lockValue{owner: f[0], secs: secs, holds: f[2], last: last, meta: f[4]}, true
 }
 
 // ownedBy reports whether the lock value b belongs to owner: it starts with the token and a

@@ -211,15 +211,11 @@ func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	}
 	defer conn.Close()
 	_ = conn.SetReadDeadline(time.Now().Add(d))
-	if _, err := conn.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
+	// A read that times out is a member that accepted the handshake and waits for the client
+	// to speak first.
+	var ne net.Error
+	if _, err := conn.Read(make([]byte, 1)); err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
 		return err
 	}
 	return nil
-}
-
-// isTimeout reports whether err is a deadline that passed (a member that accepted the
-// handshake and waits for the client to speak first).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
