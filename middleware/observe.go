@@ -144,7 +144,7 @@ func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) 
 	}
 	_, span := ztrace.TracerFromContext(ctx).Start(ctx, "flightlock.lock",
 		oteltrace.WithSpanKind(oteltrace.SpanKindInternal), oteltrace.WithAttributes(rl.stats.attrs...))
-	if m.traceKeys {
+	if m.conf.TraceKeys {
 		span.SetAttributes(attribute.StringSlice("flightlock.keys", keys))
 	}
 	return context.WithValue(ctx, acquireSpanKey{}, span), span
