@@ -67,7 +67,5 @@ func (s shareLocks) LogError(ctx context.Context, what string, err error) {
 }
 
 func (s shareLocks) CountShared(how string) {
-	if st := s.rl.stats; metricsOn() {
-		sharedTotal.Inc(st.name, st.template, st.store, how)
-	}
+	s.rl.stats.count(sharedTotal, how)
 }
