@@ -366,12 +366,7 @@ func fillZero(dst, def reflect.Value) {
 }
 
 // check returns the first problem of c's scalar settings.
-func (c LockConf) check() error {
-	if ps := c.problems(); len(ps) > 0 {
-		return ps[0]
-	}
-	return nil
-}
+func (c LockConf) check() error { return cmp.Or(c.problems()...) }
 
 // problems validates the scalar settings of c.
 func (c LockConf) problems() []error {
