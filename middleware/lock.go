@@ -80,11 +80,11 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 		m.logs.error(ctx, st, "nested call refused: its caller holds the key", err)
 	}
 	switch outcome {
-	case outcomeAcquired:
-		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
 	case outcomeDegraded:
 		m.logs.error(ctx, st, "lock store unreachable, running under this process's lock only (OnStoreError: open)",
 			errors.New("degraded lease"), logx.Field("waited", waited))
+		fallthrough
+	case outcomeAcquired:
 		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
 	case outcomeStoreError:
 		m.logs.error(ctx, st, "lock store unreachable, request refused (OnStoreError: closed)", err,
@@ -99,10 +99,10 @@ func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.G
 	switch outcome {
 	case outcomeBusy:
 		busyTotal.Inc(st.labels...)
-	case outcomeStoreError:
-		storeErrorTotal.Inc(st.with("acquire")...)
 	case outcomeDegraded:
 		failOpenTotal.Inc(st.labels...)
+		fallthrough
+	case outcomeStoreError:
 		storeErrorTotal.Inc(st.with("acquire")...)
 	}
 	if g == nil {
