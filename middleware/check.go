@@ -241,18 +241,14 @@ type routedRules struct {
 	wraps map[any]int
 }
 
-// add records a Route or RouteFunc rule, whose middleware is built.
-func (r *routedRules) add(cr *compiledRule) {
-	r.build(cr)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.rules = append(r.rules, cr)
-}
-
-// build records that the middleware of k (a Route rule, or a name given to Named) was built.
+// build records that the middleware of k, a Route or RouteFunc rule or a name given to Named,
+// was built.
 func (r *routedRules) build(k any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if cr, ok := k.(*compiledRule); ok {
+		r.rules = append(r.rules, cr)
+	}
 	if r.wraps == nil {
 		r.wraps = make(map[any]int)
 	}

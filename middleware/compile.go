@@ -30,9 +30,6 @@ type compiledRule struct {
 // Lockers.
 func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	compiled, err := rules.Compile(c, extra)
-	if err != nil {
-		return nil, err
-	}
 	out := make([]*compiledRule, len(compiled))
 	for i, cr := range compiled {
 		out[i] = &compiledRule{spec: cr.Spec}
@@ -43,23 +40,49 @@ func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 			out[i].rpc = &rule{Plan: cr.RPC}
 		}
 	}
-	return out, nil
+	return out, err
 }
 
-// setStats gives the transports of cr their labels, store and shadow settings, and returns
-// the stats that the observer of cr's Locker reports under (its REST part's, else zrpc's).
-func (cr *compiledRule) setStats(store string) *ruleStats {
-	template := cmpTemplate(cr.spec)
-	var first *ruleStats
+// parts are the transports of cr that it has.
+func (cr *compiledRule) parts() []*rule {
+	var parts []*rule
 	for _, rl := range []*rule{cr.http, cr.rpc} {
-		if rl == nil {
-			continue
-		}
-		rl.stats = newRuleStats(rl.Name, template, store, cr.spec.Rule)
-		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
-		if first == nil {
-			first = rl.stats
+		if rl != nil {
+			parts = append(parts, rl)
 		}
 	}
-	return first
+	return parts
+}
+
+// lockRule gives the parts of cr, rule s (its settings and the field its errors name), their
+// Locker and response sharing; strict refuses a share rule on a store that keeps no responses.
+func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error {
+	store, base, err := m.baseFor(s)
+	if err == nil && !m.injected {
+		err = m.conf.CheckRuleStore(s)
+	}
+	if err == nil {
+		err = m.shareParts(cr, s.Field, store, strict)
+	}
+	if err != nil {
+		return err
+	}
+	parts := cr.parts()
+	for _, rl := range parts {
+		rl.stats = newRuleStats(rl.Name, cmpTemplate(cr.spec), store, cr.spec.Rule)
+		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
+	}
+	// The Locker's observer reports under the stats of the REST part, else the zrpc part's.
+	l, err := m.ruleLocker(base, s.Rule, parts[0].stats)
+	if err != nil {
+		field := s.Field
+		if s.TTL > 0 && base.Store().Capabilities().CheckTTL(s.TTL) != nil {
+			field += ".TTL" // longer than the store keeps a lock (ZooKeeper): name the setting to change
+		}
+		return rules.FieldError(field, "%v", err)
+	}
+	for _, rl := range parts {
+		rl.locker = l
+	}
+	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -74,19 +75,13 @@ func (w *gatewayWriter) fixHeaders() {
 
 // detailsRetryDelay reads the RetryInfo out of raw grpc-status-details-bin bytes.
 func detailsRetryDelay(raw string) (time.Duration, bool) {
-	if raw == "" {
-		return 0, false
-	}
 	var st spb.Status
-	if proto.Unmarshal([]byte(raw), &st) != nil {
+	if raw == "" || proto.Unmarshal([]byte(raw), &st) != nil {
 		return 0, false
 	}
-	for _, d := range st.GetDetails() {
-		var ri errdetails.RetryInfo
-		if d.MessageIs(&ri) && d.UnmarshalTo(&ri) == nil {
-			if delay := ri.GetRetryDelay().AsDuration(); delay > 0 {
-				return delay, true
-			}
+	for _, d := range status.FromProto(&st).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay().AsDuration() > 0 {
+			return ri.GetRetryDelay().AsDuration(), true
 		}
 	}
 	return 0, false

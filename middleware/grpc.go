@@ -19,7 +19,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		ctx = m.owners.withIncomingOwners(ctx)
 		rl := m.rpc[info.FullMethod]
 		if rl == nil {
-			if m.answersProbe(info.FullMethod, true) {
+			if m.answersProbe(info.FullMethod, probeUnary) {
 				return new(emptypb.Empty), nil
 			}
 			return handler(ctx, req)
@@ -46,31 +46,24 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := m.owners.withIncomingOwners(ss.Context())
 		rl := m.rpc[info.FullMethod]
-		if rl == nil {
-			if m.answersProbe(info.FullMethod, false) {
-				return nil
-			}
-			if ctx != ss.Context() {
-				ss = &lockedStream{ServerStream: ss, ctx: ctx, done: true}
-			}
+		if rl == nil && m.answersProbe(info.FullMethod, probeStream) {
+			return nil
+		}
+		if rl == nil && ctx == ss.Context() {
 			return handler(srv, ss)
 		}
-		if rl.FromMessage {
-			ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl}
-			defer ls.release()
-			err := handler(srv, ls)
-			if lerr := ls.lockError(); lerr != nil {
-				return lerr // even if the handler went on regardless
+		ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl, done: rl == nil}
+		defer ls.release()
+		if rl != nil && !rl.FromMessage {
+			if err := ls.lock(nil); err != nil {
+				return err
 			}
-			return err
 		}
-		keys, err := rl.RPCKeys(ctx, nil)
-		h, err := m.enter(ctx, rl, keys, err)
-		if err != nil {
-			return grpcStatus(err).Err()
+		err := handler(srv, ls)
+		if lerr := ls.lockError(); lerr != nil {
+			return lerr // even if the handler went on regardless
 		}
-		defer m.release(ctx, rl, h)
-		return handler(srv, &lockedStream{ServerStream: ss, ctx: h.ctx, done: true})
+		return err
 	}
 }
 
@@ -115,6 +108,12 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	if err := s.ServerStream.RecvMsg(msg); err != nil {
 		return err
 	}
+	return s.lock(msg)
+}
+
+// lock takes the call's lock, once, on the keys of msg, the first message (nil for keys that
+// read only the metadata).
+func (s *lockedStream) lock(msg any) error {
 	s.mu.Lock()
 	if s.done {
 		s.mu.Unlock()
@@ -136,7 +135,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	return nil
 }
 
-// release releases the lock taken on the first message, after the handler returned.
+// release releases the call's lock, if it took one, after the handler returned.
 func (s *lockedStream) release() {
 	s.mu.Lock()
 	h := s.held

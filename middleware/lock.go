@@ -63,7 +63,7 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, e
 func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) (held, error) {
 	st, metrics := rl.stats, metricsOn()
 	if metrics {
-		waitingGauge.Inc(st.name, st.template, st.store)
+		waitingGauge.Inc(st.labels...)
 	}
 	start := time.Now()
 	lctx, span := m.traceAcquire(ctx, rl, keys)
@@ -72,19 +72,19 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 	outcome := outcomeOf(ctx, g, err)
 	endAcquireSpan(span, st, outcome, g, waited, err)
 	if metrics {
-		waitingGauge.Dec(st.name, st.template, st.store)
-		acquireDuration.ObserveFloat(ms(waited), st.name, st.template, st.store, outcome, grantOf(st, g))
+		waitingGauge.Dec(st.labels...)
+		acquireDuration.ObserveFloat(ms(waited), st.with(outcome, grantOf(st, g))...)
 		m.countAcquire(st, outcome, g)
 	}
 	if errors.Is(err, ErrNestedLock) {
 		m.logs.error(ctx, st, "nested call refused: its caller holds the key", err)
 	}
 	switch outcome {
-	case outcomeAcquired:
-		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
 	case outcomeDegraded:
 		m.logs.error(ctx, st, "lock store unreachable, running under this process's lock only (OnStoreError: open)",
 			errors.New("degraded lease"), logx.Field("waited", waited))
+		fallthrough
+	case outcomeAcquired:
 		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
 	case outcomeStoreError:
 		m.logs.error(ctx, st, "lock store unreachable, request refused (OnStoreError: closed)", err,
@@ -98,20 +98,20 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.Group) {
 	switch outcome {
 	case outcomeBusy:
-		busyTotal.Inc(st.name, st.template, st.store)
-	case outcomeStoreError:
-		storeErrorTotal.Inc(st.name, st.template, st.store, "acquire")
+		busyTotal.Inc(st.labels...)
 	case outcomeDegraded:
-		failOpenTotal.Inc(st.name, st.template, st.store)
-		storeErrorTotal.Inc(st.name, st.template, st.store, "acquire")
+		failOpenTotal.Inc(st.labels...)
+		fallthrough
+	case outcomeStoreError:
+		storeErrorTotal.Inc(st.with("acquire")...)
 	}
 	if g == nil {
 		return
 	}
-	heldGauge.Inc(st.name, st.template, st.store)
+	heldGauge.Inc(st.labels...)
 	for _, l := range g.Leases() {
 		if l.Grant() == flightlock.GrantHandoff {
-			handoffTotal.Inc(st.name, st.template, st.store)
+			handoffTotal.Inc(st.labels...)
 		}
 	}
 }
@@ -137,14 +137,14 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	heldFor := time.Since(h.at)
 	rl.holds.observe(heldFor)
 	if metricsOn() {
-		heldGauge.Dec(st.name, st.template, st.store)
-		holdDuration.ObserveFloat(ms(heldFor), st.name, st.template, st.store)
+		heldGauge.Dec(st.labels...)
+		holdDuration.ObserveFloat(ms(heldFor), st.labels...)
 	}
 	ctx = context.WithoutCancel(ctx)
 	if err := h.g.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {
 		// The lock expires with its TTL; nothing of another owner was touched.
-		if !errors.Is(err, flightlock.ErrNotHeld) && metricsOn() {
-			storeErrorTotal.Inc(st.name, st.template, st.store, "release")
+		if !errors.Is(err, flightlock.ErrNotHeld) {
+			st.count(storeErrorTotal, "release")
 		}
 		m.logs.error(ctx, st, "release failed", err)
 	}

@@ -19,6 +19,7 @@ import (
 // Middleware locks go-zero REST routes and zrpc methods per its rules. Build it once with New
 // at start-up and share it: it is safe for concurrent use.
 type Middleware struct {
+	conf   LockConf           // normalized: the store choices of Route and RouteFunc rules
 	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
 	// bases holds the base Locker of each store the rules lock in, by store name, and
 	// responses its response store (nil: it keeps none). When injected, bases holds the one
@@ -27,14 +28,11 @@ type Middleware struct {
 	injected  bool
 	responses map[string]lockstore.ResponseStore
 	closers   []func() error // the stores New built; nil once closed
-	conf      LockConf       // normalized: the store choices of Route and RouteFunc rules
 	owners    ownerPolicy
 	http      httpRoutes
 	rpc       map[string]*rule
 	rules     []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
 	routed    routedRules     // the rules of Route and RouteFunc, for CheckRoutes
-	prefix    string          // LockConf.Prefix, for shadow rules' keys
-	traceKeys bool            // LockConf.TraceKeys
 	logs      *logSummary
 	drain     drainer
 	// unaryIntercepting and streamIntercepting: that server interceptor was built (Register).
@@ -67,58 +65,41 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	}
 	logWaitsPastTimeout(c, compiled, time.Duration(o.serverTimeout)*time.Millisecond)
 	logTrustWithoutSecret(c)
-	m := &Middleware{
-		owners:    ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo},
-		rpc:       make(map[string]*rule),
-		rules:     compiled,
-		prefix:    c.Prefix,
-		traceKeys: c.TraceKeys,
-		logs:      newLogSummary(),
-		drain:     drainer{grace: c.Drain},
-	}
+	m := &Middleware{conf: c, owners: ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo}, rpc: make(map[string]*rule),
+		rules: compiled, logs: newLogSummary(), drain: drainer{grace: c.Drain}}
 	if c.OwnerSecret != "" {
 		m.owners.secret = []byte(c.OwnerSecret)
 	}
-	m.conf = c
-	if err := m.buildStores(c, compiled, o); err != nil {
+	if err := m.build(o); err != nil {
 		_ = m.Close()
 		return nil, err
 	}
+	m.listen()
+	return m, nil
+}
+
+// build builds the stores and base Lockers of m (buildStores), its response sharing and the
+// Lockers of its rules.
+func (m *Middleware) build(o options) error {
+	if err := m.buildStores(o); err != nil {
+		return err
+	}
 	if ResponseSharing != nil {
 		m.sharing = ResponseSharing(sharehook.Config{Bases: m.bases, Responses: m.responses,
-			Wait: c.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
+			Wait: m.conf.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
 	}
-	for _, cr := range compiled {
-		store, base, err := m.baseFor(cr.spec)
-		if err == nil {
-			err = m.shareParts(cr, cr.spec.Field, store, true)
+	for _, cr := range m.rules {
+		if err := m.lockRule(cr, cr.spec, true); err != nil {
+			return err
 		}
-		if err != nil {
-			_ = m.Close()
-			return nil, err
-		}
-		l, err := m.ruleLocker(base, cr.spec.Rule, cr.setStats(store))
-		if err != nil {
-			field := cr.spec.Field
-			if cr.spec.TTL > 0 && base.Store().Capabilities().CheckTTL(cr.spec.TTL) != nil {
-				field += ".TTL" // longer than the store keeps a lock (ZooKeeper): name the setting to change
-			}
-			_ = m.Close()
-			return nil, rules.FieldError(field, "%v", err)
-		}
-		if cr.http != nil {
-			cr.http.locker = l
-			if cr.spec.Name == "" { // a named rule locks through its Named middleware only
-				m.http.add(cr.http)
-			}
+		if cr.http != nil && cr.spec.Name == "" { // a named rule locks through its Named middleware only
+			m.http.add(cr.http)
 		}
 		if cr.rpc != nil {
-			cr.rpc.locker = l
 			m.rpc[cr.spec.RPC] = cr.rpc
 		}
 	}
-	m.listen()
-	return m, nil
+	return nil
 }
 
 // MustNew is New for start-up code: a bad config stops the service with one line naming the
@@ -162,41 +143,39 @@ func (m *Middleware) Close() error {
 // buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names
 // Redis only, or no store), or one for each store that c names or its rules lock in, with a
 // store given with WithStore in the place of the one of its kind.
-func (m *Middleware) buildStores(c LockConf, compiled []*compiledRule, o options) error {
+func (m *Middleware) buildStores(o options) error {
+	c := m.conf
 	m.bases = make(map[string]*flightlock.Locker)
 	m.responses = make(map[string]lockstore.ResponseStore)
 	primary, ambiguous := c.DefaultStore()
-	keyPrefix := func(name string) string {
-		if sec, ok := c.Section(name); ok {
-			return sec.KeyPrefix(c.Prefix)
+	if o.locker != nil || o.store != nil {
+		m.injected = o.locker != nil || primary == rules.StoreRedis && !ambiguous
+		l, store := o.locker, o.store
+		if l != nil {
+			store = l.Store()
 		}
-		return c.Prefix
-	}
-	switch {
-	case o.locker != nil:
-		b := describe(o.locker.Store(), func(string) string { return c.Prefix })
-		m.locker, m.injected, m.bases[b.Name], m.responses[b.Name] = o.locker, true, o.locker, b.Responses
-		return nil
-	case o.store != nil && primary == rules.StoreRedis && !ambiguous:
-		b := describe(o.store, func(string) string { return c.Prefix })
-		l, err := lockerOn(b.Store, b.Name, c)
-		if err != nil {
-			return err
-		}
-		m.locker, m.injected, m.bases[b.Name], m.responses[b.Name] = l, true, l, b.Responses
-		return nil
-	case o.store != nil: // it takes the place of the store of its kind; the others are opened
-		b := describe(o.store, keyPrefix)
-		c := c
-		c.Prefix = b.Prefix
-		l, err := lockerOn(b.Store, b.Name, c)
-		if err != nil {
-			return err
+		b := describe(store, func(name string) string {
+			if sec, ok := c.Section(name); ok && !m.injected {
+				return sec.KeyPrefix(c.Prefix)
+			}
+			return c.Prefix
+		})
+		if l == nil {
+			c := c
+			c.Prefix = b.Prefix
+			var err error
+			if l, err = lockerOn(b.Store, b.Name, c); err != nil {
+				return err
+			}
 		}
 		m.bases[b.Name], m.responses[b.Name] = l, b.Responses
+		if m.injected {
+			m.locker = l
+			return nil
+		}
 	}
 	used := map[string]bool{primary: true}
-	for _, cr := range compiled {
+	for _, cr := range m.rules {
 		used[cr.spec.Store] = true
 	}
 	for _, sec := range c.Sections() {

@@ -79,14 +79,16 @@ const (
 
 // ruleStats is what the metrics, traces and logs of one rule say about it.
 type ruleStats struct {
-	name     string // "POST /api/order", "/pkg.Svc/Method", or the name of a named rule
-	template string // the key template, or "func" for a key computed in Go
-	store    string // the store the rule locks in: "redis", "etcd" or "zookeeper"
+	name     string   // "POST /api/order", "/pkg.Svc/Method", or the name of a named rule
+	template string   // the key template, or "func" for a key computed in Go
+	store    string   // the store the rule locks in: "redis", "etcd" or "zookeeper"
+	labels   []string // name, template and store: ruleLabels' values
 	attrs    []attribute.KeyValue
 }
 
 func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
-	return &ruleStats{name: name, template: template, store: store, attrs: []attribute.KeyValue{
+	labels := []string{name, template, store}
+	return &ruleStats{name: name, template: template, store: store, labels: labels, attrs: []attribute.KeyValue{
 		attribute.String("flightlock.rule", name),
 		attribute.String("flightlock.key_template", template),
 		attribute.String("flightlock.store", store),
@@ -94,6 +96,18 @@ func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
 		attribute.Bool("flightlock.fair", r.Fair),
 		attribute.Int("flightlock.permits", max(r.Permits, 1)),
 	}}
+}
+
+// with is the rule's labels followed by extra.
+func (s *ruleStats) with(extra ...string) []string {
+	return append(slices.Clip(s.labels), extra...)
+}
+
+// count increments c for the rule, with extra labels, when metrics are on.
+func (s *ruleStats) count(c metric.CounterVec, extra ...string) {
+	if metricsOn() {
+		c.Inc(s.with(extra...)...)
+	}
 }
 
 // observer is the Locker observer of a rule: renewals and losses counted, retries as events
@@ -109,22 +123,22 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 		},
 		Renewed: func(_ string, err error) {
 			if err == nil {
-				renewalTotal.Inc(s.name, s.template, s.store, "ok")
+				renewalTotal.Inc(s.with("ok")...)
 				return
 			}
-			renewalTotal.Inc(s.name, s.template, s.store, "failed")
+			renewalTotal.Inc(s.with("failed")...)
 			logs.error(context.Background(), s, "renewal failed", err)
 		},
 		Lost: func(string) {
-			lostTotal.Inc(s.name, s.template, s.store)
+			lostTotal.Inc(s.labels...)
 		},
 		Drift: func(ctx context.Context, key, here, holder string) {
-			driftTotal.Inc(s.name, s.template, s.store)
+			driftTotal.Inc(s.labels...)
 			logs.error(ctx, s, "drift: another instance locks this rule's key in another way; give every instance the same Permits and Fair",
 				fmt.Errorf("here %s, holder %s (key %s)", here, holder, key))
 		},
 		Abandoned: func(key, at string) {
-			abandonedTotal.Inc(s.name, s.template, s.store)
+			abandonedTotal.Inc(s.labels...)
 			logx.Errorw("flightlock: a lease was never released; its lock ran out and the grant was given up",
 				logx.Field("rule", s.name), logx.Field("lock", key), logx.Field("taken_at", at))
 		},
@@ -144,7 +158,7 @@ func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) 
 	}
 	_, span := ztrace.TracerFromContext(ctx).Start(ctx, "flightlock.lock",
 		oteltrace.WithSpanKind(oteltrace.SpanKindInternal), oteltrace.WithAttributes(rl.stats.attrs...))
-	if m.traceKeys {
+	if m.conf.TraceKeys {
 		span.SetAttributes(attribute.StringSlice("flightlock.keys", keys))
 	}
 	return context.WithValue(ctx, acquireSpanKey{}, span), span

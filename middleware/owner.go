@@ -74,10 +74,8 @@ func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Con
 
 func (p *ownerPolicy) encode(key, owner string, fence int64) string {
 	b := make([]byte, 0, 3*binary.MaxVarintLen64+len(key)+len(owner)+ownerMACLen)
-	b = binary.AppendUvarint(b, uint64(len(key)))
-	b = append(b, key...)
-	b = binary.AppendUvarint(b, uint64(len(owner)))
-	b = append(b, owner...)
+	b = append(binary.AppendUvarint(b, uint64(len(key))), key...)
+	b = append(binary.AppendUvarint(b, uint64(len(owner))), owner...)
 	b = binary.AppendUvarint(b, uint64(max(fence, 0)))
 	if p.secret != nil {
 		b = append(b, p.mac(b)...)
@@ -91,20 +89,22 @@ func (p *ownerPolicy) mac(signed []byte) []byte {
 	return m.Sum(nil)[:ownerMACLen]
 }
 
-func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool) {
-	b := []byte(v)
+// cutText cuts a uvarint length and that many bytes, 1 to maxLen, off the front of b.
+func cutText(b []byte, maxLen int) (string, []byte, bool) {
 	n, size := binary.Uvarint(b)
-	if size <= 0 || n == 0 || n > flightlock.MaxKeyLen || uint64(len(b)-size) < n {
-		return "", "", 0, false
+	if size <= 0 || n == 0 || n > uint64(maxLen) || uint64(len(b)-size) < n {
+		return "", nil, false
 	}
-	key, b = string(b[size:size+int(n)]), b[size+int(n):]
-	n, size = binary.Uvarint(b)
-	if size <= 0 || n == 0 || n > maxOwnerLen || uint64(len(b)-size) < n {
-		return "", "", 0, false
+	return string(b[size : size+int(n)]), b[size+int(n):], true
+}
+
+func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool) {
+	key, b, ok := cutText([]byte(v), flightlock.MaxKeyLen)
+	if ok {
+		owner, b, ok = cutText(b, maxOwnerLen)
 	}
-	owner, b = string(b[size:size+int(n)]), b[size+int(n):]
 	f, size := binary.Uvarint(b)
-	if size <= 0 || f > 1<<62 {
+	if !ok || size <= 0 || f > 1<<62 {
 		return "", "", 0, false
 	}
 	signed, rest := len(v)-len(b)+size, b[size:]
@@ -115,10 +115,8 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 	} else if len(rest) != 0 && len(rest) != ownerMACLen {
 		return "", "", 0, false
 	}
-	for i := 0; i < len(owner); i++ {
-		if c := owner[i]; c <= ' ' || c == 0x7f {
-			return "", "", 0, false // the store keeps owners as space-free text
-		}
+	if strings.ContainsFunc(owner, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		return "", "", 0, false // the store keeps owners as space-free text
 	}
 	return key, owner, int64(f), true
 }

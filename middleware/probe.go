@@ -20,10 +20,16 @@ import (
 // through a chain without it.
 type interceptorProbe struct {
 	service string // unique per Middleware: two Middlewares may probe one server
-	// Written by the probe calls, read by Register after them.
-	unarySeen, unaryReached   atomic.Bool
-	streamSeen, streamReached atomic.Bool
+	// Per kind of call, written by the probe calls and read by Register after them: the
+	// interceptor answered the call (seen), the probe's handler ran (reached).
+	seen, reached [2]atomic.Bool
 }
+
+// The kinds of call a probe makes, as indexes of its flags.
+const (
+	probeUnary = iota
+	probeStream
+)
 
 // probeServices numbers the probe services of the process.
 var probeServices atomic.Int64
@@ -37,25 +43,19 @@ const (
 	probeMissing                       // the probe's handler ran: the server's chain lacks the interceptor
 )
 
-func (p *interceptorProbe) unaryMethod() string  { return "/" + p.service + "/Unary" }
-func (p *interceptorProbe) streamMethod() string { return "/" + p.service + "/Stream" }
+func (p *interceptorProbe) method(kind int) string {
+	return "/" + p.service + [...]string{"/Unary", "/Stream"}[kind]
+}
 
-// answersProbe reports whether full is a probe call of m's that the interceptor answers
-// itself, and notes that it saw it. Only methods without a rule are asked.
-func (m *Middleware) answersProbe(full string, unary bool) bool {
+// answersProbe reports whether full is a probe call of m's of that kind, which the interceptor
+// answers itself, and notes that it saw it. Only methods without a rule are asked.
+func (m *Middleware) answersProbe(full string, kind int) bool {
 	p := m.probe.Load()
-	if p == nil {
+	if p == nil || full != p.method(kind) {
 		return false
 	}
-	switch {
-	case unary && full == p.unaryMethod():
-		p.unarySeen.Store(true)
-		return true
-	case !unary && full == p.streamMethod():
-		p.streamSeen.Store(true)
-		return true
-	}
-	return false
+	p.seen[kind].Store(true)
+	return true
 }
 
 // register adds the probe's service to gs (before the server serves: gRPC refuses services
@@ -71,17 +71,17 @@ func (p *interceptorProbe) register(gs *grpc.Server) {
 					return nil, err
 				}
 				reached := func(context.Context, any) (any, error) {
-					p.unaryReached.Store(true)
+					p.reached[probeUnary].Store(true)
 					return new(emptypb.Empty), nil
 				}
 				if icp == nil {
 					return reached(ctx, in)
 				}
-				return icp(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: p.unaryMethod()}, reached)
+				return icp(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: p.method(probeUnary)}, reached)
 			}}},
 		Streams: []grpc.StreamDesc{{StreamName: "Stream", ServerStreams: true,
 			Handler: func(any, grpc.ServerStream) error {
-				p.streamReached.Store(true)
+				p.reached[probeStream].Store(true)
 				return nil
 			}}},
 	}, struct{}{})
@@ -89,16 +89,16 @@ func (p *interceptorProbe) register(gs *grpc.Server) {
 
 // run calls both probe methods through gs and returns the verdicts.
 func (p *interceptorProbe) run(gs *grpc.Server) (unary, stream probeVerdict) {
-	p.call(gs, p.unaryMethod())
-	p.call(gs, p.streamMethod())
-	return verdict(p.unarySeen.Load(), p.unaryReached.Load()), verdict(p.streamSeen.Load(), p.streamReached.Load())
+	return p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
 }
 
-func verdict(seen, reached bool) probeVerdict {
+// verdict calls the probe method of kind through gs and says what the call found.
+func (p *interceptorProbe) verdict(gs *grpc.Server, kind int) probeVerdict {
+	p.call(gs, p.method(kind))
 	switch {
-	case seen:
+	case p.seen[kind].Load():
 		return probeInstalled
-	case reached:
+	case p.reached[kind].Load():
 		return probeMissing
 	}
 	return probeUnknown

@@ -55,10 +55,8 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 		return nil, rules.FieldError(s.Field+".Key", "is empty")
 	}
 	s.Rule = s.Rule.Normalized()
-	if err := rules.OneOf(s.Field+".Method", s.Method, rules.HTTPMethods...); err != nil {
-		return nil, err
-	}
-	if err := rules.CheckLockSettings(s.Field, s.Rule, m.conf.OnStoreError); err != nil {
+	if err := cmp.Or(rules.OneOf(s.Field+".Method", s.Method, rules.HTTPMethods...),
+		rules.CheckLockSettings(s.Field, s.Rule, m.conf.OnStoreError)); err != nil {
 		return nil, err
 	}
 	s.RPC, s.Name = "", ""
@@ -68,38 +66,25 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	rl := &rule{Plan: plan}
 	rl.Name = cmp.Or(rl.Name, "route "+s.Key)
-	cr := &compiledRule{spec: rules.Spec{Rule: s.Rule, Field: "Route", HTTPKey: s.HTTPKey}, http: rl}
-	store, base, err := m.baseFor(s)
-	if err != nil {
-		return nil, err
-	}
-	if !m.injected {
-		if err := m.conf.CheckRuleStore(s); err != nil {
-			return nil, err
-		}
-	}
-	if rl.locker, err = m.ruleLocker(base, s.Rule, cr.setStats(store)); err != nil {
-		return nil, rules.FieldError(s.Field, "%v", err)
-	}
-	if err := m.shareParts(cr, s.Field, store, false); err != nil {
-		return nil, err
-	}
 	name := "Route"
 	if s.HTTPKey != nil {
 		name = "RouteFunc"
 	}
-	label := strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))
+	cr := &compiledRule{spec: rules.Spec{Rule: s.Rule, Field: name, HTTPKey: s.HTTPKey}, http: rl,
+		label: strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))}
 	if s.Path != "" {
 		// One route is locked by one rule: two keys in two orders can answer 409 for nothing.
 		for _, prev := range m.rules {
 			if p := prev.http; p != nil && prev.spec.Name == "" && p.Route.Text == rl.Route.Text &&
 				(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
-				return nil, rules.FieldError(label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.Field)
+				return nil, rules.FieldError(cr.label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.Field)
 			}
 		}
 	}
-	cr.spec.Field, cr.label = name, label
-	m.routed.add(cr)
+	if err := m.lockRule(cr, s, false); err != nil {
+		return nil, err
+	}
+	m.routed.build(cr)
 	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrap(cr) }), nil
 }
 

@@ -30,12 +30,6 @@ func (t *holdTimes) observe(d time.Duration) {
 	t.avg.Store(old + (int64(d)-old)/holdWeight)
 }
 
-// typical returns the average hold, and false before the first release.
-func (t *holdTimes) typical() (time.Duration, bool) {
-	d := time.Duration(t.avg.Load())
-	return d, d > 0
-}
-
 // retryHint is a busy error with the rule's estimate of how long the key stays busy.
 type retryHint struct {
 	error
@@ -55,7 +49,7 @@ func hintBusy(err error, holds *holdTimes) error {
 		return err
 	}
 	d, known := flightlock.RetryAfter(err)
-	if typical, ok := holds.typical(); ok && (!known || typical < d) {
+	if typical := time.Duration(holds.avg.Load()); typical > 0 && (!known || typical < d) {
 		d, known = typical, true
 	}
 	if !known {

@@ -43,9 +43,7 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string) he
 // shadowConflict counts (and, for a store error, logs in summary) a request of a shadow rule
 // that enforcing the rule would have answered otherwise.
 func (m *Middleware) shadowConflict(ctx context.Context, rl *rule, would string, err error) {
-	if metricsOn() {
-		shadowConflictTotal.Inc(rl.stats.name, rl.stats.template, rl.stats.store, would)
-	}
+	rl.stats.count(shadowConflictTotal, would)
 	if err != nil {
 		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
 	}
@@ -60,7 +58,7 @@ func (m *Middleware) badKey(ctx context.Context, rl *rule, err error) (goOn bool
 		return true
 	}
 	if metricsOn() {
-		acquireDuration.ObserveFloat(0, rl.stats.name, rl.stats.template, rl.stats.store, outcomeInvalidKey, "none")
+		acquireDuration.ObserveFloat(0, rl.stats.with(outcomeInvalidKey, "none")...)
 	}
 	// Logged, summarised per rule: a template naming a field requests never carry refuses
 	// every request, and the access log alone does not say why.

@@ -42,10 +42,8 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 	if err := m.sharing.StoreError(store); err != nil && strict {
 		return rules.FieldError(field+".OnBusy", "%v", err)
 	}
-	for _, rl := range []*rule{cr.http, cr.rpc} {
-		if rl != nil {
-			rl.share = m.sharing.Rule(shareLocks{m, rl}, cr.spec.Rule, rl.Plan, store)
-		}
+	for _, rl := range cr.parts() {
+		rl.share = m.sharing.Rule(shareLocks{m, rl}, cr.spec.Rule, rl.Plan, store)
 	}
 	return nil
 }
@@ -69,7 +67,5 @@ func (s shareLocks) LogError(ctx context.Context, what string, err error) {
 }
 
 func (s shareLocks) CountShared(how string) {
-	if st := s.rl.stats; metricsOn() {
-		sharedTotal.Inc(st.name, st.template, st.store, how)
-	}
+	s.rl.stats.count(sharedTotal, how)
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock"
@@ -122,14 +123,8 @@ func lockerOn(store lockstore.Store, name string, c LockConf) (*flightlock.Locke
 // Sibling calls of one trace that lock one key are refused too: the check cannot tell them
 // apart.
 func sameTrace(ctx context.Context, holder string) error {
-	id := trace.TraceIDFromContext(ctx)
-	if id == "" {
-		return nil
-	}
-	for _, f := range strings.Fields(holder) {
-		if f == "trace="+id {
-			return ErrNestedLock
-		}
+	if id := trace.TraceIDFromContext(ctx); id != "" && slices.Contains(strings.Fields(holder), "trace="+id) {
+		return ErrNestedLock
 	}
 	return nil
 }

@@ -340,11 +340,10 @@ var confDefaults = sync.OnceValue(func() (d struct {
 	lock LockConf
 	rule Rule
 }) {
-	if err := conf.FillDefault(&d.lock); err != nil {
-		panic("flightlock: the tags of LockConf: " + err.Error())
-	}
-	if err := conf.FillDefault(&d.rule); err != nil {
-		panic("flightlock: the tags of Rule: " + err.Error())
+	for _, v := range []any{&d.lock, &d.rule} {
+		if err := conf.FillDefault(v); err != nil {
+			panic(fmt.Sprintf("flightlock: the tags of %T: %v", v, err))
+		}
 	}
 	return d
 })
@@ -367,12 +366,7 @@ func fillZero(dst, def reflect.Value) {
 }
 
 // check returns the first problem of c's scalar settings.
-func (c LockConf) check() error {
-	if ps := c.problems(); len(ps) > 0 {
-		return ps[0]
-	}
-	return nil
-}
+func (c LockConf) check() error { return cmp.Or(c.problems()...) }
 
 // problems validates the scalar settings of c.
 func (c LockConf) problems() []error {

@@ -155,13 +155,7 @@ func (s *httpSource) formField(name string) (vals []string, inQuery, inBody bool
 	has := func(v url.Values) bool {
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
-	for _, k := range [2]string{name, name + "[]"} {
-		for _, v := range s.form[k] {
-			if v != "" {
-				vals = append(vals, v)
-			}
-		}
-	}
+	vals = slices.DeleteFunc(slices.Concat(s.form[name], s.form[name+"[]"]), func(v string) bool { return v == "" })
 	return vals, has(s.query), has(s.postForm), nil
 }
 
@@ -247,8 +241,8 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	return str, ok, nil
 }
 
-// scalarJSON is the key text of raw, an already checked JSON value, as decoding it with
-// UseNumber gives it to scalar: a string unescaped, a number as written, true or false.
+// scalarJSON is the key text of raw, a JSON value the decoder already checked, as decoding it
+// with UseNumber gives it to scalar: a string unescaped, a number as written, true or false.
 func scalarJSON(raw json.RawMessage) (string, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -257,21 +251,11 @@ func scalarJSON(raw json.RawMessage) (string, bool) {
 	switch c := raw[0]; {
 	case c == '"':
 		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return "", false
-		}
-		return s, true
+		return s, json.Unmarshal(raw, &s) == nil
 	case c == '-' || (c >= '0' && c <= '9'):
-		if !json.Valid(raw) {
-			return "", false
-		}
 		return string(raw), true
 	case c == 't' || c == 'f':
-		var b bool
-		if json.Unmarshal(raw, &b) != nil {
-			return "", false
-		}
-		return strconv.FormatBool(b), true
+		return strconv.FormatBool(c == 't'), true
 	}
 	return "", false // null, an object or an array
 }
@@ -403,59 +387,26 @@ func canonicalNumber(v string) string {
 		}
 		return d
 	}
-	if !floatLiteral(v) {
-		return nonFinite(v)
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
-		return v
-	}
-	if f == 0 {
-		return "0"
-	}
-	if f == math.Trunc(f) {
-		return strconv.FormatFloat(f, 'f', -1, 64)
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64)
-}
-
-// nonFinite returns the one form ("Inf", "-Inf", "NaN") of an infinity or NaN that ParseFloat
-// reads from v in any case ("+inf", "INFINITY"), and v itself when v is no such word.
-func nonFinite(v string) string {
-	// Skip ParseFloat, whose error allocates, unless v can be such a word.
-	w := strings.TrimLeft(v, "+-")
-	if len(v) > len("+infinity") || w == "" || !strings.ContainsRune("iInN", rune(w[0])) {
+	// Skip ParseFloat, whose error allocates, for text that starts as no number or word it reads.
+	if w := strings.TrimLeft(v, "+-"); w == "" || !strings.ContainsRune("0123456789.iInN", rune(w[0])) {
 		return v
 	}
 	f, err := strconv.ParseFloat(v, 64)
 	switch {
-	case err != nil:
+	case err != nil: // 1e400 too: out of range
 		return v
-	case math.IsNaN(f):
+	case math.IsNaN(f): // the words in any case ("+inf", "INFINITY") in one form
 		return "NaN"
-	case math.IsInf(f, -1):
-		return "-Inf"
 	case math.IsInf(f, 1):
 		return "Inf"
+	case math.IsInf(f, -1):
+		return "-Inf"
+	case f == 0:
+		return "0"
+	case f == math.Trunc(f):
+		return strconv.FormatFloat(f, 'f', -1, 64)
 	}
-	return v // not reached: every other text ParseFloat reads is a float literal
-}
-
-// floatLiteral reports whether s has a decimal digit and only the characters of Go's float
-// literals (infinities and NaN are words, left to nonFinite).
-func floatLiteral(s string) bool {
-	digit := false
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c >= '0' && c <= '9':
-			digit = true
-		case c >= 'a' && c <= 'f', c >= 'A' && c <= 'F', c == '.', c == '_', c == '+', c == '-',
-			c == 'x', c == 'X', c == 'p', c == 'P':
-		default:
-			return false
-		}
-	}
-	return digit
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // httpGetter is the REST getter of one template reference, as the request gives the value.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -62,14 +63,9 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 
 // usesMessage reports whether a template reads the request message.
 func usesMessage(keys []TemplateKey) bool {
-	for _, k := range keys {
-		for _, ref := range k.Refs {
-			if !strings.HasPrefix(ref, "header.") {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(keys, func(k TemplateKey) bool {
+		return slices.ContainsFunc(k.Refs, func(ref string) bool { return !strings.HasPrefix(ref, "header.") })
+	})
 }
 
 // methodInput returns the request message descriptor of a full method name when its proto

@@ -89,14 +89,11 @@ func TemplateKeys(s string) ([]TemplateKey, error) {
 // check). Which references a transport resolves is not checked here.
 func TemplateRefs(s string) ([]string, error) {
 	keys, err := TemplateKeys(s)
-	if err != nil {
-		return nil, err
-	}
 	var refs []string
 	for _, k := range keys {
 		refs = append(refs, k.Refs...)
 	}
-	return refs, nil
+	return refs, err
 }
 
 // TemplateKey is one "+"-joined key of a key template, for tools that compare the keys of
@@ -218,10 +215,7 @@ func (p keyPlan[S]) render(src S) ([]string, error) {
 }
 
 // namespace is a start of keys that the middleware writes itself, under the rules' Prefix.
-type namespace struct {
-	prefix string
-	holds  string // what lives there, for messages
-}
+type namespace struct{ prefix, holds string } // holds: what lives there, for messages
 
 // ReplayPrefix is put after LockConf.Prefix before the keys of stored responses (share rules).
 const ReplayPrefix = "replay:"
@@ -286,21 +280,12 @@ func notInternal(keys []string, err error) ([]string, error) {
 func escape(b *strings.Builder, v string) {
 	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if needsEscape(c) {
+		if c := v[i]; c < 0x20 || c == 0x7f || strings.IndexByte("%:+{}", c) >= 0 {
 			b.WriteByte('%')
 			b.WriteByte(hex[c>>4])
 			b.WriteByte(hex[c&0xf])
-			continue
+		} else {
+			b.WriteByte(c)
 		}
-		b.WriteByte(c)
 	}
-}
-
-func needsEscape(c byte) bool {
-	switch c {
-	case '%', ':', '+', '{', '}':
-		return true
-	}
-	return c < 0x20 || c == 0x7f
 }

@@ -32,17 +32,15 @@ import (
 )
 
 // New is response sharing for one Middleware: what middleware.ResponseSharing takes.
-func New(c sharehook.Config) sharehook.Group { return newGroup(c) }
+func New(c sharehook.Config) sharehook.Group {
+	return &group{conf: c, stores: newReplays(c.Bases, c.Responses)}
+}
 
 // group is the response sharing of one Middleware.
 type group struct {
 	conf    sharehook.Config
 	flights singleflight.Group // one run per key in this process
 	stores  map[string]replays // the replays of each base store, by store name
-}
-
-func newGroup(c sharehook.Config) sharehook.Group {
-	return &group{conf: c, stores: newReplays(c.Bases, c.Responses)}
 }
 
 func (g *group) StoreError(store string) error {

@@ -17,15 +17,13 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// ReplayedHeader and ReplayedMetadata mark a response (REST header, gRPC header metadata) that
-// a duplicate received from the request that ran the handler; the middleware exports them.
+// ReplayedHeader and ReplayedMetadata are middleware.ReplayedHeader and ReplayedMetadata.
 const (
 	ReplayedHeader   = "Idempotent-Replayed"
 	ReplayedMetadata = "idempotent-replayed"
 )
 
-// ErrPayloadMismatch answers a request of a share rule whose key was used by a request with
-// another payload; the middleware exports it and maps it to 422 / InvalidArgument.
+// ErrPayloadMismatch is middleware.ErrPayloadMismatch.
 var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request with a different payload")
 
 // Config is what the response sharing of one Middleware is built from.
