@@ -64,41 +64,61 @@ func guardSums(gds []guard.Guard) (plain, violations int64) {
 	return plain, violations
 }
 
-// contendImpl runs the holders hs of im (each operation on a key of gds, one guard per key)
-// from start until stop is closed (quota 0) or until quota critical sections have been run in
-// all. Goroutines that are waiting when stop closes finish their critical section, so every
-// counted one was real. Every Lock gives up at hardDeadline.
-func contendImpl(im impl, hs []contend.Holder, gds []guard.Guard, start time.Time, stop <-chan struct{}, quota int64, hardDeadline time.Time) contendResult {
-	rt0 := im.roundTrips()
-	r := contend.Run(hs, gds, start, uint64(start.UnixNano()), contend.Until(stop, quota, hardDeadline))
-	r.Errors += r.ReleaseErrors
-	r.ReleaseErrors = 0
-	return contendResult{Result: r, RT: im.roundTrips() - rt0}
+// windowRun runs the holders hs over the keys of gs (one guard per key) in this process from a
+// start 20 ms ahead for the window d (contend.Run, each Lock bounded at lockTimeout), on every
+// store; mark is called at the window's start and, with end, at its end, to read the counters.
+func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Duration, seed uint64, mark func(end bool)) contend.Result {
+	start := time.Now().Add(20 * time.Millisecond)
+	marked := make(chan struct{})
+	go func() {
+		atWindow(start, d, mark)
+		close(marked)
+	}()
+	r := contend.Run(hs, gs, start, start.Add(d), seed, lockTimeout)
+	<-marked
+	return r
 }
 
-// timedRun runs the holders hs of im in this process for d from a start 20 ms ahead, and
-// measures them: measure turns the loop's result and the server's commands into the row's
-// figures, to which the server's and this process's CPU per critical section are added.
-func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, measure func(contendResult, cmdDelta) metrics) (metrics, contendResult, cmdDelta) {
-	s0 := b.snap()
-	start := time.Now().Add(20 * time.Millisecond)
-	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-	cr := contendImpl(im, hs, gds, start, stop, 0, start.Add(d+waitBudget))
-	t.Stop()
-	delta := diffStats(s0.cmds, b.stats())
+// atWindow calls mark at start and, with end, once the window d has passed.
+func atWindow(start time.Time, d time.Duration, mark func(end bool)) {
+	time.Sleep(time.Until(start))
+	mark(false)
+	time.Sleep(time.Until(start.Add(d)))
+	mark(true)
+}
+
+// timedRun runs the holders hs of im in this process for the window d (windowRun) and
+// measures them: measure turns the loop's result (a failed Unlock counted as an error) and the
+// server's commands into the row's figures, to which the server's and this process's CPU per
+// critical section are added.
+func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, seed uint64, measure func(contendResult, cmdDelta) metrics) (metrics, contendResult, cmdDelta) {
+	var (
+		s0, s1   snap
+		rt0, rt1 int64
+	)
+	r := windowRun(hs, gds, d, waitBudget, seed, func(end bool) {
+		if end {
+			s1, rt1 = b.snapCPUFirst(), im.roundTrips()
+		} else {
+			s0, rt0 = b.snap(), im.roundTrips()
+		}
+	})
+	r.Errors += r.ReleaseErrors
+	r.ReleaseErrors = 0
+	cr := contendResult{Result: r, RT: rt1 - rt0}
+	delta := diffStats(s0.cmds, s1.cmds)
 	m := measure(cr, delta)
-	b.cpu(m, s0, cr.Ops, true)
+	b.cpuBetween(m, s0, s1, cr.Ops, true)
 	return m, cr, delta
 }
 
 // contendFor runs g goroutines of this process for d over keys (the row's key names), each
 // operation on a key drawn uniformly, with scenario 2's critical section and checks on every
 // key; a floor row locks nothing, so its checks count no violation.
-func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration) (metrics, contendResult, cmdDelta) {
+func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration, seed uint64) (metrics, contendResult, cmdDelta) {
 	im := b.impl(r)
 	gds := newGuards(len(keys))
-	return b.timedRun(im, implHolders(im, keys, g), gds, d, func(cr contendResult, delta cmdDelta) metrics {
+	return b.timedRun(im, implHolders(im, keys, g), gds, d, seed, func(cr contendResult, delta cmdDelta) metrics {
 		plain, viol := guardSums(gds)
 		m := contendMetrics(cr, delta, plain, viol)
 		if r.floor {

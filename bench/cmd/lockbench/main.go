@@ -48,10 +48,8 @@
 // The contention loops, the workers, the order of the rows, the memory measurement and the
 // HTTP systems are shared by every store (bench/internal/...); etcd and ZooKeeper are backends
 // of one runner and report (store.go), the Redis rows have their own, since they measure what
-// only Redis reports (round trips, the command mix, allocations per call). The Redis rows count
-// a contention run by every critical section begun before the end (contend.Until; scenario 3
-// runs a quota per process), the backends' rows by those that end inside a fixed window
-// (contend.Window), so that figures stay comparable with earlier runs of the same store. With
+// only Redis reports (round trips, the command mix, allocations per call). Every store's rows
+// count a contention run by the critical sections that end inside a fixed window (windowRun). With
 // -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own
 // repetitions; its scenario 6 also starts a redis-server for the example's state.
 //

@@ -232,8 +232,8 @@ func (r *report) s11Section(w func(string, ...any)) {
 			rwTable(w, mix.InProcess, false)
 		}
 		if len(mix.Procs) > 0 {
-			w("%d processes x %d goroutines (scenario 3's workers; a 1 s pilot per row and mix sets each process's critical sections\n", s3Procs, s3Goroutines)
-			w("so that a repetition lasts about %v; `fair` is the last process's finish time over the first's; the checks span the processes).\n\n", r.cfg.d11)
+			w("%d processes x %d goroutines (scenario 3's workers, counting over one common window of %v; `fair` is the most critical\n", s3Procs, s3Goroutines, r.cfg.d11)
+			w("sections of a process over the fewest; the checks span the processes).\n\n")
 			rwTable(w, mix.Procs, true)
 		}
 	}
@@ -262,7 +262,7 @@ func rwTable(w func(string, ...any), rs []*result, procs bool) {
 			mdfmt.Dur(x.med("rp50")), mdfmt.Dur(x.med("rp99")), mdfmt.Dur(x.med("wp50")), mdfmt.Dur(x.med("wp99")), mdfmt.Dur(x.med("wmax")),
 			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
 		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))
 		}
 		w(" %s |\n", x.Mix)
 	}

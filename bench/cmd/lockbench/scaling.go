@@ -12,8 +12,7 @@ import (
 // Scenario 8: how the cost of a critical section grows as the work grows, along
 // three axes, every lock row at every point:
 //   - goroutines on one hot key in one process (contend, as scenario 2);
-//   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3,
-//     for a fixed time instead of a fixed quota);
+//   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3);
 //   - distinct keys, 64 goroutines drawing a key uniformly (contend over many keys), with the
 //     SET PX + DEL floor beside the locks.
 // Each point runs d8 per row and repetition; the rows of a point are interleaved in the
@@ -45,19 +44,19 @@ func (b *bench) scenario8() *s8Results {
 	b.warm(append(rows, pick("setdel")...))
 	if len(b.cfg.s8Goroutines) > 0 {
 		out.Goroutines = b.s8Run("goroutines", b.cfg.s8Goroutines, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8)
+			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8, 0)
 			return m, cr.FirstErr
 		})
 	}
 	if len(b.cfg.s8Procs) > 0 {
 		out.Procs = b.s8Run("processes", b.cfg.s8Procs, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			pr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
-			return pr.metrics(), pr.all.FirstErr
+			m, _, firstErr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, b.cfg.d8)
+			return m, firstErr
 		})
 	}
 	if len(b.cfg.s8Keys) > 0 {
 		out.Keys = b.s8Run("keys", b.cfg.s8Keys, append(rows, pick("setdel")...), func(r rowSpec, x, rep int) (metrics, string) {
-			m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8)
+			m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8, uint64(rep))
 			return m, cr.FirstErr
 		})
 	}
@@ -150,7 +149,7 @@ func (r *report) s8Section(w func(string, ...any)) {
 	w("How the cost of a critical section grows with the work, every lock row at every point, along three axes: goroutines\n")
 	w("on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3, for a fixed time);\n", s8ProcGoroutines)
 	w("distinct keys under %d goroutines, each drawing a key per operation (with the SET PX + DEL floor). Scenario 2's critical\n", s8KeyGoroutines)
-	w("section and checks, %v per row, point and repetition; critical sections begun in time count. Each cell: critical\n", r.cfg.d8)
+	w("section and checks, %v per row, point and repetition; critical sections that end inside the window count. Each cell: critical\n", r.cfg.d8)
 	w("sections per second; server commands per critical section · p99 wait. The last line is flightlock over the best peer.\n\n")
 	for _, ax := range s.axes() {
 		unit := map[string]string{"goroutines": "goroutines, one process, one key",

@@ -43,12 +43,21 @@ func (b *bench) snap() snap {
 	return snap{cmds: b.stats(), scpu: b.adm.cpuSeconds(context.Background()), ccpu: cpustat.Self()}
 }
 
-// cpu adds server and client CPU microseconds per op since s to m.
-func (b *bench) cpu(m metrics, s snap, ops int64, client bool) {
+// snapCPUFirst is snap with the CPU times read before the commands: the closing reading of a
+// window, which should not count the server CPU that answering the reading takes.
+func (b *bench) snapCPUFirst() snap {
+	s := snap{scpu: b.adm.cpuSeconds(context.Background()), ccpu: cpustat.Self()}
+	s.cmds = b.stats()
+	return s
+}
+
+// cpuBetween adds the server's and (with client) this process's CPU microseconds per op
+// between the readings s0 and s1 to m.
+func (b *bench) cpuBetween(m metrics, s0, s1 snap, ops int64, client bool) {
 	ops = max(ops, 1)
-	m["scpu"] = (b.adm.cpuSeconds(context.Background()) - s.scpu) * 1e6 / float64(ops)
+	m["scpu"] = (s1.scpu - s0.scpu) * 1e6 / float64(ops)
 	if client {
-		m["ccpu"] = float64((cpustat.Self() - s.ccpu).Microseconds()) / float64(ops)
+		m["ccpu"] = float64((s1.ccpu - s0.ccpu).Microseconds()) / float64(ops)
 	}
 }
 
@@ -226,7 +235,7 @@ func (b *bench) scenario2() map[int][]*result {
 		if g < 16 {
 			d = b.cfg.d2small
 		}
-		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
+		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d, 0)
 		progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
 		return m, mixString(delta, cr.Ops)
 	})
@@ -258,7 +267,7 @@ func (b *bench) scenario4() []*result {
 	rows := append(lockRows(), pick("setdel")...)
 	b.warm(rows)
 	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
-		m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4)
+		m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4, uint64(rep))
 		m["opsps"] = m["csps"]
 		delete(m, "csps")
 		progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)

@@ -156,22 +156,24 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		s, im := sums[r.id], b.impl(r)
-		s0 := b.snap()
-		start := time.Now().Add(5 * time.Millisecond)
-		stop := make(chan struct{})
-		t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
-		cr := contendImpl(im, implHolders(im, keys[r.id], g), guards[r.id], start, stop, 0, start.Add(slice+waitBudget))
-		t.Stop()
-		s.add(b, s0)
+		var s0 snap
+		var rt0 int64
+		cr := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, waitBudget, uint64(rep), func(end bool) {
+			if end {
+				s.add(b, s0)
+				s.rts += im.roundTrips() - rt0
+			} else {
+				s0, rt0 = b.snap(), im.roundTrips()
+			}
+		})
 		s.ops += cr.Ops
-		s.errs += cr.Errors
-		s.rts += cr.RT
-		s.elapsed += time.Duration(cr.Elapsed)
+		s.errs += cr.Errors + cr.ReleaseErrors
+		s.elapsed += slice
 		s.waits = append(s.waits, cr.Waits...)
 		if s.firstErr == "" {
 			s.firstErr = cr.FirstErr
 		}
-		return time.Duration(cr.Elapsed), true
+		return slice, true
 	})
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {

@@ -165,6 +165,17 @@ func (b *storeBench) stats() serverStats {
 	return st
 }
 
+// mark reads the server's counters into s0 at a window's start and into s1 at its end.
+func (b *storeBench) mark(s0, s1 *serverStats) func(end bool) {
+	return func(end bool) {
+		if end {
+			*s1 = b.statsCPUFirst()
+		} else {
+			*s0 = b.stats()
+		}
+	}
+}
+
 // statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
 // a window, which should not count the server CPU that answering the reading takes.
 func (b *storeBench) statsCPUFirst() serverStats {
@@ -404,9 +415,8 @@ func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, 
 }
 
 // contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
-// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): the shared loop
-// under contend.Window, a critical section counting when it ends inside the window. The
-// server's counters are read at the window's start and end. It returns the first error too.
+// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): windowRun, the
+// server's counters read at the window's start and end. It returns the first error too.
 func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) (metrics, string) {
 	var nretries atomic.Int64
 	var hs []contend.Holder
@@ -416,19 +426,8 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 		hs = b.be.holders(row, keys, n, &nretries)
 	}
 	gs := newGuards(len(keys))
-	start := time.Now().Add(20 * time.Millisecond)
-	end := start.Add(d)
 	var s0, s1 serverStats
-	statsDone := make(chan struct{})
-	go func() {
-		time.Sleep(time.Until(start))
-		s0 = b.stats()
-		time.Sleep(time.Until(end))
-		s1 = b.statsCPUFirst()
-		close(statsDone)
-	}()
-	cr := contend.Run(hs, gs, start, seed, contend.Window(end, b.c.lockTimeout))
-	<-statsDone
+	cr := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.mark(&s0, &s1))
 	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, s1.sub(s0))
 	m[retries] = float64(nretries.Load())
 	if cr.FirstErr != "" {
@@ -446,14 +445,11 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 // inside one common window d, and sums their results (scenario 3, and scenario 8's processes
 // axis), with the first error.
 func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) (metrics, string) {
-	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc), "-window",
+	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc),
 		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
 	var s0, s1 serverStats
 	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
-		time.Sleep(time.Until(start))
-		s0 = b.stats()
-		time.Sleep(time.Until(start.Add(d)))
-		s1 = b.statsCPUFirst()
+		atWindow(start, d, b.mark(&s0, &s1))
 	})
 	defer done()
 

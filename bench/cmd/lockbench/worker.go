@@ -44,8 +44,8 @@ type workerRow struct {
 // workerResult is one worker's report.
 type workerResult struct {
 	contend.Result
-	RT  int64 `json:"rt"`  // the client's round trips (Redis rows)
-	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
+	RT  int64 `json:"rt"`  // the client's round trips in the window (Redis rows)
+	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
 // workerRun runs one measurement in procs worker processes of row: it maps the guard file they
@@ -94,12 +94,8 @@ func workerMain(args []string) {
 	addr := fs.String("addr", "", "the store's address (etcd: its client URL; ZooKeeper: host:port)")
 	key := fs.String("key", "", "the hot key")
 	g := fs.Int("g", 16, "goroutines")
-	window := fs.Bool("window", false, "count the critical sections that end within -d of the start (contend.Window); "+
-		"otherwise every one begun before -d or within -quota (contend.Until)")
-	quota := fs.Int64("quota", 0, "critical sections to run in this process (0: run for -d)")
-	d := fs.Duration("d", time.Second, "duration when -quota is 0")
-	hard := fs.Duration("hard", 30*time.Second, "give up after this long (contend.Until)")
-	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context (contend.Window)")
+	d := fs.Duration("d", time.Second, "the window: critical sections that end within it of the start count")
+	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context")
 	shmPath := fs.String("shm", "", "guard file")
 	reads := fs.Int("reads", 0, "percent of Locks that take a read lock (Redis rows of read-write locks)")
 	zkSession := fs.Duration("zk-session", 30*time.Second, "ZooKeeper: the session timeout")
@@ -150,26 +146,23 @@ func workerMain(args []string) {
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	var p contend.Policy
-	if *window {
-		p = contend.Window(start.Add(*d), *lockTimeout)
-	} else {
-		stop := make(chan struct{})
-		if *quota == 0 {
-			time.AfterFunc(time.Until(start)+*d, func() { close(stop) })
-		}
-		p = contend.Until(stop, *quota, start.Add(*hard))
-	}
-	var rt0 int64
+	var rt0, rt1 int64
 	if wr.roundTrips != nil {
 		rt0 = wr.roundTrips()
 	}
 	cpu0 := cpustat.Self()
-	r := contend.Run(hs, []guard.Guard{gd}, start, uint64(start.UnixNano()), p)
-	res := workerResult{Result: r, CPU: int64(cpustat.Self() - cpu0)}
-	if wr.roundTrips != nil {
-		res.RT = wr.roundTrips() - rt0
-	}
+	var res workerResult
+	ended := make(chan struct{})
+	time.AfterFunc(time.Until(start.Add(*d)), func() {
+		res.CPU = int64(cpustat.Self() - cpu0)
+		if wr.roundTrips != nil {
+			rt1 = wr.roundTrips()
+		}
+		close(ended)
+	})
+	res.Result = contend.Run(hs, []guard.Guard{gd}, start, start.Add(*d), uint64(start.UnixNano()), *lockTimeout)
+	<-ended
+	res.RT = rt1 - rt0
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	wr.close()
