@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 )
@@ -15,8 +16,8 @@ type contendResult struct {
 	RT int64 `json:"rt"`
 }
 
-// implHolder drives a Redis row (impl) as a contend.Holder, over keys already mapped to the
-// row's own key names.
+// implHolder drives a row (impl) as a contend.Holder, over keys already mapped to the row's
+// own key names; a flightlock lease's fence is checked, other locks have none.
 type implHolder struct {
 	im   impl
 	keys []string
@@ -27,14 +28,31 @@ type implHolder struct {
 func (x *implHolder) Lock(ctx context.Context, k int) (int64, error) {
 	h, err := x.im.lock(ctx, x.keys[k])
 	x.k, x.h = k, h
-	return 0, err
+	return fenceOf(h), err
+}
+
+// fenceOf is the fence of a row's hold h: a flightlock lease's, 0 for a lock that has none.
+func fenceOf(h any) int64 {
+	if l, ok := h.(*flightlock.Lease); ok && l != nil {
+		return l.Fence()
+	}
+	return 0
 }
 
 func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
-// implHolders are n holders of im on keys.
+// implHolders are n holders of im on keys (the row's names).
 func implHolders(im impl, keys []string, n int) []contend.Holder {
 	return holdersOf(n, func(int) contend.Holder { return &implHolder{im: im, keys: keys} })
+}
+
+// rowHolders are n holders on keys (base names), the i-th on the row lock(i) (a row whose lock
+// belongs to one goroutine makes one per goroutine), each key as that row names it.
+func rowHolders(n int, lock func(i int) impl, keys []string) []contend.Holder {
+	return holdersOf(n, func(i int) contend.Holder {
+		im := lock(i)
+		return &implHolder{im: im, keys: rowNames(im, keys)}
+	})
 }
 
 // holdersOf are n holders of one row, the i-th made by mk(i).
@@ -44,6 +62,15 @@ func holdersOf(n int, mk func(i int) contend.Holder) []contend.Holder {
 		hs[i] = mk(i)
 	}
 	return hs
+}
+
+// rowNames are keys as im names them.
+func rowNames(im impl, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = im.key(k)
+	}
+	return out
 }
 
 // newGuards are n fresh guards, one per key.

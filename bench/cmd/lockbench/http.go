@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"time"
 
-	"github.com/bsm/redislock"
-	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/prometheus"
 	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
@@ -248,38 +245,26 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 }
 
 // plainOrderLock is the order API's lock of row id ("redislock" or "setdel") as a go-zero user
-// writes it without flightlock (httpbench.OrderMiddleware), with the prefix and TTL of the
-// example's Lock section lc, on a client of its own that the returned func closes.
+// writes it without flightlock (httpbench.OrderMiddleware), with the prefix of the example's
+// Lock section lc, on a client of its own that the returned func closes.
 func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
-	client := newClient(b.addr, tunedClient).client
-	lock := setDelLock(client)
-	if id == "redislock" {
-		lock = redislockLock(redislock.New(client))
+	r, _ := rowByID(id)
+	im, err := r.build(b.addr, tunedClient)
+	if err != nil {
+		fatalf("s6 %s: %v", id, err)
 	}
-	return httpbench.OrderMiddleware(lock, lc.Prefix, lc.TTL), func() { _ = client.Close() }
+	return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix, lc.TTL), im.close
 }
 
-// redislockLock is one bsm/redislock Obtain without retry (the example's OnBusy: reject).
-func redislockLock(lc *redislock.Client) httpbench.LockFunc {
-	return func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-		lock, err := lc.Obtain(ctx, key, ttl, nil)
-		if errors.Is(err, redislock.ErrNotObtained) {
-			return nil, errBusy
-		}
+// tryLockFunc is one attempt of im (busy: 409) as the order API's lock, on every store; the
+// lock keeps its row's TTL (lockTTL, the examples' too, or a session's lease).
+func tryLockFunc(im impl) httpbench.LockFunc {
+	return func(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+		h, err := im.tryLock(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		return lock.Release, nil
-	}
-}
-
-// setDelLock is the floor: SET PX, then DEL. Not a lock: it never finds the key busy.
-func setDelLock(c *redis.Client) httpbench.LockFunc {
-	return func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-		if err := c.Set(ctx, key, "1", ttl).Err(); err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.Del(ctx, key).Err() }, nil
+		return func(ctx context.Context) error { return im.unlock(ctx, key, h) }, nil
 	}
 }
 

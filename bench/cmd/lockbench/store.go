@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -47,8 +46,9 @@ const s1Slice = 200 * time.Millisecond
 
 // backend is one store with a server of its own: how to start that server and read its
 // counters, how to make flightlock on it, and its peer rows (the store's own recipe and the
-// floor). Scenario 1 runs s1Rows; 2 and 3 flightlock and peer; 4 and the key axis of 8 adds the
-// floor. A backend that runs more than scenarios 1-3 implements fullBackend too.
+// floor) as rows (impl) of this process. Scenario 1 runs s1Rows; 2 and 3 flightlock and peer;
+// 4 and the key axis of 8 add the floor. A backend that runs more than scenarios 1-3
+// implements fullBackend too.
 type backend interface {
 	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
 	name() string
@@ -56,8 +56,10 @@ type backend interface {
 	// scenarios are those the backend runs.
 	scenarios() []int
 	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
-	// data, and may be called twice); describe is its progress line.
+	// data, and may be called twice); describe is its progress line. A worker attaches to the
+	// parent's server instead, at the address workerArgs gave it.
 	start(c *config) error
+	attach(addr string)
 	Stop()
 	describe() string
 	Pid() int
@@ -72,25 +74,14 @@ type backend interface {
 	// peer is the row of the store's own lock; s1Rows are scenario 1's rows.
 	peer() string
 	s1Rows() []string
-	// s1Op is one operation of a peer or floor row in scenario 1: lock and unlock the i-th key
-	// of repetition rep.
-	s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error)
-	// holders are n goroutines' holds of a peer or floor row on keys; the floor counts the
-	// attempts that find a key taken in retries.
-	holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder
-	// workerArgs are the flags a worker needs to reach the server; workerLocker and workerPeer
-	// build a row in a worker process, on clients of its own.
+	// lockOf is the peer's or the floor's lock for goroutine i of this process, once
+	// peerGoroutines(n) made room for n > i of them; i < 0 is the process's own lock, none of
+	// the goroutines' (scenario 1, a held key). dropGoroutinesBeyond undoes peerGoroutines past n.
+	lockOf(row string, i int) impl
+	peerGoroutines(n int) error
+	dropGoroutinesBeyond(n int)
 	workerArgs(c *config) []string
-	workerLocker(o workerOpts) (*flightlock.Locker, func(), error)
-	workerPeer(row string, o workerOpts) (workerRow, error)
 	notes() storeNotes
-}
-
-// workerOpts are what a worker of a store row is told on its command line.
-type workerOpts struct {
-	addr        string
-	lockTimeout time.Duration
-	zkSession   time.Duration
 }
 
 // backendFor is the backend of -store name (redis has none: its rows are libs.go's).
@@ -152,11 +143,28 @@ func rowMetrics(ops int64, window time.Duration, lats []int64, errs int64, st se
 	return m
 }
 
-// storeBench is what the scenarios of a backend's rows share.
+// storeBench is what the scenarios of a backend's rows share: flight is the bench's Locker.
 type storeBench struct {
-	c  *config
-	be backend
-	l  *flightlock.Locker
+	c      *config
+	be     backend
+	l      *flightlock.Locker
+	flight lockerRow
+}
+
+// rowImpl is row's lock for goroutine i (backend.lockOf), the bench's Locker for flightlock.
+func (b *storeBench) rowImpl(row string, i int) impl {
+	if row == rowFlight {
+		return b.flight
+	}
+	return b.be.lockOf(row, i)
+}
+
+// rowHolders are n holders of row on keys, after making room for n peer goroutines.
+func (b *storeBench) rowHolders(row string, keys []string, n int) []contend.Holder {
+	if err := b.be.peerGoroutines(n); err != nil {
+		fatalf("%s: %v", row, err)
+	}
+	return rowHolders(n, func(i int) impl { return b.rowImpl(row, i) }, keys)
 }
 
 func (b *storeBench) stats() serverStats {
@@ -200,7 +208,11 @@ func runStore(c *config, be backend) {
 	if err != nil {
 		fatalf("setup: %v", err)
 	}
-	b := &storeBench{c: c, be: be, l: l}
+	flight, err := newLockerRow(l)
+	if err != nil {
+		fatalf("setup: %v", err)
+	}
+	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -271,8 +283,8 @@ func (c *config) ranAny(scenarios ...int) bool {
 
 // s1Row is what a row of scenario 1 gathers over its slices.
 type s1Row struct {
-	op     func(ctx context.Context, i int) (releaseErr, err error)
-	next   int // the index of the row's next key
+	op     func(ctx context.Context, i int) (releaseErr, err error) // storeBench.s1Op
+	next   int                                                      // the index of the row's next key
 	errs   int64
 	window time.Duration
 	lats   []int64
@@ -295,16 +307,16 @@ func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map
 	return out
 }
 
+// s1Op locks and unlocks the i-th key of repetition rep on row's lock of this process.
 func (b *storeBench) s1Op(row, rep string) func(ctx context.Context, i int) (error, error) {
-	if row != rowFlight {
-		return b.be.s1Op(row, rep)
-	}
+	im := b.rowImpl(row, -1)
 	return func(ctx context.Context, i int) (error, error) {
-		lease, err := b.l.Lock(ctx, fmt.Sprintf("u-%s-%d", rep, i))
+		key := im.key(fmt.Sprintf("u-%s-%d", rep, i))
+		h, err := im.lock(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		return lease.Release(ctx), nil
+		return im.unlock(ctx, key, h), nil
 	}
 }
 
@@ -345,65 +357,6 @@ func percentiles(v []int64) (time.Duration, time.Duration) {
 	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
 }
 
-// lockerHolder is a goroutine's hold on a flightlock Locker, whatever its store.
-type lockerHolder struct {
-	l     *flightlock.Locker
-	keys  []string
-	lease *flightlock.Lease
-}
-
-func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
-	lease, err := h.l.Lock(ctx, h.keys[k])
-	if err != nil {
-		return 0, err
-	}
-	h.lease = lease
-	return lease.Fence(), nil
-}
-
-func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
-
-func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder {
-	return holdersOf(n, func(int) contend.Holder { return &lockerHolder{l: l, keys: keys} })
-}
-
-// perKeyHolder is a goroutine's hold with a lock of its own per key (newLock), made on the
-// key's first use, for a store's recipe whose lock object belongs to one holder.
-type perKeyHolder[L any] struct {
-	keys         []string
-	newLock      func(key string) L
-	lock, unlock func(ctx context.Context, l L) error
-	ls           map[int]L
-	held         L
-}
-
-func (h *perKeyHolder[L]) Lock(ctx context.Context, k int) (int64, error) {
-	l, ok := h.ls[k]
-	if !ok {
-		if h.ls == nil {
-			h.ls = map[int]L{}
-		}
-		l = h.newLock(h.keys[k])
-		h.ls[k] = l
-	}
-	if err := h.lock(ctx, l); err != nil {
-		return 0, err
-	}
-	h.held = l
-	return 0, nil
-}
-
-func (h *perKeyHolder[L]) Unlock(ctx context.Context) error { return h.unlock(ctx, h.held) }
-
-// prefixed is keys, each behind prefix: the key names of one row.
-func prefixed(prefix string, keys []string) []string {
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = prefix + k
-	}
-	return out
-}
-
 // keysRun runs n goroutines of this process for d over nkeys fresh keys named after prefix
 // (scenario 4, and scenario 8's keys axis).
 func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) (metrics, string) {
@@ -418,18 +371,13 @@ func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, 
 // uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): windowRun, the
 // server's counters read at the window's start and end. It returns the first error too.
 func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) (metrics, string) {
-	var nretries atomic.Int64
-	var hs []contend.Holder
-	if row == rowFlight {
-		hs = lockerHolders(b.l, keys, n)
-	} else {
-		hs = b.be.holders(row, keys, n, &nretries)
-	}
+	hs := b.rowHolders(row, keys, n)
+	retries0 := retriesOf(b.rowImpl(row, -1))
 	gs := newGuards(len(keys))
 	var s0, s1 serverStats
 	cr := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.mark(&s0, &s1))
 	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, s1.sub(s0))
-	m[retries] = float64(nretries.Load())
+	m[retries] = float64(retriesOf(b.rowImpl(row, -1)) - retries0)
 	if cr.FirstErr != "" {
 		progress("  %s: first error: %s", row, cr.FirstErr)
 	}
@@ -466,33 +414,33 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	return m, all.FirstErr
 }
 
-// storeWorkerRow builds a row of a backend in a worker process: flightlock on a Locker and
-// store of the worker's own, warmed on keys of its own (the store's session or lease granted,
-// the connection open), or the backend's peer row.
-func storeWorkerRow(be backend, row string, o workerOpts) (workerRow, error) {
-	if row != rowFlight {
-		return be.workerPeer(row, o)
-	}
-	l, closeL, err := be.workerLocker(o)
+// storeWorkerRow builds a row of a backend in a worker process, on clients, a Locker and
+// a store of the worker's own (open on the parent's server), warmed on keys of its own.
+func storeWorkerRow(be backend, row, addr string, c *config) (workerRow, error) {
+	be.attach(addr)
+	l, err := be.open(c)
 	if err != nil {
 		return workerRow{}, err
 	}
+	flight, err := newLockerRow(l)
+	if err != nil {
+		return workerRow{}, err
+	}
+	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) { return lockerHolders(l, keys, n), nil },
-		warm: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for i := range 5 {
-				lease, err := l.Lock(ctx, fmt.Sprintf("warm-%d-%d", os.Getpid(), i))
-				if err != nil {
-					return err
-				}
-				_ = lease.Release(ctx)
-			}
-			return nil
-		},
-		close: closeL,
+		holders: func(keys []string, n int) ([]contend.Holder, error) { return b.rowHolders(row, keys, n), nil },
+		warm:    func() error { return warmImpl(b.rowImpl(row, 0), fmt.Sprintf("warm-%d", os.Getpid()), 5) },
+		close:   func() { drainClose(l, func() error { be.close(); return nil }) },
 	}, nil
+}
+
+// retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent
+// retries), 0 for a lock that waits otherwise.
+func retriesOf(im impl) int64 {
+	if r, ok := im.(interface{ retried() int64 }); ok {
+		return r.retried()
+	}
+	return 0
 }
 
 // drainClose drains a Locker and closes its store (revoking its lease or session).

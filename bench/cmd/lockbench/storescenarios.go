@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -20,22 +19,12 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// fullBackend is a backend that runs scenarios 4-9 too: what their peer rows need of it.
+// fullBackend is a backend that runs scenarios 4-9 too: http runs scenario 6; dupConf is the
+// middleware's Lock section of scenario 7.
 type fullBackend interface {
 	backend
-	// peerGoroutines makes sure n peer goroutines can contend at once; dropGoroutinesBeyond
-	// undoes it past n (what each needs, a session, would load the scenarios that follow).
-	peerGoroutines(n int) error
-	dropGoroutinesBeyond(n int)
-	// rejectPeer holds key with the peer and returns the peer's try of goroutine i (i < n) and
-	// the hold's release.
-	rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error)
-	// http runs scenario 6; dupConf is the middleware's Lock section of scenario 7.
 	http(b *storeBench) *s6Results
 	dupConf() flmw.LockConf
-	// holdPeer and waitPeer are the peer's rows of scenario 9 (storeBench.hold, storeBench.wait).
-	holdPeer(b *storeBench, n int) (metrics, error)
-	waitPeer(b *storeBench, w int) (metrics, error)
 }
 
 // runMore runs scenarios 8, 9, 5, 6 and 7, each with its own repetitions.
@@ -90,10 +79,10 @@ func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	if len(c.s8Keys) > 0 {
 		need = max(need, s8KeyGoroutines)
 	}
-	if err := fb.peerGoroutines(need); err != nil {
+	if err := b.be.peerGoroutines(need); err != nil {
 		fatalf("scenario 8: %v", err)
 	}
-	defer fb.dropGoroutinesBeyond(hotGoroutines)
+	defer b.be.dropGoroutinesBeyond(hotGoroutines)
 
 	if len(c.s8Goroutines) > 0 {
 		axes = append(axes, b.measureAxis("goroutines", c.s8Goroutines, locks, func(row string, x, rep int) (metrics, string) {
@@ -154,52 +143,42 @@ func chartPath(out, axis string) string {
 // s5Goroutines try the held key at once in the parallel part.
 const s5Goroutines = 64
 
-// tryer makes one attempt at the held key from goroutine i; busy reports a refusal, err any
-// other failure; a grant is released before it returns (and counted as wrong by the caller).
-type tryer func(ctx context.Context, i int) (busy bool, err error)
-
-func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) (metrics, string) {
+// rejectRow holds a key with row's own lock, then tries it from other goroutines, each on
+// row's lock of its own (a refusal of flightlock takes no RPC, the peer's its round trips); a
+// grant is released at once and counted as wrong.
+func (b *storeBench) rejectRow(row string, rep int) (metrics, string) {
 	ctx := context.Background()
-	key := fmt.Sprintf("s7-%d", rep)
-	var try tryer
-	var release func()
-	every := int64(1)
-	switch row {
-	case rowFlight:
-		every = 256
-		reject, err := b.l.With(flightlock.WithMode(flightlock.Reject))
-		if err != nil {
-			fatalf("s7: %v", err)
-		}
-		held, err := b.l.Lock(ctx, key)
-		if err != nil {
-			fatalf("s7 %s: hold: %v", row, err)
-		}
-		release = func() { _ = held.Release(ctx) }
-		try = func(ctx context.Context, _ int) (bool, error) {
-			l, err := reject.TryLock(ctx, key)
-			if err == nil {
-				_ = l.Release(ctx)
-				return false, nil
-			}
-			return errors.Is(err, flightlock.ErrBusy), err
-		}
-	default:
-		var err error
-		if try, release, err = fb.rejectPeer(ctx, key, s5Goroutines); err != nil {
-			fatalf("s7 %s: %v", row, err)
-		}
+	if err := b.be.peerGoroutines(s5Goroutines); err != nil {
+		fatalf("s7 %s: %v", row, err)
 	}
-	defer release()
+	every := int64(1)
+	if row == rowFlight {
+		every = 256
+	}
+	own := b.rowImpl(row, -1)
+	key := own.key(fmt.Sprintf("s7-%d", rep))
+	held, err := own.lock(ctx, key)
+	if err != nil {
+		fatalf("s7 %s: hold: %v", row, err)
+	}
+	defer own.unlock(ctx, key, held)
+	tries := make([]impl, s5Goroutines)
+	for i := range tries {
+		tries[i] = b.rowImpl(row, i)
+	}
 	var wrong atomic.Int64
 	var firstErr string
 	var st [2]serverStats
 	parts := rejectParts(b.c.d5, every, func(part, i int) {
-		if busy, err := try(ctx, i); !busy {
-			wrong.Add(1)
-			if part == 0 && firstErr == "" && err != nil {
-				firstErr = err.Error()
-			}
+		h, err := tries[i].tryLock(ctx, key)
+		if errors.Is(err, errBusy) {
+			return
+		}
+		wrong.Add(1)
+		if err == nil {
+			_ = tries[i].unlock(ctx, key, h)
+		} else if part == 0 && firstErr == "" {
+			firstErr = err.Error()
 		}
 	}, func(part int) func() {
 		s0 := b.stats()
@@ -275,7 +254,7 @@ func (b *storeBench) reject(fb fullBackend) results {
 	out := results{}
 	for rep := range b.c.reps {
 		for _, row := range interleave.Rotate([]string{rowFlight, fb.peer()}, rep) {
-			r, firstErr := b.rejectRow(fb, row, rep)
+			r, firstErr := b.rejectRow(row, rep)
 			if out[row] == nil {
 				out[row] = &result{Row: row}
 			}
@@ -309,11 +288,7 @@ func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	}
 	for _, n := range b.c.memLocks {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			hold := b.holdFlight
-			if row != rowFlight {
-				hold = func(n int) (metrics, error) { return fb.holdPeer(b, n) }
-			}
-			h, err := hold(n)
+			h, err := b.holdRow(row, n)
 			out.hold = append(out.hold, one(row, h, err))
 			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%.0f, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+.0f goroutines; errors %.0f %v",
 				n, row, h["heap"], h["gor"], h["peak_gor"], h["server_rss"], h["ccpu_ms"], h["reqs_s"], h["keepalives_s"], h["after_heap"], h["after_gor"], h["errors"], errText(err))
@@ -321,11 +296,7 @@ func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	}
 	if w := b.c.memWaiters; w > 0 {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			wait := b.waitFlight
-			if row != rowFlight {
-				wait = func(w int) (metrics, error) { return fb.waitPeer(b, w) }
-			}
-			r, err := wait(w)
+			r, err := b.waitRow(row, w)
 			out.wait = append(out.wait, one(row, r, err))
 			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %.0f, violations %.0f/%.0f, errors %.0f %v",
 				w, row, r["heap"], r["gor"], r["reqs_s"], mdfmt.Dur(r["next"]), mdfmt.Dur(r["all"]), r["served"], r[violations], r[fenceViolations], r["errors"], errText(err))
@@ -351,21 +322,30 @@ func (b *storeBench) bounded(fn func(ctx context.Context, i int) error) func(i i
 	}
 }
 
-// holdFlight holds n locks with a Locker and store of their own (their baseline and what
-// stays after release are theirs alone), on the benchmark's client.
-func (b *storeBench) holdFlight(n int) (metrics, error) {
+// memoryRow is row's lock for scenario 9 and its teardown: flightlock on a Locker and store of
+// their own (their baseline and what stays after release are theirs alone), on the benchmark's
+// client; the peer on the process's own lock.
+func (b *storeBench) memoryRow(row string) (impl, func()) {
+	if row != rowFlight {
+		return b.be.lockOf(row, -1), func() {}
+	}
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
 	}
-	defer closeL()
+	return lockerRow{locker: l}, closeL
+}
+
+// holdRow holds n locks of row on distinct keys (hold).
+func (b *storeBench) holdRow(row string, n int) (metrics, error) {
+	im, done := b.memoryRow(row)
+	defer done()
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("m6h-%d", i)
+		keys[i] = im.key(fmt.Sprintf("m6h-%d", i))
 	}
-	warm, lock, unlock, leases := heldKeys(keys, func(i int) string { return fmt.Sprintf("m6w-%d", i) }, l.Lock,
-		func(ctx context.Context, _ string, lease *flightlock.Lease) error { return lease.Release(ctx) })
-	return b.hold(rowFlight, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+	warm, lock, unlock, held := heldKeys(keys, func(i int) string { return im.key(fmt.Sprintf("m6w-%d", i)) }, im.lock, im.unlock)
+	return b.hold(n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(held) })
 }
 
 // heldKeys are the steps of a holding row of scenario 9 on keys, whatever its store and lock:
@@ -405,7 +385,7 @@ func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func
 // at the same concurrency, so the client's buffers and the row's lease are in place before the
 // baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
 // slices, built before the baseline, live through all three measurements.
-func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
+func (b *storeBench) hold(n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
 	var d serverStats
 	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.Pid()) }, func() {
 		s0 := b.stats()
@@ -421,40 +401,41 @@ func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context
 	return m, h.FirstErr
 }
 
-// waitFlight: a Locker of its own holds the key; w goroutines of this process wait on it
-// through the same Locker, as a service's concurrent requests for one key do.
-func (b *storeBench) waitFlight(w int) (metrics, error) {
-	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
-	if err != nil {
-		fatalf("scenario 9: %v", err)
+// waitRow holds a key with row's lock and has w goroutines of this process wait for it (wait):
+// flightlock's through the holder's Locker, as a service's concurrent requests for one key do;
+// the peer's each on a lock of its own (an etcd Mutex needs a session of its own), made after
+// the baseline and measured apart.
+func (b *storeBench) waitRow(row string, w int) (metrics, error) {
+	im, done := b.memoryRow(row)
+	defer done()
+	if err := warmImpl(im, "m6ww", 10); err != nil { // the store's lease and the lock's paths in place before the baseline
+		fatalf("scenario 9: warm-up: %v", err)
 	}
-	defer closeL()
 	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 	defer cancel()
-	for i := range 10 { // the store's lease and the Locker's paths in place before the baseline
-		lease, err := l.Lock(ctx, fmt.Sprintf("m6ww-%d", i))
-		if err != nil {
-			fatalf("scenario 9: warm-up: %v", err)
-		}
-		_ = lease.Release(ctx)
-	}
-	key := fmt.Sprintf("m6wait-%d", w)
-	held, err := l.Lock(ctx, key)
+	key := im.key(fmt.Sprintf("m6wait-%d", w))
+	held, err := im.lock(ctx, key)
 	if err != nil {
 		fatalf("scenario 9: hold %s: %v", key, err)
 	}
-	leases := make([]*flightlock.Lease, w)
-	return b.wait(w, held.Fence(), nil,
-		func(ctx context.Context, i int) (int64, error) {
-			lease, err := l.Lock(ctx, key)
-			if err != nil {
-				return 0, err
-			}
-			leases[i] = lease
-			return lease.Fence(), nil
+	waiter, prepare := func(int) impl { return im }, (func() error)(nil)
+	if row != rowFlight { // the waiters' locks come after the hot goroutines'
+		if err := b.be.peerGoroutines(hotGoroutines); err != nil {
+			fatalf("scenario 9: %v", err)
+		}
+		b.be.dropGoroutinesBeyond(hotGoroutines)
+		defer b.be.dropGoroutinesBeyond(hotGoroutines)
+		waiter = func(i int) impl { return b.be.lockOf(row, hotGoroutines+i) }
+		prepare = func() error { return b.be.peerGoroutines(hotGoroutines + w) }
+	}
+	hs := make([]any, w)
+	return b.wait(w, fenceOf(held), prepare,
+		func(ctx context.Context, i int) (_ int64, err error) {
+			hs[i], err = waiter(i).lock(ctx, key)
+			return fenceOf(hs[i]), err
 		},
-		func(ctx context.Context, i int) error { return leases[i].Release(ctx) },
-		held.Release)
+		func(ctx context.Context, i int) error { return waiter(i).unlock(ctx, key, hs[i]) },
+		func(ctx context.Context) error { return im.unlock(ctx, key, held) })
 }
 
 // wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is

@@ -107,7 +107,7 @@ func workerMain(args []string) {
 		err error
 	)
 	if be := backendFor(*store); be != nil {
-		wr, err = storeWorkerRow(be, *row, workerOpts{addr: *addr, lockTimeout: *lockTimeout, zkSession: *zkSession})
+		wr, err = storeWorkerRow(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession})
 	} else if *store == "redis" {
 		wr, err = redisWorkerRow(*row, *addr, *reads)
 	} else {
