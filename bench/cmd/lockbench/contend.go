@@ -9,13 +9,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/guard"
 )
 
-// contendResult is what the goroutines of one Redis run report: the shared loop's result (an
-// Unlock that failed is an error here, as a Lock that failed), and the client's round trips.
-type contendResult struct {
-	contend.Result
-	RT int64 `json:"rt"`
-}
-
 // implHolder drives a row (impl) as a contend.Holder, over keys already mapped to the row's
 // own key names; a flightlock lease's fence is checked, other locks have none.
 type implHolder struct {
@@ -93,61 +86,37 @@ func guardSums(gds []guard.Guard) (plain, violations int64) {
 
 // windowRun runs the holders hs over the keys of gs (one guard per key) in this process from a
 // start 20 ms ahead for the window d (contend.Run, each Lock bounded at lockTimeout), on every
-// store; mark is called at the window's start and, with end, at its end, to read the counters.
-func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Duration, seed uint64, mark func(end bool)) contend.Result {
+// store, and returns what m counted over the window too.
+func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Duration, seed uint64, m meter) (contend.Result, serverStats) {
 	start := time.Now().Add(20 * time.Millisecond)
-	marked := make(chan struct{})
-	go func() {
-		atWindow(start, d, mark)
-		close(marked)
-	}()
+	stc := make(chan serverStats, 1)
+	go func() { stc <- windowStats(start, d, m) }()
 	r := contend.Run(hs, gs, start, start.Add(d), seed, lockTimeout)
-	<-marked
-	return r
-}
-
-// atWindow calls mark at start and, with end, once the window d has passed.
-func atWindow(start time.Time, d time.Duration, mark func(end bool)) {
-	time.Sleep(time.Until(start))
-	mark(false)
-	time.Sleep(time.Until(start.Add(d)))
-	mark(true)
+	return r, <-stc
 }
 
 // timedRun runs the holders hs of im in this process for the window d (windowRun) and
 // measures them: measure turns the loop's result (a failed Unlock counted as an error) and the
-// server's commands into the row's figures, to which the server's and this process's CPU per
+// server's counters into the row's figures, to which the server's and this process's CPU per
 // critical section are added.
-func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, seed uint64, measure func(contendResult, cmdDelta) metrics) (metrics, contendResult, cmdDelta) {
-	var (
-		s0, s1   snap
-		rt0, rt1 int64
-	)
-	r := windowRun(hs, gds, d, waitBudget, seed, func(end bool) {
-		if end {
-			s1, rt1 = b.snapCPUFirst(), im.roundTrips()
-		} else {
-			s0, rt0 = b.snap(), im.roundTrips()
-		}
-	})
+func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, seed uint64, measure func(contend.Result, serverStats) metrics) (metrics, contend.Result, serverStats) {
+	r, st := windowRun(hs, gds, d, waitBudget, seed, b.meter(im))
 	r.Errors += r.ReleaseErrors
 	r.ReleaseErrors = 0
-	cr := contendResult{Result: r, RT: rt1 - rt0}
-	delta := diffStats(s0.cmds, s1.cmds)
-	m := measure(cr, delta)
-	b.cpuBetween(m, s0, s1, cr.Ops, true)
-	return m, cr, delta
+	m := measure(r, st)
+	perOpMicros(m, st, r.Ops, true)
+	return m, r, st
 }
 
 // contendFor runs g goroutines of this process for d over keys (the row's key names), each
 // operation on a key drawn uniformly, with scenario 2's critical section and checks on every
 // key; a floor row locks nothing, so its checks count no violation.
-func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration, seed uint64) (metrics, contendResult, cmdDelta) {
+func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration, seed uint64) (metrics, contend.Result, serverStats) {
 	im := b.impl(r)
 	gds := newGuards(len(keys))
-	return b.timedRun(im, implHolders(im, keys, g), gds, d, seed, func(cr contendResult, delta cmdDelta) metrics {
+	return b.timedRun(im, implHolders(im, keys, g), gds, d, seed, func(cr contend.Result, st serverStats) metrics {
 		plain, viol := guardSums(gds)
-		m := contendMetrics(cr, delta, plain, viol)
+		m := contendMetrics(cr, st, plain, viol)
 		if r.floor {
 			m["violations"] = 0
 		}

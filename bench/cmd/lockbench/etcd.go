@@ -431,7 +431,9 @@ func (e *etcdBackend) http(b *storeBench) *s6Results {
 		Low:  httpbench.WholeSeconds(b.c.d6low),
 		Sat:  httpbench.WholeSeconds(b.c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			return e.wrkRun(b, wrk, s, conns, d, expect, rs.Pid())
+			m, st, n := wrkRun(wrk, s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b)
+			m["rpcs"], m["fsyncs"] = st.reqs/n, st.fsyncs/n
+			return m, nil
 		},
 		RoundTrip: func() float64 {
 			// A linearizable Get (the client's default) of an absent key: etcd's PING.
@@ -499,20 +501,6 @@ func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *htt
 		fatalf("s8 %s: %v", r.id, err)
 	}
 	return s
-}
-
-// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, etcd, redis-server
-// of pid redisPid and wrk) and returns the run's figures with the etcd unary RPCs and fsyncs
-// per request.
-func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
-	var st0 serverStats
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": redisPid}, func() { st0 = b.stats() })
-	if err != nil {
-		return nil, err
-	}
-	st := b.stats().sub(st0)
-	m["rpcs"], m["fsyncs"] = st.reqs/float64(run.Requests), st.fsyncs/float64(run.Requests)
-	return m, nil
 }
 
 // etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for

@@ -113,13 +113,11 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		Low:  httpbench.WholeSeconds(b.cfg.d6low),
 		Sat:  httpbench.WholeSeconds(b.cfg.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			w := b.wrkRun(wrk, s, conns, d, expect)
-			if conns == httpbench.LowConns {
-				lowMix[s.ID] = w.mix
-			} else {
-				satMix[s.ID] = w.mix
-			}
-			return w.m, nil
+			m, st, n := wrkRun(wrk, s, conns, d, expect, map[string]int{"redis": srv.Pid()}, b.meter(nil))
+			m["cmds"] = st.reqs / n
+			mix := map[bool]map[string]string{true: lowMix, false: satMix}[conns == httpbench.LowConns]
+			mix[s.ID] = mixString(st.cmds, int64(n))
+			return m, nil
 		},
 		RoundTrip: func() float64 {
 			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
@@ -268,23 +266,16 @@ func tryLockFunc(im impl) httpbench.LockFunc {
 	}
 }
 
-// wrkResult is one wrk run with the Redis commands per request.
-type wrkResult struct {
-	m   metrics
-	mix string // Redis command mix per request
-}
-
-// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, redis-server and
-// wrk) and returns the run's figures with the Redis commands per request.
-func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64) wrkResult {
-	var cmds0 map[string]int64
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"redis": srv.Pid()}, func() { cmds0 = b.stats() })
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service and of the procs
+// by name), on every store, and returns the run's figures, what m counted over it and the
+// requests it made.
+func wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, procs map[string]int, m meter) (metrics, serverStats, float64) {
+	var st0 serverStats
+	fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
 	if err != nil {
 		fatalf("s6 %s: %v", s.ID, err)
 	}
-	delta := diffStats(cmds0, b.stats())
-	m["cmds"] = float64(delta.total()) / float64(run.Requests)
-	return wrkResult{m: m, mix: mixString(delta, run.Requests)}
+	return fig, readStats(m, true).sub(st0), float64(run.Requests)
 }
 
 // roundTripMedian is the median latency of op, called one after the other for d: the round

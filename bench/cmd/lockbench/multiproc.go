@@ -33,15 +33,11 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 		return workerRow{}, err
 	}
 	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) {
-			mapped := make([]string, len(keys))
-			for i, k := range keys {
-				mapped[i] = im.key(k)
-			}
+		holders: func(keys []string, n int) []contend.Holder {
 			if spec.rw {
-				return rwHolders(im, mapped, n, reads), nil
+				return rwHolders(im, rowNames(im, keys), n, reads)
 			}
-			return implHolders(im, mapped, n), nil
+			return implHolders(im, rowNames(im, keys), n)
 		},
 		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm:%d", os.Getpid()), 50) },
 		roundTrips: im.roundTrips,
@@ -52,10 +48,11 @@ func redisWorkerRow(id, addr string, reads int) (workerRow, error) {
 }
 
 // sumWorkers adds the workers' results up: the critical sections of all over the window,
-// every error (a failed release counts as one, as in process).
-func sumWorkers(wr []workerResult) contendResult {
-	var all contendResult
+// every error (a failed release counts as one, as in process), their round trips and CPU.
+func sumWorkers(wr []workerResult) workerResult {
+	var all workerResult
 	for _, w := range wr {
+		all.CPU += w.CPU
 		all.Ops += w.Ops
 		all.Reads += w.Reads
 		all.ReadWaits = append(all.ReadWaits, w.ReadWaits...)
@@ -82,41 +79,33 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, e
 	if r.permits > 1 {
 		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
-	var s0, s1 snap
+	var st serverStats
 	wr, cs, span, done := workerRun(r.id, key, procs, r.permits > 1 || r.rw, args, 50*time.Millisecond, waitBudget+30*time.Second,
-		func(start time.Time) {
-			atWindow(start, d, func(end bool) {
-				if end {
-					s1 = b.snapCPUFirst()
-				} else {
-					s0 = b.snap()
-				}
-			})
-		})
+		func(start time.Time) { st = windowStats(start, d, b.meter(nil)) })
 	defer done()
 	if r.rw {
 		cs, span = cs.ReadWrite(), span.ReadWrite()
 	}
-	all, delta := sumWorkers(wr), diffStats(s0.cmds, s1.cmds)
-	m := hotMetrics(r, all, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
-	b.cpuBetween(m, s0, s1, all.Ops, false)
-	var cpu, fewest, most int64 = 0, 1 << 62, 0
+	all := sumWorkers(wr)
+	st.rts = all.RT
+	m := hotMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
+	perOpMicros(m, st, all.Ops, false)
+	var fewest, most int64 = 1 << 62, 0
 	for _, w := range wr {
-		cpu += w.CPU
 		fewest, most = min(fewest, w.Ops), max(most, w.Ops)
 	}
-	m["ccpu"] = float64(cpu) / 1e3 / float64(max(all.Ops, 1))
+	m["ccpu"] = float64(all.CPU) / 1e3 / float64(max(all.Ops, 1))
 	m["fair"], m["per_proc"] = float64(most)/float64(max(fewest, 1)), float64(all.Ops)/float64(len(wr))
-	return m, mixString(delta, all.Ops), all.FirstErr
+	return m, mixString(st.cmds, all.Ops), all.FirstErr
 }
 
 // hotMetrics are the figures of a run of row on one hot key: a read-write lock's (rwMetrics),
 // else scenario 2's (contendMetrics) with, for a semaphore, the most holders at once (peak).
-func hotMetrics(row rowSpec, cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
+func hotMetrics(row rowSpec, cr contend.Result, st serverStats, plain, violations, peak int64) metrics {
 	if row.rw {
-		return rwMetrics(cr, d, plain, violations, peak)
+		return rwMetrics(cr, st, plain, violations, peak)
 	}
-	m := contendMetrics(cr, d, plain, violations)
+	m := contendMetrics(cr, st, plain, violations)
 	if row.permits > 1 {
 		m["peak"] = float64(peak)
 	}
@@ -166,8 +155,8 @@ func (b *bench) hotInProcess(r rowSpec, key string, d time.Duration, reads int) 
 	im := b.impl(r)
 	keys := []string{im.key(key)}
 	if r.permits <= 1 && !r.rw {
-		m, cr, delta := b.contendFor(r, keys, s10Goroutines, d, 0)
-		return m, mixString(delta, cr.Ops)
+		m, cr, st := b.contendFor(r, keys, s10Goroutines, d, 0)
+		return m, mixString(st.cmds, cr.Ops)
 	}
 	cs, span := guard.New().Admitting(int64(r.permits)), guard.New().Admitting(int64(r.permits))
 	hs := implHolders(im, keys, s10Goroutines)
@@ -175,10 +164,10 @@ func (b *bench) hotInProcess(r rowSpec, key string, d time.Duration, reads int) 
 		cs, span = guard.New().ReadWrite(), guard.New().ReadWrite()
 		hs = rwHolders(im, keys, s10Goroutines, reads)
 	}
-	m, cr, delta := b.timedRun(im, spanHolders(hs, span), []guard.Guard{cs}, d, 0, func(cr contendResult, delta cmdDelta) metrics {
-		return hotMetrics(r, cr, delta, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
+	m, cr, st := b.timedRun(im, spanHolders(hs, span), []guard.Guard{cs}, d, 0, func(cr contend.Result, st serverStats) metrics {
+		return hotMetrics(r, cr, st, cs.Plain(), cs.Violations()+span.Violations(), span.Peak())
 	})
-	return m, mixString(delta, cr.Ops)
+	return m, mixString(st.cmds, cr.Ops)
 }
 
 func (b *bench) scenario3() []*result {

@@ -47,7 +47,7 @@ type report struct {
 	s6      *s6Results
 	s6bare  *s6Results // scenario 6's rows over a bare handler
 	s7      []*result
-	s8      *s8Results
+	s8      []*s8Axis
 	s9      *s9Results
 	s10     *inAndAcross // s10-s12 are written to the primitives report (primitivesMarkdown)
 	s11     *s11Results

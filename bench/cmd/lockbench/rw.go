@@ -170,7 +170,7 @@ func (b *bench) scenario11() *s11Results {
 // apart, and the checks of both guards (plain: the writes the critical section's plain counter
 // saw; violations: of both guards; peak: the most readers at once), with the writes' lost
 // updates.
-func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
+func rwMetrics(cr contend.Result, st serverStats, plain, violations, peak int64) metrics {
 	slices.Sort(cr.Waits)
 	slices.Sort(cr.ReadWaits)
 	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
@@ -181,8 +181,8 @@ func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metr
 		"csps":       float64(cr.Ops) / secs,
 		"rps":        float64(cr.Reads) / secs,
 		"wps":        float64(writes) / secs,
-		"rt":         float64(cr.RT) / float64(ops),
-		"cmds":       float64(d.total()) / float64(ops),
+		"rt":         float64(st.rts) / float64(ops),
+		"cmds":       st.reqs / float64(ops),
 		"rp50":       percentile(cr.ReadWaits, 0.50),
 		"rp99":       percentile(cr.ReadWaits, 0.99),
 		"wp50":       percentile(cr.Waits, 0.50),

@@ -95,26 +95,65 @@ func backendFor(name string) backend {
 	return nil
 }
 
-// serverStats are a server's counters: the requests it handled (etcd: unary gRPC calls, keep-
-// alives and watches are streams and not counted; ZooKeeper: every packet received, pings
-// included), the lease keep-alive requests it received (etcd), the fsyncs of its log, and the
-// CPU used by the server process and by this one.
+// serverStats are a server's counters: the requests it handled (Redis: commands, those its
+// scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
+// counted; ZooKeeper: every packet received, pings included), by command (Redis), the lease
+// keep-alive requests it received (etcd), the fsyncs of its log, the client round trips of a
+// Redis row, and the CPU used by the server process and by this one.
 type serverStats struct {
 	reqs       float64
 	keepAlives float64
 	fsyncs     float64
+	cmds       cmdDelta
+	rts        int64
 	ok         bool
 	cpu, self  time.Duration
 }
 
 func (a serverStats) sub(b serverStats) serverStats {
 	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
-		ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+		cmds: diffStats(b.cmds, a.cmds), rts: a.rts - b.rts, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
 }
 
 func (a serverStats) add(b serverStats) serverStats {
+	cmds := cmdDelta{}
+	for _, c := range []cmdDelta{a.cmds, b.cmds} {
+		for k, v := range c {
+			cmds[k] += v
+		}
+	}
 	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
-		ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+		cmds: cmds, rts: a.rts + b.rts, ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+}
+
+// meter reads a server's counters (no CPU) and its process's CPU.
+type meter interface {
+	counters() serverStats
+	serverCPU() time.Duration
+}
+
+// readStats reads m's counters and the CPU of the server and of this process; at a window's
+// end (cpuFirst) the CPU first, so that the server CPU that answering the reading takes is
+// left out of the window.
+func readStats(m meter, cpuFirst bool) serverStats {
+	var cpu, self time.Duration
+	if cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st := m.counters()
+	if !cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st.cpu, st.self = cpu, self
+	return st
+}
+
+// windowStats is what m counted over the window d from start (its readings at both ends).
+func windowStats(start time.Time, d time.Duration, m meter) serverStats {
+	time.Sleep(time.Until(start))
+	s0 := readStats(m, false)
+	time.Sleep(time.Until(start.Add(d)))
+	return readStats(m, true).sub(s0)
 }
 
 // The figures of a store row's repetition (its metrics' keys): rate is operations (scenario 1)
@@ -167,31 +206,8 @@ func (b *storeBench) rowHolders(row string, keys []string, n int) []contend.Hold
 	return rowHolders(n, func(i int) impl { return b.rowImpl(row, i) }, keys)
 }
 
-func (b *storeBench) stats() serverStats {
-	st := b.be.counters()
-	st.cpu, st.self = cpustat.Proc(b.be.Pid()), cpustat.Self()
-	return st
-}
-
-// mark reads the server's counters into s0 at a window's start and into s1 at its end.
-func (b *storeBench) mark(s0, s1 *serverStats) func(end bool) {
-	return func(end bool) {
-		if end {
-			*s1 = b.statsCPUFirst()
-		} else {
-			*s0 = b.stats()
-		}
-	}
-}
-
-// statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
-// a window, which should not count the server CPU that answering the reading takes.
-func (b *storeBench) statsCPUFirst() serverStats {
-	cpu, self := cpustat.Proc(b.be.Pid()), cpustat.Self()
-	st := b.be.counters()
-	st.cpu, st.self = cpu, self
-	return st
-}
+func (b *storeBench) counters() serverStats    { return b.be.counters() }
+func (b *storeBench) serverCPU() time.Duration { return cpustat.Proc(b.be.Pid()) }
 
 // runStore runs a backend's scenarios on a private server of their own: 1-4 in every
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions.
@@ -281,73 +297,24 @@ func (c *config) ranAny(scenarios ...int) bool {
 	return slices.ContainsFunc(scenarios, func(n int) bool { return c.scenarios[n] })
 }
 
-// s1Row is what a row of scenario 1 gathers over its slices.
-type s1Row struct {
-	op     func(ctx context.Context, i int) (releaseErr, err error) // storeBench.s1Op
-	next   int                                                      // the index of the row's next key
-	errs   int64
-	window time.Duration
-	lats   []int64
-	server serverStats // summed over the slices
-}
+// storeS1MaxOps bounds the operations of one row of scenario 1 per repetition on a store whose
+// log fsyncs (its keys are made before the rows run): -d1 or -warm up to 10s at 200 µs.
+const storeS1MaxOps = 50000
 
 // uncontended runs scenario 1 for rows in one repetition rep, d per row, the rows taking turns
-// in slices of s1Slice (interleave.Slices), from the order given.
+// in slices of s1Slice (sliceRows), from the order given.
 func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]metrics {
-	acc := make([]*s1Row, len(rows))
+	ims := make([]impl, len(rows))
 	for i, row := range rows {
-		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
+		ims[i] = b.rowImpl(row, -1)
 	}
-	interleave.Slices(acc, 0, d, s1Slice, func(a *s1Row, d time.Duration) (time.Duration, bool) { return b.runSlice(a, d), true })
+	sums := sliceRows(ims, "u-"+rep+"-", storeS1MaxOps, 0, d, s1Slice, false, func(impl) meter { return b })
 	out := make(map[string]metrics, len(rows))
 	for i, row := range rows {
-		a := acc[i]
-		out[row] = rowMetrics(int64(len(a.lats)), a.window, a.lats, a.errs, a.server)
+		s := sums[i]
+		out[row] = rowMetrics(s.ops, s.elapsed, s.lat, s.errs, s.st)
 	}
 	return out
-}
-
-// s1Op locks and unlocks the i-th key of repetition rep on row's lock of this process.
-func (b *storeBench) s1Op(row, rep string) func(ctx context.Context, i int) (error, error) {
-	im := b.rowImpl(row, -1)
-	return func(ctx context.Context, i int) (error, error) {
-		key := im.key(fmt.Sprintf("u-%s-%d", rep, i))
-		h, err := im.lock(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		return im.unlock(ctx, key, h), nil
-	}
-}
-
-// runSlice runs the row's operations for d and returns how long they ran; a failed lock is
-// counted and followed by a short pause, so that a server that refuses does not turn the loop
-// into a spin.
-func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
-	s0 := b.stats()
-	start := time.Now()
-	end := start.Add(d)
-	for time.Now().Before(end) {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-		t0 := time.Now()
-		rerr, err := a.op(ctx, a.next)
-		took := time.Since(t0)
-		cancel()
-		a.next++
-		switch {
-		case err != nil:
-			a.errs++
-			time.Sleep(time.Millisecond)
-		case rerr != nil:
-			a.errs++
-		default:
-			a.lats = append(a.lats, int64(took))
-		}
-	}
-	ran := time.Since(start)
-	a.window += ran
-	a.server = a.server.add(b.statsCPUFirst().sub(s0))
-	return ran
 }
 
 // percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
@@ -374,9 +341,8 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 	hs := b.rowHolders(row, keys, n)
 	retries0 := retriesOf(b.rowImpl(row, -1))
 	gs := newGuards(len(keys))
-	var s0, s1 serverStats
-	cr := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.mark(&s0, &s1))
-	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, s1.sub(s0))
+	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b)
+	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, st)
 	m[retries] = float64(retriesOf(b.rowImpl(row, -1)) - retries0)
 	if cr.FirstErr != "" {
 		progress("  %s: first error: %s", row, cr.FirstErr)
@@ -395,14 +361,14 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) (metrics, string) {
 	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc),
 		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
-	var s0, s1 serverStats
+	var st serverStats
 	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
-		atWindow(start, d, b.mark(&s0, &s1))
+		st = windowStats(start, d, b)
 	})
 	defer done()
 
 	all := sumWorkers(wr)
-	m := rowMetrics(all.Ops, d, all.Waits, all.Errors, s1.sub(s0))
+	m := rowMetrics(all.Ops, d, all.Waits, all.Errors, st)
 	for i, w := range wr {
 		m["proc"+strconv.Itoa(i)] = float64(w.Ops)
 		if w.FirstErr != "" {
@@ -428,7 +394,7 @@ func storeWorkerRow(be backend, row, addr string, c *config) (workerRow, error) 
 	}
 	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) { return b.rowHolders(row, keys, n), nil },
+		holders: func(keys []string, n int) []contend.Holder { return b.rowHolders(row, keys, n) },
 		warm:    func() error { return warmImpl(b.rowImpl(row, 0), fmt.Sprintf("warm-%d", os.Getpid()), 5) },
 		close:   func() { drainClose(l, func() error { be.close(); return nil }) },
 	}, nil

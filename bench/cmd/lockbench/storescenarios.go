@@ -31,24 +31,10 @@ type fullBackend interface {
 func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 	c := b.c
 	if c.scenarios[8] {
-		res.scaling, res.charts = b.scaling(fb), map[string]string{}
-		for _, ax := range res.scaling {
-			path := chartPath(c.out, ax.Name)
-			if path == "" {
-				continue
-			}
-			drawn, err := drawResultsChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(ax.Name)),
-				ax.Name+" (log)", ax.Points, ax.at, rate)
-			if err == nil && !drawn {
-				err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
-			}
-			if err != nil {
-				progress("plot %s: %v (the report goes without it)", path, err)
-				continue
-			}
-			res.charts[ax.Name] = path
-			progress("wrote %s", path)
-		}
+		res.scaling = b.scaling(fb)
+		res.charts = drawScaling(res.scaling, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
+			return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(axis))
+		}, rate)
 	}
 	if c.scenarios[9] {
 		res.memory = b.memory(fb)
@@ -71,7 +57,6 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	c := b.c
 	locks := []string{rowFlight, fb.peer()}
-	var axes []*s8Axis
 	need := 0
 	if len(c.s8Goroutines) > 0 {
 		need = slices.Max(c.s8Goroutines)
@@ -84,36 +69,20 @@ func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	}
 	defer b.be.dropGoroutinesBeyond(hotGoroutines)
 
-	if len(c.s8Goroutines) > 0 {
-		axes = append(axes, b.measureAxis("goroutines", c.s8Goroutines, locks, func(row string, x, rep int) (metrics, string) {
-			return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
-		}))
-	}
-	if len(c.s8Procs) > 0 {
-		axes = append(axes, b.measureAxis("processes", c.s8Procs, locks, func(row string, x, rep int) (metrics, string) {
-			return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
-		}))
-	}
-	if len(c.s8Keys) > 0 {
-		rows := []string{rowFloor, rowFlight, fb.peer()}
-		axes = append(axes, b.measureAxis("keys", c.s8Keys, rows, func(row string, x, rep int) (metrics, string) {
-			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
-		}))
-	}
-	return axes
-}
-
-// measureAxis measures every row at every point of one axis, c.reps times, and logs each
-// measurement; run returns a row's figures and first error.
-func (b *storeBench) measureAxis(name string, points []int, rows []string, run func(row string, x, rep int) (metrics, string)) *s8Axis {
 	n := b.be.notes()
-	spec := func(row string) (string, string) { return row, n.plotLabels[row] }
-	return &s8Axis{Name: name, Points: points, Res: atPoints(b.c.reps, points, rows, spec, func(row string, x, rep int) (metrics, string) {
-		r, _ := run(row, x, rep)
-		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
-			rep+1, name, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
-		return r, ""
-	})}
+	return scalingAxes(c, locks, []string{rowFloor, rowFlight, fb.peer()}, func(row string) (string, string) { return row, n.plotLabels[row] },
+		func(axis, row string, x, rep int) (metrics, string) {
+			switch axis {
+			case "goroutines":
+				return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
+			case "processes":
+				return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
+			}
+			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
+		}, func(axis string, x, rep int, row string, r metrics, _ string) {
+			progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
+				rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
+		})
 }
 
 // axisUnit says what a scenario 8 axis counts, for headings and plots.
@@ -144,50 +113,54 @@ func chartPath(out, axis string) string {
 const s5Goroutines = 64
 
 // rejectRow holds a key with row's own lock, then tries it from other goroutines, each on
-// row's lock of its own (a refusal of flightlock takes no RPC, the peer's its round trips); a
-// grant is released at once and counted as wrong.
+// row's lock of its own (rejectRun).
 func (b *storeBench) rejectRow(row string, rep int) (metrics, string) {
-	ctx := context.Background()
 	if err := b.be.peerGoroutines(s5Goroutines); err != nil {
 		fatalf("s7 %s: %v", row, err)
 	}
-	every := int64(1)
-	if row == rowFlight {
-		every = 256
-	}
 	own := b.rowImpl(row, -1)
-	key := own.key(fmt.Sprintf("s7-%d", rep))
+	parts, st, wrong, firstErr := rejectRun(own, func(i int) impl { return b.rowImpl(row, i) }, own.key(fmt.Sprintf("s7-%d", rep)), b.c.d5, b)
+	n, pn := float64(parts[0].calls), float64(parts[1].calls)
+	return metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes,
+		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong),
+		"par_ns": parts[1].perCall(), "par_rate": parts[1].rate(), "par_reqs": st[1].reqs / pn}, firstErr
+}
+
+// rejectRun is scenario 5 on every store: key is held with own, then goroutine i tries it with
+// try(i), one goroutine and then s5Goroutines (rejectParts). flightlock's refusal takes no
+// round trip (the clock is read every 256 calls), the others' one each. A try that does not
+// answer busy is wrong (a grant is released at once). It returns the parts, what m counted
+// over each, the wrong answers and the serial part's first error.
+func rejectRun(own impl, try func(i int) impl, key string, d time.Duration, m meter) (parts [2]rejectPart, st [2]serverStats, wrong int64, firstErr string) {
+	ctx := context.Background()
 	held, err := own.lock(ctx, key)
 	if err != nil {
-		fatalf("s7 %s: hold: %v", row, err)
+		fatalf("reject: hold %s: %v", key, err)
 	}
 	defer own.unlock(ctx, key, held)
-	tries := make([]impl, s5Goroutines)
-	for i := range tries {
-		tries[i] = b.rowImpl(row, i)
+	every := int64(1)
+	switch own.(type) {
+	case lockerRow, *flightlockImpl:
+		every = 256
 	}
-	var wrong atomic.Int64
-	var firstErr string
-	var st [2]serverStats
-	parts := rejectParts(b.c.d5, every, func(part, i int) {
-		h, err := tries[i].tryLock(ctx, key)
+	var nwrong atomic.Int64
+	parts = rejectParts(d, every, func(part, i int) {
+		im := try(i)
+		h, err := im.tryLock(ctx, key)
 		if errors.Is(err, errBusy) {
 			return
 		}
-		wrong.Add(1)
+		nwrong.Add(1)
 		if err == nil {
-			_ = tries[i].unlock(ctx, key, h)
+			_ = im.unlock(ctx, key, h)
 		} else if part == 0 && firstErr == "" {
 			firstErr = err.Error()
 		}
 	}, func(part int) func() {
-		s0 := b.stats()
-		return func() { st[part] = b.stats().sub(s0) }
+		s0 := readStats(m, false)
+		return func() { st[part] = readStats(m, true).sub(s0) }
 	})
-	n, pn := float64(parts[0].calls), float64(parts[1].calls)
-	return metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes,
-		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong.Load()),
-		"par_ns": parts[1].perCall(), "par_rate": parts[1].rate(), "par_reqs": st[1].reqs / pn}, firstErr
+	return parts, st, nwrong.Load(), firstErr
 }
 
 // rejectPart is one part of scenario 5: the calls made, their wall time, and (serial part
@@ -313,15 +286,6 @@ func errText(err error) string {
 	return "(first: " + err.Error() + ")"
 }
 
-// bounded runs fn(ctx, i) under a context bounded at lockTO, so no call can hang the run.
-func (b *storeBench) bounded(fn func(ctx context.Context, i int) error) func(i int) error {
-	return func(i int) error {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-		defer cancel()
-		return fn(ctx, i)
-	}
-}
-
 // memoryRow is row's lock for scenario 9 and its teardown: flightlock on a Locker and store of
 // their own (their baseline and what stays after release are theirs alone), on the benchmark's
 // client; the peer on the process's own lock.
@@ -336,64 +300,12 @@ func (b *storeBench) memoryRow(row string) (impl, func()) {
 	return lockerRow{locker: l}, closeL
 }
 
-// holdRow holds n locks of row on distinct keys (hold).
+// holdRow holds n locks of row on distinct keys (holdRun).
 func (b *storeBench) holdRow(row string, n int) (metrics, error) {
 	im, done := b.memoryRow(row)
 	defer done()
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = im.key(fmt.Sprintf("m6h-%d", i))
-	}
-	warm, lock, unlock, held := heldKeys(keys, func(i int) string { return im.key(fmt.Sprintf("m6w-%d", i)) }, im.lock, im.unlock)
-	return b.hold(n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(held) })
-}
-
-// heldKeys are the steps of a holding row of scenario 9 on keys, whatever its store and lock:
-// warm takes and releases warmKey(i), lock holds keys[i] (its handle kept in held, which the
-// caller keeps live through the measurement), unlock releases it if it is held.
-func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func(ctx context.Context, key string) (H, error),
-	unlock func(ctx context.Context, key string, h H) error,
-) (warm, lockI, unlockI func(ctx context.Context, i int) error, held []H) {
-	held = make([]H, len(keys))
-	var none H
-	warm = func(ctx context.Context, i int) error {
-		h, err := lock(ctx, warmKey(i))
-		if err != nil {
-			return err
-		}
-		return unlock(ctx, warmKey(i), h)
-	}
-	lockI = func(ctx context.Context, i int) error {
-		h, err := lock(ctx, keys[i])
-		if err == nil {
-			held[i] = h
-		}
-		return err
-	}
-	unlockI = func(ctx context.Context, i int) error {
-		if held[i] == none {
-			return nil
-		}
-		err := unlock(ctx, keys[i], held[i])
-		held[i] = none
-		return err
-	}
-	return warm, lockI, unlockI, held
-}
-
-// hold measures one holding row: warm (up to holdWarm locks of other keys taken and released
-// at the same concurrency, so the client's buffers and the row's lease are in place before the
-// baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
-// slices, built before the baseline, live through all three measurements.
-func (b *storeBench) hold(n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
-	var d serverStats
-	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.Pid()) }, func() {
-		s0 := b.stats()
-		time.Sleep(b.c.d9hold)
-		d = b.stats().sub(s0)
-	})
-	keepAlive()
-	m, secs := heldMetrics(h, n), b.c.d9hold.Seconds()
+	m, d, h := holdRun(im, "m6", n, holdWarm, b.c.lockTimeout, b.c.d9hold, func() int64 { return procRSS(b.be.Pid()) }, b)
+	secs := b.c.d9hold.Seconds()
 	if h.ServerBefore > 0 && h.ServerHolding > 0 {
 		m["server_rss"] = float64(h.ServerHolding-h.ServerBefore) / float64(n)
 	}
@@ -401,7 +313,53 @@ func (b *storeBench) hold(n int, warm, lock, unlock func(ctx context.Context, i 
 	return m, h.FirstErr
 }
 
-// waitRow holds a key with row's lock and has w goroutines of this process wait for it (wait):
+// holdRun is scenario 9's holding on every store: up to warmN locks of other keys taken and
+// released at the holding's concurrency (so that the client's connections and the row's lease
+// are in place before the baseline), then n locks of im held at once on distinct keys (named
+// after prefix, built before the baseline and live through all three measurements) for window,
+// each step bounded at lockTimeout; serverMem reads the server's memory. It returns the
+// holding's figures (heldMetrics), what m counted over the window, and the measurement.
+func holdRun(im impl, prefix string, n, warmN int, lockTimeout, window time.Duration, serverMem func() int64, m meter) (metrics, serverStats, memstat.Held) {
+	keys, warmKeys := rowKeys(im, prefix+"h", n), rowKeys(im, prefix+"w", min(n, warmN))
+	held := make([]any, n)
+	locked := make([]bool, n)
+	bounded := func(fn func(ctx context.Context, i int) error) func(i int) error {
+		return func(i int) error {
+			ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+			defer cancel()
+			return fn(ctx, i)
+		}
+	}
+	memstat.Parallel(len(warmKeys), s9Acquirers, bounded(func(ctx context.Context, i int) error {
+		h, err := im.lock(ctx, warmKeys[i])
+		if err != nil {
+			return err
+		}
+		return im.unlock(ctx, warmKeys[i], h)
+	}))
+	var st serverStats
+	h := memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, ServerMemory: serverMem,
+		Lock: bounded(func(ctx context.Context, i int) (err error) {
+			held[i], err = im.lock(ctx, keys[i])
+			locked[i] = err == nil
+			return err
+		}),
+		Unlock: bounded(func(ctx context.Context, i int) error {
+			if !locked[i] {
+				return nil
+			}
+			h := held[i]
+			held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
+			return im.unlock(ctx, keys[i], h)
+		}),
+		Window: func() { st = windowStats(time.Now(), window, m) },
+	})
+	runtime.KeepAlive(keys)
+	runtime.KeepAlive(held)
+	return heldMetrics(h, n), st, h
+}
+
+// waitRow has w goroutines of this process wait for a key that row's lock holds (waitRun):
 // flightlock's through the holder's Locker, as a service's concurrent requests for one key do;
 // the peer's each on a lock of its own (an etcd Mutex needs a session of its own), made after
 // the baseline and measured apart.
@@ -410,13 +368,6 @@ func (b *storeBench) waitRow(row string, w int) (metrics, error) {
 	defer done()
 	if err := warmImpl(im, "m6ww", 10); err != nil { // the store's lease and the lock's paths in place before the baseline
 		fatalf("scenario 9: warm-up: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-	defer cancel()
-	key := im.key(fmt.Sprintf("m6wait-%d", w))
-	held, err := im.lock(ctx, key)
-	if err != nil {
-		fatalf("scenario 9: hold %s: %v", key, err)
 	}
 	waiter, prepare := func(int) impl { return im }, (func() error)(nil)
 	if row != rowFlight { // the waiters' locks come after the hot goroutines'
@@ -428,23 +379,25 @@ func (b *storeBench) waitRow(row string, w int) (metrics, error) {
 		waiter = func(i int) impl { return b.be.lockOf(row, hotGoroutines+i) }
 		prepare = func() error { return b.be.peerGoroutines(hotGoroutines + w) }
 	}
-	hs := make([]any, w)
-	return b.wait(w, fenceOf(held), prepare,
-		func(ctx context.Context, i int) (_ int64, err error) {
-			hs[i], err = waiter(i).lock(ctx, key)
-			return fenceOf(hs[i]), err
-		},
-		func(ctx context.Context, i int) error { return waiter(i).unlock(ctx, key, hs[i]) },
-		func(ctx context.Context) error { return im.unlock(ctx, key, held) })
+	m, d, res := waitRun(im, waiter, im.key(fmt.Sprintf("m6wait-%d", w)), w, prepare, b.c.lockTimeout, b)
+	secs := s9WaitWindow.Seconds()
+	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
+	return m, res.FirstErr
 }
 
-// wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is
-// called; prepare (nil: none) makes what each waiter needs before it can wait, measured apart;
-// release gives the held key up.
-func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
-	lock func(ctx context.Context, i int) (int64, error), unlock func(ctx context.Context, i int) error,
-	release func(ctx context.Context) error,
-) (metrics, error) {
+// waitRun is scenario 9's waiting on every store: key is held with own, then w goroutines of
+// this process wait for it, goroutine i with waiter(i) (waitOn), each step bounded at
+// lockTimeout. prepare (nil: none) makes what the waiters need before they can wait, measured
+// apart (session_heap and session_gor per waiter, -1 without). It returns the waiting's figures
+// (waitedMetrics, with the failures and the checks' violations), what m counted while they
+// waited, and the measurement.
+func waitRun(own impl, waiter func(i int) impl, key string, w int, prepare func() error, lockTimeout time.Duration, m meter) (metrics, serverStats, memstat.Waited) {
+	ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+	defer cancel()
+	held, err := own.lock(ctx, key)
+	if err != nil {
+		fatalf("scenario 9: hold %s: %v", key, err)
+	}
 	sessHeap, sessGor := -1.0, -1.0
 	if prepare != nil {
 		l0 := memstat.Live()
@@ -454,18 +407,20 @@ func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
 		lp := memstat.Live()
 		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 	}
-	var d serverStats
-	res, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
-		s0 := b.stats()
-		time.Sleep(s9WaitWindow)
-		d = b.stats().sub(s0)
-	})
-	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
-	m["session_heap"], m["session_gor"], m["errors"] = sessHeap, sessGor, float64(res.Errors)
-	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
-	m[violations], m[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
-	m["next"], m["all"] = float64(res.Next), float64(res.All)
-	return m, res.FirstErr
+	var st serverStats
+	hs := make([]any, w)
+	res, g := waitOn(w, fenceOf(held), lockTimeout,
+		func(ctx context.Context, i int) (_ int64, err error) {
+			hs[i], err = waiter(i).lock(ctx, key)
+			return fenceOf(hs[i]), err
+		},
+		func(ctx context.Context, i int) error { return waiter(i).unlock(ctx, key, hs[i]) },
+		func(ctx context.Context) error { return own.unlock(ctx, key, held) },
+		func() { st = windowStats(time.Now(), s9WaitWindow, m) })
+	mt := waitedMetrics(res, w)
+	mt["session_heap"], mt["session_gor"], mt["errors"] = sessHeap, sessGor, float64(res.Errors)
+	mt[violations], mt[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
+	return mt, st, res
 }
 
 // heldMetrics are a holding row's figures on every store, per held lock above the baseline:
@@ -505,15 +460,6 @@ func waitedMetrics(res memstat.Waited, w int) metrics {
 		m["next"], m["all"] = float64(res.Next), float64(res.All)
 	}
 	return m
-}
-
-// holdOn is scenario 9's holding on any store: up to warmN locks of other keys taken and
-// released at the holding's concurrency (warm), so that the client's connections and the row's
-// lease are in place before the baseline, then n locks held at once (lock and unlock the i-th)
-// while window runs.
-func holdOn(n, warmN int, warm, lock, unlock func(i int) error, serverMemory func() int64, window func()) memstat.Held {
-	memstat.Parallel(min(n, warmN), s9Acquirers, warm)
-	return memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, Lock: lock, Unlock: unlock, ServerMemory: serverMemory, Window: window})
 }
 
 // waitOn is scenario 9's waiting on any store. The key is held (with fence heldFence, 0: none)

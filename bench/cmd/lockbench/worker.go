@@ -33,7 +33,7 @@ var workers = &workerproc.Set{}
 // own (connections open, scripts loaded, leases granted), the client's round trips if it
 // counts them, and its teardown.
 type workerRow struct {
-	holders    func(keys []string, n int) ([]contend.Holder, error)
+	holders    func(keys []string, n int) []contend.Holder
 	warm       func() error
 	roundTrips func() int64 // nil: not counted
 	close      func()
@@ -121,10 +121,7 @@ func workerMain(args []string) {
 		fatalf("worker: map guard: %v", err)
 	}
 	defer unmap()
-	hs, err := wr.holders([]string{*key}, *g)
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	hs := wr.holders([]string{*key}, *g)
 	if wr.permits > 1 || wr.readWrite {
 		span, unmapSpan, err := guard.Map(spanShm(*shmPath), false)
 		if err != nil {
