@@ -19,6 +19,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/zkstore"
 )
@@ -435,12 +436,12 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			"fresh path it first looks the path up and creates it (%s requests, %s fsyncs, p50 %s).",
 			perOp(r.med(1, rowFloor, reqs)), perOp(r.med(1, rowFloor, fsy)),
 			perOp(r.med(1, rowFlight, reqs)), perOp(r.med(1, rowFlight, fsy)),
-			durStr(time.Duration(fl)), durStr(time.Duration(fo)), safeDiv(fl, fo),
-			durStr(time.Duration(r.med(1, rowFlight, scpu))), durStr(time.Duration(r.med(1, rowFloor, scpu))),
-			durStr(time.Duration(r.med(1, rowFlight, ccpu))), durStr(time.Duration(r.med(1, rowFloor, ccpu))),
-			perOp(r.med(1, rowZKLock, reqs)), durStr(time.Duration(r.med(1, rowZKLock, p50))),
+			mdfmt.Dur(fl), mdfmt.Dur(fo), safeDiv(fl, fo),
+			mdfmt.Dur(r.med(1, rowFlight, scpu)), mdfmt.Dur(r.med(1, rowFloor, scpu)),
+			mdfmt.Dur(r.med(1, rowFlight, ccpu)), mdfmt.Dur(r.med(1, rowFloor, ccpu)),
+			perOp(r.med(1, rowZKLock, reqs)), mdfmt.Dur(r.med(1, rowZKLock, p50)),
 			perOp(r.med(1, rowZKLockFresh, reqs)), perOp(r.med(1, rowZKLockFresh, fsy)),
-			durStr(time.Duration(r.med(1, rowZKLockFresh, p50)))))
+			mdfmt.Dur(r.med(1, rowZKLockFresh, p50))))
 	}
 	if c.scenarios[2] || c.scenarios[3] {
 		fl2, zl2 := r.med(2, rowFlight, rate), r.med(2, rowZKLock, rate)
