@@ -115,7 +115,7 @@ func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
 	}
-	m, st, h := holdRun(im, fmt.Sprintf("s9:%d:", n), n, warmN, waitBudget, window, func() int64 { return b.adm.usedMemory(context.Background()) }, b.meter(im))
+	m, st, h := holdRun(im, fmt.Sprintf("s9:%d:", n), n, warmN, 0, window, func() int64 { return b.adm.usedMemory(context.Background()) }, b.meter(im))
 	if h.FirstErr != nil {
 		progress("s9 hold %d %s: %v", n, r.id, h.FirstErr)
 	}

@@ -317,7 +317,8 @@ func (b *storeBench) holdRow(row string, n int) (metrics, error) {
 // released at the holding's concurrency (so that the client's connections and the row's lease
 // are in place before the baseline), then n locks of im held at once on distinct keys (named
 // after prefix, built before the baseline and live through all three measurements) for window,
-// each step bounded at lockTimeout; serverMem reads the server's memory. It returns the
+// each step bounded at lockTimeout (0: unbounded: a lease keeps its Lock's context, whose
+// timer would count as the lock's memory); serverMem reads the server's memory. It returns the
 // holding's figures (heldMetrics), what m counted over the window, and the measurement.
 func holdRun(im impl, prefix string, n, warmN int, lockTimeout, window time.Duration, serverMem func() int64, m meter) (metrics, serverStats, memstat.Held) {
 	keys, warmKeys := rowKeys(im, prefix+"h", n), rowKeys(im, prefix+"w", min(n, warmN))
@@ -325,6 +326,9 @@ func holdRun(im impl, prefix string, n, warmN int, lockTimeout, window time.Dura
 	locked := make([]bool, n)
 	bounded := func(fn func(ctx context.Context, i int) error) func(i int) error {
 		return func(i int) error {
+			if lockTimeout <= 0 {
+				return fn(context.Background(), i)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
 			defer cancel()
 			return fn(ctx, i)
