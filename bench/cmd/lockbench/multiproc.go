@@ -74,14 +74,11 @@ func sumWorkers(wr []workerResult) workerResult {
 // processes got through (fair: the most critical sections of a process over the fewest, and
 // per_proc), the server command mix and the first error.
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
-	args := append([]string{"-store", "redis", "-row", r.id, "-addr", b.addr, "-key", key,
-		"-g", strconv.Itoa(g), "-d", d.String(), "-lock-timeout", waitBudget.String()}, extra...)
+	args := append([]string{"-addr", b.addr}, extra...)
 	if r.permits > 1 {
 		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
-	var st serverStats
-	wr, cs, span, done := workerRun(r.id, key, procs, r.permits > 1 || r.rw, args, 50*time.Millisecond, waitBudget+30*time.Second,
-		func(start time.Time) { st = windowStats(start, d, b.meter(nil)) })
+	wr, st, cs, span, done := workerRun("redis", r.id, key, procs, g, d, waitBudget, r.permits > 1 || r.rw, b.meter(nil), args...)
 	defer done()
 	if r.rw {
 		cs, span = cs.ReadWrite(), span.ReadWrite()

@@ -359,12 +359,7 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 // inside one common window d, and sums their results (scenario 3, and scenario 8's processes
 // axis), with the first error.
 func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) (metrics, string) {
-	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc),
-		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
-	var st serverStats
-	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
-		st = windowStats(start, d, b)
-	})
+	wr, st, g, _, done := workerRun(b.be.name(), row, key, procs, perProc, d, b.c.lockTimeout, false, b, b.be.workerArgs(b.c)...)
 	defer done()
 
 	all := sumWorkers(wr)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,12 +49,14 @@ type workerResult struct {
 	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
-// workerRun runs one measurement in procs worker processes of row: it maps the guard file they
-// all share (and with spanFile the whole hold's beside it, for a semaphore or read-write row),
-// starts the workers with args and the file's -shm flag, releases them at a start lead after
-// all are ready and calls during meanwhile (the parent's readings), then reads their results,
-// waiting up to within for each. The guards are to be read before done unmaps them.
-func workerRun(row, key string, procs int, spanFile bool, args []string, lead, within time.Duration, during func(start time.Time)) (res []workerResult, cs, span guard.Guard, done func()) {
+// workerRun runs one measurement of row of store on key in procs worker processes of g
+// goroutines each, over the common window d (each Lock bounded at lockTimeout; args are more of
+// the workers' flags), on every store: it maps the guard file they all share (and with spanFile
+// the whole hold's beside it, for a semaphore or read-write row), starts the workers, releases
+// them together once all are ready, reads m's counters over the window (st), then reads their
+// results, waiting up to lockTimeout + 30 s for each. The guards are to be read before done
+// unmaps them.
+func workerRun(store, row, key string, procs, g int, d, lockTimeout time.Duration, spanFile bool, m meter, args ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
 	shm := workerShm(row, key)
 	cs, unmap, err := guard.Map(shm, true)
 	if err != nil {
@@ -68,11 +71,14 @@ func workerRun(row, key string, procs int, spanFile bool, args []string, lead, w
 		}
 		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
 	}
-	lines, _, err := workerproc.Run(procs, slices.Concat([]string{workerArg}, args, []string{"-shm", shm}), workers, lead, within, during)
+	args = slices.Concat([]string{workerArg, "-store", store, "-row", row, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+		"-lock-timeout", lockTimeout.String(), "-shm", shm}, args)
+	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, lockTimeout+30*time.Second,
+		func(start time.Time) { st = windowStats(start, d, m) })
 	if err != nil {
 		fatalf("workers of %s: %v", row, err)
 	}
-	return workerResults(lines), cs, span, done
+	return workerResults(lines), st, cs, span, done
 }
 
 // workerResults parses the workers' result lines.
