@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -387,68 +386,30 @@ var etcdHTTPRows = []s6Row{
 	{rowFloor, "floor: txn put on a lease if absent + delete (plain middleware)", "s"},
 }
 
-// The redis-server of the example's state, while scenario 6 runs; a signal ends it by pid.
-var (
-	stateRedisMu sync.Mutex
-	stateRedis   *redisserver.Server
-)
-
-func stopStateRedis() {
-	stateRedisMu.Lock()
-	defer stateRedisMu.Unlock()
-	if stateRedis != nil {
-		stateRedis.Stop()
-		stateRedis = nil
-	}
-}
-
 func (e *etcdBackend) http(b *storeBench) *s6Results {
 	res := &s6Results{Conf: b.c.exampleConf}
 	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, logf := newWrk("  6 ")
-	defer wrk.Close()
-
 	rs, err := redisserver.Start("lockbench-etcd-state-redis")
 	if err != nil {
-		fatalf("s8: %v", err)
+		fatalf("s6: %v", err)
 	}
-	stateRedisMu.Lock()
-	stateRedis = rs
-	stateRedisMu.Unlock()
-	defer stopStateRedis()
-	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
-
-	var systems []*httpbench.System
-	for _, r := range etcdHTTPRows {
-		systems = append(systems, e.startSystem(b, r, rs.Addr))
-	}
-	defer httpbench.Stop(systems, logf)
-
-	loads, err := httpbench.Schedule{
-		Reps: b.c.reps,
-		Low:  httpbench.WholeSeconds(b.c.d6low),
-		Sat:  httpbench.WholeSeconds(b.c.d6),
-		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			m, st, n := wrkRun(wrk, s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b)
-			m["rpcs"], m["fsyncs"] = st.reqs/n, st.fsyncs/n
-			return m, nil
+	alsoStop(rs.Stop)
+	defer rs.Stop()
+	progress("  6 redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
+	loadSystems(res, b.c, "  6 ", etcdHTTPRows, func(r s6Row) *httpbench.System { return e.startSystem(b, r, rs.Addr) },
+		map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b,
+		func(fig metrics, st serverStats, n float64) string {
+			fig["rpcs"], fig["fsyncs"] = st.reqs/n, st.fsyncs/n
+			return ""
 		},
-		RoundTrip: func() float64 {
-			// A linearizable Get (the client's default) of an absent key: etcd's PING.
-			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err })
-		},
-		Logf: logf,
-		SatNote: func(m map[string]float64) string {
+		// A linearizable Get (the client's default) of an absent key: etcd's PING.
+		func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err },
+		func(m metrics) string {
 			return fmt.Sprintf("RPC/req %.2f cpu svc %.0f%% etcd %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", m["rpcs"],
 				100*m["svc_share"], 100*m["etcd_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		},
-	}.Run(systems)
-	if err != nil {
-		fatalf("s8 %v", err)
-	}
-	res.addLoads(loads, etcdHTTPRows, nil, nil)
+		})
 	return res
 }
 

@@ -89,49 +89,59 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if res.Note = httpbench.NotRunnable(b.cfg.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, logf := newWrk("s6 ")
-	defer wrk.Close()
-
 	var rows []s6Row
 	for _, r := range all {
 		if onlyRows == nil || onlyRows[r.id] {
 			rows = append(rows, r)
 		}
 	}
+	pingRow, _ := rowByID("ping")
+	ping := b.impl(pingRow)
+	loadSystems(res, &b.cfg, "s6 ", rows, start, map[string]int{"redis": srv.Pid()}, b.meter(nil),
+		func(fig metrics, st serverStats, n float64) string {
+			fig["cmds"] = st.reqs / n
+			return mixString(st.cmds, int64(n))
+		},
+		func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err },
+		func(m metrics) string {
+			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
+		})
+	return res
+}
+
+// loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row
+// (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
+// and m's counters around every run (wrkRun), figures adding the store's own per request and
+// returning the run's command mix ("": none), roundTrip the store's cheapest call, satNote
+// more of a saturation line. The runs go into res, with each row's last mix at either load.
+func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func(s6Row) *httpbench.System, procs map[string]int, m meter,
+	figures func(fig metrics, st serverStats, n float64) string, roundTrip func(ctx context.Context) error, satNote func(m metrics) string,
+) {
+	wrk, logf := newWrk(tag)
+	defer wrk.Close()
 	var systems []*httpbench.System
 	for _, r := range rows {
 		systems = append(systems, start(r))
 	}
 	defer httpbench.Stop(systems, logf)
-	pingRow, _ := rowByID("ping")
-	ping := b.impl(pingRow)
-
-	// The Redis command mix of each row's last run at low load and at saturation.
-	lowMix, satMix := map[string]string{}, map[string]string{}
+	mix := map[int]map[string]string{httpbench.LowConns: {}, httpbench.SatConns: {}}
 	loads, err := httpbench.Schedule{
-		Reps: b.cfg.reps,
-		Low:  httpbench.WholeSeconds(b.cfg.d6low),
-		Sat:  httpbench.WholeSeconds(b.cfg.d6),
+		Reps: c.reps,
+		Low:  httpbench.WholeSeconds(c.d6low),
+		Sat:  httpbench.WholeSeconds(c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			m, st, n := wrkRun(wrk, s, conns, d, expect, map[string]int{"redis": srv.Pid()}, b.meter(nil))
-			m["cmds"] = st.reqs / n
-			mix := map[bool]map[string]string{true: lowMix, false: satMix}[conns == httpbench.LowConns]
-			mix[s.ID] = mixString(st.cmds, int64(n))
-			return m, nil
+			fig, st, n := wrkRun(wrk, s, conns, d, expect, procs, m)
+			mix[conns][s.ID] = figures(fig, st, n)
+			return fig, nil
 		},
-		RoundTrip: func() float64 {
-			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
-		},
-		Logf: logf,
-		SatNote: func(m map[string]float64) string {
-			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		},
+		RoundTrip: func() float64 { return roundTripMedian(300*time.Millisecond, roundTrip) },
+		Logf:      logf,
+		SatNote:   satNote,
 	}.Run(systems)
 	if err != nil {
-		fatalf("s6 %v", err)
+		fatalf("%s%v", tag, err)
 	}
-	res.addLoads(loads, rows, lowMix, satMix)
-	return res
+	res.addLoads(loads, rows, mix[httpbench.LowConns], mix[httpbench.SatConns])
 }
 
 // addLoads records scenario 6's schedule on every store: each row's low-load and saturation

@@ -154,6 +154,14 @@ var (
 	stopServers = func() {}
 )
 
+// alsoStop adds stop to what cleanup ends.
+func alsoStop(stop func()) {
+	cleanupMu.Lock()
+	defer cleanupMu.Unlock()
+	prev := stopServers
+	stopServers = func() { stop(); prev() }
+}
+
 // cleanup ends every process this run started: the workers and wrk, then the servers.
 func cleanup() {
 	cleanupMu.Lock()

@@ -215,10 +215,7 @@ func runStore(c *config, be backend) {
 	if err := be.start(c); err != nil {
 		fatalf("start %s: %v", be.name(), err)
 	}
-	stopServers = func() {
-		stopStateRedis()
-		be.Stop()
-	}
+	stopServers = be.Stop
 	progress("%s", be.describe())
 	l, err := be.open(c)
 	if err != nil {
