@@ -113,10 +113,13 @@ func (b *bench) scenario8() []*s8Axis {
 }
 
 // rowKeys are n keys named after prefix, as im names them.
-func rowKeys(im impl, prefix string, n int) []string {
+func rowKeys(im impl, prefix string, n int) []string { return rowNames(im, keysNamed(prefix, n)) }
+
+// keysNamed are n keys named after prefix: prefix0, prefix1...
+func keysNamed(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = im.key(prefix + strconv.Itoa(i))
+		keys[i] = prefix + strconv.Itoa(i)
 	}
 	return keys
 }

@@ -237,7 +237,7 @@ func runStore(c *config, be backend) {
 	// which would tilt the first repetition against its first row.
 	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
 	b.uncontended(be.s1Rows(), "w", c.warm)
-	res := &storeResults{}
+	res := &storeResults{rows: map[int]results{1: {}, 2: {}, 3: {}, 4: {}}}
 	rowsIf := func(scenario int, rows ...string) []string {
 		if !c.scenarios[scenario] {
 			return nil
@@ -256,23 +256,23 @@ func runStore(c *config, be backend) {
 			rs := b.uncontended(order, fmt.Sprint(rep), c.d1)
 			for _, row := range order {
 				r := rs[row]
-				res.add(1, row, r, "")
+				res.rows[1].addErr(row, r, "")
 				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %.0f", row, mdfmt.Dur(r[p50]), r[rate], unit, r[reqs], r[failures])
 			}
 		}
 		for _, row := range interleave.Rotate(s2, rep) {
 			r, firstErr := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
-			res.add(2, row, r, firstErr)
+			res.rows[2].addErr(row, r, firstErr)
 			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", hotGoroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s3, rep) {
 			r, firstErr := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
-			res.add(3, row, r, firstErr)
+			res.rows[3].addErr(row, r, firstErr)
 			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", s3Procs, s3Goroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s4, rep) {
-			r, firstErr := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
-			res.add(4, row, r, firstErr)
+			r, firstErr := b.contendRun(row, keysNamed(fmt.Sprintf("k4-%d-", rep), manyKeys), hotGoroutines, c.d4, uint64(rep))
+			res.rows[4].addErr(row, r, firstErr)
 			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/op %.2f", hotGoroutines, manyKeys, row, r[rate], r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs])
 		}
 	}
@@ -319,16 +319,6 @@ func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map
 func percentiles(v []int64) (time.Duration, time.Duration) {
 	slices.Sort(v)
 	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
-}
-
-// keysRun runs n goroutines of this process for d over nkeys fresh keys named after prefix
-// (scenario 4, and scenario 8's keys axis).
-func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) (metrics, string) {
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
-	return b.contendRun(row, keys, n, d, seed)
 }
 
 // contendRun runs n goroutines of this process for d on keys, each operation on a key drawn

@@ -42,18 +42,13 @@ type storeResults struct {
 	memory  *memoryResults    // scenario 9
 }
 
-// add records one repetition of row in scenario, with its first error ("": none).
-func (r *storeResults) add(scenario int, row string, m metrics, firstErr string) {
-	if r.rows == nil {
-		r.rows = map[int]results{}
-	}
-	if r.rows[scenario] == nil {
-		r.rows[scenario] = results{}
-	}
-	x := r.rows[scenario][row]
+// addErr records one repetition of row (its result made on first use) with its first error
+// ("": none).
+func (rs results) addErr(row string, m metrics, firstErr string) {
+	x := rs[row]
 	if x == nil {
 		x = &result{Row: row}
-		r.rows[scenario][row] = x
+		rs[row] = x
 	}
 	x.Reps, x.FirstErrs = append(x.Reps, m), append(x.FirstErrs, firstErr)
 }

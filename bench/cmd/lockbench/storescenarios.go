@@ -78,7 +78,7 @@ func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 			case "processes":
 				return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
 			}
-			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
+			return b.contendRun(row, keysNamed(fmt.Sprintf("s5k-%d-%d-", x, rep), x), s8KeyGoroutines, c.d8, uint64(rep))
 		}, func(axis string, x, rep int, row string, r metrics, _ string) {
 			progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
 				rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
@@ -228,10 +228,7 @@ func (b *storeBench) reject(fb fullBackend) results {
 	for rep := range b.c.reps {
 		for _, row := range interleave.Rotate([]string{rowFlight, fb.peer()}, rep) {
 			r, firstErr := b.rejectRow(row, rep)
-			if out[row] == nil {
-				out[row] = &result{Row: row}
-			}
-			out[row].Reps, out[row].FirstErrs = append(out[row].Reps, r), append(out[row].FirstErrs, firstErr)
+			out.addErr(row, r, firstErr)
 			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %.0f",
 				row, mdfmt.Dur(r["ns"]), r["allocs"], r[reqs], s5Goroutines, mdfmt.Dur(r["par_ns"]), r["par_rate"], r["wrong"])
 		}
