@@ -17,7 +17,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -172,8 +171,8 @@ const (
 // rowMetrics are a row's figures: ops operations or critical sections in window, their
 // latencies or waits (ns, sorted in place), errs failures, and the server's counters st.
 func rowMetrics(ops int64, window time.Duration, lats []int64, errs int64, st serverStats) metrics {
-	q50, q99 := percentiles(lats)
-	m := metrics{"ops": float64(ops), rate: float64(ops) / window.Seconds(), p50: float64(q50), p99: float64(q99),
+	slices.Sort(lats)
+	m := metrics{"ops": float64(ops), rate: float64(ops) / window.Seconds(), p50: percentile(lats, 0.50), p99: percentile(lats, 0.99),
 		failures: float64(errs), reqs: -1, fsy: -1, scpu: 0, ccpu: 0}
 	if st.ok && ops > 0 {
 		n := float64(ops)
@@ -312,13 +311,6 @@ func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map
 		out[row] = rowMetrics(s.ops, s.elapsed, s.lat, s.errs, s.st)
 	}
 	return out
-}
-
-// percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
-// count them (stat.Percentile, nearest rank).
-func percentiles(v []int64) (time.Duration, time.Duration) {
-	slices.Sort(v)
-	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
 }
 
 // contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
