@@ -453,9 +453,9 @@ func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *htt
 		}
 		closes = append(closes, closeMW)
 	case rowMutex: // a Mutex TryLock on one session of this process, whatever the TTL (the lease lives on)
-		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(rowMutex, -1)), prefix, c.Order.Lock.TTL)
+		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(rowMutex, -1)), prefix)
 	case rowFloor:
-		mw = httpbench.OrderMiddleware(tryLockFunc(etcdFloor{e}), prefix, c.Order.Lock.TTL)
+		mw = httpbench.OrderMiddleware(tryLockFunc(etcdFloor{e}), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {

@@ -261,13 +261,13 @@ func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, fu
 	if err != nil {
 		fatalf("s6 %s: %v", id, err)
 	}
-	return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix, lc.TTL), im.close
+	return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix), im.close
 }
 
 // tryLockFunc is one attempt of im (busy: 409) as the order API's lock, on every store; the
 // lock keeps its row's TTL (lockTTL, the examples' too, or a session's lease).
 func tryLockFunc(im impl) httpbench.LockFunc {
-	return func(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
+	return func(ctx context.Context, key string) (func(context.Context) error, error) {
 		h, err := im.tryLock(ctx, key)
 		if err != nil {
 			return nil, err
