@@ -19,12 +19,12 @@ func newAdmin(addr string) *admin {
 
 // commandStats returns the calls per command from INFO commandstats. Commands run by Lua
 // scripts (redis.call) are counted too, next to the EVALSHA that ran them.
-func (a *admin) commandStats(ctx context.Context) (map[string]int64, error) {
+func (a *admin) commandStats(ctx context.Context) (cmdDelta, error) {
 	s, err := a.c.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]int64)
+	out := cmdDelta{}
 	for _, line := range strings.Split(s, "\n") {
 		line = strings.TrimSpace(line)
 		name, rest, ok := strings.Cut(line, ":")
@@ -41,16 +41,12 @@ func (a *admin) commandStats(ctx context.Context) (map[string]int64, error) {
 	return out, nil
 }
 
-// cmdDelta is the difference of two commandstats snapshots, without the INFO calls of the
-// measurement itself.
+// cmdDelta is calls per command: a commandstats snapshot, or the difference of two.
 type cmdDelta map[string]int64
 
-func diffStats(before, after map[string]int64) cmdDelta {
+func diffStats(before, after cmdDelta) cmdDelta {
 	d := make(cmdDelta)
 	for k, v := range after {
-		if k == "info" {
-			continue
-		}
 		if n := v - before[k]; n > 0 {
 			d[k] = n
 		}

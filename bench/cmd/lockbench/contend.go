@@ -4,19 +4,13 @@ import (
 	"context"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 )
 
-// contendResult is what the goroutines of one Redis run report: the shared loop's result (an
-// Unlock that failed is an error here, as a Lock that failed), and the client's round trips.
-type contendResult struct {
-	contend.Result
-	RT int64 `json:"rt"`
-}
-
-// implHolder drives a Redis row (impl) as a contend.Holder, over keys already mapped to the
-// row's own key names.
+// implHolder drives a row (impl) as a contend.Holder, over keys already mapped to the row's
+// own key names; a flightlock lease's fence is checked, other locks have none.
 type implHolder struct {
 	im   impl
 	keys []string
@@ -27,14 +21,31 @@ type implHolder struct {
 func (x *implHolder) Lock(ctx context.Context, k int) (int64, error) {
 	h, err := x.im.lock(ctx, x.keys[k])
 	x.k, x.h = k, h
-	return 0, err
+	return fenceOf(h), err
+}
+
+// fenceOf is the fence of a row's hold h: a flightlock lease's, 0 for a lock that has none.
+func fenceOf(h any) int64 {
+	if l, ok := h.(*flightlock.Lease); ok && l != nil {
+		return l.Fence()
+	}
+	return 0
 }
 
 func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
-// implHolders are n holders of im on keys.
+// implHolders are n holders of im on keys (the row's names).
 func implHolders(im impl, keys []string, n int) []contend.Holder {
 	return holdersOf(n, func(int) contend.Holder { return &implHolder{im: im, keys: keys} })
+}
+
+// rowHolders are n holders on keys (base names), the i-th on the row lock(i) (a row whose lock
+// belongs to one goroutine makes one per goroutine), each key as that row names it.
+func rowHolders(n int, lock func(i int) impl, keys []string) []contend.Holder {
+	return holdersOf(n, func(i int) contend.Holder {
+		im := lock(i)
+		return &implHolder{im: im, keys: rowNames(im, keys)}
+	})
 }
 
 // holdersOf are n holders of one row, the i-th made by mk(i).
@@ -44,6 +55,15 @@ func holdersOf(n int, mk func(i int) contend.Holder) []contend.Holder {
 		hs[i] = mk(i)
 	}
 	return hs
+}
+
+// rowNames are keys as im names them.
+func rowNames(im impl, keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = im.key(k)
+	}
+	return out
 }
 
 // newGuards are n fresh guards, one per key.
@@ -64,43 +84,39 @@ func guardSums(gds []guard.Guard) (plain, violations int64) {
 	return plain, violations
 }
 
-// contendImpl runs the holders hs of im (each operation on a key of gds, one guard per key)
-// from start until stop is closed (quota 0) or until quota critical sections have been run in
-// all. Goroutines that are waiting when stop closes finish their critical section, so every
-// counted one was real. Every Lock gives up at hardDeadline.
-func contendImpl(im impl, hs []contend.Holder, gds []guard.Guard, start time.Time, stop <-chan struct{}, quota int64, hardDeadline time.Time) contendResult {
-	rt0 := im.roundTrips()
-	r := contend.Run(hs, gds, start, uint64(start.UnixNano()), contend.Until(stop, quota, hardDeadline))
-	r.Errors += r.ReleaseErrors
-	r.ReleaseErrors = 0
-	return contendResult{Result: r, RT: im.roundTrips() - rt0}
+// windowRun runs the holders hs over the keys of gs (one guard per key) in this process from a
+// start 20 ms ahead for the window d (contend.Run, each Lock bounded at lockTimeout), on every
+// store, and returns what m counted over the window too.
+func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Duration, seed uint64, m meter) (contend.Result, serverStats) {
+	start := time.Now().Add(20 * time.Millisecond)
+	stc := make(chan serverStats, 1)
+	go func() { stc <- windowStats(start, d, m) }()
+	r := contend.Run(hs, gs, start, start.Add(d), seed, lockTimeout)
+	return r, <-stc
 }
 
-// timedRun runs the holders hs of im in this process for d from a start 20 ms ahead, and
-// measures them: measure turns the loop's result and the server's commands into the row's
-// figures, to which the server's and this process's CPU per critical section are added.
-func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, measure func(contendResult, cmdDelta) metrics) (metrics, contendResult, cmdDelta) {
-	s0 := b.snap()
-	start := time.Now().Add(20 * time.Millisecond)
-	stop := make(chan struct{})
-	t := time.AfterFunc(time.Until(start)+d, func() { close(stop) })
-	cr := contendImpl(im, hs, gds, start, stop, 0, start.Add(d+waitBudget))
-	t.Stop()
-	delta := diffStats(s0.cmds, b.stats())
-	m := measure(cr, delta)
-	b.cpu(m, s0, cr.Ops, true)
-	return m, cr, delta
+// timedRun runs the holders hs of im in this process for the window d (windowRun) and
+// measures them: measure turns the loop's result (a failed Unlock counted as an error) and the
+// server's counters into the row's figures, to which the server's and this process's CPU per
+// critical section are added.
+func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, seed uint64, measure func(contend.Result, serverStats) metrics) (metrics, contend.Result, serverStats) {
+	r, st := windowRun(hs, gds, d, waitBudget, seed, b.meter(im))
+	r.Errors += r.ReleaseErrors
+	r.ReleaseErrors = 0
+	m := measure(r, st)
+	perOpMicros(m, st, r.Ops, true)
+	return m, r, st
 }
 
 // contendFor runs g goroutines of this process for d over keys (the row's key names), each
 // operation on a key drawn uniformly, with scenario 2's critical section and checks on every
 // key; a floor row locks nothing, so its checks count no violation.
-func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration) (metrics, contendResult, cmdDelta) {
+func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration, seed uint64) (metrics, contend.Result, serverStats) {
 	im := b.impl(r)
 	gds := newGuards(len(keys))
-	return b.timedRun(im, implHolders(im, keys, g), gds, d, func(cr contendResult, delta cmdDelta) metrics {
+	return b.timedRun(im, implHolders(im, keys, g), gds, d, seed, func(cr contend.Result, st serverStats) metrics {
 		plain, viol := guardSums(gds)
-		m := contendMetrics(cr, delta, plain, viol)
+		m := contendMetrics(cr, st, plain, viol)
 		if r.floor {
 			m["violations"] = 0
 		}

@@ -9,11 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +21,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
@@ -55,9 +52,11 @@ type etcdBackend struct {
 	store      *etcdstore.Store // the bench's Locker's
 	floorLease clientv3.LeaseID
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
-	sess       *concurrency.Session   // scenario 1's Mutex session
+	sess       *concurrency.Session   // the process's own Mutex session (lockOf(row, -1))
 	hotSess    []*concurrency.Session // one per goroutine (a Mutex is one session's)
 	kaCancel   context.CancelFunc
+	// floorRetries counts the floor's put-if-absent attempts that found the key taken.
+	floorRetries atomic.Int64
 }
 
 func (e *etcdBackend) name() string     { return "etcd" }
@@ -70,6 +69,7 @@ func (e *etcdBackend) describe() string {
 }
 
 func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.clientURL} }
+func (e *etcdBackend) attach(addr string)          { e.clientURL = addr }
 
 func (e *etcdBackend) start(c *config) error {
 	bin, parent := c.etcdBin, c.dataDir
@@ -198,9 +198,6 @@ func (e *etcdBackend) open(c *config) (*flightlock.Locker, error) {
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return nil, fmt.Errorf("mutex session: %w", err)
 	}
-	if err := e.sessions(hotGoroutines); err != nil {
-		return nil, err
-	}
 	// Warm the Mutex path too (one lock on a key of its own).
 	m := concurrency.NewMutex(e.sess, "/mutex/warm")
 	if err := m.Lock(ctx); err != nil {
@@ -260,84 +257,80 @@ func (e *etcdBackend) floorPut(ctx context.Context, key string) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-func (e *etcdBackend) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
-	switch row {
-	case rowFloor:
-		return func(ctx context.Context, i int) (error, error) {
-			k := fmt.Sprintf("lock:f-%s-%d", rep, i)
-			if _, err := e.floorPut(ctx, k); err != nil {
-				return nil, err
-			}
-			_, err := e.cli.Delete(ctx, k)
-			return err, nil
-		}
-	case rowMutex:
-		return func(ctx context.Context, i int) (error, error) {
-			m := concurrency.NewMutex(e.sess, fmt.Sprintf("/mutex/u-%s-%d", rep, i))
-			if err := m.Lock(ctx); err != nil {
-				return nil, err
-			}
-			return m.Unlock(ctx), nil
-		}
+// lockOf is the floor, or a Mutex on session i (e.sessions must have made it; i < 0: e.sess):
+// a Mutex belongs to one session, and two Mutexes of one session on one key would both be
+// granted, so every goroutine contending for a key needs a session of its own.
+func (e *etcdBackend) lockOf(row string, i int) impl {
+	switch {
+	case row == rowFloor:
+		return etcdFloor{e}
+	case i < 0:
+		return mutexRow{e.sess}
 	}
-	panic("scenario 1: no row " + row)
+	return mutexRow{e.hotSess[i]}
 }
 
-// mutexHolder holds one Mutex per key on its goroutine's own session sess (a Mutex belongs to
-// one session, and two Mutexes of one session on one key would both be granted).
-func mutexHolder(sess *concurrency.Session, keys []string) contend.Holder {
-	return &perKeyHolder[*concurrency.Mutex]{keys: prefixed("/mutex/", keys),
-		newLock: func(key string) *concurrency.Mutex { return concurrency.NewMutex(sess, key) },
-		lock:    func(ctx context.Context, m *concurrency.Mutex) error { return m.Lock(ctx) },
-		unlock:  func(ctx context.Context, m *concurrency.Mutex) error { return m.Unlock(ctx) }}
+// mutexRow is concurrency.Mutex on one session, a Mutex made per Lock (NewMutex sends nothing).
+type mutexRow struct{ sess *concurrency.Session }
+
+func (m mutexRow) key(base string) string { return "/mutex/" + base }
+
+func (m mutexRow) lock(ctx context.Context, key string) (any, error) {
+	mu := concurrency.NewMutex(m.sess, key)
+	return mu, mu.Lock(ctx)
 }
 
-// etcdFloorHolder is the floor: floorPut, retried at once while the key is taken (each such
-// attempt counted in retries, not as a lock), then a delete.
-type etcdFloorHolder struct {
-	e       *etcdBackend
-	keys    []string
-	held    string
-	retries *atomic.Int64
+func (m mutexRow) tryLock(ctx context.Context, key string) (any, error) {
+	mu := concurrency.NewMutex(m.sess, key)
+	if err := mu.TryLock(ctx); errors.Is(err, concurrency.ErrLocked) {
+		return nil, errBusy
+	} else if err != nil {
+		return nil, err
+	}
+	return mu, nil
 }
 
-func (h *etcdFloorHolder) Lock(ctx context.Context, k int) (int64, error) {
+func (m mutexRow) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*concurrency.Mutex).Unlock(ctx)
+}
+
+func (mutexRow) roundTrips() int64 { return 0 }
+func (mutexRow) close()            {}
+
+// etcdFloor is the floor: floorPut, retried at once while the key is taken (each such attempt
+// counted in retries, not as a lock), then a delete, with no owner check.
+type etcdFloor struct{ e *etcdBackend }
+
+func (f etcdFloor) key(base string) string { return "lock:f" + base }
+
+func (f etcdFloor) lock(ctx context.Context, key string) (any, error) {
 	for {
-		ok, err := h.e.floorPut(ctx, h.keys[k])
-		if err != nil {
-			return 0, err
+		if ok, err := f.e.floorPut(ctx, key); err != nil || ok {
+			return nil, err
 		}
-		if ok {
-			h.held = h.keys[k]
-			return 0, nil
-		}
-		h.retries.Add(1)
+		f.e.floorRetries.Add(1)
 	}
 }
 
-func (h *etcdFloorHolder) Unlock(ctx context.Context) error {
-	_, err := h.e.cli.Delete(ctx, h.held)
+func (f etcdFloor) tryLock(ctx context.Context, key string) (any, error) {
+	ok, err := f.e.floorPut(ctx, key)
+	if err == nil && !ok {
+		return nil, errBusy
+	}
+	return nil, err
+}
+
+func (f etcdFloor) unlock(ctx context.Context, key string, _ any) error {
+	_, err := f.e.cli.Delete(ctx, key)
 	return err
 }
 
-// holders returns n holders of row on keys: a Mutex goroutine on session i (e.sessions(n)
-// must have made them), the floor on its lease.
-func (e *etcdBackend) holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder {
-	return holdersOf(n, func(i int) contend.Holder {
-		switch row {
-		case rowMutex:
-			return mutexHolder(e.hotSess[i], keys)
-		case rowFloor:
-			return &etcdFloorHolder{e: e, keys: prefixed("lock:f", keys), retries: retries}
-		}
-		fatalf("etcd: no row %q", row)
-		return nil
-	})
-}
+func (f etcdFloor) retried() int64  { return f.e.floorRetries.Load() }
+func (etcdFloor) roundTrips() int64 { return 0 }
+func (etcdFloor) close()            {}
 
-// sessions makes sure e.hotSess holds at least n Mutex sessions (a Mutex is one session's, so
-// every goroutine contending for one key needs a session of its own). The new ones are
-// granted sessionMakers at a time: one lease grant each, one Raft write.
+// sessions makes sure e.hotSess holds at least n Mutex sessions. The new ones are granted
+// sessionMakers at a time: one lease grant each, one Raft write.
 func (e *etcdBackend) sessions(n int) error {
 	add := n - len(e.hotSess)
 	if add <= 0 {
@@ -376,153 +369,9 @@ func (e *etcdBackend) dropGoroutinesBeyond(n int) {
 // sessionMakers is how many goroutines grant or revoke sessions at once.
 const sessionMakers = 32
 
-func (e *etcdBackend) workerLocker(o workerOpts) (*flightlock.Locker, func(), error) {
-	cli, err := etcdClient(o.addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("client: %w", err)
-	}
-	store, l, err := newEtcdFlightlock(cli, o.lockTimeout)
-	if err != nil {
-		_ = cli.Close()
-		return nil, nil, err
-	}
-	return l, func() { drainClose(l, store.Close); _ = cli.Close() }, nil
-}
-
-// workerPeer builds the Mutex row in a worker, a session per goroutine on a client of its own.
-func (e *etcdBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
-	if row != rowMutex {
-		return workerRow{}, fmt.Errorf("unknown row %q", row)
-	}
-	cli, err := etcdClient(o.addr)
-	if err != nil {
-		return workerRow{}, fmt.Errorf("client: %w", err)
-	}
-	var sessions []*concurrency.Session
-	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) {
-			hs := make([]contend.Holder, n)
-			for i := range hs {
-				s, err := concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds))
-				if err != nil {
-					return nil, fmt.Errorf("session: %w", err)
-				}
-				sessions = append(sessions, s)
-				hs[i] = mutexHolder(s, keys)
-			}
-			return hs, nil
-		},
-		warm: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			m := concurrency.NewMutex(sessions[0], fmt.Sprintf("/mutex/warm-%d", os.Getpid()))
-			if err := m.Lock(ctx); err != nil {
-				return err
-			}
-			return m.Unlock(ctx)
-		},
-		close: func() {
-			for _, s := range sessions {
-				_ = s.Close()
-			}
-			_ = cli.Close()
-		},
-	}, nil
-}
-
-// rejectPeer holds key with a Mutex and returns the TryLock of goroutine i on a session of its
-// own, none the holder's (two Mutexes of one session on one key would both be granted).
-func (e *etcdBackend) rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error) {
-	if err := e.sessions(n); err != nil {
-		return nil, nil, err
-	}
-	held := concurrency.NewMutex(e.sess, "/mutex/"+key)
-	if err := held.Lock(ctx); err != nil {
-		return nil, nil, fmt.Errorf("hold: %w", err)
-	}
-	ms := make([]*concurrency.Mutex, n)
-	for i := range ms {
-		ms[i] = concurrency.NewMutex(e.hotSess[i], "/mutex/"+key)
-	}
-	try := func(ctx context.Context, i int) (bool, error) {
-		err := ms[i].TryLock(ctx)
-		if err == nil {
-			_ = ms[i].Unlock(ctx)
-			return false, nil
-		}
-		return errors.Is(err, concurrency.ErrLocked), err
-	}
-	return try, func() { _ = held.Unlock(ctx) }, nil
-}
-
 // dupConf is the middleware's Lock section of scenario 7: its rule on the benchmark's etcd.
 func (e *etcdBackend) dupConf() flmw.LockConf {
 	return flmw.LockConf{Etcd: flmw.EtcdConf{Hosts: []string{strings.TrimPrefix(e.clientURL, "http://")}}}
-}
-
-// holdMutex holds n concurrency.Mutexes on distinct keys, all on one session of their own.
-func (e *etcdBackend) holdPeer(b *storeBench, n int) (metrics, error) {
-	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
-	if err != nil {
-		fatalf("scenario 9: mutex session: %v", err)
-	}
-	defer sess.Close()
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("/mutex/m6h-%d", i)
-	}
-	warm, lock, unlock, ms := heldKeys(keys, func(i int) string { return fmt.Sprintf("/mutex/m6w-%d", i) },
-		func(ctx context.Context, key string) (*concurrency.Mutex, error) {
-			m := concurrency.NewMutex(sess, key)
-			return m, m.Lock(ctx)
-		},
-		func(ctx context.Context, _ string, m *concurrency.Mutex) error { return m.Unlock(ctx) })
-	return b.hold(rowMutex, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(ms) })
-}
-
-// waitMutex: one session holds the key; each of the w waiters needs a session of its own (two
-// Mutexes of one session on one key are the same holder: both would be granted), made after
-// the baseline and measured apart from the waiting itself.
-func (e *etcdBackend) waitPeer(b *storeBench, w int) (metrics, error) {
-	holder, err := concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
-	if err != nil {
-		fatalf("scenario 9: mutex session: %v", err)
-	}
-	defer holder.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-	defer cancel()
-	key := fmt.Sprintf("/mutex/m6wait-%d", w)
-	held := concurrency.NewMutex(holder, key)
-	if err := held.Lock(ctx); err != nil {
-		fatalf("scenario 9: hold %s: %v", key, err)
-	}
-	sessions := make([]*concurrency.Session, w)
-	defer func() {
-		memstat.Parallel(w, sessionMakers, func(i int) error {
-			if sessions[i] == nil {
-				return nil
-			}
-			return sessions[i].Close()
-		})
-	}()
-	ms := make([]*concurrency.Mutex, w)
-	return b.wait(w, 0,
-		func() error {
-			errs, first := memstat.Parallel(w, sessionMakers, func(i int) (err error) {
-				sessions[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
-				return err
-			})
-			if errs > 0 {
-				return fmt.Errorf("%d of %d waiter sessions: %w", errs, w, first)
-			}
-			return nil
-		},
-		func(ctx context.Context, i int) (int64, error) {
-			ms[i] = concurrency.NewMutex(sessions[i], key)
-			return 0, ms[i].Lock(ctx)
-		},
-		func(ctx context.Context, i int) error { return ms[i].Unlock(ctx) },
-		held.Unlock)
 }
 
 // Scenario 6 on etcd, HTTP end to end (httpSection says what each row is): the example's
@@ -537,66 +386,30 @@ var etcdHTTPRows = []s6Row{
 	{rowFloor, "floor: txn put on a lease if absent + delete (plain middleware)", "s"},
 }
 
-// The redis-server of the example's state, while scenario 6 runs; a signal ends it by pid.
-var (
-	stateRedisMu sync.Mutex
-	stateRedis   *redisserver.Server
-)
-
-func stopStateRedis() {
-	stateRedisMu.Lock()
-	defer stateRedisMu.Unlock()
-	if stateRedis != nil {
-		stateRedis.Stop()
-		stateRedis = nil
-	}
-}
-
 func (e *etcdBackend) http(b *storeBench) *s6Results {
 	res := &s6Results{Conf: b.c.exampleConf}
 	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, logf := newWrk("  6 ")
-	defer wrk.Close()
-
 	rs, err := redisserver.Start("lockbench-etcd-state-redis")
 	if err != nil {
-		fatalf("s8: %v", err)
+		fatalf("s6: %v", err)
 	}
-	stateRedisMu.Lock()
-	stateRedis = rs
-	stateRedisMu.Unlock()
-	defer stopStateRedis()
-	logf("redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
-
-	var systems []*httpbench.System
-	for _, r := range etcdHTTPRows {
-		systems = append(systems, e.startSystem(b, r, rs.Addr))
-	}
-	defer httpbench.Stop(systems, logf)
-
-	loads, err := httpbench.Schedule{
-		Reps: b.c.reps,
-		Low:  httpbench.WholeSeconds(b.c.d6low),
-		Sat:  httpbench.WholeSeconds(b.c.d6),
-		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			return e.wrkRun(b, wrk, s, conns, d, expect, rs.Pid())
+	alsoStop(rs.Stop)
+	defer rs.Stop()
+	progress("  6 redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
+	loadSystems(res, b.c, "  6 ", etcdHTTPRows, func(r s6Row) *httpbench.System { return e.startSystem(b, r, rs.Addr) },
+		map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b,
+		func(fig metrics, st serverStats, n float64) string {
+			fig["rpcs"], fig["fsyncs"] = st.reqs/n, st.fsyncs/n
+			return ""
 		},
-		RoundTrip: func() float64 {
-			// A linearizable Get (the client's default) of an absent key: etcd's PING.
-			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err })
-		},
-		Logf: logf,
-		SatNote: func(m map[string]float64) string {
+		// A linearizable Get (the client's default) of an absent key: etcd's PING.
+		func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err },
+		func(m metrics) string {
 			return fmt.Sprintf("RPC/req %.2f cpu svc %.0f%% etcd %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", m["rpcs"],
 				100*m["svc_share"], 100*m["etcd_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		},
-	}.Run(systems)
-	if err != nil {
-		fatalf("s8 %v", err)
-	}
-	res.addLoads(loads, etcdHTTPRows, nil, nil)
+		})
 	return res
 }
 
@@ -639,61 +452,16 @@ func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *htt
 			fatalf("s8 %s: %v", r.id, err)
 		}
 		closes = append(closes, closeMW)
-	case rowMutex:
-		mw = httpbench.OrderMiddleware(mutexTryLock(e.sess), prefix, c.Order.Lock.TTL)
+	case rowMutex: // a Mutex TryLock on one session of this process, whatever the TTL (the lease lives on)
+		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(rowMutex, -1)), prefix)
 	case rowFloor:
-		mw = httpbench.OrderMiddleware(e.floorLock, prefix, c.Order.Lock.TTL)
+		mw = httpbench.OrderMiddleware(tryLockFunc(etcdFloor{e}), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {
 		fatalf("s8 %s: %v", r.id, err)
 	}
 	return s
-}
-
-// mutexTryLock is one concurrency.Mutex TryLock on session s (the example's OnBusy: reject);
-// the lock lives as long as the session's lease is kept alive, whatever ttl says.
-func mutexTryLock(s *concurrency.Session) httpbench.LockFunc {
-	return func(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
-		m := concurrency.NewMutex(s, key)
-		if err := m.TryLock(ctx); err != nil {
-			if errors.Is(err, concurrency.ErrLocked) {
-				return nil, httpbench.ErrBusy
-			}
-			return nil, err
-		}
-		return m.Unlock, nil
-	}
-}
-
-// floorLock is the raw floor in a lock's place: put the key on the floor's lease if its
-// create revision is 0 (busy otherwise), then delete it. No owner check on the delete.
-func (e *etcdBackend) floorLock(ctx context.Context, key string, _ time.Duration) (func(context.Context) error, error) {
-	ok, err := e.floorPut(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, httpbench.ErrBusy
-	}
-	return func(ctx context.Context) error {
-		_, err := e.cli.Delete(ctx, key)
-		return err
-	}, nil
-}
-
-// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, etcd, redis-server
-// of pid redisPid and wrk) and returns the run's figures with the etcd unary RPCs and fsyncs
-// per request.
-func (e *etcdBackend) wrkRun(b *storeBench, wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, redisPid int) (map[string]float64, error) {
-	var st0 serverStats
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"etcd": e.Pid(), "redis": redisPid}, func() { st0 = b.stats() })
-	if err != nil {
-		return nil, err
-	}
-	st := b.stats().sub(st0)
-	m["rpcs"], m["fsyncs"] = st.reqs/float64(run.Requests), st.fsyncs/float64(run.Requests)
-	return m, nil
 }
 
 // etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for

@@ -11,7 +11,7 @@ import (
 // processes of s3Goroutines goroutines each, with scenario 2's guard. A fair Lock keeps its
 // place in a line in Redis and talks to Redis itself (no gate, no hand-over in the process),
 // and each release wakes every waiter: the rows show the throughput, the round trips and the
-// server commands that buys, and how evenly the processes got through their quotas.
+// server commands that buys, and how evenly the processes got through.
 
 // fairRows are scenario 12's rows besides flightlock's default.
 func fairRows() []rowSpec {
@@ -52,8 +52,8 @@ func (r *report) s12Section(w func(string, ...any)) {
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("Scenario 3's workers; a 1 s pilot per row sets each process's critical sections so that a repetition lasts about %v;\n", r.cfg.d12)
-		w("`fair` is the last process's finish time over the first's (1.00: every process got through its quota at the same pace).\n\n")
+		w("Scenario 3's workers, counting over one common window of %v; `fair` is the most critical sections of a process over\n", r.cfg.d12)
+		w("the fewest (1.00: every process got through at the same pace).\n\n")
 		contendTable(w, s.Procs, true, false)
 	}
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)

@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"time"
 
-	"github.com/bsm/redislock"
-	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/prometheus"
 	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
@@ -92,51 +89,59 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if res.Note = httpbench.NotRunnable(b.cfg.exampleConf); res.Note != "" {
 		return res
 	}
-	wrk, logf := newWrk("s6 ")
-	defer wrk.Close()
-
 	var rows []s6Row
 	for _, r := range all {
 		if onlyRows == nil || onlyRows[r.id] {
 			rows = append(rows, r)
 		}
 	}
+	pingRow, _ := rowByID("ping")
+	ping := b.impl(pingRow)
+	loadSystems(res, &b.cfg, "s6 ", rows, start, map[string]int{"redis": srv.Pid()}, b.meter(nil),
+		func(fig metrics, st serverStats, n float64) string {
+			fig["cmds"] = st.reqs / n
+			return mixString(st.cmds, int64(n))
+		},
+		func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err },
+		func(m metrics) string {
+			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
+		})
+	return res
+}
+
+// loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row
+// (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
+// and m's counters around every run (wrkRun), figures adding the store's own per request and
+// returning the run's command mix ("": none), roundTrip the store's cheapest call, satNote
+// more of a saturation line. The runs go into res, with each row's last mix at either load.
+func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func(s6Row) *httpbench.System, procs map[string]int, m meter,
+	figures func(fig metrics, st serverStats, n float64) string, roundTrip func(ctx context.Context) error, satNote func(m metrics) string,
+) {
+	wrk, logf := newWrk(tag)
+	defer wrk.Close()
 	var systems []*httpbench.System
 	for _, r := range rows {
 		systems = append(systems, start(r))
 	}
 	defer httpbench.Stop(systems, logf)
-	pingRow, _ := rowByID("ping")
-	ping := b.impl(pingRow)
-
-	// The Redis command mix of each row's last run at low load and at saturation.
-	lowMix, satMix := map[string]string{}, map[string]string{}
+	mix := map[int]map[string]string{httpbench.LowConns: {}, httpbench.SatConns: {}}
 	loads, err := httpbench.Schedule{
-		Reps: b.cfg.reps,
-		Low:  httpbench.WholeSeconds(b.cfg.d6low),
-		Sat:  httpbench.WholeSeconds(b.cfg.d6),
+		Reps: c.reps,
+		Low:  httpbench.WholeSeconds(c.d6low),
+		Sat:  httpbench.WholeSeconds(c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			w := b.wrkRun(wrk, s, conns, d, expect)
-			if conns == httpbench.LowConns {
-				lowMix[s.ID] = w.mix
-			} else {
-				satMix[s.ID] = w.mix
-			}
-			return w.m, nil
+			fig, st, n := wrkRun(wrk, s, conns, d, expect, procs, m)
+			mix[conns][s.ID] = figures(fig, st, n)
+			return fig, nil
 		},
-		RoundTrip: func() float64 {
-			return roundTripMedian(300*time.Millisecond, func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
-		},
-		Logf: logf,
-		SatNote: func(m map[string]float64) string {
-			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		},
+		RoundTrip: func() float64 { return roundTripMedian(300*time.Millisecond, roundTrip) },
+		Logf:      logf,
+		SatNote:   satNote,
 	}.Run(systems)
 	if err != nil {
-		fatalf("s6 %v", err)
+		fatalf("%s%v", tag, err)
 	}
-	res.addLoads(loads, rows, lowMix, satMix)
-	return res
+	res.addLoads(loads, rows, mix[httpbench.LowConns], mix[httpbench.SatConns])
 }
 
 // addLoads records scenario 6's schedule on every store: each row's low-load and saturation
@@ -248,58 +253,39 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 }
 
 // plainOrderLock is the order API's lock of row id ("redislock" or "setdel") as a go-zero user
-// writes it without flightlock (httpbench.OrderMiddleware), with the prefix and TTL of the
-// example's Lock section lc, on a client of its own that the returned func closes.
+// writes it without flightlock (httpbench.OrderMiddleware), with the prefix of the example's
+// Lock section lc, on a client of its own that the returned func closes.
 func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
-	client := newClient(b.addr, tunedClient).client
-	lock := setDelLock(client)
-	if id == "redislock" {
-		lock = redislockLock(redislock.New(client))
+	r, _ := rowByID(id)
+	im, err := r.build(b.addr, tunedClient)
+	if err != nil {
+		fatalf("s6 %s: %v", id, err)
 	}
-	return httpbench.OrderMiddleware(lock, lc.Prefix, lc.TTL), func() { _ = client.Close() }
+	return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix), im.close
 }
 
-// redislockLock is one bsm/redislock Obtain without retry (the example's OnBusy: reject).
-func redislockLock(lc *redislock.Client) httpbench.LockFunc {
-	return func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-		lock, err := lc.Obtain(ctx, key, ttl, nil)
-		if errors.Is(err, redislock.ErrNotObtained) {
-			return nil, errBusy
-		}
+// tryLockFunc is one attempt of im (busy: 409) as the order API's lock, on every store; the
+// lock keeps its row's TTL (lockTTL, the examples' too, or a session's lease).
+func tryLockFunc(im impl) httpbench.LockFunc {
+	return func(ctx context.Context, key string) (func(context.Context) error, error) {
+		h, err := im.tryLock(ctx, key)
 		if err != nil {
 			return nil, err
 		}
-		return lock.Release, nil
+		return func(ctx context.Context) error { return im.unlock(ctx, key, h) }, nil
 	}
 }
 
-// setDelLock is the floor: SET PX, then DEL. Not a lock: it never finds the key busy.
-func setDelLock(c *redis.Client) httpbench.LockFunc {
-	return func(ctx context.Context, key string, ttl time.Duration) (func(context.Context) error, error) {
-		if err := c.Set(ctx, key, "1", ttl).Err(); err != nil {
-			return nil, err
-		}
-		return func(ctx context.Context) error { return c.Del(ctx, key).Err() }, nil
-	}
-}
-
-// wrkResult is one wrk run with the Redis commands per request.
-type wrkResult struct {
-	m   metrics
-	mix string // Redis command mix per request
-}
-
-// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service, redis-server and
-// wrk) and returns the run's figures with the Redis commands per request.
-func (b *bench) wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64) wrkResult {
-	var cmds0 map[string]int64
-	m, run, err := wrk.RunCPU(s, conns, d, expect, map[string]int{"redis": srv.Pid()}, func() { cmds0 = b.stats() })
+// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service and of the procs
+// by name), on every store, and returns the run's figures, what m counted over it and the
+// requests it made.
+func wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, procs map[string]int, m meter) (metrics, serverStats, float64) {
+	var st0 serverStats
+	fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
 	if err != nil {
 		fatalf("s6 %s: %v", s.ID, err)
 	}
-	delta := diffStats(cmds0, b.stats())
-	m["cmds"] = float64(delta.total()) / float64(run.Requests)
-	return wrkResult{m: m, mix: mixString(delta, run.Requests)}
+	return fig, readStats(m, true).sub(st0), float64(run.Requests)
 }
 
 // roundTripMedian is the median latency of op, called one after the other for d: the round

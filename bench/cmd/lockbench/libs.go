@@ -138,11 +138,41 @@ func (g goredisRow) close()              { _ = g.client.Close() }
 
 // --- flightlock
 
+// lockerRow is a flightlock Locker as a row, on every store: lock is Lock, tryLock a TryLock
+// of its Reject twin (which shares its gate), unlock the lease's Release. The Locker adds its
+// own key prefix.
+type lockerRow struct {
+	locker, reject *flightlock.Locker
+}
+
+func newLockerRow(l *flightlock.Locker) (lockerRow, error) {
+	r, err := l.With(flightlock.WithMode(flightlock.Reject))
+	return lockerRow{locker: l, reject: r}, err
+}
+
+func (f lockerRow) key(base string) string { return base }
+
+func (f lockerRow) lock(ctx context.Context, key string) (any, error) { return f.locker.Lock(ctx, key) }
+
+func (f lockerRow) tryLock(ctx context.Context, key string) (any, error) {
+	l, err := f.reject.TryLock(ctx, key)
+	if errors.Is(err, flightlock.ErrBusy) {
+		return nil, errBusy
+	}
+	return l, err
+}
+
+func (f lockerRow) unlock(ctx context.Context, _ string, h any) error {
+	return h.(*flightlock.Lease).Release(ctx)
+}
+
+func (f lockerRow) roundTrips() int64 { return 0 }
+func (f lockerRow) close()            {}
+
 type flightlockImpl struct {
+	lockerRow
 	goredisRow
-	store  *redisstore.RedisStore
-	locker *flightlock.Locker
-	reject *flightlock.Locker
+	store *redisstore.RedisStore
 }
 
 // newFlightlock is the flightlock row on a client of setting s: the store with its defaults,
@@ -160,32 +190,15 @@ func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*fl
 	if err != nil {
 		return nil, err
 	}
-	r, err := l.With(flightlock.WithMode(flightlock.Reject))
+	row, err := newLockerRow(l)
 	if err != nil {
 		return nil, err
 	}
-	return &flightlockImpl{goredisRow: c, store: store, locker: l, reject: r}, nil
+	return &flightlockImpl{lockerRow: row, goredisRow: c, store: store}, nil
 }
 
-func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
-
-func (f *flightlockImpl) lock(ctx context.Context, key string) (any, error) {
-	return f.locker.Lock(ctx, key)
-}
-
-func (f *flightlockImpl) tryLock(ctx context.Context, key string) (any, error) {
-	l, err := f.reject.TryLock(ctx, key)
-	if errors.Is(err, flightlock.ErrBusy) {
-		return nil, errBusy
-	}
-	return l, err
-}
-
-func (f *flightlockImpl) unlock(ctx context.Context, _ string, h any) error {
-	return h.(*flightlock.Lease).Release(ctx)
-}
-
-func (f *flightlockImpl) close() { _ = f.store.Close(); _ = f.client.Close() }
+func (f *flightlockImpl) roundTrips() int64 { return f.goredisRow.roundTrips() }
+func (f *flightlockImpl) close()            { _ = f.store.Close(); _ = f.client.Close() }
 
 // --- bsm/redislock
 

@@ -48,10 +48,8 @@
 // The contention loops, the workers, the order of the rows, the memory measurement and the
 // HTTP systems are shared by every store (bench/internal/...); etcd and ZooKeeper are backends
 // of one runner and report (store.go), the Redis rows have their own, since they measure what
-// only Redis reports (round trips, the command mix, allocations per call). The Redis rows count
-// a contention run by every critical section begun before the end (contend.Until; scenario 3
-// runs a quota per process), the backends' rows by those that end inside a fixed window
-// (contend.Window), so that figures stay comparable with earlier runs of the same store. With
+// only Redis reports (round trips, the command mix, allocations per call). Every store's rows
+// count a contention run by the critical sections that end inside a fixed window (windowRun). With
 // -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own
 // repetitions; its scenario 6 also starts a redis-server for the example's state.
 //
@@ -155,6 +153,14 @@ var (
 	// stopServers ends the servers this run started (by pid), once; each store's run sets it.
 	stopServers = func() {}
 )
+
+// alsoStop adds stop to what cleanup ends.
+func alsoStop(stop func()) {
+	cleanupMu.Lock()
+	defer cleanupMu.Unlock()
+	prev := stopServers
+	stopServers = func() { stop(); prev() }
+}
 
 // cleanup ends every process this run started: the workers and wrk, then the servers.
 func cleanup() {
@@ -447,8 +453,6 @@ func runRedis(cfg config, prof profiling) {
 			fatalf("chart: %v", err)
 		}
 	}
-	if err := rep.s8Charts(); err != nil {
-		fatalf("chart: %v", err)
-	}
+	rep.s8Charts()
 	progress("done in %v", rep.elapsed.Round(time.Second))
 }

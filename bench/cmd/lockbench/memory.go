@@ -2,11 +2,10 @@ package main
 
 import (
 	"context"
-	"runtime"
+	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -102,87 +101,41 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 	return m
 }
 
-// s9HoldOn measures n locks held at once on im; warm fills the client's pool first.
+// s9HoldOn measures n locks held at once on im (holdRun); warm fills the client's pool first:
+// then it holds the connections the locks will use before the baseline (go-redis keeps 32 KiB
+// read and 32 KiB write buffers per connection), the client's fixed cost, not the locks'. A
+// warm-up of 128 locks leaves the pool smaller than 10,000 locks grow it, and "after release"
+// would count the connections the acquisition opened as the locks' memory.
 func (b *bench) s9HoldOn(r rowSpec, im impl, n int, warm bool) metrics {
-	ctx := context.Background()
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = im.key("s9h:" + strconv.Itoa(n) + ":" + strconv.Itoa(i))
-	}
-	// With warm, the client's pool holds the connections the locks will use before the
-	// baseline (go-redis keeps 32 KiB read and 32 KiB write buffers per connection): they are the
-	// client's fixed cost, not the locks'. A warm-up of 128 locks leaves the pool smaller than
-	// 10,000 locks grow it, and "after release" would count the connections the acquisition
-	// opened as the locks' memory.
 	warmN := 0
 	if warm {
 		warmN = s9Warm
 	}
-	warmKey := func(i int) string { return im.key("s9w:" + strconv.Itoa(n) + ":" + strconv.Itoa(i)) }
 	window := b.cfg.d9hold
 	if !renewing(r.id) {
 		window = min(window, s9HoldNoRenew)
 	}
-	var (
-		ccpu  time.Duration
-		delta cmdDelta
-		rts   int64
-	)
-	warmI, lock, unlock, hs := heldKeys(keys, warmKey, im.lock, im.unlock)
-	bg := func(step func(ctx context.Context, i int) error) func(i int) error {
-		return func(i int) error { return step(ctx, i) }
-	}
-	h := holdOn(n, warmN, bg(warmI), bg(lock), bg(unlock),
-		func() int64 { return b.adm.usedMemory(ctx) },
-		func() { ccpu, delta, rts = b.window(im, window) })
-	runtime.KeepAlive(keys) // built before the baseline: live in all three measurements
-	runtime.KeepAlive(hs)
+	m, st, h := holdRun(im, fmt.Sprintf("s9:%d:", n), n, warmN, 0, window, func() int64 { return b.adm.usedMemory(context.Background()) }, b.meter(im))
 	if h.FirstErr != nil {
 		progress("s9 hold %d %s: %v", n, r.id, h.FirstErr)
 	}
-	m, secs := heldMetrics(h, n), window.Seconds()
+	secs := window.Seconds()
 	delete(m, "release")
 	m["redis"] = (float64(h.ServerHolding) - float64(h.ServerBefore)) / float64(n)
-	m["window"], m["ccpu_ms"] = secs, float64(ccpu.Microseconds())/1e3/secs
-	m["cmds_s"], m["rt_s"] = float64(delta.total())/secs, float64(rts)/secs
+	m["window"], m["ccpu_ms"] = secs, float64(st.self.Microseconds())/1e3/secs
+	m["cmds_s"], m["rt_s"] = st.reqs/secs, float64(st.rts)/secs
 	return m
-}
-
-// window sleeps d and returns what this process and the server did meanwhile: this process's
-// CPU, the server's commands and im's round trips.
-func (b *bench) window(im impl, d time.Duration) (time.Duration, cmdDelta, int64) {
-	s0, rt0 := b.snap(), im.roundTrips()
-	time.Sleep(d)
-	return cpustat.Self() - s0.ccpu, diffStats(s0.cmds, b.stats()), im.roundTrips() - rt0
 }
 
 func (b *bench) s9Wait(r rowSpec, w int) metrics {
 	im := b.impl(r)
-	key := im.key("s9w:" + strconv.Itoa(w))
-	held, err := im.lock(context.Background(), key)
-	if err != nil {
-		fatalf("s9 %s: hold: %v", r.id, err)
-	}
-	var (
-		ccpu  time.Duration
-		delta cmdDelta
-		rts   int64
-	)
-	hs := make([]any, w)
-	res, g := waitOn(w, 0, waitBudget,
-		func(ctx context.Context, i int) (_ int64, err error) {
-			hs[i], err = im.lock(ctx, key)
-			return 0, err
-		},
-		func(ctx context.Context, i int) error { return im.unlock(ctx, key, hs[i]) },
-		func(ctx context.Context) error { return im.unlock(ctx, key, held) },
-		func() { ccpu, delta, rts = b.window(im, s9WaitWindow) })
+	m, st, res := waitRun(im, func(int) impl { return im }, im.key("s9w:"+strconv.Itoa(w)), w, nil, waitBudget, b.meter(im))
 	if res.FirstErr != nil {
 		progress("s9 wait %s: %v", r.id, res.FirstErr)
 	}
-	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
-	m["rt_s"], m["cmds_s"], m["ccpu_ms"] = float64(rts)/secs, float64(delta.total())/secs, float64(ccpu.Microseconds())/1e3/secs
-	m["errors"], m["early"] = float64(int64(w)-res.Served), float64(g.Violations())
+	secs := s9WaitWindow.Seconds()
+	m["rt_s"], m["cmds_s"], m["ccpu_ms"] = float64(st.rts)/secs, st.reqs/secs, float64(st.self.Microseconds())/1e3/secs
+	m["errors"], m["early"] = float64(int64(w)-res.Served), m[violations]
 	return m
 }
 

@@ -50,7 +50,7 @@ func (r *report) peerGoals() []goal {
 		}
 	}
 	manyKeys("4: 64 goroutines over 1,000 keys", r.s4, "opsps")
-	if ax := r.s8.keyAxis(); ax != nil {
+	if ax := axisNamed(r.s8, "keys"); ax != nil {
 		n := ax.Points[len(ax.Points)-1]
 		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", mdfmt.Int(float64(n))), ax.Res[n], "csps")
 	}
@@ -89,15 +89,15 @@ func (r *report) peerGoals() []goal {
 					mdfmt.Int(find(ax.Res[x0], "flightlock").med("csps")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
 			}
 		}
-		if ax := s.Goroutines; ax != nil {
+		if ax := axisNamed(s, "goroutines"); ax != nil {
 			fallGoal(ax, 4, ax.Points[len(ax.Points)-1], fmt.Sprintf("4 → %s goroutines", mdfmt.Int(float64(ax.Points[len(ax.Points)-1]))))
 		}
-		if ax := s.Procs; ax != nil {
+		if ax := axisNamed(s, "processes"); ax != nil {
 			fallGoal(ax, 1, ax.Points[len(ax.Points)-1], fmt.Sprintf("1 → %d processes of %d goroutines", ax.Points[len(ax.Points)-1], s8ProcGoroutines))
 		}
 		worst, where := math.Inf(1), ""
 		var behind []string
-		for _, ax := range s.axes() {
+		for _, ax := range s {
 			for _, x := range ax.Points {
 				ratio, _, best := leadOf(ax.Res[x])
 				if best == nil {
@@ -207,11 +207,4 @@ func (r *report) peerGoals() []goal {
 		}
 	}
 	return gs
-}
-
-func (s *s8Results) keyAxis() *s8Axis {
-	if s == nil || s.Keys == nil || len(s.Keys.Points) == 0 {
-		return nil
-	}
-	return s.Keys
 }

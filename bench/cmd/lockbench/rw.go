@@ -170,7 +170,7 @@ func (b *bench) scenario11() *s11Results {
 // apart, and the checks of both guards (plain: the writes the critical section's plain counter
 // saw; violations: of both guards; peak: the most readers at once), with the writes' lost
 // updates.
-func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metrics {
+func rwMetrics(cr contend.Result, st serverStats, plain, violations, peak int64) metrics {
 	slices.Sort(cr.Waits)
 	slices.Sort(cr.ReadWaits)
 	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
@@ -181,8 +181,8 @@ func rwMetrics(cr contendResult, d cmdDelta, plain, violations, peak int64) metr
 		"csps":       float64(cr.Ops) / secs,
 		"rps":        float64(cr.Reads) / secs,
 		"wps":        float64(writes) / secs,
-		"rt":         float64(cr.RT) / float64(ops),
-		"cmds":       float64(d.total()) / float64(ops),
+		"rt":         float64(st.rts) / float64(ops),
+		"cmds":       st.reqs / float64(ops),
 		"rp50":       percentile(cr.ReadWaits, 0.50),
 		"rp99":       percentile(cr.ReadWaits, 0.99),
 		"wp50":       percentile(cr.Waits, 0.50),
@@ -232,8 +232,8 @@ func (r *report) s11Section(w func(string, ...any)) {
 			rwTable(w, mix.InProcess, false)
 		}
 		if len(mix.Procs) > 0 {
-			w("%d processes x %d goroutines (scenario 3's workers; a 1 s pilot per row and mix sets each process's critical sections\n", s3Procs, s3Goroutines)
-			w("so that a repetition lasts about %v; `fair` is the last process's finish time over the first's; the checks span the processes).\n\n", r.cfg.d11)
+			w("%d processes x %d goroutines (scenario 3's workers, counting over one common window of %v; `fair` is the most critical\n", s3Procs, s3Goroutines, r.cfg.d11)
+			w("sections of a process over the fewest; the checks span the processes).\n\n")
 			rwTable(w, mix.Procs, true)
 		}
 	}
@@ -262,7 +262,7 @@ func rwTable(w func(string, ...any), rs []*result, procs bool) {
 			mdfmt.Dur(x.med("rp50")), mdfmt.Dur(x.med("rp99")), mdfmt.Dur(x.med("wp50")), mdfmt.Dur(x.med("wp99")), mdfmt.Dur(x.med("wmax")),
 			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
 		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("quota")))
+			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))
 		}
 		w(" %s |\n", x.Mix)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,8 +13,7 @@ import (
 // Scenario 8: how the cost of a critical section grows as the work grows, along
 // three axes, every lock row at every point:
 //   - goroutines on one hot key in one process (contend, as scenario 2);
-//   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3,
-//     for a fixed time instead of a fixed quota);
+//   - processes on one hot key, each with s8ProcGoroutines goroutines (runProcs, as scenario 3);
 //   - distinct keys, 64 goroutines drawing a key uniformly (contend over many keys), with the
 //     SET PX + DEL floor beside the locks.
 // Each point runs d8 per row and repetition; the rows of a point are interleaved in the
@@ -31,59 +31,100 @@ type s8Axis struct {
 	Res    map[int][]*result `json:"results"`
 }
 
-type s8Results struct {
-	Goroutines *s8Axis `json:"goroutines,omitempty"`
-	Procs      *s8Axis `json:"processes,omitempty"`
-	Keys       *s8Axis `json:"keys,omitempty"`
-}
-
 func (a *s8Axis) at(x int) []*result { return a.Res[x] }
 
-func (b *bench) scenario8() *s8Results {
-	out := &s8Results{}
-	rows := lockRows()
-	b.warm(append(rows, pick("setdel")...))
-	if len(b.cfg.s8Goroutines) > 0 {
-		out.Goroutines = b.s8Run("goroutines", b.cfg.s8Goroutines, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8)
-			return m, cr.FirstErr
-		})
+// axisNamed is the axis of axes called name, nil if it did not run.
+func axisNamed(axes []*s8Axis, name string) *s8Axis {
+	if i := slices.IndexFunc(axes, func(a *s8Axis) bool { return a.Name == name }); i >= 0 {
+		return axes[i]
 	}
-	if len(b.cfg.s8Procs) > 0 {
-		out.Procs = b.s8Run("processes", b.cfg.s8Procs, rows, func(r rowSpec, x, rep int) (metrics, string) {
-			pr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, 0, b.cfg.d8)
-			return pr.metrics(), pr.all.FirstErr
-		})
+	return nil
+}
+
+// scalingAxes is scenario 8 on every store: rows at every point of the axes c gives points
+// (goroutines and processes on one hot key; keyRows over distinct keys), c.reps times in the
+// rotated order (atPoints). run measures one row at one point (its figures and first error),
+// log reports it.
+func scalingAxes[R any](c *config, rows, keyRows []R, spec func(R) (id, label string), run func(axis string, r R, x, rep int) (metrics, string),
+	log func(axis string, x, rep int, id string, m metrics, firstErr string),
+) []*s8Axis {
+	var axes []*s8Axis
+	for _, ax := range []struct {
+		name   string
+		points []int
+		rows   []R
+	}{{"goroutines", c.s8Goroutines, rows}, {"processes", c.s8Procs, rows}, {"keys", c.s8Keys, keyRows}} {
+		if len(ax.points) == 0 {
+			continue
+		}
+		axes = append(axes, &s8Axis{Name: ax.name, Points: ax.points, Res: atPoints(c.reps, ax.points, ax.rows, spec, func(r R, x, rep int) (metrics, string) {
+			m, firstErr := run(ax.name, r, x, rep)
+			id, _ := spec(r)
+			log(ax.name, x, rep, id, m, firstErr)
+			return m, ""
+		})})
 	}
-	if len(b.cfg.s8Keys) > 0 {
-		out.Keys = b.s8Run("keys", b.cfg.s8Keys, append(rows, pick("setdel")...), func(r rowSpec, x, rep int) (metrics, string) {
-			m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8)
-			return m, cr.FirstErr
-		})
+	return axes
+}
+
+// drawScaling draws every axis's PNG at path(axis) ("": none), titled title(axis): the median
+// of metric against the axis's points, on every store. A plot that fails is left out of the
+// report; it returns the paths written, by axis.
+func drawScaling(axes []*s8Axis, path, title func(axis string) string, metric string) map[string]string {
+	out := map[string]string{}
+	for _, ax := range axes {
+		p := path(ax.Name)
+		if p == "" {
+			continue
+		}
+		drawn, err := drawResultsChart(p, title(ax.Name), ax.Name+" (log)", ax.Points, ax.at, metric)
+		if err == nil && !drawn {
+			err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
+		}
+		if err != nil {
+			progress("plot %s: %v (the report goes without it)", p, err)
+			continue
+		}
+		out[ax.Name] = p
+		progress("wrote %s", p)
 	}
 	return out
 }
 
+func (b *bench) scenario8() []*s8Axis {
+	rows := lockRows()
+	keyRows := append(rows, pick("setdel")...)
+	b.warm(keyRows)
+	return scalingAxes(&b.cfg, rows, keyRows, rowSpec.spec, func(axis string, r rowSpec, x, rep int) (metrics, string) {
+		switch axis {
+		case "goroutines":
+			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8, 0)
+			return m, cr.FirstErr
+		case "processes":
+			m, _, firstErr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, b.cfg.d8)
+			return m, firstErr
+		}
+		m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8, uint64(rep))
+		return m, cr.FirstErr
+	}, func(axis string, x, rep int, id string, m metrics, firstErr string) {
+		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, axis, x, id,
+			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
+	})
+}
+
 // rowKeys are n keys named after prefix, as im names them.
-func rowKeys(im impl, prefix string, n int) []string {
+func rowKeys(im impl, prefix string, n int) []string { return rowNames(im, keysNamed(prefix, n)) }
+
+// keysNamed are n keys named after prefix: prefix0, prefix1...
+func keysNamed(prefix string, n int) []string {
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = im.key(prefix + strconv.Itoa(i))
+		keys[i] = prefix + strconv.Itoa(i)
 	}
 	return keys
 }
 
-// s8Run measures every row at every point of one axis, reps times, and logs each measurement.
-func (b *bench) s8Run(name string, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) *s8Axis {
-	return &s8Axis{Name: name, Points: points, Res: atPoints(b.cfg.reps, points, rows, rowSpec.spec, func(r rowSpec, x, rep int) (metrics, string) {
-		m, firstErr := run(r, x, rep)
-		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, name, x, r.id,
-			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
-		return m, ""
-	})}
-}
-
-// chartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
+// s8ChartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
 func (r *report) s8ChartPath(axis string) string {
 	if r.cfg.chart == "" {
 		return ""
@@ -91,35 +132,14 @@ func (r *report) s8ChartPath(axis string) string {
 	return filepath.Join(filepath.Dir(r.cfg.chart), "benchmarks-scaling-"+axis+".png")
 }
 
-func (r *report) s8Charts() error {
-	for _, ax := range r.s8.axes() {
-		path := r.s8ChartPath(ax.Name)
-		if path == "" {
-			continue
-		}
-		title := map[string]string{
+func (r *report) s8Charts() {
+	drawScaling(r.s8, r.s8ChartPath, func(axis string) string {
+		return map[string]string{
 			"goroutines": "One hot key, one process: critical sections per second (median)",
 			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
 			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
-		}[ax.Name]
-		if _, err := drawResultsChart(path, title, ax.Name+" (log)", ax.Points, ax.at, "csps"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *s8Results) axes() []*s8Axis {
-	if s == nil {
-		return nil
-	}
-	var out []*s8Axis
-	for _, a := range []*s8Axis{s.Goroutines, s.Procs, s.Keys} {
-		if a != nil && len(a.Points) > 0 {
-			out = append(out, a)
-		}
-	}
-	return out
+		}[axis]
+	}, "csps")
 }
 
 // fall is how many times row's median of metric falls from point x0 to x1 of an axis (above
@@ -150,9 +170,9 @@ func (r *report) s8Section(w func(string, ...any)) {
 	w("How the cost of a critical section grows with the work, every lock row at every point, along three axes: goroutines\n")
 	w("on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3, for a fixed time);\n", s8ProcGoroutines)
 	w("distinct keys under %d goroutines, each drawing a key per operation (with the SET PX + DEL floor). Scenario 2's critical\n", s8KeyGoroutines)
-	w("section and checks, %v per row, point and repetition; critical sections begun in time count. Each cell: critical\n", r.cfg.d8)
+	w("section and checks, %v per row, point and repetition; critical sections that end inside the window count. Each cell: critical\n", r.cfg.d8)
 	w("sections per second; server commands per critical section · p99 wait. The last line is flightlock over the best peer.\n\n")
-	for _, ax := range s.axes() {
+	for _, ax := range s {
 		unit := map[string]string{"goroutines": "goroutines, one process, one key",
 			"processes": fmt.Sprintf("processes × %d goroutines, one key", s8ProcGoroutines),
 			"keys":      fmt.Sprintf("distinct keys, %d goroutines, one process", s8KeyGoroutines)}[ax.Name]

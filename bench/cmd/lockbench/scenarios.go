@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
@@ -32,32 +31,42 @@ func (b *bench) impl(r rowSpec) impl {
 	return im
 }
 
-// snap is the state before a measurement: server command counts and CPU, our own CPU.
-type snap struct {
-	cmds map[string]int64
-	scpu float64
-	ccpu time.Duration
+// meter is the Redis meter of row im (nil: none), whose round trips it counts too.
+func (b *bench) meter(im impl) meter { return redisMeter{b, im} }
+
+// redisMeter reads the server's commands (INFO commandstats, without the INFO calls of the
+// measurement itself) and CPU (INFO cpu), and a row's round trips.
+type redisMeter struct {
+	b  *bench
+	im impl
 }
 
-func (b *bench) snap() snap {
-	return snap{cmds: b.stats(), scpu: b.adm.cpuSeconds(context.Background()), ccpu: cpustat.Self()}
-}
-
-// cpu adds server and client CPU microseconds per op since s to m.
-func (b *bench) cpu(m metrics, s snap, ops int64, client bool) {
-	ops = max(ops, 1)
-	m["scpu"] = (b.adm.cpuSeconds(context.Background()) - s.scpu) * 1e6 / float64(ops)
-	if client {
-		m["ccpu"] = float64((cpustat.Self() - s.ccpu).Microseconds()) / float64(ops)
-	}
-}
-
-func (b *bench) stats() map[string]int64 {
-	s, err := b.adm.commandStats(context.Background())
+func (m redisMeter) counters() serverStats {
+	cmds, err := m.b.adm.commandStats(context.Background())
 	if err != nil {
 		fatalf("INFO commandstats: %v", err)
 	}
-	return s
+	delete(cmds, "info")
+	st := serverStats{cmds: cmds, ok: true}
+	st.reqs = float64(st.cmds.total())
+	if m.im != nil {
+		st.rts = m.im.roundTrips()
+	}
+	return st
+}
+
+func (m redisMeter) serverCPU() time.Duration {
+	return time.Duration(m.b.adm.cpuSeconds(context.Background()) * 1e9)
+}
+
+// perOpMicros are the server's and (with client) this process's CPU microseconds per op of st,
+// as the Redis rows report them.
+func perOpMicros(m metrics, st serverStats, ops int64, client bool) {
+	ops = max(ops, 1)
+	m["scpu"] = float64(st.cpu.Microseconds()) / float64(ops)
+	if client {
+		m["ccpu"] = float64(st.self.Microseconds()) / float64(ops)
+	}
 }
 
 // onlyRows, when set (-rows), keeps only these rows, for profiling one library.
@@ -226,21 +235,21 @@ func (b *bench) scenario2() map[int][]*result {
 		if g < 16 {
 			d = b.cfg.d2small
 		}
-		m, cr, delta := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d)
+		m, cr, st := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d, 0)
 		progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
-		return m, mixString(delta, cr.Ops)
+		return m, mixString(st.cmds, cr.Ops)
 	})
 }
 
-func contendMetrics(cr contendResult, d cmdDelta, plain, violations int64) metrics {
+func contendMetrics(cr contend.Result, st serverStats, plain, violations int64) metrics {
 	slices.Sort(cr.Waits)
 	ops := max(cr.Ops, 1)
 	lost := cr.Ops - plain
 	return metrics{
 		"ops":        float64(cr.Ops),
 		"csps":       float64(cr.Ops) / (float64(cr.Elapsed) / 1e9),
-		"rt":         float64(cr.RT) / float64(ops),
-		"cmds":       float64(d.total()) / float64(ops),
+		"rt":         float64(st.rts) / float64(ops),
+		"cmds":       st.reqs / float64(ops),
 		"p50":        percentile(cr.Waits, 0.50),
 		"p99":        percentile(cr.Waits, 0.99),
 		"max":        percentile(cr.Waits, 1),
@@ -258,11 +267,11 @@ func (b *bench) scenario4() []*result {
 	rows := append(lockRows(), pick("setdel")...)
 	b.warm(rows)
 	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
-		m, cr, delta := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4)
+		m, cr, st := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4, uint64(rep))
 		m["opsps"] = m["csps"]
 		delete(m, "csps")
 		progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
-		return m, mixString(delta, max(cr.Ops, 1))
+		return m, mixString(st.cmds, max(cr.Ops, 1))
 	})
 }
 
@@ -273,42 +282,10 @@ func (b *bench) scenario5() []*result {
 	b.warm(rows)
 	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
 		im := b.impl(r)
-		key := im.key(fmt.Sprintf("s5:%d", rep))
-		ctx := context.Background()
-		held, err := im.lock(ctx, key)
-		if err != nil {
-			fatalf("s5 %s: hold: %v", r.id, err)
-		}
-		every := int64(1) // a refusal of the others is a round trip (rejectLoop)
-		if r.id == "flightlock" {
-			every = 256
-		}
-		var (
-			wrong int64
-			d     cmdDelta
-			rts   int64
-		)
-		parts := rejectParts(b.cfg.d5, every, func(part, _ int) {
-			h, err := im.tryLock(ctx, key)
-			if !errors.Is(err, errBusy) {
-				if part == 0 {
-					wrong++
-				}
-				if err == nil {
-					_ = im.unlock(ctx, key, h)
-				}
-			}
-		}, func(part int) func() {
-			if part == 1 {
-				return func() {}
-			}
-			s0, rt0 := b.snap(), im.roundTrips()
-			return func() { d, rts = diffStats(s0.cmds, b.stats()), im.roundTrips()-rt0 }
-		})
-		_ = im.unlock(ctx, key, held)
+		parts, st, wrong, _ := rejectRun(im, func(int) impl { return im }, im.key(fmt.Sprintf("s5:%d", rep)), b.cfg.d5, b.meter(im))
 		fn := float64(parts[0].calls)
-		m := metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes, "cmds": float64(d.total()) / fn,
-			"rt": float64(rts) / fn, "wrong": float64(wrong), "par_ns": parts[1].perCall(), "par_ops": parts[1].rate()}
+		m := metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes, "cmds": st[0].reqs / fn,
+			"rt": float64(st[0].rts) / fn, "wrong": float64(wrong), "par_ns": parts[1].perCall(), "par_ops": parts[1].rate()}
 		progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(m["ns"]), m["allocs"], m["cmds"])
 		return m, ""
 	})

@@ -17,7 +17,7 @@ import (
 
 // Scenario 10 (Redis only): a counting semaphore of semPermits permits on one hot key, taken
 // by s10Goroutines goroutines of one process, then by s3Procs processes of s3Goroutines
-// goroutines each (scenario 3's workers and quotas). Rows: flightlock with WithPermits, and a
+// goroutines each (scenario 3's workers). Rows: flightlock with WithPermits, and a
 // naive sorted-set semaphore that polls (bench/internal/zsetsem). Its report is a document of
 // its own (-primitives-out), so that the figures of scenarios 1-9 stay where they are.
 
@@ -171,10 +171,9 @@ func (r *report) s10Section(w func(string, ...any)) {
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("Scenario 3's workers: the binary re-executes itself as %d processes that start together; a 1 s pilot per row sets\n", s3Procs)
-		w("each process's number of critical sections so that a repetition lasts about %v; `fair` is the last process's\n", r.cfg.d10)
-		w("finish time over the first's. Both checks live in files that every worker maps, so they span the processes.\n")
-		w("CS/s = all critical sections over the last finish time; client CPU is the workers' sum.\n\n")
+		w("Scenario 3's workers: the binary re-executes itself as %d processes that count the critical sections ending inside one\n", s3Procs)
+		w("common window of %v; `fair` is the most critical sections of a process over the fewest. Both checks live in files\n", r.cfg.d10)
+		w("that every worker maps, so they span the processes. Client CPU is the workers' sum.\n\n")
 		contendTable(w, s.Procs, true, true)
 	}
 	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/contend"
-	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 )
@@ -29,49 +28,76 @@ const (
 
 // sliceSum is what one row gathered over its slices.
 type sliceSum struct {
-	ops, errs, rts    int64
+	ops, errs         int64
 	elapsed           time.Duration
-	scpu              float64 // server CPU seconds
-	ccpu              time.Duration
+	st                serverStats // the server's counters and the CPU, summed
 	mallocs, bytes    uint64
-	cmds              cmdDelta
 	lat, lockLat      []int64
 	inCalls, outside  []int64 // per operation: time inside the client's calls, and the rest
 	plain, violations int64
 	waits             []int64
 	firstErr          string
-	keys              []string // the row's keys (uncontendedSliced: one per operation)
-	keysNext          int      // the next of the row's keys to lock (uncontendedSliced)
+	keys              []string // the row's keys (sliceRows: one per operation)
+	keysNext          int      // the next of the row's keys to lock (sliceRows)
 }
 
-// add counts the counters read before (s0) and now into the sum.
-func (s *sliceSum) add(b *bench, s0 snap) {
-	after := b.stats()
-	for k, v := range diffStats(s0.cmds, after) {
-		s.cmds[k] += v
-	}
-	s.scpu += b.adm.cpuSeconds(context.Background()) - s0.scpu
-	s.ccpu += cpustat.Self() - s0.ccpu
-}
-
-// uncontendedSliced runs lock + unlock for rows in one repetition, one operation after the other
-// on keys named after prefix, each row for d (or up to maxOps operations) in slices, and
-// measures it: the whole operation's latency and, apart, the lock's and the unlock's, round
-// trips, server commands, CPU and allocations per operation. With timeCalls, a row whose client
-// times its calls (callTimer) has its operations split into the time inside them and the rest.
+// uncontendedSliced runs lock + unlock for rows in one repetition on keys named after prefix
+// (sliceRows, up to maxOps operations a row), and measures it: the whole operation's latency
+// and, apart, the lock's and the unlock's, round trips, server commands, CPU and allocations per
+// operation, and with timeCalls the time inside the client's calls and the rest.
 func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, slice time.Duration, maxOps int, timeCalls bool) (map[string]metrics, map[string]cmdDelta) {
+	ims := make([]impl, len(rows))
+	for i, r := range rows {
+		ims[i] = b.impl(r)
+	}
+	all := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), maxOps, rep, d, slice, timeCalls, b.meter)
 	sums := map[string]*sliceSum{}
+	for i, r := range rows {
+		sums[r.id] = all[i]
+	}
+	out, cmds := map[string]metrics{}, map[string]cmdDelta{}
 	for _, r := range rows {
-		ks := rowKeys(b.impl(r), fmt.Sprintf("%s:%d:", prefix, rep), maxOps)
-		sums[r.id] = &sliceSum{cmds: cmdDelta{}, keys: ks, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
+		s := sums[r.id]
+		fn := float64(max(s.ops, 1))
+		m := latencyMetrics(s.lat, s.lockLat)
+		maps.Copy(m, metrics{
+			"ops":    float64(s.ops),
+			"opsps":  float64(s.ops) / s.elapsed.Seconds(),
+			"rt":     float64(s.st.rts) / fn,
+			"cmds":   s.st.reqs / fn,
+			"allocs": float64(s.mallocs) / fn,
+			"bytes":  float64(s.bytes) / fn,
+			"errors": float64(s.errs),
+		})
+		perOpMicros(m, s.st, s.ops, true)
+		if len(s.inCalls) > 0 {
+			slices.Sort(s.inCalls)
+			slices.Sort(s.outside)
+			m["calls_p50"] = percentile(s.inCalls, 0.50)
+			m["outside_p50"] = percentile(s.outside, 0.50)
+		}
+		out[r.id], cmds[r.id] = m, s.st.cmds
+	}
+	return out, cmds
+}
+
+// sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
+// maxOps keys named after prefix (made before the rows run), each row for d in turns of slice
+// (interleave.Slices, from rep), with the counters of m(row) and the allocations read around
+// each slice and summed, outside the timed operations. With timeCalls, a row whose client times
+// its calls (callTimer) has its operations split into the time inside them and the rest.
+func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duration, timeCalls bool, m func(impl) meter) []*sliceSum {
+	sums := make([]*sliceSum, len(ims))
+	for i, im := range ims {
+		sums[i] = &sliceSum{keys: rowKeys(im, prefix, maxOps), st: serverStats{ok: true}, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
 	}
 	ctx := context.Background()
 	runtime.GC()
-	interleave.Slices(rows, rep, d, slice, func(r rowSpec, d time.Duration) (time.Duration, bool) {
-		s, im := sums[r.id], b.impl(r)
+	interleave.Slices(sums, rep, d, slice, func(s *sliceSum, d time.Duration) (time.Duration, bool) {
+		im := ims[slices.Index(sums, s)]
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
-		s0, rt0 := b.snap(), im.roundTrips()
+		s0 := readStats(m(im), false)
 		var rc *rtCounter
 		if ct, ok := im.(callTimer); ok && timeCalls {
 			rc = ct.counter()
@@ -112,37 +138,12 @@ func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, sli
 		ran := time.Since(start)
 		s.elapsed += ran
 		runtime.ReadMemStats(&m1)
-		s.rts += im.roundTrips() - rt0
 		s.mallocs += m1.Mallocs - m0.Mallocs
 		s.bytes += m1.TotalAlloc - m0.TotalAlloc
-		s.add(b, s0)
+		s.st = s.st.add(readStats(m(im), true).sub(s0))
 		return ran, s.keysNext < len(s.keys)
 	})
-	out, cmds := map[string]metrics{}, map[string]cmdDelta{}
-	for _, r := range rows {
-		s := sums[r.id]
-		fn := float64(max(s.ops, 1))
-		m := latencyMetrics(s.lat, s.lockLat)
-		maps.Copy(m, metrics{
-			"ops":    float64(s.ops),
-			"opsps":  float64(s.ops) / s.elapsed.Seconds(),
-			"rt":     float64(s.rts) / fn,
-			"cmds":   float64(s.cmds.total()) / fn,
-			"allocs": float64(s.mallocs) / fn,
-			"bytes":  float64(s.bytes) / fn,
-			"errors": float64(s.errs),
-			"scpu":   s.scpu * 1e6 / fn,
-			"ccpu":   float64(s.ccpu.Microseconds()) / fn,
-		})
-		if len(s.inCalls) > 0 {
-			slices.Sort(s.inCalls)
-			slices.Sort(s.outside)
-			m["calls_p50"] = percentile(s.inCalls, 0.50)
-			m["outside_p50"] = percentile(s.outside, 0.50)
-		}
-		out[r.id], cmds[r.id] = m, s.cmds
-	}
-	return out, cmds
+	return sums
 }
 
 // contendSliced is scenario 8's many-keys loop (bench.contendFor, g goroutines over keys) for
@@ -151,36 +152,28 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	sums := map[string]*sliceSum{}
 	guards := map[string][]guard.Guard{}
 	for _, r := range rows {
-		sums[r.id] = &sliceSum{cmds: cmdDelta{}}
+		sums[r.id] = &sliceSum{}
 		guards[r.id] = newGuards(len(keys[r.id]))
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		s, im := sums[r.id], b.impl(r)
-		s0 := b.snap()
-		start := time.Now().Add(5 * time.Millisecond)
-		stop := make(chan struct{})
-		t := time.AfterFunc(time.Until(start)+slice, func() { close(stop) })
-		cr := contendImpl(im, implHolders(im, keys[r.id], g), guards[r.id], start, stop, 0, start.Add(slice+waitBudget))
-		t.Stop()
-		s.add(b, s0)
+		cr, st := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, waitBudget, uint64(rep), b.meter(im))
+		s.st = s.st.add(st)
 		s.ops += cr.Ops
-		s.errs += cr.Errors
-		s.rts += cr.RT
-		s.elapsed += time.Duration(cr.Elapsed)
+		s.errs += cr.Errors + cr.ReleaseErrors
+		s.elapsed += slice
 		s.waits = append(s.waits, cr.Waits...)
 		if s.firstErr == "" {
 			s.firstErr = cr.FirstErr
 		}
-		return time.Duration(cr.Elapsed), true
+		return slice, true
 	})
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
 		s := sums[r.id]
 		s.plain, s.violations = guardSums(guards[r.id])
-		m := contendMetrics(contendResult{Result: contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, RT: s.rts}, s.cmds, s.plain, s.violations)
-		fn := float64(max(s.ops, 1))
-		m["scpu"] = s.scpu * 1e6 / fn
-		m["ccpu"] = float64(s.ccpu.Microseconds()) / fn
+		m := contendMetrics(contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, s.plain, s.violations)
+		perOpMicros(m, s.st, s.ops, true)
 		out[r.id], errs[r.id] = m, s.firstErr
 	}
 	return out, errs

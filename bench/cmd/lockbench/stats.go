@@ -23,20 +23,24 @@ type result struct {
 	FirstErrs []string `json:"first_errors,omitempty"`
 }
 
-// med is the median of one figure over the repetitions.
+// med is the median of one figure over the repetitions that have it.
 func (r *result) med(name string) float64 {
-	if r == nil {
-		return 0
+	var v []float64
+	for _, m := range r.reps() {
+		if x, ok := m[name]; ok {
+			v = append(v, x)
+		}
 	}
-	return medOf(r.Reps, name)
+	return stat.Median(v)
 }
 
-// worst is the maximum of one figure over the repetitions.
+// worst is the largest value of one figure over the repetitions (0 for none).
 func (r *result) worst(name string) float64 {
-	if r == nil {
-		return 0
+	var w float64
+	for _, m := range r.reps() {
+		w = max(w, m[name])
 	}
-	return worstOf(r.Reps, name)
+	return w
 }
 
 // reps are the repetitions of r (none for a nil r).
@@ -56,26 +60,6 @@ func (r *result) sum(name string) float64 {
 		}
 	}
 	return t
-}
-
-// medOf is the median of one figure over runs that have it.
-func medOf(runs []metrics, name string) float64 {
-	var v []float64
-	for _, m := range runs {
-		if x, ok := m[name]; ok {
-			v = append(v, x)
-		}
-	}
-	return stat.Median(v)
-}
-
-// worstOf is the largest value of one figure over runs (0 for none).
-func worstOf(runs []metrics, name string) float64 {
-	var w float64
-	for _, m := range runs {
-		w = max(w, m[name])
-	}
-	return w
 }
 
 // percentile of sorted durations (nanoseconds), nearest rank.

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -18,7 +17,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
-	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
 // The rows of a store behind a consensus log (-store etcd, -store zookeeper): flightlock on the
@@ -47,8 +45,9 @@ const s1Slice = 200 * time.Millisecond
 
 // backend is one store with a server of its own: how to start that server and read its
 // counters, how to make flightlock on it, and its peer rows (the store's own recipe and the
-// floor). Scenario 1 runs s1Rows; 2 and 3 flightlock and peer; 4 and the key axis of 8 adds the
-// floor. A backend that runs more than scenarios 1-3 implements fullBackend too.
+// floor) as rows (impl) of this process. Scenario 1 runs s1Rows; 2 and 3 flightlock and peer;
+// 4 and the key axis of 8 add the floor. A backend that runs more than scenarios 1-3
+// implements fullBackend too.
 type backend interface {
 	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
 	name() string
@@ -56,8 +55,10 @@ type backend interface {
 	// scenarios are those the backend runs.
 	scenarios() []int
 	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
-	// data, and may be called twice); describe is its progress line.
+	// data, and may be called twice); describe is its progress line. A worker attaches to the
+	// parent's server instead, at the address workerArgs gave it.
 	start(c *config) error
+	attach(addr string)
 	Stop()
 	describe() string
 	Pid() int
@@ -72,25 +73,14 @@ type backend interface {
 	// peer is the row of the store's own lock; s1Rows are scenario 1's rows.
 	peer() string
 	s1Rows() []string
-	// s1Op is one operation of a peer or floor row in scenario 1: lock and unlock the i-th key
-	// of repetition rep.
-	s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error)
-	// holders are n goroutines' holds of a peer or floor row on keys; the floor counts the
-	// attempts that find a key taken in retries.
-	holders(row string, keys []string, n int, retries *atomic.Int64) []contend.Holder
-	// workerArgs are the flags a worker needs to reach the server; workerLocker and workerPeer
-	// build a row in a worker process, on clients of its own.
+	// lockOf is the peer's or the floor's lock for goroutine i of this process, once
+	// peerGoroutines(n) made room for n > i of them; i < 0 is the process's own lock, none of
+	// the goroutines' (scenario 1, a held key). dropGoroutinesBeyond undoes peerGoroutines past n.
+	lockOf(row string, i int) impl
+	peerGoroutines(n int) error
+	dropGoroutinesBeyond(n int)
 	workerArgs(c *config) []string
-	workerLocker(o workerOpts) (*flightlock.Locker, func(), error)
-	workerPeer(row string, o workerOpts) (workerRow, error)
 	notes() storeNotes
-}
-
-// workerOpts are what a worker of a store row is told on its command line.
-type workerOpts struct {
-	addr        string
-	lockTimeout time.Duration
-	zkSession   time.Duration
 }
 
 // backendFor is the backend of -store name (redis has none: its rows are libs.go's).
@@ -104,26 +94,65 @@ func backendFor(name string) backend {
 	return nil
 }
 
-// serverStats are a server's counters: the requests it handled (etcd: unary gRPC calls, keep-
-// alives and watches are streams and not counted; ZooKeeper: every packet received, pings
-// included), the lease keep-alive requests it received (etcd), the fsyncs of its log, and the
-// CPU used by the server process and by this one.
+// serverStats are a server's counters: the requests it handled (Redis: commands, those its
+// scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
+// counted; ZooKeeper: every packet received, pings included), by command (Redis), the lease
+// keep-alive requests it received (etcd), the fsyncs of its log, the client round trips of a
+// Redis row, and the CPU used by the server process and by this one.
 type serverStats struct {
 	reqs       float64
 	keepAlives float64
 	fsyncs     float64
+	cmds       cmdDelta
+	rts        int64
 	ok         bool
 	cpu, self  time.Duration
 }
 
 func (a serverStats) sub(b serverStats) serverStats {
 	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
-		ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+		cmds: diffStats(b.cmds, a.cmds), rts: a.rts - b.rts, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
 }
 
 func (a serverStats) add(b serverStats) serverStats {
+	cmds := cmdDelta{}
+	for _, c := range []cmdDelta{a.cmds, b.cmds} {
+		for k, v := range c {
+			cmds[k] += v
+		}
+	}
 	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
-		ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+		cmds: cmds, rts: a.rts + b.rts, ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+}
+
+// meter reads a server's counters (no CPU) and its process's CPU.
+type meter interface {
+	counters() serverStats
+	serverCPU() time.Duration
+}
+
+// readStats reads m's counters and the CPU of the server and of this process; at a window's
+// end (cpuFirst) the CPU first, so that the server CPU that answering the reading takes is
+// left out of the window.
+func readStats(m meter, cpuFirst bool) serverStats {
+	var cpu, self time.Duration
+	if cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st := m.counters()
+	if !cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st.cpu, st.self = cpu, self
+	return st
+}
+
+// windowStats is what m counted over the window d from start (its readings at both ends).
+func windowStats(start time.Time, d time.Duration, m meter) serverStats {
+	time.Sleep(time.Until(start))
+	s0 := readStats(m, false)
+	time.Sleep(time.Until(start.Add(d)))
+	return readStats(m, true).sub(s0)
 }
 
 // The figures of a store row's repetition (its metrics' keys): rate is operations (scenario 1)
@@ -142,8 +171,8 @@ const (
 // rowMetrics are a row's figures: ops operations or critical sections in window, their
 // latencies or waits (ns, sorted in place), errs failures, and the server's counters st.
 func rowMetrics(ops int64, window time.Duration, lats []int64, errs int64, st serverStats) metrics {
-	q50, q99 := percentiles(lats)
-	m := metrics{"ops": float64(ops), rate: float64(ops) / window.Seconds(), p50: float64(q50), p99: float64(q99),
+	slices.Sort(lats)
+	m := metrics{"ops": float64(ops), rate: float64(ops) / window.Seconds(), p50: percentile(lats, 0.50), p99: percentile(lats, 0.99),
 		failures: float64(errs), reqs: -1, fsy: -1, scpu: 0, ccpu: 0}
 	if st.ok && ops > 0 {
 		n := float64(ops)
@@ -152,27 +181,32 @@ func rowMetrics(ops int64, window time.Duration, lats []int64, errs int64, st se
 	return m
 }
 
-// storeBench is what the scenarios of a backend's rows share.
+// storeBench is what the scenarios of a backend's rows share: flight is the bench's Locker.
 type storeBench struct {
-	c  *config
-	be backend
-	l  *flightlock.Locker
+	c      *config
+	be     backend
+	l      *flightlock.Locker
+	flight lockerRow
 }
 
-func (b *storeBench) stats() serverStats {
-	st := b.be.counters()
-	st.cpu, st.self = cpustat.Proc(b.be.Pid()), cpustat.Self()
-	return st
+// rowImpl is row's lock for goroutine i (backend.lockOf), the bench's Locker for flightlock.
+func (b *storeBench) rowImpl(row string, i int) impl {
+	if row == rowFlight {
+		return b.flight
+	}
+	return b.be.lockOf(row, i)
 }
 
-// statsCPUFirst is stats with the CPU times read before the counters: the closing reading of
-// a window, which should not count the server CPU that answering the reading takes.
-func (b *storeBench) statsCPUFirst() serverStats {
-	cpu, self := cpustat.Proc(b.be.Pid()), cpustat.Self()
-	st := b.be.counters()
-	st.cpu, st.self = cpu, self
-	return st
+// rowHolders are n holders of row on keys, after making room for n peer goroutines.
+func (b *storeBench) rowHolders(row string, keys []string, n int) []contend.Holder {
+	if err := b.be.peerGoroutines(n); err != nil {
+		fatalf("%s: %v", row, err)
+	}
+	return rowHolders(n, func(i int) impl { return b.rowImpl(row, i) }, keys)
 }
+
+func (b *storeBench) counters() serverStats    { return b.be.counters() }
+func (b *storeBench) serverCPU() time.Duration { return cpustat.Proc(b.be.Pid()) }
 
 // runStore runs a backend's scenarios on a private server of their own: 1-4 in every
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions.
@@ -180,16 +214,17 @@ func runStore(c *config, be backend) {
 	if err := be.start(c); err != nil {
 		fatalf("start %s: %v", be.name(), err)
 	}
-	stopServers = func() {
-		stopStateRedis()
-		be.Stop()
-	}
+	stopServers = be.Stop
 	progress("%s", be.describe())
 	l, err := be.open(c)
 	if err != nil {
 		fatalf("setup: %v", err)
 	}
-	b := &storeBench{c: c, be: be, l: l}
+	flight, err := newLockerRow(l)
+	if err != nil {
+		fatalf("setup: %v", err)
+	}
+	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -201,7 +236,7 @@ func runStore(c *config, be backend) {
 	// which would tilt the first repetition against its first row.
 	progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
 	b.uncontended(be.s1Rows(), "w", c.warm)
-	res := &storeResults{}
+	res := &storeResults{rows: map[int]results{1: {}, 2: {}, 3: {}, 4: {}}}
 	rowsIf := func(scenario int, rows ...string) []string {
 		if !c.scenarios[scenario] {
 			return nil
@@ -220,23 +255,23 @@ func runStore(c *config, be backend) {
 			rs := b.uncontended(order, fmt.Sprint(rep), c.d1)
 			for _, row := range order {
 				r := rs[row]
-				res.add(1, row, r, "")
+				res.rows[1].addErr(row, r, "")
 				progress("  1 uncontended  %-12s p50 %s  %.0f ops/s  %s/op %.2f  errors %.0f", row, mdfmt.Dur(r[p50]), r[rate], unit, r[reqs], r[failures])
 			}
 		}
 		for _, row := range interleave.Rotate(s2, rep) {
 			r, firstErr := b.contendRun(row, []string{fmt.Sprintf("hot-%d", rep)}, hotGoroutines, c.d2, 0)
-			res.add(2, row, r, firstErr)
+			res.rows[2].addErr(row, r, firstErr)
 			progress("  2 hot x%-3d     %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", hotGoroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s3, rep) {
 			r, firstErr := b.runProcs(row, fmt.Sprintf("mp-%d", rep), s3Procs, s3Goroutines, c.d3)
-			res.add(3, row, r, firstErr)
+			res.rows[3].addErr(row, r, firstErr)
 			progress("  3 hot %dx%-3d   %-12s %.0f CS/s  violations %.0f/%.0f  errors %.0f  %s/CS %.3f", s3Procs, s3Goroutines, row, r[rate], r[violations], r[fenceViolations], r[failures], unit, r[reqs])
 		}
 		for _, row := range interleave.Rotate(s4, rep) {
-			r, firstErr := b.keysRun(row, fmt.Sprintf("k4-%d-", rep), manyKeys, hotGoroutines, c.d4, uint64(rep))
-			res.add(4, row, r, firstErr)
+			r, firstErr := b.contendRun(row, keysNamed(fmt.Sprintf("k4-%d-", rep), manyKeys), hotGoroutines, c.d4, uint64(rep))
+			res.rows[4].addErr(row, r, firstErr)
 			progress("  4 x%d/%d keys  %-12s %.0f ops/s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/op %.2f", hotGoroutines, manyKeys, row, r[rate], r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs])
 		}
 	}
@@ -258,179 +293,36 @@ func (c *config) ranAny(scenarios ...int) bool {
 	return slices.ContainsFunc(scenarios, func(n int) bool { return c.scenarios[n] })
 }
 
-// s1Row is what a row of scenario 1 gathers over its slices.
-type s1Row struct {
-	op     func(ctx context.Context, i int) (releaseErr, err error)
-	next   int // the index of the row's next key
-	errs   int64
-	window time.Duration
-	lats   []int64
-	server serverStats // summed over the slices
-}
+// storeS1MaxOps bounds the operations of one row of scenario 1 per repetition on a store whose
+// log fsyncs (its keys are made before the rows run): -d1 or -warm up to 10s at 200 µs.
+const storeS1MaxOps = 50000
 
 // uncontended runs scenario 1 for rows in one repetition rep, d per row, the rows taking turns
-// in slices of s1Slice (interleave.Slices), from the order given.
+// in slices of s1Slice (sliceRows), from the order given.
 func (b *storeBench) uncontended(rows []string, rep string, d time.Duration) map[string]metrics {
-	acc := make([]*s1Row, len(rows))
+	ims := make([]impl, len(rows))
 	for i, row := range rows {
-		acc[i] = &s1Row{op: b.s1Op(row, rep), server: serverStats{ok: true}}
+		ims[i] = b.rowImpl(row, -1)
 	}
-	interleave.Slices(acc, 0, d, s1Slice, func(a *s1Row, d time.Duration) (time.Duration, bool) { return b.runSlice(a, d), true })
+	sums := sliceRows(ims, "u-"+rep+"-", storeS1MaxOps, 0, d, s1Slice, false, func(impl) meter { return b })
 	out := make(map[string]metrics, len(rows))
 	for i, row := range rows {
-		a := acc[i]
-		out[row] = rowMetrics(int64(len(a.lats)), a.window, a.lats, a.errs, a.server)
+		s := sums[i]
+		out[row] = rowMetrics(s.ops, s.elapsed, s.lat, s.errs, s.st)
 	}
 	return out
-}
-
-func (b *storeBench) s1Op(row, rep string) func(ctx context.Context, i int) (error, error) {
-	if row != rowFlight {
-		return b.be.s1Op(row, rep)
-	}
-	return func(ctx context.Context, i int) (error, error) {
-		lease, err := b.l.Lock(ctx, fmt.Sprintf("u-%s-%d", rep, i))
-		if err != nil {
-			return nil, err
-		}
-		return lease.Release(ctx), nil
-	}
-}
-
-// runSlice runs the row's operations for d and returns how long they ran; a failed lock is
-// counted and followed by a short pause, so that a server that refuses does not turn the loop
-// into a spin.
-func (b *storeBench) runSlice(a *s1Row, d time.Duration) time.Duration {
-	s0 := b.stats()
-	start := time.Now()
-	end := start.Add(d)
-	for time.Now().Before(end) {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-		t0 := time.Now()
-		rerr, err := a.op(ctx, a.next)
-		took := time.Since(t0)
-		cancel()
-		a.next++
-		switch {
-		case err != nil:
-			a.errs++
-			time.Sleep(time.Millisecond)
-		case rerr != nil:
-			a.errs++
-		default:
-			a.lats = append(a.lats, int64(took))
-		}
-	}
-	ran := time.Since(start)
-	a.window += ran
-	a.server = a.server.add(b.statsCPUFirst().sub(s0))
-	return ran
-}
-
-// percentiles are the p50 and p99 of v (nanoseconds, sorted in place), as every store's rows
-// count them (stat.Percentile, nearest rank).
-func percentiles(v []int64) (time.Duration, time.Duration) {
-	slices.Sort(v)
-	return time.Duration(stat.Percentile(v, 0.50)), time.Duration(stat.Percentile(v, 0.99))
-}
-
-// lockerHolder is a goroutine's hold on a flightlock Locker, whatever its store.
-type lockerHolder struct {
-	l     *flightlock.Locker
-	keys  []string
-	lease *flightlock.Lease
-}
-
-func (h *lockerHolder) Lock(ctx context.Context, k int) (int64, error) {
-	lease, err := h.l.Lock(ctx, h.keys[k])
-	if err != nil {
-		return 0, err
-	}
-	h.lease = lease
-	return lease.Fence(), nil
-}
-
-func (h *lockerHolder) Unlock(ctx context.Context) error { return h.lease.Release(ctx) }
-
-func lockerHolders(l *flightlock.Locker, keys []string, n int) []contend.Holder {
-	return holdersOf(n, func(int) contend.Holder { return &lockerHolder{l: l, keys: keys} })
-}
-
-// perKeyHolder is a goroutine's hold with a lock of its own per key (newLock), made on the
-// key's first use, for a store's recipe whose lock object belongs to one holder.
-type perKeyHolder[L any] struct {
-	keys         []string
-	newLock      func(key string) L
-	lock, unlock func(ctx context.Context, l L) error
-	ls           map[int]L
-	held         L
-}
-
-func (h *perKeyHolder[L]) Lock(ctx context.Context, k int) (int64, error) {
-	l, ok := h.ls[k]
-	if !ok {
-		if h.ls == nil {
-			h.ls = map[int]L{}
-		}
-		l = h.newLock(h.keys[k])
-		h.ls[k] = l
-	}
-	if err := h.lock(ctx, l); err != nil {
-		return 0, err
-	}
-	h.held = l
-	return 0, nil
-}
-
-func (h *perKeyHolder[L]) Unlock(ctx context.Context) error { return h.unlock(ctx, h.held) }
-
-// prefixed is keys, each behind prefix: the key names of one row.
-func prefixed(prefix string, keys []string) []string {
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = prefix + k
-	}
-	return out
-}
-
-// keysRun runs n goroutines of this process for d over nkeys fresh keys named after prefix
-// (scenario 4, and scenario 8's keys axis).
-func (b *storeBench) keysRun(row, prefix string, nkeys, n int, d time.Duration, seed uint64) (metrics, string) {
-	keys := make([]string, nkeys)
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
-	return b.contendRun(row, keys, n, d, seed)
 }
 
 // contendRun runs n goroutines of this process for d on keys, each operation on a key drawn
-// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): the shared loop
-// under contend.Window, a critical section counting when it ends inside the window. The
-// server's counters are read at the window's start and end. It returns the first error too.
+// uniformly (scenarios 2 and 4, and scenario 8's goroutines and keys axes): windowRun, the
+// server's counters read at the window's start and end. It returns the first error too.
 func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duration, seed uint64) (metrics, string) {
-	var nretries atomic.Int64
-	var hs []contend.Holder
-	if row == rowFlight {
-		hs = lockerHolders(b.l, keys, n)
-	} else {
-		hs = b.be.holders(row, keys, n, &nretries)
-	}
+	hs := b.rowHolders(row, keys, n)
+	retries0 := retriesOf(b.rowImpl(row, -1))
 	gs := newGuards(len(keys))
-	start := time.Now().Add(20 * time.Millisecond)
-	end := start.Add(d)
-	var s0, s1 serverStats
-	statsDone := make(chan struct{})
-	go func() {
-		time.Sleep(time.Until(start))
-		s0 = b.stats()
-		time.Sleep(time.Until(end))
-		s1 = b.statsCPUFirst()
-		close(statsDone)
-	}()
-	cr := contend.Run(hs, gs, start, seed, contend.Window(end, b.c.lockTimeout))
-	<-statsDone
-	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, s1.sub(s0))
-	m[retries] = float64(nretries.Load())
+	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b)
+	m := rowMetrics(cr.Ops, d, cr.Waits, cr.Errors+cr.ReleaseErrors, st)
+	m[retries] = float64(retriesOf(b.rowImpl(row, -1)) - retries0)
 	if cr.FirstErr != "" {
 		progress("  %s: first error: %s", row, cr.FirstErr)
 	}
@@ -446,19 +338,11 @@ func (b *storeBench) contendRun(row string, keys []string, n int, d time.Duratio
 // inside one common window d, and sums their results (scenario 3, and scenario 8's processes
 // axis), with the first error.
 func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Duration) (metrics, string) {
-	args := append([]string{"-store", b.be.name(), "-row", row, "-key", key, "-g", strconv.Itoa(perProc), "-window",
-		"-d", d.String(), "-lock-timeout", b.c.lockTimeout.String()}, b.be.workerArgs(b.c)...)
-	var s0, s1 serverStats
-	wr, g, _, done := workerRun(row, key, procs, false, args, 200*time.Millisecond, b.c.lockTimeout+30*time.Second, func(start time.Time) {
-		time.Sleep(time.Until(start))
-		s0 = b.stats()
-		time.Sleep(time.Until(start.Add(d)))
-		s1 = b.statsCPUFirst()
-	})
+	wr, st, g, _, done := workerRun(b.be.name(), row, key, procs, perProc, d, b.c.lockTimeout, false, b, b.be.workerArgs(b.c)...)
 	defer done()
 
 	all := sumWorkers(wr)
-	m := rowMetrics(all.Ops, d, all.Waits, all.Errors, s1.sub(s0))
+	m := rowMetrics(all.Ops, d, all.Waits, all.Errors, st)
 	for i, w := range wr {
 		m["proc"+strconv.Itoa(i)] = float64(w.Ops)
 		if w.FirstErr != "" {
@@ -470,33 +354,33 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	return m, all.FirstErr
 }
 
-// storeWorkerRow builds a row of a backend in a worker process: flightlock on a Locker and
-// store of the worker's own, warmed on keys of its own (the store's session or lease granted,
-// the connection open), or the backend's peer row.
-func storeWorkerRow(be backend, row string, o workerOpts) (workerRow, error) {
-	if row != rowFlight {
-		return be.workerPeer(row, o)
-	}
-	l, closeL, err := be.workerLocker(o)
+// storeWorkerRow builds a row of a backend in a worker process, on clients, a Locker and
+// a store of the worker's own (open on the parent's server), warmed on keys of its own.
+func storeWorkerRow(be backend, row, addr string, c *config) (workerRow, error) {
+	be.attach(addr)
+	l, err := be.open(c)
 	if err != nil {
 		return workerRow{}, err
 	}
+	flight, err := newLockerRow(l)
+	if err != nil {
+		return workerRow{}, err
+	}
+	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) { return lockerHolders(l, keys, n), nil },
-		warm: func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for i := range 5 {
-				lease, err := l.Lock(ctx, fmt.Sprintf("warm-%d-%d", os.Getpid(), i))
-				if err != nil {
-					return err
-				}
-				_ = lease.Release(ctx)
-			}
-			return nil
-		},
-		close: closeL,
+		holders: func(keys []string, n int) []contend.Holder { return b.rowHolders(row, keys, n) },
+		warm:    func() error { return warmImpl(b.rowImpl(row, 0), fmt.Sprintf("warm-%d", os.Getpid()), 5) },
+		close:   func() { drainClose(l, func() error { be.close(); return nil }) },
 	}, nil
+}
+
+// retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent
+// retries), 0 for a lock that waits otherwise.
+func retriesOf(im impl) int64 {
+	if r, ok := im.(interface{ retried() int64 }); ok {
+		return r.retried()
+	}
+	return 0
 }
 
 // drainClose drains a Locker and closes its store (revoking its lease or session).

@@ -42,18 +42,13 @@ type storeResults struct {
 	memory  *memoryResults    // scenario 9
 }
 
-// add records one repetition of row in scenario, with its first error ("": none).
-func (r *storeResults) add(scenario int, row string, m metrics, firstErr string) {
-	if r.rows == nil {
-		r.rows = map[int]results{}
-	}
-	if r.rows[scenario] == nil {
-		r.rows[scenario] = results{}
-	}
-	x := r.rows[scenario][row]
+// addErr records one repetition of row (its result made on first use) with its first error
+// ("": none).
+func (rs results) addErr(row string, m metrics, firstErr string) {
+	x := rs[row]
 	if x == nil {
 		x = &result{Row: row}
-		r.rows[scenario][row] = x
+		rs[row] = x
 	}
 	x.Reps, x.FirstErrs = append(x.Reps, m), append(x.FirstErrs, firstErr)
 }
@@ -82,7 +77,7 @@ func (r *storeResults) goals(c *config, be backend) []goal {
 	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
 	ratio := safeDiv(fl1, fo1)
 	add(1, fmt.Sprintf("1. uncontended lock+unlock, flightlock / %s (p50)", n.floorShort), "≤ 1.2x", ratio > 0 && ratio <= 1.2,
-		fmt.Sprintf("%.2fx (%s / %s)", ratio, durStr(time.Duration(fl1)), durStr(time.Duration(fo1))))
+		fmt.Sprintf("%.2fx (%s / %s)", ratio, mdfmt.Dur(fl1), mdfmt.Dur(fo1)))
 	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
 	add(2, fmt.Sprintf("2. one hot key, %d goroutines, flightlock / %s", hotGoroutines, n.peerShort), "≥ 50x", safeDiv(fl2, pe2) >= 50,
 		fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, pe2), fl2, pe2))
@@ -132,9 +127,6 @@ func (r *storeResults) violCell(scenario int, row string) string {
 		r.sum(scenario, row, fenceViolations))
 }
 
-// durStr writes a duration of a backend's report.
-func durStr(d time.Duration) string { return mdfmt.Dur(float64(d)) }
-
 // printer writes one line of the report.
 type printer func(format string, args ...any)
 
@@ -181,10 +173,10 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 		p("|---|---|---|---|---|---|---|---|---|---|")
 		for _, row := range be.s1Rows() {
 			p("| %s | %s | %s | %.0f | %s | %s | %s | %s | %s | %d |", label[row],
-				durStr(time.Duration(r.med(1, row, p50))), durStr(time.Duration(r.med(1, row, p99))), r.med(1, row, rate),
-				perRep(r.rows[1][row], func(m metrics) string { return durStr(time.Duration(m[p50])) }),
+				mdfmt.Dur(r.med(1, row, p50)), mdfmt.Dur(r.med(1, row, p99)), r.med(1, row, rate),
+				perRep(r.rows[1][row], func(m metrics) string { return mdfmt.Dur(m[p50]) }),
 				perOp(r.med(1, row, reqs)), perOp(r.med(1, row, fsy)),
-				durStr(time.Duration(r.med(1, row, scpu))), durStr(time.Duration(r.med(1, row, ccpu))),
+				mdfmt.Dur(r.med(1, row, scpu)), mdfmt.Dur(r.med(1, row, ccpu)),
 				r.sum(1, row, failures))
 		}
 		p("")
@@ -225,8 +217,8 @@ func (r *storeResults) markdown(c *config, be backend, m hostinfo.Machine) strin
 			}
 			p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d |", label[row], r.med(4, row, rate),
 				perRep(r.rows[4][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
-				durStr(time.Duration(r.med(4, row, p50))), durStr(time.Duration(r.med(4, row, p99))),
-				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), durStr(time.Duration(r.med(4, row, scpu))),
+				mdfmt.Dur(r.med(4, row, p50)), mdfmt.Dur(r.med(4, row, p99)),
+				perOp(r.med(4, row, reqs)), perOp(r.med(4, row, fsy)), mdfmt.Dur(r.med(4, row, scpu)),
 				r.violCell(4, row), retried,
 				r.sum(4, row, failures))
 		}
@@ -278,15 +270,15 @@ func (r *storeResults) hotSection(p printer, be backend, sc int, title, setup st
 	for _, row := range []string{rowFlight, peer} {
 		self := ""
 		if n.hotClientCPU {
-			self = " " + durStr(time.Duration(r.med(sc, row, ccpu))) + " |"
+			self = " " + mdfmt.Dur(r.med(sc, row, ccpu)) + " |"
 			if sc == 3 {
 				self = " n/a |"
 			}
 		}
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s |%s %s | %d |", n.labels[row], r.med(sc, row, rate),
 			perRep(r.rows[sc][row], func(m metrics) string { return fmt.Sprintf("%.0f", m[rate]) }),
-			durStr(time.Duration(r.med(sc, row, p50))), durStr(time.Duration(r.med(sc, row, p99))),
-			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), durStr(time.Duration(r.med(sc, row, scpu))), self,
+			mdfmt.Dur(r.med(sc, row, p50)), mdfmt.Dur(r.med(sc, row, p99)),
+			perOp(r.med(sc, row, reqs)), perOp(r.med(sc, row, fsy)), mdfmt.Dur(r.med(sc, row, scpu)), self,
 			r.violCell(sc, row),
 			r.sum(sc, row, failures))
 	}
@@ -341,7 +333,7 @@ func (r *storeResults) scalingSection(p printer, c *config, n storeNotes, peer s
 			var viol, fenceViol, errs float64
 			for _, x := range ax.Points {
 				c := find(ax.Res[x], row)
-				cell := fmt.Sprintf(" %.0f<br>%s · %s", c.med(rate), perOp(c.med(reqs)), durStr(time.Duration(c.med(p99))))
+				cell := fmt.Sprintf(" %.0f<br>%s · %s", c.med(rate), perOp(c.med(reqs)), mdfmt.Dur(c.med(p99)))
 				if rt := c.sum(retries); rt > 0 {
 					cell += fmt.Sprintf("<br>%.0f retries", rt) // the floor's put-if-absent on a taken key
 				}
@@ -497,7 +489,7 @@ func (r *storeResults) rejectSection(p printer, c *config, n storeNotes, peer st
 	for _, row := range []string{rowFlight, peer} {
 		x := r.reject[row]
 		p("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f |", n.rejectLabels[row], countStr(int(x.med("ns"))), x.med("allocs"),
-			countStr(int(x.med("bytes"))), perOp(x.med(reqs)), perOp(x.med(fsy)), durStr(time.Duration(x.med(scpu))),
+			countStr(int(x.med("bytes"))), perOp(x.med(reqs)), perOp(x.med(fsy)), mdfmt.Dur(x.med(scpu)),
 			countStr(int(x.med("par_ns"))), countStr(int(x.med("par_rate"))), perOp(x.med("par_reqs")), x.sum("wrong"))
 		if i := slices.IndexFunc(x.FirstErrs, func(e string) bool { return e != "" }); i >= 0 {
 			defer p("First call of %s that did not answer busy: `%s`.\n", n.rejectLabels[row], x.FirstErrs[i])
@@ -540,7 +532,7 @@ func (r *storeResults) httpSection(p printer, c *config) {
 	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
 	p("")
 	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", durStr(time.Duration(h.Ping.med("p50"))))
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", mdfmt.Dur(h.Ping.med("p50")))
 	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
 	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
 	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
@@ -558,8 +550,8 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		if d, rt, ok := h.added(x); ok && x.Row != "none" {
 			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
 		}
-		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", x.Label, durStr(time.Duration(x.med("p50"))), added, rts,
-			durStr(time.Duration(x.med("p90"))), durStr(time.Duration(x.med("p99"))), x.med("rps"),
+		p("| %s | %s | %s | %s | %s | %s | %.0f | %.2f | %.2f | %.0f | %.0f |", x.Label, mdfmt.Dur(x.med("p50")), added, rts,
+			mdfmt.Dur(x.med("p90")), mdfmt.Dur(x.med("p99")), x.med("rps"),
 			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.worst("errors"))
 	}
 	p("")
@@ -577,8 +569,8 @@ func (r *storeResults) httpSection(p printer, c *config) {
 		share := func(name string) float64 { return 100 * x.med(name) }
 		idle := 100 - share("svc_share") - share("etcd_share") - share("redis_share") - share("wrk_share") - share("other_share")
 		p("| %s | %.0f | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.0f / %.0f / %.0f / %.0f | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %.0f |",
-			x.Label, x.med("rps"), ratio, durStr(time.Duration(x.med("p50"))), durStr(time.Duration(x.med("p90"))),
-			durStr(time.Duration(x.med("p99"))), durStr(time.Duration(x.med("p999"))), durStr(time.Duration(x.med("max"))),
+			x.Label, x.med("rps"), ratio, mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p90")),
+			mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("p999")), mdfmt.Dur(x.med("max")),
 			x.med("rpcs"), x.med("fsyncs"), x.med("svc_cpu"), x.med("etcd_cpu"), x.med("redis_cpu"), x.med("wrk_cpu"),
 			share("svc_share"), share("etcd_share"), share("redis_share"), share("wrk_share"), share("other_share"), max(idle, 0),
 			x.worst("errors"))

@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -20,46 +19,22 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// fullBackend is a backend that runs scenarios 4-9 too: what their peer rows need of it.
+// fullBackend is a backend that runs scenarios 4-9 too: http runs scenario 6; dupConf is the
+// middleware's Lock section of scenario 7.
 type fullBackend interface {
 	backend
-	// peerGoroutines makes sure n peer goroutines can contend at once; dropGoroutinesBeyond
-	// undoes it past n (what each needs, a session, would load the scenarios that follow).
-	peerGoroutines(n int) error
-	dropGoroutinesBeyond(n int)
-	// rejectPeer holds key with the peer and returns the peer's try of goroutine i (i < n) and
-	// the hold's release.
-	rejectPeer(ctx context.Context, key string, n int) (tryer, func(), error)
-	// http runs scenario 6; dupConf is the middleware's Lock section of scenario 7.
 	http(b *storeBench) *s6Results
 	dupConf() flmw.LockConf
-	// holdPeer and waitPeer are the peer's rows of scenario 9 (storeBench.hold, storeBench.wait).
-	holdPeer(b *storeBench, n int) (metrics, error)
-	waitPeer(b *storeBench, w int) (metrics, error)
 }
 
 // runMore runs scenarios 8, 9, 5, 6 and 7, each with its own repetitions.
 func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 	c := b.c
 	if c.scenarios[8] {
-		res.scaling, res.charts = b.scaling(fb), map[string]string{}
-		for _, ax := range res.scaling {
-			path := chartPath(c.out, ax.Name)
-			if path == "" {
-				continue
-			}
-			drawn, err := drawResultsChart(path, fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(ax.Name)),
-				ax.Name+" (log)", ax.Points, ax.at, rate)
-			if err == nil && !drawn {
-				err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
-			}
-			if err != nil {
-				progress("plot %s: %v (the report goes without it)", path, err)
-				continue
-			}
-			res.charts[ax.Name] = path
-			progress("wrote %s", path)
-		}
+		res.scaling = b.scaling(fb)
+		res.charts = drawScaling(res.scaling, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
+			return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(axis))
+		}, rate)
 	}
 	if c.scenarios[9] {
 		res.memory = b.memory(fb)
@@ -82,7 +57,6 @@ func (b *storeBench) runMore(fb fullBackend, res *storeResults) {
 func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	c := b.c
 	locks := []string{rowFlight, fb.peer()}
-	var axes []*s8Axis
 	need := 0
 	if len(c.s8Goroutines) > 0 {
 		need = slices.Max(c.s8Goroutines)
@@ -90,41 +64,25 @@ func (b *storeBench) scaling(fb fullBackend) []*s8Axis {
 	if len(c.s8Keys) > 0 {
 		need = max(need, s8KeyGoroutines)
 	}
-	if err := fb.peerGoroutines(need); err != nil {
+	if err := b.be.peerGoroutines(need); err != nil {
 		fatalf("scenario 8: %v", err)
 	}
-	defer fb.dropGoroutinesBeyond(hotGoroutines)
+	defer b.be.dropGoroutinesBeyond(hotGoroutines)
 
-	if len(c.s8Goroutines) > 0 {
-		axes = append(axes, b.measureAxis("goroutines", c.s8Goroutines, locks, func(row string, x, rep int) (metrics, string) {
-			return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
-		}))
-	}
-	if len(c.s8Procs) > 0 {
-		axes = append(axes, b.measureAxis("processes", c.s8Procs, locks, func(row string, x, rep int) (metrics, string) {
-			return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
-		}))
-	}
-	if len(c.s8Keys) > 0 {
-		rows := []string{rowFloor, rowFlight, fb.peer()}
-		axes = append(axes, b.measureAxis("keys", c.s8Keys, rows, func(row string, x, rep int) (metrics, string) {
-			return b.keysRun(row, fmt.Sprintf("s5k-%d-%d-", x, rep), x, s8KeyGoroutines, c.d8, uint64(rep))
-		}))
-	}
-	return axes
-}
-
-// measureAxis measures every row at every point of one axis, c.reps times, and logs each
-// measurement; run returns a row's figures and first error.
-func (b *storeBench) measureAxis(name string, points []int, rows []string, run func(row string, x, rep int) (metrics, string)) *s8Axis {
 	n := b.be.notes()
-	spec := func(row string) (string, string) { return row, n.plotLabels[row] }
-	return &s8Axis{Name: name, Points: points, Res: atPoints(b.c.reps, points, rows, spec, func(row string, x, rep int) (metrics, string) {
-		r, _ := run(row, x, rep)
-		progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
-			rep+1, name, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
-		return r, ""
-	})}
+	return scalingAxes(c, locks, []string{rowFloor, rowFlight, fb.peer()}, func(row string) (string, string) { return row, n.plotLabels[row] },
+		func(axis, row string, x, rep int) (metrics, string) {
+			switch axis {
+			case "goroutines":
+				return b.contendRun(row, []string{fmt.Sprintf("s5g-%d-%d", x, rep)}, x, c.d8, 0)
+			case "processes":
+				return b.runProcs(row, fmt.Sprintf("s5p-%d-%d", x, rep), x, s8ProcGoroutines, c.d8)
+			}
+			return b.contendRun(row, keysNamed(fmt.Sprintf("s5k-%d-%d-", x, rep), x), s8KeyGoroutines, c.d8, uint64(rep))
+		}, func(axis string, x, rep int, row string, r metrics, _ string) {
+			progress("s8 rep %d %s=%-6d %-10s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f",
+				rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], n.reqUnit, r[reqs])
+		})
 }
 
 // axisUnit says what a scenario 8 axis counts, for headings and plots.
@@ -154,61 +112,55 @@ func chartPath(out, axis string) string {
 // s5Goroutines try the held key at once in the parallel part.
 const s5Goroutines = 64
 
-// tryer makes one attempt at the held key from goroutine i; busy reports a refusal, err any
-// other failure; a grant is released before it returns (and counted as wrong by the caller).
-type tryer func(ctx context.Context, i int) (busy bool, err error)
-
-func (b *storeBench) rejectRow(fb fullBackend, row string, rep int) (metrics, string) {
-	ctx := context.Background()
-	key := fmt.Sprintf("s7-%d", rep)
-	var try tryer
-	var release func()
-	every := int64(1)
-	switch row {
-	case rowFlight:
-		every = 256
-		reject, err := b.l.With(flightlock.WithMode(flightlock.Reject))
-		if err != nil {
-			fatalf("s7: %v", err)
-		}
-		held, err := b.l.Lock(ctx, key)
-		if err != nil {
-			fatalf("s7 %s: hold: %v", row, err)
-		}
-		release = func() { _ = held.Release(ctx) }
-		try = func(ctx context.Context, _ int) (bool, error) {
-			l, err := reject.TryLock(ctx, key)
-			if err == nil {
-				_ = l.Release(ctx)
-				return false, nil
-			}
-			return errors.Is(err, flightlock.ErrBusy), err
-		}
-	default:
-		var err error
-		if try, release, err = fb.rejectPeer(ctx, key, s5Goroutines); err != nil {
-			fatalf("s7 %s: %v", row, err)
-		}
+// rejectRow holds a key with row's own lock, then tries it from other goroutines, each on
+// row's lock of its own (rejectRun).
+func (b *storeBench) rejectRow(row string, rep int) (metrics, string) {
+	if err := b.be.peerGoroutines(s5Goroutines); err != nil {
+		fatalf("s7 %s: %v", row, err)
 	}
-	defer release()
-	var wrong atomic.Int64
-	var firstErr string
-	var st [2]serverStats
-	parts := rejectParts(b.c.d5, every, func(part, i int) {
-		if busy, err := try(ctx, i); !busy {
-			wrong.Add(1)
-			if part == 0 && firstErr == "" && err != nil {
-				firstErr = err.Error()
-			}
-		}
-	}, func(part int) func() {
-		s0 := b.stats()
-		return func() { st[part] = b.stats().sub(s0) }
-	})
+	own := b.rowImpl(row, -1)
+	parts, st, wrong, firstErr := rejectRun(own, func(i int) impl { return b.rowImpl(row, i) }, own.key(fmt.Sprintf("s7-%d", rep)), b.c.d5, b)
 	n, pn := float64(parts[0].calls), float64(parts[1].calls)
 	return metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes,
-		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong.Load()),
+		reqs: st[0].reqs / n, fsy: st[0].fsyncs / n, scpu: float64(st[0].cpu / time.Duration(parts[0].calls)), "wrong": float64(wrong),
 		"par_ns": parts[1].perCall(), "par_rate": parts[1].rate(), "par_reqs": st[1].reqs / pn}, firstErr
+}
+
+// rejectRun is scenario 5 on every store: key is held with own, then goroutine i tries it with
+// try(i), one goroutine and then s5Goroutines (rejectParts). flightlock's refusal takes no
+// round trip (the clock is read every 256 calls), the others' one each. A try that does not
+// answer busy is wrong (a grant is released at once). It returns the parts, what m counted
+// over each, the wrong answers and the serial part's first error.
+func rejectRun(own impl, try func(i int) impl, key string, d time.Duration, m meter) (parts [2]rejectPart, st [2]serverStats, wrong int64, firstErr string) {
+	ctx := context.Background()
+	held, err := own.lock(ctx, key)
+	if err != nil {
+		fatalf("reject: hold %s: %v", key, err)
+	}
+	defer own.unlock(ctx, key, held)
+	every := int64(1)
+	switch own.(type) {
+	case lockerRow, *flightlockImpl:
+		every = 256
+	}
+	var nwrong atomic.Int64
+	parts = rejectParts(d, every, func(part, i int) {
+		im := try(i)
+		h, err := im.tryLock(ctx, key)
+		if errors.Is(err, errBusy) {
+			return
+		}
+		nwrong.Add(1)
+		if err == nil {
+			_ = im.unlock(ctx, key, h)
+		} else if part == 0 && firstErr == "" {
+			firstErr = err.Error()
+		}
+	}, func(part int) func() {
+		s0 := readStats(m, false)
+		return func() { st[part] = readStats(m, true).sub(s0) }
+	})
+	return parts, st, nwrong.Load(), firstErr
 }
 
 // rejectPart is one part of scenario 5: the calls made, their wall time, and (serial part
@@ -275,11 +227,8 @@ func (b *storeBench) reject(fb fullBackend) results {
 	out := results{}
 	for rep := range b.c.reps {
 		for _, row := range interleave.Rotate([]string{rowFlight, fb.peer()}, rep) {
-			r, firstErr := b.rejectRow(fb, row, rep)
-			if out[row] == nil {
-				out[row] = &result{Row: row}
-			}
-			out[row].Reps, out[row].FirstErrs = append(out[row].Reps, r), append(out[row].FirstErrs, firstErr)
+			r, firstErr := b.rejectRow(row, rep)
+			out.addErr(row, r, firstErr)
 			progress("  5 reject      %-10s %s/call %.2f allocs %.2f requests/call; x%d: %s/call %.0f calls/s; not busy %.0f",
 				row, mdfmt.Dur(r["ns"]), r["allocs"], r[reqs], s5Goroutines, mdfmt.Dur(r["par_ns"]), r["par_rate"], r["wrong"])
 		}
@@ -309,11 +258,7 @@ func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	}
 	for _, n := range b.c.memLocks {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			hold := b.holdFlight
-			if row != rowFlight {
-				hold = func(n int) (metrics, error) { return fb.holdPeer(b, n) }
-			}
-			h, err := hold(n)
+			h, err := b.holdRow(row, n)
 			out.hold = append(out.hold, one(row, h, err))
 			progress("s9 hold %d %-10s %.0f B/lock, %.3f goroutines/lock, peak +%.0f, server RSS %.0f B/lock, CPU %.1f ms/s, %.0f requests/s, %.1f keep-alives/s; after release %.1f B/lock, %+.0f goroutines; errors %.0f %v",
 				n, row, h["heap"], h["gor"], h["peak_gor"], h["server_rss"], h["ccpu_ms"], h["reqs_s"], h["keepalives_s"], h["after_heap"], h["after_gor"], h["errors"], errText(err))
@@ -321,11 +266,7 @@ func (b *storeBench) memory(fb fullBackend) *memoryResults {
 	}
 	if w := b.c.memWaiters; w > 0 {
 		for _, row := range []string{rowFlight, fb.peer()} {
-			wait := b.waitFlight
-			if row != rowFlight {
-				wait = func(w int) (metrics, error) { return fb.waitPeer(b, w) }
-			}
-			r, err := wait(w)
+			r, err := b.waitRow(row, w)
 			out.wait = append(out.wait, one(row, r, err))
 			progress("s9 wait %d %-10s %.0f B/waiter, %.2f goroutines/waiter, %.1f requests/s, next grant %s, all served %s, served %.0f, violations %.0f/%.0f, errors %.0f %v",
 				w, row, r["heap"], r["gor"], r["reqs_s"], mdfmt.Dur(r["next"]), mdfmt.Dur(r["all"]), r["served"], r[violations], r[fenceViolations], r["errors"], errText(err))
@@ -342,78 +283,26 @@ func errText(err error) string {
 	return "(first: " + err.Error() + ")"
 }
 
-// bounded runs fn(ctx, i) under a context bounded at lockTO, so no call can hang the run.
-func (b *storeBench) bounded(fn func(ctx context.Context, i int) error) func(i int) error {
-	return func(i int) error {
-		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-		defer cancel()
-		return fn(ctx, i)
+// memoryRow is row's lock for scenario 9 and its teardown: flightlock on a Locker and store of
+// their own (their baseline and what stays after release are theirs alone), on the benchmark's
+// client; the peer on the process's own lock.
+func (b *storeBench) memoryRow(row string) (impl, func()) {
+	if row != rowFlight {
+		return b.be.lockOf(row, -1), func() {}
 	}
-}
-
-// holdFlight holds n locks with a Locker and store of their own (their baseline and what
-// stays after release are theirs alone), on the benchmark's client.
-func (b *storeBench) holdFlight(n int) (metrics, error) {
 	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
 	if err != nil {
 		fatalf("scenario 9: %v", err)
 	}
-	defer closeL()
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("m6h-%d", i)
-	}
-	warm, lock, unlock, leases := heldKeys(keys, func(i int) string { return fmt.Sprintf("m6w-%d", i) }, l.Lock,
-		func(ctx context.Context, _ string, lease *flightlock.Lease) error { return lease.Release(ctx) })
-	return b.hold(rowFlight, n, warm, lock, unlock, func() { runtime.KeepAlive(keys); runtime.KeepAlive(leases) })
+	return lockerRow{locker: l}, closeL
 }
 
-// heldKeys are the steps of a holding row of scenario 9 on keys, whatever its store and lock:
-// warm takes and releases warmKey(i), lock holds keys[i] (its handle kept in held, which the
-// caller keeps live through the measurement), unlock releases it if it is held.
-func heldKeys[H comparable](keys []string, warmKey func(i int) string, lock func(ctx context.Context, key string) (H, error),
-	unlock func(ctx context.Context, key string, h H) error,
-) (warm, lockI, unlockI func(ctx context.Context, i int) error, held []H) {
-	held = make([]H, len(keys))
-	var none H
-	warm = func(ctx context.Context, i int) error {
-		h, err := lock(ctx, warmKey(i))
-		if err != nil {
-			return err
-		}
-		return unlock(ctx, warmKey(i), h)
-	}
-	lockI = func(ctx context.Context, i int) error {
-		h, err := lock(ctx, keys[i])
-		if err == nil {
-			held[i] = h
-		}
-		return err
-	}
-	unlockI = func(ctx context.Context, i int) error {
-		if held[i] == none {
-			return nil
-		}
-		err := unlock(ctx, keys[i], held[i])
-		held[i] = none
-		return err
-	}
-	return warm, lockI, unlockI, held
-}
-
-// hold measures one holding row: warm (up to holdWarm locks of other keys taken and released
-// at the same concurrency, so the client's buffers and the row's lease are in place before the
-// baseline), then lock all n, hold, unlock all. keepAlive keeps the row's keys and handle
-// slices, built before the baseline, live through all three measurements.
-func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context.Context, i int) error, keepAlive func()) (metrics, error) {
-	var d serverStats
-	h := holdOn(n, holdWarm, b.bounded(warm), b.bounded(lock), b.bounded(unlock), func() int64 { return procRSS(b.be.Pid()) }, func() {
-		s0 := b.stats()
-		time.Sleep(b.c.d9hold)
-		d = b.stats().sub(s0)
-	})
-	keepAlive()
-	m, secs := heldMetrics(h, n), b.c.d9hold.Seconds()
+// holdRow holds n locks of row on distinct keys (holdRun).
+func (b *storeBench) holdRow(row string, n int) (metrics, error) {
+	im, done := b.memoryRow(row)
+	defer done()
+	m, d, h := holdRun(im, "m6", n, holdWarm, b.c.lockTimeout, b.c.d9hold, func() int64 { return procRSS(b.be.Pid()) }, b)
+	secs := b.c.d9hold.Seconds()
 	if h.ServerBefore > 0 && h.ServerHolding > 0 {
 		m["server_rss"] = float64(h.ServerHolding-h.ServerBefore) / float64(n)
 	}
@@ -421,49 +310,95 @@ func (b *storeBench) hold(row string, n int, warm, lock, unlock func(ctx context
 	return m, h.FirstErr
 }
 
-// waitFlight: a Locker of its own holds the key; w goroutines of this process wait on it
-// through the same Locker, as a service's concurrent requests for one key do.
-func (b *storeBench) waitFlight(w int) (metrics, error) {
-	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
-	if err != nil {
-		fatalf("scenario 9: %v", err)
-	}
-	defer closeL()
-	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
-	defer cancel()
-	for i := range 10 { // the store's lease and the Locker's paths in place before the baseline
-		lease, err := l.Lock(ctx, fmt.Sprintf("m6ww-%d", i))
-		if err != nil {
-			fatalf("scenario 9: warm-up: %v", err)
+// holdRun is scenario 9's holding on every store: up to warmN locks of other keys taken and
+// released at the holding's concurrency (so that the client's connections and the row's lease
+// are in place before the baseline), then n locks of im held at once on distinct keys (named
+// after prefix, built before the baseline and live through all three measurements) for window,
+// each step bounded at lockTimeout (0: unbounded: a lease keeps its Lock's context, whose
+// timer would count as the lock's memory); serverMem reads the server's memory. It returns the
+// holding's figures (heldMetrics), what m counted over the window, and the measurement.
+func holdRun(im impl, prefix string, n, warmN int, lockTimeout, window time.Duration, serverMem func() int64, m meter) (metrics, serverStats, memstat.Held) {
+	keys, warmKeys := rowKeys(im, prefix+"h", n), rowKeys(im, prefix+"w", min(n, warmN))
+	held := make([]any, n)
+	locked := make([]bool, n)
+	bounded := func(fn func(ctx context.Context, i int) error) func(i int) error {
+		return func(i int) error {
+			if lockTimeout <= 0 {
+				return fn(context.Background(), i)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+			defer cancel()
+			return fn(ctx, i)
 		}
-		_ = lease.Release(ctx)
 	}
-	key := fmt.Sprintf("m6wait-%d", w)
-	held, err := l.Lock(ctx, key)
+	memstat.Parallel(len(warmKeys), s9Acquirers, bounded(func(ctx context.Context, i int) error {
+		h, err := im.lock(ctx, warmKeys[i])
+		if err != nil {
+			return err
+		}
+		return im.unlock(ctx, warmKeys[i], h)
+	}))
+	var st serverStats
+	h := memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, ServerMemory: serverMem,
+		Lock: bounded(func(ctx context.Context, i int) (err error) {
+			held[i], err = im.lock(ctx, keys[i])
+			locked[i] = err == nil
+			return err
+		}),
+		Unlock: bounded(func(ctx context.Context, i int) error {
+			if !locked[i] {
+				return nil
+			}
+			h := held[i]
+			held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
+			return im.unlock(ctx, keys[i], h)
+		}),
+		Window: func() { st = windowStats(time.Now(), window, m) },
+	})
+	runtime.KeepAlive(keys)
+	runtime.KeepAlive(held)
+	return heldMetrics(h, n), st, h
+}
+
+// waitRow has w goroutines of this process wait for a key that row's lock holds (waitRun):
+// flightlock's through the holder's Locker, as a service's concurrent requests for one key do;
+// the peer's each on a lock of its own (an etcd Mutex needs a session of its own), made after
+// the baseline and measured apart.
+func (b *storeBench) waitRow(row string, w int) (metrics, error) {
+	im, done := b.memoryRow(row)
+	defer done()
+	if err := warmImpl(im, "m6ww", 10); err != nil { // the store's lease and the lock's paths in place before the baseline
+		fatalf("scenario 9: warm-up: %v", err)
+	}
+	waiter, prepare := func(int) impl { return im }, (func() error)(nil)
+	if row != rowFlight { // the waiters' locks come after the hot goroutines'
+		if err := b.be.peerGoroutines(hotGoroutines); err != nil {
+			fatalf("scenario 9: %v", err)
+		}
+		b.be.dropGoroutinesBeyond(hotGoroutines)
+		defer b.be.dropGoroutinesBeyond(hotGoroutines)
+		waiter = func(i int) impl { return b.be.lockOf(row, hotGoroutines+i) }
+		prepare = func() error { return b.be.peerGoroutines(hotGoroutines + w) }
+	}
+	m, d, res := waitRun(im, waiter, im.key(fmt.Sprintf("m6wait-%d", w)), w, prepare, b.c.lockTimeout, b)
+	secs := s9WaitWindow.Seconds()
+	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
+	return m, res.FirstErr
+}
+
+// waitRun is scenario 9's waiting on every store: key is held with own, then w goroutines of
+// this process wait for it, goroutine i with waiter(i) (waitOn), each step bounded at
+// lockTimeout. prepare (nil: none) makes what the waiters need before they can wait, measured
+// apart (session_heap and session_gor per waiter, -1 without). It returns the waiting's figures
+// (waitedMetrics, with the failures and the checks' violations), what m counted while they
+// waited, and the measurement.
+func waitRun(own impl, waiter func(i int) impl, key string, w int, prepare func() error, lockTimeout time.Duration, m meter) (metrics, serverStats, memstat.Waited) {
+	ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
+	defer cancel()
+	held, err := own.lock(ctx, key)
 	if err != nil {
 		fatalf("scenario 9: hold %s: %v", key, err)
 	}
-	leases := make([]*flightlock.Lease, w)
-	return b.wait(w, held.Fence(), nil,
-		func(ctx context.Context, i int) (int64, error) {
-			lease, err := l.Lock(ctx, key)
-			if err != nil {
-				return 0, err
-			}
-			leases[i] = lease
-			return lease.Fence(), nil
-		},
-		func(ctx context.Context, i int) error { return leases[i].Release(ctx) },
-		held.Release)
-}
-
-// wait measures one waiting row. The key is held (with fence heldFence, 0: none) when it is
-// called; prepare (nil: none) makes what each waiter needs before it can wait, measured apart;
-// release gives the held key up.
-func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
-	lock func(ctx context.Context, i int) (int64, error), unlock func(ctx context.Context, i int) error,
-	release func(ctx context.Context) error,
-) (metrics, error) {
 	sessHeap, sessGor := -1.0, -1.0
 	if prepare != nil {
 		l0 := memstat.Live()
@@ -473,18 +408,20 @@ func (b *storeBench) wait(w int, heldFence int64, prepare func() error,
 		lp := memstat.Live()
 		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 	}
-	var d serverStats
-	res, g := waitOn(w, heldFence, b.c.lockTimeout, lock, unlock, release, func() {
-		s0 := b.stats()
-		time.Sleep(s9WaitWindow)
-		d = b.stats().sub(s0)
-	})
-	m, secs := waitedMetrics(res, w), s9WaitWindow.Seconds()
-	m["session_heap"], m["session_gor"], m["errors"] = sessHeap, sessGor, float64(res.Errors)
-	m["reqs_s"], m["keepalives_s"], m["ccpu_ms"] = d.reqs/secs, d.keepAlives/secs, float64(d.self.Microseconds())/1e3/secs
-	m[violations], m[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
-	m["next"], m["all"] = float64(res.Next), float64(res.All)
-	return m, res.FirstErr
+	var st serverStats
+	hs := make([]any, w)
+	res, g := waitOn(w, fenceOf(held), lockTimeout,
+		func(ctx context.Context, i int) (_ int64, err error) {
+			hs[i], err = waiter(i).lock(ctx, key)
+			return fenceOf(hs[i]), err
+		},
+		func(ctx context.Context, i int) error { return waiter(i).unlock(ctx, key, hs[i]) },
+		func(ctx context.Context) error { return own.unlock(ctx, key, held) },
+		func() { st = windowStats(time.Now(), s9WaitWindow, m) })
+	mt := waitedMetrics(res, w)
+	mt["session_heap"], mt["session_gor"], mt["errors"] = sessHeap, sessGor, float64(res.Errors)
+	mt[violations], mt[fenceViolations] = float64(g.Violations()), float64(g.FenceViolations())
+	return mt, st, res
 }
 
 // heldMetrics are a holding row's figures on every store, per held lock above the baseline:
@@ -524,15 +461,6 @@ func waitedMetrics(res memstat.Waited, w int) metrics {
 		m["next"], m["all"] = float64(res.Next), float64(res.All)
 	}
 	return m
-}
-
-// holdOn is scenario 9's holding on any store: up to warmN locks of other keys taken and
-// released at the holding's concurrency (warm), so that the client's connections and the row's
-// lease are in place before the baseline, then n locks held at once (lock and unlock the i-th)
-// while window runs.
-func holdOn(n, warmN int, warm, lock, unlock func(i int) error, serverMemory func() int64, window func()) memstat.Held {
-	memstat.Parallel(min(n, warmN), s9Acquirers, warm)
-	return memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, Lock: lock, Unlock: unlock, ServerMemory: serverMemory, Window: window})
 }
 
 // waitOn is scenario 9's waiting on any store. The key is held (with fence heldFence, 0: none)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -33,7 +34,7 @@ var workers = &workerproc.Set{}
 // own (connections open, scripts loaded, leases granted), the client's round trips if it
 // counts them, and its teardown.
 type workerRow struct {
-	holders    func(keys []string, n int) ([]contend.Holder, error)
+	holders    func(keys []string, n int) []contend.Holder
 	warm       func() error
 	roundTrips func() int64 // nil: not counted
 	close      func()
@@ -44,16 +45,18 @@ type workerRow struct {
 // workerResult is one worker's report.
 type workerResult struct {
 	contend.Result
-	RT  int64 `json:"rt"`  // the client's round trips (Redis rows)
-	CPU int64 `json:"cpu"` // ns of CPU the worker used while it ran
+	RT  int64 `json:"rt"`  // the client's round trips in the window (Redis rows)
+	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
-// workerRun runs one measurement in procs worker processes of row: it maps the guard file they
-// all share (and with spanFile the whole hold's beside it, for a semaphore or read-write row),
-// starts the workers with args and the file's -shm flag, releases them at a start lead after
-// all are ready and calls during meanwhile (the parent's readings), then reads their results,
-// waiting up to within for each. The guards are to be read before done unmaps them.
-func workerRun(row, key string, procs int, spanFile bool, args []string, lead, within time.Duration, during func(start time.Time)) (res []workerResult, cs, span guard.Guard, done func()) {
+// workerRun runs one measurement of row of store on key in procs worker processes of g
+// goroutines each, over the common window d (each Lock bounded at lockTimeout; args are more of
+// the workers' flags), on every store: it maps the guard file they all share (and with spanFile
+// the whole hold's beside it, for a semaphore or read-write row), starts the workers, releases
+// them together once all are ready, reads m's counters over the window (st), then reads their
+// results, waiting up to lockTimeout + 30 s for each. The guards are to be read before done
+// unmaps them.
+func workerRun(store, row, key string, procs, g int, d, lockTimeout time.Duration, spanFile bool, m meter, args ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
 	shm := workerShm(row, key)
 	cs, unmap, err := guard.Map(shm, true)
 	if err != nil {
@@ -68,11 +71,14 @@ func workerRun(row, key string, procs int, spanFile bool, args []string, lead, w
 		}
 		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
 	}
-	lines, _, err := workerproc.Run(procs, slices.Concat([]string{workerArg}, args, []string{"-shm", shm}), workers, lead, within, during)
+	args = slices.Concat([]string{workerArg, "-store", store, "-row", row, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+		"-lock-timeout", lockTimeout.String(), "-shm", shm}, args)
+	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, lockTimeout+30*time.Second,
+		func(start time.Time) { st = windowStats(start, d, m) })
 	if err != nil {
 		fatalf("workers of %s: %v", row, err)
 	}
-	return workerResults(lines), cs, span, done
+	return workerResults(lines), st, cs, span, done
 }
 
 // workerResults parses the workers' result lines.
@@ -94,12 +100,8 @@ func workerMain(args []string) {
 	addr := fs.String("addr", "", "the store's address (etcd: its client URL; ZooKeeper: host:port)")
 	key := fs.String("key", "", "the hot key")
 	g := fs.Int("g", 16, "goroutines")
-	window := fs.Bool("window", false, "count the critical sections that end within -d of the start (contend.Window); "+
-		"otherwise every one begun before -d or within -quota (contend.Until)")
-	quota := fs.Int64("quota", 0, "critical sections to run in this process (0: run for -d)")
-	d := fs.Duration("d", time.Second, "duration when -quota is 0")
-	hard := fs.Duration("hard", 30*time.Second, "give up after this long (contend.Until)")
-	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context (contend.Window)")
+	d := fs.Duration("d", time.Second, "the window: critical sections that end within it of the start count")
+	lockTimeout := fs.Duration("lock-timeout", 10*time.Second, "bound of every Lock's context")
 	shmPath := fs.String("shm", "", "guard file")
 	reads := fs.Int("reads", 0, "percent of Locks that take a read lock (Redis rows of read-write locks)")
 	zkSession := fs.Duration("zk-session", 30*time.Second, "ZooKeeper: the session timeout")
@@ -111,7 +113,7 @@ func workerMain(args []string) {
 		err error
 	)
 	if be := backendFor(*store); be != nil {
-		wr, err = storeWorkerRow(be, *row, workerOpts{addr: *addr, lockTimeout: *lockTimeout, zkSession: *zkSession})
+		wr, err = storeWorkerRow(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession})
 	} else if *store == "redis" {
 		wr, err = redisWorkerRow(*row, *addr, *reads)
 	} else {
@@ -125,10 +127,7 @@ func workerMain(args []string) {
 		fatalf("worker: map guard: %v", err)
 	}
 	defer unmap()
-	hs, err := wr.holders([]string{*key}, *g)
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	hs := wr.holders([]string{*key}, *g)
 	if wr.permits > 1 || wr.readWrite {
 		span, unmapSpan, err := guard.Map(spanShm(*shmPath), false)
 		if err != nil {
@@ -150,26 +149,23 @@ func workerMain(args []string) {
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	var p contend.Policy
-	if *window {
-		p = contend.Window(start.Add(*d), *lockTimeout)
-	} else {
-		stop := make(chan struct{})
-		if *quota == 0 {
-			time.AfterFunc(time.Until(start)+*d, func() { close(stop) })
-		}
-		p = contend.Until(stop, *quota, start.Add(*hard))
-	}
-	var rt0 int64
+	var rt0, rt1 int64
 	if wr.roundTrips != nil {
 		rt0 = wr.roundTrips()
 	}
 	cpu0 := cpustat.Self()
-	r := contend.Run(hs, []guard.Guard{gd}, start, uint64(start.UnixNano()), p)
-	res := workerResult{Result: r, CPU: int64(cpustat.Self() - cpu0)}
-	if wr.roundTrips != nil {
-		res.RT = wr.roundTrips() - rt0
-	}
+	var res workerResult
+	ended := make(chan struct{})
+	time.AfterFunc(time.Until(start.Add(*d)), func() {
+		res.CPU = int64(cpustat.Self() - cpu0)
+		if wr.roundTrips != nil {
+			rt1 = wr.roundTrips()
+		}
+		close(ended)
+	})
+	res.Result = contend.Run(hs, []guard.Guard{gd}, start, start.Add(*d), uint64(start.UnixNano()), *lockTimeout)
+	<-ended
+	res.RT = rt1 - rt0
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	wr.close()

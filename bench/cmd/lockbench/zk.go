@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -12,13 +14,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/zkstore"
 )
@@ -56,8 +57,7 @@ type zkBackend struct {
 	conn       *zk.Conn // the floor's and zk.NewLock's session
 	store      *zkstore.Store
 	acl        []zk.ACL
-	floorValue []byte   // the bytes flightlock writes in a key node
-	s1Lock     *zk.Lock // scenario 1's zk.NewLock on a node that exists
+	floorValue []byte // the bytes flightlock writes in a key node
 }
 
 func (z *zkBackend) name() string     { return "zookeeper" }
@@ -74,6 +74,13 @@ func (z *zkBackend) describe() string {
 func (z *zkBackend) workerArgs(c *config) []string {
 	return []string{"-addr", z.addr, "-zk-session", c.zkSession.String()}
 }
+
+func (z *zkBackend) attach(addr string) { z.addr = addr }
+
+// peerGoroutines and dropGoroutinesBeyond have nothing to do: every zk.NewLock goroutine of a
+// process shares its session, as the goroutines of a service share its client.
+func (z *zkBackend) peerGoroutines(int) error { return nil }
+func (z *zkBackend) dropGoroutinesBeyond(int) {}
 
 // zkJVMFlags keep the JVM's own choices (JIT, collector) as a server started by zkServer.sh
 // would, bound its heap, and quiet its log. The test harness (internal/testenv/zktest) stops
@@ -243,7 +250,7 @@ func (b *zkBackend) open(c *config) (*flightlock.Locker, error) {
 	}
 	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.store.MaxTTL(), flightTTL)
 	for _, p := range []string{zkFloorRoot, zkLockRoot} {
-		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil {
+		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return nil, fmt.Errorf("create %s: %w", p, err)
 		}
 	}
@@ -260,7 +267,6 @@ func (b *zkBackend) open(c *config) (*flightlock.Locker, error) {
 	if err := lease.Release(ctx); err != nil {
 		return nil, fmt.Errorf("warm-up release: %w", err)
 	}
-	b.s1Lock = zk.NewLock(b.conn, zkLockRoot+"/s1", b.acl)
 	return l, nil
 }
 
@@ -282,87 +288,58 @@ func (b *zkBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), e
 	return l, func() { drainClose(l, store.Close) }, nil
 }
 
-func (b *zkBackend) workerLocker(o workerOpts) (*flightlock.Locker, func(), error) {
-	store, l, err := newZKFlightlock(o.addr, o.zkSession, o.lockTimeout)
-	if err != nil {
-		return nil, nil, err
+// lockOf is the floor or zk.NewLock, on this process's session; zk.NewLock's lock for i < 0
+// (scenario 1's "lock node exists" row) locks one lock path whatever the key.
+func (b *zkBackend) lockOf(row string, i int) impl {
+	switch {
+	case row == rowFloor:
+		return zkFloor{b}
+	case row == rowZKLock && i < 0:
+		return zkLockRow{b, zkLockRoot + "/s1"}
 	}
-	return l, func() { drainClose(l, store.Close) }, nil
+	return zkLockRow{b, ""}
 }
 
-// s1Op is one operation of scenario 1's row: lock and unlock the i-th key of repetition rep.
-func (b *zkBackend) s1Op(row, rep string) func(ctx context.Context, i int) (releaseErr, err error) {
-	switch row {
-	case rowFloor:
-		return func(_ context.Context, i int) (error, error) {
-			p := fmt.Sprintf("%s/f-%s-%d", zkFloorRoot, rep, i)
-			if _, err := b.conn.Create(p, b.floorValue, zk.FlagEphemeral, b.acl); err != nil {
-				return nil, err
-			}
-			return b.conn.Delete(p, -1), nil
-		}
-	case rowZKLock:
-		return func(context.Context, int) (error, error) {
-			if err := b.s1Lock.Lock(); err != nil {
-				return nil, err
-			}
-			return b.s1Lock.Unlock(), nil
-		}
-	case rowZKLockFresh:
-		return func(_ context.Context, i int) (error, error) {
-			l := zk.NewLock(b.conn, fmt.Sprintf("%s/u-%s-%d", zkLockRoot, rep, i), b.acl)
-			if err := l.Lock(); err != nil {
-				return nil, err
-			}
-			return l.Unlock(), nil
-		}
-	}
-	panic("scenario 1: no row " + row)
+// zkLockRow is zk.NewLock on the lock path of the key (path "": one per key), a zk.Lock made
+// per Lock (it remembers the node it created, and NewLock sends nothing). The recipe takes no
+// context: it waits until it holds the lock or the session fails, so the Lock's bound does not
+// apply to this row.
+type zkLockRow struct {
+	b    *zkBackend
+	path string
 }
 
-// holders returns n zk.NewLock holders on the benchmark's session.
-func (b *zkBackend) holders(row string, keys []string, n int, _ *atomic.Int64) []contend.Holder {
-	if row != rowZKLock {
-		fatalf("zookeeper: no contended row %q", row)
-	}
-	return zkLockHolders(b.conn, b.acl, keys, n)
+func (z zkLockRow) key(base string) string { return cmp.Or(z.path, zkLockRoot+"/"+base) }
+
+func (z zkLockRow) lock(_ context.Context, key string) (any, error) {
+	l := zk.NewLock(z.b.conn, key, z.b.acl)
+	return l, l.Lock()
 }
 
-func zkLockHolders(conn *zk.Conn, acl []zk.ACL, keys []string, n int) []contend.Holder {
-	// A zk.Lock is one holder's (it remembers the node it created); every holder of a process
-	// shares the process's session, as the goroutines of a service share its client. The recipe
-	// takes no context: it waits until it holds the lock or the session fails, so the Lock's
-	// bound does not apply to this row.
-	return holdersOf(n, func(int) contend.Holder {
-		return &perKeyHolder[*zk.Lock]{keys: keys,
-			newLock: func(key string) *zk.Lock { return zk.NewLock(conn, zkLockRoot+"/"+key, acl) },
-			lock:    func(_ context.Context, l *zk.Lock) error { return l.Lock() },
-			unlock:  func(_ context.Context, l *zk.Lock) error { return l.Unlock() }}
-	})
+func (z zkLockRow) tryLock(ctx context.Context, key string) (any, error) { return z.lock(ctx, key) }
+
+func (z zkLockRow) unlock(_ context.Context, _ string, h any) error { return h.(*zk.Lock).Unlock() }
+
+func (zkLockRow) roundTrips() int64 { return 0 }
+func (zkLockRow) close()            {}
+
+// zkFloor is the floor: a bare Create of an ephemeral node holding what flightlock writes in
+// a key node, then its Delete.
+type zkFloor struct{ b *zkBackend }
+
+func (f zkFloor) key(base string) string { return zkFloorRoot + "/" + base }
+
+func (f zkFloor) lock(_ context.Context, key string) (any, error) {
+	_, err := f.b.conn.Create(key, f.b.floorValue, zk.FlagEphemeral, f.b.acl)
+	return nil, err
 }
 
-// workerPeer builds zk.NewLock holders in a worker, on a session of its own.
-func (b *zkBackend) workerPeer(row string, o workerOpts) (workerRow, error) {
-	if row != rowZKLock {
-		return workerRow{}, fmt.Errorf("unknown row %q", row)
-	}
-	conn, err := zkConnect(o.addr, o.zkSession)
-	if err != nil {
-		return workerRow{}, err
-	}
-	acl := zk.WorldACL(zk.PermAll)
-	return workerRow{
-		holders: func(keys []string, n int) ([]contend.Holder, error) { return zkLockHolders(conn, acl, keys, n), nil },
-		warm: func() error {
-			l := zk.NewLock(conn, fmt.Sprintf("%s/warm-%d", zkLockRoot, os.Getpid()), acl)
-			if err := l.Lock(); err != nil {
-				return err
-			}
-			return l.Unlock()
-		},
-		close: conn.Close,
-	}, nil
-}
+func (f zkFloor) tryLock(ctx context.Context, key string) (any, error) { return f.lock(ctx, key) }
+
+func (f zkFloor) unlock(_ context.Context, key string, _ any) error { return f.b.conn.Delete(key, -1) }
+
+func (zkFloor) roundTrips() int64 { return 0 }
+func (zkFloor) close()            {}
 
 func (z *zkBackend) notes() storeNotes {
 	return storeNotes{
@@ -459,12 +436,12 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			"fresh path it first looks the path up and creates it (%s requests, %s fsyncs, p50 %s).",
 			perOp(r.med(1, rowFloor, reqs)), perOp(r.med(1, rowFloor, fsy)),
 			perOp(r.med(1, rowFlight, reqs)), perOp(r.med(1, rowFlight, fsy)),
-			durStr(time.Duration(fl)), durStr(time.Duration(fo)), safeDiv(fl, fo),
-			durStr(time.Duration(r.med(1, rowFlight, scpu))), durStr(time.Duration(r.med(1, rowFloor, scpu))),
-			durStr(time.Duration(r.med(1, rowFlight, ccpu))), durStr(time.Duration(r.med(1, rowFloor, ccpu))),
-			perOp(r.med(1, rowZKLock, reqs)), durStr(time.Duration(r.med(1, rowZKLock, p50))),
+			mdfmt.Dur(fl), mdfmt.Dur(fo), safeDiv(fl, fo),
+			mdfmt.Dur(r.med(1, rowFlight, scpu)), mdfmt.Dur(r.med(1, rowFloor, scpu)),
+			mdfmt.Dur(r.med(1, rowFlight, ccpu)), mdfmt.Dur(r.med(1, rowFloor, ccpu)),
+			perOp(r.med(1, rowZKLock, reqs)), mdfmt.Dur(r.med(1, rowZKLock, p50)),
 			perOp(r.med(1, rowZKLockFresh, reqs)), perOp(r.med(1, rowZKLockFresh, fsy)),
-			durStr(time.Duration(r.med(1, rowZKLockFresh, p50)))))
+			mdfmt.Dur(r.med(1, rowZKLockFresh, p50))))
 	}
 	if c.scenarios[2] || c.scenarios[3] {
 		fl2, zl2 := r.med(2, rowFlight, rate), r.med(2, rowZKLock, rate)

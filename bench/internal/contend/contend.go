@@ -1,16 +1,14 @@
 // Package contend runs the goroutines of a contention scenario, whatever the lock: each
 // goroutine takes a key, runs the guarded critical section (guard.Critical) and releases the
 // key, again and again. With one key all fight over it (a hot key); with many, each operation
-// draws its key uniformly. A Policy says when the goroutines stop, what context a Lock runs
-// under, and which critical sections count.
+// draws its key uniformly. A run counts the critical sections that end inside a fixed window,
+// on every store alike.
 package contend
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/guard"
@@ -41,90 +39,15 @@ type Result struct {
 	FirstErr      string  `json:"first_err,omitempty"`
 	Waits         []int64 `json:"waits"`                // ns from the call of each counted Lock (but reads) to holding the key
 	ReadWaits     []int64 `json:"read_waits,omitempty"` // the same for the read sections
-	Elapsed       int64   `json:"elapsed"`              // ns from the start to the last goroutine's return
+	Elapsed       int64   `json:"elapsed"`              // ns of the counting window
 }
-
-// Policy is how a run ends and counts: Until or Window.
-type Policy interface {
-	more() bool                                         // whether a goroutine takes the lock again
-	lockContext() (context.Context, context.CancelFunc) // the context of one Lock (and Window's Unlock)
-	unlockContext(lockCtx context.Context) context.Context
-	failed(ctx context.Context, err error) (stop bool) // after a failed Lock
-	counts() bool                                      // whether the critical section that just ended counts
-	done()
-}
-
-// Until runs until stop is closed or, with quota above 0, until quota critical sections have
-// begun in all. Every critical section that begins counts: goroutines that are waiting when
-// stop closes finish theirs. Every Lock runs under one context that ends at deadline (a Lock
-// that runs out of it ends its goroutine); Unlocks run without a deadline.
-func Until(stop <-chan struct{}, quota int64, deadline time.Time) Policy {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	u := &until{stop: stop, quota: quota, ctx: ctx, cancel: cancel}
-	u.tickets.Store(quota)
-	return u
-}
-
-type until struct {
-	stop    <-chan struct{}
-	quota   int64
-	tickets atomic.Int64
-	ctx     context.Context
-	cancel  context.CancelFunc
-}
-
-func (u *until) more() bool {
-	if u.quota > 0 {
-		if u.tickets.Add(-1) < 0 {
-			return false
-		}
-	} else {
-		select {
-		case <-u.stop:
-			return false
-		default:
-		}
-	}
-	return u.ctx.Err() == nil
-}
-
-func (u *until) lockContext() (context.Context, context.CancelFunc) { return u.ctx, func() {} }
-func (u *until) unlockContext(context.Context) context.Context      { return context.Background() }
-func (u *until) failed(ctx context.Context, err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil
-}
-func (u *until) counts() bool { return true }
-func (u *until) done()        { u.cancel() }
-
-// Window runs until end: goroutines take the lock while it is before end, and a critical
-// section counts when it ends before end. Every Lock runs under a context of its own bounded
-// at lockTimeout, and its Unlock under the same; a failed Lock is followed by a pause of a
-// millisecond, so a store that refuses fast is not hammered.
-func Window(end time.Time, lockTimeout time.Duration) Policy {
-	return window{end: end, lockTimeout: lockTimeout}
-}
-
-type window struct {
-	end         time.Time
-	lockTimeout time.Duration
-}
-
-func (w window) more() bool { return time.Now().Before(w.end) }
-func (w window) lockContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), w.lockTimeout)
-}
-func (w window) unlockContext(lockCtx context.Context) context.Context { return lockCtx }
-func (w window) failed(context.Context, error) bool {
-	time.Sleep(time.Millisecond)
-	return false
-}
-func (w window) counts() bool { return !time.Now().After(w.end) }
-func (w window) done()        {}
 
 // Run starts one goroutine per holder at start; they contend for the keys guarded by gs (one
-// guard per key) under policy p. seed makes the key draws of a run reproducible.
-func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) Result {
-	defer p.done()
+// guard per key) and take the lock while it is before end; a critical section counts when it
+// ends before end. Every Lock runs under a context of its own bounded at lockTimeout, and its
+// Unlock under the same; a failed Lock is followed by a pause of a millisecond, so that a store
+// that refuses fast is not hammered. seed makes the key draws of a run reproducible.
+func Run(hs []Holder, gs []guard.Guard, start, end time.Time, seed uint64, lockTimeout time.Duration) Result {
 	var (
 		mu  sync.Mutex
 		res Result
@@ -146,12 +69,12 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 				readWaits = make([]int64, 0, capWaits)
 			}
 			time.Sleep(time.Until(start))
-			for p.more() {
+			for time.Now().Before(end) {
 				k := 0
 				if len(gs) > 1 {
 					k = rng.IntN(len(gs))
 				}
-				ctx, cancel := p.lockContext()
+				ctx, cancel := context.WithTimeout(context.Background(), lockTimeout)
 				t0 := time.Now()
 				fence, err := h.Lock(ctx, k)
 				if err != nil {
@@ -160,9 +83,7 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 					if firstErr == nil {
 						firstErr = err
 					}
-					if p.failed(ctx, err) {
-						break
-					}
+					time.Sleep(time.Millisecond)
 					continue
 				}
 				wait := time.Since(t0)
@@ -172,7 +93,7 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 				} else {
 					gs[k].Critical(fence)
 				}
-				if p.counts() {
+				if !time.Now().After(end) {
 					ops++
 					if reading {
 						reads++
@@ -181,7 +102,7 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 						waits = append(waits, int64(wait))
 					}
 				}
-				if err := h.Unlock(p.unlockContext(ctx)); err != nil {
+				if err := h.Unlock(ctx); err != nil {
 					rerrs++
 					if firstErr == nil {
 						firstErr = err
@@ -203,6 +124,6 @@ func Run(hs []Holder, gs []guard.Guard, start time.Time, seed uint64, p Policy) 
 		})
 	}
 	wg.Wait()
-	res.Elapsed = int64(time.Since(start))
+	res.Elapsed = int64(end.Sub(start))
 	return res
 }
