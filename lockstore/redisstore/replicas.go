@@ -36,6 +36,23 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
+// exec runs script as run does or, WithReplicas, by runAcked, whose error the returned command
+// carries; acked is how many replicas acknowledged it (0 without WithReplicas).
+func (s *RedisStore) exec(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) (cmd *redis.Cmd, acked int64) {
+	if s.replicas == 0 {
+		return s.run(ctx, script, keys, late, args...), 0
+	}
+	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
+	if err != nil {
+		cmd = redis.NewCmd(ctx)
+		cmd.SetErr(err)
+	}
+	return cmd, acked
+}
+
+// unacked reports whether a write that acked replicas acknowledged is too few for WithReplicas.
+func (s *RedisStore) unacked(acked int64) bool { return s.replicas > 0 && acked < int64(s.replicas) }
+
 // runAcked runs script on the primary of keys[0] followed by WAIT in one pipeline, and returns
 // the script's reply and how many replicas acknowledged it. A NOSCRIPT reply loads the script
 // on that node and sends the pipeline once more (the script did not run).
