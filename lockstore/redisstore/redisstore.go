@@ -281,10 +281,10 @@ func valueMeta(value string) (meta string, marked bool) {
 	if len(f) < 4 {
 		return "", false
 	}
-	if f[3] == "~" || strings.HasSuffix(f[3], " ~") {
-		return strings.TrimSuffix(strings.TrimSuffix(f[3], "~"), " "), true
+	if f[3] == "~" {
+		return "", true
 	}
-	return f[3], false
+	return strings.CutSuffix(f[3], " ~")
 }
 
 // Refresh implements lockstore.Store.
