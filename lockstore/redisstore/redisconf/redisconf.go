@@ -31,12 +31,9 @@ import (
 //   - DisableIdentity is not a field: the client never sends CLIENT SETINFO (Redis 7.0
 //     rejects it). A LockConf built in Go has NonBlock false unless set, so it pings.
 //
-// It adds Lanes (lock script calls in flight at once, further ones pipelined behind them; 0
-// the store's default, -1 no batching), Sentinel (find the primary through Redis Sentinel;
-// leave Host empty) and Replicas (a lock counts only once that many replicas acknowledged it
-// with WAIT within ReplicaTimeout, so that a failover cannot hand it to a second holder; an
-// acquisition not acknowledged is released and answered as a store error, a renewal not
-// acknowledged does not extend the lease).
+// It adds Lanes (redisstore.WithLanes: 0 the store's default, -1 no batching), Sentinel (find
+// the primary through Redis Sentinel; leave Host empty), and Replicas and ReplicaTimeout
+// (redisstore.WithReplicas: a failover cannot hand a lock to a second holder).
 type Conf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
