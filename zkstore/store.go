@@ -284,10 +284,7 @@ func (s *Store) Root() string { return s.root }
 // Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
 // on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
-	if s.closed.Swap(true) {
-		return nil
-	}
-	if s.owned {
+	if !s.closed.Swap(true) && s.owned {
 		s.conn.Close()
 	}
 	return nil
@@ -367,10 +364,7 @@ func value(owner, meta string) []byte {
 
 // parseValue splits a key node's data into the owner hash, the metadata and the mark.
 func parseValue(data []byte) (owner, meta string, marked bool) {
-	v := string(data)
-	if marked = strings.HasSuffix(v, markSuffix); marked {
-		v = strings.TrimSuffix(v, markSuffix)
-	}
+	v, marked := strings.CutSuffix(string(data), markSuffix)
 	owner, meta, _ = strings.Cut(v, " ")
 	return owner, meta, marked
 }
