@@ -46,7 +46,7 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 	var locks []lockstore.LockInfo
 	more := 0
 	for _, k := range keys {
-		l, err := in.read(ctx, k)
+		l, _, _, err := in.read(ctx, k)
 		if errors.Is(err, lockstore.ErrNotHeld) {
 			continue
 		}
@@ -64,26 +64,28 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 
 // Lookup implements lockstore.Inspector.
 func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
-	l, err := in.read(ctx, key)
+	l, _, _, err := in.read(ctx, key)
 	if err != nil {
 		return lockstore.LockInfo{}, fmt.Errorf("ZooKeeper node %q: %w", in.s.keyPath(in.prefix+key), err)
 	}
 	return l, nil
 }
 
-// read reads the lock of key (without the prefix); ErrNotHeld when it has no node or no holds.
-func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, error) {
+// read reads the lock of key (without the prefix), with its key node's stat and holds;
+// ErrNotHeld when it has no node or no holds.
+func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, *zk.Stat, []string, error) {
 	p := in.s.keyPath(in.prefix + key)
 	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
 	data, stat, kids, err := in.s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) || err == nil && len(kids) == 0 {
-		return l, lockstore.ErrNotHeld // released, or left by an expired session
+		return l, nil, nil, lockstore.ErrNotHeld // released, or left by an expired session
 	}
 	if err != nil {
-		return l, err
+		return l, nil, nil, err
 	}
-	holder, meta, marked := parseValue(data)
-	l.Fence, l.Contended = fence(stat.Czxid), marked
+	_, _, l.Contended = parseValue(data)
+	l.Fence = fence(stat.Czxid)
+	l.ParseHolder(holderMeta(data))
 	for _, k := range kids {
 		switch h := len(ownerHash("")); {
 		case strings.HasPrefix(k, ownPre):
@@ -96,13 +98,10 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 		}
 	}
 	slices.Sort(l.Borrowed)
-	if holder != readersTag && holder != writerTag {
-		l.ParseHolder(meta)
-	}
 	if line, err := in.s.children(ctx, in.s.linePath(in.prefix+key)); err == nil {
 		l.Queued = len(line)
 	}
-	return l, nil
+	return l, stat, kids, nil
 }
 
 // ForceUnlock implements lockstore.Inspector: deletes every hold of the grant l read and its
@@ -111,7 +110,7 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	p := in.s.keyPath(in.prefix + l.Key)
 	for range attempts {
-		now, err := in.read(ctx, l.Key)
+		now, stat, kids, err := in.read(ctx, l.Key)
 		if errors.Is(err, lockstore.ErrNotHeld) {
 			return 0, &lockstore.ChangedError{}
 		}
@@ -121,16 +120,8 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		if now.Fence != l.Fence {
 			return 0, &lockstore.ChangedError{Now: &now}
 		}
-		// The holds listed between two reads of the same grant (the same creation zxid) are
-		// that grant's, and a delete of one fails on any node the key gets later.
-		_, first, kids, err := in.s.node(ctx, p)
-		if err != nil {
-			continue
-		}
-		_, stat, err := in.s.get(ctx, p)
-		if err != nil || stat.Czxid != first.Czxid || fence(stat.Czxid) != l.Fence || len(kids) == 0 {
-			continue
-		}
+		// The holds node listed are that grant's (the listing's creation zxid is the data's),
+		// and a delete of one fails on any node the key gets later.
 		ops := make([]any, 0, len(kids)+1)
 		for _, k := range kids {
 			ops = append(ops, &zk.DeleteRequest{Path: p + "/" + k, Version: -1})

@@ -25,18 +25,6 @@ const attempts = 8
 // progress (its hold would keep the key); past attempts, each round waits first.
 const releaseRounds = 64
 
-// sleepCtx waits d, or less when ctx ends first (then its error).
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
 // sets the node's data once more to read its creation zxid (the fence); see held for a key
 // node that exists, and acquirePermits for a request with Permits.
@@ -50,9 +38,6 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	}
 	if !req.Asked.IsZero() {
 		return s.acquireFair(ctx, req)
-	}
-	if lockstore.IsReadOwner(owner) {
-		return s.acquireRead(ctx, key, owner, meta)
 	}
 	return s.acquire(ctx, key, owner, meta, "")
 }
@@ -168,29 +153,32 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 	return first, nil
 }
 
-// acquire takes key for owner; place, when set, is owner's place in the key's fair line, which
-// the same multi deletes.
+// acquire takes key for owner, or a read hold of it for a read owner (see rwfair.go); place,
+// when set, is owner's place in the key's fair line, which the same multi deletes.
 func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lockstore.Acquisition, error) {
-	p, data, own := s.keyPath(key), value(ownerHash(owner), meta), ownName(owner)
+	p, name, data := s.keyPath(key), ownName(owner), value(ownerHash(owner), meta)
+	if lockstore.IsReadOwner(owner) {
+		name, data = readerName(owner), value(readersTag, meta)
+	}
 	for range attempts {
 		ops := []any{
 			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagPersistent},
-			&zk.CreateRequest{Path: p + "/" + own, Acl: s.acl, Flags: zk.FlagEphemeral},
+			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral},
 			&zk.SetDataRequest{Path: p, Data: data, Version: 0},
 		}
 		if place != "" {
 			ops = append(ops, &zk.DeleteRequest{Path: place, Version: -1})
 		}
-		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, own), ops...)
+		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, name), ops...)
 		switch {
 		case err == nil:
-			s.remember(p, owner, own)
+			s.remember(p, owner, name)
 			if place != "" {
 				s.dropPlace(s.linePath(key), owner)
 			}
 			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
 		case errors.Is(err, zk.ErrNodeExists):
-			a, again, err := s.held(ctx, p, owner, false)
+			a, again, err := s.held(ctx, p, owner, name, data)
 			if a.Reentered && place != "" {
 				_ = s.LeaveQueue(ctx, key, owner) // taken before: the place holds up the line
 			}
@@ -212,19 +200,21 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
 }
 
-// held reads key node p that an acquisition found: owner's already (Reentered), another's
-// (busy, marked so that waiters know), or without holds (an expired session's: deleted, and
-// again is true). reader tells a read acquisition, which shares a readers' node.
-func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a lockstore.Acquisition, again bool, err error) {
-	data, stat, kids, err := s.node(ctx, p)
+// held reads key node p that an acquisition of hold name for owner found: owner's already
+// (Reentered), another's (busy, marked so that waiters know), readers' that a reader joins
+// (with data, its value), or without holds (an expired session's: deleted, and again is true).
+func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
+	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
 		return lockstore.Acquisition{}, true, nil // released meanwhile
 	}
 	if err != nil {
 		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
 	}
-	if len(kids) == 0 {
-		if holder, _, _ := parseValue(data); holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
+	reader := strings.HasPrefix(name, readerPre)
+	switch holder, _, marked := parseValue(cur); {
+	case len(kids) == 0:
+		if holder == writerTag && reader && s.reservedFor(p, stat.Mzxid) {
 			return lockstore.Acquisition{}, false, nil // kept for the writer that waited
 		}
 		// The holds went with their sessions; a node that gained a hold since is not deleted.
@@ -233,12 +223,15 @@ func (s *Store) held(ctx context.Context, p, owner string, reader bool) (a locks
 			return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: clear %s: %w", p, err)
 		}
 		return lockstore.Acquisition{}, true, nil
-	}
-	if !reader && slices.Contains(kids, ownName(owner)) {
-		s.remember(p, owner, ownName(owner))
+	case reader && (holder != readersTag || marked):
+		// A writer's, or a writer waits: refused.
+	case slices.Contains(kids, name):
+		s.remember(p, owner, name)
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, false, nil
+	case reader:
+		return s.joinReaders(ctx, p, owner, name, data, stat, kids)
 	}
-	return s.refuse(ctx, p, data, stat, kids), false, nil
+	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
 // refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
@@ -343,8 +336,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 }
 
 // Refresh implements lockstore.Store: a multi of existence checks of the holds this store made
-// for owner under key. As a write it goes through the leader, which refuses it once the session
-// expired: success means the lock lives at least MaxTTL from the send (see the package doc).
+// for owner under key, a write that the leader refuses once the session expired: success means
+// the lock lives at least MaxTTL from the send (see the package doc).
 func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := s.check(key, owner, ttl); err != nil {
 		return err
@@ -354,11 +347,7 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	if len(holds) == 0 {
 		return lockstore.ErrNotHeld
 	}
-	ops := make([]any, len(holds))
-	for i, h := range holds {
-		ops[i] = &zk.CheckVersionRequest{Path: p + "/" + h, Version: -1}
-	}
-	_, err := s.multi(ctx, nil, ops...)
+	_, err := s.multi(ctx, nil, checkHolds(nil, p, holds)...)
 	switch {
 	case err == nil:
 		return nil
@@ -370,6 +359,14 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 	default:
 		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
 	}
+}
+
+// checkHolds appends to ops the existence checks of holds under key node p.
+func checkHolds(ops []any, p string, holds []string) []any {
+	for _, h := range holds {
+		ops = append(ops, &zk.CheckVersionRequest{Path: p + "/" + h, Version: -1})
+	}
+	return ops
 }
 
 // maxRefreshOps bounds the locks checked in one RefreshAll multi (each with its holds).
@@ -391,9 +388,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 			if len(holds) == 0 {
 				errs[start+i] = lockstore.ErrNotHeld
 			}
-			for _, h := range holds {
-				ops = append(ops, &zk.CheckVersionRequest{Path: p + "/" + h, Version: -1})
-			}
+			ops = checkHolds(ops, p, holds)
 		}
 		if len(ops) == 0 {
 			continue
@@ -436,53 +431,45 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 }
 
 // releaseHold deletes hold name of owner under key node p (see Release). Every multi it sends
-// deletes that hold, which exists under no other grant's node: a read that a new grant of the
-// key overtook fails the multi, never touches the new grant.
+// deletes that hold, so it fails on a node the key got since (see the package doc).
 func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, error) {
+	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
 		// The common case first, in one request: the grant's only hold goes with its node. A
 		// node with other holds fails it whole, and the general case below reads it. It reads
 		// no mark, so reports none notified; the waiters' watches hear the node go all the same.
-		_, err := s.multi(ctx, nil, &zk.DeleteRequest{Path: p + "/" + name, Version: -1}, &zk.DeleteRequest{Path: p, Version: -1})
-		switch {
-		case err == nil:
-			s.forget(p, owner, name)
-			return 0, nil
-		case errors.Is(err, zk.ErrNoNode):
-			s.forget(p, owner, name)
-			return 0, lockstore.ErrNotHeld
-		case !errors.Is(err, zk.ErrNotEmpty):
-			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+		_, err := s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: -1})
+		if !errors.Is(err, zk.ErrNotEmpty) {
+			return s.released(p, owner, name, 0, err)
 		}
 	}
 	for round := range releaseRounds {
 		if round >= attempts {
 			// Readers that come and go move the key node's version under every round: back off.
-			if err := sleepCtx(ctx, time.Duration(min(round-attempts+1, 20))*time.Millisecond); err != nil {
-				return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+			select {
+			case <-ctx.Done():
+				return 0, fmt.Errorf("flightlock: release %s: %w", p, ctx.Err())
+			case <-time.After(time.Duration(min(round-attempts+1, 20)) * time.Millisecond):
 			}
 		}
 		data, stat, err := s.get(ctx, p)
-		if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {
-			s.forget(p, owner, name)
-			return 0, lockstore.ErrNotHeld
+		if err == nil && stat.NumChildren == 0 {
+			err = zk.ErrNoNode // left by an expired session: not held
 		}
 		if err != nil {
-			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+			return s.released(p, owner, name, 0, err)
 		}
 		_, _, marked := parseValue(data)
-		hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 		var notified int
 		switch {
-		case stat.NumChildren > 1 && reader:
-			// The readers left are not named any more: the data may name this one.
-			left := []byte(readersTag)
-			if marked {
-				left = append(left, markSuffix...)
-			}
-			err = s.releaseNotLast(ctx, p, name, left, stat)
 		case stat.NumChildren > 1:
+			if reader { // the readers left are not named any more: the data may name this one
+				data = []byte(readersTag)
+				if marked {
+					data = append(data, markSuffix...)
+				}
+			}
 			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
 			// The last reader leaves it to writers: with no holds any writer clears and takes
@@ -498,18 +485,10 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 				notified = 1
 			}
 		}
-		switch {
-		case err == nil:
-			s.forget(p, owner, name)
-			return notified, nil
-		case errors.Is(err, zk.ErrBadVersion):
-			continue // marked, or another hold released, meanwhile: read again
-		case errors.Is(err, zk.ErrNoNode):
-			s.forget(p, owner, name)
-			return 0, lockstore.ErrNotHeld
-		default:
-			return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
+		if !errors.Is(err, zk.ErrBadVersion) {
+			return s.released(p, owner, name, notified, err)
 		}
+		// Marked, or another hold released, meanwhile: read again.
 	}
 	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
 }
@@ -522,6 +501,20 @@ func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte,
 		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
 		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version})
 	return err
+}
+
+// released is the outcome of releaseHold's multi that deleted hold name of owner under key
+// node p and notified waiters, or failed with err: a hold that is gone is forgotten.
+func (s *Store) released(p, owner, name string, notified int, err error) (int, error) {
+	switch {
+	case err == nil:
+		s.forget(p, owner, name)
+		return notified, nil
+	case errors.Is(err, zk.ErrNoNode):
+		s.forget(p, owner, name)
+		return 0, lockstore.ErrNotHeld
+	}
+	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
 // releaseLater retries a release that failed, until it goes through, the hold is gone, or the

@@ -22,68 +22,24 @@ const writerReserve = time.Second
 // ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
 // held key), and readers refuse a marked node: writer preference.
 
-// acquireRead takes a read hold of key for owner: a new readers' node with the hold, or one
-// more hold on a readers' node not marked by a waiting writer, created with a multi that checks
-// the node's version as read (a mark changes it).
-func (s *Store) acquireRead(ctx context.Context, key, owner, meta string) (lockstore.Acquisition, error) {
-	p, name := s.keyPath(key), readerName(owner)
-	data := value(readersTag, meta)
-	for range attempts {
-		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, name),
-			&zk.CreateRequest{Path: p, Data: data, Acl: s.acl, Flags: zk.FlagPersistent},
-			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral},
-			&zk.SetDataRequest{Path: p, Data: data, Version: 0})
-		switch {
-		case err == nil:
-			s.remember(p, owner, name)
-			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
-		case errors.Is(err, zk.ErrNoNode):
-			if err := s.ensurePath(ctx, s.root); err != nil {
-				return lockstore.Acquisition{}, err
-			}
-			continue
-		case !errors.Is(err, zk.ErrNodeExists):
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		cur, stat, kids, err := s.node(ctx, p)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
-		holder, _, marked := parseValue(cur)
-		if holder != readersTag || marked || len(kids) == 0 {
-			// A writer's, a writer waits, or nobody's: held reads it as any acquisition does.
-			a, again, err := s.held(ctx, p, owner, true)
-			if again {
-				continue
-			}
-			return a, err
-		}
-		if slices.Contains(kids, name) {
-			s.remember(p, owner, name)
-			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
-		}
-		// Join the readers read: the check of one of their holds fails on any node the key
-		// got since, and writing the data at the version read fails once a writer marked it.
-		// The data names the reader that came last, so a refused writer is told of a reader
-		// that holds the key (releaseHold clears it when a reader leaves others behind).
-		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
-			&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
-			&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
-			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
-		switch {
-		case err == nil:
-			s.remember(p, owner, name)
-			return lockstore.Acquisition{Acquired: true, Fence: fence(stat.Czxid)}, nil
-		case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrNodeExists):
-			continue
-		default:
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-		}
+// joinReaders adds read hold name of owner to readers' key node p, read as stat and its holds
+// kids. The check of one of their holds fails on any node the key got since, and writing the
+// data at the version read fails once a writer marked it (then again is true). The data names
+// the reader that came last, so a refused writer is told of a reader that holds the key
+// (releaseHold clears it when a reader leaves others behind).
+func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
+	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
+		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
+		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
+		&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
+	switch {
+	case err == nil:
+		s.remember(p, owner, name)
+		return lockstore.Acquisition{Acquired: true, Fence: fence(stat.Czxid)}, false, nil
+	case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrNodeExists):
+		return lockstore.Acquisition{}, true, nil
 	}
-	return lockstore.Acquisition{}, nil
+	return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: acquire %s: %w", p, err)
 }
 
 // acquireFair is Acquire of a fair request. A key's line is a node beside its key node

@@ -284,10 +284,7 @@ func (s *Store) Root() string { return s.root }
 // Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
 // on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
-	if s.closed.Swap(true) {
-		return nil
-	}
-	if s.owned {
+	if !s.closed.Swap(true) && s.owned {
 		s.conn.Close()
 	}
 	return nil
@@ -333,8 +330,7 @@ func ownerHash(owner string) string {
 	return base64.RawURLEncoding.EncodeToString(sum[:16])
 }
 
-// Hold node names, each named for its owner (ownerHash) so that a call that names one never
-// reaches the next grant of the key (see the package doc).
+// Hold node names, each named for its owner (ownerHash; see the package doc).
 const (
 	ownPre     = "o-" // the acquisition's hold: "o-<owner hash>"
 	borrowPre  = "b-" // a re-entry from another process: "b-<owner hash>-<escaped hold name>"
@@ -368,10 +364,7 @@ func value(owner, meta string) []byte {
 
 // parseValue splits a key node's data into the owner hash, the metadata and the mark.
 func parseValue(data []byte) (owner, meta string, marked bool) {
-	v := string(data)
-	if marked = strings.HasSuffix(v, markSuffix); marked {
-		v = strings.TrimSuffix(v, markSuffix)
-	}
+	v, marked := strings.CutSuffix(string(data), markSuffix)
 	owner, meta, _ = strings.Cut(v, " ")
 	return owner, meta, marked
 }
@@ -471,16 +464,21 @@ func opError(res []zk.MultiResponse, err error) error {
 	return err
 }
 
-func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) {
-	type got struct {
-		data []byte
-		stat *zk.Stat
+// call2 is call, without late, for a client call with two results.
+func call2[A, B any](ctx context.Context, fn func() (A, B, error)) (A, B, error) {
+	type pair struct {
+		a A
+		b B
 	}
-	g, err := call(ctx, func() (got, error) {
-		d, st, err := s.conn.Get(path)
-		return got{d, st}, err
+	p, err := call(ctx, func() (pair, error) {
+		a, b, err := fn()
+		return pair{a, b}, err
 	}, nil)
-	return g.data, g.stat, err
+	return p.a, p.b, err
+}
+
+func (s *Store) get(ctx context.Context, path string) ([]byte, *zk.Stat, error) {
+	return call2(ctx, func() ([]byte, *zk.Stat, error) { return s.conn.Get(path) })
 }
 
 func (s *Store) delete(ctx context.Context, path string, version int32) error {
@@ -489,39 +487,31 @@ func (s *Store) delete(ctx context.Context, path string, version int32) error {
 }
 
 func (s *Store) children(ctx context.Context, path string) ([]string, error) {
-	return call(ctx, func() ([]string, error) {
-		kids, _, err := s.conn.Children(path)
-		return kids, err
-	}, nil)
+	kids, _, err := call2(ctx, func() ([]string, *zk.Stat, error) { return s.conn.Children(path) })
+	return kids, err
 }
 
 // node reads key node p's data, stat and holds. The two reads travel together, in one round
 // trip; as the server may answer them on either side of a change of hands, they are sent again
 // until both saw the same node (creation zxid).
 func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
-	type holds struct {
-		kids []string
-		stat *zk.Stat
-	}
 	for range attempts {
 		var (
-			h    holds
-			herr error
-			wg   sync.WaitGroup
+			kids  []string
+			kstat *zk.Stat
+			kerr  error
+			wg    sync.WaitGroup
 		)
 		wg.Go(func() {
-			h, herr = call(ctx, func() (holds, error) {
-				kids, stat, err := s.conn.Children(p)
-				return holds{kids, stat}, err
-			}, nil)
+			kids, kstat, kerr = call2(ctx, func() ([]string, *zk.Stat, error) { return s.conn.Children(p) })
 		})
 		data, stat, err := s.get(ctx, p)
 		wg.Wait()
 		if err == nil {
-			err = herr
+			err = kerr
 		}
-		if err != nil || stat.Czxid == h.stat.Czxid {
-			return data, stat, h.kids, err
+		if err != nil || stat.Czxid == kstat.Czxid {
+			return data, stat, kids, err
 		}
 	}
 	return nil, nil, nil, fmt.Errorf("flightlock: read %s: the key node kept changing", p)

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,14 +23,25 @@ func isRedirect(err error) bool {
 // tryAgainPause is how long a release waits before it sends a call that got TRYAGAIN again.
 const tryAgainPause = 10 * time.Millisecond
 
-// reloadOnNetworkError makes a Cluster client reload its slot map after a call failed without
-// a reply from Redis: the slot's master may have died and a replica been promoted, which the
-// client would otherwise learn only from a MOVED reply or its periodic reload, a minute later.
-func (s *RedisStore) reloadOnNetworkError(err error) {
-	if err == nil || isRedisReply(err) {
-		return
+// slotMoving reports a TRYAGAIN, MOVED or ASK reply: the key's slot migrates and nothing ran.
+// After a redirect it makes a Cluster client reload its slot map.
+func (s *RedisStore) slotMoving(err error) bool {
+	if isRedirect(err) {
+		s.reloadSlots()
+		return true
 	}
-	s.reloadSlots()
+	return isTryAgain(err)
+}
+
+// failed is the error of op on key that failed with err. A call that failed without a reply
+// from Redis makes a Cluster client reload its slot map: the slot's master may have died and a
+// replica been promoted, which the client would otherwise learn only from a MOVED reply or its
+// periodic reload, a minute later.
+func (s *RedisStore) failed(op, key string, err error) error {
+	if !isRedisReply(err) {
+		s.reloadSlots()
+	}
+	return fmt.Errorf("flightlock: %s %q: %w", op, key, err)
 }
 
 // reloadSlots makes a Cluster client reload its slot map (lazily, one reload at a time).

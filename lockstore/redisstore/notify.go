@@ -98,13 +98,11 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	w := lockstore.NewWatch(c, stop)
 	if !active {
 		w = lockstore.NewFreshWatch(c, stop)
-		t := time.NewTimer(subscribeWait)
 		select {
 		case <-ready:
 		case <-ctx.Done():
-		case <-t.C:
+		case <-time.After(subscribeWait):
 		}
-		t.Stop()
 	}
 	return w, nil
 }

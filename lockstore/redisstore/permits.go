@@ -54,51 +54,34 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		keys = append(keys, k, lockstore.FenceKey(k))
 	}
 	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}
-	var (
-		cmd   *redis.Cmd
-		acked int64
-		err   error
-	)
-	if s.replicas > 0 {
-		cmd, acked, err = s.runAcked(ctx, acquireScript, keys, args...)
-	} else {
-		cmd = s.run(ctx, acquireScript, keys, func(late *redis.Cmd) {
-			// An orphan: whichever permits the call took go back.
-			if code, grants, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
-				for _, g := range grants {
-					s.giveUp(permits[g.Permit], req.Owner, "")
-				}
-			}
-		}, args...)
-		err = cmd.Err()
-	}
-	code, grants, value, rerr := permitReply(cmd, permits)
-	if err == nil {
-		err = rerr
-	}
-	if isTryAgain(err) || isRedirect(err) {
-		if isRedirect(err) {
-			s.reloadSlots()
+	giveUp := func(grants []lockstore.PermitGrant) {
+		for _, g := range grants {
+			s.giveUp(permits[g.Permit], req.Owner, "")
 		}
+	}
+	cmd, acked := s.exec(ctx, acquireScript, keys, func(late *redis.Cmd) {
+		// An orphan: whichever permits the call took go back.
+		if code, grants, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
+			giveUp(grants)
+		}
+	}, args...)
+	code, grants, value, err := permitReply(cmd, permits)
+	if s.slotMoving(err) {
 		return lockstore.Acquisition{}, nil // nothing was taken: busy, as for one key
 	}
 	if err != nil {
-		s.reloadOnNetworkError(err)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", permits[0], err)
+		return lockstore.Acquisition{}, s.failed("acquire", permits[0], err)
 	}
+	meta, _ := valueMeta(value)
 	switch code {
 	case acquireTaken, acquireReentered:
-		if s.replicas > 0 && acked < int64(s.replicas) {
-			for _, g := range grants {
-				s.giveUp(permits[g.Permit], req.Owner, "")
-			}
+		if s.unacked(acked) {
+			giveUp(grants)
 			return lockstore.Acquisition{}, s.notReplicated(acked)
 		}
-		meta, _ := valueMeta(value)
 		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
 			Fence: grants[0].Fence, Permit: grants[0].Permit, More: grants[1:], Holder: meta}, nil
 	case acquireBusy:
-		meta, _ := valueMeta(value)
 		return lockstore.Acquisition{HolderTTL: time.Duration(max(grants[0].Fence, 0)) * time.Millisecond, Holder: meta}, nil
 	}
 	return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", permits[0], code)

@@ -70,3 +70,17 @@ func TestPermitLookIsOneScriptCall(t *testing.T) {
 		t.Fatal("a re-sent look took another permit")
 	}
 }
+
+// A permit request WithReplicas on a client with no primary to send WAIT to (no pipelines) is
+// answered with a store error, for one permit and for several.
+func TestPermitsWithReplicasAndNoPrimaryFail(t *testing.T) {
+	srv := redistest.Start(t)
+	s := New(struct{ Client }{srv.Client()}, WithReplicas(1, time.Millisecond))
+	t.Cleanup(func() { _ = s.Close() })
+	for _, permits := range [][]string{{"p#0"}, {"p#0", "p#1"}} {
+		res, err := s.Acquire(context.Background(), lockstore.Request{Key: "p", Owner: "o", TTL: time.Second, Permits: permits})
+		if err == nil || res.Acquired {
+			t.Fatalf("%d permits: %+v %v, want a store error", len(permits), res, err)
+		}
+	}
+}

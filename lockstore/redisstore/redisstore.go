@@ -200,28 +200,20 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 // named hold, reenter.lua) and reads its reply; late is batcher.run's.
 func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
 	key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
-	var (
-		code, n int64
-		value   string
-		err     error
-	)
-	if s.replicas > 0 {
-		code, n, value, err = s.acked(ctx, script, keys, args, key, owner, hold, acquireTaken, acquireReentered)
-	} else {
-		code, n, value, err = reply(s.run(ctx, script, keys, late, args...))
-	}
-	if hold == "" && (isTryAgain(err) || isRedirect(err)) {
-		// The slot migrates: nothing was taken. Busy, with no holder's TTL: a waiting caller
-		// retries by its strategy, a rejecting one is answered busy, not with a store error.
-		// A re-entry reports the error: its busy reply with no TTL would say the grant is gone.
-		if isRedirect(err) {
-			s.reloadSlots()
-		}
+	cmd, acked := s.exec(ctx, script, keys, late, args...)
+	code, n, value, err := reply(cmd)
+	if hold == "" && s.slotMoving(err) {
+		// Nothing was taken. Busy, with no holder's TTL: a waiting caller retries by its
+		// strategy, a rejecting one is answered busy, not with a store error. A re-entry
+		// reports the error: its busy reply with no TTL would say the grant is gone.
 		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
-		s.reloadOnNetworkError(err)
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: %w", op, key, err)
+		return lockstore.Acquisition{}, s.failed(op, key, err)
+	}
+	if (code == acquireTaken || code == acquireReentered) && s.unacked(acked) {
+		s.giveUp(key, owner, hold)
+		return lockstore.Acquisition{}, s.notReplicated(acked)
 	}
 	switch code {
 	case acquireTaken:
@@ -257,28 +249,6 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	return s.acquire(ctx, "re-enter", reenterScript, keys, args, key, owner, hold, late)
 }
 
-// acked runs an acquiring script with WAIT (runAcked) and reads its reply. A reply whose code
-// is one of granted counted a hold for owner (named hold); when too few replicas acknowledged
-// it, that hold is given up again and the call fails with ErrNotReplicated.
-func (s *RedisStore) acked(ctx context.Context, script *redis.Script, keys []string, args []any,
-	key, owner, hold string, granted ...int64) (int64, int64, string, error) {
-	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
-	if err != nil {
-		return 0, 0, "", err
-	}
-	code, n, value, err := reply(cmd)
-	if err != nil {
-		return 0, 0, "", err
-	}
-	for _, g := range granted {
-		if code == g && acked < int64(s.replicas) {
-			s.giveUp(key, owner, hold)
-			return 0, 0, "", s.notReplicated(acked)
-		}
-	}
-	return code, n, value, nil
-}
-
 // reply reads a script reply of two integers and, for a busy acquisition, the lock's value.
 func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 	if fence, ok := cmd.Val().(int64); ok && cmd.Err() == nil {
@@ -311,10 +281,10 @@ func valueMeta(value string) (meta string, marked bool) {
 	if len(f) < 4 {
 		return "", false
 	}
-	if f[3] == "~" || strings.HasSuffix(f[3], " ~") {
-		return strings.TrimSuffix(strings.TrimSuffix(f[3], "~"), " "), true
+	if f[3] == "~" {
+		return "", true
 	}
-	return f[3], false
+	return strings.CutSuffix(f[3], " ~")
 }
 
 // Refresh implements lockstore.Store.
@@ -323,16 +293,10 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 		return err
 	}
 	script, keys := refreshCall(key, owner)
-	if s.replicas == 0 {
-		n, err := s.run(ctx, script, keys, nil, owner, ttlMillis(ttl)).Int64()
-		return s.refreshed(key, n, err)
-	}
-	var n int64
-	cmd, acked, err := s.runAcked(ctx, script, keys, owner, ttlMillis(ttl))
-	if err == nil {
-		if n, err = cmd.Int64(); err == nil && n == 1 && acked < int64(s.replicas) {
-			err = s.notReplicated(acked)
-		}
+	cmd, acked := s.exec(ctx, script, keys, nil, owner, ttlMillis(ttl))
+	n, err := cmd.Int64()
+	if err == nil && n == 1 && s.unacked(acked) {
+		err = s.notReplicated(acked)
 	}
 	return s.refreshed(key, n, err)
 }
@@ -340,8 +304,7 @@ func (s *RedisStore) Refresh(ctx context.Context, key, owner string, ttl time.Du
 // refreshed is the outcome of a refresh of key whose script replied n, or failed with err.
 func (s *RedisStore) refreshed(key string, n int64, err error) error {
 	if err != nil {
-		s.reloadOnNetworkError(err)
-		return fmt.Errorf("flightlock: refresh %q: %w", key, err)
+		return s.failed("refresh", key, err)
 	}
 	if n != 1 {
 		return lockstore.ErrNotHeld
@@ -429,15 +392,11 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 	script, keys, args := s.releaseCall(key, owner, hold, lastFence, passTTL)
 	for {
 		cmd = s.run(ctx, script, keys, nil, args...)
-		err = cmd.Err()
-		if !isTryAgain(err) && !isRedirect(err) {
+		if err = cmd.Err(); !s.slotMoving(err) {
 			break
 		}
-		// The slot migrates: nothing ran. Send it again until the caller's deadline, so that
-		// a lock is not left to its TTL for a migration of milliseconds.
-		if isRedirect(err) {
-			s.reloadSlots()
-		}
+		// Nothing ran. Send it again until the caller's deadline, so that a lock is not left
+		// to its TTL for a migration of milliseconds.
 		select {
 		case <-ctx.Done():
 			return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w (%w)", op, key, err, ctx.Err())
@@ -445,8 +404,7 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 		}
 	}
 	if err != nil {
-		s.reloadOnNetworkError(err)
-		return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w", op, key, err)
+		return false, 0, 0, s.failed(op, key, err)
 	}
 	n, ok := cmd.Val().(int64)
 	if !ok {

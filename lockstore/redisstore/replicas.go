@@ -13,9 +13,8 @@ import (
 )
 
 // ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
-// store built WithReplicas when fewer replicas than required acknowledged the write in time.
-// An acquisition or re-entry that was not acknowledged has been given up again; such a
-// refresh did not extend the lease. Callers treat it as a store error.
+// store built WithReplicas when fewer replicas than required acknowledged the write in time
+// (see WithReplicas for what was undone). Callers treat it as a store error.
 var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough replicas")
 
 // WithReplicas makes every write that grants or extends a lock (Acquire, Reenter, Refresh)
@@ -36,9 +35,26 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
+// exec runs script as run does or, WithReplicas, by runAcked, whose error the returned command
+// carries; acked is how many replicas acknowledged it (0 without WithReplicas).
+func (s *RedisStore) exec(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) (cmd *redis.Cmd, acked int64) {
+	if s.replicas == 0 {
+		return s.run(ctx, script, keys, late, args...), 0
+	}
+	cmd, acked, err := s.runAcked(ctx, script, keys, args...)
+	if err != nil {
+		cmd = redis.NewCmd(ctx)
+		cmd.SetErr(err)
+	}
+	return cmd, acked
+}
+
+// unacked reports whether a write that acked replicas acknowledged is too few for WithReplicas.
+func (s *RedisStore) unacked(acked int64) bool { return s.replicas > 0 && acked < int64(s.replicas) }
+
 // runAcked runs script on the primary of keys[0] followed by WAIT in one pipeline, and returns
-// the script's reply and how many replicas acknowledged it. A NOSCRIPT reply loads the script
-// on that node and sends the pipeline once more (the script did not run).
+// the script's reply and how many replicas acknowledged it. After a NOSCRIPT reply (the script
+// did not run) the pipeline is sent once more with EVAL, as a batch is (pipeline).
 //
 // A node's client does not follow redirects, so runAcked does, up to maxRedirects: MOVED sends
 // the pipeline to the node it names and reloads the slot map; ASK sends it to the target,
@@ -51,7 +67,7 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 	}
 	var (
 		asking    bool // node is the target of an ASK: the script must follow ASKING
-		loaded    bool // the script was loaded on node after a NOSCRIPT reply
+		eval      bool // node answered NOSCRIPT: send the script's body
 		redirects int
 	)
 	for {
@@ -59,25 +75,24 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 		if asking {
 			p.Do(ctx, "ASKING") // for the next command only
 		}
-		cmd := script.EvalSha(ctx, p, keys, args...)
+		send := script.EvalSha
+		if eval {
+			send = script.Eval
+		}
+		cmd := send(ctx, p, keys, args...)
 		wait := p.Do(ctx, "WAIT", s.replicas, s.replicaTimeout.Milliseconds())
 		_, _ = p.Exec(ctx) // each command carries its own error
 		err := cmd.Err()
-		if err != nil && !loaded && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if sc, ok := node.(redis.Scripter); ok {
-				if err := script.Load(ctx, sc).Err(); err != nil {
-					return nil, 0, err
-				}
-				loaded = true
-				continue
-			}
+		if err != nil && !eval && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			eval = true
+			continue
 		}
 		if addr, ask, ok := redirectTo(err, node); ok && redirects < maxRedirects {
 			if next, ok := s.redirectNode(ctx, addr); ok {
 				if !ask {
 					s.reloadSlots() // later calls go to the new master through the slot map
 				}
-				node, asking, loaded = next, ask, false
+				node, asking, eval = next, ask, false
 				redirects++
 				continue
 			}

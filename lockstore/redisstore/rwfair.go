@@ -61,8 +61,7 @@ func (s *RedisStore) LeaveQueue(ctx context.Context, key, owner string) error {
 	}
 	keys := []string{key, lineKey(key), lineDueKey(key)}
 	if err := s.run(ctx, leaveQueueScript, keys, nil, owner, s.channelPrefix).Err(); err != nil {
-		s.reloadOnNetworkError(err)
-		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
+		return s.failed("leave the line of", key, err)
 	}
 	return nil
 }

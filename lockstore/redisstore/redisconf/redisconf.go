@@ -31,12 +31,9 @@ import (
 //   - DisableIdentity is not a field: the client never sends CLIENT SETINFO (Redis 7.0
 //     rejects it). A LockConf built in Go has NonBlock false unless set, so it pings.
 //
-// It adds Lanes (lock script calls in flight at once, further ones pipelined behind them; 0
-// the store's default, -1 no batching), Sentinel (find the primary through Redis Sentinel;
-// leave Host empty) and Replicas (a lock counts only once that many replicas acknowledged it
-// with WAIT within ReplicaTimeout, so that a failover cannot hand it to a second holder; an
-// acquisition not acknowledged is released and answered as a store error, a renewal not
-// acknowledged does not extend the lease).
+// It adds Lanes (redisstore.WithLanes: 0 the store's default, -1 no batching), Sentinel (find
+// the primary through Redis Sentinel; leave Host empty), and Replicas and ReplicaTimeout
+// (redisstore.WithReplicas: a failover cannot hand a lock to a second holder).
 type Conf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
@@ -194,29 +191,7 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
 		return nil, errors.New("flightlock: Redis.Host is empty (for an in-memory store, lockstore/embedded.New)")
 	}
-	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
-	if maint.Mode == "" {
-		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
-	}
-	opts := &redis.UniversalOptions{
-		Username:                 conf.User,
-		Password:                 conf.Pass,
-		TLSConfig:                goZeroTLS(conf.Tls),
-		Protocol:                 conf.Protocol,
-		MaintNotificationsConfig: maint,
-		DisableIdentity:          true,
-		ContextTimeoutEnabled:    true,
-	}
-	switch conf.Type {
-	case "", zeroredis.NodeType:
-		opts.Addrs = []string{conf.Host}
-	case zeroredis.ClusterType:
-		opts.Addrs, opts.IsClusterMode = splitHosts(conf.Host), true
-	default:
-		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
-	}
-	// A node's one address never makes a cluster.
-	return connect(redis.NewUniversalClient(opts), conf.NonBlock, conf.PingTimeout, "addr: "+conf.Host)
+	return dial(conf, SentinelConf{})
 }
 
 // Client is the go-redis client that New builds for r (as NewClient, or with Sentinel set
@@ -227,23 +202,41 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 		return nil, lockstore.FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
 			"the Middleware's Locker() (New(c.Lock).Locker()), which runs on the embedded store in development")
 	}
-	if r.Sentinel.MasterName == "" {
-		return NewClient(r.zero())
+	return dial(r.zero(), r.Sentinel)
+}
+
+// dial is the go-redis client of conf, or with sn's MasterName set, of the primary that sn's
+// Sentinels name (conf's Host and Type are then not used, nor MaintNotifications, which
+// go-redis's failover client does not have).
+func dial(conf zeroredis.RedisConf, sn SentinelConf) (redis.UniversalClient, error) {
+	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
+	if maint.Mode == "" {
+		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
 	}
-	// go-redis's failover client has no maintenance notifications: MaintNotifications is not used.
-	client := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName:            r.Sentinel.MasterName,
-		SentinelAddrs:         r.Sentinel.Addrs,
-		SentinelUsername:      r.Sentinel.User,
-		SentinelPassword:      r.Sentinel.Pass,
-		Username:              r.User,
-		Password:              r.Pass,
-		TLSConfig:             goZeroTLS(r.Tls),
-		Protocol:              r.Protocol,
-		DisableIdentity:       true,
-		ContextTimeoutEnabled: true,
-	})
-	return connect(client, r.NonBlock, r.PingTimeout, fmt.Sprintf("sentinel master %s at %v", r.Sentinel.MasterName, r.Sentinel.Addrs))
+	opts := &redis.UniversalOptions{
+		Username:                 conf.User,
+		Password:                 conf.Pass,
+		MasterName:               sn.MasterName,
+		SentinelUsername:         sn.User,
+		SentinelPassword:         sn.Pass,
+		TLSConfig:                goZeroTLS(conf.Tls),
+		Protocol:                 conf.Protocol,
+		MaintNotificationsConfig: maint,
+		DisableIdentity:          true,
+		ContextTimeoutEnabled:    true,
+	}
+	where := "addr: " + conf.Host
+	switch {
+	case sn.MasterName != "":
+		opts.Addrs, where = sn.Addrs, fmt.Sprintf("sentinel master %s at %v", sn.MasterName, sn.Addrs)
+	case conf.Type == "" || conf.Type == zeroredis.NodeType:
+		opts.Addrs = []string{conf.Host} // a node's one address never makes a cluster
+	case conf.Type == zeroredis.ClusterType:
+		opts.Addrs, opts.IsClusterMode = splitHosts(conf.Host), true
+	default:
+		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
+	}
+	return connect(redis.NewUniversalClient(opts), conf.NonBlock, conf.PingTimeout, where)
 }
 
 // goZeroTLS is go-zero's meaning of Tls: encrypted, the certificate not verified, so that YAML

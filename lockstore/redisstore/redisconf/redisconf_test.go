@@ -1,12 +1,16 @@
 package redisconf
 
 import (
+	"context"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zeromicro/go-zero/core/conf"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
+
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 // Lock.Redis is go-zero's redis.RedisConf field for field, with the same defaults, and the
@@ -67,4 +71,24 @@ func tagDefault(f reflect.StructField) string {
 		}
 	}
 	return ""
+}
+
+// With Sentinel set, Client finds the primary through the Sentinels and pings it there.
+func TestClientFindsThePrimaryThroughSentinel(t *testing.T) {
+	primary := redistest.Start(t)
+	sentinel := redistest.StartSentinel(t, "locks", primary.Addr, time.Second)
+	c := Conf{Type: zeroredis.NodeType, Protocol: 3, PingTimeout: 5 * time.Second,
+		Sentinel: SentinelConf{MasterName: "locks", Addrs: []string{sentinel.Addr}}}
+	client, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	if err := client.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := primary.Client().Get(ctx, "k").Result(); err != nil || v != "v" {
+		t.Fatalf("the primary holds %q %v, want the value written through Sentinel", v, err)
+	}
 }
