@@ -182,8 +182,11 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 			if a.Reentered && place != "" {
 				_ = s.LeaveQueue(ctx, key, owner) // taken before: the place holds up the line
 			}
+			if err != nil {
+				return a, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+			}
 			if !again {
-				return a, err
+				return a, nil
 			}
 		case errors.Is(err, zk.ErrNoNode):
 			if place != "" {
@@ -209,7 +212,7 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 		return lockstore.Acquisition{}, true, nil // released meanwhile
 	}
 	if err != nil {
-		return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: read %s: %w", p, err)
+		return lockstore.Acquisition{}, false, fmt.Errorf("read %s: %w", p, err)
 	}
 	reader := strings.HasPrefix(name, readerPre)
 	switch holder, _, marked := parseValue(cur); {
@@ -220,7 +223,7 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 		// The holds went with their sessions; a node that gained a hold since is not deleted.
 		err := s.delete(ctx, p, stat.Version)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) && !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrBadVersion) {
-			return lockstore.Acquisition{}, false, fmt.Errorf("flightlock: clear %s: %w", p, err)
+			return lockstore.Acquisition{}, false, fmt.Errorf("clear %s: %w", p, err)
 		}
 		return lockstore.Acquisition{}, true, nil
 	case reader && (holder != readersTag || marked):

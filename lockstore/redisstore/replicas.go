@@ -100,10 +100,9 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 		if err != nil {
 			return cmd, 0, nil // the script's own error, for the caller to report
 		}
-		acked, err := wait.Int64()
-		if err != nil {
-			return cmd, 0, fmt.Errorf("WAIT: %w", err)
-		}
+		// A WAIT that failed acknowledged nothing: the script's reply stands, with 0 replicas,
+		// so that a grant it made is given back (ErrNotReplicated) rather than lost with it.
+		acked, _ := wait.Int64()
 		return cmd, acked, nil
 	}
 }

@@ -116,3 +116,31 @@ func waitAcknowledging(t *testing.T, client *redis.Client, n int) {
 		}
 	}
 }
+
+// A grant whose WAIT fails (here: the server has no WAIT command) counts as unacknowledged: it
+// is given back and the caller is told ErrNotReplicated, for one key and for permits, so the
+// key is free for the next owner at once instead of held by nobody until its TTL.
+func TestGrantWhoseWaitFailsIsGivenBack(t *testing.T) {
+	srv := redistest.StartWith(t, "--rename-command", "WAIT", "")
+	ctx := context.Background()
+	client := srv.Client()
+	s := New(client, WithReplicas(1, 50*time.Millisecond))
+	t.Cleanup(func() { _ = s.Close() })
+	other := New(srv.Client())
+	t.Cleanup(func() { _ = other.Close() })
+	for _, req := range []lockstore.Request{
+		{Key: "lock:w", Owner: ownerA, TTL: 10 * time.Second},
+		{Key: "lock:p", Permits: []string{"lock:p", "lock:p#2"}, Want: 2, Owner: ownerA, TTL: 10 * time.Second},
+	} {
+		if got, err := s.Acquire(ctx, req); !errors.Is(err, ErrNotReplicated) || got.Acquired {
+			t.Fatalf("Acquire(%q) with WAIT failing: %+v, %v; want ErrNotReplicated", req.Key, got, err)
+		}
+		keys := append([]string{req.Key}, req.Permits...)
+		if n := client.Exists(ctx, keys...).Val(); n != 0 {
+			t.Fatalf("the grant of %q whose WAIT failed was left in Redis (%d keys)", req.Key, n)
+		}
+		if got, err := other.Acquire(ctx, lockstore.Request{Key: req.Key, Owner: ownerB, TTL: time.Second}); err != nil || !got.Acquired {
+			t.Fatalf("the next owner of %q: %+v, %v; want it free", req.Key, got, err)
+		}
+	}
+}

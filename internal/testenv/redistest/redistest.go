@@ -72,6 +72,15 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// StartWith is Start with more server arguments ("--rename-command", "WAIT", "").
+func StartWith(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb), extra: args}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
 // StartIn is Start with dir as the server's working directory, where an explicit SAVE writes
 // its RDB snapshot and from which Restart loads it again: for tests of what survives a restart
 // from a snapshot.
