@@ -396,13 +396,6 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
-// taken reports whether a goroutine of this process owns key's slot (holds or asks for it).
-func (g *gate) taken(key string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.entries[key] != nil
-}
-
 // grantLocked passes the slot, with h (or nil), to the first waiter. A reader's grant of h takes
 // in the readers queued right behind it. The slot with no hold is not taken by readers that no
 // local writer waits behind: they are let go to the store read path, and the slot is free.
