@@ -87,13 +87,11 @@ func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait b
 	if err != nil {
 		return nil, nil, err, true
 	}
-	if n := len(lockstore.PermitKey(base, permits)); n > MaxKeyLen {
+	keys = lockstore.PermitKeys(base, permits)
+	if n := len(keys[permits-1]); n > MaxKeyLen {
 		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
 	}
-	keys = make([]string, permits)
-	for i := range keys {
-		rkey := lockstore.PermitKey(base, i+1)
-		keys[i] = rkey
+	for _, rkey := range keys {
 		if findLease(ctx, l.k.gate, rkey) != nil {
 			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
 			return nil, lease, err, true

@@ -104,7 +104,12 @@ func SideKey(kind, k string) string {
 		return FenceKeyPrefix + kind + ":" + k
 	}
 	// "#", not ":": this side key of "k" must differ from the tagged one of "{<tag>}k".
-	return FenceKeyPrefix + kind + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + k
+	return FenceKeyPrefix + kind + "#" + ownSlotTag(k) + k
+}
+
+// ownSlotTag is a hash tag, "{<number>}", of k's Redis Cluster hash slot.
+func ownSlotTag(k string) string {
+	return "{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}"
 }
 
 // PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is the lock key k:
@@ -118,9 +123,26 @@ func PermitKey(k string, i int) string {
 	if i == 1 {
 		return k
 	}
-	n := strconv.Itoa(i)
-	if _, tagged := hashTag(k); tagged || strings.Contains(k, "{") {
-		return k + "#" + n
+	return k + permitSuffix(k) + strconv.Itoa(i)
+}
+
+// PermitKeys returns the keys of permits 1 to n of k (PermitKey), working out k's slot once.
+func PermitKeys(k string, n int) []string {
+	keys := make([]string, n)
+	suffix := permitSuffix(k)
+	for i := range keys {
+		keys[i] = k
+		if i > 0 {
+			keys[i] = k + suffix + strconv.Itoa(i+1)
+		}
 	}
-	return k + "#{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}" + n
+	return keys
+}
+
+// permitSuffix is what PermitKey puts between k and a permit's number.
+func permitSuffix(k string) string {
+	if _, tagged := hashTag(k); tagged || strings.Contains(k, "{") {
+		return "#"
+	}
+	return "#" + ownSlotTag(k)
 }

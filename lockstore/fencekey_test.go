@@ -89,8 +89,12 @@ func TestPermitKeysShareTheKeysSlotAndNeverCollide(t *testing.T) {
 	keys = append(keys, PermitKey("lock:x", 2)[:len("lock:x#")-1]+"##"+PermitKey("lock:x", 2)[len("lock:x#"):]) // looks like x's permit 2, "#" doubled
 	seen := map[string]string{}
 	for _, k := range keys {
+		all := PermitKeys(k, 4)
 		for i := 1; i <= 4; i++ {
 			p := PermitKey(k, i)
+			if all[i-1] != p {
+				t.Errorf("PermitKeys(%q, 4)[%d] = %q, PermitKey says %q", k, i-1, all[i-1], p)
+			}
 			if prev, dup := seen[p]; dup {
 				t.Errorf("PermitKey(%q, %d) = %q, as for %s", k, i, p, prev)
 			}

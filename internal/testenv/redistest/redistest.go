@@ -66,10 +66,7 @@ func redisCLI(tb testing.TB) string {
 // Start runs a fresh redis-server on a free loopback port and stops it when tb ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	s := &Server{tb: tb, bin: Binary(tb), Addr: freeAddr(tb)}
-	s.start()
-	tb.Cleanup(s.Stop)
-	return s
+	return StartWith(tb)
 }
 
 // StartWith is Start with more server arguments ("--rename-command", "WAIT", "").
