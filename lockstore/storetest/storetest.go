@@ -59,7 +59,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
 	t.Run("WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere)
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
-	t.Run("SpentPermitWaitIsBusy", s.spentPermitWaitIsBusy)
+	t.Run("SpentWaitIsBusy", s.spentWaitIsBusy)
 	t.Run("PermitRequestTakesTheFirstFreeKey", s.permitRequestTakesTheFirstFreeKey)
 	t.Run("PermitRequestTakesUpToWant", s.permitRequestTakesUpToWant)
 	t.Run("PermitLookIsOneRequest", s.permitLookIsOneRequest)
@@ -396,26 +396,104 @@ func (s suite) permitsNeverExceedTheirCount(t *testing.T) {
 	}
 }
 
-func (s suite) spentPermitWaitIsBusy(t *testing.T) {
+// A wait that ends while a look is on its way is busy (409 / Aborted) once the store has
+// answered a look of that wait, for every primitive: the store is healthy, only slower than the
+// time left. A wait whose first look, made at its start, the store did not answer is the store's
+// error. Each taker's store serves its first look or none and holds the others, so the budget
+// ends mid-call on any machine, and the verdict follows from what the store did, not from its pace.
+func (s suite) spentWaitIsBusy(t *testing.T) {
 	const permits = 3
-	ctx, k := ctxOf(t), key(t)
-	holder := s.locker(t, flightlock.WithPermits(permits))
-	var held []*flightlock.Lease
-	for range permits {
-		held = append(held, mustLock(t, ctx, holder, k))
+	ctx := ctxOf(t)
+	cases := []struct {
+		name          string
+		holder, taker []flightlock.Option
+		holds         int
+	}{
+		{"Lock", nil, nil, 1},
+		{"Permits", []flightlock.Option{flightlock.WithPermits(permits)}, []flightlock.Option{flightlock.WithPermits(permits)}, permits},
+		{"Read", nil, []flightlock.Option{flightlock.WithRead()}, 1},
+		{"Fair", []flightlock.Option{flightlock.WithFair()}, []flightlock.Option{flightlock.WithFair()}, 1},
 	}
-	defer func() {
-		for _, l := range held {
-			_ = l.Release(ctx)
-		}
-	}()
-	// Budgets that end while a store call is on its way, at several points of the look.
-	for _, wait := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond} {
-		taker := s.locker(t, flightlock.WithPermits(permits), flightlock.WithWait(wait))
-		for i := range 3 {
-			mustBeBusy(t, context.Background(), taker, k, fmt.Sprintf("wait %v, try %d: a spent wait for permits held elsewhere", wait, i))
-		}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			k := key(t)
+			holder := s.locker(t, c.holder...)
+			for range c.holds {
+				lease := mustLock(t, ctx, holder, k)
+				defer func() { _ = lease.Release(ctx) }()
+			}
+			for _, wait := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond} {
+				for _, serve := range []int{1, 0} {
+					what := fmt.Sprintf("wait %v, %d looks served: a spent wait for a key held elsewhere", wait, serve)
+					st := &servesLooks{Store: s.Open(t), serve: serve, hold: wait + 10*time.Second}
+					opts := append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithPrefix("storetest:"), flightlock.WithWait(wait)}, c.taker...)
+					taker, err := flightlock.New(st, opts...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					start := time.Now()
+					lease, err := taker.Lock(context.Background(), k)
+					if lease != nil {
+						_ = lease.Release(ctx)
+						t.Fatalf("%s: granted while the key is held", what)
+					}
+					switch answered, sentAt := st.first(); {
+					case answered || sentAt.Sub(start) > wait/2:
+						if !errors.Is(err, flightlock.ErrBusy) {
+							t.Fatalf("%s, the store answered the first look (or it left late): %v, want ErrBusy", what, err)
+						}
+					case errors.Is(err, flightlock.ErrBusy) || !errors.Is(err, context.DeadlineExceeded):
+						t.Fatalf("%s, and the store did not answer the first look: %v, want the store's deadline error", what, err)
+					}
+				}
+			}
+		})
 	}
+}
+
+// servesLooks is a store that serves the first serve Acquires made through it and holds every
+// later one until its context ends (or hold passes, an error), so that a wait always ends while
+// a look is on its way, whatever the machine's pace.
+type servesLooks struct {
+	lockstore.Store
+	serve int
+	hold  time.Duration
+
+	mu       sync.Mutex // guards the fields below
+	calls    int
+	answered bool      // the first Acquire returned a reply, not an error
+	sentAt   time.Time // when the first Acquire was made
+}
+
+func (s *servesLooks) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	s.mu.Lock()
+	s.calls++
+	call := s.calls
+	if call == 1 {
+		s.sentAt = time.Now()
+	}
+	s.mu.Unlock()
+	if call <= s.serve {
+		got, err := s.Store.Acquire(ctx, req)
+		if call == 1 {
+			s.mu.Lock()
+			s.answered = err == nil
+			s.mu.Unlock()
+		}
+		return got, err
+	}
+	select {
+	case <-ctx.Done():
+		return lockstore.Acquisition{}, ctx.Err()
+	case <-time.After(s.hold):
+		return lockstore.Acquisition{}, errors.New("storetest: a look's context did not end with its wait")
+	}
+}
+
+func (s *servesLooks) first() (answered bool, sentAt time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.answered, s.sentAt
 }
 
 func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
