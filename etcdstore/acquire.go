@@ -457,7 +457,7 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 	id := clientv3.LeaseID(kv.Lease)
 	kl := s.ourLease(id)
 	if id != a.l.id {
-		secs, err := s.keepAliveOnce(ctx, id, a.start)
+		secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx)
 		if errors.Is(err, errLeaseGone) {
 			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
 		}
@@ -639,8 +639,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			}
 			written = put.Succeeded
 		}
-		secs, kaErr := ka.wait(ctx)
-		ka.join()
+		secs, kaErr := ka.wait(ctx) // joins it
 		if !written {
 			continue // the lock changed since it was read: read it again
 		}
@@ -648,10 +647,10 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
 		case kaErr != nil:
-			s.giveUpHold(ctx, key, owner, hold)
+			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.giveUpHold(ctx, key, owner, hold)
+			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {
@@ -664,14 +663,6 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		}
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 	}
-}
-
-// giveUpHold releases, bounded, a hold that a call added but will not report (one it cannot
-// give up stays listed until the lock ends).
-func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_, _ = s.Release(ctx, key, owner, hold, 0)
 }
 
 // getKV reads key (with opts, as clientv3.KV.Get); nil when it does not exist.
