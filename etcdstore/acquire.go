@@ -23,8 +23,7 @@ import (
 // is fresh, which the store's keep-alives see to): acquireWriteOnce, acquireReadOnce for a read
 // owner, or acquirePermitsOnce, which looks at every permit at once.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	key, owner, ttl, meta := req.Key, req.Owner, req.TTL, req.Meta
-	keys := []string{key}
+	keys := []string{req.Key}
 	if len(req.Permits) > 0 {
 		if err := lockstore.CheckPermits(req); err != nil {
 			return lockstore.Acquisition{}, err
@@ -34,27 +33,39 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 		}
 		keys = req.Permits
 	}
-	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(owner)
+	fair, read := !req.Asked.IsZero(), lockstore.IsReadOwner(req.Owner)
 	if fair && read {
 		return lockstore.Acquisition{}, errors.New("flightlock: read holds share a key, so they take no place in its fair line")
 	}
-	if err := s.check(owner, ttl, keys...); err != nil {
+	if err := s.check(req.Owner, req.TTL, keys...); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	start, queue := time.Now(), time.Duration(0)
+	queue := time.Duration(0)
 	if fair {
 		queue = max(req.Queue, 0)
 	}
-	return resending(ctx, s, func(ctx context.Context, again bool) (lockstore.Acquisition, error) {
+	return resending(ctx, s, keys[0], req.Owner, req.TTL, req.Meta, keys, func(ctx context.Context, a *attempt) (lockstore.Acquisition, error) {
 		switch {
 		case len(req.Permits) > 0:
-			return s.acquirePermitsOnce(ctx, keys, owner, ttl, meta, max(req.Want, 1), start, again)
+			return s.acquirePermitsOnce(ctx, a, keys, max(req.Want, 1))
 		case read:
-			return s.acquireReadOnce(ctx, key, owner, ttl, meta, start, again)
+			return s.acquireReadOnce(ctx, a, req.Key)
 		}
-		return s.acquireWriteOnce(ctx, key, owner, ttl, meta, fair, queue, start, again)
+		return s.acquireWriteOnce(ctx, a, req.Key, fair, queue)
 	})
 }
+
+// attempt is one attempt of an acquisition by owner, on the store's lease l of its TTL (pinned
+// for the attempt and live at least ttl from start) with the value it writes.
+type attempt struct {
+	owner, meta, value string
+	ttl                time.Duration
+	start              time.Time // when the acquisition began: its guarantees count from then
+	again              bool      // a lease etcd no longer has may be dropped (errLeaseGone), once
+	l                  *lease
+}
+
+func (a *attempt) until() time.Time { return a.start.Add(a.ttl) }
 
 // permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
 // operation per permit: etcd counts a nested transaction's operations against its parent
@@ -73,23 +84,16 @@ const permitLookOps = 5
 // all of them and nothing more, so the first permit is granted at once only while the store
 // knows of no entry of owner's for keys. Otherwise the free permits seen are taken at once on
 // the one-key path, until want are held. A busy reply is the busy permit's of shortest HolderTTL.
-func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
-	want int, start time.Time, again bool) (lockstore.Acquisition, error) {
-	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, owner); return ok })
-	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0], err)
-	}
-	defer s.unpin(l)
-	value := newValue(owner, l.secs, meta)
+func (s *Store) acquirePermitsOnce(ctx context.Context, a *attempt, keys []string, want int) (lockstore.Acquisition, error) {
+	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, a.owner); return ok })
 	looks := make([]clientv3.Op, len(keys))
 	for i, k := range keys {
-		cmps, _, refused := writeOps(k, value, l)
+		cmps, _, refused := writeOps(k, a.value, a.l)
 		looks[i] = clientv3.OpTxn(cmps, nil, refused)
 	}
 	txn, taken := s.cli.Txn(ctx).Then(looks...), keys[:0]
 	if !mayHold {
-		cmps, grant, _ := writeOps(keys[0], value, l)
+		cmps, grant, _ := writeOps(keys[0], a.value, a.l)
 		if want > 1 { // which others are free; no marks, as a grant makes no busy reply
 			for _, k := range keys[1:] {
 				grant = append(grant, clientv3.OpTxn(writable(k), nil, nil))
@@ -99,18 +103,17 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 	}
 	resp, err := txn.Commit()
 	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0],
-			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), taken...))
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", keys[0], s.acquireFailed(err, a, taken...))
 	}
 	var p permitReplies // each busy permit's reply, and the first permit if the look granted it
 	var free, held []int
 	ours := make([]*mvccpb.KeyValue, len(keys)) // the keys of the permits held
 	if !mayHold && resp.Succeeded {
-		a, err := s.granted(ctx, keys[0], owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+		g, err := s.granted(ctx, a, keys[0], resp.Header.Revision, firstKV(resp.Responses[1]))
 		if err != nil {
 			return lockstore.Acquisition{}, err
 		}
-		p.add(0, a)
+		p.add(0, g)
 		for i, r := range resp.Responses[3:] {
 			if r.GetResponseTxn().Succeeded {
 				free = append(free, i+1)
@@ -123,18 +126,18 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 				free = append(free, i)
 				continue
 			}
-			if kv, a := refusal(t.Responses); kv != nil && ownedBy(kv.Value, owner) {
+			if kv, b := refusal(t.Responses); kv != nil && ownedBy(kv.Value, a.owner) {
 				held, ours[i] = append(held, i), kv
 			} else {
 				s.noteBusy(k, resp.Header.Revision)
-				p.add(i, a)
+				p.add(i, b)
 			}
 		}
 	}
 	if len(held) > 0 { // the permits held are the answer, busy or not
 		p = permitReplies{}
 		if err := p.each(held, func(i int) (lockstore.Acquisition, error) {
-			return s.reentered(ctx, keys[i], owner, ttl, ours[i], nil, l, start)
+			return s.reentered(ctx, a, keys[i], ours[i], nil)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
@@ -143,7 +146,7 @@ func (s *Store) acquirePermitsOnce(ctx context.Context, keys []string, owner str
 	for len(free) > 0 && p.got < want {
 		n := min(len(free), want-p.got)
 		if err := p.each(free[:n], func(i int) (lockstore.Acquisition, error) {
-			return s.acquireWriteOnce(ctx, keys[i], owner, ttl, meta, false, 0, start, again)
+			return s.acquireWriteOnce(ctx, a, keys[i], false, 0)
 		}); err != nil {
 			return lockstore.Acquisition{}, err
 		}
@@ -214,15 +217,32 @@ const (
 	retryPauseMax  = 400 * time.Millisecond
 )
 
-// resending runs attempt on s until it succeeds, fails for good, or ctx ends (it returns by
-// ctx's deadline), and returns the last attempt's outcome: an attempt that gets no answer within
-// resendAfter, or fails transiently, is made again after a short pause. again is set for an
-// attempt that may drop a lease etcd no longer has (errLeaseGone) and be made once more.
-func resending[T any](ctx context.Context, s *Store, attempt func(ctx context.Context, again bool) (T, error)) (T, error) {
+// resending runs once on s, each attempt on a fresh pinned lease of ttl for owner's
+// acquisition of keys (what names them in errors), until it succeeds, fails for good, or ctx
+// ends (it returns by ctx's deadline), and returns the last attempt's outcome: an attempt that
+// gets no answer within resendAfter, or fails transiently, is made again after a short pause.
+// An attempt with again set may drop a lease etcd no longer has (errLeaseGone) and be made once
+// more.
+func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl time.Duration, meta string, keys []string,
+	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
+	start := time.Now()
+	try := func(ctx context.Context, again bool) (T, error) {
+		l, err := s.freshLease(ctx, ttl, start, owner, keys...)
+		if err != nil {
+			var none T
+			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
+		}
+		defer s.unpin(l)
+		a := &attempt{owner: owner, meta: meta, value: newValue(owner, l.secs, meta), ttl: ttl, start: start, again: again, l: l}
+		if lockstore.IsReadOwner(owner) {
+			a.value = readValue(l.secs, meta)
+		}
+		return once(ctx, a)
+	}
 	bound, pause, again := resendAfter, retryPauseMin, true
 	for {
 		actx, cancel := context.WithTimeout(ctx, bound)
-		v, err := attempt(actx, again)
+		v, err := try(actx, again)
 		cut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
 		switch {
@@ -347,28 +367,28 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 			nil)})
 }
 
-// acquireFailed answers an acquiring transaction on keys, sent on lease l, that failed with err:
-// errLeaseGone when etcd no longer had l and again is set; else err, after recording that each
-// put may have gone through (the reaper releases it past until unless refreshed) and retiring
-// l, so that a commit after that release goes with l.
-func (s *Store) acquireFailed(err error, l *lease, again bool, owner, value string, until time.Time, keys ...string) error {
-	if isLeaseNotFound(err) && again {
-		l.mu.Lock()
-		l.gone = true
-		l.mu.Unlock()
-		s.dropLease(l)
+// acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
+// when etcd no longer had a's lease and a.again is set; else err, after recording that each put
+// may have gone through (the reaper releases it past a.until unless refreshed) and retiring the
+// lease, so that a commit after that release goes with it.
+func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
+	if isLeaseNotFound(err) && a.again {
+		a.l.mu.Lock()
+		a.l.gone = true
+		a.l.mu.Unlock()
+		s.dropLease(a.l)
 		return errLeaseGone
 	}
 	for _, key := range keys {
-		s.update(key, owner, func(e *heldKey) {
+		s.update(key, a.owner, func(e *heldKey) {
 			e.own = true
 			if e.value == "" {
-				e.value, e.lease = value, l.id
+				e.value, e.lease = a.value, a.l.id
 			}
-			e.until = later(e.until, until)
+			e.until = later(e.until, a.until())
 		})
 	}
-	s.retire(l)
+	s.retire(a.l)
 	return err
 }
 
@@ -379,22 +399,21 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// granted records a grant at revision rev, counted on until until, and returns its fence. A
-// read hold is never simple (the one-transaction release and Pass are a write's) and leaves the
+// granted records a grant of key to attempt a at revision rev and returns its fence. A read
+// hold is never simple (the one-transaction release and Pass are a write's) and leaves the
 // key's refusals to the write. A floor that makes no fence (written by hand) gives the grant
 // back rather than hand out a fence that may repeat.
-func (s *Store) granted(ctx context.Context, key, owner, value string, id clientv3.LeaseID, rev int64,
-	floor *mvccpb.KeyValue, until time.Time) (lockstore.Acquisition, error) {
+func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, floor *mvccpb.KeyValue) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
 	if err != nil {
-		s.giveBack(ctx, holdKey(key, owner), value)
+		s.giveBack(ctx, holdKey(key, a.owner), a.value)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
-	read := lockstore.IsReadOwner(owner)
-	s.update(key, owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = value, id, rev, rev, fence, floor != nil
+	read := lockstore.IsReadOwner(a.owner)
+	s.update(key, a.owner, func(e *heldKey) {
+		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = a.value, a.l.id, rev, rev, fence, floor != nil
 		e.simple, e.own, e.tries = !read, true, 0
-		e.until = later(e.until, until)
+		e.until = later(e.until, a.until())
 		if !read {
 			_, e.contended = s.refused[key] // update holds s.mu
 			delete(s.refused, key)
@@ -410,13 +429,12 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 }
 
-// reentered answers an acquisition of a key owner holds already (kv: the lock key, or the read
-// hold of a read owner): the holding's fence, once it lives at least ttl from start (its lease
-// is the fresh l, or is kept alive now). A write's nil floor is read here; a read re-entry's
+// reentered answers attempt a of a key its owner holds already (kv: the lock key, or the read
+// hold of a read owner): the holding's fence, once it lives at least a.ttl from a.start (its
+// lease is a's, or is kept alive now). A write's nil floor is read here; a read re-entry's
 // comes from its transaction, nil when there is none.
-func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Duration, kv, floor *mvccpb.KeyValue,
-	l *lease, start time.Time) (lockstore.Acquisition, error) {
-	read := lockstore.IsReadOwner(owner)
+func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor *mvccpb.KeyValue) (lockstore.Acquisition, error) {
+	read := lockstore.IsReadOwner(a.owner)
 	simple, what := false, "read hold"
 	if !read {
 		v, ok := parseValue(kv.Value)
@@ -438,24 +456,24 @@ func (s *Store) reentered(ctx context.Context, key, owner string, ttl time.Durat
 	// Looked up before the keep-alive: a retired lease may be revoked meanwhile (updateOn).
 	id := clientv3.LeaseID(kv.Lease)
 	kl := s.ourLease(id)
-	if id != l.id {
-		secs, err := s.keepAliveOnce(ctx, id, start)
+	if id != a.l.id {
+		secs, err := s.startKeepAlive(ctx, id, a.start).wait(ctx)
 		if errors.Is(err, errLeaseGone) {
 			return lockstore.Acquisition{}, nil // deleted with its lease: free now, try again
 		}
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 		}
-		if time.Duration(secs)*time.Second < ttl {
+		if time.Duration(secs)*time.Second < a.ttl {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %s on an etcd lease of %ds, "+
-				"shorter than the lock TTL %v", key, what, secs, ttl)
+				"shorter than the lock TTL %v", key, what, secs, a.ttl)
 		}
 	}
-	if !s.updateOn(kl, key, owner, func(e *heldKey) {
+	if !s.updateOn(kl, key, a.owner, func(e *heldKey) {
 		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id,
 			kv.CreateRevision, kv.ModRevision, fence, floor != nil
 		e.simple, e.own, e.tries = simple, true, 0
-		e.until = later(e.until, start.Add(ttl))
+		e.until = later(e.until, a.until())
 	}) {
 		return lockstore.Acquisition{}, nil // going with its retired lease: free soon, try again
 	}
@@ -503,21 +521,13 @@ func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl
 	if err := s.check(owner, ttl, keys...); err != nil {
 		return nil, err
 	}
-	start := time.Now()
-	return resending(ctx, s, func(ctx context.Context, again bool) ([]lockstore.Acquisition, error) {
-		return s.acquireAllOnce(ctx, keys, owner, ttl, meta, start, again)
+	return resending(ctx, s, keys, owner, ttl, meta, keys, func(ctx context.Context, a *attempt) ([]lockstore.Acquisition, error) {
+		return s.acquireAllOnce(ctx, a, keys)
 	})
 }
 
 // acquireAllOnce is one attempt of AcquireAll, as acquireWriteOnce is of Acquire.
-func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string,
-	start time.Time, again bool) ([]lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start, owner, keys...)
-	if err != nil {
-		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, err)
-	}
-	defer s.unpin(l)
-	value := newValue(owner, l.secs, meta)
+func (s *Store) acquireAllOnce(ctx context.Context, a *attempt, keys []string) ([]lockstore.Acquisition, error) {
 	cmps := make([]clientv3.Cmp, 0, 2*len(keys))
 	then := make([]clientv3.Op, 0, 2*len(keys))
 	els := make([]clientv3.Op, 0, 2*len(keys))
@@ -525,35 +535,35 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		// Read holds refuse the grant too; AcquireAll sets no writer mark (its operations
 		// would not fit --max-txn-ops), so a reader stream can hold it off.
 		cmps = append(cmps, writable(k)...)
-		then = append(then, clientv3.OpPut(k, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(k)))
-		els = append(els, clientv3.OpGet(k), markWaiter(k, owner, l.id))
+		then = append(then, clientv3.OpPut(k, a.value, clientv3.WithLease(a.l.id)), clientv3.OpGet(FloorKey(k)))
+		els = append(els, clientv3.OpGet(k), markWaiter(k, a.owner, a.l.id))
 	}
 	resp, err := s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, s.acquireFailed(err, l, again, owner, value, start.Add(ttl), keys...))
+		return nil, fmt.Errorf("flightlock: acquire %q: %w", keys, s.acquireFailed(err, a, keys...))
 	}
 	out := make([]lockstore.Acquisition, len(keys))
 	if resp.Succeeded {
 		for i, k := range keys {
-			a, err := s.granted(ctx, k, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[2*i+1]), start.Add(ttl))
+			g, err := s.granted(ctx, a, k, resp.Header.Revision, firstKV(resp.Responses[2*i+1]))
 			if err != nil {
 				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
-					s.giveBack(ctx, g, value)
-					s.released(g, owner, "")
+					s.giveBack(ctx, g, a.value)
+					s.released(g, a.owner, "")
 				}
 				for _, g := range keys[i+1:] {
-					s.giveBack(ctx, g, value)
+					s.giveBack(ctx, g, a.value)
 				}
 				return nil, err
 			}
-			out[i] = a
+			out[i] = g
 		}
 		return out, nil
 	}
 	ours := 0
 	for i, k := range keys {
 		kv := firstKV(resp.Responses[2*i])
-		if kv != nil && ownedBy(kv.Value, owner) {
+		if kv != nil && ownedBy(kv.Value, a.owner) {
 			ours++
 			continue
 		}
@@ -566,11 +576,11 @@ func (s *Store) acquireAllOnce(ctx context.Context, keys []string, owner string,
 		return out, nil
 	}
 	for i, k := range keys {
-		a, err := s.reentered(ctx, k, owner, ttl, firstKV(resp.Responses[2*i]), nil, l, start)
-		if err != nil || !a.Acquired {
+		g, err := s.reentered(ctx, a, k, firstKV(resp.Responses[2*i]), nil)
+		if err != nil || !g.Acquired {
 			return make([]lockstore.Acquisition, len(keys)), err
 		}
-		out[i] = a
+		out[i] = g
 	}
 	return out, nil
 }
@@ -629,8 +639,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			}
 			written = put.Succeeded
 		}
-		secs, kaErr := ka.wait(ctx)
-		ka.join()
+		secs, kaErr := ka.wait(ctx) // joins it
 		if !written {
 			continue // the lock changed since it was read: read it again
 		}
@@ -638,10 +647,10 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
 		case kaErr != nil:
-			s.giveUpHold(ctx, key, owner, hold)
+			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.giveUpHold(ctx, key, owner, hold)
+			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {
@@ -654,14 +663,6 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		}
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 	}
-}
-
-// giveUpHold releases, bounded, a hold that a call added but will not report (one it cannot
-// give up stays listed until the lock ends).
-func (s *Store) giveUpHold(ctx context.Context, key, owner, hold string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_, _ = s.Release(ctx, key, owner, hold, 0)
 }
 
 // getKV reads key (with opts, as clientv3.KV.Get); nil when it does not exist.

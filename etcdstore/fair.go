@@ -45,11 +45,10 @@ type place struct {
 // attempt once more at once, putting its place; queue 0 (TryLock) takes the key only when it is
 // free and the line empty. When again is set, a lease that etcd no longer has is dropped and
 // reported as errLeaseGone, for the caller to try once more.
-func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, fair bool,
-	queue time.Duration, start time.Time, again bool) (lockstore.Acquisition, error) {
+func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fair bool, queue time.Duration) (lockstore.Acquisition, error) {
 	var p place
 	if fair {
-		p = s.placeOf(key, owner)
+		p = s.placeOf(key, a.owner)
 	}
 	if queue > 0 && p.lease != 0 {
 		// The place lives queue from now: this is the owner's latest fair Acquire.
@@ -59,46 +58,39 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: keep its place in line: %w", key, err)
 		}
 	}
-	l, err := s.freshLease(ctx, ttl, start, owner, key)
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	defer s.unpin(l)
-	value := newValue(owner, l.secs, meta)
 	for {
-		resp, err := s.writeTxn(ctx, key, owner, value, l, fair, p, queue)
+		resp, err := s.writeTxn(ctx, key, a, fair, p, queue)
 		if err != nil {
 			// The session lease, or the place's (kept alive at the start of this attempt, so
 			// only a very slow attempt outlives it), may be the one gone: ask which.
-			if isLeaseNotFound(err) && again && queue > 0 && p.lease != 0 {
+			if isLeaseNotFound(err) && a.again && queue > 0 && p.lease != 0 {
 				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
-					s.setPlace(key, owner, place{})
+					s.setPlace(key, a.owner, place{})
 					return lockstore.Acquisition{}, errLeaseGone
 				}
 			}
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
-				s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, s.acquireFailed(err, a, key))
 		}
 		if resp.Succeeded {
 			if fair {
-				s.setPlace(key, owner, place{})
+				s.setPlace(key, a.owner, place{})
 			}
-			return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(resp.Responses[1]), start.Add(ttl))
+			return s.granted(ctx, a, key, resp.Header.Revision, firstKV(resp.Responses[1]))
 		}
-		kv, a := refusal(resp.Responses)
-		if kv != nil && ownedBy(kv.Value, owner) {
+		kv, out := refusal(resp.Responses)
+		if kv != nil && ownedBy(kv.Value, a.owner) {
 			// The owner holds the key already (a re-sent attempt): a place left over would
 			// hold up the line behind a caller that no longer waits.
 			if queue > 0 && p.lease != 0 { // bounded; a place it cannot delete ends with its lease
 				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				_ = s.LeaveQueue(lctx, key, owner)
+				_ = s.LeaveQueue(lctx, key, a.owner)
 				cancel()
 			}
-			return s.reentered(ctx, key, owner, ttl, kv, nil, l, start)
+			return s.reentered(ctx, a, key, kv, nil)
 		}
 		s.noteBusy(key, resp.Header.Revision)
 		if queue == 0 {
-			return a, nil
+			return out, nil
 		}
 		if p.lease == 0 {
 			// Refused for the first time: take a place now, with one more attempt.
@@ -108,24 +100,23 @@ func (s *Store) acquireWriteOnce(ctx context.Context, key, owner string, ttl tim
 				return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: lease of its place in line: %w", key, err)
 			}
 			p = place{lease: g.ID}
-			s.setPlace(key, owner, p)
+			s.setPlace(key, a.owner, p)
 			continue
 		}
 		if mine := firstKV(resp.Responses[4]); mine != nil {
 			p.rev = mine.CreateRevision
-			s.setPlace(key, owner, p)
+			s.setPlace(key, a.owner, p)
 		}
-		return a, nil
+		return out, nil
 	}
 }
 
 // writeTxn is acquireWriteOnce's transaction. markWriter sets the writer mark when readers hold
 // the key: a fair writer holds new readers off as any writer does.
-func (s *Store) writeTxn(ctx context.Context, key, owner, value string, l *lease, fair bool, p place,
-	queue time.Duration) (*clientv3.TxnResponse, error) {
-	cmps, then, els := writeOps(key, value, l)
+func (s *Store) writeTxn(ctx context.Context, key string, a *attempt, fair bool, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
+	cmps, then, els := writeOps(key, a.value, a.l)
 	if fair {
-		pk := placeKey(key, owner)
+		pk := placeKey(key, a.owner)
 		if p.rev > 0 {
 			cmps = append(cmps,
 				clientv3.Compare(clientv3.CreateRevision(pk), "=", p.rev),

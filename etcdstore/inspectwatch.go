@@ -214,17 +214,17 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	if ev.IsCreate() {
 		kind, seen = lockstore.EventAcquired, false
 	}
+	rctx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
 	var floor *mvccpb.KeyValue
 	if !seen || prev.CreateRevision != ev.Kv.CreateRevision {
 		// The floor the grant read (it changes only with a deletion of the key).
-		rctx, cancel := context.WithTimeout(ctx, w.timeout)
 		fk := FloorKey(string(ev.Kv.Key))
 		var err error
 		floor, err = getKV(rctx, w.in.cli, fk, clientv3.WithRev(ev.Kv.CreateRevision))
 		if err != nil { // compacted: the floor now is the same while the grant lasts
 			floor, err = getKV(rctx, w.in.cli, fk)
 		}
-		cancel()
 		if err != nil {
 			return fmt.Errorf("read the fence floor of %s: %w", ev.Kv.Key, err)
 		}
@@ -233,11 +233,8 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	if seen && prev.CreateRevision == ev.Kv.CreateRevision {
 		l.Fence = prev.Fence
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	locks := []lockstore.LockInfo{l}
-	err := w.in.leaseTTLs(rctx, locks)
-	cancel()
-	if err != nil {
+	if err := w.in.leaseTTLs(rctx, locks); err != nil {
 		return err
 	}
 	w.held[key] = locks[0]

@@ -267,28 +267,6 @@ func (s *Store) keepAliveLoop() {
 	}
 }
 
-// startReaper starts reap when a lock is past its holder's guarantee and no reaper runs.
-func (s *Store) startReaper(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.reaping {
-		return
-	}
-	for _, e := range s.held {
-		if !e.reaping && now.After(e.until) {
-			s.reaping = s.spawn(func() {
-				defer func() {
-					s.mu.Lock()
-					s.reaping = false
-					s.mu.Unlock()
-				}()
-				s.reap(now)
-			})
-			return
-		}
-	}
-}
-
 // ownKeepAlive is a keep-alive of the store's lease l sent at or after t: once it succeeded, l
 // lives at least its TTL from t. None is sent when one has succeeded already; callers that
 // queue while a keep-alive is on the wire share the next.
@@ -366,22 +344,5 @@ func (s *Store) sendKeepAlives(l *lease) {
 		}
 		r.err = err
 		close(r.done)
-	}
-}
-
-// keepAliveOnce keeps lease id alive with a keep-alive sent after t (shared, when the lease is
-// the store's) and returns its TTL in seconds, or errLeaseGone.
-func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID, t time.Time) (int64, error) {
-	if l := s.ourLease(id); l != nil {
-		return s.ownKeepAlive(l, t).wait(ctx)
-	}
-	resp, err := s.cli.KeepAliveOnce(ctx, id)
-	switch {
-	case err == nil:
-		return resp.TTL, nil
-	case isLeaseNotFound(err):
-		return 0, errLeaseGone
-	default:
-		return 0, fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(id), err)
 	}
 }

@@ -36,17 +36,10 @@ import (
 // lower revision, so it exceeds their fences (the floor covers those beyond the revision's
 // room); the next write is granted only after this hold's deletion, at a higher revision, with
 // no floor written in between (only a write's release writes one), so its fence exceeds it.
-func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time.Duration, meta string, start time.Time,
-	again bool) (lockstore.Acquisition, error) {
-	l, err := s.freshLease(ctx, ttl, start, owner, key)
-	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
-	}
-	defer s.unpin(l)
-	rk, mark := readKey(key, owner), writerKey(key)
-	value := readValue(l.secs, meta)
+func (s *Store) acquireReadOnce(ctx context.Context, a *attempt, key string) (lockstore.Acquisition, error) {
+	rk, mark := readKey(key, a.owner), writerKey(key)
 	grant := func(more ...clientv3.Op) []clientv3.Op {
-		return append([]clientv3.Op{clientv3.OpPut(rk, value, clientv3.WithLease(l.id)), clientv3.OpGet(FloorKey(key))}, more...)
+		return append([]clientv3.Op{clientv3.OpPut(rk, a.value, clientv3.WithLease(a.l.id)), clientv3.OpGet(FloorKey(key))}, more...)
 	}
 	free := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 	resp, err := s.cli.Txn(ctx).
@@ -58,27 +51,26 @@ func (s *Store) acquireReadOnce(ctx context.Context, key, owner string, ttl time
 			[]clientv3.Op{clientv3.OpTxn(
 				[]clientv3.Cmp{free, clientv3.Compare(clientv3.Value(mark), "<", markClock(time.Now()))},
 				grant(clientv3.OpDelete(mark)),
-				[]clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), clientv3.OpGet(mark)},
+				[]clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(a.l.id)), clientv3.OpGet(mark)},
 			)},
 		)).
 		Commit()
 	if err != nil {
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key,
-			s.acquireFailed(err, l, again, owner, value, start.Add(ttl), key))
+		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, s.acquireFailed(err, a, key))
 	}
 	if resp.Succeeded {
 		kv := firstKV(resp.Responses[0])
 		if kv == nil {
 			return lockstore.Acquisition{}, nil // cannot happen within one transaction
 		}
-		return s.reentered(ctx, key, owner, ttl, kv, firstKV(resp.Responses[1]), l, start)
+		return s.reentered(ctx, a, key, kv, firstKV(resp.Responses[1]))
 	}
 	txn := resp.Responses[0].GetResponseTxn()
 	if !txn.Succeeded {
 		txn = txn.Responses[0].GetResponseTxn() // a live mark, or a writer: is the mark past its deadline?
 	}
 	if txn.Succeeded {
-		return s.granted(ctx, key, owner, value, l.id, resp.Header.Revision, firstKV(txn.Responses[1]), start.Add(ttl))
+		return s.granted(ctx, a, key, resp.Header.Revision, firstKV(txn.Responses[1]))
 	}
 	s.noteBusy(key, resp.Header.Revision)
 	if kv := firstKV(txn.Responses[0]); kv != nil {

@@ -38,8 +38,8 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] = s.check(r.Owner, r.TTL, r.Key); errs[i] != nil {
 			continue
 		}
-		if id, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL)); ok && id != 0 && kas[id] == nil {
-			kas[id] = s.startKeepAlive(ctx, id, start)
+		if e, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL), false); ok && e.lease != 0 && kas[e.lease] == nil {
+			kas[e.lease] = s.startKeepAlive(ctx, e.lease, start)
 		}
 		if hk := holdKey(r.Key, r.Owner); !seen[hk] {
 			seen[hk] = true
@@ -92,18 +92,20 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// touch moves the moment the holder of key counts on it to until (never back) before a
-// refresh is sent, so the reaper cannot release a lock whose refresh is on the wire. It
-// returns the lease the store knows the key is on.
-func (s *Store) touch(key, owner string, until time.Time) (clientv3.LeaseID, bool) {
+// touch returns a copy of the entry of key for owner, after moving the moment its holder counts
+// on it to until (never back) before a refresh or a pass goes on the wire, so that the reaper
+// cannot release a lock whose refresh is on the wire, nor a pass report kept a lock the reaper
+// deleted. For a pass, ok is false when the reaper has the entry or its guarantee ran out
+// already: the pass then releases.
+func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.held[entryKey{key, owner}]
-	if e == nil {
-		return 0, false
+	if e == nil || pass && (e.reaping || time.Now().After(e.until)) {
+		return heldKey{}, false
 	}
 	e.until = later(e.until, until)
-	return e.lease, true
+	return *e, true
 }
 
 // onLease records the lease a read found key on (the owner's release moved it).
@@ -126,7 +128,8 @@ type keepAlive struct {
 }
 
 // startKeepAlive starts a keep-alive of id sent after t: the store's shared one for its own
-// leases, a call of its own (on a goroutine joined by join) for another's.
+// leases, a call of its own (on a goroutine joined by join) for another's. Its wait returns the
+// lease's TTL in seconds, or errLeaseGone.
 func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAlive {
 	if l := s.ourLease(id); l != nil {
 		return s.ownKeepAlive(l, t)
@@ -134,7 +137,15 @@ func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.
 	k := &keepAlive{done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
-		k.secs, k.err = s.keepAliveOnce(ctx, id, t)
+		resp, err := s.cli.KeepAliveOnce(ctx, id)
+		switch {
+		case err == nil:
+			k.secs = resp.TTL
+		case isLeaseNotFound(err):
+			k.err = errLeaseGone
+		default:
+			k.err = fmt.Errorf("flightlock: keep etcd lease %x alive: %w", int64(id), err)
+		}
 	}()
 	return k
 }

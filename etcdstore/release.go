@@ -245,14 +245,18 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 	})
 }
 
-// reap releases, owner-checked, every entry past its until (heldKey), one at a time, each
-// bounded by a second. At most one reap runs (startReaper).
-func (s *Store) reap(now time.Time) {
+// startReaper releases, owner-checked, every entry past its until at now (heldKey), unless a
+// reaper runs: on a goroutine of the store, one at a time, each bounded by a second.
+func (s *Store) startReaper(now time.Time) {
 	type job struct {
 		entryKey
 		heldKey // a copy, as the entry was when due
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reaping {
+		return
+	}
 	var jobs []job
 	for k, e := range s.held {
 		if !e.reaping && now.After(e.until) {
@@ -260,28 +264,32 @@ func (s *Store) reap(now time.Time) {
 			jobs = append(jobs, job{k, *e})
 		}
 	}
-	s.mu.Unlock()
-	for _, j := range jobs {
-		if s.isClosed() {
-			return
-		}
-		for _, h := range j.holds {
-			s.releaseBounded(j.key, j.owner, h, 0)
-		}
-		if j.own {
-			s.releaseBounded(j.key, j.owner, "", j.last)
+	s.reaping = len(jobs) > 0 && s.spawn(func() {
+		for _, j := range jobs {
+			if s.isClosed() {
+				break
+			}
+			for _, h := range j.holds {
+				s.releaseBounded(s.ctx, j.key, j.owner, h, 0)
+			}
+			if j.own {
+				s.releaseBounded(s.ctx, j.key, j.owner, "", j.last)
+			}
+			s.mu.Lock()
+			if e := s.held[j.entryKey]; e != nil {
+				e.reaping = false
+			}
+			s.mu.Unlock()
 		}
 		s.mu.Lock()
-		if e := s.held[j.entryKey]; e != nil {
-			e.reaping = false
-		}
+		s.reaping = false
 		s.mu.Unlock()
-	}
+	})
 }
 
-// releaseBounded is releaseNow on the store's context, bounded by a second.
-func (s *Store) releaseBounded(key, owner, hold string, lastFence int64) {
-	ctx, cancel := context.WithTimeout(s.ctx, time.Second)
+// releaseBounded is releaseNow on ctx, bounded by a second.
+func (s *Store) releaseBounded(ctx context.Context, key, owner, hold string, lastFence int64) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, _ = s.releaseNow(ctx, key, owner, hold, lastFence)
 }
@@ -306,7 +314,7 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	}
 	// A contended grant is one other processes compete for: its turn ends with a release at
 	// once, without the read that would find the mark (a read that costs every release).
-	if e, ok := s.claimPass(key, owner, time.Now().Add(ttl)); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
+	if e, ok := s.touch(key, owner, time.Now().Add(ttl), true); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
 			resp, err := s.cli.Txn(ctx).If(
@@ -331,28 +339,13 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	return false, 0, n, err
 }
 
-// claimPass returns a copy of the entry of key for owner, after moving its until to until
-// before the pass goes on the wire (as touch does for a refresh), so that the reaper cannot
-// delete a lock that a slow pass then reports kept. ok is false when the reaper has the entry
-// or its guarantee ran out already: the pass then releases.
-func (s *Store) claimPass(key, owner string, until time.Time) (heldKey, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.held[entryKey{key, owner}]
-	if e == nil || e.reaping || time.Now().After(e.until) {
-		return heldKey{}, false
-	}
-	e.until = later(e.until, until)
-	return *e, true
-}
-
 // keepMovedAlive sends a keep-alive of lease id after t on a goroutine of the store, every
 // 100 ms until one succeeds, the lease is gone or the store closes.
 func (s *Store) keepMovedAlive(id clientv3.LeaseID, t time.Time) {
 	s.spawn(func() {
 		for {
 			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			_, err := s.keepAliveOnce(ctx, id, t)
+			_, err := s.startKeepAlive(ctx, id, t).wait(ctx)
 			cancel()
 			if err == nil || errors.Is(err, errLeaseGone) || s.isClosed() {
 				return

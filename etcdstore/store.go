@@ -66,7 +66,7 @@ type Store struct {
 	unsent  map[entryKey]struct{} // acquisitions that gave up before sending: their give-back needs no round trip
 	places  map[entryKey]place    // this store's fair acquirers' places in line
 	ticking bool                  // guarded by mu: the keep-alive loop runs (or, in tests, must not)
-	reaping bool                  // guarded by mu: a reap goroutine runs
+	reaping bool                  // guarded by mu: a reaper runs (startReaper)
 
 	goMu   sync.Mutex     // guards closed and wg.Add, so nothing starts after Close waits
 	closed bool           // guarded by goMu
