@@ -36,15 +36,20 @@ for a in "$@"; do
 done
 mkdir -p "$docs"
 
+# apt_install installs Debian packages, with sudo unless run as root.
+apt_install() {
+  echo "run.sh: installing $* with apt" >&2
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 if ((${#need[@]})); then
-  echo "run.sh: installing ${need[*]} with apt" >&2
-  sudo=""
-  [[ $(id -u) -eq 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_install "${need[@]}"
 fi
 
 work="$(mktemp -d)"
@@ -103,13 +108,7 @@ for a in "$@"; do
   [[ "$a" == "-quick" || "$a" == "--quick" ]] || etcd_rows=0
 done
 if [[ "${LOCKBENCH_ETCD:-1}" != "0" && $etcd_rows == 1 ]]; then
-  if ! command -v etcd >/dev/null 2>&1; then
-    echo "run.sh: installing etcd-server with apt" >&2
-    sudo=""
-    [[ $(id -u) -eq 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
-  fi
+  command -v etcd >/dev/null 2>&1 || apt_install etcd-server
   etcdflags=()
   ((quick)) && etcdflags=(-quick)
   echo "run.sh: etcd rows" >&2
@@ -125,11 +124,7 @@ zkreport=()
 # every full or quick run; LOCKBENCH_ZOOKEEPER=0 skips them.
 if [[ "${LOCKBENCH_ZOOKEEPER:-1}" != "0" && $etcd_rows == 1 ]]; then
   if ! command -v java >/dev/null 2>&1 || [[ ! -f /usr/share/java/zookeeper.jar ]]; then
-    echo "run.sh: installing zookeeper with apt" >&2
-    sudo=""
-    [[ $(id -u) -eq 0 ]] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq zookeeper >/dev/null
+    apt_install zookeeper
   fi
   zkflags=()
   ((quick)) && zkflags=(-quick)

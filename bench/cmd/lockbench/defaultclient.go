@@ -234,32 +234,30 @@ func (r *report) defaultClientGoals() []goal {
 				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("csps")), mdfmt.Int(rd.med("csps")),
 					spread(fl, "csps"), spread(rd, "csps")), ratio >= 1.2 && fl.worst("violations") == 0})
 		}
-		for i, n := range s.Sizes {
-			fl := on(s.Held[n], "flightlock", c)
-			if fl == nil {
-				continue
-			}
-			gs = append(gs, goal{name(fmt.Sprintf("%s held locks", mdfmt.Int(float64(n)))), "≤ 300 B of live heap per held lock",
-				fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
-			if i == 0 {
-				gs = append(gs, goal{name(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
-					fmt.Sprintf("%s B per lock (repetitions %s), %s goroutines above the baseline", mdfmt.Float(fl.med("after_heap")),
-						spread(fl, "after_heap"), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
-			}
-		}
-		for i, n := range s.Sizes {
-			fl := on(s.HeldCold[n], "flightlock", c)
-			if fl == nil || c != defaultClient {
-				continue
-			}
-			cold := func(what string) string { return fmt.Sprintf("%s, default client, cold", what) }
-			gs = append(gs, goal{cold(fmt.Sprintf("%s held locks", mdfmt.Int(float64(n)))), "≤ 300 B of live heap per held lock",
-				fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
-			if i == 0 {
-				gs = append(gs, goal{cold(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
-					fmt.Sprintf("%s B per lock (repetitions %s), of it %s B the buffers of the connections the client's pool kept (%s + %s pipeline); %s goroutines above the baseline",
-						mdfmt.Float(fl.med("after_heap")), spread(fl, "after_heap"), mdfmt.Float(fl.med("conn_bytes")), mdfmt.Int(fl.med("conns")),
-						mdfmt.Int(fl.med("pipe_conns")), mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
+		// The cold holding (bench.s9HoldCold) runs on the default client only.
+		for _, part := range []struct {
+			held map[int][]*result
+			name func(string) string
+			cold bool
+		}{{s.Held, name, false}, {s.HeldCold, func(what string) string { return what + ", default client, cold" }, true}} {
+			for i, n := range s.Sizes {
+				fl := on(part.held[n], "flightlock", c)
+				if fl == nil || part.cold && c != defaultClient {
+					continue
+				}
+				gs = append(gs, goal{part.name(fmt.Sprintf("%s held locks", mdfmt.Int(float64(n)))), "≤ 300 B of live heap per held lock",
+					fmt.Sprintf("%s B per lock (repetitions %s)", mdfmt.Int(fl.med("heap")), spread(fl, "heap")), fl.med("heap") <= 300})
+				if i > 0 {
+					continue
+				}
+				kept := ","
+				if part.cold {
+					kept = fmt.Sprintf(", of it %s B the buffers of the connections the client's pool kept (%s + %s pipeline);",
+						mdfmt.Float(fl.med("conn_bytes")), mdfmt.Int(fl.med("conns")), mdfmt.Int(fl.med("pipe_conns")))
+				}
+				gs = append(gs, goal{part.name(fmt.Sprintf("after releasing %s", mdfmt.Int(float64(n)))), "≤ 16 B per lock left",
+					fmt.Sprintf("%s B per lock (repetitions %s)%s %s goroutines above the baseline", mdfmt.Float(fl.med("after_heap")),
+						spread(fl, "after_heap"), kept, mdfmt.Int(fl.worst("after_gor"))), fl.med("after_heap") <= 16})
 			}
 		}
 	}

@@ -257,7 +257,7 @@ func (e *etcdBackend) floorPut(ctx context.Context, key string) (bool, error) {
 	return resp.Succeeded, nil
 }
 
-// lockOf is the floor, or a Mutex on session i (e.sessions must have made it; i < 0: e.sess):
+// lockOf is the floor, or a Mutex on session i (peerGoroutines must have made it; i < 0: e.sess):
 // a Mutex belongs to one session, and two Mutexes of one session on one key would both be
 // granted, so every goroutine contending for a key needs a session of its own.
 func (e *etcdBackend) lockOf(row string, i int) impl {
@@ -329,9 +329,10 @@ func (f etcdFloor) retried() int64  { return f.e.floorRetries.Load() }
 func (etcdFloor) roundTrips() int64 { return 0 }
 func (etcdFloor) close()            {}
 
-// sessions makes sure e.hotSess holds at least n Mutex sessions. The new ones are granted
-// sessionMakers at a time: one lease grant each, one Raft write.
-func (e *etcdBackend) sessions(n int) error {
+// peerGoroutines makes sure n Mutex goroutines can run at once: e.hotSess holds at least n
+// Mutex sessions. The new ones are granted sessionMakers at a time: one lease grant each, one
+// Raft write.
+func (e *etcdBackend) peerGoroutines(n int) error {
 	add := n - len(e.hotSess)
 	if add <= 0 {
 		return nil
@@ -351,9 +352,6 @@ func (e *etcdBackend) sessions(n int) error {
 	}
 	return nil
 }
-
-// peerGoroutines makes sure n Mutex goroutines can run at once.
-func (e *etcdBackend) peerGoroutines(n int) error { return e.sessions(n) }
 
 // dropGoroutinesBeyond closes the Mutex sessions past the first n (their leases' keep-alives
 // would otherwise load etcd and this process in the scenarios that follow).

@@ -181,36 +181,21 @@ func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
 }
 
 // startSystem builds and starts the example for one row from the example's own config file,
-// pointed at the benchmark's Redis and at free loopback ports.
+// pointed at the benchmark's Redis and at free loopback ports; the flightlock row keeps the
+// example's own middleware, as shipped.
 func (b *bench) startSystem(r s6Row) *httpbench.System {
 	c, ports, err := httpbench.Load(b.cfg.exampleConf)
 	if err != nil {
 		fatalf("s6: %v", err)
 	}
 	httpbench.PointRedis(&c, b.addr)
-	var (
-		opts   []app.Option
-		closes []func()
-	)
-	switch r.id {
-	case "none":
+	var opts []app.Option
+	if r.id == "none" {
 		opts = append(opts, app.WithoutOrderLock())
-	case "redislock", "setdel":
-		mw, closeClient := b.plainOrderLock(r.id, c.Order.Lock)
+	}
+	mw, closes := b.orderLock(r.id, c.Order.Lock, true)
+	if mw != nil {
 		opts = append(opts, app.WithOrderLock(mw))
-		closes = append(closes, closeClient)
-	case "shadow":
-		// The example's order rules with create-order in shadow mode, in a middleware of its own:
-		// a shadow rule never gives the order logic the lease it fences its writes with, so the
-		// writes go unfenced, as in the other replaced rows.
-		lc := c.Order.Lock
-		lc.Redis = flmw.RedisConf{Host: b.addr}
-		mw, closeMW, err := httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Shadow = true })
-		if err != nil {
-			fatalf("s6 shadow: %v", err)
-		}
-		opts = append(opts, app.WithOrderLock(mw))
-		closes = append(closes, closeMW)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, opts...)
 	if err != nil {
@@ -219,32 +204,13 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 	return s
 }
 
-// startBare starts the bare create-order server of one row: the example's order rules for
-// flightlock (from the example's config, its Redis replaced by the benchmark's), the plain
-// middlewares of the other rows as in startSystem, nothing for "none".
+// startBare starts the bare create-order server of one row, with the row's orderLock.
 func (b *bench) startBare(r s6Row) *httpbench.System {
 	c, _, err := httpbench.Load(b.cfg.exampleConf)
 	if err != nil {
 		fatalf("s6 bare: %v", err)
 	}
-	var (
-		mw     rest.Middleware
-		closes []func()
-	)
-	switch r.id {
-	case "flightlock":
-		lc := c.Order.Lock
-		lc.Redis = flmw.RedisConf{Host: b.addr}
-		m, closeMW, err := httpbench.OrderRules(lc, func(*flmw.Rule) {})
-		if err != nil {
-			fatalf("s6 bare flightlock: %v", err)
-		}
-		mw, closes = m, append(closes, closeMW)
-	case "redislock", "setdel":
-		var closeClient func()
-		mw, closeClient = b.plainOrderLock(r.id, c.Order.Lock)
-		closes = append(closes, closeClient)
-	}
+	mw, closes := b.orderLock(r.id, c.Order.Lock, false)
 	s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
 	if err != nil {
 		fatalf("s6 bare %s: %v", r.id, err)
@@ -252,16 +218,34 @@ func (b *bench) startBare(r s6Row) *httpbench.System {
 	return s
 }
 
-// plainOrderLock is the order API's lock of row id ("redislock" or "setdel") as a go-zero user
-// writes it without flightlock (httpbench.OrderMiddleware), with the prefix of the example's
-// Lock section lc, on a client of its own that the returned func closes.
-func (b *bench) plainOrderLock(id string, lc flmw.LockConf) (rest.Middleware, func()) {
-	r, _ := rowByID(id)
-	im, err := r.build(b.addr, tunedClient)
+// orderLock is the order API's lock of row id as a middleware of its own, from the example's
+// Lock section lc, with what closes it; nil for "none", and for flightlock when the example
+// installs its own (asShipped). redislock and setdel are locks as a go-zero user writes them
+// without flightlock (httpbench.OrderMiddleware), with lc's prefix, on a client of their own.
+// flightlock and shadow are the example's order rules on the benchmark's Redis, shadow with
+// create-order in shadow mode: a shadow rule never gives the order logic the lease it fences
+// its writes with, so the writes go unfenced, as in the other replaced rows.
+func (b *bench) orderLock(id string, lc flmw.LockConf, asShipped bool) (rest.Middleware, []func()) {
+	edit := func(*flmw.Rule) {}
+	switch {
+	case id == "redislock" || id == "setdel":
+		r, _ := rowByID(id)
+		im, err := r.build(b.addr, tunedClient)
+		if err != nil {
+			fatalf("s6 %s: %v", id, err)
+		}
+		return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix), []func(){im.close}
+	case id == "shadow":
+		edit = func(r *flmw.Rule) { r.Shadow = true }
+	case id != "flightlock" || asShipped:
+		return nil, nil
+	}
+	lc.Redis = flmw.RedisConf{Host: b.addr}
+	mw, closeMW, err := httpbench.OrderRules(lc, edit)
 	if err != nil {
 		fatalf("s6 %s: %v", id, err)
 	}
-	return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix), im.close
+	return mw, []func(){closeMW}
 }
 
 // tryLockFunc is one attempt of im (busy: 409) as the order API's lock, on every store; the

@@ -64,6 +64,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -78,6 +79,7 @@ import (
 	"github.com/flightlock/flightlock/zkstore"
 
 	"github.com/flightlock/flightlock/bench/internal/benchflag"
+	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 )
 
@@ -381,26 +383,24 @@ func runRedis(cfg config, prof profiling) {
 	stopServers = srv.Stop
 	progress("redis-server pid %d on %s", srv.Pid(), srv.Addr)
 
-	if prof.cpuprofile != "" {
-		f, err := os.Create(prof.cpuprofile)
+	for _, p := range []struct {
+		path  string
+		start func(io.Writer) error
+		stop  func()
+	}{{prof.cpuprofile, pprof.StartCPUProfile, pprof.StopCPUProfile}, {prof.trace, trace.Start, trace.Stop}} {
+		if p.path == "" {
+			continue
+		}
+		f, err := os.Create(p.path)
 		if err != nil {
 			fatalf("%v", err)
 		}
-		_ = pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
-	}
-
-	if prof.trace != "" {
-		f, err := os.Create(prof.trace)
-		if err != nil {
-			fatalf("%v", err)
-		}
-		_ = trace.Start(f)
-		defer trace.Stop()
+		_ = p.start(f)
+		defer p.stop()
 	}
 
 	b := &bench{addr: srv.Addr, adm: newAdmin(srv.Addr), cfg: cfg, impls: map[string]impl{}}
-	rep := &report{cfg: cfg, machine: machineInfo(srv.Version()), started: time.Now()}
+	rep := &report{cfg: cfg, machine: machine{Machine: hostinfo.Collect(), Redis: srv.Version()}, started: time.Now()}
 	// 13 runs before 10-12, whose report is another document.
 	for _, sc := range []struct {
 		n   int

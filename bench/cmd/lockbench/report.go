@@ -23,10 +23,6 @@ type machine struct {
 	Redis string `json:"redis"`
 }
 
-func machineInfo(redisVersion string) machine {
-	return machine{Machine: hostinfo.Collect(), Redis: redisVersion}
-}
-
 // machineTable is the Redis reports' table of the machine, its load at the start and now.
 func (r *report) machineTable(w func(string, ...any)) {
 	m := r.machine

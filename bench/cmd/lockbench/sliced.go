@@ -28,17 +28,16 @@ const (
 
 // sliceSum is what one row gathered over its slices.
 type sliceSum struct {
-	ops, errs         int64
-	elapsed           time.Duration
-	st                serverStats // the server's counters and the CPU, summed
-	mallocs, bytes    uint64
-	lat, lockLat      []int64
-	inCalls, outside  []int64 // per operation: time inside the client's calls, and the rest
-	plain, violations int64
-	waits             []int64
-	firstErr          string
-	keys              []string // the row's keys (sliceRows: one per operation)
-	keysNext          int      // the next of the row's keys to lock (sliceRows)
+	ops, errs        int64
+	elapsed          time.Duration
+	st               serverStats // the server's counters and the CPU, summed
+	mallocs, bytes   uint64
+	lat, lockLat     []int64
+	inCalls, outside []int64 // per operation: time inside the client's calls, and the rest
+	waits            []int64
+	firstErr         string
+	keys             []string // the row's keys (sliceRows: one per operation)
+	keysNext         int      // the next of the row's keys to lock (sliceRows)
 }
 
 // uncontendedSliced runs lock + unlock for rows in one repetition on keys named after prefix
@@ -50,14 +49,10 @@ func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, sli
 	for i, r := range rows {
 		ims[i] = b.impl(r)
 	}
-	all := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), maxOps, rep, d, slice, timeCalls, b.meter)
-	sums := map[string]*sliceSum{}
-	for i, r := range rows {
-		sums[r.id] = all[i]
-	}
+	sums := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), maxOps, rep, d, slice, timeCalls, b.meter)
 	out, cmds := map[string]metrics{}, map[string]cmdDelta{}
-	for _, r := range rows {
-		s := sums[r.id]
+	for i, r := range rows {
+		s := sums[i]
 		fn := float64(max(s.ops, 1))
 		m := latencyMetrics(s.lat, s.lockLat)
 		maps.Copy(m, metrics{
@@ -171,8 +166,8 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
 		s := sums[r.id]
-		s.plain, s.violations = guardSums(guards[r.id])
-		m := contendMetrics(contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, s.plain, s.violations)
+		plain, violations := guardSums(guards[r.id])
+		m := contendMetrics(contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, violations)
 		perOpMicros(m, s.st, s.ops, true)
 		out[r.id], errs[r.id] = m, s.firstErr
 	}

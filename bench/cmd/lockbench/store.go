@@ -216,21 +216,11 @@ func runStore(c *config, be backend) {
 	}
 	stopServers = be.Stop
 	progress("%s", be.describe())
-	l, err := be.open(c)
+	b, err := openStoreBench(c, be)
 	if err != nil {
 		fatalf("setup: %v", err)
 	}
-	flight, err := newLockerRow(l)
-	if err != nil {
-		fatalf("setup: %v", err)
-	}
-	b := &storeBench{c: c, be: be, l: l, flight: flight}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = l.Drain(ctx)
-		be.close()
-	}()
+	defer b.close()
 
 	// A freshly started server commits its first writes more slowly (a JVM compiles meanwhile),
 	// which would tilt the first repetition against its first row.
@@ -354,23 +344,31 @@ func (b *storeBench) runProcs(row, key string, procs, perProc int, d time.Durati
 	return m, all.FirstErr
 }
 
+// openStoreBench opens be's clients and the bench's Locker on its server.
+func openStoreBench(c *config, be backend) (*storeBench, error) {
+	l, err := be.open(c)
+	if err != nil {
+		return nil, err
+	}
+	flight, err := newLockerRow(l)
+	return &storeBench{c: c, be: be, l: l, flight: flight}, err
+}
+
+// close drains the bench's Locker and closes the backend's clients.
+func (b *storeBench) close() { drainClose(b.l, func() error { b.be.close(); return nil }) }
+
 // storeWorkerRow builds a row of a backend in a worker process, on clients, a Locker and
 // a store of the worker's own (open on the parent's server), warmed on keys of its own.
 func storeWorkerRow(be backend, row, addr string, c *config) (workerRow, error) {
 	be.attach(addr)
-	l, err := be.open(c)
+	b, err := openStoreBench(c, be)
 	if err != nil {
 		return workerRow{}, err
 	}
-	flight, err := newLockerRow(l)
-	if err != nil {
-		return workerRow{}, err
-	}
-	b := &storeBench{c: c, be: be, l: l, flight: flight}
 	return workerRow{
 		holders: func(keys []string, n int) []contend.Holder { return b.rowHolders(row, keys, n) },
 		warm:    func() error { return warmImpl(b.rowImpl(row, 0), fmt.Sprintf("warm-%d", os.Getpid()), 5) },
-		close:   func() { drainClose(l, func() error { be.close(); return nil }) },
+		close:   b.close,
 	}, nil
 }
 
