@@ -173,8 +173,11 @@ func (e *etcdBackend) open(c *config) (*flightlock.Locker, error) {
 		return nil, fmt.Errorf("warm-up lock: %w", err)
 	}
 	kv, err := cli.Get(ctx, "lock:warm")
-	if err != nil || len(kv.Kvs) == 0 {
-		return nil, fmt.Errorf("read the warm-up key: %v (%d keys)", err, len(kv.Kvs))
+	if err != nil {
+		return nil, fmt.Errorf("read the warm-up key: %w", err)
+	}
+	if len(kv.Kvs) == 0 {
+		return nil, errors.New("read the warm-up key: not found")
 	}
 	e.floorValue = string(kv.Kvs[0].Value)
 	if err := lease.Release(ctx); err != nil {
