@@ -119,20 +119,13 @@ func ms(ns float64) time.Duration { return time.Duration(ns).Round(10 * time.Mic
 // (Loads.Low): the median over the rounds of x's p50 minus base's p50 of the same round, and of
 // that difference divided by the round's round trip (rt, by round: Loads.RoundTrips).
 func Added[M ~map[string]float64](x, base []M, rt []float64) (ns, rts float64, ok bool) {
-	byRound := map[float64]float64{}
-	for _, m := range base {
-		byRound[m["round"]] = m["p50"]
-	}
 	var diffs, ratios []float64
-	for _, m := range x {
-		b, okb := byRound[m["round"]]
-		k := int(m["round"])
-		if !okb || k >= len(rt) || rt[k] <= 0 {
-			continue
+	pair(x, base, "round", "p50", func(m M, b float64) {
+		if k := int(m["round"]); k < len(rt) && rt[k] > 0 {
+			diffs = append(diffs, m["p50"]-b)
+			ratios = append(ratios, (m["p50"]-b)/rt[k])
 		}
-		diffs = append(diffs, m["p50"]-b)
-		ratios = append(ratios, (m["p50"]-b)/rt[k])
-	}
+	})
 	if len(diffs) == 0 {
 		return 0, 0, false
 	}
@@ -143,18 +136,28 @@ func Added[M ~map[string]float64](x, base []M, rt []float64) (ns, rts float64, o
 // same repetition (Loads.Sat): rows run one after the other, so a repetition disturbed by the
 // machine moves both, and the ratio less than either.
 func Paired[M ~map[string]float64](x, y []M, metric string) (float64, bool) {
-	byRep := map[float64]float64{}
-	for _, m := range y {
-		byRep[m["rep"]] = m[metric]
-	}
 	var ratios []float64
-	for _, m := range x {
-		if v, ok := byRep[m["rep"]]; ok && v > 0 {
+	pair(x, y, "rep", metric, func(m M, v float64) {
+		if v > 0 {
 			ratios = append(ratios, m[metric]/v)
 		}
-	}
+	})
 	if len(ratios) == 0 {
 		return 0, false
 	}
 	return stat.Median(ratios), true
+}
+
+// pair calls f with every run of x that y has a run of the same by ("round", "rep") for, and
+// that run's metric.
+func pair[M ~map[string]float64](x, y []M, by, metric string, f func(m M, v float64)) {
+	of := map[float64]float64{}
+	for _, m := range y {
+		of[m[by]] = m[metric]
+	}
+	for _, m := range x {
+		if v, ok := of[m[by]]; ok {
+			f(m, v)
+		}
+	}
 }

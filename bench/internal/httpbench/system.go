@@ -69,17 +69,24 @@ type System struct {
 // starts its three servers in the background and waits until they listen on ports. closes run
 // after the servers stop (Stop), e.g. to close a client the row's own middleware uses.
 func Start(id, prefix string, c app.Config, ports []int, closes []func(), opts ...app.Option) (*System, error) {
-	s := &System{ID: id, Prefix: prefix, URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), done: make(chan struct{}), closes: closes}
-	var err error
-	if s.Sys, err = app.New(c, opts...); err != nil {
+	sys, err := app.New(c, opts...)
+	if err != nil {
 		for _, f := range closes {
 			f()
 		}
 		return nil, err
 	}
+	return launch(&System{ID: id, Prefix: prefix, Sys: sys, closes: closes}, sys.Start, ports)
+}
+
+// launch runs serve, which serves s, in the background and waits until something listens on
+// each of ports, the first of them s's order API; if one does not, Stop of the other systems
+// shuts s down with them.
+func launch(s *System, serve func(), ports []int) (*System, error) {
+	s.URL, s.done = fmt.Sprintf("http://127.0.0.1:%d", ports[0]), make(chan struct{})
 	go func() {
 		defer close(s.done)
-		s.Sys.Start()
+		serve()
 	}()
 	for _, p := range ports {
 		if err := WaitListening(p); err != nil {
