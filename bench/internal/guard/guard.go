@@ -105,9 +105,11 @@ func (g Guard) Critical(fence int64) {
 // stay inside across other calls (a held key that waiters must not be granted) calls Enter and
 // Exit itself.
 func (g Guard) Enter(fence int64) {
+	n := atomic.AddInt64(g.inside, 1)
 	if g.limit > 1 {
-		g.enterShared()
-	} else if atomic.AddInt64(g.inside, 1) != 1 || g.rw && atomic.LoadInt64(g.readers) != 0 {
+		g.raisePeak(n)
+	}
+	if n > max(g.limit, 1) || g.rw && atomic.LoadInt64(g.readers) != 0 {
 		atomic.AddInt64(g.violations, 1)
 	}
 	if fence != 0 {
@@ -115,16 +117,6 @@ func (g Guard) Enter(fence int64) {
 			atomic.AddInt64(g.fenceViolations, 1)
 		}
 	}
-}
-
-// enterShared is Enter's count for a guard that admits limit holders: a violation past limit,
-// and the peak raised to the count seen.
-func (g Guard) enterShared() {
-	n := atomic.AddInt64(g.inside, 1)
-	if n > g.limit {
-		atomic.AddInt64(g.violations, 1)
-	}
-	g.raisePeak(n)
 }
 
 // raisePeak raises the peak to n if n is above it.
