@@ -43,9 +43,7 @@ func Load(path string) (app.Config, []int, error) {
 	c.Order.Inventory.Endpoints = []string{c.Inventory.ListenOn}
 	c.Order.Balance.Endpoints = []string{c.Balance.ListenOn}
 	c.Order.OrderDelay = 0
-	for _, sc := range []*int64{&c.Order.CpuThreshold, &c.Inventory.CpuThreshold, &c.Balance.CpuThreshold} {
-		*sc = 0
-	}
+	c.Order.CpuThreshold, c.Inventory.CpuThreshold, c.Balance.CpuThreshold = 0, 0, 0
 	c.Order.Log.Level, c.Inventory.Log.Level, c.Balance.Log.Level = "severe", "severe", "severe"
 	return c, ports, nil
 }
