@@ -134,7 +134,11 @@ func run(cs, reps int, record bool, file string) (fell bool, err error) {
 	last := readRecord(file)
 	// The guard compares figures relative to the machine's pace of the same run (calibrate):
 	// a busy hour slows both alike. Raw figures are printed beside them.
-	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), kiloOr(last.Pace))
+	recPace := "-"
+	if last.Pace > 0 {
+		recPace = kilo(last.Pace)
+	}
+	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), recPace)
 	fmt.Printf("%-30s %14s %16s %10s %10s %s\n", "shape", "CS/s (median)", "runs (min-max)", "recorded", "raw", "vs pace")
 	now := make(map[string]float64)
 	for _, s := range shapes {
@@ -244,13 +248,6 @@ func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
 }
 
 func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
-
-func kiloOr(v float64) string {
-	if v <= 0 {
-		return "-"
-	}
-	return kilo(v)
-}
 
 // recordFile is the last recorded figures: CS/s per shape, the commit and the time.
 type recordFile struct {
