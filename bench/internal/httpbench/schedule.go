@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
@@ -68,13 +69,6 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 	time.Sleep(time.Second)
 	loads.IdleCPU = (cpustat.Self() - idle0).Seconds() / time.Since(t0).Seconds()
 
-	order := func(k int) []*System {
-		out := make([]*System, len(systems))
-		for i := range out {
-			out[i] = systems[(i+k)%len(systems)]
-		}
-		return out
-	}
 	for rep := range sc.Reps {
 		// Low load: short rounds, each with its own round trip and every row, so that each row's
 		// added latency is taken against the no-lock row and the round trip of its own round
@@ -82,7 +76,7 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 		for k := range LowRounds {
 			round := rep*LowRounds + k
 			loads.RoundTrips = append(loads.RoundTrips, sc.RoundTrip())
-			for _, s := range order(round) {
+			for _, s := range interleave.Rotate(systems, round) {
 				m, err := sc.Measure(s, LowConns, sc.Low, s.RPS*sc.Low.Seconds())
 				if err != nil {
 					return loads, err
@@ -93,7 +87,7 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 					m["rps"], ms(m["p50"]), ms(m["p99"]), int64(m["errors"]))
 			}
 		}
-		for _, s := range order(rep) {
+		for _, s := range interleave.Rotate(systems, rep) {
 			m, err := sc.Measure(s, SatConns, sc.Sat, s.RPS*sc.Sat.Seconds())
 			if err != nil {
 				return loads, err

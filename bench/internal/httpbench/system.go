@@ -159,16 +159,11 @@ func PointRedis(c *app.Config, addr string) {
 // the rows of the other libraries.
 func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (mw rest.Middleware, closeMW func(), err error) {
 	lc.Rules = slices.Clone(lc.Rules)
-	found := false
-	for i := range lc.Rules {
-		if lc.Rules[i].Path == "/api/order/create" {
-			edit(&lc.Rules[i])
-			found = true
-		}
-	}
-	if !found {
+	i := slices.IndexFunc(lc.Rules, func(r flmw.Rule) bool { return r.Path == "/api/order/create" })
+	if i < 0 {
 		return nil, nil, errors.New("the order API has no rule for /api/order/create")
 	}
+	edit(&lc.Rules[i])
 	m, err := flmw.New(lc, opts...)
 	if err != nil {
 		return nil, nil, err

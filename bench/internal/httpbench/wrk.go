@@ -47,12 +47,11 @@ func NewWrk() (*Wrk, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.Write(orderLua); err != nil {
-		_ = f.Close()
+	_, err = f.Write(orderLua)
+	if err = errors.Join(err, f.Close()); err != nil {
 		_ = os.Remove(f.Name())
 		return nil, err
 	}
-	_ = f.Close()
 	return &Wrk{bin: bin, script: f.Name()}, nil
 }
 
