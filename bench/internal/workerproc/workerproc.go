@@ -12,10 +12,30 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock/internal/testenv/childproc"
 )
+
+// Set tracks the processes a run started (workers, wrk), so that an interrupted run ends
+// them by their pids. The zero value is ready to use.
+type Set struct {
+	cmds sync.Map // the started *exec.Cmd of every tracked process
+}
+
+// Track adds a started cmd; the returned func removes it.
+func (s *Set) Track(cmd *exec.Cmd) (untrack func()) {
+	s.cmds.Store(cmd, nil)
+	return func() { s.cmds.Delete(cmd) }
+}
+
+// KillAll kills every tracked process.
+func (s *Set) KillAll() {
+	for c := range s.cmds.Range {
+		_ = c.(*exec.Cmd).Process.Kill()
+	}
+}
 
 // worker is a started worker process, tracked in a Set until it has exited.
 type worker struct {
