@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -65,23 +67,22 @@ func main() {
 	file := flag.String("file", defaultRecord(), "the record file")
 	profile := flag.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
 	flag.Parse()
-	if *profile != "" {
-		if err := profileHotKey(*profile, *cs*20); err != nil {
-			fmt.Fprintln(os.Stderr, "hotkey:", err)
-			os.Exit(1)
-		}
-		return
+	var err error
+	fell, prefix := false, "hotkey:"
+	switch {
+	case *profile != "":
+		err = profileHotKey(*profile, *cs*20)
+	case *worker:
+		err, prefix = runWorker(*addr, *g, *cs), "hotkey worker:"
+	default:
+		fell, err = run(*cs, *reps, *record, *file)
 	}
-	if *worker {
-		if err := runWorker(*addr, *g, *cs); err != nil {
-			fmt.Fprintln(os.Stderr, "hotkey worker:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	if err := run(*cs, *reps, *record, *file); err != nil {
-		fmt.Fprintln(os.Stderr, "hotkey:", err)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, prefix, err)
 		os.Exit(1)
+	}
+	if fell {
+		os.Exit(3)
 	}
 }
 
@@ -93,31 +94,28 @@ func defaultRecord() string {
 	return filepath.Join("bench", "hotkey.json")
 }
 
-func run(cs, reps int, record bool, file string) error {
+// run measures every shape reps times, prints the table and, with record, writes the record;
+// fell reports a figure more than regression below its record.
+func run(cs, reps int, record bool, file string) (fell bool, err error) {
 	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer srv.Stop()
 	fmt.Printf("hotkey: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
 		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
 
-	inproc, err := newHarness(srv.Addr)
+	inproc, err := newHarness(srv.Addr, 64, cs/4)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer inproc.close()
-	// Warm-up: the script load, the pool's connections, the gate's first entry.
-	if _, err := inproc.run(inproc.freshKey(), 64, cs/4); err != nil {
-		return err
-	}
 	figures := make(map[string][]float64)
 	var machine []float64
-	for r := 0; r < reps; r++ {
+	for r := range reps {
 		machine = append(machine, calibrate(cs))
 		// The order rotates each round so that a drift of the machine lands on every shape alike.
-		for i := range shapes {
-			s := shapes[(i+r)%len(shapes)]
+		for _, s := range interleave.Rotate(shapes, r) {
 			var rate float64
 			if s.procs == 1 {
 				rate, err = inproc.run(inproc.freshKey(), s.goroutines, cs)
@@ -125,7 +123,7 @@ func run(cs, reps int, record bool, file string) error {
 				rate, err = runProcs(srv.Addr, s, cs)
 			}
 			if err != nil {
-				return fmt.Errorf("%s: %w", s.name, err)
+				return false, fmt.Errorf("%s: %w", s.name, err)
 			}
 			figures[s.name] = append(figures[s.name], rate)
 		}
@@ -133,12 +131,15 @@ func run(cs, reps int, record bool, file string) error {
 
 	slices.Sort(machine)
 	pace := machine[len(machine)/2]
-	last, _ := readRecord(file)
+	last := readRecord(file)
 	// The guard compares figures relative to the machine's pace of the same run (calibrate):
 	// a busy hour slows both alike. Raw figures are printed beside them.
-	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), kiloOr(last.Pace))
+	recPace := "-"
+	if last.Pace > 0 {
+		recPace = kilo(last.Pace)
+	}
+	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), recPace)
 	fmt.Printf("%-30s %14s %16s %10s %10s %s\n", "shape", "CS/s (median)", "runs (min-max)", "recorded", "raw", "vs pace")
-	fell := false
 	now := make(map[string]float64)
 	for _, s := range shapes {
 		rs := figures[s.name]
@@ -165,14 +166,11 @@ func run(cs, reps int, record bool, file string) error {
 	}
 	if record {
 		if err := writeRecord(file, pace, now); err != nil {
-			return err
+			return fell, err
 		}
 		fmt.Printf("recorded in %s\n", file)
 	}
-	if fell {
-		os.Exit(3)
-	}
-	return nil
+	return fell, nil
 }
 
 // profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
@@ -182,14 +180,11 @@ func profileHotKey(file string, cs int) error {
 		return err
 	}
 	defer srv.Stop()
-	h, err := newHarness(srv.Addr)
+	h, err := newHarness(srv.Addr, 64, 4000)
 	if err != nil {
 		return err
 	}
 	defer h.close()
-	if _, err := h.run(h.freshKey(), 64, 4000); err != nil {
-		return err
-	}
 	f, err := os.Create(file)
 	if err != nil {
 		return err
@@ -214,33 +209,45 @@ func profileHotKey(file string, cs int) error {
 // hours of one machine kind.
 func calibrate(cs int) float64 {
 	slot := make(chan struct{}, 1)
+	rate, _ := share(64, cs, func(context.Context) error {
+		slot <- struct{}{}
+		runtime.Gosched() // the holder's own work: another goroutine may run meanwhile
+		<-slot
+		return nil
+	})
+	return rate
+}
+
+// share has g goroutines take cs turns in all, each goroutine on a request's context
+// (cancellable, with a deadline), and returns turns per second; a turn's error ends its
+// goroutine's turns and is returned.
+func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
 	left := atomic.Int64{}
 	left.Store(int64(cs))
+	var firstErr atomic.Pointer[error]
 	var wg sync.WaitGroup
 	start := time.Now()
-	for range 64 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range g {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
 			for left.Add(-1) >= 0 {
-				slot <- struct{}{}
-				runtime.Gosched() // the holder's own work: another goroutine may run meanwhile
-				<-slot
+				if err := turn(ctx); err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+					return
+				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	return float64(cs) / time.Since(start).Seconds()
+	elapsed := time.Since(start)
+	if err := firstErr.Load(); err != nil {
+		return 0, *err
+	}
+	return float64(cs) / elapsed.Seconds(), nil
 }
 
 func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
-
-func kiloOr(v float64) string {
-	if v <= 0 {
-		return "-"
-	}
-	return kilo(v)
-}
 
 // recordFile is the last recorded figures: CS/s per shape, the commit and the time.
 type recordFile struct {
@@ -251,14 +258,13 @@ type recordFile struct {
 	Figures map[string]float64 `json:"figures"`
 }
 
-func readRecord(file string) (recordFile, error) {
+// readRecord reads the record file; without one, or with one it cannot parse, it records nothing.
+func readRecord(file string) recordFile {
 	var r recordFile
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return r, err
+	if b, err := os.ReadFile(file); err == nil {
+		_ = json.Unmarshal(b, &r)
 	}
-	err = json.Unmarshal(b, &r)
-	return r, err
+	return r
 }
 
 func writeRecord(file string, pace float64, figures map[string]float64) error {
@@ -287,7 +293,10 @@ type harness struct {
 	round  atomic.Int64
 }
 
-func newHarness(addr string) (*harness, error) {
+// newHarness builds a harness on the redis-server at addr and warms it up with g goroutines
+// sharing warm critical sections on a key of its own: the script load, the pool's
+// connections, the gate's first entry.
+func newHarness(addr string, g, warm int) (*harness, error) {
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	store := redisstore.New(client)
 	l, err := flightlock.New(store)
@@ -295,7 +304,12 @@ func newHarness(addr string) (*harness, error) {
 		_ = client.Close()
 		return nil, err
 	}
-	return &harness{client: client, store: store, locker: l}, nil
+	h := &harness{client: client, store: store, locker: l}
+	if _, err := h.run(h.freshKey(), g, warm); err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
 }
 
 func (h *harness) close() {
@@ -309,45 +323,20 @@ func (h *harness) freshKey() string { return fmt.Sprintf("hot:%d:%d", os.Getpid(
 // run has g goroutines share cs critical sections on key and returns critical sections per
 // second. Every critical section checks that no other goroutine of this process is inside.
 func (h *harness) run(key string, g, cs int) (float64, error) {
-	left := atomic.Int64{}
-	left.Store(int64(cs))
-	var inside, violations atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A request's context: cancellable, with a deadline.
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			for left.Add(-1) >= 0 {
-				lease, err := h.locker.Lock(ctx, key)
-				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				if inside.Add(1) != 1 {
-					violations.Add(1)
-				}
-				inside.Add(-1)
-				if err := lease.Release(ctx); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if err, _ := firstErr.Load().(error); err != nil {
-		return 0, err
-	}
-	if v := violations.Load(); v > 0 {
+	alone := guard.New()
+	rate, err := share(g, cs, func(ctx context.Context) error {
+		lease, err := h.locker.Lock(ctx, key)
+		if err != nil {
+			return err
+		}
+		alone.Enter(0)
+		alone.Exit()
+		return lease.Release(ctx)
+	})
+	if v := alone.Violations(); err == nil && v > 0 {
 		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
 	}
-	return float64(cs) / elapsed.Seconds(), nil
+	return rate, err
 }
 
 // runProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
@@ -374,14 +363,11 @@ func runProcs(addr string, s shape, cs int) (float64, error) {
 // runWorker is one process of a multi-process shape: the key is shared by every worker. It
 // prints when it ended, so that the parent's figure does not count the workers' exits.
 func runWorker(addr string, g, cs int) error {
-	h, err := newHarness(addr)
+	h, err := newHarness(addr, g, 200)
 	if err != nil {
 		return err
 	}
 	defer h.close()
-	if _, err := h.run(h.freshKey(), g, 200); err != nil { // warm-up on a key of its own
-		return err
-	}
 	start, err := workerproc.AwaitStart()
 	if err != nil {
 		return err

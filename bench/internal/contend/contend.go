@@ -6,6 +6,7 @@
 package contend
 
 import (
+	"cmp"
 	"context"
 	"math/rand/v2"
 	"sync"
@@ -65,13 +66,11 @@ func Run(hs []Holder, gs []guard.Guard, start, end time.Time, seed uint64, lockT
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(i)))
 			rh, _ := h.(ReadHolder)
-			var ops, reads, errs, rerrs int64
-			var firstErr error
-			var readWaits []int64
-			waits := make([]int64, 0, capWaits)
+			r := Result{Waits: make([]int64, 0, capWaits)}
 			if rh != nil {
-				readWaits = make([]int64, 0, capWaits)
+				r.ReadWaits = make([]int64, 0, capWaits)
 			}
+			var firstErr error
 			time.Sleep(time.Until(start))
 			for time.Now().Before(end) {
 				k := 0
@@ -81,14 +80,12 @@ func Run(hs []Holder, gs []guard.Guard, start, end time.Time, seed uint64, lockT
 				t0 := time.Now()
 				fence, err := h.Lock(ctx, k)
 				if err != nil {
-					errs++
-					if firstErr == nil {
-						firstErr = err
-					}
+					r.Errors++
+					firstErr = cmp.Or(firstErr, err)
 					time.Sleep(time.Millisecond)
 					continue
 				}
-				wait := time.Since(t0)
+				wait := int64(time.Since(t0))
 				reading := rh != nil && rh.Reading()
 				if reading {
 					gs[k].Read()
@@ -96,28 +93,26 @@ func Run(hs []Holder, gs []guard.Guard, start, end time.Time, seed uint64, lockT
 					gs[k].Critical(fence)
 				}
 				if !time.Now().After(end) {
-					ops++
+					r.Ops++
 					if reading {
-						reads++
-						readWaits = append(readWaits, int64(wait))
+						r.Reads++
+						r.ReadWaits = append(r.ReadWaits, wait)
 					} else {
-						waits = append(waits, int64(wait))
+						r.Waits = append(r.Waits, wait)
 					}
 				}
 				if err := h.Unlock(ctx); err != nil {
-					rerrs++
-					if firstErr == nil {
-						firstErr = err
-					}
+					r.ReleaseErrors++
+					firstErr = cmp.Or(firstErr, err)
 				}
 			}
 			mu.Lock()
-			res.Ops += ops
-			res.Reads += reads
-			res.ReadWaits = append(res.ReadWaits, readWaits...)
-			res.Errors += errs
-			res.ReleaseErrors += rerrs
-			res.Waits = append(res.Waits, waits...)
+			res.Ops += r.Ops
+			res.Reads += r.Reads
+			res.Errors += r.Errors
+			res.ReleaseErrors += r.ReleaseErrors
+			res.Waits = append(res.Waits, r.Waits...)
+			res.ReadWaits = append(res.ReadWaits, r.ReadWaits...)
 			if res.FirstErr == "" && firstErr != nil {
 				res.FirstErr = firstErr.Error()
 			}

@@ -2,15 +2,15 @@
 // find a second holder: an "inside" count that must read 1 (at most n for a semaphore of n
 // permits, Admitting; no writer beside a reader for a read-write lock, ReadWrite), a plain
 // counter that a lost update leaves short, and, for locks with fencing tokens, a fence that
-// must rise. The words live in this process's memory or in a
-// file every worker process maps (shm), so that the checks span processes without touching
-// the lock's store.
+// must rise. The words live in this process's memory or in a file every worker process maps
+// (Map), so that the checks span processes without touching the lock's store.
 package guard
 
 import (
+	"os"
 	"sync/atomic"
-
-	"github.com/flightlock/flightlock/bench/internal/shm"
+	"syscall"
+	"unsafe"
 )
 
 // Guard guards one key. Its zero value is unusable: build it with New or Map.
@@ -27,8 +27,11 @@ type Guard struct {
 	rw    bool  // writers (Enter, Critical) also count the readers inside as a violation. Per process.
 }
 
-// words is how many words of a mapped page a guard uses.
-const words = 7
+// A guard uses words int64 words; Map maps them from the first page (page bytes) of its file.
+const (
+	words = 7
+	page  = 4096
+)
 
 func fromWords(w []int64) Guard {
 	return Guard{inside: &w[0], plain: &w[1], violations: &w[2], lastFence: &w[3], fenceViolations: &w[4], peak: &w[5], readers: &w[6]}
@@ -62,11 +65,25 @@ func New() Guard { return fromWords(make([]int64, words)) }
 // Map returns a guard whose words live in the file at path (created and zeroed when create),
 // shared with every process that maps it, and the function that unmaps it.
 func Map(path string, create bool) (Guard, func(), error) {
-	w, unmap, err := shm.Map(path, create)
+	flags := os.O_RDWR
+	if create {
+		flags |= os.O_CREATE | os.O_TRUNC
+	}
+	f, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
 		return Guard{}, nil, err
 	}
-	return fromWords(w[:words]), unmap, nil
+	defer f.Close()
+	if create {
+		if err := f.Truncate(page); err != nil {
+			return Guard{}, nil, err
+		}
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, page, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return Guard{}, nil, err
+	}
+	return fromWords(unsafe.Slice((*int64)(unsafe.Pointer(&mem[0])), words)), func() { _ = syscall.Munmap(mem) }, nil
 }
 
 // Critical is the benchmark's critical section, run by a holder whose lock gave it fence (0:
@@ -88,9 +105,11 @@ func (g Guard) Critical(fence int64) {
 // stay inside across other calls (a held key that waiters must not be granted) calls Enter and
 // Exit itself.
 func (g Guard) Enter(fence int64) {
+	n := atomic.AddInt64(g.inside, 1)
 	if g.limit > 1 {
-		g.enterShared()
-	} else if atomic.AddInt64(g.inside, 1) != 1 || g.rw && atomic.LoadInt64(g.readers) != 0 {
+		g.raisePeak(n)
+	}
+	if n > max(g.limit, 1) || g.rw && atomic.LoadInt64(g.readers) != 0 {
 		atomic.AddInt64(g.violations, 1)
 	}
 	if fence != 0 {
@@ -98,16 +117,6 @@ func (g Guard) Enter(fence int64) {
 			atomic.AddInt64(g.fenceViolations, 1)
 		}
 	}
-}
-
-// enterShared is Enter's count for a guard that admits limit holders: a violation past limit,
-// and the peak raised to the count seen.
-func (g Guard) enterShared() {
-	n := atomic.AddInt64(g.inside, 1)
-	if n > g.limit {
-		atomic.AddInt64(g.violations, 1)
-	}
-	g.raisePeak(n)
 }
 
 // raisePeak raises the peak to n if n is above it.

@@ -3,15 +3,13 @@ package hostinfo
 
 import (
 	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 )
 
 // Machine is the machine and the Go toolchain of a run.
 type Machine struct {
-	CPUs   int    `json:"cpus"` // nproc (the CPUs this process may use)
+	CPUs   int    `json:"cpus"` // the CPUs this process may use (its affinity mask, as nproc counts)
 	CPU    string `json:"cpu"`  // the first model name in /proc/cpuinfo
 	Go     string `json:"go"`
 	OS     string `json:"os"`
@@ -28,11 +26,6 @@ func Collect() Machine {
 				m.CPU = strings.TrimSpace(v)
 				break
 			}
-		}
-	}
-	if out, err := exec.Command("nproc").Output(); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {
-			m.CPUs = n
 		}
 	}
 	if raw, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {

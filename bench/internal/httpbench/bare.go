@@ -1,7 +1,6 @@
 package httpbench
 
 import (
-	"fmt"
 	"net/http"
 
 	"github.com/zeromicro/go-zero/rest"
@@ -27,15 +26,7 @@ func StartBare(id, prefix string, mw rest.Middleware, closes []func()) (*System,
 		srv.Use(mw)
 	}
 	srv.AddRoute(rest.Route{Method: http.MethodPost, Path: "/api/order/create", Handler: bareOrder})
-	s := &System{ID: id, Prefix: prefix, URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), done: make(chan struct{}), closes: closes}
-	go func() {
-		defer close(s.done)
-		srv.Start()
-	}()
-	if err := WaitListening(ports[0]); err != nil {
-		return nil, err // Stop of the other systems shuts it down with them
-	}
-	return s, nil
+	return launch(&System{ID: id, Prefix: prefix, closes: closes}, srv.Start, ports)
 }
 
 // bareOrder binds the order request and answers it, doing nothing else.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 )
 
@@ -68,13 +69,6 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 	time.Sleep(time.Second)
 	loads.IdleCPU = (cpustat.Self() - idle0).Seconds() / time.Since(t0).Seconds()
 
-	order := func(k int) []*System {
-		out := make([]*System, len(systems))
-		for i := range out {
-			out[i] = systems[(i+k)%len(systems)]
-		}
-		return out
-	}
 	for rep := range sc.Reps {
 		// Low load: short rounds, each with its own round trip and every row, so that each row's
 		// added latency is taken against the no-lock row and the round trip of its own round
@@ -82,7 +76,7 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 		for k := range LowRounds {
 			round := rep*LowRounds + k
 			loads.RoundTrips = append(loads.RoundTrips, sc.RoundTrip())
-			for _, s := range order(round) {
+			for _, s := range interleave.Rotate(systems, round) {
 				m, err := sc.Measure(s, LowConns, sc.Low, s.RPS*sc.Low.Seconds())
 				if err != nil {
 					return loads, err
@@ -93,7 +87,7 @@ func (sc Schedule) Run(systems []*System) (Loads, error) {
 					m["rps"], ms(m["p50"]), ms(m["p99"]), int64(m["errors"]))
 			}
 		}
-		for _, s := range order(rep) {
+		for _, s := range interleave.Rotate(systems, rep) {
 			m, err := sc.Measure(s, SatConns, sc.Sat, s.RPS*sc.Sat.Seconds())
 			if err != nil {
 				return loads, err
@@ -119,20 +113,13 @@ func ms(ns float64) time.Duration { return time.Duration(ns).Round(10 * time.Mic
 // (Loads.Low): the median over the rounds of x's p50 minus base's p50 of the same round, and of
 // that difference divided by the round's round trip (rt, by round: Loads.RoundTrips).
 func Added[M ~map[string]float64](x, base []M, rt []float64) (ns, rts float64, ok bool) {
-	byRound := map[float64]float64{}
-	for _, m := range base {
-		byRound[m["round"]] = m["p50"]
-	}
 	var diffs, ratios []float64
-	for _, m := range x {
-		b, okb := byRound[m["round"]]
-		k := int(m["round"])
-		if !okb || k >= len(rt) || rt[k] <= 0 {
-			continue
+	pair(x, base, "round", "p50", func(m M, b float64) {
+		if k := int(m["round"]); k < len(rt) && rt[k] > 0 {
+			diffs = append(diffs, m["p50"]-b)
+			ratios = append(ratios, (m["p50"]-b)/rt[k])
 		}
-		diffs = append(diffs, m["p50"]-b)
-		ratios = append(ratios, (m["p50"]-b)/rt[k])
-	}
+	})
 	if len(diffs) == 0 {
 		return 0, 0, false
 	}
@@ -143,18 +130,28 @@ func Added[M ~map[string]float64](x, base []M, rt []float64) (ns, rts float64, o
 // same repetition (Loads.Sat): rows run one after the other, so a repetition disturbed by the
 // machine moves both, and the ratio less than either.
 func Paired[M ~map[string]float64](x, y []M, metric string) (float64, bool) {
-	byRep := map[float64]float64{}
-	for _, m := range y {
-		byRep[m["rep"]] = m[metric]
-	}
 	var ratios []float64
-	for _, m := range x {
-		if v, ok := byRep[m["rep"]]; ok && v > 0 {
+	pair(x, y, "rep", metric, func(m M, v float64) {
+		if v > 0 {
 			ratios = append(ratios, m[metric]/v)
 		}
-	}
+	})
 	if len(ratios) == 0 {
 		return 0, false
 	}
 	return stat.Median(ratios), true
+}
+
+// pair calls f with every run of x that y has a run of the same by ("round", "rep") for, and
+// that run's metric.
+func pair[M ~map[string]float64](x, y []M, by, metric string, f func(m M, v float64)) {
+	of := map[float64]float64{}
+	for _, m := range y {
+		of[m[by]] = m[metric]
+	}
+	for _, m := range x {
+		if v, ok := of[m[by]]; ok {
+			f(m, v)
+		}
+	}
 }

@@ -43,9 +43,7 @@ func Load(path string) (app.Config, []int, error) {
 	c.Order.Inventory.Endpoints = []string{c.Inventory.ListenOn}
 	c.Order.Balance.Endpoints = []string{c.Balance.ListenOn}
 	c.Order.OrderDelay = 0
-	for _, sc := range []*int64{&c.Order.CpuThreshold, &c.Inventory.CpuThreshold, &c.Balance.CpuThreshold} {
-		*sc = 0
-	}
+	c.Order.CpuThreshold, c.Inventory.CpuThreshold, c.Balance.CpuThreshold = 0, 0, 0
 	c.Order.Log.Level, c.Inventory.Log.Level, c.Balance.Log.Level = "severe", "severe", "severe"
 	return c, ports, nil
 }
@@ -69,17 +67,24 @@ type System struct {
 // starts its three servers in the background and waits until they listen on ports. closes run
 // after the servers stop (Stop), e.g. to close a client the row's own middleware uses.
 func Start(id, prefix string, c app.Config, ports []int, closes []func(), opts ...app.Option) (*System, error) {
-	s := &System{ID: id, Prefix: prefix, URL: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), done: make(chan struct{}), closes: closes}
-	var err error
-	if s.Sys, err = app.New(c, opts...); err != nil {
+	sys, err := app.New(c, opts...)
+	if err != nil {
 		for _, f := range closes {
 			f()
 		}
 		return nil, err
 	}
+	return launch(&System{ID: id, Prefix: prefix, Sys: sys, closes: closes}, sys.Start, ports)
+}
+
+// launch runs serve, which serves s, in the background and waits until something listens on
+// each of ports, the first of them s's order API; if one does not, Stop of the other systems
+// shuts s down with them.
+func launch(s *System, serve func(), ports []int) (*System, error) {
+	s.URL, s.done = fmt.Sprintf("http://127.0.0.1:%d", ports[0]), make(chan struct{})
 	go func() {
 		defer close(s.done)
-		s.Sys.Start()
+		serve()
 	}()
 	for _, p := range ports {
 		if err := WaitListening(p); err != nil {
@@ -154,16 +159,11 @@ func PointRedis(c *app.Config, addr string) {
 // the rows of the other libraries.
 func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (mw rest.Middleware, closeMW func(), err error) {
 	lc.Rules = slices.Clone(lc.Rules)
-	found := false
-	for i := range lc.Rules {
-		if lc.Rules[i].Path == "/api/order/create" {
-			edit(&lc.Rules[i])
-			found = true
-		}
-	}
-	if !found {
+	i := slices.IndexFunc(lc.Rules, func(r flmw.Rule) bool { return r.Path == "/api/order/create" })
+	if i < 0 {
 		return nil, nil, errors.New("the order API has no rule for /api/order/create")
 	}
+	edit(&lc.Rules[i])
 	m, err := flmw.New(lc, opts...)
 	if err != nil {
 		return nil, nil, err

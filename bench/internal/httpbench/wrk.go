@@ -47,66 +47,46 @@ func NewWrk() (*Wrk, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.Write(orderLua); err != nil {
-		_ = f.Close()
+	_, err = f.Write(orderLua)
+	if err = errors.Join(err, f.Close()); err != nil {
 		_ = os.Remove(f.Name())
 		return nil, err
 	}
-	_ = f.Close()
 	return &Wrk{bin: bin, script: f.Name()}, nil
 }
 
 // Close removes the script.
 func (w *Wrk) Close() { _ = os.Remove(w.script) }
 
-// Summary is the line order.lua prints when wrk is done (latencies in microseconds).
-type Summary struct {
-	Requests      int64   `json:"requests"`
-	DurationUs    int64   `json:"duration_us"`
-	StatusErrors  int64   `json:"status_errors"`
-	ConnectErrors int64   `json:"connect_errors"`
-	ReadErrors    int64   `json:"read_errors"`
-	WriteErrors   int64   `json:"write_errors"`
-	Timeouts      int64   `json:"timeouts"`
-	P50           float64 `json:"p50"`
-	P90           float64 `json:"p90"`
-	P99           float64 `json:"p99"`
-	P999          float64 `json:"p999"`
-	Max           float64 `json:"max"`
-	Mean          float64 `json:"mean"`
-}
-
 // Run is one wrk run.
 type Run struct {
-	Summary
-	Wall    time.Duration // from wrk's start to its exit
-	CPU     time.Duration // wrk's own CPU time (rusage)
-	Wrapped bool          // more requests than uids seeded: some uids were used twice (one after the other)
+	Requests int64              // the replies wrk counted
+	Summary  map[string]float64 // the line order.lua prints when wrk is done (latencies in µs)
+	Wall     time.Duration      // from wrk's start to its exit
+	CPU      time.Duration      // wrk's own CPU time (rusage)
+	Wrapped  bool               // more requests than uids seeded: some uids were used twice (one after the other)
 }
 
 // Metrics are the run's figures every HTTP table shows: requests, requests/s, latency
 // percentiles in ns, errors (status, connect, read, write, timeouts), wrk's CPU µs per request
 // and share of the cores over the run, and wrapped (1 when uids were reused).
 func (r Run) Metrics() map[string]float64 {
-	n := float64(r.Requests)
-	wrapped := 0.0
-	if r.Wrapped {
-		wrapped = 1
-	}
-	return map[string]float64{
+	s, n := r.Summary, float64(r.Requests)
+	m := map[string]float64{
 		"requests":  n,
-		"rps":       n / (float64(r.DurationUs) / 1e6),
-		"p50":       r.P50 * 1e3, // ns, as every latency in the reports
-		"p90":       r.P90 * 1e3,
-		"p99":       r.P99 * 1e3,
-		"p999":      r.P999 * 1e3,
-		"max":       r.Max * 1e3,
-		"mean":      r.Mean * 1e3,
-		"errors":    float64(r.StatusErrors + r.ConnectErrors + r.ReadErrors + r.WriteErrors + r.Timeouts),
+		"rps":       n / (s["duration_us"] / 1e6),
+		"errors":    s["status_errors"] + s["connect_errors"] + s["read_errors"] + s["write_errors"] + s["timeouts"],
 		"wrk_cpu":   float64(r.CPU.Microseconds()) / n,
 		"wrk_share": r.Share(r.CPU),
-		"wrapped":   wrapped,
+		"wrapped":   0,
 	}
+	for _, k := range []string{"p50", "p90", "p99", "p999", "max", "mean"} {
+		m[k] = s[k] * 1e3 // ns, as every latency in the reports
+	}
+	if r.Wrapped {
+		m["wrapped"] = 1
+	}
+	return m
 }
 
 // Share is cpu as a share of all cores over the run's wall time.
@@ -197,17 +177,16 @@ func (w *Wrk) runOnce(s *System, conns int, d time.Duration, expect float64, bef
 	if err != nil {
 		return r, fmt.Errorf("wrk: %v: %s", err, stderr.String())
 	}
-	found := false
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		if raw, ok := strings.CutPrefix(sc.Text(), "LOCKBENCH "); ok {
 			if err := json.Unmarshal([]byte(raw), &r.Summary); err != nil {
 				return r, fmt.Errorf("wrk summary %q: %v", raw, err)
 			}
-			found = true
+			r.Requests = int64(r.Summary["requests"])
 		}
 	}
-	if !found || r.Requests == 0 {
+	if r.Requests == 0 {
 		return r, fmt.Errorf("%s: %w: %s %s", s.ID, errNoReply, out.String(), stderr.String())
 	}
 	// The next run starts past every uid this one may have sent: wrk counts the replies it

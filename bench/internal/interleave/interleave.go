@@ -35,13 +35,10 @@ func Points[T any](reps int, points []int, rows []T, run func(rep, x int, row T)
 func Slices[T any](rows []T, rep int, d, slice time.Duration, run func(row T, d time.Duration) (ran time.Duration, more bool)) {
 	ran := make([]time.Duration, len(rows))
 	done := make([]bool, len(rows))
-	idx := make([]int, len(rows))
-	for i := range idx {
-		idx[i] = i
-	}
 	for round := 0; ; round++ {
 		any := false
-		for _, i := range Rotate(idx, rep+round) {
+		for j := range rows {
+			i := (j + rep + round) % len(rows) // Rotate's order
 			if done[i] || ran[i] >= d {
 				continue
 			}

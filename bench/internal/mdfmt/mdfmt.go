@@ -30,22 +30,14 @@ func Float(v float64) string {
 
 // Int rounds v and groups thousands: 123,456.
 func Int(v float64) string {
-	n := int64(math.Round(v))
-	s := strconv.FormatInt(n, 10)
-	neg := n < 0
-	if neg {
-		s = s[1:]
+	s, sign := strconv.FormatInt(int64(math.Round(v)), 10), ""
+	if s[0] == '-' {
+		sign, s = "-", s[1:]
 	}
-	out := ""
-	for len(s) > 3 {
-		out = "," + s[len(s)-3:] + out
-		s = s[:len(s)-3]
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
 	}
-	out = s + out
-	if neg {
-		out = "-" + out
-	}
-	return out
+	return sign + s
 }
 
 // Dur prints a duration in nanoseconds with 3 significant digits and its unit: "412 µs".

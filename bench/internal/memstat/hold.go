@@ -97,16 +97,10 @@ func Wait(w Waiting) Waited {
 	ctx, cancel := context.WithTimeout(context.Background(), w.Bound)
 	defer cancel()
 	var (
-		first, last, served, errs atomic.Int64
-		errMu                     sync.Mutex
-		wg                        sync.WaitGroup
+		first, last, served atomic.Int64
+		f                   failures
+		wg                  sync.WaitGroup
 	)
-	fail := func(err error) {
-		errs.Add(1)
-		errMu.Lock()
-		r.FirstErr = cmp.Or(r.FirstErr, err)
-		errMu.Unlock()
-	}
 	first.Store(1 << 62)
 	for i := range w.W {
 		wg.Go(func() {
@@ -114,7 +108,7 @@ func Wait(w Waiting) Waited {
 			// poll at a fixed interval would retry in lockstep.
 			time.Sleep(time.Duration(i) * w.Arrive / time.Duration(w.W))
 			if err := w.Lock(ctx, i); err != nil {
-				fail(err)
+				f.add(err)
 				return
 			}
 			at := time.Now().UnixNano()
@@ -126,20 +120,16 @@ func Wait(w Waiting) Waited {
 			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
 			}
 			served.Add(1)
-			if err := w.Unlock(i); err != nil {
-				fail(err)
-			}
+			f.add(w.Unlock(i))
 		})
 	}
 	time.Sleep(w.Settle)
 	r.Waiting = Live()
 	w.Window()
 	t0 := time.Now().UnixNano()
-	if err := w.Release(); err != nil {
-		fail(err)
-	}
+	f.add(w.Release())
 	wg.Wait()
-	r.Served, r.Errors = served.Load(), errs.Load()
+	r.Served, r.Errors, r.FirstErr = served.Load(), f.n.Load(), f.first
 	if r.Served > 0 {
 		r.Next, r.All = time.Duration(first.Load()-t0), time.Duration(last.Load()-t0)
 	}

@@ -5,6 +5,7 @@
 package memstat
 
 import (
+	"cmp"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -71,29 +72,35 @@ func PeakSampler() (stop func() int) {
 // the first error.
 func Parallel(n, k int, fn func(i int) error) (int64, error) {
 	var (
-		next, errs atomic.Int64
-		mu         sync.Mutex
-		first      error
-		wg         sync.WaitGroup
+		next atomic.Int64
+		f    failures
+		wg   sync.WaitGroup
 	)
 	for range min(n, k) {
 		wg.Go(func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := fn(i); err != nil {
-					errs.Add(1)
-					mu.Lock()
-					if first == nil {
-						first = err
-					}
-					mu.Unlock()
-				}
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				f.add(fn(i))
 			}
 		})
 	}
 	wg.Wait()
-	return errs.Load(), first
+	return f.n.Load(), f.first
+}
+
+// failures counts the errors of concurrent calls and keeps the first.
+type failures struct {
+	n     atomic.Int64
+	mu    sync.Mutex
+	first error // guarded by mu
+}
+
+// add counts err unless it is nil.
+func (f *failures) add(err error) {
+	if err == nil {
+		return
+	}
+	f.n.Add(1)
+	f.mu.Lock()
+	f.first = cmp.Or(f.first, err)
+	f.mu.Unlock()
 }

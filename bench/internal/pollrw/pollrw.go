@@ -84,7 +84,16 @@ func nowMs() int64 { return time.Now().UnixMilli() }
 
 // Lock takes the write lock of key: it sets the key's write mark, polling while another
 // writer holds it, then polls until no reader is left, until ctx ends.
-func (l *RWLock) Lock(ctx context.Context, key string) (*Hold, error) {
+func (l *RWLock) Lock(ctx context.Context, key string) (*Hold, error) { return l.lock(ctx, key, true) }
+
+// TryLock makes one attempt at the write lock of key: ErrBusy when a writer holds the mark or
+// a reader holds the key.
+func (l *RWLock) TryLock(ctx context.Context, key string) (*Hold, error) {
+	return l.lock(ctx, key, false)
+}
+
+// lock is Lock when wait, and TryLock, whose every poll is ErrBusy instead.
+func (l *RWLock) lock(ctx context.Context, key string, wait bool) (*Hold, error) {
 	h := &Hold{rw: l, key: writeKey(key), token: newToken()}
 	for {
 		ok, err := l.client.SetNX(ctx, h.key, h.token, l.ttl).Result()
@@ -94,7 +103,7 @@ func (l *RWLock) Lock(ctx context.Context, key string) (*Hold, error) {
 		if ok {
 			break
 		}
-		if err := l.sleep(ctx); err != nil {
+		if err := l.sleep(ctx, wait); err != nil {
 			return nil, err
 		}
 	}
@@ -104,35 +113,13 @@ func (l *RWLock) Lock(ctx context.Context, key string) (*Hold, error) {
 			return h, nil
 		}
 		if err == nil {
-			err = l.sleep(ctx)
+			err = l.sleep(ctx, wait)
 		}
 		if err != nil {
 			l.giveUp(ctx, h)
 			return nil, err
 		}
 	}
-}
-
-// TryLock makes one attempt at the write lock of key: ErrBusy when a writer holds the mark or
-// a reader holds the key.
-func (l *RWLock) TryLock(ctx context.Context, key string) (*Hold, error) {
-	h := &Hold{rw: l, key: writeKey(key), token: newToken()}
-	ok, err := l.client.SetNX(ctx, h.key, h.token, l.ttl).Result()
-	if err != nil {
-		return nil, fmt.Errorf("pollrw: lock %s: %w", key, err)
-	}
-	if !ok {
-		return nil, ErrBusy
-	}
-	n, err := l.readers(ctx, key)
-	if err == nil && n == 0 {
-		return h, nil
-	}
-	l.giveUp(ctx, h)
-	if err != nil {
-		return nil, err
-	}
-	return nil, ErrBusy
 }
 
 // RLock takes a read lock of key: it joins the key's readers and looks at the write mark in
@@ -160,7 +147,7 @@ func (l *RWLock) RLock(ctx context.Context, key string) (*Hold, error) {
 			return nil, err
 		}
 		for marked.Val() != 0 {
-			if err := l.sleep(ctx); err != nil {
+			if err := l.sleep(ctx, true); err != nil {
 				return nil, err
 			}
 			marked = l.client.Exists(ctx, wk)
@@ -180,14 +167,16 @@ func (l *RWLock) readers(ctx context.Context, key string) (int64, error) {
 	return n, nil
 }
 
-// sleep waits one poll interval, or until ctx ends.
-func (l *RWLock) sleep(ctx context.Context) error {
-	t := time.NewTimer(l.poll)
-	defer t.Stop()
+// sleep waits one poll interval, or until ctx ends; a wait that may not poll (TryLock) is
+// ErrBusy at once.
+func (l *RWLock) sleep(ctx context.Context, wait bool) error {
+	if !wait {
+		return ErrBusy
+	}
 	select {
 	case <-ctx.Done():
 		return errors.Join(ErrBusy, ctx.Err())
-	case <-t.C:
+	case <-time.After(l.poll):
 		return nil
 	}
 }

@@ -93,26 +93,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context, key string) (*Permit, error)
 // Acquire takes a permit of key, trying again every poll interval while every permit is held,
 // until ctx ends.
 func (s *Semaphore) Acquire(ctx context.Context, key string) (*Permit, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	for {
 		p, err := s.TryAcquire(ctx, key)
 		if !errors.Is(err, ErrBusy) {
 			return p, err
 		}
-		if timer == nil {
-			timer = time.NewTimer(s.poll)
-		} else {
-			timer.Reset(s.poll)
-		}
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(ErrBusy, ctx.Err())
-		case <-timer.C:
+		case <-time.After(s.poll):
 		}
 	}
 }
