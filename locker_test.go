@@ -285,10 +285,10 @@ func TestWaitModeBudgetAndContext(t *testing.T) {
 	}
 
 	l = mustLocker(t, s, WithWait(time.Minute))
-	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err = l.Lock(cctx, "w")
-	// The wait gives up a reserve before the caller's deadline, so that the busy
+	// The wait gives up a reserve (100ms here) before the caller's deadline, so that the busy
 	// answer reaches the caller in time: ErrBusy with the holder's TTL, before the deadline.
 	if !errors.Is(err, ErrBusy) || errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil {
 		t.Fatalf("a wait bounded by the caller's deadline: %v (context %v), want ErrBusy before the deadline", err, cctx.Err())

@@ -337,23 +337,25 @@ func TestReentriesDoNotExtendMaxHold(t *testing.T) {
 	s, mr, _ := miniStore(t)
 	clk := newManualClock()
 	ctx := context.Background()
-	const ttl, maxHold = 90 * time.Millisecond, 200 * time.Millisecond
+	// A TTL long enough that a loaded machine's first store call fits in it: the store call's
+	// bound runs on real time, the lock's life on the manual clock.
+	const ttl, maxHold = 900 * time.Millisecond, 2 * time.Second
 	l := mustLocker(t, s, WithTTL(ttl), WithMaxHold(maxHold), withClock(clk))
 	lease, err := l.Lock(ctx, "mh")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	// Re-enter every 20ms. The grant's last renewal is at 180ms at the latest (TTL/3 steps
-	// within MaxHold), so the lease must be lost by 180ms + TTL - TTL/10 = 261ms.
-	for elapsed := time.Duration(0); elapsed <= maxHold+ttl; elapsed += 20 * time.Millisecond {
+	// Re-enter every 200ms. The grant's last renewal is at 1.8s at the latest (TTL/3 steps
+	// within MaxHold), so the lease must be lost by 1.8s + TTL - TTL/10 = 2.61s.
+	for elapsed := time.Duration(0); elapsed <= maxHold+ttl; elapsed += 200 * time.Millisecond {
 		if lease.Context().Err() != nil {
 			break
 		}
 		if in, err := l.Lock(lease.Context(), "mh"); err == nil {
 			_ = in.Release(ctx)
 		}
-		clk.Step(mr, 20*time.Millisecond, time.Millisecond)
+		clk.Step(mr, 200*time.Millisecond, 10*time.Millisecond)
 	}
 	if context.Cause(lease.Context()) != ErrLost {
 		t.Fatalf("re-entries kept the lock past MaxHold + TTL: cause %v, want ErrLost", context.Cause(lease.Context()))

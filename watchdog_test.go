@@ -20,8 +20,9 @@ func TestWatchdogRenewsShortTTLBesideLongTTL(t *testing.T) {
 	s, mr, c := miniStore(t)
 	clk := newManualClock()
 	ctx := context.Background()
-	long := mustLocker(t, s, WithTTL(10*time.Second), withClock(clk))
-	short, err := long.With(WithTTL(300 * time.Millisecond))
+	// TTLs long enough that a loaded machine's store calls (bound on real time) fit in them.
+	long := mustLocker(t, s, WithTTL(100*time.Second), withClock(clk))
+	short, err := long.With(WithTTL(3 * time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestWatchdogRenewsShortTTLBesideLongTTL(t *testing.T) {
 		}
 		leases = append(leases, b)
 	}
-	clk.Step(mr, 1200*time.Millisecond, 10*time.Millisecond) // four TTLs of the short locks
+	clk.Step(mr, 12*time.Second, 100*time.Millisecond) // four TTLs of the short locks
 	for _, b := range leases {
 		if err := context.Cause(b.Context()); err != nil {
 			t.Fatalf("%s: context ended with %v while its holder still held it", b.Key(), err)
@@ -241,8 +242,10 @@ func TestQueuedRenewalKeepsTheLossDeadline(t *testing.T) {
 	if c, most := store.calls.Load(), store.most.Load(); c != calls || most != calls {
 		t.Fatalf("%d renewals due together: %d calls, %d at once; want %d (batches of %d)", n, c, most, calls, maxBatch)
 	}
-	if extra := runtime.NumGoroutine() - goroutines; extra > calls {
-		t.Fatalf("%d renewals in flight run on %d more goroutines, want at most %d", n, extra, calls)
+	// One goroutine per call; a few more may come and go beside the test (timers, the runtime),
+	// while one per renewal would be hundreds.
+	if extra := runtime.NumGoroutine() - goroutines; extra > calls+8 {
+		t.Fatalf("%d renewals in flight run on %d more goroutines, want about %d", n, extra, calls)
 	}
 
 	clk.Advance(ttl - ttl/10 - ttl/3 - time.Millisecond) // 269ms
@@ -387,14 +390,15 @@ func TestHungRefreshesDoNotStarveOtherRenewals(t *testing.T) {
 	}
 }
 
-// Renewal throughput has no cap of maxRenewers per round trip: 1,000 held locks (TTL 300ms)
-// whose every RefreshAll succeeds after 10ms all stay held over two TTLs. A renewer that sent
-// one refresh at a time would take 1,000 x 10ms / 32 = 312ms a round, more than the 170ms
-// between a renewal's due time and its loss deadline, and lose about half of them.
+// Renewal throughput has no cap of maxRenewers per round trip: 1,000 held locks (TTL 900ms)
+// whose every RefreshAll succeeds after 30ms all stay held over two TTLs. A renewer that sent
+// one refresh at a time would take 1,000 x 30ms / 32 = 937ms a round, more than the 510ms
+// between a renewal's due time and its loss deadline, and lose about half of them; batches
+// leave room for a loaded machine's scheduling.
 func TestRenewalThroughputKeepsEveryLock(t *testing.T) {
-	const n, ttl = 1000, 300 * time.Millisecond
+	const n, ttl = 1000, 900 * time.Millisecond
 	ctx := context.Background()
-	slow := &slowStore{Store: newMemStore(), delay: 10 * time.Millisecond}
+	slow := &slowStore{Store: newMemStore(), delay: 30 * time.Millisecond}
 	l := mustLocker(t, slowBatchStore{slow}, WithTTL(ttl), WithMaxHold(time.Hour))
 	leases := make([]*Lease, n)
 	for i := range leases {
@@ -415,7 +419,7 @@ func TestRenewalThroughputKeepsEveryLock(t *testing.T) {
 		_ = lease.Release(ctx)
 	}
 	if lost > 0 {
-		t.Fatalf("%d of %d held locks lost within 2 TTLs; every RefreshAll succeeded after 10ms", lost, n)
+		t.Fatalf("%d of %d held locks lost within 2 TTLs; every RefreshAll succeeded after 30ms", lost, n)
 	}
 }
 
