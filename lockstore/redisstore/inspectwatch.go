@@ -71,10 +71,6 @@ type redisWatch struct {
 
 const goneMarkPolls = 3
 
-func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
-	w.fn(lockstore.Event{Kind: kind, Lock: l})
-}
-
 // poll reads the matching locks and makes them the ones held. Unless it is the first read or
 // the changes come from keyspace notifications, it first reports how they differ from those
 // held before (lockstore.Changes).
@@ -138,7 +134,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 			l = lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}
 		}
 		delete(w.held, key)
-		w.emit(kind, l)
+		w.fn(lockstore.Event{Kind: kind, Lock: l})
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
@@ -148,7 +144,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		return err
 	}
 	if len(locks) == 0 { // released before it could be read; its del event follows
-		w.emit(kind, lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL})
+		w.fn(lockstore.Event{Kind: kind, Lock: lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}})
 		return nil
 	}
 	l := locks[0]
@@ -156,6 +152,6 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		kind = lockstore.EventChanged
 	}
 	w.held[key] = l
-	w.emit(kind, l)
+	w.fn(lockstore.Event{Kind: kind, Lock: l})
 	return nil
 }
