@@ -2,6 +2,7 @@ package lockstore
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -68,6 +69,48 @@ func (o WatchOptions) WithDefaults() WatchOptions {
 		o.Timeout = DefaultWatchTimeout
 	}
 	return o
+}
+
+// PollWatch runs a Watch that reads the locks again every opts.Interval: read returns the
+// matching locks (first on the first call), each call bounded by opts.Timeout, and reports
+// their changes itself. PollWatch reports EventWatching, described by mode, after the first
+// read and EventRead after each other one; between reads it hands what heard delivers to on
+// (a nil heard delivers nothing). It returns nil when ctx ends, and otherwise the error of a
+// read or of on, or that heard was closed.
+func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context, first bool) ([]LockInfo, error),
+	heard <-chan M, on func(context.Context, M) error, fn func(Event)) error {
+	opts = opts.WithDefaults()
+	poll := func(first bool) ([]LockInfo, error) {
+		rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+		defer cancel()
+		return read(rctx, first)
+	}
+	locks, err := poll(true)
+	if err == nil {
+		fn(Event{Kind: EventWatching, Locks: locks, Mode: mode})
+	}
+	tick := time.NewTicker(opts.Interval)
+	defer tick.Stop()
+	for err == nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if locks, err = poll(false); err == nil {
+				fn(Event{Kind: EventRead, Locks: locks})
+			}
+		case m, ok := <-heard:
+			if !ok {
+				err = errors.New("subscription closed")
+			} else {
+				err = on(ctx, m)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return nil // ended on purpose
+	}
+	return err
 }
 
 // Changes reports to fn how locks, a new read of the locks a watch follows, differ from held,

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 
@@ -140,30 +139,17 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 // Watch implements lockstore.Inspector by reading the locks every opts.Interval and comparing.
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
-	tick := time.NewTicker(opts.Interval)
-	defer tick.Stop()
-	var held map[string]lockstore.LockInfo // nil until the first read
-	for {
-		rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
-		locks, _, err := in.List(rctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil // ended on purpose
+	var held map[string]lockstore.LockInfo
+	read := func(ctx context.Context, first bool) ([]lockstore.LockInfo, error) {
+		locks, _, err := in.List(ctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
+		if err == nil {
+			report := fn
+			if first {
+				report = func(lockstore.Event) {}
 			}
-			return err
+			held, _ = lockstore.Changes(held, locks, report)
 		}
-		if held == nil {
-			fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: "polling every " + opts.Interval.String()})
-			held, _ = lockstore.Changes(nil, locks, func(lockstore.Event) {})
-		} else {
-			held, _ = lockstore.Changes(held, locks, fn)
-			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
+		return locks, err
 	}
+	return lockstore.PollWatch[any](ctx, opts, "polling every "+opts.Interval.String(), read, nil, nil, fn)
 }

@@ -174,7 +174,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 		case err == nil:
 			s.remember(p, owner, name)
 			if place != "" {
-				s.dropPlace(s.linePath(key), owner)
+				s.forget(s.linePath(key), owner, place)
 			}
 			return lockstore.Acquisition{Acquired: true, Fence: fence(res[2].Stat.Czxid)}, nil
 		case errors.Is(err, zk.ErrNodeExists):
@@ -190,7 +190,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 			}
 		case errors.Is(err, zk.ErrNoNode):
 			if place != "" {
-				s.dropPlace(s.linePath(key), owner) // the place went with an expired session: take another
+				s.forget(s.linePath(key), owner, place) // the place went with an expired session: take another
 				return lockstore.Acquisition{}, nil
 			}
 			if err := s.ensurePath(ctx, s.root); err != nil {

@@ -60,7 +60,7 @@ func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (locksto
 	}
 	place := s.placeOf(line, owner)
 	if place != "" && !slices.Contains(kids, place[len(line)+1:]) {
-		s.dropPlace(line, owner) // gone with an expired session, or taken away: take another
+		s.forget(line, owner, place) // gone with an expired session, or taken away: take another
 		place = ""
 	}
 	if place == "" && queue > 0 {
@@ -103,23 +103,16 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("flightlock: take a place in %s: %w", line, err)
 	}
-	s.mu.Lock()
-	s.places[holdKey{line, owner}] = path
-	s.mu.Unlock()
+	s.remember(line, owner, path)
 	return path, nil
 }
 
 // placeOf is owner's place in line, "" for none.
 func (s *Store) placeOf(line, owner string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.places[holdKey{line, owner}]
-}
-
-func (s *Store) dropPlace(line, owner string) {
-	s.mu.Lock()
-	delete(s.places, holdKey{line, owner})
-	s.mu.Unlock()
+	if places := s.holdsOf(line, owner); len(places) > 0 {
+		return places[0]
+	}
+	return ""
 }
 
 // LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
@@ -133,6 +126,6 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := s.delete(ctx, place, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
-	s.dropPlace(line, owner)
+	s.forget(line, owner, place)
 	return nil
 }

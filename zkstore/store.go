@@ -75,9 +75,8 @@ type Store struct {
 	reservedSeen map[string]time.Time // guarded by mu
 	// holds are the hold nodes this store created and has not released, per key node and
 	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
+	// Under a line node, they are the paths of this store's places in that fair line.
 	holds map[holdKey][]string // guarded by mu
-	// places are this store's places in fair lines, per line node and owner.
-	places map[holdKey]string // guarded by mu
 }
 
 type holdKey struct{ node, owner string }
@@ -140,7 +139,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	}
 	s := &Store{
 		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick, ens.syncLimit),
-		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string), places: make(map[holdKey]string),
+		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string),
 		reservedSeen: make(map[string]time.Time),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.SessionTimeout)

@@ -2,11 +2,9 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"strings"
-	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
@@ -32,44 +30,12 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 	ps := r.client.PSubscribe(ctx, channel)
 	defer ps.Close()
 	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
-		return quiet(ctx, fmt.Errorf("subscribe %s: %w", channel, err))
-	}
-	msgs := ps.Channel()
-
-	locks, err := w.poll(ctx, false)
-	if err != nil {
-		return quiet(ctx, err)
-	}
-	fn(lockstore.Event{Kind: lockstore.EventWatching, Locks: locks, Mode: mode})
-	tick := time.NewTicker(w.opts.Interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			locks, err := w.poll(ctx, !w.keyspace)
-			if err != nil {
-				return quiet(ctx, err)
-			}
-			fn(lockstore.Event{Kind: lockstore.EventRead, Locks: locks})
-		case m, ok := <-msgs:
-			if !ok {
-				return quiet(ctx, errors.New("subscription closed"))
-			}
-			if err := w.notified(ctx, m); err != nil {
-				return quiet(ctx, err)
-			}
+		if ctx.Err() != nil {
+			return nil // ended on purpose
 		}
+		return fmt.Errorf("subscribe %s: %w", channel, err)
 	}
-}
-
-// quiet drops the error of a watch that was ended on purpose.
-func quiet(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
+	return lockstore.PollWatch(ctx, opts, mode, w.poll, ps.Channel(), w.notified, fn)
 }
 
 // keyspaceEnabled says whether the server publishes the keyspace notifications a watch needs:
@@ -105,25 +71,20 @@ type redisWatch struct {
 
 const goneMarkPolls = 3
 
-func (w *redisWatch) emit(kind lockstore.EventKind, l lockstore.LockInfo) {
-	w.fn(lockstore.Event{Kind: kind, Lock: l})
-}
-
-// poll reads the matching locks and makes them the ones held; with report, it first reports
-// how they differ from those held before (lockstore.Changes).
-func (w *redisWatch) poll(ctx context.Context, report bool) ([]lockstore.LockInfo, error) {
-	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
-	defer cancel()
-	keys, err := w.r.scanKeys(rctx, w.pattern, w.opts.Skip)
+// poll reads the matching locks and makes them the ones held. Unless it is the first read or
+// the changes come from keyspace notifications, it first reports how they differ from those
+// held before (lockstore.Changes).
+func (w *redisWatch) poll(ctx context.Context, first bool) ([]lockstore.LockInfo, error) {
+	keys, err := w.r.scanKeys(ctx, w.pattern, w.opts.Skip)
 	if err != nil {
 		return nil, err
 	}
-	locks, err := w.r.read(rctx, keys)
+	locks, err := w.r.read(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
 	held, fn := w.held, w.fn
-	if !report {
+	if first || w.keyspace {
 		held, fn = nil, func(lockstore.Event) {}
 	}
 	now, gone := lockstore.Changes(held, locks, fn)
@@ -173,7 +134,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 			l = lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}
 		}
 		delete(w.held, key)
-		w.emit(kind, l)
+		w.fn(lockstore.Event{Kind: kind, Lock: l})
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
@@ -183,7 +144,7 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		return err
 	}
 	if len(locks) == 0 { // released before it could be read; its del event follows
-		w.emit(kind, lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL})
+		w.fn(lockstore.Event{Kind: kind, Lock: lockstore.LockInfo{Key: key, StoreKey: storeKey, TTL: lockstore.NoTTL}})
 		return nil
 	}
 	l := locks[0]
@@ -191,6 +152,6 @@ func (w *redisWatch) notified(ctx context.Context, m *redis.Message) error {
 		kind = lockstore.EventChanged
 	}
 	w.held[key] = l
-	w.emit(kind, l)
+	w.fn(lockstore.Event{Kind: kind, Lock: l})
 	return nil
 }
