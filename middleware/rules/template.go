@@ -187,7 +187,7 @@ const ShadowPrefix = "shadow:"
 // an enforced rule's key never starts with: a lock on a stored response would corrupt the
 // record (acquire.lua appends to the value), and one among a shadow rule's would hold back
 // requests a shadow rule must never affect. Templates are checked at start-up (checkOwnKeys),
-// rendered keys per request (notInternal).
+// rendered keys per request (Spec.apart).
 var internalNamespaces = [...]namespace{
 	{ReplayPrefix, "the stored responses of share rules"},
 	{ShadowPrefix, "the locks of shadow rules"},
@@ -216,12 +216,12 @@ func checkOwnKeys(keys []TemplateKey) error {
 	return nil
 }
 
-// notInternal passes on the rendered keys of a request of an enforced rule, or refuses them
-// with ErrInvalidKey when one falls among the middleware's own keys, without naming the key
-// (the message goes back to the client).
-func notInternal(keys []string, err error) ([]string, error) {
-	if err != nil {
-		return nil, err
+// apart passes on the keys of a request of s, or refuses with ErrInvalidKey those of an
+// enforced rule that fall among the middleware's own keys, without naming the key (the message
+// goes back to the client); a shadow rule's keys live apart already.
+func (s Spec) apart(keys []string, err error) ([]string, error) {
+	if err != nil || s.Shadow {
+		return keys, err
 	}
 	for _, k := range keys {
 		if ns := internalNamespace(k); ns != nil {
