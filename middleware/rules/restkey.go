@@ -146,43 +146,40 @@ func (s *httpSource) parseForm() error {
 	return nil
 }
 
-// formField returns the values of name that go-zero's form binding sees, "name[]" included and
-// empty values dropped as GetFormValues does, with the sources that hold them.
-func (s *httpSource) formField(name string) (vals []string, inQuery, inBody bool, err error) {
+// formField adds to c the values of name that go-zero's form binding sees, "name[]" included
+// and empty values dropped as GetFormValues does, under the parts of the form that hold them.
+func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool, err error) {
 	if err := s.parseForm(); err != nil {
-		return nil, false, false, err
+		return false, false, err
 	}
 	has := func(v url.Values) bool {
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
-	vals = slices.DeleteFunc(slices.Concat(s.form[name], s.form[name+"[]"]), func(v string) bool { return v == "" })
-	return vals, has(s.query), has(s.postForm), nil
+	inQuery, inBody = has(s.query), has(s.postForm)
+	sources := make([]string, 0, 2)
+	if inQuery {
+		sources = append(sources, "the query")
+	}
+	if inBody {
+		sources = append(sources, "the form body")
+	}
+	if len(sources) == 0 {
+		sources = append(sources, "the form")
+	}
+	c.add(slices.DeleteFunc(slices.Concat(s.form[name], s.form[name+"[]"]), func(v string) bool { return v == "" }), sources...)
+	return inQuery, inBody, nil
 }
 
 func nonEmpty(v string) bool { return v != "" }
 
-// formSources names the parts of the form that hold a value, for messages.
-func formSources(inQuery, inBody bool) []string {
-	switch {
-	case inQuery && inBody:
-		return []string{"the query", "the form body"}
-	case inQuery:
-		return []string{"the query"}
-	case inBody:
-		return []string{"the form body"}
-	}
-	return []string{"the form"}
-}
-
 // formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part, and
 // the form go-zero binds (query and body merged) must hold no other.
 func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, error) {
-	vals, inQuery, inBody, err := s.formField(name)
+	var c candidates
+	inQuery, inBody, err := s.formField(&c, name)
 	if err != nil || (fromQuery && !inQuery) || (!fromQuery && !inBody) {
 		return "", false, err
 	}
-	var c candidates
-	c.addFrom(formSources(inQuery, inBody), vals)
 	return c.one(ref, "send one value")
 }
 
@@ -260,25 +257,14 @@ func scalarJSON(raw json.RawMessage) (string, bool) {
 	return "", false // null, an object or an array
 }
 
-// headerValue resolves {header.X}; a repeated header with different values has none.
-func (s *httpSource) headerValue(ref, name string) (string, bool, error) {
-	var c candidates
-	c.add("the header", s.r.Header.Values(name)...)
-	return c.one(ref, "send one value")
-}
-
 // candidates gathers the distinct values that the sources of one reference give.
 type candidates struct {
 	vals    []string // distinct, in the order seen
 	sources []string // the sources that gave a value, in the order seen
 }
 
-// add adds the values that source gives.
-func (c *candidates) add(source string, vals ...string) {
-	c.addFrom([]string{source}, vals)
-}
-
-func (c *candidates) addFrom(sources, vals []string) {
+// add adds vals, which sources give.
+func (c *candidates) add(vals []string, sources ...string) {
 	if len(vals) == 0 {
 		return
 	}
@@ -370,22 +356,15 @@ func canonicalValue(v string) string {
 // float literal characters is written as that float64: its digits when integral, else Go's
 // shortest form. An integer beyond 2^53 written once with a point or exponent stays apart.
 func canonicalNumber(v string) string {
-	if v == "" {
-		return v
-	}
-	digits := v
-	if v[0] == '+' || v[0] == '-' {
-		digits = v[1:]
+	sign, digits := "", v
+	if v != "" && (v[0] == '+' || v[0] == '-') {
+		sign, digits = strings.TrimPrefix(v[:1], "+"), v[1:]
 	}
 	if digits != "" && strings.Trim(digits, "0123456789") == "" {
-		d := strings.TrimLeft(digits, "0")
-		switch {
-		case d == "":
-			return "0"
-		case v[0] == '-':
-			return "-" + d
+		if d := strings.TrimLeft(digits, "0"); d != "" {
+			return sign + d
 		}
-		return d
+		return "0"
 	}
 	// Skip ParseFloat, whose error allocates, for text that starts as no number or word it reads.
 	if w := strings.TrimLeft(v, "+-"); w == "" || !strings.ContainsRune("0123456789.iInN", rune(w[0])) {
@@ -432,7 +411,11 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 		path := strings.Split(name, ".")
 		return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
 	case "header":
-		return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
+		return func(s *httpSource) (string, bool, error) {
+			var c candidates // a repeated header with different values has none
+			c.add(s.r.Header.Values(name), "the header")
+			return c.one(ref, "send one value")
+		}, nil
 	case "jwt":
 		// go-zero's JWT handler stores each custom claim under its name, a string context key.
 		return func(s *httpSource) (string, bool, error) {
@@ -451,20 +434,18 @@ func defaultGetter(name string) getter[*httpSource] {
 	return func(s *httpSource) (string, bool, error) {
 		var c candidates
 		if v := pathvar.Vars(s.r)[name]; v != "" {
-			c.add("the path variable", v)
+			c.add([]string{v}, "the path variable")
 		}
-		vals, inQuery, inBody, err := s.formField(name)
-		if err != nil {
+		if _, _, err := s.formField(&c, name); err != nil {
 			return "", false, err
 		}
-		c.addFrom(formSources(inQuery, inBody), vals)
-		c.add("the header", s.r.Header.Values(name)...)
+		c.add(s.r.Header.Values(name), "the header")
 		v, ok, err := s.bodyValue(path)
 		if err != nil {
 			return "", false, err
 		}
 		if ok {
-			c.add("the JSON body", v) // "" too: Parse binds it over the form's value
+			c.add([]string{v}, "the JSON body") // "" too: Parse binds it over the form's value
 		}
 		return c.one(name, hint)
 	}
