@@ -39,31 +39,38 @@ const MaxBodyBytes = 1 << 20
 // httpSource is one request as seen by the key getters. The body, the form and the JSON
 // object are read once, on first use.
 type httpSource struct {
-	r   *http.Request
-	raw bool // the values as written, without canonicalValue (replay keys of share rules)
+	r    *http.Request
+	raw  bool // the values as written, without canonicalValue (replay keys of share rules)
+	body once[[]byte]
+	form once[httpForm]
+	json once[map[string]json.RawMessage] // the body's top-level fields, undecoded; nil if not an object
+}
 
-	body     []byte
-	bodyErr  error
-	bodyRead bool
+// httpForm is a request's form as go-zero's binding sees it.
+type httpForm struct {
+	query url.Values // the URL query
+	all   url.Values // r.Form as ParseForm and ParseMultipartForm leave it: query and body
+	body  url.Values // the body's part of all
+}
 
-	query    url.Values // the URL query
-	form     url.Values // r.Form as ParseForm and ParseMultipartForm leave it: query and body
-	postForm url.Values // the body's part of form
-	formErr  error
-	formDone bool
+// once is a value computed on first use, with its error.
+type once[T any] struct {
+	v    T
+	err  error
+	done bool
+}
 
-	json     map[string]json.RawMessage // the body's top-level fields, undecoded; nil if not an object
-	jsonErr  error
-	jsonDone bool
+func (o *once[T]) get(compute func() (T, error)) (T, error) {
+	if !o.done {
+		o.done = true
+		o.v, o.err = compute()
+	}
+	return o.v, o.err
 }
 
 // readBody reads the body once (ReadBody).
 func (s *httpSource) readBody() ([]byte, error) {
-	if !s.bodyRead {
-		s.bodyRead = true
-		s.body, s.bodyErr = ReadBody(s.r)
-	}
-	return s.body, s.bodyErr
+	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
 // ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler. A
@@ -105,13 +112,10 @@ func readsJSONBody(r *http.Request) bool {
 		!formReadsBody(r)
 }
 
-// parseForm fills s.form as httpx.GetFormValues sees r.Form, by running net/http's parsers on
-// a copy of r that reads the buffered body: r keeps its body and unparsed form for the handler.
-func (s *httpSource) parseForm() error {
-	if s.formDone {
-		return s.formErr
-	}
-	s.formDone = true
+// parseForm reads the form as httpx.GetFormValues sees r.Form, by running net/http's parsers
+// on a copy of r that reads the buffered body: r keeps its body and unparsed form for the
+// handler.
+func (s *httpSource) parseForm() (httpForm, error) {
 	r := s.r
 	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
 	// Deep copies (http.Header.Clone, the same map type), nil staying nil.
@@ -121,8 +125,7 @@ func (s *httpSource) parseForm() error {
 		if formReadsBody(r) {
 			b, err := s.readBody()
 			if err != nil {
-				s.formErr = err
-				return err
+				return httpForm{}, err
 			}
 			c.Body = io.NopCloser(bytes.NewReader(b))
 		}
@@ -138,24 +141,23 @@ func (s *httpSource) parseForm() error {
 		_ = c.MultipartForm.RemoveAll()
 	}
 	if err != nil {
-		s.formErr = fmt.Errorf("%w: form: %v", flightlock.ErrInvalidKey, err)
-		return s.formErr
+		return httpForm{}, fmt.Errorf("%w: form: %v", flightlock.ErrInvalidKey, err)
 	}
-	s.form, s.postForm = c.Form, c.PostForm
-	s.query, _ = url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
-	return nil
+	query, _ := url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
+	return httpForm{query: query, all: c.Form, body: c.PostForm}, nil
 }
 
 // formField adds to c the values of name that go-zero's form binding sees, "name[]" included
 // and empty values dropped as GetFormValues does, under the parts of the form that hold them.
 func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool, err error) {
-	if err := s.parseForm(); err != nil {
+	f, err := s.form.get(s.parseForm)
+	if err != nil {
 		return false, false, err
 	}
 	has := func(v url.Values) bool {
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
-	inQuery, inBody = has(s.query), has(s.postForm)
+	inQuery, inBody = has(f.query), has(f.body)
 	sources := make([]string, 0, 2)
 	if inQuery {
 		sources = append(sources, "the query")
@@ -166,7 +168,7 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 	if len(sources) == 0 {
 		sources = append(sources, "the form")
 	}
-	c.add(slices.DeleteFunc(slices.Concat(s.form[name], s.form[name+"[]"]), func(v string) bool { return v == "" }), sources...)
+	c.add(slices.DeleteFunc(slices.Concat(f.all[name], f.all[name+"[]"]), func(v string) bool { return v == "" }), sources...)
 	return inQuery, inBody, nil
 }
 
@@ -183,23 +185,15 @@ func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, 
 	return c.one(ref, "send one value")
 }
 
-// jsonObject decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
+// decodeJSON decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
 // would read the body at all.
-func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
-	if s.jsonDone {
-		return s.json, s.jsonErr
-	}
-	s.jsonDone = true
+func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if !readsJSONBody(s.r) {
 		return nil, nil
 	}
 	b, err := s.readBody()
-	if err != nil {
-		s.jsonErr = err
+	if err != nil || len(b) == 0 {
 		return nil, err
-	}
-	if len(b) == 0 {
-		return nil, nil
 	}
 	// Unmarshal avoids a Decoder's copy of the body but refuses data after the first value,
 	// which go-zero's Decoder ignores: such a body is decoded again as the Decoder reads it.
@@ -210,14 +204,13 @@ func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
 			obj = nil // not a JSON object: every body field is missing
 		}
 	}
-	s.json = obj
-	return s.json, nil
+	return obj, nil
 }
 
 // bodyValue follows a dotted path into a JSON body object, splitting only the objects on the
 // path: a large body costs a scan, not a tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
-	obj, err := s.jsonObject()
+	obj, err := s.json.get(s.decodeJSON)
 	if err != nil {
 		return "", false, err
 	}
