@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -306,7 +305,7 @@ func (c LockConf) Problems() []error {
 // case spelled as they are compared (Method upper case, the others lower). c's slices are
 // copied, not changed.
 func (c LockConf) Normalized() LockConf {
-	fillZero(reflect.ValueOf(&c).Elem(), reflect.ValueOf(confDefaults().lock))
+	withDefaults(&c)
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
 	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
@@ -322,7 +321,7 @@ func (c LockConf) Normalized() LockConf {
 
 // Normalized returns r as LockConf.Normalized returns a rule, for rules built in Go too.
 func (r Rule) Normalized() Rule {
-	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
+	withDefaults(&r)
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
 	r.Store = strings.ToLower(r.Store)
@@ -331,19 +330,16 @@ func (r Rule) Normalized() Rule {
 	return r
 }
 
-// confDefaults holds a LockConf and a Rule with only their tags' defaults, for configs built in
-// Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence the panic.
-var confDefaults = sync.OnceValue(func() (d struct {
-	lock LockConf
-	rule Rule
-}) {
-	for _, v := range []any{&d.lock, &d.rule} {
-		if err := conf.FillDefault(v); err != nil {
-			panic(fmt.Sprintf("flightlock: the tags of %T: %v", v, err))
-		}
+// withDefaults fills the zero fields of *v with the defaults of its type's tags, for configs
+// built in Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence
+// the panic.
+func withDefaults[T any](v *T) {
+	var def T
+	if err := conf.FillDefault(&def); err != nil {
+		panic(fmt.Sprintf("flightlock: the tags of %T: %v", def, err))
 	}
-	return d
-})
+	fillZero(reflect.ValueOf(v).Elem(), reflect.ValueOf(def))
+}
 
 // fillZero sets each zero field of the struct dst to the same field of def, recursively;
 // conf.FillDefault refuses a struct with any field set. Bools stay (false is a value), and so
