@@ -174,17 +174,6 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 
 func nonEmpty(v string) bool { return v != "" }
 
-// formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part, and
-// the form go-zero binds (query and body merged) must hold no other.
-func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, error) {
-	var c candidates
-	inQuery, inBody, err := s.formField(&c, name)
-	if err != nil || (fromQuery && !inQuery) || (!fromQuery && !inBody) {
-		return "", false, err
-	}
-	return c.one(ref, "send one value")
-}
-
 // decodeJSON decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
 // would read the body at all.
 func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
@@ -396,10 +385,17 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 			v := pathvar.Vars(s.r)[name]
 			return v, v != "", nil
 		}, nil
-	case "query":
-		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, true) }, nil
-	case "form":
-		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, false) }, nil
+	case "query", "form":
+		// The value must be in that part, and the form go-zero binds (query and body merged)
+		// must hold no other.
+		return func(s *httpSource) (string, bool, error) {
+			var c candidates
+			inQuery, inBody, err := s.formField(&c, name)
+			if err != nil || (src == "query" && !inQuery) || (src == "form" && !inBody) {
+				return "", false, err
+			}
+			return c.one(ref, "send one value")
+		}, nil
 	case "body":
 		path := strings.Split(name, ".")
 		return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
