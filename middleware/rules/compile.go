@@ -159,15 +159,6 @@ func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]Temp
 	return keys, plan, nil
 }
 
-// apart passes on the keys of a request of s, refusing those of an enforced rule that fall
-// among the middleware's own keys (notInternal); a shadow rule's keys live apart already.
-func (s Spec) apart(keys []string, err error) ([]string, error) {
-	if s.Shadow {
-		return keys, err
-	}
-	return notInternal(keys, err)
-}
-
 // compileRPC compiles the zrpc part of a rule.
 func compileRPC(s Spec) (*Plan, error) {
 	rl := &Plan{Name: s.RPC}

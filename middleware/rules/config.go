@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -124,22 +123,23 @@ type LockConf struct {
 // embedded one). ambiguous reports that c names several; store is then the first of them
 // (Middleware.Locker's).
 func (c LockConf) DefaultStore() (store string, ambiguous bool) {
-	named := c.namedStores()
+	named := c.storeNames(true)
 	if len(named) == 0 {
 		return StoreRedis, false
 	}
 	return named[0], len(named) > 1
 }
 
-// namedStores are the stores c names, in the order Redis, etcd, ZooKeeper.
-func (c LockConf) namedStores() []string {
-	var named []string
+// storeNames are the stores of c's sections, in the order Redis, etcd, ZooKeeper: those c names
+// when named, else all.
+func (c LockConf) storeNames(named bool) []string {
+	var names []string
 	for _, s := range c.Sections() {
-		if s.Configured() {
-			named = append(named, s.Name())
+		if !named || s.Configured() {
+			names = append(names, s.Name())
 		}
 	}
-	return named
+	return names
 }
 
 // StoreOf is the store that rule s of c runs on, or a problem naming the field.
@@ -148,17 +148,13 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 		store, ambiguous := c.DefaultStore()
 		if ambiguous {
 			return "", FieldError(s.Field+".Store", "is empty, but Lock names several stores (a Redis by Redis.Host or Sentinel, "+
-				"etcd by Etcd.Hosts, ZooKeeper by Zookeeper.Hosts): say which this rule locks in, %s", strings.Join(c.namedStores(), " or "))
+				"etcd by Etcd.Hosts, ZooKeeper by Zookeeper.Hosts): say which this rule locks in, %s", strings.Join(c.storeNames(true), " or "))
 		}
 		return store, nil
 	}
 	sec, ok := c.Section(s.Store)
 	if !ok {
-		var names []string
-		for _, sec := range c.Sections() {
-			names = append(names, sec.Name())
-		}
-		return "", OneOf(s.Field+".Store", s.Store, names...)
+		return "", OneOf(s.Field+".Store", s.Store, c.storeNames(false)...)
 	}
 	if err := sec.Check(sec.Field, lockstore.Use{Field: s.Field}); err != nil { // a section that names no store
 		return "", err
@@ -309,7 +305,7 @@ func (c LockConf) Problems() []error {
 // case spelled as they are compared (Method upper case, the others lower). c's slices are
 // copied, not changed.
 func (c LockConf) Normalized() LockConf {
-	fillZero(reflect.ValueOf(&c).Elem(), reflect.ValueOf(confDefaults().lock))
+	withDefaults(&c)
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
 	c.Redis.Type = strings.ToLower(c.Redis.Type)
 	c.Redis.MaintNotifications = strings.ToLower(c.Redis.MaintNotifications)
@@ -325,7 +321,7 @@ func (c LockConf) Normalized() LockConf {
 
 // Normalized returns r as LockConf.Normalized returns a rule, for rules built in Go too.
 func (r Rule) Normalized() Rule {
-	fillZero(reflect.ValueOf(&r).Elem(), reflect.ValueOf(confDefaults().rule))
+	withDefaults(&r)
 	r.Method = strings.ToUpper(r.Method)
 	r.OnBusy = strings.ToLower(r.OnBusy)
 	r.Store = strings.ToLower(r.Store)
@@ -334,19 +330,16 @@ func (r Rule) Normalized() Rule {
 	return r
 }
 
-// confDefaults holds a LockConf and a Rule with only their tags' defaults, for configs built in
-// Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence the panic.
-var confDefaults = sync.OnceValue(func() (d struct {
-	lock LockConf
-	rule Rule
-}) {
-	for _, v := range []any{&d.lock, &d.rule} {
-		if err := conf.FillDefault(v); err != nil {
-			panic(fmt.Sprintf("flightlock: the tags of %T: %v", v, err))
-		}
+// withDefaults fills the zero fields of *v with the defaults of its type's tags, for configs
+// built in Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence
+// the panic.
+func withDefaults[T any](v *T) {
+	var def T
+	if err := conf.FillDefault(&def); err != nil {
+		panic(fmt.Sprintf("flightlock: the tags of %T: %v", def, err))
 	}
-	return d
-})
+	fillZero(reflect.ValueOf(v).Elem(), reflect.ValueOf(def))
+}
 
 // fillZero sets each zero field of the struct dst to the same field of def, recursively;
 // conf.FillDefault refuses a struct with any field set. Bools stay (false is a value), and so
@@ -370,39 +363,31 @@ func (c LockConf) check() error { return cmp.Or(c.problems()...) }
 
 // problems validates the scalar settings of c.
 func (c LockConf) problems() []error {
-	var ps []error
-	add := func(err error) {
-		if err != nil {
-			ps = append(ps, err)
-		}
-	}
-	add(negative("Lock.TTL", c.TTL))
-	add(negative("Lock.MaxHold", c.MaxHold))
-	add(negative("Lock.Wait", c.Wait))
+	var prefix error
 	if len(c.Prefix) >= flightlock.MaxKeyLen {
-		add(FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen))
+		prefix = FieldError("Lock.Prefix", "is %d bytes, a whole key may have %d", len(c.Prefix), flightlock.MaxKeyLen)
 	}
-	add(OneOf("Lock.OnStoreError", c.OnStoreError, StoreErrorsClosed, StoreErrorsOpen))
-	add(checkPropagateTo(c.PropagateTo))
+	ps := []error{negative("Lock.TTL", c.TTL), negative("Lock.MaxHold", c.MaxHold), negative("Lock.Wait", c.Wait), prefix,
+		OneOf("Lock.OnStoreError", c.OnStoreError, StoreErrorsClosed, StoreErrorsOpen), checkPropagateTo(c.PropagateTo)}
 	for _, s := range c.Sections() {
 		ps = append(ps, s.Validate(s.Field, c.Prefix)...)
 	}
 	if store, _ := c.DefaultStore(); c.TTL >= 0 {
 		sec, _ := c.Section(store)
-		add(sec.Check(sec.Field, lockstore.Use{TTLField: "Lock.TTL", TTL: c.TTL}))
+		ps = append(ps, sec.Check(sec.Field, lockstore.Use{TTLField: "Lock.TTL", TTL: c.TTL}))
 	}
-	return append(ps, c.Retry.problems()...)
+	ps = append(ps, c.Retry.problems()...)
+	return slices.DeleteFunc(ps, func(err error) bool { return err == nil })
 }
 
-// problems validates the settings of r, one problem per field at most.
+// problems validates the settings of r, one problem (or nil) per field.
 func (r RetryConf) problems() []error {
 	maxErr := negative("Lock.Retry.Max", r.Max)
 	if maxErr == nil && r.Max > 0 && r.Max < r.Min {
 		maxErr = FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min)
 	}
-	ps := []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
+	return []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
 		negative("Lock.Retry.Min", r.Min), maxErr, negative("Lock.Retry.Attempts", r.Attempts)}
-	return slices.DeleteFunc(ps, func(err error) bool { return err == nil })
 }
 
 // negative names field when v, a duration or a count, is below zero.

@@ -39,31 +39,38 @@ const MaxBodyBytes = 1 << 20
 // httpSource is one request as seen by the key getters. The body, the form and the JSON
 // object are read once, on first use.
 type httpSource struct {
-	r   *http.Request
-	raw bool // the values as written, without canonicalValue (replay keys of share rules)
+	r    *http.Request
+	raw  bool // the values as written, without canonicalValue (replay keys of share rules)
+	body once[[]byte]
+	form once[httpForm]
+	json once[map[string]json.RawMessage] // the body's top-level fields, undecoded; nil if not an object
+}
 
-	body     []byte
-	bodyErr  error
-	bodyRead bool
+// httpForm is a request's form as go-zero's binding sees it.
+type httpForm struct {
+	query url.Values // the URL query
+	all   url.Values // r.Form as ParseForm and ParseMultipartForm leave it: query and body
+	body  url.Values // the body's part of all
+}
 
-	query    url.Values // the URL query
-	form     url.Values // r.Form as ParseForm and ParseMultipartForm leave it: query and body
-	postForm url.Values // the body's part of form
-	formErr  error
-	formDone bool
+// once is a value computed on first use, with its error.
+type once[T any] struct {
+	v    T
+	err  error
+	done bool
+}
 
-	json     map[string]json.RawMessage // the body's top-level fields, undecoded; nil if not an object
-	jsonErr  error
-	jsonDone bool
+func (o *once[T]) get(compute func() (T, error)) (T, error) {
+	if !o.done {
+		o.done = true
+		o.v, o.err = compute()
+	}
+	return o.v, o.err
 }
 
 // readBody reads the body once (ReadBody).
 func (s *httpSource) readBody() ([]byte, error) {
-	if !s.bodyRead {
-		s.bodyRead = true
-		s.body, s.bodyErr = ReadBody(s.r)
-	}
-	return s.body, s.bodyErr
+	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
 // ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler. A
@@ -105,13 +112,10 @@ func readsJSONBody(r *http.Request) bool {
 		!formReadsBody(r)
 }
 
-// parseForm fills s.form as httpx.GetFormValues sees r.Form, by running net/http's parsers on
-// a copy of r that reads the buffered body: r keeps its body and unparsed form for the handler.
-func (s *httpSource) parseForm() error {
-	if s.formDone {
-		return s.formErr
-	}
-	s.formDone = true
+// parseForm reads the form as httpx.GetFormValues sees r.Form, by running net/http's parsers
+// on a copy of r that reads the buffered body: r keeps its body and unparsed form for the
+// handler.
+func (s *httpSource) parseForm() (httpForm, error) {
 	r := s.r
 	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
 	// Deep copies (http.Header.Clone, the same map type), nil staying nil.
@@ -121,8 +125,7 @@ func (s *httpSource) parseForm() error {
 		if formReadsBody(r) {
 			b, err := s.readBody()
 			if err != nil {
-				s.formErr = err
-				return err
+				return httpForm{}, err
 			}
 			c.Body = io.NopCloser(bytes.NewReader(b))
 		}
@@ -138,71 +141,48 @@ func (s *httpSource) parseForm() error {
 		_ = c.MultipartForm.RemoveAll()
 	}
 	if err != nil {
-		s.formErr = fmt.Errorf("%w: form: %v", flightlock.ErrInvalidKey, err)
-		return s.formErr
+		return httpForm{}, fmt.Errorf("%w: form: %v", flightlock.ErrInvalidKey, err)
 	}
-	s.form, s.postForm = c.Form, c.PostForm
-	s.query, _ = url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
-	return nil
+	query, _ := url.ParseQuery(r.URL.RawQuery) // ParseForm reported a malformed query
+	return httpForm{query: query, all: c.Form, body: c.PostForm}, nil
 }
 
-// formField returns the values of name that go-zero's form binding sees, "name[]" included and
-// empty values dropped as GetFormValues does, with the sources that hold them.
-func (s *httpSource) formField(name string) (vals []string, inQuery, inBody bool, err error) {
-	if err := s.parseForm(); err != nil {
-		return nil, false, false, err
+// formField adds to c the values of name that go-zero's form binding sees, "name[]" included
+// and empty values dropped as GetFormValues does, under the parts of the form that hold them.
+func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool, err error) {
+	f, err := s.form.get(s.parseForm)
+	if err != nil {
+		return false, false, err
 	}
 	has := func(v url.Values) bool {
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
-	vals = slices.DeleteFunc(slices.Concat(s.form[name], s.form[name+"[]"]), func(v string) bool { return v == "" })
-	return vals, has(s.query), has(s.postForm), nil
+	inQuery, inBody = has(f.query), has(f.body)
+	sources := make([]string, 0, 2)
+	if inQuery {
+		sources = append(sources, "the query")
+	}
+	if inBody {
+		sources = append(sources, "the form body")
+	}
+	if len(sources) == 0 {
+		sources = append(sources, "the form")
+	}
+	c.add(slices.DeleteFunc(slices.Concat(f.all[name], f.all[name+"[]"]), func(v string) bool { return v == "" }), sources...)
+	return inQuery, inBody, nil
 }
 
 func nonEmpty(v string) bool { return v != "" }
 
-// formSources names the parts of the form that hold a value, for messages.
-func formSources(inQuery, inBody bool) []string {
-	switch {
-	case inQuery && inBody:
-		return []string{"the query", "the form body"}
-	case inQuery:
-		return []string{"the query"}
-	case inBody:
-		return []string{"the form body"}
-	}
-	return []string{"the form"}
-}
-
-// formValue resolves {query.x} (fromQuery) or {form.x}: the value must be in that part, and
-// the form go-zero binds (query and body merged) must hold no other.
-func (s *httpSource) formValue(ref, name string, fromQuery bool) (string, bool, error) {
-	vals, inQuery, inBody, err := s.formField(name)
-	if err != nil || (fromQuery && !inQuery) || (!fromQuery && !inBody) {
-		return "", false, err
-	}
-	var c candidates
-	c.addFrom(formSources(inQuery, inBody), vals)
-	return c.one(ref, "send one value")
-}
-
-// jsonObject decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
+// decodeJSON decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
 // would read the body at all.
-func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
-	if s.jsonDone {
-		return s.json, s.jsonErr
-	}
-	s.jsonDone = true
+func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if !readsJSONBody(s.r) {
 		return nil, nil
 	}
 	b, err := s.readBody()
-	if err != nil {
-		s.jsonErr = err
+	if err != nil || len(b) == 0 {
 		return nil, err
-	}
-	if len(b) == 0 {
-		return nil, nil
 	}
 	// Unmarshal avoids a Decoder's copy of the body but refuses data after the first value,
 	// which go-zero's Decoder ignores: such a body is decoded again as the Decoder reads it.
@@ -213,14 +193,13 @@ func (s *httpSource) jsonObject() (map[string]json.RawMessage, error) {
 			obj = nil // not a JSON object: every body field is missing
 		}
 	}
-	s.json = obj
-	return s.json, nil
+	return obj, nil
 }
 
 // bodyValue follows a dotted path into a JSON body object, splitting only the objects on the
 // path: a large body costs a scan, not a tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
-	obj, err := s.jsonObject()
+	obj, err := s.json.get(s.decodeJSON)
 	if err != nil {
 		return "", false, err
 	}
@@ -260,25 +239,14 @@ func scalarJSON(raw json.RawMessage) (string, bool) {
 	return "", false // null, an object or an array
 }
 
-// headerValue resolves {header.X}; a repeated header with different values has none.
-func (s *httpSource) headerValue(ref, name string) (string, bool, error) {
-	var c candidates
-	c.add("the header", s.r.Header.Values(name)...)
-	return c.one(ref, "send one value")
-}
-
 // candidates gathers the distinct values that the sources of one reference give.
 type candidates struct {
 	vals    []string // distinct, in the order seen
 	sources []string // the sources that gave a value, in the order seen
 }
 
-// add adds the values that source gives.
-func (c *candidates) add(source string, vals ...string) {
-	c.addFrom([]string{source}, vals)
-}
-
-func (c *candidates) addFrom(sources, vals []string) {
+// add adds vals, which sources give.
+func (c *candidates) add(vals []string, sources ...string) {
 	if len(vals) == 0 {
 		return
 	}
@@ -370,22 +338,15 @@ func canonicalValue(v string) string {
 // float literal characters is written as that float64: its digits when integral, else Go's
 // shortest form. An integer beyond 2^53 written once with a point or exponent stays apart.
 func canonicalNumber(v string) string {
-	if v == "" {
-		return v
-	}
-	digits := v
-	if v[0] == '+' || v[0] == '-' {
-		digits = v[1:]
+	sign, digits := "", v
+	if v != "" && (v[0] == '+' || v[0] == '-') {
+		sign, digits = strings.TrimPrefix(v[:1], "+"), v[1:]
 	}
 	if digits != "" && strings.Trim(digits, "0123456789") == "" {
-		d := strings.TrimLeft(digits, "0")
-		switch {
-		case d == "":
-			return "0"
-		case v[0] == '-':
-			return "-" + d
+		if d := strings.TrimLeft(digits, "0"); d != "" {
+			return sign + d
 		}
-		return d
+		return "0"
 	}
 	// Skip ParseFloat, whose error allocates, for text that starts as no number or word it reads.
 	if w := strings.TrimLeft(v, "+-"); w == "" || !strings.ContainsRune("0123456789.iInN", rune(w[0])) {
@@ -424,15 +385,26 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 			v := pathvar.Vars(s.r)[name]
 			return v, v != "", nil
 		}, nil
-	case "query":
-		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, true) }, nil
-	case "form":
-		return func(s *httpSource) (string, bool, error) { return s.formValue(ref, name, false) }, nil
+	case "query", "form":
+		// The value must be in that part, and the form go-zero binds (query and body merged)
+		// must hold no other.
+		return func(s *httpSource) (string, bool, error) {
+			var c candidates
+			inQuery, inBody, err := s.formField(&c, name)
+			if err != nil || (src == "query" && !inQuery) || (src == "form" && !inBody) {
+				return "", false, err
+			}
+			return c.one(ref, "send one value")
+		}, nil
 	case "body":
 		path := strings.Split(name, ".")
 		return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
 	case "header":
-		return func(s *httpSource) (string, bool, error) { return s.headerValue(ref, name) }, nil
+		return func(s *httpSource) (string, bool, error) {
+			var c candidates // a repeated header with different values has none
+			c.add(s.r.Header.Values(name), "the header")
+			return c.one(ref, "send one value")
+		}, nil
 	case "jwt":
 		// go-zero's JWT handler stores each custom claim under its name, a string context key.
 		return func(s *httpSource) (string, bool, error) {
@@ -451,20 +423,18 @@ func defaultGetter(name string) getter[*httpSource] {
 	return func(s *httpSource) (string, bool, error) {
 		var c candidates
 		if v := pathvar.Vars(s.r)[name]; v != "" {
-			c.add("the path variable", v)
+			c.add([]string{v}, "the path variable")
 		}
-		vals, inQuery, inBody, err := s.formField(name)
-		if err != nil {
+		if _, _, err := s.formField(&c, name); err != nil {
 			return "", false, err
 		}
-		c.addFrom(formSources(inQuery, inBody), vals)
-		c.add("the header", s.r.Header.Values(name)...)
+		c.add(s.r.Header.Values(name), "the header")
 		v, ok, err := s.bodyValue(path)
 		if err != nil {
 			return "", false, err
 		}
 		if ok {
-			c.add("the JSON body", v) // "" too: Parse binds it over the form's value
+			c.add([]string{v}, "the JSON body") // "" too: Parse binds it over the form's value
 		}
 		return c.one(name, hint)
 	}

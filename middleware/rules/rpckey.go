@@ -38,7 +38,7 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 				var c candidates
 				for _, v := range md.Get(name) {
 					if v != "" {
-						c.add("the metadata", v)
+						c.add([]string{v}, "the metadata")
 					}
 				}
 				return c.one(ref, "send one value")

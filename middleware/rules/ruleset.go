@@ -11,11 +11,7 @@ import (
 // rule only (the other jumps the line), and a read and a write rule of one route whose keys
 // differ in shape (reads would see half-done writes). flightlock check compares sections.
 func checkRuleSet(specs []Spec) error {
-	type use struct {
-		s       Spec
-		permits int
-	}
-	firstCount := make(map[string]use)     // shape => the first rule that locks it
+	firstCount := make(map[string]Spec)    // shape => the first rule that locks it
 	firstFairness := make(map[string]Spec) // shape => the first rule that could be fair
 	shapes := make([][]string, len(specs))
 	for i, s := range specs {
@@ -28,14 +24,13 @@ func checkRuleSet(specs []Spec) error {
 		}
 		for _, k := range keys {
 			shapes[i] = append(shapes[i], k.Shape)
-			u := use{s: s, permits: max(s.Permits, 1)}
 			if f, ok := firstCount[k.Shape]; !ok {
-				firstCount[k.Shape] = u
-			} else if f.permits != u.permits {
+				firstCount[k.Shape] = s
+			} else if fp, sp := max(f.Permits, 1), max(s.Permits, 1); fp != sp {
 				return FieldError(s.Field+".Permits", "%s locks %s with %s, and %s with %s: a lock is permit 1 of its key's "+
 					"semaphore, so the rules share permits and up to %d requests hold a key where one rule allows %d; "+
-					"give every rule on a key the same Permits", s.Field, k.Shape, permitWords(u.s), f.s.Field,
-					permitWords(f.s), max(f.permits, u.permits), min(f.permits, u.permits))
+					"give every rule on a key the same Permits", s.Field, k.Shape, permitWords(s), f.Field,
+					permitWords(f), max(fp, sp), min(fp, sp))
 			}
 			if isRead(s) {
 				continue // a read rule cannot be fair: a waiting writer holds new reads back

@@ -8,12 +8,6 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// segment is literal text, or a reference when ref is not empty.
-type segment struct {
-	lit string
-	ref string // as written between the braces: "uid", "path.sku", "body.a.b"
-}
-
 // TemplateKeys returns the "+"-joined keys of the key template s, or its syntax error as
 // Validate words it. It checks the syntax only; each transport binds the references to
 // getters (bindPlan).
@@ -22,35 +16,17 @@ func TemplateKeys(s string) ([]TemplateKey, error) {
 		return nil, errors.New("is empty")
 	}
 	var (
-		out   []TemplateKey
-		cur   TemplateKey
-		lit   strings.Builder
-		shape strings.Builder
-		from  int // start of the current key in s
+		out  []TemplateKey
+		k    TemplateKey
+		from int // start of k in s
+		lit  int // start of k's current literal text
 	)
-	flushLit := func() {
-		if lit.Len() > 0 {
-			cur.segs = append(cur.segs, segment{lit: lit.String()})
-			shape.WriteString(lit.String())
-			lit.Reset()
+	for i := 0; i <= len(s); i++ {
+		c := byte('+') // the end of s ends the last key as a '+' does
+		if i < len(s) {
+			c = s[i]
 		}
-	}
-	endKey := func(end int) error {
-		flushLit()
-		cur.Text, cur.Shape = s[from:end], shape.String()
-		shape.Reset()
-		if len(cur.segs) == 0 {
-			return fmt.Errorf("has an empty key at offset %d (%q)", from, s)
-		}
-		if err := cur.checkSeparators(); err != nil {
-			return err
-		}
-		out = append(out, cur)
-		cur = TemplateKey{}
-		return nil
-	}
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
+		switch {
 		case c == '{':
 			end := strings.IndexByte(s[i+1:], '}')
 			if end < 0 {
@@ -60,26 +36,24 @@ func TemplateKeys(s string) ([]TemplateKey, error) {
 			if err := checkRefName(name); err != nil {
 				return nil, fmt.Errorf("{%s}: %v", name, err)
 			}
-			flushLit()
-			cur.segs = append(cur.segs, segment{ref: name})
-			cur.Refs = append(cur.Refs, name)
-			shape.WriteString("{}")
+			k.lits, k.Refs = append(k.lits, s[lit:i]), append(k.Refs, name)
 			i += end + 1
+			lit = i + 1
 		case c == '}':
 			return nil, fmt.Errorf("has an unopened '}' at offset %d", i)
 		case c == '+':
-			if err := endKey(i); err != nil {
+			k.Text, k.lits = s[from:i], append(k.lits, s[lit:i])
+			k.Shape = strings.Join(k.lits, "{}")
+			if k.Text == "" {
+				return nil, fmt.Errorf("has an empty key at offset %d (%q)", from, s)
+			}
+			if err := k.checkSeparators(); err != nil {
 				return nil, err
 			}
-			from = i + 1
+			out, k, from, lit = append(out, k), TemplateKey{}, i+1, i+1
 		case c < 0x20 || c == 0x7f:
 			return nil, fmt.Errorf("has a control byte %#02x at offset %d", c, i)
-		default:
-			lit.WriteByte(c)
 		}
-	}
-	if err := endKey(len(s)); err != nil {
-		return nil, err
 	}
 	return out, nil
 }
@@ -106,7 +80,7 @@ type TemplateKey struct {
 	Shape string
 	// Refs are the references, in order, as written between the braces: "body.from".
 	Refs []string
-	segs []segment
+	lits []string // the literal text around the references: one more than Refs
 }
 
 // Namespace is the literal text of k before its first reference ("acct:" for
@@ -119,18 +93,11 @@ func (k TemplateKey) Namespace() string {
 // checkSeparators makes sure that the literal text between two references contains a ':'.
 // Values never hold a bare ':' (escape), so it marks where each ends: with "{a}-{b}", ("x-y",
 // "z") and ("x", "y-z") would both render "x-y-z".
-func (t TemplateKey) checkSeparators() error {
-	prevRef := ""
-	sepSeen := true
-	for _, s := range t.segs {
-		if s.ref == "" {
-			sepSeen = sepSeen || strings.Contains(s.lit, ":")
-			continue
+func (k TemplateKey) checkSeparators() error {
+	for i := 1; i < len(k.Refs); i++ {
+		if !strings.Contains(k.lits[i], ":") {
+			return fmt.Errorf("{%s} and {%s} in %q must be separated by text containing ':' so that different values cannot render the same key", k.Refs[i-1], k.Refs[i], k.Text)
 		}
-		if !sepSeen {
-			return fmt.Errorf("{%s} and {%s} in %q must be separated by text containing ':' so that different values cannot render the same key", prevRef, s.ref, t.Text)
-		}
-		prevRef, sepSeen = s.ref, false
 	}
 	return nil
 }
@@ -157,33 +124,27 @@ func checkRefName(name string) error {
 // is missing; err is for failures such as an oversized body, and must wrap ErrInvalidKey.
 type getter[S any] func(src S) (value string, ok bool, err error)
 
-// piece is a bound segment: literal text, or a reference with its getter.
-type piece[S any] struct {
-	lit string
-	ref string
-	get getter[S]
+// boundKey is a key of a template bound to one transport: a getter per reference.
+type boundKey[S any] struct {
+	TemplateKey
+	gets []getter[S]
 }
 
-// keyPlan is a key template bound to one transport: one piece list per key.
-type keyPlan[S any] [][]piece[S]
+// keyPlan is a key template bound to one transport.
+type keyPlan[S any] []boundKey[S]
 
 // bindPlan binds every reference of keys with bind.
 func bindPlan[S any](keys []TemplateKey, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
 	plan := make(keyPlan[S], 0, len(keys))
 	for _, k := range keys {
-		pieces := make([]piece[S], 0, len(k.segs))
-		for _, s := range k.segs {
-			if s.ref == "" {
-				pieces = append(pieces, piece[S]{lit: s.lit})
-				continue
-			}
-			get, err := bind(s.ref)
-			if err != nil {
+		bk := boundKey[S]{TemplateKey: k, gets: make([]getter[S], len(k.Refs))}
+		for i, ref := range k.Refs {
+			var err error
+			if bk.gets[i], err = bind(ref); err != nil {
 				return nil, err
 			}
-			pieces = append(pieces, piece[S]{ref: s.ref, get: get})
 		}
-		plan = append(plan, pieces)
+		plan = append(plan, bk)
 	}
 	return plan, nil
 }
@@ -193,21 +154,19 @@ func bindPlan[S any](keys []TemplateKey, bind func(ref string) (getter[S], error
 func (p keyPlan[S]) render(src S) ([]string, error) {
 	keys := make([]string, 0, len(p))
 	var b strings.Builder
-	for _, pieces := range p {
+	for _, k := range p {
 		b.Reset()
-		for _, pc := range pieces {
-			if pc.get == nil {
-				b.WriteString(pc.lit)
-				continue
-			}
-			v, ok, err := pc.get(src)
+		b.WriteString(k.lits[0])
+		for i, get := range k.gets {
+			v, ok, err := get(src)
 			if err != nil {
 				return nil, err
 			}
 			if !ok || v == "" {
-				return nil, fmt.Errorf("%w: no value for {%s}", flightlock.ErrInvalidKey, pc.ref)
+				return nil, fmt.Errorf("%w: no value for {%s}", flightlock.ErrInvalidKey, k.Refs[i])
 			}
 			escape(&b, v)
+			b.WriteString(k.lits[i+1])
 		}
 		keys = append(keys, b.String())
 	}
@@ -228,7 +187,7 @@ const ShadowPrefix = "shadow:"
 // an enforced rule's key never starts with: a lock on a stored response would corrupt the
 // record (acquire.lua appends to the value), and one among a shadow rule's would hold back
 // requests a shadow rule must never affect. Templates are checked at start-up (checkOwnKeys),
-// rendered keys per request (notInternal).
+// rendered keys per request (Spec.apart).
 var internalNamespaces = [...]namespace{
 	{ReplayPrefix, "the stored responses of share rules"},
 	{ShadowPrefix, "the locks of shadow rules"},
@@ -249,22 +208,20 @@ func internalNamespace(key string) *namespace {
 // the middleware's own keys.
 func checkOwnKeys(keys []TemplateKey) error {
 	for _, k := range keys {
-		if first := k.segs[0]; first.ref == "" {
-			if ns := internalNamespace(first.lit); ns != nil {
-				return fmt.Errorf("%q puts its keys among %s (%s*), which a lock would corrupt or hold back: "+
-					"start it with another word", k.Text, ns.holds, ns.prefix)
-			}
+		if ns := internalNamespace(k.lits[0]); ns != nil {
+			return fmt.Errorf("%q puts its keys among %s (%s*), which a lock would corrupt or hold back: "+
+				"start it with another word", k.Text, ns.holds, ns.prefix)
 		}
 	}
 	return nil
 }
 
-// notInternal passes on the rendered keys of a request of an enforced rule, or refuses them
-// with ErrInvalidKey when one falls among the middleware's own keys, without naming the key
-// (the message goes back to the client).
-func notInternal(keys []string, err error) ([]string, error) {
-	if err != nil {
-		return nil, err
+// apart passes on the keys of a request of s, or refuses with ErrInvalidKey those of an
+// enforced rule that fall among the middleware's own keys, without naming the key (the message
+// goes back to the client); a shadow rule's keys live apart already.
+func (s Spec) apart(keys []string, err error) ([]string, error) {
+	if err != nil || s.Shadow {
+		return keys, err
 	}
 	for _, k := range keys {
 		if ns := internalNamespace(k); ns != nil {

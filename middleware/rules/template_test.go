@@ -144,14 +144,10 @@ func FuzzTemplate(f *testing.F) {
 		}
 		refs := 0
 		for _, k := range keys {
-			if k.Text == "" || len(k.segs) == 0 {
-				t.Fatalf("TemplateKeys(%q) gave an empty key", tmpl)
+			if k.Text == "" || len(k.lits) != len(k.Refs)+1 || k.Shape != strings.Join(k.lits, "{}") {
+				t.Fatalf("TemplateKeys(%q) gave an empty or malformed key: %+v", tmpl, k)
 			}
-			for _, s := range k.segs {
-				if s.ref != "" {
-					refs++
-				}
-			}
+			refs += len(k.Refs)
 		}
 		a, b := splitValues(x, refs), splitValues(y, refs)
 		ka, errA := renderWith(t, tmpl, a)
