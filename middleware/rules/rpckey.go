@@ -36,11 +36,7 @@ func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcS
 			return func(s rpcSource) (string, bool, error) {
 				md, _ := metadata.FromIncomingContext(s.ctx)
 				var c candidates
-				for _, v := range md.Get(name) {
-					if v != "" {
-						c.add([]string{v}, "the metadata")
-					}
-				}
+				c.add(slices.DeleteFunc(slices.Clone(md.Get(name)), func(v string) bool { return v == "" }), "the metadata")
 				return c.one(ref, "send one value")
 			}, nil
 		}

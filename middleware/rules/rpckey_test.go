@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/flightlock/flightlock"
@@ -70,5 +72,27 @@ func TestRPCKeysStayOutOfInternalKeys(t *testing.T) {
 	}
 	if _, err := compileRPC(Spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "replay:{string_value}"}, Field: "Lock.Rules[0]"}); !errors.Is(err, flightlock.ErrConfig) {
 		t.Errorf("a template among the stored responses: %v, want ErrConfig", err)
+	}
+}
+
+// A metadata key sent with two values is ambiguous, as a REST header is: the request is
+// refused with ErrInvalidKey naming the metadata once, never the values; one value sent twice
+// and empty values are no ambiguity.
+func TestRPCMetadataWithSeveralValuesIsInvalidKey(t *testing.T) {
+	rl, err := compileRPC(Spec{Rule: Rule{RPC: "/pkg.Svc/Method", Key: "acct:{header.x-account}"}, Field: "Lock.Rules[0]"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(vals ...string) ([]string, error) {
+		md := metadata.MD{}
+		md.Append("x-account", vals...)
+		return rl.RPCKeys(metadata.NewIncomingContext(context.Background(), md), nil)
+	}
+	_, err = ask("a1", "a2")
+	if !errors.Is(err, flightlock.ErrInvalidKey) || !strings.Contains(err.Error(), "the metadata has several values") || strings.Contains(err.Error(), "a2") {
+		t.Fatalf("two values of one metadata key: %v, want ErrInvalidKey saying the metadata has several values, without them", err)
+	}
+	if keys, err := ask("a1", "", "a1"); err != nil || len(keys) != 1 || keys[0] != "acct:a1" {
+		t.Fatalf("one value sent twice beside an empty one: %q, %v; want acct:a1", keys, err)
 	}
 }
