@@ -1,6 +1,7 @@
 package flightlock
 
 import (
+	"container/heap"
 	"context"
 	"sync"
 	"time"
@@ -25,7 +26,7 @@ type watchdog struct {
 	settle bool
 
 	mu      sync.Mutex
-	heap    []*hold    // guarded by mu: holds with a pending event, earliest first (hold.due, hold.slot)
+	heap    holdHeap   // guarded by mu: holds with a pending event, earliest first
 	timer   clockTimer // guarded by mu: fires at armedAt when armed; nil before the first event
 	armed   bool       // guarded by mu
 	armedAt instant    // guarded by mu
@@ -53,11 +54,9 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	w.mu.Lock()
 	h.due = at
 	if h.slot == 0 {
-		w.heap = append(w.heap, h)
-		h.slot = int32(len(w.heap))
-		w.up(int(h.slot) - 1)
-	} else if !w.up(int(h.slot) - 1) {
-		w.down(int(h.slot) - 1)
+		heap.Push(&w.heap, h)
+	} else {
+		heap.Fix(&w.heap, int(h.slot)-1)
 	}
 	if !w.armed || at < w.armedAt {
 		w.armLocked(at)
@@ -70,7 +69,7 @@ func (w *watchdog) schedule(h *hold, at instant) {
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
-		w.removeLocked(int(h.slot) - 1)
+		heap.Remove(&w.heap, int(h.slot)-1)
 	}
 	w.mu.Unlock()
 }
@@ -94,9 +93,7 @@ func (w *watchdog) fire() {
 	w.mu.Lock()
 	w.armed = false
 	for len(w.heap) > 0 && w.heap[0].due <= now {
-		h := w.heap[0]
-		w.removeLocked(0)
-		due = append(due, h)
+		due = append(due, heap.Pop(&w.heap).(*hold))
 	}
 	if len(w.heap) > 0 {
 		w.armLocked(w.heap[0].due)
@@ -219,57 +216,32 @@ func renew(holds []*hold) {
 	}
 }
 
-// The heap is ordered by hold.due; hold.slot is a hold's index plus one. w.mu must be held.
+// holdHeap is a container/heap of holds ordered by hold.due; hold.slot is a hold's index plus
+// one, 0 off the heap. Its watchdog's mu must be held.
+type holdHeap []*hold
 
-// up moves the hold at i towards the root, and reports whether it moved; down, away from it.
-func (w *watchdog) up(i int) bool {
-	h, start := w.heap[i], i
-	for i > 0 {
-		p := (i - 1) / 2
-		if h.due >= w.heap[p].due {
-			break
-		}
-		w.heap[i] = w.heap[p]
-		w.heap[i].slot = int32(i + 1)
-		i = p
-	}
-	w.heap[i], h.slot = h, int32(i+1)
-	return i != start
+func (q holdHeap) Len() int { return len(q) }
+
+func (q holdHeap) Less(i, j int) bool { return q[i].due < q[j].due }
+
+func (q holdHeap) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].slot, q[j].slot = int32(i+1), int32(j+1)
 }
 
-func (w *watchdog) down(i int) {
-	h, n := w.heap[i], len(w.heap)
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if r := c + 1; r < n && w.heap[r].due < w.heap[c].due {
-			c = r
-		}
-		if w.heap[c].due >= h.due {
-			break
-		}
-		w.heap[i] = w.heap[c]
-		w.heap[i].slot = int32(i + 1)
-		i = c
-	}
-	w.heap[i], h.slot = h, int32(i+1)
+func (q *holdHeap) Push(x any) {
+	h := x.(*hold)
+	*q = append(*q, h)
+	h.slot = int32(len(*q))
 }
 
-func (w *watchdog) removeLocked(i int) {
-	h, last := w.heap[i], len(w.heap)-1
-	if i != last {
-		w.heap[i] = w.heap[last]
-		w.heap[i].slot = int32(i + 1)
-	}
-	w.heap[last] = nil
-	w.heap = w.heap[:last]
-	if i != last && !w.up(i) {
-		w.down(i)
-	}
+func (q *holdHeap) Pop() any {
+	n := len(*q) - 1
+	h := (*q)[n]
+	(*q)[n] = nil
+	*q = shrink((*q)[:n])
 	h.slot = 0
-	w.heap = shrink(w.heap)
+	return h
 }
 
 // shrink returns s, or a copy in a smaller array once s fills a quarter of its array.
