@@ -34,17 +34,22 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if store == nil {
 		return nil, errors.New("flightlock: nil store")
 	}
-	cfg := defaultConfig()
+	return newLocker(store, defaultConfig(), newGate(), nil, opts)
+}
+
+// newLocker makes a Locker of cfg with opts applied, on store and gate g; wd is the watchdog
+// to share, unless nil or on another clock than opts leave (one heap runs on one clock).
+func newLocker(store lockstore.Store, cfg config, g *gate, wd *watchdog, opts []Option) (*Locker, error) {
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(store); err != nil {
 		return nil, err
 	}
-	if err := cfg.fitStore(store); err != nil {
-		return nil, err
+	if wd == nil || wd.clock != cfg.clock {
+		wd = newWatchdog(cfg.clock)
 	}
-	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
+	return &Locker{k: newKeeper(store, g, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
 // MustNew is New that panics on a bad option, for start-up code.
@@ -63,21 +68,7 @@ func (l *Locker) Prefix() string { return l.cfg.prefix }
 // With returns a Locker with other options on the same store and the same per-process gate,
 // so a key is single-flighted across both. Use it for per-route settings.
 func (l *Locker) With(opts ...Option) (*Locker, error) {
-	cfg := l.cfg
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if err := cfg.fitStore(l.k.store); err != nil {
-		return nil, err
-	}
-	wd := l.k.wd
-	if cfg.clock != l.cfg.clock {
-		wd = newWatchdog(cfg.clock) // one heap runs on one clock
-	}
-	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
+	return newLocker(l.k.store, l.cfg, l.k.gate, l.k.wd, opts)
 }
 
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
