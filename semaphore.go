@@ -65,12 +65,12 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 		return nil, err
 	}
 	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
-		first: int(permitTurn.Add(1) % uint32(permits))}
+		first: int(permitTurn.Add(1) % uint32(permits)), b: budget{parent: ctx}}
 	if wait {
 		if start.IsZero() {
 			start = time.Now()
 		}
-		pt.b = budget{parent: ctx, start: start, deadline: waitbudget.Deadline(ctx, start, l.cfg.wait)}
+		pt.b.start, pt.b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer pt.close()
 	for {
@@ -111,7 +111,7 @@ type permitTaker struct {
 	ctx      context.Context
 	keys     []string // the permits' store keys
 	wait     bool
-	b        budget // the wait; zero in Reject mode
+	b        budget // the wait; without a deadline in Reject mode
 	first    int    // the permit each look starts at, so that takers spread over the permits
 	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
 
@@ -129,6 +129,7 @@ func (pt *permitTaker) close() {
 	if pt.timer != nil {
 		pt.timer.Stop()
 	}
+	pt.b.stop()
 }
 
 // permitLook is what one look at every permit saw.
@@ -171,7 +172,7 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 		return nil, ErrClosed, r
 	}
 	if f := g.looks[pt.keys[0]]; f != nil {
-		if local := g.localLocked(pt.keys, pt.first); local >= 0 && pt.wait {
+		if local, _, _ := g.claimLocked(pt.keys, pt.first, false); local >= 0 && pt.wait {
 			// A permit held here is handed on at its release, sooner than the look's outcome
 			// comes, and a release with nobody queued on it would go to the store.
 			g.mu.Unlock()
@@ -193,7 +194,8 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 // is held, and unlocked here. up is how far below look the caller is.
 func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, error, permitLook) {
 	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
-	claimed, entries := g.claimLocked(pt.keys, pt.first, &r.local)
+	local, claimed, entries := g.claimLocked(pt.keys, pt.first, true)
+	r.local = local
 	want := 1 + len(f.waiters)
 	g.mu.Unlock()
 
@@ -246,41 +248,33 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 	return nil, nil, r
 }
 
-// localLocked is the first of keys, from keys[first] on, whose slot holds a lock of this process
-// (-1 when none). g.mu must be held.
-func (g *gate) localLocked(keys []string, first int) int {
-	for j := range keys {
-		i := (first + j) % len(keys)
-		if e := g.entries[keys[i]]; e != nil && e.hold != nil {
-			return i
-		}
-	}
-	return -1
-}
-
-// claimLocked makes the caller the owner of the free slots among keys, from keys[first] on, and
-// returns their indexes and entries; *local is set to the first key whose slot holds a lock of
-// this process (-1 when none). A slot whose owner only asks the store is neither. g.mu held.
-func (g *gate) claimLocked(keys []string, first int, local *int) (claimed []int, entries []*gateEntry) {
+// claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
+// process (-1 when none); with claim, it also makes the caller the owner of the free slots
+// among keys, and returns their indexes and entries. A slot whose owner only asks the store is
+// neither. g.mu must be held.
+func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []int, entries []*gateEntry) {
+	local = -1
 	for j := range keys {
 		i := (first + j) % len(keys)
 		e := g.entries[keys[i]]
 		switch {
+		case e != nil && e.taken:
+			if e.hold != nil && local < 0 {
+				local = i
+			}
+			continue
+		case !claim:
+			continue
 		case e == nil:
 			e = &gateEntry{}
 			g.entries[keys[i]] = e
-		case e.taken:
-			if e.hold != nil && *local < 0 {
-				*local = i
-			}
-			continue
 		}
 		e.taken = true
 		e.refs++
 		claimed, entries = append(claimed, i), append(entries, e)
 	}
 	g.peak = max(g.peak, len(g.entries))
-	return claimed, entries
+	return local, claimed, entries
 }
 
 // settle ends look f: the slots of the permits granted get their holds and the other claimed
@@ -338,16 +332,9 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEnt
 // follow waits for the outcome of another goroutine's look, within the caller's wait.
 func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, permitLook) {
 	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
-	var expired <-chan time.Time
-	if !pt.b.deadline.IsZero() {
-		t := time.NewTimer(time.Until(pt.b.deadline))
-		defer t.Stop()
-		expired = t.C
-	}
 	select {
 	case <-w.ready:
-	case <-ctx.Done():
-	case <-expired:
+	case <-pt.b.context().Done(): // ctx's end, or the wait's
 	}
 	g.mu.Lock()
 	select {
@@ -438,11 +425,9 @@ func (pt *permitTaker) watchFresh() bool {
 	if pt.watches != nil || !l.k.shared {
 		return false
 	}
-	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline) // subscribing waits for the store
-	defer cancel()
 	fresh := false
 	for _, k := range pt.keys {
-		w, err := l.k.store.Watch(wctx, k)
+		w, err := l.k.store.Watch(pt.b.context(), k) // subscribing waits for the store
 		if err != nil {
 			break
 		}
