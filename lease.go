@@ -72,12 +72,8 @@ type Lease struct {
 	site uintptr // where the grant was taken (callerAbove), for reportAbandoned; set once
 }
 
-func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
-	return newLeaseOf(parent, h, kind, fence, site, false)
-}
-
-// newLeaseOf is newLease; read makes it a read lease of a write hold.
-func newLeaseOf(parent context.Context, h *hold, kind Grant, fence int64, site uintptr, read bool) *Lease {
+// newLease attaches a lease of grant kind to h; read makes it a read lease of a write hold.
+func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr, read bool) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent), site: site, read: read}
 	h.attach(lease)
 	return lease

@@ -275,7 +275,7 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 	case grant == GrantHandoff && first:
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLeaseOf(ctx, h, grant, fence, site, read), nil
+	return newLease(ctx, h, grant, fence, site, read), nil
 }
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
@@ -313,7 +313,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLeaseOf(ctx, parent.h, GrantReentry, parent.fence, parent.site, parent.read), nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site, parent.read), nil
 }
 
 // lockHanded re-enters the lock that owner, handed over by an upstream call, holds: by joining
@@ -321,7 +321,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
 		if f, site, ok := h.join(); ok {
-			return newLease(ctx, h, GrantJoined, max(f, fence), site), nil, true
+			return newLease(ctx, h, GrantJoined, max(f, fence), site, false), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -335,7 +335,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	cancel()
 	if err != nil && mayHaveRun(err) {
 		// borrow names this call's hold alone: the give-back touches nothing else.
-		l.k.giveBackLater(ctx, rkey, owner, borrow)
+		go l.k.giveBack(ctx, rkey, owner, borrow)
 	}
 	switch {
 	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
@@ -346,12 +346,12 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, nil, false
 	}
 	if l.k.tooLate(sent) {
-		l.k.giveBackLater(ctx, rkey, owner, borrow)
+		go l.k.giveBack(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent, 0)
 	taken = h
-	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
+	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0, false), nil, true
 }
 
 // pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It

@@ -80,7 +80,7 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 		case err != nil:
 			return nil, l.busy(ctx, err)
 		case joined:
-			return newLeaseOf(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
+			return newLease(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
 		case e != nil:
 			return l.inSlot(ctx, b, rkey, e, h, true, callerUp+1)
 		}
@@ -117,7 +117,7 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 		return nil, err
 	}
 	taken, site = h, callerAbove(callerUp)
-	return newLease(ctx, h, GrantStore, h.currentFence(), site), nil
+	return newLease(ctx, h, GrantStore, h.currentFence(), site, false), nil
 }
 
 // joinRead returns a lease on the read hold of rkey that this process's readers share, when a
@@ -150,7 +150,7 @@ func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
 	if !ok {
 		return nil
 	}
-	return newLease(ctx, h, GrantShared, fence, site)
+	return newLease(ctx, h, GrantShared, fence, site, false)
 }
 
 // joinOrLeadRead joins the local readers' hold (joinRead); or makes the caller the one that

@@ -229,7 +229,7 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
 	if mine.h != nil {
 		fence, _ := mine.h.grantFence()
-		return newLeaseOf(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil, r
+		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil, r
 	}
 	switch {
 	case len(claimed) == 0:
@@ -356,7 +356,7 @@ func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, per
 		return nil, ctx.Err(), r
 	case h != nil:
 		fence, _ := h.grantFence()
-		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
+		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
 	case w.busy != nil:
 		pt.answered, r.sawBusy, r.remote, r.local = true, true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}
