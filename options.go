@@ -23,14 +23,10 @@ const (
 )
 
 func (m Mode) String() string {
-	switch m {
-	case Wait:
-		return "wait"
-	case Reject:
-		return "reject"
-	default:
-		return fmt.Sprintf("Mode(%d)", int(m))
+	if m == Wait || m == Reject {
+		return [...]string{"wait", "reject"}[m]
 	}
+	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
 // Defaults of a Locker's options.

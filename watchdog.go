@@ -30,8 +30,7 @@ type watchdog struct {
 	timer   clockTimer // guarded by mu: fires at armedAt when armed; nil before the first event
 	armed   bool       // guarded by mu
 	armedAt instant    // guarded by mu
-	queue   []renewJob // guarded by mu: work for the renewers, oldest first from head
-	head    int        // guarded by mu
+	queue   []renewJob // guarded by mu: work for the renewers, oldest first
 	workers int        // guarded by mu: renewer goroutines running
 	idle    sync.Cond  // on mu: broadcast when the last renewer finds no work (settle)
 }
@@ -123,20 +122,14 @@ func (w *watchdog) now() instant { return instant(w.clock.Since(w.epoch)) }
 // enqueue queues a job for the renewers; fire starts them once it has queued every job due.
 func (w *watchdog) enqueue(j renewJob) {
 	w.mu.Lock()
-	if w.head > 0 && w.head >= len(w.queue)/2 {
-		// Move the jobs left to the front: a queue that never empties must not grow.
-		n := copy(w.queue, w.queue[w.head:])
-		clear(w.queue[n:])
-		w.queue, w.head = w.queue[:n], 0
-	}
-	w.queue = append(w.queue, j)
+	w.queue = append(w.queue, j) // a full array moves the jobs left: a busy queue does not grow
 	w.mu.Unlock()
 }
 
 // startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
 func (w *watchdog) startRenewers() {
 	w.mu.Lock()
-	n := min(maxRenewers-w.workers, (len(w.queue)-w.head+maxBatch-1)/maxBatch)
+	n := min(maxRenewers-w.workers, (len(w.queue)+maxBatch-1)/maxBatch)
 	if n > 0 {
 		w.workers += n
 	}
@@ -151,28 +144,27 @@ func (w *watchdog) renewer() {
 	var batch []*hold
 	for {
 		w.mu.Lock()
-		if w.head == len(w.queue) {
+		if len(w.queue) == 0 {
 			w.workers--
-			w.queue, w.head = shrink(w.queue[:0]), 0
+			w.queue = nil
 			if w.workers == 0 {
 				w.idle.Broadcast()
 			}
 			w.mu.Unlock()
 			return
 		}
-		j := w.queue[w.head]
-		w.queue[w.head] = renewJob{}
-		w.head++
+		j := w.queue[0]
 		batch = append(batch[:0], j.h)
-		for !j.abandon && len(batch) < maxBatch && w.head < len(w.queue) {
-			next := w.queue[w.head]
+		n := 1
+		for ; !j.abandon && len(batch) < maxBatch && n < len(w.queue); n++ {
+			next := w.queue[n]
 			if next.abandon || next.h.k != j.h.k {
 				break
 			}
-			w.queue[w.head] = renewJob{}
-			w.head++
 			batch = append(batch, next.h)
 		}
+		clear(w.queue[:n])
+		w.queue = w.queue[n:]
 		w.mu.Unlock()
 		if j.abandon {
 			// Reported before the slot, and its site, passes on; ErrNotHeld is the usual answer.
