@@ -228,7 +228,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	switch {
 	case l.cfg.fair:
-		return l.lockFair(ctx, &b, rkey, wait, start, callerUp+1)
+		return l.lockOutside(ctx, &b, rkey, newOwnerToken(), start, callerUp+1)
 	case l.cfg.read:
 		return l.lockRead(ctx, &b, rkey, wait, callerUp+1)
 	}

@@ -55,17 +55,6 @@ var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the ke
 // a misconfiguration, which no retry mends.
 func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
-// lockFair takes a fair lock with a store hold of its own, outside the gate, which would
-// reorder fair waiters. callerUp is as in take.
-func (l *Locker) lockFair(ctx context.Context, b *budget, rkey string, wait bool, asked time.Time, callerUp int) (*Lease, error) {
-	var fw *fairWaiter
-	if wait {
-		fw = l.k.gate.joinFair(rkey, asked)
-		defer l.k.gate.leaveFair(rkey, fw)
-	}
-	return l.lockOutside(ctx, b, rkey, newOwnerToken(), asked, fw, callerUp+1)
-}
-
 // lockRead takes a read lock. While a goroutine of this process owns the key's gate slot (a
 // writer, or readers sharing its hold), the gate arbitrates: readers share the slot's write
 // hold and queue behind writers, with no store command. Otherwise the process's readers share
@@ -90,16 +79,23 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 		}
 		if land != nil {
 			defer land()
-			return l.lockOutside(ctx, b, rkey, lockstore.ReadOwner(newOwnerToken()), time.Time{}, nil, callerUp+1)
+			return l.lockOutside(ctx, b, rkey, lockstore.ReadOwner(newOwnerToken()), time.Time{}, callerUp+1)
 		}
 	}
 }
 
-// lockOutside takes a read or fair lock's store hold of its own, outside the gate; Drain waits
-// for it. A read hold becomes the one the process's new readers join (shareRead).
-func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, fw *fairWaiter, callerUp int) (*Lease, error) {
+// lockOutside takes a read or fair lock's store hold of its own, outside the gate (which would
+// reorder fair waiters); Drain waits for it. A fair lock (asked set) that waits takes its place
+// among its process's fair waiters. A read hold becomes the one the process's new readers join
+// (shareRead). callerUp is as in take.
+func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, callerUp int) (*Lease, error) {
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
+	}
+	var fw *fairWaiter
+	if !asked.IsZero() && b.waits() {
+		fw = l.k.gate.joinFair(rkey, asked)
+		defer l.k.gate.leaveFair(rkey, fw)
 	}
 	l.k.gate.beginBorrow()
 	var (

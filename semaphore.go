@@ -138,9 +138,8 @@ type permitLook struct {
 	local    int        // a busy permit held in this process, or -1
 	remote   bool       // a busy permit is held elsewhere
 	storeErr error      // the store's error of this look, while waiting; nil when none failed
-	sawBusy  bool
-	cut      bool // the wait ran out while a call of this look was on its way
-	lookOn   bool // another goroutine's look is on its way: queue on local for a short turn
+	cut      bool       // the wait ran out while a call of this look was on its way
+	lookOn   bool       // another goroutine's look is on its way: queue on local for a short turn
 }
 
 // permitFlight is the look at a semaphore's permits on its way in this process (gate.looks):
@@ -237,7 +236,7 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 		if ctx.Err() != nil {
 			return nil, err, r
 		}
-		pt.answered, r.sawBusy, r.remote = true, true, true
+		pt.answered, r.remote = true, true
 	case !pt.wait || endsTheWait(ctx, err):
 		return nil, err, r
 	case pt.b.spentDuringCall(sentAt, pt.answered):
@@ -358,7 +357,7 @@ func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, per
 		fence, _ := h.grantFence()
 		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
 	case w.busy != nil:
-		pt.answered, r.sawBusy, r.remote, r.local = true, true, true, w.local
+		pt.answered, r.remote, r.local = true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}
 	case w.lead != nil:
 		g.mu.Lock()
@@ -384,7 +383,7 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	now := time.Now()
 	delay, ok := l.cfg.retry(pt.attempt)
 	if !ok || !now.Before(pt.b.deadline) {
-		if r.storeErr != nil && !r.sawBusy && !pt.answered {
+		if r.storeErr != nil && !pt.answered {
 			return nil, r.storeErr, true
 		}
 		return nil, l.gaveUp(ctx, r.busy), true

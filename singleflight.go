@@ -531,8 +531,10 @@ func (g *gate) drain(ctx context.Context) int {
 	}
 	n := len(g.entries) + len(g.borrowed) + g.borrowing
 	g.mu.Unlock()
-	for _, h := range holds {
-		h.interrupt(ErrClosed)
+	for _, h := range holds { // their leases end; the locks are left to their holders
+		h.mu.Lock()
+		h.endLeasesLocked(ErrClosed)
+		h.mu.Unlock()
 	}
 	return n
 }
