@@ -67,12 +67,6 @@ func (k *keeper) tooLate(sent time.Time) bool {
 // call, so it asks again for a while. Nothing more may be sent as owner (with borrow) after a
 // give-back, as a later grant to it could be the one given back: it can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	start := time.Now()
 	for pause := giveBackRecheck; ; pause *= 4 {
 		rctx, cancel := k.cleanupContext(ctx)
@@ -81,9 +75,8 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 		if !errors.Is(err, lockstore.ErrNotHeld) || time.Since(start)+pause >= min(k.ttl, giveBackRecheckFor) {
 			return // given back, a store error (the TTL ends it), or past the time a late call lands
 		}
-		arm(&timer, pause)
 		select {
-		case <-timer.C:
+		case <-time.After(pause):
 		case <-k.gate.closing:
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -288,14 +289,7 @@ func (g *Group) Leases() []*Lease { return g.leases }
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
 
 // Lost reports whether any lease of the group was lost while held (Lease.Lost).
-func (g *Group) Lost() bool {
-	for _, x := range g.leases {
-		if x.Lost() {
-			return true
-		}
-	}
-	return false
-}
+func (g *Group) Lost() bool { return slices.ContainsFunc(g.leases, (*Lease).Lost) }
 
 // Release releases every lease, last taken first, and joins their errors.
 func (g *Group) Release(ctx context.Context) error {
