@@ -117,9 +117,10 @@ type permitTaker struct {
 
 	watches  []*lockstore.Watch
 	timer    *time.Timer
-	answered bool // the store replied (busy) to a look of this wait (budget.spentDuringCall)
-	attempt  int  // the looks, as the retry strategy counts attempts; a recheck is not one
-	recheck  bool // the next look follows fresh watches
+	answered bool       // the store replied (busy) to a look of this wait (budget.spentDuringCall)
+	attempt  int        // the looks, as the retry strategy counts attempts; a recheck is not one
+	recheck  bool       // the next look follows fresh watches
+	r        permitLook // what the last look saw
 }
 
 func (pt *permitTaker) close() {
@@ -162,13 +163,13 @@ type flightWaiter struct {
 // look makes one look at the permits: it asks the store, once, for the first free ones among
 // those whose slots are free in this process (it owns those slots meanwhile), or, when another
 // goroutine's look is on its way, waits for a permit of that one (follow).
-func (pt *permitTaker) look() (*Lease, error, permitLook) {
-	g := pt.l.k.gate
-	r := permitLook{busy: &busyError{}, local: -1}
+func (pt *permitTaker) look() (*Lease, error) {
+	g, r := pt.l.k.gate, &pt.r
+	*r = permitLook{busy: &busyError{}, local: -1}
 	g.mu.Lock()
 	if g.closed.Load() {
 		g.mu.Unlock()
-		return nil, ErrClosed, r
+		return nil, ErrClosed
 	}
 	if f := g.looks[pt.keys[0]]; f != nil {
 		if local, _, _ := g.claimLocked(pt.keys, pt.first, false); local >= 0 && pt.wait {
@@ -176,23 +177,23 @@ func (pt *permitTaker) look() (*Lease, error, permitLook) {
 			// comes, and a release with nobody queued on it would go to the store.
 			g.mu.Unlock()
 			r.local, r.lookOn = local, true
-			return nil, nil, r
+			return nil, nil
 		}
 		w := &flightWaiter{ready: make(chan struct{})}
 		f.waiters = append(f.waiters, w)
 		g.mu.Unlock()
-		return pt.follow(w, r)
+		return pt.follow(w)
 	}
 	f := &permitFlight{}
 	g.looks[pt.keys[0]] = f
 	g.looksPeak = max(g.looksPeak, len(g.looks))
-	return pt.lead(f, r, 1)
+	return pt.lead(f, 1)
 }
 
 // lead sends look f, asking for a permit for the caller and for each of f's waiters so far; g.mu
 // is held, and unlocked here. up is how far below look the caller is.
-func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, error, permitLook) {
-	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
+func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
+	l, ctx, g, r := pt.l, pt.ctx, pt.l.k.gate, &pt.r
 	local, claimed, entries := g.claimLocked(pt.keys, pt.first, true)
 	r.local = local
 	want := 1 + len(f.waiters)
@@ -217,34 +218,33 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
 		}
 	}
-	var be *busyError
+	var be, refused *busyError // refused: what waiters learn when every permit asked for was busy
 	if errors.As(err, &be) {
 		r.busy = be
-	}
-	var refused *busyError // what waiters learn when every permit asked for was busy
-	if be != nil && ctx.Err() == nil {
-		refused = be
+		if ctx.Err() == nil {
+			refused = be
+		}
 	}
 	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
 	if mine.h != nil {
 		fence, _ := mine.h.grantFence()
-		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil, r
+		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil
 	}
 	switch {
 	case len(claimed) == 0:
 	case be != nil:
 		if ctx.Err() != nil {
-			return nil, err, r
+			return nil, err
 		}
 		pt.answered, r.remote = true, true
 	case !pt.wait || endsTheWait(ctx, err):
-		return nil, err, r
+		return nil, err
 	case pt.b.spentDuringCall(sentAt, pt.answered):
 		r.cut = true
 	default:
 		r.storeErr = err // a waiter rides out the store's errors within its budget, as a lock's does
 	}
-	return nil, nil, r
+	return nil, nil
 }
 
 // claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
@@ -329,8 +329,8 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEnt
 }
 
 // follow waits for the outcome of another goroutine's look, within the caller's wait.
-func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, permitLook) {
-	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
+func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
+	l, ctx, g, r := pt.l, pt.ctx, pt.l.k.gate, &pt.r
 	select {
 	case <-w.ready:
 	case <-pt.b.context().Done(): // ctx's end, or the wait's
@@ -345,25 +345,25 @@ func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, per
 	h := w.grant.h
 	switch {
 	case w.left && ctx.Err() != nil:
-		return nil, ctx.Err(), r
+		return nil, ctx.Err()
 	case w.left:
 		r.cut = true // the wait ran out while the look was on its way
 	case h != nil && ctx.Err() != nil:
 		if h.done() {
 			_ = l.k.endGrantBy(context.WithoutCancel(ctx), h)
 		}
-		return nil, ctx.Err(), r
+		return nil, ctx.Err()
 	case h != nil:
 		fence, _ := h.grantFence()
-		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
+		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil
 	case w.busy != nil:
 		pt.answered, r.remote, r.local = true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}
 	case w.lead != nil:
 		g.mu.Lock()
-		return pt.lead(w.lead, r, 2)
+		return pt.lead(w.lead, 2)
 	}
-	return nil, nil, r
+	return nil, nil
 }
 
 // lookAndWait makes one look, and when every permit was busy, waits for one.
@@ -373,7 +373,8 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		pt.attempt++
 	}
 	pt.recheck = false
-	lease, err, r := pt.look()
+	lease, err := pt.look()
+	r := &pt.r
 	if lease != nil || err != nil {
 		return lease, err, true
 	}
