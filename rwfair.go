@@ -116,48 +116,28 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 	return newLease(ctx, h, GrantStore, h.currentFence(), site, false), nil
 }
 
-// joinRead returns a lease on the read hold of rkey that this process's readers share, when a
-// new reader may still join it (GrantShared), or nil. Writers keep their preference: a reader
+// joinOrLeadRead returns a lease on the read hold of rkey that this process's readers share,
+// when a new reader may still join it (GrantShared). Writers keep their preference: a reader
 // joins only while no local writer owns the key's gate slot and within the hold's handoff
 // window, so that a writer elsewhere (the store lets no new reader past it) waits for one
 // window of readers at most. A lost, released or nearly expired hold is never joined (handable).
-func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
-	g := l.k.gate
-	g.mu.Lock()
-	h := g.reads[rkey]
-	if h == nil {
-		g.mu.Unlock()
-		return nil
-	}
-	var (
-		fence int64
-		site  uintptr
-		ok    bool
-	)
-	if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
-		h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
-		// g.mu before h.mu, as in handoff. join fails once the last reader has left.
-		fence, site, ok = h.join()
-	}
-	if !ok {
-		delete(g.reads, rkey) // new readers go to the store from now on
-	}
-	g.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	return newLease(ctx, h, GrantShared, fence, site, false)
-}
-
-// joinOrLeadRead joins the local readers' hold (joinRead); or makes the caller the one that
-// takes the store read hold, who calls land when it has shared the hold or failed; or waits
-// for the one being taken and returns nothing, for the caller to look again.
+// Otherwise it makes the caller the one that takes the store read hold, who calls land when it
+// has shared the hold or failed; or waits for the one being taken and returns nothing, for the
+// caller to look again.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
-	if lease := l.joinRead(ctx, rkey); lease != nil {
-		return lease, nil, nil
-	}
 	g.mu.Lock()
+	if h := g.reads[rkey]; h != nil {
+		if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
+			h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
+			// g.mu before h.mu, as in handoff. join fails once the last reader has left.
+			if fence, site, ok := h.join(); ok {
+				g.mu.Unlock()
+				return newLease(ctx, h, GrantShared, fence, site, false), nil, nil
+			}
+		}
+		delete(g.reads, rkey) // new readers go to the store from now on
+	}
 	flight, inFlight := g.readFlights[rkey]
 	if !inFlight {
 		flight = make(chan struct{})
@@ -185,7 +165,7 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 	}
 }
 
-// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinRead).
+// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinOrLeadRead).
 func (g *gate) shareRead(rkey string, h *hold) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

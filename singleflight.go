@@ -21,7 +21,7 @@ type gate struct {
 	fair map[string][]*fairWaiter
 	// guarded by mu: live holds outside the gate (borrowed, read and fair), with their sites
 	borrowed map[*hold]uintptr
-	// guarded by mu: per key, the read hold new readers may join (joinRead); also in borrowed
+	// guarded by mu: per key, the read hold new readers may join (joinOrLeadRead); also in borrowed
 	reads map[string]*hold
 	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
