@@ -101,11 +101,6 @@ var processHolder = func() string {
 // "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show).
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// withClock replaces the system clock of the watchdog and of lease expiry, for tests.
-func withClock(c clock) Option {
-	return func(cfg *config) { cfg.clock = c }
-}
-
 // validate refuses a bad option, or a TTL or a handoff bound that store cannot honour
 // (Capabilities), naming the option; the first failed check in the table wins.
 func (c *config) validate(store lockstore.Store) error {
