@@ -56,10 +56,26 @@ func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	callerUp++ // seen from lockSince
-	keys, lease, err, done := l.permitKeys(ctx, key, permits, wait, callerUp)
-	if done {
-		return lease, err
+	callerUp++                   // seen from lockSince
+	base, err := l.storeKey(key) // permit 1's
+	if err != nil {
+		return nil, err
+	}
+	keys := lockstore.PermitKeys(base, permits)
+	if n := len(keys[permits-1]); n > MaxKeyLen {
+		return nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
+	}
+	// A permit the caller holds already, in this process or handed over, is re-entered: a second
+	// would count it twice.
+	for _, rkey := range keys {
+		if findLease(ctx, l.k.gate, rkey) != nil {
+			return l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp)
+		}
+		if o, ok := handover.Lookup(ctx, rkey); ok {
+			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
+				return lease, err
+			}
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -78,31 +94,6 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			return lease, err
 		}
 	}
-}
-
-// permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
-// caller holds already, in this process or handed over: a second would count it twice.
-func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
-	base, err := l.storeKey(key) // permit 1's
-	if err != nil {
-		return nil, nil, err, true
-	}
-	keys = lockstore.PermitKeys(base, permits)
-	if n := len(keys[permits-1]); n > MaxKeyLen {
-		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
-	}
-	for _, rkey := range keys {
-		if findLease(ctx, l.k.gate, rkey) != nil {
-			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
-			return nil, lease, err, true
-		}
-		if o, ok := handover.Lookup(ctx, rkey); ok {
-			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-				return nil, lease, err, true
-			}
-		}
-	}
-	return keys, nil, nil, false
 }
 
 // permitTaker is one lockPermit's wait.
