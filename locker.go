@@ -131,9 +131,7 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
 		return nil, wrapf(ErrInvalidKey, "no keys")
 	}
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
+	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
 	g := &Group{leases: make([]*Lease, 0, len(sorted))}
 	cur, start := ctx, time.Time{}
 	if l.cfg.mode == Wait {
