@@ -77,7 +77,7 @@ func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, w
 	granted := append([]lockstore.PermitGrant{{Permit: res.Permit, Fence: res.Fence}}, res.More...)
 	if l.k.tooLate(sent) {
 		for _, g := range granted {
-			l.k.giveBackLater(ctx, keys[g.Permit], a.owner, "")
+			go l.k.giveBack(ctx, keys[g.Permit], a.owner, "")
 		}
 		return nil, errLateReply
 	}
@@ -141,10 +141,10 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		// give-back by owner must not end the next attempt's grant. A look at permits may have
 		// taken any of them: each goes back (the owner holds at most one, and no other owner's).
 		if a.keys == nil {
-			l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+			go l.k.giveBack(a.ctx, a.key, a.owner, "")
 		}
 		for _, key := range a.keys {
-			l.k.giveBackLater(a.ctx, key, a.owner, "")
+			go l.k.giveBack(a.ctx, key, a.owner, "")
 		}
 		if again {
 			if a.queue > 0 {
@@ -178,7 +178,7 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	}
 	// A waiter rides out a passing stall of the store, as a new owner (the give-back runs by
 	// the old token).
-	l.k.giveBackLater(a.ctx, a.key, a.owner, "")
+	go l.k.giveBack(a.ctx, a.key, a.owner, "")
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply
 	}

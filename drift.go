@@ -8,21 +8,6 @@ import (
 	"time"
 )
 
-// kindTag is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), so that a
-// Lock that finds its key held by an instance configured otherwise (other Permits, Fair beside
-// no Fair) sees the drift: reported (Observer.Drift, or the log), and the store still decides.
-func (c *config) kindTag() string {
-	switch {
-	case c.permits > 1:
-		return "kind=permits:" + strconv.Itoa(c.permits)
-	case c.read:
-		return "kind=read"
-	case c.fair:
-		return "kind=fair"
-	}
-	return "kind=lock"
-}
-
 // withKind returns an acquisition's metadata with the kind; the default's costs no allocation.
 func (l *Locker) withKind(ctx context.Context) string {
 	if l.cfg.metadata == nil {
@@ -42,14 +27,25 @@ func (l *Locker) withKind(ctx context.Context) string {
 	return l.kindMeta.own
 }
 
-// kindMeta is a Locker's kind, as metadata, made when the Locker is.
+// kindMeta is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), made
+// when the Locker is, so that a Lock that finds its key held by an instance configured
+// otherwise (other Permits, Fair beside no Fair) sees the drift: reported (Observer.Drift, or
+// the log), and the store still decides.
 type kindMeta struct {
 	own         string // "kind=..."
 	withDefault string // DefaultMetadata's with it
 }
 
 func newKindMeta(c *config) kindMeta {
-	own := c.kindTag()
+	own := "kind=lock"
+	switch {
+	case c.permits > 1:
+		own = "kind=permits:" + strconv.Itoa(c.permits)
+	case c.read:
+		own = "kind=read"
+	case c.fair:
+		own = "kind=fair"
+	}
 	return kindMeta{own: own, withDefault: processHolder + " " + own}
 }
 

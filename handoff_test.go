@@ -162,7 +162,7 @@ func TestBudgetsRunningOutWhileTheLockMoves(t *testing.T) {
 		t.Fatalf("gate keeps %d entries", n)
 	}
 	// A call whose budget ended while its acquisition was on the wire gives the lock back in
-	// the background (giveBackLater): the key is free once those give-backs have run.
+	// the background (giveBack): the key is free once those give-backs have run.
 	waitFor(t, 5*time.Second, "the key to be free afterwards", func() bool {
 		lease, err := l.TryLock(context.Background(), "m")
 		if err != nil {

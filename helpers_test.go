@@ -246,3 +246,8 @@ func (l *Locker) queued(key string) int {
 	}
 	return 0
 }
+
+// withClock replaces the system clock of the watchdog and of lease expiry, for tests.
+func withClock(c clock) Option {
+	return func(cfg *config) { cfg.clock = c }
+}

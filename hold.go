@@ -456,10 +456,3 @@ func (h *hold) markLost() {
 		h.loseLocked()
 	}
 }
-
-// interrupt cancels the leases' contexts with cause (Drain), without touching the lock.
-func (h *hold) interrupt(cause error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.endLeasesLocked(cause)
-}

@@ -43,10 +43,8 @@ func newKeeper(store lockstore.Store, g *gate, wd *watchdog, cfg *config) *keepe
 		ttlBound: &sharedBound{span: cfg.ttl}, waitBound: &sharedBound{span: cfg.wait}}
 }
 
+// now, instant and the other readings below are on the keeper's clock.
 func (k *keeper) now() time.Time { return k.clock.Now() }
-
-// since, instant and the other readings below are on the keeper's clock.
-func (k *keeper) since(t time.Time) time.Duration { return k.clock.Since(t) }
 
 func (k *keeper) instant(t time.Time) instant { return instant(t.Sub(k.wd.epoch)) }
 
@@ -61,19 +59,14 @@ func (k *keeper) safety() time.Duration { return k.ttl / 10 }
 
 // tooLate reports whether an acquisition sent at sent left too little of its TTL to be held.
 func (k *keeper) tooLate(sent time.Time) bool {
-	return k.since(sent) >= k.ttl-k.safety()
+	return k.clock.Since(sent) >= k.ttl-k.safety()
 }
 
 // giveBack releases a hold that a call may have taken unseen or too late (the named re-entry,
-// with borrow). A not-held answer may mean it overtook that call, so it asks again for a while;
-// owner tokens are never reused after a give-back, so this can only end that late grant.
+// with borrow); callers run it in the background. A not-held answer may mean it overtook that
+// call, so it asks again for a while. Nothing more may be sent as owner (with borrow) after a
+// give-back, as a later grant to it could be the one given back: it can only end that late grant.
 func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	start := time.Now()
 	for pause := giveBackRecheck; ; pause *= 4 {
 		rctx, cancel := k.cleanupContext(ctx)
@@ -82,9 +75,8 @@ func (k *keeper) giveBack(ctx context.Context, key, owner, borrow string) {
 		if !errors.Is(err, lockstore.ErrNotHeld) || time.Since(start)+pause >= min(k.ttl, giveBackRecheckFor) {
 			return // given back, a store error (the TTL ends it), or past the time a late call lands
 		}
-		arm(&timer, pause)
 		select {
-		case <-timer.C:
+		case <-time.After(pause):
 		case <-k.gate.closing:
 			return
 		}
@@ -101,12 +93,6 @@ const (
 // cleanupContext bounds a clean-up (giveBack, leaveQueue): ctx's values, half a second at most.
 func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
-}
-
-// giveBackLater is giveBack in the background. Nothing more may be sent as owner (with borrow):
-// a later grant to it could be the one given back.
-func (k *keeper) giveBackLater(ctx context.Context, key, owner, borrow string) {
-	go k.giveBack(ctx, key, owner, borrow)
 }
 
 // grantEnd is the store call left of ending a grant after endLocally; a value: no allocation.
@@ -197,8 +183,7 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 		return ctx, func() {}
 	}
 	if ctx.Done() == nil {
-		now := time.Now()
-		return k.ttlBound.bound(ctx, now, now.Add(k.ttl)), func() {}
+		return k.releaseContext(ctx), func() {}
 	}
 	return context.WithTimeout(ctx, k.ttl)
 }

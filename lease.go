@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -72,12 +73,8 @@ type Lease struct {
 	site uintptr // where the grant was taken (callerAbove), for reportAbandoned; set once
 }
 
-func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr) *Lease {
-	return newLeaseOf(parent, h, kind, fence, site, false)
-}
-
-// newLeaseOf is newLease; read makes it a read lease of a write hold.
-func newLeaseOf(parent context.Context, h *hold, kind Grant, fence int64, site uintptr, read bool) *Lease {
+// newLease attaches a lease of grant kind to h; read makes it a read lease of a write hold.
+func newLease(parent context.Context, h *hold, kind Grant, fence int64, site uintptr, read bool) *Lease {
 	lease := &Lease{h: h, kind: kind, fence: fence, ctx: parent, outer: FromContext(parent), site: site, read: read}
 	h.attach(lease)
 	return lease
@@ -292,14 +289,7 @@ func (g *Group) Leases() []*Lease { return g.leases }
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
 
 // Lost reports whether any lease of the group was lost while held (Lease.Lost).
-func (g *Group) Lost() bool {
-	for _, x := range g.leases {
-		if x.Lost() {
-			return true
-		}
-	}
-	return false
-}
+func (g *Group) Lost() bool { return slices.ContainsFunc(g.leases, (*Lease).Lost) }
 
 // Release releases every lease, last taken first, and joins their errors.
 func (g *Group) Release(ctx context.Context) error {

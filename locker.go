@@ -34,17 +34,22 @@ func New(store lockstore.Store, opts ...Option) (*Locker, error) {
 	if store == nil {
 		return nil, errors.New("flightlock: nil store")
 	}
-	cfg := defaultConfig()
+	return newLocker(store, defaultConfig(), newGate(), nil, opts)
+}
+
+// newLocker makes a Locker of cfg with opts applied, on store and gate g; wd is the watchdog
+// to share, unless nil or on another clock than opts leave (one heap runs on one clock).
+func newLocker(store lockstore.Store, cfg config, g *gate, wd *watchdog, opts []Option) (*Locker, error) {
 	for _, opt := range opts {
 		opt(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(store); err != nil {
 		return nil, err
 	}
-	if err := cfg.fitStore(store); err != nil {
-		return nil, err
+	if wd == nil || wd.clock != cfg.clock {
+		wd = newWatchdog(cfg.clock)
 	}
-	return &Locker{k: newKeeper(store, newGate(), newWatchdog(cfg.clock), &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
+	return &Locker{k: newKeeper(store, g, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
 }
 
 // MustNew is New that panics on a bad option, for start-up code.
@@ -63,21 +68,7 @@ func (l *Locker) Prefix() string { return l.cfg.prefix }
 // With returns a Locker with other options on the same store and the same per-process gate,
 // so a key is single-flighted across both. Use it for per-route settings.
 func (l *Locker) With(opts ...Option) (*Locker, error) {
-	cfg := l.cfg
-	for _, opt := range opts {
-		opt(&cfg)
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	if err := cfg.fitStore(l.k.store); err != nil {
-		return nil, err
-	}
-	wd := l.k.wd
-	if cfg.clock != l.cfg.clock {
-		wd = newWatchdog(cfg.clock) // one heap runs on one clock
-	}
-	return &Locker{k: newKeeper(l.k.store, l.k.gate, wd, &cfg), cfg: cfg, kindMeta: newKindMeta(&cfg)}, nil
+	return newLocker(l.k.store, l.cfg, l.k.gate, l.k.wd, opts)
 }
 
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
@@ -140,9 +131,7 @@ func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
 		return nil, wrapf(ErrInvalidKey, "no keys")
 	}
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
+	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
 	g := &Group{leases: make([]*Lease, 0, len(sorted))}
 	cur, start := ctx, time.Time{}
 	if l.cfg.mode == Wait {
@@ -237,7 +226,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	switch {
 	case l.cfg.fair:
-		return l.lockFair(ctx, &b, rkey, wait, start, callerUp+1)
+		return l.lockOutside(ctx, &b, rkey, newOwnerToken(), start, callerUp+1)
 	case l.cfg.read:
 		return l.lockRead(ctx, &b, rkey, wait, callerUp+1)
 	}
@@ -284,7 +273,7 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 	case grant == GrantHandoff && first:
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLeaseOf(ctx, h, grant, fence, site, read), nil
+	return newLease(ctx, h, grant, fence, site, read), nil
 }
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
@@ -322,7 +311,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 	if err := parent.enter(); err != nil {
 		return nil, err
 	}
-	return newLeaseOf(ctx, parent.h, GrantReentry, parent.fence, parent.site, parent.read), nil
+	return newLease(ctx, parent.h, GrantReentry, parent.fence, parent.site, parent.read), nil
 }
 
 // lockHanded re-enters the lock that owner, handed over by an upstream call, holds: by joining
@@ -330,7 +319,7 @@ func (l *Locker) reenter(ctx context.Context, parent *Lease) (*Lease, error) {
 func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64) (lease *Lease, err error, done bool) {
 	if h := l.k.gate.lookupHold(rkey); h != nil && h.owner() == owner && !h.degraded() {
 		if f, site, ok := h.join(); ok {
-			return newLease(ctx, h, GrantJoined, max(f, fence), site), nil, true
+			return newLease(ctx, h, GrantJoined, max(f, fence), site, false), nil, true
 		}
 	}
 	borrow := newOwnerToken()[:16] // names this hold in the lock's value
@@ -344,7 +333,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	cancel()
 	if err != nil && mayHaveRun(err) {
 		// borrow names this call's hold alone: the give-back touches nothing else.
-		l.k.giveBackLater(ctx, rkey, owner, borrow)
+		go l.k.giveBack(ctx, rkey, owner, borrow)
 	}
 	switch {
 	case err != nil && l.cfg.failOpen && ctx.Err() == nil:
@@ -355,12 +344,12 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 		return nil, nil, false
 	}
 	if l.k.tooLate(sent) {
-		l.k.giveBackLater(ctx, rkey, owner, borrow)
+		go l.k.giveBack(ctx, rkey, owner, borrow)
 		return nil, errLateReply, true
 	}
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent, 0)
 	taken = h
-	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0), nil, true
+	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0, false), nil, true
 }
 
 // pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It

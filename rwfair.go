@@ -55,17 +55,6 @@ var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the ke
 // a misconfiguration, which no retry mends.
 func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
 
-// lockFair takes a fair lock with a store hold of its own, outside the gate, which would
-// reorder fair waiters. callerUp is as in take.
-func (l *Locker) lockFair(ctx context.Context, b *budget, rkey string, wait bool, asked time.Time, callerUp int) (*Lease, error) {
-	var fw *fairWaiter
-	if wait {
-		fw = l.k.gate.joinFair(rkey, asked)
-		defer l.k.gate.leaveFair(rkey, fw)
-	}
-	return l.lockOutside(ctx, b, rkey, newOwnerToken(), asked, fw, callerUp+1)
-}
-
 // lockRead takes a read lock. While a goroutine of this process owns the key's gate slot (a
 // writer, or readers sharing its hold), the gate arbitrates: readers share the slot's write
 // hold and queue behind writers, with no store command. Otherwise the process's readers share
@@ -80,7 +69,7 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 		case err != nil:
 			return nil, l.busy(ctx, err)
 		case joined:
-			return newLeaseOf(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
+			return newLease(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
 		case e != nil:
 			return l.inSlot(ctx, b, rkey, e, h, true, callerUp+1)
 		}
@@ -90,16 +79,23 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 		}
 		if land != nil {
 			defer land()
-			return l.lockOutside(ctx, b, rkey, lockstore.ReadOwner(newOwnerToken()), time.Time{}, nil, callerUp+1)
+			return l.lockOutside(ctx, b, rkey, lockstore.ReadOwner(newOwnerToken()), time.Time{}, callerUp+1)
 		}
 	}
 }
 
-// lockOutside takes a read or fair lock's store hold of its own, outside the gate; Drain waits
-// for it. A read hold becomes the one the process's new readers join (shareRead).
-func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, fw *fairWaiter, callerUp int) (*Lease, error) {
+// lockOutside takes a read or fair lock's store hold of its own, outside the gate (which would
+// reorder fair waiters); Drain waits for it. A fair lock (asked set) that waits takes its place
+// among its process's fair waiters. A read hold becomes the one the process's new readers join
+// (shareRead). callerUp is as in take.
+func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, callerUp int) (*Lease, error) {
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
+	}
+	var fw *fairWaiter
+	if !asked.IsZero() && b.waits() {
+		fw = l.k.gate.joinFair(rkey, asked)
+		defer l.k.gate.leaveFair(rkey, fw)
 	}
 	l.k.gate.beginBorrow()
 	var (
@@ -117,51 +113,31 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 		return nil, err
 	}
 	taken, site = h, callerAbove(callerUp)
-	return newLease(ctx, h, GrantStore, h.currentFence(), site), nil
+	return newLease(ctx, h, GrantStore, h.currentFence(), site, false), nil
 }
 
-// joinRead returns a lease on the read hold of rkey that this process's readers share, when a
-// new reader may still join it (GrantShared), or nil. Writers keep their preference: a reader
+// joinOrLeadRead returns a lease on the read hold of rkey that this process's readers share,
+// when a new reader may still join it (GrantShared). Writers keep their preference: a reader
 // joins only while no local writer owns the key's gate slot and within the hold's handoff
 // window, so that a writer elsewhere (the store lets no new reader past it) waits for one
 // window of readers at most. A lost, released or nearly expired hold is never joined (handable).
-func (l *Locker) joinRead(ctx context.Context, rkey string) *Lease {
-	g := l.k.gate
-	g.mu.Lock()
-	h := g.reads[rkey]
-	if h == nil {
-		g.mu.Unlock()
-		return nil
-	}
-	var (
-		fence int64
-		site  uintptr
-		ok    bool
-	)
-	if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
-		h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
-		// g.mu before h.mu, as in handoff. join fails once the last reader has left.
-		fence, site, ok = h.join()
-	}
-	if !ok {
-		delete(g.reads, rkey) // new readers go to the store from now on
-	}
-	g.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	return newLease(ctx, h, GrantShared, fence, site)
-}
-
-// joinOrLeadRead joins the local readers' hold (joinRead); or makes the caller the one that
-// takes the store read hold, who calls land when it has shared the hold or failed; or waits
-// for the one being taken and returns nothing, for the caller to look again.
+// Otherwise it makes the caller the one that takes the store read hold, who calls land when it
+// has shared the hold or failed; or waits for the one being taken and returns nothing, for the
+// caller to look again.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
-	if lease := l.joinRead(ctx, rkey); lease != nil {
-		return lease, nil, nil
-	}
 	g.mu.Lock()
+	if h := g.reads[rkey]; h != nil {
+		if e := g.entries[rkey]; (e == nil || !e.taken) && !g.closed.Load() && l.k.window > 0 &&
+			h.k == l.k && h.k.sinceInstant(h.acquired) < l.k.window && h.handable() {
+			// g.mu before h.mu, as in handoff. join fails once the last reader has left.
+			if fence, site, ok := h.join(); ok {
+				g.mu.Unlock()
+				return newLease(ctx, h, GrantShared, fence, site, false), nil, nil
+			}
+		}
+		delete(g.reads, rkey) // new readers go to the store from now on
+	}
 	flight, inFlight := g.readFlights[rkey]
 	if !inFlight {
 		flight = make(chan struct{})
@@ -189,7 +165,7 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 	}
 }
 
-// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinRead).
+// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinOrLeadRead).
 func (g *gate) shareRead(rkey string, h *hold) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

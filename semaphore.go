@@ -56,21 +56,37 @@ func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
 func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait bool, start time.Time, callerUp int) (*Lease, error) {
-	callerUp++ // seen from lockSince
-	keys, lease, err, done := l.permitKeys(ctx, key, permits, wait, callerUp)
-	if done {
-		return lease, err
+	callerUp++                   // seen from lockSince
+	base, err := l.storeKey(key) // permit 1's
+	if err != nil {
+		return nil, err
+	}
+	keys := lockstore.PermitKeys(base, permits)
+	if n := len(keys[permits-1]); n > MaxKeyLen {
+		return nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
+	}
+	// A permit the caller holds already, in this process or handed over, is re-entered: a second
+	// would count it twice.
+	for _, rkey := range keys {
+		if findLease(ctx, l.k.gate, rkey) != nil {
+			return l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp)
+		}
+		if o, ok := handover.Lookup(ctx, rkey); ok {
+			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
+				return lease, err
+			}
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
-		first: int(permitTurn.Add(1) % uint32(permits))}
+		first: int(permitTurn.Add(1) % uint32(permits)), b: budget{parent: ctx}}
 	if wait {
 		if start.IsZero() {
 			start = time.Now()
 		}
-		pt.b = budget{parent: ctx, start: start, deadline: waitbudget.Deadline(ctx, start, l.cfg.wait)}
+		pt.b.start, pt.b.deadline = start, waitbudget.Deadline(ctx, start, l.cfg.wait)
 	}
 	defer pt.close()
 	for {
@@ -80,46 +96,22 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	}
 }
 
-// permitKeys returns the store keys of key's permits, or, done, the lease of a permit the
-// caller holds already, in this process or handed over: a second would count it twice.
-func (l *Locker) permitKeys(ctx context.Context, key string, permits int, wait bool, callerUp int) (keys []string, _ *Lease, _ error, done bool) {
-	base, err := l.storeKey(key) // permit 1's
-	if err != nil {
-		return nil, nil, err, true
-	}
-	keys = lockstore.PermitKeys(base, permits)
-	if n := len(keys[permits-1]); n > MaxKeyLen {
-		return nil, nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen), true
-	}
-	for _, rkey := range keys {
-		if findLease(ctx, l.k.gate, rkey) != nil {
-			lease, err := l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp+1)
-			return nil, lease, err, true
-		}
-		if o, ok := handover.Lookup(ctx, rkey); ok {
-			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-				return nil, lease, err, true
-			}
-		}
-	}
-	return keys, nil, nil, false
-}
-
 // permitTaker is one lockPermit's wait.
 type permitTaker struct {
 	l        *Locker
 	ctx      context.Context
 	keys     []string // the permits' store keys
 	wait     bool
-	b        budget // the wait; zero in Reject mode
+	b        budget // the wait; without a deadline in Reject mode
 	first    int    // the permit each look starts at, so that takers spread over the permits
 	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
 
 	watches  []*lockstore.Watch
 	timer    *time.Timer
-	answered bool // the store replied (busy) to a look of this wait (budget.spentDuringCall)
-	attempt  int  // the looks, as the retry strategy counts attempts; a recheck is not one
-	recheck  bool // the next look follows fresh watches
+	answered bool       // the store replied (busy) to a look of this wait (budget.spentDuringCall)
+	attempt  int        // the looks, as the retry strategy counts attempts; a recheck is not one
+	recheck  bool       // the next look follows fresh watches
+	r        permitLook // what the last look saw
 }
 
 func (pt *permitTaker) close() {
@@ -129,6 +121,7 @@ func (pt *permitTaker) close() {
 	if pt.timer != nil {
 		pt.timer.Stop()
 	}
+	pt.b.stop()
 }
 
 // permitLook is what one look at every permit saw.
@@ -137,9 +130,8 @@ type permitLook struct {
 	local    int        // a busy permit held in this process, or -1
 	remote   bool       // a busy permit is held elsewhere
 	storeErr error      // the store's error of this look, while waiting; nil when none failed
-	sawBusy  bool
-	cut      bool // the wait ran out while a call of this look was on its way
-	lookOn   bool // another goroutine's look is on its way: queue on local for a short turn
+	cut      bool       // the wait ran out while a call of this look was on its way
+	lookOn   bool       // another goroutine's look is on its way: queue on local for a short turn
 }
 
 // permitFlight is the look at a semaphore's permits on its way in this process (gate.looks):
@@ -162,38 +154,39 @@ type flightWaiter struct {
 // look makes one look at the permits: it asks the store, once, for the first free ones among
 // those whose slots are free in this process (it owns those slots meanwhile), or, when another
 // goroutine's look is on its way, waits for a permit of that one (follow).
-func (pt *permitTaker) look() (*Lease, error, permitLook) {
-	g := pt.l.k.gate
-	r := permitLook{busy: &busyError{}, local: -1}
+func (pt *permitTaker) look() (*Lease, error) {
+	g, r := pt.l.k.gate, &pt.r
+	*r = permitLook{busy: &busyError{}, local: -1}
 	g.mu.Lock()
 	if g.closed.Load() {
 		g.mu.Unlock()
-		return nil, ErrClosed, r
+		return nil, ErrClosed
 	}
 	if f := g.looks[pt.keys[0]]; f != nil {
-		if local := g.localLocked(pt.keys, pt.first); local >= 0 && pt.wait {
+		if local, _, _ := g.claimLocked(pt.keys, pt.first, false); local >= 0 && pt.wait {
 			// A permit held here is handed on at its release, sooner than the look's outcome
 			// comes, and a release with nobody queued on it would go to the store.
 			g.mu.Unlock()
 			r.local, r.lookOn = local, true
-			return nil, nil, r
+			return nil, nil
 		}
 		w := &flightWaiter{ready: make(chan struct{})}
 		f.waiters = append(f.waiters, w)
 		g.mu.Unlock()
-		return pt.follow(w, r)
+		return pt.follow(w)
 	}
 	f := &permitFlight{}
 	g.looks[pt.keys[0]] = f
 	g.looksPeak = max(g.looksPeak, len(g.looks))
-	return pt.lead(f, r, 1)
+	return pt.lead(f, 1)
 }
 
 // lead sends look f, asking for a permit for the caller and for each of f's waiters so far; g.mu
 // is held, and unlocked here. up is how far below look the caller is.
-func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, error, permitLook) {
-	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
-	claimed, entries := g.claimLocked(pt.keys, pt.first, &r.local)
+func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
+	l, ctx, g, r := pt.l, pt.ctx, pt.l.k.gate, &pt.r
+	local, claimed, entries := g.claimLocked(pt.keys, pt.first, true)
+	r.local = local
 	want := 1 + len(f.waiters)
 	g.mu.Unlock()
 
@@ -216,71 +209,62 @@ func (pt *permitTaker) lead(f *permitFlight, r permitLook, up int) (*Lease, erro
 			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
 		}
 	}
-	var be *busyError
+	var be, refused *busyError // refused: what waiters learn when every permit asked for was busy
 	if errors.As(err, &be) {
 		r.busy = be
-	}
-	var refused *busyError // what waiters learn when every permit asked for was busy
-	if be != nil && ctx.Err() == nil {
-		refused = be
+		if ctx.Err() == nil {
+			refused = be
+		}
 	}
 	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
 	if mine.h != nil {
 		fence, _ := mine.h.grantFence()
-		return newLeaseOf(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil, r
+		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil
 	}
 	switch {
 	case len(claimed) == 0:
 	case be != nil:
 		if ctx.Err() != nil {
-			return nil, err, r
+			return nil, err
 		}
-		pt.answered, r.sawBusy, r.remote = true, true, true
+		pt.answered, r.remote = true, true
 	case !pt.wait || endsTheWait(ctx, err):
-		return nil, err, r
+		return nil, err
 	case pt.b.spentDuringCall(sentAt, pt.answered):
 		r.cut = true
 	default:
 		r.storeErr = err // a waiter rides out the store's errors within its budget, as a lock's does
 	}
-	return nil, nil, r
+	return nil, nil
 }
 
-// localLocked is the first of keys, from keys[first] on, whose slot holds a lock of this process
-// (-1 when none). g.mu must be held.
-func (g *gate) localLocked(keys []string, first int) int {
-	for j := range keys {
-		i := (first + j) % len(keys)
-		if e := g.entries[keys[i]]; e != nil && e.hold != nil {
-			return i
-		}
-	}
-	return -1
-}
-
-// claimLocked makes the caller the owner of the free slots among keys, from keys[first] on, and
-// returns their indexes and entries; *local is set to the first key whose slot holds a lock of
-// this process (-1 when none). A slot whose owner only asks the store is neither. g.mu held.
-func (g *gate) claimLocked(keys []string, first int, local *int) (claimed []int, entries []*gateEntry) {
+// claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
+// process (-1 when none); with claim, it also makes the caller the owner of the free slots
+// among keys, and returns their indexes and entries. A slot whose owner only asks the store is
+// neither. g.mu must be held.
+func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []int, entries []*gateEntry) {
+	local = -1
 	for j := range keys {
 		i := (first + j) % len(keys)
 		e := g.entries[keys[i]]
 		switch {
+		case e != nil && e.taken:
+			if e.hold != nil && local < 0 {
+				local = i
+			}
+			continue
+		case !claim:
+			continue
 		case e == nil:
 			e = &gateEntry{}
 			g.entries[keys[i]] = e
-		case e.taken:
-			if e.hold != nil && *local < 0 {
-				*local = i
-			}
-			continue
 		}
 		e.taken = true
 		e.refs++
 		claimed, entries = append(claimed, i), append(entries, e)
 	}
 	g.peak = max(g.peak, len(g.entries))
-	return claimed, entries
+	return local, claimed, entries
 }
 
 // settle ends look f: the slots of the permits granted get their holds and the other claimed
@@ -336,18 +320,11 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEnt
 }
 
 // follow waits for the outcome of another goroutine's look, within the caller's wait.
-func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, permitLook) {
-	l, ctx, g := pt.l, pt.ctx, pt.l.k.gate
-	var expired <-chan time.Time
-	if !pt.b.deadline.IsZero() {
-		t := time.NewTimer(time.Until(pt.b.deadline))
-		defer t.Stop()
-		expired = t.C
-	}
+func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
+	l, ctx, g, r := pt.l, pt.ctx, pt.l.k.gate, &pt.r
 	select {
 	case <-w.ready:
-	case <-ctx.Done():
-	case <-expired:
+	case <-pt.b.context().Done(): // ctx's end, or the wait's
 	}
 	g.mu.Lock()
 	select {
@@ -359,25 +336,25 @@ func (pt *permitTaker) follow(w *flightWaiter, r permitLook) (*Lease, error, per
 	h := w.grant.h
 	switch {
 	case w.left && ctx.Err() != nil:
-		return nil, ctx.Err(), r
+		return nil, ctx.Err()
 	case w.left:
 		r.cut = true // the wait ran out while the look was on its way
 	case h != nil && ctx.Err() != nil:
 		if h.done() {
 			_ = l.k.endGrantBy(context.WithoutCancel(ctx), h)
 		}
-		return nil, ctx.Err(), r
+		return nil, ctx.Err()
 	case h != nil:
 		fence, _ := h.grantFence()
-		return newLeaseOf(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil, r
+		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil
 	case w.busy != nil:
-		pt.answered, r.sawBusy, r.remote, r.local = true, true, true, w.local
+		pt.answered, r.remote, r.local = true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}
 	case w.lead != nil:
 		g.mu.Lock()
-		return pt.lead(w.lead, r, 2)
+		return pt.lead(w.lead, 2)
 	}
-	return nil, nil, r
+	return nil, nil
 }
 
 // lookAndWait makes one look, and when every permit was busy, waits for one.
@@ -387,7 +364,8 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		pt.attempt++
 	}
 	pt.recheck = false
-	lease, err, r := pt.look()
+	lease, err := pt.look()
+	r := &pt.r
 	if lease != nil || err != nil {
 		return lease, err, true
 	}
@@ -397,7 +375,7 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	now := time.Now()
 	delay, ok := l.cfg.retry(pt.attempt)
 	if !ok || !now.Before(pt.b.deadline) {
-		if r.storeErr != nil && !r.sawBusy && !pt.answered {
+		if r.storeErr != nil && !pt.answered {
 			return nil, r.storeErr, true
 		}
 		return nil, l.gaveUp(ctx, r.busy), true
@@ -438,11 +416,9 @@ func (pt *permitTaker) watchFresh() bool {
 	if pt.watches != nil || !l.k.shared {
 		return false
 	}
-	wctx, cancel := context.WithDeadline(pt.ctx, pt.b.deadline) // subscribing waits for the store
-	defer cancel()
 	fresh := false
 	for _, k := range pt.keys {
-		w, err := l.k.store.Watch(wctx, k)
+		w, err := l.k.store.Watch(pt.b.context(), k) // subscribing waits for the store
 		if err != nil {
 			break
 		}

@@ -16,12 +16,12 @@ import (
 type gate struct {
 	mu      sync.Mutex
 	entries map[string]*gateEntry // guarded by mu
-	peak    int                   // guarded by mu: the high-water mark of entries (shrinkLocked)
+	peak    int                   // guarded by mu: the high-water mark of entries (mapshrink)
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
 	// guarded by mu: live holds outside the gate (borrowed, read and fair), with their sites
 	borrowed map[*hold]uintptr
-	// guarded by mu: per key, the read hold new readers may join (joinRead); also in borrowed
+	// guarded by mu: per key, the read hold new readers may join (joinOrLeadRead); also in borrowed
 	reads map[string]*hold
 	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
@@ -162,9 +162,6 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 // where the process's readers share a read hold; so does a queued reader that the slot's owner
 // let go with no local writer left to wait for (gate.grantLocked).
 func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration) (e *gateEntry, h *hold, joined bool, err error) {
-	if g.closed.Load() {
-		return nil, nil, false, ErrClosed
-	}
 	g.mu.Lock()
 	if g.closed.Load() { // drain sets it under g.mu: no join after it
 		g.mu.Unlock()
@@ -455,14 +452,9 @@ func (g *gate) dropLocked(key string, e *gateEntry) {
 	e.refs--
 	if e.refs == 0 {
 		delete(g.entries, key)
-		g.shrinkLocked()
+		g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 		g.checkDrainedLocked()
 	}
-}
-
-// shrinkLocked rebuilds the entries map at a quarter of its peak. g.mu must be held.
-func (g *gate) shrinkLocked() {
-	g.entries, g.peak = mapshrink.Shrink(g.entries, g.peak)
 }
 
 // beginBorrow, endBorrow and removeBorrowed track holds outside the gate, for Drain.
@@ -539,8 +531,10 @@ func (g *gate) drain(ctx context.Context) int {
 	}
 	n := len(g.entries) + len(g.borrowed) + g.borrowing
 	g.mu.Unlock()
-	for _, h := range holds {
-		h.interrupt(ErrClosed)
+	for _, h := range holds { // their leases end; the locks are left to their holders
+		h.mu.Lock()
+		h.endLeasesLocked(ErrClosed)
+		h.mu.Unlock()
 	}
 	return n
 }

@@ -1,6 +1,7 @@
 package flightlock
 
 import (
+	"container/heap"
 	"context"
 	"sync"
 	"time"
@@ -25,12 +26,11 @@ type watchdog struct {
 	settle bool
 
 	mu      sync.Mutex
-	heap    []*hold    // guarded by mu: holds with a pending event, earliest first (hold.due, hold.slot)
+	heap    holdHeap   // guarded by mu: holds with a pending event, earliest first
 	timer   clockTimer // guarded by mu: fires at armedAt when armed; nil before the first event
 	armed   bool       // guarded by mu
 	armedAt instant    // guarded by mu
-	queue   []renewJob // guarded by mu: work for the renewers, oldest first from head
-	head    int        // guarded by mu
+	queue   []renewJob // guarded by mu: work for the renewers, oldest first
 	workers int        // guarded by mu: renewer goroutines running
 	idle    sync.Cond  // on mu: broadcast when the last renewer finds no work (settle)
 }
@@ -53,11 +53,9 @@ func (w *watchdog) schedule(h *hold, at instant) {
 	w.mu.Lock()
 	h.due = at
 	if h.slot == 0 {
-		w.heap = append(w.heap, h)
-		h.slot = int32(len(w.heap))
-		w.up(int(h.slot) - 1)
-	} else if !w.up(int(h.slot) - 1) {
-		w.down(int(h.slot) - 1)
+		heap.Push(&w.heap, h)
+	} else {
+		heap.Fix(&w.heap, int(h.slot)-1)
 	}
 	if !w.armed || at < w.armedAt {
 		w.armLocked(at)
@@ -70,7 +68,7 @@ func (w *watchdog) schedule(h *hold, at instant) {
 func (w *watchdog) unschedule(h *hold) {
 	w.mu.Lock()
 	if h.slot != 0 {
-		w.removeLocked(int(h.slot) - 1)
+		heap.Remove(&w.heap, int(h.slot)-1)
 	}
 	w.mu.Unlock()
 }
@@ -94,9 +92,7 @@ func (w *watchdog) fire() {
 	w.mu.Lock()
 	w.armed = false
 	for len(w.heap) > 0 && w.heap[0].due <= now {
-		h := w.heap[0]
-		w.removeLocked(0)
-		due = append(due, h)
+		due = append(due, heap.Pop(&w.heap).(*hold))
 	}
 	if len(w.heap) > 0 {
 		w.armLocked(w.heap[0].due)
@@ -126,20 +122,14 @@ func (w *watchdog) now() instant { return instant(w.clock.Since(w.epoch)) }
 // enqueue queues a job for the renewers; fire starts them once it has queued every job due.
 func (w *watchdog) enqueue(j renewJob) {
 	w.mu.Lock()
-	if w.head > 0 && w.head >= len(w.queue)/2 {
-		// Move the jobs left to the front: a queue that never empties must not grow.
-		n := copy(w.queue, w.queue[w.head:])
-		clear(w.queue[n:])
-		w.queue, w.head = w.queue[:n], 0
-	}
-	w.queue = append(w.queue, j)
+	w.queue = append(w.queue, j) // a full array moves the jobs left: a busy queue does not grow
 	w.mu.Unlock()
 }
 
 // startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
 func (w *watchdog) startRenewers() {
 	w.mu.Lock()
-	n := min(maxRenewers-w.workers, (len(w.queue)-w.head+maxBatch-1)/maxBatch)
+	n := min(maxRenewers-w.workers, (len(w.queue)+maxBatch-1)/maxBatch)
 	if n > 0 {
 		w.workers += n
 	}
@@ -154,28 +144,27 @@ func (w *watchdog) renewer() {
 	var batch []*hold
 	for {
 		w.mu.Lock()
-		if w.head == len(w.queue) {
+		if len(w.queue) == 0 {
 			w.workers--
-			w.queue, w.head = shrink(w.queue[:0]), 0
+			w.queue = nil
 			if w.workers == 0 {
 				w.idle.Broadcast()
 			}
 			w.mu.Unlock()
 			return
 		}
-		j := w.queue[w.head]
-		w.queue[w.head] = renewJob{}
-		w.head++
+		j := w.queue[0]
 		batch = append(batch[:0], j.h)
-		for !j.abandon && len(batch) < maxBatch && w.head < len(w.queue) {
-			next := w.queue[w.head]
+		n := 1
+		for ; !j.abandon && len(batch) < maxBatch && n < len(w.queue); n++ {
+			next := w.queue[n]
 			if next.abandon || next.h.k != j.h.k {
 				break
 			}
-			w.queue[w.head] = renewJob{}
-			w.head++
 			batch = append(batch, next.h)
 		}
+		clear(w.queue[:n])
+		w.queue = w.queue[n:]
 		w.mu.Unlock()
 		if j.abandon {
 			// Reported before the slot, and its site, passes on; ErrNotHeld is the usual answer.
@@ -219,57 +208,32 @@ func renew(holds []*hold) {
 	}
 }
 
-// The heap is ordered by hold.due; hold.slot is a hold's index plus one. w.mu must be held.
+// holdHeap is a container/heap of holds ordered by hold.due; hold.slot is a hold's index plus
+// one, 0 off the heap. Its watchdog's mu must be held.
+type holdHeap []*hold
 
-// up moves the hold at i towards the root, and reports whether it moved; down, away from it.
-func (w *watchdog) up(i int) bool {
-	h, start := w.heap[i], i
-	for i > 0 {
-		p := (i - 1) / 2
-		if h.due >= w.heap[p].due {
-			break
-		}
-		w.heap[i] = w.heap[p]
-		w.heap[i].slot = int32(i + 1)
-		i = p
-	}
-	w.heap[i], h.slot = h, int32(i+1)
-	return i != start
+func (q holdHeap) Len() int { return len(q) }
+
+func (q holdHeap) Less(i, j int) bool { return q[i].due < q[j].due }
+
+func (q holdHeap) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].slot, q[j].slot = int32(i+1), int32(j+1)
 }
 
-func (w *watchdog) down(i int) {
-	h, n := w.heap[i], len(w.heap)
-	for {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if r := c + 1; r < n && w.heap[r].due < w.heap[c].due {
-			c = r
-		}
-		if w.heap[c].due >= h.due {
-			break
-		}
-		w.heap[i] = w.heap[c]
-		w.heap[i].slot = int32(i + 1)
-		i = c
-	}
-	w.heap[i], h.slot = h, int32(i+1)
+func (q *holdHeap) Push(x any) {
+	h := x.(*hold)
+	*q = append(*q, h)
+	h.slot = int32(len(*q))
 }
 
-func (w *watchdog) removeLocked(i int) {
-	h, last := w.heap[i], len(w.heap)-1
-	if i != last {
-		w.heap[i] = w.heap[last]
-		w.heap[i].slot = int32(i + 1)
-	}
-	w.heap[last] = nil
-	w.heap = w.heap[:last]
-	if i != last && !w.up(i) {
-		w.down(i)
-	}
+func (q *holdHeap) Pop() any {
+	n := len(*q) - 1
+	h := (*q)[n]
+	(*q)[n] = nil
+	*q = shrink((*q)[:n])
 	h.slot = 0
-	w.heap = shrink(w.heap)
+	return h
 }
 
 // shrink returns s, or a copy in a smaller array once s fills a quarter of its array.
