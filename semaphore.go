@@ -239,21 +239,25 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 }
 
 // claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
-// process (-1 when none); with claim, it also makes the caller the owner of the free slots
-// among keys, and returns their indexes and entries. A slot whose owner only asks the store is
-// neither. g.mu must be held.
+// process (-1 when none); with claim, that is the first such taken slot, and it also makes the
+// caller the owner of the free slots among keys (a lock kept in a free slot included), and
+// returns their indexes and entries. A slot whose owner only asks the store is neither.
+// g.mu must be held.
 func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []int, entries []*gateEntry) {
 	local = -1
 	for j := range keys {
 		i := (first + j) % len(keys)
 		e := g.entries[keys[i]]
 		switch {
+		case !claim:
+			if e != nil && e.hold != nil {
+				return i, nil, nil
+			}
+			continue
 		case e != nil && e.taken:
 			if e.hold != nil && local < 0 {
 				local = i
 			}
-			continue
-		case !claim:
 			continue
 		case e == nil:
 			e = &gateEntry{}
