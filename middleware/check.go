@@ -41,7 +41,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 	}
 	for _, cr := range slices.Concat(m.rules, m.routed.list()) {
-		if err := m.checkNamed(cr.spec); err != nil {
+		if err := checkNamed(cr); err != nil {
 			return err
 		}
 		rl := cr.http
@@ -68,7 +68,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
 	for _, cr := range m.routed.list() {
-		if _, handlers := m.routed.wired(cr); handlers == 0 {
+		if cr.wraps.Load() == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
@@ -84,14 +84,15 @@ func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 
 // checkNamed reports a named rule whose middleware Named never built, or built but put on no
 // route.
-func (m *Middleware) checkNamed(s rules.Spec) error {
+func checkNamed(cr *compiledRule) error {
+	s := cr.spec
 	if s.Name == "" {
 		return nil
 	}
-	switch built, handlers := m.routed.wired(s.Name); {
-	case !built:
+	switch {
+	case !cr.built.Load():
 		return rules.FieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
-	case handlers == 0:
+	case cr.wraps.Load() == 0:
 		return rules.FieldError(ruleLabel(s), "locks nothing: the middleware of Named(%q) is on no route; add the routes with it (@server(middleware: %s), rest.WithMiddlewares) before CheckRoutes", s.Name, s.Name)
 	}
 	return nil
@@ -231,43 +232,16 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 	return svc, info[svc].Methods[i], true
 }
 
-// routedRules are the Route and RouteFunc rules and the middlewares Named built, for
-// CheckRoutes.
+// routedRules are the Route and RouteFunc rules, for CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
 	rules []*compiledRule // guarded by mu
-	// wraps holds, for each middleware built, the handlers it was put on: by Route rule, and
-	// by Rule.Name for Named's. Guarded by mu.
-	wraps map[any]int
 }
 
-// build records that the middleware of k, a Route or RouteFunc rule or a name given to Named,
-// was built.
-func (r *routedRules) build(k any) {
+func (r *routedRules) add(cr *compiledRule) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if cr, ok := k.(*compiledRule); ok {
-		r.rules = append(r.rules, cr)
-	}
-	if r.wraps == nil {
-		r.wraps = make(map[any]int)
-	}
-	r.wraps[k] += 0 // an entry, at 0 until the middleware is put on a handler
-}
-
-// wrap records that the middleware of k was put on a handler.
-func (r *routedRules) wrap(k any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.wraps[k]++
-}
-
-// wired reports whether the middleware of k was built, and on how many handlers.
-func (r *routedRules) wired(k any) (built bool, handlers int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	handlers, built = r.wraps[k]
-	return built, handlers
+	r.rules = append(r.rules, cr)
 }
 
 func (r *routedRules) list() []*compiledRule {
