@@ -45,23 +45,15 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 			return err
 		}
 		rl := cr.http
-		switch {
-		case rl == nil:
-			continue
-		case rl.Route.Text == "" && rl.Method == "": // a named rule for a whole group
-			continue
-		case rl.Route.Text == "": // Route or a named rule with a Method only
-			if !slices.ContainsFunc(clean, func(rt rest.Route) bool { return rt.Method == rl.Method }) {
-				return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", rl.Method)
-			}
+		if rl == nil || rl.Route.Text == "" && rl.Method == "" { // an RPC rule, or a named rule for a whole group
 			continue
 		}
 		if slices.ContainsFunc(clean, func(rt rest.Route) bool {
-			return rt.Path == rl.Route.Text && (rl.Method == "" || rt.Method == rl.Method)
+			return (rl.Route.Text == "" || rt.Path == rl.Route.Text) && (rl.Method == "" || rt.Method == rl.Method)
 		}) {
 			continue
 		}
-		what := strings.TrimPrefix(rl.Method+" "+rl.Route.Text, " ")
+		what := strings.TrimSpace(rl.Method + " " + rl.Route.Text)
 		if near, ok := nearRoute(rl, clean); ok {
 			return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
 		}
@@ -171,10 +163,10 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 		info := gs.GetServiceInfo() // the service's own, without the probe's
 		unary, stream := probeUnknown, probeUnknown
 		if len(m.rpc) > 0 {
-			p := newInterceptorProbe()
+			p := &interceptorProbe{service: fmt.Sprintf("flightlock.InterceptorProbe%d", probeServices.Add(1))}
 			p.register(gs)
 			m.probe.Store(p)
-			unary, stream = p.run(gs)
+			unary, stream = p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
 		}
 		mustStart(m.checkServer(info, unary, stream))
 	}
