@@ -41,34 +41,26 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 	}
 	for _, cr := range slices.Concat(m.rules, m.routed.list()) {
-		if err := m.checkNamed(cr.spec); err != nil {
+		if err := checkNamed(cr); err != nil {
 			return err
 		}
 		rl := cr.http
-		switch {
-		case rl == nil:
-			continue
-		case rl.Route.Text == "" && rl.Method == "": // a named rule for a whole group
-			continue
-		case rl.Route.Text == "": // Route or a named rule with a Method only
-			if !slices.ContainsFunc(clean, func(rt rest.Route) bool { return rt.Method == rl.Method }) {
-				return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", rl.Method)
-			}
+		if rl == nil || rl.Route.Text == "" && rl.Method == "" { // an RPC rule, or a named rule for a whole group
 			continue
 		}
 		if slices.ContainsFunc(clean, func(rt rest.Route) bool {
-			return rt.Path == rl.Route.Text && (rl.Method == "" || rt.Method == rl.Method)
+			return (rl.Route.Text == "" || rt.Path == rl.Route.Text) && (rl.Method == "" || rt.Method == rl.Method)
 		}) {
 			continue
 		}
-		what := strings.TrimPrefix(rl.Method+" "+rl.Route.Text, " ")
+		what := strings.TrimSpace(rl.Method + " " + rl.Route.Text)
 		if near, ok := nearRoute(rl, clean); ok {
 			return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server (did you mean %s %s?)", what, near.Method, near.Path)
 		}
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
 	for _, cr := range m.routed.list() {
-		if _, handlers := m.routed.wired(cr); handlers == 0 {
+		if cr.wraps.Load() == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
 		}
@@ -84,14 +76,15 @@ func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 
 // checkNamed reports a named rule whose middleware Named never built, or built but put on no
 // route.
-func (m *Middleware) checkNamed(s rules.Spec) error {
+func checkNamed(cr *compiledRule) error {
+	s := cr.spec
 	if s.Name == "" {
 		return nil
 	}
-	switch built, handlers := m.routed.wired(s.Name); {
-	case !built:
+	switch {
+	case !cr.built.Load():
 		return rules.FieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
-	case handlers == 0:
+	case cr.wraps.Load() == 0:
 		return rules.FieldError(ruleLabel(s), "locks nothing: the middleware of Named(%q) is on no route; add the routes with it (@server(middleware: %s), rest.WithMiddlewares) before CheckRoutes", s.Name, s.Name)
 	}
 	return nil
@@ -170,10 +163,10 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 		info := gs.GetServiceInfo() // the service's own, without the probe's
 		unary, stream := probeUnknown, probeUnknown
 		if len(m.rpc) > 0 {
-			p := newInterceptorProbe()
+			p := &interceptorProbe{service: fmt.Sprintf("flightlock.InterceptorProbe%d", probeServices.Add(1))}
 			p.register(gs)
 			m.probe.Store(p)
-			unary, stream = p.run(gs)
+			unary, stream = p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
 		}
 		mustStart(m.checkServer(info, unary, stream))
 	}
@@ -231,43 +224,16 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 	return svc, info[svc].Methods[i], true
 }
 
-// routedRules are the Route and RouteFunc rules and the middlewares Named built, for
-// CheckRoutes.
+// routedRules are the Route and RouteFunc rules, for CheckRoutes.
 type routedRules struct {
 	mu    sync.Mutex
 	rules []*compiledRule // guarded by mu
-	// wraps holds, for each middleware built, the handlers it was put on: by Route rule, and
-	// by Rule.Name for Named's. Guarded by mu.
-	wraps map[any]int
 }
 
-// build records that the middleware of k, a Route or RouteFunc rule or a name given to Named,
-// was built.
-func (r *routedRules) build(k any) {
+func (r *routedRules) add(cr *compiledRule) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if cr, ok := k.(*compiledRule); ok {
-		r.rules = append(r.rules, cr)
-	}
-	if r.wraps == nil {
-		r.wraps = make(map[any]int)
-	}
-	r.wraps[k] += 0 // an entry, at 0 until the middleware is put on a handler
-}
-
-// wrap records that the middleware of k was put on a handler.
-func (r *routedRules) wrap(k any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.wraps[k]++
-}
-
-// wired reports whether the middleware of k was built, and on how many handlers.
-func (r *routedRules) wired(k any) (built bool, handlers int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	handlers, built = r.wraps[k]
-	return built, handlers
+	r.rules = append(r.rules, cr)
 }
 
 func (r *routedRules) list() []*compiledRule {

@@ -1,6 +1,9 @@
 package middleware
 
 import (
+	"slices"
+	"sync/atomic"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
@@ -24,6 +27,10 @@ type compiledRule struct {
 	http  *rule  // REST part, or nil
 	rpc   *rule  // zrpc part, or nil
 	label string // Route and RouteFunc rules: "Route(POST /path)", for CheckRoutes
+	// built reports that a Route, RouteFunc or Named middleware of the rule was built, and wraps
+	// counts the handlers such middlewares were put on, for CheckRoutes.
+	built atomic.Bool
+	wraps atomic.Int64
 }
 
 // compileRules compiles c's rules and those built in Go (rules.Compile); New gives them their
@@ -45,13 +52,7 @@ func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 
 // parts are the transports of cr that it has.
 func (cr *compiledRule) parts() []*rule {
-	var parts []*rule
-	for _, rl := range []*rule{cr.http, cr.rpc} {
-		if rl != nil {
-			parts = append(parts, rl)
-		}
-	}
-	return parts
+	return slices.DeleteFunc([]*rule{cr.http, cr.rpc}, func(rl *rule) bool { return rl == nil })
 }
 
 // lockRule gives the parts of cr, rule s (its settings and the field its errors name), their

@@ -125,6 +125,9 @@ Lock:
 		t.Fatalf("release: %v", err)
 	}
 
+}
+
+func TestLoadYAMLSectionDefaults(t *testing.T) {
 	var r RedisConf
 	if err := conf.LoadFromYamlBytes([]byte("Host: 127.0.0.1:6379\n"), &r); err != nil || r.Type != "node" || r.Protocol != 3 {
 		t.Errorf("RedisConf defaults: %+v, %v", r, err)
@@ -133,6 +136,13 @@ Lock:
 	if err := conf.LoadFromYamlBytes([]byte("Attempts: 3\n"), &rc); err != nil ||
 		rc.Backoff != "exponential" || rc.Min != 5*time.Millisecond || rc.Max != 200*time.Millisecond {
 		t.Errorf("RetryConf defaults: %+v, %v", rc, err)
+	}
+}
+
+func TestLoadYAMLRefusesBadValues(t *testing.T) {
+	type config struct {
+		Name string
+		Lock LockConf
 	}
 
 	// A value go-zero cannot parse fails at load, naming the value.

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -85,8 +86,8 @@ func (m *Middleware) build(o options) error {
 		return err
 	}
 	if ResponseSharing != nil {
-		m.sharing = ResponseSharing(sharehook.Config{Bases: m.bases, Responses: m.responses,
-			Wait: m.conf.Wait, HTTPError: writeHTTPError, RPCError: func(err error) error { return grpcStatus(err).Err() }})
+		m.sharing = ResponseSharing(sharehook.Config{Wait: m.conf.Wait, HTTPError: writeHTTPError,
+			RPCError: func(err error) error { return grpcStatus(err).Err() }})
 	}
 	for _, cr := range m.rules {
 		if err := m.lockRule(cr, cr.spec, true); err != nil {
@@ -154,12 +155,16 @@ func (m *Middleware) buildStores(o options) error {
 		if l != nil {
 			store = l.Store()
 		}
-		b := describe(store, func(name string) string {
-			if sec, ok := c.Section(name); ok && !m.injected {
-				return sec.KeyPrefix(c.Prefix)
-			}
-			return c.Prefix
-		})
+		// What the store says of itself (lockstore.Describer), else a store that keeps no
+		// responses, named by its Capabilities.
+		name, prefix := cmp.Or(store.Capabilities().Name, rules.StoreRedis), c.Prefix
+		if sec, ok := c.Section(name); ok && !m.injected {
+			prefix = sec.KeyPrefix(c.Prefix)
+		}
+		b := &lockstore.Backend{Name: name, Store: store, Prefix: prefix}
+		if d, ok := store.(lockstore.Describer); ok {
+			b = d.Describe(prefix)
+		}
 		if l == nil {
 			c := c
 			c.Prefix = b.Prefix

@@ -14,17 +14,16 @@ import (
 // that matches a request locks it. A name no rule has is an error; CheckRoutes reports a named
 // rule whose middleware is on no route.
 func (m *Middleware) Named(name string) (rest.Middleware, error) {
-	var rls []*rule
+	var crs []*compiledRule
 	for _, cr := range m.rules {
 		if cr.spec.Name == name {
-			rls = append(rls, cr.http)
+			crs = append(crs, cr)
 		}
 	}
-	if len(rls) == 0 {
+	if len(crs) == 0 {
 		return nil, m.unknownName(name)
 	}
-	m.routed.build(name)
-	return m.groupMiddleware(rls, func() { m.routed.wrap(name) }), nil
+	return m.groupMiddleware(crs), nil
 }
 
 // MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service as

@@ -271,7 +271,13 @@ func TestMetricsScrapedFromGoZeroServer(t *testing.T) {
 		}
 	}
 
-	got := scrape(t, metricsURL)
+	checkScrapedSeries(t, scrape(t, metricsURL))
+}
+
+// checkScrapedSeries checks the series TestMetricsScrapedFromGoZeroServer's requests leave.
+func checkScrapedSeries(t *testing.T, got []sample) {
+	t.Helper()
+	rule := func(path, key string) []string { return []string{"rule", "POST " + path, "key", key} }
 	want := []struct {
 		name   string
 		labels []string

@@ -36,12 +36,9 @@ type ownerPolicy struct {
 
 // propagates reports whether the owners of held locks go to method.
 func (p *ownerPolicy) propagates(method string) bool {
-	for _, t := range p.to {
-		if method == t || strings.HasSuffix(t, "/") && strings.HasPrefix(method, t) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(p.to, func(t string) bool {
+		return method == t || strings.HasSuffix(t, "/") && strings.HasPrefix(method, t)
+	})
 }
 
 // withOwners returns the context of a call to method: when the policy sends owners there, the

@@ -3,7 +3,6 @@ package middleware
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -87,11 +86,6 @@ func (p *interceptorProbe) register(gs *grpc.Server) {
 	}, struct{}{})
 }
 
-// run calls both probe methods through gs and returns the verdicts.
-func (p *interceptorProbe) run(gs *grpc.Server) (unary, stream probeVerdict) {
-	return p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
-}
-
 // verdict calls the probe method of kind through gs and says what the call found.
 func (p *interceptorProbe) verdict(gs *grpc.Server, kind int) probeVerdict {
 	p.call(gs, p.method(kind))
@@ -129,8 +123,3 @@ func (w *probeWriter) Header() http.Header         { return w.header }
 func (w *probeWriter) Write(b []byte) (int, error) { return io.Discard.Write(b) }
 func (w *probeWriter) WriteHeader(int)             {}
 func (w *probeWriter) Flush()                      {}
-
-// newInterceptorProbe makes the probe of one Middleware.
-func newInterceptorProbe() *interceptorProbe {
-	return &interceptorProbe{service: fmt.Sprintf("flightlock.InterceptorProbe%d", probeServices.Add(1))}
-}

@@ -84,17 +84,19 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	if err := m.lockRule(cr, s, false); err != nil {
 		return nil, err
 	}
-	m.routed.build(cr)
-	return m.groupMiddleware([]*rule{rl}, func() { m.routed.wrap(cr) }), nil
+	m.routed.add(cr)
+	return m.groupMiddleware([]*compiledRule{cr}), nil
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
-// of each rule's Method and Path (when set). wrapped, when not nil, is called each time the
-// middleware is put on a handler, for CheckRoutes.
-func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middleware {
-	// applies[i] reports whether r is a request of rls[i]'s method and route.
-	applies := make([]func(*http.Request) bool, len(rls))
-	for i, rl := range rls {
+// of each rule's Method and Path (when set), and counts the handlers it is put on in each
+// rule, for CheckRoutes.
+func (m *Middleware) groupMiddleware(crs []*compiledRule) rest.Middleware {
+	// applies[i] reports whether r is a request of crs[i]'s method and route.
+	applies := make([]func(*http.Request) bool, len(crs))
+	for i, cr := range crs {
+		cr.built.Store(true)
+		rl := cr.http
 		applies[i] = func(*http.Request) bool { return true }
 		switch {
 		case rl.Route.Text != "":
@@ -107,13 +109,13 @@ func (m *Middleware) groupMiddleware(rls []*rule, wrapped func()) rest.Middlewar
 		}
 	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
-		if wrapped != nil {
-			wrapped()
+		for _, cr := range crs {
+			cr.wraps.Add(1)
 		}
 		return func(w http.ResponseWriter, r *http.Request) {
-			for i, rl := range rls {
+			for i, cr := range crs {
 				if applies[i](r) {
-					m.serveHTTP(rl, w, r, next)
+					m.serveHTTP(cr.http, w, r, next)
 					return
 				}
 			}

@@ -86,23 +86,7 @@ func TestShareEtcdDuplicatesAcrossPods(t *testing.T) {
 	if got := runs.Load(); got != 1 {
 		t.Fatalf("the handler ran %d times for %d duplicates on two pods, want 1", got, n)
 	}
-	replayedOn := [2]int{}
-	for i, w := range replies {
-		if w.Code != http.StatusOK || w.Body.String() != `{"run":1,"paid":{"amount":7}}` || w.Header().Get("Content-Type") != "application/json" {
-			t.Errorf("duplicate %d: %d %q %v", i, w.Code, w.Body.String(), w.Header())
-		}
-		if w.Header().Get(ReplayedHeader) == "true" {
-			replayedOn[i%2]++
-			if w.Header().Get("Set-Cookie") != "" {
-				t.Errorf("duplicate %d got the first request's cookie", i)
-			}
-		} else if w.Header().Get("Set-Cookie") == "" {
-			t.Errorf("the request that ran the handler lost its own cookie")
-		}
-	}
-	if replayedOn[0]+replayedOn[1] != n-1 || max(replayedOn[0], replayedOn[1]) != n/2 {
-		t.Errorf("replays per pod %v, want %d in all: every request of the pod that did not run the handler", replayedOn, n-1)
-	}
+	checkRepliesAcrossPods(t, replies)
 
 	// The stored response in etcd: a JSON record on a lease of Replay (10s) plus at most 1s.
 	const replayKey = "flightlock/lock:replay:pay:u1:x"
@@ -134,6 +118,31 @@ func TestShareEtcdDuplicatesAcrossPods(t *testing.T) {
 	}
 	if got := runs.Load(); got != 1 {
 		t.Errorf("the handler ran %d times after the later duplicates, want still 1", got)
+	}
+}
+
+// checkRepliesAcrossPods checks the replies of TestShareEtcdDuplicatesAcrossPods, request i
+// sent to pod i%2: every one the response of the one run, each replay marked and without the
+// cookie of the request that ran the handler, and every request of the other pod a replay.
+func checkRepliesAcrossPods(t *testing.T, replies []*httptest.ResponseRecorder) {
+	t.Helper()
+	n := len(replies)
+	replayedOn := [2]int{}
+	for i, w := range replies {
+		if w.Code != http.StatusOK || w.Body.String() != `{"run":1,"paid":{"amount":7}}` || w.Header().Get("Content-Type") != "application/json" {
+			t.Errorf("duplicate %d: %d %q %v", i, w.Code, w.Body.String(), w.Header())
+		}
+		if w.Header().Get(ReplayedHeader) == "true" {
+			replayedOn[i%2]++
+			if w.Header().Get("Set-Cookie") != "" {
+				t.Errorf("duplicate %d got the first request's cookie", i)
+			}
+		} else if w.Header().Get("Set-Cookie") == "" {
+			t.Errorf("the request that ran the handler lost its own cookie")
+		}
+	}
+	if replayedOn[0]+replayedOn[1] != n-1 || max(replayedOn[0], replayedOn[1]) != n/2 {
+		t.Errorf("replays per pod %v, want %d in all: every request of the pod that did not run the handler", replayedOn, n-1)
 	}
 }
 

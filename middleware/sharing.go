@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
@@ -39,33 +40,26 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 		return rules.FieldError(field+".OnBusy", "is share, and this binary does not link response sharing: "+
 			"add %s to the service's main.go", responseSharingLine)
 	}
-	if err := m.sharing.StoreError(store); err != nil && strict {
-		return rules.FieldError(field+".OnBusy", "%v", err)
+	responses := m.responses[store]
+	var noResponses error
+	if responses == nil {
+		noResponses = fmt.Errorf("OnBusy share stores responses in the rule's store, "+
+			"a Redis or etcd store: the lock store %T is neither", m.bases[store].Store())
+		if strict {
+			return rules.FieldError(field+".OnBusy", "%v", noResponses)
+		}
 	}
 	for _, rl := range cr.parts() {
-		rl.share = m.sharing.Rule(shareLocks{m, rl}, cr.spec.Rule, rl.Plan, store)
+		locks := sharehook.Locks{Responses: responses, NoResponses: noResponses,
+			Lock: func(ctx context.Context, keys []string) (sharehook.Held, error) {
+				h, err := m.lock(ctx, rl, keys)
+				release := func(ctx context.Context) { m.release(ctx, rl, h) }
+				return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: release}, err
+			},
+			LogError:    func(ctx context.Context, what string, err error) { m.logs.error(ctx, rl.stats, what, err) },
+			CountShared: func(how string) { rl.stats.count(sharedTotal, how) },
+		}
+		rl.share = m.sharing.Rule(locks, cr.spec.Rule, rl.Plan)
 	}
 	return nil
-}
-
-// shareLocks lends response sharing the lock, logs and counter of one rule.
-type shareLocks struct {
-	m  *Middleware
-	rl *rule
-}
-
-func (s shareLocks) Lock(ctx context.Context, keys []string) (sharehook.Held, error) {
-	h, err := s.m.lock(ctx, s.rl, keys)
-	if err != nil {
-		return sharehook.Held{}, err
-	}
-	return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: func(ctx context.Context) { s.m.release(ctx, s.rl, h) }}, nil
-}
-
-func (s shareLocks) LogError(ctx context.Context, what string, err error) {
-	s.m.logs.error(ctx, s.rl.stats, what, err)
-}
-
-func (s shareLocks) CountShared(how string) {
-	s.rl.stats.count(sharedTotal, how)
 }

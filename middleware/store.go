@@ -77,17 +77,6 @@ func openEmbedded(sec rules.Section, c LockConf, mode string) (*lockstore.Backen
 	return b, nil
 }
 
-// describe is the Backend of a store given in Go (WithStore, WithLocker), for keys under
-// prefix(its name): what the store says of itself (lockstore.Describer), else a store that
-// keeps no responses, named by its Capabilities or "redis".
-func describe(s lockstore.Store, prefix func(name string) string) *lockstore.Backend {
-	name := cmp.Or(s.Capabilities().Name, rules.StoreRedis)
-	if d, ok := s.(lockstore.Describer); ok {
-		return d.Describe(prefix(name))
-	}
-	return &lockstore.Backend{Name: name, Store: s, Prefix: prefix(name)}
-}
-
 // baseOn builds the base Locker of b: c's settings, under b's prefix; a Lock.TTL the store
 // cannot keep (its Capabilities) is refused naming Lock.TTL.
 func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 )
 
 // An etcd save never overwrites what is not a stored response (a lock whose key renders as the
@@ -41,7 +42,7 @@ func TestEtcdReplaySaveNeverOverwritesALock(t *testing.T) {
 	if len(before.Kvs) != 1 || strings.HasPrefix(string(before.Kvs[0].Value), "{") {
 		t.Fatalf("the lock at %s: %v, want a lock value", k, before.Kvs)
 	}
-	replays := replays{store: store.Describe("flightlock/").Responses}
+	replays := &rule{locks: sharehook.Locks{Responses: store.Describe("flightlock/").Responses}}
 	rec := &record{Status: http.StatusOK, Body: []byte("new"), Print: "p"}
 	if err := replays.save(ctx, "lock:replay:a:u1", rec, time.Second); err == nil {
 		t.Error("save over a lock succeeded")
@@ -84,7 +85,7 @@ func TestEtcdReplaySaveKeepsTheLaterGrantsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	rp := replays{store: store.Describe("flk/").Responses}
+	rp := &rule{locks: sharehook.Locks{Responses: store.Describe("flk/").Responses}}
 	save := func(key string, fence int64, body string) {
 		t.Helper()
 		if err := rp.save(ctx, key, &record{Status: 200, Body: []byte(body), Fence: fence, Print: "abc"}, 10*time.Second); err != nil {

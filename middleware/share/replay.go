@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-
-	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/lockstore"
 )
 
 // record is a response as shared and stored: for REST the status, headers and body; for zrpc
@@ -31,35 +28,15 @@ type record struct {
 	err      error       // not stored: the zrpc error the leader's handler returned
 }
 
-// replays is where share rules keep responses for duplicates in other processes: the
-// response store of the store the rule locks in, so that its responses fail over with its
-// locks. Keys are relative to the prefix of the rule's lock keys.
-type replays struct {
-	store lockstore.ResponseStore
-	err   error // why the lock store keeps no responses; store is nil then
-}
-
-// newReplays returns the replays of each base Locker's store, by store name, without I/O. A
-// store without a response store gets replays that refuse, with the reason (see shareParts).
-func newReplays(bases map[string]*flightlock.Locker, stores map[string]lockstore.ResponseStore) map[string]replays {
-	out := make(map[string]replays, len(bases))
-	for name, base := range bases {
-		if rs := stores[name]; rs != nil {
-			out[name] = replays{store: rs}
-			continue
-		}
-		out[name] = replays{err: fmt.Errorf("OnBusy share stores responses in the rule's store, "+
-			"a Redis or etcd store: the lock store %T is neither", base.Store())}
+// load returns the stored response of key, nil when there is none. A share rule keeps
+// responses for duplicates in other processes in the response store of the store it locks
+// in, so that its responses fail over with its locks; keys are relative to the prefix of the
+// rule's lock keys.
+func (rl *rule) load(ctx context.Context, key string) (*record, error) {
+	if rl.locks.Responses == nil {
+		return nil, rl.locks.NoResponses
 	}
-	return out
-}
-
-// load returns the stored response of key, nil when there is none.
-func (r replays) load(ctx context.Context, key string) (*record, error) {
-	if r.store == nil {
-		return nil, r.err
-	}
-	v, err := r.store.Load(ctx, key)
+	v, err := rl.locks.Responses.Load(ctx, key)
 	if err != nil || v == nil {
 		return nil, err
 	}
@@ -73,13 +50,13 @@ func (r replays) load(ctx context.Context, key string) (*record, error) {
 
 // save stores rec under key for at least ttl, unless key holds something that is not a
 // stored response (a lock whose key renders as this one) or the record of a later grant.
-func (r replays) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
-	if r.store == nil {
-		return r.err
+func (rl *rule) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
+	if rl.locks.Responses == nil {
+		return rl.locks.NoResponses
 	}
 	b, err := json.Marshal(rec) // ends with "f" and "p", as lockstore.ResponseStore needs
 	if err != nil {
 		return err
 	}
-	return r.store.Save(ctx, key, b, rec.Fence, ttl)
+	return rl.locks.Responses.Save(ctx, key, b, rec.Fence, ttl)
 }

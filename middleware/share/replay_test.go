@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock/lockstore/redisstore"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 )
 
 // replaySet refuses to replace the stored response of a later grant (a larger fence) and
@@ -22,7 +23,7 @@ func TestReplaySetKeepsTheLaterGrantsRecord(t *testing.T) {
 	ctx := context.Background()
 	store := redisstore.New(client)
 	defer store.Close()
-	rp := replays{store: store.Describe("").Responses}
+	rp := &rule{locks: sharehook.Locks{Responses: store.Describe("").Responses}}
 	save := func(fence int64, body string) {
 		t.Helper()
 		if err := rp.save(ctx, "lock:replay:k", &record{Status: 200, Header: http.Header{"X-F": {`"f":1,"p":"x"}`}},

@@ -33,23 +33,18 @@ import (
 
 // New is response sharing for one Middleware: what middleware.ResponseSharing takes.
 func New(c sharehook.Config) sharehook.Group {
-	return &group{conf: c, stores: newReplays(c.Bases, c.Responses)}
+	return &group{conf: c}
 }
 
 // group is the response sharing of one Middleware.
 type group struct {
 	conf    sharehook.Config
 	flights singleflight.Group // one run per key in this process
-	stores  map[string]replays // the replays of each base store, by store name
 }
 
-func (g *group) StoreError(store string) error {
-	return g.stores[store].err
-}
-
-func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan, store string) sharehook.Rule {
+func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan) sharehook.Rule {
 	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
-	return &rule{g: g, locks: locks, plan: plan, replays: g.stores[store], policy: policy{
+	return &rule{g: g, locks: locks, plan: plan, policy: policy{
 		classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
 		// Rule.Wait, else the section's (even with WithLocker, whose wait is not told).
 		wait: cmp.Or(r.Wait, g.conf.Wait),
@@ -58,11 +53,10 @@ func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan, stor
 
 // rule is the sharing of one transport's part of a share rule.
 type rule struct {
-	g       *group
-	locks   sharehook.Locks // the rule's lock, logs and counter, in the middleware
-	plan    *rules.Plan
-	replays replays // those of the store the rule locks in
-	policy  policy
+	g      *group
+	locks  sharehook.Locks // the rule's lock, response store, logs and counter, in the middleware
+	plan   *rules.Plan
+	policy policy
 }
 
 // policy is what a share rule stores: the status classes (2 for 2xx, ...) and the size bound
@@ -177,7 +171,7 @@ func (t *turn) is(s int) (in, led bool) {
 // does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
 // other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
 func (rl *rule) share(ctx context.Context, keys []string, rkey, print string, run runFunc) (*record, error) {
-	if rec, err := rl.replays.load(ctx, rkey); err != nil {
+	if rec, err := rl.load(ctx, rkey); err != nil {
 		rl.locks.LogError(ctx, "reading a stored response failed; running the request", err)
 	} else if rec != nil {
 		rl.locks.CountShared("stored")
@@ -269,7 +263,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 		return nil, err
 	}
 	defer h.Release(ctx)
-	if stored, err := rl.replays.load(ctx, rkey); err == nil && stored != nil {
+	if stored, err := rl.load(ctx, rkey); err == nil && stored != nil {
 		rl.locks.CountShared("stored")
 		return stored, nil
 	}
@@ -316,7 +310,7 @@ func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, store
 			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), p.maxBytes))
 		return
 	}
-	if err := rl.replays.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
+	if err := rl.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
 		rl.locks.LogError(ctx, "storing the response for duplicates failed", err)
 	}
 }

@@ -28,25 +28,18 @@ var ErrPayloadMismatch = errors.New("flightlock: this key was used by a request 
 
 // Config is what the response sharing of one Middleware is built from.
 type Config struct {
-	// Bases holds the base Locker of each store the rules lock in, by store name, and
-	// Responses its response store (nil: it keeps none), where share rules keep responses.
-	Bases     map[string]*flightlock.Locker
-	Responses map[string]lockstore.ResponseStore
-	Wait      time.Duration // LockConf.Wait: the wait of a share rule without one of its own
+	Wait time.Duration // LockConf.Wait: the wait of a share rule without one of its own
 	// HTTPError and RPCError answer a failed request as the middleware answers its own errors.
 	HTTPError func(w http.ResponseWriter, r *http.Request, err error)
 	RPCError  func(err error) error
 }
 
 // Group is the response sharing of one Middleware: the runs of its keys in flight in this
-// process, and the stored responses of its stores.
+// process.
 type Group interface {
-	// StoreError says why the store named store cannot keep responses, nil when it can. A rule
-	// on such a store shares within its process only, its failures logged.
-	StoreError(store string) error
 	// Rule returns the sharing of one transport's part of a share rule r (normalized), keyed
-	// by plan, that locks in store through locks.
-	Rule(locks Locks, r rules.Rule, plan *rules.Plan, store string) Rule
+	// by plan, that locks through locks.
+	Rule(locks Locks, r rules.Rule, plan *rules.Plan) Rule
 }
 
 // Rule serves the requests of one share rule, for one transport, with keys rendered.
@@ -56,15 +49,21 @@ type Rule interface {
 }
 
 // Locks is what sharing needs of the middleware for one rule: its lock, taken and released as
-// for any rule (measured, traced and logged), its rate-limited error log and its counter.
-type Locks interface {
+// for any rule (measured, traced and logged), the response store of its lock store, its
+// rate-limited error log and its counter.
+type Locks struct {
 	// Lock takes the rule's lock on keys for the request of ctx.
-	Lock(ctx context.Context, keys []string) (Held, error)
+	Lock func(ctx context.Context, keys []string) (Held, error)
+	// Responses keeps responses for duplicates in other processes, in the store the rule
+	// locks in; nil when that store keeps none, and NoResponses then says why: the rule
+	// shares within its process only, its failures logged.
+	Responses   lockstore.ResponseStore
+	NoResponses error
 	// LogError logs that what failed because of err, at most once an interval per rule and what.
-	LogError(ctx context.Context, what string, err error)
+	LogError func(ctx context.Context, what string, err error)
 	// CountShared counts a request answered without running the handler, by where the
 	// response came from ("inflight", "stored"), or a response too large to store ("too_large").
-	CountShared(how string)
+	CountShared func(how string)
 }
 
 // Held is the lock a request holds, from Locks.Lock to Release.
