@@ -23,8 +23,11 @@ const (
 )
 
 func (m Mode) String() string {
-	if m == Wait || m == Reject {
-		return [...]string{"wait", "reject"}[m]
+	switch m {
+	case Wait:
+		return "wait"
+	case Reject:
+		return "reject"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -102,33 +105,39 @@ var processHolder = func() string {
 func DefaultMetadata(context.Context) string { return processHolder }
 
 // validate refuses a bad option, or a TTL or a handoff bound that store cannot honour
-// (Capabilities), naming the option; the first failed check in the table wins.
+// (Capabilities), naming the option.
 func (c *config) validate(store lockstore.Store) error {
+	switch {
+	case c.ttl <= 0:
+		return wrapf(ErrConfig, "WithTTL: must be positive, got %v", c.ttl)
+	case c.wait < 0:
+		return wrapf(ErrConfig, "WithWait: must not be negative, got %v", c.wait)
+	case c.maxHold <= 0:
+		return wrapf(ErrConfig, "WithMaxHold: must be positive, got %v", c.maxHold)
+	case c.retry == nil:
+		return wrapf(ErrConfig, "WithRetry: the retry strategy is nil")
+	case c.mode != Wait && c.mode != Reject:
+		return wrapf(ErrConfig, "WithMode: unknown mode %v, want Wait or Reject", c.mode)
+	case c.handoff < 0 || c.window < 0:
+		return wrapf(ErrConfig, "WithHandoff: bounds must not be negative, got %d and %v", c.handoff, c.window)
+	case len(c.prefix) >= MaxKeyLen:
+		return wrapf(ErrConfig, "WithPrefix: the prefix is %d bytes, the whole key may have %d", len(c.prefix), MaxKeyLen)
+	case c.permits < 0 || c.permits > MaxPermits:
+		return wrapf(ErrConfig, "WithPermits: must be 1 to %d (0 means 1), got %d", MaxPermits, c.permits)
+	case (c.read || c.fair) && c.permits > 1:
+		return wrapf(ErrConfig, "WithPermits: a semaphore cannot be a read lock or fair (WithRead, WithFair)")
+	case c.read && c.fair:
+		return wrapf(ErrConfig, "WithFair: read locks share, so they have no order to keep; only write locks are fair")
+	case (c.read || c.fair) && c.failOpen:
+		return wrapf(ErrConfig, "WithFailOpen: a read or fair lock has no per-process gate to fall back on")
+	}
 	caps := store.Capabilities()
-	ttlErr := caps.CheckTTL(c.ttl)
-	for _, check := range []struct {
-		bad    bool
-		format string
-		args   []any
-	}{
-		{c.ttl <= 0, "WithTTL: must be positive, got %v", []any{c.ttl}},
-		{c.wait < 0, "WithWait: must not be negative, got %v", []any{c.wait}},
-		{c.maxHold <= 0, "WithMaxHold: must be positive, got %v", []any{c.maxHold}},
-		{c.retry == nil, "WithRetry: the retry strategy is nil", nil},
-		{c.mode != Wait && c.mode != Reject, "WithMode: unknown mode %v, want Wait or Reject", []any{c.mode}},
-		{c.handoff < 0 || c.window < 0, "WithHandoff: bounds must not be negative, got %d and %v", []any{c.handoff, c.window}},
-		{len(c.prefix) >= MaxKeyLen, "WithPrefix: the prefix is %d bytes, the whole key may have %d", []any{len(c.prefix), MaxKeyLen}},
-		{c.permits < 0 || c.permits > MaxPermits, "WithPermits: must be 1 to %d (0 means 1), got %d", []any{MaxPermits, c.permits}},
-		{(c.read || c.fair) && c.permits > 1, "WithPermits: a semaphore cannot be a read lock or fair (WithRead, WithFair)", nil},
-		{c.read && c.fair, "WithFair: read locks share, so they have no order to keep; only write locks are fair", nil},
-		{(c.read || c.fair) && c.failOpen, "WithFailOpen: a read or fair lock has no per-process gate to fall back on", nil},
-		{ttlErr != nil, "WithTTL: %v", []any{ttlErr}},
-		{caps.MaxHandoffs > 0 && c.handoff > caps.MaxHandoffs,
-			"WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)", []any{c.handoff, caps.MaxHandoffs}},
-	} {
-		if check.bad {
-			return wrapf(ErrConfig, check.format, check.args...)
-		}
+	if err := caps.CheckTTL(c.ttl); err != nil {
+		return wrapf(ErrConfig, "WithTTL: %v", err)
+	}
+	if caps.MaxHandoffs > 0 && c.handoff > caps.MaxHandoffs {
+		return wrapf(ErrConfig, "WithHandoff: %d handoffs in a row is more than this store's fences allow (%d)",
+			c.handoff, caps.MaxHandoffs)
 	}
 	return nil
 }
