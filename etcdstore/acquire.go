@@ -233,9 +233,11 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
 		}
 		defer s.unpin(l)
-		a := &attempt{owner: owner, meta: meta, value: newValue(owner, l.secs, meta), ttl: ttl, start: start, again: again, l: l}
+		a := &attempt{owner: owner, meta: meta, ttl: ttl, start: start, again: again, l: l}
 		if lockstore.IsReadOwner(owner) {
 			a.value = readValue(l.secs, meta)
+		} else {
+			a.value = newValue(owner, l.secs, meta)
 		}
 		return once(ctx, a)
 	}
