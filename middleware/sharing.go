@@ -53,8 +53,10 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 		locks := sharehook.Locks{Responses: responses, NoResponses: noResponses,
 			Lock: func(ctx context.Context, keys []string) (sharehook.Held, error) {
 				h, err := m.lock(ctx, rl, keys)
-				release := func(ctx context.Context) { m.release(ctx, rl, h) }
-				return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: release}, err
+				if err != nil {
+					return sharehook.Held{}, err
+				}
+				return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: func(ctx context.Context) { m.release(ctx, rl, h) }}, nil
 			},
 			LogError:    func(ctx context.Context, what string, err error) { m.logs.error(ctx, rl.stats, what, err) },
 			CountShared: func(how string) { rl.stats.count(sharedTotal, how) },
