@@ -54,6 +54,29 @@ func TestProblemsListsEveryBadField(t *testing.T) {
 	}
 }
 
+// A rule's store checks read the store sections as the file gives them, even beside bad
+// scalars: a store given only with bad settings is still named, and its limits still apply.
+func TestProblemsOfRulesBesideBadScalarsReadTheStoreSections(t *testing.T) {
+	c := LockConf{
+		Retry:     RetryConf{Backoff: "fibonacci"},
+		Redis:     RedisConf{Host: "127.0.0.1:6379"},
+		Etcd:      EtcdConf{Hosts: []string{"127.0.0.1:2379"}, LeaseMargin: 500 * time.Millisecond},
+		Zookeeper: ZookeeperConf{Hosts: []string{"127.0.0.1:2181", " "}, SessionTimeout: 30 * time.Second},
+		Rules: []Rule{
+			{Path: "/a", Key: "a:{uid}", Store: "zookeeper", TTL: 25 * time.Second}, // over 2/3 of the session
+			{Path: "/b", Key: "b:{uid}", Store: "etcd", TTL: 1500 * time.Millisecond},
+			{Path: "/c", Key: "c:{uid}", Store: "zookeeper", TTL: 10 * time.Second},
+			{Path: "/d", Key: "d:{uid}", Store: "redis", TTL: 1500 * time.Millisecond},
+		},
+	}
+	got := fields(t, c.Problems())
+	want := []string{"Lock.Etcd.LeaseMargin", "Lock.Zookeeper.Hosts[1]", "Lock.Retry.Backoff",
+		"Lock.Rules[0].TTL", "Lock.Rules[1].TTL"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Problems fields = %q, want %q (%v)", got, want, c.Problems())
+	}
+}
+
 func TestProblemsOfRulesWithGoodScalars(t *testing.T) {
 	c := LockConf{Rules: []Rule{
 		{Path: "/a", Key: "a:{uid}", OnBusy: "later"},

@@ -47,6 +47,11 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	if err := c.check(); err != nil {
 		return nil, err
 	}
+	return c.compileRules(extra)
+}
+
+// compileRules compiles c's rules, then extra, against c's settings, which it does not check.
+func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 	specs := make([]Spec, 0, len(c.Rules)+len(extra))
 	for i, r := range c.Rules {
 		specs = append(specs, Spec{Rule: r, Field: fmt.Sprintf("Lock.Rules[%d]", i)})

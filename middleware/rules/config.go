@@ -2,6 +2,7 @@ package rules
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -267,32 +268,24 @@ func (c LockConf) Problems() []error {
 	ps := n.problems()
 	base := n
 	base.Rules = nil
-	if len(ps) > 0 {
-		// Compile checks the scalars first: give it good ones naming the same stores (the
-		// rules' store checks read them), with c's TTL when it is good.
-		base = LockConf{}.Normalized()
-		if n.Redis.Configured() {
-			base.Redis.Host = "redis"
-		}
-		if n.Etcd.Configured() {
-			base.Etcd.Hosts = []string{"etcd"}
-		}
-		if n.Zookeeper.Configured() {
-			base.Zookeeper.Hosts = []string{"zookeeper"}
-			if n.Zookeeper.SessionTimeout > 0 {
-				base.Zookeeper.SessionTimeout = n.Zookeeper.SessionTimeout
-			}
-		}
-		if t := base; n.TTL > 0 {
-			if t.TTL = n.TTL; t.check() == nil {
-				base = t
-			}
+	// The rules are compiled against n's own store sections, which their store checks read. A
+	// bad TTL or OnStoreError, which every rule reads, gives way to its default, so that it is
+	// reported once, with the scalars.
+	def := LockConf{}.Normalized()
+	for _, p := range ps {
+		var ce *ConfigError
+		switch errors.As(p, &ce); {
+		case ce == nil:
+		case ce.Field == "Lock.TTL":
+			base.TTL = def.TTL
+		case ce.Field == "Lock.OnStoreError":
+			base.OnStoreError = def.OnStoreError
 		}
 	}
 	var good []Spec
 	for i, r := range n.Rules {
 		s := Spec{Rule: r, Field: fmt.Sprintf("Lock.Rules[%d]", i)}
-		if _, err := Compile(base, append(good[:len(good):len(good)], s)); err != nil {
+		if _, err := base.compileRules(append(good[:len(good):len(good)], s)); err != nil {
 			ps = append(ps, err)
 			continue
 		}
