@@ -22,9 +22,8 @@ func fairRows() []rowSpec {
 }
 
 func (b *bench) scenario12() *inAndAcross {
-	rows := pick("flightlock", "flightlock-fair")
-	b.warm(rows)
-	s := b.inAndAcross("s12", rows, b.cfg.d12, 0)
+	rows := b.pick("flightlock", "flightlock-fair")
+	s := b.inAndAcross("s12", rows, b.c.d12, 0)
 	return &s
 }
 
@@ -48,13 +47,13 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("\n")
 	if len(s.InProcess) > 0 {
 		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d12)
-		contendTable(w, s.InProcess, false, false)
+		contendTable(w, r.be.notes(), s.InProcess, "")
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
 		w("Scenario 3's workers, counting over one common window of %v; `fair` is the most critical sections of a process over\n", r.cfg.d12)
 		w("the fewest (1.00: every process got through at the same pace).\n\n")
-		contendTable(w, s.Procs, true, false)
+		contendTable(w, r.be.notes(), s.Procs, "")
 	}
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)
 	w("server cmds/CS says where it goes: with the default, grants pass between goroutines of a process without Redis, so it is\n")

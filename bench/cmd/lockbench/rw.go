@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
@@ -156,42 +155,13 @@ type s11Results struct {
 }
 
 func (b *bench) scenario11() *s11Results {
-	rows := pick("flightlock-rw", "poll-rw")
-	b.warm(rows)
+	rows := b.pick("flightlock-rw", "poll-rw")
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, mix)
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.c.d11, mix)
 		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
-}
-
-// rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
-// apart, and the checks of both guards (plain: the writes the critical section's plain counter
-// saw; violations: of both guards; peak: the most readers at once), with the writes' lost
-// updates.
-func rwMetrics(cr contend.Result, st serverStats, plain, violations, peak int64) metrics {
-	slices.Sort(cr.Waits)
-	slices.Sort(cr.ReadWaits)
-	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
-	secs := float64(cr.Elapsed) / 1e9
-	return metrics{
-		"ops":        float64(cr.Ops),
-		"reads":      float64(cr.Reads),
-		"csps":       float64(cr.Ops) / secs,
-		"rps":        float64(cr.Reads) / secs,
-		"wps":        float64(writes) / secs,
-		"rt":         float64(st.rts) / float64(ops),
-		"cmds":       st.reqs / float64(ops),
-		"rp50":       percentile(cr.ReadWaits, 0.50),
-		"rp99":       percentile(cr.ReadWaits, 0.99),
-		"wp50":       percentile(cr.Waits, 0.50),
-		"wp99":       percentile(cr.Waits, 0.99),
-		"wmax":       percentile(cr.Waits, 1),
-		"peak":       float64(peak),
-		"violations": float64(violations + max(writes-plain, 0)),
-		"errors":     float64(cr.Errors),
-	}
 }
 
 // --- the report
@@ -257,9 +227,9 @@ func rwTable(w func(string, ...any), rs []*result, procs bool) {
 	}
 	w("---|\n")
 	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("rps")), mdfmt.Int(x.med("wps")),
-			mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")),
-			mdfmt.Dur(x.med("rp50")), mdfmt.Dur(x.med("rp99")), mdfmt.Dur(x.med("wp50")), mdfmt.Dur(x.med("wp99")), mdfmt.Dur(x.med("wmax")),
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("read_rate")), mdfmt.Int(x.med("write_rate")),
+			mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("reqs")), mdfmt.Float(x.med("scpu")/1e3), mdfmt.Float(x.med("ccpu")/1e3),
+			mdfmt.Dur(x.med("read_p50")), mdfmt.Dur(x.med("read_p99")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")),
 			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
 		if procs {
 			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))

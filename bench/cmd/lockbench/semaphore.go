@@ -132,9 +132,8 @@ func spanShm(shm string) string { return shm + ".span" }
 // --- scenario 10
 
 func (b *bench) scenario10() *inAndAcross {
-	rows := pick("flightlock-permits", "zset-permits")
-	b.warm(rows)
-	s := b.inAndAcross("s10", rows, b.cfg.d10, 0)
+	rows := b.pick("flightlock-permits", "zset-permits")
+	s := b.inAndAcross("s10", rows, b.c.d10, 0)
 	return &s
 }
 
@@ -167,14 +166,14 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("its score every TTL/3 from a goroutine of its own and releases with `ZREM`. No queue, no notification.\n\n")
 	if len(s.InProcess) > 0 {
 		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d10)
-		contendTable(w, s.InProcess, false, true)
+		contendTable(w, r.be.notes(), s.InProcess, "")
 	}
 	if len(s.Procs) > 0 {
 		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
 		w("Scenario 3's workers: the binary re-executes itself as %d processes that count the critical sections ending inside one\n", s3Procs)
 		w("common window of %v; `fair` is the most critical sections of a process over the fewest. Both checks live in files\n", r.cfg.d10)
 		w("that every worker maps, so they span the processes. Client CPU is the workers' sum.\n\n")
-		contendTable(w, s.Procs, true, true)
+		contendTable(w, r.be.notes(), s.Procs, "")
 	}
 	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")
 	w("of the same process queues on it passes to that waiter without a round trip (up to the hand-off limits of `WithHandoff`).\n")
