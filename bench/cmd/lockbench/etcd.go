@@ -49,7 +49,6 @@ type etcdBackend struct {
 
 	c          *config
 	cli        *clientv3.Client
-	store      *etcdstore.Store // the bench's Locker's
 	floorLease clientv3.LeaseID
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
 	sess       *concurrency.Session   // the process's own Mutex session (lockOf(row, -1))
@@ -166,88 +165,56 @@ func lastFloat(line string) float64 {
 	return v
 }
 
-func (e *etcdBackend) open(c *config) (*flightlock.Locker, error) {
+func (e *etcdBackend) open(c *config) error {
 	e.c = c
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	e.cli = cli
-	var l *flightlock.Locker
-	if e.store, l, err = newEtcdFlightlock(cli, c.lockTimeout); err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// Warm-up, and the value flightlock writes: the floor puts a value of the same bytes.
-	lease, err := l.Lock(ctx, "warm")
-	if err != nil {
-		return nil, fmt.Errorf("warm-up lock: %w", err)
-	}
-	kv, err := cli.Get(ctx, "lock:warm")
-	if err != nil {
-		return nil, fmt.Errorf("read the warm-up key: %w", err)
-	}
-	if len(kv.Kvs) == 0 {
-		return nil, errors.New("read the warm-up key: not found")
-	}
-	e.floorValue = string(kv.Kvs[0].Value)
-	if err := lease.Release(ctx); err != nil {
-		return nil, fmt.Errorf("warm-up release: %w", err)
-	}
 	g, err := cli.Grant(ctx, leaseSeconds)
 	if err != nil {
-		return nil, fmt.Errorf("grant the floor's lease: %w", err)
+		return fmt.Errorf("grant the floor's lease: %w", err)
 	}
 	e.floorLease = g.ID
 	kaCtx, kaCancel := context.WithCancel(context.Background())
 	e.kaCancel = kaCancel
 	ka, err := cli.KeepAlive(kaCtx, g.ID)
 	if err != nil {
-		return nil, fmt.Errorf("keep the floor's lease alive: %w", err)
+		return fmt.Errorf("keep the floor's lease alive: %w", err)
 	}
 	go func() {
 		for range ka {
 		}
 	}()
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
-		return nil, fmt.Errorf("mutex session: %w", err)
+		return fmt.Errorf("mutex session: %w", err)
 	}
 	// Warm the Mutex path too (one lock on a key of its own).
 	m := concurrency.NewMutex(e.sess, "/mutex/warm")
 	if err := m.Lock(ctx); err != nil {
-		return nil, fmt.Errorf("mutex warm-up: %w", err)
+		return fmt.Errorf("mutex warm-up: %w", err)
 	}
 	_ = m.Unlock(ctx)
-	return l, nil
+	return nil
 }
 
-func newEtcdFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
-	store, err := etcdstore.New(cli)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The wait budget is as long as the Lock's context bound, so a Lock ends on the bound (an
-	// error counted), not on the default 2s budget. Handoff keeps its defaults (64, 20ms).
-	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
-	if err != nil {
-		return nil, nil, err
-	}
-	return store, l, nil
-}
+func (e *etcdBackend) newStore() (closingStore, error) { return etcdstore.New(e.cli) }
 
-func (e *etcdBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
-	store, l, err := newEtcdFlightlock(e.cli, wait)
-	if err != nil {
-		return nil, nil, err
+func (e *etcdBackend) floorFrom(key string) error {
+	kv, err := e.cli.Get(context.Background(), key)
+	if err == nil && len(kv.Kvs) == 0 {
+		err = errors.New("not found")
 	}
-	return l, func() { drainClose(l, store.Close) }, nil
+	if err == nil {
+		e.floorValue = string(kv.Kvs[0].Value)
+	}
+	return err
 }
 
 func (e *etcdBackend) close() {
-	if e.store != nil {
-		_ = e.store.Close()
-	}
 	for _, s := range append([]*concurrency.Session{e.sess}, e.hotSess...) {
 		if s != nil {
 			_ = s.Close()

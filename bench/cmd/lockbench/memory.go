@@ -90,7 +90,7 @@ func (b *bench) memoryRow(row string) (impl, func()) {
 	if row != rowFlight || b.l == nil {
 		return b.rowImpl(row, -1), func() {}
 	}
-	l, closeL, err := b.be.newLocker(b.c.lockTimeout)
+	l, closeL, err := b.newLocker()
 	if err != nil {
 		fatalf("scenario 9: %v", err)
 	}

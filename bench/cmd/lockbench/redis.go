@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -48,21 +47,20 @@ func (r *redisBackend) dupConf() flmw.LockConf {
 }
 func (r *redisBackend) spec(row string) (rowSpec, bool) { return rowByID(row) }
 
-// open has no Locker to make: flightlock is one of the rows, on a client of its own.
-func (r *redisBackend) open(*config) (*flightlock.Locker, error) {
+// open makes the measurement's connection; flightlock is one of the rows, on a client of its
+// own, and has no store apart (newStore) nor a floor to copy (floorFrom).
+func (r *redisBackend) open(*config) error {
 	r.adm, r.impls = newAdmin(r.addr), map[string]impl{}
-	return nil, nil
+	return nil
 }
+
+func (r *redisBackend) newStore() (closingStore, error) { return nil, nil }
+func (r *redisBackend) floorFrom(string) error          { return nil }
 
 func (r *redisBackend) close() {
 	for _, im := range r.impls {
 		im.close()
 	}
-}
-
-// newLocker is not used: a Redis row holds its locks on its own client (memoryRow).
-func (r *redisBackend) newLocker(time.Duration) (*flightlock.Locker, func(), error) {
-	return nil, nil, fmt.Errorf("redis: no Locker apart from the rows")
 }
 
 // rows are the libraries of each scenario, each waiting strategy once where a key is hot.

@@ -15,6 +15,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/lockstore"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
@@ -70,13 +71,13 @@ type backend interface {
 	serverCPU() time.Duration
 	// serverMemory is the server's memory in bytes (scenario 9; 0: unknown).
 	serverMemory() int64
-	// open makes this process's clients and what the rows need, with the bench's Locker
-	// (TTL flightTTL, wait c.lockTimeout) where flightlock is not one of lockOf's rows (nil
-	// otherwise); close undoes it.
-	open(c *config) (*flightlock.Locker, error)
+	// open makes this process's clients and what the rows need; close undoes it. newStore is
+	// a flightlock store of its own on the server where flightlock is not one of lockOf's rows
+	// (nil otherwise); floorFrom has the floor write what flightlock wrote at key.
+	open(c *config) error
 	close()
-	// newLocker is a Locker on a store of its own, on the bench's client, and its teardown.
-	newLocker(wait time.Duration) (*flightlock.Locker, func(), error)
+	newStore() (closingStore, error)
+	floorFrom(key string) error
 	// peer is the row of the store's own lock; rows are those of a scenario: 1's; 2's, which 3,
 	// scenario 8's hot key and scenario 9's waiting run too; 4's, which scenario 8's keys run
 	// too; 5's, which scenario 9's holding runs too. spec names a row.
@@ -226,35 +227,72 @@ func perOpFigures(m metrics, st serverStats, ops int64) metrics {
 	return m
 }
 
-// bench runs a backend's scenarios and keeps their results (rep); flight is the bench's
-// Locker as a row, where the backend has one.
+// closingStore is a flightlock store that holds a client of its own.
+type closingStore interface {
+	lockstore.Store
+	Close() error
+}
+
+// bench runs a backend's scenarios and keeps their results (rep); l is the bench's Locker
+// (flight as a row, closeL its teardown), where the backend has one.
 type bench struct {
 	c      *config
 	be     backend
 	l      *flightlock.Locker
 	flight lockerRow
+	closeL func()
 	rep    *report
 }
 
-// openBench opens be's clients and the bench's Locker on its server.
+// openBench opens be's clients and, where the backend has one, the bench's Locker, warmed by
+// one lock whose stored value the floor then writes: its writes are as large as flightlock's.
 func openBench(c *config, be backend) (*bench, error) {
 	b := &bench{c: c, be: be}
-	l, err := be.open(c)
-	if err != nil || l == nil {
+	if err := be.open(c); err != nil {
 		return b, err
 	}
-	b.l = l
-	b.flight, err = newLockerRow(l)
-	return b, err
+	l, closeL, err := b.newLocker()
+	if l == nil || err != nil {
+		return b, err
+	}
+	b.l, b.closeL = l, closeL
+	if b.flight, err = newLockerRow(l); err != nil {
+		return b, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := l.Lock(ctx, "warm")
+	if err != nil {
+		return b, fmt.Errorf("warm-up lock: %w", err)
+	}
+	if err := be.floorFrom("lock:warm"); err != nil { // the Locker's default key prefix
+		return b, fmt.Errorf("read the warm-up key: %w", err)
+	}
+	return b, lease.Release(ctx)
 }
 
-// close drains the bench's Locker and closes the backend's clients.
-func (b *bench) close() {
-	if b.l == nil {
-		b.be.close()
-		return
+// newLocker is a Locker on a store of the backend's own and its teardown (nil: the backend
+// has no store apart from its rows). Its wait budget is as long as the Lock's context bound,
+// so a Lock ends on the bound (an error counted); handoff keeps its defaults.
+func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
+	st, err := b.be.newStore()
+	if st == nil || err != nil {
+		return nil, nil, err
 	}
-	drainClose(b.l, func() error { b.be.close(); return nil })
+	l, err := flightlock.New(st, flightlock.WithTTL(flightTTL), flightlock.WithWait(b.c.lockTimeout))
+	if err != nil {
+		_ = st.Close()
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, st.Close) }, nil
+}
+
+// close drains the bench's Locker and closes its store and the backend's clients.
+func (b *bench) close() {
+	if b.closeL != nil {
+		b.closeL()
+	}
+	b.be.close()
 }
 
 // rowImpl is row's lock for goroutine i (backend.lockOf), the bench's Locker for flightlock.

@@ -174,8 +174,8 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("the critical section itself and one around the whole hold as the holder sees it (grant's return to release call). In\n")
 	w("both, a writer counts itself in and must find nobody inside, neither a writer nor a reader; a reader counts itself in\n")
 	w("and must find no writer; a writer increments a plain counter (a lost update shows as a shortfall) and a reader reads\n")
-	w("it twice (a write between the two reads is a violation). *violations* counts all of it (worst repetition); *most\n")
-	w("readers at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
+	w("it twice (a write between the two reads is a violation). *violations* counts all of it (all repetitions); *most\n")
+	w("holders at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
 	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
 	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
 	w("per critical section (read or write) are counted as in scenario 10.\n\n")
@@ -199,42 +199,19 @@ func (r *report) s11Section(w func(string, ...any)) {
 		w("### %d%% reads, %d%% writes\n\n", mix.Reads, 100-mix.Reads)
 		if len(mix.InProcess) > 0 {
 			w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, r.cfg.d11)
-			rwTable(w, mix.InProcess, false)
+			contendTable(w, r.be.notes(), mix.InProcess, "")
 		}
 		if len(mix.Procs) > 0 {
 			w("%d processes x %d goroutines (scenario 3's workers, counting over one common window of %v; `fair` is the most critical\n", s3Procs, s3Goroutines, r.cfg.d11)
 			w("sections of a process over the fewest; the checks span the processes).\n\n")
-			rwTable(w, mix.Procs, true)
+			contendTable(w, r.be.notes(), mix.Procs, "")
 		}
 	}
 	w("How to read it: compare the rows' reads/s and writes/s at the same mix and setting, not across mixes (the mix sets how\n")
 	w("often readers must drain for a writer). Server cmds/CS is the work Redis does per critical section, refused attempts and\n")
 	w("polls included; RT/CS can be far below the 2 a read costs flightlock because its store sends the script calls beyond\n")
-	w("its %d lanes as pipelines, which the client counts as one round trip each. *most readers at once* above 1 is the sign\n", redisstore.DefaultLanes)
+	w("its %d lanes as pipelines, which the client counts as one round trip each. *most holders at once* above 1 is the sign\n", redisstore.DefaultLanes)
 	w("that reads shared at all; the write waits' p99 and max are what a writer waits behind the readers.\n")
 	w("The checks were themselves checked once, by building the naive lock with readers that ignore the write mark: every\n")
 	w("part, both mixes, in one process and across processes, then reported violations.\n\n")
-}
-
-func rwTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | reads/s | writes/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | read wait p50 | read wait p99 | write wait p50 | write wait p99 | write wait max | most readers at once | violations | errors |")
-	if procs {
-		w(" fair (median / worst) | CS per process |")
-	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("read_rate")), mdfmt.Int(x.med("write_rate")),
-			mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("reqs")), mdfmt.Float(x.med("scpu")/1e3), mdfmt.Float(x.med("ccpu")/1e3),
-			mdfmt.Dur(x.med("read_p50")), mdfmt.Dur(x.med("read_p99")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")),
-			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
-		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))
-		}
-		w(" %s |\n", x.Mix)
-	}
-	w("\n")
 }

@@ -9,7 +9,8 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// The sections of scenarios 1-5, written once for every store: their tables show the figures
+// The report sections of scenarios 1-5, and the order of the later ones (laterSections),
+// written once for every store: their tables show the figures
 // a store gives (a column no row has a figure for is left out: round trips and the command mix
 // are Redis's, fsyncs and retries etcd's and ZooKeeper's), named in the store's words
 // (storeNotes).
@@ -52,7 +53,7 @@ func has(x *result, name string) bool {
 	return slices.ContainsFunc(x.reps(), func(m metrics) bool { _, ok := m[name]; return ok })
 }
 
-// Cells of the tables: a median, formatted; "" where the row has none.
+// durCell and intCell are a figure's median, formatted.
 func durCell(name string) func(*result) string {
 	return func(x *result) string { return mdfmt.Dur(x.med(name)) }
 }
@@ -120,16 +121,27 @@ func (n storeNotes) cpuCols(unit string) []column {
 
 // contendTable writes the rows of a contention run: their rate, what the server and the
 // client spent per critical section, the waits, the checks, and where they ran so, the ratio
-// to floor ("": none), the floor's retries, the most holders at once (a semaphore), and how
-// evenly processes got through.
+// to floor ("": none), a read-write lock's reads and writes apart, the floor's retries, the
+// most holders at once (a semaphore's; a read-write lock's readers), and how evenly processes
+// got through.
 func contendTable(w writer, n storeNotes, rs []*result, floor string) {
-	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)}}
+	only := func(name string, cell func(string) func(*result) string) func(*result) string {
+		return func(x *result) string {
+			if !has(x, name) {
+				return ""
+			}
+			return cell(name)(x)
+		}
+	}
+	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
+		{"reads/s", only("read_rate", intCell)}, {"writes/s", only("write_rate", intCell)}}
 	if floor != "" {
 		cols = append(cols, column{"x floor", ratioCell(rs, floor, rate)})
 	}
 	cols = append(cols, column{"RT/CS", countCell(rt)}, column{n.reqCol + "/CS", reqCell(reqs)}, column{"fsyncs/CS", countCell(fsy)})
 	cols = append(cols, n.cpuCols("CS")...)
 	table(w, rs, append(cols,
+		column{"read wait p50", only("read_p50", durCell)}, column{"read wait p99", only("read_p99", durCell)},
 		column{"wait p50", durCell(p50)}, column{"wait p99", durCell(p99)}, column{"wait max", durCell("max")},
 		column{"most holders at once", func(x *result) string {
 			if !has(x, "peak") {

@@ -148,7 +148,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("holders may run at once), and one around the whole hold as the holder sees it, from the grant's return to the release\n")
 	w("call, which lies within the permit's time on the server. The yield is there so that the bound can be reached: a hold\n")
 	w("that never blocks is inside only while its goroutine runs, so on %d cores no more than %d holders could be seen at once,\n", r.machine.CPUs, r.machine.CPUs)
-	w("whatever the semaphore let through. *violations* counts both checks (worst repetition); *most holders at once* is the\n")
+	w("whatever the semaphore let through. *violations* counts both checks (all repetitions); *most holders at once* is the\n")
 	w("largest count the hold check saw (worst repetition): %d shows that the bound was reached and held. Wait = time from\n", semPermits)
 	w("the call to holding a permit. Medians over %d repetitions; in each, the rows run one after\n", r.cfg.reps)
 	w("the other in an order rotated per repetition. RT and server commands are counted as in the main report (pub/sub\n")

@@ -28,8 +28,7 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 			s.Close()
 		}
 	}()
-	var ids []string
-	out := map[string]*result{}
+	var rows []rowSpec
 	for _, row := range dupRows {
 		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
 		s, err := httpbench.NewDupServer(conf)
@@ -37,22 +36,18 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 			fatalf("s7 %s: %v", row.id, err)
 		}
 		servers[row.id] = s
-		ids = append(ids, row.id)
-		out[row.id] = &result{Row: row.id, Label: lib + ", OnBusy " + row.onBusy}
+		rows = append(rows, rowSpec{id: row.id, lib: lib + ", OnBusy " + row.onBusy})
 	}
+	var out []*result
 	for rep := range reps {
-		for _, id := range interleave.Rotate(ids, rep) {
-			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
-			out[id].Reps = append(out[id].Reps, m)
-			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
+		for _, r := range interleave.Rotate(rows, rep) {
+			m := servers[r.id].Bursts(fmt.Sprintf("r%d-%s-", rep, r.id))
+			out = addRep(out, r, m, "", "")
+			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, r.id,
 				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], mdfmt.Dur(m["p50"]), mdfmt.Dur(m["p99"]))
 		}
 	}
-	var rs []*result
-	for _, id := range ids {
-		rs = append(rs, out[id])
-	}
-	return rs
+	return out
 }
 
 func (r *report) s7Section(w writer) {

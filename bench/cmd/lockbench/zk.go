@@ -53,8 +53,9 @@ type zkBackend struct {
 	fsType  string // file system of the data directory
 
 	c          *config
-	conn       *zk.Conn // the floor's and zk.NewLock's session
-	store      *zkstore.Store
+	conn       *zk.Conn      // the floor's and zk.NewLock's session
+	maxTTL     time.Duration // zkstore's, at the session every client asks for
+	root       string        // zkstore's root node
 	acl        []zk.ACL
 	floorValue []byte // the bytes flightlock writes in a key node
 }
@@ -231,70 +232,40 @@ func zkConnect(addr string, session time.Duration) (*zk.Conn, error) {
 	return conn, nil
 }
 
-// newZKFlightlock dials zkstore and builds the Locker of every flightlock row: the TTL of the
-// other stores' rows (which the session must keep: zkstore.Store.MaxTTL) and a wait budget as
-// long as the Lock's context bound.
-func newZKFlightlock(addr string, session, wait time.Duration) (*zkstore.Store, *flightlock.Locker, error) {
-	store, err := zkstore.Dial(zkstore.Config{Hosts: []string{addr}, SessionTimeout: session})
-	if err != nil {
-		return nil, nil, err
-	}
-	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
-	if err != nil {
-		_ = store.Close()
-		return nil, nil, fmt.Errorf("%w (zkstore's MaxTTL is %v with a %v session)", err, store.MaxTTL(), session)
-	}
-	return store, l, nil
-}
-
-func (b *zkBackend) open(c *config) (*flightlock.Locker, error) {
+func (b *zkBackend) open(c *config) error {
 	b.c, b.acl = c, zk.WorldACL(zk.PermAll)
 	var err error
 	if b.conn, err = zkConnect(b.addr, c.zkSession); err != nil {
-		return nil, err
+		return err
 	}
-	var l *flightlock.Locker
-	if b.store, l, err = newZKFlightlock(b.addr, c.zkSession, c.lockTimeout); err != nil {
-		return nil, err
-	}
-	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.store.MaxTTL(), flightTTL)
 	for _, p := range []string{zkFloorRoot, zkLockRoot} {
 		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return nil, fmt.Errorf("create %s: %w", p, err)
+			return fmt.Errorf("create %s: %w", p, err)
 		}
 	}
-	// The floor writes what flightlock writes in a key node: read it off a held lock.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	lease, err := l.Lock(ctx, "warm")
-	if err != nil {
-		return nil, fmt.Errorf("warm-up lock: %w", err)
-	}
-	if b.floorValue, _, err = b.conn.Get(b.store.Root() + "/lock:warm"); err != nil { // the Locker's default key prefix
-		return nil, fmt.Errorf("read the warm-up key node: %w", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		return nil, fmt.Errorf("warm-up release: %w", err)
-	}
-	return l, nil
+	return nil
 }
 
 func (b *zkBackend) close() {
-	if b.store != nil {
-		_ = b.store.Close()
-	}
 	if b.conn != nil {
 		b.conn.Close()
 	}
 }
 
-// newLocker is a Locker on a zkstore of its own, with a session of its own.
-func (b *zkBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
-	store, l, err := newZKFlightlock(b.addr, b.c.zkSession, wait)
-	if err != nil {
-		return nil, nil, err
+// newStore is a zkstore with a session of its own, which must keep the TTL of the other
+// stores' rows (zkstore.Store.MaxTTL).
+func (b *zkBackend) newStore() (closingStore, error) {
+	s, err := zkstore.Dial(zkstore.Config{Hosts: []string{b.addr}, SessionTimeout: b.c.zkSession})
+	if err == nil && b.maxTTL == 0 {
+		b.maxTTL, b.root = s.MaxTTL(), s.Root()
+		progress("flightlock: session %v, MaxTTL %v, TTL %v", b.c.zkSession, b.maxTTL, flightTTL)
 	}
-	return l, func() { drainClose(l, store.Close) }, nil
+	return s, err
+}
+
+func (b *zkBackend) floorFrom(key string) (err error) {
+	b.floorValue, _, err = b.conn.Get(b.root + "/" + key)
+	return err
 }
 
 // lockOf is the floor or zk.NewLock, on this process's session; zk.NewLock's lock for i < 0
@@ -378,7 +349,7 @@ func (z *zkBackend) notes() storeNotes {
 			p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 			p("  killed by its pid at the end.")
 			p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.store.MaxTTL().Round(100*time.Millisecond))
+			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.maxTTL.Round(100*time.Millisecond))
 			p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
 				(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
 			p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
