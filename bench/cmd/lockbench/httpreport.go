@@ -80,11 +80,7 @@ func (r *report) s6Section(w func(string, ...any)) {
 		w("%s\n\n", s.Note)
 		return
 	}
-	if r.be.name() == "etcd" {
-		r.etcdHTTPIntro(w, s)
-	} else {
-		r.s6Intro(w, s)
-	}
+	r.be.notes().s6Intro(r, w, s)
 	r.httpTables(w, s, true)
 }
 

@@ -74,3 +74,26 @@ func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, reads i
 	}
 	return out
 }
+
+// tables writes the two parts of a primitives scenario run for d, each under a heading of its
+// own (sub) or not: in one process, and in scenario 3's workers, which count the critical
+// sections ending inside one common window of d (`fair`: the most of a process over the
+// fewest) with checks that span the processes.
+func (s inAndAcross) tables(w writer, r *report, d time.Duration, sub bool) {
+	if len(s.InProcess) > 0 {
+		if sub {
+			w("### %d goroutines, one process\n\n", s10Goroutines)
+		}
+		w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, d)
+		contendTable(w, r.be.notes(), s.InProcess, "")
+	}
+	if len(s.Procs) > 0 {
+		if sub {
+			w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
+		}
+		w("%d processes x %d goroutines: scenario 3's workers, counting over one common window of %v; `fair` is the most\n", s3Procs, s3Goroutines, d)
+		w("critical sections of a process over the fewest (1.00: every process got through at the same pace). The checks live in\n")
+		w("files every worker maps, so they span the processes; client CPU is the workers' sum.\n\n")
+		contendTable(w, r.be.notes(), s.Procs, "")
+	}
+}

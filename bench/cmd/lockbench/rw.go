@@ -197,15 +197,7 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("holds are far inside the TTL), which makes it cheaper, not dearer.\n\n")
 	for _, mix := range s.Mixes {
 		w("### %d%% reads, %d%% writes\n\n", mix.Reads, 100-mix.Reads)
-		if len(mix.InProcess) > 0 {
-			w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, r.cfg.d11)
-			contendTable(w, r.be.notes(), mix.InProcess, "")
-		}
-		if len(mix.Procs) > 0 {
-			w("%d processes x %d goroutines (scenario 3's workers, counting over one common window of %v; `fair` is the most critical\n", s3Procs, s3Goroutines, r.cfg.d11)
-			w("sections of a process over the fewest; the checks span the processes).\n\n")
-			contendTable(w, r.be.notes(), mix.Procs, "")
-		}
+		mix.tables(w, r, r.cfg.d11, false)
 	}
 	w("How to read it: compare the rows' reads/s and writes/s at the same mix and setting, not across mixes (the mix sets how\n")
 	w("often readers must drain for a writer). Server cmds/CS is the work Redis does per critical section, refused attempts and\n")

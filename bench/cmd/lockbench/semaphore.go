@@ -164,17 +164,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("script removes the expired members (`ZREMRANGEBYSCORE` up to the server's `TIME`) and, if `ZCARD` < %d, adds the\n", semPermits)
 	w("taker scored with its expiry (%v TTL), else refuses; a refused taker sleeps %v and tries again; a holder renews\n", lockTTL, semPoll)
 	w("its score every TTL/3 from a goroutine of its own and releases with `ZREM`. No queue, no notification.\n\n")
-	if len(s.InProcess) > 0 {
-		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d10)
-		contendTable(w, r.be.notes(), s.InProcess, "")
-	}
-	if len(s.Procs) > 0 {
-		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("Scenario 3's workers: the binary re-executes itself as %d processes that count the critical sections ending inside one\n", s3Procs)
-		w("common window of %v; `fair` is the most critical sections of a process over the fewest. Both checks live in files\n", r.cfg.d10)
-		w("that every worker maps, so they span the processes. Client CPU is the workers' sum.\n\n")
-		contendTable(w, r.be.notes(), s.Procs, "")
-	}
+	s.tables(w, r, r.cfg.d10, true)
 	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")
 	w("of the same process queues on it passes to that waiter without a round trip (up to the hand-off limits of `WithHandoff`).\n")
 	w("The checks were themselves checked once, by building the naive semaphore with 4 permits under the same 3-permit guards:\n")

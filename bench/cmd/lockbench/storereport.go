@@ -2,12 +2,9 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -30,6 +27,7 @@ type storeNotes struct {
 	machine                 []string                   // the Machine table's rows on the server's versions
 	dataDir                 string                     // the Machine table's row on the data directory
 	s1Ratios                func(r *report) string
+	s6Intro                 func(r *report, w writer, s *s6Results) // what scenario 6 runs and measures
 	closing                 func(p printer, r *report, c *config)
 }
 
@@ -144,40 +142,6 @@ func pointList(xs []int) string {
 
 // countStr writes n with thousands separators, as the report's prose does (10,000).
 func countStr(n int) string { return mdfmt.Int(float64(n)) }
-
-// etcdHTTPIntro describes scenario 6's systems and load on etcd.
-func (r *report) etcdHTTPIntro(w writer, h *s6Results) {
-	c := r.cfg
-	p := func(format string, args ...any) { w(format+"\n", args...) }
-	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
-	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
-	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")
-	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.Sat))
-	p("`bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU of")
-	p("the same name, both seeded in Redis before the run: no two requests share a lock key, so the figures are the cost of")
-	p("locking, not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory")
-	p("service (its SKU lock in Redis) and `Debit` on the balance service (its account lock in etcd, as the etcd example")
-	p("has it) over zrpc, each under its own flightlock interceptor in every row, and the order write in Redis. Rows:")
-	p("**no lock** (`app.WithoutOrderLock()`); **flightlock**, the order API's rules (`Order.Lock`, create-order moved to")
-	p("etcd: reject mode, the lock `flightlock/lock:order:<uid>` on the store's session lease) in a middleware installed")
-	p("with `app.WithOrderLock` as the other rows' locks are (so no owner goes to the zrpc calls; installed as shipped, the")
-	p("example's order logic would look for its fencing lease under a Redis rule's key, find none, and answer 500); **etcd")
-	p("concurrency.Mutex** in a plain go-zero middleware (`app.WithOrderLock`): uid from the JSON body (restored), `TryLock`")
-	p("of a Mutex on the same key on one session of this process (%ds lease, kept alive by the client; 409 when taken), the", leaseSeconds)
-	p("handler, `Unlock`; **floor**: the same middleware with scenario 1's floor, a transaction that puts the key on a")
-	p("pre-granted lease if its create revision is 0 (409 otherwise), then a delete: the two writes any etcd lock needs and")
-	p("nothing else (no owner check). In every row the order is written unfenced. go-zero's REST and zrpc")
-	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
-	p("")
-	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
-	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", mdfmt.Dur(h.Ping.med("p50")))
-	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
-	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
-	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
-	p("run; shares are of %d cores × the run's wall time. With every system up and no load, the benchmark process used", runtime.NumCPU())
-	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.IdleCPU)
-	p("")
-}
 
 // howItWasRun opens a store report's "How it was run" section with the command that made it.
 func howItWasRun(p printer, c *config) {
