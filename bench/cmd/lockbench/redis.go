@@ -114,7 +114,8 @@ func (r *redisBackend) serverMemory() int64 { return r.adm.usedMemory(context.Ba
 
 func (r *redisBackend) notes() storeNotes {
 	return storeNotes{reqUnit: "cmds", reqCol: "server cmds", cpuCol: "Redis CPU", floors: [][2]string{{"ping", "PING"}, {"setdel", "SET+DEL"}}, ping: "PING", s6Intro: (*report).s6Intro,
-		machine:   []string{fmt.Sprintf("| Redis | %s |", r.version)},
+		machine: []string{fmt.Sprintf("| Redis | %s |", r.version)},
+		head:    (*report).redisHead, goals: (*report).redisGoals, closing: (*report).redisClosing,
 		rejectHow: "the others: one attempt without retry, which costs them a round trip", s9HoldNote: "Redis memory is the `used_memory` delta."}
 }
 

@@ -179,14 +179,34 @@ func (r *report) goals() []goal {
 	return gs
 }
 
-// markdown is the run's main report: the etcd and ZooKeeper rows' (storeMarkdown) or the
-// Redis rows'.
+// markdown is the run's main report, on every store: the store's head (what it measured, how
+// it was run, the machine), its goals, the sections of the scenarios that ran, its closing.
 func (r *report) markdown() string {
-	if r.be.notes().head != nil {
-		return r.storeMarkdown()
-	}
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	n := r.be.notes()
+	n.head(r, w)
+	for _, set := range n.goals(r) {
+		if len(set.goals) > 0 {
+			w("## %s\n\n%s\n\n", set.title, set.lead)
+			goalTable(w, set.goals)
+		}
+	}
+	r.mainSections(w)
+	r.laterSections(w)
+	n.closing(r, w)
+	return b.String()
+}
+
+// goalSet is a table of goals under a heading of its own, with its lead sentence.
+type goalSet struct {
+	title, lead string
+	goals       []goal
+}
+
+// redisHead is the Redis report's title and intro, how to reproduce it, the machine, and its
+// rows and how each is measured.
+func (r *report) redisHead(w writer) {
 	w("# Benchmarks: flightlock against other Redis locks\n\n")
 	w("What a lock costs on one Redis: flightlock beside bsm/redislock, redsync, go-zero's RedisLock, rueidislock and two\n")
 	w("floors that lock nothing, uncontended, on one hot key, over many keys, in reject mode, over HTTP, as the work grows and\n")
@@ -239,20 +259,20 @@ func (r *report) markdown() string {
 	w("commands** are `INFO commandstats` deltas, the commands a Lua script runs included. **Redis CPU** is the server's\n")
 	w("`used_cpu_user + used_cpu_sys` delta per operation; **client CPU** the benchmark process's user + system time\n")
 	w("(getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
+}
 
-	if gs := r.peerGoals(); len(gs) > 0 {
-		w("## Goals: against the peers, scaling and memory\n\n")
-		w("Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).\n\n")
-		goalTable(w, gs)
+// redisGoals are the Redis report's goals: against the peers, and of latency, hot key, many
+// keys, reject mode and HTTP.
+func (r *report) redisGoals() []goalSet {
+	return []goalSet{
+		{"Goals: against the peers, scaling and memory", "Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).", r.peerGoals()},
+		{"Goals: latency, hot key, many keys, reject mode, HTTP", "Each row: one figure of the scenario named, from this run's medians, against its target.", r.goals()},
 	}
-	if gs := r.goals(); len(gs) > 0 {
-		w("## Goals: latency, hot key, many keys, reject mode, HTTP\n\n")
-		w("Each row: one figure of the scenario named, from this run's medians, against its target.\n\n")
-		goalTable(w, gs)
-	}
+}
 
-	r.mainSections(w)
-	r.laterSections(w)
+// redisClosing points at the other reports (the primitives', the other stores' with their
+// goals) and adds the Go benchmarks and the notes.
+func (r *report) redisClosing(w writer) {
 	if r.ranPrimitives() {
 		w("## 10-12. Semaphores, read-write locks, fair locks\n\n")
 		w("In a report of their own, [%s](%s): flightlock's semaphore, read-write lock and fair lock against\n", r.primitivesName, r.primitivesName)
@@ -276,7 +296,6 @@ func (r *report) markdown() string {
 			w("%s", string(raw))
 		}
 	}
-	return b.String()
 }
 
 func goalTable(w func(string, ...any), gs []goal) {

@@ -177,8 +177,8 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("it twice (a write between the two reads is a violation). *violations* counts all of it (all repetitions); *most\n")
 	w("holders at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
 	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
-	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
-	w("per critical section (read or write) are counted as in scenario 10.\n\n")
+	w("holding the lock) are apart (wait p50, p99 and max: the writes'). Medians over %d repetitions, rows rotated per\n", r.cfg.reps)
+	w("repetition; RT and server commands per critical section (read or write) are counted as in scenario 10.\n\n")
 	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
 		"those within the handoff window join it with no round trip, the last releases it);"+

@@ -15,20 +15,21 @@ type storeNotes struct {
 	floorShort, peerShort   string // the floor and the peer in goals and ratios
 	peerThe                 string // the peer in the goals' lead sentence
 	labels, plotLabels      map[string]string
-	floors                  [][2]string                // the floors' rows and short names: scenarios 1 and 4 show ratios to them
-	s9HoldNote, s9WaitNote  string                     // how the store's rows hold and wait in scenario 9
-	s1Note, s4Note, s8Note  string                     // what scenarios 1, 4 and 8 do on this store beyond what every store does
-	ping                    string                     // the store's cheapest request, scenario 6's round trip
-	peerHow                 string                     // what the peer's lock does on a hot key
-	rejectHow               string                     // how the peer refuses in scenario 5
-	waiterSessions          bool                       // scenario 9's peer waiters need a session each
-	s3Goal                  bool                       // scenario 3 has a goal
-	head                    func(p printer, c *config) // the title, the intro and how it was run
-	machine                 []string                   // the Machine table's rows on the server's versions
-	dataDir                 string                     // the Machine table's row on the data directory
+	floors                  [][2]string               // the floors' rows and short names: scenarios 1 and 4 show ratios to them
+	s9HoldNote, s9WaitNote  string                    // how the store's rows hold and wait in scenario 9
+	s1Note, s4Note, s8Note  string                    // what scenarios 1, 4 and 8 do on this store beyond what every store does
+	ping                    string                    // the store's cheapest request, scenario 6's round trip
+	peerHow                 string                    // what the peer's lock does on a hot key
+	rejectHow               string                    // how the peer refuses in scenario 5
+	waiterSessions          bool                      // scenario 9's peer waiters need a session each
+	s3Goal                  bool                      // scenario 3 has a goal
+	head                    func(r *report, w writer) // the title, the intro, how it was run and the machine
+	goals                   func(r *report) []goalSet
+	machine                 []string // the Machine table's rows on the server's versions
+	dataDir                 string   // the Machine table's row on the data directory
 	s1Ratios                func(r *report) string
 	s6Intro                 func(r *report, w writer, s *s6Results) // what scenario 6 runs and measures
-	closing                 func(p printer, r *report, c *config)
+	closing                 func(r *report, w writer)
 }
 
 // list is scenario sc's results (1-5; scenario 2 at hotGoroutines).
@@ -97,25 +98,14 @@ func perOp(v float64) string {
 // printer writes one line of the report.
 type printer func(format string, args ...any)
 
-func (r *report) storeMarkdown() string {
-	c, be := r.cfg, r.be
-	var b strings.Builder
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	var p printer = func(format string, args ...any) { w(format+"\n", args...) }
-	n := be.notes()
-
-	n.head(p, c)
-	w("## Machine\n\n")
-	r.machineTable(w)
-	if goals := r.storeGoals(); len(goals) > 0 {
-		w("## Goals\n\nEach goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.\n\n", n.peerThe)
-		goalTable(w, goals)
-	}
-	r.mainSections(w)
-	r.laterSections(w)
-	n.closing(p, r, c)
-	return b.String()
+// storeGoalSets are an etcd or ZooKeeper report's goals.
+func (r *report) storeGoalSets() []goalSet {
+	lead := fmt.Sprintf("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", r.be.notes().peerThe)
+	return []goalSet{{"Goals", lead, r.storeGoals()}}
 }
+
+// lines is w writing one line per call.
+func lines(w writer) printer { return func(format string, args ...any) { w(format+"\n", args...) } }
 
 // scenarioList names the scenarios a run ran, in order.
 func scenarioList(c *config) string {
