@@ -9,7 +9,8 @@ import (
 )
 
 // storeNotes are what a backend's report says of its own store: the names of its counters and
-// rows, and the prose around the tables that storeMarkdown writes alike for every store.
+// rows, and its head, goals, closing and the prose around the tables that markdown writes alike
+// for every store.
 type storeNotes struct {
 	reqUnit, reqCol, cpuCol string // the server's requests (progress, table columns) and its CPU column
 	floorShort, peerShort   string // the floor and the peer in goals and ratios

@@ -17,7 +17,7 @@ import (
 )
 
 // scaling is scenario 8: critical sections per second as the work grows, along three axes
-// (scalingSection says what each measures), rows(2) on the hot key, rows(4) over distinct
+// (s8Section says what each measures), rows(2) on the hot key, rows(4) over distinct
 // keys: a floor on one hot key would be no lock but a spin. Every key is fresh.
 func (b *bench) scaling() []*s8Axis {
 	c := b.c
@@ -78,7 +78,7 @@ func chartPath(out, axis string) string {
 	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
 
-// Scenario 5, reject mode (rejectSection says what is measured): flightlock's refusal of a key
+// Scenario 5, reject mode (s5Section says what is measured): flightlock's refusal of a key
 // held in this process takes no RPC, the peer's takes its own round trips.
 
 // s5Goroutines try the held key at once in the parallel part.
