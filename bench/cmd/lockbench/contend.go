@@ -75,13 +75,12 @@ func newGuards(n int) []guard.Guard {
 	return gds
 }
 
-// guardSums are the plain counts and violations of gds added up.
-func guardSums(gds []guard.Guard) (plain, violations int64) {
+// guardSums are the plain counts, violations and fence violations of gds added up.
+func guardSums(gds []guard.Guard) (plain, violations, fence int64) {
 	for _, gd := range gds {
-		plain += gd.Plain()
-		violations += gd.Violations()
+		plain, violations, fence = plain+gd.Plain(), violations+gd.Violations(), fence+gd.FenceViolations()
 	}
-	return plain, violations
+	return plain, violations, fence
 }
 
 // windowRun runs the holders hs over the keys of gs (one guard per key) in this process from a

@@ -569,10 +569,7 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	retries0 := retriesOf(im)
 	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.meter(r.id))
 	cr.Errors += cr.ReleaseErrors
-	var plain, viol, fence int64
-	for _, g := range gs {
-		plain, viol, fence = plain+g.Plain(), viol+g.Violations(), fence+g.FenceViolations()
-	}
+	plain, viol, fence := guardSums(gs)
 	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
 	m[retries] = float64(retriesOf(im) - retries0)
 	if r.floor {

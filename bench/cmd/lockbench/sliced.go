@@ -128,8 +128,8 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
 		s := sums[r.id]
-		plain, viol := guardSums(guards[r.id])
-		out[r.id] = contendMetrics(r, contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, viol, 0, 0)
+		plain, viol, fence := guardSums(guards[r.id])
+		out[r.id] = contendMetrics(r, contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, viol, fence, 0)
 		errs[r.id] = s.firstErr
 	}
 	return out, errs
