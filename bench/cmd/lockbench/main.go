@@ -270,9 +270,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
 	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
 	fs.DurationVar(&cfg.d2small, "d2small", defaultFor(false, q, time.Second, 200*time.Millisecond, 0, 0), "scenario 2 (Redis): duration at 1 and 4 goroutines")
-	fs.DurationVar(&cfg.d3, "d3", defaultFor(e, q, 2500*time.Millisecond, 500*time.Millisecond, 3*time.Second, time.Second), "scenario 3: target duration per row and repetition (etcd: the workers' common window)")
+	fs.DurationVar(&cfg.d3, "d3", defaultFor(e, q, 2500*time.Millisecond, 500*time.Millisecond, 3*time.Second, time.Second), "scenario 3: the workers' common window per row and repetition")
 	fs.DurationVar(&cfg.d4, "d4", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 4: duration per row and repetition")
-	fs.DurationVar(&cfg.d5, "d5", defaultFor(e, q, 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition (etcd: of the serial and of the parallel part each)")
+	fs.DurationVar(&cfg.d5, "d5", defaultFor(e, q, 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition, of the serial and of the parallel part each")
 	fs.DurationVar(&cfg.d6, "d6", defaultFor(e, q, 3*time.Second, time.Second, 3*time.Second, time.Second), "scenario 6: duration of each wrk run at saturation (whole seconds)")
 	fs.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
 	fs.DurationVar(&cfg.d10, "d10", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
@@ -293,13 +293,13 @@ func parseFlags(args []string) (config, profiling) {
 	clients := fs.String("client", "both", "scenario 13: the go-redis client settings to run, tuned (the other scenarios' client), default "+
 		"(redis.Options{Addr} alone) or both; uses -d1, -d4, -mem-locks and -d9hold")
 	s13k := fs.String("s13-keys", defaultFor(false, q, "1000,100000", "1000,10000", "", ""), "scenario 13: distinct keys under 64 goroutines (empty: skip)")
-	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); etcd writes its scaling plots beside it")
+	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); scenario 8 writes its plots beside it")
 	fs.StringVar(&cfg.exampleConf, "example-config", defaultFor(e, q, "etc/flightlock-example-redis.yaml", "etc/flightlock-example-redis.yaml",
 		"etc/flightlock-example-etcd.yaml", "etc/flightlock-example-etcd.yaml"), "scenario 6: the example's config file (its stores and ports are replaced)")
 	fs.StringVar(&cfg.primitivesOut, "primitives-out", "", "Redis: the report of scenarios 10-12 when any runs beside any of 1-9 "+
 		"(empty: benchmarks-primitives.md beside -out, or stdout after the main report); with only 10-12 in -scenario, -out when empty")
-	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside it)")
-	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON, written with the main report (not by scenarios 10-12 alone)")
+	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside -out)")
+	fs.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON, written with the main report (not by Redis's scenarios 10-12 alone)")
 	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
 	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
 	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to point at, with its goals")
@@ -319,9 +319,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.zkTick, "zk-tick", 2*time.Second, "ZooKeeper: the server's tickTime (ZooKeeper's sample configuration's)")
 	fs.DurationVar(&cfg.zkSession, "zk-session", zkstore.DefaultSessionTimeout, "ZooKeeper: the session timeout of every client; "+
 		"zkstore's MaxTTL, two thirds of it less syncLimit + 1 ticks (one tick on the standalone server), must be at least the rows' 10s TTL")
-	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "Redis: write a CPU profile of this process")
-	fs.StringVar(&prof.trace, "trace", "", "Redis: write an execution trace of this process (go tool trace)")
-	rows := fs.String("rows", "", "Redis: comma-separated row ids to run (default all; tables that need a missing row skip it)")
+	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
+	fs.StringVar(&prof.trace, "trace", "", "write an execution trace of this process (go tool trace)")
+	rows := fs.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
 	_ = fs.Parse(args)
 
 	if cfg.store != "redis" && cfg.store != "etcd" && cfg.store != "zookeeper" {
