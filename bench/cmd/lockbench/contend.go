@@ -75,13 +75,12 @@ func newGuards(n int) []guard.Guard {
 	return gds
 }
 
-// guardSums are the plain counts and violations of gds added up.
-func guardSums(gds []guard.Guard) (plain, violations int64) {
+// guardSums are the plain counts, violations and fence violations of gds added up.
+func guardSums(gds []guard.Guard) (plain, violations, fence int64) {
 	for _, gd := range gds {
-		plain += gd.Plain()
-		violations += gd.Violations()
+		plain, violations, fence = plain+gd.Plain(), violations+gd.Violations(), fence+gd.FenceViolations()
 	}
-	return plain, violations
+	return plain, violations, fence
 }
 
 // windowRun runs the holders hs over the keys of gs (one guard per key) in this process from a
@@ -93,33 +92,4 @@ func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Durati
 	go func() { stc <- windowStats(start, d, m) }()
 	r := contend.Run(hs, gs, start, start.Add(d), seed, lockTimeout)
 	return r, <-stc
-}
-
-// timedRun runs the holders hs of im in this process for the window d (windowRun) and
-// measures them: measure turns the loop's result (a failed Unlock counted as an error) and the
-// server's counters into the row's figures, to which the server's and this process's CPU per
-// critical section are added.
-func (b *bench) timedRun(im impl, hs []contend.Holder, gds []guard.Guard, d time.Duration, seed uint64, measure func(contend.Result, serverStats) metrics) (metrics, contend.Result, serverStats) {
-	r, st := windowRun(hs, gds, d, waitBudget, seed, b.meter(im))
-	r.Errors += r.ReleaseErrors
-	r.ReleaseErrors = 0
-	m := measure(r, st)
-	perOpMicros(m, st, r.Ops, true)
-	return m, r, st
-}
-
-// contendFor runs g goroutines of this process for d over keys (the row's key names), each
-// operation on a key drawn uniformly, with scenario 2's critical section and checks on every
-// key; a floor row locks nothing, so its checks count no violation.
-func (b *bench) contendFor(r rowSpec, keys []string, g int, d time.Duration, seed uint64) (metrics, contend.Result, serverStats) {
-	im := b.impl(r)
-	gds := newGuards(len(keys))
-	return b.timedRun(im, implHolders(im, keys, g), gds, d, seed, func(cr contend.Result, st serverStats) metrics {
-		plain, viol := guardSums(gds)
-		m := contendMetrics(cr, st, plain, viol)
-		if r.floor {
-			m["violations"] = 0
-		}
-		return m
-	})
 }

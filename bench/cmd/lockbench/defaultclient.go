@@ -58,7 +58,7 @@ func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
 
 // s13Pick is the rows of ids on every setting of settings, the settings of one library next
 // to each other; a row without a default variant runs once.
-func s13Pick(settings []clientSetting, ids ...string) []rowSpec {
+func (b *bench) s13Pick(settings []clientSetting, ids ...string) []rowSpec {
 	var out []string
 	for _, id := range ids {
 		_, varies := rowByIDIn(defaultClientRows(), id+defaultSuffix)
@@ -74,7 +74,7 @@ func s13Pick(settings []clientSetting, ids ...string) []rowSpec {
 			}
 		}
 	}
-	return pick(out...)
+	return b.pick(out...)
 }
 
 type s13Results struct {
@@ -97,83 +97,58 @@ var s13Uncontended = []string{"flightlock", "store", "redislock", "rueidislock",
 // few operations that meet a held key (64 goroutines over 1,000 keys) would set its figure.
 var s13Keys = []string{"flightlock", "redislock-1ms", "rueidislock", "setdel"}
 
-// s13MaxOps bounds the operations of one uncontended row per repetition (its keys are made
-// before the row runs): at 100 µs an operation, -d1 up to 10s.
-const s13MaxOps = 100000
-
 func (b *bench) scenario13() *s13Results {
-	st := b.cfg.clients
-	out := &s13Results{Settings: st, KeyPoints: b.cfg.s13Keys, Keys: map[int][]*result{}, Sizes: b.cfg.memLocks, Held: map[int][]*result{}, HeldCold: map[int][]*result{}}
+	st := b.c.clients
+	out := &s13Results{Settings: st, KeyPoints: b.c.s13Keys, Keys: map[int][]*result{}, Sizes: b.c.memLocks, HeldCold: map[int][]*result{}}
 
-	rows := s13Pick(st, s13Uncontended...)
+	rows := b.s13Pick(st, s13Uncontended...)
 	b.warm(rows)
-	res := newResults(rows)
-	for rep := range b.cfg.reps {
-		ms, _ := b.uncontendedSliced(rows, "s13u", rep, b.cfg.d1, s13UncontendedSlice, s13MaxOps, true)
+	for rep := range b.c.reps {
+		ms, _ := b.uncontended(rows, "s13u", rep, b.c.d1, s13UncontendedSlice, true)
 		for _, r := range rows {
 			m := ms[r.id]
-			res[r.id].Reps = append(res[r.id].Reps, m)
-			progress("s13 rep %d uncontended %-22s p50 %s (lock %s, unlock %s; in calls %s, outside %s) %.2f RT/op CPU µs/op client %.1f Redis %.1f allocs/op %.1f (%.0f B) err %d", rep+1, r.id,
-				mdfmt.Dur(m["p50"]), mdfmt.Dur(m["lock_p50"]), mdfmt.Dur(m["unlock_p50"]), mdfmt.Dur(m["calls_p50"]), mdfmt.Dur(m["outside_p50"]), m["rt"], m["ccpu"], m["scpu"], m["allocs"], m["bytes"], int64(m["errors"]))
+			out.Uncontended = addRep(out.Uncontended, r, m, "", "")
+			progress("s13 rep %d uncontended %-22s p50 %s (lock %s, unlock %s; in calls %s, outside %s) %.2f RT/op CPU µs/op client %.1f Redis %.1f allocs/op %.1f (%.0f B) errors %d", rep+1, r.id,
+				mdfmt.Dur(m[p50]), mdfmt.Dur(m["lock_p50"]), mdfmt.Dur(m["unlock_p50"]), mdfmt.Dur(m["calls_p50"]), mdfmt.Dur(m["outside_p50"]), m[rt], m[ccpu]/1e3, m[scpu]/1e3, m["allocs"], m["bytes"], int64(m[failures]))
 		}
 	}
-	out.Uncontended = ordered(rows, res)
 
 	if len(out.KeyPoints) > 0 {
-		rows := s13Pick(st, s13Keys...)
+		rows := b.s13Pick(st, s13Keys...)
 		b.warm(rows)
-		all := map[int]map[string]*result{}
-		for _, x := range out.KeyPoints {
-			all[x] = newResults(rows)
-		}
-		for rep := range b.cfg.reps {
+		for rep := range b.c.reps {
 			for _, x := range out.KeyPoints {
 				keys := map[string][]string{}
 				for _, r := range rows {
 					keys[r.id] = rowKeys(b.impl(r), fmt.Sprintf("s13k:%d:%d:", x, rep), x)
 				}
-				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.cfg.d4, rep)
+				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.c.d4, rep)
 				for _, r := range rows {
 					m := ms[r.id]
 					if r.floor {
-						m["violations"] = 0 // not a lock: nothing to check
+						m[violations] = 0 // not a lock: nothing to check
 					}
-					all[x][r.id].Reps = append(all[x][r.id].Reps, m)
-					progress("s13 rep %d keys=%-6d %-22s %9.0f cs/s cmds/cs %.3f CPU µs/cs client %.1f Redis %.1f viol %d err %d %s", rep+1, x, r.id,
-						m["csps"], m["cmds"], m["ccpu"], m["scpu"], int64(m["violations"]), int64(m["errors"]), errs[r.id])
+					out.Keys[x] = addRep(out.Keys[x], r, m, "", errs[r.id])
+					progress("s13 rep %d keys=%-6d %-22s %9.0f CS/s cmds/CS %.3f CPU µs/CS client %.1f Redis %.1f violations %d errors %d %s", rep+1, x, r.id,
+						m[rate], m[reqs], m[ccpu]/1e3, m[scpu]/1e3, int64(m[violations]), int64(m[failures]), errs[r.id])
 				}
 			}
-		}
-		for _, x := range out.KeyPoints {
-			out.Keys[x] = ordered(rows, all[x])
 		}
 	}
 
 	if len(out.Sizes) > 0 {
-		rows := s13Pick(st, "flightlock")
-		cold := map[int]results{}
-		for _, n := range out.Sizes {
-			cold[n] = newResults(rows)
-		}
-		out.Held = atPoints(b.cfg.reps, out.Sizes, rows, rowSpec.spec, func(r rowSpec, n, rep int) (metrics, string) {
-			m := b.s9Hold(r, n)
-			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, err %d",
-				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m["errors"]))
+		out.Held = atPoints(b.c.reps, out.Sizes, b.s13Pick(st, "flightlock"), func(r rowSpec, n, rep int) (metrics, string) {
+			m, err := b.holdRow(r, n)
+			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, errors %d",
+				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m[failures]))
 			if settingOf(r.id) == defaultClient {
 				c := b.s9HoldCold(r, n)
-				cold[n].add(r.id, c, "")
-				progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, err %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
-					rep+1, n, r.id, c["heap"], c["after_heap"], c["after_gor"], int64(c["errors"]), c["conns"], c["pipe_conns"], c["conn_bytes"])
+				out.HeldCold[n] = addRep(out.HeldCold[n], r, c, "", "")
+				progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, errors %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
+					rep+1, n, r.id, c["heap"], c["after_heap"], c["after_gor"], int64(c[failures]), c["conns"], c["pipe_conns"], c["conn_bytes"])
 			}
-			return m, ""
+			return m, errString(err)
 		})
-		for _, n := range out.Sizes {
-			for _, r := range rows {
-				if len(cold[n][r.id].Reps) > 0 {
-					out.HeldCold[n] = append(out.HeldCold[n], cold[n][r.id])
-				}
-			}
-		}
 	}
 	return out
 }
@@ -229,10 +204,10 @@ func (r *report) defaultClientGoals() []goal {
 			if fl == nil || rd == nil {
 				continue
 			}
-			ratio := fl.med("csps") / rd.med("csps")
+			ratio := fl.med("rate") / rd.med("rate")
 			gs = append(gs, goal{name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock",
-				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("csps")), mdfmt.Int(rd.med("csps")),
-					spread(fl, "csps"), spread(rd, "csps")), ratio >= 1.2 && fl.worst("violations") == 0})
+				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(rd.med("rate")),
+					spread(fl, "rate"), spread(rd, "rate")), ratio >= 1.2 && fl.worst("violations") == 0})
 		}
 		// The cold holding (bench.s9HoldCold) runs on the default client only.
 		for _, part := range []struct {
@@ -328,9 +303,9 @@ func (r *report) s13Section(w func(string, ...any)) {
 				ratio = fmt.Sprintf("%.2f", x.med("p50")/bsm.med("p50"))
 			}
 			w(" %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("lock_p50")), mdfmt.Dur(x.med("unlock_p50")),
-				durOrDash(x, "calls_p50"), durOrDash(x, "outside_p50"), mdfmt.Dur(x.med("p99")), ratio, mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("ccpu")), mdfmt.Float(x.med("scpu")))
+				durOrDash(x, "calls_p50"), durOrDash(x, "outside_p50"), mdfmt.Dur(x.med("p99")), ratio, mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("ccpu")/1e3), mdfmt.Float(x.med("scpu")/1e3))
 		}
-		w(" %s |\n", mdfmt.Float(x0.med("cmds")))
+		w(" %s |\n", mdfmt.Float(x0.med("reqs")))
 	}
 	w("\n")
 
@@ -346,7 +321,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		three := func(m string) string {
 			return mdfmt.Dur(fl.med(m)) + " / " + mdfmt.Dur(st.med(m)) + " / " + mdfmt.Dur(bsm.med(m))
 		}
-		cpu := mdfmt.Float(fl.med("scpu")) + " / " + mdfmt.Float(st.med("scpu")) + " / " + mdfmt.Float(bsm.med("scpu"))
+		cpu := mdfmt.Float(fl.med("scpu")/1e3) + " / " + mdfmt.Float(st.med("scpu")/1e3) + " / " + mdfmt.Float(bsm.med("scpu")/1e3)
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
 			mdfmt.Dur(bsm.med("p50")), d(st.med("p50"), bsm.med("p50")), d(fl.med("p50"), bsm.med("p50")), three("lock_p50"), three("unlock_p50"),
 			three("calls_p50"), three("outside_p50"), cpu)
@@ -380,8 +355,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 			for _, x := range s.KeyPoints {
 				for _, c := range settings {
 					v := on(s.Keys[x], base, c)
-					cell := fmt.Sprintf(" %s<br>%s · %s<br>%s + %s µs<br>%s", mdfmt.Int(v.med("csps")), mdfmt.Float(v.med("cmds")), mdfmt.Float(v.med("rt")),
-						mdfmt.Float(v.med("ccpu")), mdfmt.Float(v.med("scpu")), spread(v, "csps"))
+					cell := fmt.Sprintf(" %s<br>%s · %s<br>%s + %s µs<br>%s", mdfmt.Int(v.med("rate")), mdfmt.Float(v.med("reqs")), mdfmt.Float(v.med("rt")),
+						mdfmt.Float(v.med("ccpu")/1e3), mdfmt.Float(v.med("scpu")/1e3), spread(v, "rate"))
 					if e := v.worst("errors"); e > 0 {
 						cell += "<br>" + mdfmt.Int(e) + " errors"
 					}
@@ -397,7 +372,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		for _, x := range s.KeyPoints {
 			for _, c := range settings {
 				fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c)
-				w(" %.2fx |", fl.med("csps")/rd.med("csps"))
+				w(" %.2fx |", fl.med("rate")/rd.med("rate"))
 			}
 		}
 		w("\n\n")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/memstat"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/etcdstore"
@@ -42,14 +44,13 @@ const rowMutex = "mutex"
 const leaseSeconds = 11
 
 type etcdBackend struct {
-	redisserver.Proc
+	procBackend
 	clientURL string
 	version   string // first line of `etcd --version`
 	fsType    string // file system of the data directory
 
 	c          *config
 	cli        *clientv3.Client
-	store      *etcdstore.Store // the bench's Locker's
 	floorLease clientv3.LeaseID
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
 	sess       *concurrency.Session   // the process's own Mutex session (lockOf(row, -1))
@@ -63,7 +64,19 @@ func (e *etcdBackend) name() string     { return "etcd" }
 func (e *etcdBackend) title() string    { return "etcd" }
 func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
 func (e *etcdBackend) peer() string     { return rowMutex }
-func (e *etcdBackend) s1Rows() []string { return []string{rowFloor, rowFlight, rowMutex} }
+func (e *etcdBackend) spec(row string) (rowSpec, bool) {
+	l, ok := etcdLabel[row]
+	return rowSpec{id: row, lib: l}, ok
+}
+
+// rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
+// the Mutex.
+func (e *etcdBackend) rows(scenario int) []string {
+	if scenario == 1 || scenario == 4 {
+		return []string{rowFloor, rowFlight, rowMutex}
+	}
+	return []string{rowFlight, rowMutex}
+}
 func (e *etcdBackend) describe() string {
 	return fmt.Sprintf("etcd %s (pid %d) on %s, data in %s (%s)", e.version, e.Pid(), e.clientURL, e.Dir, e.fsType)
 }
@@ -154,88 +167,56 @@ func lastFloat(line string) float64 {
 	return v
 }
 
-func (e *etcdBackend) open(c *config) (*flightlock.Locker, error) {
+func (e *etcdBackend) open(c *config) error {
 	e.c = c
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	e.cli = cli
-	var l *flightlock.Locker
-	if e.store, l, err = newEtcdFlightlock(cli, c.lockTimeout); err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// Warm-up, and the value flightlock writes: the floor puts a value of the same bytes.
-	lease, err := l.Lock(ctx, "warm")
-	if err != nil {
-		return nil, fmt.Errorf("warm-up lock: %w", err)
-	}
-	kv, err := cli.Get(ctx, "lock:warm")
-	if err != nil {
-		return nil, fmt.Errorf("read the warm-up key: %w", err)
-	}
-	if len(kv.Kvs) == 0 {
-		return nil, errors.New("read the warm-up key: not found")
-	}
-	e.floorValue = string(kv.Kvs[0].Value)
-	if err := lease.Release(ctx); err != nil {
-		return nil, fmt.Errorf("warm-up release: %w", err)
-	}
 	g, err := cli.Grant(ctx, leaseSeconds)
 	if err != nil {
-		return nil, fmt.Errorf("grant the floor's lease: %w", err)
+		return fmt.Errorf("grant the floor's lease: %w", err)
 	}
 	e.floorLease = g.ID
 	kaCtx, kaCancel := context.WithCancel(context.Background())
 	e.kaCancel = kaCancel
 	ka, err := cli.KeepAlive(kaCtx, g.ID)
 	if err != nil {
-		return nil, fmt.Errorf("keep the floor's lease alive: %w", err)
+		return fmt.Errorf("keep the floor's lease alive: %w", err)
 	}
 	go func() {
 		for range ka {
 		}
 	}()
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
-		return nil, fmt.Errorf("mutex session: %w", err)
+		return fmt.Errorf("mutex session: %w", err)
 	}
 	// Warm the Mutex path too (one lock on a key of its own).
 	m := concurrency.NewMutex(e.sess, "/mutex/warm")
 	if err := m.Lock(ctx); err != nil {
-		return nil, fmt.Errorf("mutex warm-up: %w", err)
+		return fmt.Errorf("mutex warm-up: %w", err)
 	}
 	_ = m.Unlock(ctx)
-	return l, nil
+	return nil
 }
 
-func newEtcdFlightlock(cli *clientv3.Client, wait time.Duration) (*etcdstore.Store, *flightlock.Locker, error) {
-	store, err := etcdstore.New(cli)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The wait budget is as long as the Lock's context bound, so a Lock ends on the bound (an
-	// error counted), not on the default 2s budget. Handoff keeps its defaults (64, 20ms).
-	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
-	if err != nil {
-		return nil, nil, err
-	}
-	return store, l, nil
-}
+func (e *etcdBackend) newStore() (closingStore, error) { return etcdstore.New(e.cli) }
 
-func (e *etcdBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
-	store, l, err := newEtcdFlightlock(e.cli, wait)
-	if err != nil {
-		return nil, nil, err
+func (e *etcdBackend) floorFrom(key string) error {
+	kv, err := e.cli.Get(context.Background(), key)
+	if err == nil && len(kv.Kvs) == 0 {
+		err = errors.New("not found")
 	}
-	return l, func() { drainClose(l, store.Close) }, nil
+	if err == nil {
+		e.floorValue = string(kv.Kvs[0].Value)
+	}
+	return err
 }
 
 func (e *etcdBackend) close() {
-	if e.store != nil {
-		_ = e.store.Close()
-	}
 	for _, s := range append([]*concurrency.Session{e.sess}, e.hotSess...) {
 		if s != nil {
 			_ = s.Close()
@@ -387,7 +368,7 @@ var etcdHTTPRows = []s6Row{
 	{rowFloor, "floor: txn put on a lease if absent + delete (plain middleware)", "s"},
 }
 
-func (e *etcdBackend) http(b *storeBench) *s6Results {
+func (e *etcdBackend) http(b *bench) *s6Results {
 	res := &s6Results{Conf: b.c.exampleConf}
 	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
@@ -400,23 +381,15 @@ func (e *etcdBackend) http(b *storeBench) *s6Results {
 	defer rs.Stop()
 	progress("  6 redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
 	loadSystems(res, b.c, "  6 ", etcdHTTPRows, func(r s6Row) *httpbench.System { return e.startSystem(b, r, rs.Addr) },
-		map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b,
-		func(fig metrics, st serverStats, n float64) string {
-			fig["rpcs"], fig["fsyncs"] = st.reqs/n, st.fsyncs/n
-			return ""
-		},
+		map[string]int{"etcd": e.Pid(), "redis": rs.Pid()}, b.meter(""),
 		// A linearizable Get (the client's default) of an absent key: etcd's PING.
-		func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err },
-		func(m metrics) string {
-			return fmt.Sprintf("RPC/req %.2f cpu svc %.0f%% etcd %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", m["rpcs"],
-				100*m["svc_share"], 100*m["etcd_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		})
+		func(ctx context.Context) error { _, err := e.cli.Get(ctx, "lockbench/get-floor"); return err })
 	return res
 }
 
 // startSystem builds and starts the example for one row from the example's config file,
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
-func (e *etcdBackend) startSystem(b *storeBench, r s6Row, redisAddr string) *httpbench.System {
+func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s8: %v", err)
@@ -495,12 +468,24 @@ func (e *etcdBackend) notes() storeNotes {
 			rowMutex:  "etcd concurrency.Mutex",
 			rowFloor:  "floor (txn put on a lease, then delete)",
 		},
-		rejectLabels: map[string]string{
-			rowFlight: "flightlock on etcdstore (TryLock, Reject Locker)",
-			rowMutex:  "etcd concurrency.Mutex (TryLock)",
-		},
-		s3Goal: true,
-		head: func(p printer, c *config) {
+		floors: [][2]string{{rowFloor, "floor"}}, ping: "etcd Get", s6Intro: (*report).etcdHTTPIntro,
+		s9HoldNote: "flightlock runs on a Locker and store of its own, whose one session lease the store keeps alive;\n" +
+			"concurrency.Mutex holds a Mutex per key on one session, whose lease its client keeps alive. etcd memory is the growth\n" +
+			"of the etcd process's resident set (`VmRSS`) per held lock: the Go runtime in etcd keeps freed pages for a while, so\n" +
+			"the figure is coarse (negative: etcd gave back more than the held keys took).",
+		s9WaitNote: " Each Mutex waiter needs a session of its own (two Mutexes of one session on one key would both be\n" +
+			"granted): those sessions are made after the baseline and measured apart (session columns).",
+		s8Note: " So the number of distinct keys costs etcd nothing until a key is locked: the keys axis reaches 100,000 in the\n" +
+			"same time as 1,000. With many Mutex goroutines on one key, each Lock first puts its own key in the queue and every grant\n" +
+			"is an etcd write and a watch event away from the previous one, so a short window mostly sees the queue being built and\n" +
+			"drained.",
+		s4Note: " The floor retries at once while its put-if-absent finds the key taken; those attempts are counted as retries and their RPCs are in its RPCs/op.",
+		rejectHow: "`concurrency.Mutex`: `TryLock` of a Mutex on another session, which puts its own key under the lock's prefix, reads\n" +
+			"the owner, finds another, deletes its key and answers `ErrLocked`, each goroutine on a session of its own; its allocations include the gRPC client's",
+		s3Goal: true, waiterSessions: true,
+		goals: (*report).storeGoalSets,
+		head: func(r *report, w writer) {
+			p, c := lines(w), r.cfg
 			p("# etcd benchmarks")
 			p("")
 			p("Generated by `bench/cmd/lockbench -store etcd` on %s. flightlock's etcd store (`etcdstore`) against etcd's own", c.startedAt.Format("2006-01-02 15:04 MST"))
@@ -510,96 +495,67 @@ func (e *etcdBackend) notes() storeNotes {
 			howItWasRun(p, c)
 			p("- One etcd member started by the command: `/usr/bin/etcd` on free loopback ports, a fresh data directory")
 			p("  on %s (fsync on, etcd's default), default Raft timings; killed by its pid at the end.", e.fsType)
-			p("- Scenarios run: %s (`-scenario`).", scenarioList(c))
-			p("- Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows interleaved and their order rotated", c.reps)
-			p("  per repetition; then scenario 8 repeats each axis as often (every row at every point once per repetition,")
-			p("  rotated likewise), and scenario 9 runs once (its figures are counts, not timings); then scenarios 5, 6 and 7")
-			p("  run their own repetitions, as many, rows rotated likewise (6: three low-load rounds and one saturation run per")
-			p("  repetition). Figures are medians over the repetitions (per-repetition values are listed in scenarios 1-4).")
-			p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row,", c.d1, s1Slice, c.d2, c.d3)
-			p("  scenario 4 %v per row, scenario 8 %v per row and point, scenario 9 holds its locks %v, scenario 5 %v per row", c.d4, c.d8, c.d9hold, c.d5)
-			p("  and part, scenario 6 %v per wrk run at saturation and %v at low load, scenario 7 %d bursts per row;",
-				httpbench.WholeSeconds(c.d6), httpbench.WholeSeconds(c.d6low), httpbench.DupRounds)
-			p("  before the first repetition, every row of scenario 1 runs %v unmeasured (a fresh etcd's first writes are slower).", c.warm)
 			p("- flightlock: `flightlock.New(etcdstore.New(cli), WithTTL(%v), WithWait(%v))`, handoff at its defaults", flightTTL, c.lockTimeout)
 			p("  (%d handoffs or %v per grant). Mutex sessions and the floor's lease: %ds leases, as the store's own", flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, leaseSeconds)
 			p("  (TTL + 1s margin). One Mutex session per goroutine in scenarios 2 and 3 (a Mutex belongs to one session);")
-			p("  one session reused in scenario 1.")
-			p("- Scenario 4: %d goroutines of this process, each operation on a key drawn uniformly from %d (a fresh key set", hotGoroutines, manyKeys)
-			p("  per row and repetition) with a guard per key; flightlock as in scenario 2, Mutex with one session per goroutine")
-			p("  and a Mutex per key per session, the floor as in scenario 1 but an attempt that finds the key taken is retried at")
-			p("  once (counted as a retry, not as a lock). No goal is set; the Redis report's scenario 4 compares")
-			p("  against SET+DEL.")
-			p("- Scenario 8, scaling: critical sections per second as the work grows, along three axes: goroutines on one hot")
-			p("  key in one process (%s; scenario 2's loop), processes of %d goroutines on one hot key (%s; scenario 3's", pointList(c.s8Goroutines), s8ProcGoroutines, pointList(c.s8Procs))
-			p("  workers), distinct keys under %d goroutines (%s; scenario 4's loop, with the floor, which on one hot key", s8KeyGoroutines, pointList(c.s8Keys))
-			p("  would be no lock but a spin). A fresh key (or key set) per row, point and repetition; Mutex goroutines have a")
-			p("  session each, made before the scenario and closed after it. A table and a PNG plot (log x) per axis.")
-			p("- Scenario 9, memory: %s locks held at once on distinct keys, then %s goroutines waiting on one held key;", pointList(c.memLocks), countStr(c.memWaiters))
-			p("  flightlock on a Locker and store of their own, with the watchdog and the store's lease keep-alive running as")
-			p("  users run them; Mutex: one session and a Mutex per key for holding, a session per waiter for waiting. Heap is")
-			p("  `runtime.MemStats.HeapAlloc` after two `runtime.GC()`; etcd's memory is its resident set (`VmRSS`).")
-			p("- Scenarios 5-7 are those of the Redis report (reject mode, HTTP end to end, duplicates of one request), on")
-			p("  etcd; their sections say how each is measured. Scenario 6 also starts a `redis-server` (free loopback port,")
-			p("  no persistence, killed by its pid) for the example's state, as the Redis rows' scenario 6 runs on one.")
-			p("- Every Lock runs under a context bounded at %v; a failed Lock is counted as an error.", c.lockTimeout)
-			p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and, for")
-			p("  flightlock, that its lease's fence is strictly larger than the last fence seen on the key (otherwise a")
-			p("  fence violation). In scenario 3 both words live in a file every worker process maps, so the checks span")
-			p("  processes. The critical section does nothing else.")
+			p("  one session reused in scenario 1. Scenario 6 also starts a `redis-server` (free loopback port, no persistence,")
+			p("  killed by its pid) for the example's state, as the Redis rows' scenario 6 runs on one.")
+			commonBullets(p, c, "a fresh etcd's first writes are slower")
 			p("- etcd RPCs and fsyncs per operation: deltas of etcd's `/metrics` over the row (unary gRPC calls handled,")
 			p("  i.e. Txn, Range, DeleteRange, LeaseGrant...; keep-alives and watches are streams and not counted; WAL")
 			p("  fsyncs), divided by the operations or critical sections counted; likewise the CPU time of the etcd process")
 			p("  (from /proc, 10ms ticks) and, in scenario 1, of the benchmark process (the client).")
 			p("")
+			w("## Machine\n\n")
+			r.machineTable(w)
 		},
 		machine: []string{fmt.Sprintf("| etcd (`etcd --version`) | %s |", e.version)},
 		dataDir: fmt.Sprintf("| etcd data directory | %s (fsync on) |", e.fsType),
-		s1Intro: func(c *config) string {
-			return fmt.Sprintf("One goroutine, a distinct key per operation, %v per row and repetition, the rows taking turns in slices of %v\n"+
-				"(so that etcd getting faster or slower within a repetition falls on every row alike); a row's figures sum its slices.", c.d1, s1Slice)
-		},
-		s1Ratios: func(r *storeResults) string {
+		s1Ratios: func(r *report) string {
 			fo, fr := r.med(1, rowFloor, p50), r.med(1, rowFloor, rate)
 			return fmt.Sprintf("Ratios to the floor: p50 flightlock %.2fx, Mutex %.2fx; ops/s flightlock %.2fx, Mutex %.2fx of the floor's.",
 				safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowMutex, p50), fo),
 				safeDiv(r.med(1, rowFlight, rate), fr), safeDiv(r.med(1, rowMutex, rate), fr))
 		},
-		hotSetup: func(sc int, c *config) string {
-			if sc == 2 {
-				return fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; %v per row and repetition.", hotGoroutines, c.d2)
-			}
-			return fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each with its own etcd client and its own Locker (or Mutex sessions), counting over one common window of %v; the table sums them.", s3Procs, s3Goroutines, c.d3)
-		},
-		closing: func(p printer, r *storeResults, c *config) {
-			if c.scenarios[2] && c.scenarios[3] {
-				p("## Why flightlock is faster on a hot key")
-				p("")
-				p("%s", etcdWhy(r, c))
+		peerHow: "each contender puts its own key (one Raft write, one fsync) and waits on a watch for its predecessor's deletion, and each unlock is another write",
+		closing: func(r *report, w writer) {
+			if r.cfg.scenarios[2] && r.cfg.scenarios[3] {
+				w("## Why flightlock is faster on a hot key\n\n%s\n", r.hotKeyWhy())
 			}
 		},
 	}
 }
 
-// why is the explanation paragraph, with this run's figures.
-func etcdWhy(r *storeResults, c *config) string {
-	fl2, mu2 := r.med(2, rowFlight, rate), r.med(2, rowMutex, rate)
-	fl3, mu3 := r.med(3, rowFlight, rate), r.med(3, rowMutex, rate)
-	return fmt.Sprintf("concurrency.Mutex makes every critical section pay etcd: each contender puts its own key "+
-		"(one Raft write, one fsync) and waits on a watch for its predecessor's deletion, and each unlock is "+
-		"another write, so the hot key moves at the speed of etcd's commits: %.0f critical sections per second here with "+
-		"%s etcd RPCs and %s fsyncs per section (%d goroutines in one process), %.0f/s across %d processes. flightlock's "+
-		"gate lets at most one goroutine per process talk to etcd for a key; the others queue in process, and a release "+
-		"hands the lock to the next local waiter with no round trip (up to %d handoffs or %v per grant from etcd, then "+
-		"a real release so other processes get their turn). So etcd sees one acquisition and one release per batch of "+
-		"handoffs: %s RPCs and %s fsyncs per critical section in one process, %s and %s across %d processes, and the "+
-		"hot key runs at %.0f critical sections per second in one process (%.1fx Mutex) and %.0f/s across processes (%.1fx). "+
-		"The exclusion checks over every repetition of both scenarios counted %d inside and %d fence violations for flightlock.",
-		mu2, perOp(r.med(2, rowMutex, reqs)), perOp(r.med(2, rowMutex, fsy)), hotGoroutines, mu3, s3Procs,
-		flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
-		perOp(r.med(2, rowFlight, reqs)), perOp(r.med(2, rowFlight, fsy)),
-		perOp(r.med(3, rowFlight, reqs)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
-		fl2, safeDiv(fl2, mu2), fl3, safeDiv(fl3, mu3),
-		r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
-		r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations))
+// etcdHTTPIntro describes scenario 6's systems and load on etcd.
+func (r *report) etcdHTTPIntro(w writer, h *s6Results) {
+	c := r.cfg
+	p := func(format string, args ...any) { w(format+"\n", args...) }
+	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
+	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
+	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")
+	p("benchmark process, once per row (%d systems, each started once). `wrk` (one thread,", len(h.Sat))
+	p("`bench/internal/httpbench/order.lua`) posts `/api/order/create` with a uid of its own in every request, and a SKU of")
+	p("the same name, both seeded in Redis before the run: no two requests share a lock key, so the figures are the cost of")
+	p("locking, not of contention. A request is the whole example: the order API's lock (the row), `Deduct` on the inventory")
+	p("service (its SKU lock in Redis) and `Debit` on the balance service (its account lock in etcd, as the etcd example")
+	p("has it) over zrpc, each under its own flightlock interceptor in every row, and the order write in Redis. Rows:")
+	p("**no lock** (`app.WithoutOrderLock()`); **flightlock**, the order API's rules (`Order.Lock`, create-order moved to")
+	p("etcd: reject mode, the lock `flightlock/lock:order:<uid>` on the store's session lease) in a middleware installed")
+	p("with `app.WithOrderLock` as the other rows' locks are (so no owner goes to the zrpc calls; installed as shipped, the")
+	p("example's order logic would look for its fencing lease under a Redis rule's key, find none, and answer 500); **etcd")
+	p("concurrency.Mutex** in a plain go-zero middleware (`app.WithOrderLock`): uid from the JSON body (restored), `TryLock`")
+	p("of a Mutex on the same key on one session of this process (%ds lease, kept alive by the client; 409 when taken), the", leaseSeconds)
+	p("handler, `Unlock`; **floor**: the same middleware with scenario 1's floor, a transaction that puts the key on a")
+	p("pre-granted lease if its create revision is 0 (409 otherwise), then a delete: the two writes any etcd lock needs and")
+	p("nothing else (no owner check). In every row the order is written unfenced. go-zero's REST and zrpc")
+	p("chains are the example's (tracing, logging at level `severe`, breakers, timeouts); load shedding is off.")
+	p("")
+	p("Low load: `wrk -c %d`; a round trip is the median latency of an etcd `Get` (linearizable, the client's default) of an", httpbench.LowConns)
+	p("absent key from an etcd client of the same process, measured for 300ms in each round (median %s): etcd's PING. Saturation:", mdfmt.Dur(h.Ping.med("p50")))
+	p("`wrk -c %d` for %v per row and repetition. etcd RPCs and fsyncs per request are deltas of etcd's `/metrics` over", httpbench.SatConns, httpbench.WholeSeconds(c.d6))
+	p("the run (the balance service's account lock is two RPCs and two fsyncs of every row). CPU: the benchmark process's")
+	p("own `getrusage` (the service), `/proc/<pid>/stat` of etcd and of `redis-server`, and wrk's rusage as a child, over the")
+	p("run; shares are of %d cores × the run's wall time. With every system up and no load, the benchmark process used", runtime.NumCPU())
+	p("%.1f %% of a core: that much of each run's service CPU is the idle systems' background.", 100*h.IdleCPU)
+	p("")
 }

@@ -22,9 +22,8 @@ func fairRows() []rowSpec {
 }
 
 func (b *bench) scenario12() *inAndAcross {
-	rows := pick("flightlock", "flightlock-fair")
-	b.warm(rows)
-	s := b.inAndAcross("s12", rows, b.cfg.d12, 0)
+	rows := b.pick("flightlock", "flightlock-fair")
+	s := b.inAndAcross("s12", rows, b.c.d12, 0)
 	return &s
 }
 
@@ -46,16 +45,7 @@ func (r *report) s12Section(w func(string, ...any)) {
 		" free key; no gate and no hand-over in the process; each release wakes the first waiter of each process, which looks"+
 		" again (the others keep their places with a look every 500 ms) |\n", fairRows()[0].label())
 	w("\n")
-	if len(s.InProcess) > 0 {
-		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d12)
-		contendTable(w, s.InProcess, false, false)
-	}
-	if len(s.Procs) > 0 {
-		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("Scenario 3's workers, counting over one common window of %v; `fair` is the most critical sections of a process over\n", r.cfg.d12)
-		w("the fewest (1.00: every process got through at the same pace).\n\n")
-		contendTable(w, s.Procs, true, false)
-	}
+	s.tables(w, r, r.cfg.d12, true)
 	w("How to read it: the CS/s ratio of the two rows is the price of the order at this contention (%d waiters on one key);\n", s10Goroutines)
 	w("server cmds/CS says where it goes: with the default, grants pass between goroutines of a process without Redis, so it is\n")
 	w("far below 1; with WithFair each grant costs the first waiter's look, the release, and the other waiters' looks to keep\n")

@@ -51,8 +51,6 @@ type s6Results struct {
 	Bare bool `json:"bare,omitempty"`
 }
 
-func (b *bench) scenario6() *s6Results { return b.httpScenario(b.startSystem, s6Rows) }
-
 // scenario6Bare is scenario 6's rows over a bare handler (httpbench.StartBare): the create-order
 // route binds its request and answers, with no service behind it, so that what a row's lock
 // costs a request is most of the request. The shadow row is left out: it differs from the
@@ -76,8 +74,8 @@ func (b *bench) scenario6Bare() *s6Results {
 // httpScenario runs wrk against the system start builds for each of rows, at low load and at
 // saturation (scenario 6 and its bare-handler twin).
 func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *s6Results {
-	res := &s6Results{Conf: b.cfg.exampleConf, Observe: b.cfg.observe}
-	if b.cfg.observe {
+	res := &s6Results{Conf: b.c.exampleConf, Observe: b.c.observe}
+	if b.c.observe {
 		// What a service with Prometheus: and Telemetry: in its config runs: metrics recorded
 		// (go-zero's core/metric records nothing until Prometheus is enabled) and every request
 		// traced, spans batched and encoded by go-zero's file exporter (to /dev/null, so the
@@ -86,7 +84,7 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 		trace.StartAgent(trace.Config{Name: "lockbench", Endpoint: os.DevNull, Batcher: "file", Sampler: 1})
 		defer trace.StopAgent()
 	}
-	if res.Note = httpbench.NotRunnable(b.cfg.exampleConf); res.Note != "" {
+	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
 	var rows []s6Row
@@ -95,27 +93,19 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 			rows = append(rows, r)
 		}
 	}
-	pingRow, _ := rowByID("ping")
-	ping := b.impl(pingRow)
-	loadSystems(res, &b.cfg, "s6 ", rows, start, map[string]int{"redis": srv.Pid()}, b.meter(nil),
-		func(fig metrics, st serverStats, n float64) string {
-			fig["cmds"] = st.reqs / n
-			return mixString(st.cmds, int64(n))
-		},
-		func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err },
-		func(m metrics) string {
-			return fmt.Sprintf("cpu svc %.0f%% redis %.0f%% wrk %.0f%% other %.0f%%", 100*m["svc_share"], 100*m["redis_share"], 100*m["wrk_share"], 100*m["other_share"])
-		})
+	ping := b.rowImpl("ping", -1)
+	loadSystems(res, b.c, "s6 ", rows, start, map[string]int{"redis": b.be.Pid()}, b.meter(""),
+		func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
 	return res
 }
 
 // loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row
 // (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
-// and m's counters around every run (wrkRun), figures adding the store's own per request and
-// returning the run's command mix ("": none), roundTrip the store's cheapest call, satNote
-// more of a saturation line. The runs go into res, with each row's last mix at either load.
+// and m's counters around every run (wrkRun): the server's requests and fsyncs per request
+// and its command mix, roundTrip the store's cheapest call. The runs go into res, with each
+// row's last mix at either load.
 func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func(s6Row) *httpbench.System, procs map[string]int, m meter,
-	figures func(fig metrics, st serverStats, n float64) string, roundTrip func(ctx context.Context) error, satNote func(m metrics) string,
+	roundTrip func(ctx context.Context) error,
 ) {
 	wrk, logf := newWrk(tag)
 	defer wrk.Close()
@@ -131,12 +121,19 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 		Sat:  httpbench.WholeSeconds(c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
 			fig, st, n := wrkRun(wrk, s, conns, d, expect, procs, m)
-			mix[conns][s.ID] = figures(fig, st, n)
+			fig[reqs], fig[fsy] = st.reqs/n, st.fsyncs/n
+			mix[conns][s.ID] = mixString(st.cmds, int64(n))
 			return fig, nil
 		},
 		RoundTrip: func() float64 { return roundTripMedian(300*time.Millisecond, roundTrip) },
 		Logf:      logf,
-		SatNote:   satNote,
+		SatNote: func(m metrics) string {
+			note := fmt.Sprintf("requests/req %.2f cpu svc %.0f%%", m[reqs], 100*m["svc_share"])
+			for name := range procs {
+				note += fmt.Sprintf(" %s %.0f%%", name, 100*m[name+"_share"])
+			}
+			return note + fmt.Sprintf(" wrk %.0f%% other %.0f%%", 100*m["wrk_share"], 100*m["other_share"])
+		},
 	}.Run(systems)
 	if err != nil {
 		fatalf("%s%v", tag, err)
@@ -184,11 +181,11 @@ func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
 // pointed at the benchmark's Redis and at free loopback ports; the flightlock row keeps the
 // example's own middleware, as shipped.
 func (b *bench) startSystem(r s6Row) *httpbench.System {
-	c, ports, err := httpbench.Load(b.cfg.exampleConf)
+	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s6: %v", err)
 	}
-	httpbench.PointRedis(&c, b.addr)
+	httpbench.PointRedis(&c, b.redisAddr())
 	var opts []app.Option
 	if r.id == "none" {
 		opts = append(opts, app.WithoutOrderLock())
@@ -206,7 +203,7 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 
 // startBare starts the bare create-order server of one row, with the row's orderLock.
 func (b *bench) startBare(r s6Row) *httpbench.System {
-	c, _, err := httpbench.Load(b.cfg.exampleConf)
+	c, _, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
 		fatalf("s6 bare: %v", err)
 	}
@@ -230,7 +227,7 @@ func (b *bench) orderLock(id string, lc flmw.LockConf, asShipped bool) (rest.Mid
 	switch {
 	case id == "redislock" || id == "setdel":
 		r, _ := rowByID(id)
-		im, err := r.build(b.addr, tunedClient)
+		im, err := r.build(b.redisAddr(), tunedClient)
 		if err != nil {
 			fatalf("s6 %s: %v", id, err)
 		}
@@ -240,7 +237,7 @@ func (b *bench) orderLock(id string, lc flmw.LockConf, asShipped bool) (rest.Mid
 	case id != "flightlock" || asShipped:
 		return nil, nil
 	}
-	lc.Redis = flmw.RedisConf{Host: b.addr}
+	lc.Redis = flmw.RedisConf{Host: b.redisAddr()}
 	mw, closeMW, err := httpbench.OrderRules(lc, edit)
 	if err != nil {
 		fatalf("s6 %s: %v", id, err)

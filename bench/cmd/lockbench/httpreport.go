@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
@@ -79,7 +80,7 @@ func (r *report) s6Section(w func(string, ...any)) {
 		w("%s\n\n", s.Note)
 		return
 	}
-	r.s6Intro(w, s)
+	r.be.notes().s6Intro(r, w, s)
 	r.httpTables(w, s, true)
 }
 
@@ -128,52 +129,97 @@ func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 }
 
 // httpTables writes the low-load and saturation tables of an HTTP scenario; the first one
-// (scenario 6) says how they are measured, the next (6b) points at it.
-func (r *report) httpTables(w func(string, ...any), s *s6Results, first bool) {
+// (scenario 6) says how they are measured, the next (6b) points at it. The CPU columns name
+// the service, each server process that ran (etcd's, Redis's) and wrk.
+func (r *report) httpTables(w writer, s *s6Results, first bool) {
+	n, c := r.be.notes(), r.cfg
+	procs := []string{"svc"}
+	for _, name := range []string{"etcd", "redis"} {
+		if slices.ContainsFunc(s.Sat, func(x *result) bool { return has(x, name+"_cpu") }) {
+			procs = append(procs, name)
+		}
+	}
+	names := strings.NewReplacer("svc", "service", "etcd", "etcd", "redis", "Redis")
+	list := func(sep string, f func(name string) string) string {
+		var out []string
+		for _, p := range append(procs, "wrk") {
+			out = append(out, f(p))
+		}
+		return strings.Join(out, sep)
+	}
+	worstErrors := column{"errors", func(x *result) string { return mdfmt.Int(x.worst("errors")) }}
+	perReq := []column{{n.reqCol + "/req", func(x *result) string { return mdfmt.Float(x.med(reqs)) }}, {"fsyncs/req", countCell(fsy)}}
+
 	w("### Low load (wrk -c %d)\n\n", httpbench.LowConns)
 	if first {
-		w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(r.cfg.d6low), httpbench.LowRounds)
-		w("minus the no-lock p50 of the same round, and in round trips divided by that round's PING p50.\n\n")
+		w("Medians over %d runs of %v per row (%d rounds per repetition). \"Added\" is the median over the rounds of the row's p50\n", len(s.Ping.Reps), httpbench.WholeSeconds(c.d6low), httpbench.LowRounds)
+		w("minus the no-lock p50 of the same round, and in round trips divided by that round's %s p50.\n\n", n.ping)
 	} else {
 		w("Latency and cost of a request under one connection, as in scenario 6.\n\n")
 	}
-	w("%s\n", mdfmt.Head("row", "p50 latency", "added over no lock", "in round trips (PING p50)", "p90", "p99", "req/s", "Redis cmds/req", "service CPU µs/req", "errors"))
-	for _, x := range s.Low {
-		added, rts := "", ""
-		if d, rt, ok := s.added(x); ok && x.Row != "none" {
-			added, rts = mdfmt.SignedDur(d), fmt.Sprintf("%.2f", rt)
+	added := func(rts bool) func(*result) string {
+		return func(x *result) string {
+			d, rt, ok := s.added(x)
+			switch {
+			case !ok || x.Row == "none":
+				return " "
+			case rts:
+				return fmt.Sprintf("%.2f", rt)
+			}
+			return mdfmt.SignedDur(d)
 		}
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")), added, rts, mdfmt.Dur(x.med("p90")),
-			mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("rps")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("svc_cpu")), mdfmt.Int(x.worst("errors")))
 	}
-	w("\n### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
-	nsat := find(s.Sat, "none")
+	table(w, s.Low, append(append([]column{{"p50 latency", durCell(p50)}, {"added over no lock", added(false)}, {"in round trips (" + n.ping + " p50)", added(true)},
+		{"p90", durCell("p90")}, {"p99", durCell(p99)}, {"req/s", intCell("rps")}}, perReq...),
+		column{"service CPU µs/req", func(x *result) string { return mdfmt.Float(x.med("svc_cpu")) }}, worstErrors)...)
+
+	w("### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
 	if first {
-		w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", r.cfg.reps)
+		w("Medians of %d repetitions; \"x no lock\" is the median of the repetitions' ratios to the no-lock row. CPU shares are of\n", c.reps)
 		w("%d cores over the run; \"other\" is the rest of the machine's busy time (`/proc/stat`): processes outside the benchmark.\n\n", runtime.NumCPU())
 	} else {
 		w("Throughput, latency and CPU under %d connections, as in scenario 6.\n\n", httpbench.SatConns)
 	}
-	w("%s\n", mdfmt.Head("row", "req/s", "x no lock", "p50", "p90", "p99", "p99.9", "max", "Redis cmds/req", "CPU µs/req: service / Redis / wrk", "CPU share: service / Redis / wrk / other / idle", "errors"))
-	for _, x := range s.Sat {
-		ratio := ""
-		if v, ok := pairedRatio(x, nsat, "rps"); ok {
-			ratio = fmt.Sprintf("%.2f", v)
+	none := find(s.Sat, "none")
+	table(w, s.Sat, append(append([]column{{"req/s", intCell("rps")}, {"x no lock", func(x *result) string {
+		if v, ok := pairedRatio(x, none, "rps"); ok {
+			return fmt.Sprintf("%.2f", v)
 		}
-		idle := 1 - x.med("svc_share") - x.med("redis_share") - x.med("wrk_share") - x.med("other_share")
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %.0f %% / %.0f %% / %.0f %% / %.0f %% / %.0f %% | %s |\n", x.Label, mdfmt.Int(x.med("rps")),
-			ratio, mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p90")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("p999")), mdfmt.Dur(x.med("max")),
-			mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("svc_cpu")), mdfmt.Float(x.med("redis_cpu")), mdfmt.Float(x.med("wrk_cpu")),
-			100*x.med("svc_share"), 100*x.med("redis_share"), 100*x.med("wrk_share"), 100*x.med("other_share"), 100*max(idle, 0), mdfmt.Int(x.worst("errors")))
+		return " "
+	}}, {"p50", durCell(p50)}, {"p90", durCell("p90")}, {"p99", durCell(p99)}, {"p99.9", durCell("p999")}, {"max", durCell("max")}}, perReq...),
+		column{"CPU µs/req: " + list(" / ", names.Replace), func(x *result) string {
+			return list(" / ", func(p string) string { return mdfmt.Float(x.med(p + "_cpu")) })
+		}},
+		column{"CPU share: " + list(" / ", names.Replace) + " / other / idle", func(x *result) string {
+			idle := 1 - x.med("other_share")
+			for _, p := range append(procs, "wrk") {
+				idle -= x.med(p + "_share")
+			}
+			return list(" / ", func(p string) string { return fmt.Sprintf("%.0f %%", 100*x.med(p+"_share")) }) +
+				fmt.Sprintf(" / %.0f %% / %.0f %%", 100*x.med("other_share"), 100*max(idle, 0))
+		}}, worstErrors)...)
+	if slices.ContainsFunc(s.Sat, func(x *result) bool { return x.Mix != "" }) {
+		w("Redis command mix per request at saturation (last repetition):\n\n")
+		for _, x := range s.Sat {
+			if x.Mix != "" {
+				w("- %s: %s\n", x.Label, x.Mix)
+			}
+		}
+		w("\n")
 	}
-	w("\nRedis command mix per request at saturation (last repetition):\n\n")
+	var disturbed []string
 	for _, x := range s.Sat {
-		if x.Mix != "" {
-			w("- %s: %s\n", x.Label, x.Mix)
+		for _, m := range x.Reps {
+			if m["other_share"] > 0.1 {
+				disturbed = append(disturbed, fmt.Sprintf("%s in repetition %.0f (%.0f %%)", x.Row, m["rep"]+1, 100*m["other_share"]))
+			}
 		}
+	}
+	if len(disturbed) > 0 {
+		w("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the\n")
+		w("medians): %s.\n\n", strings.Join(disturbed, ", "))
 	}
 	if wrapped := s.wrapped(); wrapped > 0 {
-		w("\n%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n", int(wrapped))
+		w("%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n\n", int(wrapped))
 	}
-	w("\n")
 }

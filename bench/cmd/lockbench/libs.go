@@ -92,9 +92,6 @@ func allRows() []rowSpec {
 	}
 }
 
-// spec is the row's id and label.
-func (r rowSpec) spec() (id, label string) { return r.id, r.label() }
-
 func rowByID(id string) (rowSpec, bool) {
 	return rowByIDIn(slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()), id)
 }
@@ -262,8 +259,8 @@ func (r *redsyncImpl) lock(ctx context.Context, key string) (any, error) {
 func (r *redsyncImpl) tryLock(ctx context.Context, key string) (any, error) {
 	m := r.rs.NewMutex(key, r.opts...)
 	if err := m.TryLockContext(ctx); err != nil {
-		var taken redsync.ErrTaken
-		var nodeTaken redsync.ErrNodeTaken
+		var taken *redsync.ErrTaken
+		var nodeTaken *redsync.ErrNodeTaken
 		if errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken) {
 			return nil, errBusy
 		}

@@ -45,13 +45,15 @@
 // main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
 // beside -out.
 //
-// The contention loops, the workers, the order of the rows, the memory measurement and the
-// HTTP systems are shared by every store (bench/internal/...); etcd and ZooKeeper are backends
-// of one runner and report (store.go), the Redis rows have their own, since they measure what
-// only Redis reports (round trips, the command mix, allocations per call). Every store's rows
-// count a contention run by the critical sections that end inside a fixed window (windowRun). With
-// -store etcd, scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own
-// repetitions; its scenario 6 also starts a redis-server for the example's state.
+// Every store is a backend of one runner (runner.go): the backend starts its server, reads its
+// counters (Redis adds the round trips of each row's client and the command mix) and names the
+// rows of each scenario; the scenarios, their figures (one vocabulary: rate, reqs, rt, fsyncs,
+// scpu, ccpu... for every store, in the reports and in -json) and each report section are
+// written once (sections.go), a table showing the figures its store gives. Every store's rows
+// count a contention run by the critical sections that end inside a fixed window (windowRun).
+// Scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own repetitions,
+// then Redis's own, 13, 10, 11 and 12; etcd's scenario 6 also starts a redis-server for the
+// example's state.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:
@@ -61,7 +63,6 @@ package main
 
 import (
 	"cmp"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -79,8 +80,6 @@ import (
 	"github.com/flightlock/flightlock/zkstore"
 
 	"github.com/flightlock/flightlock/bench/internal/benchflag"
-	"github.com/flightlock/flightlock/bench/internal/hostinfo"
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
 )
 
 // lastScenario is the number of the last scenario.
@@ -88,20 +87,23 @@ const lastScenario = 13
 
 // config is the run's settings, for either store; a field that one store does not use says so.
 type config struct {
-	store       string // "redis", "etcd" or "zookeeper"
-	scenarios   map[int]bool
-	reps        int
-	d1          time.Duration
-	d2          time.Duration
-	d2small     time.Duration // Redis: scenario 2 at 1 and 4 goroutines
-	d3          time.Duration
-	d4          time.Duration
-	d5          time.Duration
-	d6          time.Duration
-	d6low       time.Duration
-	out         string
-	exampleConf string
-	quick       bool
+	store     string // "redis", "etcd" or "zookeeper"
+	scenarios map[int]bool
+	reps      int
+	d1        time.Duration
+	d2        time.Duration
+	d2small   time.Duration // Redis: scenario 2 at 1 and 4 goroutines
+	// s2Goroutines are scenario 2's goroutine counts: Redis's chart has four, the others
+	// hotGoroutines alone.
+	s2Goroutines []int
+	d3           time.Duration
+	d4           time.Duration
+	d5           time.Duration
+	d6           time.Duration
+	d6low        time.Duration
+	out          string
+	exampleConf  string
+	quick        bool
 
 	// Redis only
 	chart      string
@@ -150,7 +152,6 @@ type config struct {
 }
 
 var (
-	srv       *redisserver.Server // the benchmark's redis-server, ended by its pid
 	cleanupMu sync.Mutex
 	// stopServers ends the servers this run started (by pid), once; each store's run sets it.
 	stopServers = func() {}
@@ -199,16 +200,33 @@ func main() {
 		os.Exit(130)
 	}()
 	defer cleanup()
-	switch cfg.store {
-	case "redis":
-		runRedis(cfg, prof)
-	default:
-		runStore(&cfg, backendFor(cfg.store))
-	}
+	run(&cfg, backendFor(cfg.store), prof)
 }
 
 // profiling is where -cpuprofile and -trace write (empty: not at all).
 type profiling struct{ cpuprofile, trace string }
+
+// start starts the profiles asked for and returns what stops them.
+func (prof profiling) start() (stop func()) {
+	stop = func() {}
+	for _, p := range []struct {
+		path  string
+		start func(io.Writer) error
+		stop  func()
+	}{{prof.cpuprofile, pprof.StartCPUProfile, pprof.StopCPUProfile}, {prof.trace, trace.Start, trace.Stop}} {
+		if p.path == "" {
+			continue
+		}
+		f, err := os.Create(p.path)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		_ = p.start(f)
+		prev := stop
+		stop = func() { p.stop(); prev() }
+	}
+	return stop
+}
 
 // defaultFor is a flag's default for the run: a full or a quick (-quick) run, of Redis or of etcd.
 func defaultFor[T any](etcd, quick bool, redisFull, redisQuick, etcdFull, etcdQuick T) T {
@@ -252,9 +270,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
 	fs.DurationVar(&cfg.d2, "d2", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 2: duration per row and repetition (Redis: at 16 and 64 goroutines)")
 	fs.DurationVar(&cfg.d2small, "d2small", defaultFor(false, q, time.Second, 200*time.Millisecond, 0, 0), "scenario 2 (Redis): duration at 1 and 4 goroutines")
-	fs.DurationVar(&cfg.d3, "d3", defaultFor(e, q, 2500*time.Millisecond, 500*time.Millisecond, 3*time.Second, time.Second), "scenario 3: target duration per row and repetition (etcd: the workers' common window)")
+	fs.DurationVar(&cfg.d3, "d3", defaultFor(e, q, 2500*time.Millisecond, 500*time.Millisecond, 3*time.Second, time.Second), "scenario 3: the workers' common window per row and repetition")
 	fs.DurationVar(&cfg.d4, "d4", defaultFor(e, q, 2*time.Second, 400*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 4: duration per row and repetition")
-	fs.DurationVar(&cfg.d5, "d5", defaultFor(e, q, 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition (etcd: of the serial and of the parallel part each)")
+	fs.DurationVar(&cfg.d5, "d5", defaultFor(e, q, 500*time.Millisecond, 100*time.Millisecond, 500*time.Millisecond, 100*time.Millisecond), "scenario 5: duration per row and repetition, of the serial and of the parallel part each")
 	fs.DurationVar(&cfg.d6, "d6", defaultFor(e, q, 3*time.Second, time.Second, 3*time.Second, time.Second), "scenario 6: duration of each wrk run at saturation (whole seconds)")
 	fs.DurationVar(&cfg.d6low, "d6low", time.Second, "scenario 6: duration of each wrk run at low load (whole seconds; 3 rounds per repetition)")
 	fs.DurationVar(&cfg.d10, "d10", defaultFor(false, q, 2*time.Second, 400*time.Millisecond, 0, 0),
@@ -275,25 +293,25 @@ func parseFlags(args []string) (config, profiling) {
 	clients := fs.String("client", "both", "scenario 13: the go-redis client settings to run, tuned (the other scenarios' client), default "+
 		"(redis.Options{Addr} alone) or both; uses -d1, -d4, -mem-locks and -d9hold")
 	s13k := fs.String("s13-keys", defaultFor(false, q, "1000,100000", "1000,10000", "", ""), "scenario 13: distinct keys under 64 goroutines (empty: skip)")
-	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); etcd writes its scaling plots beside it")
+	fs.StringVar(&cfg.out, "out", "", "Markdown report to write (empty: stdout); scenario 8 writes its plots beside it")
 	fs.StringVar(&cfg.exampleConf, "example-config", defaultFor(e, q, "etc/flightlock-example-redis.yaml", "etc/flightlock-example-redis.yaml",
 		"etc/flightlock-example-etcd.yaml", "etc/flightlock-example-etcd.yaml"), "scenario 6: the example's config file (its stores and ports are replaced)")
 	fs.StringVar(&cfg.primitivesOut, "primitives-out", "", "Redis: the report of scenarios 10-12 when any runs beside any of 1-9 "+
 		"(empty: benchmarks-primitives.md beside -out, or stdout after the main report); with only 10-12 in -scenario, -out when empty")
-	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside it)")
-	fs.StringVar(&cfg.jsonOut, "json", "", "Redis: raw results (every repetition) as JSON, written with the main report (not by scenarios 10-12 alone)")
+	fs.StringVar(&cfg.chart, "chart", "", "Redis: PNG chart of scenario 2 to write (scenario 8's charts go beside -out)")
+	fs.StringVar(&cfg.jsonOut, "json", "", "raw results (every repetition) as JSON, written with the main report (not by Redis's scenarios 10-12 alone)")
 	fs.StringVar(&cfg.goBench, "gobench", "", "Redis: output of go test -bench to include in the report")
 	fs.StringVar(&cfg.notes, "notes", "", "Redis: Markdown analysis to append to the report")
 	fs.StringVar(&cfg.etcdReport, "etcd-report", "", "Redis: the etcd rows' report (lockbench -store etcd -out) to point at, with its goals")
 	fs.StringVar(&cfg.zkReport, "zookeeper-report", "", "Redis: the ZooKeeper rows' report (lockbench -store zookeeper -out) to point at, with its goals")
 	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
-	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", 10*time.Second, "etcd, ZooKeeper: bound of every Lock's context")
-	warm := time.Second
+	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", defaultFor(e, q, waitBudget, waitBudget, 10*time.Second, 10*time.Second), "bound of every Lock's context")
+	warm := defaultFor(e, q, 0, 0, time.Second, time.Second)
 	if store == "zookeeper" {
 		warm = 5 * time.Second // the JVM compiles the server's hot paths meanwhile
 	}
-	fs.DurationVar(&cfg.warm, "warm", warm, "etcd, ZooKeeper: unmeasured warm-up per row of scenario 1, before the first repetition")
+	fs.DurationVar(&cfg.warm, "warm", warm, "unmeasured warm-up per row of scenario 1, before the first repetition (Redis: none)")
 	fs.StringVar(&cfg.etcdBin, "etcd", "/usr/bin/etcd", "etcd: the etcd server binary")
 	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd, ZooKeeper: parent of the server's temporary data directory (default: $TMPDIR)")
 	fs.StringVar(&cfg.javaBin, "java", "java", "ZooKeeper: the java binary that runs the server")
@@ -301,9 +319,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs.DurationVar(&cfg.zkTick, "zk-tick", 2*time.Second, "ZooKeeper: the server's tickTime (ZooKeeper's sample configuration's)")
 	fs.DurationVar(&cfg.zkSession, "zk-session", zkstore.DefaultSessionTimeout, "ZooKeeper: the session timeout of every client; "+
 		"zkstore's MaxTTL, two thirds of it less syncLimit + 1 ticks (one tick on the standalone server), must be at least the rows' 10s TTL")
-	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "Redis: write a CPU profile of this process")
-	fs.StringVar(&prof.trace, "trace", "", "Redis: write an execution trace of this process (go tool trace)")
-	rows := fs.String("rows", "", "Redis: comma-separated row ids to run (default all; tables that need a missing row skip it)")
+	fs.StringVar(&prof.cpuprofile, "cpuprofile", "", "write a CPU profile of this process")
+	fs.StringVar(&prof.trace, "trace", "", "write an execution trace of this process (go tool trace)")
+	rows := fs.String("rows", "", "comma-separated row ids to run (default all; tables that need a missing row skip it)")
 	_ = fs.Parse(args)
 
 	if cfg.store != "redis" && cfg.store != "etcd" && cfg.store != "zookeeper" {
@@ -319,6 +337,10 @@ func parseFlags(args []string) (config, profiling) {
 			fatalf("-%s: %v", l.name, err)
 		}
 	}
+	cfg.s2Goroutines = []int{hotGoroutines}
+	if !e {
+		cfg.s2Goroutines = s2Goroutines
+	}
 	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
@@ -330,11 +352,10 @@ func parseFlags(args []string) (config, profiling) {
 	default:
 		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
-	if be := backendFor(cfg.store); be != nil {
-		for n := 1; n <= lastScenario; n++ {
-			if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
-				fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
-			}
+	be := backendFor(cfg.store)
+	for n := 1; n <= lastScenario; n++ {
+		if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
+			fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
 		}
 	}
 	if cfg.reps < 1 || cfg.memWaiters < 0 {
@@ -371,88 +392,4 @@ func writeReport(path, md string) {
 	} else if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
 		fatalf("%v", err)
 	}
-}
-
-// runRedis runs the Redis rows' scenarios on a redis-server of their own.
-func runRedis(cfg config, prof profiling) {
-	var err error
-	srv, err = redisserver.Start("lockbench-redis")
-	if err != nil {
-		fatalf("%v", err)
-	}
-	stopServers = srv.Stop
-	progress("redis-server pid %d on %s", srv.Pid(), srv.Addr)
-
-	for _, p := range []struct {
-		path  string
-		start func(io.Writer) error
-		stop  func()
-	}{{prof.cpuprofile, pprof.StartCPUProfile, pprof.StopCPUProfile}, {prof.trace, trace.Start, trace.Stop}} {
-		if p.path == "" {
-			continue
-		}
-		f, err := os.Create(p.path)
-		if err != nil {
-			fatalf("%v", err)
-		}
-		_ = p.start(f)
-		defer p.stop()
-	}
-
-	b := &bench{addr: srv.Addr, adm: newAdmin(srv.Addr), cfg: cfg, impls: map[string]impl{}}
-	rep := &report{cfg: cfg, machine: machine{Machine: hostinfo.Collect(), Redis: srv.Version()}, started: time.Now()}
-	// 13 runs before 10-12, whose report is another document.
-	for _, sc := range []struct {
-		n   int
-		run func()
-	}{
-		{1, func() { rep.s1 = b.scenario1() }},
-		{2, func() { rep.s2 = b.scenario2() }},
-		{3, func() { rep.s3 = b.scenario3() }},
-		{4, func() { rep.s4 = b.scenario4() }},
-		{5, func() { rep.s5 = b.scenario5() }},
-		{6, func() {
-			if rep.s6 = b.scenario6(); rep.s6.Note == "" {
-				rep.s6bare = b.scenario6Bare()
-			}
-		}},
-		{7, func() { rep.s7 = b.scenario7() }},
-		{8, func() { rep.s8 = b.scenario8() }},
-		{9, func() { rep.s9 = b.scenario9() }},
-		{13, func() { rep.s13 = b.scenario13() }},
-		{10, func() { rep.s10 = b.scenario10() }},
-		{11, func() { rep.s11 = b.scenario11() }},
-		{12, func() { rep.s12 = b.scenario12() }},
-	} {
-		if cfg.scenarios[sc.n] {
-			sc.run()
-		}
-	}
-	rep.elapsed = time.Since(rep.started)
-	for _, im := range b.impls {
-		im.close()
-	}
-
-	if cfg.jsonOut != "" && ranMain(cfg) { // the main report's raw data: a run of 10-12 alone keeps it
-		raw, _ := json.MarshalIndent(rep.raw(), "", " ")
-		if err := os.WriteFile(cfg.jsonOut, raw, 0o644); err != nil {
-			fatalf("%v", err)
-		}
-	}
-	mainOut, primOut := reportPaths(cfg)
-	if ranMain(cfg) {
-		rep.primitivesName = filepath.Base(cmp.Or(primOut, "benchmarks-primitives.md"))
-		writeReport(mainOut, rep.markdown())
-	}
-	if rep.ranPrimitives() {
-		writeReport(primOut, rep.primitivesMarkdown())
-		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
-	}
-	if cfg.chart != "" && rep.s2 != nil {
-		if err := rep.chart(cfg.chart); err != nil {
-			fatalf("chart: %v", err)
-		}
-	}
-	rep.s8Charts()
-	progress("done in %v", rep.elapsed.Round(time.Second))
 }

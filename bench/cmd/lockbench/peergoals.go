@@ -25,7 +25,7 @@ func (r *report) peerGoals() []goal {
 			ratio := fl.med("p50") / rl.med("p50")
 			add("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", ratio,
 				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; %s vs %s server commands, %s vs %s RT)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
-					mdfmt.Float(fl.med("cmds")), mdfmt.Float(rl.med("cmds")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), ratio <= 1)
+					mdfmt.Float(fl.med("reqs")), mdfmt.Float(rl.med("reqs")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), ratio <= 1)
 		}
 		if floor != nil {
 			ratio := fl.med("p50") / floor.med("p50")
@@ -35,7 +35,8 @@ func (r *report) peerGoals() []goal {
 	}
 
 	// Many keys: scenario 4 (1,000 keys) and the largest point of scenario 8's key axis.
-	manyKeys := func(name string, rs []*result, metric string) {
+	manyKeys := func(name string, rs []*result) {
+		metric := rate
 		fl, rd, floor := find(rs, "flightlock"), find(rs, "rueidislock"), find(rs, "setdel")
 		if fl == nil {
 			return
@@ -49,10 +50,10 @@ func (r *report) peerGoals() []goal {
 			add(name, "≥ 1.3x the SET PX + DEL floor", ratio, fmt.Sprintf("%.2fx floor (%s vs %s per second)", ratio, mdfmt.Int(fl.med(metric)), mdfmt.Int(floor.med(metric))), ratio >= 1.3)
 		}
 	}
-	manyKeys("4: 64 goroutines over 1,000 keys", r.s4, "opsps")
+	manyKeys("4: 64 goroutines over 1,000 keys", r.s4)
 	if ax := axisNamed(r.s8, "keys"); ax != nil {
 		n := ax.Points[len(ax.Points)-1]
-		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", mdfmt.Int(float64(n))), ax.Res[n], "csps")
+		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", mdfmt.Int(float64(n))), ax.Res[n])
 	}
 
 	// HTTP (scenario 6).
@@ -73,7 +74,7 @@ func (r *report) peerGoals() []goal {
 		if best == nil {
 			return
 		}
-		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps"))), ratio >= 10)
+		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate"))), ratio >= 10)
 	}
 	lead("2: one hot key, 64 goroutines", r.s2[64])
 	lead(fmt.Sprintf("3: one hot key, %d processes x %d goroutines", s3Procs, s3Goroutines), r.s3)
@@ -84,9 +85,9 @@ func (r *report) peerGoals() []goal {
 			if !slices.Contains(ax.Points, x0) || !slices.Contains(ax.Points, x1) {
 				return
 			}
-			if f, ok := ax.fall("flightlock", "csps", x0, x1); ok {
+			if f, ok := ax.fall("flightlock", "rate", x0, x1); ok {
 				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f, ""),
-					mdfmt.Int(find(ax.Res[x0], "flightlock").med("csps")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("csps"))), f <= 2)
+					mdfmt.Int(find(ax.Res[x0], "flightlock").med("rate")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("rate"))), f <= 2)
 			}
 		}
 		if ax := axisNamed(s, "goroutines"); ax != nil {
@@ -173,7 +174,7 @@ func (r *report) peerGoals() []goal {
 			}
 			var best *result
 			for _, x := range s.Waiters {
-				if x.Row == "flightlock" || x.worst("errors") > 0 {
+				if x.Row == "flightlock" || x.worst("unserved") > 0 {
 					continue // a row that left waiters unserved has no fair time to compare
 				}
 				if best == nil || x.med(f.metric) < best.med(f.metric) {
@@ -203,7 +204,7 @@ func (r *report) peerGoals() []goal {
 				measure = fmt.Sprintf("%.2fx the best peer: ", ratio) + measure
 			}
 			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", mdfmt.Int(float64(s.W))), f.what + ": the best of all rows", measure,
-				v <= b && fl.worst("errors") == 0})
+				v <= b && fl.worst("unserved") == 0})
 		}
 	}
 	return gs

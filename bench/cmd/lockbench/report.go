@@ -1,6 +1,8 @@
 package main
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"image/color"
 	"math"
@@ -17,26 +19,28 @@ import (
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
-// machine is the machine of the run, with the Redis server's version.
-type machine struct {
-	hostinfo.Machine
-	Redis string `json:"redis"`
+// machineTable is the reports' table of the machine, the server's versions, and its load at
+// the start and now.
+func (r *report) machineTable(w writer) {
+	m, n := r.machine, r.be.notes()
+	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n", m.CPUs, m.CPU)
+	for _, row := range append(n.machine, fmt.Sprintf("| Go | %s |", m.Go), fmt.Sprintf("| OS | %s, kernel %s |", m.OS, m.Kernel), n.dataDir) {
+		if row != "" {
+			w("%s\n", row)
+		}
+	}
+	w("| load average at start / end | %s / %s |\n\n", m.Load, hostinfo.LoadNow())
 }
 
-// machineTable is the Redis reports' table of the machine, its load at the start and now.
-func (r *report) machineTable(w func(string, ...any)) {
-	m := r.machine
-	w("| machine | |\n|---|---|\n| CPUs (`nproc`) | %d |\n| CPU | %s |\n| Redis | %s |\n| Go | %s |\n| OS | %s, kernel %s |\n| load average at start / end | %s / %s |\n\n",
-		m.CPUs, m.CPU, m.Redis, m.Go, m.OS, m.Kernel, m.Load, hostinfo.LoadNow())
-}
-
+// report is a run's results, scenario by scenario, and what its reports say of the run.
 type report struct {
-	cfg     config
-	machine machine
+	cfg     *config
+	be      backend
+	machine hostinfo.Machine
 	started time.Time
 	elapsed time.Duration
 	s1      []*result
-	s2      map[int][]*result
+	s2      map[int][]*result // by goroutines
 	s3      []*result
 	s4      []*result
 	s5      []*result
@@ -44,6 +48,7 @@ type report struct {
 	s6bare  *s6Results // scenario 6's rows over a bare handler
 	s7      []*result
 	s8      []*s8Axis
+	charts  map[string]string // scenario 8: the PNG written for an axis, by its name
 	s9      *s9Results
 	s10     *inAndAcross // s10-s12 are written to the primitives report (primitivesMarkdown)
 	s11     *s11Results
@@ -53,12 +58,55 @@ type report struct {
 	primitivesName string // the primitives report's file name, for the main report's link
 }
 
+func newReport(c *config, be backend) *report {
+	return &report{cfg: c, be: be, machine: hostinfo.Collect(), started: time.Now(), s2: map[int][]*result{}}
+}
+
+// addRep records one repetition of row r in rs (its result made on first use): its figures,
+// its server command mix and its first error ("": none).
+func addRep(rs []*result, r rowSpec, m metrics, mix, firstErr string) []*result {
+	x := find(rs, r.id)
+	if x == nil {
+		x = &result{Row: r.id, Label: r.label()}
+		rs = append(rs, x)
+	}
+	x.Reps, x.Mix, x.FirstErrs = append(x.Reps, m), mix, append(x.FirstErrs, firstErr)
+	return rs
+}
+
+// write writes the run's reports: the Markdown report (-out; Redis's scenarios 10-12 in a
+// document of their own, -primitives-out), the raw repetitions (-json) and the charts.
+func (r *report) write() {
+	c := r.cfg
+	if c.jsonOut != "" && ranMain(*c) { // the main report's raw data: a run of 10-12 alone keeps it
+		raw, _ := json.MarshalIndent(r.raw(), "", " ")
+		if err := os.WriteFile(c.jsonOut, raw, 0o644); err != nil {
+			fatalf("%v", err)
+		}
+	}
+	mainOut, primOut := reportPaths(*c)
+	if ranMain(*c) {
+		r.primitivesName = filepath.Base(cmp.Or(primOut, "benchmarks-primitives.md"))
+		writeReport(mainOut, r.markdown())
+		progress("wrote %s", cmp.Or(mainOut, "stdout"))
+	}
+	if r.ranPrimitives() {
+		writeReport(primOut, r.primitivesMarkdown())
+		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
+	}
+	if len(r.s2) > 0 && c.chart != "" {
+		if err := r.chart(c.chart); err != nil {
+			fatalf("chart: %v", err)
+		}
+	}
+}
+
 func (r *report) raw() map[string]any {
 	s2 := map[string][]*result{}
 	for g, v := range r.s2 {
 		s2[strconv.Itoa(g)] = v
 	}
-	return map[string]any{"machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
+	return map[string]any{"store": r.be.name(), "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
 		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "scenario13": r.s13, "quick": r.cfg.quick}
 }
@@ -92,13 +140,6 @@ type goal struct {
 	met     bool
 }
 
-func (g goal) verdict() string {
-	if g.met {
-		return "met"
-	}
-	return "missed"
-}
-
 func (r *report) goals() []goal {
 	var gs []goal
 	if fl, fl0, ping := find(r.s1, "flightlock"), find(r.s1, "setdel"), find(r.s1, "ping"); fl != nil && fl0 != nil && ping != nil {
@@ -107,40 +148,65 @@ func (r *report) goals() []goal {
 			fmt.Sprintf("%.2fx floor (%s vs %s; %.2fx PING), %.2f round trips", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(fl0.med("p50")), fl.med("p50")/ping.med("p50"), fl.med("rt")),
 			ratio <= 1.05 && fl.med("rt") <= 2})
 	}
-	if fl, best := find(r.s2[64], "flightlock"), bestCompetitor(r.s2[64], "csps"); fl != nil && best != nil {
-		ratio := fl.med("csps") / best.med("csps")
+	if fl, best := find(r.s2[64], "flightlock"), bestCompetitor(r.s2[64], "rate"); fl != nil && best != nil {
+		ratio := fl.med("rate") / best.med("rate")
 		p99 := fl.med("p99") / best.med("p99")
 		gs = append(gs, goal{"2: one process, 64 goroutines", "≥ 3x best competitor CS/s, ≤ 2 RT/CS, p99 wait ≤ 1/3 of its",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, p99 %s vs %s (%.2fx), %d violations", ratio, best.Label,
-				mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps")), fl.med("rt"), mdfmt.Dur(fl.med("p99")), mdfmt.Dur(best.med("p99")), p99, int(fl.worst("violations"))),
+				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), mdfmt.Dur(fl.med("p99")), mdfmt.Dur(best.med("p99")), p99, int(fl.worst("violations"))),
 			ratio >= 3 && fl.med("rt") <= 2 && p99 <= 1.0/3 && fl.worst("violations") == 0})
 	}
-	if fl, best := find(r.s3, "flightlock"), bestCompetitor(r.s3, "csps"); fl != nil && best != nil {
-		ratio := fl.med("csps") / best.med("csps")
+	if fl, best := find(r.s3, "flightlock"), bestCompetitor(r.s3, "rate"); fl != nil && best != nil {
+		ratio := fl.med("rate") / best.med("rate")
 		gs = append(gs, goal{"3: 4 processes x 16 goroutines", "≥ 2x best competitor CS/s, ≤ 2.5 RT/CS, the busiest process within 1.5x of the least busy",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, busiest process %.2fx the least busy (worst repetition), %d violations", ratio, best.Label,
-				mdfmt.Int(fl.med("csps")), mdfmt.Int(best.med("csps")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
+				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
 			ratio >= 2 && fl.med("rt") <= 2.5 && fl.worst("fair") <= 1.5 && fl.worst("violations") == 0})
 	}
 	if fl, fl0 := find(r.s4, "flightlock"), find(r.s4, "setdel"); fl != nil && fl0 != nil {
-		ratio := fl.med("opsps") / fl0.med("opsps")
+		ratio := fl.med("rate") / fl0.med("rate")
 		gs = append(gs, goal{"4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor",
-			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, mdfmt.Int(fl.med("opsps")), mdfmt.Int(fl0.med("opsps"))), ratio >= 0.95})
+			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(fl0.med("rate"))), ratio >= 0.95})
 	}
 	if fl := find(r.s5, "flightlock"); fl != nil {
 		gs = append(gs, goal{"5: reject mode duplicates", "0 Redis commands, < 1 µs, ≤ 2 allocs per call",
-			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", mdfmt.Float(fl.worst("cmds")), mdfmt.Dur(fl.med("ns")), fl.med("allocs")),
+			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", mdfmt.Float(fl.worst("reqs")), mdfmt.Dur(fl.med("ns")), fl.med("allocs")),
 			// MemStats counts every allocation of the process during the loop; a few from go-redis's
 			// background goroutines over millions of calls show in the third decimal.
-			fl.worst("cmds") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
+			fl.worst("reqs") == 0 && fl.med("ns") < 1000 && math.Round(fl.med("allocs")*100)/100 <= 2})
 	}
 	gs = append(gs, r.httpGoals()...)
 	return gs
 }
 
+// markdown is the run's main report, on every store: the store's head (what it measured, how
+// it was run, the machine), its goals, the sections of the scenarios that ran, its closing.
 func (r *report) markdown() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	n := r.be.notes()
+	n.head(r, w)
+	for _, set := range n.goals(r) {
+		if len(set.goals) > 0 {
+			w("## %s\n\n%s\n\n", set.title, set.lead)
+			goalTable(w, set.goals)
+		}
+	}
+	r.mainSections(w)
+	r.laterSections(w)
+	n.closing(r, w)
+	return b.String()
+}
+
+// goalSet is a table of goals under a heading of its own, with its lead sentence.
+type goalSet struct {
+	title, lead string
+	goals       []goal
+}
+
+// redisHead is the Redis report's title and intro, how to reproduce it, the machine, and its
+// rows and how each is measured.
+func (r *report) redisHead(w writer) {
 	w("# Benchmarks: flightlock against other Redis locks\n\n")
 	w("What a lock costs on one Redis: flightlock beside bsm/redislock, redsync, go-zero's RedisLock, rueidislock and two\n")
 	w("floors that lock nothing, uncontended, on one hot key, over many keys, in reject mode, over HTTP, as the work grows and\n")
@@ -193,115 +259,20 @@ func (r *report) markdown() string {
 	w("commands** are `INFO commandstats` deltas, the commands a Lua script runs included. **Redis CPU** is the server's\n")
 	w("`used_cpu_user + used_cpu_sys` delta per operation; **client CPU** the benchmark process's user + system time\n")
 	w("(getrusage) per operation, or in scenario 3 the workers' sum.\n\n")
+}
 
-	if gs := r.peerGoals(); len(gs) > 0 {
-		w("## Goals: against the peers, scaling and memory\n\n")
-		w("Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).\n\n")
-		goalTable(w, gs)
+// redisGoals are the Redis report's goals: against the peers, and of latency, hot key, many
+// keys, reject mode and HTTP.
+func (r *report) redisGoals() []goalSet {
+	return []goalSet{
+		{"Goals: against the peers, scaling and memory", "Each row: one figure of the scenario named, from this run's medians, against its target (scenarios not run: left out).", r.peerGoals()},
+		{"Goals: latency, hot key, many keys, reject mode, HTTP", "Each row: one figure of the scenario named, from this run's medians, against its target.", r.goals()},
 	}
-	if gs := r.goals(); len(gs) > 0 {
-		w("## Goals: latency, hot key, many keys, reject mode, HTTP\n\n")
-		w("Each row: one figure of the scenario named, from this run's medians, against its target.\n\n")
-		goalTable(w, gs)
-	}
+}
 
-	if r.s1 != nil {
-		ping, fl0 := find(r.s1, "ping"), find(r.s1, "setdel")
-		w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
-		w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
-		w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
-		w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", r.cfg.d1, s1Slice)
-		w("the machine's speed within a repetition falls on every row alike).\n\n")
-		w("%s\n", mdfmt.Head("row", "p50 latency", "x PING", "x SET+DEL", "p99", "ops/s", "RT/op", "server cmds/op", "Redis CPU µs/op", "client CPU µs/op", "allocs/op", "B/op", "server command mix per op"))
-		for _, x := range r.s1 {
-			w("| %s | %s | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Dur(x.med("p50")),
-				x.med("p50")/ping.med("p50"), x.med("p50")/fl0.med("p50"), mdfmt.Dur(x.med("p99")), mdfmt.Int(x.med("opsps")),
-				mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")),
-				mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")), x.Mix)
-		}
-		w("\n")
-		whereTheTimeGoes(w, r.s1)
-	}
-	if r.s2 != nil {
-		w("## 2. One key, one process\n\n")
-		w("g goroutines loop: lock the one key, run the critical section (an atomic \"inside\" counter that must read 1, and a\n")
-		w("read-modify-write of a plain counter that must end equal to the number of critical sections), release. Wait = time\n")
-		w("from the call to holding the lock. %v per row and repetition (%v at 1 and 4 goroutines).\n\n", r.cfg.d2, r.cfg.d2small)
-		for _, g := range []int{16, 64} {
-			rs := r.s2[g]
-			if rs == nil {
-				continue
-			}
-			w("### %d goroutines\n\n", g)
-			contendTable(w, rs, false, false)
-		}
-		w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
-		for _, g := range s2Goroutines {
-			w(" %d |", g)
-		}
-		w("\n|---|")
-		for range s2Goroutines {
-			w("---|")
-		}
-		w("\n")
-		for i, x := range r.s2[s2Goroutines[0]] {
-			w("| %s |", x.Label)
-			for _, g := range s2Goroutines {
-				w(" %s |", mdfmt.Int(r.s2[g][i].med("csps")))
-			}
-			w("\n")
-		}
-		w("\n")
-	}
-	if r.s3 != nil {
-		w("## 3. One key, %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("The binary re-executes itself as %d workers that count the critical sections ending inside one common window of\n", s3Procs)
-		w("%v; `fair` is the most critical sections of a process over the fewest (starvation shows as a large ratio). The guard\n", r.cfg.d3)
-		w("counters live in a file all workers map, so exclusion is checked across processes. CS/s = all of them over the window.\n\n")
-		contendTable(w, r.s3, true, false)
-	}
-	if r.s4 != nil {
-		fl0 := find(r.s4, "setdel")
-		w("## 4. 64 goroutines over 1,000 keys\n\n")
-		w("Each operation locks a key drawn uniformly from 1,000, runs the critical section of that key, releases. %v per row\n", r.cfg.d4)
-		w("and repetition.\n\n| row | ops/s | x floor | RT/op | server cmds/op | Redis CPU µs/op | client CPU µs/op | violations | errors | server command mix per op |\n|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, x := range r.s4 {
-			w("| %s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("opsps")), x.med("opsps")/fl0.med("opsps"),
-				mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), viol(x), mdfmt.Int(x.worst("errors")), x.Mix)
-		}
-		w("\n")
-	}
-	if r.s5 != nil {
-		w("## 5. Reject mode: duplicates of a key held in this process\n\n")
-		w("The key is held; then one goroutine tries it again and again (flightlock: `TryLock` on a `Reject` Locker; the others:\n")
-		w("one attempt without retry, which costs them a round trip). \"64 goroutines\" is the same with 64 goroutines at once\n")
-		w("(wall time per call over all of them). %v per row and repetition.\n\n", r.cfg.d5)
-		w("%s\n", mdfmt.Head("row", "ns/call", "allocs/call", "B/call", "server cmds/call", "RT/call", "64 goroutines: ns/call", "calls/s"))
-		for _, x := range r.s5 {
-			w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Int(x.med("ns")), mdfmt.Float(x.med("allocs")), mdfmt.Int(x.med("bytes")),
-				mdfmt.Float(x.worst("cmds")), mdfmt.Float(x.med("rt")), mdfmt.Int(x.med("par_ns")), mdfmt.Int(x.med("par_ops")))
-		}
-		w("\n")
-	}
-	for _, sec := range []struct {
-		n, title string
-		ran      bool
-		body     func(func(string, ...any))
-	}{
-		{"6", "HTTP end to end", r.s6 != nil, r.s6Section},
-		{"6b", "HTTP over a bare handler: what the lock costs a request", r.s6bare != nil, r.s6BareSection},
-		{"7", "Duplicates of one request: shared response against 409", r.s7 != nil, r.s7Section},
-		{"8", "Scaling: cost as the work grows", r.s8 != nil, r.s8Section},
-		{"9", "Memory: what a held lock and a waiter cost", r.s9 != nil, r.s9Section},
-		{"13", "Default go-redis client", r.s13 != nil, r.s13Section},
-	} {
-		w("## %s. %s\n\n", sec.n, sec.title)
-		if sec.ran {
-			sec.body(w)
-		} else {
-			w("Not run (`-scenario` without %s).\n\n", sec.n)
-		}
-	}
+// redisClosing points at the other reports (the primitives', the other stores' with their
+// goals) and adds the Go benchmarks and the notes.
+func (r *report) redisClosing(w writer) {
 	if r.ranPrimitives() {
 		w("## 10-12. Semaphores, read-write locks, fair locks\n\n")
 		w("In a report of their own, [%s](%s): flightlock's semaphore, read-write lock and fair lock against\n", r.primitivesName, r.primitivesName)
@@ -325,7 +296,6 @@ func (r *report) markdown() string {
 			w("%s", string(raw))
 		}
 	}
-	return b.String()
 }
 
 func goalTable(w func(string, ...any), gs []goal) {
@@ -340,47 +310,10 @@ func goalTable(w func(string, ...any), gs []goal) {
 	w("\n")
 }
 
-func viol(x *result) string {
-	if x.Row == "setdel" || x.Row == "ping" {
-		return "n/a"
-	}
-	return mdfmt.Int(x.worst("violations"))
-}
-
-// contendTable writes the rows of a contention run: with procs, the fairness and share of a run
-// across processes; with peak, the most holders the hold's guard saw at once (a semaphore).
-func contendTable(w func(string, ...any), rs []*result, procs, peak bool) {
-	w("| row | CS/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | wait p50 | wait p99 | wait max |")
-	rule := "|---|---|---|---|---|---|---|---|---|---|---|"
-	if peak {
-		w(" most holders at once |")
-		rule += "---|"
-	}
-	w(" violations | errors |")
-	if procs {
-		w(" fair (median / worst) | CS per process |")
-		rule += "---|---|"
-	}
-	w(" server command mix per CS |\n%s---|\n", rule)
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("csps")), mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")),
-			mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
-		if peak {
-			w(" %s |", mdfmt.Int(x.worst("peak")))
-		}
-		w(" %s | %s |", viol(x), mdfmt.Int(x.worst("errors")))
-		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))
-		}
-		w(" %s |\n", x.Mix)
-	}
-	w("\n")
-}
-
 // chart draws scenario 2's critical sections per second against goroutines, one line per row.
 func (r *report) chart(path string) error {
 	_, err := drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		s2Goroutines, func(g int) []*result { return r.s2[g] }, "csps")
+		s2Goroutines, func(g int) []*result { return r.s2[g] }, "rate")
 	return err
 }
 
@@ -432,7 +365,7 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 	}
 	cols := []struct{ name, metric, unit string }{
 		{"latency p50", "p50", "µs"}, {"round trips", "rt", ""}, {"client CPU", "ccpu", "µs"},
-		{"Redis CPU", "scpu", "µs"}, {"server commands", "cmds", ""}, {"allocations", "allocs", ""},
+		{"Redis CPU", "scpu", "µs"}, {"server commands", "reqs", ""}, {"allocations", "allocs", ""},
 	}
 	w("### Where the time goes: one uncontended lock + release\n\n")
 	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference. " +
@@ -440,12 +373,12 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		"flightlock - store alone is what the Locker adds on the client, store alone - bsm what the scripts (the fence) add.\n\n")
 	w("| cost | flightlock | store alone | bsm/redislock | SET+DEL floor | flightlock - store alone | store alone - bsm | flightlock - bsm | flightlock - floor |\n" +
 		"|---|---|---|---|---|---|---|---|---|\n")
-	val := func(x *result, metric string) float64 {
+	val := func(x *result, metric, unit string) float64 {
 		if x == nil {
 			return math.NaN()
 		}
 		v := x.med(metric)
-		if metric == "p50" {
+		if unit == "µs" {
 			v /= 1e3 // ns -> µs
 		}
 		return v
@@ -457,7 +390,7 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		return fmt.Sprintf("%.2f%s", v, map[bool]string{true: " " + unit, false: ""}[unit != ""])
 	}
 	for _, c := range cols {
-		f, st, b, fl0 := val(fl, c.metric), val(store, c.metric), val(bsm, c.metric), val(floor, c.metric)
+		f, st, b, fl0 := val(fl, c.metric, c.unit), val(store, c.metric, c.unit), val(bsm, c.metric, c.unit), val(floor, c.metric, c.unit)
 		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(st, c.unit), cell(b, c.unit),
 			cell(fl0, c.unit), cell(f-st, c.unit), cell(st-b, c.unit), cell(f-b, c.unit), cell(f-fl0, c.unit))
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
@@ -156,42 +155,13 @@ type s11Results struct {
 }
 
 func (b *bench) scenario11() *s11Results {
-	rows := pick("flightlock-rw", "poll-rw")
-	b.warm(rows)
+	rows := b.pick("flightlock-rw", "poll-rw")
 	out := &s11Results{}
 	for _, mix := range rwMixes {
-		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.cfg.d11, mix)
+		s := b.inAndAcross(fmt.Sprintf("s11:%d", mix), rows, b.c.d11, mix)
 		out.Mixes = append(out.Mixes, s11Mix{Reads: mix, inAndAcross: s})
 	}
 	return out
-}
-
-// rwMetrics are a read-write run's figures: reads and writes per second apart, their waits
-// apart, and the checks of both guards (plain: the writes the critical section's plain counter
-// saw; violations: of both guards; peak: the most readers at once), with the writes' lost
-// updates.
-func rwMetrics(cr contend.Result, st serverStats, plain, violations, peak int64) metrics {
-	slices.Sort(cr.Waits)
-	slices.Sort(cr.ReadWaits)
-	ops, writes := max(cr.Ops, 1), cr.Ops-cr.Reads
-	secs := float64(cr.Elapsed) / 1e9
-	return metrics{
-		"ops":        float64(cr.Ops),
-		"reads":      float64(cr.Reads),
-		"csps":       float64(cr.Ops) / secs,
-		"rps":        float64(cr.Reads) / secs,
-		"wps":        float64(writes) / secs,
-		"rt":         float64(st.rts) / float64(ops),
-		"cmds":       st.reqs / float64(ops),
-		"rp50":       percentile(cr.ReadWaits, 0.50),
-		"rp99":       percentile(cr.ReadWaits, 0.99),
-		"wp50":       percentile(cr.Waits, 0.50),
-		"wp99":       percentile(cr.Waits, 0.99),
-		"wmax":       percentile(cr.Waits, 1),
-		"peak":       float64(peak),
-		"violations": float64(violations + max(writes-plain, 0)),
-		"errors":     float64(cr.Errors),
-	}
 }
 
 // --- the report
@@ -204,11 +174,11 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("the critical section itself and one around the whole hold as the holder sees it (grant's return to release call). In\n")
 	w("both, a writer counts itself in and must find nobody inside, neither a writer nor a reader; a reader counts itself in\n")
 	w("and must find no writer; a writer increments a plain counter (a lost update shows as a shortfall) and a reader reads\n")
-	w("it twice (a write between the two reads is a violation). *violations* counts all of it (worst repetition); *most\n")
-	w("readers at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
+	w("it twice (a write between the two reads is a violation). *violations* counts all of it (all repetitions); *most\n")
+	w("holders at once* is the largest count of readers the hold check saw (worst repetition): above 1 shows that reads did\n")
 	w("share. Reads/s and writes/s are the critical sections of each kind over the run's time; their waits (the call to\n")
-	w("holding the lock) are apart. Medians over %d repetitions, rows rotated per repetition; RT and server commands\n", r.cfg.reps)
-	w("per critical section (read or write) are counted as in scenario 10.\n\n")
+	w("holding the lock) are apart (wait p50, p99 and max: the writes'). Medians over %d repetitions, rows rotated per\n", r.cfg.reps)
+	w("repetition; RT and server commands per critical section (read or write) are counted as in scenario 10.\n\n")
 	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | the readers of a process share one store read hold (the first takes it, those that come meanwhile wait for it and join, "+
 		"those within the handoff window join it with no round trip, the last releases it);"+
@@ -227,44 +197,13 @@ func (r *report) s11Section(w func(string, ...any)) {
 	w("holds are far inside the TTL), which makes it cheaper, not dearer.\n\n")
 	for _, mix := range s.Mixes {
 		w("### %d%% reads, %d%% writes\n\n", mix.Reads, 100-mix.Reads)
-		if len(mix.InProcess) > 0 {
-			w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, r.cfg.d11)
-			rwTable(w, mix.InProcess, false)
-		}
-		if len(mix.Procs) > 0 {
-			w("%d processes x %d goroutines (scenario 3's workers, counting over one common window of %v; `fair` is the most critical\n", s3Procs, s3Goroutines, r.cfg.d11)
-			w("sections of a process over the fewest; the checks span the processes).\n\n")
-			rwTable(w, mix.Procs, true)
-		}
+		mix.tables(w, r, r.cfg.d11, false)
 	}
 	w("How to read it: compare the rows' reads/s and writes/s at the same mix and setting, not across mixes (the mix sets how\n")
 	w("often readers must drain for a writer). Server cmds/CS is the work Redis does per critical section, refused attempts and\n")
 	w("polls included; RT/CS can be far below the 2 a read costs flightlock because its store sends the script calls beyond\n")
-	w("its %d lanes as pipelines, which the client counts as one round trip each. *most readers at once* above 1 is the sign\n", redisstore.DefaultLanes)
+	w("its %d lanes as pipelines, which the client counts as one round trip each. *most holders at once* above 1 is the sign\n", redisstore.DefaultLanes)
 	w("that reads shared at all; the write waits' p99 and max are what a writer waits behind the readers.\n")
 	w("The checks were themselves checked once, by building the naive lock with readers that ignore the write mark: every\n")
 	w("part, both mixes, in one process and across processes, then reported violations.\n\n")
-}
-
-func rwTable(w func(string, ...any), rs []*result, procs bool) {
-	w("| row | reads/s | writes/s | RT/CS | server cmds/CS | Redis CPU µs/CS | client CPU µs/CS | read wait p50 | read wait p99 | write wait p50 | write wait p99 | write wait max | most readers at once | violations | errors |")
-	if procs {
-		w(" fair (median / worst) | CS per process |")
-	}
-	w(" server command mix per CS |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	if procs {
-		w("---|---|")
-	}
-	w("---|\n")
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", x.Label, mdfmt.Int(x.med("rps")), mdfmt.Int(x.med("wps")),
-			mdfmt.Float(x.med("rt")), mdfmt.Float(x.med("cmds")), mdfmt.Float(x.med("scpu")), mdfmt.Float(x.med("ccpu")),
-			mdfmt.Dur(x.med("rp50")), mdfmt.Dur(x.med("rp99")), mdfmt.Dur(x.med("wp50")), mdfmt.Dur(x.med("wp99")), mdfmt.Dur(x.med("wmax")),
-			mdfmt.Int(x.worst("peak")), mdfmt.Int(x.worst("violations")), mdfmt.Int(x.worst("errors")))
-		if procs {
-			w(" %.2f / %.2f | %s |", x.med("fair"), x.worst("fair"), mdfmt.Int(x.med("per_proc")))
-		}
-		w(" %s |\n", x.Mix)
-	}
-	w("\n")
 }

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -45,26 +45,36 @@ func axisNamed(axes []*s8Axis, name string) *s8Axis {
 // (goroutines and processes on one hot key; keyRows over distinct keys), c.reps times in the
 // rotated order (atPoints). run measures one row at one point (its figures and first error),
 // log reports it.
-func scalingAxes[R any](c *config, rows, keyRows []R, spec func(R) (id, label string), run func(axis string, r R, x, rep int) (metrics, string),
+func scalingAxes(c *config, rows, keyRows []rowSpec, run func(axis string, r rowSpec, x, rep int) (metrics, string),
 	log func(axis string, x, rep int, id string, m metrics, firstErr string),
 ) []*s8Axis {
 	var axes []*s8Axis
 	for _, ax := range []struct {
 		name   string
 		points []int
-		rows   []R
+		rows   []rowSpec
 	}{{"goroutines", c.s8Goroutines, rows}, {"processes", c.s8Procs, rows}, {"keys", c.s8Keys, keyRows}} {
 		if len(ax.points) == 0 {
 			continue
 		}
-		axes = append(axes, &s8Axis{Name: ax.name, Points: ax.points, Res: atPoints(c.reps, ax.points, ax.rows, spec, func(r R, x, rep int) (metrics, string) {
+		axes = append(axes, &s8Axis{Name: ax.name, Points: ax.points, Res: atPoints(c.reps, ax.points, ax.rows, func(r rowSpec, x, rep int) (metrics, string) {
 			m, firstErr := run(ax.name, r, x, rep)
-			id, _ := spec(r)
-			log(ax.name, x, rep, id, m, firstErr)
-			return m, ""
+			log(ax.name, x, rep, r.id, m, firstErr)
+			return m, firstErr
 		})})
 	}
 	return axes
+}
+
+// atPoints runs every row at every point of an axis, reps times (interleave.Points), and
+// records the figures and first error of each run, point by point, in the rows' order.
+func atPoints(reps int, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
+	out := make(map[int][]*result, len(points))
+	interleave.Points(reps, points, rows, func(rep, x int, r rowSpec) {
+		m, firstErr := run(r, x, rep)
+		out[x] = addRep(out[x], r, m, "", firstErr)
+	})
+	return out
 }
 
 // drawScaling draws every axis's PNG at path(axis) ("": none), titled title(axis): the median
@@ -91,27 +101,6 @@ func drawScaling(axes []*s8Axis, path, title func(axis string) string, metric st
 	return out
 }
 
-func (b *bench) scenario8() []*s8Axis {
-	rows := lockRows()
-	keyRows := append(rows, pick("setdel")...)
-	b.warm(keyRows)
-	return scalingAxes(&b.cfg, rows, keyRows, rowSpec.spec, func(axis string, r rowSpec, x, rep int) (metrics, string) {
-		switch axis {
-		case "goroutines":
-			m, cr, _ := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s8g:%d:%d", x, rep))}, x, b.cfg.d8, 0)
-			return m, cr.FirstErr
-		case "processes":
-			m, _, firstErr := b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, b.cfg.d8)
-			return m, firstErr
-		}
-		m, cr, _ := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, b.cfg.d8, uint64(rep))
-		return m, cr.FirstErr
-	}, func(axis string, x, rep int, id string, m metrics, firstErr string) {
-		progress("s8 rep %d %s=%-6d %-14s %9.0f cs/s cmds/cs %.3f p99 %s viol %d err %d %s", rep+1, axis, x, id,
-			m["csps"], m["cmds"], mdfmt.Dur(m["p99"]), int64(m["violations"]), int64(m["errors"]), firstErr)
-	})
-}
-
 // rowKeys are n keys named after prefix, as im names them.
 func rowKeys(im impl, prefix string, n int) []string { return rowNames(im, keysNamed(prefix, n)) }
 
@@ -122,24 +111,6 @@ func keysNamed(prefix string, n int) []string {
 		keys[i] = prefix + strconv.Itoa(i)
 	}
 	return keys
-}
-
-// s8ChartPath is the PNG of one scenario 8 axis, next to the scenario 2 chart.
-func (r *report) s8ChartPath(axis string) string {
-	if r.cfg.chart == "" {
-		return ""
-	}
-	return filepath.Join(filepath.Dir(r.cfg.chart), "benchmarks-scaling-"+axis+".png")
-}
-
-func (r *report) s8Charts() {
-	drawScaling(r.s8, r.s8ChartPath, func(axis string) string {
-		return map[string]string{
-			"goroutines": "One hot key, one process: critical sections per second (median)",
-			"processes":  fmt.Sprintf("One hot key, processes of %d goroutines: critical sections per second (median)", s8ProcGoroutines),
-			"keys":       fmt.Sprintf("%d goroutines over distinct keys: critical sections per second (median)", s8KeyGoroutines),
-		}[axis]
-	}, "csps")
 }
 
 // fall is how many times row's median of metric falls from point x0 to x1 of an axis (above
@@ -158,47 +129,61 @@ func (a *s8Axis) fall(row, metric string, x0, x1 int) (float64, bool) {
 // leadOf is flightlock's critical sections per second over the best peer's among rs (floors
 // are not peers), with both rows; nil rows when either is missing or the peer ran none.
 func leadOf(rs []*result) (float64, *result, *result) {
-	fl, best := find(rs, "flightlock"), bestCompetitor(rs, "csps")
-	if fl == nil || best == nil || best.med("csps") <= 0 {
+	fl, best := find(rs, "flightlock"), bestCompetitor(rs, "rate")
+	if fl == nil || best == nil || best.med("rate") <= 0 {
 		return 0, nil, nil
 	}
-	return fl.med("csps") / best.med("csps"), fl, best
+	return fl.med("rate") / best.med("rate"), fl, best
 }
 
-func (r *report) s8Section(w func(string, ...any)) {
-	s := r.s8
-	w("How the cost of a critical section grows with the work, every lock row at every point, along three axes: goroutines\n")
-	w("on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3, for a fixed time);\n", s8ProcGoroutines)
-	w("distinct keys under %d goroutines, each drawing a key per operation (with the SET PX + DEL floor). Scenario 2's critical\n", s8KeyGoroutines)
-	w("section and checks, %v per row, point and repetition; critical sections that end inside the window count. Each cell: critical\n", r.cfg.d8)
-	w("sections per second; server commands per critical section · p99 wait. The last line is flightlock over the best peer.\n\n")
-	for _, ax := range s {
-		unit := map[string]string{"goroutines": "goroutines, one process, one key",
-			"processes": fmt.Sprintf("processes × %d goroutines, one key", s8ProcGoroutines),
-			"keys":      fmt.Sprintf("distinct keys, %d goroutines, one process", s8KeyGoroutines)}[ax.Name]
-		w("### %s\n\n", unit)
-		if p := r.s8ChartPath(ax.Name); p != "" {
-			w("![critical sections per second against %s](%s)\n\n", ax.Name, filepath.Base(p))
+// s8Section writes scenario 8: per axis its plot and a table of every row's median critical
+// sections per second at every point, with what the server did per critical section and the
+// p99 wait, the fall from the first point to the last, the checks, and flightlock over the
+// best peer at every point.
+func (r *report) s8Section(w writer) {
+	n, c := r.be.notes(), r.cfg
+	w("How many critical sections per second each row keeps as the work grows, every lock row at every point, along three axes:\n")
+	w("goroutines on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3);\n", s8ProcGoroutines)
+	w("distinct keys under %d goroutines, each drawing a key per operation, with the floor (on one hot key it would be no lock\n", s8KeyGoroutines)
+	w("but a spin). Scenario 2's critical section and checks, %v per row, point and repetition, medians over %d, the rows of a\n", c.d8, c.reps)
+	w("point interleaved in the rotated order; critical sections that end inside the window count. Each cell: critical sections\n")
+	w("per second; %s per critical section · p99 wait. \"fall\" is how many times the row's rate falls from the first point\n", n.reqCol)
+	w("to the last (\"grows\" when it rises); the last line is flightlock over the best peer. The plots have both axes\n")
+	w("logarithmic. Every key set is named, not written, before a row starts.%s\n\n", n.s8Note)
+	for _, ax := range r.s8 {
+		first, last := ax.Points[0], ax.Points[len(ax.Points)-1]
+		w("### %s\n\n", axisUnit(ax.Name))
+		if chart := r.charts[ax.Name]; chart != "" {
+			w("![critical sections per second against %s](%s)\n\n", ax.Name, filepath.Base(chart))
 		}
-		w("| row |")
+		cols := []string{"row"}
 		for _, x := range ax.Points {
-			w(" %s |", mdfmt.Int(float64(x)))
+			cols = append(cols, countStr(x))
 		}
-		w("\n|---|%s\n", strings.Repeat("---|", len(ax.Points)))
-		for _, x0 := range ax.Res[ax.Points[0]] {
+		w("%s\n", mdfmt.Head(append(cols, fmt.Sprintf("fall, %s → %s", countStr(first), countStr(last)), "violations (inside / fence)", "errors")...))
+		for _, x0 := range ax.Res[first] {
 			w("| %s |", x0.Label)
+			all := &result{Row: x0.Row}
 			for _, x := range ax.Points {
 				c := find(ax.Res[x], x0.Row)
-				cell := fmt.Sprintf(" %s<br>%s · %s", mdfmt.Int(c.med("csps")), mdfmt.Float(c.med("cmds")), mdfmt.Dur(c.med("p99")))
-				if e := c.worst("errors"); e > 0 {
+				all.Reps = append(all.Reps, c.Reps...)
+				cell := fmt.Sprintf(" %s<br>%s · %s", mdfmt.Int(c.med(rate)), perOp(c.med(reqs)), mdfmt.Dur(c.med(p99)))
+				if rt := c.sum(retries); rt > 0 {
+					cell += fmt.Sprintf("<br>%.0f retries", rt) // the floor's put-if-absent on a taken key
+				}
+				if e := c.sum(failures); e > 0 {
 					cell += "<br>" + mdfmt.Int(e) + " errors"
 				}
-				if v := c.worst("violations"); v > 0 {
+				if v := c.sum(violations) + c.sum(fenceViolations); v > 0 {
 					cell += "<br>**" + mdfmt.Int(v) + " violations**"
 				}
 				w("%s |", cell)
 			}
-			w("\n")
+			fall := "n/a"
+			if f, ok := ax.fall(x0.Row, rate, first, last); ok {
+				fall = fallWords(f, "s")
+			}
+			w(" %s | %s | %s |\n", fall, violationsCell(all), errorsCell(all))
 		}
 		w("| flightlock / best peer |")
 		for _, x := range ax.Points {
@@ -208,14 +193,11 @@ func (r *report) s8Section(w func(string, ...any)) {
 				w(" |")
 			}
 		}
-		w("\n\n")
-		if n := len(ax.Points); n > 1 {
-			first, last := ax.Points[0], ax.Points[n-1]
-			if ax.Name == "goroutines" && n > 2 {
-				first = ax.Points[1] // the goal reads from 4 goroutines: 1 has no one to hand over to
-			}
-			if f, ok := ax.fall("flightlock", "csps", first, last); ok {
-				w("flightlock's critical sections per second from %s to %s %s: %s.\n\n", mdfmt.Int(float64(first)), mdfmt.Int(float64(last)), ax.Name, fallWords(f, ""))
+		w(" | | |\n\n")
+		if ax.Name == "goroutines" && len(ax.Points) > 2 {
+			// The goal reads from the second point: one goroutine has no one to hand over to.
+			if f, ok := ax.fall(rowFlight, rate, ax.Points[1], last); ok {
+				w("flightlock's critical sections per second from %s to %s goroutines: %s.\n\n", countStr(ax.Points[1]), countStr(last), fallWords(f, ""))
 			}
 		}
 	}

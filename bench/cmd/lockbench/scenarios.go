@@ -2,291 +2,183 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// bench holds what every scenario shares: the server, the admin connection and the settings.
-type bench struct {
-	addr  string
-	adm   *admin
-	cfg   config
-	impls map[string]impl // built once per row and reused across scenarios and repetitions
+// scaling is scenario 8: critical sections per second as the work grows, along three axes
+// (s8Section says what each measures), rows(2) on the hot key, rows(4) over distinct
+// keys: a floor on one hot key would be no lock but a spin. Every key is fresh.
+func (b *bench) scaling() []*s8Axis {
+	c := b.c
+	need := 0
+	if len(c.s8Goroutines) > 0 {
+		need = slices.Max(c.s8Goroutines)
+	}
+	if len(c.s8Keys) > 0 {
+		need = max(need, s8KeyGoroutines)
+	}
+	if err := b.be.peerGoroutines(need); err != nil {
+		fatalf("scenario 8: %v", err)
+	}
+	defer b.be.dropGoroutinesBeyond(hotGoroutines)
+	keyRows := b.rows(4)
+	b.warm(keyRows)
+	unit := b.be.notes().reqUnit
+	axes := scalingAxes(c, b.rows(2), keyRows, func(axis string, r rowSpec, x, rep int) (metrics, string) {
+		var m metrics
+		var firstErr string
+		switch axis {
+		case "goroutines":
+			m, _, firstErr = b.contendRun(r, []string{fmt.Sprintf("s8g:%d:%d", x, rep)}, x, c.d8, 0, 0)
+		case "processes":
+			m, _, firstErr = b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, c.d8)
+		default:
+			m, _, firstErr = b.contendRun(r, keysNamed(fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, c.d8, uint64(rep), 0)
+		}
+		return m, firstErr
+	}, func(axis string, x, rep int, row string, r metrics, firstErr string) {
+		progress("s8 rep %d %s=%-6d %-14s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f %s",
+			rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs], firstErr)
+	})
+	b.rep.charts = drawScaling(axes, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
+		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(axis))
+	}, rate)
+	return axes
 }
 
-func (b *bench) impl(r rowSpec) impl {
-	if im, ok := b.impls[r.id]; ok {
-		return im
+// axisUnit says what a scenario 8 axis counts, for headings and plots.
+func axisUnit(name string) string {
+	switch name {
+	case "goroutines":
+		return "goroutines on one hot key, one process"
+	case "processes":
+		return fmt.Sprintf("processes × %d goroutines on one hot key", s8ProcGoroutines)
+	default:
+		return fmt.Sprintf("distinct keys, %d goroutines, one process", s8KeyGoroutines)
 	}
-	im, err := r.build(b.addr, r.client)
+}
+
+// chartPath is the PNG of one scenario 8 axis next to the report: -out's name without its
+// extension, then -scaling-<axis>.png. No -out (the report on stdout), no plot.
+func chartPath(out, axis string) string {
+	if out == "" {
+		return ""
+	}
+	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
+}
+
+// Scenario 5, reject mode (s5Section says what is measured): flightlock's refusal of a key
+// held in this process takes no RPC, the peer's takes its own round trips.
+
+// s5Goroutines try the held key at once in the parallel part.
+const s5Goroutines = 64
+
+// rejectRow is scenario 5 for row r: a key held with the row's own lock, then tried for d5
+// by one goroutine (the serial part, its allocations counted from runtime.MemStats) and then by
+// s5Goroutines at once (the parallel part), goroutine i on the row's lock of its own, with the
+// server's counters read around each part. flightlock's refusal takes no round trip (the clock
+// is read every 256 calls), the others' one each. A try that does not answer busy is wrong
+// (a grant is released at once). It returns the figures and the serial part's first error.
+func (b *bench) rejectRow(r rowSpec, rep int) (metrics, string) {
+	if err := b.be.peerGoroutines(s5Goroutines); err != nil {
+		fatalf("s5 %s: %v", r.id, err)
+	}
+	ctx, own, m := context.Background(), b.impl(r), b.meter(r.id)
+	key := own.key(fmt.Sprintf("s5:%d", rep))
+	held, err := own.lock(ctx, key)
 	if err != nil {
-		fatalf("build %s: %v", r.id, err)
+		fatalf("reject: hold %s: %v", key, err)
 	}
-	b.impls[r.id] = im
-	return im
-}
-
-// meter is the Redis meter of row im (nil: none), whose round trips it counts too.
-func (b *bench) meter(im impl) meter { return redisMeter{b, im} }
-
-// redisMeter reads the server's commands (INFO commandstats, without the INFO calls of the
-// measurement itself) and CPU (INFO cpu), and a row's round trips.
-type redisMeter struct {
-	b  *bench
-	im impl
-}
-
-func (m redisMeter) counters() serverStats {
-	cmds, err := m.b.adm.commandStats(context.Background())
-	if err != nil {
-		fatalf("INFO commandstats: %v", err)
+	defer own.unlock(ctx, key, held)
+	every := int64(1)
+	switch own.(type) {
+	case lockerRow, *flightlockImpl:
+		every = 256
 	}
-	delete(cmds, "info")
-	st := serverStats{cmds: cmds, ok: true}
-	st.reqs = float64(st.cmds.total())
-	if m.im != nil {
-		st.rts = m.im.roundTrips()
-	}
-	return st
-}
-
-func (m redisMeter) serverCPU() time.Duration {
-	return time.Duration(m.b.adm.cpuSeconds(context.Background()) * 1e9)
-}
-
-// perOpMicros are the server's and (with client) this process's CPU microseconds per op of st,
-// as the Redis rows report them.
-func perOpMicros(m metrics, st serverStats, ops int64, client bool) {
-	ops = max(ops, 1)
-	m["scpu"] = float64(st.cpu.Microseconds()) / float64(ops)
-	if client {
-		m["ccpu"] = float64(st.self.Microseconds()) / float64(ops)
-	}
-}
-
-// onlyRows, when set (-rows), keeps only these rows, for profiling one library.
-var onlyRows map[string]bool
-
-func pick(ids ...string) []rowSpec {
-	var out []rowSpec
-	for _, id := range ids {
-		if onlyRows != nil && !onlyRows[id] {
-			continue
-		}
-		r, ok := rowByID(id)
-		if !ok {
-			fatalf("unknown row %q", id)
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
-// lockRows are the rows that lock, each waiting strategy once.
-func lockRows() []rowSpec {
-	return pick("flightlock", "redislock", "redislock-1ms", "redsync", "redsync-1ms", "gozero", "gozero-1ms", "rueidislock")
-}
-
-// warm runs a few uncontended operations on each row so scripts are loaded and pools filled
-// before anything is measured.
-func (b *bench) warm(rows []rowSpec) {
-	for _, r := range rows {
-		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
-			fatalf("warm-up %s: %v", r.id, err)
-		}
-	}
-}
-
-// warmImpl takes and releases n keys named after prefix on im, and read locks too on a
-// read-write row, so that its scripts are loaded and its connections open.
-func warmImpl(im impl, prefix string, n int) error {
-	ctx := context.Background()
-	rim, rw := im.(rwImpl)
-	for i := range n {
-		k := im.key(fmt.Sprintf("%s:%d", prefix, i))
-		h, err := im.lock(ctx, k)
-		if err != nil {
-			return err
-		}
-		_ = im.unlock(ctx, k, h)
-		if rw {
-			if h, err = rim.rlock(ctx, k); err != nil {
-				return err
+	var wrong atomic.Int64
+	var firstErr string
+	out := metrics{}
+	for part, n := range []int{1, s5Goroutines} {
+		runtime.GC()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		s0 := readStats(m, false)
+		calls, wall := rejectLoop(n, b.c.d5, every, func(i int) {
+			im := b.rowImpl(r.id, i)
+			h, err := im.tryLock(ctx, key)
+			if errors.Is(err, errBusy) {
+				return
 			}
-			_ = rim.runlock(ctx, k, h)
+			wrong.Add(1)
+			if err == nil {
+				_ = im.unlock(ctx, key, h)
+			} else if part == 0 && firstErr == "" {
+				firstErr = err.Error()
+			}
+		})
+		runtime.ReadMemStats(&m1)
+		st, fc := readStats(m, true).sub(s0), float64(calls)
+		if part == 0 {
+			perOpFigures(out, st, calls)
+			out["ns"], out["allocs"], out["bytes"] = float64(wall.Nanoseconds())/fc, float64(m1.Mallocs-m0.Mallocs)/fc, float64(m1.TotalAlloc-m0.TotalAlloc)/fc
+		} else {
+			out["par_ns"], out["par_rate"], out["par_reqs"] = float64(wall.Nanoseconds())/fc, fc/wall.Seconds(), perOpFigures(metrics{}, st, calls)[reqs]
 		}
 	}
-	return nil
+	out["wrong"] = float64(wrong.Load())
+	return out, firstErr
 }
 
-// results are the results of a scenario's rows, by row id.
-type results map[string]*result
-
-func newResults(rows []rowSpec) results {
-	m := make(results)
-	for _, r := range rows {
-		m[r.id] = &result{Row: r.id, Label: r.label()}
-	}
-	return m
-}
-
-// add records one repetition of row id: its figures and the server command mix it ran.
-func (rs results) add(id string, m metrics, mix string) {
-	rs[id].Reps = append(rs[id].Reps, m)
-	rs[id].Mix = mix
-}
-
-// repeat runs every row once per repetition, in the order rotated per repetition, and records
-// the figures and command mix of each run.
-func (b *bench) repeat(rows []rowSpec, run func(r rowSpec, rep int) (metrics, string)) []*result {
-	res := newResults(rows)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		for _, r := range interleave.Rotate(rows, rep) {
-			m, mix := run(r, rep)
-			res.add(r.id, m, mix)
+// rejectLoop has n goroutines call try (with their index) until d has passed, each reading
+// the clock every `every` calls (flightlock's refusal takes about a hundred nanoseconds, of
+// which time.Now would be a fair part; a refusal that takes a round trip reads it every call),
+// and returns the calls made and the wall time they took.
+func rejectLoop(n int, d time.Duration, every int64, try func(i int)) (int64, time.Duration) {
+	var calls atomic.Int64
+	start := time.Now()
+	deadline := start.Add(d)
+	loop := func(i int) {
+		var c int64
+		for ; c == 0 || c%every != 0 || time.Now().Before(deadline); c++ {
+			try(i)
 		}
+		calls.Add(c)
 	}
-	return ordered(rows, res)
-}
-
-// atPoints runs every row at every point of an axis, reps times (interleave.Points), and
-// records the figures and server command mix of each run, point by point, in the rows' order;
-// spec names a row by its id and label.
-func atPoints[R any](reps int, points []int, rows []R, spec func(R) (id, label string), run func(r R, x, rep int) (metrics, string)) map[int][]*result {
-	out := make(map[int][]*result, len(points))
-	for _, x := range points {
-		for _, r := range rows {
-			id, label := spec(r)
-			out[x] = append(out[x], &result{Row: id, Label: label})
+	if n == 1 {
+		loop(0)
+	} else {
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { loop(i) })
 		}
+		wg.Wait()
 	}
-	interleave.Points(reps, points, rows, func(rep, x int, r R) {
-		m, mix := run(r, x, rep)
-		id, _ := spec(r)
-		res := find(out[x], id)
-		res.Reps, res.Mix = append(res.Reps, m), mix
-	})
-	return out
+	return calls.Load(), time.Since(start)
 }
 
-func ordered(rows []rowSpec, m results) []*result {
+// reject is scenario 5: every row once per repetition, in the rotated order.
+func (b *bench) reject() []*result {
+	rows := b.rows(5)
+	b.warm(rows)
 	var out []*result
-	for _, r := range rows {
-		out = append(out, m[r.id])
+	for rep := range b.c.reps {
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, firstErr := b.rejectRow(r, rep)
+			out = addRep(out, r, m, "", firstErr)
+			progress("  5 reject      %-14s %s/call %.2f allocs %.2f %s/call; x%d: %s/call %.0f calls/s; not busy %.0f",
+				r.id, mdfmt.Dur(m["ns"]), m["allocs"], m[reqs], b.be.notes().reqUnit, s5Goroutines, mdfmt.Dur(m["par_ns"]), m["par_rate"], m["wrong"])
+		}
 	}
 	return out
-}
-
-// --- scenario 1: uncontended lock + release, a distinct key per operation, one goroutine.
-
-// s1MaxOps bounds the operations of one row per repetition (its keys are made before the rows
-// run): at 10 µs an operation, -d1 up to 2s.
-const s1MaxOps = 200000
-
-func (b *bench) scenario1() []*result {
-	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock", "store", "ping", "setdel")
-	b.warm(rows)
-	res := newResults(rows)
-	for rep := 0; rep < b.cfg.reps; rep++ {
-		ms, cmds := b.uncontendedSliced(rows, "s1", rep, b.cfg.d1, s1Slice, s1MaxOps, false)
-		for _, r := range rows {
-			m := ms[r.id]
-			res.add(r.id, m, mixString(cmds[r.id], int64(m["ops"])))
-			progress("s1 rep %d %-14s %8.0f op/s p50 %s", rep+1, r.id, m["opsps"], mdfmt.Dur(m["p50"]))
-		}
-	}
-	return ordered(rows, res)
-}
-
-// latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
-// lat, and the p50s of their lock parts (lockLat) and unlock parts (the difference). It sorts
-// lat and lockLat in place.
-func latencyMetrics(lat, lockLat []int64) metrics {
-	unlockLat := make([]int64, len(lat))
-	for i := range unlockLat {
-		unlockLat[i] = lat[i] - lockLat[i]
-	}
-	slices.Sort(lat)
-	slices.Sort(lockLat)
-	slices.Sort(unlockLat)
-	return metrics{
-		"p50":        percentile(lat, 0.50),
-		"p99":        percentile(lat, 0.99),
-		"lock_p50":   percentile(lockLat, 0.50),
-		"unlock_p50": percentile(unlockLat, 0.50),
-	}
-}
-
-// --- scenario 2: one key, one process, g goroutines.
-
-// s2Goroutines are the goroutine counts of scenario 2; the chart uses all, the table 16 and 64.
-var s2Goroutines = []int{1, 4, 16, 64}
-
-func (b *bench) scenario2() map[int][]*result {
-	rows := lockRows()
-	b.warm(rows)
-	return atPoints(b.cfg.reps, s2Goroutines, rows, rowSpec.spec, func(r rowSpec, g, rep int) (metrics, string) {
-		d := b.cfg.d2
-		if g < 16 {
-			d = b.cfg.d2small
-		}
-		m, cr, st := b.contendFor(r, []string{b.impl(r).key(fmt.Sprintf("s2:%d:%d", g, rep))}, g, d, 0)
-		progress("s2 rep %d g=%-2d %-14s %9.0f cs/s rt/cs %.2f p99 %s viol %d err %d %s", rep+1, g, r.id, m["csps"], m["rt"], mdfmt.Dur(m["p99"]), int64(m["violations"]), cr.Errors, cr.FirstErr)
-		return m, mixString(st.cmds, cr.Ops)
-	})
-}
-
-func contendMetrics(cr contend.Result, st serverStats, plain, violations int64) metrics {
-	slices.Sort(cr.Waits)
-	ops := max(cr.Ops, 1)
-	lost := cr.Ops - plain
-	return metrics{
-		"ops":        float64(cr.Ops),
-		"csps":       float64(cr.Ops) / (float64(cr.Elapsed) / 1e9),
-		"rt":         float64(st.rts) / float64(ops),
-		"cmds":       st.reqs / float64(ops),
-		"p50":        percentile(cr.Waits, 0.50),
-		"p99":        percentile(cr.Waits, 0.99),
-		"max":        percentile(cr.Waits, 1),
-		"violations": float64(violations + max(lost, 0)),
-		"errors":     float64(cr.Errors),
-	}
-}
-
-// --- scenario 4: 64 goroutines over 1,000 keys.
-
-// manyKeys is how many keys the operations of scenario 4 draw from, on every store.
-const manyKeys = 1000
-
-func (b *bench) scenario4() []*result {
-	rows := append(lockRows(), pick("setdel")...)
-	b.warm(rows)
-	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
-		m, cr, st := b.contendFor(r, rowKeys(b.impl(r), fmt.Sprintf("s4:%d:", rep), manyKeys), hotGoroutines, b.cfg.d4, uint64(rep))
-		m["opsps"] = m["csps"]
-		delete(m, "csps")
-		progress("s4 rep %d %-14s %9.0f op/s rt/op %.2f err %d %s", rep+1, r.id, m["opsps"], m["rt"], cr.Errors, cr.FirstErr)
-		return m, mixString(st.cmds, max(cr.Ops, 1))
-	})
-}
-
-// --- scenario 5: reject mode, duplicates of a key held in this process.
-
-func (b *bench) scenario5() []*result {
-	rows := pick("flightlock", "redislock", "redsync", "gozero", "rueidislock")
-	b.warm(rows)
-	return b.repeat(rows, func(r rowSpec, rep int) (metrics, string) {
-		im := b.impl(r)
-		parts, st, wrong, _ := rejectRun(im, func(int) impl { return im }, im.key(fmt.Sprintf("s5:%d", rep)), b.cfg.d5, b.meter(im))
-		fn := float64(parts[0].calls)
-		m := metrics{"ns": parts[0].perCall(), "allocs": parts[0].allocs, "bytes": parts[0].bytes, "cmds": st[0].reqs / fn,
-			"rt": float64(st[0].rts) / fn, "wrong": float64(wrong), "par_ns": parts[1].perCall(), "par_ops": parts[1].rate()}
-		progress("s5 rep %d %-14s %s/op %.2f allocs %.3f cmds/op", rep+1, r.id, mdfmt.Dur(m["ns"]), m["allocs"], m["cmds"])
-		return m, ""
-	})
 }

@@ -132,9 +132,8 @@ func spanShm(shm string) string { return shm + ".span" }
 // --- scenario 10
 
 func (b *bench) scenario10() *inAndAcross {
-	rows := pick("flightlock-permits", "zset-permits")
-	b.warm(rows)
-	s := b.inAndAcross("s10", rows, b.cfg.d10, 0)
+	rows := b.pick("flightlock-permits", "zset-permits")
+	s := b.inAndAcross("s10", rows, b.c.d10, 0)
 	return &s
 }
 
@@ -149,7 +148,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("holders may run at once), and one around the whole hold as the holder sees it, from the grant's return to the release\n")
 	w("call, which lies within the permit's time on the server. The yield is there so that the bound can be reached: a hold\n")
 	w("that never blocks is inside only while its goroutine runs, so on %d cores no more than %d holders could be seen at once,\n", r.machine.CPUs, r.machine.CPUs)
-	w("whatever the semaphore let through. *violations* counts both checks (worst repetition); *most holders at once* is the\n")
+	w("whatever the semaphore let through. *violations* counts both checks (all repetitions); *most holders at once* is the\n")
 	w("largest count the hold check saw (worst repetition): %d shows that the bound was reached and held. Wait = time from\n", semPermits)
 	w("the call to holding a permit. Medians over %d repetitions; in each, the rows run one after\n", r.cfg.reps)
 	w("the other in an order rotated per repetition. RT and server commands are counted as in the main report (pub/sub\n")
@@ -165,17 +164,7 @@ func (r *report) s10Section(w func(string, ...any)) {
 	w("script removes the expired members (`ZREMRANGEBYSCORE` up to the server's `TIME`) and, if `ZCARD` < %d, adds the\n", semPermits)
 	w("taker scored with its expiry (%v TTL), else refuses; a refused taker sleeps %v and tries again; a holder renews\n", lockTTL, semPoll)
 	w("its score every TTL/3 from a goroutine of its own and releases with `ZREM`. No queue, no notification.\n\n")
-	if len(s.InProcess) > 0 {
-		w("### %d goroutines, one process\n\n%v per row and repetition.\n\n", s10Goroutines, r.cfg.d10)
-		contendTable(w, s.InProcess, false, true)
-	}
-	if len(s.Procs) > 0 {
-		w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("Scenario 3's workers: the binary re-executes itself as %d processes that count the critical sections ending inside one\n", s3Procs)
-		w("common window of %v; `fair` is the most critical sections of a process over the fewest. Both checks live in files\n", r.cfg.d10)
-		w("that every worker maps, so they span the processes. Client CPU is the workers' sum.\n\n")
-		contendTable(w, s.Procs, true, true)
-	}
+	s.tables(w, r, r.cfg.d10, true)
 	w("flightlock's RT/CS is far below 1 for the reason its mutex's is in scenarios 2 and 3: a permit released while a waiter\n")
 	w("of the same process queues on it passes to that waiter without a round trip (up to the hand-off limits of `WithHandoff`).\n")
 	w("The checks were themselves checked once, by building the naive semaphore with 4 permits under the same 3-permit guards:\n")

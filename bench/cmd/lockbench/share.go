@@ -18,10 +18,6 @@ import (
 // dupRows are the rows of scenario 7: id and the rule's OnBusy.
 var dupRows = []struct{ id, onBusy string }{{"share", "share"}, {"reject", "reject"}}
 
-func (b *bench) scenario7() []*result {
-	return dupBursts(flmw.LockConf{Redis: flmw.RedisConf{Host: b.addr}}, b.cfg.reps, "flightlock")
-}
-
 // dupBursts runs scenario 7: a server per row on the middleware's Lock section conf with that
 // row's rule, reps repetitions of the rows in rotated order, one httpbench.DupServer.Bursts per
 // row and repetition. Rows are labelled lib + ", OnBusy " + the rule's OnBusy.
@@ -32,8 +28,7 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 			s.Close()
 		}
 	}()
-	var ids []string
-	out := results{}
+	var rows []rowSpec
 	for _, row := range dupRows {
 		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
 		s, err := httpbench.NewDupServer(conf)
@@ -41,28 +36,26 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 			fatalf("s7 %s: %v", row.id, err)
 		}
 		servers[row.id] = s
-		ids = append(ids, row.id)
-		out[row.id] = &result{Row: row.id, Label: lib + ", OnBusy " + row.onBusy}
+		rows = append(rows, rowSpec{id: row.id, lib: lib + ", OnBusy " + row.onBusy})
 	}
+	var out []*result
 	for rep := range reps {
-		for _, id := range interleave.Rotate(ids, rep) {
-			m := servers[id].Bursts(fmt.Sprintf("r%d-%s-", rep, id))
-			out.add(id, m, "")
-			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, id,
+		for _, r := range interleave.Rotate(rows, rep) {
+			m := servers[r.id].Bursts(fmt.Sprintf("r%d-%s-", rep, r.id))
+			out = addRep(out, r, m, "", "")
+			progress("  7 rep %d %-7s runs/burst %.2f identical %.1f ok %.1f 409 %.1f other %.1f p50 %s p99 %s", rep+1, r.id,
 				m["runs"], m["identical"], m["ok"], m["busy"], m["other"], mdfmt.Dur(m["p50"]), mdfmt.Dur(m["p99"]))
 		}
 	}
-	var rs []*result
-	for _, id := range ids {
-		rs = append(rs, out[id])
-	}
-	return rs
+	return out
 }
 
-func (r *report) s7Section(w func(string, ...any)) {
-	w("%d concurrent duplicates of one request (one `Idempotency-Key`, one body) through go-zero's REST chain and the\n", httpbench.Dups)
-	w("middleware, the handler taking %v; %d bursts per repetition, a key of its own each; figures per burst, medians over\n", httpbench.DupWork, httpbench.DupRounds)
-	w("%d repetitions. *share*: duplicates wait and get the response of the one run; *reject*: they are answered 409 at once.\n\n", r.cfg.reps)
+func (r *report) s7Section(w writer) {
+	w("%d concurrent duplicates of one request (one `Idempotency-Key`, one body) through go-zero's REST chain and\n", httpbench.Dups)
+	w("flightlock's middleware with its rule (`pay:{header.Idempotency-Key}`, `Wait: 5s`) on the benchmark's %s, the handler\n", r.be.title())
+	w("taking %v; %d bursts per repetition, a key of its own each; figures per burst, medians over %d repetitions. *share*:\n", httpbench.DupWork, httpbench.DupRounds, r.cfg.reps)
+	w("duplicates wait and get the response of the one run (stored in %s for `Replay`, 10s by default); *reject*: they are\n", r.be.title())
+	w("answered 409 at once.\n\n")
 	dupsTable(w, r.s7)
 }
 

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"maps"
 	"runtime"
 	"slices"
 	"time"
@@ -38,42 +36,6 @@ type sliceSum struct {
 	firstErr         string
 	keys             []string // the row's keys (sliceRows: one per operation)
 	keysNext         int      // the next of the row's keys to lock (sliceRows)
-}
-
-// uncontendedSliced runs lock + unlock for rows in one repetition on keys named after prefix
-// (sliceRows, up to maxOps operations a row), and measures it: the whole operation's latency
-// and, apart, the lock's and the unlock's, round trips, server commands, CPU and allocations per
-// operation, and with timeCalls the time inside the client's calls and the rest.
-func (b *bench) uncontendedSliced(rows []rowSpec, prefix string, rep int, d, slice time.Duration, maxOps int, timeCalls bool) (map[string]metrics, map[string]cmdDelta) {
-	ims := make([]impl, len(rows))
-	for i, r := range rows {
-		ims[i] = b.impl(r)
-	}
-	sums := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), maxOps, rep, d, slice, timeCalls, b.meter)
-	out, cmds := map[string]metrics{}, map[string]cmdDelta{}
-	for i, r := range rows {
-		s := sums[i]
-		fn := float64(max(s.ops, 1))
-		m := latencyMetrics(s.lat, s.lockLat)
-		maps.Copy(m, metrics{
-			"ops":    float64(s.ops),
-			"opsps":  float64(s.ops) / s.elapsed.Seconds(),
-			"rt":     float64(s.st.rts) / fn,
-			"cmds":   s.st.reqs / fn,
-			"allocs": float64(s.mallocs) / fn,
-			"bytes":  float64(s.bytes) / fn,
-			"errors": float64(s.errs),
-		})
-		perOpMicros(m, s.st, s.ops, true)
-		if len(s.inCalls) > 0 {
-			slices.Sort(s.inCalls)
-			slices.Sort(s.outside)
-			m["calls_p50"] = percentile(s.inCalls, 0.50)
-			m["outside_p50"] = percentile(s.outside, 0.50)
-		}
-		out[r.id], cmds[r.id] = m, s.st.cmds
-	}
-	return out, cmds
 }
 
 // sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
@@ -141,7 +103,7 @@ func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duratio
 	return sums
 }
 
-// contendSliced is scenario 8's many-keys loop (bench.contendFor, g goroutines over keys) for
+// contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
 // rows at once, in slices. Each row has keys of its own.
 func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
 	sums := map[string]*sliceSum{}
@@ -152,7 +114,7 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		s, im := sums[r.id], b.impl(r)
-		cr, st := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, waitBudget, uint64(rep), b.meter(im))
+		cr, st := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
 		s.st = s.st.add(st)
 		s.ops += cr.Ops
 		s.errs += cr.Errors + cr.ReleaseErrors
@@ -166,10 +128,9 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
 		s := sums[r.id]
-		plain, violations := guardSums(guards[r.id])
-		m := contendMetrics(contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, violations)
-		perOpMicros(m, s.st, s.ops, true)
-		out[r.id], errs[r.id] = m, s.firstErr
+		plain, viol, fence := guardSums(guards[r.id])
+		out[r.id] = contendMetrics(r, contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, viol, fence, 0)
+		errs[r.id] = s.firstErr
 	}
 	return out, errs
 }

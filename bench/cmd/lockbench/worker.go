@@ -29,17 +29,16 @@ const workerArg = "-worker"
 // interrupted.
 var workers = &workerproc.Set{}
 
-// workerRow is what a worker process needs of its row, whatever the store: holders for its
-// goroutines on base keys (the row maps them to its own key names), a warm-up on keys of its
-// own (connections open, scripts loaded, leases granted), the client's round trips if it
-// counts them, and its teardown.
+// workerRow is what a worker process needs of its row, whatever the store: the row, holders
+// for its goroutines on base keys (the row maps them to its own key names; a semaphore's or
+// read-write lock's checked by span too), a warm-up on keys of its own (connections open,
+// scripts loaded, leases granted), the client's round trips, and its teardown.
 type workerRow struct {
-	holders    func(keys []string, n int) []contend.Holder
+	spec       rowSpec
+	holders    func(keys []string, n int, span guard.Guard) []contend.Holder
 	warm       func() error
-	roundTrips func() int64 // nil: not counted
+	roundTrips func() int64
 	close      func()
-	permits    int  // holders of a key the row admits at once (rowSpec.permits): 0 or 1 for a lock
-	readWrite  bool // a read-write lock (rowSpec.rw): ReadWrite guards, holders that draw reads
 }
 
 // workerResult is one worker's report.
@@ -108,17 +107,11 @@ func workerMain(args []string) {
 	fs.IntVar(&semPermits, "permits", semPermits, "scenario 10: the permits of the hot key")
 	_ = fs.Parse(args)
 
-	var (
-		wr  workerRow
-		err error
-	)
-	if be := backendFor(*store); be != nil {
-		wr, err = storeWorkerRow(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession})
-	} else if *store == "redis" {
-		wr, err = redisWorkerRow(*row, *addr, *reads)
-	} else {
-		err = fmt.Errorf("unknown store %q", *store)
+	be := backendFor(*store)
+	if be == nil {
+		fatalf("worker: unknown store %q", *store)
 	}
+	wr, err := workerBench(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession}, *reads)
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
@@ -127,21 +120,16 @@ func workerMain(args []string) {
 		fatalf("worker: map guard: %v", err)
 	}
 	defer unmap()
-	hs := wr.holders([]string{*key}, *g)
-	if wr.permits > 1 || wr.readWrite {
-		span, unmapSpan, err := guard.Map(spanShm(*shmPath), false)
-		if err != nil {
+	span := guard.New()
+	if r := wr.spec; r.permits > 1 || r.rw {
+		var unmapSpan func()
+		if span, unmapSpan, err = guard.Map(spanShm(*shmPath), false); err != nil {
 			fatalf("worker: map span guard: %v", err)
 		}
 		defer unmapSpan()
-		if wr.readWrite {
-			gd = gd.ReadWrite()
-			hs = spanHolders(hs, span.ReadWrite())
-		} else {
-			gd = gd.Admitting(int64(wr.permits))
-			hs = spanHolders(hs, span.Admitting(int64(wr.permits)))
-		}
 	}
+	gd, span = admitting(wr.spec, gd), admitting(wr.spec, span)
+	hs := wr.holders([]string{*key}, *g, span)
 	if err := wr.warm(); err != nil {
 		fatalf("worker: warm-up: %v", err)
 	}
@@ -149,18 +137,12 @@ func workerMain(args []string) {
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	var rt0, rt1 int64
-	if wr.roundTrips != nil {
-		rt0 = wr.roundTrips()
-	}
+	rt0, rt1 := wr.roundTrips(), int64(0)
 	cpu0 := cpustat.Self()
 	var res workerResult
 	ended := make(chan struct{})
 	time.AfterFunc(time.Until(start.Add(*d)), func() {
-		res.CPU = int64(cpustat.Self() - cpu0)
-		if wr.roundTrips != nil {
-			rt1 = wr.roundTrips()
-		}
+		res.CPU, rt1 = int64(cpustat.Self()-cpu0), wr.roundTrips()
 		close(ended)
 	})
 	res.Result = contend.Run(hs, []guard.Guard{gd}, start, start.Add(*d), uint64(start.UnixNano()), *lockTimeout)

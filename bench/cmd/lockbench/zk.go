@@ -20,7 +20,6 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -46,7 +45,7 @@ const (
 )
 
 type zkBackend struct {
-	redisserver.Proc
+	procBackend
 	addr    string // 127.0.0.1:port, the client port
 	tick    time.Duration
 	version string // from the srvr four-letter word
@@ -54,8 +53,9 @@ type zkBackend struct {
 	fsType  string // file system of the data directory
 
 	c          *config
-	conn       *zk.Conn // the floor's and zk.NewLock's session
-	store      *zkstore.Store
+	conn       *zk.Conn      // the floor's and zk.NewLock's session
+	maxTTL     time.Duration // zkstore's, at the session every client asks for
+	root       string        // zkstore's root node
 	acl        []zk.ACL
 	floorValue []byte // the bytes flightlock writes in a key node
 }
@@ -64,8 +64,18 @@ func (z *zkBackend) name() string     { return "zookeeper" }
 func (z *zkBackend) title() string    { return "ZooKeeper" }
 func (z *zkBackend) scenarios() []int { return []int{1, 2, 3} }
 func (z *zkBackend) peer() string     { return rowZKLock }
-func (z *zkBackend) s1Rows() []string {
-	return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh}
+func (z *zkBackend) spec(row string) (rowSpec, bool) {
+	l, ok := z.notes().labels[row]
+	return rowSpec{id: row, lib: l}, ok
+}
+
+// rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
+// in scenario 1, those two alone on a hot key.
+func (z *zkBackend) rows(scenario int) []string {
+	if scenario == 1 {
+		return []string{rowFloor, rowFlight, rowZKLock, rowZKLockFresh}
+	}
+	return []string{rowFlight, rowZKLock}
 }
 func (z *zkBackend) describe() string {
 	return fmt.Sprintf("zookeeper %s (pid %d, %s) on %s, tickTime %v, data in %s (%s)", z.version, z.Pid(), z.java, z.addr, z.tick, z.Dir, z.fsType)
@@ -222,70 +232,40 @@ func zkConnect(addr string, session time.Duration) (*zk.Conn, error) {
 	return conn, nil
 }
 
-// newZKFlightlock dials zkstore and builds the Locker of every flightlock row: the TTL of the
-// other stores' rows (which the session must keep: zkstore.Store.MaxTTL) and a wait budget as
-// long as the Lock's context bound.
-func newZKFlightlock(addr string, session, wait time.Duration) (*zkstore.Store, *flightlock.Locker, error) {
-	store, err := zkstore.Dial(zkstore.Config{Hosts: []string{addr}, SessionTimeout: session})
-	if err != nil {
-		return nil, nil, err
-	}
-	l, err := flightlock.New(store, flightlock.WithTTL(flightTTL), flightlock.WithWait(wait))
-	if err != nil {
-		_ = store.Close()
-		return nil, nil, fmt.Errorf("%w (zkstore's MaxTTL is %v with a %v session)", err, store.MaxTTL(), session)
-	}
-	return store, l, nil
-}
-
-func (b *zkBackend) open(c *config) (*flightlock.Locker, error) {
+func (b *zkBackend) open(c *config) error {
 	b.c, b.acl = c, zk.WorldACL(zk.PermAll)
 	var err error
 	if b.conn, err = zkConnect(b.addr, c.zkSession); err != nil {
-		return nil, err
+		return err
 	}
-	var l *flightlock.Locker
-	if b.store, l, err = newZKFlightlock(b.addr, c.zkSession, c.lockTimeout); err != nil {
-		return nil, err
-	}
-	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.store.MaxTTL(), flightTTL)
 	for _, p := range []string{zkFloorRoot, zkLockRoot} {
 		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return nil, fmt.Errorf("create %s: %w", p, err)
+			return fmt.Errorf("create %s: %w", p, err)
 		}
 	}
-	// The floor writes what flightlock writes in a key node: read it off a held lock.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	lease, err := l.Lock(ctx, "warm")
-	if err != nil {
-		return nil, fmt.Errorf("warm-up lock: %w", err)
-	}
-	if b.floorValue, _, err = b.conn.Get(b.store.Root() + "/lock:warm"); err != nil { // the Locker's default key prefix
-		return nil, fmt.Errorf("read the warm-up key node: %w", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		return nil, fmt.Errorf("warm-up release: %w", err)
-	}
-	return l, nil
+	return nil
 }
 
 func (b *zkBackend) close() {
-	if b.store != nil {
-		_ = b.store.Close()
-	}
 	if b.conn != nil {
 		b.conn.Close()
 	}
 }
 
-// newLocker is a Locker on a zkstore of its own, with a session of its own.
-func (b *zkBackend) newLocker(wait time.Duration) (*flightlock.Locker, func(), error) {
-	store, l, err := newZKFlightlock(b.addr, b.c.zkSession, wait)
-	if err != nil {
-		return nil, nil, err
+// newStore is a zkstore with a session of its own, which must keep the TTL of the other
+// stores' rows (zkstore.Store.MaxTTL).
+func (b *zkBackend) newStore() (closingStore, error) {
+	s, err := zkstore.Dial(zkstore.Config{Hosts: []string{b.addr}, SessionTimeout: b.c.zkSession})
+	if err == nil && b.maxTTL == 0 {
+		b.maxTTL, b.root = s.MaxTTL(), s.Root()
+		progress("flightlock: session %v, MaxTTL %v, TTL %v", b.c.zkSession, b.maxTTL, flightTTL)
 	}
-	return l, func() { drainClose(l, store.Close) }, nil
+	return s, err
+}
+
+func (b *zkBackend) floorFrom(key string) (err error) {
+	b.floorValue, _, err = b.conn.Get(b.root + "/" + key)
+	return err
 }
 
 // lockOf is the floor or zk.NewLock, on this process's session; zk.NewLock's lock for i < 0
@@ -350,8 +330,12 @@ func (z *zkBackend) notes() storeNotes {
 			rowZKLock:      "go-zookeeper zk.NewLock (Lock + Unlock), lock node exists",
 			rowZKLockFresh: "go-zookeeper zk.NewLock (Lock + Unlock), a fresh lock path per operation",
 		},
-		hotClientCPU: true,
-		head: func(p printer, c *config) {
+		floors:  [][2]string{{rowFloor, "floor"}},
+		peerHow: "each contender creates its node and lists the path, each waiter watches its predecessor, and each unlock is another write",
+		s1Note:  " zk.NewLock's first row locks one lock path, again and again.",
+		goals:   (*report).storeGoalSets,
+		head: func(r *report, w writer) {
+			p, c := lines(w), r.cfg
 			p("# ZooKeeper benchmarks")
 			p("")
 			p("Generated by `bench/cmd/lockbench -store zookeeper` on %s. flightlock's ZooKeeper store (`zkstore`) against", c.startedAt.Format("2006-01-02 15:04 MST"))
@@ -367,7 +351,7 @@ func (z *zkBackend) notes() storeNotes {
 			p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 			p("  killed by its pid at the end.")
 			p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.store.MaxTTL().Round(100*time.Millisecond))
+			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.maxTTL.Round(100*time.Millisecond))
 			p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
 				(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
 			p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
@@ -375,50 +359,32 @@ func (z *zkBackend) notes() storeNotes {
 			p("- zk.NewLock is the recipe as its package ships it: a protected ephemeral sequential node under the lock path, the")
 			p("  path's children listed, a watch on the predecessor, the node deleted on Unlock. One `zk.Lock` per goroutine and")
 			p("  key (a Lock remembers its node), all on their process's one session. Its Lock takes no context, so the Lock")
-			p("  bound below does not apply to it. It never deletes the lock path: on a key it has seen the path exists (the")
+			p("  bound does not apply to it. It never deletes the lock path: on a key it has seen the path exists (the")
 			p("  \"lock node exists\" row); the first use of a key creates it (an `Exists` per level, a `Create`), which the")
 			p("  \"fresh lock path\" row pays every time.")
-			p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of every scenario runs once, rows", scenarioList(c), c.reps)
-			p("  interleaved and their order rotated per repetition; figures are medians over the repetitions. Before the first,")
-			p("  every row of scenario 1 runs %v unmeasured (the JVM compiles the server's hot paths meanwhile).", c.warm)
-			p("- Durations: scenario 1 %v per row (in turns of %v), scenario 2 %v per row, scenario 3 a common window of %v per row.", c.d1, s1Slice, c.d2, c.d3)
-			p("- Every flightlock Lock runs under a context bounded at %v; a failed Lock or release is counted as an error.", c.lockTimeout)
-			p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and a plain counter")
-			p("  that a lost update leaves short, and, for flightlock, that its lease's fence is strictly larger than the last")
-			p("  fence seen on the key (zk.NewLock has no fence). In scenario 3 these words live in a file every worker process")
-			p("  maps, so the checks span processes. The critical section does nothing else.")
+			commonBullets(p, c, "the JVM compiles the server's hot paths meanwhile")
 			p("- Requests and fsyncs per operation: deltas of the server's `mntr` counters over the row (`zk_packets_received`,")
 			p("  every request of every client, session pings included; `zk_cnt_fsynctime`, the fsyncs of the transaction")
 			p("  log), divided by the operations or critical sections counted; likewise the CPU time of the server process")
 			p("  (from /proc, 10ms ticks) and, in scenarios 1 and 2, of the benchmark process (the client).")
 			p("")
+			w("## Machine\n\n")
+			r.machineTable(w)
 		},
 		machine: []string{fmt.Sprintf("| ZooKeeper (`srvr`) | %s |", z.version), fmt.Sprintf("| JVM (`java -version`) | %s |", z.java)},
 		dataDir: fmt.Sprintf("| ZooKeeper data directory | %s (transaction log fsynced) |", z.fsType),
-		s1Intro: func(c *config) string {
-			return fmt.Sprintf("One goroutine, a distinct key per operation (zk.NewLock's first row: one lock path, locked and unlocked again),\n"+
-				"%v per row and repetition, the rows taking turns in slices of %v; a row's figures sum its slices.", c.d1, s1Slice)
-		},
-		s1Ratios: func(r *storeResults) string {
+		s1Ratios: func(r *report) string {
 			fo := r.med(1, rowFloor, p50)
 			return fmt.Sprintf("p50 against the floor's: flightlock %.2fx, zk.NewLock %.2fx (lock node exists), %.2fx (fresh lock path).",
 				safeDiv(r.med(1, rowFlight, p50), fo), safeDiv(r.med(1, rowZKLock, p50), fo), safeDiv(r.med(1, rowZKLockFresh, p50), fo))
-		},
-		hotSetup: func(sc int, c *config) string {
-			if sc == 2 {
-				return fmt.Sprintf("%d goroutines of this process loop on one key: Lock, the critical section's checks, Release; "+
-					"%v per row and repetition, counting the critical sections that end inside it.", hotGoroutines, c.d2)
-			}
-			return fmt.Sprintf("%d worker processes (the command re-executed), %d goroutines each, each process with its own "+
-				"session (and its own Locker and store, or its own zk.NewLock holders), counting over one common window "+
-				"of %v; the table sums them (client CPU is not counted here).", s3Procs, s3Goroutines, c.d3)
 		},
 		closing: zkHowToRead,
 	}
 }
 
 // howToRead is the closing paragraph, with this run's figures.
-func zkHowToRead(p printer, r *storeResults, c *config) {
+func zkHowToRead(r *report, w writer) {
+	p, c := lines(w), r.cfg
 	p("## How to read it")
 	p("")
 	var parts []string
@@ -443,26 +409,8 @@ func zkHowToRead(p printer, r *storeResults, c *config) {
 			perOp(r.med(1, rowZKLockFresh, reqs)), perOp(r.med(1, rowZKLockFresh, fsy)),
 			mdfmt.Dur(r.med(1, rowZKLockFresh, p50))))
 	}
-	if c.scenarios[2] || c.scenarios[3] {
-		fl2, zl2 := r.med(2, rowFlight, rate), r.med(2, rowZKLock, rate)
-		fl3, zl3 := r.med(3, rowFlight, rate), r.med(3, rowZKLock, rate)
-		parts = append(parts, fmt.Sprintf("On a hot key zk.NewLock makes every critical section pay the server: "+
-			"each contender creates its node and lists the path, each waiter watches its predecessor, and each "+
-			"unlock is another write, so the key moves at the speed of the server's commits (%.0f critical sections "+
-			"per second in one process, %s requests and %s fsyncs each; %.0f/s across %d processes). flightlock's gate "+
-			"lets one goroutine per process ask the server for a key; the others queue in the process and a release "+
-			"hands the lock to the next of them without a request (up to %d handoffs or %v per grant, then a real "+
-			"release so other processes get their turn): %s requests per critical section in one process, %s across "+
-			"processes, and %.0f critical sections per second (%.1fx zk.NewLock) and %.0f/s across processes (%.1fx). "+
-			"The checks counted %d inside and %d fence violations for flightlock and %d inside violations for "+
-			"zk.NewLock over every repetition.",
-			zl2, perOp(r.med(2, rowZKLock, reqs)), perOp(r.med(2, rowZKLock, fsy)), zl3, s3Procs,
-			flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow,
-			perOp(r.med(2, rowFlight, reqs)), perOp(r.med(3, rowFlight, reqs)),
-			fl2, safeDiv(fl2, zl2), fl3, safeDiv(fl3, zl3),
-			r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations),
-			r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations),
-			r.sum(2, rowZKLock, violations)+r.sum(3, rowZKLock, violations)))
+	if c.scenarios[2] && c.scenarios[3] {
+		parts = append(parts, r.hotKeyWhy())
 	}
 	if n := r.sum(2, rowFlight, failures) + r.sum(3, rowFlight, failures); n > 0 {
 		parts = append(parts, fmt.Sprintf("flightlock's Locks failed %d times in scenarios 2 and 3 of this run (the "+

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	flmw "github.com/flightlock/flightlock/middleware"
+)
+
+// redisBackend is the Redis rows' store: a redis-server of their own, the many libraries of
+// libs.go as rows (flightlock among them, each on a client of its own), and the counters only
+// Redis gives: the commands by name (INFO commandstats) and, through each row's client, its
+// round trips. It runs every scenario; 6b and 10-13 are its alone (extraScenarios).
+type redisBackend struct {
+	srv     *redisserver.Server
+	addr    string
+	version string // the server's redis_version
+	adm     *admin
+	impls   map[string]impl // built once per row and reused across scenarios and repetitions
+}
+
+func (r *redisBackend) name() string     { return "redis" }
+func (r *redisBackend) title() string    { return "Redis" }
+func (r *redisBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13} }
+func (r *redisBackend) peer() string     { return "redislock" }
+func (r *redisBackend) describe() string {
+	return fmt.Sprintf("redis-server pid %d on %s", r.Pid(), r.addr)
+}
+
+func (r *redisBackend) start(*config) (err error) {
+	if r.srv, err = redisserver.Start("lockbench-redis"); err == nil {
+		r.addr, r.version = r.srv.Addr, r.srv.Version()
+	}
+	return err
+}
+
+func (r *redisBackend) attach(addr string)          { r.addr = addr }
+func (r *redisBackend) Stop()                       { r.srv.Stop() }
+func (r *redisBackend) Pid() int                    { return r.srv.Pid() }
+func (r *redisBackend) workerArgs(*config) []string { return []string{"-addr", r.addr} }
+func (r *redisBackend) peerGoroutines(int) error    { return nil }
+func (r *redisBackend) dropGoroutinesBeyond(int)    {}
+func (r *redisBackend) dupConf() flmw.LockConf {
+	return flmw.LockConf{Redis: flmw.RedisConf{Host: r.addr}}
+}
+func (r *redisBackend) spec(row string) (rowSpec, bool) { return rowByID(row) }
+
+// open makes the measurement's connection; flightlock is one of the rows, on a client of its
+// own, and has no store apart (newStore) nor a floor to copy (floorFrom).
+func (r *redisBackend) open(*config) error {
+	r.adm, r.impls = newAdmin(r.addr), map[string]impl{}
+	return nil
+}
+
+func (r *redisBackend) newStore() (closingStore, error) { return nil, nil }
+func (r *redisBackend) floorFrom(string) error          { return nil }
+
+func (r *redisBackend) close() {
+	for _, im := range r.impls {
+		im.close()
+	}
+}
+
+// rows are the libraries of each scenario, each waiting strategy once where a key is hot.
+func (r *redisBackend) rows(scenario int) []string {
+	switch scenario {
+	case 1:
+		return []string{"flightlock", "redislock", "redsync", "gozero", "rueidislock", "store", "ping", "setdel"}
+	case 4:
+		return append(r.rows(2), "setdel")
+	case 5:
+		return []string{"flightlock", "redislock", "redsync", "gozero", "rueidislock"}
+	}
+	return []string{"flightlock", "redislock", "redislock-1ms", "redsync", "redsync-1ms", "gozero", "gozero-1ms", "rueidislock"}
+}
+
+// lockOf is the row's one impl, whatever the goroutine: every library's client is safe for
+// concurrent use.
+func (r *redisBackend) lockOf(row string, _ int) impl {
+	if im, ok := r.impls[row]; ok {
+		return im
+	}
+	spec, ok := rowByID(row)
+	if !ok {
+		fatalf("unknown row %q", row)
+	}
+	im, err := spec.build(r.addr, spec.client)
+	if err != nil {
+		fatalf("build %s: %v", row, err)
+	}
+	r.impls[row] = im
+	return im
+}
+
+// counters reads the server's commands (INFO commandstats, without the INFO calls of the
+// measurement itself).
+func (r *redisBackend) counters() serverStats {
+	cmds, err := r.adm.commandStats(context.Background())
+	if err != nil {
+		fatalf("INFO commandstats: %v", err)
+	}
+	delete(cmds, "info")
+	return serverStats{cmds: cmds, reqs: float64(cmds.total()), ok: true}
+}
+
+// serverCPU is INFO cpu's, finer than /proc's ticks.
+func (r *redisBackend) serverCPU() time.Duration {
+	return time.Duration(r.adm.cpuSeconds(context.Background()) * 1e9)
+}
+
+func (r *redisBackend) serverMemory() int64 { return r.adm.usedMemory(context.Background()) }
+
+func (r *redisBackend) notes() storeNotes {
+	return storeNotes{reqUnit: "cmds", reqCol: "server cmds", cpuCol: "Redis CPU", floors: [][2]string{{"ping", "PING"}, {"setdel", "SET+DEL"}}, ping: "PING", s6Intro: (*report).s6Intro,
+		machine: []string{fmt.Sprintf("| Redis | %s |", r.version)},
+		head:    (*report).redisHead, goals: (*report).redisGoals, closing: (*report).redisClosing,
+		rejectHow: "the others: one attempt without retry, which costs them a round trip", s9HoldNote: "Redis memory is the `used_memory` delta."}
+}
+
+// http is scenario 6, then its rows over a bare handler (6b).
+func (r *redisBackend) http(b *bench) *s6Results {
+	res := b.httpScenario(b.startSystem, s6Rows)
+	if res.Note == "" {
+		b.rep.s6bare = b.scenario6Bare()
+	}
+	return res
+}
+
+// extra runs the scenarios only Redis has.
+func (r *redisBackend) extra(b *bench, scenario int) {
+	switch scenario {
+	case 10:
+		b.rep.s10 = b.scenario10()
+	case 11:
+		b.rep.s11 = b.scenario11()
+	case 12:
+		b.rep.s12 = b.scenario12()
+	case 13:
+		b.rep.s13 = b.scenario13()
+	}
+}
+
+// redisAddr is the address of the Redis rows' server, for the scenarios only Redis runs.
+func (b *bench) redisAddr() string { return b.be.(*redisBackend).addr }

@@ -1,0 +1,678 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/bench/internal/contend"
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
+	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/lockstore"
+	flmw "github.com/flightlock/flightlock/middleware"
+)
+
+// Every store is a backend of one runner (bench): the backend starts its server, reads its
+// counters, and names the rows of each scenario (redis.go: the many Redis libraries; etcd.go
+// and zk.go: flightlock on the store, the store's own lock recipe, the peer, and a floor, the
+// bare writes any lock of that store needs); the scenarios, their figures and their reports
+// are written once.
+
+// Row names, as they appear in the report and in the workers' -row flag.
+const (
+	rowFloor  = "floor"
+	rowFlight = "flightlock"
+)
+
+// flightTTL is the TTL of every flightlock lock of the etcd and ZooKeeper rows; a backend's
+// own leases or sessions last at least as long.
+const flightTTL = 10 * time.Second
+
+// hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
+const hotGoroutines = 64
+
+// s1Slice is how long one row runs at a time in scenario 1: the rows take turns in slices of
+// it, so that a drift of the server's speed within a repetition (its log and backend commits,
+// a JVM still compiling) falls on every row alike instead of on whichever row ran when the
+// server was slower. A row's figures sum its slices.
+const s1Slice = 200 * time.Millisecond
+
+// s1MaxOps bounds the operations of one row of scenario 1 per repetition (its keys are made
+// before the rows run): -d1 up to 2s at 10 µs an operation.
+const s1MaxOps = 200000
+
+// backend is one store with a server of its own: how to start that server and read its
+// counters, its rows of each scenario as rows (impl) of this process, and what its report
+// says of it. A backend that runs scenarios 4-9 implements fullBackend too, one with scenarios
+// of its own extraScenarios.
+type backend interface {
+	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
+	name() string
+	title() string
+	// scenarios are those the backend runs.
+	scenarios() []int
+	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
+	// data, and may be called twice); describe is its progress line. A worker attaches to the
+	// parent's server instead, at the address workerArgs gave it.
+	start(c *config) error
+	attach(addr string)
+	Stop()
+	describe() string
+	Pid() int
+	// counters reads the server's request and fsync counters (no CPU: serverCPU reads it).
+	counters() serverStats
+	serverCPU() time.Duration
+	// serverMemory is the server's memory in bytes (scenario 9; 0: unknown).
+	serverMemory() int64
+	// open makes this process's clients and what the rows need; close undoes it. newStore is
+	// a flightlock store of its own on the server where flightlock is not one of lockOf's rows
+	// (nil otherwise); floorFrom has the floor write what flightlock wrote at key.
+	open(c *config) error
+	close()
+	newStore() (closingStore, error)
+	floorFrom(key string) error
+	// peer is the row of the store's own lock; rows are those of a scenario: 1's; 2's, which 3,
+	// scenario 8's hot key and scenario 9's waiting run too; 4's, which scenario 8's keys run
+	// too; 5's, which scenario 9's holding runs too. spec names a row.
+	peer() string
+	rows(scenario int) []string
+	spec(row string) (rowSpec, bool)
+	// lockOf is a row's lock for goroutine i of this process, once peerGoroutines(n) made room
+	// for n > i of them; i < 0 is the process's own lock, none of the goroutines' (scenario 1,
+	// a held key). dropGoroutinesBeyond undoes peerGoroutines past n.
+	lockOf(row string, i int) impl
+	peerGoroutines(n int) error
+	dropGoroutinesBeyond(n int)
+	workerArgs(c *config) []string
+	notes() storeNotes
+}
+
+// fullBackend is a backend that runs scenarios 4-9 too: http runs scenario 6; dupConf is the
+// middleware's Lock section of scenario 7.
+type fullBackend interface {
+	backend
+	http(b *bench) *s6Results
+	dupConf() flmw.LockConf
+}
+
+// extraScenarios is a backend with scenarios only it runs (Redis: 10-13); extra runs one.
+type extraScenarios interface {
+	extra(b *bench, scenario int)
+}
+
+// backendFor is the backend of -store name.
+func backendFor(name string) backend {
+	switch name {
+	case "redis":
+		return &redisBackend{}
+	case "etcd":
+		return &etcdBackend{}
+	case "zookeeper":
+		return &zkBackend{}
+	}
+	return nil
+}
+
+// procBackend is a backend whose server is a process of its own that /proc tells about.
+type procBackend struct{ redisserver.Proc }
+
+func (p *procBackend) serverCPU() time.Duration { return cpustat.Proc(p.Pid()) }
+func (p *procBackend) serverMemory() int64      { return procRSS(p.Pid()) }
+
+// serverStats are a server's counters: the requests it handled (Redis: commands, those its
+// scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
+// counted; ZooKeeper: every packet received, pings included), by command (Redis), the lease
+// keep-alive requests it received (etcd), the fsyncs of its log, the client round trips of a
+// Redis row, and the CPU used by the server process and by this one.
+type serverStats struct {
+	reqs       float64
+	keepAlives float64
+	fsyncs     float64
+	cmds       cmdDelta
+	rts        int64
+	ok         bool
+	cpu, self  time.Duration
+}
+
+func (a serverStats) sub(b serverStats) serverStats {
+	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
+		cmds: diffStats(b.cmds, a.cmds), rts: a.rts - b.rts, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
+}
+
+func (a serverStats) add(b serverStats) serverStats {
+	cmds := cmdDelta{}
+	for _, c := range []cmdDelta{a.cmds, b.cmds} {
+		for k, v := range c {
+			cmds[k] += v
+		}
+	}
+	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
+		cmds: cmds, rts: a.rts + b.rts, ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+}
+
+// meter reads a server's counters (no CPU) and its process's CPU.
+type meter interface {
+	counters() serverStats
+	serverCPU() time.Duration
+}
+
+// rowMeter is a backend's meter with the round trips of a row's client (im nil: none).
+type rowMeter struct {
+	be backend
+	im impl
+}
+
+func (m rowMeter) counters() serverStats {
+	st := m.be.counters()
+	if m.im != nil {
+		st.rts = m.im.roundTrips()
+	}
+	return st
+}
+
+func (m rowMeter) serverCPU() time.Duration { return m.be.serverCPU() }
+
+// readStats reads m's counters and the CPU of the server and of this process; at a window's
+// end (cpuFirst) the CPU first, so that the server CPU that answering the reading takes is
+// left out of the window.
+func readStats(m meter, cpuFirst bool) serverStats {
+	var cpu, self time.Duration
+	if cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st := m.counters()
+	if !cpuFirst {
+		cpu, self = m.serverCPU(), cpustat.Self()
+	}
+	st.cpu, st.self = cpu, self
+	return st
+}
+
+// windowStats is what m counted over the window d from start (its readings at both ends).
+func windowStats(start time.Time, d time.Duration, m meter) serverStats {
+	time.Sleep(time.Until(start))
+	s0 := readStats(m, false)
+	time.Sleep(time.Until(start.Add(d)))
+	return readStats(m, true).sub(s0)
+}
+
+// The figures of a row's repetition (its metrics' keys), on every store: rate is operations
+// or critical sections per second; p50 and p99 scenario 1's lock + unlock latency or the
+// Lock's wait (ns); reqs, fsyncs and rt the server's requests (Redis: commands), its log's
+// fsyncs and the client's round trips per operation (-1: unknown); scpu and ccpu the server's
+// and the client's CPU per operation (ns; the workers' in a run across processes); errors
+// counts failed Locks and Releases; violations a critical section that found another one
+// inside (or a lost update), fence_violations a flightlock fence not larger than the last one
+// seen; retries the etcd floor's put-if-absent attempts that found the key taken; procN the
+// critical sections of worker N.
+const (
+	p50, p99, rate, reqs, fsy, rt, scpu, ccpu      = "p50", "p99", "rate", "reqs", "fsyncs", "rt", "scpu", "ccpu"
+	failures, violations, fenceViolations, retries = "errors", "violations", "fence_violations", "retries"
+)
+
+// perOpFigures adds to m what st counted per operation of ops.
+func perOpFigures(m metrics, st serverStats, ops int64) metrics {
+	m[reqs], m[fsy], m[rt], m[scpu], m[ccpu] = -1, -1, 0, 0, 0
+	if st.ok && ops > 0 {
+		n := float64(ops)
+		m[reqs], m[fsy], m[rt], m[scpu], m[ccpu] = st.reqs/n, st.fsyncs/n, float64(st.rts)/n, float64(st.cpu)/n, float64(st.self)/n
+	}
+	return m
+}
+
+// closingStore is a flightlock store that holds a client of its own.
+type closingStore interface {
+	lockstore.Store
+	Close() error
+}
+
+// bench runs a backend's scenarios and keeps their results (rep); l is the bench's Locker
+// (flight as a row, closeL its teardown), where the backend has one.
+type bench struct {
+	c      *config
+	be     backend
+	l      *flightlock.Locker
+	flight lockerRow
+	closeL func()
+	rep    *report
+}
+
+// openBench opens be's clients and, where the backend has one, the bench's Locker, warmed by
+// one lock whose stored value the floor then writes: its writes are as large as flightlock's.
+func openBench(c *config, be backend) (*bench, error) {
+	b := &bench{c: c, be: be}
+	if err := be.open(c); err != nil {
+		return b, err
+	}
+	l, closeL, err := b.newLocker()
+	if l == nil || err != nil {
+		return b, err
+	}
+	b.l, b.closeL = l, closeL
+	if b.flight, err = newLockerRow(l); err != nil {
+		return b, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lease, err := l.Lock(ctx, "warm")
+	if err != nil {
+		return b, fmt.Errorf("warm-up lock: %w", err)
+	}
+	if err := be.floorFrom("lock:warm"); err != nil { // the Locker's default key prefix
+		return b, fmt.Errorf("read the warm-up key: %w", err)
+	}
+	return b, lease.Release(ctx)
+}
+
+// newLocker is a Locker on a store of the backend's own and its teardown (nil: the backend
+// has no store apart from its rows). Its wait budget is as long as the Lock's context bound,
+// so a Lock ends on the bound (an error counted); handoff keeps its defaults.
+func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
+	st, err := b.be.newStore()
+	if st == nil || err != nil {
+		return nil, nil, err
+	}
+	l, err := flightlock.New(st, flightlock.WithTTL(flightTTL), flightlock.WithWait(b.c.lockTimeout))
+	if err != nil {
+		_ = st.Close()
+		return nil, nil, err
+	}
+	return l, func() { drainClose(l, st.Close) }, nil
+}
+
+// close drains the bench's Locker and closes its store and the backend's clients.
+func (b *bench) close() {
+	if b.closeL != nil {
+		b.closeL()
+	}
+	b.be.close()
+}
+
+// rowImpl is row's lock for goroutine i (backend.lockOf), the bench's Locker for flightlock.
+func (b *bench) rowImpl(row string, i int) impl {
+	if row == rowFlight && b.l != nil {
+		return b.flight
+	}
+	return b.be.lockOf(row, i)
+}
+
+// impl is row r's lock of this process.
+func (b *bench) impl(r rowSpec) impl { return b.rowImpl(r.id, -1) }
+
+// meter is the backend's meter with the round trips of row's client ("": none).
+func (b *bench) meter(row string) meter {
+	if row == "" {
+		return rowMeter{be: b.be}
+	}
+	return rowMeter{b.be, b.rowImpl(row, -1)}
+}
+
+// rows are the backend's rows of a scenario (backend.rows), -rows applied.
+func (b *bench) rows(scenario int) []rowSpec { return b.pick(b.be.rows(scenario)...) }
+
+// pick are the backend's rows of ids, -rows applied.
+func (b *bench) pick(ids ...string) []rowSpec {
+	var out []rowSpec
+	for _, id := range ids {
+		if onlyRows != nil && !onlyRows[id] {
+			continue
+		}
+		r, ok := b.be.spec(id)
+		if !ok {
+			fatalf("unknown row %q", id)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// onlyRows, when set (-rows), keeps only these rows, for profiling one library.
+var onlyRows map[string]bool
+
+// warm runs a few uncontended operations on each row so scripts are loaded, pools filled and
+// sessions made before anything is measured.
+func (b *bench) warm(rows []rowSpec) {
+	for _, r := range rows {
+		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
+			fatalf("warm-up %s: %v", r.id, err)
+		}
+	}
+}
+
+// warmImpl takes and releases n keys named after prefix on im, and read locks too on a
+// read-write row, so that its scripts are loaded and its connections open.
+func warmImpl(im impl, prefix string, n int) error {
+	ctx := context.Background()
+	rim, rw := im.(rwImpl)
+	for i := range n {
+		k := im.key(fmt.Sprintf("%s:%d", prefix, i))
+		h, err := im.lock(ctx, k)
+		if err != nil {
+			return err
+		}
+		_ = im.unlock(ctx, k, h)
+		if rw {
+			if h, err = rim.rlock(ctx, k); err != nil {
+				return err
+			}
+			_ = rim.runlock(ctx, k, h)
+		}
+	}
+	return nil
+}
+
+// run runs the backend's scenarios on a private server of their own: 1-4 in every
+// repetition, then 8, 9, 5, 6 and 7, each with its own repetitions, then the backend's own
+// (Redis: 13, 10, 11, 12), and writes the reports.
+func run(c *config, be backend, prof profiling) {
+	if err := be.start(c); err != nil {
+		fatalf("start %s: %v", be.name(), err)
+	}
+	stopServers = be.Stop
+	progress("%s", be.describe())
+	b, err := openBench(c, be)
+	if err != nil {
+		fatalf("setup: %v", err)
+	}
+	defer b.close()
+	defer prof.start()()
+	rep := newReport(c, be)
+	b.rep = rep
+
+	if c.warm > 0 {
+		// A freshly started server commits its first writes more slowly (a JVM compiles
+		// meanwhile), which would tilt the first repetition against its first row.
+		progress("warm-up: every row of scenario 1 for %v, unmeasured", c.warm)
+		b.uncontended(b.rows(1), "w", 0, c.warm, s1Slice, false)
+	}
+	for _, n := range []int{1, 2, 3, 4} {
+		if c.scenarios[n] {
+			b.warm(b.rows(n))
+		}
+	}
+	for r := 0; r < c.reps && c.ranAny(1, 2, 3, 4); r++ {
+		progress("repetition %d/%d", r+1, c.reps)
+		b.hotAndMany(r)
+	}
+	fb, full := be.(fullBackend)
+	for _, sc := range []struct {
+		n   int
+		run func()
+	}{
+		{8, func() { rep.s8 = b.scaling() }},
+		{9, func() { rep.s9 = b.memory() }},
+		{5, func() { rep.s5 = b.reject() }},
+		{6, func() { rep.s6 = fb.http(b) }},
+		{7, func() { rep.s7 = dupBursts(fb.dupConf(), c.reps, "flightlock on "+be.title()) }},
+	} {
+		if c.scenarios[sc.n] && full {
+			sc.run()
+		}
+	}
+	if x, ok := be.(extraScenarios); ok {
+		for _, n := range []int{13, 10, 11, 12} {
+			if c.scenarios[n] {
+				x.extra(b, n)
+			}
+		}
+	}
+	rep.elapsed = time.Since(rep.started)
+	rep.write()
+	progress("done in %v", rep.elapsed.Round(time.Second))
+}
+
+// hotAndMany runs repetition r of scenarios 1-4, each row once, in the rotated order.
+func (b *bench) hotAndMany(r int) {
+	c, rep, unit := b.c, b.rep, b.be.notes().reqUnit
+	if c.scenarios[1] {
+		rows := b.rows(1)
+		ms, mixes := b.uncontended(rows, "s1", r, c.d1, s1Slice, false)
+		for _, x := range rows {
+			m := ms[x.id]
+			rep.s1 = addRep(rep.s1, x, m, mixes[x.id], "")
+			progress("  1 uncontended  %-14s p50 %s  %.0f ops/s  %s/op %.2f  RT/op %.2f  errors %.0f", x.id, mdfmt.Dur(m[p50]), m[rate], unit, m[reqs], m[rt], m[failures])
+		}
+	}
+	logHot := func(what string, x rowSpec, m metrics, firstErr string) {
+		progress("  %-14s %-14s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.3f  RT/CS %.3f  %s", what, x.id, m[rate],
+			mdfmt.Dur(m[p99]), m[violations], m[fenceViolations], m[retries], m[failures], unit, m[reqs], m[rt], firstErr)
+	}
+	if c.scenarios[2] {
+		for _, g := range c.s2Goroutines {
+			d := c.d2
+			if g < 16 && c.d2small > 0 {
+				d = c.d2small
+			}
+			for _, x := range interleave.Rotate(b.rows(2), r) {
+				m, mix, firstErr := b.contendRun(x, []string{fmt.Sprintf("s2:%d:%d", g, r)}, g, d, 0, 0)
+				rep.s2[g] = addRep(rep.s2[g], x, m, mix, firstErr)
+				logHot(fmt.Sprintf("2 hot x%d", g), x, m, firstErr)
+			}
+		}
+	}
+	if c.scenarios[3] {
+		for _, x := range interleave.Rotate(b.rows(3), r) {
+			m, mix, firstErr := b.runProcs(x, fmt.Sprintf("s3:%d", r), s3Procs, s3Goroutines, c.d3)
+			rep.s3 = addRep(rep.s3, x, m, mix, firstErr)
+			logHot(fmt.Sprintf("3 hot %dx%d", s3Procs, s3Goroutines), x, m, firstErr)
+		}
+	}
+	if c.scenarios[4] {
+		for _, x := range interleave.Rotate(b.rows(4), r) {
+			m, mix, firstErr := b.contendRun(x, keysNamed(fmt.Sprintf("s4:%d:", r), manyKeys), hotGoroutines, c.d4, uint64(r), 0)
+			rep.s4 = addRep(rep.s4, x, m, mix, firstErr)
+			logHot(fmt.Sprintf("4 %d keys", manyKeys), x, m, firstErr)
+		}
+	}
+}
+
+// manyKeys is how many keys the operations of scenario 4 draw from, on every store.
+const manyKeys = 1000
+
+// uncontended runs scenario 1's loop for rows in one repetition rep on keys named after
+// prefix (sliceRows, up to s1MaxOps operations a row, in turns of slice) and measures each row:
+// the whole operation's latency and, apart, the lock's and the unlock's, what the server
+// counted, CPU and allocations per operation, and with timeCalls the time inside the client's
+// calls and the rest; with the server command mix per operation.
+func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
+	ims := make([]impl, len(rows))
+	for i, r := range rows {
+		ims[i] = b.impl(r)
+	}
+	sums := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), s1MaxOps, rep, d, slice, timeCalls, func(im impl) meter { return rowMeter{b.be, im} })
+	out, mixes := map[string]metrics{}, map[string]string{}
+	for i, r := range rows {
+		s := sums[i]
+		fn := float64(max(s.ops, 1))
+		m := latencyMetrics(s.lat, s.lockLat)
+		m["ops"], m[rate], m[failures] = float64(s.ops), float64(s.ops)/s.elapsed.Seconds(), float64(s.errs)
+		m["allocs"], m["bytes"] = float64(s.mallocs)/fn, float64(s.bytes)/fn
+		perOpFigures(m, s.st, s.ops)
+		if len(s.inCalls) > 0 {
+			slices.Sort(s.inCalls)
+			slices.Sort(s.outside)
+			m["calls_p50"] = percentile(s.inCalls, 0.50)
+			m["outside_p50"] = percentile(s.outside, 0.50)
+		}
+		out[r.id], mixes[r.id] = m, mixString(s.st.cmds, s.ops)
+	}
+	return out, mixes
+}
+
+// latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
+// lat, and the p50s of their lock parts (lockLat) and unlock parts (the difference). It sorts
+// lat and lockLat in place.
+func latencyMetrics(lat, lockLat []int64) metrics {
+	unlockLat := make([]int64, len(lat))
+	for i := range unlockLat {
+		unlockLat[i] = lat[i] - lockLat[i]
+	}
+	slices.Sort(lat)
+	slices.Sort(lockLat)
+	slices.Sort(unlockLat)
+	return metrics{
+		p50:          percentile(lat, 0.50),
+		p99:          percentile(lat, 0.99),
+		"lock_p50":   percentile(lockLat, 0.50),
+		"unlock_p50": percentile(unlockLat, 0.50),
+	}
+}
+
+// admitting is guard g as the checks of row r see it: a read-write lock's, a semaphore's of
+// r.permits holders, or a mutex's.
+func admitting(r rowSpec, g guard.Guard) guard.Guard {
+	switch {
+	case r.rw:
+		return g.ReadWrite()
+	case r.permits > 1:
+		return g.Admitting(int64(r.permits))
+	}
+	return g
+}
+
+// holders are n holders of row r on keys (base names), the i-th on the row's lock of goroutine
+// i; a read-write row's draw reads% reads, and a semaphore's or read-write row's hold is
+// checked by span too.
+func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard) []contend.Holder {
+	if err := b.be.peerGoroutines(n); err != nil {
+		fatalf("%s: %v", r.id, err)
+	}
+	if r.rw {
+		im := b.impl(r)
+		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)
+	}
+	hs := rowHolders(n, func(i int) impl { return b.rowImpl(r.id, i) }, keys)
+	if r.permits > 1 {
+		return spanHolders(hs, span)
+	}
+	return hs
+}
+
+// contendRun runs n goroutines of this process for d on keys (base names), each operation on
+// a key drawn uniformly, reads% of a read-write row's Locks reads (scenarios 2 and 4, 8's
+// goroutines and keys, 10-12 in one process): windowRun, the server's counters read at the
+// window's start and end, scenario 2's checks around every critical section (a floor that is
+// no lock has none counted). It returns the figures, the server command mix per critical
+// section and the first error.
+func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, seed uint64, reads int) (metrics, string, string) {
+	gs, span := newGuards(len(keys)), admitting(r, guard.New())
+	gs[0] = admitting(r, gs[0])
+	hs := b.holders(r, keys, n, reads, span)
+	im := b.impl(r)
+	retries0 := retriesOf(im)
+	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.meter(r.id))
+	cr.Errors += cr.ReleaseErrors
+	plain, viol, fence := guardSums(gs)
+	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
+	m[retries] = float64(retriesOf(im) - retries0)
+	if r.floor {
+		m[violations] = 0 // not a lock: nothing to check
+	}
+	return m, mixString(st.cmds, cr.Ops), cr.FirstErr
+}
+
+// contendMetrics are a contention run's figures: critical sections, in all and per second,
+// the waits' p50, p99 and max, the failures, the checks' violations (a lost write leaves the
+// plain counters short) and fence violations, what st counted per critical section, and for
+// a semaphore or read-write row the most holders at once (peak); a read-write row's reads and
+// writes per second and its reads' waits apart.
+func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, fence, peak int64) metrics {
+	slices.Sort(cr.Waits)
+	secs := float64(cr.Elapsed) / 1e9
+	writes := cr.Ops - cr.Reads
+	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
+		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
+	if r.rw || r.permits > 1 {
+		m["peak"] = float64(peak)
+	}
+	if r.rw {
+		slices.Sort(cr.ReadWaits)
+		m["reads"], m["read_rate"], m["write_rate"] = float64(cr.Reads), float64(cr.Reads)/secs, float64(writes)/secs
+		m["read_p50"], m["read_p99"] = percentile(cr.ReadWaits, 0.50), percentile(cr.ReadWaits, 0.99)
+	}
+	return perOpFigures(m, st, cr.Ops)
+}
+
+// runProcs runs one repetition of row r in procs worker processes (worker.go) of g goroutines
+// each on one fresh key, every one with clients of its own, over a common window d (scenario 3,
+// 8's processes, 10-12); extra are more of the workers' flags (scenario 11's -reads). It
+// returns the figures as in one process (contendMetrics) with the workers' CPU per critical
+// section, how evenly the processes got through (fair: the most critical sections of a
+// process over the fewest; per_proc; procN), the server command mix and the first error.
+func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
+	args := append(b.be.workerArgs(b.c), extra...)
+	if r.permits > 1 {
+		args = append(args, "-permits", strconv.Itoa(r.permits))
+	}
+	wr, st, cs, span, done := workerRun(b.be.name(), r.id, key, procs, g, d, b.c.lockTimeout, r.permits > 1 || r.rw, b.meter(""), args...)
+	defer done()
+	cs, span = admitting(r, cs), admitting(r, span)
+	all := sumWorkers(wr)
+	st.rts = all.RT
+	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
+	var fewest, most int64 = 1 << 62, 0
+	for i, w := range wr {
+		fewest, most = min(fewest, w.Ops), max(most, w.Ops)
+		m["proc"+strconv.Itoa(i)] = float64(w.Ops)
+	}
+	m[ccpu] = float64(all.CPU) / float64(max(all.Ops, 1))
+	m["fair"], m["per_proc"] = float64(most)/float64(max(fewest, 1)), float64(all.Ops)/float64(len(wr))
+	return m, mixString(st.cmds, all.Ops), all.FirstErr
+}
+
+// workerBench builds a row of a backend in a worker process, on clients, a Locker and a store
+// of the worker's own (open on the parent's server), warmed on keys of its own.
+func workerBench(be backend, row, addr string, c *config, reads int) (workerRow, error) {
+	be.attach(addr)
+	b, err := openBench(c, be)
+	if err != nil {
+		return workerRow{}, err
+	}
+	spec, ok := be.spec(row)
+	if !ok {
+		return workerRow{}, fmt.Errorf("unknown row %q", row)
+	}
+	im := b.rowImpl(row, -1)
+	return workerRow{
+		spec: spec,
+		holders: func(keys []string, n int, span guard.Guard) []contend.Holder {
+			return b.holders(spec, keys, n, reads, span)
+		},
+		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20) },
+		roundTrips: im.roundTrips,
+		close:      b.close,
+	}, nil
+}
+
+// retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent
+// retries), 0 for a lock that waits otherwise.
+func retriesOf(im impl) int64 {
+	if r, ok := im.(interface{ retried() int64 }); ok {
+		return r.retried()
+	}
+	return 0
+}
+
+// drainClose drains a Locker and closes its store (revoking its lease or session).
+func drainClose(l *flightlock.Locker, closeStore func() error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = l.Drain(ctx)
+	_ = closeStore()
+}
+
+// ranAny says whether any of the scenarios runs.
+func (c *config) ranAny(scenarios ...int) bool {
+	return slices.ContainsFunc(scenarios, func(n int) bool { return c.scenarios[n] })
+}
+
+// s2Goroutines are the Redis rows' goroutine counts of scenario 2; the chart uses all, the
+// table 16 and 64.
+var s2Goroutines = []int{1, 4, 16, 64}

@@ -1,0 +1,381 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+)
+
+// The report sections of scenarios 1-5, and the order of the later ones (laterSections),
+// written once for every store: their tables show the figures
+// a store gives (a column no row has a figure for is left out: round trips and the command mix
+// are Redis's, fsyncs and retries etcd's and ZooKeeper's), named in the store's words
+// (storeNotes).
+
+// writer writes a piece of a report.
+type writer = func(format string, args ...any)
+
+// column is one column of a results table: its heading and a row's cell; a cell "" is a figure
+// the row does not have ("-"), and a column whose cells are all "" is left out.
+type column struct {
+	head string
+	cell func(x *result) string
+}
+
+// table writes rs as a Markdown table of the columns any row has a figure for.
+func table(w writer, rs []*result, cols ...column) {
+	var keep []column
+	for _, c := range cols {
+		if slices.ContainsFunc(rs, func(x *result) bool { return c.cell(x) != "" }) {
+			keep = append(keep, c)
+		}
+	}
+	heads := []string{"row"}
+	for _, c := range keep {
+		heads = append(heads, c.head)
+	}
+	w("%s\n", mdfmt.Head(heads...))
+	for _, x := range rs {
+		w("| %s |", x.Label)
+		for _, c := range keep {
+			w(" %s |", cmp.Or(c.cell(x), "-"))
+		}
+		w("\n")
+	}
+	w("\n")
+}
+
+// has says whether a repetition of x has a figure named name.
+func has(x *result, name string) bool {
+	return slices.ContainsFunc(x.reps(), func(m metrics) bool { _, ok := m[name]; return ok })
+}
+
+// durCell and intCell are a figure's median, formatted.
+func durCell(name string) func(*result) string {
+	return func(x *result) string { return mdfmt.Dur(x.med(name)) }
+}
+
+func intCell(name string) func(*result) string {
+	return func(x *result) string { return mdfmt.Int(x.med(name)) }
+}
+
+// countCell is a figure present where positive: round trips (Redis), fsyncs (a log that fsyncs).
+func countCell(name string) func(*result) string {
+	return func(x *result) string {
+		if x.worst(name) <= 0 {
+			return ""
+		}
+		return mdfmt.Float(x.med(name))
+	}
+}
+
+// reqCell is the server's requests per operation, n/a where not read.
+func reqCell(name string) func(*result) string {
+	return func(x *result) string { return perOp(x.med(name)) }
+}
+
+// perRepCell lists a figure of each repetition (more than one).
+func perRepCell(name string, f func(float64) string) func(*result) string {
+	return func(x *result) string {
+		if len(x.reps()) < 2 {
+			return ""
+		}
+		return perRep(x, func(m metrics) string { return f(m[name]) })
+	}
+}
+
+func mixCell(x *result) string { return x.Mix }
+
+func errorsCell(x *result) string { return mdfmt.Int(x.sum(failures)) }
+
+// violationsCell is "inside / fence" over the repetitions (n/a for a row that locks nothing
+// and for the fences of a lock that has none).
+func violationsCell(x *result) string {
+	if x.Row == "setdel" || x.Row == "ping" {
+		return "n/a"
+	}
+	fence := "n/a"
+	if strings.HasPrefix(x.Row, rowFlight) {
+		fence = mdfmt.Int(x.sum(fenceViolations))
+	}
+	return mdfmt.Int(x.sum(violations)) + " / " + fence
+}
+
+// ratioCell is x's median of name over row's ("": no such row).
+func ratioCell(rs []*result, row, name string) func(*result) string {
+	return func(x *result) string {
+		if y := find(rs, row); y != nil {
+			return fmt.Sprintf("%.2f", safeDiv(x.med(name), y.med(name)))
+		}
+		return ""
+	}
+}
+
+// cpuCols are the server's and the client's CPU per operation (unit: "op", "CS", "call").
+func (n storeNotes) cpuCols(unit string) []column {
+	return []column{{n.cpuCol + "/" + unit, durCell(scpu)}, {"client CPU/" + unit, durCell(ccpu)}}
+}
+
+// contendTable writes the rows of a contention run: their rate, what the server and the
+// client spent per critical section, the waits, the checks, and where they ran so, the ratio
+// to floor ("": none), a read-write lock's reads and writes apart, the floor's retries, the
+// most holders at once (a semaphore's; a read-write lock's readers), and how evenly processes
+// got through.
+func contendTable(w writer, n storeNotes, rs []*result, floor string) {
+	only := func(name string, cell func(string) func(*result) string) func(*result) string {
+		return func(x *result) string {
+			if !has(x, name) {
+				return ""
+			}
+			return cell(name)(x)
+		}
+	}
+	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
+		{"reads/s", only("read_rate", intCell)}, {"writes/s", only("write_rate", intCell)}}
+	if floor != "" {
+		cols = append(cols, column{"x floor", ratioCell(rs, floor, rate)})
+	}
+	cols = append(cols, column{"RT/CS", countCell(rt)}, column{n.reqCol + "/CS", reqCell(reqs)}, column{"fsyncs/CS", countCell(fsy)})
+	cols = append(cols, n.cpuCols("CS")...)
+	table(w, rs, append(cols,
+		column{"read wait p50", only("read_p50", durCell)}, column{"read wait p99", only("read_p99", durCell)},
+		column{"wait p50", durCell(p50)}, column{"wait p99", durCell(p99)}, column{"wait max", durCell("max")},
+		column{"most holders at once", func(x *result) string {
+			if !has(x, "peak") {
+				return ""
+			}
+			return mdfmt.Int(x.worst("peak"))
+		}},
+		column{"violations (inside / fence)", violationsCell},
+		column{"floor retries", func(x *result) string {
+			if x.Row != rowFloor {
+				return ""
+			}
+			return mdfmt.Int(x.sum(retries))
+		}},
+		column{"errors", errorsCell},
+		column{"fair (median / worst)", func(x *result) string {
+			if !has(x, "fair") {
+				return ""
+			}
+			return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair"))
+		}},
+		column{"CS per process", func(x *result) string {
+			if !has(x, "per_proc") {
+				return ""
+			}
+			return mdfmt.Int(x.med("per_proc"))
+		}},
+		column{"server command mix per CS", mixCell})...)
+}
+
+// firstErrors writes, for every repetition of rs that had failures, how many and the first.
+func firstErrors(w writer, rs []*result) {
+	for _, x := range rs {
+		for i, m := range x.reps() {
+			if e := m[failures]; e > 0 && i < len(x.FirstErrs) {
+				w("%s, repetition %d: %.0f errors, the first `%s`.\n\n", x.Label, i+1, e, x.FirstErrs[i])
+			}
+		}
+	}
+}
+
+// floorRatios are flightlock's median of name over each floor's, and within each repetition.
+func floorRatios(rs []*result, floors []string, name string) string {
+	fl := find(rs, rowFlight)
+	var out []string
+	for _, id := range floors {
+		fo := find(rs, id)
+		if fl == nil || fo == nil {
+			continue
+		}
+		var per []string
+		for i, m := range fl.reps() {
+			if i < len(fo.reps()) {
+				per = append(per, fmt.Sprintf("%.2fx", safeDiv(m[name], fo.Reps[i][name])))
+			}
+		}
+		out = append(out, fmt.Sprintf("flightlock / %s: %.2fx (within each repetition: %s).", fo.Label, safeDiv(fl.med(name), fo.med(name)), strings.Join(per, ", ")))
+	}
+	return strings.Join(out, " ")
+}
+
+func (r *report) s1Section(w writer) {
+	n, c := r.be.notes(), r.cfg
+	w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
+	w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
+	w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
+	w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", c.d1, s1Slice)
+	w("the machine's or the server's speed within a repetition falls on every row alike); a row's figures sum its slices.%s\n\n", n.s1Note)
+	cols := []column{{"p50 latency", durCell(p50)}}
+	for _, f := range n.floors {
+		cols = append(cols, column{"x " + f[1], ratioCell(r.s1, f[0], p50)})
+	}
+	cols = append(cols, column{"p99", durCell(p99)}, column{"ops/s", intCell(rate)}, column{"p50 per repetition", perRepCell(p50, mdfmt.Dur)},
+		column{"RT/op", countCell(rt)}, column{n.reqCol + "/op", reqCell(reqs)}, column{"fsyncs/op", countCell(fsy)})
+	table(w, r.s1, append(append(cols, n.cpuCols("op")...), column{"allocs/op", intCell("allocs")}, column{"B/op", intCell("bytes")},
+		column{"errors", errorsCell}, column{"server command mix per op", mixCell})...)
+	w("%s\n\n", floorRatios(r.s1, n.floorRows(), p50))
+	if n.s1Ratios != nil {
+		w("%s\n\n", n.s1Ratios(r))
+	}
+	firstErrors(w, r.s1)
+}
+
+// floorRows are the ids of the store's floors.
+func (n storeNotes) floorRows() []string {
+	var ids []string
+	for _, f := range n.floors {
+		ids = append(ids, f[0])
+	}
+	return ids
+}
+
+// hotSection writes scenario 2 (in one process; with more than one goroutine count, a table at
+// 16 and more and the rates at all) or 3 (across processes): every row on one hot key.
+func (r *report) hotSection(w writer, sc int) {
+	n, c := r.be.notes(), r.cfg
+	rs := r.s3
+	if sc == 2 {
+		w("## 2. One hot key, one process\n\n")
+		w("g goroutines of this process loop on one key: Lock, the critical section (an atomic \"inside\" counter that must read\n")
+		w("1, a read-modify-write of a plain counter that must end equal to the number of critical sections, and for flightlock\n")
+		w("a fence strictly larger than the last one seen), Release. Wait = time from the call to holding the lock. %v per row and\n", c.d2)
+		w("repetition (%v below 16 goroutines), counting the critical sections that end inside it.\n\n", c.d2small)
+		for _, g := range c.s2Goroutines {
+			if g < 16 {
+				continue
+			}
+			w("### %d goroutines\n\n", g)
+			contendTable(w, n, r.s2[g], "")
+			firstErrors(w, r.s2[g])
+		}
+		if len(c.s2Goroutines) > 1 {
+			r.s2Chart(w)
+		}
+		rs = r.s2[hotGoroutines]
+	} else {
+		w("## 3. One hot key, %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
+		w("The binary re-executes itself as %d workers, each with clients of its own, that count the critical sections ending\n", s3Procs)
+		w("inside one common window of %v; `fair` is the most critical sections of a process over the fewest (starvation shows\n", c.d3)
+		w("as a large ratio). The guard counters live in a file all workers map, so exclusion is checked across processes. CS/s =\n")
+		w("all of them over the window; client CPU is the workers' sum.\n\n")
+		contendTable(w, n, rs, "")
+		firstErrors(w, rs)
+		w("Critical sections per process, per repetition:\n\n")
+		for _, x := range rs {
+			for i := range x.reps() {
+				w("- %s, repetition %d: %v\n", x.Label, i+1, procCounts(x, i))
+			}
+		}
+		w("\n")
+	}
+	if ratio, _, best := leadOf(rs); best != nil {
+		w("flightlock / the best peer (%s): %.1fx.\n\n", best.Label, ratio)
+	}
+}
+
+// s2Chart is scenario 2's critical sections per second against goroutines, as a chart and a
+// table.
+func (r *report) s2Chart(w writer) {
+	gs := r.cfg.s2Goroutines
+	w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
+	for _, g := range gs {
+		w(" %d |", g)
+	}
+	w("\n|---|%s\n", strings.Repeat("---|", len(gs)))
+	for i, x := range r.s2[gs[0]] {
+		w("| %s |", x.Label)
+		for _, g := range gs {
+			w(" %s |", mdfmt.Int(r.s2[g][i].med(rate)))
+		}
+		w("\n")
+	}
+	w("\n")
+}
+
+func (r *report) s4Section(w writer) {
+	n := r.be.notes()
+	w("## 4. %d goroutines over %s keys\n\n", hotGoroutines, countStr(manyKeys))
+	w("%d goroutines of this process; each operation locks a key drawn uniformly from %s, runs the critical section's\n", hotGoroutines, countStr(manyKeys))
+	w("checks against that key's guard, and releases; %v per row and repetition.%s\n\n", r.cfg.d4, n.s4Note)
+	floors := n.floorRows()
+	contendTable(w, n, r.s4, floors[len(floors)-1])
+	firstErrors(w, r.s4)
+	w("%s\n\n", floorRatios(r.s4, append(floors, r.be.peer()), rate))
+}
+
+func (r *report) s5Section(w writer) {
+	n, c := r.be.notes(), r.cfg
+	w("## 5. Reject mode: duplicates of a key held in this process\n\n")
+	w("The key is held in this process; then one goroutine tries it again and again for %v (flightlock: `TryLock` on a\n", c.d5)
+	w("`Reject` Locker that shares the holder's gate, which refuses without a request to the store; %s).\n", n.rejectHow)
+	w("\"%d goroutines\" is the same with %d goroutines at once (wall time per call over all of them), as a burst of double\n", s5Goroutines, s5Goroutines)
+	w("clicks would. Allocations are `runtime.MemStats` deltas over the serial part. Medians over %d repetitions; \"not busy\"\n", c.reps)
+	w("counts the calls that did not answer busy, over all repetitions (it must be 0).\n\n")
+	unit := fmt.Sprintf("%d goroutines: ", s5Goroutines)
+	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", func(x *result) string { return mdfmt.Float(x.med("allocs")) }},
+		{"B/call", intCell("bytes")}, {n.reqCol + "/call", reqCell(reqs)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
+	table(w, r.s5, append(append(cols, n.cpuCols("call")[0]), column{unit + "ns/call", intCell("par_ns")}, column{"calls/s", intCell("par_rate")},
+		column{unit + n.reqCol + "/call", reqCell("par_reqs")}, column{"not busy", func(x *result) string { return mdfmt.Int(x.sum("wrong")) }})...)
+	for _, x := range r.s5 {
+		if i := slices.IndexFunc(x.FirstErrs, func(e string) bool { return e != "" }); i >= 0 {
+			w("First call of %s that did not answer busy: `%s`.\n\n", x.Label, x.FirstErrs[i])
+		}
+	}
+	if fl, pe := find(r.s5, rowFlight), find(r.s5, r.be.peer()); fl != nil && pe != nil {
+		w("A refusal costs %s %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.\n\n",
+			pe.Label, safeDiv(pe.med("ns"), fl.med("ns")), s5Goroutines, safeDiv(fl.med("par_rate"), pe.med("par_rate")))
+	}
+}
+
+// mainSections writes the sections of scenarios 1-5 that ran.
+func (r *report) mainSections(w writer) {
+	c := r.cfg
+	if c.scenarios[1] {
+		r.s1Section(w)
+		whereTheTimeGoes(w, r.s1)
+	}
+	for _, sc := range []int{2, 3} {
+		if c.scenarios[sc] {
+			r.hotSection(w, sc)
+		}
+	}
+	if c.scenarios[4] {
+		r.s4Section(w)
+	}
+	if c.scenarios[5] {
+		r.s5Section(w)
+	}
+}
+
+// laterSections writes the sections of scenarios 6-9 and 13 that the store runs, saying which
+// did not run.
+func (r *report) laterSections(w writer) {
+	for _, sec := range []struct {
+		n, title string
+		sc       int
+		ran      bool
+		body     func(writer)
+	}{
+		{"6", "HTTP end to end", 6, r.s6 != nil, r.s6Section},
+		{"6b", "HTTP over a bare handler: what the lock costs a request", 6, r.s6bare != nil, r.s6BareSection},
+		{"7", "Duplicates of one request: shared response against 409", 7, r.s7 != nil, r.s7Section},
+		{"8", "Scaling: cost as the work grows", 8, r.s8 != nil, r.s8Section},
+		{"9", "Memory: what a held lock and a waiter cost", 9, r.s9 != nil, r.s9Section},
+		{"13", "Default go-redis client", 13, r.s13 != nil, r.s13Section},
+	} {
+		if !slices.Contains(r.be.scenarios(), sec.sc) || sec.n == "6b" && !sec.ran { // 6b is Redis's, run with 6
+			continue
+		}
+		w("## %s. %s\n\n", sec.n, sec.title)
+		if sec.ran {
+			sec.body(w)
+		} else {
+			w("Not run (`-scenario` without %s).\n\n", sec.n)
+		}
+	}
+}
