@@ -1,10 +1,12 @@
 package flightlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -94,7 +96,7 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 	}
 	var fw *fairWaiter
 	if !asked.IsZero() && b.waits() {
-		fw = l.k.gate.joinFair(rkey, asked)
+		fw = l.k.gate.joinFair(rkey, owner, asked)
 		defer l.k.gate.leaveFair(rkey, fw)
 	}
 	l.k.gate.beginBorrow()
@@ -183,11 +185,12 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 
 func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
-// fairWaiter is a fair Lock of this process waiting for a key. Only the process's first (its
-// head) looks at each release; the others look every FairLookEvery, to keep their places.
+// fairWaiter is a fair Lock of this process waiting for a key. Only the process's heads look
+// at each release; the others look every FairLookEvery, to keep their places.
 type fairWaiter struct {
-	asked time.Time
-	head  chan struct{} // closed when the waiter becomes its process's first for the key
+	asked int64         // when the Lock began, in microseconds, as the store ranks it
+	owner string        // the store breaks a tie of asked by owner
+	head  chan struct{} // closed, under gate.mu, when the waiter becomes one of its process's heads
 }
 
 func (w *fairWaiter) isHead() bool {
@@ -199,24 +202,33 @@ func (w *fairWaiter) isHead() bool {
 	}
 }
 
-// joinFair adds a waiter that asked at asked to the process's waiters of key, in asking order.
-func (g *gate) joinFair(key string, asked time.Time) *fairWaiter {
-	w := &fairWaiter{asked: asked, head: make(chan struct{})}
+// promote makes w a head; the caller holds gate.mu.
+func (w *fairWaiter) promote() {
+	if !w.isHead() {
+		close(w.head)
+	}
+}
+
+// before orders waiters as the Redis store ranks their places (fairacquire.lua): by when they
+// asked, in microseconds, then by owner, so that the store's first among this process's
+// waiters is the first of the process's line.
+func (w *fairWaiter) before(o *fairWaiter) int {
+	return cmp.Or(cmp.Compare(w.asked, o.asked), strings.Compare(w.owner, o.owner))
+}
+
+// joinFair adds the waiter owner, whose Lock began at asked, to the process's waiters of key.
+// The first of them is a head. One that goes before the head becomes a head too, and the head
+// it displaced stays one until it leaves: one look per release more, for a moment, where a
+// displaced head alone would leave the store's first to look only every FairLookEvery.
+func (g *gate) joinFair(key, owner string, asked time.Time) *fairWaiter {
+	w := &fairWaiter{asked: asked.UnixMicro(), owner: owner, head: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	line := g.fair[key]
-	i := len(line)
-	for i > 0 && w.asked.Before(line[i-1].asked) {
-		i--
-	}
-	if i == 0 && len(line) > 0 {
-		// It goes before the head, which stays promoted: a second head costs one look per
-		// release more, for a moment.
-		i = 1
-	}
+	i, _ := slices.BinarySearchFunc(line, w, (*fairWaiter).before)
 	g.fair[key] = slices.Insert(line, i, w)
 	if i == 0 {
-		close(w.head)
+		w.promote()
 	}
 	return w
 }
@@ -237,6 +249,6 @@ func (g *gate) leaveFair(key string, w *fairWaiter) {
 	}
 	g.fair[key] = line
 	if i == 0 {
-		close(line[0].head)
+		line[0].promote()
 	}
 }

@@ -1054,3 +1054,38 @@ func TestReadersAndWritersNeverOverlapUnderAnyHandoffBounds(t *testing.T) {
 		})
 	}
 }
+
+// A fair waiter that asked before its process's head is itself a head, whatever the order in
+// which the two joined the process's line: the store keeps the free key for it, and a waiter
+// that is no head would look only every FairLookEvery, holding up the whole line that long. The
+// line follows the store's rank: when each asked, in microseconds, then the owner.
+func TestFairWaiterThatAskedBeforeTheHeadIsAHead(t *testing.T) {
+	g := newGate()
+	t0 := time.Now()
+	later := g.joinFair("k", "b", t0.Add(time.Millisecond))
+	if !later.isHead() {
+		t.Fatal("the only waiter is not the head")
+	}
+	first := g.joinFair("k", "z", t0)
+	if !first.isHead() {
+		t.Fatal("a waiter that asked before the head, and joined after it, is not a head")
+	}
+	tie := g.joinFair("k", "a", t0.Truncate(time.Microsecond).Add(999)) // first's microsecond, not before it
+	if !tie.isHead() {
+		t.Fatal("a waiter that asked in the head's microsecond with a smaller owner, which the store ranks first, is not a head")
+	}
+	last := g.joinFair("k", "c", t0.Add(2*time.Millisecond))
+	if last.isHead() {
+		t.Fatal("the last waiter is a head")
+	}
+	for _, w := range []*fairWaiter{first, tie, later} {
+		g.leaveFair("k", w)
+	}
+	if !last.isHead() {
+		t.Fatal("the only waiter left is not the head")
+	}
+	g.leaveFair("k", last)
+	if len(g.fair) != 0 {
+		t.Fatalf("the lines of keys with no waiter are kept: %v", g.fair)
+	}
+}
