@@ -189,7 +189,7 @@ func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 // at each release; the others look every FairLookEvery, to keep their places.
 type fairWaiter struct {
 	asked int64         // when the Lock began, in microseconds, as the store ranks it
-	owner string        // the store breaks a tie of asked by owner
+	owner string        // Redis breaks a tie of asked by owner
 	head  chan struct{} // closed, under gate.mu, when the waiter becomes one of its process's heads
 }
 
@@ -209,31 +209,41 @@ func (w *fairWaiter) promote() {
 	}
 }
 
-// before orders waiters as the Redis store ranks their places (fairacquire.lua): by when they
-// asked, in microseconds, then by owner, so that the store's first among this process's
-// waiters is the first of the process's line.
-func (w *fairWaiter) before(o *fairWaiter) int {
+// rank orders waiters as the Redis store ranks places that asked within its clamp
+// (fairacquire.lua): by when they asked, in microseconds, then by owner.
+func (w *fairWaiter) rank(o *fairWaiter) int {
 	return cmp.Or(cmp.Compare(w.asked, o.asked), strings.Compare(w.owner, o.owner))
 }
 
+// promoteFirst makes the first of line a head, with every waiter that asked in its
+// microsecond: the store may rank any of them first (etcd and ZooKeeper rank by arrival, and a
+// waiter's owner changes after a late reply). The caller holds gate.mu.
+func promoteFirst(line []*fairWaiter) {
+	for _, w := range line {
+		if w.asked != line[0].asked {
+			return
+		}
+		w.promote()
+	}
+}
+
 // joinFair adds the waiter owner, whose Lock began at asked, to the process's waiters of key.
-// The first of them is a head. One that goes before the head becomes a head too, and the head
-// it displaced stays one until it leaves: one look per release more, for a moment, where a
+// The first of them is a head (promoteFirst). One that goes before the head becomes a head
+// too, and the head it displaced stays one until it leaves: one look per release more, for a moment, where a
 // displaced head alone would leave the store's first to look only every FairLookEvery.
 func (g *gate) joinFair(key, owner string, asked time.Time) *fairWaiter {
 	w := &fairWaiter{asked: asked.UnixMicro(), owner: owner, head: make(chan struct{})}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	line := g.fair[key]
-	i, _ := slices.BinarySearchFunc(line, w, (*fairWaiter).before)
-	g.fair[key] = slices.Insert(line, i, w)
-	if i == 0 {
-		w.promote()
-	}
+	i, _ := slices.BinarySearchFunc(line, w, (*fairWaiter).rank)
+	line = slices.Insert(line, i, w)
+	g.fair[key] = line
+	promoteFirst(line)
 	return w
 }
 
-// leaveFair takes w off key's waiters and makes the next one the head.
+// leaveFair takes w off key's waiters and, when w was the first, makes the next first a head.
 func (g *gate) leaveFair(key string, w *fairWaiter) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -249,6 +259,6 @@ func (g *gate) leaveFair(key string, w *fairWaiter) {
 	}
 	g.fair[key] = line
 	if i == 0 {
-		line[0].promote()
+		promoteFirst(line)
 	}
 }

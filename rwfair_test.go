@@ -1055,10 +1055,10 @@ func TestReadersAndWritersNeverOverlapUnderAnyHandoffBounds(t *testing.T) {
 	}
 }
 
-// A fair waiter that asked before its process's head is itself a head, whatever the order in
-// which the two joined the process's line: the store keeps the free key for it, and a waiter
-// that is no head would look only every FairLookEvery, holding up the whole line that long. The
-// line follows the store's rank: when each asked, in microseconds, then the owner.
+// A fair waiter that asked before its process's head, but joined the process's line after it,
+// is itself a head: the store keeps the free key for it, and a waiter that is no head would
+// look only every FairLookEvery, holding up the whole line that long. So is every waiter that
+// asked in the first's microsecond, which the store may rank first.
 func TestFairWaiterThatAskedBeforeTheHeadIsAHead(t *testing.T) {
 	g := newGate()
 	t0 := time.Now()
@@ -1070,15 +1070,20 @@ func TestFairWaiterThatAskedBeforeTheHeadIsAHead(t *testing.T) {
 	if !first.isHead() {
 		t.Fatal("a waiter that asked before the head, and joined after it, is not a head")
 	}
-	tie := g.joinFair("k", "a", t0.Truncate(time.Microsecond).Add(999)) // first's microsecond, not before it
+	sameMicro := t0.Truncate(time.Microsecond).Add(999) // first's microsecond, not before it
+	tie := g.joinFair("k", "a", sameMicro)
 	if !tie.isHead() {
-		t.Fatal("a waiter that asked in the head's microsecond with a smaller owner, which the store ranks first, is not a head")
+		t.Fatal("a waiter that asked in the head's microsecond with a smaller owner, which Redis ranks first, is not a head")
+	}
+	tieAfter := g.joinFair("k", "zz", sameMicro)
+	if !tieAfter.isHead() {
+		t.Fatal("a waiter that asked in the head's microsecond, which a store ranking by arrival may put first, is not a head")
 	}
 	last := g.joinFair("k", "c", t0.Add(2*time.Millisecond))
 	if last.isHead() {
 		t.Fatal("the last waiter is a head")
 	}
-	for _, w := range []*fairWaiter{first, tie, later} {
+	for _, w := range []*fairWaiter{first, tie, tieAfter, later} {
 		g.leaveFair("k", w)
 	}
 	if !last.isHead() {
