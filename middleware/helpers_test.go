@@ -141,6 +141,20 @@ func (tr *testRedis) locker(t *testing.T, opts ...flightlock.Option) *flightlock
 	return l
 }
 
+// againIfCostly returns the Redis commands a refused request cost, given cost, what its first
+// serving counted, and again, which serves it once more. Work that earlier requests left
+// running (a grant given back after a late reply, a held lock's renewal) can land during one
+// serving, not during two in a row: a count above zero is taken again, and a refusal that
+// costs commands both times sent them.
+func againIfCostly(tr *testRedis, cost int, again func()) int {
+	if cost == 0 {
+		return 0
+	}
+	before := tr.mr.CommandCount()
+	again()
+	return tr.mr.CommandCount() - before
+}
+
 // newMiddleware builds a Middleware on a Locker of tr.
 func newMiddleware(t *testing.T, tr *testRedis, c LockConf) *Middleware {
 	t.Helper()
