@@ -229,8 +229,9 @@ func promoteFirst(line []*fairWaiter) {
 
 // joinFair adds the waiter owner, whose Lock began at asked, to the process's waiters of key.
 // The first of them is a head (promoteFirst). One that goes before the head becomes a head
-// too, and the head it displaced stays one until it leaves: one look per release more, for a moment, where a
-// displaced head alone would leave the store's first to look only every FairLookEvery.
+// too, and the head it displaced stays one until it leaves: one look per release more, for a
+// moment, where a displaced head alone would leave the store's first to look only every
+// FairLookEvery.
 func (g *gate) joinFair(key, owner string, asked time.Time) *fairWaiter {
 	w := &fairWaiter{asked: asked.UnixMicro(), owner: owner, head: make(chan struct{})}
 	g.mu.Lock()

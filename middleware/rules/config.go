@@ -274,11 +274,13 @@ func (c LockConf) Problems() []error {
 	def := LockConf{}.Normalized()
 	for _, p := range ps {
 		var ce *ConfigError
-		switch errors.As(p, &ce); {
-		case ce == nil:
-		case ce.Field == "Lock.TTL":
+		if !errors.As(p, &ce) {
+			continue
+		}
+		switch ce.Field {
+		case "Lock.TTL":
 			base.TTL = def.TTL
-		case ce.Field == "Lock.OnStoreError":
+		case "Lock.OnStoreError":
 			base.OnStoreError = def.OnStoreError
 		}
 	}
