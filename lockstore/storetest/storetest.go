@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -95,11 +96,13 @@ func ctxOf(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustAcquire(t *testing.T, ctx context.Context, s lockstore.Store, k, owner string, ttl time.Duration, meta string) lockstore.Acquisition {
+// acquire takes k for owner with the suite's TTL, failing the test unless it is granted with
+// a fence above above.
+func (s suite) acquire(t *testing.T, ctx context.Context, st lockstore.Store, k, owner, meta string, above int64) lockstore.Acquisition {
 	t.Helper()
-	got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: ttl, Meta: meta})
-	if err != nil || !got.Acquired || got.Fence <= 0 {
-		t.Fatalf("Acquire(%q, %q) = %+v, %v; want acquired with a fence", k, owner, got, err)
+	got, err := st.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: s.TTL, Meta: meta})
+	if err != nil || !got.Acquired || got.Fence <= above {
+		t.Fatalf("Acquire(%q, %q) = %+v, %v; want acquired with a fence above %d", k, owner, got, err, above)
 	}
 	return got
 }
@@ -110,6 +113,17 @@ func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner,
 		t.Fatalf("Release(%q, %q, %q) = %v", k, owner, hold, err)
 	}
 }
+
+// notHeld asserts that err, what returned, is ErrNotHeld.
+func notHeld(t *testing.T, what string, err error) {
+	t.Helper()
+	if !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("%s: %v, want ErrNotHeld", what, err)
+	}
+}
+
+// errOf returns a call's error without its value.
+func errOf[T any](_ T, err error) error { return err }
 
 // mustLock locks k with l, failing the test when it cannot.
 func mustLock(t *testing.T, ctx context.Context, l *flightlock.Locker, k string) *flightlock.Lease {
@@ -129,102 +143,91 @@ func mustBeBusy(t *testing.T, ctx context.Context, l *flightlock.Locker, k, what
 	}
 }
 
-// busy asserts that owner is refused key with the holder's metadata and a TTL within the
-// holder's (none on a store of sessions), never the holder's token.
-func (c suite) busy(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, holderMeta, holderToken string, ttl time.Duration) {
+// busy asserts that req is refused with the metadata of one of holders and a TTL within the
+// holder's (none on a store of sessions), never an owner's token.
+func (s suite) busy(t *testing.T, ctx context.Context, st lockstore.Store, req lockstore.Request, holders ...string) {
 	t.Helper()
-	got, err := s.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: ttl})
+	got, err := st.Acquire(ctx, req)
 	if err != nil {
 		t.Fatalf("Acquire of a held key: %v, want a busy reply", err)
 	}
 	if got.Acquired || got.Reentered || got.Fence != 0 {
-		t.Fatalf("Acquire of a key another owner holds = %+v: two holders", got)
+		t.Fatalf("Acquire(%+v) of a key another owner holds = %+v: two holders", req, got)
 	}
-	if (got.HolderTTL <= 0 && !(c.Sessions && got.HolderTTL == 0)) || got.HolderTTL > ttl+2*time.Second {
-		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v] and a store's margin", got.HolderTTL, ttl)
+	if (got.HolderTTL <= 0 && !(s.Sessions && got.HolderTTL == 0)) || got.HolderTTL > s.TTL+2*time.Second {
+		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v] and a store's margin", got.HolderTTL, s.TTL)
 	}
-	if got.Holder != holderMeta {
-		t.Fatalf("busy reply's Holder %q, want the holder's metadata %q", got.Holder, holderMeta)
+	if !slices.Contains(holders, got.Holder) {
+		t.Fatalf("busy reply's Holder %q, want a holder's metadata %q", got.Holder, holders)
 	}
-	if holderToken != "" && strings.Contains(got.Holder, holderToken) {
-		t.Fatal("the holder's owner token left the store in a busy reply")
+	for _, token := range []string{ownerA, ownerB, ownerC} {
+		if strings.Contains(got.Holder, token) {
+			t.Fatal("an owner token left the store in a busy reply")
+		}
 	}
+}
+
+// req is a plain request for k by owner with the suite's TTL.
+func (s suite) req(k, owner string) lockstore.Request {
+	return lockstore.Request{Key: k, Owner: owner, TTL: s.TTL}
 }
 
 func (s suite) exclusionBetweenOwners(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "host=a pid=1")
+	first := s.acquire(t, ctx, a, k, ownerA, "host=a pid=1", 0)
 	for range 2 {
-		s.busy(t, ctx, b, k, ownerB, "host=a pid=1", ownerA, s.TTL)
+		s.busy(t, ctx, b, s.req(k, ownerB), "host=a pid=1")
 	}
 	// A token that is a prefix of the holder's is another owner.
-	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA[:10], TTL: s.TTL}); err != nil || got.Acquired {
-		t.Fatalf("a prefix of the holder's token: %+v, %v; want refused", got, err)
-	}
+	s.busy(t, ctx, b, s.req(k, ownerA[:10]), "host=a pid=1")
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	second := mustAcquire(t, ctx, b, k, ownerB, s.TTL, "")
-	if second.Fence <= first.Fence {
-		t.Fatalf("the next holder's fence %d is not above the last one's %d", second.Fence, first.Fence)
-	}
+	s.acquire(t, ctx, b, k, ownerB, "", first.Fence)
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
 func (s suite) reentryKeepsTheFence(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	// The same owner again, through this store or another: a re-entry with the same fence.
 	for _, st := range []lockstore.Store{a, b} {
-		again, err := st.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: s.TTL})
+		again, err := st.Acquire(ctx, s.req(k, ownerA))
 		if err != nil || !again.Acquired || !again.Reentered || again.Fence != first.Fence {
 			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, first.Fence)
 		}
 	}
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL}); err != nil || !got.Acquired {
-		t.Fatalf("after the owner's release: %+v, %v; want the key free (a re-entry is no second hold)", got, err)
-	}
+	// A re-entry is no second hold: the owner's release frees the key.
+	s.acquire(t, ctx, b, k, ownerB, "", 0)
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
 func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "meta")
-	if err := b.Refresh(ctx, k, ownerB, s.TTL); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("Refresh by another owner: %v, want ErrNotHeld", err)
-	}
-	if _, err := b.Release(ctx, k, ownerB, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("Release by another owner: %v, want ErrNotHeld", err)
-	}
-	s.busy(t, ctx, b, k, ownerB, "meta", ownerA, s.TTL) // still the holder's
+	s.acquire(t, ctx, a, k, ownerA, "meta", 0)
+	notHeld(t, "Refresh by another owner", b.Refresh(ctx, k, ownerB, s.TTL))
+	notHeld(t, "Release by another owner", errOf(b.Release(ctx, k, ownerB, "", 0)))
+	s.busy(t, ctx, b, s.req(k, ownerB), "meta") // still the holder's
 	if err := a.Refresh(ctx, k, ownerA, s.TTL); err != nil {
 		t.Fatalf("Refresh by the holder: %v", err)
 	}
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	if _, err := a.Release(ctx, k, ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("a second Release of one hold: %v, want ErrNotHeld", err)
-	}
-	if err := a.Refresh(ctx, k, ownerA, s.TTL); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("Refresh after the release: %v, want ErrNotHeld", err)
-	}
+	notHeld(t, "a second Release of one hold", errOf(a.Release(ctx, k, ownerA, "", 0)))
+	notHeld(t, "Refresh after the release", a.Refresh(ctx, k, ownerA, s.TTL))
 	// A stale release never frees the next owner's lock.
-	mustAcquire(t, ctx, b, k, ownerB, s.TTL, "next")
-	if _, err := a.Release(ctx, k, ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("the previous owner's stale release: %v, want ErrNotHeld", err)
-	}
-	s.busy(t, ctx, a, k, ownerC, "next", ownerB, s.TTL)
+	s.acquire(t, ctx, b, k, ownerB, "next", 0)
+	notHeld(t, "the previous owner's stale release", errOf(a.Release(ctx, k, ownerA, "", 0)))
+	s.busy(t, ctx, a, s.req(k, ownerC), "next")
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
 func (s suite) ttlOfHeldAndFreeKeys(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a := s.Open(t)
-	if _, err := a.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("TTL of a free key: %v, want ErrNotHeld", err)
-	}
-	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	notHeld(t, "TTL of a free key", errOf(a.TTL(ctx, k)))
+	s.acquire(t, ctx, a, k, ownerA, "", 0)
 	ttl, err := a.TTL(ctx, k)
 	bound := s.TTL + 2*time.Second
 	if s.Sessions {
@@ -234,21 +237,19 @@ func (s suite) ttlOfHeldAndFreeKeys(t *testing.T) {
 		t.Fatalf("TTL of a held key: %v, %v; want within (0, %v] and a store's margin", ttl, err, s.TTL)
 	}
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	if _, err := a.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("TTL of a released key: %v, want ErrNotHeld", err)
-	}
+	notHeld(t, "TTL of a released key", errOf(a.TTL(ctx, k)))
 }
 
 func (s suite) unrefreshedLockRunsOut(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	// A refresh never shortens a lock: one with half the TTL leaves it held past that.
 	if err := a.Refresh(ctx, k, ownerA, s.TTL/2); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(s.TTL/2 + s.TTL/5)
-	s.busy(t, ctx, b, k, ownerB, "", ownerA, s.TTL)
+	s.busy(t, ctx, b, s.req(k, ownerB), "")
 	if s.Sessions {
 		// The holder's process ends: its session, and the lock with it.
 		if err := a.(interface{ Close() error }).Close(); err != nil {
@@ -256,22 +257,22 @@ func (s suite) unrefreshedLockRunsOut(t *testing.T) {
 		}
 	}
 	// Nobody refreshes it: it runs out, and the next holder's fence is above.
-	deadline := time.Now().Add(3*s.TTL + 5*time.Second)
+	start := time.Now()
 	for {
-		got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL})
+		got, err := b.Acquire(ctx, s.req(k, ownerB))
 		if err == nil && got.Acquired {
 			if got.Fence <= first.Fence {
 				t.Fatalf("fence %d after the lock ran out, not above %d", got.Fence, first.Fence)
 			}
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a lock nobody refreshed was still held %v after its TTL of %v: %+v, %v", time.Until(deadline)+3*s.TTL+5*time.Second, s.TTL, got, err)
+		if time.Since(start) > 3*s.TTL+5*time.Second {
+			t.Fatalf("a lock nobody refreshed was still held %v after its TTL of %v: %+v, %v", time.Since(start), s.TTL, got, err)
 		}
 		time.Sleep(s.TTL / 20)
 	}
-	if err := a.Refresh(ctx, k, ownerA, s.TTL); !s.Sessions && !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("Refresh of a lock that ran out and was taken: %v, want ErrNotHeld", err)
+	if err := a.Refresh(ctx, k, ownerA, s.TTL); !s.Sessions {
+		notHeld(t, "Refresh of a lock that ran out and was taken", err)
 	}
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
@@ -285,12 +286,8 @@ func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
 		if i%2 == 1 {
 			st, owner = b, ownerB
 		}
-		got := mustAcquire(t, ctx, st, k, owner, s.TTL, "")
-		if got.Fence <= last {
-			t.Fatalf("grant %d: fence %d not above %d", i, got.Fence, last)
-		}
 		// The holder handed out a few fences of its own under the grant: the next is above.
-		last = got.Fence + 3
+		last = s.acquire(t, ctx, st, k, owner, "", last).Fence + 3
 		mustRelease(t, ctx, st, k, owner, "", last)
 	}
 }
@@ -302,10 +299,8 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	if got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL); err != nil || got.Acquired || got.HolderTTL != 0 {
 		t.Fatalf("Reenter of a free key = %+v, %v; want not acquired, HolderTTL 0", got, err)
 	}
-	if _, err := c.TTL(ctx, k); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("a Reenter of a free key left it held: %v", err)
-	}
-	first := mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
+	notHeld(t, "TTL after a Reenter of a free key", errOf(c.TTL(ctx, k)))
+	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	for range 2 { // naming a hold twice adds it once
 		got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL)
 		if err != nil || !got.Acquired || got.Fence != first.Fence {
@@ -318,25 +313,18 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	}
 	// The acquisition's own hold ends; the named hold keeps the lock.
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	s.busy(t, ctx, c, k, ownerC, "", ownerA, s.TTL)
+	s.busy(t, ctx, c, s.req(k, ownerC), "")
 	mustRelease(t, ctx, b, k, ownerA, "hold-1", 0)
-	if _, err := b.Release(ctx, k, ownerA, "hold-1", 0); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("a second release of a named hold: %v, want ErrNotHeld", err)
-	}
-	got := mustAcquire(t, ctx, c, k, ownerC, s.TTL, "")
-	if got.Fence <= first.Fence {
-		t.Fatalf("fence %d after the handed-over holds, not above %d", got.Fence, first.Fence)
-	}
+	notHeld(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
+	s.acquire(t, ctx, c, k, ownerC, "", first.Fence)
 	mustRelease(t, ctx, c, k, ownerC, "", 0)
 }
 
 func (s suite) watchHearsAReleaseElsewhere(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	mustAcquire(t, ctx, a, k, ownerA, s.TTL, "")
-	if got, err := b.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerB, TTL: s.TTL}); err != nil || got.Acquired {
-		t.Fatalf("busy: %+v, %v", got, err)
-	}
+	s.acquire(t, ctx, a, k, ownerA, "", 0)
+	s.busy(t, ctx, b, s.req(k, ownerB), "")
 	w, err := b.Watch(ctx, k)
 	if err != nil {
 		t.Fatal(err)
@@ -348,14 +336,14 @@ func (s suite) watchHearsAReleaseElsewhere(t *testing.T) {
 	case <-time.After(s.TTL):
 		t.Fatal("the watch heard no release within a TTL")
 	}
-	mustAcquire(t, ctx, b, k, ownerB, s.TTL, "")
+	s.acquire(t, ctx, b, k, ownerB, "", 0)
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
-// locker returns a Locker on a store of its own (a process), with the suite's TTL.
-func (s suite) locker(t *testing.T, opts ...flightlock.Option) *flightlock.Locker {
+// locker returns a Locker on st, with the suite's TTL.
+func (s suite) locker(t *testing.T, st lockstore.Store, opts ...flightlock.Option) *flightlock.Locker {
 	t.Helper()
-	l, err := flightlock.New(s.Open(t), append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithPrefix("storetest:")}, opts...)...)
+	l, err := flightlock.New(st, append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithPrefix("storetest:")}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,35 +353,47 @@ func (s suite) locker(t *testing.T, opts ...flightlock.Option) *flightlock.Locke
 func (s suite) permitsNeverExceedTheirCount(t *testing.T) {
 	const permits, procs, perProc, rounds = 3, 3, 3, 6
 	ctx, k := ctxOf(t), key(t)
-	var inside, most atomic.Int64
-	var wg sync.WaitGroup
+	var lockers []*flightlock.Locker
 	for range procs {
-		l := s.locker(t, flightlock.WithPermits(permits), flightlock.WithWait(20*time.Second))
-		for range perProc {
-			wg.Go(func() {
-				for range rounds {
-					lease, err := l.Lock(ctx, k)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					n := inside.Add(1)
-					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-					}
-					time.Sleep(2 * time.Millisecond)
-					inside.Add(-1)
-					if err := lease.Release(ctx); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			})
-		}
+		l := s.locker(t, s.Open(t), flightlock.WithPermits(permits), flightlock.WithWait(20*time.Second))
+		lockers = append(lockers, slices.Repeat([]*flightlock.Locker{l}, perProc)...)
 	}
-	wg.Wait()
+	var inside, most atomic.Int64
+	contend(t, ctx, k, lockers, rounds, 2*time.Millisecond, func(int) func() {
+		n := inside.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		return func() { inside.Add(-1) }
+	})
 	if m := most.Load(); m > permits {
 		t.Fatalf("%d holders inside at once, %d permits", m, permits)
 	}
+}
+
+// contend locks k rounds times with each of lockers, each in a goroutine of its own and as an
+// owner of its own, and holds each lease for hold between enter(i), i the locker's index, and
+// the call enter returned.
+func contend(t *testing.T, ctx context.Context, k string, lockers []*flightlock.Locker, rounds int, hold time.Duration, enter func(i int) (leave func())) {
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Go(func() {
+			for range rounds {
+				lease, err := l.Lock(flightlock.NewOwner(ctx), k)
+				if err != nil {
+					t.Errorf("Lock by locker %d: %v", i, err)
+					return
+				}
+				leave := enter(i)
+				time.Sleep(hold)
+				leave()
+				if err := lease.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // A wait that ends while a look is on its way is busy (409 / Aborted) once the store has
@@ -417,7 +417,7 @@ func (s suite) spentWaitIsBusy(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			k := key(t)
-			holder := s.locker(t, c.holder...)
+			holder := s.locker(t, s.Open(t), c.holder...)
 			for range c.holds {
 				lease := mustLock(t, ctx, holder, k)
 				defer func() { _ = lease.Release(ctx) }()
@@ -426,18 +426,14 @@ func (s suite) spentWaitIsBusy(t *testing.T) {
 				for _, serve := range []int{1, 0} {
 					what := fmt.Sprintf("wait %v, %d looks served: a spent wait for a key held elsewhere", wait, serve)
 					st := &servesLooks{Store: s.Open(t), serve: serve, hold: wait + 10*time.Second}
-					opts := append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithPrefix("storetest:"), flightlock.WithWait(wait)}, c.taker...)
-					taker, err := flightlock.New(st, opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
+					taker := s.locker(t, st, append([]flightlock.Option{flightlock.WithWait(wait)}, c.taker...)...)
 					start := time.Now()
 					lease, err := taker.Lock(context.Background(), k)
 					if lease != nil {
 						_ = lease.Release(ctx)
 						t.Fatalf("%s: granted while the key is held", what)
 					}
-					switch answered, sentAt := st.first(); {
+					switch _, answered, sentAt := st.first(); {
 					case answered || sentAt.Sub(start) > wait/2:
 						if !errors.Is(err, flightlock.ErrBusy) {
 							t.Fatalf("%s, the store answered the first look (or it left late): %v, want ErrBusy", what, err)
@@ -451,9 +447,9 @@ func (s suite) spentWaitIsBusy(t *testing.T) {
 	}
 }
 
-// servesLooks is a store that serves the first serve Acquires made through it and holds every
-// later one until its context ends (or hold passes, an error), so that a wait always ends while
-// a look is on its way, whatever the machine's pace.
+// servesLooks is a store that counts the Acquires made through it, serves the first serve of
+// them and holds every later one until its context ends (or hold passes, an error), so that a
+// wait always ends while a look is on its way, whatever the machine's pace.
 type servesLooks struct {
 	lockstore.Store
 	serve int
@@ -490,19 +486,23 @@ func (s *servesLooks) Acquire(ctx context.Context, req lockstore.Request) (locks
 	}
 }
 
-func (s *servesLooks) first() (answered bool, sentAt time.Time) {
+// first returns how many Acquires were made, whether the first was answered and when it was made.
+func (s *servesLooks) first() (calls int, answered bool, sentAt time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.answered, s.sentAt
+	return s.calls, s.answered, s.sentAt
 }
 
 func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	ctx, st, k := ctxOf(t), s.Open(t), key(t)
 	keys := []string{k + ":1", k + ":2", k + ":3"}
-	held := mustAcquire(t, ctx, st, keys[0], ownerA, s.TTL, "meta-a")
+	held := s.acquire(t, ctx, st, keys[0], ownerA, "meta-a", 0)
+	req := func(owner string) lockstore.Request {
+		return lockstore.Request{Key: keys[0], Permits: keys, Owner: owner, TTL: s.TTL, Meta: "meta-" + owner[len(owner)-1:]}
+	}
 	ask := func(owner string) lockstore.Acquisition {
 		t.Helper()
-		got, err := st.Acquire(ctx, lockstore.Request{Key: keys[0], Permits: keys, Owner: owner, TTL: s.TTL, Meta: "meta-" + owner[len(owner)-1:]})
+		got, err := st.Acquire(ctx, req(owner))
 		if err != nil {
 			t.Fatalf("Acquire of permits %q for %s: %v", keys, owner, err)
 		}
@@ -518,24 +518,13 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	if err := st.Refresh(ctx, keys[1], ownerB, s.TTL); err != nil {
 		t.Fatalf("the permit granted is not the owner's: Refresh = %v", err)
 	}
-	if _, err := st.TTL(ctx, keys[2]); !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("a permit after the one granted was touched: TTL = %v, want ErrNotHeld", err)
-	}
+	notHeld(t, "TTL of a permit after the one granted", errOf(st.TTL(ctx, keys[2])))
 	if got := ask(ownerC); !got.Acquired || got.Permit != 2 {
 		t.Fatalf("permits with two held = %+v, want the third", got)
 	}
 	// All held: busy, with the shortest time a holder has left and one holder's metadata.
 	const ownerD = "storetest-owner-dddddddddddddddd"
-	busy := ask(ownerD)
-	if busy.Acquired || busy.Fence != 0 {
-		t.Fatalf("permits all held = %+v: a fourth holder", busy)
-	}
-	if (busy.HolderTTL <= 0 && !(s.Sessions && busy.HolderTTL == 0)) || busy.HolderTTL > s.TTL+2*time.Second {
-		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v]", busy.HolderTTL, s.TTL)
-	}
-	if !slices.Contains([]string{"meta-a", "meta-b", "meta-c"}, busy.Holder) {
-		t.Fatalf("busy reply's Holder %q, want a holder's metadata", busy.Holder)
-	}
+	s.busy(t, ctx, st, req(ownerD), "meta-a", "meta-b", "meta-c")
 	// The first freed is the next taker's, with a fence above its last holder's.
 	mustRelease(t, ctx, st, keys[0], ownerA, "", 0)
 	if got := ask(ownerD); !got.Acquired || got.Permit != 0 || got.Fence <= held.Fence {
@@ -573,31 +562,17 @@ func (s suite) permitRequestTakesUpToWant(t *testing.T) {
 	}
 }
 
-// countingStore counts a store's Acquire calls.
-type countingStore struct {
-	lockstore.Store
-	acquires atomic.Int64
-}
-
-func (c *countingStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
-	c.acquires.Add(1)
-	return c.Store.Acquire(ctx, req)
-}
-
 func (s suite) permitLookIsOneRequest(t *testing.T) {
 	const permits = 8
 	ctx, k := ctxOf(t), key(t)
-	release := s.holdElsewhere(t, k, []flightlock.Option{flightlock.WithPermits(permits)}, permits)
+	release := s.holdElsewhere(t, k, permits, flightlock.WithPermits(permits))
 	defer release()
-	cs := &countingStore{Store: s.Open(t)}
-	taker, err := flightlock.New(cs, flightlock.WithTTL(s.TTL), flightlock.WithPermits(permits))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := &servesLooks{Store: s.Open(t), serve: math.MaxInt}
+	taker := s.locker(t, cs, flightlock.WithPermits(permits))
 	if _, err := taker.TryLock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
 		t.Fatalf("TryLock with every permit held elsewhere: %v, want ErrBusy", err)
 	}
-	if n := cs.acquires.Load(); n != 1 {
+	if n, _, _ := cs.first(); n != 1 {
 		t.Fatalf("a look at %d permits held elsewhere made %d store requests, want 1", permits, n)
 	}
 	release()
@@ -608,7 +583,7 @@ func (s suite) permitLookIsOneRequest(t *testing.T) {
 // readWrite returns a writer's and a reader's Locker on a store of its own.
 func (s suite) readWrite(t *testing.T, opts ...flightlock.Option) (w, r *flightlock.Locker) {
 	t.Helper()
-	w = s.locker(t, opts...)
+	w = s.locker(t, s.Open(t), opts...)
 	r, err := w.With(flightlock.WithRead())
 	if err != nil {
 		t.Fatal(err)
@@ -644,7 +619,7 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 func (s suite) fairWriterHoldsNewReadersOff(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	fw := s.locker(t, flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
+	fw := s.locker(t, s.Open(t), flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
 	a := mustLock(t, ctx, r, k)
 	mustBeBusy(t, ctx, fw, k, "a fair write beside a reader")
 	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
@@ -680,7 +655,7 @@ func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
 func (s suite) readersAndWritersOfAProcessTakeTurns(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	w, r := s.readWrite(t, flightlock.WithWait(10*time.Second), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
-	elsewhere := s.locker(t, flightlock.WithMode(flightlock.Reject))
+	elsewhere := s.locker(t, s.Open(t), flightlock.WithMode(flightlock.Reject))
 	first := mustLock(t, flightlock.NewOwner(ctx), w, k)
 	const readers = 4
 	reads := make(chan *flightlock.Lease, readers)
@@ -720,53 +695,28 @@ func (s suite) readersAndWritersOfAProcessTakeTurns(t *testing.T) {
 	}
 	_ = x.Release(ctx)
 
-	var inside struct {
-		sync.Mutex
-		readers, writers, overlaps int
-	}
-	var wg sync.WaitGroup
+	// The writer of each process is its fourth locker; a reader overlaps a write when a writer is
+	// inside, a writer when anyone else is.
+	var lockers []*flightlock.Locker
 	for range 2 {
 		w, r := s.readWrite(t, flightlock.WithWait(30*time.Second))
-		for i := range 4 {
-			l, write := r, i == 3
-			if write {
-				l = w
-			}
-			wg.Go(func() {
-				for range 15 {
-					lease, err := l.Lock(flightlock.NewOwner(ctx), k)
-					if err != nil {
-						t.Errorf("Lock (write %v): %v", write, err)
-						return
-					}
-					inside.Lock()
-					if inside.writers > 0 || (write && inside.readers > 0) {
-						inside.overlaps++
-					}
-					if write {
-						inside.writers++
-					} else {
-						inside.readers++
-					}
-					inside.Unlock()
-					time.Sleep(time.Millisecond)
-					inside.Lock()
-					if write {
-						inside.writers--
-					} else {
-						inside.readers--
-					}
-					inside.Unlock()
-					if err := lease.Release(ctx); err != nil {
-						t.Errorf("Release: %v", err)
-					}
-				}
-			})
-		}
+		lockers = append(lockers, r, r, r, w)
 	}
-	wg.Wait()
-	if inside.overlaps > 0 {
-		t.Fatalf("a write overlapped a read or a write %d times", inside.overlaps)
+	var reading, writing, overlaps atomic.Int64
+	contend(t, ctx, k, lockers, 15, time.Millisecond, func(i int) func() {
+		if i%4 == 3 {
+			if writing.Add(1) > 1 || reading.Load() > 0 {
+				overlaps.Add(1)
+			}
+			return func() { writing.Add(-1) }
+		}
+		if reading.Add(1); writing.Load() > 0 {
+			overlaps.Add(1)
+		}
+		return func() { reading.Add(-1) }
+	})
+	if n := overlaps.Load(); n > 0 {
+		t.Fatalf("a write overlapped a read or a write %d times", n)
 	}
 }
 
@@ -896,16 +846,22 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 		t.Skip("the store's test gives no fault proxy (Config.Faulty)")
 	}
 	ctx := context.Background()
-	const budget = 600 * time.Millisecond
 	var worst time.Duration // the latest return past a deadline, for the log
 	probe := startLagProbe(t)
-	within := func(t *testing.T, what string, deadline time.Time, err error) {
+	// within makes call with a deadline 600ms away and asserts that it returned by then.
+	within := func(t *testing.T, what string, call func(context.Context) error) error {
 		t.Helper()
+		probe.lag()
+		cctx, cancel := context.WithTimeout(ctx, 600*time.Millisecond)
+		defer cancel()
+		deadline, _ := cctx.Deadline()
+		err := call(cctx)
 		if over, lag := time.Since(deadline), probe.lag(); over > faultSlack+lag {
 			t.Errorf("%s returned %v past its deadline, the machine's scheduling lagging %v meanwhile (%v)", what, over, lag, err)
 		} else {
 			worst = max(worst, over)
 		}
+		return err
 	}
 	for _, kind := range []struct {
 		name      string
@@ -920,10 +876,7 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 		{"read behind a writer elsewhere", []flightlock.Option{flightlock.WithRead()}, 1, nil},
 	} {
 		store, faults := s.Faulty(t)
-		l, err := flightlock.New(store, append([]flightlock.Option{flightlock.WithTTL(s.TTL), flightlock.WithWait(20 * time.Second)}, kind.opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := s.locker(t, store, append([]flightlock.Option{flightlock.WithWait(20 * time.Second)}, kind.opts...)...)
 		key := "faults-" + strings.ReplaceAll(kind.name, " ", "-")
 		for _, f := range faults {
 			t.Run(kind.name+"/"+f.Name, func(t *testing.T) {
@@ -932,30 +885,19 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 				if kind.elsewhere == 0 {
 					held = lockWithin(t, l, key, 30*time.Second)
 				} else {
-					defer s.holdElsewhere(t, key, kind.other, kind.elsewhere)()
+					defer s.holdElsewhere(t, key, kind.elsewhere, kind.other...)()
 				}
 				f.Start()
-				healed := false
-				defer func() {
-					if !healed {
-						f.Heal()
-					}
-				}()
+				defer f.Heal()
 				if held != nil {
-					probe.lag()
-					rctx, cancel := context.WithTimeout(ctx, budget)
-					deadline, _ := rctx.Deadline()
-					err := held.Release(rctx)
-					cancel()
-					within(t, "Release", deadline, err)
+					within(t, "Release", held.Release)
 				}
 				for i := range 2 {
-					probe.lag()
-					lctx, cancel := context.WithTimeout(ctx, budget)
-					deadline, _ := lctx.Deadline()
-					lease, err := l.Lock(lctx, key)
-					cancel()
-					within(t, fmt.Sprintf("Lock #%d", i+1), deadline, err)
+					var lease *flightlock.Lease
+					err := within(t, fmt.Sprintf("Lock #%d", i+1), func(ctx context.Context) (err error) {
+						lease, err = l.Lock(ctx, key)
+						return err
+					})
 					if err == nil {
 						if !f.Passable {
 							t.Errorf("Lock #%d succeeded through the fault", i+1)
@@ -963,8 +905,6 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 						_ = lease.Release(ctx)
 					}
 				}
-				f.Heal()
-				healed = true
 			})
 		}
 		_ = lockWithin(t, l, key, 30*time.Second).Release(ctx)
@@ -974,20 +914,16 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 
 // holdElsewhere takes n locks of key, of opts' kind, in another process, and returns what
 // gives them back.
-func (s suite) holdElsewhere(t *testing.T, key string, opts []flightlock.Option, n int) func() {
+func (s suite) holdElsewhere(t *testing.T, key string, n int, opts ...flightlock.Option) func() {
 	t.Helper()
-	ctx := context.Background()
-	other, err := flightlock.New(s.Open(t), append([]flightlock.Option{flightlock.WithTTL(s.TTL)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := s.locker(t, s.Open(t), opts...)
 	var leases []*flightlock.Lease
 	for range n {
 		leases = append(leases, lockWithin(t, other, key, 30*time.Second))
 	}
 	return func() {
 		for _, lease := range leases {
-			_ = lease.Release(ctx)
+			_ = lease.Release(context.Background())
 		}
 	}
 }
