@@ -65,7 +65,6 @@ func Run(t *testing.T, c Config) {
 	t.Run("PermitRequestTakesUpToWant", s.permitRequestTakesUpToWant)
 	t.Run("PermitLookIsOneRequest", s.permitLookIsOneRequest)
 	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
-	t.Run("FairWriterHoldsNewReadersOff", s.fairWriterHoldsNewReadersOff)
 	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
 	t.Run("ReadersAndWritersOfAProcessTakeTurns", s.readersAndWritersOfAProcessTakeTurns)
 	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
@@ -591,45 +590,37 @@ func (s suite) readWrite(t *testing.T, opts ...flightlock.Option) (w, r *flightl
 	return w, r
 }
 
+// Readers share a key. A writer, fair or not, is refused beside them and holds new readers off
+// (writer preference), so that a stream of readers cannot starve it: a reader of a third
+// process is refused at once; a reader of a process that holds a read joins its hold only
+// within the handoff window, and past it is refused. The writer takes the key when they leave,
+// with a fence above theirs, and excludes readers in turn.
 func (s suite) readersShareAndWritersExclude(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	w, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	a := mustLock(t, ctx, r, k)
-	b := mustLock(t, ctx, r2, k)
-	mustBeBusy(t, ctx, w, k, "a write beside readers")
-	// Writer preference: a reader of a third process is refused at once; a reader of a process
-	// that holds a read joins its hold only within the handoff window, and past it is refused.
-	_, r3 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	mustBeBusy(t, ctx, r3, k, "a new reader after a writer was refused (writer preference)")
-	time.Sleep(2 * flightlock.DefaultHandoffWindow)
-	mustBeBusy(t, flightlock.NewOwner(ctx), r2, k, "a new reader of a reading process, past the handoff window, after a writer was refused")
-	_ = a.Release(ctx)
-	_ = b.Release(ctx)
-	x, err := w.Lock(ctx, k)
-	if err != nil || x.Fence() <= max(a.Fence(), b.Fence()) {
-		t.Fatalf("the write after the readers: %v, fence %d, want above the readers' %d", err, x.Fence(), a.Fence())
+	for _, writer := range []string{"Writer", "FairWriter"} {
+		t.Run(writer, func(t *testing.T) {
+			ctx, k := ctxOf(t), key(t)
+			w, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+			if writer == "FairWriter" { // in a process of its own
+				w = s.locker(t, s.Open(t), flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
+			}
+			_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+			a := mustLock(t, ctx, r, k)
+			b := mustLock(t, ctx, r2, k)
+			mustBeBusy(t, ctx, w, k, "a write beside readers")
+			_, r3 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
+			mustBeBusy(t, ctx, r3, k, "a new reader after a writer was refused (writer preference)")
+			time.Sleep(2 * flightlock.DefaultHandoffWindow)
+			mustBeBusy(t, flightlock.NewOwner(ctx), r2, k, "a new reader of a reading process, past the handoff window, after a writer was refused")
+			_ = a.Release(ctx)
+			_ = b.Release(ctx)
+			x, err := w.Lock(ctx, k)
+			if err != nil || x.Fence() <= max(a.Fence(), b.Fence()) {
+				t.Fatalf("the write after the readers: %v, fence %d, want above the readers' %d", err, x.Fence(), max(a.Fence(), b.Fence()))
+			}
+			mustBeBusy(t, flightlock.NewOwner(ctx), r, k, "a read beside a writer")
+			_ = x.Release(ctx)
+		})
 	}
-	mustBeBusy(t, flightlock.NewOwner(ctx), r, k, "a read beside a writer")
-	_ = x.Release(ctx)
-}
-
-// A fair writer refused by readers holds new readers off as any writer does (writer
-// preference), so that a stream of readers cannot starve it, and takes the key when they leave.
-func (s suite) fairWriterHoldsNewReadersOff(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	fw := s.locker(t, s.Open(t), flightlock.WithFair(), flightlock.WithMode(flightlock.Reject))
-	a := mustLock(t, ctx, r, k)
-	mustBeBusy(t, ctx, fw, k, "a fair write beside a reader")
-	_, r2 := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	mustBeBusy(t, ctx, r2, k, "a new reader after a fair writer was refused (writer preference)")
-	_ = a.Release(ctx)
-	x, err := fw.Lock(ctx, k)
-	if err != nil || x.Fence() <= a.Fence() {
-		t.Fatalf("the fair write after the reader: %v, fence %d, want above the reader's %d", err, x.Fence(), a.Fence())
-	}
-	_ = x.Release(ctx)
 }
 
 // The readers of one process share one store read hold: a second reader joins the first's with
