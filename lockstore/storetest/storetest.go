@@ -51,14 +51,12 @@ func Run(t *testing.T, c Config) {
 		c.TTL = 2 * time.Second
 	}
 	s := suite{Config: c}
-	t.Run("ExclusionBetweenOwners", s.exclusionBetweenOwners)
-	t.Run("ReentryKeepsTheFence", s.reentryKeepsTheFence)
+	t.Run("ExclusionReentryAndWatch", s.exclusionReentryAndWatch)
 	t.Run("RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked)
 	t.Run("TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys)
 	t.Run("UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut)
 	t.Run("FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence)
 	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
-	t.Run("WatchHearsAReleaseElsewhere", s.watchHearsAReleaseElsewhere)
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
 	t.Run("SpentWaitIsBusy", s.spentWaitIsBusy)
 	t.Run("PermitRequestTakesTheFirstFreeKey", s.permitRequestTakesTheFirstFreeKey)
@@ -171,7 +169,10 @@ func (s suite) req(k, owner string) lockstore.Request {
 	return lockstore.Request{Key: k, Owner: owner, TTL: s.TTL}
 }
 
-func (s suite) exclusionBetweenOwners(t *testing.T) {
+// A held key refuses every other owner with a busy reply and re-enters its owner, through any
+// store, with the same fence; a re-entry is no second hold: the owner's one release frees the
+// key, a refused owner's watch hears it, and the next holder's fence is above.
+func (s suite) exclusionReentryAndWatch(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
 	first := s.acquire(t, ctx, a, k, ownerA, "host=a pid=1", 0)
@@ -180,25 +181,24 @@ func (s suite) exclusionBetweenOwners(t *testing.T) {
 	}
 	// A token that is a prefix of the holder's is another owner.
 	s.busy(t, ctx, b, s.req(k, ownerA[:10]), "host=a pid=1")
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	s.acquire(t, ctx, b, k, ownerB, "", first.Fence)
-	mustRelease(t, ctx, b, k, ownerB, "", 0)
-}
-
-func (s suite) reentryKeepsTheFence(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	a, b := s.Open(t), s.Open(t)
-	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
-	// The same owner again, through this store or another: a re-entry with the same fence.
 	for _, st := range []lockstore.Store{a, b} {
 		again, err := st.Acquire(ctx, s.req(k, ownerA))
 		if err != nil || !again.Acquired || !again.Reentered || again.Fence != first.Fence {
 			t.Fatalf("re-entry = %+v, %v; want reentered with fence %d", again, err, first.Fence)
 		}
 	}
+	w, err := b.Watch(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
 	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	// A re-entry is no second hold: the owner's release frees the key.
-	s.acquire(t, ctx, b, k, ownerB, "", 0)
+	select {
+	case <-w.C():
+	case <-time.After(s.TTL):
+		t.Fatal("the watch heard no release within a TTL")
+	}
+	s.acquire(t, ctx, b, k, ownerB, "", first.Fence)
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
@@ -317,26 +317,6 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	notHeld(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
 	s.acquire(t, ctx, c, k, ownerC, "", first.Fence)
 	mustRelease(t, ctx, c, k, ownerC, "", 0)
-}
-
-func (s suite) watchHearsAReleaseElsewhere(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	a, b := s.Open(t), s.Open(t)
-	s.acquire(t, ctx, a, k, ownerA, "", 0)
-	s.busy(t, ctx, b, s.req(k, ownerB), "")
-	w, err := b.Watch(ctx, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	select {
-	case <-w.C():
-	case <-time.After(s.TTL):
-		t.Fatal("the watch heard no release within a TTL")
-	}
-	s.acquire(t, ctx, b, k, ownerB, "", 0)
-	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
 // locker returns a Locker on st, with the suite's TTL.
@@ -744,23 +724,21 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	holder := s.Open(t)
 	const waiters = 4
-	var (
-		stores []lockstore.Store
-		owners []string
-	)
-	for i := range waiters {
-		stores = append(stores, s.Open(t))
-		owners = append(owners, fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i))
+	stores := make([]lockstore.Store, waiters)
+	for i := range stores {
+		stores[i] = s.Open(t)
 	}
+	owner := func(i int) string { return fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i) }
 	base := time.Now().Add(-500 * time.Millisecond) // within any store's clamp of a caller's clock
-	line := 3 * s.TTL
-	got, err := holder.Acquire(ctx, lockstore.Request{Key: k, Owner: ownerA, TTL: s.TTL, Asked: base, Queue: line})
-	if err != nil || !got.Acquired {
+	// place is a fair request of owner that asked after n others, 20ms apart.
+	place := func(owner string, n int) lockstore.Request {
+		return lockstore.Request{Key: k, Owner: owner, TTL: s.TTL, Asked: base.Add(time.Duration(n) * 20 * time.Millisecond), Queue: 3 * s.TTL}
+	}
+	if got, err := holder.Acquire(ctx, place(ownerA, 0)); err != nil || !got.Acquired {
 		t.Fatalf("the first fair acquisition: %+v, %v", got, err)
 	}
-	asked := func(i int) time.Time { return base.Add(time.Duration(i+1) * 20 * time.Millisecond) }
 	for i := range waiters {
-		if got, err := stores[i].Acquire(ctx, lockstore.Request{Key: k, Owner: owners[i], TTL: s.TTL, Asked: asked(i), Queue: line}); err != nil || got.Acquired {
+		if got, err := stores[i].Acquire(ctx, place(owner(i), i+1)); err != nil || got.Acquired {
 			t.Fatalf("waiter %d while the key is held: %+v, %v; want a place in line", i, got, err)
 		}
 	}
@@ -772,7 +750,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			if slices.Contains(order, i) {
 				continue
 			}
-			got, err := stores[i].Acquire(ctx, lockstore.Request{Key: k, Owner: owners[i], TTL: s.TTL, Asked: asked(i), Queue: line})
+			got, err := stores[i].Acquire(ctx, place(owner(i), i+1))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -787,7 +765,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
 		}
 		order = append(order, granted)
-		mustRelease(t, ctx, stores[granted], k, owners[granted], "", 0)
+		mustRelease(t, ctx, stores[granted], k, owner(granted), "", 0)
 	}
 	if !slices.IsSorted(order) {
 		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
