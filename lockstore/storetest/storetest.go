@@ -53,8 +53,7 @@ func Run(t *testing.T, c Config) {
 	s := suite{Config: c}
 	t.Run("ExclusionReentryAndWatch", s.exclusionReentryAndWatch)
 	t.Run("RefreshAndReleaseAreOwnerChecked", s.refreshAndReleaseAreOwnerChecked)
-	t.Run("TTLOfHeldAndFreeKeys", s.ttlOfHeldAndFreeKeys)
-	t.Run("UnrefreshedLockRunsOut", s.unrefreshedLockRunsOut)
+	t.Run("TTLRunsOutUnlessRefreshed", s.ttlRunsOutUnlessRefreshed)
 	t.Run("FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence)
 	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
@@ -222,11 +221,12 @@ func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
 }
 
-func (s suite) ttlOfHeldAndFreeKeys(t *testing.T) {
+// A free key has no TTL and a held one the lock's; a lock nobody refreshes runs out.
+func (s suite) ttlRunsOutUnlessRefreshed(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
-	a := s.Open(t)
+	a, b := s.Open(t), s.Open(t)
 	notHeld(t, "TTL of a free key", errOf(a.TTL(ctx, k)))
-	s.acquire(t, ctx, a, k, ownerA, "", 0)
+	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	ttl, err := a.TTL(ctx, k)
 	bound := s.TTL + 2*time.Second
 	if s.Sessions {
@@ -235,14 +235,6 @@ func (s suite) ttlOfHeldAndFreeKeys(t *testing.T) {
 	if err != nil || ttl <= 0 || ttl > bound {
 		t.Fatalf("TTL of a held key: %v, %v; want within (0, %v] and a store's margin", ttl, err, s.TTL)
 	}
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
-	notHeld(t, "TTL of a released key", errOf(a.TTL(ctx, k)))
-}
-
-func (s suite) unrefreshedLockRunsOut(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	a, b := s.Open(t), s.Open(t)
-	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	// A refresh never shortens a lock: one with half the TTL leaves it held past that.
 	if err := a.Refresh(ctx, k, ownerA, s.TTL/2); err != nil {
 		t.Fatal(err)
@@ -274,6 +266,7 @@ func (s suite) unrefreshedLockRunsOut(t *testing.T) {
 		notHeld(t, "Refresh of a lock that ran out and was taken", err)
 	}
 	mustRelease(t, ctx, b, k, ownerB, "", 0)
+	notHeld(t, "TTL of a released key", errOf(b.TTL(ctx, k)))
 }
 
 func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
@@ -479,36 +472,30 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	req := func(owner string) lockstore.Request {
 		return lockstore.Request{Key: keys[0], Permits: keys, Owner: owner, TTL: s.TTL, Meta: "meta-" + owner[len(owner)-1:]}
 	}
-	ask := func(owner string) lockstore.Acquisition {
+	// take asks for a permit for owner, failing the test unless it is granted permit with a
+	// fence above above.
+	take := func(owner string, permit int, above int64) lockstore.Acquisition {
 		t.Helper()
 		got, err := st.Acquire(ctx, req(owner))
-		if err != nil {
-			t.Fatalf("Acquire of permits %q for %s: %v", keys, owner, err)
+		if err != nil || !got.Acquired || got.Reentered || got.Permit != permit || got.Fence <= above {
+			t.Fatalf("Acquire of permits %q for %s = %+v, %v; want permit %d with a fence above %d", keys, owner, got, err, permit, above)
 		}
 		return got
 	}
-	got := ask(ownerB)
-	if !got.Acquired || got.Reentered || got.Permit != 1 || got.Fence <= 0 {
-		t.Fatalf("permits with the first held = %+v, want the second acquired with a fence", got)
-	}
-	if got.Holder != "meta-a" {
+	if got := take(ownerB, 1, 0); got.Holder != "meta-a" {
 		t.Fatalf("a grant that passed over a busy permit says its holder is %q, want the first's metadata %q", got.Holder, "meta-a")
 	}
 	if err := st.Refresh(ctx, keys[1], ownerB, s.TTL); err != nil {
 		t.Fatalf("the permit granted is not the owner's: Refresh = %v", err)
 	}
 	notHeld(t, "TTL of a permit after the one granted", errOf(st.TTL(ctx, keys[2])))
-	if got := ask(ownerC); !got.Acquired || got.Permit != 2 {
-		t.Fatalf("permits with two held = %+v, want the third", got)
-	}
+	take(ownerC, 2, 0)
 	// All held: busy, with the shortest time a holder has left and one holder's metadata.
 	const ownerD = "storetest-owner-dddddddddddddddd"
 	s.busy(t, ctx, st, req(ownerD), "meta-a", "meta-b", "meta-c")
 	// The first freed is the next taker's, with a fence above its last holder's.
 	mustRelease(t, ctx, st, keys[0], ownerA, "", 0)
-	if got := ask(ownerD); !got.Acquired || got.Permit != 0 || got.Fence <= held.Fence {
-		t.Fatalf("permits with the first freed = %+v, want the first with a fence above %d", got, held.Fence)
-	}
+	take(ownerD, 0, held.Fence)
 	for _, bad := range []lockstore.Request{
 		{Key: keys[0], Permits: keys, Owner: lockstore.ReadOwner(ownerA), TTL: s.TTL},
 		{Key: keys[0], Permits: []string{keys[0], ""}, Owner: ownerA, TTL: s.TTL},
