@@ -62,8 +62,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("PermitRequestTakesUpToWant", s.permitRequestTakesUpToWant)
 	t.Run("PermitLookIsOneRequest", s.permitLookIsOneRequest)
 	t.Run("ReadersShareAndWritersExclude", s.readersShareAndWritersExclude)
-	t.Run("ReadersOfAProcessShareOneHold", s.readersOfAProcessShareOneHold)
-	t.Run("ReadersAndWritersOfAProcessTakeTurns", s.readersAndWritersOfAProcessTakeTurns)
+	t.Run("ReadersOfAProcessShareAndTakeTurns", s.readersOfAProcessShareAndTakeTurns)
 	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
 	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
 	t.Run("CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults)
@@ -101,13 +100,6 @@ func (s suite) acquire(t *testing.T, ctx context.Context, st lockstore.Store, k,
 		t.Fatalf("Acquire(%q, %q) = %+v, %v; want acquired with a fence above %d", k, owner, got, err, above)
 	}
 	return got
-}
-
-func mustRelease(t *testing.T, ctx context.Context, s lockstore.Store, k, owner, hold string, last int64) {
-	t.Helper()
-	if _, err := s.Release(ctx, k, owner, hold, last); err != nil {
-		t.Fatalf("Release(%q, %q, %q) = %v", k, owner, hold, err)
-	}
 }
 
 // notHeld asserts that err, what returned, is ErrNotHeld.
@@ -197,14 +189,14 @@ func (s suite) exclusionReentryAndWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
 	select {
 	case <-w.C():
 	case <-time.After(s.TTL):
 		t.Fatal("the watch heard no release within a TTL")
 	}
 	s.acquire(t, ctx, b, k, ownerB, "", first.Fence)
-	mustRelease(t, ctx, b, k, ownerB, "", 0)
+	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
 }
 
 func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
@@ -217,14 +209,14 @@ func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
 	if err := a.Refresh(ctx, k, ownerA, s.TTL); err != nil {
 		t.Fatalf("Refresh by the holder: %v", err)
 	}
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
 	notHeld(t, "a second Release of one hold", errOf(a.Release(ctx, k, ownerA, "", 0)))
 	notHeld(t, "Refresh after the release", a.Refresh(ctx, k, ownerA, s.TTL))
 	// A stale release never frees the next owner's lock.
 	s.acquire(t, ctx, b, k, ownerB, "next", 0)
 	notHeld(t, "the previous owner's stale release", errOf(a.Release(ctx, k, ownerA, "", 0)))
 	s.busy(t, ctx, a, s.req(k, ownerC), "next")
-	mustRelease(t, ctx, b, k, ownerB, "", 0)
+	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
 }
 
 // A free key has no TTL and a held one the lock's; a lock nobody refreshes runs out.
@@ -267,7 +259,7 @@ func (s suite) ttlRunsOutUnlessRefreshed(t *testing.T) {
 	if err := a.Refresh(ctx, k, ownerA, s.TTL); !s.Sessions {
 		notHeld(t, "Refresh of a lock that ran out and was taken", err)
 	}
-	mustRelease(t, ctx, b, k, ownerB, "", 0)
+	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
 	notHeld(t, "TTL of a released key", errOf(b.TTL(ctx, k)))
 }
 
@@ -282,7 +274,7 @@ func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
 		}
 		// The holder handed out a few fences of its own under the grant: the next is above.
 		last = s.acquire(t, ctx, st, k, owner, "", last).Fence + 3
-		mustRelease(t, ctx, st, k, owner, "", last)
+		must(t, errOf(st.Release(ctx, k, owner, "", last)))
 	}
 }
 
@@ -306,12 +298,12 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 		t.Fatalf("Reenter by another owner's token = %+v, %v; want refused", got, err)
 	}
 	// The acquisition's own hold ends; the named hold keeps the lock.
-	mustRelease(t, ctx, a, k, ownerA, "", 0)
+	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
 	s.busy(t, ctx, c, s.req(k, ownerC), "")
-	mustRelease(t, ctx, b, k, ownerA, "hold-1", 0)
+	must(t, errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
 	notHeld(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
 	s.acquire(t, ctx, c, k, ownerC, "", first.Fence)
-	mustRelease(t, ctx, c, k, ownerC, "", 0)
+	must(t, errOf(c.Release(ctx, k, ownerC, "", 0)))
 }
 
 // locker returns a Locker on st, with the suite's TTL.
@@ -489,7 +481,7 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	const ownerD = "storetest-owner-dddddddddddddddd"
 	s.busy(t, ctx, st, req(ownerD), "meta-a", "meta-b", "meta-c")
 	// The first freed is the next taker's, with a fence above its last holder's.
-	mustRelease(t, ctx, st, keys[0], ownerA, "", 0)
+	must(t, errOf(st.Release(ctx, keys[0], ownerA, "", 0)))
 	take(ownerD, 0, held.Fence)
 	for _, bad := range []lockstore.Request{
 		{Key: keys[0], Permits: keys, Owner: lockstore.ReadOwner(ownerA), TTL: s.TTL},
@@ -585,29 +577,23 @@ func (s suite) readersShareAndWritersExclude(t *testing.T) {
 }
 
 // The readers of one process share one store read hold: a second reader joins the first's with
-// its fence and no store call, and a writer elsewhere still waits for both.
-func (s suite) readersOfAProcessShareOneHold(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	_, r := s.readWrite(t, flightlock.WithMode(flightlock.Reject), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
-	w, _ := s.readWrite(t, flightlock.WithMode(flightlock.Reject))
-	a := mustLock(t, flightlock.NewOwner(ctx), r, k)
-	b := mustLock(t, flightlock.NewOwner(ctx), r, k)
+// its fence and no store call, and a writer elsewhere still waits for both. The readers and
+// writers of a process take turns on one store lock: readers that wait behind a writer of the
+// process share one grant after it, with one fence at least the write's, while a writer
+// elsewhere is refused; it takes the key after them with a larger fence. Across two processes
+// that each read and write the key, no write overlaps a read or another write.
+func (s suite) readersOfAProcessShareAndTakeTurns(t *testing.T) {
+	ctx, k, shared := ctxOf(t), key(t), key(t)
+	w, r := s.readWrite(t, flightlock.WithWait(10*time.Second), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
+	elsewhere := s.locker(t, s.Open(t), flightlock.WithMode(flightlock.Reject))
+	a := mustLock(t, flightlock.NewOwner(ctx), r, shared)
+	b := mustLock(t, flightlock.NewOwner(ctx), r, shared)
 	if b.Grant() != flightlock.GrantShared || b.Fence() != a.Fence() {
 		t.Fatalf("a second reader of the process: grant %v fence %d, want shared with fence %d", b.Grant(), b.Fence(), a.Fence())
 	}
 	_ = a.Release(ctx)
-	mustBeBusy(t, ctx, w, k, "a write while one of two sharing readers holds")
+	mustBeBusy(t, ctx, elsewhere, shared, "a write while one of two sharing readers holds")
 	_ = b.Release(ctx)
-}
-
-// The readers and writers of a process take turns on one store lock: readers that wait behind
-// a writer of the process share one grant after it, with one fence at least the write's, while
-// a writer elsewhere is refused; it takes the key after them with a larger fence. Across two
-// processes that each read and write the key, no write overlaps a read or another write.
-func (s suite) readersAndWritersOfAProcessTakeTurns(t *testing.T) {
-	ctx, k := ctxOf(t), key(t)
-	w, r := s.readWrite(t, flightlock.WithWait(10*time.Second), flightlock.WithHandoff(flightlock.DefaultHandoff, time.Hour))
-	elsewhere := s.locker(t, s.Open(t), flightlock.WithMode(flightlock.Reject))
 	first := mustLock(t, flightlock.NewOwner(ctx), w, k)
 	const readers = 4
 	reads := make(chan *flightlock.Lease, readers)
@@ -713,7 +699,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("waiter %d while the key is held: %+v, %v; want a place in line", i, got, err)
 		}
 	}
-	mustRelease(t, ctx, holder, k, ownerA, "", 0)
+	must(t, errOf(holder.Release(ctx, k, ownerA, "", 0)))
 	var order []int
 	for len(order) < waiters {
 		granted := -1
@@ -736,7 +722,7 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
 		}
 		order = append(order, granted)
-		mustRelease(t, ctx, stores[granted], k, owner(granted), "", 0)
+		must(t, errOf(stores[granted].Release(ctx, k, owner(granted), "", 0)))
 	}
 	if !slices.IsSorted(order) {
 		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
