@@ -144,11 +144,8 @@ func mustBeBusy(t *testing.T, ctx context.Context, l *flightlock.Locker, k, what
 func (s suite) busy(t *testing.T, ctx context.Context, st lockstore.Store, req lockstore.Request, holders ...string) {
 	t.Helper()
 	got, err := st.Acquire(ctx, req)
-	if err != nil {
-		t.Fatalf("Acquire of a held key: %v, want a busy reply", err)
-	}
-	if got.Acquired || got.Reentered || got.Fence != 0 {
-		t.Fatalf("Acquire(%+v) of a key another owner holds = %+v: two holders", req, got)
+	if err != nil || got.Acquired || got.Reentered || got.Fence != 0 {
+		t.Fatalf("Acquire(%+v) of a key another owner holds = %+v, %v; want a busy reply", req, got, err)
 	}
 	if (got.HolderTTL <= 0 && !(s.Sessions && got.HolderTTL == 0)) || got.HolderTTL > s.TTL+2*time.Second {
 		t.Fatalf("busy reply's HolderTTL %v, want within (0, %v] and a store's margin", got.HolderTTL, s.TTL)
@@ -362,8 +359,8 @@ func contend(t *testing.T, ctx context.Context, k string, lockers []*flightlock.
 // A wait that ends while a look is on its way is busy (409 / Aborted) once the store has
 // answered a look of that wait, for every primitive: the store is healthy, only slower than the
 // time left. A wait whose first look, made at its start, the store did not answer is the store's
-// error. Each taker's store serves its first look or none and holds the others, so the budget
-// ends mid-call on any machine, and the verdict follows from what the store did, not from its pace.
+// error. Each taker's store serves its first look or none (servesLooks), so the verdict follows
+// from what the store did, not from its pace.
 func (s suite) spentWaitIsBusy(t *testing.T) {
 	const permits = 3
 	ctx := ctxOf(t)
@@ -736,20 +733,18 @@ const faultSlack = 250 * time.Millisecond
 // lagProbe measures how late a sleeping goroutine wakes, the scheduling delay of a loaded
 // machine, so that a deadline check counts only what the code under test added to it.
 type lagProbe struct {
-	worst atomic.Int64 // the latest wake-up since the last reset, in ns
-	stop  chan struct{}
+	worst atomic.Int64 // the latest wake-up since the last lag, in ns
 }
 
 func startLagProbe(t *testing.T) *lagProbe {
-	p := &lagProbe{stop: make(chan struct{})}
-	done := make(chan struct{})
+	p, stop, done := new(lagProbe), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		const nap = 5 * time.Millisecond
 		for {
 			start := time.Now()
 			select {
-			case <-p.stop:
+			case <-stop:
 				return
 			case <-time.After(nap):
 			}
@@ -758,7 +753,7 @@ func startLagProbe(t *testing.T) *lagProbe {
 			}
 		}
 	}()
-	t.Cleanup(func() { close(p.stop); <-done })
+	t.Cleanup(func() { close(stop); <-done })
 	return p
 }
 
