@@ -102,11 +102,11 @@ func (s suite) acquire(t *testing.T, ctx context.Context, st lockstore.Store, k,
 	return got
 }
 
-// notHeld asserts that err, what returned, is ErrNotHeld.
-func notHeld(t *testing.T, what string, err error) {
+// wantErr asserts that err, what returned, is want.
+func wantErr(t *testing.T, what string, err, want error) {
 	t.Helper()
-	if !errors.Is(err, lockstore.ErrNotHeld) {
-		t.Fatalf("%s: %v, want ErrNotHeld", what, err)
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: %v, want %v", what, err, want)
 	}
 }
 
@@ -134,9 +134,7 @@ func mustLock(t *testing.T, ctx context.Context, l *flightlock.Locker, k string)
 // mustBeBusy asserts that l refuses k with ErrBusy; what names the refused lock.
 func mustBeBusy(t *testing.T, ctx context.Context, l *flightlock.Locker, k, what string) {
 	t.Helper()
-	if _, err := l.Lock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("%s: %v, want ErrBusy", what, err)
-	}
+	wantErr(t, what, errOf(l.Lock(ctx, k)), flightlock.ErrBusy)
 }
 
 // busy asserts that req is refused with the metadata of one of holders and a TTL within the
@@ -200,18 +198,18 @@ func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
 	s.acquire(t, ctx, a, k, ownerA, "meta", 0)
-	notHeld(t, "Refresh by another owner", b.Refresh(ctx, k, ownerB, s.TTL))
-	notHeld(t, "Release by another owner", errOf(b.Release(ctx, k, ownerB, "", 0)))
+	wantErr(t, "Refresh by another owner", b.Refresh(ctx, k, ownerB, s.TTL), lockstore.ErrNotHeld)
+	wantErr(t, "Release by another owner", errOf(b.Release(ctx, k, ownerB, "", 0)), lockstore.ErrNotHeld)
 	s.busy(t, ctx, b, s.req(k, ownerB), "meta") // still the holder's
 	if err := a.Refresh(ctx, k, ownerA, s.TTL); err != nil {
 		t.Fatalf("Refresh by the holder: %v", err)
 	}
 	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
-	notHeld(t, "a second Release of one hold", errOf(a.Release(ctx, k, ownerA, "", 0)))
-	notHeld(t, "Refresh after the release", a.Refresh(ctx, k, ownerA, s.TTL))
+	wantErr(t, "a second Release of one hold", errOf(a.Release(ctx, k, ownerA, "", 0)), lockstore.ErrNotHeld)
+	wantErr(t, "Refresh after the release", a.Refresh(ctx, k, ownerA, s.TTL), lockstore.ErrNotHeld)
 	// A stale release never frees the next owner's lock.
 	s.acquire(t, ctx, b, k, ownerB, "next", 0)
-	notHeld(t, "the previous owner's stale release", errOf(a.Release(ctx, k, ownerA, "", 0)))
+	wantErr(t, "the previous owner's stale release", errOf(a.Release(ctx, k, ownerA, "", 0)), lockstore.ErrNotHeld)
 	s.busy(t, ctx, a, s.req(k, ownerC), "next")
 	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
 }
@@ -220,7 +218,7 @@ func (s suite) refreshAndReleaseAreOwnerChecked(t *testing.T) {
 func (s suite) ttlRunsOutUnlessRefreshed(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
 	a, b := s.Open(t), s.Open(t)
-	notHeld(t, "TTL of a free key", errOf(a.TTL(ctx, k)))
+	wantErr(t, "TTL of a free key", errOf(a.TTL(ctx, k)), lockstore.ErrNotHeld)
 	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	ttl, err := a.TTL(ctx, k)
 	bound := s.TTL + 2*time.Second
@@ -254,10 +252,10 @@ func (s suite) ttlRunsOutUnlessRefreshed(t *testing.T) {
 		time.Sleep(s.TTL / 20)
 	}
 	if err := a.Refresh(ctx, k, ownerA, s.TTL); !s.Sessions {
-		notHeld(t, "Refresh of a lock that ran out and was taken", err)
+		wantErr(t, "Refresh of a lock that ran out and was taken", err, lockstore.ErrNotHeld)
 	}
 	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
-	notHeld(t, "TTL of a released key", errOf(b.TTL(ctx, k)))
+	wantErr(t, "TTL of a released key", errOf(b.TTL(ctx, k)), lockstore.ErrNotHeld)
 }
 
 func (s suite) fencesGrowAboveTheLastFence(t *testing.T) {
@@ -282,7 +280,7 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	if got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL); err != nil || got.Acquired || got.HolderTTL != 0 {
 		t.Fatalf("Reenter of a free key = %+v, %v; want not acquired, HolderTTL 0", got, err)
 	}
-	notHeld(t, "TTL after a Reenter of a free key", errOf(c.TTL(ctx, k)))
+	wantErr(t, "TTL after a Reenter of a free key", errOf(c.TTL(ctx, k)), lockstore.ErrNotHeld)
 	first := s.acquire(t, ctx, a, k, ownerA, "", 0)
 	for range 2 { // naming a hold twice adds it once
 		got, err := b.Reenter(ctx, k, ownerA, "hold-1", s.TTL)
@@ -298,7 +296,7 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
 	s.busy(t, ctx, c, s.req(k, ownerC), "")
 	must(t, errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
-	notHeld(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)))
+	wantErr(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)), lockstore.ErrNotHeld)
 	s.acquire(t, ctx, c, k, ownerC, "", first.Fence)
 	must(t, errOf(c.Release(ctx, k, ownerC, "", 0)))
 }
@@ -391,9 +389,7 @@ func (s suite) spentWaitIsBusy(t *testing.T) {
 					}
 					switch _, answered, sentAt := st.first(); {
 					case answered || sentAt.Sub(start) > wait/2:
-						if !errors.Is(err, flightlock.ErrBusy) {
-							t.Fatalf("%s, the store answered the first look (or it left late): %v, want ErrBusy", what, err)
-						}
+						wantErr(t, what+", the store answered the first look (or it left late)", err, flightlock.ErrBusy)
 					case errors.Is(err, flightlock.ErrBusy) || !errors.Is(err, context.DeadlineExceeded):
 						t.Fatalf("%s, and the store did not answer the first look: %v, want the store's deadline error", what, err)
 					}
@@ -472,7 +468,7 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	if err := st.Refresh(ctx, keys[1], ownerB, s.TTL); err != nil {
 		t.Fatalf("the permit granted is not the owner's: Refresh = %v", err)
 	}
-	notHeld(t, "TTL of a permit after the one granted", errOf(st.TTL(ctx, keys[2])))
+	wantErr(t, "TTL of a permit after the one granted", errOf(st.TTL(ctx, keys[2])), lockstore.ErrNotHeld)
 	take(ownerC, 2, 0)
 	// All held: busy, with the shortest time a holder has left and one holder's metadata.
 	const ownerD = "storetest-owner-dddddddddddddddd"
@@ -519,9 +515,7 @@ func (s suite) permitLookIsOneRequest(t *testing.T) {
 	defer release()
 	cs := &servesLooks{Store: s.Open(t), serve: math.MaxInt}
 	taker := s.locker(t, cs, flightlock.WithPermits(permits))
-	if _, err := taker.TryLock(ctx, k); !errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("TryLock with every permit held elsewhere: %v, want ErrBusy", err)
-	}
+	wantErr(t, "TryLock with every permit held elsewhere", errOf(taker.TryLock(ctx, k)), flightlock.ErrBusy)
 	if n, _, _ := cs.first(); n != 1 {
 		t.Fatalf("a look at %d permits held elsewhere made %d store requests, want 1", permits, n)
 	}
@@ -676,35 +670,34 @@ func (s suite) refusedWriterIsNotToldALeftReaderHolds(t *testing.T) {
 // each round lets every one still waiting ask again, the last in line first.
 func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	ctx, k := ctxOf(t), key(t)
-	holder := s.Open(t)
 	const waiters = 4
-	stores := make([]lockstore.Store, waiters)
+	stores := make([]lockstore.Store, 1+waiters) // the holder's, then each waiter's
 	for i := range stores {
 		stores[i] = s.Open(t)
 	}
-	owner := func(i int) string { return fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i) }
 	base := time.Now().Add(-500 * time.Millisecond) // within any store's clamp of a caller's clock
-	// place is a fair request of owner that asked after n others, 20ms apart.
-	place := func(owner string, n int) lockstore.Request {
-		return lockstore.Request{Key: k, Owner: owner, TTL: s.TTL, Asked: base.Add(time.Duration(n) * 20 * time.Millisecond), Queue: 3 * s.TTL}
+	// place is the fair request of process i, which asked after i others, 20ms apart.
+	place := func(i int) lockstore.Request {
+		owner := fmt.Sprintf("storetest-fair-%d-xxxxxxxxxxxxxxx", i)
+		return lockstore.Request{Key: k, Owner: owner, TTL: s.TTL, Asked: base.Add(time.Duration(i) * 20 * time.Millisecond), Queue: 3 * s.TTL}
 	}
-	if got, err := holder.Acquire(ctx, place(ownerA, 0)); err != nil || !got.Acquired {
+	if got, err := stores[0].Acquire(ctx, place(0)); err != nil || !got.Acquired {
 		t.Fatalf("the first fair acquisition: %+v, %v", got, err)
 	}
-	for i := range waiters {
-		if got, err := stores[i].Acquire(ctx, place(owner(i), i+1)); err != nil || got.Acquired {
+	for i := 1; i <= waiters; i++ {
+		if got, err := stores[i].Acquire(ctx, place(i)); err != nil || got.Acquired {
 			t.Fatalf("waiter %d while the key is held: %+v, %v; want a place in line", i, got, err)
 		}
 	}
-	must(t, errOf(holder.Release(ctx, k, ownerA, "", 0)))
+	must(t, errOf(stores[0].Release(ctx, k, place(0).Owner, "", 0)))
 	var order []int
 	for len(order) < waiters {
 		granted := -1
-		for i := waiters - 1; i >= 0; i-- {
+		for i := waiters; i >= 1; i-- {
 			if slices.Contains(order, i) {
 				continue
 			}
-			got, err := stores[i].Acquire(ctx, place(owner(i), i+1))
+			got, err := stores[i].Acquire(ctx, place(i))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -719,10 +712,10 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 			t.Fatalf("nobody of the line was granted the free key (granted so far %v)", order)
 		}
 		order = append(order, granted)
-		must(t, errOf(stores[granted].Release(ctx, k, owner(granted), "", 0)))
+		must(t, errOf(stores[granted].Release(ctx, k, place(granted).Owner, "", 0)))
 	}
 	if !slices.IsSorted(order) {
-		t.Fatalf("fair grants in the order %v, want the order of asking 0..%d", order, waiters-1)
+		t.Fatalf("fair grants in the order %v, want the order of asking 1..%d", order, waiters)
 	}
 }
 
