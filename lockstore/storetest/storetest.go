@@ -91,8 +91,7 @@ func ctxOf(t *testing.T) context.Context {
 	return ctx
 }
 
-// acquire takes k for owner with the suite's TTL, failing the test unless it is granted with
-// a fence above above.
+// acquire takes k for owner, failing the test unless it is granted with a fence above above.
 func (s suite) acquire(t *testing.T, ctx context.Context, st lockstore.Store, k, owner, meta string, above int64) lockstore.Acquisition {
 	t.Helper()
 	got, err := st.Acquire(ctx, lockstore.Request{Key: k, Owner: owner, TTL: s.TTL, Meta: meta})
@@ -328,9 +327,8 @@ func (s suite) permitsNeverExceedTheirCount(t *testing.T) {
 	})
 }
 
-// contend locks k rounds times with each of lockers, each in a goroutine of its own and as an
-// owner of its own, and holds each lease for hold between enter(i), i the locker's index, and
-// the call enter returned.
+// contend locks k rounds times with each of lockers (i), in a goroutine and as an owner of its
+// own, and holds each lease for hold between enter(i) and the call enter returned.
 func contend(t *testing.T, ctx context.Context, k string, lockers []*flightlock.Locker, rounds int, hold time.Duration, enter func(i int) (leave func())) {
 	var wg sync.WaitGroup
 	for i, l := range lockers {
@@ -452,8 +450,7 @@ func (s suite) permitRequestTakesTheFirstFreeKey(t *testing.T) {
 	req := func(owner string) lockstore.Request {
 		return lockstore.Request{Key: keys[0], Permits: keys, Owner: owner, TTL: s.TTL, Meta: "meta-" + owner[len(owner)-1:]}
 	}
-	// take asks for a permit for owner, failing the test unless it is granted permit with a
-	// fence above above.
+	// take fails the test unless owner is granted permit with a fence above above.
 	take := func(owner string, permit int, above int64) lockstore.Acquisition {
 		t.Helper()
 		got, err := st.Acquire(ctx, req(owner))
@@ -586,26 +583,23 @@ func (s suite) readersOfAProcessShareAndTakeTurns(t *testing.T) {
 	mustBeBusy(t, ctx, elsewhere, shared, "a write while one of two sharing readers holds")
 	_ = b.Release(ctx)
 	first := mustLock(t, flightlock.NewOwner(ctx), w, k)
-	const readers = 4
-	reads := make(chan *flightlock.Lease, readers)
-	for range readers {
-		go func() {
-			lease, err := r.Lock(flightlock.NewOwner(ctx), k)
-			if err != nil {
+	leases := make([]*flightlock.Lease, 4)
+	var wg sync.WaitGroup
+	for i := range leases {
+		wg.Go(func() {
+			var err error
+			if leases[i], err = r.Lock(flightlock.NewOwner(ctx), k); err != nil {
 				t.Error(err)
 			}
-			reads <- lease
-		}()
+		})
 	}
 	time.Sleep(100 * time.Millisecond) // they wait behind the writer; a late one joins them
 	must(t, first.Release(ctx))
-	var leases []*flightlock.Lease
-	for range readers {
-		lease := <-reads
+	wg.Wait()
+	for _, lease := range leases {
 		if lease == nil {
 			t.FailNow()
 		}
-		leases = append(leases, lease)
 		if lease.Fence() != leases[0].Fence() || lease.Fence() < first.Fence() {
 			t.Fatalf("reader fences %d and %d, want one fence at least the write's %d", leases[0].Fence(), lease.Fence(), first.Fence())
 		}
