@@ -167,8 +167,8 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 // hold), else els: no write of the store goes to a key that changed since the store wrote or
 // read it.
 func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op, more ...clientv3.Cmp) (*clientv3.TxnResponse, error) {
-	cmps := append([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}, more...)
-	return s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	cmps := append(make([]clientv3.Cmp, 0, 1+len(more)), clientv3.Compare(clientv3.ModRevision(key), "=", rev))
+	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
 }
 
 // releaseAtOnce is the one-transaction release of a plain lock this store took and knows
