@@ -44,7 +44,7 @@ type Plan struct {
 // Compile checks c, normalized, and compiles its rules, then those built in Go (extra,
 // normalized too), without building any store, for the middleware and flightlock check.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
-	if err := c.check(); err != nil {
+	if err := cmp.Or(c.problems()...); err != nil {
 		return nil, err
 	}
 	return c.compileRules(extra)

@@ -105,13 +105,6 @@ func formReadsBody(r *http.Request) bool {
 	return false
 }
 
-// readsJSONBody reports whether httpx.ParseJsonBody decodes r's body: go-zero's withJsonBody
-// test, and a body that ParseForm, which runs first, has not consumed.
-func readsJSONBody(r *http.Request) bool {
-	return r.ContentLength > 0 && strings.Contains(r.Header.Get("Content-Type"), "application/json") &&
-		!formReadsBody(r)
-}
-
 // parseForm reads the form as httpx.GetFormValues sees r.Form, by running net/http's parsers
 // on a copy of r that reads the buffered body: r keeps its body and unparsed form for the
 // handler.
@@ -158,15 +151,14 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
 	inQuery, inBody = has(f.query), has(f.body)
-	sources := make([]string, 0, 2)
-	if inQuery {
-		sources = append(sources, "the query")
-	}
-	if inBody {
-		sources = append(sources, "the form body")
-	}
-	if len(sources) == 0 {
-		sources = append(sources, "the form")
+	sources := []string{"the form"}
+	switch {
+	case inQuery && inBody:
+		sources = []string{"the query", "the form body"}
+	case inQuery:
+		sources = []string{"the query"}
+	case inBody:
+		sources = []string{"the form body"}
 	}
 	c.add(slices.DeleteFunc(slices.Concat(f.all[name], f.all[name+"[]"]), func(v string) bool { return v == "" }), sources...)
 	return inQuery, inBody, nil
@@ -174,10 +166,12 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 
 func nonEmpty(v string) bool { return v != "" }
 
-// decodeJSON decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
-// would read the body at all.
+// decodeJSON decodes the body's first JSON value, as httpx.ParseJsonBody does, when it would
+// read the body at all: go-zero's withJsonBody test, on a body that ParseForm, which runs
+// first, has not consumed.
 func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
-	if !readsJSONBody(s.r) {
+	r := s.r
+	if r.ContentLength <= 0 || !strings.Contains(r.Header.Get("Content-Type"), "application/json") || formReadsBody(r) {
 		return nil, nil
 	}
 	b, err := s.readBody()
