@@ -126,7 +126,7 @@ func CompileHTTP(s Spec) (*Plan, error) {
 	rl := &Plan{Method: s.Method}
 	var route *Route
 	if s.Path != "" {
-		rp, err := ParseRoute(s.Path)
+		rp, err := parseRoute(s.Path)
 		if err != nil {
 			return nil, FieldError(s.Field+".Path", "bad route pattern %q: %v", s.Path, err)
 		}

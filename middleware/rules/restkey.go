@@ -372,7 +372,7 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	}
 	switch src {
 	case "path":
-		if route != nil && !route.Has(name) {
+		if route != nil && !slices.Contains(route.Params, name) {
 			return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.Text, name)
 		}
 		return func(s *httpSource) (string, bool, error) {
