@@ -131,15 +131,13 @@ func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 		if fd == nil || fd.IsList() || fd.IsMap() || !m.Has(fd) {
 			return "", false
 		}
-		v := m.Get(fd)
-		if i < len(path)-1 {
-			if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
-				return "", false
-			}
-			m = v.Message()
-			continue
+		if i == len(path)-1 {
+			return scalarField(fd, m.Get(fd))
 		}
-		return scalarField(fd, v)
+		if fd.Message() == nil {
+			return "", false // a scalar where the path goes on
+		}
+		m = m.Get(fd).Message()
 	}
 	return "", false
 }
