@@ -309,8 +309,8 @@ func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 // canonicalValue returns v in one form for every way of writing the bool or the number that
 // httpx.Parse binds from it, and v itself when it writes neither. go-zero binds "1" and any
 // case of "true" as true, "0" and any case of "false" as false: they render as "1" and "0",
-// as integers do (and zrpc bools, scalarField). A string field holding "true" then shares a
-// lock with "1": a wait, never a second holder.
+// as integers do (and zrpc bools, scalarField). A string field holding "true" (or "007", see
+// canonicalNumber) then shares a lock with "1" (or "7"): a wait, never a second holder.
 func canonicalValue(v string) string {
 	switch {
 	case strings.EqualFold(v, "true"):
@@ -324,8 +324,7 @@ func canonicalValue(v string) string {
 // canonicalNumber returns v in one form for every way of writing its number, and v itself
 // when it is not written as a number. httpx.Parse binds "7", "07" and "+7" as one integer,
 // and 1, 1.0, 1e0 and 0x1p0 as one float; not knowing the handler's field types, the
-// middleware renders them alike, so two requests on one entity never both hold "their" lock
-// (a string field holding "007" then shares a lock with "7": a wait, never a second holder).
+// middleware renders them alike, so two requests on one entity never both hold "their" lock.
 //
 // Integers are rewritten exactly, at any length, so that large ids keep one key each: the
 // sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads in Go's
