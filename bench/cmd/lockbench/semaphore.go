@@ -129,14 +129,6 @@ func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
 // spanShm is the path of the span guard's file beside a measurement's guard file.
 func spanShm(shm string) string { return shm + ".span" }
 
-// --- scenario 10
-
-func (b *bench) scenario10() *inAndAcross {
-	rows := b.pick("flightlock-permits", "zset-permits")
-	s := b.inAndAcross("s10", rows, b.c.d10, 0)
-	return &s
-}
-
 // --- the report
 
 func (r *report) s10Section(w func(string, ...any)) {
