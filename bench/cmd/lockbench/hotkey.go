@@ -74,13 +74,10 @@ func guardMain(args []string) int {
 	_ = fs.Parse(args)
 	var err error
 	fell, prefix := false, "lockbench -guard:"
-	switch {
-	case *profile != "":
-		err = profileHotKey(*profile, *cs*20)
-	case *worker:
+	if *worker {
 		err, prefix = guardWorker(*addr, *g, *cs), "lockbench -guard worker:"
-	default:
-		fell, err = guardRun(*cs, *reps, *record, *file)
+	} else {
+		fell, err = guardRun(*cs, *reps, *record, *file, *profile)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, prefix, err)
@@ -101,21 +98,34 @@ func defaultRecord() string {
 }
 
 // guardRun measures every shape reps times, prints the table and, with record, writes the record;
-// fell reports a figure more than regression below its record.
-func guardRun(cs, reps int, record bool, file string) (fell bool, err error) {
+// fell reports a figure more than regression below its record. With profile, it writes a CPU
+// profile of the one-process, 64-goroutine shape over cs x 20 critical sections instead.
+func guardRun(cs, reps int, record bool, file, profile string) (fell bool, err error) {
 	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return false, err
 	}
 	defer srv.Stop()
-	fmt.Printf("lockbench -guard: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
-		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
-
-	inproc, err := newHotHarness(srv.Addr, 64, cs/4)
+	warm := cs / 4
+	if profile != "" {
+		warm = 4000
+	}
+	inproc, err := newHotHarness(srv.Addr, 64, warm)
 	if err != nil {
 		return false, err
 	}
 	defer inproc.close()
+	if profile != "" {
+		stop := profiling{cpuprofile: profile}.start()
+		rate, err := inproc.run(inproc.freshKey(), 64, cs*20)
+		stop()
+		if err == nil {
+			fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs*20)
+		}
+		return false, err
+	}
+	fmt.Printf("lockbench -guard: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
+		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
 	figures := make(map[string][]float64)
 	var machine []float64
 	for r := range reps {
@@ -177,28 +187,6 @@ func guardRun(cs, reps int, record bool, file string) (fell bool, err error) {
 		fmt.Printf("recorded in %s\n", file)
 	}
 	return fell, nil
-}
-
-// profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
-func profileHotKey(file string, cs int) error {
-	srv, err := redisserver.Start("hotkey-redis")
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
-	h, err := newHotHarness(srv.Addr, 64, 4000)
-	if err != nil {
-		return err
-	}
-	defer h.close()
-	stop := profiling{cpuprofile: file}.start()
-	rate, err := h.run(h.freshKey(), 64, cs)
-	stop()
-	if err != nil {
-		return err
-	}
-	fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs)
-	return nil
 }
 
 // calibrate measures the machine's pace at the hot key's own cost, handing a turn from
