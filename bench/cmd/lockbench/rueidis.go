@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync/atomic"
@@ -125,13 +124,7 @@ func (r *rueidisImpl) lock(ctx context.Context, key string) (any, error) {
 
 func (r *rueidisImpl) tryLock(ctx context.Context, key string) (any, error) {
 	_, cancel, err := r.locker.TryWithContext(context.WithoutCancel(ctx), key)
-	if errors.Is(err, rueidislock.ErrNotLocked) {
-		return nil, errBusy
-	}
-	if err != nil {
-		return nil, err
-	}
-	return rueidisHold{cancel: cancel}, nil
+	return tried(rueidisHold{cancel: cancel}, err, rueidislock.ErrNotLocked)
 }
 
 func (r *rueidisImpl) unlock(_ context.Context, _ string, h any) error {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"strconv"
 	"time"
@@ -65,10 +64,7 @@ func (z *zsetSemImpl) lock(ctx context.Context, key string) (any, error) {
 
 func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
 	p, err := z.sem.TryAcquire(ctx, key)
-	if errors.Is(err, zsetsem.ErrBusy) {
-		return nil, errBusy
-	}
-	return p, err
+	return tried(p, err, zsetsem.ErrBusy)
 }
 
 func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
