@@ -1,5 +1,5 @@
 // Package redisserver starts the server processes of the bench module on free loopback ports
-// (redis-server for lockbench's Redis rows and the example's state, hotkey's server and the Go
+// (redis-server for lockbench's Redis rows and the example's state, the hot key's guard and the Go
 // benchmarks' servers, without persistence; etcd and ZooKeeper for lockbench's other stores)
 // and ends them by their pid, never by name.
 package redisserver
