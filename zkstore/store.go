@@ -35,19 +35,20 @@ const (
 	DefaultSyncLimit = 5
 )
 
-// Config is what the store needs to know of the ensemble and its session.
+// Config is what the store needs to know of the ensemble and its session. Its tags are
+// go-zero's, for zkconf.Conf, the same fields as a service's Lock.Zookeeper section.
 type Config struct {
 	// Hosts are the servers, "host:port".
-	Hosts []string
+	Hosts []string `json:",optional"`
 	// SessionTimeout is the session's timeout (default DefaultSessionTimeout). It bounds the
 	// lock TTL (MaxTTL) and is checked against the ensemble's settings (see the package doc).
-	SessionTimeout time.Duration
+	SessionTimeout time.Duration `json:",default=40s"`
 	// Root is the node under which the locks live (default DefaultRoot); created if missing.
-	Root string
+	Root string `json:",default=/flightlock"`
 	// TickTime and SyncLimit are the ensemble's, used when its servers do not answer the
 	// "conf" four-letter word (4lw.commands.whitelist); zero means the defaults.
-	TickTime  time.Duration
-	SyncLimit int
+	TickTime  time.Duration `json:",optional"`
+	SyncLimit int           `json:",optional"`
 }
 
 type ensemble struct {

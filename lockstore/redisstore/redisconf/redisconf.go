@@ -162,10 +162,8 @@ func (r Conf) checkFailover(section string) error {
 	case r.ReplicaTimeout < 0:
 		return lockstore.FieldError(section+".ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
 	}
-	for i, a := range sn.Addrs {
-		if strings.TrimSpace(a) == "" {
-			return lockstore.FieldError(fmt.Sprintf("%s.Sentinel.Addrs[%d]", section, i), "is empty")
-		}
+	if errs := lockstore.HostErrors(section+".Sentinel.Addrs", sn.Addrs); errs != nil {
+		return errs[0]
 	}
 	return nil
 }
@@ -232,7 +230,7 @@ func dial(conf zeroredis.RedisConf, sn SentinelConf) (redis.UniversalClient, err
 	case conf.Type == "" || conf.Type == zeroredis.NodeType:
 		opts.Addrs = []string{conf.Host} // a node's one address never makes a cluster
 	case conf.Type == zeroredis.ClusterType:
-		opts.Addrs, opts.IsClusterMode = splitHosts(conf.Host), true
+		opts.Addrs, opts.IsClusterMode = lockstore.TrimHosts(strings.Split(conf.Host, ",")), true
 	default:
 		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
 	}
@@ -265,15 +263,4 @@ func connect(client redis.UniversalClient, nonBlock bool, timeout time.Duration,
 		return nil, fmt.Errorf("flightlock: redis connect error, %s: %w", where, err)
 	}
 	return client, nil
-}
-
-// splitHosts returns the comma-separated addresses in hosts, trimmed, without empty ones.
-func splitHosts(hosts string) []string {
-	var out []string
-	for _, h := range strings.Split(hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			out = append(out, h)
-		}
-	}
-	return out
 }
