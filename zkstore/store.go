@@ -341,12 +341,18 @@ const (
 	markSuffix = " ~" // someone was refused while the lock was held
 )
 
-// ownName, borrowName and readerName are the hold names of owner.
-func ownName(owner string) string { return ownPre + ownerHash(owner) }
-func borrowName(owner, hold string) string {
-	return borrowPre + ownerHash(owner) + "-" + nodeName(hold)
+// holdName is the node name of owner's hold: a read owner's read hold, else the acquisition's
+// own when hold is "", or the re-entry named hold.
+func holdName(owner, hold string) string {
+	switch h := ownerHash(owner); {
+	case lockstore.IsReadOwner(owner):
+		return readerPre + h
+	case hold != "":
+		return borrowPre + h + "-" + nodeName(hold)
+	default:
+		return ownPre + h
+	}
 }
-func readerName(owner string) string { return readerPre + ownerHash(owner) }
 
 // ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
 func ofOwner(name, h string) bool {
