@@ -195,14 +195,15 @@ func AcquireEach(ctx context.Context, req Request, acquire func(context.Context,
 	return busy, nil
 }
 
-// CheckPermits refuses a request with Permits that is a read or a fair one, or names an empty key.
+// CheckPermits refuses a request with Permits that is a read or a fair one, or one of whose
+// keys CheckArgs refuses with its owner and TTL.
 func CheckPermits(req Request) error {
 	if IsReadOwner(req.Owner) || !req.Asked.IsZero() {
 		return errors.New("flightlock: a permit request cannot be a read or a fair one")
 	}
 	for _, k := range req.Permits {
-		if k == "" {
-			return errors.New("flightlock: empty lock key")
+		if err := CheckArgs(k, req.Owner, req.TTL); err != nil {
+			return err
 		}
 	}
 	return nil

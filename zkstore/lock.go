@@ -53,10 +53,8 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	for _, k := range req.Permits {
-		if err := s.check(k, req.Owner, req.TTL); err != nil {
-			return lockstore.Acquisition{}, err
-		}
+	if err := s.check(req.Permits[0], req.Owner, req.TTL); err != nil { // a closed store, a TTL above MaxTTL
+		return lockstore.Acquisition{}, err
 	}
 	type look struct {
 		data []byte

@@ -2,6 +2,7 @@ package zkstore
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -154,12 +155,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 // settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
 // against them.
 func settle(cfg Config) (Config, ensemble, error) {
-	if cfg.SessionTimeout == 0 {
-		cfg.SessionTimeout = DefaultSessionTimeout
-	}
-	if cfg.Root == "" {
-		cfg.Root = DefaultRoot
-	}
+	cfg.SessionTimeout, cfg.Root = cmp.Or(cfg.SessionTimeout, DefaultSessionTimeout), cmp.Or(cfg.Root, DefaultRoot)
 	ens := readEnsemble(cfg)
 	return cfg, ens, checkSession(cfg.SessionTimeout, ens)
 }
