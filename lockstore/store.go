@@ -277,13 +277,10 @@ func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
 // closed), and stop is called once by Close.
 func NewWatch(c chan struct{}, stop func()) *Watch {
-	var once sync.Once
-	return &Watch{c: c, close: func() { once.Do(stop) }}
+	return &Watch{c: c, close: sync.OnceFunc(stop)}
 }
 
-// NewFreshWatch is NewWatch for a store whose watch starts listening only now (see
-// Watch.Fresh): a release between the caller's last look at the key and the watch may have
-// gone unheard.
+// NewFreshWatch is NewWatch for a watch that starts listening only now (see Watch.Fresh).
 func NewFreshWatch(c chan struct{}, stop func()) *Watch {
 	w := NewWatch(c, stop)
 	w.fresh = true
