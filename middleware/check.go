@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -161,21 +160,21 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	return func(gs *grpc.Server) {
 		register(gs)
 		info := gs.GetServiceInfo() // the service's own, without the probe's
-		unary, stream := probeUnknown, probeUnknown
+		unary, stream := m.unaryIntercepting.Load(), m.streamIntercepting.Load()
 		if len(m.rpc) > 0 {
 			p := &interceptorProbe{service: fmt.Sprintf("flightlock.InterceptorProbe%d", probeServices.Add(1))}
 			p.register(gs)
 			m.probe.Store(p)
-			unary, stream = p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
+			unary, stream = p.installed(gs, probeUnary, unary), p.installed(gs, probeStream, stream)
 		}
 		mustStart(m.checkServer(info, unary, stream))
 	}
 }
 
 // checkServer is Register's check: each RPC rule needs the interceptor of its method's kind,
-// as a server runs each kind of call through its own chain. unary and stream are the probe's
-// verdicts.
-func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
+// as a server runs each kind of call through its own chain. unary and stream report whether
+// the server runs those interceptors.
+func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream bool) error {
 	if len(m.rpc) == 0 && len(m.rules) > 0 {
 		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
 		// service's own choice.
@@ -187,13 +186,13 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 			continue
 		}
 		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
-			if !installed(stream, &m.streamIntercepting) {
+			if !stream {
 				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
 					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
 			}
 			continue
 		}
-		if !installed(unary, &m.unaryIntercepting) {
+		if !unary {
 			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server runs its unary calls without "+
 				"this Middleware's unary interceptor: add s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), or its calls run unlocked", cr.spec.RPC)
 		}
@@ -202,15 +201,6 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 		return fmt.Errorf("%w (gRPC matches full method names case-sensitively)", err)
 	}
 	return nil
-}
-
-// installed reports whether an interceptor is in the chain, as the probe found or else as
-// built.
-func installed(v probeVerdict, built *atomic.Bool) bool {
-	if v == probeUnknown {
-		return built.Load()
-	}
-	return v == probeInstalled
 }
 
 // methodInfo returns the service of full, a full method name, and the method's info if the
