@@ -6,7 +6,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -39,7 +38,10 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 			clean = append(clean, rest.Route{Method: rt.Method, Path: path.Clean(rt.Path)})
 		}
 	}
-	for _, cr := range slices.Concat(m.rules, m.routed.list()) {
+	m.routedMu.Lock()
+	routed := slices.Clone(m.routed)
+	m.routedMu.Unlock()
+	for _, cr := range slices.Concat(m.rules, routed) {
 		if err := checkNamed(cr); err != nil {
 			return err
 		}
@@ -58,7 +60,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
-	for _, cr := range m.routed.list() {
+	for _, cr := range routed {
 		if cr.wraps.Load() == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
@@ -121,12 +123,9 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 // Rules that name only a REST route are left to CheckRoutes.
 func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	for _, cr := range m.rules {
-		if cr.rpc == nil {
-			continue
-		}
 		full := cr.spec.RPC
 		svc, _, ok := methodInfo(info, full)
-		if ok {
+		if cr.rpc == nil || ok {
 			continue
 		}
 		for name, si := range info {
@@ -212,24 +211,6 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 		return svc, mi, false
 	}
 	return svc, info[svc].Methods[i], true
-}
-
-// routedRules are the Route and RouteFunc rules, for CheckRoutes.
-type routedRules struct {
-	mu    sync.Mutex
-	rules []*compiledRule // guarded by mu
-}
-
-func (r *routedRules) add(cr *compiledRule) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.rules = append(r.rules, cr)
-}
-
-func (r *routedRules) list() []*compiledRule {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.rules)
 }
 
 // logWaitsPastTimeout logs, at error level, each waiting rule whose Wait is not below timeout,

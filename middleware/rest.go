@@ -81,7 +81,9 @@ func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 	if err := m.lockRule(cr, s, false); err != nil {
 		return nil, err
 	}
-	m.routed.add(cr)
+	m.routedMu.Lock()
+	m.routed = append(m.routed, cr)
+	m.routedMu.Unlock()
 	return m.groupMiddleware([]*compiledRule{cr}), nil
 }
 
