@@ -35,10 +35,12 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, ke
 	}
 	would := wouldStoreError
 	switch {
-	case keyErr != nil || errors.Is(err, flightlock.ErrInvalidKey):
+	case keyErr != nil:
 		would = wouldInvalidKey
 	case errors.Is(err, flightlock.ErrBusy):
 		would = rl.onBusy
+	case errors.Is(err, flightlock.ErrInvalidKey):
+		would = wouldInvalidKey
 	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
 		return held{ctx: ctx} // draining, or the request is gone: nothing enforcing would have changed
 	default:
