@@ -6,8 +6,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -40,7 +38,10 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 			clean = append(clean, rest.Route{Method: rt.Method, Path: path.Clean(rt.Path)})
 		}
 	}
-	for _, cr := range slices.Concat(m.rules, m.routed.list()) {
+	m.routedMu.Lock()
+	routed := slices.Clone(m.routed)
+	m.routedMu.Unlock()
+	for _, cr := range slices.Concat(m.rules, routed) {
 		if err := checkNamed(cr); err != nil {
 			return err
 		}
@@ -59,7 +60,7 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 		}
 		return rules.FieldError(ruleLabel(cr.spec), "%s matches no route of the server", what)
 	}
-	for _, cr := range m.routed.list() {
+	for _, cr := range routed {
 		if cr.wraps.Load() == 0 {
 			// Built, but the .api file's @server block does not list the middleware.
 			return rules.FieldError(cr.label, "locks nothing: its middleware is on no route (rest.WithMiddlewares of a route group)")
@@ -122,12 +123,9 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 // Rules that name only a REST route are left to CheckRoutes.
 func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	for _, cr := range m.rules {
-		if cr.rpc == nil {
-			continue
-		}
 		full := cr.spec.RPC
 		svc, _, ok := methodInfo(info, full)
-		if ok {
+		if cr.rpc == nil || ok {
 			continue
 		}
 		for name, si := range info {
@@ -161,21 +159,21 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	return func(gs *grpc.Server) {
 		register(gs)
 		info := gs.GetServiceInfo() // the service's own, without the probe's
-		unary, stream := probeUnknown, probeUnknown
+		unary, stream := m.unaryIntercepting.Load(), m.streamIntercepting.Load()
 		if len(m.rpc) > 0 {
 			p := &interceptorProbe{service: fmt.Sprintf("flightlock.InterceptorProbe%d", probeServices.Add(1))}
 			p.register(gs)
 			m.probe.Store(p)
-			unary, stream = p.verdict(gs, probeUnary), p.verdict(gs, probeStream)
+			unary, stream = p.installed(gs, probeUnary, unary), p.installed(gs, probeStream, stream)
 		}
 		mustStart(m.checkServer(info, unary, stream))
 	}
 }
 
 // checkServer is Register's check: each RPC rule needs the interceptor of its method's kind,
-// as a server runs each kind of call through its own chain. unary and stream are the probe's
-// verdicts.
-func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream probeVerdict) error {
+// as a server runs each kind of call through its own chain. unary and stream report whether
+// the server runs those interceptors.
+func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream bool) error {
 	if len(m.rpc) == 0 && len(m.rules) > 0 {
 		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
 		// service's own choice.
@@ -187,13 +185,13 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 			continue
 		}
 		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
-			if !installed(stream, &m.streamIntercepting) {
+			if !stream {
 				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
 					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
 			}
 			continue
 		}
-		if !installed(unary, &m.unaryIntercepting) {
+		if !unary {
 			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server runs its unary calls without "+
 				"this Middleware's unary interceptor: add s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), or its calls run unlocked", cr.spec.RPC)
 		}
@@ -202,15 +200,6 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 		return fmt.Errorf("%w (gRPC matches full method names case-sensitively)", err)
 	}
 	return nil
-}
-
-// installed reports whether an interceptor is in the chain, as the probe found or else as
-// built.
-func installed(v probeVerdict, built *atomic.Bool) bool {
-	if v == probeUnknown {
-		return built.Load()
-	}
-	return v == probeInstalled
 }
 
 // methodInfo returns the service of full, a full method name, and the method's info if the
@@ -222,24 +211,6 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 		return svc, mi, false
 	}
 	return svc, info[svc].Methods[i], true
-}
-
-// routedRules are the Route and RouteFunc rules, for CheckRoutes.
-type routedRules struct {
-	mu    sync.Mutex
-	rules []*compiledRule // guarded by mu
-}
-
-func (r *routedRules) add(cr *compiledRule) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.rules = append(r.rules, cr)
-}
-
-func (r *routedRules) list() []*compiledRule {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.rules)
 }
 
 // logWaitsPastTimeout logs, at error level, each waiting rule whose Wait is not below timeout,

@@ -36,16 +36,11 @@ func (m *Middleware) listen() {
 // listeners (New registers it); call it yourself where the service stops otherwise.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	m.drain.once.Do(func() {
-		grace, cancel := context.WithTimeout(ctx, m.drain.grace)
-		err := m.drainAll(grace)
-		cancel()
+		err := m.drainAll(ctx, m.drain.grace)
 		if err != nil {
 			logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
 				logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
-			last, cancel := context.WithTimeout(context.WithoutCancel(ctx), drainStragglers)
-			err = m.drainAll(last)
-			cancel()
-			if err != nil {
+			if err = m.drainAll(context.WithoutCancel(ctx), drainStragglers); err != nil {
 				logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
 					logx.Field("error", err.Error()))
 			}
@@ -58,8 +53,10 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 	return m.drain.err
 }
 
-// drainAll drains every base Locker of m at once (one per store), within ctx.
-func (m *Middleware) drainAll(ctx context.Context) error {
+// drainAll drains every base Locker of m at once (one per store), within timeout and ctx.
+func (m *Middleware) drainAll(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	lockers := slices.Collect(maps.Values(m.bases))
 	errs := make([]error, len(lockers))
 	var wg sync.WaitGroup

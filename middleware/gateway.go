@@ -2,8 +2,8 @@ package middleware
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"net/http"
-	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -97,36 +97,22 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 //	gw.Start()
 //
 // Routes from google.api.http annotations are not listed: map them in Mappings to have them
-// checked. c is read by field name, so that every service does not link the gateway package
-// and its gRPC reflection; anything else gives no routes.
+// checked. c is read by field name through encoding/json, so that every service does not link
+// the gateway package and its gRPC reflection; anything else gives no routes.
 func GatewayRoutes(c any) []rest.Route {
+	var gc struct {
+		Upstreams []struct {
+			Mappings []struct{ Method, Path string }
+		}
+	}
+	if b, err := json.Marshal(c); err != nil || json.Unmarshal(b, &gc) != nil {
+		return nil
+	}
 	var routes []rest.Route
-	for _, up := range sliceField(reflect.ValueOf(c), "Upstreams") {
-		for _, m := range sliceField(up, "Mappings") {
-			m = reflect.Indirect(m)
-			if m.Kind() != reflect.Struct {
-				continue
-			}
-			method, path := m.FieldByName("Method"), m.FieldByName("Path")
-			if method.Kind() == reflect.String && path.Kind() == reflect.String {
-				routes = append(routes, rest.Route{Method: strings.ToUpper(method.String()), Path: path.String()})
-			}
+	for _, up := range gc.Upstreams {
+		for _, m := range up.Mappings {
+			routes = append(routes, rest.Route{Method: strings.ToUpper(m.Method), Path: m.Path})
 		}
 	}
 	return routes
-}
-
-// sliceField returns the elements of the slice field name of v, a struct or a pointer to one;
-// none when v is neither or has no such field.
-func sliceField(v reflect.Value, name string) []reflect.Value {
-	if v = reflect.Indirect(v); v.Kind() != reflect.Struct {
-		return nil
-	}
-	var out []reflect.Value
-	if f := v.FieldByName(name); f.Kind() == reflect.Slice {
-		for i := range f.Len() {
-			out = append(out, f.Index(i))
-		}
-	}
-	return out
 }

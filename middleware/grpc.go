@@ -28,7 +28,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if err == nil && rl.share != nil {
 			return rl.share.HandleRPC(ctx, req, info, handler, keys)
 		}
-		h, err := m.enter(ctx, rl, keys, err)
+		h, err := m.lock(ctx, rl, keys, err)
 		if err != nil {
 			return nil, grpcStatus(err).Err()
 		}
@@ -52,7 +52,7 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if rl == nil && ctx == ss.Context() {
 			return handler(srv, ss)
 		}
-		ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl, done: rl == nil}
+		ls := &lockedStream{ServerStream: ss, ctx: ctx, m: m, rl: rl}
 		defer ls.release()
 		if rl != nil && !rl.FromMessage {
 			if err := ls.lock(nil); err != nil {
@@ -68,16 +68,16 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 }
 
 // lockedStream is a server stream whose Context carries the call's lease and handed-over
-// owners. Unless done, it takes the lock on the first message received; if that fails, every
+// owners. With a rule, it takes the lock on the first message received; if that fails, every
 // later RecvMsg and SendMsg fails the same way, so the handler cannot go on without the lock.
 type lockedStream struct {
 	grpc.ServerStream
 	m  *Middleware
 	rl *rule
 
+	once sync.Once // the lock is attempted once
 	mu   sync.Mutex
 	ctx  context.Context // guarded by mu
-	done bool            // guarded by mu: the lock was attempted (or is not needed)
 	held held            // guarded by mu: the lock held, if any
 	err  error           // guarded by mu: the status error of a failed lock
 }
@@ -105,34 +105,28 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	if err := s.lockError(); err != nil {
 		return err
 	}
-	if err := s.ServerStream.RecvMsg(msg); err != nil {
-		return err
+	if err := s.ServerStream.RecvMsg(msg); err != nil || s.rl == nil {
+		return err // a nil rl: the call carries handed-over owners, and no rule locks it
 	}
 	return s.lock(msg)
 }
 
 // lock takes the call's lock, once, on the keys of msg, the first message (nil for keys that
-// read only the metadata).
+// read only the metadata), and returns its status error.
 func (s *lockedStream) lock(msg any) error {
-	s.mu.Lock()
-	if s.done {
-		s.mu.Unlock()
-		return nil
-	}
-	s.done = true
-	ctx := s.ctx
-	s.mu.Unlock()
-
-	keys, err := s.rl.RPCKeys(ctx, msg)
-	h, err := s.m.enter(ctx, s.rl, keys, err)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		s.err = grpcStatus(err).Err()
-		return s.err
-	}
-	s.held, s.ctx = h, h.ctx
-	return nil
+	s.once.Do(func() {
+		ctx := s.Context()
+		keys, err := s.rl.RPCKeys(ctx, msg)
+		h, err := s.m.lock(ctx, s.rl, keys, err)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err != nil {
+			s.err = grpcStatus(err).Err()
+			return
+		}
+		s.held, s.ctx = h, h.ctx
+	})
+	return s.lockError()
 }
 
 // release releases the call's lock, if it took one, after the handler returned.

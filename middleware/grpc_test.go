@@ -205,6 +205,29 @@ func TestGRPCKeySources(t *testing.T) {
 	}
 }
 
+// A zrpc rule built in Go locks the key its function computes, and a bad one is refused
+// naming the option.
+func TestGRPCWithRPCRule(t *testing.T) {
+	tr := newTestRedis(t)
+	m, err := New(LockConf{}, WithLocker(tr.locker(t)), WithRPCRule(Rule{RPC: fullMethod("Host")},
+		func(_ context.Context, req any) (string, error) {
+			return "host:" + req.(*rpb.ServerReflectionRequest).GetHost(), nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := m.UnaryServerInterceptor()(context.Background(), &rpb.ServerReflectionRequest{Host: "z"},
+		&grpc.UnaryServerInfo{FullMethod: fullMethod("Host")},
+		func(ctx context.Context, _ any) (any, error) { return leaseKeys(ctx), nil })
+	if err != nil || resp != "lock:host:z" {
+		t.Errorf("call of a WithRPCRule method: %v %v, want lock:host:z", resp, err)
+	}
+	if _, err := New(LockConf{}, WithRPCRule(Rule{RPC: fullMethod("Host"), OnBusy: "later"}, nil)); err == nil ||
+		!strings.HasPrefix(err.Error(), "WithRPCRule") {
+		t.Errorf("bad Go rule: %v", err)
+	}
+}
+
 func TestGRPCErrors(t *testing.T) {
 	t.Run("busy", func(t *testing.T) {
 		tr := newTestRedis(t)

@@ -3,13 +3,14 @@ package middleware
 import (
 	"context"
 	"errors"
-	"github.com/flightlock/flightlock/lockstore/embedded"
-	"github.com/flightlock/flightlock/middleware/share"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/flightlock/flightlock/lockstore/embedded"
+	"github.com/flightlock/flightlock/middleware/share"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/flightlock/flightlock"

@@ -38,22 +38,20 @@ type held struct {
 	at  time.Time         // when the lock was granted
 }
 
-// enter locks the keys of one request, rendered with keyErr: a key that cannot be built is
-// refused, or, for a shadow rule, let through unlocked on ctx (badKey).
-func (m *Middleware) enter(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
-	if keyErr != nil {
-		if m.badKey(ctx, rl, keyErr) {
-			return held{ctx: ctx}, nil
+// lock takes the keys of one request, rendered with keyErr: a key that cannot be built is
+// refused (a shadow rule counts it and lets the request through, see lockShadow).
+func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
+	switch {
+	case rl.shadow:
+		return m.lockShadow(ctx, rl, keys, keyErr), nil
+	case keyErr != nil:
+		if metricsOn() {
+			acquireDuration.ObserveFloat(0, rl.stats.with(outcomeInvalidKey, "none")...)
 		}
+		// Logged, summarised per rule: a template naming a field requests never carry refuses
+		// every request, and the access log alone does not say why.
+		m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", keyErr)
 		return held{}, keyErr
-	}
-	return m.lock(ctx, rl, keys)
-}
-
-// lock takes the keys of one request; see lockEnforced and lockShadow.
-func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string) (held, error) {
-	if rl.shadow {
-		return m.lockShadow(ctx, rl, keys), nil
 	}
 	return m.lockEnforced(ctx, rl, keys)
 }
@@ -74,46 +72,36 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 	if metrics {
 		waitingGauge.Dec(st.labels...)
 		acquireDuration.ObserveFloat(ms(waited), st.with(outcome, grantOf(st, g))...)
-		m.countAcquire(st, outcome, g)
 	}
 	if errors.Is(err, ErrNestedLock) {
 		m.logs.error(ctx, st, "nested call refused: its caller holds the key", err)
 	}
 	switch outcome {
 	case outcomeDegraded:
+		st.count(failOpenTotal)
+		st.count(storeErrorTotal, "acquire")
 		m.logs.error(ctx, st, "lock store unreachable, running under this process's lock only (OnStoreError: open)",
 			errors.New("degraded lease"), logx.Field("waited", waited))
 		fallthrough
 	case outcomeAcquired:
+		if metrics {
+			heldGauge.Inc(st.labels...)
+			for _, l := range g.Leases() {
+				if l.Grant() == flightlock.GrantHandoff {
+					handoffTotal.Inc(st.labels...)
+				}
+			}
+		}
 		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
 	case outcomeStoreError:
+		st.count(storeErrorTotal, "acquire")
 		m.logs.error(ctx, st, "lock store unreachable, request refused (OnStoreError: closed)", err,
 			logx.Field("waited", waited))
 		return held{}, fmt.Errorf("%w: %w", errStore, err)
+	case outcomeBusy:
+		st.count(busyTotal)
 	}
 	return held{}, hintBusy(err, &rl.holds)
-}
-
-// countAcquire counts what an acquisition did, past the histogram. Only when metrics are on.
-func (m *Middleware) countAcquire(st *ruleStats, outcome string, g *flightlock.Group) {
-	switch outcome {
-	case outcomeBusy:
-		busyTotal.Inc(st.labels...)
-	case outcomeDegraded:
-		failOpenTotal.Inc(st.labels...)
-		fallthrough
-	case outcomeStoreError:
-		storeErrorTotal.Inc(st.with("acquire")...)
-	}
-	if g == nil {
-		return
-	}
-	heldGauge.Inc(st.labels...)
-	for _, l := range g.Leases() {
-		if l.Grant() == flightlock.GrantHandoff {
-			handoffTotal.Inc(st.labels...)
-		}
-	}
 }
 
 // release releases a request's lock after the handler returned, on a context without ctx's

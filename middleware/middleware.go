@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +34,8 @@ type Middleware struct {
 	http      httpRoutes
 	rpc       map[string]*rule
 	rules     []*compiledRule // in config order, then the rules built in Go: for CheckRoutes and CheckMethods
-	routed    routedRules     // the rules of Route and RouteFunc, for CheckRoutes
+	routedMu  sync.Mutex
+	routed    []*compiledRule // guarded by routedMu: the rules of Route and RouteFunc, for CheckRoutes
 	logs      *logSummary
 	drain     drainer
 	// unaryIntercepting and streamIntercepting: that server interceptor was built (Register).
@@ -66,11 +68,8 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	}
 	logWaitsPastTimeout(c, compiled, time.Duration(o.serverTimeout)*time.Millisecond)
 	logTrustWithoutSecret(c)
-	m := &Middleware{conf: c, owners: ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo}, rpc: make(map[string]*rule),
-		rules: compiled, logs: newLogSummary(), drain: drainer{grace: c.Drain}}
-	if c.OwnerSecret != "" {
-		m.owners.secret = []byte(c.OwnerSecret)
-	}
+	m := &Middleware{conf: c, owners: ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo, secret: []byte(c.OwnerSecret)},
+		rpc: make(map[string]*rule), rules: compiled, logs: newLogSummary(), drain: drainer{grace: c.Drain}}
 	if err := m.build(o); err != nil {
 		_ = m.Close()
 		return nil, err
@@ -166,10 +165,8 @@ func (m *Middleware) buildStores(o options) error {
 			b = d.Describe(prefix)
 		}
 		if l == nil {
-			c := c
-			c.Prefix = b.Prefix
 			var err error
-			if l, err = lockerOn(b.Store, b.Name, c); err != nil {
+			if l, err = lockerOn(b, c); err != nil {
 				return err
 			}
 		}

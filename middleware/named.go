@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/flightlock/flightlock/middleware/rules"
@@ -14,12 +15,7 @@ import (
 // that matches a request locks it. A name no rule has is an error; CheckRoutes reports a named
 // rule whose middleware is on no route.
 func (m *Middleware) Named(name string) (rest.Middleware, error) {
-	var crs []*compiledRule
-	for _, cr := range m.rules {
-		if cr.spec.Name == name {
-			crs = append(crs, cr)
-		}
-	}
+	crs := slices.DeleteFunc(slices.Clone(m.rules), func(cr *compiledRule) bool { return cr.spec.Name != name })
 	if len(crs) == 0 {
 		return nil, m.unknownName(name)
 	}

@@ -26,18 +26,10 @@ import (
 // by a rendered key, which holds user ids and has no bound. Durations are in milliseconds, as
 // go-zero's are.
 var (
-	acquireDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
-		Namespace: "flightlock", Name: "acquire_duration_ms",
-		Help:    "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, etcd or zookeeper: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
-		Labels:  append(slices.Clip(ruleLabels), "outcome", "grant"),
-		Buckets: []float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000},
-	})
-	holdDuration = metric.NewHistogramVec(&metric.HistogramVecOpts{
-		Namespace: "flightlock", Name: "hold_duration_ms",
-		Help:    "How long a request held its lock: from the grant to the release.",
-		Labels:  ruleLabels,
-		Buckets: []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000},
-	})
+	acquireDuration = ruleHistogram("acquire_duration_ms", "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, etcd or zookeeper: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
+		[]float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000}, "outcome", "grant")
+	holdDuration = ruleHistogram("hold_duration_ms", "How long a request held its lock: from the grant to the release.",
+		[]float64{1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000})
 	busyTotal           = ruleCounter("busy_total", "Requests answered busy (409 Conflict / Aborted) because another holder had the key.")
 	lostTotal           = ruleCounter("lost_total", "Locks lost while held: a renewal was refused or could not reach Redis in time; the handler's context was cancelled with ErrLost.")
 	driftTotal          = ruleCounter("drift_total", "Acquisitions that found their key held by a lock of another kind (another Permits count, Fair beside no Fair): instances of one service whose rules differ.")
@@ -59,6 +51,12 @@ var ruleLabels = []string{"rule", "key", "store"}
 func ruleCounter(name, help string, extra ...string) metric.CounterVec {
 	return metric.NewCounterVec(&metric.CounterVecOpts{Namespace: "flightlock", Name: name, Help: help,
 		Labels: append(slices.Clip(ruleLabels), extra...)})
+}
+
+// ruleHistogram is a flightlock histogram labelled by ruleLabels, then by extra.
+func ruleHistogram(name, help string, buckets []float64, extra ...string) metric.HistogramVec {
+	return metric.NewHistogramVec(&metric.HistogramVecOpts{Namespace: "flightlock", Name: name, Help: help,
+		Labels: append(slices.Clip(ruleLabels), extra...), Buckets: buckets})
 }
 
 // ruleGauge is a flightlock gauge labelled by ruleLabels.

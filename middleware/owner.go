@@ -31,7 +31,7 @@ const (
 type ownerPolicy struct {
 	trust  bool
 	to     []string // full methods, or services ending in '/'
-	secret []byte   // nil: unsigned
+	secret []byte   // empty: unsigned
 }
 
 // propagates reports whether the owners of held locks go to method.
@@ -74,7 +74,7 @@ func (p *ownerPolicy) encode(key, owner string, fence int64) string {
 	b = append(binary.AppendUvarint(b, uint64(len(key))), key...)
 	b = append(binary.AppendUvarint(b, uint64(len(owner))), owner...)
 	b = binary.AppendUvarint(b, uint64(max(fence, 0)))
-	if p.secret != nil {
+	if len(p.secret) > 0 {
 		b = append(b, p.mac(b)...)
 	}
 	return string(b)
@@ -105,7 +105,7 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 		return "", "", 0, false
 	}
 	signed, rest := len(v)-len(b)+size, b[size:]
-	if p.secret != nil {
+	if len(p.secret) > 0 {
 		if len(rest) != ownerMACLen || !hmac.Equal(rest, p.mac([]byte(v[:signed]))) {
 			return "", "", 0, false
 		}

@@ -33,15 +33,6 @@ const (
 // probeServices numbers the probe services of the process.
 var probeServices atomic.Int64
 
-// probeVerdict is what a probe found out about one interceptor.
-type probeVerdict int
-
-const (
-	probeUnknown   probeVerdict = iota // another interceptor answered first (zrpc's Auth): trust what was built
-	probeInstalled                     // the interceptor answered the probe
-	probeMissing                       // the probe's handler ran: the server's chain lacks the interceptor
-)
-
 func (p *interceptorProbe) method(kind int) string {
 	return "/" + p.service + [...]string{"/Unary", "/Stream"}[kind]
 }
@@ -86,16 +77,18 @@ func (p *interceptorProbe) register(gs *grpc.Server) {
 	}, struct{}{})
 }
 
-// verdict calls the probe method of kind through gs and says what the call found.
-func (p *interceptorProbe) verdict(gs *grpc.Server, kind int) probeVerdict {
+// installed calls the probe method of kind through gs and reports whether the server's chain
+// runs the interceptor of that kind: it answered the call, or, when another interceptor
+// answered first (zrpc's Auth), built says whether the interceptor was built.
+func (p *interceptorProbe) installed(gs *grpc.Server, kind int, built bool) bool {
 	p.call(gs, p.method(kind))
 	switch {
 	case p.seen[kind].Load():
-		return probeInstalled
+		return true
 	case p.reached[kind].Load():
-		return probeMissing
+		return false // the probe's handler ran: the chain lacks the interceptor
 	}
-	return probeUnknown
+	return built
 }
 
 // probeTimeout bounds a probe call; it runs in process and takes microseconds.

@@ -31,7 +31,7 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 // Path, when set, narrow the requests it locks (matched as Handle matches); the others pass
 // through untouched. rule.RPC and rule.Name are ignored (see Named).
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
-	return m.route(rules.Spec{Rule: rule, Field: "Rule"})
+	return m.route("Route", rules.Spec{Rule: rule, Field: "Rule"})
 }
 
 // MustRoute is Route for start-up code such as goctl's NewServiceContext: a bad rule stops
@@ -47,10 +47,11 @@ func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) 
 	if key == nil {
 		return nil, rules.FieldError("RouteFunc", "nil key function")
 	}
-	return m.route(rules.Spec{Rule: rule, Field: "Rule", HTTPKey: key})
+	return m.route("RouteFunc", rules.Spec{Rule: rule, Field: "Rule", HTTPKey: key})
 }
 
-func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
+// route is Route and RouteFunc, named name in CheckRoutes' errors.
+func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 	if s.Key == "" && s.HTTPKey == nil {
 		return nil, rules.FieldError(s.Field+".Key", "is empty")
 	}
@@ -66,10 +67,6 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	}
 	rl := &rule{Plan: plan}
 	rl.Name = cmp.Or(rl.Name, "route "+s.Key)
-	name := "Route"
-	if s.HTTPKey != nil {
-		name = "RouteFunc"
-	}
 	cr := &compiledRule{spec: rules.Spec{Rule: s.Rule, Field: name, HTTPKey: s.HTTPKey}, http: rl,
 		label: strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))}
 	if s.Path != "" {
@@ -84,7 +81,9 @@ func (m *Middleware) route(s rules.Spec) (rest.Middleware, error) {
 	if err := m.lockRule(cr, s, false); err != nil {
 		return nil, err
 	}
-	m.routed.add(cr)
+	m.routedMu.Lock()
+	m.routed = append(m.routed, cr)
+	m.routedMu.Unlock()
 	return m.groupMiddleware([]*compiledRule{cr}), nil
 }
 
@@ -96,16 +95,12 @@ func (m *Middleware) groupMiddleware(crs []*compiledRule) rest.Middleware {
 	applies := make([]func(*http.Request) bool, len(crs))
 	for i, cr := range crs {
 		cr.built.Store(true)
-		rl := cr.http
-		applies[i] = func(*http.Request) bool { return true }
-		switch {
-		case rl.Route.Text != "":
+		method := cr.http.Method
+		applies[i] = func(r *http.Request) bool { return method == "" || r.Method == method }
+		if cr.http.Route.Text != "" {
 			var only httpRoutes
-			only.add(rl)
+			only.add(cr.http)
 			applies[i] = func(r *http.Request) bool { return only.match(r) != nil }
-		case rl.Method != "":
-			method := rl.Method
-			applies[i] = func(r *http.Request) bool { return r.Method == method }
 		}
 	}
 	return func(next http.HandlerFunc) http.HandlerFunc {
@@ -133,7 +128,7 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		rl.share.HandleHTTP(w, r, next, keys)
 		return
 	}
-	h, err := m.enter(ctx, rl, keys, err)
+	h, err := m.lock(ctx, rl, keys, err)
 	if err != nil {
 		writeHTTPError(w, r, err)
 		return

@@ -19,49 +19,33 @@ const (
 )
 
 // lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict when
-// enforcing would have held the request back, and always lets it through, on its own context.
-// A lock it got is released after the handler, so that concurrent duplicates see it.
-func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string) held {
-	sctx, cancel := context.WithTimeout(ctx, shadowBound)
-	g, err := rl.locker.LockAll(sctx, keys...)
-	cancel()
-	switch {
-	case err == nil:
-		return held{g: g, ctx: ctx, at: time.Now()}
-	case errors.Is(err, flightlock.ErrBusy):
-		m.shadowConflict(ctx, rl, rl.onBusy, nil)
-	case errors.Is(err, flightlock.ErrInvalidKey):
-		m.shadowConflict(ctx, rl, wouldInvalidKey, nil)
-	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
-		// Draining, or the request is gone: nothing enforcing would have changed.
-	default:
-		m.shadowConflict(ctx, rl, wouldStoreError, err)
+// enforcing would have held the request back (a key that cannot be built among them), and
+// always lets it through, on its own context. A lock it got is released after the handler, so
+// that concurrent duplicates see it.
+func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, keyErr error) held {
+	err := keyErr
+	if err == nil {
+		sctx, cancel := context.WithTimeout(ctx, shadowBound)
+		g, lerr := rl.locker.LockAll(sctx, keys...)
+		cancel()
+		if lerr == nil {
+			return held{g: g, ctx: ctx, at: time.Now()}
+		}
+		err = lerr
 	}
-	return held{ctx: ctx}
-}
-
-// shadowConflict counts (and, for a store error, logs in summary) a request of a shadow rule
-// that enforcing the rule would have answered otherwise.
-func (m *Middleware) shadowConflict(ctx context.Context, rl *rule, would string, err error) {
-	rl.stats.count(shadowConflictTotal, would)
-	if err != nil {
+	would := wouldStoreError
+	switch {
+	case keyErr != nil:
+		would = wouldInvalidKey
+	case errors.Is(err, flightlock.ErrBusy):
+		would = rl.onBusy
+	case errors.Is(err, flightlock.ErrInvalidKey):
+		would = wouldInvalidKey
+	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
+		return held{ctx: ctx} // draining, or the request is gone: nothing enforcing would have changed
+	default:
 		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
 	}
-}
-
-// badKey records a request whose key could not be built, and reports whether it goes on
-// unlocked: a shadow rule counts it (enforcing would answer 400 / InvalidArgument) and lets it
-// through, an enforced rule refuses it.
-func (m *Middleware) badKey(ctx context.Context, rl *rule, err error) (goOn bool) {
-	if rl.shadow {
-		m.shadowConflict(ctx, rl, wouldInvalidKey, nil)
-		return true
-	}
-	if metricsOn() {
-		acquireDuration.ObserveFloat(0, rl.stats.with(outcomeInvalidKey, "none")...)
-	}
-	// Logged, summarised per rule: a template naming a field requests never carry refuses
-	// every request, and the access log alone does not say why.
-	m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", err)
-	return false
+	rl.stats.count(shadowConflictTotal, would)
+	return held{ctx: ctx}
 }

@@ -52,7 +52,7 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 	for _, rl := range cr.parts() {
 		locks := sharehook.Locks{Responses: responses, NoResponses: noResponses,
 			Lock: func(ctx context.Context, keys []string) (sharehook.Held, error) {
-				h, err := m.lock(ctx, rl, keys)
+				h, err := m.lock(ctx, rl, keys, nil)
 				if err != nil {
 					return sharehook.Held{}, err
 				}

@@ -37,22 +37,17 @@ var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error
 // embeddedStoreLine is the line that sets EmbeddedStore, as an error names it.
 const embeddedStoreLine = "flmw.EmbeddedStore = embedded.New (github.com/flightlock/flightlock/lockstore/embedded)"
 
-// openSection opens the store that sec names, through its driver; a section that names none
-// opens the embedded store, for a service in go-zero mode mode ("" when unknown).
+// openSection opens the store that sec names, through its driver. A section that names none
+// opens the embedded store when the binary sets EmbeddedStore, and never silently: refused in
+// pre and pro, logged at error level otherwise (mode is go-zero's service mode, "" when unknown).
 func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend, error) {
-	if !sec.Configured() {
-		return openEmbedded(sec, c, mode)
+	if sec.Configured() {
+		b, err := sec.Open(c.Prefix)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", sec.Field, err)
+		}
+		return b, nil
 	}
-	b, err := sec.Open(c.Prefix)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", sec.Field, err)
-	}
-	return b, nil
-}
-
-// openEmbedded opens the embedded store when the binary sets EmbeddedStore, and never
-// silently: refused in pre and pro, logged at error level otherwise.
-func openEmbedded(sec rules.Section, c LockConf, mode string) (*lockstore.Backend, error) {
 	shared := "the shared Redis (or Lock.Etcd.Hosts or Lock.Zookeeper.Hosts, to lock there)"
 	if named, _ := c.DefaultStore(); named != sec.Name() { // only rules that name this store get here
 		shared = "the shared Redis"
@@ -83,23 +78,22 @@ func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 	if err := b.Store.Capabilities().CheckTTL(c.TTL); err != nil {
 		return nil, rules.FieldError("Lock.TTL", "%v", err)
 	}
-	c.Prefix = b.Prefix
-	return lockerOn(b.Store, b.Name, c)
+	return lockerOn(b, c)
 }
 
-// lockerOn builds the Locker that c, normalized, describes on store, named name (its metrics
-// label). Its locks carry their holder's trace id, which sameTrace reads back. What the locks
-// of Locker() do is counted and logged as the rule "Locker".
-func lockerOn(store lockstore.Store, name string, c LockConf) (*flightlock.Locker, error) {
-	l, err := flightlock.New(store,
-		flightlock.WithPrefix(c.Prefix),
+// lockerOn builds the Locker that c, normalized, describes on b's store, under b's prefix and
+// named b.Name (its metrics label). Its locks carry their holder's trace id, which sameTrace
+// reads back. What the locks of Locker() do is counted and logged as the rule "Locker".
+func lockerOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
+	l, err := flightlock.New(b.Store,
+		flightlock.WithPrefix(b.Prefix),
 		flightlock.WithTTL(c.TTL),
 		flightlock.WithMaxHold(c.MaxHold),
 		flightlock.WithWait(c.Wait),
 		flightlock.WithRetry(c.Retry.Strategy()),
 		flightlock.WithHolderField("trace", trace.TraceIDFromContext), // " trace=<id>" when the request has one
 		flightlock.WithHolderCheck(sameTrace),
-		flightlock.WithObserver(newRuleStats("Locker", "", name, rules.Rule{}).observer(newLogSummary())),
+		flightlock.WithObserver(newRuleStats("Locker", "", b.Name, rules.Rule{}).observer(newLogSummary())),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("Lock: %w", err)

@@ -21,13 +21,10 @@ import (
 // the error status, of the call that ran the handler.
 func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	handler grpc.UnaryHandler, keys []string) (any, error) {
-	var payload []byte
-	if msg, ok := req.(proto.Message); ok {
-		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "flightlock: fingerprint the request: %v", err)
-		}
-		payload = b
+	msg, _ := req.(proto.Message) // nil, an empty payload, for a request that is not one
+	payload, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "flightlock: fingerprint the request: %v", err)
 	}
 	print := fingerprint([]byte(info.FullMethod), payload)
 	rkey := rl.replayKey(keys)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
@@ -31,20 +32,15 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	// The fingerprint's body, up to rules.MaxBodyBytes as the keys read it: go-zero's MaxBytes
 	// misses a chunked body.
 	body, err := rules.ReadBody(r)
+	replayKeys := keys // the lock's keys; a template's values as written, when it has some
+	if err == nil && rl.plan.HTTPReplayKeys != nil {
+		replayKeys, err = rl.plan.HTTPReplayKeys(r)
+	}
 	if err != nil {
 		rl.g.conf.HTTPError(w, r, err)
 		return
 	}
 	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
-	replayKeys := keys // the lock's keys; a template's values as written, when it has some
-	if rl.plan.HTTPReplayKeys != nil {
-		raw, err := rl.plan.HTTPReplayKeys(r)
-		if err != nil {
-			rl.g.conf.HTTPError(w, r, err)
-			return
-		}
-		replayKeys = raw
-	}
 	rkey := rl.replayKey(replayKeys)
 
 	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
@@ -69,9 +65,7 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 	if !rec.replayed && rec.own != nil {
 		header = rec.own // the request that ran the handler answers with all of its headers
 	}
-	for k, vs := range header {
-		w.Header()[k] = vs
-	}
+	maps.Copy(w.Header(), header)
 	if rec.replayed {
 		w.Header().Set(sharehook.ReplayedHeader, "true")
 	}

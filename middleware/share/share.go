@@ -177,7 +177,6 @@ func (rl *rule) share(ctx context.Context, keys []string, rkey, print string, ru
 		rl.locks.CountShared("stored")
 		return rec, matchPrint(rec, print)
 	}
-	// A wait for a run in flight ends as a wait for the lock does.
 	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), rl.policy.wait)))
 	defer budget.Stop()
 	t := new(turn)

@@ -48,11 +48,10 @@ type Rule interface {
 	HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, keys []string) (any, error)
 }
 
-// Locks is what sharing needs of the middleware for one rule: its lock, taken and released as
-// for any rule (measured, traced and logged), the response store of its lock store, its
-// rate-limited error log and its counter.
+// Locks is what sharing needs of the middleware for one rule.
 type Locks struct {
-	// Lock takes the rule's lock on keys for the request of ctx.
+	// Lock takes the rule's lock on keys for the request of ctx, as for any rule: measured,
+	// traced and logged.
 	Lock func(ctx context.Context, keys []string) (Held, error)
 	// Responses keeps responses for duplicates in other processes, in the store the rule
 	// locks in; nil when that store keeps none, and NoResponses then says why: the rule
