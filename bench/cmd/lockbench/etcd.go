@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -47,7 +46,6 @@ type etcdBackend struct {
 	procBackend
 	clientURL string
 	version   string // first line of `etcd --version`
-	fsType    string // file system of the data directory
 
 	c          *config
 	cli        *clientv3.Client
@@ -85,31 +83,28 @@ func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.
 func (e *etcdBackend) attach(addr string)          { e.clientURL = addr }
 
 func (e *etcdBackend) start(c *config) error {
-	bin, parent := c.etcdBin, c.dataDir
-	out, err := exec.Command(bin, "--version").Output()
+	out, err := exec.Command(c.etcdBin, "--version").Output()
 	if err != nil {
-		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", bin, err)
+		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", c.etcdBin, err)
 	}
-	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	dir, err := os.MkdirTemp(parent, "lockbench-etcd-")
-	if err != nil {
+	first, _, _ := strings.Cut(string(out), "\n")
+	e.version = strings.TrimPrefix(strings.TrimSpace(first), "etcd Version: ")
+	if err := e.makeDir(c.dataDir, "etcd"); err != nil {
 		return err
 	}
-	s := e
-	s.Dir, s.clientURL = dir, "http://"+freeAddr()
-	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
+	e.clientURL = "http://" + freeAddr()
 	peer := "http://" + freeAddr()
-	cli, err := etcdClient(s.clientURL)
+	cli, err := etcdClient(e.clientURL)
 	if err != nil {
-		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(e.Dir)
 		return err
 	}
 	defer cli.Close()
-	return s.Run("etcd", exec.Command(bin,
+	return e.Run("etcd", exec.Command(c.etcdBin,
 		"--name", "bench",
-		"--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", s.clientURL,
-		"--advertise-client-urls", s.clientURL,
+		"--data-dir", filepath.Join(e.Dir, "data"),
+		"--listen-client-urls", e.clientURL,
+		"--advertise-client-urls", e.clientURL,
 		"--listen-peer-urls", peer,
 		"--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "bench="+peer,
@@ -118,7 +113,7 @@ func (e *etcdBackend) start(c *config) error {
 	), 20*time.Second, func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		st, err := cli.Status(ctx, s.clientURL)
+		st, err := cli.Status(ctx, e.clientURL)
 		return err == nil && st.Leader != 0, err
 	})
 }
@@ -144,27 +139,18 @@ func (e *etcdBackend) counters() serverStats {
 		return serverStats{}
 	}
 	var st serverStats
-	for _, line := range strings.Split(string(body), "\n") {
+	figures(string(body), func(name string, v float64) {
 		switch {
-		case strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`):
-			st.reqs += lastFloat(line)
+		case strings.HasPrefix(name, "grpc_server_handled_total{") && strings.Contains(name, `grpc_type="unary"`):
+			st.reqs += v
 			st.ok = true
-		case strings.HasPrefix(line, "grpc_server_msg_received_total{") && strings.Contains(line, `grpc_method="LeaseKeepAlive"`):
-			st.keepAlives += lastFloat(line)
-		case strings.HasPrefix(line, "etcd_disk_wal_fsync_duration_seconds_count"):
-			st.fsyncs += lastFloat(line)
+		case strings.HasPrefix(name, "grpc_server_msg_received_total{") && strings.Contains(name, `grpc_method="LeaseKeepAlive"`):
+			st.keepAlives += v
+		case strings.HasPrefix(name, "etcd_disk_wal_fsync_duration_seconds_count"):
+			st.fsyncs += v
 		}
-	}
+	})
 	return st
-}
-
-func lastFloat(line string) float64 {
-	f := strings.Fields(line)
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-	return v
 }
 
 func (e *etcdBackend) open(c *config) error {

@@ -61,6 +61,20 @@ func procRSS(pid int) int64 {
 	return 0
 }
 
+// figures calls f with the first field of every line of text whose last field is a number,
+// and that number: Prometheus's text format (etcd's /metrics) and ZooKeeper's mntr alike.
+func figures(text string, f func(name string, v float64)) {
+	for _, line := range strings.Split(text, "\n") {
+		fs := strings.Fields(line)
+		if len(fs) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fs[len(fs)-1], 64); err == nil {
+			f(fs[0], v)
+		}
+	}
+}
+
 // procCounts are the critical sections of each worker in repetition i of x (scenario 3).
 func procCounts(x *result, i int) []int64 {
 	var n []int64

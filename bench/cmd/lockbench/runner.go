@@ -121,10 +121,21 @@ func backendFor(name string) backend {
 }
 
 // procBackend is a backend whose server is a process of its own that /proc tells about.
-type procBackend struct{ redisserver.Proc }
+type procBackend struct {
+	redisserver.Proc
+	fsType string // file system of the data directory
+}
 
 func (p *procBackend) serverCPU() time.Duration { return cpustat.Proc(p.Pid()) }
 func (p *procBackend) serverMemory() int64      { return procRSS(p.Pid()) }
+
+// makeDir makes the server's temporary data directory in parent ("" for $TMPDIR), named
+// after name.
+func (p *procBackend) makeDir(parent, name string) (err error) {
+	p.Dir, err = os.MkdirTemp(parent, "lockbench-"+name+"-")
+	p.fsType = fsType(p.Dir)
+	return err
+}
 
 // serverStats are a server's counters: the requests it handled (Redis: commands, those its
 // scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
