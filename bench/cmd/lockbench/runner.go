@@ -579,7 +579,6 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	im := b.impl(r)
 	retries0 := retriesOf(im)
 	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.meter(r.id))
-	cr.Errors += cr.ReleaseErrors
 	plain, viol, fence := guardSums(gs)
 	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
 	m[retries] = float64(retriesOf(im) - retries0)
@@ -590,7 +589,7 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 }
 
 // contendMetrics are a contention run's figures: critical sections, in all and per second,
-// the waits' p50, p99 and max, the failures, the checks' violations (a lost write leaves the
+// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost write leaves the
 // plain counters short) and fence violations, what st counted per critical section, and for
 // a semaphore or read-write row the most holders at once (peak); a read-write row's reads and
 // writes per second and its reads' waits apart.
@@ -599,7 +598,7 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 	secs := float64(cr.Elapsed) / 1e9
 	writes := cr.Ops - cr.Reads
 	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
-		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
+		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors + cr.ReleaseErrors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
 	if r.rw || r.permits > 1 {
 		m["peak"] = float64(peak)
 	}
@@ -618,13 +617,8 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 // section, how evenly the processes got through (fair: the most critical sections of a
 // process over the fewest; per_proc; procN), the server command mix and the first error.
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
-	args := append(b.be.workerArgs(b.c), extra...)
-	if r.permits > 1 {
-		args = append(args, "-permits", strconv.Itoa(r.permits))
-	}
-	wr, st, cs, span, done := workerRun(b.be.name(), r.id, key, procs, g, d, b.c.lockTimeout, r.permits > 1 || r.rw, b.meter(""), args...)
+	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
 	defer done()
-	cs, span = admitting(r, cs), admitting(r, span)
 	all := sumWorkers(wr)
 	st.rts = all.RT
 	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())

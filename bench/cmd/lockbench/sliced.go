@@ -31,11 +31,9 @@ type sliceSum struct {
 	st               serverStats // the server's counters and the CPU, summed
 	mallocs, bytes   uint64
 	lat, lockLat     []int64
-	inCalls, outside []int64 // per operation: time inside the client's calls, and the rest
-	waits            []int64
-	firstErr         string
-	keys             []string // the row's keys (sliceRows: one per operation)
-	keysNext         int      // the next of the row's keys to lock (sliceRows)
+	inCalls, outside []int64  // per operation: time inside the client's calls, and the rest
+	keys             []string // the row's keys, one per operation
+	keysNext         int      // the next of the row's keys to lock
 }
 
 // sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
@@ -106,31 +104,21 @@ func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duratio
 // contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
 // rows at once, in slices. Each row has keys of its own.
 func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
-	sums := map[string]*sliceSum{}
-	guards := map[string][]guard.Guard{}
+	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
 	for _, r := range rows {
-		sums[r.id] = &sliceSum{}
-		guards[r.id] = newGuards(len(keys[r.id]))
+		crs[r.id], guards[r.id] = &contend.Result{}, newGuards(len(keys[r.id]))
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
-		s, im := sums[r.id], b.impl(r)
-		cr, st := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
-		s.st = s.st.add(st)
-		s.ops += cr.Ops
-		s.errs += cr.Errors + cr.ReleaseErrors
-		s.elapsed += slice
-		s.waits = append(s.waits, cr.Waits...)
-		if s.firstErr == "" {
-			s.firstErr = cr.FirstErr
-		}
+		cr, st := windowRun(implHolders(b.impl(r), keys[r.id], g), guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
+		crs[r.id].Add(cr)
+		crs[r.id].Elapsed += cr.Elapsed
+		sts[r.id] = sts[r.id].add(st)
 		return slice, true
 	})
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
-		s := sums[r.id]
 		plain, viol, fence := guardSums(guards[r.id])
-		out[r.id] = contendMetrics(r, contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, viol, fence, 0)
-		errs[r.id] = s.firstErr
+		out[r.id], errs[r.id] = contendMetrics(r, *crs[r.id], sts[r.id], plain, viol, fence, 0), crs[r.id].FirstErr
 	}
 	return out, errs
 }

@@ -48,36 +48,55 @@ type workerResult struct {
 	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
-// workerRun runs one measurement of row of store on key in procs worker processes of g
-// goroutines each, over the common window d (each Lock bounded at lockTimeout; args are more of
-// the workers' flags), on every store: it maps the guard file they all share (and with spanFile
-// the whole hold's beside it, for a semaphore or read-write row), starts the workers, releases
-// them together once all are ready, reads m's counters over the window (st), then reads their
-// results, waiting up to lockTimeout + 30 s for each. The guards are to be read before done
-// unmaps them.
-func workerRun(store, row, key string, procs, g int, d, lockTimeout time.Duration, spanFile bool, m meter, args ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
-	shm := workerShm(row, key)
-	cs, unmap, err := guard.Map(shm, true)
-	if err != nil {
-		fatalf("%s: guard file: %v", row, err)
+// workerRun runs one measurement of row r on key in procs worker processes of g goroutines
+// each, over the common window d (extra are more of the workers' flags), on every store: it
+// maps the guard files they all share (mapGuards), starts the workers, releases them together
+// once all are ready, reads the server's counters over the window (st), then reads their
+// results, waiting up to the Lock's bound + 30 s for each. The guards are to be read before
+// done unmaps them.
+func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
+	shm := workerShm(r.id, key)
+	cs, span, done = mapGuards(r, shm, true)
+	args := slices.Concat([]string{workerArg, "-store", b.be.name(), "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+		"-lock-timeout", b.c.lockTimeout.String(), "-shm", shm}, b.be.workerArgs(b.c), extra)
+	if r.permits > 1 {
+		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
-	done = func() { unmap(); os.Remove(shm) }
-	span = guard.New()
-	if spanFile {
-		var unmapSpan func()
-		if span, unmapSpan, err = guard.Map(spanShm(shm), true); err != nil {
-			fatalf("%s: span guard file: %v", row, err)
-		}
-		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
-	}
-	args = slices.Concat([]string{workerArg, "-store", store, "-row", row, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
-		"-lock-timeout", lockTimeout.String(), "-shm", shm}, args)
-	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, lockTimeout+30*time.Second,
-		func(start time.Time) { st = windowStats(start, d, m) })
+	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, b.c.lockTimeout+30*time.Second,
+		func(start time.Time) { st = windowStats(start, d, b.meter("")) })
 	if err != nil {
-		fatalf("workers of %s: %v", row, err)
+		fatalf("workers of %s: %v", r.id, err)
 	}
 	return workerResults(lines), st, cs, span, done
+}
+
+// mapGuards maps the guard file shm of a measurement of row r and, for a semaphore's or a
+// read-write lock's row, the whole hold's beside it (spanShm), both as r's checks see them:
+// created by the parent (create), mapped by every worker. done unmaps them and removes the
+// files it created.
+func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done func()) {
+	paths, gs, undo := []string{shm}, []guard.Guard{guard.New(), guard.New()}, []func(){}
+	if r.permits > 1 || r.rw {
+		paths = append(paths, spanShm(shm))
+	}
+	for i, path := range paths {
+		g, unmap, err := guard.Map(path, create)
+		if err != nil {
+			fatalf("%s: guard file %s: %v", r.id, path, err)
+		}
+		gs[i] = g
+		undo = append(undo, func() {
+			unmap()
+			if create {
+				_ = os.Remove(path)
+			}
+		})
+	}
+	return admitting(r, gs[0]), admitting(r, gs[1]), func() {
+		for _, f := range undo {
+			f()
+		}
+	}
 }
 
 // workerResults parses the workers' result lines.
@@ -115,20 +134,8 @@ func workerMain(args []string) {
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	gd, unmap, err := guard.Map(*shmPath, false)
-	if err != nil {
-		fatalf("worker: map guard: %v", err)
-	}
+	gd, span, unmap := mapGuards(wr.spec, *shmPath, false)
 	defer unmap()
-	span := guard.New()
-	if r := wr.spec; r.permits > 1 || r.rw {
-		var unmapSpan func()
-		if span, unmapSpan, err = guard.Map(spanShm(*shmPath), false); err != nil {
-			fatalf("worker: map span guard: %v", err)
-		}
-		defer unmapSpan()
-	}
-	gd, span = admitting(wr.spec, gd), admitting(wr.spec, span)
 	hs := wr.holders([]string{*key}, *g, span)
 	if err := wr.warm(); err != nil {
 		fatalf("worker: warm-up: %v", err)
