@@ -43,22 +43,16 @@ func fsType(dir string) string {
 	return typ
 }
 
-// procRSS is a process's resident memory in bytes (VmRSS in /proc/<pid>/status); 0 if unknown.
+// procRSS is a process's resident memory in bytes (its VmRSS, which /proc/<pid>/statm counts
+// in pages); 0 if unknown.
 func procRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest) // "<n> kB"
-			if len(f) == 2 && f[1] == "kB" {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
 }
 
 // figures calls f with the first field of every line of text whose last field is a number,
