@@ -72,14 +72,13 @@ import (
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/flightlock/flightlock/zkstore"
-
-	"github.com/flightlock/flightlock/bench/internal/benchflag"
 )
 
 // lastScenario is the number of the last scenario.
@@ -250,9 +249,9 @@ func parseFlags(args []string) (config, profiling) {
 	fs := flag.NewFlagSet("lockbench", flag.ExitOnError)
 	// -store and -quick change the defaults below (flags given explicitly still win), so they
 	// are read first.
-	store, _ := benchflag.Peek(args, "store", false)
+	store, _ := peekFlag(args, "store", false)
 	store = cmp.Or(store, "redis")
-	_, q := benchflag.Peek(args, "quick", true)
+	_, q := peekFlag(args, "quick", true)
 	// ZooKeeper's rows take etcd's defaults: both write through a consensus log that fsyncs.
 	e := store == "etcd" || store == "zookeeper"
 	zkDefault := func(etcdLike, zookeeper string) string {
@@ -333,7 +332,7 @@ func parseFlags(args []string) (config, profiling) {
 		v    string
 		dst  *[]int
 	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}, {"s13-keys", *s13k, &cfg.s13Keys}} {
-		if *l.dst, err = benchflag.Ints(l.v); err != nil {
+		if *l.dst, err = intList(l.v); err != nil {
 			fatalf("-%s: %v", l.name, err)
 		}
 	}
@@ -341,7 +340,7 @@ func parseFlags(args []string) (config, profiling) {
 	if !e {
 		cfg.s2Goroutines = s2Goroutines
 	}
-	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
+	if cfg.scenarios, err = scenarioSet(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
 	switch *clients {
@@ -371,6 +370,69 @@ func parseFlags(args []string) (config, profiling) {
 	cfg.args = args
 	cfg.startedAt = time.Now()
 	return cfg, prof
+}
+
+// intList parses a comma-separated list of ascending positive integers ("_" may group digits:
+// 100_000); "" is an empty list.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ReplaceAll(f, "_", ""))
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("not a positive integer: %q", f)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("%q: want ascending numbers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// scenarioSet parses a comma-separated list of scenario numbers from 1 to last.
+func scenarioSet(s string, last int) (map[int]bool, error) {
+	set := map[int]bool{}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > last {
+			return nil, fmt.Errorf("%q is not a scenario (1-%d)", f, last)
+		}
+		set[n] = true
+	}
+	return set, nil
+}
+
+// peekFlag returns the value of flag name in args (-name v, -name=v, with one dash or two) before
+// the flags are parsed, for a flag that chooses other flags' defaults; boolean flags given
+// without a value read "true". ok is false when args do not set it.
+func peekFlag(args []string, name string, boolean bool) (value string, ok bool) {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if v, found := strings.CutPrefix(a, name+"="); found {
+			value, ok = v, true
+			continue
+		}
+		if a != name {
+			continue
+		}
+		switch {
+		case boolean:
+			value, ok = "true", true
+		case i+1 < len(args):
+			value, ok = args[i+1], true
+		}
+	}
+	return value, ok
 }
 
 // reportPaths are where the main report and the primitives report go ("": stdout).
