@@ -45,15 +45,10 @@
 // main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
 // beside -out.
 //
-// Every store is a backend of one runner (runner.go): the backend starts its server, reads its
-// counters (Redis adds the round trips of each row's client and the command mix) and names the
-// rows of each scenario; the scenarios, their figures (one vocabulary: rate, reqs, rt, fsyncs,
-// scpu, ccpu... for every store, in the reports and in -json) and each report section are
-// written once (sections.go), a table showing the figures its store gives. Every store's rows
-// count a contention run by the critical sections that end inside a fixed window (windowRun).
-// Scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own repetitions,
-// then Redis's own, 13, 10, 11 and 12; etcd's scenario 6 also starts a redis-server for the
-// example's state.
+// Every store is a backend of one runner (runner.go, which says in what order the scenarios
+// run); the scenarios, their figures (one vocabulary for every store, in the reports and in
+// -json) and each report section (sections.go, a table showing the figures its store gives)
+// are written once.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:
