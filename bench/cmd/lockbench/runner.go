@@ -632,30 +632,6 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, e
 	return m, mixString(st.cmds, all.Ops), all.FirstErr
 }
 
-// workerBench builds a row of a backend in a worker process, on clients, a Locker and a store
-// of the worker's own (open on the parent's server), warmed on keys of its own.
-func workerBench(be backend, row, addr string, c *config, reads int) (workerRow, error) {
-	be.attach(addr)
-	b, err := openBench(c, be)
-	if err != nil {
-		return workerRow{}, err
-	}
-	spec, ok := be.spec(row)
-	if !ok {
-		return workerRow{}, fmt.Errorf("unknown row %q", row)
-	}
-	im := b.rowImpl(row, -1)
-	return workerRow{
-		spec: spec,
-		holders: func(keys []string, n int, span guard.Guard) []contend.Holder {
-			return b.holders(spec, keys, n, reads, span)
-		},
-		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20) },
-		roundTrips: im.roundTrips,
-		close:      b.close,
-	}, nil
-}
-
 // retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent
 // retries), 0 for a lock that waits otherwise.
 func retriesOf(im impl) int64 {

@@ -29,18 +29,6 @@ const workerArg = "-worker"
 // interrupted.
 var workers = &workerproc.Set{}
 
-// workerRow is what a worker process needs of its row, whatever the store: the row, holders
-// for its goroutines on base keys (the row maps them to its own key names; a semaphore's or
-// read-write lock's checked by span too), a warm-up on keys of its own (connections open,
-// scripts loaded, leases granted), the client's round trips, and its teardown.
-type workerRow struct {
-	spec       rowSpec
-	holders    func(keys []string, n int, span guard.Guard) []contend.Holder
-	warm       func() error
-	roundTrips func() int64
-	close      func()
-}
-
 // workerResult is one worker's report.
 type workerResult struct {
 	contend.Result
@@ -130,26 +118,34 @@ func workerMain(args []string) {
 	if be == nil {
 		fatalf("worker: unknown store %q", *store)
 	}
-	wr, err := workerBench(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession}, *reads)
+	// The row on clients, a Locker and a store of the worker's own (open on the parent's
+	// server), warmed on keys of its own: connections open, scripts loaded, leases granted.
+	be.attach(*addr)
+	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	gd, span, unmap := mapGuards(wr.spec, *shmPath, false)
+	r, ok := be.spec(*row)
+	if !ok {
+		fatalf("worker: unknown row %q", *row)
+	}
+	im := b.rowImpl(r.id, -1)
+	gd, span, unmap := mapGuards(r, *shmPath, false)
 	defer unmap()
-	hs := wr.holders([]string{*key}, *g, span)
-	if err := wr.warm(); err != nil {
+	hs := b.holders(r, []string{*key}, *g, *reads, span)
+	if err := warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20); err != nil {
 		fatalf("worker: warm-up: %v", err)
 	}
 	start, err := workerproc.AwaitStart()
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	rt0, rt1 := wr.roundTrips(), int64(0)
+	rt0, rt1 := im.roundTrips(), int64(0)
 	cpu0 := cpustat.Self()
 	var res workerResult
 	ended := make(chan struct{})
 	time.AfterFunc(time.Until(start.Add(*d)), func() {
-		res.CPU, rt1 = int64(cpustat.Self()-cpu0), wr.roundTrips()
+		res.CPU, rt1 = int64(cpustat.Self()-cpu0), im.roundTrips()
 		close(ended)
 	})
 	res.Result = contend.Run(hs, []guard.Guard{gd}, start, start.Add(*d), uint64(start.UnixNano()), *lockTimeout)
@@ -157,7 +153,7 @@ func workerMain(args []string) {
 	res.RT = rt1 - rt0
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
-	wr.close()
+	b.close()
 }
 
 // workerShm is the path of a guard file for one measurement of row.
