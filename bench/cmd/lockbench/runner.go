@@ -559,7 +559,10 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 		im := b.impl(r)
 		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)
 	}
-	hs := rowHolders(n, func(i int) impl { return b.rowImpl(r.id, i) }, keys)
+	hs := holdersOf(n, func(i int) contend.Holder {
+		im := b.rowImpl(r.id, i)
+		return &implHolder{im: im, keys: rowNames(im, keys)}
+	})
 	if r.permits > 1 {
 		return spanHolders(hs, span)
 	}
