@@ -412,10 +412,8 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 			fatalf("s8 %s: %v", r.id, err)
 		}
 		closes = append(closes, closeMW)
-	case rowMutex: // a Mutex TryLock on one session of this process, whatever the TTL (the lease lives on)
-		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(rowMutex, -1)), prefix)
-	case rowFloor:
-		mw = httpbench.OrderMiddleware(tryLockFunc(etcdFloor{e}), prefix)
+	case rowMutex, rowFloor: // the Mutex's TryLock on one session of this process, whatever the TTL (the lease lives on)
+		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(r.id, -1)), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {
