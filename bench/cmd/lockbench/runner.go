@@ -38,10 +38,9 @@ const flightTTL = 10 * time.Second
 // hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
 const hotGoroutines = 64
 
-// s1Slice is how long one row runs at a time in scenario 1: the rows take turns in slices of
-// it, so that a drift of the server's speed within a repetition (its log and backend commits,
-// a JVM still compiling) falls on every row alike instead of on whichever row ran when the
-// server was slower. A row's figures sum its slices.
+// s1Slice is how long one row of scenario 1 runs before the next row's turn (sliced.go): a
+// drift of the server's speed within a repetition (its log and backend commits, a JVM still
+// compiling) then falls on every row alike. A row's figures sum its slices.
 const s1Slice = 200 * time.Millisecond
 
 // s1MaxOps bounds the operations of one row of scenario 1 per repetition (its keys are made
@@ -488,7 +487,7 @@ func (b *bench) hotAndMany(r int) {
 const manyKeys = 1000
 
 // uncontended runs scenario 1's loop for rows in one repetition rep on keys named after
-// prefix (sliceRows, up to s1MaxOps operations a row, in turns of slice) and measures each row:
+// prefix (sliceRows, in turns of slice) and measures each row:
 // the whole operation's latency and, apart, the lock's and the unlock's, what the server
 // counted, CPU and allocations per operation, and with timeCalls the time inside the client's
 // calls and the rest; with the server command mix per operation.
@@ -497,7 +496,7 @@ func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice tim
 	for i, r := range rows {
 		ims[i] = b.impl(r)
 	}
-	sums := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), s1MaxOps, rep, d, slice, timeCalls, func(im impl) meter { return rowMeter{b.be, im} })
+	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
 	out, mixes := map[string]metrics{}, map[string]string{}
 	for i, r := range rows {
 		s := sums[i]
