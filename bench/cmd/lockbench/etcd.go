@@ -49,11 +49,10 @@ type etcdBackend struct {
 
 	c          *config
 	cli        *clientv3.Client
-	floorLease clientv3.LeaseID
+	floorSess  *concurrency.Session   // its lease is the floor's, kept alive by the client
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
 	sess       *concurrency.Session   // the process's own Mutex session (lockOf(row, -1))
 	hotSess    []*concurrency.Session // one per goroutine (a Mutex is one session's)
-	kaCancel   context.CancelFunc
 	// floorRetries counts the floor's put-if-absent attempts that found the key taken.
 	floorRetries atomic.Int64
 }
@@ -162,21 +161,9 @@ func (e *etcdBackend) open(c *config) error {
 	e.cli = cli
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g, err := cli.Grant(ctx, leaseSeconds)
-	if err != nil {
-		return fmt.Errorf("grant the floor's lease: %w", err)
+	if e.floorSess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
+		return fmt.Errorf("the floor's lease: %w", err)
 	}
-	e.floorLease = g.ID
-	kaCtx, kaCancel := context.WithCancel(context.Background())
-	e.kaCancel = kaCancel
-	ka, err := cli.KeepAlive(kaCtx, g.ID)
-	if err != nil {
-		return fmt.Errorf("keep the floor's lease alive: %w", err)
-	}
-	go func() {
-		for range ka {
-		}
-	}()
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("mutex session: %w", err)
 	}
@@ -203,13 +190,10 @@ func (e *etcdBackend) floorFrom(key string) error {
 }
 
 func (e *etcdBackend) close() {
-	for _, s := range append([]*concurrency.Session{e.sess}, e.hotSess...) {
+	for _, s := range append([]*concurrency.Session{e.floorSess, e.sess}, e.hotSess...) {
 		if s != nil {
 			_ = s.Close()
 		}
-	}
-	if e.kaCancel != nil {
-		e.kaCancel()
 	}
 	if e.cli != nil {
 		_ = e.cli.Close()
@@ -220,7 +204,7 @@ func (e *etcdBackend) close() {
 // create revision is 0; false when the key is taken.
 func (e *etcdBackend) floorPut(ctx context.Context, key string) (bool, error) {
 	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, e.floorValue, clientv3.WithLease(e.floorLease))).Commit()
+		Then(clientv3.OpPut(key, e.floorValue, clientv3.WithLease(e.floorSess.Lease()))).Commit()
 	if err != nil {
 		return false, err
 	}
