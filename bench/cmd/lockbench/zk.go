@@ -112,7 +112,8 @@ func (z *zkBackend) start(c *config) error {
 	classpath := c.zkJar
 	// slf4j-simple (libslf4j-java, a dependency of the package) gives the server a log; the
 	// jar's manifest names the other libraries it needs.
-	if simple := filepath.Join(filepath.Dir(c.zkJar), "slf4j-simple.jar"); fileExists(simple) {
+	simple := filepath.Join(filepath.Dir(c.zkJar), "slf4j-simple.jar")
+	if _, err := os.Stat(simple); err == nil {
 		classpath += string(os.PathListSeparator) + simple
 	}
 	if err := z.makeDir(c.dataDir, "zk"); err != nil {
@@ -153,11 +154,6 @@ func (z *zkBackend) start(c *config) error {
 		}
 		return true, nil
 	})
-}
-
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }
 
 // zkWord sends a four-letter word to the server at addr and returns its whole answer.
