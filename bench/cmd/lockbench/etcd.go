@@ -383,13 +383,10 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 	)
 	switch r.id {
 	case rowFlight:
-		// The order API's own rules with create-order moved to etcd (Store: etcd), in a
-		// middleware of their own, as every other row installs its lock. Installed as shipped
-		// (app.New builds it from Order.Lock) every create-order would answer 500: the example's
-		// order logic looks for its fencing lease under Prefix + "order:" + uid, a Redis rule's
-		// key, and an etcd lock's lease is Etcd.Key + Prefix + "order:" + uid. Installed this way
-		// the order is written unfenced, as in the other rows. Its Redis rules (place-order) go to
-		// the benchmark's redis-server.
+		// The order API's own rules, create-order moved to etcd, in a middleware of their own
+		// (httpbench.OrderRules): installed as shipped, every create-order would answer 500, its
+		// order logic looking for its fencing lease under a Redis rule's key (Prefix + "order:"
+		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid).
 		lc := etcdOrderLock(c.Order.Lock, redisAddr)
 		var closeMW func()
 		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
