@@ -47,7 +47,6 @@ type etcdBackend struct {
 	clientURL string
 	version   string // first line of `etcd --version`
 
-	c          *config
 	cli        *clientv3.Client
 	floorSess  *concurrency.Session   // its lease is the floor's, kept alive by the client
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
@@ -152,8 +151,7 @@ func (e *etcdBackend) counters() serverStats {
 	return st
 }
 
-func (e *etcdBackend) open(c *config) error {
-	e.c = c
+func (e *etcdBackend) open(*config) error {
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
 		return err

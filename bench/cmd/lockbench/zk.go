@@ -49,10 +49,8 @@ type zkBackend struct {
 	java    string // first line of `java -version`
 
 	c          *config
-	own        *zkstore.Store // the store whose session conn is
+	own        *zkstore.Store // the store whose session conn is: its MaxTTL and root are every client's
 	conn       *zk.Conn       // the floor's and zk.NewLock's session
-	maxTTL     time.Duration  // zkstore's, at the session every client asks for
-	root       string         // zkstore's root node
 	acl        []zk.ACL
 	floorValue []byte // the bytes flightlock writes in a key node
 }
@@ -195,16 +193,15 @@ func (b *zkBackend) dial() (*zkstore.Store, error) {
 	return zkstore.Dial(zkstore.Config{Hosts: []string{b.addr}, SessionTimeout: b.c.zkSession})
 }
 
-// open makes the floor's and zk.NewLock's session, through zkstore.Dial, whose store it
-// keeps for zkstore's MaxTTL and root.
+// open makes the floor's and zk.NewLock's session through zkstore.Dial.
 func (b *zkBackend) open(c *config) error {
 	b.c, b.acl = c, zk.WorldACL(zk.PermAll)
 	var err error
 	if b.own, err = b.dial(); err != nil {
 		return err
 	}
-	b.conn, b.maxTTL, b.root = b.own.Conn(), b.own.MaxTTL(), b.own.Root()
-	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.maxTTL, flightTTL)
+	b.conn = b.own.Conn()
+	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.own.MaxTTL(), flightTTL)
 	for _, p := range []string{zkFloorRoot, zkLockRoot} {
 		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("create %s: %w", p, err)
@@ -224,7 +221,7 @@ func (b *zkBackend) close() {
 func (b *zkBackend) newStore() (closingStore, error) { return b.dial() }
 
 func (b *zkBackend) floorFrom(key string) (err error) {
-	b.floorValue, _, err = b.conn.Get(b.root + "/" + key)
+	b.floorValue, _, err = b.conn.Get(b.own.Root() + "/" + key)
 	return err
 }
 
@@ -311,7 +308,7 @@ func (z *zkBackend) notes() storeNotes {
 			p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 			p("  killed by its pid at the end.")
 			p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.maxTTL.Round(100*time.Millisecond))
+			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.own.MaxTTL().Round(100*time.Millisecond))
 			p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
 				(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
 			p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)
