@@ -63,7 +63,7 @@ func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, 
 // created by the parent (create), mapped by every worker. done unmaps them and removes the
 // files it created.
 func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done func()) {
-	paths, gs, undo := []string{shm}, []guard.Guard{guard.New(), guard.New()}, []func(){}
+	paths, gs, done := []string{shm}, []guard.Guard{guard.New(), guard.New()}, func() {}
 	if r.permits > 1 || r.rw {
 		paths = append(paths, spanShm(shm))
 	}
@@ -72,19 +72,16 @@ func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done f
 		if err != nil {
 			fatalf("%s: guard file %s: %v", r.id, path, err)
 		}
-		gs[i] = g
-		undo = append(undo, func() {
+		prev := done
+		gs[i], done = g, func() {
+			prev()
 			unmap()
 			if create {
 				_ = os.Remove(path)
 			}
-		})
-	}
-	return admitting(r, gs[0]), admitting(r, gs[1]), func() {
-		for _, f := range undo {
-			f()
 		}
 	}
+	return admitting(r, gs[0]), admitting(r, gs[1]), done
 }
 
 // workerResults parses the workers' result lines.
