@@ -249,16 +249,10 @@ func parseFlags(args []string) (config, profiling) {
 	_, q := peekFlag(args, "quick", true)
 	// ZooKeeper's rows take etcd's defaults: both write through a consensus log that fsyncs.
 	e := store == "etcd" || store == "zookeeper"
-	zkDefault := func(etcdLike, zookeeper string) string {
-		if store == "zookeeper" {
-			return zookeeper
-		}
-		return etcdLike
-	}
 	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis, etcd or zookeeper")
 	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	scen := fs.String("scenario", zkDefault(defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"), "1,2,3"),
+	scen := fs.String("scenario", cmp.Or(map[string]string{"etcd": "1,2,3,4,5,6,7,8,9", "zookeeper": "1,2,3"}[store], "1,2,3,4,5,6,7,8,9,10,11,12,13"),
 		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-13 are Redis only; ZooKeeper runs 1-3)")
 	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
@@ -301,10 +295,8 @@ func parseFlags(args []string) (config, profiling) {
 	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
 	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", defaultFor(e, q, waitBudget, waitBudget, 10*time.Second, 10*time.Second), "bound of every Lock's context")
-	warm := defaultFor(e, q, 0, 0, time.Second, time.Second)
-	if store == "zookeeper" {
-		warm = 5 * time.Second // the JVM compiles the server's hot paths meanwhile
-	}
+	// None on Redis; ZooKeeper's JVM compiles the server's hot paths meanwhile.
+	warm := map[string]time.Duration{"etcd": time.Second, "zookeeper": 5 * time.Second}[store]
 	fs.DurationVar(&cfg.warm, "warm", warm, "unmeasured warm-up per row of scenario 1, before the first repetition (Redis: none)")
 	fs.StringVar(&cfg.etcdBin, "etcd", "/usr/bin/etcd", "etcd: the etcd server binary")
 	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd, ZooKeeper: parent of the server's temporary data directory (default: $TMPDIR)")
