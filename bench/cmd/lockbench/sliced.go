@@ -108,7 +108,8 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 		crs[r.id], guards[r.id] = &contend.Result{}, newGuards(len(keys[r.id]))
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
-		hs := holdersOf(g, func(int) contend.Holder { return &implHolder{im: b.impl(r), keys: keys[r.id]} })
+		im := b.impl(r)
+		hs := holdersOf(g, func(int) contend.Holder { return &implHolder{im: im, keys: keys[r.id]} })
 		cr, st := windowRun(hs, guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
 		crs[r.id].Add(cr)
 		crs[r.id].Elapsed += cr.Elapsed
