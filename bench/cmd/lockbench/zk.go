@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -139,7 +139,7 @@ func (z *zkBackend) start(c *config) error {
 	cmd := exec.Command(java, args...)
 	cmd.Dir = z.Dir
 	return z.Run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
-		srvr, err := zkWord(z.addr, "srvr")
+		srvr, err := zktest.FourLetterWord(z.addr, "srvr", 2*time.Second)
 		if !strings.Contains(srvr, "Mode: standalone") {
 			return false, err
 		}
@@ -154,25 +154,10 @@ func (z *zkBackend) start(c *config) error {
 	})
 }
 
-// zkWord sends a four-letter word to the server at addr and returns its whole answer.
-func zkWord(addr, word string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, word); err != nil {
-		return "", err
-	}
-	out, err := io.ReadAll(c)
-	return string(out), err
-}
-
 // counters reads the server's mntr: the packets (requests, pings included) it received from
 // clients, and the fsyncs of its transaction log.
 func (z *zkBackend) counters() serverStats {
-	out, err := zkWord(z.addr, "mntr")
+	out, err := zktest.FourLetterWord(z.addr, "mntr", 2*time.Second)
 	if err != nil {
 		return serverStats{}
 	}
