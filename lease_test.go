@@ -811,6 +811,10 @@ func TestObserver(t *testing.T) {
 		renewals []error
 		lost     []string
 	)
+	// The waiter's wait ends when its third retry is reported, not on a clock, so a slow
+	// machine cannot end it before the first two.
+	waitCtx, endWait := context.WithCancel(ctx)
+	defer endWait()
 	obs := Observer{
 		Retry: func(_ context.Context, key string, attempt int, holderTTL time.Duration) {
 			mu.Lock()
@@ -819,6 +823,9 @@ func TestObserver(t *testing.T) {
 				t.Errorf("Retry(%q, %d, %v)", key, attempt, holderTTL)
 			}
 			retries = append(retries, attempt)
+			if attempt == 3 {
+				endWait()
+			}
 		},
 		Renewed: func(key string, err error) {
 			mu.Lock()
@@ -838,13 +845,13 @@ func TestObserver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	waiter := mustLocker(t, s, WithWait(40*time.Millisecond), WithRetry(LinearRetry(5*time.Millisecond)), WithObserver(obs))
-	if _, err := waiter.Lock(ctx, "busy"); !errors.Is(err, ErrBusy) {
+	waiter := mustLocker(t, s, WithWait(time.Minute), WithRetry(LinearRetry(5*time.Millisecond)), WithObserver(obs))
+	if _, err := waiter.Lock(waitCtx, "busy"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("%v, want ErrBusy", err)
 	}
 	mu.Lock()
-	if len(retries) < 2 || retries[0] != 1 || retries[1] != 2 {
-		t.Fatalf("retries %v, want 1, 2, ...", retries)
+	if len(retries) < 3 || retries[0] != 1 || retries[1] != 2 || retries[2] != 3 {
+		t.Fatalf("retries %v, want 1, 2, 3, ...", retries)
 	}
 	mu.Unlock()
 

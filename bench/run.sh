@@ -56,19 +56,19 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 echo "run.sh: building" >&2
-(cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench && go build -o "$work/hotkey" ./cmd/hotkey)
+(cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench)
 
 # The headline's guard, first, on a quiet machine: one key under 64 and 1,024 goroutines of one
 # process and under 4 processes x 16, each figure beside the one recorded in bench/hotkey.json.
 # A figure more than 10% below its record fails the run at the end (exit 3), after the reports
-# are written; record new figures on purpose with: (cd bench && go run ./cmd/hotkey -record).
+# are written; record new figures on purpose with: (cd bench && go run ./cmd/lockbench -guard -record).
 hotkey_fell=0
 if [[ "${LOCKBENCH_HOTKEY:-1}" != "0" ]]; then
-  echo "run.sh: the hot key's guard (bench/cmd/hotkey)" >&2
+  echo "run.sh: the hot key's guard (lockbench -guard)" >&2
   hotkeyflags=()
   ((quick)) && hotkeyflags=(-reps 3)
   set +e
-  (cd "$here" && "$work/hotkey" "${hotkeyflags[@]}")
+  (cd "$here" && "$work/lockbench" -guard "${hotkeyflags[@]}")
   rc=$?
   set -e
   case $rc in

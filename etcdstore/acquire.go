@@ -83,7 +83,7 @@ const permitLookOps = 5
 // The permits owner holds (an earlier Acquire's, or one whose reply was lost) are re-entered,
 // all of them and nothing more, so the first permit is granted at once only while the store
 // knows of no entry of owner's for keys. Otherwise the free permits seen are taken at once on
-// the one-key path, until want are held. A busy reply is the busy permit's of shortest HolderTTL.
+// the one-key path, until want are held.
 func (s *Store) acquirePermitsOnce(ctx context.Context, a *attempt, keys []string, want int) (lockstore.Acquisition, error) {
 	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, a.owner); return ok })
 	looks := make([]clientv3.Op, len(keys))
@@ -217,12 +217,10 @@ const (
 	retryPauseMax  = 400 * time.Millisecond
 )
 
-// resending runs once on s, each attempt on a fresh pinned lease of ttl for owner's
-// acquisition of keys (what names them in errors), until it succeeds, fails for good, or ctx
-// ends (it returns by ctx's deadline), and returns the last attempt's outcome: an attempt that
-// gets no answer within resendAfter, or fails transiently, is made again after a short pause.
-// An attempt with again set may drop a lease etcd no longer has (errLeaseGone) and be made once
-// more.
+// resending runs once, each attempt on a fresh pinned lease of ttl for owner's acquisition of
+// keys (what names them in errors), until it succeeds, fails for good, or ctx ends (it returns
+// by ctx's deadline), and returns the last attempt's outcome. An attempt with again set may
+// drop a lease etcd no longer has (errLeaseGone) and be made once more.
 func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl time.Duration, meta string, keys []string,
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()

@@ -38,13 +38,11 @@ type place struct {
 //	then put(key, value, lease); get(floor); delete(writer mark); fair: delete(place)
 //	else get(key); put(waiter, lease); markWriter; fair, queued: put(place, place lease); get(place)
 //
-// The first branch is a grant (its revision makes the fence); the second is busy, or a re-entry
-// when owner holds key already. The waiter mark is written unconditionally: a nested transaction
-// that writes it only when needed costs every acquisition more than a needless yield costs. A
-// fair caller with queue > 0 refused for the first time is given a place lease and makes the
-// attempt once more at once, putting its place; queue 0 (TryLock) takes the key only when it is
-// free and the line empty. When again is set, a lease that etcd no longer has is dropped and
-// reported as errLeaseGone, for the caller to try once more.
+// The second branch is busy, or a re-entry when owner holds key already. The waiter mark is
+// written unconditionally: a nested transaction that writes it only when needed costs every
+// acquisition more than a needless yield costs. A fair caller with queue > 0 refused for the
+// first time is given a place lease and makes the attempt once more at once, putting its place;
+// queue 0 (TryLock) takes the key only when it is free and the line empty.
 func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fair bool, queue time.Duration) (lockstore.Acquisition, error) {
 	var p place
 	if fair {
@@ -93,7 +91,6 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 			return out, nil
 		}
 		if p.lease == 0 {
-			// Refused for the first time: take a place now, with one more attempt.
 			secs := int64((queue + time.Second - 1) / time.Second)
 			g, err := s.cli.Grant(ctx, secs)
 			if err != nil {

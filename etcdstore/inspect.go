@@ -206,11 +206,6 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	}
 }
 
-// readHeld reports whether l is a key held for reading (no lock key, only read holds).
-func readHeld(l lockstore.LockInfo) bool {
-	return l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == ""
-}
-
 // List implements lockstore.Inspector: one snapshot, filtered here, then the leases of the
 // first opts.Limit locks.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
@@ -247,7 +242,8 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
-	read, rd := readHeld(l), readDir(l.StoreKey)
+	// A key held for reading has no lock key, only read holds.
+	read, rd := l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == "", readDir(l.StoreKey)
 	cmps, del := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)}, clientv3.OpDelete(l.StoreKey)
 	if read {
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.StoreKey), "=", 0),

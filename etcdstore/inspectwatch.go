@@ -250,12 +250,11 @@ func (w *etcdWatch) marked(ev *clientv3.Event) {
 		return
 	}
 	l, seen := w.held[key]
-	if !seen {
-		l = lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL}
-	}
-	l.Contended = true
 	if seen {
+		l.Contended = true
 		w.held[key] = l
+	} else {
+		l = lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, Contended: true}
 	}
 	w.emit(lockstore.EventContended, l)
 }

@@ -324,9 +324,7 @@ func (s *Store) sendKeepAlives(l *lease) {
 		l.mu.Lock()
 		switch {
 		case err == nil:
-			if sent.After(l.fresh) {
-				l.fresh = sent
-			}
+			l.fresh = later(l.fresh, sent)
 		case isLeaseNotFound(err):
 			l.gone = true
 			err = errLeaseGone

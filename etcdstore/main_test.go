@@ -42,6 +42,14 @@ func quiet(s *Store) *Store {
 	return s
 }
 
+// Held returns how many locks the store keeps an entry for (taken or re-entered, not yet seen
+// released or lost).
+func (s *Store) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
 // single starts one etcd member and returns a client on it.
 func single(t *testing.T) (*etcdtest.Cluster, *clientv3.Client) {
 	t.Helper()

@@ -32,8 +32,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	errs := make([]error, len(batch))
 	// Keep-alives of the leases the store knows the keys are on go out at once, beside the reads.
 	kas := make(map[clientv3.LeaseID]*keepAlive)
-	var keys []string
-	seen := make(map[string]bool, len(batch))
+	var keys []string // the hold keys to read, each once after Compact
 	for i, r := range batch {
 		if errs[i] = s.check(r.Owner, r.TTL, r.Key); errs[i] != nil {
 			continue
@@ -41,12 +40,10 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if e, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL), false); ok && e.lease != 0 && kas[e.lease] == nil {
 			kas[e.lease] = s.startKeepAlive(ctx, e.lease, start)
 		}
-		if hk := holdKey(r.Key, r.Owner); !seen[hk] {
-			seen[hk] = true
-			keys = append(keys, hk)
-		}
+		keys = append(keys, holdKey(r.Key, r.Owner))
 	}
-	kvs, readErrs := s.readKeys(ctx, keys)
+	slices.Sort(keys)
+	kvs, readErrs := s.readKeys(ctx, slices.Compact(keys))
 	for i, r := range batch {
 		if errs[i] != nil {
 			continue

@@ -163,10 +163,12 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 }
 
-// atRevision commits then when key is still at the mod revision rev, else els: no write of the
-// store goes to a key that changed since the store wrote or read it.
-func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	return s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(then...).Else(els...).Commit()
+// atRevision commits then when key is still at the mod revision rev (and the compares more
+// hold), else els: no write of the store goes to a key that changed since the store wrote or
+// read it.
+func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op, more ...clientv3.Cmp) (*clientv3.TxnResponse, error) {
+	cmps := append(make([]clientv3.Cmp, 0, 1+len(more)), clientv3.Compare(clientv3.ModRevision(key), "=", rev))
+	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
 }
 
 // releaseAtOnce is the one-transaction release of a plain lock this store took and knows
@@ -199,7 +201,6 @@ func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFen
 	nv.last = max(nv.last, lastFence, e.last)
 	switch {
 	case left && hold == "":
-		// Only re-entries from other processes are left: off the session lease.
 		if *moved == 0 {
 			l, err := s.cli.Grant(ctx, v.secs)
 			if err != nil {
@@ -317,10 +318,7 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 	if e, ok := s.touch(key, owner, time.Now().Add(ttl), true); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
-			resp, err := s.cli.Txn(ctx).If(
-				clientv3.Compare(clientv3.ModRevision(key), "=", e.modRev),
-				clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0),
-			).Commit()
+			resp, err := s.atRevision(ctx, key, e.modRev, nil, nil, clientv3.Compare(clientv3.CreateRevision(WaiterKey(key)), "=", 0))
 			if err != nil {
 				return false, 0, 0, fmt.Errorf("flightlock: pass %q: %w", key, err)
 			}

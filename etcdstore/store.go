@@ -290,14 +290,6 @@ func withHold(holds []string, hold string) []string {
 	return append(slices.Clone(holds), hold)
 }
 
-// Held returns how many locks the store keeps an entry for (taken or re-entered, not yet seen
-// released or lost). For tests and metrics.
-func (s *Store) Held() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.held)
-}
-
 // noteBusy records the revision at which key was seen held, so that a Watch that follows
 // starts there and misses no release in between.
 func (s *Store) noteBusy(key string, rev int64) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -110,4 +111,26 @@ func (e *ConfigError) Unwrap() []error { return []error{ErrConfig, e.Err} }
 // FieldError is a *ConfigError for field, its message formatted as fmt.Errorf does.
 func FieldError(field, format string, args ...any) error {
 	return &ConfigError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// TrimHosts returns hosts (a section's servers) trimmed of spaces, without the empty ones.
+func TrimHosts(hosts []string) []string {
+	var out []string
+	for _, h := range hosts {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// HostErrors returns a *ConfigError for each empty or blank entry of hosts, named field[i].
+func HostErrors(field string, hosts []string) []error {
+	var errs []error
+	for i, h := range hosts {
+		if strings.TrimSpace(h) == "" {
+			errs = append(errs, FieldError(fmt.Sprintf("%s[%d]", field, i), "is empty"))
+		}
+	}
+	return errs
 }

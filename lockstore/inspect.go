@@ -72,20 +72,20 @@ func (o WatchOptions) WithDefaults() WatchOptions {
 }
 
 // PollWatch runs a Watch that reads the locks again every opts.Interval: read returns the
-// matching locks (first on the first call), each call bounded by opts.Timeout, and reports
-// their changes itself. PollWatch reports EventWatching, described by mode, after the first
+// matching locks, each call bounded by opts.Timeout, and reports their changes itself
+// (Changes). PollWatch reports EventWatching, described by mode, after the first
 // read and EventRead after each other one; between reads it hands what heard delivers to on
 // (a nil heard delivers nothing). It returns nil when ctx ends, and otherwise the error of a
 // read or of on, or that heard was closed.
-func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context, first bool) ([]LockInfo, error),
+func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context) ([]LockInfo, error),
 	heard <-chan M, on func(context.Context, M) error, fn func(Event)) error {
 	opts = opts.WithDefaults()
-	poll := func(first bool) ([]LockInfo, error) {
+	poll := func() ([]LockInfo, error) {
 		rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		defer cancel()
-		return read(rctx, first)
+		return read(rctx)
 	}
-	locks, err := poll(true)
+	locks, err := poll()
 	if err == nil {
 		fn(Event{Kind: EventWatching, Locks: locks, Mode: mode})
 	}
@@ -96,7 +96,7 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			if locks, err = poll(false); err == nil {
+			if locks, err = poll(); err == nil {
 				fn(Event{Kind: EventRead, Locks: locks})
 			}
 		case m, ok := <-heard:
@@ -118,9 +118,12 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 // For each lock in turn: EventAcquired for a new grant (another owner or fence), followed by
 // EventContended when it was refused already; EventChanged when the grant's holds changed (Own,
 // Borrowed, Readers); or EventContended at its first refusal. Then EventGone for each lock of
-// held not read again, by key. It returns locks by key, held for the next read, and the keys
-// gone.
+// held not read again, by key. A nil held (no read before, or changes heard otherwise) reports
+// nothing. It returns locks by key, held for the next read, and the keys gone.
 func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
+	if held == nil {
+		fn = func(Event) {}
+	}
 	now = make(map[string]LockInfo, len(locks))
 	for _, l := range locks {
 		now[l.Key] = l

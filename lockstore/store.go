@@ -195,14 +195,15 @@ func AcquireEach(ctx context.Context, req Request, acquire func(context.Context,
 	return busy, nil
 }
 
-// CheckPermits refuses a request with Permits that is a read or a fair one, or names an empty key.
+// CheckPermits refuses a request with Permits that is a read or a fair one, or one of whose
+// keys CheckArgs refuses with its owner and TTL.
 func CheckPermits(req Request) error {
 	if IsReadOwner(req.Owner) || !req.Asked.IsZero() {
 		return errors.New("flightlock: a permit request cannot be a read or a fair one")
 	}
 	for _, k := range req.Permits {
-		if k == "" {
-			return errors.New("flightlock: empty lock key")
+		if err := CheckArgs(k, req.Owner, req.TTL); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -276,13 +277,10 @@ func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
 // closed), and stop is called once by Close.
 func NewWatch(c chan struct{}, stop func()) *Watch {
-	var once sync.Once
-	return &Watch{c: c, close: func() { once.Do(stop) }}
+	return &Watch{c: c, close: sync.OnceFunc(stop)}
 }
 
-// NewFreshWatch is NewWatch for a store whose watch starts listening only now (see
-// Watch.Fresh): a release between the caller's last look at the key and the watch may have
-// gone unheard.
+// NewFreshWatch is NewWatch for a watch that starts listening only now (see Watch.Fresh).
 func NewFreshWatch(c chan struct{}, stop func()) *Watch {
 	w := NewWatch(c, stop)
 	w.fresh = true

@@ -140,14 +140,10 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	var held map[string]lockstore.LockInfo
-	read := func(ctx context.Context, first bool) ([]lockstore.LockInfo, error) {
+	read := func(ctx context.Context) ([]lockstore.LockInfo, error) {
 		locks, _, err := in.List(ctx, pattern, lockstore.ListOptions{Skip: opts.Skip})
 		if err == nil {
-			report := fn
-			if first {
-				report = func(lockstore.Event) {}
-			}
-			held, _ = lockstore.Changes(held, locks, report)
+			held, _ = lockstore.Changes(held, locks, fn)
 		}
 		return locks, err
 	}

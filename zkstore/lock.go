@@ -53,10 +53,8 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
 	}
-	for _, k := range req.Permits {
-		if err := s.check(k, req.Owner, req.TTL); err != nil {
-			return lockstore.Acquisition{}, err
-		}
+	if err := s.check(req.Permits[0], req.Owner, req.TTL); err != nil { // a closed store, a TTL above MaxTTL
+		return lockstore.Acquisition{}, err
 	}
 	type look struct {
 		data []byte
@@ -78,7 +76,7 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 			free = append(free, i)
 		case n.err != nil:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", req.Permits[i], n.err)
-		case slices.Contains(n.kids, ownName(req.Owner)):
+		case slices.Contains(n.kids, holdName(req.Owner, "")):
 			mine = append(mine, i)
 		default:
 			taken = append(taken, i)
@@ -145,7 +143,7 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 		return busy, err
 	}
 	for _, i := range failed {
-		p, own := s.keyPath(req.Permits[i]), ownName(req.Owner)
+		p, own := s.keyPath(req.Permits[i]), holdName(req.Owner, "")
 		s.remember(p, req.Owner, own) // releaseLater gives back only what it finds remembered
 		go s.releaseLater(p, req.Owner, own)
 	}
@@ -156,9 +154,9 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 // acquire takes key for owner, or a read hold of it for a read owner (see rwfair.go); place,
 // when set, is owner's place in the key's fair line, which the same multi deletes.
 func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lockstore.Acquisition, error) {
-	p, name, data := s.keyPath(key), ownName(owner), value(ownerHash(owner), meta)
+	p, name, data := s.keyPath(key), holdName(owner, ""), value(ownerHash(owner), meta)
 	if lockstore.IsReadOwner(owner) {
-		name, data = readerName(owner), value(readersTag, meta)
+		data = value(readersTag, meta)
 	}
 	for range attempts {
 		ops := []any{
@@ -238,10 +236,14 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 }
 
 // refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
-// another's grant: the holder's metadata, and the node marked (markBusy) if it was not.
+// another's grant: the holder's metadata, and the node marked as contended if it was not. The
+// mark tells readers that a writer waits, and operators that the lock was contended. The multi
+// checks one of the holds read, so a node the key got since keeps its data.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
-	if _, _, marked := parseValue(data); !marked {
-		s.markBusy(ctx, p, data, stat, kids)
+	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
+		_, _ = s.multi(ctx, nil,
+			&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
+			&zk.SetDataRequest{Path: p, Data: append(slices.Clip(data), markSuffix...), Version: stat.Version})
 	}
 	return lockstore.Acquisition{Holder: holderMeta(data)}
 }
@@ -252,18 +254,6 @@ func holderMeta(data []byte) string {
 		return meta
 	}
 	return ""
-}
-
-// markBusy marks key node p, read as data, stat and its holds kids, as contended: the mark
-// tells readers that a writer waits, and operators that the lock was contended. The multi
-// checks one of the holds read, so a node the key got since keeps its data.
-func (s *Store) markBusy(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) {
-	if len(kids) == 0 {
-		return
-	}
-	_, _ = s.multi(ctx, nil,
-		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
-		&zk.SetDataRequest{Path: p, Data: append(slices.Clip(data), markSuffix...), Version: stat.Version})
 }
 
 // reservedFor reports whether key node p, left by its last reader to a waiting writer at
@@ -308,7 +298,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	if lockstore.IsReadOwner(owner) {
 		return lockstore.Acquisition{}, nil // read holds are not handed over
 	}
-	p, name, h := s.keyPath(key), borrowName(owner, hold), ownerHash(owner)
+	p, name, h := s.keyPath(key), holdName(owner, hold), ownerHash(owner)
 	for range attempts {
 		_, stat, kids, err := s.node(ctx, p)
 		if errors.Is(err, zk.ErrNoNode) {
@@ -418,14 +408,7 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	if err := s.check(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
-	name := ownName(owner)
-	switch {
-	case lockstore.IsReadOwner(owner):
-		name = readerName(owner)
-	case hold != "":
-		name = borrowName(owner, hold)
-	}
-	p := s.keyPath(key)
+	p, name := s.keyPath(key), holdName(owner, hold)
 	n, err := s.releaseHold(ctx, p, owner, name)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
 		go s.releaseLater(p, owner, name)

@@ -58,7 +58,7 @@ func TestBusyMarkNeverLandsOnTheNextOwnersNode(t *testing.T) {
 	if r, err := y.Acquire(ctx, lockstore.Request{Key: "k", Owner: "Y", TTL: 2 * time.Second}); err != nil || !r.Acquired { // ...Y took it
 		t.Fatal(r, err)
 	}
-	w.markBusy(ctx, p, data, stat, kids) // and the waiter's mark, built on its read, comes now
+	w.refuse(ctx, p, data, stat, kids) // and the waiter's mark, built on its read, comes now
 	now, _, err := w.get(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -98,8 +98,8 @@ func TestLastTwoReadersReleasingTogetherLeaveTheKeyToTheWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	errA := a.releaseNotLast(ctx, p, readerName(r1), data, stat)
-	errB := b.releaseNotLast(ctx, p, readerName(r2), data, stat)
+	errA := a.releaseNotLast(ctx, p, holdName(r1, ""), data, stat)
+	errB := b.releaseNotLast(ctx, p, holdName(r2, ""), data, stat)
 	if errA == nil && errB == nil {
 		t.Fatal("both readers released as if another were left")
 	}

@@ -2,6 +2,7 @@ package zkstore
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -35,19 +36,20 @@ const (
 	DefaultSyncLimit = 5
 )
 
-// Config is what the store needs to know of the ensemble and its session.
+// Config is what the store needs to know of the ensemble and its session. Its tags are
+// go-zero's, for zkconf.Conf, the same fields as a service's Lock.Zookeeper section.
 type Config struct {
 	// Hosts are the servers, "host:port".
-	Hosts []string
+	Hosts []string `json:",optional"`
 	// SessionTimeout is the session's timeout (default DefaultSessionTimeout). It bounds the
 	// lock TTL (MaxTTL) and is checked against the ensemble's settings (see the package doc).
-	SessionTimeout time.Duration
+	SessionTimeout time.Duration `json:",default=40s"`
 	// Root is the node under which the locks live (default DefaultRoot); created if missing.
-	Root string
+	Root string `json:",default=/flightlock"`
 	// TickTime and SyncLimit are the ensemble's, used when its servers do not answer the
 	// "conf" four-letter word (4lw.commands.whitelist); zero means the defaults.
-	TickTime  time.Duration
-	SyncLimit int
+	TickTime  time.Duration `json:",optional"`
+	SyncLimit int           `json:",optional"`
 }
 
 type ensemble struct {
@@ -153,12 +155,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 // settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
 // against them.
 func settle(cfg Config) (Config, ensemble, error) {
-	if cfg.SessionTimeout == 0 {
-		cfg.SessionTimeout = DefaultSessionTimeout
-	}
-	if cfg.Root == "" {
-		cfg.Root = DefaultRoot
-	}
+	cfg.SessionTimeout, cfg.Root = cmp.Or(cfg.SessionTimeout, DefaultSessionTimeout), cmp.Or(cfg.Root, DefaultRoot)
 	ens := readEnsemble(cfg)
 	return cfg, ens, checkSession(cfg.SessionTimeout, ens)
 }
@@ -340,12 +337,18 @@ const (
 	markSuffix = " ~" // someone was refused while the lock was held
 )
 
-// ownName, borrowName and readerName are the hold names of owner.
-func ownName(owner string) string { return ownPre + ownerHash(owner) }
-func borrowName(owner, hold string) string {
-	return borrowPre + ownerHash(owner) + "-" + nodeName(hold)
+// holdName is the node name of owner's hold: a read owner's read hold, else the acquisition's
+// own when hold is "", or the re-entry named hold.
+func holdName(owner, hold string) string {
+	switch h := ownerHash(owner); {
+	case lockstore.IsReadOwner(owner):
+		return readerPre + h
+	case hold != "":
+		return borrowPre + h + "-" + nodeName(hold)
+	default:
+		return ownPre + h
+	}
 }
-func readerName(owner string) string { return readerPre + ownerHash(owner) }
 
 // ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
 func ofOwner(name, h string) bool {

@@ -175,13 +175,14 @@ func TestReadWriteFairAndPermitsOnZooKeeper(t *testing.T) {
 // A look at a semaphore's permits is one round trip however many there are, and one that finds
 // a permit free costs one more, the acquisition; a re-sent request re-enters its permit even
 // when an earlier one is free. Behind a proxy that holds every reply back d, one key at a time
-// (lockstore.AcquireEach) the busy look would take two round trips per permit, 16d.
+// (lockstore.AcquireEach) the busy look would take two round trips per permit, 16d. Each bound
+// leaves d of slack, and d is long enough that a loaded machine's scheduling stays inside it.
 func TestPermitLookIsOneRoundTrip(t *testing.T) {
 	srv := zktest.Start(t)
 	proxy := startProxy(t, srv.Addr)
 	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	const d, holder, taker = 400 * time.Millisecond, "holder-token", "taker-token"
+	const d, holder, taker = time.Second, "holder-token", "taker-token"
 	keys := make([]string, 8)
 	for i := range keys {
 		keys[i] = flightlock.PermitKey("", "sem", i+1)
@@ -227,13 +228,15 @@ func TestPermitLookIsOneRoundTrip(t *testing.T) {
 
 // A look with Want 3 at 5 permits of which 3 are free takes those 3, each the owner's with a
 // fence, in the look's two round trips (the reads, then the takes together); sent again, it
-// re-enters all 3 and takes nothing more, though another permit was freed meanwhile.
+// re-enters all 3 and takes nothing more, though another permit was freed meanwhile. Round
+// trips are told by a delay d on the path: one more would cost d more, so each bound leaves d
+// of slack, and d is long enough that a loaded machine's scheduling stays inside it.
 func TestPermitLookTakesUpToWantAndASentAgainReentersThemAll(t *testing.T) {
 	srv := zktest.Start(t)
 	proxy := startProxy(t, srv.Addr)
 	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
 	ctx := context.Background()
-	const d, holder, taker = 300 * time.Millisecond, "holder-token", "taker-token"
+	const d, holder, taker = time.Second, "holder-token", "taker-token"
 	keys := make([]string, 5)
 	for i := range keys {
 		keys[i] = flightlock.PermitKey("", "sem-want", i+1)

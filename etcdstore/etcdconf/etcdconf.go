@@ -88,11 +88,7 @@ func (e Conf) Validate(section, prefix string) []error {
 		}
 		return ps
 	}
-	for i, h := range e.Hosts {
-		if strings.TrimSpace(h) == "" {
-			ps = append(ps, lockstore.FieldError(fmt.Sprintf("%s.Hosts[%d]", section, i), "is empty"))
-		}
-	}
+	ps = append(ps, lockstore.HostErrors(section+".Hosts", e.Hosts)...)
 	if first, _, _ := strings.Cut(e.KeyPrefix(prefix), "/"); strings.HasSuffix(first, ".rpc") {
 		ps = append(ps, lockstore.FieldError(section+".Key", "%q puts the locks under %q, a zrpc service's discovery key by goctl's naming: "+
 			"its clients would dial every lock as a server address; keep the locks under a name of their own, "+
@@ -130,12 +126,7 @@ func (e Conf) Check(section string, u lockstore.Use) error {
 // AddTLS); it fails when no member answers within DialTimeout (0 means 5s). For tools and for
 // stores built with options of their own; the caller closes it.
 func (e Conf) Client() (*clientv3.Client, error) {
-	hosts := make([]string, 0, len(e.Hosts))
-	for _, h := range e.Hosts {
-		if h = strings.TrimSpace(h); h != "" {
-			hosts = append(hosts, h)
-		}
-	}
+	hosts := lockstore.TrimHosts(e.Hosts)
 	if len(hosts) == 0 {
 		return nil, lockstore.FieldError("Lock.Etcd.Hosts", "is empty: list the etcd members to connect to")
 	}

@@ -16,7 +16,7 @@ import (
 // Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
-	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, held: make(map[string]lockstore.LockInfo), gone: make(map[string]int)}
+	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, gone: make(map[string]int)}
 	rctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	w.keyspace = keyspaceEnabled(rctx, r.client)
 	cancel()
@@ -61,7 +61,7 @@ type redisWatch struct {
 	fn       func(lockstore.Event)
 	keyspace bool // events come from keyspace notifications; else from comparing reads
 
-	held map[string]lockstore.LockInfo // the matching locks as last seen, by key
+	held map[string]lockstore.LockInfo // the matching locks as last seen, by key; nil before the first poll
 	// gone are the keys a recent poll reported gone, with the number of that poll: a release
 	// notification of one of them after the poll is the same release, not a second event. A
 	// mark lives goneMarkPolls polls, so keys released without a notification do not pile up.
@@ -74,20 +74,16 @@ const goneMarkPolls = 3
 // poll reads the matching locks and makes them the ones held. Unless it is the first read or
 // the changes come from keyspace notifications, it first reports how they differ from those
 // held before (lockstore.Changes).
-func (w *redisWatch) poll(ctx context.Context, first bool) ([]lockstore.LockInfo, error) {
-	keys, err := w.r.scanKeys(ctx, w.pattern, w.opts.Skip)
+func (w *redisWatch) poll(ctx context.Context) ([]lockstore.LockInfo, error) {
+	locks, _, err := w.r.List(ctx, w.pattern, lockstore.ListOptions{Skip: w.opts.Skip})
 	if err != nil {
 		return nil, err
 	}
-	locks, err := w.r.read(ctx, keys)
-	if err != nil {
-		return nil, err
+	held := w.held
+	if w.keyspace {
+		held = nil
 	}
-	held, fn := w.held, w.fn
-	if first || w.keyspace {
-		held, fn = nil, func(lockstore.Event) {}
-	}
-	now, gone := lockstore.Changes(held, locks, fn)
+	now, gone := lockstore.Changes(held, locks, w.fn)
 	w.polls++
 	maps.DeleteFunc(w.gone, func(k string, at int) bool {
 		_, back := now[k]

@@ -48,9 +48,6 @@ func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) 
 func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, permits []string) (lockstore.Acquisition, error) {
 	keys := make([]string, 0, 2*len(permits))
 	for _, k := range permits {
-		if err := lockstore.CheckArgs(k, req.Owner, req.TTL); err != nil {
-			return lockstore.Acquisition{}, err
-		}
 		keys = append(keys, k, lockstore.FenceKey(k))
 	}
 	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}

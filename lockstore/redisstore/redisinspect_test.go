@@ -288,13 +288,13 @@ func TestPolledReleaseIsReportedOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := w.poll(ctx, true); err != nil { // the first read
+	if _, err := w.poll(ctx); err != nil { // the first read
 		t.Fatal(err)
 	}
 	if _, err := s.Release(ctx, "lock:order:1", owner, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.poll(ctx, false); err != nil { // the poll comes first: gone
+	if _, err := w.poll(ctx); err != nil { // the poll comes first: gone
 		t.Fatal(err)
 	}
 	if err := w.notified(ctx, &redis.Message{Channel: DefaultChannelPrefix + "lock:order:1"}); err != nil {
@@ -307,7 +307,7 @@ func TestPolledReleaseIsReportedOnce(t *testing.T) {
 	if err := w.notified(ctx, &redis.Message{Channel: DefaultChannelPrefix + "lock:order:2"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.poll(ctx, false); err != nil {
+	if _, err := w.poll(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(events, ","), "gone order:1,released order:2"; got != want {

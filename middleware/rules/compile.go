@@ -44,7 +44,7 @@ type Plan struct {
 // Compile checks c, normalized, and compiles its rules, then those built in Go (extra,
 // normalized too), without building any store, for the middleware and flightlock check.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
-	if err := c.check(); err != nil {
+	if err := cmp.Or(c.problems()...); err != nil {
 		return nil, err
 	}
 	return c.compileRules(extra)
@@ -126,7 +126,7 @@ func CompileHTTP(s Spec) (*Plan, error) {
 	rl := &Plan{Method: s.Method}
 	var route *Route
 	if s.Path != "" {
-		rp, err := ParseRoute(s.Path)
+		rp, err := parseRoute(s.Path)
 		if err != nil {
 			return nil, FieldError(s.Field+".Path", "bad route pattern %q: %v", s.Path, err)
 		}
@@ -141,9 +141,9 @@ func CompileHTTP(s Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	rl.HTTPKeys = func(r *http.Request) ([]string, error) { return s.apart(plan.render(&httpSource{r: r})) }
+	rl.HTTPKeys = func(r *http.Request) ([]string, error) { return s.apart(plan(&httpSource{r: r})) }
 	// The values as the request wrote them: "007" and "7" share a lock, but never a response.
-	rl.HTTPReplayKeys = func(r *http.Request) ([]string, error) { return plan.render(&httpSource{r: r, raw: true}) }
+	rl.HTTPReplayKeys = func(r *http.Request) ([]string, error) { return plan(&httpSource{r: r, raw: true}) }
 	return rl, nil
 }
 
@@ -177,7 +177,7 @@ func compileRPC(s Spec) (*Plan, error) {
 		return nil, err
 	}
 	rl.RPCKeys = func(ctx context.Context, req any) ([]string, error) {
-		return s.apart(plan.render(rpcSource{ctx: ctx, req: req}))
+		return s.apart(plan(rpcSource{ctx: ctx, req: req}))
 	}
 	rl.FromMessage = usesMessage(keys)
 	return rl, nil

@@ -353,9 +353,6 @@ func fillZero(dst, def reflect.Value) {
 	}
 }
 
-// check returns the first problem of c's scalar settings.
-func (c LockConf) check() error { return cmp.Or(c.problems()...) }
-
 // problems validates the scalar settings of c.
 func (c LockConf) problems() []error {
 	var prefix error
@@ -395,19 +392,18 @@ func negative[T time.Duration | int](field string, v T) error {
 
 // Strategy returns the flightlock retry strategy r describes, once normalized.
 func (r RetryConf) Strategy() flightlock.Retry {
-	lo, hi := r.Min, r.Max
 	var s flightlock.Retry
 	switch r.Backoff {
 	case BackoffNone:
 		return flightlock.NoRetry()
 	case BackoffLinear:
-		linear := flightlock.LinearRetry(lo)
+		linear := flightlock.LinearRetry(r.Min)
 		s = func(attempt int) (time.Duration, bool) {
 			d, ok := linear(attempt)
-			return min(d, hi), ok
+			return min(d, r.Max), ok
 		}
 	default:
-		s = flightlock.ExponentialRetry(lo, hi)
+		s = flightlock.ExponentialRetry(r.Min, r.Max)
 	}
 	if r.Attempts > 0 {
 		s = flightlock.LimitRetry(s, r.Attempts)
@@ -428,15 +424,11 @@ func checkRule(r Spec, storeErrors string) error {
 	case r.Method != "" && r.Path == "" && r.Name == "":
 		return FieldError(r.Field+".Path", "is empty but Method is %q", r.Method)
 	}
-	if err := OneOf(r.Field+".Method", r.Method, HTTPMethods...); err != nil {
-		return err
-	}
+	var rpcErr error
 	if r.RPC != "" {
-		if err := checkFullMethod(r.RPC); err != nil {
-			return FieldError(r.Field+".RPC", "%v", err)
-		}
+		rpcErr = checkFullMethod(r.Field+".RPC", r.RPC)
 	}
-	return CheckLockSettings(r.Field, r.Rule, storeErrors)
+	return cmp.Or(OneOf(r.Field+".Method", r.Method, HTTPMethods...), rpcErr, CheckLockSettings(r.Field, r.Rule, storeErrors))
 }
 
 // CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
@@ -471,15 +463,16 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	return cmp.Or(negative(name+".ReplayMaxBytes", r.ReplayMaxBytes), err)
 }
 
-// checkFullMethod accepts gRPC full method names: /package.Service/Method.
-func checkFullMethod(m string) error {
+// checkFullMethod accepts gRPC full method names, /package.Service/Method, and names field
+// when m is none.
+func checkFullMethod(field, m string) error {
 	rest, ok := strings.CutPrefix(m, "/")
 	if !ok {
-		return fmt.Errorf("%q must start with '/': /package.Service/Method", m)
+		return FieldError(field, "%q must start with '/': /package.Service/Method", m)
 	}
 	svc, method, ok := strings.Cut(rest, "/")
 	if !ok || svc == "" || method == "" || strings.Contains(method, "/") {
-		return fmt.Errorf("%q is not of the form /package.Service/Method", m)
+		return FieldError(field, "%q is not of the form /package.Service/Method", m)
 	}
 	return nil
 }
@@ -509,8 +502,8 @@ func checkPropagateTo(to []string) error {
 		if svc, ok := strings.CutSuffix(t, "/"); ok && strings.Count(svc, "/") == 1 && strings.HasPrefix(svc, "/") && len(svc) > 1 {
 			continue
 		}
-		if err := checkFullMethod(t); err != nil {
-			return FieldError(fmt.Sprintf("Lock.PropagateTo[%d]", i), "%q is neither /package.Service/ nor /package.Service/Method", t)
+		if field := fmt.Sprintf("Lock.PropagateTo[%d]", i); checkFullMethod(field, t) != nil {
+			return FieldError(field, "%q is neither /package.Service/ nor /package.Service/Method", t)
 		}
 	}
 	return nil

@@ -105,13 +105,6 @@ func formReadsBody(r *http.Request) bool {
 	return false
 }
 
-// readsJSONBody reports whether httpx.ParseJsonBody decodes r's body: go-zero's withJsonBody
-// test, and a body that ParseForm, which runs first, has not consumed.
-func readsJSONBody(r *http.Request) bool {
-	return r.ContentLength > 0 && strings.Contains(r.Header.Get("Content-Type"), "application/json") &&
-		!formReadsBody(r)
-}
-
 // parseForm reads the form as httpx.GetFormValues sees r.Form, by running net/http's parsers
 // on a copy of r that reads the buffered body: r keeps its body and unparsed form for the
 // handler.
@@ -158,15 +151,14 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 		return slices.ContainsFunc(v[name], nonEmpty) || slices.ContainsFunc(v[name+"[]"], nonEmpty)
 	}
 	inQuery, inBody = has(f.query), has(f.body)
-	sources := make([]string, 0, 2)
-	if inQuery {
-		sources = append(sources, "the query")
-	}
-	if inBody {
-		sources = append(sources, "the form body")
-	}
-	if len(sources) == 0 {
-		sources = append(sources, "the form")
+	sources := []string{"the form"}
+	switch {
+	case inQuery && inBody:
+		sources = []string{"the query", "the form body"}
+	case inQuery:
+		sources = []string{"the query"}
+	case inBody:
+		sources = []string{"the form body"}
 	}
 	c.add(slices.DeleteFunc(slices.Concat(f.all[name], f.all[name+"[]"]), func(v string) bool { return v == "" }), sources...)
 	return inQuery, inBody, nil
@@ -174,10 +166,12 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 
 func nonEmpty(v string) bool { return v != "" }
 
-// decodeJSON decodes the body's first JSON value, as ParseJsonBody does, when ParseJsonBody
-// would read the body at all.
+// decodeJSON decodes the body's first JSON value, as httpx.ParseJsonBody does, when it would
+// read the body at all: go-zero's withJsonBody test, on a body that ParseForm, which runs
+// first, has not consumed.
 func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
-	if !readsJSONBody(s.r) {
+	r := s.r
+	if r.ContentLength <= 0 || !strings.Contains(r.Header.Get("Content-Type"), "application/json") || formReadsBody(r) {
 		return nil, nil
 	}
 	b, err := s.readBody()
@@ -315,8 +309,8 @@ func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 // canonicalValue returns v in one form for every way of writing the bool or the number that
 // httpx.Parse binds from it, and v itself when it writes neither. go-zero binds "1" and any
 // case of "true" as true, "0" and any case of "false" as false: they render as "1" and "0",
-// as integers do (and zrpc bools, scalarField). A string field holding "true" then shares a
-// lock with "1": a wait, never a second holder.
+// as integers do (and zrpc bools, scalarField). A string field holding "true" (or "007", see
+// canonicalNumber) then shares a lock with "1" (or "7"): a wait, never a second holder.
 func canonicalValue(v string) string {
 	switch {
 	case strings.EqualFold(v, "true"):
@@ -330,8 +324,7 @@ func canonicalValue(v string) string {
 // canonicalNumber returns v in one form for every way of writing its number, and v itself
 // when it is not written as a number. httpx.Parse binds "7", "07" and "+7" as one integer,
 // and 1, 1.0, 1e0 and 0x1p0 as one float; not knowing the handler's field types, the
-// middleware renders them alike, so two requests on one entity never both hold "their" lock
-// (a string field holding "007" then shares a lock with "7": a wait, never a second holder).
+// middleware renders them alike, so two requests on one entity never both hold "their" lock.
 //
 // Integers are rewritten exactly, at any length, so that large ids keep one key each: the
 // sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads in Go's
@@ -378,7 +371,7 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	}
 	switch src {
 	case "path":
-		if route != nil && !route.Has(name) {
+		if route != nil && !slices.Contains(route.Params, name) {
 			return nil, fmt.Errorf("{%s}: route %s has no :%s", ref, route.Text, name)
 		}
 		return func(s *httpSource) (string, bool, error) {

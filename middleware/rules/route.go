@@ -16,9 +16,9 @@ type Route struct {
 	Params []string // variable names, in order
 }
 
-// ParseRoute checks p the way go-zero's search tree does (it must start with '/', no empty
+// parseRoute checks p the way go-zero's search tree does (it must start with '/', no empty
 // segments), and that its variable names are named and unique, which the key templates need.
-func ParseRoute(p string) (Route, error) {
+func parseRoute(p string) (Route, error) {
 	if err := search.NewTree().Add(p, struct{}{}); err != nil {
 		return Route{}, err
 	}
@@ -40,8 +40,6 @@ func ParseRoute(p string) (Route, error) {
 	}
 	return rp, nil
 }
-
-func (rp Route) Has(param string) bool { return slices.Contains(rp.Params, param) }
 
 // RouteShape is a route pattern with its variable names left out (/sku/:id and /sku/:uid are
 // /sku/:), for suggestions of the route a rule meant.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/flightlock/flightlock"
@@ -132,23 +131,21 @@ func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 		if fd == nil || fd.IsList() || fd.IsMap() || !m.Has(fd) {
 			return "", false
 		}
-		v := m.Get(fd)
-		if i < len(path)-1 {
-			if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
-				return "", false
-			}
-			m = v.Message()
-			continue
+		if i == len(path)-1 {
+			return scalarField(fd, m.Get(fd))
 		}
-		return scalarField(fd, v)
+		if fd.Message() == nil {
+			return "", false // a scalar where the path goes on
+		}
+		m = m.Get(fd).Message()
 	}
 	return "", false
 }
 
+// scalarField renders the value of a singular scalar field: numbers as protoreflect.Value's
+// String writes them (decimal integers, shortest floats), enums by name.
 func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string, bool) {
 	switch fd.Kind() {
-	case protoreflect.StringKind:
-		return v.String(), true
 	case protoreflect.BytesKind:
 		return string(v.Bytes()), true
 	case protoreflect.BoolKind:
@@ -157,22 +154,14 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 			return "1", true
 		}
 		return "0", true
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
-		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return strconv.FormatInt(v.Int(), 10), true
-	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return strconv.FormatUint(v.Uint(), 10), true
-	case protoreflect.FloatKind:
-		return strconv.FormatFloat(v.Float(), 'g', -1, 32), true
-	case protoreflect.DoubleKind:
-		return strconv.FormatFloat(v.Float(), 'g', -1, 64), true
 	case protoreflect.EnumKind:
 		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
 			return string(ev.Name()), true
 		}
-		return strconv.Itoa(int(v.Enum())), true
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		return "", false
 	}
-	return "", false
+	return v.String(), true
 }
 
 // userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad

@@ -35,11 +35,11 @@ func TestRPCBoolRendersTheRESTKey(t *testing.T) {
 		value bool
 	}{{"1", true}, {"true", true}, {"TRUE", true}, {"0", false}, {"false", false}, {"False", false}} {
 		r := httptest.NewRequest("POST", "/coupon?bool_value="+tc.query, nil)
-		restKeys, err := restPlan.render(&httpSource{r: r})
+		restKeys, err := restPlan(&httpSource{r: r})
 		if err != nil {
 			t.Fatal(err)
 		}
-		rpcKeys, err := rpcPlan.render(rpcSource{ctx: context.Background(), req: structpb.NewBoolValue(tc.value)})
+		rpcKeys, err := rpcPlan(rpcSource{ctx: context.Background(), req: structpb.NewBoolValue(tc.value)})
 		if err != nil {
 			t.Fatal(err)
 		}

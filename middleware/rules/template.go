@@ -124,53 +124,43 @@ func checkRefName(name string) error {
 // is missing; err is for failures such as an oversized body, and must wrap ErrInvalidKey.
 type getter[S any] func(src S) (value string, ok bool, err error)
 
-// boundKey is a key of a template bound to one transport: a getter per reference.
-type boundKey[S any] struct {
-	TemplateKey
-	gets []getter[S]
-}
-
-// keyPlan is a key template bound to one transport.
-type keyPlan[S any] []boundKey[S]
+// keyPlan is a key template bound to one transport: it renders every key for a request src,
+// escaping the values. A missing or empty value is an ErrInvalidKey.
+type keyPlan[S any] func(src S) ([]string, error)
 
 // bindPlan binds every reference of keys with bind.
 func bindPlan[S any](keys []TemplateKey, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
-	plan := make(keyPlan[S], 0, len(keys))
-	for _, k := range keys {
-		bk := boundKey[S]{TemplateKey: k, gets: make([]getter[S], len(k.Refs))}
-		for i, ref := range k.Refs {
+	gets := make([][]getter[S], len(keys)) // per key, a getter per reference
+	for i, k := range keys {
+		gets[i] = make([]getter[S], len(k.Refs))
+		for j, ref := range k.Refs {
 			var err error
-			if bk.gets[i], err = bind(ref); err != nil {
+			if gets[i][j], err = bind(ref); err != nil {
 				return nil, err
 			}
 		}
-		plan = append(plan, bk)
 	}
-	return plan, nil
-}
-
-// render renders every key of the plan for src, escaping the values. A missing or empty value
-// is an ErrInvalidKey.
-func (p keyPlan[S]) render(src S) ([]string, error) {
-	keys := make([]string, 0, len(p))
-	var b strings.Builder
-	for _, k := range p {
-		b.Reset()
-		b.WriteString(k.lits[0])
-		for i, get := range k.gets {
-			v, ok, err := get(src)
-			if err != nil {
-				return nil, err
+	return func(src S) ([]string, error) {
+		out := make([]string, 0, len(keys))
+		var b strings.Builder
+		for i, k := range keys {
+			b.Reset()
+			b.WriteString(k.lits[0])
+			for j, get := range gets[i] {
+				v, ok, err := get(src)
+				if err != nil {
+					return nil, err
+				}
+				if !ok || v == "" {
+					return nil, fmt.Errorf("%w: no value for {%s}", flightlock.ErrInvalidKey, k.Refs[j])
+				}
+				escape(&b, v)
+				b.WriteString(k.lits[j+1])
 			}
-			if !ok || v == "" {
-				return nil, fmt.Errorf("%w: no value for {%s}", flightlock.ErrInvalidKey, k.Refs[i])
-			}
-			escape(&b, v)
-			b.WriteString(k.lits[i+1])
+			out = append(out, b.String())
 		}
-		keys = append(keys, b.String())
-	}
-	return keys, nil
+		return out, nil
+	}, nil
 }
 
 // namespace is a start of keys that the middleware writes itself, under the rules' Prefix.

@@ -70,7 +70,7 @@ func renderWith(t testing.TB, tmpl string, values []string) ([]string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return plan.render(values)
+	return plan(values)
 }
 
 func TestRenderEscapes(t *testing.T) {

@@ -5,30 +5,19 @@
 package zkconf
 
 import (
-	"fmt"
 	"strings"
-	"time"
 
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
-// Conf is a ZooKeeper ensemble for the locks (zkstore). The lock of a rendered key is one node
-// under Root, named Lock.Prefix + the key, escaped into a single node name.
-//   - Hosts lists the servers (host:port). Empty (the default): no ZooKeeper.
-//   - SessionTimeout is the session's timeout (default 40s). A hold lives as long as its
-//     session, so a lock TTL may be at most two thirds of it less syncLimit + 1 ticks (the
-//     store's MaxTTL). New refuses a longer TTL, and a timeout the servers would not grant.
-//   - Root is the node the locks live under (default /flightlock), created when missing.
-//   - TickTime and SyncLimit are the ensemble's settings, used only when no server answers
-//     the "conf" four-letter word; zero means ZooKeeper's sample values, 2s and 5.
-type Conf struct {
-	Hosts          []string      `json:",optional"`
-	SessionTimeout time.Duration `json:",default=40s"`
-	Root           string        `json:",default=/flightlock"`
-	TickTime       time.Duration `json:",optional"`
-	SyncLimit      int           `json:",optional"`
-}
+// Conf is a ZooKeeper ensemble for the locks (zkstore), with zkstore.Config's fields and
+// defaults. The lock of a rendered key is one node under Root, named Lock.Prefix + the key,
+// escaped into a single node name. Hosts empty (the default) means no ZooKeeper. A hold lives
+// as long as its session, so a lock TTL may be at most two thirds of SessionTimeout less
+// syncLimit + 1 ticks (the store's MaxTTL): New refuses a longer TTL, and a timeout the servers
+// would not grant.
+type Conf zkstore.Config
 
 // Name implements lockstore.Driver.
 func (z Conf) Name() string { return "zookeeper" }
@@ -41,13 +30,9 @@ func (z Conf) KeyPrefix(prefix string) string { return prefix }
 
 // Config is z as zkstore's Config, with the hosts trimmed.
 func (z Conf) Config() zkstore.Config {
-	var hosts []string
-	for _, h := range z.Hosts {
-		if h = strings.TrimSpace(h); h != "" {
-			hosts = append(hosts, h)
-		}
-	}
-	return zkstore.Config{Hosts: hosts, SessionTimeout: z.SessionTimeout, Root: z.Root, TickTime: z.TickTime, SyncLimit: z.SyncLimit}
+	cfg := zkstore.Config(z)
+	cfg.Hosts = lockstore.TrimHosts(z.Hosts)
+	return cfg
 }
 
 // Store connects to the ensemble z names and returns its store as New builds it, once the
@@ -77,18 +62,13 @@ func (z Conf) Open(prefix string) (*lockstore.Backend, error) {
 
 // Validate implements lockstore.Driver.
 func (z Conf) Validate(section, _ string) []error {
-	var ps []error
 	if !z.Configured() {
 		if z.TickTime != 0 || z.SyncLimit != 0 {
-			ps = append(ps, lockstore.FieldError(section+".Hosts", "is empty, but the Zookeeper section sets other fields: a ZooKeeper store with no hosts"))
+			return []error{lockstore.FieldError(section+".Hosts", "is empty, but the Zookeeper section sets other fields: a ZooKeeper store with no hosts")}
 		}
-		return ps
+		return nil
 	}
-	for i, h := range z.Hosts {
-		if strings.TrimSpace(h) == "" {
-			ps = append(ps, lockstore.FieldError(fmt.Sprintf("%s.Hosts[%d]", section, i), "is empty"))
-		}
-	}
+	ps := lockstore.HostErrors(section+".Hosts", z.Hosts)
 	if z.SessionTimeout <= 0 {
 		ps = append(ps, lockstore.FieldError(section+".SessionTimeout", "must be positive, got %v", z.SessionTimeout))
 	}

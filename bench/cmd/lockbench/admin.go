@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -20,25 +21,27 @@ func newAdmin(addr string) *admin {
 // commandStats returns the calls per command from INFO commandstats. Commands run by Lua
 // scripts (redis.call) are counted too, next to the EVALSHA that ran them.
 func (a *admin) commandStats(ctx context.Context) (cmdDelta, error) {
-	s, err := a.c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return nil, err
-	}
+	stats, err := a.info(ctx, "commandstats")
 	out := cmdDelta{}
-	for _, line := range strings.Split(s, "\n") {
-		line = strings.TrimSpace(line)
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
+	for name, rest := range stats {
+		for kv := range strings.SplitSeq(rest, ",") {
 			if v, ok := strings.CutPrefix(kv, "calls="); ok {
 				n, _ := strconv.ParseInt(v, 10, 64)
 				out[strings.TrimPrefix(name, "cmdstat_")] = n
 			}
 		}
 	}
-	return out, nil
+	return out, err
+}
+
+// info is the fields of one INFO section, by name.
+func (a *admin) info(ctx context.Context, section string) (map[string]string, error) {
+	m, err := a.c.InfoMap(ctx, section).Result()
+	fields := map[string]string{}
+	for _, f := range m {
+		maps.Copy(fields, f)
+	}
+	return fields, err
 }
 
 // cmdDelta is calls per command: a commandstats snapshot, or the difference of two.
@@ -62,23 +65,17 @@ func (d cmdDelta) total() int64 {
 	return t
 }
 
-// cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu).
+// cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu; 0 when unreadable).
 func (a *admin) cpuSeconds(ctx context.Context) float64 {
-	m, err := a.c.InfoMap(ctx, "cpu").Result()
-	if err != nil {
-		return 0
-	}
-	sys, _ := strconv.ParseFloat(m["CPU"]["used_cpu_sys"], 64)
-	user, _ := strconv.ParseFloat(m["CPU"]["used_cpu_user"], 64)
+	f, _ := a.info(ctx, "cpu")
+	sys, _ := strconv.ParseFloat(f["used_cpu_sys"], 64)
+	user, _ := strconv.ParseFloat(f["used_cpu_user"], 64)
 	return sys + user
 }
 
-// usedMemory returns the server's used_memory (INFO memory), in bytes.
+// usedMemory returns the server's used_memory (INFO memory), in bytes (0 when unreadable).
 func (a *admin) usedMemory(ctx context.Context) int64 {
-	m, err := a.c.InfoMap(ctx, "memory").Result()
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(m["Memory"]["used_memory"], 10, 64)
+	f, _ := a.info(ctx, "memory")
+	n, _ := strconv.ParseInt(f["used_memory"], 10, 64)
 	return n
 }

@@ -21,12 +21,6 @@ func fairRows() []rowSpec {
 	}
 }
 
-func (b *bench) scenario12() *inAndAcross {
-	rows := b.pick("flightlock", "flightlock-fair")
-	s := b.inAndAcross("s12", rows, b.c.d12, 0)
-	return &s
-}
-
 // --- the report
 
 func (r *report) s12Section(w func(string, ...any)) {

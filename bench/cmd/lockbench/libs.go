@@ -29,6 +29,14 @@ const waitBudget = 30 * time.Second
 // lock middleware of scenario 6's replaced rows answers 409 for it.
 var errBusy = httpbench.ErrBusy
 
+// tried is one attempt's outcome as a row returns it: the library's refusal (busy) is errBusy.
+func tried[H any](h H, err error, busy error) (any, error) {
+	if errors.Is(err, busy) {
+		return nil, errBusy
+	}
+	return h, err
+}
+
 // impl is one row of a table: a library with one waiting strategy, or a floor.
 type impl interface {
 	// key maps a benchmark key to the key the row passes to its library, computed outside the
@@ -153,10 +161,7 @@ func (f lockerRow) lock(ctx context.Context, key string) (any, error) { return f
 
 func (f lockerRow) tryLock(ctx context.Context, key string) (any, error) {
 	l, err := f.reject.TryLock(ctx, key)
-	if errors.Is(err, flightlock.ErrBusy) {
-		return nil, errBusy
-	}
-	return l, err
+	return tried(l, err, flightlock.ErrBusy)
 }
 
 func (f lockerRow) unlock(ctx context.Context, _ string, h any) error {
@@ -219,10 +224,7 @@ func (r *redislockImpl) lock(ctx context.Context, key string) (any, error) {
 
 func (r *redislockImpl) tryLock(ctx context.Context, key string) (any, error) {
 	l, err := r.lc.Obtain(ctx, key, lockTTL, nil)
-	if errors.Is(err, redislock.ErrNotObtained) {
-		return nil, errBusy
-	}
-	return l, err
+	return tried(l, err, redislock.ErrNotObtained)
 }
 
 func (r *redislockImpl) unlock(ctx context.Context, _ string, h any) error {

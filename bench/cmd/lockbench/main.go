@@ -17,6 +17,8 @@
 //	                         zk.NewLock and the bare Create + Delete floor, on a private
 //	                         ZooKeeper server (-java, -zk-jar, -zk-tick; transaction log
 //	                         fsynced); scenarios 1-3 only; writes docs/benchmarks-zookeeper.md (-out)
+//	lockbench -guard         the hot key's guard (hotkey.go): one key under 64 and 1,024 goroutines
+//	                         and 4 processes x 16, each figure against bench/hotkey.json
 //
 // Redis and etcd run the same scenarios, under the same numbers (-scenario):
 //
@@ -182,6 +184,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == workerArg {
 		workerMain(os.Args[2:])
 		return
+	}
+	if guard, _ := peekFlag(os.Args[1:], guardArg, true); guard == "true" {
+		os.Exit(guardMain(os.Args[1:]))
 	}
 	cfg, prof := parseFlags(os.Args[1:])
 

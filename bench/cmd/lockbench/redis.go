@@ -132,11 +132,13 @@ func (r *redisBackend) http(b *bench) *s6Results {
 func (r *redisBackend) extra(b *bench, scenario int) {
 	switch scenario {
 	case 10:
-		b.rep.s10 = b.scenario10()
+		s := b.inAndAcross("s10", b.pick("flightlock-permits", "zset-permits"), b.c.d10, 0)
+		b.rep.s10 = &s
 	case 11:
 		b.rep.s11 = b.scenario11()
 	case 12:
-		b.rep.s12 = b.scenario12()
+		s := b.inAndAcross("s12", b.pick("flightlock", "flightlock-fair"), b.c.d12, 0)
+		b.rep.s12 = &s
 	case 13:
 		b.rep.s13 = b.scenario13()
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"sync/atomic"
@@ -109,34 +108,23 @@ func (r *rueidisImpl) lock(ctx context.Context, key string) (any, error) {
 	_, cancel, err := r.locker.WithContext(wctx, key)
 	boundOK := bound.Stop()
 	parentOK := stopParent()
-	if err != nil {
-		wcancel()
-		if !boundOK {
-			return nil, fmt.Errorf("rueidislock: no grant within %v", rueidisWait)
-		}
-		return nil, err
+	if err == nil && boundOK && parentOK {
+		return rueidisHold{cancel: func() { cancel(); wcancel() }}, nil
 	}
-	if !boundOK || !parentOK {
-		// Granted as the bound or the caller's context ran out: the lock goes with it.
-		cancel()
-		wcancel()
-		if !boundOK {
-			return nil, fmt.Errorf("rueidislock: no grant within %v", rueidisWait)
-		}
-		return nil, ctx.Err()
+	if err == nil {
+		cancel() // granted as the bound or the caller's context ran out: the lock goes with it
+		err = ctx.Err()
 	}
-	return rueidisHold{cancel: func() { cancel(); wcancel() }}, nil
+	wcancel()
+	if !boundOK {
+		return nil, fmt.Errorf("rueidislock: no grant within %v", rueidisWait)
+	}
+	return nil, err
 }
 
 func (r *rueidisImpl) tryLock(ctx context.Context, key string) (any, error) {
 	_, cancel, err := r.locker.TryWithContext(context.WithoutCancel(ctx), key)
-	if errors.Is(err, rueidislock.ErrNotLocked) {
-		return nil, errBusy
-	}
-	if err != nil {
-		return nil, err
-	}
-	return rueidisHold{cancel: cancel}, nil
+	return tried(rueidisHold{cancel: cancel}, err, rueidislock.ErrNotLocked)
 }
 
 func (r *rueidisImpl) unlock(_ context.Context, _ string, h any) error {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -82,10 +81,7 @@ func (p *pollRWImpl) lock(ctx context.Context, key string) (any, error) { return
 
 func (p *pollRWImpl) tryLock(ctx context.Context, key string) (any, error) {
 	h, err := p.l.TryLock(ctx, key)
-	if errors.Is(err, pollrw.ErrBusy) {
-		return nil, errBusy
-	}
-	return h, err
+	return tried(h, err, pollrw.ErrBusy)
 }
 
 func (p *pollRWImpl) unlock(ctx context.Context, _ string, h any) error {

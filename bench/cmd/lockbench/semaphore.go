@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"runtime"
 	"strconv"
 	"time"
@@ -65,10 +64,7 @@ func (z *zsetSemImpl) lock(ctx context.Context, key string) (any, error) {
 
 func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
 	p, err := z.sem.TryAcquire(ctx, key)
-	if errors.Is(err, zsetsem.ErrBusy) {
-		return nil, errBusy
-	}
-	return p, err
+	return tried(p, err, zsetsem.ErrBusy)
 }
 
 func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
@@ -128,14 +124,6 @@ func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
 
 // spanShm is the path of the span guard's file beside a measurement's guard file.
 func spanShm(shm string) string { return shm + ".span" }
-
-// --- scenario 10
-
-func (b *bench) scenario10() *inAndAcross {
-	rows := b.pick("flightlock-permits", "zset-permits")
-	s := b.inAndAcross("s10", rows, b.c.d10, 0)
-	return &s
-}
 
 // --- the report
 

@@ -54,10 +54,8 @@ func (r *result) reps() []metrics {
 // sum is the total of one figure over the repetitions.
 func (r *result) sum(name string) float64 {
 	var t float64
-	if r != nil {
-		for _, m := range r.Reps {
-			t += m[name]
-		}
+	for _, m := range r.reps() {
+		t += m[name]
 	}
 	return t
 }

@@ -1,7 +1,7 @@
 // Package redisserver starts the server processes of the bench module on free loopback ports
-// (redis-server for lockbench's Redis rows and the example's state and hotkey's server, without
-// persistence; etcd and ZooKeeper for lockbench's other stores) and ends them by their pid,
-// never by name. The Go benchmarks start theirs with internal/testenv/redistest.
+// (redis-server for lockbench's Redis rows, the example's state and the hot key's guard,
+// without persistence; etcd and ZooKeeper for lockbench's other stores) and ends them by their
+// pid, never by name. The Go benchmarks start theirs with internal/testenv/redistest.
 package redisserver
 
 import (

@@ -1,5 +1,5 @@
 // Package workerproc starts the worker processes of the benchmarks' multi-process scenarios
-// (lockbench and hotkey re-execute themselves as workers): the parent writes the common start
+// (lockbench re-executes itself as workers, -guard too): the parent writes the common start
 // time to a worker's standard input and reads its READY line and its result from its standard
 // output.
 package workerproc

@@ -162,28 +162,10 @@ func (r Conf) checkFailover(section string) error {
 	case r.ReplicaTimeout < 0:
 		return lockstore.FieldError(section+".ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
 	}
-	for i, a := range sn.Addrs {
-		if strings.TrimSpace(a) == "" {
-			return lockstore.FieldError(fmt.Sprintf("%s.Sentinel.Addrs[%d]", section, i), "is empty")
-		}
+	if errs := lockstore.HostErrors(section+".Sentinel.Addrs", sn.Addrs); errs != nil {
+		return errs[0]
 	}
 	return nil
-}
-
-// zero is r as go-zero's redis.RedisConf, for NewClient.
-func (r Conf) zero() zeroredis.RedisConf {
-	return zeroredis.RedisConf{
-		Host:               r.Host,
-		Type:               r.Type,
-		User:               r.User,
-		Pass:               r.Pass,
-		Tls:                r.Tls,
-		NonBlock:           r.NonBlock,
-		DisableIdentity:    true,
-		Protocol:           r.Protocol,
-		MaintNotifications: r.MaintNotifications,
-		PingTimeout:        r.PingTimeout,
-	}
 }
 
 // NewClient is the go-redis client that NewStore builds for conf.
@@ -191,7 +173,13 @@ func NewClient(conf zeroredis.RedisConf) (redis.UniversalClient, error) {
 	if strings.TrimSpace(conf.Host) == "" {
 		return nil, errors.New("flightlock: Redis.Host is empty (for an in-memory store, lockstore/embedded.New)")
 	}
-	return dial(conf, SentinelConf{})
+	return fromGoZero(conf).dial()
+}
+
+// fromGoZero is go-zero's conf as a Conf with no Sentinel, Lanes or Replicas.
+func fromGoZero(conf zeroredis.RedisConf) Conf {
+	return Conf{Host: conf.Host, Type: conf.Type, User: conf.User, Pass: conf.Pass, Tls: conf.Tls, NonBlock: conf.NonBlock,
+		Protocol: conf.Protocol, MaintNotifications: conf.MaintNotifications, PingTimeout: conf.PingTimeout}
 }
 
 // Client is the go-redis client that New builds for r (as NewClient, or with Sentinel set
@@ -202,41 +190,42 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 		return nil, lockstore.FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
 			"the Middleware's Locker() (New(c.Lock).Locker()), which runs on the embedded store in development")
 	}
-	return dial(r.zero(), r.Sentinel)
+	return r.dial()
 }
 
-// dial is the go-redis client of conf, or with sn's MasterName set, of the primary that sn's
-// Sentinels name (conf's Host and Type are then not used, nor MaintNotifications, which
-// go-redis's failover client does not have).
-func dial(conf zeroredis.RedisConf, sn SentinelConf) (redis.UniversalClient, error) {
-	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(conf.MaintNotifications)}
+// dial is the go-redis client of r, or with a Sentinel MasterName, of the primary that the
+// Sentinels name (Host and Type are then not used, nor MaintNotifications, which go-redis's
+// failover client does not have).
+func (r Conf) dial() (redis.UniversalClient, error) {
+	sn := r.Sentinel
+	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(r.MaintNotifications)}
 	if maint.Mode == "" {
 		maint.Mode = maintnotifications.ModeDisabled // go-zero's reading of an empty mode
 	}
 	opts := &redis.UniversalOptions{
-		Username:                 conf.User,
-		Password:                 conf.Pass,
+		Username:                 r.User,
+		Password:                 r.Pass,
 		MasterName:               sn.MasterName,
 		SentinelUsername:         sn.User,
 		SentinelPassword:         sn.Pass,
-		TLSConfig:                goZeroTLS(conf.Tls),
-		Protocol:                 conf.Protocol,
+		TLSConfig:                goZeroTLS(r.Tls),
+		Protocol:                 r.Protocol,
 		MaintNotificationsConfig: maint,
 		DisableIdentity:          true,
 		ContextTimeoutEnabled:    true,
 	}
-	where := "addr: " + conf.Host
+	where := "addr: " + r.Host
 	switch {
 	case sn.MasterName != "":
 		opts.Addrs, where = sn.Addrs, fmt.Sprintf("sentinel master %s at %v", sn.MasterName, sn.Addrs)
-	case conf.Type == "" || conf.Type == zeroredis.NodeType:
-		opts.Addrs = []string{conf.Host} // a node's one address never makes a cluster
-	case conf.Type == zeroredis.ClusterType:
-		opts.Addrs, opts.IsClusterMode = splitHosts(conf.Host), true
+	case r.Type == "" || r.Type == zeroredis.NodeType:
+		opts.Addrs = []string{r.Host} // a node's one address never makes a cluster
+	case r.Type == zeroredis.ClusterType:
+		opts.Addrs, opts.IsClusterMode = lockstore.TrimHosts(strings.Split(r.Host, ",")), true
 	default:
-		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + conf.Type + `"`)
+		return nil, errors.New(`flightlock: Redis.Type must be "node" or "cluster", got "` + r.Type + `"`)
 	}
-	return connect(redis.NewUniversalClient(opts), conf.NonBlock, conf.PingTimeout, where)
+	return connect(redis.NewUniversalClient(opts), r.NonBlock, r.PingTimeout, where)
 }
 
 // goZeroTLS is go-zero's meaning of Tls: encrypted, the certificate not verified, so that YAML
@@ -265,15 +254,4 @@ func connect(client redis.UniversalClient, nonBlock bool, timeout time.Duration,
 		return nil, fmt.Errorf("flightlock: redis connect error, %s: %w", where, err)
 	}
 	return client, nil
-}
-
-// splitHosts returns the comma-separated addresses in hosts, trimmed, without empty ones.
-func splitHosts(hosts string) []string {
-	var out []string
-	for _, h := range strings.Split(hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			out = append(out, h)
-		}
-	}
-	return out
 }

@@ -56,9 +56,9 @@ func TestRedisConfIsGoZeros(t *testing.T) {
 		if err := conf.LoadFromYamlBytes([]byte(yaml), &o); err != nil {
 			t.Fatalf("load %q as Lock.Redis: %v", yaml, err)
 		}
-		z.DisableIdentity = true
-		if got := o.zero(); got != z {
-			t.Errorf("%q:\nNewStore gets %+v\ngo-zero's     %+v", yaml, got, z)
+		o.ReplicaTimeout = 0 // flightlock's own, as Lanes, Sentinel and Replicas
+		if got := fromGoZero(z); !reflect.DeepEqual(got, o) {
+			t.Errorf("%q:\nNewStore gets %+v\nLock.Redis    %+v", yaml, got, o)
 		}
 	}
 }

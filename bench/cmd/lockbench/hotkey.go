@@ -1,18 +1,3 @@
-// Command hotkey measures the headline shape: many goroutines of one process, or a few
-// processes, taking turns on one key of a real redis-server through Locker.Lock and
-// Lease.Release, as a go-zero request calls them (on a context that can be cancelled), and
-// guards it: each figure is printed beside the one recorded in bench/hotkey.json, and a figure
-// more than 10% below its record is reported as a regression (exit status 3).
-//
-//	go run ./cmd/hotkey                  # from bench/: measure, compare with the record
-//	go run ./cmd/hotkey -record          # the same, then write the figures as the new record
-//
-// The shapes: 64 and 1,024 goroutines in one process, and 4 processes of 16 goroutines,
-// each sharing a number of critical sections (-cs, 16,000 by default) on one key. A run's
-// figure is critical sections per second from the common start to the last one's end; each
-// shape runs -reps times, the shapes interleaved, and the median is the shape's figure (the
-// spread is printed beside it). Every critical section checks that it is alone inside the
-// key (within a process), so a figure is never bought with a double grant.
 package main
 
 import (
@@ -24,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,14 +16,28 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
-	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/redis/go-redis/v9"
 )
+
+// The hot key's guard (lockbench -guard) measures the headline shape: many goroutines of one
+// process, or a few processes, taking turns on one key of a real redis-server through
+// Locker.Lock and Lease.Release, as a go-zero request calls them (on a context that can be
+// cancelled), and guards it: each figure is printed beside the one recorded in
+// bench/hotkey.json, and a figure more than 10% below its record is reported as a regression
+// (exit status 3).
+//
+//	go run ./cmd/lockbench -guard            # from bench/: measure, compare with the record
+//	go run ./cmd/lockbench -guard -record    # the same, then write the figures as the new record
+//
+// The shapes: 64 and 1,024 goroutines in one process, and 4 processes of 16 goroutines,
+// each sharing a number of critical sections (-cs, 16,000 by default) on one key. A run's
+// figure is critical sections per second from the common start to the last one's end; each
+// shape runs -reps times, the shapes interleaved, and the median is the shape's figure (the
+// spread is printed beside it). Every critical section checks that it is alone inside the
+// key (within a process), so a figure is never bought with a double grant.
 
 // shape is one measured configuration: procs processes of goroutines each.
 type shape struct {
@@ -57,59 +55,77 @@ var shapes = []shape{
 // regression is the fall below the record that is reported.
 const regression = 0.10
 
-func main() {
-	worker := flag.Bool("worker", false, "internal: run as a worker process of a multi-process shape")
-	addr := flag.String("addr", "", "internal: the worker's redis-server")
-	g := flag.Int("g", 16, "internal: the worker's goroutines")
-	cs := flag.Int("cs", 16000, "critical sections per run, shared by all goroutines of all processes")
-	reps := flag.Int("reps", 7, "runs per shape (the median is the figure)")
-	record := flag.Bool("record", false, "write this run's figures to the record file")
-	file := flag.String("file", defaultRecord(), "the record file")
-	profile := flag.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
-	flag.Parse()
+// guardArg is the flag that runs lockbench as the hot key's guard (guardMain).
+const guardArg = "guard"
+
+// guardMain is lockbench -guard, and a worker of its multi-process shape (-guard -worker);
+// it returns the exit status.
+func guardMain(args []string) int {
+	fs := flag.NewFlagSet("lockbench -guard", flag.ExitOnError)
+	fs.Bool(guardArg, true, "run as the hot key's guard")
+	worker := fs.Bool("worker", false, "internal: run as a worker process of a multi-process shape")
+	addr := fs.String("addr", "", "internal: the worker's redis-server")
+	g := fs.Int("g", 16, "internal: the worker's goroutines")
+	cs := fs.Int("cs", 16000, "critical sections per run, shared by all goroutines of all processes")
+	reps := fs.Int("reps", 7, "runs per shape (the median is the figure)")
+	record := fs.Bool("record", false, "write this run's figures to the record file")
+	file := fs.String("file", defaultRecord(), "the record file")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
+	_ = fs.Parse(args)
 	var err error
-	fell, prefix := false, "hotkey:"
-	switch {
-	case *profile != "":
-		err = profileHotKey(*profile, *cs*20)
-	case *worker:
-		err, prefix = runWorker(*addr, *g, *cs), "hotkey worker:"
-	default:
-		fell, err = run(*cs, *reps, *record, *file)
+	fell, prefix := false, "lockbench -guard:"
+	if *worker {
+		err, prefix = guardWorker(*addr, *g, *cs), "lockbench -guard worker:"
+	} else {
+		fell, err = guardRun(*cs, *reps, *record, *file, *profile)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, prefix, err)
-		os.Exit(1)
+		return 1
 	}
 	if fell {
-		os.Exit(3)
+		return 3
 	}
+	return 0
 }
 
 // defaultRecord is bench/hotkey.json, from bench/ or from the repository root.
 func defaultRecord() string {
-	if _, err := os.Stat("cmd/hotkey"); err == nil {
+	if _, err := os.Stat("cmd/lockbench"); err == nil {
 		return "hotkey.json"
 	}
 	return filepath.Join("bench", "hotkey.json")
 }
 
-// run measures every shape reps times, prints the table and, with record, writes the record;
-// fell reports a figure more than regression below its record.
-func run(cs, reps int, record bool, file string) (fell bool, err error) {
+// guardRun measures every shape reps times, prints the table and, with record, writes the record;
+// fell reports a figure more than regression below its record. With profile, it writes a CPU
+// profile of the one-process, 64-goroutine shape over cs x 20 critical sections instead.
+func guardRun(cs, reps int, record bool, file, profile string) (fell bool, err error) {
 	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return false, err
 	}
 	defer srv.Stop()
-	fmt.Printf("hotkey: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
-		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
-
-	inproc, err := newHarness(srv.Addr, 64, cs/4)
+	warm := cs / 4
+	if profile != "" {
+		warm = 4000
+	}
+	inproc, err := newHotHarness(srv.Addr, 64, warm)
 	if err != nil {
 		return false, err
 	}
 	defer inproc.close()
+	if profile != "" {
+		stop := profiling{cpuprofile: profile}.start()
+		rate, err := inproc.run(inproc.freshKey(), 64, cs*20)
+		stop()
+		if err == nil {
+			fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs*20)
+		}
+		return false, err
+	}
+	fmt.Printf("lockbench -guard: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
+		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
 	figures := make(map[string][]float64)
 	var machine []float64
 	for r := range reps {
@@ -120,7 +136,7 @@ func run(cs, reps int, record bool, file string) (fell bool, err error) {
 			if s.procs == 1 {
 				rate, err = inproc.run(inproc.freshKey(), s.goroutines, cs)
 			} else {
-				rate, err = runProcs(srv.Addr, s, cs)
+				rate, err = guardProcs(srv.Addr, s, cs)
 			}
 			if err != nil {
 				return false, fmt.Errorf("%s: %w", s.name, err)
@@ -171,35 +187,6 @@ func run(cs, reps int, record bool, file string) (fell bool, err error) {
 		fmt.Printf("recorded in %s\n", file)
 	}
 	return fell, nil
-}
-
-// profileHotKey writes a CPU profile of the one-process, 64-goroutine shape.
-func profileHotKey(file string, cs int) error {
-	srv, err := redisserver.Start("hotkey-redis")
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
-	h, err := newHarness(srv.Addr, 64, 4000)
-	if err != nil {
-		return err
-	}
-	defer h.close()
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := pprof.StartCPUProfile(f); err != nil {
-		return err
-	}
-	rate, err := h.run(h.freshKey(), 64, cs)
-	pprof.StopCPUProfile()
-	if err != nil {
-		return err
-	}
-	fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs)
-	return nil
 }
 
 // calibrate measures the machine's pace at the hot key's own cost, handing a turn from
@@ -284,27 +271,23 @@ func writeRecord(file string, pace float64, figures map[string]float64) error {
 	return os.WriteFile(file, append(b, '\n'), 0o644)
 }
 
-// harness is one process's Locker on a default go-redis client, and the check that every
-// critical section is alone.
-type harness struct {
-	client *redis.Client
-	store  *redisstore.RedisStore
-	locker *flightlock.Locker
-	round  atomic.Int64
+// hotHarness is one process's flightlock row on a default go-redis client (scenario 13's
+// flightlock@default: the store with its defaults, the common TTL and wait), and the count of
+// the keys its runs took.
+type hotHarness struct {
+	*flightlockImpl
+	round atomic.Int64
 }
 
-// newHarness builds a harness on the redis-server at addr and warms it up with g goroutines
+// newHotHarness builds a harness on the redis-server at addr and warms it up with g goroutines
 // sharing warm critical sections on a key of its own: the script load, the pool's
 // connections, the gate's first entry.
-func newHarness(addr string, g, warm int) (*harness, error) {
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	store := redisstore.New(client)
-	l, err := flightlock.New(store)
+func newHotHarness(addr string, g, warm int) (*hotHarness, error) {
+	f, err := newFlightlock(addr, defaultClient)
 	if err != nil {
-		_ = client.Close()
 		return nil, err
 	}
-	h := &harness{client: client, store: store, locker: l}
+	h := &hotHarness{flightlockImpl: f}
 	if _, err := h.run(h.freshKey(), g, warm); err != nil {
 		h.close()
 		return nil, err
@@ -312,26 +295,21 @@ func newHarness(addr string, g, warm int) (*harness, error) {
 	return h, nil
 }
 
-func (h *harness) close() {
-	_ = h.store.Close()
-	_ = h.client.Close()
-}
-
 // freshKey is a key that no earlier run of this process used.
-func (h *harness) freshKey() string { return fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1)) }
+func (h *hotHarness) freshKey() string { return fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1)) }
 
 // run has g goroutines share cs critical sections on key and returns critical sections per
 // second. Every critical section checks that no other goroutine of this process is inside.
-func (h *harness) run(key string, g, cs int) (float64, error) {
+func (h *hotHarness) run(key string, g, cs int) (float64, error) {
 	alone := guard.New()
 	rate, err := share(g, cs, func(ctx context.Context) error {
-		lease, err := h.locker.Lock(ctx, key)
+		lease, err := h.lock(ctx, key)
 		if err != nil {
 			return err
 		}
 		alone.Enter(0)
 		alone.Exit()
-		return lease.Release(ctx)
+		return h.unlock(ctx, key, lease)
 	})
 	if v := alone.Violations(); err == nil && v > 0 {
 		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
@@ -339,12 +317,12 @@ func (h *harness) run(key string, g, cs int) (float64, error) {
 	return rate, err
 }
 
-// runProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
+// guardProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
 // up, then start together at the time they are told, and the figure runs from that start to
 // the last one's end.
-func runProcs(addr string, s shape, cs int) (float64, error) {
-	lines, start, err := workerproc.Run(s.procs, []string{"-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs / s.procs)},
-		&workerproc.Set{}, 20*time.Millisecond, 10*time.Minute, nil)
+func guardProcs(addr string, s shape, cs int) (float64, error) {
+	lines, start, err := workerproc.Run(s.procs, []string{"-" + guardArg, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs / s.procs)},
+		workers, 20*time.Millisecond, 10*time.Minute, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -360,10 +338,10 @@ func runProcs(addr string, s shape, cs int) (float64, error) {
 	return float64(cs/s.procs*s.procs) / time.Unix(0, end).Sub(start).Seconds(), nil
 }
 
-// runWorker is one process of a multi-process shape: the key is shared by every worker. It
+// guardWorker is one process of a multi-process shape: the key is shared by every worker. It
 // prints when it ended, so that the parent's figure does not count the workers' exits.
-func runWorker(addr string, g, cs int) error {
-	h, err := newHarness(addr, g, 200)
+func guardWorker(addr string, g, cs int) error {
+	h, err := newHotHarness(addr, g, 200)
 	if err != nil {
 		return err
 	}
