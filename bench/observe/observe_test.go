@@ -23,7 +23,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
@@ -42,7 +42,7 @@ func (discard) ForceFlush(context.Context) error                { return nil }
 // and the same rule in shadow mode with both on.
 func BenchmarkHandle(b *testing.B) {
 	logx.Disable()
-	addr := redisserver.ForTest(b)
+	addr := redistest.Start(b).Addr
 	tracing := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithSpanProcessor(discard{}))
 	defer tracing.Shutdown(context.Background())
 

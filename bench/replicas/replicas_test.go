@@ -6,37 +6,22 @@ package replicas
 
 import (
 	"context"
-	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/flightlock/flightlock"
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
 // BenchmarkLockRelease is one Lock and Release of a key of its own, one goroutine, without and
 // with the replica's acknowledgement of the acquisition (releases never wait).
 func BenchmarkLockRelease(b *testing.B) {
-	primary := redisserver.ForTest(b)
-	host, port, _ := net.SplitHostPort(primary)
-	replica := redisserver.ForTest(b, "--replicaof", host, port)
-	rc := redis.NewClient(&redis.Options{Addr: replica, DisableIdentity: true})
-	defer rc.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		info, _ := rc.Info(context.Background(), "replication").Result()
-		if strings.Contains(info, "master_link_status:up") {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("replica not in sync: %s", info)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	primary := redistest.Start(b).Addr
+	redistest.StartReplica(b, primary) // in sync when it returns
 
 	for _, c := range []struct {
 		name string

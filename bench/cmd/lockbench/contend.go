@@ -34,20 +34,6 @@ func fenceOf(h any) int64 {
 
 func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
-// implHolders are n holders of im on keys (the row's names).
-func implHolders(im impl, keys []string, n int) []contend.Holder {
-	return holdersOf(n, func(int) contend.Holder { return &implHolder{im: im, keys: keys} })
-}
-
-// rowHolders are n holders on keys (base names), the i-th on the row lock(i) (a row whose lock
-// belongs to one goroutine makes one per goroutine), each key as that row names it.
-func rowHolders(n int, lock func(i int) impl, keys []string) []contend.Holder {
-	return holdersOf(n, func(i int) contend.Holder {
-		im := lock(i)
-		return &implHolder{im: im, keys: rowNames(im, keys)}
-	})
-}
-
 // holdersOf are n holders of one row, the i-th made by mk(i).
 func holdersOf(n int, mk func(i int) contend.Holder) []contend.Holder {
 	hs := make([]contend.Holder, n)

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -47,15 +46,12 @@ type etcdBackend struct {
 	procBackend
 	clientURL string
 	version   string // first line of `etcd --version`
-	fsType    string // file system of the data directory
 
-	c          *config
 	cli        *clientv3.Client
-	floorLease clientv3.LeaseID
+	floorSess  *concurrency.Session   // its lease is the floor's, kept alive by the client
 	floorValue string                 // what flightlock writes in a key: the floor puts a value of the same bytes
 	sess       *concurrency.Session   // the process's own Mutex session (lockOf(row, -1))
 	hotSess    []*concurrency.Session // one per goroutine (a Mutex is one session's)
-	kaCancel   context.CancelFunc
 	// floorRetries counts the floor's put-if-absent attempts that found the key taken.
 	floorRetries atomic.Int64
 }
@@ -85,31 +81,28 @@ func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.
 func (e *etcdBackend) attach(addr string)          { e.clientURL = addr }
 
 func (e *etcdBackend) start(c *config) error {
-	bin, parent := c.etcdBin, c.dataDir
-	out, err := exec.Command(bin, "--version").Output()
+	out, err := exec.Command(c.etcdBin, "--version").Output()
 	if err != nil {
-		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", bin, err)
+		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", c.etcdBin, err)
 	}
-	version := strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	dir, err := os.MkdirTemp(parent, "lockbench-etcd-")
-	if err != nil {
+	first, _, _ := strings.Cut(string(out), "\n")
+	e.version = strings.TrimPrefix(strings.TrimSpace(first), "etcd Version: ")
+	if err := e.makeDir(c.dataDir, "etcd"); err != nil {
 		return err
 	}
-	s := e
-	s.Dir, s.clientURL = dir, "http://"+freeAddr()
-	s.version, s.fsType = strings.TrimPrefix(version, "etcd Version: "), fsType(dir)
+	e.clientURL = "http://" + freeAddr()
 	peer := "http://" + freeAddr()
-	cli, err := etcdClient(s.clientURL)
+	cli, err := etcdClient(e.clientURL)
 	if err != nil {
-		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(e.Dir)
 		return err
 	}
 	defer cli.Close()
-	return s.Run("etcd", exec.Command(bin,
+	return e.Run("etcd", exec.Command(c.etcdBin,
 		"--name", "bench",
-		"--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", s.clientURL,
-		"--advertise-client-urls", s.clientURL,
+		"--data-dir", filepath.Join(e.Dir, "data"),
+		"--listen-client-urls", e.clientURL,
+		"--advertise-client-urls", e.clientURL,
 		"--listen-peer-urls", peer,
 		"--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "bench="+peer,
@@ -118,7 +111,7 @@ func (e *etcdBackend) start(c *config) error {
 	), 20*time.Second, func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		st, err := cli.Status(ctx, s.clientURL)
+		st, err := cli.Status(ctx, e.clientURL)
 		return err == nil && st.Leader != 0, err
 	})
 }
@@ -144,31 +137,21 @@ func (e *etcdBackend) counters() serverStats {
 		return serverStats{}
 	}
 	var st serverStats
-	for _, line := range strings.Split(string(body), "\n") {
+	figures(string(body), func(name string, v float64) {
 		switch {
-		case strings.HasPrefix(line, "grpc_server_handled_total{") && strings.Contains(line, `grpc_type="unary"`):
-			st.reqs += lastFloat(line)
+		case strings.HasPrefix(name, "grpc_server_handled_total{") && strings.Contains(name, `grpc_type="unary"`):
+			st.reqs += v
 			st.ok = true
-		case strings.HasPrefix(line, "grpc_server_msg_received_total{") && strings.Contains(line, `grpc_method="LeaseKeepAlive"`):
-			st.keepAlives += lastFloat(line)
-		case strings.HasPrefix(line, "etcd_disk_wal_fsync_duration_seconds_count"):
-			st.fsyncs += lastFloat(line)
+		case strings.HasPrefix(name, "grpc_server_msg_received_total{") && strings.Contains(name, `grpc_method="LeaseKeepAlive"`):
+			st.keepAlives += v
+		case strings.HasPrefix(name, "etcd_disk_wal_fsync_duration_seconds_count"):
+			st.fsyncs += v
 		}
-	}
+	})
 	return st
 }
 
-func lastFloat(line string) float64 {
-	f := strings.Fields(line)
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-	return v
-}
-
-func (e *etcdBackend) open(c *config) error {
-	e.c = c
+func (e *etcdBackend) open(*config) error {
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
 		return err
@@ -176,21 +159,9 @@ func (e *etcdBackend) open(c *config) error {
 	e.cli = cli
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g, err := cli.Grant(ctx, leaseSeconds)
-	if err != nil {
-		return fmt.Errorf("grant the floor's lease: %w", err)
+	if e.floorSess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
+		return fmt.Errorf("the floor's lease: %w", err)
 	}
-	e.floorLease = g.ID
-	kaCtx, kaCancel := context.WithCancel(context.Background())
-	e.kaCancel = kaCancel
-	ka, err := cli.KeepAlive(kaCtx, g.ID)
-	if err != nil {
-		return fmt.Errorf("keep the floor's lease alive: %w", err)
-	}
-	go func() {
-		for range ka {
-		}
-	}()
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("mutex session: %w", err)
 	}
@@ -217,13 +188,10 @@ func (e *etcdBackend) floorFrom(key string) error {
 }
 
 func (e *etcdBackend) close() {
-	for _, s := range append([]*concurrency.Session{e.sess}, e.hotSess...) {
+	for _, s := range append([]*concurrency.Session{e.floorSess, e.sess}, e.hotSess...) {
 		if s != nil {
 			_ = s.Close()
 		}
-	}
-	if e.kaCancel != nil {
-		e.kaCancel()
 	}
 	if e.cli != nil {
 		_ = e.cli.Close()
@@ -234,7 +202,7 @@ func (e *etcdBackend) close() {
 // create revision is 0; false when the key is taken.
 func (e *etcdBackend) floorPut(ctx context.Context, key string) (bool, error) {
 	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, e.floorValue, clientv3.WithLease(e.floorLease))).Commit()
+		Then(clientv3.OpPut(key, e.floorValue, clientv3.WithLease(e.floorSess.Lease()))).Commit()
 	if err != nil {
 		return false, err
 	}
@@ -413,23 +381,18 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 	)
 	switch r.id {
 	case rowFlight:
-		// The order API's own rules with create-order moved to etcd (Store: etcd), in a
-		// middleware of their own, as every other row installs its lock. Installed as shipped
-		// (app.New builds it from Order.Lock) every create-order would answer 500: the example's
-		// order logic looks for its fencing lease under Prefix + "order:" + uid, a Redis rule's
-		// key, and an etcd lock's lease is Etcd.Key + Prefix + "order:" + uid. Installed this way
-		// the order is written unfenced, as in the other rows. Its Redis rules (place-order) go to
-		// the benchmark's redis-server.
+		// The order API's own rules, create-order moved to etcd, in a middleware of their own
+		// (httpbench.OrderRules): installed as shipped, every create-order would answer 500, its
+		// order logic looking for its fencing lease under a Redis rule's key (Prefix + "order:"
+		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid).
 		lc := etcdOrderLock(c.Order.Lock, redisAddr)
 		var closeMW func()
 		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
 			fatalf("s8 %s: %v", r.id, err)
 		}
 		closes = append(closes, closeMW)
-	case rowMutex: // a Mutex TryLock on one session of this process, whatever the TTL (the lease lives on)
-		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(rowMutex, -1)), prefix)
-	case rowFloor:
-		mw = httpbench.OrderMiddleware(tryLockFunc(etcdFloor{e}), prefix)
+	case rowMutex, rowFloor: // the Mutex's TryLock on one session of this process, whatever the TTL (the lease lives on)
+		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(r.id, -1)), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {

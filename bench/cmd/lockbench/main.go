@@ -47,15 +47,10 @@
 // main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
 // beside -out.
 //
-// Every store is a backend of one runner (runner.go): the backend starts its server, reads its
-// counters (Redis adds the round trips of each row's client and the command mix) and names the
-// rows of each scenario; the scenarios, their figures (one vocabulary: rate, reqs, rt, fsyncs,
-// scpu, ccpu... for every store, in the reports and in -json) and each report section are
-// written once (sections.go), a table showing the figures its store gives. Every store's rows
-// count a contention run by the critical sections that end inside a fixed window (windowRun).
-// Scenarios 1-4 run in every repetition, then 8, 9, 5, 6 and 7, each with its own repetitions,
-// then Redis's own, 13, 10, 11 and 12; etcd's scenario 6 also starts a redis-server for the
-// example's state.
+// Every store is a backend of one runner (runner.go, which says in what order the scenarios
+// run); the scenarios, their figures (one vocabulary for every store, in the reports and in
+// -json) and each report section (sections.go, a table showing the figures its store gives)
+// are written once.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:
@@ -74,14 +69,13 @@ import (
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/flightlock/flightlock/zkstore"
-
-	"github.com/flightlock/flightlock/bench/internal/benchflag"
 )
 
 // lastScenario is the number of the last scenario.
@@ -191,7 +185,7 @@ func main() {
 		workerMain(os.Args[2:])
 		return
 	}
-	if guard, _ := benchflag.Peek(os.Args[1:], guardArg, true); guard == "true" {
+	if guard, _ := peekFlag(os.Args[1:], guardArg, true); guard == "true" {
 		os.Exit(guardMain(os.Args[1:]))
 	}
 	cfg, prof := parseFlags(os.Args[1:])
@@ -255,21 +249,15 @@ func parseFlags(args []string) (config, profiling) {
 	fs := flag.NewFlagSet("lockbench", flag.ExitOnError)
 	// -store and -quick change the defaults below (flags given explicitly still win), so they
 	// are read first.
-	store, _ := benchflag.Peek(args, "store", false)
+	store, _ := peekFlag(args, "store", false)
 	store = cmp.Or(store, "redis")
-	_, q := benchflag.Peek(args, "quick", true)
+	_, q := peekFlag(args, "quick", true)
 	// ZooKeeper's rows take etcd's defaults: both write through a consensus log that fsyncs.
 	e := store == "etcd" || store == "zookeeper"
-	zkDefault := func(etcdLike, zookeeper string) string {
-		if store == "zookeeper" {
-			return zookeeper
-		}
-		return etcdLike
-	}
 	fs.StringVar(&cfg.store, "store", "redis", "the store whose locks are measured: redis, etcd or zookeeper")
 	fs.BoolVar(&cfg.quick, "quick", false, "every scenario with small sizes and short durations, one repetition (a few minutes): "+
 		"a check that everything runs, not figures to quote")
-	scen := fs.String("scenario", zkDefault(defaultFor(e, q, "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9,10,11,12,13", "1,2,3,4,5,6,7,8,9", "1,2,3,4,5,6,7,8,9"), "1,2,3"),
+	scen := fs.String("scenario", cmp.Or(map[string]string{"etcd": "1,2,3,4,5,6,7,8,9", "zookeeper": "1,2,3"}[store], "1,2,3,4,5,6,7,8,9,10,11,12,13"),
 		"comma-separated scenarios to run (6 needs wrk and the example's config; 10-13 are Redis only; ZooKeeper runs 1-3)")
 	fs.IntVar(&cfg.reps, "reps", defaultFor(e, q, 3, 1, 3, 1), "repetitions of each row; tables show medians")
 	fs.DurationVar(&cfg.d1, "d1", defaultFor(e, q, 1500*time.Millisecond, 300*time.Millisecond, 2*time.Second, 500*time.Millisecond), "scenario 1: duration per row and repetition")
@@ -312,10 +300,8 @@ func parseFlags(args []string) (config, profiling) {
 	fs.BoolVar(&cfg.observe, "observe", false, "Redis, scenario 6: turn on go-zero's Prometheus metrics and tracing (every request sampled, "+
 		"spans exported by go-zero's file batcher to /dev/null) in every row, to measure what flightlock's metrics and spans cost")
 	fs.DurationVar(&cfg.lockTimeout, "lock-timeout", defaultFor(e, q, waitBudget, waitBudget, 10*time.Second, 10*time.Second), "bound of every Lock's context")
-	warm := defaultFor(e, q, 0, 0, time.Second, time.Second)
-	if store == "zookeeper" {
-		warm = 5 * time.Second // the JVM compiles the server's hot paths meanwhile
-	}
+	// None on Redis; ZooKeeper's JVM compiles the server's hot paths meanwhile.
+	warm := map[string]time.Duration{"etcd": time.Second, "zookeeper": 5 * time.Second}[store]
 	fs.DurationVar(&cfg.warm, "warm", warm, "unmeasured warm-up per row of scenario 1, before the first repetition (Redis: none)")
 	fs.StringVar(&cfg.etcdBin, "etcd", "/usr/bin/etcd", "etcd: the etcd server binary")
 	fs.StringVar(&cfg.dataDir, "datadir", "", "etcd, ZooKeeper: parent of the server's temporary data directory (default: $TMPDIR)")
@@ -338,7 +324,7 @@ func parseFlags(args []string) (config, profiling) {
 		v    string
 		dst  *[]int
 	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}, {"s13-keys", *s13k, &cfg.s13Keys}} {
-		if *l.dst, err = benchflag.Ints(l.v); err != nil {
+		if *l.dst, err = intList(l.v); err != nil {
 			fatalf("-%s: %v", l.name, err)
 		}
 	}
@@ -346,7 +332,7 @@ func parseFlags(args []string) (config, profiling) {
 	if !e {
 		cfg.s2Goroutines = s2Goroutines
 	}
-	if cfg.scenarios, err = benchflag.Scenarios(*scen, lastScenario); err != nil {
+	if cfg.scenarios, err = scenarioSet(*scen, lastScenario); err != nil {
 		fatalf("-scenario: %v", err)
 	}
 	switch *clients {
@@ -376,6 +362,69 @@ func parseFlags(args []string) (config, profiling) {
 	cfg.args = args
 	cfg.startedAt = time.Now()
 	return cfg, prof
+}
+
+// intList parses a comma-separated list of ascending positive integers ("_" may group digits:
+// 100_000); "" is an empty list.
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ReplaceAll(f, "_", ""))
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("not a positive integer: %q", f)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("%q: want ascending numbers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// scenarioSet parses a comma-separated list of scenario numbers from 1 to last.
+func scenarioSet(s string, last int) (map[int]bool, error) {
+	set := map[int]bool{}
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > last {
+			return nil, fmt.Errorf("%q is not a scenario (1-%d)", f, last)
+		}
+		set[n] = true
+	}
+	return set, nil
+}
+
+// peekFlag returns the value of flag name in args (-name v, -name=v, with one dash or two) before
+// the flags are parsed, for a flag that chooses other flags' defaults; boolean flags given
+// without a value read "true". ok is false when args do not set it.
+func peekFlag(args []string, name string, boolean bool) (value string, ok bool) {
+	for i, a := range args {
+		if a == "--" {
+			break
+		}
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if v, found := strings.CutPrefix(a, name+"="); found {
+			value, ok = v, true
+			continue
+		}
+		if a != name {
+			continue
+		}
+		switch {
+		case boolean:
+			value, ok = "true", true
+		case i+1 < len(args):
+			value, ok = args[i+1], true
+		}
+	}
+	return value, ok
 }
 
 // reportPaths are where the main report and the primitives report go ("": stdout).

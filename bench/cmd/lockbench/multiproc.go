@@ -19,21 +19,14 @@ const (
 )
 
 // sumWorkers adds the workers' results up: the critical sections of all over the window,
-// every error (a failed release counts as one, as in process), their round trips and CPU.
+// every error, their round trips and CPU.
 func sumWorkers(wr []workerResult) workerResult {
 	var all workerResult
 	for _, w := range wr {
+		all.Add(w.Result)
 		all.CPU += w.CPU
-		all.Ops += w.Ops
-		all.Reads += w.Reads
-		all.ReadWaits = append(all.ReadWaits, w.ReadWaits...)
-		all.Errors += w.Errors + w.ReleaseErrors
 		all.RT += w.RT
-		all.Waits = append(all.Waits, w.Waits...)
 		all.Elapsed = max(all.Elapsed, w.Elapsed)
-		if all.FirstErr == "" {
-			all.FirstErr = w.FirstErr
-		}
 	}
 	return all
 }

@@ -43,22 +43,30 @@ func fsType(dir string) string {
 	return typ
 }
 
-// procRSS is a process's resident memory in bytes (VmRSS in /proc/<pid>/status); 0 if unknown.
+// procRSS is a process's resident memory in bytes (its VmRSS, which /proc/<pid>/statm counts
+// in pages); 0 if unknown.
 func procRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest) // "<n> kB"
-			if len(f) == 2 && f[1] == "kB" {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+// figures calls f with the first field of every line of text whose last field is a number,
+// and that number: Prometheus's text format (etcd's /metrics) and ZooKeeper's mntr alike.
+func figures(text string, f func(name string, v float64)) {
+	for _, line := range strings.Split(text, "\n") {
+		fs := strings.Fields(line)
+		if len(fs) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fs[len(fs)-1], 64); err == nil {
+			f(fs[0], v)
 		}
 	}
-	return 0
 }
 
 // procCounts are the critical sections of each worker in repetition i of x (scenario 3).

@@ -38,10 +38,9 @@ const flightTTL = 10 * time.Second
 // hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
 const hotGoroutines = 64
 
-// s1Slice is how long one row runs at a time in scenario 1: the rows take turns in slices of
-// it, so that a drift of the server's speed within a repetition (its log and backend commits,
-// a JVM still compiling) falls on every row alike instead of on whichever row ran when the
-// server was slower. A row's figures sum its slices.
+// s1Slice is how long one row of scenario 1 runs before the next row's turn (sliced.go): a
+// drift of the server's speed within a repetition (its log and backend commits, a JVM still
+// compiling) then falls on every row alike. A row's figures sum its slices.
 const s1Slice = 200 * time.Millisecond
 
 // s1MaxOps bounds the operations of one row of scenario 1 per repetition (its keys are made
@@ -121,10 +120,21 @@ func backendFor(name string) backend {
 }
 
 // procBackend is a backend whose server is a process of its own that /proc tells about.
-type procBackend struct{ redisserver.Proc }
+type procBackend struct {
+	redisserver.Proc
+	fsType string // file system of the data directory
+}
 
 func (p *procBackend) serverCPU() time.Duration { return cpustat.Proc(p.Pid()) }
 func (p *procBackend) serverMemory() int64      { return procRSS(p.Pid()) }
+
+// makeDir makes the server's temporary data directory in parent ("" for $TMPDIR), named
+// after name.
+func (p *procBackend) makeDir(parent, name string) (err error) {
+	p.Dir, err = os.MkdirTemp(parent, "lockbench-"+name+"-")
+	p.fsType = fsType(p.Dir)
+	return err
+}
 
 // serverStats are a server's counters: the requests it handled (Redis: commands, those its
 // scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
@@ -477,7 +487,7 @@ func (b *bench) hotAndMany(r int) {
 const manyKeys = 1000
 
 // uncontended runs scenario 1's loop for rows in one repetition rep on keys named after
-// prefix (sliceRows, up to s1MaxOps operations a row, in turns of slice) and measures each row:
+// prefix (sliceRows, in turns of slice) and measures each row:
 // the whole operation's latency and, apart, the lock's and the unlock's, what the server
 // counted, CPU and allocations per operation, and with timeCalls the time inside the client's
 // calls and the rest; with the server command mix per operation.
@@ -486,7 +496,7 @@ func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice tim
 	for i, r := range rows {
 		ims[i] = b.impl(r)
 	}
-	sums := sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), s1MaxOps, rep, d, slice, timeCalls, func(im impl) meter { return rowMeter{b.be, im} })
+	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
 	out, mixes := map[string]metrics{}, map[string]string{}
 	for i, r := range rows {
 		s := sums[i]
@@ -548,7 +558,10 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 		im := b.impl(r)
 		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)
 	}
-	hs := rowHolders(n, func(i int) impl { return b.rowImpl(r.id, i) }, keys)
+	hs := holdersOf(n, func(i int) contend.Holder {
+		im := b.rowImpl(r.id, i)
+		return &implHolder{im: im, keys: rowNames(im, keys)}
+	})
 	if r.permits > 1 {
 		return spanHolders(hs, span)
 	}
@@ -568,7 +581,6 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	im := b.impl(r)
 	retries0 := retriesOf(im)
 	cr, st := windowRun(hs, gs, d, b.c.lockTimeout, seed, b.meter(r.id))
-	cr.Errors += cr.ReleaseErrors
 	plain, viol, fence := guardSums(gs)
 	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
 	m[retries] = float64(retriesOf(im) - retries0)
@@ -579,7 +591,7 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 }
 
 // contendMetrics are a contention run's figures: critical sections, in all and per second,
-// the waits' p50, p99 and max, the failures, the checks' violations (a lost write leaves the
+// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost write leaves the
 // plain counters short) and fence violations, what st counted per critical section, and for
 // a semaphore or read-write row the most holders at once (peak); a read-write row's reads and
 // writes per second and its reads' waits apart.
@@ -588,7 +600,7 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 	secs := float64(cr.Elapsed) / 1e9
 	writes := cr.Ops - cr.Reads
 	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
-		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
+		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors + cr.ReleaseErrors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
 	if r.rw || r.permits > 1 {
 		m["peak"] = float64(peak)
 	}
@@ -607,13 +619,8 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 // section, how evenly the processes got through (fair: the most critical sections of a
 // process over the fewest; per_proc; procN), the server command mix and the first error.
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
-	args := append(b.be.workerArgs(b.c), extra...)
-	if r.permits > 1 {
-		args = append(args, "-permits", strconv.Itoa(r.permits))
-	}
-	wr, st, cs, span, done := workerRun(b.be.name(), r.id, key, procs, g, d, b.c.lockTimeout, r.permits > 1 || r.rw, b.meter(""), args...)
+	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
 	defer done()
-	cs, span = admitting(r, cs), admitting(r, span)
 	all := sumWorkers(wr)
 	st.rts = all.RT
 	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
@@ -625,30 +632,6 @@ func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, e
 	m[ccpu] = float64(all.CPU) / float64(max(all.Ops, 1))
 	m["fair"], m["per_proc"] = float64(most)/float64(max(fewest, 1)), float64(all.Ops)/float64(len(wr))
 	return m, mixString(st.cmds, all.Ops), all.FirstErr
-}
-
-// workerBench builds a row of a backend in a worker process, on clients, a Locker and a store
-// of the worker's own (open on the parent's server), warmed on keys of its own.
-func workerBench(be backend, row, addr string, c *config, reads int) (workerRow, error) {
-	be.attach(addr)
-	b, err := openBench(c, be)
-	if err != nil {
-		return workerRow{}, err
-	}
-	spec, ok := be.spec(row)
-	if !ok {
-		return workerRow{}, fmt.Errorf("unknown row %q", row)
-	}
-	im := b.rowImpl(row, -1)
-	return workerRow{
-		spec: spec,
-		holders: func(keys []string, n int, span guard.Guard) []contend.Holder {
-			return b.holders(spec, keys, n, reads, span)
-		},
-		warm:       func() error { return warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20) },
-		roundTrips: im.roundTrips,
-		close:      b.close,
-	}, nil
 }
 
 // retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent

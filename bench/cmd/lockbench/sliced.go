@@ -13,10 +13,10 @@ import (
 
 // The uncontended rows (scenarios 1 and 13) and scenario 13's many-keys rows compare figures
 // that differ by a few per cent on a shared machine whose speed drifts by more than that
-// within seconds: run one after the other, 1.5 s per row, two runs of the same code disagreed
-// by 1.6x on a ratio. So their rows take turns in short slices (interleave.Slices), as the
-// other stores' scenario 1 does. Counters (server commands and CPU, client CPU, round trips,
-// allocations) are read around each slice and summed, outside the timed operations.
+// within seconds (run one after the other, 1.5 s per row, two runs of the same code disagreed
+// by 1.6x on a ratio), so their rows take turns in short slices (interleave.Slices). Counters
+// (server commands and CPU, client CPU, round trips, allocations) are read around each slice
+// and summed, outside the timed operations.
 
 // How long a row runs before the next row's turn in scenario 13's uncontended and many-keys parts.
 const (
@@ -31,22 +31,19 @@ type sliceSum struct {
 	st               serverStats // the server's counters and the CPU, summed
 	mallocs, bytes   uint64
 	lat, lockLat     []int64
-	inCalls, outside []int64 // per operation: time inside the client's calls, and the rest
-	waits            []int64
-	firstErr         string
-	keys             []string // the row's keys (sliceRows: one per operation)
-	keysNext         int      // the next of the row's keys to lock (sliceRows)
+	inCalls, outside []int64  // per operation: time inside the client's calls, and the rest
+	keys             []string // the row's keys, one per operation
+	keysNext         int      // the next of the row's keys to lock
 }
 
 // sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
-// maxOps keys named after prefix (made before the rows run), each row for d in turns of slice
-// (interleave.Slices, from rep), with the counters of m(row) and the allocations read around
-// each slice and summed, outside the timed operations. With timeCalls, a row whose client times
-// its calls (callTimer) has its operations split into the time inside them and the rest.
-func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duration, timeCalls bool, m func(impl) meter) []*sliceSum {
+// s1MaxOps keys named after prefix (made before the rows run), each row for d in turns of
+// slice from rep, with the counters of the row's meter. With timeCalls, a row whose client
+// times its calls (callTimer) has its operations split into the time inside them and the rest.
+func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Duration, timeCalls bool) []*sliceSum {
 	sums := make([]*sliceSum, len(ims))
 	for i, im := range ims {
-		sums[i] = &sliceSum{keys: rowKeys(im, prefix, maxOps), st: serverStats{ok: true}, lat: make([]int64, 0, maxOps), lockLat: make([]int64, 0, maxOps)}
+		sums[i] = &sliceSum{keys: rowKeys(im, prefix, s1MaxOps), st: serverStats{ok: true}, lat: make([]int64, 0, s1MaxOps), lockLat: make([]int64, 0, s1MaxOps)}
 	}
 	ctx := context.Background()
 	runtime.GC()
@@ -54,7 +51,7 @@ func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duratio
 		im := ims[slices.Index(sums, s)]
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
-		s0 := readStats(m(im), false)
+		s0 := readStats(rowMeter{b.be, im}, false)
 		var rc *rtCounter
 		if ct, ok := im.(callTimer); ok && timeCalls {
 			rc = ct.counter()
@@ -97,7 +94,7 @@ func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duratio
 		runtime.ReadMemStats(&m1)
 		s.mallocs += m1.Mallocs - m0.Mallocs
 		s.bytes += m1.TotalAlloc - m0.TotalAlloc
-		s.st = s.st.add(readStats(m(im), true).sub(s0))
+		s.st = s.st.add(readStats(rowMeter{b.be, im}, true).sub(s0))
 		return ran, s.keysNext < len(s.keys)
 	})
 	return sums
@@ -106,31 +103,23 @@ func sliceRows(ims []impl, prefix string, maxOps, rep int, d, slice time.Duratio
 // contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
 // rows at once, in slices. Each row has keys of its own.
 func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
-	sums := map[string]*sliceSum{}
-	guards := map[string][]guard.Guard{}
+	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
 	for _, r := range rows {
-		sums[r.id] = &sliceSum{}
-		guards[r.id] = newGuards(len(keys[r.id]))
+		crs[r.id], guards[r.id] = &contend.Result{}, newGuards(len(keys[r.id]))
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
-		s, im := sums[r.id], b.impl(r)
-		cr, st := windowRun(implHolders(im, keys[r.id], g), guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
-		s.st = s.st.add(st)
-		s.ops += cr.Ops
-		s.errs += cr.Errors + cr.ReleaseErrors
-		s.elapsed += slice
-		s.waits = append(s.waits, cr.Waits...)
-		if s.firstErr == "" {
-			s.firstErr = cr.FirstErr
-		}
+		im := b.impl(r)
+		hs := holdersOf(g, func(int) contend.Holder { return &implHolder{im: im, keys: keys[r.id]} })
+		cr, st := windowRun(hs, guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
+		crs[r.id].Add(cr)
+		crs[r.id].Elapsed += cr.Elapsed
+		sts[r.id] = sts[r.id].add(st)
 		return slice, true
 	})
 	out, errs := map[string]metrics{}, map[string]string{}
 	for _, r := range rows {
-		s := sums[r.id]
 		plain, viol, fence := guardSums(guards[r.id])
-		out[r.id] = contendMetrics(r, contend.Result{Ops: s.ops, Elapsed: int64(s.elapsed), Errors: s.errs, Waits: s.waits}, s.st, plain, viol, fence, 0)
-		errs[r.id] = s.firstErr
+		out[r.id], errs[r.id] = contendMetrics(r, *crs[r.id], sts[r.id], plain, viol, fence, 0), crs[r.id].FirstErr
 	}
 	return out, errs
 }

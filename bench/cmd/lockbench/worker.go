@@ -29,18 +29,6 @@ const workerArg = "-worker"
 // interrupted.
 var workers = &workerproc.Set{}
 
-// workerRow is what a worker process needs of its row, whatever the store: the row, holders
-// for its goroutines on base keys (the row maps them to its own key names; a semaphore's or
-// read-write lock's checked by span too), a warm-up on keys of its own (connections open,
-// scripts loaded, leases granted), the client's round trips, and its teardown.
-type workerRow struct {
-	spec       rowSpec
-	holders    func(keys []string, n int, span guard.Guard) []contend.Holder
-	warm       func() error
-	roundTrips func() int64
-	close      func()
-}
-
 // workerResult is one worker's report.
 type workerResult struct {
 	contend.Result
@@ -48,36 +36,52 @@ type workerResult struct {
 	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
-// workerRun runs one measurement of row of store on key in procs worker processes of g
-// goroutines each, over the common window d (each Lock bounded at lockTimeout; args are more of
-// the workers' flags), on every store: it maps the guard file they all share (and with spanFile
-// the whole hold's beside it, for a semaphore or read-write row), starts the workers, releases
-// them together once all are ready, reads m's counters over the window (st), then reads their
-// results, waiting up to lockTimeout + 30 s for each. The guards are to be read before done
-// unmaps them.
-func workerRun(store, row, key string, procs, g int, d, lockTimeout time.Duration, spanFile bool, m meter, args ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
-	shm := workerShm(row, key)
-	cs, unmap, err := guard.Map(shm, true)
-	if err != nil {
-		fatalf("%s: guard file: %v", row, err)
+// workerRun runs one measurement of row r on key in procs worker processes of g goroutines
+// each, over the common window d (extra are more of the workers' flags), on every store: it
+// maps the guard files they all share (mapGuards), starts the workers, releases them together
+// once all are ready, reads the server's counters over the window (st), then reads their
+// results, waiting up to the Lock's bound + 30 s for each. The guards are to be read before
+// done unmaps them.
+func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
+	shm := workerShm(r.id, key)
+	cs, span, done = mapGuards(r, shm, true)
+	args := slices.Concat([]string{workerArg, "-store", b.be.name(), "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+		"-lock-timeout", b.c.lockTimeout.String(), "-shm", shm}, b.be.workerArgs(b.c), extra)
+	if r.permits > 1 {
+		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
-	done = func() { unmap(); os.Remove(shm) }
-	span = guard.New()
-	if spanFile {
-		var unmapSpan func()
-		if span, unmapSpan, err = guard.Map(spanShm(shm), true); err != nil {
-			fatalf("%s: span guard file: %v", row, err)
-		}
-		done = func() { unmap(); unmapSpan(); os.Remove(shm); os.Remove(spanShm(shm)) }
-	}
-	args = slices.Concat([]string{workerArg, "-store", store, "-row", row, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
-		"-lock-timeout", lockTimeout.String(), "-shm", shm}, args)
-	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, lockTimeout+30*time.Second,
-		func(start time.Time) { st = windowStats(start, d, m) })
+	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, b.c.lockTimeout+30*time.Second,
+		func(start time.Time) { st = windowStats(start, d, b.meter("")) })
 	if err != nil {
-		fatalf("workers of %s: %v", row, err)
+		fatalf("workers of %s: %v", r.id, err)
 	}
 	return workerResults(lines), st, cs, span, done
+}
+
+// mapGuards maps the guard file shm of a measurement of row r and, for a semaphore's or a
+// read-write lock's row, the whole hold's beside it (spanShm), both as r's checks see them:
+// created by the parent (create), mapped by every worker. done unmaps them and removes the
+// files it created.
+func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done func()) {
+	paths, gs, done := []string{shm}, []guard.Guard{guard.New(), guard.New()}, func() {}
+	if r.permits > 1 || r.rw {
+		paths = append(paths, spanShm(shm))
+	}
+	for i, path := range paths {
+		g, unmap, err := guard.Map(path, create)
+		if err != nil {
+			fatalf("%s: guard file %s: %v", r.id, path, err)
+		}
+		prev := done
+		gs[i], done = g, func() {
+			prev()
+			unmap()
+			if create {
+				_ = os.Remove(path)
+			}
+		}
+	}
+	return admitting(r, gs[0]), admitting(r, gs[1]), done
 }
 
 // workerResults parses the workers' result lines.
@@ -111,38 +115,34 @@ func workerMain(args []string) {
 	if be == nil {
 		fatalf("worker: unknown store %q", *store)
 	}
-	wr, err := workerBench(be, *row, *addr, &config{lockTimeout: *lockTimeout, zkSession: *zkSession}, *reads)
+	// The row on clients, a Locker and a store of the worker's own (open on the parent's
+	// server), warmed on keys of its own: connections open, scripts loaded, leases granted.
+	be.attach(*addr)
+	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	gd, unmap, err := guard.Map(*shmPath, false)
-	if err != nil {
-		fatalf("worker: map guard: %v", err)
+	r, ok := be.spec(*row)
+	if !ok {
+		fatalf("worker: unknown row %q", *row)
 	}
+	im := b.rowImpl(r.id, -1)
+	gd, span, unmap := mapGuards(r, *shmPath, false)
 	defer unmap()
-	span := guard.New()
-	if r := wr.spec; r.permits > 1 || r.rw {
-		var unmapSpan func()
-		if span, unmapSpan, err = guard.Map(spanShm(*shmPath), false); err != nil {
-			fatalf("worker: map span guard: %v", err)
-		}
-		defer unmapSpan()
-	}
-	gd, span = admitting(wr.spec, gd), admitting(wr.spec, span)
-	hs := wr.holders([]string{*key}, *g, span)
-	if err := wr.warm(); err != nil {
+	hs := b.holders(r, []string{*key}, *g, *reads, span)
+	if err := warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20); err != nil {
 		fatalf("worker: warm-up: %v", err)
 	}
 	start, err := workerproc.AwaitStart()
 	if err != nil {
 		fatalf("worker: %v", err)
 	}
-	rt0, rt1 := wr.roundTrips(), int64(0)
+	rt0, rt1 := im.roundTrips(), int64(0)
 	cpu0 := cpustat.Self()
 	var res workerResult
 	ended := make(chan struct{})
 	time.AfterFunc(time.Until(start.Add(*d)), func() {
-		res.CPU, rt1 = int64(cpustat.Self()-cpu0), wr.roundTrips()
+		res.CPU, rt1 = int64(cpustat.Self()-cpu0), im.roundTrips()
 		close(ended)
 	})
 	res.Result = contend.Run(hs, []guard.Guard{gd}, start, start.Add(*d), uint64(start.UnixNano()), *lockTimeout)
@@ -150,7 +150,7 @@ func workerMain(args []string) {
 	res.RT = rt1 - rt0
 	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
-	wr.close()
+	b.close()
 }
 
 // workerShm is the path of a guard file for one measurement of row.

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,6 +16,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -50,12 +47,10 @@ type zkBackend struct {
 	tick    time.Duration
 	version string // from the srvr four-letter word
 	java    string // first line of `java -version`
-	fsType  string // file system of the data directory
 
 	c          *config
-	conn       *zk.Conn      // the floor's and zk.NewLock's session
-	maxTTL     time.Duration // zkstore's, at the session every client asks for
-	root       string        // zkstore's root node
+	own        *zkstore.Store // the store whose session conn is: its MaxTTL and root are every client's
+	conn       *zk.Conn       // the floor's and zk.NewLock's session
 	acl        []zk.ACL
 	floorValue []byte // the bytes flightlock writes in a key node
 }
@@ -102,142 +97,96 @@ var zkJVMFlags = []string{
 	"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
 }
 
-// start starts the server with tickTime tick under a temporary directory in parent
-// ("" for $TMPDIR) and waits until it serves.
+// start starts the server with tickTime -zk-tick under a temporary directory in -datadir
+// and waits until it serves.
 func (z *zkBackend) start(c *config) error {
-	javaBin, jar, parent, tick := c.javaBin, c.zkJar, c.dataDir, c.zkTick
-	java, err := exec.LookPath(javaBin)
+	java, err := exec.LookPath(c.javaBin)
 	if err != nil {
 		return fmt.Errorf("java: %v (apt-get install zookeeper)", err)
 	}
-	if _, err := os.Stat(jar); err != nil {
+	if _, err := os.Stat(c.zkJar); err != nil {
 		return fmt.Errorf("zookeeper jar: %v (apt-get install zookeeper)", err)
 	}
-	classpath := jar
+	classpath := c.zkJar
 	// slf4j-simple (libslf4j-java, a dependency of the package) gives the server a log; the
 	// jar's manifest names the other libraries it needs.
-	if simple := filepath.Join(filepath.Dir(jar), "slf4j-simple.jar"); fileExists(simple) {
+	simple := filepath.Join(filepath.Dir(c.zkJar), "slf4j-simple.jar")
+	if _, err := os.Stat(simple); err == nil {
 		classpath += string(os.PathListSeparator) + simple
 	}
-	dir, err := os.MkdirTemp(parent, "lockbench-zk-")
-	if err != nil {
+	if err := z.makeDir(c.dataDir, "zk"); err != nil {
 		return err
 	}
-	s := z
-	s.Dir, s.addr, s.tick, s.fsType = dir, freeAddr(), tick, fsType(dir)
+	z.addr, z.tick = freeAddr(), c.zkTick
 	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
-		s.java = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+		first, _, _ := strings.Cut(string(out), "\n")
+		z.java = strings.TrimSpace(first)
 	}
-	host, port, _ := net.SplitHostPort(s.addr)
-	conf := filepath.Join(dir, "zoo.cfg")
+	host, port, _ := net.SplitHostPort(z.addr)
+	conf := filepath.Join(z.Dir, "zoo.cfg")
 	// The session timeouts a server grants run from 2 to 20 ticks by default; syncLimit is the
 	// sample configuration's (zkstore checks a session against both).
 	body := fmt.Sprintf("tickTime=%d\ninitLimit=10\nsyncLimit=5\ndataDir=%s\nclientPort=%s\nclientPortAddress=%s\n"+
 		// No admin server: it would bind port 8080. The four-letter words tell zkstore the
 		// ensemble's settings and this benchmark the server's counters.
 		"admin.enableServer=false\n4lw.commands.whitelist=*\n",
-		tick.Milliseconds(), filepath.Join(dir, "data"), port, host)
+		z.tick.Milliseconds(), filepath.Join(z.Dir, "data"), port, host)
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
-		_ = os.RemoveAll(dir)
+		_ = os.RemoveAll(z.Dir)
 		return err
 	}
 	args := append(append([]string{}, zkJVMFlags...), "-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf)
 	cmd := exec.Command(java, args...)
-	cmd.Dir = dir
-	return s.Run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
-		srvr, err := zkWord(s.addr, "srvr")
+	cmd.Dir = z.Dir
+	return z.Run("zookeeper", cmd, 60*time.Second, func() (bool, error) {
+		srvr, err := zktest.FourLetterWord(z.addr, "srvr", 2*time.Second)
 		if !strings.Contains(srvr, "Mode: standalone") {
 			return false, err
 		}
 		for _, line := range strings.Split(srvr, "\n") {
 			if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
-				s.version, _, _ = strings.Cut(v, ",")
+				z.version, _, _ = strings.Cut(v, ",")
 				// Debian's build leaves its git id unexpanded: "3.8.0-${mvngit.commit.id}".
-				s.version, _, _ = strings.Cut(s.version, "-${")
+				z.version, _, _ = strings.Cut(z.version, "-${")
 			}
 		}
 		return true, nil
 	})
 }
 
-func fileExists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
-}
-
-// zkWord sends a four-letter word to the server at addr and returns its whole answer.
-func zkWord(addr, word string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, word); err != nil {
-		return "", err
-	}
-	out, err := io.ReadAll(c)
-	return string(out), err
-}
-
 // counters reads the server's mntr: the packets (requests, pings included) it received from
 // clients, and the fsyncs of its transaction log.
 func (z *zkBackend) counters() serverStats {
-	out, err := zkWord(z.addr, "mntr")
+	out, err := zktest.FourLetterWord(z.addr, "mntr", 2*time.Second)
 	if err != nil {
 		return serverStats{}
 	}
 	var st serverStats
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 2 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[1], 64)
-		if err != nil {
-			continue
-		}
-		switch f[0] {
+	figures(out, func(name string, v float64) {
+		switch name {
 		case "zk_packets_received":
 			st.reqs, st.ok = v, true
 		case "zk_cnt_fsynctime":
 			st.fsyncs = v
 		}
-	}
+	})
 	return st
 }
 
-// zkConnect opens a session on the server at addr and waits for it, as zkstore.Dial does; the
-// client's log is discarded.
-func zkConnect(addr string, session time.Duration) (*zk.Conn, error) {
-	conn, events, err := zk.Connect([]string{addr}, session, zk.WithLogger(log.New(io.Discard, "", 0)))
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.After(session)
-	for up := false; !up; {
-		select {
-		case ev := <-events:
-			up = ev.State == zk.StateHasSession
-		case <-deadline:
-			conn.Close()
-			return nil, fmt.Errorf("no session with %s within %v", addr, session)
-		}
-	}
-	go func() { // the client blocks on a full event channel: drain it for as long as it lives
-		for range events {
-		}
-	}()
-	return conn, nil
+// dial opens a zkstore session on the server, as every client of the rows asks for it.
+func (b *zkBackend) dial() (*zkstore.Store, error) {
+	return zkstore.Dial(zkstore.Config{Hosts: []string{b.addr}, SessionTimeout: b.c.zkSession})
 }
 
+// open makes the floor's and zk.NewLock's session through zkstore.Dial.
 func (b *zkBackend) open(c *config) error {
 	b.c, b.acl = c, zk.WorldACL(zk.PermAll)
 	var err error
-	if b.conn, err = zkConnect(b.addr, c.zkSession); err != nil {
+	if b.own, err = b.dial(); err != nil {
 		return err
 	}
+	b.conn = b.own.Conn()
+	progress("flightlock: session %v, MaxTTL %v, TTL %v", c.zkSession, b.own.MaxTTL(), flightTTL)
 	for _, p := range []string{zkFloorRoot, zkLockRoot} {
 		if _, err := b.conn.Create(p, nil, 0, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("create %s: %w", p, err)
@@ -247,24 +196,17 @@ func (b *zkBackend) open(c *config) error {
 }
 
 func (b *zkBackend) close() {
-	if b.conn != nil {
-		b.conn.Close()
+	if b.own != nil {
+		_ = b.own.Close()
 	}
 }
 
 // newStore is a zkstore with a session of its own, which must keep the TTL of the other
 // stores' rows (zkstore.Store.MaxTTL).
-func (b *zkBackend) newStore() (closingStore, error) {
-	s, err := zkstore.Dial(zkstore.Config{Hosts: []string{b.addr}, SessionTimeout: b.c.zkSession})
-	if err == nil && b.maxTTL == 0 {
-		b.maxTTL, b.root = s.MaxTTL(), s.Root()
-		progress("flightlock: session %v, MaxTTL %v, TTL %v", b.c.zkSession, b.maxTTL, flightTTL)
-	}
-	return s, err
-}
+func (b *zkBackend) newStore() (closingStore, error) { return b.dial() }
 
 func (b *zkBackend) floorFrom(key string) (err error) {
-	b.floorValue, _, err = b.conn.Get(b.root + "/" + key)
+	b.floorValue, _, err = b.conn.Get(b.own.Root() + "/" + key)
 	return err
 }
 
@@ -351,7 +293,7 @@ func (z *zkBackend) notes() storeNotes {
 			p("  acknowledged (ZooKeeper's default, as etcd's rows keep etcd's), `4lw.commands.whitelist=*`, admin server off;")
 			p("  killed by its pid at the end.")
 			p("- Sessions: every session (this process's for the floor and zk.NewLock, flightlock's store, each worker's) asks")
-			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.maxTTL.Round(100*time.Millisecond))
+			p("  for %v; `zkstore.Store.MaxTTL()` is then %v (two thirds of the session less syncLimit + 1 ticks; a standalone", c.zkSession, z.own.MaxTTL().Round(100*time.Millisecond))
 			p("  server's `conf` reports no syncLimit, so one tick here; an ensemble with this syncLimit of 5 leaves %v), and flightlock's",
 				(c.zkSession*2/3 - 6*c.zkTick).Round(100*time.Millisecond))
 			p("  Locker is `flightlock.New(store, WithTTL(%v), WithWait(%v))`, the TTL of the other stores' rows, handoff at its", flightTTL, c.lockTimeout)

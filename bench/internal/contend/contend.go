@@ -106,20 +106,27 @@ func Run(hs []Holder, gs []guard.Guard, start, end time.Time, seed uint64, lockT
 					firstErr = cmp.Or(firstErr, err)
 				}
 			}
-			mu.Lock()
-			res.Ops += r.Ops
-			res.Reads += r.Reads
-			res.Errors += r.Errors
-			res.ReleaseErrors += r.ReleaseErrors
-			res.Waits = append(res.Waits, r.Waits...)
-			res.ReadWaits = append(res.ReadWaits, r.ReadWaits...)
-			if res.FirstErr == "" && firstErr != nil {
-				res.FirstErr = firstErr.Error()
+			if firstErr != nil {
+				r.FirstErr = firstErr.Error()
 			}
+			mu.Lock()
+			res.Add(r)
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
 	res.Elapsed = int64(end.Sub(start))
 	return res
+}
+
+// Add adds o's counts and waits to r, and its first error if r has none; the window (Elapsed)
+// is the caller's to combine.
+func (r *Result) Add(o Result) {
+	r.Ops += o.Ops
+	r.Reads += o.Reads
+	r.Errors += o.Errors
+	r.ReleaseErrors += o.ReleaseErrors
+	r.Waits = append(r.Waits, o.Waits...)
+	r.ReadWaits = append(r.ReadWaits, o.ReadWaits...)
+	r.FirstErr = cmp.Or(r.FirstErr, o.FirstErr)
 }

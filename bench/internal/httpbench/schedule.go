@@ -24,7 +24,7 @@ const (
 type Schedule struct {
 	Reps     int
 	Low, Sat time.Duration // whole seconds (WholeSeconds)
-	// Measure runs wrk once against s (Wrk.Run) and returns the run's figures: Run.Metrics()
+	// Measure runs wrk once against s (Wrk.RunCPU) and returns the run's figures: RunCPU's
 	// and whatever the command counts around it.
 	Measure func(s *System, conns int, d time.Duration, expect float64) (map[string]float64, error)
 	// RoundTrip is the median latency (ns) of the store's cheapest round trip, measured at the

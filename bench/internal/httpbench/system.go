@@ -94,15 +94,14 @@ func launch(s *System, serve func(), ports []int) (*System, error) {
 	return s, nil
 }
 
-// Stop stops every go-zero server of the process (proc.Shutdown, as app.System.Stop does), then
-// closes the systems; logf reports what did not go well.
+// Stop stops every go-zero server of the process, then closes the systems; logf reports what
+// did not go well. go-zero's servers, the example's and bare ones alike, stop through the
+// process's shutdown listeners (proc.Shutdown, as app.System.Stop calls it): their Stop
+// methods only close the logs. One call stops every server started since the last one.
 func Stop(systems []*System, logf func(format string, args ...any)) {
 	if len(systems) == 0 {
 		return
 	}
-	// go-zero's servers, the example's (app.System.Stop does the same) and bare ones alike,
-	// stop through the process's shutdown listeners: their Stop methods only close the logs.
-	// One call stops every server started since the last one.
 	proc.Shutdown()
 	for _, s := range systems {
 		select {

@@ -94,42 +94,37 @@ func (r Run) Share(cpu time.Duration) float64 {
 	return cpu.Seconds() / (float64(runtime.NumCPU()) * r.Wall.Seconds())
 }
 
-// Run seeds the uids a run may use (twice the expected requests, at least 2,000), calls
-// before (to snapshot the counters the caller measures the run with), and runs wrk with
-// conns connections on one thread for d (whole seconds) against s.
+// RunCPU seeds the uids a run may use (twice the expected requests, at least 2,000), calls
+// before (to snapshot the counters the caller measures the run with), runs wrk with conns
+// connections on one thread for d (whole seconds) against s, and returns the run's Metrics
+// with, per request (µs) and as shares of the cores over the run, the CPU of this process
+// (svc_cpu, svc_share: the service) and of each server process of procs (name -> pid:
+// <name>_cpu, <name>_share), and the rest of the machine's busy time (other_share: other
+// processes, the kernel's own threads), which is what makes one repetition differ from the
+// next.
 //
 // A run in which wrk got no reply at all is made again, twice at most (before is called
 // again): on this machine the first connection after a saturation run now and then stalls
 // for a second (a SYN that is answered only by its retransmission), which leaves a one-second
 // run at one connection empty.
-func (w *Wrk) Run(s *System, conns int, d time.Duration, expect float64, before func()) (Run, error) {
-	for attempt := 1; ; attempt++ {
-		r, err := w.runOnce(s, conns, d, expect, before)
-		if !errors.Is(err, errNoReply) || attempt == 3 {
-			return r, err
-		}
-		if w.Logf != nil {
-			w.Logf("%s: wrk got no reply in %v at -c %d; running it again", s.ID, d, conns)
-		}
-		time.Sleep(time.Second)
-	}
-}
-
-// RunCPU is Run with the CPU around it: the run's Metrics with, per request (µs) and as shares
-// of the cores over the run, the CPU of this process (svc_cpu, svc_share: the service) and of
-// each server process of procs (name -> pid: <name>_cpu, <name>_share), and the rest of the
-// machine's busy time (other_share: other processes, the kernel's own threads), which is what
-// makes one repetition differ from the next. before is Run's.
 func (w *Wrk) RunCPU(s *System, conns int, d time.Duration, expect float64, procs map[string]int, before func()) (map[string]float64, Run, error) {
 	var svc0, busy0 time.Duration
 	cpu0 := map[string]time.Duration{}
-	run, err := w.Run(s, conns, d, expect, func() {
+	snapshot := func() {
 		before()
 		for name, pid := range procs {
 			cpu0[name] = cpustat.Proc(pid)
 		}
 		svc0, busy0 = cpustat.Self(), cpustat.MachineBusy()
-	})
+	}
+	run, err := w.runOnce(s, conns, d, expect, snapshot)
+	for attempt := 2; errors.Is(err, errNoReply) && attempt <= 3; attempt++ {
+		if w.Logf != nil {
+			w.Logf("%s: wrk got no reply in %v at -c %d; running it again", s.ID, d, conns)
+		}
+		time.Sleep(time.Second)
+		run, err = w.runOnce(s, conns, d, expect, snapshot)
+	}
 	if err != nil {
 		return nil, run, err
 	}

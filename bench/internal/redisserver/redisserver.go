@@ -1,7 +1,7 @@
 // Package redisserver starts the server processes of the bench module on free loopback ports
-// (redis-server for lockbench's Redis rows and the example's state, the hot key's guard and the Go
-// benchmarks' servers, without persistence; etcd and ZooKeeper for lockbench's other stores)
-// and ends them by their pid, never by name.
+// (redis-server for lockbench's Redis rows, the example's state and the hot key's guard,
+// without persistence; etcd and ZooKeeper for lockbench's other stores) and ends them by their
+// pid, never by name. The Go benchmarks start theirs with internal/testenv/redistest.
 package redisserver
 
 import (
@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -132,19 +131,4 @@ func (s *Server) Version() string {
 		return "unknown"
 	}
 	return m["Server"]["redis_version"]
-}
-
-// ForTest starts a server for a Go benchmark or test and ends it when tb ends; without the
-// binary it skips tb.
-func ForTest(tb testing.TB, extra ...string) string {
-	tb.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		tb.Skip("redis-server not installed (apt-get install redis-server)")
-	}
-	s, err := Start("bench-redis", extra...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(s.Stop)
-	return s.Addr
 }
