@@ -105,7 +105,8 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
 	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
 	for _, r := range rows {
-		crs[r.id], guards[r.id] = &contend.Result{}, newGuards(len(keys[r.id]))
+		// A sum starts known (ok), as sliceRows' do: add keeps ok only while every slice's is.
+		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, newGuards(len(keys[r.id])), serverStats{ok: true}
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		im := b.impl(r)
