@@ -360,11 +360,11 @@ func (e *etcdBackend) http(b *bench) *s6Results {
 func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
 	if err != nil {
-		fatalf("s8: %v", err)
+		fatalf("s6: %v", err)
 	}
 	httpbench.PointRedis(&c, redisAddr)
 	if len(c.Order.Lock.Etcd.Hosts) == 0 {
-		fatalf("s8: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
+		fatalf("s6: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
 	}
 	// The services' etcd sections (Order's, Balance's) go to the benchmark's etcd.
 	host := strings.TrimPrefix(e.clientURL, "http://")
@@ -388,7 +388,7 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 		lc := etcdOrderLock(c.Order.Lock, redisAddr)
 		var closeMW func()
 		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
-			fatalf("s8 %s: %v", r.id, err)
+			fatalf("s6 %s: %v", r.id, err)
 		}
 		closes = append(closes, closeMW)
 	case rowMutex, rowFloor: // the Mutex's TryLock on one session of this process, whatever the TTL (the lease lives on)
@@ -396,7 +396,7 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	if err != nil {
-		fatalf("s8 %s: %v", r.id, err)
+		fatalf("s6 %s: %v", r.id, err)
 	}
 	return s
 }
