@@ -184,8 +184,11 @@ func (h *hold) borrowName() string {
 	return ""
 }
 
-// remaining is how long the lock is known to live, for Retry-After.
+// remaining is how long the lock is known to live, for Retry-After; 0 for no hold (nil).
 func (h *hold) remaining() time.Duration {
+	if h == nil {
+		return 0
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return max(h.k.untilInstant(h.validUntil), 0)

@@ -95,20 +95,20 @@ func (l *Locker) Store() lockstore.Store { return l.k.store }
 // ctx that holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err() when ctx
 // ended before the call, or the store's error.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
-	return l.lock(ctx, key, l.cfg.mode == Wait)
+	return l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2) // take <- Lock <- caller
 }
 
 // TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
 // process costs no store command.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
-	return l.lock(ctx, key, false)
+	return l.take(ctx, key, false, time.Time{}, 2)
 }
 
 // Do runs fn under the lock of key, with the lease's context, and releases it when fn returns
 // or panics. Do returns fn's error; ErrLost if fn succeeded but the lock was lost meanwhile; or
 // the release's error, unless it was only left to finish in the background (ErrReleasePending).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
-	lease, err := l.lock(ctx, key, l.cfg.mode == Wait)
+	lease, err := l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2)
 	if err != nil {
 		return err
 	}
@@ -164,11 +164,6 @@ func (l *Locker) storeKey(key string) (string, error) {
 		return "", wrapf(ErrInvalidKey, "key %q falls among the fence counters (%s*)", rkey, lockstore.FenceKeyPrefix)
 	}
 	return rkey, nil
-}
-
-// lock is called by Lock, TryLock and Do only: take finds their caller three frames up.
-func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
-	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
 }
 
 // take takes key, or one of its permits; callerUp is how far up the exported method's caller is.
