@@ -13,18 +13,15 @@ import (
 // as waiters elsewhere were just woken by this process's release. A non-zero asked makes it a
 // fair acquisition of a Lock that began then; fw is the caller among its process's fair waiters.
 func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
-	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
-	if a.fair = !asked.IsZero(); a.fair {
-		if a.wait {
-			a.queue = FairQueueTTL
-			defer func() {
-				if err != nil { // a waiter that gives up leaves the line
-					go l.k.leaveQueue(ctx, key, a.owner)
-				}
-			}()
-		}
+	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits(), meta: l.withKind(ctx)}
+	if !asked.IsZero() && a.wait {
+		a.queue = FairQueueTTL
+		defer func() {
+			if err != nil { // a waiter that gives up leaves the line
+				go l.k.leaveQueue(ctx, key, a.owner)
+			}
+		}()
 	}
-	a.meta = l.withKind(ctx)
 	defer a.close()
 	if yield && a.wait {
 		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay bounds the sleep
@@ -59,8 +56,7 @@ type permitGrant struct {
 // acquirePermits is a semaphore's look: one store request for up to want of keys, the first
 // free ones. b does not wait: one request.
 func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, want int) ([]permitGrant, error) {
-	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated}
-	a.meta = l.withKind(ctx)
+	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated, meta: l.withKind(ctx)}
 	defer a.close()
 	res, sentAt, sent, err := a.call(b)
 	switch {
@@ -93,15 +89,14 @@ func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, w
 type acquisition struct {
 	l     *Locker
 	ctx   context.Context
-	key   string   // with permits: the one granted, once granted
-	keys  []string // a semaphore's look: the permits asked for in one request (acquirePermits)
-	want  int      // how many of keys the look may take
-	owner string   // changes when an attempt whose outcome is unknown is given back
-	asked time.Time
+	key   string    // with permits: the one granted, once granted
+	keys  []string  // a semaphore's look: the permits asked for in one request (acquirePermits)
+	want  int       // how many of keys the look may take
+	owner string    // changes when an attempt whose outcome is unknown is given back
+	asked time.Time // when a fair Lock began; zero for any other
 	fw    *fairWaiter
 	kind  holdKind
 	wait  bool
-	fair  bool          // asked is not zero
 	queue time.Duration // how long the caller's place in line lives; 0 takes none
 	meta  string
 
@@ -225,7 +220,7 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 	if holderTTL > 0 {
 		delay = min(delay, holderTTL)
 	}
-	if a.fair {
+	if !a.asked.IsZero() {
 		delay = min(delay, FairLookEvery) // keep the place in line
 	}
 	a.delay = delay

@@ -201,12 +201,7 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	defer cancel()
 	sent := x.h.k.now()
 	err := x.h.k.store.Refresh(ctx, x.h.key, x.h.owner(), x.h.k.ttl)
-	switch {
-	case err == nil:
-		x.h.extend(sent)
-	case errors.Is(err, ErrNotHeld):
-		x.h.markLost()
-	}
+	x.h.refreshed(sent, err)
 	return err
 }
 

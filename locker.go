@@ -247,8 +247,7 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 		grant = GrantStore
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
-		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// The store is unreachable and the caller chose to go on: hold the gate slot only.
+		if l.degrades(ctx, err) {
 			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
 		if err != nil {
@@ -269,6 +268,12 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
 	return newLease(ctx, h, grant, fence, site, read), nil
+}
+
+// degrades reports whether err, an acquisition's, is a store that cannot be reached, which
+// the caller chose to go on without (WithFailOpen): it holds the gate slot only.
+func (l *Locker) degrades(ctx context.Context, err error) bool {
+	return err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil
 }
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed

@@ -28,13 +28,8 @@ func PermitKey(prefix, key string, i int) string {
 	return lockstore.PermitKey(prefix+escapeKey(key), i)
 }
 
-// escapeKey doubles each "#" of key (see PermitKey).
-func escapeKey(key string) string {
-	if !strings.Contains(key, "#") {
-		return key
-	}
-	return strings.ReplaceAll(key, "#", "##")
-}
+// escapeKey doubles each "#" of key (see PermitKey); a key without one is returned as is.
+func escapeKey(key string) string { return strings.ReplaceAll(key, "#", "##") }
 
 // permitTurn spreads a semaphore's takers over its permits: each starts at the next one.
 var permitTurn atomic.Uint32
@@ -65,20 +60,20 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	if n := len(keys[permits-1]); n > MaxKeyLen {
 		return nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// A permit the caller holds already, in this process or handed over, is re-entered: a second
 	// would count it twice.
 	for _, rkey := range keys {
-		if findLease(ctx, l.k.gate, rkey) != nil {
-			return l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp)
+		if lease, err, done := l.reenterHeld(ctx, rkey); done {
+			return lease, err
 		}
 		if o, ok := handover.Lookup(ctx, rkey); ok {
 			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
 				return lease, err
 			}
 		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
 	}
 	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
 		first: int(permitTurn.Add(1) % uint32(permits)), b: budget{parent: ctx}}
@@ -204,8 +199,7 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 		sentAt = time.Now()
 		grants, err = l.acquirePermits(ctx, &b, keys, min(want, len(keys)))
 		b.stop()
-		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// The store is unreachable and the caller chose to go on: hold a gate slot only.
+		if l.degrades(ctx, err) {
 			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
 		}
 	}
@@ -218,8 +212,7 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 	}
 	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
 	if mine.h != nil {
-		fence, _ := mine.h.grantFence()
-		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil
+		return newLease(ctx, mine.h, GrantStore, mine.h.currentFence(), callerAbove(pt.callerUp+1+up), false), nil
 	}
 	switch {
 	case len(claimed) == 0:
@@ -349,8 +342,7 @@ func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
 		}
 		return nil, ctx.Err()
 	case h != nil:
-		fence, _ := h.grantFence()
-		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil
+		return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(pt.callerUp+2), false), nil
 	case w.busy != nil:
 		pt.answered, r.remote, r.local = true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}
