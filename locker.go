@@ -211,14 +211,6 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		b.bound = until
 	}
 	defer b.stop()
-	if o, ok := handover.Lookup(ctx, rkey); ok {
-		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
-		// wait for the write it runs under.
-		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-			return lease, err
-		}
-		// The token holds nothing: it grants nothing, and we lock as a new owner.
-	}
 	switch {
 	case l.cfg.fair:
 		return l.lockOutside(ctx, &b, rkey, newOwnerToken(), start, callerUp+1)
@@ -292,18 +284,25 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	return l.busy(ctx, &busyError{})
 }
 
-// reenterHeld re-enters the lease of rkey that ctx carries, if any (done); a write Lock under a
-// read lease fails with ErrUpgrade. A lease released meanwhile is not done.
+// reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease that ctx
+// carries, with its fence and no store command, or else the owner an upstream call handed
+// over (lockHanded). A write Lock under a read lease fails with ErrUpgrade; a lease released
+// meanwhile, or a handed-over token that holds nothing, grants nothing (not done).
 func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
-	parent := findLease(ctx, l.k.gate, rkey)
-	if parent == nil {
-		return nil, nil, false
+	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
+		if parent.reads() && !l.cfg.read {
+			return nil, upgradeError(rkey), true
+		}
+		if lease, err = l.reenter(ctx, parent); !errors.Is(err, errGrantEnded) {
+			return lease, err, true
+		}
 	}
-	if parent.reads() && !l.cfg.read {
-		return nil, upgradeError(rkey), true
+	if o, ok := handover.Lookup(ctx, rkey); ok {
+		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
+		// wait for the write it runs under.
+		return l.lockHanded(ctx, rkey, o.Token, o.Fence)
 	}
-	lease, err = l.reenter(ctx, parent)
-	return lease, err, !errors.Is(err, errGrantEnded)
+	return nil, nil, false
 }
 
 // reenter re-enters parent, a live lease that ctx carries, with its fence and no store command.

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/mapshrink"
 	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
@@ -68,11 +67,6 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	for _, rkey := range keys {
 		if lease, err, done := l.reenterHeld(ctx, rkey); done {
 			return lease, err
-		}
-		if o, ok := handover.Lookup(ctx, rkey); ok {
-			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-				return lease, err
-			}
 		}
 	}
 	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
