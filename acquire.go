@@ -26,8 +26,8 @@ func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yiel
 	if yield && a.wait {
 		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !l.sleep(b.context(), a.watch.C(), &a.timer, d) {
-			return nil, l.gaveUp(ctx, &busyError{})
+		if done, err := a.sleep(b, a.watch.C(), d, 0); done {
+			return nil, err
 		}
 	}
 	for {
@@ -149,11 +149,7 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		}
 	}
 	if again {
-		a.storeErr = err // a store still down when the wait runs out ends it with this
-		if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, err); err != nil {
-			return true, err
-		}
-		return false, nil
+		return a.pauseAfterTrouble(b, err)
 	}
 	if a.storeErr != nil {
 		return true, a.storeErr // down from the error before the deadline on
@@ -177,11 +173,28 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply
 	}
-	a.owner, a.storeErr = freshOwner(a.owner), errLateReply
-	if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, errLateReply); err != nil {
-		return nil, true, err
+	a.owner = freshOwner(a.owner)
+	done, err := a.pauseAfterTrouble(b, errLateReply)
+	return nil, done, err
+}
+
+// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
+// returns done, with ErrClosed (drain) or trouble, when no next attempt may go. A store still
+// down when the wait runs out ends it with trouble (storeErr).
+func (a *acquisition) pauseAfterTrouble(b *budget, trouble error) (done bool, _ error) {
+	a.storeErr = trouble
+	a.attempt++
+	d, ok := a.l.cfg.retry(a.attempt)
+	if !ok {
+		return true, trouble
 	}
-	return nil, false, nil
+	if !a.l.sleep(b.context(), nil, &a.timer, d) {
+		if a.l.k.gate.closed.Load() {
+			return true, ErrClosed
+		}
+		return true, trouble
+	}
+	return false, nil
 }
 
 // afterBusy handles a busy reply: the holder check, the next delay, and the sleep.
@@ -215,7 +228,7 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 
 // sleepAfterBusy sleeps until the holder's release is heard, at most the delay.
 func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, error) {
-	l, ctx := a.l, a.ctx
+	l := a.l
 	delay := a.delay
 	if holderTTL > 0 {
 		delay = min(delay, holderTTL)
@@ -224,18 +237,15 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 		delay = min(delay, FairLookEvery) // keep the place in line
 	}
 	a.delay = delay
-	if a.fw != nil && !a.fw.isHead() {
+	switch {
+	case a.fw != nil && !a.fw.isHead():
 		// Not its process's first: keep the place at FairLookEvery, or look once first.
-		if !l.sleep(b.context(), a.fw.head, &a.timer, FairLookEvery) {
-			return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
-		}
-		return false, nil
-	}
-	if a.watch == nil {
+		return a.sleep(b, a.fw.head, FairLookEvery, holderTTL)
+	case a.watch == nil:
 		// Subscribing can fail (the store down, cluster quirks): then we poll.
 		if a.watch, _ = l.k.store.Watch(b.context(), a.key); a.watch.Fresh() && !b.spent() {
 			if l.k.gate.closed.Load() { // drained while subscribing
-				return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+				return true, l.gaveUp(a.ctx, &busyError{retryAfter: holderTTL})
 			}
 			// A release between the busy reply and the subscription published to nobody:
 			// look once more, now that a release would be heard, before sleeping.
@@ -243,8 +253,13 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 			return false, nil
 		}
 	}
-	if !l.sleep(b.context(), a.watch.C(), &a.timer, delay) {
-		return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+	return a.sleep(b, a.watch.C(), delay, holderTTL)
+}
+
+// sleep sleeps d or until wake fires; done, busy, when the wait ended meanwhile.
+func (a *acquisition) sleep(b *budget, wake <-chan struct{}, d, holderTTL time.Duration) (done bool, _ error) {
+	if !a.l.sleep(b.context(), wake, &a.timer, d) {
+		return true, a.l.gaveUp(a.ctx, &busyError{retryAfter: holderTTL})
 	}
 	return false, nil
 }

@@ -351,23 +351,6 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0, false), nil, true
 }
 
-// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
-// returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
-func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
-	*attempt++
-	d, ok := l.cfg.retry(*attempt)
-	if !ok {
-		return trouble
-	}
-	if !l.sleep(b.context(), nil, timer, d) {
-		if l.k.gate.closed.Load() {
-			return ErrClosed
-		}
-		return trouble
-	}
-	return nil
-}
-
 // callContext bounds one acquisition call by the wait budget in wait mode and by one TTL
 // always; a sooner deadline of ctx's own is kept as is.
 func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
