@@ -185,16 +185,12 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 		sentAt time.Time
 	)
 	if len(claimed) > 0 {
-		keys := make([]string, len(claimed))
-		for j, i := range claimed {
-			keys[j] = pt.keys[i]
-		}
 		b := budget{parent: ctx, bound: pt.b.deadline}
 		sentAt = time.Now()
-		grants, err = l.acquirePermits(ctx, &b, keys, min(want, len(keys)))
+		grants, err = l.acquirePermits(ctx, &b, claimed, min(want, len(claimed)))
 		b.stop()
 		if l.degrades(ctx, err) {
-			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
+			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, claimed[0], newOwnerToken())}}, nil
 		}
 	}
 	var be, refused *busyError // refused: what waiters learn when every permit asked for was busy
@@ -228,9 +224,9 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 // claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
 // process (-1 when none); with claim, that is the first such taken slot, and it also makes the
 // caller the owner of the free slots among keys (a lock kept in a free slot included), and
-// returns their indexes and entries. A slot whose owner only asks the store is neither.
+// returns their keys and entries. A slot whose owner only asks the store is neither.
 // g.mu must be held.
-func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []int, entries []*gateEntry) {
+func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []string, entries []*gateEntry) {
 	local = -1
 	for j := range keys {
 		i := (first + j) % len(keys)
@@ -252,7 +248,7 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 		}
 		e.taken = true
 		e.refs++
-		claimed, entries = append(claimed, i), append(entries, e)
+		claimed, entries = append(claimed, keys[i]), append(entries, e)
 	}
 	g.peak = max(g.peak, len(g.entries))
 	return local, claimed, entries
@@ -262,7 +258,7 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 // slots are left; the first grant is the caller's, the next ones go to the waiters in order,
 // and a grant nobody waits for any more is released. Waiters without a grant learn that every
 // permit was busy (busy), or else wait for the next look, which the first of them leads.
-func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
+func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
 	granted := make(map[int]*hold, len(grants))
 	for _, gr := range grants {
@@ -272,7 +268,7 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEnt
 		if h := granted[j]; h != nil {
 			g.setHold(e, h, false)
 		} else {
-			g.leave(pt.keys[claimed[j]], e, false)
+			g.leave(claimed[j], e, false)
 		}
 	}
 	g.mu.Lock()

@@ -2,6 +2,7 @@ package flightlock
 
 import (
 	"context"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -513,14 +514,11 @@ func (g *gate) drain(ctx context.Context) int {
 	case <-ctx.Done():
 	}
 	g.mu.Lock()
-	holds := make([]*hold, 0, len(g.entries)+len(g.borrowed))
+	holds := slices.Collect(maps.Keys(g.borrowed))
 	for _, e := range g.entries {
 		if e.hold != nil {
 			holds = append(holds, e.hold)
 		}
-	}
-	for h := range g.borrowed {
-		holds = append(holds, h)
 	}
 	n := len(g.entries) + len(g.borrowed) + g.borrowing
 	g.mu.Unlock()
