@@ -155,7 +155,7 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		return true, a.storeErr // down from the error before the deadline on
 	}
 	if a.wait && b.spentDuringCall(sentAt, a.attempt > 0) {
-		return true, l.busy(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
+		return true, busyFor(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
 	}
 	return true, err
 }

@@ -219,10 +219,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	e, h, err := l.k.gate.enter(&b, rkey, wait)
 	if err != nil {
-		if err == ErrClosed {
-			return nil, err
-		}
-		return nil, l.busy(ctx, err)
+		return nil, err
 	}
 	return l.inSlot(ctx, &b, rkey, e, h, false, callerUp+1)
 }
@@ -281,7 +278,7 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	if closing {
 		return ErrClosed
 	}
-	return l.busy(ctx, &busyError{})
+	return busyFor(ctx, &busyError{})
 }
 
 // reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease that ctx
@@ -415,8 +412,8 @@ func (b *budget) stop() {
 	}
 }
 
-// busy joins a busy error with the caller's context error when that context ended.
-func (l *Locker) busy(ctx context.Context, err error) error {
+// busyFor joins a busy error with the caller's context error when that context ended.
+func busyFor(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return errors.Join(err, cerr)
 	}
@@ -428,7 +425,7 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	if l.k.gate.closed.Load() {
 		return ErrClosed
 	}
-	return l.busy(ctx, busy)
+	return busyFor(ctx, busy)
 }
 
 // sleep waits d between attempts, or until wake fires (nil never does), ctx ends or the gate

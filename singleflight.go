@@ -184,13 +184,13 @@ func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration)
 }
 
 // queue puts the caller in e's line (g.mu held, and unlocked here) and waits for the slot, or
-// fails busy: at once without wait, else when its budget ends. A reader let go to the store
-// read path gets a nil entry.
+// fails busy (busyFor): at once without wait, else when its budget ends. A reader let go to
+// the store read path gets a nil entry.
 func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gateEntry, *hold, error) {
 	if !wait {
 		busy := &busyError{retryAfter: e.hold.remaining()}
 		g.mu.Unlock()
-		return nil, nil, busy
+		return nil, nil, busyFor(b.parent, busy)
 	}
 	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline, read: read}
 	e.push(w)
@@ -218,7 +218,7 @@ func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gat
 	defer g.mu.Unlock()
 	switch {
 	case w.expired:
-		return nil, nil, &busyError{retryAfter: e.hold.remaining()}
+		return nil, nil, busyFor(b.parent, &busyError{retryAfter: e.hold.remaining()})
 	case w.outside:
 		return nil, nil, nil
 	}
