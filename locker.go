@@ -231,9 +231,7 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 	if closing := l.k.gate.closed.Load(); closing || b.spent() {
 		return nil, l.passSlotOn(ctx, rkey, e, h, closing)
 	}
-	grant := GrantHandoff
 	if h == nil {
-		grant = GrantStore
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if l.degrades(ctx, err) {
@@ -244,19 +242,17 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 			return nil, err
 		}
 		l.k.gate.setHold(e, h, read)
+		return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(callerUp), read), nil
 	}
-	site := siteHandoff
-	if grant == GrantStore {
-		site = callerAbove(callerUp)
-	}
+	grant := GrantHandoff
 	fence, first := h.grantFence()
 	switch {
-	case grant == GrantHandoff && first && read:
+	case first && read:
 		grant = GrantShared // a reader admitted beside the one that took the lock (setHold)
-	case grant == GrantHandoff && first:
+	case first:
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence, site, read), nil
+	return newLease(ctx, h, grant, fence, siteHandoff, read), nil
 }
 
 // degrades reports whether err, an acquisition's, is a store that cannot be reached, which
