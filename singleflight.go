@@ -404,8 +404,7 @@ func (g *gate) grantLocked(e *gateEntry, h *hold) {
 			close(w.ready)
 			e.refs-- // the caller's own reference keeps the entry until it drops it
 		}
-		clear(e.queue.waiters)
-		e.queue.waiters = e.queue.waiters[:0]
+		e.queue.waiters = nil
 		e.queue.emptied()
 		e.taken, e.yield = false, false
 		return
