@@ -260,14 +260,12 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 // permit was busy (busy), or else wait for the next look, which the first of them leads.
 func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
-	granted := make(map[int]*hold, len(grants))
 	for _, gr := range grants {
-		granted[gr.i] = gr.h
+		g.setHold(entries[gr.i], gr.h, false)
+		entries[gr.i] = nil
 	}
 	for j, e := range entries {
-		if h := granted[j]; h != nil {
-			g.setHold(e, h, false)
-		} else {
+		if e != nil { // not granted
 			g.leave(claimed[j], e, false)
 		}
 	}
