@@ -13,24 +13,21 @@ import (
 // as waiters elsewhere were just woken by this process's release. A non-zero asked makes it a
 // fair acquisition of a Lock that began then; fw is the caller among its process's fair waiters.
 func (l *Locker) acquire(ctx context.Context, b *budget, key, owner string, yield bool, asked time.Time, fw *fairWaiter, kind holdKind) (h *hold, err error) {
-	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits()}
-	if a.fair = !asked.IsZero(); a.fair {
-		if a.wait {
-			a.queue = FairQueueTTL
-			defer func() {
-				if err != nil { // a waiter that gives up leaves the line
-					go l.k.leaveQueue(ctx, key, a.owner)
-				}
-			}()
-		}
+	a := acquisition{l: l, ctx: ctx, key: key, owner: owner, asked: asked, fw: fw, kind: kind, wait: b.waits(), meta: l.withKind(ctx)}
+	if !asked.IsZero() && a.wait {
+		a.queue = FairQueueTTL
+		defer func() {
+			if err != nil { // a waiter that gives up leaves the line
+				go l.k.leaveQueue(ctx, key, a.owner)
+			}
+		}()
 	}
-	a.meta = l.withKind(ctx)
 	defer a.close()
 	if yield && a.wait {
 		a.watch, _ = l.k.store.Watch(b.context(), key) // without it, the retry delay bounds the sleep
 		d, _ := l.cfg.retry(1)
-		if !l.sleep(b.context(), a.watch.C(), &a.timer, d) {
-			return nil, l.gaveUp(ctx, &busyError{})
+		if done, err := a.sleep(b, a.watch.C(), d, 0); done {
+			return nil, err
 		}
 	}
 	for {
@@ -59,8 +56,7 @@ type permitGrant struct {
 // acquirePermits is a semaphore's look: one store request for up to want of keys, the first
 // free ones. b does not wait: one request.
 func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, want int) ([]permitGrant, error) {
-	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated}
-	a.meta = l.withKind(ctx)
+	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated, meta: l.withKind(ctx)}
 	defer a.close()
 	res, sentAt, sent, err := a.call(b)
 	switch {
@@ -93,15 +89,14 @@ func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, w
 type acquisition struct {
 	l     *Locker
 	ctx   context.Context
-	key   string   // with permits: the one granted, once granted
-	keys  []string // a semaphore's look: the permits asked for in one request (acquirePermits)
-	want  int      // how many of keys the look may take
-	owner string   // changes when an attempt whose outcome is unknown is given back
-	asked time.Time
+	key   string    // with permits: the one granted, once granted
+	keys  []string  // a semaphore's look: the permits asked for in one request (acquirePermits)
+	want  int       // how many of keys the look may take
+	owner string    // changes when an attempt whose outcome is unknown is given back
+	asked time.Time // when a fair Lock began; zero for any other
 	fw    *fairWaiter
 	kind  holdKind
 	wait  bool
-	fair  bool          // asked is not zero
 	queue time.Duration // how long the caller's place in line lives; 0 takes none
 	meta  string
 
@@ -154,17 +149,13 @@ func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done b
 		}
 	}
 	if again {
-		a.storeErr = err // a store still down when the wait runs out ends it with this
-		if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, err); err != nil {
-			return true, err
-		}
-		return false, nil
+		return a.pauseAfterTrouble(b, err)
 	}
 	if a.storeErr != nil {
 		return true, a.storeErr // down from the error before the deadline on
 	}
 	if a.wait && b.spentDuringCall(sentAt, a.attempt > 0) {
-		return true, l.busy(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
+		return true, busyFor(a.ctx, &busyError{retryAfter: max(time.Until(a.holder), 0)})
 	}
 	return true, err
 }
@@ -182,11 +173,28 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply
 	}
-	a.owner, a.storeErr = freshOwner(a.owner), errLateReply
-	if err := l.pauseAfterTrouble(b, &a.attempt, &a.timer, errLateReply); err != nil {
-		return nil, true, err
+	a.owner = freshOwner(a.owner)
+	done, err := a.pauseAfterTrouble(b, errLateReply)
+	return nil, done, err
+}
+
+// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
+// returns done, with ErrClosed (drain) or trouble, when no next attempt may go. A store still
+// down when the wait runs out ends it with trouble (storeErr).
+func (a *acquisition) pauseAfterTrouble(b *budget, trouble error) (done bool, _ error) {
+	a.storeErr = trouble
+	a.attempt++
+	d, ok := a.l.cfg.retry(a.attempt)
+	if !ok {
+		return true, trouble
 	}
-	return nil, false, nil
+	if !a.l.sleep(b.context(), nil, &a.timer, d) {
+		if a.l.k.gate.closed.Load() {
+			return true, ErrClosed
+		}
+		return true, trouble
+	}
+	return false, nil
 }
 
 // afterBusy handles a busy reply: the holder check, the next delay, and the sleep.
@@ -220,27 +228,24 @@ func (a *acquisition) afterBusy(b *budget, res lockstore.Acquisition) (bool, err
 
 // sleepAfterBusy sleeps until the holder's release is heard, at most the delay.
 func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, error) {
-	l, ctx := a.l, a.ctx
+	l := a.l
 	delay := a.delay
 	if holderTTL > 0 {
 		delay = min(delay, holderTTL)
 	}
-	if a.fair {
+	if !a.asked.IsZero() {
 		delay = min(delay, FairLookEvery) // keep the place in line
 	}
 	a.delay = delay
-	if a.fw != nil && !a.fw.isHead() {
+	switch {
+	case a.fw != nil && !a.fw.isHead():
 		// Not its process's first: keep the place at FairLookEvery, or look once first.
-		if !l.sleep(b.context(), a.fw.head, &a.timer, FairLookEvery) {
-			return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
-		}
-		return false, nil
-	}
-	if a.watch == nil {
+		return a.sleep(b, a.fw.head, FairLookEvery, holderTTL)
+	case a.watch == nil:
 		// Subscribing can fail (the store down, cluster quirks): then we poll.
 		if a.watch, _ = l.k.store.Watch(b.context(), a.key); a.watch.Fresh() && !b.spent() {
 			if l.k.gate.closed.Load() { // drained while subscribing
-				return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+				return true, l.gaveUp(a.ctx, &busyError{retryAfter: holderTTL})
 			}
 			// A release between the busy reply and the subscription published to nobody:
 			// look once more, now that a release would be heard, before sleeping.
@@ -248,8 +253,13 @@ func (a *acquisition) sleepAfterBusy(b *budget, holderTTL time.Duration) (bool, 
 			return false, nil
 		}
 	}
-	if !l.sleep(b.context(), a.watch.C(), &a.timer, delay) {
-		return true, l.gaveUp(ctx, &busyError{retryAfter: holderTTL})
+	return a.sleep(b, a.watch.C(), delay, holderTTL)
+}
+
+// sleep sleeps d or until wake fires; done, busy, when the wait ended meanwhile.
+func (a *acquisition) sleep(b *budget, wake <-chan struct{}, d, holderTTL time.Duration) (done bool, _ error) {
+	if !a.l.sleep(b.context(), wake, &a.timer, d) {
+		return true, a.l.gaveUp(a.ctx, &busyError{retryAfter: holderTTL})
 	}
 	return false, nil
 }

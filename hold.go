@@ -184,8 +184,11 @@ func (h *hold) borrowName() string {
 	return ""
 }
 
-// remaining is how long the lock is known to live, for Retry-After.
+// remaining is how long the lock is known to live, for Retry-After; 0 for no hold (nil).
 func (h *hold) remaining() time.Duration {
+	if h == nil {
+		return 0
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return max(h.k.untilInstant(h.validUntil), 0)
@@ -195,7 +198,7 @@ func (h *hold) remaining() time.Duration {
 func (h *hold) handable() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.has(holdLost) && !h.has(holdStopped) && !h.has(holdShared) && h.k.untilInstant(h.validUntil) > h.k.ttl/3
+	return !h.has(holdLost|holdStopped|holdShared) && h.k.untilInstant(h.validUntil) > h.k.ttl/3
 }
 
 // nextGrant starts the grant of a local waiter that receives the hold by handoff, with the next
@@ -204,7 +207,7 @@ func (h *hold) handable() bool {
 func (h *hold) nextGrant() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.has(holdLost) || h.has(holdStopped) {
+	if h.has(holdLost | holdStopped) {
 		return false
 	}
 	h.fence++
@@ -373,7 +376,7 @@ func (h *hold) onDue() {
 func (h *hold) renewBegin() (deadline instant, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.has(holdStopped) || h.has(holdLost) {
+	if h.has(holdStopped | holdLost) {
 		h.unset(holdRenewing)
 		return 0, false
 	}
@@ -388,7 +391,7 @@ func (h *hold) renewEnd(sent instant, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.unset(holdRenewing)
-	if h.has(holdStopped) || h.has(holdLost) {
+	if h.has(holdStopped | holdLost) {
 		return
 	}
 	switch {
@@ -439,20 +442,16 @@ func (h *hold) abandonLocked(now instant) {
 	h.k.wd.enqueue(renewJob{h: h, abandon: true}) // ErrNotHeld is the usual answer: the key expired
 }
 
-// extend records a successful explicit Refresh sent at sent.
-func (h *hold) extend(sent time.Time) {
+// refreshed takes the outcome of an explicit Refresh sent at sent: the lock lives a TTL from
+// then, or is lost when the store refused the owner.
+func (h *hold) refreshed(sent time.Time, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.has(holdLost) {
+	switch {
+	case h.has(holdLost):
+	case err == nil:
 		h.validUntil = max(h.validUntil, h.k.instant(sent).add(h.k.ttl))
-	}
-}
-
-// markLost records that the store refused the owner.
-func (h *hold) markLost() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.has(holdLost) {
+	case errors.Is(err, ErrNotHeld):
 		h.loseLocked()
 	}
 }

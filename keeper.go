@@ -95,38 +95,15 @@ func (k *keeper) cleanupContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(context.WithoutCancel(ctx), min(k.ttl, 500*time.Millisecond))
 }
 
-// grantEnd is the store call left of ending a grant after endLocally; a value: no allocation.
-type grantEnd struct {
-	k       *keeper
-	h       *hold
-	outcome handoffOutcome
-	e       *gateEntry // the hold's gate entry; nil for a hold outside the gate
-}
-
-// endLocally hands a gate hold on locally (ended), or returns the store call left to make.
-func (k *keeper) endLocally(h *hold) (rest grantEnd, ended bool) {
+// endInStore ends in the store a grant that was not handed on: the release of a hold outside
+// the gate (borrowed, read or fair), or of a gate hold at the end of its turn, or a pass.
+func (k *keeper) endInStore(ctx context.Context, h *hold, outcome handoffOutcome, e *gateEntry) error {
 	if !h.gated() {
-		return grantEnd{k: k, h: h}, false
-	}
-	outcome, e := k.gate.handoff(h.key, h, k.handoff, k.window)
-	return grantEnd{k: k, h: h, outcome: outcome, e: e}, outcome == handedOff
-}
-
-// finish makes the store call that ends the grant.
-func (g grantEnd) finish(ctx context.Context) error {
-	k, h := g.k, g.h
-	if !h.gated() {
-		// A borrowed hold of another process's lock, or a read or fair lock's own hold.
 		h.stop()
 		_, err := k.store.Release(k.releaseContext(ctx), h.key, h.owner(), h.borrowName(), 0)
 		k.gate.removeBorrowed(h)
 		return err
 	}
-	return k.endTurn(ctx, h, g.outcome, g.e)
-}
-
-// endTurn ends a gate hold that was not handed on: a pass at the end of a turn, or a release.
-func (k *keeper) endTurn(ctx context.Context, h *hold, outcome handoffOutcome, e *gateEntry) error {
 	if outcome == turnOver && h.k.passer != nil {
 		// The hold's own keeper, whose TTL the hold counts with: k may be a derived Locker's.
 		return h.k.pass(ctx, h, e)
@@ -193,16 +170,16 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 // end: a store call that it cuts short goes on in the background, and the caller gets
 // ErrReleasePending joined with ctx's cause; the gate slot is left only when the call ends.
 func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
-	rest, ended := k.endLocally(h)
-	if ended {
+	outcome, e := k.gate.handoff(h, k.handoff, k.window)
+	if outcome == handedOff {
 		return nil
 	}
 	done := ctx.Done()
 	if done == nil {
-		return rest.finish(ctx)
+		return k.endInStore(ctx, h, outcome, e)
 	}
 	result := make(chan error, 1)
-	go func() { result <- rest.finish(context.WithoutCancel(ctx)) }()
+	go func() { result <- k.endInStore(context.WithoutCancel(ctx), h, outcome, e) }()
 	select {
 	case err := <-result:
 		return err

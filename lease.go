@@ -91,22 +91,13 @@ func (x *Lease) Key() string { return x.h.key }
 // the next local goroutine. It returns "" for a read lock, and once the lease was released
 // (the token may by then be another local goroutine's grant).
 func (x *Lease) Owner() string {
-	owner, _, ok := x.handover()
-	if !ok {
-		return ""
-	}
-	return owner
-}
-
-// handover is Owner with the lease's fence, for a downstream service.
-func (x *Lease) handover() (owner string, fence int64, ok bool) {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	if x.released || x.reads() {
-		return "", 0, false
+		return ""
 	}
 	x.h.set(holdShared) // while x is live, its grant is current: it cannot have been handed off
-	return x.h.owner(), x.fence, true
+	return x.h.owner()
 }
 
 // Fence returns the fencing token of the grant: every grant of a key, handoffs included, has a
@@ -138,7 +129,7 @@ func (x *Lease) makeContextLocked() {
 	cctx, cancel := context.WithCancelCause(parent)
 	x.ctx, x.cancel = cctx, cancel
 	if x.ended != endNone {
-		cancel(x.ended.err())
+		cancel(endCauses[x.ended])
 	}
 	x.made.Store(true)
 }
@@ -147,22 +138,14 @@ func (x *Lease) makeContextLocked() {
 type endCause uint8
 
 const (
-	endNone     endCause = iota
-	endReleased          // context.Canceled
-	endLost              // ErrLost
-	endClosed            // ErrClosed (Drain)
+	endNone endCause = iota
+	endReleased
+	endLost
+	endClosed
 )
 
-func (c endCause) err() error {
-	switch c {
-	case endLost:
-		return ErrLost
-	case endClosed:
-		return ErrClosed
-	default:
-		return context.Canceled
-	}
-}
+// endCauses are the causes that an endCause stands for.
+var endCauses = [...]error{endReleased: context.Canceled, endLost: ErrLost, endClosed: ErrClosed}
 
 // endLocked ends the context with cause (nil: Canceled), now or once made. x.h.mu must be held.
 func (x *Lease) endLocked(cause error) {
@@ -170,15 +153,8 @@ func (x *Lease) endLocked(cause error) {
 		cause = context.Canceled
 	}
 	if x.cancel == nil && x.ended == endNone && x.ctx.Err() == nil {
-		switch cause {
-		case context.Canceled:
-			x.ended = endReleased
-			return
-		case ErrLost:
-			x.ended = endLost
-			return
-		case ErrClosed:
-			x.ended = endClosed
+		if c := slices.Index(endCauses[:], cause); c > 0 {
+			x.ended = endCause(c)
 			return
 		}
 		x.makeContextLocked() // a cause without a code: made now, to carry it
@@ -225,12 +201,7 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	defer cancel()
 	sent := x.h.k.now()
 	err := x.h.k.store.Refresh(ctx, x.h.key, x.h.owner(), x.h.k.ttl)
-	switch {
-	case err == nil:
-		x.h.extend(sent)
-	case errors.Is(err, ErrNotHeld):
-		x.h.markLost()
-	}
+	x.h.refreshed(sent, err)
 	return err
 }
 

@@ -95,20 +95,20 @@ func (l *Locker) Store() lockstore.Store { return l.k.store }
 // ctx that holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err() when ctx
 // ended before the call, or the store's error.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
-	return l.lock(ctx, key, l.cfg.mode == Wait)
+	return l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2) // take <- Lock <- caller
 }
 
 // TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
 // process costs no store command.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
-	return l.lock(ctx, key, false)
+	return l.take(ctx, key, false, time.Time{}, 2)
 }
 
 // Do runs fn under the lock of key, with the lease's context, and releases it when fn returns
 // or panics. Do returns fn's error; ErrLost if fn succeeded but the lock was lost meanwhile; or
 // the release's error, unless it was only left to finish in the background (ErrReleasePending).
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
-	lease, err := l.lock(ctx, key, l.cfg.mode == Wait)
+	lease, err := l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2)
 	if err != nil {
 		return err
 	}
@@ -166,11 +166,6 @@ func (l *Locker) storeKey(key string) (string, error) {
 	return rkey, nil
 }
 
-// lock is called by Lock, TryLock and Do only: take finds their caller three frames up.
-func (l *Locker) lock(ctx context.Context, key string, wait bool) (*Lease, error) {
-	return l.take(ctx, key, wait, time.Time{}, 3) // take <- lock <- Lock <- caller
-}
-
 // take takes key, or one of its permits; callerUp is how far up the exported method's caller is.
 func (l *Locker) take(ctx context.Context, key string, wait bool, start time.Time, callerUp int) (*Lease, error) {
 	if l.cfg.permits > 1 {
@@ -216,14 +211,6 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		b.bound = until
 	}
 	defer b.stop()
-	if o, ok := handover.Lookup(ctx, rkey); ok {
-		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
-		// wait for the write it runs under.
-		if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-			return lease, err
-		}
-		// The token holds nothing: it grants nothing, and we lock as a new owner.
-	}
 	switch {
 	case l.cfg.fair:
 		return l.lockOutside(ctx, &b, rkey, newOwnerToken(), start, callerUp+1)
@@ -232,10 +219,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	}
 	e, h, err := l.k.gate.enter(&b, rkey, wait)
 	if err != nil {
-		if err == ErrClosed {
-			return nil, err
-		}
-		return nil, l.busy(ctx, err)
+		return nil, err
 	}
 	return l.inSlot(ctx, &b, rkey, e, h, false, callerUp+1)
 }
@@ -247,13 +231,10 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 	if closing := l.k.gate.closed.Load(); closing || b.spent() {
 		return nil, l.passSlotOn(ctx, rkey, e, h, closing)
 	}
-	grant := GrantHandoff
 	if h == nil {
-		grant = GrantStore
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
-		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// The store is unreachable and the caller chose to go on: hold the gate slot only.
+		if l.degrades(ctx, err) {
 			h, err = newLocalHold(l.k, rkey, owner), nil
 		}
 		if err != nil {
@@ -261,19 +242,23 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 			return nil, err
 		}
 		l.k.gate.setHold(e, h, read)
+		return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(callerUp), read), nil
 	}
-	site := siteHandoff
-	if grant == GrantStore {
-		site = callerAbove(callerUp)
-	}
+	grant := GrantHandoff
 	fence, first := h.grantFence()
 	switch {
-	case grant == GrantHandoff && first && read:
+	case first && read:
 		grant = GrantShared // a reader admitted beside the one that took the lock (setHold)
-	case grant == GrantHandoff && first:
+	case first:
 		grant = GrantPass // the turn's first grant: a pass kept the lock (keeper.pass)
 	}
-	return newLease(ctx, h, grant, fence, site, read), nil
+	return newLease(ctx, h, grant, fence, siteHandoff, read), nil
+}
+
+// degrades reports whether err, an acquisition's, is a store that cannot be reached, which
+// the caller chose to go on without (WithFailOpen): it holds the gate slot only.
+func (l *Locker) degrades(ctx context.Context, err error) bool {
+	return err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil
 }
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
@@ -289,21 +274,28 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	if closing {
 		return ErrClosed
 	}
-	return l.busy(ctx, &busyError{})
+	return busyFor(ctx, &busyError{})
 }
 
-// reenterHeld re-enters the lease of rkey that ctx carries, if any (done); a write Lock under a
-// read lease fails with ErrUpgrade. A lease released meanwhile is not done.
+// reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease that ctx
+// carries, with its fence and no store command, or else the owner an upstream call handed
+// over (lockHanded). A write Lock under a read lease fails with ErrUpgrade; a lease released
+// meanwhile, or a handed-over token that holds nothing, grants nothing (not done).
 func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
-	parent := findLease(ctx, l.k.gate, rkey)
-	if parent == nil {
-		return nil, nil, false
+	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
+		if parent.reads() && !l.cfg.read {
+			return nil, upgradeError(rkey), true
+		}
+		if lease, err = l.reenter(ctx, parent); !errors.Is(err, errGrantEnded) {
+			return lease, err, true
+		}
 	}
-	if parent.reads() && !l.cfg.read {
-		return nil, upgradeError(rkey), true
+	if o, ok := handover.Lookup(ctx, rkey); ok {
+		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
+		// wait for the write it runs under.
+		return l.lockHanded(ctx, rkey, o.Token, o.Fence)
 	}
-	lease, err = l.reenter(ctx, parent)
-	return lease, err, !errors.Is(err, errGrantEnded)
+	return nil, nil, false
 }
 
 // reenter re-enters parent, a live lease that ctx carries, with its fence and no store command.
@@ -350,23 +342,6 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	h := newHold(l.k, rkey, owner, max(res.Fence, fence), borrow, sent, 0)
 	taken = h
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0, false), nil, true
-}
-
-// pauseAfterTrouble is a waiter's pause after the store's trouble: the next retry delay. It
-// returns nil when the next attempt may go, else ErrClosed (drain) or trouble.
-func (l *Locker) pauseAfterTrouble(b *budget, attempt *int, timer **time.Timer, trouble error) error {
-	*attempt++
-	d, ok := l.cfg.retry(*attempt)
-	if !ok {
-		return trouble
-	}
-	if !l.sleep(b.context(), nil, timer, d) {
-		if l.k.gate.closed.Load() {
-			return ErrClosed
-		}
-		return trouble
-	}
-	return nil
 }
 
 // callContext bounds one acquisition call by the wait budget in wait mode and by one TTL
@@ -433,8 +408,8 @@ func (b *budget) stop() {
 	}
 }
 
-// busy joins a busy error with the caller's context error when that context ended.
-func (l *Locker) busy(ctx context.Context, err error) error {
+// busyFor joins a busy error with the caller's context error when that context ended.
+func busyFor(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return errors.Join(err, cerr)
 	}
@@ -446,7 +421,7 @@ func (l *Locker) gaveUp(ctx context.Context, busy *busyError) error {
 	if l.k.gate.closed.Load() {
 		return ErrClosed
 	}
-	return l.busy(ctx, busy)
+	return busyFor(ctx, busy)
 }
 
 // sleep waits d between attempts, or until wake fires (nil never does), ctx ends or the gate

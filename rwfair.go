@@ -66,10 +66,8 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 	for {
 		e, h, joined, err := g.enterRead(b, rkey, wait, l.k.window)
 		switch {
-		case err == ErrClosed:
-			return nil, err
 		case err != nil:
-			return nil, l.busy(ctx, err)
+			return nil, err
 		case joined:
 			return newLease(ctx, h, GrantShared, h.currentFence(), siteHandoff, true), nil
 		case e != nil:

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/mapshrink"
 	"github.com/flightlock/flightlock/internal/waitbudget"
 	"github.com/flightlock/flightlock/lockstore"
@@ -28,13 +27,8 @@ func PermitKey(prefix, key string, i int) string {
 	return lockstore.PermitKey(prefix+escapeKey(key), i)
 }
 
-// escapeKey doubles each "#" of key (see PermitKey).
-func escapeKey(key string) string {
-	if !strings.Contains(key, "#") {
-		return key
-	}
-	return strings.ReplaceAll(key, "#", "##")
-}
+// escapeKey doubles each "#" of key (see PermitKey); a key without one is returned as is.
+func escapeKey(key string) string { return strings.ReplaceAll(key, "#", "##") }
 
 // permitTurn spreads a semaphore's takers over its permits: each starts at the next one.
 var permitTurn atomic.Uint32
@@ -65,20 +59,15 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	if n := len(keys[permits-1]); n > MaxKeyLen {
 		return nil, wrapf(ErrInvalidKey, "the key of permit %d is %d bytes with its prefix, at most %d allowed", permits, n, MaxKeyLen)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	// A permit the caller holds already, in this process or handed over, is re-entered: a second
 	// would count it twice.
 	for _, rkey := range keys {
-		if findLease(ctx, l.k.gate, rkey) != nil {
-			return l.lockSince(ctx, rkey, wait, time.Time{}, time.Time{}, callerUp)
+		if lease, err, done := l.reenterHeld(ctx, rkey); done {
+			return lease, err
 		}
-		if o, ok := handover.Lookup(ctx, rkey); ok {
-			if lease, err, done := l.lockHanded(ctx, rkey, o.Token, o.Fence); done {
-				return lease, err
-			}
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
 	}
 	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
 		first: int(permitTurn.Add(1) % uint32(permits)), b: budget{parent: ctx}}
@@ -196,17 +185,12 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 		sentAt time.Time
 	)
 	if len(claimed) > 0 {
-		keys := make([]string, len(claimed))
-		for j, i := range claimed {
-			keys[j] = pt.keys[i]
-		}
 		b := budget{parent: ctx, bound: pt.b.deadline}
 		sentAt = time.Now()
-		grants, err = l.acquirePermits(ctx, &b, keys, min(want, len(keys)))
+		grants, err = l.acquirePermits(ctx, &b, claimed, min(want, len(claimed)))
 		b.stop()
-		if err != nil && l.cfg.failOpen && !errors.Is(err, ErrBusy) && !errors.Is(err, ErrClosed) && ctx.Err() == nil {
-			// The store is unreachable and the caller chose to go on: hold a gate slot only.
-			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, keys[0], newOwnerToken())}}, nil
+		if l.degrades(ctx, err) {
+			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, claimed[0], newOwnerToken())}}, nil
 		}
 	}
 	var be, refused *busyError // refused: what waiters learn when every permit asked for was busy
@@ -218,8 +202,7 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 	}
 	mine := pt.settle(f, claimed, entries, grants, refused, r.local)
 	if mine.h != nil {
-		fence, _ := mine.h.grantFence()
-		return newLease(ctx, mine.h, GrantStore, fence, callerAbove(pt.callerUp+1+up), false), nil
+		return newLease(ctx, mine.h, GrantStore, mine.h.currentFence(), callerAbove(pt.callerUp+1+up), false), nil
 	}
 	switch {
 	case len(claimed) == 0:
@@ -241,9 +224,9 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 // claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
 // process (-1 when none); with claim, that is the first such taken slot, and it also makes the
 // caller the owner of the free slots among keys (a lock kept in a free slot included), and
-// returns their indexes and entries. A slot whose owner only asks the store is neither.
+// returns their keys and entries. A slot whose owner only asks the store is neither.
 // g.mu must be held.
-func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []int, entries []*gateEntry) {
+func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []string, entries []*gateEntry) {
 	local = -1
 	for j := range keys {
 		i := (first + j) % len(keys)
@@ -265,7 +248,7 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 		}
 		e.taken = true
 		e.refs++
-		claimed, entries = append(claimed, i), append(entries, e)
+		claimed, entries = append(claimed, keys[i]), append(entries, e)
 	}
 	g.peak = max(g.peak, len(g.entries))
 	return local, claimed, entries
@@ -275,17 +258,15 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 // slots are left; the first grant is the caller's, the next ones go to the waiters in order,
 // and a grant nobody waits for any more is released. Waiters without a grant learn that every
 // permit was busy (busy), or else wait for the next look, which the first of them leads.
-func (pt *permitTaker) settle(f *permitFlight, claimed []int, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
+func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
-	granted := make(map[int]*hold, len(grants))
 	for _, gr := range grants {
-		granted[gr.i] = gr.h
+		g.setHold(entries[gr.i], gr.h, false)
+		entries[gr.i] = nil
 	}
 	for j, e := range entries {
-		if h := granted[j]; h != nil {
-			g.setHold(e, h, false)
-		} else {
-			g.leave(pt.keys[claimed[j]], e, false)
+		if e != nil { // not granted
+			g.leave(claimed[j], e, false)
 		}
 	}
 	g.mu.Lock()
@@ -349,8 +330,7 @@ func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
 		}
 		return nil, ctx.Err()
 	case h != nil:
-		fence, _ := h.grantFence()
-		return newLease(ctx, h, GrantStore, fence, callerAbove(pt.callerUp+2), false), nil
+		return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(pt.callerUp+2), false), nil
 	case w.busy != nil:
 		pt.answered, r.remote, r.local = true, true, w.local
 		r.busy = &busyError{retryAfter: w.busy.retryAfter}

@@ -2,7 +2,9 @@ package flightlock
 
 import (
 	"context"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,16 +184,13 @@ func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration)
 }
 
 // queue puts the caller in e's line (g.mu held, and unlocked here) and waits for the slot, or
-// fails busy: at once without wait, else when its budget ends. A reader let go to the store
-// read path gets a nil entry.
+// fails busy (busyFor): at once without wait, else when its budget ends. A reader let go to
+// the store read path gets a nil entry.
 func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gateEntry, *hold, error) {
 	if !wait {
-		var retryAfter time.Duration
-		if e.hold != nil {
-			retryAfter = e.hold.remaining()
-		}
+		busy := &busyError{retryAfter: e.hold.remaining()}
 		g.mu.Unlock()
-		return nil, nil, &busyError{retryAfter: retryAfter}
+		return nil, nil, busyFor(b.parent, busy)
 	}
 	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline, read: read}
 	e.push(w)
@@ -219,11 +218,7 @@ func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gat
 	defer g.mu.Unlock()
 	switch {
 	case w.expired:
-		var retryAfter time.Duration
-		if e.hold != nil {
-			retryAfter = e.hold.remaining()
-		}
-		return nil, nil, &busyError{retryAfter: retryAfter}
+		return nil, nil, busyFor(b.parent, &busyError{retryAfter: e.hold.remaining()})
 	case w.outside:
 		return nil, nil, nil
 	}
@@ -317,8 +312,13 @@ const (
 
 // handoff passes h and the slot to the next queued waiter, if any, when the fairness bounds
 // allow it (fewer than bound handoffs in a row, h acquired less than window ago) and h has
-// enough time left. It returns key's entry, for the caller to pass or leave the slot with.
-func (g *gate) handoff(key string, h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
+// enough time left. It returns h's entry, for the caller to pass or leave the slot with (nil
+// for a hold outside the gate).
+func (g *gate) handoff(h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
+	if !h.gated() {
+		return notHanded, nil
+	}
+	key := h.key
 	handable := !h.degraded() && bound > 0 && window > 0 && h.handable()
 	late := handable && h.k.sinceInstant(h.acquired) >= window
 	g.mu.Lock()
@@ -404,8 +404,7 @@ func (g *gate) grantLocked(e *gateEntry, h *hold) {
 			close(w.ready)
 			e.refs-- // the caller's own reference keeps the entry until it drops it
 		}
-		clear(e.queue.waiters)
-		e.queue.waiters = e.queue.waiters[:0]
+		e.queue.waiters = nil
 		e.queue.emptied()
 		e.taken, e.yield = false, false
 		return
@@ -436,16 +435,10 @@ func (g *gate) admitReadersLocked(e *gateEntry, h *hold) {
 
 // writerQueued reports whether a writer is in e's line. g.mu must be held.
 func (e *gateEntry) writerQueued() bool {
-	if e.queue == nil {
-		return false
-	}
-	for _, w := range e.queue.waiters {
-		if !w.read {
-			return true
-		}
-	}
-	return false
+	return e.queue != nil && slices.ContainsFunc(e.queue.waiters, (*gateWaiter).writes)
 }
+
+func (w *gateWaiter) writes() bool { return !w.read }
 
 // dropLocked removes one reference, and the entry at zero. g.mu must be held.
 func (g *gate) dropLocked(key string, e *gateEntry) {
@@ -520,14 +513,11 @@ func (g *gate) drain(ctx context.Context) int {
 	case <-ctx.Done():
 	}
 	g.mu.Lock()
-	holds := make([]*hold, 0, len(g.entries)+len(g.borrowed))
+	holds := slices.Collect(maps.Keys(g.borrowed))
 	for _, e := range g.entries {
 		if e.hold != nil {
 			holds = append(holds, e.hold)
 		}
-	}
-	for h := range g.borrowed {
-		holds = append(holds, h)
 	}
 	n := len(g.entries) + len(g.borrowed) + g.borrowing
 	g.mu.Unlock()
