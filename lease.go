@@ -144,7 +144,7 @@ const (
 	endClosed
 )
 
-// endCauses are the causes that an endCause stands for.
+// endCauses are the causes that an endCause stands for. Read only.
 var endCauses = [...]error{endReleased: context.Canceled, endLost: ErrLost, endClosed: ErrClosed}
 
 // endLocked ends the context with cause (nil: Canceled), now or once made. x.h.mu must be held.

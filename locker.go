@@ -195,11 +195,13 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if lease, err, done := l.reenterHeld(ctx, rkey); done {
-		return lease, err
-	}
+	// The wait begins before a handed-over owner is looked up in the store (reenterHeld), so
+	// that lookup counts against it.
 	if start.IsZero() && (wait || l.cfg.fair) {
 		start = time.Now()
+	}
+	if lease, err, done := l.reenterHeld(ctx, rkey); done {
+		return lease, err
 	}
 	b := budget{parent: ctx}
 	if wait {

@@ -258,6 +258,7 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 // slots are left; the first grant is the caller's, the next ones go to the waiters in order,
 // and a grant nobody waits for any more is released. Waiters without a grant learn that every
 // permit was busy (busy), or else wait for the next look, which the first of them leads.
+// grants name distinct claimed slots (entries' indexes), as the store contract promises.
 func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
 	for _, gr := range grants {

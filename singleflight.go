@@ -187,10 +187,11 @@ func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration)
 // fails busy (busyFor): at once without wait, else when its budget ends. A reader let go to
 // the store read path gets a nil entry.
 func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gateEntry, *hold, error) {
+	// A busy answer is built after g.mu is let go: it allocates and reads the caller's context.
 	if !wait {
-		busy := &busyError{retryAfter: e.hold.remaining()}
+		retryAfter := e.hold.remaining()
 		g.mu.Unlock()
-		return nil, nil, busyFor(b.parent, busy)
+		return nil, nil, busyFor(b.parent, &busyError{retryAfter: retryAfter})
 	}
 	w := &gateWaiter{ready: make(chan struct{}), deadline: b.deadline, read: read}
 	e.push(w)
@@ -215,16 +216,21 @@ func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gat
 		testHookWoken()
 	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	expired, outside, granted := w.expired, w.outside, w.hold
+	var retryAfter time.Duration
+	if expired {
+		retryAfter = e.hold.remaining()
+	}
+	g.mu.Unlock()
 	switch {
-	case w.expired:
-		return nil, nil, busyFor(b.parent, &busyError{retryAfter: e.hold.remaining()})
-	case w.outside:
+	case expired:
+		return nil, nil, busyFor(b.parent, &busyError{retryAfter: retryAfter})
+	case outside:
 		return nil, nil, nil
 	}
 	// The hold granted with the slot, not e.hold, which may be the next owner's by now if the
 	// watchdog abandoned this one (a lease lost at once, whose Release leaves the gate alone).
-	return e, w.hold, nil
+	return e, granted, nil
 }
 
 // armLocked makes e's queue timer fire by deadline. g.mu must be held.
