@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
@@ -272,8 +273,8 @@ func writeRecord(file string, pace float64, figures map[string]float64) error {
 }
 
 // hotHarness is one process's flightlock row on a default go-redis client (scenario 13's
-// flightlock@default: the store with its defaults, the common TTL and wait), and the count of
-// the keys its runs took.
+// flightlock@default) with the Locker's own defaults (TTL and wait, as a service that sets
+// neither has them), and the count of the keys its runs took.
 type hotHarness struct {
 	*flightlockImpl
 	round atomic.Int64
@@ -283,7 +284,7 @@ type hotHarness struct {
 // sharing warm critical sections on a key of its own: the script load, the pool's
 // connections, the gate's first entry.
 func newHotHarness(addr string, g, warm int) (*hotHarness, error) {
-	f, err := newFlightlock(addr, defaultClient)
+	f, err := newFlightlock(addr, defaultClient, flightlock.WithTTL(flightlock.DefaultTTL), flightlock.WithWait(flightlock.DefaultWait))
 	if err != nil {
 		return nil, err
 	}
