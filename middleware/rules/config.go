@@ -262,7 +262,9 @@ func (c LockConf) Validate() error {
 
 // Problems reports every bad field of c, each a *ConfigError, for tools that list all the
 // mistakes of a file (flightlock check): the scalar settings, then each rule compiled after
-// the good rules before it. The first is the one Validate returns.
+// the good rules before it. Validate returns one of them: the same first one, except when a
+// rule is bad only beside a later rule (two Permits of one key), which Compile finds after it
+// has checked each rule alone.
 func (c LockConf) Problems() []error {
 	n := c.Normalized()
 	ps := n.problems()
