@@ -262,9 +262,9 @@ func (c LockConf) Validate() error {
 
 // Problems reports every bad field of c, each a *ConfigError, for tools that list all the
 // mistakes of a file (flightlock check): the scalar settings, then each rule compiled after
-// the good rules before it. Validate returns one of them: the same first one, except when a
-// rule is bad only beside a later rule (two Permits of one key), which Compile finds after it
-// has checked each rule alone.
+// the good rules before it. Validate returns one of them, the same first one unless a rule
+// conflicts with an earlier one (two Permits of one key) and a later rule is bad alone:
+// Compile checks every rule alone before it compares them.
 func (c LockConf) Problems() []error {
 	n := c.Normalized()
 	ps := n.problems()
