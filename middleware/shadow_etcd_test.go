@@ -89,21 +89,10 @@ func TestEtcdShadow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Pod B's request is counted as a conflict. On a loaded machine etcd may answer after
-	// shadowBound, and the try is then counted as a store error: only then does pod B ask again.
-	for try := 1; ; try++ {
-		storeErrs := conflictCount(t, rule, wouldStoreError)
-		if code, _, _ := post(t, baseB+"/etcd/shadow/7"); code != http.StatusOK {
-			t.Fatalf("pod B's request while pod A's holds the key: %d, want 200 (shadow never refuses)", code)
-		}
-		got := conflictCount(t, rule, "reject") - before
-		if got == 1 {
-			break
-		}
-		if timedOut := conflictCount(t, rule, wouldStoreError) - storeErrs; got != 0 || timedOut != 1 || try == 10 {
-			t.Fatalf("conflicts counted while another pod held the key in etcd: %v (store errors %v, try %d), want 1", got, timedOut, try)
-		}
-	}
+	countsOneConflict(t, "pod B's request while pod A's holds the key in etcd", rule, "reject", func() int {
+		code, _, _ := post(t, baseB+"/etcd/shadow/7")
+		return code
+	})
 	close(leave)
 	if code := <-first; code != http.StatusOK {
 		t.Fatalf("pod A's request: %d", code)

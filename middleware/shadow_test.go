@@ -127,6 +127,30 @@ func TestShadowCountsConflicts(t *testing.T) {
 	}
 }
 
+// countsOneConflict sends a request of a shadow rule that enforcing it would refuse, wants it
+// answered 200 and counted as one conflict of kind would (what, in messages). A shadow try
+// gives up after shadowBound: on a loaded machine the store may answer later, and the try is
+// then counted as a store error; only then is the request sent again, 10 times at most. A
+// failure is reported with Errorf, so that the caller lets its held requests go.
+func countsOneConflict(t *testing.T, what, rule, would string, send func() int) {
+	t.Helper()
+	for try := 1; ; try++ {
+		conflicts, storeErrs := conflictCount(t, rule, would), conflictCount(t, rule, wouldStoreError)
+		if code := send(); code != http.StatusOK {
+			t.Errorf("%s: %d, want 200 (shadow rules hold nothing back)", what, code)
+			return
+		}
+		got := conflictCount(t, rule, would) - conflicts
+		if got == 1 {
+			return
+		}
+		if timedOut := conflictCount(t, rule, wouldStoreError) - storeErrs; got != 0 || timedOut != 1 || try == 10 {
+			t.Errorf("%s counted %v conflicts (store errors %v, try %d), want 1", what, got, timedOut, try)
+			return
+		}
+	}
+}
+
 func conflictCount(t *testing.T, rule, would string) float64 {
 	t.Helper()
 	var v float64
