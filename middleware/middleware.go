@@ -166,7 +166,7 @@ func (m *Middleware) buildStores(o options) error {
 		}
 		if l == nil {
 			var err error
-			if l, err = lockerOn(b, c); err != nil {
+			if l, err = baseOn(b, c); err != nil {
 				return err
 			}
 		}

@@ -72,19 +72,15 @@ func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend
 	return b, nil
 }
 
-// baseOn builds the base Locker of b: c's settings, under b's prefix; a Lock.TTL the store
-// cannot keep (its Capabilities) is refused naming Lock.TTL.
+// baseOn builds the base Locker that c, normalized, describes on b's store, under b's prefix
+// and named b.Name (its metrics label); a Lock.TTL the store cannot keep (its Capabilities) is
+// refused naming Lock.TTL, whether the section opened the store or WithStore gave it. Its
+// locks carry their holder's trace id, which sameTrace reads back. What the locks of Locker()
+// do is counted and logged as the rule "Locker".
 func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 	if err := b.Store.Capabilities().CheckTTL(c.TTL); err != nil {
 		return nil, rules.FieldError("Lock.TTL", "%v", err)
 	}
-	return lockerOn(b, c)
-}
-
-// lockerOn builds the Locker that c, normalized, describes on b's store, under b's prefix and
-// named b.Name (its metrics label). Its locks carry their holder's trace id, which sameTrace
-// reads back. What the locks of Locker() do is counted and logged as the rule "Locker".
-func lockerOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 	l, err := flightlock.New(b.Store,
 		flightlock.WithPrefix(b.Prefix),
 		flightlock.WithTTL(c.TTL),

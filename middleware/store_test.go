@@ -141,3 +141,29 @@ func TestMiddlewareLocksCarryTheTraceID(t *testing.T) {
 		t.Errorf("holder %+v, %v; want trace %s and this pid", info, err, traceID)
 	}
 }
+
+// boundedTTLStore is a store that keeps no lock longer than maxTTL (as ZooKeeper's session
+// bounds a lock's TTL).
+type boundedTTLStore struct {
+	lockstore.Store
+	maxTTL time.Duration
+}
+
+func (s boundedTTLStore) Capabilities() lockstore.Capabilities {
+	c := s.Store.Capabilities()
+	c.MaxTTL, c.MaxTTLReason = s.maxTTL, "the test store's bound"
+	return c
+}
+
+// A Lock.TTL that a store given with WithStore cannot keep is refused at start-up naming
+// Lock.TTL, as it is for a store the Lock section opens.
+func TestWithStoreRefusesATTLTheStoreCannotKeepNamingLockTTL(t *testing.T) {
+	tr := newTestRedis(t)
+	_, err := New(LockConf{TTL: 10 * time.Second}, WithStore(boundedTTLStore{tr.store, 5 * time.Second}))
+	if err == nil || !strings.HasPrefix(err.Error(), "Lock.TTL: ") {
+		t.Fatalf("New = %v, want an error that names Lock.TTL", err)
+	}
+	if _, err := New(LockConf{TTL: 5 * time.Second}, WithStore(boundedTTLStore{tr.store, 5 * time.Second})); err != nil {
+		t.Fatalf("New with a TTL the store keeps = %v", err)
+	}
+}
