@@ -64,12 +64,11 @@ func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floo
 func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	v, ok := parseValue(kv.Value)
 	holds := strings.Split(v.holds, ",")
+	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	if !ok || holds[0] != "0" && holds[0] != "1" {
-		l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, false, nil)
-		l.Unrecognized, l.Fence = string(kv.Value), 0
+		l.Unrecognized, l.Fence, l.Contended = string(kv.Value), 0, false
 		return l
 	}
-	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	l.Own, l.Borrowed = holds[0] == "1", holds[1:]
 	l.ParseHolder(v.meta)
 	return l
