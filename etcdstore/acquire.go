@@ -225,8 +225,18 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()
 	try := func(ctx context.Context, again bool) (T, error) {
-		l, err := s.freshLease(ctx, ttl, start, owner, keys...)
+		// The lease of ttl, pinned (unpin once the outcome is recorded) and known to live at
+		// least ttl from start. Without it, the acquisition sent nothing.
+		l, err := s.leaseFor(ctx, ttl)
+		if err == nil && !l.liveFor(start, ttl) {
+			if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
+				s.unpin(l)
+			}
+		}
 		if err != nil {
+			for _, k := range keys {
+				s.noteUnsent(k, owner)
+			}
 			var none T
 			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
 		}
@@ -327,24 +337,6 @@ func markWriter(key string, l *lease) clientv3.Op {
 			clientv3.OpGet(readDir(key), clientv3.WithPrefix(), clientv3.WithLimit(1)),
 		},
 		nil)
-}
-
-// freshLease returns the lease of ttl, pinned (unpin once the outcome is recorded) and known to
-// live at least ttl from start. When it fails, owner's acquisition of keys sent nothing.
-func (s *Store) freshLease(ctx context.Context, ttl time.Duration, start time.Time, owner string, keys ...string) (*lease, error) {
-	l, err := s.leaseFor(ctx, ttl)
-	if err == nil && !l.liveFor(start, ttl) {
-		if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
-			s.unpin(l)
-		}
-	}
-	if err != nil {
-		for _, k := range keys {
-			s.noteUnsent(k, owner)
-		}
-		return nil, err
-	}
-	return l, nil
 }
 
 // markWaiter is AcquireAll's mark: a nested transaction that sets key's waiter mark on the

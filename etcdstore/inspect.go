@@ -64,12 +64,11 @@ func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floo
 func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	v, ok := parseValue(kv.Value)
 	holds := strings.Split(v.holds, ",")
+	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	if !ok || holds[0] != "0" && holds[0] != "1" {
-		l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, false, nil)
-		l.Unrecognized, l.Fence = string(kv.Value), 0
+		l.Unrecognized, l.Fence, l.Contended = string(kv.Value), 0, false
 		return l
 	}
-	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	l.Own, l.Borrowed = holds[0] == "1", holds[1:]
 	l.ParseHolder(v.meta)
 	return l
@@ -237,38 +236,30 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 // the next grant's fence above the holder's).
 //
 // A key held for reading loses every read hold instead, only while no writer holds it and no
-// read hold is newer than l (a new one is a grant the operator did not agree to remove).
+// read hold is newer than l (a new one is a grant the operator did not agree to remove). When
+// nothing is removed, a Lookup tells what the key holds now.
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
 	}
 	// A key held for reading has no lock key, only read holds.
-	read, rd := l.Readers > 0 && !l.Own && len(l.Borrowed) == 0 && l.Unrecognized == "", readDir(l.StoreKey)
+	read, rd := l.Readers > 0 && !l.Own && len(l.Borrowed) == 0, readDir(l.StoreKey)
 	cmps, del := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(l.StoreKey), "=", l.ModRevision)}, clientv3.OpDelete(l.StoreKey)
 	if read {
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(l.StoreKey), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(rd), "<", l.ModRevision+1).WithPrefix()}
 		del = clientv3.OpDelete(rd, clientv3.WithPrefix())
 	}
-	resp, err := in.cli.Txn(ctx).If(cmps...).Then(del, clientv3.OpDelete(WaiterKey(l.StoreKey))).
-		Else(clientv3.OpGet(l.StoreKey)).Commit()
+	resp, err := in.cli.Txn(ctx).If(cmps...).Then(del, clientv3.OpDelete(WaiterKey(l.StoreKey))).Commit()
 	switch {
 	case err != nil:
 		return 0, err
-	case !resp.Succeeded && read:
-		if now, err := in.Lookup(ctx, l.Key); err == nil {
-			return 0, &lockstore.ChangedError{Now: &now}
-		}
-		return 0, &lockstore.ChangedError{}
-	case !resp.Succeeded:
+	case !resp.Succeeded || read && resp.Responses[0].GetResponseDeleteRange().Deleted == 0: // every read hold ended since
 		changed := &lockstore.ChangedError{}
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			now := lockOf(l.Key, kvs[0], false, nil)
+		if now, err := in.Lookup(ctx, l.Key); err == nil {
 			changed.Now = &now
 		}
 		return 0, changed
-	case read && resp.Responses[0].GetResponseDeleteRange().Deleted == 0:
-		return 0, &lockstore.ChangedError{} // every read hold ended since
 	}
 	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil // one mark at most
 }

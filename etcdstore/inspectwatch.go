@@ -71,22 +71,16 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 	wctx, stop := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer stop()
 	p := w.in.prefix
-	lockEvents := w.in.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
-	markEvents := w.in.cli.Watch(wctx, WaiterKey(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
+	watches := [2]clientv3.WatchChan{ // the locks, then their waiter marks
+		w.in.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithPrevKV()),
+		w.in.cli.Watch(wctx, WaiterKey(p), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete()),
+	}
 	for {
-		var (
-			resp clientv3.WatchResponse
-			ok   bool
-			mark bool
-		)
-		select {
-		case <-ctx.Done():
+		resp, i, ok := nextOf(ctx.Done(), watches)
+		switch {
+		case ctx.Err() != nil:
 			return nil
-		case resp, ok = <-lockEvents:
-		case resp, ok = <-markEvents:
-			mark = true
-		}
-		if !ok {
+		case !ok:
 			return errors.New("etcd closed the watch")
 		}
 		if err := resp.Err(); err != nil {
@@ -94,7 +88,7 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 		}
 		ends := make(leaseEnds) // a lease's end deletes all of its keys in one response
 		for _, ev := range resp.Events {
-			if mark {
+			if i == 1 {
 				w.marked(ev)
 			} else if err := w.lockEvent(ctx, ev, ends); err != nil {
 				return err

@@ -231,7 +231,7 @@ func (s *Store) dropLease(l *lease) {
 		delete(s.byID, l.id)
 	}
 	maps.DeleteFunc(s.held, func(_ entryKey, e *heldKey) bool { return e.lease == l.id })
-	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in dropLocked
+	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak) // as in applyLocked
 }
 
 func (s *Store) ourLease(id clientv3.LeaseID) *lease {

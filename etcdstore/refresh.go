@@ -61,7 +61,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 			continue
 		}
 		id := clientv3.LeaseID(kv.Lease)
-		s.onLease(r.Key, r.Owner, id)
+		s.change(r.Key, r.Owner, func(e *heldKey) { e.lease = id }) // the owner's release may have moved it
 		if kas[id] == nil {
 			kas[id] = s.startKeepAlive(ctx, id, start) // sent now, after start
 		}
@@ -103,16 +103,6 @@ func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, b
 	}
 	e.until = later(e.until, until)
 	return *e, true
-}
-
-// onLease records the lease a read found key on (the owner's release moved it).
-func (s *Store) onLease(key, owner string, id clientv3.LeaseID) {
-	s.mu.Lock()
-	if e := s.held[entryKey{key, owner}]; e != nil {
-		s.relinkLocked(e.lease, id)
-		e.lease = id
-	}
-	s.mu.Unlock()
 }
 
 // keepAlive is one keep-alive of a lease: of the store's own, the one shared by every caller

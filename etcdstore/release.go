@@ -38,16 +38,7 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 			return 0, err
 		}
 	}
-	return s.releaseNow(ctx, key, owner, hold, lastFence)
-}
-
-// releaseNow is Release on the wire, recording a release that failed for the store to retry.
-func (s *Store) releaseNow(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	n, err := s.release(ctx, key, owner, hold, lastFence)
-	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
-		s.releaseFailed(key, owner, hold, lastFence)
-	}
-	return n, err
+	return s.release(ctx, key, owner, hold, lastFence)
 }
 
 // giveBackLater gives back, with no round trip, the own hold of owner on key when the store
@@ -92,14 +83,27 @@ func (s *Store) noteUnsent(key, owner string) {
 }
 
 // release is Release on the wire: the one-transaction release when it applies, else by read and
-// compare-and-write.
-func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+// compare-and-write. A release that failed is recorded for the store to retry (releaseFailed).
+func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (n int, err error) {
+	defer func() {
+		if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+			s.releaseFailed(key, owner, hold, lastFence)
+		}
+	}()
 	if lockstore.IsReadOwner(owner) {
 		return s.releaseShared(ctx, key, owner, hold)
 	}
-	if hold == "" {
-		if n, done, err := s.releaseAtOnce(ctx, key, owner, lastFence); done {
-			return n, err
+	// The one-transaction release of a plain lock this store took and knows unchanged. No else
+	// branch: reading there costs every release, and the compare fails only for a lock
+	// re-entered from elsewhere or lost, which the read and compare-and-write below handle.
+	if e, ok := s.entry(key, owner); ok && hold == "" && e.simple && e.own && e.modRev != 0 {
+		resp, err := s.atRevision(ctx, key, e.modRev, deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor), nil)
+		if err != nil {
+			return 0, fmt.Errorf("flightlock: release %q: %w", key, err)
+		}
+		if resp.Succeeded {
+			s.forget(key, owner)
+			return int(resp.Responses[1].GetResponseDeleteRange().Deleted), nil
 		}
 	}
 	reads := []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(FloorKey(key))}
@@ -169,26 +173,6 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op, more ...clientv3.Cmp) (*clientv3.TxnResponse, error) {
 	cmps := append(make([]clientv3.Cmp, 0, 1+len(more)), clientv3.Compare(clientv3.ModRevision(key), "=", rev))
 	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
-}
-
-// releaseAtOnce is the one-transaction release of a plain lock this store took and knows
-// unchanged; done is false when it does not apply or the key changed since (read and compare).
-func (s *Store) releaseAtOnce(ctx context.Context, key, owner string, lastFence int64) (n int, done bool, err error) {
-	e, ok := s.entry(key, owner)
-	if !ok || !e.simple || !e.own || e.modRev == 0 {
-		return 0, false, nil
-	}
-	// No else branch: reading there costs every release, and the compare fails only for a
-	// lock re-entered from elsewhere or lost.
-	resp, err := s.atRevision(ctx, key, e.modRev, deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor), nil)
-	if err != nil {
-		return 0, true, fmt.Errorf("flightlock: release %q: %w", key, err)
-	}
-	if !resp.Succeeded {
-		return 0, false, nil
-	}
-	s.forget(key, owner)
-	return int(resp.Responses[1].GetResponseDeleteRange().Deleted), true, nil
 }
 
 // releaseOps are the writes that release hold (or the owner's own hold) from the lock value v
@@ -288,11 +272,11 @@ func (s *Store) startReaper(now time.Time) {
 	})
 }
 
-// releaseBounded is releaseNow on ctx, bounded by a second.
+// releaseBounded is release on ctx, bounded by a second.
 func (s *Store) releaseBounded(ctx context.Context, key, owner, hold string, lastFence int64) {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	_, _ = s.releaseNow(ctx, key, owner, hold, lastFence)
+	_, _ = s.release(ctx, key, owner, hold, lastFence)
 }
 
 // Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other

@@ -58,7 +58,7 @@ type Store struct {
 	leases   map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
 	byID     map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
 	held     map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
-	heldPeak int                          // guarded by mu: len(held)'s peak, for dropLocked
+	heldPeak int                          // guarded by mu: len(held)'s peak, for applyLocked
 	// The next four maps are guarded by mu and bounded (putBounded); an entry forgotten early
 	// costs a round trip (a forgotten place: a refusal and a lease grant, never its rank).
 	waitRev map[string]int64      // revision of the last busy reply per key, for Watch
@@ -235,51 +235,49 @@ func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 		s.heldPeak = max(s.heldPeak, len(s.held))
 	}
 	delete(s.unsent, k) // the store knows more of it now
-	was := e.lease
-	f(e)
-	if !e.own && len(e.holds) == 0 {
-		s.dropLocked(k, was)
-	} else {
-		s.relinkLocked(was, e.lease)
-	}
+	s.applyLocked(k, e, f)
 	return true
 }
 
-// dropLocked drops the entry k, counted on lease id, and rebuilds held once it falls to a
-// quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
-func (s *Store) dropLocked(k entryKey, id clientv3.LeaseID) {
-	delete(s.held, k)
-	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak)
-	s.relinkLocked(id, 0)
-}
-
-// forget drops the entry of key for owner: the key is gone or another owner's.
-func (s *Store) forget(key, owner string) {
+// change runs f on the entry of key for owner, when there is one, as update does.
+func (s *Store) change(key, owner string, f func(e *heldKey)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := entryKey{key, owner}
 	if e := s.held[k]; e != nil {
-		s.dropLocked(k, e.lease)
+		s.applyLocked(k, e, f)
 	}
+}
+
+// applyLocked runs f on the entry e of k and counts it on the lease f left it on
+// (relinkLocked). An entry left holding nothing is dropped, and held rebuilt once it falls to a
+// quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
+func (s *Store) applyLocked(k entryKey, e *heldKey, f func(e *heldKey)) {
+	was := e.lease
+	f(e)
+	if e.own || len(e.holds) > 0 {
+		s.relinkLocked(was, e.lease)
+		return
+	}
+	delete(s.held, k)
+	s.held, s.heldPeak = mapshrink.Shrink(s.held, s.heldPeak)
+	s.relinkLocked(was, 0)
+}
+
+// forget drops the entry of key for owner: the key is gone or another owner's.
+func (s *Store) forget(key, owner string) {
+	s.change(key, owner, func(e *heldKey) { e.own, e.holds = false, nil })
 }
 
 // released records that hold ("" the acquisition's own) of key was given up for owner.
 func (s *Store) released(key, owner, hold string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := entryKey{key, owner}
-	e := s.held[k]
-	if e == nil {
-		return
-	}
-	if hold == "" {
-		e.own, e.simple = false, false
-	} else {
-		e.holds = slices.DeleteFunc(slices.Clone(e.holds), func(h string) bool { return h == hold })
-	}
-	if !e.own && len(e.holds) == 0 {
-		s.dropLocked(k, e.lease)
-	}
+	s.change(key, owner, func(e *heldKey) {
+		if hold == "" {
+			e.own, e.simple = false, false
+		} else {
+			e.holds = slices.DeleteFunc(slices.Clone(e.holds), func(h string) bool { return h == hold })
+		}
+	})
 }
 
 // withHold returns holds with hold added once (a new slice).

@@ -73,16 +73,7 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 			s.cli.Watch(rctx, sideDir(key), clientv3.WithFilterPut(), clientv3.WithRev(revs[1]), clientv3.WithPrefix()),
 		}
 		for ended := false; !ended; {
-			var (
-				resp clientv3.WatchResponse
-				ok   bool
-				i    int
-			)
-			select {
-			case resp, ok = <-watches[0]:
-			case resp, ok = <-watches[1]:
-				i = 1
-			}
+			resp, i, ok := nextOf(nil, watches)
 			if !ok {
 				// A cancelled watch is followed by the channel's close: both start again.
 				ended = true
@@ -112,4 +103,16 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 		case <-t.C:
 		}
 	}
+}
+
+// nextOf receives the next response of either watch of ws, and which one sent it; ok is false
+// when that watch is closed, or when done is closed first (a nil done never is).
+func nextOf(done <-chan struct{}, ws [2]clientv3.WatchChan) (resp clientv3.WatchResponse, i int, ok bool) {
+	select {
+	case <-done:
+	case resp, ok = <-ws[0]:
+	case resp, ok = <-ws[1]:
+		i = 1
+	}
+	return resp, i, ok
 }
