@@ -408,6 +408,9 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	if err := s.check(key, owner, time.Millisecond); err != nil {
 		return 0, err
 	}
+	if err := lockstore.CheckHold(hold, true); err != nil {
+		return 0, err
+	}
 	p, name := s.keyPath(key), holdName(owner, hold)
 	n, err := s.releaseHold(ctx, p, owner, name)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {

@@ -56,6 +56,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("TTLRunsOutUnlessRefreshed", s.ttlRunsOutUnlessRefreshed)
 	t.Run("FencesGrowAboveTheLastFence", s.fencesGrowAboveTheLastFence)
 	t.Run("HandedOverOwnerHoldsAreCounted", s.handedOverOwnerHoldsAreCounted)
+	t.Run("BadArgumentsAreRefusedAndChangeNothing", s.badArgumentsAreRefusedAndChangeNothing)
 	t.Run("PermitsNeverExceedTheirCount", s.permitsNeverExceedTheirCount)
 	t.Run("SpentWaitIsBusy", s.spentWaitIsBusy)
 	t.Run("PermitRequestTakesTheFirstFreeKey", s.permitRequestTakesTheFirstFreeKey)
@@ -298,6 +299,87 @@ func (s suite) handedOverOwnerHoldsAreCounted(t *testing.T) {
 	wantErr(t, "a second release of a named hold", errOf(b.Release(ctx, k, ownerA, "hold-1", 0)), lockstore.ErrNotHeld)
 	s.acquire(t, ctx, c, k, ownerC, "", first.Fence)
 	must(t, errOf(c.Release(ctx, k, ownerC, "", 0)))
+}
+
+// A call with a bad argument (lockstore.CheckArgs, CheckHold, CheckPermits) is refused with an
+// error of its own, neither a success nor ErrNotHeld, which would say that the lock is not
+// held, and it changes nothing: made with the holder's key and token, through the holder's
+// store and another, none ends, shortens, re-enters, hands over or passes the holder's lock.
+func (s suite) badArgumentsAreRefusedAndChangeNothing(t *testing.T) {
+	ctx, k := ctxOf(t), key(t)
+	a, b := s.Open(t), s.Open(t)
+	held := s.acquire(t, ctx, a, k, ownerA, "holder", 0)
+	type args struct {
+		key, owner, hold string
+		ttl              time.Duration
+		asked            time.Time // of a permit request
+	}
+	calls := map[string]func(st lockstore.Store, x args) error{
+		"Acquire": func(st lockstore.Store, x args) error {
+			return errOf(st.Acquire(ctx, lockstore.Request{Key: x.key, Owner: x.owner, TTL: x.ttl}))
+		},
+		"Acquire of permits": func(st lockstore.Store, x args) error {
+			req := lockstore.Request{Key: x.key, Permits: []string{x.key}, Owner: x.owner, TTL: x.ttl, Asked: x.asked}
+			return errOf(st.Acquire(ctx, req))
+		},
+		"Refresh": func(st lockstore.Store, x args) error { return st.Refresh(ctx, x.key, x.owner, x.ttl) },
+		"RefreshAll": func(st lockstore.Store, x args) error {
+			return st.RefreshAll(ctx, []lockstore.Renewal{{Key: x.key, Owner: x.owner, TTL: x.ttl}})[0]
+		},
+		"Release": func(st lockstore.Store, x args) error { return errOf(st.Release(ctx, x.key, x.owner, x.hold, 0)) },
+		"Reenter": func(st lockstore.Store, x args) error { return errOf(st.Reenter(ctx, x.key, x.owner, x.hold, x.ttl)) },
+		"Pass": func(st lockstore.Store, x args) error {
+			_, _, _, err := st.(lockstore.Passer).Pass(ctx, x.key, x.owner, x.ttl, 0)
+			return err
+		},
+	}
+	all := []string{"Acquire", "Acquire of permits", "Refresh", "RefreshAll", "Release", "Reenter", "Pass"}
+	timed := slices.DeleteFunc(slices.Clone(all), func(m string) bool { return m == "Release" })
+	holds, permits := []string{"Release", "Reenter"}, []string{"Acquire of permits"}
+	stores := []struct {
+		name string
+		lockstore.Store
+	}{{"the holder's store", a}, {"another store", b}}
+	for _, c := range []struct {
+		what    string
+		bad     func(x *args)
+		methods []string
+	}{
+		{"an empty key", func(x *args) { x.key = "" }, all},
+		{"an empty owner", func(x *args) { x.owner = "" }, all},
+		{"an owner with a space", func(x *args) { x.owner = ownerA + " x" }, all},
+		{"a zero TTL", func(x *args) { x.ttl = 0 }, timed},
+		{"a negative TTL", func(x *args) { x.ttl = -s.TTL }, timed},
+		{"an empty hold", func(x *args) { x.hold = "" }, []string{"Reenter"}},
+		{"a hold with a space", func(x *args) { x.hold = "hold 1" }, holds},
+		{"a hold with a comma", func(x *args) { x.hold = "hold,1" }, holds},
+		{"a hold over 64 bytes", func(x *args) { x.hold = strings.Repeat("h", 65) }, holds},
+		{"a read owner", func(x *args) { x.owner = lockstore.ReadOwner(ownerA) }, permits},
+		{"a place in a fair line", func(x *args) { x.asked = time.Now() }, permits},
+	} {
+		x := args{key: k, owner: ownerA, hold: "hold-1", ttl: s.TTL} // the holder's own
+		c.bad(&x)
+		for _, m := range c.methods {
+			for _, st := range stores {
+				if _, ok := st.Store.(lockstore.Passer); m == "Pass" && !ok {
+					continue
+				}
+				if err := calls[m](st.Store, x); err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+					t.Errorf("%s with %s, through %s: %v, want the argument refused", m, c.what, st.name, err)
+				}
+			}
+		}
+	}
+	// The holder's lock is as it was: refreshed by its owner, re-entered with its fence, busy
+	// for others; its own release frees it (no call added a hold), and nobody took it meanwhile.
+	must(t, a.Refresh(ctx, k, ownerA, s.TTL))
+	if again, err := a.Acquire(ctx, s.req(k, ownerA)); err != nil || !again.Reentered || again.Fence != held.Fence {
+		t.Fatalf("the holder's re-entry after the bad calls = %+v, %v; want reentered with fence %d", again, err, held.Fence)
+	}
+	s.busy(t, ctx, b, s.req(k, ownerB), "holder")
+	must(t, errOf(a.Release(ctx, k, ownerA, "", 0)))
+	s.acquire(t, ctx, b, k, ownerB, "", held.Fence)
+	must(t, errOf(b.Release(ctx, k, ownerB, "", 0)))
 }
 
 // locker returns a Locker on st, with the suite's TTL.
