@@ -40,8 +40,9 @@ var errLateReply = errors.New("flightlock: the lock store replied too late to ho
 var errGrantEnded = errors.New("flightlock: grant ended")
 
 // MaxKeyLen is the longest store key, prefix included, that a Locker accepts (ErrInvalidKey):
-// a longer one almost always means a template took in a whole request body.
-const MaxKeyLen = 1024
+// a longer one almost always means a template took in a whole request body. Every store refuses
+// a longer one too (lockstore.CheckArgs).
+const MaxKeyLen = lockstore.MaxKeyLen
 
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.
 type busyError struct {

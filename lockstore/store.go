@@ -101,13 +101,20 @@ type Capabilities struct {
 	SharedWatch bool
 }
 
+// MaxKeyLen is the longest key a store accepts (CheckArgs), and the longest that a Locker
+// accepts with its prefix (flightlock.MaxKeyLen): a longer one almost always means a template
+// took in a whole request body.
+const MaxKeyLen = 1024
+
 // CheckArgs refuses what makes no lock on any store, although a store might accept it: an empty
-// key, an owner that cannot be told apart from what a store writes beside it (empty, or with a
-// space), or a TTL that never runs out.
+// key or one over MaxKeyLen, an owner that cannot be told apart from what a store writes beside
+// it (empty, or with a space), or a TTL that never runs out.
 func CheckArgs(key, owner string, ttl time.Duration) error {
 	switch {
 	case key == "":
 		return errors.New("flightlock: empty lock key")
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("flightlock: lock key is %d bytes, at most %d allowed", len(key), MaxKeyLen)
 	case owner == "" || strings.Contains(owner, " "):
 		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	case ttl <= 0:

@@ -346,6 +346,7 @@ func (s suite) badArgumentsAreRefusedAndChangeNothing(t *testing.T) {
 		methods []string
 	}{
 		{"an empty key", func(x *args) { x.key = "" }, all},
+		{"a key over MaxKeyLen", func(x *args) { x.key = strings.Repeat("k", lockstore.MaxKeyLen+1) }, all},
 		{"an empty owner", func(x *args) { x.owner = "" }, all},
 		{"an owner with a space", func(x *args) { x.owner = ownerA + " x" }, all},
 		{"a zero TTL", func(x *args) { x.ttl = 0 }, timed},
