@@ -317,13 +317,11 @@ func (s *Store) check(owner string, ttl time.Duration, keys ...string) error {
 	return nil
 }
 
-// checkKey refuses a key that makes no lock: empty, or among the store's own keys.
+// checkKey refuses a key that makes no lock: one lockstore.CheckKey refuses, or among the
+// store's own keys.
 func checkKey(key string) error {
-	switch {
-	case key == "":
-		return errors.New("flightlock: empty lock key")
-	case strings.HasPrefix(key, lockstore.FenceKeyPrefix):
+	if strings.HasPrefix(key, lockstore.FenceKeyPrefix) {
 		return fmt.Errorf("flightlock: lock key %q falls among the store's own keys (%s*)", key, lockstore.FenceKeyPrefix)
 	}
-	return nil
+	return lockstore.CheckKey(key)
 }

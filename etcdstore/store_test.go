@@ -431,7 +431,7 @@ func TestOddKeys(t *testing.T) {
 	_, cli := single(t)
 	ctx := bg(t)
 	s := newStore(t, cli)
-	for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a b", "{tag}x", strings.Repeat("k", 4096)} {
+	for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a b", "{tag}x", strings.Repeat("k", lockstore.MaxKeyLen)} {
 		got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 5 * time.Second, Meta: "m\nx y"})
 		if err != nil || !got.Acquired {
 			t.Fatalf("acquire %q: %+v %v", key, got, err)

@@ -106,15 +106,25 @@ type Capabilities struct {
 // took in a whole request body.
 const MaxKeyLen = 1024
 
-// CheckArgs refuses what makes no lock on any store, although a store might accept it: an empty
-// key or one over MaxKeyLen, an owner that cannot be told apart from what a store writes beside
-// it (empty, or with a space), or a TTL that never runs out.
-func CheckArgs(key, owner string, ttl time.Duration) error {
+// CheckKey refuses a key that names no lock on any store: empty, or over MaxKeyLen.
+func CheckKey(key string) error {
 	switch {
 	case key == "":
 		return errors.New("flightlock: empty lock key")
 	case len(key) > MaxKeyLen:
 		return fmt.Errorf("flightlock: lock key is %d bytes, at most %d allowed", len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+// CheckArgs refuses what makes no lock on any store, although a store might accept it: a key
+// CheckKey refuses, an owner that cannot be told apart from what a store writes beside it
+// (empty, or with a space), or a TTL that never runs out.
+func CheckArgs(key, owner string, ttl time.Duration) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	switch {
 	case owner == "" || strings.Contains(owner, " "):
 		return errors.New("flightlock: owner token must be non-empty and without spaces")
 	case ttl <= 0:

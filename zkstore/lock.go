@@ -525,6 +525,9 @@ func (s *Store) releaseLater(p, owner, name string) {
 
 // TTL implements lockstore.Store: MaxTTL (the most a session keeps a lock) for a held key.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
+	if err := lockstore.CheckKey(key); err != nil {
+		return 0, err
+	}
 	_, stat, err := s.get(ctx, s.keyPath(key))
 	if errors.Is(err, zk.ErrNoNode) || err == nil && stat.NumChildren == 0 {
 		return 0, lockstore.ErrNotHeld
@@ -538,6 +541,9 @@ func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 // Watch implements lockstore.Store: a watch of the key node's holds, set again after each
 // change until closed. It starts listening only now (lockstore.Watch.Fresh).
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	if err := lockstore.CheckKey(key); err != nil {
+		return nil, err
+	}
 	if s.closed.Load() {
 		return nil, errStoreClosed
 	}

@@ -118,6 +118,9 @@ func (s *Store) placeOf(line, owner string) string {
 // LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
 // next look (the Locker's waiters look at least every FairLookEvery).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
+	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
+		return err
+	}
 	line := s.linePath(key)
 	place := s.placeOf(line, owner)
 	if place == "" {

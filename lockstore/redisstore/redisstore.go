@@ -435,6 +435,9 @@ func (s *RedisStore) releaseCall(key, owner, hold string, lastFence int64, passT
 
 // TTL implements lockstore.Store.
 func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error) {
+	if err := lockstore.CheckKey(key); err != nil {
+		return 0, err
+	}
 	d, err := s.client.PTTL(ctx, key).Result()
 	if err != nil {
 		return 0, fmt.Errorf("flightlock: ttl %q: %w", key, err)
@@ -448,6 +451,9 @@ func (s *RedisStore) TTL(ctx context.Context, key string) (time.Duration, error)
 
 // Watch implements lockstore.Store.
 func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
+	if err := lockstore.CheckKey(key); err != nil {
+		return nil, err
+	}
 	return s.notify.watch(ctx, s.channelPrefix+key)
 }
 

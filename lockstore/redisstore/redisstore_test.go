@@ -377,7 +377,7 @@ func TestBadArguments(t *testing.T) {
 func TestOddKeys(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a}b", "{tag}x", "{}", strings.Repeat("k", 4096)} {
+		for _, key := range []string{"a\nb", "\x00\xff\x01", "ключ:🔒", "a}b", "{tag}x", "{}", strings.Repeat("k", lockstore.MaxKeyLen)} {
 			got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Second})
 			if err != nil || !got.Acquired {
 				t.Fatalf("acquire %q: %+v %v", key, got, err)

@@ -332,9 +332,17 @@ func (s suite) badArgumentsAreRefusedAndChangeNothing(t *testing.T) {
 			_, _, _, err := st.(lockstore.Passer).Pass(ctx, x.key, x.owner, x.ttl, 0)
 			return err
 		},
+		"LeaveQueue": func(st lockstore.Store, x args) error { return st.LeaveQueue(ctx, x.key, x.owner) },
+		"TTL":        func(st lockstore.Store, x args) error { return errOf(st.TTL(ctx, x.key)) },
+		"Watch": func(st lockstore.Store, x args) error {
+			w, err := st.Watch(ctx, x.key)
+			w.Close()
+			return err
+		},
 	}
-	all := []string{"Acquire", "Acquire of permits", "Refresh", "RefreshAll", "Release", "Reenter", "Pass"}
-	timed := slices.DeleteFunc(slices.Clone(all), func(m string) bool { return m == "Release" })
+	owned := []string{"Acquire", "Acquire of permits", "Refresh", "RefreshAll", "Release", "Reenter", "Pass", "LeaveQueue"}
+	all := append(slices.Clone(owned), "TTL", "Watch")
+	timed := slices.DeleteFunc(slices.Clone(owned), func(m string) bool { return m == "Release" || m == "LeaveQueue" })
 	holds, permits := []string{"Release", "Reenter"}, []string{"Acquire of permits"}
 	stores := []struct {
 		name string
@@ -347,8 +355,8 @@ func (s suite) badArgumentsAreRefusedAndChangeNothing(t *testing.T) {
 	}{
 		{"an empty key", func(x *args) { x.key = "" }, all},
 		{"a key over MaxKeyLen", func(x *args) { x.key = strings.Repeat("k", lockstore.MaxKeyLen+1) }, all},
-		{"an empty owner", func(x *args) { x.owner = "" }, all},
-		{"an owner with a space", func(x *args) { x.owner = ownerA + " x" }, all},
+		{"an empty owner", func(x *args) { x.owner = "" }, owned},
+		{"an owner with a space", func(x *args) { x.owner = ownerA + " x" }, owned},
 		{"a zero TTL", func(x *args) { x.ttl = 0 }, timed},
 		{"a negative TTL", func(x *args) { x.ttl = -s.TTL }, timed},
 		{"an empty hold", func(x *args) { x.hold = "" }, []string{"Reenter"}},
