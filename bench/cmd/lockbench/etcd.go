@@ -56,14 +56,11 @@ type etcdBackend struct {
 	floorRetries atomic.Int64
 }
 
-func (e *etcdBackend) name() string     { return "etcd" }
-func (e *etcdBackend) title() string    { return "etcd" }
-func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
-func (e *etcdBackend) peer() string     { return rowMutex }
-func (e *etcdBackend) spec(row string) (rowSpec, bool) {
-	l, ok := etcdLabel[row]
-	return rowSpec{id: row, lib: l}, ok
-}
+func (e *etcdBackend) name() string                    { return "etcd" }
+func (e *etcdBackend) title() string                   { return "etcd" }
+func (e *etcdBackend) scenarios() []int                { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
+func (e *etcdBackend) peer() string                    { return rowMutex }
+func (e *etcdBackend) spec(row string) (rowSpec, bool) { return labelled(e.notes(), row) }
 
 // rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
 // the Mutex.
@@ -416,20 +413,13 @@ func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
 	return lc
 }
 
-// etcdLabel names the etcd rows in the report's tables.
-var etcdLabel = map[string]string{
-	rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
-	rowFlight: "flightlock on etcdstore (Lock + Release)",
-	rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
-}
-
 func (e *etcdBackend) notes() storeNotes {
 	return storeNotes{
 		reqUnit: "RPC", reqCol: "etcd RPCs", cpuCol: "etcd CPU", floorShort: "floor", peerShort: "Mutex", peerThe: "the Mutex",
-		labels: etcdLabel, plotLabels: map[string]string{
-			rowFlight: "flightlock (etcdstore)",
-			rowMutex:  "etcd concurrency.Mutex",
-			rowFloor:  "floor (txn put on a lease, then delete)",
+		labels: map[string]string{
+			rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
+			rowFlight: "flightlock on etcdstore (Lock + Release)",
+			rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
 		},
 		floors: [][2]string{{rowFloor, "floor"}}, ping: "etcd Get", s6Intro: (*report).etcdHTTPIntro,
 		s9HoldNote: "flightlock runs on a Locker and store of its own, whose one session lease the store keeps alive;\n" +

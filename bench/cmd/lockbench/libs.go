@@ -310,31 +310,17 @@ func newGozero(addr string, poll time.Duration) (impl, error) {
 
 func (g *gozeroImpl) key(base string) string { return "gz:" + base }
 
+// lock polls tryLock every g.poll: go-zero's RedisLock has no waiting of its own.
 func (g *gozeroImpl) lock(ctx context.Context, key string) (any, error) {
-	rl := zeroredis.NewRedisLock(g.store, key)
-	rl.SetExpire(int(lockTTL / time.Second))
-	var timer *time.Timer
 	for {
-		ok, err := rl.AcquireCtx(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			if timer != nil {
-				timer.Stop()
-			}
-			return rl, nil
-		}
-		if timer == nil {
-			timer = time.NewTimer(g.poll)
-		} else {
-			timer.Reset(g.poll)
+		h, err := g.tryLock(ctx, key)
+		if !errors.Is(err, errBusy) {
+			return h, err
 		}
 		select {
 		case <-ctx.Done():
-			timer.Stop()
 			return nil, ctx.Err()
-		case <-timer.C:
+		case <-time.After(g.poll):
 		}
 	}
 }

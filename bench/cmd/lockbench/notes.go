@@ -12,10 +12,10 @@ import (
 // rows, and its head, goals, closing and the prose around the tables that markdown writes alike
 // for every store.
 type storeNotes struct {
-	reqUnit, reqCol, cpuCol string // the server's requests (progress, table columns) and its CPU column
-	floorShort, peerShort   string // the floor and the peer in goals and ratios
-	peerThe                 string // the peer in the goals' lead sentence
-	labels, plotLabels      map[string]string
+	reqUnit, reqCol, cpuCol string                    // the server's requests (progress, table columns) and its CPU column
+	floorShort, peerShort   string                    // the floor and the peer in goals and ratios
+	peerThe                 string                    // the peer in the goals' lead sentence
+	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper)
 	floors                  [][2]string               // the floors' rows and short names: scenarios 1 and 4 show ratios to them
 	s9HoldNote, s9WaitNote  string                    // how the store's rows hold and wait in scenario 9
 	s1Note, s4Note, s8Note  string                    // what scenarios 1, 4 and 8 do on this store beyond what every store does
@@ -31,6 +31,12 @@ type storeNotes struct {
 	s1Ratios                func(r *report) string
 	s6Intro                 func(r *report, w writer, s *s6Results) // what scenario 6 runs and measures
 	closing                 func(r *report, w writer)
+}
+
+// labelled is the row of a store whose rows n names (etcd, ZooKeeper), false if n names none.
+func labelled(n storeNotes, row string) (rowSpec, bool) {
+	l, ok := n.labels[row]
+	return rowSpec{id: row, lib: l}, ok
 }
 
 // list is scenario sc's results (1-5; scenario 2 at hotGoroutines).

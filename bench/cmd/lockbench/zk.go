@@ -55,14 +55,11 @@ type zkBackend struct {
 	floorValue []byte // the bytes flightlock writes in a key node
 }
 
-func (z *zkBackend) name() string     { return "zookeeper" }
-func (z *zkBackend) title() string    { return "ZooKeeper" }
-func (z *zkBackend) scenarios() []int { return []int{1, 2, 3} }
-func (z *zkBackend) peer() string     { return rowZKLock }
-func (z *zkBackend) spec(row string) (rowSpec, bool) {
-	l, ok := z.notes().labels[row]
-	return rowSpec{id: row, lib: l}, ok
-}
+func (z *zkBackend) name() string                    { return "zookeeper" }
+func (z *zkBackend) title() string                   { return "ZooKeeper" }
+func (z *zkBackend) scenarios() []int                { return []int{1, 2, 3} }
+func (z *zkBackend) peer() string                    { return rowZKLock }
+func (z *zkBackend) spec(row string) (rowSpec, bool) { return labelled(z.notes(), row) }
 
 // rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
 // in scenario 1, those two alone on a hot key.
