@@ -183,25 +183,17 @@ func (r *report) defaultClientGoals() []goal {
 	if s == nil {
 		return nil
 	}
-	var gs []goal
+	var gs goalList
 	for _, c := range s.Settings {
 		name := func(what string) string { return fmt.Sprintf("%s, %s client", what, c) }
-		if fl, rl := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "redislock", c); fl != nil && rl != nil {
-			ratio := fl.med("p50") / rl.med("p50")
-			gs = append(gs, goal{name("uncontended lock + unlock"), "p50 ≤ bsm/redislock's",
-				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; lock %s vs %s, unlock %s vs %s)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
-					mdfmt.Dur(fl.med("lock_p50")), mdfmt.Dur(rl.med("lock_p50")), mdfmt.Dur(fl.med("unlock_p50")), mdfmt.Dur(rl.med("unlock_p50"))),
-				ratio <= 1})
-		}
+		fl, rl := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "redislock", c)
+		gs.vs(name("uncontended lock + unlock"), "p50 ≤ bsm/redislock's", fl, rl, p50, "bsm/redislock", mdfmt.Dur, fmt.Sprintf("; lock %s vs %s, unlock %s vs %s",
+			mdfmt.Dur(fl.med("lock_p50")), mdfmt.Dur(rl.med("lock_p50")), mdfmt.Dur(fl.med("unlock_p50")), mdfmt.Dur(rl.med("unlock_p50"))), atMost(1))
 		for _, x := range s.KeyPoints {
-			fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c)
-			if fl == nil || rd == nil {
-				continue
+			if fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c); fl != nil && rd != nil {
+				gs.vs(name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock", fl, rd, rate, "rueidislock", mdfmt.Int,
+					fmt.Sprintf(" per second; repetitions %s vs %s", spread(fl, "rate"), spread(rd, "rate")), func(r float64) bool { return r >= 1.2 && fl.worst("violations") == 0 })
 			}
-			ratio := fl.med("rate") / rd.med("rate")
-			gs = append(gs, goal{name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock",
-				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(rd.med("rate")),
-					spread(fl, "rate"), spread(rd, "rate")), ratio >= 1.2 && fl.worst("violations") == 0})
 		}
 		// The cold holding (bench.s9HoldCold) runs on the default client only.
 		for _, part := range []struct {

@@ -14,41 +14,22 @@ import (
 // the work grows and in memory, each computed from this run's figures: met or missed, with the
 // measured ratio. A goal whose scenario (or row) did not run is left out.
 func (r *report) peerGoals() []goal {
-	var gs []goal
+	var gs goalList
 	add := func(name, target string, ratio float64, measure string, met bool) {
 		gs = append(gs, goal{name, target, measure, met && !math.IsNaN(ratio)})
 	}
 
 	// Uncontended lock + unlock (scenario 1).
-	if fl, rl, floor := find(r.s1, "flightlock"), find(r.s1, "redislock"), find(r.s1, "setdel"); fl != nil {
-		if rl != nil {
-			ratio := fl.med("p50") / rl.med("p50")
-			add("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", ratio,
-				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; %s vs %s server commands, %s vs %s RT)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
-					mdfmt.Float(fl.med("reqs")), mdfmt.Float(rl.med("reqs")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), ratio <= 1)
-		}
-		if floor != nil {
-			ratio := fl.med("p50") / floor.med("p50")
-			add("1: uncontended lock + unlock", "p50 ≤ 1.15x the SET PX + DEL floor", ratio,
-				fmt.Sprintf("%.2fx floor (%s vs %s)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(floor.med("p50"))), ratio <= 1.15)
-		}
-	}
+	fl, rl := find(r.s1, "flightlock"), find(r.s1, "redislock")
+	gs.vs("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", fl, rl, p50, "bsm/redislock", mdfmt.Dur, fmt.Sprintf("; %s vs %s server commands, %s vs %s RT",
+		mdfmt.Float(fl.med("reqs")), mdfmt.Float(rl.med("reqs")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), atMost(1))
+	gs.vs("1: uncontended lock + unlock", "p50 ≤ 1.15x the SET PX + DEL floor", fl, find(r.s1, "setdel"), p50, "floor", mdfmt.Dur, "", atMost(1.15))
 
 	// Many keys: scenario 4 (1,000 keys) and the largest point of scenario 8's key axis.
 	manyKeys := func(name string, rs []*result) {
-		metric := rate
-		fl, rd, floor := find(rs, "flightlock"), find(rs, "rueidislock"), find(rs, "setdel")
-		if fl == nil {
-			return
-		}
-		if rd != nil {
-			ratio := fl.med(metric) / rd.med(metric)
-			add(name, "≥ 1.2x rueidislock", ratio, fmt.Sprintf("%.2fx rueidislock (%s vs %s per second)", ratio, mdfmt.Int(fl.med(metric)), mdfmt.Int(rd.med(metric))), ratio >= 1.2)
-		}
-		if floor != nil {
-			ratio := fl.med(metric) / floor.med(metric)
-			add(name, "≥ 1.3x the SET PX + DEL floor", ratio, fmt.Sprintf("%.2fx floor (%s vs %s per second)", ratio, mdfmt.Int(fl.med(metric)), mdfmt.Int(floor.med(metric))), ratio >= 1.3)
-		}
+		fl := find(rs, "flightlock")
+		gs.vs(name, "≥ 1.2x rueidislock", fl, find(rs, "rueidislock"), rate, "rueidislock", mdfmt.Int, " per second", atLeast(1.2))
+		gs.vs(name, "≥ 1.3x the SET PX + DEL floor", fl, find(rs, "setdel"), rate, "floor", mdfmt.Int, " per second", atLeast(1.3))
 	}
 	manyKeys("4: 64 goroutines over 1,000 keys", r.s4)
 	if ax := axisNamed(r.s8, "keys"); ax != nil {
@@ -156,11 +137,8 @@ func (r *report) peerGoals() []goal {
 			add(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "no goroutine per held lock nor per renewal in flight (< 0.01 per lock, at rest and at the peak)", peak,
 				fmt.Sprintf("%s goroutines per lock at rest; peak %s above the baseline = %s per lock", mdfmt.Float(perLock), mdfmt.Int(fl.med("peak_gor")), mdfmt.Float(peak)),
 				perLock < 0.01 && peak < 0.01)
-			if rd := find(s.Held[n], "rueidislock"); rd != nil {
-				ratio := fl.med("ccpu_ms") / rd.med("ccpu_ms")
-				add(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "client CPU < rueidislock's", ratio,
-					fmt.Sprintf("%.2fx rueidislock (%s vs %s ms of CPU per second)", ratio, mdfmt.Float(fl.med("ccpu_ms")), mdfmt.Float(rd.med("ccpu_ms"))), ratio < 1)
-			}
+			gs.vs(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "client CPU < rueidislock's", fl, find(s.Held[n], "rueidislock"), "ccpu_ms",
+				"rueidislock", mdfmt.Float, " ms of CPU per second", func(r float64) bool { return r < 1 })
 		}
 	}
 	if s := r.s9; s != nil && len(s.Waiters) > 0 {

@@ -140,8 +140,23 @@ type goal struct {
 	met     bool
 }
 
+// goalList collects a report's goals.
+type goalList []goal
+
+// vs adds the goal that x's median of metric over y's meets ok, measured as "<ratio>x what
+// (<x's> vs <y's><more>)", the medians formatted by show; none when either row is missing.
+func (gs *goalList) vs(name, target string, x, y *result, metric, what string, show func(float64) string, more string, ok func(float64) bool) {
+	if x != nil && y != nil {
+		ratio := x.med(metric) / y.med(metric)
+		*gs = append(*gs, goal{name, target, fmt.Sprintf("%.2fx %s (%s vs %s%s)", ratio, what, show(x.med(metric)), show(y.med(metric)), more), ok(ratio)})
+	}
+}
+
+func atMost(v float64) func(float64) bool  { return func(r float64) bool { return r <= v } }
+func atLeast(v float64) func(float64) bool { return func(r float64) bool { return r >= v } }
+
 func (r *report) goals() []goal {
-	var gs []goal
+	var gs goalList
 	if fl, fl0, ping := find(r.s1, "flightlock"), find(r.s1, "setdel"), find(r.s1, "ping"); fl != nil && fl0 != nil && ping != nil {
 		ratio := fl.med("p50") / fl0.med("p50")
 		gs = append(gs, goal{"1: uncontended latency", "≤ 1.05x SET PX + DEL floor, ≤ 2 round trips",
@@ -163,11 +178,7 @@ func (r *report) goals() []goal {
 				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
 			ratio >= 2 && fl.med("rt") <= 2.5 && fl.worst("fair") <= 1.5 && fl.worst("violations") == 0})
 	}
-	if fl, fl0 := find(r.s4, "flightlock"), find(r.s4, "setdel"); fl != nil && fl0 != nil {
-		ratio := fl.med("rate") / fl0.med("rate")
-		gs = append(gs, goal{"4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor",
-			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(fl0.med("rate"))), ratio >= 0.95})
-	}
+	gs.vs("4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor", find(r.s4, "flightlock"), find(r.s4, "setdel"), rate, "floor", mdfmt.Int, " ops/s", atLeast(0.95))
 	if fl := find(r.s5, "flightlock"); fl != nil {
 		gs = append(gs, goal{"5: reject mode duplicates", "0 Redis commands, < 1 µs, ≤ 2 allocs per call",
 			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", mdfmt.Float(fl.worst("reqs")), mdfmt.Dur(fl.med("ns")), fl.med("allocs")),
