@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -278,12 +279,7 @@ func (r *report) s9Section(w writer) {
 	s, n, c := r.s9, r.be.notes(), r.cfg
 	w("What each held lock and each waiter costs this process and %s; one repetition (counts, except CPU and grant times).\n\n", r.be.title())
 	f := func(name, format string) func(*result) string {
-		return func(x *result) string {
-			if !has(x, name) {
-				return ""
-			}
-			return fmt.Sprintf(format, x.med(name))
-		}
+		return ifHas(name, func(x *result) string { return fmt.Sprintf(format, x.med(name)) })
 	}
 	cpu, reqsPerSec := column{"client CPU ms/s", f("ccpu_ms", "%.1f")}, column{n.reqCol + "/s", f("reqs_s", "%.0f")}
 	rts, keepAlives := column{"RT/s", countCell("rt_s")}, column{"keep-alives/s", countCell("keepalives_s")}
@@ -308,12 +304,7 @@ func (r *report) s9Section(w writer) {
 		table(w, hold, column{"renewal", func(x *result) string { return renews[x.Row] }}, column{"locks", intCell("n")},
 			column{"acquire all", durCell("acquire")}, column{"heap B/lock", intCell("heap")}, column{"stack B/lock", intCell("stack")},
 			column{"goroutines/lock", f("gor", "%.3f")}, column{"peak goroutines", intCell("peak_gor")},
-			column{r.be.title() + " memory B/lock", func(x *result) string {
-				if !has(x, "server_mem") {
-					return "n/a"
-				}
-				return mdfmt.Int(x.med("server_mem"))
-			}}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
+			column{r.be.title() + " memory B/lock", func(x *result) string { return cmp.Or(ifHas("server_mem", intCell("server_mem"))(x), "n/a") }}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
 			column{"after release: B/lock", f("after_heap", "%.1f")}, column{"after release: goroutines", intCell("after_gor")}, column{"errors", errorsCell})
 		firstErrors(w, hold)
 	}

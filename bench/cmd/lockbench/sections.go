@@ -53,6 +53,16 @@ func has(x *result, name string) bool {
 	return slices.ContainsFunc(x.reps(), func(m metrics) bool { _, ok := m[name]; return ok })
 }
 
+// ifHas is cell where a repetition of x has the figure name, "" (left out) elsewhere.
+func ifHas(name string, cell func(*result) string) func(*result) string {
+	return func(x *result) string {
+		if !has(x, name) {
+			return ""
+		}
+		return cell(x)
+	}
+}
+
 // durCell and intCell are a figure's median, formatted.
 func durCell(name string) func(*result) string {
 	return func(x *result) string { return mdfmt.Dur(x.med(name)) }
@@ -125,30 +135,17 @@ func (n storeNotes) cpuCols(unit string) []column {
 // most holders at once (a semaphore's; a read-write lock's readers), and how evenly processes
 // got through.
 func contendTable(w writer, n storeNotes, rs []*result, floor string) {
-	only := func(name string, cell func(string) func(*result) string) func(*result) string {
-		return func(x *result) string {
-			if !has(x, name) {
-				return ""
-			}
-			return cell(name)(x)
-		}
-	}
 	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
-		{"reads/s", only("read_rate", intCell)}, {"writes/s", only("write_rate", intCell)}}
+		{"reads/s", ifHas("read_rate", intCell("read_rate"))}, {"writes/s", ifHas("write_rate", intCell("write_rate"))}}
 	if floor != "" {
 		cols = append(cols, column{"x floor", ratioCell(rs, floor, rate)})
 	}
 	cols = append(cols, column{"RT/CS", countCell(rt)}, column{n.reqCol + "/CS", reqCell(reqs)}, column{"fsyncs/CS", countCell(fsy)})
 	cols = append(cols, n.cpuCols("CS")...)
 	table(w, rs, append(cols,
-		column{"read wait p50", only("read_p50", durCell)}, column{"read wait p99", only("read_p99", durCell)},
+		column{"read wait p50", ifHas("read_p50", durCell("read_p50"))}, column{"read wait p99", ifHas("read_p99", durCell("read_p99"))},
 		column{"wait p50", durCell(p50)}, column{"wait p99", durCell(p99)}, column{"wait max", durCell("max")},
-		column{"most holders at once", func(x *result) string {
-			if !has(x, "peak") {
-				return ""
-			}
-			return mdfmt.Int(x.worst("peak"))
-		}},
+		column{"most holders at once", ifHas("peak", func(x *result) string { return mdfmt.Int(x.worst("peak")) })},
 		column{"violations (inside / fence)", violationsCell},
 		column{"floor retries", func(x *result) string {
 			if x.Row != rowFloor {
@@ -157,18 +154,8 @@ func contendTable(w writer, n storeNotes, rs []*result, floor string) {
 			return mdfmt.Int(x.sum(retries))
 		}},
 		column{"errors", errorsCell},
-		column{"fair (median / worst)", func(x *result) string {
-			if !has(x, "fair") {
-				return ""
-			}
-			return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair"))
-		}},
-		column{"CS per process", func(x *result) string {
-			if !has(x, "per_proc") {
-				return ""
-			}
-			return mdfmt.Int(x.med("per_proc"))
-		}},
+		column{"fair (median / worst)", ifHas("fair", func(x *result) string { return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair")) })},
+		column{"CS per process", ifHas("per_proc", intCell("per_proc"))},
 		column{"server command mix per CS", mixCell})...)
 }
 
