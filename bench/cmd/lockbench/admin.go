@@ -50,16 +50,6 @@ func (a *admin) info(ctx context.Context, section string) (map[string]string, er
 // cmdDelta is calls per command: a commandstats snapshot, or the difference of two.
 type cmdDelta map[string]int64
 
-func diffStats(before, after cmdDelta) cmdDelta {
-	d := make(cmdDelta)
-	for k, v := range after {
-		if n := v - before[k]; n > 0 {
-			d[k] = n
-		}
-	}
-	return d
-}
-
 func (d cmdDelta) total() int64 {
 	var t int64
 	for _, v := range d {

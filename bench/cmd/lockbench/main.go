@@ -86,17 +86,11 @@ type config struct {
 	store     string // "redis", "etcd" or "zookeeper"
 	scenarios map[int]bool
 	reps      int
-	d1        time.Duration
-	d2        time.Duration
-	d2small   time.Duration // Redis: scenario 2 at 1 and 4 goroutines
+	// the durations of scenarios 1-6 (their flags'); d2small: Redis's scenario 2 at 1 and 4 goroutines
+	d1, d2, d2small, d3, d4, d5, d6, d6low time.Duration
 	// s2Goroutines are scenario 2's goroutine counts: Redis's chart has four, the others
 	// hotGoroutines alone.
 	s2Goroutines []int
-	d3           time.Duration
-	d4           time.Duration
-	d5           time.Duration
-	d6           time.Duration
-	d6low        time.Duration
 	out          string
 	exampleConf  string
 	quick        bool
@@ -110,10 +104,9 @@ type config struct {
 	zkReport   string // the ZooKeeper rows' report (lockbench -store zookeeper -out), pointed at with its goals
 	observe    bool
 
-	// Redis only, scenarios 10-12: in one process, and the target across processes
-	d10           time.Duration
-	d11           time.Duration // per row, mix and repetition
-	d12           time.Duration
+	// Redis only, scenarios 10-12: in one process, and the target across processes (d11: per
+	// row, mix and repetition)
+	d10, d11, d12 time.Duration
 	primitivesOut string // the report of scenarios 10-12 (see the doc comment)
 
 	// etcd and ZooKeeper
@@ -134,10 +127,8 @@ type config struct {
 	zkSession time.Duration // the session timeout every client asks for
 
 	// scenario 8: points of each axis, duration per row and point
-	d8           time.Duration
-	s8Goroutines []int
-	s8Procs      []int
-	s8Keys       []int
+	d8                            time.Duration
+	s8Goroutines, s8Procs, s8Keys []int
 	// scenario 9: held-lock counts, waiters, how long (renewing) rows hold
 	memLocks   []int
 	memWaiters int

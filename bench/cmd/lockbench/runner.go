@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -151,20 +152,21 @@ type serverStats struct {
 	cpu, self  time.Duration
 }
 
-func (a serverStats) sub(b serverStats) serverStats {
-	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
-		cmds: diffStats(b.cmds, a.cmds), rts: a.rts - b.rts, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
-}
+// sub is a window's counts: a read at its end, b at its start. add sums windows.
+func (a serverStats) sub(b serverStats) serverStats { return a.plus(b, -1) }
+func (a serverStats) add(b serverStats) serverStats { return a.plus(b, 1) }
 
-func (a serverStats) add(b serverStats) serverStats {
+// plus is a + k·b; a command whose count it does not make positive is left out of cmds.
+func (a serverStats) plus(b serverStats, k int64) serverStats {
 	cmds := cmdDelta{}
-	for _, c := range []cmdDelta{a.cmds, b.cmds} {
-		for k, v := range c {
-			cmds[k] += v
-		}
+	maps.Copy(cmds, a.cmds)
+	for name, v := range b.cmds {
+		cmds[name] += k * v
 	}
-	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
-		cmds: cmds, rts: a.rts + b.rts, ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+	maps.DeleteFunc(cmds, func(_ string, v int64) bool { return v <= 0 })
+	f := float64(k)
+	return serverStats{reqs: a.reqs + f*b.reqs, keepAlives: a.keepAlives + f*b.keepAlives, fsyncs: a.fsyncs + f*b.fsyncs,
+		cmds: cmds, rts: a.rts + k*b.rts, ok: a.ok && b.ok, cpu: a.cpu + time.Duration(k)*b.cpu, self: a.self + time.Duration(k)*b.self}
 }
 
 // meter reads a server's counters (no CPU) and its process's CPU.
