@@ -122,9 +122,6 @@ func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
 	return out
 }
 
-// spanShm is the path of the span guard's file beside a measurement's guard file.
-func spanShm(shm string) string { return shm + ".span" }
-
 // --- the report
 
 func (r *report) s10Section(w func(string, ...any)) {
