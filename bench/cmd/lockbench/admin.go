@@ -17,10 +17,6 @@ type admin struct {
 	c *redis.Client
 }
 
-func newAdmin(addr string) *admin {
-	return &admin{c: redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true, PoolSize: 1})}
-}
-
 // commandStats returns the calls per command from INFO commandstats. Commands run by Lua
 // scripts (redis.call) are counted too, next to the EVALSHA that ran them.
 func (a *admin) commandStats(ctx context.Context) (cmdDelta, error) {

@@ -53,10 +53,11 @@ func (r *report) med(sc int, row, name string) float64 { return r.at(sc, row).me
 // sum is a count of row in scenario sc summed over the repetitions.
 func (r *report) sum(sc int, row, name string) int64 { return int64(r.at(sc, row).sum(name)) }
 
-// goals compares medians: scenario 1 on p50 latency against the floor (at most 1.2x), 2 (and
-// 3, where the store sets it) on critical sections per second against the peer (at least
-// 50x, 5x); a scenario that did not run has no goal.
-func (r *report) storeGoals() []goal {
+// storeGoalSets are an etcd or ZooKeeper report's goals, which compare medians: scenario 1 on
+// p50 latency against the floor (at most 1.2x), 2 (and 3, where the store sets it) on critical
+// sections per second against the peer (at least 50x, 5x); a scenario that did not run has no
+// goal.
+func (r *report) storeGoalSets() []goalSet {
 	c, n, peer := r.cfg, r.be.notes(), r.be.peer()
 	var gs []goal
 	add := func(sc int, name, want string, met bool, measured string) {
@@ -76,7 +77,8 @@ func (r *report) storeGoals() []goal {
 		add(3, fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / %s", s3Procs, s3Goroutines, n.peerShort), "≥ 5x", safeDiv(fl3, pe3) >= 5,
 			fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, pe3), fl3, pe3))
 	}
-	return gs
+	lead := fmt.Sprintf("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", n.peerThe)
+	return []goalSet{{"Goals", lead, gs}}
 }
 
 func safeDiv(a, b float64) float64 {
@@ -104,12 +106,6 @@ func perOp(v float64) string {
 
 // printer writes one line of the report.
 type printer func(format string, args ...any)
-
-// storeGoalSets are an etcd or ZooKeeper report's goals.
-func (r *report) storeGoalSets() []goalSet {
-	lead := fmt.Sprintf("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", r.be.notes().peerThe)
-	return []goalSet{{"Goals", lead, r.storeGoals()}}
-}
 
 // lines is w writing one line per call.
 func lines(w writer) printer { return func(format string, args ...any) { w(format+"\n", args...) } }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -50,7 +52,7 @@ func (r *redisBackend) spec(row string) (rowSpec, bool) { return rowByID(row) }
 // open makes the measurement's connection; flightlock is one of the rows, on a client of its
 // own, and has no store apart (newStore) nor a floor to copy (floorFrom).
 func (r *redisBackend) open(*config) error {
-	r.adm, r.impls = newAdmin(r.addr), map[string]impl{}
+	r.adm, r.impls = &admin{c: redis.NewClient(&redis.Options{Addr: r.addr, DisableIdentity: true, PoolSize: 1})}, map[string]impl{}
 	return nil
 }
 

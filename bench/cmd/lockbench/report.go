@@ -58,10 +58,6 @@ type report struct {
 	primitivesName string // the primitives report's file name, for the main report's link
 }
 
-func newReport(c *config, be backend) *report {
-	return &report{cfg: c, be: be, machine: hostinfo.Collect(), started: time.Now(), s2: map[int][]*result{}}
-}
-
 // addRep records one repetition of row r in rs (its result made on first use): its figures,
 // its server command mix and its first error ("": none).
 func addRep(rs []*result, r rowSpec, m metrics, mix, firstErr string) []*result {
@@ -461,24 +457,19 @@ func shownArgs(args []string) []string {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if strings.HasPrefix(a, "-") && !strings.Contains(a, "=") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			a += " " + shownPath(a, args[i+1], wd)
 			i++
+			v := args[i]
+			if rel, err := filepath.Rel(wd, v); filepath.IsAbs(v) && wd != "" && err == nil && !strings.HasPrefix(rel, "../..") {
+				v = rel
+			}
+			if strings.TrimLeft(a, "-") == "gobench" {
+				v = "<go test -bench output>"
+			}
+			a += " " + v
 		}
 		parts = append(parts, a)
 	}
 	return parts
-}
-
-func shownPath(flag, v, wd string) string {
-	if strings.TrimLeft(flag, "-") == "gobench" {
-		return "<go test -bench output>"
-	}
-	if filepath.IsAbs(v) && wd != "" {
-		if rel, err := filepath.Rel(wd, v); err == nil && !strings.HasPrefix(rel, "../..") {
-			return rel
-		}
-	}
-	return v
 }
 
 // goBenchText is go test -bench's output without the goos, goarch and cpu lines that repeat
