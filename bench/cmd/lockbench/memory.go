@@ -147,7 +147,7 @@ func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 			held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
 			return im.unlock(ctx, keys[i], h)
 		},
-		Window: func() { st = windowStats(time.Now(), window, rowMeter{b.be, im}) },
+		Window: func() { st = windowStats(time.Now(), window, meter{b.be, im}) },
 	})
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(held)
@@ -253,7 +253,7 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 			}
 			return nil
 		},
-		Window: func() { st = windowStats(time.Now(), s9WaitWindow, rowMeter{b.be, own}) },
+		Window: func() { st = windowStats(time.Now(), s9WaitWindow, meter{b.be, own}) },
 		Release: func() error {
 			g.Exit()
 			if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {

@@ -170,27 +170,11 @@ func (a serverStats) plus(b serverStats, k int64) serverStats {
 		cmds: cmds, rts: a.rts + k*b.rts, ok: a.ok && b.ok, cpu: a.cpu + time.Duration(k)*b.cpu, self: a.self + time.Duration(k)*b.self}
 }
 
-// meter reads a server's counters (no CPU) and its process's CPU.
-type meter interface {
-	counters() serverStats
-	serverCPU() time.Duration
-}
-
-// rowMeter is a backend's meter with the round trips of a row's client (im nil: none).
-type rowMeter struct {
+// meter reads a backend's counters with the round trips of a row's client (im nil: none).
+type meter struct {
 	be backend
 	im impl
 }
-
-func (m rowMeter) counters() serverStats {
-	st := m.be.counters()
-	if m.im != nil {
-		st.rts = m.im.roundTrips()
-	}
-	return st
-}
-
-func (m rowMeter) serverCPU() time.Duration { return m.be.serverCPU() }
 
 // readStats reads m's counters and the CPU of the server and of this process; at a window's
 // end (cpuFirst) the CPU first, so that the server CPU that answering the reading takes is
@@ -198,11 +182,14 @@ func (m rowMeter) serverCPU() time.Duration { return m.be.serverCPU() }
 func readStats(m meter, cpuFirst bool) serverStats {
 	var cpu, self time.Duration
 	if cpuFirst {
-		cpu, self = m.serverCPU(), cpustat.Self()
+		cpu, self = m.be.serverCPU(), cpustat.Self()
 	}
-	st := m.counters()
+	st := m.be.counters()
+	if m.im != nil {
+		st.rts = m.im.roundTrips()
+	}
 	if !cpuFirst {
-		cpu, self = m.serverCPU(), cpustat.Self()
+		cpu, self = m.be.serverCPU(), cpustat.Self()
 	}
 	st.cpu, st.self = cpu, self
 	return st
@@ -322,9 +309,9 @@ func (b *bench) impl(r rowSpec) impl { return b.rowImpl(r.id, -1) }
 // meter is the backend's meter with the round trips of row's client ("": none).
 func (b *bench) meter(row string) meter {
 	if row == "" {
-		return rowMeter{be: b.be}
+		return meter{be: b.be}
 	}
-	return rowMeter{b.be, b.rowImpl(row, -1)}
+	return meter{b.be, b.rowImpl(row, -1)}
 }
 
 // rows are the backend's rows of a scenario (backend.rows), -rows applied.

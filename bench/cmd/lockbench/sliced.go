@@ -51,7 +51,7 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 		im := ims[slices.Index(sums, s)]
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
-		s0 := readStats(rowMeter{b.be, im}, false)
+		s0 := readStats(meter{b.be, im}, false)
 		var rc *rtCounter
 		if ct, ok := im.(callTimer); ok && timeCalls {
 			rc = ct.counter()
@@ -94,7 +94,7 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 		runtime.ReadMemStats(&m1)
 		s.mallocs += m1.Mallocs - m0.Mallocs
 		s.bytes += m1.TotalAlloc - m0.TotalAlloc
-		s.st = s.st.add(readStats(rowMeter{b.be, im}, true).sub(s0))
+		s.st = s.st.add(readStats(meter{b.be, im}, true).sub(s0))
 		return ran, s.keysNext < len(s.keys)
 	})
 	return sums
