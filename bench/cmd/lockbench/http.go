@@ -427,7 +427,7 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 		return strings.Join(out, sep)
 	}
 	worstErrors := column{"errors", func(x *result) string { return mdfmt.Int(x.worst("errors")) }}
-	perReq := []column{{n.reqCol + "/req", func(x *result) string { return mdfmt.Float(x.med(reqs)) }}, {"fsyncs/req", countCell(fsy)}}
+	perReq := []column{{n.reqCol + "/req", floatCell(reqs)}, {"fsyncs/req", countCell(fsy)}}
 
 	w("### Low load (wrk -c %d)\n\n", httpbench.LowConns)
 	if first {
@@ -450,7 +450,7 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 	}
 	table(w, s.Low, append(append([]column{{"p50 latency", durCell(p50)}, {"added over no lock", added(false)}, {"in round trips (" + n.ping + " p50)", added(true)},
 		{"p90", durCell("p90")}, {"p99", durCell(p99)}, {"req/s", intCell("rps")}}, perReq...),
-		column{"service CPU µs/req", func(x *result) string { return mdfmt.Float(x.med("svc_cpu")) }}, worstErrors)...)
+		column{"service CPU µs/req", floatCell("svc_cpu")}, worstErrors)...)
 
 	w("### Saturation (wrk -c %d)\n\n", httpbench.SatConns)
 	if first {

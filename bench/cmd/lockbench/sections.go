@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -63,14 +64,14 @@ func ifHas(name string, cell func(*result) string) func(*result) string {
 	}
 }
 
-// durCell and intCell are a figure's median, formatted.
-func durCell(name string) func(*result) string {
-	return func(x *result) string { return mdfmt.Dur(x.med(name)) }
+// medCell is a figure's median, formatted by f; durCell, intCell and floatCell are its usual forms.
+func medCell(name string, f func(float64) string) func(*result) string {
+	return func(x *result) string { return f(x.med(name)) }
 }
 
-func intCell(name string) func(*result) string {
-	return func(x *result) string { return mdfmt.Int(x.med(name)) }
-}
+func durCell(name string) func(*result) string   { return medCell(name, mdfmt.Dur) }
+func intCell(name string) func(*result) string   { return medCell(name, mdfmt.Int) }
+func floatCell(name string) func(*result) string { return medCell(name, mdfmt.Float) }
 
 // countCell is a figure present where positive: round trips (Redis), fsyncs (a log that fsyncs).
 func countCell(name string) func(*result) string {
@@ -268,20 +269,12 @@ func (r *report) hotSection(w writer, sc int) {
 // s2Chart is scenario 2's critical sections per second against goroutines, as a chart and a
 // table.
 func (r *report) s2Chart(w writer) {
-	gs := r.cfg.s2Goroutines
-	w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
-	for _, g := range gs {
-		w(" %d |", g)
+	w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n")
+	var cols []column
+	for _, g := range r.cfg.s2Goroutines {
+		cols = append(cols, column{strconv.Itoa(g), func(x *result) string { return mdfmt.Int(find(r.s2[g], x.Row).med(rate)) }})
 	}
-	w("\n|---|%s\n", strings.Repeat("---|", len(gs)))
-	for i, x := range r.s2[gs[0]] {
-		w("| %s |", x.Label)
-		for _, g := range gs {
-			w(" %s |", mdfmt.Int(r.s2[g][i].med(rate)))
-		}
-		w("\n")
-	}
-	w("\n")
+	table(w, r.s2[r.cfg.s2Goroutines[0]], cols...)
 }
 
 func (r *report) s4Section(w writer) {
@@ -304,7 +297,7 @@ func (r *report) s5Section(w writer) {
 	w("clicks would. Allocations are `runtime.MemStats` deltas over the serial part. Medians over %d repetitions; \"not busy\"\n", c.reps)
 	w("counts the calls that did not answer busy, over all repetitions (it must be 0).\n\n")
 	unit := fmt.Sprintf("%d goroutines: ", s5Goroutines)
-	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", func(x *result) string { return mdfmt.Float(x.med("allocs")) }},
+	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", floatCell("allocs")},
 		{"B/call", intCell("bytes")}, {n.reqCol + "/call", reqCell(reqs)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
 	table(w, r.s5, append(append(cols, n.cpuCols("call")[0]), column{unit + "ns/call", intCell("par_ns")}, column{"calls/s", intCell("par_rate")},
 		column{unit + n.reqCol + "/call", reqCell("par_reqs")}, column{"not busy", func(x *result) string { return mdfmt.Int(x.sum("wrong")) }})...)

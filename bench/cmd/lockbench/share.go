@@ -56,15 +56,6 @@ func (r *report) s7Section(w writer) {
 	w("taking %v; %d bursts per repetition, a key of its own each; figures per burst, medians over %d repetitions. *share*:\n", httpbench.DupWork, httpbench.DupRounds, r.cfg.reps)
 	w("duplicates wait and get the response of the one run (stored in %s for `Replay`, 10s by default); *reject*: they are\n", r.be.title())
 	w("answered 409 at once.\n\n")
-	dupsTable(w, r.s7)
-}
-
-// dupsTable writes scenario 7's table, on every store.
-func dupsTable(w func(string, ...any), rs []*result) {
-	w("%s\n", mdfmt.Head("row", "handler runs per burst", "identical 200 responses", "409s", "other", "p50 latency", "p99", "max"))
-	for _, x := range rs {
-		w("| %s | %s | %s | %s | %s | %s | %s | %s |\n", x.Label, mdfmt.Float(x.med("runs")), mdfmt.Float(x.med("identical")),
-			mdfmt.Float(x.med("busy")), mdfmt.Float(x.med("other")), mdfmt.Dur(x.med("p50")), mdfmt.Dur(x.med("p99")), mdfmt.Dur(x.med("max")))
-	}
-	w("\n")
+	table(w, r.s7, column{"handler runs per burst", floatCell("runs")}, column{"identical 200 responses", floatCell("identical")}, column{"409s", floatCell("busy")},
+		column{"other", floatCell("other")}, column{"p50 latency", durCell("p50")}, column{"p99", durCell("p99")}, column{"max", durCell("max")})
 }
