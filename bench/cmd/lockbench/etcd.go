@@ -154,20 +154,12 @@ func (e *etcdBackend) open(*config) error {
 		return err
 	}
 	e.cli = cli
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if e.floorSess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("the floor's lease: %w", err)
 	}
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("mutex session: %w", err)
 	}
-	// Warm the Mutex path too (one lock on a key of its own).
-	m := concurrency.NewMutex(e.sess, "/mutex/warm")
-	if err := m.Lock(ctx); err != nil {
-		return fmt.Errorf("mutex warm-up: %w", err)
-	}
-	_ = m.Unlock(ctx)
 	return nil
 }
 
