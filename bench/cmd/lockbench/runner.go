@@ -574,23 +574,24 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	plain, viol, fence := guardSums(gs)
 	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
 	m[retries] = float64(retriesOf(im) - retries0)
-	if r.floor {
-		m[violations] = 0 // not a lock: nothing to check
-	}
 	return m, mixString(st.cmds, cr.Ops), cr.FirstErr
 }
 
 // contendMetrics are a contention run's figures: critical sections, in all and per second,
-// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost write leaves the
-// plain counters short) and fence violations, what st counted per critical section, and for
-// a semaphore or read-write row the most holders at once (peak); a read-write row's reads and
-// writes per second and its reads' waits apart.
+// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost
+// write leaves the plain counters short; a floor, no lock, has none) and fence violations,
+// what st counted per critical section, and for a semaphore or read-write row the most
+// holders at once (peak); a read-write row's reads and writes per second and its reads' waits
+// apart.
 func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, fence, peak int64) metrics {
 	slices.Sort(cr.Waits)
 	secs := float64(cr.Elapsed) / 1e9
 	writes := cr.Ops - cr.Reads
 	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
 		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors + cr.ReleaseErrors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
+	if r.floor {
+		m[violations] = 0 // not a lock: nothing to check
+	}
 	if r.rw || r.permits > 1 {
 		m["peak"] = float64(peak)
 	}
