@@ -331,9 +331,7 @@ func (e *etcdBackend) http(b *bench) *s6Results {
 		return res
 	}
 	rs, err := redisserver.Start("lockbench-etcd-state-redis")
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	check(err, "s6: %v")
 	alsoStop(rs.Stop)
 	defer rs.Stop()
 	progress("  6 redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
@@ -348,9 +346,7 @@ func (e *etcdBackend) http(b *bench) *s6Results {
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
 func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	check(err, "s6: %v")
 	httpbench.PointRedis(&c, redisAddr)
 	if len(c.Order.Lock.Etcd.Hosts) == 0 {
 		fatalf("s6: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
@@ -376,17 +372,14 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid).
 		lc := etcdOrderLock(c.Order.Lock, redisAddr)
 		var closeMW func()
-		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
-			fatalf("s6 %s: %v", r.id, err)
-		}
+		mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout))
+		check(err, "s6 %s: %v", r.id)
 		closes = append(closes, closeMW)
 	case rowMutex, rowFloor: // the Mutex's TryLock on one session of this process, whatever the TTL (the lease lives on)
 		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(r.id, -1)), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
-	if err != nil {
-		fatalf("s6 %s: %v", r.id, err)
-	}
+	check(err, "s6 %s: %v", r.id)
 	return s
 }
 

@@ -139,9 +139,7 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 			return note + fmt.Sprintf(" wrk %.0f%% other %.0f%%", 100*m["wrk_share"], 100*m["other_share"])
 		},
 	}.Run(systems)
-	if err != nil {
-		fatalf("%s%v", tag, err)
-	}
+	check(err, "%s%v", tag)
 	res.addLoads(loads, rows, mix[httpbench.LowConns], mix[httpbench.SatConns])
 }
 
@@ -173,9 +171,7 @@ func (res *s6Results) wrapped() float64 {
 // progress lines (and the scenario's, logf) behind tag.
 func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
 	wrk, err := httpbench.NewWrk()
-	if err != nil {
-		fatalf("%s%v", tag, err)
-	}
+	check(err, "%s%v", tag)
 	logf := func(format string, args ...any) { progress(tag+format, args...) }
 	wrk.Track, wrk.Logf = workers.Track, logf
 	return wrk, logf
@@ -186,9 +182,7 @@ func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
 // example's own middleware, as shipped.
 func (b *bench) startSystem(r s6Row) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	check(err, "s6: %v")
 	httpbench.PointRedis(&c, b.redisAddr())
 	var opts []app.Option
 	if r.id == "none" {
@@ -199,23 +193,17 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 		opts = append(opts, app.WithOrderLock(mw))
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, opts...)
-	if err != nil {
-		fatalf("s6 %s: %v", r.id, err)
-	}
+	check(err, "s6 %s: %v", r.id)
 	return s
 }
 
 // startBare starts the bare create-order server of one row, with the row's orderLock.
 func (b *bench) startBare(r s6Row) *httpbench.System {
 	c, _, err := httpbench.Load(b.c.exampleConf)
-	if err != nil {
-		fatalf("s6 bare: %v", err)
-	}
+	check(err, "s6 bare: %v")
 	mw, closes := b.orderLock(r.id, c.Order.Lock, false)
 	s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
-	if err != nil {
-		fatalf("s6 bare %s: %v", r.id, err)
-	}
+	check(err, "s6 bare %s: %v", r.id)
 	return s
 }
 
@@ -232,9 +220,7 @@ func (b *bench) orderLock(id string, lc flmw.LockConf, asShipped bool) (rest.Mid
 	case id == "redislock" || id == "setdel":
 		r, _ := rowByID(id)
 		im, err := r.build(b.redisAddr(), tunedClient)
-		if err != nil {
-			fatalf("s6 %s: %v", id, err)
-		}
+		check(err, "s6 %s: %v", id)
 		return httpbench.OrderMiddleware(tryLockFunc(im), lc.Prefix), []func(){im.close}
 	case id == "shadow":
 		edit = func(r *flmw.Rule) { r.Shadow = true }
@@ -243,9 +229,7 @@ func (b *bench) orderLock(id string, lc flmw.LockConf, asShipped bool) (rest.Mid
 	}
 	lc.Redis = flmw.RedisConf{Host: b.redisAddr()}
 	mw, closeMW, err := httpbench.OrderRules(lc, edit)
-	if err != nil {
-		fatalf("s6 %s: %v", id, err)
-	}
+	check(err, "s6 %s: %v", id)
 	return mw, []func(){closeMW}
 }
 
@@ -267,9 +251,7 @@ func tryLockFunc(im impl) httpbench.LockFunc {
 func wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, procs map[string]int, m meter) (metrics, serverStats, float64) {
 	var st0 serverStats
 	fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
-	if err != nil {
-		fatalf("s6 %s: %v", s.ID, err)
-	}
+	check(err, "s6 %s: %v", s.ID)
 	return fig, readStats(m, true).sub(st0), float64(run.Requests)
 }
 
@@ -283,9 +265,7 @@ func roundTripMedian(d time.Duration, op func(ctx context.Context) error) float6
 		err := op(ctx)
 		lat = append(lat, int64(time.Since(t0)))
 		cancel()
-		if err != nil {
-			fatalf("s6: round trip: %v", err)
-		}
+		check(err, "s6: round trip: %v")
 	}
 	slices.Sort(lat)
 	return percentile(lat, 0.5)

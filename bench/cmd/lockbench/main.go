@@ -171,6 +171,14 @@ func fatalf(format string, args ...any) {
 	os.Exit(1)
 }
 
+// check ends the run as fatalf(format, args..., err) does when err is not nil; format ends in
+// the error's %v.
+func check(err error, format string, args ...any) {
+	if err != nil {
+		fatalf(format, append(args, err)...)
+	}
+}
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == workerArg {
 		workerMain(os.Args[2:])
@@ -208,9 +216,7 @@ func (prof profiling) start() (stop func()) {
 			continue
 		}
 		f, err := os.Create(p.path)
-		if err != nil {
-			fatalf("%v", err)
-		}
+		check(err, "%v")
 		_ = p.start(f)
 		prev := stop
 		stop = func() { p.stop(); prev() }
@@ -315,17 +321,15 @@ func parseFlags(args []string) (config, profiling) {
 		v    string
 		dst  *[]int
 	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}, {"s13-keys", *s13k, &cfg.s13Keys}} {
-		if *l.dst, err = intList(l.v); err != nil {
-			fatalf("-%s: %v", l.name, err)
-		}
+		*l.dst, err = intList(l.v)
+		check(err, "-%s: %v", l.name)
 	}
 	cfg.s2Goroutines = []int{hotGoroutines}
 	if !e {
 		cfg.s2Goroutines = s2Goroutines
 	}
-	if cfg.scenarios, err = scenarioSet(*scen, lastScenario); err != nil {
-		fatalf("-scenario: %v", err)
-	}
+	cfg.scenarios, err = scenarioSet(*scen, lastScenario)
+	check(err, "-scenario: %v")
 	switch *clients {
 	case "both":
 		cfg.clients = []clientSetting{tunedClient, defaultClient}

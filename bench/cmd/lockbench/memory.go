@@ -92,9 +92,7 @@ func (b *bench) memoryRow(row string) (impl, func()) {
 		return b.rowImpl(row, -1), func() {}
 	}
 	l, closeL, err := b.newLocker()
-	if err != nil {
-		fatalf("scenario 9: %v", err)
-	}
+	check(err, "scenario 9: %v")
 	return lockerRow{locker: l}, closeL
 }
 
@@ -170,9 +168,7 @@ func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 // memory.
 func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 	im, err := r.build(b.be.(*redisBackend).addr, r.client)
-	if err != nil {
-		fatalf("build %s: %v", r.id, err)
-	}
+	check(err, "build %s: %v", r.id)
 	defer im.close()
 	m, _ := b.holdOn(r, im, n, 0)
 	if f, ok := im.(*flightlockImpl); ok {
@@ -204,9 +200,8 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	own, done := b.memoryRow(r.id)
 	defer done()
-	if err := warmImpl(own, "s9ww", 10); err != nil { // the store's lease and the lock's paths in place before the baseline
-		fatalf("scenario 9: warm-up: %v", err)
-	}
+	// The store's lease and the lock's paths in place before the baseline.
+	check(warmImpl(own, "s9ww", 10), "scenario 9: warm-up: %v")
 	waiter := func(int) impl { return own }
 	bounded := func(fn func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
@@ -217,20 +212,14 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 	defer cancel()
 	held, err := own.lock(ctx, key)
-	if err != nil {
-		fatalf("scenario 9: hold %s: %v", key, err)
-	}
+	check(err, "scenario 9: hold %s: %v", key)
 	sessHeap, sessGor := -1.0, -1.0
 	if b.be.notes().waiterSessions && r.id != rowFlight { // the waiters' locks come after the hot goroutines'
-		if err := b.be.peerGoroutines(hotGoroutines); err != nil {
-			fatalf("scenario 9: %v", err)
-		}
+		check(b.be.peerGoroutines(hotGoroutines), "scenario 9: %v")
 		b.be.dropGoroutinesBeyond(hotGoroutines)
 		defer b.be.dropGoroutinesBeyond(hotGoroutines)
 		l0 := memstat.Live()
-		if err := b.be.peerGoroutines(hotGoroutines + w); err != nil {
-			fatalf("scenario 9: %v", err)
-		}
+		check(b.be.peerGoroutines(hotGoroutines+w), "scenario 9: %v")
 		lp := memstat.Live()
 		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 		waiter = func(i int) impl { return b.be.lockOf(r.id, hotGoroutines+i) }

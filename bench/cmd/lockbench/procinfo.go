@@ -13,9 +13,7 @@ import (
 
 func freeAddr() string {
 	addr, err := redisserver.FreeAddr()
-	if err != nil {
-		fatalf("free port: %v", err)
-	}
+	check(err, "free port: %v")
 	return addr
 }
 

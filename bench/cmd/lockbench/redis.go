@@ -89,9 +89,7 @@ func (r *redisBackend) lockOf(row string, _ int) impl {
 		fatalf("unknown row %q", row)
 	}
 	im, err := spec.build(r.addr, spec.client)
-	if err != nil {
-		fatalf("build %s: %v", row, err)
-	}
+	check(err, "build %s: %v", row)
 	r.impls[row] = im
 	return im
 }
@@ -100,9 +98,7 @@ func (r *redisBackend) lockOf(row string, _ int) impl {
 // measurement itself).
 func (r *redisBackend) counters() serverStats {
 	cmds, err := r.adm.commandStats(context.Background())
-	if err != nil {
-		fatalf("INFO commandstats: %v", err)
-	}
+	check(err, "INFO commandstats: %v")
 	delete(cmds, "info")
 	return serverStats{cmds: cmds, reqs: float64(cmds.total()), ok: true}
 }

@@ -76,9 +76,7 @@ func (r *report) write() {
 	c := r.cfg
 	if c.jsonOut != "" && ranMain(*c) { // the main report's raw data: a run of 10-12 alone keeps it
 		raw, _ := json.MarshalIndent(r.raw(), "", " ")
-		if err := os.WriteFile(c.jsonOut, raw, 0o644); err != nil {
-			fatalf("%v", err)
-		}
+		check(os.WriteFile(c.jsonOut, raw, 0o644), "%v")
 	}
 	mainOut, primOut := reportPaths(*c)
 	if ranMain(*c) {
@@ -91,9 +89,7 @@ func (r *report) write() {
 		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
 	}
 	if len(r.s2) > 0 && c.chart != "" {
-		if err := r.chart(c.chart); err != nil {
-			fatalf("chart: %v", err)
-		}
+		check(r.chart(c.chart), "chart: %v")
 	}
 }
 

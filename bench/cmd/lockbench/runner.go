@@ -340,9 +340,7 @@ var onlyRows map[string]bool
 // sessions made before anything is measured.
 func (b *bench) warm(rows []rowSpec) {
 	for _, r := range rows {
-		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
-			fatalf("warm-up %s: %v", r.id, err)
-		}
+		check(warmImpl(b.impl(r), "warm", 200), "warm-up %s: %v", r.id)
 	}
 }
 
@@ -372,15 +370,11 @@ func warmImpl(im impl, prefix string, n int) error {
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions, then the backend's own
 // (Redis: 13, 10, 11, 12), and writes the reports.
 func run(c *config, be backend, prof profiling) {
-	if err := be.start(c); err != nil {
-		fatalf("start %s: %v", be.name(), err)
-	}
+	check(be.start(c), "start %s: %v", be.name())
 	stopServers = be.Stop
 	progress("%s", be.describe())
 	b, err := openBench(c, be)
-	if err != nil {
-		fatalf("setup: %v", err)
-	}
+	check(err, "setup: %v")
 	defer b.close()
 	defer prof.start()()
 	rep := &report{cfg: c, be: be, machine: hostinfo.Collect(), started: time.Now(), s2: map[int][]*result{}}
@@ -541,9 +535,7 @@ func admitting(r rowSpec, g guard.Guard) guard.Guard {
 // i; a read-write row's draw reads% reads, and a semaphore's or read-write row's hold is
 // checked by span too.
 func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard) []contend.Holder {
-	if err := b.be.peerGoroutines(n); err != nil {
-		fatalf("%s: %v", r.id, err)
-	}
+	check(b.be.peerGoroutines(n), "%s: %v", r.id)
 	if r.rw {
 		im := b.impl(r)
 		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)

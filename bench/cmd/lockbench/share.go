@@ -32,9 +32,7 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 	for _, row := range dupRows {
 		conf.Rules = []flmw.Rule{httpbench.DupRule(row.onBusy)}
 		s, err := httpbench.NewDupServer(conf)
-		if err != nil {
-			fatalf("s7 %s: %v", row.id, err)
-		}
+		check(err, "s7 %s: %v", row.id)
 		servers[row.id] = s
 		rows = append(rows, rowSpec{id: row.id, lib: lib + ", OnBusy " + row.onBusy})
 	}

@@ -54,14 +54,10 @@ func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, 
 	}
 	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, b.c.lockTimeout+30*time.Second,
 		func(start time.Time) { st = windowStats(start, d, b.meter("")) })
-	if err != nil {
-		fatalf("workers of %s: %v", r.id, err)
-	}
+	check(err, "workers of %s: %v", r.id)
 	res = make([]workerResult, len(lines))
 	for i, line := range lines {
-		if err := json.Unmarshal([]byte(line), &res[i]); err != nil {
-			fatalf("worker %d: bad result %q: %v", i, line, err)
-		}
+		check(json.Unmarshal([]byte(line), &res[i]), "worker %d: bad result %q: %v", i, line)
 	}
 	return res, st, cs, span, done
 }
@@ -77,9 +73,7 @@ func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done f
 	}
 	for i, path := range paths {
 		g, unmap, err := guard.Map(path, create)
-		if err != nil {
-			fatalf("%s: guard file %s: %v", r.id, path, err)
-		}
+		check(err, "%s: guard file %s: %v", r.id, path)
 		prev := done
 		gs[i], done = g, func() {
 			prev()
@@ -116,9 +110,7 @@ func workerMain(args []string) {
 	// server), warmed on keys of its own: connections open, scripts loaded, leases granted.
 	be.attach(*addr)
 	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	check(err, "worker: %v")
 	r, ok := be.spec(*row)
 	if !ok {
 		fatalf("worker: unknown row %q", *row)
@@ -127,13 +119,9 @@ func workerMain(args []string) {
 	gd, span, unmap := mapGuards(r, *shmPath, false)
 	defer unmap()
 	hs := b.holders(r, []string{*key}, *g, *reads, span)
-	if err := warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20); err != nil {
-		fatalf("worker: warm-up: %v", err)
-	}
+	check(warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20), "worker: warm-up: %v")
 	start, err := workerproc.AwaitStart()
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	check(err, "worker: %v")
 	rt0, rt1 := im.roundTrips(), int64(0)
 	cpu0 := cpustat.Self()
 	var res workerResult
