@@ -141,15 +141,15 @@ func (r *report) peerGoals() []goal {
 				"rueidislock", mdfmt.Float, " ms of CPU per second", func(r float64) bool { return r < 1 })
 		}
 	}
-	if s := r.s9; s != nil && len(s.Waiters) > 0 {
+	if s := r.s9; s != nil && find(s.Waiters, "flightlock") != nil {
 		fl := find(s.Waiters, "flightlock")
-		for _, f := range []struct{ metric, what string }{
-			{"heap", "heap per waiter"}, {"gor", "goroutines per waiter"}, {"rt_s", "round trips while waiting"},
-			{"next", "release → next grant"}, {"all", "release → all served"},
+		for _, f := range []struct {
+			metric, what string
+			show         func(float64) string
+		}{
+			{"heap", "heap per waiter", mdfmt.Int}, {"gor", "goroutines per waiter", mdfmt.Float}, {"rt_s", "round trips while waiting", mdfmt.Int},
+			{"next", "release → next grant", mdfmt.Dur}, {"all", "release → all served", mdfmt.Dur},
 		} {
-			if fl == nil {
-				break
-			}
 			var best *result
 			for _, x := range s.Waiters {
 				if x.Row == "flightlock" || x.worst("unserved") > 0 {
@@ -162,24 +162,10 @@ func (r *report) peerGoals() []goal {
 			if best == nil {
 				continue
 			}
-			show := func(x *result) string {
-				switch f.metric {
-				case "next", "all":
-					return mdfmt.Dur(x.med(f.metric))
-				case "gor":
-					return mdfmt.Float(x.med(f.metric))
-				default:
-					return mdfmt.Int(x.med(f.metric))
-				}
-			}
 			v, b := fl.med(f.metric), best.med(f.metric)
-			ratio := math.NaN()
+			measure := fmt.Sprintf("%s vs %s (%s)", f.show(v), f.show(b), best.Label)
 			if b > 0 {
-				ratio = v / b
-			}
-			measure := fmt.Sprintf("%s vs %s (%s)", show(fl), show(best), best.Label)
-			if b > 0 {
-				measure = fmt.Sprintf("%.2fx the best peer: ", ratio) + measure
+				measure = fmt.Sprintf("%.2fx the best peer: ", v/b) + measure
 			}
 			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", mdfmt.Int(float64(s.W))), f.what + ": the best of all rows", measure,
 				v <= b && fl.worst("unserved") == 0})
