@@ -324,20 +324,13 @@ func (r *report) chart(path string) error {
 // flightlock red, a store's own lock (bsm/redislock, etcd's Mutex, ZooKeeper's lock) blue, the
 // floors grey.
 func rowColor(id string) color.RGBA {
-	switch strings.TrimSuffix(id, "-1ms") {
-	case "flightlock":
-		return color.RGBA{214, 39, 40, 255}
-	case "redislock", rowMutex, rowZKLock:
-		return color.RGBA{31, 119, 180, 255}
-	case "redsync":
-		return color.RGBA{44, 160, 44, 255}
-	case "gozero":
-		return color.RGBA{148, 103, 189, 255}
-	case "rueidislock":
-		return color.RGBA{255, 127, 14, 255}
-	default:
-		return color.RGBA{127, 127, 127, 255}
+	if c, ok := map[string]color.RGBA{
+		"flightlock": {214, 39, 40, 255}, "redislock": {31, 119, 180, 255}, rowMutex: {31, 119, 180, 255}, rowZKLock: {31, 119, 180, 255},
+		"redsync": {44, 160, 44, 255}, "gozero": {148, 103, 189, 255}, "rueidislock": {255, 127, 14, 255},
+	}[strings.TrimSuffix(id, "-1ms")]; ok {
+		return c
 	}
+	return color.RGBA{127, 127, 127, 255}
 }
 
 // drawResultsChart draws, for every store, the median of metric (critical sections per second)

@@ -1,15 +1,23 @@
+// Package httpbench is what the HTTP scenarios of lockbench share, on every store:
+// the example system (example/app) started in the benchmark process on free loopback ports
+// and loaded with wrk (order.lua); a plain go-zero middleware around another library's lock,
+// for the rows that replace the example's own; and the server and bursts of the duplicates
+// scenario (one request sent many times at once, OnBusy share against reject).
 package httpbench
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
+	"github.com/zeromicro/go-zero/rest/httpx"
 
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
@@ -168,4 +176,73 @@ func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (m
 		return nil, nil, err
 	}
 	return m.Handle, func() { _ = m.Close() }, nil
+}
+
+// FreePorts returns n distinct free loopback ports.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l) // held until all are chosen, so the n ports differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// WaitListening waits up to 10s for something to accept connections on the loopback port.
+func WaitListening(port int) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for range 400 { // 400 x 25ms: 10s
+		if conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			_ = conn.Close()
+			return nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %s", addr)
+}
+
+// StartBare starts a go-zero REST server with the order API's create-order route and nothing
+// behind it: the handler binds the request as the example's does (httpx.Parse of uid, sku and
+// qty) and answers at once, under mw (nil: no middleware). It measures what a lock adds to a
+// request whose own work is next to nothing, where the example (Start) measures it inside a
+// whole request of three services. seed makes no state: the handler reads none. closes run
+// after the server stops (Stop, which stops it with every other go-zero server of the process).
+func StartBare(id, prefix string, mw rest.Middleware, closes []func()) (*System, error) {
+	ports, err := FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := rest.NewServer(rest.RestConf{Host: "127.0.0.1", Port: ports[0], Timeout: 10000})
+	if err != nil {
+		return nil, err
+	}
+	if mw != nil {
+		srv.Use(mw)
+	}
+	srv.AddRoute(rest.Route{Method: http.MethodPost, Path: "/api/order/create", Handler: bareOrder})
+	return launch(&System{ID: id, Prefix: prefix, closes: closes}, srv.Start, ports)
+}
+
+// bareOrder binds the order request and answers it, doing nothing else.
+func bareOrder(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		UID string `json:"uid"`
+		SKU string `json:"sku"`
+		Qty int64  `json:"qty"`
+	}
+	if err := httpx.Parse(r, &req); err != nil {
+		httpx.ErrorCtx(r.Context(), w, err)
+		return
+	}
+	httpx.OkJsonCtx(r.Context(), w, map[string]any{"uid": req.UID, "sku": req.SKU, "qty": req.Qty})
 }
