@@ -40,7 +40,7 @@ const flightTTL = 10 * time.Second
 // hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
 const hotGoroutines = 64
 
-// s1Slice is how long one row of scenario 1 runs before the next row's turn (sliced.go): a
+// s1Slice is how long one row of scenario 1 runs before the next row's turn (contend.go): a
 // drift of the server's speed within a repetition (its log and backend commits, a JVM still
 // compiling) then falls on every row alike. A row's figures sum its slices.
 const s1Slice = 200 * time.Millisecond
