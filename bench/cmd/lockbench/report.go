@@ -287,12 +287,19 @@ func (r *report) redisClosing(w writer) {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem . ./middleware`: the root package's `bench_test.go` on a real redis-server, and `BenchmarkRESTRequest`, the middleware's own CPU and allocations per request beside a bare handler (a store that answers at once, so no round trip is counted):\n\n```\n%s```\n\n", goBenchText(string(raw)))
 		}
 	}
-	for _, p := range []struct {
-		path    string
-		pointer func(raw, name string) string
-	}{{r.cfg.etcdReport, etcdPointer}, {r.cfg.zkReport, zkPointer}} {
+	// The other stores' reports (lockbench -store etcd and zookeeper, which bench/run.sh runs
+	// first): a pointer to each, with its goals table; the rest stays in that report.
+	for _, p := range []struct{ path, store, flag, rows string }{
+		{r.cfg.etcdReport, "etcd", "etcd", "flightlock on `etcdstore` against etcd's `concurrency.Mutex` and a raw etcd floor (a put on a lease if the key is absent, " +
+			"then a delete), scenarios 1-9 of this report on a private etcd whose log is fsynced"},
+		{r.cfg.zkReport, "ZooKeeper", "zookeeper", "flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an " +
+			"ephemeral node (the floor), uncontended, on one hot key in one process and across " + strconv.Itoa(s3Procs) + " processes, on a private " +
+			"ZooKeeper server whose transaction log is fsynced"},
+	} {
 		if raw, err := os.ReadFile(p.path); p.path != "" && err == nil {
-			w("%s", p.pointer(string(raw), filepath.Base(p.path)))
+			name := filepath.Base(p.path)
+			w("%s", storePointer(string(raw), fmt.Sprintf("## The %s store\n\nThe %s rows, from `lockbench -store %s`, are in a report of their own, [%s](%s): %s. Its goals:\n\n",
+				p.store, p.store, p.flag, name, name, p.rows)))
 		}
 	}
 	if r.cfg.notes != "" {
@@ -392,14 +399,6 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 			cell(fl0, c.unit), cell(f-st, c.unit), cell(st-b, c.unit), cell(f-b, c.unit), cell(f-fl0, c.unit))
 	}
 	w("\n")
-}
-
-// etcdPointer is the main report's section on the etcd rows: a pointer to their report (which
-// bench/run.sh writes before this one) with its goals table.
-func etcdPointer(raw, name string) string {
-	return storePointer(raw, fmt.Sprintf("## The etcd store\n\nThe etcd rows, from `lockbench -store etcd`, are in a report of their own, [%s](%s): "+
-		"flightlock on `etcdstore` against etcd's `concurrency.Mutex` and a raw etcd floor (a put on a lease if the key is absent, "+
-		"then a delete), scenarios 1-9 of this report on a private etcd whose log is fsynced. Its goals:\n\n", name, name))
 }
 
 // storePointer is head followed by the "## Goals" table of another store's report raw.

@@ -361,13 +361,3 @@ func zkHowToRead(r *report, w writer) {
 		p("")
 	}
 }
-
-// zkPointer is the main report's section on the ZooKeeper rows: a pointer to their report
-// (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,
-// with its goals table; the rest stays in that report.
-func zkPointer(raw, name string) string {
-	return storePointer(raw, fmt.Sprintf("## The ZooKeeper store\n\nThe ZooKeeper rows, from `lockbench -store zookeeper`, are in a report of their own, [%s](%s): "+
-		"flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an "+
-		"ephemeral node (the floor), uncontended, on one hot key in one process and across %d processes, on a private "+
-		"ZooKeeper server whose transaction log is fsynced. Its goals:\n\n", name, name, s3Procs))
-}
