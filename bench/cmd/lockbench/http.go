@@ -106,14 +106,18 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 
 // loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row
 // (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
-// and m's counters around every run (wrkRun): the server's requests and fsyncs per request
-// and its command mix, roundTrip the store's cheapest call. The runs go into res, with each
-// row's last mix at either load.
+// and m's counters around every run (httpbench.Wrk.RunCPU): the server's requests and fsyncs
+// per request and its command mix, roundTrip the store's cheapest call. The runs go into res,
+// with each row's last mix at either load; wrk is tracked among the processes this run started,
+// its progress lines (and the scenario's) behind tag.
 func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func(s6Row) *httpbench.System, procs map[string]int, m meter,
 	roundTrip func(ctx context.Context) error,
 ) {
-	wrk, logf := newWrk(tag)
+	wrk, err := httpbench.NewWrk()
+	check(err, "%s%v", tag)
 	defer wrk.Close()
+	logf := func(format string, args ...any) { progress(tag+format, args...) }
+	wrk.Track, wrk.Logf = workers.Track, logf
 	var systems []*httpbench.System
 	for _, r := range rows {
 		systems = append(systems, start(r))
@@ -125,7 +129,10 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 		Low:  httpbench.WholeSeconds(c.d6low),
 		Sat:  httpbench.WholeSeconds(c.d6),
 		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			fig, st, n := wrkRun(wrk, s, conns, d, expect, procs, m)
+			var st0 serverStats
+			fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
+			check(err, "s6 %s: %v", s.ID)
+			st, n := readStats(m, true).sub(st0), float64(run.Requests)
 			fig[reqs], fig[fsy] = st.reqs/n, st.fsyncs/n
 			mix[conns][s.ID] = mixString(st.cmds, int64(n))
 			return fig, nil
@@ -166,16 +173,6 @@ func (res *s6Results) wrapped() float64 {
 		n += x.sum("wrapped")
 	}
 	return n
-}
-
-// newWrk is scenario 6's wrk on every store: tracked among the processes this run started, its
-// progress lines (and the scenario's, logf) behind tag.
-func newWrk(tag string) (*httpbench.Wrk, func(format string, args ...any)) {
-	wrk, err := httpbench.NewWrk()
-	check(err, "%s%v", tag)
-	logf := func(format string, args ...any) { progress(tag+format, args...) }
-	wrk.Track, wrk.Logf = workers.Track, logf
-	return wrk, logf
 }
 
 // startSystem builds and starts the example for one row from the example's own config file,
@@ -244,16 +241,6 @@ func tryLockFunc(im impl) httpbench.LockFunc {
 		}
 		return func(ctx context.Context) error { return im.unlock(ctx, key, h) }, nil
 	}
-}
-
-// wrkRun runs wrk against s (httpbench.Wrk.RunCPU: the CPU of the service and of the procs
-// by name), on every store, and returns the run's figures, what m counted over it and the
-// requests it made.
-func wrkRun(wrk *httpbench.Wrk, s *httpbench.System, conns int, d time.Duration, expect float64, procs map[string]int, m meter) (metrics, serverStats, float64) {
-	var st0 serverStats
-	fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
-	check(err, "s6 %s: %v", s.ID)
-	return fig, readStats(m, true).sub(st0), float64(run.Requests)
 }
 
 // roundTripMedian is the median latency of op, called one after the other for d: the round
