@@ -56,10 +56,6 @@ type etcdBackend struct {
 	floorRetries atomic.Int64
 }
 
-func (e *etcdBackend) name() string                    { return "etcd" }
-func (e *etcdBackend) title() string                   { return "etcd" }
-func (e *etcdBackend) scenarios() []int                { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
-func (e *etcdBackend) peer() string                    { return rowMutex }
 func (e *etcdBackend) spec(row string) (rowSpec, bool) { return labelled(e.notes(), row) }
 
 // rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
@@ -400,6 +396,7 @@ func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
 
 func (e *etcdBackend) notes() storeNotes {
 	return storeNotes{
+		name: "etcd", title: "etcd", scenarios: []int{1, 2, 3, 4, 5, 6, 7, 8, 9}, peer: rowMutex,
 		reqUnit: "RPC", reqCol: "etcd RPCs", cpuCol: "etcd CPU", floorShort: "floor", peerShort: "Mutex", peerThe: "the Mutex",
 		labels: map[string]string{
 			rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",

@@ -338,10 +338,10 @@ func parseFlags(args []string) (config, profiling) {
 	default:
 		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
-	be := backendFor(cfg.store)
+	st := backendFor(cfg.store).notes()
 	for n := 1; n <= lastScenario; n++ {
-		if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
-			fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
+		if cfg.scenarios[n] && !slices.Contains(st.scenarios, n) {
+			fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, st.title, st.scenarios)
 		}
 	}
 	if cfg.reps < 1 || cfg.memWaiters < 0 {

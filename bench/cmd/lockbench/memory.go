@@ -266,7 +266,7 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 // s9Section writes scenario 9: what each held lock and each waiter costs.
 func (r *report) s9Section(w writer) {
 	s, n, c := r.s9, r.be.notes(), r.cfg
-	w("What each held lock and each waiter costs this process and %s; one repetition (counts, except CPU and grant times).\n\n", r.be.title())
+	w("What each held lock and each waiter costs this process and %s; one repetition (counts, except CPU and grant times).\n\n", r.be.notes().title)
 	f := func(name, format string) func(*result) string {
 		return ifHas(name, func(x *result) string { return fmt.Sprintf(format, x.med(name)) })
 	}
@@ -293,7 +293,7 @@ func (r *report) s9Section(w writer) {
 		table(w, hold, column{"renewal", func(x *result) string { return renews[x.Row] }}, column{"locks", intCell("n")},
 			column{"acquire all", durCell("acquire")}, column{"heap B/lock", intCell("heap")}, column{"stack B/lock", intCell("stack")},
 			column{"goroutines/lock", f("gor", "%.3f")}, column{"peak goroutines", intCell("peak_gor")},
-			column{r.be.title() + " memory B/lock", func(x *result) string { return cmp.Or(ifHas("server_mem", intCell("server_mem"))(x), "n/a") }}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
+			column{r.be.notes().title + " memory B/lock", func(x *result) string { return cmp.Or(ifHas("server_mem", intCell("server_mem"))(x), "n/a") }}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
 			column{"after release: B/lock", f("after_heap", "%.1f")}, column{"after release: goroutines", intCell("after_gor")}, column{"errors", errorsCell})
 		firstErrors(w, hold)
 	}

@@ -28,10 +28,6 @@ type redisBackend struct {
 	impls   map[string]impl // built once per row and reused across scenarios and repetitions
 }
 
-func (r *redisBackend) name() string     { return "redis" }
-func (r *redisBackend) title() string    { return "Redis" }
-func (r *redisBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13} }
-func (r *redisBackend) peer() string     { return "redislock" }
 func (r *redisBackend) describe() string {
 	return fmt.Sprintf("redis-server pid %d on %s", r.Pid(), r.addr)
 }
@@ -116,7 +112,8 @@ func (r *redisBackend) serverCPU() time.Duration {
 func (r *redisBackend) serverMemory() int64 { return r.adm.usedMemory(context.Background()) }
 
 func (r *redisBackend) notes() storeNotes {
-	return storeNotes{reqUnit: "cmds", reqCol: "server cmds", cpuCol: "Redis CPU", floors: [][2]string{{"ping", "PING"}, {"setdel", "SET+DEL"}}, ping: "PING", s6Intro: (*report).s6Intro,
+	return storeNotes{name: "redis", title: "Redis", scenarios: []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, peer: "redislock",
+		reqUnit: "cmds", reqCol: "server cmds", cpuCol: "Redis CPU", floors: [][2]string{{"ping", "PING"}, {"setdel", "SET+DEL"}}, ping: "PING", s6Intro: (*report).s6Intro,
 		machine: []string{fmt.Sprintf("| Redis | %s |", r.version)},
 		head:    (*report).redisHead, goals: (*report).redisGoals, closing: (*report).redisClosing,
 		rejectHow: "the others: one attempt without retry, which costs them a round trip", s9HoldNote: "Redis memory is the `used_memory` delta."}

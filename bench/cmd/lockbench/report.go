@@ -99,7 +99,7 @@ func (r *report) raw() map[string]any {
 	for g, v := range r.s2 {
 		s2[strconv.Itoa(g)] = v
 	}
-	return map[string]any{"store": r.be.name(), "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
+	return map[string]any{"store": r.be.notes().name, "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
 		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "scenario13": r.s13, "quick": r.cfg.quick}
 }

@@ -51,14 +51,9 @@ const s1MaxOps = 200000
 
 // backend is one store with a server of its own: how to start that server and read its
 // counters, its rows of each scenario as rows (impl) of this process, and what its report
-// says of it. A backend that runs scenarios 4-9 implements fullBackend too, one with scenarios
-// of its own extraScenarios.
+// says of it (notes: its name and scenarios too). A backend that runs scenarios 4-9
+// implements fullBackend too, one with scenarios of its own extraScenarios.
 type backend interface {
-	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
-	name() string
-	title() string
-	// scenarios are those the backend runs.
-	scenarios() []int
 	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
 	// data, and may be called twice); describe is its progress line. A worker attaches to the
 	// parent's server instead, at the address workerArgs gave it.
@@ -79,10 +74,9 @@ type backend interface {
 	close()
 	newStore() (closingStore, error)
 	floorFrom(key string) error
-	// peer is the row of the store's own lock; rows are those of a scenario: 1's; 2's, which 3,
-	// scenario 8's hot key and scenario 9's waiting run too; 4's, which scenario 8's keys run
-	// too; 5's, which scenario 9's holding runs too. spec names a row.
-	peer() string
+	// rows are those of a scenario: 1's; 2's, which 3, scenario 8's hot key and scenario 9's
+	// waiting run too; 4's, which scenario 8's keys run too; 5's, which scenario 9's holding
+	// runs too. spec names a row.
 	rows(scenario int) []string
 	spec(row string) (rowSpec, bool)
 	// lockOf is a row's lock for goroutine i of this process, once peerGoroutines(n) made room
@@ -370,7 +364,7 @@ func warmImpl(im impl, prefix string, n int) error {
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions, then the backend's own
 // (Redis: 13, 10, 11, 12), and writes the reports.
 func run(c *config, be backend, prof profiling) {
-	check(be.start(c), "start %s: %v", be.name())
+	check(be.start(c), "start %s: %v", be.notes().name)
 	stopServers = be.Stop
 	progress("%s", be.describe())
 	b, err := openBench(c, be)
@@ -404,7 +398,7 @@ func run(c *config, be backend, prof profiling) {
 		{9, func() { rep.s9 = b.memory() }},
 		{5, func() { rep.s5 = b.reject() }},
 		{6, func() { rep.s6 = fb.http(b) }},
-		{7, func() { rep.s7 = dupBursts(fb.dupConf(), c.reps, "flightlock on "+be.title()) }},
+		{7, func() { rep.s7 = dupBursts(fb.dupConf(), c.reps, "flightlock on "+be.notes().title) }},
 	} {
 		if c.scenarios[sc.n] && full {
 			sc.run()

@@ -50,7 +50,7 @@ func (b *bench) scaling() []*s8Axis {
 			rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs], firstErr)
 	})
 	b.rep.charts = drawScaling(axes, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
-		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(axis))
+		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.notes().title, axisUnit(axis))
 	}, rate)
 	return axes
 }

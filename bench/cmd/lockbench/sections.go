@@ -286,7 +286,7 @@ func (r *report) s4Section(w writer) {
 	floors := n.floorRows()
 	contendTable(w, n, r.s4, floors[len(floors)-1])
 	firstErrors(w, r.s4)
-	w("%s\n\n", floorRatios(r.s4, append(floors, r.be.peer()), rate))
+	w("%s\n\n", floorRatios(r.s4, append(floors, n.peer), rate))
 }
 
 func (r *report) s5Section(w writer) {
@@ -307,7 +307,7 @@ func (r *report) s5Section(w writer) {
 			w("First call of %s that did not answer busy: `%s`.\n\n", x.Label, x.FirstErrs[i])
 		}
 	}
-	if fl, pe := find(r.s5, rowFlight), find(r.s5, r.be.peer()); fl != nil && pe != nil {
+	if fl, pe := find(r.s5, rowFlight), find(r.s5, n.peer); fl != nil && pe != nil {
 		w("A refusal costs %s %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.\n\n",
 			pe.Label, safeDiv(pe.med("ns"), fl.med("ns")), s5Goroutines, safeDiv(fl.med("par_rate"), pe.med("par_rate")))
 	}
@@ -349,7 +349,7 @@ func (r *report) laterSections(w writer) {
 		{"9", "Memory: what a held lock and a waiter cost", 9, r.s9 != nil, r.s9Section},
 		{"13", "Default go-redis client", 13, r.s13 != nil, r.s13Section},
 	} {
-		if !slices.Contains(r.be.scenarios(), sec.sc) || sec.n == "6b" && !sec.ran { // 6b is Redis's, run with 6
+		if !slices.Contains(r.be.notes().scenarios, sec.sc) || sec.n == "6b" && !sec.ran { // 6b is Redis's, run with 6
 			continue
 		}
 		w("## %s. %s\n\n", sec.n, sec.title)
@@ -365,6 +365,9 @@ func (r *report) laterSections(w writer) {
 // rows, and its head, goals, closing and the prose around the tables that markdown writes alike
 // for every store.
 type storeNotes struct {
+	name, title             string                    // the -store value, and the store in prose ("etcd", "ZooKeeper")
+	scenarios               []int                     // the scenarios the store runs
+	peer                    string                    // the row of the store's own lock
 	reqUnit, reqCol, cpuCol string                    // the server's requests (progress, table columns) and its CPU column
 	floorShort, peerShort   string                    // the floor and the peer in goals and ratios
 	peerThe                 string                    // the peer in the goals' lead sentence
@@ -411,7 +414,8 @@ func (r *report) sum(sc int, row, name string) int64 { return int64(r.at(sc, row
 // sections per second against the peer (at least 50x, 5x); a scenario that did not run has no
 // goal.
 func (r *report) storeGoalSets() []goalSet {
-	c, n, peer := r.cfg, r.be.notes(), r.be.peer()
+	c, n := r.cfg, r.be.notes()
+	peer := n.peer
 	var gs []goal
 	add := func(sc int, name, want string, met bool, measured string) {
 		if c.scenarios[sc] {
@@ -517,7 +521,8 @@ func commonBullets(p printer, c *config, warmWhy string) {
 // hotKeyWhy says, with this run's figures of scenarios 2 and 3, why flightlock is faster than
 // the peer on a hot key.
 func (r *report) hotKeyWhy() string {
-	n, peer, srv := r.be.notes(), r.be.peer(), r.be.title()
+	n := r.be.notes()
+	peer, srv := n.peer, n.title
 	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
 	fl3, pe3 := r.med(3, rowFlight, rate), r.med(3, peer, rate)
 	return fmt.Sprintf("On a hot key %s makes every critical section pay %s: %s, so the key moves at the speed of "+

@@ -47,7 +47,7 @@ type workerResult struct {
 func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
 	shm := fmt.Sprintf("%s/lockbench-%d-%s-%s.shm", os.TempDir(), os.Getpid(), r.id, strings.NewReplacer("/", "_", ":", "_").Replace(key)) // the guard file
 	cs, span, done = mapGuards(r, shm, true)
-	args := slices.Concat([]string{workerArg, "-store", b.be.name(), "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+	args := slices.Concat([]string{workerArg, "-store", b.be.notes().name, "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
 		"-lock-timeout", b.c.lockTimeout.String(), "-shm", shm}, b.be.workerArgs(b.c), extra)
 	if r.permits > 1 {
 		args = append(args, "-permits", strconv.Itoa(r.permits))

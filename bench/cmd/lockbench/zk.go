@@ -55,10 +55,6 @@ type zkBackend struct {
 	floorValue []byte // the bytes flightlock writes in a key node
 }
 
-func (z *zkBackend) name() string                    { return "zookeeper" }
-func (z *zkBackend) title() string                   { return "ZooKeeper" }
-func (z *zkBackend) scenarios() []int                { return []int{1, 2, 3} }
-func (z *zkBackend) peer() string                    { return rowZKLock }
 func (z *zkBackend) spec(row string) (rowSpec, bool) { return labelled(z.notes(), row) }
 
 // rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
@@ -262,6 +258,7 @@ func (zkFloor) close()            {}
 
 func (z *zkBackend) notes() storeNotes {
 	return storeNotes{
+		name: "zookeeper", title: "ZooKeeper", scenarios: []int{1, 2, 3}, peer: rowZKLock,
 		reqUnit: "requests", reqCol: "requests", cpuCol: "server CPU", floorShort: "bare create+delete", peerShort: "zk.NewLock", peerThe: "zk.NewLock",
 		labels: map[string]string{
 			rowFloor:       "bare Create + Delete of an ephemeral node (the floor)",
