@@ -212,6 +212,7 @@ func (r *report) s1Section(w writer) {
 		w("%s\n\n", n.s1Ratios(r))
 	}
 	firstErrors(w, r.s1)
+	whereTheTimeGoes(w, r.s1)
 }
 
 // floorRows are the ids of the store's floors.
@@ -315,21 +316,11 @@ func (r *report) s5Section(w writer) {
 
 // mainSections writes the sections of scenarios 1-5 that ran.
 func (r *report) mainSections(w writer) {
-	c := r.cfg
-	if c.scenarios[1] {
-		r.s1Section(w)
-		whereTheTimeGoes(w, r.s1)
-	}
-	for _, sc := range []int{2, 3} {
-		if c.scenarios[sc] {
-			r.hotSection(w, sc)
+	hot := func(sc int) func(writer) { return func(w writer) { r.hotSection(w, sc) } }
+	for sc, write := range []func(writer){1: r.s1Section, 2: hot(2), 3: hot(3), 4: r.s4Section, 5: r.s5Section} {
+		if write != nil && r.cfg.scenarios[sc] {
+			write(w)
 		}
-	}
-	if c.scenarios[4] {
-		r.s4Section(w)
-	}
-	if c.scenarios[5] {
-		r.s5Section(w)
 	}
 }
 
