@@ -35,20 +35,13 @@ var defaultVariants = []string{"flightlock", "store", "redislock", "redislock-1m
 // tuned row adds a key prefix, which costs nothing measurable).
 func defaultClientRows() []rowSpec {
 	var out []rowSpec
-	for _, id := range defaultVariants {
-		r, _ := rowByIDIn(allRows(), id)
-		r.id, r.client = id+defaultSuffix, defaultClient
-		out = append(out, r)
+	for _, r := range allRows() {
+		if slices.Contains(defaultVariants, r.id) {
+			r.id, r.client = r.id+defaultSuffix, defaultClient
+			out = append(out, r)
+		}
 	}
 	return out
-}
-
-func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
-	i := slices.IndexFunc(rows, func(r rowSpec) bool { return r.id == id })
-	if i < 0 {
-		return rowSpec{}, false
-	}
-	return rows[i], true
 }
 
 // s13Pick is the rows of ids on every setting of settings, the settings of one library next

@@ -108,8 +108,13 @@ func allRows() []rowSpec {
 	}
 }
 
+// rowByID is the Redis row id, among every scenario's.
 func rowByID(id string) (rowSpec, bool) {
-	return rowByIDIn(slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows()), id)
+	rows := slices.Concat(allRows(), defaultClientRows(), semaphoreRows(), rwRows(), fairRows())
+	if i := slices.IndexFunc(rows, func(r rowSpec) bool { return r.id == id }); i >= 0 {
+		return rows[i], true
+	}
+	return rowSpec{}, false
 }
 
 // clientSetting is how a row's go-redis client is configured.

@@ -367,9 +367,12 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 	if fl == nil || floor == nil {
 		return
 	}
-	cols := []struct{ name, metric, unit string }{
-		{"latency p50", "p50", "µs"}, {"round trips", "rt", ""}, {"client CPU", "ccpu", "µs"},
-		{"Redis CPU", "scpu", "µs"}, {"server commands", "reqs", ""}, {"allocations", "allocs", ""},
+	cols := []struct { // the figures in µs are in ns: per is 1e3
+		name, metric, unit string
+		per                float64
+	}{
+		{"latency p50", "p50", " µs", 1e3}, {"round trips", "rt", "", 1}, {"client CPU", "ccpu", " µs", 1e3},
+		{"Redis CPU", "scpu", " µs", 1e3}, {"server commands", "reqs", "", 1}, {"allocations", "allocs", "", 1},
 	}
 	w("### Where the time goes: one uncontended lock + release\n\n")
 	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference. " +
@@ -377,26 +380,21 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		"flightlock - store alone is what the Locker adds on the client, store alone - bsm what the scripts (the fence) add.\n\n")
 	w("| cost | flightlock | store alone | bsm/redislock | SET+DEL floor | flightlock - store alone | store alone - bsm | flightlock - bsm | flightlock - floor |\n" +
 		"|---|---|---|---|---|---|---|---|---|\n")
-	val := func(x *result, metric, unit string) float64 {
-		if x == nil {
-			return math.NaN()
-		}
-		v := x.med(metric)
-		if unit == "µs" {
-			v /= 1e3 // ns -> µs
-		}
-		return v
-	}
-	cell := func(v float64, unit string) string {
-		if math.IsNaN(v) {
-			return "-"
-		}
-		return fmt.Sprintf("%.2f%s", v, map[bool]string{true: " " + unit, false: ""}[unit != ""])
-	}
 	for _, c := range cols {
-		f, st, b, fl0 := val(fl, c.metric, c.unit), val(store, c.metric, c.unit), val(bsm, c.metric, c.unit), val(floor, c.metric, c.unit)
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(st, c.unit), cell(b, c.unit),
-			cell(fl0, c.unit), cell(f-st, c.unit), cell(st-b, c.unit), cell(f-b, c.unit), cell(f-fl0, c.unit))
+		val := func(x *result) float64 {
+			if x == nil {
+				return math.NaN()
+			}
+			return x.med(c.metric) / c.per
+		}
+		cell := func(v float64) string {
+			if math.IsNaN(v) {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f%s", v, c.unit)
+		}
+		f, st, b, fl0 := val(fl), val(store), val(bsm), val(floor)
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f), cell(st), cell(b), cell(fl0), cell(f-st), cell(st-b), cell(f-b), cell(f-fl0))
 	}
 	w("\n")
 }

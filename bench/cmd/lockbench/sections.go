@@ -138,27 +138,23 @@ func (n storeNotes) cpuCols(unit string) []column {
 // got through.
 func contendTable(w writer, n storeNotes, rs []*result, floor string) {
 	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
-		{"reads/s", ifHas("read_rate", intCell("read_rate"))}, {"writes/s", ifHas("write_rate", intCell("write_rate"))}}
-	if floor != "" {
-		cols = append(cols, column{"x floor", ratioCell(rs, floor, rate)})
-	}
-	cols = append(cols, column{"RT/CS", countCell(rt)}, column{n.reqCol + "/CS", reqCell(reqs)}, column{"fsyncs/CS", countCell(fsy)})
-	cols = append(cols, n.cpuCols("CS")...)
-	table(w, rs, append(cols,
-		column{"read wait p50", ifHas("read_p50", durCell("read_p50"))}, column{"read wait p99", ifHas("read_p99", durCell("read_p99"))},
-		column{"wait p50", durCell(p50)}, column{"wait p99", durCell(p99)}, column{"wait max", durCell("max")},
-		column{"most holders at once", ifHas("peak", func(x *result) string { return mdfmt.Int(x.worst("peak")) })},
-		column{"violations (inside / fence)", violationsCell},
-		column{"floor retries", func(x *result) string {
+		{"reads/s", ifHas("read_rate", intCell("read_rate"))}, {"writes/s", ifHas("write_rate", intCell("write_rate"))},
+		{"x floor", ratioCell(rs, floor, rate)}, {"RT/CS", countCell(rt)}, {n.reqCol + "/CS", reqCell(reqs)}, {"fsyncs/CS", countCell(fsy)}}
+	table(w, rs, slices.Concat(cols, n.cpuCols("CS"), []column{
+		{"read wait p50", ifHas("read_p50", durCell("read_p50"))}, {"read wait p99", ifHas("read_p99", durCell("read_p99"))},
+		{"wait p50", durCell(p50)}, {"wait p99", durCell(p99)}, {"wait max", durCell("max")},
+		{"most holders at once", ifHas("peak", func(x *result) string { return mdfmt.Int(x.worst("peak")) })},
+		{"violations (inside / fence)", violationsCell},
+		{"floor retries", func(x *result) string {
 			if x.Row != rowFloor {
 				return ""
 			}
 			return mdfmt.Int(x.sum(retries))
 		}},
-		column{"errors", errorsCell},
-		column{"fair (median / worst)", ifHas("fair", func(x *result) string { return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair")) })},
-		column{"CS per process", ifHas("per_proc", intCell("per_proc"))},
-		column{"server command mix per CS", mixCell})...)
+		{"errors", errorsCell},
+		{"fair (median / worst)", ifHas("fair", func(x *result) string { return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair")) })},
+		{"CS per process", ifHas("per_proc", intCell("per_proc"))},
+		{"server command mix per CS", mixCell}})...)
 }
 
 // firstErrors writes, for every repetition of rs that had failures, how many and the first.
