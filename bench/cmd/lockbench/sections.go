@@ -528,3 +528,18 @@ func (r *report) hotKeyWhy() string {
 		r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations), r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations),
 		r.sum(2, peer, violations)+r.sum(3, peer, violations), n.peerShort)
 }
+
+// procCounts are the critical sections of each worker in repetition i of x (scenario 3).
+func procCounts(x *result, i int) []int64 {
+	var n []int64
+	if i < len(x.reps()) {
+		for w := 0; ; w++ {
+			v, ok := x.Reps[i]["proc"+strconv.Itoa(w)]
+			if !ok {
+				break
+			}
+			n = append(n, int64(v))
+		}
+	}
+	return n
+}
