@@ -8,14 +8,18 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/hostinfo"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
-	"github.com/flightlock/flightlock/bench/internal/logchart"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
@@ -31,14 +35,54 @@ func (r *report) machineTable(w writer) {
 			w("%s\n", row)
 		}
 	}
-	w("| load average at start / end | %s / %s |\n\n", m.Load, hostinfo.LoadNow())
+	w("| load average at start / end | %s / %s |\n\n", m.Load, loadNow())
+}
+
+// Machine is the machine and the Go toolchain of a run.
+type Machine struct {
+	CPUs   int    `json:"cpus"` // the CPUs this process may use (its affinity mask, as nproc counts)
+	CPU    string `json:"cpu"`  // the first model name in /proc/cpuinfo
+	Go     string `json:"go"`
+	OS     string `json:"os"`
+	Kernel string `json:"kernel"`
+	Load   string `json:"load"` // /proc/loadavg when Collect ran
+}
+
+// collectMachine reads the machine; a figure it cannot read is left empty.
+func collectMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, Load: loadNow()}
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if raw, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(raw))
+	}
+	return m
+}
+
+// loadNow is the 1, 5 and 15 minute load averages now ("?" if unknown).
+func loadNow() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // report is a run's results, scenario by scenario, and what its reports say of the run.
 type report struct {
 	cfg     *config
 	be      backend
-	machine hostinfo.Machine
+	machine Machine
 	started time.Time
 	elapsed time.Duration
 	s1      []*result
@@ -343,21 +387,61 @@ func rowColor(id string) color.RGBA {
 }
 
 // drawResultsChart draws, for every store, the median of metric (critical sections per second)
-// of the rows of at(xs[0]) against xs on log-log axes, each row matched by id at the other points
-// (a point without data is left out): flightlock bold, the 1 ms pollers and the floor dashed. It
-// says whether there was anything to draw.
+// of the rows of at(xs[0]) against xs as a PNG at path, both axes logarithmic (the points grow
+// geometrically, and the rows lie orders of magnitude apart), each row matched by id at the
+// other points (a point without a positive figure is left out): flightlock bold, the 1 ms
+// pollers and the floor dashed with triangle marks. It says whether there was anything to draw
+// (nothing is written otherwise).
 func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result, metric string) (bool, error) {
-	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: "critical sections / s (log)", X: xs,
-		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
-	for _, row := range at(xs[0]) {
-		y := make(map[int]float64, len(xs))
-		for _, x := range xs {
-			y[x] = find(at(x), row.Row).med(metric)
-		}
-		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
-			Bold: row.Row == rowFlight, Dashed: strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor})
+	p := plot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xlabel, "critical sections / s (log)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	ticks := make([]plot.Tick, 0, len(xs))
+	for _, x := range xs {
+		ticks = append(ticks, plot.Tick{Value: float64(x), Label: mdfmt.Int(float64(x))})
 	}
-	return logchart.Draw(path, c)
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left, p.Legend.YOffs = false, true, vg.Points(10)
+	p.Add(plotter.NewGrid())
+	lo, hi := math.Inf(1), 0.0
+	for _, row := range at(xs[0]) {
+		pts := make(plotter.XYs, 0, len(xs))
+		for _, x := range xs {
+			if v := find(at(x), row.Row).med(metric); v > 0 {
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+				pts = append(pts, plotter.XY{X: float64(x), Y: v})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return false, err
+		}
+		line.Color, points.Color = rowColor(row.Row), rowColor(row.Row)
+		line.Width = vg.Points(1.5)
+		if row.Row == rowFlight {
+			line.Width = vg.Points(3)
+		}
+		if strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor {
+			line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+			points.Shape = draw.TriangleGlyph{}
+		}
+		p.Add(line, points)
+		p.Legend.Add(row.Label, line, points)
+	}
+	if hi == 0 {
+		return false, nil
+	}
+	// Room of a factor 2 above and below the lines, for the legend.
+	p.Y.Min, p.Y.Max = lo/2, hi*2
+	if len(xs) == 1 {
+		// One point: a log axis needs a range around it.
+		p.X.Min, p.X.Max = float64(xs[0])/2, float64(xs[0])*2
+	}
+	return true, p.Save(9*vg.Inch, 6*vg.Inch, path)
 }
 
 // whereTheTimeGoes writes the "where the time goes" table for one uncontended lock +

@@ -15,7 +15,6 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/guard"
-	"github.com/flightlock/flightlock/bench/internal/hostinfo"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
@@ -429,7 +428,7 @@ func run(c *config, be backend, prof profiling) {
 	check(err, "setup: %v")
 	defer b.close()
 	defer prof.start()()
-	rep := &report{cfg: c, be: be, machine: hostinfo.Collect(), started: time.Now(), s2: map[int][]*result{}}
+	rep := &report{cfg: c, be: be, machine: collectMachine(), started: time.Now(), s2: map[int][]*result{}}
 	b.rep = rep
 
 	if c.warm > 0 {
