@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -365,8 +366,16 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 		// The order API's own rules, create-order moved to etcd, in a middleware of their own
 		// (httpbench.OrderRules): installed as shipped, every create-order would answer 500, its
 		// order logic looking for its fencing lease under a Redis rule's key (Prefix + "order:"
-		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid).
-		lc := etcdOrderLock(c.Order.Lock, redisAddr)
+		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid). The section names
+		// etcd alone, so a rule without a Store locks in etcd; once it names the benchmark's
+		// Redis too, for its Redis rules (place-order), such a rule must say so (the withdraw
+		// rule), or the section does not compile.
+		lc := c.Order.Lock
+		lc.Rules = slices.Clone(lc.Rules)
+		for i := range lc.Rules {
+			lc.Rules[i].Store = cmp.Or(lc.Rules[i].Store, "etcd")
+		}
+		lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
 		var closeMW func()
 		mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout))
 		check(err, "s6 %s: %v", r.id)
@@ -377,21 +386,6 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
 	check(err, "s6 %s: %v", r.id)
 	return s
-}
-
-// etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for
-// its Redis rules (place-order). The section names etcd alone, so a rule without a Store locks
-// in etcd; once it names a Redis too, such a rule must say so (the withdraw rule), or the
-// section does not compile.
-func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
-	lc.Rules = slices.Clone(lc.Rules)
-	for i := range lc.Rules {
-		if lc.Rules[i].Store == "" {
-			lc.Rules[i].Store = "etcd"
-		}
-	}
-	lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
-	return lc
 }
 
 func (e *etcdBackend) notes() storeNotes {

@@ -239,8 +239,13 @@ func (r *report) hotSection(w writer, sc int) {
 			contendTable(w, n, r.s2[g], "")
 			firstErrors(w, r.s2[g])
 		}
-		if len(c.s2Goroutines) > 1 {
-			r.s2Chart(w)
+		if gs := c.s2Goroutines; len(gs) > 1 { // Redis: the rates at every goroutine count, as a chart and a table
+			w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n")
+			var cols []column
+			for _, g := range gs {
+				cols = append(cols, column{strconv.Itoa(g), func(x *result) string { return mdfmt.Int(find(r.s2[g], x.Row).med(rate)) }})
+			}
+			table(w, r.s2[gs[0]], cols...)
 		}
 		rs = r.s2[hotGoroutines]
 	} else {
@@ -262,17 +267,6 @@ func (r *report) hotSection(w writer, sc int) {
 	if ratio, _, best := leadOf(rs); best != nil {
 		w("flightlock / the best peer (%s): %.1fx.\n\n", best.Label, ratio)
 	}
-}
-
-// s2Chart is scenario 2's critical sections per second against goroutines, as a chart and a
-// table.
-func (r *report) s2Chart(w writer) {
-	w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n")
-	var cols []column
-	for _, g := range r.cfg.s2Goroutines {
-		cols = append(cols, column{strconv.Itoa(g), func(x *result) string { return mdfmt.Int(find(r.s2[g], x.Row).med(rate)) }})
-	}
-	table(w, r.s2[r.cfg.s2Goroutines[0]], cols...)
 }
 
 func (r *report) s4Section(w writer) {
