@@ -274,16 +274,6 @@ func (x *rwHolder) Unlock(ctx context.Context) error {
 
 func (x *rwHolder) Reading() bool { return x.reading }
 
-// rwHolders are n holders of im on keys (already the row's key names), reads% of whose Locks
-// are reads.
-func rwHolders(im impl, keys []string, n, reads int) []contend.Holder {
-	rim, ok := im.(rwImpl)
-	if !ok {
-		fatalf("row %T keeps no read locks", im)
-	}
-	return holdersOf(n, func(int) contend.Holder { return &rwHolder{im: rim, keys: keys, reads: reads} })
-}
-
 // --- scenario 11
 
 // s11Mix is scenario 11's rows at one mix.

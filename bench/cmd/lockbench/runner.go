@@ -588,8 +588,9 @@ func admitting(r rowSpec, g guard.Guard) guard.Guard {
 func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard) []contend.Holder {
 	check(b.be.peerGoroutines(n), "%s: %v", r.id)
 	if r.rw {
-		im := b.impl(r)
-		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)
+		im := b.impl(r).(rwImpl) // a read-write row's lock (rowSpec.rw)
+		keys := rowNames(im, keys)
+		return spanHolders(holdersOf(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
 	}
 	hs := holdersOf(n, func(i int) contend.Holder {
 		im := b.rowImpl(r.id, i)
