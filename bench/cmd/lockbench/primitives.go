@@ -360,6 +360,7 @@ func fairRows() []rowSpec {
 
 func (r *report) s12Section(w func(string, ...any)) {
 	s := r.s12
+	def, _ := rowByID("flightlock") // flightlock's mutex row, the default
 	w("## 12. What fairness costs: one hot key, default against WithFair\n\n")
 	w("Scenario 2's loop and guard (take the one key, run the critical section, release; an atomic \"inside\" counter that\n")
 	w("must read 1 and a plain counter that a lost update leaves short) with flightlock's default Locker and the same Locker\n")
@@ -369,7 +370,7 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("rotated per repetition.\n\n")
 	w("%s\n", mdfmt.Head("row", "waiting for a busy key"))
 	w("| %s | one Lock per key and process goes to Redis; the process's other goroutines queue on it and a release hands the key"+
-		" to the next of them without a round trip (up to `WithHandoff`'s limits); a key held elsewhere wakes the waiter by its release notification |\n", defaultRow().label())
+		" to the next of them without a round trip (up to `WithHandoff`'s limits); a key held elsewhere wakes the waiter by its release notification |\n", def.label())
 	w("| %s | every Lock takes a place in the key's line in Redis, ordered by when it began, and only the first in line may take the"+
 		" free key; no gate and no hand-over in the process; each release wakes the first waiter of each process, which looks"+
 		" again (the others keep their places with a look every 500 ms) |\n", fairRows()[0].label())
@@ -381,10 +382,4 @@ func (r *report) s12Section(w func(string, ...any)) {
 	w("their places, so it grows with the processes and the waiters. RT/CS is one round trip per script call in the mix; it\n")
 	w("would fall below the calls only if more of them were in flight than the store's %d lanes, which then go out as\n", redisstore.DefaultLanes)
 	w("pipelines. What the order buys shows in how close the wait's p50 is to its max, and in `fair` across processes.\n\n")
-}
-
-// defaultRow is flightlock's mutex row, scenario 12's default.
-func defaultRow() rowSpec {
-	r, _ := rowByID("flightlock")
-	return r
 }

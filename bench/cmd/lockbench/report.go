@@ -134,8 +134,10 @@ func (r *report) write() {
 		writeReport(primOut, r.primitivesMarkdown())
 		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
 	}
-	if len(r.s2) > 0 && c.chart != "" {
-		check(r.chart(c.chart), "chart: %v")
+	if len(r.s2) > 0 && c.chart != "" { // scenario 2's critical sections per second against goroutines
+		_, err := drawResultsChart(c.chart, "One key, one process: critical sections per second (median)", "goroutines",
+			s2Goroutines, func(g int) []*result { return r.s2[g] }, "rate")
+		check(err, "chart: %v")
 	}
 }
 
@@ -364,13 +366,6 @@ func goalTable(w func(string, ...any), gs []goal) {
 		w("| %s | %s | %s | %s |\n", g.name, g.target, g.measure, v)
 	}
 	w("\n")
-}
-
-// chart draws scenario 2's critical sections per second against goroutines, one line per row.
-func (r *report) chart(path string) error {
-	_, err := drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		s2Goroutines, func(g int) []*result { return r.s2[g] }, "rate")
-	return err
 }
 
 // rowColor gives every library one colour in every chart, whatever store and rows a run has:
