@@ -28,9 +28,6 @@ const (
 	s9ServeBound  = 30 * time.Second
 )
 
-// expiring says whether a row's locks run out while held: it has no renewal of its own.
-func expiring(id string) bool { return strings.HasPrefix(renews[baseRow(id)], "none") }
-
 // renews says how a Redis row keeps its locks alive while held.
 var renews = map[string]string{
 	"flightlock":  "watchdog: every TTL/3, renewals due together pipelined",
@@ -117,7 +114,7 @@ func (b *bench) holdRow(r rowSpec, n int) (metrics, error) {
 // and what it and this process did per second of the holding.
 func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 	window := b.c.d9hold
-	if expiring(r.id) {
+	if strings.HasPrefix(renews[baseRow(r.id)], "none") { // no renewal: the locks would run out
 		window = min(window, s9HoldNoRenew)
 	}
 	ctx, prefix := context.Background(), fmt.Sprintf("s9:%d:", n)

@@ -101,7 +101,11 @@ func (r *redisBackend) counters() serverStats {
 	cmds, err := r.adm.commandStats(context.Background())
 	check(err, "INFO commandstats: %v")
 	delete(cmds, "info")
-	return serverStats{cmds: cmds, reqs: float64(cmds.total()), ok: true}
+	st := serverStats{cmds: cmds, ok: true}
+	for _, n := range cmds {
+		st.reqs += float64(n)
+	}
+	return st
 }
 
 // serverCPU is INFO cpu's, finer than /proc's ticks.
@@ -180,14 +184,6 @@ func (a *admin) info(ctx context.Context, section string) (map[string]string, er
 
 // cmdDelta is calls per command: a commandstats snapshot, or the difference of two.
 type cmdDelta map[string]int64
-
-func (d cmdDelta) total() int64 {
-	var t int64
-	for _, v := range d {
-		t += v
-	}
-	return t
-}
 
 // cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu; 0 when unreadable).
 func (a *admin) cpuSeconds(ctx context.Context) float64 {

@@ -95,7 +95,11 @@ func perRepCell(name string, f func(float64) string) func(*result) string {
 		if len(x.reps()) < 2 {
 			return ""
 		}
-		return perRep(x, func(m metrics) string { return f(m[name]) })
+		var s []string
+		for _, m := range x.reps() {
+			s = append(s, f(m[name]))
+		}
+		return strings.Join(s, ", ")
 	}
 }
 
@@ -424,15 +428,6 @@ func safeDiv(a, b float64) float64 {
 		return 0
 	}
 	return a / b
-}
-
-// perRep lists f of each repetition of x.
-func perRep(x *result, f func(metrics) string) string {
-	var s []string
-	for _, m := range x.reps() {
-		s = append(s, f(m))
-	}
-	return strings.Join(s, ", ")
 }
 
 func perOp(v float64) string {
