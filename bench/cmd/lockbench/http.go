@@ -148,21 +148,16 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 		},
 	}.Run(systems)
 	check(err, "%s%v", tag)
-	res.addLoads(loads, rows, mix[httpbench.LowConns], mix[httpbench.SatConns])
-}
-
-// addLoads records scenario 6's schedule on every store: each row's low-load and saturation
-// runs, with its command mix where the store has one, and the store's round trip of every
-// low-load round as the PING row.
-func (res *s6Results) addLoads(loads httpbench.Loads, rows []s6Row, lowMix, satMix map[string]string) {
+	// Each row's low-load and saturation runs, with its command mix where the store has one,
+	// and the store's round trip of every low-load round as the PING row.
 	res.IdleCPU = loads.IdleCPU
 	res.Ping = &result{Row: "ping", Label: "floor: PING"}
 	for k, rt := range loads.RoundTrips {
 		res.Ping.Reps = append(res.Ping.Reps, metrics{"p50": rt, "round": float64(k)})
 	}
 	for _, r := range rows {
-		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: lowMix[r.id], Reps: loads.Low[r.id]})
-		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: satMix[r.id], Reps: loads.Sat[r.id]})
+		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.LowConns][r.id], Reps: loads.Low[r.id]})
+		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.SatConns][r.id], Reps: loads.Sat[r.id]})
 	}
 }
 
