@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"runtime"
+	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
 )
 
 // implHolder drives a row (impl) as a contend.Holder, over keys already mapped to the row's
@@ -78,4 +81,118 @@ func windowRun(hs []contend.Holder, gs []guard.Guard, d, lockTimeout time.Durati
 	go func() { stc <- windowStats(start, d, m) }()
 	r := contend.Run(hs, gs, start, start.Add(d), seed, lockTimeout)
 	return r, <-stc
+}
+
+// The uncontended rows (scenarios 1 and 13) and scenario 13's many-keys rows compare figures
+// that differ by a few per cent on a shared machine whose speed drifts by more than that
+// within seconds (run one after the other, 1.5 s per row, two runs of the same code disagreed
+// by 1.6x on a ratio), so their rows take turns in short slices (interleave.Slices). Counters
+// (server commands and CPU, client CPU, round trips, allocations) are read around each slice
+// and summed, outside the timed operations.
+
+// How long a row runs before the next row's turn in scenario 13's uncontended and many-keys parts.
+const (
+	s13UncontendedSlice = 25 * time.Millisecond
+	s13KeysSlice        = 250 * time.Millisecond
+)
+
+// sliceSum is what one row gathered over its slices.
+type sliceSum struct {
+	ops, errs        int64
+	elapsed          time.Duration
+	st               serverStats // the server's counters and the CPU, summed
+	mallocs, bytes   uint64
+	lat, lockLat     []int64
+	inCalls, outside []int64  // per operation: time inside the client's calls, and the rest
+	keys             []string // the row's keys, one per operation
+	keysNext         int      // the next of the row's keys to lock
+}
+
+// sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
+// s1MaxOps keys named after prefix (made before the rows run), each row for d in turns of
+// slice from rep, with the counters of the row's meter. With timeCalls, a row whose client
+// times its calls (callTimer) has its operations split into the time inside them and the rest.
+func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Duration, timeCalls bool) []*sliceSum {
+	sums := make([]*sliceSum, len(ims))
+	for i, im := range ims {
+		sums[i] = &sliceSum{keys: rowKeys(im, prefix, s1MaxOps), st: serverStats{ok: true}, lat: make([]int64, 0, s1MaxOps), lockLat: make([]int64, 0, s1MaxOps)}
+	}
+	ctx := context.Background()
+	runtime.GC()
+	interleave.Slices(sums, rep, d, slice, func(s *sliceSum, d time.Duration) (time.Duration, bool) {
+		im := ims[slices.Index(sums, s)]
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		s0 := readStats(meter{b.be, im}, false)
+		var rc *rtCounter
+		if ct, ok := im.(callTimer); ok && timeCalls {
+			rc = ct.counter()
+		}
+		start := time.Now()
+		end := start.Add(d)
+		for s.keysNext < len(s.keys) {
+			key := s.keys[s.keysNext]
+			s.keysNext++
+			if rc != nil {
+				rc.timeCalls(true)
+			}
+			t0 := time.Now()
+			h, err := im.lock(ctx, key)
+			t1 := time.Now()
+			if err == nil {
+				err = im.unlock(ctx, key, h)
+			}
+			t2 := time.Now()
+			s.lat = append(s.lat, int64(t2.Sub(t0)))
+			s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
+			if rc != nil {
+				var in time.Duration
+				for _, c := range rc.timeCalls(false) {
+					in += c.end.Sub(c.start)
+				}
+				s.inCalls = append(s.inCalls, int64(in))
+				s.outside = append(s.outside, int64(t2.Sub(t0)-in))
+			}
+			s.ops++
+			if err != nil {
+				s.errs++
+			}
+			if t2.After(end) {
+				break
+			}
+		}
+		ran := time.Since(start)
+		s.elapsed += ran
+		runtime.ReadMemStats(&m1)
+		s.mallocs += m1.Mallocs - m0.Mallocs
+		s.bytes += m1.TotalAlloc - m0.TotalAlloc
+		s.st = s.st.add(readStats(meter{b.be, im}, true).sub(s0))
+		return ran, s.keysNext < len(s.keys)
+	})
+	return sums
+}
+
+// contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
+// rows at once, in slices. Each row has keys of its own.
+func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
+	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
+	for _, r := range rows {
+		// A sum starts known (ok), as sliceRows' do: add keeps ok only while every slice's is.
+		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, newGuards(len(keys[r.id])), serverStats{ok: true}
+	}
+	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
+		im := b.impl(r)
+		hs := holdersOf(g, func(int) contend.Holder { return &implHolder{im: im, keys: keys[r.id]} })
+		cr, st := windowRun(hs, guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
+		crs[r.id].Add(cr)
+		crs[r.id].Elapsed += cr.Elapsed
+		sts[r.id] = sts[r.id].add(st)
+		return slice, true
+	})
+	out, errs := map[string]metrics{}, map[string]string{}
+	for _, r := range rows {
+		plain, viol, fence := guardSums(guards[r.id])
+		out[r.id], errs[r.id] = contendMetrics(r, *crs[r.id], sts[r.id], plain, viol, fence, 0), crs[r.id].FirstErr
+	}
+	return out, errs
 }

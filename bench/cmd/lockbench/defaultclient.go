@@ -27,33 +27,21 @@ const defaultSuffix = "@default"
 // baseRow is the id of the row a scenario 13 row varies (the row itself when it varies none).
 func baseRow(id string) string { return strings.TrimSuffix(id, defaultSuffix) }
 
-// settingOf is the client setting of a row.
-func settingOf(id string) clientSetting {
-	if strings.HasSuffix(id, defaultSuffix) {
-		return defaultClient
-	}
-	return tunedClient
-}
+// defaultVariants are the go-redis rows that scenario 13 runs on a default client too.
+var defaultVariants = []string{"flightlock", "store", "redislock", "redislock-1ms", "ping", "setdel"}
 
-// defaultClientRows are the go-redis rows of scenario 13 on a default client. flightlock is
-// built as the outside benchmark built it: the store with its defaults, the common TTL and
-// wait, nothing else (its tuned row adds a key prefix, which costs nothing measurable).
+// defaultClientRows are defaultVariants on a default client. flightlock is built as the outside
+// benchmark built it: the store with its defaults, the common TTL and wait, nothing else (its
+// tuned row adds a key prefix, which costs nothing measurable).
 func defaultClientRows() []rowSpec {
 	var out []rowSpec
-	for _, id := range []string{"flightlock", "store", "redislock", "redislock-1ms", "ping", "setdel"} {
-		r, _ := rowByIDIn(allRows(), id)
-		r.id, r.client = id+defaultSuffix, defaultClient
-		out = append(out, r)
+	for _, r := range allRows() {
+		if slices.Contains(defaultVariants, r.id) {
+			r.id, r.client = r.id+defaultSuffix, defaultClient
+			out = append(out, r)
+		}
 	}
 	return out
-}
-
-func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
-	i := slices.IndexFunc(rows, func(r rowSpec) bool { return r.id == id })
-	if i < 0 {
-		return rowSpec{}, false
-	}
-	return rows[i], true
 }
 
 // s13Pick is the rows of ids on every setting of settings, the settings of one library next
@@ -61,8 +49,7 @@ func rowByIDIn(rows []rowSpec, id string) (rowSpec, bool) {
 func (b *bench) s13Pick(settings []clientSetting, ids ...string) []rowSpec {
 	var out []string
 	for _, id := range ids {
-		_, varies := rowByIDIn(defaultClientRows(), id+defaultSuffix)
-		if !varies {
+		if !slices.Contains(defaultVariants, id) {
 			out = append(out, id)
 			continue
 		}
@@ -125,9 +112,6 @@ func (b *bench) scenario13() *s13Results {
 				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.c.d4, rep)
 				for _, r := range rows {
 					m := ms[r.id]
-					if r.floor {
-						m[violations] = 0 // not a lock: nothing to check
-					}
 					out.Keys[x] = addRep(out.Keys[x], r, m, "", errs[r.id])
 					progress("s13 rep %d keys=%-6d %-22s %9.0f CS/s cmds/CS %.3f CPU µs/CS client %.1f Redis %.1f violations %d errors %d %s", rep+1, x, r.id,
 						m[rate], m[reqs], m[ccpu]/1e3, m[scpu]/1e3, int64(m[violations]), int64(m[failures]), errs[r.id])
@@ -141,7 +125,7 @@ func (b *bench) scenario13() *s13Results {
 			m, err := b.holdRow(r, n)
 			progress("s13 rep %d hold %-7d %-22s %6.0f B/lock, stack %.0f B/lock, %.3f goroutines/lock; after release %.1f B/lock, %+.0f goroutines, errors %d",
 				rep+1, n, r.id, m["heap"], m["stack"], m["gor"], m["after_heap"], m["after_gor"], int64(m[failures]))
-			if settingOf(r.id) == defaultClient {
+			if r.client == defaultClient {
 				c := b.s9HoldCold(r, n)
 				out.HeldCold[n] = addRep(out.HeldCold[n], r, c, "", "")
 				progress("s13 rep %d hold %-7d %-22s cold: %6.0f B/lock; after release %.1f B/lock, %+.0f goroutines, errors %d; pool %.0f + %.0f pipeline connections, %.1f B/lock of buffers",
@@ -176,7 +160,7 @@ func s13Label(x *result, withWait bool) string {
 	if withWait {
 		l = spec.label()
 	}
-	if _, varies := rowByIDIn(defaultClientRows(), baseRow(x.Row)+defaultSuffix); !varies {
+	if !slices.Contains(defaultVariants, baseRow(x.Row)) {
 		l += " (its own client: one run, in every setting's column)"
 	}
 	return l
@@ -189,25 +173,17 @@ func (r *report) defaultClientGoals() []goal {
 	if s == nil {
 		return nil
 	}
-	var gs []goal
+	var gs goalList
 	for _, c := range s.Settings {
 		name := func(what string) string { return fmt.Sprintf("%s, %s client", what, c) }
-		if fl, rl := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "redislock", c); fl != nil && rl != nil {
-			ratio := fl.med("p50") / rl.med("p50")
-			gs = append(gs, goal{name("uncontended lock + unlock"), "p50 ≤ bsm/redislock's",
-				fmt.Sprintf("%.2fx bsm/redislock (%s vs %s; lock %s vs %s, unlock %s vs %s)", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(rl.med("p50")),
-					mdfmt.Dur(fl.med("lock_p50")), mdfmt.Dur(rl.med("lock_p50")), mdfmt.Dur(fl.med("unlock_p50")), mdfmt.Dur(rl.med("unlock_p50"))),
-				ratio <= 1})
-		}
+		fl, rl := on(s.Uncontended, "flightlock", c), on(s.Uncontended, "redislock", c)
+		gs.vs(name("uncontended lock + unlock"), "p50 ≤ bsm/redislock's", fl, rl, p50, "bsm/redislock", mdfmt.Dur, fmt.Sprintf("; lock %s vs %s, unlock %s vs %s",
+			mdfmt.Dur(fl.med("lock_p50")), mdfmt.Dur(rl.med("lock_p50")), mdfmt.Dur(fl.med("unlock_p50")), mdfmt.Dur(rl.med("unlock_p50"))), atMost(1))
 		for _, x := range s.KeyPoints {
-			fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c)
-			if fl == nil || rd == nil {
-				continue
+			if fl, rd := on(s.Keys[x], "flightlock", c), on(s.Keys[x], "rueidislock", c); fl != nil && rd != nil {
+				gs.vs(name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock", fl, rd, rate, "rueidislock", mdfmt.Int,
+					fmt.Sprintf(" per second; repetitions %s vs %s", spread(fl, "rate"), spread(rd, "rate")), func(r float64) bool { return r >= 1.2 && fl.worst("violations") == 0 })
 			}
-			ratio := fl.med("rate") / rd.med("rate")
-			gs = append(gs, goal{name(fmt.Sprintf("64 goroutines over %s keys", mdfmt.Int(float64(x)))), "≥ 1.2x rueidislock",
-				fmt.Sprintf("%.2fx rueidislock (%s vs %s per second; repetitions %s vs %s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(rd.med("rate")),
-					spread(fl, "rate"), spread(rd, "rate")), ratio >= 1.2 && fl.worst("violations") == 0})
 		}
 		// The cold holding (bench.s9HoldCold) runs on the default client only.
 		for _, part := range []struct {
@@ -275,7 +251,6 @@ func (r *report) s13Section(w func(string, ...any)) {
 	w("rotated order, so that a drift of the machine lands on every row alike. Medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
 	w("```\ncd bench && go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
 	settings := s.Settings
-	col := func(c clientSetting) string { return string(c) }
 
 	w("### Uncontended lock + unlock, a distinct key per operation\n\n")
 	w("Scenario 1's loop, %v per row and repetition, lock and unlock also timed apart. \"x bsm\" is the p50 over\n", r.cfg.d1)
@@ -283,7 +258,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 	w("command; the round trips and Redis's work), \"outside\" the library's own (p50s over the operations).\n\n")
 	w("| row |")
 	for _, c := range settings {
-		w(" %s: p50 | lock p50 | unlock p50 | in calls p50 | outside p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", col(c))
+		w(" %s: p50 | lock p50 | unlock p50 | in calls p50 | outside p50 | p99 | x bsm | RT/op | client CPU µs/op | Redis CPU µs/op |", c)
 	}
 	w(" server cmds/op |\n|---|%s---|\n", strings.Repeat("---|", 10*len(settings)))
 	for _, base := range s13Uncontended {
@@ -322,7 +297,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 			return mdfmt.Dur(fl.med(m)) + " / " + mdfmt.Dur(st.med(m)) + " / " + mdfmt.Dur(bsm.med(m))
 		}
 		cpu := mdfmt.Float(fl.med("scpu")/1e3) + " / " + mdfmt.Float(st.med("scpu")/1e3) + " / " + mdfmt.Float(bsm.med("scpu")/1e3)
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(st.med("p50")), d(fl.med("p50"), st.med("p50")),
 			mdfmt.Dur(bsm.med("p50")), d(st.med("p50"), bsm.med("p50")), d(fl.med("p50"), bsm.med("p50")), three("lock_p50"), three("unlock_p50"),
 			three("calls_p50"), three("outside_p50"), cpu)
 	}
@@ -342,7 +317,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("Redis share %d cores, so the CPU a row spends per critical section bounds its rate.\n\n| row |", runtime.NumCPU())
 		for _, x := range s.KeyPoints {
 			for _, c := range settings {
-				w(" %s keys, %s |", mdfmt.Int(float64(x)), col(c))
+				w(" %s keys, %s |", mdfmt.Int(float64(x)), c)
 			}
 		}
 		w("\n|---|%s\n", strings.Repeat("---|", len(s.KeyPoints)*len(settings)))
@@ -386,19 +361,18 @@ func (r *report) s13Section(w func(string, ...any)) {
 		w("locks open count as theirs (go-redis v9.23 keeps 64 KiB of buffers per pool connection, 256 KiB per pipeline one).\n\n")
 		w("%s\n", mdfmt.Head("setting", "locks", "heap B/lock", "repetitions", "stack B/lock", "goroutines/lock", "after release: B/lock", "repetitions", "after release: goroutines", "errors"))
 		for _, n := range s.Sizes {
-			for _, c := range settings {
-				x := on(s.Held[n], "flightlock", c)
-				if x == nil {
-					continue
-				}
-				w("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
-					mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), spread(x, "after_heap"),
+			row := func(setting string, x *result, kept string) {
+				w("| %s | %s | %s | %s | %s | %s | %s%s | %s | %s | %s |\n", setting, mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"),
+					mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")), mdfmt.Float(x.med("after_heap")), kept, spread(x, "after_heap"),
 					mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+			}
+			for _, c := range settings {
+				if x := on(s.Held[n], "flightlock", c); x != nil {
+					row(string(c), x, "")
+				}
 				if x := on(s.HeldCold[n], "flightlock", c); x != nil && c == defaultClient {
-					w("| %s, cold | %s | %s | %s | %s | %s | %s (of it %s B/lock: the buffers of the %s + %s pipeline connections the pool kept) | %s | %s | %s |\n",
-						col(c), mdfmt.Int(float64(n)), mdfmt.Int(x.med("heap")), spread(x, "heap"), mdfmt.Int(x.med("stack")), mdfmt.Float(x.med("gor")),
-						mdfmt.Float(x.med("after_heap")), mdfmt.Float(x.med("conn_bytes")), mdfmt.Int(x.med("conns")), mdfmt.Int(x.med("pipe_conns")),
-						spread(x, "after_heap"), mdfmt.Int(x.worst("after_gor")), mdfmt.Int(x.worst("errors")))
+					row(string(c)+", cold", x, fmt.Sprintf(" (of it %s B/lock: the buffers of the %s + %s pipeline connections the pool kept)",
+						mdfmt.Float(x.med("conn_bytes")), mdfmt.Int(x.med("conns")), mdfmt.Int(x.med("pipe_conns"))))
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,14 +57,7 @@ type etcdBackend struct {
 	floorRetries atomic.Int64
 }
 
-func (e *etcdBackend) name() string     { return "etcd" }
-func (e *etcdBackend) title() string    { return "etcd" }
-func (e *etcdBackend) scenarios() []int { return []int{1, 2, 3, 4, 5, 6, 7, 8, 9} }
-func (e *etcdBackend) peer() string     { return rowMutex }
-func (e *etcdBackend) spec(row string) (rowSpec, bool) {
-	l, ok := etcdLabel[row]
-	return rowSpec{id: row, lib: l}, ok
-}
+func (e *etcdBackend) spec(row string) (rowSpec, bool) { return labelled(e.notes(), row) }
 
 // rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
 // the Mutex.
@@ -157,20 +151,12 @@ func (e *etcdBackend) open(*config) error {
 		return err
 	}
 	e.cli = cli
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if e.floorSess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("the floor's lease: %w", err)
 	}
 	if e.sess, err = concurrency.NewSession(cli, concurrency.WithTTL(leaseSeconds)); err != nil {
 		return fmt.Errorf("mutex session: %w", err)
 	}
-	// Warm the Mutex path too (one lock on a key of its own).
-	m := concurrency.NewMutex(e.sess, "/mutex/warm")
-	if err := m.Lock(ctx); err != nil {
-		return fmt.Errorf("mutex warm-up: %w", err)
-	}
-	_ = m.Unlock(ctx)
 	return nil
 }
 
@@ -342,9 +328,7 @@ func (e *etcdBackend) http(b *bench) *s6Results {
 		return res
 	}
 	rs, err := redisserver.Start("lockbench-etcd-state-redis")
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	check(err, "s6: %v")
 	alsoStop(rs.Stop)
 	defer rs.Stop()
 	progress("  6 redis-server (the example's state) pid %d on %s", rs.Pid(), rs.Addr)
@@ -359,9 +343,7 @@ func (e *etcdBackend) http(b *bench) *s6Results {
 // its Redis pointed at redisAddr, its etcd sections at the benchmark's etcd, on free ports.
 func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbench.System {
 	c, ports, err := httpbench.Load(b.c.exampleConf)
-	if err != nil {
-		fatalf("s6: %v", err)
-	}
+	check(err, "s6: %v")
 	httpbench.PointRedis(&c, redisAddr)
 	if len(c.Order.Lock.Etcd.Hosts) == 0 {
 		fatalf("s6: %s: Order.Lock names no etcd (Etcd.Hosts): not the etcd example", b.c.exampleConf)
@@ -384,52 +366,36 @@ func (e *etcdBackend) startSystem(b *bench, r s6Row, redisAddr string) *httpbenc
 		// The order API's own rules, create-order moved to etcd, in a middleware of their own
 		// (httpbench.OrderRules): installed as shipped, every create-order would answer 500, its
 		// order logic looking for its fencing lease under a Redis rule's key (Prefix + "order:"
-		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid).
-		lc := etcdOrderLock(c.Order.Lock, redisAddr)
-		var closeMW func()
-		if mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout)); err != nil {
-			fatalf("s6 %s: %v", r.id, err)
+		// + uid), not an etcd lock's (Etcd.Key + Prefix + "order:" + uid). The section names
+		// etcd alone, so a rule without a Store locks in etcd; once it names the benchmark's
+		// Redis too, for its Redis rules (place-order), such a rule must say so (the withdraw
+		// rule), or the section does not compile.
+		lc := c.Order.Lock
+		lc.Rules = slices.Clone(lc.Rules)
+		for i := range lc.Rules {
+			lc.Rules[i].Store = cmp.Or(lc.Rules[i].Store, "etcd")
 		}
+		lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
+		var closeMW func()
+		mw, closeMW, err = httpbench.OrderRules(lc, func(r *flmw.Rule) { r.Store = "etcd" }, flmw.WithServerTimeout(c.Order.Timeout))
+		check(err, "s6 %s: %v", r.id)
 		closes = append(closes, closeMW)
 	case rowMutex, rowFloor: // the Mutex's TryLock on one session of this process, whatever the TTL (the lease lives on)
 		mw = httpbench.OrderMiddleware(tryLockFunc(e.lockOf(r.id, -1)), prefix)
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, app.WithOrderLock(mw))
-	if err != nil {
-		fatalf("s6 %s: %v", r.id, err)
-	}
+	check(err, "s6 %s: %v", r.id)
 	return s
-}
-
-// etcdOrderLock is the etcd example's order Lock section with the benchmark's Redis added for
-// its Redis rules (place-order). The section names etcd alone, so a rule without a Store locks
-// in etcd; once it names a Redis too, such a rule must say so (the withdraw rule), or the
-// section does not compile.
-func etcdOrderLock(lc flmw.LockConf, redisAddr string) flmw.LockConf {
-	lc.Rules = slices.Clone(lc.Rules)
-	for i := range lc.Rules {
-		if lc.Rules[i].Store == "" {
-			lc.Rules[i].Store = "etcd"
-		}
-	}
-	lc.Redis = flmw.RedisConf{Host: redisAddr, Type: "node"}
-	return lc
-}
-
-// etcdLabel names the etcd rows in the report's tables.
-var etcdLabel = map[string]string{
-	rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
-	rowFlight: "flightlock on etcdstore (Lock + Release)",
-	rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
 }
 
 func (e *etcdBackend) notes() storeNotes {
 	return storeNotes{
+		name: "etcd", title: "etcd", scenarios: []int{1, 2, 3, 4, 5, 6, 7, 8, 9}, peer: rowMutex,
 		reqUnit: "RPC", reqCol: "etcd RPCs", cpuCol: "etcd CPU", floorShort: "floor", peerShort: "Mutex", peerThe: "the Mutex",
-		labels: etcdLabel, plotLabels: map[string]string{
-			rowFlight: "flightlock (etcdstore)",
-			rowMutex:  "etcd concurrency.Mutex",
-			rowFloor:  "floor (txn put on a lease, then delete)",
+		labels: map[string]string{
+			rowFloor:  "raw etcd floor (txn put on a lease if create revision = 0, then delete)",
+			rowFlight: "flightlock on etcdstore (Lock + Release)",
+			rowMutex:  "etcd concurrency.Mutex (Lock + Unlock)",
 		},
 		floors: [][2]string{{rowFloor, "floor"}}, ping: "etcd Get", s6Intro: (*report).etcdHTTPIntro,
 		s9HoldNote: "flightlock runs on a Locker and store of its own, whose one session lease the store keeps alive;\n" +

@@ -86,17 +86,11 @@ type config struct {
 	store     string // "redis", "etcd" or "zookeeper"
 	scenarios map[int]bool
 	reps      int
-	d1        time.Duration
-	d2        time.Duration
-	d2small   time.Duration // Redis: scenario 2 at 1 and 4 goroutines
+	// the durations of scenarios 1-6 (their flags'); d2small: Redis's scenario 2 at 1 and 4 goroutines
+	d1, d2, d2small, d3, d4, d5, d6, d6low time.Duration
 	// s2Goroutines are scenario 2's goroutine counts: Redis's chart has four, the others
 	// hotGoroutines alone.
 	s2Goroutines []int
-	d3           time.Duration
-	d4           time.Duration
-	d5           time.Duration
-	d6           time.Duration
-	d6low        time.Duration
 	out          string
 	exampleConf  string
 	quick        bool
@@ -110,10 +104,9 @@ type config struct {
 	zkReport   string // the ZooKeeper rows' report (lockbench -store zookeeper -out), pointed at with its goals
 	observe    bool
 
-	// Redis only, scenarios 10-12: in one process, and the target across processes
-	d10           time.Duration
-	d11           time.Duration // per row, mix and repetition
-	d12           time.Duration
+	// Redis only, scenarios 10-12: in one process, and the target across processes (d11: per
+	// row, mix and repetition)
+	d10, d11, d12 time.Duration
 	primitivesOut string // the report of scenarios 10-12 (see the doc comment)
 
 	// etcd and ZooKeeper
@@ -134,10 +127,8 @@ type config struct {
 	zkSession time.Duration // the session timeout every client asks for
 
 	// scenario 8: points of each axis, duration per row and point
-	d8           time.Duration
-	s8Goroutines []int
-	s8Procs      []int
-	s8Keys       []int
+	d8                            time.Duration
+	s8Goroutines, s8Procs, s8Keys []int
 	// scenario 9: held-lock counts, waiters, how long (renewing) rows hold
 	memLocks   []int
 	memWaiters int
@@ -180,6 +171,14 @@ func fatalf(format string, args ...any) {
 	os.Exit(1)
 }
 
+// check ends the run as fatalf(format, args..., err) does when err is not nil; format ends in
+// the error's %v.
+func check(err error, format string, args ...any) {
+	if err != nil {
+		fatalf(format, append(args, err)...)
+	}
+}
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == workerArg {
 		workerMain(os.Args[2:])
@@ -217,9 +216,7 @@ func (prof profiling) start() (stop func()) {
 			continue
 		}
 		f, err := os.Create(p.path)
-		if err != nil {
-			fatalf("%v", err)
-		}
+		check(err, "%v")
 		_ = p.start(f)
 		prev := stop
 		stop = func() { p.stop(); prev() }
@@ -324,17 +321,15 @@ func parseFlags(args []string) (config, profiling) {
 		v    string
 		dst  *[]int
 	}{{"s8-goroutines", *s8g, &cfg.s8Goroutines}, {"s8-procs", *s8p, &cfg.s8Procs}, {"s8-keys", *s8k, &cfg.s8Keys}, {"mem-locks", *memLocks, &cfg.memLocks}, {"s13-keys", *s13k, &cfg.s13Keys}} {
-		if *l.dst, err = intList(l.v); err != nil {
-			fatalf("-%s: %v", l.name, err)
-		}
+		*l.dst, err = intList(l.v)
+		check(err, "-%s: %v", l.name)
 	}
 	cfg.s2Goroutines = []int{hotGoroutines}
 	if !e {
 		cfg.s2Goroutines = s2Goroutines
 	}
-	if cfg.scenarios, err = scenarioSet(*scen, lastScenario); err != nil {
-		fatalf("-scenario: %v", err)
-	}
+	cfg.scenarios, err = scenarioSet(*scen, lastScenario)
+	check(err, "-scenario: %v")
 	switch *clients {
 	case "both":
 		cfg.clients = []clientSetting{tunedClient, defaultClient}
@@ -343,10 +338,10 @@ func parseFlags(args []string) (config, profiling) {
 	default:
 		fatalf("-client: %q is not tuned, default or both", *clients)
 	}
-	be := backendFor(cfg.store)
+	st := backendFor(cfg.store).notes()
 	for n := 1; n <= lastScenario; n++ {
-		if cfg.scenarios[n] && !slices.Contains(be.scenarios(), n) {
-			fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, be.title(), be.scenarios())
+		if cfg.scenarios[n] && !slices.Contains(st.scenarios, n) {
+			fatalf("-scenario: %d does not run on %s (scenarios %v; 10-13 are Redis only)", n, st.title, st.scenarios)
 		}
 	}
 	if cfg.reps < 1 || cfg.memWaiters < 0 {

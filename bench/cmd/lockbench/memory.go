@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -26,9 +27,6 @@ const (
 	s9WaitWindow  = time.Second            // settle + window stay well inside rueidisWait
 	s9ServeBound  = 30 * time.Second
 )
-
-// expiring says whether a row's locks run out while held: it has no renewal of its own.
-func expiring(id string) bool { return strings.HasPrefix(renews[baseRow(id)], "none") }
 
 // renews says how a Redis row keeps its locks alive while held.
 var renews = map[string]string{
@@ -91,9 +89,7 @@ func (b *bench) memoryRow(row string) (impl, func()) {
 		return b.rowImpl(row, -1), func() {}
 	}
 	l, closeL, err := b.newLocker()
-	if err != nil {
-		fatalf("scenario 9: %v", err)
-	}
+	check(err, "scenario 9: %v")
 	return lockerRow{locker: l}, closeL
 }
 
@@ -118,7 +114,7 @@ func (b *bench) holdRow(r rowSpec, n int) (metrics, error) {
 // and what it and this process did per second of the holding.
 func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 	window := b.c.d9hold
-	if expiring(r.id) {
+	if strings.HasPrefix(renews[baseRow(r.id)], "none") { // no renewal: the locks would run out
 		window = min(window, s9HoldNoRenew)
 	}
 	ctx, prefix := context.Background(), fmt.Sprintf("s9:%d:", n)
@@ -146,7 +142,7 @@ func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 			held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
 			return im.unlock(ctx, keys[i], h)
 		},
-		Window: func() { st = windowStats(time.Now(), window, rowMeter{b.be, im}) },
+		Window: func() { st = windowStats(time.Now(), window, meter{b.be, im}) },
 	})
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(held)
@@ -169,9 +165,7 @@ func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 // memory.
 func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 	im, err := r.build(b.be.(*redisBackend).addr, r.client)
-	if err != nil {
-		fatalf("build %s: %v", r.id, err)
-	}
+	check(err, "build %s: %v", r.id)
 	defer im.close()
 	m, _ := b.holdOn(r, im, n, 0)
 	if f, ok := im.(*flightlockImpl); ok {
@@ -203,9 +197,8 @@ func (b *bench) s9HoldCold(r rowSpec, n int) metrics {
 func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	own, done := b.memoryRow(r.id)
 	defer done()
-	if err := warmImpl(own, "s9ww", 10); err != nil { // the store's lease and the lock's paths in place before the baseline
-		fatalf("scenario 9: warm-up: %v", err)
-	}
+	// The store's lease and the lock's paths in place before the baseline.
+	check(warmImpl(own, "s9ww", 10), "scenario 9: warm-up: %v")
 	waiter := func(int) impl { return own }
 	bounded := func(fn func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
@@ -216,20 +209,14 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.c.lockTimeout)
 	defer cancel()
 	held, err := own.lock(ctx, key)
-	if err != nil {
-		fatalf("scenario 9: hold %s: %v", key, err)
-	}
+	check(err, "scenario 9: hold %s: %v", key)
 	sessHeap, sessGor := -1.0, -1.0
 	if b.be.notes().waiterSessions && r.id != rowFlight { // the waiters' locks come after the hot goroutines'
-		if err := b.be.peerGoroutines(hotGoroutines); err != nil {
-			fatalf("scenario 9: %v", err)
-		}
+		check(b.be.peerGoroutines(hotGoroutines), "scenario 9: %v")
 		b.be.dropGoroutinesBeyond(hotGoroutines)
 		defer b.be.dropGoroutinesBeyond(hotGoroutines)
 		l0 := memstat.Live()
-		if err := b.be.peerGoroutines(hotGoroutines + w); err != nil {
-			fatalf("scenario 9: %v", err)
-		}
+		check(b.be.peerGoroutines(hotGoroutines+w), "scenario 9: %v")
 		lp := memstat.Live()
 		sessHeap, sessGor = (lp.Heap-l0.Heap)/float64(w), float64(lp.Goroutines-l0.Goroutines)/float64(w)
 		waiter = func(i int) impl { return b.be.lockOf(r.id, hotGoroutines+i) }
@@ -252,7 +239,7 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 			}
 			return nil
 		},
-		Window: func() { st = windowStats(time.Now(), s9WaitWindow, rowMeter{b.be, own}) },
+		Window: func() { st = windowStats(time.Now(), s9WaitWindow, meter{b.be, own}) },
 		Release: func() error {
 			g.Exit()
 			if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {
@@ -276,14 +263,9 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 // s9Section writes scenario 9: what each held lock and each waiter costs.
 func (r *report) s9Section(w writer) {
 	s, n, c := r.s9, r.be.notes(), r.cfg
-	w("What each held lock and each waiter costs this process and %s; one repetition (counts, except CPU and grant times).\n\n", r.be.title())
+	w("What each held lock and each waiter costs this process and %s; one repetition (counts, except CPU and grant times).\n\n", r.be.notes().title)
 	f := func(name, format string) func(*result) string {
-		return func(x *result) string {
-			if !has(x, name) {
-				return ""
-			}
-			return fmt.Sprintf(format, x.med(name))
-		}
+		return ifHas(name, func(x *result) string { return fmt.Sprintf(format, x.med(name)) })
 	}
 	cpu, reqsPerSec := column{"client CPU ms/s", f("ccpu_ms", "%.1f")}, column{n.reqCol + "/s", f("reqs_s", "%.0f")}
 	rts, keepAlives := column{"RT/s", countCell("rt_s")}, column{"keep-alives/s", countCell("keepalives_s")}
@@ -308,12 +290,7 @@ func (r *report) s9Section(w writer) {
 		table(w, hold, column{"renewal", func(x *result) string { return renews[x.Row] }}, column{"locks", intCell("n")},
 			column{"acquire all", durCell("acquire")}, column{"heap B/lock", intCell("heap")}, column{"stack B/lock", intCell("stack")},
 			column{"goroutines/lock", f("gor", "%.3f")}, column{"peak goroutines", intCell("peak_gor")},
-			column{r.be.title() + " memory B/lock", func(x *result) string {
-				if !has(x, "server_mem") {
-					return "n/a"
-				}
-				return mdfmt.Int(x.med("server_mem"))
-			}}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
+			column{r.be.notes().title + " memory B/lock", func(x *result) string { return cmp.Or(ifHas("server_mem", intCell("server_mem"))(x), "n/a") }}, cpu, reqsPerSec, rts, keepAlives, column{"release all", durCell("release")},
 			column{"after release: B/lock", f("after_heap", "%.1f")}, column{"after release: goroutines", intCell("after_gor")}, column{"errors", errorsCell})
 		firstErrors(w, hold)
 	}

@@ -8,14 +8,20 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/flightlock/flightlock/bench/internal/hostinfo"
-	"github.com/flightlock/flightlock/bench/internal/logchart"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
@@ -29,14 +35,54 @@ func (r *report) machineTable(w writer) {
 			w("%s\n", row)
 		}
 	}
-	w("| load average at start / end | %s / %s |\n\n", m.Load, hostinfo.LoadNow())
+	w("| load average at start / end | %s / %s |\n\n", m.Load, loadNow())
+}
+
+// Machine is the machine and the Go toolchain of a run.
+type Machine struct {
+	CPUs   int    `json:"cpus"` // the CPUs this process may use (its affinity mask, as nproc counts)
+	CPU    string `json:"cpu"`  // the first model name in /proc/cpuinfo
+	Go     string `json:"go"`
+	OS     string `json:"os"`
+	Kernel string `json:"kernel"`
+	Load   string `json:"load"` // /proc/loadavg when Collect ran
+}
+
+// collectMachine reads the machine; a figure it cannot read is left empty.
+func collectMachine() Machine {
+	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH, Load: loadNow()}
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if raw, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(raw))
+	}
+	return m
+}
+
+// loadNow is the 1, 5 and 15 minute load averages now ("?" if unknown).
+func loadNow() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // report is a run's results, scenario by scenario, and what its reports say of the run.
 type report struct {
 	cfg     *config
 	be      backend
-	machine hostinfo.Machine
+	machine Machine
 	started time.Time
 	elapsed time.Duration
 	s1      []*result
@@ -58,10 +104,6 @@ type report struct {
 	primitivesName string // the primitives report's file name, for the main report's link
 }
 
-func newReport(c *config, be backend) *report {
-	return &report{cfg: c, be: be, machine: hostinfo.Collect(), started: time.Now(), s2: map[int][]*result{}}
-}
-
 // addRep records one repetition of row r in rs (its result made on first use): its figures,
 // its server command mix and its first error ("": none).
 func addRep(rs []*result, r rowSpec, m metrics, mix, firstErr string) []*result {
@@ -80,9 +122,7 @@ func (r *report) write() {
 	c := r.cfg
 	if c.jsonOut != "" && ranMain(*c) { // the main report's raw data: a run of 10-12 alone keeps it
 		raw, _ := json.MarshalIndent(r.raw(), "", " ")
-		if err := os.WriteFile(c.jsonOut, raw, 0o644); err != nil {
-			fatalf("%v", err)
-		}
+		check(os.WriteFile(c.jsonOut, raw, 0o644), "%v")
 	}
 	mainOut, primOut := reportPaths(*c)
 	if ranMain(*c) {
@@ -94,10 +134,10 @@ func (r *report) write() {
 		writeReport(primOut, r.primitivesMarkdown())
 		progress("the primitives report (scenarios 10-12): %s", cmp.Or(primOut, "stdout"))
 	}
-	if len(r.s2) > 0 && c.chart != "" {
-		if err := r.chart(c.chart); err != nil {
-			fatalf("chart: %v", err)
-		}
+	if len(r.s2) > 0 && c.chart != "" { // scenario 2's critical sections per second against goroutines
+		_, err := drawResultsChart(c.chart, "One key, one process: critical sections per second (median)", "goroutines",
+			s2Goroutines, func(g int) []*result { return r.s2[g] }, "rate")
+		check(err, "chart: %v")
 	}
 }
 
@@ -106,7 +146,7 @@ func (r *report) raw() map[string]any {
 	for g, v := range r.s2 {
 		s2[strconv.Itoa(g)] = v
 	}
-	return map[string]any{"store": r.be.name(), "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
+	return map[string]any{"store": r.be.notes().name, "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
 		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
 		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "scenario13": r.s13, "quick": r.cfg.quick}
 }
@@ -140,8 +180,23 @@ type goal struct {
 	met     bool
 }
 
+// goalList collects a report's goals.
+type goalList []goal
+
+// vs adds the goal that x's median of metric over y's meets ok, measured as "<ratio>x what
+// (<x's> vs <y's><more>)", the medians formatted by show; none when either row is missing.
+func (gs *goalList) vs(name, target string, x, y *result, metric, what string, show func(float64) string, more string, ok func(float64) bool) {
+	if x != nil && y != nil {
+		ratio := x.med(metric) / y.med(metric)
+		*gs = append(*gs, goal{name, target, fmt.Sprintf("%.2fx %s (%s vs %s%s)", ratio, what, show(x.med(metric)), show(y.med(metric)), more), ok(ratio)})
+	}
+}
+
+func atMost(v float64) func(float64) bool  { return func(r float64) bool { return r <= v } }
+func atLeast(v float64) func(float64) bool { return func(r float64) bool { return r >= v } }
+
 func (r *report) goals() []goal {
-	var gs []goal
+	var gs goalList
 	if fl, fl0, ping := find(r.s1, "flightlock"), find(r.s1, "setdel"), find(r.s1, "ping"); fl != nil && fl0 != nil && ping != nil {
 		ratio := fl.med("p50") / fl0.med("p50")
 		gs = append(gs, goal{"1: uncontended latency", "≤ 1.05x SET PX + DEL floor, ≤ 2 round trips",
@@ -163,11 +218,7 @@ func (r *report) goals() []goal {
 				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
 			ratio >= 2 && fl.med("rt") <= 2.5 && fl.worst("fair") <= 1.5 && fl.worst("violations") == 0})
 	}
-	if fl, fl0 := find(r.s4, "flightlock"), find(r.s4, "setdel"); fl != nil && fl0 != nil {
-		ratio := fl.med("rate") / fl0.med("rate")
-		gs = append(gs, goal{"4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor",
-			fmt.Sprintf("%.2fx floor (%s vs %s ops/s)", ratio, mdfmt.Int(fl.med("rate")), mdfmt.Int(fl0.med("rate"))), ratio >= 0.95})
-	}
+	gs.vs("4: 64 goroutines over 1,000 keys", "≥ 0.95x SET PX + DEL floor", find(r.s4, "flightlock"), find(r.s4, "setdel"), rate, "floor", mdfmt.Int, " ops/s", atLeast(0.95))
 	if fl := find(r.s5, "flightlock"); fl != nil {
 		gs = append(gs, goal{"5: reject mode duplicates", "0 Redis commands, < 1 µs, ≤ 2 allocs per call",
 			fmt.Sprintf("%s commands/call (worst), %s, %.2f allocs", mdfmt.Float(fl.worst("reqs")), mdfmt.Dur(fl.med("ns")), fl.med("allocs")),
@@ -283,12 +334,19 @@ func (r *report) redisClosing(w writer) {
 			w("## Go benchmarks of the library's hot paths\n\n`go test -run '^$' -bench . -benchmem . ./middleware`: the root package's `bench_test.go` on a real redis-server, and `BenchmarkRESTRequest`, the middleware's own CPU and allocations per request beside a bare handler (a store that answers at once, so no round trip is counted):\n\n```\n%s```\n\n", goBenchText(string(raw)))
 		}
 	}
-	for _, p := range []struct {
-		path    string
-		pointer func(raw, name string) string
-	}{{r.cfg.etcdReport, etcdPointer}, {r.cfg.zkReport, zkPointer}} {
+	// The other stores' reports (lockbench -store etcd and zookeeper, which bench/run.sh runs
+	// first): a pointer to each, with its goals table; the rest stays in that report.
+	for _, p := range []struct{ path, store, flag, rows string }{
+		{r.cfg.etcdReport, "etcd", "etcd", "flightlock on `etcdstore` against etcd's `concurrency.Mutex` and a raw etcd floor (a put on a lease if the key is absent, " +
+			"then a delete), scenarios 1-9 of this report on a private etcd whose log is fsynced"},
+		{r.cfg.zkReport, "ZooKeeper", "zookeeper", "flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an " +
+			"ephemeral node (the floor), uncontended, on one hot key in one process and across " + strconv.Itoa(s3Procs) + " processes, on a private " +
+			"ZooKeeper server whose transaction log is fsynced"},
+	} {
 		if raw, err := os.ReadFile(p.path); p.path != "" && err == nil {
-			w("%s", p.pointer(string(raw), filepath.Base(p.path)))
+			name := filepath.Base(p.path)
+			w("%s", storePointer(string(raw), fmt.Sprintf("## The %s store\n\nThe %s rows, from `lockbench -store %s`, are in a report of their own, [%s](%s): %s. Its goals:\n\n",
+				p.store, p.store, p.flag, name, name, p.rows)))
 		}
 	}
 	if r.cfg.notes != "" {
@@ -310,49 +368,75 @@ func goalTable(w func(string, ...any), gs []goal) {
 	w("\n")
 }
 
-// chart draws scenario 2's critical sections per second against goroutines, one line per row.
-func (r *report) chart(path string) error {
-	_, err := drawResultsChart(path, "One key, one process: critical sections per second (median)", "goroutines",
-		s2Goroutines, func(g int) []*result { return r.s2[g] }, "rate")
-	return err
-}
-
 // rowColor gives every library one colour in every chart, whatever store and rows a run has:
 // flightlock red, a store's own lock (bsm/redislock, etcd's Mutex, ZooKeeper's lock) blue, the
 // floors grey.
 func rowColor(id string) color.RGBA {
-	switch strings.TrimSuffix(id, "-1ms") {
-	case "flightlock":
-		return color.RGBA{214, 39, 40, 255}
-	case "redislock", rowMutex, rowZKLock:
-		return color.RGBA{31, 119, 180, 255}
-	case "redsync":
-		return color.RGBA{44, 160, 44, 255}
-	case "gozero":
-		return color.RGBA{148, 103, 189, 255}
-	case "rueidislock":
-		return color.RGBA{255, 127, 14, 255}
-	default:
-		return color.RGBA{127, 127, 127, 255}
+	if c, ok := map[string]color.RGBA{
+		"flightlock": {214, 39, 40, 255}, "redislock": {31, 119, 180, 255}, rowMutex: {31, 119, 180, 255}, rowZKLock: {31, 119, 180, 255},
+		"redsync": {44, 160, 44, 255}, "gozero": {148, 103, 189, 255}, "rueidislock": {255, 127, 14, 255},
+	}[strings.TrimSuffix(id, "-1ms")]; ok {
+		return c
 	}
+	return color.RGBA{127, 127, 127, 255}
 }
 
 // drawResultsChart draws, for every store, the median of metric (critical sections per second)
-// of the rows of at(xs[0]) against xs on log-log axes, each row matched by id at the other points
-// (a point without data is left out): flightlock bold, the 1 ms pollers and the floor dashed. It
-// says whether there was anything to draw.
+// of the rows of at(xs[0]) against xs as a PNG at path, both axes logarithmic (the points grow
+// geometrically, and the rows lie orders of magnitude apart), each row matched by id at the
+// other points (a point without a positive figure is left out): flightlock bold, the 1 ms
+// pollers and the floor dashed with triangle marks. It says whether there was anything to draw
+// (nothing is written otherwise).
 func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*result, metric string) (bool, error) {
-	c := logchart.Chart{Title: title, XLabel: xlabel, YLabel: "critical sections / s (log)", X: xs,
-		XTick: func(x int) string { return mdfmt.Int(float64(x)) }}
-	for _, row := range at(xs[0]) {
-		y := make(map[int]float64, len(xs))
-		for _, x := range xs {
-			y[x] = find(at(x), row.Row).med(metric)
-		}
-		c.Lines = append(c.Lines, logchart.Line{Label: row.Label, Color: rowColor(row.Row), Y: y,
-			Bold: row.Row == rowFlight, Dashed: strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor})
+	p := plot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xlabel, "critical sections / s (log)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	ticks := make([]plot.Tick, 0, len(xs))
+	for _, x := range xs {
+		ticks = append(ticks, plot.Tick{Value: float64(x), Label: mdfmt.Int(float64(x))})
 	}
-	return logchart.Draw(path, c)
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left, p.Legend.YOffs = false, true, vg.Points(10)
+	p.Add(plotter.NewGrid())
+	lo, hi := math.Inf(1), 0.0
+	for _, row := range at(xs[0]) {
+		pts := make(plotter.XYs, 0, len(xs))
+		for _, x := range xs {
+			if v := find(at(x), row.Row).med(metric); v > 0 {
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+				pts = append(pts, plotter.XY{X: float64(x), Y: v})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return false, err
+		}
+		line.Color, points.Color = rowColor(row.Row), rowColor(row.Row)
+		line.Width = vg.Points(1.5)
+		if row.Row == rowFlight {
+			line.Width = vg.Points(3)
+		}
+		if strings.HasSuffix(row.Row, "-1ms") || row.Row == rowFloor {
+			line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+			points.Shape = draw.TriangleGlyph{}
+		}
+		p.Add(line, points)
+		p.Legend.Add(row.Label, line, points)
+	}
+	if hi == 0 {
+		return false, nil
+	}
+	// Room of a factor 2 above and below the lines, for the legend.
+	p.Y.Min, p.Y.Max = lo/2, hi*2
+	if len(xs) == 1 {
+		// One point: a log axis needs a range around it.
+		p.X.Min, p.X.Max = float64(xs[0])/2, float64(xs[0])*2
+	}
+	return true, p.Save(9*vg.Inch, 6*vg.Inch, path)
 }
 
 // whereTheTimeGoes writes the "where the time goes" table for one uncontended lock +
@@ -363,9 +447,12 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 	if fl == nil || floor == nil {
 		return
 	}
-	cols := []struct{ name, metric, unit string }{
-		{"latency p50", "p50", "µs"}, {"round trips", "rt", ""}, {"client CPU", "ccpu", "µs"},
-		{"Redis CPU", "scpu", "µs"}, {"server commands", "reqs", ""}, {"allocations", "allocs", ""},
+	cols := []struct { // the figures in µs are in ns: per is 1e3
+		name, metric, unit string
+		per                float64
+	}{
+		{"latency p50", "p50", " µs", 1e3}, {"round trips", "rt", "", 1}, {"client CPU", "ccpu", " µs", 1e3},
+		{"Redis CPU", "scpu", " µs", 1e3}, {"server commands", "reqs", "", 1}, {"allocations", "allocs", "", 1},
 	}
 	w("### Where the time goes: one uncontended lock + release\n\n")
 	w("Medians of the rows above, per operation; the last columns are what flightlock spends above each reference. " +
@@ -373,36 +460,23 @@ func whereTheTimeGoes(w func(string, ...any), s1 []*result) {
 		"flightlock - store alone is what the Locker adds on the client, store alone - bsm what the scripts (the fence) add.\n\n")
 	w("| cost | flightlock | store alone | bsm/redislock | SET+DEL floor | flightlock - store alone | store alone - bsm | flightlock - bsm | flightlock - floor |\n" +
 		"|---|---|---|---|---|---|---|---|---|\n")
-	val := func(x *result, metric, unit string) float64 {
-		if x == nil {
-			return math.NaN()
-		}
-		v := x.med(metric)
-		if unit == "µs" {
-			v /= 1e3 // ns -> µs
-		}
-		return v
-	}
-	cell := func(v float64, unit string) string {
-		if math.IsNaN(v) {
-			return "-"
-		}
-		return fmt.Sprintf("%.2f%s", v, map[bool]string{true: " " + unit, false: ""}[unit != ""])
-	}
 	for _, c := range cols {
-		f, st, b, fl0 := val(fl, c.metric, c.unit), val(store, c.metric, c.unit), val(bsm, c.metric, c.unit), val(floor, c.metric, c.unit)
-		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f, c.unit), cell(st, c.unit), cell(b, c.unit),
-			cell(fl0, c.unit), cell(f-st, c.unit), cell(st-b, c.unit), cell(f-b, c.unit), cell(f-fl0, c.unit))
+		val := func(x *result) float64 {
+			if x == nil {
+				return math.NaN()
+			}
+			return x.med(c.metric) / c.per
+		}
+		cell := func(v float64) string {
+			if math.IsNaN(v) {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f%s", v, c.unit)
+		}
+		f, st, b, fl0 := val(fl), val(store), val(bsm), val(floor)
+		w("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c.name, cell(f), cell(st), cell(b), cell(fl0), cell(f-st), cell(st-b), cell(f-b), cell(f-fl0))
 	}
 	w("\n")
-}
-
-// etcdPointer is the main report's section on the etcd rows: a pointer to their report (which
-// bench/run.sh writes before this one) with its goals table.
-func etcdPointer(raw, name string) string {
-	return storePointer(raw, fmt.Sprintf("## The etcd store\n\nThe etcd rows, from `lockbench -store etcd`, are in a report of their own, [%s](%s): "+
-		"flightlock on `etcdstore` against etcd's `concurrency.Mutex` and a raw etcd floor (a put on a lease if the key is absent, "+
-		"then a delete), scenarios 1-9 of this report on a private etcd whose log is fsynced. Its goals:\n\n", name, name))
 }
 
 // storePointer is head followed by the "## Goals" table of another store's report raw.
@@ -450,24 +524,19 @@ func shownArgs(args []string) []string {
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if strings.HasPrefix(a, "-") && !strings.Contains(a, "=") && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			a += " " + shownPath(a, args[i+1], wd)
 			i++
+			v := args[i]
+			if rel, err := filepath.Rel(wd, v); filepath.IsAbs(v) && wd != "" && err == nil && !strings.HasPrefix(rel, "../..") {
+				v = rel
+			}
+			if strings.TrimLeft(a, "-") == "gobench" {
+				v = "<go test -bench output>"
+			}
+			a += " " + v
 		}
 		parts = append(parts, a)
 	}
 	return parts
-}
-
-func shownPath(flag, v, wd string) string {
-	if strings.TrimLeft(flag, "-") == "gobench" {
-		return "<go test -bench output>"
-	}
-	if filepath.IsAbs(v) && wd != "" {
-		if rel, err := filepath.Rel(wd, v); err == nil && !strings.HasPrefix(rel, "../..") {
-			return rel
-		}
-	}
-	return v
 }
 
 // goBenchText is go test -bench's output without the goos, goarch and cpu lines that repeat
@@ -485,4 +554,287 @@ func goBenchText(raw string) string {
 		b.WriteString(line)
 	}
 	return b.String()
+}
+
+// The primitives report holds the scenarios of flightlock's primitives beyond the mutex
+// (10, semaphores; 11, read-write locks; 12, fair locks): a document of its own, docs/benchmarks-primitives.md, with the
+// machine header of the main report, so that a run of these scenarios alone never rewrites
+// the main report's figures.
+
+// ranMain says whether any scenario of the main report (all but 10-12) ran.
+func ranMain(c config) bool { return c.ranAny(1, 2, 3, 4, 5, 6, 7, 8, 9, 13) }
+
+// ranPrimitives says whether any scenario of the primitives report ran.
+func (r *report) ranPrimitives() bool { return r.s10 != nil || r.s11 != nil || r.s12 != nil }
+
+func (r *report) primitivesMarkdown() string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	w("# Benchmarks: flightlock's primitives beyond the mutex\n\n")
+	w("Generated on %s in %v by this command, run from `bench/` (`bench/run.sh` runs the same binary with the arguments\n",
+		r.started.UTC().Format("2006-01-02 15:04 MST"), r.elapsed.Round(time.Second))
+	w("shown, and writes this file on a full run too):\n\n```\n%s\n```\n\n", r.cfg.cmdline)
+	w("The scenarios of the mutex, 1-9, are in [benchmarks.md](benchmarks.md),\n")
+	w("on the same kind of run: one `redis-server` that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`),\n")
+	w("every figure the **median of %d repetitions**.\n\n", r.cfg.reps)
+	if r.cfg.quick {
+		w("**This is a quick run (`-quick`)**: short durations, one repetition. Its figures show that the scenario runs;\n")
+		w("they are not the benchmark's results.\n\n")
+	}
+	r.machineTable(w)
+	w("The benchmark process, its worker processes and `redis-server` share these cores; one round trip on loopback is mostly\n")
+	w("CPU (syscalls, scheduling), not wire.\n\n")
+	if r.s10 != nil {
+		r.s10Section(w)
+	}
+	if r.s11 != nil {
+		r.s11Section(w)
+	}
+	if r.s12 != nil {
+		r.s12Section(w)
+	}
+	return b.String()
+}
+
+// peerGoals are the goals that hold flightlock against the best peer rows and the floors, as
+// the work grows and in memory, each computed from this run's figures: met or missed, with the
+// measured ratio. A goal whose scenario (or row) did not run is left out.
+func (r *report) peerGoals() []goal {
+	var gs goalList
+	add := func(name, target string, ratio float64, measure string, met bool) {
+		gs = append(gs, goal{name, target, measure, met && !math.IsNaN(ratio)})
+	}
+
+	// Uncontended lock + unlock (scenario 1).
+	fl, rl := find(r.s1, "flightlock"), find(r.s1, "redislock")
+	gs.vs("1: uncontended lock + unlock", "p50 ≤ bsm/redislock's", fl, rl, p50, "bsm/redislock", mdfmt.Dur, fmt.Sprintf("; %s vs %s server commands, %s vs %s RT",
+		mdfmt.Float(fl.med("reqs")), mdfmt.Float(rl.med("reqs")), mdfmt.Float(fl.med("rt")), mdfmt.Float(rl.med("rt"))), atMost(1))
+	gs.vs("1: uncontended lock + unlock", "p50 ≤ 1.15x the SET PX + DEL floor", fl, find(r.s1, "setdel"), p50, "floor", mdfmt.Dur, "", atMost(1.15))
+
+	// Many keys: scenario 4 (1,000 keys) and the largest point of scenario 8's key axis.
+	manyKeys := func(name string, rs []*result) {
+		fl := find(rs, "flightlock")
+		gs.vs(name, "≥ 1.2x rueidislock", fl, find(rs, "rueidislock"), rate, "rueidislock", mdfmt.Int, " per second", atLeast(1.2))
+		gs.vs(name, "≥ 1.3x the SET PX + DEL floor", fl, find(rs, "setdel"), rate, "floor", mdfmt.Int, " per second", atLeast(1.3))
+	}
+	manyKeys("4: 64 goroutines over 1,000 keys", r.s4)
+	if ax := axisNamed(r.s8, "keys"); ax != nil {
+		n := ax.Points[len(ax.Points)-1]
+		manyKeys(fmt.Sprintf("8: 64 goroutines over %s keys", mdfmt.Int(float64(n))), ax.Res[n])
+	}
+
+	// HTTP (scenario 6).
+	if s := r.s6; s != nil && s.Ping != nil {
+		if ratio, ok := pairedRatio(find(s.Sat, "flightlock"), find(s.Sat, "redislock"), "rps"); ok {
+			add(fmt.Sprintf("6: HTTP, saturation (wrk -c %d)", httpbench.SatConns), "≥ 1.1x the bsm/redislock middleware", ratio,
+				fmt.Sprintf("%.2fx bsm/redislock (median of the repetitions' ratios)%s", ratio, errNote(find(s.Sat, "flightlock"))), ratio >= 1.1)
+		}
+		if _, rts, ok := s.added(find(s.Low, "flightlock")); ok {
+			add(fmt.Sprintf("6: HTTP, low load (wrk -c %d)", httpbench.LowConns), "≤ +2.5 round trips over the bare handler", rts,
+				fmt.Sprintf("+%.2f round trips (PING p50)", rts), rts <= 2.5)
+		}
+	}
+
+	// Hot key: 64 goroutines (scenario 2), four processes (scenario 3).
+	lead := func(name string, rs []*result) {
+		ratio, fl, best := leadOf(rs)
+		if best == nil {
+			return
+		}
+		add(name, "≥ 10x the best peer row", ratio, fmt.Sprintf("%.1fx %s (%s vs %s CS/s)", ratio, best.Label, mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate"))), ratio >= 10)
+	}
+	lead("2: one hot key, 64 goroutines", r.s2[64])
+	lead(fmt.Sprintf("3: one hot key, %d processes x %d goroutines", s3Procs, s3Goroutines), r.s3)
+
+	// Scaling (scenario 8).
+	if s := r.s8; s != nil {
+		fallGoal := func(ax *s8Axis, x0, x1 int, what string) {
+			if !slices.Contains(ax.Points, x0) || !slices.Contains(ax.Points, x1) {
+				return
+			}
+			if f, ok := ax.fall("flightlock", "rate", x0, x1); ok {
+				add("8: one hot key, "+what, "CS/s fall ≤ 2x", f, fmt.Sprintf("%s (%s → %s CS/s)", fallWords(f, ""),
+					mdfmt.Int(find(ax.Res[x0], "flightlock").med("rate")), mdfmt.Int(find(ax.Res[x1], "flightlock").med("rate"))), f <= 2)
+			}
+		}
+		if ax := axisNamed(s, "goroutines"); ax != nil {
+			fallGoal(ax, 4, ax.Points[len(ax.Points)-1], fmt.Sprintf("4 → %s goroutines", mdfmt.Int(float64(ax.Points[len(ax.Points)-1]))))
+		}
+		if ax := axisNamed(s, "processes"); ax != nil {
+			fallGoal(ax, 1, ax.Points[len(ax.Points)-1], fmt.Sprintf("1 → %d processes of %d goroutines", ax.Points[len(ax.Points)-1], s8ProcGoroutines))
+		}
+		worst, where := math.Inf(1), ""
+		var behind []string
+		for _, ax := range s {
+			for _, x := range ax.Points {
+				ratio, _, best := leadOf(ax.Res[x])
+				if best == nil {
+					continue
+				}
+				if ratio < worst {
+					worst, where = ratio, fmt.Sprintf("%s %s: %s", mdfmt.Int(float64(x)), ax.Name, best.Label)
+				}
+				if ratio < 1 {
+					behind = append(behind, fmt.Sprintf("%s %s (%.2fx %s)", mdfmt.Int(float64(x)), ax.Name, ratio, best.Label))
+				}
+			}
+		}
+		if where != "" {
+			measure := fmt.Sprintf("closest: %.2fx at %s", worst, where)
+			if len(behind) > 0 {
+				measure += "; behind at " + strings.Join(behind, ", ")
+			}
+			add("8: every axis, every point", "flightlock ahead of every peer row", worst, measure, worst > 1)
+		}
+	}
+
+	// Memory (scenario 9).
+	if s := r.s9; s != nil && len(s.Sizes) > 0 {
+		var worstHeap, worstAfter, afterGor float64
+		var heapAt, afterAt string
+		for _, n := range s.Sizes {
+			fl := find(s.Held[n], "flightlock")
+			if fl == nil {
+				continue
+			}
+			if v := fl.med("heap"); v >= worstHeap {
+				worstHeap, heapAt = v, mdfmt.Int(float64(n))
+			}
+			if v := fl.med("after_heap"); v >= worstAfter || afterAt == "" {
+				worstAfter, afterAt = v, mdfmt.Int(float64(n))
+			}
+			afterGor = max(afterGor, fl.worst("after_gor"))
+		}
+		if heapAt != "" {
+			var per []string
+			for _, n := range s.Sizes {
+				per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(find(s.Held[n], "flightlock").med("heap")), mdfmt.Int(float64(n))))
+			}
+			add("9: held locks, watchdog on", "≤ 300 B of live heap per held lock", worstHeap/300,
+				fmt.Sprintf("%s (%.2fx the goal at %s)", strings.Join(per, ", "), worstHeap/300, heapAt), worstHeap <= 300)
+			add("9: after releasing them all", "≤ 16 B per lock still live, goroutines back to the baseline", worstAfter/16,
+				fmt.Sprintf("%s B per lock at %s locks, %s goroutines above the baseline", mdfmt.Float(worstAfter), afterAt, mdfmt.Int(afterGor)),
+				worstAfter <= 16 && afterGor <= 0)
+		}
+		n := s.Sizes[len(s.Sizes)-1]
+		if fl := find(s.Held[n], "flightlock"); fl != nil {
+			perLock := fl.med("gor")
+			peak := fl.med("peak_gor") / float64(n)
+			add(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "no goroutine per held lock nor per renewal in flight (< 0.01 per lock, at rest and at the peak)", peak,
+				fmt.Sprintf("%s goroutines per lock at rest; peak %s above the baseline = %s per lock", mdfmt.Float(perLock), mdfmt.Int(fl.med("peak_gor")), mdfmt.Float(peak)),
+				perLock < 0.01 && peak < 0.01)
+			gs.vs(fmt.Sprintf("9: holding %s locks", mdfmt.Int(float64(n))), "client CPU < rueidislock's", fl, find(s.Held[n], "rueidislock"), "ccpu_ms",
+				"rueidislock", mdfmt.Float, " ms of CPU per second", func(r float64) bool { return r < 1 })
+		}
+	}
+	if s := r.s9; s != nil && find(s.Waiters, "flightlock") != nil {
+		fl := find(s.Waiters, "flightlock")
+		for _, f := range []struct {
+			metric, what string
+			show         func(float64) string
+		}{
+			{"heap", "heap per waiter", mdfmt.Int}, {"gor", "goroutines per waiter", mdfmt.Float}, {"rt_s", "round trips while waiting", mdfmt.Int},
+			{"next", "release → next grant", mdfmt.Dur}, {"all", "release → all served", mdfmt.Dur},
+		} {
+			var best *result
+			for _, x := range s.Waiters {
+				if x.Row == "flightlock" || x.worst("unserved") > 0 {
+					continue // a row that left waiters unserved has no fair time to compare
+				}
+				if best == nil || x.med(f.metric) < best.med(f.metric) {
+					best = x
+				}
+			}
+			if best == nil {
+				continue
+			}
+			v, b := fl.med(f.metric), best.med(f.metric)
+			measure := fmt.Sprintf("%s vs %s (%s)", f.show(v), f.show(b), best.Label)
+			if b > 0 {
+				measure = fmt.Sprintf("%.2fx the best peer: ", v/b) + measure
+			}
+			gs = append(gs, goal{fmt.Sprintf("9: %s waiters on one key", mdfmt.Int(float64(s.W))), f.what + ": the best of all rows", measure,
+				v <= b && fl.worst("unserved") == 0})
+		}
+	}
+	return gs
+}
+
+// metrics is one repetition of one row: named figures, all float64, as the shared loops
+// (httpbench, dupBursts) return them.
+type metrics = map[string]float64
+
+// result collects every repetition of a row in one scenario configuration.
+type result struct {
+	Row   string    `json:"row"`   // row id
+	Label string    `json:"label"` // row label
+	Reps  []metrics `json:"reps"`
+	Mix   string    `json:"mix,omitempty"` // server command mix of the last repetition, per op
+	// FirstErrs are the first error of each repetition ("": none), where a row keeps them.
+	FirstErrs []string `json:"first_errors,omitempty"`
+}
+
+// med is the median of one figure over the repetitions that have it.
+func (r *result) med(name string) float64 {
+	var v []float64
+	for _, m := range r.reps() {
+		if x, ok := m[name]; ok {
+			v = append(v, x)
+		}
+	}
+	return stat.Median(v)
+}
+
+// worst is the largest value of one figure over the repetitions (0 for none).
+func (r *result) worst(name string) float64 {
+	var w float64
+	for _, m := range r.reps() {
+		w = max(w, m[name])
+	}
+	return w
+}
+
+// reps are the repetitions of r (none for a nil r).
+func (r *result) reps() []metrics {
+	if r == nil {
+		return nil
+	}
+	return r.Reps
+}
+
+// sum is the total of one figure over the repetitions.
+func (r *result) sum(name string) float64 {
+	var t float64
+	for _, m := range r.reps() {
+		t += m[name]
+	}
+	return t
+}
+
+// percentile of sorted durations (nanoseconds), nearest rank.
+var percentile = stat.Percentile
+
+// mixString formats a command delta divided by ops, biggest first: "evalsha 1, get 1, set 2".
+func mixString(d cmdDelta, ops int64) string {
+	if ops <= 0 {
+		return ""
+	}
+	type kv struct {
+		k string
+		v int64
+	}
+	var all []kv
+	for k, v := range d {
+		all = append(all, kv{k, v})
+	}
+	slices.SortFunc(all, func(a, b kv) int { return cmp.Or(cmp.Compare(b.v, a.v), cmp.Compare(a.k, b.k)) })
+	var parts []string
+	for _, e := range all {
+		per := float64(e.v) / float64(ops)
+		if per < 0.005 {
+			continue
+		}
+		parts = append(parts, strings.ToUpper(e.k)+" "+mdfmt.Float(per))
+	}
+	return strings.Join(parts, ", ")
 }

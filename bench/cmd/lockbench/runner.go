@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -38,7 +41,7 @@ const flightTTL = 10 * time.Second
 // hotGoroutines contend for the hot key of scenario 2, and draw from the keys of scenario 4.
 const hotGoroutines = 64
 
-// s1Slice is how long one row of scenario 1 runs before the next row's turn (sliced.go): a
+// s1Slice is how long one row of scenario 1 runs before the next row's turn (contend.go): a
 // drift of the server's speed within a repetition (its log and backend commits, a JVM still
 // compiling) then falls on every row alike. A row's figures sum its slices.
 const s1Slice = 200 * time.Millisecond
@@ -49,14 +52,9 @@ const s1MaxOps = 200000
 
 // backend is one store with a server of its own: how to start that server and read its
 // counters, its rows of each scenario as rows (impl) of this process, and what its report
-// says of it. A backend that runs scenarios 4-9 implements fullBackend too, one with scenarios
-// of its own extraScenarios.
+// says of it (notes: its name and scenarios too). A backend that runs scenarios 4-9
+// implements fullBackend too, one with scenarios of its own extraScenarios.
 type backend interface {
-	// name is the -store value; title names the store in prose ("etcd", "ZooKeeper").
-	name() string
-	title() string
-	// scenarios are those the backend runs.
-	scenarios() []int
 	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
 	// data, and may be called twice); describe is its progress line. A worker attaches to the
 	// parent's server instead, at the address workerArgs gave it.
@@ -77,10 +75,9 @@ type backend interface {
 	close()
 	newStore() (closingStore, error)
 	floorFrom(key string) error
-	// peer is the row of the store's own lock; rows are those of a scenario: 1's; 2's, which 3,
-	// scenario 8's hot key and scenario 9's waiting run too; 4's, which scenario 8's keys run
-	// too; 5's, which scenario 9's holding runs too. spec names a row.
-	peer() string
+	// rows are those of a scenario: 1's; 2's, which 3, scenario 8's hot key and scenario 9's
+	// waiting run too; 4's, which scenario 8's keys run too; 5's, which scenario 9's holding
+	// runs too. spec names a row.
 	rows(scenario int) []string
 	spec(row string) (rowSpec, bool)
 	// lockOf is a row's lock for goroutine i of this process, once peerGoroutines(n) made room
@@ -136,6 +133,62 @@ func (p *procBackend) makeDir(parent, name string) (err error) {
 	return err
 }
 
+func freeAddr() string {
+	addr, err := redisserver.FreeAddr()
+	check(err, "free port: %v")
+	return addr
+}
+
+// fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
+// point that is a prefix of dir).
+func fsType(dir string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	best, typ := "", "unknown"
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		mp := fields[4]
+		if strings.HasPrefix(dir, mp) && len(mp) > len(best) {
+			best, typ = mp, fields[sep+1]
+		}
+	}
+	return typ
+}
+
+// procRSS is a process's resident memory in bytes (its VmRSS, which /proc/<pid>/statm counts
+// in pages); 0 if unknown.
+func procRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
+
+// figures calls f with the first field of every line of text whose last field is a number,
+// and that number: Prometheus's text format (etcd's /metrics) and ZooKeeper's mntr alike.
+func figures(text string, f func(name string, v float64)) {
+	for _, line := range strings.Split(text, "\n") {
+		fs := strings.Fields(line)
+		if len(fs) < 2 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fs[len(fs)-1], 64); err == nil {
+			f(fs[0], v)
+		}
+	}
+}
+
 // serverStats are a server's counters: the requests it handled (Redis: commands, those its
 // scripts ran included; etcd: unary gRPC calls, keep-alives and watches are streams and not
 // counted; ZooKeeper: every packet received, pings included), by command (Redis), the lease
@@ -151,43 +204,28 @@ type serverStats struct {
 	cpu, self  time.Duration
 }
 
-func (a serverStats) sub(b serverStats) serverStats {
-	return serverStats{reqs: a.reqs - b.reqs, keepAlives: a.keepAlives - b.keepAlives, fsyncs: a.fsyncs - b.fsyncs,
-		cmds: diffStats(b.cmds, a.cmds), rts: a.rts - b.rts, ok: a.ok && b.ok, cpu: a.cpu - b.cpu, self: a.self - b.self}
-}
+// sub is a window's counts: a read at its end, b at its start. add sums windows.
+func (a serverStats) sub(b serverStats) serverStats { return a.plus(b, -1) }
+func (a serverStats) add(b serverStats) serverStats { return a.plus(b, 1) }
 
-func (a serverStats) add(b serverStats) serverStats {
+// plus is a + k·b; a command whose count it does not make positive is left out of cmds.
+func (a serverStats) plus(b serverStats, k int64) serverStats {
 	cmds := cmdDelta{}
-	for _, c := range []cmdDelta{a.cmds, b.cmds} {
-		for k, v := range c {
-			cmds[k] += v
-		}
+	maps.Copy(cmds, a.cmds)
+	for name, v := range b.cmds {
+		cmds[name] += k * v
 	}
-	return serverStats{reqs: a.reqs + b.reqs, keepAlives: a.keepAlives + b.keepAlives, fsyncs: a.fsyncs + b.fsyncs,
-		cmds: cmds, rts: a.rts + b.rts, ok: a.ok && b.ok, cpu: a.cpu + b.cpu, self: a.self + b.self}
+	maps.DeleteFunc(cmds, func(_ string, v int64) bool { return v <= 0 })
+	f := float64(k)
+	return serverStats{reqs: a.reqs + f*b.reqs, keepAlives: a.keepAlives + f*b.keepAlives, fsyncs: a.fsyncs + f*b.fsyncs,
+		cmds: cmds, rts: a.rts + k*b.rts, ok: a.ok && b.ok, cpu: a.cpu + time.Duration(k)*b.cpu, self: a.self + time.Duration(k)*b.self}
 }
 
-// meter reads a server's counters (no CPU) and its process's CPU.
-type meter interface {
-	counters() serverStats
-	serverCPU() time.Duration
-}
-
-// rowMeter is a backend's meter with the round trips of a row's client (im nil: none).
-type rowMeter struct {
+// meter reads a backend's counters with the round trips of a row's client (im nil: none).
+type meter struct {
 	be backend
 	im impl
 }
-
-func (m rowMeter) counters() serverStats {
-	st := m.be.counters()
-	if m.im != nil {
-		st.rts = m.im.roundTrips()
-	}
-	return st
-}
-
-func (m rowMeter) serverCPU() time.Duration { return m.be.serverCPU() }
 
 // readStats reads m's counters and the CPU of the server and of this process; at a window's
 // end (cpuFirst) the CPU first, so that the server CPU that answering the reading takes is
@@ -195,11 +233,14 @@ func (m rowMeter) serverCPU() time.Duration { return m.be.serverCPU() }
 func readStats(m meter, cpuFirst bool) serverStats {
 	var cpu, self time.Duration
 	if cpuFirst {
-		cpu, self = m.serverCPU(), cpustat.Self()
+		cpu, self = m.be.serverCPU(), cpustat.Self()
 	}
-	st := m.counters()
+	st := m.be.counters()
+	if m.im != nil {
+		st.rts = m.im.roundTrips()
+	}
 	if !cpuFirst {
-		cpu, self = m.serverCPU(), cpustat.Self()
+		cpu, self = m.be.serverCPU(), cpustat.Self()
 	}
 	st.cpu, st.self = cpu, self
 	return st
@@ -319,9 +360,9 @@ func (b *bench) impl(r rowSpec) impl { return b.rowImpl(r.id, -1) }
 // meter is the backend's meter with the round trips of row's client ("": none).
 func (b *bench) meter(row string) meter {
 	if row == "" {
-		return rowMeter{be: b.be}
+		return meter{be: b.be}
 	}
-	return rowMeter{b.be, b.rowImpl(row, -1)}
+	return meter{b.be, b.rowImpl(row, -1)}
 }
 
 // rows are the backend's rows of a scenario (backend.rows), -rows applied.
@@ -350,9 +391,7 @@ var onlyRows map[string]bool
 // sessions made before anything is measured.
 func (b *bench) warm(rows []rowSpec) {
 	for _, r := range rows {
-		if err := warmImpl(b.impl(r), "warm", 200); err != nil {
-			fatalf("warm-up %s: %v", r.id, err)
-		}
+		check(warmImpl(b.impl(r), "warm", 200), "warm-up %s: %v", r.id)
 	}
 }
 
@@ -382,18 +421,14 @@ func warmImpl(im impl, prefix string, n int) error {
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions, then the backend's own
 // (Redis: 13, 10, 11, 12), and writes the reports.
 func run(c *config, be backend, prof profiling) {
-	if err := be.start(c); err != nil {
-		fatalf("start %s: %v", be.name(), err)
-	}
+	check(be.start(c), "start %s: %v", be.notes().name)
 	stopServers = be.Stop
 	progress("%s", be.describe())
 	b, err := openBench(c, be)
-	if err != nil {
-		fatalf("setup: %v", err)
-	}
+	check(err, "setup: %v")
 	defer b.close()
 	defer prof.start()()
-	rep := newReport(c, be)
+	rep := &report{cfg: c, be: be, machine: collectMachine(), started: time.Now(), s2: map[int][]*result{}}
 	b.rep = rep
 
 	if c.warm > 0 {
@@ -420,7 +455,7 @@ func run(c *config, be backend, prof profiling) {
 		{9, func() { rep.s9 = b.memory() }},
 		{5, func() { rep.s5 = b.reject() }},
 		{6, func() { rep.s6 = fb.http(b) }},
-		{7, func() { rep.s7 = dupBursts(fb.dupConf(), c.reps, "flightlock on "+be.title()) }},
+		{7, func() { rep.s7 = dupBursts(fb.dupConf(), c.reps, "flightlock on "+be.notes().title) }},
 	} {
 		if c.scenarios[sc.n] && full {
 			sc.run()
@@ -551,12 +586,11 @@ func admitting(r rowSpec, g guard.Guard) guard.Guard {
 // i; a read-write row's draw reads% reads, and a semaphore's or read-write row's hold is
 // checked by span too.
 func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard) []contend.Holder {
-	if err := b.be.peerGoroutines(n); err != nil {
-		fatalf("%s: %v", r.id, err)
-	}
+	check(b.be.peerGoroutines(n), "%s: %v", r.id)
 	if r.rw {
-		im := b.impl(r)
-		return spanHolders(rwHolders(im, rowNames(im, keys), n, reads), span)
+		im := b.impl(r).(rwImpl) // a read-write row's lock (rowSpec.rw)
+		keys := rowNames(im, keys)
+		return spanHolders(holdersOf(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
 	}
 	hs := holdersOf(n, func(i int) contend.Holder {
 		im := b.rowImpl(r.id, i)
@@ -584,23 +618,24 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	plain, viol, fence := guardSums(gs)
 	m := contendMetrics(r, cr, st, plain, viol+span.Violations(), fence, span.Peak())
 	m[retries] = float64(retriesOf(im) - retries0)
-	if r.floor {
-		m[violations] = 0 // not a lock: nothing to check
-	}
 	return m, mixString(st.cmds, cr.Ops), cr.FirstErr
 }
 
 // contendMetrics are a contention run's figures: critical sections, in all and per second,
-// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost write leaves the
-// plain counters short) and fence violations, what st counted per critical section, and for
-// a semaphore or read-write row the most holders at once (peak); a read-write row's reads and
-// writes per second and its reads' waits apart.
+// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost
+// write leaves the plain counters short; a floor, no lock, has none) and fence violations,
+// what st counted per critical section, and for a semaphore or read-write row the most
+// holders at once (peak); a read-write row's reads and writes per second and its reads' waits
+// apart.
 func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, fence, peak int64) metrics {
 	slices.Sort(cr.Waits)
 	secs := float64(cr.Elapsed) / 1e9
 	writes := cr.Ops - cr.Reads
 	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
 		"max": percentile(cr.Waits, 1), failures: float64(cr.Errors + cr.ReleaseErrors), violations: float64(viol + max(writes-plain, 0)), fenceViolations: float64(fence)}
+	if r.floor {
+		m[violations] = 0 // not a lock: nothing to check
+	}
 	if r.rw || r.permits > 1 {
 		m["peak"] = float64(peak)
 	}

@@ -28,9 +28,7 @@ func (b *bench) scaling() []*s8Axis {
 	if len(c.s8Keys) > 0 {
 		need = max(need, s8KeyGoroutines)
 	}
-	if err := b.be.peerGoroutines(need); err != nil {
-		fatalf("scenario 8: %v", err)
-	}
+	check(b.be.peerGoroutines(need), "scenario 8: %v")
 	defer b.be.dropGoroutinesBeyond(hotGoroutines)
 	keyRows := b.rows(4)
 	b.warm(keyRows)
@@ -52,7 +50,7 @@ func (b *bench) scaling() []*s8Axis {
 			rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs], firstErr)
 	})
 	b.rep.charts = drawScaling(axes, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
-		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.title(), axisUnit(axis))
+		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.notes().title, axisUnit(axis))
 	}, rate)
 	return axes
 }
@@ -91,15 +89,11 @@ const s5Goroutines = 64
 // is read every 256 calls), the others' one each. A try that does not answer busy is wrong
 // (a grant is released at once). It returns the figures and the serial part's first error.
 func (b *bench) rejectRow(r rowSpec, rep int) (metrics, string) {
-	if err := b.be.peerGoroutines(s5Goroutines); err != nil {
-		fatalf("s5 %s: %v", r.id, err)
-	}
+	check(b.be.peerGoroutines(s5Goroutines), "s5 %s: %v", r.id)
 	ctx, own, m := context.Background(), b.impl(r), b.meter(r.id)
 	key := own.key(fmt.Sprintf("s5:%d", rep))
 	held, err := own.lock(ctx, key)
-	if err != nil {
-		fatalf("reject: hold %s: %v", key, err)
-	}
+	check(err, "reject: hold %s: %v", key)
 	defer own.unlock(ctx, key, held)
 	every := int64(1)
 	switch own.(type) {
@@ -155,15 +149,11 @@ func rejectLoop(n int, d time.Duration, every int64, try func(i int)) (int64, ti
 		}
 		calls.Add(c)
 	}
-	if n == 1 {
-		loop(0)
-	} else {
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { loop(i) })
-		}
-		wg.Wait()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { loop(i) })
 	}
+	wg.Wait()
 	return calls.Load(), time.Since(start)
 }
 

@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
@@ -53,14 +55,24 @@ func has(x *result, name string) bool {
 	return slices.ContainsFunc(x.reps(), func(m metrics) bool { _, ok := m[name]; return ok })
 }
 
-// durCell and intCell are a figure's median, formatted.
-func durCell(name string) func(*result) string {
-	return func(x *result) string { return mdfmt.Dur(x.med(name)) }
+// ifHas is cell where a repetition of x has the figure name, "" (left out) elsewhere.
+func ifHas(name string, cell func(*result) string) func(*result) string {
+	return func(x *result) string {
+		if !has(x, name) {
+			return ""
+		}
+		return cell(x)
+	}
 }
 
-func intCell(name string) func(*result) string {
-	return func(x *result) string { return mdfmt.Int(x.med(name)) }
+// medCell is a figure's median, formatted by f; durCell, intCell and floatCell are its usual forms.
+func medCell(name string, f func(float64) string) func(*result) string {
+	return func(x *result) string { return f(x.med(name)) }
 }
+
+func durCell(name string) func(*result) string   { return medCell(name, mdfmt.Dur) }
+func intCell(name string) func(*result) string   { return medCell(name, mdfmt.Int) }
+func floatCell(name string) func(*result) string { return medCell(name, mdfmt.Float) }
 
 // countCell is a figure present where positive: round trips (Redis), fsyncs (a log that fsyncs).
 func countCell(name string) func(*result) string {
@@ -83,7 +95,11 @@ func perRepCell(name string, f func(float64) string) func(*result) string {
 		if len(x.reps()) < 2 {
 			return ""
 		}
-		return perRep(x, func(m metrics) string { return f(m[name]) })
+		var s []string
+		for _, m := range x.reps() {
+			s = append(s, f(m[name]))
+		}
+		return strings.Join(s, ", ")
 	}
 }
 
@@ -125,51 +141,24 @@ func (n storeNotes) cpuCols(unit string) []column {
 // most holders at once (a semaphore's; a read-write lock's readers), and how evenly processes
 // got through.
 func contendTable(w writer, n storeNotes, rs []*result, floor string) {
-	only := func(name string, cell func(string) func(*result) string) func(*result) string {
-		return func(x *result) string {
-			if !has(x, name) {
-				return ""
-			}
-			return cell(name)(x)
-		}
-	}
 	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
-		{"reads/s", only("read_rate", intCell)}, {"writes/s", only("write_rate", intCell)}}
-	if floor != "" {
-		cols = append(cols, column{"x floor", ratioCell(rs, floor, rate)})
-	}
-	cols = append(cols, column{"RT/CS", countCell(rt)}, column{n.reqCol + "/CS", reqCell(reqs)}, column{"fsyncs/CS", countCell(fsy)})
-	cols = append(cols, n.cpuCols("CS")...)
-	table(w, rs, append(cols,
-		column{"read wait p50", only("read_p50", durCell)}, column{"read wait p99", only("read_p99", durCell)},
-		column{"wait p50", durCell(p50)}, column{"wait p99", durCell(p99)}, column{"wait max", durCell("max")},
-		column{"most holders at once", func(x *result) string {
-			if !has(x, "peak") {
-				return ""
-			}
-			return mdfmt.Int(x.worst("peak"))
-		}},
-		column{"violations (inside / fence)", violationsCell},
-		column{"floor retries", func(x *result) string {
+		{"reads/s", ifHas("read_rate", intCell("read_rate"))}, {"writes/s", ifHas("write_rate", intCell("write_rate"))},
+		{"x floor", ratioCell(rs, floor, rate)}, {"RT/CS", countCell(rt)}, {n.reqCol + "/CS", reqCell(reqs)}, {"fsyncs/CS", countCell(fsy)}}
+	table(w, rs, slices.Concat(cols, n.cpuCols("CS"), []column{
+		{"read wait p50", ifHas("read_p50", durCell("read_p50"))}, {"read wait p99", ifHas("read_p99", durCell("read_p99"))},
+		{"wait p50", durCell(p50)}, {"wait p99", durCell(p99)}, {"wait max", durCell("max")},
+		{"most holders at once", ifHas("peak", func(x *result) string { return mdfmt.Int(x.worst("peak")) })},
+		{"violations (inside / fence)", violationsCell},
+		{"floor retries", func(x *result) string {
 			if x.Row != rowFloor {
 				return ""
 			}
 			return mdfmt.Int(x.sum(retries))
 		}},
-		column{"errors", errorsCell},
-		column{"fair (median / worst)", func(x *result) string {
-			if !has(x, "fair") {
-				return ""
-			}
-			return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair"))
-		}},
-		column{"CS per process", func(x *result) string {
-			if !has(x, "per_proc") {
-				return ""
-			}
-			return mdfmt.Int(x.med("per_proc"))
-		}},
-		column{"server command mix per CS", mixCell})...)
+		{"errors", errorsCell},
+		{"fair (median / worst)", ifHas("fair", func(x *result) string { return fmt.Sprintf("%.2f / %.2f", x.med("fair"), x.worst("fair")) })},
+		{"CS per process", ifHas("per_proc", intCell("per_proc"))},
+		{"server command mix per CS", mixCell}})...)
 }
 
 // firstErrors writes, for every repetition of rs that had failures, how many and the first.
@@ -223,6 +212,7 @@ func (r *report) s1Section(w writer) {
 		w("%s\n\n", n.s1Ratios(r))
 	}
 	firstErrors(w, r.s1)
+	whereTheTimeGoes(w, r.s1)
 }
 
 // floorRows are the ids of the store's floors.
@@ -253,8 +243,13 @@ func (r *report) hotSection(w writer, sc int) {
 			contendTable(w, n, r.s2[g], "")
 			firstErrors(w, r.s2[g])
 		}
-		if len(c.s2Goroutines) > 1 {
-			r.s2Chart(w)
+		if gs := c.s2Goroutines; len(gs) > 1 { // Redis: the rates at every goroutine count, as a chart and a table
+			w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n")
+			var cols []column
+			for _, g := range gs {
+				cols = append(cols, column{strconv.Itoa(g), func(x *result) string { return mdfmt.Int(find(r.s2[g], x.Row).med(rate)) }})
+			}
+			table(w, r.s2[gs[0]], cols...)
 		}
 		rs = r.s2[hotGoroutines]
 	} else {
@@ -278,25 +273,6 @@ func (r *report) hotSection(w writer, sc int) {
 	}
 }
 
-// s2Chart is scenario 2's critical sections per second against goroutines, as a chart and a
-// table.
-func (r *report) s2Chart(w writer) {
-	gs := r.cfg.s2Goroutines
-	w("### Critical sections per second against goroutines\n\n![critical sections per second against goroutines](benchmarks.png)\n\n| row |")
-	for _, g := range gs {
-		w(" %d |", g)
-	}
-	w("\n|---|%s\n", strings.Repeat("---|", len(gs)))
-	for i, x := range r.s2[gs[0]] {
-		w("| %s |", x.Label)
-		for _, g := range gs {
-			w(" %s |", mdfmt.Int(r.s2[g][i].med(rate)))
-		}
-		w("\n")
-	}
-	w("\n")
-}
-
 func (r *report) s4Section(w writer) {
 	n := r.be.notes()
 	w("## 4. %d goroutines over %s keys\n\n", hotGoroutines, countStr(manyKeys))
@@ -305,7 +281,7 @@ func (r *report) s4Section(w writer) {
 	floors := n.floorRows()
 	contendTable(w, n, r.s4, floors[len(floors)-1])
 	firstErrors(w, r.s4)
-	w("%s\n\n", floorRatios(r.s4, append(floors, r.be.peer()), rate))
+	w("%s\n\n", floorRatios(r.s4, append(floors, n.peer), rate))
 }
 
 func (r *report) s5Section(w writer) {
@@ -317,7 +293,7 @@ func (r *report) s5Section(w writer) {
 	w("clicks would. Allocations are `runtime.MemStats` deltas over the serial part. Medians over %d repetitions; \"not busy\"\n", c.reps)
 	w("counts the calls that did not answer busy, over all repetitions (it must be 0).\n\n")
 	unit := fmt.Sprintf("%d goroutines: ", s5Goroutines)
-	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", func(x *result) string { return mdfmt.Float(x.med("allocs")) }},
+	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", floatCell("allocs")},
 		{"B/call", intCell("bytes")}, {n.reqCol + "/call", reqCell(reqs)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
 	table(w, r.s5, append(append(cols, n.cpuCols("call")[0]), column{unit + "ns/call", intCell("par_ns")}, column{"calls/s", intCell("par_rate")},
 		column{unit + n.reqCol + "/call", reqCell("par_reqs")}, column{"not busy", func(x *result) string { return mdfmt.Int(x.sum("wrong")) }})...)
@@ -326,7 +302,7 @@ func (r *report) s5Section(w writer) {
 			w("First call of %s that did not answer busy: `%s`.\n\n", x.Label, x.FirstErrs[i])
 		}
 	}
-	if fl, pe := find(r.s5, rowFlight), find(r.s5, r.be.peer()); fl != nil && pe != nil {
+	if fl, pe := find(r.s5, rowFlight), find(r.s5, n.peer); fl != nil && pe != nil {
 		w("A refusal costs %s %.0fx flightlock's time with one goroutine; with %d, flightlock refuses %.0fx as many calls per second.\n\n",
 			pe.Label, safeDiv(pe.med("ns"), fl.med("ns")), s5Goroutines, safeDiv(fl.med("par_rate"), pe.med("par_rate")))
 	}
@@ -334,21 +310,11 @@ func (r *report) s5Section(w writer) {
 
 // mainSections writes the sections of scenarios 1-5 that ran.
 func (r *report) mainSections(w writer) {
-	c := r.cfg
-	if c.scenarios[1] {
-		r.s1Section(w)
-		whereTheTimeGoes(w, r.s1)
-	}
-	for _, sc := range []int{2, 3} {
-		if c.scenarios[sc] {
-			r.hotSection(w, sc)
+	hot := func(sc int) func(writer) { return func(w writer) { r.hotSection(w, sc) } }
+	for sc, write := range []func(writer){1: r.s1Section, 2: hot(2), 3: hot(3), 4: r.s4Section, 5: r.s5Section} {
+		if write != nil && r.cfg.scenarios[sc] {
+			write(w)
 		}
-	}
-	if c.scenarios[4] {
-		r.s4Section(w)
-	}
-	if c.scenarios[5] {
-		r.s5Section(w)
 	}
 }
 
@@ -368,7 +334,7 @@ func (r *report) laterSections(w writer) {
 		{"9", "Memory: what a held lock and a waiter cost", 9, r.s9 != nil, r.s9Section},
 		{"13", "Default go-redis client", 13, r.s13 != nil, r.s13Section},
 	} {
-		if !slices.Contains(r.be.scenarios(), sec.sc) || sec.n == "6b" && !sec.ran { // 6b is Redis's, run with 6
+		if !slices.Contains(r.be.notes().scenarios, sec.sc) || sec.n == "6b" && !sec.ran { // 6b is Redis's, run with 6
 			continue
 		}
 		w("## %s. %s\n\n", sec.n, sec.title)
@@ -378,4 +344,191 @@ func (r *report) laterSections(w writer) {
 			w("Not run (`-scenario` without %s).\n\n", sec.n)
 		}
 	}
+}
+
+// storeNotes are what a backend's report says of its own store: the names of its counters and
+// rows, and its head, goals, closing and the prose around the tables that markdown writes alike
+// for every store.
+type storeNotes struct {
+	name, title             string                    // the -store value, and the store in prose ("etcd", "ZooKeeper")
+	scenarios               []int                     // the scenarios the store runs
+	peer                    string                    // the row of the store's own lock
+	reqUnit, reqCol, cpuCol string                    // the server's requests (progress, table columns) and its CPU column
+	floorShort, peerShort   string                    // the floor and the peer in goals and ratios
+	peerThe                 string                    // the peer in the goals' lead sentence
+	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper)
+	floors                  [][2]string               // the floors' rows and short names: scenarios 1 and 4 show ratios to them
+	s9HoldNote, s9WaitNote  string                    // how the store's rows hold and wait in scenario 9
+	s1Note, s4Note, s8Note  string                    // what scenarios 1, 4 and 8 do on this store beyond what every store does
+	ping                    string                    // the store's cheapest request, scenario 6's round trip
+	peerHow                 string                    // what the peer's lock does on a hot key
+	rejectHow               string                    // how the peer refuses in scenario 5
+	waiterSessions          bool                      // scenario 9's peer waiters need a session each
+	s3Goal                  bool                      // scenario 3 has a goal
+	head                    func(r *report, w writer) // the title, the intro, how it was run and the machine
+	goals                   func(r *report) []goalSet
+	machine                 []string // the Machine table's rows on the server's versions
+	dataDir                 string   // the Machine table's row on the data directory
+	s1Ratios                func(r *report) string
+	s6Intro                 func(r *report, w writer, s *s6Results) // what scenario 6 runs and measures
+	closing                 func(r *report, w writer)
+}
+
+// labelled is the row of a store whose rows n names (etcd, ZooKeeper), false if n names none.
+func labelled(n storeNotes, row string) (rowSpec, bool) {
+	l, ok := n.labels[row]
+	return rowSpec{id: row, lib: l}, ok
+}
+
+// list is scenario sc's results (1-5; scenario 2 at hotGoroutines).
+func (r *report) list(sc int) []*result {
+	return [][]*result{nil, r.s1, r.s2[hotGoroutines], r.s3, r.s4, r.s5}[sc]
+}
+
+// at is row's result in scenario sc (nil: none).
+func (r *report) at(sc int, row string) *result { return find(r.list(sc), row) }
+
+// med is the median of a figure of row in scenario sc over the repetitions.
+func (r *report) med(sc int, row, name string) float64 { return r.at(sc, row).med(name) }
+
+// sum is a count of row in scenario sc summed over the repetitions.
+func (r *report) sum(sc int, row, name string) int64 { return int64(r.at(sc, row).sum(name)) }
+
+// storeGoalSets are an etcd or ZooKeeper report's goals, which compare medians: scenario 1 on
+// p50 latency against the floor (at most 1.2x), 2 (and 3, where the store sets it) on critical
+// sections per second against the peer (at least 50x, 5x); a scenario that did not run has no
+// goal.
+func (r *report) storeGoalSets() []goalSet {
+	c, n := r.cfg, r.be.notes()
+	peer := n.peer
+	var gs []goal
+	add := func(sc int, name, want string, met bool, measured string) {
+		if c.scenarios[sc] {
+			gs = append(gs, goal{name, want, measured, met})
+		}
+	}
+	fl1, fo1 := r.med(1, rowFlight, p50), r.med(1, rowFloor, p50)
+	ratio := safeDiv(fl1, fo1)
+	add(1, fmt.Sprintf("1. uncontended lock+unlock, flightlock / %s (p50)", n.floorShort), "≤ 1.2x", ratio > 0 && ratio <= 1.2,
+		fmt.Sprintf("%.2fx (%s / %s)", ratio, mdfmt.Dur(fl1), mdfmt.Dur(fo1)))
+	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
+	add(2, fmt.Sprintf("2. one hot key, %d goroutines, flightlock / %s", hotGoroutines, n.peerShort), "≥ 50x", safeDiv(fl2, pe2) >= 50,
+		fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl2, pe2), fl2, pe2))
+	if n.s3Goal {
+		fl3, pe3 := r.med(3, rowFlight, rate), r.med(3, peer, rate)
+		add(3, fmt.Sprintf("3. one hot key, %d processes x %d, flightlock / %s", s3Procs, s3Goroutines, n.peerShort), "≥ 5x", safeDiv(fl3, pe3) >= 5,
+			fmt.Sprintf("%.1fx (%.0f / %.0f CS/s)", safeDiv(fl3, pe3), fl3, pe3))
+	}
+	lead := fmt.Sprintf("Each goal holds one ratio of this run's medians, flightlock over the floor or over %s, against its target.", n.peerThe)
+	return []goalSet{{"Goals", lead, gs}}
+}
+
+func safeDiv(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func perOp(v float64) string {
+	if v < 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// printer writes one line of the report.
+type printer func(format string, args ...any)
+
+// lines is w writing one line per call.
+func lines(w writer) printer { return func(format string, args ...any) { w(format+"\n", args...) } }
+
+// scenarioList names the scenarios a run ran, in order.
+func scenarioList(c *config) string {
+	var s []string
+	for n := 1; n <= lastScenario; n++ {
+		if c.scenarios[n] {
+			s = append(s, fmt.Sprint(n))
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+// pointList lists an axis's points, or says it was skipped.
+func pointList(xs []int) string {
+	if len(xs) == 0 {
+		return "skipped"
+	}
+	var s []string
+	for _, x := range xs {
+		s = append(s, countStr(x))
+	}
+	return strings.Join(s, ", ")
+}
+
+// countStr writes n with thousands separators, as the report's prose does (10,000).
+func countStr(n int) string { return mdfmt.Int(float64(n)) }
+
+// howItWasRun opens a store report's "How it was run" section with the command that made it.
+func howItWasRun(p printer, c *config) {
+	p("## How it was run")
+	p("")
+	p("```")
+	p("cd bench && %s", c.cmdline)
+	p("```")
+	p("")
+}
+
+// commonBullets are what a store report's "How it was run" says of every store's run; warmWhy
+// says why the first writes are slower.
+func commonBullets(p printer, c *config, warmWhy string) {
+	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows", scenarioList(c), c.reps)
+	p("  interleaved and their order rotated per repetition; then scenarios 8, 9, 5, 6 and 7 run their own repetitions,")
+	p("  rows rotated likewise (9 once: its figures are counts, not timings). Figures are medians over the repetitions.")
+	p("  Before the first, every row of scenario 1 runs %v unmeasured (%s).", c.warm, warmWhy)
+	p("- Every Lock runs under a context bounded at %v (zk.NewLock's takes none); a failed Lock or release is counted as", c.lockTimeout)
+	p("  an error.")
+	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and a plain counter")
+	p("  that a lost update leaves short, and, for flightlock, that its lease's fence is strictly larger than the last")
+	p("  fence seen on the key (the peers have no fence). Across processes these words live in a file every worker")
+	p("  process maps, so the checks span processes. The critical section does nothing else.")
+}
+
+// hotKeyWhy says, with this run's figures of scenarios 2 and 3, why flightlock is faster than
+// the peer on a hot key.
+func (r *report) hotKeyWhy() string {
+	n := r.be.notes()
+	peer, srv := n.peer, n.title
+	fl2, pe2 := r.med(2, rowFlight, rate), r.med(2, peer, rate)
+	fl3, pe3 := r.med(3, rowFlight, rate), r.med(3, peer, rate)
+	return fmt.Sprintf("On a hot key %s makes every critical section pay %s: %s, so the key moves at the speed of "+
+		"%s's commits: %.0f critical sections per second here with %s %s and %s fsyncs per section (%d goroutines in one "+
+		"process), %.0f/s across %d processes. flightlock's gate lets at most one goroutine per process ask %s for a key; "+
+		"the others queue in the process, and a release hands the lock to the next local waiter with no round trip (up to "+
+		"%d handoffs or %v per grant, then a real release so other processes get their turn). So %s sees one acquisition "+
+		"and one release per batch of handoffs: %s %s and %s fsyncs per critical section in one process, %s and %s across "+
+		"%d processes, and the hot key runs at %.0f critical sections per second in one process (%.1fx %s) and %.0f/s "+
+		"across processes (%.1fx). The checks over every repetition of both scenarios counted %d inside and %d fence "+
+		"violations for flightlock and %d inside violations for %s.",
+		n.peerShort, srv, n.peerHow, srv, pe2, perOp(r.med(2, peer, reqs)), n.reqCol, perOp(r.med(2, peer, fsy)), hotGoroutines, pe3, s3Procs, srv,
+		flightlock.DefaultHandoff, flightlock.DefaultHandoffWindow, srv,
+		perOp(r.med(2, rowFlight, reqs)), n.reqCol, perOp(r.med(2, rowFlight, fsy)), perOp(r.med(3, rowFlight, reqs)), perOp(r.med(3, rowFlight, fsy)), s3Procs,
+		fl2, safeDiv(fl2, pe2), n.peerShort, fl3, safeDiv(fl3, pe3),
+		r.sum(2, rowFlight, violations)+r.sum(3, rowFlight, violations), r.sum(2, rowFlight, fenceViolations)+r.sum(3, rowFlight, fenceViolations),
+		r.sum(2, peer, violations)+r.sum(3, peer, violations), n.peerShort)
+}
+
+// procCounts are the critical sections of each worker in repetition i of x (scenario 3).
+func procCounts(x *result, i int) []int64 {
+	var n []int64
+	if i < len(x.reps()) {
+		for w := 0; ; w++ {
+			v, ok := x.Reps[i]["proc"+strconv.Itoa(w)]
+			if !ok {
+				break
+			}
+			n = append(n, int64(v))
+		}
+	}
+	return n
 }

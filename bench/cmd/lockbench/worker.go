@@ -13,6 +13,8 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/contend"
 	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/guard"
+	"github.com/flightlock/flightlock/bench/internal/interleave"
+	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
 )
 
@@ -43,35 +45,35 @@ type workerResult struct {
 // results, waiting up to the Lock's bound + 30 s for each. The guards are to be read before
 // done unmaps them.
 func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
-	shm := workerShm(r.id, key)
+	shm := fmt.Sprintf("%s/lockbench-%d-%s-%s.shm", os.TempDir(), os.Getpid(), r.id, strings.NewReplacer("/", "_", ":", "_").Replace(key)) // the guard file
 	cs, span, done = mapGuards(r, shm, true)
-	args := slices.Concat([]string{workerArg, "-store", b.be.name(), "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
+	args := slices.Concat([]string{workerArg, "-store", b.be.notes().name, "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
 		"-lock-timeout", b.c.lockTimeout.String(), "-shm", shm}, b.be.workerArgs(b.c), extra)
 	if r.permits > 1 {
 		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
 	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, b.c.lockTimeout+30*time.Second,
 		func(start time.Time) { st = windowStats(start, d, b.meter("")) })
-	if err != nil {
-		fatalf("workers of %s: %v", r.id, err)
+	check(err, "workers of %s: %v", r.id)
+	res = make([]workerResult, len(lines))
+	for i, line := range lines {
+		check(json.Unmarshal([]byte(line), &res[i]), "worker %d: bad result %q: %v", i, line)
 	}
-	return workerResults(lines), st, cs, span, done
+	return res, st, cs, span, done
 }
 
 // mapGuards maps the guard file shm of a measurement of row r and, for a semaphore's or a
-// read-write lock's row, the whole hold's beside it (spanShm), both as r's checks see them:
+// read-write lock's row, the whole hold's beside it (shm + ".span"), both as r's checks see them:
 // created by the parent (create), mapped by every worker. done unmaps them and removes the
 // files it created.
 func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done func()) {
 	paths, gs, done := []string{shm}, []guard.Guard{guard.New(), guard.New()}, func() {}
 	if r.permits > 1 || r.rw {
-		paths = append(paths, spanShm(shm))
+		paths = append(paths, shm+".span")
 	}
 	for i, path := range paths {
 		g, unmap, err := guard.Map(path, create)
-		if err != nil {
-			fatalf("%s: guard file %s: %v", r.id, path, err)
-		}
+		check(err, "%s: guard file %s: %v", r.id, path)
 		prev := done
 		gs[i], done = g, func() {
 			prev()
@@ -82,17 +84,6 @@ func mapGuards(r rowSpec, shm string, create bool) (cs, span guard.Guard, done f
 		}
 	}
 	return admitting(r, gs[0]), admitting(r, gs[1]), done
-}
-
-// workerResults parses the workers' result lines.
-func workerResults(lines []string) []workerResult {
-	out := make([]workerResult, len(lines))
-	for i, line := range lines {
-		if err := json.Unmarshal([]byte(line), &out[i]); err != nil {
-			fatalf("worker %d: bad result %q: %v", i, line, err)
-		}
-	}
-	return out
 }
 
 // workerMain is the entry point of a worker process.
@@ -119,9 +110,7 @@ func workerMain(args []string) {
 	// server), warmed on keys of its own: connections open, scripts loaded, leases granted.
 	be.attach(*addr)
 	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	check(err, "worker: %v")
 	r, ok := be.spec(*row)
 	if !ok {
 		fatalf("worker: unknown row %q", *row)
@@ -130,13 +119,9 @@ func workerMain(args []string) {
 	gd, span, unmap := mapGuards(r, *shmPath, false)
 	defer unmap()
 	hs := b.holders(r, []string{*key}, *g, *reads, span)
-	if err := warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20); err != nil {
-		fatalf("worker: warm-up: %v", err)
-	}
+	check(warmImpl(im, fmt.Sprintf("warm-%d", os.Getpid()), 20), "worker: warm-up: %v")
 	start, err := workerproc.AwaitStart()
-	if err != nil {
-		fatalf("worker: %v", err)
-	}
+	check(err, "worker: %v")
 	rt0, rt1 := im.roundTrips(), int64(0)
 	cpu0 := cpustat.Self()
 	var res workerResult
@@ -153,7 +138,84 @@ func workerMain(args []string) {
 	b.close()
 }
 
-// workerShm is the path of a guard file for one measurement of row.
-func workerShm(row, key string) string {
-	return fmt.Sprintf("%s/lockbench-%d-%s-%s.shm", os.TempDir(), os.Getpid(), row, strings.NewReplacer("/", "_", ":", "_").Replace(key))
+// Scenario 3 runs the contention of scenario 2 in several processes (the workers above), each counting
+// the critical sections that end inside one common window, so that the counts per process show
+// whether one process was starved.
+
+const (
+	s3Procs      = 4
+	s3Goroutines = 16
+)
+
+// sumWorkers adds the workers' results up: the critical sections of all over the window,
+// every error, their round trips and CPU.
+func sumWorkers(wr []workerResult) workerResult {
+	var all workerResult
+	for _, w := range wr {
+		all.Add(w.Result)
+		all.CPU += w.CPU
+		all.RT += w.RT
+		all.Elapsed = max(all.Elapsed, w.Elapsed)
+	}
+	return all
+}
+
+// inAndAcross are the rows of a scenario of the primitives report, in one process and across
+// processes.
+type inAndAcross struct {
+	InProcess []*result `json:"in_process"`
+	Procs     []*result `json:"procs"`
+}
+
+// inAndAcross runs a scenario of the primitives report (10-12) on rows, tagged tag in the keys
+// and the progress lines: in each repetition every row with s10Goroutines goroutines of one
+// process (contendRun), then in s3Procs workers of s3Goroutines goroutines, both in the
+// rotated order; reads is the percentage of Locks that are reads, for read-write rows.
+func (b *bench) inAndAcross(tag string, rows []rowSpec, d time.Duration, reads int) inAndAcross {
+	b.warm(rows)
+	var extra []string
+	if reads > 0 {
+		extra = []string{"-reads", strconv.Itoa(reads)}
+	}
+	var out inAndAcross
+	logRun := func(rep int, shape string, r rowSpec, m metrics, firstErr string) {
+		progress("%s rep %d %s %-18s %9.0f CS/s RT/CS %.2f cmds/CS %.2f p99 %s fair %.2f peak %d violations %d errors %d %s", tag, rep+1, shape, r.id,
+			m[rate], m[rt], m[reqs], mdfmt.Dur(m[p99]), m["fair"], int64(m["peak"]), int64(m[violations]), int64(m[failures]), firstErr)
+	}
+	for rep := 0; rep < b.c.reps; rep++ {
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, mix, firstErr := b.contendRun(r, []string{fmt.Sprintf("%s:%d:%d", tag, s10Goroutines, rep)}, s10Goroutines, d, 0, reads)
+			out.InProcess = addRep(out.InProcess, r, m, mix, firstErr)
+			logRun(rep, fmt.Sprintf("g=%d", s10Goroutines), r, m, firstErr)
+		}
+		for _, r := range interleave.Rotate(rows, rep) {
+			m, mix, firstErr := b.runProcs(r, fmt.Sprintf("%s:%d", tag, rep), s3Procs, s3Goroutines, d, extra...)
+			out.Procs = addRep(out.Procs, r, m, mix, firstErr)
+			logRun(rep, fmt.Sprintf("%dx%d", s3Procs, s3Goroutines), r, m, firstErr)
+		}
+	}
+	return out
+}
+
+// tables writes the two parts of a primitives scenario run for d, each under a heading of its
+// own (sub) or not: in one process, and in scenario 3's workers, which count the critical
+// sections ending inside one common window of d (`fair`: the most of a process over the
+// fewest) with checks that span the processes.
+func (s inAndAcross) tables(w writer, r *report, d time.Duration, sub bool) {
+	if len(s.InProcess) > 0 {
+		if sub {
+			w("### %d goroutines, one process\n\n", s10Goroutines)
+		}
+		w("%d goroutines, one process, %v per row and repetition.\n\n", s10Goroutines, d)
+		contendTable(w, r.be.notes(), s.InProcess, "")
+	}
+	if len(s.Procs) > 0 {
+		if sub {
+			w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
+		}
+		w("%d processes x %d goroutines: scenario 3's workers, counting over one common window of %v; `fair` is the most\n", s3Procs, s3Goroutines, d)
+		w("critical sections of a process over the fewest (1.00: every process got through at the same pace). The checks live in\n")
+		w("files every worker maps, so they span the processes; client CPU is the workers' sum.\n\n")
+		contendTable(w, r.be.notes(), s.Procs, "")
+	}
 }

@@ -55,14 +55,7 @@ type zkBackend struct {
 	floorValue []byte // the bytes flightlock writes in a key node
 }
 
-func (z *zkBackend) name() string     { return "zookeeper" }
-func (z *zkBackend) title() string    { return "ZooKeeper" }
-func (z *zkBackend) scenarios() []int { return []int{1, 2, 3} }
-func (z *zkBackend) peer() string     { return rowZKLock }
-func (z *zkBackend) spec(row string) (rowSpec, bool) {
-	l, ok := z.notes().labels[row]
-	return rowSpec{id: row, lib: l}, ok
-}
+func (z *zkBackend) spec(row string) (rowSpec, bool) { return labelled(z.notes(), row) }
 
 // rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
 // in scenario 1, those two alone on a hot key.
@@ -265,6 +258,7 @@ func (zkFloor) close()            {}
 
 func (z *zkBackend) notes() storeNotes {
 	return storeNotes{
+		name: "zookeeper", title: "ZooKeeper", scenarios: []int{1, 2, 3}, peer: rowZKLock,
 		reqUnit: "requests", reqCol: "requests", cpuCol: "server CPU", floorShort: "bare create+delete", peerShort: "zk.NewLock", peerThe: "zk.NewLock",
 		labels: map[string]string{
 			rowFloor:       "bare Create + Delete of an ephemeral node (the floor)",
@@ -363,14 +357,4 @@ func zkHowToRead(r *report, w writer) {
 		p("%s", part)
 		p("")
 	}
-}
-
-// zkPointer is the main report's section on the ZooKeeper rows: a pointer to their report
-// (lockbench -store zookeeper, which bench/run.sh runs before the Redis scenarios), named name,
-// with its goals table; the rest stays in that report.
-func zkPointer(raw, name string) string {
-	return storePointer(raw, fmt.Sprintf("## The ZooKeeper store\n\nThe ZooKeeper rows, from `lockbench -store zookeeper`, are in a report of their own, [%s](%s): "+
-		"flightlock on `zkstore` against go-zookeeper's own recipe `zk.NewLock` and a bare `Create` + `Delete` of an "+
-		"ephemeral node (the floor), uncontended, on one hot key in one process and across %d processes, on a private "+
-		"ZooKeeper server whose transaction log is fsynced. Its goals:\n\n", name, name, s3Procs))
 }

@@ -1,9 +1,15 @@
+// Package httpbench is what the HTTP scenarios of lockbench share, on every store:
+// the example system (example/app) started in the benchmark process on free loopback ports
+// and loaded with wrk (order.lua); a plain go-zero middleware around another library's lock,
+// for the rows that replace the example's own; and the server and bursts of the duplicates
+// scenario (one request sent many times at once, OnBusy share against reject).
 package httpbench
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"time"
@@ -168,4 +174,37 @@ func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (m
 		return nil, nil, err
 	}
 	return m.Handle, func() { _ = m.Close() }, nil
+}
+
+// FreePorts returns n distinct free loopback ports.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l) // held until all are chosen, so the n ports differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// WaitListening waits up to 10s for something to accept connections on the loopback port.
+func WaitListening(port int) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for range 400 { // 400 x 25ms: 10s
+		if conn, err := net.DialTimeout("tcp", addr, 100*time.Millisecond); err == nil {
+			_ = conn.Close()
+			return nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("nothing listens on %s", addr)
 }

@@ -22,7 +22,6 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -74,12 +73,6 @@ type Hold struct {
 func writeKey(key string) string { return "{" + key + "}:w" }
 func readKey(key string) string  { return "{" + key + "}:r" }
 
-func newToken() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 func nowMs() int64 { return time.Now().UnixMilli() }
 
 // Lock takes the write lock of key: it sets the key's write mark, polling while another
@@ -94,7 +87,7 @@ func (l *RWLock) TryLock(ctx context.Context, key string) (*Hold, error) {
 
 // lock is Lock when wait, and TryLock, whose every poll is ErrBusy instead.
 func (l *RWLock) lock(ctx context.Context, key string, wait bool) (*Hold, error) {
-	h := &Hold{rw: l, key: writeKey(key), token: newToken()}
+	h := &Hold{rw: l, key: writeKey(key), token: rand.Text()}
 	for {
 		ok, err := l.client.SetNX(ctx, h.key, h.token, l.ttl).Result()
 		if err != nil {
@@ -126,7 +119,7 @@ func (l *RWLock) lock(ctx context.Context, key string, wait bool) (*Hold, error)
 // one pipeline; while a writer holds the mark, it leaves the readers and polls until the mark
 // is gone, until ctx ends.
 func (l *RWLock) RLock(ctx context.Context, key string) (*Hold, error) {
-	h := &Hold{rw: l, key: readKey(key), token: newToken(), read: true}
+	h := &Hold{rw: l, key: readKey(key), token: rand.Text(), read: true}
 	wk := writeKey(key)
 	for {
 		var marked *redis.IntCmd

@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -71,9 +70,7 @@ type Permit struct {
 
 // TryAcquire makes one attempt at a permit of key: ErrBusy when every one is held.
 func (s *Semaphore) TryAcquire(ctx context.Context, key string) (*Permit, error) {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	member := hex.EncodeToString(b[:])
+	member := rand.Text()
 	reply, err := acquireScript.Run(ctx, s.client, []string{key}, member, s.permits, s.ttl.Milliseconds()).Int64()
 	if err != nil {
 		return nil, fmt.Errorf("zsetsem: acquire %s: %w", key, err)
