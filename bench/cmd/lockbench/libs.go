@@ -323,17 +323,29 @@ func newGozero(addr string, poll time.Duration) (impl, error) {
 
 func (g *gozeroImpl) key(base string) string { return "gz:" + base }
 
-// lock polls tryLock every g.poll: go-zero's RedisLock has no waiting of its own.
+// lock polls every g.poll: go-zero's RedisLock has no waiting of its own. One RedisLock (one
+// owner id) and one timer serve every poll of an acquisition, as a service would write it.
 func (g *gozeroImpl) lock(ctx context.Context, key string) (any, error) {
+	rl := zeroredis.NewRedisLock(g.store, key)
+	rl.SetExpire(int(lockTTL / time.Second))
+	var timer *time.Timer
 	for {
-		h, err := g.tryLock(ctx, key)
-		if !errors.Is(err, errBusy) {
-			return h, err
+		ok, err := rl.AcquireCtx(ctx)
+		switch {
+		case err != nil:
+			return nil, err
+		case ok:
+			return rl, nil
+		case timer == nil:
+			timer = time.NewTimer(g.poll)
+			defer timer.Stop() // once: the timer is made once
+		default:
+			timer.Reset(g.poll)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-time.After(g.poll):
+		case <-timer.C:
 		}
 	}
 }
