@@ -89,7 +89,7 @@ func guardMain(args []string) int {
 	g := fs.Int("g", 16, "internal: the worker's goroutines")
 	cs := fs.Int("cs", 100000, "critical sections per run, shared by all goroutines of all processes")
 	reps := fs.Int("reps", 15, "pairs of runs per shape (one run of each build)")
-	profile := fs.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and compare nothing")
 	_ = fs.Parse(args)
 	var err error
 	fell, prefix := false, "lockbench -guard:"
@@ -239,7 +239,7 @@ func guardProfile(cs int, profile string) error {
 	}
 	defer h.close()
 	stop := profiling{cpuprofile: profile}.start()
-	rate, err := h.run("hot:profiled", 64, cs*20)
+	rate, err := hotRun(h, "hot:profiled", 64, cs*20)
 	stop()
 	if err == nil {
 		fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs*20)
@@ -247,10 +247,40 @@ func guardProfile(cs int, profile string) error {
 	return err
 }
 
-// share has g goroutines take cs turns in all, each goroutine on a request's context
-// (cancellable, with a deadline), and returns turns per second; a turn's error ends its
-// goroutine's turns and is returned.
-func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
+func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
+
+// newHotHarness is one process's flightlock row on a default go-redis client (scenario 13's
+// flightlock@default) with the Locker's own defaults (TTL and wait, as a service that sets
+// neither has them), on the redis-server at addr, warmed up by g goroutines sharing warm
+// critical sections on a key of its own: the script load, the pool's connections, the gate's
+// first entry.
+func newHotHarness(addr string, g, warm int) (*flightlockImpl, error) {
+	f, err := newFlightlock(addr, defaultClient, flightlock.WithTTL(flightlock.DefaultTTL), flightlock.WithWait(flightlock.DefaultWait))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := hotRun(f, fmt.Sprintf("hot:warm:%d", os.Getpid()), g, warm); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// hotRun has g goroutines share cs critical sections on key through f, each goroutine on a
+// request's context (cancellable, with a deadline), and returns critical sections per second;
+// an error ends its goroutine's turns and is returned. Every critical section checks that no
+// other goroutine of this process is inside.
+func hotRun(f *flightlockImpl, key string, g, cs int) (float64, error) {
+	alone := guard.New()
+	turn := func(ctx context.Context) error {
+		lease, err := f.lock(ctx, key)
+		if err != nil {
+			return err
+		}
+		alone.Enter(0)
+		alone.Exit()
+		return f.unlock(ctx, key, lease)
+	}
 	left := atomic.Int64{}
 	left.Store(int64(cs))
 	var firstErr atomic.Pointer[error]
@@ -273,49 +303,10 @@ func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
 	if err := firstErr.Load(); err != nil {
 		return 0, *err
 	}
-	return float64(cs) / elapsed.Seconds(), nil
-}
-
-func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
-
-// hotHarness is one process's flightlock row on a default go-redis client (scenario 13's
-// flightlock@default) with the Locker's own defaults (TTL and wait, as a service that sets
-// neither has them).
-type hotHarness struct{ *flightlockImpl }
-
-// newHotHarness builds a harness on the redis-server at addr and warms it up with g goroutines
-// sharing warm critical sections on a key of its own: the script load, the pool's
-// connections, the gate's first entry.
-func newHotHarness(addr string, g, warm int) (*hotHarness, error) {
-	f, err := newFlightlock(addr, defaultClient, flightlock.WithTTL(flightlock.DefaultTTL), flightlock.WithWait(flightlock.DefaultWait))
-	if err != nil {
-		return nil, err
-	}
-	h := &hotHarness{f}
-	if _, err := h.run(fmt.Sprintf("hot:warm:%d", os.Getpid()), g, warm); err != nil {
-		h.close()
-		return nil, err
-	}
-	return h, nil
-}
-
-// run has g goroutines share cs critical sections on key and returns critical sections per
-// second. Every critical section checks that no other goroutine of this process is inside.
-func (h *hotHarness) run(key string, g, cs int) (float64, error) {
-	alone := guard.New()
-	rate, err := share(g, cs, func(ctx context.Context) error {
-		lease, err := h.lock(ctx, key)
-		if err != nil {
-			return err
-		}
-		alone.Enter(0)
-		alone.Exit()
-		return h.unlock(ctx, key, lease)
-	})
-	if v := alone.Violations(); err == nil && v > 0 {
+	if v := alone.Violations(); v > 0 {
 		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
 	}
-	return rate, err
+	return float64(cs) / elapsed.Seconds(), nil
 }
 
 // guardProcs runs shape s on the lockbench at bin in s.procs worker processes, each a share of
@@ -352,7 +343,7 @@ func guardWorker(addr string, g, cs int) error {
 		return err
 	}
 	time.Sleep(time.Until(start))
-	if _, err := h.run("hot:shared", g, cs); err != nil {
+	if _, err := hotRun(h, "hot:shared", g, cs); err != nil {
 		fmt.Println("ERROR", err)
 		return nil
 	}
