@@ -74,6 +74,10 @@ var shapes = []shape{
 // in four found this build slower too).
 const regression = 0.10
 
+// minPairs is the fewest pairs a shape needs for a verdict: with 8, seven or more found slower
+// by chance is 3.5% per shape; with fewer the sign test decides nothing.
+const minPairs = 8
+
 // guardArg is the flag that runs lockbench as the hot key's guard (guardMain).
 const guardArg = "guard"
 
@@ -165,7 +169,10 @@ func guardRun(against string, cs, reps int) (fell bool, err error) {
 		n0, n1, n2 := quartiles(f[1])
 		r0, r1, r2 := quartiles(ratios)
 		verdict := "no regression"
-		if r1 < 1-regression && r2 < 1 {
+		switch {
+		case reps < minPairs:
+			verdict = "too few pairs for a verdict"
+		case r1 < 1-regression && r2 < 1:
 			verdict, fell = "REGRESSION", true
 		}
 		fmt.Printf("%-30s %8s (%5s-%5s) %8s (%5s-%5s) %8.3f (%.2f-%.2f)  %s\n", s.name, kilo(b1), kilo(b0), kilo(b2),
@@ -192,11 +199,12 @@ func buildBase(rev string) (b build, cleanup func(), err error) {
 		}
 		return strings.TrimSpace(string(out)), nil
 	}
+	label := rev
 	if rev == "" {
-		rev = "HEAD~1"
+		rev, label = "HEAD~1", "HEAD~1"
 		head, _ := git("rev-parse", "HEAD")
 		if mb, err := git("merge-base", "HEAD", "main"); err == nil && mb != head {
-			rev = mb
+			rev, label = mb, "the merge base of HEAD and main"
 		}
 	}
 	commit, err := git("rev-parse", "--short", rev+"^{commit}")
@@ -214,7 +222,7 @@ func buildBase(rev string) (b build, cleanup func(), err error) {
 		return b, nil, err
 	}
 	defer git("worktree", "remove", "--force", tree)
-	b = build{name: fmt.Sprintf("%s (%s)", commit, rev), bin: filepath.Join(dir, "lockbench")}
+	b = build{name: fmt.Sprintf("%s (%s)", commit, label), bin: filepath.Join(dir, "lockbench")}
 	fmt.Fprintf(os.Stderr, "lockbench -guard: building the base, %s\n", b.name)
 	cmd := exec.Command("go", "build", "-o", b.bin, "./cmd/lockbench")
 	cmd.Dir, cmd.Env = filepath.Join(tree, "bench"), append(os.Environ(), "GOWORK="+filepath.Join(tree, "go.work"))
