@@ -58,15 +58,19 @@ trap 'rm -rf "$work"' EXIT
 echo "run.sh: building" >&2
 (cd "$here" && go build -o "$work/lockbench" ./cmd/lockbench)
 
-# The headline's guard, first, on a quiet machine: one key under 64 and 1,024 goroutines of one
-# process and under 4 processes x 16, each figure beside the one recorded in bench/hotkey.json.
-# A figure more than 10% below its record fails the run at the end (exit 3), after the reports
-# are written; record new figures on purpose with: (cd bench && go run ./cmd/lockbench -guard -record).
+# The headline's guard, first: one key under 64 and 1,024 goroutines of one process and under
+# 4 processes x 16, this tree's build against a base built from git (lockbench -guard builds
+# it in a temporary worktree), the two builds' runs alternating in pairs. The base is
+# LOCKBENCH_GUARD_AGAINST when set, else the build before the change being measured: the merge
+# base of HEAD and main (where this branch left main), or HEAD~1 on main. A regression (a
+# shape's pairs more than 10% slower, three in four of them slower) fails the run at the end
+# (exit 3), after the reports are written.
 hotkey_fell=0
 if [[ "${LOCKBENCH_HOTKEY:-1}" != "0" ]]; then
   echo "run.sh: the hot key's guard (lockbench -guard)" >&2
   hotkeyflags=()
-  ((quick)) && hotkeyflags=(-reps 3)
+  [[ -n "${LOCKBENCH_GUARD_AGAINST:-}" ]] && hotkeyflags+=(-against "$LOCKBENCH_GUARD_AGAINST")
+  ((quick)) && hotkeyflags+=(-cs 20000) # shorter runs; as many pairs, for the same verdict rule
   set +e
   (cd "$here" && "$work/lockbench" -guard "${hotkeyflags[@]}")
   rc=$?
@@ -141,6 +145,6 @@ echo "run.sh: running scenarios" >&2
 echo "run.sh: wrote what the scenarios run make of ${docs#"$root"/}/benchmarks.md, benchmarks.png, benchmarks-scaling-*.png," \
   "benchmarks.json (1-9) and benchmarks-primitives.md (10-12)" >&2
 if ((hotkey_fell)); then
-  echo "run.sh: REGRESSION: a hot-key figure fell more than 10% below bench/hotkey.json (see the table at the start)" >&2
+  echo "run.sh: REGRESSION: a hot-key shape is more than 10% slower than the guard's base build (see the table at the start)" >&2
   exit 3
 fi

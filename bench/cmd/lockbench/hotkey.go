@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -14,31 +13,49 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/guard"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/bench/internal/stat"
 	"github.com/flightlock/flightlock/bench/internal/workerproc"
+	"github.com/zeromicro/go-zero/core/logx"
 )
 
 // The hot key's guard (lockbench -guard) measures the headline shape: many goroutines of one
 // process, or a few processes, taking turns on one key of a real redis-server through
 // Locker.Lock and Lease.Release, as a go-zero request calls them (on a context that can be
-// cancelled), and guards it: each figure is printed beside the one recorded in
-// bench/hotkey.json, and a figure more than 10% below its record is reported as a regression
-// (exit status 3).
+// cancelled), on two builds of the library, alternating, and reports whether this build is
+// slower than the base: this lockbench is one build, and the other is lockbench built from the
+// revision -against, in a temporary git worktree with that revision's own go.work (the worktree
+// is removed after the build). A regression is exit status 3.
 //
-//	go run ./cmd/lockbench -guard            # from bench/: measure, compare with the record
-//	go run ./cmd/lockbench -guard -record    # the same, then write the figures as the new record
+//	go run ./cmd/lockbench -guard                   # from bench/: this tree against its base
+//	go run ./cmd/lockbench -guard -against HEAD~3   # against any git revision
+//	go run ./cmd/lockbench -guard -cpuprofile FILE  # profile 64 goroutines on one key, compare nothing
 //
-// The shapes: 64 and 1,024 goroutines in one process, and 4 processes of 16 goroutines,
-// each sharing a number of critical sections (-cs, 16,000 by default) on one key. A run's
-// figure is critical sections per second from the common start to the last one's end; each
-// shape runs -reps times, the shapes interleaved, and the median is the shape's figure (the
-// spread is printed beside it). Every critical section checks that it is alone inside the
-// key (within a process), so a figure is never bought with a double grant.
+// The base by default is the merge base of HEAD and main (where a branch left main), or HEAD~1
+// when that is HEAD itself (on main). The shapes: 64 and 1,024 goroutines in one process, and 4
+// processes of 16 goroutines, sharing a number of critical sections (-cs) on one key. A run is
+// worker processes of one build (guardWorker) and its figure is critical sections per second
+// from their common start to the last one's end; every critical section checks that it is
+// alone inside the key (within a process), so a figure is never bought with a double grant.
+//
+// Every repetition runs each shape (the order rotated) once on each build, one right after the
+// other, the builds' order alternating (A B, then B A), so that the two runs of a pair see the
+// same minute of the machine and a drift within a pair favours neither build: the pair's ratio
+// (this build's figure over the base's) cancels what the machine's pace did to both. A shape
+// regressed when the median of its pairs' ratios is more than 10% below 1 and at least three
+// pairs in four found this build slower (the ratios' upper quartile is below 1), which a
+// same-build comparison does by chance about once in 60 shapes at 15 pairs (a sign test);
+// docs/performance.md says why this rule and not the builds' spreads.
+//
+// The worker is the interface between builds: its flags (-guard -worker -addr -g -cs), the
+// READY and start lines of workerproc and its DONE line. A revision whose worker differs cannot
+// be guarded against.
 
 // shape is one measured configuration: procs processes of goroutines each.
 type shape struct {
@@ -53,32 +70,45 @@ var shapes = []shape{
 	{"4 processes x 16 goroutines", 4, 16},
 }
 
-// regression is the fall below the record that is reported.
+// regression is the fall of the pairs' median ratio below 1 that is reported (when three pairs
+// in four found this build slower too).
 const regression = 0.10
+
+// minPairs is the fewest pairs a shape needs for a verdict: with 8, seven or more found slower
+// by chance is 3.5% per shape; with fewer the sign test decides nothing.
+const minPairs = 8
 
 // guardArg is the flag that runs lockbench as the hot key's guard (guardMain).
 const guardArg = "guard"
 
-// guardMain is lockbench -guard, and a worker of its multi-process shape (-guard -worker);
-// it returns the exit status.
+// guardMain is lockbench -guard, and a worker of its shapes (-guard -worker); it returns the
+// exit status.
 func guardMain(args []string) int {
 	fs := flag.NewFlagSet("lockbench -guard", flag.ExitOnError)
 	fs.Bool(guardArg, true, "run as the hot key's guard")
-	worker := fs.Bool("worker", false, "internal: run as a worker process of a multi-process shape")
+	against := fs.String("against", "", "the git revision to build as the base (default: the merge base of HEAD and main, or HEAD~1 on main)")
+	worker := fs.Bool("worker", false, "internal: run as a worker process of a shape")
+	via := fs.String("via", "", "internal: run the worker of the lockbench at this path instead")
 	addr := fs.String("addr", "", "internal: the worker's redis-server")
 	g := fs.Int("g", 16, "internal: the worker's goroutines")
-	cs := fs.Int("cs", 16000, "critical sections per run, shared by all goroutines of all processes")
-	reps := fs.Int("reps", 7, "runs per shape (the median is the figure)")
-	record := fs.Bool("record", false, "write this run's figures to the record file")
-	file := fs.String("file", defaultRecord(), "the record file")
-	profile := fs.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and measure nothing else")
+	cs := fs.Int("cs", 100000, "critical sections per run, shared by all goroutines of all processes")
+	reps := fs.Int("reps", 15, "pairs of runs per shape (one run of each build)")
+	profile := fs.String("cpuprofile", "", "write a CPU profile of 64 goroutines on one key (-cs x 20 critical sections) to this file, and compare nothing")
 	_ = fs.Parse(args)
 	var err error
 	fell, prefix := false, "lockbench -guard:"
-	if *worker {
+	switch {
+	case *via != "":
+		// workerproc starts this binary; it becomes the other build's worker, keeping its pid
+		// and the pipes to the parent.
+		argv := []string{*via, "-" + guardArg, "-worker", "-addr", *addr, "-g", strconv.Itoa(*g), "-cs", strconv.Itoa(*cs)}
+		err = syscall.Exec(*via, argv, os.Environ())
+	case *worker:
 		err, prefix = guardWorker(*addr, *g, *cs), "lockbench -guard worker:"
-	} else {
-		fell, err = guardRun(*cs, *reps, *record, *file, *profile)
+	case *profile != "":
+		err = guardProfile(*cs, *profile)
+	default:
+		fell, err = guardRun(*against, *cs, *reps)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, prefix, err)
@@ -90,126 +120,175 @@ func guardMain(args []string) int {
 	return 0
 }
 
-// defaultRecord is bench/hotkey.json, from bench/ or from the repository root.
-func defaultRecord() string {
-	if _, err := os.Stat("cmd/lockbench"); err == nil {
-		return "hotkey.json"
-	}
-	return filepath.Join("bench", "hotkey.json")
-}
+// build is one side of the comparison: a lockbench binary and its name in the table.
+type build struct{ name, bin string }
 
-// guardRun measures every shape reps times, prints the table and, with record, writes the record;
-// fell reports a figure more than regression below its record. With profile, it writes a CPU
-// profile of the one-process, 64-goroutine shape over cs x 20 critical sections instead.
-func guardRun(cs, reps int, record bool, file, profile string) (fell bool, err error) {
+// guardRun builds the base at against, measures every shape reps times on each build,
+// alternating, and prints the table; fell reports a shape that regressed.
+func guardRun(against string, cs, reps int) (fell bool, err error) {
+	base, cleanup, err := buildBase(against)
+	if err != nil {
+		return false, err
+	}
+	defer cleanup()
+	self, err := os.Executable()
+	if err != nil {
+		return false, err
+	}
+	builds := []build{base, {"this build", self}}
 	srv, err := redisserver.Start("hotkey-redis")
 	if err != nil {
 		return false, err
 	}
 	defer srv.Stop()
-	warm := cs / 4
-	if profile != "" {
-		warm = 4000
-	}
-	inproc, err := newHotHarness(srv.Addr, 64, warm)
-	if err != nil {
-		return false, err
-	}
-	defer inproc.close()
-	if profile != "" {
-		stop := profiling{cpuprofile: profile}.start()
-		rate, err := inproc.run(inproc.freshKey(), 64, cs*20)
-		stop()
-		if err == nil {
-			fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs*20)
-		}
-		return false, err
-	}
-	fmt.Printf("lockbench -guard: redis-server %s at %s, GOMAXPROCS %d, %d critical sections a run, %d runs a shape\n",
-		srv.Version(), srv.Addr, runtime.GOMAXPROCS(0), cs, reps)
-	figures := make(map[string][]float64)
-	var machine []float64
+	logx.DisableStat() // go-zero's minutely CPU line would land in the table
+	fmt.Printf("lockbench -guard: this build against %s, redis-server %s at %s, %d CPUs, %d critical sections a run, %d pairs a shape\n",
+		base.name, srv.Version(), srv.Addr, runtime.NumCPU(), cs, reps)
+	figures := make(map[string][2][]float64) // per shape, the base's figures and this build's
 	for r := range reps {
-		machine = append(machine, calibrate(cs))
-		// The order rotates each round so that a drift of the machine lands on every shape alike.
 		for _, s := range interleave.Rotate(shapes, r) {
-			var rate float64
-			if s.procs == 1 {
-				rate, err = inproc.run(inproc.freshKey(), s.goroutines, cs)
-			} else {
-				rate, err = guardProcs(srv.Addr, s, cs)
-			}
-			if err != nil {
-				return false, fmt.Errorf("%s: %w", s.name, err)
-			}
-			figures[s.name] = append(figures[s.name], rate)
-		}
-	}
-
-	slices.Sort(machine)
-	pace := machine[len(machine)/2]
-	last := readRecord(file)
-	// The guard compares figures relative to the machine's pace of the same run (calibrate):
-	// a busy hour slows both alike. Raw figures are printed beside them.
-	recPace := "-"
-	if last.Pace > 0 {
-		recPace = kilo(last.Pace)
-	}
-	fmt.Printf("\nmachine pace (goroutine handoffs/s, median): %s; recorded: %s\n", kilo(pace), recPace)
-	fmt.Printf("%-30s %14s %16s %10s %10s %s\n", "shape", "CS/s (median)", "runs (min-max)", "recorded", "raw", "vs pace")
-	now := make(map[string]float64)
-	for _, s := range shapes {
-		rs := figures[s.name]
-		slices.Sort(rs)
-		med := rs[len(rs)/2]
-		now[s.name] = med
-		rec, raw, rel, verdict := "-", "-", "-", ""
-		if old, ok := last.Figures[s.name]; ok && old > 0 {
-			rec = kilo(old)
-			raw = fmt.Sprintf("%+.1f%%", 100*(med/old-1))
-			if last.Pace > 0 {
-				d := (med/pace)/(old/last.Pace) - 1
-				rel = fmt.Sprintf("%+.1f%%", 100*d)
-				if d < -regression {
-					verdict = "  REGRESSION: more than 10% below the record, relative to the machine's pace"
-					fell = true
+			f := figures[s.name]
+			for _, i := range [][]int{{0, 1}, {1, 0}}[r%2] {
+				rate, err := guardProcs(builds[i].bin, srv.Addr, s, cs)
+				if err != nil {
+					return false, fmt.Errorf("%s, %s: %w", s.name, builds[i].name, err)
 				}
+				f[i] = append(f[i], rate)
 			}
+			figures[s.name] = f
 		}
-		fmt.Printf("%-30s %14s %16s %10s %10s %s%s\n", s.name, kilo(med), kilo(rs[0])+"-"+kilo(rs[len(rs)-1]), rec, raw, rel, verdict)
 	}
-	if last.Commit != "" {
-		fmt.Printf("record: %s, %s\n", last.Commit, last.When)
-	}
-	if record {
-		if err := writeRecord(file, pace, now); err != nil {
-			return fell, err
+	fmt.Printf("\n%-30s %22s %22s %22s\n", "shape", "base CS/s (IQR)", "this build CS/s (IQR)", "this/base (IQR)")
+	for _, s := range shapes {
+		f := figures[s.name]
+		ratios := make([]float64, reps)
+		for r := range reps {
+			ratios[r] = f[1][r] / f[0][r]
 		}
-		fmt.Printf("recorded in %s\n", file)
+		b0, b1, b2 := quartiles(f[0])
+		n0, n1, n2 := quartiles(f[1])
+		r0, r1, r2 := quartiles(ratios)
+		verdict := "no regression"
+		switch {
+		case reps < minPairs:
+			verdict = "too few pairs for a verdict"
+		case r1 < 1-regression && r2 < 1:
+			verdict, fell = "REGRESSION", true
+		}
+		fmt.Printf("%-30s %8s (%5s-%5s) %8s (%5s-%5s) %8.3f (%.2f-%.2f)  %s\n", s.name, kilo(b1), kilo(b0), kilo(b2),
+			kilo(n1), kilo(n0), kilo(n2), r1, r0, r2, verdict)
 	}
 	return fell, nil
 }
 
-// calibrate measures the machine's pace at the hot key's own cost, handing a turn from
-// goroutine to goroutine: 64 goroutines take turns through a channel of one slot (a waking
-// handoff each time), cs turns, no library code. Its rate moves with the machine's load and
-// speed as the hot key's does, so that a figure divided by it compares across quiet and busy
-// hours of one machine kind.
-func calibrate(cs int) float64 {
-	slot := make(chan struct{}, 1)
-	rate, _ := share(64, cs, func(context.Context) error {
-		slot <- struct{}{}
-		runtime.Gosched() // the holder's own work: another goroutine may run meanwhile
-		<-slot
-		return nil
-	})
-	return rate
+// quartiles are the lower quartile, the median and the upper quartile of v (nearest rank).
+func quartiles(v []float64) (lo, med, hi float64) {
+	s := slices.Sorted(slices.Values(v))
+	at := func(p float64) float64 { return s[min(int(p*float64(len(s))), len(s)-1)] }
+	return at(0.25), stat.Median(s), at(0.75)
 }
 
-// share has g goroutines take cs turns in all, each goroutine on a request's context
-// (cancellable, with a deadline), and returns turns per second; a turn's error ends its
-// goroutine's turns and is returned.
-func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
+// buildBase builds lockbench at rev (by default the merge base of HEAD and main, or HEAD~1
+// when that is HEAD) in a temporary git worktree, with that tree's own go.work, and removes
+// the worktree; cleanup removes the binary.
+func buildBase(rev string) (b build, cleanup func(), err error) {
+	git := func(args ...string) (string, error) {
+		out, err := exec.Command("git", args...).CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out)), nil
+	}
+	label := rev
+	if rev == "" {
+		rev, label = "HEAD~1", "HEAD~1"
+		head, _ := git("rev-parse", "HEAD")
+		if mb, err := git("merge-base", "HEAD", "main"); err == nil && mb != head {
+			rev, label = mb, "the merge base of HEAD and main"
+		}
+	}
+	commit, err := git("rev-parse", "--short", rev+"^{commit}")
+	if err != nil {
+		return b, nil, err
+	}
+	dir, err := os.MkdirTemp("", "lockbench-guard-")
+	if err != nil {
+		return b, nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	tree := filepath.Join(dir, "tree")
+	if _, err := git("worktree", "add", "--detach", tree, commit); err != nil {
+		cleanup()
+		return b, nil, err
+	}
+	defer git("worktree", "remove", "--force", tree)
+	b = build{name: fmt.Sprintf("%s (%s)", commit, label), bin: filepath.Join(dir, "lockbench")}
+	fmt.Fprintf(os.Stderr, "lockbench -guard: building the base, %s\n", b.name)
+	cmd := exec.Command("go", "build", "-o", b.bin, "./cmd/lockbench")
+	cmd.Dir, cmd.Env = filepath.Join(tree, "bench"), append(os.Environ(), "GOWORK="+filepath.Join(tree, "go.work"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return b, nil, fmt.Errorf("build %s: %w: %s", b.name, err, out)
+	}
+	return b, cleanup, nil
+}
+
+// guardProfile writes a CPU profile of 64 goroutines of this process sharing cs x 20 critical
+// sections on one key, after a warm-up.
+func guardProfile(cs int, profile string) error {
+	srv, err := redisserver.Start("hotkey-redis")
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	h, err := newHotHarness(srv.Addr, 64, 4000)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	stop := profiling{cpuprofile: profile}.start()
+	rate, err := hotRun(h, "hot:profiled", 64, cs*20)
+	stop()
+	if err == nil {
+		fmt.Printf("1 process x 64 goroutines: %s CS/s over %d critical sections (profiled)\n", kilo(rate), cs*20)
+	}
+	return err
+}
+
+func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
+
+// newHotHarness is one process's flightlock row on a default go-redis client (scenario 13's
+// flightlock@default) with the Locker's own defaults (TTL and wait, as a service that sets
+// neither has them), on the redis-server at addr, warmed up by g goroutines sharing warm
+// critical sections on a key of its own: the script load, the pool's connections, the gate's
+// first entry.
+func newHotHarness(addr string, g, warm int) (*flightlockImpl, error) {
+	f, err := newFlightlock(addr, defaultClient, flightlock.WithTTL(flightlock.DefaultTTL), flightlock.WithWait(flightlock.DefaultWait))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := hotRun(f, fmt.Sprintf("hot:warm:%d", os.Getpid()), g, warm); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// hotRun has g goroutines share cs critical sections on key through f, each goroutine on a
+// request's context (cancellable, with a deadline), and returns critical sections per second;
+// an error ends its goroutine's turns and is returned. Every critical section checks that no
+// other goroutine of this process is inside.
+func hotRun(f *flightlockImpl, key string, g, cs int) (float64, error) {
+	alone := guard.New()
+	turn := func(ctx context.Context) error {
+		lease, err := f.lock(ctx, key)
+		if err != nil {
+			return err
+		}
+		alone.Enter(0)
+		alone.Exit()
+		return f.unlock(ctx, key, lease)
+	}
 	left := atomic.Int64{}
 	left.Store(int64(cs))
 	var firstErr atomic.Pointer[error]
@@ -232,97 +311,17 @@ func share(g, cs int, turn func(ctx context.Context) error) (float64, error) {
 	if err := firstErr.Load(); err != nil {
 		return 0, *err
 	}
+	if v := alone.Violations(); v > 0 {
+		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
+	}
 	return float64(cs) / elapsed.Seconds(), nil
 }
 
-func kilo(v float64) string { return fmt.Sprintf("%.0fk", v/1000) }
-
-// recordFile is the last recorded figures: CS/s per shape, the commit and the time.
-type recordFile struct {
-	Commit  string             `json:"commit"`
-	When    string             `json:"when"`
-	Machine string             `json:"machine"`
-	Pace    float64            `json:"pace"` // calibrate's median of the same run
-	Figures map[string]float64 `json:"figures"`
-}
-
-// readRecord reads the record file; without one, or with one it cannot parse, it records nothing.
-func readRecord(file string) recordFile {
-	var r recordFile
-	if b, err := os.ReadFile(file); err == nil {
-		_ = json.Unmarshal(b, &r)
-	}
-	return r
-}
-
-func writeRecord(file string, pace float64, figures map[string]float64) error {
-	commit := "unknown"
-	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
-		commit = strings.TrimSpace(string(out))
-		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
-			commit += " with uncommitted changes"
-		}
-	}
-	r := recordFile{Commit: commit, When: time.Now().UTC().Format(time.RFC3339),
-		Machine: fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU()), Pace: pace, Figures: figures}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(file, append(b, '\n'), 0o644)
-}
-
-// hotHarness is one process's flightlock row on a default go-redis client (scenario 13's
-// flightlock@default) with the Locker's own defaults (TTL and wait, as a service that sets
-// neither has them), and the count of the keys its runs took.
-type hotHarness struct {
-	*flightlockImpl
-	round atomic.Int64
-}
-
-// newHotHarness builds a harness on the redis-server at addr and warms it up with g goroutines
-// sharing warm critical sections on a key of its own: the script load, the pool's
-// connections, the gate's first entry.
-func newHotHarness(addr string, g, warm int) (*hotHarness, error) {
-	f, err := newFlightlock(addr, defaultClient, flightlock.WithTTL(flightlock.DefaultTTL), flightlock.WithWait(flightlock.DefaultWait))
-	if err != nil {
-		return nil, err
-	}
-	h := &hotHarness{flightlockImpl: f}
-	if _, err := h.run(h.freshKey(), g, warm); err != nil {
-		h.close()
-		return nil, err
-	}
-	return h, nil
-}
-
-// freshKey is a key that no earlier run of this process used.
-func (h *hotHarness) freshKey() string { return fmt.Sprintf("hot:%d:%d", os.Getpid(), h.round.Add(1)) }
-
-// run has g goroutines share cs critical sections on key and returns critical sections per
-// second. Every critical section checks that no other goroutine of this process is inside.
-func (h *hotHarness) run(key string, g, cs int) (float64, error) {
-	alone := guard.New()
-	rate, err := share(g, cs, func(ctx context.Context) error {
-		lease, err := h.lock(ctx, key)
-		if err != nil {
-			return err
-		}
-		alone.Enter(0)
-		alone.Exit()
-		return h.unlock(ctx, key, lease)
-	})
-	if v := alone.Violations(); err == nil && v > 0 {
-		return 0, fmt.Errorf("%d critical sections found another holder inside", v)
-	}
-	return rate, err
-}
-
-// guardProcs runs shape s in s.procs worker processes, each a share of cs: they connect and warm
-// up, then start together at the time they are told, and the figure runs from that start to
-// the last one's end.
-func guardProcs(addr string, s shape, cs int) (float64, error) {
-	lines, start, err := workerproc.Run(s.procs, []string{"-" + guardArg, "-worker", "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs / s.procs)},
+// guardProcs runs shape s on the lockbench at bin in s.procs worker processes, each a share of
+// cs: they connect and warm up, then start together at the time they are told, and the figure
+// runs from that start to the last one's end.
+func guardProcs(bin, addr string, s shape, cs int) (float64, error) {
+	lines, start, err := workerproc.Run(s.procs, []string{"-" + guardArg, "-via", bin, "-addr", addr, "-g", strconv.Itoa(s.goroutines), "-cs", strconv.Itoa(cs / s.procs)},
 		workers, 20*time.Millisecond, 10*time.Minute, nil)
 	if err != nil {
 		return 0, err
@@ -339,8 +338,8 @@ func guardProcs(addr string, s shape, cs int) (float64, error) {
 	return float64(cs/s.procs*s.procs) / time.Unix(0, end).Sub(start).Seconds(), nil
 }
 
-// guardWorker is one process of a multi-process shape: the key is shared by every worker. It
-// prints when it ended, so that the parent's figure does not count the workers' exits.
+// guardWorker is one process of a shape: the key is shared by every worker. It prints when it
+// ended, so that the parent's figure does not count the workers' exits.
 func guardWorker(addr string, g, cs int) error {
 	h, err := newHotHarness(addr, g, 200)
 	if err != nil {
@@ -352,7 +351,7 @@ func guardWorker(addr string, g, cs int) error {
 		return err
 	}
 	time.Sleep(time.Until(start))
-	if _, err := h.run("hot:shared", g, cs); err != nil {
+	if _, err := hotRun(h, "hot:shared", g, cs); err != nil {
 		fmt.Println("ERROR", err)
 		return nil
 	}
