@@ -18,7 +18,7 @@
 //	                         ZooKeeper server (-java, -zk-jar, -zk-tick; transaction log
 //	                         fsynced); scenarios 1-3 only; writes docs/benchmarks-zookeeper.md (-out)
 //	lockbench -guard         the hot key's guard (hotkey.go): one key under 64 and 1,024 goroutines
-//	                         and 4 processes x 16, each figure against bench/hotkey.json
+//	                         and 4 processes x 16, this build against one built from -against REV
 //
 // Redis and etcd run the same scenarios, under the same numbers (-scenario):
 //
