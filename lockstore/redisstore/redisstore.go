@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -233,10 +234,7 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 
 // Reenter implements lockstore.Store.
 func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if err := lockstore.CheckHold(hold, false); err != nil {
+	if err := cmp.Or(lockstore.CheckArgs(key, owner, ttl), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -359,10 +357,7 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 
 // Release implements lockstore.Store.
 func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
-		return 0, err
-	}
-	if err := lockstore.CheckHold(hold, true); err != nil {
+	if err := cmp.Or(lockstore.CheckArgs(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
 	}
 	_, _, n, err := s.release(ctx, "release", key, owner, hold, lastFence, "")
