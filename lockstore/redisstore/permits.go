@@ -53,7 +53,7 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 	late := func(late *redis.Cmd) {
 		// An orphan: whichever permits the call took go back.
 		if code, first, more, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
-			for _, g := range append(more, first) {
+			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
 				s.giveUp(permits[g.Permit], req.Owner, "")
 			}
 		}

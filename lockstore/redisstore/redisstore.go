@@ -217,7 +217,7 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 	switch code {
 	case acquireTaken, acquireReentered:
 		if s.unacked(acked) {
-			for _, g := range append(more, first) {
+			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
 				s.giveUp(permits[g.Permit], owner, hold)
 			}
 			return lockstore.Acquisition{}, s.notReplicated(acked)
@@ -276,14 +276,17 @@ func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 // what the holder said about itself without its owner token (which must not leave the store),
 // and whether the value ends with the waiters mark.
 func valueMeta(value string) (meta string, marked bool) {
-	f := strings.SplitN(value, " ", 4)
-	if len(f) < 4 {
+	// Cut, not SplitN, which would allocate: acquire reads the value of every reply.
+	_, rest, _ := strings.Cut(value, " ") // after the owner
+	_, rest, _ = strings.Cut(rest, " ")   // after the fence
+	_, rest, ok := strings.Cut(rest, " ") // after the holds
+	if !ok {
 		return "", false
 	}
-	if f[3] == "~" {
+	if rest == "~" {
 		return "", true
 	}
-	return strings.CutSuffix(f[3], " ~")
+	return strings.CutSuffix(rest, " ~")
 }
 
 // Refresh implements lockstore.Store.
