@@ -50,9 +50,9 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		keys = append(keys, k, lockstore.FenceKey(k))
 	}
 	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}
-	late := func(late *redis.Cmd) {
+	late := func(cmd *redis.Cmd) {
 		// An orphan: whichever permits the call took go back.
-		if code, first, more, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
+		if code, first, more, _, err := permitReply(cmd, permits); err == nil && code != acquireBusy {
 			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
 				s.giveUp(permits[g.Permit], req.Owner, "")
 			}
