@@ -25,6 +25,16 @@ var _ lockstore.Inspector = (*Inspector)(nil)
 // NewInspector returns the inspector of the locks under prefix (the Locker's WithPrefix) in s.
 func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, prefix: prefix} }
 
+// The middleware finds a store's name and response store through Describer, at run time.
+var _ lockstore.Describer = (*Store)(nil)
+
+// Describe implements lockstore.Describer: the store as "zookeeper" and its inspector, for
+// keys under prefix. It keeps no responses (Responses nil), and closing it ends its session,
+// and with it every hold (CloseEndsHolds).
+func (s *Store) Describe(prefix string) *lockstore.Backend {
+	return &lockstore.Backend{Name: "zookeeper", Store: s, Prefix: prefix, Inspector: NewInspector(s, prefix), CloseEndsHolds: true}
+}
+
 // List implements lockstore.Inspector: the key nodes under the root whose keys carry the prefix
 // and match pattern; other nodes (a line beside a key node) are not listed.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {

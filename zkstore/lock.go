@@ -289,10 +289,7 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 // Reenter implements lockstore.Store: while owner's grant holds key, one more hold "b-<hold>" on
 // this session, created in a multi that checks the key node's version as read.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := s.check(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if err := lockstore.CheckHold(hold, false); err != nil {
+	if err := cmp.Or(s.check(key, owner, ttl), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -51,69 +50,48 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		keys = append(keys, k, lockstore.FenceKey(k))
 	}
 	args := []any{req.Owner, ttlMillis(req.TTL), metaArg(req.Meta), max(req.Want, 1)}
-	giveUp := func(grants []lockstore.PermitGrant) {
-		for _, g := range grants {
-			s.giveUp(permits[g.Permit], req.Owner, "")
-		}
-	}
-	cmd, acked := s.exec(ctx, acquireScript, keys, func(late *redis.Cmd) {
+	late := func(cmd *redis.Cmd) {
 		// An orphan: whichever permits the call took go back.
-		if code, grants, _, err := permitReply(late, permits); err == nil && code != acquireBusy {
-			giveUp(grants)
+		if code, first, more, _, err := permitReply(cmd, permits); err == nil && code != acquireBusy {
+			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
+				s.giveUp(permits[g.Permit], req.Owner, "")
+			}
 		}
-	}, args...)
-	code, grants, value, err := permitReply(cmd, permits)
-	if s.slotMoving(err) {
-		return lockstore.Acquisition{}, nil // nothing was taken: busy, as for one key
 	}
-	if err != nil {
-		return lockstore.Acquisition{}, s.failed("acquire", permits[0], err)
-	}
-	meta, _ := valueMeta(value)
-	switch code {
-	case acquireTaken, acquireReentered:
-		if s.unacked(acked) {
-			giveUp(grants)
-			return lockstore.Acquisition{}, s.notReplicated(acked)
-		}
-		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
-			Fence: grants[0].Fence, Permit: grants[0].Permit, More: grants[1:], Holder: meta}, nil
-	case acquireBusy:
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(grants[0].Fence, 0)) * time.Millisecond, Holder: meta}, nil
-	}
-	return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: unexpected reply code %d", permits[0], code)
+	return s.acquire(ctx, "acquire", acquireScript, keys, args, permits, req.Owner, "", late)
 }
 
 // permitReply reads acquire.lua's reply to a call over permits: one permit's replies (see
 // reply), or for several {1 or 2, a value, then a fence and a place from 1 per permit taken or
-// re-entered} and {0, pttl, value}. A busy reply's pttl is in grants[0].Fence; a grant's value
-// is that of a busy permit it passed over.
-func permitReply(cmd *redis.Cmd, permits []string) (code int64, grants []lockstore.PermitGrant, value string, err error) {
+// re-entered} and {0, pttl, value}. first is the first permit taken, and more the others; a
+// busy reply's pttl is in first.Fence. A grant's value is that of a busy permit it passed over.
+func permitReply(cmd *redis.Cmd, permits []string) (code int64, first lockstore.PermitGrant, more []lockstore.PermitGrant, value string, err error) {
 	if len(permits) == 1 {
-		code, n, value, err := reply(cmd)
-		return code, []lockstore.PermitGrant{{Fence: n}}, value, err
+		code, first.Fence, value, err = reply(cmd)
+		return code, first, nil, value, err
 	}
 	r, err := cmd.Slice()
 	if err != nil {
-		return 0, nil, "", err
+		return 0, first, nil, "", err
 	}
 	code, ok := r[0].(int64)
 	if code == acquireBusy && ok && len(r) == 3 {
-		pttl, _ := r[1].(int64)
+		first.Fence, _ = r[1].(int64)
 		value, _ = r[2].(string)
-		return code, []lockstore.PermitGrant{{Fence: pttl}}, value, nil
+		return code, first, nil, value, nil
 	}
 	if !ok || len(r) < 4 || len(r)%2 != 0 {
-		return 0, nil, "", fmt.Errorf("unexpected reply %v", r)
+		return 0, first, nil, "", fmt.Errorf("unexpected reply %v", r)
 	}
 	value, _ = r[1].(string)
+	var grants []lockstore.PermitGrant
 	for j := 2; j < len(r); j += 2 {
 		fence, ok1 := r[j].(int64)
 		place, ok2 := r[j+1].(int64)
 		if !ok1 || !ok2 || place < 1 || int(place) > len(permits) {
-			return 0, nil, "", fmt.Errorf("unexpected permit reply %v of %d permits", r, len(permits))
+			return 0, first, nil, "", fmt.Errorf("unexpected permit reply %v of %d permits", r, len(permits))
 		}
 		grants = append(grants, lockstore.PermitGrant{Permit: int(place) - 1, Fence: fence})
 	}
-	return code, grants, value, nil
+	return code, grants[0], grants[1:], value, nil
 }

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -193,15 +194,16 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	if lockstore.IsReadOwner(owner) {
 		script, keys = readAcquireScript, []string{key, readersKey(key), lockstore.FenceKey(key)}
 	}
-	return s.acquire(ctx, "acquire", script, keys, args, key, owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
+	return s.acquire(ctx, "acquire", script, keys, args, keys[:1], owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
 }
 
-// acquire runs an acquiring script (acquire.lua, readacquire.lua, fairacquire.lua, or for the
-// named hold, reenter.lua) and reads its reply; late is batcher.run's.
+// acquire runs an acquiring script over permits and reads its reply; late is batcher.run's.
+// permits are the one key of acquire.lua, readacquire.lua, fairacquire.lua or, for the named
+// hold, reenter.lua, or a run of a semaphore's permits in one hash slot (acquireRun).
 func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
-	key, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
+	permits []string, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	cmd, acked := s.exec(ctx, script, keys, late, args...)
-	code, n, value, err := reply(cmd)
+	code, first, more, value, err := permitReply(cmd, permits)
 	if hold == "" && s.slotMoving(err) {
 		// Nothing was taken. Busy, with no holder's TTL: a waiting caller retries by its
 		// strategy, a rejecting one is answered busy, not with a store error. A re-entry
@@ -209,34 +211,31 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
-		return lockstore.Acquisition{}, s.failed(op, key, err)
+		return lockstore.Acquisition{}, s.failed(op, permits[0], err)
 	}
-	if (code == acquireTaken || code == acquireReentered) && s.unacked(acked) {
-		s.giveUp(key, owner, hold)
-		return lockstore.Acquisition{}, s.notReplicated(acked)
-	}
+	meta, _ := valueMeta(value) // with permits, a grant's is that of a busy permit passed over
 	switch code {
-	case acquireTaken:
-		return lockstore.Acquisition{Acquired: true, Fence: n}, nil
-	case acquireReentered:
-		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: n}, nil
+	case acquireTaken, acquireReentered:
+		if s.unacked(acked) {
+			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
+				s.giveUp(permits[g.Permit], owner, hold)
+			}
+			return lockstore.Acquisition{}, s.notReplicated(acked)
+		}
+		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
+			Fence: first.Fence, Permit: first.Permit, More: more, Holder: meta}, nil
 	case acquireBusy:
 		// PTTL -1 (a key without expiry, not ours) is reported as unknown: 0.
-		meta, _ := valueMeta(value)
-		return lockstore.Acquisition{HolderTTL: time.Duration(max(n, 0)) * time.Millisecond, Holder: meta}, nil
+		return lockstore.Acquisition{HolderTTL: time.Duration(max(first.Fence, 0)) * time.Millisecond, Holder: meta}, nil
 	case reenterFree:
 		return lockstore.Acquisition{}, nil
-	default:
-		return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: unexpected reply code %d", op, key, code)
 	}
+	return lockstore.Acquisition{}, fmt.Errorf("flightlock: %s %q: unexpected reply code %d", op, permits[0], code)
 }
 
 // Reenter implements lockstore.Store.
 func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
-	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
-		return lockstore.Acquisition{}, err
-	}
-	if err := lockstore.CheckHold(hold, false); err != nil {
+	if err := cmp.Or(lockstore.CheckArgs(key, owner, ttl), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
@@ -246,7 +245,7 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
 	late := s.releaseOnReply(key, owner, hold, acquireReentered)
-	return s.acquire(ctx, "re-enter", reenterScript, keys, args, key, owner, hold, late)
+	return s.acquire(ctx, "re-enter", reenterScript, keys, args, keys, owner, hold, late)
 }
 
 // reply reads a script reply of two integers and, for a busy acquisition, the lock's value.
@@ -277,14 +276,17 @@ func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 // what the holder said about itself without its owner token (which must not leave the store),
 // and whether the value ends with the waiters mark.
 func valueMeta(value string) (meta string, marked bool) {
-	f := strings.SplitN(value, " ", 4)
-	if len(f) < 4 {
+	// Cut, not SplitN, which would allocate: acquire reads the value of every reply.
+	_, rest, _ := strings.Cut(value, " ") // after the owner
+	_, rest, _ = strings.Cut(rest, " ")   // after the fence
+	_, rest, ok := strings.Cut(rest, " ") // after the holds
+	if !ok {
 		return "", false
 	}
-	if f[3] == "~" {
+	if rest == "~" {
 		return "", true
 	}
-	return strings.CutSuffix(f[3], " ~")
+	return strings.CutSuffix(rest, " ~")
 }
 
 // Refresh implements lockstore.Store.
@@ -359,10 +361,7 @@ func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) 
 
 // Release implements lockstore.Store.
 func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
-	if err := lockstore.CheckArgs(key, owner, time.Millisecond); err != nil {
-		return 0, err
-	}
-	if err := lockstore.CheckHold(hold, true); err != nil {
+	if err := cmp.Or(lockstore.CheckArgs(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
 	}
 	_, _, n, err := s.release(ctx, "release", key, owner, hold, lastFence, "")

@@ -23,29 +23,11 @@ func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
 	return b
 }
 
-// Scripts on the store's own client (a Client is a Scripter: GET and SET through one-line
-// scripts work on every go-redis client, Cluster included; the key is the only key).
+// Scripts on the store's own client (a Client is a Scripter: GET and SET through scripts work
+// on every go-redis client, Cluster included; the key is the only key).
 var (
 	responseGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
-	// responseSet never overwrites what is not a record (a record is JSON: '{'): a lock of
-	// another rule whose key renders as this one's keeps its value and its owner. Nor does it
-	// replace the record of a later grant of the lock (a larger fence than ARGV[3]; a save
-	// without a fence, of a degraded run, compares nothing): a holder that lost its lock
-	// while its handler ran must not overwrite the response of the holder after it. The fence
-	// is the record's "f", just before its last field, "p" (lockstore.ResponseStore); strings
-	// in a record are JSON-escaped, so the pattern cannot match inside one.
-	responseSet = redis.NewScript(`local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 1) ~= '{' then
-  return redis.error_reply('flightlock: ' .. KEYS[1] .. ' holds a lock, not a stored response')
-end
-if v then
-  local f = tonumber(string.match(v, '"f":(%-?%d+),"p":"[^"]*"}$') or '')
-  local mine = tonumber(ARGV[3])
-  if f and mine > 0 and f > mine then
-    return 0
-  end
-end
-return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])`)
+	responseSet = script("saveresponse.lua")
 )
 
 // saveBound bounds a save: it runs under the lock, on a context without the request's

@@ -51,7 +51,7 @@ func (s *RedisStore) acquireFair(ctx context.Context, req lockstore.Request) (lo
 			_ = s.LeaveQueue(ctx, key, owner)
 		}
 	}
-	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, key, owner, "", late)
+	return s.acquire(ctx, "fair acquire", fairAcquireScript, keys, args, keys[:1], owner, "", late)
 }
 
 // LeaveQueue implements lockstore.Store with leavequeue.lua.
