@@ -288,8 +288,8 @@ func TestPermitLookTakesUpToWantAndASentAgainReentersThemAll(t *testing.T) {
 // retried until the new leader answers. The lock's TTL (10s, on a 20s session) gives the
 // election and the client's reconnection to the quorum about 9s from the kill (the loss
 // deadline is a TTL less a tenth from the last renewal sent); they take about a second, a few
-// on a loaded machine. A TTL near that (the Locker's 2s here) would make the verdict the
-// machine's speed, not the store's: a loss must prove a fault of the store or the watchdog.
+// on a loaded machine. A TTL near that (mustLocker's 2s) would make the verdict the machine's
+// speed, not the store's: a loss must prove a fault of the store or the watchdog.
 // The test waits for the renewals it checks, not for a fixed time.
 func TestFencesGrowAndHoldsSurviveALeaderChange(t *testing.T) {
 	const session, ttl = 20 * time.Second, 10 * time.Second // MaxTTL is 10.3s
