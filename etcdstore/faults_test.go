@@ -208,7 +208,8 @@ func TestLeaderKilledWhileLocksAreHeldAndWaitedOn(t *testing.T) {
 			wg.Go(func() { worker(ctx, s, "lock:hot", ttl, &counter, &served, stop) })
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The kill finds the hot key being served, however slow the workers' start.
+	waitFor(t, 10*time.Second, "the hot key served before the kill", func() bool { return served.Load() > 0 })
 
 	leader := c.Leader(5 * time.Second)
 	leader.Kill()
@@ -512,27 +513,41 @@ func healthy(t *testing.T, l *flightlock.Locker) {
 // Waiters queued on a key ride out the SIGKILL of the cluster's leader: a proposal the dead
 // leader took with it is sent again once a new leader is elected, and a transient error is
 // retried within the wait budget, so both waiters get the key in turn once the holder releases
-// it, seconds after the election, though each call of theirs is bounded by one TTL.
+// it, after its lock was renewed through the new leader, though each call of theirs is bounded
+// by one TTL. The test waits for both waiters to be refused before the kill, and for the
+// renewals before the release, not for fixed times.
 func TestWaitersRideOutALeaderKill(t *testing.T) {
 	c := etcdtest.StartCluster(t, 3)
-	locker := func() *flightlock.Locker {
+	locker := func(o flightlock.Observer) *flightlock.Locker {
 		l, err := flightlock.New(newStore(t, c.Client(t)), flightlock.WithTTL(5*time.Second),
-			flightlock.WithWait(20*time.Second))
+			flightlock.WithWait(20*time.Second), flightlock.WithObserver(o))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	holder := locker()
+	var (
+		elected    atomic.Bool  // set once the members agree on a new leader
+		renewedNew atomic.Int32 // the holder's successful renewals answered since
+	)
+	holder := locker(flightlock.Observer{Renewed: func(_ string, err error) {
+		if err == nil && elected.Load() {
+			renewedNew.Add(1)
+		}
+	}})
 	lease, err := holder.Lock(bg(t), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var counter fencedCounter
 	errs := make(chan error, 2)
+	var asked sync.WaitGroup // until each waiter was refused once, or its Do returned
 	for range 2 {
-		w := locker()
+		asked.Add(1)
+		refused := sync.OnceFunc(asked.Done)
+		w := locker(flightlock.Observer{Retry: func(context.Context, string, int, time.Duration) { refused() }})
 		go func() {
+			defer refused()
 			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
 			defer cancel()
 			errs <- w.Do(ctx, "k", func(ctx context.Context) error {
@@ -542,11 +557,21 @@ func TestWaitersRideOutALeaderKill(t *testing.T) {
 			})
 		}()
 	}
-	time.Sleep(500 * time.Millisecond) // both waiters queued, watching the key
+	asked.Wait() // both waiters queued, watching the key
 	leader := c.Leader(5 * time.Second)
 	leader.Kill()
 	killed := time.Now()
-	time.Sleep(4 * time.Second) // the holder keeps working through the election
+	t.Logf("new leader %s", c.Leader(20*time.Second))
+	elected.Store(true)
+	// The holder keeps working through the election: two renewals answered since the members
+	// named a new leader, the second sent after the first's reply, so through that leader. A
+	// lost lock is renewed no more.
+	waitFor(t, 20*time.Second, "two renewals of the holder's lock through the new leader", func() bool {
+		return lease.Lost() || renewedNew.Load() >= 2
+	})
+	if lease.Lost() {
+		t.Fatalf("the holder's lock was lost through the election (%v since the kill)", time.Since(killed))
+	}
 	if err := lease.Release(bg(t)); err != nil {
 		t.Fatalf("holder's release through the new leader: %v", err)
 	}
@@ -592,14 +617,18 @@ func TestWaitersRideOutTheHoldersLeaderCutOff(t *testing.T) {
 	errs := make(chan error, 2)
 	var released sync.WaitGroup
 	defer released.Wait()
+	var asked sync.WaitGroup // until each waiter was refused once, or its Lock returned
 	for range 2 {
+		asked.Add(1)
+		refused := sync.OnceFunc(asked.Done)
 		kcli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second,
 			DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second, PermitWithoutStream: true, Logger: zap.NewNop()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = kcli.Close() })
-		w, err := flightlock.New(newStore(t, kcli), flightlock.WithTTL(ttl), flightlock.WithWait(20*time.Second))
+		w, err := flightlock.New(newStore(t, kcli), flightlock.WithTTL(ttl), flightlock.WithWait(20*time.Second),
+			flightlock.WithObserver(flightlock.Observer{Retry: func(context.Context, string, int, time.Duration) { refused() }}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -607,6 +636,7 @@ func TestWaitersRideOutTheHoldersLeaderCutOff(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 18*time.Second)
 			defer cancel()
 			l, err := w.Lock(ctx, "k")
+			refused()
 			errs <- err
 			if err == nil {
 				// The Locker bounds a release by one TTL, and a release that fails is retried
@@ -617,7 +647,7 @@ func TestWaitersRideOutTheHoldersLeaderCutOff(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(500 * time.Millisecond) // both waiters queued, watching the key
+	asked.Wait() // both waiters queued, watching the key, however slow their first ask
 	leader.Freeze()
 	cut := time.Now()
 	for range 2 {

@@ -2,6 +2,9 @@ package zkstore
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,12 +23,72 @@ const testSession = 9 * time.Second
 // through which the "conf" four-letter word does not always come back whole.
 func dial(t testing.TB, hosts ...string) *Store {
 	t.Helper()
-	s, err := Dial(Config{Hosts: hosts, SessionTimeout: testSession, Root: "/flightlock-test", TickTime: 500 * time.Millisecond, SyncLimit: 5})
+	return dialSession(t, testSession, hosts...)
+}
+
+// dialSession is dial with a session timeout of the test's own.
+func dialSession(t testing.TB, session time.Duration, hosts ...string) *Store {
+	t.Helper()
+	s, err := Dial(Config{Hosts: hosts, SessionTimeout: session, Root: "/flightlock-test", TickTime: 500 * time.Millisecond, SyncLimit: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// renewals records a Locker's watchdog renewals (its Observer.Renewed), for a test to wait on
+// them rather than for a fixed time, and to show them when it fails.
+type renewals struct {
+	mu  sync.Mutex
+	log []renewal // guarded by mu
+}
+
+type renewal struct {
+	key string
+	at  time.Time // when the reply came
+	err error
+}
+
+// add is the Observer.Renewed to install.
+func (r *renewals) add(key string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.log = append(r.log, renewal{key: key, at: time.Now(), err: err})
+}
+
+// okSince counts key's successful renewals whose replies came after from.
+func (r *renewals) okSince(key string, from time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, x := range r.log {
+		if x.key == key && x.err == nil && x.at.After(from) {
+			n++
+		}
+	}
+	return n
+}
+
+// since lists key's renewals whose replies came after from, each at its offset from from.
+func (r *renewals) since(key string, from time.Time) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, x := range r.log {
+		if x.key != key || !x.at.After(from) {
+			continue
+		}
+		outcome := "ok"
+		if x.err != nil {
+			outcome = x.err.Error()
+		}
+		fmt.Fprintf(&b, "\n\t+%v: %s", x.at.Sub(from).Round(time.Millisecond), outcome)
+	}
+	if b.Len() == 0 {
+		return " none"
+	}
+	return b.String()
 }
 
 func mustLocker(t testing.TB, s lockstore.Store, opts ...flightlock.Option) *flightlock.Locker {

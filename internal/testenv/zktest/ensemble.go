@@ -126,11 +126,18 @@ func (e *Ensemble) Addrs() []string {
 // is not isolated follows, failing the test after within.
 func (e *Ensemble) WaitReady(within time.Duration) {
 	e.tb.Helper()
+	e.awaitReady(within)
+}
+
+// awaitReady is WaitReady; it returns the followers of the reading that found the ensemble
+// ready, in ID order.
+func (e *Ensemble) awaitReady(within time.Duration) []*Server {
+	e.tb.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		err := e.ready()
+		followers, err := e.ready()
 		if err == nil {
-			return
+			return followers
 		}
 		if time.Now().After(deadline) {
 			var logs strings.Builder
@@ -143,8 +150,11 @@ func (e *Ensemble) WaitReady(within time.Duration) {
 	}
 }
 
-func (e *Ensemble) ready() error {
+// ready returns the followers when exactly one running server that is not isolated leads and
+// every other one follows.
+func (e *Ensemble) ready() ([]*Server, error) {
 	leaders := 0
+	var followers []*Server
 	for _, s := range e.Servers {
 		if s.Pid() == 0 || e.isolated(s) {
 			continue
@@ -153,14 +163,15 @@ func (e *Ensemble) ready() error {
 		case ModeLeader:
 			leaders++
 		case ModeFollower:
+			followers = append(followers, s)
 		default:
-			return fmt.Errorf("%s reports mode %q", s, m)
+			return nil, fmt.Errorf("%s reports mode %q", s, m)
 		}
 	}
 	if leaders != 1 {
-		return fmt.Errorf("%d servers lead", leaders)
+		return nil, fmt.Errorf("%d servers lead", leaders)
 	}
-	return nil
+	return followers, nil
 }
 
 // Leader returns the server that leads, asking each running server that is not isolated with
@@ -188,15 +199,13 @@ func (e *Ensemble) Leader() *Server {
 	}
 }
 
-// Followers returns the running servers, not isolated, that report following, in ID order.
+// Followers waits until the ensemble is ready, as WaitReady does (failing the test after a
+// generous bound), and returns the running servers, not isolated, that follow, in ID order. A
+// single round of asking could miss a follower too busy to answer within Mode's second, or ask
+// in the middle of an election.
 func (e *Ensemble) Followers() []*Server {
-	var out []*Server
-	for _, s := range e.Servers {
-		if s.Pid() != 0 && !e.isolated(s) && s.Mode() == ModeFollower {
-			out = append(out, s)
-		}
-	}
-	return out
+	e.tb.Helper()
+	return e.awaitReady(readyTimeout)
 }
 
 // Isolate cuts s off from every other server of the ensemble, in both directions, as a network
