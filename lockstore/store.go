@@ -56,9 +56,12 @@ type Request struct {
 	// Meta is optional text kept with the lock for operators (who holds it); it may be empty.
 	Meta string
 	// Asked, when not zero, makes the acquisition fair: granted in request order across
-	// processes. It is when the caller's Lock began (the store may clamp it to its own clock,
-	// less a bound on clock skew); each fair acquirer takes a place in the key's line, ordered
-	// by Asked, and only the first in line may take the free key. A grant leaves the line.
+	// processes. It is when the caller's Lock began; each fair acquirer takes a place in the
+	// key's line, and only the first in line may take the free key. A grant leaves the line. A
+	// store ranks places by Asked (Redis, which clamps it to its own clock less a bound on clock
+	// skew) or by when its first fair Acquire reached the store (etcd's revisions, ZooKeeper's
+	// sequence numbers: no host's clock is trusted, and the Locker sends that Acquire as soon as
+	// a fair Lock begins).
 	Asked time.Time
 	// Permits, when not empty, asks for one of several keys (a semaphore's permits) instead of
 	// Key: the first of them, in order, that Acquire of that key alone would grant, and
