@@ -84,8 +84,9 @@ func (e *etcdBackend) start(c *config) error {
 	if err := e.makeDir(c.dataDir, "etcd"); err != nil {
 		return err
 	}
-	e.clientURL = "http://" + freeAddr()
-	peer := "http://" + freeAddr()
+	addrs := freeAddrs(2) // the client's port and the peers', distinct
+	e.clientURL = "http://" + addrs[0]
+	peer := "http://" + addrs[1]
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
 		_ = os.RemoveAll(e.Dir)

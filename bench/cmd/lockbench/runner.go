@@ -133,10 +133,11 @@ func (p *procBackend) makeDir(parent, name string) (err error) {
 	return err
 }
 
-func freeAddr() string {
-	addr, err := redisserver.FreeAddr()
+// freeAddrs are n distinct free loopback addresses (redisserver.FreeAddrs).
+func freeAddrs(n int) []string {
+	addrs, err := redisserver.FreeAddrs(n)
 	check(err, "free port: %v")
-	return addr
+	return addrs
 }
 
 // fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount

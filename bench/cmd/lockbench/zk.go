@@ -110,7 +110,7 @@ func (z *zkBackend) start(c *config) error {
 	if err := z.makeDir(c.dataDir, "zk"); err != nil {
 		return err
 	}
-	z.addr, z.tick = freeAddr(), c.zkTick
+	z.addr, z.tick = freeAddrs(1)[0], c.zkTick
 	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
 		first, _, _ := strings.Cut(string(out), "\n")
 		z.java = strings.TrimSpace(first)

@@ -78,14 +78,20 @@ func (s *Proc) Stop() {
 	_ = os.RemoveAll(s.Dir)
 }
 
-// FreeAddr is a free loopback address (host:port).
-func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// FreeAddrs are n distinct free loopback addresses (host:port): every port is held open until
+// all n are taken, so that the kernel cannot hand one out twice (a server that binds two ports,
+// etcd's client and peer, would otherwise fail to start on a port it was given twice).
+func FreeAddrs(n int) ([]string, error) {
+	addrs := make([]string, n)
+	for i := range addrs {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		addrs[i] = l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return addrs, nil
 }
 
 // Server is a redis-server process this benchmark started and owns.
@@ -103,10 +109,11 @@ func Start(name string, extra ...string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
 	}
-	addr, err := FreeAddr()
+	addrs, err := FreeAddrs(1)
 	if err != nil {
 		return nil, err
 	}
+	addr := addrs[0]
 	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
