@@ -133,10 +133,14 @@ func (p *procBackend) makeDir(parent, name string) (err error) {
 	return err
 }
 
-// freeAddrs are n distinct free loopback addresses (redisserver.FreeAddrs).
+// freeAddrs are n distinct free loopback addresses (host:port).
 func freeAddrs(n int) []string {
-	addrs, err := redisserver.FreeAddrs(n)
-	check(err, "free port: %v")
+	ports, err := redisserver.FreePorts(n)
+	check(err, "%v")
+	addrs := make([]string, n)
+	for i, p := range ports {
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
 	return addrs
 }
 

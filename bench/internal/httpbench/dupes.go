@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 
 	flmw "github.com/flightlock/flightlock/middleware"
@@ -50,7 +51,7 @@ func NewDupServer(conf flmw.LockConf) (*DupServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(1)
+	ports, err := redisserver.FreePorts(1)
 	if err != nil {
 		_ = m.Close()
 		return nil, err

@@ -17,6 +17,7 @@ import (
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -39,7 +40,7 @@ func Load(path string) (app.Config, []int, error) {
 	if err != nil {
 		return app.Config{}, nil, err
 	}
-	ports, err := FreePorts(3)
+	ports, err := redisserver.FreePorts(3)
 	if err != nil {
 		return app.Config{}, nil, err
 	}
@@ -174,26 +175,6 @@ func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (m
 		return nil, nil, err
 	}
 	return m.Handle, func() { _ = m.Close() }, nil
-}
-
-// FreePorts returns n distinct free loopback ports.
-func FreePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l) // held until all are chosen, so the n ports differ
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // WaitListening waits up to 10s for something to accept connections on the loopback port.

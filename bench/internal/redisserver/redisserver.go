@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,20 +79,24 @@ func (s *Proc) Stop() {
 	_ = os.RemoveAll(s.Dir)
 }
 
-// FreeAddrs are n distinct free loopback addresses (host:port): every port is held open until
-// all n are taken, so that the kernel cannot hand one out twice (a server that binds two ports,
-// etcd's client and peer, would otherwise fail to start on a port it was given twice).
-func FreeAddrs(n int) ([]string, error) {
-	addrs := make([]string, n)
-	for i := range addrs {
+// FreePorts returns n distinct free loopback ports.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("free port: %w", err)
 		}
-		defer l.Close()
-		addrs[i] = l.Addr().String()
+		ls = append(ls, l) // held until all are chosen, so the n ports differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	return addrs, nil
+	return ports, nil
 }
 
 // Server is a redis-server process this benchmark started and owns.
@@ -109,12 +114,12 @@ func Start(name string, extra ...string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
 	}
-	addrs, err := FreeAddrs(1)
+	ports, err := FreePorts(1)
 	if err != nil {
 		return nil, err
 	}
-	addr := addrs[0]
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(ports[0])
+	addr := net.JoinHostPort("127.0.0.1", port)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
 	cmd.Args = append(cmd.Args, extra...)
