@@ -118,11 +118,7 @@ func (x *spanHolder) Reading() bool { return x.reading }
 
 // spanHolders wraps every holder in a spanHolder on span.
 func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
-	out := make([]contend.Holder, len(hs))
-	for i, h := range hs {
-		out[i] = &spanHolder{Holder: h, span: span}
-	}
-	return out
+	return each(len(hs), func(i int) contend.Holder { return &spanHolder{Holder: hs[i], span: span} })
 }
 
 // --- the report

@@ -595,9 +595,9 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 	if r.rw {
 		im := b.impl(r).(rwImpl) // a read-write row's lock (rowSpec.rw)
 		keys := rowNames(im, keys)
-		return spanHolders(holdersOf(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
+		return spanHolders(each(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
 	}
-	hs := holdersOf(n, func(i int) contend.Holder {
+	hs := each(n, func(i int) contend.Holder {
 		im := b.rowImpl(r.id, i)
 		return &implHolder{im: im, keys: rowNames(im, keys)}
 	})
@@ -614,7 +614,7 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 // no lock has none counted). It returns the figures, the server command mix per critical
 // section and the first error.
 func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, seed uint64, reads int) (metrics, string, string) {
-	gs, span := newGuards(len(keys)), admitting(r, guard.New())
+	gs, span := each(len(keys), func(int) guard.Guard { return guard.New() }), admitting(r, guard.New())
 	gs[0] = admitting(r, gs[0])
 	hs := b.holders(r, keys, n, reads, span)
 	im := b.impl(r)

@@ -57,11 +57,7 @@ func rowKeys(im impl, prefix string, n int) []string { return rowNames(im, keysN
 
 // keysNamed are n keys named after prefix: prefix0, prefix1...
 func keysNamed(prefix string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
-	return keys
+	return each(n, func(i int) string { return prefix + strconv.Itoa(i) })
 }
 
 // fall is how many times row's median of metric falls from point x0 to x1 of an axis (above
