@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -230,11 +229,8 @@ func (h *rtCounter) timeCalls(on bool) []callSpan {
 // callTimer is a row whose go-redis client carries an rtCounter (goredisRow).
 type callTimer interface{ counter() *rtCounter }
 
-func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return next(ctx, network, addr)
-	}
-}
+// DialHook leaves dialling as it is: a dial is not a round trip of the row's commands.
+func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
