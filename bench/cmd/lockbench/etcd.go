@@ -221,12 +221,7 @@ func (m mutexRow) lock(ctx context.Context, key string) (any, error) {
 
 func (m mutexRow) tryLock(ctx context.Context, key string) (any, error) {
 	mu := concurrency.NewMutex(m.sess, key)
-	if err := mu.TryLock(ctx); errors.Is(err, concurrency.ErrLocked) {
-		return nil, errBusy
-	} else if err != nil {
-		return nil, err
-	}
-	return mu, nil
+	return tried(mu, mu.TryLock(ctx), concurrency.ErrLocked)
 }
 
 func (m mutexRow) unlock(ctx context.Context, _ string, h any) error {

@@ -150,7 +150,7 @@ func newClient(addr string, s clientSetting) goredisRow {
 	return c
 }
 
-func (g goredisRow) roundTrips() int64   { return g.rt.load() }
+func (g goredisRow) roundTrips() int64   { return g.rt.n.Load() }
 func (g goredisRow) counter() *rtCounter { return g.rt }
 func (g goredisRow) close()              { _ = g.client.Close() }
 
@@ -354,13 +354,10 @@ func (g *gozeroImpl) tryLock(ctx context.Context, key string) (any, error) {
 	rl := zeroredis.NewRedisLock(g.store, key)
 	rl.SetExpire(int(lockTTL / time.Second))
 	ok, err := rl.AcquireCtx(ctx)
-	if err != nil {
-		return nil, err
+	if err == nil && !ok {
+		err = errBusy
 	}
-	if !ok {
-		return nil, errBusy
-	}
-	return rl, nil
+	return rl, err
 }
 
 func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
@@ -371,7 +368,7 @@ func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
 	return err
 }
 
-func (g *gozeroImpl) roundTrips() int64 { return g.rt.load() }
+func (g *gozeroImpl) roundTrips() int64 { return g.rt.n.Load() }
 func (g *gozeroImpl) close()            {} // the client belongs to go-zero's process-wide manager
 
 // --- floors
@@ -425,13 +422,10 @@ func (s *storeImpl) key(base string) string { return "fls:" + base }
 func (s *storeImpl) lock(ctx context.Context, key string) (any, error) {
 	owner := rand.Text()
 	a, err := s.store.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: lockTTL})
-	if err != nil {
-		return nil, err
+	if err == nil && !a.Acquired {
+		err = errBusy
 	}
-	if !a.Acquired {
-		return nil, errBusy
-	}
-	return owner, nil
+	return owner, err
 }
 
 func (s *storeImpl) tryLock(ctx context.Context, key string) (any, error) { return s.lock(ctx, key) }

@@ -252,5 +252,3 @@ func (h *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
-
-func (h *rtCounter) load() int64 { return h.n.Load() }
