@@ -692,11 +692,13 @@ func (r *report) peerGoals() []goal {
 	if s := r.s9; s != nil && len(s.Sizes) > 0 {
 		var worstHeap, worstAfter, afterGor float64
 		var heapAt, afterAt string
+		var per []string
 		for _, n := range s.Sizes {
 			fl := find(s.Held[n], "flightlock")
 			if fl == nil {
 				continue
 			}
+			per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(fl.med("heap")), mdfmt.Int(float64(n))))
 			if v := fl.med("heap"); v >= worstHeap {
 				worstHeap, heapAt = v, mdfmt.Int(float64(n))
 			}
@@ -706,10 +708,6 @@ func (r *report) peerGoals() []goal {
 			afterGor = max(afterGor, fl.worst("after_gor"))
 		}
 		if heapAt != "" {
-			var per []string
-			for _, n := range s.Sizes {
-				per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(find(s.Held[n], "flightlock").med("heap")), mdfmt.Int(float64(n))))
-			}
 			add("9: held locks, watchdog on", "≤ 300 B of live heap per held lock", worstHeap/300,
 				fmt.Sprintf("%s (%.2fx the goal at %s)", strings.Join(per, ", "), worstHeap/300, heapAt), worstHeap <= 300)
 			add("9: after releasing them all", "≤ 16 B per lock still live, goroutines back to the baseline", worstAfter/16,

@@ -115,9 +115,7 @@ func (s *DupServer) burst(key string) (latencies []int64, bodies map[string]int,
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for range Dups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			t0 := time.Now()
 			req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(`{"amount":100}`))
@@ -141,7 +139,7 @@ func (s *DupServer) burst(key string) (latencies []int64, bodies map[string]int,
 			if resp.StatusCode == http.StatusOK {
 				bodies[string(body)]++
 			}
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()
