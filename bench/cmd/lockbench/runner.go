@@ -123,7 +123,18 @@ type procBackend struct {
 }
 
 func (p *procBackend) serverCPU() time.Duration { return cpustat.Proc(p.Pid()) }
-func (p *procBackend) serverMemory() int64      { return procRSS(p.Pid()) }
+
+// serverMemory is the server's resident memory in bytes (its VmRSS, which /proc/<pid>/statm
+// counts in pages); 0 if unknown.
+func (p *procBackend) serverMemory() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.Pid()))
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
 
 // makeDir makes the server's temporary data directory in parent ("" for $TMPDIR), named
 // after name.
@@ -166,18 +177,6 @@ func fsType(dir string) string {
 		}
 	}
 	return typ
-}
-
-// procRSS is a process's resident memory in bytes (its VmRSS, which /proc/<pid>/statm counts
-// in pages); 0 if unknown.
-func procRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
-	f := strings.Fields(string(b))
-	if err != nil || len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
 }
 
 // figures calls f with the first field of every line of text whose last field is a number,
@@ -327,9 +326,10 @@ func openBench(c *config, be backend) (*bench, error) {
 	return b, lease.Release(ctx)
 }
 
-// newLocker is a Locker on a store of the backend's own and its teardown (nil: the backend
-// has no store apart from its rows). Its wait budget is as long as the Lock's context bound,
-// so a Lock ends on the bound (an error counted); handoff keeps its defaults.
+// newLocker is a Locker on a store of the backend's own and its teardown, which drains it and
+// closes the store, revoking its lease or session (nil: the backend has no store apart from
+// its rows). Its wait budget is as long as the Lock's context bound, so a Lock ends on the
+// bound (an error counted); handoff keeps its defaults.
 func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
 	st, err := b.be.newStore()
 	if st == nil || err != nil {
@@ -340,7 +340,12 @@ func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
 		_ = st.Close()
 		return nil, nil, err
 	}
-	return l, func() { drainClose(l, st.Close) }, nil
+	return l, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.Drain(ctx)
+		_ = st.Close()
+	}, nil
 }
 
 // close drains the bench's Locker and closes its store and the backend's clients.
@@ -661,7 +666,13 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
 	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
 	defer done()
-	all := sumWorkers(wr)
+	var all workerResult // the critical sections of all over the window, every error, their round trips and CPU
+	for _, w := range wr {
+		all.Add(w.Result)
+		all.CPU += w.CPU
+		all.RT += w.RT
+		all.Elapsed = max(all.Elapsed, w.Elapsed)
+	}
 	st.rts = all.RT
 	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
 	var fewest, most int64 = 1 << 62, 0
@@ -681,14 +692,6 @@ func retriesOf(im impl) int64 {
 		return r.retried()
 	}
 	return 0
-}
-
-// drainClose drains a Locker and closes its store (revoking its lease or session).
-func drainClose(l *flightlock.Locker, closeStore func() error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = l.Drain(ctx)
-	_ = closeStore()
 }
 
 // ranAny says whether any of the scenarios runs.

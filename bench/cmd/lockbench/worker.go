@@ -147,19 +147,6 @@ const (
 	s3Goroutines = 16
 )
 
-// sumWorkers adds the workers' results up: the critical sections of all over the window,
-// every error, their round trips and CPU.
-func sumWorkers(wr []workerResult) workerResult {
-	var all workerResult
-	for _, w := range wr {
-		all.Add(w.Result)
-		all.CPU += w.CPU
-		all.RT += w.RT
-		all.Elapsed = max(all.Elapsed, w.Elapsed)
-	}
-	return all
-}
-
 // inAndAcross are the rows of a scenario of the primitives report, in one process and across
 // processes.
 type inAndAcross struct {
