@@ -454,7 +454,7 @@ func (e *etcdBackend) notes() storeNotes {
 // etcdHTTPIntro describes scenario 6's systems and load on etcd.
 func (r *report) etcdHTTPIntro(w writer, h *s6Results) {
 	c := r.cfg
-	p := func(format string, args ...any) { w(format+"\n", args...) }
+	p := lines(w)
 	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
 	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
 	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")

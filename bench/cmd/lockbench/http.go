@@ -156,15 +156,6 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 	}
 }
 
-// wrapped counts the runs that reused uids.
-func (res *s6Results) wrapped() float64 {
-	var n float64
-	for _, x := range append(res.Low, res.Sat...) {
-		n += x.sum("wrapped")
-	}
-	return n
-}
-
 // startSystem builds and starts the example for one row from the example's own config file,
 // pointed at the benchmark's Redis and at free loopback ports; the flightlock row keeps the
 // example's own middleware, as shipped.
@@ -456,7 +447,11 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 		w("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the\n")
 		w("medians): %s.\n\n", strings.Join(disturbed, ", "))
 	}
-	if wrapped := s.wrapped(); wrapped > 0 {
+	var wrapped float64 // the runs that reused uids
+	for _, x := range append(s.Low, s.Sat...) {
+		wrapped += x.sum("wrapped")
+	}
+	if wrapped > 0 {
 		w("%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n\n", int(wrapped))
 	}
 }

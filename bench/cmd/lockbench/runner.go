@@ -537,10 +537,7 @@ const manyKeys = 1000
 // counted, CPU and allocations per operation, and with timeCalls the time inside the client's
 // calls and the rest; with the server command mix per operation.
 func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
-	ims := make([]impl, len(rows))
-	for i, r := range rows {
-		ims[i] = b.impl(r)
-	}
+	ims := each(len(rows), func(i int) impl { return b.impl(rows[i]) })
 	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
 	out, mixes := map[string]metrics{}, map[string]string{}
 	for i, r := range rows {

@@ -437,11 +437,8 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// printer writes one line of the report.
-type printer func(format string, args ...any)
-
 // lines is w writing one line per call.
-func lines(w writer) printer { return func(format string, args ...any) { w(format+"\n", args...) } }
+func lines(w writer) writer { return func(format string, args ...any) { w(format+"\n", args...) } }
 
 // scenarioList names the scenarios a run ran, in order.
 func scenarioList(c *config) string {
@@ -470,7 +467,7 @@ func pointList(xs []int) string {
 func countStr(n int) string { return mdfmt.Int(float64(n)) }
 
 // howItWasRun opens a store report's "How it was run" section with the command that made it.
-func howItWasRun(p printer, c *config) {
+func howItWasRun(p writer, c *config) {
 	p("## How it was run")
 	p("")
 	p("```")
@@ -481,7 +478,7 @@ func howItWasRun(p printer, c *config) {
 
 // commonBullets are what a store report's "How it was run" says of every store's run; warmWhy
 // says why the first writes are slower.
-func commonBullets(p printer, c *config, warmWhy string) {
+func commonBullets(p writer, c *config, warmWhy string) {
 	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows", scenarioList(c), c.reps)
 	p("  interleaved and their order rotated per repetition; then scenarios 8, 9, 5, 6 and 7 run their own repetitions,")
 	p("  rows rotated likewise (9 once: its figures are counts, not timings). Figures are medians over the repetitions.")
