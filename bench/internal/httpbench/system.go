@@ -20,6 +20,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 // Seeded state of every uid: enough stock and money for more orders than a run makes, so a
@@ -164,6 +165,9 @@ func PointRedis(c *app.Config, addr string) {
 // (a Redis rule's, enforced); installed this way, a request without it writes unfenced, as in
 // the rows of the other libraries.
 func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (mw rest.Middleware, closeMW func(), err error) {
+	// The order API's rules hold an OnBusy share rule: sharing is linked as the example's
+	// main.go and app.New link it, whether or not a system was built before this middleware.
+	flmw.ResponseSharing = share.New
 	lc.Rules = slices.Clone(lc.Rules)
 	i := slices.IndexFunc(lc.Rules, func(r flmw.Rule) bool { return r.Path == "/api/order/create" })
 	if i < 0 {
