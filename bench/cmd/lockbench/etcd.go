@@ -57,8 +57,6 @@ type etcdBackend struct {
 	floorRetries atomic.Int64
 }
 
-func (e *etcdBackend) spec(row string) (rowSpec, bool) { return labelled(e.notes(), row) }
-
 // rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
 // the Mutex.
 func (e *etcdBackend) rows(scenario int) []string {

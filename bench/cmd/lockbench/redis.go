@@ -47,7 +47,6 @@ func (r *redisBackend) dropGoroutinesBeyond(int)    {}
 func (r *redisBackend) dupConf() flmw.LockConf {
 	return flmw.LockConf{Redis: flmw.RedisConf{Host: r.addr}}
 }
-func (r *redisBackend) spec(row string) (rowSpec, bool) { return rowByID(row) }
 
 // open makes the measurement's connection; flightlock is one of the rows, on a client of its
 // own, and has no store apart (newStore) nor a floor to copy (floorFrom).

@@ -77,9 +77,8 @@ type backend interface {
 	floorFrom(key string) error
 	// rows are those of a scenario: 1's; 2's, which 3, scenario 8's hot key and scenario 9's
 	// waiting run too; 4's, which scenario 8's keys run too; 5's, which scenario 9's holding
-	// runs too. spec names a row.
+	// runs too. specOf names a row.
 	rows(scenario int) []string
-	spec(row string) (rowSpec, bool)
 	// lockOf is a row's lock for goroutine i of this process, once peerGoroutines(n) made room
 	// for n > i of them; i < 0 is the process's own lock, none of the goroutines' (scenario 1,
 	// a held key). dropGoroutinesBeyond undoes peerGoroutines past n.
@@ -385,7 +384,7 @@ func (b *bench) pick(ids ...string) []rowSpec {
 		if onlyRows != nil && !onlyRows[id] {
 			continue
 		}
-		r, ok := b.be.spec(id)
+		r, ok := specOf(b.be, id)
 		if !ok {
 			fatalf("unknown row %q", id)
 		}

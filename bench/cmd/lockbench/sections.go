@@ -356,7 +356,7 @@ type storeNotes struct {
 	reqUnit, reqCol, cpuCol string                    // the server's requests (progress, table columns) and its CPU column
 	floorShort, peerShort   string                    // the floor and the peer in goals and ratios
 	peerThe                 string                    // the peer in the goals' lead sentence
-	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper)
+	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper; Redis: rowByID)
 	floors                  [][2]string               // the floors' rows and short names: scenarios 1 and 4 show ratios to them
 	s9HoldNote, s9WaitNote  string                    // how the store's rows hold and wait in scenario 9
 	s1Note, s4Note, s8Note  string                    // what scenarios 1, 4 and 8 do on this store beyond what every store does
@@ -374,10 +374,14 @@ type storeNotes struct {
 	closing                 func(r *report, w writer)
 }
 
-// labelled is the row of a store whose rows n names (etcd, ZooKeeper), false if n names none.
-func labelled(n storeNotes, row string) (rowSpec, bool) {
-	l, ok := n.labels[row]
-	return rowSpec{id: row, lib: l}, ok
+// specOf is be's row named id, false if it has none: a row its notes label (etcd, ZooKeeper),
+// or one of the Redis rows.
+func specOf(be backend, id string) (rowSpec, bool) {
+	if labels := be.notes().labels; labels != nil {
+		l, ok := labels[id]
+		return rowSpec{id: id, lib: l}, ok
+	}
+	return rowByID(id)
 }
 
 // list is scenario sc's results (1-5; scenario 2 at hotGoroutines).

@@ -111,7 +111,7 @@ func workerMain(args []string) {
 	be.attach(*addr)
 	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
 	check(err, "worker: %v")
-	r, ok := be.spec(*row)
+	r, ok := specOf(be, *row)
 	if !ok {
 		fatalf("worker: unknown row %q", *row)
 	}

@@ -55,8 +55,6 @@ type zkBackend struct {
 	floorValue []byte // the bytes flightlock writes in a key node
 }
 
-func (z *zkBackend) spec(row string) (rowSpec, bool) { return labelled(z.notes(), row) }
-
 // rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
 // in scenario 1, those two alone on a hot key.
 func (z *zkBackend) rows(scenario int) []string {
