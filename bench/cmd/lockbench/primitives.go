@@ -55,11 +55,9 @@ type zsetSemImpl struct {
 }
 
 func newZsetSem(addr string, s clientSetting) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "zs:")
 	return &zsetSemImpl{goredisRow: c, sem: zsetsem.New(c.client, semPermits, lockTTL, semPoll)}, nil
 }
-
-func (z *zsetSemImpl) key(base string) string { return "zs:" + base }
 
 func (z *zsetSemImpl) lock(ctx context.Context, key string) (any, error) {
 	return z.sem.Acquire(ctx, key)
@@ -214,11 +212,9 @@ type pollRWImpl struct {
 }
 
 func newPollRW(addr string, s clientSetting) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "prw:")
 	return &pollRWImpl{goredisRow: c, l: pollrw.New(c.client, lockTTL, semPoll)}, nil
 }
-
-func (p *pollRWImpl) key(base string) string { return "prw:" + base }
 
 func (p *pollRWImpl) lock(ctx context.Context, key string) (any, error) { return p.l.Lock(ctx, key) }
 
