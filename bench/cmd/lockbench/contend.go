@@ -133,10 +133,7 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 			s.lat = append(s.lat, int64(t2.Sub(t0)))
 			s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
 			if rc != nil {
-				var in time.Duration
-				for _, c := range rc.timeCalls(false) {
-					in += c.end.Sub(c.start)
-				}
+				in := rc.timeCalls(false)
 				s.inCalls = append(s.inCalls, int64(in))
 				s.outside = append(s.outside, int64(t2.Sub(t0)-in))
 			}

@@ -182,26 +182,19 @@ type cmdDelta map[string]int64
 // (INFO commandstats counts it).
 type rtCounter struct {
 	n atomic.Int64
-	// calls, while set (timeCalls), gets the start and the end of every command: scenario 13
-	// splits an operation's latency into the time inside the client's calls and the time
-	// outside them, the library's own.
-	calls atomic.Pointer[[]callSpan]
+	// While timing (timeCalls), every command adds to inCalls its time from its hand-over to
+	// go-redis to its reply: scenario 13 splits an operation's latency into the time inside
+	// the client's calls and the time outside them, the library's own.
+	timing  atomic.Bool
+	inCalls atomic.Int64 // ns
 }
 
-// callSpan is when one command was handed to go-redis and when its reply came back.
-type callSpan struct{ start, end time.Time }
-
-// timeCalls starts recording calls into a fresh list (on) or stops and returns what was
-// recorded. Only for a row driven by one goroutine at a time: the list is not locked.
-func (h *rtCounter) timeCalls(on bool) []callSpan {
-	if on {
-		h.calls.Store(&[]callSpan{})
-		return nil
-	}
-	if p := h.calls.Swap(nil); p != nil {
-		return *p
-	}
-	return nil
+// timeCalls starts timing the calls afresh (on) or stops; it returns the time inside them
+// since the last call.
+func (h *rtCounter) timeCalls(on bool) time.Duration {
+	in := time.Duration(h.inCalls.Swap(0))
+	h.timing.Store(on)
+	return in
 }
 
 // callTimer is a row whose go-redis client carries an rtCounter (goredisRow).
@@ -213,13 +206,12 @@ func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
-		p := h.calls.Load()
-		if p == nil {
+		if !h.timing.Load() {
 			return next(ctx, cmd)
 		}
 		start := time.Now()
 		err := next(ctx, cmd)
-		*p = append(*p, callSpan{start, time.Now()})
+		h.inCalls.Add(int64(time.Since(start)))
 		return err
 	}
 }
