@@ -79,7 +79,8 @@ func (s *Proc) Stop() {
 	_ = os.RemoveAll(s.Dir)
 }
 
-// FreePorts returns n distinct free loopback ports.
+// FreePorts returns n distinct free loopback ports: for the servers here, and for the HTTP
+// systems of lockbench's scenarios 6 and 7 (httpbench).
 func FreePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	var ls []net.Listener
