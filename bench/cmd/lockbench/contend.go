@@ -37,31 +37,18 @@ func fenceOf(h any) int64 {
 
 func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
-// holdersOf are n holders of one row, the i-th made by mk(i).
-func holdersOf(n int, mk func(i int) contend.Holder) []contend.Holder {
-	hs := make([]contend.Holder, n)
-	for i := range hs {
-		hs[i] = mk(i)
-	}
-	return hs
-}
-
-// rowNames are keys as im names them.
-func rowNames(im impl, keys []string) []string {
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		out[i] = im.key(k)
+// each is n values, the i-th made by mk(i): a row's holders, a run's guards and keys.
+func each[T any](n int, mk func(i int) T) []T {
+	out := make([]T, n)
+	for i := range out {
+		out[i] = mk(i)
 	}
 	return out
 }
 
-// newGuards are n fresh guards, one per key.
-func newGuards(n int) []guard.Guard {
-	gds := make([]guard.Guard, n)
-	for i := range gds {
-		gds[i] = guard.New()
-	}
-	return gds
+// rowNames are keys as im names them.
+func rowNames(im impl, keys []string) []string {
+	return each(len(keys), func(i int) string { return im.key(keys[i]) })
 }
 
 // guardSums are the plain counts, violations and fence violations of gds added up.
@@ -146,10 +133,7 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 			s.lat = append(s.lat, int64(t2.Sub(t0)))
 			s.lockLat = append(s.lockLat, int64(t1.Sub(t0)))
 			if rc != nil {
-				var in time.Duration
-				for _, c := range rc.timeCalls(false) {
-					in += c.end.Sub(c.start)
-				}
+				in := rc.timeCalls(false)
 				s.inCalls = append(s.inCalls, int64(in))
 				s.outside = append(s.outside, int64(t2.Sub(t0)-in))
 			}
@@ -178,11 +162,11 @@ func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d
 	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
 	for _, r := range rows {
 		// A sum starts known (ok), as sliceRows' do: add keeps ok only while every slice's is.
-		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, newGuards(len(keys[r.id])), serverStats{ok: true}
+		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, each(len(keys[r.id]), func(int) guard.Guard { return guard.New() }), serverStats{ok: true}
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		im := b.impl(r)
-		hs := holdersOf(g, func(int) contend.Holder { return &implHolder{im: im, keys: keys[r.id]} })
+		hs := each(g, func(int) contend.Holder { return &implHolder{im: im, keys: keys[r.id]} })
 		cr, st := windowRun(hs, guards[r.id], slice, b.c.lockTimeout, uint64(rep), b.meter(r.id))
 		crs[r.id].Add(cr)
 		crs[r.id].Elapsed += cr.Elapsed

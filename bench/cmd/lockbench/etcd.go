@@ -57,8 +57,6 @@ type etcdBackend struct {
 	floorRetries atomic.Int64
 }
 
-func (e *etcdBackend) spec(row string) (rowSpec, bool) { return labelled(e.notes(), row) }
-
 // rows are the floor (where it locks a key of its own: scenarios 1 and 4), flightlock and
 // the Mutex.
 func (e *etcdBackend) rows(scenario int) []string {
@@ -84,8 +82,9 @@ func (e *etcdBackend) start(c *config) error {
 	if err := e.makeDir(c.dataDir, "etcd"); err != nil {
 		return err
 	}
-	e.clientURL = "http://" + freeAddr()
-	peer := "http://" + freeAddr()
+	addrs := freeAddrs(2) // the client's port and the peers', distinct
+	e.clientURL = "http://" + addrs[0]
+	peer := "http://" + addrs[1]
 	cli, err := etcdClient(e.clientURL)
 	if err != nil {
 		_ = os.RemoveAll(e.Dir)
@@ -220,12 +219,7 @@ func (m mutexRow) lock(ctx context.Context, key string) (any, error) {
 
 func (m mutexRow) tryLock(ctx context.Context, key string) (any, error) {
 	mu := concurrency.NewMutex(m.sess, key)
-	if err := mu.TryLock(ctx); errors.Is(err, concurrency.ErrLocked) {
-		return nil, errBusy
-	} else if err != nil {
-		return nil, err
-	}
-	return mu, nil
+	return tried(mu, mu.TryLock(ctx), concurrency.ErrLocked)
 }
 
 func (m mutexRow) unlock(ctx context.Context, _ string, h any) error {
@@ -458,7 +452,7 @@ func (e *etcdBackend) notes() storeNotes {
 // etcdHTTPIntro describes scenario 6's systems and load on etcd.
 func (r *report) etcdHTTPIntro(w writer, h *s6Results) {
 	c := r.cfg
-	p := func(format string, args ...any) { w(format+"\n", args...) }
+	p := lines(w)
 	p("The Redis rows are scenario 6 of benchmarks.md, whose setup this follows. The example (`example/app`, config")
 	p("`etc/%s` with the create-order rule moved to etcd (`Store: etcd`), its etcd sections pointed at the", filepath.Base(h.Conf))
 	p("benchmark's etcd and its Redis at a `redis-server` this command starts for the scenario, free ports) runs in the")

@@ -78,7 +78,7 @@ func (b *bench) scenario6Bare() *s6Results {
 
 // httpScenario runs wrk against the system start builds for each of rows, at low load and at
 // saturation (scenario 6 and its bare-handler twin).
-func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *s6Results {
+func (b *bench) httpScenario(start func(s6Row) *httpbench.System, rows []s6Row) *s6Results {
 	res := &s6Results{Conf: b.c.exampleConf, Observe: b.c.observe}
 	if b.c.observe {
 		// What a service with Prometheus: and Telemetry: in its config runs: metrics recorded
@@ -92,20 +92,14 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, all []s6Row) *
 	if res.Note = httpbench.NotRunnable(b.c.exampleConf); res.Note != "" {
 		return res
 	}
-	var rows []s6Row
-	for _, r := range all {
-		if onlyRows == nil || onlyRows[r.id] {
-			rows = append(rows, r)
-		}
-	}
 	ping := b.rowImpl("ping", -1)
 	loadSystems(res, b.c, "s6 ", rows, start, map[string]int{"redis": b.be.Pid()}, b.meter(""),
 		func(ctx context.Context) error { _, err := ping.lock(ctx, ""); return err })
 	return res
 }
 
-// loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row
-// (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
+// loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row that
+// -rows keeps (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
 // and m's counters around every run (httpbench.Wrk.RunCPU): the server's requests and fsyncs
 // per request and its command mix, roundTrip the store's cheapest call. The runs go into res,
 // with each row's last mix at either load; wrk is tracked among the processes this run started,
@@ -118,6 +112,7 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 	defer wrk.Close()
 	logf := func(format string, args ...any) { progress(tag+format, args...) }
 	wrk.Track, wrk.Logf = workers.Track, logf
+	rows = slices.DeleteFunc(slices.Clone(rows), func(r s6Row) bool { return onlyRows != nil && !onlyRows[r.id] })
 	var systems []*httpbench.System
 	for _, r := range rows {
 		systems = append(systems, start(r))
@@ -159,15 +154,6 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.LowConns][r.id], Reps: loads.Low[r.id]})
 		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.SatConns][r.id], Reps: loads.Sat[r.id]})
 	}
-}
-
-// wrapped counts the runs that reused uids.
-func (res *s6Results) wrapped() float64 {
-	var n float64
-	for _, x := range append(res.Low, res.Sat...) {
-		n += x.sum("wrapped")
-	}
-	return n
 }
 
 // startSystem builds and starts the example for one row from the example's own config file,
@@ -461,7 +447,11 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 		w("Saturation runs in which processes outside the benchmark took more than 10 %% of the machine (they count in the\n")
 		w("medians): %s.\n\n", strings.Join(disturbed, ", "))
 	}
-	if wrapped := s.wrapped(); wrapped > 0 {
+	var wrapped float64 // the runs that reused uids
+	for _, x := range append(s.Low, s.Sat...) {
+		wrapped += x.sum("wrapped")
+	}
+	if wrapped > 0 {
 		w("%d runs sent more requests than the uids seeded for them and reused uids (one after the other, never at once).\n\n", int(wrapped))
 	}
 }

@@ -133,26 +133,28 @@ const (
 )
 
 // goredisRow is what every row on a go-redis client of ours has: the client, one pool per
-// row, and the hook that counts its round trips.
+// row, the hook that counts its round trips, and the prefix of the row's keys.
 type goredisRow struct {
 	client *redis.Client
 	rt     *rtCounter
+	prefix string
 }
 
-// newClient is a row's go-redis client on setting s.
-func newClient(addr string, s clientSetting) goredisRow {
+// newClient is a row's go-redis client on setting s, for keys named after prefix.
+func newClient(addr string, s clientSetting, prefix string) goredisRow {
 	o := &redis.Options{Addr: addr}
 	if s != defaultClient {
 		o.DisableIdentity, o.ContextTimeoutEnabled = true, true
 	}
-	c := goredisRow{client: redis.NewClient(o), rt: &rtCounter{}}
+	c := goredisRow{client: redis.NewClient(o), rt: &rtCounter{}, prefix: prefix}
 	c.client.AddHook(c.rt)
 	return c
 }
 
-func (g goredisRow) roundTrips() int64   { return g.rt.load() }
-func (g goredisRow) counter() *rtCounter { return g.rt }
-func (g goredisRow) close()              { _ = g.client.Close() }
+func (g goredisRow) key(base string) string { return g.prefix + base }
+func (g goredisRow) roundTrips() int64      { return g.rt.n.Load() }
+func (g goredisRow) counter() *rtCounter    { return g.rt }
+func (g goredisRow) close()                 { _ = g.client.Close() }
 
 // --- flightlock
 
@@ -195,7 +197,7 @@ type flightlockImpl struct {
 // tuned client the keys get a prefix; the default-client row is built as a benchmark written
 // outside this repository builds it, with nothing more.
 func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*flightlockImpl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "")
 	store := redisstore.New(c.client)
 	common := []flightlock.Option{flightlock.WithTTL(lockTTL), flightlock.WithWait(waitBudget)}
 	if s != defaultClient {
@@ -212,8 +214,9 @@ func newFlightlock(addr string, s clientSetting, opts ...flightlock.Option) (*fl
 	return &flightlockImpl{lockerRow: row, goredisRow: c, store: store}, nil
 }
 
-func (f *flightlockImpl) roundTrips() int64 { return f.goredisRow.roundTrips() }
-func (f *flightlockImpl) close()            { _ = f.store.Close(); _ = f.client.Close() }
+func (f *flightlockImpl) key(base string) string { return base } // the Locker adds its prefix
+func (f *flightlockImpl) roundTrips() int64      { return f.goredisRow.roundTrips() }
+func (f *flightlockImpl) close()                 { _ = f.store.Close(); _ = f.client.Close() }
 
 // --- bsm/redislock
 
@@ -224,11 +227,9 @@ type redislockImpl struct {
 }
 
 func newRedislock(addr string, s clientSetting, poll time.Duration) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "rl:")
 	return &redislockImpl{goredisRow: c, lc: redislock.New(c.client), poll: poll}, nil
 }
-
-func (r *redislockImpl) key(base string) string { return "rl:" + base }
 
 func (r *redislockImpl) lock(ctx context.Context, key string) (any, error) {
 	// redislock's retry strategies keep state, so each Obtain gets its own (as its docs show).
@@ -253,15 +254,13 @@ type redsyncImpl struct {
 }
 
 func newRedsync(addr string, s clientSetting, delay time.Duration) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "rs:")
 	opts := []redsync.Option{redsync.WithExpiry(lockTTL), redsync.WithTries(math.MaxInt32)}
 	if delay > 0 {
 		opts = append(opts, redsync.WithRetryDelay(delay))
 	}
 	return &redsyncImpl{goredisRow: c, rs: redsync.New(redsyncgoredis.NewPool(c.client)), opts: opts}, nil
 }
-
-func (r *redsyncImpl) key(base string) string { return "rs:" + base }
 
 func (r *redsyncImpl) lock(ctx context.Context, key string) (any, error) {
 	m := r.rs.NewMutex(key, r.opts...)
@@ -354,13 +353,10 @@ func (g *gozeroImpl) tryLock(ctx context.Context, key string) (any, error) {
 	rl := zeroredis.NewRedisLock(g.store, key)
 	rl.SetExpire(int(lockTTL / time.Second))
 	ok, err := rl.AcquireCtx(ctx)
-	if err != nil {
-		return nil, err
+	if err == nil && !ok {
+		err = errBusy
 	}
-	if !ok {
-		return nil, errBusy
-	}
-	return rl, nil
+	return rl, err
 }
 
 func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
@@ -371,7 +367,7 @@ func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
 	return err
 }
 
-func (g *gozeroImpl) roundTrips() int64 { return g.rt.load() }
+func (g *gozeroImpl) roundTrips() int64 { return g.rt.n.Load() }
 func (g *gozeroImpl) close()            {} // the client belongs to go-zero's process-wide manager
 
 // --- floors
@@ -382,11 +378,9 @@ type floorImpl struct {
 }
 
 func newFloor(addr string, s clientSetting, ping bool) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "floor:")
 	return &floorImpl{goredisRow: c, ping: ping}, nil
 }
-
-func (f *floorImpl) key(base string) string { return "floor:" + base }
 
 func (f *floorImpl) lock(ctx context.Context, key string) (any, error) {
 	if f.ping {
@@ -416,22 +410,17 @@ type storeImpl struct {
 }
 
 func newStoreRow(addr string, s clientSetting) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "fls:")
 	return &storeImpl{goredisRow: c, store: redisstore.New(c.client)}, nil
 }
-
-func (s *storeImpl) key(base string) string { return "fls:" + base }
 
 func (s *storeImpl) lock(ctx context.Context, key string) (any, error) {
 	owner := rand.Text()
 	a, err := s.store.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: lockTTL})
-	if err != nil {
-		return nil, err
+	if err == nil && !a.Acquired {
+		err = errBusy
 	}
-	if !a.Acquired {
-		return nil, errBusy
-	}
-	return owner, nil
+	return owner, err
 }
 
 func (s *storeImpl) tryLock(ctx context.Context, key string) (any, error) { return s.lock(ctx, key) }

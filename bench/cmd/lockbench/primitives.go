@@ -55,11 +55,9 @@ type zsetSemImpl struct {
 }
 
 func newZsetSem(addr string, s clientSetting) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "zs:")
 	return &zsetSemImpl{goredisRow: c, sem: zsetsem.New(c.client, semPermits, lockTTL, semPoll)}, nil
 }
-
-func (z *zsetSemImpl) key(base string) string { return "zs:" + base }
 
 func (z *zsetSemImpl) lock(ctx context.Context, key string) (any, error) {
 	return z.sem.Acquire(ctx, key)
@@ -118,11 +116,7 @@ func (x *spanHolder) Reading() bool { return x.reading }
 
 // spanHolders wraps every holder in a spanHolder on span.
 func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
-	out := make([]contend.Holder, len(hs))
-	for i, h := range hs {
-		out[i] = &spanHolder{Holder: h, span: span}
-	}
-	return out
+	return each(len(hs), func(i int) contend.Holder { return &spanHolder{Holder: hs[i], span: span} })
 }
 
 // --- the report
@@ -218,11 +212,9 @@ type pollRWImpl struct {
 }
 
 func newPollRW(addr string, s clientSetting) (impl, error) {
-	c := newClient(addr, s)
+	c := newClient(addr, s, "prw:")
 	return &pollRWImpl{goredisRow: c, l: pollrw.New(c.client, lockTTL, semPoll)}, nil
 }
-
-func (p *pollRWImpl) key(base string) string { return "prw:" + base }
 
 func (p *pollRWImpl) lock(ctx context.Context, key string) (any, error) { return p.l.Lock(ctx, key) }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,8 +22,8 @@ import (
 type redisBackend struct {
 	srv     *redisserver.Server
 	addr    string
-	version string // the server's redis_version
-	adm     *admin
+	version string          // the server's redis_version
+	adm     *redis.Client   // a connection used only for measurement (INFO); its own commands are left out
 	impls   map[string]impl // built once per row and reused across scenarios and repetitions
 }
 
@@ -48,12 +47,11 @@ func (r *redisBackend) dropGoroutinesBeyond(int)    {}
 func (r *redisBackend) dupConf() flmw.LockConf {
 	return flmw.LockConf{Redis: flmw.RedisConf{Host: r.addr}}
 }
-func (r *redisBackend) spec(row string) (rowSpec, bool) { return rowByID(row) }
 
 // open makes the measurement's connection; flightlock is one of the rows, on a client of its
 // own, and has no store apart (newStore) nor a floor to copy (floorFrom).
 func (r *redisBackend) open(*config) error {
-	r.adm, r.impls = &admin{c: redis.NewClient(&redis.Options{Addr: r.addr, DisableIdentity: true, PoolSize: 1})}, map[string]impl{}
+	r.adm, r.impls = redis.NewClient(&redis.Options{Addr: r.addr, DisableIdentity: true, PoolSize: 1}), map[string]impl{}
 	return nil
 }
 
@@ -95,25 +93,50 @@ func (r *redisBackend) lockOf(row string, _ int) impl {
 	return im
 }
 
-// counters reads the server's commands (INFO commandstats, without the INFO calls of the
-// measurement itself).
+// counters reads the server's commands (INFO commandstats: the calls per command, those Lua
+// scripts run with redis.call included, next to the EVALSHA that ran them), without the INFO
+// calls of the measurement itself.
 func (r *redisBackend) counters() serverStats {
-	cmds, err := r.adm.commandStats(context.Background())
+	stats, err := r.info("commandstats")
 	check(err, "INFO commandstats: %v")
-	delete(cmds, "info")
-	st := serverStats{cmds: cmds, ok: true}
-	for _, n := range cmds {
-		st.reqs += float64(n)
+	st := serverStats{cmds: cmdDelta{}, ok: true}
+	for name, rest := range stats {
+		for kv := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok && name != "cmdstat_info" {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				st.cmds[strings.TrimPrefix(name, "cmdstat_")] = n
+				st.reqs += float64(n)
+			}
+		}
 	}
 	return st
 }
 
-// serverCPU is INFO cpu's, finer than /proc's ticks.
+// serverCPU is INFO cpu's used_cpu_sys + used_cpu_user, finer than /proc's ticks (0 when
+// unreadable).
 func (r *redisBackend) serverCPU() time.Duration {
-	return time.Duration(r.adm.cpuSeconds(context.Background()) * 1e9)
+	f, _ := r.info("cpu")
+	sys, _ := strconv.ParseFloat(f["used_cpu_sys"], 64)
+	user, _ := strconv.ParseFloat(f["used_cpu_user"], 64)
+	return time.Duration((sys + user) * 1e9)
 }
 
-func (r *redisBackend) serverMemory() int64 { return r.adm.usedMemory(context.Background()) }
+// serverMemory is INFO memory's used_memory, in bytes (0 when unreadable).
+func (r *redisBackend) serverMemory() int64 {
+	f, _ := r.info("memory")
+	n, _ := strconv.ParseInt(f["used_memory"], 10, 64)
+	return n
+}
+
+// info is the fields of one INFO section, by name, read on the measurement's own connection.
+func (r *redisBackend) info(section string) (map[string]string, error) {
+	m, err := r.adm.InfoMap(context.Background(), section).Result()
+	fields := map[string]string{}
+	for _, f := range m {
+		maps.Copy(fields, f)
+	}
+	return fields, err
+}
 
 func (r *redisBackend) notes() storeNotes {
 	return storeNotes{name: "redis", title: "Redis", scenarios: []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, peer: "redislock",
@@ -151,101 +174,44 @@ func (r *redisBackend) extra(b *bench, scenario int) {
 // redisAddr is the address of the Redis rows' server, for the scenarios only Redis runs.
 func (b *bench) redisAddr() string { return b.be.(*redisBackend).addr }
 
-// admin is a connection used only for measurement (INFO); its own commands are subtracted.
-type admin struct {
-	c *redis.Client
-}
-
-// commandStats returns the calls per command from INFO commandstats. Commands run by Lua
-// scripts (redis.call) are counted too, next to the EVALSHA that ran them.
-func (a *admin) commandStats(ctx context.Context) (cmdDelta, error) {
-	stats, err := a.info(ctx, "commandstats")
-	out := cmdDelta{}
-	for name, rest := range stats {
-		for kv := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				out[strings.TrimPrefix(name, "cmdstat_")] = n
-			}
-		}
-	}
-	return out, err
-}
-
-// info is the fields of one INFO section, by name.
-func (a *admin) info(ctx context.Context, section string) (map[string]string, error) {
-	m, err := a.c.InfoMap(ctx, section).Result()
-	fields := map[string]string{}
-	for _, f := range m {
-		maps.Copy(fields, f)
-	}
-	return fields, err
-}
-
 // cmdDelta is calls per command: a commandstats snapshot, or the difference of two.
 type cmdDelta map[string]int64
-
-// cpuSeconds returns the server's used_cpu_sys + used_cpu_user (INFO cpu; 0 when unreadable).
-func (a *admin) cpuSeconds(ctx context.Context) float64 {
-	f, _ := a.info(ctx, "cpu")
-	sys, _ := strconv.ParseFloat(f["used_cpu_sys"], 64)
-	user, _ := strconv.ParseFloat(f["used_cpu_user"], 64)
-	return sys + user
-}
-
-// usedMemory returns the server's used_memory (INFO memory), in bytes (0 when unreadable).
-func (a *admin) usedMemory(ctx context.Context) int64 {
-	f, _ := a.info(ctx, "memory")
-	n, _ := strconv.ParseInt(f["used_memory"], 10, 64)
-	return n
-}
 
 // rtCounter is a go-redis hook that counts round trips: one per processed command, one per
 // pipeline. Pub/sub connections bypass hooks in go-redis, so SUBSCRIBE is not counted here
 // (INFO commandstats counts it).
 type rtCounter struct {
 	n atomic.Int64
-	// calls, while set (timeCalls), gets the start and the end of every command: scenario 13
-	// splits an operation's latency into the time inside the client's calls and the time
-	// outside them, the library's own.
-	calls atomic.Pointer[[]callSpan]
+	// While timing (timeCalls), every command adds to inCalls its time from its hand-over to
+	// go-redis to its reply: scenario 13 splits an operation's latency into the time inside
+	// the client's calls and the time outside them, the library's own.
+	timing  atomic.Bool
+	inCalls atomic.Int64 // ns
 }
 
-// callSpan is when one command was handed to go-redis and when its reply came back.
-type callSpan struct{ start, end time.Time }
-
-// timeCalls starts recording calls into a fresh list (on) or stops and returns what was
-// recorded. Only for a row driven by one goroutine at a time: the list is not locked.
-func (h *rtCounter) timeCalls(on bool) []callSpan {
-	if on {
-		h.calls.Store(&[]callSpan{})
-		return nil
-	}
-	if p := h.calls.Swap(nil); p != nil {
-		return *p
-	}
-	return nil
+// timeCalls starts timing the calls afresh (on) or stops; it returns the time inside them
+// since the last call.
+func (h *rtCounter) timeCalls(on bool) time.Duration {
+	in := time.Duration(h.inCalls.Swap(0))
+	h.timing.Store(on)
+	return in
 }
 
 // callTimer is a row whose go-redis client carries an rtCounter (goredisRow).
 type callTimer interface{ counter() *rtCounter }
 
-func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return next(ctx, network, addr)
-	}
-}
+// DialHook leaves dialling as it is: a dial is not a round trip of the row's commands.
+func (h *rtCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *rtCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.n.Add(1)
-		p := h.calls.Load()
-		if p == nil {
+		if !h.timing.Load() {
 			return next(ctx, cmd)
 		}
 		start := time.Now()
 		err := next(ctx, cmd)
-		*p = append(*p, callSpan{start, time.Now()})
+		h.inCalls.Add(int64(time.Since(start)))
 		return err
 	}
 }
@@ -256,5 +222,3 @@ func (h *rtCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
-
-func (h *rtCounter) load() int64 { return h.n.Load() }

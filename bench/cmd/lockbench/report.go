@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/color"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -68,11 +69,8 @@ func collectMachine() Machine {
 // loadNow is the 1, 5 and 15 minute load averages now ("?" if unknown).
 func loadNow() string {
 	raw, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
 	f := strings.Fields(string(raw))
-	if len(f) < 3 {
+	if err != nil || len(f) < 3 {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
@@ -141,13 +139,10 @@ func (r *report) write() {
 	}
 }
 
+// raw is the -json document: scenario 2's goroutine counts, map keys, become JSON's strings.
 func (r *report) raw() map[string]any {
-	s2 := map[string][]*result{}
-	for g, v := range r.s2 {
-		s2[strconv.Itoa(g)] = v
-	}
 	return map[string]any{"store": r.be.notes().name, "machine": r.machine, "date": r.started.UTC().Format(time.RFC3339), "reps": r.cfg.reps,
-		"scenario1": r.s1, "scenario2": s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
+		"scenario1": r.s1, "scenario2": r.s2, "scenario3": r.s3, "scenario4": r.s4, "scenario5": r.s5, "scenario6": r.s6, "scenario6_bare": r.s6bare, "scenario7": r.s7,
 		"scenario8": r.s8, "scenario9": r.s9, "scenario10": r.s10, "scenario11": r.s11, "scenario12": r.s12, "scenario13": r.s13, "quick": r.cfg.quick}
 }
 
@@ -692,11 +687,13 @@ func (r *report) peerGoals() []goal {
 	if s := r.s9; s != nil && len(s.Sizes) > 0 {
 		var worstHeap, worstAfter, afterGor float64
 		var heapAt, afterAt string
+		var per []string
 		for _, n := range s.Sizes {
 			fl := find(s.Held[n], "flightlock")
 			if fl == nil {
 				continue
 			}
+			per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(fl.med("heap")), mdfmt.Int(float64(n))))
 			if v := fl.med("heap"); v >= worstHeap {
 				worstHeap, heapAt = v, mdfmt.Int(float64(n))
 			}
@@ -706,10 +703,6 @@ func (r *report) peerGoals() []goal {
 			afterGor = max(afterGor, fl.worst("after_gor"))
 		}
 		if heapAt != "" {
-			var per []string
-			for _, n := range s.Sizes {
-				per = append(per, fmt.Sprintf("%s B at %s locks", mdfmt.Int(find(s.Held[n], "flightlock").med("heap")), mdfmt.Int(float64(n))))
-			}
 			add("9: held locks, watchdog on", "≤ 300 B of live heap per held lock", worstHeap/300,
 				fmt.Sprintf("%s (%.2fx the goal at %s)", strings.Join(per, ", "), worstHeap/300, heapAt), worstHeap <= 300)
 			add("9: after releasing them all", "≤ 16 B per lock still live, goroutines back to the baseline", worstAfter/16,
@@ -819,22 +812,13 @@ func mixString(d cmdDelta, ops int64) string {
 	if ops <= 0 {
 		return ""
 	}
-	type kv struct {
-		k string
-		v int64
-	}
-	var all []kv
-	for k, v := range d {
-		all = append(all, kv{k, v})
-	}
-	slices.SortFunc(all, func(a, b kv) int { return cmp.Or(cmp.Compare(b.v, a.v), cmp.Compare(a.k, b.k)) })
 	var parts []string
-	for _, e := range all {
-		per := float64(e.v) / float64(ops)
+	for _, k := range slices.SortedFunc(maps.Keys(d), func(a, b string) int { return cmp.Or(cmp.Compare(d[b], d[a]), cmp.Compare(a, b)) }) {
+		per := float64(d[k]) / float64(ops)
 		if per < 0.005 {
 			continue
 		}
-		parts = append(parts, strings.ToUpper(e.k)+" "+mdfmt.Float(per))
+		parts = append(parts, strings.ToUpper(k)+" "+mdfmt.Float(per))
 	}
 	return strings.Join(parts, ", ")
 }

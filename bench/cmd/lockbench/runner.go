@@ -77,9 +77,8 @@ type backend interface {
 	floorFrom(key string) error
 	// rows are those of a scenario: 1's; 2's, which 3, scenario 8's hot key and scenario 9's
 	// waiting run too; 4's, which scenario 8's keys run too; 5's, which scenario 9's holding
-	// runs too. spec names a row.
+	// runs too. specOf names a row.
 	rows(scenario int) []string
-	spec(row string) (rowSpec, bool)
 	// lockOf is a row's lock for goroutine i of this process, once peerGoroutines(n) made room
 	// for n > i of them; i < 0 is the process's own lock, none of the goroutines' (scenario 1,
 	// a held key). dropGoroutinesBeyond undoes peerGoroutines past n.
@@ -123,7 +122,18 @@ type procBackend struct {
 }
 
 func (p *procBackend) serverCPU() time.Duration { return cpustat.Proc(p.Pid()) }
-func (p *procBackend) serverMemory() int64      { return procRSS(p.Pid()) }
+
+// serverMemory is the server's resident memory in bytes (its VmRSS, which /proc/<pid>/statm
+// counts in pages); 0 if unknown.
+func (p *procBackend) serverMemory() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.Pid()))
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 2 {
+		return 0
+	}
+	pages, _ := strconv.ParseInt(f[1], 10, 64)
+	return pages * int64(os.Getpagesize())
+}
 
 // makeDir makes the server's temporary data directory in parent ("" for $TMPDIR), named
 // after name.
@@ -133,10 +143,15 @@ func (p *procBackend) makeDir(parent, name string) (err error) {
 	return err
 }
 
-func freeAddr() string {
-	addr, err := redisserver.FreeAddr()
-	check(err, "free port: %v")
-	return addr
+// freeAddrs are n distinct free loopback addresses (host:port).
+func freeAddrs(n int) []string {
+	ports, err := redisserver.FreePorts(n)
+	check(err, "%v")
+	addrs := make([]string, n)
+	for i, p := range ports {
+		addrs[i] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	return addrs
 }
 
 // fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
@@ -161,18 +176,6 @@ func fsType(dir string) string {
 		}
 	}
 	return typ
-}
-
-// procRSS is a process's resident memory in bytes (its VmRSS, which /proc/<pid>/statm counts
-// in pages); 0 if unknown.
-func procRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
-	f := strings.Fields(string(b))
-	if err != nil || len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
 }
 
 // figures calls f with the first field of every line of text whose last field is a number,
@@ -322,9 +325,10 @@ func openBench(c *config, be backend) (*bench, error) {
 	return b, lease.Release(ctx)
 }
 
-// newLocker is a Locker on a store of the backend's own and its teardown (nil: the backend
-// has no store apart from its rows). Its wait budget is as long as the Lock's context bound,
-// so a Lock ends on the bound (an error counted); handoff keeps its defaults.
+// newLocker is a Locker on a store of the backend's own and its teardown, which drains it and
+// closes the store, revoking its lease or session (nil: the backend has no store apart from
+// its rows). Its wait budget is as long as the Lock's context bound, so a Lock ends on the
+// bound (an error counted); handoff keeps its defaults.
 func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
 	st, err := b.be.newStore()
 	if st == nil || err != nil {
@@ -335,7 +339,12 @@ func (b *bench) newLocker() (*flightlock.Locker, func(), error) {
 		_ = st.Close()
 		return nil, nil, err
 	}
-	return l, func() { drainClose(l, st.Close) }, nil
+	return l, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = l.Drain(ctx)
+		_ = st.Close()
+	}, nil
 }
 
 // close drains the bench's Locker and closes its store and the backend's clients.
@@ -375,7 +384,7 @@ func (b *bench) pick(ids ...string) []rowSpec {
 		if onlyRows != nil && !onlyRows[id] {
 			continue
 		}
-		r, ok := b.be.spec(id)
+		r, ok := specOf(b.be, id)
 		if !ok {
 			fatalf("unknown row %q", id)
 		}
@@ -527,10 +536,7 @@ const manyKeys = 1000
 // counted, CPU and allocations per operation, and with timeCalls the time inside the client's
 // calls and the rest; with the server command mix per operation.
 func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
-	ims := make([]impl, len(rows))
-	for i, r := range rows {
-		ims[i] = b.impl(r)
-	}
+	ims := each(len(rows), func(i int) impl { return b.impl(rows[i]) })
 	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
 	out, mixes := map[string]metrics{}, map[string]string{}
 	for i, r := range rows {
@@ -590,9 +596,9 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 	if r.rw {
 		im := b.impl(r).(rwImpl) // a read-write row's lock (rowSpec.rw)
 		keys := rowNames(im, keys)
-		return spanHolders(holdersOf(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
+		return spanHolders(each(n, func(int) contend.Holder { return &rwHolder{im: im, keys: keys, reads: reads} }), span)
 	}
-	hs := holdersOf(n, func(i int) contend.Holder {
+	hs := each(n, func(i int) contend.Holder {
 		im := b.rowImpl(r.id, i)
 		return &implHolder{im: im, keys: rowNames(im, keys)}
 	})
@@ -609,7 +615,7 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 // no lock has none counted). It returns the figures, the server command mix per critical
 // section and the first error.
 func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, seed uint64, reads int) (metrics, string, string) {
-	gs, span := newGuards(len(keys)), admitting(r, guard.New())
+	gs, span := each(len(keys), func(int) guard.Guard { return guard.New() }), admitting(r, guard.New())
 	gs[0] = admitting(r, gs[0])
 	hs := b.holders(r, keys, n, reads, span)
 	im := b.impl(r)
@@ -656,7 +662,13 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
 	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
 	defer done()
-	all := sumWorkers(wr)
+	var all workerResult // the critical sections of all over the window, every error, their round trips and CPU
+	for _, w := range wr {
+		all.Add(w.Result)
+		all.CPU += w.CPU
+		all.RT += w.RT
+		all.Elapsed = max(all.Elapsed, w.Elapsed)
+	}
 	st.rts = all.RT
 	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
 	var fewest, most int64 = 1 << 62, 0
@@ -676,14 +688,6 @@ func retriesOf(im impl) int64 {
 		return r.retried()
 	}
 	return 0
-}
-
-// drainClose drains a Locker and closes its store (revoking its lease or session).
-func drainClose(l *flightlock.Locker, closeStore func() error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = l.Drain(ctx)
-	_ = closeStore()
 }
 
 // ranAny says whether any of the scenarios runs.

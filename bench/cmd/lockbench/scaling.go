@@ -41,31 +41,6 @@ func axisNamed(axes []*s8Axis, name string) *s8Axis {
 	return nil
 }
 
-// scalingAxes is scenario 8 on every store: rows at every point of the axes c gives points
-// (goroutines and processes on one hot key; keyRows over distinct keys), c.reps times in the
-// rotated order (atPoints). run measures one row at one point (its figures and first error),
-// log reports it.
-func scalingAxes(c *config, rows, keyRows []rowSpec, run func(axis string, r rowSpec, x, rep int) (metrics, string),
-	log func(axis string, x, rep int, id string, m metrics, firstErr string),
-) []*s8Axis {
-	var axes []*s8Axis
-	for _, ax := range []struct {
-		name   string
-		points []int
-		rows   []rowSpec
-	}{{"goroutines", c.s8Goroutines, rows}, {"processes", c.s8Procs, rows}, {"keys", c.s8Keys, keyRows}} {
-		if len(ax.points) == 0 {
-			continue
-		}
-		axes = append(axes, &s8Axis{Name: ax.name, Points: ax.points, Res: atPoints(c.reps, ax.points, ax.rows, func(r rowSpec, x, rep int) (metrics, string) {
-			m, firstErr := run(ax.name, r, x, rep)
-			log(ax.name, x, rep, r.id, m, firstErr)
-			return m, firstErr
-		})})
-	}
-	return axes
-}
-
 // atPoints runs every row at every point of an axis, reps times (interleave.Points), and
 // records the figures and first error of each run, point by point, in the rows' order.
 func atPoints(reps int, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
@@ -77,40 +52,12 @@ func atPoints(reps int, points []int, rows []rowSpec, run func(r rowSpec, x, rep
 	return out
 }
 
-// drawScaling draws every axis's PNG at path(axis) ("": none), titled title(axis): the median
-// of metric against the axis's points, on every store. A plot that fails is left out of the
-// report; it returns the paths written, by axis.
-func drawScaling(axes []*s8Axis, path, title func(axis string) string, metric string) map[string]string {
-	out := map[string]string{}
-	for _, ax := range axes {
-		p := path(ax.Name)
-		if p == "" {
-			continue
-		}
-		drawn, err := drawResultsChart(p, title(ax.Name), ax.Name+" (log)", ax.Points, ax.at, metric)
-		if err == nil && !drawn {
-			err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
-		}
-		if err != nil {
-			progress("plot %s: %v (the report goes without it)", p, err)
-			continue
-		}
-		out[ax.Name] = p
-		progress("wrote %s", p)
-	}
-	return out
-}
-
 // rowKeys are n keys named after prefix, as im names them.
 func rowKeys(im impl, prefix string, n int) []string { return rowNames(im, keysNamed(prefix, n)) }
 
 // keysNamed are n keys named after prefix: prefix0, prefix1...
 func keysNamed(prefix string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
-	return keys
+	return each(n, func(i int) string { return prefix + strconv.Itoa(i) })
 }
 
 // fall is how many times row's median of metric falls from point x0 to x1 of an axis (above

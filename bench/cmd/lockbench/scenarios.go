@@ -18,9 +18,12 @@ import (
 
 // scaling is scenario 8: critical sections per second as the work grows, along three axes
 // (s8Section says what each measures), rows(2) on the hot key, rows(4) over distinct
-// keys: a floor on one hot key would be no lock but a spin. Every key is fresh.
+// keys: a floor on one hot key would be no lock but a spin. Every key is fresh. The rows run
+// at every point of the axes -s8-goroutines, -s8-procs and -s8-keys give points, c.reps times
+// in the rotated order (atPoints); then each axis's chart is drawn beside -out (none without
+// it), and a chart that fails is left out of the report.
 func (b *bench) scaling() []*s8Axis {
-	c := b.c
+	c, n := b.c, b.be.notes()
 	need := 0
 	if len(c.s8Goroutines) > 0 {
 		need = slices.Max(c.s8Goroutines)
@@ -30,28 +33,51 @@ func (b *bench) scaling() []*s8Axis {
 	}
 	check(b.be.peerGoroutines(need), "scenario 8: %v")
 	defer b.be.dropGoroutinesBeyond(hotGoroutines)
-	keyRows := b.rows(4)
+	rows, keyRows := b.rows(2), b.rows(4)
 	b.warm(keyRows)
-	unit := b.be.notes().reqUnit
-	axes := scalingAxes(c, b.rows(2), keyRows, func(axis string, r rowSpec, x, rep int) (metrics, string) {
-		var m metrics
-		var firstErr string
-		switch axis {
-		case "goroutines":
-			m, _, firstErr = b.contendRun(r, []string{fmt.Sprintf("s8g:%d:%d", x, rep)}, x, c.d8, 0, 0)
-		case "processes":
-			m, _, firstErr = b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, c.d8)
-		default:
-			m, _, firstErr = b.contendRun(r, keysNamed(fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, c.d8, uint64(rep), 0)
+	var axes []*s8Axis
+	for _, ax := range []struct {
+		name   string
+		points []int
+		rows   []rowSpec
+	}{{"goroutines", c.s8Goroutines, rows}, {"processes", c.s8Procs, rows}, {"keys", c.s8Keys, keyRows}} {
+		if len(ax.points) == 0 {
+			continue
 		}
-		return m, firstErr
-	}, func(axis string, x, rep int, row string, r metrics, firstErr string) {
-		progress("s8 rep %d %s=%-6d %-14s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f %s",
-			rep+1, axis, x, row, r[rate], mdfmt.Dur(r[p99]), r[violations], r[fenceViolations], r[retries], r[failures], unit, r[reqs], firstErr)
-	})
-	b.rep.charts = drawScaling(axes, func(axis string) string { return chartPath(c.out, axis) }, func(axis string) string {
-		return fmt.Sprintf("%s, %s: critical sections per second (median)", b.be.notes().title, axisUnit(axis))
-	}, rate)
+		axes = append(axes, &s8Axis{Name: ax.name, Points: ax.points, Res: atPoints(c.reps, ax.points, ax.rows, func(r rowSpec, x, rep int) (metrics, string) {
+			var m metrics
+			var firstErr string
+			switch ax.name {
+			case "goroutines":
+				m, _, firstErr = b.contendRun(r, []string{fmt.Sprintf("s8g:%d:%d", x, rep)}, x, c.d8, 0, 0)
+			case "processes":
+				m, _, firstErr = b.runProcs(r, fmt.Sprintf("s8p:%d:%d", x, rep), x, s8ProcGoroutines, c.d8)
+			default:
+				m, _, firstErr = b.contendRun(r, keysNamed(fmt.Sprintf("s8k:%d:%d:", x, rep), x), s8KeyGoroutines, c.d8, uint64(rep), 0)
+			}
+			progress("s8 rep %d %s=%-6d %-14s %.0f CS/s  p99 wait %s  violations %.0f/%.0f  retries %.0f  errors %.0f  %s/CS %.2f %s",
+				rep+1, ax.name, x, r.id, m[rate], mdfmt.Dur(m[p99]), m[violations], m[fenceViolations], m[retries], m[failures], n.reqUnit, m[reqs], firstErr)
+			return m, firstErr
+		})})
+	}
+	b.rep.charts = map[string]string{}
+	if c.out == "" { // the report goes to stdout: no plots
+		return axes
+	}
+	for _, ax := range axes {
+		p := strings.TrimSuffix(c.out, filepath.Ext(c.out)) + "-scaling-" + ax.Name + ".png"
+		title := fmt.Sprintf("%s, %s: critical sections per second (median)", n.title, axisUnit(ax.Name))
+		drawn, err := drawResultsChart(p, title, ax.Name+" (log)", ax.Points, ax.at, rate)
+		if err == nil && !drawn {
+			err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
+		}
+		if err != nil {
+			progress("plot %s: %v (the report goes without it)", p, err)
+			continue
+		}
+		b.rep.charts[ax.Name] = p
+		progress("wrote %s", p)
+	}
 	return axes
 }
 
@@ -65,15 +91,6 @@ func axisUnit(name string) string {
 	default:
 		return fmt.Sprintf("distinct keys, %d goroutines, one process", s8KeyGoroutines)
 	}
-}
-
-// chartPath is the PNG of one scenario 8 axis next to the report: -out's name without its
-// extension, then -scaling-<axis>.png. No -out (the report on stdout), no plot.
-func chartPath(out, axis string) string {
-	if out == "" {
-		return ""
-	}
-	return strings.TrimSuffix(out, filepath.Ext(out)) + "-scaling-" + axis + ".png"
 }
 
 // Scenario 5, reject mode (s5Section says what is measured): flightlock's refusal of a key

@@ -356,7 +356,7 @@ type storeNotes struct {
 	reqUnit, reqCol, cpuCol string                    // the server's requests (progress, table columns) and its CPU column
 	floorShort, peerShort   string                    // the floor and the peer in goals and ratios
 	peerThe                 string                    // the peer in the goals' lead sentence
-	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper)
+	labels                  map[string]string         // the rows' names in the tables (etcd, ZooKeeper; Redis: rowByID)
 	floors                  [][2]string               // the floors' rows and short names: scenarios 1 and 4 show ratios to them
 	s9HoldNote, s9WaitNote  string                    // how the store's rows hold and wait in scenario 9
 	s1Note, s4Note, s8Note  string                    // what scenarios 1, 4 and 8 do on this store beyond what every store does
@@ -374,10 +374,14 @@ type storeNotes struct {
 	closing                 func(r *report, w writer)
 }
 
-// labelled is the row of a store whose rows n names (etcd, ZooKeeper), false if n names none.
-func labelled(n storeNotes, row string) (rowSpec, bool) {
-	l, ok := n.labels[row]
-	return rowSpec{id: row, lib: l}, ok
+// specOf is be's row named id, false if it has none: a row its notes label (etcd, ZooKeeper),
+// or one of the Redis rows.
+func specOf(be backend, id string) (rowSpec, bool) {
+	if labels := be.notes().labels; labels != nil {
+		l, ok := labels[id]
+		return rowSpec{id: id, lib: l}, ok
+	}
+	return rowByID(id)
 }
 
 // list is scenario sc's results (1-5; scenario 2 at hotGoroutines).
@@ -437,11 +441,8 @@ func perOp(v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// printer writes one line of the report.
-type printer func(format string, args ...any)
-
 // lines is w writing one line per call.
-func lines(w writer) printer { return func(format string, args ...any) { w(format+"\n", args...) } }
+func lines(w writer) writer { return func(format string, args ...any) { w(format+"\n", args...) } }
 
 // scenarioList names the scenarios a run ran, in order.
 func scenarioList(c *config) string {
@@ -470,7 +471,7 @@ func pointList(xs []int) string {
 func countStr(n int) string { return mdfmt.Int(float64(n)) }
 
 // howItWasRun opens a store report's "How it was run" section with the command that made it.
-func howItWasRun(p printer, c *config) {
+func howItWasRun(p writer, c *config) {
 	p("## How it was run")
 	p("")
 	p("```")
@@ -481,7 +482,7 @@ func howItWasRun(p printer, c *config) {
 
 // commonBullets are what a store report's "How it was run" says of every store's run; warmWhy
 // says why the first writes are slower.
-func commonBullets(p printer, c *config, warmWhy string) {
+func commonBullets(p writer, c *config, warmWhy string) {
 	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows", scenarioList(c), c.reps)
 	p("  interleaved and their order rotated per repetition; then scenarios 8, 9, 5, 6 and 7 run their own repetitions,")
 	p("  rows rotated likewise (9 once: its figures are counts, not timings). Figures are medians over the repetitions.")

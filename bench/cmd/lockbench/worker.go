@@ -111,7 +111,7 @@ func workerMain(args []string) {
 	be.attach(*addr)
 	b, err := openBench(&config{lockTimeout: *lockTimeout, zkSession: *zkSession}, be)
 	check(err, "worker: %v")
-	r, ok := be.spec(*row)
+	r, ok := specOf(be, *row)
 	if !ok {
 		fatalf("worker: unknown row %q", *row)
 	}
@@ -146,19 +146,6 @@ const (
 	s3Procs      = 4
 	s3Goroutines = 16
 )
-
-// sumWorkers adds the workers' results up: the critical sections of all over the window,
-// every error, their round trips and CPU.
-func sumWorkers(wr []workerResult) workerResult {
-	var all workerResult
-	for _, w := range wr {
-		all.Add(w.Result)
-		all.CPU += w.CPU
-		all.RT += w.RT
-		all.Elapsed = max(all.Elapsed, w.Elapsed)
-	}
-	return all
-}
 
 // inAndAcross are the rows of a scenario of the primitives report, in one process and across
 // processes.

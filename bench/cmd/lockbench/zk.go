@@ -55,8 +55,6 @@ type zkBackend struct {
 	floorValue []byte // the bytes flightlock writes in a key node
 }
 
-func (z *zkBackend) spec(row string) (rowSpec, bool) { return labelled(z.notes(), row) }
-
 // rows are the floor and zk.NewLock on a fresh lock path beside flightlock and zk.NewLock
 // in scenario 1, those two alone on a hot key.
 func (z *zkBackend) rows(scenario int) []string {
@@ -110,7 +108,7 @@ func (z *zkBackend) start(c *config) error {
 	if err := z.makeDir(c.dataDir, "zk"); err != nil {
 		return err
 	}
-	z.addr, z.tick = freeAddr(), c.zkTick
+	z.addr, z.tick = freeAddrs(1)[0], c.zkTick
 	if out, err := exec.Command(java, "-version").CombinedOutput(); err == nil {
 		first, _, _ := strings.Cut(string(out), "\n")
 		z.java = strings.TrimSpace(first)

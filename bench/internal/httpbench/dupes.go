@@ -13,6 +13,7 @@ import (
 
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/stat"
 
 	flmw "github.com/flightlock/flightlock/middleware"
@@ -50,7 +51,7 @@ func NewDupServer(conf flmw.LockConf) (*DupServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := FreePorts(1)
+	ports, err := redisserver.FreePorts(1)
 	if err != nil {
 		_ = m.Close()
 		return nil, err
@@ -114,9 +115,7 @@ func (s *DupServer) burst(key string) (latencies []int64, bodies map[string]int,
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for range Dups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			t0 := time.Now()
 			req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(`{"amount":100}`))
@@ -140,7 +139,7 @@ func (s *DupServer) burst(key string) (latencies []int64, bodies map[string]int,
 			if resp.StatusCode == http.StatusOK {
 				bodies[string(body)]++
 			}
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()

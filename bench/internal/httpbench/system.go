@@ -17,8 +17,10 @@ import (
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/example/app"
 	flmw "github.com/flightlock/flightlock/middleware"
+	"github.com/flightlock/flightlock/middleware/share"
 )
 
 // Seeded state of every uid: enough stock and money for more orders than a run makes, so a
@@ -39,7 +41,7 @@ func Load(path string) (app.Config, []int, error) {
 	if err != nil {
 		return app.Config{}, nil, err
 	}
-	ports, err := FreePorts(3)
+	ports, err := redisserver.FreePorts(3)
 	if err != nil {
 		return app.Config{}, nil, err
 	}
@@ -163,6 +165,9 @@ func PointRedis(c *app.Config, addr string) {
 // (a Redis rule's, enforced); installed this way, a request without it writes unfenced, as in
 // the rows of the other libraries.
 func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (mw rest.Middleware, closeMW func(), err error) {
+	// The order API's rules hold an OnBusy share rule: sharing is linked as the example's
+	// main.go and app.New link it, whether or not a system was built before this middleware.
+	flmw.ResponseSharing = share.New
 	lc.Rules = slices.Clone(lc.Rules)
 	i := slices.IndexFunc(lc.Rules, func(r flmw.Rule) bool { return r.Path == "/api/order/create" })
 	if i < 0 {
@@ -174,26 +179,6 @@ func OrderRules(lc flmw.LockConf, edit func(*flmw.Rule), opts ...flmw.Option) (m
 		return nil, nil, err
 	}
 	return m.Handle, func() { _ = m.Close() }, nil
-}
-
-// FreePorts returns n distinct free loopback ports.
-func FreePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		ls = append(ls, l) // held until all are chosen, so the n ports differ
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // WaitListening waits up to 10s for something to accept connections on the loopback port.

@@ -29,9 +29,9 @@ func Live() State {
 	return State{Heap: float64(ms.HeapAlloc), Stack: float64(ms.StackInuse), Goroutines: runtime.NumGoroutine()}
 }
 
-// SettleGoroutines waits up to d for the goroutine count to come down to base (goroutines
+// settleGoroutines waits up to d for the goroutine count to come down to base (goroutines
 // that a release ends exit on their own schedule) and returns the last count.
-func SettleGoroutines(base int, d time.Duration) int {
+func settleGoroutines(base int, d time.Duration) int {
 	deadline := time.Now().Add(d)
 	for {
 		n := runtime.NumGoroutine()
@@ -42,9 +42,9 @@ func SettleGoroutines(base int, d time.Duration) int {
 	}
 }
 
-// PeakSampler records the highest goroutine count, every 2ms, until stop is called; stop
+// peakSampler records the highest goroutine count, every 2ms, until stop is called; stop
 // returns it, the sampler itself not counted.
-func PeakSampler() (stop func() int) {
+func peakSampler() (stop func() int) {
 	var peak atomic.Int64
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -142,12 +142,12 @@ func Hold(h Holding) Held {
 	t0 := time.Now()
 	r.LockErrors, r.FirstErr = Parallel(h.N, h.Acquirers, h.Lock)
 	r.Acquire = time.Since(t0)
-	SettleGoroutines(r.Base.Goroutines, time.Second) // the acquirers
+	settleGoroutines(r.Base.Goroutines, time.Second) // the acquirers
 	r.Holding = Live()
 	if h.ServerMemory != nil {
 		r.ServerHolding = h.ServerMemory()
 	}
-	peak := PeakSampler()
+	peak := peakSampler()
 	h.Window()
 	r.PeakGoroutines = peak()
 	t1 := time.Now()
@@ -155,7 +155,7 @@ func Hold(h Holding) Held {
 	r.UnlockErrors, first = Parallel(h.N, h.Acquirers, h.Unlock)
 	r.Release = time.Since(t1)
 	r.FirstErr = cmp.Or(r.FirstErr, first)
-	SettleGoroutines(r.Base.Goroutines, 2*time.Second)
+	settleGoroutines(r.Base.Goroutines, 2*time.Second)
 	r.After = Live()
 	return r
 }

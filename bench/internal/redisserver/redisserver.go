@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -78,14 +79,25 @@ func (s *Proc) Stop() {
 	_ = os.RemoveAll(s.Dir)
 }
 
-// FreeAddr is a free loopback address (host:port).
-func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// FreePorts returns n distinct free loopback ports: for the servers here, and for the HTTP
+// systems of lockbench's scenarios 6 and 7 (httpbench).
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l) // held until all are chosen, so the n ports differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return ports, nil
 }
 
 // Server is a redis-server process this benchmark started and owns.
@@ -103,11 +115,12 @@ func Start(name string, extra ...string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not found (apt-get install -y redis-server): %w", err)
 	}
-	addr, err := FreeAddr()
+	ports, err := FreePorts(1)
 	if err != nil {
 		return nil, err
 	}
-	_, port, _ := net.SplitHostPort(addr)
+	port := strconv.Itoa(ports[0])
+	addr := net.JoinHostPort("127.0.0.1", port)
 	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning")
 	cmd.Args = append(cmd.Args, extra...)

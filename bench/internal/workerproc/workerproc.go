@@ -45,25 +45,6 @@ type worker struct {
 	untrack func()
 }
 
-// startWorker starts cmd (its standard error goes to this process's) with pipes to its standard
-// input and output, tracked in set.
-func startWorker(cmd *exec.Cmd, set *Set) (*worker, error) {
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, fmt.Errorf("worker stdin: %w", err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("worker stdout: %w", err)
-	}
-	childproc.Tie(cmd) // a worker dies with the benchmark, however it ends
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start worker: %w", err)
-	}
-	return &worker{cmd: cmd, stdin: in, out: bufio.NewReader(out), untrack: set.Track(cmd)}, nil
-}
-
 // line reads the worker's next line without its line ending, giving up after within.
 func (w *worker) line(within time.Duration) (string, error) {
 	type res struct {
@@ -104,11 +85,21 @@ func Run(procs int, args []string, set *Set, lead, within time.Duration, during 
 		}
 	}()
 	for range procs {
-		w, err := startWorker(exec.Command(self, args...), set)
+		cmd := exec.Command(self, args...)
+		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
 		if err != nil {
-			return nil, start, err
+			return nil, start, fmt.Errorf("worker stdin: %w", err)
 		}
-		ws = append(ws, w)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, start, fmt.Errorf("worker stdout: %w", err)
+		}
+		childproc.Tie(cmd) // a worker dies with the benchmark, however it ends
+		if err := cmd.Start(); err != nil {
+			return nil, start, fmt.Errorf("start worker: %w", err)
+		}
+		ws = append(ws, &worker{cmd: cmd, stdin: in, out: bufio.NewReader(out), untrack: set.Track(cmd)})
 	}
 	for i, w := range ws {
 		if line, err := w.line(time.Minute); err != nil || line != "READY" {
