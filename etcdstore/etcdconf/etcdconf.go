@@ -17,7 +17,9 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/lockstore"
@@ -142,6 +144,13 @@ func (e Conf) Client() (*clientv3.Client, error) {
 		DialKeepAliveTime:    6 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 	}
+	// etcd's own logger at error level: its retry interceptor warns of every call whose context
+	// ended, which is each lock wait a request gives up, and the store returns those errors.
+	lg, err := logutil.CreateDefaultZapLogger(zapcore.ErrorLevel)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = lg
 	if e.User != "" && e.Pass != "" {
 		cfg.Username, cfg.Password = e.User, e.Pass
 	}
