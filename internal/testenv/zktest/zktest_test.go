@@ -16,10 +16,19 @@ func TestStandaloneServesAndSurvivesRestart(t *testing.T) {
 	began := time.Now()
 	s := Start(t)
 	t.Logf("standalone server up in %v", time.Since(began))
-	if m := s.Mode(); m != ModeStandalone {
+	// Mode reads a JVM too busy to answer within its second as down: ask until the server
+	// answers, then check what it says.
+	var m string
+	poll.Until(t, readyTimeout, 20*time.Millisecond, "the server to answer srvr", func() bool {
+		m = s.Mode()
+		return m != ModeDown
+	})
+	if m != ModeStandalone {
 		t.Fatalf("mode %q, want %q", m, ModeStandalone)
 	}
-	c, _ := Connect(t, 2*time.Second, s.Addr)
+	// A session far longer than the server's restart (a few seconds for a JVM on a loaded
+	// machine), so that its survival is what the test sees.
+	c, _ := Connect(t, 20*time.Second, s.Addr)
 	if _, err := c.Create("/kept", []byte("v"), 0, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)
 	}
@@ -39,16 +48,20 @@ func TestStandaloneServesAndSurvivesRestart(t *testing.T) {
 		t.Fatalf("restart kept pid %d (now %d)", pid, s.Pid())
 	}
 	// The session outlives the crash: the restarted server restores it from its log, with its
-	// ephemeral node, and the client resumes it; closing it then removes the node.
-	ok, _, err := c.Exists("/mine")
-	for errors.Is(err, zk.ErrConnectionClosed) {
-		ok, _, err = c.Exists("/mine") // the request was in flight when the server died
-	}
+	// ephemeral node, and the client resumes it; closing it then removes the node. Until the
+	// client has reconnected, calls fail with ErrConnectionClosed (in flight when the server
+	// died), or with ErrNoServer once it tried the server in a round while it was down.
+	var ok bool
+	var err error
+	poll.Until(t, readyTimeout, 20*time.Millisecond, "the client to reach the restarted server", func() bool {
+		ok, _, err = c.Exists("/mine")
+		return !errors.Is(err, zk.ErrConnectionClosed) && !errors.Is(err, zk.ErrNoServer)
+	})
 	if err != nil || !ok {
 		t.Fatalf("ephemeral node of a live session after restart: exists=%v, %v", ok, err)
 	}
 	c.Close()
-	c2, _ := Connect(t, 2*time.Second, s.Addr)
+	c2, _ := Connect(t, 20*time.Second, s.Addr)
 	v, _, err := c2.Get("/kept")
 	if err != nil || string(v) != "v" {
 		t.Fatalf("/kept after restart: %q, %v", v, err)
