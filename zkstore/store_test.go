@@ -14,6 +14,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -387,42 +388,6 @@ func TestHolderOnACutOffFollowerIsToldLostFirst(t *testing.T) {
 	}
 }
 
-// deadlineSlack is how far past its deadline a Lock may return beside the scheduling delay a
-// lagProbe saw meanwhile: a machine's pace, not a wait of the Locker's. It is the conformance
-// suite's bound for calls through faults (lockstore/storetest).
-const deadlineSlack = 250 * time.Millisecond
-
-// lagProbe measures how late a sleeping goroutine wakes, the scheduling delay of a loaded
-// machine, so that a deadline check counts only what the code under test added to it. It is
-// lockstore/storetest's probe, which that package does not export.
-type lagProbe struct {
-	worst atomic.Int64 // the latest wake-up since the last lag, in ns
-}
-
-func startLagProbe(t *testing.T) *lagProbe {
-	p, stop, done := new(lagProbe), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		const nap = 5 * time.Millisecond
-		for {
-			start := time.Now()
-			select {
-			case <-stop:
-				return
-			case <-time.After(nap):
-			}
-			late := int64(time.Since(start) - nap)
-			for w := p.worst.Load(); late > w && !p.worst.CompareAndSwap(w, late); w = p.worst.Load() {
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-	return p
-}
-
-// lag returns the latest wake-up since the last call, and starts counting afresh.
-func (p *lagProbe) lag() time.Duration { return time.Duration(p.worst.Swap(0)) }
-
 // A Lock whose calls stall returns by its deadline, and what its late calls took is given back:
 // no hold of it is left on the key.
 func TestTimedOutLockReturnsByItsDeadlineAndLeavesNoHold(t *testing.T) {
@@ -432,13 +397,13 @@ func TestTimedOutLockReturnsByItsDeadlineAndLeavesNoHold(t *testing.T) {
 	l := mustLocker(t, s)
 	direct := dial(t, srv.Addr)
 	proxy.SetDelay(time.Second) // every call takes a second each way
-	probe := startLagProbe(t)
+	probe := poll.StartLagProbe(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	deadline, _ := ctx.Deadline()
 	_, err := l.Lock(ctx, "slow")
-	over, lag := time.Since(deadline), probe.lag()
+	over, lag := time.Since(deadline), probe.Lag()
 	cancel()
-	if err == nil || over > deadlineSlack+lag {
+	if err == nil || over > poll.DeadlineSlack+lag {
 		t.Fatalf("a Lock with a 300ms deadline on a stalled link: %v, %v past its deadline, the machine's scheduling lagging %v meanwhile", err, over, lag)
 	}
 	t.Logf("returned %v past its deadline (scheduling lag %v)", over, lag)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -804,40 +805,6 @@ func (s suite) fairLocksGrantInRequestOrder(t *testing.T) {
 	}
 }
 
-// faultSlack is how far past its deadline a call may return through a fault beside the
-// scheduling delay a lagProbe saw meanwhile: a machine's pace, not a wait of the Locker's.
-const faultSlack = 250 * time.Millisecond
-
-// lagProbe measures how late a sleeping goroutine wakes, the scheduling delay of a loaded
-// machine, so that a deadline check counts only what the code under test added to it.
-type lagProbe struct {
-	worst atomic.Int64 // the latest wake-up since the last lag, in ns
-}
-
-func startLagProbe(t *testing.T) *lagProbe {
-	p, stop, done := new(lagProbe), make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		const nap = 5 * time.Millisecond
-		for {
-			start := time.Now()
-			select {
-			case <-stop:
-				return
-			case <-time.After(nap):
-			}
-			late := int64(time.Since(start) - nap)
-			for w := p.worst.Load(); late > w && !p.worst.CompareAndSwap(w, late); w = p.worst.Load() {
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-	return p
-}
-
-// lag returns the latest wake-up since the last call, and starts counting afresh.
-func (p *lagProbe) lag() time.Duration { return time.Duration(p.worst.Swap(0)) }
-
 // Through each fault, Release of a held lock, permit or read and new Locks of them, also of
 // keys held elsewhere, return by the caller's deadline, and once it heals the keys are taken.
 func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
@@ -846,16 +813,16 @@ func (s suite) callsReturnByTheirDeadlineThroughFaults(t *testing.T) {
 	}
 	ctx := context.Background()
 	var worst time.Duration // the latest return past a deadline, for the log
-	probe := startLagProbe(t)
+	probe := poll.StartLagProbe(t)
 	// within makes call with a deadline 600ms away and asserts that it returned by then.
 	within := func(t *testing.T, what string, call func(context.Context) error) error {
 		t.Helper()
-		probe.lag()
+		probe.Lag()
 		cctx, cancel := context.WithTimeout(ctx, 600*time.Millisecond)
 		defer cancel()
 		deadline, _ := cctx.Deadline()
 		err := call(cctx)
-		if over, lag := time.Since(deadline), probe.lag(); over > faultSlack+lag {
+		if over, lag := time.Since(deadline), probe.Lag(); over > poll.DeadlineSlack+lag {
 			t.Errorf("%s returned %v past its deadline, the machine's scheduling lagging %v meanwhile (%v)", what, over, lag, err)
 		} else {
 			worst = max(worst, over)
