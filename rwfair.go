@@ -200,13 +200,6 @@ func (w *fairWaiter) isHead() bool {
 	}
 }
 
-// promote makes w a head; the caller holds gate.mu.
-func (w *fairWaiter) promote() {
-	if !w.isHead() {
-		close(w.head)
-	}
-}
-
 // rank orders waiters as the Redis store ranks places that asked within its clamp
 // (fairacquire.lua): by when they asked, in microseconds, then by owner.
 func (w *fairWaiter) rank(o *fairWaiter) int {
@@ -221,7 +214,9 @@ func promoteFirst(line []*fairWaiter) {
 		if w.asked != line[0].asked {
 			return
 		}
-		w.promote()
+		if !w.isHead() {
+			close(w.head)
+		}
 	}
 }
 

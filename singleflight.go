@@ -441,10 +441,8 @@ func (g *gate) admitReadersLocked(e *gateEntry, h *hold) {
 
 // writerQueued reports whether a writer is in e's line. g.mu must be held.
 func (e *gateEntry) writerQueued() bool {
-	return e.queue != nil && slices.ContainsFunc(e.queue.waiters, (*gateWaiter).writes)
+	return e.queue != nil && slices.ContainsFunc(e.queue.waiters, func(w *gateWaiter) bool { return !w.read })
 }
-
-func (w *gateWaiter) writes() bool { return !w.read }
 
 // dropLocked removes one reference, and the entry at zero. g.mu must be held.
 func (g *gate) dropLocked(key string, e *gateEntry) {
