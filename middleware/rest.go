@@ -69,13 +69,10 @@ func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 	rl.Name = cmp.Or(rl.Name, "route "+s.Key)
 	cr := &compiledRule{spec: rules.Spec{Rule: s.Rule, Field: name, HTTPKey: s.HTTPKey}, http: rl,
 		label: strings.TrimSpace(fmt.Sprintf("%s(%s %s)", name, s.Method, s.Path))}
-	if s.Path != "" {
-		// One route is locked by one rule: two keys in two orders can answer 409 for nothing.
-		for _, prev := range m.rules {
-			if p := prev.http; p != nil && prev.spec.Name == "" && p.Route.Text == rl.Route.Text &&
-				(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
-				return nil, rules.FieldError(cr.label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.Field)
-			}
+	// One route is locked by one rule: two keys in two orders can answer 409 for nothing.
+	for _, prev := range m.rules {
+		if prev.http != nil && prev.spec.Name == "" && prev.http.Overlaps(rl.Plan) {
+			return nil, rules.FieldError(cr.label, "%s %s is already locked by %s", s.Method, s.Path, prev.spec.Field)
 		}
 	}
 	if err := m.lockRule(cr, s, false); err != nil {

@@ -82,8 +82,7 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 			rl.Name = cmp.Or(rl.Name, s.Name) // logs and metrics of a named rule without a Path
 			for _, prev := range out {
 				// A route is locked by one rule, named or not: two would lock it twice.
-				if p := prev.HTTP; s.Path != "" && p != nil && p.Route.Text == rl.Route.Text &&
-					(p.Method == "" || rl.Method == "" || p.Method == rl.Method) {
+				if prev.HTTP != nil && prev.HTTP.Overlaps(rl) {
 					return nil, FieldError(s.Field+".Path", "%s %s is already locked by %s", s.Method, s.Path, prev.Spec.Field)
 				}
 			}
@@ -106,6 +105,12 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// Overlaps reports whether p and q lock requests of one route: both have a Path, the same
+// pattern as the router registers it, and methods that can meet (an empty one meets any).
+func (p *Plan) Overlaps(q *Plan) bool {
+	return p.Route.Text != "" && p.Route.Text == q.Route.Text && (p.Method == "" || q.Method == "" || p.Method == q.Method)
 }
 
 // checkSharedName refuses s when an earlier rule of its Name (prev) locks the same requests of
