@@ -42,20 +42,18 @@ func (h *retryHint) Unwrap() error { return h.error }
 // known.
 const defaultRetryAfter = time.Second
 
-// hintBusy gives a busy err the rule's hint: the shorter of the holder's remaining TTL and the
-// rule's typical hold. Other errors, and a busy err with neither known, are returned as is.
+// hintBusy gives a busy err the rule's typical hold as its hint when that is shorter than the
+// holder's remaining TTL, or that is unknown. Other errors, and a busy err whose TTL is the
+// shorter or with no hold seen yet, are returned as is: retryDelay reads their TTL.
 func hintBusy(err error, holds *holdTimes) error {
-	if !errors.Is(err, flightlock.ErrBusy) {
+	typical := time.Duration(holds.avg.Load())
+	if typical <= 0 || !errors.Is(err, flightlock.ErrBusy) {
 		return err
 	}
-	d, known := flightlock.RetryAfter(err)
-	if typical := time.Duration(holds.avg.Load()); typical > 0 && (!known || typical < d) {
-		d, known = typical, true
-	}
-	if !known {
+	if d, known := flightlock.RetryAfter(err); known && d <= typical {
 		return err
 	}
-	return &retryHint{error: err, after: d}
+	return &retryHint{error: err, after: typical}
 }
 
 // retryDelay is how long a busy answer (Retry-After, RetryInfo) tells the client to wait: the
