@@ -27,8 +27,7 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 		return nil, status.Errorf(codes.Internal, "flightlock: fingerprint the request: %v", err)
 	}
 	print := fingerprint([]byte(info.FullMethod), payload)
-	rkey := rl.replayKey(keys)
-	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
+	rec, err := rl.share(ctx, keys, keys, print, func(ctx context.Context, fence int64) (*record, bool, error) {
 		resp, herr := handler(ctx, req)
 		rec := &record{Fence: fence, Print: print}
 		if herr != nil {

@@ -41,9 +41,7 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	print := fingerprint([]byte(r.Method), []byte(r.URL.Path), []byte(r.URL.RawQuery), body)
-	rkey := rl.replayKey(replayKeys)
-
-	rec, err := rl.share(ctx, keys, rkey, print, func(ctx context.Context, fence int64) (*record, bool, error) {
+	rec, err := rl.share(ctx, keys, replayKeys, print, func(ctx context.Context, fence int64) (*record, bool, error) {
 		rr := &recorder{header: http.Header{}, status: http.StatusOK}
 		r := r.WithContext(ctx)
 		r.Body = io.NopCloser(bytes.NewReader(body))

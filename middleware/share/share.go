@@ -164,13 +164,15 @@ func (t *turn) is(s int) (in, led bool) {
 	return t.state == s, t.led
 }
 
-// share runs a share rule for one request locked on keys: replay a stored response, or join
-// (or lead) the flight of its key in this process; run is the handler's run (see lead).
+// share runs a share rule for one request locked on keys, whose stored response is kept under
+// replayKeys: replay a stored response, or join (or lead) the flight of its key in this
+// process; run is the handler's run (see lead).
 //
 // A request waits for the run it joined within its own wait budget, as a wait for the lock
 // does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
 // other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
-func (rl *rule) share(ctx context.Context, keys []string, rkey, print string, run runFunc) (*record, error) {
+func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
+	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
 		rl.locks.LogError(ctx, "reading a stored response failed; running the request", err)
 	} else if rec != nil {
@@ -231,11 +233,6 @@ func matchPrint(rec *record, print string) error {
 	return nil
 }
 
-// replayKey is the key of the stored response of a request locked on keys.
-func (rl *rule) replayKey(keys []string) string {
-	return rules.ReplayPrefix + strings.Join(keys, "+") // under the prefix of the rule's lock keys
-}
-
 // runFunc runs the handler of a share rule on the lease's context, with the fence of the
 // request's first lock, and says whether the rule stores the record it returns.
 type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, err error)
@@ -279,14 +276,14 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 				rec, err = nil, pe
 			}
 		}()
-		rec, stores, err = run(h.Ctx, fenceOf(h.Group))
+		rec, stores, err = run(h.Ctx, h.Group.Leases()[0].Fence())
 	}()
 	if err != nil {
 		return nil, err
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
-	if g := h.Group; g != nil && g.Lost() {
+	if h.Group.Lost() {
 		// Another holder may have run since and stored the response duplicates must get;
 		// replaySet refuses a later grant's record for a loss after this look.
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
@@ -312,12 +309,4 @@ func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, store
 	if err := rl.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
 		rl.locks.LogError(ctx, "storing the response for duplicates failed", err)
 	}
-}
-
-// fenceOf is the fence of a request's first lock, 0 without one.
-func fenceOf(g *flightlock.Group) int64 {
-	if g == nil || len(g.Leases()) == 0 {
-		return 0
-	}
-	return g.Leases()[0].Fence()
 }

@@ -68,7 +68,7 @@ type Locks struct {
 // Held is the lock a request holds, from Locks.Lock to Release.
 type Held struct {
 	Ctx   context.Context   // the handler's context: the lease's
-	Group *flightlock.Group // the request's leases
+	Group *flightlock.Group // the request's leases, one per key: never nil
 	// Release releases the lock after the handler returned, ignoring ctx's cancellation.
 	Release func(ctx context.Context)
 }
