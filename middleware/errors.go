@@ -119,8 +119,8 @@ func lockError(err error) error {
 	return err
 }
 
-// grpcStatus is the status the interceptors answer for err, an error of a request's lock.
-func grpcStatus(err error) *status.Status { return GRPCStatus(lockError(err)) }
+// rpcError is the status error the interceptors answer for err, an error of a request's lock.
+func rpcError(err error) error { return GRPCStatus(lockError(err)).Err() }
 
 // writeHTTPError answers a request whose lock could not be taken, through httpx.ErrorCtx so
 // that a service's error handler shapes the reply; without one, HTTPStatus's status and a

@@ -56,7 +56,7 @@ func TestLockPathErrorIsTheStores(t *testing.T) {
 	if got := HTTPStatus(lockError(err)); got != http.StatusServiceUnavailable {
 		t.Errorf("REST %d, want 503", got)
 	}
-	if got := grpcStatus(err).Code(); got != codes.Unavailable {
+	if got := status.Code(rpcError(err)); got != codes.Unavailable {
 		t.Errorf("gRPC %v, want Unavailable", got)
 	}
 	if !errors.Is(lockError(err), err) {

@@ -30,7 +30,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		}
 		h, err := m.lock(ctx, rl, keys, err)
 		if err != nil {
-			return nil, grpcStatus(err).Err()
+			return nil, rpcError(err)
 		}
 		defer m.release(ctx, rl, h)
 		return handler(h.ctx, req)
@@ -121,7 +121,7 @@ func (s *lockedStream) lock(msg any) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if err != nil {
-			s.err = grpcStatus(err).Err()
+			s.err = rpcError(err)
 			return
 		}
 		s.held, s.ctx = h, h.ctx

@@ -85,8 +85,7 @@ func (m *Middleware) build(o options) error {
 		return err
 	}
 	if ResponseSharing != nil {
-		m.sharing = ResponseSharing(sharehook.Config{Wait: m.conf.Wait, HTTPError: writeHTTPError,
-			RPCError: func(err error) error { return grpcStatus(err).Err() }})
+		m.sharing = ResponseSharing(sharehook.Config{Wait: m.conf.Wait, HTTPError: writeHTTPError, RPCError: rpcError})
 	}
 	for _, cr := range m.rules {
 		if err := m.lockRule(cr, cr.spec, true); err != nil {

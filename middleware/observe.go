@@ -121,22 +121,20 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 		},
 		Renewed: func(_ string, err error) {
 			if err == nil {
-				renewalTotal.Inc(s.with("ok")...)
+				s.count(renewalTotal, "ok")
 				return
 			}
-			renewalTotal.Inc(s.with("failed")...)
+			s.count(renewalTotal, "failed")
 			logs.error(context.Background(), s, "renewal failed", err)
 		},
-		Lost: func(string) {
-			lostTotal.Inc(s.labels...)
-		},
+		Lost: func(string) { s.count(lostTotal) },
 		Drift: func(ctx context.Context, key, here, holder string) {
-			driftTotal.Inc(s.labels...)
+			s.count(driftTotal)
 			logs.error(ctx, s, "drift: another instance locks this rule's key in another way; give every instance the same Permits and Fair",
 				fmt.Errorf("here %s, holder %s (key %s)", here, holder, key))
 		},
 		Abandoned: func(key, at string) {
-			abandonedTotal.Inc(s.labels...)
+			s.count(abandonedTotal)
 			logx.Errorw("flightlock: a lease was never released; its lock ran out and the grant was given up",
 				logx.Field("rule", s.name), logx.Field("lock", key), logx.Field("taken_at", at))
 		},
