@@ -33,7 +33,7 @@ func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 			return nil, rpcError(err)
 		}
 		defer m.release(ctx, rl, h)
-		return handler(h.ctx, req)
+		return handler(h.Ctx, req)
 	}
 }
 
@@ -124,7 +124,7 @@ func (s *lockedStream) lock(msg any) error {
 			s.err = rpcError(err)
 			return
 		}
-		s.held, s.ctx = h, h.ctx
+		s.held, s.ctx = h, h.Ctx
 	})
 	return s.lockError()
 }
@@ -135,7 +135,7 @@ func (s *lockedStream) release() {
 	h := s.held
 	s.held = held{}
 	s.mu.Unlock()
-	if h.g != nil {
+	if h.Group != nil {
 		s.m.release(s.ServerStream.Context(), s.rl, h)
 	}
 }

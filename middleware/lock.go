@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
 	oteltrace "go.opentelemetry.io/otel/trace"
@@ -31,12 +32,8 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 	return base.With(opts...)
 }
 
-// held is one request's lock, from m.lock to m.release.
-type held struct {
-	g   *flightlock.Group // nil when a shadow rule ran the handler without its lock
-	ctx context.Context   // the handler's context: the lease's, or the request's for a shadow rule
-	at  time.Time         // when the lock was granted
-}
+// held is one request's lock, from m.lock to m.release: the type response sharing gets too.
+type held = sharehook.Held
 
 // lock takes the keys of one request, rendered with keyErr: a key that cannot be built is
 // refused (a shadow rule counts it and lets the request through, see lockShadow).
@@ -92,7 +89,7 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 				}
 			}
 		}
-		return held{g: g, ctx: g.Context(), at: start.Add(waited)}, nil
+		return held{Group: g, Ctx: g.Context(), At: start.Add(waited)}, nil
 	case outcomeStoreError:
 		st.count(storeErrorTotal, "acquire")
 		m.logs.error(ctx, st, "lock store unreachable, request refused (OnStoreError: closed)", err,
@@ -107,29 +104,29 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 // release releases a request's lock after the handler returned, on a context without ctx's
 // cancellation, which go-zero's timeout handler may have cancelled.
 func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
-	if h.g == nil {
+	if h.Group == nil {
 		return
 	}
 	if rl.shadow {
-		_ = h.g.Release(context.WithoutCancel(ctx)) // a failure is left to the TTL: it held nobody back
+		_ = h.Group.Release(context.WithoutCancel(ctx)) // a failure is left to the TTL: it held nobody back
 		return
 	}
 	st := rl.stats
-	lost := h.g.Lost() // not the context's cause: a request that ended first keeps Canceled
+	lost := h.Group.Lost() // not the context's cause: a request that ended first keeps Canceled
 	if lost {
 		// The counter was bumped when the watchdog found out.
 		oteltrace.SpanFromContext(ctx).AddEvent("flightlock.lost")
 		m.logs.error(ctx, st, "lock lost while the handler ran", flightlock.ErrLost,
-			logx.Field("fence", h.g.Leases()[0].Fence()))
+			logx.Field("fence", h.Group.Leases()[0].Fence()))
 	}
-	heldFor := time.Since(h.at)
+	heldFor := time.Since(h.At)
 	rl.holds.observe(heldFor)
 	if metricsOn() {
 		heldGauge.Dec(st.labels...)
 		holdDuration.ObserveFloat(ms(heldFor), st.labels...)
 	}
 	ctx = context.WithoutCancel(ctx)
-	if err := h.g.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {
+	if err := h.Group.Release(ctx); err != nil && !(lost && errors.Is(err, flightlock.ErrNotHeld)) {
 		// The lock expires with its TTL; nothing of another owner was touched.
 		if !errors.Is(err, flightlock.ErrNotHeld) {
 			st.count(storeErrorTotal, "release")

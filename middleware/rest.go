@@ -131,8 +131,8 @@ func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request,
 		return
 	}
 	defer m.release(ctx, rl, h)
-	if h.ctx != ctx {
-		r = r.WithContext(h.ctx)
+	if h.Ctx != ctx {
+		r = r.WithContext(h.Ctx)
 	}
 	next(w, r)
 }

@@ -29,7 +29,7 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, ke
 		g, lerr := rl.locker.LockAll(sctx, keys...)
 		cancel()
 		if lerr == nil {
-			return held{g: g, ctx: ctx, at: time.Now()}
+			return held{Group: g, Ctx: ctx, At: time.Now()}
 		}
 		err = lerr
 	}
@@ -42,10 +42,10 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, ke
 	case errors.Is(err, flightlock.ErrInvalidKey):
 		would = wouldInvalidKey
 	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
-		return held{ctx: ctx} // draining, or the request is gone: nothing enforcing would have changed
+		return held{Ctx: ctx} // draining, or the request is gone: nothing enforcing would have changed
 	default:
 		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
 	}
 	rl.stats.count(shadowConflictTotal, would)
-	return held{ctx: ctx}
+	return held{Ctx: ctx}
 }

@@ -51,13 +51,8 @@ func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bo
 	}
 	for _, rl := range cr.parts() {
 		locks := sharehook.Locks{Responses: responses, NoResponses: noResponses,
-			Lock: func(ctx context.Context, keys []string) (sharehook.Held, error) {
-				h, err := m.lock(ctx, rl, keys, nil)
-				if err != nil {
-					return sharehook.Held{}, err
-				}
-				return sharehook.Held{Ctx: h.ctx, Group: h.g, Release: func(ctx context.Context) { m.release(ctx, rl, h) }}, nil
-			},
+			Lock:        func(ctx context.Context, keys []string) (sharehook.Held, error) { return m.lock(ctx, rl, keys, nil) },
+			Release:     func(ctx context.Context, h sharehook.Held) { m.release(ctx, rl, h) },
 			LogError:    func(ctx context.Context, what string, err error) { m.logs.error(ctx, rl.stats, what, err) },
 			CountShared: func(how string) { rl.stats.count(sharedTotal, how) },
 		}

@@ -258,7 +258,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 		}
 		return nil, err
 	}
-	defer h.Release(ctx)
+	defer rl.locks.Release(ctx, h)
 	if stored, err := rl.load(ctx, rkey); err == nil && stored != nil {
 		rl.locks.CountShared("stored")
 		return stored, nil

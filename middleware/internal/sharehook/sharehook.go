@@ -53,6 +53,9 @@ type Locks struct {
 	// Lock takes the rule's lock on keys for the request of ctx, as for any rule: measured,
 	// traced and logged.
 	Lock func(ctx context.Context, keys []string) (Held, error)
+	// Release releases h, the lock Lock took, after the handler returned, ignoring ctx's
+	// cancellation.
+	Release func(ctx context.Context, h Held)
 	// Responses keeps responses for duplicates in other processes, in the store the rule
 	// locks in; nil when that store keeps none, and NoResponses then says why: the rule
 	// shares within its process only, its failures logged.
@@ -65,10 +68,12 @@ type Locks struct {
 	CountShared func(how string)
 }
 
-// Held is the lock a request holds, from Locks.Lock to Release.
+// Held is the lock a request holds, from the middleware's lock to its release (for a share
+// rule, Locks.Lock and Locks.Release).
 type Held struct {
-	Ctx   context.Context   // the handler's context: the lease's
-	Group *flightlock.Group // the request's leases, one per key: never nil
-	// Release releases the lock after the handler returned, ignoring ctx's cancellation.
-	Release func(ctx context.Context)
+	// Group is the request's leases, one per key; nil only when a shadow rule ran the handler
+	// without its lock (a share rule is never a shadow rule).
+	Group *flightlock.Group
+	Ctx   context.Context // the handler's context: the lease's, or the request's for a shadow rule
+	At    time.Time       // when the lock was granted
 }
