@@ -192,7 +192,8 @@ func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *fligh
 	span.End()
 }
 
-// outcomeOf names the outcome of m.lock's call to LockAll.
+// outcomeOf names the outcome of a call to LockAll for the request of ctx (lockEnforced's,
+// lockShadow's try).
 func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	switch {
 	case err == nil && slices.ContainsFunc(g.Leases(), (*flightlock.Lease).Degraded): // OnStoreError: open

@@ -2,26 +2,18 @@ package middleware
 
 import (
 	"context"
-	"errors"
 	"time"
-
-	"github.com/flightlock/flightlock"
 )
 
 // shadowBound is the longest a shadow rule waits for its store's try-lock, so that it delays
 // no request by more than a round trip, even when the store is slow or down.
 const shadowBound = 50 * time.Millisecond
 
-// Values of the "would" label of shadow conflicts, besides the rule's OnBusy.
-const (
-	wouldInvalidKey = "invalid_key"
-	wouldStoreError = "store_error"
-)
-
 // lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict when
 // enforcing would have held the request back (a key that cannot be built among them), and
 // always lets it through, on its own context. A lock it got is released after the handler, so
-// that concurrent duplicates see it.
+// that concurrent duplicates see it. A conflict is counted by what the rule would have done:
+// its OnBusy, or the outcome of the try (invalid_key, store_error).
 func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, keyErr error) held {
 	err := keyErr
 	if err == nil {
@@ -33,17 +25,15 @@ func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, ke
 		}
 		err = lerr
 	}
-	would := wouldStoreError
+	would := outcomeOf(ctx, nil, err)
 	switch {
 	case keyErr != nil:
-		would = wouldInvalidKey
-	case errors.Is(err, flightlock.ErrBusy):
+		would = outcomeInvalidKey
+	case would == outcomeBusy:
 		would = rl.onBusy
-	case errors.Is(err, flightlock.ErrInvalidKey):
-		would = wouldInvalidKey
-	case errors.Is(err, flightlock.ErrClosed), ctx.Err() != nil:
+	case would == outcomeDraining, would == outcomeCanceled:
 		return held{Ctx: ctx} // draining, or the request is gone: nothing enforcing would have changed
-	default:
+	case would == outcomeStoreError:
 		m.logs.error(ctx, rl.stats, "shadow rule: lock store unreachable", err)
 	}
 	rl.stats.count(shadowConflictTotal, would)

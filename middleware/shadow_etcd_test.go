@@ -77,10 +77,10 @@ func TestEtcdShadow(t *testing.T) {
 	// machine: only then is the request sent again, up to 10 times.
 	first, retried := make(chan int, 1), int32(0)
 	for {
-		storeErrs := conflictCount(t, rule, wouldStoreError)
+		storeErrs := conflictCount(t, rule, outcomeStoreError)
 		go func() { code, _, _ := post(t, baseA+"/etcd/shadow/7"); first <- code }()
 		<-inside
-		if len(shadowKeys()) != 0 || conflictCount(t, rule, wouldStoreError)-storeErrs != 1 || retried == 9 {
+		if len(shadowKeys()) != 0 || conflictCount(t, rule, outcomeStoreError)-storeErrs != 1 || retried == 9 {
 			break
 		}
 		leave <- struct{}{}

@@ -135,7 +135,7 @@ func TestShadowCountsConflicts(t *testing.T) {
 func countsOneConflict(t *testing.T, what, rule, would string, send func() int) {
 	t.Helper()
 	for try := 1; ; try++ {
-		conflicts, storeErrs := conflictCount(t, rule, would), conflictCount(t, rule, wouldStoreError)
+		conflicts, storeErrs := conflictCount(t, rule, would), conflictCount(t, rule, outcomeStoreError)
 		if code := send(); code != http.StatusOK {
 			t.Errorf("%s: %d, want 200 (shadow rules hold nothing back)", what, code)
 			return
@@ -144,7 +144,7 @@ func countsOneConflict(t *testing.T, what, rule, would string, send func() int) 
 		if got == 1 {
 			return
 		}
-		if timedOut := conflictCount(t, rule, wouldStoreError) - storeErrs; got != 0 || timedOut != 1 || try == 10 {
+		if timedOut := conflictCount(t, rule, outcomeStoreError) - storeErrs; got != 0 || timedOut != 1 || try == 10 {
 			t.Errorf("%s counted %v conflicts (store errors %v, try %d), want 1", what, got, timedOut, try)
 			return
 		}
