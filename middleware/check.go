@@ -95,14 +95,11 @@ func checkNamed(cr *compiledRule) error {
 // method, with other variable names, or behind a group prefix its Path lacks.
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 	shape := rules.RouteShape(rl.Route.Text)
+	method := func(rt rest.Route) bool { return rl.Method == "" || rt.Method == rl.Method }
 	for _, near := range []func(rest.Route) bool{
 		func(rt rest.Route) bool { return rt.Path == rl.Route.Text },
-		func(rt rest.Route) bool {
-			return rules.RouteShape(rt.Path) == shape && (rl.Method == "" || rt.Method == rl.Method)
-		},
-		func(rt rest.Route) bool {
-			return strings.HasSuffix(rules.RouteShape(rt.Path), shape) && (rl.Method == "" || rt.Method == rl.Method)
-		},
+		func(rt rest.Route) bool { return method(rt) && rules.RouteShape(rt.Path) == shape },
+		func(rt rest.Route) bool { return method(rt) && strings.HasSuffix(rules.RouteShape(rt.Path), shape) },
 	} {
 		if i := slices.IndexFunc(routes, near); i >= 0 {
 			return routes[i], true
