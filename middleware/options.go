@@ -51,22 +51,21 @@ func WithLocker(l *flightlock.Locker) Option {
 	return func(o *options) { o.locker = l }
 }
 
-// WithHTTPRule adds a REST rule built in Go: r names the route (Method and Path) and its
-// OnBusy, TTL, Wait and Store; key computes the key instead of r.Key.
+// WithHTTPRule adds a REST rule built in Go: every field of r as in a Lock.Rules entry, but
+// key computes the key, so r.Key (and r.RPC, which key cannot read) must be empty.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
 	r = r.Normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, rules.Spec{Rule: Rule{Method: r.Method, Path: r.Path, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
-			Field: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), HTTPKey: key})
+		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), HTTPKey: key})
 	}
 }
 
-// WithRPCRule adds a zrpc rule built in Go: r names the method (RPC) and its OnBusy, TTL
-// Wait and Store; key computes the key instead of r.Key.
+// WithRPCRule adds a zrpc rule built in Go: every field of r as in a Lock.Rules entry, but
+// key computes the key, so r.Key (and r.Method, r.Path and r.Name, which key cannot read)
+// must be empty.
 func WithRPCRule(r Rule, key RPCKeyFunc) Option {
 	r = r.Normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, rules.Spec{Rule: Rule{RPC: r.RPC, OnBusy: r.OnBusy, TTL: r.TTL, Wait: r.Wait, Store: r.Store},
-			Field: fmt.Sprintf("WithRPCRule(%s)", r.RPC), RPCKey: key})
+		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithRPCRule(%s)", r.RPC), RPCKey: key})
 	}
 }

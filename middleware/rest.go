@@ -42,7 +42,7 @@ func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	return mw
 }
 
-// RouteFunc is Route with a key computed in Go by key instead of rule.Key.
+// RouteFunc is Route with a key computed in Go by key; rule.Key must be empty.
 func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) {
 	if key == nil {
 		return nil, rules.FieldError("RouteFunc", "nil key function")
@@ -52,8 +52,11 @@ func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) 
 
 // route is Route and RouteFunc, named name in CheckRoutes' errors.
 func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
-	if s.Key == "" && s.HTTPKey == nil {
+	switch {
+	case s.Key == "" && s.HTTPKey == nil:
 		return nil, rules.FieldError(s.Field+".Key", "is empty")
+	case s.Key != "" && s.HTTPKey != nil:
+		return nil, rules.FieldError(s.Field+".Key", "is set on a rule whose key a function computes: leave it out")
 	}
 	s.Rule = s.Rule.Normalized()
 	if err := cmp.Or(rules.OneOf(s.Field+".Method", s.Method, rules.HTTPMethods...),

@@ -469,6 +469,68 @@ func TestRESTWithHTTPRule(t *testing.T) {
 	}
 }
 
+// A rule built in Go keeps every field of its Rule but the key, which its function computes:
+// one with Permits is a semaphore, one with OnBusy share keeps its defaults (Replay), and a
+// Key or an RPC method beside the function is refused, since neither could be honoured.
+func TestGoRulesKeepEveryFieldButTheKey(t *testing.T) {
+	key := func(*http.Request) (string, error) { return "export", nil }
+	rpcKey := func(context.Context, any) (string, error) { return "export", nil }
+	tr := newTestRedis(t)
+	m, err := New(LockConf{}, WithLocker(tr.locker(t)), WithHTTPRule(Rule{Method: http.MethodPost, Path: "/export", Permits: 2}, key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}, 3), make(chan struct{})
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/export",
+		Handler: func(http.ResponseWriter, *http.Request) { entered <- struct{}{}; <-release }}})
+	codes := make(chan int, 3)
+	send := func() {
+		go func() { codes <- serve(s, httptest.NewRequest(http.MethodPost, "/export", http.NoBody)).Code }()
+	}
+	for i := range 2 {
+		send()
+		select {
+		case <-entered:
+		case code := <-codes:
+			t.Fatalf("request %d of a rule with Permits: 2 answered %d while %d held a permit; want both in", i+1, code, i)
+		}
+	}
+	send()
+	if code := <-codes; code != http.StatusConflict {
+		t.Errorf("a third request with both permits held: %d, want 409", code)
+	}
+	close(release)
+	for range 2 {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a permit holder: %d, want 200", code)
+		}
+	}
+
+	for _, tt := range []struct {
+		name  string
+		opt   Option
+		field string // the field the error must name; "" for none
+	}{
+		{"share", WithHTTPRule(Rule{Method: http.MethodPost, Path: "/pay", OnBusy: "share"}, key), ""},
+		{"rpc share", WithRPCRule(Rule{RPC: fullMethod("Host"), OnBusy: "share"}, rpcKey), ""},
+		{"key beside a function", WithHTTPRule(Rule{Method: http.MethodPost, Path: "/pay", Key: "pay:{body.id}"}, key), "WithHTTPRule(POST /pay).Key"},
+		{"rpc key beside a function", WithRPCRule(Rule{RPC: fullMethod("Host"), Key: "host:{req.host}"}, rpcKey), "WithRPCRule(" + fullMethod("Host") + ").Key"},
+		{"an RPC on a REST rule", WithHTTPRule(Rule{Method: http.MethodPost, Path: "/pay", RPC: fullMethod("Host")}, key), "WithHTTPRule(POST /pay).RPC"},
+		{"a Path on an RPC rule", WithRPCRule(Rule{RPC: fullMethod("Host"), Path: "/pay"}, rpcKey), "WithRPCRule(" + fullMethod("Host") + ").Path"},
+	} {
+		_, err := New(LockConf{}, WithLocker(tr.locker(t)), tt.opt)
+		if tt.field == "" && err != nil {
+			t.Errorf("%s: %v, want the rule taken with its defaults", tt.name, err)
+		}
+		if tt.field != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.field+":")) {
+			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.field)
+		}
+	}
+	if _, err := m.RouteFunc(Rule{Key: "pay:{body.id}"}, key); err == nil || !strings.HasPrefix(err.Error(), "Rule.Key:") {
+		t.Errorf("RouteFunc with a Key beside its function: %v, want an error naming Rule.Key", err)
+	}
+}
+
 // TestRESTMutualExclusion sends concurrent requests for one key to a wait rule: they all
 // succeed, one at a time.
 func TestRESTMutualExclusion(t *testing.T) {

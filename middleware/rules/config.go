@@ -421,6 +421,14 @@ func checkRule(r Spec, storeErrors string) error {
 	case r.Name != "" && r.RPC != "":
 		// Named returns a REST middleware; zrpc methods are locked by the interceptors.
 		return FieldError(r.Field+".RPC", "is set on the named rule %s, a REST middleware: lock %s in a rule without a Name", r.Name, r.RPC)
+	case r.Key != "" && (r.HTTPKey != nil || r.RPCKey != nil):
+		return FieldError(r.Field+".Key", "is set on a rule whose key a function computes: leave it out")
+	case r.HTTPKey != nil && r.RPC != "":
+		return FieldError(r.Field+".RPC", "is set on a rule whose key function reads REST requests: lock %s in a rule of its own", r.RPC)
+	case r.RPCKey != nil && r.Path != "":
+		return FieldError(r.Field+".Path", "is set on a rule whose key function reads zrpc calls: lock %s in a rule of its own", r.Path)
+	case r.RPCKey != nil && r.Method != "":
+		return FieldError(r.Field+".Method", "is set on a rule whose key function reads zrpc calls: leave it out")
 	case r.Key == "" && ((r.Path != "" || r.Name != "") && r.HTTPKey == nil || r.RPC != "" && r.RPCKey == nil):
 		return FieldError(r.Field+".Key", "is empty")
 	case r.Method != "" && r.Path == "" && r.Name == "":
