@@ -18,6 +18,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	"github.com/flightlock/flightlock/lockstore"
 	flmw "github.com/flightlock/flightlock/middleware"
 )
@@ -145,7 +146,7 @@ func (p *procBackend) makeDir(parent, name string) (err error) {
 
 // freeAddrs are n distinct free loopback addresses (host:port).
 func freeAddrs(n int) []string {
-	ports, err := redisserver.FreePorts(n)
+	ports, err := freeport.Ports(n)
 	check(err, "%v")
 	addrs := make([]string, n)
 	for i, p := range ports {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
+	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/zkstore"
 )
@@ -89,8 +90,12 @@ var zkJVMFlags = []string{
 }
 
 // start starts the server with tickTime -zk-tick under a temporary directory in -datadir
-// and waits until it serves.
+// and waits until it serves; on another free port if it exits before it is ready.
 func (z *zkBackend) start(c *config) error {
+	return redisserver.Retry(func() error { return z.startOnce(c) })
+}
+
+func (z *zkBackend) startOnce(c *config) error {
 	java, err := exec.LookPath(c.javaBin)
 	if err != nil {
 		return fmt.Errorf("java: %v (apt-get install zookeeper)", err)

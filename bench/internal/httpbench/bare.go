@@ -6,7 +6,7 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	"github.com/zeromicro/go-zero/rest/httpx"
 
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 )
 
 // StartBare starts a go-zero REST server with the order API's create-order route and nothing
@@ -16,7 +16,7 @@ import (
 // whole request of three services. seed makes no state: the handler reads none. closes run
 // after the server stops (Stop, which stops it with every other go-zero server of the process).
 func StartBare(id, prefix string, mw rest.Middleware, closes []func()) (*System, error) {
-	ports, err := redisserver.FreePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		return nil, err
 	}

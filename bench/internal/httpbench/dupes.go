@@ -13,8 +13,8 @@ import (
 
 	"github.com/zeromicro/go-zero/rest"
 
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/bench/internal/stat"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 
 	flmw "github.com/flightlock/flightlock/middleware"
 	"github.com/flightlock/flightlock/middleware/share"
@@ -51,7 +51,7 @@ func NewDupServer(conf flmw.LockConf) (*DupServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	ports, err := redisserver.FreePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		_ = m.Close()
 		return nil, err

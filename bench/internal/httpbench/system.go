@@ -17,8 +17,8 @@ import (
 	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/rest"
 
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/example/app"
+	"github.com/flightlock/flightlock/internal/testenv/freeport"
 	flmw "github.com/flightlock/flightlock/middleware"
 	"github.com/flightlock/flightlock/middleware/share"
 )
@@ -41,7 +41,7 @@ func Load(path string) (app.Config, []int, error) {
 	if err != nil {
 		return app.Config{}, nil, err
 	}
-	ports, err := redisserver.FreePorts(3)
+	ports, err := freeport.Ports(3)
 	if err != nil {
 		return app.Config{}, nil, err
 	}

@@ -50,3 +50,24 @@ func TestWithPeerLeavesRoomForTheBus(t *testing.T) {
 		}
 	}
 }
+
+// Ports, for callers without a testing.TB, gives distinct free ports below the ephemeral range.
+func TestPortsAreDistinctFreeAndBelowTheEphemeralRange(t *testing.T) {
+	ports, err := Ports(20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, port := range ports {
+		if port < low || port > high {
+			t.Errorf("port %d outside [%d, %d]", port, low, high)
+		}
+		if seen[port] {
+			t.Errorf("port %d given twice", port)
+		}
+		seen[port] = true
+		if !free(port) {
+			t.Errorf("port %d is not free", port)
+		}
+	}
+}
