@@ -569,9 +569,10 @@ func (r *report) primitivesMarkdown() string {
 	w("Generated on %s in %v by this command, run from `bench/` (`bench/run.sh` runs the same binary with the arguments\n",
 		r.started.UTC().Format("2006-01-02 15:04 MST"), r.elapsed.Round(time.Second))
 	w("shown, and writes this file on a full run too):\n\n```\n%s\n```\n\n", r.cfg.cmdline)
-	w("The scenarios of the mutex, 1-9, are in [benchmarks.md](benchmarks.md),\n")
-	w("on the same kind of run: one `redis-server` that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`),\n")
-	w("every figure the **median of %d repetitions**.\n\n", r.cfg.reps)
+	w("The scenarios of the mutex, 1-9, are in [benchmarks.md](benchmarks.md), on the same kind of run: one `redis-server`\n")
+	w("that the benchmark starts on a free loopback port (`--save \"\" --appendonly no`), every figure the **median of %d\n", r.cfg.reps)
+	w("repetitions**, the rows taking turns in an order rotated per repetition. RT, server commands and CPU are counted as\n")
+	w("there (pub/sub connections are not in RT); a wait is the time from the call to holding the lock or permit.\n\n")
 	if r.cfg.quick {
 		w("**This is a quick run (`-quick`)**: short durations, one repetition. Its figures show that the scenario runs;\n")
 		w("they are not the benchmark's results.\n\n")
