@@ -196,9 +196,8 @@ func (r *report) s1Section(w writer) {
 	n, c := r.be.notes(), r.cfg
 	w("## 1. Uncontended lock + release, a distinct key per operation\n\n")
 	w("One goroutine; each operation takes a new key and releases it (flightlock: `Lock` in its default wait mode, then\n")
-	w("`Release`). Latency of the whole operation; allocations from `runtime.MemStats` over the loop (the library's own:\n")
-	w("keys are built before). %v per row and repetition, the rows taking turns in slices of %v (so that a drift of\n", c.d1, s1Slice)
-	w("the machine's or the server's speed within a repetition falls on every row alike); a row's figures sum its slices.%s\n\n", n.s1Note)
+	w("`Release`): its latency, and allocations from `runtime.MemStats` (keys are built before). %v per row and repetition,\n", c.d1)
+	w("the rows taking turns in %v slices, so that a drift of machine or server falls on every row alike.%s\n\n", s1Slice, n.s1Note)
 	cols := []column{{"p50 latency", durCell(p50)}}
 	for _, f := range n.floors {
 		cols = append(cols, column{"x " + f[1], ratioCell(r.s1, f[0], p50)})
@@ -233,8 +232,8 @@ func (r *report) hotSection(w writer, sc int) {
 		w("## 2. One hot key, one process\n\n")
 		w("g goroutines of this process loop on one key: Lock, the critical section (an atomic \"inside\" counter that must read\n")
 		w("1, a read-modify-write of a plain counter that must end equal to the number of critical sections, and for flightlock\n")
-		w("a fence strictly larger than the last one seen), Release. Wait = time from the call to holding the lock. %v per row and\n", c.d2)
-		w("repetition (%v below 16 goroutines), counting the critical sections that end inside it.\n\n", c.d2small)
+		w("a fence strictly larger than the last one seen), Release. Wait = time from the call to holding the lock. %v per row\n", c.d2)
+		w("and repetition (%v below 16 goroutines), counting the critical sections that end inside it.\n\n", c.d2small)
 		for _, g := range c.s2Goroutines {
 			if g < 16 {
 				continue
@@ -254,10 +253,9 @@ func (r *report) hotSection(w writer, sc int) {
 		rs = r.s2[hotGoroutines]
 	} else {
 		w("## 3. One hot key, %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
-		w("The binary re-executes itself as %d workers, each with clients of its own, that count the critical sections ending\n", s3Procs)
-		w("inside one common window of %v; `fair` is the most critical sections of a process over the fewest (starvation shows\n", c.d3)
-		w("as a large ratio). The guard counters live in a file all workers map, so exclusion is checked across processes. CS/s =\n")
-		w("all of them over the window; client CPU is the workers' sum.\n\n")
+		w("The binary re-executes itself as %d workers with clients of their own, over one common window of %v; `fair` is the\n", s3Procs, c.d3)
+		w("most critical sections of a process over the fewest (starvation shows as a large ratio). The checks live in a file all\n")
+		w("workers map, so they span processes; client CPU is the workers' sum.\n\n")
 		contendTable(w, n, rs, "")
 		firstErrors(w, rs)
 		w("Critical sections per process, per repetition:\n\n")
@@ -289,9 +287,9 @@ func (r *report) s5Section(w writer) {
 	w("## 5. Reject mode: duplicates of a key held in this process\n\n")
 	w("The key is held in this process; then one goroutine tries it again and again for %v (flightlock: `TryLock` on a\n", c.d5)
 	w("`Reject` Locker that shares the holder's gate, which refuses without a request to the store; %s).\n", n.rejectHow)
-	w("\"%d goroutines\" is the same with %d goroutines at once (wall time per call over all of them), as a burst of double\n", s5Goroutines, s5Goroutines)
-	w("clicks would. Allocations are `runtime.MemStats` deltas over the serial part. Medians over %d repetitions; \"not busy\"\n", c.reps)
-	w("counts the calls that did not answer busy, over all repetitions (it must be 0).\n\n")
+	w("\"%d goroutines\" is the same with %d at once (wall time per call over all of them), as a burst of double clicks would.\n", s5Goroutines, s5Goroutines)
+	w("Allocations are `runtime.MemStats` deltas over the serial part; \"not busy\" counts, over all repetitions, the calls that\n")
+	w("did not answer busy (it must be 0).\n\n")
 	unit := fmt.Sprintf("%d goroutines: ", s5Goroutines)
 	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", floatCell("allocs")},
 		{"B/call", intCell("bytes")}, {n.reqCol + "/call", reqCell(reqs)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
@@ -483,16 +481,13 @@ func howItWasRun(p writer, c *config) {
 // commonBullets are what a store report's "How it was run" says of every store's run; warmWhy
 // says why the first writes are slower.
 func commonBullets(p writer, c *config, warmWhy string) {
-	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, rows", scenarioList(c), c.reps)
-	p("  interleaved and their order rotated per repetition; then scenarios 8, 9, 5, 6 and 7 run their own repetitions,")
-	p("  rows rotated likewise (9 once: its figures are counts, not timings). Figures are medians over the repetitions.")
-	p("  Before the first, every row of scenario 1 runs %v unmeasured (%s).", c.warm, warmWhy)
-	p("- Every Lock runs under a context bounded at %v (zk.NewLock's takes none); a failed Lock or release is counted as", c.lockTimeout)
-	p("  an error.")
-	p("- Each critical section checks an `inside` counter (1 while it runs: otherwise a violation) and a plain counter")
-	p("  that a lost update leaves short, and, for flightlock, that its lease's fence is strictly larger than the last")
-	p("  fence seen on the key (the peers have no fence). Across processes these words live in a file every worker")
-	p("  process maps, so the checks span processes. The critical section does nothing else.")
+	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, in an order", scenarioList(c), c.reps)
+	p("  rotated per repetition; then scenarios 8, 9 (once: counts, not timings), 5, 6 and 7 run their own repetitions,")
+	p("  rows rotated likewise. Figures are medians over the repetitions. Before the first, every row of scenario 1 runs")
+	p("  %v unmeasured (%s).", c.warm, warmWhy)
+	p("- Every Lock runs under a context bounded at %v (zk.NewLock's takes none); a failed Lock or release is an error.", c.lockTimeout)
+	p("- The critical section only checks, as in benchmarks.md's scenario 2: an `inside` counter, a plain counter that a lost")
+	p("  update leaves short, and flightlock's fence (the peers have none); across processes, in a file every worker maps.")
 }
 
 // hotKeyWhy says, with this run's figures of scenarios 2 and 3, why flightlock is faster than
