@@ -246,9 +246,8 @@ func (r *report) s13Section(w func(string, ...any)) {
 	w("(`redis.NewClient(&redis.Options{Addr: addr})`: pool 10 x GOMAXPROCS, no `ContextTimeoutEnabled`, `CLIENT SETINFO` on\n")
 	w("every new connection, which Redis 7.0 refuses and go-redis ignores) beside the **tuned** client of the other scenarios.\n")
 	w("On the default client flightlock has only its defaults, `flightlock.New(redisstore.New(client), WithTTL(%v),\n", lockTTL)
-	w("WithWait(%v))`, and bsm/redislock the same client; rueidislock has no go-redis client and runs once per repetition. The\n", waitBudget)
-	w("rows take turns in slices (%v uncontended, %v over many keys), every row of every setting once per round in a\n", s13UncontendedSlice, s13KeysSlice)
-	w("rotated order, so that a drift of the machine lands on every row alike. Medians of %d repetitions. Run alone with:\n\n", r.cfg.reps)
+	w("WithWait(%v))`, and bsm/redislock the same client; rueidislock has no go-redis client and runs once per repetition.\n", waitBudget)
+	w("Every row of every setting takes turns in slices (%v uncontended, %v over many keys), as in scenario 1. Run alone with:\n\n", s13UncontendedSlice, s13KeysSlice)
 	w("```\ncd bench && go run ./cmd/lockbench -scenario 13 -reps %d -client both -out /tmp/s13.md\n```\n\n", r.cfg.reps)
 	settings := s.Settings
 
@@ -380,8 +379,7 @@ func (r *report) s13Section(w func(string, ...any)) {
 	}
 
 	if gs := r.defaultClientGoals(); len(gs) > 0 {
-		w("### Goals on a default go-redis client\n\nEach row holds one figure of the tables above against its target. The goals are set on the default\n")
-		w("client; the tuned client's rows are there to compare.\n\n")
+		w("### Goals on a default go-redis client\n\nThe goals are set on the default client; the tuned client's rows are there to compare.\n\n")
 		goalTable(w, gs)
 	}
 }

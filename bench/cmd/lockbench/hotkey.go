@@ -25,37 +25,21 @@ import (
 	"github.com/zeromicro/go-zero/core/logx"
 )
 
-// The hot key's guard (lockbench -guard) measures the headline shape: many goroutines of one
-// process, or a few processes, taking turns on one key of a real redis-server through
-// Locker.Lock and Lease.Release, as a go-zero request calls them (on a context that can be
-// cancelled), on two builds of the library, alternating, and reports whether this build is
-// slower than the base: this lockbench is one build, and the other is lockbench built from the
-// revision -against, in a temporary git worktree with that revision's own go.work (the worktree
-// is removed after the build). A regression is exit status 3.
+// The hot key's guard (lockbench -guard) measures the headline shape, goroutines of one
+// process or a few processes taking turns on one key of a real redis-server through Locker.Lock
+// and Lease.Release on a cancellable context, on this build and on lockbench built from the
+// revision -against, alternating, and exits 3 when this build regressed. docs/performance.md
+// ("The hot key's guard") says what it runs, the default base, and why pairs and this rule.
 //
 //	go run ./cmd/lockbench -guard                   # from bench/: this tree against its base
 //	go run ./cmd/lockbench -guard -against HEAD~3   # against any git revision
 //	go run ./cmd/lockbench -guard -cpuprofile FILE  # profile 64 goroutines on one key, compare nothing
 //
-// The base by default is the merge base of HEAD and main (where a branch left main), or HEAD~1
-// when that is HEAD itself (on main). The shapes: 64 and 1,024 goroutines in one process, and 4
-// processes of 16 goroutines, sharing a number of critical sections (-cs) on one key. A run is
-// worker processes of one build (guardWorker) and its figure is critical sections per second
-// from their common start to the last one's end; every critical section checks that it is
-// alone inside the key (within a process), so a figure is never bought with a double grant.
-//
-// Every repetition runs each shape (the order rotated) once on each build, one right after the
-// other, the builds' order alternating (A B, then B A), so that the two runs of a pair see the
-// same minute of the machine and a drift within a pair favours neither build: the pair's ratio
-// (this build's figure over the base's) cancels what the machine's pace did to both. A shape
-// regressed when the median of its pairs' ratios is more than 10% below 1 and at least three
-// pairs in four found this build slower (the ratios' upper quartile is below 1), which a
-// same-build comparison does by chance about once in 60 shapes at 15 pairs (a sign test);
-// docs/performance.md says why this rule and not the builds' spreads.
-//
-// The worker is the interface between builds: its flags (-guard -worker -addr -g -cs), the
-// READY and start lines of workerproc and its DONE line. A revision whose worker differs cannot
-// be guarded against.
+// A run's figure is critical sections per second from the workers' common start to the last
+// one's end; every critical section checks that it is alone inside the key (within a process),
+// so a figure is never bought with a double grant. The worker is the interface between builds:
+// its flags (-guard -worker -addr -g -cs), the READY and start lines of workerproc and its DONE
+// line. A revision whose worker differs cannot be guarded against.
 
 // shape is one measured configuration: procs processes of goroutines each.
 type shape struct {

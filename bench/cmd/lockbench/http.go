@@ -317,8 +317,7 @@ func (r *report) s6BareSection(w func(string, ...any)) {
 	s := r.s6bare
 	w("Scenario 6's rows, wrk script and load on a go-zero REST server with the create-order route and nothing behind it\n")
 	w("(`bench/internal/httpbench/bare.go`: the handler binds uid, sku and qty with `httpx.Parse` and answers), so the lock\n")
-	w("is most of the request. **flightlock** is the example's order rules (`Order.Lock`, reject mode); the other rows are\n")
-	w("scenario 6's plain middlewares, each row one server in this process.\n\n")
+	w("is most of the request; each row is one server in this process.\n\n")
 	if s.Observe {
 		w("**Metrics and tracing on** (`-observe`), in every row, as in scenario 6.\n\n")
 	}
@@ -352,8 +351,8 @@ func (r *report) s6Intro(w func(string, ...any), s *s6Results) {
 	}
 	w("Low load: `wrk -c %d`; a round trip is the median `PING` of a go-redis client of this process in each round (median\n", httpbench.LowConns)
 	w("%s). Saturation: `wrk -c %d`, %v per row and repetition. CPU: the service's own `getrusage`, `/proc/<pid>/stat` of\n", mdfmt.Dur(s.Ping.med("p50")), httpbench.SatConns, httpbench.WholeSeconds(r.cfg.d6))
-	w("`redis-server` and wrk's rusage, as shares of %d cores × the run's wall time. Redis commands per request are `INFO\n", runtime.NumCPU())
-	w("commandstats` deltas. With every system up and no load the process used %.1f %% of a core: the idle systems' background.\n\n", 100*s.IdleCPU)
+	w("`redis-server` and wrk's rusage, as shares of %d cores × the run's wall time. With every system up and no load the\n", runtime.NumCPU())
+	w("process used %.1f %% of a core: the idle systems' background.\n\n", 100*s.IdleCPU)
 }
 
 // httpTables writes the low-load and saturation tables of an HTTP scenario; the first one

@@ -92,11 +92,10 @@ func (r *report) s8Section(w writer) {
 	w("How many critical sections per second each row keeps as the work grows, every lock row at every point, along three axes:\n")
 	w("goroutines on one hot key in one process; processes of %d goroutines on one hot key (workers as in scenario 3);\n", s8ProcGoroutines)
 	w("distinct keys under %d goroutines, each drawing a key per operation, with the floor (on one hot key it would be no lock\n", s8KeyGoroutines)
-	w("but a spin). Scenario 2's critical section and checks, %v per row, point and repetition, medians over %d, the rows of a\n", c.d8, c.reps)
-	w("point interleaved in the rotated order; critical sections that end inside the window count. Each cell: critical sections\n")
+	w("but a spin). Scenario 2's critical section and checks, %v per row, point and repetition. Each cell: critical sections\n", c.d8)
 	w("per second; %s per critical section · p99 wait. \"fall\" is how many times the row's rate falls from the first point\n", n.reqCol)
-	w("to the last (\"grows\" when it rises); the last line is flightlock over the best peer. The plots have both axes\n")
-	w("logarithmic. Every key set is named, not written, before a row starts.%s\n\n", n.s8Note)
+	w("to the last (\"grows\" when it rises). The plots have both axes logarithmic. Every key set is named, not written,\n")
+	w("before a row starts.%s\n\n", n.s8Note)
 	for _, ax := range r.s8 {
 		first, last := ax.Points[0], ax.Points[len(ax.Points)-1]
 		w("### %s\n\n", axisUnit(ax.Name))

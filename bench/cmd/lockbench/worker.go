@@ -200,9 +200,8 @@ func (s inAndAcross) tables(w writer, r *report, d time.Duration, sub bool) {
 		if sub {
 			w("### %d processes x %d goroutines\n\n", s3Procs, s3Goroutines)
 		}
-		w("%d processes x %d goroutines: scenario 3's workers, counting over one common window of %v; `fair` is the most\n", s3Procs, s3Goroutines, d)
-		w("critical sections of a process over the fewest (1.00: every process got through at the same pace). The checks live in\n")
-		w("files every worker maps, so they span the processes; client CPU is the workers' sum.\n\n")
+		w("%d processes x %d goroutines: scenario 3's workers over one common window of %v (`fair` and the checks as there;\n", s3Procs, s3Goroutines, d)
+		w("1.00: every process got through at the same pace); client CPU is the workers' sum.\n\n")
 		contendTable(w, r.be.notes(), s.Procs, "")
 	}
 }
