@@ -266,9 +266,8 @@ func (r *report) redisHead(w writer) {
 		r.started.UTC().Format("2006-01-02 15:04 MST"), r.elapsed.Round(time.Second), r.cfg.reps)
 	w("the rows of a scenario taking turns in an order rotated per repetition so that machine noise hits them alike, on one\n")
 	w("`redis-server` started on a free loopback port (`--save \"\" --appendonly no`). Raw repetitions: `docs/benchmarks.json`.\n")
-	w("A contention row (scenarios 2-4, 8, 10-12 and 13's many keys) counts the critical sections that end inside a fixed\n")
-	w("window, with the server's counters read at its start and end: the counting of the etcd and ZooKeeper reports, one\n")
-	w("method for every store.\n\n")
+	w("A contention row (scenarios 2-4, 8, 10-12 and 13's many keys) counts, as on every store, the critical sections that\n")
+	w("end inside a fixed window, with the server's counters read at its start and end.\n\n")
 	w("**Reproduce** from the repository root with `bench/run.sh`. It runs `go test -bench` of the root and middleware\n")
 	w("packages, `lockbench -store etcd`, `lockbench -store zookeeper`, then `bench/cmd/lockbench` (paths from the root):\n\n")
 	w("```\n%s\n```\n\n", reproduceCommand(r.cfg.args))
@@ -290,8 +289,7 @@ func (r *report) redisHead(w writer) {
 		}
 		w("| %s | %s |\n", s.lib, wait)
 	}
-	w("\nbsm/redislock and go-zero's RedisLock (a loop of ours: it has no waiting) poll every 100 ms, as redislock's\n")
-	w("documented example, and every 1 ms; redsync retries every 50-250 ms at random, or every 1 ms (`WithRetryDelay`). Every\n")
+	w("\nbsm/redislock's 100 ms is its documented example's; go-zero's RedisLock has no waiting (the loop is ours). Every\n")
 	w("library gets a %v TTL, and gives up a blocking acquisition after %v (an error), on a go-redis v9 client of its own\n", lockTTL, waitBudget)
 	w("(`DisableIdentity`, `ContextTimeoutEnabled`). **rueidislock** (%s) runs on the rueidis client, which writes the\n", rueidisVersion())
 	w("commands of all concurrent callers on one connection, at `KeyMajority` 1, `NoLoopTracking`, `KeyValidity` = the TTL\n")

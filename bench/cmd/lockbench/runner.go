@@ -532,10 +532,9 @@ func (b *bench) hotAndMany(r int) {
 const manyKeys = 1000
 
 // uncontended runs scenario 1's loop for rows in one repetition rep on keys named after
-// prefix (sliceRows, in turns of slice) and measures each row:
-// the whole operation's latency and, apart, the lock's and the unlock's, what the server
-// counted, CPU and allocations per operation, and with timeCalls the time inside the client's
-// calls and the rest; with the server command mix per operation.
+// prefix (sliceRows, in turns of slice): each row's latency (the lock's and the unlock's
+// apart), what the server counted, CPU and allocations per operation, with timeCalls the time
+// inside the client's calls and the rest, and the server command mix per operation.
 func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
 	ims := each(len(rows), func(i int) impl { return b.impl(rows[i]) })
 	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
@@ -611,10 +610,8 @@ func (b *bench) holders(r rowSpec, keys []string, n, reads int, span guard.Guard
 
 // contendRun runs n goroutines of this process for d on keys (base names), each operation on
 // a key drawn uniformly, reads% of a read-write row's Locks reads (scenarios 2 and 4, 8's
-// goroutines and keys, 10-12 in one process): windowRun, the server's counters read at the
-// window's start and end, scenario 2's checks around every critical section (a floor that is
-// no lock has none counted). It returns the figures, the server command mix per critical
-// section and the first error.
+// goroutines and keys, 10-12 in one process), with scenario 2's checks (windowRun). It returns
+// the figures, the server command mix per critical section and the first error.
 func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, seed uint64, reads int) (metrics, string, string) {
 	gs, span := each(len(keys), func(int) guard.Guard { return guard.New() }), admitting(r, guard.New())
 	gs[0] = admitting(r, gs[0])
@@ -628,12 +625,9 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 	return m, mixString(st.cmds, cr.Ops), cr.FirstErr
 }
 
-// contendMetrics are a contention run's figures: critical sections, in all and per second,
-// the waits' p50, p99 and max, the failed Locks and releases, the checks' violations (a lost
-// write leaves the plain counters short; a floor, no lock, has none) and fence violations,
-// what st counted per critical section, and for a semaphore or read-write row the most
-// holders at once (peak); a read-write row's reads and writes per second and its reads' waits
-// apart.
+// contendMetrics are a contention run's figures (the names rate to fence_violations, where a
+// lost write leaves the plain counters short and a floor, no lock, has no violations), with a
+// semaphore's or read-write row's most holders at once (peak), a read-write row's reads apart.
 func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, fence, peak int64) metrics {
 	slices.Sort(cr.Waits)
 	secs := float64(cr.Elapsed) / 1e9
@@ -655,11 +649,10 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 }
 
 // runProcs runs one repetition of row r in procs worker processes (worker.go) of g goroutines
-// each on one fresh key, every one with clients of its own, over a common window d (scenario 3,
-// 8's processes, 10-12); extra are more of the workers' flags (scenario 11's -reads). It
-// returns the figures as in one process (contendMetrics) with the workers' CPU per critical
-// section, how evenly the processes got through (fair: the most critical sections of a
-// process over the fewest; per_proc; procN), the server command mix and the first error.
+// each on one fresh key over a common window d (scenario 3, 8's processes, 10-12); extra are
+// more of the workers' flags (scenario 11's -reads). It returns contendMetrics with the
+// workers' CPU, fair (the most critical sections of a process over the fewest), per_proc and
+// procN, the server command mix and the first error.
 func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
 	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
 	defer done()
