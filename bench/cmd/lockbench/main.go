@@ -41,16 +41,9 @@
 //  13. Redis only: the rows of 1, 8's key axis and 9's holding on a default go-redis client
 //     beside the tuned one (-client), interleaved (defaultclient.go).
 //
-// Scenarios 10-12 are reported in a document of their own (-primitives-out,
-// docs/benchmarks-primitives.md): with only them in -scenario, -out gets that document (its
-// machine header and their sections) and no other; a run of them beside any of 1-9 writes the
-// main report to -out and this one to -primitives-out, by default benchmarks-primitives.md
-// beside -out.
-//
-// Every store is a backend of one runner (runner.go, which says in what order the scenarios
-// run); the scenarios, their figures (one vocabulary for every store, in the reports and in
-// -json) and each report section (sections.go, a table showing the figures its store gives)
-// are written once.
+// Scenarios 10-12 are reported in a document of their own (-primitives-out). Every store is a
+// backend of one runner (runner.go), so the scenarios, their figures and the report sections
+// (sections.go) are written once.
 //
 // Run it through bench/run.sh, which runs both stores; see docs/benchmarks.md for what each
 // scenario measures. From bench/, for one store:

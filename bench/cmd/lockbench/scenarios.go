@@ -16,12 +16,10 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// scaling is scenario 8: critical sections per second as the work grows, along three axes
-// (s8Section says what each measures), rows(2) on the hot key, rows(4) over distinct
-// keys: a floor on one hot key would be no lock but a spin. Every key is fresh. The rows run
-// at every point of the axes -s8-goroutines, -s8-procs and -s8-keys give points, c.reps times
-// in the rotated order (atPoints); then each axis's chart is drawn beside -out (none without
-// it), and a chart that fails is left out of the report.
+// scaling is scenario 8 (scaling.go): rows(2) on the hot key, rows(4) over distinct keys, on
+// fresh keys at every point of the axes -s8-goroutines, -s8-procs and -s8-keys give, c.reps
+// times (atPoints); then each axis's chart is drawn beside -out (none without it), and a chart
+// that fails is left out of the report.
 func (b *bench) scaling() []*s8Axis {
 	c, n := b.c, b.be.notes()
 	need := 0
