@@ -486,7 +486,7 @@ func commonBullets(p writer, c *config, warmWhy string) {
 	p("  rows rotated likewise. Figures are medians over the repetitions. Before the first, every row of scenario 1 runs")
 	p("  %v unmeasured (%s).", c.warm, warmWhy)
 	p("- Every Lock runs under a context bounded at %v (zk.NewLock's takes none); a failed Lock or release is an error.", c.lockTimeout)
-	p("- The critical section only checks, as in benchmarks.md's scenario 2: an `inside` counter, a plain counter that a lost")
+	p("- The critical section only checks, as scenario 2 says: an `inside` counter, a plain counter that a lost")
 	p("  update leaves short, and flightlock's fence (the peers have none); across processes, in a file every worker maps.")
 }
 
