@@ -119,9 +119,9 @@ type Server struct {
 }
 
 // Start runs redis-server on a free loopback port (on another if it exits before it is ready:
-// Retry), without persistence, and waits until it answers PING. Its own log (start-up banner, overcommit warning) goes to a file in its
-// directory named after name, not to our output. extra are more arguments of the server
-// (--replicaof).
+// Retry), without persistence, and waits until it answers PING. Its own log (start-up banner,
+// overcommit warning) goes to a file in its directory named after name, not to our output.
+// extra are more arguments of the server (--replicaof).
 func Start(name string, extra ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
