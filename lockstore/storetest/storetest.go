@@ -19,6 +19,7 @@ import (
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/lockstore"
+	"golang.org/x/sync/errgroup"
 )
 
 // Config describes the store under test.
@@ -627,22 +628,17 @@ func (s suite) readersOfAProcessShareAndTakeTurns(t *testing.T) {
 	_ = b.Release(ctx)
 	first := mustLock(t, flightlock.NewOwner(ctx), w, k)
 	leases := make([]*flightlock.Lease, 4)
-	var wg sync.WaitGroup
+	var readers errgroup.Group
 	for i := range leases {
-		wg.Go(func() {
-			var err error
-			if leases[i], err = r.Lock(flightlock.NewOwner(ctx), k); err != nil {
-				t.Error(err)
-			}
+		readers.Go(func() (err error) {
+			leases[i], err = r.Lock(flightlock.NewOwner(ctx), k)
+			return err
 		})
 	}
 	time.Sleep(100 * time.Millisecond) // they wait behind the writer; a late one joins them
 	must(t, first.Release(ctx))
-	wg.Wait()
+	must(t, readers.Wait())
 	for _, lease := range leases {
-		if lease == nil {
-			t.FailNow()
-		}
 		if lease.Fence() != leases[0].Fence() || lease.Fence() < first.Fence() {
 			t.Fatalf("reader fences %d and %d, want one fence at least the write's %d", leases[0].Fence(), lease.Fence(), first.Fence())
 		}
