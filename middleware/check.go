@@ -92,7 +92,8 @@ func checkNamed(cr *compiledRule) error {
 }
 
 // nearRoute finds the route a rule matching none most likely meant: its pattern for another
-// method, with other variable names, or behind a group prefix its Path lacks.
+// method, with other variable names, behind a group prefix its Path lacks, or a few letters
+// away (a misspelling, another case; another method counts as one more edit).
 func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 	shape := rules.RouteShape(rl.Route.Text)
 	method := func(rt rest.Route) bool { return rl.Method == "" || rt.Method == rl.Method }
@@ -105,7 +106,45 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 			return routes[i], true
 		}
 	}
-	return rest.Route{}, false
+	best, bestD := rest.Route{}, typoEdits(rl.Route.Text)+1
+	for _, rt := range routes {
+		d := editDistance(rl.Route.Text, rt.Path)
+		if !method(rt) {
+			d++
+		}
+		if d < bestD {
+			best, bestD = rt, d
+		}
+	}
+	return best, best.Path != ""
+}
+
+// typoEdits is how many edits away from name a candidate may be and still be offered as the
+// name it misspells: a third of name, at most 3, so that a short or wholly other name is not
+// "corrected" into an unrelated one.
+func typoEdits(name string) int {
+	return min(3, len(name)/3+1)
+}
+
+// editDistance is the Levenshtein distance of a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, as

@@ -248,6 +248,12 @@ func TestCheckRoutes(t *testing.T) {
 			"Lock.Rules[2]: GET /api/stock/:id matches no route of the server (did you mean GET /api/stock/:sku?)"},
 		{"group prefix missing", Rule{Method: http.MethodPost, Path: "/stock/:sku/deduct", Key: "s:{sku}"},
 			"Lock.Rules[2]: POST /stock/:sku/deduct matches no route of the server (did you mean POST /api/stock/:sku/deduct?)"},
+		{"misspelt path", Rule{Method: http.MethodPost, Path: "/api/stock/:sku/deductt", Key: "s:{sku}"},
+			"Lock.Rules[2]: POST /api/stock/:sku/deductt matches no route of the server (did you mean POST /api/stock/:sku/deduct?)"},
+		{"path in another case", Rule{Method: http.MethodGet, Path: "/api/Stock/:sku", Key: "s:{sku}"},
+			"Lock.Rules[2]: GET /api/Stock/:sku matches no route of the server (did you mean GET /api/stock/:sku?)"},
+		{"misspelt path of another method", Rule{Method: http.MethodPut, Path: "/api/ordr/:uid", Key: "o:{uid}"},
+			"Lock.Rules[2]: PUT /api/ordr/:uid matches no route of the server (did you mean POST /api/order/:uid?)"},
 		{"any method", Rule{Path: "/api/nothing", Key: "s:{query.x}"},
 			"Lock.Rules[2]: /api/nothing matches no route of the server"},
 	}
