@@ -164,17 +164,43 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 		if cr.rpc == nil || ok {
 			continue
 		}
-		for name, si := range info {
-			for _, mi := range si.Methods {
-				if near := "/" + name + "/" + mi.Name; strings.EqualFold(near, full) {
-					return rules.FieldError(cr.spec.Field, "%s matches no method of the server (did you mean %s?)", full, near)
-				}
-			}
+		if err := nearMethod(cr.spec.Field, full, info); err != nil {
+			return err
 		}
 		if _, ok := info[svc]; !ok {
 			return rules.FieldError(cr.spec.Field, "%s matches no method of the server: it has no service %s", full, svc)
 		}
 		return rules.FieldError(cr.spec.Field, "%s matches no method of the server", full)
+	}
+	return nil
+}
+
+// nearMethod is CheckMethods' error for an RPC that names no method of info when it names one
+// most likely meant: the same in another case, the service without its proto package
+// (/Inventory/Reserve), or a few letters away; nil when none is that near.
+func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
+	var methods []string
+	for name, si := range info {
+		for _, mi := range si.Methods {
+			methods = append(methods, "/"+name+"/"+mi.Name)
+		}
+	}
+	slices.Sort(methods) // the same answer whatever the map's order
+	if i := slices.IndexFunc(methods, func(m string) bool { return strings.EqualFold(m, full) }); i >= 0 {
+		return rules.FieldError(field, "%s matches no method of the server (did you mean %s?)", full, methods[i])
+	}
+	unqualified := "." + strings.TrimPrefix(full, "/")
+	if i := slices.IndexFunc(methods, func(m string) bool { return strings.HasSuffix(m, unqualified) }); i >= 0 {
+		return rules.FieldError(field, "%s matches no method of the server (did you mean %s? a full method name starts with the proto package)", full, methods[i])
+	}
+	best, bestD := "", typoEdits(full)+1
+	for _, m := range methods {
+		if d := editDistance(full, m); d < bestD {
+			best, bestD = m, d
+		}
+	}
+	if best != "" {
+		return rules.FieldError(field, "%s matches no method of the server (did you mean %s?)", full, best)
 	}
 	return nil
 }

@@ -331,6 +331,10 @@ func TestCheckMethods(t *testing.T) {
 			"Lock.Rules[3]: /flightlock.test.locked/host matches no method of the server (did you mean /flightlock.test.Locked/Host?)"},
 		{"no such service", Rule{RPC: "/inventory.Inventory/Deduct", Key: "d:{sku}"},
 			"Lock.Rules[3]: /inventory.Inventory/Deduct matches no method of the server: it has no service inventory.Inventory"},
+		{"misspelt method", Rule{RPC: fullMethod("Hots"), Key: "d:{host}"},
+			"Lock.Rules[3]: /flightlock.test.Locked/Hots matches no method of the server (did you mean /flightlock.test.Locked/Host?)"},
+		{"service without its package", Rule{RPC: "/Locked/Host", Key: "d:{host}"},
+			"Lock.Rules[3]: /Locked/Host matches no method of the server (did you mean /flightlock.test.Locked/Host? a full method name starts with the proto package)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
