@@ -3,9 +3,13 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/flightlock/flightlock"
 )
 
 // decoderBodyValue is the reference reading of {body.x.y}, with two decoders: the body's first
@@ -106,4 +110,44 @@ func FuzzBodyValueAsTheDecoderReadsIt(f *testing.F) {
 		}
 		checkBodyValue(t, body, path)
 	})
+}
+
+// TestMissingBodyValueSaysWhyTheBodyWasNotRead: a {body.x} whose body go-zero does not read as
+// JSON (another Content-Type, no length) is refused with what the request must send, so that
+// the client's 400 says how to fix it; a JSON body that lacks the field says only that.
+func TestMissingBodyValueSaysWhyTheBodyWasNotRead(t *testing.T) {
+	rl, err := CompileHTTP(Spec{Rule: Rule{Method: "POST", Path: "/pay", Key: "pay:{body.uid}"}, Field: "Lock.Rules[0]"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	request := func(ctype, body string, length int64) *http.Request {
+		r := httptest.NewRequest("POST", "/pay", strings.NewReader(body))
+		if ctype != "" {
+			r.Header.Set("Content-Type", ctype)
+		}
+		r.ContentLength = length
+		return r
+	}
+	const alice = `{"uid":"alice"}`
+	for _, tc := range []struct {
+		name string
+		r    *http.Request
+		want string
+	}{
+		{"text/plain", request("text/plain", alice, int64(len(alice))),
+			`flightlock: invalid lock key: no value for {body.uid}: go-zero reads the body as JSON only with Content-Type: application/json (this request sends "text/plain")`},
+		{"no content type", request("", alice, int64(len(alice))),
+			`flightlock: invalid lock key: no value for {body.uid}: go-zero reads the body as JSON only with Content-Type: application/json (this request sends none)`},
+		{"unknown length", request("application/json", alice, -1),
+			`flightlock: invalid lock key: no value for {body.uid}: go-zero reads a JSON body only when the request gives its Content-Length (this one is chunked or of unknown length)`},
+		{"json without the field", request("application/json", `{"id":1}`, 8),
+			`flightlock: invalid lock key: no value for {body.uid}`},
+		{"no body", request("", "", 0),
+			`flightlock: invalid lock key: no value for {body.uid}`},
+	} {
+		keys, err := rl.HTTPKeys(tc.r)
+		if !errors.Is(err, flightlock.ErrInvalidKey) || err.Error() != tc.want {
+			t.Errorf("%s: %q, %v; want ErrInvalidKey %q", tc.name, keys, err, tc.want)
+		}
+	}
 }

@@ -190,6 +190,28 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	return obj, nil
 }
 
+// unreadBody is the error of a {body.x} reference that found no value because go-zero's
+// httpx.Parse would not read the body as JSON at all (decodeJSON's test), saying what the
+// request must send; nil when there is no body, or the body was read and lacks the field.
+func unreadBody(r *http.Request, ref string) error {
+	ctype := r.Header.Get("Content-Type")
+	switch {
+	case r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody:
+		return nil
+	case !strings.Contains(ctype, "application/json"):
+		sends := "none"
+		if ctype != "" {
+			sends = strconv.Quote(ctype)
+		}
+		return fmt.Errorf("%w: no value for {%s}: go-zero reads the body as JSON only with Content-Type: application/json (this request sends %s)",
+			flightlock.ErrInvalidKey, ref, sends)
+	case r.ContentLength < 0:
+		return fmt.Errorf("%w: no value for {%s}: go-zero reads a JSON body only when the request gives its Content-Length (this one is chunked or of unknown length)",
+			flightlock.ErrInvalidKey, ref)
+	}
+	return nil
+}
+
 // bodyValue follows a dotted path into a JSON body object, splitting only the objects on the
 // path: a large body costs a scan, not a tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
@@ -391,7 +413,13 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 		}, nil
 	case "body":
 		path := strings.Split(name, ".")
-		return func(s *httpSource) (string, bool, error) { return s.bodyValue(path) }, nil
+		return func(s *httpSource) (string, bool, error) {
+			v, ok, err := s.bodyValue(path)
+			if !ok && err == nil {
+				err = unreadBody(s.r, ref)
+			}
+			return v, ok, err
+		}, nil
 	case "header":
 		return func(s *httpSource) (string, bool, error) {
 			var c candidates // a repeated header with different values has none
