@@ -12,6 +12,7 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 	"google.golang.org/grpc"
 
+	"github.com/flightlock/flightlock/internal/typo"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
@@ -106,9 +107,9 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 			return routes[i], true
 		}
 	}
-	best, bestD := rest.Route{}, typoEdits(rl.Route.Text)+1
+	best, bestD := rest.Route{}, typo.Edits(rl.Route.Text)+1
 	for _, rt := range routes {
-		d := editDistance(rl.Route.Text, rt.Path)
+		d := typo.Distance(rl.Route.Text, rt.Path)
 		if !method(rt) {
 			d++
 		}
@@ -117,34 +118,6 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 		}
 	}
 	return best, best.Path != ""
-}
-
-// typoEdits is how many edits away from name a candidate may be and still be offered as the
-// name it misspells: a third of name, at most 3, so that a short or wholly other name is not
-// "corrected" into an unrelated one.
-func typoEdits(name string) int {
-	return min(3, len(name)/3+1)
-}
-
-// editDistance is the Levenshtein distance of a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, as
@@ -193,9 +166,9 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 	if i := slices.IndexFunc(methods, func(m string) bool { return strings.HasSuffix(m, unqualified) }); i >= 0 {
 		return rules.FieldError(field, "%s matches no method of the server (did you mean %s? a full method name starts with the proto package)", full, methods[i])
 	}
-	best, bestD := "", typoEdits(full)+1
+	best, bestD := "", typo.Edits(full)+1
 	for _, m := range methods {
-		if d := editDistance(full, m); d < bestD {
+		if d := typo.Distance(full, m); d < bestD {
 			best, bestD = m, d
 		}
 	}

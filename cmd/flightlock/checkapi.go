@@ -12,6 +12,7 @@ import (
 	"github.com/zeromicro/go-zero/tools/goctl/api/spec"
 	"github.com/zeromicro/go-zero/tools/goctl/pkg/parser/api/parser"
 
+	"github.com/flightlock/flightlock/internal/typo"
 	"github.com/flightlock/flightlock/middleware"
 	"github.com/flightlock/flightlock/middleware/rules"
 )
@@ -246,11 +247,11 @@ func nearestRoute(method, p string, routes []route) string {
 	}
 	best, bestD := route{}, len(p)/3+1
 	for _, rt := range routes {
-		d := editDistance(p, rt.path)
+		d := typo.Distance(p, rt.path)
 		if !sameMethod(rt) {
 			d++
 		}
-		if d <= bestD && (best.path == "" || d < editDistance(p, best.path)) {
+		if d <= bestD && (best.path == "" || d < typo.Distance(p, best.path)) {
 			best, bestD = rt, d
 		}
 	}

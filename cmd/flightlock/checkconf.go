@@ -13,6 +13,7 @@ import (
 	yaml2 "gopkg.in/yaml.v2" // go-zero's YAML parser: a plain scalar's type is the one it sees
 	"gopkg.in/yaml.v3"
 
+	"github.com/flightlock/flightlock/internal/typo"
 	"github.com/flightlock/flightlock/middleware"
 )
 
@@ -417,12 +418,9 @@ func nearest(name string, candidates []string) string {
 			return c
 		}
 	}
-	best, bestD := "", len(name)/3+1
-	if bestD > 3 {
-		bestD = 3
-	}
+	best, bestD := "", typo.Edits(name)
 	for _, c := range candidates {
-		if d := editDistance(strings.ToLower(name), strings.ToLower(c)); d <= bestD && (best == "" || d < editDistance(strings.ToLower(name), strings.ToLower(best))) {
+		if d := typo.Distance(strings.ToLower(name), strings.ToLower(c)); d <= bestD && (best == "" || d < typo.Distance(strings.ToLower(name), strings.ToLower(best))) {
 			best = c
 		}
 	}
@@ -431,24 +429,3 @@ func nearest(name string, candidates []string) string {
 
 // fold is a name without case and underscores: AccountId, accountId and account_id fold alike.
 func fold(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
-
-// editDistance is the Levenshtein distance of a and b, in bytes.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
-}
