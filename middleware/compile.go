@@ -59,7 +59,7 @@ func (cr *compiledRule) parts() []*rule {
 // Locker and response sharing; strict refuses a share rule on a store that keeps no responses.
 func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error {
 	store, base, err := m.baseFor(s)
-	if err == nil && !m.injected {
+	if err == nil && m.injected == "" {
 		err = m.conf.CheckRuleStore(s)
 	}
 	if err == nil {

@@ -24,10 +24,11 @@ type Middleware struct {
 	conf   LockConf           // normalized: the store choices of Route and RouteFunc rules
 	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
 	// bases holds the base Locker of each store the rules lock in, by store name, and
-	// responses its response store (nil: it keeps none). When injected, bases holds the one
-	// Locker every rule locks with (see buildStores).
+	// responses its response store (nil: it keeps none). When injected names the option that
+	// gave it ("WithLocker", "WithStore"), bases holds the one Locker every rule locks with (see
+	// buildStores); injected is "" otherwise.
 	bases     map[string]*flightlock.Locker
-	injected  bool
+	injected  string
 	responses map[string]lockstore.ResponseStore
 	closers   []func() error // the stores New built; nil once closed
 	owners    ownerPolicy
@@ -148,7 +149,12 @@ func (m *Middleware) buildStores(o options) error {
 	m.responses = make(map[string]lockstore.ResponseStore)
 	primary, ambiguous := c.DefaultStore()
 	if o.locker != nil || o.store != nil {
-		m.injected = o.locker != nil || primary == rules.StoreRedis && !ambiguous
+		switch {
+		case o.locker != nil:
+			m.injected = "WithLocker"
+		case primary == rules.StoreRedis && !ambiguous:
+			m.injected = "WithStore"
+		}
 		l, store := o.locker, o.store
 		if l != nil {
 			store = l.Store()
@@ -156,7 +162,7 @@ func (m *Middleware) buildStores(o options) error {
 		// What the store says of itself (lockstore.Describer), else a store that keeps no
 		// responses, named by its Capabilities.
 		name, prefix := cmp.Or(store.Capabilities().Name, rules.StoreRedis), c.Prefix
-		if sec, ok := c.Section(name); ok && !m.injected {
+		if sec, ok := c.Section(name); ok && m.injected == "" {
 			prefix = sec.KeyPrefix(c.Prefix)
 		}
 		b := &lockstore.Backend{Name: name, Store: store, Prefix: prefix}
@@ -170,7 +176,7 @@ func (m *Middleware) buildStores(o options) error {
 			}
 		}
 		m.bases[b.Name], m.responses[b.Name] = l, b.Responses
-		if m.injected {
+		if m.injected != "" {
 			m.locker = l
 			return nil
 		}
@@ -209,10 +215,16 @@ func (m *Middleware) buildStores(o options) error {
 	return nil
 }
 
-// baseFor returns the store that rule s locks in and its base Locker.
+// baseFor returns the store that rule s locks in and its base Locker. With an injected
+// Locker every rule locks with it: a rule whose Store names another store is refused, since
+// it would lock where no other process of that rule looks.
 func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
-	if m.injected {
+	if m.injected != "" {
 		for name, l := range m.bases { // its only entry
+			if s.Store != "" && s.Store != name {
+				return "", nil, rules.FieldError(s.Field+".Store", "is %s, but every rule locks in the %s store given with %s: "+
+					"leave Store out, or lock %s rules in a Middleware of their own", s.Store, name, m.injected, s.Store)
+			}
 			return name, l, nil
 		}
 	}

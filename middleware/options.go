@@ -39,14 +39,16 @@ func WithServerTimeout(ms int64) Option {
 // store of its own, so that several services of one process share one store; each Middleware
 // keeps its own per-process gate. When the LockConf names etcd or ZooKeeper, store takes the
 // place of the store of its kind only, and the others are built as usual; otherwise every
-// rule locks in store. Close leaves store open.
+// rule locks in store, and a rule whose Store names another is refused. Close leaves store
+// open.
 func WithStore(store lockstore.Store) Option {
 	return func(o *options) { o.store = store }
 }
 
 // WithLocker makes the Middleware lock with l instead of a Locker and store of its own: the
 // LockConf's Redis, Prefix, TTL, MaxHold, Wait and Retry are then ignored, while each rule's
-// OnBusy, TTL and Wait still apply (through l.With). Close leaves l's store open.
+// OnBusy, TTL and Wait still apply (through l.With). Every rule locks in l's store: one whose
+// Store names another is refused. Close leaves l's store open.
 func WithLocker(l *flightlock.Locker) Option {
 	return func(o *options) { o.locker = l }
 }

@@ -167,3 +167,47 @@ func TestWithStoreRefusesATTLTheStoreCannotKeepNamingLockTTL(t *testing.T) {
 		t.Fatalf("New with a TTL the store keeps = %v", err)
 	}
 }
+
+// A rule's Store names where it locks; a Locker or a store given with WithLocker or WithStore
+// (on a Lock section that names no other store) is the only place the rules can lock, so a
+// rule that names another store is refused, naming its Store, instead of locking elsewhere.
+func TestInjectedStoreRefusesARuleNamingAnotherStore(t *testing.T) {
+	tr := newTestRedis(t)
+	key := func(*http.Request) (string, error) { return "k", nil }
+	for _, tt := range []struct {
+		name  string
+		c     LockConf
+		opts  []Option
+		field string // the field the error must name; "" for none
+	}{
+		{"WithLocker, a rule on the section's etcd", LockConf{Etcd: EtcdConf{Hosts: []string{"127.0.0.1:1"}},
+			Rules: []Rule{{Path: "/a", Key: "a", Store: "etcd"}}}, []Option{WithLocker(tr.locker(t))}, "Lock.Rules[0].Store"},
+		{"WithLocker, a Go rule on the section's ZooKeeper", LockConf{Zookeeper: ZookeeperConf{Hosts: []string{"127.0.0.1:1"}}},
+			[]Option{WithLocker(tr.locker(t)), WithHTTPRule(Rule{Method: http.MethodPost, Path: "/a", Store: "Zookeeper"}, key)},
+			"WithHTTPRule(POST /a).Store"},
+		{"WithLocker, a rule on a store the section does not name", LockConf{Rules: []Rule{{Path: "/a", Key: "a", Store: "etcd"}}},
+			[]Option{WithLocker(tr.locker(t))}, "Lock.Rules[0].Store"},
+		{"WithLocker, a rule on its own store", LockConf{Rules: []Rule{{Path: "/a", Key: "a", Store: "redis"}}},
+			[]Option{WithLocker(tr.locker(t))}, ""},
+		{"WithStore, a rule on its own store", LockConf{Rules: []Rule{{Path: "/a", Key: "a", Store: "redis"}}},
+			[]Option{WithStore(tr.store)}, ""},
+	} {
+		m, err := New(tt.c, tt.opts...)
+		switch {
+		case tt.field == "" && err != nil:
+			t.Errorf("%s: %v, want the rule taken", tt.name, err)
+		case tt.field != "" && (err == nil || !strings.HasPrefix(err.Error(), tt.field+":")):
+			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.field)
+		}
+		if err == nil {
+			_ = m.Close()
+		}
+	}
+	m, err := New(LockConf{}, WithLocker(tr.locker(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Route(Rule{Path: "/a", Key: "a", Store: "etcd"}); err == nil || !strings.HasPrefix(err.Error(), "Rule.Store:") {
+		t.Errorf("Route naming etcd beside WithLocker: %v, want an error naming Rule.Store", err)
+	}
+}
