@@ -60,6 +60,13 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		service.PreMode, service.ProMode); err != nil {
 		return nil, err
 	}
+	switch {
+	case o.nilGiven != "":
+		return nil, rules.FieldError(o.nilGiven, "is given nil: pass a Locker or a store, or leave the option out")
+	case o.locker != nil && o.store != nil:
+		// Every rule would lock with the Locker, and the store go unused.
+		return nil, rules.FieldError("WithStore", "cannot be given with WithLocker, whose store every rule locks in: give one of them")
+	}
 	if o.serverTimeout < 0 {
 		return nil, rules.FieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
 	}

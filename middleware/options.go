@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/flightlock/flightlock"
@@ -18,6 +19,9 @@ type options struct {
 	mode   string          // WithServiceMode: go-zero's service mode; "" when not given
 	// serverTimeout is WithServerTimeout's: go-zero's server Timeout in ms; 0 when not given.
 	serverTimeout int64
+	// nilGiven names the first of WithLocker and WithStore given nil, which New refuses: left
+	// as not given, it would build a store of its own in their place.
+	nilGiven string
 }
 
 // WithServiceMode tells New the go-zero service mode it runs in (c.Mode of its RestConf or
@@ -39,18 +43,29 @@ func WithServerTimeout(ms int64) Option {
 // store of its own, so that several services of one process share one store; each Middleware
 // keeps its own per-process gate. When the LockConf names etcd or ZooKeeper, store takes the
 // place of the store of its kind only, and the others are built as usual; otherwise every
-// rule locks in store, and a rule whose Store names another is refused. Close leaves store
-// open.
+// rule locks in store, and a rule whose Store names another is refused. A nil store is
+// refused. Close leaves store open.
 func WithStore(store lockstore.Store) Option {
-	return func(o *options) { o.store = store }
+	return func(o *options) {
+		o.store = store
+		if store == nil {
+			o.nilGiven = cmp.Or(o.nilGiven, "WithStore")
+		}
+	}
 }
 
 // WithLocker makes the Middleware lock with l instead of a Locker and store of its own: the
 // LockConf's Redis, Prefix, TTL, MaxHold, Wait and Retry are then ignored, while each rule's
 // OnBusy, TTL and Wait still apply (through l.With). Every rule locks in l's store: one whose
-// Store names another is refused. Close leaves l's store open.
+// Store names another is refused, and so is WithStore beside it, or a nil l. Close leaves l's
+// store open.
 func WithLocker(l *flightlock.Locker) Option {
-	return func(o *options) { o.locker = l }
+	return func(o *options) {
+		o.locker = l
+		if l == nil {
+			o.nilGiven = cmp.Or(o.nilGiven, "WithLocker")
+		}
+	}
 }
 
 // WithHTTPRule adds a REST rule built in Go: every field of r as in a Lock.Rules entry, but

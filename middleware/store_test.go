@@ -211,3 +211,28 @@ func TestInjectedStoreRefusesARuleNamingAnotherStore(t *testing.T) {
 		t.Errorf("Route naming etcd beside WithLocker: %v, want an error naming Rule.Store", err)
 	}
 }
+
+// WithLocker and WithStore each say where every rule locks: given both, one of them would be
+// dropped, and given nil, New would build a store of its own in their place (the embedded
+// one, in dev). Both are refused at start-up, naming the option.
+func TestWithLockerAndWithStoreRefuseNilAndEachOther(t *testing.T) {
+	tr := newTestRedis(t)
+	for _, tt := range []struct {
+		name  string
+		opts  []Option
+		field string
+	}{
+		{"both", []Option{WithLocker(tr.locker(t)), WithStore(tr.store)}, "WithStore"},
+		{"both, the other order", []Option{WithStore(tr.store), WithLocker(tr.locker(t))}, "WithStore"},
+		{"a nil Locker", []Option{WithLocker(nil)}, "WithLocker"},
+		{"a nil store", []Option{WithStore(nil)}, "WithStore"},
+	} {
+		m, err := New(LockConf{}, tt.opts...)
+		if err == nil || !strings.HasPrefix(err.Error(), tt.field+":") || !errors.Is(err, lockstore.ErrConfig) {
+			t.Errorf("%s: %v, want a config error naming %s", tt.name, err, tt.field)
+		}
+		if err == nil {
+			_ = m.Close()
+		}
+	}
+}
