@@ -37,9 +37,11 @@ func TestNestedCallWithoutOwnerFailsFast(t *testing.T) {
 
 	srv := redistest.Start(t)
 	newMW := func(onBusy string) *flmw.Middleware {
-		m, err := flmw.New(flmw.LockConf{Redis: flmw.RedisConf{Host: srv.Addr}, Rules: []flmw.Rule{
-			{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: onBusy, Wait: 20 * time.Second},
-		}})
+		rule := flmw.Rule{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: onBusy}
+		if onBusy == "wait" {
+			rule.Wait = 20 * time.Second // a reject rule never waits, and has no Wait
+		}
+		m, err := flmw.New(flmw.LockConf{Redis: flmw.RedisConf{Host: srv.Addr}, Rules: []flmw.Rule{rule}})
 		if err != nil {
 			t.Fatal(err)
 		}

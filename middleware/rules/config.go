@@ -226,7 +226,8 @@ type Rule struct {
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
-	// TTL and Wait override LockConf's for this rule when positive.
+	// TTL and Wait override LockConf's for this rule when positive; a reject rule, which never
+	// waits, has no Wait.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
 	// Shadow runs the rule without enforcing it: each request it would have refused or queued
@@ -442,7 +443,7 @@ func checkRule(r Spec, storeErrors string) error {
 }
 
 // CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
-// Wait. storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
+// Wait (which a reject rule never uses). storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
 func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	if err := cmp.Or(negative(name+".TTL", r.TTL), negative(name+".Wait", r.Wait),
 		OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare),
@@ -450,6 +451,9 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 		return err
 	}
 	switch {
+	case r.Wait > 0 && r.OnBusy == OnBusyReject:
+		// A reject rule answers a busy key at once, shadowed or not: its Wait would go unused.
+		return FieldError(name+".Wait", "is set on a rule with OnBusy reject, which never waits: leave Wait out, or use OnBusy wait")
 	case r.Permits == 1:
 		return FieldError(name+".Permits", "1 is a lock, which has no Permits: leave Permits out for a lock, or give 2 to %d for a semaphore", flightlock.MaxPermits)
 	case r.Permits < 0 || r.Permits > flightlock.MaxPermits:

@@ -1,0 +1,53 @@
+package rules
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flightlock/flightlock"
+)
+
+// A setting that the rest of its rule (or section) leaves nothing to act on is refused at
+// Validate, naming the field and the setting that ignores it, instead of being dropped; the
+// same setting where it counts passes.
+func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
+	post := Rule{Method: http.MethodPost, Path: "/api/order/:id", Key: "order:{path.id}"}
+	tests := []struct {
+		name    string
+		edit    func(r *Rule, c *LockConf)
+		field   string // "" means valid
+		message string // a part of the message: the setting that ignores it
+	}{
+		{"Wait on a wait rule", func(r *Rule, _ *LockConf) { r.Wait = 5 * time.Second }, "", ""},
+		{"Wait on a share rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Wait = "share", 5*time.Second }, "", ""},
+		{"Wait on a shadow rule that will wait", func(r *Rule, _ *LockConf) { r.Shadow, r.Wait = true, 5*time.Second }, "", ""},
+		{"Wait on a reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Wait = "Reject", 5*time.Second }, "Lock.Rules[0].Wait", "OnBusy reject"},
+		{"Wait on a shadow reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Shadow, r.Wait = "reject", true, time.Second },
+			"Lock.Rules[0].Wait", "OnBusy reject"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := post
+			c := LockConf{}
+			tt.edit(&r, &c)
+			c.Rules = []Rule{r}
+			err := c.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v, want nil", err)
+				}
+				return
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != tt.field || !errors.Is(err, flightlock.ErrConfig) {
+				t.Fatalf("Validate: %v, want a ConfigError of %s", err, tt.field)
+			}
+			if !strings.Contains(err.Error(), tt.message) {
+				t.Errorf("Validate: %v, want it to say %q", err, tt.message)
+			}
+		})
+	}
+}
