@@ -222,7 +222,8 @@ type Rule struct {
 	// waits, then answers with the holder's response.
 	OnBusy string `json:",default=wait"`
 	// Replay is how long a share rule keeps a response of the ReplayStatus classes, up to
-	// ReplayMaxBytes, in its store for later duplicates in any process.
+	// ReplayMaxBytes, in its store for later duplicates in any process. Another rule keeps no
+	// responses: a value of these three other than the default is refused on it.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
@@ -465,7 +466,7 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 		return err
 	}
 	if r.OnBusy != OnBusyShare {
-		return nil
+		return checkNoReplay(name, r)
 	}
 	switch {
 	case r.Shadow:
@@ -475,6 +476,24 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	}
 	_, err := ParseReplayStatus(name+".ReplayStatus", r.ReplayStatus)
 	return cmp.Or(negative(name+".ReplayMaxBytes", r.ReplayMaxBytes), err)
+}
+
+// checkNoReplay refuses a replay setting other than its default on r, a rule that is not a
+// share rule and so keeps no responses. A default is not told from a value written out.
+func checkNoReplay(name string, r Rule) error {
+	def := Rule{}.Normalized()
+	field := ""
+	switch {
+	case r.Replay != def.Replay:
+		field = "Replay"
+	case r.ReplayStatus != def.ReplayStatus:
+		field = "ReplayStatus"
+	case r.ReplayMaxBytes != def.ReplayMaxBytes:
+		field = "ReplayMaxBytes"
+	default:
+		return nil
+	}
+	return FieldError(name+"."+field, "is set on a rule with OnBusy %s, which keeps no responses: only OnBusy share replays; leave %s out", r.OnBusy, field)
 }
 
 // checkFullMethod accepts gRPC full method names, /package.Service/Method, and names field

@@ -27,6 +27,14 @@ func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
 		{"Wait on a reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Wait = "Reject", 5*time.Second }, "Lock.Rules[0].Wait", "OnBusy reject"},
 		{"Wait on a shadow reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Shadow, r.Wait = "reject", true, time.Second },
 			"Lock.Rules[0].Wait", "OnBusy reject"},
+		{"Replay on a share rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Replay = "share", time.Minute }, "", ""},
+		{"the replay defaults on a wait rule", func(r *Rule, _ *LockConf) {
+			r.Replay, r.ReplayStatus, r.ReplayMaxBytes = 10*time.Second, "2xx", 65536
+		}, "", ""},
+		{"Replay on a wait rule", func(r *Rule, _ *LockConf) { r.Replay = time.Minute }, "Lock.Rules[0].Replay", "OnBusy share"},
+		{"ReplayStatus on a reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.ReplayStatus = "reject", "2xx,4xx" },
+			"Lock.Rules[0].ReplayStatus", "OnBusy share"},
+		{"ReplayMaxBytes on a wait rule", func(r *Rule, _ *LockConf) { r.ReplayMaxBytes = 1 << 20 }, "Lock.Rules[0].ReplayMaxBytes", "OnBusy share"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
