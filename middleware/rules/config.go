@@ -184,6 +184,7 @@ func (c LockConf) CheckRuleStore(s Spec) error {
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
 // "exponential" (default; Min to Max, jittered), "linear" (Min, 2*Min, ... up to Max) or
 // "none". Attempts caps the attempts per acquisition; 0 means until the wait budget ends.
+// With "none", a Min, Max or Attempts other than its default is refused: it would be ignored.
 type RetryConf struct {
 	Backoff  string        `json:",default=exponential"`
 	Min      time.Duration `json:",default=5ms"`
@@ -382,8 +383,25 @@ func (r RetryConf) problems() []error {
 	if maxErr == nil && r.Max > 0 && r.Max < r.Min {
 		maxErr = FieldError("Lock.Retry.Max", "%v is below Min %v", r.Max, r.Min)
 	}
-	return []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
+	ps := []error{OneOf("Lock.Retry.Backoff", r.Backoff, BackoffNone, BackoffLinear, BackoffExponential),
 		negative("Lock.Retry.Min", r.Min), maxErr, negative("Lock.Retry.Attempts", r.Attempts)}
+	if r.Backoff != BackoffNone {
+		return ps
+	}
+	// One attempt, no pause: the pacing would be ignored. A default is not told from a value
+	// written out.
+	var def RetryConf
+	withDefaults(&def)
+	for _, f := range []struct {
+		field string
+		set   bool
+	}{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts}} {
+		if f.set {
+			ps = append(ps, FieldError("Lock.Retry."+f.field, "is set with Backoff none, which makes one attempt and never pauses: "+
+				"leave %s out, or choose Backoff linear or exponential", f.field))
+		}
+	}
+	return ps
 }
 
 // negative names field when v, a duration or a count, is below zero.

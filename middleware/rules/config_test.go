@@ -35,6 +35,16 @@ func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
 		{"ReplayStatus on a reject rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.ReplayStatus = "reject", "2xx,4xx" },
 			"Lock.Rules[0].ReplayStatus", "OnBusy share"},
 		{"ReplayMaxBytes on a wait rule", func(r *Rule, _ *LockConf) { r.ReplayMaxBytes = 1 << 20 }, "Lock.Rules[0].ReplayMaxBytes", "OnBusy share"},
+		{"Retry pacing of a linear backoff", func(_ *Rule, c *LockConf) {
+			c.Retry = RetryConf{Backoff: "linear", Min: time.Millisecond, Max: time.Second, Attempts: 3}
+		}, "", ""},
+		{"Backoff none at its defaults", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "None"} }, "", ""},
+		{"Attempts with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Attempts: 5} },
+			"Lock.Retry.Attempts", "Backoff none"},
+		{"Min with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Min: 50 * time.Millisecond} },
+			"Lock.Retry.Min", "Backoff none"},
+		{"Max with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Max: time.Second} },
+			"Lock.Retry.Max", "Backoff none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
