@@ -35,6 +35,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -115,7 +117,20 @@ type options struct {
 	interval time.Duration // -interval: watch's refresh and polling period
 	duration time.Duration // -for: how long watch runs (0: until interrupted)
 
-	passFromEnv bool // pass came from FLIGHTLOCK_REDIS_PASS, which is Redis's only
+	passFromEnv bool            // pass came from FLIGHTLOCK_REDIS_PASS, which is Redis's only
+	set         map[string]bool // the flags given on the command line, by name
+}
+
+// commandFlags are the flags that only some commands read; check refuses them on the others.
+var commandFlags = []struct {
+	name string
+	cmds []string
+}{
+	{"yes", []string{"unlock"}},
+	{"limit", []string{"ls"}},
+	{"shadow", []string{"ls", "watch"}},
+	{"interval", []string{"watch"}},
+	{"for", []string{"watch"}},
 }
 
 func (o *options) flags(stderr io.Writer) *flag.FlagSet {
@@ -165,6 +180,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err != nil {
 		return exitUsage // the flag package printed the error and the usage
 	}
+	o.set = make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
 	if o.pass == "" {
 		o.pass = os.Getenv("FLIGHTLOCK_REDIS_PASS")
 		o.passFromEnv = o.pass != ""
@@ -207,8 +224,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return exitOK
 }
 
-// check refuses a command line that names no known command, has the wrong number of arguments
-// or bad flag values.
+// check refuses a command line that names no known command, has the wrong number of arguments,
+// bad flag values or a flag that its command ignores (commandFlags).
 func (o *options) check(pos []string) error {
 	if len(pos) == 0 {
 		return fmt.Errorf("%w: no command", errUsage)
@@ -235,6 +252,11 @@ func (o *options) check(pos []string) error {
 		return fmt.Errorf("%w: -o must be table or json, got %q", errUsage, o.output)
 	case o.timeout <= 0 || o.interval <= 0 || o.duration < 0 || o.limit < 0:
 		return fmt.Errorf("%w: -timeout and -interval must be positive, -for and -limit not negative", errUsage)
+	}
+	for _, f := range commandFlags {
+		if o.set[f.name] && !slices.Contains(f.cmds, pos[0]) {
+			return fmt.Errorf("%w: -%s is %s's: %s ignores it", errUsage, f.name, strings.Join(f.cmds, "'s and "), pos[0])
+		}
 	}
 	for _, a := range pos[1:] {
 		if a == "" {

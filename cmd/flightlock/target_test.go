@@ -56,6 +56,33 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// A flag that only some commands read is refused on the others, naming the flag and the
+// commands it is for: -yes on ls, or -limit on watch, would otherwise do nothing, silently.
+// On its own commands it is taken (the command then fails only to reach the store).
+func TestFlagsOfOtherCommandsAreRefused(t *testing.T) {
+	closed := closedAddr(t)
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"-addr", "a:1", "-yes", "ls"}, exitUsage, "-yes is unlock's: ls ignores it"},
+		{[]string{"-addr", "a:1", "-limit", "5", "show", "k"}, exitUsage, "-limit is ls's: show ignores it"},
+		{[]string{"-addr", "a:1", "show", "k", "-shadow"}, exitUsage, "-shadow is ls's and watch's: show ignores it"},
+		{[]string{"-addr", "a:1", "-for", "1s", "ls"}, exitUsage, "-for is watch's: ls ignores it"},
+		{[]string{"-addr", "a:1", "-interval", "1s", "unlock", "k"}, exitUsage, "-interval is watch's: unlock ignores it"},
+		{[]string{"-addr", closed, "-timeout", "1s", "-yes", "unlock", "k"}, exitError, "cannot reach"},
+		{[]string{"-addr", closed, "-timeout", "1s", "-limit", "3", "-shadow", "ls"}, exitError, "cannot reach"},
+		{[]string{"-addr", closed, "-timeout", "1s", "-interval", "1s", "-for", "1s", "-shadow", "watch"}, exitError, "cannot reach"},
+	}
+	for _, c := range cases {
+		code, _, errs := cli(t, nil, c.args...)
+		if code != c.code || !strings.Contains(errs, c.msg) {
+			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
+		}
+	}
+}
+
 // TestOddKeysAreQuoted: keys come from requests; in a table they are quoted when they hold
 // control characters (a terminal escape must not repaint the screen) or spaces.
 func TestOddKeysAreQuoted(t *testing.T) {
