@@ -243,6 +243,8 @@ func (o *options) check(pos []string) error {
 		return fmt.Errorf("%w: say where the locks are: -f etc/service.yaml or -addr host:port (Redis), -etcd host:port or -zookeeper host:port", errUsage)
 	case o.addr != "" && o.etcd != "" || o.zk != "" && (o.addr != "" || o.etcd != ""):
 		return fmt.Errorf("%w: -addr (Redis), -etcd and -zookeeper name different stores: give one", errUsage)
+	case o.section != "" && o.file == "":
+		return fmt.Errorf("%w: -lock picks a Lock section of the -f file, and there is none: give -f, or leave -lock out", errUsage)
 	case o.store != "" && o.store != storeRedis && o.store != storeEtcd && o.store != storeZookeeper:
 		return fmt.Errorf("%w: -store must be redis, etcd or zookeeper, got %q", errUsage, o.store)
 	case o.store != "" && o.store != storeEtcd && (o.etcd != "" || o.etcdKey != ""),

@@ -100,6 +100,9 @@ func resolveTarget(o options) (target, error) {
 		return zookeeperTarget(t, o, path)
 	}
 
+	if o.etcdKey != "" || o.zkRoot != "" {
+		return target{}, otherStoreFlag(o, storeRedis)
+	}
 	if o.file != "" && !redisNamed && o.addr == "" {
 		missing := path + ".Redis has no Host"
 		if len(t.etcd.Hosts) == 0 && len(t.zk.Hosts) == 0 {
@@ -140,6 +143,8 @@ func etcdTarget(t target, o options, path string) (target, error) {
 		t.etcd.Key = "flightlock/" // EtcdConf's default, which a file without an Etcd section does not fill
 	}
 	switch {
+	case o.zkRoot != "":
+		return target{}, otherStoreFlag(o, storeEtcd)
 	case o.addr != "" || o.typ != "" || o.tls:
 		return target{}, fmt.Errorf("-addr, -type and -tls are Redis's; the locks are read in etcd here (-etcd host:port; TLS from the file's Etcd.CertFile, CertKeyFile and CACertFile)")
 	case o.etcd != "":
@@ -158,6 +163,16 @@ func etcdTarget(t target, o options, path string) (target, error) {
 		t.etcd.Pass = o.pass
 	}
 	return t, nil
+}
+
+// otherStoreFlag refuses -etcd-key or -zookeeper-root when the locks are read in store, a
+// store that has no such setting: the flag would be dropped.
+func otherStoreFlag(o options, store string) error {
+	flag, owner := "-etcd-key", "etcd's Etcd.Key"
+	if o.zkRoot != "" && store != storeZookeeper {
+		flag, owner = "-zookeeper-root", "ZooKeeper's Zookeeper.Root"
+	}
+	return fmt.Errorf("%s is %s, but the locks are read in %s here: leave it out, or read them in the store it belongs to", flag, owner, store)
 }
 
 // where names the store for messages: etcd or ZooKeeper and its hosts, the Redis Host, or

@@ -83,6 +83,31 @@ func TestFlagsOfOtherCommandsAreRefused(t *testing.T) {
 	}
 }
 
+// A flag of one store is refused when the locks are read in another, and -lock without the
+// file it picks a section of: each would otherwise be dropped, and the command read the locks
+// somewhere the operator did not mean.
+func TestFlagsOfAnotherStoreAreRefused(t *testing.T) {
+	redisFile := writeFile(t, "svc.yaml", "Lock:\n  Redis:\n    Host: a:1\n")
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"-addr", "a:1", "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
+		{[]string{"-f", redisFile, "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
+		{[]string{"-addr", "a:1", "-zookeeper-root", "/x", "ls"}, exitError, "-zookeeper-root is ZooKeeper's"},
+		{[]string{"-etcd", "a:1", "-zookeeper-root", "/x", "ls"}, exitError, "-zookeeper-root is ZooKeeper's"},
+		{[]string{"-zookeeper", "a:1", "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
+		{[]string{"-addr", "a:1", "-lock", "Order.Lock", "ls"}, exitUsage, "-lock picks a Lock section of the -f file"},
+	}
+	for _, c := range cases {
+		code, _, errs := cli(t, nil, c.args...)
+		if code != c.code || !strings.Contains(errs, c.msg) {
+			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
+		}
+	}
+}
+
 // TestOddKeysAreQuoted: keys come from requests; in a table they are quoted when they hold
 // control characters (a terminal escape must not repaint the screen) or spaces.
 func TestOddKeysAreQuoted(t *testing.T) {

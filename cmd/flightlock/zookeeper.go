@@ -13,6 +13,8 @@ import (
 // refuse one outside their bounds, as they would the service's.
 func zookeeperTarget(t target, o options, path string) (target, error) {
 	switch {
+	case o.etcdKey != "":
+		return target{}, otherStoreFlag(o, storeZookeeper)
 	case o.addr != "" || o.typ != "" || o.tls || o.user != "" || o.pass != "" && !o.passFromEnv:
 		return target{}, fmt.Errorf("-addr, -type, -tls, -user and -pass are Redis's or etcd's; the locks are read in ZooKeeper here (-zookeeper host:port)")
 	case o.zk != "":
