@@ -57,8 +57,9 @@ func WithStore(store lockstore.Store) Option {
 // WithLocker makes the Middleware lock with l instead of a Locker and store of its own: the
 // LockConf's Redis, Prefix, TTL, MaxHold, Wait and Retry are then ignored, while each rule's
 // OnBusy, TTL and Wait still apply (through l.With). Every rule locks in l's store: one whose
-// Store names another is refused, and so is WithStore beside it, or a nil l. Close leaves l's
-// store open.
+// Store names another is refused, and so are WithStore beside it, a nil l, and an l whose
+// locks are not plain locks (WithRead, WithFair, WithPermits): each rule says its own kind.
+// Close leaves l's store open.
 func WithLocker(l *flightlock.Locker) Option {
 	return func(o *options) {
 		o.locker = l
@@ -66,6 +67,16 @@ func WithLocker(l *flightlock.Locker) Option {
 			o.nilGiven = cmp.Or(o.nilGiven, "WithLocker")
 		}
 	}
+}
+
+// plainLock reports whether l's locks are plain locks: neither reads, fair nor permits. It
+// leans on what the core refuses to combine (flightlock.New's ErrConfig): a semaphore is
+// neither read nor fair, and a read lock neither fair nor a semaphore, so l is plain when it
+// may become either.
+func plainLock(l *flightlock.Locker) bool {
+	_, semaphoreErr := l.With(flightlock.WithPermits(2))
+	_, readErr := l.With(flightlock.WithRead(), flightlock.WithFailOpen(false)) // a read lock never falls open
+	return semaphoreErr == nil && readErr == nil
 }
 
 // WithHTTPRule adds a REST rule built in Go: every field of r as in a Lock.Rules entry, but

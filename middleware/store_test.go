@@ -20,6 +20,7 @@ import (
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
@@ -230,6 +231,38 @@ func TestWithLockerAndWithStoreRefuseNilAndEachOther(t *testing.T) {
 		m, err := New(LockConf{}, tt.opts...)
 		if err == nil || !strings.HasPrefix(err.Error(), tt.field+":") || !errors.Is(err, lockstore.ErrConfig) {
 			t.Errorf("%s: %v, want a config error naming %s", tt.name, err, tt.field)
+		}
+		if err == nil {
+			_ = m.Close()
+		}
+	}
+}
+
+// Each rule says the kind of its locks (Permits, Mode, Fair; a plain lock when it says none),
+// and its Locker derives from WithLocker's with l.With, which keeps l's kind: a read, fair or
+// semaphore Locker would make a plain rule's locks reads that run together, or permits. Such a
+// Locker is refused at start-up, naming WithLocker; one with other options is taken.
+func TestWithLockerRefusesALockerThatIsNotAPlainLock(t *testing.T) {
+	tr := newTestRedis(t)
+	plain := LockConf{Rules: []Rule{{Method: http.MethodPut, Path: "/order/:id", Key: "order:{path.id}"}}}
+	for _, tt := range []struct {
+		name   string
+		opts   []flightlock.Option
+		refuse bool
+	}{
+		{"read", []flightlock.Option{flightlock.WithRead()}, true},
+		{"fair", []flightlock.Option{flightlock.WithFair()}, true},
+		{"a semaphore", []flightlock.Option{flightlock.WithPermits(3)}, true},
+		{"a plain lock", nil, false},
+		{"a plain lock with settings", []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithPrefix("svc:"),
+			flightlock.WithFailOpen(true)}, false},
+	} {
+		m, err := New(plain, WithLocker(tr.locker(t, tt.opts...)))
+		switch {
+		case tt.refuse && (err == nil || !strings.HasPrefix(err.Error(), "WithLocker:") || !errors.Is(err, lockstore.ErrConfig)):
+			t.Errorf("%s Locker: %v, want a config error naming WithLocker", tt.name, err)
+		case !tt.refuse && err != nil:
+			t.Errorf("%s Locker: %v, want it taken", tt.name, err)
 		}
 		if err == nil {
 			_ = m.Close()
