@@ -312,6 +312,9 @@ func TestRedisFailoverConf(t *testing.T) {
 	if err := c.Lock.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
 	}
+	if err := (LockConf{Redis: RedisConf{Host: "h:1", Replicas: 1, ReplicaTimeout: time.Second}}).Validate(); err != nil {
+		t.Errorf("Validate with Replicas and a ReplicaTimeout: %v", err)
+	}
 	for _, tt := range []struct {
 		redis RedisConf
 		field string
@@ -323,6 +326,8 @@ func TestRedisFailoverConf(t *testing.T) {
 		{RedisConf{Sentinel: SentinelConf{MasterName: "m", Addrs: []string{" "}}}, "Lock.Redis.Sentinel.Addrs[0]"},
 		{RedisConf{Host: "h:1", Replicas: -1}, "Lock.Redis.Replicas"},
 		{RedisConf{Host: "h:1", ReplicaTimeout: -time.Second}, "Lock.Redis.ReplicaTimeout"},
+		// No WAIT is sent without Replicas: a ReplicaTimeout of its own would be ignored.
+		{RedisConf{Host: "h:1", ReplicaTimeout: time.Second}, "Lock.Redis.ReplicaTimeout"},
 	} {
 		err := LockConf{Redis: tt.redis}.Validate()
 		if !errors.Is(err, flightlock.ErrConfig) || !strings.Contains(err.Error(), tt.field+":") {

@@ -145,6 +145,9 @@ func oneOf(field, v string, allowed ...string) error {
 	return lockstore.FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
+// defaultReplicaTimeout is ReplicaTimeout's default, its tag's.
+const defaultReplicaTimeout = 100 * time.Millisecond
+
 // checkFailover validates Sentinel and Replicas.
 func (r Conf) checkFailover(section string) error {
 	sn := r.Sentinel
@@ -161,6 +164,11 @@ func (r Conf) checkFailover(section string) error {
 		return lockstore.FieldError(section+".Replicas", "must not be negative, got %d", r.Replicas)
 	case r.ReplicaTimeout < 0:
 		return lockstore.FieldError(section+".ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
+	case r.Replicas == 0 && r.ReplicaTimeout > 0 && r.ReplicaTimeout != defaultReplicaTimeout:
+		// Zero is a Conf built in Go, not yet given its default. The default is not told from
+		// a value written out.
+		return lockstore.FieldError(section+".ReplicaTimeout", "is %v, but Replicas is 0, so no WAIT is sent for it to bound: "+
+			"set Replicas, or leave ReplicaTimeout out", r.ReplicaTimeout)
 	}
 	if errs := lockstore.HostErrors(section+".Sentinel.Addrs", sn.Addrs); errs != nil {
 		return errs[0]
