@@ -93,3 +93,31 @@ func TestHolderKindIsReadFromTheMetadata(t *testing.T) {
 		}
 	}
 }
+
+// A Locker's Kind names its locks as the drift reports and the stores' metadata do, and a
+// Locker derived with With keeps its kind unless the options change it.
+func TestKindNamesWhatALockersLocksAre(t *testing.T) {
+	s, _, _ := miniStore(t)
+	for _, tc := range []struct {
+		opts []Option
+		want string
+	}{
+		{nil, "lock"},
+		{[]Option{WithMode(Reject), WithFailOpen(true)}, "lock"},
+		{[]Option{WithRead()}, "read"},
+		{[]Option{WithFair()}, "fair"},
+		{[]Option{WithPermits(3)}, "permits:3"},
+	} {
+		l := MustNew(s, tc.opts...)
+		if got := l.Kind(); got != tc.want {
+			t.Errorf("Kind of a Locker with %d options = %q, want %q", len(tc.opts), got, tc.want)
+		}
+		derived, err := l.With(WithPrefix("other:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := derived.Kind(); got != tc.want {
+			t.Errorf("Kind after With(WithPrefix) = %q, want %q as before", got, tc.want)
+		}
+	}
+}

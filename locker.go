@@ -65,6 +65,10 @@ func MustNew(store lockstore.Store, opts ...Option) *Locker {
 // locked as the store key Prefix() + k ("#" is doubled, PermitKey).
 func (l *Locker) Prefix() string { return l.cfg.prefix }
 
+// Kind says what the Locker's locks are, in the words Observer.Drift and the stores' lock
+// metadata use: "lock", "read", "fair" or "permits:N".
+func (l *Locker) Kind() string { return strings.TrimPrefix(l.kindMeta.own, "kind=") }
+
 // With returns a Locker with other options on the same store and the same per-process gate,
 // so a key is single-flighted across both. Use it for per-route settings.
 func (l *Locker) With(opts ...Option) (*Locker, error) {

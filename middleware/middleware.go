@@ -66,11 +66,11 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	case o.locker != nil && o.store != nil:
 		// Every rule would lock with the Locker, and the store go unused.
 		return nil, rules.FieldError("WithStore", "cannot be given with WithLocker, whose store every rule locks in: give one of them")
-	case o.locker != nil && !plainLock(o.locker):
+	case o.locker != nil && o.locker.Kind() != "lock":
 		// A rule's Locker is o.locker.With(its options), which keeps o.locker's kind: a rule
 		// that says none (a plain lock) would take reads, fair places or permits.
-		return nil, rules.FieldError("WithLocker", "its Locker takes read locks, fair locks or permits (WithRead, WithFair, WithPermits), "+
-			"which every rule would inherit: pass a Locker without them, and give each rule its Mode, Fair or Permits")
+		return nil, rules.FieldError("WithLocker", "its Locker takes %s locks (WithRead, WithFair or WithPermits), "+
+			"which every rule would inherit: pass a Locker without them, and give each rule its Mode, Fair or Permits", o.locker.Kind())
 	}
 	if o.serverTimeout < 0 {
 		return nil, rules.FieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)

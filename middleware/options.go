@@ -69,16 +69,6 @@ func WithLocker(l *flightlock.Locker) Option {
 	}
 }
 
-// plainLock reports whether l's locks are plain locks: neither reads, fair nor permits. It
-// leans on what the core refuses to combine (flightlock.New's ErrConfig): a semaphore is
-// neither read nor fair, and a read lock neither fair nor a semaphore, so l is plain when it
-// may become either.
-func plainLock(l *flightlock.Locker) bool {
-	_, semaphoreErr := l.With(flightlock.WithPermits(2))
-	_, readErr := l.With(flightlock.WithRead(), flightlock.WithFailOpen(false)) // a read lock never falls open
-	return semaphoreErr == nil && readErr == nil
-}
-
 // WithHTTPRule adds a REST rule built in Go: every field of r as in a Lock.Rules entry, but
 // key computes the key, so r.Key (and r.RPC, which key cannot read) must be empty.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
