@@ -59,7 +59,8 @@ func WithStore(store lockstore.Store) Option {
 // OnBusy, TTL and Wait still apply (through l.With). Every rule locks in l's store: one whose
 // Store names another is refused, and so are WithStore beside it, a nil l, and an l whose
 // locks are not plain locks (WithRead, WithFair, WithPermits): each rule says its own kind.
-// Close leaves l's store open.
+// The rules' locks report to the middleware's metrics and logs, not to l's Observer. Close
+// leaves l's store open.
 func WithLocker(l *flightlock.Locker) Option {
 	return func(o *options) {
 		o.locker = l
