@@ -3,6 +3,7 @@ package middleware
 import (
 	"cmp"
 	"fmt"
+	"strings"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
@@ -71,11 +72,12 @@ func WithLocker(l *flightlock.Locker) Option {
 }
 
 // WithHTTPRule adds a REST rule built in Go: every field of r as in a Lock.Rules entry, but
-// key computes the key, so r.Key (and r.RPC, which key cannot read) must be empty.
+// key computes the key, so r.Key, r.Name (a Named middleware's) and r.RPC (which key cannot
+// read) must be empty.
 func WithHTTPRule(r Rule, key KeyFunc) Option {
 	r = r.Normalized()
 	return func(o *options) {
-		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithHTTPRule(%s %s)", r.Method, r.Path), HTTPKey: key})
+		o.rules = append(o.rules, rules.Spec{Rule: r, Field: fmt.Sprintf("WithHTTPRule(%s)", strings.TrimSpace(r.Method+" "+r.Path)), HTTPKey: key})
 	}
 }
 

@@ -517,6 +517,10 @@ func TestGoRulesKeepEveryFieldButTheKey(t *testing.T) {
 		{"rpc key beside a function", WithRPCRule(Rule{RPC: fullMethod("Host"), Key: "host:{req.host}"}, rpcKey), "WithRPCRule(" + fullMethod("Host") + ").Key"},
 		{"an RPC on a REST rule", WithHTTPRule(Rule{Method: http.MethodPost, Path: "/pay", RPC: fullMethod("Host")}, key), "WithHTTPRule(POST /pay).RPC"},
 		{"a Path on an RPC rule", WithRPCRule(Rule{RPC: fullMethod("Host"), Path: "/pay"}, rpcKey), "WithRPCRule(" + fullMethod("Host") + ").Path"},
+		// A Name would make it a Named middleware's rule, which Handle and the interceptors skip.
+		{"a Name on a REST rule", WithHTTPRule(Rule{Name: "PayLock", Method: http.MethodPost, Path: "/pay"}, key), "WithHTTPRule(POST /pay).Name"},
+		{"a Name on an RPC rule", WithRPCRule(Rule{Name: "HostLock", RPC: fullMethod("Host")}, rpcKey), "WithRPCRule(" + fullMethod("Host") + ").Name"},
+		{"a REST rule naming nothing", WithHTTPRule(Rule{}, key), "WithHTTPRule()"},
 	} {
 		_, err := New(LockConf{}, WithLocker(tr.locker(t)), tt.opt)
 		if tt.field == "" && err != nil {

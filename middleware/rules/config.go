@@ -395,7 +395,7 @@ func (r RetryConf) problems() []error {
 	for _, f := range []struct {
 		field string
 		set   bool
-	}{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts}} {
+	}{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts && r.Attempts != 1}} {
 		if f.set {
 			ps = append(ps, FieldError("Lock.Retry."+f.field, "is set with Backoff none, which makes one attempt and never pauses: "+
 				"leave %s out, or choose Backoff linear or exponential", f.field))
@@ -438,6 +438,10 @@ func checkRule(r Spec, storeErrors string) error {
 	switch {
 	case r.Path == "" && r.RPC == "" && r.Name == "":
 		return FieldError(r.Field, "names no Path, RPC method or Name: it would lock nothing")
+	case r.Name != "" && (r.HTTPKey != nil || r.RPCKey != nil):
+		// Named returns the middleware of a named rule; Handle and the interceptors skip it.
+		return FieldError(r.Field+".Name", "is set on a rule whose key a function computes: a named rule is locked only by "+
+			"the middleware Named returns; leave Name out, or use RouteFunc for a route group")
 	case r.Name != "" && r.RPC != "":
 		// Named returns a REST middleware; zrpc methods are locked by the interceptors.
 		return FieldError(r.Field+".RPC", "is set on the named rule %s, a REST middleware: lock %s in a rule without a Name", r.Name, r.RPC)

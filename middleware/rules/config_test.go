@@ -39,6 +39,7 @@ func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
 			c.Retry = RetryConf{Backoff: "linear", Min: time.Millisecond, Max: time.Second, Attempts: 3}
 		}, "", ""},
 		{"Backoff none at its defaults", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "None"} }, "", ""},
+		{"one attempt with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Attempts: 1} }, "", ""},
 		{"Attempts with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Attempts: 5} },
 			"Lock.Retry.Attempts", "Backoff none"},
 		{"Min with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Min: 50 * time.Millisecond} },

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/zeromicro/go-zero/core/conf"
 	zeroredis "github.com/zeromicro/go-zero/core/stores/redis"
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -145,8 +146,15 @@ func oneOf(field, v string, allowed ...string) error {
 	return lockstore.FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// defaultReplicaTimeout is ReplicaTimeout's default, its tag's.
-const defaultReplicaTimeout = 100 * time.Millisecond
+// defaultReplicaTimeout is ReplicaTimeout's default, read from its tag. FillDefault fails only
+// on a malformed tag, which every test would hit.
+var defaultReplicaTimeout = func() time.Duration {
+	var c Conf
+	if err := conf.FillDefault(&c); err != nil {
+		panic(fmt.Sprintf("flightlock: the tags of redisconf.Conf: %v", err))
+	}
+	return c.ReplicaTimeout
+}()
 
 // checkFailover validates Sentinel and Replicas.
 func (r Conf) checkFailover(section string) error {
