@@ -116,7 +116,8 @@ func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	if lost {
 		// The counter was bumped when the watchdog found out.
 		oteltrace.SpanFromContext(ctx).AddEvent("flightlock.lost")
-		m.logs.error(ctx, st, "lock lost while the handler ran", flightlock.ErrLost,
+		m.logs.error(ctx, st, "lock lost while the handler ran (renewals failed until its TTL, MaxHold ran out, "+
+			"or the store no longer had it: expired, or freed by flightlock unlock)", flightlock.ErrLost,
 			logx.Field("fence", h.Group.Leases()[0].Fence()))
 	}
 	heldFor := time.Since(h.At)
