@@ -27,7 +27,9 @@
 //
 //	s.AddUnaryInterceptors(lock.UnaryServerInterceptor())
 //	s.AddStreamInterceptors(lock.StreamServerInterceptor())
-//	zrpc.MustNewClient(c.InventoryRpc, zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()))
+//	zrpc.MustNewClient(c.InventoryRpc,
+//		zrpc.WithUnaryClientInterceptor(lock.UnaryClientInterceptor()),
+//		zrpc.WithStreamClientInterceptor(lock.StreamClientInterceptor()))
 //
 // The middleware logs through go-zero's logx; the layers below return errors.
 package middleware

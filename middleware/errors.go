@@ -35,7 +35,8 @@ var errStore = errors.New(msgUnavailable)
 // by a request of its own trace: a nested call that locks its caller's key. It names the fix.
 var ErrNestedLock = errors.New("the key is held by a caller of this request (the same trace): " +
 	"a nested call that locks its caller's key would wait for itself; pass the caller's lock owner on " +
-	"(UnaryClientInterceptor on the calling client, PropagateTo) and set TrustOwner, OwnerSecret and " +
+	"(UnaryClientInterceptor on the calling client, StreamClientInterceptor for a streaming call; PropagateTo) " +
+	"and set TrustOwner, OwnerSecret and " +
 	"the same Prefix on this service")
 
 // HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is

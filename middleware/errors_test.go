@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,18 @@ func TestGRPCStatusOfABusyErrorWithoutAHintSaysASecond(t *testing.T) {
 	}
 	if st.Code() != codes.Aborted || delay != time.Second {
 		t.Fatalf("status %v, RetryInfo %v; want Aborted with 1s", st.Code(), delay)
+	}
+}
+
+// A nested call refused for want of its caller's owner names the client interceptor of each
+// kind of call: a caller that reaches the downstream method through a stream passes owners on
+// only through StreamClientInterceptor, and a message naming the unary one alone sends its
+// reader to a client that already has it.
+func TestNestedLockNamesTheClientInterceptorOfEachKindOfCall(t *testing.T) {
+	msg := GRPCStatus(fmt.Errorf("%w: %w", flightlock.ErrBusy, ErrNestedLock)).Message()
+	for _, want := range []string{"UnaryClientInterceptor", "StreamClientInterceptor", "PropagateTo", "TrustOwner", "OwnerSecret"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("nested-lock status %q does not name %s", msg, want)
+		}
 	}
 }
