@@ -62,7 +62,9 @@ func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend
 			"%s, or, for development, add %s to the service's main.go", shared, embeddedStoreLine)
 	}
 	logx.Errorf("flightlock: %s.Host is not set (service mode %q): locks live in an embedded in-memory Redis "+
-		"that no other process shares, for development only; New refuses this in pre and pro mode (WithServiceMode)", sec.Field, cmp.Or(mode, "unknown"))
+		"that no other process shares, nor any other Middleware of this one (services of one binary meet on a key "+
+		"only when each gets one embedded store through WithStore), for development only; New refuses this in "+
+		"pre and pro mode (WithServiceMode)", sec.Field, cmp.Or(mode, "unknown"))
 	store, err := EmbeddedStore(c.Redis.StoreOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", sec.Field, err)

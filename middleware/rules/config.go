@@ -81,7 +81,8 @@ var HTTPMethods = []string{
 // would refuse a bad value case-sensitively without naming the field; Validate names it.
 type LockConf struct {
 	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
-	// that only this process sees, refused in go-zero's pre and pro modes (WithServiceMode).
+	// that only this Middleware sees (another of the process opens its own), refused in
+	// go-zero's pre and pro modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
 	// Etcd and Zookeeper are the other stores. With several named, rules say which (Rule.Store).
 	Etcd      EtcdConf      `json:",optional"`
