@@ -96,7 +96,12 @@ func answerOf(err error) (answer, bool) {
 // non-nil err.
 func GRPCStatus(err error) *status.Status {
 	if errors.Is(err, ErrNestedLock) {
-		return status.New(codes.Aborted, "flightlock: "+ErrNestedLock.Error())
+		msg := "flightlock: " + ErrNestedLock.Error()
+		var why ownerRefusal
+		if errors.As(err, &why) {
+			msg += "; but " + why.Error()
+		}
+		return status.New(codes.Aborted, msg)
 	}
 	a, ok := answerOf(err)
 	if !ok {

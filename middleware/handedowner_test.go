@@ -3,15 +3,18 @@ package middleware
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	rpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -242,5 +245,67 @@ func TestStreamClientInterceptorKeepsRetries(t *testing.T) {
 	if err := run(grpc.WithChainStreamInterceptor(m.StreamClientInterceptor())); err != nil {
 		t.Fatalf("with StreamClientInterceptor (method not propagated, no lock held): %v; "+
 			"cs.Context() committed the attempt and turned the retry policy off", err)
+	}
+}
+
+// A nested call whose caller handed its owner over, but which this service does not honour,
+// is refused with the reason the owner was turned down: a caller signing with another
+// OwnerSecret, or a service without TrustOwner, otherwise reads as an owner never sent, and the
+// refusal's advice (install the client interceptor, PropagateTo) sends its reader to wiring
+// that is already there. With the same secret, the call re-enters.
+func TestNestedCallNamesWhyItsHandedOwnerWasNotHonoured(t *testing.T) {
+	tr := newTestRedis(t)
+	holder, err := New(LockConf{PropagateTo: []string{"/" + testService + "/"}, OwnerSecret: "a"}, WithStore(tr.store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Close() })
+	traced := oteltrace.ContextWithSpanContext(context.Background(), oteltrace.NewSpanContext(oteltrace.SpanContextConfig{
+		TraceID: oteltrace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, SpanID: oteltrace.SpanID{1},
+		TraceFlags: oteltrace.FlagsSampled}))
+	lease, err := holder.Locker().Lock(traced, "h:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	// The metadata the holder's client interceptor sends with a call made under its lease.
+	var sent metadata.MD
+	err = holder.UnaryClientInterceptor()(lease.Context(), fullMethod("Host"), nil, nil, nil,
+		func(ctx context.Context, _ string, _, _ any, _ *grpc.ClientConn, _ ...grpc.CallOption) error {
+			sent, _ = metadata.FromOutgoingContext(ctx)
+			return nil
+		})
+	if err != nil || len(sent.Get(ownerMetadataKey)) != 1 {
+		t.Fatalf("the holder's client interceptor sent %v, %v; want one owner", sent, err)
+	}
+	for _, tc := range []struct {
+		name string
+		c    LockConf
+		want string // in the refusal; "" for a call that re-enters
+	}{
+		{"another secret", LockConf{TrustOwner: true, OwnerSecret: "b"}, "Lock.OwnerSecret"},
+		{"no TrustOwner", LockConf{OwnerSecret: "a"}, "Lock.TrustOwner"},
+		{"the same secret", LockConf{TrustOwner: true, OwnerSecret: "a"}, ""},
+	} {
+		tc.c.Rules = []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", Wait: 5 * time.Second}}
+		m, err := New(tc.c, WithStore(tr.store))
+		if err != nil {
+			t.Fatalf("%s: New: %v", tc.name, err)
+		}
+		ctx, cancel := context.WithTimeout(metadata.NewIncomingContext(traced, sent), 5*time.Second)
+		start := time.Now()
+		reply, err := m.UnaryServerInterceptor()(ctx, &rpb.ServerReflectionRequest{Host: "1"},
+			&grpc.UnaryServerInfo{FullMethod: fullMethod("Host")},
+			func(ctx context.Context, _ any) (any, error) { return leaseKeys(ctx), nil })
+		cancel()
+		_ = m.Close()
+		st := status.Convert(err)
+		switch {
+		case tc.want == "" && (err != nil || reply != "lock:h:1"):
+			t.Errorf("%s: %v, %v; want the handler to run inside lock:h:1", tc.name, reply, err)
+		case tc.want != "" && (st.Code() != codes.Aborted || !strings.Contains(st.Message(), tc.want)):
+			t.Errorf("%s: %v (%v) after %v; want Aborted at once, naming %s", tc.name, st.Code(), st.Message(),
+				time.Since(start), tc.want)
+		}
 	}
 }

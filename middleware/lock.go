@@ -71,6 +71,9 @@ func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) 
 		acquireDuration.ObserveFloat(ms(waited), st.with(outcome, grantOf(st, g))...)
 	}
 	if errors.Is(err, ErrNestedLock) {
+		if why := m.owners.refusal(ctx); why != nil {
+			err = fmt.Errorf("%w: %w", err, why)
+		}
 		m.logs.error(ctx, st, "nested call refused: its caller holds the key", err)
 	}
 	switch outcome {

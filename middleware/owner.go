@@ -118,6 +118,40 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 	return key, owner, int64(f), true
 }
 
+// ownerRefusal says why the owners an inbound call carried were not honoured, for the refusal
+// of a nested call that they would have let in: without it, a caller signing with another
+// OwnerSecret reads as one that sent no owner.
+type ownerRefusal string
+
+func (r ownerRefusal) Error() string { return string(r) }
+
+// refusal returns why the policy turned down the owners that the inbound call of ctx carried,
+// or nil when it carried none, or none that a policy could have honoured. It is asked only
+// when a nested call is refused, so it costs the other calls nothing.
+func (p *ownerPolicy) refusal(ctx context.Context) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vs := md.Get(ownerMetadataKey)
+	switch {
+	case len(vs) == 0:
+		return nil
+	case !p.trust:
+		return ownerRefusal("the call carried its caller's lock owners, which this service does not honour " +
+			"without Lock.TrustOwner")
+	case len(p.secret) == 0:
+		return nil
+	}
+	unsigned := ownerPolicy{} // reads a value as it is laid out, signature unchecked
+	for _, v := range vs[:min(len(vs), maxHandedOwners)] {
+		if _, _, _, signed := p.decode(v); !signed {
+			if _, _, _, ok := unsigned.decode(v); ok {
+				return ownerRefusal("the call carried a lock owner that Lock.OwnerSecret does not verify: its " +
+					"caller signs with another OwnerSecret, or with none; set the same on every service of the call chain")
+			}
+		}
+	}
+	return nil
+}
+
 // withIncomingOwners hands the owners of an inbound call's metadata to the locks of ctx
 // (internal/handover) when the policy trusts them, skipping malformed or badly signed values.
 // A handed-over owner only re-enters a lock it holds; it never takes a free key.
