@@ -153,6 +153,15 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 	return tw.Flush()
 }
 
+// orDash is s as quoteIfOdd writes it, or "-" for a field the lock does not carry (quoteIfOdd
+// writes an empty key as "", which a missing field is not).
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return quoteIfOdd(s)
+}
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -209,9 +218,9 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	if l.Readers == 0 {
 		row("holds", holdsRow(l))
 	}
-	row("host", cmp.Or(quoteIfOdd(l.Host), "-"))
-	row("pid", cmp.Or(quoteIfOdd(l.Pid), "-"))
-	row("trace", cmp.Or(quoteIfOdd(l.Trace), "-"))
+	row("host", orDash(l.Host))
+	row("pid", orDash(l.Pid))
+	row("trace", orDash(l.Trace))
 	if l.Metadata != "" {
 		row("metadata", quoteIfOdd(l.Metadata))
 	}

@@ -123,3 +123,21 @@ func TestWatchLineNamesReadersAndTheFairLine(t *testing.T) {
 		t.Errorf("fair key's line %q, want its owner and 2 in line", fair)
 	}
 }
+
+// show writes "-" for a holder field the lock does not carry (a core Locker stores no trace;
+// an etcd or ZooKeeper read key no holder at all), not an empty pair of quotes.
+func TestShowDashesTheHolderFieldsALockLacks(t *testing.T) {
+	var b strings.Builder
+	if err := lockDetail(&b, lockInfo{Key: "order:1", RedisKey: "lock:order:1", Owner: "o", Fence: 7, TTLMillis: 900,
+		Own: true, Host: "pod-7"}); err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		k, v, _ := strings.Cut(line, "  ")
+		rows[k] = strings.TrimSpace(v)
+	}
+	if rows["host"] != "pod-7" || rows["pid"] != "-" || rows["trace"] != "-" {
+		t.Errorf("show of a lock with a host only:\n%s\nwant host pod-7, pid -, trace -", b.String())
+	}
+}
