@@ -217,10 +217,10 @@ func TestCommandsAgainstTheLocksOfARunningService(t *testing.T) {
 		!strings.Contains(errs, "not confirmed") || rdb.Exists(ctx, "lock:order:alice").Val() != 1 {
 		t.Fatalf("unlock answered n: exit %d, key exists %d: %s", code, rdb.Exists(ctx, "lock:order:alice").Val(), errs)
 	}
-	// Confirmed: removed, with a release notification that reached the waiter's process (woke
-	// 1), and the waiter gets the key while the order still runs.
+	// Confirmed: removed, with a release notification that reached the waiter's process (1
+	// subscriber), and the waiter gets the key while the order still runs.
 	code, out, errs = cli(t, strings.NewReader("y\n"), "-f", file, "unlock", "order:alice")
-	if code != exitOK || !strings.Contains(out, "removed lock:order:alice: owner "+l.Owner) || !strings.Contains(out, "woke 1 waiting") {
+	if code != exitOK || !strings.Contains(out, "removed lock:order:alice: owner "+l.Owner) || !strings.Contains(out, "reached 1 subscriber(s)") {
 		t.Fatalf("unlock: exit %d:\n%s%s", code, out, errs)
 	}
 	if !strings.Contains(errs, "Force-release lock:order:alice?") {
@@ -366,4 +366,38 @@ func regrabOnPrompt(t *testing.T, l *flightlock.Locker, first *flightlock.Lease,
 		}
 		return copy(p, "y\n"), io.EOF
 	})
+}
+
+// TestUnlockDoesNotCountAWatchAsAWaiter: a flightlock watch hears every release notification
+// (a pattern subscription), so the count that unlock reports includes it; with no process
+// waiting for the key, unlock must not say that it woke one.
+func TestUnlockDoesNotCountAWatchAsAWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	holder := processLocker(t, srv)
+	lease, err := holder.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	wctx, stop := context.WithCancel(ctx)
+	var watched syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(wctx, []string{"-addr", srv.Addr, "watch"}, strings.NewReader(""), &watched, io.Discard)
+	}()
+	defer func() {
+		stop()
+		<-done
+	}()
+	// The header is printed once the watch's subscription is confirmed.
+	waitFor(t, "the watch to start", func() bool { return strings.Contains(watched.String(), "1 held") })
+
+	code, out, errs := cli(t, nil, "-addr", srv.Addr, "unlock", "-yes", "order:1")
+	if code != exitOK || !strings.Contains(out, "removed lock:order:1: ") {
+		t.Fatalf("unlock: exit %d:\n%s%s", code, out, errs)
+	}
+	if strings.Contains(out, "woke 1 waiting") || !strings.Contains(out, "reached 1 subscriber(s)") {
+		t.Errorf("unlock of a key no process waits for, with a watch running:\n%s\nwant the subscriber it reached, not a woken waiter", out)
+	}
 }

@@ -15,7 +15,9 @@ import (
 // unlockResult is what "unlock -o json" prints.
 type unlockResult struct {
 	Removed lockInfo `json:"removed"`
-	// Woken (Redis) counts the processes its release notification reached.
+	// Woken (Redis) counts the subscribers its release notification reached: the processes
+	// waiting for it, and any flightlock watch (which subscribes to every release of its
+	// pattern), which Redis does not tell apart.
 	Woken *int64 `json:"woken_processes,omitempty"`
 	// WaiterMark (etcd, ZooKeeper) says whether the key's waiter mark was set, and so deleted
 	// with it: processes that were refused it wait on a watch of its deletion, which wakes them.
@@ -81,7 +83,7 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 			quoteIfOdd(storeKey(l)), l.Fence, holdsString(l), ttlCell(l), holderString(l), mark)
 		return err
 	}
-	_, err = fmt.Fprintf(out.w, "removed %s: owner %s fence %d holds %s ttl %s %s; woke %d waiting process(es)\n",
+	_, err = fmt.Fprintf(out.w, "removed %s: owner %s fence %d holds %s ttl %s %s; its release reached %d subscriber(s) (processes waiting for it, and any flightlock watch)\n",
 		quoteIfOdd(l.RedisKey), quoteIfOdd(l.Owner), l.Fence, holdsString(l), ttlString(l.TTLMillis), holderString(l), *res.Woken)
 	return err
 }
