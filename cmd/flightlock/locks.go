@@ -20,7 +20,8 @@ type lockInfo struct {
 	Host      string   `json:"host,omitempty"`
 	Pid       string   `json:"pid,omitempty"`
 	Trace     string   `json:"trace,omitempty"`
-	Metadata  string   `json:"metadata,omitempty"` // metadata other than host, pid and trace
+	Metadata  string   `json:"metadata,omitempty"` // metadata other than host, pid, trace and kind
+	Kind      string   `json:"kind,omitempty"`     // the holder's Locker.Kind: lock, read, fair, permits:N
 	Contended bool     `json:"contended"`          // a request was refused while it was held
 	Waiters   int64    `json:"waiters"`            // processes subscribed to its release (waiting now)
 	Shadow    bool     `json:"shadow,omitempty"`   // a shadow rule's lock: it holds nothing back
@@ -63,7 +64,7 @@ func (l lockInfo) MarshalJSON() ([]byte, error) {
 // view is l as the CLI prints it, from the store named store.
 func view(l lockstore.LockInfo, store string) lockInfo {
 	v := lockInfo{Key: l.Key, Owner: l.Owner, Fence: l.Fence, TTLMillis: -1, Own: l.Own, Reentries: l.Borrowed,
-		Host: l.Host, Pid: l.Pid, Trace: l.Trace, Metadata: l.Metadata, Contended: l.Contended, Waiters: l.Waiters,
+		Host: l.Host, Pid: l.Pid, Trace: l.Trace, Metadata: l.Metadata, Kind: l.Kind, Contended: l.Contended, Waiters: l.Waiters,
 		Shadow: strings.HasPrefix(l.Key, shadowPrefix), Unrecognized: l.Unrecognized,
 		FenceCounterKey: l.FenceCounterKey, FenceCounter: l.FenceCounter,
 		Lease: l.Lease, CreateRevision: l.CreateRevision, ModRevision: l.ModRevision, Readers: l.Readers, Queued: l.Queued}

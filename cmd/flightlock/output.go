@@ -116,9 +116,15 @@ func waitingString(l lockInfo) string {
 	return "-"
 }
 
+// holderString is the holder's metadata as the table and one-line messages print it; the kind
+// only when it is not a plain lock's, the common case.
 func holderString(l lockInfo) string {
+	kind := l.Kind
+	if kind == "lock" {
+		kind = ""
+	}
 	var parts []string
-	for _, kv := range [][2]string{{"host", l.Host}, {"pid", l.Pid}, {"trace", l.Trace}} {
+	for _, kv := range [][2]string{{"host", l.Host}, {"pid", l.Pid}, {"trace", l.Trace}, {"kind", kind}} {
 		if kv[1] != "" {
 			parts = append(parts, kv[0]+"="+quoteIfOdd(kv[1]))
 		}
@@ -221,6 +227,9 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	row("host", orDash(l.Host))
 	row("pid", orDash(l.Pid))
 	row("trace", orDash(l.Trace))
+	if l.Kind != "" {
+		row("kind", kindRow(l.Kind))
+	}
 	if l.Metadata != "" {
 		row("metadata", quoteIfOdd(l.Metadata))
 	}
@@ -253,6 +262,21 @@ func lockDetail(w io.Writer, l lockInfo) error {
 		row("fence counter", l.FenceCounterKey+" = "+counter+" (the next grant in this slot is above it)")
 	}
 	return tw.Flush()
+}
+
+// kindRow is show's kind: what the holder's Locker takes, as it stored it.
+func kindRow(kind string) string {
+	switch {
+	case kind == "lock":
+		return "lock"
+	case kind == "read":
+		return "read (the read side of a read-write lock)"
+	case kind == "fair":
+		return "fair (granted in the order it was asked for)"
+	case strings.HasPrefix(kind, "permits:"):
+		return quoteIfOdd(kind) + " (a permit of a semaphore: the key's first permit is the key, the others KEY#...; ls 'KEY*' lists them)"
+	}
+	return quoteIfOdd(kind)
 }
 
 // holdsRow is show's holds: the acquisition's own and the re-entries from other processes.

@@ -141,3 +141,54 @@ func TestShowDashesTheHolderFieldsALockLacks(t *testing.T) {
 		t.Errorf("show of a lock with a host only:\n%s\nwant host pod-7, pid -, trace -", b.String())
 	}
 }
+
+// ls, show and their JSON name a lock's kind as its holder stored it (kind=permits:3 for a
+// permit of a semaphore of 3), which the drift alert tells operators to read back; a plain
+// lock, the common case, adds nothing to the table's HOLDER.
+func TestListAndShowNameTheKindOfALock(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	sem := processLocker(t, srv, flightlock.WithPermits(3))
+	permit, err := sem.Lock(ctx, "export:acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer permit.Release(ctx)
+	plain, err := processLocker(t, srv).Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Release(ctx)
+
+	code, out, errs := cli(t, nil, "-addr", srv.Addr, "-o", "json", "ls")
+	if code != exitOK {
+		t.Fatalf("ls: exit %d: %s", code, errs)
+	}
+	var locks []lockInfo
+	if err := json.Unmarshal([]byte(out), &locks); err != nil {
+		t.Fatalf("ls JSON %q: %v", out, err)
+	}
+	var permitKey string
+	for _, l := range locks {
+		want := "lock"
+		if strings.HasPrefix(l.Key, "export:acme") {
+			want, permitKey = "permits:3", l.Key
+		}
+		if l.Kind != want {
+			t.Errorf("%s: kind %q, want %q", l.Key, l.Kind, want)
+		}
+	}
+	_, table, _ := cli(t, nil, "-addr", srv.Addr, "ls")
+	for _, line := range strings.Split(table, "\n") {
+		switch {
+		case strings.HasPrefix(line, "export:acme") && !strings.Contains(line, "kind=permits:3"):
+			t.Errorf("ls row of a permit: %q, want kind=permits:3", line)
+		case strings.HasPrefix(line, "order:1 ") && strings.Contains(line, "kind="):
+			t.Errorf("ls row of a plain lock: %q, want no kind", line)
+		}
+	}
+	if _, shown, _ := cli(t, nil, "-addr", srv.Addr, "show", permitKey); !strings.Contains(shown, "kind ") ||
+		!strings.Contains(shown, "permits:3") {
+		t.Errorf("show of a permit:\n%s\nwant its kind, permits:3", shown)
+	}
+}
