@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -338,7 +339,7 @@ func cmdShow(ctx context.Context, c *backend, out *printer, o options, key strin
 func lookupLock(ctx context.Context, c *backend, key string) (lockInfo, error) {
 	l, err := c.Lookup(ctx, key)
 	if errors.Is(err, lockstore.ErrNotHeld) {
-		return lockInfo{}, notHeld(c, key)
+		return lockInfo{}, notHeld(ctx, c, key)
 	}
 	if err != nil {
 		return lockInfo{}, err
@@ -349,11 +350,69 @@ func lookupLock(ctx context.Context, c *backend, key string) (lockInfo, error) {
 // errNotHeld is the answer of show and unlock for a key that no one holds.
 var errNotHeld = errors.New("not held")
 
-// notHeld is errNotHeld for key, with its key in the store.
-func notHeld(c *backend, key string) error {
+// notHeld is errNotHeld for key, with its key in the store and what the operator may have
+// meant instead (meant).
+func notHeld(ctx context.Context, c *backend, key string) error {
 	where := map[string]string{storeEtcd: "etcd key", storeZookeeper: "znode under " + c.target.zk.Root}[c.store()]
 	if where == "" {
 		where = "Redis key"
 	}
-	return fmt.Errorf("%s (%s %q): %w", quoteIfOdd(key), where, c.keyPrefix()+key, errNotHeld)
+	err := fmt.Errorf("%s (%s %q): %w", quoteIfOdd(key), where, c.keyPrefix()+key, errNotHeld)
+	if hint := meant(ctx, c, key); hint != "" {
+		err = fmt.Errorf("%w; %s", err, hint)
+	}
+	return err
+}
+
+// meant says what an operator who asked for key, which no one holds, may have meant: the key
+// without the prefix written before it, ls for a glob, or the held permits of the key's
+// semaphore when its first permit, the key itself, is free (the others are KEY#...). "" when
+// none of these is it. The permits are looked for with one List; a failure of it says nothing.
+func meant(ctx context.Context, c *backend, key string) string {
+	for _, p := range []string{c.keyPrefix(), c.target.prefix} {
+		if p != "" && strings.HasPrefix(key, p) && len(key) > len(p) {
+			return fmt.Sprintf("keys are written without the prefix %q: did you mean %s?", p, quoteIfOdd(strings.TrimPrefix(key, p)))
+		}
+	}
+	if strings.ContainsAny(key, "*?[") {
+		return "show and unlock take one key, not a pattern: flightlock ls " + shellQuote(key)
+	}
+	// The Locker doubles each "#" of a key before it names its permits (flightlock.PermitKey).
+	escaped := strings.ReplaceAll(key, "#", "##")
+	permits := make(map[string]bool)
+	for _, k := range lockstore.PermitKeys(c.keyPrefix()+escaped, flightlock.MaxPermits)[1:] {
+		permits[strings.TrimPrefix(k, c.keyPrefix())] = true
+	}
+	found, _, err := c.List(ctx, globEscape(escaped)+"#*", lockstore.ListOptions{})
+	if err != nil {
+		return ""
+	}
+	var held []string
+	for _, l := range found {
+		if permits[l.Key] {
+			held = append(held, quoteIfOdd(l.Key))
+		}
+	}
+	if len(held) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d other permits of its semaphore are held: %s (flightlock ls %s)",
+		len(held), strings.Join(held, ", "), shellQuote(globEscape(key)+"*"))
+}
+
+// globEscape escapes the characters of s that a pattern of ls would read as a glob.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// shellQuote is s in single quotes, for a command the operator can paste.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

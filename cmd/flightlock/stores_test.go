@@ -653,3 +653,65 @@ func TestLsShowUnlockOnEveryStore(t *testing.T) {
 		})
 	}
 }
+
+// TestNotHeldSaysWhatTheOperatorMayHaveMeant: show and unlock of a key that is not held name,
+// on every store, the held permits of its semaphore when its first permit (the key itself) is
+// free, the key without the Prefix written before it, and ls for a pattern.
+func TestNotHeldSaysWhatTheOperatorMayHaveMeant(t *testing.T) {
+	for _, store := range cliStores {
+		t.Run(store.name, func(t *testing.T) {
+			s := store.start(t)
+			ctx := context.Background()
+			sem := s.locker(flightlock.WithPermits(3))
+			var first *flightlock.Lease
+			var others []*flightlock.Lease
+			for range 3 {
+				lease, err := sem.Lock(flightlock.NewOwner(ctx), "export:acme")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.HasSuffix(lease.Key(), ":export:acme") {
+					first = lease
+				} else {
+					others = append(others, lease)
+				}
+			}
+			if first == nil || len(others) != 2 {
+				t.Fatalf("3 permits taken, and none is the key's own: %d others", len(others))
+			}
+			if err := first.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				for _, l := range others {
+					_ = l.Release(ctx)
+				}
+			}()
+			plain, err := s.locker().Lock(ctx, "order:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Release(ctx)
+
+			for _, c := range []struct {
+				args []string
+				want []string
+			}{
+				{[]string{"show", "export:acme"}, []string{"not held; 2 other permits of its semaphore are held: export:acme#", "flightlock ls 'export:acme*'"}},
+				{[]string{"unlock", "-yes", "export:acme"}, []string{"2 other permits of its semaphore are held", "nothing removed"}},
+				{[]string{"show", "lock:order:1"}, []string{"not held; keys are written without the prefix \"lock:\": did you mean order:1?"}},
+				{[]string{"show", "order:*"}, []string{"not held; show and unlock take one key, not a pattern: flightlock ls 'order:*'"}},
+			} {
+				code, out, errs := cli(t, nil, append(s.flags, c.args...)...)
+				if code != exitError {
+					t.Errorf("%v: exit %d, want %d:\n%s%s", c.args, code, exitError, out, errs)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(errs, w) {
+						t.Errorf("%v says:\n%s\nwant %q in it", c.args, errs, w)
+					}
+				}
+			}
+		})
+	}
+}

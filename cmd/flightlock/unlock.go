@@ -31,10 +31,10 @@ type unlockResult struct {
 func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key string, stdin io.Reader, stderr io.Writer) error {
 	rctx, cancel := context.WithTimeout(ctx, o.timeout)
 	found, err := c.Lookup(rctx, key)
-	cancel()
 	if errors.Is(err, lockstore.ErrNotHeld) {
-		err = notHeld(c, key)
+		err = notHeld(rctx, c, key)
 	}
+	cancel()
 	if err != nil {
 		return fmt.Errorf("%w; nothing removed", err)
 	}
