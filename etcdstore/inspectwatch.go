@@ -236,7 +236,9 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	return nil
 }
 
-// marked reports a put of a waiter mark: a request was refused the lock.
+// marked reports a put of a waiter mark: a request was refused the lock. A waiter puts the
+// mark again at each retry; only the first put of a grant's mark is reported, as the polling
+// inspectors report a grant's first refusal (lockstore.Changes).
 func (w *etcdWatch) marked(ev *clientv3.Event) {
 	full := strings.TrimPrefix(string(ev.Kv.Key), waiterPrefix)
 	key, ok := w.in.keyOf(full, w.pattern, w.skip)
@@ -244,6 +246,9 @@ func (w *etcdWatch) marked(ev *clientv3.Event) {
 		return
 	}
 	l, seen := w.held[key]
+	if seen && l.Contended {
+		return
+	}
 	if seen {
 		l.Contended = true
 		w.held[key] = l

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +262,54 @@ func TestEtcdWatchResumesAfterEtcdEndsIt(t *testing.T) {
 	if !regexp.MustCompile(`resumed +at revision \d+ \(the watch ended: .*compacted\); 1 held`).MatchString(lines) ||
 		!strings.Contains(lines, "expired   order:2") || !strings.Contains(lines, "acquired  order:1") {
 		t.Errorf("watch lines:\n%s", lines)
+	}
+}
+
+// TestEtcdWatchReportsAContentionOnce: a waiter puts the key's waiter mark again at each retry;
+// watch reports the first put of a grant's mark as contended, as on the other stores, not a
+// line per retry.
+func TestEtcdWatchReportsAContentionOnce(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	holder := etcdLocker(t, c)
+	waiter := etcdLocker(t, c, flightlock.WithWait(30*time.Second))
+
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"-etcd", c.Endpoints()[0], "-o", "json", "watch", "order:*"}, strings.NewReader(""), &out, io.Discard)
+	}()
+	untilWatching(t, holder, &out)
+	lease, err := holder.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *flightlock.Lease, 1)
+	go func() {
+		l, err := waiter.Lock(ctx, "order:1")
+		if err != nil {
+			t.Errorf("the waiter: %v", err)
+		}
+		got <- l
+	}()
+	waitFor(t, "the waiter's contention", func() bool {
+		return slices.Contains(watchEvents(t, out.String()), "contended order:1")
+	})
+	time.Sleep(time.Second) // the waiter retries meanwhile, putting its mark again
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l := <-got; l != nil {
+		_ = l.Release(ctx)
+	}
+	want := []string{"acquired order:1", "contended order:1", "released order:1", "acquired order:1", "released order:1"}
+	waitFor(t, "the events", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("watch: exit %d", code)
+	}
+	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
