@@ -160,15 +160,6 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 	return tw.Flush()
 }
 
-// orDash is s as quoteIfOdd writes it, or "-" for a field the lock does not carry (quoteIfOdd
-// writes an empty key as "", which a missing field is not).
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return quoteIfOdd(s)
-}
-
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -198,7 +189,11 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	}
 	switch {
 	case l.Readers > 0:
-		row("readers", strconv.Itoa(l.Readers)+" (held for reading: each reader has its own hold and TTL, and a write waits for all of them)")
+		each := "its own hold and TTL"
+		if l.Store == storeZookeeper {
+			each = "its own hold, for as long as its session"
+		}
+		row("readers", strconv.Itoa(l.Readers)+" (held for reading: each reader has "+each+", and a write waits for all of them)")
 		row("owner", "none (each reader has its own)")
 	case l.Store != "":
 		row("owner", "not shown (the token would let its bearer re-enter the lock)")
@@ -225,9 +220,19 @@ func lockDetail(w io.Writer, l lockInfo) error {
 	if l.Readers == 0 {
 		row("holds", holdsRow(l))
 	}
-	row("host", orDash(l.Host))
-	row("pid", orDash(l.Pid))
-	row("trace", orDash(l.Trace))
+	// A key held for reading carries the metadata of the reader that came last (Redis; etcd and
+	// ZooKeeper keep none for it): not every reader's.
+	whose := ""
+	if l.Readers > 0 {
+		whose = " (of the reader that came last)"
+	}
+	for _, f := range [][2]string{{"host", l.Host}, {"pid", l.Pid}, {"trace", l.Trace}} {
+		if f[1] == "" { // a field the lock does not carry; quoteIfOdd writes "" for an empty key
+			row(f[0], "-")
+			continue
+		}
+		row(f[0], quoteIfOdd(f[1])+whose)
+	}
 	if l.Kind != "" {
 		row("kind", kindRow(l.Kind))
 	}

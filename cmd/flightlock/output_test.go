@@ -192,3 +192,29 @@ func TestListAndShowNameTheKindOfALock(t *testing.T) {
 		t.Errorf("show of a permit:\n%s\nwant its kind, permits:3", shown)
 	}
 }
+
+// show of a key held for reading says whose host and pid it prints (the reader that came
+// last: the key carries no one's else), and no TTL per reader on ZooKeeper, which has none;
+// unlock's line counts the readers it removed instead of the holds of an owner it has not.
+func TestShowAndUnlockOfAKeyHeldForReading(t *testing.T) {
+	var b strings.Builder
+	if err := lockDetail(&b, lockInfo{Key: "acct:7", RedisKey: "lock:acct:7", Readers: 2, TTLMillis: 900, Own: true,
+		Host: "pod-7", Pid: "311"}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "pod-7 (of the reader that came last)") {
+		t.Errorf("show of a key two read, on Redis:\n%s\nwant its host named as the last reader's", b.String())
+	}
+	b.Reset()
+	zk := lockInfo{Key: "acct:7", ZNode: "/flightlock/lock:acct:7", Store: storeZookeeper, Readers: 2, TTLMillis: -1, Fence: 9}
+	if err := lockDetail(&b, zk); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "TTL") {
+		t.Errorf("show of a key two read, on ZooKeeper:\n%s\nwant no TTL per reader", b.String())
+	}
+	line := removedLine(zk, "no waiter mark")
+	if want := "removed /flightlock/lock:acct:7: 2 readers ttl session; no waiter mark\n"; line != want {
+		t.Errorf("unlock of a key two read:\n%q\nwant\n%q", line, want)
+	}
+}

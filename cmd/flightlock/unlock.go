@@ -74,18 +74,34 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 	if out.json {
 		return out.encode(res)
 	}
+	tail := fmt.Sprintf("its release reached %d subscriber(s) (processes waiting for it, and any flightlock watch)", notified)
 	if c.store() != storeRedis {
-		mark := "no waiter mark: no request was refused it"
+		tail = "no waiter mark: no request was refused it"
 		if *res.WaiterMark {
-			mark = "deleted its waiter mark: the processes waiting for it watch its deletion and wake now"
+			tail = "deleted its waiter mark: the processes waiting for it watch its deletion and wake now"
 		}
-		_, err = fmt.Fprintf(out.w, "removed %s: fence %d holds %s ttl %s %s; %s\n",
-			quoteIfOdd(storeKey(l)), l.Fence, holdsString(l), ttlCell(l), holderString(l), mark)
-		return err
 	}
-	_, err = fmt.Fprintf(out.w, "removed %s: owner %s fence %d holds %s ttl %s %s; its release reached %d subscriber(s) (processes waiting for it, and any flightlock watch)\n",
-		quoteIfOdd(l.RedisKey), quoteIfOdd(l.Owner), l.Fence, holdsString(l), ttlString(l.TTLMillis), holderString(l), *res.Woken)
+	_, err = fmt.Fprint(out.w, removedLine(l, tail))
 	return err
+}
+
+// removedLine is unlock's line for the grant l that it removed, then tail: what the removal woke.
+// A key held for reading has readers, not an owner's holds; etcd and ZooKeeper show no owner.
+func removedLine(l lockInfo, tail string) string {
+	parts := []string{"removed " + quoteIfOdd(storeKey(l)) + ":"}
+	if l.Readers > 0 {
+		parts = append(parts, readersString(l.Readers))
+	} else {
+		if l.Store == "" {
+			parts = append(parts, "owner "+quoteIfOdd(l.Owner))
+		}
+		parts = append(parts, "fence "+strconv.FormatInt(l.Fence, 10), "holds "+holdsString(l))
+	}
+	parts = append(parts, "ttl "+ttlCell(l))
+	if h := holderString(l); h != "" {
+		parts = append(parts, h)
+	}
+	return strings.Join(parts, " ") + "; " + tail + "\n"
 }
 
 // whatChanged says what the key holds now instead of the grant l: nothing (now nil), the same
