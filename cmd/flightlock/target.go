@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
 	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
 
@@ -387,5 +388,10 @@ func (t target) unreachable(err error) error {
 	if t.store == storeRedis {
 		where = "Redis at " + where
 	}
-	return fmt.Errorf("cannot reach %s (from %s): %w", where, t.from, err)
+	err = fmt.Errorf("cannot reach %s (from %s): %w", where, t.from, err)
+	if t.store == storeRedis && (redis.IsAuthError(err) || redis.IsPermissionError(err)) {
+		err = fmt.Errorf("%w; Redis refused the account: give its password with -pass (or FLIGHTLOCK_REDIS_PASS) "+
+			"and its user with -user, or set Lock.Redis.Pass (and User) in the -f file", err)
+	}
+	return err
 }

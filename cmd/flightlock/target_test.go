@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/flightlock/flightlock/internal/testenv/redistest"
 )
 
 func writeFile(t *testing.T, name, content string) string {
@@ -119,5 +122,29 @@ func TestOddKeysAreQuoted(t *testing.T) {
 	if strings.ContainsAny(b.String(), "\x1b\x07") || !strings.Contains(b.String(), `"order:\x1b[2Jx y"`) ||
 		!strings.Contains(b.String(), `host="h\a"`) {
 		t.Errorf("table:\n%s", b.String())
+	}
+}
+
+// TestRedisAccountErrorsSayWhatToGive: a Redis that wants a password, asked without one or
+// with a wrong one, fails every command with a message that names the flags and the setting
+// that give it, exit 1.
+func TestRedisAccountErrorsSayWhatToGive(t *testing.T) {
+	t.Setenv("FLIGHTLOCK_REDIS_PASS", "")
+	srv := redistest.Start(t)
+	if err := srv.Client().ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-addr", srv.Addr, "ls"},
+		{"-addr", srv.Addr, "show", "order:1"},
+		{"-addr", srv.Addr, "-pass", "wrong", "ls"},
+	} {
+		code, _, errs := cli(t, nil, args...)
+		if code != exitError || !strings.Contains(errs, "Redis refused the account: give its password with -pass") {
+			t.Errorf("flightlock %q: exit %d, stderr %q; want exit 1 and what to give", args, code, errs)
+		}
+	}
+	if code, out, errs := cli(t, nil, "-addr", srv.Addr, "-pass", "s3cret", "ls"); code != exitOK {
+		t.Errorf("with the password: exit %d: %s%s", code, out, errs)
 	}
 }

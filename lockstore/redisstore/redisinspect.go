@@ -191,10 +191,17 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 	})
 	// Pipelined reports the first command's error. A reply error of one key (nil, WRONGTYPE)
 	// is that key's business, handled below: one foreign key under the prefix cannot hide the
-	// locks. Only a failure to talk to Redis fails the read.
+	// locks. A failure to talk to Redis fails the read, and so does any other reply error
+	// (NOAUTH, WRONGPASS, NOPERM, LOADING): it says nothing of the key, and would otherwise be
+	// shown as the value of a key that is not a lock.
 	var replyErr redis.Error
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
+	}
+	for i := range rs {
+		if err := rs[i].get.Err(); err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return nil, fmt.Errorf("read locks: %w", err)
+		}
 	}
 	locks := make([]lockstore.LockInfo, 0, len(keys))
 	channels := make([]string, 0, len(keys))
