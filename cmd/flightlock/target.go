@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -389,9 +391,22 @@ func (t target) unreachable(err error) error {
 		where = "Redis at " + where
 	}
 	err = fmt.Errorf("cannot reach %s (from %s): %w", where, t.from, err)
-	if t.store == storeRedis && (redis.IsAuthError(err) || redis.IsPermissionError(err)) {
+	switch {
+	case t.store != storeRedis:
+	case redis.IsAuthError(err) || redis.IsPermissionError(err):
 		err = fmt.Errorf("%w; Redis refused the account: give its password with -pass (or FLIGHTLOCK_REDIS_PASS) "+
 			"and its user with -user, or set Lock.Redis.Pass (and User) in the -f file", err)
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		// A server that hangs up on Redis's first command: etcd and ZooKeeper do, and so does
+		// a Redis that serves TLS only.
+		tls := "; with TLS, -tls"
+		if t.redis.Tls {
+			tls = ""
+		}
+		err = fmt.Errorf("%w; is %s a Redis server? -etcd names etcd members, -zookeeper ZooKeeper servers%s", err, t.where(), tls)
+	case t.redis.Tls && errors.Is(err, context.DeadlineExceeded):
+		// A plain server never answers the TLS handshake.
+		err = fmt.Errorf("%w; with TLS on (-tls, or the file's Redis.Tls): does %s serve TLS? leave it off for a plain one", err, t.where())
 	}
 	return err
 }

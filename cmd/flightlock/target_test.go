@@ -148,3 +148,37 @@ func TestRedisAccountErrorsSayWhatToGive(t *testing.T) {
 		t.Errorf("with the password: exit %d: %s%s", code, out, errs)
 	}
 }
+
+// TestRedisFlagOnAnotherServerSaysSo: -addr given the port of a server that is not Redis (it
+// closes the connection, as etcd and ZooKeeper do on Redis's bytes) fails with a message that
+// names the other stores' flags, exit 1.
+func TestRedisFlagOnAnotherServerSaysSo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	code, _, errs := cli(t, nil, "-addr", ln.Addr().String(), "-timeout", "2s", "ls")
+	if code != exitError || !strings.Contains(errs, "is "+ln.Addr().String()+" a Redis server? -etcd names etcd members, -zookeeper ZooKeeper servers") {
+		t.Errorf("-addr on a server that closes the connection: exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestTLSToAPlainRedisSaysSo: -tls against a Redis that serves plain TCP waits out -timeout
+// (the TLS handshake is never answered); the message says that TLS may be the cause.
+func TestTLSToAPlainRedisSaysSo(t *testing.T) {
+	srv := redistest.Start(t)
+	code, _, errs := cli(t, nil, "-addr", srv.Addr, "-tls", "-timeout", "1s", "ls")
+	if code != exitError || !strings.Contains(errs, "with TLS on (-tls, or the file's Redis.Tls): does "+srv.Addr+" serve TLS? leave it off for a plain one") {
+		t.Errorf("-tls on a plain Redis: exit %d, stderr %q", code, errs)
+	}
+}
