@@ -68,6 +68,9 @@ func view(l lockstore.LockInfo, store string) lockInfo {
 		Shadow: strings.HasPrefix(l.Key, shadowPrefix), Unrecognized: l.Unrecognized,
 		FenceCounterKey: l.FenceCounterKey, FenceCounter: l.FenceCounter,
 		Lease: l.Lease, CreateRevision: l.CreateRevision, ModRevision: l.ModRevision, Readers: l.Readers, Queued: l.Queued}
+	if v.Reentries == nil {
+		v.Reentries = []string{} // [] in the JSON whatever the store, as scripts read it
+	}
 	if l.Readers > 0 {
 		v.Owner = "" // each reader has its own token: the key has no one owner to print
 	}

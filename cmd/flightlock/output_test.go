@@ -12,6 +12,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
@@ -216,5 +217,23 @@ func TestShowAndUnlockOfAKeyHeldForReading(t *testing.T) {
 	line := removedLine(zk, "no waiter mark")
 	if want := "removed /flightlock/lock:acct:7: 2 readers ttl session; no waiter mark\n"; line != want {
 		t.Errorf("unlock of a key two read:\n%q\nwant\n%q", line, want)
+	}
+}
+
+// On ZooKeeper, where a lock lives as long as its holder's session, every line says so: a
+// key held for reading too, not "ttl=none"; and the JSON lists no re-entries as [], as on the
+// other stores, not null.
+func TestZookeeperReadersLineAndEmptyReentries(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	line := eventLine(event{Time: at, Kind: "gone", Lock: lockInfo{Key: "acct:7", Store: storeZookeeper, Readers: 2, TTLMillis: -1}})
+	if want := "03:04:05.000 gone      acct:7 readers=2 ttl=session waiting=-"; line != want {
+		t.Errorf("ZooKeeper read-held line:\n%s\nwant\n%s", line, want)
+	}
+	b, err := json.Marshal(view(lockstore.LockInfo{Key: "order:1", StoreKey: "/flightlock/lock:order:1", Own: true, TTL: lockstore.NoTTL}, storeZookeeper))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"reentries":[]`) {
+		t.Errorf("ZooKeeper lock JSON %s, want reentries []", b)
 	}
 }

@@ -147,7 +147,7 @@ func eventLine(e event) string {
 	line := fmt.Sprintf("%s %-9s %s", e.Time.Format("15:04:05.000"), e.Kind, quoteIfOdd(l.Key))
 	switch {
 	case l.Readers > 0:
-		line += fmt.Sprintf(" readers=%d ttl=%s waiting=%s", l.Readers, ttlString(l.TTLMillis), waitingString(l))
+		line += fmt.Sprintf(" readers=%d ttl=%s waiting=%s", l.Readers, ttlCell(l), waitingString(l))
 	case l.Store != "" && l.Fence > 0: // no owner token in etcd and ZooKeeper
 		line += fmt.Sprintf(" fence=%d ttl=%s waiting=%s %s", l.Fence, ttlCell(l), waitingString(l), holderString(l))
 	case l.Owner != "":
