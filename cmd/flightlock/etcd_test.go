@@ -313,3 +313,26 @@ func TestEtcdWatchReportsAContentionOnce(t *testing.T) {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestEtcdFlagOverAFileWithoutAnEtcdSection: -etcd over a service's file whose Lock section
+// names Redis only reads the locks in that etcd with the section's Prefix and EtcdConf's
+// defaults (Key, the lease margin), as -etcd without a file does, and says the hosts came
+// from the flag.
+func TestEtcdFlagOverAFileWithoutAnEtcdSection(t *testing.T) {
+	c := etcdtest.Start(t)
+	ctx := context.Background()
+	lease, err := etcdLocker(t, c).Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	file := writeFile(t, "order.yaml", "Name: order-api\nLock:\n  Redis:\n    Host: 127.0.0.1:1\n  Prefix: \"lock:\"\n")
+	code, out, errs := cli(t, nil, "-f", file, "-etcd", c.Endpoints()[0], "ls")
+	if code != exitOK || !strings.Contains(out, "order:1 ") {
+		t.Errorf("-etcd over a Redis-only file: exit %d:\n%s%s", code, out, errs)
+	}
+	code, _, errs = cli(t, nil, "-f", file, "-etcd", closedAddr(t), "-timeout", "1s", "ls")
+	if code != exitError || !strings.Contains(errs, "(from -etcd, with "+file+" (Lock))") {
+		t.Errorf("-etcd over a file, unreachable: exit %d: %s; want the hosts named as the flag's", code, errs)
+	}
+}

@@ -143,7 +143,11 @@ func resolveTarget(o options) (target, error) {
 // file's CertFile, CertKeyFile and CACertFile.
 func etcdTarget(t target, o options, path string) (target, error) {
 	if len(t.etcd.Hosts) == 0 && t.etcd.Key == "" {
-		t.etcd.Key = "flightlock/" // EtcdConf's default, which a file without an Etcd section does not fill
+		// A file without an Etcd section leaves EtcdConf's defaults (Key, the lease margin)
+		// unfilled: fill them as go-zero fills a section's, as without a file.
+		if err := conf.FillDefault(&t.etcd); err != nil {
+			return target{}, err
+		}
 	}
 	switch {
 	case o.zkRoot != "":
@@ -152,6 +156,9 @@ func etcdTarget(t target, o options, path string) (target, error) {
 		return target{}, fmt.Errorf("-addr, -type and -tls are Redis's; the locks are read in etcd here (-etcd host:port; TLS from the file's Etcd.CertFile, CertKeyFile and CACertFile)")
 	case o.etcd != "":
 		t.etcd.Hosts = strings.Split(o.etcd, ",")
+		if o.file != "" {
+			t.from = "-etcd, with " + t.from
+		}
 	case len(t.etcd.Hosts) == 0:
 		return target{}, fmt.Errorf("%s: %s.Etcd.Hosts is empty: pass -etcd host:port", o.file, path)
 	}

@@ -19,6 +19,9 @@ func zookeeperTarget(t target, o options, path string) (target, error) {
 		return target{}, fmt.Errorf("-addr, -type, -tls, -user and -pass are Redis's or etcd's; the locks are read in ZooKeeper here (-zookeeper host:port)")
 	case o.zk != "":
 		t.zk.Hosts = strings.Split(o.zk, ",")
+		if o.file != "" {
+			t.from = "-zookeeper, with " + t.from
+		}
 	case len(t.zk.Hosts) == 0:
 		return target{}, fmt.Errorf("%s: %s.Zookeeper.Hosts is empty: pass -zookeeper host:port", o.file, path)
 	}
