@@ -13,7 +13,7 @@
 // -o json prints JSON for scripts. In etcd and ZooKeeper the owner token of a lock is never
 // printed: a propagated owner token lets its bearer re-enter the lock.
 //
-// flightlock check catches lock mistakes before they ship, without Redis: it reads
+// flightlock check catches lock mistakes before they ship, without a store: it reads
 // the Lock sections of a config file as go-zero and middleware.New read them, and checks the
 // rules against the service's own API definition, read with goctl's parser (.api) and a
 // protobuf parser (.proto):
@@ -63,11 +63,11 @@ func (silent) Printf(context.Context, string, ...any) {}
 const usage = `usage: flightlock [flags] command [args]
 
 Commands:
-  check            check the Lock sections of a config without Redis:
+  check            check the Lock sections of a config without a store:
                    flightlock check -f etc/x.yaml [-api x.api]... [-proto x.proto]...
                    (flightlock check -h for its flags)
-  ls [pattern]     held locks whose key matches pattern (Redis glob, default *; in etcd
-                   the same glob, matched by the CLI on a range read of the prefix)
+  ls [pattern]     held locks whose key matches pattern (a Redis glob, default *; on etcd
+                   and ZooKeeper the same glob, matched on a read of the prefix)
   show KEY         one lock in full
   unlock KEY       force-release a lock after confirmation, waking its waiters
   watch [pattern]  live view of acquisitions, releases and contention
@@ -154,7 +154,7 @@ func (o *options) flags(stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.yes, "yes", false, "unlock: do not ask for confirmation (for scripts)")
 	fs.BoolVar(&o.shadow, "shadow", false, "ls and watch: include the locks of shadow rules (shadow:...)")
 	fs.IntVar(&o.limit, "limit", 0, "ls: list at most this many locks (0: all)")
-	fs.DurationVar(&o.interval, "interval", 500*time.Millisecond, "watch on Redis: refresh period, and polling period without keyspace notifications")
+	fs.DurationVar(&o.interval, "interval", 500*time.Millisecond, "watch on Redis and ZooKeeper: refresh period, and polling period (on Redis, without keyspace notifications)")
 	fs.DurationVar(&o.duration, "for", 0, "watch: stop after this long (0: until interrupted)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, usage)

@@ -401,3 +401,21 @@ func TestUnlockDoesNotCountAWatchAsAWaiter(t *testing.T) {
 		t.Errorf("unlock of a key no process waits for, with a watch running:\n%s\nwant the subscriber it reached, not a woken waiter", out)
 	}
 }
+
+// TestUsageSaysWhatEachStoreDoes: -h says how ls matches its pattern on ZooKeeper too, that
+// watch polls at -interval on ZooKeeper as on Redis, and that check reads no store at all.
+func TestUsageSaysWhatEachStoreDoes(t *testing.T) {
+	code, _, errs := cli(t, nil, "-h")
+	if code != exitOK {
+		t.Fatalf("-h: exit %d", code)
+	}
+	for _, want := range []string{
+		"check the Lock sections of a config without a store:",
+		"and ZooKeeper the same glob, matched on a read of the prefix",
+		"watch on Redis and ZooKeeper: refresh period",
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("-h says:\n%s\nwant %q in it", errs, want)
+		}
+	}
+}
