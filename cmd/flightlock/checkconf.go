@@ -293,7 +293,8 @@ func (c *checker) checkStore(s *section, topRedis bool) {
 			"and middleware.New refuses to start; set %s%s", missing, how, set, hint)
 		return
 	}
-	c.warnAt(s, at, "%s (%s): the locks live in an embedded in-memory Redis that only this process sees, "+
+	c.warnAt(s, at, "%s (%s): the locks live in an embedded in-memory Redis that only this Middleware sees (not another process, "+
+		"nor another Middleware of this one without WithStore), "+
 		"for development only; set %s before pre or pro%s", missing, how, set, hint)
 }
 
