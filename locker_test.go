@@ -1327,8 +1327,9 @@ func TestNewOwnerWaitsBehindTheHolder(t *testing.T) {
 	}
 }
 
-// A lease that was released admits no re-entry: a goroutine that still carries its context
-// locks as a new owner, behind whoever holds the key now.
+// A lease that was released admits no re-entry: its context ends at the release, and a goroutine
+// that carries it detached (context.WithoutCancel) locks as a new owner, behind whoever holds the
+// key now.
 func TestReleasedLeaseAdmitsNoReentry(t *testing.T) {
 	s, _, _ := miniStore(t)
 	ctx := context.Background()
