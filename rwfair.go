@@ -53,9 +53,12 @@ const (
 // would wait for its own read. Release the read first, or take the write lock from the start.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
-// upgradeError is ErrUpgrade naming the key, and an ErrConfig: locks nested the wrong way are
-// a misconfiguration, which no retry mends.
-func upgradeError(key string) error { return fmt.Errorf("%w: %w: %q", ErrUpgrade, ErrConfig, key) }
+// upgradeError is ErrUpgrade naming the key and what to do, and an ErrConfig: locks nested the
+// wrong way are a misconfiguration, which no retry mends. The key comes before ErrConfig's text so
+// that the message does not read as if the key were a bad setting.
+func upgradeError(key string) error {
+	return fmt.Errorf("%w: %q (release the read lease first, or take the write lock from the start; %w)", ErrUpgrade, key, ErrConfig)
+}
 
 // lockRead takes a read lock. While a goroutine of this process owns the key's gate slot (a
 // writer, or readers sharing its hold), the gate arbitrates: readers share the slot's write

@@ -305,6 +305,11 @@ func TestReadUnderWriteReentersAndWriteUnderReadIsRefused(t *testing.T) {
 	if _, err := w.Lock(y.Context(), "order"); !errors.Is(err, ErrUpgrade) || !errors.Is(err, ErrConfig) {
 		t.Fatalf("a write under the read: %v, want ErrUpgrade (an ErrConfig)", err)
 	}
+	// The message names the key first and then what to do, so that it does not read as if the
+	// key were a bad setting.
+	if _, err := w.Lock(y.Context(), "order"); !strings.Contains(err.Error(), `would wait for it: "lock:order" (release the read lease first`) {
+		t.Fatalf("a write under the read says %q, want the key and what to do", err)
+	}
 	again, err := r.Lock(y.Context(), "order")
 	if err != nil || again.Grant() != GrantReentry {
 		t.Fatalf("a read under the read: %v, want a re-entry", err)
