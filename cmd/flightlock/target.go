@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -377,7 +379,7 @@ func connect(ctx context.Context, t target, timeout time.Duration) (*backend, er
 				_ = o.b.Close()
 			}
 		}()
-		return nil, t.unreachable(fmt.Errorf("no session within %v", timeout))
+		return nil, t.unreachable(fmt.Errorf("%w within %v", errNoSession, timeout))
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -387,6 +389,9 @@ func connect(ctx context.Context, t target, timeout time.Duration) (*backend, er
 	}
 	return &backend{Inspector: b.Inspector, target: t, close: func() { _ = b.Close() }}, nil
 }
+
+// errNoSession is connect's error for a store that did not open within -timeout.
+var errNoSession = errors.New("no session")
 
 // openGrace is how much longer than -timeout connect waits for a store to open.
 const openGrace = 250 * time.Millisecond
@@ -399,6 +404,8 @@ func (t target) unreachable(err error) error {
 	}
 	err = fmt.Errorf("cannot reach %s (from %s): %w", where, t.from, err)
 	switch {
+	case t.store != storeRedis && (errors.Is(err, errNoSession) || errors.Is(err, context.DeadlineExceeded)):
+		err = fmt.Errorf("%w; %s", err, t.silentHint())
 	case t.store != storeRedis:
 	case redis.IsAuthError(err) || redis.IsPermissionError(err):
 		err = fmt.Errorf("%w; Redis refused the account: give its password with -pass (or FLIGHTLOCK_REDIS_PASS) "+
@@ -416,4 +423,42 @@ func (t target) unreachable(err error) error {
 		err = fmt.Errorf("%w; with TLS on (-tls, or the file's Redis.Tls): does %s serve TLS? leave it off for a plain one", err, t.where())
 	}
 	return err
+}
+
+// silentHint says what to check of an etcd or ZooKeeper that did not answer within -timeout,
+// host by host: where nothing accepts connections, that the server is down or the address
+// wrong; where something does, that it may not be that store (or, on etcd, that TLS may be
+// off on one side).
+func (t target) silentHint() string {
+	name, hosts, flag, field := "etcd", t.etcd.Hosts, "-etcd", "Etcd.Hosts"
+	server, client := "the etcd member", "an etcd member's client address (2379 by default, not the peer port 2380)"
+	tls := " For an etcd that serves TLS, give the file's Etcd.CertFile, CertKeyFile and CACertFile"
+	if t.etcd.CertFile != "" {
+		tls = " TLS is on (the file's Etcd.CertFile, CertKeyFile and CACertFile): does it serve TLS, and accept that certificate?"
+	}
+	if t.store == storeZookeeper {
+		name, hosts, flag, field = "ZooKeeper", t.zk.Hosts, "-zookeeper", "Zookeeper.Hosts"
+		server, client, tls = "the ZooKeeper server", "a ZooKeeper server's client address (2181 by default)", ""
+	}
+	var hints, answered []string
+	for _, h := range hosts {
+		addr := h
+		if u, err := url.Parse(h); err == nil && u.Host != "" {
+			addr = u.Host // an etcd endpoint given as a URL
+		}
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		switch {
+		case errors.Is(err, syscall.ECONNREFUSED):
+			hints = append(hints, fmt.Sprintf("nothing accepts connections at %s: is %s up, and is this its client address (%s, or the file's %s)?", addr, server, flag, field))
+		case err != nil:
+			hints = append(hints, fmt.Sprintf("cannot connect to %s (%v): is this the client address of %s (%s, or the file's %s)?", addr, err, server, flag, field))
+		default:
+			_ = conn.Close()
+			answered = append(answered, addr)
+		}
+	}
+	if len(answered) > 0 {
+		hints = append(hints, fmt.Sprintf("%s accepts connections but did not answer as %s: is it %s?%s", strings.Join(answered, ", "), name, client, tls))
+	}
+	return strings.Join(hints, "; ")
 }

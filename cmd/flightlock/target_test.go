@@ -182,3 +182,39 @@ func TestTLSToAPlainRedisSaysSo(t *testing.T) {
 		t.Errorf("-tls on a plain Redis: exit %d, stderr %q", code, errs)
 	}
 }
+
+// TestEtcdAndZookeeperFlagsOnAWrongServerSaySo: -etcd or -zookeeper given an address where
+// nothing listens, or the port of a server that never answers as etcd or ZooKeeper does (here
+// one that accepts and stays silent, as a Redis does to their bytes), fails within -timeout
+// with what to check, not only the timeout, exit 1.
+func TestEtcdAndZookeeperFlagsOnAWrongServerSaySo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, unanswered, until the test ends
+		}
+	}()
+	silent, closed := ln.Addr().String(), closedAddr(t)
+	for _, c := range []struct {
+		flag, addr, want string
+	}{
+		{"-etcd", closed, "nothing accepts connections at " + closed + ": is the etcd member up, and is this its client address (-etcd, or the file's Etcd.Hosts)?"},
+		{"-etcd", silent, silent + " accepts connections but did not answer as etcd: is it an etcd member's client address (2379 by default, not the peer port 2380)? " +
+			"For an etcd that serves TLS, give the file's Etcd.CertFile, CertKeyFile and CACertFile"},
+		{"-zookeeper", closed, "nothing accepts connections at " + closed + ": is the ZooKeeper server up, and is this its client address (-zookeeper, or the file's Zookeeper.Hosts)?"},
+		{"-zookeeper", silent, silent + " accepts connections but did not answer as ZooKeeper: is it a ZooKeeper server's client address (2181 by default)?"},
+	} {
+		code, out, errs := cli(t, nil, c.flag, c.addr, "-timeout", "1s", "ls")
+		if code != exitError || !strings.Contains(errs, c.want) {
+			t.Errorf("%s %s (%s): exit %d\n%s%s\nwant exit 1 and %q", c.flag, c.addr, map[bool]string{true: "closed", false: "silent"}[c.addr == closed], code, out, errs, c.want)
+		}
+	}
+}
