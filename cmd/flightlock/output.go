@@ -314,7 +314,15 @@ func cmdList(ctx context.Context, c *backend, out *printer, o options, pattern s
 		return out.encode(locks)
 	}
 	if len(locks) == 0 {
-		_, err := fmt.Fprintf(out.w, "no lock held matches %s on %s\n", quoteIfOdd(c.keyPrefix()+pattern), c.where())
+		line := fmt.Sprintf("no lock held matches %s on %s", quoteIfOdd(c.keyPrefix()+pattern), c.where())
+		// A pattern without a glob character is one key: say what the operator may have
+		// meant, as show does (the JSON stays the empty list scripts read).
+		if pattern != "" && !strings.ContainsAny(pattern, `*?[\`) {
+			if hint := meant(ctx, c, pattern); hint != "" {
+				line += "; " + hint
+			}
+		}
+		_, err := fmt.Fprintln(out.w, line)
 		return err
 	}
 	if err := lockTable(out.w, locks); err != nil {
@@ -369,10 +377,10 @@ func notHeld(ctx context.Context, c *backend, key string) error {
 	return err
 }
 
-// meant says what an operator who asked for key, which no one holds, may have meant: the key
-// without the prefix written before it, ls for a glob, or the held permits of the key's
-// semaphore when its first permit, the key itself, is free (the others are KEY#...). "" when
-// none of these is it. The permits are looked for with one List; a failure of it says nothing.
+// meant says what an operator who asked for key (show, unlock, or ls without a glob), which no
+// one holds, may have meant: the key without the prefix written before it, ls for a glob, or the
+// held permits of the key's semaphore when its first permit, the key itself, is free (the others
+// are KEY#...). "" when none of these is it. The permits are looked for with one List; a failure of it says nothing.
 func meant(ctx context.Context, c *backend, key string) string {
 	for _, p := range []string{c.keyPrefix(), c.target.prefix} {
 		if p != "" && strings.HasPrefix(key, p) && len(key) > len(p) {

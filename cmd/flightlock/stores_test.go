@@ -654,7 +654,7 @@ func TestLsShowUnlockOnEveryStore(t *testing.T) {
 	}
 }
 
-// TestNotHeldSaysWhatTheOperatorMayHaveMeant: show and unlock of a key that is not held name,
+// TestNotHeldSaysWhatTheOperatorMayHaveMeant: show, unlock and ls of a key that is not held name,
 // on every store, the held permits of its semaphore when its first permit (the key itself) is
 // free, the key without the Prefix written before it, and ls for a pattern.
 func TestNotHeldSaysWhatTheOperatorMayHaveMeant(t *testing.T) {
@@ -711,6 +711,16 @@ func TestNotHeldSaysWhatTheOperatorMayHaveMeant(t *testing.T) {
 						t.Errorf("%v says:\n%s\nwant %q in it", c.args, errs, w)
 					}
 				}
+			}
+			// ls of the same key finds nothing, which is no error (exit 0, and for scripts the
+			// empty list), but says where the permits are.
+			code, out, errs := cli(t, nil, append(s.flags, "ls", "export:acme")...)
+			if code != exitOK || !strings.Contains(out, "no lock held matches") ||
+				!strings.Contains(out, "; 2 other permits of its semaphore are held: export:acme#") || !strings.Contains(out, "flightlock ls 'export:acme*'") {
+				t.Errorf("ls export:acme: exit %d\n%s%s\nwant exit 0 and the held permits", code, out, errs)
+			}
+			if code, out, errs := cli(t, nil, append(s.flags, "ls", "-o", "json", "export:acme")...); code != exitOK || strings.TrimSpace(out) != "[]" {
+				t.Errorf("ls -o json export:acme: exit %d\n%s%s\nwant exit 0 and []", code, out, errs)
 			}
 		})
 	}
