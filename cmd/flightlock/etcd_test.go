@@ -336,3 +336,45 @@ func TestEtcdFlagOverAFileWithoutAnEtcdSection(t *testing.T) {
 		t.Errorf("-etcd over a file, unreachable: exit %d: %s; want the hosts named as the flag's", code, errs)
 	}
 }
+
+// TestEtcdAccountErrorsSayWhatToGive: an etcd with auth enabled, asked without an account,
+// with a wrong password, or with an account whose roles do not cover the locks, fails every
+// command with a message that names -user, -pass and the file's Etcd.User and Pass (or the
+// role to grant), exit 1; the right account reads the locks.
+func TestEtcdAccountErrorsSayWhatToGive(t *testing.T) {
+	t.Setenv("FLIGHTLOCK_REDIS_PASS", "")
+	c := etcdtest.Start(t)
+	ecli := c.Client(t)
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := ecli.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := ecli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := ecli.UserAdd(ctx, "nobody", "nobodypw"); return err },
+		func() error { _, err := ecli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := c.Endpoints()[0]
+	account := "etcd refused the account: give its user and password with -user and -pass, or set Lock.Etcd.User and Pass in the -f file"
+	for _, args := range [][]string{
+		{"-etcd", ep, "ls"},
+		{"-etcd", ep, "show", "order:1"},
+		{"-etcd", ep, "-user", "root", "ls"},
+		{"-etcd", ep, "-user", "root", "-pass", "wrong", "ls"},
+		{"-f", writeFile(t, "svc.yaml", fmt.Sprintf("Lock:\n  Etcd: {Hosts: [%q], User: root, Pass: wrong}\n", ep)), "ls"},
+	} {
+		code, out, errs := cli(t, nil, append(args, "-timeout", "5s")...)
+		if code != exitError || !strings.Contains(errs, account) {
+			t.Errorf("flightlock %q: exit %d\n%s%s\nwant exit 1 and %q", args, code, out, errs, account)
+		}
+	}
+	code, out, errs := cli(t, nil, "-etcd", ep, "-user", "nobody", "-pass", "nobodypw", "-timeout", "5s", "ls")
+	if want := "the etcd account nobody may not read flightlock/lock:: grant it a role that reads that prefix"; code != exitError || !strings.Contains(errs, want) {
+		t.Errorf("an account without a role: exit %d\n%s%s\nwant exit 1 and %q", code, out, errs, want)
+	}
+	if code, out, errs := cli(t, nil, "-etcd", ep, "-user", "root", "-pass", "rootpw", "-timeout", "5s", "ls"); code != exitOK {
+		t.Errorf("with the account: exit %d\n%s%s", code, out, errs)
+	}
+}

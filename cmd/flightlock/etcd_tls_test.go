@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 // The CLI has no TLS flags of its own for etcd: TLS comes from the file's Etcd.CertFile,
 // CertKeyFile and CACertFile, through the service's own client (EtcdConf.Client). ls reads the
 // locks of an etcd that serves its clients over TLS only and requires a client certificate;
-// the same file without the certificate fields cannot reach it (exit 1, within -timeout).
+// the same file without the certificate fields cannot reach it (exit 1, within -timeout) and
+// names them.
 func TestEtcdTLSList(t *testing.T) {
 	c := etcdtest.Start(t, etcdtest.WithClientTLS())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -46,7 +48,8 @@ Lock:
 	}
 
 	plain := writeFile(t, "plain.yaml", fmt.Sprintf("Name: svc\nLock:\n  Etcd: {Hosts: [%q]}\n  Rules: []\n", c.Endpoints()[0]))
-	if code, out, errs := cli(t, nil, "-f", plain, "-timeout", "3s", "ls"); code != exitError {
-		t.Fatalf("ls without the certificate fields: exit %d, want %d (refused by the server)\n%s%s", code, exitError, out, errs)
+	want := "For an etcd that serves TLS, give the file's Etcd.CertFile, CertKeyFile and CACertFile"
+	if code, out, errs := cli(t, nil, "-f", plain, "-timeout", "3s", "ls"); code != exitError || !strings.Contains(errs, want) {
+		t.Fatalf("ls without the certificate fields: exit %d, want %d (refused by the server) and %q\n%s%s", code, exitError, want, out, errs)
 	}
 }

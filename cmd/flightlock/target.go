@@ -18,6 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"gopkg.in/yaml.v2" // the YAML parser go-zero's conf loader uses, so the file reads the same
 
 	"github.com/flightlock/flightlock/lockstore"
@@ -406,6 +407,14 @@ func (t target) unreachable(err error) error {
 	switch {
 	case t.store != storeRedis && (errors.Is(err, errNoSession) || errors.Is(err, context.DeadlineExceeded)):
 		err = fmt.Errorf("%w; %s", err, t.silentHint())
+	case t.store == storeEtcd && (errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrAuthFailed) ||
+		errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrUserNotFound)):
+		// The client sends an account only when both the user and its password are given.
+		err = fmt.Errorf("%w; etcd refused the account: give its user and password with -user and -pass, "+
+			"or set Lock.Etcd.User and Pass in the -f file", err)
+	case t.store == storeEtcd && errors.Is(err, rpctypes.ErrPermissionDenied):
+		err = fmt.Errorf("%w; the etcd account %s may not read %s: grant it a role that reads that prefix "+
+			"(etcdctl role grant-permission ROLE --prefix read %s), or give another with -user and -pass", err, t.etcd.User, t.keyPrefix(), t.keyPrefix())
 	case t.store != storeRedis:
 	case redis.IsAuthError(err) || redis.IsPermissionError(err):
 		err = fmt.Errorf("%w; Redis refused the account: give its password with -pass (or FLIGHTLOCK_REDIS_PASS) "+
@@ -433,7 +442,7 @@ func (t target) silentHint() string {
 	name, hosts, flag, field := "etcd", t.etcd.Hosts, "-etcd", "Etcd.Hosts"
 	server, client := "the etcd member", "an etcd member's client address (2379 by default, not the peer port 2380)"
 	tls := " For an etcd that serves TLS, give the file's Etcd.CertFile, CertKeyFile and CACertFile"
-	if t.etcd.CertFile != "" {
+	if t.etcd.CertFile != "" { // with CertKeyFile and CACertFile: the file is refused otherwise
 		tls = " TLS is on (the file's Etcd.CertFile, CertKeyFile and CACertFile): does it serve TLS, and accept that certificate?"
 	}
 	if t.store == storeZookeeper {
