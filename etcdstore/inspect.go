@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -66,7 +67,7 @@ func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue
 	holds := strings.Split(v.holds, ",")
 	l := newInfo(key, string(kv.Key), kv.Lease, kv.CreateRevision, kv.ModRevision, marked, floor)
 	if !ok || holds[0] != "0" && holds[0] != "1" {
-		l.Unrecognized, l.Fence, l.Contended = string(kv.Value), 0, false
+		l.Unrecognized, l.Fence, l.Contended = cmp.Or(string(kv.Value), lockstore.EmptyValue), 0, false
 		return l
 	}
 	l.Own, l.Borrowed = holds[0] == "1", holds[1:]

@@ -1,6 +1,7 @@
 package etcdstore
 
 import (
+	"cmp"
 	"errors"
 	"strconv"
 	"strings"
@@ -37,7 +38,8 @@ func TestLockOfReadsTheValueButNotTheOwner(t *testing.T) {
 	}
 	for _, bad := range []string{"", "just-a-value", ownerA + " 0 1 0", ownerA + " 6 7 0", ownerA + " 6 1 x"} {
 		kv := &mvccpb.KeyValue{Key: []byte("p/k"), Value: []byte(bad), CreateRevision: 7}
-		if l := lockOf("k", kv, true, nil); l.Unrecognized != bad || l.Contended || l.Fence != 0 {
+		want := cmp.Or(bad, lockstore.EmptyValue) // an empty Unrecognized would be a lock
+		if l := lockOf("k", kv, true, nil); l.Unrecognized != want || l.Contended || l.Fence != 0 {
 			t.Errorf("%q read as a lock: %+v", bad, l)
 		}
 	}

@@ -152,6 +152,11 @@ func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now ma
 // NoTTL is LockInfo.TTL of a key without an expiry, and of a lock an event names unread.
 const NoTTL time.Duration = -1
 
+// EmptyValue is LockInfo.Unrecognized of a key under the prefix with an empty value (or a
+// ZooKeeper node with no data and no hold under it): no store writes one, and an empty
+// Unrecognized would read as a lock.
+const EmptyValue = "(empty value)"
+
 // LockInfo is one lock as an Inspector reads it.
 type LockInfo struct {
 	// Key is the lock key as the rule rendered it, without the prefix; StoreKey is the key in
@@ -184,8 +189,9 @@ type LockInfo struct {
 	Readers int
 	// Queued counts the places in the key's fair line.
 	Queued int
-	// Unrecognized is the raw value (or the read's error, in parentheses) of a key under the
-	// prefix that is not a lock of this store; then only the keys and TTL are set.
+	// Unrecognized is the raw value (or the read's error, in parentheses; EmptyValue for an
+	// empty one) of a key under the prefix that is not a lock of this store; then only the keys
+	// and TTL are set.
 	Unrecognized string
 
 	// FenceCounterKey and FenceCounter, set by Lookup only, name the key that bounds the next

@@ -1,6 +1,7 @@
 package zkstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,9 +93,7 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 	if err != nil {
 		return l, nil, nil, err
 	}
-	_, _, l.Contended = parseValue(data)
-	l.Fence = fence(stat.Czxid)
-	l.ParseHolder(holderMeta(data))
+	holds := 0
 	for _, k := range kids {
 		switch h := len(ownerHash("")); {
 		case strings.HasPrefix(k, ownPre):
@@ -104,8 +103,19 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 			l.Borrowed = append(l.Borrowed, name)
 		case strings.HasPrefix(k, readerPre):
 			l.Readers++
+		default:
+			continue // no hold: a child someone else made
 		}
+		holds++
 	}
+	if holds == 0 {
+		// Children, and not one hold among them: a node someone else made (zkCli), which no
+		// Store holds or frees.
+		return lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL, Unrecognized: cmp.Or(string(data), lockstore.EmptyValue)}, stat, kids, nil
+	}
+	_, _, l.Contended = parseValue(data)
+	l.Fence = fence(stat.Czxid)
+	l.ParseHolder(holderMeta(data))
 	slices.Sort(l.Borrowed)
 	if line, err := in.s.children(ctx, in.s.linePath(in.prefix+key)); err == nil {
 		l.Queued = len(line)
@@ -125,6 +135,9 @@ func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int
 		}
 		if err != nil {
 			return 0, err
+		}
+		if now.Unrecognized != "" {
+			return 0, fmt.Errorf("%q is not a flightlock lock", p)
 		}
 		if now.Fence != l.Fence {
 			return 0, &lockstore.ChangedError{Now: &now}

@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/emicklei/proto v1.14.3
 	github.com/flightlock/flightlock v0.0.0-00010101000000-000000000000
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/zeromicro/go-zero v1.10.3
 	github.com/zeromicro/go-zero/tools/goctl v1.10.2
@@ -25,7 +26,6 @@ require (
 	github.com/fatih/structtag v1.2.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang-jwt/jwt/v4 v4.5.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
@@ -721,6 +723,85 @@ func TestNotHeldSaysWhatTheOperatorMayHaveMeant(t *testing.T) {
 			}
 			if code, out, errs := cli(t, nil, append(s.flags, "ls", "-o", "json", "export:acme")...); code != exitOK || strings.TrimSpace(out) != "[]" {
 				t.Errorf("ls -o json export:acme: exit %d\n%s%s\nwant exit 0 and []", code, out, errs)
+			}
+		})
+	}
+}
+
+// TestForeignKeysUnderThePrefixAreNotLocks: keys under the prefix that flightlock did not
+// write (etcdctl put, redis-cli set, a znode made in zkCli), an empty value among them, are
+// listed marked "not a flightlock lock" (JSON unrecognized), show says so, and unlock refuses
+// them (exit 1), on every store; none is ever shown as a lock.
+func TestForeignKeysUnderThePrefixAreNotLocks(t *testing.T) {
+	ctx := context.Background()
+	for _, store := range []struct {
+		name  string
+		start func(t *testing.T) (flags []string, put func(key, value string))
+	}{
+		{"redis", func(t *testing.T) ([]string, func(string, string)) {
+			srv := redistest.Start(t)
+			return []string{"-addr", srv.Addr}, func(key, value string) {
+				if err := srv.Client().Set(ctx, "lock:"+key, value, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"etcd", func(t *testing.T) ([]string, func(string, string)) {
+			c := etcdtest.Start(t)
+			ecli := c.Client(t)
+			return []string{"-etcd", c.Endpoints()[0]}, func(key, value string) {
+				if _, err := ecli.Put(ctx, "flightlock/lock:"+key, value); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"zookeeper", func(t *testing.T) ([]string, func(string, string)) {
+			srv := zktest.Start(t)
+			conn, _ := zktest.Connect(t, 10*time.Second, srv.Addr)
+			if _, err := conn.Create("/flightlock", nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+				t.Fatal(err)
+			}
+			// A node with no child is not listed (no hold: a free key's node); one with a
+			// child that is no hold of flightlock's is someone else's.
+			return []string{"-zookeeper", srv.Addr}, func(key, value string) {
+				p := "/flightlock/lock:" + key
+				if _, err := conn.Create(p, []byte(value), 0, zk.WorldACL(zk.PermAll)); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := conn.Create(p+"/child", nil, 0, zk.WorldACL(zk.PermAll)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	} {
+		t.Run(store.name, func(t *testing.T) {
+			flags, put := store.start(t)
+			put("junk", "hello")
+			put("empty", "")
+			code, out, errs := cli(t, nil, append(flags, "ls")...)
+			if code != exitOK || !regexp.MustCompile(`(?m)^empty .*not a flightlock lock`).MatchString(out) ||
+				!regexp.MustCompile(`(?m)^junk .*not a flightlock lock`).MatchString(out) {
+				t.Errorf("ls: exit %d\n%s%s\nwant both keys marked not a flightlock lock", code, out, errs)
+			}
+			code, out, errs = cli(t, nil, append(flags, "ls", "-o", "json")...)
+			var locks []lockInfo
+			if err := json.Unmarshal([]byte(out), &locks); code != exitOK || err != nil || len(locks) != 2 {
+				t.Fatalf("ls -o json: exit %d, %v\n%s%s", code, err, out, errs)
+			}
+			for _, l := range locks {
+				if l.Unrecognized == "" {
+					t.Errorf("ls -o json lists %s as a lock: %+v", l.Key, l)
+				}
+			}
+			for _, key := range []string{"junk", "empty"} {
+				code, out, errs = cli(t, nil, append(flags, "show", key)...)
+				if code != exitOK || !strings.Contains(out, "(not a flightlock lock)") {
+					t.Errorf("show %s: exit %d\n%s%s\nwant it marked not a flightlock lock", key, code, out, errs)
+				}
+				code, out, errs = cli(t, nil, append(flags, "unlock", "-yes", key)...)
+				if code != exitError || !strings.Contains(errs, "is not a flightlock lock") {
+					t.Errorf("unlock %s: exit %d\n%s%s\nwant exit 1, not a flightlock lock", key, code, out, errs)
+				}
 			}
 		})
 	}

@@ -104,8 +104,13 @@ const (
 )
 
 // parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
-// (acquire.lua); a value this store does not write goes to l.Unrecognized.
+// (acquire.lua); a value this store does not write goes to l.Unrecognized, an empty one as
+// lockstore.EmptyValue (Unrecognized "" would be a lock).
 func parseLock(l *lockstore.LockInfo, value string) {
+	if value == "" {
+		l.Unrecognized = lockstore.EmptyValue
+		return
+	}
 	fields := strings.SplitN(value, " ", 4)
 	if len(fields) < 3 || fields[0] == "" {
 		l.Unrecognized = value
