@@ -57,11 +57,15 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 	more := 0
 	for _, k := range keys {
 		l, _, _, err := in.read(ctx, k)
-		if errors.Is(err, lockstore.ErrNotHeld) {
+		switch {
+		case errors.Is(err, lockstore.ErrNotHeld):
 			continue
-		}
-		if err != nil {
-			return nil, 0, err
+		case errors.Is(err, zk.ErrNoAuth):
+			// A node whose ACL refuses this session is no Store's (they make every node
+			// readable by all): one such node cannot hide the locks beside it.
+			l = lockstore.LockInfo{Key: k, StoreKey: in.s.keyPath(in.prefix + k), TTL: lockstore.NoTTL, Unrecognized: "(unreadable: " + err.Error() + ")"}
+		case err != nil:
+			return nil, 0, fmt.Errorf("read %s: %w", in.s.keyPath(in.prefix+k), err)
 		}
 		if opts.Limit > 0 && len(locks) == opts.Limit {
 			more++

@@ -218,7 +218,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdWatch(ctx, cli, out, o, arg(rest, "*"))
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "flightlock: %v\n", err)
+		fmt.Fprintf(stderr, "flightlock: %v\n", t.refused(err))
 		return exitError
 	}
 	return exitOK

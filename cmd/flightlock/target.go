@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"github.com/redis/go-redis/v9"
 	"github.com/zeromicro/go-zero/core/conf"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -407,15 +408,8 @@ func (t target) unreachable(err error) error {
 	switch {
 	case t.store != storeRedis && (errors.Is(err, errNoSession) || errors.Is(err, context.DeadlineExceeded)):
 		err = fmt.Errorf("%w; %s", err, t.silentHint())
-	case t.store == storeEtcd && (errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrAuthFailed) ||
-		errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrUserNotFound)):
-		// The client sends an account only when both the user and its password are given.
-		err = fmt.Errorf("%w; etcd refused the account: give its user and password with -user and -pass, "+
-			"or set Lock.Etcd.User and Pass in the -f file", err)
-	case t.store == storeEtcd && errors.Is(err, rpctypes.ErrPermissionDenied):
-		err = fmt.Errorf("%w; the etcd account %s may not read %s: grant it a role that reads that prefix "+
-			"(etcdctl role grant-permission ROLE --prefix read %s), or give another with -user and -pass", err, t.etcd.User, t.keyPrefix(), t.keyPrefix())
 	case t.store != storeRedis:
+		err = t.refused(err)
 	case redis.IsAuthError(err) || redis.IsPermissionError(err):
 		err = fmt.Errorf("%w; Redis refused the account: give its password with -pass (or FLIGHTLOCK_REDIS_PASS) "+
 			"and its user with -user, or set Lock.Redis.Pass (and User) in the -f file", err)
@@ -470,4 +464,23 @@ func (t target) silentHint() string {
 		hints = append(hints, fmt.Sprintf("%s accepts connections but did not answer as %s: is it %s?%s", strings.Join(answered, ", "), name, client, tls))
 	}
 	return strings.Join(hints, "; ")
+}
+
+// refused is err with what to check when it is an etcd's or ZooKeeper's refusal of the CLI's
+// account or session, at connect or in a command; err itself otherwise.
+func (t target) refused(err error) error {
+	switch {
+	case t.store == storeEtcd && (errors.Is(err, rpctypes.ErrUserEmpty) || errors.Is(err, rpctypes.ErrAuthFailed) ||
+		errors.Is(err, rpctypes.ErrInvalidAuthToken) || errors.Is(err, rpctypes.ErrUserNotFound)):
+		// The client sends an account only when both the user and its password are given.
+		err = fmt.Errorf("%w; etcd refused the account: give its user and password with -user and -pass, "+
+			"or set Lock.Etcd.User and Pass in the -f file", err)
+	case t.store == storeEtcd && errors.Is(err, rpctypes.ErrPermissionDenied):
+		err = fmt.Errorf("%w; the etcd account %s may not read %s: grant it a role that reads that prefix "+
+			"(etcdctl role grant-permission ROLE --prefix read %s), or give another with -user and -pass", err, t.etcd.User, t.keyPrefix(), t.keyPrefix())
+	case t.store == storeZookeeper && errors.Is(err, zk.ErrNoAuth):
+		err = fmt.Errorf("%w; the node's ACL refuses the CLI's session, which authenticates as no one: flightlock creates its nodes "+
+			"readable by all, so someone else set it (getAcl on the node, in zkCli)", err)
+	}
+	return err
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/zkstore"
 )
 
@@ -67,6 +71,47 @@ Lock:
 	for i, w := range want {
 		if !strings.HasPrefix(lines[i], w) {
 			t.Errorf("finding %d: %s\nwant %s...", i, lines[i], w)
+		}
+	}
+}
+
+// TestZookeeperNodesTheCLICannotReadSaySo: flightlock creates its nodes readable by all, so a
+// node whose ACL refuses the CLI's session was set by someone else. ls lists the locks beside
+// such a key node and marks it unreadable; show and unlock of it, and ls under a root the CLI
+// may not list, fail (exit 1) saying that the ACL refuses the session and how to read it.
+func TestZookeeperNodesTheCLICannotReadSaySo(t *testing.T) {
+	srv := zktest.Start(t)
+	ctx := context.Background()
+	l, _ := zkLocker(t, srv.Addr)
+	lease, err := l.Lock(ctx, "order:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	admin, _ := zktest.Connect(t, 10*time.Second, srv.Addr)
+	if err := admin.AddAuth("digest", []byte("admin:pw")); err != nil {
+		t.Fatal(err)
+	}
+	secret := zk.DigestACL(zk.PermAll, "admin", "pw")
+	for _, p := range []string{"/flightlock/lock:secret", "/flightlock/lock:secret/child", "/locked", "/locked/lock:x"} {
+		if _, err := admin.Create(p, []byte("v"), 0, secret); err != nil {
+			t.Fatalf("create %s: %v", p, err)
+		}
+	}
+	code, out, errs := cli(t, nil, "-zookeeper", srv.Addr, "ls")
+	if code != exitOK || !strings.Contains(out, "order:1 ") ||
+		!regexp.MustCompile(`(?m)^secret .*not a flightlock lock: "?\(unreadable: zk: not authenticated`).MatchString(out) {
+		t.Errorf("ls beside a node it cannot read: exit %d\n%s%s\nwant order:1 listed and secret marked unreadable", code, out, errs)
+	}
+	acl := "ACL refuses the CLI's session, which authenticates as no one: flightlock creates its nodes readable by all, so someone else set it (getAcl "
+	for _, args := range [][]string{
+		{"-zookeeper", srv.Addr, "show", "secret"},
+		{"-zookeeper", srv.Addr, "unlock", "-yes", "secret"},
+		{"-zookeeper", srv.Addr, "-zookeeper-root", "/locked", "ls"},
+	} {
+		code, out, errs := cli(t, nil, args...)
+		if code != exitError || !strings.Contains(errs, acl) {
+			t.Errorf("flightlock %q: exit %d\n%s%s\nwant exit 1 and %q", args, code, out, errs, acl)
 		}
 	}
 }
