@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/glob"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -396,7 +397,7 @@ func meant(ctx context.Context, c *backend, key string) string {
 	for _, k := range lockstore.PermitKeys(c.keyPrefix()+escaped, flightlock.MaxPermits)[1:] {
 		permits[strings.TrimPrefix(k, c.keyPrefix())] = true
 	}
-	found, _, err := c.List(ctx, globEscape(escaped)+"#*", lockstore.ListOptions{})
+	found, _, err := c.List(ctx, glob.Escape(escaped)+"#*", lockstore.ListOptions{})
 	if err != nil {
 		return ""
 	}
@@ -410,19 +411,7 @@ func meant(ctx context.Context, c *backend, key string) string {
 		return ""
 	}
 	return fmt.Sprintf("%d other permits of its semaphore are held: %s (flightlock ls %s)",
-		len(held), strings.Join(held, ", "), shellQuote(globEscape(key)+"*"))
-}
-
-// globEscape escapes the characters of s that a pattern of ls would read as a glob.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+		len(held), strings.Join(held, ", "), shellQuote(glob.Escape(key)+"*"))
 }
 
 // shellQuote is s in single quotes, for a command the operator can paste.

@@ -2,6 +2,21 @@
 // the same on every store's inspector.
 package glob
 
+import "strings"
+
+// Escape escapes the bytes of s that a pattern reads as a glob (* ? [ ] \), so that
+// Match(Escape(s)+rest, ...) matches s literally.
+func Escape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
 // Match reports whether s matches pattern as Redis's SCAN MATCH reads it (stringmatchlen,
 // byte by byte): * any run, ? one byte, [abc], [^abc] and [a-z] sets, \ escapes the next
 // byte; an unterminated [ set ends the pattern.

@@ -20,3 +20,22 @@ func TestGlobMatch(t *testing.T) {
 		}
 	}
 }
+
+// An escaped string matches itself and nothing else, whatever glob bytes it holds, and keeps
+// doing so with a pattern after it.
+func TestEscapedStringMatchesOnlyItself(t *testing.T) {
+	for _, s := range []string{"", "plain", "a*b", "a?b", "[ab]", `back\slash`, "lock:export:acme#{12575}"} {
+		if !Match(Escape(s), s) {
+			t.Errorf("Match(Escape(%q), %q) = false", s, s)
+		}
+		if !Match(Escape(s)+"#*", s+"#2") {
+			t.Errorf("Match(Escape(%q)+\"#*\", %q) = false", s, s+"#2")
+		}
+		if other := s + "x"; Match(Escape(s), other) {
+			t.Errorf("Match(Escape(%q), %q) = true", s, other)
+		}
+	}
+	if Match(Escape("a*b"), "axxb") {
+		t.Error(`Escape("a*b") matches "axxb": the star was read as a glob`)
+	}
+}

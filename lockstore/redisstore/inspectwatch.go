@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strings"
 
+	"github.com/flightlock/flightlock/internal/glob"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -21,10 +22,10 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 	w.keyspace = keyspaceEnabled(rctx, r.client)
 	cancel()
 	mode := "keyspace notifications"
-	channel := "__keyspace@*__:" + globEscape(r.prefix) + pattern
+	channel := "__keyspace@*__:" + glob.Escape(r.prefix) + pattern
 	if !w.keyspace {
 		mode = "polling every " + w.opts.Interval.String()
-		channel = DefaultChannelPrefix + globEscape(r.prefix) + pattern
+		channel = DefaultChannelPrefix + glob.Escape(r.prefix) + pattern
 	}
 
 	ps := r.client.PSubscribe(ctx, channel)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/flightlock/flightlock/internal/glob"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/redis/go-redis/v9"
 )
@@ -128,22 +129,10 @@ func parseLock(l *lockstore.LockInfo, value string) {
 	l.ParseHolder(meta)
 }
 
-// globEscape escapes the characters of s that a Redis MATCH pattern would read as a glob.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
 // scanKeys returns the lock keys (without the prefix) that match pattern, sorted, on every
 // master of a cluster: not the fence counters, nor what skip refuses.
 func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func(string) bool) ([]string, error) {
-	match := globEscape(r.prefix) + pattern
+	match := glob.Escape(r.prefix) + pattern
 	var (
 		mu   sync.Mutex
 		keys []string
