@@ -171,13 +171,7 @@ func TestEtcdWatchTellsExpiryFromRelease(t *testing.T) {
 		return nil
 	}, "acquired order:3", "released order:3")
 
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("watch: exit %d", code)
-	}
-	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	endWatch(t, cancel, done, &out, want)
 }
 
 // TestEtcdWatchResumesAfterEtcdEndsIt: the member a watch reads from is killed; meanwhile, on
@@ -305,13 +299,7 @@ func TestEtcdWatchReportsAContentionOnce(t *testing.T) {
 	}
 	want := []string{"acquired order:1", "contended order:1", "released order:1", "acquired order:1", "released order:1"}
 	waitFor(t, "the events", func() bool { return len(watchEvents(t, out.String())) >= len(want) })
-	cancel()
-	if code := <-done; code != exitOK {
-		t.Fatalf("watch: exit %d", code)
-	}
-	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	endWatch(t, cancel, done, &out, want)
 }
 
 // TestEtcdFlagOverAFileWithoutAnEtcdSection: -etcd over a service's file whose Lock section
@@ -376,5 +364,18 @@ func TestEtcdAccountErrorsSayWhatToGive(t *testing.T) {
 	}
 	if code, out, errs := cli(t, nil, "-etcd", ep, "-user", "root", "-pass", "rootpw", "-timeout", "5s", "ls"); code != exitOK {
 		t.Errorf("with the account: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// endWatch ends a watch run by cancelling its context and checks that it exited 0 having
+// printed exactly the events want, in order.
+func endWatch(t *testing.T, cancel context.CancelFunc, done <-chan int, out *syncBuffer, want []string) {
+	t.Helper()
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("watch: exit %d", code)
+	}
+	if got := watchEvents(t, out.String()); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

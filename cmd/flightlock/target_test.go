@@ -153,22 +153,9 @@ func TestRedisAccountErrorsSayWhatToGive(t *testing.T) {
 // closes the connection, as etcd and ZooKeeper do on Redis's bytes) fails with a message that
 // names the other stores' flags, exit 1.
 func TestRedisFlagOnAnotherServerSaysSo(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
-	code, _, errs := cli(t, nil, "-addr", ln.Addr().String(), "-timeout", "2s", "ls")
-	if code != exitError || !strings.Contains(errs, "is "+ln.Addr().String()+" a Redis server? -etcd names etcd members, -zookeeper ZooKeeper servers") {
+	addr := fakeServer(t, false)
+	code, _, errs := cli(t, nil, "-addr", addr, "-timeout", "2s", "ls")
+	if code != exitError || !strings.Contains(errs, "is "+addr+" a Redis server? -etcd names etcd members, -zookeeper ZooKeeper servers") {
 		t.Errorf("-addr on a server that closes the connection: exit %d, stderr %q", code, errs)
 	}
 }
@@ -188,21 +175,7 @@ func TestTLSToAPlainRedisSaysSo(t *testing.T) {
 // one that accepts and stays silent, as a Redis does to their bytes), fails within -timeout
 // with what to check, not only the timeout, exit 1.
 func TestEtcdAndZookeeperFlagsOnAWrongServerSaySo(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, unanswered, until the test ends
-		}
-	}()
-	silent, closed := ln.Addr().String(), closedAddr(t)
+	silent, closed := fakeServer(t, true), closedAddr(t)
 	for _, c := range []struct {
 		flag, addr, want string
 	}{
@@ -217,4 +190,36 @@ func TestEtcdAndZookeeperFlagsOnAWrongServerSaySo(t *testing.T) {
 			t.Errorf("%s %s (%s): exit %d\n%s%s\nwant exit 1 and %q", c.flag, c.addr, map[bool]string{true: "closed", false: "silent"}[c.addr == closed], code, out, errs, c.want)
 		}
 	}
+}
+
+// fakeServer listens on a loopback port until the test ends and returns its address. It
+// closes each connection at once, or, when silent, holds it open unanswered until the test
+// ends.
+func fakeServer(t *testing.T, silent bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if silent {
+				held = append(held, c)
+			} else {
+				_ = c.Close()
+			}
+		}
+	}()
+	return ln.Addr().String()
 }

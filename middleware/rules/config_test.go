@@ -1,13 +1,9 @@
 package rules
 
 import (
-	"errors"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/flightlock/flightlock"
 )
 
 // A setting that the rest of its rule (or section) leaves nothing to act on is refused at
@@ -15,12 +11,7 @@ import (
 // same setting where it counts passes.
 func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
 	post := Rule{Method: http.MethodPost, Path: "/api/order/:id", Key: "order:{path.id}"}
-	tests := []struct {
-		name    string
-		edit    func(r *Rule, c *LockConf)
-		field   string // "" means valid
-		message string // a part of the message: the setting that ignores it
-	}{
+	tests := []validationCase{ // message: a part of it, the setting that ignores it
 		{"Wait on a wait rule", func(r *Rule, _ *LockConf) { r.Wait = 5 * time.Second }, "", ""},
 		{"Wait on a share rule", func(r *Rule, _ *LockConf) { r.OnBusy, r.Wait = "share", 5*time.Second }, "", ""},
 		{"Wait on a shadow rule that will wait", func(r *Rule, _ *LockConf) { r.Shadow, r.Wait = true, 5*time.Second }, "", ""},
@@ -47,26 +38,5 @@ func TestSettingsThatCannotBeHonouredAreRefused(t *testing.T) {
 		{"Max with Backoff none", func(_ *Rule, c *LockConf) { c.Retry = RetryConf{Backoff: "none", Max: time.Second} },
 			"Lock.Retry.Max", "Backoff none"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := post
-			c := LockConf{}
-			tt.edit(&r, &c)
-			c.Rules = []Rule{r}
-			err := c.Validate()
-			if tt.field == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v, want nil", err)
-				}
-				return
-			}
-			var ce *ConfigError
-			if !errors.As(err, &ce) || ce.Field != tt.field || !errors.Is(err, flightlock.ErrConfig) {
-				t.Fatalf("Validate: %v, want a ConfigError of %s", err, tt.field)
-			}
-			if !strings.Contains(err.Error(), tt.message) {
-				t.Errorf("Validate: %v, want it to say %q", err, tt.message)
-			}
-		})
-	}
+	checkValidation(t, post, tests)
 }

@@ -14,12 +14,7 @@ import (
 // field to change and saying what to do instead; the combinations it takes pass.
 func TestLockKindRefusesWhatTheCoreCannotKeep(t *testing.T) {
 	get := Rule{Method: http.MethodGet, Path: "/api/order/:id", Key: "order:{path.id}"}
-	tests := []struct {
-		name    string
-		edit    func(r *Rule, c *LockConf)
-		field   string // "" means valid
-		message string // a part of the message: the fix
-	}{
+	tests := []validationCase{ // message: a part of the fix
 		{"read", func(r *Rule, _ *LockConf) { r.Mode = "read" }, "", ""},
 		{"write in any case", func(r *Rule, _ *LockConf) { r.Mode = "WRITE" }, "", ""},
 		{"read in any case, reject", func(r *Rule, _ *LockConf) { r.Mode, r.OnBusy = "Read", "reject" }, "", ""},
@@ -52,9 +47,24 @@ func TestLockKindRefusesWhatTheCoreCannotKeep(t *testing.T) {
 		{"no permits", func(r *Rule, _ *LockConf) { r.Permits = 0 }, "", ""},
 		{"permits above the bound", func(r *Rule, _ *LockConf) { r.Permits = flightlock.MaxPermits + 1 }, "Lock.Rules[0].Permits", "must be 2 to"},
 	}
+	checkValidation(t, get, tests)
+}
+
+// validationCase is a rule (or its section) edited from a base, and what Validate must say of it.
+type validationCase struct {
+	name    string
+	edit    func(r *Rule, c *LockConf)
+	field   string // "" means valid
+	message string // a part of the message
+}
+
+// checkValidation validates a section of one rule, base edited by each case: valid, or a
+// ConfigError (an ErrConfig) of the case's field whose message says the case's message.
+func checkValidation(t *testing.T, base Rule, tests []validationCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := get
+			r := base
 			c := LockConf{}
 			tt.edit(&r, &c)
 			c.Rules = []Rule{r}
