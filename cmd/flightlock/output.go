@@ -391,13 +391,12 @@ func meant(ctx context.Context, c *backend, key string) string {
 	if strings.ContainsAny(key, "*?[") {
 		return "show and unlock take one key, not a pattern: flightlock ls " + shellQuote(key)
 	}
-	// The Locker doubles each "#" of a key before it names its permits (flightlock.PermitKey).
-	escaped := strings.ReplaceAll(key, "#", "##")
 	permits := make(map[string]bool)
-	for _, k := range lockstore.PermitKeys(c.keyPrefix()+escaped, flightlock.MaxPermits)[1:] {
-		permits[strings.TrimPrefix(k, c.keyPrefix())] = true
+	for i := 2; i <= flightlock.MaxPermits; i++ {
+		permits[strings.TrimPrefix(flightlock.PermitKey(c.keyPrefix(), key, i), c.keyPrefix())] = true
 	}
-	found, _, err := c.List(ctx, glob.Escape(escaped)+"#*", lockstore.ListOptions{})
+	// Every permit key but the first starts with the key, each "#" doubled, and a "#".
+	found, _, err := c.List(ctx, glob.Escape(strings.ReplaceAll(key, "#", "##"))+"#*", lockstore.ListOptions{})
 	if err != nil {
 		return ""
 	}
