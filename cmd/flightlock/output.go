@@ -381,7 +381,8 @@ func notHeld(ctx context.Context, c *backend, key string) error {
 // meant says what an operator who asked for key (show, unlock, or ls without a glob), which no
 // one holds, may have meant: the key without the prefix written before it, ls for a glob, or the
 // held permits of the key's semaphore when its first permit, the key itself, is free (the others
-// are KEY#...). "" when none of these is it. The permits are looked for with one List; a failure of it says nothing.
+// are KEY#...). "" when none of these is it. The permits are looked for with one List; a
+// failure of it says nothing.
 func meant(ctx context.Context, c *backend, key string) string {
 	for _, p := range []string{c.keyPrefix(), c.target.prefix} {
 		if p != "" && strings.HasPrefix(key, p) && len(key) > len(p) {

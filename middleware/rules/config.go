@@ -467,7 +467,8 @@ func checkRule(r Spec, storeErrors string) error {
 }
 
 // CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
-// Wait (which a reject rule never uses). storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
+// Wait (which a reject rule never uses). storeErrors is the Lock section's OnStoreError, which
+// a rule without its own follows.
 func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	if err := cmp.Or(negative(name+".TTL", r.TTL), negative(name+".Wait", r.Wait),
 		OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare),
