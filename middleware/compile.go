@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"slices"
 	"sync/atomic"
 
@@ -70,7 +71,8 @@ func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error
 	}
 	parts := cr.parts()
 	for _, rl := range parts {
-		rl.stats = newRuleStats(rl.Name, cmpTemplate(cr.spec), store, cr.spec.Rule)
+		// A rule keyed by a function has no Key (checked): its template label is "func".
+		rl.stats = newRuleStats(rl.Name, cmp.Or(cr.spec.Key, "func"), store, cr.spec.Rule)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 	}
 	// The Locker's observer reports under the stats of the REST part, else the zrpc part's.

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -284,11 +283,3 @@ func (s *logSummary) flush(k summaryKey, rs *ruleStats) {
 // metricsOn reports whether go-zero exports metrics (its Prometheus agent or DevServer is on):
 // otherwise the request path skips building label lists go-zero would drop.
 func metricsOn() bool { return prometheus.Enabled() }
-
-// cmpTemplate is the template label of a spec: its key, or "func" for a key computed in Go.
-func cmpTemplate(s rules.Spec) string {
-	if s.HTTPKey != nil || s.RPCKey != nil {
-		return "func"
-	}
-	return cmp.Or(s.Key, "func")
-}
