@@ -35,8 +35,9 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 // held is one request's lock, from m.lock to m.release: the type response sharing gets too.
 type held = sharehook.Held
 
-// lock takes the keys of one request, rendered with keyErr: a key that cannot be built is
-// refused (a shadow rule counts it and lets the request through, see lockShadow).
+// lock takes the keys of one request, rendered with keyErr, and measures, traces and logs it:
+// a key that cannot be built is refused (a shadow rule counts it and lets the request
+// through, see lockShadow); a degraded lease (OnStoreError "open") is counted and logged.
 func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
 	switch {
 	case rl.shadow:
@@ -50,12 +51,6 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr e
 		m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", keyErr)
 		return held{}, keyErr
 	}
-	return m.lockEnforced(ctx, rl, keys)
-}
-
-// lockEnforced takes the keys of one request, and measures, traces and logs it; a degraded
-// lease (OnStoreError "open") is counted and logged.
-func (m *Middleware) lockEnforced(ctx context.Context, rl *rule, keys []string) (held, error) {
 	st, metrics := rl.stats, metricsOn()
 	if metrics {
 		waitingGauge.Inc(st.labels...)

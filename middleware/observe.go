@@ -191,7 +191,7 @@ func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *fligh
 	span.End()
 }
 
-// outcomeOf names the outcome of a call to LockAll for the request of ctx (lockEnforced's,
+// outcomeOf names the outcome of a call to LockAll for the request of ctx (lock's,
 // lockShadow's try).
 func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	switch {
