@@ -14,9 +14,6 @@ import (
 // rule names by Method and Path, and passes the others through untouched. go-zero gives such
 // a middleware no route, so Handle finds it as go-zero's router did (see httpRoutes).
 func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
-	if m.http.empty() {
-		return next
-	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		if rl := m.http.match(r); rl != nil {
 			m.serveHTTP(rl, w, r, next)

@@ -65,8 +65,6 @@ func (h *httpRoutes) treeFor(method string, params []string) *search.Tree {
 	return t.tree
 }
 
-func (h *httpRoutes) empty() bool { return len(h.byMethod) == 0 }
-
 // match returns the rule naming the route that go-zero's router dispatched r to, or nil.
 func (h *httpRoutes) match(r *http.Request) *rule {
 	trees := h.byMethod[r.Method]
