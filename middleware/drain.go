@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
-	"github.com/zeromicro/go-zero/core/proc"
 )
 
 // drainStragglers is how long handlers get to return once the grace period ended and their
@@ -21,12 +20,6 @@ type drainer struct {
 	grace time.Duration
 	once  sync.Once
 	err   error
-}
-
-// listen makes go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drain m, beside the HTTP and
-// gRPC servers' own graceful stop (go-zero runs its shutdown listeners together).
-func (m *Middleware) listen() {
-	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
 }
 
 // Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,

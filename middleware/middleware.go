@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 	"github.com/flightlock/flightlock/middleware/rules"
 	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/proc"
 	"github.com/zeromicro/go-zero/core/service"
 )
 
@@ -87,7 +89,9 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		_ = m.Close()
 		return nil, err
 	}
-	m.listen()
+	// go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drains m, beside the HTTP and gRPC
+	// servers' own graceful stop (go-zero runs its shutdown listeners together).
+	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
 	return m, nil
 }
 
