@@ -161,10 +161,7 @@ func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vs := md.Get(ownerMetadataKey)
-	for i, v := range vs {
-		if i == maxHandedOwners {
-			break
-		}
+	for _, v := range vs[:min(len(vs), maxHandedOwners)] {
 		if key, owner, fence, ok := p.decode(v); ok {
 			ctx = handover.With(ctx, handover.Owner{Key: key, Token: owner, Fence: fence})
 		}
