@@ -393,10 +393,7 @@ func (r RetryConf) problems() []error {
 	// written out.
 	var def RetryConf
 	withDefaults(&def)
-	for _, f := range []struct {
-		field string
-		set   bool
-	}{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts && r.Attempts != 1}} {
+	for _, f := range []setting{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts && r.Attempts != 1}} {
 		if f.set {
 			ps = append(ps, FieldError("Lock.Retry."+f.field, "is set with Backoff none, which makes one attempt and never pauses: "+
 				"leave %s out, or choose Backoff linear or exponential", f.field))
@@ -506,18 +503,19 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 // share rule and so keeps no responses. A default is not told from a value written out.
 func checkNoReplay(name string, r Rule) error {
 	def := Rule{}.Normalized()
-	field := ""
-	switch {
-	case r.Replay != def.Replay:
-		field = "Replay"
-	case r.ReplayStatus != def.ReplayStatus:
-		field = "ReplayStatus"
-	case r.ReplayMaxBytes != def.ReplayMaxBytes:
-		field = "ReplayMaxBytes"
-	default:
-		return nil
+	for _, f := range []setting{{"Replay", r.Replay != def.Replay}, {"ReplayStatus", r.ReplayStatus != def.ReplayStatus},
+		{"ReplayMaxBytes", r.ReplayMaxBytes != def.ReplayMaxBytes}} {
+		if f.set {
+			return FieldError(name+"."+f.field, "is set on a rule with OnBusy %s, which keeps no responses: only OnBusy share replays; leave %s out", r.OnBusy, f.field)
+		}
 	}
-	return FieldError(name+"."+field, "is set on a rule with OnBusy %s, which keeps no responses: only OnBusy share replays; leave %s out", r.OnBusy, field)
+	return nil
+}
+
+// setting is a field, and whether it holds other than its default.
+type setting struct {
+	field string
+	set   bool
 }
 
 // checkFullMethod accepts gRPC full method names, /package.Service/Method, and names field
