@@ -37,7 +37,7 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 			if b, err := proto.Marshal(st.Proto()); err == nil {
 				rec.St = b
 			}
-			return rec, rl.policy.classes[rpcClass(st.Code())], nil
+			return rec, rl.classes[rpcClass(st.Code())], nil
 		}
 		msg, ok := resp.(proto.Message)
 		if !ok {
@@ -48,7 +48,7 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 			return nil, false, fmt.Errorf("flightlock: marshal the shared reply: %w", err)
 		}
 		rec.Type, rec.Body, rec.reply = string(msg.ProtoReflect().Descriptor().FullName()), b, msg
-		return rec, rl.policy.classes[2], nil
+		return rec, rl.classes[2], nil
 	})
 	var pe *panicError
 	switch {

@@ -48,7 +48,7 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 		next(rr, r)
 		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
 			Print: print, own: rr.header}
-		return rec, rl.policy.storesHTTP(rec.Status), nil
+		return rec, rl.storesHTTP(rec.Status), nil
 	})
 	var pe *panicError
 	switch {

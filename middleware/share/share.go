@@ -44,32 +44,27 @@ type group struct {
 
 func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan) sharehook.Rule {
 	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
-	return &rule{g: g, locks: locks, plan: plan, policy: policy{
-		classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
+	return &rule{g: g, locks: locks, plan: plan, classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
 		// Rule.Wait, else the section's (even with WithLocker, whose wait is not told).
 		wait: cmp.Or(r.Wait, g.conf.Wait),
-	}}
+	}
 }
 
-// rule is the sharing of one transport's part of a share rule.
+// rule is the sharing of one transport's part of a share rule: what it stores (the status
+// classes, 2 for 2xx, ..., and the size bound of a body), for how long, and how long a
+// duplicate waits for a run in flight.
 type rule struct {
-	g      *group
-	locks  sharehook.Locks // the rule's lock, response store, logs and counter, in the middleware
-	plan   *rules.Plan
-	policy policy
-}
-
-// policy is what a share rule stores: the status classes (2 for 2xx, ...) and the size bound
-// of a body, and for how long; and how long a duplicate waits for a run in flight.
-type policy struct {
+	g        *group
+	locks    sharehook.Locks // the rule's lock, response store, logs and counter, in the middleware
+	plan     *rules.Plan
 	classes  [6]bool
 	maxBytes int
 	ttl      time.Duration
 	wait     time.Duration
 }
 
-func (p policy) storesHTTP(status int) bool {
-	return status >= 100 && status < 600 && p.classes[status/100]
+func (rl *rule) storesHTTP(status int) bool {
+	return status >= 100 && status < 600 && rl.classes[status/100]
 }
 
 // fingerprint identifies a request's payload: what a duplicate must repeat exactly.
@@ -179,7 +174,7 @@ func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print stri
 		rl.locks.CountShared("stored")
 		return rec, matchPrint(rec, print)
 	}
-	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), rl.policy.wait)))
+	budget := time.NewTimer(time.Until(waitbudget.Deadline(ctx, time.Now(), rl.wait)))
 	defer budget.Stop()
 	t := new(turn)
 	for retry := false; ; retry = true {
@@ -296,17 +291,16 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 // storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
 // and it fits the size bound; the caller releases the lock after.
 func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
-	p := rl.policy
 	switch {
 	case !stores:
 		return
-	case len(rec.Body) > p.maxBytes:
+	case len(rec.Body) > rl.maxBytes:
 		rl.locks.CountShared("too_large")
 		rl.locks.LogError(ctx, "response too large to share across processes",
-			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), p.maxBytes))
+			fmt.Errorf("%d bytes, ReplayMaxBytes %d", len(rec.Body), rl.maxBytes))
 		return
 	}
-	if err := rl.save(context.WithoutCancel(ctx), rkey, rec, p.ttl); err != nil {
+	if err := rl.save(context.WithoutCancel(ctx), rkey, rec, rl.ttl); err != nil {
 		rl.locks.LogError(ctx, "storing the response for duplicates failed", err)
 	}
 }
