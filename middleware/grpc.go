@@ -129,15 +129,13 @@ func (s *lockedStream) lock(msg any) error {
 	return s.lockError()
 }
 
-// release releases the call's lock, if it took one, after the handler returned.
+// release releases the call's lock, if it took one (m.release of no lock does nothing), after
+// the handler returned.
 func (s *lockedStream) release() {
 	s.mu.Lock()
 	h := s.held
-	s.held = held{}
 	s.mu.Unlock()
-	if h.Group != nil {
-		s.m.release(s.ServerStream.Context(), s.rl, h)
-	}
+	s.m.release(s.ServerStream.Context(), s.rl, h)
 }
 
 // UnaryClientInterceptor propagates the locks of the calling request's context, as store key,
