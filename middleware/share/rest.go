@@ -48,7 +48,7 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 		next(rr, r)
 		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
 			Print: print, own: rr.header}
-		return rec, rl.storesHTTP(rec.Status), nil
+		return rec, rec.Status >= 100 && rec.Status < 600 && rl.classes[rec.Status/100], nil
 	})
 	var pe *panicError
 	switch {

@@ -63,10 +63,6 @@ type rule struct {
 	wait     time.Duration
 }
 
-func (rl *rule) storesHTTP(status int) bool {
-	return status >= 100 && status < 600 && rl.classes[status/100]
-}
-
 // fingerprint identifies a request's payload: what a duplicate must repeat exactly.
 func fingerprint(parts ...[]byte) string {
 	h := sha256.New()
