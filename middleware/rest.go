@@ -47,12 +47,10 @@ func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) 
 	return m.route("RouteFunc", rules.Spec{Rule: rule, Field: "Rule", HTTPKey: key})
 }
 
-// route is Route and RouteFunc, named name in CheckRoutes' errors.
+// route is Route and RouteFunc, named name in CheckRoutes' errors. An empty Key of Route is
+// refused by the template compiler, in the words of a Lock.Rules entry's.
 func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
-	switch {
-	case s.Key == "" && s.HTTPKey == nil:
-		return nil, rules.FieldError(s.Field+".Key", "is empty")
-	case s.Key != "" && s.HTTPKey != nil:
+	if s.Key != "" && s.HTTPKey != nil {
 		return nil, rules.FieldError(s.Field+".Key", "is set on a rule whose key a function computes: leave it out")
 	}
 	s.Rule = s.Rule.Normalized()

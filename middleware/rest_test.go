@@ -432,6 +432,11 @@ func TestRESTRouteGroup(t *testing.T) {
 			t.Errorf("Route(%+v) accepted", bad)
 		}
 	}
+	for _, noKey := range []Rule{{}, {Method: http.MethodPost, Path: "/group/:uid", OnBusy: "reject"}} {
+		if _, err := m.Route(noKey); err == nil || err.Error() != "Rule.Key: is empty" {
+			t.Errorf("Route(%+v): %v, want Rule.Key: is empty", noKey, err)
+		}
+	}
 	s := serverless(t, restConf(t, 3*time.Second), nil, rest.WithMiddlewares([]rest.Middleware{byTemplate}, rest.Route{
 		Method: http.MethodPost, Path: "/group/:uid", Handler: echoKeys,
 	}))
