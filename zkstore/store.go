@@ -399,11 +399,9 @@ func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := holdKey{node, owner}
-	hs := slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
-	if len(hs) == 0 {
+	s.holds[k] = slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
+	if len(s.holds[k]) == 0 {
 		delete(s.holds, k)
-	} else {
-		s.holds[k] = hs
 	}
 }
 

@@ -95,7 +95,8 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	}
 	q := &queuedCall{ctx: ctx, script: script, keys: keys, args: args, late: late, done: make(chan struct{})}
 	if n := len(b.queue); n >= compactAt && n&(n-1) == 0 {
-		b.compactLocked()
+		// Drop the calls whose callers gave up. DeleteFunc clears the tail: they can be collected.
+		b.queue = slices.DeleteFunc(b.queue, func(q *queuedCall) bool { return q.state.Load() == callAbandoned })
 	}
 	b.queue = append(b.queue, q)
 	b.mu.Unlock()
@@ -118,12 +119,6 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 // compactAt is the queue length from which calls that gave up are dropped (checked at every
 // power of two, amortised), so that on a hung Redis callers that left do not pile up.
 const compactAt = 1024
-
-// compactLocked drops the calls whose callers gave up. b.mu must be held.
-func (b *batcher) compactLocked() {
-	// DeleteFunc clears the tail: the dropped calls can be collected.
-	b.queue = slices.DeleteFunc(b.queue, func(q *queuedCall) bool { return q.state.Load() == callAbandoned })
-}
 
 // laneDone frees a lane, or hands it the queued calls as one batch.
 func (b *batcher) laneDone() {

@@ -9,13 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// isTryAgain reports a TRYAGAIN reply: a script's keys are split between two nodes while their
-// slot migrates. Nothing ran; the same call succeeds once the migration moved both keys.
-// Both check err for nil first: HasErrorPrefix allocates, and a success must not.
-func isTryAgain(err error) bool { return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN") }
-
 // isRedirect reports a MOVED or ASK reply past the bound of redirects that go-redis's Cluster
-// client (or runAcked) follows: the slot moved or is moving; nothing ran.
+// client (or runAcked) follows: the slot moved or is moving; nothing ran. It checks err for nil
+// first, as slotMoving does: HasErrorPrefix allocates, and a success must not.
 func isRedirect(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK "))
 }
@@ -24,13 +20,15 @@ func isRedirect(err error) bool {
 const tryAgainPause = 10 * time.Millisecond
 
 // slotMoving reports a TRYAGAIN, MOVED or ASK reply: the key's slot migrates and nothing ran.
-// After a redirect it makes a Cluster client reload its slot map.
+// TRYAGAIN: a script's keys are split between two nodes while their slot migrates; the same
+// call succeeds once the migration moved both keys. After a redirect it makes a Cluster client
+// reload its slot map.
 func (s *RedisStore) slotMoving(err error) bool {
 	if isRedirect(err) {
 		s.reloadSlots()
 		return true
 	}
-	return isTryAgain(err)
+	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
 }
 
 // failed is the error of op on key that failed with err. A call that failed without a reply

@@ -47,11 +47,6 @@ func (st *channelState) signal() {
 	}
 }
 
-func newNotifier(client Client) *notifier {
-	return &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState),
-		unconfirmed: make(map[string]int)}
-}
-
 var errStoreClosed = errors.New("flightlock: store closed")
 
 // watch returns once Redis has confirmed the channel's subscription, or after subscribeWait or

@@ -132,7 +132,8 @@ func New(client Client, opts ...Option) *RedisStore {
 		client:        client,
 		channelPrefix: DefaultChannelPrefix,
 		lanes:         DefaultLanes,
-		notify:        newNotifier(client),
+		notify: &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState),
+			unconfirmed: make(map[string]int)},
 	}
 	for _, opt := range opts {
 		opt(s)
