@@ -539,12 +539,11 @@ func (s *Store) acquireAllOnce(ctx context.Context, a *attempt, keys []string) (
 		for i, k := range keys {
 			g, err := s.granted(ctx, a, k, resp.Header.Revision, firstKV(resp.Responses[2*i+1]))
 			if err != nil {
-				for _, g := range keys[:i] { // give back what was recorded; granted gave back keys[i]
-					s.giveBack(ctx, g, a.value)
-					s.released(g, a.owner, "")
-				}
-				for _, g := range keys[i+1:] {
-					s.giveBack(ctx, g, a.value)
+				for j, g := range keys { // granted gave back keys[i], and recorded keys[:i]
+					if j != i {
+						s.giveBack(ctx, g, a.value)
+						s.released(g, a.owner, "")
+					}
 				}
 				return nil, err
 			}

@@ -26,21 +26,16 @@ func isLeaseNotFound(err error) bool {
 	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)
 }
 
-// leaseSlot is the lease of one lock TTL: granted once, by the first acquisition that needs it.
-type leaseSlot struct {
-	ready chan struct{} // closed once l or err is set
-	l     *lease        // written under the store's mu; read without it once ready is closed
-	err   error         // a TTL etcd refuses to honour; kept, so that later calls fail without a grant
-}
-
-// lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it.
-// It lasts ttl + margin seconds; the store keeps it alive in the background and on demand. A
-// retired lease (see the package doc) is kept alive like any other until it is revoked, so
-// the locks on it keep every guarantee.
+// lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it,
+// granted once, by the first acquisition that needs it. It lasts ttl + margin seconds; the store
+// keeps it alive in the background and on demand. A retired lease (see the package doc) is kept
+// alive like any other until it is revoked, so the locks on it keep every guarantee.
 type lease struct {
-	id   clientv3.LeaseID
-	ttl  time.Duration // the lock TTL it serves
-	secs int64         // its TTL in etcd, in seconds: ttl + margin
+	ttl   time.Duration // the lock TTL it serves
+	ready chan struct{} // closed once the grant set id, secs and fresh, or err
+	id    clientv3.LeaseID
+	secs  int64 // its TTL in etcd, in seconds: ttl + margin
+	err   error // a TTL etcd refuses to honour; kept, so that later calls fail without a grant
 
 	// Guarded by the store's mu, since entries changes with held.
 	entries  int  // entries of held on this lease
@@ -67,36 +62,35 @@ func (l *lease) liveFor(now time.Time, d time.Duration) bool {
 func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error) {
 	for {
 		s.mu.Lock()
-		slot := s.leases[ttl]
-		mine := slot == nil
+		l := s.leases[ttl]
+		mine := l == nil
 		if mine {
-			slot = &leaseSlot{ready: make(chan struct{})}
-			s.leases[ttl] = slot
+			l = &lease{ttl: ttl, ready: make(chan struct{})}
+			s.leases[ttl] = l
 		}
 		s.mu.Unlock()
 		if mine {
-			s.grant(ctx, ttl, slot)
+			s.grant(ctx, l)
 		}
 		select {
-		case <-slot.ready:
+		case <-l.ready:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if slot.err != nil {
-			return nil, slot.err
+		if l.err != nil {
+			return nil, l.err
 		}
-		l := slot.l
 		l.mu.Lock()
 		gone := l.gone
 		l.mu.Unlock()
 		if gone {
-			s.dropLease(l) // the slot may still name it: then the next round grants a new one
+			s.dropLease(l) // leases may still name it: then the next round grants a new one
 			continue
 		}
 		if s.pin(l) {
 			return l, nil
 		}
-		// Retired since the slot was read, which removed the slot: the next round grants.
+		// Retired since leases was read, which removed it there: the next round grants.
 	}
 }
 
@@ -127,7 +121,7 @@ func (s *Store) retire(l *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l.retired = true
-	if slot := s.leases[l.ttl]; slot != nil && slot.l == l {
+	if s.leases[l.ttl] == l {
 		delete(s.leases, l.ttl)
 	}
 }
@@ -174,10 +168,11 @@ func (s *Store) revokeRetired(l *lease) {
 	s.mu.Unlock()
 }
 
-// grant asks etcd for the lease of slot and fills the slot. A failure other than a refusal
-// removes the slot, so the next call tries again.
-func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
-	defer close(slot.ready)
+// grant asks etcd for l, which leases names, and fills it in. A failure other than a refusal
+// removes l from leases, so the next call tries again.
+func (s *Store) grant(ctx context.Context, l *lease) {
+	defer close(l.ready)
+	ttl := l.ttl
 	secs := int64((ttl + s.margin) / time.Second)
 	sent := time.Now()
 	resp, err := s.cli.Grant(ctx, secs)
@@ -185,24 +180,23 @@ func (s *Store) grant(ctx context.Context, ttl time.Duration, slot *leaseSlot) {
 		_ = s.revoke(context.Background(), resp.ID)
 		if resp.TTL != secs {
 			// etcd raises a TTL below its minimum (1.5 election timeouts) without an error.
-			slot.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
+			l.err = fmt.Errorf("flightlock: etcd granted a lease of %ds when asked for %ds (lock TTL %v + margin %v): "+
 				"its minimum lease TTL is higher, so this lock TTL cannot be honoured", resp.TTL, secs, ttl, s.margin)
 			return
 		}
 		err = errStoreClosed
 	}
 	if err != nil {
-		slot.err = fmt.Errorf("flightlock: grant etcd lease of %ds: %w", secs, err)
+		l.err = fmt.Errorf("flightlock: grant etcd lease of %ds: %w", secs, err)
 		s.mu.Lock()
-		if s.leases[ttl] == slot {
+		if s.leases[ttl] == l {
 			delete(s.leases, ttl)
 		}
 		s.mu.Unlock()
 		return
 	}
-	l := &lease{id: resp.ID, ttl: ttl, secs: secs, fresh: sent}
+	l.id, l.secs, l.fresh = resp.ID, secs, sent // before byID and ready publish l
 	s.mu.Lock()
-	slot.l = l // under mu: dropLease and retire compare a pending slot's l while it is granted
 	s.byID[l.id] = l
 	startTicker := !s.ticking
 	s.ticking = true
@@ -224,7 +218,7 @@ func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) error {
 func (s *Store) dropLease(l *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if slot := s.leases[l.ttl]; slot != nil && slot.l == l {
+	if s.leases[l.ttl] == l {
 		delete(s.leases, l.ttl)
 	}
 	if !l.revoking { // else revokeRetired removes it, once revoked (or Close does)

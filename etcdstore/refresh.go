@@ -61,7 +61,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 			continue
 		}
 		id := clientv3.LeaseID(kv.Lease)
-		s.change(r.Key, r.Owner, func(e *heldKey) { e.lease = id }) // the owner's release may have moved it
+		s.update(r.Key, r.Owner, func(e *heldKey) { e.lease = id }) // the owner's release may have moved it
 		if kas[id] == nil {
 			kas[id] = s.startKeepAlive(ctx, id, start) // sent now, after start
 		}

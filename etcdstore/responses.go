@@ -19,7 +19,7 @@ var _ lockstore.Describer = (*Store)(nil)
 // store, for keys under prefix (Lock.Etcd.Key + Lock.Prefix in a service).
 func (s *Store) Describe(prefix string) *lockstore.Backend {
 	return &lockstore.Backend{Name: "etcd", Store: s, Prefix: prefix, Inspector: NewInspector(s.cli, prefix),
-		Responses: &responses{cli: s.cli, prefix: prefix, leases: make(map[int64]*replayLease)}}
+		Responses: &responses{cli: s.cli, prefix: prefix, leases: make(map[int64]replayLease)}}
 }
 
 // Stored responses of share rules live under the Backend's prefix, as the rule's locks do, on
@@ -46,15 +46,14 @@ type responses struct {
 	cli    *clientv3.Client
 	prefix string // put before keys: the prefix of the rules' lock keys
 
-	mu     sync.Mutex
-	leases map[int64]*replayLease // guarded by mu: the shared lease of each life, in whole seconds
+	mu     sync.Mutex            // held across a grant: concurrent saves that need one wait for a single grant
+	leases map[int64]replayLease // guarded by mu: the shared lease of each life, in whole seconds
 }
 
 // replayLease is the lease that the saves of one life share.
 type replayLease struct {
-	mu    sync.Mutex       // held across a grant: concurrent saves that need one wait for a single grant
-	id    clientv3.LeaseID // guarded by mu; 0 before the first grant
-	until time.Time        // guarded by mu: etcd expires the lease no earlier (grant sent + granted TTL)
+	id    clientv3.LeaseID // 0 before the first grant
+	until time.Time        // etcd expires the lease no earlier (grant sent + granted TTL)
 }
 
 func (s *responses) Load(ctx context.Context, key string) ([]byte, error) {
@@ -157,17 +156,9 @@ func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID
 // the current one has less than secs seconds left, or it is stale, which etcd no longer has.
 func (s *responses) lease(ctx context.Context, secs int64, stale clientv3.LeaseID) (clientv3.LeaseID, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	l := s.leases[secs]
-	if l == nil {
-		l = &replayLease{}
-		s.leases[secs] = l
-	}
-	s.mu.Unlock()
-
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	life := time.Duration(secs) * time.Second
-	if l.id != 0 && l.id != stale && time.Until(l.until) >= life {
+	if l.id != 0 && l.id != stale && time.Until(l.until) >= time.Duration(secs)*time.Second {
 		return l.id, nil
 	}
 	sent := time.Now()
@@ -176,6 +167,6 @@ func (s *responses) lease(ctx context.Context, secs int64, stale clientv3.LeaseI
 		return 0, fmt.Errorf("flightlock: grant the lease of stored responses: %w", err)
 	}
 	// etcd raises a TTL below its minimum and says so in the reply: count the granted one.
-	l.id, l.until = resp.ID, sent.Add(time.Duration(resp.TTL)*time.Second)
-	return l.id, nil
+	s.leases[secs] = replayLease{id: resp.ID, until: sent.Add(time.Duration(resp.TTL) * time.Second)}
+	return resp.ID, nil
 }

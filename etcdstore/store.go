@@ -55,10 +55,10 @@ type Store struct {
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
-	leases   map[time.Duration]*leaseSlot // guarded by mu: the lease of each lock TTL
-	byID     map[clientv3.LeaseID]*lease  // guarded by mu: the same leases by id, and retired ones until revoked
-	held     map[entryKey]*heldKey        // guarded by mu: locks owners hold (or may) through this store
-	heldPeak int                          // guarded by mu: len(held)'s peak, for applyLocked
+	leases   map[time.Duration]*lease    // guarded by mu: the lease of each lock TTL, pending until its ready is closed
+	byID     map[clientv3.LeaseID]*lease // guarded by mu: the same leases by id, and retired ones until revoked
+	held     map[entryKey]*heldKey       // guarded by mu: locks owners hold (or may) through this store
+	heldPeak int                         // guarded by mu: len(held)'s peak, for applyLocked
 	// The next four maps are guarded by mu and bounded (putBounded); an entry forgotten early
 	// costs a round trip (a forgotten place: a refusal and a lease grant, never its rank).
 	waitRev map[string]int64      // revision of the last busy reply per key, for Watch
@@ -132,7 +132,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 		maxTxnOps: o.maxTxnOps,
 		ctx:       ctx,
 		cancel:    cancel,
-		leases:    make(map[time.Duration]*leaseSlot),
+		leases:    make(map[time.Duration]*lease),
 		byID:      make(map[clientv3.LeaseID]*lease),
 		held:      make(map[entryKey]*heldKey),
 		waitRev:   make(map[string]int64),
@@ -141,9 +141,6 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 		places:    make(map[entryKey]place),
 	}, nil
 }
-
-// Client returns the etcd client the store works on.
-func (s *Store) Client() *clientv3.Client { return s.cli }
 
 // Close stops the store's goroutines (keep-alives, watches, background releases) and refuses
 // later calls; it is safe to call more than once. A lease that a lock or an acquisition in
@@ -239,16 +236,6 @@ func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	return true
 }
 
-// change runs f on the entry of key for owner, when there is one, as update does.
-func (s *Store) change(key, owner string, f func(e *heldKey)) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := entryKey{key, owner}
-	if e := s.held[k]; e != nil {
-		s.applyLocked(k, e, f)
-	}
-}
-
 // applyLocked runs f on the entry e of k and counts it on the lease f left it on
 // (relinkLocked). An entry left holding nothing is dropped, and held rebuilt once it falls to a
 // quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
@@ -266,12 +253,12 @@ func (s *Store) applyLocked(k entryKey, e *heldKey, f func(e *heldKey)) {
 
 // forget drops the entry of key for owner: the key is gone or another owner's.
 func (s *Store) forget(key, owner string) {
-	s.change(key, owner, func(e *heldKey) { e.own, e.holds = false, nil })
+	s.update(key, owner, func(e *heldKey) { e.own, e.holds = false, nil })
 }
 
 // released records that hold ("" the acquisition's own) of key was given up for owner.
 func (s *Store) released(key, owner, hold string) {
-	s.change(key, owner, func(e *heldKey) {
+	s.update(key, owner, func(e *heldKey) {
 		if hold == "" {
 			e.own, e.simple = false, false
 		} else {
