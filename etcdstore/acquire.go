@@ -374,8 +374,8 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	for _, key := range keys {
 		s.update(key, a.owner, func(e *heldKey) {
 			e.own = true
-			if e.value == "" {
-				e.value, e.lease = a.value, a.l.id
+			if e.lease == 0 && e.createRev == 0 {
+				e.lease = a.l.id
 			}
 			e.until = later(e.until, a.until())
 		})
@@ -403,7 +403,7 @@ func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, 
 	}
 	read := lockstore.IsReadOwner(a.owner)
 	s.update(key, a.owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = a.value, a.l.id, rev, rev, fence, floor != nil
+		e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = a.l.id, rev, rev, fence, floor != nil
 		e.simple, e.own, e.tries = !read, true, 0
 		e.until = later(e.until, a.until())
 		if !read {
@@ -462,8 +462,7 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 		}
 	}
 	if !s.updateOn(kl, key, a.owner, func(e *heldKey) {
-		e.value, e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = string(kv.Value), id,
-			kv.CreateRevision, kv.ModRevision, fence, floor != nil
+		e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = id, kv.CreateRevision, kv.ModRevision, fence, floor != nil
 		e.simple, e.own, e.tries = simple, true, 0
 		e.until = later(e.until, a.until())
 	}) {
@@ -613,12 +612,10 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
 		id := clientv3.LeaseID(kv.Lease)
-		value := string(kv.Value)
 		kl := s.ourLease(id) // before the keep-alive, as in reentered
 		ka, written := s.startKeepAlive(ctx, id, start), true
 		if nv := v.withHold(hold); nv.holds != v.holds {
-			value = nv.String()
-			put, err := s.atRevision(ctx, key, kv.ModRevision, []clientv3.Op{clientv3.OpPut(key, value, clientv3.WithIgnoreLease())}, nil)
+			put, err := s.atRevision(ctx, key, kv.ModRevision, []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}, nil)
 			if err != nil {
 				ka.join()
 				// The hold may be written: the store gives it up once ttl passes unrefreshed.
@@ -645,7 +642,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {
-			e.value, e.lease, e.createRev, e.fence, e.hadFloor = value, id, kv.CreateRevision, fence, floor != nil
+			e.lease, e.createRev, e.fence, e.hadFloor = id, kv.CreateRevision, fence, floor != nil
 			e.modRev, e.simple, e.tries = 0, false, 0
 			e.holds = withHold(e.holds, hold)
 			e.until = later(e.until, start.Add(ttl))

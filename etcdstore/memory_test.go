@@ -35,7 +35,7 @@ func TestReleasedEntriesReturnTheirMemory(t *testing.T) {
 	}
 	base := liveHeap()
 	for _, k := range keys {
-		s.update(k, ownerA, func(e *heldKey) { e.own, e.simple, e.value = true, true, ownerA+" 1" })
+		s.update(k, ownerA, func(e *heldKey) { e.own, e.simple = true, true })
 	}
 	held := liveHeap()
 	for i, k := range keys {

@@ -82,13 +82,12 @@ type entryKey struct{ key, owner string }
 // store keeps alive whatever the Locker does: the reaper releases, owner-checked, every entry
 // past it (a lock no longer refreshed, a failed release, an acquisition whose reply never came).
 type heldKey struct {
-	value     string           // the value as this store last wrote or read it; "" unknown
 	lease     clientv3.LeaseID // the lease the key is on; 0 unknown (changed with relinkLocked, which counts entries per lease)
-	createRev int64            // the grant's revision; 0 unknown
-	modRev    int64            // the revision of value when simple
+	createRev int64            // the grant's revision; 0 unknown (with lease 0: nothing of the key is known)
+	modRev    int64            // the revision of the key's value when simple
 	fence     int64            // the grant's fence
 	hadFloor  bool             // the grant read a fence floor key
-	simple    bool             // value is Acquire's, at modRev: the one-transaction release applies
+	simple    bool             // the key's value is Acquire's, at modRev: the one-transaction release applies
 	contended bool             // the grant followed a refusal of this store (refused): Pass releases
 	own       bool             // the acquisition's own hold is the owner's through this store
 	holds     []string         // named holds (Reenter) this store added; never changed in place
