@@ -99,9 +99,10 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 }
 
 // snapshot reads, in one transaction, the lock keys under the prefix (one: the key full
-// alone) with their marks, floors and side keys, and returns those keyOf lists, sorted by key,
-// with the revision read. No TTLs; one's lock has its fence counter.
-func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool)) ([]lockstore.LockInfo, int64, error) {
+// alone) with their marks, floors and side keys, and returns those keyOf lists, sorted by key:
+// the first limit of them (0: all) with their TTLs, how many more there are, and the revision
+// read. One's lock has its fence counter.
+func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool), limit int) ([]lockstore.LockInfo, int, int64, error) {
 	rng, side := []clientv3.OpOption{clientv3.WithPrefix()}, sidePrefix
 	if one {
 		rng, side = nil, sideDir(full)
@@ -115,7 +116,7 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		clientv3.OpGet(side, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", full, err)
+		return nil, 0, 0, fmt.Errorf("read %s: %w", full, err)
 	}
 	marks, floors := make(map[string]bool), make(map[string]*mvccpb.KeyValue)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -167,21 +168,16 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 			}
 		}
 	}
-	return locks, resp.Header.Revision, nil
-}
-
-// listed returns snapshot of the locks that pattern and skip list (keyOf), the first limit of
-// them (0: all) with their TTLs, how many more there are, and the revision read.
-func (in *Inspector) listed(ctx context.Context, pattern string, skip func(string) bool, limit int) ([]lockstore.LockInfo, int, int64, error) {
-	locks, rev, err := in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, skip) })
-	if err != nil {
-		return nil, 0, 0, err
-	}
 	more := 0
 	if limit > 0 && len(locks) > limit {
 		locks, more = locks[:limit], len(locks)-limit
 	}
-	return locks, more, rev, in.leaseTTLs(ctx, locks)
+	return locks, more, resp.Header.Revision, in.leaseTTLs(ctx, locks)
+}
+
+// listed is snapshot of the locks that pattern and skip list (keyOf).
+func (in *Inspector) listed(ctx context.Context, pattern string, skip func(string) bool, limit int) ([]lockstore.LockInfo, int, int64, error) {
+	return in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, skip) }, limit)
 }
 
 // sideCount sums up the side keys of one lock key (sideDir): its read holds and places in line.
@@ -217,15 +213,12 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 // transaction, then the time left on its lease.
 func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	full := in.prefix + key
-	locks, _, err := in.snapshot(ctx, full, true, func(string) (string, bool) { return key, true })
-	if err != nil {
+	locks, _, _, err := in.snapshot(ctx, full, true, func(string) (string, bool) { return key, true }, 0)
+	switch {
+	case err != nil:
 		return lockstore.LockInfo{}, err
-	}
-	if len(locks) == 0 {
+	case len(locks) == 0:
 		return lockstore.LockInfo{}, fmt.Errorf("etcd key %q: %w", full, lockstore.ErrNotHeld)
-	}
-	if err := in.leaseTTLs(ctx, locks); err != nil {
-		return lockstore.LockInfo{}, err
 	}
 	return locks[0], nil
 }

@@ -151,21 +151,18 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 	l.mu.Lock() // lock order: s.mu, then a lease's mu
 	l.gone = true
 	l.mu.Unlock()
-	// Left in byID until the revocation is done, so that a Close meanwhile revokes it.
-	s.spawn(func() { s.revokeRetired(l) })
-}
-
-// revokeRetired revokes the retired lease l, bounded by a second; one it cannot revoke expires
-// unrenewed, or Close revokes it.
-func (s *Store) revokeRetired(l *lease) {
-	if err := s.revoke(s.ctx, l.id); err != nil && !isLeaseNotFound(err) && s.isClosed() {
-		return
-	}
-	s.mu.Lock()
-	if s.byID[l.id] == l {
-		delete(s.byID, l.id)
-	}
-	s.mu.Unlock()
+	// Left in byID until the revocation is done, so that a Close meanwhile revokes it. One the
+	// store cannot revoke expires unrenewed.
+	s.spawn(func() {
+		if err := s.revoke(s.ctx, l.id); err != nil && !isLeaseNotFound(err) && s.isClosed() {
+			return
+		}
+		s.mu.Lock()
+		if s.byID[l.id] == l {
+			delete(s.byID, l.id)
+		}
+		s.mu.Unlock()
+	})
 }
 
 // grant asks etcd for l, which leases names, and fills it in. A failure other than a refusal
@@ -221,7 +218,7 @@ func (s *Store) dropLease(l *lease) {
 	if s.leases[l.ttl] == l {
 		delete(s.leases, l.ttl)
 	}
-	if !l.revoking { // else revokeRetired removes it, once revoked (or Close does)
+	if !l.revoking { // else revokeIfUnusedLocked removes it, once revoked (or Close does)
 		delete(s.byID, l.id)
 	}
 	maps.DeleteFunc(s.held, func(_ entryKey, e *heldKey) bool { return e.lease == l.id })
