@@ -486,20 +486,18 @@ func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 	return lockstore.Acquisition{HolderTTL: time.Duration(secs) * time.Second, Holder: meta}
 }
 
-// maxAcquireAll is how many keys AcquireAll takes under --max-txn-ops n: two operations each in
-// its branches, and etcd counts the two levels of a waiter mark (markWaiter) against what the
-// branch leaves of n.
-func maxAcquireAll(n int) int { return (n - 4) / 2 }
-
-// AcquireAll takes every key of keys (distinct, at most maxAcquireAll(--max-txn-ops)) for owner in one
-// transaction, all or none: free keys are taken, keys owner holds all re-entered (as Acquire);
-// otherwise none is taken and the keys held by others are marked waited on, their Acquisitions
-// (in keys' order) carrying HolderTTL and Holder. Each key is released on its own (Release).
+// AcquireAll takes every key of keys (distinct, at most (n-4)/2 under --max-txn-ops n) for owner
+// in one transaction, all or none: free keys are taken, keys owner holds all re-entered (as
+// Acquire); otherwise none is taken and the keys held by others are marked waited on, their
+// Acquisitions (in keys' order) carrying HolderTTL and Holder. Each key is released on its own
+// (Release).
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("flightlock: no keys")
 	}
-	if most := maxAcquireAll(s.maxTxnOps); len(keys) > most {
+	// Two operations a key in each branch, and etcd counts the two levels of a waiter mark
+	// (markWaiter) against what the branch leaves of --max-txn-ops.
+	if most := (s.maxTxnOps - 4) / 2; len(keys) > most {
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
 	}
