@@ -205,3 +205,32 @@ func TestPassAfterARefusalReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A read hold is never kept for a next turn: Pass releases it, with no waiter told while no
+// writer waits, and a second Pass finds nothing held.
+func TestPassReleasesAReadHold(t *testing.T) {
+	_, cli := single(t)
+	ctx := bg(t)
+	a := newStore(t, cli)
+	reader := lockstore.ReadOwner(ownerA)
+
+	got, err := a.Acquire(ctx, lockstore.Request{Key: "lock:rd", Owner: reader, TTL: 5 * time.Second})
+	if err != nil || !got.Acquired {
+		t.Fatalf("read acquire = %+v, %v", got, err)
+	}
+	if get(t, cli, readKey("lock:rd", reader)) == nil {
+		t.Fatal("the read hold was not written")
+	}
+	if kept, fence, n, err := a.Pass(ctx, "lock:rd", reader, 5*time.Second, got.Fence+1); err != nil || kept || fence != 0 || n != 0 {
+		t.Fatalf("pass of a read hold = %v, %d, %d, %v; want released, no waiter told", kept, fence, n, err)
+	}
+	if get(t, cli, readKey("lock:rd", reader)) != nil {
+		t.Fatal("a read hold was kept for a next turn")
+	}
+	if n := a.Held(); n != 0 {
+		t.Fatalf("%d entries left after the read hold's release", n)
+	}
+	if kept, _, _, err := a.Pass(ctx, "lock:rd", reader, 5*time.Second, 0); kept || !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("second pass of the read hold = %v, %v; want ErrNotHeld", kept, err)
+	}
+}

@@ -292,13 +292,9 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 		return false, 0, 0, err
 	}
 	lastFence = max(lastFence, 0)
-	if lockstore.IsReadOwner(owner) {
-		// A read hold is never kept for a next turn: the Locker takes reads outside its gate.
-		n, err := s.Release(ctx, key, owner, "", 0)
-		return false, 0, n, err
-	}
 	// A contended grant is one other processes compete for: its turn ends with a release at
-	// once, without the read that would find the mark (a read that costs every release).
+	// once, without the read that would find the mark (a read that costs every release). A read
+	// hold is never simple, so never kept for a next turn: the Locker takes reads outside its gate.
 	if e, ok := s.touch(key, owner, time.Now().Add(ttl), true); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
