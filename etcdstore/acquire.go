@@ -226,7 +226,8 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 	start := time.Now()
 	try := func(ctx context.Context, again bool) (T, error) {
 		// The lease of ttl, pinned (unpin once the outcome is recorded) and known to live at
-		// least ttl from start. Without it, the acquisition sent nothing.
+		// least ttl from start. Without it, the acquisition sent nothing: noted in unsent for
+		// giveBackLater, unless an entry of the key knows more.
 		l, err := s.leaseFor(ctx, ttl)
 		if err == nil && !l.liveFor(start, ttl) {
 			if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
@@ -234,9 +235,13 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 			}
 		}
 		if err != nil {
+			s.mu.Lock()
 			for _, k := range keys {
-				s.noteUnsent(k, owner)
+				if s.held[entryKey{k, owner}] == nil {
+					putBounded(s.unsent, entryKey{k, owner}, struct{}{})
+				}
 			}
+			s.mu.Unlock()
 			var none T
 			return none, fmt.Errorf("flightlock: acquire %q: %w", what, err)
 		}

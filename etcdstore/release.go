@@ -70,18 +70,6 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) 
 	return true, nil
 }
 
-// noteUnsent records that an acquisition of key by owner gave up before any request went out
-// (unless the store has an entry for them), for giveBackLater.
-func (s *Store) noteUnsent(key, owner string) {
-	k := entryKey{key, owner}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.held[k] != nil {
-		return
-	}
-	putBounded(s.unsent, k, struct{}{})
-}
-
 // release is Release on the wire: the one-transaction release when it applies, else by read and
 // compare-and-write. A release that failed is recorded for the store to retry (releaseFailed).
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (n int, err error) {

@@ -515,6 +515,20 @@ func TestStoreDownHonoursDeadlines(t *testing.T) {
 			t.Errorf("%s took %v past its 300ms deadline", name, d)
 		}
 	}
+	// An acquisition that sent nothing (no lease of its TTL could be granted) is given back
+	// with no round trip: ErrNotHeld at once, although etcd does not answer.
+	uctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	if got, err := s.Acquire(uctx, lockstore.Request{Key: "lock:u", Owner: ownerA, TTL: 9 * time.Second}); err == nil {
+		t.Fatalf("acquire with a new TTL on a stopped cluster = %+v, want an error", got)
+	}
+	cancel()
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	start := time.Now()
+	_, err := s.Release(rctx, "lock:u", ownerA, "", 0)
+	cancel()
+	if d := time.Since(start); !errors.Is(err, lockstore.ErrNotHeld) || d > 100*time.Millisecond {
+		t.Errorf("release of an acquisition that sent nothing = %v after %v, want ErrNotHeld at once", err, d)
+	}
 	c.Members[0].Restart()
 	if err := s.Refresh(ctx, "lock:k", ownerA, 10*time.Second); err != nil {
 		t.Fatalf("refresh after the restart: %v", err)
