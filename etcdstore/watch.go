@@ -23,9 +23,6 @@ func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error)
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	if s.isClosed() {
-		return nil, errStoreClosed
-	}
 	s.mu.Lock()
 	rev := s.waitRev[key]
 	delete(s.waitRev, key)
