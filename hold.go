@@ -139,7 +139,8 @@ func (h *hold) endLeasesLocked(cause error) {
 	}
 }
 
-// newHold is the hold of an acquisition sent at sent (with borrow, a re-entry's).
+// newHold is the hold of an acquisition sent at sent (with borrow, a re-entry's); a degraded
+// one (holdDegraded, WithFailOpen) has no store lock, so no watchdog, and fence 0.
 func newHold(k *keeper, key, owner string, fence int64, borrow string, sent time.Time, kind holdKind) *hold {
 	at := k.instant(sent)
 	h := &hold{k: k, key: key, fence: fence, acquired: at, live: 1, kind: kind}
@@ -155,16 +156,9 @@ func (h *hold) beginLocked(at instant) {
 	h.validUntil = max(h.validUntil, at.add(h.k.ttl))
 	h.renewAt = at.add(h.k.ttl / 3)
 	h.renewUntil = h.k.nowInstant().add(h.k.maxHold)
-	h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
-}
-
-// newLocalHold is the hold of a degraded lease: no store lock, no watchdog, fence 0.
-func newLocalHold(k *keeper, key, owner string) *hold {
-	now := k.nowInstant()
-	h := &hold{k: k, key: key, kind: holdGated | holdDegraded, acquired: now, live: 1,
-		validUntil: now.add(k.ttl), renewUntil: now.add(k.maxHold)}
-	h.setOwner(owner, "")
-	return h
+	if !h.degraded() {
+		h.k.wd.schedule(h, min(h.renewAt, h.validUntil.add(-h.k.safety())))
+	}
 }
 
 // setOwner records the owner token and a borrowed hold's name, before anyone else sees h.
@@ -311,6 +305,17 @@ func (h *hold) release(x *Lease) (last, lost bool, err error) {
 	h.removeLeaseLocked(x)
 	x.endLocked(nil)
 	return h.doneLocked(), h.has(holdLost), nil
+}
+
+// site is where h's current grant was taken, as its leases say; 0 when unknown. A gate hold
+// without a lease was handed to a receiver that has not made its lease yet (siteHandoff).
+func (h *hold) site() uintptr {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if site := h.siteLocked(); site != 0 || h.first != nil || !h.gated() {
+		return site
+	}
+	return siteHandoff
 }
 
 // siteLocked is where h's current grant was taken, as its leases say, or 0. h.mu must be held.

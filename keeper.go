@@ -195,7 +195,7 @@ func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 
 // reportAbandoned reports a grant given up with a lease never released (Observer.Abandoned).
 func (k *keeper) reportAbandoned(h *hold) {
-	key, site := h.key, k.gate.siteOf(h)
+	key, site := h.key, h.site()
 	at := "unknown"
 	switch {
 	case site == siteHandoff:

@@ -241,7 +241,7 @@ func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntr
 		owner := newOwnerToken()
 		h, err = l.acquire(ctx, b, rkey, owner, l.k.gate.yielding(e), time.Time{}, nil, holdGated)
 		if l.degrades(ctx, err) {
-			h, err = newLocalHold(l.k, rkey, owner), nil
+			h, err = newHold(l.k, rkey, owner, 0, "", l.k.now(), holdGated|holdDegraded), nil
 		}
 		if err != nil {
 			l.k.gate.leave(rkey, e, false)
@@ -324,7 +324,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	// Counted before it goes on the wire: the store may list the hold before the reply comes.
 	l.k.gate.beginBorrow()
 	var taken *hold
-	defer func() { l.k.gate.endBorrow(taken, 0) }()
+	defer func() { l.k.gate.endBorrow(taken) }()
 	callCtx, cancel := l.k.bound(ctx)
 	sent := l.k.now()
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)

@@ -101,12 +101,9 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 		defer l.k.gate.leaveFair(rkey, fw)
 	}
 	l.k.gate.beginBorrow()
-	var (
-		taken *hold
-		site  uintptr
-	)
+	var taken *hold
 	defer func() {
-		l.k.gate.endBorrow(taken, site)
+		l.k.gate.endBorrow(taken)
 		if taken != nil && l.cfg.read {
 			l.k.gate.shareRead(rkey, taken)
 		}
@@ -115,8 +112,8 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 	if err != nil {
 		return nil, err
 	}
-	taken, site = h, callerAbove(callerUp)
-	return newLease(ctx, h, GrantStore, h.currentFence(), site, false), nil
+	taken = h
+	return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(callerUp), false), nil
 }
 
 // joinOrLeadRead returns a lease on the read hold of rkey that this process's readers share,

@@ -69,7 +69,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 			return lease, err
 		}
 	}
-	pt := permitTaker{l: l, ctx: ctx, keys: keys, wait: wait, callerUp: callerUp,
+	pt := permitTaker{l: l, ctx: ctx, keys: keys, callerUp: callerUp,
 		first: int(permitTurn.Add(1) % uint32(permits)), b: budget{parent: ctx}}
 	if wait {
 		if start.IsZero() {
@@ -90,10 +90,9 @@ type permitTaker struct {
 	l        *Locker
 	ctx      context.Context
 	keys     []string // the permits' store keys
-	wait     bool
-	b        budget // the wait; without a deadline in Reject mode
-	first    int    // the permit each look starts at, so that takers spread over the permits
-	callerUp int    // lockPermit's: lookAndWait is one frame below it, look two
+	b        budget   // the wait; without a deadline in Reject mode
+	first    int      // the permit each look starts at, so that takers spread over the permits
+	callerUp int      // lockPermit's: lookAndWait is one frame below it, look two
 
 	watches  []*lockstore.Watch
 	timer    *time.Timer
@@ -152,7 +151,7 @@ func (pt *permitTaker) look() (*Lease, error) {
 		return nil, ErrClosed
 	}
 	if f := g.looks[pt.keys[0]]; f != nil {
-		if local, _, _ := g.claimLocked(pt.keys, pt.first, false); local >= 0 && pt.wait {
+		if local, _, _ := g.claimLocked(pt.keys, pt.first, false); local >= 0 && pt.b.waits() {
 			// A permit held here is handed on at its release, sooner than the look's outcome
 			// comes, and a release with nobody queued on it would go to the store.
 			g.mu.Unlock()
@@ -190,7 +189,8 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 		grants, err = l.acquirePermits(ctx, &b, claimed, min(want, len(claimed)))
 		b.stop()
 		if l.degrades(ctx, err) {
-			grants, err = []permitGrant{{i: 0, h: newLocalHold(l.k, claimed[0], newOwnerToken())}}, nil
+			h := newHold(l.k, claimed[0], newOwnerToken(), 0, "", l.k.now(), holdGated|holdDegraded)
+			grants, err = []permitGrant{{i: 0, h: h}}, nil
 		}
 	}
 	var be, refused *busyError // refused: what waiters learn when every permit asked for was busy
@@ -211,7 +211,7 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 			return nil, err
 		}
 		pt.answered, r.remote = true, true
-	case !pt.wait || endsTheWait(ctx, err):
+	case !pt.b.waits() || endsTheWait(ctx, err):
 		return nil, err
 	case pt.b.spentDuringCall(sentAt, pt.answered):
 		r.cut = true
@@ -354,7 +354,7 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	if lease != nil || err != nil {
 		return lease, err, true
 	}
-	if !pt.wait || r.cut || l.k.gate.closed.Load() {
+	if !pt.b.waits() || r.cut || l.k.gate.closed.Load() {
 		return nil, l.gaveUp(ctx, r.busy), true
 	}
 	now := time.Now()
@@ -420,12 +420,8 @@ func endsTheWait(ctx context.Context, err error) bool {
 
 // sleepAny is sleep for the watches of several keys.
 func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer **time.Timer, d time.Duration) bool {
-	if len(watches) <= 1 { // no reflection for one watch or none
-		var w *lockstore.Watch
-		if len(watches) == 1 {
-			w = watches[0]
-		}
-		return l.sleep(ctx, w.C(), timer, d)
+	if len(watches) == 0 { // no reflection without watches
+		return l.sleep(ctx, nil, timer, d)
 	}
 	arm(timer, d)
 	cases := make([]reflect.SelectCase, 0, len(watches)+3)

@@ -21,8 +21,8 @@ type gate struct {
 	peak    int                   // guarded by mu: the high-water mark of entries (mapshrink)
 	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
 	fair map[string][]*fairWaiter
-	// guarded by mu: live holds outside the gate (borrowed, read and fair), with their sites
-	borrowed map[*hold]uintptr
+	// guarded by mu: live holds outside the gate (borrowed, read and fair)
+	borrowed map[*hold]struct{}
 	// guarded by mu: per key, the read hold new readers may join (joinOrLeadRead); also in borrowed
 	reads map[string]*hold
 	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
@@ -127,7 +127,7 @@ func newGate() *gate {
 	return &gate{
 		entries:     make(map[string]*gateEntry),
 		fair:        make(map[string][]*fairWaiter),
-		borrowed:    make(map[*hold]uintptr),
+		borrowed:    make(map[*hold]struct{}),
 		reads:       make(map[string]*hold),
 		readFlights: make(map[string]chan struct{}),
 		looks:       make(map[string]*permitFlight),
@@ -290,23 +290,6 @@ func (g *gate) setHold(e *gateEntry, h *hold, read bool) {
 	g.mu.Unlock()
 }
 
-// siteOf is where h's current grant was taken (its leases', or endBorrow's); 0 when unknown.
-// h.mu must not be held.
-func (g *gate) siteOf(h *hold) uintptr {
-	h.mu.Lock()
-	site, leaseless := h.siteLocked(), h.first == nil
-	h.mu.Unlock()
-	switch {
-	case site != 0:
-		return site
-	case leaseless && h.gated():
-		return siteHandoff // its receiver was woken and has not made its lease yet
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.borrowed[h]
-}
-
 // Outcomes of gate.handoff.
 type handoffOutcome uint8
 
@@ -461,12 +444,12 @@ func (g *gate) beginBorrow() {
 	g.mu.Unlock()
 }
 
-// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil), at site.
-func (g *gate) endBorrow(h *hold, site uintptr) {
+// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil).
+func (g *gate) endBorrow(h *hold) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h != nil {
-		g.borrowed[h] = site
+		g.borrowed[h] = struct{}{}
 	}
 	g.borrowing--
 	g.checkDrainedLocked()
