@@ -5,17 +5,10 @@ package glob
 import "strings"
 
 // Escape escapes the bytes of s that a pattern reads as a glob (* ? [ ] \), so that
-// Match(Escape(s)+rest, ...) matches s literally.
-func Escape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// Match(Escape(s)+rest, ...) matches s literally; other bytes, UTF-8 or not, stay as they are.
+func Escape(s string) string { return escaper.Replace(s) }
+
+var escaper = strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `\`, `\\`)
 
 // Match reports whether s matches pattern as Redis's SCAN MATCH reads it (stringmatchlen,
 // byte by byte): * any run, ? one byte, [abc], [^abc] and [a-z] sets, \ escapes the next
