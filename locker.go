@@ -324,7 +324,7 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	// Counted before it goes on the wire: the store may list the hold before the reply comes.
 	l.k.gate.beginBorrow()
 	var taken *hold
-	defer func() { l.k.gate.endBorrow(taken) }()
+	defer func() { l.k.gate.endBorrow(taken, false) }()
 	callCtx, cancel := l.k.bound(ctx)
 	sent := l.k.now()
 	res, err := l.k.store.Reenter(callCtx, rkey, owner, borrow, l.cfg.ttl)

@@ -90,7 +90,7 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 // lockOutside takes a read or fair lock's store hold of its own, outside the gate (which would
 // reorder fair waiters); Drain waits for it. A fair lock (asked set) that waits takes its place
 // among its process's fair waiters. A read hold becomes the one the process's new readers join
-// (shareRead). callerUp is as in take.
+// (gate.endBorrow). callerUp is as in take.
 func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, callerUp int) (*Lease, error) {
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
@@ -102,12 +102,7 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 	}
 	l.k.gate.beginBorrow()
 	var taken *hold
-	defer func() {
-		l.k.gate.endBorrow(taken)
-		if taken != nil && l.cfg.read {
-			l.k.gate.shareRead(rkey, taken)
-		}
-	}()
+	defer func() { l.k.gate.endBorrow(taken, l.cfg.read) }()
 	h, err := l.acquire(ctx, b, rkey, owner, false, asked, fw, 0)
 	if err != nil {
 		return nil, err
@@ -162,15 +157,6 @@ func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wai
 		return nil, nil, l.gaveUp(ctx, &busyError{})
 	case <-g.closing:
 		return nil, nil, ErrClosed
-	}
-}
-
-// shareRead makes h, a read hold just taken for rkey, the one new readers join (joinOrLeadRead).
-func (g *gate) shareRead(rkey string, h *hold) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if _, live := g.borrowed[h]; live { // not released before it could be shared
-		g.reads[rkey] = h
 	}
 }
 

@@ -444,12 +444,16 @@ func (g *gate) beginBorrow() {
 	g.mu.Unlock()
 }
 
-// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil).
-func (g *gate) endBorrow(h *hold) {
+// endBorrow ends a call counted by beginBorrow; h is the hold it took (or nil), which, when
+// shared, becomes the read hold that new readers of its key join (joinOrLeadRead).
+func (g *gate) endBorrow(h *hold, shared bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if h != nil {
 		g.borrowed[h] = struct{}{}
+		if shared {
+			g.reads[h.key] = h
+		}
 	}
 	g.borrowing--
 	g.checkDrainedLocked()
