@@ -184,19 +184,17 @@ const maxBatch = 512
 func renew(holds []*hold) {
 	k := holds[0].k
 	live := holds[:0:0]
+	batch := make([]lockstore.Renewal, 0, len(holds))
 	var latest instant
 	for _, h := range holds {
 		if deadline, ok := h.renewBegin(); ok {
 			live = append(live, h)
+			batch = append(batch, lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl})
 			latest = max(latest, deadline)
 		}
 	}
 	if len(live) == 0 {
 		return
-	}
-	batch := make([]lockstore.Renewal, len(live))
-	for i, h := range live {
-		batch[i] = lockstore.Renewal{Key: h.key, Owner: h.owner(), TTL: k.ttl}
 	}
 	// Bounded by the batch's latest loss deadline, as a timeout: instants are the keeper's.
 	ctx, cancel := context.WithTimeout(context.Background(), k.untilInstant(latest))
