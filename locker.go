@@ -234,8 +234,8 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 // or on the store lock it acquires when h is nil. A reader's is a read lease of its readers'
 // grant (gate.enterRead). callerUp is as in take.
 func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntry, h *hold, read bool, callerUp int) (_ *Lease, err error) {
-	if closing := l.k.gate.closed.Load(); closing || b.spent() {
-		return nil, l.passSlotOn(ctx, rkey, e, h, closing)
+	if l.k.gate.closed.Load() || b.spent() {
+		return nil, l.passSlotOn(ctx, rkey, e, h)
 	}
 	if h == nil {
 		owner := newOwnerToken()
@@ -269,7 +269,7 @@ func (l *Locker) degrades(ctx context.Context, err error) bool {
 
 // passSlotOn gives up a gate slot granted as the wait ended or the Locker drains; a handed
 // hold goes through done, as the watchdog may have abandoned it and passed the slot on.
-func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold, closing bool) error {
+func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *hold) error {
 	if h != nil {
 		if h.done() {
 			_ = l.k.endGrantBy(ctx, h)
@@ -277,10 +277,7 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	} else {
 		l.k.gate.leave(rkey, e, false)
 	}
-	if closing {
-		return ErrClosed
-	}
-	return busyFor(ctx, &busyError{})
+	return l.gaveUp(ctx, &busyError{})
 }
 
 // reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease that ctx
