@@ -228,7 +228,7 @@ func TestReleasedPermitIsHandedToALocalWaiter(t *testing.T) {
 		got <- y
 	}()
 	waitFor(t, 5*time.Second, "the taker to queue on a permit", func() bool {
-		return queuedOn(l, PermitKey("", "export", 1))+queuedOn(l, PermitKey("", "export", 2)) == 1
+		return queuedOn(l, x.Key()[len("lock:"):])+queuedOn(l, x2.Key()[len("lock:"):]) == 1
 	})
 	if queuedOn(l, x.Key()[len("lock:"):]) == 0 { // it queued on the other: swap the roles
 		x, x2 = x2, x
