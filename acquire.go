@@ -119,7 +119,7 @@ func (a *acquisition) close() {
 // call makes one attempt; sentAt is on the wait's clock, sent on the lock's.
 func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent time.Time, err error) {
 	l := a.l
-	callCtx, cancel := l.callContext(a.ctx, b)
+	callCtx, cancel := l.k.callContext(a.ctx, b)
 	sentAt, sent = time.Now(), l.k.now()
 	res, err = l.k.store.Acquire(callCtx, lockstore.Request{Key: a.key, Owner: a.owner, TTL: l.cfg.ttl, Meta: a.meta, Asked: a.asked, Queue: a.queue, Permits: a.keys, Want: a.want})
 	cancel()

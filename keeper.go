@@ -154,15 +154,30 @@ func (k *keeper) releaseContext(ctx context.Context) context.Context {
 	return k.ttlBound.bound(ctx, now, now.Add(k.ttl))
 }
 
-// bound gives a store call a deadline when ctx has none: no call outlives one TTL.
+// bound gives a store call outside an acquisition a deadline: no call outlives one TTL.
 func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
+	return k.callContext(ctx, &budget{})
+}
+
+// callContext bounds one store call by the wait budget in wait mode and by one TTL always; a
+// sooner deadline of ctx's own is kept as is.
+func (k *keeper) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
+	now := time.Now()
+	limit, bound := now.Add(k.ttl), k.ttlBound
+	switch {
+	case b.waits() && b.deadline.Before(limit):
+		limit, bound = b.deadline, k.waitBound
+	case !b.waits() && !b.bound.IsZero() && b.bound.Before(limit):
+		limit, bound = b.bound, k.waitBound
+	}
+	if d, ok := ctx.Deadline(); ok && !d.After(limit) {
 		return ctx, func() {}
 	}
 	if ctx.Done() == nil {
-		return k.releaseContext(ctx), func() {}
+		// Nothing else can cancel it: a timer shared with the calls of the same moment.
+		return bound.bound(ctx, now, limit), func() {}
 	}
-	return context.WithTimeout(ctx, k.ttl)
+	return context.WithDeadline(ctx, limit)
 }
 
 // endGrantBy ends the grant of a hold whose last lease was released: handed to the next local

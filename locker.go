@@ -347,27 +347,6 @@ func (l *Locker) lockHanded(ctx context.Context, rkey, owner string, fence int64
 	return newLease(ctx, h, GrantBorrowed, h.currentFence(), 0, false), nil, true
 }
 
-// callContext bounds one acquisition call by the wait budget in wait mode and by one TTL
-// always; a sooner deadline of ctx's own is kept as is.
-func (l *Locker) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
-	now := time.Now()
-	limit, bound := now.Add(l.cfg.ttl), l.k.ttlBound
-	switch {
-	case b.waits() && b.deadline.Before(limit):
-		limit, bound = b.deadline, l.k.waitBound
-	case !b.waits() && !b.bound.IsZero() && b.bound.Before(limit):
-		limit, bound = b.bound, l.k.waitBound
-	}
-	if d, ok := ctx.Deadline(); ok && !d.After(limit) {
-		return ctx, func() {}
-	}
-	if ctx.Done() == nil {
-		// Nothing else can cancel it: a timer shared with the calls of the same moment.
-		return bound.bound(ctx, now, limit), func() {}
-	}
-	return context.WithDeadline(ctx, limit)
-}
-
 // budget is the wait of one Lock call, made into a context only when it really waits.
 type budget struct {
 	parent   context.Context
