@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -88,16 +87,11 @@ func defaultConfig() config {
 	}
 }
 
-// processHolder is "host=<hostname> pid=<pid>", with "_" for blanks, which would split it.
+// processHolder is "host=<hostname> pid=<pid>", with "_" for each run of blanks in the host
+// name, which would split it.
 var processHolder = func() string {
 	host, _ := os.Hostname()
-	host = strings.Map(func(r rune) rune {
-		if unicode.IsSpace(r) {
-			return '_'
-		}
-		return r
-	}, host)
-	return "host=" + host + " pid=" + strconv.Itoa(os.Getpid())
+	return "host=" + strings.Join(strings.Fields(host), "_") + " pid=" + strconv.Itoa(os.Getpid())
 }()
 
 // DefaultMetadata is what a Locker stores beside each lock unless WithMetadata says otherwise:
