@@ -145,7 +145,7 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 	for _, i := range failed {
 		p, own := s.keyPath(req.Permits[i]), holdName(req.Owner, "")
 		s.remember(p, req.Owner, own) // releaseLater gives back only what it finds remembered
-		go s.releaseLater(p, req.Owner, own)
+		s.releaseLater(p, req.Owner, own)
 	}
 	first.Permit, first.More = grants[0].Permit, grants[1:]
 	return first, nil
@@ -273,7 +273,9 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 }
 
 // giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
-// caller left before the answer and the multi went through, the hold is released at once.
+// caller left before the answer and the multi went through, the hold is released at once, and
+// while that fails in the background (releaseLater), as Release does: nobody else knows of the
+// hold, which would keep the key from everyone for as long as the session lives.
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
 		if opError(res, err) != nil {
@@ -281,8 +283,11 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 		}
 		s.remember(p, owner, hold)
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)
-		defer cancel()
-		_, _ = s.releaseHold(ctx, p, owner, hold)
+		_, err = s.releaseHold(ctx, p, owner, hold)
+		cancel()
+		if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+			s.releaseLater(p, owner, hold)
+		}
 	}
 }
 
@@ -408,7 +413,7 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	p, name := s.keyPath(key), holdName(owner, hold)
 	n, err := s.releaseHold(ctx, p, owner, name)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
-		go s.releaseLater(p, owner, name)
+		s.releaseLater(p, owner, name)
 	}
 	return n, err
 }
@@ -500,21 +505,34 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries a release that failed, until it goes through, the hold is gone, or the
-// store closes: while the session lives the hold would keep the key from everyone.
+// releaseLater retries in the background (later) a release of hold name of owner under key
+// node p that failed, until it goes through, the hold is gone, or the store closes.
 func (s *Store) releaseLater(p, owner, name string) {
-	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
-		time.Sleep(delay)
+	s.later(func(ctx context.Context) bool {
 		if !slices.Contains(s.holdsOf(p, owner), name) {
-			return
+			return true
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.session)
 		_, err := s.releaseHold(ctx, p, owner, name)
-		cancel()
-		if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
-			return
+		return err == nil || errors.Is(err, lockstore.ErrNotHeld)
+	})
+}
+
+// later runs try on a goroutine of its own until it reports done or the store closes, each time
+// after a pause that doubles from 100ms to 2s, with a session's length to answer. It retries a
+// give-back that failed: a hold or a place nobody else knows of lives as long as the session,
+// and would keep the key (or its line) from everyone until the process ends.
+func (s *Store) later(try func(ctx context.Context) (done bool)) {
+	go func() {
+		for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
+			time.Sleep(delay)
+			ctx, cancel := context.WithTimeout(context.Background(), s.session)
+			done := try(ctx)
+			cancel()
+			if done {
+				return
+			}
 		}
-	}
+	}()
 }
 
 // TTL implements lockstore.Store: MaxTTL (the most a session keeps a lock) for a held key.
