@@ -89,7 +89,9 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	}
 	late := func(path string, err error) {
 		if err == nil { // the caller left: the place is nobody's
-			_ = s.conn.Delete(path, -1)
+			ctx, cancel := context.WithTimeout(context.Background(), s.session)
+			defer cancel()
+			_ = s.leavePlace(ctx, path)
 		}
 	}
 	path, err := call(ctx, create, late)
@@ -126,9 +128,26 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if place == "" {
 		return nil
 	}
-	if err := s.delete(ctx, place, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	err := s.leavePlace(ctx, place)
+	s.forget(line, owner, place) // gone, or going: owner's next fair acquisition takes a new one
+	if err != nil {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
-	s.forget(line, owner, place)
 	return nil
+}
+
+// leavePlace deletes place, a place in a line that nobody will take, at once and, while that
+// fails, in the background (later): a place lives as long as its session, and the line would
+// wait behind it. Places are named for their owner and numbered by their line: no other
+// owner's.
+func (s *Store) leavePlace(ctx context.Context, place string) error {
+	err := s.delete(ctx, place, -1)
+	if err == nil || errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	s.later(func(ctx context.Context) bool {
+		err := s.delete(ctx, place, -1)
+		return err == nil || errors.Is(err, zk.ErrNoNode)
+	})
+	return err
 }
