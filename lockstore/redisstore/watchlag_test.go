@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -83,7 +84,10 @@ func (c splitClient) Subscribe(ctx context.Context, channels ...string) *redis.P
 }
 
 // laggyConn delivers what is written to it d later, in order (network latency towards the
-// server); Write returns at once, as on a link with room in its buffers.
+// server); Write returns at once, as on a link with room in its buffers. As on a kernel's send
+// buffer, a write deadline bounds only the Write call: bytes Write accepted are delivered
+// whatever deadline is set afterwards, and a link that fails to deliver is closed, so the
+// client sees it broken rather than mute.
 type laggyConn struct {
 	net.Conn
 	d    time.Duration
@@ -91,6 +95,9 @@ type laggyConn struct {
 	done chan struct{}
 	once sync.Once
 	wg   sync.WaitGroup
+
+	mu            sync.Mutex
+	writeDeadline time.Time // guarded by mu; zero for none
 }
 
 type laggyChunk struct {
@@ -106,12 +113,31 @@ func newLaggyConn(c net.Conn, d time.Duration) *laggyConn {
 }
 
 func (l *laggyConn) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	dl := l.writeDeadline
+	l.mu.Unlock()
+	if !dl.IsZero() && !time.Now().Before(dl) {
+		return 0, os.ErrDeadlineExceeded
+	}
 	select {
 	case l.q <- laggyChunk{time.Now().Add(l.d), append([]byte(nil), b...)}:
 		return len(b), nil
 	case <-l.done:
 		return 0, net.ErrClosed
 	}
+}
+
+// SetWriteDeadline bounds the Write calls that follow, never the delivery of earlier ones.
+func (l *laggyConn) SetWriteDeadline(t time.Time) error {
+	l.mu.Lock()
+	l.writeDeadline = t
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *laggyConn) SetDeadline(t time.Time) error {
+	_ = l.SetWriteDeadline(t)
+	return l.Conn.SetReadDeadline(t)
 }
 
 func (l *laggyConn) pump() {
@@ -125,6 +151,7 @@ func (l *laggyConn) pump() {
 				return
 			}
 			if _, err := l.Conn.Write(c.b); err != nil {
+				_ = l.Conn.Close() // the reader sees the broken link
 				return
 			}
 		case <-l.done:
@@ -180,4 +207,70 @@ func TestWatchSaysWhetherItIsFresh(t *testing.T) {
 			t.Error("a watch after the linger ran out is not fresh")
 		}
 	})
+}
+
+// A watch whose context ends before Redis confirmed its SUBSCRIBE returns fresh, yet its
+// subscription goes on: the command was handed to the connection and reaches Redis later, the
+// confirmation marks the channel active, and a watch of the key after that hears a release.
+// The caller's deadline bounds its own wait, never the subscription it started.
+//
+// The pub/sub link has 100ms of latency towards Redis and the connection is warm (another
+// channel watched throughout), so the SUBSCRIBE of the cut-short watch leaves at once and
+// reaches Redis 100ms later, always after the caller's 30ms deadline.
+func TestWatchCutShortStillSubscribes(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	sub := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, ContextTimeoutEnabled: true,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newLaggyConn(c, 100*time.Millisecond), nil
+		}})
+	s := New(splitClient{Client: srv.Client(), sub: sub})
+	t.Cleanup(func() { _ = s.Close(); _ = sub.Close() })
+
+	warm, err := s.Watch(ctx, "lock:warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer warm.Close()
+
+	const key = "lock:cut"
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	w1, err := s.Watch(short, key)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Close()
+	if !w1.Fresh() {
+		t.Fatal("a watch that gave up before the confirmation is not fresh")
+	}
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
+		t.Fatalf("acquire: %+v %v", got, err)
+	}
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second}); err != nil || got.Acquired {
+		t.Fatalf("busy acquire: %+v %v", got, err)
+	}
+	// Returns at the confirmation of w1's SUBSCRIBE, or after subscribeWait without one.
+	w2, err := s.Watch(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	s.notify.mu.Lock()
+	active := s.notify.channels[DefaultChannelPrefix+key].active
+	s.notify.mu.Unlock()
+	notified, err := s.Release(ctx, key, ownerA, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w2.C():
+	case <-time.After(time.Second):
+		t.Fatalf("a release after lockstore.Watch returned was never delivered (channel confirmed: %v; PUBLISH "+
+			"reached %d subscribers): the cut-short watch's SUBSCRIBE never took effect", active, notified)
+	}
 }
