@@ -30,7 +30,18 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 
 	ps := r.client.PSubscribe(ctx, channel)
 	defer ps.Close()
-	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+	// The subscription's confirmation, awaited no longer than any read of the watch. go-redis's
+	// Receive heeds a context's deadline only, not its cancellation (an operator's interrupt):
+	// closing ps ends the wait when rctx ends either way.
+	rctx, cancel = context.WithTimeout(ctx, opts.Timeout)
+	stop := context.AfterFunc(rctx, func() { _ = ps.Close() })
+	_, err := ps.Receive(rctx)
+	closed := !stop()
+	if rerr := rctx.Err(); closed || err != nil && rerr != nil {
+		err = rerr // the read's own error may be ps closed under it
+	}
+	cancel()
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil // ended on purpose
 		}
