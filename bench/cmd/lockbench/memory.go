@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/guard"
@@ -127,36 +128,45 @@ func (b *bench) holdOn(r rowSpec, im impl, n, warmN int) (metrics, error) {
 		}
 		return im.unlock(ctx, warmKeys[i], h)
 	})
-	var st serverStats
-	h := memstat.Hold(memstat.Holding{N: n, Acquirers: s9Acquirers, ServerMemory: b.be.serverMemory,
-		Lock: func(i int) (err error) {
-			held[i], err = im.lock(ctx, keys[i])
-			locked[i] = err == nil
-			return err
-		},
-		Unlock: func(i int) error {
-			if !locked[i] {
-				return nil
-			}
-			h := held[i]
-			held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
-			return im.unlock(ctx, keys[i], h)
-		},
-		Window: func() { st = windowStats(time.Now(), window, meter{b.be, im}) },
+	mem0, l0 := b.be.serverMemory(), memstat.Live()
+	t0 := time.Now()
+	lockErrs, firstErr := memstat.Parallel(n, s9Acquirers, func(i int) (err error) {
+		held[i], err = im.lock(ctx, keys[i])
+		locked[i] = err == nil
+		return err
 	})
+	acquire := time.Since(t0)
+	memstat.SettleGoroutines(l0.Goroutines, time.Second) // the acquirers
+	l1, mem1 := memstat.Live(), b.be.serverMemory()
+	peak := memstat.PeakSampler()
+	st := windowStats(time.Now(), window, meter{b.be, im})
+	peakGor := peak()
+	t1 := time.Now()
+	unlockErrs, unlockErr := memstat.Parallel(n, s9Acquirers, func(i int) error {
+		if !locked[i] {
+			return nil
+		}
+		h := held[i]
+		held[i], locked[i] = nil, false // what stays after release is measured: no handle kept
+		return im.unlock(ctx, keys[i], h)
+	})
+	release := time.Since(t1)
+	// Goroutines a release ends exit on their own schedule: l2 is read once they are back at
+	// the baseline, or after 2 s.
+	memstat.SettleGoroutines(l0.Goroutines, 2*time.Second)
+	l2 := memstat.Live()
 	runtime.KeepAlive(keys)
 	runtime.KeepAlive(held)
 	fn, secs := float64(n), window.Seconds()
-	l0, l1, l2 := h.Base, h.Holding, h.After
-	m := metrics{"n": fn, "acquire": float64(h.Acquire.Nanoseconds()), "release": float64(h.Release.Nanoseconds()),
+	m := metrics{"n": fn, "acquire": float64(acquire.Nanoseconds()), "release": float64(release.Nanoseconds()),
 		"heap": (l1.Heap - l0.Heap) / fn, "stack": (l1.Stack - l0.Stack) / fn, "gor": float64(l1.Goroutines-l0.Goroutines) / fn,
-		"peak_gor": float64(h.PeakGoroutines - l0.Goroutines), "after_heap": (l2.Heap - l0.Heap) / fn, "after_gor": float64(l2.Goroutines - l0.Goroutines),
-		failures: float64(h.LockErrors + h.UnlockErrors), "window": secs, "ccpu_ms": float64(st.self.Microseconds()) / 1e3 / secs,
+		"peak_gor": float64(peakGor - l0.Goroutines), "after_heap": (l2.Heap - l0.Heap) / fn, "after_gor": float64(l2.Goroutines - l0.Goroutines),
+		failures: float64(lockErrs + unlockErrs), "window": secs, "ccpu_ms": float64(st.self.Microseconds()) / 1e3 / secs,
 		"reqs_s": st.reqs / secs, "rt_s": float64(st.rts) / secs, "keepalives_s": st.keepAlives / secs}
-	if h.ServerBefore > 0 && h.ServerHolding > 0 {
-		m["server_mem"] = float64(h.ServerHolding-h.ServerBefore) / fn
+	if mem0 > 0 && mem1 > 0 {
+		m["server_mem"] = float64(mem1-mem0) / fn
 	}
-	return m, h.FirstErr
+	return m, cmp.Or(firstErr, unlockErr)
 }
 
 // s9HoldCold is holdRow as a program that measures its first locks would see it: a client and
@@ -223,41 +233,61 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	}
 	g := guard.New()
 	g.Enter(fenceOf(held))
-	hs, fences := make([]any, w), make([]int64, w)
-	var st serverStats
-	res := memstat.Wait(memstat.Waiting{
-		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
-		Lock: func(ctx context.Context, i int) (err error) {
-			hs[i], err = waiter(i).lock(ctx, key)
-			fences[i] = fenceOf(hs[i])
-			return err
-		},
-		Granted: func(i int) { g.Critical(fences[i]) },
-		Unlock: func(i int) error {
-			if err := bounded(func(ctx context.Context) error { return waiter(i).unlock(ctx, key, hs[i]) }); err != nil {
-				return fmt.Errorf("release: %w", err)
-			}
-			return nil
-		},
-		Window: func() { st = windowStats(time.Now(), s9WaitWindow, meter{b.be, own}) },
-		Release: func() error {
-			g.Exit()
-			if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {
-				return fmt.Errorf("release of the held key: %w", err)
-			}
-			return nil
-		},
-	})
-	fw, secs := float64(w), s9WaitWindow.Seconds()
-	l0, l1 := res.Base, res.Waiting
-	m := metrics{"w": fw, "heap": (l1.Heap - l0.Heap) / fw, "stack": (l1.Stack - l0.Stack) / fw, "gor": float64(l1.Goroutines-l0.Goroutines) / fw,
-		"served": float64(res.Served), "unserved": float64(int64(w) - res.Served), "session_heap": sessHeap, "session_gor": sessGor,
-		failures: float64(res.Errors), violations: float64(g.Violations()), fenceViolations: float64(g.FenceViolations()),
-		"reqs_s": st.reqs / secs, "rt_s": float64(st.rts) / secs, "keepalives_s": st.keepAlives / secs, "ccpu_ms": float64(st.self.Microseconds()) / 1e3 / secs}
-	if res.Served > 0 {
-		m["next"], m["all"] = float64(res.Next), float64(res.All)
+	l0 := memstat.Live()
+	wctx, wcancel := context.WithTimeout(context.Background(), s9Settle+s9WaitWindow+s9ServeBound)
+	defer wcancel()
+	var (
+		mu           sync.Mutex
+		first, last  = int64(1 << 62), int64(0) // guarded by mu, as served, errs and firstErr are
+		served, errs int64
+		firstErr     error
+		wg           sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs++
+		firstErr = cmp.Or(firstErr, err)
 	}
-	return m, res.FirstErr
+	for i := range w {
+		wg.Go(func() {
+			// Arrivals spread over s9Arrive, as requests come: waiters that all start at once and
+			// poll at a fixed interval would retry in lockstep.
+			time.Sleep(time.Duration(i) * s9Arrive / time.Duration(w))
+			im := waiter(i)
+			h, err := im.lock(wctx, key)
+			if err != nil {
+				fail(err)
+				return
+			}
+			at := time.Now().UnixNano()
+			g.Critical(fenceOf(h))
+			mu.Lock()
+			first, last, served = min(first, at), max(last, at), served+1
+			mu.Unlock()
+			if err := bounded(func(ctx context.Context) error { return im.unlock(ctx, key, h) }); err != nil {
+				fail(fmt.Errorf("release: %w", err))
+			}
+		})
+	}
+	time.Sleep(s9Settle)
+	l1 := memstat.Live()
+	st := windowStats(time.Now(), s9WaitWindow, meter{b.be, own})
+	t0 := time.Now().UnixNano()
+	g.Exit()
+	if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {
+		fail(fmt.Errorf("release of the held key: %w", err))
+	}
+	wg.Wait()
+	fw, secs := float64(w), s9WaitWindow.Seconds()
+	m := metrics{"w": fw, "heap": (l1.Heap - l0.Heap) / fw, "stack": (l1.Stack - l0.Stack) / fw, "gor": float64(l1.Goroutines-l0.Goroutines) / fw,
+		"served": float64(served), "unserved": float64(int64(w) - served), "session_heap": sessHeap, "session_gor": sessGor,
+		failures: float64(errs), violations: float64(g.Violations()), fenceViolations: float64(g.FenceViolations()),
+		"reqs_s": st.reqs / secs, "rt_s": float64(st.rts) / secs, "keepalives_s": st.keepAlives / secs, "ccpu_ms": float64(st.self.Microseconds()) / 1e3 / secs}
+	if served > 0 {
+		m["next"], m["all"] = float64(first-t0), float64(last-t0)
+	}
+	return m, firstErr
 }
 
 // s9Section writes scenario 9: what each held lock and each waiter costs.

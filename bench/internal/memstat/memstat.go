@@ -6,7 +6,6 @@ package memstat
 
 import (
 	"cmp"
-	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -29,22 +28,17 @@ func Live() State {
 	return State{Heap: float64(ms.HeapAlloc), Stack: float64(ms.StackInuse), Goroutines: runtime.NumGoroutine()}
 }
 
-// settleGoroutines waits up to d for the goroutine count to come down to base (goroutines
-// that a release ends exit on their own schedule) and returns the last count.
-func settleGoroutines(base int, d time.Duration) int {
-	deadline := time.Now().Add(d)
-	for {
-		n := runtime.NumGoroutine()
-		if n <= base || time.Now().After(deadline) {
-			return n
-		}
+// SettleGoroutines waits up to d for the goroutine count to come down to base (goroutines
+// that a release ends exit on their own schedule).
+func SettleGoroutines(base int, d time.Duration) {
+	for deadline := time.Now().Add(d); runtime.NumGoroutine() > base && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// peakSampler records the highest goroutine count, every 2ms, until stop is called; stop
+// PeakSampler records the highest goroutine count, every 2ms, until stop is called; stop
 // returns it, the sampler itself not counted.
-func peakSampler() (stop func() int) {
+func PeakSampler() (stop func() int) {
 	var peak atomic.Int64
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -71,165 +65,23 @@ func peakSampler() (stop func() int) {
 
 // Parallel runs fn(i) for i in [0, n) on at most k goroutines; it returns how many failed and
 // the first error.
-func Parallel(n, k int, fn func(i int) error) (int64, error) {
+func Parallel(n, k int, fn func(i int) error) (failed int64, first error) {
 	var (
 		next atomic.Int64
-		f    failures
+		mu   sync.Mutex // guards failed and first
 		wg   sync.WaitGroup
 	)
 	for range min(n, k) {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				f.add(fn(i))
+				if err := fn(i); err != nil {
+					mu.Lock()
+					failed, first = failed+1, cmp.Or(first, err)
+					mu.Unlock()
+				}
 			}
 		})
 	}
 	wg.Wait()
-	return f.n.Load(), f.first
-}
-
-// failures counts the errors of concurrent calls and keeps the first.
-type failures struct {
-	n     atomic.Int64
-	mu    sync.Mutex
-	first error // guarded by mu
-}
-
-// add counts err unless it is nil.
-func (f *failures) add(err error) {
-	if err == nil {
-		return
-	}
-	f.n.Add(1)
-	f.mu.Lock()
-	f.first = cmp.Or(f.first, err)
-	f.mu.Unlock()
-}
-
-// Holding is one row of a memory scenario's holding part: N locks on distinct keys, taken by
-// Acquirers goroutines at once, held for a window, released. The caller builds the keys and
-// the slice of handles before Hold, so they are in the baseline, and keeps them alive after it.
-type Holding struct {
-	N, Acquirers int
-	Lock, Unlock func(i int) error // take and release lock i
-	// ServerMemory reads the store's memory, just before the baseline and just after the held
-	// state (nil: not measured).
-	ServerMemory func() int64
-	// Window holds the locks, measuring what holding them costs; the peak goroutine count is
-	// sampled while it runs.
-	Window func()
-}
-
-// Held is what Hold measured.
-type Held struct {
-	Base, Holding, After        State // the baseline, all N held, all released
-	PeakGoroutines              int   // the highest count while holding
-	ServerBefore, ServerHolding int64 // ServerMemory's readings
-	Acquire, Release            time.Duration
-	LockErrors, UnlockErrors    int64
-	FirstErr                    error
-}
-
-// Hold measures one holding row: the baseline, all N locks taken, the window, all released.
-// Goroutines a release ends exit on their own schedule: After is read once they are back at
-// the baseline, or after 2 s.
-func Hold(h Holding) Held {
-	var r Held
-	if h.ServerMemory != nil {
-		r.ServerBefore = h.ServerMemory()
-	}
-	r.Base = Live()
-	t0 := time.Now()
-	r.LockErrors, r.FirstErr = Parallel(h.N, h.Acquirers, h.Lock)
-	r.Acquire = time.Since(t0)
-	settleGoroutines(r.Base.Goroutines, time.Second) // the acquirers
-	r.Holding = Live()
-	if h.ServerMemory != nil {
-		r.ServerHolding = h.ServerMemory()
-	}
-	peak := peakSampler()
-	h.Window()
-	r.PeakGoroutines = peak()
-	t1 := time.Now()
-	var first error
-	r.UnlockErrors, first = Parallel(h.N, h.Acquirers, h.Unlock)
-	r.Release = time.Since(t1)
-	r.FirstErr = cmp.Or(r.FirstErr, first)
-	settleGoroutines(r.Base.Goroutines, 2*time.Second)
-	r.After = Live()
-	return r
-}
-
-// Waiting is one row of a memory scenario's waiting part: a key is held when Wait is called;
-// W goroutines wait for it, arriving evenly over Arrive; after Settle their cost is read, then
-// Window measures a while of waiting; then the key is released and every waiter, once
-// granted, runs Granted and releases at once.
-type Waiting struct {
-	W      int
-	Arrive time.Duration
-	Settle time.Duration
-	// Bound is each waiter's context: from the first arrival, long enough for the settling, the
-	// window and the serving.
-	Bound   time.Duration
-	Lock    func(ctx context.Context, i int) error // waiter i waits for the held key
-	Granted func(i int)                            // waiter i holds the key (nil: nothing to check)
-	Unlock  func(i int) error                      // waiter i releases the key
-	Window  func()                                 // measures the waiting (and takes its time)
-	Release func() error                           // releases the held key
-}
-
-// Waited is what Wait measured. Next and All are from the release of the held key to the first
-// grant and to the last; they are 0 when no waiter was served.
-type Waited struct {
-	Base, Waiting State
-	Next, All     time.Duration
-	Served        int64
-	Errors        int64 // failed Locks and Unlocks, and a failed release of the held key
-	FirstErr      error
-}
-
-// Wait measures one waiting row.
-func Wait(w Waiting) Waited {
-	var r Waited
-	r.Base = Live()
-	ctx, cancel := context.WithTimeout(context.Background(), w.Bound)
-	defer cancel()
-	var (
-		first, last, served atomic.Int64
-		f                   failures
-		wg                  sync.WaitGroup
-	)
-	first.Store(1 << 62)
-	for i := range w.W {
-		wg.Go(func() {
-			// Arrivals spread over Arrive, as requests come: waiters that all start at once and
-			// poll at a fixed interval would retry in lockstep.
-			time.Sleep(time.Duration(i) * w.Arrive / time.Duration(w.W))
-			if err := w.Lock(ctx, i); err != nil {
-				f.add(err)
-				return
-			}
-			at := time.Now().UnixNano()
-			if w.Granted != nil {
-				w.Granted(i)
-			}
-			for v := first.Load(); at < v && !first.CompareAndSwap(v, at); v = first.Load() {
-			}
-			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
-			}
-			served.Add(1)
-			f.add(w.Unlock(i))
-		})
-	}
-	time.Sleep(w.Settle)
-	r.Waiting = Live()
-	w.Window()
-	t0 := time.Now().UnixNano()
-	f.add(w.Release())
-	wg.Wait()
-	r.Served, r.Errors, r.FirstErr = served.Load(), f.n.Load(), f.first
-	if r.Served > 0 {
-		r.Next, r.All = time.Duration(first.Load()-t0), time.Duration(last.Load()-t0)
-	}
-	return r
+	return failed, first
 }
