@@ -41,14 +41,19 @@ func axisNamed(axes []*s8Axis, name string) *s8Axis {
 	return nil
 }
 
-// atPoints runs every row at every point of an axis, reps times (interleave.Points), and
-// records the figures and first error of each run, point by point, in the rows' order.
+// atPoints runs every row at every point of an axis, reps times: per repetition, point by
+// point, the rows in the rotated order (interleave.Rotate). It records the figures and first
+// error of each run, point by point, in the rows' order.
 func atPoints(reps int, points []int, rows []rowSpec, run func(r rowSpec, x, rep int) (metrics, string)) map[int][]*result {
 	out := make(map[int][]*result, len(points))
-	interleave.Points(reps, points, rows, func(rep, x int, r rowSpec) {
-		m, firstErr := run(r, x, rep)
-		out[x] = addRep(out[x], r, m, "", firstErr)
-	})
+	for rep := range reps {
+		for _, x := range points {
+			for _, r := range interleave.Rotate(rows, rep) {
+				m, firstErr := run(r, x, rep)
+				out[x] = addRep(out[x], r, m, "", firstErr)
+			}
+		}
+	}
 	return out
 }
 

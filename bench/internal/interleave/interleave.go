@@ -16,18 +16,6 @@ func Rotate[T any](rows []T, rep int) []T {
 	return out
 }
 
-// Points runs every row at every point of a scaling axis, reps times: per repetition, point
-// by point, the rows in the rotated order of Rotate.
-func Points[T any](reps int, points []int, rows []T, run func(rep, x int, row T)) {
-	for rep := range reps {
-		for _, x := range points {
-			for _, row := range Rotate(rows, rep) {
-				run(rep, x, row)
-			}
-		}
-	}
-}
-
 // Slices runs rows in turns until each has run for d: in every round, each row whose time is
 // not up runs for at most slice (run returns how long it ran and whether it can run more),
 // the order rotated per round from rep. A drift of the machine's or the server's speed within
