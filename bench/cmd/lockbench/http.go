@@ -14,6 +14,7 @@ import (
 	"github.com/zeromicro/go-zero/core/trace"
 	"github.com/zeromicro/go-zero/rest"
 
+	"github.com/flightlock/flightlock/bench/internal/cpustat"
 	"github.com/flightlock/flightlock/bench/internal/httpbench"
 	"github.com/flightlock/flightlock/bench/internal/interleave"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
@@ -98,12 +99,16 @@ func (b *bench) httpScenario(start func(s6Row) *httpbench.System, rows []s6Row) 
 	return res
 }
 
-// loadSystems is scenario 6's load on every store (httpbench.Schedule): a system per row that
-// -rows keeps (start), wrk at low load and at saturation against each with the CPU of procs (name -> pid)
-// and m's counters around every run (httpbench.Wrk.RunCPU): the server's requests and fsyncs
-// per request and its command mix, roundTrip the store's cheapest call. The runs go into res,
-// with each row's last mix at either load; wrk is tracked among the processes this run started,
-// its progress lines (and the scenario's) behind tag.
+// loadSystems is scenario 6's load on every store: a system per row that -rows keeps (start),
+// every system warmed up, then per repetition httpbench.LowRounds low-load rounds (each a
+// roundTrip median, the store's cheapest call, and one wrk run of every system at
+// httpbench.LowConns for -d6low) and one saturation run of every system at httpbench.SatConns
+// for -d6, the systems in an order rotated per round and per repetition, so that no row always
+// runs first. Each run measures the CPU of procs (name -> pid) and m's counters (the server's
+// requests and fsyncs per request and its command mix) around it (httpbench.Wrk.RunCPU). The
+// runs go into res, with each row's last mix at either load and the round trip of every round
+// as the PING row; wrk is tracked among the processes this run started, its progress lines
+// (and the scenario's) behind tag.
 func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func(s6Row) *httpbench.System, procs map[string]int, m meter,
 	roundTrip func(ctx context.Context) error,
 ) {
@@ -114,45 +119,73 @@ func loadSystems(res *s6Results, c *config, tag string, rows []s6Row, start func
 	wrk.Track, wrk.Logf = workers.Track, logf
 	rows = slices.DeleteFunc(slices.Clone(rows), func(r s6Row) bool { return onlyRows != nil && !onlyRows[r.id] })
 	var systems []*httpbench.System
+	low, sat := map[string]*result{}, map[string]*result{}
 	for _, r := range rows {
 		systems = append(systems, start(r))
+		low[r.id], sat[r.id] = &result{Row: r.id, Label: r.label}, &result{Row: r.id, Label: r.label}
+		res.Low, res.Sat = append(res.Low, low[r.id]), append(res.Sat, sat[r.id])
 	}
 	defer httpbench.Stop(systems, logf)
-	mix := map[int]map[string]string{httpbench.LowConns: {}, httpbench.SatConns: {}}
-	loads, err := httpbench.Schedule{
-		Reps: c.reps,
-		Low:  httpbench.WholeSeconds(c.d6low),
-		Sat:  httpbench.WholeSeconds(c.d6),
-		Measure: func(s *httpbench.System, conns int, d time.Duration, expect float64) (map[string]float64, error) {
-			var st0 serverStats
-			fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
-			check(err, "s6 %s: %v", s.ID)
-			st, n := readStats(m, true).sub(st0), float64(run.Requests)
-			fig[reqs], fig[fsy] = st.reqs/n, st.fsyncs/n
-			mix[conns][s.ID] = mixString(st.cmds, int64(n))
-			return fig, nil
-		},
-		RoundTrip: func() float64 { return roundTripMedian(300*time.Millisecond, roundTrip) },
-		Logf:      logf,
-		SatNote: func(m metrics) string {
-			note := fmt.Sprintf("requests/req %.2f cpu svc %.0f%%", m[reqs], 100*m["svc_share"])
-			for name := range procs {
-				note += fmt.Sprintf(" %s %.0f%%", name, 100*m[name+"_share"])
-			}
-			return note + fmt.Sprintf(" wrk %.0f%% other %.0f%%", 100*m["wrk_share"], 100*m["other_share"])
-		},
-	}.Run(systems)
-	check(err, "%s%v", tag)
-	// Each row's low-load and saturation runs, with its command mix where the store has one,
-	// and the store's round trip of every low-load round as the PING row.
-	res.IdleCPU = loads.IdleCPU
-	res.Ping = &result{Row: "ping", Label: "floor: PING"}
-	for k, rt := range loads.RoundTrips {
-		res.Ping.Reps = append(res.Ping.Reps, metrics{"p50": rt, "round": float64(k)})
+	// measure runs wrk once against s, expecting about expect requests (which sizes the uids
+	// seeded), and records the run's command mix in x.
+	measure := func(s *httpbench.System, conns int, d time.Duration, expect float64, x *result) metrics {
+		var st0 serverStats
+		fig, run, err := wrk.RunCPU(s, conns, d, expect, procs, func() { st0 = readStats(m, false) })
+		check(err, "s6 %s: %v", s.ID)
+		st, n := readStats(m, true).sub(st0), float64(run.Requests)
+		fig[reqs], fig[fsy] = st.reqs/n, st.fsyncs/n
+		x.Mix = mixString(st.cmds, int64(n))
+		return fig
 	}
-	for _, r := range rows {
-		res.Low = append(res.Low, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.LowConns][r.id], Reps: loads.Low[r.id]})
-		res.Sat = append(res.Sat, &result{Row: r.id, Label: r.label, Mix: mix[httpbench.SatConns][r.id], Reps: loads.Sat[r.id]})
+	// The warm-up: two runs of a second at saturation per system (connections opened, scripts
+	// loaded or leases granted, then the throughput that sizes the uids of each run); a failed
+	// request in it ends the run.
+	for _, s := range systems {
+		for range 2 {
+			fig := measure(s, httpbench.SatConns, time.Second, 10_000, sat[s.ID])
+			if s.RPS = fig["rps"]; fig["errors"] > 0 {
+				fatalf("%s%s: %d failed requests in the warm-up", tag, s.ID, int64(fig["errors"]))
+			}
+		}
+		logf("warm-up %-10s %6.0f req/s", s.ID, s.RPS)
+	}
+	// What the process burns with no load at all (the systems' timers, pollers, keep-alives
+	// and go-zero's own collectors): part of every run's service CPU.
+	idle0, t0 := cpustat.Self(), time.Now()
+	time.Sleep(time.Second)
+	res.IdleCPU = (cpustat.Self() - idle0).Seconds() / time.Since(t0).Seconds()
+	res.Ping = &result{Row: "ping", Label: "floor: PING"}
+	lowD, satD := httpbench.WholeSeconds(c.d6low), httpbench.WholeSeconds(c.d6)
+	line := func(conns int, s *httpbench.System, fig metrics) string {
+		return fmt.Sprintf("c=%-2d %-10s %6.0f req/s p50 %v p99 %v err %d", conns, s.ID, fig["rps"],
+			time.Duration(fig[p50]).Round(10*time.Microsecond), time.Duration(fig[p99]).Round(10*time.Microsecond), int64(fig["errors"]))
+	}
+	for rep := range c.reps {
+		// Low load: short rounds, each with its own round trip and every row, so that each row's
+		// added latency is taken against the no-lock row and the round trip of its own round
+		// (this 2-core machine drifts by more than a round trip between runs).
+		for k := range httpbench.LowRounds {
+			round := rep*httpbench.LowRounds + k
+			rt := roundTripMedian(300*time.Millisecond, roundTrip)
+			res.Ping.Reps = append(res.Ping.Reps, metrics{p50: rt, "round": float64(round)})
+			for _, s := range interleave.Rotate(systems, round) {
+				fig := measure(s, httpbench.LowConns, lowD, s.RPS*lowD.Seconds(), low[s.ID])
+				fig["round"] = float64(round)
+				low[s.ID].Reps = append(low[s.ID].Reps, fig)
+				logf("rep %d.%d %s", rep+1, k+1, line(httpbench.LowConns, s, fig))
+			}
+		}
+		for _, s := range interleave.Rotate(systems, rep) {
+			fig := measure(s, httpbench.SatConns, satD, s.RPS*satD.Seconds(), sat[s.ID])
+			fig["rep"] = float64(rep)
+			sat[s.ID].Reps = append(sat[s.ID].Reps, fig)
+			s.RPS = max(s.RPS, fig["rps"])
+			note := fmt.Sprintf("requests/req %.2f cpu svc %.0f%%", fig[reqs], 100*fig["svc_share"])
+			for name := range procs {
+				note += fmt.Sprintf(" %s %.0f%%", name, 100*fig[name+"_share"])
+			}
+			logf("rep %d   %s %s wrk %.0f%% other %.0f%%", rep+1, line(httpbench.SatConns, s, fig), note, 100*fig["wrk_share"], 100*fig["other_share"])
+		}
 	}
 }
 
