@@ -264,23 +264,18 @@ func newRedsync(addr string, s clientSetting, delay time.Duration) (impl, error)
 
 func (r *redsyncImpl) lock(ctx context.Context, key string) (any, error) {
 	m := r.rs.NewMutex(key, r.opts...)
-	if err := m.LockContext(ctx); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return m, m.LockContext(ctx)
 }
 
 func (r *redsyncImpl) tryLock(ctx context.Context, key string) (any, error) {
 	m := r.rs.NewMutex(key, r.opts...)
-	if err := m.TryLockContext(ctx); err != nil {
-		var taken *redsync.ErrTaken
-		var nodeTaken *redsync.ErrNodeTaken
-		if errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken) {
-			return nil, errBusy
-		}
-		return nil, err
+	err := m.TryLockContext(ctx)
+	var taken *redsync.ErrTaken
+	var nodeTaken *redsync.ErrNodeTaken
+	if errors.Is(err, redsync.ErrFailed) || errors.As(err, &taken) || errors.As(err, &nodeTaken) {
+		return nil, errBusy
 	}
-	return m, nil
+	return m, err
 }
 
 func (r *redsyncImpl) unlock(ctx context.Context, _ string, h any) error {

@@ -84,11 +84,6 @@ func countCell(name string) func(*result) string {
 	}
 }
 
-// reqCell is the server's requests per operation, n/a where not read.
-func reqCell(name string) func(*result) string {
-	return func(x *result) string { return perOp(x.med(name)) }
-}
-
 // perRepCell lists a figure of each repetition (more than one).
 func perRepCell(name string, f func(float64) string) func(*result) string {
 	return func(x *result) string {
@@ -143,7 +138,7 @@ func (n storeNotes) cpuCols(unit string) []column {
 func contendTable(w writer, n storeNotes, rs []*result, floor string) {
 	cols := []column{{"CS/s", intCell(rate)}, {"per repetition", perRepCell(rate, mdfmt.Int)},
 		{"reads/s", ifHas("read_rate", intCell("read_rate"))}, {"writes/s", ifHas("write_rate", intCell("write_rate"))},
-		{"x floor", ratioCell(rs, floor, rate)}, {"RT/CS", countCell(rt)}, {n.reqCol + "/CS", reqCell(reqs)}, {"fsyncs/CS", countCell(fsy)}}
+		{"x floor", ratioCell(rs, floor, rate)}, {"RT/CS", countCell(rt)}, {n.reqCol + "/CS", medCell(reqs, perOp)}, {"fsyncs/CS", countCell(fsy)}}
 	table(w, rs, slices.Concat(cols, n.cpuCols("CS"), []column{
 		{"read wait p50", ifHas("read_p50", durCell("read_p50"))}, {"read wait p99", ifHas("read_p99", durCell("read_p99"))},
 		{"wait p50", durCell(p50)}, {"wait p99", durCell(p99)}, {"wait max", durCell("max")},
@@ -203,7 +198,7 @@ func (r *report) s1Section(w writer) {
 		cols = append(cols, column{"x " + f[1], ratioCell(r.s1, f[0], p50)})
 	}
 	cols = append(cols, column{"p99", durCell(p99)}, column{"ops/s", intCell(rate)}, column{"p50 per repetition", perRepCell(p50, mdfmt.Dur)},
-		column{"RT/op", countCell(rt)}, column{n.reqCol + "/op", reqCell(reqs)}, column{"fsyncs/op", countCell(fsy)})
+		column{"RT/op", countCell(rt)}, column{n.reqCol + "/op", medCell(reqs, perOp)}, column{"fsyncs/op", countCell(fsy)})
 	table(w, r.s1, append(append(cols, n.cpuCols("op")...), column{"allocs/op", intCell("allocs")}, column{"B/op", intCell("bytes")},
 		column{"errors", errorsCell}, column{"server command mix per op", mixCell})...)
 	w("%s\n\n", floorRatios(r.s1, n.floorRows(), p50))
@@ -292,9 +287,9 @@ func (r *report) s5Section(w writer) {
 	w("did not answer busy (it must be 0).\n\n")
 	unit := fmt.Sprintf("%d goroutines: ", s5Goroutines)
 	cols := []column{{"ns/call", intCell("ns")}, {"allocs/call", floatCell("allocs")},
-		{"B/call", intCell("bytes")}, {n.reqCol + "/call", reqCell(reqs)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
+		{"B/call", intCell("bytes")}, {n.reqCol + "/call", medCell(reqs, perOp)}, {"RT/call", countCell(rt)}, {"fsyncs/call", countCell(fsy)}}
 	table(w, r.s5, append(append(cols, n.cpuCols("call")[0]), column{unit + "ns/call", intCell("par_ns")}, column{"calls/s", intCell("par_rate")},
-		column{unit + n.reqCol + "/call", reqCell("par_reqs")}, column{"not busy", func(x *result) string { return mdfmt.Int(x.sum("wrong")) }})...)
+		column{unit + n.reqCol + "/call", medCell("par_reqs", perOp)}, column{"not busy", func(x *result) string { return mdfmt.Int(x.sum("wrong")) }})...)
 	for _, x := range r.s5 {
 		if i := slices.IndexFunc(x.FirstErrs, func(e string) bool { return e != "" }); i >= 0 {
 			w("First call of %s that did not answer busy: `%s`.\n\n", x.Label, x.FirstErrs[i])
@@ -387,14 +382,11 @@ func (r *report) list(sc int) []*result {
 	return [][]*result{nil, r.s1, r.s2[hotGoroutines], r.s3, r.s4, r.s5}[sc]
 }
 
-// at is row's result in scenario sc (nil: none).
-func (r *report) at(sc int, row string) *result { return find(r.list(sc), row) }
-
 // med is the median of a figure of row in scenario sc over the repetitions.
-func (r *report) med(sc int, row, name string) float64 { return r.at(sc, row).med(name) }
+func (r *report) med(sc int, row, name string) float64 { return find(r.list(sc), row).med(name) }
 
 // sum is a count of row in scenario sc summed over the repetitions.
-func (r *report) sum(sc int, row, name string) int64 { return int64(r.at(sc, row).sum(name)) }
+func (r *report) sum(sc int, row, name string) int64 { return int64(find(r.list(sc), row).sum(name)) }
 
 // storeGoalSets are an etcd or ZooKeeper report's goals, which compare medians: scenario 1 on
 // p50 latency against the floor (at most 1.2x), 2 (and 3, where the store sets it) on critical
@@ -432,6 +424,7 @@ func safeDiv(a, b float64) float64 {
 	return a / b
 }
 
+// perOp formats a figure per operation, n/a where the server's counters were not read (-1).
 func perOp(v float64) string {
 	if v < 0 {
 		return "n/a"
