@@ -72,12 +72,8 @@ func (e *etcdBackend) describe() string {
 func (e *etcdBackend) workerArgs(*config) []string { return []string{"-addr", e.clientURL} }
 func (e *etcdBackend) attach(addr string)          { e.clientURL = addr }
 
-// start starts the server on free ports; on others if it exits before it is ready.
+// start starts the server on free ports.
 func (e *etcdBackend) start(c *config) error {
-	return redisserver.Retry(func() error { return e.startOnce(c) })
-}
-
-func (e *etcdBackend) startOnce(c *config) error {
 	out, err := exec.Command(c.etcdBin, "--version").Output()
 	if err != nil {
 		return fmt.Errorf("%s --version: %v (apt-get install etcd-server)", c.etcdBin, err)

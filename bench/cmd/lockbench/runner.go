@@ -57,7 +57,8 @@ const s1MaxOps = 200000
 // implements fullBackend too, one with scenarios of its own extraScenarios.
 type backend interface {
 	// start starts the server on free loopback ports (Stop ends it by its pid, removes its
-	// data, and may be called twice); describe is its progress line. A worker attaches to the
+	// data, and may be called twice), which run chooses anew while it exits before it is ready
+	// (redisserver.Retry); describe is its progress line. A worker attaches to the
 	// parent's server instead, at the address workerArgs gave it.
 	start(c *config) error
 	attach(addr string)
@@ -431,7 +432,7 @@ func warmImpl(im impl, prefix string, n int) error {
 // repetition, then 8, 9, 5, 6 and 7, each with its own repetitions, then the backend's own
 // (Redis: 13, 10, 11, 12), and writes the reports.
 func run(c *config, be backend, prof profiling) {
-	check(be.start(c), "start %s: %v", be.notes().name)
+	check(redisserver.Retry(func() error { return be.start(c) }), "start %s: %v", be.notes().name)
 	stopServers = be.Stop
 	progress("%s", be.describe())
 	b, err := openBench(c, be)
@@ -646,33 +647,6 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 		m["read_p50"], m["read_p99"] = percentile(cr.ReadWaits, 0.50), percentile(cr.ReadWaits, 0.99)
 	}
 	return perOpFigures(m, st, cr.Ops)
-}
-
-// runProcs runs one repetition of row r in procs worker processes (worker.go) of g goroutines
-// each on one fresh key over a common window d (scenario 3, 8's processes, 10-12); extra are
-// more of the workers' flags (scenario 11's -reads). It returns contendMetrics with the
-// workers' CPU, fair (the most critical sections of a process over the fewest), per_proc and
-// procN, the server command mix and the first error.
-func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
-	wr, st, cs, span, done := b.workerRun(r, key, procs, g, d, extra...)
-	defer done()
-	var all workerResult // the critical sections of all over the window, every error, their round trips and CPU
-	for _, w := range wr {
-		all.Add(w.Result)
-		all.CPU += w.CPU
-		all.RT += w.RT
-		all.Elapsed = max(all.Elapsed, w.Elapsed)
-	}
-	st.rts = all.RT
-	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
-	var fewest, most int64 = 1 << 62, 0
-	for i, w := range wr {
-		fewest, most = min(fewest, w.Ops), max(most, w.Ops)
-		m["proc"+strconv.Itoa(i)] = float64(w.Ops)
-	}
-	m[ccpu] = float64(all.CPU) / float64(max(all.Ops, 1))
-	m["fair"], m["per_proc"] = float64(most)/float64(max(fewest, 1)), float64(all.Ops)/float64(len(wr))
-	return m, mixString(st.cmds, all.Ops), all.FirstErr
 }
 
 // retriesOf is how many attempts of im found its key taken so far (the floor's put-if-absent

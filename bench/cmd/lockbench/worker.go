@@ -38,28 +38,46 @@ type workerResult struct {
 	CPU int64 `json:"cpu"` // ns of CPU the worker used in the window
 }
 
-// workerRun runs one measurement of row r on key in procs worker processes of g goroutines
-// each, over the common window d (extra are more of the workers' flags), on every store: it
-// maps the guard files they all share (mapGuards), starts the workers, releases them together
-// once all are ready, reads the server's counters over the window (st), then reads their
-// results, waiting up to the Lock's bound + 30 s for each. The guards are to be read before
-// done unmaps them.
-func (b *bench) workerRun(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (res []workerResult, st serverStats, cs, span guard.Guard, done func()) {
+// runProcs runs one repetition of row r in procs worker processes of g goroutines each on one
+// fresh key over a common window d (scenario 3, 8's processes, 10-12), on every store; extra
+// are more of the workers' flags (scenario 11's -reads). It maps the guard files they all share
+// (mapGuards), starts the workers, releases them together once all are ready, reads the
+// server's counters over the window, then reads their results, waiting up to the Lock's bound
+// + 30 s for each. It returns contendMetrics with the workers' CPU, fair (the most critical
+// sections of a process over the fewest), per_proc and procN, the server command mix and the
+// first error.
+func (b *bench) runProcs(r rowSpec, key string, procs, g int, d time.Duration, extra ...string) (metrics, string, string) {
 	shm := fmt.Sprintf("%s/lockbench-%d-%s-%s.shm", os.TempDir(), os.Getpid(), r.id, strings.NewReplacer("/", "_", ":", "_").Replace(key)) // the guard file
-	cs, span, done = mapGuards(r, shm, true)
+	cs, span, done := mapGuards(r, shm, true)
+	defer done()
 	args := slices.Concat([]string{workerArg, "-store", b.be.notes().name, "-row", r.id, "-key", key, "-g", strconv.Itoa(g), "-d", d.String(),
 		"-lock-timeout", b.c.lockTimeout.String(), "-shm", shm}, b.be.workerArgs(b.c), extra)
 	if r.permits > 1 {
 		args = append(args, "-permits", strconv.Itoa(r.permits))
 	}
+	var st serverStats
 	lines, _, err := workerproc.Run(procs, args, workers, 200*time.Millisecond, b.c.lockTimeout+30*time.Second,
 		func(start time.Time) { st = windowStats(start, d, b.meter("")) })
 	check(err, "workers of %s: %v", r.id)
-	res = make([]workerResult, len(lines))
+	var all workerResult // the critical sections of all over the window, every error, their round trips and CPU
+	ops := make([]int64, len(lines))
 	for i, line := range lines {
-		check(json.Unmarshal([]byte(line), &res[i]), "worker %d: bad result %q: %v", i, line)
+		var w workerResult
+		check(json.Unmarshal([]byte(line), &w), "worker %d: bad result %q: %v", i, line)
+		all.Add(w.Result)
+		all.CPU += w.CPU
+		all.RT += w.RT
+		all.Elapsed = max(all.Elapsed, w.Elapsed)
+		ops[i] = w.Ops
 	}
-	return res, st, cs, span, done
+	st.rts = all.RT
+	m := contendMetrics(r, all.Result, st, cs.Plain(), cs.Violations()+span.Violations(), cs.FenceViolations(), span.Peak())
+	for i, n := range ops {
+		m["proc"+strconv.Itoa(i)] = float64(n)
+	}
+	m[ccpu] = float64(all.CPU) / float64(max(all.Ops, 1))
+	m["fair"], m["per_proc"] = float64(slices.Max(ops))/float64(max(slices.Min(ops), 1)), float64(all.Ops)/float64(len(ops))
+	return m, mixString(st.cmds, all.Ops), all.FirstErr
 }
 
 // mapGuards maps the guard file shm of a measurement of row r and, for a semaphore's or a

@@ -16,7 +16,6 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
-	"github.com/flightlock/flightlock/bench/internal/redisserver"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/zkstore"
 )
@@ -90,12 +89,8 @@ var zkJVMFlags = []string{
 }
 
 // start starts the server with tickTime -zk-tick under a temporary directory in -datadir
-// and waits until it serves; on another free port if it exits before it is ready.
+// and waits until it serves.
 func (z *zkBackend) start(c *config) error {
-	return redisserver.Retry(func() error { return z.startOnce(c) })
-}
-
-func (z *zkBackend) startOnce(c *config) error {
 	java, err := exec.LookPath(c.javaBin)
 	if err != nil {
 		return fmt.Errorf("java: %v (apt-get install zookeeper)", err)
