@@ -161,11 +161,11 @@ func rwRows() []rowSpec {
 	}
 }
 
-// rwImpl is a row of a read-write lock: impl's lock and unlock are the write lock's.
+// rwImpl is a row of a read-write lock: impl's lock is the write lock's, rlock the read
+// lock's, and impl's unlock releases a hold of either kind.
 type rwImpl interface {
 	impl
 	rlock(ctx context.Context, key string) (any, error)
-	runlock(ctx context.Context, key string, h any) error
 }
 
 // --- flightlock's read-write lock as a row
@@ -189,10 +189,6 @@ func newFlightlockRW(addr string, s clientSetting) (impl, error) {
 
 func (f *flightlockRWImpl) rlock(ctx context.Context, key string) (any, error) {
 	return f.read.Lock(ctx, key)
-}
-
-func (f *flightlockRWImpl) runlock(ctx context.Context, _ string, h any) error {
-	return h.(*flightlock.Lease).Release(ctx)
 }
 
 // --- the naive read-write lock as a row
@@ -220,10 +216,6 @@ func (p *pollRWImpl) unlock(ctx context.Context, _ string, h any) error {
 
 func (p *pollRWImpl) rlock(ctx context.Context, key string) (any, error) { return p.l.RLock(ctx, key) }
 
-func (p *pollRWImpl) runlock(ctx context.Context, key string, h any) error {
-	return p.unlock(ctx, key, h)
-}
-
 // --- holders
 
 // rwHolder drives a read-write row as a contend.ReadHolder: each Lock is a read with
@@ -248,12 +240,7 @@ func (x *rwHolder) Lock(ctx context.Context, k int) (int64, error) {
 	return 0, err
 }
 
-func (x *rwHolder) Unlock(ctx context.Context) error {
-	if x.reading {
-		return x.im.runlock(ctx, x.keys[x.k], x.h)
-	}
-	return x.im.unlock(ctx, x.keys[x.k], x.h)
-}
+func (x *rwHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
 func (x *rwHolder) Reading() bool { return x.reading }
 

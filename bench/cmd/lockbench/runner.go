@@ -422,7 +422,7 @@ func warmImpl(im impl, prefix string, n int) error {
 			if h, err = rim.rlock(ctx, k); err != nil {
 				return err
 			}
-			_ = rim.runlock(ctx, k, h)
+			_ = im.unlock(ctx, k, h)
 		}
 	}
 	return nil
