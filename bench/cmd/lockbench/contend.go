@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"time"
@@ -83,8 +84,9 @@ const (
 	s13KeysSlice        = 250 * time.Millisecond
 )
 
-// sliceSum is what one row gathered over its slices.
+// sliceSum is what one row (im) gathered over its slices.
 type sliceSum struct {
+	im               impl
 	ops, errs        int64
 	elapsed          time.Duration
 	st               serverStats // the server's counters and the CPU, summed
@@ -95,19 +97,24 @@ type sliceSum struct {
 	keysNext         int      // the next of the row's keys to lock
 }
 
-// sliceRows runs lock + unlock on each row of ims, one operation after the other on up to
-// s1MaxOps keys named after prefix (made before the rows run), each row for d in turns of
-// slice from rep, with the counters of the row's meter. With timeCalls, a row whose client
-// times its calls (callTimer) has its operations split into the time inside them and the rest.
-func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Duration, timeCalls bool) []*sliceSum {
-	sums := make([]*sliceSum, len(ims))
-	for i, im := range ims {
-		sums[i] = &sliceSum{keys: rowKeys(im, prefix, s1MaxOps), st: serverStats{ok: true}, lat: make([]int64, 0, s1MaxOps), lockLat: make([]int64, 0, s1MaxOps)}
+// uncontended runs scenario 1's loop for rows in one repetition rep: lock + unlock on each
+// row, one operation after the other on up to s1MaxOps keys named after prefix (made before the
+// rows run), each row for d in turns of slice from rep, with the counters of the row's meter
+// read around each slice. It returns each row's latency (the lock's and the unlock's apart),
+// what the server counted, CPU and allocations per operation, with timeCalls (on a row whose
+// client times its calls, callTimer) the time inside the client's calls and the rest, and the
+// server command mix per operation.
+func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
+	sums := make([]*sliceSum, len(rows))
+	for i, r := range rows {
+		im := b.impl(r)
+		sums[i] = &sliceSum{im: im, keys: rowKeys(im, fmt.Sprintf("%s:%d:", prefix, rep), s1MaxOps), st: serverStats{ok: true},
+			lat: make([]int64, 0, s1MaxOps), lockLat: make([]int64, 0, s1MaxOps)}
 	}
 	ctx := context.Background()
 	runtime.GC()
 	interleave.Slices(sums, rep, d, slice, func(s *sliceSum, d time.Duration) (time.Duration, bool) {
-		im := ims[slices.Index(sums, s)]
+		im := s.im
 		var m0, m1 runtime.MemStats
 		runtime.ReadMemStats(&m0)
 		s0 := readStats(meter{b.be, im}, false)
@@ -153,7 +160,23 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 		s.st = s.st.add(readStats(meter{b.be, im}, true).sub(s0))
 		return ran, s.keysNext < len(s.keys)
 	})
-	return sums
+	out, mixes := map[string]metrics{}, map[string]string{}
+	for i, r := range rows {
+		s := sums[i]
+		fn := float64(max(s.ops, 1))
+		m := latencyMetrics(s.lat, s.lockLat)
+		m["ops"], m[rate], m[failures] = float64(s.ops), float64(s.ops)/s.elapsed.Seconds(), float64(s.errs)
+		m["allocs"], m["bytes"] = float64(s.mallocs)/fn, float64(s.bytes)/fn
+		perOpFigures(m, s.st, s.ops)
+		if len(s.inCalls) > 0 {
+			slices.Sort(s.inCalls)
+			slices.Sort(s.outside)
+			m["calls_p50"] = percentile(s.inCalls, 0.50)
+			m["outside_p50"] = percentile(s.outside, 0.50)
+		}
+		out[r.id], mixes[r.id] = m, mixString(s.st.cmds, s.ops)
+	}
+	return out, mixes
 }
 
 // contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
@@ -161,7 +184,7 @@ func (b *bench) sliceRows(ims []impl, prefix string, rep int, d, slice time.Dura
 func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
 	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
 	for _, r := range rows {
-		// A sum starts known (ok), as sliceRows' do: add keeps ok only while every slice's is.
+		// A sum starts known (ok), as uncontended's do: add keeps ok only while every slice's is.
 		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, each(len(keys[r.id]), func(int) guard.Guard { return guard.New() }), serverStats{ok: true}
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {

@@ -532,32 +532,6 @@ func (b *bench) hotAndMany(r int) {
 // manyKeys is how many keys the operations of scenario 4 draw from, on every store.
 const manyKeys = 1000
 
-// uncontended runs scenario 1's loop for rows in one repetition rep on keys named after
-// prefix (sliceRows, in turns of slice): each row's latency (the lock's and the unlock's
-// apart), what the server counted, CPU and allocations per operation, with timeCalls the time
-// inside the client's calls and the rest, and the server command mix per operation.
-func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice time.Duration, timeCalls bool) (map[string]metrics, map[string]string) {
-	ims := each(len(rows), func(i int) impl { return b.impl(rows[i]) })
-	sums := b.sliceRows(ims, fmt.Sprintf("%s:%d:", prefix, rep), rep, d, slice, timeCalls)
-	out, mixes := map[string]metrics{}, map[string]string{}
-	for i, r := range rows {
-		s := sums[i]
-		fn := float64(max(s.ops, 1))
-		m := latencyMetrics(s.lat, s.lockLat)
-		m["ops"], m[rate], m[failures] = float64(s.ops), float64(s.ops)/s.elapsed.Seconds(), float64(s.errs)
-		m["allocs"], m["bytes"] = float64(s.mallocs)/fn, float64(s.bytes)/fn
-		perOpFigures(m, s.st, s.ops)
-		if len(s.inCalls) > 0 {
-			slices.Sort(s.inCalls)
-			slices.Sort(s.outside)
-			m["calls_p50"] = percentile(s.inCalls, 0.50)
-			m["outside_p50"] = percentile(s.outside, 0.50)
-		}
-		out[r.id], mixes[r.id] = m, mixString(s.st.cmds, s.ops)
-	}
-	return out, mixes
-}
-
 // latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
 // lat, and the p50s of their lock parts (lockLat) and unlock parts (the difference). It sorts
 // lat and lockLat in place.

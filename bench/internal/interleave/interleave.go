@@ -4,16 +4,17 @@
 // and no row always runs first or last.
 package interleave
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
-// Rotate returns rows starting at rep mod len(rows).
+// Rotate returns a copy of rows starting at rep mod len(rows).
 func Rotate[T any](rows []T, rep int) []T {
-	n := len(rows)
-	out := make([]T, 0, n)
-	for i := range rows {
-		out = append(out, rows[(i+rep)%n])
+	if len(rows) == 0 {
+		return nil
 	}
-	return out
+	return slices.Concat(rows[rep%len(rows):], rows[:rep%len(rows)])
 }
 
 // Slices runs rows in turns until each has run for d: in every round, each row whose time is
