@@ -108,7 +108,6 @@ type config struct {
 	dataDir     string        // parent of the server's temporary data directory
 	cmdline     string
 	args        []string // the flags as given, for the report's command line
-	startedAt   time.Time
 
 	// etcd only
 	etcdBin string
@@ -348,7 +347,6 @@ func parseFlags(args []string) (config, profiling) {
 	}
 	cfg.cmdline = strings.Join(append([]string{"go run ./cmd/lockbench"}, shownArgs(args)...), " ")
 	cfg.args = args
-	cfg.startedAt = time.Now()
 	return cfg, prof
 }
 

@@ -31,8 +31,6 @@ type s8Axis struct {
 	Res    map[int][]*result `json:"results"`
 }
 
-func (a *s8Axis) at(x int) []*result { return a.Res[x] }
-
 // axisNamed is the axis of axes called name, nil if it did not run.
 func axisNamed(axes []*s8Axis, name string) *s8Axis {
 	if i := slices.IndexFunc(axes, func(a *s8Axis) bool { return a.Name == name }); i >= 0 {

@@ -65,7 +65,7 @@ func (b *bench) scaling() []*s8Axis {
 	for _, ax := range axes {
 		p := strings.TrimSuffix(c.out, filepath.Ext(c.out)) + "-scaling-" + ax.Name + ".png"
 		title := fmt.Sprintf("%s, %s: critical sections per second (median)", n.title, axisUnit(ax.Name))
-		drawn, err := drawResultsChart(p, title, ax.Name+" (log)", ax.Points, ax.at, rate)
+		drawn, err := drawResultsChart(p, title, ax.Name+" (log)", ax.Points, func(x int) []*result { return ax.Res[x] }, rate)
 		if err == nil && !drawn {
 			err = fmt.Errorf("no row measured a critical section on the %s axis", ax.Name)
 		}
