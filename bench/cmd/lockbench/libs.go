@@ -156,8 +156,6 @@ func (g goredisRow) roundTrips() int64      { return g.rt.n.Load() }
 func (g goredisRow) counter() *rtCounter    { return g.rt }
 func (g goredisRow) close()                 { _ = g.client.Close() }
 
-// --- flightlock
-
 // lockerRow is a flightlock Locker as a row, on every store: lock is Lock, tryLock a TryLock
 // of its Reject twin (which shares its gate), unlock the lease's Release. The Locker adds its
 // own key prefix.
@@ -218,8 +216,7 @@ func (f *flightlockImpl) key(base string) string { return base } // the Locker a
 func (f *flightlockImpl) roundTrips() int64      { return f.goredisRow.roundTrips() }
 func (f *flightlockImpl) close()                 { _ = f.store.Close(); _ = f.client.Close() }
 
-// --- bsm/redislock
-
+// redislockImpl is bsm/redislock's row.
 type redislockImpl struct {
 	goredisRow
 	lc   *redislock.Client
@@ -245,8 +242,7 @@ func (r *redislockImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*redislock.Lock).Release(ctx)
 }
 
-// --- redsync
-
+// redsyncImpl is redsync's row.
 type redsyncImpl struct {
 	goredisRow
 	rs   *redsync.Redsync
@@ -286,8 +282,7 @@ func (r *redsyncImpl) unlock(ctx context.Context, _ string, h any) error {
 	return err
 }
 
-// --- go-zero RedisLock
-
+// gozeroImpl is go-zero RedisLock's row.
 type gozeroImpl struct {
 	store *zeroredis.Redis
 	rt    *rtCounter
@@ -365,8 +360,7 @@ func (g *gozeroImpl) unlock(ctx context.Context, _ string, h any) error {
 func (g *gozeroImpl) roundTrips() int64 { return g.rt.n.Load() }
 func (g *gozeroImpl) close()            {} // the client belongs to go-zero's process-wide manager
 
-// --- floors
-
+// floorImpl is a floor: PING (ping), or SET PX + DEL.
 type floorImpl struct {
 	goredisRow
 	ping bool
@@ -392,8 +386,6 @@ func (f *floorImpl) unlock(ctx context.Context, key string, _ any) error {
 	}
 	return f.client.Del(ctx, key).Err()
 }
-
-// --- flightlock's RedisStore alone
 
 // storeImpl drives flightlock's RedisStore directly, without the Locker: the same scripts,
 // keys and arguments as the flightlock row, none of its client-side work (gate, hold, lease,
@@ -426,8 +418,6 @@ func (s *storeImpl) unlock(ctx context.Context, key string, h any) error {
 }
 
 func (s *storeImpl) close() { _ = s.store.Close(); _ = s.client.Close() }
-
-// --- rueidislock
 
 // rueidisWait bounds every blocking acquisition of the rueidislock row. rueidislock wakes a
 // waiter only on a client-side-caching invalidation of the key (another process changed it) or

@@ -47,8 +47,7 @@ func semaphoreRows() []rowSpec {
 	}
 }
 
-// --- the naive ZSET semaphore as a row
-
+// zsetSemImpl is the naive ZSET semaphore as a row.
 type zsetSemImpl struct {
 	goredisRow
 	sem *zsetsem.Semaphore
@@ -71,8 +70,6 @@ func (z *zsetSemImpl) tryLock(ctx context.Context, key string) (any, error) {
 func (z *zsetSemImpl) unlock(ctx context.Context, _ string, h any) error {
 	return h.(*zsetsem.Permit).Release(ctx)
 }
-
-// --- holders that span their hold
 
 // spanHolder marks its goroutine inside span, as a reader (a contend.ReadHolder's read) or as a
 // holder of a permit or write, from the moment Lock returns a hold to the moment it calls
@@ -118,8 +115,6 @@ func (x *spanHolder) Reading() bool { return x.reading }
 func spanHolders(hs []contend.Holder, span guard.Guard) []contend.Holder {
 	return each(len(hs), func(i int) contend.Holder { return &spanHolder{Holder: hs[i], span: span} })
 }
-
-// --- the report
 
 func (r *report) s10Section(w func(string, ...any)) {
 	s := r.s10
@@ -168,8 +163,7 @@ type rwImpl interface {
 	rlock(ctx context.Context, key string) (any, error)
 }
 
-// --- flightlock's read-write lock as a row
-
+// flightlockRWImpl is flightlock's read-write lock as a row.
 type flightlockRWImpl struct {
 	*flightlockImpl
 	read *flightlock.Locker // WithRead, on the write Locker's store and gate
@@ -191,8 +185,7 @@ func (f *flightlockRWImpl) rlock(ctx context.Context, key string) (any, error) {
 	return f.read.Lock(ctx, key)
 }
 
-// --- the naive read-write lock as a row
-
+// pollRWImpl is the naive read-write lock as a row.
 type pollRWImpl struct {
 	goredisRow
 	l *pollrw.RWLock
@@ -215,8 +208,6 @@ func (p *pollRWImpl) unlock(ctx context.Context, _ string, h any) error {
 }
 
 func (p *pollRWImpl) rlock(ctx context.Context, key string) (any, error) { return p.l.RLock(ctx, key) }
-
-// --- holders
 
 // rwHolder drives a read-write row as a contend.ReadHolder: each Lock is a read with
 // probability reads/100 (math/rand/v2's source, per thread, so goroutines do not share one).
@@ -244,8 +235,6 @@ func (x *rwHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x
 
 func (x *rwHolder) Reading() bool { return x.reading }
 
-// --- scenario 11
-
 // s11Mix is scenario 11's rows at one mix.
 type s11Mix struct {
 	Reads int `json:"reads"` // percent of Locks that are reads
@@ -266,8 +255,6 @@ func (b *bench) scenario11() *s11Results {
 	}
 	return out
 }
-
-// --- the report
 
 func (r *report) s11Section(w func(string, ...any)) {
 	s := r.s11
@@ -318,8 +305,6 @@ func fairRows() []rowSpec {
 			build: func(a string, s clientSetting) (impl, error) { return newFlightlock(a, s, flightlock.WithFair()) }},
 	}
 }
-
-// --- the report
 
 func (r *report) s12Section(w func(string, ...any)) {
 	s := r.s12
