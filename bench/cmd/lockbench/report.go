@@ -238,8 +238,7 @@ func (r *report) markdown() string {
 			goalTable(w, set.goals)
 		}
 	}
-	r.mainSections(w)
-	r.laterSections(w)
+	r.sections(w)
 	n.closing(r, w)
 	return b.String()
 }

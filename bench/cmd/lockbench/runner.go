@@ -532,25 +532,6 @@ func (b *bench) hotAndMany(r int) {
 // manyKeys is how many keys the operations of scenario 4 draw from, on every store.
 const manyKeys = 1000
 
-// latencyMetrics are the p50 and p99 of lock + unlock operations whose whole latencies are
-// lat, and the p50s of their lock parts (lockLat) and unlock parts (the difference). It sorts
-// lat and lockLat in place.
-func latencyMetrics(lat, lockLat []int64) metrics {
-	unlockLat := make([]int64, len(lat))
-	for i := range unlockLat {
-		unlockLat[i] = lat[i] - lockLat[i]
-	}
-	slices.Sort(lat)
-	slices.Sort(lockLat)
-	slices.Sort(unlockLat)
-	return metrics{
-		p50:          percentile(lat, 0.50),
-		p99:          percentile(lat, 0.99),
-		"lock_p50":   percentile(lockLat, 0.50),
-		"unlock_p50": percentile(unlockLat, 0.50),
-	}
-}
-
 // admitting is guard g as the checks of row r see it: a read-write lock's, a semaphore's of
 // r.permits holders, or a mutex's.
 func admitting(r rowSpec, g guard.Guard) guard.Guard {

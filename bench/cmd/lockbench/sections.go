@@ -11,7 +11,7 @@ import (
 	"github.com/flightlock/flightlock/bench/internal/mdfmt"
 )
 
-// The report sections of scenarios 1-5, and the order of the later ones (laterSections),
+// The report sections of scenarios 1-5, and the order of the later ones (report.sections),
 // written once for every store: their tables show the figures
 // a store gives (a column no row has a figure for is left out: round trips and the command mix
 // are Redis's, fsyncs and retries etcd's and ZooKeeper's), named in the store's words
@@ -301,19 +301,15 @@ func (r *report) s5Section(w writer) {
 	}
 }
 
-// mainSections writes the sections of scenarios 1-5 that ran.
-func (r *report) mainSections(w writer) {
+// sections writes the sections of scenarios 1-5 that ran, then those of 6-9 and 13 that the
+// store runs, saying which did not run.
+func (r *report) sections(w writer) {
 	hot := func(sc int) func(writer) { return func(w writer) { r.hotSection(w, sc) } }
 	for sc, write := range []func(writer){1: r.s1Section, 2: hot(2), 3: hot(3), 4: r.s4Section, 5: r.s5Section} {
 		if write != nil && r.cfg.scenarios[sc] {
 			write(w)
 		}
 	}
-}
-
-// laterSections writes the sections of scenarios 6-9 and 13 that the store runs, saying which
-// did not run.
-func (r *report) laterSections(w writer) {
 	for _, sec := range []struct {
 		n, title string
 		sc       int
