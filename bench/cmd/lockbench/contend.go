@@ -186,13 +186,14 @@ func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice tim
 	return out, mixes
 }
 
-// contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over keys) for
-// rows at once, in slices. Each row has keys of its own.
-func (b *bench) contendSliced(rows []rowSpec, keys map[string][]string, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
-	crs, sts, guards := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}
+// contendSliced is scenario 8's many-keys loop (bench.contendRun, g goroutines over n keys
+// named after prefix, each row on keys of its own) for rows at once, in slices.
+func (b *bench) contendSliced(rows []rowSpec, prefix string, n, g int, d time.Duration, rep int) (map[string]metrics, map[string]string) {
+	crs, sts, guards, keys := map[string]*contend.Result{}, map[string]serverStats{}, map[string][]guard.Guard{}, map[string][]string{}
 	for _, r := range rows {
 		// A sum starts known (ok), as uncontended's do: add keeps ok only while every slice's is.
-		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, each(len(keys[r.id]), func(int) guard.Guard { return guard.New() }), serverStats{ok: true}
+		crs[r.id], guards[r.id], sts[r.id] = &contend.Result{}, each(n, func(int) guard.Guard { return guard.New() }), serverStats{ok: true}
+		keys[r.id] = rowKeys(b.impl(r), prefix, n)
 	}
 	interleave.Slices(rows, rep, d, s13KeysSlice, func(r rowSpec, slice time.Duration) (time.Duration, bool) {
 		im := b.impl(r)

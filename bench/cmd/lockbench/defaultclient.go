@@ -105,11 +105,7 @@ func (b *bench) scenario13() *s13Results {
 		b.warm(rows)
 		for rep := range b.c.reps {
 			for _, x := range out.KeyPoints {
-				keys := map[string][]string{}
-				for _, r := range rows {
-					keys[r.id] = rowKeys(b.impl(r), fmt.Sprintf("s13k:%d:%d:", x, rep), x)
-				}
-				ms, errs := b.contendSliced(rows, keys, s8KeyGoroutines, b.c.d4, rep)
+				ms, errs := b.contendSliced(rows, fmt.Sprintf("s13k:%d:%d:", x, rep), x, s8KeyGoroutines, b.c.d4, rep)
 				for _, r := range rows {
 					m := ms[r.id]
 					out.Keys[x] = addRep(out.Keys[x], r, m, "", errs[r.id])

@@ -164,13 +164,11 @@ func (e *etcdBackend) newStore() (closingStore, error) { return etcdstore.New(e.
 
 func (e *etcdBackend) floorFrom(key string) error {
 	kv, err := e.cli.Get(context.Background(), key)
-	if err == nil && len(kv.Kvs) == 0 {
-		err = errors.New("not found")
+	if err != nil || len(kv.Kvs) == 0 {
+		return cmp.Or(err, errors.New("not found"))
 	}
-	if err == nil {
-		e.floorValue = string(kv.Kvs[0].Value)
-	}
-	return err
+	e.floorValue = string(kv.Kvs[0].Value)
+	return nil
 }
 
 func (e *etcdBackend) close() {

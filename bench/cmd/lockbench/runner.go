@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"maps"
@@ -159,15 +158,10 @@ func freeAddrs(n int) []string {
 // fsType names the file system that holds dir, from /proc/self/mountinfo (the longest mount
 // point that is a prefix of dir).
 func fsType(dir string) string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "unknown"
-	}
-	defer f.Close()
+	raw, _ := os.ReadFile("/proc/self/mountinfo") // unreadable: no line, "unknown"
 	best, typ := "", "unknown"
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
+	for line := range strings.Lines(string(raw)) {
+		fields := strings.Fields(line)
 		sep := slices.Index(fields, "-")
 		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
 			continue
