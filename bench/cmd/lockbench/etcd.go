@@ -273,11 +273,7 @@ func (e *etcdBackend) peerGoroutines(n int) error {
 		made[i], err = concurrency.NewSession(e.cli, concurrency.WithTTL(leaseSeconds))
 		return err
 	})
-	for _, s := range made {
-		if s != nil {
-			e.hotSess = append(e.hotSess, s)
-		}
-	}
+	e.hotSess = append(e.hotSess, slices.DeleteFunc(made, func(s *concurrency.Session) bool { return s == nil })...)
 	if errs > 0 {
 		return fmt.Errorf("%d of %d mutex sessions: %w", errs, add, first)
 	}

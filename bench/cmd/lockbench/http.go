@@ -72,7 +72,14 @@ func (b *bench) scenario6Bare() *s6Results {
 		}
 		rows = append(rows, s6Row{id: r.id, label: r.label, uid: "b" + r.uid})
 	}
-	res := b.httpScenario(b.startBare, rows)
+	res := b.httpScenario(func(r s6Row) *httpbench.System { // the create-order route alone, under the row's orderLock
+		c, _, err := httpbench.Load(b.c.exampleConf)
+		check(err, "s6 bare: %v")
+		mw, closes := b.orderLock(r.id, c.Order.Lock, false)
+		s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
+		check(err, "s6 bare %s: %v", r.id)
+		return s
+	}, rows)
 	res.Bare = true
 	return res
 }
@@ -206,16 +213,6 @@ func (b *bench) startSystem(r s6Row) *httpbench.System {
 	}
 	s, err := httpbench.Start(r.id, r.uid, c, ports, closes, opts...)
 	check(err, "s6 %s: %v", r.id)
-	return s
-}
-
-// startBare starts the bare create-order server of one row, with the row's orderLock.
-func (b *bench) startBare(r s6Row) *httpbench.System {
-	c, _, err := httpbench.Load(b.c.exampleConf)
-	check(err, "s6 bare: %v")
-	mw, closes := b.orderLock(r.id, c.Order.Lock, false)
-	s, err := httpbench.StartBare(r.id, r.uid, mw, closes)
-	check(err, "s6 bare %s: %v", r.id)
 	return s
 }
 

@@ -1,7 +1,6 @@
 package httpbench
 
 import (
-	"bufio"
 	"bytes"
 	_ "embed"
 	"encoding/json"
@@ -172,9 +171,8 @@ func (w *Wrk) runOnce(s *System, conns int, d time.Duration, expect float64, bef
 	if err != nil {
 		return r, fmt.Errorf("wrk: %v: %s", err, stderr.String())
 	}
-	sc := bufio.NewScanner(&out)
-	for sc.Scan() {
-		if raw, ok := strings.CutPrefix(sc.Text(), "LOCKBENCH "); ok {
+	for line := range strings.Lines(out.String()) {
+		if raw, ok := strings.CutPrefix(line, "LOCKBENCH "); ok {
 			if err := json.Unmarshal([]byte(raw), &r.Summary); err != nil {
 				return r, fmt.Errorf("wrk summary %q: %v", raw, err)
 			}
