@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightlock/flightlock/bench/internal/guard"
@@ -233,61 +232,41 @@ func (b *bench) waitRow(r rowSpec, w int) (metrics, error) {
 	}
 	g := guard.New()
 	g.Enter(fenceOf(held))
-	l0 := memstat.Live()
-	wctx, wcancel := context.WithTimeout(context.Background(), s9Settle+s9WaitWindow+s9ServeBound)
-	defer wcancel()
-	var (
-		mu           sync.Mutex
-		first, last  = int64(1 << 62), int64(0) // guarded by mu, as served, errs and firstErr are
-		served, errs int64
-		firstErr     error
-		wg           sync.WaitGroup
-	)
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		errs++
-		firstErr = cmp.Or(firstErr, err)
-	}
-	for i := range w {
-		wg.Go(func() {
-			// Arrivals spread over s9Arrive, as requests come: waiters that all start at once and
-			// poll at a fixed interval would retry in lockstep.
-			time.Sleep(time.Duration(i) * s9Arrive / time.Duration(w))
-			im := waiter(i)
-			h, err := im.lock(wctx, key)
-			if err != nil {
-				fail(err)
-				return
+	hs, fences := make([]any, w), make([]int64, w)
+	var st serverStats
+	res := memstat.Wait(memstat.Waiting{
+		W: w, Arrive: s9Arrive, Settle: s9Settle, Bound: s9Settle + s9WaitWindow + s9ServeBound,
+		Lock: func(ctx context.Context, i int) (err error) {
+			hs[i], err = waiter(i).lock(ctx, key)
+			fences[i] = fenceOf(hs[i])
+			return err
+		},
+		Granted: func(i int) { g.Critical(fences[i]) },
+		Unlock: func(i int) error {
+			if err := bounded(func(ctx context.Context) error { return waiter(i).unlock(ctx, key, hs[i]) }); err != nil {
+				return fmt.Errorf("release: %w", err)
 			}
-			at := time.Now().UnixNano()
-			g.Critical(fenceOf(h))
-			mu.Lock()
-			first, last, served = min(first, at), max(last, at), served+1
-			mu.Unlock()
-			if err := bounded(func(ctx context.Context) error { return im.unlock(ctx, key, h) }); err != nil {
-				fail(fmt.Errorf("release: %w", err))
+			return nil
+		},
+		Window: func() { st = windowStats(time.Now(), s9WaitWindow, meter{b.be, own}) },
+		Release: func() error {
+			g.Exit()
+			if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {
+				return fmt.Errorf("release of the held key: %w", err)
 			}
-		})
-	}
-	time.Sleep(s9Settle)
-	l1 := memstat.Live()
-	st := windowStats(time.Now(), s9WaitWindow, meter{b.be, own})
-	t0 := time.Now().UnixNano()
-	g.Exit()
-	if err := bounded(func(ctx context.Context) error { return own.unlock(ctx, key, held) }); err != nil {
-		fail(fmt.Errorf("release of the held key: %w", err))
-	}
-	wg.Wait()
+			return nil
+		},
+	})
 	fw, secs := float64(w), s9WaitWindow.Seconds()
+	l0, l1 := res.Base, res.Waiting
 	m := metrics{"w": fw, "heap": (l1.Heap - l0.Heap) / fw, "stack": (l1.Stack - l0.Stack) / fw, "gor": float64(l1.Goroutines-l0.Goroutines) / fw,
-		"served": float64(served), "unserved": float64(int64(w) - served), "session_heap": sessHeap, "session_gor": sessGor,
-		failures: float64(errs), violations: float64(g.Violations()), fenceViolations: float64(g.FenceViolations()),
+		"served": float64(res.Served), "unserved": float64(int64(w) - res.Served), "session_heap": sessHeap, "session_gor": sessGor,
+		failures: float64(res.Errors), violations: float64(g.Violations()), fenceViolations: float64(g.FenceViolations()),
 		"reqs_s": st.reqs / secs, "rt_s": float64(st.rts) / secs, "keepalives_s": st.keepAlives / secs, "ccpu_ms": float64(st.self.Microseconds()) / 1e3 / secs}
-	if served > 0 {
-		m["next"], m["all"] = float64(first-t0), float64(last-t0)
+	if res.Served > 0 {
+		m["next"], m["all"] = float64(res.Next), float64(res.All)
 	}
-	return m, firstErr
+	return m, res.FirstErr
 }
 
 // s9Section writes scenario 9: what each held lock and each waiter costs.

@@ -6,6 +6,7 @@ package memstat
 
 import (
 	"cmp"
+	"context"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -65,23 +66,111 @@ func PeakSampler() (stop func() int) {
 
 // Parallel runs fn(i) for i in [0, n) on at most k goroutines; it returns how many failed and
 // the first error.
-func Parallel(n, k int, fn func(i int) error) (failed int64, first error) {
+func Parallel(n, k int, fn func(i int) error) (int64, error) {
 	var (
 		next atomic.Int64
-		mu   sync.Mutex // guards failed and first
+		f    failures
 		wg   sync.WaitGroup
 	)
 	for range min(n, k) {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
-				if err := fn(i); err != nil {
-					mu.Lock()
-					failed, first = failed+1, cmp.Or(first, err)
-					mu.Unlock()
-				}
+				f.add(fn(i))
 			}
 		})
 	}
 	wg.Wait()
-	return failed, first
+	return f.n.Load(), f.first
+}
+
+// failures counts the errors of concurrent calls and keeps the first.
+type failures struct {
+	n     atomic.Int64
+	mu    sync.Mutex
+	first error // guarded by mu
+}
+
+// add counts err unless it is nil.
+func (f *failures) add(err error) {
+	if err == nil {
+		return
+	}
+	f.n.Add(1)
+	f.mu.Lock()
+	f.first = cmp.Or(f.first, err)
+	f.mu.Unlock()
+}
+
+// Waiting is one row of a memory scenario's waiting part: a key is held when Wait is called;
+// W goroutines wait for it, arriving evenly over Arrive; after Settle their cost is read, then
+// Window measures a while of waiting; then the key is released and every waiter, once
+// granted, runs Granted and releases at once.
+type Waiting struct {
+	W      int
+	Arrive time.Duration
+	Settle time.Duration
+	// Bound is each waiter's context: from the first arrival, long enough for the settling, the
+	// window and the serving.
+	Bound   time.Duration
+	Lock    func(ctx context.Context, i int) error // waiter i waits for the held key
+	Granted func(i int)                            // waiter i holds the key (nil: nothing to check)
+	Unlock  func(i int) error                      // waiter i releases the key
+	Window  func()                                 // measures the waiting (and takes its time)
+	Release func() error                           // releases the held key
+}
+
+// Waited is what Wait measured. Next and All are from the release of the held key to the first
+// grant and to the last; they are 0 when no waiter was served.
+type Waited struct {
+	Base, Waiting State
+	Next, All     time.Duration
+	Served        int64
+	Errors        int64 // failed Locks and Unlocks, and a failed release of the held key
+	FirstErr      error
+}
+
+// Wait measures one waiting row.
+func Wait(w Waiting) Waited {
+	var r Waited
+	r.Base = Live()
+	ctx, cancel := context.WithTimeout(context.Background(), w.Bound)
+	defer cancel()
+	var (
+		first, last, served atomic.Int64
+		f                   failures
+		wg                  sync.WaitGroup
+	)
+	first.Store(1 << 62)
+	for i := range w.W {
+		wg.Go(func() {
+			// Arrivals spread over Arrive, as requests come: waiters that all start at once and
+			// poll at a fixed interval would retry in lockstep.
+			time.Sleep(time.Duration(i) * w.Arrive / time.Duration(w.W))
+			if err := w.Lock(ctx, i); err != nil {
+				f.add(err)
+				return
+			}
+			at := time.Now().UnixNano()
+			if w.Granted != nil {
+				w.Granted(i)
+			}
+			for v := first.Load(); at < v && !first.CompareAndSwap(v, at); v = first.Load() {
+			}
+			for v := last.Load(); at > v && !last.CompareAndSwap(v, at); v = last.Load() {
+			}
+			served.Add(1)
+			f.add(w.Unlock(i))
+		})
+	}
+	time.Sleep(w.Settle)
+	r.Waiting = Live()
+	w.Window()
+	t0 := time.Now().UnixNano()
+	f.add(w.Release())
+	wg.Wait()
+	r.Served, r.Errors, r.FirstErr = served.Load(), f.n.Load(), f.first
+	if r.Served > 0 {
+		r.Next, r.All = time.Duration(first.Load()-t0), time.Duration(last.Load()-t0)
+	}
+	return r
 }
