@@ -255,8 +255,8 @@ func (r *report) hotSection(w writer, sc int) {
 		firstErrors(w, rs)
 		w("Critical sections per process, per repetition:\n\n")
 		for _, x := range rs {
-			for i := range x.reps() {
-				w("- %s, repetition %d: %v\n", x.Label, i+1, procCounts(x, i))
+			for i, m := range x.reps() {
+				w("- %s, repetition %d: %v\n", x.Label, i+1, procCounts(m))
 			}
 		}
 		w("\n")
@@ -503,17 +503,14 @@ func (r *report) hotKeyWhy() string {
 		r.sum(2, peer, violations)+r.sum(3, peer, violations), n.peerShort)
 }
 
-// procCounts are the critical sections of each worker in repetition i of x (scenario 3).
-func procCounts(x *result, i int) []int64 {
+// procCounts are the critical sections of each worker in one repetition m (scenario 3).
+func procCounts(m metrics) []int64 {
 	var n []int64
-	if i < len(x.reps()) {
-		for w := 0; ; w++ {
-			v, ok := x.Reps[i]["proc"+strconv.Itoa(w)]
-			if !ok {
-				break
-			}
-			n = append(n, int64(v))
+	for w := 0; ; w++ {
+		v, ok := m["proc"+strconv.Itoa(w)]
+		if !ok {
+			return n
 		}
+		n = append(n, int64(v))
 	}
-	return n
 }
