@@ -526,7 +526,7 @@ func dupBursts(conf flmw.LockConf, reps int, lib string) []*result {
 
 func (r *report) s7Section(w writer) {
 	w("%d concurrent duplicates of one request (one `Idempotency-Key`, one body) through go-zero's REST chain and\n", httpbench.Dups)
-	w("flightlock's middleware with its rule (`pay:{header.Idempotency-Key}`, `Wait: 5s`) on the benchmark's %s, the handler\n", r.be.notes().title)
+	w("flightlock's middleware with its rule (`pay:{header.Idempotency-Key}`; `Wait: 5s` for share) on the benchmark's %s, the handler\n", r.be.notes().title)
 	w("taking %v; %d bursts per repetition, a key of its own each; figures per burst, medians over %d repetitions. *share*:\n", httpbench.DupWork, httpbench.DupRounds, r.cfg.reps)
 	w("duplicates wait and get the response of the one run (stored in %s for `Replay`, 10s by default); *reject*: they are\n", r.be.notes().title)
 	w("answered 409 at once.\n\n")

@@ -29,10 +29,15 @@ const (
 	DupRounds = 20                    // bursts per repetition
 )
 
-// DupRule is the duplicates scenario's rule, with onBusy "share" or "reject"; its store is
+// DupRule is the duplicates scenario's rule, with onBusy "share" (duplicates wait up to 5s for
+// the one run's response) or "reject" (which never waits, so it sets no Wait); its store is
 // the LockConf's (set Store to choose one in a section that names both).
 func DupRule(onBusy string) flmw.Rule {
-	return flmw.Rule{Method: http.MethodPost, Path: "/pay", Key: "pay:{header.Idempotency-Key}", OnBusy: onBusy, Wait: 5 * time.Second}
+	r := flmw.Rule{Method: http.MethodPost, Path: "/pay", Key: "pay:{header.Idempotency-Key}", OnBusy: onBusy}
+	if onBusy == "share" {
+		r.Wait = 5 * time.Second
+	}
+	return r
 }
 
 // DupServer is a go-zero REST server with one route, POST /pay, under the middleware built
