@@ -90,7 +90,7 @@ Prefix + KEY (escaped), held by its holder's session. Neither prints the owner t
 // Exit codes.
 const (
 	exitOK    = 0
-	exitError = 1 // the command failed, or found nothing to show or remove
+	exitError = 1 // the command failed, or found nothing to show or remove, or no flightlock lock
 	exitUsage = 2
 )
 

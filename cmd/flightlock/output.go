@@ -344,9 +344,16 @@ func cmdShow(ctx context.Context, c *backend, out *printer, o options, key strin
 		return err
 	}
 	if out.json {
-		return out.encode(l)
+		err = out.encode(l)
+	} else {
+		err = lockDetail(out.w, l)
 	}
-	return lockDetail(out.w, l)
+	if err == nil && l.Unrecognized != "" {
+		// Printed marked so, and failed as unlock fails on it: a script that asks show
+		// whether a key is held reads no foreign value as a lock.
+		err = notALock(l)
+	}
+	return err
 }
 
 // lookupLock reads one lock in full; errNotHeld when no one holds it.
@@ -359,6 +366,12 @@ func lookupLock(ctx context.Context, c *backend, key string) (lockInfo, error) {
 		return lockInfo{}, err
 	}
 	return view(l, c.store()), nil
+}
+
+// notALock is the answer of show and unlock for a key under the prefix that flightlock did
+// not write (l.Unrecognized): it names the key in its store and its value.
+func notALock(l lockInfo) error {
+	return fmt.Errorf("%s is not a flightlock lock (value %s)", quoteIfOdd(storeKey(l)), quoteIfOdd(l.Unrecognized))
 }
 
 // errNotHeld is the answer of show and unlock for a key that no one holds.

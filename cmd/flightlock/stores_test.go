@@ -730,8 +730,8 @@ func TestNotHeldSaysWhatTheOperatorMayHaveMeant(t *testing.T) {
 
 // TestForeignKeysUnderThePrefixAreNotLocks: keys under the prefix that flightlock did not
 // write (etcdctl put, redis-cli set, a znode made in zkCli), an empty value among them, are
-// listed marked "not a flightlock lock" (JSON unrecognized), show says so, and unlock refuses
-// them (exit 1), on every store; none is ever shown as a lock.
+// listed marked "not a flightlock lock" (JSON unrecognized), show says so and fails (exit 1),
+// and unlock refuses them (exit 1), on every store; none is ever shown as a lock.
 func TestForeignKeysUnderThePrefixAreNotLocks(t *testing.T) {
 	ctx := context.Background()
 	for _, store := range []struct {
@@ -794,9 +794,16 @@ func TestForeignKeysUnderThePrefixAreNotLocks(t *testing.T) {
 				}
 			}
 			for _, key := range []string{"junk", "empty"} {
+				// show prints the value marked so and fails as unlock does: a script that
+				// runs show to learn whether a lock is held must not read a foreign key as one.
 				code, out, errs = cli(t, nil, append(flags, "show", key)...)
-				if code != exitOK || !strings.Contains(out, "(not a flightlock lock)") {
-					t.Errorf("show %s: exit %d\n%s%s\nwant it marked not a flightlock lock", key, code, out, errs)
+				if code != exitError || !strings.Contains(out, "(not a flightlock lock)") || !strings.Contains(errs, "is not a flightlock lock") {
+					t.Errorf("show %s: exit %d\n%s%s\nwant it marked not a flightlock lock, exit 1", key, code, out, errs)
+				}
+				code, out, errs = cli(t, nil, append(flags, "show", "-o", "json", key)...)
+				var l lockInfo
+				if err := json.Unmarshal([]byte(out), &l); code != exitError || err != nil || l.Unrecognized == "" || !strings.Contains(errs, "is not a flightlock lock") {
+					t.Errorf("show -o json %s: exit %d, %v\n%s%s\nwant it marked unrecognized, exit 1", key, code, err, out, errs)
 				}
 				code, out, errs = cli(t, nil, append(flags, "unlock", "-yes", key)...)
 				if code != exitError || !strings.Contains(errs, "is not a flightlock lock") {

@@ -40,7 +40,7 @@ func cmdUnlock(ctx context.Context, c *backend, out *printer, o options, key str
 	}
 	l := view(found, c.store())
 	if l.Unrecognized != "" {
-		return fmt.Errorf("%s is not a flightlock lock (value %s); nothing removed", quoteIfOdd(storeKey(l)), quoteIfOdd(l.Unrecognized))
+		return fmt.Errorf("%w; nothing removed", notALock(l))
 	}
 	if !o.yes {
 		if err := lockDetail(stderr, l); err != nil {
