@@ -245,13 +245,16 @@ func nearestRoute(method, p string, routes []route) string {
 			return fmt.Sprintf(" (did you mean %s? go-zero matches paths case-sensitively, write Path: %s)", rt, rt.path)
 		}
 	}
-	best, bestD := route{}, len(p)/3+1
+	// A misspelling: the nearest route at most typo.Edits(p) edits away, another method
+	// counting one more, as the middleware's CheckRoutes bounds it; a route further than that
+	// is another route, not the one meant, however long the path.
+	best, bestD := route{}, typo.Edits(p)+1
 	for _, rt := range routes {
 		d := typo.Distance(p, rt.path)
 		if !sameMethod(rt) {
 			d++
 		}
-		if d <= bestD && (best.path == "" || d < typo.Distance(p, best.path)) {
+		if d < bestD {
 			best, bestD = rt, d
 		}
 	}
