@@ -166,6 +166,13 @@ func (o *options) flags(stderr io.Writer) *flag.FlagSet {
 // errUsage marks errors that print the usage.
 var errUsage = errors.New("usage")
 
+// flagError is resolveTarget's error for store flags that contradict each other or the -f
+// file, or that choose a store and give it no address or half an account: a command line
+// refused, exit status 2 as for errUsage, without the usage text (the message names the flag).
+type flagError struct{ error }
+
+func (e flagError) Unwrap() error { return e.error }
+
 // run is the command: it returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "check" { // flags of its own, and no Redis
@@ -197,7 +204,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	t, err := resolveTarget(o)
 	if err != nil {
 		fmt.Fprintf(stderr, "flightlock: %v\n", err)
-		return exitError
+		if _, ok := errors.AsType[flagError](err); ok {
+			return exitUsage
+		}
+		return exitError // the -f file: unreadable, no Lock section, no store named
 	}
 	cli, err := connect(ctx, t, o.timeout)
 	if err != nil {

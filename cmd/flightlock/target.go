@@ -115,9 +115,13 @@ func resolveTarget(o options) (target, error) {
 		if len(t.etcd.Hosts) == 0 && len(t.zk.Hosts) == 0 {
 			missing = path + " names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts"
 		}
-		return target{}, fmt.Errorf("%s: %s: that service locks in an embedded in-memory Redis "+
+		err := fmt.Errorf("%s: %s: that service locks in an embedded in-memory Redis "+
 			"that only its own process sees, and there is nothing to inspect from outside.%s",
 			o.file, missing, topLevelRedisHint(o.file))
+		if o.store == storeRedis { // the command line chose a store the file gives no address
+			err = flagError{err}
+		}
+		return target{}, err
 	}
 	if o.addr != "" {
 		t.redis.Host, t.redis.Sentinel = o.addr, middleware.SentinelConf{}
@@ -137,7 +141,8 @@ func resolveTarget(o options) (target, error) {
 	t.redis.NonBlock = true // connect reads the store within -timeout instead of a ping at start
 	t.redis.Type = strings.ToLower(cmp.Or(t.redis.Type, "node"))
 	if t.redis.Type != "node" && t.redis.Type != "cluster" {
-		return target{}, fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)
+		// Only -type can say so: the file's loader refuses another Type (options=node|cluster).
+		return target{}, flagError{fmt.Errorf("Redis type must be node or cluster, got %q", t.redis.Type)}
 	}
 	return t, nil
 }
@@ -157,14 +162,14 @@ func etcdTarget(t target, o options, path string) (target, error) {
 	case o.zkRoot != "":
 		return target{}, otherStoreFlag(o, storeEtcd)
 	case o.addr != "" || o.typ != "" || o.tls:
-		return target{}, fmt.Errorf("-addr, -type and -tls are Redis's; the locks are read in etcd here (-etcd host:port; TLS from the file's Etcd.CertFile, CertKeyFile and CACertFile)")
+		return target{}, flagError{fmt.Errorf("-addr, -type and -tls are Redis's; the locks are read in etcd here (-etcd host:port; TLS from the file's Etcd.CertFile, CertKeyFile and CACertFile)")}
 	case o.etcd != "":
 		t.etcd.Hosts = strings.Split(o.etcd, ",")
 		if o.file != "" {
 			t.from = "-etcd, with " + t.from
 		}
-	case len(t.etcd.Hosts) == 0:
-		return target{}, fmt.Errorf("%s: %s.Etcd.Hosts is empty: pass -etcd host:port", o.file, path)
+	case len(t.etcd.Hosts) == 0: // -store etcd: a section that names etcd has hosts
+		return target{}, flagError{fmt.Errorf("%s: %s.Etcd.Hosts is empty: pass -etcd host:port", o.file, path)}
 	}
 	if o.etcdKey != "" {
 		t.etcd.Key = o.etcdKey
@@ -186,7 +191,7 @@ func otherStoreFlag(o options, store string) error {
 	if o.zkRoot != "" && store != storeZookeeper {
 		flag, owner = "-zookeeper-root", "ZooKeeper's Zookeeper.Root"
 	}
-	return fmt.Errorf("%s is %s, but the locks are read in %s here: leave it out, or read them in the store it belongs to", flag, owner, store)
+	return flagError{fmt.Errorf("%s is %s, but the locks are read in %s here: leave it out, or read them in the store it belongs to", flag, owner, store)}
 }
 
 // where names the store for messages: etcd or ZooKeeper and its hosts, the Redis Host, or
@@ -226,7 +231,7 @@ func loadLockSection(file, want string) (middleware.LockConf, string, error) {
 	if want != "" {
 		i := slices.IndexFunc(found, func(s lockSection) bool { return strings.EqualFold(s.path, want) })
 		if i < 0 {
-			return middleware.LockConf{}, "", fmt.Errorf("%s has no Lock section %s; it has %s", file, want, sectionPaths(found))
+			return middleware.LockConf{}, "", flagError{fmt.Errorf("%s has no Lock section %s; it has %s", file, want, sectionPaths(found))}
 		}
 		found = found[i : i+1]
 	}

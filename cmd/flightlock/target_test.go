@@ -87,8 +87,8 @@ func TestFlagsOfOtherCommandsAreRefused(t *testing.T) {
 }
 
 // A flag of one store is refused when the locks are read in another, and -lock without the
-// file it picks a section of: each would otherwise be dropped, and the command read the locks
-// somewhere the operator did not mean.
+// file it picks a section of, as usage errors (exit 2): each would otherwise be dropped, and
+// the command read the locks somewhere the operator did not mean.
 func TestFlagsOfAnotherStoreAreRefused(t *testing.T) {
 	redisFile := writeFile(t, "svc.yaml", "Lock:\n  Redis:\n    Host: a:1\n")
 	cases := []struct {
@@ -96,12 +96,47 @@ func TestFlagsOfAnotherStoreAreRefused(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{[]string{"-addr", "a:1", "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
-		{[]string{"-f", redisFile, "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
-		{[]string{"-addr", "a:1", "-zookeeper-root", "/x", "ls"}, exitError, "-zookeeper-root is ZooKeeper's"},
-		{[]string{"-etcd", "a:1", "-zookeeper-root", "/x", "ls"}, exitError, "-zookeeper-root is ZooKeeper's"},
-		{[]string{"-zookeeper", "a:1", "-etcd-key", "x/", "ls"}, exitError, "-etcd-key is etcd's"},
+		{[]string{"-addr", "a:1", "-etcd-key", "x/", "ls"}, exitUsage, "-etcd-key is etcd's"},
+		{[]string{"-f", redisFile, "-etcd-key", "x/", "ls"}, exitUsage, "-etcd-key is etcd's"},
+		{[]string{"-addr", "a:1", "-zookeeper-root", "/x", "ls"}, exitUsage, "-zookeeper-root is ZooKeeper's"},
+		{[]string{"-etcd", "a:1", "-zookeeper-root", "/x", "ls"}, exitUsage, "-zookeeper-root is ZooKeeper's"},
+		{[]string{"-zookeeper", "a:1", "-etcd-key", "x/", "ls"}, exitUsage, "-etcd-key is etcd's"},
 		{[]string{"-addr", "a:1", "-lock", "Order.Lock", "ls"}, exitUsage, "-lock picks a Lock section of the -f file"},
+	}
+	for _, c := range cases {
+		code, _, errs := cli(t, nil, c.args...)
+		if code != c.code || !strings.Contains(errs, c.msg) {
+			t.Errorf("flightlock %q: exit %d, stderr %q; want exit %d and %q", c.args, code, errs, c.code, c.msg)
+		}
+	}
+}
+
+// TestStoreFlagMisusesAreUsageErrors: store flags that contradict each other or the -f file
+// (a -lock section it lacks included), or that leave the store they choose without an
+// address, are refused as usage errors (exit 2), as the flags of another command are; a file
+// that names no store at all is the file's failure (exit 1).
+func TestStoreFlagMisusesAreUsageErrors(t *testing.T) {
+	redisFile := writeFile(t, "redis.yaml", "Lock:\n  Redis:\n    Host: a:1\n")
+	etcdFile := writeFile(t, "etcd.yaml", "Lock:\n  Etcd:\n    Hosts: [e:1]\n")
+	noStore := writeFile(t, "none.yaml", "Lock:\n  Prefix: 'o:'\n")
+	cases := []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"-addr", "a:1", "-store", "etcd", "ls"}, exitUsage, "-addr, -type and -tls are Redis's"},
+		{[]string{"-etcd", "e:1", "-type", "cluster", "ls"}, exitUsage, "-addr, -type and -tls are Redis's"},
+		{[]string{"-etcd", "e:1", "-tls", "ls"}, exitUsage, "-addr, -type and -tls are Redis's"},
+		{[]string{"-addr", "a:1", "-store", "zookeeper", "ls"}, exitUsage, "are Redis's or etcd's"},
+		{[]string{"-zookeeper", "z:1", "-user", "u", "ls"}, exitUsage, "are Redis's or etcd's"},
+		{[]string{"-zookeeper", "z:1", "-pass", "p", "ls"}, exitUsage, "are Redis's or etcd's"},
+		{[]string{"-zookeeper", "z:1", "-tls", "ls"}, exitUsage, "are Redis's or etcd's"},
+		{[]string{"-addr", "a:1", "-type", "sentinel", "ls"}, exitUsage, `Redis type must be node or cluster, got "sentinel"`},
+		{[]string{"-f", redisFile, "-store", "etcd", "ls"}, exitUsage, "Lock.Etcd.Hosts is empty: pass -etcd host:port"},
+		{[]string{"-f", redisFile, "-store", "zookeeper", "ls"}, exitUsage, "Lock.Zookeeper.Hosts is empty: pass -zookeeper host:port"},
+		{[]string{"-f", etcdFile, "-store", "redis", "ls"}, exitUsage, "Lock.Redis has no Host"},
+		{[]string{"-f", redisFile, "-lock", "Order.Lock", "ls"}, exitUsage, "has no Lock section Order.Lock; it has Lock"},
+		{[]string{"-f", noStore, "ls"}, exitError, "names no store"},
 	}
 	for _, c := range cases {
 		code, _, errs := cli(t, nil, c.args...)
