@@ -181,6 +181,19 @@ func etcdTarget(t target, o options, path string) (target, error) {
 	if o.pass != "" && !o.passFromEnv {
 		t.etcd.Pass = o.pass
 	}
+	if (t.etcd.User == "") != (t.etcd.Pass == "") {
+		// The client sends an account only with both, and the locks would be read as no one.
+		// The file's section has both or neither (its loader refuses one alone), so the half
+		// given is a flag's, and the other half comes from a flag or from the file.
+		given, missing, env := "-user", "-pass", ""
+		if t.etcd.User == "" {
+			given, missing = "-pass", "-user"
+		} else if o.passFromEnv {
+			env = " (FLIGHTLOCK_REDIS_PASS is Redis's only)"
+		}
+		return target{}, flagError{fmt.Errorf("%s without %s: etcd is sent an account only with both its user and its password: "+
+			"give %s too%s, or set Lock.Etcd.User and Pass in the -f file", given, missing, missing, env)}
+	}
 	return t, nil
 }
 

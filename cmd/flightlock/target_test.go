@@ -146,6 +146,46 @@ func TestStoreFlagMisusesAreUsageErrors(t *testing.T) {
 	}
 }
 
+// TestEtcdAccountFlagsComeInPairs: the etcd client sends an account only with both its user
+// and its password, so -user without -pass (FLIGHTLOCK_REDIS_PASS is Redis's only), or -pass
+// without -user, is a usage error naming the missing flag, where it would read the locks as no
+// one; a flag that replaces one half of the file's account is taken.
+func TestEtcdAccountFlagsComeInPairs(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  string // FLIGHTLOCK_REDIS_PASS
+		msg  string
+	}{
+		{[]string{"-etcd", "e:1", "-timeout", "1s", "-user", "u", "ls"}, "", "-user without -pass"},
+		{[]string{"-etcd", "e:1", "-timeout", "1s", "-pass", "secret", "ls"}, "", "-pass without -user"},
+		{[]string{"-etcd", "e:1", "-timeout", "1s", "-user", "u", "ls"}, "secret", "-user without -pass"},
+	}
+	for _, c := range cases {
+		t.Setenv("FLIGHTLOCK_REDIS_PASS", c.env)
+		code, _, errs := cli(t, nil, c.args...)
+		if code != exitUsage || !strings.Contains(errs, c.msg) || strings.Contains(errs, "secret") {
+			t.Errorf("flightlock %q (FLIGHTLOCK_REDIS_PASS=%q): exit %d, stderr %q; want exit %d and %q, no password",
+				c.args, c.env, code, errs, exitUsage, c.msg)
+		}
+	}
+
+	file := writeFile(t, "etcd.yaml", "Lock:\n  Etcd: {Hosts: ['e:1'], User: u, Pass: p}\n")
+	for _, c := range []struct {
+		o          options
+		user, pass string
+	}{
+		{options{file: file, user: "other"}, "other", "p"},
+		{options{file: file, pass: "P"}, "u", "P"},
+		{options{file: file, pass: "env", passFromEnv: true}, "u", "p"},
+	} {
+		got, err := resolveTarget(c.o)
+		if err != nil || got.etcd.User != c.user || got.etcd.Pass != c.pass {
+			t.Errorf("-user %q -pass %q over the file's account: user %q pass %q, %v; want %q %q",
+				c.o.user, c.o.pass, got.etcd.User, got.etcd.Pass, err, c.user, c.pass)
+		}
+	}
+}
+
 // TestOddKeysAreQuoted: keys come from requests; in a table they are quoted when they hold
 // control characters (a terminal escape must not repaint the screen) or spaces.
 func TestOddKeysAreQuoted(t *testing.T) {
