@@ -115,6 +115,18 @@ func resolveTarget(o options) (target, error) {
 		if len(t.etcd.Hosts) == 0 && len(t.zk.Hosts) == 0 {
 			missing = path + " names no store, neither Redis.Host (or Sentinel) nor Etcd.Hosts nor Zookeeper.Hosts"
 		}
+		if o.store == storeRedis && (len(t.etcd.Hosts) > 0 || len(t.zk.Hosts) > 0) {
+			// The command line chose a store the file gives no address; the file names another.
+			var in []string
+			if len(t.etcd.Hosts) > 0 {
+				in = append(in, "etcd ("+path+".Etcd.Hosts)")
+			}
+			if len(t.zk.Hosts) > 0 {
+				in = append(in, "ZooKeeper ("+path+".Zookeeper.Hosts)")
+			}
+			return target{}, flagError{fmt.Errorf("%s: %s: that service locks in %s: leave out -store redis "+
+				"to read its locks there, or give the Redis to read with -addr", o.file, missing, strings.Join(in, " and "))}
+		}
 		err := fmt.Errorf("%s: %s: that service locks in an embedded in-memory Redis "+
 			"that only its own process sees, and there is nothing to inspect from outside.%s",
 			o.file, missing, topLevelRedisHint(o.file))
