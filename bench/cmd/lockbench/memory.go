@@ -279,7 +279,7 @@ func (r *report) s9Section(w writer) {
 	cpu, reqsPerSec := column{"client CPU ms/s", f("ccpu_ms", "%.1f")}, column{n.reqCol + "/s", f("reqs_s", "%.0f")}
 	rts, keepAlives := column{"RT/s", countCell("rt_s")}, column{"keep-alives/s", countCell("keepalives_s")}
 	if len(s.Sizes) > 0 {
-		w("**Holding.** This process takes %s locks on distinct keys (%d goroutines at once), holds them, then releases them\n", pointList(s.Sizes), s9Acquirers)
+		w("**Holding.** This process takes %s locks on distinct keys (%d goroutines at once), holds them, then releases them\n", countList(s.Sizes), s9Acquirers)
 		w("all. Heap (`HeapAlloc` after two `runtime.GC()`), stacks (`StackInuse`) and goroutines are per lock above the row's\n")
 		w("baseline, taken once the keys are built and up to %s locks of other keys were taken and released (so the client's\n", countStr(s9Warm))
 		w("pool holds its connections and the row's lease is in place); peak is the most goroutines above it, sampled every 2 ms.\n")

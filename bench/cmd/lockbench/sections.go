@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -431,22 +432,8 @@ func perOp(v float64) string {
 // lines is w writing one line per call.
 func lines(w writer) writer { return func(format string, args ...any) { w(format+"\n", args...) } }
 
-// scenarioList names the scenarios a run ran, in order.
-func scenarioList(c *config) string {
-	var s []string
-	for n := 1; n <= lastScenario; n++ {
-		if c.scenarios[n] {
-			s = append(s, fmt.Sprint(n))
-		}
-	}
-	return strings.Join(s, ", ")
-}
-
-// pointList lists an axis's points, or says it was skipped.
-func pointList(xs []int) string {
-	if len(xs) == 0 {
-		return "skipped"
-	}
+// countList lists numbers as the report's prose writes them: "1,000, 10,000".
+func countList(xs []int) string {
 	var s []string
 	for _, x := range xs {
 		s = append(s, countStr(x))
@@ -470,7 +457,7 @@ func howItWasRun(p writer, c *config) {
 // commonBullets are what a store report's "How it was run" says of every store's run; warmWhy
 // says why the first writes are slower.
 func commonBullets(p writer, c *config, warmWhy string) {
-	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, in an order", scenarioList(c), c.reps)
+	p("- Scenarios run: %s (`-scenario`). Repetitions: %d; in each, every row of scenarios 1-4 runs once, in an order", countList(slices.Sorted(maps.Keys(c.scenarios))), c.reps)
 	p("  rotated per repetition; then scenarios 8, 9 (once: counts, not timings), 5, 6 and 7 run their own repetitions,")
 	p("  rows rotated likewise. Figures are medians over the repetitions. Before the first, every row of scenario 1 runs")
 	p("  %v unmeasured (%s).", c.warm, warmWhy)
