@@ -153,20 +153,6 @@ func find(rs []*result, id string) *result {
 	return nil
 }
 
-// bestCompetitor is the non-flightlock, non-floor row with the highest median of metric.
-func bestCompetitor(rs []*result, metric string) *result {
-	var best *result
-	for _, x := range rs {
-		if x.Row == "flightlock" || x.Row == "ping" || x.Row == "setdel" {
-			continue
-		}
-		if best == nil || x.med(metric) > best.med(metric) {
-			best = x
-		}
-	}
-	return best
-}
-
 // goal is one row of a report's goals: a figure of this run against its target.
 type goal struct {
 	name    string
@@ -198,16 +184,14 @@ func (r *report) goals() []goal {
 			fmt.Sprintf("%.2fx floor (%s vs %s; %.2fx PING), %.2f round trips", ratio, mdfmt.Dur(fl.med("p50")), mdfmt.Dur(fl0.med("p50")), fl.med("p50")/ping.med("p50"), fl.med("rt")),
 			ratio <= 1.05 && fl.med("rt") <= 2})
 	}
-	if fl, best := find(r.s2[64], "flightlock"), bestCompetitor(r.s2[64], "rate"); fl != nil && best != nil {
-		ratio := fl.med("rate") / best.med("rate")
+	if ratio, fl, best := leadOf(r.s2[64]); best != nil {
 		p99 := fl.med("p99") / best.med("p99")
 		gs = append(gs, goal{"2: one process, 64 goroutines", "≥ 3x best competitor CS/s, ≤ 2 RT/CS, p99 wait ≤ 1/3 of its",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, p99 %s vs %s (%.2fx), %d violations", ratio, best.Label,
 				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), mdfmt.Dur(fl.med("p99")), mdfmt.Dur(best.med("p99")), p99, int(fl.worst("violations"))),
 			ratio >= 3 && fl.med("rt") <= 2 && p99 <= 1.0/3 && fl.worst("violations") == 0})
 	}
-	if fl, best := find(r.s3, "flightlock"), bestCompetitor(r.s3, "rate"); fl != nil && best != nil {
-		ratio := fl.med("rate") / best.med("rate")
+	if ratio, fl, best := leadOf(r.s3); best != nil {
 		gs = append(gs, goal{"3: 4 processes x 16 goroutines", "≥ 2x best competitor CS/s, ≤ 2.5 RT/CS, the busiest process within 1.5x of the least busy",
 			fmt.Sprintf("%.1fx %s (%s vs %s CS/s), %.3f RT/CS, busiest process %.2fx the least busy (worst repetition), %d violations", ratio, best.Label,
 				mdfmt.Int(fl.med("rate")), mdfmt.Int(best.med("rate")), fl.med("rt"), fl.worst("fair"), int(fl.worst("violations"))),
