@@ -22,12 +22,6 @@ import (
 	flmw "github.com/flightlock/flightlock/middleware"
 )
 
-// Every store is a backend of one runner (bench): the backend starts its server, reads its
-// counters, and names the rows of each scenario (redis.go: the many Redis libraries; etcd.go
-// and zk.go: flightlock on the store, the store's own lock recipe, the peer, and a floor, the
-// bare writes any lock of that store needs); the scenarios, their figures and their reports
-// are written once.
-
 // Row names, as they appear in the report and in the workers' -row flag.
 const (
 	rowFloor  = "floor"

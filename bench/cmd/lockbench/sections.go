@@ -13,10 +13,8 @@ import (
 )
 
 // The report sections of scenarios 1-5, and the order of the later ones (report.sections),
-// written once for every store: their tables show the figures
-// a store gives (a column no row has a figure for is left out: round trips and the command mix
-// are Redis's, fsyncs and retries etcd's and ZooKeeper's), named in the store's words
-// (storeNotes).
+// written once for every store in the store's words (storeNotes); a table leaves out the
+// columns of figures the store does not give (column).
 
 // writer writes a piece of a report.
 type writer = func(format string, args ...any)
