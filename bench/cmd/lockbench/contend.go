@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/flightlock/flightlock"
@@ -168,16 +167,11 @@ func (b *bench) uncontended(rows []rowSpec, prefix string, rep int, d, slice tim
 		for i := range unlockLat {
 			unlockLat[i] = s.lat[i] - s.lockLat[i]
 		}
-		slices.Sort(s.lat)
-		slices.Sort(s.lockLat)
-		slices.Sort(unlockLat)
 		m := metrics{p50: percentile(s.lat, 0.50), p99: percentile(s.lat, 0.99), "lock_p50": percentile(s.lockLat, 0.50), "unlock_p50": percentile(unlockLat, 0.50)}
 		m["ops"], m[rate], m[failures] = float64(s.ops), float64(s.ops)/s.elapsed.Seconds(), float64(s.errs)
 		m["allocs"], m["bytes"] = float64(s.mallocs)/fn, float64(s.bytes)/fn
 		perOpFigures(m, s.st, s.ops)
 		if len(s.inCalls) > 0 {
-			slices.Sort(s.inCalls)
-			slices.Sort(s.outside)
 			m["calls_p50"] = percentile(s.inCalls, 0.50)
 			m["outside_p50"] = percentile(s.outside, 0.50)
 		}

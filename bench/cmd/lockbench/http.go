@@ -266,7 +266,6 @@ func roundTripMedian(d time.Duration, op func(ctx context.Context) error) float6
 		cancel()
 		check(err, "s6: round trip: %v")
 	}
-	slices.Sort(lat)
 	return percentile(lat, 0.5)
 }
 

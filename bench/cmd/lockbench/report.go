@@ -786,7 +786,7 @@ func (r *result) sum(name string) float64 {
 	return t
 }
 
-// percentile of sorted durations (nanoseconds), nearest rank.
+// percentile of durations (nanoseconds), nearest rank (stat.Percentile: it sorts them).
 var percentile = stat.Percentile
 
 // mixString formats a command delta divided by ops, biggest first: "evalsha 1, get 1, set 2".

@@ -573,7 +573,6 @@ func (b *bench) contendRun(r rowSpec, keys []string, n int, d time.Duration, see
 // lost write leaves the plain counters short and a floor, no lock, has no violations), with a
 // semaphore's or read-write row's most holders at once (peak), a read-write row's reads apart.
 func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, fence, peak int64) metrics {
-	slices.Sort(cr.Waits)
 	secs := float64(cr.Elapsed) / 1e9
 	writes := cr.Ops - cr.Reads
 	m := metrics{"ops": float64(cr.Ops), rate: float64(cr.Ops) / secs, p50: percentile(cr.Waits, 0.50), p99: percentile(cr.Waits, 0.99),
@@ -585,7 +584,6 @@ func contendMetrics(r rowSpec, cr contend.Result, st serverStats, plain, viol, f
 		m["peak"] = float64(peak)
 	}
 	if r.rw {
-		slices.Sort(cr.ReadWaits)
 		m["reads"], m["read_rate"], m["write_rate"] = float64(cr.Reads), float64(cr.Reads)/secs, float64(writes)/secs
 		m["read_p50"], m["read_p99"] = percentile(cr.ReadWaits, 0.50), percentile(cr.ReadWaits, 0.99)
 	}

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,7 +105,6 @@ func (s *DupServer) Bursts(keyPrefix string) map[string]float64 {
 		busy += float64(codes[http.StatusConflict])
 		other += float64(Dups - codes[http.StatusOK] - codes[http.StatusConflict])
 	}
-	slices.Sort(lat)
 	n := float64(DupRounds)
 	return map[string]float64{"runs": runs / n, "identical": identical / n, "ok": ok200 / n, "busy": busy / n, "other": other / n,
 		"p50": stat.Percentile(lat, 0.5), "p99": stat.Percentile(lat, 0.99), "max": stat.Percentile(lat, 1)}

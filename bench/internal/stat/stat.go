@@ -3,15 +3,16 @@ package stat
 
 import "slices"
 
-// Percentile is the p-th percentile (0 < p ≤ 1) of sorted values (nanoseconds), nearest rank;
-// 0 for none.
-func Percentile(sorted []int64, p float64) float64 {
-	if len(sorted) == 0 {
+// Percentile is the p-th percentile (0 < p ≤ 1) of values (nanoseconds), nearest rank; 0 for
+// none. It sorts values in place, so a second percentile of them costs one pass.
+func Percentile(values []int64, p float64) float64 {
+	if len(values) == 0 {
 		return 0
 	}
-	i := int(p*float64(len(sorted))+0.5) - 1
-	i = min(max(i, 0), len(sorted)-1)
-	return float64(sorted[i])
+	slices.Sort(values)
+	i := int(p*float64(len(values))+0.5) - 1
+	i = min(max(i, 0), len(values)-1)
+	return float64(values[i])
 }
 
 // Median is the median of v (the mean of the two middle values for an even count); 0 for none.
