@@ -37,7 +37,8 @@ func fenceOf(h any) int64 {
 
 func (x *implHolder) Unlock(ctx context.Context) error { return x.im.unlock(ctx, x.keys[x.k], x.h) }
 
-// each is n values, the i-th made by mk(i): a row's holders, a run's guards and keys.
+// each is n values, the i-th made by mk(i): a row's holders, a run's guards and keys, the
+// cells of a list.
 func each[T any](n int, mk func(i int) T) []T {
 	out := make([]T, n)
 	for i := range out {

@@ -309,10 +309,7 @@ func (s *s6Results) added(x *result) (ns, rts float64, ok bool) {
 	if x == nil || none == nil || s.Ping == nil {
 		return 0, 0, false
 	}
-	var rt []float64
-	for _, m := range s.Ping.Reps {
-		rt = append(rt, m["p50"])
-	}
+	rt := each(len(s.Ping.Reps), func(i int) float64 { return s.Ping.Reps[i][p50] })
 	return httpbench.Added(x.Reps, none.Reps, rt)
 }
 
@@ -396,12 +393,9 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 		}
 	}
 	names := strings.NewReplacer("svc", "service", "etcd", "etcd", "redis", "Redis")
+	procs = append(procs, "wrk")
 	list := func(sep string, f func(name string) string) string {
-		var out []string
-		for _, p := range append(procs, "wrk") {
-			out = append(out, f(p))
-		}
-		return strings.Join(out, sep)
+		return strings.Join(each(len(procs), func(i int) string { return f(procs[i]) }), sep)
 	}
 	worstErrors := column{"errors", func(x *result) string { return mdfmt.Int(x.worst("errors")) }}
 	perReq := []column{{n.reqCol + "/req", floatCell(reqs)}, {"fsyncs/req", countCell(fsy)}}
@@ -448,7 +442,7 @@ func (r *report) httpTables(w writer, s *s6Results, first bool) {
 		}},
 		column{"CPU share: " + list(" / ", names.Replace) + " / other / idle", func(x *result) string {
 			idle := 1 - x.med("other_share")
-			for _, p := range append(procs, "wrk") {
+			for _, p := range procs {
 				idle -= x.med(p + "_share")
 			}
 			return list(" / ", func(p string) string { return fmt.Sprintf("%.0f %%", 100*x.med(p+"_share")) }) +

@@ -367,11 +367,9 @@ func drawResultsChart(path, title, xlabel string, xs []int, at func(x int) []*re
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, xlabel, "critical sections / s (log)"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-	ticks := make([]plot.Tick, 0, len(xs))
-	for _, x := range xs {
-		ticks = append(ticks, plot.Tick{Value: float64(x), Label: mdfmt.Int(float64(x))})
-	}
-	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.X.Tick.Marker = plot.ConstantTicks(each(len(xs), func(i int) plot.Tick {
+		return plot.Tick{Value: float64(xs[i]), Label: mdfmt.Int(float64(xs[i]))}
+	}))
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top, p.Legend.Left, p.Legend.YOffs = false, true, vg.Points(10)
 	p.Add(plotter.NewGrid())

@@ -111,10 +111,7 @@ func (r *report) s8Section(w writer) {
 		if chart := r.charts[ax.Name]; chart != "" {
 			w("![critical sections per second against %s](%s)\n\n", ax.Name, filepath.Base(chart))
 		}
-		cols := []string{"row"}
-		for _, x := range ax.Points {
-			cols = append(cols, countStr(x))
-		}
+		cols := append([]string{"row"}, each(len(ax.Points), func(i int) string { return countStr(ax.Points[i]) })...)
 		w("%s\n", mdfmt.Head(append(cols, fmt.Sprintf("fall, %s → %s", countStr(first), countStr(last)), "violations (inside / fence)", "errors")...))
 		for _, x0 := range ax.Res[first] {
 			w("| %s |", x0.Label)

@@ -89,11 +89,7 @@ func perRepCell(name string, f func(float64) string) func(*result) string {
 		if len(x.reps()) < 2 {
 			return ""
 		}
-		var s []string
-		for _, m := range x.reps() {
-			s = append(s, f(m[name]))
-		}
-		return strings.Join(s, ", ")
+		return strings.Join(each(len(x.Reps), func(i int) string { return f(x.Reps[i][name]) }), ", ")
 	}
 }
 
@@ -210,11 +206,7 @@ func (r *report) s1Section(w writer) {
 
 // floorRows are the ids of the store's floors.
 func (n storeNotes) floorRows() []string {
-	var ids []string
-	for _, f := range n.floors {
-		ids = append(ids, f[0])
-	}
-	return ids
+	return each(len(n.floors), func(i int) string { return n.floors[i][0] })
 }
 
 // hotSection writes scenario 2 (in one process; with more than one goroutine count, a table at
@@ -432,11 +424,7 @@ func lines(w writer) writer { return func(format string, args ...any) { w(format
 
 // countList lists numbers as the report's prose writes them: "1,000, 10,000".
 func countList(xs []int) string {
-	var s []string
-	for _, x := range xs {
-		s = append(s, countStr(x))
-	}
-	return strings.Join(s, ", ")
+	return strings.Join(each(len(xs), func(i int) string { return countStr(xs[i]) }), ", ")
 }
 
 // countStr writes n with thousands separators, as the report's prose does (10,000).
