@@ -81,7 +81,8 @@ func (a *s8Axis) fall(row, metric string, x0, x1 int) (float64, bool) {
 func leadOf(rs []*result) (float64, *result, *result) {
 	var best *result
 	for _, x := range rs {
-		if x.Row != "flightlock" && x.Row != "ping" && x.Row != "setdel" && (best == nil || x.med("rate") > best.med("rate")) {
+		floor := x.Row == "ping" || x.Row == "setdel" || x.Row == rowFloor
+		if x.Row != "flightlock" && !floor && (best == nil || x.med("rate") > best.med("rate")) {
 			best = x
 		}
 	}
