@@ -13,6 +13,19 @@ import (
 
 // notifier multiplexes release notifications of many keys over one pub/sub connection. A
 // channel is subscribed while someone watches it, plus a linger (WithWatchLinger).
+//
+// A channel has at most one channelState, and it is dropped (UNSUBSCRIBE sent) only once it
+// is active: while a state waits for its confirmation, its SUBSCRIBE is the only one of the
+// channel still to be answered and no UNSUBSCRIBE of it is on the way. So the first
+// "subscribe" confirmation of the channel read while the state waits is that SUBSCRIBE's, or
+// that of go-redis subscribing the channel again on a new connection (as good: the channel is
+// subscribed). Nothing is owed across a reconnect, which go-redis does not report: a SUBSCRIBE
+// lost with a broken connection is sent again by go-redis, which keeps the channel in its set
+// until the state is dropped. One crossing remains: a resubscription sent just before the
+// previous state was dropped, answered after its UNSUBSCRIBE was sent and a new state made (a
+// reconnect within a round trip of a linger's end). The new state's own confirmation follows
+// and wakes its watchers (a confirmation of an active channel does), so a release in between
+// is heard late, not lost.
 type notifier struct {
 	client Client
 	linger time.Duration
@@ -20,21 +33,18 @@ type notifier struct {
 	mu       sync.Mutex
 	ps       *redis.PubSub            // guarded by mu; nil until the first watch
 	channels map[string]*channelState // guarded by mu
-	// unconfirmed counts, per channel, the SUBSCRIBEs sent and not yet confirmed (guarded by
-	// mu): a channel state is ready only at its own SUBSCRIBE's confirmation, not at that of
-	// an earlier subscription of the channel given up since.
-	unconfirmed map[string]int
-	closed      bool           // guarded by mu
-	reader      sync.WaitGroup // the goroutine reading ps
+	closed   bool                     // guarded by mu
+	reader   sync.WaitGroup           // the goroutine reading ps
 }
 
 // channelState is one subscribed channel. All fields are guarded by notifier.mu.
 type channelState struct {
 	watchers map[chan struct{}]struct{}
-	linger   *time.Timer   // pending unsubscribe once nobody watches; nil while watched
-	ready    chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
-	active   bool          // ready is closed
-	skip     int           // confirmations of earlier SUBSCRIBEs still due before this one's
+	// linger is the pending unsubscribe once nobody watches; nil while watched, and nil when
+	// it ran out before the confirmation (the reader starts another at the confirmation).
+	linger *time.Timer
+	ready  chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
+	active bool          // ready is closed
 }
 
 // signal wakes every watcher of the channel. notifier.mu must be held.
@@ -71,12 +81,14 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	if st == nil {
 		// Sent under mu, so that it cannot overtake a linger timer's UNSUBSCRIBE of it.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
+			// go-redis keeps the channel in its set even so, and would subscribe it at every
+			// later connection for nobody. Subscribe fails when no connection could be made
+			// or its write failed, which closes it: Redis answers nothing of it later.
+			_ = n.ps.Unsubscribe(ctx, channel)
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
 		}
-		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{}),
-			skip: n.unconfirmed[channel]}
-		n.unconfirmed[channel]++
+		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
 		n.channels[channel] = st
 	}
 	if st.linger != nil {
@@ -118,14 +130,26 @@ func (n *notifier) unwatch(channel string, c chan struct{}) {
 	if len(st.watchers) > 0 || n.closed {
 		return
 	}
+	n.startLinger(channel, st)
+}
+
+// startLinger unsubscribes the channel after the linger unless someone watches it again.
+// notifier.mu must be held.
+func (n *notifier) startLinger(channel string, st *channelState) {
 	st.linger = time.AfterFunc(n.linger, func() { n.expire(channel, st) })
 }
 
-// expire unsubscribes a channel whose linger ran out, unless someone started watching again.
+// expire unsubscribes a channel whose linger ran out, unless someone started watching again or
+// its SUBSCRIBE is still to be confirmed (then the reader starts a new linger at the
+// confirmation, so no UNSUBSCRIBE crosses the SUBSCRIBE: see notifier).
 func (n *notifier) expire(channel string, st *channelState) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed || n.channels[channel] != st || len(st.watchers) > 0 {
+		return
+	}
+	if !st.active {
+		st.linger = nil
 		return
 	}
 	delete(n.channels, channel)
@@ -144,19 +168,15 @@ func (n *notifier) read(msgs <-chan any) {
 			if m.Kind != "subscribe" {
 				break
 			}
-			if n.unconfirmed[m.Channel] > 0 {
-				if n.unconfirmed[m.Channel]--; n.unconfirmed[m.Channel] == 0 {
-					delete(n.unconfirmed, m.Channel)
-				}
-			}
 			st := n.channels[m.Channel]
 			switch {
 			case st == nil:
-			case st.skip > 0:
-				st.skip-- // an earlier subscription's, given up and unsubscribed since
 			case !st.active: // the confirmation watch waits for (or a resubscription's)
 				st.active = true
 				close(st.ready)
+				if len(st.watchers) == 0 && st.linger == nil {
+					n.startLinger(m.Channel, st) // its linger ran out while it waited
+				}
 			default:
 				// go-redis subscribed again after a reconnect: a release in between was not
 				// heard, so the watchers look again.

@@ -132,8 +132,7 @@ func New(client Client, opts ...Option) *RedisStore {
 		client:        client,
 		channelPrefix: DefaultChannelPrefix,
 		lanes:         DefaultLanes,
-		notify: &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState),
-			unconfirmed: make(map[string]int)},
+		notify:        &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState)},
 	}
 	for _, opt := range opts {
 		opt(s)

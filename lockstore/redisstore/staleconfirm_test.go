@@ -1,9 +1,9 @@
 package redisstore
 
 // A channel's state is marked ready only by the "subscribe" confirmation that answers its own
-// SUBSCRIBE (the notifier counts, per channel, the SUBSCRIBEs sent and not yet confirmed), never
-// by one that answers an earlier SUBSCRIBE of the same channel, sent for a channelState that
-// its linger has since expired (UNSUBSCRIBE sent). On a pub/sub link slower than the linger, a
+// SUBSCRIBE, never by one that answers an earlier SUBSCRIBE of the same channel, sent for a
+// channelState that its linger has since expired (the notifier sends no UNSUBSCRIBE of a
+// channel while its SUBSCRIBE waits for its confirmation). On a pub/sub link slower than the linger, a
 // watch that gave up waiting (its ctx ended), a linger expiry and a new watch of the key would
 // otherwise leave the new watch marked active by the first SUBSCRIBE's confirmation, while
 // Redis is still to read the UNSUBSCRIBE and then the new SUBSCRIBE: a release between those
@@ -79,6 +79,13 @@ func TestStaleConfirmationDoesNotMarkANewSubscriptionReady(t *testing.T) {
 	notified, err := s.Release(ctx, key, ownerA, "", 0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The PUBLISH itself must reach the watch: a later confirmation of the channel wakes its
+	// watchers too (as after a reconnect), which would hide a release published to nobody.
+	if notified == 0 {
+		t.Fatalf("a release after lockstore.Watch returned (at %v; the release at %v) published to nobody: the "+
+			"watch was marked ready by the confirmation of the expired subscription's SUBSCRIBE",
+			returned.Round(time.Millisecond), releasedAt.Round(time.Millisecond))
 	}
 	select {
 	case <-w2.C():
