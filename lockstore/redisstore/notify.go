@@ -14,9 +14,10 @@ import (
 // notifier multiplexes release notifications of many keys over one pub/sub connection. A
 // channel is subscribed while someone watches it, plus a linger (WithWatchLinger).
 //
-// A channel has at most one channelState, and it is dropped (UNSUBSCRIBE sent) only once it
-// is active: while a state waits for its confirmation, its SUBSCRIBE is the only one of the
-// channel still to be answered and no UNSUBSCRIBE of it is on the way. So the first
+// A channel has at most one channelState, and it is dropped (UNSUBSCRIBE sent) at the end of
+// its linger only once it is active, or once it is older than unconfirmedKeep: while a young
+// state waits for its confirmation, its SUBSCRIBE is the only one of the channel still to be
+// answered and no UNSUBSCRIBE of it is on the way. So the first
 // "subscribe" confirmation of the channel read while the state waits is that SUBSCRIBE's, or
 // that of go-redis subscribing the channel again on a new connection (as good: the channel is
 // subscribed). Nothing is owed across a reconnect, which go-redis does not report: a SUBSCRIBE
@@ -26,9 +27,22 @@ import (
 // reconnect within a round trip of a linger's end). The new state's own confirmation follows
 // and wakes its watchers (a confirmation of an active channel does), so a release in between
 // is heard late, not lost.
+//
+// A state is kept unconfirmed only until it is unconfirmedKeep old: some SUBSCRIBEs are never confirmed on
+// a live connection. Redis answers NOPERM to a user without the channel's permission (a new
+// ACL user has none on Redis 7: acl-pubsub-default resetchannels), and go-redis's pub/sub
+// reader drops that error reply, keeps the connection and keeps the channel in its set. Kept
+// for good, such states would grow one per key ever watched (a key per user or per order). An
+// old one is taken as never to be confirmed; a wrong guess (a link slower than unconfirmedKeep
+// whose confirmation is still coming) is the crossing above: the old SUBSCRIBE's confirmation
+// marks the next state of the channel ready early, and that state's own confirmation then
+// wakes its watchers, so a release in between is heard late, not lost.
 type notifier struct {
 	client Client
 	linger time.Duration
+	// keepUnconfirmed is unconfirmedKeep when the store was made: how long a state whose
+	// SUBSCRIBE is not confirmed outlives its linger.
+	keepUnconfirmed time.Duration
 
 	mu       sync.Mutex
 	ps       *redis.PubSub            // guarded by mu; nil until the first watch
@@ -40,11 +54,10 @@ type notifier struct {
 // channelState is one subscribed channel. All fields are guarded by notifier.mu.
 type channelState struct {
 	watchers map[chan struct{}]struct{}
-	// linger is the pending unsubscribe once nobody watches; nil while watched, and nil when
-	// it ran out before the confirmation (the reader starts another at the confirmation).
-	linger *time.Timer
-	ready  chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
-	active bool          // ready is closed
+	linger   *time.Timer   // pending unsubscribe once nobody watches; nil while watched
+	ready    chan struct{} // closed when Redis confirmed the SUBSCRIBE (the reader saw it)
+	active   bool          // ready is closed
+	created  time.Time     // when its SUBSCRIBE was sent
 }
 
 // signal wakes every watcher of the channel. notifier.mu must be held.
@@ -88,7 +101,8 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
 		}
-		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{})}
+		st = &channelState{watchers: make(map[chan struct{}]struct{}), ready: make(chan struct{}),
+			created: time.Now()}
 		n.channels[channel] = st
 	}
 	if st.linger != nil {
@@ -119,6 +133,12 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 // by about a few retry delays, once per wait.
 const subscribeWait = 500 * time.Millisecond
 
+// unconfirmedKeep is how long after its SUBSCRIBE a channel state still waiting for the
+// confirmation is kept past its linger (see notifier): far above any round trip of a live
+// link, and short enough that the states of keys watched once each (a key per order) do not
+// pile up. A variable for tests.
+var unconfirmedKeep = time.Minute
+
 func (n *notifier) unwatch(channel string, c chan struct{}) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -140,16 +160,18 @@ func (n *notifier) startLinger(channel string, st *channelState) {
 }
 
 // expire unsubscribes a channel whose linger ran out, unless someone started watching again or
-// its SUBSCRIBE is still to be confirmed (then the reader starts a new linger at the
-// confirmation, so no UNSUBSCRIBE crosses the SUBSCRIBE: see notifier).
+// its SUBSCRIBE, sent less than keepUnconfirmed ago, is still to be confirmed, so that no
+// UNSUBSCRIBE crosses the SUBSCRIBE (see notifier). Such a state's linger is set again to end
+// when the state is keepUnconfirmed old (not one more linger: a linger may be zero), and the
+// reader starts a fresh one at the confirmation.
 func (n *notifier) expire(channel string, st *channelState) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed || n.channels[channel] != st || len(st.watchers) > 0 {
 		return
 	}
-	if !st.active {
-		st.linger = nil
+	if left := n.keepUnconfirmed - time.Since(st.created); !st.active && left > 0 {
+		st.linger = time.AfterFunc(left, func() { n.expire(channel, st) })
 		return
 	}
 	delete(n.channels, channel)
@@ -174,8 +196,12 @@ func (n *notifier) read(msgs <-chan any) {
 			case !st.active: // the confirmation watch waits for (or a resubscription's)
 				st.active = true
 				close(st.ready)
-				if len(st.watchers) == 0 && st.linger == nil {
-					n.startLinger(m.Channel, st) // its linger ran out while it waited
+				if len(st.watchers) == 0 && st.linger != nil {
+					// Nobody watches it: the pending timer is its linger, or the end of its
+					// keepUnconfirmed when the linger ran out while it waited. The linger
+					// counts from now instead.
+					st.linger.Stop()
+					n.startLinger(m.Channel, st)
 				}
 			default:
 				// go-redis subscribed again after a reconnect: a release in between was not

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -134,4 +135,78 @@ func TestFailedSubscribeLeavesNoSubscription(t *testing.T) {
 	if got := n[DefaultChannelPrefix+"lock:down"]; got != 0 {
 		t.Fatalf("the channel of the failed watch has %d subscribers, want 0", got)
 	}
+}
+
+// A subscription that Redis never confirms is dropped (UNSUBSCRIBE sent) once its linger has
+// run out and it is older than unconfirmedKeep, as a confirmed one is at its linger: the
+// notifier keeps a channel state unconfirmed only for a while, not for the life of the process.
+// Here the pub/sub connection's user has no channel permissions (Redis 7's default for a new
+// ACL user, acl-pubsub-default resetchannels), so every SUBSCRIBE is answered NOPERM, which
+// go-redis's pub/sub reader drops without a word: with a key per user or per order, a state
+// kept per key ever watched would grow the notifier's map without bound.
+func TestNeverConfirmedSubscriptionIsDroppedOnceOld(t *testing.T) {
+	defer func(d time.Duration) { unconfirmedKeep = d }(unconfirmedKeep)
+	unconfirmedKeep = 50 * time.Millisecond
+
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	direct := srv.Client()
+	if err := direct.Do(ctx, "ACL", "SETUSER", "noperm", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sub := redis.NewClient(&redis.Options{Addr: srv.Addr, DisableIdentity: true, Username: "noperm", Password: "pw"})
+	s := New(splitClient{Client: direct, sub: sub}, WithWatchLinger(10*time.Millisecond))
+	t.Cleanup(func() { _ = s.Close(); _ = sub.Close() })
+
+	const channel = DefaultChannelPrefix + "lock:order-1"
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	w, err := s.Watch(short, "lock:order-1")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !w.Fresh() {
+		t.Fatal("a watch whose SUBSCRIBE Redis refused is not fresh")
+	}
+	w.Close()
+
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s.notify.mu.Lock()
+		st := s.notify.channels[channel]
+		var active bool
+		if st != nil {
+			active = st.active
+		}
+		s.notify.mu.Unlock()
+		if st == nil && unsubscribes(t, direct) > 0 {
+			break
+		}
+		if active {
+			t.Fatal("Redis confirmed a SUBSCRIBE of a user without channel permissions")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a channel state never confirmed is kept (state %v, UNSUBSCRIBEs %d) 5s after its linger "+
+				"(10ms) and unconfirmedKeep (50ms) ran out: one stays per key ever watched",
+				st != nil, unsubscribes(t, direct))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// unsubscribes is the number of UNSUBSCRIBE commands the server has run (INFO commandstats).
+func unsubscribes(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.InfoMap(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := info["Commandstats"]["cmdstat_unsubscribe"] // calls=1,usec=...
+	var calls int64
+	if stat != "" {
+		if _, err := fmt.Sscanf(stat, "calls=%d,", &calls); err != nil {
+			t.Fatalf("parse cmdstat_unsubscribe %q: %v", stat, err)
+		}
+	}
+	return calls
 }

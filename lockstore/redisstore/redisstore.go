@@ -132,7 +132,8 @@ func New(client Client, opts ...Option) *RedisStore {
 		client:        client,
 		channelPrefix: DefaultChannelPrefix,
 		lanes:         DefaultLanes,
-		notify:        &notifier{client: client, linger: time.Second, channels: make(map[string]*channelState)},
+		notify: &notifier{client: client, linger: time.Second, keepUnconfirmed: unconfirmedKeep,
+			channels: make(map[string]*channelState)},
 	}
 	for _, opt := range opts {
 		opt(s)
