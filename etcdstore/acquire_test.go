@@ -9,6 +9,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
@@ -168,4 +169,94 @@ func TestRetriedGiveBackLeavesAnotherOwnersLock(t *testing.T) {
 	if kv := get(t, plain, "lock:o"); kv == nil || kv.ModRevision != taken.ModRevision {
 		t.Fatalf("the retried give-back touched another owner's lock: %v, was %v", kv, taken)
 	}
+}
+
+// A named hold that Reenter wrote but cannot report (the keep-alive of the holder's lease did
+// not answer) is given back, and that give-back is retried while etcd fails it, by a store that
+// holds no lease of its own too: the hold would otherwise keep the key after its holder's
+// release, on a lease of its own, until that lease runs out.
+func TestUnreportedReentryIsGivenBackThoughItsFirstReleaseFails(t *testing.T) {
+	c := etcdtest.Start(t)
+	plain := c.Client(t)
+	const key = "lock:h"
+	f := &keyWrites{key: key, pass: 1} // the re-entry's write goes through
+	holder, s := newStore(t, plain), newStore(t, f.client(t, c))
+	ctx := bg(t)
+	if got, err := holder.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Minute}); err != nil || !got.Acquired {
+		t.Fatal(got, err)
+	}
+	f.down.Store(true)
+	rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	got, err := s.Reenter(rctx, key, ownerA, "h", time.Minute)
+	cancel()
+	if err == nil {
+		t.Fatalf("a re-entry whose keep-alive failed = %+v, want an error", got)
+	}
+	if !hasHold(t, plain, key, "h") {
+		t.Skip("the re-entry wrote no hold")
+	}
+	waitFor(t, 5*time.Second, "the failed give-back is tried again", func() bool { return f.failed.Load() > 1 })
+	f.down.Store(false)
+	waitFor(t, 5*time.Second, "the unreported hold is given back", func() bool { return !hasHold(t, plain, key, "h") })
+	if _, err := holder.Release(ctx, key, ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if get(t, plain, key) != nil {
+		t.Fatal("the key outlived its holder's release")
+	}
+}
+
+// hasHold reports whether the lock key holds the named hold.
+func hasHold(t *testing.T, cli *clientv3.Client, key, hold string) bool {
+	t.Helper()
+	kv := get(t, cli, key)
+	if kv == nil {
+		return false
+	}
+	v, _ := parseValue(kv.Value)
+	return v.hasHold(hold)
+}
+
+// keyWrites fails, while down, every keep-alive and every transaction that writes or deletes
+// key after the first pass of them (as a leader change does: etcd answers Unavailable), and
+// counts the transactions it failed.
+type keyWrites struct {
+	key    string
+	pass   int64 // writes let through while down
+	down   atomic.Bool
+	writes atomic.Int64 // seen while down
+	failed atomic.Int64
+}
+
+// client returns a client on c through f.
+func (f *keyWrites) client(t *testing.T, c *etcdtest.Cluster) *clientv3.Client {
+	unary := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.TxnRequest); ok && f.down.Load() && writesKey(r.Success, f.key) && f.writes.Add(1) > f.pass {
+			f.failed.Add(1)
+			return rpctypes.ErrGRPCLeaderChanged
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	stream := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
+		streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if f.down.Load() && method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+			return nil, rpctypes.ErrGRPCLeaderChanged
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	return faultyClient(t, c, unary, stream)
+}
+
+// writesKey reports whether ops write or delete key.
+func writesKey(ops []*pb.RequestOp, key string) bool {
+	for _, op := range ops {
+		if p := op.GetRequestPut(); p != nil && string(p.Key) == key {
+			return true
+		}
+		if d := op.GetRequestDeleteRange(); d != nil && string(d.Key) == key {
+			return true
+		}
+	}
+	return false
 }
