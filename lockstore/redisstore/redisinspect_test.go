@@ -189,6 +189,38 @@ func TestForceUnlockRemovesOnlyTheGrantItRead(t *testing.T) {
 	}
 }
 
+// TestForceUnlockSucceedsWithoutChannelPermission: an operator's force unlock by a user that may
+// not publish to the release channel removes the lock and says so, with nobody woken; the
+// waiter gets the lock at its next look.
+func TestForceUnlockSucceedsWithoutChannelPermission(t *testing.T) {
+	b := channellessBackend(t)
+	ctx := context.Background()
+	in := NewInspector(b.store.client.(redis.UniversalClient), "lock:")
+	if _, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerA, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerB, TTL: time.Minute}); err != nil || got.Acquired {
+		t.Fatalf("a waiter: %+v %v, want busy", got, err)
+	}
+	read, err := in.Lookup(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := in.ForceUnlock(ctx, read); err != nil || n != 0 {
+		t.Fatalf("ForceUnlock without channel permission = %d, %v; want 0 notified and no error (the key is "+
+			"deleted before the PUBLISH)", n, err)
+	}
+	if b.client.Exists(ctx, "lock:k").Val() != 0 {
+		t.Fatal("the lock is still there")
+	}
+	if _, err := b.store.Release(ctx, "lock:k", ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("the former holder's release: %v, want lockstore.ErrNotHeld", err)
+	}
+	if got, err := b.store.Acquire(ctx, lockstore.Request{Key: "lock:k", Owner: ownerB, TTL: time.Minute}); err != nil || !got.Acquired {
+		t.Fatalf("the waiter's next look: %+v %v, want the lock", got, err)
+	}
+}
+
 // TestWatchByPollingReportsEachChange: on a server without keyspace notifications (miniredis
 // has no CONFIG), a watch reads the locks held, then reports an acquisition, a contention, a
 // re-entry that comes and goes, and the release of a contended lock (heard on its release channel), and the

@@ -58,6 +58,9 @@ const (
 )
 
 // DefaultChannelPrefix is put before a lock key to name its release notification channel.
+// With Redis ACLs the store's user needs the channels' permission, "&" + the prefix + "*"
+// (Redis 7 gives a new user none): without it releases still succeed but wake nobody, and
+// waiters look again only after their retry delay.
 const DefaultChannelPrefix = "flightlock:released:"
 
 // Client is the part of go-redis that RedisStore uses; redis.UniversalClient satisfies it, and

@@ -40,6 +40,24 @@ func realBackend(t *testing.T) backend {
 	return backend{store: s, client: c, advance: func(d time.Duration) { time.Sleep(d + 5*time.Millisecond) }}
 }
 
+// channellessBackend is a real redis-server whose store runs as a user with every key and
+// command but no channel (Redis 7's default for a new ACL user, acl-pubsub-default
+// resetchannels): its PUBLISHes and SUBSCRIBEs are refused with NOPERM. client is the default
+// user's, to look at the keys.
+func channellessBackend(t *testing.T) backend {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opts := srv.Options()
+	opts.Username, opts.Password = "nochannels", "pw"
+	c := redis.NewClient(opts)
+	s := New(c)
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	return backend{store: s, client: admin, advance: func(d time.Duration) { time.Sleep(d + 5*time.Millisecond) }}
+}
+
 var backends = []struct {
 	name string
 	make func(*testing.T) backend
@@ -283,6 +301,57 @@ func TestReleaseNotifiesWatchers(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A release of a contended lock (and a pass, which releases a contended lock) by a user that
+// may not publish to the release channel succeeds: the key is deleted whatever the PUBLISH
+// after it does, so the release reports success with nobody notified, and the waiter, who
+// heard nothing, gets the lock at its next look.
+func TestContendedReleaseSucceedsWithoutChannelPermission(t *testing.T) {
+	b := channellessBackend(t)
+	ctx := context.Background()
+	for _, pass := range []bool{false, true} {
+		key := "lock:release"
+		if pass {
+			key = "lock:pass"
+		}
+		if got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
+			t.Fatalf("%s: first owner: %+v %v", key, got, err)
+		}
+		if got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second}); err != nil || got.Acquired {
+			t.Fatalf("%s: second owner: %+v %v, want busy (the lock is marked)", key, got, err)
+		}
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		w, err := b.store.Watch(short, key) // its SUBSCRIBE is refused: a fresh watch that hears nothing
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: the waiter's watch: %v", key, err)
+		}
+		var n int
+		if pass {
+			var kept bool
+			kept, _, n, err = b.store.Pass(ctx, key, ownerA, 10*time.Second, 0)
+			if kept {
+				t.Fatalf("%s: a pass of a contended lock kept it", key)
+			}
+		} else {
+			n, err = b.store.Release(ctx, key, ownerA, "", 0)
+		}
+		w.Close()
+		if err != nil || n != 0 {
+			t.Fatalf("%s: release of a contended lock without channel permission = %d, %v; want 0 notified and "+
+				"no error (the key is deleted before the PUBLISH)", key, n, err)
+		}
+		if b.client.Exists(ctx, key).Val() != 0 {
+			t.Fatalf("%s: the released lock is still there", key)
+		}
+		if _, err := b.store.Release(ctx, key, ownerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+			t.Fatalf("%s: a second release: %v, want lockstore.ErrNotHeld", key, err)
+		}
+		if got, err := b.store.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerB, TTL: 10 * time.Second}); err != nil || !got.Acquired {
+			t.Fatalf("%s: the waiter's next look: %+v %v, want the lock", key, got, err)
+		}
+	}
 }
 
 func TestMetadataCannotFakeTheWaitersMark(t *testing.T) {

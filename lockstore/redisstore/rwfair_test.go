@@ -116,6 +116,76 @@ func TestReadHoldsRefreshAndReleaseAloneAndAreNeverReentered(t *testing.T) {
 	})
 }
 
+// The last read release of a key a writer waits for, by a user that may not publish to the
+// release channel, succeeds: the key is left to the writers ("~w", for writerReserveMillis) as
+// with the permission, the release reports success with nobody notified, and the writer gets
+// the key at its next look.
+func TestLastReadReleaseSucceedsWithoutChannelPermission(t *testing.T) {
+	b := channellessBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:order"
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil || !got.Acquired {
+		t.Fatalf("read hold: %+v %v", got, err)
+	}
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerC, TTL: 10 * time.Second}); err != nil || got.Acquired {
+		t.Fatalf("a writer beside a reader: %+v %v, want busy", got, err)
+	}
+	if n, err := s.Release(ctx, key, readerA, "", 0); err != nil || n != 0 {
+		t.Fatalf("the last reader's release without channel permission = %d, %v; want 0 notified and no error", n, err)
+	}
+	if v := b.client.Get(ctx, key).Val(); !strings.HasPrefix(v, reservedOwner+" ") || !strings.HasSuffix(v, " 0 ~") {
+		t.Fatalf("the key after the last read release = %q, want it left to the writers (%q)", v, reservedOwner+" <fence> 0 ~")
+	}
+	if b.client.Exists(ctx, readersKey(key)).Val() != 0 {
+		t.Fatal("the read holds are still there")
+	}
+	if _, err := s.Release(ctx, key, readerA, "", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a second release: %v, want lockstore.ErrNotHeld", err)
+	}
+	if got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerC, TTL: 10 * time.Second}); err != nil || !got.Acquired {
+		t.Fatalf("the waiting writer's next look: %+v %v, want the key", got, err)
+	}
+}
+
+// The first in line of a free fair key who gives up, by a user that may not publish to the
+// release channel, leaves the line: LeaveQueue succeeds although the wake-up of the next in
+// line is refused, and the next in line gets the key at its next look.
+func TestLeaveQueueSucceedsWithoutChannelPermission(t *testing.T) {
+	b := channellessBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:stock"
+	fair := func(owner string) lockstore.Request {
+		return lockstore.Request{Key: key, Owner: owner, TTL: 10 * time.Second, Asked: time.Now(), Queue: 10 * time.Second}
+	}
+	if got, err := s.Acquire(ctx, fair(ownerA)); err != nil || !got.Acquired {
+		t.Fatalf("the first fair acquirer: %+v %v", got, err)
+	}
+	for _, o := range []string{ownerB, ownerC} {
+		if got, err := s.Acquire(ctx, fair(o)); err != nil || got.Acquired {
+			t.Fatalf("fair acquirer %s: %+v %v, want a place in line", o, got, err)
+		}
+	}
+	// The holder leaves, its release heard by nobody (another service's user may publish;
+	// this one's release is TestContendedReleaseSucceedsWithoutChannelPermission's).
+	if _, err := New(b.client).Release(ctx, key, ownerA, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	// B, first in line of a free key, gives up: its LeaveQueue would wake C.
+	if err := s.LeaveQueue(ctx, key, ownerB); err != nil {
+		t.Fatalf("LeaveQueue of the first in line without channel permission: %v, want no error (the place is gone "+
+			"before the PUBLISH)", err)
+	}
+	if line := b.client.ZRange(ctx, lineKey(key), 0, -1).Val(); len(line) != 1 || line[0] != ownerC {
+		t.Fatalf("the line after B left = %v, want only C", line)
+	}
+	if n := b.client.ZCard(ctx, lineDueKey(key)).Val(); n != 1 {
+		t.Fatalf("%d places' deadlines after B left, want C's only", n)
+	}
+	if got, err := s.Acquire(ctx, fair(ownerC)); err != nil || !got.Acquired {
+		t.Fatalf("the next in line's next look: %+v %v, want the key", got, err)
+	}
+}
+
 // The inspector lists a read-held key with its readers and a fair key with its line, and never
 // lists the keys beside them.
 func TestInspectorCountsReadersAndPlacesInLine(t *testing.T) {
