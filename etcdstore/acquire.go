@@ -399,11 +399,11 @@ func later(a, b time.Time) time.Time {
 // granted records a grant of key to attempt a at revision rev and returns its fence. A read
 // hold is never simple (the one-transaction release and Pass are a write's) and leaves the
 // key's refusals to the write. A floor that makes no fence (written by hand) gives the grant
-// back (giveBack) rather than hand out a fence that may repeat.
+// back rather than hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, floor *mvccpb.KeyValue) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
 	if err != nil {
-		s.giveBack(ctx, a, key, rev, floor)
+		s.giveBack(ctx, holdKey(key, a.owner), a.value)
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
 	}
 	read := lockstore.IsReadOwner(a.owner)
@@ -419,23 +419,11 @@ func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, 
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
 
-// giveBack gives back the grant of key to attempt a at revision rev, which read the fence
-// floor floor: a grant the store cannot use, which nobody else knows of. It is recorded as
-// granted records a grant and released as Release releases it (owner-checked, on the exact
-// revision written while nothing changed it), bounded by a second; a release that fails is
-// retried by the store (releaseFailed, the reaper) until it goes through, the key is no longer
-// owner's, or the store closes. Otherwise the key would sit on the session lease, which the
-// store keeps alive, and be refused to everyone until the store closes. A floor that makes no
-// fence is left as found.
-func (s *Store) giveBack(ctx context.Context, a *attempt, key string, rev int64, floor *mvccpb.KeyValue) {
-	fence, err := fenceOf(rev, floor)
-	read := lockstore.IsReadOwner(a.owner)
-	s.update(key, a.owner, func(e *heldKey) {
-		e.lease, e.createRev, e.modRev, e.fence, e.hadFloor = a.l.id, rev, rev, fence, err == nil && floor != nil
-		e.simple, e.own, e.tries = !read, true, 0
-		e.until = later(e.until, a.until())
-	})
-	s.releaseBounded(context.WithoutCancel(ctx), key, a.owner, "", 0)
+// giveBack deletes key if it still holds value (a grant the store cannot use), bounded.
+func (s *Store) giveBack(ctx context.Context, key, value string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
 }
 
 // reentered answers attempt a of a key its owner holds already (kv: the lock key, or the read
@@ -553,13 +541,12 @@ func (s *Store) acquireAllOnce(ctx context.Context, a *attempt, keys []string) (
 		for i, k := range keys {
 			g, err := s.granted(ctx, a, k, resp.Header.Revision, firstKV(resp.Responses[2*i+1]))
 			if err != nil {
-				var wg sync.WaitGroup // granted gave back keys[i]; the others at once, each bounded
-				for j, g := range keys {
+				for j, g := range keys { // granted gave back keys[i], and recorded keys[:i]
 					if j != i {
-						wg.Go(func() { s.giveBack(ctx, a, g, resp.Header.Revision, firstKV(resp.Responses[2*j+1])) })
+						s.giveBack(ctx, g, a.value)
+						s.released(g, a.owner, "")
 					}
 				}
-				wg.Wait()
 				return nil, err
 			}
 			out[i] = g

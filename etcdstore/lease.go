@@ -195,19 +195,10 @@ func (s *Store) grant(ctx context.Context, l *lease) {
 	l.id, l.secs, l.fresh = resp.ID, secs, sent // before byID and ready publish l
 	s.mu.Lock()
 	s.byID[l.id] = l
-	s.mu.Unlock()
-	s.tick()
-}
-
-// tick starts the keep-alive loop, which also runs the reaper, unless it runs: at the first
-// lease granted, or the first release that failed (releaseFailed: a store that only re-entered
-// other processes' locks has no lease, and its failed releases need the reaper as much).
-func (s *Store) tick() {
-	s.mu.Lock()
-	start := !s.ticking
+	startTicker := !s.ticking
 	s.ticking = true
 	s.mu.Unlock()
-	if start {
+	if startTicker {
 		s.spawn(s.keepAliveLoop)
 	}
 }

@@ -206,14 +206,7 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		// A quarter second, doubling, at most a second: the key is given back within about a
 		// second of etcd answering.
 		retry := time.Now().Add(min(250*time.Millisecond<<min(e.tries-1, 2), time.Second))
-		others := len(e.holds) // the entry's holds besides the one that failed
-		if hold != "" {
-			others--
-			if e.own {
-				others++
-			}
-		}
-		if others == 0 {
+		if len(e.holds) == 0 {
 			// Nobody here counts on the lock any more: retry without waiting for the
 			// promise made to the holder that gave it up.
 			e.until = retry
@@ -223,7 +216,6 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 		// pulling it in would take away the other holds' refreshed guarantee.
 		e.until = later(e.until, retry)
 	})
-	s.tick() // a store that only re-entered other processes' locks may have no loop yet
 }
 
 // startReaper releases, owner-checked, every entry past its until at now (heldKey), unless a

@@ -49,29 +49,3 @@ func TestFailedReleaseIsRetriedSoonAfterTheOutage(t *testing.T) {
 	}
 	t.Logf("the key was free %v after the outage", time.Since(healed).Round(time.Millisecond))
 }
-
-// A store that holds no lease of its own (it only re-entered another process's lock) retries a
-// release of its hold that failed once etcd answers again: nothing else would, and the hold
-// would keep the key after its holder's release, on a lease of its own, until that runs out.
-func TestFailedReleaseOfAReentryIsRetried(t *testing.T) {
-	c := etcdtest.Start(t)
-	plain := c.Client(t)
-	const key = "lock:rr"
-	f := &keyWrites{key: key}
-	holder, s := newStore(t, plain), newStore(t, f.client(t, c))
-	ctx := bg(t)
-	if got, err := holder.Acquire(ctx, lockstore.Request{Key: key, Owner: ownerA, TTL: time.Minute}); err != nil || !got.Acquired {
-		t.Fatal(got, err)
-	}
-	if got, err := s.Reenter(ctx, key, ownerA, "h", time.Minute); err != nil || !got.Acquired {
-		t.Fatal(got, err)
-	}
-	f.down.Store(true)
-	if _, err := s.Release(ctx, key, ownerA, "h", 0); err == nil {
-		t.Fatal("a release that etcd failed succeeded")
-	}
-	waitFor(t, 5*time.Second, "the failed release is tried again", func() bool { return f.failed.Load() > 1 })
-	f.down.Store(false)
-	waitFor(t, 5*time.Second, "the hold is released", func() bool { return !hasHold(t, plain, key, "h") })
-	waitFor(t, 5*time.Second, "no entry left", func() bool { return s.Held() == 0 })
-}
