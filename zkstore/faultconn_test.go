@@ -30,6 +30,7 @@ type connFaults struct {
 	mu     sync.Mutex
 	held   chan struct{} // guarded by mu: while not nil, what the client reads waits until it is closed
 	holdOp int32         // guarded by mu: the opcode of the request that starts holding replies, 0 for none
+	holdIn int           // guarded by mu: how many requests of holdOp pass before that one
 	failOp int32         // guarded by mu: the opcode of the request to fail, 0 for none
 	failed chan struct{} // guarded by mu: closed once that request failed
 }
@@ -44,10 +45,13 @@ func (f *connFaults) holdReplies() {
 
 // holdFrom holds back the replies, as holdReplies, from when the client writes its next request
 // of opcode op: the reply to that request is the first held.
-func (f *connFaults) holdFrom(op int32) {
+func (f *connFaults) holdFrom(op int32) { f.holdFromAfter(op, 0) }
+
+// holdFromAfter is holdFrom of the request of opcode op that follows the next n of them.
+func (f *connFaults) holdFromAfter(op int32, n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.holdOp = op
+	f.holdOp, f.holdIn = op, n
 }
 
 func (f *connFaults) holdLocked() {
@@ -81,8 +85,12 @@ func (f *connFaults) written(op int32) (fail bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.holdOp != 0 && f.holdOp == op {
-		f.holdOp = 0
-		f.holdLocked()
+		if f.holdIn == 0 {
+			f.holdOp = 0
+			f.holdLocked()
+		} else {
+			f.holdIn--
+		}
 	}
 	if f.failOp == 0 || f.failOp != op {
 		return false

@@ -28,7 +28,10 @@ const writerReserve = time.Second
 // the reader that came last, so a refused writer is told of a reader that holds the key
 // (releaseHold clears it when a reader leaves others behind).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
-	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
+	s.tell(p + "/" + name)
+	_, err = s.multi(ctx, s.giveBackIfTaken(p, name, func(res []zk.MultiResponse) (int64, int32) {
+		return res[1].Stat.Mzxid, 0 // the hold's creation zxid: the multi's, as every op's in it
+	}),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
 		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
 		&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
