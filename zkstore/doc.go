@@ -20,18 +20,6 @@
 // expired session left: the next acquirer deletes it (a delete of a node with children fails,
 // so a node that gained a hold meanwhile stays) and takes the key.
 //
-// # Giving back
-//
-// A hold that a request made after its caller left, or whose Release failed, is given back in
-// the background until that goes through. A request of the same owner may find that hold and
-// be answered that it holds it (an acquisition re-sent, a re-entry named again): the give-back
-// must then leave it. A give-back deletes a hold only at the version it read, and the request
-// writes the hold (adopt) before it answers, so of the two whichever the server runs first
-// wins: the other finds the hold gone (the request takes the key afresh) or at another version
-// (the give-back stops). A late give-back deletes only the node its multi made (creation zxid)
-// at the version that multi left; a failed Release's yields to any answer counted since it
-// began (tell), counted before that answer's write is sent.
-//
 // A grant's fence is its key node's creation zxid, which grows across leader changes, shifted
 // left by fenceShift.
 //

@@ -2,14 +2,11 @@ package zkstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/go-zookeeper/zk"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/poll"
@@ -101,19 +98,6 @@ func mustLocker(t testing.TB, s lockstore.Store, opts ...flightlock.Option) *fli
 		t.Fatal(err)
 	}
 	return l
-}
-
-// countChildren is the number of children of node p as s reads it: 0 when p does not exist.
-func countChildren(t testing.TB, s *Store, p string) int {
-	t.Helper()
-	kids, err := s.children(context.Background(), p)
-	if errors.Is(err, zk.ErrNoNode) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(kids)
 }
 
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {

@@ -82,28 +82,9 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 			taken = append(taken, i)
 		}
 	}
-	take := func(ctx context.Context, i int) (lockstore.Acquisition, error) {
-		return s.acquire(ctx, req.Permits[i], req.Owner, req.Meta, "")
-	}
-	again := take
-	if !lockstore.IsReadOwner(req.Owner) {
-		// The look found owner's hold: answer that it holds it once the hold is adopted, in one
-		// round trip rather than acquire's three.
-		again = func(ctx context.Context, i int) (lockstore.Acquisition, error) {
-			p, name := s.keyPath(req.Permits[i]), holdName(req.Owner, "")
-			switch err := s.adopt(ctx, p, name); {
-			case errors.Is(err, zk.ErrNoNode):
-				return take(ctx, i) // given back or released meanwhile
-			case err != nil:
-				return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", req.Permits[i], err)
-			}
-			s.remember(p, req.Owner, name)
-			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(looks[i].stat.Czxid)}, nil
-		}
-	}
-	busy, err := s.takePermits(ctx, req, mine, len(mine), again)
+	busy, err := s.takePermits(ctx, req, mine, len(mine))
 	if !busy.Acquired && err == nil {
-		busy, err = s.takePermits(ctx, req, free, max(req.Want, 1), take)
+		busy, err = s.takePermits(ctx, req, free, max(req.Want, 1))
 	}
 	if err != nil || busy.Acquired {
 		if busy.Acquired && len(mine) == 0 && len(taken) > 0 {
@@ -123,14 +104,12 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 }
 
 // takePermits takes up to want of the permits at places idx of req.Permits, in order, each with
-// take (acquire, or the re-entry of a hold the look found): they are different keys, so the takes of a round go out together. One taken since
+// acquire: they are different keys, so the takes of a round go out together. One taken since
 // the look is refused (busy, marked by acquire) and the next is tried in its place. A take
 // that fails ends the rounds, and its error is the reply only when none was granted: otherwise
 // the grants are, and that permit, which the take may have got, goes back in the background
 // (the caller holds only what the reply names).
-func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int,
-	take func(ctx context.Context, i int) (lockstore.Acquisition, error),
-) (lockstore.Acquisition, error) {
+func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant
 		busy, first lockstore.Acquisition
@@ -143,7 +122,7 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 		res, errs := make([]lockstore.Acquisition, len(round)), make([]error, len(round))
 		var wg sync.WaitGroup
 		for j, i := range round {
-			wg.Go(func() { res[j], errs[j] = take(ctx, i) })
+			wg.Go(func() { res[j], errs[j] = s.acquire(ctx, req.Permits[i], req.Owner, req.Meta, "") })
 		}
 		wg.Wait()
 		for j, i := range round {
@@ -165,7 +144,8 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 	}
 	for _, i := range failed {
 		p, own := s.keyPath(req.Permits[i]), holdName(req.Owner, "")
-		s.releaseLater(p, req.Owner, own, s.pend(p+"/"+own))
+		s.remember(p, req.Owner, own) // releaseLater gives back only what it finds remembered
+		go s.releaseLater(p, req.Owner, own)
 	}
 	first.Permit, first.More = grants[0].Permit, grants[1:]
 	return first, nil
@@ -187,10 +167,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 		if place != "" {
 			ops = append(ops, &zk.DeleteRequest{Path: place, Version: -1})
 		}
-		s.tell(p + "/" + name)
-		res, err := s.multi(ctx, s.giveBackIfTaken(p, name, func(res []zk.MultiResponse) (int64, int32) {
-			return res[2].Stat.Mzxid, 0 // the hold's creation zxid: the multi's, as every op's in it
-		}), ops...)
+		res, err := s.multi(ctx, s.giveBackIfTaken(p, owner, name), ops...)
 		switch {
 		case err == nil:
 			s.remember(p, owner, name)
@@ -250,12 +227,6 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	case reader && (holder != readersTag || marked):
 		// A writer's, or a writer waits: refused.
 	case slices.Contains(kids, name):
-		switch err := s.adopt(ctx, p, name); {
-		case errors.Is(err, zk.ErrNoNode):
-			return lockstore.Acquisition{}, true, nil // given back meanwhile: take it afresh
-		case err != nil:
-			return lockstore.Acquisition{}, false, fmt.Errorf("re-enter %s/%s: %w", p, name, err)
-		}
 		s.remember(p, owner, name)
 		return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, false, nil
 	case reader:
@@ -301,81 +272,18 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	return now.Sub(seen) < writerReserve
 }
 
-// giveBackIfTaken returns the late hook of a multi that created hold name under key node p:
-// when the caller left before the answer and the multi went through, the hold, which at says
-// the multi left at its creation zxid and version, is given back (giveBackUntold).
-func (s *Store) giveBackIfTaken(p, name string, at func([]zk.MultiResponse) (czxid int64, version int32)) func([]zk.MultiResponse, error) {
+// giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
+// caller left before the answer and the multi went through, the hold is released at once.
+func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
-		if opError(res, err) == nil {
-			czxid, version := at(res)
-			s.giveBackUntold(p, name, czxid, version)
+		if opError(res, err) != nil {
+			return
 		}
+		s.remember(p, owner, hold)
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		defer cancel()
+		_, _ = s.releaseHold(ctx, p, owner, hold)
 	}
-}
-
-// giveBackUntold deletes hold name under key node p, made at zxid czxid and left at version by
-// a request whose caller left before the answer, at once and, while that fails, in the
-// background (later): nobody knows of the hold, which would keep the key from everyone for as
-// long as the session lives. It deletes only that node at that version: a request re-sent by
-// the same owner that found the hold wrote it (adopt) before answering that it holds it, and
-// one that found it gone made another (a later creation zxid), so the hold is no longer this
-// give-back's once that request was answered.
-func (s *Store) giveBackUntold(p, name string, czxid int64, version int32) {
-	untold := func(st *zk.Stat) bool { return st.Czxid == czxid && st.Version == version }
-	try := func(ctx context.Context) bool { return s.giveBack(ctx, p, name, untold, func() {}) }
-	ctx, cancel := context.WithTimeout(context.Background(), s.session)
-	done := try(ctx)
-	cancel()
-	if !done {
-		s.later(try)
-	}
-}
-
-// adopt writes hold name under key node p, which a request of its owner found, before that
-// request answers that its owner holds it: the write moves the hold past the version a
-// give-back still pending deletes at (giveBackUntold), or finds it gone (zk.ErrNoNode: that
-// give-back won, and the request takes the key afresh). A write that goes through after its
-// caller left gives the hold back in turn: nobody was told of it.
-func (s *Store) adopt(ctx context.Context, p, name string) error {
-	path := p + "/" + name
-	s.tell(path)
-	set := func() (*zk.Stat, error) { return s.conn.Set(path, nil, -1) }
-	_, err := call(ctx, set, func(st *zk.Stat, err error) {
-		if err == nil {
-			s.giveBackUntold(p, name, st.Czxid, st.Version)
-		}
-	})
-	return err
-}
-
-// giveBack deletes hold name under key node p while ours reports that the node as read is the
-// one to give back, and calls gone once the hold is gone. done is false when the store failed
-// (try again), true when the hold is gone or no longer this give-back's.
-func (s *Store) giveBack(ctx context.Context, p, name string, ours func(*zk.Stat) bool, gone func()) (done bool) {
-	path := p + "/" + name
-	for range attempts {
-		ok, stat, err := call2(ctx, func() (bool, *zk.Stat, error) { return s.conn.Exists(path) })
-		switch {
-		case err != nil:
-			return false
-		case !ok:
-			gone()
-			return true
-		case !ours(stat):
-			return true
-		}
-		// At the version read: a write since (adopt) makes the delete fail, and the node read
-		// again tells whether it is still this give-back's.
-		_, err = s.releaseHold(ctx, p, name, stat.Version)
-		switch {
-		case err == nil, errors.Is(err, zk.ErrNoNode):
-			gone()
-			return true
-		case !errors.Is(err, zk.ErrBadVersion):
-			return false
-		}
-	}
-	return false
 }
 
 // Reenter implements lockstore.Store: while owner's grant holds key, one more hold "b-<hold>" on
@@ -401,24 +309,15 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
 		}
 		// The new hold goes in only while a hold of owner's is there: owner's grant holds it.
-		// Writing it once reads its creation zxid and version for the late hook.
-		path := p + "/" + name
-		s.tell(path)
-		_, err = s.multi(ctx, s.giveBackIfTaken(p, name, func(res []zk.MultiResponse) (int64, int32) {
-			return res[2].Stat.Czxid, res[2].Stat.Version
-		}),
+		_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 			&zk.CheckVersionRequest{Path: p + "/" + kids[anchor], Version: -1},
-			&zk.CreateRequest{Path: path, Acl: s.acl, Flags: zk.FlagEphemeral},
-			&zk.SetDataRequest{Path: path, Version: 0})
-		if errors.Is(err, zk.ErrNodeExists) { // a re-sent re-entry adds it once
-			err = s.adopt(ctx, p, name)
-		}
+			&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
 		switch {
-		case err == nil:
+		case err == nil, errors.Is(err, zk.ErrNodeExists): // a re-sent re-entry adds it once
 			s.remember(p, owner, name)
 			return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence(stat.Czxid)}, nil
 		case errors.Is(err, zk.ErrNoNode):
-			continue // that hold, or the re-sent one, went meanwhile: read again
+			continue // that hold went meanwhile: read again
 		default:
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
@@ -507,23 +406,17 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 		return 0, err
 	}
 	p, name := s.keyPath(key), holdName(owner, hold)
-	since := s.pend(p + "/" + name) // before the first try: a re-send after it is seen
-	n, err := s.releaseHold(ctx, p, name, -1)
-	n, err = s.released(p, owner, name, n, err)
+	n, err := s.releaseHold(ctx, p, owner, name)
 	if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
-		s.releaseLater(p, owner, name, since)
-	} else {
-		s.unpend(p + "/" + name)
+		go s.releaseLater(p, owner, name)
 	}
 	return n, err
 }
 
-// releaseHold deletes hold name under key node p at version (-1: any), and with the last hold
-// the key node (see Release). Every multi it sends deletes that hold, so it fails on a node the
-// key got since (see the package doc). It returns the store's errors as they are: zk.ErrNoNode
-// when the hold is gone, zk.ErrBadVersion only when the hold is at another version.
-func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) (int, error) {
-	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: version}
+// releaseHold deletes hold name of owner under key node p (see Release). Every multi it sends
+// deletes that hold, so it fails on a node the key got since (see the package doc).
+func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, error) {
+	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
 		// The common case first, in one request: the grant's only hold goes with its node. A
@@ -531,7 +424,7 @@ func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) 
 		// no mark, so reports none notified; the waiters' watches hear the node go all the same.
 		_, err := s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: -1})
 		if !errors.Is(err, zk.ErrNotEmpty) {
-			return 0, err
+			return s.released(p, owner, name, 0, err)
 		}
 	}
 	for round := range releaseRounds {
@@ -539,7 +432,7 @@ func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) 
 			// Readers that come and go move the key node's version under every round: back off.
 			select {
 			case <-ctx.Done():
-				return 0, ctx.Err()
+				return 0, fmt.Errorf("flightlock: release %s: %w", p, ctx.Err())
 			case <-time.After(time.Duration(min(round-attempts+1, 20)) * time.Millisecond):
 			}
 		}
@@ -548,13 +441,10 @@ func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) 
 			err = zk.ErrNoNode // left by an expired session: not held
 		}
 		if err != nil {
-			return 0, err
+			return s.released(p, owner, name, 0, err)
 		}
 		_, _, marked := parseValue(data)
-		var (
-			notified int
-			res      []zk.MultiResponse
-		)
+		var notified int
 		switch {
 		case stat.NumChildren > 1:
 			if reader { // the readers left are not named any more: the data may name this one
@@ -563,14 +453,14 @@ func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) 
 					data = append(data, markSuffix...)
 				}
 			}
-			res, err = s.releaseNotLast(ctx, p, name, version, data, stat)
+			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
 			// The last reader leaves it to writers: with no holds any writer clears and takes
 			// it, while readers wait out writerReserve.
-			res, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
+			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
 			notified = 1
 		default:
-			res, err = s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: stat.Version})
+			_, err = s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: stat.Version})
 			if errors.Is(err, zk.ErrNotEmpty) {
 				continue // a hold came meanwhile (a re-entry, a reader): read again
 			}
@@ -578,23 +468,22 @@ func (s *Store) releaseHold(ctx context.Context, p, name string, version int32) 
 				notified = 1
 			}
 		}
-		// The hold is the first operation of each multi: its bad version is the caller's to
-		// hear, the key node's means it was marked, or another hold released, meanwhile.
-		if !errors.Is(err, zk.ErrBadVersion) || len(res) > 0 && errors.Is(res[0].Error, zk.ErrBadVersion) {
-			return notified, err
+		if !errors.Is(err, zk.ErrBadVersion) {
+			return s.released(p, owner, name, notified, err)
 		}
+		// Marked, or another hold released, meanwhile: read again.
 	}
-	return 0, errors.New("the key node kept changing")
+	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
 }
 
-// releaseNotLast deletes hold name under key node p at version, read as data and stat with
-// other holds beside it, and writes the data back at the version read: of two holders releasing
-// at once from the same read, the second fails (a bad version), reads again and finds itself
-// last.
-func (s *Store) releaseNotLast(ctx context.Context, p, name string, version int32, data []byte, stat *zk.Stat) ([]zk.MultiResponse, error) {
-	return s.multi(ctx, nil,
-		&zk.DeleteRequest{Path: p + "/" + name, Version: version},
+// releaseNotLast deletes hold name under key node p, read as data and stat with other holds
+// beside it, and writes the data back at the version read: of two holders releasing at once
+// from the same read, the second fails (a bad version), reads again and finds itself last.
+func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
+	_, err := s.multi(ctx, nil,
+		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
 		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version})
+	return err
 }
 
 // released is the outcome of releaseHold's multi that deleted hold name of owner under key
@@ -611,94 +500,21 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries in the background (later) a release of hold name of owner under key
-// node p that failed, until it goes through, the hold is gone, or the store closes; since is
-// what pend returned before the release was first tried. The owner gave the hold up, but a
-// request of the same owner answered since that it holds the hold (tell: one that adopted it,
-// or made it anew) is a new grant after that release, which the release must not end: the
-// give-back yields to it. The node is read, the answers counted, and the hold deleted at the
-// version read, in that order, and such a request counts its answer before it writes the hold
-// (adopt) or makes it: whichever comes first on the server, the release never deletes a hold
-// that request was told of.
-func (s *Store) releaseLater(p, owner, name string, since int) {
-	path := p + "/" + name
-	untold := func(*zk.Stat) bool { return !s.toldSince(path, since) }
-	gone := func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if g := s.giving[path]; g == nil || g.told == since {
-			s.forgetLocked(p, owner, name)
+// releaseLater retries a release that failed, until it goes through, the hold is gone, or the
+// store closes: while the session lives the hold would keep the key from everyone.
+func (s *Store) releaseLater(p, owner, name string) {
+	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
+		time.Sleep(delay)
+		if !slices.Contains(s.holdsOf(p, owner), name) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		_, err := s.releaseHold(ctx, p, owner, name)
+		cancel()
+		if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+			return
 		}
 	}
-	s.later(func(ctx context.Context) bool {
-		done := s.giveBack(ctx, p, name, untold, gone)
-		if done {
-			s.unpend(path)
-		}
-		return done
-	})
-}
-
-// pend registers a give-back of hold path by its owner's Release, and returns the count of
-// answers told of it so far, for toldSince; unpend ends it.
-func (s *Store) pend(path string) (told int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g := s.giving[path]
-	if g == nil {
-		g = &giving{}
-		s.giving[path] = g
-	}
-	g.pending++
-	return g.told
-}
-
-func (s *Store) unpend(path string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if g := s.giving[path]; g != nil {
-		if g.pending--; g.pending <= 0 {
-			delete(s.giving, path)
-		}
-	}
-}
-
-// tell counts, before a request is sent whose success answers a caller that it holds hold
-// path, that answer against the give-backs of path pending (see releaseLater).
-func (s *Store) tell(path string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if g := s.giving[path]; g != nil {
-		g.told++
-	}
-}
-
-// toldSince reports whether hold path was told of (tell) since pend returned since.
-func (s *Store) toldSince(path string, since int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g := s.giving[path]
-	return g != nil && g.told != since
-}
-
-// later runs try on a goroutine of its own until it reports done or the store closes, each time
-// after a pause that doubles from 100ms to 2s, with a session's length to answer. It retries a
-// give-back that failed: a hold or a place nobody else knows of lives as long as the session,
-// and would keep the key (or its line) from everyone until the process ends.
-func (s *Store) later(try func(ctx context.Context) (done bool)) {
-	s.laters.Add(1)
-	go func() {
-		defer s.laters.Add(-1)
-		for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
-			time.Sleep(delay)
-			ctx, cancel := context.WithTimeout(context.Background(), s.session)
-			done := try(ctx)
-			cancel()
-			if done {
-				return
-			}
-		}
-	}()
 }
 
 // TTL implements lockstore.Store: MaxTTL (the most a session keeps a lock) for a held key.

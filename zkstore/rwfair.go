@@ -28,10 +28,7 @@ const writerReserve = time.Second
 // the reader that came last, so a refused writer is told of a reader that holds the key
 // (releaseHold clears it when a reader leaves others behind).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
-	s.tell(p + "/" + name)
-	_, err = s.multi(ctx, s.giveBackIfTaken(p, name, func(res []zk.MultiResponse) (int64, int32) {
-		return res[1].Stat.Mzxid, 0 // the hold's creation zxid: the multi's, as every op's in it
-	}),
+	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
 		&zk.SetDataRequest{Path: p, Data: data, Version: stat.Version},
 		&zk.CreateRequest{Path: p + "/" + name, Acl: s.acl, Flags: zk.FlagEphemeral})
@@ -92,9 +89,7 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	}
 	late := func(path string, err error) {
 		if err == nil { // the caller left: the place is nobody's
-			ctx, cancel := context.WithTimeout(context.Background(), s.session)
-			defer cancel()
-			_ = s.leavePlace(ctx, path)
+			_ = s.conn.Delete(path, -1)
 		}
 	}
 	path, err := call(ctx, create, late)
@@ -131,26 +126,9 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if place == "" {
 		return nil
 	}
-	err := s.leavePlace(ctx, place)
-	s.forget(line, owner, place) // gone, or going: owner's next fair acquisition takes a new one
-	if err != nil {
+	if err := s.delete(ctx, place, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
 	}
+	s.forget(line, owner, place)
 	return nil
-}
-
-// leavePlace deletes place, a place in a line that nobody will take, at once and, while that
-// fails, in the background (later): a place lives as long as its session, and the line would
-// wait behind it. Places are named for their owner and numbered by their line: no other
-// owner's.
-func (s *Store) leavePlace(ctx context.Context, place string) error {
-	err := s.delete(ctx, place, -1)
-	if err == nil || errors.Is(err, zk.ErrNoNode) {
-		return nil
-	}
-	s.later(func(ctx context.Context) bool {
-		err := s.delete(ctx, place, -1)
-		return err == nil || errors.Is(err, zk.ErrNoNode)
-	})
-	return err
 }

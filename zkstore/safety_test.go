@@ -98,8 +98,8 @@ func TestLastTwoReadersReleasingTogetherLeaveTheKeyToTheWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, errA := a.releaseNotLast(ctx, p, holdName(r1, ""), -1, data, stat)
-	_, errB := b.releaseNotLast(ctx, p, holdName(r2, ""), -1, data, stat)
+	errA := a.releaseNotLast(ctx, p, holdName(r1, ""), data, stat)
+	errB := b.releaseNotLast(ctx, p, holdName(r2, ""), data, stat)
 	if errA == nil && errB == nil {
 		t.Fatal("both readers released as if another were left")
 	}

@@ -79,15 +79,7 @@ type Store struct {
 	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
 	// Under a line node, they are the paths of this store's places in that fair line.
 	holds map[holdKey][]string // guarded by mu
-	// giving is, per hold path that an owner's Release gives back in the background, how many
-	// such give-backs are pending and how many answers told a caller since that it holds that
-	// path (tell): a give-back yields to them (see releaseLater).
-	giving map[string]*giving // guarded by mu
-	// laters counts the background give-backs still trying (later).
-	laters atomic.Int32
 }
-
-type giving struct{ pending, told int }
 
 type holdKey struct{ node, owner string }
 
@@ -149,7 +141,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	}
 	s := &Store{
 		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick, ens.syncLimit),
-		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string), giving: make(map[string]*giving),
+		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string),
 		reservedSeen: make(map[string]time.Time),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.SessionTimeout)
@@ -406,11 +398,6 @@ func (s *Store) remember(node, owner, hold string) {
 func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.forgetLocked(node, owner, hold)
-}
-
-// forgetLocked is forget with mu held.
-func (s *Store) forgetLocked(node, owner, hold string) {
 	k := holdKey{node, owner}
 	s.holds[k] = slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
 	if len(s.holds[k]) == 0 {
