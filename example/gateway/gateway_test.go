@@ -6,6 +6,7 @@ package gateway_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -149,11 +150,12 @@ func TestBusyLockThroughTheGateway(t *testing.T) {
 			if tc.opts == nil {
 				// What flmw.Gateway is for: the binary header breaks the response.
 				if err == nil {
+					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
 					if resp.StatusCode == http.StatusConflict {
 						t.Skipf("this go-zero gateway no longer copies binary trailers into headers: flmw.Gateway only adds Retry-After")
 					}
-					t.Fatalf("busy debit without flmw.Gateway: %d, want 409 or the client's error", resp.StatusCode)
+					t.Fatalf("busy debit without flmw.Gateway: %d %q, want 409 or the client's error", resp.StatusCode, body)
 				}
 				if !strings.Contains(err.Error(), "malformed") {
 					t.Fatalf("busy debit without flmw.Gateway: %v, want net/http's malformed header error", err)
@@ -167,7 +169,8 @@ func TestBusyLockThroughTheGateway(t *testing.T) {
 			defer resp.Body.Close()
 			secs, aerr := strconv.Atoi(resp.Header.Get("Retry-After"))
 			if resp.StatusCode != http.StatusConflict || aerr != nil || secs < 1 || secs > 10 {
-				t.Fatalf("busy debit: %d, Retry-After %q; want 409 with 1..10 (the TTL is 10s)", resp.StatusCode, resp.Header.Get("Retry-After"))
+				body, _ := io.ReadAll(resp.Body)
+				t.Fatalf("busy debit: %d %q, Retry-After %q; want 409 with 1..10 (the TTL is 10s)", resp.StatusCode, body, resp.Header.Get("Retry-After"))
 			}
 		})
 	}
