@@ -7,25 +7,12 @@
 -- ARGV[2]  its release notification channel
 --
 -- Replies: {1, n}      deleted, and n subscribers (waiters in other processes) were notified
---                      (0 when the PUBLISH was refused, see publish);
+--                      (0 when the PUBLISH was refused, see publish.lua);
 --          {0, value}  not deleted: the key holds another grant now (its value), or "" when it
 --                      is gone.
 -- Unlike release.lua it publishes whether or not the lock was marked: a waiter that subscribed
 -- without being refused (a mark lost with a failover) is woken too, and an operator's unlock is
 -- rare enough that the PUBLISH costs nothing that matters.
-
--- publish wakes the waiters of the channel and returns how many subscribers heard it, 0 when
--- Redis refuses the PUBLISH (a user without the channel's permission, ACL NOPERM: Redis 7 gives
--- a new user none). The write before it stands, as Redis never undoes a script's writes, so the
--- refusal must not fail the script: its caller would take a done delete for a failed one. Waiters
--- that hear nothing look again after their retry delay.
-local function publish(channel)
-  local n = redis.pcall('PUBLISH', channel, '1')
-  if type(n) ~= 'number' then -- {err = ...}
-    return 0
-  end
-  return n
-end
 
 local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #ARGV[1]) ~= ARGV[1] then

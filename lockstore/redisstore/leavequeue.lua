@@ -4,22 +4,9 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  prefix of the release notification channel; the channel is ARGV[2] .. KEYS[1]
 --
--- Replies: the number of waiters notified (0 when the PUBLISH was refused, see publish). When
+-- Replies: the number of waiters notified (0 when the PUBLISH was refused, see publish.lua). When
 -- the owner was first in line and the key is free, the next in line is woken at once rather
 -- than at its next look.
-
--- publish wakes the waiters of the channel and returns how many subscribers heard it, 0 when
--- Redis refuses the PUBLISH (a user without the channel's permission, ACL NOPERM: Redis 7 gives
--- a new user none). The write before it stands, as Redis never undoes a script's writes, so the
--- refusal must not fail the script: its caller would take a done leave for a failed one. Waiters
--- that hear nothing look again after their retry delay.
-local function publish(channel)
-  local n = redis.pcall('PUBLISH', channel, '1')
-  if type(n) ~= 'number' then -- {err = ...}
-    return 0
-  end
-  return n
-end
 
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)
 local was = redis.call('ZREM', KEYS[2], ARGV[1])

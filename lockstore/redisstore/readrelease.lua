@@ -7,26 +7,13 @@
 --
 -- Replies as release.lua's: -1 not held (nothing to end; a hold past its time is removed all the
 -- same), -2 ended, other readers remain, n >= 0 ended the last read hold and n waiters were
--- notified (0 when the PUBLISH was refused, see publish).
+-- notified (0 when the PUBLISH was refused, see publish.lua).
 --
 -- When a writer was refused while the readers held the key (the " ~" mark), the last reader
 -- does not delete it but leaves "~w <fence> 0 ~" for ARGV[3] ms and publishes: acquire.lua gives
 -- that key to the first writer that asks, while readers still wait. Otherwise the readers that
 -- the mark held back would race the writer for the free key, and a steady stream of them could
 -- win every time. A writer that stopped waiting holds new readers back for ARGV[3] at most.
-
--- publish wakes the waiters of the channel and returns how many subscribers heard it, 0 when
--- Redis refuses the PUBLISH (a user without the channel's permission, ACL NOPERM: Redis 7 gives
--- a new user none). The write before it stands, as Redis never undoes a script's writes, so the
--- refusal must not fail the script: its caller would take a done release for a failed one. Waiters
--- that hear nothing look again after their retry delay.
-local function publish(channel)
-  local n = redis.pcall('PUBLISH', channel, '1')
-  if type(n) ~= 'number' then -- {err = ...}
-    return 0
-  end
-  return n
-end
 
 local owner = ARGV[1]
 local s = tonumber(redis.call('ZSCORE', KEYS[2], owner) or '0')

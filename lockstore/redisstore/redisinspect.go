@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var forceReleaseScript = script("forcerelease.lua")
+var forceReleaseScript = script("forcerelease.lua", "publish.lua")
 
 // RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix.
 // Create it with NewInspector.

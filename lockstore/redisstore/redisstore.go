@@ -21,11 +21,16 @@ import (
 //go:embed *.lua
 var scripts embed.FS
 
-// script wraps the script in file once, so that it runs by EVALSHA.
-func script(file string) *redis.Script {
-	src, err := scripts.ReadFile(file)
-	if err != nil {
-		panic(err) // embedded above: only a misspelt name fails
+// script wraps the script in file once, so that it runs by EVALSHA, after the functions of the
+// helper files it calls (a script runs alone, so each one that needs a helper carries it).
+func script(file string, helpers ...string) *redis.Script {
+	var src []byte
+	for _, f := range append(helpers, file) {
+		b, err := scripts.ReadFile(f)
+		if err != nil {
+			panic(err) // embedded above: only a misspelt name fails
+		}
+		src = append(src, b...)
 	}
 	return redis.NewScript(string(src))
 }
@@ -33,13 +38,13 @@ func script(file string) *redis.Script {
 var (
 	acquireScript     = script("acquire.lua")
 	refreshScript     = script("refresh.lua")
-	releaseScript     = script("release.lua")
+	releaseScript     = script("release.lua", "publish.lua")
 	reenterScript     = script("reenter.lua")
 	readAcquireScript = script("readacquire.lua")
 	readRefreshScript = script("readrefresh.lua")
-	readReleaseScript = script("readrelease.lua")
+	readReleaseScript = script("readrelease.lua", "publish.lua")
 	fairAcquireScript = script("fairacquire.lua")
-	leaveQueueScript  = script("leavequeue.lua")
+	leaveQueueScript  = script("leavequeue.lua", "publish.lua")
 )
 
 // Reply codes of acquire.lua.

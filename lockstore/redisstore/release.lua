@@ -17,7 +17,7 @@
 --             nothing published;
 --          -2 released that hold; others remain (re-entries from other processes), the key stays;
 --          n >= 0 deleted, and n subscribers (waiters in other processes) were notified (0 when
---             the PUBLISH was refused, see publish);
+--             the PUBLISH was refused, see publish.lua);
 --          {3, fence} (a pass only) kept for the owner with a new fence, see below.
 -- A notification is published only when acquire.lua marked the lock (" ~" at the end of its
 -- value) because someone was refused while it was held; an uncontended release costs no
@@ -31,19 +31,6 @@
 -- slot's counter, the lock's fence and ARGV[3]. The lock lives at least ARGV[5] ms more. A
 -- marked lock, or a counter this script cannot read, is released as by a plain release, so that
 -- waiters elsewhere get their turn.
-
--- publish wakes the waiters of the channel and returns how many subscribers heard it, 0 when
--- Redis refuses the PUBLISH (a user without the channel's permission, ACL NOPERM: Redis 7 gives
--- a new user none). The write before it stands, as Redis never undoes a script's writes, so the
--- refusal must not fail the script: its caller would take a done release for a failed one. Waiters
--- that hear nothing look again after their retry delay.
-local function publish(channel)
-  local n = redis.pcall('PUBLISH', channel, '1')
-  if type(n) ~= 'number' then -- {err = ...}
-    return 0
-  end
-  return n
-end
 
 local owner = ARGV[1]
 local current = redis.call('GET', KEYS[1])
