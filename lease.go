@@ -181,9 +181,10 @@ func (x *Lease) Grant() Grant { return x.kind }
 // processes are not excluded, and Fence is 0.
 func (x *Lease) Degraded() bool { return x.h.degraded() }
 
-// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (gone, or degraded).
+// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (released, lost, or
+// degraded).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
-	if !x.active() || x.h.degraded() {
+	if !x.holds() {
 		return 0, ErrNotHeld
 	}
 	ctx, cancel := x.h.k.bound(ctx)
@@ -192,9 +193,10 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 }
 
 // Refresh makes the lock live at least a TTL more now, besides the watchdog. It returns
-// ErrNotHeld, and cancels the lease's context with ErrLost, when the store no longer has it.
+// ErrNotHeld, and cancels the lease's context with ErrLost, when the store no longer has it; a
+// lease lost (or released) stays so, and Refresh then answers ErrNotHeld without a store call.
 func (x *Lease) Refresh(ctx context.Context) error {
-	if !x.active() || x.h.degraded() {
+	if !x.holds() {
 		return ErrNotHeld
 	}
 	ctx, cancel := x.h.k.bound(ctx)
@@ -245,6 +247,14 @@ func (x *Lease) active() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
 	return !x.released
+}
+
+// holds reports whether x may still speak for its lock in the store: not released, not lost
+// (its holder was told to stop, and another owner may have the key), not degraded.
+func (x *Lease) holds() bool {
+	x.h.mu.Lock()
+	defer x.h.mu.Unlock()
+	return !x.released && !x.h.has(holdLost) && !x.h.degraded()
 }
 
 // Group is a set of leases taken together by LockAll.

@@ -881,3 +881,34 @@ func TestObserver(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// A lease lost (a renewal refused) stays lost: Refresh and TTL answer ErrNotHeld without asking
+// the store, even when the key is back under its owner, since the lease's context has ended
+// and its holder was told to stop.
+func TestLostLeaseIsNotRefreshedBack(t *testing.T) {
+	s, mr, _ := miniStore(t)
+	l := mustLocker(t, s, WithMode(Reject))
+	ctx := context.Background()
+	lease, err := l.Lock(ctx, "lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	mr.Del(lease.Key())
+	if err := lease.Refresh(ctx); !errors.Is(err, ErrNotHeld) || !lease.Lost() {
+		t.Fatalf("Refresh of a deleted lock = %v, Lost %v; want ErrNotHeld and lost", err, lease.Lost())
+	}
+	// The key comes back under the lease's owner (a late write, a restore from a snapshot).
+	if a, err := s.Acquire(ctx, lockstore.Request{Key: lease.Key(), Owner: lease.Owner(), TTL: time.Minute}); err != nil || !a.Acquired {
+		t.Fatalf("re-creating the key as its owner: %+v, %v", a, err)
+	}
+	if err := lease.Refresh(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("Refresh of the lost lease once its key is back = %v, want ErrNotHeld", err)
+	}
+	if ttl, err := lease.TTL(ctx); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("TTL of the lost lease = %v, %v; want ErrNotHeld", ttl, err)
+	}
+	if !lease.Lost() || context.Cause(lease.Context()) == nil {
+		t.Errorf("the lease is no longer lost: Lost %v, context cause %v", lease.Lost(), context.Cause(lease.Context()))
+	}
+}

@@ -1970,3 +1970,119 @@ func FuzzLockKey(f *testing.F) {
 		}
 	})
 }
+
+// spentOwnerStore fails every Release while failing is set, and records each (owner, hold)
+// whose Release failed: such a release may still go through late, or by a retry of the store's
+// own, so the store contract lets a caller send that owner and hold no more. sent reports every
+// later Acquire or Reenter that names one.
+type spentOwnerStore struct {
+	lockstore.Store
+	failing atomic.Bool
+	mu      sync.Mutex
+	spent   map[[2]string]bool // guarded by mu: {owner, hold} of a failed Release
+	sent    []string           // guarded by mu: the calls that named a spent owner and hold
+}
+
+var errReleaseFailed = errors.New("test: the store failed the release")
+
+func (s *spentOwnerStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if s.failing.Load() {
+		s.mu.Lock()
+		s.spent[[2]string{owner, hold}] = true
+		s.mu.Unlock()
+		return 0, errReleaseFailed
+	}
+	return s.Store.Release(ctx, key, owner, hold, lastFence)
+}
+
+func (s *spentOwnerStore) check(call, key, owner, hold string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.spent[[2]string{owner, hold}] {
+		s.sent = append(s.sent, fmt.Sprintf("%s %q as owner %q hold %q", call, key, owner, hold))
+	}
+}
+
+func (s *spentOwnerStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	s.check("Acquire", req.Key, req.Owner, "")
+	return s.Store.Acquire(ctx, req)
+}
+
+func (s *spentOwnerStore) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
+	s.check("Reenter", key, owner, hold)
+	return s.Store.Reenter(ctx, key, owner, hold, ttl)
+}
+
+func (s *spentOwnerStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, s.Store.Refresh, batch)
+}
+
+// After a Release fails, the Locker never sends its owner and hold to the store again, on any
+// primitive, for a new Lock of the key in the same context, a LockAll over it, or a handed-over
+// re-entry of it: each grant is a new owner and each re-entry a new hold. The store contract
+// relies on it (Store.Release): a failed release may still go through, and a re-sent request of
+// that owner would be told it holds a key the release then frees.
+func TestLockerSendsNoOwnerWhoseReleaseFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"lock", nil},
+		{"permits", []Option{WithPermits(2)}},
+		{"read", []Option{WithRead()}},
+		{"fair", []Option{WithFair()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inner, mr, _ := miniStore(t)
+			s := &spentOwnerStore{Store: inner, spent: map[[2]string]bool{}}
+			opts := append([]Option{WithTTL(time.Second), WithWait(200 * time.Millisecond)}, tc.opts...)
+			l := mustLocker(t, s, opts...)
+			downstream := mustLocker(t, s, opts...) // another process
+			ctx := context.Background()
+			for round := range 3 {
+				lease, err := l.Lock(ctx, "k")
+				if err != nil {
+					t.Fatalf("round %d: Lock: %v", round, err)
+				}
+				var handed *Lease // a read lease hands no owner over
+				if !lease.reads() {
+					if handed, err = downstream.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "k"); err != nil {
+						t.Fatalf("round %d: handed-over Lock: %v", round, err)
+					}
+				}
+				s.failing.Store(true)
+				if handed != nil {
+					if err := handed.Release(ctx); err == nil {
+						t.Fatalf("round %d: handed-over release with the store failing: no error", round)
+					}
+				}
+				if err := lease.Release(ctx); err == nil {
+					t.Fatalf("round %d: release with the store failing: no error", round)
+				}
+				s.failing.Store(false)
+				// Both holds stay in the store until their TTL: each call below is refused, waits
+				// or (reads) shares the key, as a new owner or with a new hold.
+				if again, err := l.Lock(ctx, "k"); err == nil {
+					_ = again.Release(ctx)
+				}
+				if all, err := l.LockAll(ctx, "k", "other"); err == nil {
+					_ = all.Release(ctx)
+				}
+				if handed != nil {
+					if again, err := downstream.Lock(withOwner(ctx, lease.Key(), lease.Owner()), "k"); err == nil {
+						_ = again.Release(ctx)
+					}
+				}
+				mr.FastForward(2 * time.Second) // the failed holds expire
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if len(s.spent) == 0 {
+				t.Fatal("no Release failed: the test proves nothing")
+			}
+			if len(s.sent) > 0 {
+				t.Fatalf("sent again after their Release failed: %q", s.sent)
+			}
+		})
+	}
+}

@@ -163,7 +163,8 @@ type Store interface {
 	Capabilities() Capabilities
 	// Acquire takes req.Key for req.Owner for req.TTL, or re-enters it if the owner holds it
 	// already (Reentered; the TTL is reset). Acquiring again with the same owner is
-	// idempotent, so a request that a client re-sent after a timeout does no harm. A read
+	// idempotent, so a request that a client re-sent after a timeout does no harm (but see
+	// Release: an owner whose release failed is spent). A read
 	// owner (ReadOwner) takes a read hold, and a non-zero Asked a place in the key's line.
 	Acquire(ctx context.Context, req Request) (Acquisition, error)
 	// Reenter re-enters key for owner, a token handed over by another process, only when owner
@@ -184,6 +185,12 @@ type Store interface {
 	// caller handed out under the lock (0 if none beyond the acquired one): later acquisitions
 	// get larger fences. It returns ErrNotHeld, and changes nothing, when owner does not hold
 	// key or that hold was given up already.
+	//
+	// A Release that fails with another error may still go through, late or by a retry of
+	// the store's own, for as long as the store lives. So the caller sends that owner and
+	// hold no more (no Acquire, Reenter or Pass with them): a grant they were told of could
+	// be the one the release ends. The Locker takes a new owner for every grant and names
+	// every re-entry anew, so it never does.
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
 	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
 	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
