@@ -25,7 +25,8 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 // (one per distinct lease, shared with the store's other keep-alives of it), and a later read
 // found the key the owner's and on that lease (one linearizable read per --max-txn-ops keys).
 // A read owner's refresh covers its own read hold alone. A lease etcd no longer has lost every
-// key on it: ErrNotHeld. A lease the store did not know of (a lock another store wrote) is
+// key on it: ErrNotHeld, as is a lock the store's reaper is releasing (its holder's guarantee
+// ran out). A lease the store did not know of (a lock another store wrote) is
 // kept alive after the read, a second round trip. A TTL longer than the lease is an error.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	start := time.Now()
@@ -37,7 +38,12 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 		if errs[i] = s.check(r.Owner, r.TTL, r.Key); errs[i] != nil {
 			continue
 		}
-		if e, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL), false); ok && e.lease != 0 && kas[e.lease] == nil {
+		e, ok := s.touch(r.Key, r.Owner, start.Add(r.TTL), false)
+		if e.reaping {
+			errs[i] = lockstore.ErrNotHeld // the entry stays the reaper's, to retry a failed release
+			continue
+		}
+		if ok && e.lease != 0 && kas[e.lease] == nil {
 			kas[e.lease] = s.startKeepAlive(ctx, e.lease, start)
 		}
 		keys = append(keys, holdKey(r.Key, r.Owner))
@@ -92,14 +98,19 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 // touch returns a copy of the entry of key for owner, after moving the moment its holder counts
 // on it to until (never back) before a refresh or a pass goes on the wire, so that the reaper
 // cannot release a lock whose refresh is on the wire, nor a pass report kept a lock the reaper
-// deleted. For a pass, ok is false when the reaper has the entry or its guarantee ran out
-// already: the pass then releases.
+// deleted. ok is false, and the copy has reaping set, when the reaper has the entry: the
+// holder's guarantee ran out and the reaper's release of every hold is on its way, which
+// nothing calls back, so a refresh is not held and a pass releases. For a pass, ok is also
+// false when its guarantee ran out already.
 func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.held[entryKey{key, owner}]
-	if e == nil || pass && (e.reaping || time.Now().After(e.until)) {
+	switch {
+	case e == nil:
 		return heldKey{}, false
+	case e.reaping || pass && time.Now().After(e.until):
+		return *e, false
 	}
 	e.until = later(e.until, until)
 	return *e, true
