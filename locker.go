@@ -438,11 +438,12 @@ func freshOwner(owner string) string {
 }
 
 // mayHaveRun reports whether a store call that failed with err may have run unseen (its context
-// ended, or the network timed out): the caller gives back what it may have taken by owner.
+// ended, the network timed out, or the store says its reply was lost): the caller gives back
+// what it may have taken by owner.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		(errors.As(err, &ne) && ne.Timeout())
+		(errors.As(err, &ne) && ne.Timeout()) || errors.Is(err, lockstore.ErrOutcomeUnknown)
 }
 
 const ownerTokenLen = 22 // newOwnerToken's

@@ -18,6 +18,13 @@ import (
 // it expired, was never taken, or belongs to someone else. Nothing was changed.
 var ErrNotHeld = errors.New("flightlock: lock not held")
 
+// ErrOutcomeUnknown is wrapped by a store in the error of a request that may have taken effect
+// although no reply said so: the connection closed after the request went out, and the store
+// cannot tell whether the server ran it. The caller gives back what the request may have taken,
+// by the same owner, as after a request its context cut short, and sends nothing more as that
+// owner (a later grant to it could be the one given back).
+var ErrOutcomeUnknown = errors.New("flightlock: the store's reply was lost: the request may have run")
+
 // Acquisition is the outcome of one Acquire call.
 type Acquisition struct {
 	// Acquired reports whether the caller holds the lock now.

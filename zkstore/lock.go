@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -195,7 +196,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 				return lockstore.Acquisition{}, err
 			}
 		default:
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, err)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, outcome(err))
 		}
 	}
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
@@ -286,6 +287,21 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 	}
 }
 
+// outcome is the error of a request that may have made a hold and failed with err. When the
+// connection closed after the request went out (zk.ErrConnectionClosed, or a write to it that
+// failed), the server may have run it, and the client reconnects to the same session, which
+// keeps the hold: err then wraps lockstore.ErrOutcomeUnknown, so that the caller gives the
+// hold back (the late hook gives back only for a caller that left before the answer). A
+// request the server ignored (zk.ErrSessionMoved) or never got (zk.ErrNoServer, unsent) made
+// nothing, nor did one whose session ended, with its holds.
+func outcome(err error) error {
+	var ne net.Error
+	if errors.Is(err, zk.ErrConnectionClosed) || errors.As(err, &ne) {
+		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
+	}
+	return err
+}
+
 // Reenter implements lockstore.Store: while owner's grant holds key, one more hold "b-<hold>" on
 // this session, created in a multi that checks the key node's version as read.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
@@ -319,7 +335,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(err, zk.ErrNoNode):
 			continue // that hold went meanwhile: read again
 		default:
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, outcome(err))
 		}
 	}
 	return lockstore.Acquisition{}, nil
