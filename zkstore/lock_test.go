@@ -53,3 +53,58 @@ func TestTryLockWhoseReplyIsLostWithTheConnectionFreesTheKey(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A fair Lock whose place in the key's line was made but whose reply was lost with the
+// connection must not leave that place on the session: the line would wait behind it for the
+// session's life, and no fair acquirer would take the free key. The Lock fails (its store's
+// first answer is the error), and once it left the line another fair owner takes the key.
+func TestFairPlaceWhoseReplyIsLostWithTheConnectionLeavesTheLine(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	l := mustLocker(t, s, flightlock.WithFair(), flightlock.WithWait(5*time.Second))
+	ctx := context.Background()
+	const key = flightlock.DefaultPrefix + "lost-place"
+	line := other.linePath(key)
+	warm, err := l.Lock(ctx, "lost-place") // makes the line's node
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every reply is held back d: the read of the line comes back, then the place is made and
+	// its reply is held while the test sees the place and cuts the connection.
+	const d = 700 * time.Millisecond
+	proxy.SetDelay(d)
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.Lock(ctx, "lost-place")
+		if err == nil {
+			_ = lease.Release(ctx)
+			err = errors.New("Lock answered a lease")
+		}
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "the Lock's place in the line", func() bool {
+		kids, err := other.children(ctx, line)
+		return err == nil && len(kids) > 0
+	})
+	proxy.SetDelay(0)
+	proxy.Cut()
+	select {
+	case err := <-done:
+		t.Logf("fair Lock whose place's reply was lost: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lock did not return after its connection was cut")
+	}
+	fair := mustLocker(t, other, flightlock.WithFair())
+	waitFor(t, 5*time.Second, "another fair owner takes the key that nobody holds", func() bool {
+		lease, err := fair.TryLock(ctx, "lost-place")
+		if err != nil {
+			return false
+		}
+		_ = lease.Release(ctx)
+		return true
+	})
+}
