@@ -59,9 +59,13 @@ func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (locksto
 		return lockstore.Acquisition{}, fmt.Errorf("flightlock: read the line of %q: %w", key, err)
 	}
 	place := s.placeOf(line, owner)
-	if place != "" && !slices.Contains(kids, place[len(line)+1:]) {
-		s.forget(line, owner, place) // gone with an expired session, or taken away: take another
-		place = ""
+	if found := placeIn(line, place, kids); found != place {
+		// Gone with an expired session, or taken away: take another. Or made by a request whose
+		// reply was lost: it is owner's.
+		s.forget(line, owner, place)
+		if place = found; found != "" {
+			s.remember(line, owner, found)
+		}
 	}
 	if place == "" && queue > 0 {
 		if place, err = s.takePlace(ctx, line, owner); err != nil {
@@ -101,10 +105,27 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 		path, err = call(ctx, create, late)
 	}
 	if err != nil {
+		if err = outcome(err); errors.Is(err, lockstore.ErrOutcomeUnknown) {
+			// The place may be in line under a name only the lost reply had: remembered by the
+			// start every place of owner's has, for LeaveQueue and the next acquisition (placeIn).
+			s.remember(line, owner, line+"/"+placePre+ownerHash(owner)+"-")
+		}
 		return "", fmt.Errorf("flightlock: take a place in %s: %w", line, err)
 	}
 	s.remember(line, owner, path)
 	return path, nil
+}
+
+// placeIn returns the place of line's places kids that place names: place itself, or the one
+// made under a place remembered by its start alone (takePlace); "" when none is there or place
+// is "". Sequence numbers have one length, so a whole place's name starts no other.
+func placeIn(line, place string, kids []string) string {
+	for _, k := range kids {
+		if p := line + "/" + k; place != "" && strings.HasPrefix(p, place) {
+			return p
+		}
+	}
+	return ""
 }
 
 // placeOf is owner's place in line, "" for none.
@@ -116,7 +137,9 @@ func (s *Store) placeOf(line, owner string) string {
 }
 
 // LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
-// next look (the Locker's waiters look at least every FairLookEvery).
+// next look (the Locker's waiters look at least every FairLookEvery). A place is no lease: it
+// lives as long as the session, so a delete that fails is tried again in the background until
+// the place is gone, owner takes a new one or the store closes (leaveLater).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err
@@ -126,8 +149,45 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if place == "" {
 		return nil
 	}
-	if err := s.delete(ctx, place, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+	err := s.leave(ctx, line, owner, place)
+	if err != nil {
+		go s.leaveLater(line, owner, place)
 		return fmt.Errorf("flightlock: leave the line of %q: %w", key, err)
+	}
+	return nil
+}
+
+// leaveLater tries leave again, as releaseLater does a release, while place is owner's in line.
+func (s *Store) leaveLater(line, owner, place string) {
+	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
+		time.Sleep(delay)
+		if s.placeOf(line, owner) != place {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		err := s.leave(ctx, line, owner, place)
+		cancel()
+		if err == nil {
+			return
+		}
+	}
+}
+
+// leave deletes owner's place in line, remembered as place, and forgets it.
+func (s *Store) leave(ctx context.Context, line, owner, place string) error {
+	target := place
+	if strings.HasSuffix(place, "-") { // made by a request whose reply was lost, if at all (takePlace)
+		kids, err := s.children(ctx, line)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
+		if target = placeIn(line, place, kids); target == "" {
+			s.forget(line, owner, place)
+			return nil
+		}
+	}
+	if err := s.delete(ctx, target, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return err
 	}
 	s.forget(line, owner, place)
 	return nil
