@@ -3,10 +3,13 @@ package zkstore
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/flightlock/flightlock"
+	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -107,4 +110,128 @@ func TestFairPlaceWhoseReplyIsLostWithTheConnectionLeavesTheLine(t *testing.T) {
 		_ = lease.Release(ctx)
 		return true
 	})
+}
+
+// A handed-over re-entry whose multi went through but whose reply was lost with the connection
+// is given back by the downstream: its borrowed hold alone, so the upstream's grant stays held,
+// and once the upstream releases, the key is free. The give-back's first Release often fails
+// (the client is still reconnecting), so the store must retry it (releaseLater): the borrowed
+// hold would otherwise keep the key node, which has another hold, for the session's life.
+func TestHandedReentryWhoseReplyIsLostIsGivenBackAlone(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	up, down := mustLocker(t, other), mustLocker(t, loggedStore{s, t})
+	ctx := context.Background()
+	const name = "lost-reentry"
+	key := flightlock.DefaultPrefix + name
+	lease, err := up.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every reply is held back: the read comes back, then the re-entry's multi runs and its
+	// reply is held while the test sees the borrowed hold and cuts the connection.
+	proxy.SetDelay(700 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		l, err := down.Lock(handover.With(ctx, handover.Owner{Key: key, Token: lease.Owner()}), name)
+		if err == nil {
+			_ = l.Release(ctx)
+			err = errors.New("the handed-over Lock answered a lease")
+		}
+		done <- err
+	}()
+	borrowed := func() bool {
+		kids, err := other.children(ctx, other.keyPath(key))
+		return err == nil && slices.ContainsFunc(kids, func(k string) bool { return strings.HasPrefix(k, borrowPre) })
+	}
+	waitFor(t, 5*time.Second, "the re-entry's hold in the tree", borrowed)
+	proxy.SetDelay(0)
+	proxy.Cut()
+	select {
+	case err := <-done:
+		t.Logf("handed-over Lock whose reply was lost: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handed-over Lock did not return after its connection was cut")
+	}
+	waitFor(t, 10*time.Second, "the borrowed hold given back", func() bool { return !borrowed() })
+	if err := lease.Refresh(ctx); err != nil {
+		t.Fatalf("the upstream's lease after the downstream's give-back: %v", err)
+	}
+	if a, err := other.Acquire(ctx, lockstore.Request{Key: key, Owner: "third", TTL: time.Second}); err != nil || a.Acquired {
+		t.Fatalf("another owner while the upstream holds the key: %+v, %v", a, err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "another owner takes the key the upstream released", func() bool {
+		a, err := other.Acquire(ctx, lockstore.Request{Key: key, Owner: "third", TTL: time.Second})
+		return err == nil && a.Acquired
+	})
+}
+
+// A read that joins another process's readers, whose multi went through but whose reply was
+// lost with the connection, is given back: once the other reader left, a writer takes the key.
+// Its give-back's first Release often fails while the client reconnects, and the store retries
+// it (releaseLater).
+func TestJoinedReadWhoseReplyIsLostLeavesTheKeyToWriters(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	upR, downR := mustLocker(t, other, flightlock.WithRead()), mustLocker(t, loggedStore{s, t}, flightlock.WithRead())
+	ctx := context.Background()
+	const name = "lost-read"
+	key := flightlock.DefaultPrefix + name
+	first, err := upR.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetDelay(700 * time.Millisecond) // as in the re-entry's test: the join's reply is held
+	done := make(chan error, 1)
+	go func() {
+		l, err := downR.TryLock(ctx, name)
+		if err == nil {
+			_ = l.Release(ctx)
+			err = errors.New("the read TryLock answered a lease")
+		}
+		done <- err
+	}()
+	readers := func() int {
+		kids, _ := other.children(ctx, other.keyPath(key))
+		return len(kids)
+	}
+	waitFor(t, 5*time.Second, "the second reader's hold in the tree", func() bool { return readers() == 2 })
+	proxy.SetDelay(0)
+	proxy.Cut()
+	select {
+	case err := <-done:
+		t.Logf("read TryLock whose reply was lost: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read TryLock did not return after its connection was cut")
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := mustLocker(t, other)
+	waitFor(t, 10*time.Second, "a writer takes the key its only reader left", func() bool {
+		l, err := w.TryLock(ctx, name)
+		if err != nil {
+			return false
+		}
+		_ = l.Release(ctx)
+		return true
+	})
+}
+
+// loggedStore logs each Release and its outcome, to show a failing test's give-backs.
+type loggedStore struct {
+	lockstore.Store
+	t *testing.T
+}
+
+func (s loggedStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	start := time.Now()
+	n, err := s.Store.Release(ctx, key, owner, hold, lastFence)
+	s.t.Logf("Release(%q, hold %q) after %v: %d, %v", key, hold, time.Since(start).Round(time.Millisecond), n, err)
+	return n, err
 }
