@@ -196,7 +196,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 				return lockstore.Acquisition{}, err
 			}
 		default:
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, outcome(err))
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: acquire %q: %w", key, s.mayHaveMade(p, owner, name, err))
 		}
 	}
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
@@ -302,6 +302,20 @@ func outcome(err error) error {
 	return err
 }
 
+// mayHaveMade is outcome(err) for a multi that creates hold name of owner under key node p. A
+// hold whose reply was lost is remembered as unsure: the caller gives it back by owner, and
+// when that Release fails (a give-back is short, and often spent while the client reconnects)
+// releaseLater retries it until it is gone. The owner is spent (the contract of
+// ErrOutcomeUnknown and Release): nothing else is sent as owner, so no later grant to it is
+// one the retry could end, and the record goes once the hold is released or found missing.
+func (s *Store) mayHaveMade(p, owner, name string, err error) error {
+	err = outcome(err)
+	if errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		s.rememberUnsure(p, owner, name)
+	}
+	return err
+}
+
 // Reenter implements lockstore.Store: while owner's grant holds key, one more hold "b-<hold>" on
 // this session, created in a multi that checks the key node's version as read.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
@@ -335,7 +349,7 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(err, zk.ErrNoNode):
 			continue // that hold went meanwhile: read again
 		default:
-			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, outcome(err))
+			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, s.mayHaveMade(p, owner, name, err))
 		}
 	}
 	return lockstore.Acquisition{}, nil
@@ -516,12 +530,13 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries a release that failed, until it goes through, the hold is gone, or the
-// store closes: while the session lives the hold would keep the key from everyone.
+// releaseLater retries a release that failed, until it goes through, the hold is gone (or no
+// longer this store's, nor maybe so: mayHold), or the store closes: while the session lives the
+// hold would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)
-		if !slices.Contains(s.holdsOf(p, owner), name) {
+		if !s.mayHold(p, owner, name) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/handover"
 	"github.com/flightlock/flightlock/internal/testenv/zktest"
@@ -168,6 +170,7 @@ func TestHandedReentryWhoseReplyIsLostIsGivenBackAlone(t *testing.T) {
 		a, err := other.Acquire(ctx, lockstore.Request{Key: key, Owner: "third", TTL: time.Second})
 		return err == nil && a.Acquired
 	})
+	waitFor(t, 5*time.Second, "the store forgets the hold it gave back", func() bool { return s.unsureCount() == 0 })
 }
 
 // A read that joins another process's readers, whose multi went through but whose reply was
@@ -221,6 +224,52 @@ func TestJoinedReadWhoseReplyIsLostLeavesTheKeyToWriters(t *testing.T) {
 		_ = l.Release(ctx)
 		return true
 	})
+	waitFor(t, 5*time.Second, "the store forgets the hold it gave back", func() bool { return s.unsureCount() == 0 })
+}
+
+// A hold that a request whose reply was lost may have made proves nothing: a Refresh of its
+// owner checks only the holds the store knows it made. A handed-over owner's re-entry and its
+// grant may be on one store (two Lockers on one session): the re-entry's multi may never have
+// run, and the grant must not be reported lost for that. The give-back of the unsure hold
+// finds it missing, touches nothing else, and the store forgets it.
+func TestRefreshIgnoresAHoldALostReplyMayHaveMade(t *testing.T) {
+	srv := zktest.Start(t)
+	s := dial(t, srv.Addr)
+	ctx := context.Background()
+	const key, owner = "lock:unsure", "upstream-owner"
+	if a, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: 2 * time.Second}); err != nil || !a.Acquired {
+		t.Fatal(a, err)
+	}
+	err := s.mayHaveMade(s.keyPath(key), owner, holdName(owner, "borrowed"), zk.ErrConnectionClosed)
+	if !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		t.Fatalf("a multi whose connection closed: %v, want ErrOutcomeUnknown", err)
+	}
+	if err := s.Refresh(ctx, key, owner, 2*time.Second); err != nil {
+		t.Fatalf("Refresh of a grant beside a re-entry that may never have run: %v", err)
+	}
+	if errs := s.RefreshAll(ctx, []lockstore.Renewal{{Key: key, Owner: owner, TTL: 2 * time.Second}}); errs[0] != nil {
+		t.Fatalf("RefreshAll of that grant: %v", errs[0])
+	}
+	if _, err := s.Release(ctx, key, owner, "borrowed", 0); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("the give-back of a re-entry that never ran: %v, want ErrNotHeld", err)
+	}
+	if n := s.unsureCount(); n != 0 {
+		t.Fatalf("%d unsure holds after their give-back", n)
+	}
+	if err := s.Refresh(ctx, key, owner, 2*time.Second); err != nil {
+		t.Fatalf("Refresh of the grant after the give-back: %v", err)
+	}
+}
+
+// unsureCount is how many holds s remembers as unsure, of every key node and owner.
+func (s *Store) unsureCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, hs := range s.unsure {
+		n += len(hs)
+	}
+	return n
 }
 
 // loggedStore logs each Release and its outcome, to show a failing test's give-backs.

@@ -39,7 +39,7 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 	case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrNodeExists):
 		return lockstore.Acquisition{}, true, nil
 	}
-	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, outcome(err))
+	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, s.mayHaveMade(p, owner, name, err))
 }
 
 // acquireFair is Acquire of a fair request. A key's line is a node beside its key node

@@ -79,6 +79,10 @@ type Store struct {
 	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
 	// Under a line node, they are the paths of this store's places in that fair line.
 	holds map[holdKey][]string // guarded by mu
+	// unsure are, in the same form, the hold nodes that a request whose reply was lost may
+	// have made (mayHaveMade): releaseLater gives them back as it does holds, but Refresh does
+	// not check them, as they prove nothing (a handed-over owner's grant may be this store's).
+	unsure map[holdKey][]string // guarded by mu
 }
 
 type holdKey struct{ node, owner string }
@@ -142,6 +146,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	s := &Store{
 		conn: conn, root: root, session: cfg.SessionTimeout, maxTTL: maxTTL(cfg.SessionTimeout, ens.tick, ens.syncLimit),
 		acl: zk.WorldACL(zk.PermAll), holds: make(map[holdKey][]string),
+		unsure:       make(map[holdKey][]string),
 		reservedSeen: make(map[string]time.Time),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.SessionTimeout)
@@ -385,23 +390,36 @@ func (s *Store) check(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// remember records a hold node this store created; forget drops it.
+// remember records a hold node this store created; forget drops it, and a record of it as
+// unsure (rememberUnsure), as a hold released or found gone is neither.
 func (s *Store) remember(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := holdKey{node, owner}
-	if !slices.Contains(s.holds[k], hold) {
-		s.holds[k] = append(s.holds[k], hold)
-	}
+	addHold(s.holds, holdKey{node, owner}, hold)
 }
 
 func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := holdKey{node, owner}
-	s.holds[k] = slices.DeleteFunc(s.holds[k], func(h string) bool { return h == hold })
-	if len(s.holds[k]) == 0 {
-		delete(s.holds, k)
+	for _, m := range []map[holdKey][]string{s.holds, s.unsure} {
+		k := holdKey{node, owner}
+		m[k] = slices.DeleteFunc(m[k], func(h string) bool { return h == hold })
+		if len(m[k]) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// rememberUnsure records a hold node that a request whose reply was lost may have created.
+func (s *Store) rememberUnsure(node, owner, hold string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	addHold(s.unsure, holdKey{node, owner}, hold)
+}
+
+func addHold(m map[holdKey][]string, k holdKey, hold string) {
+	if !slices.Contains(m[k], hold) {
+		m[k] = append(m[k], hold)
 	}
 }
 
@@ -410,6 +428,15 @@ func (s *Store) holdsOf(node, owner string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.holds[holdKey{node, owner}])
+}
+
+// mayHold reports whether hold node name of owner under node is this store's, or may be
+// (unsure): what a release retried in the background still gives back.
+func (s *Store) mayHold(node, owner, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := holdKey{node, owner}
+	return slices.Contains(s.holds[k], name) || slices.Contains(s.unsure[k], name)
 }
 
 // call runs fn, a call of the ZooKeeper client (which takes no context), and returns when fn
