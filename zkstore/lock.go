@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -287,16 +286,17 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 	}
 }
 
-// outcome is the error of a request that may have made a hold and failed with err. When the
-// connection closed after the request went out (zk.ErrConnectionClosed, or a write to it that
-// failed), the server may have run it, and the client reconnects to the same session, which
-// keeps the hold: err then wraps lockstore.ErrOutcomeUnknown, so that the caller gives the
-// hold back (the late hook gives back only for a caller that left before the answer). A
-// request the server ignored (zk.ErrSessionMoved) or never got (zk.ErrNoServer, unsent) made
-// nothing, nor did one whose session ended, with its holds.
+// outcome is err, the error of a request that may have made a node, wrapping
+// lockstore.ErrOutcomeUnknown when it is zk.ErrConnectionClosed: the request was in flight
+// when the connection closed, the server may have run it, and the client reconnects to the
+// same session, which keeps what it made. Any other error made nothing that outlives the
+// answer: a request whose write to the connection failed (a net.Error) almost certainly never
+// reached the server, one the server ignored (zk.ErrSessionMoved) or never got (zk.ErrNoServer)
+// made nothing, nor did one whose session ended, with its nodes; and what a request that the
+// caller's context cut short made is given back by the late hook (giveBackIfTaken), or by the
+// caller, who sees the context's error.
 func outcome(err error) error {
-	var ne net.Error
-	if errors.Is(err, zk.ErrConnectionClosed) || errors.As(err, &ne) {
+	if errors.Is(err, zk.ErrConnectionClosed) {
 		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 	}
 	return err

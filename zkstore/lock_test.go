@@ -3,6 +3,8 @@ package zkstore
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -258,6 +260,36 @@ func TestRefreshIgnoresAHoldALostReplyMayHaveMade(t *testing.T) {
 	}
 	if err := s.Refresh(ctx, key, owner, 2*time.Second); err != nil {
 		t.Fatalf("Refresh of the grant after the give-back: %v", err)
+	}
+}
+
+// Only a closed connection leaves a request's outcome unknown: a write to the connection that
+// failed sent nothing whole, and a request that its context cut short is the late hook's and
+// its caller's. Neither error says the reply was lost, nor records a hold as unsure.
+func TestOnlyAClosedConnectionLeavesTheOutcomeUnknown(t *testing.T) {
+	s := &Store{holds: make(map[holdKey][]string), unsure: make(map[holdKey][]string)}
+	for _, tc := range []struct {
+		err     error
+		unknown bool
+	}{
+		{zk.ErrConnectionClosed, true},
+		{&net.OpError{Op: "write", Net: "tcp", Err: errors.New("broken pipe")}, false},
+		{&net.OpError{Op: "write", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
+		{context.DeadlineExceeded, false},
+		{context.Canceled, false},
+		{zk.ErrSessionMoved, false},
+		{zk.ErrNoServer, false},
+	} {
+		err := s.mayHaveMade("/k", "owner", "o-h", tc.err)
+		if got := errors.Is(err, lockstore.ErrOutcomeUnknown); got != tc.unknown {
+			t.Errorf("%v: outcome unknown %v, want %v", tc.err, got, tc.unknown)
+		}
+		if !errors.Is(err, tc.err) {
+			t.Errorf("%v: the error %v does not wrap it", tc.err, err)
+		}
+	}
+	if n := s.unsureCount(); n != 1 {
+		t.Errorf("%d unsure holds, want the closed connection's one", n)
 	}
 }
 
