@@ -177,6 +177,14 @@ func (s *Store) leaveLater(line, owner, place string) {
 func (s *Store) leave(ctx context.Context, line, owner, place string) error {
 	target := place
 	if strings.HasSuffix(place, "-") { // made by a request whose reply was lost, if at all (takePlace)
+		// The server this session reads from now may be another than the one the create went
+		// to, and not have applied it yet: a sync brings it up to the leader first. The create
+		// reached the leader before the session moved (then the sync comes after it), or never
+		// runs (the leader refuses a moved session's old connection).
+		_, err := call(ctx, func() (string, error) { return s.conn.Sync(line) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return err
+		}
 		kids, err := s.children(ctx, line)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return err
