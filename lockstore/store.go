@@ -201,6 +201,11 @@ type Store interface {
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
 	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
 	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
+	//
+	// A LeaveQueue that fails may still go through, late or by a retry of the store's own
+	// (a place lives as long as a ZooKeeper session), so, as after a failed Release, its owner
+	// is spent: a fair Acquire with it could keep the place only to lose it to that retry, and
+	// with it the owner's turn. The Locker takes a new owner after every LeaveQueue.
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
