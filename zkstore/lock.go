@@ -273,16 +273,27 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 }
 
 // giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
-// caller left before the answer and the multi went through, the hold is released at once.
+// caller left before the answer and the multi went through, the hold is released at once, and
+// when its reply was lost with the connection, the hold it may have made is remembered as
+// unsure (mayHaveMade). Either is retried until it is gone (releaseLater): the caller's own
+// give-back ran while nothing was known, and the owner is spent, so no grant the owner was
+// told of is one the retry could end.
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
+		if errors.Is(s.mayHaveMade(p, owner, hold, err), lockstore.ErrOutcomeUnknown) {
+			s.releaseLater(p, owner, hold)
+			return
+		}
 		if opError(res, err) != nil {
 			return
 		}
 		s.remember(p, owner, hold)
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)
-		defer cancel()
-		_, _ = s.releaseHold(ctx, p, owner, hold)
+		_, err = s.releaseHold(ctx, p, owner, hold)
+		cancel()
+		if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
+			s.releaseLater(p, owner, hold)
+		}
 	}
 }
 

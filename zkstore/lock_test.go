@@ -316,3 +316,61 @@ func (s loggedStore) Release(ctx context.Context, key, owner, hold string, lastF
 	s.t.Logf("Release(%q, hold %q) after %v: %d, %v", key, hold, time.Since(start).Round(time.Millisecond), n, err)
 	return n, err
 }
+
+// A handed-over re-entry whose caller left while its request was in flight, and whose reply is
+// then lost with the connection, is given back: the caller's give-back found nothing (the
+// replies were held), so the store's late hook, which hears only "connection closed", gives
+// the borrowed hold back, retried until the client has reconnected. The upstream keeps its lock.
+func TestReentryThatLeftBeforeItsReplyWasLostIsGivenBack(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	up, down := mustLocker(t, other), mustLocker(t, loggedStore{s, t})
+	ctx := context.Background()
+	const name = "left-lost-reentry"
+	key := flightlock.DefaultPrefix + name
+	lease, err := up.Lock(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.SetDelay(700 * time.Millisecond) // the read, then the re-entry's multi, each answered late
+	dctx, leave := context.WithCancel(handover.With(ctx, handover.Owner{Key: key, Token: lease.Owner()}))
+	defer leave()
+	done := make(chan error, 1)
+	go func() {
+		l, err := down.Lock(dctx, name)
+		if err == nil {
+			_ = l.Release(ctx)
+			err = errors.New("the handed-over Lock answered a lease")
+		}
+		done <- err
+	}()
+	borrowed := func() bool {
+		kids, err := other.children(ctx, other.keyPath(key))
+		return err == nil && slices.ContainsFunc(kids, func(k string) bool { return strings.HasPrefix(k, borrowPre) })
+	}
+	waitFor(t, 10*time.Second, "the re-entry's hold in the tree", borrowed)
+	proxy.Stall(time.Hour) // the multi's reply, and every request after it, are held until the cut
+	leave()                // the caller leaves before the reply
+	select {
+	case err := <-done:
+		t.Logf("handed-over Lock that left: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handed-over Lock did not return when its caller left")
+	}
+	time.Sleep(time.Second) // the core's give-back (half a second) runs out on the stalled connection
+	proxy.SetDelay(0)
+	proxy.Cut() // the multi's reply is lost
+	waitFor(t, 10*time.Second, "the borrowed hold given back", func() bool { return !borrowed() })
+	if err := lease.Refresh(ctx); err != nil {
+		t.Fatalf("the upstream's lease after the downstream's give-back: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "another owner takes the key the upstream released", func() bool {
+		a, err := other.Acquire(ctx, lockstore.Request{Key: key, Owner: "third", TTL: time.Second})
+		return err == nil && a.Acquired
+	})
+	waitFor(t, 5*time.Second, "the store forgets the hold it gave back", func() bool { return s.unsureCount() == 0 })
+}
