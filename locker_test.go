@@ -2086,3 +2086,72 @@ func TestLockerSendsNoOwnerWhoseReleaseFailed(t *testing.T) {
 		})
 	}
 }
+
+// unknownOnceStore runs the first Acquire and then reports its outcome unknown, as a store
+// does when the reply was lost or the server answered an error for a request it may apply.
+type unknownOnceStore struct {
+	lockstore.Store
+	mu       sync.Mutex
+	owners   []string // guarded by mu: the owner of each Acquire, in order
+	released []string // guarded by mu: the owner of each Release
+}
+
+func (s *unknownOnceStore) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
+	s.mu.Lock()
+	s.owners = append(s.owners, req.Owner)
+	first := len(s.owners) == 1
+	s.mu.Unlock()
+	a, err := s.Store.Acquire(ctx, req)
+	if first && err == nil {
+		return lockstore.Acquisition{}, fmt.Errorf("test: connection closed (%w)", lockstore.ErrOutcomeUnknown)
+	}
+	return a, err
+}
+
+func (s *unknownOnceStore) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	s.mu.Lock()
+	s.released = append(s.released, owner)
+	s.mu.Unlock()
+	return s.Store.Release(ctx, key, owner, hold, lastFence)
+}
+
+func (s *unknownOnceStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
+	return refreshEach(ctx, s.Store.Refresh, batch)
+}
+
+// An acquisition whose outcome the store reports unknown (lockstore.ErrOutcomeUnknown) fails the
+// Lock with the store's error and is given back by its owner, so the key is free at once, not
+// after a TTL.
+func TestOutcomeUnknownIsGivenBack(t *testing.T) {
+	inner, _, _ := miniStore(t)
+	s := &unknownOnceStore{Store: inner}
+	l := mustLocker(t, s, WithTTL(time.Minute))
+	ctx := context.Background()
+	if _, err := l.Lock(ctx, "unknown"); !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		t.Fatalf("Lock whose outcome is unknown = %v, want the store's error", err)
+	}
+	s.mu.Lock()
+	first := s.owners[0]
+	s.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for !func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, o := range s.released {
+			if o == first {
+				return true
+			}
+		}
+		return false
+	}() {
+		if time.Now().After(deadline) {
+			t.Fatal("the unknown outcome was not given back by its owner")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	other, err := mustLocker(t, inner, WithMode(Reject)).Lock(ctx, "unknown")
+	if err != nil {
+		t.Fatalf("another owner once the unknown outcome was given back: %v", err)
+	}
+	_ = other.Release(ctx)
+}

@@ -365,9 +365,10 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 }
 
 // acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
-// when etcd no longer had a's lease and a.again is set; else err, after recording that each put
-// may have gone through (the reaper releases it past a.until unless refreshed) and retiring the
-// lease, so that a commit after that release goes with it.
+// when etcd no longer had a's lease and a.again is set; else err, wrapping
+// lockstore.ErrOutcomeUnknown unless it is the caller's context's, after recording that each
+// put may have gone through (the reaper releases it past a.until unless refreshed) and retiring
+// the lease, so that a commit after that release goes with it.
 func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	if isLeaseNotFound(err) && a.again {
 		a.l.mu.Lock()
@@ -386,7 +387,13 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 		})
 	}
 	s.retire(a.l)
-	return err
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err // the caller's own end: it gives back and takes a new owner already
+	}
+	// etcd may apply a transaction it answered with an error (a leader change, a proposal
+	// that timed out): the caller must give back by this owner and ask again as another, or
+	// the reaper's give-back of this entry could end the next grant.
+	return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 }
 
 func later(a, b time.Time) time.Time {

@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/lockstore"
@@ -509,4 +511,31 @@ func checkLeaseEntries(t *testing.T, s *Store) {
 				int64(id), l.entries, l.inflight, n)
 		}
 	}
+}
+
+// An acquisition whose transactions etcd may have applied although it answered with an error
+// (a leader change answers codes.Unavailable for a proposal that may still commit) is reported
+// with lockstore.ErrOutcomeUnknown, or the caller's context error: the caller then gives back by
+// that owner and asks again as another. Were the owner asked again, the store's give-back of
+// the unknown outcome (its reaper, once the entry is due) could end the new grant.
+func TestAcquireThatMayHaveRunSaysSo(t *testing.T) {
+	c := etcdtest.Start(t)
+	var armed atomic.Bool
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == "lock:unsure" && armed.Load() {
+			return status.Error(codes.Unavailable, "etcdserver: leader changed") // applied all the same
+		}
+		return err
+	}, nil)
+	s := newStore(t, cli)
+	armed.Store(true)
+	ctx, cancel := context.WithTimeout(bg(t), 1500*time.Millisecond)
+	defer cancel()
+	_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:unsure", Owner: ownerA, TTL: 2 * time.Second})
+	if !errors.Is(err, lockstore.ErrOutcomeUnknown) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire whose transactions may have run = %v, want an error wrapping ErrOutcomeUnknown (or the deadline)", err)
+	}
+	t.Logf("Acquire whose transactions may have run: %v", err)
 }

@@ -19,11 +19,12 @@ import (
 var ErrNotHeld = errors.New("flightlock: lock not held")
 
 // ErrOutcomeUnknown is wrapped by a store in the error of a request that may have taken effect
-// although no reply said so: the connection closed after the request went out, and the store
-// cannot tell whether the server ran it. The caller gives back what the request may have taken,
-// by the same owner, as after a request its context cut short, and sends nothing more as that
-// owner (a later grant to it could be the one given back).
-var ErrOutcomeUnknown = errors.New("flightlock: the store's reply was lost: the request may have run")
+// although no reply said so: the connection closed after the request went out (ZooKeeper), or
+// the server answered with an error for a request it may apply all the same (an etcd leader
+// change). The caller gives back what the request may have taken, by the same owner, as after
+// a request its context cut short, and sends nothing more as that owner (a later grant to it
+// could be the one given back).
+var ErrOutcomeUnknown = errors.New("flightlock: the request's outcome is unknown: it may have run")
 
 // Acquisition is the outcome of one Acquire call.
 type Acquisition struct {
