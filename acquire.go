@@ -2,6 +2,7 @@ package flightlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -126,11 +127,12 @@ func (a *acquisition) call(b *budget) (res lockstore.Acquisition, sentAt, sent t
 	return res, sentAt, sent, err
 }
 
-// afterError handles a failed attempt: a waiter whose store answered before (a failover) tries
+// afterError handles a failed attempt: a waiter whose store answered before (a failover), or
+// answers that the attempt may have run (lockstore.ErrOutcomeUnknown: it is reachable), tries
 // again within its wait; otherwise the wait ends, busy or not (budget.spentDuringCall).
 func (a *acquisition) afterError(b *budget, err error, sentAt time.Time) (done bool, _ error) {
 	l := a.l
-	again := a.wait && a.attempt > 0 && !b.spent()
+	again := a.wait && (a.attempt > 0 || errors.Is(err, lockstore.ErrOutcomeUnknown)) && !b.spent()
 	if mayHaveRun(err) {
 		// The next attempt takes a new owner token: the call may still land later, and the
 		// give-back by owner must not end the next attempt's grant. A look at permits may have

@@ -2119,39 +2119,65 @@ func (s *unknownOnceStore) RefreshAll(ctx context.Context, batch []lockstore.Ren
 	return refreshEach(ctx, s.Store.Refresh, batch)
 }
 
-// An acquisition whose outcome the store reports unknown (lockstore.ErrOutcomeUnknown) fails the
-// Lock with the store's error and is given back by its owner, so the key is free at once, not
-// after a TTL.
+// An acquisition whose outcome the store reports unknown (lockstore.ErrOutcomeUnknown) is given
+// back by its owner. A TryLock fails with the store's error, and the key is free at once, not
+// after a TTL; a waiting Lock asks again as another owner (the store is reachable), which the
+// give-back cannot touch.
 func TestOutcomeUnknownIsGivenBack(t *testing.T) {
-	inner, _, _ := miniStore(t)
-	s := &unknownOnceStore{Store: inner}
-	l := mustLocker(t, s, WithTTL(time.Minute))
-	ctx := context.Background()
-	if _, err := l.Lock(ctx, "unknown"); !errors.Is(err, lockstore.ErrOutcomeUnknown) {
-		t.Fatalf("Lock whose outcome is unknown = %v, want the store's error", err)
-	}
-	s.mu.Lock()
-	first := s.owners[0]
-	s.mu.Unlock()
-	deadline := time.Now().Add(5 * time.Second)
-	for !func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		for _, o := range s.released {
-			if o == first {
-				return true
+	for _, wait := range []bool{false, true} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			inner, _, _ := miniStore(t)
+			s := &unknownOnceStore{Store: inner}
+			l := mustLocker(t, s, WithTTL(time.Minute))
+			ctx := context.Background()
+			var lease *Lease
+			var err error
+			if wait {
+				lease, err = l.Lock(ctx, "unknown")
+			} else {
+				lease, err = l.TryLock(ctx, "unknown")
 			}
-		}
-		return false
-	}() {
-		if time.Now().After(deadline) {
-			t.Fatal("the unknown outcome was not given back by its owner")
-		}
-		time.Sleep(5 * time.Millisecond)
+			s.mu.Lock()
+			first := s.owners[0]
+			s.mu.Unlock()
+			switch {
+			case !wait && !errors.Is(err, lockstore.ErrOutcomeUnknown):
+				t.Fatalf("TryLock whose outcome is unknown = %v, want the store's error", err)
+			case wait && err != nil:
+				t.Fatalf("Lock after an unknown outcome: %v, want a grant as another owner", err)
+			case wait && lease.Owner() == first:
+				t.Fatalf("the lease's owner is the one whose outcome was unknown (%q)", first)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for !func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				for _, o := range s.released {
+					if o == first {
+						return true
+					}
+				}
+				return false
+			}() {
+				if time.Now().After(deadline) {
+					t.Fatal("the unknown outcome was not given back by its owner")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			other, err := mustLocker(t, inner, WithMode(Reject)).Lock(ctx, "unknown")
+			if wait {
+				if !errors.Is(err, ErrBusy) {
+					t.Fatalf("another owner while the waiter holds the key: %v, want ErrBusy", err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("another owner once the unknown outcome was given back: %v", err)
+			}
+			_ = other.Release(ctx)
+		})
 	}
-	other, err := mustLocker(t, inner, WithMode(Reject)).Lock(ctx, "unknown")
-	if err != nil {
-		t.Fatalf("another owner once the unknown outcome was given back: %v", err)
-	}
-	_ = other.Release(ctx)
 }

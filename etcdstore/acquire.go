@@ -255,12 +255,21 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		return once(ctx, a)
 	}
 	bound, pause, again := resendAfter, retryPauseMin, true
+	var unknown error // an earlier attempt's error whose outcome is unknown (acquireFailed)
 	for {
 		actx, cancel := context.WithTimeout(ctx, bound)
 		v, err := try(actx, again)
 		cut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
+		if errors.Is(err, lockstore.ErrOutcomeUnknown) {
+			unknown = err
+		}
 		switch {
+		case err == nil && unknown != nil && refused(v):
+			// A busy answer does not end what the failed attempt recorded: the store gives that
+			// back once due, by owner. So the caller hears of it, gives back by this owner and
+			// asks again as another, whose grant that give-back cannot end.
+			return v, unknown
 		case err == nil:
 			return v, nil
 		case errors.Is(err, errLeaseGone) && again:
@@ -278,6 +287,12 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		}
 		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
 	}
+}
+
+// refused reports whether v, an outcome of resending, is an Acquire that did not take its key.
+func refused(v any) bool {
+	a, ok := v.(lockstore.Acquisition)
+	return ok && !a.Acquired
 }
 
 // transient reports whether err is a failure the cluster recovers from by itself: no leader, a
