@@ -263,12 +263,13 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		cancel()
 		if errors.Is(err, lockstore.ErrOutcomeUnknown) {
 			unknown = err
+		} else if err != nil && unknown != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown) // the failed attempt stays recorded
 		}
 		switch {
-		case err == nil && unknown != nil && refused(v):
-			// A busy answer does not end what the failed attempt recorded: the store gives that
-			// back once due, by owner. So the caller hears of it, gives back by this owner and
-			// asks again as another, whose grant that give-back cannot end.
+		case err == nil && unknown != nil && refused(v) && !s.dropUnknown(keys, owner):
+			// The record is the reaper's already: its give-back by owner could end a later
+			// grant to owner, so the caller must hear that the owner is spent.
 			return v, unknown
 		case err == nil:
 			return v, nil
@@ -287,6 +288,33 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		}
 		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
 	}
+}
+
+// dropUnknown drops owner's records of keys that an attempt of this call whose outcome was
+// unknown made (acquireFailed), once a later attempt of the same call was answered busy, and
+// reports whether none is left. The busy answer settles that attempt: etcd applies a member's
+// proposals in the order they are committed, so had the failed one taken a key before, the
+// later one would have found it owner's (re-entered); one committed after the busy answer (a
+// proposal delayed in a partition) puts the key on the failed attempt's retired lease, which
+// nothing here keeps alive once unused, and which owner re-enters if it asks again. Without
+// the record, no give-back by owner can end owner's later grant. A record the reaper has
+// already taken cannot be called back: false.
+func (s *Store) dropUnknown(keys []string, owner string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	left := false
+	for _, key := range keys {
+		k := entryKey{key, owner}
+		e := s.held[k]
+		switch {
+		case e == nil || e.createRev != 0 || len(e.holds) > 0:
+		case e.reaping:
+			left = true
+		default:
+			s.applyLocked(k, e, func(e *heldKey) { e.own = false })
+		}
+	}
+	return !left
 }
 
 // refused reports whether v, an outcome of resending, is an Acquire that did not take its key.
