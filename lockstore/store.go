@@ -171,8 +171,9 @@ type Store interface {
 	Capabilities() Capabilities
 	// Acquire takes req.Key for req.Owner for req.TTL, or re-enters it if the owner holds it
 	// already (Reentered; the TTL is reset). Acquiring again with the same owner is
-	// idempotent, so a request that a client re-sent after a timeout does no harm (but see
-	// Release: an owner whose release failed is spent). A read
+	// idempotent, so a request that a client re-sent after a timeout does no harm, unless the
+	// owner is spent: its Release or LeaveQueue failed, or a request of it failed with
+	// ErrOutcomeUnknown or its context's error (the store may still give that back). A read
 	// owner (ReadOwner) takes a read hold, and a non-zero Asked a place in the key's line.
 	Acquire(ctx context.Context, req Request) (Acquisition, error)
 	// Reenter re-enters key for owner, a token handed over by another process, only when owner
