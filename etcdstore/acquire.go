@@ -261,9 +261,15 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		v, err := try(actx, again)
 		cut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
-		if errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		switch {
+		case errors.Is(err, lockstore.ErrOutcomeUnknown):
 			unknown = err
-		} else if err != nil && unknown != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		case err != nil && cut:
+			// Cut by this loop's own bound, not the caller's: acquireFailed recorded it as an
+			// attempt that may have run, as it does one etcd answered with an error.
+			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
+			unknown = err
+		case err != nil && unknown != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
 			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown) // the failed attempt stays recorded
 		}
 		switch {
@@ -292,12 +298,13 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 
 // dropUnknown drops owner's records of keys that an attempt of this call whose outcome was
 // unknown made (acquireFailed), once a later attempt of the same call was answered busy, and
-// reports whether none is left. The busy answer settles that attempt: etcd applies a member's
-// proposals in the order they are committed, so had the failed one taken a key before, the
-// later one would have found it owner's (re-entered); one committed after the busy answer (a
-// proposal delayed in a partition) puts the key on the failed attempt's retired lease, which
-// nothing here keeps alive once unused, and which owner re-enters if it asks again. Without
-// the record, no give-back by owner can end owner's later grant. A record the reaper has
+// reports whether none is left. The busy answer settles that attempt up to then: etcd applies
+// proposals in commit order, so had the failed one taken a key before, the later one would
+// have found it owner's (re-entered). Without the record, no give-back by owner can end
+// owner's later grant. The cost: a proposal committed later still (delayed in a partition,
+// forwarded by a member cut off) puts the key on the failed attempt's retired lease with no
+// record to release it; owner re-enters it if it asks again, else it stays until the lease
+// goes, once the locks that were on it at retirement have ended. A record the reaper has
 // already taken cannot be called back: false.
 func (s *Store) dropUnknown(keys []string, owner string) bool {
 	s.mu.Lock()

@@ -155,3 +155,66 @@ func TestUnknownOutcomeIsNotLostToALaterError(t *testing.T) {
 		t.Errorf("Acquire after an unknown attempt = %v: neither unknown nor the deadline, so the Locker keeps the owner", err)
 	}
 }
+
+// As TestWaiterWhoseFailedAttemptWasAnsweredBusyKeepsItsGrant, with the first attempt cut by the
+// store's own resend bound (etcd silent across the election, the common case) rather than
+// answered codes.Unavailable: that too is an attempt that may have run, settled by the busy
+// resend, and no give-back of it may end the waiter's later grant.
+func TestWaiterWhoseCutAttemptWasAnsweredBusyKeepsItsGrant(t *testing.T) {
+	c := etcdtest.Start(t)
+	var fail, delay atomic.Bool
+	const key = "lock:cut"
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == key && fail.CompareAndSwap(true, false) {
+			<-ctx.Done() // etcd silent: the store's resendAfter cuts the attempt
+			return status.Error(codes.DeadlineExceeded, ctx.Err().Error())
+		}
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == key && err == nil && delay.Load() {
+			if r, ok := reply.(interface{ GetSucceeded() bool }); ok && r.GetSucceeded() {
+				delay.Store(false)
+				time.Sleep(700 * time.Millisecond)
+			}
+		}
+		return err
+	}, nil)
+	const ttl = 3 * time.Second
+	holderStore, thirdStore := newStore(t, c.Client(t)), newStore(t, c.Client(t))
+	holder, _ := flightlock.New(holderStore, flightlock.WithTTL(ttl))
+	waiter, _ := flightlock.New(newStore(t, cli), flightlock.WithTTL(ttl), flightlock.WithWait(15*time.Second))
+	ctx := bg(t)
+	hl, err := holder.Lock(ctx, "cut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	start := time.Now()
+	got := make(chan *flightlock.Lease, 1)
+	go func() {
+		l, err := waiter.Lock(ctx, "cut")
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		got <- l
+	}()
+	time.Sleep(time.Until(start.Add(ttl - 250*time.Millisecond)))
+	delay.Store(true)
+	if err := hl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wl := <-got
+	if wl == nil {
+		return
+	}
+	t.Logf("waiter granted %v after it began (fence %d, owner %s)", time.Since(start).Round(time.Millisecond), wl.Fence(), wl.Owner())
+	for i := range 20 {
+		a, err := thirdStore.Acquire(ctx, lockstore.Request{Key: key, Owner: "cccccccccccccccccccccccccccccccc", TTL: ttl})
+		if err == nil && a.Acquired {
+			t.Fatalf("another owner granted the key %v after the waiter was told it holds it (try %d; waiter lost=%v)",
+				time.Since(start).Round(time.Millisecond), i, wl.Lost())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = wl.Release(ctx)
+}
