@@ -545,15 +545,26 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 // longer this store's, nor maybe so: mayHold), or the store closes: while the session lives the
 // hold would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
+	s.retry(func(ctx context.Context) bool {
+		if !s.mayHold(p, owner, name) {
+			return true
+		}
+		_, err := s.releaseHold(ctx, p, owner, name)
+		return err == nil || errors.Is(err, lockstore.ErrNotHeld)
+	})
+}
+
+// retry runs try until it reports done or the store closes, each time after a pause that
+// doubles from 100ms to 2s, with a session's length to answer. It is how a give-back that
+// failed goes on: a hold or a place nobody else knows of lives as long as the session, and
+// would keep the key (or its line) from everyone until the process ends.
+func (s *Store) retry(try func(ctx context.Context) (done bool)) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)
-		if !s.mayHold(p, owner, name) {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)
-		_, err := s.releaseHold(ctx, p, owner, name)
+		done := try(ctx)
 		cancel()
-		if err == nil || errors.Is(err, lockstore.ErrNotHeld) {
+		if done {
 			return
 		}
 	}

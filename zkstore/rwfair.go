@@ -159,18 +159,9 @@ func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 
 // leaveLater tries leave again, as releaseLater does a release, while place is owner's in line.
 func (s *Store) leaveLater(line, owner, place string) {
-	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
-		time.Sleep(delay)
-		if s.placeOf(line, owner) != place {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), s.session)
-		err := s.leave(ctx, line, owner, place)
-		cancel()
-		if err == nil {
-			return
-		}
-	}
+	s.retry(func(ctx context.Context) bool {
+		return s.placeOf(line, owner) != place || s.leave(ctx, line, owner, place) == nil
+	})
 }
 
 // leave deletes owner's place in line, remembered as place, and forgets it.

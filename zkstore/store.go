@@ -401,8 +401,8 @@ func (s *Store) remember(node, owner, hold string) {
 func (s *Store) forget(node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	k := holdKey{node, owner}
 	for _, m := range []map[holdKey][]string{s.holds, s.unsure} {
-		k := holdKey{node, owner}
 		m[k] = slices.DeleteFunc(m[k], func(h string) bool { return h == hold })
 		if len(m[k]) == 0 {
 			delete(m, k)
