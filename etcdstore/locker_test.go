@@ -8,14 +8,9 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
-	"github.com/flightlock/flightlock/lockstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // flightlock's Locker on the store, two processes (stores on clients of their own), eight
@@ -143,76 +138,4 @@ func BenchmarkLockerUncontended(b *testing.B) {
 	b.ReportMetric(float64(floor.Nanoseconds())/n, "floor-ns/op")
 	b.ReportMetric(float64(locker.Nanoseconds())/n, "locker-ns/op")
 	b.ReportMetric(float64(locker)/float64(floor), "locker/floor")
-}
-
-// A waiter's first transaction fails with codes.Unavailable (a leader change) and the store's
-// resend of it is answered busy. The store gives the failed attempt back, by owner, once it
-// falls due, one TTL after the Acquire began, so the waiter must not be granted the key later
-// under that owner: the give-back would end the grant as the waiter is told of it (its reply
-// is slow here, as after an election). The waiter goes on waiting as another owner, and
-// nobody else is granted the key while it holds it.
-func TestWaiterWhoseFailedAttemptWasAnsweredBusyKeepsItsGrant(t *testing.T) {
-	c := etcdtest.Start(t)
-	var fail, delay atomic.Bool
-	const key = "lock:masked"
-	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
-		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == key {
-			if fail.CompareAndSwap(true, false) {
-				return status.Error(codes.Unavailable, "etcdserver: leader changed")
-			}
-			if err == nil && delay.Load() {
-				if r, ok := reply.(interface{ GetSucceeded() bool }); ok && r.GetSucceeded() {
-					delay.Store(false)
-					time.Sleep(700 * time.Millisecond) // the grant's reply is slow after the election
-				}
-			}
-		}
-		return err
-	}, nil)
-	const ttl = 3 * time.Second
-	holderStore, thirdStore := newStore(t, c.Client(t)), newStore(t, c.Client(t))
-	holder, err := flightlock.New(holderStore, flightlock.WithTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	waiter, err := flightlock.New(newStore(t, cli), flightlock.WithTTL(ttl), flightlock.WithWait(15*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := bg(t)
-	hl, err := holder.Lock(ctx, "masked")
-	if err != nil {
-		t.Fatal(err)
-	}
-	fail.Store(true)
-	start := time.Now()
-	got := make(chan *flightlock.Lease, 1)
-	go func() {
-		l, err := waiter.Lock(ctx, "masked")
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-		got <- l
-	}()
-	time.Sleep(time.Until(start.Add(ttl - 250*time.Millisecond)))
-	delay.Store(true)
-	if err := hl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wl := <-got
-	if wl == nil {
-		return
-	}
-	t.Logf("waiter granted %v after it began (fence %d)", time.Since(start).Round(time.Millisecond), wl.Fence())
-	for i := range 20 {
-		a, err := thirdStore.Acquire(ctx, lockstore.Request{Key: key, Owner: "cccccccccccccccccccccccccccccccc", TTL: ttl})
-		if err == nil && a.Acquired {
-			t.Fatalf("another owner granted the key %v after the waiter was told it holds it (try %d; waiter lost=%v)",
-				time.Since(start).Round(time.Millisecond), i, wl.Lost())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	_ = wl.Release(ctx)
 }
