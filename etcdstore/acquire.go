@@ -415,10 +415,10 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 }
 
 // acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
-// when etcd no longer had a's lease and a.again is set; else err, wrapping
-// lockstore.ErrOutcomeUnknown unless it is the caller's context's, after recording that each
-// put may have gone through (the reaper releases it past a.until unless refreshed) and retiring
-// the lease, so that a commit after that release goes with it.
+// when etcd no longer had a's lease and a.again is set; err when etcd refused it (rejected);
+// else err, wrapping lockstore.ErrOutcomeUnknown unless it is the caller's context's, after
+// recording that each put may have gone through (the reaper releases it past a.until unless
+// refreshed) and retiring the lease, so that a commit after that release goes with it.
 func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	if isLeaseNotFound(err) && a.again {
 		a.l.mu.Lock()
@@ -426,6 +426,9 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 		a.l.mu.Unlock()
 		s.dropLease(a.l)
 		return errLeaseGone
+	}
+	if rejected(err) {
+		return err
 	}
 	for _, key := range keys {
 		s.update(key, a.owner, func(e *heldKey) {
@@ -444,6 +447,16 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	// that timed out): the caller must give back by this owner and ask again as another, or
 	// the reaper's give-back of this entry could end the next grant.
 	return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
+}
+
+// rejected reports an error with which etcd refuses a request without applying it: a full
+// database (the NOSPACE alarm), too many requests, a request it does not permit or finds
+// malformed. Asking again as a new owner would only meet the same refusal.
+func rejected(err error) bool {
+	var ee rpctypes.EtcdError
+	return errors.As(err, &ee) && slices.Contains([]error{rpctypes.ErrNoSpace, rpctypes.ErrTooManyRequests,
+		rpctypes.ErrRequestTooLarge, rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied,
+		rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthNotEnabled, rpctypes.ErrUserEmpty}, error(ee))
 }
 
 func later(a, b time.Time) time.Time {

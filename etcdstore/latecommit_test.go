@@ -10,12 +10,14 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -538,4 +540,38 @@ func TestAcquireThatMayHaveRunSaysSo(t *testing.T) {
 		t.Fatalf("Acquire whose transactions may have run = %v, want an error wrapping ErrOutcomeUnknown (or the deadline)", err)
 	}
 	t.Logf("Acquire whose transactions may have run: %v", err)
+}
+
+// An acquisition etcd refused without applying it (a full database, a request it does not
+// permit) is a plain store error: nothing is recorded to give back, and a waiting Lock ends at
+// once with it instead of asking again as a new owner until its wait runs out.
+func TestAcquireEtcdRefusedIsAPlainError(t *testing.T) {
+	c := etcdtest.Start(t)
+	var txns atomic.Int32
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == "lock:full" {
+			txns.Add(1)
+			return rpctypes.ErrGRPCNoSpace // the NOSPACE alarm: etcd applied nothing
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	s := newStore(t, cli)
+	l, err := flightlock.New(s, flightlock.WithWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = l.Lock(bg(t), "full")
+	if err == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || errors.Is(err, flightlock.ErrBusy) {
+		t.Fatalf("Lock that etcd refused = %v, want the store's error, not an unknown outcome", err)
+	}
+	if n := txns.Load(); n != 1 {
+		t.Errorf("%d transactions sent for a Lock etcd refused, want 1", n)
+	}
+	s.mu.Lock()
+	records := len(s.held)
+	s.mu.Unlock()
+	if records != 0 {
+		t.Errorf("%d records kept to give back after a refusal that took nothing, want 0", records)
+	}
 }
