@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,7 +28,6 @@ type gateHook struct {
 	pipeIn    chan struct{} // receives when a held pipeline arrives
 	pipeGo    chan struct{}
 	pipeFail  atomic.Bool  // a held pipeline then fails with errReplyLost instead of running
-	pipeLose  atomic.Bool  // a held pipeline runs, then its replies are lost (io.EOF)
 	pipeDelay atomic.Int64 // the replies of a pipeline arrive this many ns after it ran
 	pipelines atomic.Int64
 	piped     atomic.Int64
@@ -70,12 +68,6 @@ func (h *gateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			}
 		}
 		err := next(ctx, cmds)
-		if h.pipeLose.CompareAndSwap(true, false) {
-			for _, cmd := range cmds {
-				cmd.SetErr(io.EOF)
-			}
-			return io.EOF
-		}
 		if d := time.Duration(h.pipeDelay.Load()); d > 0 {
 			// A slow server: the commands ran, their replies come d later, unless the
 			// pipeline's context ends first (the socket deadline of a real connection).
@@ -395,22 +387,18 @@ func TestBatchCallFailsOnItsOwnDeadlineOnly(t *testing.T) {
 
 // A caller that leaves while its acquire is on the wire returns at once with its context's
 // error, and the acquire's late hook sees the reply: a lock it took is released (nobody would
-// release it before its TTL otherwise), and so is one it may have taken (its reply was lost
-// with the connection); a lock the owner already held (re-entry) or another owner holds is
-// left alone.
+// release it before its TTL otherwise), a lock the owner already held (re-entry) or another
+// owner holds is left alone.
 func TestLateAcquireReplyIsReleased(t *testing.T) {
 	const key = "lock:late"
 	for _, tc := range []struct {
 		name     string
 		holder   string // who holds key before the late acquire by ownerB; "" nobody
-		lost     bool   // the acquire runs, and its reply is lost
-		wantCode int64  // the late acquire's reply code; -1 for an error
+		wantCode int64  // the late acquire's reply code
 	}{
-		{"taken", "", false, acquireTaken},
-		{"taken, reply lost", "", true, -1},
-		{"re-entered", ownerB, false, acquireReentered},
-		{"busy", ownerA, false, acquireBusy},
-		{"busy, reply lost", ownerA, true, -1},
+		{"taken", "", acquireTaken},
+		{"re-entered", ownerB, acquireReentered},
+		{"busy", ownerA, acquireBusy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, c, h := oneLaneStore(t)
@@ -422,7 +410,6 @@ func TestLateAcquireReplyIsReleased(t *testing.T) {
 			}
 			laneFree := occupyLane(t, s, h)
 			h.pipeArmed.Store(true)
-			h.pipeLose.Store(tc.lost)
 
 			ctx, cancel := context.WithCancel(bg)
 			defer cancel()

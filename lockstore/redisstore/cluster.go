@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,15 +47,6 @@ func (s *RedisStore) reloadSlots() {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
-}
-
-// lostReply reports an error of a connection that broke while a request that went out waited
-// for its reply (EOF, a failed read other than a timeout): Redis may have run it. A failed
-// dial or write sent nothing; a timeout is the caller's to judge, as its context's error is.
-func lostReply(err error) bool {
-	var op *net.OpError
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.As(err, &op) && op.Op == "read" && !op.Timeout()
 }
 
 // isRedisReply reports an error reply of Redis, as opposed to an error of the connection or of

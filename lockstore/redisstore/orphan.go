@@ -14,15 +14,14 @@ const orphanReleaseTimeout = time.Second
 // releaseOnReply returns the late hook (see batcher.run) of a call that takes hold (the
 // acquisition's own when "") of key for owner: when the reply arrives after its caller left and
 // has code, that of a reply that counted a hold for this very call (acquireTaken for an
-// acquire), or is lost with its connection (lostReply), nobody knows of that hold, so the hook
-// gives it up rather than leave it held until its TTL. Other replies leave the key alone: busy
-// took nothing; another error is left to the Locker's give-back (a failed send ran nothing, a
-// timed-out one may run later still); an acquire's re-entered means owner already held the key
-// for a hold still counted on (or this call ran twice after go-redis re-sent it, which the
-// store cannot tell apart; the Locker gives back an acquisition it gave up on).
+// acquire), nobody knows of that hold, so the hook gives it up rather than leave it held until
+// its TTL. Other replies leave the key alone: busy took nothing; an error says nothing about
+// what ran; an acquire's re-entered means owner already held the key for a hold still counted
+// on (or this call ran twice after go-redis re-sent it, which the store cannot tell apart; the
+// Locker gives back an acquisition it gave up on).
 func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
-		if got, _, _, err := reply(cmd); err == nil && got != code || err != nil && !lostReply(err) {
+		if got, _, _, err := reply(cmd); err != nil || got != code {
 			return
 		}
 		s.giveUp(key, owner, hold)

@@ -220,9 +220,6 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
-		if lostReply(err) { // after go-redis's own retries, which re-enter what ran before
-			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
-		}
 		return lockstore.Acquisition{}, s.failed(op, permits[0], err)
 	}
 	meta, _ := valueMeta(value) // with permits, a grant's is that of a busy permit passed over

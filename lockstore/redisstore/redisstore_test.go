@@ -487,57 +487,6 @@ func TestStoreDown(t *testing.T) {
 	}
 }
 
-// An acquire whose connection breaks after the script ran, on every attempt go-redis makes,
-// took the key without a reply to say so: its error says the outcome is unknown (so that the
-// Locker gives the key back), while a Redis that refuses connections fails plainly.
-func TestAcquireWhoseReplyIsLostSaysItsOutcomeIsUnknown(t *testing.T) {
-	mr := miniredis.RunT(t)
-	p := redistest.StartProxy(t, mr.Addr())
-	c := redis.NewClient(&redis.Options{Addr: p.Addr, Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	s := New(c)
-	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
-	if err := s.Preload(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	p.SetDelay(time.Hour) // every reply is held back until its connection is cut
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() {
-		_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:lost", Owner: ownerA, TTL: time.Minute})
-		errc <- err
-	}()
-	var err error
-	for cuts := 0; ; {
-		select {
-		case err = <-errc:
-		case <-time.After(10 * time.Millisecond):
-			if mr.Exists("lock:lost") && p.Cut() > 0 {
-				cuts++
-			}
-			continue
-		}
-		if cuts == 0 {
-			t.Fatalf("acquire returned %v before its reply was cut", err)
-		}
-		break
-	}
-	if !mr.Exists("lock:lost") {
-		t.Fatal("the script did not take the key: the test proves nothing")
-	}
-	if !errors.Is(err, lockstore.ErrOutcomeUnknown) {
-		t.Fatalf("acquire whose reply was lost: %v, want ErrOutcomeUnknown", err)
-	}
-
-	_ = p.Close() // a proxy that still accepted would answer EOF
-	down, cancelDown := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancelDown()
-	_, err = s.Acquire(down, lockstore.Request{Key: "lock:down", Owner: ownerB, TTL: time.Minute})
-	if err == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || down.Err() != nil {
-		t.Fatalf("acquire on a Redis that refuses connections: %v, want a plain store error", err)
-	}
-}
-
 // Close runs the WithOnClose functions once, last added first, and joins their errors; a nil
 // function is ignored.
 func TestWithOnClose(t *testing.T) {
