@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -484,6 +485,45 @@ func TestStoreDown(t *testing.T) {
 	}
 	if got, err := s.Acquire(context.Background(), lockstore.Request{Key: "lock:d", Owner: ownerA, TTL: time.Second}); err != nil || !got.Acquired {
 		t.Fatalf("after restart: %+v %v", got, err)
+	}
+}
+
+// A reply lost with its connection is answered by go-redis's resend of the script, which
+// re-enters what the first send took (holds are named, not counted): the acquire is granted
+// once, and one release frees the key. So a lost reply is no unknown outcome on Redis: only a
+// Redis out of reach for every resend leaves one, as a crash right after the script would.
+func TestReplyLostWithItsConnectionIsAnsweredByTheResend(t *testing.T) {
+	mr := miniredis.RunT(t)
+	p := redistest.StartProxy(t, mr.Addr())
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+	s := New(c)
+	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+	if err := s.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p.SetDelay(time.Hour) // the reply is held back until its connection is cut
+	type result struct {
+		res lockstore.Acquisition
+		err error
+	}
+	out := make(chan result, 1)
+	go func() {
+		res, err := s.Acquire(ctx, lockstore.Request{Key: "lock:lost", Owner: ownerA, TTL: time.Minute})
+		out <- result{res, err}
+	}()
+	poll.Until(t, 10*time.Second, 5*time.Millisecond, "the script takes the key", func() bool { return mr.Exists("lock:lost") })
+	p.SetDelay(0)
+	if p.Cut() == 0 {
+		t.Fatal("no connection to cut")
+	}
+	r := <-out
+	if r.err != nil || !r.res.Acquired {
+		t.Fatalf("acquire whose reply was lost: %+v, %v; want granted by the resend", r.res, r.err)
+	}
+	if _, err := s.Release(ctx, "lock:lost", ownerA, "", 0); err != nil || mr.Exists("lock:lost") {
+		t.Fatalf("one release after a resent acquire: %v, key left: %v", err, mr.Exists("lock:lost"))
 	}
 }
 
