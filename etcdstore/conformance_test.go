@@ -15,6 +15,15 @@ import (
 // The etcd store keeps the store contract on a real etcd member.
 func TestConformance(t *testing.T) {
 	c := etcdtest.Start(t)
+	proxied := func(t testing.TB) (*etcdstore.Store, *redistest.Proxy) {
+		p := redistest.StartProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
+		s, err := etcdstore.New(etcdtest.NewClient(t, p.Addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s, p
+	}
 	storetest.Run(t, storetest.Config{
 		TTL: 2 * time.Second,
 		Open: func(t testing.TB) lockstore.Store {
@@ -26,14 +35,10 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Faulty: func(t testing.TB) (lockstore.Store, []storetest.Fault) {
-			p := redistest.StartProxy(t, strings.TrimPrefix(c.Members[0].ClientURL, "http://"))
-			s, err := etcdstore.New(etcdtest.NewClient(t, p.Addr))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = s.Close() })
+			s, p := proxied(t)
 			return s, []storetest.Fault{{Name: "black hole", Start: func() { p.SetDelay(time.Hour); p.Stall(time.Hour) },
 				Heal: func() { p.SetDelay(0); p.Cut() }}}
 		},
+		Severable: func(t testing.TB) (lockstore.Store, storetest.Link) { return proxied(t) },
 	})
 }

@@ -14,6 +14,15 @@ import (
 // The Redis store keeps the store contract on a real redis-server.
 func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
+	proxied := func(t testing.TB) (*redisstore.RedisStore, *redistest.Proxy) {
+		p := redistest.StartProxy(t, srv.Addr)
+		opts := srv.Options()
+		opts.Addr = p.Addr
+		c := redis.NewClient(opts)
+		s := redisstore.New(c, redisstore.WithOnClose(c.Close), redisstore.WithWatchLinger(0))
+		t.Cleanup(func() { _ = s.Close() })
+		return s, p
+	}
 	storetest.Run(t, storetest.Config{
 		TTL: time.Second,
 		Open: func(t testing.TB) lockstore.Store {
@@ -22,12 +31,7 @@ func TestConformance(t *testing.T) {
 			return s
 		},
 		Faulty: func(t testing.TB) (lockstore.Store, []storetest.Fault) {
-			p := redistest.StartProxy(t, srv.Addr)
-			opts := srv.Options()
-			opts.Addr = p.Addr
-			c := redis.NewClient(opts)
-			s := redisstore.New(c, redisstore.WithOnClose(c.Close), redisstore.WithWatchLinger(0))
-			t.Cleanup(func() { _ = s.Close() })
+			s, p := proxied(t)
 			stop := make(chan struct{})
 			resets := func() {
 				go func() {
@@ -49,5 +53,6 @@ func TestConformance(t *testing.T) {
 				{Name: "server down", Start: srv.Stop, Heal: srv.Restart},
 			}
 		},
+		Severable: func(t testing.TB) (lockstore.Store, storetest.Link) { return proxied(t) },
 	})
 }

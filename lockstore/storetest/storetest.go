@@ -37,6 +37,17 @@ type Config struct {
 	// and the faults the test can put on that path, for the check that calls return by their
 	// deadline through them. Nil skips that part.
 	Faulty func(t testing.TB) (store lockstore.Store, faults []Fault)
+	// Severable, when set, returns a new store whose only path to the server is link, for the
+	// check that a request whose reply is lost with its connection leaves nothing held. It
+	// needs a store that describes itself (lockstore.Describer), whose inspector sees the
+	// request land. Nil skips that part.
+	Severable func(t testing.TB) (store lockstore.Store, link Link)
+}
+
+// Link is the fault proxy on a Severable store's path.
+type Link interface {
+	SetDelay(d time.Duration) // holds back each reply for d (0: none)
+	Cut() int                 // closes every open connection, dropping the bytes in flight
 }
 
 // Fault is one fault on the path of Config.Faulty's store.
@@ -69,6 +80,7 @@ func Run(t *testing.T, c Config) {
 	t.Run("RefusedWriterIsNotToldALeftReaderHolds", s.refusedWriterIsNotToldALeftReaderHolds)
 	t.Run("FairLocksGrantInRequestOrder", s.fairLocksGrantInRequestOrder)
 	t.Run("CallsReturnByTheirDeadlineThroughFaults", s.callsReturnByTheirDeadlineThroughFaults)
+	t.Run("LostReplyLeavesNothingHeld", s.lostReplyLeavesNothingHeld)
 }
 
 type suite struct{ Config }
@@ -849,4 +861,55 @@ func lockWithin(t *testing.T, l *flightlock.Locker, key string, within time.Dura
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// lostReplyLeavesNothingHeld: a lock whose request landed but whose reply was lost with its
+// connection is held by nobody once the store answers again: the store's resend re-enters it
+// (and the caller has it), or the Locker gives it back (lockstore.ErrOutcomeUnknown). Its TTL
+// is far longer than the wait for another process to take the key.
+func (s suite) lostReplyLeavesNothingHeld(t *testing.T) {
+	if s.Severable == nil {
+		t.Skip("the store's test gives no link to cut (Config.Severable)")
+	}
+	healthy := s.Open(t)
+	d, ok := healthy.(lockstore.Describer)
+	if !ok || d.Describe("storetest:").Inspector == nil {
+		t.Skip("the store has no inspector to see the request land")
+	}
+	ctx, inspector, k, ttl := ctxOf(t), d.Describe("storetest:").Inspector, "lost-reply", 30*time.Second
+	if s.Sessions {
+		ttl = s.TTL // a hold lives as long as its session, which lives on
+	}
+	store, link := s.Severable(t)
+	l, other := s.locker(t, store, flightlock.WithTTL(ttl)), s.locker(t, healthy, flightlock.WithTTL(ttl))
+	must(t, mustLock(t, ctx, l, k).Release(ctx)) // the connection and what the store sets up are in place
+	link.SetDelay(time.Hour)
+	defer link.SetDelay(0)
+	type result struct {
+		lease *flightlock.Lease
+		err   error
+	}
+	out := make(chan result, 1)
+	go func() {
+		lease, err := l.TryLock(ctx, k)
+		out <- result{lease, err}
+	}()
+	poll.Until(t, 10*time.Second, 5*time.Millisecond, "the request lands", func() bool {
+		_, err := inspector.Lookup(ctx, k)
+		return err == nil
+	})
+	link.SetDelay(0)
+	link.Cut()
+	if r := <-out; r.lease != nil {
+		must(t, r.lease.Release(ctx))
+	} else {
+		t.Logf("TryLock whose reply was lost: %v", r.err)
+	}
+	poll.Until(t, 10*time.Second, 50*time.Millisecond, "another process takes the key", func() bool {
+		lease, err := other.TryLock(ctx, k)
+		if err == nil {
+			must(t, lease.Release(ctx))
+		}
+		return err == nil
+	})
 }
