@@ -184,7 +184,7 @@ func TestFailoverWithReplicaAckKeepsOneHolder(t *testing.T) {
 		t.Errorf("the unacknowledged lock was left in Redis")
 	}
 	_ = direct.Close()
-	rig.nodes[1].WaitLinkUp(10 * time.Second)
+	rig.nodes[1].WaitLinkUp(30 * time.Second) // a precondition: a loaded machine may take long to reconnect
 
 	var last int64
 	for round := range 3 {
