@@ -332,7 +332,8 @@ func refused(v any) bool {
 
 // transient reports whether err is a failure the cluster recovers from by itself: no leader, a
 // leader change, a proposal that timed out, an unreachable member (codes.Unavailable for each),
-// or errNoAnswer. The caller's own deadline or cancellation is not one.
+// too many requests waiting to be applied, or errNoAnswer. The caller's own deadline or
+// cancellation is not one.
 func transient(err error) bool {
 	var ee rpctypes.EtcdError
 	switch {
@@ -341,7 +342,7 @@ func transient(err error) bool {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		return false
 	case errors.As(err, &ee):
-		return ee.Code() == codes.Unavailable
+		return ee.Code() == codes.Unavailable || ee == rpctypes.ErrTooManyRequests
 	}
 	return status.Code(err) == codes.Unavailable
 }
@@ -449,14 +450,15 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 }
 
-// rejected reports an error with which etcd refuses a request without applying it: a full
-// database (the NOSPACE alarm), too many requests, a request it does not permit or finds
-// malformed. Asking again as a new owner would only meet the same refusal.
+// rejected reports an error with which etcd refuses a request before it applies any of it:
+// too many requests in flight (transient), a request the client's user may not make, or one it
+// finds malformed. Not NOSPACE: the transaction that crosses the quota is applied, then
+// answered with it (quotaApplierV3).
 func rejected(err error) bool {
 	var ee rpctypes.EtcdError
-	return errors.As(err, &ee) && slices.Contains([]error{rpctypes.ErrNoSpace, rpctypes.ErrTooManyRequests,
-		rpctypes.ErrRequestTooLarge, rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied,
-		rpctypes.ErrInvalidAuthToken, rpctypes.ErrAuthNotEnabled, rpctypes.ErrUserEmpty}, error(ee))
+	return errors.As(err, &ee) && slices.Contains([]error{rpctypes.ErrTooManyRequests, rpctypes.ErrRequestTooLarge,
+		rpctypes.ErrTooManyOps, rpctypes.ErrDuplicateKey, rpctypes.ErrPermissionDenied, rpctypes.ErrInvalidAuthToken,
+		rpctypes.ErrUserEmpty}, error(ee))
 }
 
 func later(a, b time.Time) time.Time {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/lockstore"
 )
 
@@ -542,36 +543,96 @@ func TestAcquireThatMayHaveRunSaysSo(t *testing.T) {
 	t.Logf("Acquire whose transactions may have run: %v", err)
 }
 
-// An acquisition etcd refused without applying it (a full database, a request it does not
-// permit) is a plain store error: nothing is recorded to give back, and a waiting Lock ends at
-// once with it instead of asking again as a new owner until its wait runs out.
-func TestAcquireEtcdRefusedIsAPlainError(t *testing.T) {
+// An acquisition etcd refused before applying any of it is no unknown outcome: nothing is
+// recorded to give back. A refusal that lasts (a request the user may not make) ends a waiting
+// Lock at once with etcd's error, instead of asking again as a new owner until the wait runs
+// out; too many requests in flight is resent until etcd takes it.
+func TestAcquireEtcdRefusedIsNoUnknownOutcome(t *testing.T) {
 	c := etcdtest.Start(t)
-	var txns atomic.Int32
+	for _, tc := range []struct {
+		name    string
+		refusal error
+		times   int32 // how many transactions are refused
+		granted bool
+	}{
+		{"permission denied", rpctypes.ErrGRPCPermissionDenied, 1 << 30, false},
+		{"too many requests", rpctypes.ErrGRPCRequestTooManyRequests, 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var txns atomic.Int32
+			cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+				invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if method == "/etcdserverpb.KV/Txn" && txnKey(req) == "lock:refused" && txns.Add(1) <= tc.times {
+					return tc.refusal // etcd applied nothing
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}, nil)
+			s := newStore(t, cli)
+			l, err := flightlock.New(s, flightlock.WithWait(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lease, err := l.Lock(bg(t), "refused")
+			switch {
+			case tc.granted && err != nil:
+				t.Fatalf("Lock through %d refusals of %s = %v, want granted on the resend", tc.times, tc.name, err)
+			case tc.granted:
+				if n := txns.Load(); n != tc.times+1 {
+					t.Errorf("%d transactions sent, want %d", n, tc.times+1)
+				}
+				if err := lease.Release(bg(t)); err != nil {
+					t.Fatal(err)
+				}
+			case err == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || errors.Is(err, flightlock.ErrBusy):
+				t.Fatalf("Lock that etcd refused = %v, want the store's error, not an unknown outcome", err)
+			case txns.Load() != 1:
+				t.Errorf("%d transactions sent for a Lock etcd refused, want 1", txns.Load())
+			}
+			s.mu.Lock()
+			records := len(s.held)
+			s.mu.Unlock()
+			if records != 0 {
+				t.Errorf("%d records kept after a refusal that took nothing and a release, want 0", records)
+			}
+		})
+	}
+}
+
+// etcd applies the transaction that crosses its quota, then answers it NOSPACE: that answer
+// leaves the outcome unknown, and what the transaction took is given back.
+func TestNoSpaceAfterTheTransactionAppliedIsGivenBack(t *testing.T) {
+	c := etcdtest.Start(t)
+	var armed atomic.Bool
+	armed.Store(true)
 	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == "lock:full" {
-			txns.Add(1)
-			return rpctypes.ErrGRPCNoSpace // the NOSPACE alarm: etcd applied nothing
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if method == "/etcdserverpb.KV/Txn" && txnKey(req) == "lock:fill" && armed.CompareAndSwap(true, false) {
+			return rpctypes.ErrGRPCNoSpace // applied, then answered NOSPACE
 		}
-		return invoker(ctx, method, req, reply, cc, opts...)
+		return err
 	}, nil)
 	s := newStore(t, cli)
-	l, err := flightlock.New(s, flightlock.WithWait(5*time.Second))
+	l, err := flightlock.New(s)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Lock(bg(t), "full")
-	if err == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || errors.Is(err, flightlock.ErrBusy) {
-		t.Fatalf("Lock that etcd refused = %v, want the store's error, not an unknown outcome", err)
+	if lease, err := l.TryLock(bg(t), "fill"); err == nil || !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		if lease != nil {
+			_ = lease.Release(bg(t))
+		}
+		t.Fatalf("TryLock answered NOSPACE after it applied = %v, want an unknown outcome", err)
 	}
-	if n := txns.Load(); n != 1 {
-		t.Errorf("%d transactions sent for a Lock etcd refused, want 1", n)
+	other, err := flightlock.New(newStore(t, c.Client(t)))
+	if err != nil {
+		t.Fatal(err)
 	}
-	s.mu.Lock()
-	records := len(s.held)
-	s.mu.Unlock()
-	if records != 0 {
-		t.Errorf("%d records kept to give back after a refusal that took nothing, want 0", records)
-	}
+	// The TTL is 10 s: the key is given back well before it could run out.
+	poll.Until(t, 5*time.Second, 50*time.Millisecond, "another process takes the key", func() bool {
+		lease, err := other.TryLock(bg(t), "fill")
+		if err == nil {
+			_ = lease.Release(bg(t))
+		}
+		return err == nil
+	})
 }
