@@ -185,7 +185,8 @@ func (p *permitReplies) add(i int, a lockstore.Acquisition) {
 
 // each runs one for each permit of is at once (each on a key of its own, so they are
 // independent) and adds their outcomes. A failure is the error when nothing is granted, or when
-// its lease is gone (the grants on it went with it); else the one-key path cleans up.
+// its lease is gone (the grants on it went with it); else the one-key path cleans up. Of
+// several, one whose outcome is unknown wins: the caller must then take a new owner.
 func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, error)) error {
 	as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
 	var wg sync.WaitGroup
@@ -196,12 +197,14 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 	for j, i := range is {
 		p.add(i, as[j])
 	}
+	var failed error
 	for _, err := range errs {
-		if err != nil && (p.got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) {
-			return err
+		if err != nil && (p.got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) &&
+			(failed == nil || errors.Is(err, lockstore.ErrOutcomeUnknown)) {
+			failed = err
 		}
 	}
-	return nil
+	return failed
 }
 
 // resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent

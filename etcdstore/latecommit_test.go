@@ -636,3 +636,41 @@ func TestNoSpaceAfterTheTransactionAppliedIsGivenBack(t *testing.T) {
 		return err == nil
 	})
 }
+
+// A permit request whose permits fail in different ways says its outcome is unknown when one
+// of them may have run, whatever the order of the permits: a refusal of one must not hide the
+// unknown outcome of another, or the caller would ask again as the same owner.
+func TestPermitRefusalDoesNotHideAnotherPermitsUnknownOutcome(t *testing.T) {
+	c := etcdtest.Start(t)
+	keys := []string{"lock:pm#0", "lock:pm#1", "lock:pm#2"}
+	var applied atomic.Bool
+	cli := faultyClient(t, c, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == "/etcdserverpb.KV/Txn" {
+			switch txnKey(req) {
+			case keys[1]:
+				return rpctypes.ErrGRPCPermissionDenied // refused: nothing applied
+			case keys[2]:
+				if applied.CompareAndSwap(false, true) {
+					_ = invoker(ctx, method, req, reply, cc, opts...)
+					return status.Error(codes.Unavailable, "etcdserver: leader changed") // applied all the same
+				}
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}, nil)
+	holder := newStore(t, c.Client(t))
+	ctx := bg(t)
+	if res, err := holder.Acquire(ctx, lockstore.Request{Key: keys[0], Owner: ownerB, TTL: 5 * time.Second}); err != nil || !res.Acquired {
+		t.Fatalf("holder: %+v, %v", res, err)
+	}
+	s := newStore(t, cli)
+	res, err := s.Acquire(ctx, lockstore.Request{Key: "lock:pm", Owner: ownerA, TTL: 5 * time.Second, Permits: keys, Want: 2})
+	t.Logf("permit request: %+v, %v", res, err)
+	if err != nil && !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		t.Fatalf("permit request with one permit refused and another applied without a reply = %v, want an unknown outcome (or a grant)", err)
+	}
+	if !applied.Load() {
+		t.Fatal("the permit that may have run was never asked for: the test proves nothing")
+	}
+}
