@@ -186,7 +186,8 @@ func (p *permitReplies) add(i int, a lockstore.Acquisition) {
 // each runs one for each permit of is at once (each on a key of its own, so they are
 // independent) and adds their outcomes. A failure is the error when nothing is granted, or when
 // its lease is gone (the grants on it went with it); else the one-key path cleans up. Of
-// several, one whose outcome is unknown wins: the caller must then take a new owner.
+// several, one that may have run (an unknown outcome, the caller's context) wins: the caller
+// must then take a new owner.
 func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, error)) error {
 	as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
 	var wg sync.WaitGroup
@@ -200,7 +201,8 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 	var failed error
 	for _, err := range errs {
 		if err != nil && (p.got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) &&
-			(failed == nil || errors.Is(err, lockstore.ErrOutcomeUnknown)) {
+			(failed == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || errors.Is(err, context.DeadlineExceeded) ||
+				errors.Is(err, context.Canceled)) {
 			failed = err
 		}
 	}
@@ -454,8 +456,8 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 }
 
 // rejected reports an error with which etcd refuses a request before it applies any of it:
-// too many requests in flight (transient), a request the client's user may not make, or one it
-// finds malformed. Not NOSPACE: the transaction that crosses the quota is applied, then
+// too many proposals waiting to be applied (transient), a request the client's user may not
+// make, or one it finds malformed. Not NOSPACE: the transaction that crosses the quota is applied, then
 // answered with it (quotaApplierV3).
 func rejected(err error) bool {
 	var ee rpctypes.EtcdError
