@@ -116,6 +116,58 @@ func TestFairPlaceWhoseReplyIsLostWithTheConnectionLeavesTheLine(t *testing.T) {
 	})
 }
 
+// A fair waiter that gives up (its context ends) while its place's create is on the wire, and
+// whose reply is then lost with the connection, leaves no place behind: the late reply says
+// only that the connection closed, and the place, on a session that lives on, would keep every
+// fair acquirer of the free key waiting.
+func TestFairWaiterThatLeftBeforeItsPlacesReplyWasLostLeavesTheLine(t *testing.T) {
+	srv := zktest.Start(t)
+	proxy := startProxy(t, srv.Addr)
+	s, other := dial(t, proxy.Addr), dial(t, srv.Addr)
+	l := mustLocker(t, s, flightlock.WithFair(), flightlock.WithWait(10*time.Second))
+	ctx := context.Background()
+	const name = "left-place"
+	line := other.linePath(flightlock.DefaultPrefix + name)
+	warm, err := l.Lock(ctx, name) // makes the line's node
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every reply is held back 1s: the read of the line comes back, then the place is made and
+	// its reply is held while the waiter leaves and the test cuts the connection.
+	proxy.SetDelay(time.Second)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.Lock(lctx, name)
+		if err == nil {
+			_ = lease.Release(ctx)
+			err = errors.New("Lock answered a lease")
+		}
+		done <- err
+	}()
+	waitFor(t, 10*time.Second, "the Lock's place in the line", func() bool {
+		kids, err := other.children(ctx, line)
+		return err == nil && len(kids) > 0
+	})
+	cancel()
+	t.Logf("fair Lock that left: %v", <-done)
+	proxy.Cut()
+	proxy.SetDelay(0)
+	fair := mustLocker(t, other, flightlock.WithFair())
+	waitFor(t, 5*time.Second, "another fair owner takes the key that nobody holds", func() bool {
+		lease, err := fair.TryLock(ctx, name)
+		if err != nil {
+			return false
+		}
+		_ = lease.Release(ctx)
+		return true
+	})
+}
+
 // A handed-over re-entry whose multi went through but whose reply was lost with the connection
 // is given back by the downstream: its borrowed hold alone, so the upstream's grant stays held,
 // and once the upstream releases, the key is free. The give-back's first Release often fails

@@ -92,8 +92,20 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 		return s.conn.Create(line+"/"+placePre+ownerHash(owner)+"-", nil, zk.FlagEphemeralSequential, s.acl)
 	}
 	late := func(path string, err error) {
-		if err == nil { // the caller left: the place is nobody's
-			_ = s.conn.Delete(path, -1)
+		// The caller left: the place is nobody's. One a lost reply may have made is found by
+		// owner's prefix (leave); a delete that fails is tried again (leaveLater).
+		if err != nil {
+			if !errors.Is(outcome(err), lockstore.ErrOutcomeUnknown) {
+				return
+			}
+			path = line + "/" + placePre + ownerHash(owner) + "-"
+		}
+		s.remember(line, owner, path)
+		ctx, cancel := context.WithTimeout(context.Background(), s.session)
+		err = s.leave(ctx, line, owner, path)
+		cancel()
+		if err != nil {
+			s.leaveLater(line, owner, path)
 		}
 	}
 	path, err := call(ctx, create, late)
