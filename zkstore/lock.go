@@ -106,9 +106,9 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 // takePermits takes up to want of the permits at places idx of req.Permits, in order, each with
 // acquire: they are different keys, so the takes of a round go out together. One taken since
 // the look is refused (busy, marked by acquire) and the next is tried in its place. A take
-// that fails ends the rounds, and its error is the reply only when none was granted: otherwise
-// the grants are, and that permit, which the take may have got, goes back in the background
-// (the caller holds only what the reply names).
+// that fails ends the rounds, and its error (of several, one whose outcome is unknown) is the
+// reply only when none was granted: otherwise the grants are, and that permit, which the take
+// may have got, goes back in the background (the caller holds only what the reply names).
 func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant
@@ -128,7 +128,10 @@ func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []in
 		for j, i := range round {
 			switch {
 			case errs[j] != nil:
-				failed, err = append(failed, i), cmp.Or(err, errs[j])
+				failed = append(failed, i)
+				if err == nil || errors.Is(errs[j], lockstore.ErrOutcomeUnknown) {
+					err = errs[j] // one that may have made a hold wins: the caller must give it back
+				}
 			case !res[j].Acquired:
 				busy = res[j]
 			default:
