@@ -496,11 +496,14 @@ func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, 
 	return lockstore.Acquisition{Acquired: true, Fence: fence}, nil
 }
 
-// giveBack deletes key if it still holds value (a grant the store cannot use), bounded.
+// giveBack deletes key if it still holds value (a grant the store cannot use), bounded and
+// beside the caller, who returns by its deadline.
 func (s *Store) giveBack(ctx context.Context, key, value string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
+	s.beside(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_, _ = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(key), "=", value)).Then(clientv3.OpDelete(key)).Commit()
+	})
 }
 
 // reentered answers attempt a of a key its owner holds already (kv: the lock key, or the read
@@ -715,10 +718,11 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
 		case kaErr != nil:
-			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
+			// Added, but not reported: given back beside the caller, who returns by its deadline.
+			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) // added, but not reported
+			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) }) // added, but not reported
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {

@@ -79,10 +79,12 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 		if kv != nil && ownedBy(kv.Value, a.owner) {
 			// The owner holds the key already (a re-sent attempt): a place left over would
 			// hold up the line behind a caller that no longer waits.
-			if queue > 0 && p.lease != 0 { // bounded; a place it cannot delete ends with its lease
-				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-				_ = s.LeaveQueue(lctx, key, a.owner)
-				cancel()
+			if queue > 0 && p.lease != 0 { // beside the caller, bounded; a place it cannot delete ends with its lease
+				s.beside(func() {
+					lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+					_ = s.LeaveQueue(lctx, key, a.owner)
+					cancel()
+				})
 			}
 			return s.reentered(ctx, a, key, kv, nil)
 		}

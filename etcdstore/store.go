@@ -196,6 +196,14 @@ func (s *Store) spawn(f func()) bool {
 	return true
 }
 
+// beside runs f, a bounded clean-up, on a goroutine of the store (Close waits for it), so that
+// its caller returns by its deadline; on a closed store, in line.
+func (s *Store) beside(f func()) {
+	if !s.spawn(f) {
+		f()
+	}
+}
+
 func (s *Store) isClosed() bool { return s.ctx.Err() != nil }
 
 // entry returns a copy of the entry of key for owner.
