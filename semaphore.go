@@ -297,9 +297,9 @@ func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gate
 		close(w.ready)
 	}
 	g.mu.Unlock()
-	for _, gr := range grants { // their takers left
+	for _, gr := range grants { // their takers left: each goes back beside the leader, who returns
 		if gr.h.done() {
-			_ = pt.l.k.endGrantBy(context.WithoutCancel(pt.ctx), gr.h)
+			go func() { _ = pt.l.k.endGrantBy(context.WithoutCancel(pt.ctx), gr.h) }()
 		}
 	}
 	return mine
@@ -326,8 +326,8 @@ func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
 	case w.left:
 		r.cut = true // the wait ran out while the look was on its way
 	case h != nil && ctx.Err() != nil:
-		if h.done() {
-			_ = l.k.endGrantBy(context.WithoutCancel(ctx), h)
+		if h.done() { // it goes back beside the caller, who returns by its deadline
+			go func() { _ = l.k.endGrantBy(context.WithoutCancel(ctx), h) }()
 		}
 		return nil, ctx.Err()
 	case h != nil:

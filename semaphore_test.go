@@ -724,12 +724,12 @@ func TestTakersOfAProcessShareALookAtThePermits(t *testing.T) {
 		}
 		seen[lease.Key()] = true
 	}
-	m.mu.Lock()
-	held := len(m.locks)
-	m.mu.Unlock()
-	if held != 4 {
-		t.Fatalf("%d permits held in the store for 4 leases: the permit of the taker that left was kept", held)
-	}
+	// The permit of the taker that left goes back beside the look's leader.
+	waitFor(t, 5*time.Second, "4 permits held in the store for 4 leases (the permit of the taker that left back)", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.locks) == 4
+	})
 	for _, lease := range leases {
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -769,4 +769,57 @@ func (w wantStore) Acquire(ctx context.Context, req lockstore.Request) (lockstor
 		out.HolderTTL = time.Second
 	}
 	return out, nil
+}
+
+// The taker that leads a look returns with its permit at once when the look also granted a
+// permit to a taker that left meanwhile: that permit goes back beside it, however long the
+// store takes to release it.
+func TestLookLeaderDoesNotWaitForThePermitOfATakerThatLeft(t *testing.T) {
+	ctx := context.Background()
+	m := newMemStore()
+	f := &faultStore{Store: wantStore{m}}
+	h := newHeldLooks(f)
+	l := mustLocker(t, h, WithPermits(8), WithWait(10*time.Second), WithTTL(time.Minute))
+	type got struct {
+		lease *Lease
+		err   error
+	}
+	results := make(chan got, 4)
+	take := func(ctx context.Context) {
+		lease, err := l.Lock(ctx, "export")
+		results <- got{lease, err}
+	}
+	go take(ctx)
+	<-h.arrived // the first look is on its way
+	go take(ctx) // leads the next look
+	waitFor(t, 5*time.Second, "the next look's leader", func() bool { return l.lookWaiters("export") == 1 })
+	counted, leave := context.WithCancel(ctx)
+	go take(counted) // counted in the next look, then gives up before its outcome
+	waitFor(t, 5*time.Second, "two waiters", func() bool { return l.lookWaiters("export") == 2 })
+	h.letGo <- struct{}{}
+	first := <-results
+	if first.err != nil {
+		t.Fatal(first.err)
+	}
+	if next := <-h.arrived; next.Want != 2 {
+		t.Fatalf("the next look asked for %d permits, want 2", next.Want)
+	}
+	leave()
+	if r := <-results; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("a taker that gave up while its look was on its way: %v, %v", r.lease, r.err)
+	}
+	f.hangRelease.Store(true) // the store takes its time over releases from now on
+	h.letGo <- struct{}{}
+	select {
+	case r := <-results:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		f.hangRelease.Store(false)
+		_ = r.lease.Release(ctx)
+	case <-time.After(10 * time.Second):
+		f.hangRelease.Store(false)
+		t.Fatal("the look's leader waits for the release of the permit granted to a taker that left")
+	}
+	_ = first.lease.Release(ctx)
 }
