@@ -790,7 +790,7 @@ func TestLookLeaderDoesNotWaitForThePermitOfATakerThatLeft(t *testing.T) {
 		results <- got{lease, err}
 	}
 	go take(ctx)
-	<-h.arrived // the first look is on its way
+	<-h.arrived  // the first look is on its way
 	go take(ctx) // leads the next look
 	waitFor(t, 5*time.Second, "the next look's leader", func() bool { return l.lookWaiters("export") == 1 })
 	counted, leave := context.WithCancel(ctx)
