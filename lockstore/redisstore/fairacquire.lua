@@ -28,6 +28,25 @@ local f = now[1] .. string.sub('00000', #us) .. us
 local nowus = tonumber(f)
 local nowms = math.floor(nowus / 1000)
 
+-- A server clock that stepped back (an NTP step, a restored VM) leaves the line asked in its
+-- future: later requests, clamped to the new time, would go before it for as long as the step.
+-- The line moves back, in order, until its newest place is a second before now, where no later
+-- request can go before it; the deadlines move back by the step as far as the line shows it
+-- (its newest place was asked no later than the old time), so that a waiter who still asks
+-- loses none of its time and one who stopped is dropped when its time is up.
+local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if newest[2] and tonumber(newest[2]) > nowus then
+  local step = tonumber(newest[2]) - nowus
+  local line = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #line, 2 do
+    redis.call('ZADD', KEYS[2], string.format('%d', tonumber(line[i + 1]) - step - 1000000), line[i])
+  end
+  local due = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
+  for i = 1, #due, 2 do
+    redis.call('ZADD', KEYS[3], string.format('%d', tonumber(due[i + 1]) - math.floor(step / 1000)), due[i])
+  end
+end
+
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', nowms)
 if #gone > 0 then
   redis.call('ZREM', KEYS[2], unpack(gone))
