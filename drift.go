@@ -86,8 +86,8 @@ func (l *Locker) reportDrift(ctx context.Context, key, holderMeta string) {
 		o.Drift(ctx, key, own, holder)
 		return
 	}
-	now := time.Now().UnixNano()
-	if last := l.k.lastDriftLog.Load(); now-last < int64(driftLogEvery) || !l.k.lastDriftLog.CompareAndSwap(last, now) {
+	now := int64(l.k.nowInstant()) + 1 // monotonic, so that a wall clock's step cannot mute it; 0 is never
+	if last := l.k.lastDriftLog.Load(); last != 0 && now-last < int64(driftLogEvery) || !l.k.lastDriftLog.CompareAndSwap(last, now) {
 		return
 	}
 	slog.Warn("flightlock: drift: processes lock one key in two ways; give every instance the same Permits and Fair",

@@ -26,7 +26,7 @@ type keeper struct {
 	handoff int           // handoffs in a row before a release goes through the store
 	window  time.Duration // no handoff once the store acquisition is older than this
 	observe *Observer     // nil without WithObserver
-	// lastDriftLog is the UnixNano of the last drift logged without Observer.Drift.
+	// lastDriftLog is the instant (+1) of the last drift logged without Observer.Drift; 0 none.
 	lastDriftLog atomic.Int64
 	ttlBound     *sharedBound // one-TTL bounds of calls that cannot be cancelled, a timer shared
 	waitBound    *sharedBound // wait-budget bounds of the same, for acquisitions
