@@ -197,6 +197,9 @@ const siteHandoff uintptr = 1
 // each store call, and no clock is read but a fair Lock's. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
+		if parent := findLease(ctx, l.k.gate, rkey); parent != nil && parent.reads() && !l.cfg.read {
+			return nil, upgradeError(rkey) // a mistake in the code is told whatever the context
+		}
 		return nil, err
 	}
 	// The wait begins before a handed-over owner is looked up in the store (reenterHeld), so

@@ -315,6 +315,12 @@ func TestReadUnderWriteReentersAndWriteUnderReadIsRefused(t *testing.T) {
 		t.Fatalf("a read under the read: %v, want a re-entry", err)
 	}
 	_ = again.Release(ctx)
+	// The mistake is told whatever the context: also once it ended.
+	ended, cancel := context.WithCancel(y.Context())
+	cancel()
+	if _, err := w.Lock(ended, "order"); !errors.Is(err, ErrUpgrade) {
+		t.Fatalf("a write under the read in an ended context: %v, want ErrUpgrade", err)
+	}
 	_ = y.Release(ctx)
 }
 
