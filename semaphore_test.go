@@ -771,13 +771,31 @@ func (w wantStore) Acquire(ctx context.Context, req lockstore.Request) (lockstor
 	return out, nil
 }
 
+// slowReleases holds each Release, once hold is set, until letGo is closed or its context ends.
+type slowReleases struct {
+	lockstore.Store
+	hold  atomic.Bool
+	letGo chan struct{}
+}
+
+func (s *slowReleases) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
+	if s.hold.Load() {
+		select {
+		case <-s.letGo:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return s.Store.Release(ctx, key, owner, hold, lastFence)
+}
+
 // The taker that leads a look returns with its permit at once when the look also granted a
 // permit to a taker that left meanwhile: that permit goes back beside it, however long the
 // store takes to release it.
 func TestLookLeaderDoesNotWaitForThePermitOfATakerThatLeft(t *testing.T) {
 	ctx := context.Background()
 	m := newMemStore()
-	f := &faultStore{Store: wantStore{m}}
+	f := &slowReleases{Store: wantStore{m}, letGo: make(chan struct{})}
 	h := newHeldLooks(f)
 	l := mustLocker(t, h, WithPermits(8), WithWait(10*time.Second), WithTTL(time.Minute))
 	type got struct {
@@ -808,18 +826,23 @@ func TestLookLeaderDoesNotWaitForThePermitOfATakerThatLeft(t *testing.T) {
 	if r := <-results; !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("a taker that gave up while its look was on its way: %v, %v", r.lease, r.err)
 	}
-	f.hangRelease.Store(true) // the store takes its time over releases from now on
+	f.hold.Store(true) // the store takes its time over releases from now on
 	h.letGo <- struct{}{}
+	var leader got
 	select {
-	case r := <-results:
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		f.hangRelease.Store(false)
-		_ = r.lease.Release(ctx)
+	case leader = <-results:
 	case <-time.After(10 * time.Second):
-		f.hangRelease.Store(false)
+		close(f.letGo)
 		t.Fatal("the look's leader waits for the release of the permit granted to a taker that left")
 	}
-	_ = first.lease.Release(ctx)
+	close(f.letGo)
+	if leader.err != nil {
+		t.Fatal(leader.err)
+	}
+	waitFor(t, 5*time.Second, "the permit of the taker that left back", func() bool { return m.size() == 2 })
+	for _, lease := range []*Lease{first.lease, leader.lease} {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

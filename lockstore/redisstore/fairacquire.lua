@@ -28,22 +28,35 @@ local f = now[1] .. string.sub('00000', #us) .. us
 local nowus = tonumber(f)
 local nowms = math.floor(nowus / 1000)
 
--- A server clock that stepped back (an NTP step, a restored VM) leaves the line asked in its
--- future: later requests, clamped to the new time, would go before it for as long as the step.
--- The line moves back, in order, until its newest place is a second before now, where no later
--- request can go before it; the deadlines move back by the step as far as the line shows it
--- (its newest place was asked no later than the old time), so that a waiter who still asks
--- loses none of its time and one who stopped is dropped when its time is up.
+-- A server clock that stepped back (an NTP step, a restored VM) leaves the line in its future:
+-- places asked after now, deadlines past now + queue. Later requests, clamped to the new time,
+-- would go before the line for as long as the step, and a place whose owner stopped asking
+-- would outlive its time by the step. Two readings bound the step from below: the newest
+-- place was asked no later than the old time, and the latest deadline was set at most queue
+-- after it (callers ask with one queue, the Locker's FairQueueTTL). The line moves back, in
+-- order, until its newest place is a second before now, where no later request can go before
+-- it; the deadlines move back by the larger reading, so that a waiter who still asks loses
+-- none of its time and one who stopped is dropped when its time is up.
+local queue = tonumber(ARGV[5])
 local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-if newest[2] and tonumber(newest[2]) > nowus then
-  local step = tonumber(newest[2]) - nowus
+local asked = newest[2] and tonumber(newest[2]) - nowus or 0 -- microseconds
+local stepms = math.floor(asked / 1000)
+if queue > 0 then
+  local latest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  if latest[2] then
+    stepms = math.max(stepms, tonumber(latest[2]) - nowms - queue)
+  end
+end
+if asked > 0 then
   local line = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
   for i = 1, #line, 2 do
-    redis.call('ZADD', KEYS[2], string.format('%d', tonumber(line[i + 1]) - step - 1000000), line[i])
+    redis.call('ZADD', KEYS[2], string.format('%d', tonumber(line[i + 1]) - asked - 1000000), line[i])
   end
+end
+if stepms > 0 then
   local due = redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES')
   for i = 1, #due, 2 do
-    redis.call('ZADD', KEYS[3], string.format('%d', tonumber(due[i + 1]) - math.floor(step / 1000)), due[i])
+    redis.call('ZADD', KEYS[3], string.format('%d', tonumber(due[i + 1]) - stepms), due[i])
   end
 end
 
@@ -61,7 +74,6 @@ if v and string.sub(v, 1, #owner + 1) == owner .. ' ' then
   return {2, tonumber(string.match(v, '^%S+ (%d+)') or '0')}
 end
 
-local queue = tonumber(ARGV[5])
 if queue > 0 then
   if not redis.call('ZSCORE', KEYS[2], owner) then
     local asked = math.min(math.max(tonumber(ARGV[4]) or nowus, nowus - 1000000), nowus)

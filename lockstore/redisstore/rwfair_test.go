@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -365,42 +366,51 @@ func TestReadFenceFollowsTheLastWriteAfterTheCounterIsLost(t *testing.T) {
 
 // A server clock that steps back (an NTP step, a restored VM) keeps the line in order: the
 // waiters in line before the step still go before those who ask after it, and a place whose
-// owner stopped asking before the step is dropped once its time is up, not the step later.
+// owner stopped asking before the step is dropped once its time is up, not the step later;
+// also when the line waited longer than the step (its newest place then shows no step).
 func TestFairLineKeepsItsOrderWhenTheServersClockStepsBack(t *testing.T) {
-	mr := miniredis.RunT(t)
-	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
-	s := New(c)
-	t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
-	ctx, key, ttl, queue := context.Background(), "lock:stepped", 10*time.Second, 2*time.Second
-	now := time.Now()
-	mr.SetTime(now)
-	ask := func(owner string, asked time.Time) lockstore.Acquisition {
-		t.Helper()
-		got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: ttl, Asked: asked, Queue: queue})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	if got := ask("holder", now); !got.Acquired {
-		t.Fatalf("holder: %+v", got)
-	}
-	ask("dead", now.Add(-time.Second)) // in line, then never asks again
-	ask(ownerA, now)                   // in line, asks on
-	mr.SetTime(now.Add(-time.Hour))    // the server's clock steps back an hour
-	ask(ownerB, now)                   // asks after the step (its own clock did not step)
-	if _, err := s.Release(ctx, key, "holder", "", 0); err != nil {
-		t.Fatal(err)
-	}
-	if got := ask(ownerB, now); got.Acquired {
-		t.Fatal("a waiter that asked after the server's clock stepped back went before the line")
-	}
-	mr.SetTime(now.Add(-time.Hour + queue/2)) // the live waiters look again; the dead one does not
-	ask(ownerA, now)
-	ask(ownerB, now)
-	mr.SetTime(now.Add(-time.Hour + queue + 100*time.Millisecond)) // the dead one's time is up
-	if got := ask(ownerA, now); !got.Acquired {
-		line := c.ZRangeWithScores(ctx, lineKey(key), 0, -1).Val()
-		t.Fatalf("the first live waiter in line was refused once the dead one's time was up: %+v, line %v", got, line)
+	for _, tc := range []struct{ step, waited time.Duration }{{time.Hour, 0}, {10 * time.Second, 20 * time.Second}} {
+		t.Run(fmt.Sprintf("%v back after %v in line", tc.step, tc.waited), func(t *testing.T) {
+			mr := miniredis.RunT(t)
+			c := redis.NewClient(&redis.Options{Addr: mr.Addr(), Protocol: 2, DisableIdentity: true, ContextTimeoutEnabled: true})
+			s := New(c)
+			t.Cleanup(func() { _ = s.Close(); _ = c.Close() })
+			ctx, key, ttl, queue := context.Background(), "lock:stepped", time.Hour, 2*time.Second
+			start := time.Now()
+			mr.SetTime(start)
+			ask := func(owner string) lockstore.Acquisition {
+				t.Helper()
+				got, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: owner, TTL: ttl, Asked: start, Queue: queue})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			if got := ask("holder"); !got.Acquired {
+				t.Fatalf("holder: %+v", got)
+			}
+			for d := time.Duration(0); d <= tc.waited; d += queue / 4 { // both look every FairLookEvery
+				mr.SetTime(start.Add(d))
+				ask("0dead") // ahead of A (the same ask, a token that sorts first), then never asks again
+				ask(ownerA)  // asks on
+			}
+			after := start.Add(tc.waited - tc.step)
+			mr.SetTime(after) // the server's clock steps back
+			ask(ownerB)       // asks after the step (its own clock did not step)
+			if _, err := s.Release(ctx, key, "holder", "", 0); err != nil {
+				t.Fatal(err)
+			}
+			if got := ask(ownerB); got.Acquired {
+				t.Fatal("a waiter that asked after the server's clock stepped back went before the line")
+			}
+			mr.SetTime(after.Add(queue / 2)) // the live waiters look again; the dead one does not
+			ask(ownerA)
+			ask(ownerB)
+			mr.SetTime(after.Add(queue + 100*time.Millisecond)) // the dead one's time is up
+			if got := ask(ownerA); !got.Acquired {
+				line := c.ZRangeWithScores(ctx, lineKey(key), 0, -1).Val()
+				t.Fatalf("the first live waiter in line was refused once the dead one's time was up: %+v, line %v", got, line)
+			}
+		})
 	}
 }
