@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/flightlock/flightlock/lockstore"
 )
 
 // orphanReleaseTimeout bounds the release of a lock that an acquire took after its caller left;
@@ -37,4 +39,22 @@ func (s *RedisStore) giveUp(key, owner, hold string) {
 	defer cancel()
 	script, keys, args := s.releaseCall(key, owner, hold, 0, "")
 	_ = script.Run(ctx, s.client, keys, args...).Err()
+}
+
+// giveUpWithin gives up the grants of permits to owner (hold), and reports whether that was
+// done by ctx's end; if not, it goes on in the background.
+func (s *RedisStore) giveUpWithin(ctx context.Context, permits []string, grants []lockstore.PermitGrant, owner, hold string) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, g := range grants {
+			s.giveUp(permits[g.Permit], owner, hold)
+		}
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

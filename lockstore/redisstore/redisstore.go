@@ -226,10 +226,13 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 	switch code {
 	case acquireTaken, acquireReentered:
 		if s.unacked(acked) {
-			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
-				s.giveUp(permits[g.Permit], owner, hold)
+			err := s.notReplicated(acked)
+			if !s.giveUpWithin(ctx, permits, append([]lockstore.PermitGrant{first}, more...), owner, hold) {
+				// The give-up goes on beside the caller, who returns by its deadline: the grant may
+				// stand a while, and the owner is spent.
+				err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 			}
-			return lockstore.Acquisition{}, s.notReplicated(acked)
+			return lockstore.Acquisition{}, err
 		}
 		return lockstore.Acquisition{Acquired: true, Reentered: code == acquireReentered,
 			Fence: first.Fence, Permit: first.Permit, More: more, Holder: meta}, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/flightlock/flightlock/internal/testenv/poll"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
 	"github.com/flightlock/flightlock/lockstore"
 )
@@ -143,4 +144,40 @@ func TestGrantWhoseWaitFailsIsGivenBack(t *testing.T) {
 			t.Fatalf("the next owner of %q: %+v, %v; want it free", req.Key, got, err)
 		}
 	}
+}
+
+// A grant that replicas did not acknowledge is given back within the caller's deadline: when
+// Redis is too slow for that, the give-back goes on beside the caller, who returns by its
+// deadline and is told that the outcome is unknown (the grant may stand a while), so that it
+// asks again as another owner.
+func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
+	srv := redistest.StartWith(t, "--rename-command", "WAIT", "")
+	p := redistest.StartProxy(t, srv.Addr)
+	opts := srv.Options()
+	opts.Addr = p.Addr
+	c := redis.NewClient(opts)
+	s := New(c, WithReplicas(1, 50*time.Millisecond), WithOnClose(c.Close))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Each reply comes a second late: the grant and its failed WAIT in two, within the
+	// deadline; the give-back's would come after it.
+	p.SetDelay(time.Second)
+	probe := poll.StartLagProbe(t)
+	probe.Lag()
+	ctx, cancel := context.WithTimeout(context.Background(), 2400*time.Millisecond)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	got, err := s.Acquire(ctx, lockstore.Request{Key: "lock:slow", Owner: ownerA, TTL: 10 * time.Second})
+	if over, lag := time.Since(deadline), probe.Lag(); over > poll.DeadlineSlack+lag {
+		t.Errorf("Acquire returned %v past its deadline (scheduling lag %v)", over, lag)
+	}
+	if got.Acquired || !errors.Is(err, ErrNotReplicated) || !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		t.Fatalf("an unacknowledged grant whose give-back outlasts the deadline: %+v, %v; want ErrNotReplicated, outcome unknown", got, err)
+	}
+	direct := srv.Client()
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, "the grant given back", func() bool {
+		return direct.Exists(context.Background(), "lock:slow").Val() == 0
+	})
 }
