@@ -230,3 +230,91 @@ func TestSharedRPCErrorKeepsDetails(t *testing.T) {
 		}
 	}
 }
+
+// A run whose request's client left while the handler ran, and which failed, is that request's
+// answer alone: a duplicate that joined it (a client that timed out and retried with the same
+// key) runs the handler again rather than get the error the cancellation caused.
+func TestDuplicateRunsAgainWhenTheRunItJoinedFailedAfterItsRequestLeft(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		select { // a handler that honours its context, as DB and RPC calls do
+		case <-time.After(400 * time.Millisecond):
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("paid"))
+		case <-r.Context().Done():
+			http.Error(w, "cancelled: "+context.Cause(r.Context()).Error(), http.StatusServiceUnavailable)
+		}
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+
+	lctx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan int, 1)
+	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
+	time.Sleep(100 * time.Millisecond) // the leader's handler runs
+	retry := make(chan *httptest.ResponseRecorder, 1)
+	go func() { retry <- serve(s, payRequest("u1", "k1", `{}`)) }()
+	time.Sleep(100 * time.Millisecond) // the retry joined the run
+	cancelLeader()                     // the first request's client gives up
+	<-leader
+	w := <-retry
+	if w.Code != http.StatusOK {
+		t.Errorf("the retry, whose client is still there, got %d %q: the run was cancelled by the first "+
+			"request's client leaving", w.Code, strings.TrimSpace(w.Body.String()))
+	}
+}
+
+// A handler that sends an informational status (103 Early Hints) before its real one answers
+// with the real one under a share rule.
+func TestInformationalStatusIsNotTheAnswer(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte("payment failed"))
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+	srv := httptest.NewServer(http.HandlerFunc(s.Serve))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/pay", strings.NewReader(`{}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Uid", "u1")
+	req.Header.Set("Idempotency-Key", "k1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("handler answered 103 then 500 %q; the client got %d %q", "payment failed", resp.StatusCode, b)
+	}
+}
+
+// A zrpc call whose client gave up, and whose handler answered Canceled, leaves no stored
+// response, whatever ReplayStatus keeps (2xx,4xx here, for InvalidArgument and NotFound): the
+// retry runs the handler.
+func TestCanceledCallIsNotStored(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{{RPC: fullMethod("Host"), Key: "h:{host}", OnBusy: "share",
+		Wait: time.Second, Replay: time.Minute, ReplayStatus: "2xx,4xx"}}})
+	conn := startGRPC(t, m, func(ctx context.Context, req *rpb.ServerReflectionRequest) (*wrapperspb.StringValue, error) {
+		select {
+		case <-time.After(300 * time.Millisecond):
+			return wrapperspb.String("done"), nil
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond) // the client gives up
+	defer cancel()
+	_, _ = call(ctx, conn, "Host", &rpb.ServerReflectionRequest{Host: "a"})
+	time.Sleep(300 * time.Millisecond) // the run ended
+	_, err := call(context.Background(), conn, "Host", &rpb.ServerReflectionRequest{Host: "a"})
+	if err != nil {
+		t.Errorf("the retry, 300ms later with its own time, got %v (code %v): the first call's cancellation was stored and replayed",
+			err, status.Code(err))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/flightlock/flightlock"
 	"github.com/flightlock/flightlock/internal/glob"
@@ -34,6 +35,9 @@ func (p *printer) encode(v any) error {
 // metadata come from requests: a key with terminal escape sequences must not repaint the
 // operator's screen, and one with spaces must not shift the columns.
 func quoteIfOdd(s string) string {
+	if !utf8.ValidString(s) { // a bad byte reads as U+FFFD, which is graphic
+		return strconv.Quote(s)
+	}
 	for _, r := range s {
 		if !unicode.IsGraphic(r) || unicode.IsSpace(r) || r == '"' {
 			return strconv.Quote(s)
@@ -161,9 +165,13 @@ func lockTable(w io.Writer, locks []lockInfo) error {
 	return tw.Flush()
 }
 
+// truncate cuts s to at most n bytes, never inside a character, and marks the cut.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -197,6 +198,17 @@ func TestOddKeysAreQuoted(t *testing.T) {
 	if strings.ContainsAny(b.String(), "\x1b\x07") || !strings.Contains(b.String(), `"order:\x1b[2Jx y"`) ||
 		!strings.Contains(b.String(), `host="h\a"`) {
 		t.Errorf("table:\n%s", b.String())
+	}
+	// Bytes that are no UTF-8 are quoted too: 0x9b starts an escape on some terminals, and
+	// 0xff is the table writer's own escape, which would shift every column after it.
+	for _, key := range []string{"order:\x9b2J", "order:\xff\xfe", "order:\xc2"} {
+		b.Reset()
+		if err := lockTable(&b, []lockInfo{{Key: key, Owner: "0123456789abcdef", Fence: 1, Own: true, TTLMillis: 5}}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), strconv.Quote(key)) {
+			t.Errorf("key %q not quoted:\n%q", key, b.String())
+		}
 	}
 }
 

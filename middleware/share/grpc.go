@@ -37,7 +37,10 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 			if b, err := proto.Marshal(st.Proto()); err == nil {
 				rec.St = b
 			}
-			return rec, rl.classes[rpcClass(st.Code())], nil
+			// Canceled and DeadlineExceeded tell of the caller's context, not of the operation:
+			// never a response for another call.
+			keep := st.Code() != codes.Canceled && st.Code() != codes.DeadlineExceeded
+			return rec, keep && rl.classes[rpcClass(st.Code())], nil
 		}
 		msg, ok := resp.(proto.Message)
 		if !ok {

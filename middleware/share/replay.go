@@ -28,6 +28,12 @@ type record struct {
 	err      error       // not stored: the zrpc error the leader's handler returned
 }
 
+// succeeded reports an answer that stands whatever became of the request that ran it: a 2xx,
+// or a zrpc reply without an error.
+func (r *record) succeeded() bool {
+	return r.Code == 0 && r.err == nil && (r.Status == 0 || r.Status/100 == 2)
+}
+
 // load returns the stored response of key, nil when there is none. A share rule keeps
 // responses for duplicates in other processes in the response store of the store it locks
 // in, so that its responses fail over with its locks; keys are relative to the prefix of the

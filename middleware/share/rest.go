@@ -82,7 +82,7 @@ type recorder struct {
 func (r *recorder) Header() http.Header { return r.header }
 
 func (r *recorder) WriteHeader(status int) {
-	if !r.wrote {
+	if !r.wrote && status >= 200 { // an informational 1xx comes before the answer
 		r.status, r.wrote = status, true
 	}
 }

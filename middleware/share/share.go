@@ -132,6 +132,13 @@ func (t *turn) start() bool {
 	return true
 }
 
+// abandon marks the request, whose handler ran, as gone: its run answers nobody else.
+func (t *turn) abandon() {
+	t.mu.Lock()
+	t.state = turnLeft
+	t.mu.Unlock()
+}
+
 // leave marks the request as answered without a run and ends the lock wait of a run it leads,
 // unless the handler runs for it or, with lockBounds, the Locker ends that wait itself; it
 // reports whether the request left.
@@ -271,6 +278,12 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	}()
 	if err != nil {
 		return nil, err
+	}
+	if ctx.Err() != nil && !rec.succeeded() {
+		// The request left while its handler ran, which ran on its context and failed: that
+		// answer is the request's alone. Duplicates run the handler again; nothing is stored.
+		t.abandon()
+		return nil, fmt.Errorf("%w: it left while its handler ran", errLeaderLeft)
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
