@@ -318,3 +318,70 @@ func TestCanceledCallIsNotStored(t *testing.T) {
 			err, status.Code(err))
 	}
 }
+
+// A run that answers other than a failure (here a POST that creates and answers 303 See Other)
+// stands when its request's client left while it ran: a duplicate that joined it gets the
+// 303; the handler does not run again.
+func TestRunThatDidItsWorkIsSharedWhenItsRequestLeft(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	var runs atomic.Int32
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		time.Sleep(400 * time.Millisecond) // creates the order, context or not
+		w.Header().Set("Location", "/orders/"+string(rune('0'+n)))
+		w.WriteHeader(http.StatusSeeOther)
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+	lctx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan int, 1)
+	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
+	time.Sleep(100 * time.Millisecond)
+	retry := make(chan int, 1)
+	go func() { retry <- serve(s, payRequest("u1", "k1", `{}`)).Code }()
+	time.Sleep(100 * time.Millisecond)
+	cancelLeader()
+	<-leader
+	code := <-retry
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times (retry got %d): a completed 303 whose client left is run again", n, code)
+	}
+}
+
+// A handler that, as Go handlers commonly do, returns without writing when its context ends was
+// cut short: its empty answer is neither shared with a duplicate nor stored; the duplicate
+// runs the handler and its answer is what a later retry gets.
+func TestHandlerThatWroteNothingAfterItsRequestLeftIsRunAgain(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Rules: []Rule{shareRuleWaiting(5 * time.Second)}})
+	var runs atomic.Int32
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		select {
+		case <-time.After(400 * time.Millisecond):
+			_, _ = w.Write([]byte("paid"))
+		case <-r.Context().Done():
+			return // nothing written
+		}
+	}
+	s := serverless(t, restConf(t, 10*time.Second), m, []rest.Route{{Method: http.MethodPost, Path: "/pay", Handler: handler}})
+	lctx, cancelLeader := context.WithCancel(context.Background())
+	leader := make(chan int, 1)
+	go func() { leader <- serve(s, payRequest("u1", "k1", `{}`).WithContext(lctx)).Code }()
+	time.Sleep(100 * time.Millisecond)
+	retry := make(chan string, 1)
+	go func() {
+		w := serve(s, payRequest("u1", "k1", `{}`))
+		retry <- strings.TrimSpace(w.Body.String()) + "|" + http.StatusText(w.Code)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cancelLeader()
+	<-leader
+	if got := <-retry; got != "paid|OK" {
+		t.Errorf("the duplicate whose client stayed got %q (runs %d)", got, runs.Load())
+	}
+	w := serve(s, payRequest("u1", "k1", `{}`))
+	if b := w.Body.String(); b != "paid" {
+		t.Errorf("a later retry got %d %q replayed=%q (runs %d)", w.Code, b, w.Header().Get("X-Flightlock-Replayed"), runs.Load())
+	}
+}

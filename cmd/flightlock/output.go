@@ -72,7 +72,7 @@ func readersString(n int) string {
 // short is the first 8 characters of an owner token: enough to tell holders apart.
 func short(owner string) string {
 	if len(owner) > 8 {
-		return quoteIfOdd(owner[:8]) + "…"
+		return quoteIfOdd(owner[:runeCut(owner, 8)]) + "…"
 	}
 	return quoteIfOdd(owner)
 }
@@ -170,10 +170,16 @@ func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
+	return s[:runeCut(s, n)] + "…"
+}
+
+// runeCut is n (< len(s)) moved back to the start of the character it falls in; bytes that are
+// no UTF-8 move it at most UTFMax-1 bytes.
+func runeCut(s string, n int) int {
+	for i := 1; i < utf8.UTFMax && n > 0 && !utf8.RuneStart(s[n]); i++ {
 		n--
 	}
-	return s[:n] + "…"
+	return n
 }
 
 // lockDetail writes one lock in full, a field per line.

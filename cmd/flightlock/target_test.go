@@ -210,6 +210,13 @@ func TestOddKeysAreQuoted(t *testing.T) {
 			t.Errorf("key %q not quoted:\n%q", key, b.String())
 		}
 	}
+	// Cuts fall between characters: a long owner or value is never cut inside one.
+	if got := short("abcdef€ghijkl"); got != "abcdef…" {
+		t.Errorf("short owner cut inside a character: %q", got)
+	}
+	if got := truncate(strings.Repeat("\x80", 10), 4); got != "\x80…" {
+		t.Errorf("truncate of bytes that are no UTF-8: %q, want one kept (a walk back of three at most)", got)
+	}
 }
 
 // TestRedisAccountErrorsSayWhatToGive: a Redis that wants a password, asked without one or

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,7 +27,7 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 		if got, _, _, err := reply(cmd); err != nil || got != code {
 			return
 		}
-		s.giveUp(key, owner, hold)
+		_ = s.giveUp(key, owner, hold)
 	}
 }
 
@@ -34,27 +35,29 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 // a grant that replicas did not acknowledge). It goes straight to the client, not waiting for
 // a lane, and is bounded: a release that fails leaves the key to its TTL. The hold handed out
 // no fence beyond its grant: lastFence "0".
-func (s *RedisStore) giveUp(key, owner, hold string) {
+func (s *RedisStore) giveUp(key, owner, hold string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()
 	script, keys, args := s.releaseCall(key, owner, hold, 0, "")
-	_ = script.Run(ctx, s.client, keys, args...).Err()
+	return script.Run(ctx, s.client, keys, args...).Err()
 }
 
-// giveUpWithin gives up the grants of permits to owner (hold), and reports whether that was
-// done by ctx's end; if not, it goes on in the background.
+// giveUpWithin gives up the grants of permits to owner (hold), all at once, and reports whether
+// each was given up by ctx's end; what is not goes on in the background, or is left to its TTL.
 func (s *RedisStore) giveUpWithin(ctx context.Context, permits []string, grants []lockstore.PermitGrant, owner, hold string) bool {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for _, g := range grants {
-			s.giveUp(permits[g.Permit], owner, hold)
-		}
-	}()
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		return false
+	errs := make(chan error, len(grants))
+	for _, g := range grants {
+		go func() { errs <- s.giveUp(permits[g.Permit], owner, hold) }()
 	}
+	for range grants {
+		select {
+		case err := <-errs:
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return false
+			}
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
 }

@@ -54,7 +54,7 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 		// An orphan: whichever permits the call took go back.
 		if code, first, more, _, err := permitReply(cmd, permits); err == nil && code != acquireBusy {
 			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
-				s.giveUp(permits[g.Permit], req.Owner, "")
+				_ = s.giveUp(permits[g.Permit], req.Owner, "")
 			}
 		}
 	}

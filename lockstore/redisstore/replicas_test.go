@@ -181,3 +181,25 @@ func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
 		return direct.Exists(context.Background(), "lock:slow").Val() == 0
 	})
 }
+
+// A give-back of an unacknowledged grant that fails (here its own one-second bound runs out
+// within the caller's deadline) leaves the outcome unknown: the grant may stand.
+func TestUnacknowledgedGrantWhoseGiveBackFailedIsAnUnknownOutcome(t *testing.T) {
+	srv := redistest.StartWith(t, "--rename-command", "WAIT", "")
+	p := redistest.StartProxy(t, srv.Addr)
+	opts := srv.Options()
+	opts.Addr = p.Addr
+	c := redis.NewClient(opts)
+	s := New(c, WithReplicas(1, 50*time.Millisecond), WithOnClose(c.Close))
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.Preload(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p.SetDelay(1200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := s.Acquire(ctx, lockstore.Request{Key: "lock:slow", Owner: ownerA, TTL: 10 * time.Second})
+	if !errors.Is(err, ErrNotReplicated) || !errors.Is(err, lockstore.ErrOutcomeUnknown) {
+		t.Errorf("an unacknowledged grant whose give-back timed out: %v; want ErrNotReplicated, outcome unknown", err)
+	}
+}

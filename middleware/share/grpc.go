@@ -31,7 +31,10 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 		resp, herr := handler(ctx, req)
 		rec := &record{Fence: fence, Print: print}
 		if herr != nil {
-			st := status.Convert(herr)
+			st, ok := status.FromError(herr)
+			if !ok { // a bare error: a context's answers as grpc-go does (FromContextError)
+				st = status.FromContextError(herr)
+			}
 			// Code and Msg too, for processes of an earlier version that read this record.
 			rec.Code, rec.Msg, rec.err = int(st.Code()), st.Message(), herr
 			if b, err := proto.Marshal(st.Proto()); err == nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"google.golang.org/grpc/codes"
 )
 
 // record is a response as shared and stored: for REST the status, headers and body; for zrpc
@@ -26,12 +28,22 @@ type record struct {
 	own      http.Header // not stored: every header of the leader's own response
 	reply    any         // not stored: the zrpc reply the leader's handler returned
 	err      error       // not stored: the zrpc error the leader's handler returned
+	silent   bool        // not stored: the REST handler wrote nothing
 }
 
-// succeeded reports an answer that stands whatever became of the request that ran it: a 2xx,
-// or a zrpc reply without an error.
-func (r *record) succeeded() bool {
-	return r.Code == 0 && r.err == nil && (r.Status == 0 || r.Status/100 == 2)
+// cutShort reports an answer that tells of its request's end rather than of the operation: a
+// handler that wrote nothing, a 5xx, a zrpc Canceled, DeadlineExceeded or Unknown. When the
+// request left while its handler ran, such an answer is its own. Any other answer stands (a
+// redirect, a 4xx: the operation may be done).
+func (r *record) cutShort() bool {
+	switch {
+	case r.err != nil:
+		c := codes.Code(r.Code)
+		return c == codes.Canceled || c == codes.DeadlineExceeded || c == codes.Unknown
+	case r.Type != "": // a zrpc reply
+		return false
+	}
+	return r.silent || r.Status >= 500
 }
 
 // load returns the stored response of key, nil when there is none. A share rule keeps

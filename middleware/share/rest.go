@@ -47,7 +47,7 @@ func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.Han
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next(rr, r)
 		rec := &record{Status: rr.status, Header: shareable(rr.header), Body: rr.body.Bytes(), Fence: fence,
-			Print: print, own: rr.header}
+			Print: print, own: rr.header, silent: !rr.wrote}
 		return rec, rec.Status >= 100 && rec.Status < 600 && rl.classes[rec.Status/100], nil
 	})
 	var pe *panicError

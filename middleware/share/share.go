@@ -279,9 +279,9 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	if err != nil {
 		return nil, err
 	}
-	if ctx.Err() != nil && !rec.succeeded() {
-		// The request left while its handler ran, which ran on its context and failed: that
-		// answer is the request's alone. Duplicates run the handler again; nothing is stored.
+	if ctx.Err() != nil && rec.cutShort() {
+		// The request left while its handler ran, which ran on its context and was cut short:
+		// that answer is the request's alone. Duplicates run the handler again; nothing is stored.
 		t.abandon()
 		return nil, fmt.Errorf("%w: it left while its handler ran", errLeaderLeft)
 	}
