@@ -414,3 +414,29 @@ func TestFairLineKeepsItsOrderWhenTheServersClockStepsBack(t *testing.T) {
 		})
 	}
 }
+
+// An operator's unlock of a read lock ends every read hold of that group: a reader of it is
+// not held again when another group of readers takes the key after it.
+func TestForceUnlockOfReadersEndsTheirHolds(t *testing.T) {
+	b := miniBackend(t)
+	ctx := context.Background()
+	s, key := b.store, "lock:k"
+	if _, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerA, TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	in := NewInspector(b.client, "lock:")
+	seen, err := in.Lookup(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.ForceUnlock(ctx, seen); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond) // a new group, in another microsecond
+	if next, err := s.Acquire(ctx, lockstore.Request{Key: key, Owner: readerB, TTL: 10 * time.Second}); err != nil || !next.Acquired {
+		t.Fatal(next, err)
+	}
+	if err := s.Refresh(ctx, key, readerA, 10*time.Second); !errors.Is(err, lockstore.ErrNotHeld) {
+		t.Fatalf("a reader whose lock an operator removed, refreshed once another group reads: %v, want ErrNotHeld", err)
+	}
+}
