@@ -42,6 +42,16 @@ func TestDrainWaitsForHoldersAndRefusesNewLocks(t *testing.T) {
 	drained := make(chan error, 1)
 	go func() { drained <- l.Drain(ctx) }()
 	waitFor(t, 2*time.Second, "the drain to start", l.k.gate.closed.Load)
+	// A waiter queued here is answered at once, while the key is still held: it takes no lock,
+	// and a LockAll holds none of its keys meanwhile.
+	select {
+	case err := <-queued:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("the queued waiter got %v, want ErrClosed", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the queued waiter still waits after the drain began")
+	}
 
 	for _, lk := range []*Locker{l, derived} {
 		if _, err := lk.Lock(ctx, "other"); !errors.Is(err, ErrClosed) {
@@ -63,9 +73,6 @@ func TestDrainWaitsForHoldersAndRefusesNewLocks(t *testing.T) {
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
-	}
-	if err := <-queued; !errors.Is(err, ErrClosed) {
-		t.Fatalf("the queued waiter got %v, want ErrClosed (no handoff while draining)", err)
 	}
 	select {
 	case err := <-drained:

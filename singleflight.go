@@ -223,6 +223,8 @@ func (g *gate) queue(b *budget, key string, e *gateEntry, wait, read bool) (*gat
 	}
 	g.mu.Unlock()
 	switch {
+	case expired && g.closed.Load():
+		return nil, nil, ErrClosed
 	case expired:
 		return nil, nil, busyFor(b.parent, &busyError{retryAfter: retryAfter})
 	case outside:
@@ -488,6 +490,16 @@ func (g *gate) drain(ctx context.Context) int {
 	g.mu.Lock()
 	if !g.closed.Swap(true) {
 		close(g.closing)
+		// The waiters queued here are answered at once (ErrClosed): no slot is handed on now,
+		// and a LockAll must not hold its other keys while it waits for nothing.
+		for key, e := range g.entries {
+			for e.queued() > 0 {
+				w := e.pop()
+				w.expired = true
+				close(w.ready)
+				g.dropLocked(key, e) // its reference; the owner keeps one, so the entry stays
+			}
+		}
 	}
 	if g.emptyLocked() {
 		g.mu.Unlock()

@@ -275,3 +275,51 @@ func findListen(pid int) int {
 	}
 	return 0
 }
+
+// A request queued here for a key when the drain begins is answered 503 at once, and a transfer
+// (two keys locked together) lets go of the key it already took: another instance takes it
+// while this one still drains its running handlers.
+func TestDrainAnswersARequestQueuedHereAtOnce(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Drain: 5 * time.Second, Wait: 4 * time.Second, Rules: []Rule{
+		{Method: http.MethodPost, Path: "/withdraw", Key: "acct:{body.account}"},
+		{Method: http.MethodPost, Path: "/transfer", Key: "acct:{body.from}+acct:{body.to}"},
+	}})
+	entered, finish := make(chan struct{}), make(chan struct{})
+	h := m.Handle(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/withdraw" {
+			close(entered)
+			<-finish
+		}
+	})
+	post := func(path, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h(w, r)
+		return w
+	}
+	withdraw := make(chan int, 1)
+	go func() { withdraw <- post("/withdraw", `{"account":"b"}`).Code }()
+	<-entered
+	defer func() { close(finish); <-withdraw }()
+	transfer := make(chan *httptest.ResponseRecorder, 1)
+	go func() { transfer <- post("/transfer", `{"from":"a","to":"b"}`) }()
+	waitFor(t, 2*time.Second, "the transfer to hold acct:a", func() bool { return !tr.isFree("acct:a") })
+	time.Sleep(100 * time.Millisecond) // queued here for acct:b behind the withdrawal
+
+	go func() { _ = m.Shutdown(context.Background()) }()
+	select {
+	case w := <-transfer:
+		if w.Code != http.StatusServiceUnavailable {
+			t.Errorf("the queued transfer was answered %d %q, want 503", w.Code, strings.TrimSpace(w.Body.String()))
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the queued transfer still waits 2s into the drain")
+	}
+	if l, err := tr.locker(t).TryLock(context.Background(), "acct:a"); err != nil {
+		t.Errorf("acct:a, taken by the transfer that was answered, is still held: %v", err)
+	} else {
+		_ = l.Release(context.Background())
+	}
+}
