@@ -19,30 +19,43 @@ const drainStragglers = time.Second
 type drainer struct {
 	grace time.Duration
 	once  sync.Once
+	done  chan struct{} // closed when the drain ended; err is set before
 	err   error
 }
 
 // Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,
-// ends the grace period), and then closes the store it built. Locks still held after that are
-// not released, since their handlers may still run: they run out with their TTL (on ZooKeeper,
-// with the session) once the process exits. go-zero calls Shutdown from its shutdown
-// listeners (New registers it); call it yourself where the service stops otherwise.
+// ends the grace period), and then closes the store it built. The handlers still running then
+// have their contexts cancelled and up to a second more to return, so the first Shutdown may
+// return up to a second after ctx ends; another call meanwhile waits for that drain only as
+// long as its own ctx lets it. Locks still held after that are not released, since their
+// handlers may still run: they run out with their TTL (on ZooKeeper, with the session) once
+// the process exits. go-zero calls Shutdown from its shutdown listeners (New registers it);
+// call it yourself where the service stops otherwise.
 func (m *Middleware) Shutdown(ctx context.Context) error {
-	m.drain.once.Do(func() {
-		err := m.drainAll(ctx, m.drain.grace)
-		if err != nil {
-			logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
-				logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
-			if err = m.drainAll(context.WithoutCancel(ctx), drainStragglers); err != nil {
-				logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
-					logx.Field("error", err.Error()))
-			}
+	first := false
+	m.drain.once.Do(func() { first = true })
+	if !first {
+		select {
+		case <-m.drain.done:
+			return m.drain.err
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-		m.drain.err = err
-		if cerr := m.Close(); cerr != nil && m.drain.err == nil {
-			m.drain.err = cerr
+	}
+	err := m.drainAll(ctx, m.drain.grace)
+	if err != nil {
+		logx.Errorw("flightlock: shutdown: handlers still hold locks after the grace period; their contexts were cancelled",
+			logx.Field("grace", m.drain.grace), logx.Field("error", err.Error()))
+		if err = m.drainAll(context.WithoutCancel(ctx), drainStragglers); err != nil {
+			logx.Errorw("flightlock: shutdown: locks left to their TTL: their handlers did not return",
+				logx.Field("error", err.Error()))
 		}
-	})
+	}
+	m.drain.err = err // read by a closer: a store whose Close ends its holds stays open after a failed drain
+	if cerr := m.Close(); cerr != nil && m.drain.err == nil {
+		m.drain.err = cerr
+	}
+	close(m.drain.done)
 	return m.drain.err
 }
 

@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -322,4 +324,62 @@ func TestDrainAnswersARequestQueuedHereAtOnce(t *testing.T) {
 	} else {
 		_ = l.Release(context.Background())
 	}
+}
+
+// A Shutdown called while another drains (go-zero's listener runs the first) returns by its own
+// deadline; the first one returns within a second of its ctx's end, the stragglers' time.
+func TestShutdownReturnsByItsDeadline(t *testing.T) {
+	tr := newTestRedis(t)
+	m := newMiddleware(t, tr, LockConf{Drain: 3 * time.Second, Rules: []Rule{
+		{Method: http.MethodPost, Path: "/withdraw", Key: "acct:{body.account}"},
+	}})
+	entered, finish := make(chan struct{}), make(chan struct{})
+	h := m.Handle(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-finish
+	})
+	defer close(finish)
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, "/withdraw", strings.NewReader(`{"account":"b"}`))
+		r.Header.Set("Content-Type", "application/json")
+		h(httptest.NewRecorder(), r)
+	}()
+	<-entered
+	first := make(chan error, 1)
+	go func() { first <- m.Shutdown(context.Background()) }() // go-zero's listener
+	time.Sleep(50 * time.Millisecond)                         // the first drain runs
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := m.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a second Shutdown while the first drains: %v, want its own deadline's error", err)
+	}
+	if err := ctx.Err(); err == nil {
+		t.Error("the second Shutdown returned before its deadline without the drain's end")
+	}
+	select {
+	case <-first:
+		t.Error("the first Shutdown returned while a handler still held its lock within the grace")
+	default:
+	}
+}
+
+// A closed Middleware can be collected: go-zero keeps its shutdown listeners for the life of the
+// process, and a service that builds Middlewares again (a config reload, per tenant, a test
+// suite) must not keep every one it closed.
+func TestClosedMiddlewareCanBeCollected(t *testing.T) {
+	tr := newTestRedis(t)
+	var collected atomic.Int32
+	const n = 20
+	for range n {
+		m, err := New(LockConf{Rules: []Rule{{Method: http.MethodPost, Path: "/x", Key: "k:{body.id}"}}}, WithLocker(tr.locker(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = m.Close()
+		runtime.AddCleanup(m, func(c *atomic.Int32) { c.Add(1) }, &collected)
+	}
+	waitFor(t, 5*time.Second, "closed Middlewares collected", func() bool {
+		runtime.GC()
+		return collected.Load() >= n/2
+	})
 }

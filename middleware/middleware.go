@@ -32,7 +32,8 @@ type Middleware struct {
 	bases     map[string]*flightlock.Locker
 	injected  string
 	responses map[string]lockstore.ResponseStore
-	closers   []func() error // the stores New built; nil once closed
+	closers   []func() error              // the stores New built; nil once closed
+	listened  *atomic.Pointer[Middleware] // m, for go-zero's shutdown listener, until Close
 	owners    ownerPolicy
 	http      httpRoutes
 	rpc       map[string]*rule
@@ -84,14 +85,23 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	logWaitsPastTimeout(c, compiled, time.Duration(o.serverTimeout)*time.Millisecond)
 	logTrustWithoutSecret(c)
 	m := &Middleware{conf: c, owners: ownerPolicy{trust: c.TrustOwner, to: c.PropagateTo, secret: []byte(c.OwnerSecret)},
-		rpc: make(map[string]*rule), rules: compiled, logs: newLogSummary(), drain: drainer{grace: c.Drain}}
+		rpc: make(map[string]*rule), rules: compiled, logs: newLogSummary(), drain: drainer{grace: c.Drain, done: make(chan struct{})}}
 	if err := m.build(o); err != nil {
 		_ = m.Close()
 		return nil, err
 	}
 	// go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drains m, beside the HTTP and gRPC
 	// servers' own graceful stop (go-zero runs its shutdown listeners together).
-	proc.AddShutdownListener(func() { _ = m.Shutdown(context.Background()) })
+	// go-zero keeps its listeners for the life of the process: this one reaches m through a
+	// cell that Close empties, so that a closed Middleware can be collected.
+	m.listened = new(atomic.Pointer[Middleware])
+	m.listened.Store(m)
+	listened := m.listened
+	proc.AddShutdownListener(func() {
+		if m := listened.Load(); m != nil {
+			_ = m.Shutdown(context.Background())
+		}
+	})
 	return m, nil
 }
 
@@ -147,6 +157,9 @@ func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 // Close closes the stores the Middleware built, with their clients (not one given with
 // WithLocker or WithStore).
 func (m *Middleware) Close() error {
+	if m.listened != nil {
+		m.listened.Store(nil) // go-zero's shutdown has nothing left to drain here
+	}
 	closers := m.closers
 	m.closers = nil
 	var errs []error
