@@ -209,6 +209,10 @@ func TestEmbeddedNeverSilent(t *testing.T) {
 		if !strings.HasPrefix(err.Error(), "Lock.Redis.Host: ") || !errors.Is(err, flightlock.ErrConfig) {
 			t.Errorf("mode %s: %v, want an ErrConfig naming Lock.Redis.Host", mode, err)
 		}
+		// A YAML without Mode is in pro mode: the refusal says how a development service runs.
+		if mode == svc.Mode && !strings.Contains(err.Error(), "set Mode: dev") {
+			t.Errorf("mode %s (the YAML's default): %v, want it to say how to run in development", mode, err)
+		}
 	}
 	if _, err := New(LockConf{}, WithServiceMode("prod")); err == nil ||
 		!strings.HasPrefix(err.Error(), "WithServiceMode: ") || !errors.Is(err, flightlock.ErrConfig) {

@@ -53,9 +53,13 @@ func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend
 		shared = "the shared Redis"
 	}
 	if mode == service.PreMode || mode == service.ProMode {
+		dev := ""
+		if mode == service.ProMode {
+			dev = "; in development, set Mode: dev (go-zero runs a YAML without Mode in pro mode)"
+		}
 		return nil, rules.FieldError(sec.Field+".Host", "is empty in %s mode: the embedded in-memory Redis would give "+
 			"each process locks of its own; set %s (for per-process locks on purpose, pass an embedded "+
-			"store with WithStore)", mode, shared)
+			"store with WithStore)%s", mode, shared, dev)
 	}
 	if EmbeddedStore == nil {
 		return nil, rules.FieldError(sec.Field+".Host", "is empty and this binary links no embedded store: set "+
