@@ -301,16 +301,16 @@ func TestDrainAnswersARequestQueuedHereAtOnce(t *testing.T) {
 		h(w, r)
 		return w
 	}
-	withdraw := make(chan int, 1)
+	withdraw, shutdown := make(chan int, 1), make(chan error, 1)
 	go func() { withdraw <- post("/withdraw", `{"account":"b"}`).Code }()
 	<-entered
-	defer func() { close(finish); <-withdraw }()
+	defer func() { close(finish); <-withdraw; <-shutdown }()
 	transfer := make(chan *httptest.ResponseRecorder, 1)
 	go func() { transfer <- post("/transfer", `{"from":"a","to":"b"}`) }()
 	waitFor(t, 2*time.Second, "the transfer to hold acct:a", func() bool { return !tr.isFree("acct:a") })
 	time.Sleep(100 * time.Millisecond) // queued here for acct:b behind the withdrawal
 
-	go func() { _ = m.Shutdown(context.Background()) }()
+	go func() { shutdown <- m.Shutdown(context.Background()) }()
 	select {
 	case w := <-transfer:
 		if w.Code != http.StatusServiceUnavailable {
@@ -338,14 +338,14 @@ func TestShutdownReturnsByItsDeadline(t *testing.T) {
 		close(entered)
 		<-finish
 	})
-	defer close(finish)
+	first := make(chan error, 1)
+	defer func() { close(finish); <-first }()
 	go func() {
 		r := httptest.NewRequest(http.MethodPost, "/withdraw", strings.NewReader(`{"account":"b"}`))
 		r.Header.Set("Content-Type", "application/json")
 		h(httptest.NewRecorder(), r)
 	}()
 	<-entered
-	first := make(chan error, 1)
 	go func() { first <- m.Shutdown(context.Background()) }() // go-zero's listener
 	time.Sleep(50 * time.Millisecond)                         // the first drain runs
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -357,8 +357,9 @@ func TestShutdownReturnsByItsDeadline(t *testing.T) {
 		t.Error("the second Shutdown returned before its deadline without the drain's end")
 	}
 	select {
-	case <-first:
+	case err := <-first:
 		t.Error("the first Shutdown returned while a handler still held its lock within the grace")
+		first <- err // for the deferred wait
 	default:
 	}
 }

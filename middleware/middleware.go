@@ -32,6 +32,7 @@ type Middleware struct {
 	bases     map[string]*flightlock.Locker
 	injected  string
 	responses map[string]lockstore.ResponseStore
+	closeMu   sync.Mutex                  // guards closers once New returned: Close and Shutdown may race
 	closers   []func() error              // the stores New built; nil once closed
 	listened  *atomic.Pointer[Middleware] // m, for go-zero's shutdown listener, until Close
 	owners    ownerPolicy
@@ -155,13 +156,15 @@ func mustStart(err error) {
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 
 // Close closes the stores the Middleware built, with their clients (not one given with
-// WithLocker or WithStore).
+// WithLocker or WithStore), once; it is safe beside Shutdown (go-zero's listener).
 func (m *Middleware) Close() error {
 	if m.listened != nil {
 		m.listened.Store(nil) // go-zero's shutdown has nothing left to drain here
 	}
+	m.closeMu.Lock()
 	closers := m.closers
 	m.closers = nil
+	m.closeMu.Unlock()
 	var errs []error
 	for _, c := range closers {
 		errs = append(errs, c())
