@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -21,6 +22,9 @@ type drainer struct {
 	once  sync.Once
 	done  chan struct{} // closed when the drain ended; err is set before
 	err   error
+	// leftHolds is set when the drain ended with locks still held, before Shutdown closes the
+	// stores: a store whose Close would end those holds stays open (read by its closer).
+	leftHolds atomic.Bool
 }
 
 // Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,
@@ -51,12 +55,13 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 				logx.Field("error", err.Error()))
 		}
 	}
-	m.drain.err = err // read by a closer: a store whose Close ends its holds stays open after a failed drain
-	if cerr := m.Close(); cerr != nil && m.drain.err == nil {
-		m.drain.err = cerr
+	m.drain.leftHolds.Store(err != nil)
+	if cerr := m.Close(); cerr != nil && err == nil {
+		err = cerr
 	}
+	m.drain.err = err
 	close(m.drain.done)
-	return m.drain.err
+	return err
 }
 
 // drainAll drains every base Locker of m at once (one per store), within timeout and ctx.

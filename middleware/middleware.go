@@ -235,7 +235,7 @@ func (m *Middleware) buildStores(o options) error {
 		if b.CloseEndsHolds {
 			// Locks a drain left held end when the process exits, as on Redis with their TTL.
 			closeStore = func() error {
-				if m.drain.err != nil {
+				if m.drain.leftHolds.Load() {
 					return nil
 				}
 				return b.Close()
