@@ -53,9 +53,7 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 	late := func(cmd *redis.Cmd) {
 		// An orphan: whichever permits the call took go back.
 		if code, first, more, _, err := permitReply(cmd, permits); err == nil && code != acquireBusy {
-			for _, g := range append([]lockstore.PermitGrant{first}, more...) {
-				_ = s.giveUp(permits[g.Permit], req.Owner, "")
-			}
+			s.giveUpWithin(context.Background(), permits, append([]lockstore.PermitGrant{first}, more...), req.Owner, "")
 		}
 	}
 	return s.acquire(ctx, "acquire", acquireScript, keys, args, permits, req.Owner, "", late)

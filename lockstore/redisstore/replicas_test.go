@@ -146,11 +146,10 @@ func TestGrantWhoseWaitFailsIsGivenBack(t *testing.T) {
 	}
 }
 
-// A grant that replicas did not acknowledge is given back within the caller's deadline: when
-// Redis is too slow for that, the give-back goes on beside the caller, who returns by its
-// deadline and is told that the outcome is unknown (the grant may stand a while), so that it
-// asks again as another owner.
-func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
+// unackedBehindProxy is a store WithReplicas(1) on a server without WAIT, so that no grant is
+// acknowledged, whose only path to the server is the returned proxy.
+func unackedBehindProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *RedisStore) {
+	t.Helper()
 	srv := redistest.StartWith(t, "--rename-command", "WAIT", "")
 	p := redistest.StartProxy(t, srv.Addr)
 	opts := srv.Options()
@@ -161,6 +160,15 @@ func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
 	if err := s.Preload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	return srv, p, s
+}
+
+// A grant that replicas did not acknowledge is given back within the caller's deadline: when
+// Redis is too slow for that, the give-back goes on beside the caller, who returns by its
+// deadline and is told that the outcome is unknown (the grant may stand a while), so that it
+// asks again as another owner.
+func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
+	srv, p, s := unackedBehindProxy(t)
 	// Each reply comes a second late: the grant and its failed WAIT in two, within the
 	// deadline; the give-back's would come after it.
 	p.SetDelay(time.Second)
@@ -185,16 +193,7 @@ func TestUnacknowledgedGrantReturnsByItsDeadline(t *testing.T) {
 // A give-back of an unacknowledged grant that fails (here its own one-second bound runs out
 // within the caller's deadline) leaves the outcome unknown: the grant may stand.
 func TestUnacknowledgedGrantWhoseGiveBackFailedIsAnUnknownOutcome(t *testing.T) {
-	srv := redistest.StartWith(t, "--rename-command", "WAIT", "")
-	p := redistest.StartProxy(t, srv.Addr)
-	opts := srv.Options()
-	opts.Addr = p.Addr
-	c := redis.NewClient(opts)
-	s := New(c, WithReplicas(1, 50*time.Millisecond), WithOnClose(c.Close))
-	t.Cleanup(func() { _ = s.Close() })
-	if err := s.Preload(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	_, p, s := unackedBehindProxy(t)
 	p.SetDelay(1200 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
