@@ -8,8 +8,8 @@ import (
 	"github.com/flightlock/flightlock/etcdstore"
 	"github.com/flightlock/flightlock/internal/testenv/etcdtest"
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/storetest"
 	"github.com/flightlock/flightlock/lockstore"
-	"github.com/flightlock/flightlock/lockstore/storetest"
 )
 
 // The etcd store keeps the store contract on a real etcd member.

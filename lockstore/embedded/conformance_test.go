@@ -4,10 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightlock/flightlock/internal/testenv/storetest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/embedded"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/flightlock/flightlock/lockstore/storetest"
 	"github.com/redis/go-redis/v9"
 )
 

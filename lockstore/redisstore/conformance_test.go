@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/flightlock/flightlock/internal/testenv/redistest"
+	"github.com/flightlock/flightlock/internal/testenv/storetest"
 	"github.com/flightlock/flightlock/lockstore"
 	"github.com/flightlock/flightlock/lockstore/redisstore"
-	"github.com/flightlock/flightlock/lockstore/storetest"
 	"github.com/redis/go-redis/v9"
 )
 
