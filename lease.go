@@ -23,11 +23,11 @@ const (
 	GrantJoined
 	// GrantBorrowed: one more hold of another process's lock, through a handed-over owner.
 	GrantBorrowed
-	// GrantPass: received from the previous holder in this process at the end of its turn,
-	// which one store command kept here with a new fence (lockstore.Passer).
+	// GrantPass: from the previous local holder at the end of its turn, kept here by one store
+	// command with a new fence (lockstore.Passer).
 	GrantPass
-	// GrantShared: joined the read hold of another reader of this process, or the grant that
-	// the readers queued behind a writer of this process share (WithRead).
+	// GrantShared: joined another local reader's read hold, or the grant that the readers queued
+	// behind a local writer share (WithRead).
 	GrantShared
 )
 
@@ -50,7 +50,6 @@ func (g Grant) String() string {
 
 // Lease is a held lock. Its methods are safe for concurrent use. Release it when done, once;
 // a lease that is never released expires after its TTL once its watchdog stops (MaxHold).
-//
 // A lease has no mutex of its own: its hold's mu guards it (no lock order to keep).
 type Lease struct {
 	h        *hold
@@ -87,9 +86,9 @@ func (x *Lease) reads() bool { return x.read || x.h.reads() }
 func (x *Lease) Key() string { return x.h.key }
 
 // Owner returns the owner token, with which another process can re-enter the lock while it is
-// held: calling it marks the lock as shared, released through the store and never handed to
-// the next local goroutine. It returns "" for a read lock, and once the lease was released
-// (the token may by then be another local goroutine's grant).
+// held: the lock is then shared, released through the store and never handed to the next local
+// goroutine. It returns "" for a read lock, and once the lease was released (the token may by
+// then be another local goroutine's grant).
 func (x *Lease) Owner() string {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -165,9 +164,8 @@ func (x *Lease) endLocked(cause error) {
 	}
 }
 
-// Lost reports whether the lock was lost while this lease held it (a renewal refused, or too
-// late); its context then ends with ErrLost unless it had ended before with another cause. It
-// reports false once the lease was released.
+// Lost reports whether the lock was lost while this unreleased lease held it (a renewal refused,
+// or too late); its context then ends with ErrLost unless it had ended with another cause.
 func (x *Lease) Lost() bool {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -181,8 +179,7 @@ func (x *Lease) Grant() Grant { return x.kind }
 // processes are not excluded, and Fence is 0.
 func (x *Lease) Degraded() bool { return x.h.degraded() }
 
-// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (released, lost, or
-// degraded).
+// TTL returns the lock's remaining TTL in the store, or ErrNotHeld (released, lost, degraded).
 func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 	if !x.holds() {
 		return 0, ErrNotHeld
@@ -194,7 +191,7 @@ func (x *Lease) TTL(ctx context.Context) (time.Duration, error) {
 
 // Refresh makes the lock live at least a TTL more now, besides the watchdog. It returns
 // ErrNotHeld, and cancels the lease's context with ErrLost, when the store no longer has it; a
-// lease lost (or released) stays so, and Refresh then answers ErrNotHeld without a store call.
+// lease lost or released stays so (ErrNotHeld without a store call).
 func (x *Lease) Refresh(ctx context.Context) error {
 	if !x.holds() {
 		return ErrNotHeld
@@ -211,9 +208,8 @@ func (x *Lease) Refresh(ctx context.Context) error {
 // re-entries), the key is handed to the next local waiter, or released in the store,
 // owner-checked, waking waiters elsewhere. A second Release returns ErrNotHeld and changes
 // nothing; so does the Release of a lease whose lock was lost and taken by another owner.
-//
-// Release returns by ctx's end: a release cut short by it goes on in the background (bounded by
-// one TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause.
+// Release returns by ctx's end: a release cut short goes on in the background (bounded by one
+// TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause.
 func (x *Lease) Release(ctx context.Context) error {
 	last, lost, err := x.h.release(x)
 	switch {
@@ -227,9 +223,9 @@ func (x *Lease) Release(ctx context.Context) error {
 	return x.h.k.endGrantBy(ctx, x.h)
 }
 
-// enter counts one more live lease of x's grant, for a re-entry by a holder of x's context.
-// It fails with errGrantEnded once x was released (the caller locks as a new owner), and with
-// ErrLost once the grant was lost: another owner may hold the key by now.
+// enter counts one more live lease of x's grant, for a re-entry through x's context: it fails
+// with errGrantEnded once x was released (the caller locks as a new owner), and with ErrLost
+// once the grant was lost (another owner may hold the key by now).
 func (x *Lease) enter() error {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -265,8 +261,7 @@ type Group struct {
 // Leases returns the leases in the order they were taken.
 func (g *Group) Leases() []*Lease { return g.leases }
 
-// Context returns the last lease's context, which carries every lease of the group and ends
-// when any of them is lost.
+// Context returns the last lease's context, which carries every lease and ends when one is lost.
 func (g *Group) Context() context.Context { return g.leases[len(g.leases)-1].Context() }
 
 // Lost reports whether any lease of the group was lost while held (Lease.Lost).

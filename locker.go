@@ -78,11 +78,10 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 // Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
 // and waits until this process holds none, so that a service shutting down gives its keys to
 // its peers as soon as its last holder is done. From the call on, Lock and TryLock answer
-// ErrClosed, also to callers already waiting; re-entries of held locks go on.
-//
-// When ctx ends first, Drain cancels the contexts of the leases still held with cause ErrClosed
-// and returns an error that says how many locks remain (call Drain again to wait for them). It
-// never releases a lock whose holder may still run.
+// ErrClosed, also to callers already waiting; re-entries of held locks go on. When ctx ends
+// first, Drain cancels the contexts of the leases still held with cause ErrClosed and returns
+// an error that says how many locks remain (call Drain again to wait for them). It never
+// releases a lock whose holder may still run.
 func (l *Locker) Drain(ctx context.Context) error {
 	if n := l.k.gate.drain(ctx); n > 0 {
 		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
@@ -130,7 +129,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 
 // LockAll takes several keys, all or nothing, in sorted order, so that callers of overlapping
 // sets cannot deadlock; duplicates are locked once, and one wait budget covers all. On failure
-// the keys taken are released and the failing key's error returned.
+// it releases the keys taken and returns the failing key's error.
 func (l *Locker) LockAll(ctx context.Context, keys ...string) (*Group, error) {
 	if len(keys) == 0 {
 		return nil, wrapf(ErrInvalidKey, "no keys")
@@ -192,9 +191,9 @@ func callerAbove(up int) uintptr {
 // siteHandoff is the site of a handed grant: looking it up would cost much of a handoff.
 const siteHandoff uintptr = 1
 
-// lockSince is lock of rkey for a wait that began at start (zero: now; one budget covers a
-// LockAll's keys) and ends by until when set (a semaphore's turn); in Reject mode until cuts
-// each store call, and no clock is read but a fair Lock's. callerUp is as in take.
+// lockSince locks rkey for a wait that began at start (zero: now; one budget covers a LockAll's
+// keys) and ends by until when set (a semaphore's turn); in Reject mode until cuts each store
+// call, and no clock is read but a fair Lock's. callerUp is as in take.
 func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, until time.Time, callerUp int) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		if parent := findLease(ctx, l.k.gate, rkey); parent != nil && parent.reads() && !l.cfg.read {
@@ -202,8 +201,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 		}
 		return nil, err
 	}
-	// The wait begins before a handed-over owner is looked up in the store (reenterHeld), so
-	// that lookup counts against it.
+	// The wait begins before reenterHeld, so that a handed-over owner's store lookup counts.
 	if start.IsZero() && (wait || l.cfg.fair) {
 		start = time.Now()
 	}
@@ -233,9 +231,9 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 	return l.inSlot(ctx, &b, rkey, e, h, false, callerUp+1)
 }
 
-// inSlot makes the lease of a caller that owns rkey's gate slot e: on h, granted with the slot,
-// or on the store lock it acquires when h is nil. A reader's is a read lease of its readers'
-// grant (gate.enterRead). callerUp is as in take.
+// inSlot makes the lease of the owner of rkey's gate slot e: on h, granted with the slot, or on
+// the store lock it acquires when h is nil; a reader's is a read lease of its readers' grant
+// (gate.enterRead). callerUp is as in take.
 func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntry, h *hold, read bool, callerUp int) (_ *Lease, err error) {
 	if l.k.gate.closed.Load() || b.spent() {
 		return nil, l.passSlotOn(ctx, rkey, e, h)
@@ -283,9 +281,9 @@ func (l *Locker) passSlotOn(ctx context.Context, rkey string, e *gateEntry, h *h
 	return l.gaveUp(ctx, &busyError{})
 }
 
-// reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease that ctx
-// carries, with its fence and no store command, or else the owner an upstream call handed
-// over (lockHanded). A write Lock under a read lease fails with ErrUpgrade; a lease released
+// reenterHeld re-enters the lock of rkey that ctx holds, if any (done): the lease ctx carries,
+// with its fence and no store command, or else the owner an upstream call handed over
+// (lockHanded). A write Lock under a read lease fails with ErrUpgrade; a lease released
 // meanwhile, or a handed-over token that holds nothing, grants nothing (not done).
 func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, err error, done bool) {
 	if parent := findLease(ctx, l.k.gate, rkey); parent != nil {
@@ -297,8 +295,7 @@ func (l *Locker) reenterHeld(ctx context.Context, rkey string) (lease *Lease, er
 		}
 	}
 	if o, ok := handover.Lookup(ctx, rkey); ok {
-		// A handed-over owner (a write's) is re-entered for a read too: a read of its own would
-		// wait for the write it runs under.
+		// Re-entered for a read too: a read of its own would wait for the write it runs under.
 		return l.lockHanded(ctx, rkey, o.Token, o.Fence)
 	}
 	return nil, nil, false
@@ -441,8 +438,7 @@ func freshOwner(owner string) string {
 }
 
 // mayHaveRun reports whether a store call that failed with err may have run unseen (its context
-// ended, the network timed out, or the store says its reply was lost): the caller gives back
-// what it may have taken by owner.
+// ended, the network timed out, or the store lost its reply): the caller gives back by owner.
 func mayHaveRun(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||

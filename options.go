@@ -37,8 +37,7 @@ const (
 	DefaultWait    = 2 * time.Second
 	DefaultMaxHold = time.Minute
 	DefaultPrefix  = "lock:"
-	// DefaultHandoff and DefaultHandoffWindow are WithHandoff's bounds. The window is the one
-	// that matters for critical sections of a millisecond or more (docs/design-notes.md).
+	// WithHandoff's bounds; the window binds sections of 1ms or more (docs/design-notes.md).
 	DefaultHandoff       = 1024
 	DefaultHandoffWindow = 20 * time.Millisecond
 	// DefaultRetryMin and DefaultRetryMax are the first and the longest delay of DefaultRetry.
@@ -50,21 +49,20 @@ const (
 var DefaultRetry = ExponentialRetry(DefaultRetryMin, DefaultRetryMax)
 
 type config struct {
-	ttl      time.Duration
-	wait     time.Duration
-	maxHold  time.Duration
-	retry    Retry
-	mode     Mode
-	prefix   string
-	handoff  int
-	window   time.Duration
-	failOpen bool
-	permits  int  // WithPermits: more than 1 makes each key a semaphore
-	read     bool // WithRead
-	fair     bool // WithFair
-	metadata func(context.Context) string
-	// metadataSet: WithMetadata was given (else metadata is DefaultMetadata: kindMeta)
-	metadataSet      bool
+	ttl              time.Duration
+	wait             time.Duration
+	maxHold          time.Duration
+	retry            Retry
+	mode             Mode
+	prefix           string
+	handoff          int
+	window           time.Duration
+	failOpen         bool
+	permits          int  // WithPermits: more than 1 makes each key a semaphore
+	read             bool // WithRead
+	fair             bool // WithFair
+	metadata         func(context.Context) string
+	metadataSet      bool   // WithMetadata was given (else metadata is DefaultMetadata: kindMeta)
 	holderFieldName  string // WithHolderField's
 	holderFieldValue func(context.Context) string
 	holders          func(ctx context.Context, holder string) error
@@ -87,8 +85,7 @@ func defaultConfig() config {
 	}
 }
 
-// processHolder is "host=<hostname> pid=<pid>", with "_" for each run of blanks in the host
-// name, which would split it.
+// processHolder is "host=<hostname> pid=<pid>", each run of blanks in the host name made "_".
 var processHolder = func() string {
 	host, _ := os.Hostname()
 	return "host=" + strings.Join(strings.Fields(host), "_") + " pid=" + strconv.Itoa(os.Getpid())
@@ -98,8 +95,7 @@ var processHolder = func() string {
 // "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show).
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// validate refuses a bad option, or a TTL or a handoff bound that store cannot honour
-// (Capabilities), naming the option.
+// validate names the option that is bad, or that store cannot honour (Capabilities).
 func (c *config) validate(store lockstore.Store) error {
 	switch {
 	case c.ttl <= 0:
@@ -177,9 +173,9 @@ func WithHandoff(n int, within time.Duration) Option {
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token, so an operator
-// can see who holds a lock (default DefaultMetadata; nil stores nothing). The kind of the
-// Locker's locks follows it ("kind=permits:3"), so that other processes see drift
-// (Observer.Drift). It must not contain newlines; it is called once per store acquisition.
+// can see who holds a lock (default DefaultMetadata; nil stores nothing), followed by the kind
+// of the Locker's locks ("kind=permits:3"), for other processes to see drift (Observer.Drift).
+// It must not contain newlines; it is called once per store acquisition.
 func WithMetadata(fn func(ctx context.Context) string) Option {
 	return func(c *config) { c.metadata, c.metadataSet, c.holderFieldValue = fn, true, nil }
 }
@@ -203,7 +199,7 @@ func WithHolderCheck(fn func(ctx context.Context, holder string) error) Option {
 }
 
 // Observer is told what a Locker's locks do that its callers cannot see. Each func may be nil.
-// They run synchronously on the event's goroutine, Lost with the lock's state locked, so they
+// They run synchronously on the event's goroutine (Lost with the lock's state locked): they
 // must be quick and must not call into the Locker.
 type Observer struct {
 	// Retry is called before a waiting Lock sleeps after its attempt-th busy answer;
@@ -224,6 +220,4 @@ type Observer struct {
 }
 
 // WithObserver installs an Observer for the locks taken through the Locker.
-func WithObserver(o Observer) Option {
-	return func(c *config) { c.observer = &o }
-}
+func WithObserver(o Observer) Option { return func(c *config) { c.observer = &o } }

@@ -17,27 +17,25 @@ import (
 // without WithRead). A writer refused because of readers holds new readers back until its turn
 // (as with sync.RWMutex, a read lock must not be taken by a second owner while one is held).
 //
-// The readers of one process share one store read hold of a key, joined with no store command
-// within the handoff window (WithHandoff) while no writer of this process wants the key; its
-// loss ends every reader's lease (ErrLost). While a writer of this process holds or waits for
-// the key, its readers queue behind it in the process and then share its store lock, handed on
-// as between writers; readers elsewhere wait for them as for a writer, and so do the readers
-// of this process that come after the handoff window, until those reads end. A read lock's
-// Fence is the last fence handed out for the key: at least the fence of the write it follows,
-// below any later write's.
-// A context that holds the key's write lock re-enters it for a read; one that holds a read lock
-// cannot take the write lock (ErrUpgrade). Read locks are not handed to downstream services.
-// New refuses WithRead with WithPermits, WithFair or WithFailOpen.
+// A process's readers share one store read hold of a key, joined with no store command within
+// the handoff window (WithHandoff) while no local writer wants the key; its loss ends every
+// reader's lease (ErrLost). While a local writer holds or waits for the key, its readers queue
+// behind it and then share its store lock, handed on as between writers; readers elsewhere, and
+// local ones that come after the handoff window, wait for them as for a writer. A read lock's
+// Fence is the last one handed out for the key: at least the write's it follows, below any
+// later write's. A context that holds the key's write lock re-enters it for a read; one that
+// holds a read lock cannot take the write lock (ErrUpgrade). Read locks are not handed to
+// downstream services. New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
 // WithFair makes the Locker grant each key in request order across processes: every Lock takes
 // a place in a line the store keeps for the key, ordered by when the Lock began (within the
 // hosts' clock skew, at most a second), and only the first in line may take the free key. A
 // waiter looks at the key at least every FairLookEvery to keep its place, which lives
-// FairQueueTTL after its last look; one that gives up leaves at once. TryLock takes no place:
-// it takes the key only when it is free and nobody is in line. A Lock without WithFair ignores
-// the line. Fairness costs the per-process gate: each fair Lock talks to the store itself. New
-// refuses WithFair with WithRead, WithPermits or WithFailOpen.
+// FairQueueTTL after its last look; one that gives up leaves at once. TryLock takes no place,
+// only a free key with nobody in line; a Lock without WithFair ignores the line. Each fair
+// Lock talks to the store itself (no per-process gate). New refuses WithFair with WithRead,
+// WithPermits or WithFailOpen.
 func WithFair() Option { return func(c *config) { c.fair = true } }
 
 // Bounds of a fair waiter's place in line (WithFair).
@@ -53,17 +51,15 @@ const (
 // would wait for its own read. Release the read first, or take the write lock from the start.
 var ErrUpgrade = errors.New("flightlock: the context holds a read lock of the key; a write lock would wait for it")
 
-// upgradeError is ErrUpgrade naming the key and what to do, and an ErrConfig: locks nested the
-// wrong way are a misconfiguration, which no retry mends. The key comes before ErrConfig's text so
-// that the message does not read as if the key were a bad setting.
+// upgradeError is ErrUpgrade naming the key and what to do, and an ErrConfig (no retry mends
+// locks nested the wrong way); the key comes first, so that it does not read as a bad setting.
 func upgradeError(key string) error {
 	return fmt.Errorf("%w: %q (release the read lease first, or take the write lock from the start; %w)", ErrUpgrade, key, ErrConfig)
 }
 
-// lockRead takes a read lock. While a goroutine of this process owns the key's gate slot (a
-// writer, or readers sharing its hold), the gate arbitrates: readers share the slot's write
-// hold and queue behind writers, with no store command. Otherwise the process's readers share
-// one store read hold, outside the gate, which would put them in single file.
+// lockRead takes a read lock. While a local goroutine owns the key's gate slot (a writer, or
+// readers sharing its hold), readers share the slot's hold and queue behind writers, with no
+// store command; otherwise they share one store read hold outside the gate (single file in it).
 func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool, callerUp int) (*Lease, error) {
 	g := l.k.gate
 	for {
@@ -88,9 +84,9 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 }
 
 // lockOutside takes a read or fair lock's store hold of its own, outside the gate (which would
-// reorder fair waiters); Drain waits for it. A fair lock (asked set) that waits takes its place
-// among its process's fair waiters. A read hold becomes the one the process's new readers join
-// (gate.endBorrow). callerUp is as in take.
+// reorder fair waiters); Drain waits for it. A waiting fair lock (asked set) joins its process's
+// fair waiters; a read hold becomes the one new local readers join (gate.endBorrow). callerUp is
+// as in take.
 func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, callerUp int) (*Lease, error) {
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
@@ -112,13 +108,11 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 }
 
 // joinOrLeadRead returns a lease on the read hold of rkey that this process's readers share,
-// when a new reader may still join it (GrantShared). Writers keep their preference: a reader
-// joins only while no local writer owns the key's gate slot and within the hold's handoff
-// window, so that a writer elsewhere (the store lets no new reader past it) waits for one
-// window of readers at most. A lost, released or nearly expired hold is never joined (handable).
-// Otherwise it makes the caller the one that takes the store read hold, who calls land when it
-// has shared the hold or failed; or waits for the one being taken and returns nothing, for the
-// caller to look again.
+// while a new reader may join it: no local writer owns the key's gate slot, and the hold is
+// handable and within its handoff window, so that a writer elsewhere (the store lets no new
+// reader past it) waits for one window of readers at most. Otherwise the caller either takes the
+// store read hold, and calls land once it has shared it or failed, or waits for the one being
+// taken and gets nothing, to look again.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
 	g.mu.Lock()
@@ -169,8 +163,8 @@ func (k *keeper) leaveQueue(ctx context.Context, key, owner string) {
 
 func (h *hold) reads() bool { return lockstore.IsReadOwner(h.owner()) }
 
-// fairWaiter is a fair Lock of this process waiting for a key. Only the process's heads look
-// at each release; the others look every FairLookEvery, to keep their places.
+// fairWaiter is a local fair Lock waiting for a key. Only the process's heads look at each
+// release; the others look every FairLookEvery, to keep their places.
 type fairWaiter struct {
 	asked int64         // when the Lock began, in microseconds, as the store ranks it
 	owner string        // Redis breaks a tie of asked by owner
@@ -192,9 +186,9 @@ func (w *fairWaiter) rank(o *fairWaiter) int {
 	return cmp.Or(cmp.Compare(w.asked, o.asked), strings.Compare(w.owner, o.owner))
 }
 
-// promoteFirst makes the first of line a head, with every waiter that asked in its
-// microsecond: the store may rank any of them first (etcd and ZooKeeper rank by arrival, and a
-// waiter's owner changes after a late reply). The caller holds gate.mu.
+// promoteFirst makes the first of line a head, with every waiter that asked in its microsecond:
+// the store may rank any of them first (etcd and ZooKeeper rank by arrival, and a waiter's owner
+// changes after a late reply). gate.mu must be held.
 func promoteFirst(line []*fairWaiter) {
 	for _, w := range line {
 		if w.asked != line[0].asked {
@@ -206,11 +200,9 @@ func promoteFirst(line []*fairWaiter) {
 	}
 }
 
-// joinFair adds the waiter owner, whose Lock began at asked, to the process's waiters of key.
-// The first of them is a head (promoteFirst). One that goes before the head becomes a head
-// too, and the head it displaced stays one until it leaves: one look per release more, for a
-// moment, where a displaced head alone would leave the store's first to look only every
-// FairLookEvery.
+// joinFair adds the waiter owner, whose Lock began at asked, to the process's waiters of key;
+// the first is a head (promoteFirst). A head it displaces stays one until it leaves: one more
+// look per release for a while, rather than the store's first looking only every FairLookEvery.
 func (g *gate) joinFair(key, owner string, asked time.Time) *fairWaiter {
 	w := &fairWaiter{asked: asked.UnixMicro(), owner: owner, head: make(chan struct{})}
 	g.mu.Lock()

@@ -21,8 +21,8 @@ const MaxPermits = 64
 // Prefix()). Permit 1 is the key's own lock, Prefix() + key with each "#" doubled, so that a
 // lock and any semaphore of the key exclude each other, and a rolling change of the count never
 // admits more than the larger. The others are that, a single "#" and i, with a Redis Cluster
-// hash tag between when the key has none, so that a semaphore's permits share its hash slot
-// (lockstore.PermitKey): no key's lock or permit is another's permit.
+// hash tag between when the key has none (one hash slot for a semaphore's permits;
+// lockstore.PermitKey): no key's lock or permit is another's permit.
 func PermitKey(prefix, key string, i int) string {
 	return lockstore.PermitKey(prefix+escapeKey(key), i)
 }
@@ -41,11 +41,10 @@ var permitTurn atomic.Uint32
 // name the same count: a lower one leaves the permits above it to those that named more.
 //
 // A busy key means every permit is taken (ErrBusy, with the shortest time a holder had left).
-// A waiter queues on a permit held in this process, a retry delay at a time; while all are
-// held elsewhere it looks again when one is released. A look is one store request for the
-// permits no goroutine of this process holds or asks for (the permits share the key's Redis
-// Cluster hash slot), and the takers of a process share looks: one at a time is on its way,
-// and the next asks for a permit for each taker that waits for it.
+// A waiter queues on a permit held in this process, a retry delay at a time; while all are held
+// elsewhere it looks again when one is released. A look is one store request (one hash slot)
+// for the permits no local goroutine holds or asks for; a process's takers share looks: one at
+// a time is on its way, and the next asks for a permit for each taker that waits for it.
 func WithPermits(n int) Option { return func(c *config) { c.permits = n } }
 
 // lockPermit takes one of permits permits of key. callerUp is as lockSince's, one frame nearer.
@@ -62,8 +61,7 @@ func (l *Locker) lockPermit(ctx context.Context, key string, permits int, wait b
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// A permit the caller holds already, in this process or handed over, is re-entered: a second
-	// would count it twice.
+	// A permit the caller holds, here or handed over, is re-entered: a second would count twice.
 	for _, rkey := range keys {
 		if lease, err, done := l.reenterHeld(ctx, rkey); done {
 			return lease, err
@@ -122,9 +120,9 @@ type permitLook struct {
 	lookOn   bool       // another goroutine's look is on its way: queue on local for a short turn
 }
 
-// permitFlight is the look at a semaphore's permits on its way in this process (gate.looks):
-// the takers that come meanwhile wait for its outcome instead of asking the store too, and the
-// look asks for a permit for each of those that came before it was sent. Guarded by gate.mu.
+// permitFlight is a local look at a semaphore's permits on its way (gate.looks): takers that
+// come meanwhile wait for its outcome, and it asks for a permit for each that came before it
+// was sent. Guarded by gate.mu.
 type permitFlight struct {
 	waiters []*flightWaiter
 }
@@ -139,9 +137,8 @@ type flightWaiter struct {
 	lead  *permitFlight // it leads the next look, for that look's waiters
 }
 
-// look makes one look at the permits: it asks the store, once, for the first free ones among
-// those whose slots are free in this process (it owns those slots meanwhile), or, when another
-// goroutine's look is on its way, waits for a permit of that one (follow).
+// look asks the store once for the first free permits among those whose local slots are free
+// (owning those slots meanwhile), or waits for a permit of another goroutine's look (follow).
 func (pt *permitTaker) look() (*Lease, error) {
 	g, r := pt.l.k.gate, &pt.r
 	*r = permitLook{busy: &busyError{}, local: -1}
@@ -169,8 +166,8 @@ func (pt *permitTaker) look() (*Lease, error) {
 	return pt.lead(f, 1)
 }
 
-// lead sends look f, asking for a permit for the caller and for each of f's waiters so far; g.mu
-// is held, and unlocked here. up is how far below look the caller is.
+// lead sends look f for the caller and each of f's waiters so far; g.mu is held, and unlocked
+// here. up is how far below look the caller is.
 func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 	l, ctx, g, r := pt.l, pt.ctx, pt.l.k.gate, &pt.r
 	local, claimed, entries := g.claimLocked(pt.keys, pt.first, true)
@@ -221,11 +218,10 @@ func (pt *permitTaker) lead(f *permitFlight, up int) (*Lease, error) {
 	return nil, nil
 }
 
-// claimLocked returns the first of keys, from keys[first] on, whose slot holds a lock of this
-// process (-1 when none); with claim, that is the first such taken slot, and it also makes the
-// caller the owner of the free slots among keys (a lock kept in a free slot included), and
-// returns their keys and entries. A slot whose owner only asks the store is neither.
-// g.mu must be held.
+// claimLocked returns the first of keys, from keys[first] on, whose slot holds a local lock (-1
+// when none); with claim, the first such taken slot, and it makes the caller the owner of the
+// free slots among keys (a lock kept in a free slot included) and returns their keys and
+// entries. A slot whose owner only asks the store is neither. g.mu must be held.
 func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, claimed []string, entries []*gateEntry) {
 	local = -1
 	for j := range keys {
@@ -254,11 +250,11 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 	return local, claimed, entries
 }
 
-// settle ends look f: the slots of the permits granted get their holds and the other claimed
-// slots are left; the first grant is the caller's, the next ones go to the waiters in order,
-// and a grant nobody waits for any more is released. Waiters without a grant learn that every
-// permit was busy (busy), or else wait for the next look, which the first of them leads.
-// grants name distinct claimed slots (entries' indexes), as the store contract promises.
+// settle ends look f: granted slots get their holds and the other claimed slots are left; the
+// first grant is the caller's, the next go to the waiters in order, and one nobody waits for is
+// released. Waiters without a grant learn that every permit was busy (busy), or wait for the
+// next look, which the first of them leads. grants name distinct claimed slots (entries'
+// indexes), as the store contract promises.
 func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
 	for _, gr := range grants {
@@ -342,7 +338,7 @@ func (pt *permitTaker) follow(w *flightWaiter) (*Lease, error) {
 	return nil, nil
 }
 
-// lookAndWait makes one look, and when every permit was busy, waits for one.
+// lookAndWait makes one look and, when every permit was busy, waits for one.
 func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 	l, ctx := pt.l, pt.ctx
 	if !pt.recheck {
@@ -374,8 +370,8 @@ func (pt *permitTaker) lookAndWait() (_ *Lease, _ error, done bool) {
 		return nil, nil, false
 	}
 	if r.local >= 0 {
-		// Queue on the local permit; for remoteTurn at most while others are held elsewhere or
-		// another goroutine's look may bring one.
+		// Queue on the local permit, for remoteTurn at most while a release elsewhere or another
+		// goroutine's look may bring a permit sooner.
 		if r.remote || r.lookOn {
 			delay = min(delay, remoteTurn)
 		}

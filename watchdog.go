@@ -129,10 +129,8 @@ func (w *watchdog) enqueue(j renewJob) {
 // startRenewers starts a renewer for every maxBatch queued jobs, within maxRenewers in all.
 func (w *watchdog) startRenewers() {
 	w.mu.Lock()
-	n := min(maxRenewers-w.workers, (len(w.queue)+maxBatch-1)/maxBatch)
-	if n > 0 {
-		w.workers += n
-	}
+	n := min(maxRenewers-w.workers, (len(w.queue)+maxBatch-1)/maxBatch) // never negative
+	w.workers += n
 	w.mu.Unlock()
 	for range n {
 		go w.renewer()
