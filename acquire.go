@@ -169,8 +169,7 @@ func (a *acquisition) afterGrant(b *budget, res lockstore.Acquisition, sent time
 	if !l.k.tooLate(sent) {
 		return newHold(l.k, a.key, a.owner, res.Fence, "", sent, a.kind), true, nil
 	}
-	// A waiter rides out a passing stall of the store, as a new owner (the give-back runs by
-	// the old token).
+	// A waiter rides out a passing stall as a new owner (the give-back runs by the old token).
 	go l.k.giveBack(a.ctx, a.key, a.owner, "")
 	if !a.wait || b.spent() {
 		return nil, true, errLateReply

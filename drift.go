@@ -27,10 +27,9 @@ func (l *Locker) withKind(ctx context.Context) string {
 	return l.kindMeta.own
 }
 
-// kindMeta is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), made
-// when the Locker is, so that a Lock that finds its key held by an instance configured
-// otherwise (other Permits, Fair beside no Fair) sees the drift: reported (Observer.Drift, or
-// the log), and the store still decides.
+// kindMeta is the kind of a Locker's locks as its metadata says it ("kind=permits:3"), so that
+// a Lock that finds its key held by an instance configured otherwise (other Permits, Fair beside
+// no Fair) reports the drift (Observer.Drift, or the log); the store still decides.
 type kindMeta struct {
 	own         string // "kind=..."
 	withDefault string // DefaultMetadata's with it

@@ -12,8 +12,7 @@ import (
 // watchdog renews it and ends its leases with ErrLost before the store may expire it. A grant
 // is the lease that acquired it or received it by handoff, with every lease that re-entered or
 // joined that one; only when the last is released (live reaches 0) does the lock go on, so no
-// lease of a grant outlives it. A hold is 128 bytes (live heap per held lock): the rare parts
-// wait in ext.
+// lease of a grant outlives it. A hold is 128 bytes (live heap per held lock); rare parts: ext.
 type hold struct {
 	k   *keeper
 	key string // full store key
@@ -255,8 +254,8 @@ func (h *hold) join() (fence int64, site uintptr, ok bool) {
 }
 
 // joinReaders counts one more lease of a readers' grant (holdReaders) while new readers may
-// join it: the grant is live, the hold handable, and its turn began less than window ago, so
-// that a writer elsewhere waits for one window of this process's readers at most.
+// join: the grant is live, the hold handable, and its turn began less than window ago (a
+// writer elsewhere waits for one window of local readers at most).
 func (h *hold) joinReaders(window time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -432,8 +431,8 @@ func (h *hold) loseLocked() {
 }
 
 // abandonLocked ends, once the store may have expired the key, a lost grant whose leases are
-// not all released, so that a forgotten Release does not keep the key from this process
-// forever. Leases released later count nothing. h.mu must be held.
+// not all released, lest a forgotten Release keep the key from this process forever. Leases
+// released later count nothing. h.mu must be held.
 func (h *hold) abandonLocked(now instant) {
 	if h.has(holdAbandoned) || h.live == 0 {
 		return

@@ -160,7 +160,7 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 }
 
 // callContext bounds one store call by the wait budget in wait mode and by one TTL always; a
-// sooner deadline of ctx's own is kept as is.
+// sooner deadline of ctx's own is kept.
 func (k *keeper) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	limit, bound := now.Add(k.ttl), k.ttlBound
@@ -182,8 +182,8 @@ func (k *keeper) callContext(ctx context.Context, b *budget) (context.Context, c
 
 // endGrantBy ends the grant of a hold whose last lease was released: handed to the next local
 // waiter (no store call, no goroutine), or released or passed in the store. It returns by ctx's
-// end: a store call that it cuts short goes on in the background, and the caller gets
-// ErrReleasePending joined with ctx's cause; the gate slot is left only when the call ends.
+// end: a store call cut short goes on in the background (ErrReleasePending joined with ctx's
+// cause), and the gate slot is left only when the call ends.
 func (k *keeper) endGrantBy(ctx context.Context, h *hold) error {
 	outcome, e := k.gate.handoff(h, k.handoff, k.window)
 	if outcome == handedOff {

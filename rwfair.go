@@ -28,14 +28,13 @@ import (
 // downstream services. New refuses WithRead with WithPermits, WithFair or WithFailOpen.
 func WithRead() Option { return func(c *config) { c.read = true } }
 
-// WithFair makes the Locker grant each key in request order across processes: every Lock takes
-// a place in a line the store keeps for the key, ordered by when the Lock began (within the
-// hosts' clock skew, at most a second), and only the first in line may take the free key. A
-// waiter looks at the key at least every FairLookEvery to keep its place, which lives
-// FairQueueTTL after its last look; one that gives up leaves at once. TryLock takes no place,
-// only a free key with nobody in line; a Lock without WithFair ignores the line. Each fair
-// Lock talks to the store itself (no per-process gate). New refuses WithFair with WithRead,
-// WithPermits or WithFailOpen.
+// WithFair makes the Locker grant each key in request order across processes: every Lock takes a
+// place in a line the store keeps for the key, ordered by when the Lock began (within the hosts'
+// clock skew, at most a second), and only the first in line may take the free key. A waiter looks
+// at the key at least every FairLookEvery to keep its place, which lives FairQueueTTL after its
+// last look; one that gives up leaves at once. TryLock takes no place, only a free key with nobody
+// in line; a Lock without WithFair ignores the line. Each fair Lock talks to the store itself (no
+// per-process gate). New refuses WithFair with WithRead, WithPermits or WithFailOpen.
 func WithFair() Option { return func(c *config) { c.fair = true } }
 
 // Bounds of a fair waiter's place in line (WithFair).

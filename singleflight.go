@@ -110,7 +110,7 @@ func (q *gateQueue) emptied() {
 }
 
 // gateWaiter is a queued goroutine. ready is closed when the slot is granted to it (it must
-// then pass it on), or when its wait budget ended first (expired).
+// then pass it on), or its wait budget ended first (expired).
 type gateWaiter struct {
 	ready    chan struct{}
 	deadline time.Time // end of its wait budget; zero for none
@@ -157,12 +157,11 @@ func (g *gate) enter(b *budget, key string, wait bool) (*gateEntry, *hold, error
 	return g.queue(b, key, e, wait, false)
 }
 
-// enterRead is enter for a reader (WithRead) while a goroutine of this process owns key's slot:
-// it joins the readers' grant of the slot's hold when new readers may (hold.joinReaders, with
-// no waiter queued: a queued writer keeps its preference), else it queues like a writer. With
-// the slot free it returns a nil entry, and the reader takes the store read path (Locker.lockRead),
-// where the process's readers share a read hold; so does a queued reader that the slot's owner
-// let go with no local writer left to wait for (gate.grantLocked).
+// enterRead is enter for a reader (WithRead) while a local goroutine owns key's slot: it joins
+// the readers' grant of the slot's hold when new readers may (hold.joinReaders, with no waiter
+// queued: a queued writer keeps its preference), else it queues like a writer. A free slot, or
+// a queued reader let go with no local writer left to wait for (grantLocked), gets a nil entry:
+// the reader takes the store read path (Locker.lockRead), sharing a read hold with local readers.
 func (g *gate) enterRead(b *budget, key string, wait bool, window time.Duration) (e *gateEntry, h *hold, joined bool, err error) {
 	g.mu.Lock()
 	if g.closed.Load() { // drain sets it under g.mu: no join after it
@@ -302,9 +301,8 @@ const (
 )
 
 // handoff passes h and the slot to the next queued waiter, if any, when the fairness bounds
-// allow it (fewer than bound handoffs in a row, h acquired less than window ago) and h has
-// enough time left. It returns h's entry, for the caller to pass or leave the slot with (nil
-// for a hold outside the gate).
+// allow (fewer than bound handoffs in a row, h acquired less than window ago) and h has time
+// left. It returns h's entry, to pass or leave the slot with (nil for a hold outside the gate).
 func (g *gate) handoff(h *hold, bound int, window time.Duration) (handoffOutcome, *gateEntry) {
 	if !h.gated() {
 		return notHanded, nil
@@ -384,10 +382,9 @@ func (g *gate) lookupHold(key string) *hold {
 	return nil
 }
 
-// grantLocked passes the slot, with h (or nil), to the first waiter. A reader's grant of h takes
-// in the readers queued right behind it. The slot with no hold is not taken by readers that no
-// local writer waits behind: they are let go to the store read path, and the slot is free.
-// g.mu must be held.
+// grantLocked passes the slot, with h (or nil), to the first waiter; a reader's grant of h takes
+// in the readers queued right behind it. Without a hold, readers with no local writer queued
+// are let go to the store read path instead, and the slot is free. g.mu must be held.
 func (g *gate) grantLocked(e *gateEntry, h *hold) {
 	if h == nil && e.queue.waiters[0].read && !e.writerQueued() {
 		for _, w := range e.queue.waiters {

@@ -39,8 +39,7 @@ var (
 	// entity: the writer's lock was taken over, and its write would overwrite a newer one.
 	// Nothing was changed.
 	ErrStaleFence = errors.New("fenced: stale fence: the entity was written under a newer lock")
-	// ErrBelowFloor means an increment would take a field below its AtLeast floor. Nothing was
-	// changed.
+	// ErrBelowFloor means an increment would take a field below its AtLeast floor (unchanged).
 	ErrBelowFloor = errors.New("fenced: the value would go below its floor")
 	// ErrMissing means the field of an Existing increment does not exist. Nothing was changed.
 	ErrMissing = errors.New("fenced: no such field")
