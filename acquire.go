@@ -54,8 +54,8 @@ type permitGrant struct {
 	h *hold
 }
 
-// acquirePermits is a semaphore's look: one store request for up to want of keys, the first
-// free ones. b does not wait: one request.
+// acquirePermits is a semaphore's look: one store request (b does not wait) for up to want of
+// keys, the first free ones.
 func (l *Locker) acquirePermits(ctx context.Context, b *budget, keys []string, want int) ([]permitGrant, error) {
 	a := acquisition{l: l, ctx: ctx, key: keys[0], keys: keys, want: want, owner: newOwnerToken(), kind: holdGated, meta: l.withKind(ctx)}
 	defer a.close()

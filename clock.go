@@ -25,6 +25,5 @@ func (systemClock) Since(t time.Time) time.Duration { return time.Since(t) }
 
 func (systemClock) AfterFunc(d time.Duration, f func()) clockTimer { return time.AfterFunc(d, f) }
 
-// concurrentTimers marks a clock whose timers fire on goroutines of their own, as time.AfterFunc
-// does (watchdog.settle).
+// concurrentTimers: the clock's timers fire on goroutines of their own (watchdog.settle).
 func (systemClock) concurrentTimers() {}

@@ -58,8 +58,7 @@ func (e *busyError) Error() string {
 
 func (e *busyError) Is(target error) bool { return target == ErrBusy }
 
-// RetryAfter returns how long the holder of a busy key had left, when err is an ErrBusy that
-// knows it.
+// RetryAfter returns how long the holder of a busy key had left, if err is an ErrBusy that knows.
 func RetryAfter(err error) (time.Duration, bool) {
 	var be *busyError
 	if errors.As(err, &be) && be.retryAfter > 0 {

@@ -159,8 +159,7 @@ func (k *keeper) bound(ctx context.Context) (context.Context, context.CancelFunc
 	return k.callContext(ctx, &budget{})
 }
 
-// callContext bounds one store call by the wait budget in wait mode and by one TTL always; a
-// sooner deadline of ctx's own is kept.
+// callContext bounds one store call by the wait budget in wait mode and by one TTL always.
 func (k *keeper) callContext(ctx context.Context, b *budget) (context.Context, context.CancelFunc) {
 	now := time.Now()
 	limit, bound := now.Add(k.ttl), k.ttlBound

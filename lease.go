@@ -26,8 +26,8 @@ const (
 	// GrantPass: from the previous local holder at the end of its turn, kept here by one store
 	// command with a new fence (lockstore.Passer).
 	GrantPass
-	// GrantShared: joined another local reader's read hold, or the grant that the readers queued
-	// behind a local writer share (WithRead).
+	// GrantShared: joined a local reader's read hold, or the grant of readers queued behind a
+	// local writer (WithRead).
 	GrantShared
 )
 

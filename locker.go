@@ -101,8 +101,7 @@ func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	return l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2) // take <- Lock <- caller
 }
 
-// TryLock is Lock in Reject mode: it never waits. A key held by another goroutine of this
-// process costs no store command.
+// TryLock is Lock in Reject mode: it never waits. A key held in this process costs no store call.
 func (l *Locker) TryLock(ctx context.Context, key string) (*Lease, error) {
 	return l.take(ctx, key, false, time.Time{}, 2)
 }
@@ -232,8 +231,7 @@ func (l *Locker) lockSince(ctx context.Context, rkey string, wait bool, start, u
 }
 
 // inSlot makes the lease of the owner of rkey's gate slot e: on h, granted with the slot, or on
-// the store lock it acquires when h is nil; a reader's is a read lease of its readers' grant
-// (gate.enterRead). callerUp is as in take.
+// the store lock it acquires when h is nil; a reader's is a read lease of its readers' grant.
 func (l *Locker) inSlot(ctx context.Context, b *budget, rkey string, e *gateEntry, h *hold, read bool, callerUp int) (_ *Lease, err error) {
 	if l.k.gate.closed.Load() || b.spent() {
 		return nil, l.passSlotOn(ctx, rkey, e, h)

@@ -120,9 +120,8 @@ type permitLook struct {
 	lookOn   bool       // another goroutine's look is on its way: queue on local for a short turn
 }
 
-// permitFlight is a local look at a semaphore's permits on its way (gate.looks): takers that
-// come meanwhile wait for its outcome, and it asks for a permit for each that came before it
-// was sent. Guarded by gate.mu.
+// permitFlight is a local look at a semaphore's permits on its way (gate.looks), guarded by
+// gate.mu: takers that come meanwhile wait for its outcome (lead asks for those come so far).
 type permitFlight struct {
 	waiters []*flightWaiter
 }
@@ -253,8 +252,7 @@ func (g *gate) claimLocked(keys []string, first int, claim bool) (local int, cla
 // settle ends look f: granted slots get their holds and the other claimed slots are left; the
 // first grant is the caller's, the next go to the waiters in order, and one nobody waits for is
 // released. Waiters without a grant learn that every permit was busy (busy), or wait for the
-// next look, which the first of them leads. grants name distinct claimed slots (entries'
-// indexes), as the store contract promises.
+// next look, which the first of them leads. grants name distinct claimed slots, by contract.
 func (pt *permitTaker) settle(f *permitFlight, claimed []string, entries []*gateEntry, grants []permitGrant, busy *busyError, local int) (mine permitGrant) {
 	g := pt.l.k.gate
 	for _, gr := range grants {
