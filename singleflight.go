@@ -16,24 +16,21 @@ import (
 // a key at a time, from the start of its store acquisition to the end of its release. The others
 // are rejected without a store command, or queue in FIFO order for the lock to be handed over.
 type gate struct {
-	mu      sync.Mutex
-	entries map[string]*gateEntry // guarded by mu
-	peak    int                   // guarded by mu: the high-water mark of entries (mapshrink)
-	// guarded by mu: this process's fair waiters per key, in request order (rwfair.go)
-	fair map[string][]*fairWaiter
-	// guarded by mu: live holds outside the gate (borrowed, read and fair)
-	borrowed map[*hold]struct{}
-	// guarded by mu: per key, the read hold new readers may join (joinOrLeadRead); also in borrowed
-	reads map[string]*hold
-	// guarded by mu: per key, closed when a local reader's store read hold is taken or failed
+	mu sync.Mutex
+	// The fields down to drained are guarded by mu.
+	entries  map[string]*gateEntry
+	peak     int                      // the high-water mark of entries (mapshrink)
+	fair     map[string][]*fairWaiter // fair waiters per key, in request order (rwfair.go)
+	borrowed map[*hold]struct{}       // live holds outside the gate (borrowed, read and fair)
+	reads    map[string]*hold         // per key, the read hold new readers join; also in borrowed
+	// per key, closed when a local reader's store read hold is taken or failed
 	readFlights map[string]chan struct{}
-	// guarded by mu: per semaphore (its first permit's store key), the look on its way
-	looks     map[string]*permitFlight
-	looksPeak int // guarded by mu: the high-water mark of looks (mapshrink)
-	// guarded by mu: store calls for holds outside the gate on the wire (beginBorrow)
-	borrowing int
-	drained   chan struct{} // guarded by mu: closed when the gate empties while closed
-	closing   chan struct{} // closed on drain: owners sleeping between attempts wake (ErrClosed)
+	looks       map[string]*permitFlight // per semaphore (first permit's key), the look on its way
+	looksPeak   int                      // the high-water mark of looks (mapshrink)
+	borrowing   int                      // store calls for holds outside the gate on the wire
+	drained     chan struct{}            // closed when the gate empties while closed
+	// closing is closed on drain: owners sleeping between attempts wake (ErrClosed).
+	closing chan struct{}
 	// closed is set (under mu) on drain: no new owner enters. Read without mu on the way in.
 	closed atomic.Bool
 }

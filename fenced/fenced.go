@@ -35,9 +35,8 @@ const FieldFence = "lock_fence"
 const FieldValue = "value"
 
 var (
-	// ErrStaleFence means the write carried a fence smaller than one that already wrote the
-	// entity: the writer's lock was taken over, and its write would overwrite a newer one.
-	// Nothing was changed.
+	// ErrStaleFence means the write's fence is smaller than one that already wrote the entity:
+	// the writer's lock was taken over. Nothing was changed, as it would overwrite a newer write.
 	ErrStaleFence = errors.New("fenced: stale fence: the entity was written under a newer lock")
 	// ErrBelowFloor means an increment would take a field below its AtLeast floor (unchanged).
 	ErrBelowFloor = errors.New("fenced: the value would go below its floor")

@@ -30,8 +30,7 @@ import (
 // Column is the column that holds the largest fence that wrote a row.
 const Column = "lock_fence"
 
-// ErrStaleFence is fenced.ErrStaleFence: the row was written under a newer lock, and nothing
-// was changed.
+// ErrStaleFence is fenced.ErrStaleFence: the row was written under a newer lock (unchanged).
 var ErrStaleFence = fenced.ErrStaleFence
 
 // tableName accepts plain and quoted (`x`, schema.table) identifiers: the table is written

@@ -6,8 +6,7 @@ package handover
 
 import "context"
 
-// Owner is the owner of one held lock: its full Redis key, the owner token and the fence of the
-// grant that sends it.
+// Owner is one held lock's owner: its full store key, owner token and the sending grant's fence.
 type Owner struct {
 	Key, Token string
 	Fence      int64
