@@ -39,9 +39,8 @@ var errLateReply = errors.New("flightlock: the lock store replied too late to ho
 // errGrantEnded tells a re-entry that the lease it found ended meanwhile.
 var errGrantEnded = errors.New("flightlock: grant ended")
 
-// MaxKeyLen is the longest store key, prefix included, that a Locker accepts (ErrInvalidKey):
-// a longer one almost always means a template took in a whole request body. Every store refuses
-// a longer one too (lockstore.CheckArgs).
+// MaxKeyLen is the longest store key, prefix included, that a Locker (ErrInvalidKey) and every
+// store (lockstore.CheckArgs) accept: a longer one likely means a template took in a request body.
 const MaxKeyLen = lockstore.MaxKeyLen
 
 // busyError is ErrBusy with the holder's remaining TTL, for a Retry-After answer.

@@ -85,10 +85,9 @@ func (x *Lease) reads() bool { return x.read || x.h.reads() }
 // Key returns the locked store key, prefix included.
 func (x *Lease) Key() string { return x.h.key }
 
-// Owner returns the owner token, with which another process can re-enter the lock while it is
-// held: the lock is then shared, released through the store and never handed to the next local
-// goroutine. It returns "" for a read lock, and once the lease was released (the token may by
-// then be another local goroutine's grant).
+// Owner returns the owner token, with which another process can re-enter the lock while it is held;
+// the lock is then released through the store, never handed to a local goroutine. It returns "" for
+// a read lock, and once the lease was released (the token may then be another local grant's).
 func (x *Lease) Owner() string {
 	x.h.mu.Lock()
 	defer x.h.mu.Unlock()
@@ -204,12 +203,11 @@ func (x *Lease) Refresh(ctx context.Context) error {
 	return err
 }
 
-// Release gives up the lease. When it was the last lease of its grant (the lock and its
-// re-entries), the key is handed to the next local waiter, or released in the store,
-// owner-checked, waking waiters elsewhere. A second Release returns ErrNotHeld and changes
-// nothing; so does the Release of a lease whose lock was lost and taken by another owner.
-// Release returns by ctx's end: a release cut short goes on in the background (bounded by one
-// TTL), and Release returns an error wrapping ErrReleasePending and ctx's cause.
+// Release gives up the lease. If it was its grant's last (the lock and its re-entries), the key
+// goes to the next local waiter, or is released in the store, owner-checked, waking waiters
+// elsewhere. A second Release, or one of a lease whose lock was lost and taken by another owner,
+// returns ErrNotHeld and changes nothing. Release returns by ctx's end: one cut short goes on in
+// the background (bounded by one TTL), and the error wraps ErrReleasePending and ctx's cause.
 func (x *Lease) Release(ctx context.Context) error {
 	last, lost, err := x.h.release(x)
 	switch {

@@ -75,13 +75,12 @@ func (l *Locker) With(opts ...Option) (*Locker, error) {
 	return newLocker(l.k.store, l.cfg, l.k.gate, l.k.wd, opts)
 }
 
-// Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks,
-// and waits until this process holds none, so that a service shutting down gives its keys to
-// its peers as soon as its last holder is done. From the call on, Lock and TryLock answer
-// ErrClosed, also to callers already waiting; re-entries of held locks go on. When ctx ends
-// first, Drain cancels the contexts of the leases still held with cause ErrClosed and returns
-// an error that says how many locks remain (call Drain again to wait for them). It never
-// releases a lock whose holder may still run.
+// Drain stops this Locker, and every Locker that shares its gate (With), from taking new locks, and
+// waits until this process holds none, so that a stopping service gives its keys to its peers once
+// its last holder is done. From the call on, Lock and TryLock answer ErrClosed, also to callers
+// already waiting; re-entries of held locks go on. When ctx ends first, Drain cancels the contexts
+// of the leases still held with cause ErrClosed and returns an error counting the locks that remain
+// (call Drain again to wait for them). It never releases a lock whose holder may still run.
 func (l *Locker) Drain(ctx context.Context) error {
 	if n := l.k.gate.drain(ctx); n > 0 {
 		return fmt.Errorf("flightlock: drain: %d locks still held when %w; their holders were told to stop (cause %w)",
@@ -93,10 +92,9 @@ func (l *Locker) Drain(ctx context.Context) error {
 // Store returns the store the Locker runs on.
 func (l *Locker) Store() lockstore.Store { return l.k.store }
 
-// Lock takes key (the prefix is added) and returns its lease. A busy key fails at once with
-// ErrBusy in Reject mode; in Wait mode Lock waits up to the wait budget or the end of ctx. A
-// ctx that holds key re-enters its lease. Errors: ErrBusy, ErrInvalidKey, ctx.Err() when ctx
-// ended before the call, or the store's error.
+// Lock takes key (the prefix is added) and returns its lease. A busy key fails with ErrBusy at once
+// in Reject mode, after the wait budget or ctx's end in Wait mode. A ctx that holds key re-enters
+// its lease. Other errors: ErrInvalidKey, ctx.Err() when ctx ended before the call, or the store's.
 func (l *Locker) Lock(ctx context.Context, key string) (*Lease, error) {
 	return l.take(ctx, key, l.cfg.mode == Wait, time.Time{}, 2) // take <- Lock <- caller
 }

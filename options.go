@@ -157,19 +157,17 @@ func WithMode(m Mode) Option { return func(c *config) { c.mode = m } }
 // WithPrefix sets the prefix of every store key (default "lock:").
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithHandoff bounds the handoff of a released lock to the next waiting goroutine of this
-// process, with no round trip: fewer than n in a row, and less than within after the store
-// acquisition (defaults 1024 and 20ms); then the turn ends in the store, so that other
-// processes get theirs. n = 0 disables handoff; n counts as at most 65,535, and as fewer than
-// the TTL has microseconds (docs/guarantees.md).
+// WithHandoff bounds the handoff of a released lock to the next local waiter, with no round trip:
+// fewer than n in a row, and less than within after the store acquisition (defaults 1024 and 20ms);
+// then the turn ends in the store, so that other processes get theirs. n = 0 disables handoff; n
+// counts as at most 65,535, and as fewer than the TTL has microseconds (docs/guarantees.md).
 func WithHandoff(n int, within time.Duration) Option {
 	return func(c *config) { c.handoff, c.window = n, within }
 }
 
 // WithFailOpen makes Lock answer a store that cannot be reached with a degraded lease
-// (Lease.Degraded, Fence 0) instead of its error: it excludes the goroutines of this Locker and
-// those derived from it, but not other processes. Busy keys, bad keys and ended contexts
-// never degrade.
+// (Lease.Degraded, Fence 0) instead of its error: it excludes the goroutines of this Locker and its
+// derived Lockers, not other processes. Busy keys, bad keys and ended contexts never degrade.
 func WithFailOpen(on bool) Option { return func(c *config) { c.failOpen = on } }
 
 // WithMetadata sets a function whose result is stored beside the owner token, so an operator

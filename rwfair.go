@@ -82,10 +82,9 @@ func (l *Locker) lockRead(ctx context.Context, b *budget, rkey string, wait bool
 	}
 }
 
-// lockOutside takes a read or fair lock's store hold of its own, outside the gate (which would
-// reorder fair waiters); Drain waits for it. A waiting fair lock (asked set) joins its process's
-// fair waiters; a read hold becomes the one new local readers join (gate.endBorrow). callerUp is
-// as in take.
+// lockOutside takes a read or fair lock's own store hold outside the gate (which would reorder
+// fair waiters); Drain waits for it. A waiting fair lock (asked set) joins its process's fair
+// waiters; a read hold becomes the one new local readers join (gate.endBorrow).
 func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string, asked time.Time, callerUp int) (*Lease, error) {
 	if l.k.gate.closed.Load() {
 		return nil, ErrClosed
@@ -106,12 +105,11 @@ func (l *Locker) lockOutside(ctx context.Context, b *budget, rkey, owner string,
 	return newLease(ctx, h, GrantStore, h.currentFence(), callerAbove(callerUp), false), nil
 }
 
-// joinOrLeadRead returns a lease on the read hold of rkey that this process's readers share,
-// while a new reader may join it: no local writer owns the key's gate slot, and the hold is
-// handable and within its handoff window, so that a writer elsewhere (the store lets no new
-// reader past it) waits for one window of readers at most. Otherwise the caller either takes the
-// store read hold, and calls land once it has shared it or failed, or waits for the one being
-// taken and gets nothing, to look again.
+// joinOrLeadRead returns a lease on the read hold of rkey that local readers share, while a new
+// reader may join it: no local writer owns the key's gate slot, and the hold is handable and
+// within its handoff window (as in hold.joinReaders; the store lets no new reader past a writer
+// elsewhere). Otherwise the caller either takes the store read hold, calling land once it has
+// shared it or failed, or waits for the one being taken and gets nothing, to look again.
 func (l *Locker) joinOrLeadRead(ctx context.Context, b *budget, rkey string, wait bool) (_ *Lease, land func(), _ error) {
 	g := l.k.gate
 	g.mu.Lock()
