@@ -15,37 +15,27 @@ var escaper = strings.NewReplacer(`*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`, `\
 // byte; an unterminated [ set ends the pattern.
 func Match(pattern, s string) bool {
 	for len(pattern) > 0 {
-		switch pattern[0] {
-		case '*':
-			for len(pattern) > 1 && pattern[1] == '*' {
-				pattern = pattern[1:]
-			}
-			if len(pattern) == 1 {
-				return true
-			}
+		if pattern[0] == '*' {
+			pattern = strings.TrimLeft(pattern, "*")
 			for i := 0; i <= len(s); i++ {
-				if Match(pattern[1:], s[i:]) {
+				if Match(pattern, s[i:]) {
 					return true
 				}
 			}
 			return false
+		}
+		if len(s) == 0 {
+			return false // every other token takes one byte
+		}
+		switch pattern[0] {
 		case '?':
-			if len(s) == 0 {
-				return false
-			}
-			s = s[1:]
 		case '[':
-			if len(s) == 0 {
-				return false
-			}
 			var match, not bool
-			pattern, match, not = matchSet(pattern[1:], s[0])
-			if match == not {
+			if pattern, match, not = matchSet(pattern[1:], s[0]); match == not {
 				return false
 			}
-			s = s[1:]
 			if len(pattern) == 0 {
-				return len(s) == 0
+				return len(s) == 1 // the unterminated set ended the pattern
 			}
 		case '\\':
 			if len(pattern) >= 2 {
@@ -53,12 +43,11 @@ func Match(pattern, s string) bool {
 			}
 			fallthrough
 		default:
-			if len(s) == 0 || pattern[0] != s[0] {
+			if pattern[0] != s[0] {
 				return false
 			}
-			s = s[1:]
 		}
-		pattern = pattern[1:]
+		s, pattern = s[1:], pattern[1:]
 	}
 	return len(s) == 0
 }
