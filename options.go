@@ -95,7 +95,7 @@ var processHolder = func() string {
 // "host=<hostname> pid=<pid>", which the stores' inspectors read back (flightlock show).
 func DefaultMetadata(context.Context) string { return processHolder }
 
-// validate names the option that is bad, or that store cannot honour (Capabilities).
+// validate refuses, naming it, an option that is bad or that store cannot honour (Capabilities).
 func (c *config) validate(store lockstore.Store) error {
 	switch {
 	case c.ttl <= 0:

@@ -121,7 +121,7 @@ type permitLook struct {
 }
 
 // permitFlight is a local look at a semaphore's permits on its way (gate.looks), guarded by
-// gate.mu: takers that come meanwhile wait for its outcome (lead asks for those come so far).
+// gate.mu: takers that come meanwhile wait for its outcome; lead asks for those already there.
 type permitFlight struct {
 	waiters []*flightWaiter
 }
