@@ -116,8 +116,7 @@ func HSet(ctx context.Context, rdb redis.Scripter, key string, fence int64, fiel
 	if len(fieldValues) == 0 || len(fieldValues)%2 != 0 {
 		return fmt.Errorf("fenced: hset %s: want field, value pairs, got %d strings", key, len(fieldValues))
 	}
-	args := make([]any, 0, len(fieldValues)+1)
-	args = append(args, fence)
+	args := append(make([]any, 0, len(fieldValues)+1), fence)
 	for i, s := range fieldValues {
 		if i%2 == 0 && s == FieldFence {
 			return fmt.Errorf("fenced: hset %s: %s is the fence's own field", key, FieldFence)

@@ -56,20 +56,14 @@ func Match(pattern, s string) bool {
 // closing ']' on ("" for an unterminated set, which ends the pattern, as in Redis), whether c is
 // in the set, and whether the set is negated ([^...]).
 func matchSet(pattern string, c byte) (rest string, match, not bool) {
-	not = len(pattern) > 0 && pattern[0] == '^'
-	if not {
-		pattern = pattern[1:]
-	}
+	pattern, not = strings.CutPrefix(pattern, "^")
 	for len(pattern) > 0 && pattern[0] != ']' {
 		switch {
 		case pattern[0] == '\\' && len(pattern) >= 2:
 			pattern = pattern[1:]
 			match = match || pattern[0] == c
 		case len(pattern) >= 3 && pattern[1] == '-':
-			lo, hi := pattern[0], pattern[2]
-			if lo > hi {
-				lo, hi = hi, lo
-			}
+			lo, hi := min(pattern[0], pattern[2]), max(pattern[0], pattern[2])
 			match = match || lo <= c && c <= hi
 			pattern = pattern[2:]
 		default:
