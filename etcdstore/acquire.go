@@ -393,11 +393,7 @@ func markWriter(key string, l *lease) clientv3.Op {
 func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 	w := WaiterKey(key)
 	return clientv3.OpTxn(
-		[]clientv3.Cmp{
-			// value(key) starts with "<owner> ": it sorts between "<owner> " and "<owner>!".
-			clientv3.Compare(clientv3.Value(key), ">", owner+" "),
-			clientv3.Compare(clientv3.Value(key), "<", owner+"!"),
-		},
+		valueIn(key, owner+" ", owner+"!"), // key's value starts with "<owner> "
 		nil,
 		[]clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{
@@ -406,6 +402,13 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 			},
 			[]clientv3.Op{clientv3.OpPut(w, "", clientv3.WithLease(id))},
 			nil)})
+}
+
+// valueIn is the compare that key's value lies strictly between lo and hi, as bytes: false for a
+// missing key.
+func valueIn(key, lo, hi string) []clientv3.Cmp {
+	v := clientv3.Value(key)
+	return []clientv3.Cmp{clientv3.Compare(v, ">", lo), clientv3.Compare(v, "<", hi)}
 }
 
 // acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
