@@ -54,8 +54,8 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	})
 }
 
-// attempt is one attempt of an acquisition by owner, on the store's lease l of its TTL (pinned
-// for the attempt and live at least ttl from start) with the value it writes.
+// attempt is one attempt of owner's acquisition on the store's lease l of its TTL (pinned, and
+// live at least ttl from start) with the value it writes.
 type attempt struct {
 	owner, meta, value string
 	ttl                time.Duration
@@ -204,12 +204,11 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 	return failed
 }
 
-// resendAfter bounds how long an attempt waits for etcd before it is sent again (doubling, at
-// most maxResendAfter): a proposal lost with a leader change is answered only at etcd's request
-// timeout (5s plus two election timeouts), usually past the caller's deadline. Sending again is
-// safe: an acquisition is idempotent for its owner, and an attempt cut short retires its lease
-// (acquireFailed), so a late commit of it frees itself. The pause between attempts doubles
-// from retryPauseMin to retryPauseMax.
+// resendAfter bounds an attempt's wait for etcd (doubling, at most maxResendAfter): a proposal
+// lost with a leader change is answered only at etcd's request timeout (5s plus two election
+// timeouts), usually past the caller's deadline. Sending again is safe: an acquisition is
+// idempotent for its owner, and an attempt cut short retires its lease (acquireFailed). The
+// pause between attempts doubles from retryPauseMin to retryPauseMax.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
@@ -413,11 +412,10 @@ func valueIn(key, lo, hi string) []clientv3.Cmp {
 
 // acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
 // when etcd no longer had a's lease and a.again is set; err when etcd refused it (rejected).
-// Else etcd may have applied it (a leader change, a proposal that timed out): it records that
-// each put may have gone through (the reaper releases it past a.until unless refreshed) and
-// retires the lease, so that a commit after that release goes with it. The error then wraps
-// lockstore.ErrOutcomeUnknown, unless it is the caller's own end, after which the caller gives
-// back and takes a new owner already: else the reaper's give-back could end the next grant.
+// Else etcd may have applied it: each put is recorded as maybe made (the reaper releases it
+// past a.until unless refreshed), and the lease retired, so that a later commit goes with it.
+// Unless the caller's own end, the error wraps lockstore.ErrOutcomeUnknown: the caller must
+// take a new owner, or the reaper's give-back could end the next grant.
 func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	if isLeaseNotFound(err) && a.again {
 		a.l.mu.Lock()
