@@ -15,8 +15,7 @@ import (
 	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
-// errNoAnswer is a call the store bounds itself that etcd did not answer in time (transient:
-// sent again, it may reach a member that answers).
+// errNoAnswer: etcd did not answer a call the store bounds itself (transient: sent again).
 var errNoAnswer = errors.New("flightlock: etcd did not answer in time")
 
 // errLeaseGone reports a lease etcd no longer has: every key on it was deleted with it.
@@ -26,10 +25,9 @@ func isLeaseNotFound(err error) bool {
 	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)
 }
 
-// lease is the store's etcd lease of every lock of one TTL (one Locker session), granted by the
-// first acquisition that needs it, of ttl + margin seconds, kept alive in the background and on
-// demand. A retired lease (package doc) is kept alive until revoked, so its locks keep every
-// guarantee.
+// lease is the store's etcd lease of ttl + margin seconds for every lock of one TTL, granted on
+// first use and kept alive in the background and on demand. A retired lease (package doc) is
+// kept alive until revoked, so its locks keep every guarantee.
 type lease struct {
 	ttl   time.Duration // the lock TTL it serves
 	ready chan struct{} // closed once the grant set id, secs and fresh, or err
@@ -123,8 +121,7 @@ func (s *Store) retire(l *lease) {
 	s.unlistLocked(l)
 }
 
-// unlistLocked removes l from leases, so that the next acquisition of its TTL grants a new one.
-// s.mu must be held.
+// unlistLocked removes l from leases: the next acquisition of its TTL grants anew. Holds s.mu.
 func (s *Store) unlistLocked(l *lease) {
 	if s.leases[l.ttl] == l {
 		delete(s.leases, l.ttl)
@@ -259,9 +256,9 @@ func (s *Store) keepAliveLoop() {
 	}
 }
 
-// ownKeepAlive is a keep-alive of the store's lease l sent at or after t (none when one
-// succeeded already): once it succeeded, l lives at least its TTL from t. Callers that queue
-// while one is on the wire share the next.
+// ownKeepAlive is a keep-alive of l sent at or after t (none if one succeeded already), after
+// which l lives at least its TTL from t. Callers that queue while one is on the wire share the
+// next.
 func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -274,8 +271,7 @@ func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	return &keepAlive{secs: l.secs}
 }
 
-// queueLocked returns l's keep-alive still to be sent, starting a sender when none runs. l.mu
-// must be held.
+// queueLocked returns l's next keep-alive, starting a sender when none runs. Holds l.mu.
 func (s *Store) queueLocked(l *lease) *keepAlive {
 	if l.next == nil {
 		l.next = &keepAlive{done: make(chan struct{}), shared: true, secs: l.secs}

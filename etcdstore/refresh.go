@@ -93,12 +93,11 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// touch returns a copy of the entry of key for owner, after moving its until to until (never
-// back) before a refresh or a pass goes on the wire, so that the reaper cannot release a lock
-// whose refresh is on the wire, nor a pass report kept a lock the reaper deleted. ok is false,
-// with reaping set in the copy, when the reaper has the entry: its release of every hold is on
-// its way and nothing calls it back, so a refresh is not held and a pass releases. For a pass,
-// ok is also false when the guarantee ran out already.
+// touch returns a copy of the entry of key for owner after moving its until to until (never
+// back), before a refresh or pass goes on the wire, so that the reaper cannot release a lock
+// whose refresh is on the wire, nor a pass report kept a lock the reaper deleted. ok is false
+// (the copy's reaping set) when the reaper has the entry, whose release nothing calls back: a
+// refresh is not held and a pass releases. A pass also fails when the guarantee ran out.
 func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -122,8 +121,7 @@ type keepAlive struct {
 	err    error
 }
 
-// startKeepAlive starts a keep-alive of id sent after t. Its wait returns the lease's TTL in
-// seconds, or errLeaseGone.
+// startKeepAlive starts a keep-alive of id sent after t.
 func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAlive {
 	if l := s.ourLease(id); l != nil {
 		return s.ownKeepAlive(l, t)
@@ -195,9 +193,8 @@ func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb
 	return kvs, errs
 }
 
-// TTL implements lockstore.Store: the remaining TTL, in whole seconds, of key's lease (of its
-// first read hold's, when held for reading); ErrNotHeld when nobody holds key. Two round trips:
-// for operators, not for the lock path.
+// TTL implements lockstore.Store: the whole seconds left on key's lease (its first read
+// hold's, when held for reading); ErrNotHeld when nobody holds key. Two round trips: for operators.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err

@@ -97,8 +97,7 @@ type heldKey struct {
 	reaping   bool             // a release of it by the store is under way
 }
 
-// maxWaitRevs bounds waitRev and its kin: busy replies in Reject mode are never followed by a
-// Watch.
+// maxWaitRevs bounds waitRev and its kin: busy replies in Reject mode get no Watch.
 const maxWaitRevs = 4096
 
 // putBounded sets m[k] to v, first emptying m when it holds maxWaitRevs entries.
@@ -222,8 +221,8 @@ func (s *Store) update(key, owner string, f func(e *heldKey)) {
 }
 
 // updateOn is update for a re-entry that found the key on lease l (nil: not the store's) and
-// kept it alive; false, recording nothing, when l is being revoked since (the key goes with
-// it). Once recorded, the entry keeps l from being revoked.
+// kept it alive; false, recording nothing, when l is being revoked since (taking the key).
+// Once recorded, the entry keeps l from being revoked.
 func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
