@@ -57,8 +57,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 	for {
 		resp, err := s.writeTxn(ctx, key, a, fair, p, queue)
 		if err != nil {
-			// The session lease or the place's (kept alive at the start of this attempt) may be
-			// the one gone: ask which.
+			// The session lease or the place's (kept alive at the start) may be gone: ask which.
 			if isLeaseNotFound(err) && a.again && queue > 0 && p.lease != 0 {
 				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
 					s.setPlace(key, a.owner, place{})
@@ -128,8 +127,7 @@ func (s *Store) writeTxn(ctx context.Context, key string, a *attempt, fair bool,
 	return s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 }
 
-// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
-// the next in line.
+// LeaveQueue implements lockstore.Store: it deletes owner's place, which wakes the next in line.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := s.check(owner, time.Second, key); err != nil { // any valid TTL: none is asked
 		return err

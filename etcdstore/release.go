@@ -160,9 +160,8 @@ func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els
 }
 
 // releaseOps are the writes that release hold ("": the owner's own) from the value v read in
-// kv, with its floor: the value without it, or the key's deletion when no hold is left (left
-// false). Other processes' holds left alone move off the session lease onto *moved, granted
-// here once per release.
+// kv: the value without it, or, no hold left (left false), the key's deletion. Other processes'
+// holds left alone move off the session lease onto *moved, granted here once per release.
 func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFence int64, v lockValue, kv, floor *mvccpb.KeyValue, moved *clientv3.LeaseID) (ops []clientv3.Op, left bool, err error) {
 	nv, left := v.withoutHold(hold)
 	e, _ := s.entry(key, owner)
@@ -180,8 +179,7 @@ func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFen
 	case left:
 		return []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}, true, nil
 	}
-	// An unreadable floor (written by hand) is left for the next grant to refuse; the lock is
-	// released all the same.
+	// An unreadable floor (written by hand) is left for the next grant to refuse.
 	fence, ferr := fenceOf(kv.CreateRevision, floor)
 	if ferr == nil {
 		fence = max(fence, nv.last)
@@ -272,9 +270,8 @@ func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, 
 		return false, 0, 0, err
 	}
 	lastFence = max(lastFence, 0)
-	// A contended grant, one other processes compete for, is released without the read that
-	// would find the mark. A read hold is never simple, so never passed: the Locker takes reads
-	// outside its gate.
+	// A contended grant is released without the read that would find the mark. A read hold is
+	// never simple, so never passed: the Locker takes reads outside its gate.
 	if e, ok := s.touch(key, owner, time.Now().Add(ttl), true); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
