@@ -19,9 +19,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Acquire implements lockstore.Store in one transaction (one round trip while the lease of ttl
-// is fresh, which the store's keep-alives see to): acquireWriteOnce, acquireReadOnce for a read
-// owner, or acquirePermitsOnce, which looks at every permit at once.
+// Acquire implements lockstore.Store in one transaction while the lease of ttl is fresh (the
+// keep-alives see to it): acquireWriteOnce, acquireReadOnce, or acquirePermitsOnce.
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	keys := []string{req.Key}
 	if len(req.Permits) > 0 {
@@ -55,8 +54,8 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	})
 }
 
-// attempt is one attempt of an acquisition by owner, on the store's lease l of its TTL (pinned
-// for the attempt and live at least ttl from start) with the value it writes.
+// attempt is one attempt of owner's acquisition on the store's lease l of its TTL (pinned, and
+// live at least ttl from start) with the value it writes.
 type attempt struct {
 	owner, meta, value string
 	ttl                time.Duration
@@ -67,23 +66,21 @@ type attempt struct {
 
 func (a *attempt) until() time.Time { return a.start.Add(a.ttl) }
 
-// permitLookOps is what acquirePermitsOnce's transaction needs of --max-txn-ops beside one
-// operation per permit: etcd counts a nested transaction's operations against its parent
-// branch, and a refusal (3) nests markWriter (2). A cluster that allows fewer is asked one
-// permit at a time (lockstore.AcquireEach).
+// permitLookOps is what acquirePermitsOnce needs of --max-txn-ops beside one operation per
+// permit: etcd counts nested operations against the parent branch, and a refusal (3) nests
+// markWriter (2). A cluster that allows fewer is asked one permit at a time (AcquireEach).
 const permitLookOps = 5
 
-// acquirePermitsOnce is one attempt of Acquire with Permits keys, of which it takes up to want:
-// one transaction looks at them all, refusing each one held as acquireWriteOnce does (writeOps):
+// acquirePermitsOnce is one attempt of Acquire with Permits keys, of which it takes up to want,
+// in one transaction that refuses each held key as acquireWriteOnce does (writeOps):
 //
 //	if   writable(keys[0])                        (unless owner may hold one of keys)
 //	then grant(keys[0]); for each other k: writable(k)     (the looks with want > 1)
 //	else for each k: if writable(k) then nothing else refusal(k)
 //
-// The permits owner holds (an earlier Acquire's, or one whose reply was lost) are re-entered,
-// all of them and nothing more, so the first permit is granted at once only while the store
-// knows of no entry of owner's for keys. Otherwise the free permits seen are taken at once on
-// the one-key path, until want are held.
+// The permits owner holds (an earlier reply may be lost) are re-entered, all and nothing more,
+// so keys[0] is granted at once only while the store knows no entry of owner's for keys. Else
+// the free permits seen are taken on the one-key path, until want are held.
 func (s *Store) acquirePermitsOnce(ctx context.Context, a *attempt, keys []string, want int) (lockstore.Acquisition, error) {
 	mayHold := slices.ContainsFunc(keys, func(k string) bool { _, ok := s.entry(k, a.owner); return ok })
 	looks := make([]clientv3.Op, len(keys))
@@ -183,11 +180,10 @@ func (p *permitReplies) add(i int, a lockstore.Acquisition) {
 	}
 }
 
-// each runs one for each permit of is at once (each on a key of its own, so they are
-// independent) and adds their outcomes. A failure is the error when nothing is granted, or when
-// its lease is gone (the grants on it went with it); else the one-key path cleans up. Of
-// several, one that may have run (an unknown outcome, the caller's context) wins: the caller
-// must then take a new owner.
+// each runs one for each permit of is at once (independent: a key each) and adds their
+// outcomes. A failure is the error when nothing is granted or its lease is gone (taking the
+// grants on it); else the one-key path cleans up. Of several, one that may have run (an unknown
+// outcome, the caller's context) wins: the caller must then take a new owner.
 func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, error)) error {
 	as, errs := make([]lockstore.Acquisition, len(is)), make([]error, len(is))
 	var wg sync.WaitGroup
@@ -201,20 +197,18 @@ func (p *permitReplies) each(is []int, one func(int) (lockstore.Acquisition, err
 	var failed error
 	for _, err := range errs {
 		if err != nil && (p.got == 0 || errors.Is(err, errLeaseGone) || isLeaseNotFound(err)) &&
-			(failed == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || errors.Is(err, context.DeadlineExceeded) ||
-				errors.Is(err, context.Canceled)) {
+			(failed == nil || errors.Is(err, lockstore.ErrOutcomeUnknown) || callerEnded(err)) {
 			failed = err
 		}
 	}
 	return failed
 }
 
-// resendAfter bounds how long one attempt of an acquisition waits for etcd before it is sent
-// again (doubling, at most maxResendAfter): a proposal lost with a leader change is answered
-// only at etcd's request timeout (5s plus two election timeouts), usually past the caller's
-// deadline. Sending again is safe: an acquisition is idempotent for its owner, and an attempt
-// cut short retires its lease (acquireFailed), so a late commit of it frees itself. The pause
-// before an attempt is sent again doubles from retryPauseMin to retryPauseMax.
+// resendAfter bounds an attempt's wait for etcd (doubling, at most maxResendAfter): a proposal
+// lost with a leader change is answered only at etcd's request timeout (5s plus two election
+// timeouts), usually past the caller's deadline. Sending again is safe: an acquisition is
+// idempotent for its owner, and an attempt cut short retires its lease (acquireFailed). The
+// pause between attempts doubles from retryPauseMin to retryPauseMax.
 const (
 	resendAfter    = time.Second
 	maxResendAfter = 4 * time.Second
@@ -223,16 +217,16 @@ const (
 )
 
 // resending runs once, each attempt on a fresh pinned lease of ttl for owner's acquisition of
-// keys (what names them in errors), until it succeeds, fails for good, or ctx ends (it returns
-// by ctx's deadline), and returns the last attempt's outcome. An attempt with again set may
-// drop a lease etcd no longer has (errLeaseGone) and be made once more.
+// keys (what names them in errors), until it succeeds, fails for good, or ctx ends, and returns
+// the last outcome. An attempt with again set may drop a lease etcd no longer has
+// (errLeaseGone) and be made once more.
 func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl time.Duration, meta string, keys []string,
 	once func(ctx context.Context, a *attempt) (T, error)) (T, error) {
 	start := time.Now()
 	try := func(ctx context.Context, again bool) (T, error) {
-		// The lease of ttl, pinned (unpin once the outcome is recorded) and known to live at
-		// least ttl from start. Without it, the acquisition sent nothing: noted in unsent for
-		// giveBackLater, unless an entry of the key knows more.
+		// The lease of ttl, pinned until the outcome is recorded and live at least ttl from
+		// start. Without it nothing was sent: noted in unsent (giveBackLater) unless an entry
+		// of the key knows more.
 		l, err := s.leaseFor(ctx, ttl)
 		if err == nil && !l.liveFor(start, ttl) {
 			if _, err = s.ownKeepAlive(l, start).wait(ctx); err != nil {
@@ -270,17 +264,17 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		case errors.Is(err, lockstore.ErrOutcomeUnknown):
 			unknown = err
 		case err != nil && cut:
-			// Cut by this loop's own bound, not the caller's: acquireFailed recorded it as an
-			// attempt that may have run, as it does one etcd answered with an error.
-			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
+			// Cut by this loop's bound, not the caller's: acquireFailed recorded it as an
+			// attempt that may have run.
+			err = outcomeUnknown(err)
 			unknown = err
-		case err != nil && unknown != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled):
-			err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown) // the failed attempt stays recorded
+		case err != nil && unknown != nil && !callerEnded(err):
+			err = outcomeUnknown(err) // the failed attempt stays recorded
 		}
 		switch {
 		case err == nil && unknown != nil && refused(v) && !s.dropUnknown(keys, owner):
-			// The record is the reaper's already: its give-back by owner could end a later
-			// grant to owner, so the caller must hear that the owner is spent.
+			// The reaper has the record: its give-back could end a later grant to owner, so the
+			// caller must hear that the owner is spent.
 			return v, unknown
 		case err == nil:
 			return v, nil
@@ -290,27 +284,21 @@ func resending[T any](ctx context.Context, s *Store, what any, owner string, ttl
 		case ctx.Err() != nil || s.isClosed() || !cut && !transient(err):
 			return v, err
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx.Done(), pause) {
 			return v, err
-		case <-t.C:
 		}
 		pause, bound = min(2*pause, retryPauseMax), min(2*bound, maxResendAfter)
 	}
 }
 
-// dropUnknown drops owner's records of keys that an attempt of this call whose outcome was
-// unknown made (acquireFailed), once a later attempt of the same call was answered busy, and
-// reports whether none is left. The busy answer settles that attempt up to then: etcd applies
-// proposals in commit order, so had the failed one taken a key before, the later one would
-// have found it owner's (re-entered). Without the record, no give-back by owner can end
-// owner's later grant. The cost: a proposal committed later still (delayed in a partition,
-// forwarded by a member cut off) puts the key on the failed attempt's retired lease with no
-// record to release it; owner re-enters it if it asks again, else it stays until the lease
-// goes, once the locks that were on it at retirement have ended. A record the reaper has
-// already taken cannot be called back: false.
+// dropUnknown drops owner's records of keys made by an attempt of this call with an unknown
+// outcome (acquireFailed), once a later attempt was answered busy, and reports whether none is
+// left (false when the reaper has one: it cannot be called back). The busy answer settles the
+// failed attempt up to then: etcd applies proposals in commit order, so had it taken a key the
+// later one would have re-entered it. Without the record no give-back by owner can end owner's
+// later grant. The cost: a commit later still (delayed in a partition) leaves the key on the
+// retired lease with no record; owner re-enters it if it asks again, else it goes with the
+// lease, once the locks on it at retirement have ended.
 func (s *Store) dropUnknown(keys []string, owner string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -337,14 +325,13 @@ func refused(v any) bool {
 
 // transient reports whether err is a failure the cluster recovers from by itself: no leader, a
 // leader change, a proposal that timed out, an unreachable member (codes.Unavailable for each),
-// too many requests waiting to be applied, or errNoAnswer. The caller's own deadline or
-// cancellation is not one.
+// too many requests waiting, or errNoAnswer; never the caller's own end.
 func transient(err error) bool {
 	var ee rpctypes.EtcdError
 	switch {
 	case errors.Is(err, errNoAnswer):
 		return true
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+	case callerEnded(err):
 		return false
 	case errors.As(err, &ee):
 		return ee.Code() == codes.Unavailable || ee == rpctypes.ErrTooManyRequests
@@ -371,9 +358,9 @@ func writeOps(key, value string, l *lease) (cmps []clientv3.Cmp, grant, refused 
 		[]clientv3.Op{clientv3.OpGet(key), clientv3.OpPut(WaiterKey(key), "", clientv3.WithLease(l.id)), markWriter(key, l)}
 }
 
-// refusal reads the replies rs of writeOps' refusal: the holder's key (nil when no writer holds
-// it) and the busy reply, the holder's; with no writer, the read hold markWriter read (the
-// writer mark is set now), or, for a free key with others first in fair line, HolderTTL 0.
+// refusal reads the replies rs of writeOps' refusal: the holder's key (nil: no writer) and the
+// busy reply, the holder's; else that of the read hold markWriter read, or, for a free key with
+// others first in its fair line, HolderTTL 0.
 func refusal(rs []*pb.ResponseOp) (*mvccpb.KeyValue, lockstore.Acquisition) {
 	if kv := firstKV(rs[0]); kv != nil {
 		return kv, busy(kv)
@@ -386,9 +373,9 @@ func refusal(rs []*pb.ResponseOp) (*mvccpb.KeyValue, lockstore.Acquisition) {
 	return nil, lockstore.Acquisition{}
 }
 
-// markWriter keeps readers from starving a refused write acquisition: when key has read holds,
-// it sets the writer mark on lease l, with a deadline one lease TTL away (the writer asks again
-// before it, at each read hold's end), and reads one read hold for the busy reply.
+// markWriter keeps readers from starving a refused writer: when key has read holds, it sets
+// the writer mark on lease l, due one lease TTL away (the writer asks again before it, at each
+// read hold's end), and reads one read hold for the busy reply.
 func markWriter(key string, l *lease) clientv3.Op {
 	life := time.Duration(l.secs) * time.Second
 	return clientv3.OpTxn(
@@ -405,11 +392,7 @@ func markWriter(key string, l *lease) clientv3.Op {
 func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 	w := WaiterKey(key)
 	return clientv3.OpTxn(
-		[]clientv3.Cmp{
-			// value(key) starts with "<owner> ": it sorts between "<owner> " and "<owner>!".
-			clientv3.Compare(clientv3.Value(key), ">", owner+" "),
-			clientv3.Compare(clientv3.Value(key), "<", owner+"!"),
-		},
+		valueIn(key, owner+" ", owner+"!"), // key's value starts with "<owner> "
 		nil,
 		[]clientv3.Op{clientv3.OpTxn(
 			[]clientv3.Cmp{
@@ -420,11 +403,19 @@ func markWaiter(key, owner string, id clientv3.LeaseID) clientv3.Op {
 			nil)})
 }
 
+// valueIn is the compare that key's value lies strictly between lo and hi, as bytes: false for a
+// missing key.
+func valueIn(key, lo, hi string) []clientv3.Cmp {
+	v := clientv3.Value(key)
+	return []clientv3.Cmp{clientv3.Compare(v, ">", lo), clientv3.Compare(v, "<", hi)}
+}
+
 // acquireFailed answers a transaction of attempt a on keys that failed with err: errLeaseGone
-// when etcd no longer had a's lease and a.again is set; err when etcd refused it (rejected);
-// else err, wrapping lockstore.ErrOutcomeUnknown unless it is the caller's context's, after
-// recording that each put may have gone through (the reaper releases it past a.until unless
-// refreshed) and retiring the lease, so that a commit after that release goes with it.
+// when etcd no longer had a's lease and a.again is set; err when etcd refused it (rejected).
+// Else etcd may have applied it: each put is recorded as maybe made (the reaper releases it
+// past a.until unless refreshed), and the lease retired, so that a later commit goes with it.
+// Unless the caller's own end, the error wraps lockstore.ErrOutcomeUnknown: the caller must
+// take a new owner, or the reaper's give-back could end the next grant.
 func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 	if isLeaseNotFound(err) && a.again {
 		a.l.mu.Lock()
@@ -446,19 +437,35 @@ func (s *Store) acquireFailed(err error, a *attempt, keys ...string) error {
 		})
 	}
 	s.retire(a.l)
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return err // the caller's own end: it gives back and takes a new owner already
+	if callerEnded(err) {
+		return err
 	}
-	// etcd may apply a transaction it answered with an error (a leader change, a proposal
-	// that timed out): the caller must give back by this owner and ask again as another, or
-	// the reaper's give-back of this entry could end the next grant.
-	return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
+	return outcomeUnknown(err)
 }
 
-// rejected reports an error with which etcd refuses a request before it applies any of it:
-// too many proposals waiting to be applied (transient), a request the client's user may not
-// make, or one it finds malformed. Not NOSPACE: the transaction that crosses the quota is applied, then
-// answered with it (quotaApplierV3).
+// outcomeUnknown marks err as the failure of a request etcd may have applied.
+func outcomeUnknown(err error) error { return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown) }
+
+// callerEnded reports whether err is the end of the caller's context.
+func callerEnded(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// sleep waits d, and reports false when done is closed first.
+func sleep(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// rejected reports an error with which etcd refuses a request before applying any of it: too
+// many proposals waiting (transient), one the client's user may not make, or a malformed one.
+// Not NOSPACE: the transaction that crosses the quota is applied, then answered with it.
 func rejected(err error) bool {
 	var ee rpctypes.EtcdError
 	return errors.As(err, &ee) && slices.Contains([]error{rpctypes.ErrTooManyRequests, rpctypes.ErrRequestTooLarge,
@@ -474,9 +481,9 @@ func later(a, b time.Time) time.Time {
 }
 
 // granted records a grant of key to attempt a at revision rev and returns its fence. A read
-// hold is never simple (the one-transaction release and Pass are a write's) and leaves the
-// key's refusals to the write. A floor that makes no fence (written by hand) gives the grant
-// back rather than hand out a fence that may repeat.
+// hold is never simple (the one-transaction release and Pass are a write's) and leaves refused
+// to writes. A floor that makes no fence (written by hand) gives the grant back rather than
+// hand out a fence that may repeat.
 func (s *Store) granted(ctx context.Context, a *attempt, key string, rev int64, floor *mvccpb.KeyValue) (lockstore.Acquisition, error) {
 	fence, err := fenceOf(rev, floor)
 	if err != nil {
@@ -506,10 +513,9 @@ func (s *Store) giveBack(ctx context.Context, key, value string) {
 	})
 }
 
-// reentered answers attempt a of a key its owner holds already (kv: the lock key, or the read
-// hold of a read owner): the holding's fence, once it lives at least a.ttl from a.start (its
-// lease is a's, or is kept alive now). A write's nil floor is read here; a read re-entry's
-// comes from its transaction, nil when there is none.
+// reentered answers attempt a of a key its owner holds already (kv: the lock key, or a read
+// owner's read hold): its fence, once it lives at least a.ttl from a.start (its lease is a's,
+// or is kept alive now). A write's nil floor is read here; a read's comes from its transaction.
 func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor *mvccpb.KeyValue) (lockstore.Acquisition, error) {
 	read := lockstore.IsReadOwner(a.owner)
 	simple, what := false, "read hold"
@@ -556,8 +562,8 @@ func (s *Store) reentered(ctx context.Context, a *attempt, key string, kv, floor
 	return lockstore.Acquisition{Acquired: true, Reentered: true, Fence: fence}, nil
 }
 
-// busy is the acquisition refused by the holder of kv: its lease TTL (how long the lock lasts
-// should its holder stop now) and metadata.
+// busy is the refusal by the holder of kv: its lease TTL (how long the lock lasts should its
+// holder stop now) and metadata.
 func busy(kv *mvccpb.KeyValue) lockstore.Acquisition {
 	v, ok := parseValue(kv.Value)
 	return busyFor(v.secs, v.meta, ok)
@@ -572,16 +578,14 @@ func busyFor(secs int64, meta string, ok bool) lockstore.Acquisition {
 }
 
 // AcquireAll takes every key of keys (distinct, at most (n-4)/2 under --max-txn-ops n) for owner
-// in one transaction, all or none: free keys are taken, keys owner holds all re-entered (as
-// Acquire); otherwise none is taken and the keys held by others are marked waited on, their
-// Acquisitions (in keys' order) carrying HolderTTL and Holder. Each key is released on its own
-// (Release).
+// in one transaction, all or none: free keys are taken, or all re-entered when owner holds them
+// all; else the keys held by others are marked waited on, their Acquisitions (in keys' order)
+// carrying HolderTTL and Holder. Each key is released on its own.
 func (s *Store) AcquireAll(ctx context.Context, keys []string, owner string, ttl time.Duration, meta string) ([]lockstore.Acquisition, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("flightlock: no keys")
 	}
-	// Two operations a key in each branch, and etcd counts the two levels of a waiter mark
-	// (markWaiter) against what the branch leaves of --max-txn-ops.
+	// Two operations a key in each branch, and etcd counts markWaiter's two levels against it.
 	if most := (s.maxTxnOps - 4) / 2; len(keys) > most {
 		return nil, fmt.Errorf("flightlock: %d keys in one etcd transaction, at most %d (--max-txn-ops %d)",
 			len(keys), most, s.maxTxnOps)
@@ -606,8 +610,8 @@ func (s *Store) acquireAllOnce(ctx context.Context, a *attempt, keys []string) (
 	then := make([]clientv3.Op, 0, 2*len(keys))
 	els := make([]clientv3.Op, 0, 2*len(keys))
 	for _, k := range keys {
-		// Read holds refuse the grant too; AcquireAll sets no writer mark (its operations
-		// would not fit --max-txn-ops), so a reader stream can hold it off.
+		// Read holds refuse the grant too; no writer mark (it would not fit --max-txn-ops),
+		// so a stream of readers can hold AcquireAll off.
 		cmps = append(cmps, writable(k)...)
 		then = append(then, clientv3.OpPut(k, a.value, clientv3.WithLease(a.l.id)), clientv3.OpGet(FloorKey(k)))
 		els = append(els, clientv3.OpGet(k), markWaiter(k, a.owner, a.l.id))
@@ -659,9 +663,9 @@ func (s *Store) acquireAllOnce(ctx context.Context, a *attempt, keys []string) (
 }
 
 // Reenter implements lockstore.Store: owner, a token another process holds key with, adds the
-// hold named hold: a read, then a write compared on the revision read (a re-sent call finds
-// the hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
-// longer than the holder's lease lasts is refused.
+// hold named hold: a read, then a write compared on the revision read (a re-sent call finds the
+// hold listed), beside a keep-alive of the key's lease sent after the call started. A ttl
+// longer than the holder's lease is refused.
 func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (lockstore.Acquisition, error) {
 	if err := cmp.Or(s.check(owner, ttl, key), lockstore.CheckHold(hold, false)); err != nil {
 		return lockstore.Acquisition{}, err
@@ -717,12 +721,11 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		switch {
 		case errors.Is(kaErr, errLeaseGone):
 			return lockstore.Acquisition{}, nil // the key went with its lease: nothing is held
-		case kaErr != nil:
-			// Added, but not reported: given back beside the caller, who returns by its deadline.
+		case kaErr != nil: // added, but not reported: given back beside the caller
 			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, kaErr)
 		case time.Duration(secs)*time.Second < ttl:
-			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) }) // added, but not reported
+			s.beside(func() { s.releaseBounded(context.WithoutCancel(ctx), key, owner, hold, 0) })
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q for %v: its etcd lease lasts %ds", key, ttl, secs)
 		}
 		if !s.updateOn(kl, key, owner, func(e *heldKey) {

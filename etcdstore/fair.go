@@ -12,16 +12,14 @@ import (
 
 // A key's fair line is the directory lineDir(key): one key per waiting owner (placeKey), ranked
 // by its create revision, that of the owner's first refused fair Acquire (kept across re-puts).
-// Revisions, not the callers' clocks (Asked is unused), order the line: the Locker makes a fair
-// Acquire as soon as a fair Lock begins, so first attempts reach etcd in the order the Locks
-// began, up to their round trips, and no host's clock is trusted. The granting transaction
-// checks the rank with one range compare (every place's create revision >= mine), so only the
-// first in line takes a free key, whatever the interleaving.
+// Revisions, not clocks (Asked is unused), order the line: the Locker makes a fair Acquire as
+// soon as a fair Lock begins, so first attempts reach etcd in the order the Locks began, up to
+// their round trips. The granting transaction checks the rank with one range compare (every
+// place's create revision >= mine), so only the first in line takes a free key.
 //
 // A place lives on a lease of the queue time (whole seconds, rounded up) that each fair Acquire
 // of its owner keeps alive: a waiter that stops asking leaves the line one lease TTL later, and
-// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once. The
-// lock granted is an ordinary lock of key (acquireWriteOnce).
+// the deletion wakes the next in line. The grant deletes its place, LeaveQueue at once.
 
 // place is one owner's place in a key's line, as the store knows it.
 type place struct {
@@ -38,11 +36,11 @@ type place struct {
 //	then put(key, value, lease); get(floor); delete(writer mark); fair: delete(place)
 //	else get(key); put(waiter, lease); markWriter; fair, queued: put(place, place lease); get(place)
 //
-// The second branch is busy, or a re-entry when owner holds key already. The waiter mark is
-// written unconditionally: a nested transaction that writes it only when needed costs every
-// acquisition more than a needless yield costs. A fair caller with queue > 0 refused for the
-// first time is given a place lease and makes the attempt once more at once, putting its place;
-// queue 0 (TryLock) takes the key only when it is free and the line empty.
+// The second branch is busy, or a re-entry. The waiter mark is written unconditionally: a
+// nested transaction that writes it only when needed costs every acquisition more than a
+// needless yield does. A fair caller with queue > 0 refused for the first time is given a place
+// lease and tries once more at once, putting its place; queue 0 (TryLock) takes the key only
+// when it is free and the line empty.
 func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fair bool, queue time.Duration) (lockstore.Acquisition, error) {
 	var p place
 	if fair {
@@ -59,8 +57,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 	for {
 		resp, err := s.writeTxn(ctx, key, a, fair, p, queue)
 		if err != nil {
-			// The session lease, or the place's (kept alive at the start of this attempt, so
-			// only a very slow attempt outlives it), may be the one gone: ask which.
+			// The session lease or the place's (kept alive at the start) may be gone: ask which.
 			if isLeaseNotFound(err) && a.again && queue > 0 && p.lease != 0 {
 				if _, kerr := s.cli.KeepAliveOnce(ctx, p.lease); isLeaseNotFound(kerr) {
 					s.setPlace(key, a.owner, place{})
@@ -77,9 +74,9 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 		}
 		kv, out := refusal(resp.Responses)
 		if kv != nil && ownedBy(kv.Value, a.owner) {
-			// The owner holds the key already (a re-sent attempt): a place left over would
-			// hold up the line behind a caller that no longer waits.
-			if queue > 0 && p.lease != 0 { // beside the caller, bounded; a place it cannot delete ends with its lease
+			// A re-sent attempt: a place left over would hold up the line behind a caller that
+			// no longer waits. One that cannot be deleted ends with its lease.
+			if queue > 0 && p.lease != 0 {
 				s.beside(func() {
 					lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 					_ = s.LeaveQueue(lctx, key, a.owner)
@@ -110,8 +107,7 @@ func (s *Store) acquireWriteOnce(ctx context.Context, a *attempt, key string, fa
 	}
 }
 
-// writeTxn is acquireWriteOnce's transaction. markWriter sets the writer mark when readers hold
-// the key: a fair writer holds new readers off as any writer does.
+// writeTxn is acquireWriteOnce's transaction: a fair writer, as any, holds new readers off.
 func (s *Store) writeTxn(ctx context.Context, key string, a *attempt, fair bool, p place, queue time.Duration) (*clientv3.TxnResponse, error) {
 	cmps, then, els := writeOps(key, a.value, a.l)
 	if fair {
@@ -131,8 +127,7 @@ func (s *Store) writeTxn(ctx context.Context, key string, a *attempt, fair bool,
 	return s.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
 }
 
-// LeaveQueue implements lockstore.Store: it deletes owner's place in key's line, which wakes
-// the key's waiters, so that the next in line takes a free key at once.
+// LeaveQueue implements lockstore.Store: it deletes owner's place, which wakes the next in line.
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := s.check(owner, time.Second, key); err != nil { // any valid TTL: none is asked
 		return err
@@ -150,8 +145,7 @@ func (s *Store) placeOf(key, owner string) place {
 	return s.places[entryKey{key, owner}]
 }
 
-// setPlace records owner's place in key's line; the zero place forgets it (granted, left, or
-// lost with its lease).
+// setPlace records owner's place in key's line; the zero place forgets it.
 func (s *Store) setPlace(key, owner string, p place) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -16,10 +16,9 @@ import (
 //	fence = R<<fenceShift + D
 //
 // where D is the offset of k's fence floor (FloorKey(k)) as the granting transaction read it:
-// D = F - R_F<<fenceShift for a floor holding F written at revision R_F, or 0 when there is no
-// floor (or F is below R_F<<fenceShift). A process that holds k hands the lock from goroutine
-// to goroutine with the fences fence+1, fence+2, ... and reports the largest, top, as
-// Release's lastFence.
+// D = F - R_F<<fenceShift for a floor holding F written at revision R_F, else 0. A process that
+// holds k hands the lock on with the fences fence+1, fence+2, ... and reports the largest, top,
+// as Release's lastFence.
 //
 // Why fences strictly increase. Let grant g be at revision R with fence f and its successor g'
 // at R'. k was deleted in between at a revision of its own, so R' >= R+2; the floor is written
@@ -35,17 +34,16 @@ import (
 // 65,535 handoffs), so no floor is written.
 //
 // The remaining gap: a holder that hands out 2<<fenceShift or more fences under one grant and
-// then never releases may see the next grant's fence at or below its own last ones. Only the
-// core knows how many fences it handed out, so the store states its bound
-// (Capabilities.MaxHandoffs), and flightlock.New and With refuse a WithHandoff above it.
+// never releases may see the next grant's fence at or below its own. Only the core counts its
+// fences, so the store states its bound (Capabilities.MaxHandoffs), and flightlock.New and With
+// refuse a WithHandoff above it.
 //
 // Fences stay below 2^63 while the cluster's revision is below 2^(63-fenceShift) = 2^43 (8.8e12
 // writes); a grant beyond that is refused, never wrapped.
 const fenceShift = 20
 
 // Capabilities implements lockstore.Store. MaxHandoffs is half of the 2<<fenceShift fences a
-// grant has room for (a handoff hands out one), so that the bound holds with room to spare.
-// etcd watches cost a goroutine each, so watches are not shared.
+// grant has room for (a handoff hands out one). Watches are not shared: each costs a goroutine.
 func (s *Store) Capabilities() lockstore.Capabilities {
 	return lockstore.Capabilities{Name: "etcd", MaxHandoffs: 1 << fenceShift}
 }
@@ -54,7 +52,7 @@ func (s *Store) Capabilities() lockstore.Capabilities {
 // floor offset of up to 2^62).
 const maxGrantRevision = 1<<(62-fenceShift) - 1
 
-// floorOffset returns D for the floor key kv (nil when there is none), 0 with the error.
+// floorOffset returns D for the floor key kv (nil: none).
 func floorOffset(kv *mvccpb.KeyValue) (int64, error) {
 	if kv == nil {
 		return 0, nil
@@ -81,10 +79,9 @@ func fenceOf(rev int64, floor *mvccpb.KeyValue) (int64, error) {
 	return rev<<fenceShift + d, nil
 }
 
-// deleteOps are the release that deletes k: k, its waiter mark, and what it does to k's floor,
-// for a grant at revision rev, top the largest fence handed out under it (its own included),
-// and hadFloor whether the grant read a floor key: write top when the next grant's revision
-// alone might not exceed it, delete an obsolete floor, or nothing.
+// deleteOps are the release that deletes k and its waiter mark, for a grant at revision rev
+// under which top is the largest fence, that read a floor when hadFloor: it writes top as the
+// floor when the next grant's revision alone might not exceed it, else deletes an obsolete one.
 func deleteOps(k string, rev, top int64, hadFloor bool) []clientv3.Op {
 	ops := []clientv3.Op{clientv3.OpDelete(k), clientv3.OpDelete(WaiterKey(k))}
 	switch {

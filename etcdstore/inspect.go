@@ -20,10 +20,9 @@ import (
 // with NewInspector. It never reads an owner token into a LockInfo: a propagated token lets its
 // bearer re-enter the lock, so tools cannot print what they are never given.
 //
-// Contended is the waiter mark. Waiters stays 0: they wait on watches, which etcd does not let
-// a client count. The store's own keys are never listed, should the prefix cover them. A key
-// held for reading is listed from its read holds (sideDir), with Readers their count and no
-// owner; Queued counts the places in a held key's fair line.
+// Contended is the waiter mark. Waiters stays 0: etcd does not let a client count watches. The
+// store's own keys are never listed. A key held for reading is listed from its read holds, with
+// Readers their count and no owner; Queued counts the places in a held key's fair line.
 type Inspector struct {
 	cli    *clientv3.Client
 	prefix string
@@ -37,8 +36,8 @@ func NewInspector(cli *clientv3.Client, prefix string) *Inspector {
 	return &Inspector{cli: cli, prefix: prefix}
 }
 
-// keyOf is the rendered key of the etcd key full when it is listed: under the prefix, not one
-// of the store's own keys nor one skip refuses, and matching pattern.
+// keyOf is the rendered key of the etcd key full when it is listed: under the prefix, not the
+// store's own nor refused by skip, and matching pattern.
 func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string, bool) {
 	key, ok := strings.CutPrefix(full, in.prefix)
 	if !ok || strings.HasPrefix(full, lockstore.FenceKeyPrefix) || skip != nil && skip(key) || !glob.Match(pattern, key) {
@@ -47,8 +46,7 @@ func (in *Inspector) keyOf(full, pattern string, skip func(string) bool) (string
 	return key, true
 }
 
-// newInfo is the LockInfo of a grant at createRev that read the fence floor key floor (nil:
-// none), with no TTL read yet.
+// newInfo is the LockInfo of a grant at createRev that read the fence floor floor, TTL unread.
 func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	l := lockstore.LockInfo{Key: key, StoreKey: full, TTL: lockstore.NoTTL, CreateRevision: createRev, ModRevision: modRev,
 		Contended: marked}
@@ -60,8 +58,7 @@ func newInfo(key, full string, lease, createRev, modRev int64, marked bool, floo
 	return l
 }
 
-// lockOf reads the lock key kv: marked tells whether its waiter mark is set, floor is its fence
-// floor key (nil: none).
+// lockOf reads the lock key kv, with its waiter mark (marked) and fence floor.
 func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue) lockstore.LockInfo {
 	v, ok := parseValue(kv.Value)
 	holds := strings.Split(v.holds, ",")
@@ -75,8 +72,8 @@ func lockOf(key string, kv *mvccpb.KeyValue, marked bool, floor *mvccpb.KeyValue
 	return l
 }
 
-// leaseTTLs sets the TTL of each lock to the time left on its lease (whole seconds; 0 when etcd
-// no longer has it), asking etcd once per lease.
+// leaseTTLs sets each lock's TTL to the whole seconds left on its lease (0 when etcd no longer
+// has it), asking etcd once per lease.
 func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) error {
 	left := make(map[string]int64)
 	for i, l := range locks {
@@ -98,10 +95,10 @@ func (in *Inspector) leaseTTLs(ctx context.Context, locks []lockstore.LockInfo) 
 	return nil
 }
 
-// snapshot reads, in one transaction, the lock keys under the prefix (one: the key full
-// alone) with their marks, floors and side keys, and returns those keyOf lists, sorted by key:
-// the first limit of them (0: all) with their TTLs, how many more there are, and the revision
-// read. One's lock has its fence counter.
+// snapshot reads, in one transaction, the lock keys under the prefix (one: full alone) with
+// their marks, floors and side keys, and returns those keyOf lists, sorted by key: the first
+// limit (0: all) with their TTLs, how many more there are, and the revision read. One's lock
+// has its fence counter.
 func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf func(string) (string, bool), limit int) ([]lockstore.LockInfo, int, int64, error) {
 	rng, side := []clientv3.OpOption{clientv3.WithPrefix()}, sidePrefix
 	if one {
@@ -111,8 +108,8 @@ func (in *Inspector) snapshot(ctx context.Context, full string, one bool, keyOf 
 		clientv3.OpGet(full, rng...),
 		clientv3.OpGet(WaiterKey(full), append(rng, clientv3.WithKeysOnly())...),
 		clientv3.OpGet(FloorKey(full), rng...),
-		// Side directories are named by the key's length first, so the prefix's are not one
-		// range: all of them are read, and those of other prefixes left out here.
+		// Side directories start with the key's length, so the prefix's are not one range: all
+		// are read, and other prefixes' left out here.
 		clientv3.OpGet(side, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
@@ -180,7 +177,7 @@ func (in *Inspector) listed(ctx context.Context, pattern string, skip func(strin
 	return in.snapshot(ctx, in.prefix, false, func(full string) (string, bool) { return in.keyOf(full, pattern, skip) }, limit)
 }
 
-// sideCount sums up the side keys of one lock key (sideDir): its read holds and places in line.
+// sideCount sums up the side keys of one lock key: its read holds and places in line.
 type sideCount struct {
 	readers, queued int
 	lease           int64 // the lease of one read hold
@@ -202,15 +199,13 @@ func (c *sideCount) add(kind byte, kv *mvccpb.KeyValue) {
 	}
 }
 
-// List implements lockstore.Inspector: one snapshot, filtered here, then the leases of the
-// first opts.Limit locks.
+// List implements lockstore.Inspector: one snapshot, then the leases of the first opts.Limit.
 func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	locks, more, _, err := in.listed(ctx, pattern, opts.Skip, opts.Limit)
 	return locks, more, err
 }
 
-// Lookup implements lockstore.Inspector: value, waiter mark, fence floor and side keys in one
-// transaction, then the time left on its lease.
+// Lookup implements lockstore.Inspector: a snapshot of key alone.
 func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo, error) {
 	full := in.prefix + key
 	locks, _, _, err := in.snapshot(ctx, full, true, func(string) (string, bool) { return key, true }, 0)
@@ -224,14 +219,12 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 }
 
 // ForceUnlock implements lockstore.Inspector: it deletes the key and its waiter mark in one
-// transaction, only while the key is still at the revision l was read at (the same grant and
-// holds). The deletion wakes the waiters; the holder learns of the loss at its next refresh.
-// Like a holder's death, it writes no fence floor (fence.go: the Locker's handoff bound keeps
-// the next grant's fence above the holder's).
-//
-// A key held for reading loses every read hold instead, only while no writer holds it and no
-// read hold is newer than l (a new one is a grant the operator did not agree to remove). When
-// nothing is removed, a Lookup tells what the key holds now.
+// transaction, only while the key is at the revision l was read at (the same grant and holds).
+// The deletion wakes the waiters; the holder learns of the loss at its next refresh. Like a
+// holder's death, it writes no fence floor (the Locker's handoff bound keeps the next grant's
+// fence above the holder's). A key held for reading loses every read hold instead, only while
+// no writer holds it and no read hold is newer than l (one the operator did not agree to
+// remove). When nothing is removed, a Lookup tells what the key holds now.
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.ModRevision == 0 || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)

@@ -25,13 +25,12 @@ const (
 // Watch implements lockstore.Inspector. It reads the matching locks, then watches the prefix
 // and the waiter marks from the next revision, so nothing in between is missed: a lock key's
 // creation is an acquisition, another put a change of its holds, a deletion a release or an
-// expiry (leaseEnd), a put of its waiter mark contention (a re-entry by the holder's own owner
-// writes it too). The two watches are separate streams: a contention may be reported before
-// the acquisition it followed.
+// expiry (leaseEnd), a put of its waiter mark contention (the holder's own owner's re-entry
+// writes it too). The two streams are separate: a contention may come before its acquisition.
 //
 // When etcd ends the watch (compaction, no leader, a failed read), Watch resumes from a fresh
 // read (EventResumed) and reports what changed meanwhile; it gives up only when etcd stays
-// unreachable for opts.Timeout. opts.Interval is not used: etcd tells every change.
+// unreachable for opts.Timeout. opts.Interval is unused: etcd tells every change.
 func (in *Inspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	w := &etcdWatch{in: in, pattern: pattern, skip: opts.Skip, fn: fn, timeout: opts.Timeout}
@@ -97,10 +96,10 @@ func (w *etcdWatch) follow(ctx context.Context, rev int64) error {
 	}
 }
 
-// read reads the matching locks, within the watch's timeout, and returns the revision read.
-// The first read reports them (EventWatching). After etcd ended the watch for the reason ended,
-// a failed read is made again with a backoff, and the read reports how the locks differ from
-// those last seen: the ends first, by key, then the grants in the read's order.
+// read reads the matching locks within the watch's timeout and returns the revision read. The
+// first read reports them (EventWatching). After etcd ended the watch (ended), a failed read is
+// retried with a backoff, and the read reports how the locks differ from those last seen: the
+// ends first, by key, then the grants in the read's order.
 func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
@@ -116,10 +115,8 @@ func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 		if ended == nil {
 			return 0, err // the first read is not made again
 		}
-		select {
-		case <-rctx.Done():
+		if !sleep(rctx.Done(), backoff) {
 			return 0, fmt.Errorf("resume the watch (it ended: %v): %w", ended, err)
-		case <-time.After(backoff):
 		}
 	}
 	now := make(map[string]lockstore.LockInfo, len(locks))
@@ -162,10 +159,10 @@ func (w *etcdWatch) read(ctx context.Context, ended error) (int64, error) {
 // leaseEnds caches leaseEnd's answers by lease for one batch of events.
 type leaseEnds map[string]lockstore.EventKind
 
-// leaseEnd tells how a deleted lock on lease (hex, as LockInfo has it; "" for none) ended:
+// leaseEnd tells how a deleted lock on lease (hex, as in LockInfo; "" for none) ended:
 // EventExpired when etcd no longer has the lease (expired or revoked: a holder that releases
-// and closes its store at once reads as one), else EventReleased, which is also the answer
-// when etcd does not answer within the watch's timeout.
+// and closes its store at once reads as one), else EventReleased, also when etcd does not
+// answer within the watch's timeout.
 func (w *etcdWatch) leaseEnd(ctx context.Context, lease string, ends leaseEnds) lockstore.EventKind {
 	if kind, ok := ends[lease]; ok {
 		return kind
@@ -236,9 +233,8 @@ func (w *etcdWatch) lockEvent(ctx context.Context, ev *clientv3.Event, ends leas
 	return nil
 }
 
-// marked reports a put of a waiter mark: a request was refused the lock. A waiter puts the
-// mark again at each retry; only the first put of a grant's mark is reported, as the polling
-// inspectors report a grant's first refusal (lockstore.Changes).
+// marked reports a put of a waiter mark: a request was refused the lock. Only the first put of
+// a grant's mark is reported (a waiter puts it again at each retry), as lockstore.Changes does.
 func (w *etcdWatch) marked(ev *clientv3.Event) {
 	full := strings.TrimPrefix(string(ev.Kv.Key), waiterPrefix)
 	key, ok := w.in.keyOf(full, w.pattern, w.skip)

@@ -15,8 +15,7 @@ import (
 	"github.com/flightlock/flightlock/internal/mapshrink"
 )
 
-// errNoAnswer is reported by a call the store bounds itself when etcd did not answer in time
-// (transient: sent again, it may reach a member that answers).
+// errNoAnswer: etcd did not answer a call the store bounds itself (transient: sent again).
 var errNoAnswer = errors.New("flightlock: etcd did not answer in time")
 
 // errLeaseGone reports a lease etcd no longer has: every key on it was deleted with it.
@@ -26,10 +25,9 @@ func isLeaseNotFound(err error) bool {
 	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrGRPCLeaseNotFound)
 }
 
-// lease is one etcd lease of the store: every lock of one TTL (one Locker session) is on it,
-// granted once, by the first acquisition that needs it. It lasts ttl + margin seconds; the store
-// keeps it alive in the background and on demand. A retired lease (see the package doc) is kept
-// alive like any other until it is revoked, so the locks on it keep every guarantee.
+// lease is the store's etcd lease of ttl + margin seconds for every lock of one TTL, granted on
+// first use and kept alive in the background and on demand. A retired lease (package doc) is
+// kept alive until revoked, so its locks keep every guarantee.
 type lease struct {
 	ttl   time.Duration // the lock TTL it serves
 	ready chan struct{} // closed once the grant set id, secs and fresh, or err
@@ -57,8 +55,8 @@ func (l *lease) liveFor(now time.Time, d time.Duration) bool {
 	return !l.gone && l.fresh.Add(time.Duration(l.secs)*time.Second).Sub(now) >= d
 }
 
-// leaseFor returns the store's lease for lock TTL ttl, granting it on first use. A TTL that
-// etcd raises (below its minimum lease TTL) is refused with an error, never rounded.
+// leaseFor returns the store's lease for lock TTL ttl, pinned, granting it on first use. A TTL
+// that etcd raises (below its minimum lease TTL) is refused, never rounded.
 func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error) {
 	for {
 		s.mu.Lock()
@@ -90,13 +88,12 @@ func (s *Store) leaseFor(ctx context.Context, ttl time.Duration) (*lease, error)
 		if s.pin(l) {
 			return l, nil
 		}
-		// Retired since leases was read, which removed it there: the next round grants.
+		// Retired (and so unlisted) since leases was read: the next round grants.
 	}
 }
 
-// pin counts an acquisition that is about to write on l, until unpin, so that a retired l is
-// not revoked under a key put on it before the store recorded the key. It reports false when
-// l is retired: no new acquisition goes on it.
+// pin counts an acquisition about to write on l, until unpin, so that a retired l is not
+// revoked under a key put on it before the store recorded it; false when l is retired.
 func (s *Store) pin(l *lease) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -121,13 +118,18 @@ func (s *Store) retire(l *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l.retired = true
+	s.unlistLocked(l)
+}
+
+// unlistLocked removes l from leases: the next acquisition of its TTL grants anew. Holds s.mu.
+func (s *Store) unlistLocked(l *lease) {
 	if s.leases[l.ttl] == l {
 		delete(s.leases, l.ttl)
 	}
 }
 
 // relinkLocked moves one entry of held from lease from to lease to (0: none, or not the
-// store's): the count of entries on each lease. s.mu must be held.
+// store's) in the leases' entry counts. s.mu must be held.
 func (s *Store) relinkLocked(from, to clientv3.LeaseID) {
 	if from == to {
 		return
@@ -151,8 +153,8 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 	l.mu.Lock() // lock order: s.mu, then a lease's mu
 	l.gone = true
 	l.mu.Unlock()
-	// Left in byID until the revocation is done, so that a Close meanwhile revokes it. One the
-	// store cannot revoke expires unrenewed.
+	// Left in byID until revoked, so that a Close meanwhile revokes it; one the store cannot
+	// revoke expires unrenewed.
 	s.spawn(func() {
 		if err := s.revoke(s.ctx, l.id); err != nil && !isLeaseNotFound(err) && s.isClosed() {
 			return
@@ -166,7 +168,7 @@ func (s *Store) revokeIfUnusedLocked(l *lease) {
 }
 
 // grant asks etcd for l, which leases names, and fills it in. A failure other than a refusal
-// removes l from leases, so the next call tries again.
+// unlists l, so the next call tries again.
 func (s *Store) grant(ctx context.Context, l *lease) {
 	defer close(l.ready)
 	ttl := l.ttl
@@ -186,9 +188,7 @@ func (s *Store) grant(ctx context.Context, l *lease) {
 	if err != nil {
 		l.err = fmt.Errorf("flightlock: grant etcd lease of %ds: %w", secs, err)
 		s.mu.Lock()
-		if s.leases[ttl] == l {
-			delete(s.leases, ttl)
-		}
+		s.unlistLocked(l)
 		s.mu.Unlock()
 		return
 	}
@@ -215,9 +215,7 @@ func (s *Store) revoke(ctx context.Context, id clientv3.LeaseID) error {
 func (s *Store) dropLease(l *lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.leases[l.ttl] == l {
-		delete(s.leases, l.ttl)
-	}
+	s.unlistLocked(l)
 	if !l.revoking { // else revokeIfUnusedLocked removes it, once revoked (or Close does)
 		delete(s.byID, l.id)
 	}
@@ -232,7 +230,7 @@ func (s *Store) ourLease(id clientv3.LeaseID) *lease {
 }
 
 // keepAliveLoop keeps every lease of the store alive four times per margin, so that an
-// acquisition finds its lease fresh and needs no keep-alive of its own, and starts the reaper.
+// acquisition finds its lease fresh, and starts the reaper.
 func (s *Store) keepAliveLoop() {
 	period := s.margin / 4
 	t := time.NewTicker(period)
@@ -258,9 +256,9 @@ func (s *Store) keepAliveLoop() {
 	}
 }
 
-// ownKeepAlive is a keep-alive of the store's lease l sent at or after t: once it succeeded, l
-// lives at least its TTL from t. None is sent when one has succeeded already; callers that
-// queue while a keep-alive is on the wire share the next.
+// ownKeepAlive is a keep-alive of l sent at or after t (none if one succeeded already), after
+// which l lives at least its TTL from t. Callers that queue while one is on the wire share the
+// next.
 func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -273,8 +271,7 @@ func (s *Store) ownKeepAlive(l *lease, t time.Time) *keepAlive {
 	return &keepAlive{secs: l.secs}
 }
 
-// queueLocked returns the keep-alive of l that is still to be sent, starting a sender when
-// none runs. l.mu must be held.
+// queueLocked returns l's next keep-alive, starting a sender when none runs. Holds l.mu.
 func (s *Store) queueLocked(l *lease) *keepAlive {
 	if l.next == nil {
 		l.next = &keepAlive{done: make(chan struct{}), shared: true, secs: l.secs}
@@ -307,7 +304,7 @@ func (s *Store) sendKeepAlives(l *lease) {
 
 		sent := time.Now()
 		// Bounded by resendAfter: one sent to a silent member would hold every caller queued
-		// behind it until the lease's TTL, while the next may reach a member that answers.
+		// behind it, while the next may reach a member that answers.
 		ctx, cancel := context.WithTimeout(s.ctx, min(time.Duration(l.secs)*time.Second, resendAfter))
 		_, err := s.cli.KeepAliveOnce(ctx, l.id)
 		cut := ctx.Err() != nil

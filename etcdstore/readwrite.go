@@ -12,15 +12,14 @@ import (
 
 // Read-write locks: an owner made by lockstore.ReadOwner takes a read hold of its own
 // (readKey), shared with the key's other read holds. One transaction on each side decides
-// exclusion, whatever the interleaving: a write grant compares that the key does not exist and
-// its read directory is empty (writable); a read grant, that the key does not exist and no
-// writer mark is live. A read hold lives on its reader's session lease and in held like a lock;
-// its end deletes its key, which every waiter's Watch hears.
+// exclusion: a write grant compares that the key does not exist and its read directory is
+// empty (writable); a read grant, that the key does not exist and no writer mark is live. A
+// read hold lives on its reader's session lease and in held like a lock; its end deletes its
+// key, which every waiter's Watch hears.
 //
 // Writer preference: a write acquisition refused by read holds sets the writer mark
-// (markWriter), and read acquisitions are refused while it is there and not past its deadline
-// (one lease TTL of its writer after its last refusal): a writer that gave up holds readers off
-// no longer than that.
+// (markWriter), which refuses read acquisitions until its deadline, one lease TTL of its
+// writer after its last refusal: a writer that gave up holds readers off no longer.
 
 // acquireReadOnce is one attempt of Acquire for a read owner, one transaction:
 //
@@ -34,8 +33,8 @@ import (
 //
 // A read hold's fence is made as a write's (fence.go): every write it follows was deleted at a
 // lower revision, so it exceeds their fences (the floor covers those beyond the revision's
-// room); the next write is granted only after this hold's deletion, at a higher revision, with
-// no floor written in between (only a write's release writes one), so its fence exceeds it.
+// room); the next write is granted after this hold's deletion, at a higher revision, with no
+// floor written in between (only a write's release writes one), so its fence exceeds it.
 func (s *Store) acquireReadOnce(ctx context.Context, a *attempt, key string) (lockstore.Acquisition, error) {
 	rk, mark := readKey(key, a.owner), writerKey(key)
 	grant := func(more ...clientv3.Op) []clientv3.Op {
@@ -76,8 +75,8 @@ func (s *Store) acquireReadOnce(ctx context.Context, a *attempt, key string) (lo
 	if kv := firstKV(txn.Responses[0]); kv != nil {
 		return busy(kv), nil // a writer holds the key
 	}
-	// A writer waits for the read holds to end: it takes the key next, for up to its TTL. It
-	// holds nothing yet, so the reply names no holder.
+	// A writer that waits for the read holds takes the key next, for up to its TTL; it holds
+	// nothing yet, so the reply names no holder.
 	if kv := firstKV(txn.Responses[2]); kv != nil {
 		secs, ok := parseMarkValue(kv.Value)
 		return busyFor(secs, "", ok), nil
@@ -90,9 +89,8 @@ func (s *Store) acquireReadOnce(ctx context.Context, a *attempt, key string) (lo
 //	if   create_revision(read hold) > 0
 //	then count(read holds); count(mark); delete(read hold)
 //
-// Read holds have no named holds and hand out no fences beyond their own: hold must be "", and
-// no lastFence is kept. It returns 1 when it ended the last read hold while a writer waits (the
-// writer mark).
+// Read holds have no named holds and no fences beyond their own: hold must be "". It returns 1
+// when it ended the last read hold while a writer waits (the writer mark).
 func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int, error) {
 	if hold != "" {
 		return 0, lockstore.ErrNotHeld
@@ -120,8 +118,7 @@ func (s *Store) releaseShared(ctx context.Context, key, owner, hold string) (int
 	return 0, nil
 }
 
-// holdKey is the etcd key that holds owner's hold of key: the key itself for a write, the read
-// hold's key for a read owner.
+// holdKey is the etcd key of owner's hold of key: key itself, or a read owner's read hold.
 func holdKey(key, owner string) string {
 	if lockstore.IsReadOwner(owner) {
 		return readKey(key, owner)

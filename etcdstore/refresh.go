@@ -22,18 +22,16 @@ func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duratio
 
 // RefreshAll implements lockstore.Store. When it returns nil for a lock, the lock lives at
 // least its TTL from the call: a keep-alive of the key's lease sent after the call succeeded
-// (one per distinct lease, shared with the store's other keep-alives of it), and a later read
-// found the key the owner's and on that lease (one linearizable read per --max-txn-ops keys).
-// A read owner's refresh covers its own read hold alone. A lease etcd no longer has lost every
-// key on it: ErrNotHeld, as is a lock the store's reaper is releasing (its holder's guarantee
-// ran out). A lease the store did not know of (a lock another store wrote) is
-// kept alive after the read, a second round trip. A TTL longer than the lease is an error.
+// (one per lease, shared with the store's others), and a later read found the key the owner's
+// and on that lease (one linearizable read per --max-txn-ops keys). A read owner's refresh
+// covers its own read hold. A lease etcd no longer has lost every key on it: ErrNotHeld, as is
+// a lock the reaper is releasing (its guarantee ran out). A lease the store did not know of (a
+// lock another store wrote) is kept alive after the read. A TTL longer than the lease fails.
 func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	start := time.Now()
 	errs := make([]error, len(batch))
-	// Keep-alives of the leases the store knows the keys are on go out at once, beside the reads.
-	kas := make(map[clientv3.LeaseID]*keepAlive)
-	var keys []string // the hold keys to read, each once after Compact
+	kas := make(map[clientv3.LeaseID]*keepAlive) // of known leases: sent at once, beside the reads
+	var keys []string                            // the hold keys to read, each once after Compact
 	for i, r := range batch {
 		if errs[i] = s.check(r.Owner, r.TTL, r.Key); errs[i] != nil {
 			continue
@@ -95,13 +93,11 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// touch returns a copy of the entry of key for owner, after moving the moment its holder counts
-// on it to until (never back) before a refresh or a pass goes on the wire, so that the reaper
-// cannot release a lock whose refresh is on the wire, nor a pass report kept a lock the reaper
-// deleted. ok is false, and the copy has reaping set, when the reaper has the entry: the
-// holder's guarantee ran out and the reaper's release of every hold is on its way, which
-// nothing calls back, so a refresh is not held and a pass releases. For a pass, ok is also
-// false when its guarantee ran out already.
+// touch returns a copy of the entry of key for owner after moving its until to until (never
+// back), before a refresh or pass goes on the wire, so that the reaper cannot release a lock
+// whose refresh is on the wire, nor a pass report kept a lock the reaper deleted. ok is false
+// (the copy's reaping set) when the reaper has the entry, whose release nothing calls back: a
+// refresh is not held and a pass releases. A pass also fails when the guarantee ran out.
 func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -116,8 +112,8 @@ func (s *Store) touch(key, owner string, until time.Time, pass bool) (heldKey, b
 	return *e, true
 }
 
-// keepAlive is one keep-alive of a lease: of the store's own, the one shared by every caller
-// that queued before it was sent (shared); of another's, a call of its own on a goroutine.
+// keepAlive is one keep-alive of a lease: for the store's own, shared by every caller that
+// queued before it was sent; for another's, a call of its own on a goroutine.
 type keepAlive struct {
 	done   chan struct{} // closed once secs and err are set; nil when none is sent
 	shared bool
@@ -125,9 +121,7 @@ type keepAlive struct {
 	err    error
 }
 
-// startKeepAlive starts a keep-alive of id sent after t: the store's shared one for its own
-// leases, a call of its own (on a goroutine joined by join) for another's. Its wait returns the
-// lease's TTL in seconds, or errLeaseGone.
+// startKeepAlive starts a keep-alive of id sent after t.
 func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.Time) *keepAlive {
 	if l := s.ourLease(id); l != nil {
 		return s.ownKeepAlive(l, t)
@@ -148,8 +142,8 @@ func (s *Store) startKeepAlive(ctx context.Context, id clientv3.LeaseID, t time.
 	return k
 }
 
-// wait returns the lease's TTL in seconds once the keep-alive succeeded. A call of its own is
-// bounded by ctx already; a shared one is given up when ctx ends.
+// wait returns the lease's TTL in seconds once the keep-alive succeeded; a shared one is given
+// up when ctx ends (a call of its own is bounded by ctx already).
 func (k *keepAlive) wait(ctx context.Context) (int64, error) {
 	if k.shared {
 		select {
@@ -199,9 +193,8 @@ func (s *Store) readKeys(ctx context.Context, keys []string) (map[string]*mvccpb
 	return kvs, errs
 }
 
-// TTL implements lockstore.Store: the remaining TTL, in whole seconds, of the lease key is on
-// (for a key held for reading, its first read hold's); ErrNotHeld when nobody holds key. Two
-// round trips: for operators, not for the lock path.
+// TTL implements lockstore.Store: the whole seconds left on key's lease (its first read
+// hold's, when held for reading); ErrNotHeld when nobody holds key. Two round trips: for operators.
 func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err

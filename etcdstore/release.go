@@ -18,15 +18,15 @@ import (
 //	if   mod_revision(key) == written
 //	then delete(key); delete(waiter); [put or delete the fence floor]
 //
-// Otherwise the key is read and rewritten with a compare on the revision read until it holds:
-// giving up one hold rewrites the value (with lastFence when holds remain), the last deletes
-// the key. When only re-entries from other processes remain, the key moves to a lease of its
-// own that only their refreshes keep alive, so it does not outlive them on this session lease.
+// Else the key is read and rewritten, compared on the revision read, until that holds: giving
+// up one hold rewrites the value (with lastFence when holds remain), the last deletes the key.
+// When only other processes' re-entries remain, the key moves to a lease of its own that only
+// their refreshes keep alive, so it does not outlive them on this session lease.
 //
-// It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires on this
-// deletion), else 0. A failed release is retried in the background until etcd answers. Giving
-// back an acquisition the store never saw granted costs no round trip (giveBackLater), so that
-// it never holds the caller past the deadline that cut it short.
+// It returns 1 when the deleted lock carried a waiter mark (its waiter's Watch fires), else 0.
+// A failed release is retried in the background until etcd answers. Giving back an acquisition
+// the store never saw granted costs no round trip (giveBackLater), so that it never holds the
+// caller past the deadline that cut it short.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	// Any valid TTL: none is asked.
 	if err := cmp.Or(s.check(owner, time.Second, key), lockstore.CheckHold(hold, true)); err != nil {
@@ -41,11 +41,10 @@ func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence 
 	return s.release(ctx, key, owner, hold, lastFence)
 }
 
-// giveBackLater gives back, with no round trip, the own hold of owner on key when the store
-// never saw it granted, and reports whether it did: ErrNotHeld when no request of the
-// acquisition went out; nil when its outcome is unknown (no create revision, no named hold) or
-// it is a failed release, which is made due at once for the reaper. A grant the store knows of,
-// or a lock it did not take, is released on the wire.
+// giveBackLater gives back, with no round trip, owner's own hold on key when the store never
+// saw it granted, and reports whether it did: ErrNotHeld when no request went out; nil when its
+// outcome is unknown (no create revision, no named hold) or it is a failed release, made due at
+// once for the reaper. A grant the store knows of, or a lock it did not take, goes on the wire.
 func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) {
 	k := entryKey{key, owner}
 	s.mu.Lock()
@@ -70,8 +69,7 @@ func (s *Store) giveBackLater(key, owner string, lastFence int64) (bool, error) 
 	return true, nil
 }
 
-// release is Release on the wire: the one-transaction release when it applies, else by read and
-// compare-and-write. A release that failed is recorded for the store to retry (releaseFailed).
+// release is Release on the wire; a failure is recorded for the store to retry (releaseFailed).
 func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence int64) (n int, err error) {
 	defer func() {
 		if err != nil && !errors.Is(err, lockstore.ErrNotHeld) {
@@ -81,9 +79,8 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	if lockstore.IsReadOwner(owner) {
 		return s.releaseShared(ctx, key, owner, hold)
 	}
-	// The one-transaction release of a plain lock this store took and knows unchanged. No else
-	// branch: reading there costs every release, and the compare fails only for a lock
-	// re-entered from elsewhere or lost, which the read and compare-and-write below handle.
+	// The one-transaction release. No else branch: a read there costs every release, and the
+	// compare fails only for a lock re-entered from elsewhere or lost, handled below.
 	if e, ok := s.entry(key, owner); ok && hold == "" && e.simple && e.own && e.modRev != 0 {
 		resp, err := s.atRevision(ctx, key, e.modRev, deleteOps(key, e.createRev, max(e.fence, e.last, lastFence), e.hadFloor), nil)
 		if err != nil {
@@ -145,8 +142,8 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 		}
 		if moved != 0 {
 			// A re-entry's refresh that read the key on the session lease before this commit
-			// promised its TTL from its own start, which may be later than the new lease's
-			// grant: a keep-alive sent after the commit covers any such start.
+			// promised its TTL from its start, maybe later than the new lease's grant: a
+			// keep-alive sent after the commit covers it.
 			s.keepMovedAlive(moved, time.Now())
 			moved = 0 // in use
 		}
@@ -155,18 +152,16 @@ func (s *Store) release(ctx context.Context, key, owner, hold string, lastFence 
 	}
 }
 
-// atRevision commits then when key is still at the mod revision rev (and the compares more
-// hold), else els: no write of the store goes to a key that changed since the store wrote or
-// read it.
+// atRevision commits then when key is still at the mod revision rev (and more hold), else els:
+// no write of the store goes to a key that changed since the store wrote or read it.
 func (s *Store) atRevision(ctx context.Context, key string, rev int64, then, els []clientv3.Op, more ...clientv3.Cmp) (*clientv3.TxnResponse, error) {
 	cmps := append(make([]clientv3.Cmp, 0, 1+len(more)), clientv3.Compare(clientv3.ModRevision(key), "=", rev))
 	return s.cli.Txn(ctx).If(append(cmps, more...)...).Then(then...).Else(els...).Commit()
 }
 
-// releaseOps are the writes that release hold (or the owner's own hold) from the lock value v
-// read in kv, with its floor: the value without it, or the key's deletion when no hold is
-// left (left is false). Holds of other processes left alone move off the session lease, onto
-// *moved, granted here once per release.
+// releaseOps are the writes that release hold ("": the owner's own) from the value v read in
+// kv: the value without it, or, no hold left (left false), the key's deletion. Other processes'
+// holds left alone move off the session lease onto *moved, granted here once per release.
 func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFence int64, v lockValue, kv, floor *mvccpb.KeyValue, moved *clientv3.LeaseID) (ops []clientv3.Op, left bool, err error) {
 	nv, left := v.withoutHold(hold)
 	e, _ := s.entry(key, owner)
@@ -184,8 +179,7 @@ func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFen
 	case left:
 		return []clientv3.Op{clientv3.OpPut(key, nv.String(), clientv3.WithIgnoreLease())}, true, nil
 	}
-	// An unreadable floor (written by hand) is left for the next acquisition to refuse (top 0
-	// writes none); the lock is released all the same.
+	// An unreadable floor (written by hand) is left for the next grant to refuse.
 	fence, ferr := fenceOf(kv.CreateRevision, floor)
 	if ferr == nil {
 		fence = max(fence, nv.last)
@@ -193,7 +187,7 @@ func (s *Store) releaseOps(ctx context.Context, key, owner, hold string, lastFen
 	return deleteOps(key, kv.CreateRevision, fence, ferr == nil && floor != nil), false, nil
 }
 
-// releaseFailed records a release that may not have happened, for the store to retry.
+// releaseFailed records a release that may not have happened, for the reaper to retry.
 func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 	s.update(key, owner, func(e *heldKey) {
 		if hold == "" {
@@ -203,23 +197,20 @@ func (s *Store) releaseFailed(key, owner, hold string, lastFence int64) {
 			e.holds = withHold(e.holds, hold)
 		}
 		e.tries++
-		// A quarter second, doubling, at most a second: the key is given back within about a
-		// second of etcd answering.
+		// A quarter second, doubling, at most a second: given back soon after etcd answers.
 		retry := time.Now().Add(min(250*time.Millisecond<<min(e.tries-1, 2), time.Second))
 		if len(e.holds) == 0 {
-			// Nobody here counts on the lock any more: retry without waiting for the
-			// promise made to the holder that gave it up.
-			e.until = retry
+			e.until = retry // nobody here counts on the lock any more
 			return
 		}
-		// Never earlier: the reaper releases every hold of the entry once until passes, so
-		// pulling it in would take away the other holds' refreshed guarantee.
+		// Never earlier: the reaper releases every hold of the entry once until passes, which
+		// would take away the other holds' refreshed guarantee.
 		e.until = later(e.until, retry)
 	})
 }
 
 // startReaper releases, owner-checked, every entry past its until at now (heldKey), unless a
-// reaper runs: on a goroutine of the store, one at a time, each bounded by a second.
+// reaper runs: on a goroutine of the store, one at a time (releaseBounded).
 func (s *Store) startReaper(now time.Time) {
 	type job struct {
 		entryKey
@@ -267,22 +258,20 @@ func (s *Store) releaseBounded(ctx context.Context, key, owner, hold string, las
 	_, _ = s.release(ctx, key, owner, hold, lastFence)
 }
 
-// Pass implements lockstore.Passer. The turn of a lock that this store acquired, that no other
-// process re-entered and that nobody was refused while it was held (no waiter mark) goes on
-// under the same grant: the lock is refreshed as Refresh does, and the next local grant gets
-// the fence after every fence handed out under the grant (fence.go). That costs a read-only
-// transaction and the refresh, no write (a release and an acquisition are two Raft writes).
-// Pass releases as Release does when the lock is marked, re-entered or not this store's, when
-// the grant has used half its fence room (so that the next turn's handoffs still fit), or when
-// it followed a refusal of this store (contended: other processes compete for the key).
+// Pass implements lockstore.Passer. The turn of a lock this store acquired, that no other
+// process re-entered and nobody was refused while held (no waiter mark) goes on under the same
+// grant: the lock is refreshed, and the next local grant gets the fence after every fence
+// handed out under it (fence.go), for a read-only transaction and the refresh instead of two
+// Raft writes. Pass releases as Release does when the lock is marked, re-entered or not this
+// store's, when the grant has used half its fence room (so the next turn's handoffs still
+// fit), or when it followed a refusal of this store (contended).
 func (s *Store) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := s.check(owner, ttl, key); err != nil {
 		return false, 0, 0, err
 	}
 	lastFence = max(lastFence, 0)
-	// A contended grant is one other processes compete for: its turn ends with a release at
-	// once, without the read that would find the mark (a read that costs every release). A read
-	// hold is never simple, so never kept for a next turn: the Locker takes reads outside its gate.
+	// A contended grant is released without the read that would find the mark. A read hold is
+	// never simple, so never passed: the Locker takes reads outside its gate.
 	if e, ok := s.touch(key, owner, time.Now().Add(ttl), true); ok && e.simple && e.own && len(e.holds) == 0 && e.fence > 0 && !e.contended {
 		top := max(e.fence, e.last, lastFence)
 		if top-e.fence < 1<<fenceShift-1 {
@@ -313,13 +302,8 @@ func (s *Store) keepMovedAlive(id clientv3.LeaseID, t time.Time) {
 			ctx, cancel := context.WithTimeout(s.ctx, time.Second)
 			_, err := s.startKeepAlive(ctx, id, t).wait(ctx)
 			cancel()
-			if err == nil || errors.Is(err, errLeaseGone) || s.isClosed() {
+			if err == nil || errors.Is(err, errLeaseGone) || !sleep(s.ctx.Done(), 100*time.Millisecond) {
 				return
-			}
-			select {
-			case <-s.ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
 			}
 		}
 	})

@@ -23,22 +23,21 @@ func (s *Store) Describe(prefix string) *lockstore.Backend {
 }
 
 // Stored responses of share rules live under the Backend's prefix, as the rule's locks do, on
-// an etcd lease, so that etcd deletes them once the rule's Replay time is over. Leases last
-// whole seconds, so the time a response is kept is rounded up (docs/stores.md): keeping a
-// response a little longer is harmless, unlike a lock's TTL, which is refused instead.
+// an etcd lease, so that etcd deletes them once the rule's Replay time is over. Their life is
+// rounded up to whole seconds (docs/stores.md): keeping a response a little longer is harmless,
+// unlike a lock's TTL, which is refused instead.
 //
-// Saves share leases instead of granting one per save: a grant is a Raft write, as costly as
-// the save itself, and every live lease is work for etcd's lessor. The saves of one whole-second
-// life share one lease of that life plus replayLeaseSlack while it has at least the life left,
-// then a new one is granted. Nothing revokes a lease: it expires with the responses on it.
+// A grant is a Raft write, as costly as a save, and every live lease is work for etcd's lessor:
+// so the saves of one whole-second life share one lease of that life plus replayLeaseSlack
+// while it has at least the life left, then a new one is granted. Nothing revokes a lease.
 
 // replayLeaseSlack is how much longer than the stored life each shared lease is granted: the
 // window in which saves reuse it, and so the most a response may outlive its rounded life.
 const replayLeaseSlack = time.Second
 
-// replaySaveBound bounds a save (a grant, when one is due, and the transaction): the holder
-// saves before it releases the lock, so a slow or unreachable etcd must not hold the lock
-// longer than that (the response is then shared within the process only).
+// replaySaveBound bounds a save (a grant, when due, and the transaction): the holder saves
+// before it releases the lock, which a slow etcd must not hold longer than that (the response
+// is then shared within the process only).
 const replaySaveBound = time.Second
 
 // responses keeps share rules' responses in etcd, on the lock store's client.
@@ -78,8 +77,8 @@ func (s *responses) Save(ctx context.Context, key string, record []byte, fence i
 			return err
 		}
 		err = s.put(ctx, s.prefix+key, v, lease, fence)
-		// A lease etcd no longer has (revoked by an operator, lost in a restore) is granted
-		// anew, once: its until said it had time left, so this is no expiry of ours.
+		// A lease its until said had time left is gone (revoked by an operator, lost in a
+		// restore): granted anew, once.
 		if stale != 0 || !isLeaseNotFound(err) {
 			return err
 		}
@@ -87,49 +86,37 @@ func (s *responses) Save(ctx context.Context, key string, record []byte, fence i
 	}
 }
 
-// A record in etcd starts with the fence of the grant that produced it as a fixed-width
-// string: {"g":"0000000000123456789",<the record's other fields>}. Fixed-width decimals compare
-// as bytes as they do as numbers, so a transaction can tell whether the stored record comes
-// from a later grant than the saver's. A reader ignores the field.
+// A record in etcd starts with its grant's fence as a fixed-width string, which compares as
+// bytes as it does as a number, so that a transaction can tell whether the stored record comes
+// from a later grant than the saver's: {"g":"0000000000123456789",<the record's other fields>}.
+// A reader ignores the field.
 const (
 	grantTagStart = `{"g":"`
 	grantDigits   = 19 // every int64 fits
 )
 
-// grantTag is the start of the value of a record produced under fence (0 without one), up to
-// the fence's last digit.
+// grantTag is the start of a record produced under fence (0: none), up to its last digit.
 func grantTag(fence int64) string {
 	return fmt.Sprintf("%s%0*d", grantTagStart, grantDigits, max(fence, 0))
 }
 
-// put is save's transaction: v under the etcd key k on lease, unless k holds a lock or the
-// record of a later grant (a larger fence) than the one of fence. The grant is compared, never
-// when a record was written: a holder whose lock was lost while its handler ran may save after
-// its successor did, and the successor's record must stay. A save without a fence (fail-open)
-// and a record without a grant tag compare nothing: the save replaces it, as on Redis.
-//
-// k holds a stored response when its value starts with '{' (between "{" and "|" as bytes), and
-// the record of a later grant when its value lies in (grantTag(fence+1), grantTagStart+":"),
-// ':' following '9'. etcd fails every value comparison on a missing key, hence the nested
-// transactions instead of one compare.
+// put is Save's transaction: v under the etcd key k on lease, unless k holds a lock or the
+// record of a later grant (a larger fence). Grants are compared, never write times: a holder
+// that lost its lock while its handler ran may save after its successor, whose record must
+// stay. A save without a fence (fail-open) or over a record without a grant tag replaces it,
+// as on Redis. k holds a stored response when its value starts with '{' (between "{" and "|"),
+// a later grant's when it lies in (grantTag(fence+1), grantTagStart+":"), ':' following '9'.
+// etcd fails every value comparison on a missing key, hence the nested transactions.
 func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID, fence int64) error {
 	put := clientv3.OpPut(k, v, clientv3.WithLease(lease))
-	isRecord := []clientv3.Cmp{
-		clientv3.Compare(clientv3.Value(k), ">", "{"),
-		clientv3.Compare(clientv3.Value(k), "<", "|"),
-	}
 	replace := []clientv3.Op{put}
 	if fence > 0 && fence < math.MaxInt64 {
-		later := []clientv3.Cmp{
-			clientv3.Compare(clientv3.Value(k), ">", grantTag(fence+1)),
-			clientv3.Compare(clientv3.Value(k), "<", grantTagStart+":"),
-		}
-		replace = []clientv3.Op{clientv3.OpTxn(later, nil, []clientv3.Op{put})}
+		replace = []clientv3.Op{clientv3.OpTxn(valueIn(k, grantTag(fence+1), grantTagStart+":"), nil, replace)}
 	}
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 		Then(put).
-		Else(clientv3.OpTxn(isRecord, replace, nil)).
+		Else(clientv3.OpTxn(valueIn(k, "{", "|"), replace, nil)).
 		Commit()
 	if err != nil {
 		return err
@@ -143,9 +130,7 @@ func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID
 				return fmt.Errorf("flightlock: %s holds a lock, not a stored response", k)
 			}
 			if len(rec.Responses) == 1 {
-				// Stored, or left to the later grant's record (not an error: that record is
-				// the one duplicates must get).
-				return nil
+				return nil // stored, or left to the later grant's record, which duplicates must get
 			}
 		}
 	}
@@ -153,7 +138,7 @@ func (s *responses) put(ctx context.Context, k, v string, lease clientv3.LeaseID
 }
 
 // lease returns the shared lease of a life of secs seconds, granting one when there is none,
-// the current one has less than secs seconds left, or it is stale, which etcd no longer has.
+// it has less than secs seconds left, or it is stale (etcd no longer has it).
 func (s *responses) lease(ctx context.Context, secs int64, stale clientv3.LeaseID) (clientv3.LeaseID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

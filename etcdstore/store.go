@@ -33,8 +33,8 @@ type options struct {
 }
 
 // WithLeaseMargin sets how much longer than the lock TTL each etcd lease lasts: whole seconds,
-// at least one (default DefaultLeaseMargin). Leases are kept alive four times per margin; a
-// larger margin tolerates slower keep-alives, and a crashed holder's locks then last longer.
+// at least one (default DefaultLeaseMargin). Leases are kept alive four times per margin: a
+// larger one tolerates slower keep-alives, and a crashed holder's locks last longer.
 func WithLeaseMargin(d time.Duration) Option {
 	return func(o *options) { o.margin = d }
 }
@@ -62,8 +62,8 @@ type Store struct {
 	// The next four maps are guarded by mu and bounded (putBounded); an entry forgotten early
 	// costs a round trip (a forgotten place: a refusal and a lease grant, never its rank).
 	waitRev map[string]int64      // revision of the last busy reply per key, for Watch
-	refused map[string]struct{}   // keys this store was refused since it last granted them: Pass releases their grant
-	unsent  map[entryKey]struct{} // acquisitions that gave up before sending: their give-back needs no round trip
+	refused map[string]struct{}   // keys refused since this store last granted them: Pass releases
+	unsent  map[entryKey]struct{} // acquisitions that gave up before sending (giveBackLater)
 	places  map[entryKey]place    // this store's fair acquirers' places in line
 	ticking bool                  // guarded by mu: the keep-alive loop runs (or, in tests, must not)
 	reaping bool                  // guarded by mu: a reaper runs (startReaper)
@@ -78,9 +78,9 @@ type entryKey struct{ key, owner string }
 
 // heldKey is what the store knows of a lock one owner holds (or may hold) through it. Every
 // write that relies on it is guarded by a compare in etcd: a stale entry costs a round trip,
-// never a wrong write. until gives the lock a Redis key's life on a session lease that the
-// store keeps alive whatever the Locker does: the reaper releases, owner-checked, every entry
-// past it (a lock no longer refreshed, a failed release, an acquisition whose reply never came).
+// never a wrong write. until gives the lock a Redis key's life on a session lease the store
+// keeps alive: the reaper releases, owner-checked, every entry past it (a lock no longer
+// refreshed, a failed release, an acquisition whose reply never came).
 type heldKey struct {
 	lease     clientv3.LeaseID // the lease the key is on; 0 unknown (changed with relinkLocked, which counts entries per lease)
 	createRev int64            // the grant's revision; 0 unknown (with lease 0: nothing of the key is known)
@@ -97,8 +97,7 @@ type heldKey struct {
 	reaping   bool             // a release of it by the store is under way
 }
 
-// maxWaitRevs bounds waitRev and its kin: busy replies in Reject mode are never followed by a
-// Watch.
+// maxWaitRevs bounds waitRev and its kin: busy replies in Reject mode get no Watch.
 const maxWaitRevs = 4096
 
 // putBounded sets m[k] to v, first emptying m when it holds maxWaitRevs entries.
@@ -143,10 +142,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Store, error) {
 
 // Close stops the store's goroutines (keep-alives, watches, background releases) and refuses
 // later calls; it is safe to call more than once. A lease that a lock or an acquisition in
-// flight is on is left to run out one lease TTL (lock TTL + margin) after its last keep-alive,
-// as a Redis key with its TTL: its holder may still run, and a second one must not walk in
-// while it writes. Other leases are revoked, each bounded by a second. Release the locks first
-// (Locker.Drain) to free them at once.
+// flight is on runs out one lease TTL after its last keep-alive, as a Redis key with its TTL:
+// its holder may still run, and a second must not walk in while it writes. Other leases are
+// revoked, each bounded by a second. Release the locks first (Locker.Drain) to free them.
 func (s *Store) Close() error {
 	s.goMu.Lock()
 	if s.closed {
@@ -223,8 +221,8 @@ func (s *Store) update(key, owner string, f func(e *heldKey)) {
 }
 
 // updateOn is update for a re-entry that found the key on lease l (nil: not the store's) and
-// kept it alive. It records nothing and reports false when l is being revoked since (the key
-// goes with it); once recorded, the entry keeps l from being revoked.
+// kept it alive; false, recording nothing, when l is being revoked since (taking the key).
+// Once recorded, the entry keeps l from being revoked.
 func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,9 +241,9 @@ func (s *Store) updateOn(l *lease, key, owner string, f func(e *heldKey)) bool {
 	return true
 }
 
-// applyLocked runs f on the entry e of k and counts it on the lease f left it on
-// (relinkLocked). An entry left holding nothing is dropped, and held rebuilt once it falls to a
-// quarter of its peak (mapshrink: Go maps never give their buckets back). s.mu must be held.
+// applyLocked runs f on the entry e of k and counts it on the lease f left it on. An entry left
+// holding nothing is dropped, and held rebuilt once it falls to a quarter of its peak
+// (mapshrink: Go maps never give their buckets back). s.mu must be held.
 func (s *Store) applyLocked(k entryKey, e *heldKey, f func(e *heldKey)) {
 	was := e.lease
 	f(e)
@@ -292,7 +290,7 @@ func (s *Store) noteBusy(key string, rev int64) {
 }
 
 // check is lockstore.CheckArgs of each key, then etcd's own refusals: a key among the store's
-// own keys, a TTL that a lease of whole seconds cannot honour, and any call after Close.
+// own keys, a TTL of a fraction of a second, and any call after Close.
 func (s *Store) check(owner string, ttl time.Duration, keys ...string) error {
 	for _, key := range keys {
 		if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
@@ -311,8 +309,7 @@ func (s *Store) check(owner string, ttl time.Duration, keys ...string) error {
 	return nil
 }
 
-// checkKey refuses a key that makes no lock: one lockstore.CheckKey refuses, or among the
-// store's own keys.
+// checkKey is lockstore.CheckKey, refusing also the store's own keys.
 func checkKey(key string) error {
 	if strings.HasPrefix(key, lockstore.FenceKeyPrefix) {
 		return fmt.Errorf("flightlock: lock key %q falls among the store's own keys (%s*)", key, lockstore.FenceKeyPrefix)

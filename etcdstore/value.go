@@ -17,19 +17,17 @@ const (
 	sidePrefix   = lockstore.FenceKeyPrefix + "etcd/key/"
 )
 
-// FloorKey names the fence floor of lock key k: the largest fence handed out under an earlier
-// grant of k, written without a lease by a release only when the next grant's revision alone
-// might not exceed it (fence.go). For tools that inspect locks.
+// FloorKey names the fence floor of lock key k, for tools that inspect locks: the largest fence
+// of an earlier grant, when the next grant's revision alone might not exceed it (fence.go).
 func FloorKey(k string) string { return floorPrefix + k }
 
-// WaiterKey names the waiter mark of lock key k: written, on the waiter's lease, by an
-// acquisition that found k held by another owner; deleted by the release of k, which then
-// reports one notified waiter (after an expiry, the next holder's: one needless yield). For
-// tools that inspect locks.
+// WaiterKey names the waiter mark of lock key k, for tools that inspect locks: written, on the
+// waiter's lease, by an acquisition that found k held by another owner; deleted by the release
+// of k, which then reports one notified waiter (after an expiry, the next holder's: one
+// needless yield).
 func WaiterKey(k string) string { return waiterPrefix + k }
 
-// writerKey names the writer mark of lock key k (markWriter, readwrite.go), deleted by every
-// write grant of k and by the first read acquisition that finds it past its deadline.
+// writerKey names the writer mark of lock key k (markWriter, readwrite.go).
 func writerKey(k string) string { return writerPrefix + k }
 
 // sideDir is the directory of lock key k's read holds and fair-line places:
@@ -40,8 +38,7 @@ func writerKey(k string) string { return writerPrefix + k }
 // "8:orders/0/"), whatever bytes keys and owners contain.
 func sideDir(k string) string { return sidePrefix + strconv.Itoa(len(k)) + ":" + k + "/" }
 
-// Kinds of the keys under a sideDir: read holds (readKey, one per read owner, with the value of
-// readValue) and places in k's fair line (placeKey, one per waiting owner).
+// Kinds of the keys under a sideDir: read holds (readKey) and places in k's line (placeKey).
 const (
 	sideRead  = 'r'
 	sidePlace = 'q'
@@ -55,8 +52,7 @@ func lineDir(k string) string { return sideDir(k) + "q/" }
 
 func placeKey(k, owner string) string { return lineDir(k) + owner }
 
-// parseSideKey splits a key under sidePrefix into the lock key, the kind (sideRead or
-// sidePlace) and the owner; ok is false for anything else.
+// parseSideKey splits a key under sidePrefix into the lock key, the kind and the owner.
 func parseSideKey(full string) (k string, kind byte, owner string, ok bool) {
 	rest, found := strings.CutPrefix(full, sidePrefix)
 	if !found {
@@ -94,29 +90,25 @@ func parseReadValue(b []byte) (secs int64, meta string, ok bool) {
 }
 
 // markValue is the value of a writer mark: "<deadline> <lease seconds>", the deadline in Unix
-// milliseconds as 20 digits (markClock), so that etcd's byte-wise comparison orders deadlines.
+// milliseconds as 20 digits, so that etcd's byte-wise comparison orders deadlines.
 func markValue(deadline time.Time, secs int64) string {
 	return markClock(deadline) + " " + strconv.FormatInt(secs, 10)
 }
 
 func markClock(t time.Time) string { return fmt.Sprintf("%020d", t.UnixMilli()) }
 
-// parseMarkValue reads a writer mark's lease seconds.
 func parseMarkValue(b []byte) (secs int64, ok bool) {
 	_, n, found := strings.Cut(string(b), " ")
 	secs, err := strconv.ParseInt(n, 10, 64)
 	return secs, found && err == nil && secs > 0
 }
 
-// lockValue is the value of a lock key:
-//
-//	"<owner> <lease seconds> <holds> <last>[ <meta>]"
-//
-// lease seconds is the TTL of the key's lease (a re-entry from another process keeps it alive);
-// holds are as in the Redis store: "1" (the acquisition's, "0" once released), then ",<id>" per
-// named re-entry (Reenter); last is the largest fence handed out under the grant, reported by a
-// release that left other holds (0: none); meta is for operators. The fence derives from the
-// key's create revision (fence.go), which the acquiring transaction cannot know.
+// lockValue is the value of a lock key, "<owner> <lease seconds> <holds> <last>[ <meta>]":
+// lease seconds is the TTL of the key's lease (which another process's re-entry keeps alive);
+// holds are "1" (the acquisition's, "0" once released), then ",<id>" per named re-entry; last
+// is the largest fence handed out under the grant, reported by a release that left other holds
+// (0: none); meta is for operators. The fence derives from the key's create revision (fence.go),
+// which the acquiring transaction cannot know.
 type lockValue struct {
 	owner string
 	secs  int64
@@ -130,8 +122,7 @@ func newValue(owner string, secs int64, meta string) string {
 	return lockValue{owner: owner, secs: secs, holds: "1", meta: meta}.String()
 }
 
-// String builds the value with one concatenation, one allocation: it is on every
-// acquisition's path.
+// String builds the value in one allocation: it is on every acquisition's path.
 func (v lockValue) String() string {
 	sep := ""
 	if v.meta != "" {
@@ -154,14 +145,14 @@ func parseValue(b []byte) (v lockValue, ok bool) {
 	return lockValue{owner: f[0], secs: secs, holds: f[2], last: last, meta: f[4]}, true
 }
 
-// ownedBy reports whether the lock value b belongs to owner: it starts with the token and a
-// space (a token that is a prefix of the holder's does not pass).
+// ownedBy reports whether the lock value b starts with owner and a space (a token that is a
+// prefix of the holder's does not pass).
 func ownedBy(b []byte, owner string) bool {
 	return len(b) > len(owner) && string(b[:len(owner)]) == owner && b[len(owner)] == ' '
 }
 
-// simple reports whether the holds are the acquisition's own and nothing else: the value
-// Acquire wrote, which the one-transaction release can delete.
+// simple reports whether the holds are the acquisition's alone, which the one-transaction
+// release can delete.
 func (v lockValue) simple() bool { return v.holds == "1" }
 
 // hasHold reports whether the hold named hold ("" for the acquisition's own) is listed.
@@ -180,8 +171,7 @@ func (v lockValue) withHold(hold string) lockValue {
 	return v
 }
 
-// withoutHold gives up hold ("" for the acquisition's own), which must be listed, and reports
-// whether any hold is left (holds "0" is none).
+// withoutHold gives up hold, which must be listed, and reports whether any hold is left.
 func (v lockValue) withoutHold(hold string) (lockValue, bool) {
 	if hold == "" {
 		v.holds = "0" + v.holds[1:]

@@ -13,12 +13,11 @@ import (
 const rewatchPause = 100 * time.Millisecond
 
 // Watch implements lockstore.Store with etcd watches that signal each deletion of key (a
-// release, or the expiry of the holder's lease) and of any key in its side directory (a read
-// hold's end, which a writer waits for; a place leaving the fair line). It starts at the
-// revision of this store's last busy reply for key, so a release between that reply and the
-// watch is not missed. When etcd ends the watch (no leader, compaction), the channel is
-// signalled, so the waiter tries again, and the watch starts again. It ends with ctx, Close of
-// the Watch, or Close of the store. One goroutine per Watch.
+// release or an expiry) and of any key in its side directory (a read hold's end, which a writer
+// waits for; a place leaving the line), from this store's last busy reply for key, so that no
+// release in between is missed. When etcd ends the watch (no leader, compaction), the channel
+// is signalled and the watch starts again. It ends with ctx, its Close, or the store's. One
+// goroutine per Watch.
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -60,9 +59,7 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 	}
 	// A member without a leader cannot tell deletions: it ends the watch rather than go silent.
 	lctx := clientv3.WithRequireLeader(ctx)
-	// revs[0] is where the watch of key goes on from, revs[1] that of its side directory (0:
-	// from now, as etcd takes a watch with no start revision).
-	revs := [2]int64{rev, rev}
+	revs := [2]int64{rev, rev} // where the watches of key and of its side directory go on (0: now)
 	for {
 		rctx, cancel := context.WithCancel(lctx)
 		watches := [2]clientv3.WatchChan{
@@ -92,12 +89,8 @@ func (s *Store) watch(ctx context.Context, key string, rev int64, c chan struct{
 			return
 		}
 		signal() // etcd ended the watch: the key may have been released meanwhile
-		t := time.NewTimer(rewatchPause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleep(ctx.Done(), rewatchPause) {
 			return
-		case <-t.C:
 		}
 	}
 }

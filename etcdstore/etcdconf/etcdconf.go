@@ -1,7 +1,6 @@
 // Package etcdconf is the Etcd section of a go-zero service's Lock configuration: an etcd
 // cluster for the locks, as go-zero's discov.EtcdConf, and how to open the store on it
-// (lockstore.Driver). It is apart from etcdstore so that a program that uses the store
-// without the configuration does not link go-zero.
+// (lockstore.Driver), apart from etcdstore so that the store alone does not link go-zero.
 package etcdconf
 
 import (
@@ -26,12 +25,11 @@ import (
 )
 
 // Conf is go-zero's discov.EtcdConf, with its names and meanings, so that a zrpc service's
-// Etcd section can be copied under Lock: with another Key; docs/configuration.md describes
-// every field. The lock of a rendered key is the etcd key Key + Lock.Prefix + rendered key. Key
-// (default "flightlock/") is never a service's discovery Key, which zrpc clients would dial as
-// server addresses; ID is not a field. DialTimeout (default 5s) bounds each dial; LeaseMargin
-// (default 1s, whole seconds) is how much longer than a lock's TTL its etcd lease lasts. Lock
-// TTLs on etcd must be whole seconds, at least 1s (Check); nothing is rounded.
+// Etcd section can be copied under Lock: with another Key (docs/configuration.md). The lock of a
+// rendered key is the etcd key Key + Lock.Prefix + rendered key; Key (default "flightlock/") is
+// never a service's discovery Key, which zrpc clients would dial as server addresses. ID is not
+// a field. DialTimeout (default 5s) bounds each dial; LeaseMargin (default 1s, whole seconds)
+// is how much longer than a lock's TTL its etcd lease lasts.
 type Conf struct {
 	Hosts              []string      `json:",optional"`
 	Key                string        `json:",default=flightlock/"`
@@ -51,8 +49,8 @@ func (e Conf) Name() string { return "etcd" }
 // Configured reports whether e names an etcd cluster.
 func (e Conf) Configured() bool { return len(e.Hosts) > 0 }
 
-// KeyPrefix is Key + prefix, the one prefix of the locks and stored responses for every user
-// of the etcd keys (the store, the inspector, the CLI).
+// KeyPrefix is Key + prefix, the prefix of the locks and stored responses for every user of
+// the etcd keys (the store, the inspector, the CLI).
 func (e Conf) KeyPrefix(prefix string) string { return e.Key + prefix }
 
 // Store builds the etcd client (Client) and the store that e describes, as New does; close
@@ -124,9 +122,8 @@ func (e Conf) Check(section string, u lockstore.Use) error {
 		"(nothing is rounded)", u.TTL, u.On())
 }
 
-// Client is the etcd client that New builds for e, as go-zero's discov builds it (DialClient,
-// AddTLS); it fails when no member answers within DialTimeout (0 means 5s). For tools and for
-// stores built with options of their own; the caller closes it.
+// Client is the etcd client of e, built as go-zero's discov does (DialClient, AddTLS); it fails
+// when no member answers within DialTimeout (0 means 5s). The caller closes it.
 func (e Conf) Client() (*clientv3.Client, error) {
 	hosts := lockstore.TrimHosts(e.Hosts)
 	if len(hosts) == 0 {
@@ -138,14 +135,13 @@ func (e Conf) Client() (*clientv3.Client, error) {
 		DialTimeout:         cmp.Or(e.DialTimeout, 5*time.Second), // go-zero's
 		RejectOldCluster:    true,
 		PermitWithoutStream: true,
-		// Pings find a member cut off with its connections open, which would otherwise keep
-		// a share of the calls; 6s is the first whole second above etcd's default
-		// --grpc-keepalive-min-time.
+		// Pings find a member cut off with its connections open, which would otherwise keep a
+		// share of the calls; 6s is the first whole second above etcd's default minimum.
 		DialKeepAliveTime:    6 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 	}
-	// etcd's own logger at error level: its retry interceptor warns of every call whose context
-	// ended, which is each lock wait a request gives up, and the store returns those errors.
+	// Error level: etcd's retry interceptor warns of every call whose context ended (each lock
+	// wait a request gives up), and the store returns those errors.
 	lg, err := logutil.CreateDefaultZapLogger(zapcore.ErrorLevel)
 	if err != nil {
 		return nil, err
@@ -177,8 +173,8 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		if cfg.TLS != nil {
-			// The client reports only the timeout of a failed handshake: ask the first
-			// member once more to put the cause in the error.
+			// The client reports only a failed handshake's timeout: ask the first member for
+			// the cause.
 			if cause := tlsHandshakeError(hosts[0], cfg.TLS, min(cfg.DialTimeout, 2*time.Second)); cause != nil {
 				return nil, fmt.Errorf("flightlock: etcd connect error, hosts %v: %w (TLS with %s: %v)", hosts, err, hosts[0], cause)
 			}
@@ -188,9 +184,9 @@ func (e Conf) Client() (*clientv3.Client, error) {
 	return cli, nil
 }
 
-// tlsHandshakeError runs the TLS handshake with host (an etcd endpoint) within d as the etcd
-// client would, and reads once, so that a client certificate refused after the handshake (TLS
-// 1.3) shows too; nil when no error came in time.
+// tlsHandshakeError runs the TLS handshake with the etcd endpoint host within d as the client
+// would, and reads once, so that a client certificate refused after it (TLS 1.3) shows too; nil
+// when no error came in time.
 func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	addr := host
 	if u, err := url.Parse(host); err == nil && u.Host != "" {
@@ -211,9 +207,7 @@ func tlsHandshakeError(host string, conf *tls.Config, d time.Duration) error {
 	}
 	defer conn.Close()
 	_ = conn.SetReadDeadline(time.Now().Add(d))
-	// A read that times out is a member that accepted the handshake and waits for the client
-	// to speak first.
-	var ne net.Error
+	var ne net.Error // a read that times out: a member that accepted, waiting for the client
 	if _, err := conn.Read(make([]byte, 1)); err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
 		return err
 	}
