@@ -18,10 +18,10 @@ import (
 
 // CheckRoutes reports the first rule whose Method and Path name no route in routes, which
 // would silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the
-// server"). A rule names a route when its Method is empty or the route's and its Path is the
-// route's pattern, both cleaned as go-zero's router cleans them, variable names included. It
-// also reports a named rule that no Named(Name) middleware is on, and a Route or RouteFunc
-// middleware on no route. Call it after the routes are added and before Start:
+// server"): its Method is empty or the route's, and its Path the route's pattern, both
+// cleaned as the router cleans them, variable names included. It also reports a named rule
+// that no Named(Name) middleware is on, and a Route or RouteFunc middleware on no route. Call
+// it after the routes are added and before Start:
 //
 //	mw.MustCheckRoutes(server.Routes())
 //
@@ -70,14 +70,12 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	return nil
 }
 
-// MustCheckRoutes is CheckRoutes for start-up code: a problem stops the service as MustNew
-// does, with one line naming the rule and the route it probably meant.
+// MustCheckRoutes is CheckRoutes for start-up code: a problem stops the service as MustNew does.
 func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 	mustStart(m.CheckRoutes(routes))
 }
 
-// checkNamed reports a named rule whose middleware Named never built, or built but put on no
-// route.
+// checkNamed reports a named rule whose Named middleware was never built, or is on no route.
 func checkNamed(cr *compiledRule) error {
 	s := cr.spec
 	if s.Name == "" {
@@ -148,9 +146,9 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	return nil
 }
 
-// nearMethod is CheckMethods' error for an RPC that names no method of info when it names one
-// most likely meant: the same in another case, the service without its proto package
-// (/Inventory/Reserve), or a few letters away; nil when none is that near.
+// nearMethod is CheckMethods' error naming the method of info an RPC most likely meant: the
+// same in another case, without its proto package (/Inventory/Reserve), or a few letters
+// away; nil when none is that near.
 func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 	var methods []string
 	for name, si := range info {
@@ -179,12 +177,10 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 }
 
 // Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's
-// second argument). Once they are registered, it stops the service with one line naming the
-// rule when a rule names an RPC the server does not serve, or when the server's chain lacks
-// the interceptor (unary or stream) the rule's method needs. To see the chain, it registers
-// flightlock.InterceptorProbeN and calls it once in process, which the Middleware's
-// interceptor answers; when another interceptor refuses the call first (zrpc's Auth), the
-// interceptors built with this Middleware count instead.
+// second argument). Once they are registered, it stops the service as MustNew does when a
+// rule names an RPC the server does not serve, or the server's chain lacks the interceptor
+// (unary or stream) the rule's method needs, which it finds out with a probe service
+// (interceptorProbe).
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
@@ -205,13 +201,11 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	}
 }
 
-// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind,
-// as a server runs each kind of call through its own chain. unary and stream report whether
-// the server runs those interceptors.
+// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind
+// (each kind has its own chain); unary and stream say which the server runs.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream bool) error {
 	if len(m.rpc) == 0 && len(m.rules) > 0 {
-		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
-		// service's own choice.
+		// REST rules alone lock nothing on a zrpc server (Route rules are the service's choice).
 		return rules.FieldError(m.rules[0].spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
 			"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
 	}
@@ -237,8 +231,8 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 	return nil
 }
 
-// methodInfo returns the service of full, a full method name, and the method's info if the
-// server serves it (else a zero info: a unary method).
+// methodInfo returns the service of the full method name and its info, if served (else a
+// zero info: a unary method).
 func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi grpc.MethodInfo, ok bool) {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 	i := slices.IndexFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method })
@@ -248,9 +242,8 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 	return svc, info[svc].Methods[i], true
 }
 
-// logWaitsPastTimeout logs, at error level, each waiting rule whose Wait is not below timeout,
-// go-zero's server timeout (0: none). It is not refused: the busy answer still arrives, but
-// with no time left to retry.
+// logWaitsPastTimeout logs each waiting rule whose Wait is not below go-zero's server timeout
+// (0: none), without refusing it: the busy answer still arrives, with no time left to retry.
 func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Duration) {
 	if timeout <= 0 {
 		return
@@ -267,8 +260,8 @@ func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Dura
 	}
 }
 
-// logTrustWithoutSecret logs, at error level, TrustOwner without OwnerSecret. It is not
-// refused: a closed network may be trust enough.
+// logTrustWithoutSecret logs TrustOwner without OwnerSecret, not refused: a closed network
+// may be trust enough.
 func logTrustWithoutSecret(c LockConf) {
 	if !c.TrustOwner || c.OwnerSecret != "" {
 		return
