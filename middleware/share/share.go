@@ -4,10 +4,10 @@
 //
 //	flmw.ResponseSharing = share.New
 //
-// (middleware.New refuses such a config without it), so services without share rules do not
-// link the package. In one process the duplicates join the first request's singleflight;
+// (middleware.New refuses such a config without it), so that services without share rules do
+// not link the package. In one process the duplicates join the first request's singleflight;
 // across processes the holder stores its response under Prefix + "replay:" + the key before it
-// releases, for the rule's Replay time. docs/share.md says more.
+// releases, for the rule's Replay time (docs/share.md).
 package share
 
 import (
@@ -31,12 +31,11 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// New is response sharing for one Middleware: what middleware.ResponseSharing takes.
+// New is response sharing for one Middleware, as middleware.ResponseSharing takes it.
 func New(c sharehook.Config) sharehook.Group {
 	return &group{conf: c}
 }
 
-// group is the response sharing of one Middleware.
 type group struct {
 	conf    sharehook.Config
 	flights singleflight.Group // one run per key in this process
@@ -45,17 +44,17 @@ type group struct {
 func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan) sharehook.Rule {
 	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
 	return &rule{g: g, locks: locks, plan: plan, classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
-		// Rule.Wait, else the section's (even with WithLocker, whose wait is not told).
+		// Rule.Wait, else the section's (even with WithLocker, whose wait is unknown).
 		wait: cmp.Or(r.Wait, g.conf.Wait),
 	}
 }
 
 // rule is the sharing of one transport's part of a share rule: what it stores (the status
-// classes, 2 for 2xx, ..., and the size bound of a body), for how long, and how long a
+// classes, 2 for 2xx, ..., and the size bound of a body), for how long (ttl), and how long a
 // duplicate waits for a run in flight.
 type rule struct {
 	g        *group
-	locks    sharehook.Locks // the rule's lock, response store, logs and counter, in the middleware
+	locks    sharehook.Locks
 	plan     *rules.Plan
 	classes  [6]bool
 	maxBytes int
@@ -75,7 +74,7 @@ func fingerprint(parts ...[]byte) string {
 }
 
 // panicError carries a handler's panic out of a shared flight: the request that ran it and its
-// duplicates all answer 500, none hangs.
+// duplicates all answer 500; none hangs.
 type panicError struct {
 	value any
 	stack []byte
@@ -93,8 +92,7 @@ var errLeaderLeft = errors.New("flightlock: the request leading a shared run lef
 var errShareWait = fmt.Errorf("%w: the request in flight with this key did not finish within Wait", flightlock.ErrBusy)
 
 // turn is one request's part in the shared runs of its key. A run it leads runs the handler
-// only while the request still waits (start), never for one already answered; once the
-// handler runs, the request waits for it to return.
+// only while the request still waits (start); once the handler runs, the request waits for it.
 type turn struct {
 	mu     sync.Mutex
 	state  int                // guarded by mu: turnWaiting, turnRunning or turnLeft
@@ -109,7 +107,7 @@ const (
 )
 
 // lead returns the context of the lock wait of a run the request leads, which leave cancels,
-// or false when the request already left.
+// or false if the request left.
 func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -121,7 +119,6 @@ func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, b
 	return lctx, cancel, true
 }
 
-// start marks the handler as running for the request, unless it left.
 func (t *turn) start() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -155,7 +152,6 @@ func (t *turn) leave(lockBounds bool) bool {
 	return true
 }
 
-// is reports whether the request is in state s, and whether it led a run.
 func (t *turn) is(s int) (in, led bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -164,11 +160,10 @@ func (t *turn) is(s int) (in, led bool) {
 
 // share runs a share rule for one request locked on keys, whose stored response is kept under
 // replayKeys: replay a stored response, or join (or lead) the flight of its key in this
-// process; run is the handler's run (see lead).
-//
-// A request waits for the run it joined within its own wait budget, as a wait for the lock
-// does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
-// other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
+// process; run is the handler's run (see lead). A request waits for the run it joined within
+// its own wait budget, as for the lock, then answers 409 / Aborted. Each waits on its own
+// context, so one that leaves fails no other: a run whose leader left before it ran ends with
+// errLeaderLeft, and another starts.
 func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
 	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
@@ -226,7 +221,7 @@ func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print stri
 // matchPrint refuses a record produced by a request with another payload.
 func matchPrint(rec *record, print string) error {
 	if rec.Print != print {
-		return sharehook.ErrPayloadMismatch // 422 / InvalidArgument, as the IETF Idempotency-Key draft says
+		return sharehook.ErrPayloadMismatch
 	}
 	return nil
 }
@@ -237,9 +232,9 @@ type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, e
 
 // lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
 // replays what another process's holder stored, or else runs the handler (on the lease's
-// context) and stores the record before the lock is released. The handler runs only while
-// the request still waits: else the run ends with errLeaderLeft, the lock released unused. A
-// panic in run becomes a panicError, logged once: every duplicate answers 500.
+// context) and stores the record before the lock is released. The handler runs only while the
+// request still waits, else the run ends with errLeaderLeft. A panic in run becomes a
+// panicError, logged once: every duplicate answers 500.
 func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, run runFunc) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
 	if !ok {
@@ -280,16 +275,16 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 		return nil, err
 	}
 	if ctx.Err() != nil && rec.cutShort() {
-		// The request left while its handler ran, which ran on its context and was cut short:
-		// that answer is the request's alone. Duplicates run the handler again; nothing is stored.
+		// The request left while its handler ran on its context and was cut short: that answer
+		// is the request's alone. Duplicates run the handler again; nothing is stored.
 		t.abandon()
 		return nil, fmt.Errorf("%w: it left while its handler ran", errLeaderLeft)
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
 	if h.Group.Lost() {
-		// Another holder may have run since and stored the response duplicates must get;
-		// replaySet refuses a later grant's record for a loss after this look.
+		// Another holder may have run since and stored the response duplicates must get (the
+		// store refuses a later grant's record for a loss after this look).
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
 		return rec, nil
 	}
@@ -297,8 +292,8 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	return rec, nil
 }
 
-// storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
-// and it fits the size bound; the caller releases the lock after.
+// storeRecord stores rec for the rule's Replay time if the rule stores its kind of response and
+// it fits the size bound; the caller releases the lock after.
 func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
 	switch {
 	case !stores:
