@@ -201,8 +201,7 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	}
 }
 
-// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind
-// (each kind has its own chain); unary and stream say which the server runs.
+// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream bool) error {
 	if len(m.rpc) == 0 && len(m.rules) > 0 {
 		// REST rules alone lock nothing on a zrpc server (Route rules are the service's choice).
@@ -231,8 +230,7 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 	return nil
 }
 
-// methodInfo returns the service of the full method name and its info, if served (else a
-// zero info: a unary method).
+// methodInfo returns full's service and, if served, its info (else a unary method's zero info).
 func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi grpc.MethodInfo, ok bool) {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 	i := slices.IndexFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method })
@@ -260,8 +258,7 @@ func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Dura
 	}
 }
 
-// logTrustWithoutSecret logs TrustOwner without OwnerSecret, not refused: a closed network
-// may be trust enough.
+// logTrustWithoutSecret logs TrustOwner without OwnerSecret: a closed network may trust enough.
 func logTrustWithoutSecret(c LockConf) {
 	if !c.TrustOwner || c.OwnerSecret != "" {
 		return

@@ -110,8 +110,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	return s.lock(msg)
 }
 
-// lock takes the call's lock, once, on the keys of msg, the first message (nil for keys of the
-// metadata only), and returns its status error.
+// lock locks the call once, on msg's keys (msg nil: metadata only), returning its status error.
 func (s *lockedStream) lock(msg any) error {
 	s.once.Do(func() {
 		ctx := s.Context()

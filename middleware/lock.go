@@ -99,8 +99,7 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr e
 	return held{}, hintBusy(err, &rl.holds)
 }
 
-// release releases a request's lock after the handler returned, ignoring ctx's cancellation
-// (go-zero's timeout handler may have cancelled it).
+// release releases a request's lock after the handler, ignoring a cancellation of ctx (timeout).
 func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	if h.Group == nil {
 		return

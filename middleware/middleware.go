@@ -123,8 +123,7 @@ func (m *Middleware) build(o options) error {
 	return nil
 }
 
-// MustNew is New for start-up code: a bad config stops the service as mustStart says (without
-// logx.Must's stack trace, which would add nothing).
+// MustNew is New for start-up code: a bad config stops the service (mustStart).
 func MustNew(c LockConf, opts ...Option) *Middleware {
 	m, err := New(c, opts...)
 	mustStart(err)

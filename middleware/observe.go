@@ -139,8 +139,7 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 // under the request's.
 type acquireSpanKey struct{}
 
-// traceAcquire starts the span of one acquisition under the request's; an untraced request
-// gets ctx unchanged and a nil span, paying for no attribute.
+// traceAcquire starts an acquisition's span; an untraced request gets ctx and a nil span.
 func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) (context.Context, oteltrace.Span) {
 	if !oteltrace.SpanFromContext(ctx).IsRecording() {
 		return ctx, nil
@@ -204,8 +203,7 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	}
 }
 
-// grantOf is an acquisition's grant label: its first lease's (a store's named after the store),
-// or "none".
+// grantOf is an acquisition's grant label: its first lease's (a store's by name), or "none".
 func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"

@@ -31,8 +31,7 @@ func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route("Route", rules.Spec{Rule: rule, Field: "Rule"})
 }
 
-// MustRoute is Route for start-up code such as goctl's NewServiceContext: a bad rule stops
-// the service as MustNew does.
+// MustRoute is Route for start-up code (goctl's NewServiceContext): a bad rule stops the service.
 func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	mw, err := m.Route(rule)
 	mustStart(err)

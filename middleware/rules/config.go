@@ -89,8 +89,7 @@ type LockConf struct {
 	TTL time.Duration `json:",default=10s"`
 	// MaxHold bounds how long one request keeps a lock.
 	MaxHold time.Duration `json:",default=60s"`
-	// Wait is how long a rule with OnBusy "wait" queues for a busy key, ending a reserve (a
-	// tenth of the time left, 1-100ms) before the request's deadline.
+	// Wait bounds how long a rule with OnBusy "wait" queues, ending a reserve before the deadline.
 	Wait time.Duration `json:",default=2s"`
 	// Retry is how a waiter polls a key held by another process between release notifications.
 	Retry RetryConf `json:",optional"`
@@ -107,11 +106,9 @@ type LockConf struct {
 	// OwnerSecret signs the owners sent downstream, and TrustOwner accepts only owners signed
 	// with it. Every service of a chain sets the same.
 	OwnerSecret string `json:",optional"`
-	// Drain is the grace period of a shutdown for the handlers that hold locks (see
-	// Middleware.Shutdown). Keep it below Shutdown.WaitTime minus WrapUpTime.
+	// Drain is Middleware.Shutdown's grace period: below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
-	// TraceKeys puts a request's rendered keys in its lock span (flightlock.keys); off by
-	// default, since keys hold user ids, account numbers and the like.
+	// TraceKeys puts a request's rendered keys, which may hold user ids, in its lock span.
 	TraceKeys bool `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
@@ -189,13 +186,11 @@ type RetryConf struct {
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
 // that Key renders from each request; docs/configuration.md gives each field in full.
 //
-// Key is a template: literal text with {name} references, as "order:{body.uid}" (REST sources
-// path, query, form, body, header and jwt; zrpc a request field by proto name, or header for
-// metadata). Each source is read as go-zero's httpx.Parse reads it, so the key holds the value
-// the handler binds; a bare {name} must agree across every source Parse could bind it from.
-// "+" joins keys locked all or nothing: "acct:{from}+acct:{to}". Two references in one key are
-// separated by text containing ':', so different values never render the same key. A missing,
-// empty or ambiguous reference answers 400 / InvalidArgument.
+// Key is a template such as "order:{body.uid}": {name} references (REST: path, query, form,
+// body, header and jwt, each read as go-zero's httpx.Parse reads it for the handler; zrpc: a
+// request field by proto name, or header), "+" joining keys locked all or nothing, and text
+// containing ':' between two references. A missing, empty or ambiguous value answers 400 /
+// InvalidArgument.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
@@ -210,13 +205,11 @@ type Rule struct {
 	RPC string `json:",optional"`
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
-	// OnBusy is what a request does when another holds the key: "wait" queues in FIFO order up
-	// to Wait, then answers 409 / Aborted; "reject" answers so at once; "share" waits, then
-	// answers with the holder's response.
+	// OnBusy is what a request does when another holds the key: "wait" queues (FIFO) up to Wait,
+	// then answers 409 / Aborted; "reject" answers so at once; "share" gets the holder's response.
 	OnBusy string `json:",default=wait"`
-	// Replay is how long a share rule keeps a response of the ReplayStatus classes, up to
-	// ReplayMaxBytes, in its store for later duplicates in any process. Other rules keep none,
-	// and refuse a value of these three other than the default.
+	// Replay is how long a share rule stores a response of the ReplayStatus classes, up to
+	// ReplayMaxBytes, for later duplicates; other rules refuse these three but at their defaults.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
