@@ -8,8 +8,7 @@ import (
 	"strings"
 )
 
-// Spec is a Rule to compile, with the key function of a rule built in Go (go-zero's loader
-// refuses func fields in Rule).
+// Spec is a Rule to compile with a Go rule's key function, which go-zero's loader refuses in Rule.
 type Spec struct {
 	Rule
 	Field   string // prefix of error messages: "Lock.Rules[2]"
@@ -38,8 +37,7 @@ type Plan struct {
 	FromMessage    bool // the keys of a stream call come from its first message
 }
 
-// Compile checks c, normalized, and compiles its rules, then those built in Go (extra,
-// normalized too), building no store.
+// Compile checks c and compiles its rules, then extra (built in Go), all normalized.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	if err := cmp.Or(c.problems()...); err != nil {
 		return nil, err

@@ -23,8 +23,7 @@ import (
 // The key is used as is: escape user input so that requests cannot forge each other's key.
 type KeyFunc func(r *http.Request) (string, error)
 
-// MaxBodyBytes bounds the body a template reads for {form.x} and {body.x}: a larger one
-// answers 400 (as go-zero's MaxBytes, 1 MiB by default, would after).
+// MaxBodyBytes bounds the body a template reads for {form.x} and {body.x}: larger answers 400.
 const MaxBodyBytes = 1 << 20
 
 // httpSource is one request as the key getters see it, its body, form and JSON object read on
@@ -68,8 +67,7 @@ func (s *httpSource) readBody() ([]byte, error) {
 	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
-// ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler; a
-// larger body, or a failed read, is an ErrInvalidKey (400).
+// ReadBody reads r's body up to MaxBodyBytes, put back for the handler; more is ErrInvalidKey.
 func ReadBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -86,9 +84,8 @@ func ReadBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-// formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body: an
-// urlencoded one of POST, PUT and PATCH (even with a malformed media type parameter), a
-// multipart/form-data one of any method, each once.
+// formReadsBody reports whether r.ParseForm or ParseMultipartForm would read r's body, once: an
+// urlencoded one of POST, PUT and PATCH (even with a bad media type parameter), or multipart.
 func formReadsBody(r *http.Request) bool {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
@@ -159,8 +156,8 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 
 func nonEmpty(v string) bool { return v != "" }
 
-// decodeJSON decodes the body's first JSON value as httpx.ParseJsonBody does, when it would
-// read the body at all: go-zero's withJsonBody test, on a body ParseForm (first) left unread.
+// decodeJSON decodes the body's first JSON value as httpx.ParseJsonBody does, if it would
+// (go-zero's withJsonBody test, on a body that ParseForm, first, left unread).
 func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	r := s.r
 	if r.ContentLength <= 0 || !strings.Contains(r.Header.Get("Content-Type"), "application/json") || formReadsBody(r) {
@@ -170,8 +167,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy but refuses data after the first value, which go-zero's
-	// Decoder ignores: such a body is decoded again by a Decoder.
+	// Unmarshal avoids a Decoder's copy, but refuses data after the first value, as go-zero's doesn't.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
@@ -227,8 +223,7 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	return str, ok, nil
 }
 
-// scalarJSON is the key text of raw, a checked JSON value, as scalar renders it decoded with
-// UseNumber: a string unescaped, a number as written, true or false.
+// scalarJSON renders a checked JSON value as scalar renders it decoded with UseNumber.
 func scalarJSON(raw json.RawMessage) (string, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -299,8 +294,8 @@ func scalar(v any) (string, bool) {
 	return "", false
 }
 
-// bindHTTP binds a template reference to its REST getter, values rendered canonicalValue's way
-// unless raw; route, when known, lets {path.x} be checked at start-up.
+// bindHTTP binds a reference to its REST getter (canonical values but raw); route, if known,
+// lets {path.x} be checked at start-up.
 func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
@@ -421,8 +416,8 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	return nil, fmt.Errorf("unknown source %q in {%s} (path, query, form, body, header or jwt)", src, ref)
 }
 
-// defaultGetter resolves a bare name from every source httpx.Parse could bind it from;
-// different values are refused, as the handler's struct decides which wins.
+// defaultGetter resolves a bare name from every source httpx.Parse could bind it from, which
+// must agree: the handler's struct decides which wins.
 func defaultGetter(name string) getter[*httpSource] {
 	path := []string{name}
 	hint := fmt.Sprintf("send one value, or name the source the handler binds, such as {path.%[1]s}, {query.%[1]s}, {form.%[1]s}, {header.%[1]s} or {body.%[1]s}", name)

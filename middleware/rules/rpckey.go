@@ -63,8 +63,7 @@ func usesMessage(keys []TemplateKey) bool {
 	})
 }
 
-// methodInput returns the request message descriptor of a full method name when its proto
-// file is registered (as generated code does when linked).
+// methodInput returns a full method's request message descriptor, if its proto is registered.
 func methodInput(fullMethod string) protoreflect.MessageDescriptor {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	d, _ := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc + "." + method))
@@ -141,8 +140,7 @@ func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 	return "", false
 }
 
-// scalarField renders a singular scalar field: numbers as protoreflect.Value.String writes
-// them, enums by name.
+// scalarField renders a singular scalar field: numbers as Value.String writes them, enums by name.
 func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string, bool) {
 	switch fd.Kind() {
 	case protoreflect.BytesKind:
@@ -163,8 +161,7 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	return v.String(), true
 }
 
-// userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad
-// input (ErrInvalidKey).
+// userKey checks a KeyFunc's or RPCKeyFunc's key: its errors and an empty key are ErrInvalidKey.
 func userKey(key string, err error) ([]string, error) {
 	if err != nil {
 		if !errors.Is(err, flightlock.ErrInvalidKey) {

@@ -78,8 +78,7 @@ type TemplateKey struct {
 	lits  []string // the literal text around the references: one more than Refs
 }
 
-// Namespace is the literal text of k before its first reference ("acct:" for
-// "acct:{body.from}"), "" for a key that starts with one.
+// Namespace is the literal text of k before its first reference: "acct:" for "acct:{id}".
 func (k TemplateKey) Namespace() string {
 	ns, _, _ := strings.Cut(k.Shape, "{}")
 	return ns
@@ -115,8 +114,7 @@ func checkRefName(name string) error {
 	return nil
 }
 
-// getter resolves one reference for a request of a transport (S): ok is false when the value
-// is missing; err, for failures such as an oversized body, wraps ErrInvalidKey.
+// getter resolves one reference for a request of a transport (S); err wraps ErrInvalidKey.
 type getter[S any] func(src S) (value string, ok bool, err error)
 
 // keyPlan is a key template bound to one transport: it renders every key of a request,
@@ -186,8 +184,7 @@ func internalNamespace(key string) *namespace {
 	return nil
 }
 
-// checkOwnKeys refuses a template of an enforced rule whose text starts a key among
-// internalNamespaces.
+// checkOwnKeys refuses an enforced rule's template whose text starts a key in internalNamespaces.
 func checkOwnKeys(keys []TemplateKey) error {
 	for _, k := range keys {
 		if ns := internalNamespace(k.lits[0]); ns != nil {
