@@ -77,11 +77,8 @@ func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 
 // checkNamed reports a named rule whose Named middleware was never built, or is on no route.
 func checkNamed(cr *compiledRule) error {
-	s := cr.spec
-	if s.Name == "" {
-		return nil
-	}
-	switch {
+	switch s := cr.spec; {
+	case s.Name == "":
 	case !cr.built.Load():
 		return rules.FieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
 	case cr.wraps.Load() == 0:

@@ -57,11 +57,11 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		opt(&o)
 	}
 	o.mode = strings.ToLower(o.mode)
-	if err := rules.OneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
-		service.PreMode, service.ProMode); err != nil {
-		return nil, err
-	}
+	modeErr := rules.OneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
+		service.PreMode, service.ProMode)
 	switch {
+	case modeErr != nil:
+		return nil, modeErr
 	case o.nilGiven != "":
 		return nil, rules.FieldError(o.nilGiven, "is given nil: pass a Locker or a store, or leave the option out")
 	case o.locker != nil && o.store != nil:
@@ -71,8 +71,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		// A rule's Locker is o.locker.With(its options), which keeps o.locker's kind.
 		return nil, rules.FieldError("WithLocker", "its Locker takes %s locks (WithRead, WithFair or WithPermits), "+
 			"which every rule would inherit: pass a Locker without them, and give each rule its Mode, Fair or Permits", o.locker.Kind())
-	}
-	if o.serverTimeout < 0 {
+	case o.serverTimeout < 0:
 		return nil, rules.FieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
 	}
 	compiled, err := compileRules(c, o.rules)
