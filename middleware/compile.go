@@ -27,8 +27,7 @@ type compiledRule struct {
 	http  *rule  // REST part, or nil
 	rpc   *rule  // zrpc part, or nil
 	label string // Route and RouteFunc rules: "Route(POST /path)", for CheckRoutes
-	// For CheckRoutes: a Route, RouteFunc or Named middleware of the rule was built (built),
-	// and wraps that many handlers.
+	// For CheckRoutes: a Route, RouteFunc or Named middleware was built, wrapping wraps handlers.
 	built atomic.Bool
 	wraps atomic.Int64
 }

@@ -27,8 +27,7 @@ const (
 	msgDraining    = "flightlock: shutting down, try another instance"
 )
 
-// errStore marks an error of the store (unreachable), not of the request's context ending,
-// even when it wraps a context error of its own.
+// errStore marks a store's error, even one wrapping a context error, apart from a request's.
 var errStore = errors.New(msgUnavailable)
 
 // ErrNestedLock (with flightlock.ErrBusy) answers a request that would wait for a key held by
@@ -115,8 +114,7 @@ func GRPCStatus(err error) *status.Status {
 	return st
 }
 
-// lockError returns err, an error of a request's lock, marked as the store's if HTTPStatus
-// does not know it.
+// lockError marks err, a request's lock error, as the store's if HTTPStatus does not know it.
 func lockError(err error) error {
 	if HTTPStatus(err) == 0 {
 		return fmt.Errorf("%w: %w", errStore, err)

@@ -11,8 +11,7 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// routerMethods are the methods go-zero's router accepts, in each of whose trees a rule
-// without a Method stands.
+// routerMethods are the methods go-zero's router accepts: a rule without Method is in each tree.
 var routerMethods = [...]string{
 	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
 	http.MethodPatch, http.MethodPost, http.MethodPut,

@@ -5,8 +5,7 @@ import (
 	"time"
 )
 
-// shadowBound bounds a shadow rule's try-lock, so that it delays no request by more than a
-// round trip, even when the store is slow or down.
+// shadowBound bounds a shadow rule's try-lock: a round trip's delay, even if the store is down.
 const shadowBound = 50 * time.Millisecond
 
 // lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict where

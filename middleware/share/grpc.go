@@ -17,8 +17,7 @@ import (
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 )
 
-// HandleRPC is the unary interceptor's work for a share rule: the reply message, or the error
-// status, of the call that ran the handler.
+// HandleRPC answers a share rule's call with the reply, or error status, of the call that ran.
 func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	handler grpc.UnaryHandler, keys []string) (any, error) {
 	msg, _ := req.(proto.Message) // nil, an empty payload, for a request that is not one

@@ -49,9 +49,7 @@ func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan) shar
 	}
 }
 
-// rule is the sharing of one transport's part of a share rule: what it stores (the status
-// classes, 2 for 2xx, ..., and the size bound of a body), for how long (ttl), and how long a
-// duplicate waits for a run in flight.
+// rule is the sharing of one transport's part of a share rule; classes[2] stores 2xx answers.
 type rule struct {
 	g        *group
 	locks    sharehook.Locks
@@ -106,8 +104,7 @@ const (
 	turnLeft    // the request was answered without a run of its own: busy, or its context ended
 )
 
-// lead returns the context of the lock wait of a run the request leads, which leave cancels,
-// or false if the request left.
+// lead returns the lock-wait context of a run the request leads (leave cancels it), or false.
 func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -292,8 +289,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	return rec, nil
 }
 
-// storeRecord stores rec for the rule's Replay time if the rule stores its kind of response and
-// it fits the size bound; the caller releases the lock after.
+// storeRecord stores rec for Replay if the rule stores its kind and it fits, before the release.
 func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
 	switch {
 	case !stores:
