@@ -116,15 +116,8 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, as
-// grpc.Server.GetServiceInfo returns it once the services are registered; with zrpc, check at
-// the end of the function that registers them (or use Register):
-//
-//	s := zrpc.MustNewServer(c.RpcServerConf, func(gs *grpc.Server) {
-//		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
-//		logx.Must(mw.CheckMethods(gs.GetServiceInfo()))
-//	})
-//
-// Rules that name only a REST route are left to CheckRoutes.
+// grpc.Server.GetServiceInfo returns it once the services are registered: with zrpc, at the
+// end of the function that registers them (Register does so). REST rules are CheckRoutes'.
 func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	for _, cr := range m.rules {
 		full := cr.spec.RPC

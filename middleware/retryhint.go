@@ -20,12 +20,11 @@ const holdWeight = 8 // a new sample weighs 1/holdWeight: about the last 8 holds
 
 func (t *holdTimes) observe(d time.Duration) {
 	d = max(d, time.Microsecond) // 0 means no sample yet
-	old := t.avg.Load()
-	if old == 0 {
-		t.avg.Store(int64(d))
-		return
+	avg := t.avg.Load()
+	if avg == 0 {
+		avg = int64(d) // the first sample is the average
 	}
-	t.avg.Store(old + (int64(d)-old)/holdWeight)
+	t.avg.Store(avg + (int64(d)-avg)/holdWeight)
 }
 
 // retryHint is a busy error with the rule's estimate of how long the key stays busy.
