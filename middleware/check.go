@@ -166,11 +166,10 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 	return nil
 }
 
-// Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's
-// second argument). Once they are registered, it stops the service as MustNew does when a
-// rule names an RPC the server does not serve, or the server's chain lacks the interceptor
-// (unary or stream) the rule's method needs, which it finds out with a probe service
-// (interceptorProbe).
+// Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's second
+// argument). Once they are registered, it stops the service as MustNew does when a rule names an
+// RPC the server does not serve, or the server's chain lacks the interceptor (unary or stream) the
+// rule's method needs, which it finds out with a probe service (interceptorProbe).
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))

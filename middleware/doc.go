@@ -1,6 +1,5 @@
-// Package middleware wires flightlock into go-zero services: a REST middleware, zrpc server
-// and client interceptors, and the LockConf section of a service's YAML config that drives
-// them.
+// Package middleware wires flightlock into go-zero services: a REST middleware, zrpc server and
+// client interceptors, and the LockConf section of a service's YAML config that drives them.
 //
 // Each Rule names a REST route (Method and Path) or a zrpc method (RPC), and a key template
 // such as "order:{body.uid}" filled from the request as go-zero's httpx.Parse reads it,

@@ -38,9 +38,8 @@ var ErrNestedLock = errors.New("the key is held by a caller of this request (the
 	"and set TrustOwner, OwnerSecret and " +
 	"the same Prefix on this service")
 
-// HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is
-// none of the errors below, for a service that shapes its error replies itself
-// (httpx.SetErrorHandlerCtx):
+// HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is none of
+// the errors below, for a service that shapes its error replies itself (httpx.SetErrorHandlerCtx):
 //
 //	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
 //	wraps flightlock.ErrInvalidKey                                400 Bad Request
@@ -87,11 +86,10 @@ func answerOf(err error) (answer, bool) {
 	return answer{}, false
 }
 
-// GRPCStatus returns the gRPC status that the interceptors answer for err, the code of
-// HTTPStatus's row: Aborted for ErrBusy (with a RetryInfo detail: how long the key likely stays
-// busy, a second when unknown), InvalidArgument, Internal, Unavailable, Canceled or
-// DeadlineExceeded. Any other error gets status.Convert's, so GRPCStatus(err).Err() is never
-// nil for a non-nil err.
+// GRPCStatus returns the gRPC status that the interceptors answer for err, the code of HTTPStatus's
+// row: Aborted for ErrBusy (with a RetryInfo detail: how long the key likely stays busy, a second
+// when unknown), InvalidArgument, Internal, Unavailable, Canceled or DeadlineExceeded. Any other
+// error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a non-nil err.
 func GRPCStatus(err error) *status.Status {
 	if errors.Is(err, ErrNestedLock) {
 		msg := "flightlock: " + ErrNestedLock.Error()

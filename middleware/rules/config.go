@@ -186,11 +186,10 @@ type RetryConf struct {
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
 // that Key renders from each request; docs/configuration.md gives each field in full.
 //
-// Key is a template such as "order:{body.uid}": {name} references (REST: path, query, form,
-// body, header and jwt, each read as go-zero's httpx.Parse reads it for the handler; zrpc: a
-// request field by proto name, or header), "+" joining keys locked all or nothing, and text
-// containing ':' between two references. A missing, empty or ambiguous value answers 400 /
-// InvalidArgument.
+// Key is a template such as "order:{body.uid}": {name} references (REST: path, query, form, body,
+// header and jwt, each read as go-zero's httpx.Parse reads it for the handler; zrpc: a request
+// field by proto name, or header), "+" joining keys locked all or nothing, and text containing ':'
+// between two references. A missing, empty or ambiguous value answers 400 / InvalidArgument.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
@@ -519,8 +518,7 @@ func FieldError(field, format string, args ...any) error {
 	return lockstore.FieldError(field, format, args...)
 }
 
-// ConfigError is a bad setting, as Validate, Problems and New report it; see
-// lockstore.ConfigError.
+// ConfigError is a bad setting, as Validate, Problems and New report it; see lockstore.ConfigError.
 type ConfigError = lockstore.ConfigError
 
 // checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".
