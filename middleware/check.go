@@ -201,14 +201,12 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 		if cr.rpc == nil {
 			continue
 		}
-		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
-			if !stream {
-				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
-					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
-			}
-			continue
-		}
-		if !unary {
+		_, mi, _ := methodInfo(info, cr.spec.RPC)
+		switch streaming := mi.IsClientStream || mi.IsServerStream; {
+		case streaming && !stream:
+			return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
+				"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
+		case !streaming && !unary:
 			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server runs its unary calls without "+
 				"this Middleware's unary interceptor: add s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), or its calls run unlocked", cr.spec.RPC)
 		}
