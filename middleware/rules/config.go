@@ -258,13 +258,11 @@ func (c LockConf) Problems() []error {
 	def := LockConf{}.Normalized()
 	for _, p := range ps {
 		var ce *ConfigError
-		if !errors.As(p, &ce) {
-			continue
-		}
-		switch ce.Field {
-		case "Lock.TTL":
+		switch {
+		case !errors.As(p, &ce):
+		case ce.Field == "Lock.TTL":
 			base.TTL = def.TTL
-		case "Lock.OnStoreError":
+		case ce.Field == "Lock.OnStoreError":
 			base.OnStoreError = def.OnStoreError
 		}
 	}
