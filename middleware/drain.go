@@ -27,13 +27,12 @@ type drainer struct {
 	leftHolds atomic.Bool
 }
 
-// Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,
-// ends the grace period), then closes the stores it built. Handlers still running then have
-// their contexts cancelled and up to a second more to return, so the first Shutdown may return
-// up to a second after ctx ends; another call meanwhile waits for it as long as its own ctx
-// lets it. Locks still held then are not released, as their handlers may run: they run out
-// with their TTL (on ZooKeeper, the session) once the process exits. go-zero calls Shutdown
-// from its shutdown listeners (New registers it); call it where the service stops otherwise.
+// Shutdown drains the Middleware once, for LockConf.Drain or until ctx ends, then closes the stores
+// it built. Handlers still running then have their contexts cancelled and a second more to return,
+// so it may return a second after ctx ends; another call meanwhile waits while its ctx lets it.
+// Locks still held then are not released, as their handlers may run: they run out with their TTL
+// (on ZooKeeper, the session) once the process exits. go-zero's shutdown listeners call it (New
+// registers one); call it where the service stops otherwise.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	first := false
 	m.drain.once.Do(func() { first = true })

@@ -39,11 +39,10 @@ func WithServerTimeout(ms int64) Option {
 	return func(o *options) { o.serverTimeout = ms }
 }
 
-// WithStore makes the Middleware build its Locker from the LockConf on store, not a store of
-// its own, so that several services of one process share one store (each Middleware keeps its
-// own gate). When the LockConf names etcd or ZooKeeper, store replaces the store of its kind
-// only; otherwise every rule locks in store, and one whose Store names another is refused. A
-// nil store is refused. Close leaves store open.
+// WithStore builds the Middleware's Locker from the LockConf on store, so that services of one
+// process share one store (each Middleware keeps its own gate). If the LockConf names etcd or
+// ZooKeeper, store replaces the store of its kind only; else every rule locks in store, and one
+// whose Store names another is refused. A nil store is refused. Close leaves store open.
 func WithStore(store lockstore.Store) Option {
 	return func(o *options) {
 		o.store = store

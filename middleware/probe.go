@@ -13,10 +13,9 @@ import (
 )
 
 // interceptorProbe finds out which of a Middleware's server interceptors a grpc.Server really
-// runs, for Register: building an interceptor does not install it. Register adds the probe's
-// service (flightlock.InterceptorProbeN) and calls its two methods in process
-// (grpc.Server.ServeHTTP: nothing listens). The interceptor answers a probe call itself; a
-// call that reaches the probe's handler went through a chain without it.
+// runs, for Register: building one does not install it. Register adds the probe's service
+// (flightlock.InterceptorProbeN) and calls its two methods in process (ServeHTTP: nothing
+// listens); the interceptor answers them itself, else the probe's handler runs.
 type interceptorProbe struct {
 	service string // unique per Middleware: two Middlewares may probe one server
 	// Per kind of call, written by the probe calls and read by Register after them: the

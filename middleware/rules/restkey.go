@@ -67,7 +67,8 @@ func (s *httpSource) readBody() ([]byte, error) {
 	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
-// ReadBody reads r's body up to MaxBodyBytes, put back for the handler; more is ErrInvalidKey.
+// ReadBody reads r's body, put back for the handler; a failed read or more than MaxBodyBytes is
+// an ErrInvalidKey.
 func ReadBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -167,7 +168,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy, but refuses data after the first value, as go-zero's doesn't.
+	// Unmarshal avoids a Decoder's copy, but refuses data after the first value (go-zero's doesn't).
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
@@ -326,13 +327,12 @@ func canonicalValue(v string) string {
 	return canonicalNumber(v)
 }
 
-// canonicalNumber returns v in one form for every way of writing its number, else v.
-// httpx.Parse binds "7", "07" and "+7" as one integer, and 1, 1.0, 1e0 and 0x1p0 as one float;
-// not knowing the field types, the middleware renders them alike, so two requests on one
-// entity never both hold "their" lock. Integers are rewritten exactly, at any length (large
-// ids keep one key each): the sign of zero, a "+" and leading zeros go. Any other finite
-// number ParseFloat reads is written as that float64: its digits when integral, else Go's
-// shortest form. An integer beyond 2^53 written once with a point or exponent stays apart.
+// canonicalNumber returns v in one form for every way of writing its number, else v: httpx.Parse
+// binds "7", "07" and "+7" as one integer, 1, 1.0, 1e0 and 0x1p0 as one float, so two requests
+// on one entity must not both hold "their" lock. Integers are rewritten exactly, at any length:
+// the sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads is
+// that float64: its digits when integral, else Go's shortest form. (An integer beyond 2^53
+// written once with a point or exponent stays apart.)
 func canonicalNumber(v string) string {
 	sign, digits := "", v
 	if v != "" && (v[0] == '+' || v[0] == '-') {

@@ -1,13 +1,9 @@
-// Package share links response sharing (OnBusy share) into a service: while a request holds
-// a rule's key, its duplicates wait and then get its response instead of running the handler.
-// A service with share rules sets, in main, before it builds the middleware:
-//
-//	flmw.ResponseSharing = share.New
-//
-// (middleware.New refuses such a config without it), so that services without share rules do
-// not link the package. In one process the duplicates join the first request's singleflight;
-// across processes the holder stores its response under Prefix + "replay:" + the key before it
-// releases, for the rule's Replay time (docs/share.md).
+// Package share links response sharing (OnBusy share) into a service: while a request holds a
+// rule's key, its duplicates wait and then get its response instead of running the handler. A
+// service with share rules sets flmw.ResponseSharing = share.New in main (middleware.New
+// refuses such rules without it), so that the others do not link the package. In one process
+// the duplicates join the first request's singleflight; across processes the holder stores its
+// response under Prefix + "replay:" + the key before it releases, for Replay (docs/share.md).
 package share
 
 import (
