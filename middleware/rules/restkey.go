@@ -168,7 +168,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy, but refuses data after the first value (go-zero's doesn't).
+	// Unmarshal avoids a Decoder's copy but refuses data after the first value, as go-zero's won't.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
