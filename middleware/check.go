@@ -169,7 +169,8 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 // Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's second
 // argument). Once they are registered, it stops the service as MustNew does when a rule names an
 // RPC the server does not serve, or the server's chain lacks the interceptor (unary or stream) the
-// rule's method needs, which it finds out with a probe service (interceptorProbe).
+// rule's method needs, which a probe service finds out (interceptorProbe; when another interceptor,
+// such as zrpc's Auth, refuses the probe first, the interceptors built with this Middleware count).
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))

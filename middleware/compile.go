@@ -70,7 +70,7 @@ func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error
 		rl.stats = newRuleStats(rl.Name, cmp.Or(cr.spec.Key, "func"), store, cr.spec.Rule)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 	}
-	l, err := m.ruleLocker(base, s.Rule, parts[0].stats)
+	l, err := m.ruleLocker(base, s.Rule, parts[0].stats) // its observer reports as the REST part
 	if err != nil {
 		field := s.Field
 		if s.TTL > 0 && base.Store().Capabilities().CheckTTL(s.TTL) != nil {

@@ -27,7 +27,7 @@ const (
 	msgDraining    = "flightlock: shutting down, try another instance"
 )
 
-// errStore marks a store's error, even one wrapping a context error, apart from a request's.
+// errStore marks a store's error (even one wrapping a context error) apart from a request's end.
 var errStore = errors.New(msgUnavailable)
 
 // ErrNestedLock (with flightlock.ErrBusy) answers a request that would wait for a key held by

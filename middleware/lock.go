@@ -36,7 +36,7 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 type held = sharehook.Held
 
 // lock takes the keys of one request, rendered with keyErr, and measures, traces and logs it:
-// a key that cannot be built is refused (by an enforced rule: see lockShadow); a degraded
+// a key that cannot be built is refused (a shadow rule counts it: lockShadow); a degraded
 // lease (OnStoreError "open") is counted and logged.
 func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
 	switch {
@@ -99,7 +99,7 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr e
 	return held{}, hintBusy(err, &rl.holds)
 }
 
-// release releases a request's lock after the handler, ignoring a cancellation of ctx (timeout).
+// release releases a request's lock after the handler, on ctx without its cancellation (timeout).
 func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	if h.Group == nil {
 		return

@@ -122,7 +122,8 @@ func (m *Middleware) build(o options) error {
 	return nil
 }
 
-// MustNew is New for start-up code: a bad config stops the service (mustStart).
+// MustNew is New for start-up code: a bad config stops the service with one line naming the
+// field, on stderr and in the log, and exit status 1 (no logx.Must stack trace).
 func MustNew(c LockConf, opts ...Option) *Middleware {
 	m, err := New(c, opts...)
 	mustStart(err)
