@@ -97,14 +97,12 @@ type LockConf struct {
 	// answers 503 / Unavailable; "open" runs the handler under this process's lock only.
 	OnStoreError string `json:",default=closed"`
 	// TrustOwner makes the zrpc server interceptors honour the lock owners an upstream service
-	// propagated (they only re-enter locks they hold): only where untrusted clients cannot
-	// call, with OwnerSecret on both sides.
+	// propagated, which only re-enter locks they hold: only where untrusted clients cannot call.
 	TrustOwner bool `json:",optional"`
 	// PropagateTo names the downstream zrpc methods that receive the owners of the request's
 	// locks: full methods ("/balance.Balance/Debit") or services ("/balance.Balance/").
 	PropagateTo []string `json:",optional"`
-	// OwnerSecret signs the owners sent downstream, and TrustOwner accepts only owners signed
-	// with it. Every service of a chain sets the same.
+	// OwnerSecret signs the owners sent, and TrustOwner accepts only those: one for a whole chain.
 	OwnerSecret string `json:",optional"`
 	// Drain is Middleware.Shutdown's grace period: below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
