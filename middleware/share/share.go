@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,8 +59,7 @@ type rule struct {
 func fingerprint(parts ...[]byte) string {
 	h := sha256.New()
 	for _, p := range parts {
-		h.Write([]byte(strconv.Itoa(len(p))))
-		h.Write([]byte{':'})
+		fmt.Fprintf(h, "%d:", len(p))
 		h.Write(p)
 	}
 	return fmt.Sprintf("%x", h.Sum(nil))
