@@ -229,8 +229,7 @@ type Rule struct {
 	Mode string `json:",optional"`
 	// ReadOnly allows a read rule on a method other than GET or HEAD, which usually write.
 	ReadOnly bool `json:",optional"`
-	// Fair grants each key in request order across processes (flightlock.WithFair), without
-	// the per-process single flight.
+	// Fair grants each key in request order across processes, without single flight (WithFair).
 	Fair bool `json:",optional"`
 }
 

@@ -67,8 +67,7 @@ func (s *httpSource) readBody() ([]byte, error) {
 	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
-// ReadBody reads r's body, put back for the handler; a failed read or more than MaxBodyBytes is
-// an ErrInvalidKey.
+// ReadBody reads r's body, put back for the handler; a failed read or over MaxBodyBytes is 400.
 func ReadBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil

@@ -71,8 +71,7 @@ func TemplateRefs(s string) ([]string, error) {
 // TemplateKey is one "+"-joined key of a key template, for tools that compare rules' keys.
 type TemplateKey struct {
 	Text string // the key as written: "acct:{body.from}"
-	// Shape is Text with every reference written {}: "acct:{}". Keys of one shape render
-	// the same key for the same values.
+	// Shape is Text with each reference written {}: "acct:{}"; keys of one shape render alike.
 	Shape string
 	Refs  []string // the references, in order, as written between the braces: "body.from"
 	lits  []string // the literal text around the references: one more than Refs

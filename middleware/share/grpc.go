@@ -39,8 +39,7 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 			if b, err := proto.Marshal(st.Proto()); err == nil {
 				rec.St = b
 			}
-			// Canceled and DeadlineExceeded tell of the caller's context, not of the operation:
-			// never a response for another call.
+			// Canceled and DeadlineExceeded tell of the caller's context: never another's answer.
 			keep := st.Code() != codes.Canceled && st.Code() != codes.DeadlineExceeded
 			return rec, keep && rl.classes[rpcClass(st.Code())], nil
 		}

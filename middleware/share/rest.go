@@ -28,8 +28,7 @@ func shareable(h http.Header) http.Header {
 // the request that ran the handler.
 func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
 	ctx := r.Context()
-	// The fingerprint's body, up to rules.MaxBodyBytes as the keys read it: go-zero's MaxBytes
-	// misses a chunked body.
+	// The fingerprint's body, as the keys read it (go-zero's MaxBytes misses a chunked body).
 	body, err := rules.ReadBody(r)
 	replayKeys := keys // the lock's keys; a template's values as written, when it has some
 	if err == nil && rl.plan.HTTPReplayKeys != nil {
