@@ -16,12 +16,11 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// CheckRoutes reports the first rule whose Method and Path name no route in routes, which
-// would silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the
-// server"): its Method is empty or the route's, and its Path the route's pattern, both
-// cleaned as the router cleans them, variable names included. It also reports a named rule
-// that no Named(Name) middleware is on, and a Route or RouteFunc middleware on no route. Call
-// it after the routes are added and before Start:
+// CheckRoutes reports the first rule whose Method and Path name no route in routes, which would
+// silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the server"):
+// a rule's Method must be empty or the route's, and its Path the route's pattern (both cleaned,
+// variable names included). It also reports a named rule that no Named(Name) middleware is on,
+// and a Route or RouteFunc middleware on no route. Call it after adding routes, before Start:
 //
 //	mw.MustCheckRoutes(server.Routes())
 //

@@ -86,10 +86,9 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 
 // GatewayRoutes lists the REST routes of the Mappings of go-zero's gateway config c (a
 // gateway.GatewayConf or a pointer to one), which the gateway adds in Start, so that
-// lock.MustCheckRoutes(flmw.GatewayRoutes(c)) can run before gw.Start(). Routes from
-// google.api.http annotations are not listed: map them in Mappings to check them. c is read
-// by field name through encoding/json, so that services do not link the gateway package and
-// its gRPC reflection; anything else gives no routes.
+// lock.MustCheckRoutes(flmw.GatewayRoutes(c)) can run before gw.Start(); not those of
+// google.api.http annotations. c is read by field name through encoding/json, so that services
+// do not link the gateway package and its gRPC reflection; anything else gives no routes.
 func GatewayRoutes(c any) []rest.Route {
 	var gc struct {
 		Upstreams []struct {

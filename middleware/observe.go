@@ -134,9 +134,8 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	}
 }
 
-// acquireSpanKey carries the acquisition's span to the Retry observer. It is not the context's
-// current span: the handler's spans, under the lease's context derived from this one, belong
-// under the request's.
+// acquireSpanKey carries the acquisition's span to the Retry observer, not as the current span:
+// the handler's spans, under the lease's context derived from this one, belong to the request's.
 type acquireSpanKey struct{}
 
 // traceAcquire starts an acquisition's span; an untraced request gets ctx and a nil span.

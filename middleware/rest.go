@@ -23,10 +23,9 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Route returns a rest.Middleware that locks the requests it sees per rule, for
-// rest.WithMiddlewares on a route group or a goctl @server(middleware: X) block. Method and
-// Path, when set, narrow the requests it locks (as Handle matches); the others pass through.
-// rule.RPC and rule.Name are ignored (see Named).
+// Route returns a rest.Middleware that locks the requests it sees per rule, for a route group's
+// rest.WithMiddlewares or a goctl @server(middleware: X) block. Method and Path, when set, narrow
+// them (as Handle matches); rule.RPC and rule.Name are ignored (see Named).
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route("Route", rules.Spec{Rule: rule, Field: "Rule"})
 }

@@ -9,10 +9,9 @@ import (
 const shadowBound = 50 * time.Millisecond
 
 // lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict where
-// enforcing would have held the request back (a key that cannot be built too), by what the
-// rule would have done (its OnBusy, invalid_key, store_error), and always lets the request
-// through on its own context. A lock it got is released after the handler, so that concurrent
-// duplicates see it.
+// enforcing would have held the request back (a bad key too) by what the rule would have done
+// (its OnBusy, invalid_key, store_error), and lets the request through on its own context. A
+// lock it got is released after the handler, so that concurrent duplicates see it.
 func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, keyErr error) held {
 	err := keyErr
 	if err == nil {

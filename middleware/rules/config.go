@@ -233,9 +233,8 @@ type Rule struct {
 	Fair bool `json:",optional"`
 }
 
-// Validate reports the first bad field of c, named as in the YAML file (Lock.Rules[1].Key:
-// ...), wrapping flightlock.ErrConfig. New calls it; go-zero's loader only when LockConf is
-// the whole config it loads.
+// Validate reports the first bad field of c, named as in the YAML (Lock.Rules[1].Key: ...),
+// wrapping ErrConfig; New calls it, go-zero's loader only when LockConf is the whole config.
 func (c LockConf) Validate() error {
 	_, err := Compile(c.Normalized(), nil)
 	return err

@@ -194,9 +194,8 @@ func checkOwnKeys(keys []TemplateKey) error {
 	return nil
 }
 
-// apart passes on the keys of a request of s, or refuses those of an enforced rule among
-// internalNamespaces, without naming the key, which the client would read (a shadow rule's
-// keys live apart already).
+// apart passes on the keys of a request of s, or refuses an enforced rule's among
+// internalNamespaces without naming the key, which the client reads (a shadow rule's are apart).
 func (s Spec) apart(keys []string, err error) ([]string, error) {
 	if err != nil || s.Shadow {
 		return keys, err

@@ -149,12 +149,11 @@ func (t *turn) is(s int) (in, led bool) {
 	return t.state == s, t.led
 }
 
-// share runs a share rule for one request locked on keys, whose stored response is kept under
-// replayKeys: replay a stored response, or join (or lead) the flight of its key in this
-// process; run is the handler's run (see lead). A request waits for the run it joined within
-// its own wait budget, as for the lock, then answers 409 / Aborted. Each waits on its own
-// context, so one that leaves fails no other: a run whose leader left before it ran ends with
-// errLeaderLeft, and another starts.
+// share runs a share rule for one request locked on keys, its stored response kept under
+// replayKeys: replay a stored response, or join (or lead) the flight of its key in this process
+// (run is the handler's run: see lead). A request waits for its run within its own wait budget,
+// then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no other:
+// a run whose leader left before it ran ends with errLeaderLeft, and another starts.
 func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
 	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
@@ -223,9 +222,8 @@ type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, e
 
 // lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
 // replays what another process's holder stored, or else runs the handler (on the lease's
-// context) and stores the record before the lock is released. The handler runs only while the
-// request still waits, else the run ends with errLeaderLeft. A panic in run becomes a
-// panicError, logged once: every duplicate answers 500.
+// context) and stores the record before the release. The handler runs only while the request
+// waits, else the run ends with errLeaderLeft. A panic is a panicError, logged once: all answer 500.
 func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, run runFunc) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
 	if !ok {
