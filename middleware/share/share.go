@@ -223,7 +223,7 @@ type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, e
 // lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
 // replays what another process's holder stored, or else runs the handler (on the lease's
 // context) and stores the record before the release. The handler runs only while the request
-// waits, else the run ends with errLeaderLeft. A panic is a panicError, logged once: all answer 500.
+// waits, else the run ends with errLeaderLeft. A panic is a panicError, logged once: all get 500.
 func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, run runFunc) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
 	if !ok {
