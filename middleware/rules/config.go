@@ -74,8 +74,8 @@ var HTTPMethods = []string{
 // docs/configuration.md gives each field in full. The tags hold the only defaults: go-zero's
 // loader fills them, and New and Validate fill the zero fields of a LockConf built in Go from
 // them (never a bool: false is a value). OnStoreError, Redis.Type, Redis.MaintNotifications,
-// Retry.Backoff and a rule's OnBusy, Mode and Method match in any case; the tags have no
-// options=, with which go-zero would refuse a bad value case-sensitively, without the field.
+// Retry.Backoff and a rule's OnBusy, Mode, Method, Store and OnStoreError match in any case; the
+// tags have no options=, with which go-zero would refuse a bad value case-sensitively, unnamed.
 type LockConf struct {
 	// Redis is the shared Redis; without a Host, an embedded in-memory one that only this
 	// Middleware sees, refused in go-zero's pre and pro modes (WithServiceMode).
@@ -106,7 +106,7 @@ type LockConf struct {
 	OwnerSecret string `json:",optional"`
 	// Drain is Middleware.Shutdown's grace period: below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
-	// TraceKeys puts a request's rendered keys, which may hold user ids, in its lock span.
+	// TraceKeys puts a request's rendered keys (user ids...) in its lock span: flightlock.keys.
 	TraceKeys bool `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
