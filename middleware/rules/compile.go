@@ -37,7 +37,7 @@ type Plan struct {
 	FromMessage    bool // the keys of a stream call come from its first message
 }
 
-// Compile checks c and compiles its rules, then extra (built in Go), all normalized.
+// Compile checks c and compiles its rules, then extra (built in Go); both come normalized.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	if err := cmp.Or(c.problems()...); err != nil {
 		return nil, err

@@ -167,7 +167,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy but refuses data after the first value, as go-zero's won't.
+	// Unmarshal avoids a Decoder's copy but, unlike go-zero's Decoder, refuses data after the value.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
@@ -294,8 +294,8 @@ func scalar(v any) (string, bool) {
 	return "", false
 }
 
-// bindHTTP binds a reference to its REST getter (canonical values but raw); route, if known,
-// lets {path.x} be checked at start-up.
+// bindHTTP binds a reference to its REST getter, values canonical (canonicalValue) unless the
+// source is raw; route, if known, lets {path.x} be checked at start-up.
 func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
