@@ -167,7 +167,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy but, unlike go-zero's Decoder, refuses data after the value.
+	// Unmarshal avoids a Decoder's copy but, unlike go-zero's Decoder, refuses data after a value.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
