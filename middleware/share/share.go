@@ -233,7 +233,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	h, err := rl.locks.Lock(lctx, keys)
 	if err != nil {
 		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
-			// The request left, or its wait ran out (busy): later duplicates, with wait left, go on.
+			// The request left or its wait ran out (busy): later duplicates, with wait left, go on.
 			t.leave(false)
 			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
 		}
