@@ -16,12 +16,11 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// CheckRoutes reports the first rule whose Method and Path name no route in routes, which
-// would silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the
-// server"). A rule names a route when its Method is empty or the route's and its Path is the
-// route's pattern, both cleaned as go-zero's router cleans them, variable names included. It
-// also reports a named rule that no Named(Name) middleware is on, and a Route or RouteFunc
-// middleware on no route. Call it after the routes are added and before Start:
+// CheckRoutes reports the first rule whose Method and Path name no route in routes, which would
+// silently lock nothing ("Lock.Rules[2]: POST /api/stock/deduct matches no route of the server"):
+// a rule's Method must be empty or the route's, and its Path the route's pattern (both cleaned,
+// variable names included). It also reports a named rule that no Named(Name) middleware is on,
+// and a Route or RouteFunc middleware on no route. Call it after adding routes, before Start:
 //
 //	mw.MustCheckRoutes(server.Routes())
 //
@@ -70,20 +69,15 @@ func (m *Middleware) CheckRoutes(routes []rest.Route) error {
 	return nil
 }
 
-// MustCheckRoutes is CheckRoutes for start-up code: a problem stops the service as MustNew
-// does, with one line naming the rule and the route it probably meant.
+// MustCheckRoutes is CheckRoutes for start-up code: a problem stops the service as MustNew does.
 func (m *Middleware) MustCheckRoutes(routes []rest.Route) {
 	mustStart(m.CheckRoutes(routes))
 }
 
-// checkNamed reports a named rule whose middleware Named never built, or built but put on no
-// route.
+// checkNamed reports a named rule whose Named middleware was never built, or is on no route.
 func checkNamed(cr *compiledRule) error {
-	s := cr.spec
-	if s.Name == "" {
-		return nil
-	}
-	switch {
+	switch s := cr.spec; {
+	case s.Name == "":
 	case !cr.built.Load():
 		return rules.FieldError(ruleLabel(s), "locks nothing: no middleware was built with Named(%q) for @server(middleware: %s)", s.Name, s.Name)
 	case cr.wraps.Load() == 0:
@@ -121,15 +115,8 @@ func nearRoute(rl *rule, routes []rest.Route) (rest.Route, bool) {
 }
 
 // CheckMethods reports the first rule with an RPC that names no method in info, as
-// grpc.Server.GetServiceInfo returns it once the services are registered; with zrpc, check at
-// the end of the function that registers them (or use Register):
-//
-//	s := zrpc.MustNewServer(c.RpcServerConf, func(gs *grpc.Server) {
-//		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
-//		logx.Must(mw.CheckMethods(gs.GetServiceInfo()))
-//	})
-//
-// Rules that name only a REST route are left to CheckRoutes.
+// grpc.Server.GetServiceInfo returns it once the services are registered: with zrpc, at the
+// end of the function that registers them (Register does so). REST rules are CheckRoutes'.
 func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	for _, cr := range m.rules {
 		full := cr.spec.RPC
@@ -148,9 +135,9 @@ func (m *Middleware) CheckMethods(info map[string]grpc.ServiceInfo) error {
 	return nil
 }
 
-// nearMethod is CheckMethods' error for an RPC that names no method of info when it names one
-// most likely meant: the same in another case, the service without its proto package
-// (/Inventory/Reserve), or a few letters away; nil when none is that near.
+// nearMethod is CheckMethods' error naming the method of info an RPC most likely meant: the
+// same in another case, without its proto package (/Inventory/Reserve), or a few letters
+// away; nil when none is that near.
 func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 	var methods []string
 	for name, si := range info {
@@ -178,13 +165,11 @@ func nearMethod(field, full string, info map[string]grpc.ServiceInfo) error {
 	return nil
 }
 
-// Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's
-// second argument). Once they are registered, it stops the service with one line naming the
-// rule when a rule names an RPC the server does not serve, or when the server's chain lacks
-// the interceptor (unary or stream) the rule's method needs. To see the chain, it registers
-// flightlock.InterceptorProbeN and calls it once in process, which the Middleware's
-// interceptor answers; when another interceptor refuses the call first (zrpc's Auth), the
-// interceptors built with this Middleware count instead.
+// Register wraps the function that registers a zrpc server's services (zrpc.MustNewServer's second
+// argument). Once they are registered, it stops the service as MustNew does when a rule names an
+// RPC the server does not serve, or the server's chain lacks the interceptor (unary or stream) the
+// rule's method needs, which a probe service finds out (interceptorProbe; when another interceptor,
+// such as zrpc's Auth, refuses the probe first, the interceptors built with this Middleware count).
 //
 //	s := zrpc.MustNewServer(c.RpcServerConf, mw.Register(func(gs *grpc.Server) {
 //		pb.RegisterInventoryServer(gs, server.NewInventoryServer(ctx))
@@ -205,13 +190,10 @@ func (m *Middleware) Register(register func(*grpc.Server)) func(*grpc.Server) {
 	}
 }
 
-// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind,
-// as a server runs each kind of call through its own chain. unary and stream report whether
-// the server runs those interceptors.
+// checkServer is Register's check: each RPC rule needs the interceptor of its method's kind.
 func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream bool) error {
 	if len(m.rpc) == 0 && len(m.rules) > 0 {
-		// REST rules alone lock nothing on a zrpc server; Route rules (m.routed) are the
-		// service's own choice.
+		// REST rules alone lock nothing on a zrpc server (Route rules are the service's choice).
 		return rules.FieldError(m.rules[0].spec.Field, "is a REST rule (Method, Path or Name) in the Lock section of a zrpc server, "+
 			"which has no RPC rule: it would lock no call; name the method the rule is for with RPC: /package.Service/Method")
 	}
@@ -219,14 +201,12 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 		if cr.rpc == nil {
 			continue
 		}
-		if _, mi, _ := methodInfo(info, cr.spec.RPC); mi.IsClientStream || mi.IsServerStream {
-			if !stream {
-				return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
-					"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
-			}
-			continue
-		}
-		if !unary {
+		_, mi, _ := methodInfo(info, cr.spec.RPC)
+		switch streaming := mi.IsClientStream || mi.IsServerStream; {
+		case streaming && !stream:
+			return rules.FieldError(cr.spec.Field, "%s is a streaming method and the zrpc server runs its streams without "+
+				"this Middleware's stream interceptor: add s.AddStreamInterceptors(mw.StreamServerInterceptor()), or its streams run unlocked", cr.spec.RPC)
+		case !streaming && !unary:
 			return rules.FieldError(cr.spec.Field, "%s is locked by no interceptor: the zrpc server runs its unary calls without "+
 				"this Middleware's unary interceptor: add s.AddUnaryInterceptors(mw.UnaryServerInterceptor()), or its calls run unlocked", cr.spec.RPC)
 		}
@@ -237,8 +217,7 @@ func (m *Middleware) checkServer(info map[string]grpc.ServiceInfo, unary, stream
 	return nil
 }
 
-// methodInfo returns the service of full, a full method name, and the method's info if the
-// server serves it (else a zero info: a unary method).
+// methodInfo returns full's service and, if served, its info (else a unary method's zero info).
 func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi grpc.MethodInfo, ok bool) {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(full, "/"), "/")
 	i := slices.IndexFunc(info[svc].Methods, func(mi grpc.MethodInfo) bool { return mi.Name == method })
@@ -248,9 +227,8 @@ func methodInfo(info map[string]grpc.ServiceInfo, full string) (svc string, mi g
 	return svc, info[svc].Methods[i], true
 }
 
-// logWaitsPastTimeout logs, at error level, each waiting rule whose Wait is not below timeout,
-// go-zero's server timeout (0: none). It is not refused: the busy answer still arrives, but
-// with no time left to retry.
+// logWaitsPastTimeout logs each waiting rule whose Wait is not below go-zero's server timeout
+// (0: none), without refusing it: the busy answer still arrives, with no time left to retry.
 func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Duration) {
 	if timeout <= 0 {
 		return
@@ -267,8 +245,7 @@ func logWaitsPastTimeout(c LockConf, compiled []*compiledRule, timeout time.Dura
 	}
 }
 
-// logTrustWithoutSecret logs, at error level, TrustOwner without OwnerSecret. It is not
-// refused: a closed network may be trust enough.
+// logTrustWithoutSecret logs TrustOwner without OwnerSecret: a closed network may trust enough.
 func logTrustWithoutSecret(c LockConf) {
 	if !c.TrustOwner || c.OwnerSecret != "" {
 		return

@@ -10,12 +10,11 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// rule is one transport's part of a compiled Rule, with what running it needs: the Locker,
-// its labels, and its shadow and share settings.
+// rule is one transport's part of a compiled Rule, with what running it needs.
 type rule struct {
 	*rules.Plan
 	locker *flightlock.Locker
-	stats  *ruleStats     // its labels in metrics, traces and logs
+	stats  *ruleStats
 	shadow bool           // Rule.Shadow: counted, never enforced
 	onBusy string         // Rule.OnBusy, normalized: what a shadow conflict would have been
 	share  sharehook.Rule // OnBusy share: the sharing of its requests (middleware/share); nil otherwise
@@ -28,14 +27,12 @@ type compiledRule struct {
 	http  *rule  // REST part, or nil
 	rpc   *rule  // zrpc part, or nil
 	label string // Route and RouteFunc rules: "Route(POST /path)", for CheckRoutes
-	// built reports that a Route, RouteFunc or Named middleware of the rule was built, and wraps
-	// counts the handlers such middlewares were put on, for CheckRoutes.
+	// For CheckRoutes: a Route, RouteFunc or Named middleware was built, wrapping wraps handlers.
 	built atomic.Bool
 	wraps atomic.Int64
 }
 
-// compileRules compiles c's rules and those built in Go (rules.Compile); New gives them their
-// Lockers.
+// compileRules compiles c's rules and those built in Go (rules.Compile), without Lockers.
 func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	compiled, err := rules.Compile(c, extra)
 	out := make([]*compiledRule, len(compiled))
@@ -51,13 +48,12 @@ func compileRules(c LockConf, extra []rules.Spec) ([]*compiledRule, error) {
 	return out, err
 }
 
-// parts are the transports of cr that it has.
 func (cr *compiledRule) parts() []*rule {
 	return slices.DeleteFunc([]*rule{cr.http, cr.rpc}, func(rl *rule) bool { return rl == nil })
 }
 
-// lockRule gives the parts of cr, rule s (its settings and the field its errors name), their
-// Locker and response sharing; strict refuses a share rule on a store that keeps no responses.
+// lockRule gives the parts of cr, rule s, their Locker and response sharing; strict refuses a
+// share rule on a store that keeps no responses.
 func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error {
 	store, base, err := m.baseFor(s)
 	if err == nil && m.injected == "" {
@@ -71,16 +67,14 @@ func (m *Middleware) lockRule(cr *compiledRule, s rules.Spec, strict bool) error
 	}
 	parts := cr.parts()
 	for _, rl := range parts {
-		// A rule keyed by a function has no Key (checked): its template label is "func".
 		rl.stats = newRuleStats(rl.Name, cmp.Or(cr.spec.Key, "func"), store, cr.spec.Rule)
 		rl.shadow, rl.onBusy = cr.spec.Shadow, cr.spec.OnBusy
 	}
-	// The Locker's observer reports under the stats of the REST part, else the zrpc part's.
-	l, err := m.ruleLocker(base, s.Rule, parts[0].stats)
+	l, err := m.ruleLocker(base, s.Rule, parts[0].stats) // its observer reports as the REST part
 	if err != nil {
 		field := s.Field
 		if s.TTL > 0 && base.Store().Capabilities().CheckTTL(s.TTL) != nil {
-			field += ".TTL" // longer than the store keeps a lock (ZooKeeper): name the setting to change
+			field += ".TTL" // longer than the store keeps a lock (ZooKeeper)
 		}
 		return rules.FieldError(field, "%v", err)
 	}

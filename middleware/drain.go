@@ -22,19 +22,17 @@ type drainer struct {
 	once  sync.Once
 	done  chan struct{} // closed when the drain ended; err is set before
 	err   error
-	// leftHolds is set when the drain ended with locks still held, before Shutdown closes the
-	// stores: a store whose Close would end those holds stays open (read by its closer).
+	// leftHolds: the drain ended with locks still held, so a store whose Close would end those
+	// holds stays open (set before Shutdown closes the stores; read by their closers).
 	leftHolds atomic.Bool
 }
 
-// Shutdown drains the Middleware, once, as LockConf.Drain describes (ctx's end, if sooner,
-// ends the grace period), and then closes the store it built. The handlers still running then
-// have their contexts cancelled and up to a second more to return, so the first Shutdown may
-// return up to a second after ctx ends; another call meanwhile waits for that drain only as
-// long as its own ctx lets it. Locks still held after that are not released, since their
-// handlers may still run: they run out with their TTL (on ZooKeeper, with the session) once
-// the process exits. go-zero calls Shutdown from its shutdown listeners (New registers it);
-// call it yourself where the service stops otherwise.
+// Shutdown drains the Middleware once, for LockConf.Drain or until ctx ends, then closes the stores
+// it built. Handlers still running then have their contexts cancelled and a second more to return,
+// so it may return a second after ctx ends; another call meanwhile waits while its ctx lets it.
+// Locks still held then are not released, as their handlers may run: they run out with their TTL
+// (on ZooKeeper, the session) once the process exits. go-zero's shutdown listeners call it (New
+// registers one); call it where the service stops otherwise.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	first := false
 	m.drain.once.Do(func() { first = true })
@@ -64,7 +62,7 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// drainAll drains every base Locker of m at once (one per store), within timeout and ctx.
+// drainAll drains every base Locker of m at once, within timeout and ctx.
 func (m *Middleware) drainAll(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -18,7 +18,7 @@ import (
 // statusClientClosedRequest is nginx's code for a client that went away, as go-zero logs it.
 const statusClientClosedRequest = 499
 
-// Public messages: the causes (Redis addresses, scripts, settings) stay in the logs.
+// Public messages: the causes (addresses, scripts, settings) stay in the logs.
 const (
 	msgBusy        = "flightlock: lock busy"
 	msgUnavailable = "flightlock: lock store unavailable"
@@ -27,21 +27,19 @@ const (
 	msgDraining    = "flightlock: shutting down, try another instance"
 )
 
-// errStore marks an error of the store (Redis unreachable), as opposed to the request's own
-// context ending, even when the store's error wraps a context error of its own.
+// errStore marks a store's error (even one wrapping a context error) apart from a request's end.
 var errStore = errors.New(msgUnavailable)
 
-// ErrNestedLock (wrapped in flightlock.ErrBusy) answers a request that would wait for a key held
-// by a request of its own trace: a nested call that locks its caller's key. It names the fix.
+// ErrNestedLock (with flightlock.ErrBusy) answers a request that would wait for a key held by
+// a request of its own trace: a nested call that locks its caller's key. It names the fix.
 var ErrNestedLock = errors.New("the key is held by a caller of this request (the same trace): " +
 	"a nested call that locks its caller's key would wait for itself; pass the caller's lock owner on " +
 	"(UnaryClientInterceptor on the calling client, StreamClientInterceptor for a streaming call; PropagateTo) " +
 	"and set TrustOwner, OwnerSecret and " +
 	"the same Prefix on this service")
 
-// HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is
-// none of the errors below, for a service that shapes its error replies itself
-// (httpx.SetErrorHandlerCtx):
+// HTTPStatus returns the REST status that the middleware answers for err, or 0 when err is none of
+// the errors below, for a service that shapes its error replies itself (httpx.SetErrorHandlerCtx):
 //
 //	wraps flightlock.ErrBusy (also joined with a context error)  409 Conflict
 //	wraps flightlock.ErrInvalidKey                                400 Bad Request
@@ -58,15 +56,16 @@ func HTTPStatus(err error) int {
 	return a.http
 }
 
-// answer is what the middleware answers for the errors that wrap target, on each transport.
+// answer is what the middleware answers, on each transport, for the errors that wrap target;
+// msg is the public message, or "" for the error's own text, which names what is wrong. The
+// answers are in the order of HTTPStatus's table: the first that applies.
 type answer struct {
 	target error
 	http   int
 	grpc   codes.Code
-	msg    string // the public message; "" for the error's own text, which names what is wrong
+	msg    string
 }
 
-// answers are in the order of HTTPStatus's table: the first whose target an error wraps applies.
 var answers = [...]answer{
 	{flightlock.ErrBusy, http.StatusConflict, codes.Aborted, msgBusy},
 	{flightlock.ErrInvalidKey, http.StatusBadRequest, codes.InvalidArgument, ""},
@@ -78,7 +77,6 @@ var answers = [...]answer{
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, codes.DeadlineExceeded, msgEnded},
 }
 
-// answerOf returns the answer to err, and false for an error none of answers is.
 func answerOf(err error) (answer, bool) {
 	for _, a := range answers {
 		if errors.Is(err, a.target) {
@@ -88,12 +86,10 @@ func answerOf(err error) (answer, bool) {
 	return answer{}, false
 }
 
-// GRPCStatus returns the gRPC status that the interceptors answer for err: Aborted for
-// flightlock.ErrBusy (with a RetryInfo detail: how long the key likely stays busy, a second
-// when unknown), InvalidArgument for ErrInvalidKey, Internal for ErrConfig, Unavailable for
-// the store being unavailable and for ErrClosed, Canceled and DeadlineExceeded for the context
-// errors. Any other error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a
-// non-nil err.
+// GRPCStatus returns the gRPC status that the interceptors answer for err, the code of HTTPStatus's
+// row: Aborted for ErrBusy (with a RetryInfo detail: how long the key likely stays busy, a second
+// when unknown), InvalidArgument, Internal, Unavailable, Canceled or DeadlineExceeded. Any other
+// error gets status.Convert's, so GRPCStatus(err).Err() is never nil for a non-nil err.
 func GRPCStatus(err error) *status.Status {
 	if errors.Is(err, ErrNestedLock) {
 		msg := "flightlock: " + ErrNestedLock.Error()
@@ -116,8 +112,7 @@ func GRPCStatus(err error) *status.Status {
 	return st
 }
 
-// lockError returns err, an error of a request's lock, marked as the store's when HTTPStatus
-// does not know it.
+// lockError marks err, a request's lock error, as the store's if HTTPStatus does not know it.
 func lockError(err error) error {
 	if HTTPStatus(err) == 0 {
 		return fmt.Errorf("%w: %w", errStore, err)
@@ -129,8 +124,8 @@ func lockError(err error) error {
 func rpcError(err error) error { return GRPCStatus(lockError(err)).Err() }
 
 // writeHTTPError answers a request whose lock could not be taken, through httpx.ErrorCtx so
-// that a service's error handler shapes the reply; without one, HTTPStatus's status and a
-// short text. A busy reply carries Retry-After in whole seconds, rounded up (retryDelay).
+// that a service's error handler shapes the reply (else HTTPStatus's status and a short text),
+// with a busy reply's Retry-After (retryDelay).
 func writeHTTPError(w http.ResponseWriter, r *http.Request, err error) {
 	err = lockError(err)
 	a, _ := answerOf(err)

@@ -15,14 +15,11 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Gateway is a rest.Middleware for go-zero's gateway, which serves zrpc methods as REST routes:
-//
-//	gw := gateway.MustNewServer(c, gateway.WithMiddleware(flmw.Gateway))
-//
-// The gateway copies the call's trailers into response headers as they are, and strict
-// clients (Go's net/http) refuse a header of raw bytes such as grpc-status-details-bin, losing
-// the whole response. Gateway turns the busy answer's RetryInfo into Retry-After (whole
-// seconds, rounded up) and writes every binary header in base64, as gRPC sends them.
+// Gateway is a rest.Middleware for go-zero's gateway (gateway.WithMiddleware(flmw.Gateway)),
+// which serves zrpc methods as REST routes. The gateway copies the call's trailers into
+// response headers as they are, and strict clients (Go's net/http) refuse a header of raw
+// bytes such as grpc-status-details-bin, losing the response. Gateway turns the busy answer's
+// RetryInfo into Retry-After and writes every binary header in base64, as gRPC sends them.
 func Gateway(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		next(&gatewayWriter{ResponseWriter: w}, r)
@@ -32,7 +29,7 @@ func Gateway(next http.HandlerFunc) http.HandlerFunc {
 // gatewayTrailerPrefix is how go-zero's gateway names a trailer of the call in the response.
 const gatewayTrailerPrefix = "Grpc-Trailer-"
 
-// gatewayWriter fixes the headers once, just before they are written.
+// gatewayWriter fixes the headers once, before they are written.
 type gatewayWriter struct {
 	http.ResponseWriter
 	once sync.Once
@@ -88,17 +85,10 @@ func detailsRetryDelay(raw string) (time.Duration, bool) {
 }
 
 // GatewayRoutes lists the REST routes of the Mappings of go-zero's gateway config c (a
-// gateway.GatewayConf or a pointer to one), as the gateway adds them inside Start, so that
-// CheckRoutes can run before Start:
-//
-//	gw := gateway.MustNewServer(c, gateway.WithMiddleware(flmw.Gateway))
-//	gw.Use(lock.Handle)
-//	lock.MustCheckRoutes(flmw.GatewayRoutes(c))
-//	gw.Start()
-//
-// Routes from google.api.http annotations are not listed: map them in Mappings to have them
-// checked. c is read by field name through encoding/json, so that every service does not link
-// the gateway package and its gRPC reflection; anything else gives no routes.
+// gateway.GatewayConf or a pointer to one), which the gateway adds in Start, so that
+// lock.MustCheckRoutes(flmw.GatewayRoutes(c)) can run before gw.Start(); not those of
+// google.api.http annotations. c is read by field name through encoding/json, so that services
+// do not link the gateway package and its gRPC reflection; anything else gives no routes.
 func GatewayRoutes(c any) []rest.Route {
 	var gc struct {
 		Upstreams []struct {

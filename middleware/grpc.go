@@ -8,11 +8,10 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
-// UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for
-// zrpc's server.AddUnaryInterceptors, answering as GRPCStatus says. The handler gets the
-// lease's context; the lock is released when it returns or panics. With TrustOwner, owners
-// propagated by UnaryClientInterceptor are honoured on every method, so that locks the
-// handler takes itself re-enter them too.
+// UnaryServerInterceptor locks the calls of every method that a rule names by RPC, for zrpc's
+// server.AddUnaryInterceptors, answering as GRPCStatus says. The handler gets the lease's
+// context; the lock is released when it returns or panics. With TrustOwner, propagated owners
+// are honoured on every method, so that locks the handler takes itself re-enter them too.
 func (m *Middleware) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	m.unaryIntercepting.Store(true)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -68,8 +67,8 @@ func (m *Middleware) StreamServerInterceptor() grpc.StreamServerInterceptor {
 }
 
 // lockedStream is a server stream whose Context carries the call's lease and handed-over
-// owners. With a rule, it takes the lock on the first message received; if that fails, every
-// later RecvMsg and SendMsg fails the same way, so the handler cannot go on without the lock.
+// owners. With a rule, it locks on the first message received; if that fails, every later
+// RecvMsg and SendMsg fails the same way: the handler cannot go on without the lock.
 type lockedStream struct {
 	grpc.ServerStream
 	m  *Middleware
@@ -111,8 +110,7 @@ func (s *lockedStream) RecvMsg(msg any) error {
 	return s.lock(msg)
 }
 
-// lock takes the call's lock, once, on the keys of msg, the first message (nil for keys that
-// read only the metadata), and returns its status error.
+// lock locks the call once, on msg's keys (msg nil: metadata only), returning its status error.
 func (s *lockedStream) lock(msg any) error {
 	s.once.Do(func() {
 		ctx := s.Context()
@@ -129,8 +127,7 @@ func (s *lockedStream) lock(msg any) error {
 	return s.lockError()
 }
 
-// release releases the call's lock, if it took one (m.release of no lock does nothing), after
-// the handler returned.
+// release releases the call's lock, if any, after the handler returned.
 func (s *lockedStream) release() {
 	s.mu.Lock()
 	h := s.held
@@ -140,9 +137,8 @@ func (s *lockedStream) release() {
 
 // UnaryClientInterceptor propagates the locks of the calling request's context, as store key,
 // owner and fence (signed with OwnerSecret when set), in the metadata of calls to the methods
-// LockConf.PropagateTo names, for zrpc.WithUnaryClientInterceptor. A downstream service with
-// TrustOwner then re-enters those locks as the caller's own. Other calls are unchanged: an
-// owner token lets its bearer into the lock.
+// LockConf.PropagateTo names, for zrpc.WithUnaryClientInterceptor: a downstream service with
+// TrustOwner re-enters them as the caller's own. Other calls are unchanged.
 func (m *Middleware) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

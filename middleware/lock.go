@@ -14,9 +14,9 @@ import (
 	oteltrace "go.opentelemetry.io/otel/trace"
 )
 
-// ruleLocker derives the Locker of one rule, normalized, from the base Locker of its store:
-// same store and gate, the rule's mode, overrides and observer. A shadow rule's Locker never
-// waits and keeps its locks apart (rules.ShadowPrefix), so it holds back no enforced request.
+// ruleLocker derives a rule's Locker from its store's base Locker: same store and gate, the
+// rule's mode, overrides and observer. A shadow rule's never waits and keeps its locks apart
+// (rules.ShadowPrefix), so it holds back no enforced request.
 func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStats) (*flightlock.Locker, error) {
 	failOpen := cmp.Or(r.OnStoreError, m.conf.OnStoreError) == rules.StoreErrorsOpen
 	opts := []flightlock.Option{flightlock.WithMode(flightlock.Reject), flightlock.WithFailOpen(failOpen),
@@ -32,12 +32,12 @@ func (m *Middleware) ruleLocker(base *flightlock.Locker, r Rule, stats *ruleStat
 	return base.With(opts...)
 }
 
-// held is one request's lock, from m.lock to m.release: the type response sharing gets too.
+// held is one request's lock, from m.lock to m.release.
 type held = sharehook.Held
 
 // lock takes the keys of one request, rendered with keyErr, and measures, traces and logs it:
-// a key that cannot be built is refused (a shadow rule counts it and lets the request
-// through, see lockShadow); a degraded lease (OnStoreError "open") is counted and logged.
+// a key that cannot be built is refused (a shadow rule counts it: lockShadow); a degraded
+// lease (OnStoreError "open") is counted and logged.
 func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr error) (held, error) {
 	switch {
 	case rl.shadow:
@@ -46,8 +46,8 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr e
 		if metricsOn() {
 			acquireDuration.ObserveFloat(0, rl.stats.with(outcomeInvalidKey, "none")...)
 		}
-		// Logged, summarised per rule: a template naming a field requests never carry refuses
-		// every request, and the access log alone does not say why.
+		// Logged: a template naming a field requests never carry refuses every request, and the
+		// access log alone does not say why.
 		m.logs.error(ctx, rl.stats, "request refused: its lock key cannot be built", keyErr)
 		return held{}, keyErr
 	}
@@ -99,8 +99,7 @@ func (m *Middleware) lock(ctx context.Context, rl *rule, keys []string, keyErr e
 	return held{}, hintBusy(err, &rl.holds)
 }
 
-// release releases a request's lock after the handler returned, on a context without ctx's
-// cancellation, which go-zero's timeout handler may have cancelled.
+// release releases a request's lock after the handler, on ctx without its cancellation (timeout).
 func (m *Middleware) release(ctx context.Context, rl *rule, h held) {
 	if h.Group == nil {
 		return

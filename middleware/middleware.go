@@ -25,10 +25,9 @@ import (
 type Middleware struct {
 	conf   LockConf           // normalized: the store choices of Route and RouteFunc rules
 	locker *flightlock.Locker // the Lock section's store's (DefaultStore): Locker()
-	// bases holds the base Locker of each store the rules lock in, by store name, and
-	// responses its response store (nil: it keeps none). When injected names the option that
-	// gave it ("WithLocker", "WithStore"), bases holds the one Locker every rule locks with (see
-	// buildStores); injected is "" otherwise.
+	// bases holds the base Locker of each store the rules lock in, by store name, and responses
+	// its response store (nil: none). injected names the option ("WithLocker", "WithStore")
+	// whose Locker every rule locks with, bases' only entry (see buildStores); else "".
 	bases     map[string]*flightlock.Locker
 	injected  string
 	responses map[string]lockstore.ResponseStore
@@ -43,12 +42,10 @@ type Middleware struct {
 	routed    []*compiledRule // guarded by routedMu: the rules of Route and RouteFunc, for CheckRoutes
 	logs      *logSummary
 	drain     drainer
+	probe     atomic.Pointer[interceptorProbe] // Register's; nil before
+	sharing   sharehook.Group                  // of share rules (middleware/share); nil if not linked
 	// unaryIntercepting and streamIntercepting: that server interceptor was built (Register).
 	unaryIntercepting, streamIntercepting atomic.Bool
-	// probe is Register's check of the interceptors a server runs; nil before Register.
-	probe atomic.Pointer[interceptorProbe]
-	// sharing is the response sharing of share rules (middleware/share); nil when not linked.
-	sharing sharehook.Group
 }
 
 // New validates c and builds the stores, the Lockers and the compiled rules, once. A LockConf
@@ -60,23 +57,21 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		opt(&o)
 	}
 	o.mode = strings.ToLower(o.mode)
-	if err := rules.OneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
-		service.PreMode, service.ProMode); err != nil {
-		return nil, err
-	}
+	modeErr := rules.OneOf("WithServiceMode", o.mode, service.DevMode, service.TestMode, service.RtMode,
+		service.PreMode, service.ProMode)
 	switch {
+	case modeErr != nil:
+		return nil, modeErr
 	case o.nilGiven != "":
 		return nil, rules.FieldError(o.nilGiven, "is given nil: pass a Locker or a store, or leave the option out")
 	case o.locker != nil && o.store != nil:
 		// Every rule would lock with the Locker, and the store go unused.
 		return nil, rules.FieldError("WithStore", "cannot be given with WithLocker, whose store every rule locks in: give one of them")
 	case o.locker != nil && o.locker.Kind() != "lock":
-		// A rule's Locker is o.locker.With(its options), which keeps o.locker's kind: a rule
-		// that says none (a plain lock) would take reads, fair places or permits.
+		// A rule's Locker is o.locker.With(its options), which keeps o.locker's kind.
 		return nil, rules.FieldError("WithLocker", "its Locker takes %s locks (WithRead, WithFair or WithPermits), "+
 			"which every rule would inherit: pass a Locker without them, and give each rule its Mode, Fair or Permits", o.locker.Kind())
-	}
-	if o.serverTimeout < 0 {
+	case o.serverTimeout < 0:
 		return nil, rules.FieldError("WithServerTimeout", "%d ms is negative (0 means no timeout)", o.serverTimeout)
 	}
 	compiled, err := compileRules(c, o.rules)
@@ -91,10 +86,9 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 		_ = m.Close()
 		return nil, err
 	}
-	// go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drains m, beside the HTTP and gRPC
-	// servers' own graceful stop (go-zero runs its shutdown listeners together).
-	// go-zero keeps its listeners for the life of the process: this one reaches m through a
-	// cell that Close empties, so that a closed Middleware can be collected.
+	// go-zero's shutdown (SIGTERM, SIGINT, proc.Shutdown) drains m beside the servers' own
+	// graceful stop. It keeps its listeners for the life of the process: this one reaches m
+	// through a cell that Close empties, so that a closed Middleware can be collected.
 	m.listened = new(atomic.Pointer[Middleware])
 	m.listened.Store(m)
 	listened := m.listened
@@ -106,8 +100,7 @@ func New(c LockConf, opts ...Option) (*Middleware, error) {
 	return m, nil
 }
 
-// build builds the stores and base Lockers of m (buildStores), its response sharing and the
-// Lockers of its rules.
+// build builds m's stores and base Lockers (buildStores), response sharing and rule Lockers.
 func (m *Middleware) build(o options) error {
 	if err := m.buildStores(o); err != nil {
 		return err
@@ -130,8 +123,7 @@ func (m *Middleware) build(o options) error {
 }
 
 // MustNew is New for start-up code: a bad config stops the service with one line naming the
-// field, on stderr and in the log, and exit status 1 (logx.Must's stack trace would add
-// nothing).
+// field, on stderr and in the log, and exit status 1 (no logx.Must stack trace).
 func MustNew(c LockConf, opts ...Option) *Middleware {
 	m, err := New(c, opts...)
 	mustStart(err)
@@ -151,8 +143,8 @@ func mustStart(err error) {
 	exit(1)
 }
 
-// Locker returns the Locker of the Lock section's store (rules.LockConf.DefaultStore), for
-// handlers that lock more keys themselves; its locks share the rules' gate.
+// Locker returns the Locker of the Lock section's store (LockConf.DefaultStore), for handlers
+// that lock more keys themselves; its locks share the rules' gate.
 func (m *Middleware) Locker() *flightlock.Locker { return m.locker }
 
 // Close closes the stores the Middleware built, with their clients (not one given with
@@ -173,8 +165,8 @@ func (m *Middleware) Close() error {
 }
 
 // buildStores sets m's base Lockers: the injected one (WithLocker; WithStore when c names
-// Redis only, or no store), or one for each store that c names or its rules lock in, with a
-// store given with WithStore in the place of the one of its kind.
+// Redis only, or no store), or one per store that c names or its rules lock in, a WithStore
+// store in the place of the one of its kind.
 func (m *Middleware) buildStores(o options) error {
 	c := m.conf
 	m.bases = make(map[string]*flightlock.Locker)
@@ -191,8 +183,7 @@ func (m *Middleware) buildStores(o options) error {
 		if l != nil {
 			store = l.Store()
 		}
-		// What the store says of itself (lockstore.Describer), else a store that keeps no
-		// responses, named by its Capabilities.
+		// What the store says of itself (lockstore.Describer), else one without responses.
 		name, prefix := cmp.Or(store.Capabilities().Name, rules.StoreRedis), c.Prefix
 		if sec, ok := c.Section(name); ok && m.injected == "" {
 			prefix = sec.KeyPrefix(c.Prefix)
@@ -247,9 +238,9 @@ func (m *Middleware) buildStores(o options) error {
 	return nil
 }
 
-// baseFor returns the store that rule s locks in and its base Locker. With an injected
-// Locker every rule locks with it: a rule whose Store names another store is refused, since
-// it would lock where no other process of that rule looks.
+// baseFor returns the store that rule s locks in and its base Locker. With an injected Locker
+// every rule locks with it, and a rule naming another Store is refused: it would lock where
+// no other process of that rule looks.
 func (m *Middleware) baseFor(s rules.Spec) (string, *flightlock.Locker, error) {
 	if m.injected != "" {
 		for name, l := range m.bases { // its only entry

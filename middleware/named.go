@@ -9,11 +9,10 @@ import (
 	"github.com/zeromicro/go-zero/rest"
 )
 
-// Named returns the rest.Middleware of the LockConf rules named name, for the route group of
-// a goctl @server(middleware: name) block, so that the key stays in the YAML. It locks the
-// requests of the group as Route does; of several rules of one name, the first in config order
-// that matches a request locks it. A name no rule has is an error; CheckRoutes reports a named
-// rule whose middleware is on no route.
+// Named returns the rest.Middleware of the LockConf rules named name, for the route group of a
+// goctl @server(middleware: name) block, keeping the key in the YAML. It locks the requests of
+// the group as Route does, by the first rule of that name in config order that matches. A name
+// no rule has is an error; CheckRoutes reports a named rule whose middleware is on no route.
 func (m *Middleware) Named(name string) (rest.Middleware, error) {
 	crs := slices.DeleteFunc(slices.Clone(m.rules), func(cr *compiledRule) bool { return cr.spec.Name != name })
 	if len(crs) == 0 {
@@ -22,16 +21,15 @@ func (m *Middleware) Named(name string) (rest.Middleware, error) {
 	return m.groupMiddleware(crs), nil
 }
 
-// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service as
-// MustNew does.
+// MustNamed is Named for goctl's NewServiceContext: an unknown name stops the service.
 func (m *Middleware) MustNamed(name string) rest.Middleware {
 	mw, err := m.Named(name)
 	mustStart(err)
 	return mw
 }
 
-// unknownName is Named's error for a name that no rule has, with the name it probably meant
-// (goctl middleware names are Go identifiers, matched exactly).
+// unknownName is Named's error for a name no rule has, with the one probably meant (goctl
+// middleware names are Go identifiers, matched exactly).
 func (m *Middleware) unknownName(name string) error {
 	if name == "" {
 		return rules.FieldError("Named", "the name is empty")
@@ -51,8 +49,7 @@ func (m *Middleware) unknownName(name string) error {
 	return rules.FieldError("Lock.Rules", "has no rule named %s; the named rules are %s", name, strings.Join(names, ", "))
 }
 
-// ruleLabel names a rule in CheckRoutes' errors: its place in the config, and its Name when
-// it has one ("Lock.Rules[0] (StockLock)").
+// ruleLabel names a rule in CheckRoutes' errors: "Lock.Rules[0] (StockLock)".
 func ruleLabel(s rules.Spec) string {
 	if s.Name == "" {
 		return s.Field

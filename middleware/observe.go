@@ -21,9 +21,8 @@ import (
 )
 
 // The metrics go through go-zero's core/metric, on the service's own Prometheus endpoint, and
-// cost nothing when that is off. They are labelled by rule name, key template and store, never
-// by a rendered key, which holds user ids and has no bound. Durations are in milliseconds, as
-// go-zero's are.
+// cost nothing when that is off. They are labelled by rule, key template and store, never by a
+// rendered key (user ids, no bound). Durations are in milliseconds, as go-zero's.
 var (
 	acquireDuration = ruleHistogram("acquire_duration_ms", "Time to take a request's lock, by outcome (acquired, degraded, busy, store_error, invalid_key, draining, canceled) and by how it was granted (redis, etcd or zookeeper: by the store; handoff, reentry, joined, borrowed, pass; none when not acquired).",
 		[]float64{0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000}, "outcome", "grant")
@@ -43,27 +42,24 @@ var (
 	waitingGauge        = ruleGauge("waiting", "Requests taking their lock now: queued for a busy key, or waiting for Redis.")
 )
 
-// ruleLabels are the labels of every metric: rule name, key template and store.
 var ruleLabels = []string{"rule", "key", "store"}
 
-// ruleCounter is a flightlock counter labelled by ruleLabels, then by extra.
+// ruleCounter, ruleHistogram and ruleGauge make a metric labelled by ruleLabels, then extra.
 func ruleCounter(name, help string, extra ...string) metric.CounterVec {
 	return metric.NewCounterVec(&metric.CounterVecOpts{Namespace: "flightlock", Name: name, Help: help,
 		Labels: append(slices.Clip(ruleLabels), extra...)})
 }
 
-// ruleHistogram is a flightlock histogram labelled by ruleLabels, then by extra.
 func ruleHistogram(name, help string, buckets []float64, extra ...string) metric.HistogramVec {
 	return metric.NewHistogramVec(&metric.HistogramVecOpts{Namespace: "flightlock", Name: name, Help: help,
 		Labels: append(slices.Clip(ruleLabels), extra...), Buckets: buckets})
 }
 
-// ruleGauge is a flightlock gauge labelled by ruleLabels.
 func ruleGauge(name, help string) metric.GaugeVec {
 	return metric.NewGaugeVec(&metric.GaugeVecOpts{Namespace: "flightlock", Name: name, Help: help, Labels: ruleLabels})
 }
 
-// Outcomes of an acquisition, as labelled.
+// The outcomes of an acquisition, as labelled.
 const (
 	outcomeAcquired   = "acquired"
 	outcomeDegraded   = "degraded"
@@ -95,7 +91,6 @@ func newRuleStats(name, template, store string, r rules.Rule) *ruleStats {
 	}}
 }
 
-// with is the rule's labels followed by extra.
 func (s *ruleStats) with(extra ...string) []string {
 	return append(slices.Clip(s.labels), extra...)
 }
@@ -107,8 +102,7 @@ func (s *ruleStats) count(c metric.CounterVec, extra ...string) {
 	}
 }
 
-// observer is the Locker observer of a rule: renewals and losses counted, retries as events
-// of the acquisition's span.
+// observer is a rule's Locker observer: renewals and losses counted, retries as span events.
 func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	return flightlock.Observer{
 		Retry: func(ctx context.Context, _ string, attempt int, holderTTL time.Duration) {
@@ -140,13 +134,11 @@ func (s *ruleStats) observer(logs *logSummary) flightlock.Observer {
 	}
 }
 
-// acquireSpanKey carries the acquisition's span to the Retry observer. It is not the context's
-// current span: the handler's spans, under the lease's context derived from this one, belong
-// under the request's span.
+// acquireSpanKey carries the acquisition's span to the Retry observer, not as the current span:
+// the handler's spans, under the lease's context derived from this one, belong to the request's.
 type acquireSpanKey struct{}
 
-// traceAcquire starts the span of one acquisition under the request's span; an untraced
-// request gets ctx unchanged and a nil span, and pays for no attribute.
+// traceAcquire starts an acquisition's span; an untraced request gets ctx and a nil span.
 func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) (context.Context, oteltrace.Span) {
 	if !oteltrace.SpanFromContext(ctx).IsRecording() {
 		return ctx, nil
@@ -159,7 +151,6 @@ func (m *Middleware) traceAcquire(ctx context.Context, rl *rule, keys []string) 
 	return context.WithValue(ctx, acquireSpanKey{}, span), span
 }
 
-// endAcquireSpan records the outcome of an acquisition on its span and ends it.
 func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *flightlock.Group, waited time.Duration, err error) {
 	if span == nil {
 		return
@@ -191,8 +182,7 @@ func endAcquireSpan(span oteltrace.Span, st *ruleStats, outcome string, g *fligh
 	span.End()
 }
 
-// outcomeOf names the outcome of a call to LockAll for the request of ctx (lock's,
-// lockShadow's try).
+// outcomeOf names the outcome of a LockAll for the request of ctx.
 func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	switch {
 	case err == nil && slices.ContainsFunc(g.Leases(), (*flightlock.Lease).Degraded): // OnStoreError: open
@@ -212,8 +202,7 @@ func outcomeOf(ctx context.Context, g *flightlock.Group, err error) string {
 	}
 }
 
-// grantOf is the grant label of an acquisition: that of its first lease, with a store's grant
-// named after the store, or "none".
+// grantOf is an acquisition's grant label: its first lease's (a store's by name), or "none".
 func grantOf(st *ruleStats, g *flightlock.Group) string {
 	if g == nil {
 		return "none"
@@ -233,7 +222,7 @@ type logSummary struct {
 	interval time.Duration
 	mu       sync.Mutex
 	open     map[summaryKey]*summaryWindow // guarded by mu: the kinds logged in this interval
-	// errorw writes a line; logc.Errorw, or a test's recorder.
+	// errorw writes a line: logc.Errorw, or a test's recorder.
 	errorw func(ctx context.Context, msg string, fields ...logx.LogField)
 }
 
@@ -265,7 +254,7 @@ func (s *logSummary) error(ctx context.Context, rs *ruleStats, what string, err 
 	time.AfterFunc(s.interval, func() { s.flush(k, rs) })
 }
 
-// flush ends the interval of one kind: one line for the events after the first, if any.
+// flush ends the interval of one kind: a line for the events after the first, if any.
 func (s *logSummary) flush(k summaryKey, rs *ruleStats) {
 	s.mu.Lock()
 	w := s.open[k]
@@ -280,6 +269,5 @@ func (s *logSummary) flush(k summaryKey, rs *ruleStats) {
 		logx.Field("count", w.more))
 }
 
-// metricsOn reports whether go-zero exports metrics (its Prometheus agent or DevServer is on):
-// otherwise the request path skips building label lists go-zero would drop.
+// metricsOn reports whether go-zero exports metrics; if not, requests build no label lists.
 func metricsOn() bool { return prometheus.Enabled() }

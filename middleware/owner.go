@@ -25,25 +25,23 @@ const (
 	ownerMACLen     = 16 // truncated HMAC-SHA256: 128 bits, as strong as the token itself
 )
 
-// ownerPolicy says where owner tokens may go and which ones are believed. A token lets its
-// bearer re-enter a held lock, so it goes only to PropagateTo, is accepted only with
-// TrustOwner, and, with an OwnerSecret, only signed with it.
+// ownerPolicy says where owner tokens may go and which are believed. A token lets its bearer
+// re-enter a held lock, so it goes only to PropagateTo, and is accepted only with TrustOwner
+// and, with an OwnerSecret, signed with it.
 type ownerPolicy struct {
 	trust  bool
 	to     []string // full methods, or services ending in '/'
 	secret []byte   // empty: unsigned
 }
 
-// propagates reports whether the owners of held locks go to method.
 func (p *ownerPolicy) propagates(method string) bool {
 	return slices.ContainsFunc(p.to, func(t string) bool {
 		return method == t || strings.HasSuffix(t, "/") && strings.HasPrefix(method, t)
 	})
 }
 
-// withOwners returns the context of a call to method: when the policy sends owners there, the
-// owner of each lock that ctx holds (the innermost live lease of each key) goes in its outgoing
-// metadata.
+// withOwners returns the context of a call to method, with, when the policy sends owners there,
+// the owner of each lock ctx holds (the innermost live lease of each key) in its metadata.
 func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Context {
 	if !p.propagates(method) {
 		return ctx
@@ -57,8 +55,8 @@ func (p *ownerPolicy) withOwners(ctx context.Context, method string) context.Con
 		if slices.ContainsFunc(leases[:i], func(y *flightlock.Lease) bool { return y.Key() == x.Key() }) {
 			continue // an outer lease of a key already sent
 		}
-		// "": released meanwhile (its lock may be another's), or a read lease: reads are not handed
-		// over, so the downstream service takes its own locks as any caller's.
+		// "": released meanwhile (its lock may be another's), or a read lease, which is not handed
+		// over: the downstream service takes its own read locks.
 		if owner := x.Owner(); owner != "" {
 			kv = append(kv, ownerMetadataKey, p.encode(x.Key(), owner, x.Fence()))
 		}
@@ -118,16 +116,14 @@ func (p *ownerPolicy) decode(v string) (key, owner string, fence int64, ok bool)
 	return key, owner, int64(f), true
 }
 
-// ownerRefusal says why the owners an inbound call carried were not honoured, for the refusal
-// of a nested call that they would have let in: without it, a caller signing with another
-// OwnerSecret reads as one that sent no owner.
+// ownerRefusal says why an inbound call's owners were not honoured, for the refusal of a nested
+// call they would have let in, which otherwise reads as if the caller sent no owner.
 type ownerRefusal string
 
 func (r ownerRefusal) Error() string { return string(r) }
 
-// refusal returns why the policy turned down the owners that the inbound call of ctx carried,
-// or nil when it carried none, or none that a policy could have honoured. It is asked only
-// when a nested call is refused, so it costs the other calls nothing.
+// refusal returns why the policy turned down the owners the inbound call of ctx carried, or
+// nil when it carried none a policy could honour. Only a refused nested call asks.
 func (p *ownerPolicy) refusal(ctx context.Context) error {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vs := md.Get(ownerMetadataKey)
@@ -152,9 +148,9 @@ func (p *ownerPolicy) refusal(ctx context.Context) error {
 	return nil
 }
 
-// withIncomingOwners hands the owners of an inbound call's metadata to the locks of ctx
+// withIncomingOwners hands the owners in an inbound call's metadata to the locks of ctx
 // (internal/handover) when the policy trusts them, skipping malformed or badly signed values.
-// A handed-over owner only re-enters a lock it holds; it never takes a free key.
+// A handed-over owner only re-enters a lock it holds, never takes a free key.
 func (p *ownerPolicy) withIncomingOwners(ctx context.Context) context.Context {
 	if !p.trust {
 		return ctx

@@ -13,10 +13,9 @@ import (
 )
 
 // interceptorProbe finds out which of a Middleware's server interceptors a grpc.Server really
-// runs, for Register: building an interceptor does not install it. Register adds a service of
-// its own and calls its two methods in process (grpc.Server.ServeHTTP: nothing listens). The
-// interceptor answers a probe call itself; a call that reaches the probe's handler went
-// through a chain without it.
+// runs, for Register: building one does not install it. Register adds the probe's service
+// (flightlock.InterceptorProbeN) and calls its two methods in process (ServeHTTP: nothing
+// listens); the interceptor answers them itself, else the probe's handler runs.
 type interceptorProbe struct {
 	service string // unique per Middleware: two Middlewares may probe one server
 	// Per kind of call, written by the probe calls and read by Register after them: the
@@ -24,7 +23,7 @@ type interceptorProbe struct {
 	seen, reached [2]atomic.Bool
 }
 
-// The kinds of call a probe makes, as indexes of its flags.
+// The kinds of probe call, as indexes of its flags.
 const (
 	probeUnary = iota
 	probeStream
@@ -37,8 +36,8 @@ func (p *interceptorProbe) method(kind int) string {
 	return "/" + p.service + [...]string{"/Unary", "/Stream"}[kind]
 }
 
-// answersProbe reports whether full is a probe call of m's of that kind, which the interceptor
-// answers itself, and notes that it saw it. Only methods without a rule are asked.
+// answersProbe reports whether full is m's probe call of that kind, which the interceptor
+// answers itself, and notes it. Only methods without a rule are asked.
 func (m *Middleware) answersProbe(full string, kind int) bool {
 	p := m.probe.Load()
 	if p == nil || full != p.method(kind) {
@@ -48,8 +47,7 @@ func (m *Middleware) answersProbe(full string, kind int) bool {
 	return true
 }
 
-// register adds the probe's service to gs (before the server serves: gRPC refuses services
-// added later).
+// register adds the probe's service to gs (before it serves: gRPC refuses services added later).
 func (p *interceptorProbe) register(gs *grpc.Server) {
 	gs.RegisterService(&grpc.ServiceDesc{
 		ServiceName: p.service,
@@ -77,9 +75,9 @@ func (p *interceptorProbe) register(gs *grpc.Server) {
 	}, struct{}{})
 }
 
-// installed calls the probe method of kind through gs and reports whether the server's chain
-// runs the interceptor of that kind: it answered the call, or, when another interceptor
-// answered first (zrpc's Auth), built says whether the interceptor was built.
+// installed calls the probe method of kind through gs and reports whether the chain runs the
+// interceptor of that kind: it answered the call, or, when another interceptor answered first
+// (zrpc's Auth), built says whether the interceptor was built.
 func (p *interceptorProbe) installed(gs *grpc.Server, kind int, built bool) bool {
 	p.call(gs, p.method(kind))
 	switch {
@@ -91,10 +89,10 @@ func (p *interceptorProbe) installed(gs *grpc.Server, kind int, built bool) bool
 	return built
 }
 
-// probeTimeout bounds a probe call; it runs in process and takes microseconds.
+// probeTimeout bounds a probe call, which runs in process and takes microseconds.
 const probeTimeout = 5 * time.Second
 
-// call sends one call with an empty message to method through gs's HTTP/2 handler.
+// call sends a call with an empty message to method through gs's HTTP/2 handler.
 func (p *interceptorProbe) call(gs *grpc.Server, method string) {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
@@ -109,7 +107,7 @@ func (p *interceptorProbe) call(gs *grpc.Server, method string) {
 	gs.ServeHTTP(&probeWriter{header: http.Header{}}, r)
 }
 
-// probeWriter takes a probe call's reply; nothing of it is read (the probe's flags tell).
+// probeWriter takes a probe call's reply, unread (the probe's flags tell).
 type probeWriter struct{ header http.Header }
 
 func (w *probeWriter) Header() http.Header         { return w.header }

@@ -11,8 +11,8 @@ import (
 )
 
 // Handle is a rest.Middleware for server.Use: it locks the requests of every route that a
-// rule names by Method and Path, and passes the others through untouched. go-zero gives such
-// a middleware no route, so Handle finds it as go-zero's router did (see httpRoutes).
+// rule names by Method and Path, passing the others through. go-zero gives it no route, so it
+// finds it as the router did (httpRoutes).
 func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if rl := m.http.match(r); rl != nil {
@@ -23,16 +23,14 @@ func (m *Middleware) Handle(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Route returns a rest.Middleware that locks the requests it sees per rule, for
-// rest.WithMiddlewares on a route group or a goctl @server(middleware: X) block. Method and
-// Path, when set, narrow the requests it locks (matched as Handle matches); the others pass
-// through untouched. rule.RPC and rule.Name are ignored (see Named).
+// Route returns a rest.Middleware that locks the requests it sees per rule, for a route group's
+// rest.WithMiddlewares or a goctl @server(middleware: X) block. Method and Path, when set, narrow
+// them (as Handle matches); rule.RPC and rule.Name are ignored (see Named).
 func (m *Middleware) Route(rule Rule) (rest.Middleware, error) {
 	return m.route("Route", rules.Spec{Rule: rule, Field: "Rule"})
 }
 
-// MustRoute is Route for start-up code such as goctl's NewServiceContext: a bad rule stops
-// the service as MustNew does.
+// MustRoute is Route for start-up code (goctl's NewServiceContext): a bad rule stops the service.
 func (m *Middleware) MustRoute(rule Rule) rest.Middleware {
 	mw, err := m.Route(rule)
 	mustStart(err)
@@ -47,8 +45,8 @@ func (m *Middleware) RouteFunc(rule Rule, key KeyFunc) (rest.Middleware, error) 
 	return m.route("RouteFunc", rules.Spec{Rule: rule, Field: "Rule", HTTPKey: key})
 }
 
-// route is Route and RouteFunc, named name in CheckRoutes' errors. An empty Key of Route is
-// refused by the template compiler, in the words of a Lock.Rules entry's.
+// route is Route and RouteFunc, named name in CheckRoutes' errors. The template compiler
+// refuses an empty Key, in the words of a Lock.Rules entry's.
 func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 	if s.Key != "" && s.HTTPKey != nil {
 		return nil, rules.FieldError(s.Field+".Key", "is set on a rule whose key a function computes: leave it out")
@@ -83,10 +81,8 @@ func (m *Middleware) route(name string, s rules.Spec) (rest.Middleware, error) {
 }
 
 // groupMiddleware is the rest.Middleware of Route, RouteFunc and Named: it locks the requests
-// of each rule's Method and Path (when set), and counts the handlers it is put on in each
-// rule, for CheckRoutes.
+// of each rule's Method and Path (when set), and counts in each rule the handlers it wraps.
 func (m *Middleware) groupMiddleware(crs []*compiledRule) rest.Middleware {
-	// applies[i] reports whether r is a request of crs[i]'s method and route.
 	applies := make([]func(*http.Request) bool, len(crs))
 	for i, cr := range crs {
 		cr.built.Store(true)
@@ -115,7 +111,7 @@ func (m *Middleware) groupMiddleware(crs []*compiledRule) rest.Middleware {
 }
 
 // serveHTTP runs next under the lock of rl's keys for r, with the lease's context and the body
-// as it came. The lock is released when next returns or panics.
+// as it came, releasing it when next returns or panics.
 func (m *Middleware) serveHTTP(rl *rule, w http.ResponseWriter, r *http.Request, next http.HandlerFunc) {
 	ctx := r.Context()
 	keys, err := rl.HTTPKeys(r)

@@ -10,24 +10,21 @@ import (
 )
 
 // holdTimes estimates how long a rule's locks are held, a moving average from grant to
-// release, for a busy answer's Retry-After: the holder's remaining TTL is only the renewal
-// period of a renewed lock. Concurrent releases may lose a sample, which an estimate
-// tolerates, so a Load and a Store serve without a CAS loop.
+// release, for a busy answer's Retry-After: a renewed lock's remaining TTL is only the renewal
+// period. Concurrent releases may lose a sample, which an estimate tolerates: no CAS loop.
 type holdTimes struct {
 	avg atomic.Int64 // nanoseconds; 0 until the first release
 }
 
-// holdWeight is the weight of a new sample: 1/holdWeight, about the last 8 holds.
-const holdWeight = 8
+const holdWeight = 8 // a new sample weighs 1/holdWeight: about the last 8 holds
 
 func (t *holdTimes) observe(d time.Duration) {
 	d = max(d, time.Microsecond) // 0 means no sample yet
-	old := t.avg.Load()
-	if old == 0 {
-		t.avg.Store(int64(d))
-		return
+	avg := t.avg.Load()
+	if avg == 0 {
+		avg = int64(d) // the first sample is the average
 	}
-	t.avg.Store(old + (int64(d)-old)/holdWeight)
+	t.avg.Store(avg + (int64(d)-avg)/holdWeight)
 }
 
 // retryHint is a busy error with the rule's estimate of how long the key stays busy.
@@ -38,13 +35,10 @@ type retryHint struct {
 
 func (h *retryHint) Unwrap() error { return h.error }
 
-// defaultRetryAfter is a busy answer's hint when neither the holder's TTL nor a hold time is
-// known.
-const defaultRetryAfter = time.Second
+const defaultRetryAfter = time.Second // when neither the holder's TTL nor a hold time is known
 
-// hintBusy gives a busy err the rule's typical hold as its hint when that is shorter than the
-// holder's remaining TTL, or that is unknown. Other errors, and a busy err whose TTL is the
-// shorter or with no hold seen yet, are returned as is: retryDelay reads their TTL.
+// hintBusy gives a busy err the rule's typical hold as its hint when shorter than the holder's
+// remaining TTL, or that is unknown; other errors are returned as is (retryDelay reads them).
 func hintBusy(err error, holds *holdTimes) error {
 	typical := time.Duration(holds.avg.Load())
 	if typical <= 0 || !errors.Is(err, flightlock.ErrBusy) {
@@ -57,7 +51,7 @@ func hintBusy(err error, holds *holdTimes) error {
 }
 
 // retryDelay is how long a busy answer (Retry-After, RetryInfo) tells the client to wait: the
-// middleware's hint (hintBusy), else the holder's remaining TTL, else defaultRetryAfter.
+// hint of hintBusy, else the holder's remaining TTL, else defaultRetryAfter.
 func retryDelay(err error) time.Duration {
 	var h *retryHint
 	if errors.As(err, &h) {

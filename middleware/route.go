@@ -11,21 +11,19 @@ import (
 	"github.com/zeromicro/go-zero/rest/pathvar"
 )
 
-// routerMethods are the methods go-zero's router accepts: a rule without a Method stands in
-// the tree of each.
+// routerMethods are the methods go-zero's router accepts: a rule without Method is in each tree.
 var routerMethods = [...]string{
 	http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
 	http.MethodPatch, http.MethodPost, http.MethodPut,
 }
 
-// httpRoutes finds the rule that names the route go-zero's router dispatched a request to.
-//
-// A server.Use middleware sees the method, the path and the route's variables
-// (pathvar.Vars), not the route. So the rule patterns sit in core/search.Trees, as the
-// router's do, one per method and set of variable names: search.Tree's precedence picks the
-// pattern the router picks, and the pattern found must yield the very values the router set.
-// A rule /sku/:id thus never locks a request routed to /sku/list or /sku/:sku. What stays
-// ambiguous (/p/:x and /:x/p on /p/p) is resolved as the router resolves it.
+// httpRoutes finds the rule that names the route go-zero's router dispatched a request to. A
+// server.Use middleware sees the method, the path and the route's variables (pathvar.Vars),
+// not the route. So the rule patterns sit in core/search.Trees, as the router's do, one per
+// method and set of variable names: search.Tree's precedence picks the pattern the router
+// picks, and the pattern found must yield the very values the router set. A rule /sku/:id thus
+// never locks a request routed to /sku/list or /sku/:sku; what stays ambiguous (/p/:x and
+// /:x/p on /p/p) is resolved as the router resolves it.
 type httpRoutes struct {
 	byMethod map[string][]routeTree // built by New, read-only after
 }
@@ -37,7 +35,7 @@ type routeTree struct {
 }
 
 // add puts a rule with a Path in the tree of its method, or of every method the router
-// accepts. compileRules refused two rules on one pattern and method, so add cannot fail.
+// accepts; compileRules refused two rules on one pattern and method, so it cannot fail.
 func (h *httpRoutes) add(r *rule) {
 	if h.byMethod == nil {
 		h.byMethod = make(map[string][]routeTree)
@@ -53,7 +51,6 @@ func (h *httpRoutes) add(r *rule) {
 	}
 }
 
-// treeFor returns the tree of method and params, creating it.
 func (h *httpRoutes) treeFor(method string, params []string) *search.Tree {
 	for _, t := range h.byMethod[method] {
 		if len(t.params) == len(params) && !slices.ContainsFunc(params, func(p string) bool { return !slices.Contains(t.params, p) }) {
@@ -65,7 +62,6 @@ func (h *httpRoutes) treeFor(method string, params []string) *search.Tree {
 	return t.tree
 }
 
-// match returns the rule naming the route that go-zero's router dispatched r to, or nil.
 func (h *httpRoutes) match(r *http.Request) *rule {
 	trees := h.byMethod[r.Method]
 	if len(trees) == 0 {
@@ -85,7 +81,7 @@ func (h *httpRoutes) match(r *http.Request) *rule {
 	return nil
 }
 
-// declares reports whether the patterns of t declare exactly the variables in vars.
+// declares reports whether t's patterns declare exactly the variables in vars.
 func (t *routeTree) declares(vars map[string]string) bool {
 	return len(t.params) == len(vars) && !slices.ContainsFunc(t.params, func(p string) bool {
 		_, ok := vars[p]

@@ -5,15 +5,13 @@ import (
 	"time"
 )
 
-// shadowBound is the longest a shadow rule waits for its store's try-lock, so that it delays
-// no request by more than a round trip, even when the store is slow or down.
+// shadowBound bounds a shadow rule's try-lock: a round trip's delay, even if the store is down.
 const shadowBound = 50 * time.Millisecond
 
-// lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict when
-// enforcing would have held the request back (a key that cannot be built among them), and
-// always lets it through, on its own context. A lock it got is released after the handler, so
-// that concurrent duplicates see it. A conflict is counted by what the rule would have done:
-// its OnBusy, or the outcome of the try (invalid_key, store_error).
+// lockShadow runs a shadow rule: it tries the lock, never waiting, counts a conflict where
+// enforcing would have held the request back (a bad key too) by what the rule would have done
+// (its OnBusy, invalid_key, store_error), and lets the request through on its own context. A
+// lock it got is released after the handler, so that concurrent duplicates see it.
 func (m *Middleware) lockShadow(ctx context.Context, rl *rule, keys []string, keyErr error) held {
 	err := keyErr
 	if err == nil {

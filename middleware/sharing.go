@@ -17,9 +17,8 @@ var ResponseSharing func(sharehook.Config) sharehook.Group
 // responseSharingLine is the line that sets ResponseSharing, as an error names it.
 const responseSharingLine = "flmw.ResponseSharing = share.New (github.com/flightlock/flightlock/middleware/share)"
 
-// ReplayedHeader (REST) and ReplayedMetadata (zrpc, response header metadata) mark a response
-// that a duplicate received from the request that ran the handler (in this process or
-// another), as payment APIs mark idempotent replays.
+// ReplayedHeader (REST) and ReplayedMetadata (zrpc response header metadata) mark a response a
+// duplicate received from the request that ran the handler, as payment APIs mark replays.
 const (
 	ReplayedHeader   = sharehook.ReplayedHeader
 	ReplayedMetadata = sharehook.ReplayedMetadata
@@ -29,9 +28,9 @@ const (
 // with another payload: 422 / InvalidArgument, as the IETF Idempotency-Key draft says.
 var ErrPayloadMismatch = sharehook.ErrPayloadMismatch
 
-// shareParts gives the parts of cr, a rule that locks in store, their response sharing when
-// its OnBusy is share: an error without ResponseSharing, and, when strict, on a store that
-// keeps no responses (a Route rule on one shares within its process only).
+// shareParts gives the parts of cr, a rule locking in store, their response sharing if its
+// OnBusy is share: an error without ResponseSharing, and, when strict, on a store keeping no
+// responses (a Route rule on one shares within its process only).
 func (m *Middleware) shareParts(cr *compiledRule, field, store string, strict bool) error {
 	if cr.spec.OnBusy != rules.OnBusyShare {
 		return nil

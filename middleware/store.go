@@ -28,8 +28,8 @@ func NewStore(conf zeroredis.RedisConf, opts ...redisstore.Option) (*redisstore.
 }
 
 // EmbeddedStore opens the embedded in-memory Redis that a LockConf naming no store runs on, for
-// development; nil (the default) refuses such a config, so that production binaries link no
-// miniredis. New refuses it in pre and pro mode whatever this says. A development main sets:
+// development; nil (the default) refuses such a config, so production binaries link no
+// miniredis. New refuses it in pre and pro mode regardless. A development main sets:
 //
 //	flmw.EmbeddedStore = embedded.New // github.com/flightlock/flightlock/lockstore/embedded
 var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error)
@@ -37,9 +37,9 @@ var EmbeddedStore func(opts ...redisstore.Option) (*redisstore.RedisStore, error
 // embeddedStoreLine is the line that sets EmbeddedStore, as an error names it.
 const embeddedStoreLine = "flmw.EmbeddedStore = embedded.New (github.com/flightlock/flightlock/lockstore/embedded)"
 
-// openSection opens the store that sec names, through its driver. A section that names none
-// opens the embedded store when the binary sets EmbeddedStore, and never silently: refused in
-// pre and pro, logged at error level otherwise (mode is go-zero's service mode, "" when unknown).
+// openSection opens the store sec names, through its driver; a section naming none opens the
+// embedded store when the binary sets EmbeddedStore, never silently: refused in pre and pro,
+// logged at error level otherwise (mode is go-zero's service mode, "" when unknown).
 func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend, error) {
 	if sec.Configured() {
 		b, err := sec.Open(c.Prefix)
@@ -78,11 +78,9 @@ func openSection(sec rules.Section, c LockConf, mode string) (*lockstore.Backend
 	return b, nil
 }
 
-// baseOn builds the base Locker that c, normalized, describes on b's store, under b's prefix
-// and named b.Name (its metrics label); a Lock.TTL the store cannot keep (its Capabilities) is
-// refused naming Lock.TTL, whether the section opened the store or WithStore gave it. Its
-// locks carry their holder's trace id, which sameTrace reads back. What the locks of Locker()
-// do is counted and logged as the rule "Locker".
+// baseOn builds the base Locker that c, normalized, describes on b's store, under b's prefix,
+// refusing a Lock.TTL the store cannot keep. Its locks carry their holder's trace id, which
+// sameTrace reads back; those of Locker() are counted and logged as the rule "Locker".
 func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 	if err := b.Store.Capabilities().CheckTTL(c.TTL); err != nil {
 		return nil, rules.FieldError("Lock.TTL", "%v", err)
@@ -104,9 +102,8 @@ func baseOn(b *lockstore.Backend, c LockConf) (*flightlock.Locker, error) {
 }
 
 // sameTrace refuses to wait for a key whose holder belongs to the request's own trace: a
-// nested call that locks its caller's key would wait for its own caller until a deadline.
-// Sibling calls of one trace that lock one key are refused too: the check cannot tell them
-// apart.
+// nested call that locks its caller's key would wait for its caller until a deadline. Sibling
+// calls of one trace on one key are refused too: the check cannot tell them apart.
 func sameTrace(ctx context.Context, holder string) error {
 	if id := trace.TraceIDFromContext(ctx); id != "" && slices.Contains(strings.Fields(holder), "trace="+id) {
 		return ErrNestedLock

@@ -8,8 +8,7 @@ import (
 	"strings"
 )
 
-// Spec is a Rule to compile, with the Go key functions of rules built in Go (go-zero's conf
-// loader refuses func fields, so they cannot live in Rule).
+// Spec is a Rule to compile with a Go rule's key function, which go-zero's loader refuses in Rule.
 type Spec struct {
 	Rule
 	Field   string // prefix of error messages: "Lock.Rules[2]"
@@ -17,8 +16,7 @@ type Spec struct {
 	RPCKey  RPCKeyFunc
 }
 
-// Compiled is a rule as compiled for each transport: the REST and zrpc parts share the rule's
-// settings but not the key plan.
+// Compiled is a rule as compiled for each transport: the parts share the settings, not a plan.
 type Compiled struct {
 	Spec Spec
 	HTTP *Plan // the REST part, or nil
@@ -30,19 +28,16 @@ type Plan struct {
 	Name   string // for logs and metrics: "POST /api/order" or "/pkg.Svc/Method"
 	Method string // REST: the rule's method, "" for any
 	Route  Route  // REST: the rule's route pattern, empty for a named rule without a Path
-	// HTTPKeys renders a request's keys; nil for a zrpc plan.
-	HTTPKeys func(r *http.Request) ([]string, error)
-	// HTTPReplayKeys renders a template's keys with the values as written (not canonical), for
-	// a share rule's stored responses; nil for a rule keyed by a KeyFunc.
+	// HTTPKeys renders a REST request's keys, RPCKeys a zrpc call's (from its context and
+	// message): the other is nil. HTTPReplayKeys renders a template's keys with the values as
+	// written (not canonical), for a share rule's stored responses; nil for a KeyFunc rule.
+	HTTPKeys       func(r *http.Request) ([]string, error)
 	HTTPReplayKeys func(r *http.Request) ([]string, error)
-	// RPCKeys renders a call's keys from its context and request message; nil for a REST plan.
-	RPCKeys func(ctx context.Context, req any) ([]string, error)
-	// FromMessage: the keys of a stream call come from its first message.
-	FromMessage bool
+	RPCKeys        func(ctx context.Context, req any) ([]string, error)
+	FromMessage    bool // the keys of a stream call come from its first message
 }
 
-// Compile checks c, normalized, and compiles its rules, then those built in Go (extra,
-// normalized too), without building any store, for the middleware and flightlock check.
+// Compile checks c and compiles its rules, then extra (built in Go); both come normalized.
 func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	if err := cmp.Or(c.problems()...); err != nil {
 		return nil, err
@@ -50,7 +45,7 @@ func Compile(c LockConf, extra []Spec) ([]*Compiled, error) {
 	return c.compileRules(extra)
 }
 
-// compileRules compiles c's rules, then extra, against c's settings, which it does not check.
+// compileRules compiles c's rules, then extra, against c's settings, unchecked.
 func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 	specs := make([]Spec, 0, len(c.Rules)+len(extra))
 	for i, r := range c.Rules {
@@ -107,14 +102,13 @@ func (c LockConf) compileRules(extra []Spec) ([]*Compiled, error) {
 	return out, nil
 }
 
-// Overlaps reports whether p and q lock requests of one route: both have a Path, the same
-// pattern as the router registers it, and methods that can meet (an empty one meets any).
+// Overlaps reports whether p and q lock requests of one route: the same cleaned Path, and
+// methods that can meet (an empty one meets any).
 func (p *Plan) Overlaps(q *Plan) bool {
 	return p.Route.Text != "" && p.Route.Text == q.Route.Text && (p.Method == "" || q.Method == "" || p.Method == q.Method)
 }
 
-// checkSharedName refuses s when an earlier rule of its Name (prev) locks the same requests of
-// the group: each needs a Method or Path of its own.
+// checkSharedName refuses s when an earlier rule of its Name (prev) locks the same requests.
 func checkSharedName(s Spec, prev []Spec) error {
 	for _, p := range prev {
 		if (s.Method == "" && s.Path == "") || (p.Method == "" && p.Path == "") ||
@@ -152,8 +146,8 @@ func CompileHTTP(s Spec) (*Plan, error) {
 	return rl, nil
 }
 
-// compileKey parses s's key template, refuses one among the middleware's own keys (unless s
-// is a shadow rule, whose keys live apart) and binds it with bind.
+// compileKey parses s's key template, refuses one among internalNamespaces (unless s is a
+// shadow rule, whose keys live apart) and binds it with bind.
 func compileKey[S any](s Spec, bind func(ref string) (getter[S], error)) ([]TemplateKey, keyPlan[S], error) {
 	keys, err := TemplateKeys(s.Key)
 	if err == nil && !s.Shadow {

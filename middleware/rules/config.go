@@ -18,8 +18,7 @@ import (
 	"github.com/zeromicro/go-zero/core/conf"
 )
 
-// Values of Rule.OnBusy, LockConf.OnStoreError and RetryConf.Backoff, as normalized (lower
-// case).
+// The values of the settings matched in any case, as normalized (lower case).
 const (
 	OnBusyReject       = "reject"
 	OnBusyWait         = "wait"
@@ -73,16 +72,13 @@ var HTTPMethods = []string{
 
 // LockConf configures a Middleware from a go-zero service config, as `Lock middleware.LockConf`;
 // docs/configuration.md gives each field in full. The tags hold the only defaults: go-zero's
-// loader fills them in a loaded config, and New and Validate fill the zero fields of a LockConf
-// built in Go from the same tags. A bool is never filled, since false is a value.
-//
-// OnStoreError, Redis.Type, Redis.MaintNotifications, Retry.Backoff and a rule's OnBusy, Mode
-// and Method are matched in any case. The tags have no options= on purpose: go-zero's loader
-// would refuse a bad value case-sensitively without naming the field; Validate names it.
+// loader fills them, and New and Validate fill the zero fields of a LockConf built in Go from
+// them (never a bool: false is a value). OnStoreError, Redis.Type, Redis.MaintNotifications,
+// Retry.Backoff and a rule's OnBusy, Mode, Method, Store and OnStoreError match in any case; the
+// tags have no options=, with which go-zero would refuse a bad value case-sensitively, unnamed.
 type LockConf struct {
-	// Redis is the shared Redis. Without a Host the locks live in an embedded in-memory Redis
-	// that only this Middleware sees (another of the process opens its own), refused in
-	// go-zero's pre and pro modes (WithServiceMode).
+	// Redis is the shared Redis; without a Host, an embedded in-memory one that only this
+	// Middleware sees, refused in go-zero's pre and pro modes (WithServiceMode).
 	Redis RedisConf `json:",optional"`
 	// Etcd and Zookeeper are the other stores. With several named, rules say which (Rule.Store).
 	Etcd      EtcdConf      `json:",optional"`
@@ -93,37 +89,31 @@ type LockConf struct {
 	TTL time.Duration `json:",default=10s"`
 	// MaxHold bounds how long one request keeps a lock.
 	MaxHold time.Duration `json:",default=60s"`
-	// Wait is how long a rule with OnBusy "wait" queues for a busy key, cut to end a reserve
-	// (a tenth of the time left, 1-100ms) before the request's deadline.
+	// Wait bounds how long a rule with OnBusy "wait" queues, ending a reserve before the deadline.
 	Wait time.Duration `json:",default=2s"`
 	// Retry is how a waiter polls a key held by another process between release notifications.
 	Retry RetryConf `json:",optional"`
 	// OnStoreError is what a locked route does when the store cannot be reached: "closed"
 	// answers 503 / Unavailable; "open" runs the handler under this process's lock only.
 	OnStoreError string `json:",default=closed"`
-	// TrustOwner makes the zrpc server interceptors honour lock owners an upstream service
-	// propagated, which only re-enter locks they hold. Enable it only where untrusted clients
-	// cannot call, with OwnerSecret on both sides.
+	// TrustOwner makes the zrpc server interceptors honour the lock owners an upstream service
+	// propagated, which only re-enter locks they hold: only where untrusted clients cannot call.
 	TrustOwner bool `json:",optional"`
 	// PropagateTo names the downstream zrpc methods that receive the owners of the request's
 	// locks: full methods ("/balance.Balance/Debit") or services ("/balance.Balance/").
 	PropagateTo []string `json:",optional"`
-	// OwnerSecret, when set, signs the owners sent downstream, and TrustOwner accepts only
-	// owners signed with it. Every service of a chain sets the same.
+	// OwnerSecret signs the owners sent, and TrustOwner accepts only those: one for a whole chain.
 	OwnerSecret string `json:",optional"`
-	// Drain is the grace period of a shutdown for the handlers that hold locks (see
-	// Middleware.Shutdown). Keep it below Shutdown.WaitTime minus WrapUpTime.
+	// Drain is Middleware.Shutdown's grace period: below Shutdown.WaitTime minus WrapUpTime.
 	Drain time.Duration `json:",default=3s"`
-	// TraceKeys puts the rendered keys of a request in its lock span (flightlock.keys). Off by
-	// default: keys hold user ids, account numbers and the like.
+	// TraceKeys puts a request's rendered keys (user ids...) in its lock span: flightlock.keys.
 	TraceKeys bool `json:",optional"`
 	// Rules says which routes and methods are locked, and on which keys.
 	Rules []Rule `json:",optional"`
 }
 
 // DefaultStore is the store of a rule that names none: the one store c names, else Redis (the
-// embedded one). ambiguous reports that c names several; store is then the first of them
-// (Middleware.Locker's).
+// embedded one). ambiguous: c names several, and store is the first (Middleware.Locker's).
 func (c LockConf) DefaultStore() (store string, ambiguous bool) {
 	named := c.storeNames(true)
 	if len(named) == 0 {
@@ -132,8 +122,7 @@ func (c LockConf) DefaultStore() (store string, ambiguous bool) {
 	return named[0], len(named) > 1
 }
 
-// storeNames are the stores of c's sections, in the order Redis, etcd, ZooKeeper: those c names
-// when named, else all.
+// storeNames are the stores of c's sections in order: those c names when named, else all.
 func (c LockConf) storeNames(named bool) []string {
 	var names []string
 	for _, s := range c.Sections() {
@@ -164,8 +153,7 @@ func (c LockConf) StoreOf(s Spec) (string, error) {
 	return s.Store, nil
 }
 
-// CheckRuleStore validates the store of rule s of c and what that store's driver requires of
-// the rule (lockstore.Driver.Check).
+// CheckRuleStore validates rule s's store and what its driver requires of s (Driver.Check).
 func (c LockConf) CheckRuleStore(s Spec) error {
 	store, err := c.StoreOf(s)
 	if err != nil {
@@ -184,8 +172,8 @@ func (c LockConf) CheckRuleStore(s Spec) error {
 
 // RetryConf says how long a waiter sleeps between attempts on a key held elsewhere: Backoff
 // "exponential" (default; Min to Max, jittered), "linear" (Min, 2*Min, ... up to Max) or
-// "none". Attempts caps the attempts per acquisition; 0 means until the wait budget ends.
-// With "none", a Min, Max or Attempts other than its default is refused: it would be ignored.
+// "none", which refuses a Min, Max or Attempts other than its default (it would ignore them).
+// Attempts caps the attempts per acquisition; 0 means until the wait budget ends.
 type RetryConf struct {
 	Backoff  string        `json:",default=exponential"`
 	Min      time.Duration `json:",default=5ms"`
@@ -196,20 +184,15 @@ type RetryConf struct {
 // Rule locks one REST route (Method and Path), one zrpc method (RPC), or both, on the keys
 // that Key renders from each request; docs/configuration.md gives each field in full.
 //
-// Key is a template: literal text with {name} references, as "order:{body.uid}" (REST sources
-// path, query, form, body, header and jwt; for zrpc a request field by proto name, or header
-// for metadata). Each source is read only as go-zero's httpx.Parse reads it, so the key holds
-// the value the handler binds; a bare {name} must agree across every source Parse could bind
-// it from. "+" joins keys locked together, all or nothing: "acct:{from}+acct:{to}". Two
-// references in one key are separated by literal text containing ':', so that different
-// values never render the same key. A missing, empty or ambiguous reference fails the request
-// with 400 / InvalidArgument.
+// Key is a template such as "order:{body.uid}": {name} references (REST: path, query, form, body,
+// header and jwt, each read as go-zero's httpx.Parse reads it for the handler; zrpc: a request
+// field by proto name, or header), "+" joining keys locked all or nothing, and text containing ':'
+// between two references. A missing, empty or ambiguous value answers 400 / InvalidArgument.
 //
 // Rules whose key is computed in Go are added with WithHTTPRule, WithRPCRule and RouteFunc.
 type Rule struct {
-	// Name gives the rule to the middleware Named(Name) returns, for a goctl
-	// @server(middleware: Name) group, instead of Handle. Path and Method narrow it; rules
-	// that share a name each need their own.
+	// Name gives the rule to Named(Name)'s middleware, for a goctl @server(middleware: Name)
+	// group, instead of Handle. Path and Method narrow it; rules sharing a name each need theirs.
 	Name string `json:",optional"`
 	// Method is the REST route's HTTP method, in any case; empty matches any method.
 	Method string `json:",optional"`
@@ -219,74 +202,63 @@ type Rule struct {
 	RPC string `json:",optional"`
 	// Key is the key template; see Rule.
 	Key string `json:",optional"`
-	// OnBusy is what a request does when another holds the key: "wait" queues in FIFO order
-	// up to the Wait budget, then answers 409 / Aborted; "reject" answers so at once; "share"
-	// waits, then answers with the holder's response.
+	// OnBusy is what a request does when another holds the key: "wait" queues (FIFO) up to Wait,
+	// then answers 409 / Aborted; "reject" answers so at once; "share" gets the holder's response.
 	OnBusy string `json:",default=wait"`
-	// Replay is how long a share rule keeps a response of the ReplayStatus classes, up to
-	// ReplayMaxBytes, in its store for later duplicates in any process. Another rule keeps no
-	// responses: a value of these three other than the default is refused on it.
+	// Replay is how long a share rule stores a response of the ReplayStatus classes, up to
+	// ReplayMaxBytes, for later duplicates; other rules refuse these three but at their defaults.
 	Replay         time.Duration `json:",default=10s"`
 	ReplayStatus   string        `json:",default=2xx"`
 	ReplayMaxBytes int           `json:",default=65536"`
-	// TTL and Wait override LockConf's for this rule when positive; a reject rule, which never
-	// waits, has no Wait.
+	// TTL and Wait override LockConf's when positive; a reject rule never waits: no Wait.
 	TTL  time.Duration `json:",optional"`
 	Wait time.Duration `json:",optional"`
 	// Shadow runs the rule without enforcing it: each request it would have refused or queued
 	// is counted in flightlock_shadow_conflicts_total. Its locks live under Prefix + "shadow:".
 	Shadow bool `json:",optional"`
-	// Store is the store the rule locks in, "redis", "etcd" or "zookeeper", in any case; empty,
-	// the one Lock names. A share rule cannot lock in ZooKeeper, which keeps no responses.
+	// Store is where the rule locks, "redis", "etcd" or "zookeeper" (empty: the one Lock names).
+	// A share rule cannot lock in ZooKeeper, which keeps no responses.
 	Store string `json:",optional"`
-	// OnStoreError overrides LockConf.OnStoreError for this rule, in any case.
+	// OnStoreError overrides LockConf.OnStoreError for this rule.
 	OnStoreError string `json:",optional"`
 	// Permits makes the rule a semaphore (flightlock.WithPermits): 2 to flightlock.MaxPermits
 	// requests may hold a key at once. Left out (0), the rule is a lock; 1 is refused.
 	Permits int `json:",optional"`
-	// Mode makes the rule's locks one side of a read-write lock (flightlock.WithRead), in any
-	// case: "read" (reads of a key run together) or "write". Empty is a plain lock, which
-	// excludes reads as a write does.
+	// Mode makes the rule's locks one side of a read-write lock (flightlock.WithRead): "read"
+	// (reads of a key run together) or "write". Empty is a plain lock, excluding as a write.
 	Mode string `json:",optional"`
-	// ReadOnly says that a read rule on a method other than GET or HEAD is a read on purpose;
-	// without it such a rule is refused, since those methods usually write.
+	// ReadOnly allows a read rule on a method other than GET or HEAD, which usually write.
 	ReadOnly bool `json:",optional"`
-	// Fair grants each key in request order across processes (flightlock.WithFair), at the
-	// cost of the per-process single flight.
+	// Fair grants each key in request order across processes, without single flight (WithFair).
 	Fair bool `json:",optional"`
 }
 
-// Validate reports the first bad field of c, named as in the YAML file (Lock.Rules[1].Key:
-// ...), in an error that wraps flightlock.ErrConfig. New calls it; go-zero's loader calls it
-// only when LockConf is the whole config it loads.
+// Validate reports the first bad field of c, named as in the YAML (Lock.Rules[1].Key: ...),
+// wrapping ErrConfig; New calls it, go-zero's loader only when LockConf is the whole config.
 func (c LockConf) Validate() error {
 	_, err := Compile(c.Normalized(), nil)
 	return err
 }
 
-// Problems reports every bad field of c, each a *ConfigError, for tools that list all the
-// mistakes of a file (flightlock check): the scalar settings, then each rule compiled after
-// the good rules before it. Validate returns one of them, the same first one unless a rule
-// conflicts with an earlier one (two Permits of one key) and a later rule is bad alone:
-// Compile checks every rule alone before it compares them.
+// Problems reports every bad field of c, each a *ConfigError, for tools (flightlock check):
+// the scalar settings, then each rule compiled after the good rules before it. Validate
+// returns the same first one, unless a rule conflicts with an earlier one (two Permits of one
+// key) and a later rule is bad alone: Compile checks each rule alone before comparing them.
 func (c LockConf) Problems() []error {
 	n := c.Normalized()
 	ps := n.problems()
 	base := n
 	base.Rules = nil
-	// The rules are compiled against n's own store sections, which their store checks read. A
-	// bad TTL or OnStoreError, which every rule reads, gives way to its default, so that it is
-	// reported once, with the scalars.
+	// The rules compile against n's store sections; a bad TTL or OnStoreError, which every rule
+	// reads, gives way to its default, so that it is reported once, with the scalars.
 	def := LockConf{}.Normalized()
 	for _, p := range ps {
 		var ce *ConfigError
-		if !errors.As(p, &ce) {
-			continue
-		}
-		switch ce.Field {
-		case "Lock.TTL":
+		switch {
+		case !errors.As(p, &ce):
+		case ce.Field == "Lock.TTL":
 			base.TTL = def.TTL
-		case "Lock.OnStoreError":
+		case ce.Field == "Lock.OnStoreError":
 			base.OnStoreError = def.OnStoreError
 		}
 	}
@@ -303,8 +275,7 @@ func (c LockConf) Problems() []error {
 }
 
 // Normalized returns c with the tags' defaults in its zero fields and the words matched in any
-// case spelled as they are compared (Method upper case, the others lower). c's slices are
-// copied, not changed.
+// case as they are compared (Method upper case, the others lower), on copies of c's slices.
 func (c LockConf) Normalized() LockConf {
 	withDefaults(&c)
 	c.OnStoreError = strings.ToLower(c.OnStoreError)
@@ -331,9 +302,8 @@ func (r Rule) Normalized() Rule {
 	return r
 }
 
-// withDefaults fills the zero fields of *v with the defaults of its type's tags, for configs
-// built in Go. FillDefault fails only on a malformed tag, a bug every test would hit: hence
-// the panic.
+// withDefaults fills the zero fields of *v with its type's tag defaults. FillDefault fails only
+// on a malformed tag, a bug every test would hit: hence the panic.
 func withDefaults[T any](v *T) {
 	var def T
 	if err := conf.FillDefault(&def); err != nil {
@@ -342,9 +312,9 @@ func withDefaults[T any](v *T) {
 	fillZero(reflect.ValueOf(v).Elem(), reflect.ValueOf(def))
 }
 
-// fillZero sets each zero field of the struct dst to the same field of def, recursively;
-// conf.FillDefault refuses a struct with any field set. Bools stay (false is a value), and so
-// do slices (the defaults have none; rules are normalized one by one).
+// fillZero sets each zero field of the struct dst to def's, recursively (conf.FillDefault
+// refuses a struct with any field set), but bools (false is a value) and slices (the defaults
+// have none; rules are normalized one by one).
 func fillZero(dst, def reflect.Value) {
 	for i := range dst.NumField() {
 		f := dst.Field(i)
@@ -389,8 +359,7 @@ func (r RetryConf) problems() []error {
 	if r.Backoff != BackoffNone {
 		return ps
 	}
-	// One attempt, no pause: the pacing would be ignored. A default is not told from a value
-	// written out.
+	// One attempt, no pause: the pacing would be ignored. (A default equals a value written out.)
 	var def RetryConf
 	withDefaults(&def)
 	for _, f := range []setting{{"Min", r.Min != def.Min}, {"Max", r.Max != def.Max}, {"Attempts", r.Attempts != def.Attempts && r.Attempts != 1}} {
@@ -463,9 +432,8 @@ func checkRule(r Spec, storeErrors string) error {
 	return cmp.Or(OneOf(r.Field+".Method", r.Method, HTTPMethods...), rpcErr, CheckLockSettings(r.Field, r.Rule, storeErrors))
 }
 
-// CheckLockSettings validates a rule's OnBusy, OnStoreError, Permits, Mode, Fair, TTL and
-// Wait (which a reject rule never uses). storeErrors is the Lock section's OnStoreError, which
-// a rule without its own follows.
+// CheckLockSettings validates a rule's lock settings (all but the key and what it locks);
+// storeErrors is the Lock section's OnStoreError, which a rule without its own follows.
 func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	if err := cmp.Or(negative(name+".TTL", r.TTL), negative(name+".Wait", r.Wait),
 		OneOf(name+".OnBusy", r.OnBusy, OnBusyReject, OnBusyWait, OnBusyShare),
@@ -499,8 +467,7 @@ func CheckLockSettings(name string, r Rule, storeErrors string) error {
 	return cmp.Or(negative(name+".ReplayMaxBytes", r.ReplayMaxBytes), err)
 }
 
-// checkNoReplay refuses a replay setting other than its default on r, a rule that is not a
-// share rule and so keeps no responses. A default is not told from a value written out.
+// checkNoReplay refuses a replay setting other than its default on r, not a share rule.
 func checkNoReplay(name string, r Rule) error {
 	def := Rule{}.Normalized()
 	for _, f := range []setting{{"Replay", r.Replay != def.Replay}, {"ReplayStatus", r.ReplayStatus != def.ReplayStatus},
@@ -518,8 +485,7 @@ type setting struct {
 	set   bool
 }
 
-// checkFullMethod accepts gRPC full method names, /package.Service/Method, and names field
-// when m is none.
+// checkFullMethod accepts gRPC full method names, /package.Service/Method.
 func checkFullMethod(field, m string) error {
 	rest, ok := strings.CutPrefix(m, "/")
 	if !ok {
@@ -532,8 +498,7 @@ func checkFullMethod(field, m string) error {
 	return nil
 }
 
-// OneOf checks that v, normalized, is empty (the default) or one of allowed, else names the
-// field and the values it accepts.
+// OneOf accepts v, normalized, empty (the default) or one of allowed.
 func OneOf(field, v string, allowed ...string) error {
 	if v == "" || slices.Contains(allowed, v) {
 		return nil
@@ -541,14 +506,13 @@ func OneOf(field, v string, allowed ...string) error {
 	return FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// FieldError names the bad field first, as go-zero's conf loader does, in a *ConfigError,
-// which wraps flightlock.ErrConfig.
+// FieldError names the bad field first, as go-zero's loader does, in a *ConfigError (which
+// wraps flightlock.ErrConfig).
 func FieldError(field, format string, args ...any) error {
 	return lockstore.FieldError(field, format, args...)
 }
 
-// ConfigError is a bad setting, as Validate, Problems and New report it; see
-// lockstore.ConfigError.
+// ConfigError is a bad setting, as Validate, Problems and New report it; see lockstore.ConfigError.
 type ConfigError = lockstore.ConfigError
 
 // checkPropagateTo accepts "/package.Service/" and "/package.Service/Method".

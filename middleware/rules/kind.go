@@ -7,9 +7,8 @@ import (
 	"github.com/flightlock/flightlock"
 )
 
-// checkLockKind validates Mode and Fair against the rest of a normalized rule, refusing in
-// the rule's own words what the core would refuse (flightlock.New's ConfigError). storeErrors
-// is the Lock section's OnStoreError, which a rule without its own follows.
+// checkLockKind validates Mode and Fair against the rest of a rule (as CheckLockSettings), in
+// the rule's own words for what flightlock.New would refuse.
 func checkLockKind(name string, r Rule, storeErrors string) error {
 	if err := OneOf(name+".Mode", r.Mode, ModeRead, ModeWrite); err != nil {
 		return err
@@ -41,8 +40,7 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	if !read {
 		what = "a fair lock"
 	}
-	// Read and fair locks are taken outside the per-process gate that a rule falling open
-	// runs under.
+	// Read and fair locks are taken outside the per-process gate a rule falling open runs under.
 	switch {
 	case r.OnStoreError == StoreErrorsOpen:
 		return FieldError(name+".OnStoreError", "cannot be open for %s: it has no per-process lock to fall back on "+
@@ -54,8 +52,7 @@ func checkLockKind(name string, r Rule, storeErrors string) error {
 	return nil
 }
 
-// LockOptions are the flightlock options of r's own settings, normalized and checked
-// (checkLockKind): its TTL and Wait overrides and its kind of lock.
+// LockOptions are the flightlock options of r's own settings, normalized and checked.
 func (r Rule) LockOptions() []flightlock.Option {
 	var opts []flightlock.Option
 	if r.TTL > 0 {

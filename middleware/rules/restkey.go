@@ -19,25 +19,20 @@ import (
 )
 
 // KeyFunc computes the lock key of a REST request in Go, for WithHTTPRule and RouteFunc. An
-// error, an empty key or one of the middleware's own ("replay:...", "shadow:...") answers 400
-// without running the handler. The key is used as is: escape user input so that different
-// requests cannot forge each other's key.
+// error, an empty key or one of the middleware's own ("replay:...", "shadow:...") answers 400.
+// The key is used as is: escape user input so that requests cannot forge each other's key.
 type KeyFunc func(r *http.Request) (string, error)
 
-// MaxBodyBytes bounds the request body that a template reads for {form.x} and {body.x}:
-// a larger body answers 400 (before go-zero's MaxBytes, which is 1 MiB by default, too).
+// MaxBodyBytes bounds the body a template reads for {form.x} and {body.x}: larger answers 400.
 const MaxBodyBytes = 1 << 20
 
-// The key must be built from the value that the handler binds with go-zero's httpx.Parse
-// (v1.10.3), so every getter reads a source exactly when, and as, Parse would: path variables;
+// httpSource is one request as the key getters see it, its body, form and JSON object read on
+// first use. The key must hold the value the handler binds with go-zero's httpx.Parse
+// (v1.10.3), so each getter reads a source exactly when, and as, Parse would: path variables;
 // the form (query, urlencoded body of POST, PUT and PATCH, multipart text fields; empty values
 // dropped, "name[]" as "name"); headers; the first JSON value of a body with ContentLength > 0
-// and a Content-Type containing "application/json". Which value a field ends with depends on
-// the handler's struct, so a name that sources, or values of one, give differently is refused
-// rather than guessed.
-
-// httpSource is one request as seen by the key getters. The body, the form and the JSON
-// object are read once, on first use.
+// and a Content-Type containing "application/json". Which value a field gets depends on the
+// handler's struct, so a name that sources, or values of one, give differently is refused.
 type httpSource struct {
 	r    *http.Request
 	raw  bool // the values as written, without canonicalValue (replay keys of share rules)
@@ -68,13 +63,11 @@ func (o *once[T]) get(compute func() (T, error)) (T, error) {
 	return o.v, o.err
 }
 
-// readBody reads the body once (ReadBody).
 func (s *httpSource) readBody() ([]byte, error) {
 	return s.body.get(func() ([]byte, error) { return ReadBody(s.r) })
 }
 
-// ReadBody reads r's body up to MaxBodyBytes and puts back what it read, for the handler. A
-// larger body, or one that fails to read, is an ErrInvalidKey (400).
+// ReadBody reads r's body, put back for the handler; a failed read or over MaxBodyBytes is 400.
 func ReadBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
@@ -91,9 +84,8 @@ func ReadBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-// formReadsBody reports whether r.ParseForm or r.ParseMultipartForm would read r's body: an
-// urlencoded one of POST, PUT and PATCH (even with a malformed media type parameter), a
-// multipart/form-data one of any method, each once.
+// formReadsBody reports whether r.ParseForm or ParseMultipartForm would read r's body, once: an
+// urlencoded one of POST, PUT and PATCH (even with a bad media type parameter), or multipart.
 func formReadsBody(r *http.Request) bool {
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch {
@@ -105,13 +97,11 @@ func formReadsBody(r *http.Request) bool {
 	return false
 }
 
-// parseForm reads the form as httpx.GetFormValues sees r.Form, by running net/http's parsers
-// on a copy of r that reads the buffered body: r keeps its body and unparsed form for the
-// handler.
+// parseForm reads the form as httpx.GetFormValues sees r.Form, running net/http's parsers on a
+// copy of r that reads the buffered body: r keeps its body and unparsed form for the handler.
 func (s *httpSource) parseForm() (httpForm, error) {
 	r := s.r
-	c := r.WithContext(r.Context()) // a shallow copy: its maps must not be shared with r
-	// Deep copies (http.Header.Clone, the same map type), nil staying nil.
+	c := r.WithContext(r.Context()) // a shallow copy: its maps are cloned below, nil staying nil
 	c.Form, c.PostForm = url.Values(http.Header(r.Form).Clone()), url.Values(http.Header(r.PostForm).Clone())
 	if r.Body != nil { // a nil body is "missing form body" for net/http, as for the handler
 		c.Body = http.NoBody
@@ -140,8 +130,8 @@ func (s *httpSource) parseForm() (httpForm, error) {
 	return httpForm{query: query, all: c.Form, body: c.PostForm}, nil
 }
 
-// formField adds to c the values of name that go-zero's form binding sees, "name[]" included
-// and empty values dropped as GetFormValues does, under the parts of the form that hold them.
+// formField adds to c the values of name that go-zero's form binding sees ("name[]" included,
+// empty values dropped, as GetFormValues does), under the parts of the form that hold them.
 func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool, err error) {
 	f, err := s.form.get(s.parseForm)
 	if err != nil {
@@ -166,9 +156,8 @@ func (s *httpSource) formField(c *candidates, name string) (inQuery, inBody bool
 
 func nonEmpty(v string) bool { return v != "" }
 
-// decodeJSON decodes the body's first JSON value, as httpx.ParseJsonBody does, when it would
-// read the body at all: go-zero's withJsonBody test, on a body that ParseForm, which runs
-// first, has not consumed.
+// decodeJSON decodes the body's first JSON value as httpx.ParseJsonBody does, if it would
+// (go-zero's withJsonBody test, on a body that ParseForm, first, left unread).
 func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	r := s.r
 	if r.ContentLength <= 0 || !strings.Contains(r.Header.Get("Content-Type"), "application/json") || formReadsBody(r) {
@@ -178,8 +167,7 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}
-	// Unmarshal avoids a Decoder's copy of the body but refuses data after the first value,
-	// which go-zero's Decoder ignores: such a body is decoded again as the Decoder reads it.
+	// Unmarshal avoids a Decoder's copy but, unlike go-zero's Decoder, refuses data after a value.
 	var obj map[string]json.RawMessage
 	if json.Unmarshal(b, &obj) != nil {
 		obj = nil
@@ -190,9 +178,8 @@ func (s *httpSource) decodeJSON() (map[string]json.RawMessage, error) {
 	return obj, nil
 }
 
-// unreadBody is the error of a {body.x} reference that found no value because go-zero's
-// httpx.Parse would not read the body as JSON at all (decodeJSON's test), saying what the
-// request must send; nil when there is no body, or the body was read and lacks the field.
+// unreadBody is the error of a {body.x} without a value because httpx.Parse would not read the
+// body as JSON (decodeJSON's test); nil when there is no body, or it was read and lacks the field.
 func unreadBody(r *http.Request, ref string) error {
 	ctype := r.Header.Get("Content-Type")
 	switch {
@@ -212,8 +199,8 @@ func unreadBody(r *http.Request, ref string) error {
 	return nil
 }
 
-// bodyValue follows a dotted path into a JSON body object, splitting only the objects on the
-// path: a large body costs a scan, not a tree of maps.
+// bodyValue follows a dotted path into the JSON body, splitting only the objects on the path:
+// a large body costs a scan, not a tree of maps.
 func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	obj, err := s.json.get(s.decodeJSON)
 	if err != nil {
@@ -236,8 +223,7 @@ func (s *httpSource) bodyValue(path []string) (string, bool, error) {
 	return str, ok, nil
 }
 
-// scalarJSON is the key text of raw, a JSON value the decoder already checked, as decoding it
-// with UseNumber gives it to scalar: a string unescaped, a number as written, true or false.
+// scalarJSON renders a checked JSON value as scalar renders it decoded with UseNumber.
 func scalarJSON(raw json.RawMessage) (string, bool) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
@@ -261,7 +247,6 @@ type candidates struct {
 	sources []string // the sources that gave a value, in the order seen
 }
 
-// add adds vals, which sources give.
 func (c *candidates) add(vals []string, sources ...string) {
 	if len(vals) == 0 {
 		return
@@ -274,8 +259,8 @@ func (c *candidates) add(vals []string, sources ...string) {
 	}
 }
 
-// one returns the single value of the reference, or an ErrInvalidKey naming the sources that
-// disagree (never their values: the message goes back to the client), with hint.
+// one returns the single value of ref, or an ErrInvalidKey naming the sources that disagree
+// (never their values: the message goes back to the client), with hint.
 func (c *candidates) one(ref, hint string) (string, bool, error) {
 	switch len(c.vals) {
 	case 0:
@@ -290,8 +275,7 @@ func (c *candidates) one(ref, hint string) (string, bool, error) {
 	return "", false, fmt.Errorf("%w: {%s} is ambiguous: %s; %s", flightlock.ErrInvalidKey, ref, what, hint)
 }
 
-// scalar renders a JSON or JWT claim value: strings, numbers and booleans. Objects, arrays
-// and null are not key material.
+// scalar renders a JSON or JWT claim value: strings, numbers and booleans, no other values.
 func scalar(v any) (string, bool) {
 	switch v := v.(type) {
 	case string:
@@ -310,8 +294,8 @@ func scalar(v any) (string, bool) {
 	return "", false
 }
 
-// bindHTTP binds a template reference to its REST getter, rendering values canonically
-// (canonicalValue). route, when known, lets {path.x} be checked at start-up.
+// bindHTTP binds a reference to its REST getter, values canonical (canonicalValue) unless the
+// source is raw; route, if known, lets {path.x} be checked at start-up.
 func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	return func(ref string) (getter[*httpSource], error) {
 		get, err := httpGetter(route, ref)
@@ -328,11 +312,10 @@ func bindHTTP(route *Route) func(ref string) (getter[*httpSource], error) {
 	}
 }
 
-// canonicalValue returns v in one form for every way of writing the bool or the number that
-// httpx.Parse binds from it, and v itself when it writes neither. go-zero binds "1" and any
-// case of "true" as true, "0" and any case of "false" as false: they render as "1" and "0",
-// as integers do (and zrpc bools, scalarField). A string field holding "true" (or "007", see
-// canonicalNumber) then shares a lock with "1" (or "7"): a wait, never a second holder.
+// canonicalValue returns v in one form for every way of writing the bool or number httpx.Parse
+// binds from it, else v. go-zero binds "1" and any case of "true" as true, "0" and "false" as
+// false: they render "1" and "0", as integers (and zrpc bools) do. A string field holding
+// "true" (or "007") then shares a lock with "1" (or "7"): a wait, never a second holder.
 func canonicalValue(v string) string {
 	switch {
 	case strings.EqualFold(v, "true"):
@@ -343,15 +326,12 @@ func canonicalValue(v string) string {
 	return canonicalNumber(v)
 }
 
-// canonicalNumber returns v in one form for every way of writing its number, and v itself
-// when it is not written as a number. httpx.Parse binds "7", "07" and "+7" as one integer,
-// and 1, 1.0, 1e0 and 0x1p0 as one float; not knowing the handler's field types, the
-// middleware renders them alike, so two requests on one entity never both hold "their" lock.
-//
-// Integers are rewritten exactly, at any length, so that large ids keep one key each: the
-// sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads in Go's
-// float literal characters is written as that float64: its digits when integral, else Go's
-// shortest form. An integer beyond 2^53 written once with a point or exponent stays apart.
+// canonicalNumber returns v in one form for every way of writing its number, else v: httpx.Parse
+// binds "7", "07" and "+7" as one integer, 1, 1.0, 1e0 and 0x1p0 as one float, so two requests
+// on one entity must not both hold "their" lock. Integers are rewritten exactly, at any length:
+// the sign of zero, a "+" and leading zeros go. Any other finite number ParseFloat reads is
+// that float64: its digits when integral, else Go's shortest form. (An integer beyond 2^53
+// written once with a point or exponent stays apart.)
 func canonicalNumber(v string) string {
 	sign, digits := "", v
 	if v != "" && (v[0] == '+' || v[0] == '-') {
@@ -385,7 +365,7 @@ func canonicalNumber(v string) string {
 	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
-// httpGetter is the REST getter of one template reference, as the request gives the value.
+// httpGetter is the REST getter of one template reference.
 func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	src, name, dotted := strings.Cut(ref, ".")
 	if !dotted {
@@ -401,8 +381,7 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 			return v, v != "", nil
 		}, nil
 	case "query", "form":
-		// The value must be in that part, and the form go-zero binds (query and body merged)
-		// must hold no other.
+		// The value must be in that part, and the merged form go-zero binds must hold no other.
 		return func(s *httpSource) (string, bool, error) {
 			var c candidates
 			inQuery, inBody, err := s.formField(&c, name)
@@ -436,8 +415,8 @@ func httpGetter(route *Route, ref string) (getter[*httpSource], error) {
 	return nil, fmt.Errorf("unknown source %q in {%s} (path, query, form, body, header or jwt)", src, ref)
 }
 
-// defaultGetter resolves a bare name from every source httpx.Parse could bind it from, in
-// Parse's order; different values are refused, as the handler's struct decides which wins.
+// defaultGetter resolves a bare name from every source httpx.Parse could bind it from, which
+// must agree: the handler's struct decides which wins.
 func defaultGetter(name string) getter[*httpSource] {
 	path := []string{name}
 	hint := fmt.Sprintf("send one value, or name the source the handler binds, such as {path.%[1]s}, {query.%[1]s}, {form.%[1]s}, {header.%[1]s} or {body.%[1]s}", name)

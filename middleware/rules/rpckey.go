@@ -25,8 +25,8 @@ type rpcSource struct {
 }
 
 // bindRPC binds a template reference to its zrpc getter: {header.x} reads the incoming
-// metadata, anything else is a field path of the request message. input, when the method's
-// descriptor is registered, lets field paths be checked at start-up.
+// metadata, anything else is a field path of the request message, checked at start-up against
+// input when the method's descriptor is registered.
 func bindRPC(input protoreflect.MessageDescriptor) func(ref string) (getter[rpcSource], error) {
 	return func(ref string) (getter[rpcSource], error) {
 		if name, ok := strings.CutPrefix(ref, "header."); ok {
@@ -63,8 +63,7 @@ func usesMessage(keys []TemplateKey) bool {
 	})
 }
 
-// methodInput returns the request message descriptor of a full method name when its proto
-// file is registered (generated code registers itself when the service package is linked).
+// methodInput returns a full method's request message descriptor, if its proto is registered.
 func methodInput(fullMethod string) protoreflect.MessageDescriptor {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
 	d, _ := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(svc + "." + method))
@@ -98,8 +97,8 @@ func checkFieldPath(md protoreflect.MessageDescriptor, path []string) error {
 	return nil
 }
 
-// unknownField is the error of a template that names a field md lacks: it lists md's proto
-// field names, and the one probably meant when written the Go or JSON way (AccountId).
+// unknownField is the error of a field md lacks, listing md's proto field names and the one
+// probably meant when written the Go or JSON way (AccountId).
 func unknownField(md protoreflect.MessageDescriptor, name string) error {
 	fields := md.Fields()
 	names := make([]string, 0, fields.Len())
@@ -119,12 +118,11 @@ func unknownField(md protoreflect.MessageDescriptor, name string) error {
 		md.FullName(), name, hint, strings.Join(names, ", "))
 }
 
-// fold is a field name without case and underscores: AccountId, accountId and account_id fold
-// alike.
+// fold is a field name without case and underscores: AccountId, account_id fold alike.
 func fold(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
 
-// fieldValue reads a field path of m. A field not set (in proto3 without presence, one at its
-// zero value) is missing, so that requests lacking it do not all share a key like "order:0".
+// fieldValue reads a field path of m. A field not set (without presence, one at its zero
+// value) is missing, so that requests lacking it do not all share a key like "order:0".
 func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 	for i, name := range path {
 		fd := m.Descriptor().Fields().ByName(protoreflect.Name(name))
@@ -142,8 +140,7 @@ func fieldValue(m protoreflect.Message, path []string) (string, bool) {
 	return "", false
 }
 
-// scalarField renders the value of a singular scalar field: numbers as protoreflect.Value's
-// String writes them (decimal integers, shortest floats), enums by name.
+// scalarField renders a singular scalar field: numbers as Value.String writes them, enums by name.
 func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string, bool) {
 	switch fd.Kind() {
 	case protoreflect.BytesKind:
@@ -164,8 +161,7 @@ func scalarField(fd protoreflect.FieldDescriptor, v protoreflect.Value) (string,
 	return v.String(), true
 }
 
-// userKey checks the key of a KeyFunc or RPCKeyFunc: its errors and an empty key are bad
-// input (ErrInvalidKey), whatever the function returned.
+// userKey checks a KeyFunc's or RPCKeyFunc's key: its errors and an empty key are ErrInvalidKey.
 func userKey(key string, err error) ([]string, error) {
 	if err != nil {
 		if !errors.Is(err, flightlock.ErrInvalidKey) {

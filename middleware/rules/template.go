@@ -9,8 +9,7 @@ import (
 )
 
 // TemplateKeys returns the "+"-joined keys of the key template s, or its syntax error as
-// Validate words it. It checks the syntax only; each transport binds the references to
-// getters (bindPlan).
+// Validate words it; each transport binds the references (bindPlan).
 func TemplateKeys(s string) ([]TemplateKey, error) {
 	if s == "" {
 		return nil, errors.New("is empty")
@@ -59,8 +58,7 @@ func TemplateKeys(s string) ([]TemplateKey, error) {
 }
 
 // TemplateRefs returns the references of the key template s as written between the braces
-// ("body.uid"), in order, or its syntax error as Validate words it, for tools (flightlock
-// check). Which references a transport resolves is not checked here.
+// ("body.uid"), in order, or its syntax error, for tools (flightlock check).
 func TemplateRefs(s string) ([]string, error) {
 	keys, err := TemplateKeys(s)
 	var refs []string
@@ -70,29 +68,24 @@ func TemplateRefs(s string) ([]string, error) {
 	return refs, err
 }
 
-// TemplateKey is one "+"-joined key of a key template, for tools that compare the keys of
-// several rules (flightlock check).
+// TemplateKey is one "+"-joined key of a key template, for tools that compare rules' keys.
 type TemplateKey struct {
-	// Text is the key as written: "acct:{body.from}".
-	Text string
-	// Shape is Text with every reference written {}: "acct:{}". Keys of one shape render
-	// the same key for the same values.
+	Text string // the key as written: "acct:{body.from}"
+	// Shape is Text with each reference written {}: "acct:{}"; keys of one shape render alike.
 	Shape string
-	// Refs are the references, in order, as written between the braces: "body.from".
-	Refs []string
-	lits []string // the literal text around the references: one more than Refs
+	Refs  []string // the references, in order, as written between the braces: "body.from"
+	lits  []string // the literal text around the references: one more than Refs
 }
 
-// Namespace is the literal text of k before its first reference ("acct:" for
-// "acct:{body.from}"), "" for a key that starts with one.
+// Namespace is the literal text of k before its first reference: "acct:" for "acct:{id}".
 func (k TemplateKey) Namespace() string {
 	ns, _, _ := strings.Cut(k.Shape, "{}")
 	return ns
 }
 
-// checkSeparators makes sure that the literal text between two references contains a ':'.
-// Values never hold a bare ':' (escape), so it marks where each ends: with "{a}-{b}", ("x-y",
-// "z") and ("x", "y-z") would both render "x-y-z".
+// checkSeparators requires a ':' in the text between two references: values never hold a
+// bare ':' (escape), so it marks where each ends; with "{a}-{b}", ("x-y", "z") and ("x",
+// "y-z") would both render "x-y-z".
 func (k TemplateKey) checkSeparators() error {
 	for i := 1; i < len(k.Refs); i++ {
 		if !strings.Contains(k.lits[i], ":") {
@@ -120,15 +113,13 @@ func checkRefName(name string) error {
 	return nil
 }
 
-// getter resolves one reference for a request of a transport (S). ok is false when the value
-// is missing; err is for failures such as an oversized body, and must wrap ErrInvalidKey.
+// getter resolves one reference for a request of a transport (S); err wraps ErrInvalidKey.
 type getter[S any] func(src S) (value string, ok bool, err error)
 
-// keyPlan is a key template bound to one transport: it renders every key for a request src,
-// escaping the values. A missing or empty value is an ErrInvalidKey.
+// keyPlan is a key template bound to one transport: it renders every key of a request,
+// escaping the values; a missing or empty value is an ErrInvalidKey.
 type keyPlan[S any] func(src S) ([]string, error)
 
-// bindPlan binds every reference of keys with bind.
 func bindPlan[S any](keys []TemplateKey, bind func(ref string) (getter[S], error)) (keyPlan[S], error) {
 	gets := make([][]getter[S], len(keys)) // per key, a getter per reference
 	for i, k := range keys {
@@ -173,18 +164,16 @@ const ReplayPrefix = "replay:"
 // rule never holds back an enforced request.
 const ShadowPrefix = "shadow:"
 
-// internalNamespaces are the middleware's own keys beside the locks of enforced rules, which
-// an enforced rule's key never starts with: a lock on a stored response would corrupt the
-// record (acquire.lua appends to the value), and one among a shadow rule's would hold back
-// requests a shadow rule must never affect. Templates are checked at start-up (checkOwnKeys),
-// rendered keys per request (Spec.apart).
+// internalNamespaces are the middleware's own keys, which an enforced rule's key never starts
+// with: a lock on a stored response would corrupt the record (acquire.lua appends to the
+// value), and one among a shadow rule's would hold back requests a shadow rule must never
+// affect. Templates are checked at start-up (checkOwnKeys), rendered keys per request (apart).
 var internalNamespaces = [...]namespace{
 	{ReplayPrefix, "the stored responses of share rules"},
 	{ShadowPrefix, "the locks of shadow rules"},
 }
 
-// internalNamespace returns the namespace of the middleware's own keys that key starts with,
-// nil when none.
+// internalNamespace returns the namespace of internalNamespaces that key starts with, or nil.
 func internalNamespace(key string) *namespace {
 	for i := range internalNamespaces {
 		if strings.HasPrefix(key, internalNamespaces[i].prefix) {
@@ -194,8 +183,7 @@ func internalNamespace(key string) *namespace {
 	return nil
 }
 
-// checkOwnKeys refuses a template of an enforced rule that starts a key, in its text, among
-// the middleware's own keys.
+// checkOwnKeys refuses an enforced rule's template whose text starts a key in internalNamespaces.
 func checkOwnKeys(keys []TemplateKey) error {
 	for _, k := range keys {
 		if ns := internalNamespace(k.lits[0]); ns != nil {
@@ -206,9 +194,8 @@ func checkOwnKeys(keys []TemplateKey) error {
 	return nil
 }
 
-// apart passes on the keys of a request of s, or refuses with ErrInvalidKey those of an
-// enforced rule that fall among the middleware's own keys, without naming the key (the message
-// goes back to the client); a shadow rule's keys live apart already.
+// apart passes on the keys of a request of s, or refuses an enforced rule's among
+// internalNamespaces without naming the key, which the client reads (a shadow rule's are apart).
 func (s Spec) apart(keys []string, err error) ([]string, error) {
 	if err != nil || s.Shadow {
 		return keys, err

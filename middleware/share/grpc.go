@@ -17,8 +17,7 @@ import (
 	"github.com/flightlock/flightlock/middleware/internal/sharehook"
 )
 
-// HandleRPC is the unary interceptor's work for a share rule (see share): the reply message, or
-// the error status, of the call that ran the handler.
+// HandleRPC answers a share rule's call with the reply, or error status, of the call that ran.
 func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	handler grpc.UnaryHandler, keys []string) (any, error) {
 	msg, _ := req.(proto.Message) // nil, an empty payload, for a request that is not one
@@ -40,8 +39,7 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 			if b, err := proto.Marshal(st.Proto()); err == nil {
 				rec.St = b
 			}
-			// Canceled and DeadlineExceeded tell of the caller's context, not of the operation:
-			// never a response for another call.
+			// Canceled and DeadlineExceeded tell of the caller's context: never another's answer.
 			keep := st.Code() != codes.Canceled && st.Code() != codes.DeadlineExceeded
 			return rec, keep && rl.classes[rpcClass(st.Code())], nil
 		}
@@ -84,8 +82,8 @@ func (rl *rule) HandleRPC(ctx context.Context, req any, info *grpc.UnaryServerIn
 }
 
 // rpcError is the error of a zrpc record: the handler's own error for the call that ran it,
-// else its whole status as stored, details included (errdetails.BadRequest, RetryInfo, ...),
-// or, in a record stored before statuses were, its code and message.
+// else its whole status as stored, details included, or, in a record stored before statuses
+// were, its code and message.
 func (rec *record) rpcError() error {
 	if !rec.replayed && rec.err != nil {
 		return rec.err

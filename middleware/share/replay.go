@@ -11,8 +11,8 @@ import (
 )
 
 // record is a response as shared and stored: for REST the status, headers and body; for zrpc
-// the reply message (type and bytes) or the error status. Fence is the fence of the run that
-// produced it; Print the fingerprint of that request's payload.
+// the reply message or the error status. Fence is the fence of the run that produced it, Print
+// the fingerprint of that request's payload.
 type record struct {
 	Status int         `json:"s,omitempty"` // HTTP status
 	Header http.Header `json:"h,omitempty"`
@@ -31,10 +31,9 @@ type record struct {
 	silent   bool        // not stored: the REST handler wrote nothing
 }
 
-// cutShort reports an answer that tells of its request's end rather than of the operation: a
-// handler that wrote nothing, a 5xx, a zrpc Canceled, DeadlineExceeded or Unknown. When the
-// request left while its handler ran, such an answer is its own. Any other answer stands (a
-// redirect, a 4xx: the operation may be done).
+// cutShort reports an answer that may tell of its request's end rather than of the operation:
+// a handler that wrote nothing, a 5xx, a zrpc Canceled, DeadlineExceeded or Unknown. Any other
+// answer stands (a redirect, a 4xx: the operation may be done).
 func (r *record) cutShort() bool {
 	switch {
 	case r.err != nil:
@@ -47,9 +46,8 @@ func (r *record) cutShort() bool {
 }
 
 // load returns the stored response of key, nil when there is none. A share rule keeps
-// responses for duplicates in other processes in the response store of the store it locks
-// in, so that its responses fail over with its locks; keys are relative to the prefix of the
-// rule's lock keys.
+// responses in the response store of the store it locks in, so that they fail over with its
+// locks; keys are relative to the prefix of the rule's lock keys.
 func (rl *rule) load(ctx context.Context, key string) (*record, error) {
 	if rl.locks.Responses == nil {
 		return nil, rl.locks.NoResponses
@@ -66,8 +64,8 @@ func (rl *rule) load(ctx context.Context, key string) (*record, error) {
 	return &rec, nil
 }
 
-// save stores rec under key for at least ttl, unless key holds something that is not a
-// stored response (a lock whose key renders as this one) or the record of a later grant.
+// save stores rec under key for at least ttl, unless key holds something else than a stored
+// response (a lock whose key renders as this one) or the record of a later grant.
 func (rl *rule) save(ctx context.Context, key string, rec *record, ttl time.Duration) error {
 	if rl.locks.Responses == nil {
 		return rl.locks.NoResponses

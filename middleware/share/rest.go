@@ -16,7 +16,6 @@ import (
 // and the others describe the transfer, not the content.
 var unshared = []string{"Set-Cookie", "Content-Length", "Date", "Connection", "Transfer-Encoding", "Trailer"}
 
-// shareable is h without the unshared headers.
 func shareable(h http.Header) http.Header {
 	c := h.Clone()
 	for _, k := range unshared {
@@ -25,12 +24,11 @@ func shareable(h http.Header) http.Header {
 	return c
 }
 
-// HandleHTTP is the REST middleware's work for a share rule (see share): the status, headers and
-// body of the request that ran the handler.
+// HandleHTTP is the REST middleware's work for a share rule: the status, headers and body of
+// the request that ran the handler.
 func (rl *rule) HandleHTTP(w http.ResponseWriter, r *http.Request, next http.HandlerFunc, keys []string) {
 	ctx := r.Context()
-	// The fingerprint's body, up to rules.MaxBodyBytes as the keys read it: go-zero's MaxBytes
-	// misses a chunked body.
+	// The fingerprint's body, as the keys read it (go-zero's MaxBytes misses a chunked body).
 	body, err := rules.ReadBody(r)
 	replayKeys := keys // the lock's keys; a template's values as written, when it has some
 	if err == nil && rl.plan.HTTPReplayKeys != nil {

@@ -1,13 +1,9 @@
-// Package share links response sharing (OnBusy share) into a service: while a request holds
-// a rule's key, its duplicates wait and then get its response instead of running the handler.
-// A service with share rules sets, in main, before it builds the middleware:
-//
-//	flmw.ResponseSharing = share.New
-//
-// (middleware.New refuses such a config without it), so services without share rules do not
-// link the package. In one process the duplicates join the first request's singleflight;
-// across processes the holder stores its response under Prefix + "replay:" + the key before it
-// releases, for the rule's Replay time. docs/share.md says more.
+// Package share links response sharing (OnBusy share) into a service: while a request holds a
+// rule's key, its duplicates wait and then get its response instead of running the handler. A
+// service with share rules sets flmw.ResponseSharing = share.New in main (middleware.New
+// refuses such rules without it), so that the others do not link the package. In one process
+// the duplicates join the first request's singleflight; across processes the holder stores its
+// response under Prefix + "replay:" + the key before it releases, for Replay (docs/share.md).
 package share
 
 import (
@@ -17,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,12 +26,11 @@ import (
 	"github.com/flightlock/flightlock/middleware/rules"
 )
 
-// New is response sharing for one Middleware: what middleware.ResponseSharing takes.
+// New is response sharing for one Middleware, as middleware.ResponseSharing takes it.
 func New(c sharehook.Config) sharehook.Group {
 	return &group{conf: c}
 }
 
-// group is the response sharing of one Middleware.
 type group struct {
 	conf    sharehook.Config
 	flights singleflight.Group // one run per key in this process
@@ -45,17 +39,15 @@ type group struct {
 func (g *group) Rule(locks sharehook.Locks, r rules.Rule, plan *rules.Plan) sharehook.Rule {
 	classes, _ := rules.ParseReplayStatus("", r.ReplayStatus) // checked by rules.CheckLockSettings
 	return &rule{g: g, locks: locks, plan: plan, classes: classes, maxBytes: r.ReplayMaxBytes, ttl: r.Replay,
-		// Rule.Wait, else the section's (even with WithLocker, whose wait is not told).
+		// Rule.Wait, else the section's (even with WithLocker, whose wait is unknown).
 		wait: cmp.Or(r.Wait, g.conf.Wait),
 	}
 }
 
-// rule is the sharing of one transport's part of a share rule: what it stores (the status
-// classes, 2 for 2xx, ..., and the size bound of a body), for how long, and how long a
-// duplicate waits for a run in flight.
+// rule is the sharing of one transport's part of a share rule; classes[2] stores 2xx answers.
 type rule struct {
 	g        *group
-	locks    sharehook.Locks // the rule's lock, response store, logs and counter, in the middleware
+	locks    sharehook.Locks
 	plan     *rules.Plan
 	classes  [6]bool
 	maxBytes int
@@ -67,15 +59,14 @@ type rule struct {
 func fingerprint(parts ...[]byte) string {
 	h := sha256.New()
 	for _, p := range parts {
-		h.Write([]byte(strconv.Itoa(len(p))))
-		h.Write([]byte{':'})
+		fmt.Fprintf(h, "%d:", len(p))
 		h.Write(p)
 	}
 	return fmt.Sprintf("%x", h.Sum(nil))
 }
 
 // panicError carries a handler's panic out of a shared flight: the request that ran it and its
-// duplicates all answer 500, none hangs.
+// duplicates all answer 500; none hangs.
 type panicError struct {
 	value any
 	stack []byte
@@ -93,8 +84,7 @@ var errLeaderLeft = errors.New("flightlock: the request leading a shared run lef
 var errShareWait = fmt.Errorf("%w: the request in flight with this key did not finish within Wait", flightlock.ErrBusy)
 
 // turn is one request's part in the shared runs of its key. A run it leads runs the handler
-// only while the request still waits (start), never for one already answered; once the
-// handler runs, the request waits for it to return.
+// only while the request still waits (start); once the handler runs, the request waits for it.
 type turn struct {
 	mu     sync.Mutex
 	state  int                // guarded by mu: turnWaiting, turnRunning or turnLeft
@@ -108,8 +98,7 @@ const (
 	turnLeft    // the request was answered without a run of its own: busy, or its context ended
 )
 
-// lead returns the context of the lock wait of a run the request leads, which leave cancels,
-// or false when the request already left.
+// lead returns the lock-wait context of a run the request leads (leave cancels it), or false.
 func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -121,7 +110,6 @@ func (t *turn) lead(ctx context.Context) (context.Context, context.CancelFunc, b
 	return lctx, cancel, true
 }
 
-// start marks the handler as running for the request, unless it left.
 func (t *turn) start() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -155,20 +143,17 @@ func (t *turn) leave(lockBounds bool) bool {
 	return true
 }
 
-// is reports whether the request is in state s, and whether it led a run.
 func (t *turn) is(s int) (in, led bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.state == s, t.led
 }
 
-// share runs a share rule for one request locked on keys, whose stored response is kept under
-// replayKeys: replay a stored response, or join (or lead) the flight of its key in this
-// process; run is the handler's run (see lead).
-//
-// A request waits for the run it joined within its own wait budget, as a wait for the lock
-// does, then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no
-// other: a run whose leader left before it ran ends with errLeaderLeft, and another starts.
+// share runs a share rule for one request locked on keys, its stored response kept under
+// replayKeys: replay a stored response, or join (or lead) the flight of its key in this process
+// (run is the handler's run: see lead). A request waits for its run within its own wait budget,
+// then answers 409 / Aborted. Each waits on its own context, so one that leaves fails no other:
+// a run whose leader left before it ran ends with errLeaderLeft, and another starts.
 func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print string, run runFunc) (*record, error) {
 	rkey := rules.ReplayPrefix + strings.Join(replayKeys, "+") // under the prefix of the rule's lock keys
 	if rec, err := rl.load(ctx, rkey); err != nil {
@@ -226,7 +211,7 @@ func (rl *rule) share(ctx context.Context, keys, replayKeys []string, print stri
 // matchPrint refuses a record produced by a request with another payload.
 func matchPrint(rec *record, print string) error {
 	if rec.Print != print {
-		return sharehook.ErrPayloadMismatch // 422 / InvalidArgument, as the IETF Idempotency-Key draft says
+		return sharehook.ErrPayloadMismatch
 	}
 	return nil
 }
@@ -237,9 +222,8 @@ type runFunc func(ctx context.Context, fence int64) (rec *record, stores bool, e
 
 // lead is the leader's run of a share rule for the request of ctx and t: it takes the lock,
 // replays what another process's holder stored, or else runs the handler (on the lease's
-// context) and stores the record before the lock is released. The handler runs only while
-// the request still waits: else the run ends with errLeaderLeft, the lock released unused. A
-// panic in run becomes a panicError, logged once: every duplicate answers 500.
+// context) and stores the record before the release. The handler runs only while the request
+// waits, else the run ends with errLeaderLeft. A panic is a panicError, logged once: all get 500.
 func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, run runFunc) (rec *record, err error) {
 	lctx, cancel, ok := t.lead(ctx)
 	if !ok {
@@ -249,8 +233,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	h, err := rl.locks.Lock(lctx, keys)
 	if err != nil {
 		if lctx.Err() != nil || errors.Is(err, flightlock.ErrBusy) {
-			// The request left, or its own wait ran out (it answers busy): later duplicates
-			// have wait left, and go on without it.
+			// The request left or its wait ran out (busy): later duplicates, with wait left, go on.
 			t.leave(false)
 			return nil, fmt.Errorf("%w: %w", errLeaderLeft, err)
 		}
@@ -280,16 +263,16 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 		return nil, err
 	}
 	if ctx.Err() != nil && rec.cutShort() {
-		// The request left while its handler ran, which ran on its context and was cut short:
-		// that answer is the request's alone. Duplicates run the handler again; nothing is stored.
+		// The request left while its handler ran on its context and was cut short: that answer
+		// is the request's alone. Duplicates run the handler again; nothing is stored.
 		t.abandon()
 		return nil, fmt.Errorf("%w: it left while its handler ran", errLeaderLeft)
 	}
 	// Asked of the leases, not the context's cause: a request whose own context ended first
 	// keeps Canceled as the cause after a later loss.
 	if h.Group.Lost() {
-		// Another holder may have run since and stored the response duplicates must get;
-		// replaySet refuses a later grant's record for a loss after this look.
+		// Another holder may have run since and stored the response duplicates must get (the
+		// store refuses a later grant's record for a loss after this look).
 		rl.locks.LogError(ctx, "the lock was lost while the handler ran; its response is not stored for duplicates", flightlock.ErrLost)
 		return rec, nil
 	}
@@ -297,8 +280,7 @@ func (rl *rule) lead(ctx context.Context, t *turn, keys []string, rkey string, r
 	return rec, nil
 }
 
-// storeRecord stores rec for the rule's Replay time when the rule stores its kind of response
-// and it fits the size bound; the caller releases the lock after.
+// storeRecord stores rec for Replay if the rule stores its kind and it fits, before the release.
 func (rl *rule) storeRecord(ctx context.Context, rkey string, rec *record, stores bool) {
 	switch {
 	case !stores:

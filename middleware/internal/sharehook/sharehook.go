@@ -1,7 +1,6 @@
 // Package sharehook connects the middleware to response sharing (OnBusy share), which
 // middleware/share implements and a service's main hands to middleware.ResponseSharing, so
-// that only the binaries that use it link it. The middleware depends on these types only, and
-// share never on the middleware.
+// that only the binaries that use it link it; share never depends on the middleware.
 package sharehook
 
 import (
@@ -34,11 +33,9 @@ type Config struct {
 	RPCError  func(err error) error
 }
 
-// Group is the response sharing of one Middleware: the runs of its keys in flight in this
-// process.
+// Group is the response sharing of one Middleware; Rule returns that of one transport's part
+// of a share rule r (normalized), keyed by plan, that locks through locks.
 type Group interface {
-	// Rule returns the sharing of one transport's part of a share rule r (normalized), keyed
-	// by plan, that locks through locks.
 	Rule(locks Locks, r rules.Rule, plan *rules.Plan) Rule
 }
 
@@ -50,11 +47,9 @@ type Rule interface {
 
 // Locks is what sharing needs of the middleware for one rule.
 type Locks struct {
-	// Lock takes the rule's lock on keys for the request of ctx, as for any rule: measured,
-	// traced and logged.
-	Lock func(ctx context.Context, keys []string) (Held, error)
-	// Release releases h, the lock Lock took, after the handler returned, ignoring ctx's
-	// cancellation.
+	// Lock and Release take and release the rule's lock as for any rule (measured, traced,
+	// logged); Release ignores ctx's cancellation.
+	Lock    func(ctx context.Context, keys []string) (Held, error)
 	Release func(ctx context.Context, h Held)
 	// Responses keeps responses for duplicates in other processes, in the store the rule
 	// locks in; nil when that store keeps none, and NoResponses then says why: the rule
@@ -63,13 +58,12 @@ type Locks struct {
 	NoResponses error
 	// LogError logs that what failed because of err, at most once an interval per rule and what.
 	LogError func(ctx context.Context, what string, err error)
-	// CountShared counts a request answered without running the handler, by where the
-	// response came from ("inflight", "stored"), or a response too large to store ("too_large").
+	// CountShared counts a request answered without a run of its own, by where the response
+	// came from ("inflight", "stored"), or a response too large to store ("too_large").
 	CountShared func(how string)
 }
 
-// Held is the lock a request holds, from the middleware's lock to its release (for a share
-// rule, Locks.Lock and Locks.Release).
+// Held is the lock a request holds, from the middleware's lock to its release.
 type Held struct {
 	// Group is the request's leases, one per key; nil only when a shadow rule ran the handler
 	// without its lock (a share rule is never a shadow rule).
