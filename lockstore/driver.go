@@ -9,12 +9,10 @@ import (
 )
 
 // Driver is a store's section of a service's configuration (Lock.Redis, Lock.Etcd,
-// Lock.Zookeeper): the store's package owns its type (its client settings, defaults and
-// checks) and opens it. The go-zero layer validates and opens every section through this
-// interface, never by the store's name or type, in the manner of database/sql's drivers.
+// Lock.Zookeeper), whose type (client settings, defaults, checks) the store's package owns. The
+// go-zero layer validates and opens every section through it, as database/sql does drivers.
 type Driver interface {
-	// Name is the store's name as a rule's Store names it and the metrics label it: "redis",
-	// "etcd", "zookeeper".
+	// Name is the store's name in rules and metrics: "redis", "etcd", "zookeeper".
 	Name() string
 	// Configured reports whether the section names a store to connect to (its hosts).
 	Configured() bool
@@ -22,16 +20,16 @@ type Driver interface {
 	// path under section ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix, which the store's
 	// keys start with after KeyPrefix.
 	Validate(section, prefix string) []error
-	// Check refuses a use of the store that it cannot serve, a *ConfigError naming its field:
-	// a rule that locks in it although the section names no store, a share rule on a store
-	// that keeps no responses, a TTL it cannot keep.
+	// Check refuses, with a *ConfigError naming its field, a use the store cannot serve: a rule
+	// locking in it when the section names none, a share rule where no responses are kept, a
+	// TTL it cannot keep.
 	Check(section string, u Use) error
-	// KeyPrefix is what goes before a rendered key in the store, for a lock prefix: the prefix
-	// itself, or with the store's own namespace in front (etcd's Key). Open, the go-zero
-	// layer and the CLI all take it from here.
+	// KeyPrefix is what goes before a rendered key in the store, for a lock prefix: the prefix,
+	// or with the store's namespace in front (etcd's Key). Open, the go-zero layer and the CLI
+	// all take it from here.
 	KeyPrefix(prefix string) string
-	// Open connects to the store the section names and returns it as a Backend for the keys
-	// under KeyPrefix(prefix). It fails, naming the field, when the section names none.
+	// Open connects to the store and returns it as a Backend for the keys under
+	// KeyPrefix(prefix); it fails, naming the field, when the section names none.
 	Open(prefix string) (*Backend, error)
 }
 
@@ -51,31 +49,27 @@ func (u Use) On() string {
 	return u.Field + " runs on"
 }
 
-// Backend is an opened store, or one that describes itself (Describer): what the layers
-// above need of it, whatever store it is.
+// Backend is what the layers above need of an opened (or self-describing, Describer) store.
 type Backend struct {
-	// Name is the store's name, as Driver.Name.
-	Name string
-	// Store is the lock store, for the Locker.
-	Store Store
-	// Prefix is the key prefix the Locker puts before rendered keys: Driver.KeyPrefix's.
+	Name  string // as Driver.Name
+	Store Store  // for the Locker
+	// Prefix is what the Locker puts before rendered keys: Driver.KeyPrefix's.
 	Prefix string
 	// Inspector reads the locks under Prefix, for tools; nil when the store has none.
 	Inspector Inspector
 	// Responses keeps share rules' responses under Prefix; nil when the store cannot keep
 	// them (ZooKeeper).
 	Responses ResponseStore
-	// Close closes the store and the client Open built; nil for a store given in Go, which
-	// its owner closes.
+	// Close closes the store and the client Open built; nil for a store given in Go.
 	Close func() error
 	// CloseEndsHolds reports that Close ends the locks still held at once (ZooKeeper's
 	// session), rather than leaving them to run out with their TTL.
 	CloseEndsHolds bool
 }
 
-// Describer is a Store that describes itself as a Backend for keys under prefix (Close nil):
-// a store built in Go and given to the middleware says its name and gives its response store.
-// The stores of this module implement it.
+// Describer is a Store that describes itself as a Backend (Close nil) for keys under prefix, so
+// that one built in Go and given to the middleware tells its name and response store. This
+// module's stores implement it.
 type Describer interface {
 	Describe(prefix string) *Backend
 }
@@ -97,9 +91,8 @@ type ResponseStore interface {
 // ErrConfig is flightlock.ErrConfig: a configuration that cannot run.
 var ErrConfig = errors.New("flightlock: invalid configuration")
 
-// ConfigError is a bad setting, named by its path in the YAML file: Error names the field
-// first ("Lock.Etcd.Hosts[1]: is empty"), and errors.Is matches ErrConfig as well as what Err
-// wraps.
+// ConfigError is a bad setting, named by its YAML path first ("Lock.Etcd.Hosts[1]: is empty");
+// errors.Is matches ErrConfig as well as what Err wraps.
 type ConfigError struct {
 	Field string // "Lock.Rules[1].OnBusy"
 	Err   error  // what is wrong with it

@@ -10,25 +10,24 @@ import (
 )
 
 // Inspector reads and changes the locks of one store for the tools that operate it (the
-// flightlock CLI). Each store implements it beside the code that writes its values, so a tool
-// never parses a store's bytes. Keys are lock keys as the rules render them, without the
-// prefix the inspector was made with. Implementations are safe for concurrent use.
+// flightlock CLI); each store implements it beside the code that writes its values. Keys are
+// as the rules render them, without the inspector's prefix. It is safe for concurrent use.
 type Inspector interface {
 	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
-	// as Redis's SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more
-	// matched. A key under the prefix that is not a lock of this store has Unrecognized set.
+	// as SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more matched. A
+	// key under the prefix that is not a lock of this store has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
-	// Lookup reads one lock in full, with its fence counter (FenceCounterKey). It returns an
-	// error wrapping ErrNotHeld when the key does not exist.
+	// Lookup reads one lock in full, with its fence counter; an error wrapping ErrNotHeld when
+	// the key does not exist.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
-	// ForceUnlock removes the grant l, as Lookup or List read it, whatever its holds, and
-	// wakes the processes waiting for it. It removes nothing, and returns a *ChangedError, when
-	// the key no longer holds that grant: the operator agreed to remove one holder, not
-	// whoever holds the key now. notified is what Release reports for the same deletion.
+	// ForceUnlock removes the grant l (as read by Lookup or List), whatever its holds, and wakes
+	// its waiters, notified as Release counts them. When the key no longer holds that grant it
+	// removes nothing and returns a *ChangedError: the operator agreed to remove one holder,
+	// not whoever holds the key now.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
-	// Watch reports the changes of the locks matching pattern to fn, one event at a time from
-	// the calling goroutine: first EventWatching with the locks held, then the changes. It
-	// returns nil when ctx ends, and an error when the store cannot be read.
+	// Watch reports to fn, one event at a time from the calling goroutine, EventWatching with
+	// the locks matching pattern, then their changes. It returns nil when ctx ends, and an
+	// error when the store cannot be read.
 	Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error
 }
 
@@ -36,8 +35,8 @@ type Inspector interface {
 type ListOptions struct {
 	// Limit is the most locks returned; 0 returns all.
 	Limit int
-	// Skip leaves out (and does not count in more) the keys it returns true for: keys other
-	// layers keep under the same prefix. Nil skips none.
+	// Skip leaves out (uncounted in more) the keys it returns true for: keys other layers keep
+	// under the same prefix. Nil skips none.
 	Skip func(key string) bool
 }
 
@@ -45,11 +44,11 @@ type ListOptions struct {
 type WatchOptions struct {
 	// Skip leaves out the keys it returns true for, as ListOptions.Skip. Nil skips none.
 	Skip func(key string) bool
-	// Interval is how often a watch reads the locks again (refreshing their TTLs, and finding
-	// changes where the store does not send them). Zero means DefaultWatchInterval.
+	// Interval is how often a watch reads the locks again, refreshing their TTLs and finding
+	// changes the store does not send. Zero means DefaultWatchInterval.
 	Interval time.Duration
-	// Timeout bounds each call the watch makes to the store, and how long a watch the store
-	// ended tries to start again. Zero means DefaultWatchTimeout.
+	// Timeout bounds each call to the store, and how long a watch the store ended tries to
+	// start again. Zero means DefaultWatchTimeout.
 	Timeout time.Duration
 }
 
@@ -59,8 +58,7 @@ const (
 	DefaultWatchTimeout  = 10 * time.Second
 )
 
-// WithDefaults returns o with DefaultWatchInterval and DefaultWatchTimeout in place of an
-// Interval and a Timeout that are not positive.
+// WithDefaults returns o with the defaults in place of an Interval or Timeout not positive.
 func (o WatchOptions) WithDefaults() WatchOptions {
 	if o.Interval <= 0 {
 		o.Interval = DefaultWatchInterval
@@ -71,12 +69,11 @@ func (o WatchOptions) WithDefaults() WatchOptions {
 	return o
 }
 
-// PollWatch runs a Watch that reads the locks again every opts.Interval: read returns the
-// matching locks, each call bounded by opts.Timeout, and reports their changes itself
-// (Changes). PollWatch reports EventWatching, described by mode, after the first
-// read and EventRead after each other one; between reads it hands what heard delivers to on
-// (a nil heard delivers nothing). It returns nil when ctx ends, and otherwise the error of a
-// read or of on, or that heard was closed.
+// PollWatch runs a Watch that calls read (which returns the matching locks and reports their
+// changes itself, with Changes) every opts.Interval, each call bounded by opts.Timeout. It
+// reports EventWatching, described by mode, after the first read and EventRead after each
+// other; between reads it hands what heard delivers (nil: nothing) to on. It returns nil when
+// ctx ends, else the error of a read or of on, or that heard was closed.
 func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context) ([]LockInfo, error),
 	heard <-chan M, on func(context.Context, M) error, fn func(Event)) error {
 	opts = opts.WithDefaults()
@@ -113,13 +110,13 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 	return err
 }
 
-// Changes reports to fn how locks, a new read of the locks a watch follows, differ from held,
-// the read before it by key, so that a watch that polls reports a change alike on every store.
-// For each lock in turn: EventAcquired for a new grant (another owner or fence), followed by
-// EventContended when it was refused already; EventChanged when the grant's holds changed (Own,
-// Borrowed, Readers); or EventContended at its first refusal. Then EventGone for each lock of
-// held not read again, by key. A nil held (no read before, or changes heard otherwise) reports
-// nothing. It returns locks by key, held for the next read, and the keys gone.
+// Changes reports to fn how locks, a watch's new read, differ from held, the read before it by
+// key, so that polling watches report alike on every store. For each lock in turn:
+// EventAcquired for a new grant (another owner or fence), then EventContended if it was
+// refused already; EventChanged when the grant's holds (Own, Borrowed, Readers) changed; or
+// EventContended at its first refusal. Then EventGone for each lock of held not read again,
+// by key. A nil held (no read before, or changes heard otherwise) reports nothing. It returns
+// locks by key, for the next read, and the keys gone.
 func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
 	if held == nil {
 		fn = func(Event) {}
@@ -152,18 +149,16 @@ func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now ma
 // NoTTL is LockInfo.TTL of a key without an expiry, and of a lock an event names unread.
 const NoTTL time.Duration = -1
 
-// EmptyValue is LockInfo.Unrecognized of a key under the prefix with an empty value (or a
-// ZooKeeper node with no data and no hold under it): no store writes one, and an empty
-// Unrecognized would read as a lock.
+// EmptyValue is LockInfo.Unrecognized of a key with an empty value (or a ZooKeeper node with no
+// data and no hold), which no store writes: an empty Unrecognized would read as a lock.
 const EmptyValue = "(empty value)"
 
 // LockInfo is one lock as an Inspector reads it.
 type LockInfo struct {
-	// Key is the lock key as the rule rendered it, without the prefix; StoreKey is the key in
-	// the store.
+	// Key is the lock key as rendered, without the prefix; StoreKey is the key in the store.
 	Key, StoreKey string
-	// Owner is the holder's owner token; empty in a store that never shows it (a token lets
-	// its bearer re-enter the lock).
+	// Owner is the holder's token; empty in a store that never shows it (a token lets its
+	// bearer re-enter the lock).
 	Owner string
 	// Fence is the fence of the store's grant; in-process handoffs count up from it.
 	Fence int64
@@ -183,26 +178,26 @@ type LockInfo struct {
 	// Waiters counts the processes waiting for its release now (Redis: subscribers of its
 	// release channel); zero where the store cannot count them.
 	Waiters int64
-	// Readers counts the live read holds of a key held for reading (ReadOwner); 0 for a key
-	// held by a writer. A read-held key's Owner is no token (each reader has its own): the
-	// Redis store shows the readers' marker, which ForceUnlock needs, the others none.
+	// Readers counts the live read holds of a read-held key (0 when a writer holds it). Its
+	// Owner is no token (each reader has its own): Redis shows the readers' marker, which
+	// ForceUnlock needs, the others none.
 	Readers int
 	// Queued counts the places in the key's fair line.
 	Queued int
-	// Unrecognized is the raw value (or the read's error, in parentheses; EmptyValue for an
-	// empty one) of a key under the prefix that is not a lock of this store; then only the keys
-	// and TTL are set.
+	// Unrecognized is the raw value (the read's error in parentheses; EmptyValue for an empty
+	// one) of a key under the prefix that is no lock of this store; then only the keys and TTL
+	// are set.
 	Unrecognized string
 
-	// FenceCounterKey and FenceCounter, set by Lookup only, name the key that bounds the next
-	// fence (Redis: the slot's fence counter; etcd: the key's fence floor) and its value; nil
-	// when it is unset.
+	// FenceCounterKey and FenceCounter, set by Lookup only, are the key that bounds the next
+	// fence (Redis: the slot's fence counter; etcd: the key's fence floor) and its value (nil:
+	// unset).
 	FenceCounterKey string
 	FenceCounter    *int64
 
 	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl
-	// prints it), the grant's revision (its fence's source), and the value's (ForceUnlock
-	// removes only that).
+	// prints it), the grant's revision (its fence's source) and the value's (all ForceUnlock
+	// removes).
 	Lease                       string
 	CreateRevision, ModRevision int64
 }
@@ -250,22 +245,20 @@ const (
 // Event is one report of Watch.
 type Event struct {
 	Kind EventKind
-	// Lock is the lock the event is about, as read then (for a release or expiry, as last
-	// seen; NoTTL and no grant when never read). Locks are the locks held, for EventWatching,
+	// Lock is the lock the event is about, as read then (a release or expiry: as last seen;
+	// NoTTL and no grant when never read). Locks are the locks held, for EventWatching,
 	// EventRead and EventResumed, which have no Lock.
 	Lock  LockInfo
 	Locks []LockInfo
 	// Mode says how the watch hears changes ("polling every 500ms", ...), for EventWatching.
 	Mode string
-	// Reason and Revision are EventResumed's: why the store ended the watch, and the
-	// revision it resumed from.
+	// Reason and Revision are EventResumed's: why the store ended it, and the revision resumed from.
 	Reason   error
 	Revision int64
 }
 
-// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with
-// its lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and
-// the rest, in order, as Metadata.
+// ParseHolder fills Host, Pid, Trace and Kind from the first host=, pid=, trace= and kind= of
+// the metadata a holder wrote (the Locker's WithMetadata), and Metadata with the rest, in order.
 func (l *LockInfo) ParseHolder(meta string) {
 	var other []string
 	for _, f := range strings.Fields(meta) {

@@ -1,8 +1,8 @@
-// Package lockstore is the contract between the flightlock core and a lock store: Store (what
-// differs between stores is Capabilities data), its one optional extension Passer, the
-// Inspector that tools use to list, look up, force-unlock and watch locks, and the types they
-// share. Each store is a package of its own that owns its value format (lockstore/redisstore,
-// lockstore/embedded, etcdstore, zkstore). It imports the standard library only.
+// Package lockstore is the contract between the flightlock core and a lock store: Store (with
+// what differs between stores as Capabilities data), its optional extension Passer, the
+// Inspector tools use, and their shared types. Each store is its own package and owns its value
+// format (lockstore/redisstore, lockstore/embedded, etcdstore, zkstore). It imports the
+// standard library only.
 package lockstore
 
 import (
@@ -19,11 +19,10 @@ import (
 var ErrNotHeld = errors.New("flightlock: lock not held")
 
 // ErrOutcomeUnknown is wrapped by a store in the error of a request that may have taken effect
-// although no reply said so: the connection closed after the request went out (ZooKeeper), or
-// the server answered with an error for a request it may apply all the same (an etcd leader
-// change). The caller gives back what the request may have taken, by the same owner, as after
-// a request its context cut short, and sends nothing more as that owner (a later grant to it
-// could be the one given back).
+// unreported: the connection closed after it went out (ZooKeeper), or the server answered an
+// error for a request it may apply all the same (an etcd leader change). As after a request its
+// context cut short, the caller gives back what it may have taken, by the same owner, and sends
+// nothing more as that owner (a later grant to it could be the one given back).
 var ErrOutcomeUnknown = errors.New("flightlock: the request's outcome is unknown: it may have run")
 
 // Acquisition is the outcome of one Acquire call.
@@ -44,11 +43,10 @@ type Acquisition struct {
 	// HolderTTL is how long the current holder's lock has left when not acquired (with
 	// Permits, the shortest of the busy keys').
 	HolderTTL time.Duration
-	// Holder is the metadata the current holder stored with its lock (Request.Meta) when not
-	// acquired, "" when it stored none; the go-zero layer compares its trace id to tell a
-	// nested call of the same request. With Permits it is also set when acquired: the metadata
-	// of a busy permit the request passed over, if any, so that holders of another kind (a
-	// lock on permit 1, another count) are seen while permits are still free.
+	// Holder is the current holder's Request.Meta when not acquired ("" for none); the go-zero
+	// layer compares its trace id to tell a nested call of the same request. With Permits it
+	// is also set when acquired, to the metadata of a busy permit passed over, so that holders
+	// of another kind (a lock on permit 1, another count) show while permits are still free.
 	Holder string
 }
 
@@ -63,31 +61,28 @@ type Request struct {
 	TTL time.Duration
 	// Meta is optional text kept with the lock for operators (who holds it); it may be empty.
 	Meta string
-	// Asked, when not zero, makes the acquisition fair: granted in request order across
-	// processes. It is when the caller's Lock began; each fair acquirer takes a place in the
-	// key's line, and only the first in line may take the free key. A grant leaves the line. A
-	// store ranks places by Asked (Redis, which clamps it to its own clock less a bound on clock
-	// skew) or by when its first fair Acquire reached the store (etcd's revisions, ZooKeeper's
-	// sequence numbers: no host's clock is trusted, and the Locker sends that Acquire as soon as
-	// a fair Lock begins).
+	// Asked, when not zero, makes the acquisition fair (granted in request order across
+	// processes): it is when the caller's Lock began. Each fair acquirer takes a place in the
+	// key's line, only the first in line may take the free key, and a grant leaves the line. A
+	// store ranks places by Asked (Redis, clamped to its own clock less a bound on clock skew)
+	// or by when the first fair Acquire reached it (etcd revisions, ZooKeeper sequence numbers:
+	// no host's clock is trusted; the Locker sends that Acquire as soon as a fair Lock begins).
 	Asked time.Time
-	// Permits, when not empty, asks for one of several keys (a semaphore's permits) instead of
-	// Key: the first of them, in order, that Acquire of that key alone would grant, and
+	// Permits, when not empty, asks instead of Key for the first of several keys (a
+	// semaphore's permits), in order, that Acquire of that key alone would grant;
 	// Acquisition.Permit says which. A store looks at them all in one request where it can
-	// (AcquireEach is the fallback), and then a re-sent request re-enters the key its first try
-	// took. The Locker does not rely on that: it gives back every key of a request whose
-	// outcome it does not know, and asks again as a new owner. A permit request is neither a
-	// read nor a fair one: Owner is not a ReadOwner and Asked is zero.
+	// (else AcquireEach), so a re-sent request re-enters what its first try took; the Locker
+	// does not rely on that, but gives back every key of a request whose outcome it does not
+	// know and asks again as a new owner. Owner is not a ReadOwner and Asked is zero.
 	Permits []string
 	// Want, with Permits, is how many of them the request may take at once (0 is 1): a process
 	// whose goroutines wait for permits of one key asks for them together. A store may grant
 	// fewer than Want, but at least one while one is free (Acquisition.More has the others).
 	Want int
 	// Queue, for a fair acquisition, is how long the caller's place lives without another
-	// Acquire from it: a waiter that stops asking (its process died) leaves the line by itself
-	// after Queue. 0 takes the key only when nobody is in line before the caller and takes no
-	// place (a TryLock). Busy replies of a fair acquisition have HolderTTL 0 when the key is
-	// free but others are first in line.
+	// Acquire from it, so a waiter whose process died leaves the line by itself. 0 takes no
+	// place and takes the key only when nobody is in line before the caller (a TryLock). A busy
+	// reply has HolderTTL 0 when the key is free but others are first in line.
 	Queue time.Duration
 }
 
@@ -96,25 +91,24 @@ type Request struct {
 type Capabilities struct {
 	// Name is the store's name as rules and metrics spell it: "redis", "etcd", "zookeeper".
 	Name string
-	// MaxHandoffs bounds the in-process handoffs under one grant, 0 when there is no bound:
-	// the Locker hands a held lock on with the fences grant+1, grant+2, ..., and the store's
-	// next grant must exceed all of them even when the holder dies without reporting the last
-	// (etcd leaves 2^20 fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
+	// MaxHandoffs bounds the in-process handoffs under one grant (0: no bound): the Locker
+	// hands a held lock on with fences grant+1, grant+2, ..., which the store's next grant must
+	// exceed even when the holder dies without reporting the last (etcd leaves 2^20 fences per
+	// grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
 	MaxHandoffs int
-	// MaxTTL is the longest lock TTL the store keeps, 0 when there is no bound (ZooKeeper: a
-	// share of its session timeout). MaxTTLReason completes the error that refuses a longer
-	// one, "a lock TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
+	// MaxTTL is the longest lock TTL the store keeps (0: no bound; ZooKeeper: a share of its
+	// session timeout). MaxTTLReason ends the error that refuses a longer one, "a lock TTL of
+	// 20s is longer than " + MaxTTLReason: what keeps it and what to do.
 	MaxTTL       time.Duration
 	MaxTTLReason string
-	// SharedWatch is true when Watch calls on one key share one subscription, so that many
-	// watchers of a key cost about what one does (Redis). Only then does the Locker have every
-	// waiting semaphore taker watch every permit; elsewhere they look again at retry delays.
+	// SharedWatch is true when the Watch calls on a key share one subscription, so many
+	// watchers cost about what one does (Redis). Only then does every waiting semaphore taker
+	// watch every permit; elsewhere they look again at retry delays.
 	SharedWatch bool
 }
 
-// MaxKeyLen is the longest key a store accepts (CheckArgs), and the longest that a Locker
-// accepts with its prefix (flightlock.MaxKeyLen): a longer one almost always means a template
-// took in a whole request body.
+// MaxKeyLen is the longest key a store (CheckArgs) and a Locker, prefix included, accept
+// (flightlock.MaxKeyLen): a longer one almost always means a template took in a request body.
 const MaxKeyLen = 1024
 
 // CheckKey refuses a key that names no lock on any store: empty, or over MaxKeyLen.
@@ -162,58 +156,54 @@ func (c Capabilities) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Store is what flightlock needs from a lock backend: one contract for every store, with what
-// differs between them stated in Capabilities. Implementations are safe for concurrent use.
-// Keys are full backend keys (prefix included); owners are opaque tokens without spaces. The
-// storetest package checks an implementation against this contract.
+// Store is what flightlock needs from a lock backend, the same for every store (what differs is
+// in Capabilities). Implementations are safe for concurrent use. Keys are full backend keys
+// (prefix included); owners are opaque tokens without spaces. Package storetest checks an
+// implementation against this contract.
 type Store interface {
 	// Capabilities describes the store; it does not change after the store is made.
 	Capabilities() Capabilities
 	// Acquire takes req.Key for req.Owner for req.TTL, or re-enters it if the owner holds it
-	// already (Reentered; the TTL is reset). Acquiring again with the same owner is
-	// idempotent, so a request that a client re-sent after a timeout does no harm, unless the
-	// owner is spent: its Release or LeaveQueue failed, or a request of it failed with
-	// ErrOutcomeUnknown or its context's error (the store may still give that back). A read
-	// owner (ReadOwner) takes a read hold, and a non-zero Asked a place in the key's line.
+	// (Reentered; the TTL is reset). It is idempotent per owner, so a request re-sent after a
+	// timeout does no harm, unless the owner is spent: its Release or LeaveQueue failed, or a
+	// request of it failed with ErrOutcomeUnknown or its context's error (the store may still
+	// give that back). A ReadOwner takes a read hold, and a non-zero Asked a place in line.
 	Acquire(ctx context.Context, req Request) (Acquisition, error)
-	// Reenter re-enters key for owner, a token handed over by another process, only when owner
-	// holds key now: it adds the hold named hold (Release with that name gives it up; naming
-	// it twice adds it once, so a re-sent call does no harm) and raises the TTL to ttl if the
+	// Reenter re-enters key for owner, a token handed over by another process, only while owner
+	// holds key: it adds the hold named hold (given up by Release with that name; added once
+	// however often named, so a re-sent call does no harm) and raises the TTL to ttl if the
 	// lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
 	Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error)
 	// Refresh makes key live at least ttl more if owner holds it (it never shortens a lock),
 	// and returns ErrNotHeld otherwise.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
-	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
-	// the error Refresh would have returned for it. A store makes it one round trip (or a
-	// few), so that a slow store cannot cap how many locks a process keeps alive.
+	// RefreshAll refreshes each lock of batch as Refresh would, returning Refresh's errors in
+	// batch's order, in one round trip or a few, so a slow store cannot cap how many locks a
+	// process keeps alive.
 	RefreshAll(ctx context.Context, batch []Renewal) []error
 	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
-	// "", or the re-entry named hold. The last hold deletes key and notifies waiters, and
-	// Release returns how many waiters elsewhere were told. lastFence is the largest fence the
-	// caller handed out under the lock (0 if none beyond the acquired one): later acquisitions
-	// get larger fences. It returns ErrNotHeld, and changes nothing, when owner does not hold
-	// key or that hold was given up already.
+	// "", else the re-entry named hold. The last hold deletes key and notifies waiters; the
+	// count of waiters told elsewhere is returned. lastFence is the largest fence the caller
+	// handed out under the lock (0 if none beyond the grant's): later grants exceed it.
+	// ErrNotHeld, with nothing changed, when owner does not hold key or that hold is gone.
 	//
-	// A Release that fails with another error may still go through, late or by a retry of
-	// the store's own, for as long as the store lives. So the caller sends that owner and
-	// hold no more (no Acquire, Reenter or Pass with them): a grant they were told of could
-	// be the one the release ends. The Locker takes a new owner for every grant and names
-	// every re-entry anew, so it never does.
+	// A Release that fails otherwise may still go through, late or by the store's own retry,
+	// while the store lives. So the caller sends that owner and hold no more (no Acquire,
+	// Reenter or Pass): a grant it was told of could be the one the release ends. The Locker
+	// takes a new owner for every grant and names every re-entry anew.
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
 	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
 	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
-	//
-	// A LeaveQueue that fails may still go through, late or by a retry of the store's own
-	// (a place lives as long as a ZooKeeper session), so, as after a failed Release, its owner
-	// is spent: a fair Acquire with it could keep the place only to lose it to that retry, and
-	// with it the owner's turn. The Locker takes a new owner after every LeaveQueue.
+	// A failed LeaveQueue may still go through, late or by the store's own retry (a place
+	// lives as long as a ZooKeeper session), so its owner is spent as after a failed Release:
+	// a fair Acquire with it could keep the place only to lose it, and its turn, to that
+	// retry. The Locker takes a new owner after every LeaveQueue.
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
-	// Watch starts listening for releases of key; the returned Watch must be closed. A release
-	// after Watch returned is heard, and one before it too unless Watch.Fresh: a refused
-	// caller that tries once more after a fresh Watch, before it sleeps, misses no release.
+	// Watch starts listening for releases of key; the Watch must be closed. A release after
+	// Watch returned is heard, and one before it too unless Watch.Fresh: a refused caller that
+	// tries once more after a fresh Watch, before it sleeps, misses no release.
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
@@ -263,9 +253,9 @@ type Renewal struct {
 }
 
 // Passer is a Store that can keep a lock in its holder's process at the end of a turn (the
-// WithHandoff bound): one round trip instead of a release and a new acquisition, releasing
-// only when a waiter elsewhere asked for the key while it was held. It is optional because
-// the store must tell that atomically with the end of the turn.
+// WithHandoff bound) in one round trip instead of a release and a new acquisition, releasing
+// only when a waiter elsewhere asked for the key meanwhile. It is optional because the store
+// must tell that atomically with the end of the turn.
 type Passer interface {
 	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
 	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
@@ -275,23 +265,21 @@ type Passer interface {
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
-// ReadOwner returns the owner token of a read hold: token marked so that the store takes,
-// refreshes and releases a read hold with it. The mode lives in the owner because the owner
-// names the hold in every later call (Refresh, RefreshAll, Release, a give-back of a lost
-// reply), so a read hold cannot be released or refreshed as a write, or the other way round.
-// Store methods given such an owner act on the key's read holds:
-//   - Acquire takes a read hold of key, shared with its other read holds. It is refused (with
+// ReadOwner returns the owner token of a read hold: token, marked. The mode lives in the owner
+// because the owner names the hold in every later call (Refresh, RefreshAll, Release, a
+// give-back of a lost reply), so a read hold is never released or refreshed as a write, nor
+// the other way round. Store methods given such an owner act on the key's read holds:
+//   - Acquire takes a read hold, shared with the key's other read holds. It is refused (with
 //     the holder's TTL) while a write hold holds key, and, once a write Acquire was refused
-//     because of the read holds (it marks the key), until a writer had its turn (writer
-//     preference: a stream of readers cannot starve a writer). A read hold's Fence is the last
-//     fence the store handed out for key's family when it was granted: at least the fence of
-//     the last write it follows and below that of every write after it. Acquiring again with
-//     the same owner re-enters (Reentered), as for a write.
+//     for the read holds (it marks the key), until a writer had its turn (writer preference:
+//     readers cannot starve a writer). Its Fence is the last fence the store handed out for
+//     key's family: at least that of the write it follows and below that of every later
+//     write. Acquiring again with the same owner re-enters (Reentered), as for a write.
 //   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
 //     of the last read hold notifies the key's watchers when a writer waits.
 //   - Reenter never grants a read owner anything: read holds are not handed over.
 //
-// Every read and write hold has its own lease: it expires a TTL after its last refresh.
+// Every hold, read or write, has its own lease, expiring a TTL after its last refresh.
 func ReadOwner(token string) string { return readOwnerMark + token }
 
 // IsReadOwner reports whether owner was made by ReadOwner.
@@ -309,10 +297,10 @@ type Watch struct {
 	fresh bool
 }
 
-// Fresh reports whether the watch began to listen only now: a release between the caller's
-// last look at the key (a busy reply) and Watch may have gone unheard, so a refused caller
-// looks once more before it sleeps. False for a Redis channel subscribed already and for the
-// etcd store, which watches from the revision of its last busy reply.
+// Fresh reports whether the watch began to listen only now, so that a release between the
+// caller's last look (a busy reply) and Watch may have gone unheard and a refused caller looks
+// once more before it sleeps. False for a Redis channel subscribed already and for etcd, which
+// watches from the revision of its last busy reply.
 func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
