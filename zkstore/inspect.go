@@ -63,9 +63,9 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 		case errors.Is(err, zk.ErrNoAuth):
 			// A node whose ACL refuses this session is no Store's (they make every node
 			// readable by all): one such node cannot hide the locks beside it.
-			l = lockstore.LockInfo{Key: k, StoreKey: in.s.keyPath(in.prefix + k), TTL: lockstore.NoTTL, Unrecognized: "(unreadable: " + err.Error() + ")"}
+			l.Unrecognized = "(unreadable: " + err.Error() + ")"
 		case err != nil:
-			return nil, 0, fmt.Errorf("read %s: %w", in.s.keyPath(in.prefix+k), err)
+			return nil, 0, fmt.Errorf("read %s: %w", l.StoreKey, err)
 		}
 		if opts.Limit > 0 && len(locks) == opts.Limit {
 			more++
@@ -85,8 +85,8 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 	return l, nil
 }
 
-// read reads the lock of key (without the prefix), with its key node's stat and holds;
-// ErrNotHeld when it has no node or no holds.
+// read reads the lock of key (no prefix), with its key node's stat and holds; ErrNotHeld when
+// it has no node or no holds. Even on error, the lock has its keys and NoTTL.
 func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, *zk.Stat, []string, error) {
 	p := in.s.keyPath(in.prefix + key)
 	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
@@ -115,7 +115,8 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 	if holds == 0 {
 		// Children, and not one hold among them: a node someone else made (zkCli), which no
 		// Store holds or frees.
-		return lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL, Unrecognized: cmp.Or(string(data), lockstore.EmptyValue)}, stat, kids, nil
+		l.Unrecognized = cmp.Or(string(data), lockstore.EmptyValue)
+		return l, stat, kids, nil
 	}
 	_, _, l.Contended = parseValue(data)
 	l.Fence = fence(stat.Czxid)

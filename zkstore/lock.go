@@ -42,13 +42,12 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	return s.acquire(ctx, key, owner, meta, "")
 }
 
-// acquirePermits serves a request with Permits. It reads every permit's key node at once, in
-// one round trip (the session's connection carries the reads together), then takes with
-// takePermits every permit that owner holds already (a re-sent request re-enters them all and
-// takes no more), else up to Want of those the read found free or without holds (acquire
-// clears such a node). A read that fails fails the request: that permit may be owner's. Only
-// when it takes none does it mark the busy ones, each as acquire marks a key it is refused,
-// all at once.
+// acquirePermits serves a request with Permits. It reads every permit's key node at once (one
+// round trip on the session's connection), then takes (takePermits) every permit owner holds
+// already (a re-sent request re-enters them all and takes no more), else up to Want of those
+// found free or without holds (acquire clears such a node). A failed read fails the request:
+// that permit may be owner's. Only when it takes none does it mark the busy ones, as acquire
+// marks a key it is refused, all at once.
 func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -103,12 +102,12 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
-// takePermits takes up to want of the permits at places idx of req.Permits, in order, each with
-// acquire: they are different keys, so the takes of a round go out together. One taken since
-// the look is refused (busy, marked by acquire) and the next is tried in its place. A take
-// that fails ends the rounds, and its error (of several, one whose outcome is unknown) is the
-// reply only when none was granted: otherwise the grants are, and that permit, which the take
-// may have got, goes back in the background (the caller holds only what the reply names).
+// takePermits takes up to want of the permits at places idx of req.Permits, in order, each by
+// acquire, a round's takes together (they are different keys). One taken since the look is
+// refused (and marked by acquire), and the next is tried in its place. A failed take ends the
+// rounds; its error (of several, one whose outcome is unknown) is the reply only when nothing
+// was granted: otherwise the grants are, and that permit goes back in the background, as the
+// take may have got it and the caller holds only what the reply names.
 func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant
@@ -238,10 +237,10 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
-// another's grant: the holder's metadata, and the node marked as contended if it was not. The
-// mark tells readers that a writer waits, and operators that the lock was contended. The multi
-// checks one of the holds read, so a node the key got since keeps its data.
+// refuse is the busy reply for key node p (read as data, stat and holds kids) of another's
+// grant: the holder's metadata, and the node marked contended (telling readers that a writer
+// waits, operators that the lock was contended). The multi checks one of the holds read, so a
+// node the key got since keeps its data.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,
@@ -275,12 +274,10 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	return now.Sub(seen) < writerReserve
 }
 
-// giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
-// caller left before the answer and the multi went through, the hold is released at once, and
-// when its reply was lost with the connection, the hold it may have made is remembered as
-// unsure (mayHaveMade). Either is retried until it is gone (releaseLater): the caller's own
-// give-back ran while nothing was known, and the owner is spent, so no grant the owner was
-// told of is one the retry could end.
+// giveBackIfTaken returns the late hook of a multi that created hold for owner under p, for a
+// caller that left before the answer: a hold the multi made is released at once, and one its
+// lost reply may have made is remembered as unsure (mayHaveMade); either is retried until gone
+// (releaseLater), safely as the owner is spent (see mayHaveMade).
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
 		if errors.Is(s.mayHaveMade(p, owner, hold, err), lockstore.ErrOutcomeUnknown) {
@@ -301,14 +298,13 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 }
 
 // outcome is err, the error of a request that may have made a node, wrapping
-// lockstore.ErrOutcomeUnknown when it is zk.ErrConnectionClosed: the request was in flight
-// when the connection closed, the server may have run it, and the client reconnects to the
-// same session, which keeps what it made. Any other error made nothing that outlives the
-// answer: a request whose write to the connection failed (a net.Error) almost certainly never
-// reached the server, one the server ignored (zk.ErrSessionMoved) or never got (zk.ErrNoServer)
-// made nothing, nor did one whose session ended, with its nodes; and what a request that the
-// caller's context cut short made is given back by the late hook (giveBackIfTaken), or by the
-// caller, who sees the context's error.
+// lockstore.ErrOutcomeUnknown for zk.ErrConnectionClosed: the request was in flight, the
+// server may have run it, and the client reconnects to the same session, which keeps what it
+// made. No other error leaves a node behind: a failed write to the connection (a net.Error)
+// almost certainly never reached the server, one ignored (zk.ErrSessionMoved) or never got
+// (zk.ErrNoServer) made nothing, nor did one whose session ended with its nodes; and what a
+// request cut short by its context made is given back by the late hook (giveBackIfTaken) or
+// by the caller, who sees the context's error.
 func outcome(err error) error {
 	if errors.Is(err, zk.ErrConnectionClosed) {
 		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
@@ -317,11 +313,11 @@ func outcome(err error) error {
 }
 
 // mayHaveMade is outcome(err) for a multi that creates hold name of owner under key node p. A
-// hold whose reply was lost is remembered as unsure: the caller gives it back by owner, and
-// when that Release fails (a give-back is short, and often spent while the client reconnects)
-// releaseLater retries it until it is gone. The owner is spent (the contract of
-// ErrOutcomeUnknown and Release): nothing else is sent as owner, so no later grant to it is
-// one the retry could end, and the record goes once the hold is released or found missing.
+// hold whose reply was lost is remembered as unsure: the caller gives it back by owner, and if
+// that Release fails (a short give-back is often spent while the client reconnects)
+// releaseLater retries until the hold is released or found missing. The owner is spent (the
+// contract of ErrOutcomeUnknown and Release): nothing more is sent as owner, so the retry can
+// end no grant the owner was told of.
 func (s *Store) mayHaveMade(p, owner, name string, err error) error {
 	err = outcome(err)
 	if errors.Is(err, lockstore.ErrOutcomeUnknown) {
@@ -369,9 +365,9 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	return lockstore.Acquisition{}, nil
 }
 
-// Refresh implements lockstore.Store: a multi of existence checks of the holds this store made
-// for owner under key, a write that the leader refuses once the session expired: success means
-// the lock lives at least MaxTTL from the send (see the package doc).
+// Refresh implements lockstore.Store: a multi checking that the holds this store made for owner
+// under key exist, a write the leader refuses once the session expired, so success means the
+// lock lives at least MaxTTL from the send (see the package doc).
 func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := s.check(key, owner, ttl); err != nil {
 		return err
@@ -441,10 +437,9 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// Release implements lockstore.Store: deletes owner's hold, and with the last hold the key
-// node, in one multi that checks the node's version as read. It reports 1 notified when the
-// lock was marked (someone was refused while it was held), else 0. A release that fails on the
-// store's error is tried again in the background (releaseLater).
+// Release implements lockstore.Store: one multi deletes owner's hold and, with the last hold,
+// the key node at the version read. It reports 1 notified when the lock was marked (someone
+// was refused while it was held), else 0. A store error is retried in the background.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := cmp.Or(s.check(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
@@ -463,9 +458,9 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
-		// The common case first, in one request: the grant's only hold goes with its node. A
-		// node with other holds fails it whole, and the general case below reads it. It reads
-		// no mark, so reports none notified; the waiters' watches hear the node go all the same.
+		// The common case in one request: the grant's only hold goes with its node (a node with
+		// other holds fails it whole, for the general case below). It reads no mark, so
+		// reports none notified; the waiters' watches hear the node go all the same.
 		_, err := s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: -1})
 		if !errors.Is(err, zk.ErrNotEmpty) {
 			return s.released(p, owner, name, 0, err)
@@ -544,9 +539,9 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries a release that failed, until it goes through, the hold is gone (or no
-// longer this store's, nor maybe so: mayHold), or the store closes: while the session lives the
-// hold would keep the key from everyone.
+// releaseLater retries a failed release until it goes through, the hold is gone or no longer
+// this store's, even maybe (mayHold), or the store closes: while the session lives the hold
+// would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
 	s.retry(func(ctx context.Context) bool {
 		if !s.mayHold(p, owner, name) {
@@ -557,10 +552,10 @@ func (s *Store) releaseLater(p, owner, name string) {
 	})
 }
 
-// retry runs try until it reports done or the store closes, each time after a pause that
-// doubles from 100ms to 2s, with a session's length to answer. It is how a give-back that
-// failed goes on: a hold or a place nobody else knows of lives as long as the session, and
-// would keep the key (or its line) from everyone until the process ends.
+// retry runs try, each time after a pause doubling from 100ms to 2s and with a session's length
+// to answer, until it is done or the store closes: how a failed give-back goes on, as a hold or
+// place nobody else knows of lives as long as the session, keeping the key (or its line) from
+// everyone.
 func (s *Store) retry(try func(ctx context.Context) (done bool)) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)
@@ -589,7 +584,7 @@ func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 }
 
 // Watch implements lockstore.Store: a watch of the key node's holds, set again after each
-// change until closed. It starts listening only now (lockstore.Watch.Fresh).
+// change until closed; Fresh, as it starts listening only now.
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := lockstore.CheckKey(key); err != nil {
 		return nil, err

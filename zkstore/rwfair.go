@@ -14,19 +14,19 @@ import (
 )
 
 // writerReserve is how long the last reader of a key a writer waited for keeps it for writers
-// (releaseHold): long enough for the writer, woken by its watch, to take it before the readers
-// it held back; and the longest a writer that stopped waiting holds new readers back.
+// (releaseHold): long enough for the woken writer to take it before the readers it held back,
+// and the longest a writer that stopped waiting holds new readers back.
 const writerReserve = time.Second
 
 // Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
 // ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
 // held key), and readers refuse a marked node: writer preference.
 
-// joinReaders adds read hold name of owner to readers' key node p, read as stat and its holds
-// kids. The check of one of their holds fails on any node the key got since, and writing the
-// data at the version read fails once a writer marked it (then again is true). The data names
-// the reader that came last, so a refused writer is told of a reader that holds the key
-// (releaseHold clears it when a reader leaves others behind).
+// joinReaders adds read hold name of owner to readers' key node p, read as stat and holds kids.
+// The check of one of their holds fails on any node the key got since, and the write of data
+// at the version read once a writer marked it (then again is true). The data names the last
+// reader to come, so a refused writer is told of one that holds the key (releaseHold clears it
+// when a reader leaves others behind).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
 	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
@@ -42,12 +42,11 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, s.mayHaveMade(p, owner, name, err))
 }
 
-// acquireFair is Acquire of a fair request. A key's line is a node beside its key node
-// (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
-// request reached the ensemble, so Asked is not used. The first in line takes a free key with a
-// multi that also deletes its place. A place lives as long as its session: a waiter whose
-// process died leaves the line when its session expires (not after Queue). Acquire checked the
-// arguments.
+// acquireFair is Acquire of a fair request (arguments checked). A key's line is a node beside
+// its key node (linePath) whose children are the places: ephemeral sequential nodes, ordered
+// by when each request reached the ensemble (Asked is not used). The first in line takes a
+// free key with a multi that also deletes its place. A place lives as long as its session, so
+// a dead waiter leaves the line when its session expires (not after Queue).
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {
@@ -128,9 +127,9 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	return path, nil
 }
 
-// placeIn returns the place of line's places kids that place names: place itself, or the one
-// made under a place remembered by its start alone (takePlace); "" when none is there or place
-// is "". Sequence numbers have one length, so a whole place's name starts no other.
+// placeIn returns the place among line's kids that place names: place itself, or the one made
+// under a place remembered by its start alone (takePlace); "" for none, or when place is "".
+// Sequence numbers have one length, so a whole place's name starts no other.
 func placeIn(line, place string, kids []string) string {
 	for _, k := range kids {
 		if p := line + "/" + k; place != "" && strings.HasPrefix(p, place) {
@@ -148,10 +147,10 @@ func (s *Store) placeOf(line, owner string) string {
 	return ""
 }
 
-// LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
-// next look (the Locker's waiters look at least every FairLookEvery). A place is no lease: it
-// lives as long as the session, so a delete that fails is tried again in the background until
-// the place is gone, owner takes a new one or the store closes (leaveLater).
+// LeaveQueue implements lockstore.Store: deletes owner's place; the next in line sees it at its
+// next look (at least every FairLookEvery). A place lives as long as the session, so a failed
+// delete is retried in the background until the place is gone, owner takes a new one or the
+// store closes (leaveLater).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err

@@ -72,12 +72,12 @@ type Store struct {
 
 	mu sync.Mutex
 	// reservedSeen is when this store first saw each key node that the last reader left to a
-	// waiting writer (by path and modification zxid): readers wait writerReserve from then, on
-	// this process's clock, never compared with the server's.
+	// waiting writer (by path and mzxid): readers wait writerReserve from then, by this
+	// process's clock alone.
 	reservedSeen map[string]time.Time // guarded by mu
 	// holds are the hold nodes this store created and has not released, per key node and
-	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
-	// Under a line node, they are the paths of this store's places in that fair line.
+	// owner: what Refresh checks (ephemeral on this session, their existence proves it). Under
+	// a line node, they are the paths of this store's places in that line.
 	holds map[holdKey][]string // guarded by mu
 	// unsure are, in the same form, the hold nodes that a request whose reply was lost may
 	// have made (mayHaveMade): releaseLater gives them back as it does holds, but Refresh does
@@ -211,22 +211,17 @@ func readEnsemble(cfg Config) ensemble {
 		if err != nil {
 			continue
 		}
-		read := func(name string) (int64, bool) { // false when absent ("") or not a number
-			n, err := strconv.ParseInt(conf[name], 10, 64)
-			return n, err == nil
-		}
-		tick, ok := read("tickTime")
-		if !ok {
+		tick, err := strconv.ParseInt(conf["tickTime"], 10, 64)
+		if err != nil {
 			continue // "conf is not executed because it is not in the whitelist", or a stranger
 		}
-		sync, _ := read("syncLimit") // absent on a standalone server: no follower to cut off
+		millis := func(name string) time.Duration { // 0 when absent or not a positive number
+			n, _ := strconv.ParseInt(conf[name], 10, 64)
+			return time.Duration(max(n, 0)) * time.Millisecond
+		}
+		sync, _ := strconv.ParseInt(conf["syncLimit"], 10, 64) // absent on a standalone server: no follower to cut off
 		ens.tick, ens.syncLimit, ens.fromServer = time.Duration(tick)*time.Millisecond, int(sync), h
-		if n, ok := read("minSessionTimeout"); ok && n > 0 {
-			ens.minSession = time.Duration(n) * time.Millisecond
-		}
-		if n, ok := read("maxSessionTimeout"); ok && n > 0 {
-			ens.maxSession = time.Duration(n) * time.Millisecond
-		}
+		ens.minSession, ens.maxSession = millis("minSessionTimeout"), millis("maxSessionTimeout")
 		return ens
 	}
 	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks).
@@ -296,10 +291,9 @@ func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key)
 // linePath is the node of key's fair line, beside the key node: no escaped key has a ".".
 func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
 
-// nodeName escapes key into one node name: bytes other than ASCII letters, digits and
-// "-_:@=+," become %XX (upper-case hex), "%" and "." included. So a key never makes a path of
-// several nodes ("orders/0" stays beside "orders"), never names "." or "..", and two keys never
-// share a name.
+// nodeName escapes key into one node name: bytes other than ASCII letters, digits and "-_:@=+,"
+// become %XX ("%" and "." included), so a key never makes several nodes ("orders/0" stays
+// beside "orders") nor names "." or "..", and two keys never share a name.
 func nodeName(key string) string {
 	var b strings.Builder
 	b.Grow(len(key))
@@ -390,12 +384,20 @@ func (s *Store) check(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// remember records a hold node this store created; forget drops it, and a record of it as
-// unsure (rememberUnsure), as a hold released or found gone is neither.
-func (s *Store) remember(node, owner, hold string) {
+// remember records a hold node this store created, rememberUnsure one that a request whose
+// reply was lost may have created; forget drops both records, as a hold released or found gone
+// is neither.
+func (s *Store) remember(node, owner, hold string)       { s.addHold(s.holds, node, owner, hold) }
+func (s *Store) rememberUnsure(node, owner, hold string) { s.addHold(s.unsure, node, owner, hold) }
+
+// addHold adds hold to m (s.holds or s.unsure, guarded by s.mu) once.
+func (s *Store) addHold(m map[holdKey][]string, node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	addHold(s.holds, holdKey{node, owner}, hold)
+	k := holdKey{node, owner}
+	if !slices.Contains(m[k], hold) {
+		m[k] = append(m[k], hold)
+	}
 }
 
 func (s *Store) forget(node, owner, hold string) {
@@ -407,19 +409,6 @@ func (s *Store) forget(node, owner, hold string) {
 		if len(m[k]) == 0 {
 			delete(m, k)
 		}
-	}
-}
-
-// rememberUnsure records a hold node that a request whose reply was lost may have created.
-func (s *Store) rememberUnsure(node, owner, hold string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	addHold(s.unsure, holdKey{node, owner}, hold)
-}
-
-func addHold(m map[holdKey][]string, k holdKey, hold string) {
-	if !slices.Contains(m[k], hold) {
-		m[k] = append(m[k], hold)
 	}
 }
 
@@ -439,9 +428,8 @@ func (s *Store) mayHold(node, owner, name string) bool {
 	return slices.Contains(s.holds[k], name) || slices.Contains(s.unsure[k], name)
 }
 
-// call runs fn, a call of the ZooKeeper client (which takes no context), and returns when fn
-// does or ctx ends. late, when not nil, gets fn's outcome if ctx ended first, to give back what
-// the call took for a caller that left.
+// call runs fn, a call of the ZooKeeper client (which takes no context), until it returns or ctx
+// ends. late, if not nil, gets fn's outcome after ctx ended, to give back what it took.
 func call[T any](ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
 	if ctx.Done() == nil {
 		return fn()
@@ -518,9 +506,9 @@ func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	return kids, err
 }
 
-// node reads key node p's data, stat and holds. The two reads travel together, in one round
-// trip; as the server may answer them on either side of a change of hands, they are sent again
-// until both saw the same node (creation zxid).
+// node reads key node p's data, stat and holds in one round trip; as the server may answer the
+// two reads on either side of a change of hands, they are sent again until both saw the same
+// node (creation zxid).
 func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
 	for range attempts {
 		var (
