@@ -344,7 +344,9 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
-		anchor := slices.IndexFunc(kids, func(k string) bool { return ofOwner(k, h) })
+		anchor := slices.IndexFunc(kids, func(k string) bool { // the acquisition's or a re-entry's
+			return k == ownPre+h || strings.HasPrefix(k, borrowPre+h+"-")
+		})
 		if anchor < 0 {
 			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
 		}

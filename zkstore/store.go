@@ -349,11 +349,6 @@ func holdName(owner, hold string) string {
 	}
 }
 
-// ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
-func ofOwner(name, h string) bool {
-	return name == ownPre+h || strings.HasPrefix(name, borrowPre+h+"-")
-}
-
 // value is a key node's data: "<owner hash>[ <metadata>][ ~]".
 func value(owner, meta string) []byte {
 	meta = strings.TrimRight(strings.TrimSpace(strings.ReplaceAll(meta, "\n", " ")), " ~")
