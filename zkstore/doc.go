@@ -1,38 +1,34 @@
 // Package zkstore keeps flightlock's locks in ZooKeeper: the lockstore.Store (with read holds,
-// fair lines and an Inspector) on github.com/go-zookeeper/zk. docs/stores.md describes the
-// layout, the session and MaxTTL, what Dial refuses and shutting down for operators; what
-// follows are the invariants the code keeps.
+// fair lines and an Inspector) on github.com/go-zookeeper/zk. docs/stores.md is the operators'
+// account; what follows are the invariants the code keeps.
 //
 // # Layout
 //
 // Every key is one persistent node under the store's root, named by nodeName (never a "/"),
-// whose data is a hash of the owner token (never the token, which would let anyone who can
-// read the tree re-enter the lock), the holder's metadata, and " ~" once someone was refused.
-// The holds are ephemeral children on the holder's session, named for their owner: "o-<hash>"
-// for the acquisition, "b-<hash>-<name>" for each re-entry from another process (Reenter),
-// "r-<hash>" for each read hold. ZooKeeper gives a key node deleted and created again the same
-// data version, so a version alone cannot tell one grant's node from the next; a hold's name
-// can: every release, renewal, re-entry and busy mark names a hold of the grant it read, and
-// fails on a node the key got since.
+// whose data is a hash of the owner token (the token would let anyone who reads the tree
+// re-enter the lock), the holder's metadata, and " ~" once someone was refused. The holds are
+// ephemeral children on the holder's session, named for their owner: "o-<hash>" for the
+// acquisition, "b-<hash>-<name>" per re-entry from another process, "r-<hash>" per read hold.
+// A key node deleted and created again has the same data version, so a version cannot tell
+// one grant's node from the next, but a hold's name can: every release, renewal, re-entry and
+// busy mark names a hold of the grant it read, and fails on a node the key got since.
 //
 // A lock is held while its key node has a hold. The node and its "own" hold are created in one
-// multi, and the last hold and the node deleted in one. A key node without holds is what an
-// expired session left: the next acquirer deletes it (a delete of a node with children fails,
-// so a node that gained a hold meanwhile stays) and takes the key.
-//
-// A grant's fence is its key node's creation zxid, which grows across leader changes, shifted
-// left by fenceShift.
+// multi, and the last hold and the node deleted in one. A key node without holds is an expired
+// session's: the next acquirer deletes it (a delete of a node with children fails, so one
+// that gained a hold meanwhile stays) and takes the key. A grant's fence is its key node's
+// creation zxid (which grows across leader changes) shifted left by fenceShift.
 //
 // # Sessions and the lease the Locker counts on
 //
 // A hold lives as long as its session. A follower cut off from the quorum keeps answering its
-// clients for syncLimit x tickTime, so nothing a follower says alone proves that the session
-// lives; a write the quorum committed does, as the leader checks the session before it proposes
-// one. So every call that grants or refreshes a hold is a multi (a refresh is a multi of
-// version checks, which changes nothing but goes through the leader). This client touches its
-// session at least every third of the timeout, a follower may lag syncLimit ticks in reporting
-// it, and the leader expires sessions on tick boundaries: a session seen live by a committed
-// call outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That is MaxTTL,
-// the longest lock TTL the store accepts, so a Locker's lease ends before the session can.
-// checkSession refuses the session timeouts this argument cannot hold for.
+// clients for syncLimit x tickTime, so nothing a follower says alone proves the session lives;
+// a write the quorum committed does, as the leader checks the session before proposing one.
+// So every call that grants or refreshes a hold is a multi (a refresh's are version checks,
+// changing nothing but going through the leader). This client touches its session at least
+// every third of the timeout, a follower may lag syncLimit ticks in reporting it, and the
+// leader expires sessions on tick boundaries: a session seen live by a committed call
+// outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That is MaxTTL, the
+// longest TTL the store accepts, so a Locker's lease ends before the session can; checkSession
+// refuses the timeouts this argument cannot hold for.
 package zkstore

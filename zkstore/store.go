@@ -27,8 +27,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultRoot = "/flightlock"
-	// DefaultSessionTimeout is ZooKeeper's default maxSessionTimeout (20 ticks), and leaves
-	// a MaxTTL of 14.7s with the default tickTime and syncLimit, above the Locker's default TTL.
+	// DefaultSessionTimeout is ZooKeeper's default maxSessionTimeout (20 ticks), leaving a
+	// MaxTTL of 14.7s with the default tick and syncLimit, above the Locker's default TTL.
 	DefaultSessionTimeout = 40 * time.Second
 	// DefaultTickTime and DefaultSyncLimit are ZooKeeper's sample configuration's, assumed when
 	// the servers do not answer the "conf" four-letter word and Config does not say.
@@ -36,13 +36,13 @@ const (
 	DefaultSyncLimit = 5
 )
 
-// Config is what the store needs to know of the ensemble and its session. Its tags are
-// go-zero's, for zkconf.Conf, the same fields as a service's Lock.Zookeeper section.
+// Config is what the store needs to know of the ensemble and its session; its go-zero tags
+// serve zkconf.Conf, a service's Lock.Zookeeper section.
 type Config struct {
 	// Hosts are the servers, "host:port".
 	Hosts []string `json:",optional"`
-	// SessionTimeout is the session's timeout (default DefaultSessionTimeout). It bounds the
-	// lock TTL (MaxTTL) and is checked against the ensemble's settings (see the package doc).
+	// SessionTimeout (default DefaultSessionTimeout) bounds the lock TTL (MaxTTL), and is
+	// checked against the ensemble's settings (see the package doc).
 	SessionTimeout time.Duration `json:",default=40s"`
 	// Root is the node under which the locks live (default DefaultRoot); created if missing.
 	Root string `json:",default=/flightlock"`
@@ -59,8 +59,8 @@ type ensemble struct {
 	fromServer             string        // the server that answered "conf", "" when the settings are Config's
 }
 
-// Store is the lockstore.Store on a ZooKeeper session. Create it with Dial (or New on a
-// connection of the caller's). It is safe for concurrent use.
+// Store is the lockstore.Store on a ZooKeeper session, made by Dial (or New on the caller's
+// connection). It is safe for concurrent use.
 type Store struct {
 	conn    *zk.Conn
 	owned   bool // Dial made conn: Close closes it
@@ -79,9 +79,9 @@ type Store struct {
 	// owner: what Refresh checks (ephemeral on this session, their existence proves it). Under
 	// a line node, they are the paths of this store's places in that line.
 	holds map[holdKey][]string // guarded by mu
-	// unsure are, in the same form, the hold nodes that a request whose reply was lost may
-	// have made (mayHaveMade): releaseLater gives them back as it does holds, but Refresh does
-	// not check them, as they prove nothing (a handed-over owner's grant may be this store's).
+	// unsure are, in the same form, the hold nodes a request whose reply was lost may have
+	// made (mayHaveMade): releaseLater gives them back, but Refresh does not check them, as
+	// they prove nothing (a handed-over owner's grant may be this store's).
 	unsure map[holdKey][]string // guarded by mu
 }
 
@@ -91,8 +91,8 @@ var _ lockstore.Store = (*Store)(nil)
 
 var errStoreClosed = errors.New("flightlock: zookeeper store closed")
 
-// Dial checks the session timeout against the ensemble's settings, connects, waits for a
-// session (at most one session timeout) and returns the store. Close ends the session.
+// Dial checks the session timeout against the ensemble's settings, connects and waits (at
+// most a session timeout) for a session. Close ends the session.
 func Dial(cfg Config) (*Store, error) {
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("flightlock: zookeeper: no hosts")
@@ -128,8 +128,8 @@ func Dial(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// New returns the store on conn, a connection of the caller's made with cfg.SessionTimeout
-// (Close leaves it open). cfg.Hosts, when set, are asked for the ensemble's settings.
+// New returns the store on the caller's conn, made with cfg.SessionTimeout (Close leaves it
+// open); cfg.Hosts, if set, are asked for the ensemble's settings.
 func New(conn *zk.Conn, cfg Config) (*Store, error) {
 	cfg, ens, err := settle(cfg)
 	if err != nil {
@@ -157,8 +157,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	return s, nil
 }
 
-// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
-// against them.
+// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout.
 func settle(cfg Config) (Config, ensemble, error) {
 	cfg.SessionTimeout, cfg.Root = cmp.Or(cfg.SessionTimeout, DefaultSessionTimeout), cmp.Or(cfg.Root, DefaultRoot)
 	ens := readEnsemble(cfg)
@@ -170,8 +169,8 @@ func maxTTL(session, tick time.Duration, syncLimit int) time.Duration {
 	return session*2/3 - time.Duration(syncLimit+1)*tick
 }
 
-// checkSession refuses a session timeout that the servers would change, or that a cut-off
-// follower's clients could not outlive.
+// checkSession refuses a session timeout the servers would change or a cut-off follower's
+// clients could not outlive.
 func checkSession(session time.Duration, ens ensemble) error {
 	from := "assumed (Config.TickTime, Config.SyncLimit; the servers do not answer \"conf\")"
 	if ens.fromServer != "" {
@@ -193,8 +192,7 @@ func checkSession(session time.Duration, ens ensemble) error {
 	return nil
 }
 
-// readEnsemble asks the servers for their settings with the "conf" four-letter word, and falls
-// back on cfg's when none answers it.
+// readEnsemble asks the servers for their settings ("conf"), else takes cfg's.
 func readEnsemble(cfg Config) ensemble {
 	ens := ensemble{tick: cfg.TickTime, syncLimit: cfg.SyncLimit}
 	if ens.tick <= 0 {
@@ -250,8 +248,7 @@ func fourLetter(addr, word string, timeout time.Duration) (map[string]string, er
 	return out, nil
 }
 
-// MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less
-// syncLimit + 1 ticks.
+// MaxTTL is the longest lock TTL the store accepts (see the package doc).
 func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
 
 // Capabilities implements lockstore.Store: MaxTTL, and 16 bits of fences per grant for handoffs.
@@ -265,8 +262,8 @@ func (s *Store) Capabilities() lockstore.Capabilities {
 	}
 }
 
-// fenceShift is how far a key node's creation zxid is shifted to make a fence. zxids carry the
-// leader's epoch in their top 32 bits; 16 more leave 2^15 elections before a fence overflows.
+// fenceShift is how far a creation zxid is shifted to make a fence. zxids carry the leader's
+// epoch in their top 32 bits; 16 more leave 2^15 elections before a fence overflows.
 const fenceShift = 16
 
 func fence(czxid int64) int64 { return czxid << fenceShift }
@@ -277,8 +274,8 @@ func (s *Store) Conn() *zk.Conn { return s.conn }
 // Root returns the node the locks live under.
 func (s *Store) Root() string { return s.root }
 
-// Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
-// on the store first (flightlock.Locker.Drain).
+// Close ends the session when Dial made it, and the session's holds with it: drain the
+// Lockers on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
 	if !s.closed.Swap(true) && s.owned {
 		s.conn.Close()
@@ -365,7 +362,7 @@ func parseValue(data []byte) (owner, meta string, marked bool) {
 	return owner, meta, marked
 }
 
-// check refuses a call on a closed store, lockstore.CheckArgs's refusals and a TTL above MaxTTL.
+// check refuses a closed store, what lockstore.CheckArgs refuses and a TTL above MaxTTL.
 func (s *Store) check(key, owner string, ttl time.Duration) error {
 	if s.closed.Load() {
 		return errStoreClosed
@@ -414,8 +411,8 @@ func (s *Store) holdsOf(node, owner string) []string {
 	return slices.Clone(s.holds[holdKey{node, owner}])
 }
 
-// mayHold reports whether hold node name of owner under node is this store's, or may be
-// (unsure): what a release retried in the background still gives back.
+// mayHold reports whether hold node name of owner under node is, or may be (unsure), this
+// store's: what a release retried in the background still gives back.
 func (s *Store) mayHold(node, owner, name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -463,8 +460,7 @@ func (s *Store) multi(ctx context.Context, late func([]zk.MultiResponse, error),
 	return res, opError(res, err)
 }
 
-// opError is the error of the operation that failed a multi (the others report that they were
-// rolled back), or err.
+// opError is the error of the operation that failed a multi (not the others' roll-back), or err.
 func opError(res []zk.MultiResponse, err error) error {
 	for _, r := range res {
 		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {

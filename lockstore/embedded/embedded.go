@@ -1,7 +1,6 @@
 // Package embedded runs flightlock's Redis store on an in-process miniredis, for development
-// and tests when no shared Redis exists. Locks taken on it protect only the processes that use
-// the store: it is not for production. It is a package of its own so that the lock core does
-// not depend on miniredis.
+// and tests without a shared Redis: its locks protect only the processes using the store, so
+// it is not for production. It is apart so that the lock core does not depend on miniredis.
 package embedded
 
 import (
@@ -19,21 +18,20 @@ import (
 // when its clock moves, so lock TTLs are accurate to about this much.
 const tick = 10 * time.Millisecond
 
-// advance moves mr's clock on by the time from last to now, at most maxStep (see there), and
-// returns now.
+// advance moves mr's clock on by now - last, at most maxStep, and returns now.
 func advance(mr *miniredis.Miniredis, last, now time.Time) time.Time {
 	mr.FastForward(min(now.Sub(last), maxStep))
 	return now
 }
 
-// maxStep bounds one move of the clock. A ticker held up (a starved process) would otherwise
-// move it by the whole wait at once, taking time from keys set meanwhile that they never lived,
-// so that a lock ran out before its TTL. A clock that falls behind only makes locks live longer.
+// maxStep bounds one move of the clock: a ticker held up (a starved process) would move it by
+// the whole wait, taking from keys set meanwhile time they never lived, so a lock would run
+// out before its TTL. A clock that falls behind only makes locks live longer.
 const maxStep = 2 * tick
 
-// New starts an in-process miniredis on a free loopback port and returns a store on it, with
-// opts applied. Close stops the server and closes the store's client. The client speaks RESP2,
-// the protocol with which miniredis delivers pub/sub messages.
+// New starts an in-process miniredis on a free loopback port and returns a store on it with
+// opts; Close stops the server and closes the client, which speaks RESP2 (in which miniredis
+// delivers pub/sub messages).
 func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {
