@@ -57,13 +57,11 @@ type Backend struct {
 	Prefix string
 	// Inspector reads the locks under Prefix, for tools; nil when the store has none.
 	Inspector Inspector
-	// Responses keeps share rules' responses under Prefix; nil when the store cannot keep
-	// them (ZooKeeper).
+	// Responses keeps share rules' responses under Prefix; nil if the store cannot (ZooKeeper).
 	Responses ResponseStore
 	// Close closes the store and the client Open built; nil for a store given in Go.
 	Close func() error
-	// CloseEndsHolds reports that Close ends the locks still held at once (ZooKeeper's
-	// session), rather than leaving them to run out with their TTL.
+	// CloseEndsHolds: Close ends the locks held at once (ZooKeeper), not left to their TTL.
 	CloseEndsHolds bool
 }
 

@@ -25,8 +25,7 @@ func FenceKey(k string) string {
 	return string(b)
 }
 
-// KeySlot is the Redis Cluster hash slot of k: CRC16/XMODEM of its hash tag, or of the whole
-// key, modulo 16384.
+// KeySlot is k's Redis Cluster hash slot: CRC16/XMODEM of its hash tag (or of k) mod 16384.
 func KeySlot(k string) uint16 {
 	if tag, ok := hashTag(k); ok {
 		k = tag

@@ -17,8 +17,7 @@ type Inspector interface {
 	// as SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more matched. A
 	// key under the prefix that is not a lock of this store has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
-	// Lookup reads one lock in full, with its fence counter; an error wrapping ErrNotHeld when
-	// the key does not exist.
+	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
 	// ForceUnlock removes the grant l (as read by Lookup or List), whatever its holds, and wakes
 	// its waiters, notified as Release counts them. When the key no longer holds that grant it
@@ -157,8 +156,7 @@ const EmptyValue = "(empty value)"
 type LockInfo struct {
 	// Key is the lock key as rendered, without the prefix; StoreKey is the key in the store.
 	Key, StoreKey string
-	// Owner is the holder's token; empty in a store that never shows it (a token lets its
-	// bearer re-enter the lock).
+	// Owner is the holder's token; empty where the store hides it (it lets one re-enter).
 	Owner string
 	// Fence is the fence of the store's grant; in-process handoffs count up from it.
 	Fence int64

@@ -31,17 +31,14 @@ type Acquisition struct {
 	Acquired bool
 	// Reentered is true when the owner already held the lock and Acquire only reset its TTL.
 	Reentered bool
-	// Fence is the fencing token of the holding: it only grows between successive owners of a
-	// key. Zero when not acquired.
+	// Fence is the grant's fencing token, growing from owner to owner of a key; 0 if not acquired.
 	Fence int64
-	// Permit is, for a request with Permits, the index in Permits of the key granted or
-	// re-entered; 0 otherwise.
+	// Permit is, with Permits, the index of the key granted or re-entered; 0 otherwise.
 	Permit int
 	// More are, for a request with Permits and a Want above 1, the permits granted beside
 	// Permit, each with its own fence; every one is held by the request's owner.
 	More []PermitGrant
-	// HolderTTL is how long the current holder's lock has left when not acquired (with
-	// Permits, the shortest of the busy keys').
+	// HolderTTL is the holder's time left when not acquired (with Permits, the busy keys' least).
 	HolderTTL time.Duration
 	// Holder is the current holder's Request.Meta when not acquired ("" for none); the go-zero
 	// layer compares its trace id to tell a nested call of the same request. With Permits it
@@ -174,8 +171,7 @@ type Store interface {
 	// however often named, so a re-sent call does no harm) and raises the TTL to ttl if the
 	// lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
 	Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error)
-	// Refresh makes key live at least ttl more if owner holds it (it never shortens a lock),
-	// and returns ErrNotHeld otherwise.
+	// Refresh makes key live at least ttl more (never less) if owner holds it; else ErrNotHeld.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
 	// RefreshAll refreshes each lock of batch as Refresh would, returning Refresh's errors in
 	// batch's order, in one round trip or a few, so a slow store cannot cap how many locks a
@@ -285,8 +281,7 @@ func ReadOwner(token string) string { return readOwnerMark + token }
 // IsReadOwner reports whether owner was made by ReadOwner.
 func IsReadOwner(owner string) bool { return strings.HasPrefix(owner, readOwnerMark) }
 
-// readOwnerMark starts the owner token of a read hold. The tokens flightlock mints are unpadded
-// base64url, which never contains it.
+// readOwnerMark starts a read hold's owner token; flightlock's tokens (base64url) never have it.
 const readOwnerMark = "~"
 
 // Watch delivers release notifications of one key. C receives a value after each release
@@ -316,8 +311,7 @@ func NewFreshWatch(c chan struct{}, stop func()) *Watch {
 	return w
 }
 
-// C returns the channel that is signalled when the watched key is released. A nil Watch has
-// a nil channel, which never delivers.
+// C returns the channel signalled when the key is released; nil (never delivering) for a nil Watch.
 func (w *Watch) C() <-chan struct{} {
 	if w == nil {
 		return nil

@@ -14,8 +14,7 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix. Create it
-// with NewInspector.
+// Inspector is the lockstore.Inspector of a Store's locks under one prefix.
 type Inspector struct {
 	s      *Store
 	prefix string

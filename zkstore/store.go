@@ -217,7 +217,7 @@ func readEnsemble(cfg Config) ensemble {
 			n, _ := strconv.ParseInt(conf[name], 10, 64)
 			return time.Duration(max(n, 0)) * time.Millisecond
 		}
-		sync, _ := strconv.ParseInt(conf["syncLimit"], 10, 64) // absent on a standalone server: no follower to cut off
+		sync, _ := strconv.ParseInt(conf["syncLimit"], 10, 64) // absent when standalone: no follower
 		ens.tick, ens.syncLimit, ens.fromServer = time.Duration(tick)*time.Millisecond, int(sync), h
 		ens.minSession, ens.maxSession = millis("minSessionTimeout"), millis("maxSessionTimeout")
 		return ens

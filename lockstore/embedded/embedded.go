@@ -14,8 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// tick is how often the embedded server's clock is moved forward: miniredis expires keys only
-// when its clock moves, so lock TTLs are accurate to about this much.
+// tick is how often the clock moves (miniredis expires keys only then): the TTLs' precision.
 const tick = 10 * time.Millisecond
 
 // advance moves mr's clock on by now - last, at most maxStep, and returns now.

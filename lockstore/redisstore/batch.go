@@ -10,8 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultLanes is how many script calls a RedisStore keeps on the wire at once before it
-// batches (WithLanes).
+// DefaultLanes is how many script calls a RedisStore sends at once before it batches.
 const DefaultLanes = 4
 
 // pipeliner is what batching needs from the client; every go-redis client has it.

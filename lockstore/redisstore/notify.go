@@ -144,8 +144,7 @@ func (n *notifier) unwatch(channel string, c chan struct{}) {
 	n.startLinger(channel, st)
 }
 
-// startLinger unsubscribes the channel after the linger unless someone watches it again.
-// notifier.mu must be held.
+// startLinger unsubscribes the channel after the linger unless watched again. n.mu is held.
 func (n *notifier) startLinger(channel string, st *channelState) {
 	st.linger = time.AfterFunc(n.linger, func() { n.expire(channel, st) })
 }

@@ -10,8 +10,7 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// orphanReleaseTimeout bounds the release of a lock taken after its caller left (past it, the
-// lock is left to its TTL).
+// orphanReleaseTimeout bounds the release of an orphan's lock, else left to its TTL.
 const orphanReleaseTimeout = time.Second
 
 // releaseOnReply returns the late hook (batcher.run) of a call taking hold ("": the own) of key

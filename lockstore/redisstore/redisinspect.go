@@ -160,8 +160,7 @@ func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func
 	return slices.Compact(keys), nil
 }
 
-// read reads the locks of keys (value, TTL and waiters) in order, leaving out keys released
-// since the scan.
+// read reads keys' locks (value, TTL, waiters) in order, leaving out those released since.
 func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.LockInfo, error) {
 	if len(keys) == 0 {
 		return nil, nil

@@ -67,8 +67,7 @@ const (
 // none): without it releases wake nobody, and waiters look again only after a retry delay.
 const DefaultChannelPrefix = "flightlock:released:"
 
-// Client is the part of go-redis that RedisStore uses, as redis.UniversalClient has it (tests
-// wrap one to inject faults).
+// Client is the part of go-redis RedisStore uses (redis.UniversalClient has it; tests wrap it).
 type Client interface {
 	redis.Scripter
 	PTTL(ctx context.Context, key string) *redis.DurationCmd
@@ -226,8 +225,7 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		if s.unacked(acked) {
 			err := s.notReplicated(acked)
 			if !s.giveUpWithin(ctx, permits, append([]lockstore.PermitGrant{first}, more...), owner, hold) {
-				// The give-up goes on after the caller returns: the grant may stand a while,
-				// and the owner is spent.
+				// The give-up outlives this call: the grant may stand a while, and the owner is spent.
 				err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 			}
 			return lockstore.Acquisition{}, err
@@ -403,8 +401,7 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 		if err = cmd.Err(); !s.slotMoving(err) {
 			break
 		}
-		// Nothing ran: again until the caller's deadline, not to leave a lock to its TTL for a
-		// migration of milliseconds.
+		// Nothing ran: again until the deadline, not to leave a lock to its TTL over a migration.
 		select {
 		case <-ctx.Done():
 			return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w (%w)", op, key, err, ctx.Err())
@@ -480,8 +477,7 @@ func (s *RedisStore) Close() error {
 	return err
 }
 
-// metaArg is a request's metadata as the acquiring scripts take it, "" or " <meta>", without a
-// trailing " ~" (acquire.lua's waiters mark).
+// metaArg is meta as the scripts take it, "" or " <meta>", without acquire.lua's waiters mark " ~".
 func metaArg(meta string) string {
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		return " " + meta

@@ -154,8 +154,7 @@ func (s *RedisStore) redirectNode(ctx context.Context, addr string) (pipeliner, 
 	return node, node != nil
 }
 
-// primaryFor is the client of key's primary: its slot's master on a Cluster, else the client
-// itself (a node, or Sentinel's failover client).
+// primaryFor is key's primary: its slot's master on a Cluster, else the client (node or Sentinel).
 func (s *RedisStore) primaryFor(ctx context.Context, key string) (pipeliner, error) {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, key)

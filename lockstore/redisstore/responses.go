@@ -23,15 +23,13 @@ func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
 	return b
 }
 
-// Scripts on the store's own client, a Scripter: a GET and SET through scripts work on every
-// go-redis client, Cluster included.
+// Scripts on the store's client: GET and SET through scripts work on every go-redis client.
 var (
 	responseGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 	responseSet = script("saveresponse.lua")
 )
 
-// saveBound bounds a save, which runs under the lock without the request's cancellation, so
-// that a slow Redis does not hold the lock long.
+// saveBound bounds a save, which runs under the lock uncancelled: a slow Redis must not hold it.
 const saveBound = time.Second
 
 // responses keeps share rules' responses in Redis, on the lock store's client.
