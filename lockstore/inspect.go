@@ -32,8 +32,7 @@ type Inspector interface {
 
 // ListOptions are List's.
 type ListOptions struct {
-	// Limit is the most locks returned; 0 returns all.
-	Limit int
+	Limit int // the most locks returned; 0 returns all
 	// Skip leaves out (uncounted in more) the keys it returns true for: keys other layers keep
 	// under the same prefix. Nil skips none.
 	Skip func(key string) bool
@@ -180,8 +179,7 @@ type LockInfo struct {
 	// Owner is no token (each reader has its own): Redis shows the readers' marker, which
 	// ForceUnlock needs, the others none.
 	Readers int
-	// Queued counts the places in the key's fair line.
-	Queued int
+	Queued  int // the places in the key's fair line
 	// Unrecognized is the raw value (the read's error in parentheses; EmptyValue for an empty
 	// one) of a key under the prefix that is no lock of this store; then only the keys and TTL
 	// are set.
@@ -202,8 +200,7 @@ type LockInfo struct {
 
 // ChangedError is ForceUnlock's error when the key no longer holds the grant to remove.
 type ChangedError struct {
-	// Now is the lock the key holds now; nil when it was released since.
-	Now *LockInfo
+	Now *LockInfo // the lock the key holds now; nil when it was released since
 }
 
 func (e *ChangedError) Error() string {
@@ -218,22 +215,14 @@ type EventKind string
 
 // Kinds of Event. The values are the words the CLI prints.
 const (
-	// EventWatching starts every watch: Locks are the matching locks held.
-	EventWatching EventKind = "watching"
-	// EventAcquired: a new grant of the key (a new owner or fence).
-	EventAcquired EventKind = "acquired"
-	// EventChanged: the same grant's holds changed (a re-entry came or went).
-	EventChanged EventKind = "changed"
-	// EventContended: a request was refused while the lock was held.
-	EventContended EventKind = "contended"
-	// EventReleased: deleted by its holder or by ForceUnlock.
-	EventReleased EventKind = "released"
-	// EventExpired: its TTL (etcd: its lease) ran out; the holder died or lost the store.
-	EventExpired EventKind = "expired"
-	// EventGone: released or expired between two reads of a watch that polls.
-	EventGone EventKind = "gone"
-	// EventRead: a periodic read, no change by itself: Locks are the matching locks held now.
-	EventRead EventKind = "read"
+	EventWatching  EventKind = "watching"  // starts every watch: Locks are the matching locks held
+	EventAcquired  EventKind = "acquired"  // a new grant of the key (a new owner or fence)
+	EventChanged   EventKind = "changed"   // same grant, other holds (a re-entry came or went)
+	EventContended EventKind = "contended" // a request was refused while the lock was held
+	EventReleased  EventKind = "released"  // deleted by its holder or by ForceUnlock
+	EventExpired   EventKind = "expired"   // its TTL (etcd: lease) ran out: holder dead or cut off
+	EventGone      EventKind = "gone"      // released or expired between a polling watch's reads
+	EventRead      EventKind = "read"      // a periodic read, not a change: Locks are those held
 	// EventResumed: the store ended the watch (Reason) and it began again from a fresh read at
 	// Revision; Locks are the locks held now, and the changes in between follow (the ends
 	// first, by key, then the grants).
@@ -248,8 +237,7 @@ type Event struct {
 	// EventRead and EventResumed, which have no Lock.
 	Lock  LockInfo
 	Locks []LockInfo
-	// Mode says how the watch hears changes ("polling every 500ms", ...), for EventWatching.
-	Mode string
+	Mode  string // for EventWatching, how the watch hears changes ("polling every 500ms", ...)
 	// Reason and Revision are EventResumed's: why the store ended it, and the revision resumed from.
 	Reason   error
 	Revision int64

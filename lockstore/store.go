@@ -27,10 +27,8 @@ var ErrOutcomeUnknown = errors.New("flightlock: the request's outcome is unknown
 
 // Acquisition is the outcome of one Acquire call.
 type Acquisition struct {
-	// Acquired reports whether the caller holds the lock now.
-	Acquired bool
-	// Reentered is true when the owner already held the lock and Acquire only reset its TTL.
-	Reentered bool
+	Acquired  bool // the caller holds the lock now
+	Reentered bool // the owner held the lock already; Acquire only reset its TTL
 	// Fence is the grant's fencing token, growing from owner to owner of a key; 0 if not acquired.
 	Fence int64
 	// Permit is, with Permits, the index of the key granted or re-entered; 0 otherwise.
@@ -49,15 +47,12 @@ type Acquisition struct {
 
 // Request is one acquisition: what Store.Acquire is asked to take.
 type Request struct {
-	// Key is the full store key (prefix included).
-	Key string
+	Key string // the full store key (prefix included)
 	// Owner is the caller's token, without spaces. A token made by ReadOwner asks for a read
 	// hold (see ReadOwner); any other, for the key itself.
 	Owner string
-	// TTL is how long the lock lives without a refresh.
-	TTL time.Duration
-	// Meta is optional text kept with the lock for operators (who holds it); it may be empty.
-	Meta string
+	TTL   time.Duration // how long the lock lives without a refresh
+	Meta  string        // optional text kept with the lock for operators (who holds it)
 	// Asked, when not zero, makes the acquisition fair (granted in request order across
 	// processes): it is when the caller's Lock began. Each fair acquirer takes a place in the
 	// key's line, only the first in line may take the free key, and a grant leaves the line. A
@@ -86,8 +81,7 @@ type Request struct {
 // Capabilities states what differs between stores, as data the Locker reads once when it is
 // made. The zero value is a store without limits that watches each key on its own.
 type Capabilities struct {
-	// Name is the store's name as rules and metrics spell it: "redis", "etcd", "zookeeper".
-	Name string
+	Name string // as rules and metrics spell it: "redis", "etcd", "zookeeper"
 	// MaxHandoffs bounds the in-process handoffs under one grant (0: no bound): the Locker
 	// hands a held lock on with fences grant+1, grant+2, ..., which the store's next grant must
 	// exceed even when the holder dies without reporting the last (etcd leaves 2^20 fences per
@@ -306,9 +300,7 @@ func NewWatch(c chan struct{}, stop func()) *Watch {
 
 // NewFreshWatch is NewWatch for a watch that starts listening only now (see Watch.Fresh).
 func NewFreshWatch(c chan struct{}, stop func()) *Watch {
-	w := NewWatch(c, stop)
-	w.fresh = true
-	return w
+	return &Watch{c: c, close: sync.OnceFunc(stop), fresh: true}
 }
 
 // C returns the channel signalled when the key is released; nil (never delivering) for a nil Watch.

@@ -39,13 +39,11 @@ const (
 // Config is what the store needs to know of the ensemble and its session; its go-zero tags
 // serve zkconf.Conf, a service's Lock.Zookeeper section.
 type Config struct {
-	// Hosts are the servers, "host:port".
-	Hosts []string `json:",optional"`
+	Hosts []string `json:",optional"` // the servers, "host:port"
 	// SessionTimeout (default DefaultSessionTimeout) bounds the lock TTL (MaxTTL), and is
 	// checked against the ensemble's settings (see the package doc).
 	SessionTimeout time.Duration `json:",default=40s"`
-	// Root is the node under which the locks live (default DefaultRoot); created if missing.
-	Root string `json:",default=/flightlock"`
+	Root           string        `json:",default=/flightlock"` // the locks' parent, made if missing
 	// TickTime and SyncLimit are the ensemble's, used when its servers do not answer the
 	// "conf" four-letter word (4lw.commands.whitelist); zero means the defaults.
 	TickTime  time.Duration `json:",optional"`
