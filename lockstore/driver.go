@@ -16,17 +16,14 @@ type Driver interface {
 	Name() string
 	// Configured reports whether the section names a store to connect to (its hosts).
 	Configured() bool
-	// Validate returns every bad setting of the section, each a *ConfigError named by its
-	// path under section ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix, which the store's
-	// keys start with after KeyPrefix.
+	// Validate returns every bad setting, each a *ConfigError named by its path under section
+	// ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix (the store's keys' after KeyPrefix).
 	Validate(section, prefix string) []error
-	// Check refuses, with a *ConfigError naming its field, a use the store cannot serve: a rule
-	// locking in it when the section names none, a share rule where no responses are kept, a
-	// TTL it cannot keep.
+	// Check refuses with a *ConfigError a use the store cannot serve: a rule locking in it when
+	// the section names none, a share rule where no responses are kept, a TTL it cannot keep.
 	Check(section string, u Use) error
-	// KeyPrefix is what goes before a rendered key in the store, for a lock prefix: the prefix,
-	// or with the store's namespace in front (etcd's Key). Open, the go-zero layer and the CLI
-	// all take it from here.
+	// KeyPrefix is what goes before a rendered key in the store: prefix, or with the store's
+	// namespace in front (etcd's Key). Open, the go-zero layer and the CLI take it from here.
 	KeyPrefix(prefix string) string
 	// Open connects to the store and returns it as a Backend for the keys under
 	// KeyPrefix(prefix); it fails, naming the field, when the section names none.
@@ -66,8 +63,7 @@ type Backend struct {
 }
 
 // Describer is a Store that describes itself as a Backend (Close nil) for keys under prefix, so
-// that one built in Go and given to the middleware tells its name and response store. This
-// module's stores implement it.
+// that one built in Go tells the middleware its name and response store, as this module's do.
 type Describer interface {
 	Describe(prefix string) *Backend
 }
@@ -80,9 +76,9 @@ type Describer interface {
 type ResponseStore interface {
 	// Load returns the record stored under key, nil when there is none.
 	Load(ctx context.Context, key string) ([]byte, error)
-	// Save stores record under key for at least ttl, unless key holds something that is not a
-	// record (a lock whose key renders as this one) or the record of a later grant (a fence
-	// above fence; 0 compares nothing): those are never overwritten.
+	// Save stores record under key for at least ttl, but never over what is not a record (a
+	// lock whose key renders as this one) or a later grant's record (a fence above fence; 0
+	// compares nothing).
 	Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error
 }
 

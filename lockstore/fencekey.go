@@ -12,10 +12,9 @@ import (
 const FenceKeyPrefix = "flightlock:fence:"
 
 // FenceKey names the fence counter of lock key k: the last fence handed out in k's Redis Cluster
-// hash slot, which the next grant of any key of that slot exceeds (acquire.lua touches both
-// keys, so the counter lives in k's slot). One counter per slot bounds their number, so they
-// need no expiry. The name is built on every call, so that a process that locked keys of every
-// slot does not keep 16,384 names live.
+// hash slot (acquire.lua touches both keys), which the next grant there exceeds. One counter
+// per slot bounds their number: no expiry. The name is built on every call, so that a process
+// that locked keys of every slot does not keep 16,384 names live.
 func FenceKey(k string) string {
 	var buf [len(FenceKeyPrefix) + len("{4294967295}")]byte
 	b := append(buf[:0], FenceKeyPrefix...)

@@ -24,9 +24,8 @@ type Inspector interface {
 	// removes nothing and returns a *ChangedError: the operator agreed to remove one holder,
 	// not whoever holds the key now.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
-	// Watch reports to fn, one event at a time from the calling goroutine, EventWatching with
-	// the locks matching pattern, then their changes. It returns nil when ctx ends, and an
-	// error when the store cannot be read.
+	// Watch reports to fn, one at a time on the calling goroutine, EventWatching with the locks
+	// matching pattern, then their changes. It returns nil when ctx ends, or a read's error.
 	Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error
 }
 
@@ -175,25 +174,21 @@ type LockInfo struct {
 	// Waiters counts the processes waiting for its release now (Redis: subscribers of its
 	// release channel); zero where the store cannot count them.
 	Waiters int64
-	// Readers counts the live read holds of a read-held key (0 when a writer holds it). Its
-	// Owner is no token (each reader has its own): Redis shows the readers' marker, which
-	// ForceUnlock needs, the others none.
+	// Readers counts the live read holds of a read-held key (0 for a writer's), whose Owner is
+	// no token: Redis shows the readers' marker, which ForceUnlock needs, the others none.
 	Readers int
 	Queued  int // the places in the key's fair line
-	// Unrecognized is the raw value (the read's error in parentheses; EmptyValue for an empty
-	// one) of a key under the prefix that is no lock of this store; then only the keys and TTL
-	// are set.
+	// Unrecognized is the raw value (the read's error in parentheses; EmptyValue if empty) of a
+	// key under the prefix that is no lock of this store; then only the keys and TTL are set.
 	Unrecognized string
 
-	// FenceCounterKey and FenceCounter, set by Lookup only, are the key that bounds the next
-	// fence (Redis: the slot's fence counter; etcd: the key's fence floor) and its value (nil:
-	// unset).
+	// FenceCounterKey and FenceCounter (Lookup only) are the key bounding the next fence (Redis:
+	// the slot's fence counter; etcd: the key's fence floor) and its value (nil: unset).
 	FenceCounterKey string
 	FenceCounter    *int64
 
-	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl
-	// prints it), the grant's revision (its fence's source) and the value's (all ForceUnlock
-	// removes).
+	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl has
+	// it), the grant's revision (its fence's source) and the value's (what ForceUnlock removes).
 	Lease                       string
 	CreateRevision, ModRevision int64
 }
@@ -232,9 +227,8 @@ const (
 // Event is one report of Watch.
 type Event struct {
 	Kind EventKind
-	// Lock is the lock the event is about, as read then (a release or expiry: as last seen;
-	// NoTTL and no grant when never read). Locks are the locks held, for EventWatching,
-	// EventRead and EventResumed, which have no Lock.
+	// Lock is the lock concerned, as read then (a release or expiry: as last seen; NoTTL and no
+	// grant if never read). Locks are those held, for EventWatching, EventRead and EventResumed.
 	Lock  LockInfo
 	Locks []LockInfo
 	Mode  string // for EventWatching, how the watch hears changes ("polling every 500ms", ...)

@@ -28,9 +28,8 @@ func advance(mr *miniredis.Miniredis, last, now time.Time) time.Time {
 // out before its TTL. A clock that falls behind only makes locks live longer.
 const maxStep = 2 * tick
 
-// New starts an in-process miniredis on a free loopback port and returns a store on it with
-// opts; Close stops the server and closes the client, which speaks RESP2 (in which miniredis
-// delivers pub/sub messages).
+// New returns a store, with opts, on a miniredis started on a free loopback port; Close stops
+// it and closes the client (RESP2: miniredis delivers pub/sub messages in it).
 func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {

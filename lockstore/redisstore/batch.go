@@ -75,9 +75,8 @@ func newBatcher(client Client, lanes int) *batcher {
 	return &batcher{client: p, scripter: client, lanes: lanes}
 }
 
-// run runs script through a free lane or in the next batch. late, if not nil, gets the reply
-// (even an error) of a batched call whose caller left while it was on the wire, in a goroutine
-// of its own; it must bound its work.
+// run runs script through a free lane or in the next batch. late, if not nil, gets (in a
+// goroutine, bounding its work) the reply or error of a batched call whose caller left.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
@@ -177,9 +176,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	}
 }
 
-// batchContext bounds a batch by its callers' latest deadline, or none if one has none: each
-// caller leaves on its own context, and a later reply still serves its late hook. Values come
-// from the first caller; cancellation from none.
+// batchContext bounds a batch by its callers' latest deadline (none if one has none): each
+// leaves on its own context, and a later reply serves its late hook. Values: the first's.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(live[0].ctx)
 	var latest time.Time

@@ -30,10 +30,9 @@ func (s *RedisStore) slotMoving(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
 }
 
-// failed is the error of op on key that failed with err. A call that failed without an error
-// reply of Redis (a connection's error, or the caller's context's) makes a Cluster client
-// reload its slot map: the slot's master may have died and a replica been promoted, which the
-// client would otherwise learn only from a MOVED reply or its reload a minute later.
+// failed is the error of op on key that failed with err. Without an error reply of Redis (a
+// connection's or the context's error) a Cluster client reloads its slot map: the master may
+// have died and a replica been promoted, else learnt only from a MOVED or a minute later.
 func (s *RedisStore) failed(op, key string, err error) error {
 	var reply redis.Error
 	if !errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) {

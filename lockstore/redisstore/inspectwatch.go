@@ -11,10 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Watch implements lockstore.Inspector with keyspace notifications when the server sends them
-// (not on a Cluster, where they are per node), else by comparing reads, hearing contended
-// locks' releases at once on their channels. Either way it reads the locks every
-// opts.Interval (lockstore.EventRead), so TTLs stay current.
+// Watch implements lockstore.Inspector with keyspace notifications if sent (not on a Cluster:
+// per node), else by comparing reads, hearing contended locks' releases on their channels.
+// Either way it reads the locks every opts.Interval (EventRead), so TTLs stay current.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, gone: make(map[string]int)}
@@ -73,9 +72,8 @@ type redisWatch struct {
 	keyspace bool // events come from keyspace notifications; else from comparing reads
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key; nil before the first poll
-	// gone are the keys a recent poll reported gone, with that poll's number: a notification
-	// of their release after it is the same release, not a second event. A mark lives
-	// goneMarkPolls polls, so keys released without a notification do not pile up.
+	// gone are the keys a recent poll reported gone, by poll number: a later notification of
+	// that release is no second event. A mark lives goneMarkPolls polls, not to pile up.
 	gone  map[string]int
 	polls int
 }

@@ -87,9 +87,8 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	if st == nil {
 		// Sent under mu, so that it cannot overtake a linger timer's UNSUBSCRIBE of it.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
-			// go-redis keeps the channel in its set even so, and would subscribe it on every
-			// later connection for nobody. Subscribe fails when no connection could be made or
-			// its write failed, closing it: Redis answers nothing of it later.
+			// go-redis keeps the channel in its set even so, to subscribe on every later
+			// connection. It failed unsent or its connection closed: nothing of it comes later.
 			_ = n.ps.Unsubscribe(ctx, channel)
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
@@ -125,9 +124,8 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 // pub/sub connection that never answers delays a waiter by a few retry delays, once per wait.
 const subscribeWait = 500 * time.Millisecond
 
-// unconfirmedKeep is how long after its SUBSCRIBE an unconfirmed channel state outlives its
-// linger (see notifier): far above a live link's round trip, yet short enough that states of
-// keys watched once each do not pile up. A variable for tests.
+// unconfirmedKeep is how long after its SUBSCRIBE an unconfirmed state outlives its linger (see
+// notifier): far above a live round trip, yet no pile-up of keys watched once. Tests set it.
 var unconfirmedKeep = time.Minute
 
 func (n *notifier) unwatch(channel string, c chan struct{}) {

@@ -29,9 +29,8 @@ func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*r
 	}
 }
 
-// giveUp releases one hold a call took but nobody will use (an orphan, a grant the replicas did
-// not acknowledge), straight on the client, not waiting for a lane, and bounded: a failed
-// release leaves the key to its TTL. The hold handed out no fence beyond its grant: lastFence 0.
+// giveUp releases a hold nobody will use (an orphan's, one not replicated) on the client, not
+// a lane, bounded (else left to its TTL), with lastFence 0: it handed out no further fence.
 func (s *RedisStore) giveUp(key, owner, hold string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
 	defer cancel()

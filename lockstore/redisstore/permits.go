@@ -10,10 +10,9 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// acquirePermits serves a request with Permits with one acquire.lua call over all of them,
-// which takes the first free one; on a Cluster, where a script's keys share a hash slot, one
-// call per run of consecutive permits in a slot (lockstore.PermitKey keeps a semaphore's
-// permits in one slot unless its key has a "{" that opens no hash tag).
+// acquirePermits serves Permits by one acquire.lua call taking the first free one, or on a
+// Cluster (a script's keys share a slot) one per run of permits in a slot: lockstore.PermitKey
+// keeps them in one unless the key has a "{" that opens no hash tag.
 func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err

@@ -93,9 +93,8 @@ func WithWatchLinger(d time.Duration) Option {
 	}
 }
 
-// WithLanes sets how many script calls go to Redis at once, each its own round trip, before
-// further calls are batched into a pipeline per lane (default DefaultLanes). 0 turns batching
-// off: every call takes a pooled connection of its own.
+// WithLanes sets how many script calls go to Redis at once before further ones are batched into
+// a pipeline per lane (default DefaultLanes). 0: no batching, a pooled connection per call.
 func WithLanes(n int) Option {
 	return func(s *RedisStore) {
 		if n >= 0 {
@@ -104,9 +103,8 @@ func WithLanes(n int) Option {
 	}
 }
 
-// WithOnClose adds fn to what Close runs (once, last added first, joining their errors) after
-// it stops the notification subscriber, for a constructor that builds its own client or
-// server. Without it, Close leaves the client open.
+// WithOnClose adds fn to what Close runs once, last added first, after the notification
+// subscriber, for a constructor's own client or server (else Close leaves them open).
 func WithOnClose(fn func() error) Option {
 	return func(s *RedisStore) {
 		if fn != nil {
@@ -203,17 +201,15 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	return s.acquire(ctx, "acquire", script, keys, args, keys[:1], owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
 }
 
-// acquire runs an acquiring script and reads its reply; late is batcher.run's. permits are the
-// one key of acquire.lua, readacquire.lua, fairacquire.lua or (for the named hold)
-// reenter.lua, or a run of a semaphore's permits in one hash slot (acquireRun).
+// acquire runs an acquiring script and reads its reply; late is batcher.run's. permits is its
+// one key or a run of a semaphore's permits in one hash slot (acquireRun).
 func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
 	permits []string, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	cmd, acked := s.exec(ctx, script, keys, late, args...)
 	code, first, more, value, err := permitReply(cmd, permits)
 	if hold == "" && s.slotMoving(err) {
-		// Nothing was taken: busy, with no holder's TTL, so a waiting caller retries and a
-		// rejecting one answers busy, not a store error. A re-entry reports the error, as its
-		// busy reply would say the grant is gone.
+		// Nothing was taken: busy with no holder's TTL (a waiter retries, a rejecter answers
+		// busy). A re-entry reports the error: its busy reply would say the grant is gone.
 		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
@@ -321,9 +317,8 @@ func (s *RedisStore) refreshed(key string, n int64, err error) error {
 	return nil
 }
 
-// RefreshAll implements lockstore.Store: one pipeline on a connection of its own beside the
-// lanes, or with WithReplicas (each needs its own WAIT) or no pipelines, Refresh of each lock,
-// all at once.
+// RefreshAll implements lockstore.Store: one pipeline on a connection beside the lanes, or with
+// WithReplicas (a WAIT each) or no pipelines, a Refresh per lock, all at once.
 func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))
 	if s.replicas > 0 || s.batch == nil {

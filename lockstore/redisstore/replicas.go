@@ -12,9 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
-// store built WithReplicas when too few replicas acknowledged the write in time (see
-// WithReplicas for what was undone). Callers treat it as a store error.
+// ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh when
+// too few replicas acknowledged the write in time (see WithReplicas). It is a store error.
 var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough replicas")
 
 // WithReplicas makes every write that grants or extends a lock (Acquire, Reenter, Refresh)
@@ -131,9 +130,8 @@ func redirectTo(err error, node pipeliner) (addr string, ask, ok bool) {
 	return addr, f[0] == "ASK", true
 }
 
-// redirectNode returns go-redis's client of the Cluster node at addr; false when the store's
-// client is no Cluster client or knows no node at addr (the redirect is then reported, and
-// the call tried again later).
+// redirectNode returns go-redis's client of the Cluster node at addr; false when there is none
+// (the redirect is then reported, and the call tried again later).
 func (s *RedisStore) redirectNode(ctx context.Context, addr string) (pipeliner, bool) {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {

@@ -18,9 +18,9 @@ func readersKey(key string) string { return lockstore.SideKey("readers", key) }
 func lineKey(key string) string    { return lockstore.SideKey("line", key) }
 func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
 
-// writerReserve is how long the last reader of a key a writer waited for keeps it for writers
-// (readrelease.lua): long enough for the woken writer to take it before the readers it held
-// back, and the longest a writer that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key a writer waited for (readrelease.lua):
+// long enough for the woken writer to beat the readers it held back, and the longest a writer
+// that stopped waiting holds new readers back.
 const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
