@@ -25,9 +25,8 @@ const attempts = 8
 // progress (its hold would keep the key); past attempts, each round waits first.
 const releaseRounds = 64
 
-// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
-// sets the node's data once more to read its creation zxid (the fence); see held for a key
-// node that exists, and acquirePermits for a request with Permits.
+// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold and
+// sets the data again to read its creation zxid, the fence (see held, and acquirePermits).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if len(req.Permits) > 0 {
 		return s.acquirePermits(ctx, req)
@@ -42,12 +41,11 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	return s.acquire(ctx, key, owner, meta, "")
 }
 
-// acquirePermits serves a request with Permits. It reads every permit's key node at once (one
-// round trip on the session's connection), then takes (takePermits) every permit owner holds
-// already (a re-sent request re-enters them all and takes no more), else up to Want of those
-// found free or without holds (acquire clears such a node). A failed read fails the request:
-// that permit may be owner's. Only when it takes none does it mark the busy ones, as acquire
-// marks a key it is refused, all at once.
+// acquirePermits reads every permit's key node at once (one round trip on the session's
+// connection), then takes (takePermits) every permit owner holds (a re-sent request re-enters
+// them all, taking no more), else up to Want of those free or without holds (acquire clears
+// such a node). A failed read fails the request: that permit may be owner's. Only when it
+// takes none does it mark the busy ones, all at once, as acquire marks a key it is refused.
 func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -102,12 +100,12 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
-// takePermits takes up to want of the permits at places idx of req.Permits, in order, each by
-// acquire, a round's takes together (they are different keys). One taken since the look is
-// refused (and marked by acquire), and the next is tried in its place. A failed take ends the
-// rounds; its error (of several, one whose outcome is unknown) is the reply only when nothing
-// was granted: otherwise the grants are, and that permit goes back in the background, as the
-// take may have got it and the caller holds only what the reply names.
+// takePermits takes up to want of the permits at places idx of req.Permits, in order, by
+// acquire, a round's takes together (different keys). One taken since the look is refused
+// (and marked), and the next tried instead. A failed take ends the rounds; its error (of
+// several, one whose outcome is unknown) is the reply only if nothing was granted, else that
+// permit, which it may have got, goes back in the background: the caller holds what the
+// reply names.
 func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant
@@ -203,9 +201,9 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
 }
 
-// held reads key node p that an acquisition of hold name for owner found: owner's already
-// (Reentered), another's (busy, marked so that waiters know), readers' that a reader joins
-// (with data, its value), or without holds (an expired session's: deleted, and again is true).
+// held reads key node p an acquisition of hold name for owner found: owner's (Reentered),
+// another's (busy, marked for waiters), readers' that a reader joins (with data, its value),
+// or holdless (an expired session's: deleted, and again is true).
 func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
 	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
@@ -237,10 +235,9 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply for key node p (read as data, stat and holds kids) of another's
-// grant: the holder's metadata, and the node marked contended (telling readers that a writer
-// waits, operators that the lock was contended). The multi checks one of the holds read, so a
-// node the key got since keeps its data.
+// refuse is the busy reply for key node p (read as data, stat, kids) of another's grant: the
+// holder's metadata, the node marked contended (for readers, a writer waits; for operators,
+// contention) by a multi checking a hold read, so a node the key got since keeps its data.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,
@@ -274,10 +271,9 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	return now.Sub(seen) < writerReserve
 }
 
-// giveBackIfTaken returns the late hook of a multi that created hold for owner under p, for a
-// caller that left before the answer: a hold the multi made is released at once, and one its
-// lost reply may have made is remembered as unsure (mayHaveMade); either is retried until gone
-// (releaseLater), safely as the owner is spent (see mayHaveMade).
+// giveBackIfTaken is the late hook of a multi creating hold for owner under p: a hold it made
+// is released at once, one its lost reply may have made remembered as unsure (mayHaveMade);
+// either is retried until gone (releaseLater), safely as the owner is spent (mayHaveMade).
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
 		if errors.Is(s.mayHaveMade(p, owner, hold, err), lockstore.ErrOutcomeUnknown) {
@@ -367,9 +363,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	return lockstore.Acquisition{}, nil
 }
 
-// Refresh implements lockstore.Store: a multi checking that the holds this store made for owner
-// under key exist, a write the leader refuses once the session expired, so success means the
-// lock lives at least MaxTTL from the send (see the package doc).
+// Refresh implements lockstore.Store: a multi checking the holds made for owner under key, a
+// write the leader refuses once the session expired: success proves MaxTTL past the send.
 func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := s.check(key, owner, ttl); err != nil {
 		return err
@@ -439,9 +434,9 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// Release implements lockstore.Store: one multi deletes owner's hold and, with the last hold,
-// the key node at the version read. It reports 1 notified when the lock was marked (someone
-// was refused while it was held), else 0. A store error is retried in the background.
+// Release implements lockstore.Store: a multi deletes owner's hold and with the last the key
+// node at the version read; 1 notified if marked (someone refused), else 0. A store error is
+// retried in the background.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := cmp.Or(s.check(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
@@ -460,9 +455,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
-		// The common case in one request: the grant's only hold goes with its node (a node with
-		// other holds fails it whole, for the general case below). It reads no mark, so
-		// reports none notified; the waiters' watches hear the node go all the same.
+		// The common case in one request: the grant's only hold with its node (other holds
+		// fail it whole). It reads no mark, so none notified: watches hear the node go anyway.
 		_, err := s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: -1})
 		if !errors.Is(err, zk.ErrNotEmpty) {
 			return s.released(p, owner, name, 0, err)
@@ -541,9 +535,8 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries a failed release until it goes through, the hold is gone or no longer
-// this store's, even maybe (mayHold), or the store closes: while the session lives the hold
-// would keep the key from everyone.
+// releaseLater retries a failed release until it goes through, the hold is gone or not even
+// maybe this store's (mayHold), or the store closes: the hold would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
 	s.retry(func(ctx context.Context) bool {
 		if !s.mayHold(p, owner, name) {
@@ -554,10 +547,9 @@ func (s *Store) releaseLater(p, owner, name string) {
 	})
 }
 
-// retry runs try, each time after a pause doubling from 100ms to 2s and with a session's length
-// to answer, until it is done or the store closes: how a failed give-back goes on, as a hold or
-// place nobody else knows of lives as long as the session, keeping the key (or its line) from
-// everyone.
+// retry runs try after a pause doubling from 100ms to 2s, with a session's length to answer,
+// until done or the store closes: a failed give-back's hold or place, known to nobody else,
+// lives as long as the session, keeping the key (or its line) from everyone.
 func (s *Store) retry(try func(ctx context.Context) (done bool)) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)

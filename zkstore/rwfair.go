@@ -13,20 +13,19 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// writerReserve is how long the last reader of a key a writer waited for keeps it for writers
-// (releaseHold): long enough for the woken writer to take it before the readers it held back,
-// and the longest a writer that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key a writer waited for (releaseHold):
+// long enough for the woken writer to beat the readers it held back, and the longest a writer
+// that stopped waiting holds new readers back.
 const writerReserve = time.Second
 
 // Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
 // ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
 // held key), and readers refuse a marked node: writer preference.
 
-// joinReaders adds read hold name of owner to readers' key node p, read as stat and holds kids.
-// The check of one of their holds fails on any node the key got since, and the write of data
-// at the version read once a writer marked it (then again is true). The data names the last
-// reader to come, so a refused writer is told of one that holds the key (releaseHold clears it
-// when a reader leaves others behind).
+// joinReaders adds read hold name of owner to readers' key node p (read as stat, kids). The
+// check of a hold fails on a node the key got since, the write of data at the version read
+// once a writer marked it (again is true). The data names the last reader, so a refused
+// writer is told of a holder (releaseHold clears it when a reader leaves others behind).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
 	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
@@ -43,10 +42,9 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 }
 
 // acquireFair is Acquire of a fair request (arguments checked). A key's line is a node beside
-// its key node (linePath) whose children are the places: ephemeral sequential nodes, ordered
-// by when each request reached the ensemble (Asked is not used). The first in line takes a
-// free key with a multi that also deletes its place. A place lives as long as its session, so
-// a dead waiter leaves the line when its session expires (not after Queue).
+// it (linePath) whose children, the places, are ephemeral sequential nodes, ordered as they
+// reached the ensemble (not by Asked). The first in line takes a free key in a multi deleting
+// its place. A place lives as long as its session (not Queue): a dead waiter's expires.
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {
@@ -127,9 +125,9 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	return path, nil
 }
 
-// placeIn returns the place among line's kids that place names: place itself, or the one made
-// under a place remembered by its start alone (takePlace); "" for none, or when place is "".
-// Sequence numbers have one length, so a whole place's name starts no other.
+// placeIn returns the place among line's kids that place names: itself, or one remembered by
+// its start (takePlace) whose name it starts (a whole one starts no other: sequence numbers
+// have one length); "" for none, or if place is "".
 func placeIn(line, place string, kids []string) string {
 	for _, k := range kids {
 		if p := line + "/" + k; place != "" && strings.HasPrefix(p, place) {
@@ -147,10 +145,9 @@ func (s *Store) placeOf(line, owner string) string {
 	return ""
 }
 
-// LeaveQueue implements lockstore.Store: deletes owner's place; the next in line sees it at its
-// next look (at least every FairLookEvery). A place lives as long as the session, so a failed
-// delete is retried in the background until the place is gone, owner takes a new one or the
-// store closes (leaveLater).
+// LeaveQueue implements lockstore.Store: deletes owner's place (the next in line sees it within
+// FairLookEvery). A place lives as long as the session, so a failed delete is retried until
+// the place is gone, owner takes a new one or the store closes (leaveLater).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err
@@ -179,10 +176,9 @@ func (s *Store) leaveLater(line, owner, place string) {
 func (s *Store) leave(ctx context.Context, line, owner, place string) error {
 	target := place
 	if strings.HasSuffix(place, "-") { // made by a request whose reply was lost, if at all (takePlace)
-		// The server this session reads from now may be another than the one the create went
-		// to, and not have applied it yet: a sync brings it up to the leader first. The create
-		// reached the leader before the session moved (then the sync comes after it), or never
-		// runs (the leader refuses a moved session's old connection).
+		// The server read now may not be the one the create went to, nor have applied it: a
+		// sync brings it up to the leader. The create reached the leader before the session
+		// moved (the sync follows it) or never runs (a moved session's old connection is refused).
 		_, err := call(ctx, func() (string, error) { return s.conn.Sync(line) }, nil)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return err

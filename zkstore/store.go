@@ -73,13 +73,11 @@ type Store struct {
 	// waiting writer (by path and mzxid): readers wait writerReserve from then, by this
 	// process's clock alone.
 	reservedSeen map[string]time.Time // guarded by mu
-	// holds are the hold nodes this store created and has not released, per key node and
-	// owner: what Refresh checks (ephemeral on this session, their existence proves it). Under
-	// a line node, they are the paths of this store's places in that line.
+	// holds are the hold nodes this store made and did not release, per key node and owner:
+	// what Refresh checks (on this session, they prove it lives); under a line, its places.
 	holds map[holdKey][]string // guarded by mu
-	// unsure are, in the same form, the hold nodes a request whose reply was lost may have
-	// made (mayHaveMade): releaseLater gives them back, but Refresh does not check them, as
-	// they prove nothing (a handed-over owner's grant may be this store's).
+	// unsure are, alike, the holds a request whose reply was lost may have made: releaseLater
+	// gives them back, but Refresh ignores them (a handed-over owner's grant may be this store's).
 	unsure map[holdKey][]string // guarded by mu
 }
 
@@ -374,9 +372,8 @@ func (s *Store) check(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// remember records a hold node this store created, rememberUnsure one that a request whose
-// reply was lost may have created; forget drops both records, as a hold released or found gone
-// is neither.
+// remember records a hold node this store made, rememberUnsure one a lost reply may have made;
+// forget drops both, as a hold released or found gone is neither.
 func (s *Store) remember(node, owner, hold string)       { s.addHold(s.holds, node, owner, hold) }
 func (s *Store) rememberUnsure(node, owner, hold string) { s.addHold(s.unsure, node, owner, hold) }
 
@@ -495,9 +492,8 @@ func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	return kids, err
 }
 
-// node reads key node p's data, stat and holds in one round trip; as the server may answer the
-// two reads on either side of a change of hands, they are sent again until both saw the same
-// node (creation zxid).
+// node reads key node p's data, stat and holds in one round trip, again until both reads saw
+// the same node (creation zxid): the server may answer them either side of a change of hands.
 func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
 	for range attempts {
 		var (
