@@ -1,8 +1,7 @@
-// Package lockstore is the contract between the flightlock core and a lock store: Store (with
-// what differs between stores as Capabilities data), its optional extension Passer, the
-// Inspector tools use, and their shared types. Each store is its own package and owns its value
-// format (lockstore/redisstore, lockstore/embedded, etcdstore, zkstore). It imports the
-// standard library only.
+// Package lockstore is the contract between the flightlock core and a lock store (Store,
+// Capabilities, the optional Passer, the tools' Inspector, their types), on the standard
+// library only. Each store is a package owning its value format (lockstore/redisstore,
+// lockstore/embedded, etcdstore, zkstore).
 package lockstore
 
 import (
@@ -18,11 +17,10 @@ import (
 // it expired, was never taken, or belongs to someone else. Nothing was changed.
 var ErrNotHeld = errors.New("flightlock: lock not held")
 
-// ErrOutcomeUnknown is wrapped by a store in the error of a request that may have taken effect
-// unreported: the connection closed after it went out (ZooKeeper), or the server answered an
-// error for a request it may apply all the same (an etcd leader change). As after a request its
-// context cut short, the caller gives back what it may have taken, by the same owner, and sends
-// nothing more as that owner (a later grant to it could be the one given back).
+// ErrOutcomeUnknown is wrapped in the error of a request that may have run unreported
+// (ZooKeeper: the connection closed after it went out; etcd: a leader change's error). As after
+// a request its context cut short, the caller gives back what it may have taken, by the same
+// owner, and sends nothing more as that owner: a later grant could be the one given back.
 var ErrOutcomeUnknown = errors.New("flightlock: the request's outcome is unknown: it may have run")
 
 // Acquisition is the outcome of one Acquire call.
@@ -38,10 +36,9 @@ type Acquisition struct {
 	More []PermitGrant
 	// HolderTTL is the holder's time left when not acquired (with Permits, the busy keys' least).
 	HolderTTL time.Duration
-	// Holder is the current holder's Request.Meta when not acquired ("" for none); the go-zero
-	// layer compares its trace id to tell a nested call of the same request. With Permits it
-	// is also set when acquired, to the metadata of a busy permit passed over, so that holders
-	// of another kind (a lock on permit 1, another count) show while permits are still free.
+	// Holder is the holder's Request.Meta when not acquired; its trace id tells the go-zero
+	// layer a nested call. With Permits, when acquired, it is a busy permit's passed over, so
+	// holders of another kind (a lock on permit 1, another count) show while permits are free.
 	Holder string
 }
 
@@ -53,28 +50,24 @@ type Request struct {
 	Owner string
 	TTL   time.Duration // how long the lock lives without a refresh
 	Meta  string        // optional text kept with the lock for operators (who holds it)
-	// Asked, when not zero, makes the acquisition fair (granted in request order across
-	// processes): it is when the caller's Lock began. Each fair acquirer takes a place in the
-	// key's line, only the first in line may take the free key, and a grant leaves the line. A
-	// store ranks places by Asked (Redis, clamped to its own clock less a bound on clock skew)
-	// or by when the first fair Acquire reached it (etcd revisions, ZooKeeper sequence numbers:
-	// no host's clock is trusted; the Locker sends that Acquire as soon as a fair Lock begins).
+	// Asked, when not zero, is when the caller's Lock began and makes the acquisition fair (in
+	// request order across processes): a fair acquirer takes a place in the key's line, only
+	// the first may take the free key, and a grant leaves the line. Places rank by Asked
+	// (Redis, clamped to its clock less a skew bound) or by the first fair Acquire's arrival
+	// (etcd, ZooKeeper: no clock trusted; the Locker sends it as soon as a fair Lock begins).
 	Asked time.Time
-	// Permits, when not empty, asks instead of Key for the first of several keys (a
-	// semaphore's permits), in order, that Acquire of that key alone would grant;
-	// Acquisition.Permit says which. A store looks at them all in one request where it can
-	// (else AcquireEach), so a re-sent request re-enters what its first try took; the Locker
-	// does not rely on that, but gives back every key of a request whose outcome it does not
-	// know and asks again as a new owner. Owner is not a ReadOwner and Asked is zero.
+	// Permits, if any, asks instead of Key for the first of several keys (a semaphore's
+	// permits) that Acquire of it alone would grant (Acquisition.Permit). Stores look at all in
+	// one request if they can (else AcquireEach), so a re-send re-enters what it took; the
+	// Locker, not relying on it, gives back every key of a request of unknown outcome and asks
+	// again as a new owner. Owner is then no ReadOwner, and Asked is zero.
 	Permits []string
-	// Want, with Permits, is how many of them the request may take at once (0 is 1): a process
-	// whose goroutines wait for permits of one key asks for them together. A store may grant
-	// fewer than Want, but at least one while one is free (Acquisition.More has the others).
+	// Want, with Permits, is how many to take at once (0 is 1), for a process's waiting
+	// goroutines; a store may grant fewer, but one while one is free (More has the rest).
 	Want int
-	// Queue, for a fair acquisition, is how long the caller's place lives without another
-	// Acquire from it, so a waiter whose process died leaves the line by itself. 0 takes no
-	// place and takes the key only when nobody is in line before the caller (a TryLock). A busy
-	// reply has HolderTTL 0 when the key is free but others are first in line.
+	// Queue, if fair, is how long the caller's place lives without another Acquire, so a dead
+	// waiter leaves the line; 0 takes no place, only a key nobody is in line for (a TryLock).
+	// A busy reply has HolderTTL 0 when the key is free but others are first in line.
 	Queue time.Duration
 }
 
@@ -82,19 +75,16 @@ type Request struct {
 // made. The zero value is a store without limits that watches each key on its own.
 type Capabilities struct {
 	Name string // as rules and metrics spell it: "redis", "etcd", "zookeeper"
-	// MaxHandoffs bounds the in-process handoffs under one grant (0: no bound): the Locker
-	// hands a held lock on with fences grant+1, grant+2, ..., which the store's next grant must
-	// exceed even when the holder dies without reporting the last (etcd leaves 2^20 fences per
-	// grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
+	// MaxHandoffs bounds the handoffs under one grant (0: none), fenced grant+1, grant+2, ...,
+	// which the next grant must exceed even if the holder died unreporting (etcd leaves 2^20
+	// fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
 	MaxHandoffs int
-	// MaxTTL is the longest lock TTL the store keeps (0: no bound; ZooKeeper: a share of its
-	// session timeout). MaxTTLReason ends the error that refuses a longer one, "a lock TTL of
-	// 20s is longer than " + MaxTTLReason: what keeps it and what to do.
+	// MaxTTL is the longest lock TTL kept (0: no bound); MaxTTLReason ends the refusal "a lock
+	// TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
 	MaxTTL       time.Duration
 	MaxTTLReason string
-	// SharedWatch is true when the Watch calls on a key share one subscription, so many
-	// watchers cost about what one does (Redis). Only then does every waiting semaphore taker
-	// watch every permit; elsewhere they look again at retry delays.
+	// SharedWatch: a key's watchers share a subscription, costing about one (Redis). Only then
+	// do waiting semaphore takers watch every permit; elsewhere they look at retry delays.
 	SharedWatch bool
 }
 
@@ -113,9 +103,8 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// CheckArgs refuses what makes no lock on any store, although a store might accept it: a key
-// CheckKey refuses, an owner that cannot be told apart from what a store writes beside it
-// (empty, or with a space), or a TTL that never runs out.
+// CheckArgs refuses what makes no lock on any store, though one might accept it: a key CheckKey
+// refuses, an owner not told from what a store writes beside it (empty, a space), a TTL <= 0.
 func CheckArgs(key, owner string, ttl time.Duration) error {
 	if err := CheckKey(key); err != nil {
 		return err
@@ -129,9 +118,8 @@ func CheckArgs(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// CheckHold refuses a hold name (Reenter, Release) that a store cannot list beside others: empty
-// unless ownAllowed (Release's "" names the acquisition's own hold), longer than 64 bytes, or
-// with a space or comma.
+// CheckHold refuses a hold name a store cannot list beside others: empty unless ownAllowed
+// (Release's "" names the own hold), over 64 bytes, or with a space or comma.
 func CheckHold(hold string, ownAllowed bool) error {
 	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
 		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
@@ -147,10 +135,9 @@ func (c Capabilities) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Store is what flightlock needs from a lock backend, the same for every store (what differs is
-// in Capabilities). Implementations are safe for concurrent use. Keys are full backend keys
-// (prefix included); owners are opaque tokens without spaces. Package storetest checks an
-// implementation against this contract.
+// Store is what flightlock needs from a lock backend (what differs is in Capabilities), safe for
+// concurrent use. Keys are full backend keys (prefix included); owners are opaque tokens
+// without spaces. Package storetest checks an implementation against this contract.
 type Store interface {
 	// Capabilities describes the store; it does not change after the store is made.
 	Capabilities() Capabilities
@@ -160,16 +147,14 @@ type Store interface {
 	// request of it failed with ErrOutcomeUnknown or its context's error (the store may still
 	// give that back). A ReadOwner takes a read hold, and a non-zero Asked a place in line.
 	Acquire(ctx context.Context, req Request) (Acquisition, error)
-	// Reenter re-enters key for owner, a token handed over by another process, only while owner
-	// holds key: it adds the hold named hold (given up by Release with that name; added once
-	// however often named, so a re-sent call does no harm) and raises the TTL to ttl if the
-	// lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
+	// Reenter re-enters key for owner, a token another process handed over, only while owner
+	// holds it: it adds hold (once, so a re-send does no harm; Release of that name gives it up)
+	// and raises the TTL to ttl if lower. It never takes a free key (Acquired false, HolderTTL 0).
 	Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error)
 	// Refresh makes key live at least ttl more (never less) if owner holds it; else ErrNotHeld.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
-	// RefreshAll refreshes each lock of batch as Refresh would, returning Refresh's errors in
-	// batch's order, in one round trip or a few, so a slow store cannot cap how many locks a
-	// process keeps alive.
+	// RefreshAll is Refresh of each lock (its errors in batch's order) in a round trip or a
+	// few, so a slow store cannot cap how many locks a process keeps alive.
 	RefreshAll(ctx context.Context, batch []Renewal) []error
 	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
 	// "", else the re-entry named hold. The last hold deletes key and notifies waiters; the
@@ -191,14 +176,13 @@ type Store interface {
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
-	// Watch starts listening for releases of key; the Watch must be closed. A release after
-	// Watch returned is heard, and one before it too unless Watch.Fresh: a refused caller that
-	// tries once more after a fresh Watch, before it sleeps, misses no release.
+	// Watch listens for releases of key (it must be closed): those after it returned, and before
+	// it unless Watch.Fresh (then a refused caller tries once more before it sleeps).
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
-// AcquireEach serves a request with Permits one key at a time through acquire (the store's
-// Acquire of one key), in order, for a store that cannot look at several keys in one request.
+// AcquireEach serves Permits one key at a time, in order, through acquire (the store's Acquire
+// of one key), for a store that cannot look at several in one request.
 func AcquireEach(ctx context.Context, req Request, acquire func(context.Context, Request) (Acquisition, error)) (Acquisition, error) {
 	var busy Acquisition
 	for i, key := range req.Permits {
@@ -216,8 +200,7 @@ func AcquireEach(ctx context.Context, req Request, acquire func(context.Context,
 	return busy, nil
 }
 
-// CheckPermits refuses a request with Permits that is a read or a fair one, or one of whose
-// keys CheckArgs refuses with its owner and TTL.
+// CheckPermits refuses a permit request that is a read or fair one, or has a key CheckArgs refuses.
 func CheckPermits(req Request) error {
 	if IsReadOwner(req.Owner) || !req.Asked.IsZero() {
 		return errors.New("flightlock: a permit request cannot be a read or a fair one")
@@ -243,15 +226,13 @@ type Renewal struct {
 }
 
 // Passer is a Store that can keep a lock in its holder's process at the end of a turn (the
-// WithHandoff bound) in one round trip instead of a release and a new acquisition, releasing
-// only when a waiter elsewhere asked for the key meanwhile. It is optional because the store
-// must tell that atomically with the end of the turn.
+// WithHandoff bound) in one round trip, releasing only if a waiter elsewhere asked meanwhile:
+// optional, as the store must tell that atomically with the turn's end.
 type Passer interface {
-	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
-	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
-	// at least ttl more, and returns kept true and a new fence, larger than lastFence and than
-	// every earlier grant of key. Otherwise it does what Release(key, owner, "", lastFence)
-	// does and returns its outcome (kept false). ErrNotHeld when owner does not hold key.
+	// Pass ends a turn of owner's lock on key. If owner's acquisition is its only hold and none
+	// was refused meanwhile, it keeps the lock at least ttl more: kept, with a new fence above
+	// lastFence and every earlier grant. Else it does Release(key, owner, "", lastFence) and
+	// returns its outcome, kept false. ErrNotHeld when owner does not hold key.
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
@@ -286,10 +267,9 @@ type Watch struct {
 	fresh bool
 }
 
-// Fresh reports whether the watch began to listen only now, so that a release between the
-// caller's last look (a busy reply) and Watch may have gone unheard and a refused caller looks
-// once more before it sleeps. False for a Redis channel subscribed already and for etcd, which
-// watches from the revision of its last busy reply.
+// Fresh reports whether the watch began only now, so a release since the caller's busy reply
+// may have gone unheard and a refused caller looks once more before it sleeps. False for a
+// Redis channel subscribed already and for etcd, which watches from that reply's revision.
 func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
