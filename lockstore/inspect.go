@@ -14,15 +14,14 @@ import (
 // as the rules render them, without the inspector's prefix. It is safe for concurrent use.
 type Inspector interface {
 	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
-	// as SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more matched. A
-	// key under the prefix that is not a lock of this store has Unrecognized set.
+	// as SCAN MATCH), sorted, at most opts.Limit, and how many more matched; a key under the
+	// prefix that is no lock of this store has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
 	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
-	// ForceUnlock removes the grant l (as read by Lookup or List), whatever its holds, and wakes
-	// its waiters, notified as Release counts them. When the key no longer holds that grant it
-	// removes nothing and returns a *ChangedError: the operator agreed to remove one holder,
-	// not whoever holds the key now.
+	// ForceUnlock removes grant l (as Lookup or List read it), whatever its holds, and wakes its
+	// waiters (notified as Release counts). If the key holds another grant now it removes
+	// nothing (a *ChangedError): the operator agreed to remove one holder, not whoever holds it.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
 	// Watch reports to fn, one at a time on the calling goroutine, EventWatching with the locks
 	// matching pattern, then their changes. It returns nil when ctx ends, or a read's error.
@@ -66,11 +65,10 @@ func (o WatchOptions) WithDefaults() WatchOptions {
 	return o
 }
 
-// PollWatch runs a Watch that calls read (which returns the matching locks and reports their
-// changes itself, with Changes) every opts.Interval, each call bounded by opts.Timeout. It
-// reports EventWatching, described by mode, after the first read and EventRead after each
-// other; between reads it hands what heard delivers (nil: nothing) to on. It returns nil when
-// ctx ends, else the error of a read or of on, or that heard was closed.
+// PollWatch runs a Watch calling read (which returns the matching locks, reporting changes
+// itself with Changes) every opts.Interval, within opts.Timeout, reporting EventWatching (of
+// mode) after the first read and EventRead after others; meanwhile it hands what heard
+// delivers to on. It returns nil when ctx ends, else a read's or on's error, or heard's close.
 func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context) ([]LockInfo, error),
 	heard <-chan M, on func(context.Context, M) error, fn func(Event)) error {
 	opts = opts.WithDefaults()
@@ -107,13 +105,12 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 	return err
 }
 
-// Changes reports to fn how locks, a watch's new read, differ from held, the read before it by
-// key, so that polling watches report alike on every store. For each lock in turn:
-// EventAcquired for a new grant (another owner or fence), then EventContended if it was
-// refused already; EventChanged when the grant's holds (Own, Borrowed, Readers) changed; or
-// EventContended at its first refusal. Then EventGone for each lock of held not read again,
-// by key. A nil held (no read before, or changes heard otherwise) reports nothing. It returns
-// locks by key, for the next read, and the keys gone.
+// Changes reports to fn how locks, a watch's new read, differ from held, the last by key, so
+// that polling watches report alike on every store. Per lock: EventAcquired for a new grant
+// (owner or fence), then EventContended if refused already; EventChanged when its holds (Own,
+// Borrowed, Readers) changed; or EventContended at its first refusal. Then EventGone for each
+// of held not read again, by key. A nil held (no read before, or changes heard otherwise)
+// reports nothing. It returns locks by key, for the next read, and the keys gone.
 func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
 	if held == nil {
 		fn = func(Event) {}

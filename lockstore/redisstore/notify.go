@@ -16,15 +16,13 @@ import (
 //
 // A channel has at most one channelState, dropped (UNSUBSCRIBE sent) at the end of its linger
 // only once it is active or older than unconfirmedKeep. While a young state waits, its
-// SUBSCRIBE is the channel's only one unanswered and no UNSUBSCRIBE of it is on the way, so the
-// first "subscribe" confirmation read is that SUBSCRIBE's, or that of go-redis subscribing the
-// channel again on a new connection (as good). Nothing is owed across a reconnect, which
-// go-redis does not report: it re-sends a SUBSCRIBE lost with a broken connection, keeping the
-// channel in its set until the state is dropped. One crossing remains: a resubscription sent
-// just before a state was dropped, answered after its UNSUBSCRIBE and a new state (a reconnect
-// within a round trip of a linger's end), marks the new state ready early; the new state's own
-// confirmation then wakes its watchers (as on an active channel), so a release in between is
-// heard late, not lost.
+// SUBSCRIBE is the channel's only one unanswered, no UNSUBSCRIBE on the way, so the first
+// "subscribe" confirmation read is its, or go-redis's resubscription on a new connection (as
+// good). Nothing is owed across a reconnect (unreported by go-redis, which re-sends a SUBSCRIBE
+// lost with a connection while the channel is in its set). One crossing remains: a
+// resubscription sent just before a state was dropped, answered after a new state was made (a
+// reconnect within a round trip of a linger's end), marks the new state ready early; its own
+// confirmation then wakes its watchers (as on an active channel): a release is late, not lost.
 //
 // A state is kept unconfirmed only until unconfirmedKeep old, as some SUBSCRIBEs are never
 // confirmed on a live connection: Redis answers NOPERM to a user without the channel's

@@ -16,17 +16,15 @@ import (
 // too few replicas acknowledged the write in time (see WithReplicas). It is a store error.
 var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough replicas")
 
-// WithReplicas makes every write that grants or extends a lock (Acquire, Reenter, Refresh)
-// count only once n replicas acknowledged it within timeout: the script and a WAIT go to the
-// key's primary in one pipeline. An acquisition a failover could lose is not handed out: it
-// is released again and returns ErrNotReplicated. A refresh returns ErrNotReplicated, and the
-// lease keeps the validity of its last acknowledged write. Releases do not wait: one lost in a
-// failover leaves the key to its TTL, delaying the next holder but never admitting two.
-//
-// WAIT is per connection, so these calls take a connection each instead of joining the
-// batched pipelines. n is at most the primary's replicas; n <= 0 (the default) turns this
-// off. On a Cluster WAIT counts the replicas of the node that ran the script: the master of
-// the key's slot, or the node a MOVED or ASK reply named.
+// WithReplicas makes a write that grants or extends a lock (Acquire, Reenter, Refresh) count
+// only once n replicas acknowledged it within timeout (a WAIT after the script, in one pipeline
+// to the key's primary). An acquisition a failover could lose is released again and returns
+// ErrNotReplicated; so does a refresh, the lease keeping its last acknowledged write's validity.
+// Releases do not wait: one lost in a failover leaves the key to its TTL, delaying the next
+// holder but never admitting two. WAIT is per connection, so these calls take one each, outside
+// the batches. n is at most the primary's replicas; n <= 0 (default) turns this off. On a
+// Cluster WAIT counts the replicas of the node that ran the script (the key's slot's master or
+// the node a MOVED or ASK named).
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(s *RedisStore) {
 		s.replicas, s.replicaTimeout = max(n, 0), max(timeout, time.Millisecond)
