@@ -68,11 +68,10 @@ type Describer interface {
 	Describe(prefix string) *Backend
 }
 
-// ResponseStore keeps the responses of share rules (OnBusy share) for their duplicates in
-// other processes, in the store the rule locks in, under keys relative to the Backend's
-// Prefix. A record is a JSON object ({...}) whose last two fields are the fence of the grant
-// that produced it, "f", and a string "p" (middleware/share writes it so); a store may put a
-// field of its own in front, which a reader ignores.
+// ResponseStore keeps share rules' responses (OnBusy share) for their duplicates elsewhere, in
+// the rule's store, under keys relative to the Backend's Prefix. A record is a JSON object
+// ending with "f", the producing grant's fence, and a string "p" (as middleware/share writes
+// it); a store may put a field of its own in front, which a reader ignores.
 type ResponseStore interface {
 	// Load returns the record stored under key, nil when there is none.
 	Load(ctx context.Context, key string) ([]byte, error)

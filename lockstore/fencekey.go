@@ -90,11 +90,10 @@ func slotTag(s uint16) uint32 {
 	return slotTags[s]
 }
 
-// SideKey names a key of the given kind a store keeps beside lock key k (a read-write lock's read
-// holds, a fair lock's line): under FenceKeyPrefix, so no lock key can be one; unique per k; and
-// in k's Redis Cluster hash slot, so one script may touch both. A k with a hash tag keeps it (the
-// prefix adds no brace before it); any other gets its slot's tag and a separator of its own,
-// so that its side key never equals a tagged key's.
+// SideKey names a key of a kind a store keeps beside lock key k (read holds, a fair line): under
+// FenceKeyPrefix (no lock key can be one), unique per k, in k's Redis Cluster hash slot (one
+// script may touch both). A tagged k keeps its tag (the prefix adds no brace before it); any
+// other gets its slot's tag and a separator of its own, so as never to equal a tagged key's.
 func SideKey(kind, k string) string {
 	if _, ok := hashTag(k); ok {
 		return FenceKeyPrefix + kind + ":" + k
@@ -108,13 +107,12 @@ func ownSlotTag(k string) string {
 	return "{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}"
 }
 
-// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k
-// itself for permit 1, else k, "#" and what keeps it in k's Redis Cluster hash slot, so one
-// script call looks at them all. A k with a hash tag keeps it ("k#i"), one with no "{" gets
-// its slot's tag ("k#{<tag>}i"), and one with a "{" that opens no tag is split into slots
-// ("k#i"). A caller that doubles each "#" of its keys (as the Locker does) keeps every permit
-// key distinct from all lock keys and other permit keys: only a permit key has a lone "#", and
-// the "{" after it, or its absence, says which form it is.
+// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k for
+// permit 1, else k, "#" and what keeps it in k's Redis Cluster hash slot (one script call
+// looks at all): "k#i" for a tagged k, "k#{<tag>}i" for one with no "{", and "k#i", split into
+// slots, for one whose "{" opens no tag. A caller doubling each "#" of its keys (the Locker)
+// keeps every permit key distinct from all others: only a permit key has a lone "#", and the
+// "{" after it, or its absence, says which form it is.
 func PermitKey(k string, i int) string {
 	if i == 1 {
 		return k

@@ -4,14 +4,13 @@
 //
 // # Layout
 //
-// Every key is one persistent node under the store's root, named by nodeName (never a "/"),
-// whose data is a hash of the owner token (the token would let anyone who reads the tree
-// re-enter the lock), the holder's metadata, and " ~" once someone was refused. The holds are
-// ephemeral children on the holder's session, named for their owner: "o-<hash>" for the
-// acquisition, "b-<hash>-<name>" per re-entry from another process, "r-<hash>" per read hold.
-// A key node deleted and created again has the same data version, so a version cannot tell
-// one grant's node from the next, but a hold's name can: every release, renewal, re-entry and
-// busy mark names a hold of the grant it read, and fails on a node the key got since.
+// Every key is one persistent node under the root, named by nodeName (never a "/"), whose data
+// is a hash of the owner token (the token would let any reader of the tree re-enter the lock),
+// the holder's metadata, and " ~" once someone was refused. The holds are ephemeral children on
+// the holder's session, named for their owner (ownPre, borrowPre, readerPre). A key node
+// deleted and created again has the same data version, so only a hold's name tells one
+// grant's node from the next: every release, renewal, re-entry and busy mark names a hold of
+// the grant it read, and fails on a node the key got since.
 //
 // A lock is held while its key node has a hold. The node and its "own" hold are created in one
 // multi, and the last hold and the node deleted in one. A key node without holds is an expired
@@ -21,14 +20,13 @@
 //
 // # Sessions and the lease the Locker counts on
 //
-// A hold lives as long as its session. A follower cut off from the quorum keeps answering its
-// clients for syncLimit x tickTime, so nothing a follower says alone proves the session lives;
-// a write the quorum committed does, as the leader checks the session before proposing one.
-// So every call that grants or refreshes a hold is a multi (a refresh's are version checks,
-// changing nothing but going through the leader). This client touches its session at least
-// every third of the timeout, a follower may lag syncLimit ticks in reporting it, and the
-// leader expires sessions on tick boundaries: a session seen live by a committed call
-// outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That is MaxTTL, the
-// longest TTL the store accepts, so a Locker's lease ends before the session can; checkSession
-// refuses the timeouts this argument cannot hold for.
+// A hold lives as long as its session. A follower cut off from the quorum answers its clients
+// for syncLimit x tickTime, so only a write the quorum committed proves the session lives (the
+// leader checks it before proposing one): every call that grants or refreshes a hold is a
+// multi (a refresh's are version checks: no change, but through the leader). This client
+// touches its session every third of the timeout at least, a follower may lag syncLimit ticks
+// in reporting it, and the leader expires sessions on tick boundaries: a session seen live by a
+// committed call outlives its send by two thirds of the timeout less syncLimit + 1 ticks. That
+// is MaxTTL, the longest TTL accepted, so a Locker's lease ends before the session can;
+// checkSession refuses the timeouts this argument cannot hold for.
 package zkstore

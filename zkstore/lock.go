@@ -293,14 +293,12 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 	}
 }
 
-// outcome is err, the error of a request that may have made a node, wrapping
-// lockstore.ErrOutcomeUnknown for zk.ErrConnectionClosed: the request was in flight, the
-// server may have run it, and the client reconnects to the same session, which keeps what it
-// made. No other error leaves a node behind: a failed write to the connection (a net.Error)
-// almost certainly never reached the server, one ignored (zk.ErrSessionMoved) or never got
-// (zk.ErrNoServer) made nothing, nor did one whose session ended with its nodes; and what a
-// request cut short by its context made is given back by the late hook (giveBackIfTaken) or
-// by the caller, who sees the context's error.
+// outcome is err, a request's that may have made a node, wrapping ErrOutcomeUnknown for
+// zk.ErrConnectionClosed: in flight, it may have run, and the client reconnects to the same
+// session, which keeps what it made. No other error leaves a node: a failed write (a
+// net.Error) almost certainly never reached the server, one ignored (zk.ErrSessionMoved) or
+// never got (zk.ErrNoServer) made nothing, nor did one whose session ended with its nodes; and
+// what a request its context cut short made is given back by giveBackIfTaken or the caller.
 func outcome(err error) error {
 	if errors.Is(err, zk.ErrConnectionClosed) {
 		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
@@ -308,12 +306,11 @@ func outcome(err error) error {
 	return err
 }
 
-// mayHaveMade is outcome(err) for a multi that creates hold name of owner under key node p. A
-// hold whose reply was lost is remembered as unsure: the caller gives it back by owner, and if
-// that Release fails (a short give-back is often spent while the client reconnects)
-// releaseLater retries until the hold is released or found missing. The owner is spent (the
-// contract of ErrOutcomeUnknown and Release): nothing more is sent as owner, so the retry can
-// end no grant the owner was told of.
+// mayHaveMade is outcome(err) for a multi creating hold name of owner under p, remembering a
+// hold whose reply was lost as unsure: the caller gives it back, and if that Release fails (a
+// short give-back is often spent while the client reconnects) releaseLater retries until it
+// is released or found missing. The owner is spent (ErrOutcomeUnknown, Release): nothing more
+// is sent as owner, so the retry can end no grant the owner was told of.
 func (s *Store) mayHaveMade(p, owner, name string, err error) error {
 	err = outcome(err)
 	if errors.Is(err, lockstore.ErrOutcomeUnknown) {
