@@ -237,19 +237,13 @@ type Event struct {
 // ParseHolder fills Host, Pid, Trace and Kind from the first host=, pid=, trace= and kind= of
 // the metadata a holder wrote (the Locker's WithMetadata), and Metadata with the rest, in order.
 func (l *LockInfo) ParseHolder(meta string) {
+	fields := map[string]*string{"host": &l.Host, "pid": &l.Pid, "trace": &l.Trace, "kind": &l.Kind}
 	var other []string
 	for _, f := range strings.Fields(meta) {
 		k, v, _ := strings.Cut(f, "=")
-		switch {
-		case k == "host" && l.Host == "":
-			l.Host = v
-		case k == "pid" && l.Pid == "":
-			l.Pid = v
-		case k == "trace" && l.Trace == "":
-			l.Trace = v
-		case k == "kind" && l.Kind == "":
-			l.Kind = v
-		default:
+		if field := fields[k]; field != nil && *field == "" {
+			*field = v
+		} else {
 			other = append(other, f)
 		}
 	}
