@@ -156,23 +156,21 @@ type Store interface {
 	// RefreshAll is Refresh of each lock (its errors in batch's order) in a round trip or a
 	// few, so a slow store cannot cap how many locks a process keeps alive.
 	RefreshAll(ctx context.Context, batch []Renewal) []error
-	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
-	// "", else the re-entry named hold. The last hold deletes key and notifies waiters; the
-	// count of waiters told elsewhere is returned. lastFence is the largest fence the caller
-	// handed out under the lock (0 if none beyond the grant's): later grants exceed it.
-	// ErrNotHeld, with nothing changed, when owner does not hold key or that hold is gone.
+	// Release gives up owner's hold of key (the own if hold is "", else the re-entry named
+	// hold); the last deletes key and notifies waiters, returning how many elsewhere were told.
+	// lastFence, the largest fence handed out under the lock (0: none beyond the grant's), is
+	// exceeded by later grants. ErrNotHeld, changing nothing, if owner lacks that hold.
 	//
-	// A Release that fails otherwise may still go through, late or by the store's own retry,
-	// while the store lives. So the caller sends that owner and hold no more (no Acquire,
-	// Reenter or Pass): a grant it was told of could be the one the release ends. The Locker
-	// takes a new owner for every grant and names every re-entry anew.
+	// A Release failing otherwise may still go through, late or by the store's retry, while
+	// the store lives, so that owner and hold are sent no more (no Acquire, Reenter or Pass): a
+	// grant they were told of could be the one it ends. The Locker takes a new owner per grant
+	// and a new name per re-entry.
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
-	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
-	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
-	// A failed LeaveQueue may still go through, late or by the store's own retry (a place
-	// lives as long as a ZooKeeper session), so its owner is spent as after a failed Release:
-	// a fair Acquire with it could keep the place only to lose it, and its turn, to that
-	// retry. The Locker takes a new owner after every LeaveQueue.
+	// LeaveQueue takes owner's place in key's line away (a fair waiter gives up) and wakes the
+	// next in line if the key is free; no place, nothing done. A failed one may still go
+	// through, late or by the store's retry (a ZooKeeper place lives with its session), so its
+	// owner is spent as after a failed Release: a fair Acquire with it could keep the place only
+	// to lose it, and its turn, to that retry. The Locker takes a new owner after each.
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)

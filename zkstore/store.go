@@ -69,9 +69,8 @@ type Store struct {
 	closed  atomic.Bool
 
 	mu sync.Mutex
-	// reservedSeen is when this store first saw each key node that the last reader left to a
-	// waiting writer (by path and mzxid): readers wait writerReserve from then, by this
-	// process's clock alone.
+	// reservedSeen is when this store first saw each key node (by path and mzxid) the last reader
+	// left to a waiting writer: readers wait writerReserve from then, by this process's clock.
 	reservedSeen map[string]time.Time // guarded by mu
 	// holds are the hold nodes this store made and did not release, per key node and owner:
 	// what Refresh checks (on this session, they prove it lives); under a line, its places.
@@ -165,8 +164,7 @@ func maxTTL(session, tick time.Duration, syncLimit int) time.Duration {
 	return session*2/3 - time.Duration(syncLimit+1)*tick
 }
 
-// checkSession refuses a session timeout the servers would change or a cut-off follower's
-// clients could not outlive.
+// checkSession refuses a timeout the servers would change or a cut-off follower outlasts.
 func checkSession(session time.Duration, ens ensemble) error {
 	from := "assumed (Config.TickTime, Config.SyncLimit; the servers do not answer \"conf\")"
 	if ens.fromServer != "" {
@@ -329,8 +327,7 @@ const (
 	markSuffix = " ~" // someone was refused while the lock was held
 )
 
-// holdName is the node name of owner's hold: a read owner's read hold, else the acquisition's
-// own when hold is "", or the re-entry named hold.
+// holdName is the node name of owner's hold: its read hold, else the own ("") or re-entry hold.
 func holdName(owner, hold string) string {
 	switch h := ownerHash(owner); {
 	case lockstore.IsReadOwner(owner):
