@@ -178,30 +178,26 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		}
 		return nil
 	})
-	// Pipelined reports the first command's error. A reply error of one key (nil, WRONGTYPE)
-	// is handled below, so one foreign key under the prefix cannot hide the locks. A failure to
-	// talk to Redis fails the read, as does any other reply error (NOAUTH, WRONGPASS, NOPERM,
-	// LOADING), which says nothing of the key and would show as a non-lock's value.
+	// Pipelined reports the first command's error. A key's own reply error (nil, WRONGTYPE) is
+	// handled below, so one foreign key cannot hide the locks. A failure to talk to Redis fails
+	// the read, as does any other reply error (NOAUTH, WRONGPASS, NOPERM, LOADING): it says nothing of
+	// the key, and would show as a non-lock's value.
 	var replyErr redis.Error
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
-	}
-	for i := range rs {
-		if err := rs[i].get.Err(); err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
-			return nil, fmt.Errorf("read locks: %w", err)
-		}
 	}
 	locks := make([]lockstore.LockInfo, 0, len(keys))
 	channels := make([]string, 0, len(keys))
 	for i, k := range keys {
 		v, err := rs[i].get.Result()
-		if errors.Is(err, redis.Nil) {
+		switch {
+		case errors.Is(err, redis.Nil):
 			continue // released since the scan
-		}
-		if err != nil {
-			// WRONGTYPE: a key under the prefix that is not a string, so not a lock.
+		case redis.HasErrorPrefix(err, "WRONGTYPE"): // not a string, so not a lock
 			locks = append(locks, lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), Unrecognized: "(" + err.Error() + ")"})
 			continue
+		case err != nil:
+			return nil, fmt.Errorf("read locks: %w", err)
 		}
 		l := lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), TTL: lockstore.NoTTL}
 		if d, err := rs[i].pttl.Result(); err == nil && d >= 0 {

@@ -21,8 +21,7 @@ import (
 //go:embed *.lua
 var scripts embed.FS
 
-// script wraps the script in file, after the helper files whose functions it calls (a script
-// runs alone, so it carries its helpers), once, so that it runs by EVALSHA.
+// script is file's script after the helper files it calls (a script runs alone), run by EVALSHA.
 func script(file string, helpers ...string) *redis.Script {
 	var src []byte
 	for _, f := range append(helpers, file) {
@@ -243,8 +242,7 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
-		// Read holds are not handed over, and "~r"/"~w" values must never be re-entered by
-		// a token that names them.
+		// Read holds are not handed over; "~r"/"~w" values must not be re-entered by a token.
 		return lockstore.Acquisition{}, nil
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
@@ -370,8 +368,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	return n, err
 }
 
-// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock, which would need
-// its own WAIT: the Locker's fresh acquisition brings one.
+// Pass implements lockstore.Passer, never keeping the lock WithReplicas (it would need a WAIT).
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
@@ -386,8 +383,7 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 	return s.release(ctx, "pass", key, owner, "", lastFence, passTTL)
 }
 
-// release runs release.lua (readrelease.lua for a read owner): a release of hold, or with
-// passTTL set, a pass. The caller checked the arguments.
+// release runs releaseCall's script: a release of hold or, with passTTL, a pass (args checked).
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
 	script, keys, args := s.releaseCall(key, owner, hold, lastFence, passTTL)
