@@ -180,8 +180,8 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 	})
 	// Pipelined reports the first command's error. A key's own reply error (nil, WRONGTYPE) is
 	// handled below, so one foreign key cannot hide the locks. A failure to talk to Redis fails
-	// the read, as does any other reply error (NOAUTH, WRONGPASS, NOPERM, LOADING): it says nothing of
-	// the key, and would show as a non-lock's value.
+	// the read, as does any other reply error (NOAUTH, WRONGPASS, NOPERM, LOADING): it says
+	// nothing of the key, and would show as a non-lock's value.
 	var replyErr redis.Error
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
