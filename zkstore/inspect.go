@@ -28,9 +28,8 @@ func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, 
 // The middleware finds a store's name and response store through Describer, at run time.
 var _ lockstore.Describer = (*Store)(nil)
 
-// Describe implements lockstore.Describer: the store as "zookeeper" and its inspector, for
-// keys under prefix. It keeps no responses (Responses nil), and closing it ends its session,
-// and with it every hold (CloseEndsHolds).
+// Describe implements lockstore.Describer: "zookeeper" and its inspector, for keys under prefix;
+// no Responses, and CloseEndsHolds (closing ends its session, and every hold with it).
 func (s *Store) Describe(prefix string) *lockstore.Backend {
 	return &lockstore.Backend{Name: "zookeeper", Store: s, Prefix: prefix, Inspector: NewInspector(s, prefix), CloseEndsHolds: true}
 }
@@ -112,8 +111,7 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 		holds++
 	}
 	if holds == 0 {
-		// Children, and not one hold among them: a node someone else made (zkCli), which no
-		// Store holds or frees.
+		// Children, none a hold: a node someone else made (zkCli), which no Store holds or frees.
 		l.Unrecognized = cmp.Or(string(data), lockstore.EmptyValue)
 		return l, stat, kids, nil
 	}

@@ -432,8 +432,7 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 }
 
 // Release implements lockstore.Store: a multi deletes owner's hold and with the last the key
-// node at the version read; 1 notified if marked (someone refused), else 0. A store error is
-// retried in the background.
+// node at the version read; 1 notified if marked, else 0. Store errors are retried later.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := cmp.Or(s.check(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
@@ -487,8 +486,7 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 			}
 			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
-			// The last reader leaves it to writers: with no holds any writer clears and takes
-			// it, while readers wait out writerReserve.
+			// Left to writers: any clears and takes it; readers wait out writerReserve.
 			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
 			notified = 1
 		default:
@@ -518,8 +516,7 @@ func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte,
 	return err
 }
 
-// released is the outcome of releaseHold's multi that deleted hold name of owner under key
-// node p and notified waiters, or failed with err: a hold that is gone is forgotten.
+// released is the outcome (notified, or err) of releaseHold's multi; a hold gone is forgotten.
 func (s *Store) released(p, owner, name string, notified int, err error) (int, error) {
 	switch {
 	case err == nil:

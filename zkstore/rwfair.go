@@ -57,8 +57,7 @@ func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (locksto
 	}
 	place := s.placeOf(line, owner)
 	if found := placeIn(line, place, kids); found != place {
-		// Gone with an expired session, or taken away: take another. Or made by a request whose
-		// reply was lost: it is owner's.
+		// Gone with a session or taken away (take another), or made by a lost reply (owner's).
 		s.forget(line, owner, place)
 		if place = found; found != "" {
 			s.remember(line, owner, found)
@@ -125,9 +124,8 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	return path, nil
 }
 
-// placeIn returns the place among line's kids that place names: itself, or one remembered by
-// its start (takePlace) whose name it starts (a whole one starts no other: sequence numbers
-// have one length); "" for none, or if place is "".
+// placeIn returns the kid of line that place names: itself, or for a place remembered by its
+// start (takePlace) the one it starts (sequence numbers have one length); "" for none.
 func placeIn(line, place string, kids []string) string {
 	for _, k := range kids {
 		if p := line + "/" + k; place != "" && strings.HasPrefix(p, place) {
