@@ -57,7 +57,7 @@ func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (locksto
 	}
 	place := s.placeOf(line, owner)
 	if found := placeIn(line, place, kids); found != place {
-		// Gone with a session or taken away (take another), or made by a lost reply (owner's).
+		// Gone with an expired session or taken away: take another; or a lost reply's: owner's.
 		s.forget(line, owner, place)
 		if place = found; found != "" {
 			s.remember(line, owner, found)
