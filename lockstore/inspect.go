@@ -31,8 +31,7 @@ type Inspector interface {
 // ListOptions are List's.
 type ListOptions struct {
 	Limit int // the most locks returned; 0 returns all
-	// Skip leaves out (uncounted in more) the keys it returns true for: keys other layers keep
-	// under the same prefix. Nil skips none.
+	// Skip, if set, leaves out (uncounted in more) the keys it is true for (other layers').
 	Skip func(key string) bool
 }
 
@@ -155,8 +154,7 @@ type LockInfo struct {
 	Owner string
 	// Fence is the fence of the store's grant; in-process handoffs count up from it.
 	Fence int64
-	// TTL is the time left (etcd: on the key's lease, in whole seconds); NoTTL when the key
-	// has none or was not read.
+	// TTL is the time left (etcd: the lease's, in seconds); NoTTL for none, or when not read.
 	TTL time.Duration
 	// Own reports that the acquisition's own hold is still held; Borrowed lists the named
 	// holds of re-entries from other processes. The key goes with its last hold.
@@ -168,8 +166,7 @@ type LockInfo struct {
 	Kind                       string
 	// Contended reports that a request was refused while the lock was held.
 	Contended bool
-	// Waiters counts the processes waiting for its release now (Redis: subscribers of its
-	// release channel); zero where the store cannot count them.
+	// Waiters counts the processes waiting for its release (Redis: its subscribers); 0 if unknown.
 	Waiters int64
 	// Readers counts the live read holds of a read-held key (0 for a writer's), whose Owner is
 	// no token: Redis shows the readers' marker, which ForceUnlock needs, the others none.

@@ -48,8 +48,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 	return lockstore.PollWatch(ctx, opts, mode, w.poll, ps.Channel(), w.notified, fn)
 }
 
-// keyspaceEnabled says whether the server publishes the keyspace notifications a watch needs,
-// K with $, g and x (or A); false when CONFIG is refused.
+// keyspaceEnabled says whether the server publishes the notifications needed: K with $gx or A.
 func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 	if _, ok := client.(*redis.ClusterClient); ok {
 		return false // notifications are per node; polling sees every master

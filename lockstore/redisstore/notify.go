@@ -182,14 +182,12 @@ func (n *notifier) read(msgs <-chan any) {
 				st.active = true
 				close(st.ready)
 				if len(st.watchers) == 0 && st.linger != nil {
-					// Nobody watches it: the pending timer (its linger, or the end of its
-					// keepUnconfirmed) is replaced by a linger from now.
+					// Unwatched: its timer (linger or keepUnconfirmed) becomes a linger from now.
 					st.linger.Stop()
 					n.startLinger(m.Channel, st)
 				}
 			default:
-				// go-redis subscribed again after a reconnect: a release in between was not
-				// heard, so the watchers look again.
+				// Resubscribed after a reconnect: the watchers look again for a release unheard.
 				st.signal()
 			}
 		case *redis.Message:

@@ -225,8 +225,8 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 	return locks, nil
 }
 
-// numSub counts each channel's subscribers, the processes waiting for a lock's release, adding
-// up every node's on a cluster (a SUBSCRIBE lands on one node).
+// numSub counts each channel's subscribers (waiters), adding up a cluster's nodes (a SUBSCRIBE
+// lands on one).
 func (r *RedisInspector) numSub(ctx context.Context, channels []string) (map[string]int64, error) {
 	total := make(map[string]int64, len(channels))
 	if len(channels) == 0 {
