@@ -234,21 +234,18 @@ type Passer interface {
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
-// ReadOwner returns the owner token of a read hold: token, marked. The mode lives in the owner
-// because the owner names the hold in every later call (Refresh, RefreshAll, Release, a
-// give-back of a lost reply), so a read hold is never released or refreshed as a write, nor
-// the other way round. Store methods given such an owner act on the key's read holds:
-//   - Acquire takes a read hold, shared with the key's other read holds. It is refused (with
-//     the holder's TTL) while a write hold holds key, and, once a write Acquire was refused
-//     for the read holds (it marks the key), until a writer had its turn (writer preference:
-//     readers cannot starve a writer). Its Fence is the last fence the store handed out for
-//     key's family: at least that of the write it follows and below that of every later
-//     write. Acquiring again with the same owner re-enters (Reentered), as for a write.
-//   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
-//     of the last read hold notifies the key's watchers when a writer waits.
-//   - Reenter never grants a read owner anything: read holds are not handed over.
-//
-// Every hold, read or write, has its own lease, expiring a TTL after its last refresh.
+// ReadOwner returns the owner token of a read hold: token, marked. The mode lives in the owner,
+// which names the hold in every later call (Refresh, RefreshAll, Release, a lost reply's
+// give-back), so a read hold is never released or refreshed as a write, nor the other way
+// round. Store methods given one act on the key's read holds, each a lease (as a write hold
+// is) expiring a TTL after its last refresh:
+//   - Acquire takes a read hold, shared with the key's others. It is refused (with the holder's
+//     TTL) while a write hold holds key and, once a write Acquire was refused for the readers
+//     (marking the key), until a writer had its turn (writers are not starved). Its Fence is
+//     the last handed out for key's family: at least the write's it follows, below every later
+//     write's. Acquiring again with the same owner re-enters (Reentered), as for a write.
+//   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, the last
+//     one notifying the key's watchers when a writer waits. Reenter grants a read owner nothing.
 func ReadOwner(token string) string { return readOwnerMark + token }
 
 // IsReadOwner reports whether owner was made by ReadOwner.
