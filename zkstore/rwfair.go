@@ -84,8 +84,9 @@ func sequence(name string) string { return name[max(len(name)-10, 0):] }
 
 // takePlace creates owner's place at the end of line.
 func (s *Store) takePlace(ctx context.Context, line, owner string) (string, error) {
+	start := line + "/" + placePre + ownerHash(owner) + "-" // of every place of owner's in line
 	create := func() (string, error) {
-		return s.conn.Create(line+"/"+placePre+ownerHash(owner)+"-", nil, zk.FlagEphemeralSequential, s.acl)
+		return s.conn.Create(start, nil, zk.FlagEphemeralSequential, s.acl)
 	}
 	late := func(path string, err error) {
 		// The caller left: the place is nobody's. One a lost reply may have made is found by
@@ -94,7 +95,7 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 			if !errors.Is(outcome(err), lockstore.ErrOutcomeUnknown) {
 				return
 			}
-			path = line + "/" + placePre + ownerHash(owner) + "-"
+			path = start
 		}
 		s.remember(line, owner, path)
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)
@@ -114,9 +115,9 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	}
 	if err != nil {
 		if err = outcome(err); errors.Is(err, lockstore.ErrOutcomeUnknown) {
-			// The place may be in line under a name only the lost reply had: remembered by the
-			// start every place of owner's has, for LeaveQueue and the next acquisition (placeIn).
-			s.remember(line, owner, line+"/"+placePre+ownerHash(owner)+"-")
+			// The place may be in line under a name only the lost reply had: remembered by its
+			// start, for LeaveQueue and the next acquisition (placeIn).
+			s.remember(line, owner, start)
 		}
 		return "", fmt.Errorf("flightlock: take a place in %s: %w", line, err)
 	}

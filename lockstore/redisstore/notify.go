@@ -129,15 +129,12 @@ var unconfirmedKeep = time.Minute
 func (n *notifier) unwatch(channel string, c chan struct{}) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := n.channels[channel]
-	if st == nil {
-		return
+	if st := n.channels[channel]; st != nil {
+		delete(st.watchers, c)
+		if len(st.watchers) == 0 && !n.closed {
+			n.startLinger(channel, st)
+		}
 	}
-	delete(st.watchers, c)
-	if len(st.watchers) > 0 || n.closed {
-		return
-	}
-	n.startLinger(channel, st)
 }
 
 // startLinger unsubscribes the channel after the linger unless watched again. n.mu is held.
