@@ -8,9 +8,8 @@ import (
 	"time"
 )
 
-// Driver is a store's section of a service's configuration (Lock.Redis, Lock.Etcd,
-// Lock.Zookeeper), whose type (client settings, defaults, checks) the store's package owns. The
-// go-zero layer validates and opens every section through it, as database/sql does drivers.
+// Driver is a store's configuration section (Lock.Redis, ...), owned by the store's package;
+// the go-zero layer validates and opens every section through it, as database/sql a driver.
 type Driver interface {
 	// Name is the store's name in rules and metrics: "redis", "etcd", "zookeeper".
 	Name() string

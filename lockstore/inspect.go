@@ -9,9 +9,8 @@ import (
 	"time"
 )
 
-// Inspector reads and changes the locks of one store for the tools that operate it (the
-// flightlock CLI); each store implements it beside the code that writes its values. Keys are
-// as the rules render them, without the inspector's prefix. It is safe for concurrent use.
+// Inspector reads and changes a store's locks for tools (the flightlock CLI), implemented beside
+// the code writing them. Keys are as rendered, without its prefix; safe for concurrent use.
 type Inspector interface {
 	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
 	// as SCAN MATCH), sorted, at most opts.Limit, and how many more matched; a key under the

@@ -125,9 +125,8 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 	return l, stat, kids, nil
 }
 
-// ForceUnlock implements lockstore.Inspector: deletes every hold of the grant l read and its
-// key node in one multi that checks the node's version, so a lock that changed hands since
-// (another creation zxid) is left alone. It reports 1 notified when the lock was contended.
+// ForceUnlock implements lockstore.Inspector: one multi deletes the holds of grant l and its key
+// node, failing on another grant (creation zxid); 1 notified if it was contended.
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	p := in.s.keyPath(in.prefix + l.Key)
 	for range attempts {

@@ -541,9 +541,8 @@ func (s *Store) releaseLater(p, owner, name string) {
 	})
 }
 
-// retry runs try after a pause doubling from 100ms to 2s, with a session's length to answer,
-// until done or the store closes: a failed give-back's hold or place, known to nobody else,
-// lives as long as the session, keeping the key (or its line) from everyone.
+// retry runs try after pauses doubling from 100ms to 2s, a session's length each, until done or
+// the store closes: a failed give-back's hold or place would keep the key (or line) from all.
 func (s *Store) retry(try func(ctx context.Context) (done bool)) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)

@@ -1,6 +1,5 @@
-// Package embedded runs flightlock's Redis store on an in-process miniredis, for development
-// and tests without a shared Redis: its locks protect only the processes using the store, so
-// it is not for production. It is apart so that the lock core does not depend on miniredis.
+// Package embedded runs the Redis store on an in-process miniredis, for development and tests
+// (its locks protect only its own processes), apart so that the core does not need miniredis.
 package embedded
 
 import (

@@ -9,9 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// isRedirect reports a MOVED or ASK reply past the redirects go-redis's Cluster client (or
-// runAcked) follows: the slot moved or is moving; nothing ran. It checks err for nil first, as
-// slotMoving does: HasErrorPrefix allocates, and a success must not.
+// isRedirect reports a MOVED or ASK reply past the redirects go-redis (or runAcked) follows:
+// the slot moves; nothing ran. It checks err for nil first: HasErrorPrefix allocates.
 func isRedirect(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK "))
 }

@@ -61,9 +61,8 @@ const (
 	releaseKept      = 3  // {3, fence}: a pass kept the lock for its owner (Pass)
 )
 
-// DefaultChannelPrefix is put before a lock key to name its release notification channel.
-// With Redis ACLs the store's user needs "&" + the prefix + "*" (Redis 7 gives a new user
-// none): without it releases wake nobody, and waiters look again only after a retry delay.
+// DefaultChannelPrefix + a lock key names its release channel. With ACLs the user needs "&" +
+// prefix + "*" (Redis 7 gives none), or releases wake nobody: waiters wait a retry delay.
 const DefaultChannelPrefix = "flightlock:released:"
 
 // Client is the part of go-redis RedisStore uses (redis.UniversalClient has it; tests wrap it).

@@ -1,6 +1,5 @@
-// Package zkconf is the Zookeeper section of a go-zero service's Lock configuration and how to
-// open the store on it (lockstore.Driver), apart from zkstore so that a program using the
-// store alone does not link it.
+// Package zkconf is the Lock.Zookeeper section of a go-zero service and its lockstore.Driver,
+// apart from zkstore so that a program using the store alone does not link it.
 package zkconf
 
 import (

@@ -1,6 +1,5 @@
-// Package redisconf is the Redis section of a go-zero service's Lock configuration and how to
-// open the store on it (lockstore.Driver), apart from redisstore so that a program using the
-// store alone does not link go-zero.
+// Package redisconf is the Lock.Redis section of a go-zero service and its lockstore.Driver,
+// apart from redisstore so that a program using the store alone does not link go-zero.
 package redisconf
 
 import (
