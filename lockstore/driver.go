@@ -74,9 +74,8 @@ type Describer interface {
 type ResponseStore interface {
 	// Load returns the record stored under key, nil when there is none.
 	Load(ctx context.Context, key string) ([]byte, error)
-	// Save stores record under key for at least ttl, but never over what is not a record (a
-	// lock whose key renders as this one) or a later grant's record (a fence above fence; 0
-	// compares nothing).
+	// Save stores record under key for at least ttl, never over a non-record (a lock whose key
+	// renders as this one) nor a later grant's record (a fence above fence; 0 compares nothing).
 	Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error
 }
 

@@ -12,9 +12,8 @@ import (
 // Inspector reads and changes a store's locks for tools (the flightlock CLI), implemented beside
 // the code writing them. Keys are as rendered, without its prefix; safe for concurrent use.
 type Inspector interface {
-	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
-	// as SCAN MATCH), sorted, at most opts.Limit, and how many more matched; a key under the
-	// prefix that is no lock of this store has Unrecognized set.
+	// List returns the held locks matching the glob pattern (*, ?, [set], \ escapes, as SCAN
+	// MATCH), sorted, at most opts.Limit, and how many more; a non-lock has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
 	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
@@ -211,9 +210,8 @@ const (
 	EventExpired   EventKind = "expired"   // its TTL (etcd: lease) ran out: holder dead or cut off
 	EventGone      EventKind = "gone"      // released or expired between a polling watch's reads
 	EventRead      EventKind = "read"      // a periodic read, not a change: Locks are those held
-	// EventResumed: the store ended the watch (Reason) and it began again from a fresh read at
-	// Revision; Locks are the locks held now, and the changes in between follow (the ends
-	// first, by key, then the grants).
+	// EventResumed: the store ended the watch (Reason); it began again from a fresh read at
+	// Revision (Locks: held now), the changes between following (ends first, by key, then grants).
 	EventResumed EventKind = "resumed"
 )
 

@@ -506,9 +506,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
 }
 
-// releaseNotLast deletes hold name under key node p, read as data and stat with other holds
-// beside it, and writes the data back at the version read: of two holders releasing at once
-// from the same read, the second fails (a bad version), reads again and finds itself last.
+// releaseNotLast deletes hold name under p, beside others, writing data back at stat's version:
+// of two holders releasing at once from one read, the second fails, reads again and is last.
 func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
 	_, err := s.multi(ctx, nil,
 		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},

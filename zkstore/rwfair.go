@@ -13,14 +13,12 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// writerReserve is how long the last reader keeps a key a writer waited for (releaseHold):
-// long enough for the woken writer to beat the readers it held back, and the longest a writer
-// that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key for the writer that waited (releaseHold),
+// to beat the readers it held back; at most this, a departed writer holds new readers back.
 const writerReserve = time.Second
 
-// Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
-// ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
-// held key), and readers refuse a marked node: writer preference.
+// Read holds (lockstore.ReadOwner): the key node's data is "~r ...", one hold "r-<hash>" per
+// reader. A refused writer marks it (" ~"); readers refuse a marked node: writer preference.
 
 // joinReaders adds read hold name of owner to readers' key node p (read as stat, kids). The
 // check of a hold fails on a node the key got since, the write of data at the version read

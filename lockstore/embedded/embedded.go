@@ -22,9 +22,8 @@ func advance(mr *miniredis.Miniredis, last, now time.Time) time.Time {
 	return now
 }
 
-// maxStep bounds one move of the clock: a ticker held up (a starved process) would move it by
-// the whole wait, taking from keys set meanwhile time they never lived, so a lock would run
-// out before its TTL. A clock that falls behind only makes locks live longer.
+// maxStep bounds one move of the clock: a held-up ticker (a starved process) moving it the whole
+// wait would end keys set meanwhile early; a clock that falls behind only lengthens locks.
 const maxStep = 2 * tick
 
 // New returns a store, with opts, on a miniredis started on a free loopback port; Close stops

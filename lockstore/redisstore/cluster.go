@@ -18,9 +18,8 @@ func isRedirect(err error) bool {
 // tryAgainPause is how long a release waits before it sends a call that got TRYAGAIN again.
 const tryAgainPause = 10 * time.Millisecond
 
-// slotMoving reports a TRYAGAIN (a script's keys split between two nodes; the same call
-// succeeds once both moved), MOVED or ASK reply: the key's slot migrates and nothing ran. After
-// a redirect it makes a Cluster client reload its slot map.
+// slotMoving reports a TRYAGAIN (a script's keys split between two nodes mid-migration), MOVED
+// or ASK reply: the slot migrates, nothing ran. A redirect makes a Cluster client reload slots.
 func (s *RedisStore) slotMoving(err error) bool {
 	if isRedirect(err) {
 		s.reloadSlots()

@@ -18,9 +18,8 @@ func readersKey(key string) string { return lockstore.SideKey("readers", key) }
 func lineKey(key string) string    { return lockstore.SideKey("line", key) }
 func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
 
-// writerReserve is how long the last reader keeps a key a writer waited for (readrelease.lua):
-// long enough for the woken writer to beat the readers it held back, and the longest a writer
-// that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key for its waiting writer (readrelease.lua),
+// to beat the readers it held back; at most this, a departed writer holds new readers back.
 const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
