@@ -102,12 +102,11 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 	return err
 }
 
-// Changes reports to fn how locks, a watch's new read, differ from held, the last by key, so
-// that polling watches report alike on every store. Per lock: EventAcquired for a new grant
-// (owner or fence), then EventContended if refused already; EventChanged when its holds (Own,
-// Borrowed, Readers) changed; or EventContended at its first refusal. Then EventGone for each
-// of held not read again, by key. A nil held (no read before, or changes heard otherwise)
-// reports nothing. It returns locks by key, for the next read, and the keys gone.
+// Changes reports to fn, alike for every polling store, how locks (a new read) differ from held
+// (the last, by key): per lock EventAcquired for a new owner or fence, then EventContended if
+// refused; EventChanged when Own, Borrowed or Readers changed; or EventContended at a first
+// refusal. Then EventGone for each of held not read, by key. A nil held (no read before, or
+// changes heard otherwise) reports nothing. It returns locks by key, and the keys gone.
 func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
 	if held == nil {
 		fn = func(Event) {}

@@ -1,6 +1,5 @@
-// Package zkstore keeps flightlock's locks in ZooKeeper: the lockstore.Store (with read holds,
-// fair lines and an Inspector) on github.com/go-zookeeper/zk. docs/stores.md is the operators'
-// account; what follows are the invariants the code keeps.
+// Package zkstore is the lockstore.Store (read holds, fair lines, an Inspector) on ZooKeeper
+// (github.com/go-zookeeper/zk). Operators read docs/stores.md; below are the code's invariants.
 //
 // # Layout
 //
@@ -13,10 +12,9 @@
 // the grant it read, and fails on a node the key got since.
 //
 // A lock is held while its key node has a hold. The node and its "own" hold are created in one
-// multi, and the last hold and the node deleted in one. A key node without holds is an expired
-// session's: the next acquirer deletes it (a delete of a node with children fails, so one
-// that gained a hold meanwhile stays) and takes the key. A grant's fence is its key node's
-// creation zxid (which grows across leader changes) shifted left by fenceShift.
+// multi, the last hold and the node deleted in one. A holdless key node is an expired session's:
+// the next acquirer deletes it (which fails if it gained a hold meanwhile) and takes the key.
+// A grant's fence is its node's creation zxid (growing across leader changes) << fenceShift.
 //
 // # Sessions and the lease the Locker counts on
 //

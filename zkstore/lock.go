@@ -101,11 +101,10 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 }
 
 // takePermits takes up to want of the permits at places idx of req.Permits, in order, by
-// acquire, a round's takes together (different keys). One taken since the look is refused
-// (and marked), and the next tried instead. A failed take ends the rounds; its error (of
-// several, one whose outcome is unknown) is the reply only if nothing was granted, else that
-// permit, which it may have got, goes back in the background: the caller holds what the
-// reply names.
+// acquire, a round's together (different keys); one taken since the look is refused (marked)
+// and the next tried. A failed take ends the rounds; its error (of several, one of unknown
+// outcome) is the reply only if nothing was granted, else its permit goes back in the
+// background, as the caller holds only what the reply names.
 func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant

@@ -13,12 +13,11 @@ import (
 // orphanReleaseTimeout bounds the release of an orphan's lock, else left to its TTL.
 const orphanReleaseTimeout = time.Second
 
-// releaseOnReply returns the late hook (batcher.run) of a call taking hold ("": the own) of key
-// for owner: a reply with code, counting a hold for this very call (acquireTaken for an
-// acquire), names a hold nobody knows of, given up rather than left held until its TTL. Other
-// replies leave the key alone: busy took nothing, an error tells nothing, and an acquire's
-// re-entered means owner held the key already for a hold counted on (or go-redis re-sent this
-// call, which the store cannot tell; the Locker gives back an acquisition it gave up on).
+// releaseOnReply is the late hook (batcher.run) of a call taking hold ("": the own) of key for
+// owner: a reply with code, counting a hold for this very call (acquireTaken for an acquire),
+// names a hold nobody knows of, given up, not left to its TTL. Busy took nothing, an error tells
+// nothing, and re-entered means a hold counted on (or go-redis re-sent this call, which the
+// store cannot tell; the Locker gives back an acquisition it gave up on).
 func (s *RedisStore) releaseOnReply(key, owner, hold string, code int64) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
 		if got, _, _, err := reply(cmd); err != nil || got != code {
