@@ -25,11 +25,10 @@ import (
 // confirmation then wakes its watchers (as on an active channel): a release is late, not lost.
 //
 // A state is kept unconfirmed only until unconfirmedKeep old, as some SUBSCRIBEs are never
-// confirmed on a live connection: Redis answers NOPERM to a user without the channel's
-// permission (a new ACL user has none on Redis 7: acl-pubsub-default resetchannels), and
-// go-redis's reader drops that reply but keeps the connection and the channel in its set. Kept
-// for good, such states would grow one per key ever watched (a key per order). A wrong guess
-// (a link slower than unconfirmedKeep) is the crossing above: heard late, not lost.
+// confirmed: Redis answers NOPERM to a user without the channel's permission (Redis 7's new
+// ACL users: acl-pubsub-default resetchannels), and go-redis's reader drops that reply, keeping
+// connection and channel. Kept for good, such states would grow one per key ever watched. A
+// wrong guess (a link slower than unconfirmedKeep) is the crossing above: late, not lost.
 type notifier struct {
 	client          Client
 	linger          time.Duration

@@ -48,12 +48,11 @@ func (s *RedisStore) exec(ctx context.Context, script *redis.Script, keys []stri
 // unacked reports whether a write that acked replicas acknowledged is too few for WithReplicas.
 func (s *RedisStore) unacked(acked int64) bool { return s.replicas > 0 && acked < int64(s.replicas) }
 
-// runAcked runs script and then WAIT in one pipeline on the primary of keys[0], and returns the
-// script's reply and how many replicas acknowledged it. After NOSCRIPT (nothing ran) it sends
-// the pipeline once more with EVAL, as pipeline does. A node's client does not follow
-// redirects, so runAcked does, up to maxRedirects (MOVED: to the node named, reloading the
-// slot map; ASK: to the target, after ASKING); else every renewal of a lock whose slot
-// migrates would fail until the slot map caught up, and the lock would be lost meanwhile.
+// runAcked runs script then WAIT in a pipeline on keys[0]'s primary, returning the reply and
+// the replicas that acknowledged it; after NOSCRIPT (nothing ran) once more with EVAL. A node's
+// client follows no redirects, so runAcked does, up to maxRedirects (MOVED: to that node,
+// reloading the slot map; ASK: after ASKING), or a migrating lock's renewals would all fail
+// until the slot map caught up, losing the lock.
 func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, int64, error) {
 	node, err := s.primaryFor(ctx, keys[0])
 	if err != nil {

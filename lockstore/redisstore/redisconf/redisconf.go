@@ -20,18 +20,16 @@ import (
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
-// Conf is go-zero's redis.RedisConf field for field, with its names, defaults and meanings
-// (Type "node" or "cluster", User and Pass, Tls without certificate verification, NonBlock
-// false pinging within PingTimeout, Protocol, MaintNotifications), so that a service's Redis
-// section can be copied under Lock: as it is (docs/configuration.md). Where it differs:
+// Conf is go-zero's redis.RedisConf field for field, names, defaults and meanings (Type "node" or
+// "cluster", User, Pass, Tls unverified, NonBlock false pinging within PingTimeout, Protocol,
+// MaintNotifications), so a service's Redis section copies under Lock: as is. It differs:
 //   - Host is optional: no Host and no Sentinel means the embedded in-memory store.
 //   - Type and MaintNotifications are taken in any case; Validate names a bad one.
 //   - The client never sends CLIENT SETINFO (Redis 7.0 rejects it): no DisableIdentity. A
 //     LockConf built in Go has NonBlock false unless set, so it pings.
 //
-// It adds Lanes (redisstore.WithLanes: 0 the default, -1 no batching), Sentinel (the primary
-// found through Redis Sentinel; Host empty), and Replicas and ReplicaTimeout
-// (redisstore.WithReplicas: a failover cannot hand a lock to a second holder).
+// It adds Lanes (redisstore.WithLanes: 0 the default, -1 none), Sentinel (the primary found
+// through Sentinel; Host empty), Replicas and ReplicaTimeout (redisstore.WithReplicas).
 type Conf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
