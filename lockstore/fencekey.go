@@ -107,12 +107,11 @@ func ownSlotTag(k string) string {
 	return "{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}"
 }
 
-// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k for
-// permit 1, else k, "#" and what keeps it in k's Redis Cluster hash slot (one script call
-// looks at all): "k#i" for a tagged k, "k#{<tag>}i" for one with no "{", and "k#i", split into
-// slots, for one whose "{" opens no tag. A caller doubling each "#" of its keys (the Locker)
-// keeps every permit key distinct from all others: only a permit key has a lone "#", and the
-// "{" after it, or its absence, says which form it is.
+// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k,
+// else k, "#" and what keeps it in k's Redis Cluster slot (for one script call): "k#i" for a
+// tagged k, "k#{<tag>}i" for one without "{", "k#i" (slots split) if its "{" opens no tag. A
+// caller doubling each "#" of its keys (the Locker) keeps permit keys distinct from all others:
+// only they have a lone "#", and the "{" after it, or its absence, says which form it is.
 func PermitKey(k string, i int) string {
 	if i == 1 {
 		return k

@@ -50,17 +50,15 @@ type Request struct {
 	Owner string
 	TTL   time.Duration // how long the lock lives without a refresh
 	Meta  string        // optional text kept with the lock for operators (who holds it)
-	// Asked, when not zero, is when the caller's Lock began and makes the acquisition fair (in
-	// request order across processes): a fair acquirer takes a place in the key's line, only
-	// the first may take the free key, and a grant leaves the line. Places rank by Asked
-	// (Redis, clamped to its clock less a skew bound) or by the first fair Acquire's arrival
-	// (etcd, ZooKeeper: no clock trusted; the Locker sends it as soon as a fair Lock begins).
+	// Asked, if set, is when the caller's Lock began, making it fair (in request order across
+	// processes): it takes a place in the key's line, the first may take the free key, a grant
+	// leaves. Places rank by Asked (Redis: clamped to its clock less a skew bound) or, trusting
+	// no clock, by the first fair Acquire's arrival (etcd, ZooKeeper; sent as Lock begins).
 	Asked time.Time
-	// Permits, if any, asks instead of Key for the first of several keys (a semaphore's
-	// permits) that Acquire of it alone would grant (Acquisition.Permit). Stores look at all in
-	// one request if they can (else AcquireEach), so a re-send re-enters what it took; the
-	// Locker, not relying on it, gives back every key of a request of unknown outcome and asks
-	// again as a new owner. Owner is then no ReadOwner, and Asked is zero.
+	// Permits, if any, asks instead of Key for the first of a semaphore's keys that Acquire of
+	// it alone would grant (Acquisition.Permit), all in one request where the store can (else
+	// AcquireEach), so a re-send re-enters; the Locker still gives back all keys of a request of
+	// unknown outcome, asking again as a new owner. Owner is no ReadOwner, and Asked is zero.
 	Permits []string
 	// Want, with Permits, is how many to take at once (0 is 1), for a process's waiting
 	// goroutines; a store may grant fewer, but one while one is free (More has the rest).

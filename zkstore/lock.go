@@ -41,11 +41,10 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	return s.acquire(ctx, key, owner, meta, "")
 }
 
-// acquirePermits reads every permit's key node at once (one round trip on the session's
-// connection), then takes (takePermits) every permit owner holds (a re-sent request re-enters
-// them all, taking no more), else up to Want of those free or without holds (acquire clears
-// such a node). A failed read fails the request: that permit may be owner's. Only when it
-// takes none does it mark the busy ones, all at once, as acquire marks a key it is refused.
+// acquirePermits reads every permit's key node in one round trip, then takes (takePermits)
+// each one owner holds (a re-send re-enters all, taking no more), else up to Want free or
+// holdless ones (acquire clears those). A failed read fails it (the permit may be owner's).
+// Taking none, it marks the busy ones at once, as acquire marks a key it is refused.
 func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -292,12 +291,11 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 	}
 }
 
-// outcome is err, a request's that may have made a node, wrapping ErrOutcomeUnknown for
-// zk.ErrConnectionClosed: in flight, it may have run, and the client reconnects to the same
-// session, which keeps what it made. No other error leaves a node: a failed write (a
-// net.Error) almost certainly never reached the server, one ignored (zk.ErrSessionMoved) or
-// never got (zk.ErrNoServer) made nothing, nor did one whose session ended with its nodes; and
-// what a request its context cut short made is given back by giveBackIfTaken or the caller.
+// outcome is err, of a request that may have made a node, wrapping ErrOutcomeUnknown for
+// zk.ErrConnectionClosed: in flight, it may have run, and the reconnected session keeps what it
+// made. No other error leaves one: a failed write (net.Error) almost surely never arrived, one
+// ignored (ErrSessionMoved) or never got (ErrNoServer) made nothing, nor one whose session
+// ended; what a request its context cut short made is given back (giveBackIfTaken, caller).
 func outcome(err error) error {
 	if errors.Is(err, zk.ErrConnectionClosed) {
 		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)

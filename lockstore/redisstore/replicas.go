@@ -22,9 +22,8 @@ var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough 
 // ErrNotReplicated; so does a refresh, the lease keeping its last acknowledged write's validity.
 // Releases do not wait: one lost in a failover leaves the key to its TTL, delaying the next
 // holder but never admitting two. WAIT is per connection, so these calls take one each, outside
-// the batches. n is at most the primary's replicas; n <= 0 (default) turns this off. On a
-// Cluster WAIT counts the replicas of the node that ran the script (the key's slot's master or
-// the node a MOVED or ASK named).
+// the batches. n is at most the primary's replicas (<= 0, the default: off); on a Cluster, of
+// the node that ran the script (the slot's master, or the one a MOVED or ASK named).
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(s *RedisStore) {
 		s.replicas, s.replicaTimeout = max(n, 0), max(timeout, time.Millisecond)
