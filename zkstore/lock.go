@@ -200,8 +200,7 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 }
 
 // held reads key node p an acquisition of hold name for owner found: owner's (Reentered),
-// another's (busy, marked for waiters), readers' that a reader joins (with data, its value),
-// or holdless (an expired session's: deleted, and again is true).
+// another's (busy, marked), readers' (joined, with data), or holdless (deleted; again is true).
 func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
 	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
@@ -233,9 +232,8 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply for key node p (read as data, stat, kids) of another's grant: the
-// holder's metadata, the node marked contended (for readers, a writer waits; for operators,
-// contention) by a multi checking a hold read, so a node the key got since keeps its data.
+// refuse is the busy reply (the holder's metadata) for key node p (data, stat, kids) of another's
+// grant, marked contended (a writer waits) by a multi checking a hold read, sparing later nodes.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,
@@ -304,10 +302,9 @@ func outcome(err error) error {
 }
 
 // mayHaveMade is outcome(err) for a multi creating hold name of owner under p, remembering a
-// hold whose reply was lost as unsure: the caller gives it back, and if that Release fails (a
-// short give-back is often spent while the client reconnects) releaseLater retries until it
-// is released or found missing. The owner is spent (ErrOutcomeUnknown, Release): nothing more
-// is sent as owner, so the retry can end no grant the owner was told of.
+// hold of a lost reply as unsure: if the caller's give-back fails (often, while the client
+// reconnects) releaseLater retries until it is released or missing. The owner is spent
+// (ErrOutcomeUnknown, Release), so the retry can end no grant the owner was told of.
 func (s *Store) mayHaveMade(p, owner, name string, err error) error {
 	err = outcome(err)
 	if errors.Is(err, lockstore.ErrOutcomeUnknown) {

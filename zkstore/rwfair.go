@@ -142,9 +142,8 @@ func (s *Store) placeOf(line, owner string) string {
 	return ""
 }
 
-// LeaveQueue implements lockstore.Store: deletes owner's place (the next in line sees it within
-// FairLookEvery). A place lives as long as the session, so a failed delete is retried until
-// the place is gone, owner takes a new one or the store closes (leaveLater).
+// LeaveQueue implements lockstore.Store: deletes owner's place (seen within FairLookEvery); a
+// place lives with its session, so a failed delete is retried (leaveLater).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err
@@ -173,9 +172,8 @@ func (s *Store) leaveLater(line, owner, place string) {
 func (s *Store) leave(ctx context.Context, line, owner, place string) error {
 	target := place
 	if strings.HasSuffix(place, "-") { // made by a request whose reply was lost, if at all (takePlace)
-		// The server read now may not be the one the create went to, nor have applied it: a
-		// sync brings it up to the leader. The create reached the leader before the session
-		// moved (the sync follows it) or never runs (a moved session's old connection is refused).
+		// A sync brings the server read now up to the leader, which the create reached before
+		// the session moved (the sync follows it) or never will (the old connection is refused).
 		_, err := call(ctx, func() (string, error) { return s.conn.Sync(line) }, nil)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return err

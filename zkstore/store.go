@@ -282,9 +282,8 @@ func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key)
 // linePath is the node of key's fair line, beside the key node: no escaped key has a ".".
 func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
 
-// nodeName escapes key into one node name: bytes other than ASCII letters, digits and "-_:@=+,"
-// become %XX ("%" and "." included), so a key never makes several nodes ("orders/0" stays
-// beside "orders") nor names "." or "..", and two keys never share a name.
+// nodeName escapes key into one node name (bytes but ASCII letters, digits and "-_:@=+," as %XX),
+// never several nodes ("orders/0" stays beside "orders"), "." or "..", nor another key's.
 func nodeName(key string) string {
 	var b strings.Builder
 	b.Grow(len(key))
