@@ -17,9 +17,8 @@ type Inspector interface {
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
 	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
-	// ForceUnlock removes grant l (as Lookup or List read it), whatever its holds, and wakes its
-	// waiters (notified as Release counts). If the key holds another grant now it removes
-	// nothing (a *ChangedError): the operator agreed to remove one holder, not whoever holds it.
+	// ForceUnlock removes grant l (as read), whatever its holds, waking waiters as Release does.
+	// If the key holds another grant now: nothing (a *ChangedError); the operator chose a holder.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
 	// Watch reports to fn, one at a time on the calling goroutine, EventWatching with the locks
 	// matching pattern, then their changes. It returns nil when ctx ends, or a read's error.

@@ -36,9 +36,8 @@ type Acquisition struct {
 	More []PermitGrant
 	// HolderTTL is the holder's time left when not acquired (with Permits, the busy keys' least).
 	HolderTTL time.Duration
-	// Holder is the holder's Request.Meta when not acquired; its trace id tells the go-zero
-	// layer a nested call. With Permits, when acquired, it is a busy permit's passed over, so
-	// holders of another kind (a lock on permit 1, another count) show while permits are free.
+	// Holder is the holder's Request.Meta if not acquired (its trace id tells a nested call);
+	// with Permits if acquired, a busy permit's passed over, to show holders of another kind.
 	Holder string
 }
 
@@ -221,9 +220,8 @@ type Renewal struct {
 	TTL        time.Duration
 }
 
-// Passer is a Store that can keep a lock in its holder's process at the end of a turn (the
-// WithHandoff bound) in one round trip, releasing only if a waiter elsewhere asked meanwhile:
-// optional, as the store must tell that atomically with the turn's end.
+// Passer is a Store that can keep a lock in its holder's process at a turn's end (WithHandoff)
+// in one round trip, unless a waiter elsewhere asked meanwhile (told atomically: so optional).
 type Passer interface {
 	// Pass ends a turn of owner's lock on key. If owner's acquisition is its only hold and none
 	// was refused meanwhile, it keeps the lock at least ttl more: kept, with a new fence above

@@ -11,9 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Watch implements lockstore.Inspector with keyspace notifications if sent (not on a Cluster:
-// per node), else by comparing reads, hearing contended locks' releases on their channels.
-// Either way it reads the locks every opts.Interval (EventRead), so TTLs stay current.
+// Watch implements lockstore.Inspector by keyspace notifications if sent (per node: not on a
+// Cluster), else by comparing reads and hearing release channels; TTLs read every Interval.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, gone: make(map[string]int)}

@@ -10,9 +10,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// acquirePermits serves Permits by one acquire.lua call taking the first free one, or on a
-// Cluster (a script's keys share a slot) one per run of permits in a slot: lockstore.PermitKey
-// keeps them in one unless the key has a "{" that opens no hash tag.
+// acquirePermits is one acquire.lua call over Permits, or on a Cluster one per run in a slot
+// (lockstore.PermitKey keeps them in one, unless the key has a "{" opening no hash tag).
 func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
