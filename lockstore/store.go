@@ -132,9 +132,8 @@ func (c Capabilities) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Store is what flightlock needs from a lock backend (what differs is in Capabilities), safe for
-// concurrent use. Keys are full backend keys (prefix included); owners are opaque tokens
-// without spaces. Package storetest checks an implementation against this contract.
+// Store is what flightlock needs from a lock backend (differences: Capabilities), safe for
+// concurrent use, on full keys (prefix included) and opaque space-free owners; see storetest.
 type Store interface {
 	// Capabilities describes the store; it does not change after the store is made.
 	Capabilities() Capabilities
@@ -258,9 +257,8 @@ type Watch struct {
 	fresh bool
 }
 
-// Fresh reports whether the watch began only now, so a release since the caller's busy reply
-// may have gone unheard and a refused caller looks once more before it sleeps. False for a
-// Redis channel subscribed already and for etcd, which watches from that reply's revision.
+// Fresh reports a watch begun only now (not a subscribed Redis channel; not etcd, watching from
+// the busy reply's revision): it may miss a release since, so the caller looks once more.
 func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never

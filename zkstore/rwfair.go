@@ -20,10 +20,9 @@ const writerReserve = time.Second
 // Read holds (lockstore.ReadOwner): the key node's data is "~r ...", one hold "r-<hash>" per
 // reader. A refused writer marks it (" ~"); readers refuse a marked node: writer preference.
 
-// joinReaders adds read hold name of owner to readers' key node p (read as stat, kids). The
-// check of a hold fails on a node the key got since, the write of data at the version read
-// once a writer marked it (again is true). The data names the last reader, so a refused
-// writer is told of a holder (releaseHold clears it when a reader leaves others behind).
+// joinReaders adds read hold name of owner to readers' key node p (stat, kids), failing (again
+// true) on a node the key got since or one a writer marked. The data names the last reader, so
+// a refused writer is told of a holder (releaseHold clears it when a reader leaves others).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
 	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
@@ -39,10 +38,9 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, s.mayHaveMade(p, owner, name, err))
 }
 
-// acquireFair is Acquire of a fair request (arguments checked). A key's line is a node beside
-// it (linePath) whose children, the places, are ephemeral sequential nodes, ordered as they
-// reached the ensemble (not by Asked). The first in line takes a free key in a multi deleting
-// its place. A place lives as long as its session (not Queue): a dead waiter's expires.
+// acquireFair is Acquire of a fair request (arguments checked). A key's line (linePath) holds
+// places, ephemeral sequential nodes ordered by arrival (not Asked), living with their session
+// (not Queue); the first in line takes a free key in a multi deleting its place.
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {

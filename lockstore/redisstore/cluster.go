@@ -28,9 +28,8 @@ func (s *RedisStore) slotMoving(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
 }
 
-// failed is the error of op on key that failed with err. Without an error reply of Redis (a
-// connection's or the context's error) a Cluster client reloads its slot map: the master may
-// have died and a replica been promoted, else learnt only from a MOVED or a minute later.
+// failed is op's error on key. Without a Redis error reply, a Cluster client reloads its slot
+// map: the master may have died for a promoted replica, else learnt from a MOVED or in a minute.
 func (s *RedisStore) failed(op, key string, err error) error {
 	var reply redis.Error
 	if !errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) {
