@@ -11,10 +11,9 @@ import (
 // use: "flightlock:fence:{<tag>}", where the tag hashes to the slot.
 const FenceKeyPrefix = "flightlock:fence:"
 
-// FenceKey names the fence counter of lock key k: the last fence handed out in k's Redis Cluster
-// hash slot (acquire.lua touches both keys), which the next grant there exceeds. One counter
-// per slot bounds their number: no expiry. The name is built on every call, so that a process
-// that locked keys of every slot does not keep 16,384 names live.
+// FenceKey names the counter of the last fence handed out in lock key k's Redis Cluster slot
+// (acquire.lua touches both), which the next grant there exceeds; one per slot, so no expiry.
+// Built per call, so a process that locked keys of every slot keeps no 16,384 names live.
 func FenceKey(k string) string {
 	var buf [len(FenceKeyPrefix) + len("{4294967295}")]byte
 	b := append(buf[:0], FenceKeyPrefix...)

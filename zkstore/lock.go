@@ -267,9 +267,8 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	return now.Sub(seen) < writerReserve
 }
 
-// giveBackIfTaken is the late hook of a multi creating hold for owner under p: a hold it made
-// is released at once, one its lost reply may have made remembered as unsure (mayHaveMade);
-// either is retried until gone (releaseLater), safely as the owner is spent (mayHaveMade).
+// giveBackIfTaken is the late hook of a multi creating hold for owner under p: a hold made is
+// released, one maybe made remembered (mayHaveMade), either retried till gone (owner spent).
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
 		if errors.Is(s.mayHaveMade(p, owner, hold, err), lockstore.ErrOutcomeUnknown) {

@@ -18,11 +18,10 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// batcher sends concurrent callers' scripts to Redis: up to lanes calls at once as plain
-// go-redis calls on their own pooled connections and contexts (no late hook: a reply go-redis
-// gave up on is gone). A call finding every lane busy queues, and a lane whose call or batch
-// returns sends the whole queue as one pipeline: under load N round trips and their system
-// calls (a lock's CPU) become one.
+// batcher sends concurrent callers' scripts: up to lanes at once as plain go-redis calls on own
+// connections and contexts (no late hook: a reply go-redis gave up on is gone). Others queue;
+// a lane whose call or batch returns sends the whole queue as one pipeline: under load N round
+// trips and their system calls (a lock's CPU) become one.
 //
 // Nobody waits past their own deadline, even on a hung Redis (go-redis's AutoPipeline makes a
 // call wait for its batch however short its context). A batch is bounded by its callers'
