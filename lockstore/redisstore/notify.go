@@ -62,10 +62,9 @@ func (st *channelState) signal() {
 
 var errStoreClosed = errors.New("flightlock: store closed")
 
-// watch returns once Redis confirmed the channel's subscription, after subscribeWait, or when
-// ctx ends. go-redis's Subscribe only writes the command, and Redis orders nothing between the
-// pub/sub connection and the others: without the wait, a release sent after watch returned
-// could run before the SUBSCRIBE and publish to nobody.
+// watch returns once Redis confirmed the subscription, after subscribeWait, or when ctx ends:
+// go-redis's Subscribe only writes it, and Redis orders nothing across connections, so a release
+// sent after watch returned could otherwise run before the SUBSCRIBE and publish to nobody.
 func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch, error) {
 	c := make(chan struct{}, 1)
 
@@ -141,10 +140,9 @@ func (n *notifier) startLinger(channel string, st *channelState) {
 	st.linger = time.AfterFunc(n.linger, func() { n.expire(channel, st) })
 }
 
-// expire unsubscribes a channel whose linger ran out, unless it is watched again or its
-// SUBSCRIBE, sent less than keepUnconfirmed ago, is unconfirmed (no UNSUBSCRIBE may cross it;
-// see notifier): then the timer is set again to the state's keepUnconfirmed age (not one more
-// linger, which may be zero), and the reader starts a fresh linger at the confirmation.
+// expire unsubscribes a channel whose linger ran out, unless watched again or its SUBSCRIBE, sent
+// under keepUnconfirmed ago, is unconfirmed (no UNSUBSCRIBE may cross it; see notifier): then the
+// timer is reset to that age (not a linger, maybe zero), and the confirmation starts a linger.
 func (n *notifier) expire(channel string, st *channelState) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
