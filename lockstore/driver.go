@@ -8,30 +8,24 @@ import (
 	"time"
 )
 
-// Driver is a store's section of a service's configuration (Lock.Redis, Lock.Etcd,
-// Lock.Zookeeper): the store's package owns its type (its client settings, defaults and
-// checks) and opens it. The go-zero layer validates and opens every section through this
-// interface, never by the store's name or type, in the manner of database/sql's drivers.
+// Driver is a store's configuration section (Lock.Redis, ...), owned by the store's package;
+// the go-zero layer validates and opens every section through it, as database/sql a driver.
 type Driver interface {
-	// Name is the store's name as a rule's Store names it and the metrics label it: "redis",
-	// "etcd", "zookeeper".
+	// Name is the store's name in rules and metrics: "redis", "etcd", "zookeeper".
 	Name() string
 	// Configured reports whether the section names a store to connect to (its hosts).
 	Configured() bool
-	// Validate returns every bad setting of the section, each a *ConfigError named by its
-	// path under section ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix, which the store's
-	// keys start with after KeyPrefix.
+	// Validate returns every bad setting, each a *ConfigError named by its path under section
+	// ("Lock.Etcd.Hosts[1]"). prefix is the lock prefix (the store's keys' after KeyPrefix).
 	Validate(section, prefix string) []error
-	// Check refuses a use of the store that it cannot serve, a *ConfigError naming its field:
-	// a rule that locks in it although the section names no store, a share rule on a store
-	// that keeps no responses, a TTL it cannot keep.
+	// Check refuses with a *ConfigError a use the store cannot serve: a rule locking in it when
+	// the section names none, a share rule where no responses are kept, a TTL it cannot keep.
 	Check(section string, u Use) error
-	// KeyPrefix is what goes before a rendered key in the store, for a lock prefix: the prefix
-	// itself, or with the store's own namespace in front (etcd's Key). Open, the go-zero
-	// layer and the CLI all take it from here.
+	// KeyPrefix is what goes before a rendered key in the store: prefix, or with the store's
+	// namespace in front (etcd's Key). Open, the go-zero layer and the CLI take it from here.
 	KeyPrefix(prefix string) string
-	// Open connects to the store the section names and returns it as a Backend for the keys
-	// under KeyPrefix(prefix). It fails, naming the field, when the section names none.
+	// Open connects to the store and returns it as a Backend for the keys under
+	// KeyPrefix(prefix); it fails, naming the field, when the section names none.
 	Open(prefix string) (*Backend, error)
 }
 
@@ -51,55 +45,45 @@ func (u Use) On() string {
 	return u.Field + " runs on"
 }
 
-// Backend is an opened store, or one that describes itself (Describer): what the layers
-// above need of it, whatever store it is.
+// Backend is what the layers above need of an opened (or self-describing, Describer) store.
 type Backend struct {
-	// Name is the store's name, as Driver.Name.
-	Name string
-	// Store is the lock store, for the Locker.
-	Store Store
-	// Prefix is the key prefix the Locker puts before rendered keys: Driver.KeyPrefix's.
+	Name  string // as Driver.Name
+	Store Store  // for the Locker
+	// Prefix is what the Locker puts before rendered keys: Driver.KeyPrefix's.
 	Prefix string
 	// Inspector reads the locks under Prefix, for tools; nil when the store has none.
 	Inspector Inspector
-	// Responses keeps share rules' responses under Prefix; nil when the store cannot keep
-	// them (ZooKeeper).
+	// Responses keeps share rules' responses under Prefix; nil if the store cannot (ZooKeeper).
 	Responses ResponseStore
-	// Close closes the store and the client Open built; nil for a store given in Go, which
-	// its owner closes.
+	// Close closes the store and the client Open built; nil for a store given in Go.
 	Close func() error
-	// CloseEndsHolds reports that Close ends the locks still held at once (ZooKeeper's
-	// session), rather than leaving them to run out with their TTL.
+	// CloseEndsHolds: Close ends the locks held at once (ZooKeeper), not left to their TTL.
 	CloseEndsHolds bool
 }
 
-// Describer is a Store that describes itself as a Backend for keys under prefix (Close nil):
-// a store built in Go and given to the middleware says its name and gives its response store.
-// The stores of this module implement it.
+// Describer is a Store that describes itself as a Backend (Close nil) for keys under prefix, so
+// that one built in Go tells the middleware its name and response store, as this module's do.
 type Describer interface {
 	Describe(prefix string) *Backend
 }
 
-// ResponseStore keeps the responses of share rules (OnBusy share) for their duplicates in
-// other processes, in the store the rule locks in, under keys relative to the Backend's
-// Prefix. A record is a JSON object ({...}) whose last two fields are the fence of the grant
-// that produced it, "f", and a string "p" (middleware/share writes it so); a store may put a
-// field of its own in front, which a reader ignores.
+// ResponseStore keeps share rules' responses (OnBusy share) for their duplicates elsewhere, in
+// the rule's store, under keys relative to the Backend's Prefix. A record is a JSON object
+// ending with "f", the producing grant's fence, and a string "p" (as middleware/share writes
+// it); a store may put a field of its own in front, which a reader ignores.
 type ResponseStore interface {
 	// Load returns the record stored under key, nil when there is none.
 	Load(ctx context.Context, key string) ([]byte, error)
-	// Save stores record under key for at least ttl, unless key holds something that is not a
-	// record (a lock whose key renders as this one) or the record of a later grant (a fence
-	// above fence; 0 compares nothing): those are never overwritten.
+	// Save stores record under key for at least ttl, never over a non-record (a lock whose key
+	// renders as this one) nor a later grant's record (a fence above fence; 0 compares nothing).
 	Save(ctx context.Context, key string, record []byte, fence int64, ttl time.Duration) error
 }
 
 // ErrConfig is flightlock.ErrConfig: a configuration that cannot run.
 var ErrConfig = errors.New("flightlock: invalid configuration")
 
-// ConfigError is a bad setting, named by its path in the YAML file: Error names the field
-// first ("Lock.Etcd.Hosts[1]: is empty"), and errors.Is matches ErrConfig as well as what Err
-// wraps.
+// ConfigError is a bad setting, named by its YAML path first ("Lock.Etcd.Hosts[1]: is empty");
+// errors.Is matches ErrConfig as well as what Err wraps.
 type ConfigError struct {
 	Field string // "Lock.Rules[1].OnBusy"
 	Err   error  // what is wrong with it

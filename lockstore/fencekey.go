@@ -11,11 +11,9 @@ import (
 // use: "flightlock:fence:{<tag>}", where the tag hashes to the slot.
 const FenceKeyPrefix = "flightlock:fence:"
 
-// FenceKey names the fence counter of lock key k: the last fence handed out in k's hash slot,
-// which the next grant of any key of that slot exceeds. acquire.lua touches both keys, so the
-// counter lives in k's Redis Cluster hash slot; one counter per slot keeps their number
-// bounded, so they need no expiry. The name is built on every call rather than kept per slot,
-// so that a process that locked keys of every slot does not keep 16,384 names live.
+// FenceKey names the counter of the last fence handed out in lock key k's Redis Cluster slot
+// (acquire.lua touches both), which the next grant there exceeds; one per slot, so no expiry.
+// Built per call, so a process that locked keys of every slot keeps no 16,384 names live.
 func FenceKey(k string) string {
 	var buf [len(FenceKeyPrefix) + len("{4294967295}")]byte
 	b := append(buf[:0], FenceKeyPrefix...)
@@ -25,8 +23,7 @@ func FenceKey(k string) string {
 	return string(b)
 }
 
-// KeySlot is the Redis Cluster hash slot of k: CRC16/XMODEM of its hash tag, or of the whole
-// key, modulo 16384.
+// KeySlot is k's Redis Cluster hash slot: CRC16/XMODEM of its hash tag (or of k) mod 16384.
 func KeySlot(k string) uint16 {
 	if tag, ok := hashTag(k); ok {
 		k = tag
@@ -34,16 +31,14 @@ func KeySlot(k string) uint16 {
 	return crc16(k) % 16384
 }
 
-// hashTag is what k's first "{" and the next "}" enclose, when that is not empty: the part of
-// k that Redis Cluster hashes.
+// hashTag is what k's first "{" and the next "}" enclose, if not empty: what Redis Cluster hashes.
 func hashTag(k string) (string, bool) {
 	_, rest, open := strings.Cut(k, "{")
 	tag, _, closed := strings.Cut(rest, "}")
 	return tag, open && closed && tag != ""
 }
 
-// crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), a byte at a time
-// through crc16Table.
+// crc16 is CRC16/XMODEM (polynomial 0x1021, no reflection, initial value 0), table-driven.
 func crc16(s string) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
@@ -94,11 +89,10 @@ func slotTag(s uint16) uint32 {
 	return slotTags[s]
 }
 
-// SideKey names a key a store keeps beside lock key k, of the kind kind (a read-write lock's
-// read holds, a fair lock's line): under FenceKeyPrefix, so that no lock key can be one, unique
-// per k, and in k's Redis Cluster hash slot, so that one script may touch both. A key with a
-// hash tag keeps it (the prefix adds no brace before it); any other gets a tag that hashes to
-// its slot, and a separator of its own, so that it can never equal a tagged key's.
+// SideKey names a key of a kind a store keeps beside lock key k (read holds, a fair line): under
+// FenceKeyPrefix (no lock key can be one), unique per k, in k's Redis Cluster hash slot (one
+// script may touch both). A tagged k keeps its tag (the prefix adds no brace before it); any
+// other gets its slot's tag and a separator of its own, so as never to equal a tagged key's.
 func SideKey(kind, k string) string {
 	if _, ok := hashTag(k); ok {
 		return FenceKeyPrefix + kind + ":" + k
@@ -112,13 +106,11 @@ func ownSlotTag(k string) string {
 	return "{" + strconv.FormatUint(uint64(slotTag(KeySlot(k))), 10) + "}"
 }
 
-// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is the lock key k:
-// permit 1 is k itself; the others are k, "#" and a part that keeps them in k's Redis Cluster
-// hash slot, so that one script call looks at them all. A k with a hash tag keeps it
-// ("k#i"); a k with no "{" gets the tag of its slot ("k#{<tag>}i"); a k with a "{" that opens
-// no tag is split into slots ("k#i"). A caller that doubles each "#" of its keys (as the
-// Locker does) keeps every permit key distinct from every lock key and every other permit key:
-// only a permit key has a lone "#", and the "{" after it, or its absence, says which form it is.
+// PermitKey names permit i (1 <= i <= n) of a semaphore whose first permit is lock key k: k,
+// else k, "#" and what keeps it in k's Redis Cluster slot (for one script call): "k#i" for a
+// tagged k, "k#{<tag>}i" for one without "{", "k#i" (slots split) if its "{" opens no tag. A
+// caller doubling each "#" of its keys (the Locker) keeps permit keys distinct from all others:
+// only they have a lone "#", and the "{" after it, or its absence, says which form it is.
 func PermitKey(k string, i int) string {
 	if i == 1 {
 		return k

@@ -9,35 +9,26 @@ import (
 	"time"
 )
 
-// Inspector reads and changes the locks of one store for the tools that operate it (the
-// flightlock CLI). Each store implements it beside the code that writes its values, so a tool
-// never parses a store's bytes. Keys are lock keys as the rules render them, without the
-// prefix the inspector was made with. Implementations are safe for concurrent use.
+// Inspector reads and changes a store's locks for tools (the flightlock CLI), implemented beside
+// the code writing them. Keys are as rendered, without its prefix; safe for concurrent use.
 type Inspector interface {
-	// List returns the held locks whose key matches the glob pattern (*, ?, [set], \ escapes,
-	// as Redis's SCAN MATCH), sorted by key, at most opts.Limit of them, and how many more
-	// matched. A key under the prefix that is not a lock of this store has Unrecognized set.
+	// List returns the held locks matching the glob pattern (*, ?, [set], \ escapes, as SCAN
+	// MATCH), sorted, at most opts.Limit, and how many more; a non-lock has Unrecognized set.
 	List(ctx context.Context, pattern string, opts ListOptions) (locks []LockInfo, more int, err error)
-	// Lookup reads one lock in full, with its fence counter (FenceCounterKey). It returns an
-	// error wrapping ErrNotHeld when the key does not exist.
+	// Lookup reads one lock in full, with its fence counter; ErrNotHeld (wrapped) if absent.
 	Lookup(ctx context.Context, key string) (LockInfo, error)
-	// ForceUnlock removes the grant l, as Lookup or List read it, whatever its holds, and
-	// wakes the processes waiting for it. It removes nothing, and returns a *ChangedError, when
-	// the key no longer holds that grant: the operator agreed to remove one holder, not
-	// whoever holds the key now. notified is what Release reports for the same deletion.
+	// ForceUnlock removes grant l (as read), whatever its holds, waking waiters as Release does.
+	// If the key holds another grant now: nothing (a *ChangedError); the operator chose a holder.
 	ForceUnlock(ctx context.Context, l LockInfo) (notified int, err error)
-	// Watch reports the changes of the locks matching pattern to fn, one event at a time from
-	// the calling goroutine: first EventWatching with the locks held, then the changes. It
-	// returns nil when ctx ends, and an error when the store cannot be read.
+	// Watch reports to fn, one at a time on the calling goroutine, EventWatching with the locks
+	// matching pattern, then their changes. It returns nil when ctx ends, or a read's error.
 	Watch(ctx context.Context, pattern string, opts WatchOptions, fn func(Event)) error
 }
 
 // ListOptions are List's.
 type ListOptions struct {
-	// Limit is the most locks returned; 0 returns all.
-	Limit int
-	// Skip leaves out (and does not count in more) the keys it returns true for: keys other
-	// layers keep under the same prefix. Nil skips none.
+	Limit int // the most locks returned; 0 returns all
+	// Skip, if set, leaves out (uncounted in more) the keys it is true for (other layers').
 	Skip func(key string) bool
 }
 
@@ -45,11 +36,11 @@ type ListOptions struct {
 type WatchOptions struct {
 	// Skip leaves out the keys it returns true for, as ListOptions.Skip. Nil skips none.
 	Skip func(key string) bool
-	// Interval is how often a watch reads the locks again (refreshing their TTLs, and finding
-	// changes where the store does not send them). Zero means DefaultWatchInterval.
+	// Interval is how often a watch reads the locks again, refreshing their TTLs and finding
+	// changes the store does not send. Zero means DefaultWatchInterval.
 	Interval time.Duration
-	// Timeout bounds each call the watch makes to the store, and how long a watch the store
-	// ended tries to start again. Zero means DefaultWatchTimeout.
+	// Timeout bounds each call to the store, and how long a watch the store ended tries to
+	// start again. Zero means DefaultWatchTimeout.
 	Timeout time.Duration
 }
 
@@ -59,8 +50,7 @@ const (
 	DefaultWatchTimeout  = 10 * time.Second
 )
 
-// WithDefaults returns o with DefaultWatchInterval and DefaultWatchTimeout in place of an
-// Interval and a Timeout that are not positive.
+// WithDefaults returns o with the defaults in place of an Interval or Timeout not positive.
 func (o WatchOptions) WithDefaults() WatchOptions {
 	if o.Interval <= 0 {
 		o.Interval = DefaultWatchInterval
@@ -71,12 +61,10 @@ func (o WatchOptions) WithDefaults() WatchOptions {
 	return o
 }
 
-// PollWatch runs a Watch that reads the locks again every opts.Interval: read returns the
-// matching locks, each call bounded by opts.Timeout, and reports their changes itself
-// (Changes). PollWatch reports EventWatching, described by mode, after the first
-// read and EventRead after each other one; between reads it hands what heard delivers to on
-// (a nil heard delivers nothing). It returns nil when ctx ends, and otherwise the error of a
-// read or of on, or that heard was closed.
+// PollWatch runs a Watch calling read (which returns the matching locks, reporting changes
+// itself with Changes) every opts.Interval, within opts.Timeout, reporting EventWatching (of
+// mode) after the first read and EventRead after others; meanwhile it hands what heard
+// delivers to on. It returns nil when ctx ends, else a read's or on's error, or heard's close.
 func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read func(ctx context.Context) ([]LockInfo, error),
 	heard <-chan M, on func(context.Context, M) error, fn func(Event)) error {
 	opts = opts.WithDefaults()
@@ -113,13 +101,11 @@ func PollWatch[M any](ctx context.Context, opts WatchOptions, mode string, read 
 	return err
 }
 
-// Changes reports to fn how locks, a new read of the locks a watch follows, differ from held,
-// the read before it by key, so that a watch that polls reports a change alike on every store.
-// For each lock in turn: EventAcquired for a new grant (another owner or fence), followed by
-// EventContended when it was refused already; EventChanged when the grant's holds changed (Own,
-// Borrowed, Readers); or EventContended at its first refusal. Then EventGone for each lock of
-// held not read again, by key. A nil held (no read before, or changes heard otherwise) reports
-// nothing. It returns locks by key, held for the next read, and the keys gone.
+// Changes reports to fn, alike for every polling store, how locks (a new read) differ from held
+// (the last, by key): per lock EventAcquired for a new owner or fence, then EventContended if
+// refused; EventChanged when Own, Borrowed or Readers changed; or EventContended at a first
+// refusal. Then EventGone for each of held not read, by key. A nil held (no read before, or
+// changes heard otherwise) reports nothing. It returns locks by key, and the keys gone.
 func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now map[string]LockInfo, gone []string) {
 	if held == nil {
 		fn = func(Event) {}
@@ -152,23 +138,19 @@ func Changes(held map[string]LockInfo, locks []LockInfo, fn func(Event)) (now ma
 // NoTTL is LockInfo.TTL of a key without an expiry, and of a lock an event names unread.
 const NoTTL time.Duration = -1
 
-// EmptyValue is LockInfo.Unrecognized of a key under the prefix with an empty value (or a
-// ZooKeeper node with no data and no hold under it): no store writes one, and an empty
-// Unrecognized would read as a lock.
+// EmptyValue is LockInfo.Unrecognized of a key with an empty value (or a ZooKeeper node with no
+// data and no hold), which no store writes: an empty Unrecognized would read as a lock.
 const EmptyValue = "(empty value)"
 
 // LockInfo is one lock as an Inspector reads it.
 type LockInfo struct {
-	// Key is the lock key as the rule rendered it, without the prefix; StoreKey is the key in
-	// the store.
+	// Key is the lock key as rendered, without the prefix; StoreKey is the key in the store.
 	Key, StoreKey string
-	// Owner is the holder's owner token; empty in a store that never shows it (a token lets
-	// its bearer re-enter the lock).
+	// Owner is the holder's token; empty where the store hides it (it lets one re-enter).
 	Owner string
 	// Fence is the fence of the store's grant; in-process handoffs count up from it.
 	Fence int64
-	// TTL is the time left (etcd: on the key's lease, in whole seconds); NoTTL when the key
-	// has none or was not read.
+	// TTL is the time left (etcd: the lease's, in seconds); NoTTL for none, or when not read.
 	TTL time.Duration
 	// Own reports that the acquisition's own hold is still held; Borrowed lists the named
 	// holds of re-entries from other processes. The key goes with its last hold.
@@ -180,37 +162,30 @@ type LockInfo struct {
 	Kind                       string
 	// Contended reports that a request was refused while the lock was held.
 	Contended bool
-	// Waiters counts the processes waiting for its release now (Redis: subscribers of its
-	// release channel); zero where the store cannot count them.
+	// Waiters counts the processes waiting for its release (Redis: its subscribers); 0 if unknown.
 	Waiters int64
-	// Readers counts the live read holds of a key held for reading (ReadOwner); 0 for a key
-	// held by a writer. A read-held key's Owner is no token (each reader has its own): the
-	// Redis store shows the readers' marker, which ForceUnlock needs, the others none.
+	// Readers counts the live read holds of a read-held key (0 for a writer's), whose Owner is
+	// no token: Redis shows the readers' marker, which ForceUnlock needs, the others none.
 	Readers int
-	// Queued counts the places in the key's fair line.
-	Queued int
-	// Unrecognized is the raw value (or the read's error, in parentheses; EmptyValue for an
-	// empty one) of a key under the prefix that is not a lock of this store; then only the keys
-	// and TTL are set.
+	Queued  int // the places in the key's fair line
+	// Unrecognized is the raw value (the read's error in parentheses; EmptyValue if empty) of a
+	// key under the prefix that is no lock of this store; then only the keys and TTL are set.
 	Unrecognized string
 
-	// FenceCounterKey and FenceCounter, set by Lookup only, name the key that bounds the next
-	// fence (Redis: the slot's fence counter; etcd: the key's fence floor) and its value; nil
-	// when it is unset.
+	// FenceCounterKey and FenceCounter (Lookup only) are the key bounding the next fence (Redis:
+	// the slot's fence counter; etcd: the key's fence floor) and its value (nil: unset).
 	FenceCounterKey string
 	FenceCounter    *int64
 
-	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl
-	// prints it), the grant's revision (its fence's source), and the value's (ForceUnlock
-	// removes only that).
+	// Lease, CreateRevision and ModRevision are etcd's: the key's lease (hex, as etcdctl has
+	// it), the grant's revision (its fence's source) and the value's (what ForceUnlock removes).
 	Lease                       string
 	CreateRevision, ModRevision int64
 }
 
 // ChangedError is ForceUnlock's error when the key no longer holds the grant to remove.
 type ChangedError struct {
-	// Now is the lock the key holds now; nil when it was released since.
-	Now *LockInfo
+	Now *LockInfo // the lock the key holds now; nil when it was released since
 }
 
 func (e *ChangedError) Error() string {
@@ -225,61 +200,42 @@ type EventKind string
 
 // Kinds of Event. The values are the words the CLI prints.
 const (
-	// EventWatching starts every watch: Locks are the matching locks held.
-	EventWatching EventKind = "watching"
-	// EventAcquired: a new grant of the key (a new owner or fence).
-	EventAcquired EventKind = "acquired"
-	// EventChanged: the same grant's holds changed (a re-entry came or went).
-	EventChanged EventKind = "changed"
-	// EventContended: a request was refused while the lock was held.
-	EventContended EventKind = "contended"
-	// EventReleased: deleted by its holder or by ForceUnlock.
-	EventReleased EventKind = "released"
-	// EventExpired: its TTL (etcd: its lease) ran out; the holder died or lost the store.
-	EventExpired EventKind = "expired"
-	// EventGone: released or expired between two reads of a watch that polls.
-	EventGone EventKind = "gone"
-	// EventRead: a periodic read, no change by itself: Locks are the matching locks held now.
-	EventRead EventKind = "read"
-	// EventResumed: the store ended the watch (Reason) and it began again from a fresh read at
-	// Revision; Locks are the locks held now, and the changes in between follow (the ends
-	// first, by key, then the grants).
+	EventWatching  EventKind = "watching"  // starts every watch: Locks are the matching locks held
+	EventAcquired  EventKind = "acquired"  // a new grant of the key (a new owner or fence)
+	EventChanged   EventKind = "changed"   // same grant, other holds (a re-entry came or went)
+	EventContended EventKind = "contended" // a request was refused while the lock was held
+	EventReleased  EventKind = "released"  // deleted by its holder or by ForceUnlock
+	EventExpired   EventKind = "expired"   // its TTL (etcd: lease) ran out: holder dead or cut off
+	EventGone      EventKind = "gone"      // released or expired between a polling watch's reads
+	EventRead      EventKind = "read"      // a periodic read, not a change: Locks are those held
+	// EventResumed: the store ended the watch (Reason); it began again from a fresh read at
+	// Revision (Locks: held now), the changes between following (ends first, by key, then grants).
 	EventResumed EventKind = "resumed"
 )
 
 // Event is one report of Watch.
 type Event struct {
 	Kind EventKind
-	// Lock is the lock the event is about, as read then (for a release or expiry, as last
-	// seen; NoTTL and no grant when never read). Locks are the locks held, for EventWatching,
-	// EventRead and EventResumed, which have no Lock.
+	// Lock is the lock concerned, as read then (a release or expiry: as last seen; NoTTL and no
+	// grant if never read). Locks are those held, for EventWatching, EventRead and EventResumed.
 	Lock  LockInfo
 	Locks []LockInfo
-	// Mode says how the watch hears changes ("polling every 500ms", ...), for EventWatching.
-	Mode string
-	// Reason and Revision are EventResumed's: why the store ended the watch, and the
-	// revision it resumed from.
+	Mode  string // for EventWatching, how the watch hears changes ("polling every 500ms", ...)
+	// Reason and Revision are EventResumed's: why the store ended it, and the revision resumed from.
 	Reason   error
 	Revision int64
 }
 
-// ParseHolder fills Host, Pid, Trace, Kind and Metadata from the metadata a holder wrote with
-// its lock (the Locker's WithMetadata): host=, pid=, trace= and kind= (the first of each), and
-// the rest, in order, as Metadata.
+// ParseHolder fills Host, Pid, Trace and Kind from the first host=, pid=, trace= and kind= of
+// the metadata a holder wrote (the Locker's WithMetadata), and Metadata with the rest, in order.
 func (l *LockInfo) ParseHolder(meta string) {
+	fields := map[string]*string{"host": &l.Host, "pid": &l.Pid, "trace": &l.Trace, "kind": &l.Kind}
 	var other []string
 	for _, f := range strings.Fields(meta) {
 		k, v, _ := strings.Cut(f, "=")
-		switch {
-		case k == "host" && l.Host == "":
-			l.Host = v
-		case k == "pid" && l.Pid == "":
-			l.Pid = v
-		case k == "trace" && l.Trace == "":
-			l.Trace = v
-		case k == "kind" && l.Kind == "":
-			l.Kind = v
-		default:
+		if field := fields[k]; field != nil && *field == "" {
+			*field = v
+		} else {
 			other = append(other, f)
 		}
 	}

@@ -1,8 +1,7 @@
-// Package lockstore is the contract between the flightlock core and a lock store: Store (what
-// differs between stores is Capabilities data), its one optional extension Passer, the
-// Inspector that tools use to list, look up, force-unlock and watch locks, and the types they
-// share. Each store is a package of its own that owns its value format (lockstore/redisstore,
-// lockstore/embedded, etcdstore, zkstore). It imports the standard library only.
+// Package lockstore is the contract between the flightlock core and a lock store (Store,
+// Capabilities, the optional Passer, the tools' Inspector, their types), on the standard
+// library only. Each store is a package owning its value format (lockstore/redisstore,
+// lockstore/embedded, etcdstore, zkstore).
 package lockstore
 
 import (
@@ -18,103 +17,76 @@ import (
 // it expired, was never taken, or belongs to someone else. Nothing was changed.
 var ErrNotHeld = errors.New("flightlock: lock not held")
 
-// ErrOutcomeUnknown is wrapped by a store in the error of a request that may have taken effect
-// although no reply said so: the connection closed after the request went out (ZooKeeper), or
-// the server answered with an error for a request it may apply all the same (an etcd leader
-// change). The caller gives back what the request may have taken, by the same owner, as after
-// a request its context cut short, and sends nothing more as that owner (a later grant to it
-// could be the one given back).
+// ErrOutcomeUnknown is wrapped in the error of a request that may have run unreported
+// (ZooKeeper: the connection closed after it went out; etcd: a leader change's error). As after
+// a request its context cut short, the caller gives back what it may have taken, by the same
+// owner, and sends nothing more as that owner: a later grant could be the one given back.
 var ErrOutcomeUnknown = errors.New("flightlock: the request's outcome is unknown: it may have run")
 
 // Acquisition is the outcome of one Acquire call.
 type Acquisition struct {
-	// Acquired reports whether the caller holds the lock now.
-	Acquired bool
-	// Reentered is true when the owner already held the lock and Acquire only reset its TTL.
-	Reentered bool
-	// Fence is the fencing token of the holding: it only grows between successive owners of a
-	// key. Zero when not acquired.
+	Acquired  bool // the caller holds the lock now
+	Reentered bool // the owner held the lock already; Acquire only reset its TTL
+	// Fence is the grant's fencing token, growing from owner to owner of a key; 0 if not acquired.
 	Fence int64
-	// Permit is, for a request with Permits, the index in Permits of the key granted or
-	// re-entered; 0 otherwise.
+	// Permit is, with Permits, the index of the key granted or re-entered; 0 otherwise.
 	Permit int
 	// More are, for a request with Permits and a Want above 1, the permits granted beside
 	// Permit, each with its own fence; every one is held by the request's owner.
 	More []PermitGrant
-	// HolderTTL is how long the current holder's lock has left when not acquired (with
-	// Permits, the shortest of the busy keys').
+	// HolderTTL is the holder's time left when not acquired (with Permits, the busy keys' least).
 	HolderTTL time.Duration
-	// Holder is the metadata the current holder stored with its lock (Request.Meta) when not
-	// acquired, "" when it stored none; the go-zero layer compares its trace id to tell a
-	// nested call of the same request. With Permits it is also set when acquired: the metadata
-	// of a busy permit the request passed over, if any, so that holders of another kind (a
-	// lock on permit 1, another count) are seen while permits are still free.
+	// Holder is the holder's Request.Meta if not acquired (its trace id tells a nested call);
+	// with Permits if acquired, a busy permit's passed over, to show holders of another kind.
 	Holder string
 }
 
 // Request is one acquisition: what Store.Acquire is asked to take.
 type Request struct {
-	// Key is the full store key (prefix included).
-	Key string
+	Key string // the full store key (prefix included)
 	// Owner is the caller's token, without spaces. A token made by ReadOwner asks for a read
 	// hold (see ReadOwner); any other, for the key itself.
 	Owner string
-	// TTL is how long the lock lives without a refresh.
-	TTL time.Duration
-	// Meta is optional text kept with the lock for operators (who holds it); it may be empty.
-	Meta string
-	// Asked, when not zero, makes the acquisition fair: granted in request order across
-	// processes. It is when the caller's Lock began; each fair acquirer takes a place in the
-	// key's line, and only the first in line may take the free key. A grant leaves the line. A
-	// store ranks places by Asked (Redis, which clamps it to its own clock less a bound on clock
-	// skew) or by when its first fair Acquire reached the store (etcd's revisions, ZooKeeper's
-	// sequence numbers: no host's clock is trusted, and the Locker sends that Acquire as soon as
-	// a fair Lock begins).
+	TTL   time.Duration // how long the lock lives without a refresh
+	Meta  string        // optional text kept with the lock for operators (who holds it)
+	// Asked, if set, is when the caller's Lock began, making it fair (in request order across
+	// processes): it takes a place in the key's line, the first may take the free key, a grant
+	// leaves. Places rank by Asked (Redis: clamped to its clock less a skew bound) or, trusting
+	// no clock, by the first fair Acquire's arrival (etcd, ZooKeeper; sent as Lock begins).
 	Asked time.Time
-	// Permits, when not empty, asks for one of several keys (a semaphore's permits) instead of
-	// Key: the first of them, in order, that Acquire of that key alone would grant, and
-	// Acquisition.Permit says which. A store looks at them all in one request where it can
-	// (AcquireEach is the fallback), and then a re-sent request re-enters the key its first try
-	// took. The Locker does not rely on that: it gives back every key of a request whose
-	// outcome it does not know, and asks again as a new owner. A permit request is neither a
-	// read nor a fair one: Owner is not a ReadOwner and Asked is zero.
+	// Permits, if any, asks instead of Key for the first of a semaphore's keys that Acquire of
+	// it alone would grant (Acquisition.Permit), all in one request where the store can (else
+	// AcquireEach), so a re-send re-enters; the Locker still gives back all keys of a request of
+	// unknown outcome, asking again as a new owner. Owner is no ReadOwner, and Asked is zero.
 	Permits []string
-	// Want, with Permits, is how many of them the request may take at once (0 is 1): a process
-	// whose goroutines wait for permits of one key asks for them together. A store may grant
-	// fewer than Want, but at least one while one is free (Acquisition.More has the others).
+	// Want, with Permits, is how many to take at once (0 is 1), for a process's waiting
+	// goroutines; a store may grant fewer, but one while one is free (More has the rest).
 	Want int
-	// Queue, for a fair acquisition, is how long the caller's place lives without another
-	// Acquire from it: a waiter that stops asking (its process died) leaves the line by itself
-	// after Queue. 0 takes the key only when nobody is in line before the caller and takes no
-	// place (a TryLock). Busy replies of a fair acquisition have HolderTTL 0 when the key is
-	// free but others are first in line.
+	// Queue, if fair, is how long the caller's place lives without another Acquire, so a dead
+	// waiter leaves the line; 0 takes no place, only a key nobody is in line for (a TryLock).
+	// A busy reply has HolderTTL 0 when the key is free but others are first in line.
 	Queue time.Duration
 }
 
 // Capabilities states what differs between stores, as data the Locker reads once when it is
 // made. The zero value is a store without limits that watches each key on its own.
 type Capabilities struct {
-	// Name is the store's name as rules and metrics spell it: "redis", "etcd", "zookeeper".
-	Name string
-	// MaxHandoffs bounds the in-process handoffs under one grant, 0 when there is no bound:
-	// the Locker hands a held lock on with the fences grant+1, grant+2, ..., and the store's
-	// next grant must exceed all of them even when the holder dies without reporting the last
-	// (etcd leaves 2^20 fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
+	Name string // as rules and metrics spell it: "redis", "etcd", "zookeeper"
+	// MaxHandoffs bounds the handoffs under one grant (0: none), fenced grant+1, grant+2, ...,
+	// which the next grant must exceed even if the holder died unreporting (etcd leaves 2^20
+	// fences per grant, ZooKeeper 2^16). New refuses a WithHandoff above it.
 	MaxHandoffs int
-	// MaxTTL is the longest lock TTL the store keeps, 0 when there is no bound (ZooKeeper: a
-	// share of its session timeout). MaxTTLReason completes the error that refuses a longer
-	// one, "a lock TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
+	// MaxTTL is the longest lock TTL kept (0: no bound); MaxTTLReason ends the refusal "a lock
+	// TTL of 20s is longer than " + MaxTTLReason: what keeps it and what to do.
 	MaxTTL       time.Duration
 	MaxTTLReason string
-	// SharedWatch is true when Watch calls on one key share one subscription, so that many
-	// watchers of a key cost about what one does (Redis). Only then does the Locker have every
-	// waiting semaphore taker watch every permit; elsewhere they look again at retry delays.
+	// SharedWatch: a key's watchers share a subscription, costing about one (Redis). Only then
+	// do waiting semaphore takers watch every permit; elsewhere they look at retry delays.
 	SharedWatch bool
 }
 
-// MaxKeyLen is the longest key a store accepts (CheckArgs), and the longest that a Locker
-// accepts with its prefix (flightlock.MaxKeyLen): a longer one almost always means a template
-// took in a whole request body.
+// MaxKeyLen is the longest key a store (CheckArgs) and a Locker, prefix included, accept
+// (flightlock.MaxKeyLen): a longer one almost always means a template took in a request body.
 const MaxKeyLen = 1024
 
 // CheckKey refuses a key that names no lock on any store: empty, or over MaxKeyLen.
@@ -128,9 +100,8 @@ func CheckKey(key string) error {
 	return nil
 }
 
-// CheckArgs refuses what makes no lock on any store, although a store might accept it: a key
-// CheckKey refuses, an owner that cannot be told apart from what a store writes beside it
-// (empty, or with a space), or a TTL that never runs out.
+// CheckArgs refuses what makes no lock on any store, though one might accept it: a key CheckKey
+// refuses, an owner not told from what a store writes beside it (empty, a space), a TTL <= 0.
 func CheckArgs(key, owner string, ttl time.Duration) error {
 	if err := CheckKey(key); err != nil {
 		return err
@@ -144,9 +115,8 @@ func CheckArgs(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// CheckHold refuses a hold name (Reenter, Release) that a store cannot list beside others: empty
-// unless ownAllowed (Release's "" names the acquisition's own hold), longer than 64 bytes, or
-// with a space or comma.
+// CheckHold refuses a hold name a store cannot list beside others: empty unless ownAllowed
+// (Release's "" names the own hold), over 64 bytes, or with a space or comma.
 func CheckHold(hold string, ownAllowed bool) error {
 	if hold == "" && !ownAllowed || strings.ContainsAny(hold, " ,") || len(hold) > 64 {
 		return fmt.Errorf("flightlock: hold name %q must be 1-64 bytes without spaces or commas", hold)
@@ -162,63 +132,51 @@ func (c Capabilities) CheckTTL(ttl time.Duration) error {
 	return nil
 }
 
-// Store is what flightlock needs from a lock backend: one contract for every store, with what
-// differs between them stated in Capabilities. Implementations are safe for concurrent use.
-// Keys are full backend keys (prefix included); owners are opaque tokens without spaces. The
-// storetest package checks an implementation against this contract.
+// Store is what flightlock needs from a lock backend (differences: Capabilities), safe for
+// concurrent use, on full keys (prefix included) and opaque space-free owners; see storetest.
 type Store interface {
 	// Capabilities describes the store; it does not change after the store is made.
 	Capabilities() Capabilities
 	// Acquire takes req.Key for req.Owner for req.TTL, or re-enters it if the owner holds it
-	// already (Reentered; the TTL is reset). Acquiring again with the same owner is
-	// idempotent, so a request that a client re-sent after a timeout does no harm, unless the
-	// owner is spent: its Release or LeaveQueue failed, or a request of it failed with
-	// ErrOutcomeUnknown or its context's error (the store may still give that back). A read
-	// owner (ReadOwner) takes a read hold, and a non-zero Asked a place in the key's line.
+	// (Reentered; the TTL is reset). It is idempotent per owner, so a request re-sent after a
+	// timeout does no harm, unless the owner is spent: its Release or LeaveQueue failed, or a
+	// request of it failed with ErrOutcomeUnknown or its context's error (the store may still
+	// give that back). A ReadOwner takes a read hold, and a non-zero Asked a place in line.
 	Acquire(ctx context.Context, req Request) (Acquisition, error)
-	// Reenter re-enters key for owner, a token handed over by another process, only when owner
-	// holds key now: it adds the hold named hold (Release with that name gives it up; naming
-	// it twice adds it once, so a re-sent call does no harm) and raises the TTL to ttl if the
-	// lock had less. It never takes a free key: then Acquired is false and HolderTTL 0.
+	// Reenter re-enters key for owner, a token another process handed over, only while owner
+	// holds it: it adds hold (once, so a re-send does no harm; Release of that name gives it up)
+	// and raises the TTL to ttl if lower. It never takes a free key (Acquired false, HolderTTL 0).
 	Reenter(ctx context.Context, key, owner, hold string, ttl time.Duration) (Acquisition, error)
-	// Refresh makes key live at least ttl more if owner holds it (it never shortens a lock),
-	// and returns ErrNotHeld otherwise.
+	// Refresh makes key live at least ttl more (never less) if owner holds it; else ErrNotHeld.
 	Refresh(ctx context.Context, key, owner string, ttl time.Duration) error
-	// RefreshAll refreshes each lock of batch as Refresh would, and returns, in batch's order,
-	// the error Refresh would have returned for it. A store makes it one round trip (or a
-	// few), so that a slow store cannot cap how many locks a process keeps alive.
+	// RefreshAll is Refresh of each lock (its errors in batch's order) in a round trip or a
+	// few, so a slow store cannot cap how many locks a process keeps alive.
 	RefreshAll(ctx context.Context, batch []Renewal) []error
-	// Release gives up one hold of key if owner holds it: the acquisition's own when hold is
-	// "", or the re-entry named hold. The last hold deletes key and notifies waiters, and
-	// Release returns how many waiters elsewhere were told. lastFence is the largest fence the
-	// caller handed out under the lock (0 if none beyond the acquired one): later acquisitions
-	// get larger fences. It returns ErrNotHeld, and changes nothing, when owner does not hold
-	// key or that hold was given up already.
+	// Release gives up owner's hold of key (the own if hold is "", else the re-entry named
+	// hold); the last deletes key and notifies waiters, returning how many elsewhere were told.
+	// lastFence, the largest fence handed out under the lock (0: none beyond the grant's), is
+	// exceeded by later grants. ErrNotHeld, changing nothing, if owner lacks that hold.
 	//
-	// A Release that fails with another error may still go through, late or by a retry of
-	// the store's own, for as long as the store lives. So the caller sends that owner and
-	// hold no more (no Acquire, Reenter or Pass with them): a grant they were told of could
-	// be the one the release ends. The Locker takes a new owner for every grant and names
-	// every re-entry anew, so it never does.
+	// A Release failing otherwise may still go through, late or by the store's retry, while
+	// the store lives, so that owner and hold are sent no more (no Acquire, Reenter or Pass): a
+	// grant they were told of could be the one it ends. The Locker takes a new owner per grant
+	// and a new name per re-entry.
 	Release(ctx context.Context, key, owner, hold string, lastFence int64) (notified int, err error)
-	// LeaveQueue takes owner's place in key's line away (a fair waiter that gives up), and
-	// wakes the next in line when the key is free. Leaving a line one is not in does nothing.
-	//
-	// A LeaveQueue that fails may still go through, late or by a retry of the store's own
-	// (a place lives as long as a ZooKeeper session), so, as after a failed Release, its owner
-	// is spent: a fair Acquire with it could keep the place only to lose it to that retry, and
-	// with it the owner's turn. The Locker takes a new owner after every LeaveQueue.
+	// LeaveQueue takes owner's place in key's line away (a fair waiter gives up) and wakes the
+	// next in line if the key is free; no place, nothing done. A failed one may still go
+	// through, late or by the store's retry (a ZooKeeper place lives with its session), so its
+	// owner is spent as after a failed Release: a fair Acquire with it could keep the place only
+	// to lose it, and its turn, to that retry. The Locker takes a new owner after each.
 	LeaveQueue(ctx context.Context, key, owner string) error
 	// TTL returns the remaining TTL of key; ErrNotHeld when nobody holds it.
 	TTL(ctx context.Context, key string) (time.Duration, error)
-	// Watch starts listening for releases of key; the returned Watch must be closed. A release
-	// after Watch returned is heard, and one before it too unless Watch.Fresh: a refused
-	// caller that tries once more after a fresh Watch, before it sleeps, misses no release.
+	// Watch listens for releases of key (it must be closed): those after it returned, and before
+	// it unless Watch.Fresh (then a refused caller tries once more before it sleeps).
 	Watch(ctx context.Context, key string) (*Watch, error)
 }
 
-// AcquireEach serves a request with Permits one key at a time through acquire (the store's
-// Acquire of one key), in order, for a store that cannot look at several keys in one request.
+// AcquireEach serves Permits one key at a time, in order, through acquire (the store's Acquire
+// of one key), for a store that cannot look at several in one request.
 func AcquireEach(ctx context.Context, req Request, acquire func(context.Context, Request) (Acquisition, error)) (Acquisition, error) {
 	var busy Acquisition
 	for i, key := range req.Permits {
@@ -236,8 +194,7 @@ func AcquireEach(ctx context.Context, req Request, acquire func(context.Context,
 	return busy, nil
 }
 
-// CheckPermits refuses a request with Permits that is a read or a fair one, or one of whose
-// keys CheckArgs refuses with its owner and TTL.
+// CheckPermits refuses a permit request that is a read or fair one, or has a key CheckArgs refuses.
 func CheckPermits(req Request) error {
 	if IsReadOwner(req.Owner) || !req.Asked.IsZero() {
 		return errors.New("flightlock: a permit request cannot be a read or a fair one")
@@ -262,43 +219,34 @@ type Renewal struct {
 	TTL        time.Duration
 }
 
-// Passer is a Store that can keep a lock in its holder's process at the end of a turn (the
-// WithHandoff bound): one round trip instead of a release and a new acquisition, releasing
-// only when a waiter elsewhere asked for the key while it was held. It is optional because
-// the store must tell that atomically with the end of the turn.
+// Passer is a Store that can keep a lock in its holder's process at a turn's end (WithHandoff)
+// in one round trip, unless a waiter elsewhere asked meanwhile (told atomically: so optional).
 type Passer interface {
-	// Pass ends a turn of owner's lock on key. When owner's acquisition is the lock's only
-	// hold and no acquirer was refused while it was held, it keeps the lock for owner, living
-	// at least ttl more, and returns kept true and a new fence, larger than lastFence and than
-	// every earlier grant of key. Otherwise it does what Release(key, owner, "", lastFence)
-	// does and returns its outcome (kept false). ErrNotHeld when owner does not hold key.
+	// Pass ends a turn of owner's lock on key. If owner's acquisition is its only hold and none
+	// was refused meanwhile, it keeps the lock at least ttl more: kept, with a new fence above
+	// lastFence and every earlier grant. Else it does Release(key, owner, "", lastFence) and
+	// returns its outcome, kept false. ErrNotHeld when owner does not hold key.
 	Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (kept bool, fence int64, notified int, err error)
 }
 
-// ReadOwner returns the owner token of a read hold: token marked so that the store takes,
-// refreshes and releases a read hold with it. The mode lives in the owner because the owner
-// names the hold in every later call (Refresh, RefreshAll, Release, a give-back of a lost
-// reply), so a read hold cannot be released or refreshed as a write, or the other way round.
-// Store methods given such an owner act on the key's read holds:
-//   - Acquire takes a read hold of key, shared with its other read holds. It is refused (with
-//     the holder's TTL) while a write hold holds key, and, once a write Acquire was refused
-//     because of the read holds (it marks the key), until a writer had its turn (writer
-//     preference: a stream of readers cannot starve a writer). A read hold's Fence is the last
-//     fence the store handed out for key's family when it was granted: at least the fence of
-//     the last write it follows and below that of every write after it. Acquiring again with
-//     the same owner re-enters (Reentered), as for a write.
-//   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, and the end
-//     of the last read hold notifies the key's watchers when a writer waits.
-//   - Reenter never grants a read owner anything: read holds are not handed over.
-//
-// Every read and write hold has its own lease: it expires a TTL after its last refresh.
+// ReadOwner returns the owner token of a read hold: token, marked. The mode lives in the owner,
+// which names the hold in every later call (Refresh, RefreshAll, Release, a lost reply's
+// give-back), so a read hold is never released or refreshed as a write, nor the other way
+// round. Store methods given one act on the key's read holds, each a lease (as a write hold
+// is) expiring a TTL after its last refresh:
+//   - Acquire takes a read hold, shared with the key's others. It is refused (with the holder's
+//     TTL) while a write hold holds key and, once a write Acquire was refused for the readers
+//     (marking the key), until a writer had its turn (writers are not starved). Its Fence is
+//     the last handed out for key's family: at least the write's it follows, below every later
+//     write's. Acquiring again with the same owner re-enters (Reentered), as for a write.
+//   - Refresh extends that read hold alone; Release (hold "", lastFence 0) ends it, the last
+//     one notifying the key's watchers when a writer waits. Reenter grants a read owner nothing.
 func ReadOwner(token string) string { return readOwnerMark + token }
 
 // IsReadOwner reports whether owner was made by ReadOwner.
 func IsReadOwner(owner string) bool { return strings.HasPrefix(owner, readOwnerMark) }
 
-// readOwnerMark starts the owner token of a read hold. The tokens flightlock mints are unpadded
-// base64url, which never contains it.
+// readOwnerMark starts a read hold's owner token; flightlock's tokens (base64url) never have it.
 const readOwnerMark = "~"
 
 // Watch delivers release notifications of one key. C receives a value after each release
@@ -309,10 +257,8 @@ type Watch struct {
 	fresh bool
 }
 
-// Fresh reports whether the watch began to listen only now: a release between the caller's
-// last look at the key (a busy reply) and Watch may have gone unheard, so a refused caller
-// looks once more before it sleeps. False for a Redis channel subscribed already and for the
-// etcd store, which watches from the revision of its last busy reply.
+// Fresh reports a watch begun only now (not a subscribed Redis channel; not etcd, watching from
+// the busy reply's revision): it may miss a release since, so the caller looks once more.
 func (w *Watch) Fresh() bool { return w != nil && w.fresh }
 
 // NewWatch returns a Watch for Store implementations: c is signalled on each release (never
@@ -323,13 +269,10 @@ func NewWatch(c chan struct{}, stop func()) *Watch {
 
 // NewFreshWatch is NewWatch for a watch that starts listening only now (see Watch.Fresh).
 func NewFreshWatch(c chan struct{}, stop func()) *Watch {
-	w := NewWatch(c, stop)
-	w.fresh = true
-	return w
+	return &Watch{c: c, close: sync.OnceFunc(stop), fresh: true}
 }
 
-// C returns the channel that is signalled when the watched key is released. A nil Watch has
-// a nil channel, which never delivers.
+// C returns the channel signalled when the key is released; nil (never delivering) for a nil Watch.
 func (w *Watch) C() <-chan struct{} {
 	if w == nil {
 		return nil

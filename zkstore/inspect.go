@@ -14,8 +14,7 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// Inspector is the lockstore.Inspector of the locks a Store keeps under one prefix. Create it
-// with NewInspector.
+// Inspector is the lockstore.Inspector of a Store's locks under one prefix.
 type Inspector struct {
 	s      *Store
 	prefix string
@@ -29,9 +28,8 @@ func NewInspector(s *Store, prefix string) *Inspector { return &Inspector{s: s, 
 // The middleware finds a store's name and response store through Describer, at run time.
 var _ lockstore.Describer = (*Store)(nil)
 
-// Describe implements lockstore.Describer: the store as "zookeeper" and its inspector, for
-// keys under prefix. It keeps no responses (Responses nil), and closing it ends its session,
-// and with it every hold (CloseEndsHolds).
+// Describe implements lockstore.Describer: "zookeeper" and its inspector, for keys under prefix;
+// no Responses, and CloseEndsHolds (closing ends its session, and every hold with it).
 func (s *Store) Describe(prefix string) *lockstore.Backend {
 	return &lockstore.Backend{Name: "zookeeper", Store: s, Prefix: prefix, Inspector: NewInspector(s, prefix), CloseEndsHolds: true}
 }
@@ -63,9 +61,9 @@ func (in *Inspector) List(ctx context.Context, pattern string, opts lockstore.Li
 		case errors.Is(err, zk.ErrNoAuth):
 			// A node whose ACL refuses this session is no Store's (they make every node
 			// readable by all): one such node cannot hide the locks beside it.
-			l = lockstore.LockInfo{Key: k, StoreKey: in.s.keyPath(in.prefix + k), TTL: lockstore.NoTTL, Unrecognized: "(unreadable: " + err.Error() + ")"}
+			l.Unrecognized = "(unreadable: " + err.Error() + ")"
 		case err != nil:
-			return nil, 0, fmt.Errorf("read %s: %w", in.s.keyPath(in.prefix+k), err)
+			return nil, 0, fmt.Errorf("read %s: %w", l.StoreKey, err)
 		}
 		if opts.Limit > 0 && len(locks) == opts.Limit {
 			more++
@@ -85,8 +83,8 @@ func (in *Inspector) Lookup(ctx context.Context, key string) (lockstore.LockInfo
 	return l, nil
 }
 
-// read reads the lock of key (without the prefix), with its key node's stat and holds;
-// ErrNotHeld when it has no node or no holds.
+// read reads the lock of key (no prefix), with its key node's stat and holds; ErrNotHeld when
+// it has no node or no holds. Even on error, the lock has its keys and NoTTL.
 func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, *zk.Stat, []string, error) {
 	p := in.s.keyPath(in.prefix + key)
 	l := lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL}
@@ -113,9 +111,9 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 		holds++
 	}
 	if holds == 0 {
-		// Children, and not one hold among them: a node someone else made (zkCli), which no
-		// Store holds or frees.
-		return lockstore.LockInfo{Key: key, StoreKey: p, TTL: lockstore.NoTTL, Unrecognized: cmp.Or(string(data), lockstore.EmptyValue)}, stat, kids, nil
+		// Children, none a hold: a node someone else made (zkCli), which no Store holds or frees.
+		l.Unrecognized = cmp.Or(string(data), lockstore.EmptyValue)
+		return l, stat, kids, nil
 	}
 	_, _, l.Contended = parseValue(data)
 	l.Fence = fence(stat.Czxid)
@@ -127,9 +125,8 @@ func (in *Inspector) read(ctx context.Context, key string) (lockstore.LockInfo, 
 	return l, stat, kids, nil
 }
 
-// ForceUnlock implements lockstore.Inspector: deletes every hold of the grant l read and its
-// key node in one multi that checks the node's version, so a lock that changed hands since
-// (another creation zxid) is left alone. It reports 1 notified when the lock was contended.
+// ForceUnlock implements lockstore.Inspector: one multi deletes the holds of grant l and its key
+// node, failing on another grant (creation zxid); 1 notified if it was contended.
 func (in *Inspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	p := in.s.keyPath(in.prefix + l.Key)
 	for range attempts {

@@ -25,9 +25,8 @@ const attempts = 8
 // progress (its hold would keep the key); past attempts, each round waits first.
 const releaseRounds = 64
 
-// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold, and
-// sets the node's data once more to read its creation zxid (the fence); see held for a key
-// node that exists, and acquirePermits for a request with Permits.
+// Acquire implements lockstore.Store: one multi creates the key node and its "own" hold and
+// sets the data again to read its creation zxid, the fence (see held, and acquirePermits).
 func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if len(req.Permits) > 0 {
 		return s.acquirePermits(ctx, req)
@@ -42,13 +41,10 @@ func (s *Store) Acquire(ctx context.Context, req lockstore.Request) (lockstore.A
 	return s.acquire(ctx, key, owner, meta, "")
 }
 
-// acquirePermits serves a request with Permits. It reads every permit's key node at once, in
-// one round trip (the session's connection carries the reads together), then takes with
-// takePermits every permit that owner holds already (a re-sent request re-enters them all and
-// takes no more), else up to Want of those the read found free or without holds (acquire
-// clears such a node). A read that fails fails the request: that permit may be owner's. Only
-// when it takes none does it mark the busy ones, each as acquire marks a key it is refused,
-// all at once.
+// acquirePermits reads every permit's key node in one round trip, then takes (takePermits)
+// each one owner holds (a re-send re-enters all, taking no more), else up to Want free or
+// holdless ones (acquire clears those). A failed read fails it (the permit may be owner's).
+// Taking none, it marks the busy ones at once, as acquire marks a key it is refused.
 func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -103,12 +99,11 @@ func (s *Store) acquirePermits(ctx context.Context, req lockstore.Request) (lock
 	return busy, nil // HolderTTL 0, as for one key: a hold lives as long as its session
 }
 
-// takePermits takes up to want of the permits at places idx of req.Permits, in order, each with
-// acquire: they are different keys, so the takes of a round go out together. One taken since
-// the look is refused (busy, marked by acquire) and the next is tried in its place. A take
-// that fails ends the rounds, and its error (of several, one whose outcome is unknown) is the
-// reply only when none was granted: otherwise the grants are, and that permit, which the take
-// may have got, goes back in the background (the caller holds only what the reply names).
+// takePermits takes up to want of the permits at places idx of req.Permits, in order, by
+// acquire, a round's together (different keys); one taken since the look is refused (marked)
+// and the next tried. A failed take ends the rounds; its error (of several, one of unknown
+// outcome) is the reply only if nothing was granted, else its permit goes back in the
+// background, as the caller holds only what the reply names.
 func (s *Store) takePermits(ctx context.Context, req lockstore.Request, idx []int, want int) (lockstore.Acquisition, error) {
 	var (
 		grants      []lockstore.PermitGrant
@@ -204,9 +199,8 @@ func (s *Store) acquire(ctx context.Context, key, owner, meta, place string) (lo
 	return lockstore.Acquisition{}, nil // busy: the key changed hands in every round
 }
 
-// held reads key node p that an acquisition of hold name for owner found: owner's already
-// (Reentered), another's (busy, marked so that waiters know), readers' that a reader joins
-// (with data, its value), or without holds (an expired session's: deleted, and again is true).
+// held reads key node p an acquisition of hold name for owner found: owner's (Reentered),
+// another's (busy, marked), readers' (joined, with data), or holdless (deleted; again is true).
 func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a lockstore.Acquisition, again bool, err error) {
 	cur, stat, kids, err := s.node(ctx, p)
 	if errors.Is(err, zk.ErrNoNode) {
@@ -238,10 +232,8 @@ func (s *Store) held(ctx context.Context, p, owner, name string, data []byte) (a
 	return s.refuse(ctx, p, cur, stat, kids), false, nil
 }
 
-// refuse is the busy reply for key node p, read as data, stat and its holds kids, which holds
-// another's grant: the holder's metadata, and the node marked as contended if it was not. The
-// mark tells readers that a writer waits, and operators that the lock was contended. The multi
-// checks one of the holds read, so a node the key got since keeps its data.
+// refuse is the busy reply (the holder's metadata) for key node p (data, stat, kids) of another's
+// grant, marked contended (a writer waits) by a multi checking a hold read, sparing later nodes.
 func (s *Store) refuse(ctx context.Context, p string, data []byte, stat *zk.Stat, kids []string) lockstore.Acquisition {
 	if _, _, marked := parseValue(data); !marked && len(kids) > 0 {
 		_, _ = s.multi(ctx, nil,
@@ -275,12 +267,8 @@ func (s *Store) reservedFor(p string, mzxid int64) bool {
 	return now.Sub(seen) < writerReserve
 }
 
-// giveBackIfTaken returns the late hook of a multi that created hold for owner under p: when the
-// caller left before the answer and the multi went through, the hold is released at once, and
-// when its reply was lost with the connection, the hold it may have made is remembered as
-// unsure (mayHaveMade). Either is retried until it is gone (releaseLater): the caller's own
-// give-back ran while nothing was known, and the owner is spent, so no grant the owner was
-// told of is one the retry could end.
+// giveBackIfTaken is the late hook of a multi creating hold for owner under p: a hold made is
+// released, one maybe made remembered (mayHaveMade), either retried till gone (owner spent).
 func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, error) {
 	return func(res []zk.MultiResponse, err error) {
 		if errors.Is(s.mayHaveMade(p, owner, hold, err), lockstore.ErrOutcomeUnknown) {
@@ -300,15 +288,11 @@ func (s *Store) giveBackIfTaken(p, owner, hold string) func([]zk.MultiResponse, 
 	}
 }
 
-// outcome is err, the error of a request that may have made a node, wrapping
-// lockstore.ErrOutcomeUnknown when it is zk.ErrConnectionClosed: the request was in flight
-// when the connection closed, the server may have run it, and the client reconnects to the
-// same session, which keeps what it made. Any other error made nothing that outlives the
-// answer: a request whose write to the connection failed (a net.Error) almost certainly never
-// reached the server, one the server ignored (zk.ErrSessionMoved) or never got (zk.ErrNoServer)
-// made nothing, nor did one whose session ended, with its nodes; and what a request that the
-// caller's context cut short made is given back by the late hook (giveBackIfTaken), or by the
-// caller, who sees the context's error.
+// outcome is err, of a request that may have made a node, wrapping ErrOutcomeUnknown for
+// zk.ErrConnectionClosed: in flight, it may have run, and the reconnected session keeps what it
+// made. No other error leaves one: a failed write (net.Error) almost surely never arrived, one
+// ignored (ErrSessionMoved) or never got (ErrNoServer) made nothing, nor one whose session
+// ended; what a request its context cut short made is given back (giveBackIfTaken, caller).
 func outcome(err error) error {
 	if errors.Is(err, zk.ErrConnectionClosed) {
 		return fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
@@ -316,12 +300,10 @@ func outcome(err error) error {
 	return err
 }
 
-// mayHaveMade is outcome(err) for a multi that creates hold name of owner under key node p. A
-// hold whose reply was lost is remembered as unsure: the caller gives it back by owner, and
-// when that Release fails (a give-back is short, and often spent while the client reconnects)
-// releaseLater retries it until it is gone. The owner is spent (the contract of
-// ErrOutcomeUnknown and Release): nothing else is sent as owner, so no later grant to it is
-// one the retry could end, and the record goes once the hold is released or found missing.
+// mayHaveMade is outcome(err) for a multi creating hold name of owner under p, remembering a
+// hold of a lost reply as unsure: if the caller's give-back fails (often, while the client
+// reconnects) releaseLater retries until it is released or missing. The owner is spent
+// (ErrOutcomeUnknown, Release), so the retry can end no grant the owner was told of.
 func (s *Store) mayHaveMade(p, owner, name string, err error) error {
 	err = outcome(err)
 	if errors.Is(err, lockstore.ErrOutcomeUnknown) {
@@ -348,7 +330,9 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 		if err != nil {
 			return lockstore.Acquisition{}, fmt.Errorf("flightlock: re-enter %q: %w", key, err)
 		}
-		anchor := slices.IndexFunc(kids, func(k string) bool { return ofOwner(k, h) })
+		anchor := slices.IndexFunc(kids, func(k string) bool { // the acquisition's or a re-entry's
+			return k == ownPre+h || strings.HasPrefix(k, borrowPre+h+"-")
+		})
 		if anchor < 0 {
 			return lockstore.Acquisition{}, nil // another's, or nobody's: a handed token takes nothing
 		}
@@ -369,9 +353,8 @@ func (s *Store) Reenter(ctx context.Context, key, owner, hold string, ttl time.D
 	return lockstore.Acquisition{}, nil
 }
 
-// Refresh implements lockstore.Store: a multi of existence checks of the holds this store made
-// for owner under key, a write that the leader refuses once the session expired: success means
-// the lock lives at least MaxTTL from the send (see the package doc).
+// Refresh implements lockstore.Store: a multi checking the holds made for owner under key, a
+// write the leader refuses once the session expired: success proves MaxTTL past the send.
 func (s *Store) Refresh(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := s.check(key, owner, ttl); err != nil {
 		return err
@@ -441,10 +424,8 @@ func (s *Store) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []err
 	return errs
 }
 
-// Release implements lockstore.Store: deletes owner's hold, and with the last hold the key
-// node, in one multi that checks the node's version as read. It reports 1 notified when the
-// lock was marked (someone was refused while it was held), else 0. A release that fails on the
-// store's error is tried again in the background (releaseLater).
+// Release implements lockstore.Store: a multi deletes owner's hold and with the last the key
+// node at the version read; 1 notified if marked, else 0. Store errors are retried later.
 func (s *Store) Release(ctx context.Context, key, owner, hold string, lastFence int64) (int, error) {
 	if err := cmp.Or(s.check(key, owner, time.Millisecond), lockstore.CheckHold(hold, true)); err != nil {
 		return 0, err
@@ -463,9 +444,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	hold := &zk.DeleteRequest{Path: p + "/" + name, Version: -1}
 	reader := strings.HasPrefix(name, readerPre)
 	if !reader {
-		// The common case first, in one request: the grant's only hold goes with its node. A
-		// node with other holds fails it whole, and the general case below reads it. It reads
-		// no mark, so reports none notified; the waiters' watches hear the node go all the same.
+		// The common case in one request: the grant's only hold with its node (other holds
+		// fail it whole). It reads no mark, so none notified: watches hear the node go anyway.
 		_, err := s.multi(ctx, nil, hold, &zk.DeleteRequest{Path: p, Version: -1})
 		if !errors.Is(err, zk.ErrNotEmpty) {
 			return s.released(p, owner, name, 0, err)
@@ -499,8 +479,7 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 			}
 			err = s.releaseNotLast(ctx, p, name, data, stat)
 		case reader && marked:
-			// The last reader leaves it to writers: with no holds any writer clears and takes
-			// it, while readers wait out writerReserve.
+			// Left to writers: any clears and takes it; readers wait out writerReserve.
 			_, err = s.multi(ctx, nil, hold, &zk.SetDataRequest{Path: p, Data: []byte(writerTag + markSuffix), Version: stat.Version})
 			notified = 1
 		default:
@@ -520,9 +499,8 @@ func (s *Store) releaseHold(ctx context.Context, p, owner, name string) (int, er
 	return 0, fmt.Errorf("flightlock: release %s: the key node kept changing", p)
 }
 
-// releaseNotLast deletes hold name under key node p, read as data and stat with other holds
-// beside it, and writes the data back at the version read: of two holders releasing at once
-// from the same read, the second fails (a bad version), reads again and finds itself last.
+// releaseNotLast deletes hold name under p, beside others, writing data back at stat's version:
+// of two holders releasing at once from one read, the second fails, reads again and is last.
 func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte, stat *zk.Stat) error {
 	_, err := s.multi(ctx, nil,
 		&zk.DeleteRequest{Path: p + "/" + name, Version: -1},
@@ -530,8 +508,7 @@ func (s *Store) releaseNotLast(ctx context.Context, p, name string, data []byte,
 	return err
 }
 
-// released is the outcome of releaseHold's multi that deleted hold name of owner under key
-// node p and notified waiters, or failed with err: a hold that is gone is forgotten.
+// released is the outcome (notified, or err) of releaseHold's multi; a hold gone is forgotten.
 func (s *Store) released(p, owner, name string, notified int, err error) (int, error) {
 	switch {
 	case err == nil:
@@ -544,9 +521,8 @@ func (s *Store) released(p, owner, name string, notified int, err error) (int, e
 	return 0, fmt.Errorf("flightlock: release %s: %w", p, err)
 }
 
-// releaseLater retries a release that failed, until it goes through, the hold is gone (or no
-// longer this store's, nor maybe so: mayHold), or the store closes: while the session lives the
-// hold would keep the key from everyone.
+// releaseLater retries a failed release until it goes through, the hold is gone or not even
+// maybe this store's (mayHold), or the store closes: the hold would keep the key from everyone.
 func (s *Store) releaseLater(p, owner, name string) {
 	s.retry(func(ctx context.Context) bool {
 		if !s.mayHold(p, owner, name) {
@@ -557,10 +533,8 @@ func (s *Store) releaseLater(p, owner, name string) {
 	})
 }
 
-// retry runs try until it reports done or the store closes, each time after a pause that
-// doubles from 100ms to 2s, with a session's length to answer. It is how a give-back that
-// failed goes on: a hold or a place nobody else knows of lives as long as the session, and
-// would keep the key (or its line) from everyone until the process ends.
+// retry runs try after pauses doubling from 100ms to 2s, a session's length each, until done or
+// the store closes: a failed give-back's hold or place would keep the key (or line) from all.
 func (s *Store) retry(try func(ctx context.Context) (done bool)) {
 	for delay := 100 * time.Millisecond; !s.closed.Load(); delay = min(2*delay, 2*time.Second) {
 		time.Sleep(delay)
@@ -589,7 +563,7 @@ func (s *Store) TTL(ctx context.Context, key string) (time.Duration, error) {
 }
 
 // Watch implements lockstore.Store: a watch of the key node's holds, set again after each
-// change until closed. It starts listening only now (lockstore.Watch.Fresh).
+// change until closed; Fresh, as it starts listening only now.
 func (s *Store) Watch(ctx context.Context, key string) (*lockstore.Watch, error) {
 	if err := lockstore.CheckKey(key); err != nil {
 		return nil, err

@@ -13,20 +13,16 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// writerReserve is how long the last reader of a key a writer waited for keeps it for writers
-// (releaseHold): long enough for the writer, woken by its watch, to take it before the readers
-// it held back; and the longest a writer that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key for the writer that waited (releaseHold),
+// to beat the readers it held back; at most this, a departed writer holds new readers back.
 const writerReserve = time.Second
 
-// Read holds (lockstore.ReadOwner): a read-held key node has the data "~r ..." and one
-// ephemeral hold "r-<owner hash>" per reader. A writer refused by it marks it (" ~", as any
-// held key), and readers refuse a marked node: writer preference.
+// Read holds (lockstore.ReadOwner): the key node's data is "~r ...", one hold "r-<hash>" per
+// reader. A refused writer marks it (" ~"); readers refuse a marked node: writer preference.
 
-// joinReaders adds read hold name of owner to readers' key node p, read as stat and its holds
-// kids. The check of one of their holds fails on any node the key got since, and writing the
-// data at the version read fails once a writer marked it (then again is true). The data names
-// the reader that came last, so a refused writer is told of a reader that holds the key
-// (releaseHold clears it when a reader leaves others behind).
+// joinReaders adds read hold name of owner to readers' key node p (stat, kids), failing (again
+// true) on a node the key got since or one a writer marked. The data names the last reader, so
+// a refused writer is told of a holder (releaseHold clears it when a reader leaves others).
 func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []byte, stat *zk.Stat, kids []string) (a lockstore.Acquisition, again bool, err error) {
 	_, err = s.multi(ctx, s.giveBackIfTaken(p, owner, name),
 		&zk.CheckVersionRequest{Path: p + "/" + kids[0], Version: -1},
@@ -42,12 +38,9 @@ func (s *Store) joinReaders(ctx context.Context, p, owner, name string, data []b
 	return lockstore.Acquisition{}, false, fmt.Errorf("join the readers of %s: %w", p, s.mayHaveMade(p, owner, name, err))
 }
 
-// acquireFair is Acquire of a fair request. A key's line is a node beside its key node
-// (linePath) whose children are the places: ephemeral sequential nodes, ordered by when each
-// request reached the ensemble, so Asked is not used. The first in line takes a free key with a
-// multi that also deletes its place. A place lives as long as its session: a waiter whose
-// process died leaves the line when its session expires (not after Queue). Acquire checked the
-// arguments.
+// acquireFair is Acquire of a fair request (arguments checked). A key's line (linePath) holds
+// places, ephemeral sequential nodes ordered by arrival (not Asked), living with their session
+// (not Queue); the first in line takes a free key in a multi deleting its place.
 func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	key, owner, meta, queue := req.Key, req.Owner, req.Meta, req.Queue
 	if lockstore.IsReadOwner(owner) {
@@ -60,8 +53,7 @@ func (s *Store) acquireFair(ctx context.Context, req lockstore.Request) (locksto
 	}
 	place := s.placeOf(line, owner)
 	if found := placeIn(line, place, kids); found != place {
-		// Gone with an expired session, or taken away: take another. Or made by a request whose
-		// reply was lost: it is owner's.
+		// Gone with an expired session or taken away: take another; or a lost reply's: owner's.
 		s.forget(line, owner, place)
 		if place = found; found != "" {
 			s.remember(line, owner, found)
@@ -88,8 +80,9 @@ func sequence(name string) string { return name[max(len(name)-10, 0):] }
 
 // takePlace creates owner's place at the end of line.
 func (s *Store) takePlace(ctx context.Context, line, owner string) (string, error) {
+	start := line + "/" + placePre + ownerHash(owner) + "-" // of every place of owner's in line
 	create := func() (string, error) {
-		return s.conn.Create(line+"/"+placePre+ownerHash(owner)+"-", nil, zk.FlagEphemeralSequential, s.acl)
+		return s.conn.Create(start, nil, zk.FlagEphemeralSequential, s.acl)
 	}
 	late := func(path string, err error) {
 		// The caller left: the place is nobody's. One a lost reply may have made is found by
@@ -98,7 +91,7 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 			if !errors.Is(outcome(err), lockstore.ErrOutcomeUnknown) {
 				return
 			}
-			path = line + "/" + placePre + ownerHash(owner) + "-"
+			path = start
 		}
 		s.remember(line, owner, path)
 		ctx, cancel := context.WithTimeout(context.Background(), s.session)
@@ -118,9 +111,9 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	}
 	if err != nil {
 		if err = outcome(err); errors.Is(err, lockstore.ErrOutcomeUnknown) {
-			// The place may be in line under a name only the lost reply had: remembered by the
-			// start every place of owner's has, for LeaveQueue and the next acquisition (placeIn).
-			s.remember(line, owner, line+"/"+placePre+ownerHash(owner)+"-")
+			// The place may be in line under a name only the lost reply had: remembered by its
+			// start, for LeaveQueue and the next acquisition (placeIn).
+			s.remember(line, owner, start)
 		}
 		return "", fmt.Errorf("flightlock: take a place in %s: %w", line, err)
 	}
@@ -128,9 +121,8 @@ func (s *Store) takePlace(ctx context.Context, line, owner string) (string, erro
 	return path, nil
 }
 
-// placeIn returns the place of line's places kids that place names: place itself, or the one
-// made under a place remembered by its start alone (takePlace); "" when none is there or place
-// is "". Sequence numbers have one length, so a whole place's name starts no other.
+// placeIn returns the kid of line that place names: itself, or for a place remembered by its
+// start (takePlace) the one it starts (sequence numbers have one length); "" for none.
 func placeIn(line, place string, kids []string) string {
 	for _, k := range kids {
 		if p := line + "/" + k; place != "" && strings.HasPrefix(p, place) {
@@ -148,10 +140,8 @@ func (s *Store) placeOf(line, owner string) string {
 	return ""
 }
 
-// LeaveQueue implements lockstore.Store: deletes owner's place. The next in line sees it at its
-// next look (the Locker's waiters look at least every FairLookEvery). A place is no lease: it
-// lives as long as the session, so a delete that fails is tried again in the background until
-// the place is gone, owner takes a new one or the store closes (leaveLater).
+// LeaveQueue implements lockstore.Store: deletes owner's place (seen within FairLookEvery); a
+// place lives with its session, so a failed delete is retried (leaveLater).
 func (s *Store) LeaveQueue(ctx context.Context, key, owner string) error {
 	if err := lockstore.CheckArgs(key, owner, time.Second); err != nil { // any valid TTL: none is asked
 		return err
@@ -180,10 +170,8 @@ func (s *Store) leaveLater(line, owner, place string) {
 func (s *Store) leave(ctx context.Context, line, owner, place string) error {
 	target := place
 	if strings.HasSuffix(place, "-") { // made by a request whose reply was lost, if at all (takePlace)
-		// The server this session reads from now may be another than the one the create went
-		// to, and not have applied it yet: a sync brings it up to the leader first. The create
-		// reached the leader before the session moved (then the sync comes after it), or never
-		// runs (the leader refuses a moved session's old connection).
+		// A sync brings the server read now up to the leader, which the create reached before
+		// the session moved (the sync follows it) or never will (the old connection is refused).
 		_, err := call(ctx, func() (string, error) { return s.conn.Sync(line) }, nil)
 		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return err

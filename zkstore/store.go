@@ -27,8 +27,8 @@ import (
 // Defaults of Config.
 const (
 	DefaultRoot = "/flightlock"
-	// DefaultSessionTimeout is ZooKeeper's default maxSessionTimeout (20 ticks), and leaves
-	// a MaxTTL of 14.7s with the default tickTime and syncLimit, above the Locker's default TTL.
+	// DefaultSessionTimeout is ZooKeeper's default maxSessionTimeout (20 ticks), leaving a
+	// MaxTTL of 14.7s with the default tick and syncLimit, above the Locker's default TTL.
 	DefaultSessionTimeout = 40 * time.Second
 	// DefaultTickTime and DefaultSyncLimit are ZooKeeper's sample configuration's, assumed when
 	// the servers do not answer the "conf" four-letter word and Config does not say.
@@ -36,16 +36,14 @@ const (
 	DefaultSyncLimit = 5
 )
 
-// Config is what the store needs to know of the ensemble and its session. Its tags are
-// go-zero's, for zkconf.Conf, the same fields as a service's Lock.Zookeeper section.
+// Config is what the store needs to know of the ensemble and its session; its go-zero tags
+// serve zkconf.Conf, a service's Lock.Zookeeper section.
 type Config struct {
-	// Hosts are the servers, "host:port".
-	Hosts []string `json:",optional"`
-	// SessionTimeout is the session's timeout (default DefaultSessionTimeout). It bounds the
-	// lock TTL (MaxTTL) and is checked against the ensemble's settings (see the package doc).
+	Hosts []string `json:",optional"` // the servers, "host:port"
+	// SessionTimeout (default DefaultSessionTimeout) bounds the lock TTL (MaxTTL), and is
+	// checked against the ensemble's settings (see the package doc).
 	SessionTimeout time.Duration `json:",default=40s"`
-	// Root is the node under which the locks live (default DefaultRoot); created if missing.
-	Root string `json:",default=/flightlock"`
+	Root           string        `json:",default=/flightlock"` // the locks' parent, made if missing
 	// TickTime and SyncLimit are the ensemble's, used when its servers do not answer the
 	// "conf" four-letter word (4lw.commands.whitelist); zero means the defaults.
 	TickTime  time.Duration `json:",optional"`
@@ -59,8 +57,8 @@ type ensemble struct {
 	fromServer             string        // the server that answered "conf", "" when the settings are Config's
 }
 
-// Store is the lockstore.Store on a ZooKeeper session. Create it with Dial (or New on a
-// connection of the caller's). It is safe for concurrent use.
+// Store is the lockstore.Store on a ZooKeeper session, made by Dial (or New on the caller's
+// connection). It is safe for concurrent use.
 type Store struct {
 	conn    *zk.Conn
 	owned   bool // Dial made conn: Close closes it
@@ -71,17 +69,14 @@ type Store struct {
 	closed  atomic.Bool
 
 	mu sync.Mutex
-	// reservedSeen is when this store first saw each key node that the last reader left to a
-	// waiting writer (by path and modification zxid): readers wait writerReserve from then, on
-	// this process's clock, never compared with the server's.
+	// reservedSeen is when this store first saw each key node (by path and mzxid) the last reader
+	// left to a waiting writer: readers wait writerReserve from then, by this process's clock.
 	reservedSeen map[string]time.Time // guarded by mu
-	// holds are the hold nodes this store created and has not released, per key node and
-	// owner: what Refresh checks. Being ephemeral on this session, their existence proves it.
-	// Under a line node, they are the paths of this store's places in that fair line.
+	// holds are the hold nodes this store made and did not release, per key node and owner:
+	// what Refresh checks (on this session, they prove it lives); under a line, its places.
 	holds map[holdKey][]string // guarded by mu
-	// unsure are, in the same form, the hold nodes that a request whose reply was lost may
-	// have made (mayHaveMade): releaseLater gives them back as it does holds, but Refresh does
-	// not check them, as they prove nothing (a handed-over owner's grant may be this store's).
+	// unsure are, alike, the holds a request whose reply was lost may have made: releaseLater
+	// gives them back, but Refresh ignores them (a handed-over owner's grant may be this store's).
 	unsure map[holdKey][]string // guarded by mu
 }
 
@@ -91,8 +86,8 @@ var _ lockstore.Store = (*Store)(nil)
 
 var errStoreClosed = errors.New("flightlock: zookeeper store closed")
 
-// Dial checks the session timeout against the ensemble's settings, connects, waits for a
-// session (at most one session timeout) and returns the store. Close ends the session.
+// Dial checks the session timeout against the ensemble's settings, connects and waits (at
+// most a session timeout) for a session. Close ends the session.
 func Dial(cfg Config) (*Store, error) {
 	if len(cfg.Hosts) == 0 {
 		return nil, errors.New("flightlock: zookeeper: no hosts")
@@ -128,8 +123,8 @@ func Dial(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// New returns the store on conn, a connection of the caller's made with cfg.SessionTimeout
-// (Close leaves it open). cfg.Hosts, when set, are asked for the ensemble's settings.
+// New returns the store on the caller's conn, made with cfg.SessionTimeout (Close leaves it
+// open); cfg.Hosts, if set, are asked for the ensemble's settings.
 func New(conn *zk.Conn, cfg Config) (*Store, error) {
 	cfg, ens, err := settle(cfg)
 	if err != nil {
@@ -157,8 +152,7 @@ func newStore(conn *zk.Conn, cfg Config, ens ensemble) (*Store, error) {
 	return s, nil
 }
 
-// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout
-// against them.
+// settle fills cfg's defaults, reads the ensemble's settings and checks the session timeout.
 func settle(cfg Config) (Config, ensemble, error) {
 	cfg.SessionTimeout, cfg.Root = cmp.Or(cfg.SessionTimeout, DefaultSessionTimeout), cmp.Or(cfg.Root, DefaultRoot)
 	ens := readEnsemble(cfg)
@@ -170,8 +164,7 @@ func maxTTL(session, tick time.Duration, syncLimit int) time.Duration {
 	return session*2/3 - time.Duration(syncLimit+1)*tick
 }
 
-// checkSession refuses a session timeout that the servers would change, or that a cut-off
-// follower's clients could not outlive.
+// checkSession refuses a timeout the servers would change or a cut-off follower outlasts.
 func checkSession(session time.Duration, ens ensemble) error {
 	from := "assumed (Config.TickTime, Config.SyncLimit; the servers do not answer \"conf\")"
 	if ens.fromServer != "" {
@@ -193,8 +186,7 @@ func checkSession(session time.Duration, ens ensemble) error {
 	return nil
 }
 
-// readEnsemble asks the servers for their settings with the "conf" four-letter word, and falls
-// back on cfg's when none answers it.
+// readEnsemble asks the servers for their settings ("conf"), else takes cfg's.
 func readEnsemble(cfg Config) ensemble {
 	ens := ensemble{tick: cfg.TickTime, syncLimit: cfg.SyncLimit}
 	if ens.tick <= 0 {
@@ -211,22 +203,17 @@ func readEnsemble(cfg Config) ensemble {
 		if err != nil {
 			continue
 		}
-		read := func(name string) (int64, bool) { // false when absent ("") or not a number
-			n, err := strconv.ParseInt(conf[name], 10, 64)
-			return n, err == nil
-		}
-		tick, ok := read("tickTime")
-		if !ok {
+		tick, err := strconv.ParseInt(conf["tickTime"], 10, 64)
+		if err != nil {
 			continue // "conf is not executed because it is not in the whitelist", or a stranger
 		}
-		sync, _ := read("syncLimit") // absent on a standalone server: no follower to cut off
+		millis := func(name string) time.Duration { // 0 when absent or not a positive number
+			n, _ := strconv.ParseInt(conf[name], 10, 64)
+			return time.Duration(max(n, 0)) * time.Millisecond
+		}
+		sync, _ := strconv.ParseInt(conf["syncLimit"], 10, 64) // absent when standalone: no follower
 		ens.tick, ens.syncLimit, ens.fromServer = time.Duration(tick)*time.Millisecond, int(sync), h
-		if n, ok := read("minSessionTimeout"); ok && n > 0 {
-			ens.minSession = time.Duration(n) * time.Millisecond
-		}
-		if n, ok := read("maxSessionTimeout"); ok && n > 0 {
-			ens.maxSession = time.Duration(n) * time.Millisecond
-		}
+		ens.minSession, ens.maxSession = millis("minSessionTimeout"), millis("maxSessionTimeout")
 		return ens
 	}
 	// No server told its bounds: assume ZooKeeper's defaults for the tick (2 and 20 ticks).
@@ -255,8 +242,7 @@ func fourLetter(addr, word string, timeout time.Duration) (map[string]string, er
 	return out, nil
 }
 
-// MaxTTL is the longest lock TTL the store accepts: two thirds of the session timeout less
-// syncLimit + 1 ticks.
+// MaxTTL is the longest lock TTL the store accepts (see the package doc).
 func (s *Store) MaxTTL() time.Duration { return s.maxTTL }
 
 // Capabilities implements lockstore.Store: MaxTTL, and 16 bits of fences per grant for handoffs.
@@ -270,8 +256,8 @@ func (s *Store) Capabilities() lockstore.Capabilities {
 	}
 }
 
-// fenceShift is how far a key node's creation zxid is shifted to make a fence. zxids carry the
-// leader's epoch in their top 32 bits; 16 more leave 2^15 elections before a fence overflows.
+// fenceShift is how far a creation zxid is shifted to make a fence. zxids carry the leader's
+// epoch in their top 32 bits; 16 more leave 2^15 elections before a fence overflows.
 const fenceShift = 16
 
 func fence(czxid int64) int64 { return czxid << fenceShift }
@@ -282,8 +268,8 @@ func (s *Store) Conn() *zk.Conn { return s.conn }
 // Root returns the node the locks live under.
 func (s *Store) Root() string { return s.root }
 
-// Close ends the session when Dial made it, and with it the session's holds: drain the Lockers
-// on the store first (flightlock.Locker.Drain).
+// Close ends the session when Dial made it, and the session's holds with it: drain the
+// Lockers on the store first (flightlock.Locker.Drain).
 func (s *Store) Close() error {
 	if !s.closed.Swap(true) && s.owned {
 		s.conn.Close()
@@ -296,10 +282,8 @@ func (s *Store) keyPath(key string) string { return s.root + "/" + nodeName(key)
 // linePath is the node of key's fair line, beside the key node: no escaped key has a ".".
 func (s *Store) linePath(key string) string { return s.keyPath(key) + ".line" }
 
-// nodeName escapes key into one node name: bytes other than ASCII letters, digits and
-// "-_:@=+," become %XX (upper-case hex), "%" and "." included. So a key never makes a path of
-// several nodes ("orders/0" stays beside "orders"), never names "." or "..", and two keys never
-// share a name.
+// nodeName escapes key into one node name (bytes but ASCII letters, digits and "-_:@=+," as %XX),
+// never several nodes ("orders/0" stays beside "orders"), "." or "..", nor another key's.
 func nodeName(key string) string {
 	var b strings.Builder
 	b.Grow(len(key))
@@ -342,8 +326,7 @@ const (
 	markSuffix = " ~" // someone was refused while the lock was held
 )
 
-// holdName is the node name of owner's hold: a read owner's read hold, else the acquisition's
-// own when hold is "", or the re-entry named hold.
+// holdName is the node name of owner's hold: its read hold, else the own ("") or re-entry hold.
 func holdName(owner, hold string) string {
 	switch h := ownerHash(owner); {
 	case lockstore.IsReadOwner(owner):
@@ -353,11 +336,6 @@ func holdName(owner, hold string) string {
 	default:
 		return ownPre + h
 	}
-}
-
-// ofOwner reports whether hold node name is the acquisition's or a re-entry's of owner hash h.
-func ofOwner(name, h string) bool {
-	return name == ownPre+h || strings.HasPrefix(name, borrowPre+h+"-")
 }
 
 // value is a key node's data: "<owner hash>[ <metadata>][ ~]".
@@ -376,7 +354,7 @@ func parseValue(data []byte) (owner, meta string, marked bool) {
 	return owner, meta, marked
 }
 
-// check refuses a call on a closed store, lockstore.CheckArgs's refusals and a TTL above MaxTTL.
+// check refuses a closed store, what lockstore.CheckArgs refuses and a TTL above MaxTTL.
 func (s *Store) check(key, owner string, ttl time.Duration) error {
 	if s.closed.Load() {
 		return errStoreClosed
@@ -390,12 +368,19 @@ func (s *Store) check(key, owner string, ttl time.Duration) error {
 	return nil
 }
 
-// remember records a hold node this store created; forget drops it, and a record of it as
-// unsure (rememberUnsure), as a hold released or found gone is neither.
-func (s *Store) remember(node, owner, hold string) {
+// remember records a hold node this store made, rememberUnsure one a lost reply may have made;
+// forget drops both, as a hold released or found gone is neither.
+func (s *Store) remember(node, owner, hold string)       { s.addHold(s.holds, node, owner, hold) }
+func (s *Store) rememberUnsure(node, owner, hold string) { s.addHold(s.unsure, node, owner, hold) }
+
+// addHold adds hold to m (s.holds or s.unsure, guarded by s.mu) once.
+func (s *Store) addHold(m map[holdKey][]string, node, owner, hold string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	addHold(s.holds, holdKey{node, owner}, hold)
+	k := holdKey{node, owner}
+	if !slices.Contains(m[k], hold) {
+		m[k] = append(m[k], hold)
+	}
 }
 
 func (s *Store) forget(node, owner, hold string) {
@@ -410,19 +395,6 @@ func (s *Store) forget(node, owner, hold string) {
 	}
 }
 
-// rememberUnsure records a hold node that a request whose reply was lost may have created.
-func (s *Store) rememberUnsure(node, owner, hold string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	addHold(s.unsure, holdKey{node, owner}, hold)
-}
-
-func addHold(m map[holdKey][]string, k holdKey, hold string) {
-	if !slices.Contains(m[k], hold) {
-		m[k] = append(m[k], hold)
-	}
-}
-
 // holdsOf returns the hold nodes this store made for owner under node.
 func (s *Store) holdsOf(node, owner string) []string {
 	s.mu.Lock()
@@ -430,8 +402,8 @@ func (s *Store) holdsOf(node, owner string) []string {
 	return slices.Clone(s.holds[holdKey{node, owner}])
 }
 
-// mayHold reports whether hold node name of owner under node is this store's, or may be
-// (unsure): what a release retried in the background still gives back.
+// mayHold reports whether hold node name of owner under node is, or may be (unsure), this
+// store's: what a release retried in the background still gives back.
 func (s *Store) mayHold(node, owner, name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -439,9 +411,8 @@ func (s *Store) mayHold(node, owner, name string) bool {
 	return slices.Contains(s.holds[k], name) || slices.Contains(s.unsure[k], name)
 }
 
-// call runs fn, a call of the ZooKeeper client (which takes no context), and returns when fn
-// does or ctx ends. late, when not nil, gets fn's outcome if ctx ended first, to give back what
-// the call took for a caller that left.
+// call runs fn, a call of the ZooKeeper client (which takes no context), until it returns or ctx
+// ends. late, if not nil, gets fn's outcome after ctx ended, to give back what it took.
 func call[T any](ctx context.Context, fn func() (T, error), late func(T, error)) (T, error) {
 	if ctx.Done() == nil {
 		return fn()
@@ -480,8 +451,7 @@ func (s *Store) multi(ctx context.Context, late func([]zk.MultiResponse, error),
 	return res, opError(res, err)
 }
 
-// opError is the error of the operation that failed a multi (the others report that they were
-// rolled back), or err.
+// opError is the error of the operation that failed a multi (not the others' roll-back), or err.
 func opError(res []zk.MultiResponse, err error) error {
 	for _, r := range res {
 		if r.Error != nil && !errors.Is(r.Error, zk.ErrAPIError) {
@@ -518,9 +488,8 @@ func (s *Store) children(ctx context.Context, path string) ([]string, error) {
 	return kids, err
 }
 
-// node reads key node p's data, stat and holds. The two reads travel together, in one round
-// trip; as the server may answer them on either side of a change of hands, they are sent again
-// until both saw the same node (creation zxid).
+// node reads key node p's data, stat and holds in one round trip, again until both reads saw
+// the same node (creation zxid): the server may answer them either side of a change of hands.
 func (s *Store) node(ctx context.Context, p string) ([]byte, *zk.Stat, []string, error) {
 	for range attempts {
 		var (

@@ -1,7 +1,5 @@
-// Package embedded runs flightlock's Redis store on an in-process miniredis, for development
-// and tests when no shared Redis exists. Locks taken on it protect only the processes that use
-// the store: it is not for production. It is a package of its own so that the lock core does
-// not depend on miniredis.
+// Package embedded runs the Redis store on an in-process miniredis, for development and tests
+// (its locks protect only its own processes), apart so that the core does not need miniredis.
 package embedded
 
 import (
@@ -15,25 +13,21 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// tick is how often the embedded server's clock is moved forward: miniredis expires keys only
-// when its clock moves, so lock TTLs are accurate to about this much.
+// tick is how often the clock moves (miniredis expires keys only then): the TTLs' precision.
 const tick = 10 * time.Millisecond
 
-// advance moves mr's clock on by the time from last to now, at most maxStep (see there), and
-// returns now.
+// advance moves mr's clock on by now - last, at most maxStep, and returns now.
 func advance(mr *miniredis.Miniredis, last, now time.Time) time.Time {
 	mr.FastForward(min(now.Sub(last), maxStep))
 	return now
 }
 
-// maxStep bounds one move of the clock. A ticker held up (a starved process) would otherwise
-// move it by the whole wait at once, taking time from keys set meanwhile that they never lived,
-// so that a lock ran out before its TTL. A clock that falls behind only makes locks live longer.
+// maxStep bounds one move of the clock: a held-up ticker (a starved process) moving it the whole
+// wait would end keys set meanwhile early; a clock that falls behind only lengthens locks.
 const maxStep = 2 * tick
 
-// New starts an in-process miniredis on a free loopback port and returns a store on it, with
-// opts applied. Close stops the server and closes the store's client. The client speaks RESP2,
-// the protocol with which miniredis delivers pub/sub messages.
+// New returns a store, with opts, on a miniredis started on a free loopback port; Close stops
+// it and closes the client (RESP2: miniredis delivers pub/sub messages in it).
 func New(opts ...redisstore.Option) (*redisstore.RedisStore, error) {
 	mr := miniredis.NewMiniRedis()
 	if err := mr.StartAddr("127.0.0.1:0"); err != nil {

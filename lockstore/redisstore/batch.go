@@ -10,8 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultLanes is how many script calls a RedisStore keeps on the wire at once before it
-// batches (WithLanes).
+// DefaultLanes is how many script calls a RedisStore sends at once before it batches.
 const DefaultLanes = 4
 
 // pipeliner is what batching needs from the client; every go-redis client has it.
@@ -19,27 +18,21 @@ type pipeliner interface {
 	Pipeline() redis.Pipeliner
 }
 
-// batcher sends the scripts of concurrent callers (acquire, refresh, release) to Redis.
+// batcher sends concurrent callers' scripts: up to lanes at once as plain go-redis calls on own
+// connections and contexts (no late hook: a reply go-redis gave up on is gone). Others queue;
+// a lane whose call or batch returns sends the whole queue as one pipeline: under load N round
+// trips and their system calls (a lock's CPU) become one.
 //
-// Up to lanes calls go out at once, each on its own pooled connection with its caller's
-// context, as plain go-redis calls. A call that finds every lane busy queues; when a lane's
-// call or batch returns, the lane takes the whole queue and sends it as one pipeline: under
-// load N round trips become one, and so do the system calls, where a lock spends its CPU.
-//
-// Nobody waits past their own deadline, even on a hung Redis (which go-redis's AutoPipeline
-// does not promise: there a call waits for its batch however short its context). A batch is
-// bounded by the latest deadline among its callers (batchContext), so that a neighbour's short
-// deadline never fails a call early, and each caller leaves on its own context:
-//   - a call whose context ends while it is queued is dropped and never sent;
-//   - a call whose context ends while it is on the wire returns at once with context.Cause.
-//     The command still runs, and when its reply arrives (or the batch fails) the lane hands
-//     it to the call's late hook, in a goroutine of its own so that a slow clean-up never
-//     holds the lane. An acquire needs one (RedisStore.releaseOnReply): a lock it took that
-//     nobody learns about would stay held until its TTL. Refresh and release need none: a
-//     late refresh extends a lock its holder still releases; a late release did its job.
-//
-// A call on a free lane runs on its caller's context and needs no hook: a reply go-redis gave
-// up on is gone.
+// Nobody waits past their own deadline, even on a hung Redis (go-redis's AutoPipeline makes a
+// call wait for its batch however short its context). A batch is bounded by its callers'
+// latest deadline (batchContext), so a neighbour's short one never fails a call early, and
+// each caller leaves on its own context:
+//   - a call whose context ends while queued is dropped, never sent;
+//   - a call whose context ends on the wire returns at once with context.Cause. The command
+//     still runs, and the lane hands its reply (or the batch's failure) to the call's late
+//     hook, in a goroutine of its own so a slow clean-up never holds the lane. An acquire
+//     needs one (RedisStore.releaseOnReply), or a lock nobody learns of stays held until its
+//     TTL; a late refresh extends a lock its holder still releases, a late release did its job.
 type batcher struct {
 	client   pipeliner
 	scripter redis.Scripter // the same client, for calls on a free lane
@@ -50,10 +43,9 @@ type batcher struct {
 	queue []*queuedCall // guarded by mu: calls waiting for a lane, oldest first
 }
 
-// Lifecycle of a queued call: queued -> abandoned (its caller left before a lane took it; never
-// sent), or queued -> sent (a lane took it), then sent -> answered (the lane hands the reply to
-// the caller) or sent -> left (the caller left first; the lane hands the reply to late). Each
-// step is a CAS, which decides the race between the lane and the caller.
+// Lifecycle of a queued call, each step a CAS deciding the race between lane and caller:
+// queued -> abandoned (the caller left first; never sent), or queued -> sent, then sent ->
+// answered (the reply goes to the caller) or sent -> left (the caller left; it goes to late).
 const (
 	callQueued int32 = iota
 	callAbandoned
@@ -81,9 +73,8 @@ func newBatcher(client Client, lanes int) *batcher {
 	return &batcher{client: p, scripter: client, lanes: lanes}
 }
 
-// run runs script with keys and args, through a free lane or in the next batch. late, if not
-// nil, gets the reply of a batched call whose caller's context ended while it was on the wire;
-// it runs in a goroutine of its own, also when the reply is an error, and must bound its work.
+// run runs script through a free lane or in the next batch. late, if not nil, gets (in a
+// goroutine, bounding its work) the reply or error of a batched call whose caller left.
 func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	b.mu.Lock()
 	if b.busy < b.lanes {
@@ -116,8 +107,8 @@ func (b *batcher) run(ctx context.Context, script *redis.Script, keys []string, 
 	}
 }
 
-// compactAt is the queue length from which calls that gave up are dropped (checked at every
-// power of two, amortised), so that on a hung Redis callers that left do not pile up.
+// compactAt is the queue length from which abandoned calls are dropped (at each power of two,
+// amortised), so that on a hung Redis they do not pile up.
 const compactAt = 1024
 
 // laneDone frees a lane, or hands it the queued calls as one batch.
@@ -158,8 +149,7 @@ func (b *batcher) send(batch []*queuedCall) {
 	}
 }
 
-// pipeline runs the scripts of calls in one pipeline on client, and sets each call's cmd to its
-// reply or error. A call must be in state callSent.
+// pipeline runs calls (each callSent) in one pipeline on client, setting each one's cmd.
 func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	pipe := client.Pipeline()
 	for _, q := range calls {
@@ -167,8 +157,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own reply or error
 
-	// The server lost its script cache: EVAL loads the scripts again, in one more pipeline. A
-	// call whose caller left is not run again (nothing ran); its hook sees the NOSCRIPT error.
+	// The server lost its script cache: EVAL loads the scripts again in one more pipeline, but
+	// not for a call whose caller left (nothing ran); its hook sees the NOSCRIPT error.
 	var again []*queuedCall
 	for _, q := range calls {
 		if redis.HasErrorPrefix(q.cmd.Err(), "NOSCRIPT") && q.state.Load() == callSent {
@@ -184,9 +174,8 @@ func pipeline(ctx context.Context, client pipeliner, calls []*queuedCall) {
 	}
 }
 
-// batchContext bounds a batch by the latest deadline among its callers, or by none if one of
-// them has none: each caller leaves on its own context, and a reply that comes after a caller
-// left still serves its late hook. Values come from the first caller; cancellation from none.
+// batchContext bounds a batch by its callers' latest deadline (none if one has none): each
+// leaves on its own context, and a later reply serves its late hook. Values: the first's.
 func batchContext(live []*queuedCall) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(live[0].ctx)
 	var latest time.Time

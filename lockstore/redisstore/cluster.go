@@ -9,9 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// isRedirect reports a MOVED or ASK reply past the bound of redirects that go-redis's Cluster
-// client (or runAcked) follows: the slot moved or is moving; nothing ran. It checks err for nil
-// first, as slotMoving does: HasErrorPrefix allocates, and a success must not.
+// isRedirect reports a MOVED or ASK reply past the redirects go-redis (or runAcked) follows:
+// the slot moves; nothing ran. It checks err for nil first: HasErrorPrefix allocates.
 func isRedirect(err error) bool {
 	return err != nil && (redis.HasErrorPrefix(err, "MOVED ") || redis.HasErrorPrefix(err, "ASK "))
 }
@@ -19,10 +18,8 @@ func isRedirect(err error) bool {
 // tryAgainPause is how long a release waits before it sends a call that got TRYAGAIN again.
 const tryAgainPause = 10 * time.Millisecond
 
-// slotMoving reports a TRYAGAIN, MOVED or ASK reply: the key's slot migrates and nothing ran.
-// TRYAGAIN: a script's keys are split between two nodes while their slot migrates; the same
-// call succeeds once the migration moved both keys. After a redirect it makes a Cluster client
-// reload its slot map.
+// slotMoving reports a TRYAGAIN (a script's keys split between two nodes mid-migration), MOVED
+// or ASK reply: the slot migrates, nothing ran. A redirect makes a Cluster client reload slots.
 func (s *RedisStore) slotMoving(err error) bool {
 	if isRedirect(err) {
 		s.reloadSlots()
@@ -31,12 +28,11 @@ func (s *RedisStore) slotMoving(err error) bool {
 	return err != nil && redis.HasErrorPrefix(err, "TRYAGAIN")
 }
 
-// failed is the error of op on key that failed with err. A call that failed without a reply
-// from Redis makes a Cluster client reload its slot map: the slot's master may have died and a
-// replica been promoted, which the client would otherwise learn only from a MOVED reply or its
-// periodic reload, a minute later.
+// failed is op's error on key. Without a Redis error reply, a Cluster client reloads its slot
+// map: the master may have died for a promoted replica, else learnt from a MOVED or in a minute.
 func (s *RedisStore) failed(op, key string, err error) error {
-	if !isRedisReply(err) {
+	var reply redis.Error
+	if !errors.As(err, &reply) || errors.Is(err, redis.ErrClosed) {
 		s.reloadSlots()
 	}
 	return fmt.Errorf("flightlock: %s %q: %w", op, key, err)
@@ -47,11 +43,4 @@ func (s *RedisStore) reloadSlots() {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
-}
-
-// isRedisReply reports an error reply of Redis, as opposed to an error of the connection or of
-// the caller's context.
-func isRedisReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, redis.ErrClosed)
 }

@@ -11,10 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Watch implements lockstore.Inspector with keyspace notifications when the server sends them
-// (not on a Cluster, where they are per node), else by reading the locks every opts.Interval
-// and comparing, hearing the releases of contended locks at once on their release channels.
-// Either way it reads the locks every opts.Interval (lockstore.EventRead), so TTLs stay current.
+// Watch implements lockstore.Inspector by keyspace notifications if sent (per node: not on a
+// Cluster), else by comparing reads and hearing release channels; TTLs read every Interval.
 func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts lockstore.WatchOptions, fn func(lockstore.Event)) error {
 	opts = opts.WithDefaults()
 	w := &redisWatch{r: r, pattern: pattern, opts: opts, fn: fn, gone: make(map[string]int)}
@@ -30,9 +28,8 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 
 	ps := r.client.PSubscribe(ctx, channel)
 	defer ps.Close()
-	// The subscription's confirmation, awaited no longer than any read of the watch. go-redis's
-	// Receive heeds a context's deadline only, not its cancellation (an operator's interrupt):
-	// closing ps ends the wait when rctx ends either way.
+	// The subscription's confirmation, awaited no longer than any read. go-redis's Receive
+	// heeds a deadline but not a cancellation (an operator's interrupt): closing ps ends it.
 	rctx, cancel = context.WithTimeout(ctx, opts.Timeout)
 	stop := context.AfterFunc(rctx, func() { _ = ps.Close() })
 	_, err := ps.Receive(rctx)
@@ -50,8 +47,7 @@ func (r *RedisInspector) Watch(ctx context.Context, pattern string, opts locksto
 	return lockstore.PollWatch(ctx, opts, mode, w.poll, ps.Channel(), w.notified, fn)
 }
 
-// keyspaceEnabled says whether the server publishes the keyspace notifications a watch needs:
-// K with $, g and x events, or A for all. A server that refuses CONFIG is polled.
+// keyspaceEnabled says whether the server publishes the notifications needed: K with $gx or A.
 func keyspaceEnabled(ctx context.Context, client redis.UniversalClient) bool {
 	if _, ok := client.(*redis.ClusterClient); ok {
 		return false // notifications are per node; polling sees every master
@@ -74,18 +70,16 @@ type redisWatch struct {
 	keyspace bool // events come from keyspace notifications; else from comparing reads
 
 	held map[string]lockstore.LockInfo // the matching locks as last seen, by key; nil before the first poll
-	// gone are the keys a recent poll reported gone, with the number of that poll: a release
-	// notification of one of them after the poll is the same release, not a second event. A
-	// mark lives goneMarkPolls polls, so keys released without a notification do not pile up.
+	// gone are the keys a recent poll reported gone, by poll number: a later notification of
+	// that release is no second event. A mark lives goneMarkPolls polls, not to pile up.
 	gone  map[string]int
 	polls int
 }
 
 const goneMarkPolls = 3
 
-// poll reads the matching locks and makes them the ones held. Unless it is the first read or
-// the changes come from keyspace notifications, it first reports how they differ from those
-// held before (lockstore.Changes).
+// poll reads the matching locks and makes them the ones held, first reporting how they differ
+// from the last read (lockstore.Changes) unless keyspace notifications report the changes.
 func (w *redisWatch) poll(ctx context.Context) ([]lockstore.LockInfo, error) {
 	locks, _, err := w.r.List(ctx, w.pattern, lockstore.ListOptions{Skip: w.opts.Skip})
 	if err != nil {
@@ -108,8 +102,8 @@ func (w *redisWatch) poll(ctx context.Context) ([]lockstore.LockInfo, error) {
 	return locks, nil
 }
 
-// keyspaceKinds are the events of the keyspace notifications a watch reports; others (pexpire,
-// a renewal) are not. A set is an acquisition or, of the same grant, a change: notified tells.
+// keyspaceKinds are the keyspace events a watch reports (not pexpire, a renewal). A set is an
+// acquisition or, of the same grant, a change: notified tells.
 var keyspaceKinds = map[string]lockstore.EventKind{
 	"set":     lockstore.EventAcquired,
 	"append":  lockstore.EventContended,

@@ -14,35 +14,25 @@ import (
 // notifier multiplexes release notifications of many keys over one pub/sub connection. A
 // channel is subscribed while someone watches it, plus a linger (WithWatchLinger).
 //
-// A channel has at most one channelState, and it is dropped (UNSUBSCRIBE sent) at the end of
-// its linger only once it is active, or once it is older than unconfirmedKeep: while a young
-// state waits for its confirmation, its SUBSCRIBE is the only one of the channel still to be
-// answered and no UNSUBSCRIBE of it is on the way. So the first
-// "subscribe" confirmation of the channel read while the state waits is that SUBSCRIBE's, or
-// that of go-redis subscribing the channel again on a new connection (as good: the channel is
-// subscribed). Nothing is owed across a reconnect, which go-redis does not report: a SUBSCRIBE
-// lost with a broken connection is sent again by go-redis, which keeps the channel in its set
-// until the state is dropped. One crossing remains: a resubscription sent just before the
-// previous state was dropped, answered after its UNSUBSCRIBE was sent and a new state made (a
-// reconnect within a round trip of a linger's end). The new state's own confirmation follows
-// and wakes its watchers (a confirmation of an active channel does), so a release in between
-// is heard late, not lost.
+// A channel has at most one channelState, dropped (UNSUBSCRIBE sent) at the end of its linger
+// only once it is active or older than unconfirmedKeep. While a young state waits, its
+// SUBSCRIBE is the channel's only one unanswered, no UNSUBSCRIBE on the way, so the first
+// "subscribe" confirmation read is its, or go-redis's resubscription on a new connection (as
+// good). Nothing is owed across a reconnect (unreported by go-redis, which re-sends a SUBSCRIBE
+// lost with a connection while the channel is in its set). One crossing remains: a
+// resubscription sent just before a state was dropped, answered after a new state was made (a
+// reconnect within a round trip of a linger's end), marks the new state ready early; its own
+// confirmation then wakes its watchers (as on an active channel): a release is late, not lost.
 //
-// A state is kept unconfirmed only until it is unconfirmedKeep old: some SUBSCRIBEs are never confirmed on
-// a live connection. Redis answers NOPERM to a user without the channel's permission (a new
-// ACL user has none on Redis 7: acl-pubsub-default resetchannels), and go-redis's pub/sub
-// reader drops that error reply, keeps the connection and keeps the channel in its set. Kept
-// for good, such states would grow one per key ever watched (a key per user or per order). An
-// old one is taken as never to be confirmed; a wrong guess (a link slower than unconfirmedKeep
-// whose confirmation is still coming) is the crossing above: the old SUBSCRIBE's confirmation
-// marks the next state of the channel ready early, and that state's own confirmation then
-// wakes its watchers, so a release in between is heard late, not lost.
+// A state is kept unconfirmed only until unconfirmedKeep old, as some SUBSCRIBEs are never
+// confirmed: Redis answers NOPERM to a user without the channel's permission (Redis 7's new
+// ACL users: acl-pubsub-default resetchannels), and go-redis's reader drops that reply, keeping
+// connection and channel. Kept for good, such states would grow one per key ever watched. A
+// wrong guess (a link slower than unconfirmedKeep) is the crossing above: late, not lost.
 type notifier struct {
-	client Client
-	linger time.Duration
-	// keepUnconfirmed is unconfirmedKeep when the store was made: how long a state whose
-	// SUBSCRIBE is not confirmed outlives its linger.
-	keepUnconfirmed time.Duration
+	client          Client
+	linger          time.Duration
+	keepUnconfirmed time.Duration // unconfirmedKeep when the store was made
 
 	mu       sync.Mutex
 	ps       *redis.PubSub            // guarded by mu; nil until the first watch
@@ -72,10 +62,9 @@ func (st *channelState) signal() {
 
 var errStoreClosed = errors.New("flightlock: store closed")
 
-// watch returns once Redis has confirmed the channel's subscription, or after subscribeWait or
-// when ctx ends, whichever comes first. go-redis's Subscribe only writes the command, and Redis
-// orders nothing between the pub/sub connection and the others: without the wait, a release
-// sent after watch returned could run before the SUBSCRIBE and publish to nobody.
+// watch returns once Redis confirmed the subscription, after subscribeWait, or when ctx ends:
+// go-redis's Subscribe only writes it, and Redis orders nothing across connections, so a release
+// sent after watch returned could otherwise run before the SUBSCRIBE and publish to nobody.
 func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch, error) {
 	c := make(chan struct{}, 1)
 
@@ -94,9 +83,8 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	if st == nil {
 		// Sent under mu, so that it cannot overtake a linger timer's UNSUBSCRIBE of it.
 		if err := n.ps.Subscribe(ctx, channel); err != nil {
-			// go-redis keeps the channel in its set even so, and would subscribe it at every
-			// later connection for nobody. Subscribe fails when no connection could be made
-			// or its write failed, which closes it: Redis answers nothing of it later.
+			// go-redis keeps the channel in its set even so, to subscribe on every later
+			// connection. It failed unsent or its connection closed: nothing of it comes later.
 			_ = n.ps.Unsubscribe(ctx, channel)
 			n.mu.Unlock()
 			return nil, fmt.Errorf("flightlock: subscribe %q: %w", channel, err)
@@ -128,42 +116,33 @@ func (n *notifier) watch(ctx context.Context, channel string) (*lockstore.Watch,
 	return w, nil
 }
 
-// subscribeWait bounds how long watch waits for Redis to confirm a subscription: a slow link
-// is still heard, and a pub/sub connection that never answers delays a waiter's next attempt
-// by about a few retry delays, once per wait.
+// subscribeWait bounds watch's wait for a confirmation: a slow link is still heard, and a
+// pub/sub connection that never answers delays a waiter by a few retry delays, once per wait.
 const subscribeWait = 500 * time.Millisecond
 
-// unconfirmedKeep is how long after its SUBSCRIBE a channel state still waiting for the
-// confirmation is kept past its linger (see notifier): far above any round trip of a live
-// link, and short enough that the states of keys watched once each (a key per order) do not
-// pile up. A variable for tests.
+// unconfirmedKeep is how long after its SUBSCRIBE an unconfirmed state outlives its linger (see
+// notifier): far above a live round trip, yet no pile-up of keys watched once. Tests set it.
 var unconfirmedKeep = time.Minute
 
 func (n *notifier) unwatch(channel string, c chan struct{}) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	st := n.channels[channel]
-	if st == nil {
-		return
+	if st := n.channels[channel]; st != nil {
+		delete(st.watchers, c)
+		if len(st.watchers) == 0 && !n.closed {
+			n.startLinger(channel, st)
+		}
 	}
-	delete(st.watchers, c)
-	if len(st.watchers) > 0 || n.closed {
-		return
-	}
-	n.startLinger(channel, st)
 }
 
-// startLinger unsubscribes the channel after the linger unless someone watches it again.
-// notifier.mu must be held.
+// startLinger unsubscribes the channel after the linger unless watched again. n.mu is held.
 func (n *notifier) startLinger(channel string, st *channelState) {
 	st.linger = time.AfterFunc(n.linger, func() { n.expire(channel, st) })
 }
 
-// expire unsubscribes a channel whose linger ran out, unless someone started watching again or
-// its SUBSCRIBE, sent less than keepUnconfirmed ago, is still to be confirmed, so that no
-// UNSUBSCRIBE crosses the SUBSCRIBE (see notifier). Such a state's linger is set again to end
-// when the state is keepUnconfirmed old (not one more linger: a linger may be zero), and the
-// reader starts a fresh one at the confirmation.
+// expire unsubscribes a channel whose linger ran out, unless watched again or its SUBSCRIBE, sent
+// under keepUnconfirmed ago, is unconfirmed (no UNSUBSCRIBE may cross it; see notifier): then the
+// timer is reset to that age (not a linger, maybe zero), and the confirmation starts a linger.
 func (n *notifier) expire(channel string, st *channelState) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -197,15 +176,12 @@ func (n *notifier) read(msgs <-chan any) {
 				st.active = true
 				close(st.ready)
 				if len(st.watchers) == 0 && st.linger != nil {
-					// Nobody watches it: the pending timer is its linger, or the end of its
-					// keepUnconfirmed when the linger ran out while it waited. The linger
-					// counts from now instead.
+					// Unwatched: its timer (linger or keepUnconfirmed) becomes a linger from now.
 					st.linger.Stop()
 					n.startLinger(m.Channel, st)
 				}
 			default:
-				// go-redis subscribed again after a reconnect: a release in between was not
-				// heard, so the watchers look again.
+				// Resubscribed after a reconnect: the watchers look again for a release unheard.
 				st.signal()
 			}
 		case *redis.Message:

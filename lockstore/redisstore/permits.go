@@ -10,11 +10,8 @@ import (
 	"github.com/flightlock/flightlock/lockstore"
 )
 
-// acquirePermits serves a request with Permits: one acquire.lua call over all of them, which
-// takes the first free one. On a Cluster a script's keys must share a hash slot, so each run
-// of consecutive permits in one slot is a call of its own; lockstore.PermitKey keeps a
-// semaphore's permits in one slot, and so one call, unless its key has a "{" that opens no
-// hash tag.
+// acquirePermits is one acquire.lua call over Permits, or on a Cluster one per run in a slot
+// (lockstore.PermitKey keeps them in one, unless the key has a "{" opening no hash tag).
 func (s *RedisStore) acquirePermits(ctx context.Context, req lockstore.Request) (lockstore.Acquisition, error) {
 	if err := lockstore.CheckPermits(req); err != nil {
 		return lockstore.Acquisition{}, err
@@ -59,10 +56,10 @@ func (s *RedisStore) acquireRun(ctx context.Context, req lockstore.Request, perm
 	return s.acquire(ctx, "acquire", acquireScript, keys, args, permits, req.Owner, "", late)
 }
 
-// permitReply reads acquire.lua's reply to a call over permits: one permit's replies (see
-// reply), or for several {1 or 2, a value, then a fence and a place from 1 per permit taken or
-// re-entered} and {0, pttl, value}. first is the first permit taken, and more the others; a
-// busy reply's pttl is in first.Fence. A grant's value is that of a busy permit it passed over.
+// permitReply reads acquire.lua's reply over permits: reply's for one, else {1 or 2, a value,
+// then a fence and a place from 1 per permit taken or re-entered} or {0, pttl, value}. first
+// is the first permit taken (a busy reply's pttl in its Fence), more the others; a grant's
+// value is that of a busy permit it passed over.
 func permitReply(cmd *redis.Cmd, permits []string) (code int64, first lockstore.PermitGrant, more []lockstore.PermitGrant, value string, err error) {
 	if len(permits) == 1 {
 		code, first.Fence, value, err = reply(cmd)

@@ -16,8 +16,7 @@ import (
 
 var forceReleaseScript = script("forcerelease.lua", "publish.lua")
 
-// RedisInspector is the lockstore.Inspector of the locks a RedisStore keeps under one prefix.
-// Create it with NewInspector.
+// RedisInspector is the lockstore.Inspector of a RedisStore's locks under one prefix.
 type RedisInspector struct {
 	client redis.UniversalClient
 	prefix string
@@ -26,8 +25,7 @@ type RedisInspector struct {
 var _ lockstore.Inspector = (*RedisInspector)(nil)
 
 // NewInspector returns the inspector of the locks under prefix (the Locker's WithPrefix) on
-// client, whose release channels have DefaultChannelPrefix. On a Cluster it reads every
-// master. It leaves client open.
+// client, with DefaultChannelPrefix; on a Cluster it reads every master. It leaves client open.
 func NewInspector(client redis.UniversalClient, prefix string) *RedisInspector {
 	return &RedisInspector{client: client, prefix: prefix}
 }
@@ -38,8 +36,7 @@ func (r *RedisInspector) channel(key string) string {
 	return DefaultChannelPrefix + r.storeKey(key)
 }
 
-// List implements lockstore.Inspector: a SCAN of every master, then the values, TTLs and
-// waiters of the first opts.Limit keys.
+// List implements lockstore.Inspector: a SCAN of every master, then the first opts.Limit locks.
 func (r *RedisInspector) List(ctx context.Context, pattern string, opts lockstore.ListOptions) ([]lockstore.LockInfo, int, error) {
 	keys, err := r.scanKeys(ctx, pattern, opts.Skip)
 	if err != nil {
@@ -70,8 +67,8 @@ func (r *RedisInspector) Lookup(ctx context.Context, key string) (lockstore.Lock
 	return l, nil
 }
 
-// ForceUnlock implements lockstore.Inspector with forcerelease.lua: the grant is l's owner and
-// fence, so a lock whose holds changed since is still removed, and one that changed hands not.
+// ForceUnlock implements lockstore.Inspector with forcerelease.lua of l's owner and fence: a
+// lock whose holds changed since is still removed, one that changed hands not.
 func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) (int, error) {
 	if l.Owner == "" || l.Unrecognized != "" {
 		return 0, fmt.Errorf("%q is not a flightlock lock", l.StoreKey)
@@ -97,16 +94,15 @@ func (r *RedisInspector) ForceUnlock(ctx context.Context, l lockstore.LockInfo) 
 	return int(woken), nil
 }
 
-// Owners of a read-write lock's value between its writers (readacquire.lua): held by readers,
-// and left by the last of them to the writer that waited.
+// Owners of a read-write lock's value between writers (readacquire.lua): held by readers, and
+// left by the last of them to the writer that waited.
 const (
 	readersOwner  = "~r:" // then the stamp of the group of readers
 	reservedOwner = "~w"
 )
 
-// parseLock fills l from the value of its key, "<owner> <fence> <holds>[ <metadata>][ ~]"
-// (acquire.lua); a value this store does not write goes to l.Unrecognized, an empty one as
-// lockstore.EmptyValue (Unrecognized "" would be a lock).
+// parseLock fills l from its key's value, "<owner> <fence> <holds>[ <metadata>][ ~]"
+// (acquire.lua); another value goes to l.Unrecognized (an empty one as EmptyValue).
 func parseLock(l *lockstore.LockInfo, value string) {
 	if value == "" {
 		l.Unrecognized = lockstore.EmptyValue
@@ -129,8 +125,8 @@ func parseLock(l *lockstore.LockInfo, value string) {
 	l.ParseHolder(meta)
 }
 
-// scanKeys returns the lock keys (without the prefix) that match pattern, sorted, on every
-// master of a cluster: not the fence counters, nor what skip refuses.
+// scanKeys returns the lock keys (no prefix) matching pattern on every master, sorted, but
+// not the fence counters nor what skip refuses.
 func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func(string) bool) ([]string, error) {
 	match := glob.Escape(r.prefix) + pattern
 	var (
@@ -164,8 +160,7 @@ func (r *RedisInspector) scanKeys(ctx context.Context, pattern string, skip func
 	return slices.Compact(keys), nil
 }
 
-// read reads the locks of keys: value, TTL and waiters, in keys' order. Keys released since
-// they were found are left out.
+// read reads keys' locks (value, TTL, waiters) in order, leaving out those released since.
 func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.LockInfo, error) {
 	if len(keys) == 0 {
 		return nil, nil
@@ -183,31 +178,26 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		}
 		return nil
 	})
-	// Pipelined reports the first command's error. A reply error of one key (nil, WRONGTYPE)
-	// is that key's business, handled below: one foreign key under the prefix cannot hide the
-	// locks. A failure to talk to Redis fails the read, and so does any other reply error
-	// (NOAUTH, WRONGPASS, NOPERM, LOADING): it says nothing of the key, and would otherwise be
-	// shown as the value of a key that is not a lock.
+	// Pipelined reports the first command's error. A key's own reply error (nil, WRONGTYPE) is
+	// handled below, so one foreign key cannot hide the locks. A failure to talk to Redis fails
+	// the read, as does any other reply error (NOAUTH, WRONGPASS, NOPERM, LOADING): it says
+	// nothing of the key, and would show as a non-lock's value.
 	var replyErr redis.Error
 	if err != nil && !errors.As(err, &replyErr) {
 		return nil, fmt.Errorf("read locks: %w", err)
-	}
-	for i := range rs {
-		if err := rs[i].get.Err(); err != nil && !errors.Is(err, redis.Nil) && !redis.HasErrorPrefix(err, "WRONGTYPE") {
-			return nil, fmt.Errorf("read locks: %w", err)
-		}
 	}
 	locks := make([]lockstore.LockInfo, 0, len(keys))
 	channels := make([]string, 0, len(keys))
 	for i, k := range keys {
 		v, err := rs[i].get.Result()
-		if errors.Is(err, redis.Nil) {
+		switch {
+		case errors.Is(err, redis.Nil):
 			continue // released since the scan
-		}
-		if err != nil {
-			// WRONGTYPE: a key under the prefix that is not a string, so not a lock.
+		case redis.HasErrorPrefix(err, "WRONGTYPE"): // not a string, so not a lock
 			locks = append(locks, lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), Unrecognized: "(" + err.Error() + ")"})
 			continue
+		case err != nil:
+			return nil, fmt.Errorf("read locks: %w", err)
 		}
 		l := lockstore.LockInfo{Key: k, StoreKey: r.storeKey(k), TTL: lockstore.NoTTL}
 		if d, err := rs[i].pttl.Result(); err == nil && d >= 0 {
@@ -216,8 +206,7 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 		parseLock(&l, v)
 		switch {
 		case strings.HasPrefix(l.Owner, readersOwner):
-			// Owner stays the readers' marker: with the fence it names this group of readers
-			// for ForceUnlock.
+			// Owner stays the readers' marker, naming with the fence this group for ForceUnlock.
 			l.Readers = int(rs[i].readers.Val())
 		case l.Owner == reservedOwner:
 			l.Owner = "" // nobody's: kept for the writer that waited, for a second
@@ -236,8 +225,8 @@ func (r *RedisInspector) read(ctx context.Context, keys []string) ([]lockstore.L
 	return locks, nil
 }
 
-// numSub counts the subscribers of each channel: the processes waiting for the release of a
-// lock. On a cluster, where a SUBSCRIBE lands on one node, the counts of every node are added.
+// numSub counts each channel's subscribers (waiters), adding up a cluster's nodes (a SUBSCRIBE
+// lands on one).
 func (r *RedisInspector) numSub(ctx context.Context, channels []string) (map[string]int64, error) {
 	total := make(map[string]int64, len(channels))
 	if len(channels) == 0 {

@@ -21,8 +21,7 @@ import (
 //go:embed *.lua
 var scripts embed.FS
 
-// script wraps the script in file once, so that it runs by EVALSHA, after the functions of the
-// helper files it calls (a script runs alone, so each one that needs a helper carries it).
+// script is file's script after the helper files it calls (a script runs alone), run by EVALSHA.
 func script(file string, helpers ...string) *redis.Script {
 	var src []byte
 	for _, f := range append(helpers, file) {
@@ -62,14 +61,11 @@ const (
 	releaseKept      = 3  // {3, fence}: a pass kept the lock for its owner (Pass)
 )
 
-// DefaultChannelPrefix is put before a lock key to name its release notification channel.
-// With Redis ACLs the store's user needs the channels' permission, "&" + the prefix + "*"
-// (Redis 7 gives a new user none): without it releases still succeed but wake nobody, and
-// waiters look again only after their retry delay.
+// DefaultChannelPrefix + a lock key names its release channel. With ACLs the user needs "&" +
+// prefix + "*" (Redis 7 gives none), or releases wake nobody: waiters wait a retry delay.
 const DefaultChannelPrefix = "flightlock:released:"
 
-// Client is the part of go-redis that RedisStore uses; redis.UniversalClient satisfies it, and
-// tests can wrap one to inject faults.
+// Client is the part of go-redis RedisStore uses (redis.UniversalClient has it; tests wrap it).
 type Client interface {
 	redis.Scripter
 	PTTL(ctx context.Context, key string) *redis.DurationCmd
@@ -85,8 +81,8 @@ func WithChannelPrefix(p string) Option {
 	return func(s *RedisStore) { s.channelPrefix = p }
 }
 
-// WithWatchLinger sets how long a notification subscription is kept after its last watcher
-// left (default one second), so a key waited on again and again is not re-subscribed each time.
+// WithWatchLinger sets how long a subscription outlives its last watcher (default one second),
+// so a key waited on again and again is not re-subscribed each time.
 func WithWatchLinger(d time.Duration) Option {
 	return func(s *RedisStore) {
 		if d >= 0 {
@@ -95,9 +91,8 @@ func WithWatchLinger(d time.Duration) Option {
 	}
 }
 
-// WithLanes sets how many script calls go to Redis at once, each as its own round trip, before
-// further calls are batched into one pipeline per lane (default DefaultLanes). 0 turns
-// batching off: every call then takes a pooled connection of its own.
+// WithLanes sets how many script calls go to Redis at once before further ones are batched into
+// a pipeline per lane (default DefaultLanes). 0: no batching, a pooled connection per call.
 func WithLanes(n int) Option {
 	return func(s *RedisStore) {
 		if n >= 0 {
@@ -106,9 +101,8 @@ func WithLanes(n int) Option {
 	}
 }
 
-// WithOnClose adds fn to what Close does after it stops the notification subscriber, for a
-// constructor that builds its own client or server. Close runs them once, last added first,
-// and joins their errors. Without it, Close leaves the client open.
+// WithOnClose adds fn to what Close runs once, last added first, after the notification
+// subscriber, for a constructor's own client or server (else Close leaves them open).
 func WithOnClose(fn func() error) Option {
 	return func(s *RedisStore) {
 		if fn != nil {
@@ -117,15 +111,15 @@ func WithOnClose(fn func() error) Option {
 	}
 }
 
-// RedisStore is the lockstore.Store on Redis. Create it with New (or embedded.New,
-// middleware.NewStore); it is safe for concurrent use. Close stops its notification subscriber.
+// RedisStore is the lockstore.Store on Redis, made by New (or embedded.New,
+// middleware.NewStore); it is safe for concurrent use.
 type RedisStore struct {
 	client        Client
 	channelPrefix string
 	lanes         int
 	batch         *batcher // nil: every script call goes straight to the client
-	// renewSlots bounds the RefreshAll pipelines on the wire at once to the lane count: each
-	// holds a pooled connection, and the pool keeps the connections it grew to.
+	// renewSlots bounds the RefreshAll pipelines on the wire to the lane count: each holds a
+	// pooled connection, and the pool keeps the connections it grew to.
 	renewSlots chan struct{}
 	notify     *notifier
 	closers    []func() error // run by Close, last first
@@ -153,8 +147,8 @@ func New(client Client, opts ...Option) *RedisStore {
 	return s
 }
 
-// Lanes returns how many script calls the store sends at once before it batches further
-// calls into pipelines; 0 when it never batches (WithLanes(0), or a client without pipelines).
+// Lanes returns how many script calls the store sends at once before it batches; 0 when it
+// never batches (WithLanes(0), or a client without pipelines).
 func (s *RedisStore) Lanes() int {
 	if s.batch == nil {
 		return 0
@@ -162,8 +156,7 @@ func (s *RedisStore) Lanes() int {
 	return s.batch.lanes
 }
 
-// run runs script through the batcher (see batcher.run for late), or straight on the client
-// when the store does not batch.
+// run runs script through the batcher (see batcher.run for late), if the store batches.
 func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
 	if s.batch == nil {
 		return script.Run(ctx, s.client, keys, args...)
@@ -174,8 +167,8 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, keys []strin
 // Client returns the go-redis client the store runs its commands on.
 func (s *RedisStore) Client() Client { return s.client }
 
-// Preload loads the scripts into the server's script cache, so that the first calls do not get
-// a NOSCRIPT reply (which go-zero's breaker would count as a failure). It is optional.
+// Preload loads the scripts into the server's cache, so that the first calls do not get a
+// NOSCRIPT reply (go-zero's breaker would count a failure). It is optional.
 func (s *RedisStore) Preload(ctx context.Context) error {
 	for _, script := range []*redis.Script{acquireScript, refreshScript, releaseScript, reenterScript,
 		readAcquireScript, readRefreshScript, readReleaseScript, fairAcquireScript, leaveQueueScript} {
@@ -206,17 +199,15 @@ func (s *RedisStore) Acquire(ctx context.Context, req lockstore.Request) (lockst
 	return s.acquire(ctx, "acquire", script, keys, args, keys[:1], owner, "", s.releaseOnReply(key, owner, "", acquireTaken))
 }
 
-// acquire runs an acquiring script over permits and reads its reply; late is batcher.run's.
-// permits are the one key of acquire.lua, readacquire.lua, fairacquire.lua or, for the named
-// hold, reenter.lua, or a run of a semaphore's permits in one hash slot (acquireRun).
+// acquire runs an acquiring script and reads its reply; late is batcher.run's. permits is its
+// one key or a run of a semaphore's permits in one hash slot (acquireRun).
 func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Script, keys []string, args []any,
 	permits []string, owner, hold string, late func(*redis.Cmd)) (lockstore.Acquisition, error) {
 	cmd, acked := s.exec(ctx, script, keys, late, args...)
 	code, first, more, value, err := permitReply(cmd, permits)
 	if hold == "" && s.slotMoving(err) {
-		// Nothing was taken. Busy, with no holder's TTL: a waiting caller retries by its
-		// strategy, a rejecting one is answered busy, not with a store error. A re-entry
-		// reports the error: its busy reply with no TTL would say the grant is gone.
+		// Nothing was taken: busy with no holder's TTL (a waiter retries, a rejecter answers
+		// busy). A re-entry reports the error: its busy reply would say the grant is gone.
 		return lockstore.Acquisition{}, nil
 	}
 	if err != nil {
@@ -228,8 +219,7 @@ func (s *RedisStore) acquire(ctx context.Context, op string, script *redis.Scrip
 		if s.unacked(acked) {
 			err := s.notReplicated(acked)
 			if !s.giveUpWithin(ctx, permits, append([]lockstore.PermitGrant{first}, more...), owner, hold) {
-				// The give-up goes on beside the caller, who returns by its deadline: the grant may
-				// stand a while, and the owner is spent.
+				// The give-up outlives this call: the grant may stand a while, and the owner is spent.
 				err = fmt.Errorf("%w (%w)", err, lockstore.ErrOutcomeUnknown)
 			}
 			return lockstore.Acquisition{}, err
@@ -251,8 +241,7 @@ func (s *RedisStore) Reenter(ctx context.Context, key, owner, hold string, ttl t
 		return lockstore.Acquisition{}, err
 	}
 	if lockstore.IsReadOwner(owner) {
-		// Read holds are not handed over, and "~r"/"~w" values must never be re-entered by
-		// a token that names them.
+		// Read holds are not handed over; "~r"/"~w" values must not be re-entered by a token.
 		return lockstore.Acquisition{}, nil
 	}
 	keys, args := []string{key}, []any{owner, ttlMillis(ttl), hold}
@@ -284,9 +273,8 @@ func reply(cmd *redis.Cmd) (int64, int64, string, error) {
 	return code, n, value, nil
 }
 
-// valueMeta is the metadata part of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"),
-// what the holder said about itself without its owner token (which must not leave the store),
-// and whether the value ends with the waiters mark.
+// valueMeta is the metadata of a lock's value ("<owner> <fence> <holds>[ <meta>][ ~]"), without
+// the owner token (which must not leave the store), and whether it ends with the waiters mark.
 func valueMeta(value string) (meta string, marked bool) {
 	// Cut, not SplitN, which would allocate: acquire reads the value of every reply.
 	_, rest, _ := strings.Cut(value, " ") // after the owner
@@ -326,9 +314,8 @@ func (s *RedisStore) refreshed(key string, n int64, err error) error {
 	return nil
 }
 
-// RefreshAll implements lockstore.Store: one pipeline, on a connection of its own beside the
-// lanes. With WithReplicas (each needs its own WAIT), or on a client that cannot pipeline,
-// each lock is refreshed by Refresh, all at once.
+// RefreshAll implements lockstore.Store: one pipeline on a connection beside the lanes, or with
+// WithReplicas (a WAIT each) or no pipelines, a Refresh per lock, all at once.
 func (s *RedisStore) RefreshAll(ctx context.Context, batch []lockstore.Renewal) []error {
 	errs := make([]error, len(batch))
 	if s.replicas > 0 || s.batch == nil {
@@ -380,8 +367,7 @@ func (s *RedisStore) Release(ctx context.Context, key, owner, hold string, lastF
 	return n, err
 }
 
-// Pass implements lockstore.Passer. With WithReplicas it never keeps the lock: a kept lock
-// would need its own WAIT, and the Locker's fresh acquisition brings one.
+// Pass implements lockstore.Passer, never keeping the lock WithReplicas (it would need a WAIT).
 func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Duration, lastFence int64) (bool, int64, int, error) {
 	if err := lockstore.CheckArgs(key, owner, ttl); err != nil {
 		return false, 0, 0, err
@@ -396,8 +382,7 @@ func (s *RedisStore) Pass(ctx context.Context, key, owner string, ttl time.Durat
 	return s.release(ctx, "pass", key, owner, "", lastFence, passTTL)
 }
 
-// release runs release.lua (readrelease.lua for a read owner): a release of hold, or with
-// passTTL set, a pass. The caller checked the arguments.
+// release runs releaseCall's script: a release of hold or, with passTTL, a pass (args checked).
 func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, lastFence int64, passTTL string) (kept bool, fence int64, notified int, err error) {
 	var cmd *redis.Cmd
 	script, keys, args := s.releaseCall(key, owner, hold, lastFence, passTTL)
@@ -406,8 +391,7 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 		if err = cmd.Err(); !s.slotMoving(err) {
 			break
 		}
-		// Nothing ran. Send it again until the caller's deadline, so that a lock is not left
-		// to its TTL for a migration of milliseconds.
+		// Nothing ran: again until the deadline, not to leave a lock to its TTL over a migration.
 		select {
 		case <-ctx.Done():
 			return false, 0, 0, fmt.Errorf("flightlock: %s %q: %w (%w)", op, key, err, ctx.Err())
@@ -434,8 +418,7 @@ func (s *RedisStore) release(ctx context.Context, op, key, owner, hold string, l
 	return false, 0, int(n), nil
 }
 
-// releaseCall is the script, keys and arguments of a release (release.lua, readrelease.lua for a
-// read owner) of hold, or with passTTL set, of a pass.
+// releaseCall is the script (readrelease.lua for a read owner), keys and arguments of release.
 func (s *RedisStore) releaseCall(key, owner, hold string, lastFence int64, passTTL string) (*redis.Script, []string, []any) {
 	if lockstore.IsReadOwner(owner) {
 		return readReleaseScript, []string{key, readersKey(key)}, []any{owner, s.channelPrefix, writerReserveMillis}
@@ -469,13 +452,12 @@ func (s *RedisStore) Watch(ctx context.Context, key string) (*lockstore.Watch, e
 }
 
 // Capabilities implements lockstore.Store: no bound on TTLs or handoffs (fences come from a
-// hybrid clock), and the watches of one key share one channel subscription.
+// hybrid clock); the watches of a key share a subscription.
 func (s *RedisStore) Capabilities() lockstore.Capabilities {
 	return lockstore.Capabilities{Name: "redis", SharedWatch: true}
 }
 
-// Close stops the notification subscriber, then runs the functions given with WithOnClose,
-// last added first.
+// Close stops the notification subscriber, then runs the WithOnClose functions, last first.
 func (s *RedisStore) Close() error {
 	err := s.notify.close()
 	for i := len(s.closers) - 1; i >= 0; i-- {
@@ -485,8 +467,7 @@ func (s *RedisStore) Close() error {
 	return err
 }
 
-// metaArg is a request's metadata as the acquiring scripts take it, "" or " <meta>", without
-// what a value must not end with: " ~" at its end is the waiters mark of acquire.lua.
+// metaArg is meta as the scripts take it, "" or " <meta>", without acquire.lua's waiters mark " ~".
 func metaArg(meta string) string {
 	if meta = strings.TrimRight(meta, " ~"); meta != "" {
 		return " " + meta
@@ -494,8 +475,7 @@ func metaArg(meta string) string {
 	return ""
 }
 
-// ttlMillis rounds ttl up to whole milliseconds, so a sub-millisecond TTL is never 0 (which
-// Redis rejects) and never shorter than asked.
+// ttlMillis rounds ttl up to milliseconds: never 0 (which Redis rejects), never shorter.
 func ttlMillis(ttl time.Duration) int64 {
 	return int64((ttl + time.Millisecond - 1) / time.Millisecond)
 }

@@ -12,31 +12,26 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh of a
-// store built WithReplicas when fewer replicas than required acknowledged the write in time
-// (see WithReplicas for what was undone). Callers treat it as a store error.
+// ErrNotReplicated is returned (wrapped, with the counts) by Acquire, Reenter and Refresh when
+// too few replicas acknowledged the write in time (see WithReplicas). It is a store error.
 var ErrNotReplicated = errors.New("flightlock: write not acknowledged by enough replicas")
 
-// WithReplicas makes every write that grants or extends a lock (Acquire, Reenter, Refresh)
-// count only once n replicas acknowledged it within timeout: the script and a WAIT go to the
-// key's primary in one pipeline. An acquisition a failover could lose is not handed out:
-// without enough acknowledgements it is released again and Acquire returns ErrNotReplicated;
-// a refresh without them returns ErrNotReplicated, and the lease keeps the validity of its
-// last acknowledged write. Releases do not wait: one lost in a failover leaves the key to its
-// TTL, which delays the next holder but never admits two.
-//
-// WAIT is per connection, so these calls do not join the batched pipelines: each takes a
-// connection of its own. n is at most the replicas the primary has; n <= 0 (the default) turns
-// the acknowledgement off. On a Cluster WAIT counts the replicas of the node that ran the
-// script: the master of the key's slot, or the node a MOVED or ASK reply named.
+// WithReplicas makes a write that grants or extends a lock (Acquire, Reenter, Refresh) count
+// only once n replicas acknowledged it within timeout (a WAIT after the script, in one pipeline
+// to the key's primary). An acquisition a failover could lose is released again and returns
+// ErrNotReplicated; so does a refresh, the lease keeping its last acknowledged write's validity.
+// Releases do not wait: one lost in a failover leaves the key to its TTL, delaying the next
+// holder but never admitting two. WAIT is per connection, so these calls take one each, outside
+// the batches. n is at most the primary's replicas (<= 0, the default: off); on a Cluster, of
+// the node that ran the script (the slot's master, or the one a MOVED or ASK named).
 func WithReplicas(n int, timeout time.Duration) Option {
 	return func(s *RedisStore) {
 		s.replicas, s.replicaTimeout = max(n, 0), max(timeout, time.Millisecond)
 	}
 }
 
-// exec runs script as run does or, WithReplicas, by runAcked, whose error the returned command
-// carries; acked is how many replicas acknowledged it (0 without WithReplicas).
+// exec runs script as run does or, WithReplicas, by runAcked (its error in the returned
+// command); acked is how many replicas acknowledged it (0 without WithReplicas).
 func (s *RedisStore) exec(ctx context.Context, script *redis.Script, keys []string, late func(*redis.Cmd), args ...any) (cmd *redis.Cmd, acked int64) {
 	if s.replicas == 0 {
 		return s.run(ctx, script, keys, late, args...), 0
@@ -52,14 +47,11 @@ func (s *RedisStore) exec(ctx context.Context, script *redis.Script, keys []stri
 // unacked reports whether a write that acked replicas acknowledged is too few for WithReplicas.
 func (s *RedisStore) unacked(acked int64) bool { return s.replicas > 0 && acked < int64(s.replicas) }
 
-// runAcked runs script on the primary of keys[0] followed by WAIT in one pipeline, and returns
-// the script's reply and how many replicas acknowledged it. After a NOSCRIPT reply (the script
-// did not run) the pipeline is sent once more with EVAL, as a batch is (pipeline).
-//
-// A node's client does not follow redirects, so runAcked does, up to maxRedirects: MOVED sends
-// the pipeline to the node it names and reloads the slot map; ASK sends it to the target,
-// preceded by ASKING. Otherwise every renewal of a lock whose slot migrates would fail until
-// the client's slot map caught up, and the lock would be lost meanwhile.
+// runAcked runs script then WAIT in a pipeline on keys[0]'s primary, returning the reply and
+// the replicas that acknowledged it; after NOSCRIPT (nothing ran) once more with EVAL. A node's
+// client follows no redirects, so runAcked does, up to maxRedirects (MOVED: to that node,
+// reloading the slot map; ASK: after ASKING), or a migrating lock's renewals would all fail
+// until the slot map caught up, losing the lock.
 func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, int64, error) {
 	node, err := s.primaryFor(ctx, keys[0])
 	if err != nil {
@@ -107,12 +99,11 @@ func (s *RedisStore) runAcked(ctx context.Context, script *redis.Script, keys []
 	}
 }
 
-// maxRedirects bounds the MOVED and ASK replies one acknowledged call follows, as go-redis's
-// ClusterOptions.MaxRedirects does (3 by default): a migration redirects a call once or twice.
+// maxRedirects bounds the redirects one acknowledged call follows, as go-redis's
+// ClusterOptions.MaxRedirects (default 3): a migration redirects a call once or twice.
 const maxRedirects = 3
 
-// redirectTo parses a MOVED or ASK reply ("MOVED <slot> <host:port>", "ASK <slot> <host:port>")
-// received from node. An empty host means node's own host.
+// redirectTo parses a reply "MOVED|ASK <slot> <host:port>" from node (no host: node's own).
 func redirectTo(err error, node pipeliner) (addr string, ask, ok bool) {
 	if !isRedirect(err) {
 		return "", false, false
@@ -135,9 +126,8 @@ func redirectTo(err error, node pipeliner) (addr string, ask, ok bool) {
 	return addr, f[0] == "ASK", true
 }
 
-// redirectNode returns go-redis's client of the Cluster node at addr, for a pipeline that
-// follows a redirect; false when the store's client is not a Cluster client, or knows no node
-// at addr (the caller then reports the redirect, and the call is tried again later).
+// redirectNode returns go-redis's client of the Cluster node at addr; false when there is none
+// (the redirect is then reported, and the call tried again later).
 func (s *RedisStore) redirectNode(ctx context.Context, addr string) (pipeliner, bool) {
 	cc, ok := s.client.(*redis.ClusterClient)
 	if !ok {
@@ -158,8 +148,7 @@ func (s *RedisStore) redirectNode(ctx context.Context, addr string) (pipeliner, 
 	return node, node != nil
 }
 
-// primaryFor is the client of the primary that holds key: the master of its slot on a Cluster,
-// the client itself otherwise (a node, or Sentinel's failover client).
+// primaryFor is key's primary: its slot's master on a Cluster, else the client (node or Sentinel).
 func (s *RedisStore) primaryFor(ctx context.Context, key string) (pipeliner, error) {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		node, err := cc.MasterForKey(ctx, key)

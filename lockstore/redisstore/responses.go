@@ -13,8 +13,8 @@ import (
 // The middleware finds a store's name and response store through Describer, at run time.
 var _ lockstore.Describer = (*RedisStore)(nil)
 
-// Describe implements lockstore.Describer: the store as "redis", its inspector when its client
-// is a go-redis UniversalClient, and its response store, for keys under prefix.
+// Describe implements lockstore.Describer: "redis", the inspector (on a UniversalClient) and
+// the response store, for keys under prefix.
 func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
 	b := &lockstore.Backend{Name: "redis", Store: s, Prefix: prefix, Responses: &responses{client: s.client, prefix: prefix}}
 	if uc, ok := s.client.(redis.UniversalClient); ok {
@@ -23,15 +23,13 @@ func (s *RedisStore) Describe(prefix string) *lockstore.Backend {
 	return b
 }
 
-// Scripts on the store's own client (a Client is a Scripter: GET and SET through scripts work
-// on every go-redis client, Cluster included; the key is the only key).
+// Scripts on the store's client: GET and SET through scripts work on every go-redis client.
 var (
 	responseGet = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 	responseSet = script("saveresponse.lua")
 )
 
-// saveBound bounds a save: it runs under the lock, on a context without the request's
-// cancellation, and must not hold the lock long when Redis is slow.
+// saveBound bounds a save, which runs under the lock uncancelled: a slow Redis must not hold it.
 const saveBound = time.Second
 
 // responses keeps share rules' responses in Redis, on the lock store's client.

@@ -18,14 +18,13 @@ func readersKey(key string) string { return lockstore.SideKey("readers", key) }
 func lineKey(key string) string    { return lockstore.SideKey("line", key) }
 func lineDueKey(key string) string { return lockstore.SideKey("linedue", key) }
 
-// writerReserve is how long the last reader of a key that a writer waited for keeps it for
-// writers (readrelease.lua): long enough for the woken writer to take it before the readers it
-// held back; and the longest a writer that stopped waiting holds new readers back.
+// writerReserve is how long the last reader keeps a key for its waiting writer (readrelease.lua),
+// to beat the readers it held back; at most this, a departed writer holds new readers back.
 const writerReserve = time.Second
 
 var writerReserveMillis = strconv.FormatInt(writerReserve.Milliseconds(), 10)
 
-// refreshCall is the script and keys that refresh owner's hold of key.
+// refreshCall is the script and keys of a refresh of owner's hold of key.
 func refreshCall(key, owner string) (*redis.Script, []string) {
 	if lockstore.IsReadOwner(owner) {
 		return readRefreshScript, []string{key, readersKey(key)}

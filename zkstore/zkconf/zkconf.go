@@ -1,7 +1,5 @@
-// Package zkconf is the Zookeeper section of a go-zero service's Lock configuration: a
-// ZooKeeper ensemble for the locks, and how to open the store on it (lockstore.Driver). It is
-// apart from zkstore so that a program that uses the store without the configuration does not
-// link it.
+// Package zkconf is the Lock.Zookeeper section of a go-zero service and its lockstore.Driver,
+// apart from zkstore so that a program using the store alone does not link it.
 package zkconf
 
 import (
@@ -11,11 +9,10 @@ import (
 	"github.com/flightlock/flightlock/zkstore"
 )
 
-// Conf is a ZooKeeper ensemble for the locks (zkstore), with zkstore.Config's fields and
-// defaults. The lock of a rendered key is one node under Root, named Lock.Prefix + the key,
-// escaped into a single node name. Hosts empty (the default) means no ZooKeeper. A hold lives
-// as long as its session, so a lock TTL may be at most two thirds of SessionTimeout less
-// syncLimit + 1 ticks (the store's MaxTTL): New refuses a longer TTL, and a timeout the servers
+// Conf is a ZooKeeper ensemble for the locks, with zkstore.Config's fields and defaults. A
+// rendered key's lock is one node under Root, named Lock.Prefix + the key, escaped. No Hosts
+// (the default) means no ZooKeeper. A lock TTL may be at most the store's MaxTTL, two thirds of
+// SessionTimeout less syncLimit + 1 ticks: New refuses a longer TTL, and a timeout the servers
 // would not grant.
 type Conf zkstore.Config
 
@@ -35,9 +32,7 @@ func (z Conf) Config() zkstore.Config {
 	return cfg
 }
 
-// Store connects to the ensemble z names and returns its store as New builds it, once the
-// session is up and its timeout checked against the servers'. close ends the session, and with
-// it every hold it made.
+// Store dials the ensemble z names (zkstore.Dial); close ends the session and every hold it made.
 func (z Conf) Store() (store *zkstore.Store, close func() error, err error) {
 	cfg := z.Config()
 	if len(cfg.Hosts) == 0 {
@@ -84,9 +79,8 @@ func (z Conf) Validate(section, _ string) []error {
 	return ps
 }
 
-// Check implements lockstore.Driver: ZooKeeper keeps no responses, and no lock TTL of two
-// thirds of the session timeout or more; the exact bound, which needs the servers' tick, is
-// checked when the store is dialled.
+// Check implements lockstore.Driver: ZooKeeper keeps no responses, nor a lock TTL of two thirds
+// of the session timeout or more (the exact bound needs the servers' tick: see Dial).
 func (z Conf) Check(section string, u lockstore.Use) error {
 	switch {
 	case !z.Configured():

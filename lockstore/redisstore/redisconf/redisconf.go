@@ -1,7 +1,5 @@
-// Package redisconf is the Redis section of a go-zero service's Lock configuration: go-zero's
-// redis.RedisConf with Sentinel, Lanes and Replicas, and how to open the store on it
-// (lockstore.Driver). It is apart from redisstore so that a program that uses the store
-// without the configuration does not link go-zero.
+// Package redisconf is the Lock.Redis section of a go-zero service and its lockstore.Driver,
+// apart from redisstore so that a program using the store alone does not link go-zero.
 package redisconf
 
 import (
@@ -22,19 +20,16 @@ import (
 	"github.com/flightlock/flightlock/lockstore/redisstore"
 )
 
-// Conf is go-zero's redis.RedisConf, field for field with its names, defaults and meanings
-// (Type "node" or "cluster", User and Pass, Tls without certificate verification, NonBlock
-// false pinging within PingTimeout, Protocol, MaintNotifications), so that a service's Redis
-// section can be copied under Lock: as it is. docs/configuration.md describes every field.
-// Where it differs:
+// Conf is go-zero's redis.RedisConf field for field, names, defaults and meanings (Type "node" or
+// "cluster", User, Pass, Tls unverified, NonBlock false pinging within PingTimeout, Protocol,
+// MaintNotifications), so a service's Redis section copies under Lock: as is. It differs:
 //   - Host is optional: no Host and no Sentinel means the embedded in-memory store.
 //   - Type and MaintNotifications are taken in any case; Validate names a bad one.
-//   - DisableIdentity is not a field: the client never sends CLIENT SETINFO (Redis 7.0
-//     rejects it). A LockConf built in Go has NonBlock false unless set, so it pings.
+//   - The client never sends CLIENT SETINFO (Redis 7.0 rejects it): no DisableIdentity. A
+//     LockConf built in Go has NonBlock false unless set, so it pings.
 //
-// It adds Lanes (redisstore.WithLanes: 0 the store's default, -1 no batching), Sentinel (find
-// the primary through Redis Sentinel; leave Host empty), and Replicas and ReplicaTimeout
-// (redisstore.WithReplicas: a failover cannot hand a lock to a second holder).
+// It adds Lanes (redisstore.WithLanes: 0 the default, -1 none), Sentinel (the primary found
+// through Sentinel; Host empty), Replicas and ReplicaTimeout (redisstore.WithReplicas).
 type Conf struct {
 	Host               string        `json:",optional"`
 	Type               string        `json:",default=node"`
@@ -60,8 +55,7 @@ type SentinelConf struct {
 	Pass       string   `json:",optional"`
 }
 
-// Embedded reports whether r names no Redis at all: no Host and no Sentinel (the embedded
-// in-memory store, in development).
+// Embedded reports whether r names no Redis (no Host, no Sentinel): the embedded store.
 func (r Conf) Embedded() bool { return r.Host == "" && r.Sentinel.MasterName == "" }
 
 // StoreOptions are the store options that r sets (Lanes, Replicas).
@@ -88,12 +82,11 @@ func (r Conf) Configured() bool { return !r.Embedded() }
 // KeyPrefix is prefix: a lock's Redis key is prefix + key.
 func (r Conf) KeyPrefix(prefix string) string { return prefix }
 
-// Check implements lockstore.Driver: Redis serves every use, and without a Host the embedded
-// store does (the go-zero layer opens it).
+// Check implements lockstore.Driver: Redis, or without a Host the embedded store (the go-zero
+// layer opens it), serves every use.
 func (r Conf) Check(string, lockstore.Use) error { return nil }
 
-// Open implements lockstore.Driver: the store on Client, with StoreOptions; closing it closes
-// the client.
+// Open implements lockstore.Driver: the store on Client, with StoreOptions, closing the client.
 func (r Conf) Open(prefix string) (*lockstore.Backend, error) {
 	client, err := r.Client()
 	if err != nil {
@@ -146,8 +139,8 @@ func oneOf(field, v string, allowed ...string) error {
 	return lockstore.FieldError(field, "must be one of %s; got %q", strings.Join(allowed, ", "), v)
 }
 
-// defaultReplicaTimeout is ReplicaTimeout's default, read from its tag. FillDefault fails only
-// on a malformed tag, which every test would hit.
+// defaultReplicaTimeout is ReplicaTimeout's default, from its tag (FillDefault fails only on a
+// malformed tag, which every test would hit).
 var defaultReplicaTimeout = func() time.Duration {
 	var c Conf
 	if err := conf.FillDefault(&c); err != nil {
@@ -173,8 +166,8 @@ func (r Conf) checkFailover(section string) error {
 	case r.ReplicaTimeout < 0:
 		return lockstore.FieldError(section+".ReplicaTimeout", "must not be negative, got %v", r.ReplicaTimeout)
 	case r.Replicas == 0 && r.ReplicaTimeout > 0 && r.ReplicaTimeout != defaultReplicaTimeout:
-		// Zero is a Conf built in Go, not yet given its default. The default is not told from
-		// a value written out.
+		// Zero is a Conf built in Go, not yet given its default; the default cannot be told
+		// from a value written out.
 		return lockstore.FieldError(section+".ReplicaTimeout", "is %v, but Replicas is 0, so no WAIT is sent for it to bound: "+
 			"set Replicas, or leave ReplicaTimeout out", r.ReplicaTimeout)
 	}
@@ -198,9 +191,8 @@ func fromGoZero(conf zeroredis.RedisConf) Conf {
 		Protocol: conf.Protocol, MaintNotifications: conf.MaintNotifications, PingTimeout: conf.PingTimeout}
 }
 
-// Client is the go-redis client that New builds for r (as NewClient, or with Sentinel set
-// go-redis's failover client), for tools and for stores built with options of their own. The
-// caller closes it.
+// Client is the go-redis client New builds for r (with Sentinel, go-redis's failover client),
+// for tools and for stores built with options of their own. The caller closes it.
 func (r Conf) Client() (redis.UniversalClient, error) {
 	if r.Embedded() {
 		return nil, lockstore.FieldError("Lock.Redis.Host", "is empty, so there is no Redis to connect to: set it, or lock through "+
@@ -209,9 +201,8 @@ func (r Conf) Client() (redis.UniversalClient, error) {
 	return r.dial()
 }
 
-// dial is the go-redis client of r, or with a Sentinel MasterName, of the primary that the
-// Sentinels name (Host and Type are then not used, nor MaintNotifications, which go-redis's
-// failover client does not have).
+// dial is the go-redis client of r, or with a Sentinel MasterName of the primary the Sentinels
+// name (not using Host, Type, nor MaintNotifications, which the failover client lacks).
 func (r Conf) dial() (redis.UniversalClient, error) {
 	sn := r.Sentinel
 	maint := &maintnotifications.Config{Mode: maintnotifications.Mode(r.MaintNotifications)}
@@ -244,8 +235,8 @@ func (r Conf) dial() (redis.UniversalClient, error) {
 	return connect(redis.NewUniversalClient(opts), r.NonBlock, r.PingTimeout, where)
 }
 
-// goZeroTLS is go-zero's meaning of Tls: encrypted, the certificate not verified, so that YAML
-// that works for the service's other Redis clients does not fail here.
+// goZeroTLS is go-zero's meaning of Tls, certificates not verified, so that YAML that works for
+// the service's other Redis clients works here.
 func goZeroTLS(on bool) *tls.Config {
 	if !on {
 		return nil
@@ -253,9 +244,8 @@ func goZeroTLS(on bool) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true} //nolint:gosec // go-zero's Tls
 }
 
-// connect returns client, once it checked that Redis answers within timeout (0: 1s, as
-// go-zero's redis.NewRedis) unless nonBlock; a client whose Redis does not answer is closed, and
-// the error names its Redis as where does.
+// connect returns client once Redis answered a ping within timeout (0: 1s, as go-zero's
+// redis.NewRedis), unless nonBlock; else it closes client, naming its Redis by where.
 func connect(client redis.UniversalClient, nonBlock bool, timeout time.Duration, where string) (redis.UniversalClient, error) {
 	if nonBlock {
 		return client, nil
