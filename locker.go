@@ -22,7 +22,7 @@ import (
 type Locker struct {
 	k        *keeper // its store and gate are shared with every Locker derived by With
 	cfg      config
-	kindMeta kindMeta // the kind of its locks, as the store keeps it beside them (drift.go)
+	kindMeta kindMeta // the kind of its locks, as the store keeps it beside them (newKindMeta)
 }
 
 // New returns a Locker on store. Without options it waits up to 2s for busy keys, holds locks
