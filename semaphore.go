@@ -418,13 +418,13 @@ func (l *Locker) sleepAny(ctx context.Context, watches []*lockstore.Watch, timer
 		return l.sleep(ctx, nil, timer, d)
 	}
 	arm(timer, d)
-	cases := make([]reflect.SelectCase, 0, len(watches)+3)
-	cases = append(cases,
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf((*timer).C)},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(l.k.gate.closing)})
+	recv := func(ch any) reflect.SelectCase {
+		return reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)}
+	}
+	cases := append(make([]reflect.SelectCase, 0, len(watches)+3),
+		recv((*timer).C), recv(ctx.Done()), recv(l.k.gate.closing))
 	for _, w := range watches {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(w.C())})
+		cases = append(cases, recv(w.C()))
 	}
 	chosen, _, _ := reflect.Select(cases)
 	return chosen != 1 && chosen != 2
